@@ -1,0 +1,42 @@
+"""Entry point of the `corral` command. Areas add their commands through `register(app)` in
+their own module so no one file grows with every feature."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="corral",
+    help="Corral: queue, schedule, run and observe deep-learning jobs on a shared GPU cluster.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+# Modules that contribute commands; each exposes register(app: typer.Typer) -> None.
+COMMAND_MODULES = (
+    "corral.cli.platform",  # up, submit, ls, show, logs, cancel, node, group, user, token
+    "corral.cli.sim",  # sim, sim compare
+    "corral.cli.monitor",  # alert, chaos
+)
+
+
+@app.command()
+def version() -> None:
+    """Print Corral's version."""
+    from corral import __version__
+
+    typer.echo(__version__)
+
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(_name).register(app)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""Server and CLI settings, read from CORRAL_* environment variables (pydantic-settings).
+
+The platform issue owns this module; other parts add fields with defaults.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("CORRAL_HOME", str(Path.home() / ".corral"))).expanduser()
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CORRAL_", extra="ignore")
+
+    home: Path = Field(default_factory=default_home)
+    database_url: str | None = None  # default: sqlite under home
+    host: str = "127.0.0.1"
+    port: int = 8080
+    engine: Literal["local", "slurm"] = "local"
+    node_name: str = Field(default_factory=socket.gethostname)
+    virtual_gpus: int | None = None  # None: discover with NVML, else declare N virtual GPUs
+    gpu_model: str = "VGPU"  # model name of declared virtual GPUs
+    allow_unisolated: bool = False  # run jobs without bubblewrap/cgroups when those are missing
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home / 'corral.db'}"

@@ -1,0 +1,1 @@
+"""Execution engines: see base.py for the interface every engine implements."""

@@ -1,0 +1,160 @@
+"""The execution-engine interface: the one seam between Corral's control loops and whatever
+actually runs processes (the local supervisor engine, Slurm, later Kubernetes).
+
+Rules every engine follows (the contract test suite in tests/engine/contract.py checks them):
+- Calls are idempotent: `launch` of an attempt already launched returns the same handle and
+  starts nothing twice; `stop` of a finished attempt is a no-op.
+- "Not done yet" is a normal answer: `poll` reports PENDING/RUNNING without blocking.
+- The engine owns no database. What it must remember across a server restart (which attempts it
+  launched, their exit codes) it keeps in its own durable place (state files, Slurm itself), and
+  `adopt` reattaches to attempts by id after a restart.
+- One launch is one whole attempt of one job: every instance of every task role, already placed
+  by Corral's scheduler. The engine does not choose nodes or GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+from corral.scheduler.types import GPU, NodeState
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReport:
+    """A node as the engine sees it: capacity, GPUs and health."""
+
+    name: str
+    cpus: float
+    memory_mib: int
+    gpus: tuple[GPU, ...] = ()
+    state: NodeState = NodeState.READY
+    address: str = "127.0.0.1"  # where other instances of a job reach this node (MASTER_ADDR)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    message: str = ""  # why the node is not ready, when the engine knows
+
+
+@dataclass(frozen=True, slots=True)
+class MountSpec:
+    source: str  # host path
+    target: str  # path inside the task
+    read_only: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceLaunch:
+    """One task instance of an attempt, placed on one node with its GPUs."""
+
+    role: str
+    index: int  # index within its role
+    rank: int  # global rank across the whole job (0 = master)
+    node: str
+    gpus: tuple[GPU, ...]
+    cpus: float
+    memory_mib: int
+    command: str  # run by /bin/sh -c
+    env: Mapping[str, str]  # includes CORRAL_*, MASTER_ADDR, WORLD_SIZE, RANK, CUDA_VISIBLE_DEVICES
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptLaunch:
+    """Everything an engine needs to start one attempt of a job."""
+
+    attempt_id: str  # globally unique and stable, e.g. "42.1" (job 42, attempt 1)
+    job_id: str
+    attempt: int
+    user: str  # owner's user name (isolation maps it to an unprivileged uid)
+    group: str
+    instances: tuple[InstanceLaunch, ...]
+    max_runtime_s: float | None = None
+    mounts: tuple[MountSpec, ...] = ()
+    environment: str = "default"  # local: a named Python environment; slurm/k8s: an image
+
+
+class AttemptPhase(StrEnum):
+    PENDING = "pending"  # accepted by the engine, not running yet
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # see exit_code / reason
+    LOST = "lost"  # the engine no longer knows it (node crashed, state lost)
+
+    @property
+    def finished(self) -> bool:
+        return self in (AttemptPhase.SUCCEEDED, AttemptPhase.FAILED, AttemptPhase.LOST)
+
+
+class FailureReason(StrEnum):
+    """Coded reasons an attempt ended badly. Engines set the code; log-signature diagnosis may
+    refine EXIT_CODE into CUDA_OOM, NCCL_HANG, GPU_ERROR or USER_ERROR afterwards."""
+
+    EXIT_CODE = "exit_code"  # non-zero exit
+    OOM = "oom"  # killed by the kernel inside its memory limit (from cgroup counters)
+    CUDA_OOM = "cuda_oom"
+    NCCL_HANG = "nccl_hang"
+    GPU_ERROR = "gpu_error"
+    USER_ERROR = "user_error"  # e.g. command not found, import error
+    SIGNAL = "signal"  # killed by a signal not sent by Corral
+    STOPPED = "stopped"  # stopped by Corral (cancel, preemption)
+    TIMEOUT = "timeout"  # exceeded max_runtime
+    NODE_LOST = "node_lost"
+    LAUNCH_FAILED = "launch_failed"  # the engine refused or could not start it (message says why)
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptStatus:
+    attempt_id: str
+    phase: AttemptPhase
+    exit_code: int | None = None
+    reason: FailureReason | None = None
+    message: str = ""  # human detail: "signal 9", Slurm's own rejection text, ...
+    started_at: float | None = None  # unix seconds
+    finished_at: float | None = None
+    engine_ref: str = ""  # the engine's own id (supervisor pid, Slurm job id)
+
+
+@dataclass(frozen=True, slots=True)
+class LogChunk:
+    data: bytes
+    next_offset: int
+    eof: bool  # True once the attempt has finished and everything was read
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine's backend cannot be reached right now (e.g. slurmctld down). Callers keep
+    state as it is and try again; nothing is failed because of this alone."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    name: str
+
+    def nodes(self) -> Sequence[NodeReport]: ...
+
+    def launch(self, attempt: AttemptLaunch) -> str:
+        """Start the attempt (idempotent per attempt_id); returns the engine's ref."""
+        ...
+
+    def poll(self, attempt_ids: Iterable[str]) -> Mapping[str, AttemptStatus]:
+        """Current status of the given attempts. Unknown ids come back as LOST."""
+        ...
+
+    def stop(self, attempt_id: str, grace_s: float) -> None:
+        """SIGTERM the attempt's processes, wait up to grace_s, then kill everything left.
+        Returns without waiting for the grace period to pass."""
+        ...
+
+    def logs(self, attempt_id: str, instance: int = 0, offset: int = 0, limit: int = 1 << 20) -> LogChunk:
+        """Combined stdout/stderr of one instance (by rank), from byte `offset`."""
+        ...
+
+    def adopt(self, refs: Mapping[str, str]) -> None:
+        """After a restart: reattach to attempts launched earlier ({attempt_id: engine_ref})."""
+        ...
+
+    def set_node_state(self, node: str, state: NodeState, reason: str = "") -> None:
+        """Reflect a cordon/drain/uncordon issued in Corral into the engine (no-op for local)."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,217 @@
+"""Value types of the scheduler library.
+
+These are the snapshot the scheduler reads and the plan it returns. They are plain frozen
+dataclasses so that the live control loop, the trace simulator and the tests can build them
+cheaply and compare them exactly. Nothing here does I/O or reads a clock.
+
+Other packages build on these names; add fields with defaults, never rename or remove.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+
+ANY_MODEL = "*"
+"""Quota key meaning "GPUs of any model"; also used for CPU-only capacity accounting."""
+
+
+class NodeState(StrEnum):
+    READY = "ready"
+    CORDONED = "cordoned"  # runs what it has, takes nothing new
+    DRAINING = "draining"  # like cordoned; operators expect it to empty
+    DOWN = "down"
+    UNKNOWN = "unknown"  # engine cannot tell (e.g. Slurm unreachable); treated like down for placement
+
+
+class Priority(IntEnum):
+    LOW = 0
+    NORMAL = 1
+    HIGH = 2
+
+    @classmethod
+    def parse(cls, value: str | int | Priority) -> Priority:
+        if isinstance(value, Priority):
+            return value
+        if isinstance(value, int):
+            return cls(value)
+        try:
+            return cls[value.upper()]
+        except KeyError as exc:
+            raise ValueError(f"unknown priority {value!r}; use low, normal or high") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class GPU:
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int = 0
+    topology_group: int | None = None  # GPUs with the same group share an NVLink/PCIe island
+    healthy: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    cpus: float
+    memory_mib: int
+    gpus: tuple[GPU, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    state: NodeState = NodeState.READY
+
+    @property
+    def is_gpu_node(self) -> bool:
+        return bool(self.gpus)
+
+    @property
+    def schedulable(self) -> bool:
+        return self.state is NodeState.READY
+
+
+def parse_gpu_models(constraint: str | None) -> frozenset[str] | None:
+    """`"V100M16|V100M32"` -> {"V100M16", "V100M32"}; None or "" means any model."""
+    if not constraint:
+        return None
+    models = frozenset(m.strip() for m in constraint.split("|") if m.strip())
+    return models or None
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """What ONE instance of a task needs."""
+
+    gpus: int = 0
+    gpu_model: str | None = None  # constraint: "A100" or "V100M16|V100M32"; None = any
+    cpus: float = 1.0
+    memory_mib: int = 1024
+
+    @property
+    def gpu_models(self) -> frozenset[str] | None:
+        return parse_gpu_models(self.gpu_model)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    role: str
+    instances: int
+    resources: Resources
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    id: str
+    group: str
+    user: str
+    tasks: tuple[TaskSpec, ...]
+    priority: Priority = Priority.NORMAL
+    preemptible: bool = True
+    submit_time: float = 0.0
+    runtime_estimate: float | None = None  # seconds; None = unknown
+    attained_gpu_seconds: float = 0.0  # service received so far (for least-attained-service policies)
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(t.instances * t.resources.gpus for t in self.tasks)
+
+    @property
+    def total_instances(self) -> int:
+        return sum(t.instances for t in self.tasks)
+
+
+@dataclass(frozen=True, slots=True)
+class InstancePlacement:
+    """Where one task instance runs: one node, the GPU indices on it, and its CPU/memory share."""
+
+    role: str
+    index: int
+    node: str
+    gpu_indices: tuple[int, ...]
+    cpus: float
+    memory_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    job_id: str
+    instances: tuple[InstancePlacement, ...]
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(p.node for p in self.instances))
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    job: Job
+    allocation: Allocation
+    start_time: float
+    borrowed: bool = False  # charged beyond its group's guarantee: the lender may reclaim it
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """A tenant. Quotas are GPUs per GPU model; the key ANY_MODEL covers models not listed."""
+
+    name: str
+    guaranteed: Mapping[str, int] = field(default_factory=dict)
+    max: Mapping[str, int] | None = None  # borrowing limit per model; None = no limit beyond the cluster
+    user_max_gpus: int | None = None  # per-user cap inside the group; None = no cap
+    weight: float = 1.0  # fair-share weight
+    borrowing: bool = True  # may this group borrow idle quota of others
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Decayed historical usage in GPU-seconds (the caller applies the half-life)."""
+
+    by_group: Mapping[str, float] = field(default_factory=dict)
+    by_user: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (group, user) -> gpu-s
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    nodes: tuple[Node, ...]
+    groups: tuple[Group, ...]
+    queued: tuple[Job, ...]
+    running: tuple[RunningJob, ...] = ()
+    usage: Usage = field(default_factory=Usage)
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    job_id: str
+    allocation: Allocation
+    borrowed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    job_id: str
+    grace_s: float
+    reason: str  # human sentence: "reclaimed by group vision for job j-42"
+    for_job: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    code: str  # stable machine code, e.g. "gpu_fragmented", "quota_exhausted"
+    source: str  # plugin or admission stage that gave it, e.g. "filter:gpu_model", "quota"
+    message: str  # plain sentence for the user
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    job_id: str
+    reasons: tuple[Reason, ...]
+    queue_position: int  # 1-based position among the waiting jobs of its group
+    estimated_start: float | None  # same time base as `now`; None = cannot tell
+    unschedulable: bool = False  # can never fit on this cluster as it stands
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    assignments: tuple[Assignment, ...]
+    preemptions: tuple[Preemption, ...]
+    diagnoses: Mapping[str, Diagnosis]

@@ -1,0 +1,34 @@
+"""Helpers shared by every test package."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def require(condition: bool, what: str) -> None:
+    """Skip when a real component is missing on a developer's machine; under CI=true a missing
+    component is a failure, never a skip."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"{what} is not available, and CI=true requires it", pytrace=False)
+    pytest.skip(f"{what} is not available")
+
+
+def require_binary(name: str) -> str:
+    path = shutil.which(name) or (f"/usr/sbin/{name}" if os.path.exists(f"/usr/sbin/{name}") else None)
+    require(path is not None, f"the program {name!r}")
+    assert path is not None
+    return path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
