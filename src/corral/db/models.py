@@ -1,0 +1,268 @@
+"""Core tables. Monitoring adds its own tables in corral.monitor.models on the same Base.
+
+Conventions: integer surrogate keys, timezone-naive UTC datetimes stored as floats (unix seconds)
+so that SQLite and PostgreSQL compare them identically and the scheduler can use them directly.
+Column changes go through an Alembic migration (src/corral/db/migrations).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from corral.db.base import Base
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    password_hash: Mapped[str | None] = mapped_column(String(255))  # argon2; None = token-only user
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    default_group_id: Mapped[int | None] = mapped_column(ForeignKey("groups.id", use_alter=True))
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+    memberships: Mapped[list[Membership]] = relationship(back_populates="user", cascade="all, delete-orphan")
+
+
+class Group(Base):
+    __tablename__ = "groups"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    user_max_gpus: Mapped[int | None] = mapped_column(Integer)  # per-user cap inside the group
+    weight: Mapped[float] = mapped_column(Float, default=1.0)  # fair-share weight
+    borrowing: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+    quotas: Mapped[list[GroupQuota]] = relationship(back_populates="group", cascade="all, delete-orphan")
+    memberships: Mapped[list[Membership]] = relationship(back_populates="group", cascade="all, delete-orphan")
+
+
+class GroupQuota(Base):
+    """GPUs per GPU model; gpu_model "*" covers models not listed separately."""
+
+    __tablename__ = "group_quotas"
+    __table_args__ = (UniqueConstraint("group_id", "gpu_model"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    group_id: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"))
+    gpu_model: Mapped[str] = mapped_column(String(64), default="*")
+    guaranteed: Mapped[int] = mapped_column(Integer, default=0)
+    max: Mapped[int | None] = mapped_column(Integer)  # None = may borrow up to the cluster
+
+    group: Mapped[Group] = relationship(back_populates="quotas")
+
+
+class Membership(Base):
+    __tablename__ = "memberships"
+
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    group_id: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"), primary_key=True)
+    role: Mapped[str] = mapped_column(String(16), default="member")  # "admin" (group admin) | "member"
+
+    user: Mapped[User] = relationship(back_populates="memberships")
+    group: Mapped[Group] = relationship(back_populates="memberships")
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex of the secret
+    prefix: Mapped[str] = mapped_column(String(12))  # first characters, to recognise a token in lists
+    created_at: Mapped[float] = mapped_column(Float)
+    last_used_at: Mapped[float | None] = mapped_column(Float)
+    expires_at: Mapped[float | None] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float)
+
+
+class WebSession(Base):
+    """Portal login sessions (cookie holds the random id; only its hash is stored)."""
+
+    __tablename__ = "web_sessions"
+
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+
+
+class SshKey(Base):
+    __tablename__ = "ssh_keys"
+    __table_args__ = (UniqueConstraint("user_id", "fingerprint"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    public_key: Mapped[str] = mapped_column(Text)
+    fingerprint: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index("ix_jobs_state_submitted", "state", "submitted_at"),
+        Index("ix_jobs_user_submitted", "user_id", "submitted_at"),
+        Index("ix_jobs_group_submitted", "group_id", "submitted_at"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    group_id: Mapped[int] = mapped_column(ForeignKey("groups.id"))
+    state: Mapped[str] = mapped_column(String(16), index=True)  # JobState value
+    priority: Mapped[int] = mapped_column(Integer, default=1)  # scheduler Priority
+    preemptible: Mapped[bool] = mapped_column(Boolean, default=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the validated spec v1, as submitted
+    max_retries: Mapped[int] = mapped_column(Integer, default=0)
+    attempt_count: Mapped[int] = mapped_column(Integer, default=0)  # attempts created so far
+    runtime_estimate_s: Mapped[float | None] = mapped_column(Float)
+    submitted_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    reason: Mapped[str] = mapped_column(Text, default="")  # last terminal/failure reason, human text
+    attained_gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    # Written by the scheduling loop each cycle for waiting jobs ("why pending"):
+    diagnosis: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Lease for background work on this row (dispatch/stop), so two servers never act twice.
+    lease_owner: Mapped[str | None] = mapped_column(String(64))
+    lease_until: Mapped[float | None] = mapped_column(Float)
+
+    attempts: Mapped[list[Attempt]] = relationship(
+        back_populates="job", cascade="all, delete-orphan", order_by="Attempt.number"
+    )
+    user: Mapped[User] = relationship()
+    group: Mapped[Group] = relationship()
+
+
+class Attempt(Base):
+    """One try of a job. Every attempt is kept: node(s), GPUs, start, end, exit code, reason."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (UniqueConstraint("job_id", "number"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    number: Mapped[int] = mapped_column(Integer)  # 1-based
+    state: Mapped[str] = mapped_column(String(16))  # AttemptState value
+    # [{role, index, rank, node, gpu_indices, gpu_uuids, cpus, memory_mib}] as placed by the scheduler
+    placement: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    borrowed: Mapped[bool] = mapped_column(Boolean, default=False)
+    engine: Mapped[str] = mapped_column(String(16), default="local")
+    engine_ref: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str | None] = mapped_column(String(32))  # engine FailureReason code
+    message: Mapped[str] = mapped_column(Text, default="")
+    stop_requested_at: Mapped[float | None] = mapped_column(Float)
+    stop_grace_s: Mapped[float | None] = mapped_column(Float)
+
+    job: Mapped[Job] = relationship(back_populates="attempts")
+
+    @property
+    def attempt_id(self) -> str:
+        """The engine's key for this attempt: stable and unique."""
+        return f"{self.job_id}.{self.number}"
+
+
+class GpuClaim(Base):
+    """A GPU held by a live attempt. The primary key makes double allocation impossible even with
+    two server processes; rows are deleted the moment the attempt ends (history is in Attempt)."""
+
+    __tablename__ = "gpu_claims"
+
+    node: Mapped[str] = mapped_column(String(128), primary_key=True)
+    gpu_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    attempt_pk: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[int] = mapped_column(Integer, index=True)
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    at: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(32))  # "transition", "diagnosis", "log", ...
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str | None] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text, default="")
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    cpus: Mapped[float] = mapped_column(Float)
+    memory_mib: Mapped[int] = mapped_column(Integer)
+    # Effective state the scheduler sees: ready | cordoned | draining | down | unknown.
+    state: Mapped[str] = mapped_column(String(16), default="ready")
+    # What an operator asked for (none | cordoned | draining); survives the engine's reports.
+    admin_state: Mapped[str] = mapped_column(String(16), default="none")
+    address: Mapped[str] = mapped_column(String(255), default="127.0.0.1")
+    labels: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    engine: Mapped[str] = mapped_column(String(16), default="local")
+    last_heartbeat: Mapped[float | None] = mapped_column(Float)
+    message: Mapped[str] = mapped_column(Text, default="")
+
+    gpus: Mapped[list[Gpu]] = relationship(
+        back_populates="node", cascade="all, delete-orphan", order_by="Gpu.index"
+    )
+
+
+class Gpu(Base):
+    __tablename__ = "gpus"
+
+    node_name: Mapped[str] = mapped_column(ForeignKey("nodes.name", ondelete="CASCADE"), primary_key=True)
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uuid: Mapped[str] = mapped_column(String(128))
+    model: Mapped[str] = mapped_column(String(64))
+    memory_mib: Mapped[int] = mapped_column(Integer, default=0)
+    topology_group: Mapped[int | None] = mapped_column(Integer)
+    healthy: Mapped[bool] = mapped_column(Boolean, default=True)
+
+    node: Mapped[Node] = relationship(back_populates="gpus")
+
+
+class UsageLedger(Base):
+    """Decayed GPU-seconds per (group, user) for fair share; decayed to `updated_at`."""
+
+    __tablename__ = "usage_ledger"
+
+    group_name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class Lease(Base):
+    """Singleton work leases for background loops (e.g. "scheduler"): whoever holds an unexpired
+    lease does that work; others wait. Safe with two server processes on one database."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64))
+    until: Mapped[float] = mapped_column(Float)

@@ -1,0 +1,1 @@
+"""Monitoring: metrics, GPU providers, health checks, alerts and notification channels."""

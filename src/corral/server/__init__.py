@@ -1,0 +1,1 @@
+"""The server process: the API (uvicorn) plus leased background control loops."""

@@ -1,0 +1,1 @@
+"""The web portal: static assets served by the API process; it talks only to the REST API."""
