@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     virtual_gpus: int | None = None  # None: discover with NVML, else declare N virtual GPUs
     gpu_model: str = "VGPU"  # model name of declared virtual GPUs
     allow_unisolated: bool = False  # run jobs without bubblewrap/cgroups when those are missing
+    # Requests the API admits at once; keep it below the worker threads (40) and DB connections.
+    api_max_concurrency: int = Field(default=32, ge=1)
+    isolation: bool = True  # False: run jobs as plain supervised processes (benchmarks, trusted laptops)
+    job_pids_max: int = 1024  # pids-cgroup limit per task instance (fork-bomb guard)
 
     @property
     def db_url(self) -> str:

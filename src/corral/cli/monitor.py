@@ -1,9 +1,157 @@
-"""Placeholder: commands of this area are registered here."""
+"""Monitoring commands: `corral alert ls|channels` and `corral chaos gpu ...` (fault injection
+into virtual GPUs, for chaos testing: through the admin API, or straight into a server's fault
+file with `--home`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+from rich.table import Table
+
+from corral.cli.platform import Output, OutputOpt, ago, client, friendly_errors, out, print_json
+
+alert_app = typer.Typer(
+    help="Alerts Corral holds (from Alertmanager and its own health checks).", no_args_is_help=True
+)
+chaos_app = typer.Typer(help="Fault injection for chaos testing.", no_args_is_help=True)
+gpu_app = typer.Typer(
+    help="Make a (virtual) GPU misbehave; read by the next GPU sample.", no_args_is_help=True
+)
+chaos_app.add_typer(gpu_app, name="gpu")
+
+Node = Annotated[str, typer.Argument(metavar="NODE")]
+Index = Annotated[int, typer.Argument(metavar="GPU", min=0, help="GPU index on the node")]
+HomeOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--home", help="write the fault file of the server with this CORRAL_HOME instead of the API"
+    ),
+]
+
+
+@alert_app.command("ls")
+@friendly_errors
+def alert_ls(
+    status: Annotated[str | None, typer.Option("--status", help="firing or resolved")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="alert name, e.g. CorralGpuEccErrors")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=1000)] = 100,
+    output: OutputOpt = Output.table,
+) -> None:
+    """List alerts, newest first."""
+    params: dict[str, Any] = {"limit": limit}
+    params.update({k: v for k, v in {"status": status, "name": name}.items() if v})
+    with client() as c:
+        data = c.request("GET", "/alerts", params=params)
+    if output is Output.json:
+        print_json(data)
+        return
+    table = Table("ID", "STATUS", "SEVERITY", "NAME", "WHERE", "SOURCE", "SINCE", "SEEN")
+    for a in data["items"]:
+        labels = a.get("labels", {})
+        where = " ".join(
+            f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("alertname", "severity") and v
+        )
+        color = "red" if a["status"] == "firing" else "green"
+        table.add_row(
+            str(a["id"]), f"[{color}]{a['status']}[/{color}]", a["severity"], a["name"], where, a["source"],
+            ago(a["starts_at"]), str(a["receive_count"]),
+        )  # fmt: skip
+    out.print(table)
+    out.print(f"{len(data['items'])} of {data['total']} alert(s)")
+
+
+@alert_app.command("channels")
+@friendly_errors
+def alert_channels(output: OutputOpt = Output.table) -> None:
+    """Notification channels and whether they deliver."""
+    with client() as c:
+        data = c.request("GET", "/alerts/channels")
+    if output is Output.json:
+        print_json(data)
+        return
+    table = Table(
+        "CHANNEL", "TYPE", "STATE", "SENT", "PENDING", "FAILING", "GAVE UP", "LAST SENT", "LAST ERROR"
+    )
+    for ch in data["items"]:
+        color = "red" if ch["state"] == "failing" else "green"
+        table.add_row(
+            ch["name"], ch["type"], f"[{color}]{ch['state']}[/{color}]", str(ch["sent"]), str(ch["pending"]),
+            str(ch["failing"]), str(ch["given_up"]), ago(ch["last_sent_at"]), ch["last_error"][:80],
+        )  # fmt: skip
+    out.print(table)
+
+
+def _inject(node: str, index: int, home: Path | None, **fault: Any) -> None:
+    if home is not None:
+        from corral.monitor.gpu import update_fault
+
+        try:
+            entry = update_fault(home, node, index, **fault)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc))
+    else:
+        with client() as c:
+            entry = c.request("POST", f"/chaos/gpus/{node}/{index}", json=fault)["fault"]
+    out.print(f"GPU {index} on {node}: {entry or 'no faults'}")
+
+
+@gpu_app.command("ecc")
+@friendly_errors
+def chaos_ecc(
+    node: Node,
+    index: Index,
+    count: Annotated[int, typer.Option("--count", min=1)] = 1,
+    corrected: Annotated[bool, typer.Option("--corrected", help="correctable errors instead")] = False,
+    home: HomeOpt = None,
+) -> None:
+    """Inject ECC errors (uncorrectable unless --corrected)."""
+    _inject(node, index, home, **{"ecc_corrected" if corrected else "ecc_uncorrected": count})
+
+
+@gpu_app.command("xid")
+@friendly_errors
+def chaos_xid(
+    node: Node, index: Index, code: Annotated[int, typer.Argument(min=0)] = 79, home: HomeOpt = None
+) -> None:
+    """Report an Xid event (default 79: fell off the bus)."""
+    _inject(node, index, home, xid=code)
+
+
+@gpu_app.command("temp")
+@friendly_errors
+def chaos_temp(
+    node: Node, index: Index, celsius: Annotated[float, typer.Argument()], home: HomeOpt = None
+) -> None:
+    """Set the GPU's temperature."""
+    _inject(node, index, home, temperature_c=celsius)
+
+
+@gpu_app.command("util")
+@friendly_errors
+def chaos_util(
+    node: Node, index: Index, percent: Annotated[float, typer.Argument(min=0, max=100)], home: HomeOpt = None
+) -> None:
+    """Set the GPU's utilization (drives the idle-GPU policy)."""
+    _inject(node, index, home, utilization_percent=percent)
+
+
+@gpu_app.command("lose")
+@friendly_errors
+def chaos_lose(node: Node, index: Index, home: HomeOpt = None) -> None:
+    """Make the GPU disappear (as if it fell off the bus)."""
+    _inject(node, index, home, lost=True)
+
+
+@gpu_app.command("clear")
+@friendly_errors
+def chaos_clear(node: Node, index: Index, home: HomeOpt = None) -> None:
+    """Undo injected faults as a GPU reset would (lifetime ECC and Xid history stay)."""
+    _inject(node, index, home, clear=True)
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the root `corral` app."""
+    app.add_typer(alert_app, name="alert")
+    app.add_typer(chaos_app, name="chaos")

@@ -1,9 +1,526 @@
-"""Placeholder: commands of this area are registered here."""
+"""Platform commands: up, submit, ls, show, logs, cancel, node, group, user, token.
+
+Everything goes through the SDK (corral.sdk.Client), so the CLI is just another API client.
+Read commands and `submit` take `-o json` and then print exactly the JSON the API returned.
+"""
 
 from __future__ import annotations
 
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from corral.sdk import Client, CorralError
+
+F = TypeVar("F", bound=Callable[..., Any])
+out = Console()
+err = Console(stderr=True)
+
+
+class Output(StrEnum):
+    table = "table"
+    json = "json"
+
+
+OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table (default) or json (the API's JSON)")]
+
+
+def client() -> Client:
+    return Client.from_config()
+
+
+def friendly_errors(fn: F) -> F:
+    """Turn SDK errors into one plain line on stderr and exit code 1 (no tracebacks)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except CorralError as exc:
+            err.print(f"[red]error:[/red] {exc.message}", markup=True, highlight=False)
+            raise typer.Exit(1)
+        except TimeoutError as exc:
+            err.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(1)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def ago(ts: float | None, now: float | None = None) -> str:
+    if ts is None:
+        return "-"
+    delta = (time.time() if now is None else now) - ts
+    future = delta < 0
+    delta = abs(delta)
+    text = f"{delta:.0f}s" if delta < 90 else f"{delta / 60:.0f}m" if delta < 5400 else f"{delta / 3600:.1f}h"
+    return f"in {text}" if future else f"{text} ago"
+
+
+def gpus_of(job: dict[str, Any]) -> int:
+    tasks = job.get("spec", {}).get("tasks", {})
+    return sum(
+        int(t.get("instances", 1)) * int(t.get("resources", {}).get("gpus", 0)) for t in tasks.values()
+    )
+
+
+# --- jobs ---------------------------------------------------------------------------------------
+
+
+@friendly_errors
+def submit(
+    file: Annotated[Path, typer.Argument(help="job spec (YAML); '-' reads stdin", allow_dash=True)],
+    wait: Annotated[
+        bool, typer.Option("--wait", help="wait until the job ends; exit 1 unless it succeeded")
+    ] = False,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Submit a job spec."""
+    text = sys.stdin.read() if str(file) == "-" else _read(file)
+    with client() as c:
+        job = c.submit(text)
+        if wait:
+            if output is Output.table:
+                err.print(f"job {job['id']} submitted; waiting for it to end ...")
+            job = c.wait(job["id"])
+    if output is Output.json:
+        print_json(job)
+    else:
+        out.print(f"job [bold]{job['id']}[/bold] ({job['name']}) {job['state']} in group {job['group']}")
+    if wait and job["state"] != "succeeded":
+        raise typer.Exit(1)
+
+
+def _read(file: Path) -> str:
+    try:
+        return file.read_text()
+    except OSError as exc:
+        raise CorralError(f"cannot read {file}: {exc.strerror}")
+
+
+@friendly_errors
+def ls(
+    state: Annotated[str | None, typer.Option(help="e.g. queued,running")] = None,
+    user: Annotated[str | None, typer.Option()] = None,
+    group: Annotated[str | None, typer.Option()] = None,
+    sort: Annotated[
+        str, typer.Option(help="created_at, updated_at, id, priority, state, name")
+    ] = "created_at",
+    asc: Annotated[bool, typer.Option("--asc", help="oldest first")] = False,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    offset: Annotated[int, typer.Option(min=0)] = 0,
+    output: OutputOpt = Output.table,
+) -> None:
+    """List jobs you can see."""
+    with client() as c:
+        page = c.jobs(
+            state=state,
+            user=user,
+            group=group,
+            sort=sort,
+            order="asc" if asc else "desc",
+            limit=limit,
+            offset=offset,
+        )
+    if output is Output.json:
+        print_json(page)
+        return
+    table = Table("ID", "NAME", "STATE", "USER", "GROUP", "GPUS", "ATTEMPTS", "SUBMITTED", box=None)
+    for job in page["items"]:
+        table.add_row(
+            str(job["id"]),
+            job["name"],
+            job["state"],
+            job["user"],
+            job["group"],
+            str(gpus_of(job)),
+            str(len(job["attempts"])),
+            ago(job["created_at"]),
+        )
+    out.print(table)
+    shown = len(page["items"])
+    out.print(f"{shown} of {page['total']} jobs" + (f" (from offset {offset})" if offset else ""))
+
+
+@friendly_errors
+def show(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOpt = Output.table) -> None:
+    """Show a job: state, attempts, why it is pending, queue position and estimated start."""
+    with client() as c:
+        job = c.job(job_id)
+    if output is Output.json:
+        print_json(job)
+        return
+    out.print(
+        f"[bold]job {job['id']}[/bold] {job['name']}  state: [bold]{job['state']}[/bold]"
+        + (
+            "  (cancel requested)"
+            if job["cancel_requested"] and job["state"] not in ("cancelled", "failed", "succeeded")
+            else ""
+        )
+    )
+    out.print(
+        f"user {job['user']}  group {job['group']}  priority {job['priority']}  GPUs {gpus_of(job)}  "
+        f"retries {job['retries']}  submitted {when(job['created_at'])}"
+    )
+    if job.get("reason"):
+        out.print(f"reason: {job['reason']}")
+    _print_diagnosis(job.get("diagnosis"))
+    if job["attempts"]:
+        table = Table("#", "STATE", "NODES", "GPUS", "STARTED", "ENDED", "EXIT", "REASON", box=None)
+        for a in job["attempts"]:
+            gpus = ",".join(f"{g['node']}:{g['index']}" for g in a["gpus"]) or "-"
+            table.add_row(
+                str(a["number"]),
+                a["state"],
+                ",".join(a["nodes"]) or "-",
+                gpus,
+                when(a["started_at"]),
+                when(a["ended_at"]),
+                "-" if a["exit_code"] is None else str(a["exit_code"]),
+                (a["reason"] or "") + (f": {a['message']}" if a["message"] else ""),
+            )
+        out.print(table)
+    else:
+        out.print("no attempts yet")
+
+
+def _print_diagnosis(diag: dict[str, Any] | None) -> None:
+    if not diag:
+        return
+    if diag.get("unschedulable"):
+        out.print("[red]this job cannot run on the cluster as it stands[/red]")
+    for reason in diag.get("reasons", []):
+        out.print(
+            f"why pending: {reason.get('message')} [dim]({reason.get('code')}, {reason.get('source')})[/dim]"
+        )
+    if diag.get("queue_position") is not None:
+        out.print(f"queue position: {diag['queue_position']}")
+    est = diag.get("estimated_start")
+    out.print(f"estimated start: {when(est)} ({ago(est)})" if est is not None else "estimated start: unknown")
+
+
+@friendly_errors
+def logs(
+    job_id: Annotated[int, typer.Argument(metavar="JOB")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the job ends")] = False,
+    attempt: Annotated[int | None, typer.Option(help="attempt number (default: newest)")] = None,
+    rank: Annotated[int, typer.Option(help="instance rank (default 0)")] = 0,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Print a job's output (stdout and stderr)."""
+    with client() as c:
+        if follow:
+            for text in c.follow_logs(job_id, rank=rank):
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            return
+        offset, chunks = 0, []
+        while True:
+            chunk = c.logs(job_id, attempt=attempt, rank=rank, offset=offset)
+            chunks.append(chunk["data"])
+            if not chunk["data"] or chunk["next_offset"] == offset:
+                break
+            offset = chunk["next_offset"]
+        if output is Output.json:
+            print_json({**chunk, "data": "".join(chunks)})
+        else:
+            sys.stdout.write("".join(chunks))
+
+
+@friendly_errors
+def cancel(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOpt = Output.table) -> None:
+    """Cancel a job (queued jobs end at once; running ones are stopped)."""
+    with client() as c:
+        job = c.cancel(job_id)
+    if output is Output.json:
+        print_json(job)
+    elif job["state"] == "cancelled":
+        out.print(f"job {job_id} cancelled")
+    else:
+        out.print(f"job {job_id} is {job['state']}; it is being stopped")
+
+
+# --- nodes --------------------------------------------------------------------------------------
+
+node_app = typer.Typer(help="Nodes: list, cordon, uncordon, drain.", no_args_is_help=True)
+
+
+@node_app.command("ls")
+@friendly_errors
+def node_ls(output: OutputOpt = Output.table) -> None:
+    """List nodes with their GPUs and the jobs holding them."""
+    with client() as c:
+        nodes = c.nodes()
+    if output is Output.json:
+        print_json(nodes)
+        return
+    table = Table("NODE", "STATE", "CPUS", "MEMORY", "GPUS", "IN USE", "HEARTBEAT", box=None)
+    for n in nodes:
+        models = sorted({g["model"] for g in n["gpus"]})
+        used = [f"{g['index']}:job {g['job_id']}" for g in n["gpus"] if g["job_id"] is not None]
+        table.add_row(
+            n["name"],
+            n["state"],
+            f"{n['cpus']:g}",
+            f"{n['memory_mib'] / 1024:.0f}GiB",
+            f"{len(n['gpus'])} {'/'.join(models)}".strip(),
+            ", ".join(used) or "-",
+            ago(n["last_heartbeat"]),
+        )
+    out.print(table)
+
+
+def _node_action(action: str) -> Callable[[str, Output], None]:
+    @friendly_errors
+    def command(
+        name: Annotated[str, typer.Argument(metavar="NODE")], output: OutputOpt = Output.table
+    ) -> None:
+        with client() as c:
+            node = c.node_action(name, action)
+        if output is Output.json:
+            print_json(node)
+        else:
+            out.print(f"node {name}: {node['state']}")
+
+    command.__doc__ = {
+        "cordon": "Take no new jobs on NODE.",
+        "uncordon": "Return NODE to service.",
+        "drain": "Take no new jobs on NODE and let it empty.",
+    }[action]
+    return command
+
+
+for _action in ("cordon", "uncordon", "drain"):
+    node_app.command(_action)(_node_action(_action))
+
+
+# --- groups -------------------------------------------------------------------------------------
+
+group_app = typer.Typer(help="Groups and quotas.", no_args_is_help=True)
+
+
+@group_app.command("ls")
+@friendly_errors
+def group_ls(output: OutputOpt = Output.table) -> None:
+    """List groups (all for admins, yours otherwise) with their quotas."""
+    with client() as c:
+        groups = c.groups()
+    if output is Output.json:
+        print_json(groups)
+        return
+    table = Table(
+        "GROUP", "QUOTAS (guaranteed/max per GPU model)", "WEIGHT", "BORROWING", "MEMBERS", box=None
+    )
+    for g in groups:
+        quotas = (
+            ", ".join(
+                f"{q['gpu_model']}: {q['guaranteed']}/{'-' if q['max'] is None else q['max']}"
+                for q in g["quotas"]
+            )
+            or "-"
+        )
+        members = "-" if g.get("members") is None else str(len(g["members"]))
+        table.add_row(g["name"], quotas, f"{g['weight']:g}", "yes" if g["borrowing"] else "no", members)
+    out.print(table)
+
+
+@group_app.command("create")
+@friendly_errors
+def group_create(
+    name: str,
+    weight: Annotated[float, typer.Option(help="fair-share weight")] = 1.0,
+    no_borrowing: Annotated[bool, typer.Option("--no-borrowing", help="never borrow idle quota")] = False,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Create a group (admin)."""
+    with client() as c:
+        group = c.create_group(name, weight=weight, borrowing=not no_borrowing)
+    print_json(group) if output is Output.json else out.print(f"group {name} created")
+
+
+@group_app.command("quota")
+@friendly_errors
+def group_quota(
+    name: str,
+    gpus: Annotated[int, typer.Option("--gpus", help="guaranteed GPUs")],
+    model: Annotated[str, typer.Option("--model", help="GPU model; '*' = any model")] = "*",
+    max_gpus: Annotated[int | None, typer.Option("--max", help="borrowing limit")] = None,
+    user_max_gpus: Annotated[int | None, typer.Option("--user-max", help="per-user GPU cap")] = None,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Set a group's quota for one GPU model (admin)."""
+    extra = {"user_max_gpus": user_max_gpus} if user_max_gpus is not None else {}
+    with client() as c:
+        group = c.set_quota(name, gpu_model=model, guaranteed=gpus, max_gpus=max_gpus, **extra)
+    if output is Output.json:
+        print_json(group)
+    else:
+        out.print(f"group {name}: {model} guaranteed {gpus}, max {'-' if max_gpus is None else max_gpus}")
+
+
+# --- users and tokens ---------------------------------------------------------------------------
+
+user_app = typer.Typer(help="Users (admin).", no_args_is_help=True)
+
+
+@user_app.command("ls")
+@friendly_errors
+def user_ls(output: OutputOpt = Output.table) -> None:
+    """List users (admin)."""
+    with client() as c:
+        users = c.users()
+    if output is Output.json:
+        print_json(users)
+        return
+    table = Table("USER", "ROLE", "DEFAULT GROUP", "GROUPS", box=None)
+    for u in users:
+        groups = ", ".join(g["name"] + (" (admin)" if g["role"] == "admin" else "") for g in u["groups"])
+        table.add_row(u["name"], u["role"], u["default_group"] or "-", groups or "-")
+    out.print(table)
+
+
+@user_app.command("create")
+@friendly_errors
+def user_create(
+    name: str,
+    group: Annotated[
+        list[str] | None, typer.Option("--group", "-g", help="repeat for several groups")
+    ] = None,
+    default_group: Annotated[str | None, typer.Option(help="default: the first --group")] = None,
+    admin: Annotated[bool, typer.Option("--admin", help="make the user an administrator")] = False,
+    password: Annotated[
+        str | None, typer.Option(help="for the web portal; omit for token-only users")
+    ] = None,
+    token: Annotated[bool, typer.Option("--token", help="also create an API token and print it")] = False,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Create a user (admin)."""
+    with client() as c:
+        user = c.create_user(
+            name, password=password, is_admin=admin, groups=group or [], default_group=default_group
+        )
+        secret = c.create_token("cli", user=name)["token"] if token else None
+    if output is Output.json:
+        print_json({**user, "token": secret} if token else user)
+        return
+    out.print(f"user {name} created")
+    if secret:
+        out.print(f"API token (shown once): {secret}")
+
+
+@user_app.command("add-to-group")
+@friendly_errors
+def user_add_to_group(
+    name: str,
+    group: str,
+    group_admin: Annotated[bool, typer.Option("--admin", help="as an admin of the group")] = False,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Add user NAME to GROUP (admin, or an admin of GROUP)."""
+    with client() as c:
+        member = c.add_member(group, name, "admin" if group_admin else "member")
+    print_json(member) if output is Output.json else out.print(f"{name} is now {member['role']} of {group}")
+
+
+token_app = typer.Typer(help="Your API tokens.", no_args_is_help=True)
+
+
+@token_app.command("create")
+@friendly_errors
+def token_create(
+    name: Annotated[str, typer.Option(help="a label to recognise it")] = "cli",
+    user: Annotated[str | None, typer.Option(help="admins: for another user")] = None,
+    expires_in_days: Annotated[float | None, typer.Option(help="default: never")] = None,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Create an API token; the secret is printed once."""
+    with client() as c:
+        token = c.create_token(name, user=user, expires_in_days=expires_in_days)
+    print_json(token) if output is Output.json else out.print(token["token"])
+
+
+@token_app.command("ls")
+@friendly_errors
+def token_ls(output: OutputOpt = Output.table) -> None:
+    """List your API tokens (prefixes only)."""
+    with client() as c:
+        tokens = c.tokens()
+    if output is Output.json:
+        print_json(tokens)
+        return
+    table = Table("ID", "NAME", "PREFIX", "CREATED", "LAST USED", "REVOKED", box=None)
+    for t in tokens:
+        table.add_row(
+            str(t["id"]),
+            t["name"],
+            t["prefix"],
+            when(t["created_at"]),
+            ago(t["last_used_at"]),
+            "yes" if t["revoked_at"] else "",
+        )
+    out.print(table)
+
+
+# --- server -------------------------------------------------------------------------------------
+
+
+def up(
+    demo: Annotated[
+        bool, typer.Option("--demo", help="demo users, groups and an example training job")
+    ] = False,
+    host: Annotated[str | None, typer.Option(help="listen address (default 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="listen port (default 8080)")] = None,
+    virtual_gpus: Annotated[int | None, typer.Option(help="declare N virtual GPUs instead of NVML")] = None,
+    gpu_model: Annotated[str | None, typer.Option(help="model name of the virtual GPUs")] = None,
+    database_url: Annotated[str | None, typer.Option(help="default: SQLite under $CORRAL_HOME")] = None,
+) -> None:
+    """Start the Corral server (API + control loops + local engine) in the foreground."""
+    from corral.config import Settings
+
+    overrides: dict[str, Any] = {
+        k: v
+        for k, v in {
+            "host": host,
+            "port": port,
+            "virtual_gpus": virtual_gpus,
+            "gpu_model": gpu_model,
+            "database_url": database_url,
+        }.items()
+        if v is not None
+    }
+    settings = Settings(**overrides)
+    from corral.server.run import serve  # lazy: the CLI must not import the server to run `ls`
+
+    serve(settings, demo=demo)
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the root `corral` app."""
+    app.command()(up)
+    app.command()(submit)
+    app.command()(ls)
+    app.command()(show)
+    app.command()(logs)
+    app.command()(cancel)
+    app.add_typer(node_app, name="node")
+    app.add_typer(group_app, name="group")
+    app.add_typer(user_app, name="user")
+    app.add_typer(token_app, name="token")

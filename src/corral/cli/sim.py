@@ -1,9 +1,217 @@
-"""Placeholder: commands of this area are registered here."""
+"""`corral sim`: replay a GPU-cluster trace through Corral's scheduler; `corral sim compare`: several
+policies on the same trace and cluster."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any, NoReturn
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+sim_app = typer.Typer(
+    help="Replay a GPU-cluster trace through Corral's scheduler (discrete-event simulation).",
+    invoke_without_command=True,
+    pretty_exceptions_enable=False,
+)
+
+TRACE_HELP = "philly, openb, openb-gpuspec33, or a CSV in the generic trace format (docs/simulator.md)"
+CLUSTER_HELP = "a CLUSTER.yaml, or a shipped example: philly, openb"
+
+
+def _config(
+    checkpoint: float, oracle: bool, mtbf_h: float | None, repair_h: float, seed: int, **kw: Any
+) -> Any:
+    from corral.sim.replay import SimConfig
+
+    return SimConfig(
+        checkpoint_interval_s=checkpoint,
+        oracle_runtime=oracle,
+        node_mtbf_s=mtbf_h * 3600 if mtbf_h else None,
+        node_repair_s=repair_h * 3600,
+        seed=seed,
+        **kw,
+    )
+
+
+def _load(trace: str, cluster: str, max_jobs: int | None, speedup: float) -> tuple[Any, Any]:
+    from corral.sim.cluster import ClusterError, load_cluster
+    from corral.sim.trace import TraceError, first_jobs, load_trace, speed_up_arrivals
+
+    try:
+        loaded = speed_up_arrivals(load_trace(trace), speedup)
+        return (first_jobs(loaded, max_jobs) if max_jobs else loaded), load_cluster(cluster)
+    except (TraceError, ClusterError) as exc:
+        _fail(str(exc))
+
+
+def _console() -> Console:
+    """Wide tables stay readable when piped (Rich would wrap them at 80 columns)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=220)
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)  # plain echo: Rich would wrap long file paths
+    raise typer.Exit(2)
+
+
+def _print_summary(summary: dict[str, Any], console: Console) -> None:
+    from corral.sim.report import compare_table
+
+    console.print(
+        compare_table(
+            [summary], f"{summary['trace']} on {summary['cluster']} ({summary['cluster_gpus']} GPUs)"
+        )
+    )
+    table = Table(title="per group")
+    for column in (
+        "group",
+        "jobs",
+        "avg queue s",
+        "avg JCT h",
+        "run share",
+        "private GPUs",
+        "private avg queue s",
+    ):
+        table.add_column(column, justify="left" if column == "group" else "right")
+    for group, g in summary["per_group"].items():
+        private = g.get("private_avg_queue_s")
+        table.add_row(
+            group,
+            f"{g['jobs']:,.0f}",
+            f"{g['avg_queue_s']:,.0f}",
+            f"{g['avg_jct_s'] / 3600:,.2f}",
+            f"{g['run_share']:.3f}",
+            str(g.get("private_gpus", "-")),
+            "-" if private is None else f"{private:,.0f}",
+        )
+    console.print(table)
+    for note in summary["notes"]:
+        console.print(f"note: {note}")
+    for r in summary["rejected"]:
+        console.print(f"[yellow]rejected[/yellow] {r['job_id']}: {r['why']}")
+    if summary["jobs_rejected"] > len(summary["rejected"]):
+        console.print(f"... {summary['jobs_rejected']} jobs rejected in all")
+    if summary["jobs_unfinished"]:
+        examples = ", ".join(summary["unfinished"][:5])
+        console.print(f"[yellow]{summary['jobs_unfinished']} jobs never finished[/yellow] (e.g. {examples})")
+
+
+@sim_app.callback()
+def sim(
+    ctx: typer.Context,
+    trace: str = typer.Option(None, "--trace", "-t", help=TRACE_HELP),
+    cluster: str = typer.Option(None, "--cluster", "-c", help=CLUSTER_HELP),
+    policy: str = typer.Option("default", "--policy", "-p", help="default, fifo, fifo-backfill, sjf, las"),
+    placement: str = typer.Option(
+        None, "--placement", help="bestfit, spread or random (default: the policy's)"
+    ),
+    checkpoint_interval: float = typer.Option(
+        1800.0, "--checkpoint-interval", help="seconds between checkpoints; 0 = none"
+    ),
+    cycle_interval: float = typer.Option(
+        0.0, "--cycle-interval", help="seconds between cycles; 0 = every event"
+    ),
+    oracle: bool = typer.Option(
+        True, "--oracle-runtime/--no-oracle-runtime", help="give durations as estimates"
+    ),
+    node_mtbf_h: float = typer.Option(None, "--node-mtbf-h", help="mean hours between failures of a node"),
+    node_repair_h: float = typer.Option(1.0, "--node-repair-h", help="hours a failed node stays down"),
+    seed: int = typer.Option(0, "--seed"),
+    private: bool = typer.Option(
+        False, "--private-baseline", help="also replay each group on a private cluster"
+    ),
+    max_jobs: int = typer.Option(None, "--max-jobs", min=1, help="replay only the first N jobs"),
+    speedup: float = typer.Option(1.0, "--arrival-speedup", help="divide submit times by this (more load)"),
+    out: Path = typer.Option(None, "--out", help="directory for summary.json and plots"),
+    output: str = typer.Option("table", "--output", "-o", help="table or json"),
+) -> None:
+    """Replay TRACE on CLUSTER with POLICY and print the figures."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if not trace or not cluster:
+        _fail("--trace and --cluster are required (see corral sim --help)")
+    if output not in ("table", "json"):
+        _fail(f"unknown output {output!r}; use table or json")
+    from corral.sim.metrics import summarize
+    from corral.sim.report import write_plots
+    from corral.sim.runner import PolicyError, private_baseline, simulate
+
+    loaded_trace, loaded_cluster = _load(trace, cluster, max_jobs, speedup)
+    spec = f"{policy}:{placement}" if placement else policy
+    config = _config(
+        checkpoint_interval, oracle, node_mtbf_h, node_repair_h, seed, cycle_interval_s=cycle_interval
+    )
+    try:
+        result = simulate(loaded_trace, loaded_cluster, spec, config)
+        summary = summarize(result)
+        if private:
+            for group, figures in private_baseline(loaded_trace, loaded_cluster, spec, config).items():
+                summary["per_group"].setdefault(group, {}).update(figures)
+    except PolicyError as exc:
+        _fail(str(exc))
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_plots([result], out)
+    if output == "json":
+        typer.echo(json.dumps(summary))
+    else:
+        _print_summary(summary, _console())
+
+
+@sim_app.command()
+def compare(
+    trace: str = typer.Option(..., "--trace", "-t", help=TRACE_HELP),
+    cluster: str = typer.Option(..., "--cluster", "-c", help=CLUSTER_HELP),
+    policies: str = typer.Option(
+        "default,fifo,fifo-backfill,sjf,las", "--policies", help="comma-separated; NAME or NAME:PLACEMENT"
+    ),
+    checkpoint_interval: float = typer.Option(
+        1800.0, "--checkpoint-interval", help="seconds between checkpoints; 0 = none"
+    ),
+    cycle_interval: float = typer.Option(
+        0.0, "--cycle-interval", help="seconds between cycles; 0 = every event"
+    ),
+    oracle: bool = typer.Option(True, "--oracle-runtime/--no-oracle-runtime"),
+    seed: int = typer.Option(0, "--seed"),
+    max_jobs: int = typer.Option(None, "--max-jobs", min=1, help="replay only the first N jobs"),
+    speedup: float = typer.Option(1.0, "--arrival-speedup", help="divide submit times by this (more load)"),
+    out: Path = typer.Option(None, "--out", help="directory for the PNG plots and summaries.json"),
+    output: str = typer.Option("table", "--output", "-o", help="table, markdown or json"),
+) -> None:
+    """Replay the same trace and cluster under several policies; print one row per policy."""
+    from corral.sim.metrics import summarize
+    from corral.sim.report import compare_markdown, compare_table, write_plots
+    from corral.sim.runner import PolicyError, simulate
+
+    loaded_trace, loaded_cluster = _load(trace, cluster, max_jobs, speedup)
+    config = _config(checkpoint_interval, oracle, None, 1.0, seed, cycle_interval_s=cycle_interval)
+    results, summaries = [], []
+    for spec in [p.strip() for p in policies.split(",") if p.strip()]:
+        try:
+            result = simulate(loaded_trace, loaded_cluster, spec, config)
+        except PolicyError as exc:
+            _fail(str(exc))
+        results.append(result)
+        summaries.append(summarize(result))
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summaries.json").write_text(json.dumps(summaries, indent=2))
+        for path in write_plots(results, out):
+            Console(stderr=True).print(f"wrote {path}")
+    if output == "json":
+        typer.echo(json.dumps([{k: v for k, v in s.items() if k != "per_group"} for s in summaries]))
+    elif output == "markdown":
+        typer.echo(compare_markdown(summaries))
+    else:
+        title = f"{loaded_trace.name} on {loaded_cluster.name} ({loaded_cluster.total_gpus} GPUs)"
+        _console().print(compare_table(summaries, title))
 
 
 def register(app: typer.Typer) -> None:
-    """Add this area's commands to the root `corral` app."""
+    """Add `corral sim` and `corral sim compare` to the root `corral` app."""
+    app.add_typer(sim_app, name="sim")

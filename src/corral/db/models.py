@@ -123,6 +123,7 @@ class Job(Base):
         Index("ix_jobs_state_submitted", "state", "submitted_at"),
         Index("ix_jobs_user_submitted", "user_id", "submitted_at"),
         Index("ix_jobs_group_submitted", "group_id", "submitted_at"),
+        Index("ix_jobs_submitted", "submitted_at"),  # admins' unfiltered, newest-first pages
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)

@@ -1,5 +1,178 @@
-"""Placeholder: monitoring's HTTP routes (alerts, webhook, /metrics) are added here."""
+"""Monitoring's HTTP routes: `/metrics` (Prometheus), alerts (`/api/v1/alerts`, the Alertmanager
+webhook), notification channel status and the admin GPU fault-injection endpoint.
 
-from fastapi import APIRouter
+The router's lifespan loads and validates the monitor config when the server starts, so a bad
+`monitor.yml` stops start-up with its file and line instead of failing later.
+"""
 
-router = APIRouter()
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import generate_latest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from corral.api.deps import DB, Admin, CurrentUser
+from corral.config import Settings
+from corral.monitor.alerts import WebhookPayload, alert_to_dict, ingest_webhook, list_alerts
+from corral.monitor.channels import channel_statuses
+from corral.monitor.collector import read_families, render_text
+from corral.monitor.config import MonitorConfig, config_path, load_monitor_config, webhook_token
+from corral.monitor.gpu import update_fault
+from corral.monitor.metrics import METRICS_RENDER_SECONDS, REGISTRY
+from corral.monitor.middleware import MetricsMiddleware
+
+log = logging.getLogger("corral.monitor.api")
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings | None = getattr(app.state, "settings", None)
+    if settings is not None:
+        app.state.monitor_config = load_monitor_config(config_path(settings))  # raises: start-up refused
+        if webhook_token(settings) is None:
+            log.warning(
+                "no alert webhook token configured: POST /api/v1/alerts/webhook refuses every request"
+            )
+    _ensure_request_metrics(app)
+    yield
+
+
+def _ensure_request_metrics(app: FastAPI) -> None:
+    """Request metrics even when the app factory did not call `middleware.install(app)`: the
+    lifespan runs after Starlette built the middleware stack, so wrap the built stack (outermost)."""
+    if getattr(app.state, "corral_metrics_middleware", False):
+        return
+    stack = getattr(app, "middleware_stack", None)
+    if stack is not None:
+        app.middleware_stack = MetricsMiddleware(stack)
+        app.state.corral_metrics_middleware = True
+
+
+router = APIRouter(lifespan=_lifespan)
+
+
+def _config(request: Request) -> MonitorConfig:
+    config = getattr(request.app.state, "monitor_config", None)
+    if config is None:
+        config = load_monitor_config(config_path(request.app.state.settings))
+        request.app.state.monitor_config = config
+    return config
+
+
+@router.get("/metrics", include_in_schema=False)
+def metrics(request: Request, db: DB) -> Response:
+    started = time.perf_counter()
+    settings: Settings = request.app.state.settings
+    families = read_families(db, time.time(), settings.home)
+    db.rollback()  # read-only: end the snapshot transaction at once
+    body = generate_latest(REGISTRY).decode() + render_text(families)
+    METRICS_RENDER_SECONDS.set(time.perf_counter() - started)
+    return PlainTextResponse(body, media_type=PROMETHEUS_CONTENT_TYPE)
+
+
+@router.get("/api/v1/alerts")
+def get_alerts(
+    db: DB,
+    _user: CurrentUser,
+    status: str | None = Query(None, pattern="^(firing|resolved)$"),
+    name: str | None = None,
+    limit: int = Query(100, ge=1, le=1000),
+    offset: int = Query(0, ge=0),
+) -> dict[str, Any]:
+    rows, total = list_alerts(db, status=status, name=name, limit=limit, offset=offset)
+    return {"items": [alert_to_dict(a) for a in rows], "total": total}
+
+
+@router.get("/api/v1/alerts/channels")
+def get_channels(request: Request, db: DB, _user: CurrentUser) -> dict[str, Any]:
+    return {"items": [s.as_dict() for s in channel_statuses(db, _config(request))]}
+
+
+def _unauthorized(reason: str) -> JSONResponse:
+    return JSONResponse({"detail": reason}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+
+
+@router.post("/api/v1/alerts/webhook")
+async def alert_webhook(request: Request) -> Response:
+    """Alertmanager's webhook receiver. Authenticated with the shared secret as a bearer token;
+    a bad body is 400 with the reason; either way nothing is stored."""
+    expected = webhook_token(request.app.state.settings)
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if expected is None:
+        return _unauthorized("the alert webhook has no token configured (CORRAL_MONITOR_WEBHOOK_TOKEN)")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
+        return _unauthorized("missing or wrong bearer token for the alert webhook")
+    raw = await request.body()
+    try:
+        payload = WebhookPayload.model_validate(json.loads(raw))
+    except ValueError as exc:
+        return JSONResponse({"detail": f"malformed alert payload: {_reason(exc)}"}, status_code=400)
+    try:
+        changes = await _store(request, payload)
+    except ValueError as exc:  # e.g. a time that is not RFC 3339
+        return JSONResponse({"detail": f"malformed alert payload: {exc}"}, status_code=400)
+    return JSONResponse({"received": len(changes), "changed": sum(c.changed for c in changes)})
+
+
+async def _store(request: Request, payload: WebhookPayload) -> list[Any]:
+    from starlette.concurrency import run_in_threadpool
+
+    channels = [c.name for c in _config(request).channels]
+
+    def store() -> list[Any]:
+        with request.app.state.session_factory() as session:
+            try:
+                changes = ingest_webhook(session, payload, time.time(), channels)
+            except Exception:
+                session.rollback()
+                raise
+            session.commit()
+            return changes
+
+    return await run_in_threadpool(store)
+
+
+def _reason(exc: ValueError) -> str:
+    if isinstance(exc, ValidationError):
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        return f"{where}: {err['msg']}"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    return str(exc)
+
+
+class GpuFault(BaseModel):
+    """Fault injection on one (virtual) GPU; unset fields are left as they are."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature_c: float | None = Field(None, ge=-50, le=200)
+    utilization_percent: float | None = Field(None, ge=0, le=100)
+    ecc_uncorrected: int = Field(0, ge=0)
+    ecc_corrected: int = Field(0, ge=0)
+    xid: int | None = Field(None, ge=0)
+    lost: bool | None = None
+    clear: bool = False
+
+
+@router.post("/api/v1/chaos/gpus/{node}/{index}")
+def inject_gpu_fault(
+    node: str, index: int, fault: GpuFault, request: Request, _admin: Admin
+) -> dict[str, Any]:
+    """Admin: change what the virtual GPU provider reports for one GPU (read at the next sample)."""
+    changes = fault.model_dump(exclude_none=True)
+    if not changes.get("clear"):
+        changes.pop("clear", None)
+    entry = update_fault(request.app.state.settings.home, node, index, **changes)
+    return {"node": node, "index": index, "fault": entry}

@@ -6,8 +6,10 @@ loops by exposing `LOOPS: list[BackgroundLoop]` in their own module, which the r
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -21,6 +23,17 @@ class ServerContext:
     session_factory: sessionmaker[Session]
     engine: Engine
     owner_id: str  # this process's identity in leases: "<hostname>:<pid>:<random>"
+    # One event per loop name: setting it runs that loop now instead of at its next interval
+    # (a submit wakes "schedule", an applied plan wakes "dispatch", ...). Filled by the runner.
+    wake_events: dict[str, threading.Event] = field(default_factory=dict)
+    # Per-process memory of the loops (caches, "already adopted" flags); never the source of truth.
+    scratch: dict[str, Any] = field(default_factory=dict)
+
+    def wake(self, *names: str) -> None:
+        for name in names:
+            event = self.wake_events.get(name)
+            if event is not None:
+                event.set()
 
 
 @dataclass(frozen=True)

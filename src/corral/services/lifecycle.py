@@ -107,7 +107,11 @@ def transition(session: Session, job: Job, target: JobState, *, now: float, mess
         job.diagnosis = None
     session.add(
         JobEvent(
-            job_id=job.id, at=now, kind="transition", from_state=current.value, to_state=target.value,
+            job_id=job.id,
+            at=now,
+            kind="transition",
+            from_state=current.value,
+            to_state=target.value,
             message=message,
         )
     )

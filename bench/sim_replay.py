@@ -1,0 +1,87 @@
+"""Replay the Philly trace on the Philly-sized example cluster with Corral's default policy.
+
+Prints jobs replayed per second, wall time, scheduling cycles and the share of time spent inside
+the scheduler library; the baseline, measured in the same run, is the same replay under the
+simplest profile (`fifo`: no quotas, no backfill, no preemption) on the first --baseline-jobs jobs.
+Target: the whole trace (82,247 jobs) in under 60 s. Last line: one JSON object.
+
+    .venv/bin/python bench/sim_replay.py [--jobs N] [--policy default] [--baseline-jobs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from corral.sim.cluster import load_cluster
+from corral.sim.replay import SimResult
+from corral.sim.runner import simulate
+from corral.sim.trace import first_jobs, load_trace
+
+TARGET_S = 60.0
+
+
+def replay(jobs: int | None, policy: str) -> tuple[SimResult, int, float]:
+    trace = load_trace("philly")
+    if jobs:
+        trace = first_jobs(trace, jobs)
+    cluster = load_cluster("philly")
+    started = time.perf_counter()
+    result = simulate(trace, cluster, policy)
+    return result, len(trace.jobs), time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=None, help="replay only the first N jobs (default: all)")
+    parser.add_argument("--policy", default="default")
+    parser.add_argument("--baseline-jobs", type=int, default=5000, help="jobs in the fifo baseline (0: skip)")
+    args = parser.parse_args()
+
+    base_rate = None
+    if args.baseline_jobs:
+        base, base_jobs, base_wall = replay(args.baseline_jobs, "fifo")
+        base_rate = base_jobs / base_wall
+        print(
+            f"baseline fifo: {base_jobs:,} jobs in {base_wall:.1f} s = {base_rate:,.0f} jobs/s, "
+            f"{base.cycles:,} cycles"
+        )
+
+    result, jobs, wall = replay(args.jobs, args.policy)
+    rate = jobs / wall
+    sched_share = result.schedule_s / wall if wall else 0.0
+    print(f"{args.policy}: {jobs:,} jobs in {wall:.1f} s = {rate:,.0f} jobs/s")
+    print(f"  cycles {result.cycles:,} ({result.cycles / wall:,.0f}/s), inside schedule(): {sched_share:.0%}")
+    print(
+        f"  per cycle: {1000 * result.schedule_s / max(result.cycles, 1):.2f} ms in schedule(), "
+        f"{1000 * (wall - result.schedule_s) / max(result.cycles, 1):.2f} ms in the simulator"
+    )
+    projected = 82_247 / rate
+    print(
+        f"  whole trace projected: {projected:.0f} s (target {TARGET_S:.0f} s: {projected / TARGET_S:.1f}x)"
+    )
+    if base_rate:
+        print(f"  vs fifo baseline: {rate / base_rate:.2f}x its jobs/s")
+    print(
+        json.dumps(
+            {
+                "bench": "sim_replay",
+                "policy": args.policy,
+                "jobs": jobs,
+                "wall_s": round(wall, 2),
+                "jobs_per_s": round(rate, 1),
+                "cycles": result.cycles,
+                "schedule_s": round(result.schedule_s, 2),
+                "schedule_share": round(sched_share, 3),
+                "projected_full_trace_s": round(projected, 1),
+                "target_s": TARGET_S,
+                "baseline_fifo_jobs_per_s": None if base_rate is None else round(base_rate, 1),
+                "ratio_vs_fifo": None if base_rate is None else round(rate / base_rate, 3),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

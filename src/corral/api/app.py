@@ -1,0 +1,121 @@
+"""The FastAPI application factory. No background work here: the server process (corral.server)
+runs migrations, bootstraps the admin and starts the control loops around this app.
+
+State the routers read:
+- `app.state.settings`: Settings
+- `app.state.db_engine` / `app.state.session_factory`: the database
+- `app.state.engine`: the execution engine (corral.engine.base.Engine) or None (pure API tests);
+  the server may set it after startup. Endpoints that need it answer 503 while it is None.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from typing import Any
+
+import sqlalchemy as sa
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from corral import __version__
+from corral.config import Settings
+from corral.db.session import make_engine, make_session_factory
+from corral.engine.base import Engine
+from corral.services.errors import Invalid, ServiceError
+from corral.services.lifecycle import InvalidTransition
+
+API_PREFIX = "/api/v1"
+API_ROUTER_MODULES = ("auth", "jobs", "nodes", "groups", "users", "tokens", "cluster")
+# Other areas' routers, imported by module name so that they can grow without touching this file.
+EXTERNAL_ROUTERS = ("corral.monitor.api", "corral.web.routes")
+
+
+def create_app(
+    settings: Settings, *, engine: Engine | None = None, db_engine: sa.Engine | None = None
+) -> FastAPI:
+    """Build the app. `engine` is the execution engine (None: logs answer 503); `db_engine` is the
+    database (default: made from settings.db_url; the schema must already be migrated: init_db)."""
+    app = FastAPI(
+        title="Corral",
+        version=__version__,
+        description="Queue, schedule, run and observe deep-learning jobs on a shared GPU cluster.",
+        docs_url="/docs",
+        openapi_url="/openapi.json",
+    )
+    db = db_engine if db_engine is not None else make_engine(settings.db_url)
+    app.state.settings = settings
+    app.state.db_engine = db
+    app.state.session_factory = make_session_factory(db)
+    app.state.engine = engine
+    for name in API_ROUTER_MODULES:
+        module = importlib.import_module(f"corral.api.routers.{name}")
+        app.include_router(module.router, prefix=API_PREFIX)
+    for module_name in EXTERNAL_ROUTERS:
+        app.include_router(importlib.import_module(module_name).router)
+    _install_error_handlers(app)
+    app.add_middleware(ConcurrencyLimit, limit=settings.api_max_concurrency)
+    try:  # monitoring's request metrics, outermost so that they include waiting for admission
+        importlib.import_module("corral.monitor.middleware").install(app)
+    except ModuleNotFoundError:
+        pass
+    return app
+
+
+class ConcurrencyLimit:
+    """Lets at most `limit` requests in at once; the rest wait on the event loop holding nothing.
+
+    Why: a sync endpoint hops between worker threads (dependencies, handler, response
+    validation) while its DB session may hold a pooled connection. Under a burst, every thread
+    can end up waiting for a connection held by a request that waits for a thread: a deadlock.
+    Admitting fewer requests than there are threads and connections makes that impossible."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+        self._semaphore: asyncio.Semaphore | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self._semaphore is None:  # created lazily: it must belong to the server's event loop
+            self._semaphore = asyncio.Semaphore(self.limit)
+        async with self._semaphore:
+            await self.app(scope, receive, send)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def service_error(_request: Request, exc: ServiceError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        detail: Any = exc.message
+        if isinstance(exc, Invalid):
+            detail = [{"loc": list(exc.loc), "msg": exc.message, "type": "value_error"}]
+        return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=headers)
+
+    @app.exception_handler(InvalidTransition)
+    async def invalid_transition(_request: Request, exc: InvalidTransition) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=409)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": plain_errors(exc.errors())}, status_code=422)
+
+
+def plain_errors(errors: Any) -> list[dict[str, Any]]:
+    """Pydantic errors as `{loc, msg, type}` with plain sentences (no "Value error, " prefix)."""
+    out: list[dict[str, Any]] = []
+    for err in errors:
+        loc = list(err.get("loc", ()))
+        msg = str(err.get("msg", "invalid value"))
+        kind = str(err.get("type", "value_error"))
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        if kind == "extra_forbidden" and loc:
+            msg = f"unknown field {loc[-1]!r}; check its spelling against the job spec"
+        elif kind == "missing" and loc:
+            msg = f"the field {loc[-1]!r} is required"
+        out.append({"loc": loc, "msg": msg, "type": kind})
+    return out

@@ -1,0 +1,105 @@
+"""Request dependencies: a DB session per request and the authenticated Principal."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from corral.services.auth import (
+    Principal,
+    authenticate_session,
+    authenticate_token,
+    cached_principal,
+    csrf_matches,
+    remember_principal,
+    sha256_hex,
+)
+from corral.services.errors import Forbidden, Unauthenticated
+
+SESSION_COOKIE = "corral_session"
+CSRF_HEADER = "X-CSRF-Token"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+async def get_db(request: Request) -> AsyncIterator[Session]:
+    """A session per request. Async on purpose: its teardown (returning the connection to the
+    pool) then runs on the event loop. A sync teardown needs a worker thread, and when every worker
+    thread is waiting for a pooled connection, nothing can give one back: a deadlock under load."""
+    factory: sessionmaker[Session] = request.app.state.session_factory
+    with factory() as session:
+        yield session
+
+
+DB = Annotated[Session, Depends(get_db)]
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization")
+    if not header:
+        return None
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        raise Unauthenticated("the Authorization header must be 'Bearer <token>'")
+    return value.strip()
+
+
+async def get_principal(request: Request, db: DB) -> Principal:
+    """Bearer token first (CLI, SDK); otherwise the portal's session cookie, whose state-changing
+    requests must carry the CSRF token the login returned. A recently seen token is answered from
+    the principal cache on the event loop; anything else is looked up in a worker thread."""
+    token = _bearer(request)
+    if token is not None:
+        key, now = sha256_hex(token), time.time()
+        principal = cached_principal(key, now)
+        if principal is None:
+            principal = await run_in_threadpool(_authenticate_released, request, db)
+            remember_principal(key, principal, now)
+        return principal
+    return await run_in_threadpool(_authenticate_released, request, db)
+
+
+def _authenticate_released(request: Request, db: Session) -> Principal:
+    try:
+        return _authenticate(request, db)
+    finally:
+        # Give the connection back before the endpoint waits for a worker thread: a request must
+        # not hold a pooled connection while queued, or a burst exhausts the pool (deadlock).
+        db.rollback()
+
+
+def _authenticate(request: Request, db: Session) -> Principal:
+    token = _bearer(request)
+    if token is not None:
+        return authenticate_token(db, token)
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if cookie:
+        principal = authenticate_session(db, cookie)
+        if request.method not in SAFE_METHODS and not csrf_matches(
+            principal, request.headers.get(CSRF_HEADER)
+        ):
+            raise Forbidden(f"missing or wrong {CSRF_HEADER} header for a cookie-authenticated request")
+        return principal
+    raise Unauthenticated("not authenticated: send 'Authorization: Bearer <token>' or log in")
+
+
+def require_admin(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    if not principal.is_admin:
+        raise Forbidden("only an administrator may do this")
+    return principal
+
+
+CurrentUser = Annotated[Principal, Depends(get_principal)]
+Admin = Annotated[Principal, Depends(require_admin)]
+
+
+def fast_json(data: Any, status_code: int = 200) -> JSONResponse:
+    """Answer with `data` as it is. The dicts come from corral.services.views, which define the
+    shapes the routes' response models document; returning a Response skips FastAPI's second
+    validation pass, which for a sync endpoint also costs one more hop through a worker thread."""
+    return JSONResponse(data, status_code=status_code)

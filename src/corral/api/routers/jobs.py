@@ -1,0 +1,142 @@
+"""Jobs: submit (JSON or YAML), list, show, cancel, events, logs. Logic is in corral.services.jobs."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request, status
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+
+from corral.api.deps import DB, CurrentUser, fast_json
+from corral.api.schemas import EventOut, JobListOut, JobOut, LogsOut
+from corral.engine.base import EngineUnavailable
+from corral.services import jobs as svc
+from corral.services.errors import ServiceError
+from corral.services.views import event_view, job_view
+from corral.spec import JobSpecV1, SpecError, load_spec_text
+
+router = APIRouter(tags=["jobs"])
+
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain")
+_SPEC_SCHEMA: dict[str, Any] = {"type": "object", "description": "job spec v1 (see corral.spec)"}
+
+
+class EngineMissing(ServiceError):
+    status_code = 503
+
+
+def _body_error(msg: str) -> RequestValidationError:
+    return RequestValidationError([{"loc": ("body",), "msg": msg, "type": "value_error"}])
+
+
+async def read_spec(request: Request) -> JobSpecV1:
+    """The spec from a JSON body, or from YAML text with Content-Type: application/yaml."""
+    raw = await request.body()
+    content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _body_error("the body is not UTF-8 text")
+    if content_type in YAML_TYPES:
+        try:
+            data: Any = load_spec_text(text)
+        except SpecError as exc:
+            raise _body_error(str(exc))
+    else:
+        try:
+            data = json.loads(text) if text.strip() else None
+        except json.JSONDecodeError as exc:
+            raise _body_error(
+                f"the body is not valid JSON ({exc.msg} at line {exc.lineno}); "
+                "send YAML with Content-Type: application/yaml"
+            )
+        if not isinstance(data, dict):
+            raise _body_error("the spec must be a JSON object with fields such as 'name' and 'tasks'")
+    try:
+        return JobSpecV1.model_validate(data)
+    except ValidationError as exc:
+        errors = [{**err, "loc": ("body", *err["loc"])} for err in exc.errors()]
+        raise RequestValidationError(errors)
+
+
+@router.post(
+    "/jobs",
+    status_code=status.HTTP_201_CREATED,
+    response_model=JobOut,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": _SPEC_SCHEMA},
+                "application/yaml": {"schema": {"type": "string"}},
+            },
+        }
+    },
+)
+def submit(spec: Annotated[JobSpecV1, Depends(read_spec)], db: DB, principal: CurrentUser) -> Any:
+    """Validate, check the job can ever fit, and queue it under its group (default: yours)."""
+    return fast_json(job_view(svc.submit_job(db, principal, spec)), status.HTTP_201_CREATED)
+
+
+@router.get("/jobs", response_model=JobListOut)
+def list_jobs(
+    db: DB,
+    principal: CurrentUser,
+    state: Annotated[list[str] | None, Query(description="repeat or comma-separate")] = None,
+    user: str | None = None,
+    group: str | None = None,
+    sort: str = "created_at",
+    order: str = "desc",
+    limit: Annotated[int, Query(ge=1, le=svc.MAX_PAGE)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> Any:
+    states = tuple(s.strip() for value in state or [] for s in value.split(",") if s.strip())
+    flt = svc.JobFilter(
+        state=states, user=user, group=group, sort=sort, order=order, limit=limit, offset=offset
+    )
+    items, total = svc.list_jobs(db, principal, flt)
+    return fast_json(
+        {"items": [job_view(j) for j in items], "total": total, "limit": limit, "offset": offset}
+    )
+
+
+@router.get("/jobs/{job_id}", response_model=JobOut)
+def show(job_id: int, db: DB, principal: CurrentUser) -> Any:
+    job = svc.get_job(db, principal, job_id)
+    return fast_json(job_view(job, svc.job_events(db, job.id)))
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobOut)
+def cancel(job_id: int, db: DB, principal: CurrentUser) -> Any:
+    """Queued jobs end at once; active jobs get cancel_requested and the control loops stop them."""
+    job = svc.cancel_job(db, principal, job_id)
+    return job_view(job, svc.job_events(db, job.id))
+
+
+@router.get("/jobs/{job_id}/events", response_model=list[EventOut])
+def events(job_id: int, db: DB, principal: CurrentUser) -> Any:
+    job = svc.get_job(db, principal, job_id)
+    return [event_view(e) for e in svc.job_events(db, job.id)]
+
+
+@router.get("/jobs/{job_id}/logs", response_model=LogsOut)
+def logs(
+    job_id: int,
+    request: Request,
+    db: DB,
+    principal: CurrentUser,
+    attempt: Annotated[int | None, Query(ge=1)] = None,
+    rank: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=8 << 20)] = 1 << 20,
+) -> Any:
+    job = svc.get_job(db, principal, job_id)
+    engine = request.app.state.engine
+    if engine is None:
+        raise EngineMissing("logs are unavailable: this server has no execution engine running")
+    try:
+        return svc.read_logs(engine, job, attempt=attempt, rank=rank, offset=offset, limit=limit)
+    except EngineUnavailable as exc:
+        raise EngineMissing(f"logs are unavailable right now: {exc}")

@@ -1,0 +1,28 @@
+"""Nodes with their GPUs (and which job holds each), and admin actions on them."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter
+
+from corral.api.deps import DB, Admin, CurrentUser
+from corral.api.schemas import NodeOut
+from corral.services import nodes as svc
+from corral.services.views import node_view
+
+router = APIRouter(tags=["nodes"])
+
+
+@router.get("/nodes", response_model=list[NodeOut])
+def list_nodes(db: DB, _principal: CurrentUser) -> Any:
+    claims = svc.gpu_claims(db)
+    return [node_view(n, claims) for n in svc.list_nodes(db)]
+
+
+@router.post("/nodes/{name}/{action}", response_model=NodeOut)
+def node_action(name: str, action: Literal["cordon", "uncordon", "drain"], db: DB, _admin: Admin) -> Any:
+    """cordon: take nothing new; drain: take nothing new and empty out; uncordon: back to ready."""
+    node = svc.set_admin_state(db, name, action)
+    db.commit()
+    return node_view(node, svc.gpu_claims(db))

@@ -1,0 +1,81 @@
+"""Users (admin), a user's default group, and the caller's SSH keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response, status
+
+from corral.api.deps import DB, Admin, CurrentUser
+from corral.api.schemas import DefaultGroupIn, SshKeyIn, SshKeyOut, UserIn, UserOut
+from corral.services import accounts as svc
+from corral.services.views import user_view
+
+router = APIRouter(tags=["users"])
+
+
+def _view(db: Any, user: Any) -> dict[str, Any]:
+    return user_view(user, svc.memberships_of(db, user.id), svc.group_name(db, user.default_group_id))
+
+
+@router.get("/users", response_model=list[UserOut])
+def list_users(db: DB, _admin: Admin) -> Any:
+    return [_view(db, u) for u in svc.list_users(db)]
+
+
+@router.post("/users", status_code=status.HTTP_201_CREATED, response_model=UserOut)
+def create_user(body: UserIn, db: DB, _admin: Admin) -> Any:
+    user = svc.create_user(
+        db,
+        svc.NewUser(
+            name=body.name,
+            password=body.password,
+            is_admin=body.is_admin,
+            groups=tuple(body.groups),
+            default_group=body.default_group,
+        ),
+    )
+    db.commit()
+    return _view(db, user)
+
+
+@router.put("/users/{name}/default-group", response_model=UserOut)
+def set_default_group(name: str, body: DefaultGroupIn, db: DB, principal: CurrentUser) -> Any:
+    """Admins for anyone; a user for themself (to a group they belong to)."""
+    user = svc.user_by_name(db, name) if principal.is_admin or name == principal.name else None
+    if user is None:
+        from corral.services.errors import Forbidden
+
+        raise Forbidden("only an administrator may change another user's default group")
+    svc.set_default_group(db, principal, user, svc.group_by_name(db, body.group))
+    db.commit()
+    return _view(db, user)
+
+
+def _key_view(key: Any) -> dict[str, Any]:
+    return {
+        "id": key.id,
+        "name": key.name,
+        "fingerprint": key.fingerprint,
+        "public_key": key.public_key,
+        "created_at": key.created_at,
+    }
+
+
+@router.get("/ssh-keys", response_model=list[SshKeyOut])
+def list_ssh_keys(db: DB, principal: CurrentUser) -> Any:
+    return [_key_view(k) for k in svc.list_ssh_keys(db, principal)]
+
+
+@router.post("/ssh-keys", status_code=status.HTTP_201_CREATED, response_model=SshKeyOut)
+def add_ssh_key(body: SshKeyIn, db: DB, principal: CurrentUser) -> Any:
+    key = svc.add_ssh_key(db, principal, body.name, body.public_key)
+    db.commit()
+    return _key_view(key)
+
+
+@router.delete("/ssh-keys/{key_id}", status_code=204)
+def delete_ssh_key(key_id: int, db: DB, principal: CurrentUser) -> Response:
+    svc.delete_ssh_key(db, principal, key_id)
+    db.commit()
+    return Response(status_code=204)

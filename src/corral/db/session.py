@@ -1,0 +1,107 @@
+"""Engine and session factory for SQLite (default) and PostgreSQL, and `init_db` (Alembic upgrade).
+
+SQLite gets WAL (readers never block the writer), a busy timeout (concurrent writers wait instead of
+failing at once) and foreign keys on (off by default in SQLite; CASCADE rules rely on them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+
+
+def normalize_url(url: str) -> str:
+    """Accept `postgresql://` and `postgres://` and use the psycopg 3 driver for them."""
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://") :]
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    return url
+
+
+def is_sqlite(url: str) -> bool:
+    return make_url(normalize_url(url)).get_backend_name() == "sqlite"
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """Create an Engine for `url`; makes the parent directory of a SQLite file."""
+    url = normalize_url(url)
+    if is_sqlite(url):
+        database = make_url(url).database
+        if database and database != ":memory:":
+            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        kwargs.setdefault("connect_args", {}).setdefault("check_same_thread", False)
+        kwargs["connect_args"].setdefault("timeout", SQLITE_BUSY_TIMEOUT_MS / 1000)
+        if "poolclass" not in kwargs and database not in (None, "", ":memory:"):
+            # As many connections as the API's worker threads (40), so requests never queue twice.
+            kwargs.setdefault("pool_size", 20)
+            kwargs.setdefault("max_overflow", 30)
+        engine = create_engine(url, **kwargs)
+        event.listen(engine, "connect", _sqlite_on_connect)
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    if "poolclass" not in kwargs:
+        kwargs.setdefault("pool_size", 10)
+        kwargs.setdefault("max_overflow", 30)
+    return create_engine(url, **kwargs)
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")  # safe with WAL; fsync only at checkpoints
+    finally:
+        cursor.close()
+
+
+def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    # expire_on_commit=False: objects stay readable after commit (routers serialise them after).
+    return sessionmaker(bind=engine, expire_on_commit=False)
+
+
+def alembic_config(url: str) -> Any:
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
+    return cfg
+
+
+def init_db(url: str, *, engine: Engine | None = None) -> None:
+    """Bring the database at `url` to the newest schema (Alembic `upgrade head`). Safe to repeat."""
+    upgrade(url, "heads", engine=engine)
+
+
+def upgrade(url: str, revision: str = "heads", *, engine: Engine | None = None) -> None:
+    from alembic import command
+
+    cfg = alembic_config(url)
+    if engine is not None:
+        with engine.begin() as connection:
+            cfg.attributes["connection"] = connection
+            command.upgrade(cfg, revision)
+        return
+    command.upgrade(cfg, revision)
+
+
+def downgrade(url: str, revision: str = "base", *, engine: Engine | None = None) -> None:
+    from alembic import command
+
+    cfg = alembic_config(url)
+    if engine is not None:
+        with engine.begin() as connection:
+            cfg.attributes["connection"] = connection
+            command.downgrade(cfg, revision)
+        return
+    command.downgrade(cfg, revision)

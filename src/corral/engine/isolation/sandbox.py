@@ -1,0 +1,220 @@
+"""The bubblewrap sandbox of one task instance: what this machine can do (probe), the per-job uid,
+the minimal /etc and the bwrap command line. See docs/isolation.md for why it is built this way.
+
+Privilege model: bwrap runs as root WITHOUT a user namespace (so it can bind whatever the job
+needs, wherever it lies on the host), and inside the sandbox `setpriv` switches to the job's own
+unprivileged uid/gid with no capabilities, no supplementary groups and no_new_privs before the
+job's shell starts. A user namespace that maps the job to uid 1000 would not do: the kernel would
+still check file access as host uid 0, i.e. the owner of /etc/shadow.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral.engine.gpus import DeviceNode
+from corral.engine.isolation import cgroupfs
+
+SANDBOX_WORK_DIR = "/job"  # where the instance's private work dir appears inside the sandbox
+UID_BASE = 200_000  # per-job uids: [UID_BASE, UID_BASE + UID_RANGE), never in /etc/passwd of the host
+UID_RANGE = 60_000
+# Host files a program reasonably needs from /etc; nothing that holds a secret (no shadow,
+# gshadow, sudoers, ssh keys, machine-id), and passwd/group are generated per job.
+ETC_WHITELIST = (
+    "hosts",
+    "resolv.conf",
+    "nsswitch.conf",
+    "host.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "ssl",
+    "ca-certificates",
+    "alternatives",
+    "localtime",
+    "mime.types",
+)
+_USER_NAME = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+
+
+@dataclass
+class IsolationStatus:
+    """What isolation this machine supports, probed once when the engine starts."""
+
+    bwrap: str | None = None
+    setpriv: str | None = None
+    cgroup_version: int | None = None
+    devices_cgroup: bool = False
+    root: bool = False
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def sandbox(self) -> bool:
+        return self.bwrap is not None and self.setpriv is not None and self.root
+
+    @property
+    def cgroups(self) -> bool:
+        return self.cgroup_version is not None and self.root
+
+    @property
+    def complete(self) -> bool:
+        return self.sandbox and self.cgroups
+
+    def summary(self) -> str:
+        if self.complete:
+            devices = "devices cgroup" if self.devices_cgroup else "device binding only (no devices cgroup)"
+            return f"isolated: bubblewrap + setpriv, cgroup v{self.cgroup_version}, {devices}"
+        return "NOT isolated: " + "; ".join(self.problems)
+
+
+def probe(cgroup_root: Path = Path("/sys/fs/cgroup")) -> IsolationStatus:
+    status = IsolationStatus(root=os.geteuid() == 0)
+    if not status.root:
+        status.problems.append("not running as root: cannot create cgroups or drop jobs to a per-job uid")
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        status.problems.append("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
+    else:
+        trial = subprocess.run(
+            [bwrap, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--unshare-pid", "true"],
+            capture_output=True,
+            timeout=10,
+        )
+        if trial.returncode == 0:
+            status.bwrap = bwrap
+        else:
+            err = trial.stderr.decode(errors="replace").strip()
+            status.problems.append(f"bubblewrap cannot create namespaces here: {err}")
+    status.setpriv = shutil.which("setpriv")
+    if status.setpriv is None:
+        status.problems.append("setpriv (util-linux) is not installed: cannot drop privileges")
+    status.cgroup_version = cgroupfs.detect_version(cgroup_root)
+    if status.cgroup_version is None:
+        status.problems.append(f"no usable cgroup v1 (memory, cpu, pids) or v2 hierarchy at {cgroup_root}")
+    status.devices_cgroup = status.cgroup_version == 1 and cgroupfs.v1_has_devices(cgroup_root)
+    return status
+
+
+def allocate_uid(locks_dir: Path, attempt_id: str) -> int:
+    """A uid no running attempt holds: claimed by mkdir of `<locks_dir>/<uid>` (atomic), released
+    by the supervisor once the attempt's processes are gone."""
+    locks_dir.mkdir(parents=True, exist_ok=True)
+    start = zlib.crc32(attempt_id.encode()) % UID_RANGE
+    for step in range(UID_RANGE):
+        uid = UID_BASE + (start + step) % UID_RANGE
+        try:
+            os.mkdir(locks_dir / str(uid))
+        except FileExistsError:
+            continue
+        (locks_dir / str(uid) / "attempt").write_text(attempt_id)
+        return uid
+    raise RuntimeError(f"all {UID_RANGE} job uids are in use")
+
+
+def write_etc(etc_dir: Path, user: str, uid: int) -> dict[str, str]:
+    """passwd and group for the job (root, nobody and the job's user), readable by everyone.
+    Returns {sandbox path: host path} of the files to bind."""
+    name = user if _USER_NAME.match(user) else "job"
+    etc_dir.mkdir(parents=True, exist_ok=True)
+    passwd = (
+        "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+        f"{name}:x:{uid}:{uid}:corral job:{SANDBOX_WORK_DIR}:/bin/sh\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    )
+    group = f"root:x:0:\n{name}:x:{uid}:\nnogroup:x:65534:\n"
+    (etc_dir / "passwd").write_text(passwd)
+    (etc_dir / "group").write_text(group)
+    for f in ("passwd", "group"):
+        os.chmod(etc_dir / f, 0o644)
+    return {"/etc/passwd": str(etc_dir / "passwd"), "/etc/group": str(etc_dir / "group")}
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxSpec:
+    command: str
+    work_dir: str  # host path, owned by uid, mode 0700
+    uid: int
+    etc_files: dict[str, str]
+    env_paths: Sequence[str] = ()  # read-only: the job's Python environment
+    mounts: Sequence[tuple[str, str, bool]] = ()  # (host source, sandbox target, read_only)
+    devices: Sequence[DeviceNode] = ()
+
+
+@functools.cache
+def _system_binds() -> tuple[str, ...]:
+    """The host's system dirs, read-only (cached: the layout does not change under us)."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for d in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(d):
+            args += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            args += ["--ro-bind", d, d]
+    return tuple(args)
+
+
+@functools.cache
+def _etc_whitelist_binds() -> tuple[str, ...]:
+    args: list[str] = []
+    for name in ETC_WHITELIST:
+        host = f"/etc/{name}"
+        if os.path.exists(host):
+            args += ["--ro-bind", host, host]
+    return tuple(args)
+
+
+def _etc_binds(etc_files: dict[str, str]) -> list[str]:
+    args = ["--perms", "0755", "--dir", "/etc", *_etc_whitelist_binds()]
+    for target, source in etc_files.items():
+        args += ["--ro-bind", source, target]
+    return args
+
+
+def _parent_dirs(targets: Sequence[str], covered: Sequence[str]) -> list[str]:
+    """Ancestors of bind targets that bwrap would otherwise create with mode 0700 (e.g. /root for
+    a pyenv interpreter), made 0755 so the job's uid can walk to the bound path."""
+    seen: list[str] = []
+    for target in targets:
+        parts = Path(target).parts
+        for i in range(2, len(parts)):
+            parent = str(Path(*parts[:i]))
+            if parent in seen or any(parent == c or parent.startswith(c + "/") for c in covered):
+                continue
+            seen.append(parent)
+    return sorted(seen, key=lambda p: p.count("/"))
+
+
+def bwrap_argv(bwrap: str, setpriv: str, spec: SandboxSpec) -> list[str]:
+    args = [bwrap, "--unshare-pid", "--unshare-ipc", "--new-session", "--die-with-parent"]
+    args += _system_binds()
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--perms", "1777", "--tmpfs", "/tmp", "--perms", "1777", "--tmpfs", "/dev/shm"]
+    args += _etc_binds(spec.etc_files)
+    env_paths = [p for p in spec.env_paths if os.path.isdir(p)]
+    # Below /usr (bound) the host's own dirs exist; everywhere else bwrap would create them 0700.
+    covered = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/proc", "/dev", SANDBOX_WORK_DIR, *env_paths]
+    env_parents = _parent_dirs(env_paths, covered)
+    mount_parents = [p for p in _parent_dirs([t for _, t, _ in spec.mounts], covered) if p not in env_parents]
+    for parent in env_parents:
+        args += ["--perms", "0755", "--dir", parent]
+    for path in env_paths:
+        args += ["--ro-bind", path, path]
+    args += ["--bind", spec.work_dir, SANDBOX_WORK_DIR]
+    for dev in spec.devices:
+        args += ["--dev-bind", dev.host_path, dev.sandbox_path]
+    for parent in mount_parents:
+        args += ["--perms", "0755", "--dir", parent]
+    for source, target, read_only in spec.mounts:
+        args += ["--ro-bind" if read_only else "--bind", source, target]
+    args += ["--chdir", SANDBOX_WORK_DIR, "--"]
+    args += [setpriv, f"--reuid={spec.uid}", f"--regid={spec.uid}", "--clear-groups"]
+    args += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
+    args += ["/bin/sh", "-c", spec.command]
+    return args

@@ -1,0 +1,646 @@
+"""The local engine: runs attempts on this machine, each under a detached supervisor process
+(supervisor.py) and, when isolation is on, in bubblewrap sandboxes with cgroup limits.
+
+All state lives in files under `<home>/engine/attempts/<attempt_id>/`, so an engine object that
+is re-created (server restart, even after SIGKILL) sees every attempt exactly as before: `poll`
+reads the supervisor's files, and `adopt` only validates what it is given.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import marshal
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+import corral
+from corral.config import Settings
+from corral.engine.base import (
+    AttemptLaunch,
+    AttemptPhase,
+    AttemptStatus,
+    FailureReason,
+    InstanceLaunch,
+    LogChunk,
+    NodeReport,
+)
+from corral.engine.gpus import GpuInventory, device_paths, discover_gpus
+from corral.engine.isolation import cgroupfs
+from corral.engine.isolation.sandbox import (
+    SANDBOX_WORK_DIR,
+    IsolationStatus,
+    SandboxSpec,
+    allocate_uid,
+    bwrap_argv,
+    probe,
+    write_etc,
+)
+from corral.engine.local.supervisor import proc_start
+from corral.scheduler.types import NodeState
+
+log = logging.getLogger(__name__)
+
+# The supervisor is started as `python -I -S -c <this>`: importing the module (not running the
+# file as a script) uses its cached bytecode, which saves compiling it at every job start.
+_SRC = str(Path(__file__).resolve().parents[3])
+SUPERVISOR_BOOT = (
+    f"import sys; sys.path.insert(0, {_SRC!r}); from corral.engine.local.supervisor import main; main()"
+)
+LAUNCHER_BOOT = (
+    f"import sys; sys.path.insert(0, {_SRC!r}); from corral.engine.local.launcher import main; main()"
+)
+_ATTEMPT_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+DEFAULT_PIDS_MAX = 1024
+
+
+def _default_environments() -> dict[str, list[str]]:
+    """The "default" Python environment: the interpreter and packages Corral itself runs with
+    (virtualenv, its base interpreter, an editable source tree), bound read-only."""
+    paths: list[str] = []
+    for p in (sys.prefix, sys.base_prefix, str(Path(corral.__file__).resolve().parents[1])):
+        real = os.path.realpath(p)
+        if real.startswith("/usr/") or real == "/usr" or real in paths:
+            continue
+        if any(real.startswith(q + "/") for q in paths):
+            continue
+        paths.append(real)
+    return {"default": paths}
+
+
+class LocalEngine:
+    name = "local"
+
+    def __init__(
+        self,
+        home: Path,
+        node_name: str,
+        *,
+        virtual_gpus: int | None = None,
+        gpu_model: str = "VGPU",
+        isolation: bool = True,
+        allow_unisolated: bool = False,
+        cgroup_root: Path = Path("/sys/fs/cgroup"),
+        cgroup_parent: str = "corral",
+        pids_max: int = DEFAULT_PIDS_MAX,
+        gang_grace_s: float = 5.0,
+        environments: Mapping[str, Sequence[str]] | None = None,
+        use_launcher: bool = True,
+    ) -> None:
+        self.home = Path(home)
+        self.node_name = node_name
+        self.attempts_dir = self.home / "engine" / "attempts"
+        self.attempts_dir.mkdir(parents=True, exist_ok=True)
+        self.uid_locks = self.home / "engine" / "uids"
+        self.launcher_sock = self.home / "engine" / "launcher.sock"
+        # A unix socket path holds at most 107 bytes; a deeper home starts supervisors directly.
+        self.use_launcher = use_launcher and len(os.fsencode(self.launcher_sock)) < 100
+        self._launcher_started = -1e9
+        self.cgroup_root = cgroup_root
+        self.cgroup_parent = cgroup_parent
+        self.pids_max = pids_max
+        self.gang_grace_s = gang_grace_s
+        self.environments = dict(environments) if environments is not None else _default_environments()
+        self.allow_unisolated = allow_unisolated
+        self.isolation_requested = isolation
+        self.inventory: GpuInventory = discover_gpus(node_name, self.home, virtual_gpus, gpu_model)
+        self.status: IsolationStatus = probe(cgroup_root) if isolation else IsolationStatus()
+        self._children: dict[str, int] = {}  # supervisors we spawned and have not reaped
+        self._log_start_up()
+        # Attempts started by an earlier engine object (before a restart) keep running under
+        # their supervisors; poll reads their files like any other.
+        self.found_at_start = self.active_attempts()
+        if self.found_at_start:
+            log.info("local engine: %d attempts still active from before", len(self.found_at_start))
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> LocalEngine:
+        return cls(
+            settings.home,
+            settings.node_name,
+            virtual_gpus=settings.virtual_gpus,
+            gpu_model=settings.gpu_model,
+            isolation=settings.isolation,
+            allow_unisolated=settings.allow_unisolated,
+            pids_max=settings.job_pids_max,
+        )
+
+    # -- what this engine can do -------------------------------------------------------------
+
+    def _log_start_up(self) -> None:
+        if not self.isolation_requested:
+            log.warning("local engine: isolation switched off; jobs run as plain processes, as root")
+        elif self.status.complete:
+            log.info("local engine: %s", self.status.summary())
+        elif self.allow_unisolated:
+            log.warning("local engine: %s; running jobs anyway (allow_unisolated)", self.status.summary())
+        else:
+            log.error(
+                "local engine: %s; refusing to launch jobs (set allow_unisolated to override)",
+                self.status.summary(),
+            )
+
+    @property
+    def refusing(self) -> bool:
+        return self.isolation_requested and not self.status.complete and not self.allow_unisolated
+
+    def capabilities(self) -> dict[str, Any]:
+        """What isolation jobs get on this node, for logs, `corral node` and tests."""
+        s = self.status
+        return {
+            "isolation_requested": self.isolation_requested,
+            "sandbox": self.isolation_requested and s.sandbox,
+            "cgroups": self.isolation_requested and s.cgroups,
+            "cgroup_version": s.cgroup_version,
+            "devices_cgroup": self.isolation_requested and s.devices_cgroup,
+            "allow_unisolated": self.allow_unisolated,
+            "refusing": self.refusing,
+            "problems": list(s.problems),
+            "summary": s.summary() if self.isolation_requested else "isolation switched off",
+            "virtual_gpus": self.inventory.virtual,
+        }
+
+    isolation_status = capabilities
+
+    def nodes(self) -> Sequence[NodeReport]:
+        memory_mib = psutil.virtual_memory().total // (1 << 20)
+        labels = {"engine": "local", "isolation": "on" if self.status.complete else "off"}
+        if self.inventory.virtual:
+            labels["gpu"] = "virtual"
+        state, message = NodeState.READY, ""
+        if self.refusing:
+            state, message = NodeState.DOWN, f"job isolation unavailable: {'; '.join(self.status.problems)}"
+        return [
+            NodeReport(
+                name=self.node_name,
+                cpus=float(psutil.cpu_count() or 1),
+                memory_mib=int(memory_mib),
+                gpus=self.inventory.gpus,
+                state=state,
+                labels=labels,
+                message=message,
+            )
+        ]
+
+    def set_node_state(self, node: str, state: NodeState, reason: str = "") -> None:
+        """Cordon/drain live in Corral's database; nothing to tell a single local node."""
+
+    # -- launch --------------------------------------------------------------------------------
+
+    def _dir(self, attempt_id: str) -> Path:
+        if not _ATTEMPT_ID.match(attempt_id):
+            raise ValueError(
+                f"invalid attempt_id {attempt_id!r}: use letters, digits, '.', '_' or '-' (at most 128)"
+            )
+        return self.attempts_dir / attempt_id
+
+    def launch(self, attempt: AttemptLaunch) -> str:
+        adir = self._dir(attempt.attempt_id)
+        try:
+            adir.mkdir()  # the atomic claim that makes launch idempotent
+        except FileExistsError:
+            return self._existing_ref(adir)
+        try:
+            spec = self._prepare(attempt, adir)
+        except LaunchRefused as exc:
+            return self._record_launch_failure(adir, str(exc))
+        except (OSError, ValueError) as exc:
+            log.exception("cannot prepare attempt %s", attempt.attempt_id)
+            return self._record_launch_failure(adir, f"could not prepare the attempt: {exc}")
+        _write_atomic(adir / "spec.marshal", marshal.dumps(spec))  # marshal: the lean supervisor reads it
+        pid = self._spawn_supervisor(attempt.attempt_id, adir)
+        ref = str(pid)
+        (adir / "engine_ref").write_text(ref)
+        return ref
+
+    def _spawn_supervisor(self, attempt_id: str, adir: Path) -> int:
+        """Through the launcher (a fork, ~1 ms) when it runs; else a fresh interpreter, and the
+        launcher is started for the next ones."""
+        pid = self._via_launcher(adir)
+        if pid is not None:
+            return pid
+        pid = _spawn_detached(
+            [sys.executable, "-I", "-S", "-c", SUPERVISOR_BOOT, str(adir)], adir / "supervisor.err"
+        )
+        self._children[attempt_id] = pid
+        if self.use_launcher:
+            self._start_launcher()
+        return pid
+
+    def _via_launcher(self, adir: Path) -> int | None:
+        if not self.use_launcher or not self.launcher_sock.exists():
+            return None
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.settimeout(2.0)
+                conn.connect(str(self.launcher_sock))
+                conn.sendall(str(adir).encode())
+                conn.shutdown(socket.SHUT_WR)
+                answer = conn.recv(4096).decode()
+        except OSError as exc:
+            log.debug("launcher unavailable (%s): starting the supervisor directly", exc)
+            return None
+        if not answer.isdigit():
+            log.warning("launcher refused %s: %s", adir, answer)
+            return None
+        return int(answer)
+
+    def _start_launcher(self) -> None:
+        """At most one start attempt per second; a stale socket is replaced by the new one."""
+        now = time.monotonic()
+        if now - self._launcher_started < 1.0:
+            return
+        self._launcher_started = now
+        if self._launcher_pid() is not None:
+            return
+        argv = [sys.executable, "-I", "-S", "-c", LAUNCHER_BOOT, str(self.launcher_sock)]
+        pid = _spawn_detached(argv, self.launcher_sock.with_name("launcher.err"))
+        self._children["<launcher>"] = pid
+
+    def _launcher_pid(self) -> int | None:
+        info = _read_json(self.launcher_sock.with_name(self.launcher_sock.name + ".json"))
+        if info is None:
+            return None
+        pid = int(info["pid"])
+        if proc_start(pid) is None or not _cmdline_has(pid, str(self.launcher_sock)):
+            return None
+        return pid
+
+    def stop_launcher(self) -> None:
+        """The launcher owns no job: stopping it only makes the next starts slower."""
+        spawned = self._children.pop("<launcher>", None)  # may not have written its pid file yet
+        for pid in {p for p in (self._launcher_pid(), spawned) if p is not None}:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+            try:
+                os.waitpid(pid, 0)  # our child when this engine object started it
+            except ChildProcessError:
+                pass
+
+    def _existing_ref(self, adir: Path) -> str:
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:  # a concurrent launch may still be writing it
+            try:
+                return (adir / "engine_ref").read_text()
+            except FileNotFoundError:
+                time.sleep(0.005)
+        return ""
+
+    def _record_launch_failure(self, adir: Path, message: str) -> str:
+        now = time.time()
+        status = {
+            "phase": "failed",
+            "exit_code": None,
+            "reason": FailureReason.LAUNCH_FAILED.value,
+            "message": message,
+            "started_at": None,
+            "finished_at": now,
+        }
+        _write_json(adir / "status.json", status)
+        (adir / "engine_ref").write_text("refused")
+        return "refused"
+
+    def _prepare(self, attempt: AttemptLaunch, adir: Path) -> dict[str, Any]:
+        if self.refusing:
+            raise LaunchRefused(
+                f"job isolation unavailable on {self.node_name}: "
+                f"{'; '.join(self.status.problems)} (allow_unisolated is off)"
+            )
+        if attempt.environment not in self.environments:
+            raise LaunchRefused(
+                f"unknown environment {attempt.environment!r}; "
+                f"this node has: {', '.join(sorted(self.environments))}"
+            )
+        for inst in attempt.instances:
+            if inst.node != self.node_name:
+                raise LaunchRefused(
+                    f"rank {inst.rank} is placed on node {inst.node!r}, "
+                    f"but this local engine is node {self.node_name!r}"
+                )
+        for m in attempt.mounts:
+            if not os.path.isabs(m.source) or not os.path.isabs(m.target) or not os.path.exists(m.source):
+                raise LaunchRefused(
+                    f"mount {m.source} -> {m.target}: both must be absolute and the source must exist"
+                )
+        sandboxed = self.isolation_requested and self.status.sandbox
+        use_cgroups = self.isolation_requested and self.status.cgroups
+        uid_lock: Path | None = None
+        uid = 0
+        etc_files: dict[str, str] = {}
+        if sandboxed:
+            uid = allocate_uid(self.uid_locks, attempt.attempt_id)
+            uid_lock = self.uid_locks / str(uid)
+            etc_files = write_etc(adir / "etc", attempt.user, uid)
+        instances = [
+            self._prepare_instance(attempt, inst, adir, sandboxed, use_cgroups, uid, etc_files)
+            for inst in attempt.instances
+        ]
+        return {
+            "attempt_id": attempt.attempt_id,
+            "max_runtime_s": attempt.max_runtime_s,
+            "gang_grace_s": self.gang_grace_s,
+            "uid_lock": str(uid_lock) if uid_lock else None,
+            "uid": uid,
+            "instances": instances,
+        }
+
+    def _prepare_instance(
+        self,
+        attempt: AttemptLaunch,
+        inst: InstanceLaunch,
+        adir: Path,
+        sandboxed: bool,
+        use_cgroups: bool,
+        uid: int,
+        etc_files: dict[str, str],
+    ) -> dict[str, Any]:
+        work_dir = adir / "work" / str(inst.rank)
+        work_dir.mkdir(parents=True)
+        devices = device_paths(inst.gpus, self.inventory)
+        env = self._instance_env(attempt, inst, work_dir, sandboxed)
+        cgroup: dict[str, Any] | None = None
+        if use_cgroups:
+            allowed = [(d.major, d.minor) for d in devices] if self.status.devices_cgroup else None
+            cgroup = dict(
+                cgroupfs.create_instance_cgroup(
+                    self.cgroup_root,
+                    self.status.cgroup_version or 1,
+                    self.cgroup_parent,
+                    f"{attempt.attempt_id}/{inst.rank}",
+                    inst.memory_mib,
+                    inst.cpus,
+                    self.pids_max,
+                    allowed,
+                )
+            )
+        if sandboxed:
+            os.chown(work_dir, uid, uid)
+            os.chmod(work_dir, 0o700)
+            assert self.status.bwrap and self.status.setpriv
+            argv = bwrap_argv(
+                self.status.bwrap,
+                self.status.setpriv,
+                SandboxSpec(
+                    command=inst.command,
+                    work_dir=str(work_dir),
+                    uid=uid,
+                    etc_files=etc_files,
+                    env_paths=self.environments[attempt.environment],
+                    mounts=[(m.source, m.target, m.read_only) for m in attempt.mounts],
+                    devices=devices,
+                ),
+            )
+        else:
+            argv = ["/bin/sh", "-c", inst.command]
+        return {
+            "rank": inst.rank,
+            "argv": argv,
+            "env": env,
+            "cwd": str(work_dir) if not sandboxed else "/",
+            "log": str(adir / f"rank-{inst.rank}.log"),
+            "work_dir": str(work_dir),
+            "cgroup": cgroup,
+            "sandboxed": sandboxed,
+            "memory_mib": inst.memory_mib,
+        }
+
+    def _instance_env(
+        self, attempt: AttemptLaunch, inst: InstanceLaunch, work_dir: Path, sandboxed: bool
+    ) -> dict[str, str]:
+        """The caller's env wins; we only fill in what a process needs and the caller left out."""
+        env = dict(inst.env)
+        env_bin = [
+            f"{p}/bin" for p in self.environments.get(attempt.environment, ()) if os.path.isdir(f"{p}/bin")
+        ]
+        env.setdefault("PATH", ":".join([*env_bin, "/usr/local/bin", "/usr/bin", "/bin"]))
+        inside = SANDBOX_WORK_DIR if sandboxed else str(work_dir)
+        env.setdefault("HOME", inside)
+        env.setdefault("CORRAL_WORK_DIR", inside)
+        env.setdefault("USER", attempt.user)
+        env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(g.uuid for g in inst.gpus))
+        env.setdefault("LANG", "C.UTF-8")
+        return env
+
+    # -- observe ---------------------------------------------------------------------------------
+
+    def poll(self, attempt_ids: Iterable[str]) -> Mapping[str, AttemptStatus]:
+        self._reap()
+        return {aid: self._status(aid) for aid in attempt_ids}
+
+    def _reap(self) -> None:
+        for aid, pid in list(self._children.items()):
+            if not _child_running(pid):
+                self._children.pop(aid, None)
+
+    def _status(self, attempt_id: str) -> AttemptStatus:
+        try:
+            adir = self._dir(attempt_id)
+        except ValueError as exc:
+            return AttemptStatus(attempt_id, AttemptPhase.LOST, message=str(exc))
+        final = _read_json(adir / "status.json")
+        ref = _read_text(adir / "engine_ref")
+        if final is not None:
+            return _final_status(attempt_id, final, ref)
+        if not adir.exists():
+            return AttemptStatus(attempt_id, AttemptPhase.LOST, message="this engine never launched it")
+        state = _read_json(adir / "state.json")
+        sup = _read_json(adir / "supervisor.json")
+        if self._supervisor_alive(attempt_id, adir, sup, ref):
+            if state is None:
+                return AttemptStatus(attempt_id, AttemptPhase.PENDING, engine_ref=ref)
+            return AttemptStatus(
+                attempt_id, AttemptPhase.RUNNING, started_at=state.get("started_at"), engine_ref=ref
+            )
+        final = _read_json(adir / "status.json")  # it may have finished while we looked
+        if final is not None:
+            return _final_status(attempt_id, final, ref)
+        return self._declare_lost(attempt_id, adir, ref)
+
+    def _supervisor_alive(self, attempt_id: str, adir: Path, sup: dict[str, Any] | None, ref: str) -> bool:
+        pid = self._children.get(attempt_id)
+        if pid is not None:
+            if _child_running(pid):
+                return True
+            self._children.pop(attempt_id, None)
+            return False
+        pid = int(sup["pid"]) if sup else (int(ref) if ref.isdigit() else None)
+        if pid is None:
+            # Launched, but neither a pid nor a ref yet: a concurrent launch is mid-way.
+            return time.time() - adir.stat().st_mtime < 10
+        return _same_process(pid, sup)
+
+    def _declare_lost(self, attempt_id: str, adir: Path, ref: str) -> AttemptStatus:
+        """The supervisor died without a final word (killed, machine rebooted): make sure nothing
+        of the attempt survives, and remember the verdict."""
+        spec = self.attempt_spec(attempt_id)
+        for inst in spec.get("instances", []):
+            if inst.get("cgroup"):
+                cgroupfs.kill_all(inst["cgroup"], timeout_s=2.0)
+                cgroupfs.remove(inst["cgroup"], attempts=5)
+                cgroupfs.remove_attempt_dirs(inst["cgroup"])
+        status = {
+            "phase": "lost",
+            "exit_code": None,
+            "reason": FailureReason.NODE_LOST.value,
+            "message": "the attempt's supervisor ended without recording an outcome",
+            "started_at": None,
+            "finished_at": time.time(),
+        }
+        _write_json(adir / "status.json", status)
+        return _final_status(attempt_id, status, ref)
+
+    def logs(self, attempt_id: str, instance: int = 0, offset: int = 0, limit: int = 1 << 20) -> LogChunk:
+        if offset < 0 or limit <= 0:
+            raise ValueError(f"offset must be >= 0 and limit > 0, got offset={offset} limit={limit}")
+        adir = self._dir(attempt_id)
+        finished = (adir / "status.json").exists() or not adir.exists()
+        try:
+            with open(adir / f"rank-{instance}.log", "rb") as f:
+                f.seek(offset)
+                data = f.read(limit)
+                size = os.fstat(f.fileno()).st_size
+        except FileNotFoundError:
+            return LogChunk(b"", offset, finished)
+        next_offset = offset + len(data)
+        return LogChunk(data, next_offset, finished and next_offset >= size)
+
+    def adopt(self, refs: Mapping[str, str]) -> None:
+        """State lives in files, so there is nothing to reattach; refs that do not match what the
+        attempt dir recorded are logged (poll then tells the truth)."""
+        for attempt_id, ref in refs.items():
+            recorded = _read_text(self._dir(attempt_id) / "engine_ref")
+            if recorded != ref:
+                log.warning("adopt %s: engine ref %r given, %r recorded", attempt_id, ref, recorded)
+
+    def attempt_spec(self, attempt_id: str) -> dict[str, Any]:
+        """What the supervisor of this attempt was told to run ({} when unknown)."""
+        try:
+            spec: dict[str, Any] = marshal.loads((self._dir(attempt_id) / "spec.marshal").read_bytes())
+            return spec
+        except (OSError, ValueError, EOFError):
+            return {}
+
+    def active_attempts(self) -> list[str]:
+        """Attempts launched on this node (by any engine object) that have not finished."""
+        return sorted(
+            d.name for d in self.attempts_dir.iterdir() if d.is_dir() and not (d / "status.json").exists()
+        )
+
+    # -- stop ------------------------------------------------------------------------------------
+
+    def stop(self, attempt_id: str, grace_s: float) -> None:
+        adir = self._dir(attempt_id)
+        if not adir.exists() or (adir / "status.json").exists():
+            return
+        _write_atomic(adir / "stop", str(max(0.0, grace_s)).encode())
+        sup = _read_json(adir / "supervisor.json")
+        if sup is None:
+            return  # not yet started: it reads `stop` before spawning anything
+        pid = int(sup["pid"])
+        if _same_process(pid, sup):
+            os.kill(pid, signal.SIGUSR1)
+        else:
+            self._status(attempt_id)  # dead supervisor: declare lost, kill what is left
+
+    def close(self) -> None:
+        """Jobs keep running (their supervisors are detached); the launcher, which owns no
+        job, is stopped, and supervisors that already ended are reaped."""
+        self.stop_launcher()
+        self._reap()
+
+    def remove_attempt(self, attempt_id: str) -> None:
+        """Deletes a finished attempt's dir (logs included); for retention policies."""
+        adir = self._dir(attempt_id)
+        if (adir / "status.json").exists():
+            shutil.rmtree(adir, ignore_errors=True)
+
+
+class LaunchRefused(Exception):
+    pass
+
+
+def _child_running(pid: int) -> bool:
+    """For a supervisor we spawned: True while it runs; reaps it once it has ended."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return done == 0
+
+
+def _same_process(pid: int, sup: dict[str, Any] | None) -> bool:
+    """Guards against pid reuse: alive, and (once it said so) started when our supervisor did."""
+    start = proc_start(pid)
+    if start is None:
+        return False
+    return sup is None or sup.get("proc_start") in (None, start)
+
+
+def _cmdline_has(pid: int, text: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return text.encode() in f.read()
+    except OSError:
+        return False
+
+
+def _spawn_detached(argv: list[str], stderr_path: Path) -> int:
+    """posix_spawn (vfork-based, cheap from a big server process) in a new session: not in the
+    server's session or process group, so a kill of the server spares it."""
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 2, str(stderr_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640),
+    ]
+    return os.posix_spawn(argv[0], argv, {"PATH": "/usr/bin:/bin"}, file_actions=actions, setsid=True)
+
+
+def _final_status(attempt_id: str, data: dict[str, Any], ref: str) -> AttemptStatus:
+    reason = data.get("reason")
+    return AttemptStatus(
+        attempt_id=attempt_id,
+        phase=AttemptPhase(data["phase"]),
+        exit_code=data.get("exit_code"),
+        reason=FailureReason(reason) if reason else None,
+        message=data.get("message", ""),
+        started_at=data.get("started_at"),
+        finished_at=data.get("finished_at"),
+        engine_ref=ref,
+    )
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    _write_atomic(path, json.dumps(data).encode())
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
+    except (OSError, ValueError):
+        return None
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""

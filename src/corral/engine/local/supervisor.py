@@ -1,0 +1,411 @@
+"""The per-attempt supervisor of the local engine (`main()`, argument: the attempt dir).
+
+One supervisor runs every instance of one attempt, each under its own cgroup and (when isolated)
+its own bubblewrap sandbox. It lives in its own session, detached from the server, so a server
+crash or restart leaves jobs running. It owns the sandboxes: it forwards stops, enforces the
+runtime limit, stops the gang when one instance fails, reads OOM counters, and writes its state
+atomically into the attempt dir, where a (re)started engine reads it:
+
+  spec.marshal     written by the engine before the start: what to run, where, with which limits
+  supervisor.json  {pid, started_at}              written once its signals are blocked
+  state.json       {phase: running, pids, started_at} once every instance is started
+  status.json      {phase, exit_code, reason, message, started_at, finished_at}  final
+  stop             written by the engine: the grace period in seconds; then it sends SIGUSR1
+  rank-<r>.log     stdout+stderr of the instance with global rank r (kept after the job)
+
+Start-up cost is on every job's critical path, so this file imports only the standard library
+and the import-free `cgroupfs` module, and the engine runs it with -I -S (no site packages).
+Reason strings match corral.engine.base.FailureReason values.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import sys
+import time
+
+TYPE_CHECKING = False  # mypy reads this as typing.TYPE_CHECKING; typing itself is not imported
+if TYPE_CHECKING:
+    import signal as _signal
+    from collections.abc import Iterable
+    from typing import Any
+else:
+    import _signal  # the C module: `signal` would import enum, several ms per job start
+
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+)
+
+from corral.engine.isolation import cgroupfs  # noqa: E402 - after the sys.path line
+
+HANDLED = {_signal.SIGCHLD, _signal.SIGUSR1, _signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP}
+DEFAULT_STOP_GRACE_S = 10.0
+SIGNAL_STOP_GRACE_S = 2.0
+
+
+def to_json(value: Any) -> str:
+    """JSON for the few plain types the state files hold (json would import re and enum)."""
+    if value is None:
+        return "null"
+    if value is True or value is False:
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + "".join(_escape(c) for c in value) + '"'
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{to_json(str(k))}:{to_json(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(to_json(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def _escape(c: str) -> str:
+    if c == '"' or c == "\\":
+        return "\\" + c
+    return f"\\u{ord(c):04x}" if ord(c) < 0x20 else c
+
+
+def write_json(path: str, data: dict[str, Any]) -> None:
+    """Atomic: readers see the old file or the whole new one, never half of it."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(to_json(data).encode("utf-8"))
+    os.replace(tmp, path)
+
+
+def read_spec(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as f:
+            data: dict[str, Any] = marshal.loads(f.read())
+            return data
+    except (OSError, ValueError, EOFError):
+        return None
+
+
+def proc_start(pid: int) -> str | None:
+    """Kernel start time of `pid` (field 22 of /proc/pid/stat): with the pid, it names one
+    process for good (pids are reused, start times are not); None when gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def become_subreaper() -> bool:
+    """Makes orphans below us (bwrap's init outlives bwrap by a moment) our children, so that
+    `reap` collects them instead of leaving zombies to pid 1, which in a container may never
+    reap. Needs ctypes, whose import costs ~5 ms: only done when it is loaded already (the
+    launcher preloads it), never on the slow direct-start path."""
+    ctypes: Any = sys.modules.get("ctypes")
+    if ctypes is None:
+        return False
+    try:
+        return int(ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def reap_orphans() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found += [int(p) for p in f.read().split()]
+    except OSError:
+        pass
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    out: list[int] = []
+    todo = children(pid)
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children(p)
+    return out
+
+
+class Instance:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.rank: int = spec["rank"]
+        self.spec = spec
+        self.cgroup: dict[str, Any] | None = spec.get("cgroup")
+        self.sandboxed: bool = spec.get("sandboxed", False)
+        self.pid: int | None = None
+        self.exit_code: int | None = None
+        self.oom = False
+
+    @property
+    def running(self) -> bool:
+        return self.pid is not None and self.exit_code is None
+
+    def spawn(self, old_mask: Iterable[int]) -> None:
+        pid = os.fork()
+        if pid == 0:
+            self._exec_child(old_mask)
+        self.pid = pid
+
+    def _exec_child(self, old_mask: Iterable[int]) -> None:
+        try:
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
+            for sig in (_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGINT):  # Python changed these
+                _signal.signal(sig, _signal.SIG_DFL)
+            os.setsid()
+            if self.cgroup:
+                cgroupfs.join(self.cgroup, os.getpid())
+            fd = os.open(self.spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.closerange(3, 4096)
+            os.chdir(self.spec["cwd"])
+            os.execve(self.spec["argv"][0], self.spec["argv"], self.spec["env"])
+        except BaseException as exc:
+            try:
+                os.write(2, f"corral supervisor: cannot start instance: {exc}\n".encode())
+            finally:
+                os._exit(127)
+
+    def terminate(self) -> bool:
+        """SIGTERM to the job's own processes. In a sandbox: every process below bwrap's init
+        (pid 1 there ignores SIGTERM, and SIGTERM to bwrap itself would end the sandbox at once
+        via --die-with-parent, skipping the grace period). False when the job's processes do not
+        exist yet (bwrap still setting up): the caller tries again shortly."""
+        if not self.running or self.pid is None:
+            return True
+        if not self.sandboxed:
+            _killpg(self.pid, _signal.SIGTERM)
+            return True
+        targets = [p for init in children(self.pid) for p in descendants(init)]
+        for p in targets:
+            _kill(p, _signal.SIGTERM)
+        return bool(targets)
+
+    def kill(self) -> None:
+        """SIGKILL of everything: bwrap (its init and pid namespace die with it), the process
+        group and then whatever the cgroup still holds."""
+        if self.pid is not None and self.exit_code is None:
+            _kill(self.pid, _signal.SIGKILL)
+            _killpg(self.pid, _signal.SIGKILL)
+        if self.cgroup:
+            cgroupfs.kill_all(self.cgroup, timeout_s=2.0)
+
+    def finished(self, wait_status: int) -> None:
+        if os.WIFSIGNALED(wait_status):
+            self.exit_code = 128 + os.WTERMSIG(wait_status)
+        else:
+            self.exit_code = os.WEXITSTATUS(wait_status)
+        if self.cgroup:
+            self.oom = cgroupfs.oom_kills(self.cgroup) > 0
+        if self.pid is not None and not self.sandboxed:
+            _killpg(self.pid, _signal.SIGKILL)  # leftovers of the job's process group
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def describe_failure(inst: Instance) -> tuple[str, str]:
+    code = inst.exit_code or 0
+    limit = inst.spec.get("memory_mib")
+    if inst.oom:
+        return "oom", f"rank {inst.rank} was OOM-killed by the kernel inside its {limit} MiB memory limit"
+    if 128 < code < 128 + 65:
+        return "signal", f"rank {inst.rank} was killed by signal {code - 128}"
+    hint = {126: " (command not executable)", 127: " (command not found)"}.get(code, "")
+    return "exit_code", f"rank {inst.rank} exited with code {code}{hint}"
+
+
+class Supervisor:
+    def __init__(self, attempt_dir: str) -> None:
+        self.dir = attempt_dir
+        spec = read_spec(os.path.join(attempt_dir, "spec.marshal"))
+        if spec is None:
+            raise SystemExit(f"no readable spec.marshal in {attempt_dir}")
+        self.spec = spec
+        self.instances = [Instance(s) for s in spec["instances"]]
+        self.started_at = time.time()
+        self.stop_reason: str | None = None
+        self.failed: Instance | None = None
+        self.kill_at: float | None = None
+        self.unterminated: list[Instance] = []  # stopping, but their processes were not there yet
+        self.grace_s = float(spec.get("gang_grace_s", 5.0))
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.dir, name)
+
+    def run(self) -> None:
+        old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, HANDLED)
+        become_subreaper()
+        me = {"pid": os.getpid(), "proc_start": proc_start(os.getpid()), "started_at": self.started_at}
+        write_json(self.path("supervisor.json"), me)
+        if self.stop_requested() is None:
+            for inst in self.instances:
+                inst.spawn(old_mask)
+            pids = {str(i.rank): i.pid for i in self.instances}
+            write_json(
+                self.path("state.json"), {"phase": "running", "pids": pids, "started_at": self.started_at}
+            )
+            self.loop()
+        else:
+            self.stop_reason = "stopped"
+        self.finish()
+
+    def stop_requested(self) -> float | None:
+        """The grace period of a stop the engine asked for (file `stop`), None when none."""
+        try:
+            with open(self.path("stop")) as f:
+                text = f.read().strip()
+        except OSError:
+            return None
+        try:
+            return float(text)
+        except ValueError:
+            return DEFAULT_STOP_GRACE_S
+
+    def loop(self) -> None:
+        max_runtime = self.spec.get("max_runtime_s")
+        runtime_deadline = time.monotonic() + max_runtime if max_runtime else None
+        while any(i.running for i in self.instances):
+            now = time.monotonic()
+            if self.kill_at is not None and now >= self.kill_at:
+                for inst in self.instances:
+                    inst.kill()
+                self.kill_at = now + 1.0  # re-check until every instance has been reaped
+            if runtime_deadline is not None and now >= runtime_deadline and self.stop_reason is None:
+                self.begin_stop("timeout", self.grace_s)
+                runtime_deadline = None
+            self.unterminated = [i for i in self.unterminated if i.running and not i.terminate()]
+            deadlines = [d for d in (self.kill_at, runtime_deadline) if d is not None]
+            if self.unterminated:
+                deadlines.append(now + 0.02)
+            timeout = max(0.0, min(deadlines) - now) if deadlines else 3600.0
+            info = _signal.sigtimedwait(HANDLED, timeout)
+            if info is None:
+                continue
+            if info.si_signo == _signal.SIGCHLD:
+                self.reap()
+            else:
+                # SIGUSR1 comes with the engine's `stop` file. A bare SIGTERM/SIGINT/SIGHUP is
+                # someone stopping the supervisor itself (shutdown, cleanup script): stop the
+                # jobs quickly so that the cgroups are gone before a SIGKILL may follow.
+                grace = self.stop_requested()
+                self.begin_stop("stopped", SIGNAL_STOP_GRACE_S if grace is None else grace)
+
+    def reap(self) -> None:
+        by_pid = {i.pid: i for i in self.instances if i.running}
+        while True:
+            try:
+                pid, wait_status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            inst = by_pid.get(pid)
+            if inst is None:
+                continue
+            inst.finished(wait_status)
+            if inst.exit_code != 0 and self.failed is None and self.stop_reason is None:
+                self.failed = inst
+                self.begin_stop("gang", self.grace_s)
+
+    def begin_stop(self, reason: str, grace_s: float) -> None:
+        kill_at = time.monotonic() + max(0.0, grace_s)
+        if self.stop_reason is not None:
+            self.kill_at = min(self.kill_at or kill_at, kill_at)  # a later, shorter stop wins
+            return
+        self.stop_reason = reason
+        self.kill_at = kill_at
+        self.unterminated = [inst for inst in self.instances if not inst.terminate()]
+
+    def outcome(self) -> dict[str, Any]:
+        codes = [i.exit_code for i in self.instances if i.exit_code is not None]
+        first_code = codes[0] if codes else None
+        if self.failed is not None:
+            reason, message = describe_failure(self.failed)
+            return {
+                "phase": "failed",
+                "exit_code": self.failed.exit_code,
+                "reason": reason,
+                "message": message,
+            }
+        if self.stop_reason == "timeout":
+            limit = self.spec.get("max_runtime_s")
+            return {
+                "phase": "failed",
+                "exit_code": first_code,
+                "reason": "timeout",
+                "message": f"ran past {limit} s",
+            }
+        if self.stop_reason is not None:
+            return {
+                "phase": "failed",
+                "exit_code": first_code,
+                "reason": "stopped",
+                "message": "stopped by Corral",
+            }
+        return {"phase": "succeeded", "exit_code": 0, "reason": None, "message": ""}
+
+    def finish(self) -> None:
+        for inst in self.instances:
+            if inst.cgroup:
+                cgroupfs.kill_all(inst.cgroup, timeout_s=5.0)
+                cgroupfs.remove(inst.cgroup)
+                cgroupfs.remove_attempt_dirs(inst.cgroup)
+            work_dir = inst.spec.get("work_dir")
+            if inst.sandboxed and work_dir:
+                # The job's uid goes back to the pool; its files must not be reachable by the
+                # next job that gets the same uid.
+                try:
+                    os.chown(work_dir, 0, 0)
+                    os.chmod(work_dir, 0o700)
+                except OSError:
+                    pass
+        reap_orphans()
+        uid_lock = self.spec.get("uid_lock")
+        if uid_lock:
+            try:
+                os.remove(os.path.join(uid_lock, "attempt"))
+                os.rmdir(uid_lock)
+            except OSError:
+                pass
+        status = self.outcome()
+        status.update(started_at=self.started_at, finished_at=time.time())
+        status["instances"] = {str(i.rank): {"exit_code": i.exit_code, "oom": i.oom} for i in self.instances}
+        write_json(self.path("status.json"), status)
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: supervisor.py <attempt_dir>")
+    Supervisor(sys.argv[1]).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Thin wrapper over Slurm's command-line tools (sbatch, squeue, sinfo, scancel, scontrol).
+
+Why the CLI and not slurmrestd: see docs/slurm.md. The one trap worth knowing here: with
+slurmctld down, `squeue --json` and `sinfo --json` still exit 0 and print an empty list plus an
+`errors` array, so "no jobs" must never be trusted without looking at `errors`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from corral.engine.base import EngineUnavailable
+
+# Messages with which the Slurm tools say "I could not talk to slurmctld" (as opposed to "slurmctld
+# answered no"). Only these become EngineUnavailable; any other failure is Slurm's own answer.
+_UNREACHABLE_MARKERS = (
+    "unable to contact slurm controller",
+    "socket timed out",
+    "connection refused",
+    "zero bytes were transmitted",
+    "communication connection failure",
+    "transport endpoint is not connected",
+    "could not establish a configuration source",
+    "unable to establish controller machine",
+    "slurm_load_jobs",
+    "slurm_load_node",
+    "slurm_load_partitions",
+)
+
+
+def looks_unreachable(message: str) -> bool:
+    low = message.lower()
+    return any(marker in low for marker in _UNREACHABLE_MARKERS)
+
+
+@dataclass(frozen=True, slots=True)
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def message(self) -> str:
+        """Slurm's own words, without the `sbatch: error: ` prefixes."""
+        lines = []
+        for line in (self.stderr or self.stdout).splitlines():
+            line = line.strip()
+            for prefix in ("sbatch: error: ", "scancel: error: ", "scontrol: error: ", "squeue: error: "):
+                if line.startswith(prefix):
+                    line = line[len(prefix) :]
+            if line:
+                lines.append(line)
+        return "; ".join(lines)
+
+
+class SlurmCli:
+    """Runs Slurm client commands against one cluster (SLURM_CONF) with a timeout."""
+
+    def __init__(self, slurm_conf: str | None = None, timeout_s: float = 20.0, bin_dir: str | None = None):
+        self.slurm_conf = slurm_conf
+        self.timeout_s = timeout_s
+        self.bin_dir = bin_dir
+        env = dict(os.environ)
+        if slurm_conf:
+            env["SLURM_CONF"] = slurm_conf
+        self._env: Mapping[str, str] = env
+
+    def _argv(self, tool: str, args: Sequence[str]) -> list[str]:
+        return [os.path.join(self.bin_dir, tool) if self.bin_dir else tool, *args]
+
+    def submit_env(self, path: str) -> dict[str, str]:
+        """The environment sbatch runs with, which the job inherits (--export=ALL): nothing of
+        the server's own environment (no secrets), just enough to find programs and Slurm.
+        Not --export=NONE: that makes slurmd build a login environment for the user (`su -`,
+        the user's shell profile), which took 1-2 s per job here and is not ours to run."""
+        env = {"PATH": path, "LANG": "C.UTF-8", "HOME": "/"}
+        if self.slurm_conf:
+            env["SLURM_CONF"] = self.slurm_conf
+        return env
+
+    def run(self, tool: str, *args: str, env: Mapping[str, str] | None = None) -> CliResult:
+        """Run a tool; raise EngineUnavailable when it cannot reach slurmctld or is missing."""
+        argv = self._argv(tool, args)
+        try:
+            proc = subprocess.run(
+                argv,
+                env=dict(env) if env is not None else self._env,
+                capture_output=True,
+                text=True,
+                timeout=self.timeout_s,
+                stdin=subprocess.DEVNULL,
+            )
+        except FileNotFoundError as exc:
+            raise EngineUnavailable(f"Slurm tool {tool!r} not found ({exc}); is slurm-client installed?")
+        except subprocess.TimeoutExpired:
+            raise EngineUnavailable(f"`{' '.join(argv[:2])}` gave no answer within {self.timeout_s:.0f}s")
+        result = CliResult(proc.returncode, proc.stdout, proc.stderr)
+        if proc.returncode != 0 and looks_unreachable(proc.stderr):
+            raise EngineUnavailable(f"Slurm is unreachable: {result.message}")
+        return result
+
+    def run_json(self, tool: str, *args: str) -> dict[str, Any]:
+        """Run a `--json` query. Errors reported inside the JSON (slurmctld down) are raised."""
+        result = self.run(tool, *args, "--json")
+        if result.returncode != 0:
+            raise EngineUnavailable(f"`{tool} --json` failed: {result.message}")
+        try:
+            data = json.loads(result.stdout)
+        except json.JSONDecodeError as exc:
+            raise EngineUnavailable(f"`{tool} --json` printed no JSON: {exc}")
+        if not isinstance(data, dict):
+            raise EngineUnavailable(f"`{tool} --json` printed {type(data).__name__}, not an object")
+        errors = data.get("errors") or []
+        if errors:
+            texts = "; ".join(
+                f"{e.get('source', '?')}: {e.get('description') or e.get('error')}"
+                for e in errors
+                if isinstance(e, dict)
+            )
+            raise EngineUnavailable(f"Slurm is unreachable ({tool}): {texts}")
+        return data

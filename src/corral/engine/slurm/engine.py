@@ -1,0 +1,398 @@
+"""The Slurm engine: Corral's scheduler decides nodes and GPUs, Slurm executes.
+
+One attempt = one Slurm batch job named `corral-<attempt_id>`, pinned with --nodelist and
+--gres=gpu:N, submitted with --no-requeue. Status comes from one `squeue --json --states=all` per
+poll; what Slurm forgets (or never knew) lives in a JSON file per attempt (see state.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from corral.config import Settings
+from corral.engine.base import (
+    AttemptLaunch,
+    AttemptPhase,
+    AttemptStatus,
+    Engine,
+    EngineUnavailable,
+    FailureReason,
+    LogChunk,
+    NodeReport,
+)
+from corral.engine.slurm import mapping, scripts
+from corral.engine.slurm.cli import SlurmCli
+from corral.engine.slurm.state import AttemptRecord, StateStore, StopRequest
+from corral.scheduler.types import NodeState
+
+log = logging.getLogger(__name__)
+
+REJECTED_REF = "rejected"  # launch() ref of an attempt Slurm refused (its status says why)
+TIMEOUT_GRACE_S = 10.0  # grace given to an attempt that ran past max_runtime
+GANG_GRACE_S = 10.0  # after one instance failed, how long the others get to end on SIGTERM
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number")
+
+
+class SlurmEngine:
+    name = "slurm"
+
+    def __init__(
+        self,
+        state_dir: Path,
+        slurm_conf: str | None = None,
+        partition: str | None = None,
+        gpu_model: str = "VGPU",
+        timeout_s: float = 20.0,
+    ) -> None:
+        self.store = StateStore(Path(state_dir))
+        self.cli = SlurmCli(slurm_conf, timeout_s=timeout_s)
+        self.partition = partition
+        self.gpu_model = gpu_model
+        self._lock = threading.RLock()
+        self._timers: dict[str, threading.Timer] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SlurmEngine:
+        """Settings plus CORRAL_SLURM_CONF (slurm.conf to use), CORRAL_SLURM_PARTITION,
+        CORRAL_SLURM_STATE_DIR (must be shared with the compute nodes; default <home>/slurm) and
+        CORRAL_SLURM_TIMEOUT_S (per Slurm command)."""
+        env = os.environ
+        return cls(
+            state_dir=Path(env.get("CORRAL_SLURM_STATE_DIR") or settings.home / "slurm"),
+            slurm_conf=env.get("CORRAL_SLURM_CONF") or None,
+            partition=env.get("CORRAL_SLURM_PARTITION") or None,
+            gpu_model=settings.gpu_model,
+            timeout_s=_env_float("CORRAL_SLURM_TIMEOUT_S", 20.0),
+        )
+
+    # ---- nodes --------------------------------------------------------------------------------
+    def nodes(self) -> Sequence[NodeReport]:
+        """Nodes as Slurm sees them. Slurm unreachable: the last known nodes, state UNKNOWN."""
+        try:
+            raw = self.cli.run_json("sinfo").get("nodes") or []
+        except EngineUnavailable as exc:
+            cached = self.store.load_nodes()
+            if not cached:
+                raise
+            return [
+                replace(mapping.node_report(n, self.gpu_model), state=NodeState.UNKNOWN, message=str(exc))
+                for n in cached
+            ]
+        seen: dict[str, dict[str, Any]] = {}
+        for node in raw:
+            if self.partition and self.partition not in (node.get("partitions") or []):
+                continue
+            seen.setdefault(str(node.get("name")), node)
+        nodes = list(seen.values())
+        self.store.save_nodes(nodes)
+        return [mapping.node_report(n, self.gpu_model) for n in nodes]
+
+    def set_node_state(self, node: str, state: NodeState, reason: str = "") -> None:
+        args = mapping.scontrol_state_args(node, state, reason)
+        result = self.cli.run("scontrol", *args)
+        if result.returncode == 0:
+            return
+        if state is NodeState.READY and "invalid node state" in result.message.lower():
+            return  # resume of a node that is not drained: already what Corral wants
+        raise ValueError(f"Slurm refused to set node {node} to {state.value}: {result.message}")
+
+    # ---- launch -------------------------------------------------------------------------------
+    def launch(self, attempt: AttemptLaunch) -> str:
+        instances = scripts.validate(attempt)
+        aid = attempt.attempt_id
+        with self._lock:
+            record = self.store.load(aid)
+            if record is not None and (record.slurm_job_id or record.final is not None):
+                return record.ref or REJECTED_REF
+            if record is not None:  # submitted before, answer lost (crash or Slurm unreachable)
+                found = self._find_job_by_name(aid)
+                if found:
+                    record.slurm_job_id = found
+                    self.store.save(record)
+                    return found
+            record = AttemptRecord(
+                aid, submitted_at=time.time(), n_ranks=len(instances), max_runtime_s=attempt.max_runtime_s
+            )
+            attempt_dir = self.store.attempt_dir(aid)
+            scripts.write_scripts(attempt_dir, aid, instances)
+            self.store.save(record)  # before sbatch: a crash in between is found again by job name
+            args = scripts.sbatch_args(attempt, instances, attempt_dir, self.partition)
+            result = self.cli.run("sbatch", *args, env=self.cli.submit_env(scripts.DEFAULT_PATH))
+            if result.returncode != 0:
+                status = AttemptStatus(
+                    aid,
+                    AttemptPhase.FAILED,
+                    reason=FailureReason.LAUNCH_FAILED,
+                    message=f"Slurm rejected the job: {result.message}",
+                    finished_at=time.time(),
+                )
+                record.set_final(status)
+                self.store.save(record)
+                return REJECTED_REF
+            record.slurm_job_id = result.stdout.strip().split(";")[0]
+            self.store.save(record)
+            return record.slurm_job_id
+
+    def _find_job_by_name(self, attempt_id: str) -> str:
+        data = self.cli.run_json("squeue", "--me", "--states=all", f"--name={scripts.job_name(attempt_id)}")
+        ids = [
+            int(j["job_id"]) for j in data.get("jobs") or [] if j.get("name") == scripts.job_name(attempt_id)
+        ]
+        return str(max(ids)) if ids else ""
+
+    # ---- status -------------------------------------------------------------------------------
+    def poll(self, attempt_ids: Iterable[str]) -> Mapping[str, AttemptStatus]:
+        out: dict[str, AttemptStatus] = {}
+        live: list[AttemptRecord] = []
+        for aid in attempt_ids:
+            record = self._load(aid)
+            final = record.final_status() if record else None
+            if record is None:
+                out[aid] = AttemptStatus(aid, AttemptPhase.LOST, message="unknown to the Slurm engine")
+            elif final is not None:
+                out[aid] = final
+            else:
+                live.append(record)
+        if live:
+            jobs = self._jobs()
+            for record in live:
+                with self._lock:
+                    out[record.attempt_id] = self._status(record, jobs)
+        return out
+
+    def _load(self, attempt_id: str) -> AttemptRecord | None:
+        if not scripts.ATTEMPT_ID_RE.match(attempt_id):
+            return None
+        return self.store.load(attempt_id)
+
+    def _jobs(self) -> dict[str, dict[str, Any]]:
+        """All jobs Slurm still knows, by id and (for the corral ones) also by job name."""
+        # --me: only the jobs this server submitted, not every job of a busy cluster
+        data = self.cli.run_json("squeue", "--me", "--states=all")
+        jobs: dict[str, dict[str, Any]] = {}
+        for job in data.get("jobs") or []:
+            jobs[str(job.get("job_id"))] = job
+            name = str(job.get("name") or "")
+            if name.startswith(scripts.JOB_NAME_PREFIX):
+                prev = jobs.get(name)
+                if prev is None or int(job["job_id"]) > int(prev["job_id"]):
+                    jobs[name] = job
+        return jobs
+
+    def _status(self, record: AttemptRecord, jobs: Mapping[str, dict[str, Any]]) -> AttemptStatus:
+        aid = record.attempt_id
+        if not record.slurm_job_id:  # launched, but its job id was never learnt
+            job = jobs.get(scripts.job_name(aid))
+            if job is None:
+                return AttemptStatus(aid, AttemptPhase.PENDING, message="submitting to Slurm")
+            record.slurm_job_id = str(job["job_id"])
+            self.store.save(record)
+        job = jobs.get(record.slurm_job_id)
+        if job is None:
+            return self._finish(record, self._status_without_slurm(record))
+        state = mapping.slurm_state(job)
+        if int(job.get("restart_cnt") or 0) > 0 and (
+            state in mapping.PENDING_STATES or state in mapping.RUNNING_STATES
+        ):
+            # Requeued despite --no-requeue (e.g. by an admin): its first run may still be alive
+            # on a "failed" node, so never let it run again. Corral retries with a new attempt.
+            self.cli.run("scancel", record.slurm_job_id)
+            return self._finish(
+                record,
+                AttemptStatus(
+                    aid,
+                    AttemptPhase.LOST,
+                    reason=FailureReason.NODE_LOST,
+                    message=(
+                        f"Slurm requeued job {record.slurm_job_id}; cancelled so that it does not run twice"
+                    ),
+                    finished_at=time.time(),
+                    engine_ref=record.slurm_job_id,
+                ),
+            )
+        if state in mapping.PENDING_STATES:
+            return mapping.live_status(aid, job)
+        if state in mapping.RUNNING_STATES:
+            self._enforce_limits(record, job)
+            return mapping.live_status(aid, job)
+        status = mapping.terminal_status(aid, job, self.store.rank_exits(aid), self._stop_kind(record, job))
+        return self._finish(record, status)
+
+    @staticmethod
+    def _stop_kind(record: AttemptRecord, job: Mapping[str, Any]) -> str | None:
+        """The stop Corral requested, unless the job had ended before (Slurm times are whole s)."""
+        if record.stop is None:
+            return None
+        end = int(job.get("end_time") or 0)
+        return record.stop.kind if not end or end >= int(record.stop.requested_at) else None
+
+    def _status_without_slurm(self, record: AttemptRecord) -> AttemptStatus:
+        """Slurm purged the job (older than MinJobAge) before Corral saw it end: the exit codes the
+        instances wrote tell how it ended; with none, the attempt is lost."""
+        aid, ref = record.attempt_id, record.slurm_job_id
+        exits = self.store.rank_exits(aid)
+        if len(exits) < record.n_ranks:
+            return AttemptStatus(
+                aid,
+                AttemptPhase.LOST,
+                reason=FailureReason.NODE_LOST,
+                message=f"Slurm no longer knows job {ref} and not every instance left an exit code",
+                finished_at=time.time(),
+                engine_ref=ref,
+            )
+        fake_job = {"job_id": ref, "job_state": "COMPLETED" if not any(exits.values()) else "FAILED"}
+        return mapping.terminal_status(aid, fake_job, exits, self._stop_kind(record, fake_job))
+
+    def _finish(self, record: AttemptRecord, status: AttemptStatus) -> AttemptStatus:
+        record.set_final(status)
+        self.store.save(record)
+        timer = self._timers.pop(record.attempt_id, None)
+        if timer is not None:
+            timer.cancel()
+        return status
+
+    def _enforce_limits(self, record: AttemptRecord, job: Mapping[str, Any]) -> None:
+        """Send the final kill of an overdue stop (also after a server restart) and stop attempts
+        past max_runtime (Slurm's own limit is in whole minutes)."""
+        now = time.time()
+        if record.stop is not None:
+            if not record.stop.killed and now >= record.stop.deadline:
+                self._kill(record)
+            return
+        start = float(job.get("start_time") or 0)
+        if record.max_runtime_s is not None and start and now - start > record.max_runtime_s:
+            self._request_stop(record, TIMEOUT_GRACE_S, kind="timeout")
+            return
+        failed_at = self.store.first_failure_time(record.attempt_id)
+        if failed_at is not None and now - failed_at > GANG_GRACE_S:
+            # an instance failed and the rest of the gang ignored SIGTERM: end the whole job
+            self._kill(record)
+
+    # ---- stop ---------------------------------------------------------------------------------
+    def stop(self, attempt_id: str, grace_s: float) -> None:
+        if grace_s < 0:
+            raise ValueError(f"grace_s must be >= 0, got {grace_s}")
+        with self._lock:
+            record = self._load(attempt_id)
+            if record is None or record.final is not None:
+                return
+            if not record.slurm_job_id:
+                record.slurm_job_id = self._find_job_by_name(attempt_id)
+                if not record.slurm_job_id:
+                    return
+            self._request_stop(record, grace_s, kind="stopped")
+
+    def _request_stop(self, record: AttemptRecord, grace_s: float, kind: str) -> None:
+        now = time.time()
+        if record.stop is None:
+            record.stop = StopRequest(requested_at=now, grace_s=grace_s, kind=kind)
+        elif now + grace_s < record.stop.deadline:  # a second, more urgent stop shortens the grace
+            record.stop.grace_s = now + grace_s - record.stop.requested_at
+        self.store.save(record)
+        # Slurm reports RUNNING a moment before the job's processes exist, and a signal sent in
+        # that moment is lost: the scripts look for this file before they start anything.
+        (self.store.attempt_dir(record.attempt_id) / "stop").touch()
+        job = record.slurm_job_id
+        self.cli.run("scancel", "--state=PENDING", job)  # never started: nothing to be graceful to
+        if grace_s <= 0:
+            self._kill(record)
+            return
+        self.cli.run("scancel", "--signal=TERM", "--full", job)
+        old = self._timers.pop(record.attempt_id, None)
+        if old is not None:
+            old.cancel()
+        timer = threading.Timer(grace_s, self._kill_after_grace, args=(record.attempt_id,))
+        timer.daemon = True
+        self._timers[record.attempt_id] = timer
+        timer.start()
+
+    def _kill_after_grace(self, attempt_id: str) -> None:
+        with self._lock:
+            self._timers.pop(attempt_id, None)
+            record = self.store.load(attempt_id)
+            if record is None or record.final is not None or record.stop is None or record.stop.killed:
+                return
+            try:
+                self._kill(record)
+            except EngineUnavailable as exc:  # poll() sends it once Slurm is back
+                log.warning("final kill of %s deferred: %s", attempt_id, exc)
+
+    def _kill(self, record: AttemptRecord) -> None:
+        job = record.slurm_job_id
+        self.cli.run("scancel", "--signal=KILL", "--full", job)
+        self.cli.run("scancel", job)
+        if record.stop is not None:
+            record.stop.killed = True
+        self.store.save(record)
+
+    # ---- logs, adopt, close -------------------------------------------------------------------
+    def logs(self, attempt_id: str, instance: int = 0, offset: int = 0, limit: int = 1 << 20) -> LogChunk:
+        if offset < 0 or limit <= 0 or instance < 0:
+            raise ValueError(f"need offset >= 0, limit > 0, instance >= 0; got {offset}, {limit}, {instance}")
+        record = self._load(attempt_id)
+        if record is None:  # like the local engine: nothing to read, and nothing will come
+            return LogChunk(b"", offset, eof=True)
+        finished = record.final is not None
+        path = self.store.log_path(attempt_id, instance)
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read(limit)
+                size = os.fstat(f.fileno()).st_size
+        except FileNotFoundError:
+            return LogChunk(b"", offset, eof=finished)
+        next_offset = offset + len(data)
+        return LogChunk(data, next_offset, eof=finished and next_offset >= size)
+
+    def adopt(self, refs: Mapping[str, str]) -> None:
+        with self._lock:
+            for aid, ref in refs.items():
+                if not scripts.ATTEMPT_ID_RE.match(aid):
+                    raise ValueError(f"cannot adopt attempt {aid!r}: not a valid attempt id")
+                job_id = ref if ref.isdigit() else ""
+                record = self.store.load(aid)
+                if record is None:
+                    # state dir lost: rebuild what is needed to poll (the log files are gone too)
+                    ranks = len(list(self.store.attempt_dir(aid).glob("rank-*.sh"))) or 1
+                    record = AttemptRecord(aid, slurm_job_id=job_id, submitted_at=time.time(), n_ranks=ranks)
+                    if ref == REJECTED_REF:
+                        record.set_final(
+                            AttemptStatus(
+                                aid,
+                                AttemptPhase.FAILED,
+                                reason=FailureReason.LAUNCH_FAILED,
+                                message="Slurm rejected the job (its message was lost with the state dir)",
+                            )
+                        )
+                    self.store.save(record)
+                elif not record.slurm_job_id and job_id:
+                    record.slurm_job_id = job_id
+                    self.store.save(record)
+
+    def close(self) -> None:
+        with self._lock:
+            for timer in self._timers.values():
+                timer.cancel()
+            self._timers.clear()
+
+    def __repr__(self) -> str:
+        return f"SlurmEngine(state_dir={self.store.root}, slurm_conf={self.cli.slurm_conf})"
+
+
+_PROTOCOL_CHECK: type[Engine] = SlurmEngine  # mypy checks the class against the Engine protocol

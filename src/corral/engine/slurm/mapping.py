@@ -1,0 +1,256 @@
+"""Translations between Slurm's words and Corral's: job states -> AttemptStatus, sinfo nodes ->
+NodeReport, Corral node states -> `scontrol update` arguments."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason, NodeReport
+from corral.scheduler.types import GPU, NodeState
+
+PENDING_STATES = frozenset(
+    {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
+)
+RUNNING_STATES = frozenset(
+    {"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "RESIZING", "SIGNALING", "STAGE_OUT", "SPECIAL_EXIT"}
+)
+# Corral writes the kind of hold into the drain reason, so that a cordon and a drain come back apart
+CORDON_PREFIX = "corral cordon"
+DRAIN_PREFIX = "corral drain"
+
+
+def slurm_state(job: Mapping[str, Any]) -> str:
+    state = job.get("job_state", "")
+    if isinstance(state, list):  # later openapi versions give a list of flags
+        state = state[0] if state else ""
+    return str(state).upper()
+
+
+def decode_exit(raw: int) -> tuple[int, int | None]:
+    """Slurm's exit_code in squeue --json is the raw wait status: (code, signal or None). A
+    signal N is reported as code 128+N, like a shell and like the local engine."""
+    if raw & 0x7F:
+        return 128 + (raw & 0x7F), raw & 0x7F
+    return shell_exit((raw >> 8) & 0xFF)
+
+
+def shell_exit(code: int) -> tuple[int, int | None]:
+    """A shell reports a child killed by signal N as 128+N: (code, signal or None)."""
+    if 128 < code < 128 + 65:
+        return code, code - 128
+    return code, None
+
+
+def _times(job: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    start = job.get("start_time") or 0
+    end = job.get("end_time") or 0
+    return (float(start) if start else None, float(end) if end else None)
+
+
+_HINTS = {126: " (command not executable)", 127: " (command not found)"}
+
+
+def failed_status(
+    attempt_id: str,
+    ref: str,
+    code: int,
+    signal: int | None,
+    rank: int | None,
+    started_at: float | None,
+    finished_at: float | None,
+) -> AttemptStatus:
+    who = f"rank {rank}" if rank is not None else f"Slurm job {ref}"
+    if signal is not None:
+        reason, message = FailureReason.SIGNAL, f"{who} was killed by signal {signal}"
+    else:
+        reason, message = FailureReason.EXIT_CODE, f"{who} exited with code {code}{_HINTS.get(code, '')}"
+    return AttemptStatus(
+        attempt_id,
+        AttemptPhase.FAILED,
+        exit_code=code,
+        reason=reason,
+        message=message,
+        started_at=started_at,
+        finished_at=finished_at,
+        engine_ref=ref,
+    )
+
+
+def terminal_status(
+    attempt_id: str,
+    job: Mapping[str, Any],
+    rank_exits: Mapping[int, int],
+    stop_kind: str | None,
+) -> AttemptStatus:
+    """Status of a job Slurm reports as finished. `rank_exits` are the exit codes the instances
+    wrote themselves, in the order they ended (more precise than Slurm's single code: the first
+    failure is the cause); `stop_kind` is "stopped" or "timeout" when Corral asked the job to stop
+    before it ended (then it counts as stopped even if it exited 0 on SIGTERM: a preempted job
+    must not look done)."""
+    ref = str(job.get("job_id", ""))
+    state = slurm_state(job)
+    started, finished = _times(job)
+    code, sig = decode_exit(int(job.get("exit_code") or 0))
+    failing = [(r, c) for r, c in rank_exits.items() if c != 0]
+    rank: int | None = None
+    if failing:
+        rank, rank_code = failing[0]
+        code, sig = shell_exit(rank_code)
+
+    def status(phase: AttemptPhase, reason: FailureReason | None, message: str) -> AttemptStatus:
+        exit_code = code if phase is not AttemptPhase.LOST else None
+        return AttemptStatus(attempt_id, phase, exit_code, reason, message, started, finished, ref)
+
+    if state == "NODE_FAIL" or state == "BOOT_FAIL":
+        return status(
+            AttemptPhase.LOST, FailureReason.NODE_LOST, f"Slurm job {ref}: {state} on {job.get('nodes')}"
+        )
+    if stop_kind is not None:
+        if stop_kind == "timeout":
+            return status(AttemptPhase.FAILED, FailureReason.TIMEOUT, "exceeded max_runtime")
+        return status(AttemptPhase.FAILED, FailureReason.STOPPED, "stopped by Corral")
+    if state in ("TIMEOUT", "DEADLINE"):
+        return status(AttemptPhase.FAILED, FailureReason.TIMEOUT, f"Slurm time limit ({state})")
+    if state == "OUT_OF_MEMORY":
+        return status(AttemptPhase.FAILED, FailureReason.OOM, "Slurm: OUT_OF_MEMORY")
+    if failing:  # an instance failed (and the engine may have cancelled the rest of the gang)
+        return failed_status(attempt_id, ref, code, sig, rank, started, finished)
+    if state == "COMPLETED" and code == 0:
+        return status(AttemptPhase.SUCCEEDED, None, "")
+    if state == "CANCELLED":
+        return status(
+            AttemptPhase.FAILED, FailureReason.SIGNAL, f"Slurm job {ref} was cancelled outside Corral"
+        )
+    if state == "PREEMPTED":
+        return status(AttemptPhase.FAILED, FailureReason.SIGNAL, f"Slurm job {ref} was preempted by Slurm")
+    if code == 0:
+        # FAILED without an exit code: Slurm could not start it (e.g. JobLaunchFailure)
+        reason_text = str(job.get("state_reason") or "")
+        return status(
+            AttemptPhase.FAILED, FailureReason.LAUNCH_FAILED, f"Slurm: {state} {reason_text}".strip()
+        )
+    return failed_status(attempt_id, ref, code, sig, rank, started, finished)
+
+
+def live_status(attempt_id: str, job: Mapping[str, Any]) -> AttemptStatus:
+    started, _ = _times(job)
+    state = slurm_state(job)
+    phase = AttemptPhase.PENDING if state in PENDING_STATES else AttemptPhase.RUNNING
+    message = str(job.get("state_reason") or "") if phase is AttemptPhase.PENDING else ""
+    if message == "None":
+        message = ""
+    return AttemptStatus(
+        attempt_id,
+        phase,
+        message=message,
+        started_at=started if phase is AttemptPhase.RUNNING else None,
+        engine_ref=str(job.get("job_id", "")),
+    )
+
+
+# ---- nodes -----------------------------------------------------------------------------------------
+
+_GRES_ENTRY = re.compile(r"^gpu(?::(?P<type>[^:(]+))?:(?P<count>\d+)")
+
+
+def parse_gpu_gres(gres: str) -> list[tuple[str | None, int]]:
+    """'gpu:a100:2(S:0),gpu:v100:2' -> [('a100', 2), ('v100', 2)]; 'gpu:4' -> [(None, 4)]."""
+    entries, depth, cur = [], 0, ""
+    for ch in gres:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            entries.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    entries.append(cur)
+    out: list[tuple[str | None, int]] = []
+    for entry in entries:
+        m = _GRES_ENTRY.match(entry.strip())
+        if m:
+            out.append((m.group("type"), int(m.group("count"))))
+    return out
+
+
+def node_state(node: Mapping[str, Any]) -> tuple[NodeState, str]:
+    base = str(node.get("state", "")).lower()
+    flags = {str(f).upper() for f in node.get("state_flags") or []}
+    reason = str(node.get("reason") or "")
+    if base in ("down", "future") or "FAIL" in flags:
+        return NodeState.DOWN, reason or f"Slurm: {base}"
+    if base == "unknown" or "NOT_RESPONDING" in flags:
+        return NodeState.UNKNOWN, reason or "Slurm: node not responding"
+    if "DRAIN" in flags or base in ("drained", "draining", "drain"):
+        if reason.startswith(CORDON_PREFIX):
+            return NodeState.CORDONED, reason
+        return NodeState.DRAINING, reason or "Slurm: drain"
+    return NodeState.READY, ""
+
+
+def gpu_uuid(node: str, index: int) -> str:
+    """Slurm does not tell GPU UUIDs: a stable stand-in, translated back to the index at launch."""
+    return f"SLURM-{node}-gpu{index}"
+
+
+_GPU_UUID_RE = re.compile(r"^SLURM-.+-gpu(\d+)$")
+
+
+def visible_devices(value: str) -> str:
+    """CUDA_VISIBLE_DEVICES as given by Corral (GPU UUIDs from nodes()) -> what CUDA understands:
+    the engine's stand-in UUIDs become indices, anything else is kept."""
+    out = []
+    for item in value.split(","):
+        m = _GPU_UUID_RE.match(item.strip())
+        out.append(m.group(1) if m else item.strip())
+    return ",".join(x for x in out if x)
+
+
+def node_report(node: Mapping[str, Any], default_gpu_model: str) -> NodeReport:
+    name = str(node["name"])
+    gpus: list[GPU] = []
+    for gpu_type, count in parse_gpu_gres(str(node.get("gres") or "")):
+        for _ in range(count):
+            index = len(gpus)
+            gpus.append(
+                GPU(index=index, uuid=f"SLURM-{name}-gpu{index}", model=gpu_type or default_gpu_model)
+            )
+    state, message = node_state(node)
+    labels = {
+        "slurm.partitions": ",".join(node.get("partitions") or []),
+        "slurm.state": "+".join([str(node.get("state", "")), *(node.get("state_flags") or [])]),
+    }
+    if node.get("features"):
+        labels["slurm.features"] = str(node["features"])
+    return NodeReport(
+        name=name,
+        cpus=float(node.get("cpus") or 0),
+        memory_mib=int(node.get("real_memory") or 0),
+        gpus=tuple(gpus),
+        state=state,
+        address=str(node.get("address") or name),
+        labels=labels,
+        message=message,
+    )
+
+
+def scontrol_state_args(node: str, state: NodeState, reason: str) -> list[str]:
+    """`scontrol update` arguments for a Corral node state."""
+    if state is NodeState.READY:
+        return ["update", f"nodename={node}", "state=resume"]
+    if state is NodeState.CORDONED:
+        return [
+            "update",
+            f"nodename={node}",
+            "state=drain",
+            f"reason={CORDON_PREFIX}: {reason or 'cordoned'}",
+        ]
+    if state is NodeState.DRAINING:
+        return ["update", f"nodename={node}", "state=drain", f"reason={DRAIN_PREFIX}: {reason or 'drained'}"]
+    if state is NodeState.DOWN:
+        return ["update", f"nodename={node}", "state=down", f"reason=corral down: {reason or 'down'}"]
+    raise ValueError(
+        f"cannot set node {node} to {state.value!r} in Slurm; use ready, cordoned, draining or down"
+    )

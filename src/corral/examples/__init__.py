@@ -1,0 +1,1 @@
+"""Example jobs shipped with Corral (the demo submits `digits.yaml`)."""

@@ -1,0 +1,185 @@
+"""Alert intake and storage: Alertmanager webhook payloads and Corral's own health alerts end up
+as `Alert` rows deduplicated by fingerprint. A change of status (new, firing -> resolved, resolved
+-> firing again) queues one `AlertNotification` per configured channel; nothing here sends, so a
+broken channel can never slow down or fail intake."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from corral.monitor.models import Alert, AlertNotification
+
+ZERO_TIME = "0001-01-01T00:00:00Z"  # Alertmanager's "not set"
+_RFC3339 = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
+
+
+def parse_time(value: str | None) -> float | None:
+    """Unix seconds from an RFC 3339 time (Alertmanager sends nanoseconds); None for the zero time."""
+    if not value or value.startswith("0001-01-01"):
+        return None
+    match = _RFC3339.match(value.strip())
+    if not match:
+        raise ValueError(f"not an RFC 3339 time: {value!r}")
+    base, frac, zone = match.groups()
+    frac = (frac or ".0")[:7]  # datetime takes microseconds at most
+    zone = "+00:00" if zone == "Z" else zone
+    return datetime.fromisoformat(f"{base}{frac}{zone}").timestamp()
+
+
+class WebhookAlert(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    status: Literal["firing", "resolved"]
+    labels: dict[str, str] = Field(min_length=1)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    startsAt: str
+    endsAt: str = ZERO_TIME
+    generatorURL: str = ""
+    fingerprint: str = Field(default="", max_length=64)
+
+
+class WebhookPayload(BaseModel):
+    """Alertmanager's webhook body (version 4)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    version: str = "4"
+    status: Literal["firing", "resolved"]
+    receiver: str = ""
+    groupKey: str = ""
+    alerts: list[WebhookAlert] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class AlertChange:
+    alert_id: int
+    name: str
+    status: str
+    changed: bool  # True when the status is new: notifications were queued
+
+
+def fingerprint_of(labels: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(labels, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def record_alert(
+    session: Session,
+    *,
+    labels: dict[str, str],
+    status: str,
+    now: float,
+    channels: Sequence[str],
+    source: str,
+    annotations: dict[str, str] | None = None,
+    starts_at: float | None = None,
+    ends_at: float | None = None,
+    fingerprint: str | None = None,
+    generator_url: str = "",
+) -> AlertChange:
+    """Insert or update the alert with this fingerprint. Repeats of the same status only bump
+    counters; a stale `resolved` for an older episode than the stored one is ignored."""
+    fingerprint = fingerprint or fingerprint_of(labels)
+    starts = starts_at if starts_at is not None else now
+    alert = session.scalars(select(Alert).where(Alert.fingerprint == fingerprint)).one_or_none()
+    if alert is None:
+        alert = Alert(
+            fingerprint=fingerprint, source=source, name=labels.get("alertname", "unnamed"), status=status,
+            severity=labels.get("severity", "warning"), labels=labels, annotations=annotations or {},
+            starts_at=starts, ends_at=ends_at if status == "resolved" else None, first_received_at=now,
+            last_received_at=now, receive_count=1, generator_url=generator_url,
+        )  # fmt: skip
+        session.add(alert)
+        session.flush()
+        _queue_notifications(session, alert, channels, now)
+        return AlertChange(alert.id, alert.name, status, True)
+    alert.last_received_at = now
+    alert.receive_count += 1
+    stale = status == "resolved" and starts_at is not None and starts_at < alert.starts_at - 1e-3
+    if status == alert.status or stale:
+        if annotations and not stale:
+            alert.annotations = annotations
+        return AlertChange(alert.id, alert.name, alert.status, False)
+    alert.status = status
+    alert.labels = labels
+    if annotations:
+        alert.annotations = annotations
+    if status == "firing":
+        alert.starts_at = starts
+        alert.ends_at = None
+    else:
+        alert.ends_at = ends_at if ends_at is not None else now
+    _queue_notifications(session, alert, channels, now)
+    return AlertChange(alert.id, alert.name, status, True)
+
+
+def _queue_notifications(session: Session, alert: Alert, channels: Sequence[str], now: float) -> None:
+    for channel in channels:
+        session.add(
+            AlertNotification(
+                alert_id=alert.id, channel=channel, alert_status=alert.status, state="pending", attempts=0,
+                next_attempt_at=now, last_error="", created_at=now,
+            )
+        )  # fmt: skip
+
+
+def ingest_webhook(
+    session: Session, payload: WebhookPayload, now: float, channels: Sequence[str]
+) -> list[AlertChange]:
+    """Store every alert of one Alertmanager delivery (the caller commits once: all or nothing)."""
+    changes = []
+    for item in payload.alerts:
+        changes.append(
+            record_alert(
+                session, labels=item.labels, status=item.status, now=now, channels=channels,
+                source="alertmanager", annotations=item.annotations, starts_at=parse_time(item.startsAt),
+                ends_at=parse_time(item.endsAt), fingerprint=item.fingerprint or None,
+                generator_url=item.generatorURL,
+            )
+        )  # fmt: skip
+    return changes
+
+
+def alert_to_dict(alert: Alert) -> dict[str, Any]:
+    return {
+        "id": alert.id,
+        "fingerprint": alert.fingerprint,
+        "name": alert.name,
+        "status": alert.status,
+        "severity": alert.severity,
+        "source": alert.source,
+        "labels": alert.labels,
+        "annotations": alert.annotations,
+        "starts_at": alert.starts_at,
+        "ends_at": alert.ends_at,
+        "first_received_at": alert.first_received_at,
+        "last_received_at": alert.last_received_at,
+        "receive_count": alert.receive_count,
+        "generator_url": alert.generator_url,
+    }
+
+
+def list_alerts(
+    session: Session, *, status: str | None = None, name: str | None = None, limit: int = 100, offset: int = 0
+) -> tuple[list[Alert], int]:
+    from sqlalchemy import func
+
+    stmt = select(Alert)
+    if status:
+        stmt = stmt.where(Alert.status == status)
+    if name:
+        stmt = stmt.where(Alert.name == name)
+    total = int(session.scalar(select(func.count()).select_from(stmt.subquery())) or 0)
+    rows = session.scalars(
+        stmt.order_by(Alert.last_received_at.desc(), Alert.id.desc()).limit(limit).offset(offset)
+    )
+    return list(rows), total

@@ -1,0 +1,188 @@
+"""Notification channels (email over SMTP, generic JSON webhook) and the delivery step.
+
+Delivery works through queued `AlertNotification` rows: each due row is sent once per tick; a
+failure is recorded on the row (state `failing`, the error, attempts) and retried after an
+exponential backoff, until `retry.max_attempts` (then `given_up`). Intake never waits on this.
+"""
+
+from __future__ import annotations
+
+import logging
+import smtplib
+from collections.abc import Callable
+from dataclasses import dataclass
+from email.message import EmailMessage
+from typing import Any
+
+import httpx
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from corral.monitor.alerts import alert_to_dict
+from corral.monitor.config import EmailChannel, MonitorConfig, WebhookChannel
+from corral.monitor.models import Alert, AlertNotification
+
+log = logging.getLogger(__name__)
+DELIVERY_BATCH = 50
+KEEP_DONE_S = 7 * 86400.0  # sent / given-up notifications are kept a week (channel status, audit)
+
+
+class ChannelError(Exception):
+    pass
+
+
+def summary_line(alert: Alert, status: str) -> str:
+    labels = alert.labels or {}
+    where = ", ".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("alertname", "severity"))
+    return f"[{status.upper()}] {alert.name} ({alert.severity}) {where}".strip()
+
+
+def message_text(alert: Alert, status: str) -> str:
+    annotations = alert.annotations or {}
+    lines = [summary_line(alert, status), ""]
+    for key in ("summary", "description", "runbook_url"):
+        if annotations.get(key):
+            lines.append(f"{key}: {annotations[key]}")
+    lines.append("")
+    lines += [f"{k}: {v}" for k, v in sorted((alert.labels or {}).items())]
+    lines.append(f"source: {alert.source}; fingerprint: {alert.fingerprint}")
+    return "\n".join(lines)
+
+
+def send_email(channel: EmailChannel, alert: Alert, status: str) -> None:
+    msg = EmailMessage()
+    msg["Subject"] = summary_line(alert, status)
+    msg["From"] = channel.sender
+    msg["To"] = ", ".join(channel.to)
+    msg["X-Corral-Alert-Fingerprint"] = alert.fingerprint
+    msg.set_content(message_text(alert, status))
+    try:
+        with smtplib.SMTP(channel.smtp_host, channel.smtp_port, timeout=channel.timeout) as smtp:
+            if channel.starttls:
+                smtp.starttls()
+            if channel.username:
+                smtp.login(channel.username, channel.password or "")
+            smtp.send_message(msg)
+    except (OSError, smtplib.SMTPException) as exc:
+        raise ChannelError(f"SMTP {channel.smtp_host}:{channel.smtp_port}: {exc}") from exc
+
+
+def send_webhook(channel: WebhookChannel, alert: Alert, status: str) -> None:
+    body = {"text": message_text(alert, status), "status": status, "alert": alert_to_dict(alert)}
+    try:
+        response = httpx.post(channel.url, json=body, headers=channel.headers, timeout=channel.timeout)
+    except httpx.HTTPError as exc:
+        raise ChannelError(f"POST {channel.url}: {exc}") from exc
+    if response.status_code >= 300:
+        raise ChannelError(f"POST {channel.url}: HTTP {response.status_code} {response.text[:200]}")
+
+
+def send(channel: EmailChannel | WebhookChannel, alert: Alert, status: str) -> None:
+    """Announce `status`: the one the notification was queued for, even if the alert moved on."""
+    if isinstance(channel, EmailChannel):
+        send_email(channel, alert, status)
+    else:
+        send_webhook(channel, alert, status)
+
+
+def deliver_due(session_factory: Callable[[], Session], config: MonitorConfig, now: float) -> int:
+    """Send the notifications that are due; returns how many were sent successfully."""
+    channels = {c.name: c for c in config.channels}
+    with session_factory() as session:
+        session.execute(
+            delete(AlertNotification).where(
+                AlertNotification.state.in_(("sent", "given_up")),
+                AlertNotification.created_at < now - KEEP_DONE_S,
+            )
+        )
+        session.commit()
+        due = session.scalars(
+            select(AlertNotification)
+            .where(
+                AlertNotification.state.in_(("pending", "failing")), AlertNotification.next_attempt_at <= now
+            )
+            .order_by(AlertNotification.next_attempt_at, AlertNotification.id)
+            .limit(DELIVERY_BATCH)
+        ).all()
+        sent = 0
+        for note in due:
+            channel = channels.get(note.channel)
+            alert = session.get(Alert, note.alert_id)
+            note.attempts += 1
+            if channel is None or alert is None:
+                note.state = "given_up"
+                note.last_error = (
+                    "the channel is no longer configured" if channel is None else "alert deleted"
+                )
+                session.commit()
+                continue
+            try:
+                send(channel, alert, note.alert_status)
+            except ChannelError as exc:
+                _record_failure(note, str(exc), config, now)
+                log.warning("channel %s failed (attempt %d): %s", note.channel, note.attempts, exc)
+            else:
+                note.state = "sent"
+                note.sent_at = now
+                note.last_error = ""
+                sent += 1
+            session.commit()  # per notification: one slow channel never loses another's result
+        return sent
+
+
+def _record_failure(note: AlertNotification, error: str, config: MonitorConfig, now: float) -> None:
+    note.last_error = error[:2000]
+    if note.attempts >= config.retry.max_attempts:
+        note.state = "given_up"
+        return
+    note.state = "failing"
+    note.next_attempt_at = now + config.retry.backoff_s(note.attempts)
+
+
+@dataclass(frozen=True)
+class ChannelStatus:
+    name: str
+    type: str
+    state: str  # ok | failing
+    pending: int
+    failing: int
+    given_up: int
+    sent: int
+    last_sent_at: float | None
+    last_error: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def channel_statuses(session: Session, config: MonitorConfig) -> list[ChannelStatus]:
+    counts: dict[tuple[str, str], int] = {
+        (ch, st): n
+        for ch, st, n in session.execute(
+            select(AlertNotification.channel, AlertNotification.state, func.count()).group_by(
+                AlertNotification.channel, AlertNotification.state
+            )
+        )
+    }
+    out = []
+    for channel in config.channels:
+        last_sent = session.scalar(
+            select(func.max(AlertNotification.sent_at)).where(AlertNotification.channel == channel.name)
+        )
+        last_error = session.scalar(
+            select(AlertNotification.last_error)
+            .where(AlertNotification.channel == channel.name, AlertNotification.last_error != "")
+            .order_by(AlertNotification.id.desc())
+            .limit(1)
+        )
+        failing = counts.get((channel.name, "failing"), 0)
+        out.append(
+            ChannelStatus(
+                name=channel.name, type=channel.type, state="failing" if failing else "ok",
+                pending=counts.get((channel.name, "pending"), 0), failing=failing,
+                given_up=counts.get((channel.name, "given_up"), 0),
+                sent=counts.get((channel.name, "sent"), 0),
+                last_sent_at=last_sent, last_error=last_error or "",
+            )
+        )  # fmt: skip
+    return out

@@ -1,0 +1,225 @@
+"""Monitoring settings (CORRAL_MONITOR_* environment variables) and the monitor config file
+(`<home>/monitor.yml` by default): notification channels, retry policy, the admin idle-GPU rule
+and health-check thresholds.
+
+The file is validated when the server starts; a bad file is refused with its path and the line of
+the offending value (`MonitorConfigError`), so a typo never silently disables notifications.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from corral.config import Settings
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from `90`, `"90s"`, `"15m"`, `"1h"`, `"1.5d"`."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration such as '15m' or '1h', got {value!r}")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError(f"a duration cannot be negative, got {value}")
+        return float(value)
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ValueError(f"expected a duration such as '30s', '15m' or '1h', got {value!r}")
+    return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+class MonitorSettings(BaseSettings):
+    """Tunables of the monitoring loops; shorter values are for tests."""
+
+    model_config = SettingsConfigDict(env_prefix="CORRAL_MONITOR_", extra="ignore")
+
+    sample_interval_s: float = 10.0  # GPU readings from NVML / the virtual provider
+    health_interval_s: float = 10.0  # node heartbeats, job OOMs
+    delivery_interval_s: float = 2.0  # notification channel sends
+    idle_interval_s: float = 60.0  # idle-GPU policy
+    webhook_token: str | None = None  # shared secret for POST /api/v1/alerts/webhook
+    config_file: Path | None = None  # default: <home>/monitor.yml (optional file)
+
+
+def webhook_token_path(settings: Settings) -> Path:
+    return settings.home / "alert_webhook_token"
+
+
+def webhook_token(settings: Settings, monitor: MonitorSettings | None = None) -> str | None:
+    """The webhook's shared secret: CORRAL_MONITOR_WEBHOOK_TOKEN, else `<home>/alert_webhook_token`
+    (the file Alertmanager's `credentials_file` can point at). None: the webhook refuses everyone."""
+    monitor = monitor or MonitorSettings()
+    if monitor.webhook_token:
+        return monitor.webhook_token.strip()
+    path = webhook_token_path(settings)
+    try:
+        token = path.read_text().strip()
+    except OSError:
+        return None
+    return token or None
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+Duration = Annotated[float, Field(ge=0)]
+
+
+class EmailChannel(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+    type: Literal["email"]
+    smtp_host: str = Field(min_length=1)
+    smtp_port: int = Field(default=25, ge=1, le=65535)
+    sender: str = Field(alias="from", min_length=3)
+    to: list[str] = Field(min_length=1)
+    username: str | None = None
+    password: str | None = None
+    starttls: bool = False
+    timeout: Duration = 10.0
+
+    _durations = field_validator("timeout", mode="before")(parse_duration)
+
+
+class WebhookChannel(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+    type: Literal["webhook"]
+    url: str = Field(pattern=r"^https?://")
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout: Duration = 10.0
+
+    _durations = field_validator("timeout", mode="before")(parse_duration)
+
+
+Channel = Annotated[EmailChannel | WebhookChannel, Field(discriminator="type")]
+
+
+class RetryPolicy(_Strict):
+    initial_backoff: Duration = 5.0
+    max_backoff: Duration = 300.0
+    max_attempts: int = Field(default=12, ge=1)
+
+    _durations = field_validator("initial_backoff", "max_backoff", mode="before")(parse_duration)
+
+    def backoff_s(self, attempts: int) -> float:
+        """Delay after the `attempts`-th failure: doubling from initial_backoff, capped."""
+        return float(min(self.max_backoff, self.initial_backoff * (2 ** max(0, attempts - 1))))
+
+
+class IdleGpuRule(_Strict):
+    """Also the shape of a job's own `idle_gpu:` policy (there `grace` and `action` are optional)."""
+
+    below_percent: float = Field(default=10.0, ge=0, le=100)
+    for_s: Duration = Field(default=3600.0, alias="for")
+    grace: Duration = 900.0  # between warning the owner and acting
+    action: Literal["warn", "stop", "requeue"] = "warn"
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    _durations = field_validator("for_s", "grace", mode="before")(parse_duration)
+
+
+class HealthRules(_Strict):
+    node_lost_after: Duration = 60.0  # heartbeat age that counts as a lost node
+    gpu_temperature_c: float = Field(default=90.0, gt=0)
+    xid_alert_hold: Duration = 600.0  # an Xid is an event: its alert stays firing this long
+    oom_alert_hold: Duration = 3600.0
+    # Send Corral's own health alerts to the channels. With Prometheus + Alertmanager deployed the
+    # same fault also arrives through the webhook; set false to be told once.
+    notify: bool = True
+
+    _durations = field_validator("node_lost_after", "xid_alert_hold", "oom_alert_hold", mode="before")(
+        parse_duration
+    )
+
+
+class MonitorConfig(_Strict):
+    channels: list[Channel] = Field(default_factory=list)
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    idle_gpu: IdleGpuRule | None = None  # the admin rule; None = only jobs' own policies apply
+    health: HealthRules = Field(default_factory=HealthRules)
+
+    @field_validator("channels")
+    @classmethod
+    def _unique_names(
+        cls, channels: list[EmailChannel | WebhookChannel]
+    ) -> list[EmailChannel | WebhookChannel]:
+        seen: set[str] = set()
+        for channel in channels:
+            if channel.name in seen:
+                raise ValueError(f"two channels are named {channel.name!r}; names must be unique")
+            seen.add(channel.name)
+        return channels
+
+
+class MonitorConfigError(ValueError):
+    """A refused monitor config: the message names the file and line."""
+
+
+def config_path(settings: Settings, monitor: MonitorSettings | None = None) -> Path:
+    monitor = monitor or MonitorSettings()
+    return monitor.config_file or settings.home / "monitor.yml"
+
+
+def load_monitor_config(path: Path) -> MonitorConfig:
+    """Parse and validate `path`; a missing file means the defaults (no channels)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return MonitorConfig()
+    except OSError as exc:
+        raise MonitorConfigError(f"{path}: cannot read the monitor config: {exc}") from exc
+    try:
+        root = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise MonitorConfigError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from exc
+    if data is None:
+        return MonitorConfig()
+    if not isinstance(data, dict):
+        raise MonitorConfigError(f"{path}:1: the monitor config must be a mapping (channels:, retry:, ...)")
+    try:
+        return MonitorConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err["loc"])
+        if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            loc += ("type",)  # point at the `type:` line, the value that chose no model
+        line = _line_of(root, loc)
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        message = str(err["msg"]).removeprefix("Value error, ")
+        raise MonitorConfigError(f"{path}:{line}: {field}: {message}") from exc
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int:
+    """The 1-based line of the deepest YAML node on the path `loc` (pydantic's error location)."""
+    line = 1 if node is None else node.start_mark.line + 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            found = None
+            for key, value in node.value:
+                if key.value == str(part):
+                    found = value
+                    break
+            if found is None:
+                continue  # a missing key, or a discriminator tag ("webhook") in the loc: keep the parent
+            node = found
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+        else:
+            continue  # discriminator tags ("email") in the loc have no node of their own
+        line = node.start_mark.line + 1
+    return line
+
+
+def load_for(settings: Settings) -> MonitorConfig:
+    return load_monitor_config(config_path(settings))

@@ -1,0 +1,304 @@
+"""GPU readings: NVML (nvidia-ml-py) for real GPUs, a virtual provider for declared virtual GPUs.
+
+Both produce `GpuSample`s that the sampling loop stores in `gpu_readings`; health checks and
+/metrics never care which provider a reading came from. The virtual provider's readings come from
+a fault file under CORRAL_HOME (`chaos/gpu_faults.json`) that tests and `corral chaos gpu ...`
+write, so a separate CLI process can inject faults into a running server: raise the temperature,
+inject ECC errors or an Xid, make a GPU disappear, set its utilization.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+VIRTUAL_UUID_PREFIX = "GPU-virt-"  # corral.engine.gpus.virtual_gpu_uuid
+IDLE_TEMPERATURE_C = 35.0
+IDLE_POWER_W = 45.0
+FAULT_FIELDS = {
+    "temperature_c": float,
+    "utilization_percent": float,
+    "memory_used_mib": float,
+    "power_w": float,
+    "lost": bool,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRef:
+    """A GPU the database knows: where it is and what it is."""
+
+    node: str
+    index: int
+    uuid: str
+    memory_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    node: str
+    index: int
+    uuid: str
+    present: bool
+    utilization_percent: float = 0.0
+    memory_used_mib: float = 0.0
+    memory_total_mib: float = 0.0
+    temperature_c: float = 0.0
+    power_w: float = 0.0
+    ecc_volatile_corrected: int = 0
+    ecc_volatile_uncorrected: int = 0
+    ecc_aggregate_corrected: int = 0
+    ecc_aggregate_uncorrected: int = 0
+    xid_events_total: int = 0
+    last_xid: int | None = None
+
+
+class GpuProvider(Protocol):
+    def sample(self, gpus: Sequence[GpuRef]) -> list[GpuSample]: ...
+
+
+def is_virtual(ref: GpuRef) -> bool:
+    return ref.uuid.startswith(VIRTUAL_UUID_PREFIX)
+
+
+# ---------------------------------------------------------------- fault file (chaos)
+
+
+def faults_path(home: Path) -> Path:
+    return home / "chaos" / "gpu_faults.json"
+
+
+def gpu_key(node: str, index: int) -> str:
+    return f"{node}/{index}"
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def read_faults(home: Path) -> dict[str, dict[str, Any]]:
+    path = faults_path(home)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring unreadable GPU fault file %s: %s", path, exc)
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def update_fault(home: Path, node: str, index: int, **changes: Any) -> dict[str, Any]:
+    """Merge `changes` into the fault entry of one GPU, atomically (lock + rename). Special keys:
+    `ecc_uncorrected` / `ecc_corrected` add errors (volatile and aggregate), `xid` appends an
+    event, `clear=True` resets everything a GPU reset clears (aggregate ECC and Xid history stay)."""
+    path = faults_path(home)
+    with _locked(path):
+        faults = read_faults(home)
+        entry = dict(faults.get(gpu_key(node, index), {}))
+        if changes.pop("clear", False):
+            entry = {
+                k: v
+                for k, v in entry.items()
+                if k in ("ecc_aggregate_corrected", "ecc_aggregate_uncorrected", "xids")
+            }
+        for kind in ("corrected", "uncorrected"):
+            added = int(changes.pop(f"ecc_{kind}", 0))
+            if added < 0:
+                raise ValueError(f"ECC error count must be >= 0, got {added}")
+            if added:
+                entry[f"ecc_volatile_{kind}"] = int(entry.get(f"ecc_volatile_{kind}", 0)) + added
+                entry[f"ecc_aggregate_{kind}"] = int(entry.get(f"ecc_aggregate_{kind}", 0)) + added
+        xid = changes.pop("xid", None)
+        if xid is not None:
+            entry.setdefault("xids", []).append({"xid": int(xid), "at": time.time()})
+        for name, value in changes.items():
+            if name not in FAULT_FIELDS:
+                raise ValueError(f"unknown GPU fault {name!r}; known: {', '.join(sorted(FAULT_FIELDS))}")
+            if value is None:
+                entry.pop(name, None)
+            else:
+                entry[name] = FAULT_FIELDS[name](value)
+        faults[gpu_key(node, index)] = entry
+        tmp = path.with_suffix(f".tmp.{os.getpid()}")
+        tmp.write_text(json.dumps(faults, indent=1, sort_keys=True))
+        tmp.replace(path)
+        return entry
+
+
+class VirtualGpuProvider:
+    """Readings for virtual GPUs: idle defaults, overridden by the fault file."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+
+    def sample(self, gpus: Sequence[GpuRef]) -> list[GpuSample]:
+        faults = read_faults(self.home)
+        return [self._one(ref, faults.get(gpu_key(ref.node, ref.index), {})) for ref in gpus]
+
+    @staticmethod
+    def _one(ref: GpuRef, fault: dict[str, Any]) -> GpuSample:
+        util = float(fault.get("utilization_percent", 0.0))
+        xids = fault.get("xids") or []
+        return GpuSample(
+            node=ref.node,
+            index=ref.index,
+            uuid=ref.uuid,
+            present=not fault.get("lost", False),
+            utilization_percent=util,
+            memory_used_mib=float(fault.get("memory_used_mib", ref.memory_mib * util / 200.0)),
+            memory_total_mib=float(ref.memory_mib),
+            temperature_c=float(fault.get("temperature_c", IDLE_TEMPERATURE_C + util * 0.4)),
+            power_w=float(fault.get("power_w", IDLE_POWER_W + util * 2.5)),
+            ecc_volatile_corrected=int(fault.get("ecc_volatile_corrected", 0)),
+            ecc_volatile_uncorrected=int(fault.get("ecc_volatile_uncorrected", 0)),
+            ecc_aggregate_corrected=int(fault.get("ecc_aggregate_corrected", 0)),
+            ecc_aggregate_uncorrected=int(fault.get("ecc_aggregate_uncorrected", 0)),
+            xid_events_total=len(xids),
+            last_xid=int(xids[-1]["xid"]) if xids else None,
+        )
+
+
+class NvmlGpuProvider:
+    """Readings of this machine's GPUs through NVML. Xid events are collected with an NVML event
+    set polled without waiting on every sample; counts are kept for the life of the process."""
+
+    def __init__(self) -> None:
+        import pynvml
+
+        self._nvml = pynvml
+        pynvml.nvmlInit()
+        self._xids: dict[str, list[int]] = {}
+        self._events: Any = None
+        try:
+            self._events = pynvml.nvmlEventSetCreate()
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                with contextlib.suppress(pynvml.NVMLError):
+                    pynvml.nvmlDeviceRegisterEvents(
+                        handle, pynvml.nvmlEventTypeXidCriticalError, self._events
+                    )
+        except pynvml.NVMLError as exc:
+            log.info("NVML Xid events unavailable: %s", exc)
+            self._events = None
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._nvml.nvmlShutdown()
+
+    def _drain_xids(self) -> None:
+        if self._events is None:
+            return
+        nvml = self._nvml
+        while True:
+            try:
+                event = nvml.nvmlEventSetWait_v2(self._events, 0)
+            except nvml.NVMLError:
+                return  # timeout: no more events
+            uuid = nvml.nvmlDeviceGetUUID(event.device)
+            self._xids.setdefault(uuid.decode() if isinstance(uuid, bytes) else str(uuid), []).append(
+                int(event.eventData)
+            )
+
+    def sample(self, gpus: Sequence[GpuRef]) -> list[GpuSample]:
+        self._drain_xids()
+        return [self._one(ref) for ref in gpus]
+
+    def _one(self, ref: GpuRef) -> GpuSample:
+        nvml = self._nvml
+        try:
+            handle = nvml.nvmlDeviceGetHandleByUUID(ref.uuid)
+            util = nvml.nvmlDeviceGetUtilizationRates(handle)
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            temperature = nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
+            power_mw = self._optional(nvml.nvmlDeviceGetPowerUsage, handle)
+        except nvml.NVMLError as exc:  # GPU lost, fell off the bus, driver gone
+            log.warning("GPU %s on %s does not answer NVML: %s", ref.index, ref.node, exc)
+            return GpuSample(node=ref.node, index=ref.index, uuid=ref.uuid, present=False)
+        ecc = {
+            (counter, kind): self._ecc(handle, counter, kind)
+            for counter in ("volatile", "aggregate")
+            for kind in ("corrected", "uncorrected")
+        }
+        xids = self._xids.get(ref.uuid, [])
+        return GpuSample(
+            node=ref.node,
+            index=ref.index,
+            uuid=ref.uuid,
+            present=True,
+            utilization_percent=float(util.gpu),
+            memory_used_mib=memory.used / (1 << 20),
+            memory_total_mib=memory.total / (1 << 20),
+            temperature_c=float(temperature),
+            power_w=(power_mw or 0) / 1000.0,
+            ecc_volatile_corrected=ecc[("volatile", "corrected")],
+            ecc_volatile_uncorrected=ecc[("volatile", "uncorrected")],
+            ecc_aggregate_corrected=ecc[("aggregate", "corrected")],
+            ecc_aggregate_uncorrected=ecc[("aggregate", "uncorrected")],
+            xid_events_total=len(xids),
+            last_xid=xids[-1] if xids else None,
+        )
+
+    def _optional(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except self._nvml.NVMLError:
+            return None
+
+    def _ecc(self, handle: Any, counter: str, kind: str) -> int:
+        nvml = self._nvml
+        error_type = (
+            nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+            if kind == "corrected"
+            else nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        )
+        counter_type = nvml.NVML_VOLATILE_ECC if counter == "volatile" else nvml.NVML_AGGREGATE_ECC
+        value = self._optional(nvml.nvmlDeviceGetTotalEccErrors, handle, error_type, counter_type)
+        return int(value or 0)  # no ECC support (consumer GPUs): report zero errors
+
+
+class GpuSampler:
+    """Picks the provider per GPU: virtual GPUs (by UUID) read the fault file; GPUs of this node
+    read NVML when it initialises; GPUs of other nodes (Slurm) are not sampled from here."""
+
+    def __init__(self, home: Path, local_node: str) -> None:
+        self.local_node = local_node
+        self.virtual = VirtualGpuProvider(home)
+        self._nvml: NvmlGpuProvider | None = None
+        self._nvml_failed = False
+
+    def sample(self, gpus: Sequence[GpuRef]) -> list[GpuSample]:
+        virtual = [g for g in gpus if is_virtual(g)]
+        local_real = [g for g in gpus if not is_virtual(g) and g.node == self.local_node]
+        samples = self.virtual.sample(virtual)
+        if local_real:
+            nvml = self._nvml_provider()
+            if nvml is not None:
+                samples += nvml.sample(local_real)
+        return samples
+
+    def _nvml_provider(self) -> NvmlGpuProvider | None:
+        if self._nvml is None and not self._nvml_failed:
+            try:
+                self._nvml = NvmlGpuProvider()
+            except Exception as exc:
+                log.warning("NVML unavailable; real GPUs of %s are not sampled: %s", self.local_node, exc)
+                self._nvml_failed = True
+        return self._nvml

@@ -1,0 +1,150 @@
+"""Idle-GPU policy: jobs that hold GPUs they do not use.
+
+A job's own `idle_gpu: {below_percent, for, grace, action}` in its spec wins; otherwise the admin
+rule (`idle_gpu:` in monitor.yml) applies; otherwise nothing. When the mean utilization of a
+running job's GPUs stays below `below_percent` for `for`, its owner is warned (a JobEvent of kind
+"idle_gpu" and a CorralJobGpuIdle alert with the job and user as labels). If it is still idle
+`grace` later, the action runs:
+- `stop`: sets `Job.cancel_requested` (with an event), the documented cancel contract that the
+  reconcile loop turns into an engine stop and CANCELLED;
+- `requeue`: moves the job to PREEMPTED through `transition()`; the reconcile loop stops the
+  attempt and puts the job back in the queue ("preempted; back in the queue");
+- `warn`: nothing more.
+Utilization recovering clears the watch and resolves the alert.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from corral.db.models import GpuClaim, Group, Job, User
+from corral.monitor.config import IdleGpuRule
+from corral.monitor.health import HealthPass, job_event
+from corral.monitor.models import GpuReading, IdleGpuWatch
+from corral.services.lifecycle import InvalidTransition, JobState, transition
+
+log = logging.getLogger(__name__)
+STALE_READING_S = 300.0  # readings older than this do not count as evidence of idleness
+
+
+def job_policy(spec: dict[str, Any] | None, admin_rule: IdleGpuRule | None) -> IdleGpuRule | None:
+    """The job's own policy (missing keys from the admin rule), else the admin rule."""
+    own = (spec or {}).get("idle_gpu")
+    if not own:
+        return admin_rule
+    base = admin_rule.model_dump(by_alias=True) if admin_rule is not None else {}
+    try:
+        return IdleGpuRule.model_validate({**base, **own})
+    except ValidationError as exc:
+        log.warning("ignoring an invalid idle_gpu policy: %s", exc.errors()[0]["msg"])
+        return admin_rule
+
+
+def mean_utilization(session: Session, now: float) -> dict[int, float]:
+    """Mean utilization of each job's GPUs, from fresh readings of present GPUs."""
+    values: dict[int, list[float]] = defaultdict(list)
+    rows = session.execute(
+        select(
+            GpuClaim.job_id, GpuReading.utilization_percent, GpuReading.sampled_at, GpuReading.present
+        ).join(GpuReading, (GpuReading.node == GpuClaim.node) & (GpuReading.gpu_index == GpuClaim.gpu_index))
+    )
+    for job_id, util, sampled_at, present in rows:
+        if present and now - sampled_at <= STALE_READING_S:
+            values[job_id].append(util)
+    return {job_id: sum(v) / len(v) for job_id, v in values.items() if v}
+
+
+def enforce_idle_policy(
+    session: Session, now: float, admin_rule: IdleGpuRule | None, channels: Sequence[str]
+) -> list[tuple[int, str]]:
+    """One pass; returns (job_id, what happened) for warnings and actions taken."""
+    utilization = mean_utilization(session, now)
+    watches = {w.job_id: w for w in session.scalars(select(IdleGpuWatch))}
+    holders = select(GpuClaim.job_id).distinct()
+    jobs = session.execute(
+        select(Job, User.name, Group.name)
+        .join(User, User.id == Job.user_id)
+        .join(Group, Group.id == Job.group_id)
+        .where(Job.state == JobState.RUNNING.value, Job.id.in_(holders))
+    ).all()
+    check = HealthPass.start(session, now, channels)
+    done: list[tuple[int, str]] = []
+    running = set()
+    for job, user, group in jobs:
+        running.add(job.id)
+        policy = job_policy(job.spec, admin_rule)
+        util = utilization.get(job.id)
+        if policy is None or util is None:
+            continue  # no policy, or no fresh readings: no evidence either way
+        watch = watches.get(job.id)
+        if watch is None:
+            watch = watches[job.id] = IdleGpuWatch(job_id=job.id)
+            session.add(watch)
+        labels = {"alertname": "CorralJobGpuIdle", "severity": "warning", "job_id": str(job.id)}
+        labels |= {"user": user, "group": group}
+        if util >= policy.below_percent:
+            watch.idle_since = watch.warned_at = watch.acted_at = None
+            check.set(labels, False)
+            continue
+        outcome = _advance(session, check, job, watch, policy, util, labels, now)
+        if outcome:
+            done.append((job.id, outcome))
+    for job_id, watch in watches.items():
+        if job_id not in running:
+            session.delete(watch)  # job ended or no longer holds GPUs
+    session.commit()
+    return done
+
+
+def _advance(
+    session: Session,
+    check: HealthPass,
+    job: Job,
+    watch: IdleGpuWatch,
+    policy: IdleGpuRule,
+    util: float,
+    labels: dict[str, str],
+    now: float,
+) -> str | None:
+    if watch.idle_since is None:
+        watch.idle_since = now
+    idle_for = now - watch.idle_since
+    if idle_for < policy.for_s:
+        return None
+    if watch.warned_at is None:
+        watch.warned_at = now
+        then = (
+            "" if policy.action == "warn" else f"; it will be {_verb(policy.action)} in {policy.grace:.0f} s"
+        )
+        message = (
+            f"GPUs idle: mean utilization {util:.1f}% < {policy.below_percent:g}% for {idle_for:.0f} s{then}"
+        )
+        job_event(session, job.id, now, message, kind="idle_gpu")
+        check.set(labels, True, f"job {job.id} holds GPUs it does not use ({util:.1f}%)")
+        return "warned"
+    if policy.action == "warn" or watch.acted_at is not None or now - watch.warned_at < policy.grace:
+        return None
+    watch.acted_at = now
+    message = f"GPUs still idle ({util:.1f}%) {policy.grace:.0f} s after the warning: {_verb(policy.action)}"
+    if policy.action == "stop":
+        job.cancel_requested = True
+        job.updated_at = now
+        job_event(session, job.id, now, message, kind="idle_gpu")
+        return "stopped"
+    try:
+        transition(session, job, JobState.PREEMPTED, now=now, message=message)
+    except InvalidTransition as exc:
+        log.info("cannot requeue idle job %s: %s", job.id, exc)
+        return None
+    return "requeued"
+
+
+def _verb(action: str) -> str:
+    return {"stop": "stopped", "requeue": "requeued"}.get(action, "warned")

@@ -1,0 +1,93 @@
+"""Monitoring's background loops, collected by the server runner (corral.server.runner):
+GPU sampling + GPU health, node/OOM health, notification delivery, idle-GPU policy.
+Intervals come from CORRAL_MONITOR_* (MonitorSettings), read when this module is imported."""
+
+from __future__ import annotations
+
+import logging
+
+from corral.monitor.channels import deliver_due
+from corral.monitor.config import (
+    MonitorConfig,
+    MonitorConfigError,
+    MonitorSettings,
+    config_path,
+    load_monitor_config,
+)
+from corral.monitor.gpu import GpuSampler
+from corral.monitor.health import check_nodes, check_ooms, sample_and_check_gpus
+from corral.monitor.idle import enforce_idle_policy
+from corral.server.context import BackgroundLoop, ServerContext
+
+log = logging.getLogger("corral.monitor.loops")
+
+
+def monitor_config(ctx: ServerContext) -> MonitorConfig:
+    """The monitor config, reloaded when its file changes; a bad edit keeps the last good one
+    (start-up refuses a bad file outright, see corral.monitor.api's lifespan)."""
+    path = config_path(ctx.settings)
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
+        mtime = None
+    cached = ctx.scratch.get("monitor_config")
+    if cached is not None and cached[0] == mtime:
+        return cached[1]
+    try:
+        config = load_monitor_config(path)
+    except MonitorConfigError as exc:
+        if cached is None:
+            raise
+        log.error("keeping the previous monitor config: %s", exc)
+        return cached[1]
+    ctx.scratch["monitor_config"] = (mtime, config)
+    return config
+
+
+def channel_names(ctx: ServerContext) -> list[str]:
+    """Channels that hear about Corral's own health alerts (none when `health.notify` is false)."""
+    config = monitor_config(ctx)
+    return [c.name for c in config.channels] if config.health.notify else []
+
+
+def gpu_tick(ctx: ServerContext, now: float) -> None:
+    sampler = ctx.scratch.get("gpu_sampler")
+    if sampler is None:
+        sampler = ctx.scratch["gpu_sampler"] = GpuSampler(ctx.settings.home, ctx.settings.node_name)
+    with ctx.session_factory() as session:
+        sample_and_check_gpus(session, sampler, now, channel_names(ctx), monitor_config(ctx).health)
+    ctx.wake("monitor-delivery")
+
+
+def health_tick(ctx: ServerContext, now: float) -> None:
+    rules = monitor_config(ctx).health
+    with ctx.session_factory() as session:
+        check_nodes(session, now, channel_names(ctx), rules)
+        check_ooms(session, now, channel_names(ctx), rules)
+    ctx.wake("monitor-delivery")
+
+
+def delivery_tick(ctx: ServerContext, now: float) -> None:
+    deliver_due(ctx.session_factory, monitor_config(ctx), now)
+
+
+def idle_tick(ctx: ServerContext, now: float) -> None:
+    with ctx.session_factory() as session:
+        done = enforce_idle_policy(session, now, monitor_config(ctx).idle_gpu, channel_names(ctx))
+    for job_id, what in done:
+        log.info("idle GPU policy: job %s %s", job_id, what)
+    if done:
+        ctx.wake("reconcile", "monitor-delivery")
+
+
+def _loops() -> list[BackgroundLoop]:
+    settings = MonitorSettings()
+    return [
+        BackgroundLoop("monitor-gpus", settings.sample_interval_s, gpu_tick),
+        BackgroundLoop("monitor-health", settings.health_interval_s, health_tick),
+        BackgroundLoop("monitor-delivery", settings.delivery_interval_s, delivery_tick),
+        BackgroundLoop("monitor-idle", settings.idle_interval_s, idle_tick),
+    ]
+
+
+LOOPS: list[BackgroundLoop] = _loops()

@@ -1,0 +1,349 @@
+"""Admission: in what order waiting jobs are considered, and whether quota lets them in.
+
+Orders (Profile.order):
+- fair_share: groups take turns by weighted decayed usage (plus what they run now, and what this
+  cycle already gave them); inside a group, higher priority first, then the user with the least
+  usage, then submit time.
+- fifo: submit time. sjf: shortest runtime estimate first. las: Tiresias-style discretised 2-D
+  least attained service (GPU-seconds) queues, FIFO inside a queue.
+Quota (QuotaLedger): per group and quota key (a GPU model listed in the group's quotas, else
+ANY_MODEL), usage within `guaranteed` is owned; beyond it up to `max` is borrowed (only for
+preemptible jobs of groups with borrowing on) and the lender may reclaim it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from corral.scheduler.cluster import RunningTotals
+from corral.scheduler.types import ANY_MODEL, Group, Job, RunningJob, Usage
+
+
+def decay_usage(value: float, elapsed_s: float, half_life_s: float) -> float:
+    """Usage `elapsed_s` later, halving every `half_life_s` (no decay when half_life_s <= 0)."""
+    if half_life_s <= 0 or elapsed_s <= 0:
+        return value
+    return value * 0.5 ** (elapsed_s / half_life_s)
+
+
+def runtime_of(job: Job, default_s: float) -> float:
+    return job.runtime_estimate if job.runtime_estimate is not None else default_s
+
+
+def cpu_only(job: Job) -> bool:
+    """No task asks for GPUs (fast path for the common single-task job)."""
+    tasks = job.tasks
+    if len(tasks) == 1:
+        return tasks[0].resources.gpus <= 0
+    return all(t.resources.gpus <= 0 for t in tasks)
+
+
+def las_queue(attained: float, thresholds: tuple[float, ...]) -> int:
+    """Index of the LAS queue for this much attained service (0 = highest priority)."""
+    q = 0
+    for t in thresholds:
+        if attained >= t:
+            q += 1
+    return q
+
+
+def attained_now(rj: RunningJob, now: float, gpus: int | None = None) -> float:
+    """Service before this run (Job.attained_gpu_seconds) plus this run so far."""
+    gpus = rj.job.total_gpus if gpus is None else gpus
+    return rj.job.attained_gpu_seconds + max(0.0, now - rj.start_time) * gpus
+
+
+class QuotaLedger:
+    """GPUs in use per (group, quota key) and per (group, user), with the limits that apply."""
+
+    def __init__(self, groups: Iterable[Group]) -> None:
+        self.groups: dict[str, Group] = {g.name: g for g in groups}
+        self.used: dict[tuple[str, str], int] = {}
+        self.user_used: dict[tuple[str, str], int] = {}
+        self._keys: dict[tuple[str, str], tuple[str, str]] = {}  # (group, model) -> (group, quota key)
+        self._memo: dict[tuple[str, tuple[str, ...], int, bool], frozenset[str]] = {}  # cleared on charge
+
+    def group(self, name: str) -> Group:
+        g = self.groups.get(name)
+        if g is None:  # a group nobody configured: no guarantee, may borrow
+            g = self.groups[name] = Group(name=name)
+        return g
+
+    @staticmethod
+    def key(group: Group, model: str) -> str:
+        if model in group.guaranteed or (group.max is not None and model in group.max):
+            return model
+        return ANY_MODEL
+
+    @staticmethod
+    def guaranteed(group: Group, key: str) -> int:
+        return group.guaranteed.get(key, 0)
+
+    def limit(self, group: Group, key: str, borrow: bool) -> float:
+        """Most GPUs the group may hold under `key`: its guarantee, or its max when borrowing."""
+        floor = self.guaranteed(group, key)
+        if not borrow:
+            return floor
+        if group.max is None:
+            return math.inf
+        cap = group.max.get(key, group.max.get(ANY_MODEL, math.inf))
+        return max(cap, floor)
+
+    def may_borrow(self, job: Job) -> bool:
+        return job.preemptible and self.group(job.group).borrowing
+
+    def charge(self, job: Job, gpus_by_model: Mapping[str, int], sign: int = 1) -> None:
+        self._memo.clear()
+        name = job.group
+        total = 0
+        for m, n in gpus_by_model.items():
+            k = self._keys.get((name, m))
+            if k is None:
+                k = self._keys[(name, m)] = (name, self.key(self.group(name), m))
+            self.used[k] = self.used.get(k, 0) + sign * n
+            total += n
+        uk = (name, job.user)
+        self.user_used[uk] = self.user_used.get(uk, 0) + sign * total
+
+    def charge_running(self, totals: RunningTotals) -> None:
+        """Charge what running work holds (GPUs per (group, model) and per (group, user))."""
+        for (name, m), n in totals.by_group_model.items():
+            k = (name, self.key(self.group(name), m))
+            self.used[k] = self.used.get(k, 0) + n
+        for uk, n in totals.by_user.items():
+            self.user_used[uk] = self.user_used.get(uk, 0) + n
+        self._memo.clear()
+
+    def allowed_models(
+        self, job: Job, models: tuple[str, ...], borrow: bool, need: int | None = None
+    ) -> frozenset[str]:
+        """Models on which the whole job (`need` GPUs) would stay within the group's limit."""
+        need = job.total_gpus if need is None else need
+        memo_key = (job.group, models, need, borrow)
+        hit = self._memo.get(memo_key)
+        if hit is None:
+            hit = self._memo[memo_key] = self._allowed(job.group, models, need, borrow)
+        return hit
+
+    def _allowed(self, name: str, models: tuple[str, ...], need: int, borrow: bool) -> frozenset[str]:
+        g = self.group(name)
+        return frozenset(
+            m
+            for m in models
+            if self.used.get((g.name, self.key(g, m)), 0) + need <= self.limit(g, self.key(g, m), borrow)
+        )
+
+    def fits(self, job: Job, gpus_by_model: Mapping[str, int], borrow: bool) -> tuple[bool, bool]:
+        """(within limits, borrowed) for a concrete placement."""
+        g = self.group(job.group)
+        per_key: dict[str, int] = {}
+        for m, n in gpus_by_model.items():
+            key = self.key(g, m)
+            per_key[key] = per_key.get(key, 0) + n
+        borrowed = False
+        for key, n in per_key.items():
+            after = self.used.get((g.name, key), 0) + n
+            if after > self.limit(g, key, borrow):
+                return False, False
+            if after > self.guaranteed(g, key):
+                borrowed = True
+        return True, borrowed
+
+    def headroom(self, name: str) -> bool:
+        """Whether the group holds less than its guarantee under some quota key."""
+        g = self.group(name)
+        return any(self.used.get((name, key), 0) < n for key, n in g.guaranteed.items() if n > 0)
+
+    def user_fits(self, job: Job) -> bool:
+        cap = self.group(job.group).user_max_gpus
+        if cap is None:
+            return True
+        return self.user_used.get((job.group, job.user), 0) + job.total_gpus <= cap
+
+    def below_guarantee(self, job: Job, models: tuple[str, ...]) -> bool:
+        """Could this job run entirely within its group's guarantee on one of `models`?"""
+        return bool(self.allowed_models(job, models, borrow=False))
+
+
+class OrderedQueue:
+    """A fixed order (fifo, sjf, las); `key` sorts jobs into it."""
+
+    def __init__(self, jobs: list[Job], key: Callable[[Job], Any]) -> None:
+        self.key = key
+        self._jobs = deque(sorted(jobs, key=key))
+        self.cpu_ids = {j.id for j in jobs if cpu_only(j)}
+        self.cpu_only_left = len(self.cpu_ids)
+        self.parked: list[Job] = []
+
+    def pop(self) -> Job | None:
+        if not self._jobs:
+            return None
+        job = self._jobs.popleft()
+        if job.id in self.cpu_ids:
+            self.cpu_only_left -= 1
+        return job
+
+    def charge(self, job: Job) -> None:
+        """Ordering does not depend on what was placed."""
+
+    def park(self, job: Job) -> None:
+        """Keep the job just popped for the second (borrowing) pass."""
+        self.parked.append(job)
+        self.cpu_only_left += job.id in self.cpu_ids
+
+    def resume(self, jobs: list[Job]) -> None:
+        """Start the second pass: parked and deferred jobs back in, in order."""
+        merged = [*self.parked, *jobs, *self._jobs]
+        self.parked = []
+        self.cpu_ids |= {j.id for j in jobs if cpu_only(j)}
+        self.cpu_only_left = sum(1 for j in merged if j.id in self.cpu_ids)
+        self._jobs = deque(sorted(merged, key=self.key))
+
+
+class FairShareQueue:
+    """Groups take turns by share; inside a group, priority, then the least-served user, then age.
+
+    `jobs_by_group` lists each group's jobs by (priority desc, submit time, id)."""
+
+    def __init__(
+        self,
+        jobs_by_group: Mapping[str, list[Job]],
+        weights: Mapping[str, float],
+        group_usage: Mapping[str, float],
+        user_usage: Mapping[tuple[str, str], float],
+        horizon_s: float,
+    ) -> None:
+        self.horizon = horizon_s
+        self.weights = weights
+        self.group_share = {
+            g: group_usage.get(g, 0.0) / max(weights.get(g, 1.0), 1e-9) for g in jobs_by_group
+        }
+        self.user_share = dict(user_usage)
+        self.users: dict[str, dict[str, deque[Job]]] = {}
+        self.user_heaps: dict[str, list[tuple[int, float, float, str, str]]] = {}
+        self.group_heap: list[tuple[float, str]] = []
+        self.cpu_ids: set[str] = set()
+        self.cpu_only_left = 0
+        self._pending: tuple[str, str] | None = None
+        for g, jobs in jobs_by_group.items():
+            per_user: dict[str, deque[Job]] = {}
+            for j in jobs:
+                per_user.setdefault(j.user, deque()).append(j)
+                if cpu_only(j):
+                    self.cpu_ids.add(j.id)
+            self.users[g] = per_user
+            heap = [self._user_key(g, u, q[0]) for u, q in per_user.items()]
+            heapq.heapify(heap)
+            self.user_heaps[g] = heap
+            self.group_heap.append((self.group_share[g], g))
+        heapq.heapify(self.group_heap)
+        self.cpu_only_left = len(self.cpu_ids)
+
+    def _user_key(self, g: str, user: str, head: Job) -> tuple[int, float, float, str, str]:
+        return (-int(head.priority), self.user_share.get((g, user), 0.0), head.submit_time, head.id, user)
+
+    def pop(self) -> Job | None:
+        self._flush()
+        while self.group_heap:
+            _, g = heapq.heappop(self.group_heap)
+            heap = self.user_heaps[g]
+            if not heap:
+                continue
+            *_, user = heapq.heappop(heap)
+            job = self.users[g][user].popleft()
+            self._pending = (g, user)
+            if job.id in self.cpu_ids:
+                self.cpu_only_left -= 1
+            return job
+        return None
+
+    def _flush(self) -> None:
+        """Put the last popped group and user back, keyed by their shares after any charge."""
+        if self._pending is None:
+            return
+        g, user = self._pending
+        self._pending = None
+        q = self.users[g][user]
+        if q:
+            heapq.heappush(self.user_heaps[g], self._user_key(g, user, q[0]))
+        if self.user_heaps[g]:
+            heapq.heappush(self.group_heap, (self.group_share[g], g))
+
+    def park(self, job: Job) -> None:
+        """Put back the job just popped and take its group out of this pass (it has no
+        guaranteed quota left; its jobs wait for the borrowing pass)."""
+        assert self._pending is not None
+        g, user = self._pending
+        self._pending = None
+        self.users[g][user].appendleft(job)
+        heapq.heappush(self.user_heaps[g], self._user_key(g, user, job))
+        self.cpu_only_left += job.id in self.cpu_ids
+
+    def resume(self, jobs: list[Job]) -> None:
+        """Start the second pass: every group with jobs back in, deferred jobs re-inserted."""
+        self._flush()
+        touched: set[tuple[str, str]] = set()
+        for j in jobs:
+            self.users.setdefault(j.group, {}).setdefault(j.user, deque()).append(j)
+            self.user_heaps.setdefault(j.group, [])
+            self.group_share.setdefault(j.group, 0.0)
+            touched.add((j.group, j.user))
+            if cpu_only(j):
+                self.cpu_ids.add(j.id)
+            self.cpu_only_left += j.id in self.cpu_ids
+        for g, u in touched:
+            self.users[g][u] = deque(sorted(self.users[g][u], key=group_order_key))
+        for g in {g for g, _ in touched}:
+            heap = [self._user_key(g, u, q[0]) for u, q in self.users[g].items() if q]
+            heapq.heapify(heap)
+            self.user_heaps[g] = heap
+        self.group_heap = [(self.group_share[g], g) for g, heap in self.user_heaps.items() if heap]
+        heapq.heapify(self.group_heap)
+
+    def charge(self, job: Job) -> None:
+        """Count a placed job against its group's and user's share for the rest of the cycle."""
+        cost = max(job.total_gpus, 0) * self.horizon
+        g = job.group
+        self.group_share[g] = self.group_share.get(g, 0.0) + cost / max(self.weights.get(g, 1.0), 1e-9)
+        self.user_share[(g, job.user)] = self.user_share.get((g, job.user), 0.0) + cost
+
+
+def group_order_key(job: Job) -> tuple[int, float, str]:
+    return (-int(job.priority), job.submit_time, job.id)
+
+
+def build_queue(
+    jobs: list[Job],
+    order: str,
+    groups: Mapping[str, Group],
+    usage: Usage,
+    running: RunningTotals,
+    horizon_s: float,
+    las_thresholds: tuple[float, ...],
+) -> FairShareQueue | OrderedQueue:
+    if order == "fifo":
+        return OrderedQueue(jobs, key=lambda j: (j.submit_time, j.id))
+    if order == "sjf":
+        return OrderedQueue(
+            jobs, key=lambda j: (j.runtime_estimate is None, j.runtime_estimate or 0.0, j.submit_time, j.id)
+        )
+    if order == "las":
+        return OrderedQueue(
+            jobs, key=lambda j: (las_queue(j.attained_gpu_seconds, las_thresholds), j.submit_time, j.id)
+        )
+    by_group: dict[str, list[Job]] = {}
+    for j in jobs:  # callers pass jobs sorted by (group, group_order_key)
+        by_group.setdefault(j.group, []).append(j)
+    group_usage = dict(usage.by_group)
+    user_usage = dict(usage.by_user)
+    # what runs now counts as `horizon_s` more seconds of use
+    for (name, _), n in running.by_group_model.items():
+        group_usage[name] = group_usage.get(name, 0.0) + n * horizon_s
+    for uk, n in running.by_user.items():
+        user_usage[uk] = user_usage.get(uk, 0.0) + n * horizon_s
+    weights = {name: g.weight for name, g in groups.items()}
+    return FairShareQueue(by_group, weights, group_usage, user_usage, horizon_s)

@@ -1,0 +1,174 @@
+"""Preemption: which running jobs to stop so that a waiting job can run.
+
+quota_priority: a job within its group's guarantee may reclaim borrowed work of other groups,
+and a job may displace lower-priority work of its own group. las: a job in a lower LAS queue
+(less attained service) may displace jobs in higher queues. Victims are tried in the order that
+loses least work (borrowed first, then lowest priority, then youngest; for las, most attained
+first, then youngest) and added one by one until the waiting job fits. The victims keep their
+resources during this cycle (they get a grace period); the waiting job starts in a later cycle.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import islice, takewhile
+
+from corral.scheduler.admission import QuotaLedger, attained_now, las_queue
+from corral.scheduler.cluster import ClusterState
+from corral.scheduler.placement import Placer
+from corral.scheduler.profiles import Profile
+from corral.scheduler.types import Job, Preemption, RunningJob
+
+
+@dataclass(slots=True)
+class Candidate:
+    rj: RunningJob
+    gpus_by_model: dict[str, int]
+    las: int
+
+
+class Preemptor:
+    def __init__(
+        self,
+        st: ClusterState,
+        placer: Placer,
+        ledger: QuotaLedger | None,
+        profile: Profile,
+        now: float,
+        running: list[tuple[RunningJob, dict[str, int]]],
+    ) -> None:
+        self.st, self.placer, self.ledger, self.profile, self.now = st, placer, ledger, profile, now
+        self.attempts_left = profile.max_preemption_attempts if profile.preemption != "none" else 0
+        self.running = running
+        self.preemptible = sum(1 for rj, _ in running if rj.job.preemptible) if self.attempts_left else 0
+        self.candidates: list[Candidate] = []
+        self.borrowed: list[Candidate] = []
+        self.by_rank: dict[tuple[str, int], list[Candidate]] = {}  # (group, priority) -> in order
+        self._built = False
+        self.victims: set[str] = set()
+        self.hopeless: set[tuple[object, ...]] = set()  # memo keys with no eligible victim left
+
+    def _build(self) -> None:
+        """Sort the candidates and index them, on the first search of the cycle (many cycles have
+        none)."""
+        if self._built:
+            return
+        self._built = True
+        profile, now = self.profile, self.now
+        las = profile.preemption == "las"
+        cands = [
+            Candidate(
+                rj,
+                pm,
+                las_queue(attained_now(rj, now, sum(pm.values())), profile.las_thresholds) if las else 0,
+            )
+            for rj, pm in self.running
+            if rj.job.preemptible
+        ]
+        if las:
+            cands.sort(key=lambda c: (-c.las, -c.rj.start_time, c.rj.job.id))
+        else:
+            cands.sort(key=self.order_key)
+        self.candidates = cands
+        # indexes so that finding a job's victims does not scan every running job
+        self.borrowed = [c for c in cands if c.rj.borrowed]
+        for c in cands:
+            self.by_rank.setdefault((c.rj.job.group, int(c.rj.job.priority)), []).append(c)
+
+    @staticmethod
+    def order_key(c: Candidate) -> tuple[bool, int, float, str]:
+        """Victims that lose least work first: borrowed, then lowest priority, then youngest."""
+        return (not c.rj.borrowed, int(c.rj.job.priority), -c.rj.start_time, c.rj.job.id)
+
+    @property
+    def possible(self) -> bool:
+        return self.attempts_left > 0 and len(self.victims) < self.preemptible
+
+    def _eligible(self, job: Job, models: tuple[str, ...]) -> Iterator[Candidate]:
+        """Candidates this job may displace, in victim order."""
+        if self.profile.preemption == "las":
+            mine = las_queue(job.attained_gpu_seconds, self.profile.las_thresholds)
+            return takewhile(lambda c: c.las > mine, self.candidates)
+        lower = [self.by_rank.get((job.group, p), []) for p in range(int(job.priority))]
+        own: Iterator[Candidate] = heapq.merge(*lower, key=self.order_key)
+        ledger = self.ledger
+        if ledger is None or not self.borrowed or not ledger.below_guarantee(job, models):
+            return own
+        lent = (c for c in self.borrowed if c.rj.job.group != job.group)
+        return heapq.merge(own, lent, key=self.order_key)
+
+    def _memo_key(self, job: Job, models: tuple[str, ...]) -> tuple[object, ...]:
+        """Jobs with equal keys have the same eligible victims."""
+        if self.profile.preemption == "las":
+            return (las_queue(job.attained_gpu_seconds, self.profile.las_thresholds), models)
+        reclaim = self.ledger is not None and bool(self.borrowed) and self.ledger.below_guarantee(job, models)
+        return (job.group, int(job.priority), models, reclaim)
+
+    def try_for(self, job: Job, models: tuple[str, ...]) -> tuple[list[Preemption], dict[str, int]]:
+        """Victims that make room for `job` and the GPUs per model it would then use, or ([], {})
+        when no victims would do (state is left as it was)."""
+        if not self.possible:
+            return [], {}
+        self._build()
+        memo_key = self._memo_key(job, models)
+        if memo_key in self.hopeless:
+            return [], {}
+        wanted = set(models)
+        useful = (
+            c
+            for c in self._eligible(job, models)
+            if c.rj.job.id not in self.victims
+            and (not wanted or not c.gpus_by_model or wanted & c.gpus_by_model.keys())
+        )
+        pool = list(islice(useful, self.profile.max_victims))
+        if not pool:  # stays empty for the cycle: victims are only ever taken away
+            self.hopeless.add(memo_key)
+            return [], {}
+        self.attempts_left -= 1
+        chosen: list[Candidate] = []
+        fits: dict[str, int] | None = None
+        for c in pool:
+            self._release(c, -1)
+            chosen.append(c)
+            fits = self._fits_now(job, models, chosen)
+            if fits is not None:
+                break
+        for c in reversed(chosen):
+            self._release(c, 1)
+        if fits is None:
+            return [], {}
+        self.victims.update(c.rj.job.id for c in chosen)
+        grace = self.profile.grace_s
+        return [Preemption(c.rj.job.id, grace, self._sentence(job, c), for_job=job.id) for c in chosen], fits
+
+    def _release(self, c: Candidate, sign: int) -> None:
+        self.st.occupy(c.rj.allocation, sign=1 if sign > 0 else -1)
+        if self.ledger is not None:
+            self.ledger.charge(c.rj.job, c.gpus_by_model, sign)
+
+    def _fits_now(self, job: Job, models: tuple[str, ...], chosen: list[Candidate]) -> dict[str, int] | None:
+        """GPUs per model the job would use if `chosen` were gone; None when it would still not fit."""
+        ledger = self.ledger
+        allowed = None
+        borrow = False
+        if ledger is not None and job.total_gpus > 0:
+            # taking back lent GPUs must leave this job within its own guarantee, not borrowing
+            borrow = ledger.may_borrow(job) and all(c.rj.job.group == job.group for c in chosen)
+            allowed = ledger.allowed_models(job, models, borrow)
+            if not allowed:
+                return None
+        placed = self.placer.place(job, allowed)
+        if placed is None:
+            return None
+        ok = ledger is None or ledger.fits(job, placed.gpus_by_model, borrow)[0]
+        self.placer.rollback(placed)
+        return dict(placed.gpus_by_model) if ok else None
+
+    def _sentence(self, job: Job, c: Candidate) -> str:
+        if self.profile.preemption == "las":
+            return f"preempted for job {job.id}, which has attained less GPU service"
+        if c.rj.job.group != job.group:
+            return f"reclaimed by group {job.group} for job {job.id}: this job ran on borrowed quota"
+        return f"preempted by higher-priority job {job.id} in group {job.group}"

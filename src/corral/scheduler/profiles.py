@@ -1,0 +1,108 @@
+"""Named scheduling policies. A Profile is plain data: which ordering, which admission rules,
+which placement plugins with which weights, and the knobs that bound per-cycle work."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from corral.scheduler.plugins import DEFAULT_FILTERS, FILTERS, PLACEMENTS, SCORERS
+
+ORDERS = ("fair_share", "fifo", "sjf", "las")
+PREEMPTIONS = ("none", "quota_priority", "las")
+NUMERIC_KNOBS = (
+    "grace_s",
+    "fair_share_horizon_s",
+    "default_runtime_s",
+    "max_reservations",
+    "backfill_depth",
+    "max_preemption_attempts",
+    "max_victims",
+    "eta_limit",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    name: str = "default"
+    # admission
+    order: str = "fair_share"  # fair_share | fifo | sjf | las
+    quotas: bool = True  # group guaranteed/max quotas, borrowing, per-user caps
+    backfill: bool = True  # EASY: reserve for the head job, let others jump only if harmless
+    head_of_line_blocking: bool = False  # strict FIFO: nothing passes a job that does not fit
+    preemption: str = "quota_priority"  # none | quota_priority | las
+    grace_s: float = 30.0  # SIGTERM-to-kill time given to each victim
+    fair_share_horizon_s: float = 3600.0  # a running GPU counts as this many GPU-seconds of usage
+    las_thresholds: tuple[float, ...] = (3600.0, 36000.0)  # GPU-seconds that demote to the next queue
+    # placement
+    placement: str = "bestfit"  # bestfit | spread | random
+    extra_scorers: tuple[tuple[str, float], ...] = ()  # more (scorer, weight) pairs added to placement
+    filters: tuple[str, ...] = DEFAULT_FILTERS
+    cpu_jobs_on_gpu_nodes: bool = False
+    use_index: bool = True  # False: plain scan over all nodes (the benchmark baseline; same result)
+    # estimates and per-cycle work bounds
+    default_runtime_s: float = 3600.0  # runtime assumed for jobs without an estimate
+    max_reservations: int = 4  # backfill reservations per cycle (one per distinct GPU-model set)
+    backfill_depth: int = 5000  # jobs tried per cycle once a reservation stands (Slurm: bf_max_job_test)
+    max_preemption_attempts: int = 16  # waiting jobs per cycle that may look for victims
+    max_victims: int = 64  # victims one waiting job may consider
+    eta_limit: int = 2000  # waiting jobs per cycle that get an estimated start (others: None)
+
+    def __post_init__(self) -> None:
+        if self.order not in ORDERS:
+            raise ValueError(f"profile {self.name}: unknown order {self.order!r}; use one of {ORDERS}")
+        if self.preemption not in PREEMPTIONS:
+            raise ValueError(
+                f"profile {self.name}: unknown preemption {self.preemption!r}; use one of {PREEMPTIONS}"
+            )
+        if self.placement not in PLACEMENTS:
+            raise ValueError(
+                f"profile {self.name}: unknown placement {self.placement!r}; use one of {PLACEMENTS}"
+            )
+        for scorer, _ in self.extra_scorers:
+            if scorer not in SCORERS:
+                raise ValueError(
+                    f"profile {self.name}: unknown scorer {scorer!r}; use one of {tuple(SCORERS)}"
+                )
+        for knob in NUMERIC_KNOBS:
+            if getattr(self, knob) < 0:
+                raise ValueError(f"profile {self.name}: {knob} must be >= 0, got {getattr(self, knob)}")
+        for f in self.filters:
+            if f not in FILTERS:
+                raise ValueError(f"profile {self.name}: unknown filter {f!r}; use one of {tuple(FILTERS)}")
+
+    @property
+    def scorers(self) -> tuple[tuple[str, float], ...]:
+        return ((self.placement, 1.0), *self.extra_scorers)
+
+    @property
+    def indexed(self) -> bool:
+        """Whether the bucket index gives exactly the plain scan's answer for this profile."""
+        return (
+            self.use_index
+            and self.placement in ("bestfit", "spread")
+            and not self.extra_scorers
+            and set(self.filters) == set(DEFAULT_FILTERS)
+        )
+
+    def with_placement(self, placement: str) -> Profile:
+        return dataclasses.replace(self, placement=placement)
+
+
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        Profile(name="default"),
+        Profile(
+            name="fifo",
+            order="fifo",
+            quotas=False,
+            backfill=False,
+            head_of_line_blocking=True,
+            preemption="none",
+        ),
+        Profile(name="fifo-backfill", order="fifo", quotas=False, backfill=True, preemption="none"),
+        Profile(name="sjf", order="sjf", quotas=False, backfill=False, preemption="none"),
+        Profile(name="las", order="las", quotas=False, backfill=False, preemption="las"),
+    )
+}

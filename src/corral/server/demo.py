@@ -1,0 +1,129 @@
+"""`corral up --demo`: virtual GPUs when there is no NVIDIA GPU, demo users and groups, and one
+example job that really trains a model (scikit-learn's digits, shipped offline). Idempotent: a
+restart with the same CORRAL_HOME reuses what is there and submits nothing twice."""
+
+from __future__ import annotations
+
+import sys
+import time
+from importlib import resources
+from typing import Any
+
+import yaml
+from sqlalchemy import select
+
+from corral.config import Settings
+from corral.db.models import Group, GroupQuota, Job, Membership, User
+from corral.server.context import ServerContext
+
+DEMO_VIRTUAL_GPUS = 4
+# name -> (password, groups with role, default group). Passwords are demo-only and printed.
+DEMO_GROUPS = {"vision": 2, "nlp": 2}  # guaranteed GPUs of the demo model
+DEMO_USERS: dict[str, tuple[str, dict[str, str], str]] = {
+    "alice": ("alice-demo", {"vision": "admin"}, "vision"),
+    "bob": ("bob-demo", {"nlp": "member"}, "nlp"),
+    "carol": ("carol-demo", {"vision": "member", "nlp": "member"}, "nlp"),
+}
+DEMO_JOB_OWNER = "alice"
+
+
+def has_nvidia_gpu() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount()) > 0
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return False
+
+
+def demo_settings(settings: Settings) -> Settings:
+    update: dict[str, Any] = {"allow_unisolated": True}  # a fresh machine may lack bubblewrap
+    if settings.virtual_gpus is None and not has_nvidia_gpu():
+        update["virtual_gpus"] = DEMO_VIRTUAL_GPUS
+    return settings.model_copy(update=update)
+
+
+def _ensure_groups(session: Any, model: str, now: float) -> dict[str, Group]:
+    groups = {}
+    for name, guaranteed in DEMO_GROUPS.items():
+        group = session.scalar(select(Group).where(Group.name == name))
+        if group is None:
+            group = Group(name=name, created_at=now, weight=1.0, borrowing=True)
+            group.quotas = [GroupQuota(gpu_model=model, guaranteed=guaranteed, max=None)]
+            session.add(group)
+            session.flush()
+        groups[name] = group
+    return groups
+
+
+def _ensure_users(session: Any, groups: dict[str, Group], now: float) -> None:
+    from corral.services.auth import hash_password
+
+    for name, (password, roles, default) in DEMO_USERS.items():
+        if session.scalar(select(User).where(User.name == name)) is not None:
+            continue
+        user = User(
+            name=name,
+            password_hash=hash_password(password),
+            is_admin=False,
+            default_group_id=groups[default].id,
+            created_at=now,
+            active=True,
+        )
+        session.add(user)
+        session.flush()
+        for group, role in roles.items():
+            session.add(Membership(user_id=user.id, group_id=groups[group].id, role=role))
+
+
+def demo_spec() -> dict[str, Any]:
+    text = resources.files("corral.examples").joinpath("digits.yaml").read_text()
+    spec: dict[str, Any] = yaml.safe_load(text)
+    for task in spec["tasks"].values():
+        if task["command"].startswith("python "):
+            task["command"] = f"{sys.executable} {task['command'][len('python ') :]}"
+    return spec
+
+
+def submit_demo_job(session: Any) -> int | None:
+    from corral.services.auth import load_principal
+    from corral.services.jobs import submit_job
+    from corral.spec import JobSpecV1
+
+    spec = demo_spec()
+    if session.scalar(select(Job.id).where(Job.name == spec["name"])) is not None:
+        return None
+    owner = session.scalar(select(User).where(User.name == DEMO_JOB_OWNER))
+    principal = load_principal(session, owner, via="token")
+    return int(submit_job(session, principal, JobSpecV1.model_validate(spec)).id)
+
+
+def seed_demo(ctx: ServerContext, url: str) -> None:
+    now = time.time()
+    with ctx.session_factory() as session:
+        groups = _ensure_groups(session, ctx.settings.gpu_model, now)
+        _ensure_users(session, groups, now)
+        session.commit()
+        job_id = submit_demo_job(session)
+    ctx.wake("schedule")
+    gpus = ctx.settings.virtual_gpus
+    print("", flush=True)
+    print("Corral demo", flush=True)
+    print(f"  home:      {ctx.settings.home}", flush=True)
+    if gpus:
+        print(f"  GPUs:      {gpus} virtual {ctx.settings.gpu_model} (no NVIDIA GPU found)", flush=True)
+    print("  users (password): " + ", ".join(f"{u} ({p[0]})" for u, p in DEMO_USERS.items()), flush=True)
+    print(
+        "  groups:    " + ", ".join(f"{g} ({n} GPUs guaranteed)" for g, n in DEMO_GROUPS.items()), flush=True
+    )
+    if job_id is not None:
+        print(
+            f"  example:   job {job_id} (digits-demo) trains an MLP on CPU; `corral logs {job_id} -f`",
+            flush=True,
+        )
+    print(f"  look:      `corral ls`, `corral node ls`, portal {url}/, API {url}/docs", flush=True)
+    print("", flush=True)

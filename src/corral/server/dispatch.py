@@ -1,0 +1,306 @@
+"""The dispatch loop: SCHEDULED jobs -> `engine.launch` -> STARTING.
+
+Each job is claimed with its row lease before the engine is called, and the engine call happens
+outside any transaction (SQLite would otherwise hold its write lock across a process start). A
+crash between launch and commit leaves the job SCHEDULED; the next dispatch launches the same
+attempt id again, which the engine treats as the same launch (idempotent), so nothing starts twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.orm import Session, selectinload
+
+from corral.db.models import Attempt, Job, Node
+from corral.engine.base import AttemptLaunch, EngineUnavailable, FailureReason, InstanceLaunch
+from corral.scheduler.types import GPU
+from corral.server.context import ServerContext
+from corral.server.finish import end_attempt
+from corral.server.leases import JOB_LEASE_TTL_S
+from corral.server.snapshot import live_attempts
+from corral.server.specview import SpecView, read_spec
+from corral.services.lifecycle import AttemptState, JobState, transition
+
+log = logging.getLogger("corral.server.dispatch")
+LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
+# Launches run in parallel: starting a process (spawn, cgroup and sandbox set-up) is mostly system
+# calls that release the GIL, so a burst of scheduled jobs is not started one by one.
+LAUNCH_WORKERS = 8
+MAX_BATCH = 256  # scheduled jobs launched per tick; the rest go in the next tick
+
+
+def master_port(address: str, job_id: int) -> int:
+    """A free port on this machine when rank 0 runs here; otherwise a stable per-job guess."""
+    if address in LOCAL_ADDRESSES:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    return 29500 + job_id % 10000
+
+
+def instance_env(
+    job: Job, view: SpecView, place: Mapping[str, Any], master: tuple[str, int], world: int
+) -> dict[str, str]:
+    task = next((t for t in view.tasks if t.role == place["role"]), None)
+    env = {**view.env, **(task.env if task else {})}
+    env.update(
+        {
+            "CORRAL_JOB_ID": str(job.id),
+            "CORRAL_TASK_ROLE": str(place["role"]),
+            "CORRAL_TASK_INDEX": str(place["index"]),
+            "CORRAL_NUM_INSTANCES": str(task.instances if task else 1),
+            "MASTER_ADDR": master[0],
+            "MASTER_PORT": str(master[1]),
+            "WORLD_SIZE": str(world),
+            "RANK": str(place["rank"]),
+            "CUDA_VISIBLE_DEVICES": ",".join(place.get("gpu_uuids", [])),
+        }
+    )
+    return env
+
+
+def build_launch(session: Session, job: Job, attempt: Attempt) -> AttemptLaunch:
+    view = read_spec(job.spec)
+    placement = sorted(attempt.placement, key=lambda p: int(p["rank"]))
+    names = {p["node"] for p in placement}
+    nodes = {n.name: n for n in session.scalars(select(Node).where(Node.name.in_(names)))}
+    models = {(n.name, g.index): g for n in nodes.values() for g in n.gpus}
+    rank0 = nodes.get(placement[0]["node"]) if placement else None
+    address = rank0.address if rank0 is not None else "127.0.0.1"
+    master = (address, master_port(address, job.id))
+    commands = {t.role: t.command for t in view.tasks}
+    instances = []
+    for p in placement:
+        gpus = tuple(
+            GPU(index=i, uuid=u, model=models[(p["node"], i)].model if (p["node"], i) in models else "")
+            for i, u in zip(p.get("gpu_indices", []), p.get("gpu_uuids", []), strict=False)
+        )
+        instances.append(
+            InstanceLaunch(
+                role=p["role"],
+                index=int(p["index"]),
+                rank=int(p["rank"]),
+                node=p["node"],
+                gpus=gpus,
+                cpus=float(p.get("cpus", 1.0)),
+                memory_mib=int(p.get("memory_mib", 1024)),
+                command=commands.get(p["role"], ""),
+                env=instance_env(job, view, p, master, len(placement)),
+            )
+        )
+    return AttemptLaunch(
+        attempt_id=attempt.attempt_id,
+        job_id=str(job.id),
+        attempt=attempt.number,
+        user=job.user.name,
+        group=job.group.name,
+        instances=tuple(instances),
+        max_runtime_s=view.max_runtime_s,
+        environment=view.environment,
+    )
+
+
+Launched = tuple[int, str, str | None, str | None]  # (job id, attempt id, engine ref, error message)
+
+
+def claim_jobs(session: Session, ids: list[int], owner: str, now: float) -> set[int]:
+    """One UPDATE ... RETURNING: the scheduled jobs among `ids` whose row lease `owner` now holds."""
+    rows = session.execute(
+        update(Job)
+        .where(
+            Job.id.in_(ids),
+            Job.state == JobState.SCHEDULED.value,
+            or_(Job.lease_owner.is_(None), Job.lease_owner == owner, Job.lease_until < now),
+        )
+        .values(lease_owner=owner, lease_until=now + JOB_LEASE_TTL_S)
+        .returning(Job.id)
+        .execution_options(synchronize_session=False)
+    )
+    return {int(r[0]) for r in rows}
+
+
+def prepare_launches(
+    ctx: ServerContext, session: Session, now: float, skip: set[int] | None = None
+) -> list[AttemptLaunch]:
+    """Build the launches of scheduled jobs not in `skip` (reads only), then claim them and settle
+    cancelled ones in one short write at the end, and commit. SQLite holds its write lock only then."""
+    jobs = session.scalars(
+        select(Job)
+        .where(Job.state == JobState.SCHEDULED.value, Job.id.not_in(skip or set()))
+        .order_by(Job.id)
+        .limit(MAX_BATCH)
+        .options(selectinload(Job.user), selectinload(Job.group))
+    ).all()
+    if not jobs:
+        return []
+    attempts = live_attempts(session, [j.id for j in jobs])
+    launches = {
+        j.id: build_launch(session, j, attempts[j.id])
+        for j in jobs
+        if j.id in attempts and not j.cancel_requested
+    }
+    claimed = claim_jobs(session, [j.id for j in jobs], ctx.owner_id, now)
+    for job in jobs:
+        if job.id in claimed and job.cancel_requested and job.id in attempts:
+            end_attempt(
+                session, job, attempts[job.id], AttemptState.CANCELLED, now, reason=FailureReason.STOPPED
+            )
+            transition(session, job, JobState.CANCELLED, now=now, message="cancelled before it started")
+            job.lease_owner = None
+            ctx.wake("schedule")
+    session.commit()
+    return [launch for job_id, launch in launches.items() if job_id in claimed]
+
+
+def _record_launch(
+    ctx: ServerContext, session: Session, launched: Launched, job: Job | None, attempt: Attempt | None
+) -> None:
+    """STARTING with the engine's ref, or FAILED (launch_failed) with the engine's message."""
+    _job_id, attempt_id, ref, error = launched
+    now = time.time()
+    current = job is not None and attempt is not None and attempt.attempt_id == attempt_id
+    if job is None or attempt is None or not current or job.state != JobState.SCHEDULED.value:
+        # Settled meanwhile (e.g. its node went down): do not leave an orphan process running.
+        if ref is not None:
+            ctx.engine.stop(attempt_id, 0.0)
+        return
+    job.lease_owner = None
+    if error is not None:
+        end_attempt(
+            session, job, attempt, AttemptState.FAILED, now, reason=FailureReason.LAUNCH_FAILED, message=error
+        )
+        transition(session, job, JobState.FAILED, now=now, message=f"launch failed: {error}")
+        ctx.wake("schedule")
+    else:
+        attempt.engine_ref = ref
+        attempt.engine = ctx.engine.name
+        attempt.state = AttemptState.STARTING.value
+        transition(session, job, JobState.STARTING, now=now)
+
+
+def _launch(ctx: ServerContext, launch: AttemptLaunch) -> Launched | None:
+    """Call the engine (outside any transaction); None when the engine is unreachable."""
+    try:
+        return int(launch.job_id), launch.attempt_id, ctx.engine.launch(launch), None
+    except EngineUnavailable as exc:
+        log.warning("engine unavailable, job %s stays scheduled: %s", launch.job_id, exc)
+        return None
+    except Exception as exc:  # the engine refused: the attempt fails with its message
+        log.exception("launch of job %s failed", launch.job_id)
+        return int(launch.job_id), launch.attempt_id, None, f"{type(exc).__name__}: {exc}"
+
+
+def _record_all(ctx: ServerContext, session: Session, results: list[Launched]) -> None:
+    """One transaction for the batch (rows read first, written at commit); one per job if it fails."""
+    ids = [r[0] for r in results]
+
+    def load() -> tuple[dict[int, Job], dict[int, Attempt]]:
+        jobs = session.scalars(
+            select(Job)
+            .where(Job.id.in_(ids))
+            .options(selectinload(Job.user), selectinload(Job.group))
+            .execution_options(populate_existing=True)
+        ).all()
+        return {j.id: j for j in jobs}, live_attempts(session, ids)
+
+    try:
+        jobs, attempts = load()
+        with session.no_autoflush:
+            for launched in results:
+                _record_launch(ctx, session, launched, jobs.get(launched[0]), attempts.get(launched[0]))
+        session.commit()
+        return
+    except Exception:
+        session.rollback()
+        log.exception("recording %d launches at once failed; recording them one by one", len(results))
+    for launched in results:
+        try:
+            jobs, attempts = load()
+            _record_launch(ctx, session, launched, jobs.get(launched[0]), attempts.get(launched[0]))
+            session.commit()
+        except Exception:
+            session.rollback()
+            log.exception("could not record the launch of job %s", launched[0])
+
+
+@dataclass
+class LaunchQueue:
+    """Launches in flight on the pool, and the results not yet recorded. The dispatch tick never
+    waits for the engine: it records what finished, then hands new launches to the pool."""
+
+    pool: ThreadPoolExecutor
+    in_flight: set[int] = field(default_factory=set)
+    done: list[Launched] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take_done(self) -> list[Launched]:
+        with self.lock:
+            done, self.done = self.done, []
+        return done
+
+    def busy_ids(self) -> set[int]:
+        with self.lock:
+            return set(self.in_flight)
+
+
+def launch_queue(ctx: ServerContext) -> LaunchQueue:
+    queue = ctx.scratch.get("launch_queue")
+    if queue is None:
+        pool = ThreadPoolExecutor(LAUNCH_WORKERS, thread_name_prefix="launch")
+        queue = ctx.scratch["launch_queue"] = LaunchQueue(pool)
+    assert isinstance(queue, LaunchQueue)
+    return queue
+
+
+def _submit(ctx: ServerContext, queue: LaunchQueue, launch: AttemptLaunch) -> None:
+    def run() -> None:
+        result = _launch(ctx, launch)
+        with queue.lock:
+            if result is not None:
+                queue.done.append(result)
+            else:  # engine unavailable: the job stays scheduled and is tried again
+                queue.in_flight.discard(int(launch.job_id))
+            last = queue.in_flight <= {r[0] for r in queue.done}
+        if last:  # record a burst of launches in one transaction, not one each
+            ctx.wake("dispatch")
+
+    with queue.lock:
+        queue.in_flight.add(int(launch.job_id))
+    queue.pool.submit(run)
+
+
+def dispatch_tick(ctx: ServerContext, now: float) -> None:
+    """Record the launches that finished (one transaction), then claim and build the launches of
+    newly scheduled jobs (one transaction) and hand them to the launch pool."""
+    queue = launch_queue(ctx)
+    done = queue.take_done()
+    if done:
+        with ctx.session_factory() as session:
+            _record_all(ctx, session, done)
+        with queue.lock:
+            queue.in_flight.difference_update(r[0] for r in done)
+        ctx.wake("reconcile")
+    with ctx.session_factory() as session:
+        launches = prepare_launches(ctx, session, time.time(), skip=queue.busy_ids())
+    for launch in launches:
+        _submit(ctx, queue, launch)
+
+
+def shutdown_launches(ctx: ServerContext) -> None:
+    """Wait for launches in flight and record them (server shutdown)."""
+    queue = ctx.scratch.get("launch_queue")
+    if isinstance(queue, LaunchQueue):
+        queue.pool.shutdown(wait=True)
+        done = queue.take_done()
+        if done:
+            with ctx.session_factory() as session:
+                _record_all(ctx, session, done)

@@ -1,0 +1,65 @@
+"""Ending an attempt: record how it ended, free its GPUs at once, charge its usage.
+
+Used by every loop that sees an attempt end (reconcile, dispatch, node heartbeat), so the rules
+are in one place: the GpuClaim rows go in the same transaction that records the end, which is
+what makes resources free for the next job within one schedule cycle.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from corral.db.models import Attempt, GpuClaim, Job, UsageLedger
+from corral.engine.base import FailureReason
+from corral.server.snapshot import USAGE_HALF_LIFE_S, decayed
+from corral.services.lifecycle import AttemptState
+
+
+def attempt_gpus(attempt: Attempt) -> int:
+    return sum(len(p.get("gpu_indices", ())) for p in attempt.placement or ())
+
+
+def charge_usage(session: Session, group: str, user: str, gpu_seconds: float, now: float) -> None:
+    """Add GPU-seconds to the fair-share ledger, decaying what was there to `now` first."""
+    if gpu_seconds <= 0:
+        return
+    row = session.get(UsageLedger, (group, user))
+    if row is None:
+        session.add(UsageLedger(group_name=group, user_name=user, gpu_seconds=gpu_seconds, updated_at=now))
+        return
+    row.gpu_seconds = decayed(row.gpu_seconds, row.updated_at, now, USAGE_HALF_LIFE_S) + gpu_seconds
+    row.updated_at = max(now, row.updated_at)
+
+
+def end_attempt(
+    session: Session,
+    job: Job,
+    attempt: Attempt,
+    state: AttemptState,
+    now: float,
+    *,
+    exit_code: int | None = None,
+    reason: FailureReason | str | None = None,
+    message: str = "",
+    ended_at: float | None = None,
+) -> None:
+    """Mark `attempt` ended (inside the caller's transaction); does not change the job's state."""
+    attempt.state = state.value
+    attempt.ended_at = ended_at or now
+    attempt.exit_code = exit_code
+    attempt.reason = str(reason.value if isinstance(reason, FailureReason) else reason) if reason else None
+    if message:
+        attempt.message = message
+    # ORM deletes (written at flush/commit, not now): in a batch, SQLite's write lock is then held
+    # only while the whole batch is written, not from the first ended attempt on.
+    for claim in session.scalars(select(GpuClaim).where(GpuClaim.attempt_pk == attempt.id)):
+        session.delete(claim)
+    if attempt.started_at is not None:
+        gpu_seconds = attempt_gpus(attempt) * max(0.0, attempt.ended_at - attempt.started_at)
+        job.attained_gpu_seconds += gpu_seconds
+        charge_usage(session, job.group.name, job.user.name, gpu_seconds, now)
+
+
+def claimed_gpus(session: Session) -> set[tuple[str, int]]:
+    return {(c.node, c.gpu_index) for c in session.scalars(select(GpuClaim))}

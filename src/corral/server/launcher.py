@@ -1,0 +1,235 @@
+"""Start a real Corral server as a subprocess and stop it again (tests, benchmarks).
+
+    srv = start_server(extra_env={"CORRAL_FOO": "1"})   # free loopback port, temp CORRAL_HOME
+    srv.url, srv.token, srv.home, srv.pid, srv.client()
+    srv.kill(); srv.start()                              # SIGKILL, start again (same home/port)
+    srv.stop()                                           # SIGTERM, then SIGKILL; job processes too
+
+The server runs `python -m corral.server` with the local engine, N virtual GPUs (default 4, model
+"VGPU") and SQLite under the home, or the database URL given. Its stdout/stderr go to
+`<home>/server.log` (`srv.log_text()`). The admin token is read from the line the server prints
+once on first start. Job supervisors are detached from the server on purpose (they outlive it), so
+`stop()` also ends the job processes started under this home.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+TOKEN_LINE = re.compile(r"Admin token \(shown once\): (\S+)")
+READY_TIMEOUT_S = 60.0
+
+
+@dataclass
+class CorralServer:
+    home: Path
+    port: int
+    env: dict[str, str]
+    args: list[str] = field(default_factory=list)
+    via_cli: bool = False  # start with `corral up` (the CLI) instead of `python -m corral.server`
+    token: str = ""
+    proc: subprocess.Popen[bytes] | None = None
+    _own_home: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "server not started"
+        return self.proc.pid
+
+    @property
+    def log_path(self) -> Path:
+        return self.home / "server.log"
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def client(self, token: str | None = None, timeout: float = 10.0) -> httpx.Client:
+        """An httpx client on the server's URL with `Authorization: Bearer <token>` (admin default)."""
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {token or self.token}"}, timeout=timeout
+        )
+
+    # -- life cycle -----------------------------------------------------------------------------
+
+    def start(self, timeout_s: float = READY_TIMEOUT_S) -> CorralServer:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                *(["corral.cli.main", "up"] if self.via_cli else ["corral.server"]),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                *self.args,
+            ],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        try:
+            self._wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"corral server exited with {self.proc.returncode}:\n{self.log_text()[-4000:]}"
+                )
+            if not self.token:
+                match = TOKEN_LINE.search(self.log_text())
+                self.token = match.group(1) if match else ""
+            if self.token and self._nodes_ready():
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"corral server not ready after {timeout_s} s:\n{self.log_text()[-4000:]}")
+
+    def _nodes_ready(self) -> bool:
+        """Ready = the API answers and the node loop has registered at least one node."""
+        try:
+            with self.client(timeout=2.0) as c:
+                r = c.get("/api/v1/nodes")
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200 and len(r.json()) > 0
+
+    def kill(self) -> None:
+        """SIGKILL the server only (its jobs keep running under their supervisors)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def restart(self, timeout_s: float = READY_TIMEOUT_S) -> CorralServer:
+        self.kill()
+        return self.start(timeout_s)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM, wait up to `timeout_s`, then SIGKILL; then stop leftover job processes."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        _kill_job_processes(self.home)
+        if self._own_home:
+            shutil.rmtree(self.home, ignore_errors=True)
+
+    def __enter__(self) -> CorralServer:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+
+def _kill_job_processes(home: Path, grace_s: float = 5.0) -> None:
+    """Job supervisors run in their own sessions; find them by their attempt dir under `home`.
+    SIGTERM first (the supervisor stops its tasks and removes their cgroups), SIGKILL what is left."""
+    import psutil
+
+    marker = str(home / "engine")
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if marker in " ".join(proc.info["cmdline"] or []) and proc.pid != os.getpid():
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    if not found:
+        return
+    everything = list(found)
+    for proc in found:
+        try:
+            everything.extend(proc.children(recursive=True))
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            continue
+    _gone, alive = psutil.wait_procs(found, timeout=grace_s)
+    for proc in [*alive, *everything]:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            continue
+
+
+def server_env(
+    home: Path, *, database_url: str | None, virtual_gpus: int, extra_env: Mapping[str, str] | None
+) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env.update(
+        {
+            "CORRAL_HOME": str(home),
+            "CORRAL_VIRTUAL_GPUS": str(virtual_gpus),
+            "CORRAL_GPU_MODEL": "VGPU",
+            "CORRAL_NODE_NAME": "local",
+            "CORRAL_ALLOW_UNISOLATED": "true",
+            "CORRAL_LOG_LEVEL": "INFO",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    if database_url:
+        env["CORRAL_DATABASE_URL"] = database_url
+    env.update(extra_env or {})
+    return env
+
+
+def start_server(
+    home: Path | str | None = None,
+    *,
+    database_url: str | None = None,
+    virtual_gpus: int = 4,
+    extra_env: Mapping[str, str] | None = None,
+    demo: bool = False,
+    port: int | None = None,
+    token: str = "",
+    via_cli: bool = False,
+    timeout_s: float = READY_TIMEOUT_S,
+) -> CorralServer:
+    """Start a server and wait until it serves the API and has registered its node. Pass `token`
+    when the database already has its admin (a second server on the same database)."""
+    own = home is None
+    path = Path(tempfile.mkdtemp(prefix="corral-test-")) if home is None else Path(home)
+    path.mkdir(parents=True, exist_ok=True)
+    server = CorralServer(
+        home=path,
+        port=port or free_port(),
+        env=server_env(path, database_url=database_url, virtual_gpus=virtual_gpus, extra_env=extra_env),
+        args=["--demo"] if demo else [],
+        token=token,
+        via_cli=via_cli,
+        _own_home=own,
+    )
+    return server.start(timeout_s)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

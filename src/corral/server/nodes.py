@@ -1,0 +1,152 @@
+"""The node loop: engine.nodes() -> Node/Gpu rows, operator states pushed to the engine, heartbeats.
+
+- Every report refreshes the node's capacity, GPUs, address and `last_heartbeat`.
+- The effective `state` the scheduler sees merges the engine's view with the operator's
+  `admin_state` (cordon/drain survive the engine's reports); changes of `admin_state` are pushed to
+  the engine with `set_node_state`.
+- A node not reported for HEARTBEAT_TIMEOUT_S is marked down and the attempts on it end as LOST:
+  their jobs are requeued when preemptible (or when retries are left) and failed otherwise.
+- EngineUnavailable changes nothing but the nodes' state, which becomes `unknown`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from corral.db.models import Gpu, Job, Node
+from corral.engine.base import Engine, EngineUnavailable, FailureReason, NodeReport
+from corral.scheduler.types import NodeState
+from corral.server.context import ServerContext
+from corral.server.finish import end_attempt
+from corral.server.snapshot import LIVE_JOB_STATES, live_attempts
+from corral.services.lifecycle import AttemptState, JobState, transition
+
+log = logging.getLogger("corral.server.nodes")
+# Kubernetes waits 50 s and Slurm 300 s by default; Corral's bar is 10 s from the last heartbeat.
+HEARTBEAT_TIMEOUT_S = float(os.environ.get("CORRAL_NODE_HEARTBEAT_TIMEOUT_S", "6"))
+ADMIN_STATES = {"cordoned": NodeState.CORDONED, "draining": NodeState.DRAINING}
+
+
+def effective_state(reported: NodeState, admin_state: str) -> NodeState:
+    if reported in (NodeState.DOWN, NodeState.UNKNOWN):
+        return reported
+    return ADMIN_STATES.get(admin_state, reported)
+
+
+def _sync_gpus(session: Session, row: Node, report: NodeReport) -> None:
+    have = {g.index: g for g in row.gpus}
+    for gpu in report.gpus:
+        existing = have.pop(gpu.index, None)
+        if existing is None:
+            row.gpus.append(
+                Gpu(
+                    index=gpu.index,
+                    uuid=gpu.uuid,
+                    model=gpu.model,
+                    memory_mib=gpu.memory_mib,
+                    topology_group=gpu.topology_group,
+                    healthy=gpu.healthy,
+                )
+            )
+            continue
+        existing.uuid, existing.model, existing.memory_mib = gpu.uuid, gpu.model, gpu.memory_mib
+        existing.topology_group, existing.healthy = gpu.topology_group, gpu.healthy
+    for gone in have.values():
+        session.delete(gone)
+
+
+def upsert_node(session: Session, report: NodeReport, engine_name: str, now: float) -> Node:
+    row = session.get(Node, report.name, options=[selectinload(Node.gpus)])
+    if row is None:
+        row = Node(name=report.name, cpus=report.cpus, memory_mib=report.memory_mib, admin_state="none")
+        session.add(row)
+        row.gpus = []
+    row.cpus, row.memory_mib, row.address = report.cpus, report.memory_mib, report.address
+    row.labels, row.engine = dict(report.labels), engine_name
+    row.state = effective_state(report.state, row.admin_state or "none").value
+    row.message = report.message
+    if report.state is not NodeState.DOWN:
+        row.last_heartbeat = now
+    _sync_gpus(session, row, report)
+    return row
+
+
+def fail_jobs_on(session: Session, node: str, now: float, why: str, engine: Engine | None = None) -> int:
+    """End the live attempts placed on `node` as LOST; requeue or fail their jobs. Not committed."""
+    jobs = session.scalars(select(Job).where(Job.state.in_([s.value for s in LIVE_JOB_STATES]))).all()
+    attempts = live_attempts(session, [j.id for j in jobs])
+    count = 0
+    for job in jobs:
+        attempt = attempts.get(job.id)
+        if attempt is None or all(p.get("node") != node for p in attempt.placement or ()):
+            continue
+        end_attempt(
+            session, job, attempt, AttemptState.LOST, now, reason=FailureReason.NODE_LOST, message=why
+        )
+        if engine is not None:  # best effort: should the node come back, its processes must not run on
+            try:
+                engine.stop(attempt.attempt_id, 0.0)
+            except Exception as exc:
+                log.info("could not stop %s on lost node %s: %s", attempt.attempt_id, node, exc)
+        if job.cancel_requested:
+            transition(session, job, JobState.CANCELLED, now=now, message=f"cancelled; {why}")
+        elif job.preemptible or job.state == JobState.PREEMPTED.value:
+            transition(session, job, JobState.QUEUED, now=now, message=f"{why}; requeued")
+        else:
+            transition(session, job, JobState.FAILED, now=now, message=why)
+        count += 1
+    return count
+
+
+def push_admin_states(ctx: ServerContext, rows: list[Node]) -> None:
+    """Tell the engine about cordon/drain/uncordon once per change (and once after a restart)."""
+    pushed: dict[str, str] = ctx.scratch.setdefault("pushed_admin_state", {})
+    for row in rows:
+        wanted = row.admin_state or "none"
+        if pushed.get(row.name) == wanted:
+            continue
+        try:
+            ctx.engine.set_node_state(row.name, ADMIN_STATES.get(wanted, NodeState.READY), row.message)
+            pushed[row.name] = wanted
+        except EngineUnavailable as exc:
+            log.warning("could not push state of node %s: %s", row.name, exc)
+
+
+def mark_unknown(ctx: ServerContext, message: str) -> None:
+    with ctx.session_factory() as session:
+        for row in session.scalars(select(Node).where(Node.engine == ctx.engine.name)):
+            if row.state != NodeState.DOWN.value:
+                row.state, row.message = NodeState.UNKNOWN.value, message
+        session.commit()
+
+
+def node_tick(ctx: ServerContext, now: float) -> None:
+    try:
+        reports = ctx.engine.nodes()
+    except EngineUnavailable as exc:
+        mark_unknown(ctx, f"engine unavailable: {exc}")
+        return
+    requeued = 0
+    with ctx.session_factory() as session:
+        before: dict[str, str] = {row[0]: row[1] for row in session.execute(select(Node.name, Node.state))}
+        rows = [upsert_node(session, r, ctx.engine.name, now) for r in reports]
+        seen = {r.name for r in reports}
+        for row in session.scalars(select(Node).where(Node.name.not_in(seen))):
+            silent = now - (row.last_heartbeat or 0.0)
+            if row.state != NodeState.DOWN.value and silent > HEARTBEAT_TIMEOUT_S:
+                why = f"node {row.name} stopped sending heartbeats ({silent:.0f} s)"
+                row.state, row.message = NodeState.DOWN.value, why
+                requeued += fail_jobs_on(session, row.name, now, why, ctx.engine)
+                log.warning(why)
+        for row in rows:  # reported down just now: its jobs are lost once, not every tick
+            if row.state == NodeState.DOWN.value and before.get(row.name) != NodeState.DOWN.value:
+                why = row.message or f"node {row.name} is down"
+                requeued += fail_jobs_on(session, row.name, now, why, ctx.engine)
+        session.commit()
+        push_admin_states(ctx, rows)
+    if requeued:
+        ctx.wake("schedule")

@@ -1,0 +1,169 @@
+"""`serve(settings, demo)`: the one Corral server process.
+
+Order of start: migrate the database, bootstrap the admin (token printed once, CLI config
+written), build the execution engine, then start the control loops on threads and uvicorn in the
+main thread. SIGTERM/SIGINT stop uvicorn gracefully (it finishes in-flight requests); then the
+loops stop, their leases are released and the engine is closed. Running jobs are not touched:
+the engine's supervisors outlive the server and are re-adopted on the next start.
+
+Environment knobs besides the CORRAL_* settings: CORRAL_LOG_LEVEL (INFO), CORRAL_SCHEDULER_PROFILE
+(default), CORRAL_NODE_HEARTBEAT_TIMEOUT_S (6: a silent node is down after this), and
+CORRAL_PROFILE_SAMPLES=<file> (sample where the server's threads spend their time; see sampler.py).
+At shutdown each loop logs its ticks, wall and CPU seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import uvicorn
+
+from corral.config import Settings
+from corral.server.context import ServerContext
+from corral.server.dispatch import shutdown_launches
+from corral.server.reconcile import adopt_once
+from corral.server.runner import LoopRunner, collect_loops
+from corral.server.sampler import StackSampler
+
+log = logging.getLogger("corral.server")
+ASGIApp = Callable[
+    [MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
+    Awaitable[None],
+]
+
+
+class WakeLoopsOnWrite:
+    """ASGI wrapper: after a request that changes jobs or nodes has been answered, wake the loops
+    that act on it, so a submit reaches the scheduler in milliseconds rather than at its next tick."""
+
+    def __init__(self, app: ASGIApp, ctx: ServerContext) -> None:
+        self.app = app
+        self.ctx = ctx
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[Any]],
+        send: Callable[[Any], Awaitable[None]],
+    ) -> None:
+        await self.app(scope, receive, send)
+        if scope.get("type") != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
+            return
+        path = str(scope.get("path", ""))
+        if path.endswith("/cancel"):
+            self.ctx.wake("dispatch", "reconcile")
+        elif "/jobs" in path:
+            self.ctx.wake("schedule")  # the schedule loop wakes dispatch, dispatch wakes reconcile
+        elif "/nodes" in path:
+            self.ctx.wake("nodes", "schedule")
+        elif "/groups" in path:
+            self.ctx.wake("schedule")
+
+
+def owner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def write_cli_config(settings: Settings, url: str, token: str) -> str:
+    """Write the CLI config (mode 0600) with the platform's writer; returns where it went."""
+    from corral.sdk import write_cli_config as write
+
+    return str(write(url, token, home=settings.home))
+
+
+def bootstrap(settings: Settings, session_factory: Any, url: str) -> None:
+    from corral.services.auth import bootstrap_admin
+
+    with session_factory() as session:
+        token = bootstrap_admin(session, settings)
+    if token is None:
+        return
+    try:
+        where = write_cli_config(settings, url, token)
+    except Exception as exc:  # the token is still printed: the admin can configure the CLI by hand
+        where = f"(not written: {exc})"
+    print(f"Admin token (shown once): {token}", flush=True)
+    print(f"CLI config written to {where}", flush=True)
+
+
+def local_url(settings: Settings) -> str:
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    return f"http://{host}:{settings.port}"
+
+
+def _note_signal(signum: int, _frame: object) -> None:
+    log.info("received signal %d; shutting down", signum)
+
+
+def serve(settings: Settings, demo: bool = False) -> None:
+    """Run the API and the control loops until SIGTERM/SIGINT."""
+    from corral.api.app import create_app
+    from corral.db.session import init_db, make_engine, make_session_factory
+    from corral.engine.factory import make_engine as make_execution_engine
+
+    logging.basicConfig(
+        level=os.environ.get("CORRAL_LOG_LEVEL", "INFO"),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if demo:
+        from corral.server.demo import demo_settings
+
+        settings = demo_settings(settings)
+    settings.home.mkdir(parents=True, exist_ok=True)
+    init_db(settings.db_url)
+    db_engine = make_engine(settings.db_url)
+    session_factory = make_session_factory(db_engine)
+    url = local_url(settings)
+    bootstrap(settings, session_factory, url)
+    engine = make_execution_engine(settings)
+    ctx = ServerContext(
+        settings=settings, session_factory=session_factory, engine=engine, owner_id=owner_id()
+    )
+    app = create_app(settings, engine=engine, db_engine=db_engine)
+    app.state.server_context = ctx
+    runner = LoopRunner(ctx, collect_loops())
+    config = uvicorn.Config(
+        WakeLoopsOnWrite(app, ctx),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+    # uvicorn re-raises SIGTERM/SIGINT with the previous handler once it has shut down; with the
+    # default handler that would kill the process before the loops stop and the leases are released.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _note_signal)
+    try:  # before any loop runs: reattach to attempts launched before a restart
+        adopt_once(ctx)
+    except Exception:  # the reconcile loop tries again on its first tick
+        log.exception("could not re-adopt running attempts yet")
+    sampler = StackSampler.from_env()
+    if sampler is not None:
+        sampler.start()
+    runner.start()
+    try:
+        if demo:
+            from corral.server.demo import seed_demo
+
+            seed_demo(ctx, url)
+        print(f"Corral is up at {url}  (API docs: {url}/docs, portal: {url}/)", flush=True)
+        server.run()
+    finally:
+        runner.stop()
+        shutdown_launches(ctx)
+        engine.close()
+        db_engine.dispose()
+        if sampler is not None:
+            sampler.stop()
+        print("Corral stopped.", flush=True)

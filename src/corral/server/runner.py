@@ -1,0 +1,123 @@
+"""Runs background loops on threads beside the API, each with its wake event and (for singletons)
+its database lease.
+
+A loop thread sleeps `interval_s` or until woken (`ServerContext.wake(name)`), renews its lease
+when half of it has passed, and runs one tick. A tick that raises is logged and retried next time;
+it never stops the loop or the API.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+import time
+
+from corral.server.context import BackgroundLoop, ServerContext
+from corral.server.leases import LOOP_LEASE_TTL_S, claim_lease, release_lease
+
+log = logging.getLogger("corral.server.loops")
+# Modules of other areas that may contribute loops as `LOOPS: list[BackgroundLoop]`.
+EXTRA_LOOP_MODULES = ("corral.monitor.loops",)
+MIN_TICK_GAP_S = 0.02
+ERROR_LOG_INTERVAL_S = 60.0
+
+
+def core_loops() -> list[BackgroundLoop]:
+    from corral.server.dispatch import dispatch_tick
+    from corral.server.nodes import node_tick
+    from corral.server.reconcile import reconcile_tick
+    from corral.server.scheduling import schedule_tick
+
+    return [
+        BackgroundLoop("nodes", 1.0, node_tick),
+        BackgroundLoop("schedule", 0.2, schedule_tick),
+        BackgroundLoop("dispatch", 0.2, dispatch_tick),
+        BackgroundLoop("reconcile", 0.1, reconcile_tick),
+    ]
+
+
+def collect_loops() -> list[BackgroundLoop]:
+    loops = core_loops()
+    for module_name in EXTRA_LOOP_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue
+        loops.extend(getattr(module, "LOOPS", []))
+    return loops
+
+
+class LoopRunner:
+    def __init__(self, ctx: ServerContext, loops: list[BackgroundLoop]) -> None:
+        self.ctx = ctx
+        self.loops = loops
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        # name -> [ticks, wall seconds, CPU seconds of the loop's thread]: logged at stop.
+        self.stats: dict[str, list[float]] = {loop.name: [0, 0.0, 0.0] for loop in loops}
+        self._last_logged: dict[str, float] = {}
+        for loop in loops:
+            ctx.wake_events.setdefault(loop.name, threading.Event())
+
+    def start(self) -> None:
+        for loop in self.loops:
+            thread = threading.Thread(target=self._run, args=(loop,), name=f"loop-{loop.name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self.ctx.wake(*[loop.name for loop in self.loops])
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        for name, (ticks, wall, cpu) in self.stats.items():
+            log.info("loop %s: %d ticks, %.2f s wall, %.2f s CPU", name, ticks, wall, cpu)
+        for loop in self.loops:  # let another server take over at once instead of after the TTL
+            if loop.singleton:
+                try:
+                    with self.ctx.session_factory() as session:
+                        release_lease(session, loop.name, self.ctx.owner_id)
+                except Exception:
+                    log.exception("could not release lease %s", loop.name)
+
+    def _holds_lease(self, loop: BackgroundLoop, held_until: float, now: float) -> float:
+        """Renew the loop's lease when half its time is gone; returns until when it is held (0: not)."""
+        if held_until - now > LOOP_LEASE_TTL_S / 2:
+            return held_until
+        with self.ctx.session_factory() as session:
+            if claim_lease(session, loop.name, self.ctx.owner_id, now):
+                return now + LOOP_LEASE_TTL_S
+        return 0.0
+
+    def _log_failure(self, loop: BackgroundLoop, exc: Exception) -> None:
+        """The traceback once per distinct error and minute, not every 0.1 s tick."""
+        key, now = f"{loop.name}:{type(exc).__name__}:{exc}", time.monotonic()
+        if now - self._last_logged.get(key, -1e9) >= ERROR_LOG_INTERVAL_S:
+            self._last_logged[key] = now
+            log.exception("loop %s failed (repeats of this error are logged once a minute)", loop.name)
+
+    def _run(self, loop: BackgroundLoop) -> None:
+        event = self.ctx.wake_events[loop.name]
+        held_until = 0.0
+        while not self._stop.is_set():
+            event.clear()
+            now = time.time()
+            try:
+                if loop.singleton:
+                    held_until = self._holds_lease(loop, held_until, now)
+                if not loop.singleton or held_until > now:
+                    wall, cpu = time.perf_counter(), time.thread_time()
+                    loop.tick(self.ctx, now)
+                    stats = self.stats[loop.name]
+                    stats[0] += 1
+                    stats[1] += time.perf_counter() - wall
+                    stats[2] += time.thread_time() - cpu
+            except Exception as exc:
+                self._log_failure(loop, exc)
+            event.wait(loop.interval_s)
+            # Debounce: a burst of wake-ups (e.g. 100 submits) becomes one tick, not 100.
+            time.sleep(max(0.0, min(MIN_TICK_GAP_S, loop.interval_s) - (time.time() - now)))

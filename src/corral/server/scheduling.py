@@ -1,0 +1,228 @@
+"""The schedule loop: snapshot -> `corral.scheduler.schedule` -> apply the plan.
+
+Apply, per assignment, in one transaction: re-check that the job is still queued and the nodes
+still ready, create the Attempt (placement with GPU uuids and ranks) and its GpuClaim rows (their
+primary key makes a double allocation fail instead of happen), then QUEUED -> SCHEDULED.
+Preemptions mark the victim PREEMPTED with its grace period; the reconcile loop sends the stop and
+requeues it once the engine reports it ended. Diagnoses of waiting jobs are written to
+`Job.diagnosis` only when they change, so an idle queue costs no writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, selectinload
+
+from corral.db.models import Attempt, GpuClaim, Job, Node
+from corral.scheduler import types as st
+from corral.server.context import ServerContext
+from corral.server.finish import claimed_gpus
+from corral.server.snapshot import build_snapshot, live_attempts, read_cluster_state
+from corral.server.specview import read_spec
+from corral.services.lifecycle import AttemptState, JobState, transition
+
+log = logging.getLogger("corral.server.schedule")
+PROFILE_ENV = "CORRAL_SCHEDULER_PROFILE"
+ETA_SLACK_S = 5.0  # an estimated start that moved less than this is not rewritten
+
+
+def run_scheduler(snapshot: st.Snapshot, now: float, rng: random.Random) -> st.Plan:
+    """Call the one scheduler library with the profile named by $CORRAL_SCHEDULER_PROFILE."""
+    from corral.scheduler import PROFILES, schedule
+
+    name = os.environ.get(PROFILE_ENV, "default")
+    if name not in PROFILES:
+        raise ValueError(f"unknown scheduler profile {name!r}; known: {', '.join(sorted(PROFILES))}")
+    return schedule(snapshot, now, rng, PROFILES[name])
+
+
+def diagnosis_json(diagnosis: st.Diagnosis) -> dict[str, Any]:
+    return {
+        "reasons": [{"code": r.code, "source": r.source, "message": r.message} for r in diagnosis.reasons],
+        "queue_position": diagnosis.queue_position,
+        "estimated_start": diagnosis.estimated_start,
+        "unschedulable": diagnosis.unschedulable,
+    }
+
+
+def placement_json(
+    job: Job, allocation: st.Allocation, uuids: Mapping[tuple[str, int], str]
+) -> list[dict[str, Any]]:
+    """Instances in rank order: roles in spec order, then index (rank 0 = first role's index 0)."""
+    order = {t.role: i for i, t in enumerate(read_spec(job.spec).tasks)}
+    ordered = sorted(allocation.instances, key=lambda p: (order.get(p.role, len(order)), p.role, p.index))
+    return [
+        {
+            "role": p.role,
+            "index": p.index,
+            "rank": rank,
+            "node": p.node,
+            "gpu_indices": list(p.gpu_indices),
+            "gpu_uuids": [uuids.get((p.node, i), f"{p.node}-gpu{i}") for i in p.gpu_indices],
+            "cpus": p.cpus,
+            "memory_mib": p.memory_mib,
+        }
+        for rank, p in enumerate(ordered)
+    ]
+
+
+def stage_assignment(
+    session: Session,
+    assignment: st.Assignment,
+    now: float,
+    claimed: set[tuple[str, int]],
+    pending_claims: list[tuple[Attempt, list[tuple[str, int]]]],
+) -> bool:
+    """Add the Attempt, its GpuClaims and QUEUED -> SCHEDULED to the session (not committed),
+    re-checking the fit first: job still queued, nodes ready, GPUs not in `claimed` (updated)."""
+    job = session.get(Job, int(assignment.job_id))
+    if job is None or job.state != JobState.QUEUED.value or job.cancel_requested:
+        return False
+    names = set(assignment.allocation.nodes)
+    nodes = {name: node for name in names if (node := session.get(Node, name)) is not None}
+    if any(n not in nodes or nodes[n].state != st.NodeState.READY.value for n in names):
+        return False
+    wanted = {(p.node, i) for p in assignment.allocation.instances for i in p.gpu_indices}
+    if wanted & claimed:
+        return False
+    claimed |= wanted
+    uuids = {(n.name, g.index): g.uuid for n in nodes.values() for g in n.gpus}
+    job.attempt_count += 1
+    attempt = Attempt(
+        job_id=job.id,
+        number=job.attempt_count,
+        state=AttemptState.SCHEDULED.value,
+        placement=placement_json(job, assignment.allocation, uuids),
+        borrowed=assignment.borrowed,
+        created_at=now,
+    )
+    session.add(attempt)
+    job.diagnosis = None
+    transition(session, job, JobState.SCHEDULED, now=now, message=f"placed on {', '.join(sorted(names))}")
+    pending_claims.append((attempt, sorted(wanted)))
+    return True
+
+
+def add_claims(session: Session, pending: list[tuple[Attempt, list[tuple[str, int]]]]) -> None:
+    """GpuClaim rows need their attempt's id: one flush for all attempts of the batch, then the claims."""
+    if not pending:
+        return
+    session.flush()
+    for attempt, gpus in pending:
+        for node_name, index in gpus:
+            session.add(
+                GpuClaim(node=node_name, gpu_index=index, attempt_pk=attempt.id, job_id=attempt.job_id)
+            )
+
+
+def apply_assignment(session: Session, assignment: st.Assignment, now: float) -> bool:
+    """One transaction: Attempt + GpuClaims + QUEUED -> SCHEDULED. False when it no longer fits."""
+    pending: list[tuple[Attempt, list[tuple[str, int]]]] = []
+    if not stage_assignment(session, assignment, now, claimed_gpus(session), pending):
+        session.rollback()
+        return False
+    try:
+        add_claims(session, pending)
+        session.commit()
+    except IntegrityError:  # a GPU was claimed meanwhile: leave the job queued for the next cycle
+        session.rollback()
+        return False
+    return True
+
+
+def apply_assignments(session: Session, assignments: Sequence[st.Assignment], now: float) -> int:
+    """All of a plan's assignments in one transaction (one SQLite write, not one per job). If the
+    commit fails (another server claimed a GPU meanwhile), fall back to one transaction each."""
+    if not assignments:
+        return 0
+    # Read everything first: SQLite takes its write lock at the first INSERT, and every read done
+    # after that would make the API's submits wait for it.
+    ids = [int(a.job_id) for a in assignments]
+    names = {n for a in assignments for n in a.allocation.nodes}
+    session.scalars(select(Job).where(Job.id.in_(ids)).options(selectinload(Job.user))).all()
+    session.scalars(select(Node).where(Node.name.in_(names)).options(selectinload(Node.gpus))).all()
+    claimed = claimed_gpus(session)
+    pending: list[tuple[Attempt, list[tuple[str, int]]]] = []
+    with session.no_autoflush:
+        staged = sum(stage_assignment(session, a, now, claimed, pending) for a in assignments)
+    try:
+        add_claims(session, pending)
+        session.commit()
+        return staged
+    except IntegrityError:
+        session.rollback()
+        return sum(apply_assignment(session, a, now) for a in assignments)
+
+
+def apply_preemption(session: Session, preemption: st.Preemption, now: float) -> bool:
+    job = session.get(Job, int(preemption.job_id))
+    if job is None or job.state != JobState.RUNNING.value:
+        session.rollback()
+        return False
+    attempt = live_attempts(session, [job.id]).get(job.id)
+    if attempt is not None:
+        attempt.stop_grace_s = preemption.grace_s
+    transition(session, job, JobState.PREEMPTED, now=now, message=preemption.reason)
+    session.commit()
+    return True
+
+
+def _same_diagnosis(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+    """Equal but for an estimated start that moved less than ETA_SLACK_S (it drifts every cycle)."""
+    if old is None or {**old, "estimated_start": None} != {**new, "estimated_start": None}:
+        return False
+    a, b = old["estimated_start"], new["estimated_start"]
+    return (a is None) == (b is None) and (a is None or abs(a - b) < ETA_SLACK_S)
+
+
+def write_diagnoses(ctx: ServerContext, session: Session, diagnoses: Mapping[str, st.Diagnosis]) -> None:
+    """One executemany UPDATE for the diagnoses that changed, only on jobs still queued."""
+    cache: dict[str, dict[str, Any]] = ctx.scratch.setdefault("diagnoses", {})
+    changed = {}
+    for job_id, diagnosis in diagnoses.items():
+        as_json = diagnosis_json(diagnosis)
+        if not _same_diagnosis(cache.get(job_id), as_json):
+            changed[job_id] = as_json
+    if not changed:
+        return
+    jobs = cast(Table, Job.__table__)  # Core UPDATE: executemany over plain parameters
+    stmt = (
+        update(jobs)
+        .where(jobs.c.id == bindparam("job_pk"), jobs.c.state == JobState.QUEUED.value)
+        .values(diagnosis=bindparam("new_diagnosis"))
+    )
+    session.execute(stmt, [{"job_pk": int(j), "new_diagnosis": d} for j, d in changed.items()])
+    session.commit()
+    if len(cache) > 10_000:  # forget jobs long gone; the next cycle rewrites what is still waiting
+        cache.clear()
+    cache.update(changed)
+
+
+def schedule_tick(ctx: ServerContext, now: float) -> None:
+    with ctx.session_factory() as session:
+        waiting = session.scalar(select(Job.id).where(Job.state == JobState.QUEUED.value).limit(1))
+        if waiting is None:  # an idle queue costs one indexed read per tick
+            return
+        state = read_cluster_state(session)
+        session.rollback()
+        if not state.queued:
+            return
+        snapshot = build_snapshot(state, now)
+        plan = run_scheduler(snapshot, now, random.Random(int(now)))
+        applied = apply_assignments(session, plan.assignments, now)
+        preempted = sum(apply_preemption(session, p, now) for p in plan.preemptions)
+        assigned = {a.job_id for a in plan.assignments}
+        write_diagnoses(ctx, session, {k: v for k, v in plan.diagnoses.items() if k not in assigned})
+    if applied:
+        ctx.wake("dispatch")
+    if preempted:
+        ctx.wake("reconcile")
+    if applied or preempted:
+        log.debug("schedule: %d assigned, %d preempted", applied, preempted)

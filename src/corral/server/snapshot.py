@@ -1,0 +1,258 @@
+"""The scheduler's view of the cluster, built from the database.
+
+Two steps so that the live loop and tests (and the simulator comparison) can share the second:
+`read_cluster_state(session)` copies the rows into plain records (I/O), and
+`build_snapshot(state, now, half_life_s)` turns records into a scheduler `Snapshot` (pure: same
+inputs, same snapshot).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from corral.db.models import Attempt, Group, Job, Node, UsageLedger, User
+from corral.scheduler import types as st
+from corral.server.specview import read_spec
+from corral.services.lifecycle import AttemptState, JobState
+
+USAGE_HALF_LIFE_S = 7 * 24 * 3600.0  # fair share forgets half of past usage every week
+LIVE_JOB_STATES = (JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING, JobState.PREEMPTED)
+LIVE_ATTEMPT_STATES = (AttemptState.SCHEDULED, AttemptState.STARTING, AttemptState.RUNNING)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaRecord:
+    gpu_model: str
+    guaranteed: int
+    max: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRecord:
+    name: str
+    weight: float = 1.0
+    borrowing: bool = True
+    user_max_gpus: int | None = None
+    quotas: tuple[QuotaRecord, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    id: int
+    group: str
+    user: str
+    priority: int
+    preemptible: bool
+    spec: Mapping[str, Any]
+    submitted_at: float
+    runtime_estimate_s: float | None = None
+    attained_gpu_seconds: float = 0.0
+    # For live jobs: the current attempt's placement and when it started.
+    placement: tuple[Mapping[str, Any], ...] = ()
+    started_at: float | None = None
+    borrowed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRecord:
+    group: str
+    user: str
+    gpu_seconds: float
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterState:
+    nodes: tuple[st.Node, ...]
+    groups: tuple[GroupRecord, ...]
+    queued: tuple[JobRecord, ...]
+    running: tuple[JobRecord, ...]
+    ledger: tuple[LedgerRecord, ...] = field(default_factory=tuple)
+
+
+def decayed(gpu_seconds: float, since: float, now: float, half_life_s: float) -> float:
+    if half_life_s <= 0 or now <= since:
+        return gpu_seconds
+    return gpu_seconds * 0.5 ** ((now - since) / half_life_s)
+
+
+def scheduler_job(record: JobRecord) -> st.Job:
+    view = read_spec(record.spec)
+    return st.Job(
+        id=str(record.id),
+        group=record.group,
+        user=record.user,
+        tasks=tuple(
+            st.TaskSpec(role=t.role, instances=t.instances, resources=t.resources) for t in view.tasks
+        ),
+        priority=st.Priority(record.priority),
+        preemptible=record.preemptible,
+        submit_time=record.submitted_at,
+        runtime_estimate=record.runtime_estimate_s,
+        attained_gpu_seconds=record.attained_gpu_seconds,
+    )
+
+
+def _allocation(record: JobRecord) -> st.Allocation:
+    return st.Allocation(
+        job_id=str(record.id),
+        instances=tuple(
+            st.InstancePlacement(
+                role=str(p["role"]),
+                index=int(p["index"]),
+                node=str(p["node"]),
+                gpu_indices=tuple(int(i) for i in p.get("gpu_indices", ())),
+                cpus=float(p.get("cpus", 0.0)),
+                memory_mib=int(p.get("memory_mib", 0)),
+            )
+            for p in record.placement
+        ),
+    )
+
+
+def _group(record: GroupRecord) -> st.Group:
+    limits = {q.gpu_model: q.max for q in record.quotas if q.max is not None}
+    return st.Group(
+        name=record.name,
+        guaranteed={q.gpu_model: q.guaranteed for q in record.quotas},
+        max=limits or None,
+        user_max_gpus=record.user_max_gpus,
+        weight=record.weight,
+        borrowing=record.borrowing,
+    )
+
+
+def build_snapshot(state: ClusterState, now: float, half_life_s: float = USAGE_HALF_LIFE_S) -> st.Snapshot:
+    """Pure: records -> Snapshot. Queued jobs keep submission order (the scheduler sorts anyway)."""
+    by_group: dict[str, float] = {}
+    by_user: dict[tuple[str, str], float] = {}
+    for row in state.ledger:
+        value = decayed(row.gpu_seconds, row.updated_at, now, half_life_s)
+        by_group[row.group] = by_group.get(row.group, 0.0) + value
+        by_user[(row.group, row.user)] = by_user.get((row.group, row.user), 0.0) + value
+    running = tuple(
+        st.RunningJob(
+            job=scheduler_job(r),
+            allocation=_allocation(r),
+            start_time=r.started_at if r.started_at is not None else r.submitted_at,
+            borrowed=r.borrowed,
+        )
+        for r in state.running
+    )
+    return st.Snapshot(
+        nodes=state.nodes,
+        groups=tuple(_group(g) for g in state.groups),
+        queued=tuple(scheduler_job(r) for r in sorted(state.queued, key=lambda r: (r.submitted_at, r.id))),
+        running=running,
+        usage=st.Usage(by_group=by_group, by_user=by_user),
+    )
+
+
+def _node(row: Node) -> st.Node:
+    return st.Node(
+        name=row.name,
+        cpus=row.cpus,
+        memory_mib=row.memory_mib,
+        gpus=tuple(
+            st.GPU(
+                index=g.index,
+                uuid=g.uuid,
+                model=g.model,
+                memory_mib=g.memory_mib,
+                topology_group=g.topology_group,
+                healthy=g.healthy,
+            )
+            for g in row.gpus
+        ),
+        labels=dict(row.labels or {}),
+        state=st.NodeState(row.state)
+        if row.state in st.NodeState._value2member_map_
+        else st.NodeState.UNKNOWN,
+    )
+
+
+_JOB_COLUMNS = (
+    Job.id,
+    Job.user_id,
+    Job.group_id,
+    Job.priority,
+    Job.preemptible,
+    Job.spec,
+    Job.submitted_at,
+    Job.runtime_estimate_s,
+    Job.attained_gpu_seconds,
+)
+_ATTEMPT_COLUMNS = (Attempt.placement, Attempt.started_at, Attempt.created_at, Attempt.borrowed)
+
+
+def _job_record(row: Any, names: Mapping[int, str], groups: Mapping[int, str], live: bool) -> JobRecord:
+    """From a row of _JOB_COLUMNS (+ _ATTEMPT_COLUMNS when `live`): plain columns, no ORM objects,
+    because this runs every schedule cycle for every waiting and running job."""
+    job_id, user_id, group_id, priority, preemptible, spec, submitted, estimate, attained = row[:9]
+    placement, started, created, borrowed = row[9:] if live else ((), None, None, False)
+    return JobRecord(
+        id=job_id,
+        group=groups.get(group_id, "?"),
+        user=names.get(user_id, "?"),
+        priority=priority,
+        preemptible=preemptible,
+        spec=spec,
+        submitted_at=submitted,
+        runtime_estimate_s=estimate,
+        attained_gpu_seconds=attained,
+        placement=tuple(placement or ()),
+        started_at=(started or created) if live else None,
+        borrowed=bool(borrowed),
+    )
+
+
+def live_attempts(session: Session, job_ids: Sequence[int]) -> dict[int, Attempt]:
+    """The current (not finished) attempt of each job that has one."""
+    if not job_ids:
+        return {}
+    rows = session.scalars(
+        select(Attempt).where(
+            Attempt.job_id.in_(job_ids), Attempt.state.in_([s.value for s in LIVE_ATTEMPT_STATES])
+        )
+    )
+    return {a.job_id: a for a in rows}
+
+
+def read_cluster_state(session: Session) -> ClusterState:
+    nodes = session.scalars(select(Node).options(selectinload(Node.gpus)).order_by(Node.name)).all()
+    groups = session.scalars(select(Group).options(selectinload(Group.quotas)).order_by(Group.name)).all()
+    group_names = {g.id: g.name for g in groups}
+    user_names: dict[int, str] = {row[0]: row[1] for row in session.execute(select(User.id, User.name))}
+    queued = session.execute(
+        select(*_JOB_COLUMNS).where(Job.state == JobState.QUEUED.value, Job.cancel_requested.is_(False))
+    ).all()
+    live = session.execute(
+        select(*_JOB_COLUMNS, *_ATTEMPT_COLUMNS)
+        .join(Attempt, Attempt.job_id == Job.id)
+        .where(
+            Job.state.in_([s.value for s in LIVE_JOB_STATES]),
+            Attempt.state.in_([s.value for s in LIVE_ATTEMPT_STATES]),
+        )
+    ).all()
+    ledger = session.scalars(select(UsageLedger)).all()
+    return ClusterState(
+        nodes=tuple(_node(n) for n in nodes),
+        groups=tuple(
+            GroupRecord(
+                name=g.name,
+                weight=g.weight,
+                borrowing=g.borrowing,
+                user_max_gpus=g.user_max_gpus,
+                quotas=tuple(QuotaRecord(q.gpu_model, q.guaranteed, q.max) for q in g.quotas),
+            )
+            for g in groups
+        ),
+        queued=tuple(_job_record(row, user_names, group_names, False) for row in queued),
+        running=tuple(_job_record(row, user_names, group_names, True) for row in live),
+        ledger=tuple(LedgerRecord(r.group_name, r.user_name, r.gpu_seconds, r.updated_at) for r in ledger),
+    )

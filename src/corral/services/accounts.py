@@ -1,0 +1,263 @@
+"""Users, groups, memberships, quotas and SSH keys.
+
+Rights: admins do everything; a group admin (Membership.role == "admin") adds members to their
+group; everyone reads themselves and the groups they belong to. Functions flush, callers commit.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from corral.db.models import Group, GroupQuota, Membership, SshKey, User
+from corral.services.auth import Principal, forget_principals, hash_password
+from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+ROLES = ("admin", "member")
+SSH_KEY_TYPES = (
+    "ssh-ed25519",
+    "ssh-rsa",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+)
+
+
+def check_name(value: str, field: str) -> str:
+    if not NAME_RE.match(value):
+        raise Invalid(
+            f"{field} {value!r} must be 1 to 64 lower-case letters, digits, '.', '_' or '-', starting with a "
+            "letter or digit",
+            ("body", field),
+        )
+    return value
+
+
+def group_by_name(session: Session, name: str) -> Group:
+    group = session.scalar(select(Group).where(Group.name == name).options(selectinload(Group.quotas)))
+    if group is None:
+        raise NotFound(f"no group named {name!r}")
+    return group
+
+
+def user_by_name(session: Session, name: str) -> User:
+    user = session.scalar(select(User).where(User.name == name))
+    if user is None:
+        raise NotFound(f"no user named {name!r}")
+    return user
+
+
+def memberships_of(session: Session, user_id: int) -> list[tuple[str, str]]:
+    rows = session.execute(
+        select(Group.name, Membership.role)
+        .join(Group, Group.id == Membership.group_id)
+        .where(Membership.user_id == user_id)
+        .order_by(Group.name)
+    ).all()
+    return [(name, role) for name, role in rows]
+
+
+def members_of(session: Session, group_id: int) -> list[tuple[str, str]]:
+    rows = session.execute(
+        select(User.name, Membership.role)
+        .join(User, User.id == Membership.user_id)
+        .where(Membership.group_id == group_id)
+        .order_by(User.name)
+    ).all()
+    return [(name, role) for name, role in rows]
+
+
+def group_name(session: Session, group_id: int | None) -> str | None:
+    return None if group_id is None else session.scalar(select(Group.name).where(Group.id == group_id))
+
+
+# --- groups -----------------------------------------------------------------------------------
+
+
+def create_group(
+    session: Session,
+    name: str,
+    *,
+    weight: float = 1.0,
+    borrowing: bool = True,
+    user_max_gpus: int | None = None,
+    now: float | None = None,
+) -> Group:
+    check_name(name, "name")
+    if session.scalar(select(Group.id).where(Group.name == name)) is not None:
+        raise Conflict(f"a group named {name!r} already exists")
+    group = Group(
+        name=name,
+        weight=weight,
+        borrowing=borrowing,
+        user_max_gpus=user_max_gpus,
+        created_at=time.time() if now is None else now,
+    )
+    session.add(group)
+    session.flush()
+    return group
+
+
+def list_groups(session: Session, principal: Principal) -> list[Group]:
+    stmt = select(Group).options(selectinload(Group.quotas)).order_by(Group.name)
+    if not principal.is_admin:
+        stmt = stmt.where(Group.id.in_(list(principal.group_roles)))
+    return list(session.scalars(stmt))
+
+
+def set_quota(
+    session: Session, group: Group, *, gpu_model: str = "*", guaranteed: int = 0, max_gpus: int | None = None
+) -> GroupQuota:
+    """Insert or replace the group's quota for one GPU model ("*" = any model not listed)."""
+    if max_gpus is not None and max_gpus < guaranteed:
+        raise Invalid(f"max ({max_gpus}) must not be less than guaranteed ({guaranteed})", ("body", "max"))
+    quota = next((q for q in group.quotas if q.gpu_model == gpu_model), None)
+    if quota is None:
+        quota = GroupQuota(group_id=group.id, gpu_model=gpu_model)
+        group.quotas.append(quota)
+    quota.guaranteed = guaranteed
+    quota.max = max_gpus
+    session.flush()
+    return quota
+
+
+def add_member(session: Session, group: Group, user: User, role: str = "member") -> Membership:
+    """Add (or change the role of) a member; a user with no default group gets this one."""
+    if role not in ROLES:
+        raise Invalid(f"role must be one of {', '.join(ROLES)}", ("body", "role"))
+    membership = session.get(Membership, (user.id, group.id))
+    if membership is None:
+        membership = Membership(user_id=user.id, group_id=group.id, role=role)
+        session.add(membership)
+    else:
+        membership.role = role
+    if user.default_group_id is None:
+        user.default_group_id = group.id
+    session.flush()
+    forget_principals()
+    return membership
+
+
+def require_group_admin(principal: Principal, group: Group) -> None:
+    if not principal.is_group_admin(group.id):
+        raise Forbidden(f"only an administrator or an admin of group {group.name!r} may do this")
+
+
+# --- users ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NewUser:
+    name: str
+    password: str | None = None
+    is_admin: bool = False
+    groups: tuple[str, ...] = ()
+    default_group: str | None = None
+
+
+def create_user(session: Session, new: NewUser, *, now: float | None = None) -> User:
+    check_name(new.name, "name")
+    if session.scalar(select(User.id).where(User.name == new.name)) is not None:
+        raise Conflict(f"a user named {new.name!r} already exists")
+    if new.password is not None and len(new.password) < 8:
+        raise Invalid("the password must have at least 8 characters", ("body", "password"))
+    groups = [group_by_name(session, g) for g in new.groups]
+    if new.default_group is not None and new.default_group not in new.groups:
+        groups.append(group_by_name(session, new.default_group))
+    user = User(
+        name=new.name,
+        password_hash=hash_password(new.password) if new.password else None,
+        is_admin=new.is_admin,
+        active=True,
+        created_at=time.time() if now is None else now,
+    )
+    session.add(user)
+    session.flush()
+    for group in groups:
+        add_member(session, group, user)
+    if new.default_group is not None:
+        user.default_group_id = group_by_name(session, new.default_group).id
+    session.flush()
+    return user
+
+
+def list_users(session: Session) -> list[User]:
+    return list(session.scalars(select(User).order_by(User.name)))
+
+
+def set_default_group(session: Session, principal: Principal, user: User, group: Group) -> None:
+    if not principal.is_admin and principal.user_id != user.id:
+        raise Forbidden("only an administrator may change another user's default group")
+    if session.get(Membership, (user.id, group.id)) is None:
+        raise Invalid(f"user {user.name!r} is not a member of group {group.name!r}", ("body", "group"))
+    user.default_group_id = group.id
+    session.flush()
+    forget_principals()
+
+
+def set_password(session: Session, user: User, password: str) -> None:
+    if len(password) < 8:
+        raise Invalid("the password must have at least 8 characters", ("body", "password"))
+    user.password_hash = hash_password(password)
+    session.flush()
+
+
+# --- SSH keys ---------------------------------------------------------------------------------
+
+
+def ssh_fingerprint(public_key: str) -> str:
+    """OpenSSH's SHA256 fingerprint of "type base64 [comment]", with a plain error if malformed."""
+    parts = public_key.strip().split()
+    if len(parts) < 2 or parts[0] not in SSH_KEY_TYPES:
+        raise Invalid(
+            f"not an SSH public key; it must start with one of {', '.join(SSH_KEY_TYPES)}",
+            ("body", "public_key"),
+        )
+    try:
+        blob = base64.b64decode(parts[1], validate=True)
+    except ValueError:
+        raise Invalid("the SSH public key's base64 part is damaged", ("body", "public_key"))
+    digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    return f"SHA256:{digest}"
+
+
+def add_ssh_key(
+    session: Session, principal: Principal, name: str, public_key: str, *, now: float | None = None
+) -> SshKey:
+    fingerprint = ssh_fingerprint(public_key)
+    exists = session.scalar(
+        select(SshKey.id).where(SshKey.user_id == principal.user_id, SshKey.fingerprint == fingerprint)
+    )
+    if exists is not None:
+        raise Conflict("this SSH key is already registered")
+    key = SshKey(
+        user_id=principal.user_id,
+        name=name,
+        public_key=public_key.strip(),
+        fingerprint=fingerprint,
+        created_at=time.time() if now is None else now,
+    )
+    session.add(key)
+    session.flush()
+    return key
+
+
+def list_ssh_keys(session: Session, principal: Principal) -> list[SshKey]:
+    return list(
+        session.scalars(select(SshKey).where(SshKey.user_id == principal.user_id).order_by(SshKey.id))
+    )
+
+
+def delete_ssh_key(session: Session, principal: Principal, key_id: int) -> None:
+    key = session.get(SshKey, key_id)
+    if key is None or (key.user_id != principal.user_id and not principal.is_admin):
+        raise NotFound(f"no SSH key with id {key_id}")
+    session.delete(key)
+    session.flush()

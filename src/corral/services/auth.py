@@ -1,0 +1,279 @@
+"""Authentication: API tokens (stored as sha256), argon2 passwords, portal sessions with CSRF,
+the `Principal` every request acts as, and bootstrapping the first admin."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from dataclasses import dataclass, field
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from corral.config import Settings
+from corral.db.models import ApiToken, Group, Membership, User, WebSession
+from corral.services.errors import Invalid, NotFound, Unauthenticated
+
+TOKEN_PREFIX = "crl_"
+SESSION_TTL_S = 12 * 3600.0
+# Writing last_used_at on every request would turn every read into a write; once a minute is enough.
+LAST_USED_RESOLUTION_S = 60.0
+DEFAULT_GROUP = "default"
+ADMIN_USER = "admin"
+
+_hasher = PasswordHasher()
+
+
+def sha256_hex(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def hash_password(password: str) -> str:
+    return _hasher.hash(password)
+
+
+def verify_password(password_hash: str | None, password: str) -> bool:
+    if not password_hash:
+        return False
+    try:
+        return _hasher.verify(password_hash, password)
+    except (VerificationError, InvalidHashError):
+        return False
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request acts as, with what rights. `group_roles`: group id -> "admin" | "member"."""
+
+    user_id: int
+    name: str
+    is_admin: bool
+    default_group_id: int | None
+    group_roles: dict[int, str] = field(default_factory=dict)
+    via: str = "token"  # "token" | "session"
+    csrf_token: str | None = None  # set when via == "session"
+    expires_at: float | None = None  # when the token or session expires, if ever
+
+    @property
+    def admin_group_ids(self) -> frozenset[int]:
+        return frozenset(g for g, role in self.group_roles.items() if role == "admin")
+
+    def is_group_admin(self, group_id: int) -> bool:
+        return self.is_admin or self.group_roles.get(group_id) == "admin"
+
+    def is_member(self, group_id: int) -> bool:
+        return group_id in self.group_roles
+
+
+def load_principal(
+    session: Session, user: User, *, via: str, csrf_token: str | None = None, expires_at: float | None = None
+) -> Principal:
+    rows = session.execute(
+        select(Membership.group_id, Membership.role).where(Membership.user_id == user.id)
+    ).all()
+    return Principal(
+        user_id=user.id,
+        name=user.name,
+        is_admin=user.is_admin,
+        default_group_id=user.default_group_id,
+        group_roles={int(gid): str(role) for gid, role in rows},
+        via=via,
+        csrf_token=csrf_token,
+        expires_at=expires_at,
+    )
+
+
+# --- principal cache --------------------------------------------------------------------------
+# Token -> Principal for a few seconds, so a request usually needs no auth queries and no worker
+# thread to authenticate. Changes made through this process (revoke, membership, default group)
+# clear it at once; another server process sees them within PRINCIPAL_CACHE_S.
+
+PRINCIPAL_CACHE_S = 5.0
+PRINCIPAL_CACHE_MAX = 10_000
+_principals: dict[str, tuple[float, Principal]] = {}
+
+
+def cached_principal(token_hash: str, now: float) -> Principal | None:
+    hit = _principals.get(token_hash)
+    if hit is None:
+        return None
+    cached_at, principal = hit
+    if now - cached_at >= PRINCIPAL_CACHE_S or (
+        principal.expires_at is not None and principal.expires_at <= now
+    ):
+        _principals.pop(token_hash, None)
+        return None
+    return principal
+
+
+def remember_principal(token_hash: str, principal: Principal, now: float) -> None:
+    if len(_principals) >= PRINCIPAL_CACHE_MAX:
+        _principals.clear()
+    _principals[token_hash] = (now, principal)
+
+
+def forget_principals() -> None:
+    """Drop every cached principal (after a change to tokens, users or memberships)."""
+    _principals.clear()
+
+
+# --- API tokens -------------------------------------------------------------------------------
+
+
+def create_token(
+    session: Session, user: User, name: str, *, expires_in_s: float | None = None, now: float | None = None
+) -> tuple[ApiToken, str]:
+    """Create an API token; returns the row and the plain secret (shown once, never stored)."""
+    now = time.time() if now is None else now
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    row = ApiToken(
+        user_id=user.id,
+        name=name,
+        token_hash=sha256_hex(secret),
+        prefix=secret[:12],
+        created_at=now,
+        expires_at=None if expires_in_s is None else now + expires_in_s,
+    )
+    session.add(row)
+    session.flush()
+    return row, secret
+
+
+def authenticate_token(session: Session, secret: str, *, now: float | None = None) -> Principal:
+    now = time.time() if now is None else now
+    found = session.execute(
+        select(ApiToken, User)
+        .join(User, User.id == ApiToken.user_id)
+        .where(ApiToken.token_hash == sha256_hex(secret))
+    ).first()
+    if found is None:
+        raise Unauthenticated("the API token is not valid")
+    token, user = found
+    if token.revoked_at is not None:
+        raise Unauthenticated("the API token was revoked")
+    if token.expires_at is not None and token.expires_at <= now:
+        raise Unauthenticated("the API token has expired")
+    if not user.active:
+        raise Unauthenticated(f"user {user.name!r} is deactivated")
+    if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION_S:
+        token.last_used_at = now
+        session.commit()
+    return load_principal(session, user, via="token", expires_at=token.expires_at)
+
+
+def list_tokens(session: Session, principal: Principal) -> list[ApiToken]:
+    return list(
+        session.scalars(select(ApiToken).where(ApiToken.user_id == principal.user_id).order_by(ApiToken.id))
+    )
+
+
+def revoke_token(session: Session, principal: Principal, token_id: int, *, now: float | None = None) -> None:
+    token = session.get(ApiToken, token_id)
+    # Another user's token reads as "not found": its existence is none of the caller's business.
+    if token is None or (token.user_id != principal.user_id and not principal.is_admin):
+        raise NotFound(f"no API token with id {token_id}")
+    if token.revoked_at is None:
+        token.revoked_at = time.time() if now is None else now
+    forget_principals()
+
+
+# --- portal sessions --------------------------------------------------------------------------
+
+
+def login(
+    session: Session, username: str, password: str, *, now: float | None = None
+) -> tuple[str, User, str]:
+    """Check the password and open a session; returns (cookie secret, user, csrf token)."""
+    now = time.time() if now is None else now
+    user = session.scalar(select(User).where(User.name == username))
+    if user is None or not user.active or not verify_password(user.password_hash, password):
+        raise Unauthenticated("wrong user name or password")
+    secret = secrets.token_urlsafe(32)
+    csrf = secrets.token_urlsafe(32)
+    session.add(
+        WebSession(
+            id_hash=sha256_hex(secret),
+            user_id=user.id,
+            csrf_token=csrf,
+            created_at=now,
+            expires_at=now + SESSION_TTL_S,
+        )
+    )
+    return secret, user, csrf
+
+
+def authenticate_session(session: Session, secret: str, *, now: float | None = None) -> Principal:
+    now = time.time() if now is None else now
+    found = session.execute(
+        select(WebSession, User)
+        .join(User, User.id == WebSession.user_id)
+        .where(WebSession.id_hash == sha256_hex(secret))
+    ).first()
+    if found is None:
+        raise Unauthenticated("the session is not valid; log in again")
+    web, user = found
+    if web.expires_at <= now or not user.active:
+        raise Unauthenticated("the session has expired; log in again")
+    return load_principal(session, user, via="session", csrf_token=web.csrf_token, expires_at=web.expires_at)
+
+
+def csrf_matches(principal: Principal, header_value: str | None) -> bool:
+    if principal.via != "session":
+        return True
+    if not header_value or not principal.csrf_token:
+        return False
+    return hmac.compare_digest(principal.csrf_token, header_value)
+
+
+def logout(session: Session, secret: str) -> None:
+    web = session.get(WebSession, sha256_hex(secret))
+    if web is not None:
+        session.delete(web)
+
+
+# --- bootstrap --------------------------------------------------------------------------------
+
+
+def bootstrap_admin(session: Session, settings: Settings, *, now: float | None = None) -> str | None:
+    """On first start (no users at all): create the `default` group and the `admin` user (its
+    group admin too) with an API token. Returns the plain token once, or None when users exist.
+    Commits. Safe when two servers start at once: the loser of the race gets None."""
+    del settings  # reserved: e.g. an admin name or password from the environment later
+    now = time.time() if now is None else now
+    if session.scalar(select(func.count()).select_from(User)):
+        return None
+    try:
+        group = session.scalar(select(Group).where(Group.name == DEFAULT_GROUP))
+        if group is None:
+            group = Group(name=DEFAULT_GROUP, created_at=now, weight=1.0, borrowing=True)
+            session.add(group)
+            session.flush()
+        admin = User(name=ADMIN_USER, is_admin=True, default_group_id=group.id, created_at=now, active=True)
+        session.add(admin)
+        session.flush()
+        session.add(Membership(user_id=admin.id, group_id=group.id, role="admin"))
+        _row, secret = create_token(session, admin, "bootstrap", now=now)
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        return None
+    return secret
+
+
+def get_user(session: Session, name: str) -> User:
+    user = session.scalar(select(User).where(User.name == name))
+    if user is None:
+        raise NotFound(f"no user named {name!r}")
+    return user
+
+
+def require_name(value: str, what: str) -> str:
+    value = value.strip()
+    if not value:
+        raise Invalid(f"{what} must not be empty", ("body", what))
+    return value

@@ -1,0 +1,376 @@
+"""Jobs: submit, list, show, cancel, events and logs.
+
+Cancel contract (shared with the reconciler in corral.server):
+- QUEUED: the job goes to CANCELLED at once, here, through `transition()`.
+- SCHEDULED / STARTING / RUNNING / PREEMPTED: this service only sets `Job.cancel_requested = True`
+  and records a "cancel_requested" event. The control loops own the running processes: the
+  dispatcher must not launch a job with `cancel_requested` (it cancels it instead), and the
+  reconciler stops the live attempt through the engine (SIGTERM, grace, SIGKILL) and then moves
+  the job to CANCELLED with `transition()`. `transition()` never retries a job with
+  `cancel_requested`, so a failure during the stop ends as CANCELLED/FAILED, never as a retry.
+- Terminal states: 409 (nothing to cancel). A repeated cancel of an active job is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, false, func, or_, select, union_all
+from sqlalchemy.orm import Session, joinedload, selectinload
+
+from corral.db.models import Gpu, Group, Job, JobEvent, Node, User
+from corral.scheduler import PROFILES, check_fits_anywhere
+from corral.scheduler import types as st
+from corral.scheduler.cluster import ClusterShapes
+from corral.services.auth import Principal
+from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
+from corral.services.lifecycle import JobState, transition
+from corral.spec import JobSpecV1
+
+SORT_COLUMNS: dict[str, Any] = {
+    "created_at": Job.submitted_at,
+    "submitted_at": Job.submitted_at,
+    "updated_at": Job.updated_at,
+    "id": Job.id,
+    "priority": Job.priority,
+    "state": Job.state,
+    "name": Job.name,
+}
+MAX_PAGE = 1000
+PROFILE_ENV = "CORRAL_SCHEDULER_PROFILE"  # same variable the scheduling loop reads
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    state: Sequence[str] = ()
+    user: str | None = None
+    group: str | None = None
+    sort: str = "created_at"
+    order: str = "desc"
+    limit: int = 50
+    offset: int = 0
+
+
+def fits_anywhere(job: st.Job, nodes: Sequence[st.Node]) -> tuple[st.Reason, ...]:
+    """The scheduler's own never-fits check, under the profile the live loop uses (the profile
+    decides whether CPU-only work may use GPU nodes)."""
+    profile = PROFILES.get(os.environ.get(PROFILE_ENV, "default"), PROFILES["default"])
+    if profile.cpu_jobs_on_gpu_nodes:
+        return ClusterShapes(nodes, cpu_jobs_on_gpu_nodes=True).reasons(job)
+    return check_fits_anywhere(job, nodes)
+
+
+def scheduler_nodes(session: Session) -> list[st.Node]:
+    nodes = session.scalars(select(Node).options(selectinload(Node.gpus)).order_by(Node.name)).all()
+    return [
+        st.Node(
+            name=n.name,
+            cpus=n.cpus,
+            memory_mib=n.memory_mib,
+            gpus=tuple(
+                st.GPU(
+                    index=g.index,
+                    uuid=g.uuid,
+                    model=g.model,
+                    memory_mib=g.memory_mib,
+                    topology_group=g.topology_group,
+                    healthy=g.healthy,
+                )
+                for g in n.gpus
+            ),
+            labels=dict(n.labels or {}),
+            state=st.NodeState(n.state)
+            if n.state in st.NodeState._value2member_map_
+            else st.NodeState.UNKNOWN,
+        )
+        for n in nodes
+    ]
+
+
+_nodes_cache: dict[int, tuple[float, tuple[Any, ...], list[st.Node]]] = {}
+NODES_CACHE_S = 30.0
+
+
+def cached_scheduler_nodes(session: Session, now: float) -> list[st.Node]:
+    """Node shapes for the fit check. Rebuilt when one cheap aggregate over nodes and GPUs changes
+    (a node or GPU added or removed, capacity changed), else at most every NODES_CACHE_S: submits
+    then cost one small query instead of loading every node and GPU."""
+    fingerprint = tuple(
+        session.execute(
+            select(
+                select(func.count()).select_from(Node).scalar_subquery(),
+                select(func.sum(Node.cpus)).scalar_subquery(),
+                select(func.sum(Node.memory_mib)).scalar_subquery(),
+                select(func.count()).select_from(Gpu).scalar_subquery(),
+                select(func.count(func.distinct(Gpu.model))).scalar_subquery(),
+            )
+        ).one()
+    )
+    key = id(session.get_bind())
+    hit = _nodes_cache.get(key)
+    if hit is not None and hit[1] == fingerprint and now - hit[0] < NODES_CACHE_S:
+        return hit[2]
+    nodes = scheduler_nodes(session)
+    _nodes_cache[key] = (now, fingerprint, nodes)
+    return nodes
+
+
+def check_fits(session: Session, spec: JobSpecV1, group: str, user: str, *, now: float | None = None) -> None:
+    """Reject a job that could never run on this cluster even if it were empty. With no nodes
+    registered yet (a server that is still starting) the check is skipped."""
+    nodes = cached_scheduler_nodes(session, time.monotonic() if now is None else now)
+    if not nodes:
+        return
+    job = st.Job(id="new", group=group, user=user, tasks=spec.task_specs(), priority=spec.priority_value)
+    reasons = fits_anywhere(job, nodes)
+    if reasons:
+        text = "; ".join(r.message for r in reasons)
+        raise Invalid(f"this job can never run on this cluster: {text}", ("body", "tasks"))
+
+
+def resolve_group(session: Session, principal: Principal, name: str | None) -> Group:
+    if name is None:
+        if principal.default_group_id is None:
+            raise Invalid(
+                "you have no default group; name one in the spec's 'group' field", ("body", "group")
+            )
+        group = session.get(Group, principal.default_group_id)
+        assert group is not None  # FK
+        return group
+    group = session.scalar(select(Group).where(Group.name == name))
+    if group is None:
+        raise Invalid(f"there is no group named {name!r}", ("body", "group"))
+    if not principal.is_member(group.id) and not principal.is_admin:
+        raise Forbidden(f"you are not a member of group {name!r}, so you cannot submit jobs to it")
+    return group
+
+
+def submit_job(session: Session, principal: Principal, spec: JobSpecV1, *, now: float | None = None) -> Job:
+    """Validate access and fit, then store the job as QUEUED with a "submitted" event. Commits."""
+    now = time.time() if now is None else now
+    group = resolve_group(session, principal, spec.group)
+    check_fits(session, spec, group.name, principal.name)
+    user = session.get(User, principal.user_id)
+    stored = spec.model_dump(mode="json", exclude_none=True)
+    stored["group"] = group.name
+    job = Job(
+        name=spec.name,
+        user_id=principal.user_id,
+        group_id=group.id,
+        state=JobState.QUEUED.value,
+        priority=int(spec.priority_value),
+        preemptible=spec.preemptible,
+        spec=stored,
+        max_retries=spec.retries,
+        attempt_count=0,
+        runtime_estimate_s=spec.max_runtime_s,
+        submitted_at=now,
+        updated_at=now,
+        cancel_requested=False,
+        reason="",
+        attained_gpu_seconds=0.0,
+        group=group,
+        user=user,
+        attempts=[],  # set, so that showing the new job needs no lazy load
+    )
+    session.add(job)
+    session.flush()
+    session.add(
+        JobEvent(
+            job_id=job.id,
+            at=now,
+            kind="transition",
+            from_state=None,
+            to_state=JobState.QUEUED.value,
+            message=f"submitted by {principal.name} to group {group.name}",
+        )
+    )
+    session.commit()
+    return job
+
+
+def visibility(principal: Principal) -> ColumnElement[bool] | None:
+    """SQL condition for the jobs `principal` may see; None = all (admin)."""
+    if principal.is_admin:
+        return None
+    admin_groups = principal.admin_group_ids
+    own = Job.user_id == principal.user_id
+    return or_(own, Job.group_id.in_(admin_groups)) if admin_groups else own
+
+
+def visibility_branches(principal: Principal) -> list[ColumnElement[bool]] | None:
+    """The jobs `principal` may see as DISJOINT conditions that each ride one index: own jobs
+    outside administered groups, then one branch per administered group. None = all (admin).
+    An OR of them would make the database scan and sort every visible job for each page."""
+    if principal.is_admin:
+        return None
+    admin_groups = sorted(principal.admin_group_ids)
+    own = Job.user_id == principal.user_id
+    if not admin_groups:
+        return [own]
+    return [and_(own, Job.group_id.not_in(admin_groups)), *(Job.group_id == g for g in admin_groups)]
+
+
+def _filters(session: Session, flt: JobFilter) -> list[ColumnElement[bool]]:
+    conds: list[ColumnElement[bool]] = []
+    if flt.state:
+        conds.append(Job.state.in_(list(flt.state)))
+    if flt.user:
+        uid = session.scalar(select(User.id).where(User.name == flt.user))
+        conds.append(Job.user_id == uid if uid is not None else false())
+    if flt.group:
+        gid = session.scalar(select(Group.id).where(Group.name == flt.group))
+        conds.append(Job.group_id == gid if gid is not None else false())
+    return conds
+
+
+def check_filter(flt: JobFilter) -> None:
+    valid_states = {s.value for s in JobState}
+    for state in flt.state:
+        if state not in valid_states:
+            raise Invalid(
+                f"unknown state {state!r}; use one of {', '.join(sorted(valid_states))}", ("query", "state")
+            )
+    if flt.sort not in SORT_COLUMNS:
+        raise Invalid(f"cannot sort by {flt.sort!r}; use one of {', '.join(SORT_COLUMNS)}", ("query", "sort"))
+    if flt.order not in ("asc", "desc"):
+        raise Invalid("order must be 'asc' or 'desc'", ("query", "order"))
+
+
+def _ordering(column: Any, order: str, table: Any = None) -> list[Any]:
+    key = column if table is None else table.c.sort_key
+    job_id = Job.id if table is None else table.c.id
+    if column is Job.id:
+        return [job_id.desc() if order == "desc" else job_id.asc()]
+    if order == "desc":
+        return [key.desc(), job_id.desc()]
+    return [key.asc(), job_id.asc()]
+
+
+def list_jobs(session: Session, principal: Principal, flt: JobFilter) -> tuple[list[Job], int]:
+    """One page of visible jobs and the total count under the same filters.
+
+    Each visibility branch is paged on its own index ((user|group|state, submitted_at)), limited
+    to offset+limit rows, and the branches are merged; counts are summed per branch. So a page
+    and its total stay fast at 100,000 jobs for admins, members and group admins alike."""
+    check_filter(flt)
+    column = SORT_COLUMNS[flt.sort]
+    filters = _filters(session, flt)
+    branches = visibility_branches(principal)
+    if branches is None or len(branches) == 1:
+        conds = filters + (branches or [])
+        ids_stmt = select(Job.id).where(*conds).order_by(*_ordering(column, flt.order))
+        ids = list(session.scalars(ids_stmt.limit(flt.limit).offset(flt.offset)))
+        total = int(session.scalar(select(func.count(Job.id)).where(*conds)) or 0)
+    else:
+        reach = flt.offset + flt.limit
+        parts = [
+            select(Job.id.label("id"), column.label("sort_key"))
+            .where(branch, *filters)
+            .order_by(*_ordering(column, flt.order))
+            .limit(reach)
+            .subquery()
+            for branch in branches
+        ]
+        merged = union_all(*(select(p.c.id, p.c.sort_key) for p in parts)).subquery()
+        page = select(merged.c.id).order_by(*_ordering(column, flt.order, merged))
+        ids = list(session.scalars(page.limit(flt.limit).offset(flt.offset)))
+        total = sum(int(session.scalar(select(func.count(Job.id)).where(b, *filters)) or 0) for b in branches)
+    if not ids:
+        return [], total
+    rows = session.scalars(
+        select(Job)
+        .where(Job.id.in_(ids))
+        .options(joinedload(Job.user), joinedload(Job.group), selectinload(Job.attempts))
+    ).unique()
+    by_id = {job.id: job for job in rows}
+    return [by_id[i] for i in ids if i in by_id], total
+
+
+def can_see(principal: Principal, job: Job) -> bool:
+    return principal.is_admin or job.user_id == principal.user_id or principal.is_group_admin(job.group_id)
+
+
+def get_job(session: Session, principal: Principal, job_id: int, *, for_update: bool = False) -> Job:
+    """The job if the caller may see it; 404 otherwise (another user's job does not exist for them)."""
+    stmt = (
+        select(Job)
+        .where(Job.id == job_id)
+        .options(joinedload(Job.user), joinedload(Job.group), selectinload(Job.attempts))
+    )
+    if for_update:
+        stmt = stmt.with_for_update(of=Job)
+    job = session.scalars(stmt).unique().first()
+    if job is None or not can_see(principal, job):
+        raise NotFound(f"no job with id {job_id}")
+    return job
+
+
+def job_events(session: Session, job_id: int, limit: int = 500) -> list[JobEvent]:
+    stmt = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id).limit(limit)
+    return list(session.scalars(stmt))
+
+
+def cancel_job(session: Session, principal: Principal, job_id: int, *, now: float | None = None) -> Job:
+    """Cancel per the contract in this module's docstring. Commits."""
+    now = time.time() if now is None else now
+    job = get_job(session, principal, job_id, for_update=True)
+    state = JobState(job.state)
+    if state.terminal:
+        raise Conflict(f"job {job_id} has already ended ({state.value}); there is nothing to cancel")
+    if state is JobState.QUEUED:
+        job.cancel_requested = True
+        transition(session, job, JobState.CANCELLED, now=now, message=f"cancelled by {principal.name}")
+    elif not job.cancel_requested:
+        job.cancel_requested = True
+        job.updated_at = now
+        session.add(
+            JobEvent(
+                job_id=job.id,
+                at=now,
+                kind="cancel_requested",
+                from_state=state.value,
+                to_state=None,
+                message=f"cancel requested by {principal.name}",
+            )
+        )
+    session.commit()
+    return job
+
+
+def read_logs(
+    engine: Any, job: Job, *, attempt: int | None, rank: int, offset: int, limit: int
+) -> dict[str, Any]:
+    """Logs of one instance (by rank) of one attempt (default: the newest) from byte `offset`.
+    `engine` is the execution engine; the caller answers 503 when there is none."""
+    from corral.engine.base import LogChunk
+
+    if not job.attempts:
+        return {
+            "data": "",
+            "next_offset": 0,
+            "eof": JobState(job.state).terminal,
+            "attempt": None,
+            "rank": rank,
+        }
+    chosen = (
+        job.attempts[-1] if attempt is None else next((a for a in job.attempts if a.number == attempt), None)
+    )
+    if chosen is None:
+        raise NotFound(f"job {job.id} has no attempt {attempt}")
+    instances = max(1, len(chosen.placement or []))
+    if not 0 <= rank < instances:
+        raise Invalid(f"rank must be between 0 and {instances - 1} for this attempt", ("query", "rank"))
+    chunk: LogChunk = engine.logs(chosen.attempt_id, instance=rank, offset=offset, limit=limit)
+    return {
+        # Decoded leniently: a chunk may end inside a multi-byte character; offsets stay in bytes.
+        "data": chunk.data.decode("utf-8", errors="replace"),
+        "next_offset": chunk.next_offset,
+        "eof": chunk.eof,
+        "attempt": chosen.number,
+        "rank": rank,
+    }

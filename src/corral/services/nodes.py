@@ -1,0 +1,69 @@
+"""Nodes as the API shows them, operator actions on them, and the cluster summary.
+
+Cordon/uncordon/drain set `Node.admin_state` (what the operator asked, kept across engine
+reports) and `Node.state` (what the scheduler sees). The server's node sync (corral.server)
+keeps admin_state over the engine's ready/down and mirrors it into the engine."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, selectinload
+
+from corral.db.models import GpuClaim, Job, Node
+from corral.services.errors import NotFound
+
+ADMIN_ACTIONS = {"cordon": "cordoned", "drain": "draining", "uncordon": "none"}
+LIVE_NODE_STATES = ("ready", "cordoned", "draining")
+
+
+def gpu_claims(session: Session) -> dict[tuple[str, int], int]:
+    return {(c.node, c.gpu_index): c.job_id for c in session.scalars(select(GpuClaim))}
+
+
+def list_nodes(session: Session) -> list[Node]:
+    return list(session.scalars(select(Node).options(selectinload(Node.gpus)).order_by(Node.name)))
+
+
+def set_admin_state(session: Session, name: str, action: str) -> Node:
+    """Apply cordon | drain | uncordon. A down node stays down until its heartbeat returns."""
+    node = session.scalar(select(Node).where(Node.name == name).options(selectinload(Node.gpus)))
+    if node is None:
+        raise NotFound(f"no node named {name!r}")
+    admin_state = ADMIN_ACTIONS[action]
+    node.admin_state = admin_state
+    if node.state in LIVE_NODE_STATES:
+        node.state = "ready" if admin_state == "none" else admin_state
+    session.flush()
+    return node
+
+
+def cluster_summary(session: Session) -> dict[str, Any]:
+    nodes = list_nodes(session)
+    claims = gpu_claims(session)
+    by_model: dict[str, dict[str, int]] = {}
+    for node in nodes:
+        usable = node.state == "ready"
+        for gpu in node.gpus:
+            entry = by_model.setdefault(gpu.model, {"total": 0, "allocated": 0, "free": 0, "unavailable": 0})
+            entry["total"] += 1
+            if (node.name, gpu.index) in claims:
+                entry["allocated"] += 1
+            elif usable and gpu.healthy:
+                entry["free"] += 1
+            else:
+                entry["unavailable"] += 1
+    rows = session.execute(select(Job.state, func.count(Job.id)).group_by(Job.state))
+    jobs = {str(state): int(count) for state, count in rows}
+    return {
+        "gpus": {
+            "total": sum(m["total"] for m in by_model.values()),
+            "allocated": sum(m["allocated"] for m in by_model.values()),
+            "free": sum(m["free"] for m in by_model.values()),
+            "by_model": by_model,
+        },
+        "nodes": dict(Counter(n.state for n in nodes)),
+        "jobs": jobs,
+    }

@@ -1,0 +1,179 @@
+"""CLUSTER.yaml: the simulated cluster (node pools) and its tenant groups with quotas.
+
+```yaml
+name: philly
+pools:
+  - {name: v100, count: 64, gpus_per_node: 8, gpu_model: V100, cpus: 64, memory_mib: 524288}
+groups:
+  - {name: research, guaranteed: 64}                 # int: GPUs of any model
+  - {name: vision, guaranteed: {V100: 32}, max: {V100: 128}, weight: 2, borrowing: true}
+default_group: {guaranteed: 0}   # for trace groups not listed (optional; default: quota 0)
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from corral.scheduler.types import ANY_MODEL, GPU, Group, Node
+
+SHIPPED_CLUSTERS = ("philly", "openb")
+
+
+class ClusterError(ValueError):
+    """A cluster file that cannot be used; the message names the file and the entry."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    name: str
+    count: int
+    gpus_per_node: int
+    gpu_model: str
+    cpus: float
+    memory_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    name: str
+    pools: tuple[Pool, ...]
+    groups: tuple[Group, ...]
+    default_group: Mapping[str, Any] | None = None
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(p.count * p.gpus_per_node for p in self.pools)
+
+    def build_nodes(self) -> tuple[Node, ...]:
+        nodes = []
+        for pool in self.pools:
+            for i in range(pool.count):
+                name = f"{pool.name}-{i:04d}"
+                gpus = tuple(
+                    GPU(index=g, uuid=f"GPU-{name}-{g}", model=pool.gpu_model)
+                    for g in range(pool.gpus_per_node)
+                )
+                nodes.append(Node(name=name, cpus=pool.cpus, memory_mib=pool.memory_mib, gpus=gpus))
+        return tuple(nodes)
+
+    def groups_for(self, trace_groups: set[str]) -> tuple[Group, ...]:
+        """The declared groups plus a group (from `default_group`) for each trace group not declared."""
+        known = {g.name for g in self.groups}
+        extra = sorted(trace_groups - known)
+        template = dict(self.default_group or {})
+        made = tuple(_group({**template, "name": name}, "default_group") for name in extra)
+        return self.groups + made
+
+    def with_private_quota(self, group: Group) -> ClusterSpec:
+        """A private cluster just for `group`: its guaranteed GPUs of each model, rounded up to
+        whole nodes of the pool with that model (GPUs of any model come from the first pool)."""
+        pools = []
+        for i, pool in enumerate(self.pools):
+            quota = group.guaranteed.get(pool.gpu_model, 0) + (
+                group.guaranteed.get(ANY_MODEL, 0) if i == 0 else 0
+            )
+            if quota > 0 and pool.gpus_per_node:
+                count = -(-quota // pool.gpus_per_node)
+                pools.append(dataclasses.replace(pool, count=count))
+        private = Group(name=group.name, guaranteed=dict(group.guaranteed), borrowing=False)
+        return ClusterSpec(name=f"{self.name}-private-{group.name}", pools=tuple(pools), groups=(private,))
+
+
+def _require(entry: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in entry:
+        raise ClusterError(f"{where}: missing key {key!r}")
+    return entry[key]
+
+
+def _positive_int(value: Any, where: str, allow_zero: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
+        raise ClusterError(f"{where}: expected a {'non-negative' if allow_zero else 'positive'} whole number")
+    return value
+
+
+def _quota(value: Any, where: str) -> dict[str, int]:
+    if value is None:
+        return {}
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {ANY_MODEL: _positive_int(value, where, allow_zero=True)}
+    if isinstance(value, Mapping):
+        return {str(k): _positive_int(v, f"{where}.{k}", allow_zero=True) for k, v in value.items()}
+    raise ClusterError(f"{where}: expected a number of GPUs or a mapping model -> GPUs")
+
+
+def _group(entry: Mapping[str, Any], where: str) -> Group:
+    if not isinstance(entry, Mapping):
+        raise ClusterError(f"{where}: expected a mapping")
+    name = str(_require(entry, "name", where))
+    at = f"{where} {name!r}"
+    max_quota = entry.get("max")
+    return Group(
+        name=name,
+        guaranteed=_quota(entry.get("guaranteed", 0), f"{at}.guaranteed"),
+        max=None if max_quota is None else _quota(max_quota, f"{at}.max"),
+        user_max_gpus=entry.get("user_max_gpus"),
+        weight=float(entry.get("weight", 1.0)),
+        borrowing=bool(entry.get("borrowing", True)),
+    )
+
+
+def _pool(entry: Any, where: str) -> Pool:
+    if not isinstance(entry, Mapping):
+        raise ClusterError(f"{where}: expected a mapping")
+    name = str(_require(entry, "name", where))
+    at = f"{where} {name!r}"
+    return Pool(
+        name=name,
+        count=_positive_int(_require(entry, "count", at), f"{at}.count"),
+        gpus_per_node=_positive_int(entry.get("gpus_per_node", 0), f"{at}.gpus_per_node", allow_zero=True),
+        gpu_model=str(entry.get("gpu_model", "GPU")),
+        cpus=float(entry.get("cpus", 64)),
+        memory_mib=_positive_int(entry.get("memory_mib", 262144), f"{at}.memory_mib"),
+    )
+
+
+def parse_cluster(data: Any, source: str) -> ClusterSpec:
+    if not isinstance(data, Mapping):
+        raise ClusterError(f"{source}: expected a mapping with 'pools' and 'groups'")
+    pools_raw = _require(data, "pools", source)
+    if not isinstance(pools_raw, list) or not pools_raw:
+        raise ClusterError(f"{source}: 'pools' must be a non-empty list")
+    pools = tuple(_pool(p, f"{source}: pools[{i}]") for i, p in enumerate(pools_raw))
+    if len({p.name for p in pools}) != len(pools):
+        raise ClusterError(f"{source}: pool names must be unique")
+    groups_raw = data.get("groups") or []
+    if not isinstance(groups_raw, list):
+        raise ClusterError(f"{source}: 'groups' must be a list")
+    groups = tuple(_group(g, f"{source}: groups[{i}]") for i, g in enumerate(groups_raw))
+    default = data.get("default_group")
+    if default is not None and not isinstance(default, Mapping):
+        raise ClusterError(f"{source}: 'default_group' must be a mapping")
+    return ClusterSpec(
+        name=str(data.get("name", Path(source).stem)), pools=pools, groups=groups, default_group=default
+    )
+
+
+def load_cluster(name_or_path: str) -> ClusterSpec:
+    """A shipped example (`philly`, `openb`) or a path to a CLUSTER.yaml."""
+    if name_or_path in SHIPPED_CLUSTERS:
+        path = Path(str(resources.files("corral").joinpath("examples", "clusters", f"{name_or_path}.yaml")))
+    else:
+        path = Path(name_or_path)
+        if not path.is_file():
+            shipped = ", ".join(SHIPPED_CLUSTERS)
+            raise ClusterError(
+                f"cluster {name_or_path!r}: not a shipped example ({shipped}) and no such file"
+            )
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ClusterError(f"{path}: not valid YAML: {exc}")
+    return parse_cluster(data, str(path))

@@ -1,0 +1,435 @@
+"""Discrete-event replay of a trace through Corral's scheduler library.
+
+Events (arrivals, completions, preemption stops, node failures and repairs) are processed in time
+order. After all events of one instant are applied, and only if something changed, the simulator
+builds the `Snapshot` the live control loop would build and calls the same `schedule()` function;
+the plan's assignments start jobs, its preemptions stop jobs after their grace period. A stopped
+job keeps the work up to its last checkpoint and goes back to the queue.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from corral.scheduler import check_fits_anywhere
+from corral.scheduler.types import (
+    Allocation,
+    Group,
+    Job,
+    Node,
+    NodeState,
+    Plan,
+    Resources,
+    RunningJob,
+    Snapshot,
+    TaskSpec,
+    Usage,
+)
+from corral.sim.cluster import ClusterSpec
+from corral.sim.trace import Trace, TraceJob
+
+ScheduleFn = Callable[[Snapshot, float, random.Random], Plan]
+
+
+class SimulationError(RuntimeError):
+    """The scheduler returned a plan the cluster cannot carry out (a scheduler bug)."""
+
+
+class _Ev(IntEnum):  # order matters at equal times: free resources before new demand arrives
+    COMPLETE = 0
+    STOP = 1
+    NODE_FAIL = 2
+    NODE_REPAIR = 3
+    ARRIVAL = 4
+    CYCLE = 5  # a deferred scheduling cycle (cycle_interval_s > 0)
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    checkpoint_interval_s: float = 1800.0  # 0: no checkpoints, a preempted job restarts from scratch
+    oracle_runtime: bool = True  # give the scheduler each job's (remaining) duration as its estimate
+    usage_half_life_s: float = 7 * 86400.0  # decay of historical usage for fair share
+    node_mtbf_s: float | None = None  # mean time between failures of one node; None = no failures
+    node_repair_s: float = 3600.0
+    seed: int = 0
+    record_cycles: bool = False  # keep (snapshot, now, plan) of every cycle
+    cycle_interval_s: float = 0.0  # 0: a cycle at every event time; >0: cycles only on this grid, like
+    # the live loop's period (fewer schedule() calls; jobs wait for the next tick)
+    frag_samples: int = 2000  # fragmentation is sampled at most this many times over the trace
+
+
+@dataclass(frozen=True, slots=True)
+class CycleRecord:
+    snapshot: Snapshot
+    now: float
+    plan: Plan
+
+
+@dataclass(slots=True)
+class SimJob:
+    trace: TraceJob
+    tasks: tuple[TaskSpec, ...]
+    remaining: float
+    attained_gpu_s: float = 0.0
+    first_start: float = math.nan
+    end: float = math.nan
+    last_start: float = math.nan
+    attempt: int = 0
+    eta: float = math.nan  # estimated_start of the first diagnosis that gave one
+    preemptions: int = 0
+    lost_work_s: float = 0.0
+    stopping: bool = False
+
+
+@dataclass
+class SimResult:
+    trace_name: str
+    cluster_name: str
+    policy: str
+    total_gpus: int
+    jobs: list[SimJob]
+    rejected: list[tuple[TraceJob, str]]  # jobs that fit no node, with why
+    alloc_t: array[float]  # allocated GPUs over time (step function)
+    alloc_gpus: array[float]
+    frag_samples: list[tuple[float, int, int]]  # (time, free GPUs, free GPUs no waiting job can use)
+    cycles: int
+    preemptions: int
+    node_failures: int
+    wall_s: float
+    schedule_s: float  # time spent inside schedule()
+    records: list[CycleRecord] = field(default_factory=list)
+    notes: tuple[str, ...] = ()
+
+
+def _tasks_for(job: TraceJob) -> tuple[TaskSpec, ...]:
+    res = Resources(
+        gpus=job.gpus_per_instance, gpu_model=job.gpu_model, cpus=job.cpus, memory_mib=job.memory_mib
+    )
+    return (TaskSpec(role="worker", instances=job.instances, resources=res),)
+
+
+def _probe_job(tj: TraceJob) -> Job:
+    return Job(id=tj.job_id, group=tj.group, user=tj.user, tasks=_tasks_for(tj), priority=tj.priority)
+
+
+class Simulator:
+    """One replay. `run()` drives the event loop; `snapshot()` is what each cycle hands schedule()."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        cluster: ClusterSpec,
+        schedule_fn: ScheduleFn,
+        policy_name: str = "custom",
+        config: SimConfig | None = None,
+    ) -> None:
+        self.config = config or SimConfig()
+        self.trace, self.cluster, self.schedule_fn, self.policy_name = (
+            trace,
+            cluster,
+            schedule_fn,
+            policy_name,
+        )
+        self.rng = random.Random(self.config.seed)
+        self.nodes: tuple[Node, ...] = cluster.build_nodes()
+        self.node_index = {n.name: i for i, n in enumerate(self.nodes)}
+        self.groups: tuple[Group, ...] = cluster.groups_for({j.group for j in trace.jobs})
+        self.gpu_owner: list[list[str | None]] = [[None] * len(n.gpus) for n in self.nodes]
+        self.free_gpus = [len(n.gpus) for n in self.nodes]
+        self.total_gpus = sum(self.free_gpus)
+        self.allocated = 0
+        self.jobs: dict[str, SimJob] = {}
+        self.queued: dict[str, Job] = {}
+        self.running: dict[str, RunningJob] = {}
+        self.events: list[tuple[float, int, int, str]] = []
+        self._seq = 0
+        self.usage: dict[str, float] = {g.name: 0.0 for g in self.groups}
+        self.usage_rate: dict[str, float] = dict.fromkeys(self.usage, 0.0)
+        self.user_usage: dict[tuple[str, str], float] = {(j.group, j.user): 0.0 for j in trace.jobs}
+        self.user_rate: dict[tuple[str, str], float] = dict.fromkeys(self.user_usage, 0.0)
+        self.usage_time = 0.0
+        self.rejected: list[tuple[TraceJob, str]] = []
+        self.records: list[CycleRecord] = []
+        self.alloc_t: array[float] = array("d")
+        self.alloc_gpus: array[float] = array("d")
+        self.frag: list[tuple[float, int, int]] = []
+        self.cycles = self.preemption_count = self.node_failures = 0
+        self.schedule_s = 0.0
+        self.need_eta: set[str] = set()  # waiting jobs not yet given an estimated start
+        self._deferred_cycle: float | None = None
+        self.job_events = 0  # pending job events; node events alone do not keep the replay going
+        self._load_jobs()
+
+    # -- setup ---------------------------------------------------------------------------------
+    def _push(self, at: float, kind: _Ev, key: str) -> None:
+        self._seq += 1
+        if kind < _Ev.NODE_FAIL or kind >= _Ev.ARRIVAL:
+            self.job_events += 1
+        heapq.heappush(self.events, (at, int(kind), self._seq, key))
+
+    def _load_jobs(self) -> None:
+        verdicts: dict[tuple[object, ...], str] = {}  # shape -> "" (fits) or why not; few shapes
+        for tj in self.trace.jobs:
+            shape = (tj.gpus_per_instance, tj.gpu_model, tj.cpus, tj.memory_mib, tj.instances)
+            why = verdicts.get(shape)
+            if why is None:
+                reasons = check_fits_anywhere(_probe_job(tj), self.nodes)
+                why = verdicts[shape] = "; ".join(r.message for r in reasons)
+            if why:
+                self.rejected.append((tj, why))
+                continue
+            self.jobs[tj.job_id] = SimJob(trace=tj, tasks=_tasks_for(tj), remaining=tj.duration)
+            self._push(tj.submit_time, _Ev.ARRIVAL, tj.job_id)
+        if self.config.node_mtbf_s:
+            for node in self.nodes:
+                self._push(self.rng.expovariate(1.0 / self.config.node_mtbf_s), _Ev.NODE_FAIL, node.name)
+
+    # -- state -> snapshot ------------------------------------------------------------------------
+    def _advance_usage(self, now: float) -> None:
+        dt = now - self.usage_time
+        if dt <= 0:
+            return
+        decay = 0.5 ** (dt / self.config.usage_half_life_s)
+        for name, value in self.usage.items():
+            self.usage[name] = value * decay + self.usage_rate[name] * dt
+        for key, value in self.user_usage.items():
+            self.user_usage[key] = value * decay + self.user_rate[key] * dt
+        self.usage_time = now
+
+    def snapshot(self) -> Snapshot:
+        """The simulator's state as the Snapshot the live loop would hand to schedule()."""
+        return Snapshot(
+            nodes=self.nodes,
+            groups=self.groups,
+            queued=tuple(self.queued.values()),
+            running=tuple(self.running.values()),
+            usage=Usage(by_group=dict(self.usage), by_user=dict(self.user_usage)),
+        )
+
+    def _queue(self, sj: SimJob) -> None:
+        tj = sj.trace
+        self.queued[tj.job_id] = Job(
+            id=tj.job_id,
+            group=tj.group,
+            user=tj.user,
+            tasks=sj.tasks,
+            priority=tj.priority,
+            submit_time=tj.submit_time,
+            runtime_estimate=sj.remaining if self.config.oracle_runtime else None,
+            attained_gpu_seconds=sj.attained_gpu_s,
+        )
+
+    # -- applying a plan ------------------------------------------------------------------------
+    def _start(self, now: float, job: Job, allocation: Allocation, borrowed: bool) -> None:
+        for inst in allocation.instances:
+            ni = self.node_index.get(inst.node)
+            if ni is None:
+                raise SimulationError(f"plan places {job.id} on unknown node {inst.node}")
+            owners = self.gpu_owner[ni]
+            for g in inst.gpu_indices:
+                if owners[g] is not None:
+                    raise SimulationError(f"plan places {job.id} on {inst.node} GPU {g}, held by {owners[g]}")
+                owners[g] = job.id
+            self.free_gpus[ni] -= len(inst.gpu_indices)
+        sj = self.jobs[job.id]
+        gpus = job.total_gpus
+        self.allocated += gpus
+        self.usage_rate[job.group] += gpus
+        self.user_rate[(job.group, job.user)] += gpus
+        sj.attempt += 1
+        sj.last_start = now
+        if math.isnan(sj.first_start):
+            sj.first_start = now
+        self.running[job.id] = RunningJob(job=job, allocation=allocation, start_time=now, borrowed=borrowed)
+        self._push(now + sj.remaining, _Ev.COMPLETE, f"{job.id}\0{sj.attempt}")
+
+    def _release(self, job_id: str) -> RunningJob:
+        rj = self.running.pop(job_id)
+        for inst in rj.allocation.instances:
+            ni = self.node_index[inst.node]
+            owners = self.gpu_owner[ni]
+            for g in inst.gpu_indices:
+                owners[g] = None
+            self.free_gpus[ni] += len(inst.gpu_indices)
+        gpus = rj.job.total_gpus
+        self.allocated -= gpus
+        self.usage_rate[rj.job.group] -= gpus
+        self.user_rate[(rj.job.group, rj.job.user)] -= gpus
+        return rj
+
+    def _interrupt(self, now: float, job_id: str) -> None:
+        """Stop a running job (preempted or its node failed); it keeps work up to its last checkpoint."""
+        rj = self._release(job_id)
+        sj = self.jobs[job_id]
+        ran = now - sj.last_start
+        interval = self.config.checkpoint_interval_s
+        kept = min(sj.remaining, math.floor(ran / interval) * interval) if interval > 0 else 0.0
+        sj.lost_work_s += ran - kept
+        sj.remaining -= kept
+        sj.attained_gpu_s += ran * rj.job.total_gpus
+        sj.stopping = False
+        sj.attempt += 1  # invalidates the pending completion event
+        self._queue(sj)
+
+    def _apply(self, now: float, plan: Plan) -> None:
+        for a in plan.assignments:
+            job = self.queued.pop(a.job_id, None)
+            if job is None:
+                raise SimulationError(f"plan assigns {a.job_id}, which is not waiting")
+            self._start(now, job, a.allocation, a.borrowed)
+            self.need_eta.discard(a.job_id)
+        for p in plan.preemptions:
+            sj = self.jobs.get(p.job_id)
+            if sj is None or p.job_id not in self.running or sj.stopping:
+                continue
+            sj.stopping = True
+            sj.preemptions += 1
+            self.preemption_count += 1
+            self._push(now + max(0.0, p.grace_s), _Ev.STOP, f"{p.job_id}\0{sj.attempt}")
+        # Only jobs still without an ETA are looked up: walking every diagnosis each cycle would
+        # cost O(queue) per cycle, which dominated long FIFO queues.
+        found = []
+        for job_id in self.need_eta:
+            diag = plan.diagnoses.get(job_id)
+            if diag is not None and diag.estimated_start is not None:
+                self.jobs[job_id].eta = diag.estimated_start
+                found.append(job_id)
+        self.need_eta.difference_update(found)
+
+    # -- events ---------------------------------------------------------------------------------
+    def _cycle_or_defer(self, now: float) -> None:
+        interval = self.config.cycle_interval_s
+        tick = math.ceil(now / interval) * interval if interval > 0 else now
+        if tick <= now or self._deferred_cycle == now:
+            self._deferred_cycle = None
+            self._cycle(now)
+        elif self._deferred_cycle is None:
+            self._deferred_cycle = tick
+            self._push(tick, _Ev.CYCLE, "")
+
+    def _handle(self, now: float, kind: int, key: str) -> bool:
+        """Apply one event; True when it changed what the scheduler would see."""
+        if kind == _Ev.CYCLE:
+            return True
+        if kind == _Ev.ARRIVAL:
+            self._queue(self.jobs[key])
+            self.need_eta.add(key)
+            return True
+        if kind in (_Ev.COMPLETE, _Ev.STOP):
+            job_id, attempt = key.split("\0")
+            sj = self.jobs[job_id]
+            if int(attempt) != sj.attempt or job_id not in self.running:
+                return False  # stale: the attempt was already stopped or finished
+            if kind == _Ev.COMPLETE:
+                self._release(job_id)
+                sj.remaining = 0.0
+                sj.end = now
+            else:
+                self._interrupt(now, job_id)
+            return True
+        return self._node_event(now, kind, key)
+
+    def _node_event(self, now: float, kind: int, name: str) -> bool:
+        ni = self.node_index[name]
+        node = self.nodes[ni]
+        if kind == _Ev.NODE_FAIL:
+            self.node_failures += 1
+            victims = {owner for owner in self.gpu_owner[ni] if owner is not None}
+            victims |= {
+                jid
+                for jid, rj in self.running.items()
+                if not rj.job.total_gpus and name in rj.allocation.nodes
+            }
+            for job_id in sorted(victims):
+                self._interrupt(now, job_id)
+            state = NodeState.DOWN
+            self._push(now + self.config.node_repair_s, _Ev.NODE_REPAIR, name)
+        else:
+            state = NodeState.READY
+            assert self.config.node_mtbf_s
+            self._push(now + self.rng.expovariate(1.0 / self.config.node_mtbf_s), _Ev.NODE_FAIL, name)
+        nodes = list(self.nodes)
+        nodes[ni] = Node(node.name, node.cpus, node.memory_mib, node.gpus, node.labels, state)
+        self.nodes = tuple(nodes)
+        return True
+
+    def _cycle(self, now: float) -> None:
+        self._advance_usage(now)
+        snap = self.snapshot()
+        started = time.perf_counter()
+        plan = self.schedule_fn(snap, now, self.rng)
+        self.schedule_s += time.perf_counter() - started
+        self.cycles += 1
+        if self.config.record_cycles:
+            self.records.append(CycleRecord(snapshot=snap, now=now, plan=plan))
+        self._apply(now, plan)
+
+    def _sample_fragmentation(self, now: float) -> None:
+        """Free GPUs on ready nodes that no waiting job's instance could use (size and model)."""
+        need: dict[frozenset[str] | None, int] = {}
+        for job in self.queued.values():
+            res = job.tasks[0].resources
+            if res.gpus:
+                key = res.gpu_models
+                need[key] = min(need.get(key, res.gpus), res.gpus)
+        free = unusable = 0
+        for ni, node in enumerate(self.nodes):
+            f = self.free_gpus[ni]
+            if not f or node.state is not NodeState.READY:
+                continue
+            free += f
+            model = node.gpus[0].model
+            if not any(g <= f and (models is None or model in models) for models, g in need.items()):
+                unusable += f
+        self.frag.append((now, free, unusable))
+
+    def run(self) -> SimResult:
+        started = time.perf_counter()
+        events, handle = self.events, self._handle
+        first = events[0][0] if events else 0.0
+        self.usage_time = first
+        span = (self.trace.jobs[-1].submit_time - first) if self.trace.jobs else 0.0
+        frag_every = max(span / max(self.config.frag_samples, 1), 1e-9)
+        next_frag = first
+        while events and self.job_events:
+            now = events[0][0]
+            changed = False
+            while events and events[0][0] == now:
+                _, kind, _, key = heapq.heappop(events)
+                if kind < _Ev.NODE_FAIL or kind >= _Ev.ARRIVAL:
+                    self.job_events -= 1
+                self._advance_usage(now)
+                changed = handle(now, kind, key) or changed
+            if changed and self.queued:
+                self._cycle_or_defer(now)
+            if self.queued and now >= next_frag:
+                self._sample_fragmentation(now)
+                next_frag = now + frag_every
+            if not self.alloc_t or self.alloc_gpus[-1] != self.allocated:
+                self.alloc_t.append(now)
+                self.alloc_gpus.append(self.allocated)
+        return SimResult(
+            trace_name=self.trace.name,
+            cluster_name=self.cluster.name,
+            policy=self.policy_name,
+            total_gpus=self.total_gpus,
+            jobs=list(self.jobs.values()),
+            rejected=self.rejected,
+            alloc_t=self.alloc_t,
+            alloc_gpus=self.alloc_gpus,
+            frag_samples=self.frag,
+            cycles=self.cycles,
+            preemptions=self.preemption_count,
+            node_failures=self.node_failures,
+            wall_s=time.perf_counter() - started,
+            schedule_s=self.schedule_s,
+            records=self.records,
+            notes=self.trace.notes,
+        )

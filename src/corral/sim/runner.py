@@ -1,0 +1,76 @@
+"""Policies by name and one-call replays: `simulate(trace, cluster, "default")`.
+
+A policy is a named Profile of the scheduler library (`corral.scheduler.PROFILES`), optionally with
+another placement: `fifo:spread` is FIFO with spread placement. The simulator never decides
+anything itself; it calls the same `schedule()` the live control loop calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from typing import Any
+
+from corral.scheduler.types import Plan, Snapshot
+from corral.sim.cluster import ClusterSpec
+from corral.sim.replay import ScheduleFn, SimConfig, SimResult, Simulator
+from corral.sim.trace import Trace
+
+COMPARE_POLICIES = ("default", "fifo", "fifo-backfill", "sjf", "las")
+
+
+class PolicyError(ValueError):
+    pass
+
+
+def resolve_policy(spec: str) -> ScheduleFn:
+    """`NAME` or `NAME:PLACEMENT` -> a schedule function bound to that profile."""
+    from corral.scheduler import PROFILES, schedule
+
+    name, _, placement = spec.partition(":")
+    profile = PROFILES.get(name)
+    if profile is None:
+        raise PolicyError(f"unknown policy {name!r}; use one of {', '.join(PROFILES)}")
+    if placement:
+        try:
+            profile = dataclasses.replace(profile, placement=placement)
+        except ValueError as exc:
+            raise PolicyError(f"policy {spec!r}: {exc}")
+    chosen = profile
+
+    def run(snapshot: Snapshot, now: float, rng: random.Random) -> Plan:
+        return schedule(snapshot, now, rng, chosen)
+
+    return run
+
+
+def simulate(
+    trace: Trace, cluster: ClusterSpec, policy: str = "default", config: SimConfig | None = None
+) -> SimResult:
+    return Simulator(trace, cluster, resolve_policy(policy), policy_name=policy, config=config).run()
+
+
+def private_baseline(
+    trace: Trace, cluster: ClusterSpec, policy: str, config: SimConfig | None = None
+) -> dict[str, dict[str, Any]]:
+    """Each group alone on a private cluster of its guaranteed quota (rounded up to whole nodes):
+    its average queueing delay there, to compare with the shared cluster."""
+    out: dict[str, dict[str, Any]] = {}
+    for group in cluster.groups_for({j.group for j in trace.jobs}):
+        jobs = tuple(j for j in trace.jobs if j.group == group.name)
+        if not jobs:
+            continue
+        private = cluster.with_private_quota(group)
+        if not private.pools:
+            out[group.name] = {"private_gpus": 0, "private_avg_queue_s": None, "private_rejected": len(jobs)}
+            continue
+        sub = Trace(name=f"{trace.name}-{group.name}", jobs=jobs)
+        result = simulate(sub, private, policy, config)
+        waits = [j.first_start - j.trace.submit_time for j in result.jobs if not math.isnan(j.first_start)]
+        out[group.name] = {
+            "private_gpus": private.total_gpus,
+            "private_avg_queue_s": sum(waits) / len(waits) if waits else None,
+            "private_rejected": len(result.rejected),
+        }
+    return out

@@ -1,0 +1,287 @@
+"""Job spec v1: the typed model of what a user submits (YAML or JSON), with its limits.
+
+    name: cifar-resnet
+    group: vision              # default: the submitter's default group
+    priority: normal           # low | normal | high
+    environment: default
+    retries: 2                 # whole-job retries on failure (never after a cancel)
+    max_runtime: 6h
+    preemptible: true
+    tasks:
+      trainer:
+        instances: 2           # gang-scheduled
+        resources: {gpus: 4, gpu_model: A100, cpus: 16, memory: 64GiB}
+        command: torchrun ... train.py
+    env: {EPOCHS: "10"}
+    mounts: [{dataset: cifar10}, {group_storage: vision}]
+
+A single-task job may put `command` and `resources` (and `instances`) at the top level instead of
+`tasks`; it becomes one task named `main`. Memory is given as "64GiB", "512MiB", "2G" or an integer
+number of MiB, and is stored as MiB. `max_runtime` is "90s", "30m", "6h", "1d", "1h30m" or seconds.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from corral.scheduler.types import Priority, Resources, TaskSpec
+
+MAX_NAME_LEN = 128
+MAX_COMMAND_LEN = 16_384
+MAX_INSTANCES = 64  # per job, over all tasks
+MAX_TASKS = 16
+MAX_GPUS_PER_INSTANCE = 64
+MAX_ENV_BYTES = 64 * 1024
+MAX_ENV_VARS = 256
+MAX_RETRIES = 20
+MAX_SPEC_BYTES = 256 * 1024
+
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+GPU_MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+_MEMORY_UNITS_MIB = {
+    "": 1.0 / (1024 * 1024),  # bare number with no unit inside a string: bytes
+    "b": 1.0 / (1024 * 1024),
+    "k": 1.0 / 1024, "ki": 1.0 / 1024, "kb": 1.0 / 1024, "kib": 1.0 / 1024,
+    "m": 1.0, "mi": 1.0, "mb": 1.0, "mib": 1.0,
+    "g": 1024.0, "gi": 1024.0, "gb": 1024.0, "gib": 1024.0,
+    "t": 1024.0**2, "ti": 1024.0**2, "tb": 1024.0**2, "tib": 1024.0**2,
+}  # fmt: skip
+_MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([dhms])", re.IGNORECASE)
+_DURATION_S = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+
+
+def parse_memory_mib(value: Any) -> int:
+    """ "64GiB" -> 65536; "512MiB" -> 512; 2048 (an int) -> 2048 MiB."""
+    if isinstance(value, bool):
+        raise ValueError("memory must be a size such as '512MiB' or '64GiB'")
+    if isinstance(value, int | float):
+        mib = float(value)
+    elif isinstance(value, str):
+        match = _MEMORY_RE.match(value)
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _MEMORY_UNITS_MIB:
+            raise ValueError(f"memory {value!r} is not a size such as '512MiB' or '64GiB'")
+        mib = float(match.group(1)) * _MEMORY_UNITS_MIB[unit]
+    else:
+        raise ValueError("memory must be a size such as '512MiB' or '64GiB'")
+    if mib < 1:
+        raise ValueError(f"memory {value!r} is less than 1 MiB")
+    if mib > 64 * 1024 * 1024:
+        raise ValueError(f"memory {value!r} is more than 64 TiB")
+    return int(mib)
+
+
+def parse_duration_s(value: Any) -> float:
+    """ "6h" -> 21600; "1h30m" -> 5400; 90 -> 90 seconds."""
+    if isinstance(value, bool):
+        raise ValueError("a duration must look like '90s', '30m' or '6h'")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().replace(" ", "")
+        parts = _DURATION_RE.findall(text)
+        if not parts or "".join(n + u for n, u in parts).lower() != text.lower():
+            raise ValueError(f"{value!r} is not a duration such as '90s', '30m', '6h' or '1d'")
+        seconds = sum(float(n) * _DURATION_S[u.lower()] for n, u in parts)
+    else:
+        raise ValueError("a duration must look like '90s', '30m' or '6h'")
+    if seconds <= 0:
+        raise ValueError("a duration must be more than zero")
+    return seconds
+
+
+def _check_gpu_model(value: str | None) -> str | None:
+    if value is None:
+        return None
+    models = [m.strip() for m in value.split("|")]
+    if not models or any(not GPU_MODEL_RE.match(m) for m in models):
+        raise ValueError(f"gpu_model {value!r} must be a model name or alternatives like 'A100|H100'")
+    return "|".join(models)
+
+
+MemoryMiB = Annotated[int, BeforeValidator(parse_memory_mib)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+class ResourcesV1(_Strict):
+    gpus: int = Field(0, ge=0, le=MAX_GPUS_PER_INSTANCE)
+    gpu_model: str | None = Field(None, max_length=256)
+    cpus: float = Field(1.0, gt=0, le=1024)
+    memory: MemoryMiB = Field(1024, description="MiB; accepts '512MiB', '64GiB' on input")
+
+    @field_validator("gpu_model")
+    @classmethod
+    def _gpu_model(cls, value: str | None) -> str | None:
+        return _check_gpu_model(value)
+
+    def to_scheduler(self) -> Resources:
+        return Resources(gpus=self.gpus, gpu_model=self.gpu_model, cpus=self.cpus, memory_mib=self.memory)
+
+
+class TaskV1(_Strict):
+    instances: int = Field(1, ge=1, le=MAX_INSTANCES)
+    resources: ResourcesV1 = Field(default_factory=ResourcesV1)
+    command: str = Field(min_length=1, max_length=MAX_COMMAND_LEN)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_env(value)
+
+
+class MountV1(_Strict):
+    dataset: str | None = Field(None, max_length=128)
+    group_storage: str | None = Field(None, max_length=128)
+    read_only: bool = True
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> MountV1:
+        if (self.dataset is None) == (self.group_storage is None):
+            raise ValueError("a mount names exactly one of 'dataset' or 'group_storage'")
+        return self
+
+
+def check_env(value: dict[str, str]) -> dict[str, str]:
+    if len(value) > MAX_ENV_VARS:
+        raise ValueError(f"env has {len(value)} variables; at most {MAX_ENV_VARS} are allowed")
+    for key in value:
+        if not ENV_NAME_RE.match(key):
+            raise ValueError(f"env name {key!r} must be letters, digits and '_' and not start with a digit")
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in value.items())
+    if size > MAX_ENV_BYTES:
+        raise ValueError(f"env is {size} bytes; at most {MAX_ENV_BYTES} bytes are allowed")
+    return value
+
+
+class JobSpecV1(_Strict):
+    version: Literal[1] = 1
+    name: str = Field(min_length=1, max_length=MAX_NAME_LEN, pattern=NAME_RE)
+    group: str | None = Field(None, max_length=64)
+    priority: Literal["low", "normal", "high"] = "normal"
+    environment: str = Field("default", min_length=1, max_length=256)
+    retries: int = Field(0, ge=0, le=MAX_RETRIES)
+    max_runtime: str | None = None
+    preemptible: bool = True
+    stop_grace: str | None = None  # SIGTERM -> SIGKILL grace on cancel/preemption, e.g. "30s"
+    tasks: dict[str, TaskV1] = Field(min_length=1, max_length=MAX_TASKS)
+    env: dict[str, str] = Field(default_factory=dict)
+    mounts: list[MountV1] = Field(default_factory=list, max_length=32)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _single_task_shorthand(cls, data: Any) -> Any:
+        """`command:` (+ `resources:`, `instances:`) at the top level means one task named main."""
+        if isinstance(data, dict) and "tasks" not in data and "command" in data:
+            data = dict(data)
+            task = {k: data.pop(k) for k in ("command", "resources", "instances") if k in data}
+            data["tasks"] = {"main": task}
+        if isinstance(data, dict) and isinstance(data.get("priority"), str):
+            data = {**data, "priority": data["priority"].strip().lower()}
+        return data
+
+    @field_validator("max_runtime", "stop_grace", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        seconds = parse_duration_s(value)
+        # Stored as one number and unit ("90m", "5400s"): the loops' spec reader reads that form.
+        if isinstance(value, str) and len(_DURATION_RE.findall(value)) == 1:
+            return value.strip()
+        return f"{seconds:g}s"
+
+    @field_validator("tasks")
+    @classmethod
+    def _tasks(cls, value: dict[str, TaskV1]) -> dict[str, TaskV1]:
+        for role in value:
+            if not re.match(NAME_RE, role) or len(role) > 64:
+                raise ValueError(f"task name {role!r} must be up to 64 letters, digits, '.', '_' or '-'")
+        total = sum(t.instances for t in value.values())
+        if total > MAX_INSTANCES:
+            raise ValueError(
+                f"the job has {total} instances over all tasks; at most {MAX_INSTANCES} are allowed"
+            )
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_env(value)
+
+    @property
+    def max_runtime_s(self) -> float | None:
+        return None if self.max_runtime is None else parse_duration_s(self.max_runtime)
+
+    @property
+    def priority_value(self) -> Priority:
+        return Priority.parse(self.priority)
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(t.instances * t.resources.gpus for t in self.tasks.values())
+
+    def task_specs(self) -> tuple[TaskSpec, ...]:
+        """The scheduler's view of this job's tasks, in spec order (rank order for launches)."""
+        return tuple(
+            TaskSpec(role=role, instances=task.instances, resources=task.resources.to_scheduler())
+            for role, task in self.tasks.items()
+        )
+
+
+class SpecError(ValueError):
+    """A spec that is not YAML/JSON at all, or not a mapping (field errors use ValidationError)."""
+
+
+def load_spec_text(text: str) -> dict[str, Any]:
+    """Parse YAML (JSON is YAML too) into a mapping, with a plain error when it is not one."""
+    if len(text.encode()) > MAX_SPEC_BYTES:
+        raise SpecError(f"the spec is larger than {MAX_SPEC_BYTES // 1024} KiB")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise SpecError(f"the spec is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from exc
+    if not isinstance(data, dict):
+        raise SpecError("the spec must be a mapping of fields such as 'name' and 'tasks'")
+    return data
+
+
+def parse_spec(data: dict[str, Any] | str) -> JobSpecV1:
+    """Validate a spec given as a mapping or YAML text. Raises SpecError or ValidationError."""
+    if isinstance(data, str):
+        data = load_spec_text(data)
+    return JobSpecV1.model_validate(data)
+
+
+__all__ = [
+    "JobSpecV1",
+    "MountV1",
+    "ResourcesV1",
+    "SpecError",
+    "TaskV1",
+    "ValidationError",
+    "load_spec_text",
+    "parse_duration_s",
+    "parse_memory_mib",
+    "parse_spec",
+]

@@ -1,0 +1,106 @@
+// The only way the portal talks to Corral: the public REST API under /api/v1, like the CLI.
+// Cookie session + CSRF header for requests that change state; a 401 anywhere sends the user to
+// the login page and, after login, back to where they were.
+
+const BASE = "/api/v1";
+const CSRF_KEY = "corral.csrf";
+const SAFE_METHODS = new Set(["GET", "HEAD", "OPTIONS"]);
+
+export class ApiError extends Error {
+  constructor(status, detail, path) {
+    super(describeDetail(status, detail));
+    this.status = status;
+    this.detail = detail;
+    this.path = path;
+  }
+
+  // Validation errors as [{loc: [...], msg}], with a leading "body"/"query" dropped.
+  get fieldErrors() {
+    if (this.status !== 422 || !Array.isArray(this.detail)) return [];
+    return this.detail.map((e) => ({
+      loc: (Array.isArray(e.loc) ? e.loc : [e.loc]).filter((p) => p !== "body" && p !== "query"),
+      msg: String(e.msg ?? e.message ?? "invalid value"),
+    }));
+  }
+}
+
+function describeDetail(status, detail) {
+  if (typeof detail === "string" && detail) return detail;
+  if (Array.isArray(detail)) {
+    return detail.map((e) => `${(e.loc || []).join(".")}: ${e.msg}`).join("; ");
+  }
+  if (detail && typeof detail === "object" && detail.message) return String(detail.message);
+  if (status === 0) return "Cannot reach the Corral server.";
+  return `The server answered HTTP ${status}.`;
+}
+
+let unauthorizedHandler = () => {};
+
+export function onUnauthorized(handler) {
+  unauthorizedHandler = handler;
+}
+
+export function setCsrfToken(token) {
+  if (token) localStorage.setItem(CSRF_KEY, token);
+  else localStorage.removeItem(CSRF_KEY);
+}
+
+export function buildUrl(path, query) {
+  const url = new URL(BASE + path, window.location.origin);
+  for (const [key, value] of Object.entries(query || {})) {
+    if (value !== undefined && value !== null && value !== "") url.searchParams.set(key, String(value));
+  }
+  return url.pathname + url.search;
+}
+
+// api("GET", "/jobs", {query: {state: "running"}}) -> parsed JSON (or text), throws ApiError.
+export async function api(method, path, options = {}) {
+  const { query, json, text, contentType, signal, quiet401 } = options;
+  const headers = { Accept: "application/json" };
+  let body;
+  if (json !== undefined) {
+    headers["Content-Type"] = "application/json";
+    body = JSON.stringify(json);
+  } else if (text !== undefined) {
+    headers["Content-Type"] = contentType || "text/plain";
+    body = text;
+  }
+  if (!SAFE_METHODS.has(method)) headers["X-CSRF-Token"] = localStorage.getItem(CSRF_KEY) || "";
+  let response;
+  try {
+    response = await fetch(buildUrl(path, query), {
+      method,
+      headers,
+      body,
+      credentials: "same-origin",
+      signal,
+    });
+  } catch (err) {
+    if (err && err.name === "AbortError") throw err;
+    throw new ApiError(0, null, path);
+  }
+  const isJson = (response.headers.get("content-type") || "").includes("json");
+  const payload = response.status === 204 ? null : isJson ? await response.json() : await response.text();
+  if (response.status === 401 && !quiet401) {
+    unauthorizedHandler();
+  }
+  if (!response.ok) {
+    throw new ApiError(response.status, isJson && payload ? payload.detail : payload, path);
+  }
+  return payload;
+}
+
+export const get = (path, query, extra) => api("GET", path, { query, ...(extra || {}) });
+export const post = (path, json) => api("POST", path, { json: json ?? {} });
+export const put = (path, json) => api("PUT", path, { json: json ?? {} });
+export const del = (path) => api("DELETE", path);
+
+// Lists come as {items, total} (jobs) or as a bare array (older endpoints): accept both.
+export function itemsOf(payload, ...keys) {
+  if (Array.isArray(payload)) return payload;
+  if (!payload || typeof payload !== "object") return [];
+  for (const key of ["items", ...keys]) {
+    if (Array.isArray(payload[key])) return payload[key];
+  }
+  return [];
+}

@@ -1,0 +1,237 @@
+// The portal shell: session, navigation bar, client-side router and page lifecycle (polling timers
+// are owned by the page and stopped when the user navigates away, so nothing polls in the background).
+
+import { ApiError, api, get, onUnauthorized, setCsrfToken } from "./api.js";
+import { clear, errorBox, fill, h, toast } from "./ui.js";
+
+const ROUTES = [
+  { pattern: /^\/$/, module: "dashboard", title: "Dashboard" },
+  { pattern: /^\/login$/, module: "login", title: "Log in", public: true },
+  { pattern: /^\/jobs$/, module: "jobs", title: "Jobs" },
+  { pattern: /^\/submit$/, module: "submit", title: "Submit a job" },
+  { pattern: /^\/jobs\/(\d+)$/, module: "job_detail", title: "Job" },
+  { pattern: /^\/nodes$/, module: "nodes", title: "Nodes" },
+  { pattern: /^\/groups$/, module: "groups", title: "Groups and quotas" },
+  { pattern: /^\/alerts$/, module: "alerts", title: "Alerts" },
+  { pattern: /^\/profile$/, module: "profile", title: "Profile" },
+];
+
+const NAV = [
+  ["/", "Dashboard"],
+  ["/jobs", "Jobs"],
+  ["/submit", "Submit"],
+  ["/nodes", "Nodes"],
+  ["/groups", "Groups"],
+  ["/alerts", "Alerts"],
+  ["/profile", "Profile"],
+];
+
+const state = { me: null, cleanups: [], renderToken: 0 };
+
+export function currentUser() {
+  return state.me;
+}
+
+export function isAdmin() {
+  return Boolean(state.me && (state.me.role === "admin" || state.me.is_admin));
+}
+
+export function setCurrentUser(me) {
+  state.me = me;
+  renderTopbar();
+}
+
+// ---- navigation ------------------------------------------------------------------------------
+
+export function navigate(path, { replace = false } = {}) {
+  if (replace) history.replaceState({}, "", path);
+  else history.pushState({}, "", path);
+  render();
+}
+
+function currentPath() {
+  return window.location.pathname + window.location.search;
+}
+
+export function goToLogin() {
+  const here = currentPath();
+  if (window.location.pathname === "/login") return;
+  state.me = null;
+  navigate(`/login?next=${encodeURIComponent(here)}`, { replace: true });
+}
+
+// A 401 from any API call means the session ended (expired, logged out elsewhere).
+onUnauthorized(() => {
+  if (state.me) toast("Your session has ended; please log in again.", "error");
+  goToLogin();
+});
+
+document.addEventListener("click", (event) => {
+  if (event.defaultPrevented || event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey) return;
+  const a = event.target.closest("a[href]");
+  if (!a || a.target || a.hasAttribute("download")) return;
+  const url = new URL(a.href, window.location.href);
+  if (url.origin !== window.location.origin || !ROUTES.some((r) => r.pattern.test(url.pathname))) return;
+  event.preventDefault();
+  navigate(url.pathname + url.search);
+});
+
+window.addEventListener("popstate", () => render());
+
+// ---- page lifecycle --------------------------------------------------------------------------
+
+// What a page gets: where to draw, the route's parameters and timers that die with the page.
+function makeContext(main, match, token) {
+  return {
+    main,
+    params: match.slice(1),
+    query: new URLSearchParams(window.location.search),
+    alive: () => token === state.renderToken,
+    // Poll fn every ms while this page is shown; a failing poll shows its error once, then retries.
+    every(ms, fn) {
+      let running = false;
+      const id = setInterval(async () => {
+        if (running || document.hidden || token !== state.renderToken) return;
+        running = true;
+        try {
+          await fn();
+        } catch (err) {
+          if (!(err instanceof ApiError && err.status === 401)) console.warn("poll failed", err);
+        } finally {
+          running = false;
+        }
+      }, ms);
+      state.cleanups.push(() => clearInterval(id));
+    },
+    onLeave(fn) {
+      state.cleanups.push(fn);
+    },
+  };
+}
+
+function stopPage() {
+  for (const fn of state.cleanups.splice(0)) {
+    try {
+      fn();
+    } catch (err) {
+      console.warn(err);
+    }
+  }
+}
+
+async function ensureSession() {
+  if (state.me) return true;
+  try {
+    state.me = await get("/me", undefined, { quiet401: true });
+    return true;
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 401) return false;
+    throw err;
+  }
+}
+
+export async function render() {
+  stopPage();
+  const token = ++state.renderToken;
+  const main = document.getElementById("main");
+  const path = window.location.pathname;
+  const route = ROUTES.find((r) => r.pattern.test(path));
+  try {
+    if (!route) {
+      renderTopbar();
+      showError(main, 404, `There is no page at ${path}.`);
+      return;
+    }
+    if (!route.public && !(await ensureSession())) {
+      goToLogin();
+      return;
+    }
+    if (token !== state.renderToken) return;
+    renderTopbar();
+    document.title = `${route.title} · Corral`;
+    const page = await import(`./pages/${route.module}.js`);
+    if (token !== state.renderToken) return;
+    clear(main);
+    main.dataset.page = route.module;
+    await page.render(makeContext(main, path.match(route.pattern), token));
+  } catch (err) {
+    if (token !== state.renderToken) return;
+    if (err instanceof ApiError && err.status === 401) return; // already on the way to login
+    if (err instanceof ApiError && (err.status === 403 || err.status === 404)) {
+      showError(main, err.status, err.message);
+    } else {
+      fill(main, h("h1", {}, "Error"), errorBox(err));
+    }
+  }
+  if (token === state.renderToken && document.activeElement === document.body) main.focus({ preventScroll: true });
+}
+
+// A proper 403/404 page (never a stack trace).
+export function showError(main, status, message) {
+  const titles = { 403: "403 — Forbidden", 404: "404 — Not found" };
+  const hints = {
+    403: "You do not have permission to see this. Ask an admin of its group if you need access.",
+    404: "It may have been deleted, or the address is mistyped.",
+  };
+  document.title = `${titles[status] || status} · Corral`;
+  main.dataset.page = `error-${status}`;
+  fill(main, 
+    h(
+      "div",
+      { class: "error-page", "data-status": status },
+      h("h1", {}, titles[status] || `Error ${status}`),
+      h("p", {}, message || ""),
+      h("p", { class: "muted" }, hints[status] || ""),
+      h("p", {}, h("a", { href: "/", class: "button" }, "Back to the dashboard")),
+    ),
+  );
+}
+
+// ---- top bar -----------------------------------------------------------------------------------
+
+function renderTopbar() {
+  const bar = document.getElementById("topbar");
+  if (!state.me || window.location.pathname === "/login") {
+    bar.hidden = true;
+    clear(bar);
+    return;
+  }
+  bar.hidden = false;
+  const path = window.location.pathname;
+  const active = (href) => (href === "/" ? path === "/" : path === href || path.startsWith(href + "/"));
+  fill(bar, 
+    h("a", { href: "/", class: "brand" }, h("span", { class: "brand-mark", "aria-hidden": "true" }), "Corral"),
+    h(
+      "nav",
+      { "aria-label": "Main" },
+      h(
+        "ul",
+        {},
+        NAV.map(([href, label]) =>
+          h("li", {}, h("a", { href, "aria-current": active(href) ? "page" : undefined }, label)),
+        ),
+      ),
+    ),
+    h(
+      "div",
+      { class: "whoami" },
+      h("span", { class: "user-name", title: "Logged in as" }, state.me.name),
+      isAdmin() ? h("span", { class: "badge role-admin" }, "admin") : null,
+      h("button", { type: "button", class: "button subtle", id: "logout", onclick: logout }, "Log out"),
+    ),
+  );
+}
+
+async function logout() {
+  try {
+    await api("POST", "/auth/logout", { json: {}, quiet401: true });
+  } catch (err) {
+    // Ending the session locally is what matters; the server's session expires anyway.
+    console.warn(err);
+  }
+  setCsrfToken(null);
+  state.me = null;
+  navigate("/login", { replace: true });
+}
+
+render();

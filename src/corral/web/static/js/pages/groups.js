@@ -1,0 +1,235 @@
+// Groups and quotas: per group and GPU model, usage against guaranteed and max. Admins create
+// groups, set quotas, add users to groups and set a user's default group.
+
+import { ApiError, get, itemsOf, post, put } from "../api.js";
+import { isAdmin } from "../app.js";
+import { gpusInUseByGroup } from "../metrics.js";
+import { fill, emptyState, errorBox, h, section, table, toast, usageBar } from "../ui.js";
+
+// Quotas as [{model, guaranteed, max, used}]. `usage` is {model: GPUs held now}; the "*" quota
+// covers the models that have no quota of their own (as the scheduler reads it).
+export function quotaRows(group, usage) {
+  const quotas = group.quotas || [];
+  const own = new Set(quotas.map((q) => q.gpu_model));
+  const rows = quotas.map((q) => {
+    const model = q.gpu_model ?? "*";
+    const used =
+      model === "*"
+        ? Object.entries(usage).reduce((sum, [m, n]) => sum + (own.has(m) ? 0 : n), 0)
+        : Number(usage[model] || 0);
+    return { model, guaranteed: Number(q.guaranteed ?? 0), max: q.max ?? null, used };
+  });
+  if (!own.has("*")) {
+    for (const [model, used] of Object.entries(usage)) {
+      if (!own.has(model)) rows.push({ model, guaranteed: 0, max: null, used, borrowed: true });
+    }
+  }
+  return rows;
+}
+
+function memberNames(group) {
+  return (group.members || []).map((m) => (typeof m === "string" ? m : `${m.name ?? m.user}${m.role === "admin" ? " (admin)" : ""}`));
+}
+
+export async function render(ctx) {
+  const list = h("div", { id: "groups-list" });
+  const adminBox = h("div", {});
+  ctx.main.append(
+    h("h1", {}, "Groups and quotas"),
+    h("p", { class: "muted" }, "GPUs in use now against each group's guaranteed share (the black mark) and maximum."),
+    list,
+    adminBox,
+  );
+  const refresh = async () => {
+    try {
+      const [groups, usage] = await Promise.all([
+        get("/groups").then((payload) => itemsOf(payload, "groups")),
+        gpusInUseByGroup().catch(() => new Map()),
+      ]);
+      if (!ctx.alive()) return;
+      drawGroups(list, groups, usage);
+      if (isAdmin() && !adminBox.firstChild) adminBox.append(adminForms(groups, refresh));
+      else if (isAdmin()) updateGroupOptions(adminBox, groups);
+    } catch (err) {
+      if (ctx.alive()) fill(list, errorBox(err, "Cannot load groups"));
+    }
+  };
+  await refresh();
+  ctx.every(10000, refresh);
+}
+
+function drawGroups(root, groups, usage) {
+  if (!groups.length) {
+    fill(root, emptyState("No groups yet."));
+    return;
+  }
+  fill(root, 
+    h(
+      "div",
+      { class: "grid-2" },
+      groups.map((g) => {
+        const rows = quotaRows(g, usage.get(g.name) || {});
+        const members = memberNames(g);
+        return h(
+          "section",
+          { class: "card group", "data-group": g.name },
+          h("h2", {}, g.name),
+          rows.length
+            ? table(
+                [
+                  {
+                    label: "GPU model",
+                    cell: (r) => [r.model === "*" ? "any model" : r.model, r.borrowed ? h("span", { class: "muted" }, " (no quota: borrowed)") : null],
+                  },
+                  { label: "Used", cell: (r) => String(r.used), class: "num" },
+                  { label: "Guaranteed", cell: (r) => String(r.guaranteed), class: "num quota-guaranteed" },
+                  { label: "Max", cell: (r) => (r.max == null ? "unlimited" : String(r.max)), class: "num quota-max" },
+                  {
+                    label: "Usage",
+                    cell: (r) => usageBar(r.used, r.max ?? Math.max(r.guaranteed, r.used, 1), `${g.name} ${r.model} usage`, r.guaranteed),
+                  },
+                ],
+                rows,
+                { class: "quotas" },
+              )
+            : emptyState("No quota: this group can only borrow idle GPUs."),
+          h("p", { class: "muted members" }, members.length ? `Members: ${members.join(", ")}` : "No members."),
+        );
+      }),
+    ),
+  );
+}
+
+function groupSelect(id, groups) {
+  return h("select", { id, required: true, class: "group-select" }, groups.map((g) => h("option", { value: g.name }, g.name)));
+}
+
+function updateGroupOptions(box, groups) {
+  for (const select of box.querySelectorAll("select.group-select")) {
+    const current = select.value;
+    const names = groups.map((g) => g.name);
+    if (Array.from(select.options).map((o) => o.value).join() === names.join()) continue;
+    fill(select, ...names.map((n) => h("option", { value: n, selected: n === current }, n)));
+  }
+}
+
+// One small admin form: fields + a submit button; errors from the API are shown in the form.
+function adminForm(id, title, fields, buttonLabel, action) {
+  const error = h("p", { class: "field-error", role: "alert", hidden: true });
+  const form = h(
+    "form",
+    { id, class: "admin-form", novalidate: true },
+    h("h3", {}, title),
+    fields.map(([label, input]) => h("div", { class: "field" }, h("label", { for: input.id }, label), input)),
+    error,
+    h("button", { type: "submit", class: "button primary" }, buttonLabel),
+  );
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    error.hidden = true;
+    for (const [label, input] of fields) {
+      if (input.required && !input.value.trim()) {
+        error.textContent = `${label} is required.`;
+        error.hidden = false;
+        input.focus();
+        return;
+      }
+    }
+    try {
+      const message = await action();
+      toast(message, "success");
+    } catch (err) {
+      error.textContent =
+        err instanceof ApiError && err.fieldErrors.length ? err.fieldErrors.map((e) => `${e.loc.join(".")}: ${e.msg}`).join("; ") : err.message;
+      error.hidden = false;
+    }
+  });
+  return form;
+}
+
+function adminForms(groups, refresh) {
+  const newName = h("input", { id: "new-group-name", required: true, autocomplete: "off" });
+  const qGroup = groupSelect("quota-group", groups);
+  const qModel = h("input", { id: "quota-model", value: "*", required: true });
+  const qGuaranteed = h("input", { id: "quota-guaranteed", type: "number", min: 0, value: 0, required: true });
+  const qMax = h("input", { id: "quota-max", type: "number", min: 0, placeholder: "unlimited" });
+  const mGroup = groupSelect("member-group", groups);
+  const mUser = h("input", { id: "member-user", required: true, autocomplete: "off", list: "known-users" });
+  const mRole = h("select", { id: "member-role" }, h("option", { value: "member" }, "member"), h("option", { value: "admin" }, "group admin"));
+  const dUser = h("input", { id: "default-user", required: true, autocomplete: "off", list: "known-users" });
+  const dGroup = groupSelect("default-group", groups);
+  const users = h("datalist", { id: "known-users" });
+  get("/users")
+    .then((payload) => users.append(...itemsOf(payload, "users").map((u) => h("option", { value: u.name }))))
+    .catch(() => {});
+
+  const nonNegative = (input) => {
+    const n = Number(input.value);
+    if (!Number.isInteger(n) || n < 0) throw new Error(`${input.id.replace("quota-", "")} must be a whole number of GPUs, 0 or more`);
+    return n;
+  };
+  return section(
+    "Administration",
+    users,
+    h(
+      "div",
+      { class: "admin-grid" },
+      adminForm("create-group", "Create a group", [["Group name", newName]], "Create group", async () => {
+        await post("/groups", { name: newName.value.trim() });
+        const created = newName.value.trim();
+        newName.value = "";
+        await refresh();
+        return `Group ${created} created.`;
+      }),
+      adminForm(
+        "set-quota",
+        "Set a quota",
+        [
+          ["Group", qGroup],
+          ["GPU model (* = any)", qModel],
+          ["Guaranteed GPUs", qGuaranteed],
+          ["Max GPUs (empty = unlimited)", qMax],
+        ],
+        "Set quota",
+        async () => {
+          const body = {
+            gpu_model: qModel.value.trim() || "*",
+            guaranteed: nonNegative(qGuaranteed),
+            max: qMax.value.trim() === "" ? null : nonNegative(qMax),
+          };
+          await put(`/groups/${encodeURIComponent(qGroup.value)}/quota`, body);
+          await refresh();
+          return `Quota of ${qGroup.value} for ${body.gpu_model} set.`;
+        },
+      ),
+      adminForm(
+        "add-member",
+        "Add a user to a group",
+        [
+          ["Group", mGroup],
+          ["User", mUser],
+          ["Role", mRole],
+        ],
+        "Add user",
+        async () => {
+          await post(`/groups/${encodeURIComponent(mGroup.value)}/members`, { user: mUser.value.trim(), role: mRole.value });
+          await refresh();
+          return `${mUser.value.trim()} added to ${mGroup.value}.`;
+        },
+      ),
+      adminForm(
+        "set-default-group",
+        "Set a user's default group",
+        [
+          ["User", dUser],
+          ["Group", dGroup],
+        ],
+        "Set default group",
+        async () => {
+          await put(`/users/${encodeURIComponent(dUser.value.trim())}/default-group`, { group: dGroup.value });
+          return `${dUser.value.trim()}'s default group is now ${dGroup.value}.`;
+        },
+      ),
+    ),
+  );
+}

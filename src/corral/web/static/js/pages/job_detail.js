@@ -1,0 +1,318 @@
+// Job detail: state timeline (events), attempts, why pending, live log tail (polling the logs
+// endpoint with offsets), GPU utilization chart where metrics exist, and cancel / clone / download.
+// A missing job shows the 404 page, someone else's job the 403 page (raised by the first GET).
+
+import { ApiError, api, get } from "../api.js";
+import { gpuUtilization, mean } from "../metrics.js";
+import {
+  clear,
+  fill,
+  downloadText,
+  emptyState,
+  errorBox,
+  fmtTime,
+  h,
+  isTerminal,
+  lineChart,
+  section,
+  stateBadge,
+  table,
+  timeEl,
+  toYaml,
+  toast,
+} from "../ui.js";
+
+const MAX_LOG_CHARS = 256 * 1024; // keep the tail: a chatty job must not slow the page down
+
+export async function render(ctx) {
+  const id = ctx.params[0];
+  let job = await get(`/jobs/${id}`); // 403/404 become the error pages (app.js)
+  const head = h("div", { class: "page-head" });
+  const summary = h("div", {});
+  const pending = h("div", {});
+  const timeline = h("div", {});
+  const attempts = h("div", {});
+  const chart = utilizationChart(id);
+  const logs = logPanel(ctx, id);
+  ctx.main.append(head, summary, pending, h("div", { class: "grid-2" }, timeline, attempts), logs.element, chart.element);
+
+  const draw = () => {
+    drawHead(head, job, ctx);
+    drawSummary(summary, job);
+    drawPending(pending, job);
+    drawTimeline(timeline, job);
+    drawAttempts(attempts, job);
+    logs.setAttempts(job);
+  };
+  draw();
+  await Promise.all([logs.poll(), isTerminal(job.state) ? null : chart.sample()]);
+  ctx.every(2000, async () => {
+    const wasTerminal = isTerminal(job.state);
+    job = await get(`/jobs/${id}`);
+    if (!ctx.alive()) return;
+    draw();
+    if (!wasTerminal) await logs.poll();
+  });
+  ctx.every(1500, () => (isTerminal(job.state) && logs.done() ? null : logs.poll()));
+  ctx.every(3000, () => (isTerminal(job.state) ? null : chart.sample()));
+}
+
+function drawHead(head, job, ctx) {
+  const cancel = h("button", { type: "button", class: "button danger", id: "cancel-job" }, "Cancel job");
+  cancel.addEventListener("click", async () => {
+    if (!window.confirm(`Cancel job #${job.id} (${job.name})?`)) return;
+    cancel.disabled = true;
+    try {
+      await api("POST", `/jobs/${job.id}/cancel`, { json: {} });
+      toast(`Job #${job.id} is being cancelled.`, "success");
+      const fresh = await get(`/jobs/${job.id}`);
+      if (ctx.alive()) Object.assign(job, fresh);
+      drawHead(head, job, ctx);
+    } catch (err) {
+      toast(err.message, "error");
+      cancel.disabled = false;
+    }
+  });
+  const download = h("button", { type: "button", class: "button", id: "download-spec" }, "Download spec");
+  download.addEventListener("click", () => downloadText(`job-${job.id}.yaml`, toYaml(job.spec || {}) + "\n"));
+  fill(head, 
+    h("h1", {}, `#${job.id} ${job.name || ""} `, stateBadge(job.state)),
+    h(
+      "div",
+      { class: "actions" },
+      isTerminal(job.state) || job.cancel_requested ? null : cancel,
+      h("a", { href: `/submit?clone=${job.id}`, class: "button", id: "clone-job" }, "Clone"),
+      download,
+    ),
+  );
+}
+
+function drawSummary(root, job) {
+  const items = [
+    ["User", job.user],
+    ["Group", job.group],
+    ["Priority", { 0: "low", 1: "normal", 2: "high" }[job.priority] ?? job.priority],
+    ["Submitted", fmtTime(job.created_at ?? job.submitted_at)],
+    ["Updated", fmtTime(job.updated_at)],
+    ["Retries", `${job.retries ?? 0}`],
+  ];
+  if (job.reason) items.push(["Reason", job.reason]);
+  fill(root, 
+    h("dl", { class: "summary card" }, items.map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, String(v ?? "—"))))),
+  );
+}
+
+function drawPending(root, job) {
+  const d = job.diagnosis;
+  if (!d || isTerminal(job.state) || job.state === "running") {
+    clear(root);
+    return;
+  }
+  const reasons = d.reasons || [];
+  fill(root, 
+    section(
+      "Why is it waiting?",
+      h(
+        "dl",
+        { class: "summary", id: "why-pending" },
+        h("div", {}, h("dt", {}, "Queue position"), h("dd", {}, d.queue_position == null ? "—" : `#${d.queue_position}`)),
+        h("div", {}, h("dt", {}, "Estimated start"), h("dd", {}, d.estimated_start == null ? "unknown" : timeEl(d.estimated_start))),
+        d.unschedulable ? h("div", {}, h("dt", {}, "Schedulable"), h("dd", { class: "bad" }, "no: it cannot fit the cluster as it is")) : null,
+      ),
+      reasons.length
+        ? h("ul", { class: "reasons" }, reasons.map((r) => h("li", {}, h("code", {}, r.code || "reason"), " ", r.message || "", r.source ? h("span", { class: "muted" }, ` (${r.source})`) : null)))
+        : emptyState("No reason recorded yet; the scheduler looks at it on its next cycle."),
+    ),
+  );
+}
+
+function drawTimeline(root, job) {
+  const events = job.events || [];
+  fill(root, 
+    section(
+      "Timeline",
+      events.length
+        ? h(
+            "ol",
+            { class: "timeline" },
+            events.map((e) =>
+              h(
+                "li",
+                { class: `ev-${e.kind || "event"}` },
+                h("time", { datetime: fmtTime(e.at) }, fmtTime(e.at)),
+                " ",
+                e.to_state ? stateBadge(e.to_state) : h("span", { class: "badge" }, e.kind || "event"),
+                e.message ? h("span", { class: "ev-msg" }, ` ${e.message}`) : null,
+              ),
+            ),
+          )
+        : emptyState("No events yet."),
+    ),
+  );
+}
+
+function placementNodes(a) {
+  if (Array.isArray(a.nodes)) return a.nodes.join(", ");
+  return a.node || "—";
+}
+
+// [{node, index}] -> "node-a: 0,1 · node-b: 2"
+function placementGpus(a) {
+  if (!Array.isArray(a.gpus) || !a.gpus.length) return "—";
+  const byNode = new Map();
+  for (const g of a.gpus) {
+    if (!byNode.has(g.node)) byNode.set(g.node, []);
+    byNode.get(g.node).push(g.index);
+  }
+  return Array.from(byNode, ([node, indices]) => `${node}: ${indices.join(",")}`).join(" · ");
+}
+
+function drawAttempts(root, job) {
+  const attempts = job.attempts || [];
+  fill(root, 
+    section(
+      "Attempts",
+      attempts.length
+        ? table(
+            [
+              { label: "#", cell: (a) => String(a.number) },
+              { label: "State", cell: (a) => stateBadge(a.state) },
+              { label: "Nodes", cell: placementNodes },
+              { label: "GPUs", cell: placementGpus },
+              { label: "Started", cell: (a) => timeEl(a.started_at) },
+              { label: "Ended", cell: (a) => timeEl(a.ended_at) },
+              { label: "Exit", cell: (a) => (a.exit_code == null ? "—" : String(a.exit_code)) },
+              { label: "Reason", cell: (a) => [a.reason || "", a.message ? h("div", { class: "muted" }, a.message) : null] },
+            ],
+            attempts,
+            { class: "attempts" },
+          )
+        : emptyState("Not started yet."),
+    ),
+  );
+}
+
+// ---- logs -----------------------------------------------------------------------------------------
+
+function logPanel(ctx, jobId) {
+  const pre = h("pre", { class: "log", id: "log-output", tabindex: 0, "aria-label": "Log output" });
+  const status = h("span", { class: "muted", id: "log-status" }, "");
+  const attemptSelect = h("select", { id: "log-attempt" });
+  const rankInput = h("input", { id: "log-rank", type: "number", min: 0, value: 0 });
+  const follow = h("input", { id: "log-follow", type: "checkbox", checked: true });
+  let offset = 0;
+  let eof = false;
+  let busy = false;
+  const reset = () => {
+    offset = 0;
+    eof = false;
+    pre.textContent = "";
+    poll();
+  };
+  attemptSelect.addEventListener("change", reset);
+  rankInput.addEventListener("change", reset);
+
+  async function poll() {
+    if (busy || !attemptSelect.value) {
+      if (!attemptSelect.value) status.textContent = "No attempt has started yet.";
+      return;
+    }
+    busy = true;
+    try {
+      const chunk = await get(`/jobs/${jobId}/logs`, { attempt: attemptSelect.value, rank: rankInput.value || 0, offset });
+      if (!ctx.alive()) return;
+      if (chunk.data) {
+        const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 24;
+        let text = pre.textContent + chunk.data;
+        if (text.length > MAX_LOG_CHARS) text = "…\n" + text.slice(text.length - MAX_LOG_CHARS);
+        pre.textContent = text;
+        if (follow.checked && atBottom) pre.scrollTop = pre.scrollHeight;
+      }
+      offset = chunk.next_offset ?? offset;
+      eof = Boolean(chunk.eof);
+      status.textContent = eof ? "End of log." : "Following…";
+    } catch (err) {
+      if (err instanceof ApiError && err.status === 404) status.textContent = "No log for this attempt and rank yet.";
+      else status.textContent = `Cannot read the log: ${err.message}`;
+    } finally {
+      busy = false;
+    }
+  }
+
+  function setAttempts(job) {
+    const numbers = (job.attempts || []).map((a) => String(a.number));
+    const current = Array.from(attemptSelect.options).map((o) => o.value);
+    if (numbers.join(",") === current.join(",")) return;
+    const wasLatest = !attemptSelect.value || attemptSelect.value === current[current.length - 1];
+    fill(attemptSelect, ...numbers.map((n) => h("option", { value: n }, `attempt ${n}`)));
+    if (wasLatest && numbers.length) {
+      attemptSelect.value = numbers[numbers.length - 1];
+      offset = 0;
+      eof = false;
+      pre.textContent = "";
+    }
+  }
+
+  const element = section(
+    "Log",
+    h(
+      "div",
+      { class: "toolbar" },
+      h("label", { for: "log-attempt" }, "Attempt"),
+      attemptSelect,
+      h("label", { for: "log-rank" }, "Rank"),
+      rankInput,
+      h("span", { class: "checkbox" }, follow, h("label", { for: "log-follow" }, "Follow")),
+      status,
+    ),
+    pre,
+  );
+  return { element, poll, setAttempts, done: () => eof };
+}
+
+// ---- GPU utilization chart ----------------------------------------------------------------------
+
+// Samples the job's GPUs from /metrics while the page is open (the gauges carry job_id) and draws
+// one line per GPU. Monitoring keeps only the latest reading, so the chart starts with the page.
+const MAX_POINTS = 360;
+
+function utilizationChart(jobId) {
+  const element = h("div", {});
+  const series = new Map(); // "node:gpu" -> [[t, value], ...]
+  async function sample() {
+    let samples = [];
+    try {
+      samples = (await gpuUtilization()).filter((s) => s.job_id === String(jobId));
+    } catch (err) {
+      fill(element, section("GPU utilization", errorBox(err, "Cannot read GPU metrics")));
+      return;
+    }
+    const now = Date.now() / 1000;
+    for (const s of samples) {
+      const key = `${s.node}:${s.gpu}`;
+      if (!series.has(key)) series.set(key, []);
+      const points = series.get(key);
+      points.push([now, s.value]);
+      if (points.length > MAX_POINTS) points.shift();
+    }
+    draw(samples);
+  }
+  function draw(current) {
+    const lines = Array.from(series, ([name, points]) => ({ name: `GPU ${name}`, points }));
+    const latest = mean(current.map((s) => s.value));
+    fill(element, 
+      section(
+        "GPU utilization",
+        lines.length
+          ? [
+              h("p", { class: "muted", id: "gpu-util-now" }, latest === null ? "Not holding GPUs now." : `Now: ${latest.toFixed(0)}% mean over ${current.length} GPU(s); sampled while this page is open.`),
+              lineChart(lines, { label: `GPU utilization of job ${jobId}` }),
+              h("ul", { class: "legend" }, lines.map((s, i) => h("li", { class: `series-${i % 6}` }, s.name))),
+            ]
+          : emptyState("No GPU metrics for this job: it holds no GPUs right now."),
+      ),
+    );
+  }
+  draw([]);
+  return { element, sample };
+}

@@ -1,0 +1,278 @@
+// Small DOM helpers shared by every page. Text always goes in through textContent (never
+// innerHTML), so job names, log lines and alert texts cannot inject markup.
+
+export function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key.startsWith("on") && typeof value === "function") el.addEventListener(key.slice(2), value);
+    else if (key === "class") el.className = value;
+    else if (key === "dataset") Object.assign(el.dataset, value);
+    else if (key === "value") el.value = value;
+    else if (key === "checked" || key === "selected" || key === "disabled") el[key] = Boolean(value);
+    else el.setAttribute(key, value === true ? "" : String(value));
+  }
+  append(el, children);
+  return el;
+}
+
+function append(el, children) {
+  for (const child of children) {
+    if (child === undefined || child === null || child === false) continue;
+    if (Array.isArray(child)) append(el, child);
+    else el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+}
+
+export function svgEl(tag, attrs, ...children) {
+  const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [key, value] of Object.entries(attrs || {})) el.setAttribute(key, String(value));
+  for (const child of children) {
+    if (child !== null && child !== undefined) el.append(child instanceof Node ? child : String(child));
+  }
+  return el;
+}
+
+export function link(href, ...children) {
+  return h("a", { href }, ...children);
+}
+
+// Replace el's children (null/false children are skipped, arrays flattened, like h()).
+export function fill(el, ...children) {
+  clear(el);
+  append(el, children);
+  return el;
+}
+
+export function clear(el) {
+  while (el.firstChild) el.removeChild(el.firstChild);
+  return el;
+}
+
+// ---- formatting -----------------------------------------------------------------------------
+
+// The API sends unix seconds (floats) or ISO strings; accept both.
+export function toDate(value) {
+  if (value === null || value === undefined || value === "") return null;
+  if (typeof value === "number") return new Date(value * 1000);
+  const d = new Date(value);
+  return Number.isNaN(d.getTime()) ? null : d;
+}
+
+export function fmtTime(value) {
+  const d = toDate(value);
+  if (!d) return "—";
+  const pad = (n) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(
+    d.getMinutes(),
+  )}:${pad(d.getSeconds())}`;
+}
+
+export function fmtDuration(seconds) {
+  if (seconds === null || seconds === undefined || Number.isNaN(seconds)) return "—";
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${s % 60}s`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
+  return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
+}
+
+export function fmtRelative(value) {
+  const d = toDate(value);
+  if (!d) return "—";
+  const delta = (d.getTime() - Date.now()) / 1000;
+  return delta >= 0 ? `in ${fmtDuration(delta)}` : `${fmtDuration(-delta)} ago`;
+}
+
+export function timeEl(value) {
+  const d = toDate(value);
+  if (!d) return h("span", { class: "muted" }, "—");
+  return h("time", { datetime: d.toISOString(), title: fmtTime(value) }, fmtRelative(value));
+}
+
+export const WAITING_STATES = ["queued", "scheduled", "starting", "preempted"];
+export const TERMINAL_STATES = ["succeeded", "failed", "cancelled"];
+export const ALL_STATES = ["queued", "scheduled", "starting", "running", "preempted", "succeeded", "failed", "cancelled"];
+
+export function stateBadge(state) {
+  const s = String(state || "unknown").toLowerCase();
+  return h("span", { class: `badge state-${s}` }, s);
+}
+
+export function isTerminal(state) {
+  return TERMINAL_STATES.includes(String(state || "").toLowerCase());
+}
+
+export function jobGpus(job) {
+  const tasks = job && job.spec && job.spec.tasks;
+  if (!tasks || typeof tasks !== "object") return null;
+  let total = 0;
+  for (const task of Object.values(tasks)) {
+    const res = (task && task.resources) || {};
+    total += Number(task.instances || 1) * Number(res.gpus || 0);
+  }
+  return total;
+}
+
+// ---- feedback ---------------------------------------------------------------------------------
+
+export function toast(message, kind = "info") {
+  const box = document.getElementById("toasts");
+  if (!box) return;
+  const item = h("div", { class: `toast toast-${kind}` }, message);
+  box.append(item);
+  setTimeout(() => item.remove(), kind === "error" ? 8000 : 4000);
+}
+
+export function errorBox(err, title = "Something went wrong") {
+  return h("div", { class: "error-box", role: "alert" }, h("strong", {}, title + ": "), String(err.message || err));
+}
+
+export function emptyState(text) {
+  return h("p", { class: "empty" }, text);
+}
+
+export function section(title, ...children) {
+  return h("section", { class: "card" }, h("h2", {}, title), ...children);
+}
+
+// A table from rows: columns = [{label, cell: (row) => Node|string, class?}]
+export function table(columns, rows, options = {}) {
+  const head = h(
+    "tr",
+    {},
+    columns.map((c) => h("th", { scope: "col", class: c.class }, c.header || c.label)),
+  );
+  const body = rows.map((row) =>
+    h(
+      "tr",
+      {},
+      columns.map((c) => h("td", { class: c.class, "data-label": c.label }, c.cell(row))),
+    ),
+  );
+  return h(
+    "div",
+    { class: "table-wrap" },
+    h("table", { class: "data " + (options.class || "") }, h("thead", {}, head), h("tbody", {}, body)),
+  );
+}
+
+// A horizontal usage bar: used / total, with an optional marker (e.g. the guaranteed share).
+export function usageBar(used, total, label, marker) {
+  const pct = total > 0 ? Math.min(100, (used / total) * 100) : 0;
+  const bar = h(
+    "div",
+    {
+      class: "bar",
+      role: "meter",
+      "aria-valuemin": 0,
+      "aria-valuemax": total,
+      "aria-valuenow": used,
+      "aria-label": label,
+    },
+    h("div", { class: "bar-fill" + (pct >= 100 ? " full" : ""), style: `width:${pct.toFixed(1)}%` }),
+  );
+  if (marker !== undefined && marker !== null && total > 0) {
+    const left = Math.min(100, (marker / total) * 100);
+    bar.append(h("div", { class: "bar-marker", style: `left:${left.toFixed(1)}%`, title: `guaranteed ${marker}` }));
+  }
+  return bar;
+}
+
+// ---- charts -------------------------------------------------------------------------------------
+
+// A small inline-SVG line chart. series: [{name, points: [[t, v], ...]}], values 0..100.
+export function lineChart(series, options = {}) {
+  const width = 900;
+  const height = options.height || 200;
+  const pad = { l: 36, r: 8, t: 8, b: 22 };
+  const all = series.flatMap((s) => s.points);
+  const svg = svgEl("svg", {
+    viewBox: `0 0 ${width} ${height}`,
+    class: "chart",
+    role: "img",
+    "aria-label": options.label || "chart",
+  });
+  if (!all.length) return svg;
+  const t0 = Math.min(...all.map((p) => p[0]));
+  // At least a minute wide, so the first samples do not stretch across the whole chart.
+  const t1 = Math.max(...all.map((p) => p[0]), t0 + 60);
+  const vMax = options.max || 100;
+  const x = (t) => pad.l + ((t - t0) / (t1 - t0)) * (width - pad.l - pad.r);
+  const y = (v) => height - pad.b - (Math.max(0, Math.min(vMax, v)) / vMax) * (height - pad.t - pad.b);
+  for (const tick of [0, 25, 50, 75, 100]) {
+    const ty = y((tick / 100) * vMax);
+    svg.append(svgEl("line", { x1: pad.l, x2: width - pad.r, y1: ty, y2: ty, class: "grid" }));
+    svg.append(svgEl("text", { x: pad.l - 4, y: ty + 4, class: "axis", "text-anchor": "end" }, `${tick}%`));
+  }
+  svg.append(svgEl("text", { x: pad.l, y: height - 6, class: "axis" }, fmtTime(t0).slice(11)));
+  svg.append(svgEl("text", { x: width - pad.r, y: height - 6, class: "axis", "text-anchor": "end" }, fmtTime(t1).slice(11)));
+  series.forEach((s, i) => {
+    const d = s.points.map((p, j) => `${j ? "L" : "M"}${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" ");
+    const path = svgEl("path", { d, class: `series series-${i % 6}` });
+    path.append(svgEl("title", {}, s.name));
+    svg.append(path);
+    // The latest sample as a dot: visible even while a series has a single point.
+    const [lt, lv] = s.points[s.points.length - 1];
+    const dot = svgEl("circle", { cx: x(lt).toFixed(1), cy: y(lv).toFixed(1), r: 3.5, class: `dot series-${i % 6}` });
+    dot.append(svgEl("title", {}, `${s.name}: ${Number(lv).toFixed(0)}%`));
+    svg.append(dot);
+  });
+  return svg;
+}
+
+// ---- YAML ----------------------------------------------------------------------------------------
+
+// A small YAML emitter for job specs (maps, lists, scalars); enough for "download spec" and
+// for prefilling the YAML editor. Strings are quoted whenever plain style could be misread.
+export function toYaml(value, indent = 0) {
+  const pad = "  ".repeat(indent);
+  if (Array.isArray(value)) {
+    if (!value.length) return "[]";
+    return value
+      .map((item) => {
+        const inner = toYaml(item, indent + 1);
+        return isScalar(item) ? `${pad}- ${inner}` : `${pad}-\n${inner}`;
+      })
+      .join("\n");
+  }
+  if (value && typeof value === "object") {
+    const entries = Object.entries(value).filter(([, v]) => v !== undefined);
+    if (!entries.length) return "{}";
+    return entries
+      .map(([k, v]) => {
+        const key = yamlScalar(k);
+        if (isScalar(v) || (Array.isArray(v) && !v.length) || (isPlainObject(v) && !Object.keys(v).length)) {
+          return `${pad}${key}: ${toYaml(v, indent + 1)}`;
+        }
+        return `${pad}${key}:\n${toYaml(v, indent + 1)}`;
+      })
+      .join("\n");
+  }
+  return yamlScalar(value);
+}
+
+function isPlainObject(v) {
+  return v !== null && typeof v === "object" && !Array.isArray(v);
+}
+
+function isScalar(v) {
+  return v === null || typeof v !== "object";
+}
+
+function yamlScalar(v) {
+  if (v === null || v === undefined) return "null";
+  if (typeof v === "number" || typeof v === "boolean") return String(v);
+  const s = String(v);
+  const plain = /^[A-Za-z_/.][A-Za-z0-9_ ./@+-]*$/.test(s) && !/^(true|false|yes|no|on|off|null|~)$/i.test(s);
+  return plain && !s.endsWith(" ") && !s.includes(": ") && !s.includes(" #") ? s : JSON.stringify(s);
+}
+
+export function downloadText(filename, text, type = "application/yaml") {
+  const url = URL.createObjectURL(new Blob([text], { type }));
+  const a = h("a", { href: url, download: filename, hidden: true });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 1000);
+}

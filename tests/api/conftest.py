@@ -1,0 +1,110 @@
+"""API test fixtures: every test runs against SQLite AND a real PostgreSQL server.
+
+Each backend's database is migrated once per session with Alembic (`init_db`); between tests all
+rows are deleted, so tests stay independent and the whole suite stays fast.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from corral.api.app import create_app
+from corral.config import Settings
+from corral.db.session import init_db, make_engine, make_session_factory
+from corral.services import accounts, auth
+from tests.pg import PostgresServer, postgres_server
+
+__all__ = ["postgres_server"]
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgres"])
+def db_engine(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[sa.Engine]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'corral.db'}"
+    else:
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        url = server.create_database("api_tests")
+    init_db(url)
+    engine = make_engine(url)
+    yield engine
+    engine.dispose()
+
+
+def wipe(engine: sa.Engine) -> None:
+    tables = [t for t in sa.inspect(engine).get_table_names() if t != "alembic_version"]
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(sa.text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
+        else:
+            conn.execute(sa.text("PRAGMA foreign_keys=OFF"))
+            for table in tables:
+                conn.execute(sa.text(f'DELETE FROM "{table}"'))
+            conn.execute(sa.text("PRAGMA foreign_keys=ON"))
+
+
+ALICE_PASSWORD = "alice-password"
+
+
+@functools.cache
+def alice_password_hash() -> str:
+    return auth.hash_password(ALICE_PASSWORD)
+
+
+@dataclass
+class World:
+    """A small organisation: groups vision and nlp; alice (vision member), bob (vision group
+    admin), carol (nlp member), the admin. `headers[name]` authenticates as that user."""
+
+    client: TestClient
+    session_factory: sa.orm.sessionmaker[sa.orm.Session]
+    headers: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def as_(self, name: str) -> dict[str, str]:
+        return self.headers[name]
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(home=tmp_path / "home", database_url="sqlite:///unused")
+
+
+@pytest.fixture
+def world(db_engine: sa.Engine, settings: Settings) -> Iterator[World]:
+    wipe(db_engine)
+    factory = make_session_factory(db_engine)
+    headers: dict[str, dict[str, str]] = {}
+    with factory() as db:
+        admin_token = auth.bootstrap_admin(db, settings)
+        assert admin_token is not None
+        headers["admin"] = {"Authorization": f"Bearer {admin_token}"}
+        vision = accounts.create_group(db, "vision")
+        nlp = accounts.create_group(db, "nlp")
+        users = {
+            "alice": accounts.NewUser("alice", groups=("vision",)),
+            "bob": accounts.NewUser("bob", groups=("vision",)),
+            "carol": accounts.NewUser("carol", groups=("nlp",)),
+        }
+        for name, new in users.items():
+            user = accounts.create_user(db, new)
+            # argon2 is slow on purpose: hash alice's password once per session, not per test.
+            user.password_hash = alice_password_hash() if name == "alice" else None
+            _row, secret = auth.create_token(db, user, "test")
+            headers[name] = {"Authorization": f"Bearer {secret}"}
+        accounts.add_member(db, vision, accounts.user_by_name(db, "bob"), "admin")
+        del nlp
+        db.commit()
+    app = create_app(settings, db_engine=db_engine)
+    with TestClient(app) as client:
+        yield World(client=client, session_factory=factory, headers=headers)
+
+
+SIMPLE_JOB = {"name": "hello", "command": "echo hello", "resources": {"cpus": 1, "memory": "256MiB"}}

@@ -1,0 +1,165 @@
+"""Login with a session cookie + CSRF, token lifecycle, bootstrap, users, groups, nodes."""
+
+from __future__ import annotations
+
+import time
+
+import sqlalchemy as sa
+
+from corral.config import Settings
+from corral.db.models import ApiToken
+from corral.services import auth
+from tests.api.conftest import ALICE_PASSWORD, SIMPLE_JOB, World
+from tests.api.helpers import add_node
+
+API = "/api/v1"
+
+
+def test_portal_login_cookie_and_csrf(world: World) -> None:
+    c = world.client
+    r = c.post(f"{API}/auth/login", json={"username": "alice", "password": "wrong"})
+    assert r.status_code == 401 and "wrong user name or password" in r.json()["detail"]
+    assert c.post(f"{API}/auth/login", json={"username": "bob", "password": "x"}).status_code == 401
+    r = c.post(f"{API}/auth/login", json={"username": "alice", "password": ALICE_PASSWORD})
+    assert r.status_code == 200, r.text
+    csrf = r.json()["csrf_token"]
+    assert r.json()["user"]["name"] == "alice" and r.json()["user"]["default_group"] == "vision"
+    cookie = r.headers["set-cookie"]
+    assert "corral_session=" in cookie and "HttpOnly" in cookie and "SameSite=lax" in cookie
+    # The TestClient keeps the cookie like a browser would.
+    assert c.get(f"{API}/me").json()["name"] == "alice"
+    r = c.post(f"{API}/jobs", json=SIMPLE_JOB)
+    assert r.status_code == 403 and "X-CSRF-Token" in r.json()["detail"]
+    assert c.post(f"{API}/jobs", json=SIMPLE_JOB, headers={"X-CSRF-Token": "forged"}).status_code == 403
+    assert c.post(f"{API}/jobs", json=SIMPLE_JOB, headers={"X-CSRF-Token": csrf}).status_code == 201
+    assert c.post(f"{API}/auth/logout", headers={"X-CSRF-Token": csrf}).status_code == 204
+    c.cookies.clear()
+    assert c.get(f"{API}/me").status_code == 401
+
+
+def test_expired_session_is_refused(world: World) -> None:
+    with world.session_factory() as db:
+        secret, _user, _csrf = auth.login(
+            db, "alice", ALICE_PASSWORD, now=time.time() - auth.SESSION_TTL_S - 1
+        )
+        db.commit()
+    world.client.cookies.set("corral_session", secret)
+    r = world.client.get(f"{API}/me")
+    assert r.status_code == 401 and "expired" in r.json()["detail"]
+
+
+def test_token_lifecycle(world: World) -> None:
+    c = world.client
+    r = c.post(f"{API}/tokens", json={"name": "automl"}, headers=world.as_("carol"))
+    assert r.status_code == 201
+    token = r.json()
+    assert token["token"].startswith("crl_") and token["prefix"] == token["token"][:12]
+    with world.session_factory() as db:  # only the hash is stored
+        stored = db.scalar(sa.select(ApiToken.token_hash).where(ApiToken.id == token["id"]))
+        assert stored == auth.sha256_hex(token["token"]) and token["token"] not in str(stored)
+    new = {"Authorization": f"Bearer {token['token']}"}
+    assert c.get(f"{API}/me", headers=new).json()["name"] == "carol"
+    listed = c.get(f"{API}/tokens", headers=new).json()
+    assert all(t["token"] is None for t in listed) and len(listed) == 2
+    assert c.delete(f"{API}/tokens/{token['id']}", headers=world.as_("carol")).status_code == 204
+    r = c.get(f"{API}/me", headers=new)
+    assert r.status_code == 401 and "revoked" in r.json()["detail"]
+    assert c.get(f"{API}/me", headers={"Authorization": "Bearer crl_nope"}).status_code == 401
+    assert c.get(f"{API}/me", headers={"Authorization": "Basic abc"}).status_code == 401
+    r = c.post(f"{API}/tokens", json={"name": "x", "user": "alice"}, headers=world.as_("carol"))
+    assert r.status_code == 403
+    r = c.post(f"{API}/tokens", json={"name": "x", "user": "alice"}, headers=world.as_("admin"))
+    assert r.json()["user"] == "alice"
+    with world.session_factory() as db:
+        row = db.get(ApiToken, r.json()["id"])
+        assert row is not None
+        row.expires_at = time.time() - 1
+        db.commit()
+    r = c.get(f"{API}/me", headers={"Authorization": f"Bearer {r.json()['token']}"})
+    assert r.status_code == 401 and "expired" in r.json()["detail"]
+
+
+def test_bootstrap_admin_only_once(world: World) -> None:
+    with world.session_factory() as db:
+        assert auth.bootstrap_admin(db, Settings()) is None  # users exist already
+
+
+def test_users_groups_and_quotas(world: World) -> None:
+    c, admin = world.client, world.as_("admin")
+    r = c.post(
+        f"{API}/users",
+        json={
+            "name": "dave",
+            "groups": ["nlp", "vision"],
+            "default_group": "vision",
+            "password": "dave-password",
+        },
+        headers=admin,
+    )
+    assert r.status_code == 201, r.text
+    assert r.json()["default_group"] == "vision"
+    assert {g["name"] for g in r.json()["groups"]} == {"nlp", "vision"}
+    assert c.post(f"{API}/users", json={"name": "dave"}, headers=admin).status_code == 409
+    r = c.post(f"{API}/users", json={"name": "Bad Name"}, headers=admin)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "name"]
+    r = c.post(f"{API}/users", json={"name": "eve", "password": "short"}, headers=admin)
+    assert r.status_code == 422 and "at least 8 characters" in r.json()["detail"][0]["msg"]
+    r = c.put(f"{API}/users/alice/default-group", json={"group": "nlp"}, headers=world.as_("alice"))
+    assert r.status_code == 422 and "not a member" in r.json()["detail"][0]["msg"]
+    r = c.post(
+        f"{API}/groups",
+        json={"name": "speech", "quotas": [{"gpu_model": "A100", "guaranteed": 4}]},
+        headers=admin,
+    )
+    assert r.status_code == 201 and r.json()["quotas"] == [
+        {"gpu_model": "A100", "guaranteed": 4, "max": None}
+    ]
+    assert c.post(f"{API}/groups", json={"name": "speech"}, headers=admin).status_code == 409
+    r = c.put(
+        f"{API}/groups/speech/quota",
+        json={"gpu_model": "A100", "guaranteed": 2, "max": 8, "user_max_gpus": 2},
+        headers=admin,
+    )
+    assert r.json()["quotas"] == [{"gpu_model": "A100", "guaranteed": 2, "max": 8}]
+    assert r.json()["user_max_gpus"] == 2
+    r = c.put(f"{API}/groups/speech/quota", json={"guaranteed": 5, "max": 1}, headers=admin)
+    assert r.status_code == 422 and "must not be less than guaranteed" in r.json()["detail"][0]["msg"]
+    r = c.post(
+        f"{API}/groups/vision/members", json={"user": "carol", "role": "admin"}, headers=world.as_("bob")
+    )
+    assert r.json() == {"user": "carol", "role": "admin"}
+    me = c.get(f"{API}/me", headers=world.as_("carol")).json()
+    assert me["role"] == "group_admin" and {"name": "vision", "role": "admin"} in me["groups"]
+    assert me["default_group"] == "nlp"
+    groups = c.get(f"{API}/groups", headers=world.as_("alice")).json()
+    assert [g["name"] for g in groups] == ["vision"] and groups[0]["members"] is None
+
+
+def test_node_admin_actions(world: World) -> None:
+    with world.session_factory() as db:
+        add_node(db, "n1")
+        add_node(db, "n2", state="down")
+        db.commit()
+    c, admin = world.client, world.as_("admin")
+    r = c.post(f"{API}/nodes/n1/cordon", headers=admin)
+    assert (r.json()["state"], r.json()["admin_state"]) == ("cordoned", "cordoned")
+    r = c.post(f"{API}/nodes/n1/drain", headers=admin)
+    assert (r.json()["state"], r.json()["admin_state"]) == ("draining", "draining")
+    r = c.post(f"{API}/nodes/n1/uncordon", headers=admin)
+    assert (r.json()["state"], r.json()["admin_state"]) == ("ready", "none")
+    r = c.post(f"{API}/nodes/n2/cordon", headers=admin)
+    assert (r.json()["state"], r.json()["admin_state"]) == ("down", "cordoned")  # down stays down
+    assert c.post(f"{API}/nodes/nope/cordon", headers=admin).status_code == 404
+    assert c.post(f"{API}/nodes/n1/reboot", headers=admin).status_code == 422
+
+
+def test_ssh_keys(world: World) -> None:
+    c = world.client
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGq0xQh4sLrXGzV3bP9yKo6e0mmXo0e1n8z9F3N0bQn+ me@x"
+    r = c.post(f"{API}/ssh-keys", json={"name": "laptop", "public_key": key}, headers=world.as_("alice"))
+    assert r.status_code == 201 and r.json()["fingerprint"].startswith("SHA256:")
+    dup = c.post(f"{API}/ssh-keys", json={"name": "again", "public_key": key}, headers=world.as_("alice"))
+    assert dup.status_code == 409
+    r = c.post(f"{API}/ssh-keys", json={"name": "bad", "public_key": "hello"}, headers=world.as_("alice"))
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "public_key"]
+    assert c.get(f"{API}/ssh-keys", headers=world.as_("bob")).json() == []

@@ -1,0 +1,125 @@
+"""The `corral` CLI (through the SDK) against a real uvicorn server on a free loopback port."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from typer.testing import CliRunner
+
+from corral.cli.main import app as cli
+from corral.sdk import Client, load_cli_config, write_cli_config
+from tests.api.conftest import World
+from tests.api.helpers import add_node
+from tests.support import free_port
+
+
+@pytest.fixture
+def server_url(world: World) -> Iterator[str]:
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(world.client.app, host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def run(world: World, url: str, user: str, *args: str, token: str | None = None) -> tuple[int, str]:
+    token = token or world.as_(user)["Authorization"].split()[1]
+    result = CliRunner().invoke(cli, list(args), env={"CORRAL_URL": url, "CORRAL_TOKEN": token})
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.output
+
+
+def test_cli_job_commands(world: World, server_url: str, tmp_path: Path) -> None:
+    with world.session_factory() as db:
+        add_node(db, "n1")
+        add_node(db, "cpu1", gpus=0)
+        db.commit()
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: cli-job\ncommand: echo hi\nresources: {memory: 256MiB}\n")
+    code, out = run(world, server_url, "alice", "submit", str(spec), "-o", "json")
+    assert code == 0, out
+    job = json.loads(out)
+    assert job["state"] == "queued" and job["attempts"] == [] and isinstance(job["id"], int)
+    code, out = run(world, server_url, "alice", "ls", "-o", "json")
+    listing = json.loads(out)
+    assert listing["total"] == 1 and listing["items"][0]["id"] == job["id"]
+    code, out = run(world, server_url, "alice", "ls")
+    assert "cli-job" in out and "1 of 1 jobs" in out
+    code, out = run(world, server_url, "alice", "show", str(job["id"]))
+    assert code == 0 and "queued" in out and "no attempts yet" in out
+    code, out = run(world, server_url, "alice", "show", str(job["id"]), "-o", "json")
+    assert json.loads(out)["events"][0]["to_state"] == "queued"
+    code, out = run(world, server_url, "carol", "show", str(job["id"]))
+    assert code == 1 and f"no job with id {job['id']}" in out
+    code, out = run(world, server_url, "alice", "logs", str(job["id"]))
+    assert code == 1 and "no execution engine" in out
+    code, out = run(world, server_url, "alice", "cancel", str(job["id"]))
+    assert code == 0 and "cancelled" in out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ncommand: y\nresources: {memory: lots}\n")
+    code, out = run(world, server_url, "alice", "submit", str(bad))
+    assert code == 1 and "tasks.main.resources.memory" in out and "is not a size" in out
+    code, out = run(world, server_url, "alice", "submit", str(tmp_path / "missing.yaml"))
+    assert code == 1 and "cannot read" in out
+
+
+def test_cli_admin_commands(world: World, server_url: str) -> None:
+    with world.session_factory() as db:
+        add_node(db, "n1")
+        db.commit()
+    code, out = run(world, server_url, "admin", "node", "ls", "-o", "json")
+    assert json.loads(out)[0]["name"] == "n1"
+    code, out = run(world, server_url, "admin", "node", "cordon", "n1")
+    assert code == 0 and "cordoned" in out
+    code, out = run(world, server_url, "alice", "node", "drain", "n1")
+    assert code == 1 and "only an administrator" in out
+    assert run(world, server_url, "admin", "group", "create", "speech")[0] == 0
+    code, out = run(
+        world, server_url, "admin", "group", "quota", "speech", "--gpus", "4", "--model", "A100", "--max", "8"
+    )
+    assert code == 0, out
+    code, out = run(world, server_url, "admin", "group", "ls", "-o", "json")
+    speech = next(g for g in json.loads(out) if g["name"] == "speech")
+    assert speech["quotas"] == [{"gpu_model": "A100", "guaranteed": 4, "max": 8}]
+    code, out = run(world, server_url, "admin", "user", "create", "dave", "-g", "speech", "--token")
+    assert code == 0 and "API token (shown once): crl_" in out
+    dave_token = out.split("shown once): ")[1].strip()
+    assert run(world, server_url, "admin", "user", "add-to-group", "dave", "nlp")[0] == 0
+    code, out = run(world, server_url, "admin", "user", "ls", "-o", "json")
+    dave = next(u for u in json.loads(out) if u["name"] == "dave")
+    assert dave["default_group"] == "speech" and len(dave["groups"]) == 2
+    code, out = run(world, server_url, "dave", "token", "create", "-o", "json", token=dave_token)
+    assert json.loads(out)["user"] == "dave"
+
+
+def test_cli_clear_errors(world: World, server_url: str) -> None:
+    code, out = run(world, server_url, "alice", "ls", token="crl_wrong")
+    assert code == 1 and "authentication failed" in out and "Traceback" not in out
+    code, out = run(world, f"http://127.0.0.1:{free_port()}", "alice", "ls")
+    assert code == 1 and "cannot reach the Corral server" in out and "Traceback" not in out
+
+
+def test_cli_config_file(tmp_path: Path, world: World, server_url: str) -> None:
+    path = write_cli_config(server_url, world.as_("bob")["Authorization"].split()[1], home=tmp_path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    cfg = load_cli_config(tmp_path, env={})
+    with Client(cfg.url, cfg.token) as client:
+        assert client.me()["name"] == "bob"
+    assert load_cli_config(tmp_path, env={"CORRAL_TOKEN": "other"}).token == "other"
+    assert load_cli_config(tmp_path, env={"CORRAL_URL": "http://x:1/"}).url == "http://x:1"

@@ -1,0 +1,278 @@
+"""Jobs through the API: validation (422 with field paths), fit check, group rules, visibility,
+filters, sorting, pagination and cancel in every state."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from corral.api.schemas import JobListOut, JobOut
+from corral.db.models import Job
+from tests.api.conftest import SIMPLE_JOB, World
+from tests.api.helpers import add_node, job_state, make_running
+
+JOBS = "/api/v1/jobs"
+
+
+def submit(world: World, user: str, spec: dict[str, Any] | str, **headers: str) -> Any:
+    if isinstance(spec, str):
+        return world.client.post(
+            JOBS, content=spec, headers={**world.as_(user), **headers, "Content-Type": "application/yaml"}
+        )
+    return world.client.post(JOBS, json=spec, headers=world.as_(user))
+
+
+def errors_of(response: Any) -> dict[tuple[Any, ...], str]:
+    assert response.status_code == 422, response.text
+    return {tuple(e["loc"]): e["msg"] for e in response.json()["detail"]}
+
+
+BAD_SPECS = [
+    ({**SIMPLE_JOB, "name": "x" * 129}, ("body", "name"), "at most 128 characters"),
+    ({**SIMPLE_JOB, "name": "has space"}, ("body", "name"), "match pattern"),
+    ({**SIMPLE_JOB, "command": "x" * 20_000}, ("body", "tasks", "main", "command"), "at most 16384"),
+    (
+        {**SIMPLE_JOB, "resources": {"memory": "12XB"}},
+        ("body", "tasks", "main", "resources", "memory"),
+        "is not a size such as",
+    ),
+    (
+        {**SIMPLE_JOB, "resources": {"gpu_model": "A100||"}},
+        ("body", "tasks", "main", "resources", "gpu_model"),
+        "alternatives like",
+    ),
+    ({**SIMPLE_JOB, "instances": 65}, ("body", "tasks", "main", "instances"), "less than or equal to 64"),
+    ({**SIMPLE_JOB, "max_runtime": "soon"}, ("body", "max_runtime"), "is not a duration"),
+    ({**SIMPLE_JOB, "env": {"BIG": "x" * 70_000}}, ("body", "env"), "bytes; at most 65536"),
+    ({**SIMPLE_JOB, "env": {"1BAD": "x"}}, ("body", "env"), "must be letters, digits"),
+    ({**SIMPLE_JOB, "retires": 2}, ("body", "retires"), "unknown field 'retires'"),
+    ({**SIMPLE_JOB, "priority": "urgent"}, ("body", "priority"), "'low', 'normal' or 'high'"),
+    ({"name": "no-tasks"}, ("body", "tasks"), "the field 'tasks' is required"),
+    (
+        {
+            "name": "t",
+            "tasks": {"a": {"command": "x", "instances": 40}, "b": {"command": "y", "instances": 40}},
+        },
+        ("body", "tasks"),
+        "80 instances over all tasks",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("spec", "loc", "text"), BAD_SPECS, ids=[str(b[1][-1]) + str(i) for i, b in enumerate(BAD_SPECS)]
+)
+def test_bad_specs_get_422_with_field_path_and_sentence(
+    world: World, spec: dict[str, Any], loc: tuple[Any, ...], text: str
+) -> None:
+    errors = errors_of(submit(world, "alice", spec))
+    assert loc in errors, errors
+    assert text in errors[loc]
+    with world.session_factory() as db:  # nothing half-written
+        assert db.scalar(sa.select(sa.func.count(Job.id))) == 0
+
+
+def test_yaml_body_and_yaml_errors(world: World) -> None:
+    yaml_spec = """
+name: cifar
+priority: high
+retries: 2
+max_runtime: 6h
+tasks:
+  trainer:
+    instances: 2
+    resources: {gpus: 1, gpu_model: "A100|H100", cpus: 2, memory: 4GiB}
+    command: python train.py
+env: {EPOCHS: "10"}
+"""
+    r = submit(world, "alice", yaml_spec)
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["priority"] == "high" and job["retries"] == 2
+    assert job["spec"]["tasks"]["trainer"]["resources"]["memory"] == 4096
+    assert job["spec"]["group"] == "vision"
+    bad = errors_of(submit(world, "alice", "name: [unclosed"))
+    assert "not valid YAML at line 1" in bad[("body",)]
+    assert "must be a mapping" in errors_of(submit(world, "alice", "- a\n- b\n"))[("body",)]
+    r = world.client.post(
+        JOBS, content=b"{not json", headers={**world.as_("alice"), "Content-Type": "application/json"}
+    )
+    assert "not valid JSON" in errors_of(r)[("body",)]
+
+
+def test_group_rules(world: World) -> None:
+    assert submit(world, "carol", SIMPLE_JOB).json()["group"] == "nlp"  # default group
+    r = submit(world, "carol", {**SIMPLE_JOB, "group": "vision"})
+    assert r.status_code == 403 and "not a member of group 'vision'" in r.json()["detail"]
+    assert (
+        "no group named 'nope'"
+        in errors_of(submit(world, "alice", {**SIMPLE_JOB, "group": "nope"}))[("body", "group")]
+    )
+
+
+def test_job_that_can_never_fit_is_refused(world: World) -> None:
+    with world.session_factory() as db:
+        add_node(db, "n1", gpus=2, model="A100")
+        db.commit()
+    too_big = {"name": "big", "command": "x", "resources": {"gpus": 4}}
+    assert "the largest node has 2 such GPUs" in errors_of(submit(world, "alice", too_big))[("body", "tasks")]
+    wrong_model = {"name": "m", "command": "x", "resources": {"gpus": 1, "gpu_model": "H100"}}
+    assert "this cluster has A100" in errors_of(submit(world, "alice", wrong_model))[("body", "tasks")]
+    ok = {"name": "ok", "command": "x", "resources": {"gpus": 2, "gpu_model": "V100|A100"}}
+    assert submit(world, "alice", ok).status_code == 201
+
+
+def test_visibility_filters_sorting_and_pagination(world: World) -> None:
+    for i in range(7):
+        assert submit(world, "alice", {**SIMPLE_JOB, "name": f"a{i}"}).status_code == 201
+    for i in range(3):
+        assert submit(world, "carol", {**SIMPLE_JOB, "name": f"c{i}"}).status_code == 201
+
+    def page(who: str, **params: Any) -> Any:
+        r = world.client.get(JOBS, params=params, headers=world.as_(who))
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    assert page("alice")["total"] == 7
+    assert page("carol")["total"] == 3
+    assert page("bob")["total"] == 7  # bob administers vision
+    assert page("admin")["total"] == 10
+    assert page("carol", user="alice")["total"] == 0  # a filter never widens what one may see
+    assert page("admin", group="nlp")["total"] == 3
+    assert page("admin", user="alice", group="nlp")["total"] == 0
+    names = [j["name"] for j in page("alice", sort="name", order="asc")["items"]]
+    assert names == sorted(names)
+    newest = page("admin", limit=4)
+    assert [j["name"] for j in newest["items"]] == ["c2", "c1", "c0", "a6"]
+    assert newest["total"] == 10
+    seen = [j["id"] for off in (0, 4, 8) for j in page("admin", limit=4, offset=off)["items"]]
+    assert len(seen) == len(set(seen)) == 10
+    first = page("admin", limit=1)["items"][0]["id"]
+    world.client.post(f"{JOBS}/{first}/cancel", headers=world.as_("admin"))
+    assert page("admin", state="cancelled")["total"] == 1
+    assert page("admin", state="queued,cancelled")["total"] == 10
+    r = world.client.get(JOBS, params={"state": "sleeping"}, headers=world.as_("admin"))
+    assert "unknown state 'sleeping'" in errors_of(r)[("query", "state")]
+    r = world.client.get(JOBS, params={"sort": "password"}, headers=world.as_("admin"))
+    assert "cannot sort by 'password'" in errors_of(r)[("query", "sort")]
+    r = world.client.get(JOBS, params={"limit": 5000}, headers=world.as_("admin"))
+    assert r.status_code == 422
+
+
+def test_listing_stays_fast_at_100k_jobs(world: World) -> None:
+    with world.session_factory() as db:
+        user_id, group_id = db.execute(
+            sa.text("SELECT u.id, g.id FROM users u, groups g WHERE u.name='alice' AND g.name='vision'")
+        ).one()
+        now = time.time()
+        states = ("succeeded", "failed", "cancelled", "queued")
+        rows = [
+            {
+                "name": f"j{i}",
+                "user_id": user_id,
+                "group_id": group_id,
+                "state": states[i % 4],
+                "priority": 1,
+                "preemptible": True,
+                "spec": {},
+                "max_retries": 0,
+                "attempt_count": 0,
+                "submitted_at": now - 100_000 + i,
+                "updated_at": now,
+                "cancel_requested": False,
+                "reason": "",
+                "attained_gpu_seconds": 0.0,
+            }
+            for i in range(100_000)
+        ]
+        db.execute(sa.insert(Job), rows)
+        db.commit()
+        if db.bind is not None and db.bind.dialect.name == "postgresql":
+            db.execute(sa.text("ANALYZE jobs"))
+            db.commit()
+    cases: list[tuple[str, dict[str, Any]]] = [
+        ("bob", {}),  # group admin: own jobs OR his group's, the hard case for indexes
+        ("admin", {}),
+        ("alice", {}),
+        ("bob", {"state": "queued"}),
+        ("bob", {"user": "alice", "offset": 5000}),
+        ("admin", {"group": "vision", "sort": "updated_at"}),
+    ]
+    for who, params in cases:
+        world.client.get(JOBS, params=params, headers=world.as_(who))  # warm caches
+        start = time.perf_counter()
+        r = world.client.get(JOBS, params=params, headers=world.as_(who))
+        elapsed = time.perf_counter() - start
+        assert r.status_code == 200
+        body = r.json()
+        assert body["total"] == (25_000 if params.get("state") else 100_000)
+        assert len(body["items"]) == 50
+        if not params:
+            assert [j["name"] for j in body["items"][:2]] == ["j99999", "j99998"]  # newest first
+        # Generous bound for a 2-core shared machine; the point is "no full scan + sort per page".
+        assert elapsed < 0.5, f"{who} {params}: {elapsed:.3f} s"
+
+
+def test_cancel_in_every_state(world: World) -> None:
+    def new_job() -> int:
+        return int(submit(world, "alice", SIMPLE_JOB).json()["id"])
+
+    def cancel(job_id: int, user: str = "alice") -> Any:
+        return world.client.post(f"{JOBS}/{job_id}/cancel", headers=world.as_(user))
+
+    queued = new_job()
+    r = cancel(queued)
+    assert r.json()["state"] == "cancelled" and r.json()["finished_at"] is not None
+    assert cancel(queued).status_code == 409
+    with world.session_factory() as db:
+        add_node(db, "n1")
+        add_node(db, "cpu1", gpus=0)
+        db.commit()
+    running = new_job()
+    with world.session_factory() as db:
+        make_running(db, running)
+    r = cancel(running, "bob")  # the group admin may cancel alice's job
+    assert r.status_code == 200
+    body = r.json()
+    # Active jobs are stopped by the control loops: the API only records the request.
+    assert body["state"] == "running" and body["cancel_requested"] is True
+    assert body["events"][-1]["kind"] == "cancel_requested"
+    assert cancel(running).status_code == 200  # repeating is harmless
+    with world.session_factory() as db:
+        assert job_state(db, running) == "running"
+    assert cancel(running, "carol").status_code == 404
+    assert world.client.post(f"{JOBS}/999999/cancel", headers=world.as_("admin")).status_code == 404
+
+
+def test_job_detail_has_attempts_events_and_diagnosis(world: World) -> None:
+    with world.session_factory() as db:
+        add_node(db, "n1")
+        db.commit()
+    job_id = int(submit(world, "alice", {**SIMPLE_JOB, "resources": {"gpus": 2}}).json()["id"])
+    with world.session_factory() as db:
+        job = db.get(Job, job_id)
+        assert job is not None
+        job.diagnosis = {
+            "reasons": [{"code": "quota_exhausted", "source": "quota", "message": "wait"}],
+            "queue_position": 3,
+            "estimated_start": time.time() + 60,
+            "unschedulable": False,
+        }
+        db.commit()
+        make_running(db, job_id, gpu_indices=(0, 1))
+    r = world.client.get(f"{JOBS}/{job_id}", headers=world.as_("alice"))
+    job = r.json()
+    JobOut.model_validate(job)  # the documented response model matches what is sent
+    JobListOut.model_validate(world.client.get(JOBS, headers=world.as_("alice")).json())
+    assert job["diagnosis"]["queue_position"] == 3
+    assert job["attempts"][0]["nodes"] == ["n1"]
+    assert [g["index"] for g in job["attempts"][0]["gpus"]] == [0, 1]
+    assert job["events"][0]["to_state"] == "queued"
+    nodes = world.client.get("/api/v1/nodes", headers=world.as_("carol")).json()
+    assert [g["job_id"] for g in nodes[0]["gpus"]] == [job_id, job_id]
+    summary = world.client.get("/api/v1/cluster/summary", headers=world.as_("carol")).json()
+    assert summary["gpus"]["by_model"]["A100"] == {"total": 2, "allocated": 2, "free": 0, "unavailable": 0}
+    assert summary["jobs"] == {"running": 1}

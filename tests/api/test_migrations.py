@@ -1,0 +1,77 @@
+"""Alembic migrations up and down on SQLite and PostgreSQL, and models == migrations."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from corral.db import models
+from corral.db.base import Base
+from corral.db.session import downgrade, init_db, make_engine
+from tests.pg import PostgresServer
+
+CORE_TABLES = {
+    t.name
+    for t in Base.metadata.sorted_tables
+    if t.name
+    in {m.__tablename__ for m in vars(models).values() if isinstance(m, type) and hasattr(m, "__tablename__")}
+}
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'mig.db'}"
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    url = server.create_database()
+    yield url
+    server.drop_database(url.rsplit("/", 1)[1])
+
+
+def tables(url: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        return set(sa.inspect(engine).get_table_names()) - {"alembic_version"}
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_downgrade_upgrade(fresh_url: str) -> None:
+    assert {"jobs", "attempts", "users", "groups", "gpu_claims", "nodes"} <= CORE_TABLES
+    init_db(fresh_url)
+    assert tables(fresh_url) >= CORE_TABLES
+    init_db(fresh_url)  # idempotent
+    downgrade(fresh_url, "base")
+    assert tables(fresh_url) == set()
+    init_db(fresh_url)
+    assert tables(fresh_url) >= CORE_TABLES
+
+
+def test_core_models_match_the_migrations(fresh_url: str) -> None:
+    init_db(fresh_url)
+    engine = make_engine(fresh_url)
+    try:
+        with engine.connect() as conn:
+            diffs = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    finally:
+        engine.dispose()
+
+    def table_of(diff: object) -> str | None:
+        item = diff[0] if isinstance(diff, list) else diff
+        for part in item[1:] if isinstance(item, tuple) else ():
+            name = getattr(part, "name", None) if not isinstance(part, str) else None
+            table = getattr(part, "table", None)
+            if table is not None:
+                return str(table.name)
+            if hasattr(part, "columns") and name:
+                return str(name)
+        return None
+
+    core = [d for d in diffs if table_of(d) in CORE_TABLES or table_of(d) is None]
+    assert core == [], f"models and migrations differ: {core}"

@@ -1,0 +1,193 @@
+"""Local-engine behaviour beyond the shared contract: start-up checks, refusals, env handling,
+a dead supervisor."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from corral.config import Settings
+from corral.engine.base import AttemptLaunch, AttemptPhase, FailureReason, InstanceLaunch
+from corral.engine.factory import make_engine
+from corral.engine.local import LocalEngine
+from corral.engine.local.supervisor import proc_start, to_json
+from corral.scheduler.types import NodeState
+from tests.engine.contract import make_attempt, new_attempt_id, wait_finished, wait_log
+from tests.engine.local_support import local_engine_factory
+from tests.support import require, require_binary
+
+
+def one(engine: LocalEngine, command: str, env: dict[str, str] | None = None, gpus: int = 0) -> AttemptLaunch:
+    aid = new_attempt_id()
+    inst = InstanceLaunch(
+        "w", 0, 0, engine.node_name, engine.inventory.gpus[:gpus], 1.0, 128, command, env or {"RANK": "0"}
+    )
+    return AttemptLaunch(aid, aid.split(".")[0], 1, "bob", "team", (inst,))
+
+
+def test_factory_builds_a_local_engine_from_settings(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path, node_name="box", virtual_gpus=2, gpu_model="T4")
+    engine = make_engine(settings)
+    assert isinstance(engine, LocalEngine)
+    (node,) = engine.nodes()
+    assert node.name == "box" and node.cpus >= 1 and node.memory_mib > 100
+    assert [g.model for g in node.gpus] == ["T4", "T4"]
+
+
+def test_refuses_without_isolation_and_says_why(tmp_path: Path) -> None:
+    (tmp_path / "no-cgroups").mkdir()
+    engine = LocalEngine(tmp_path / "home", "n", virtual_gpus=0, cgroup_root=tmp_path / "no-cgroups")
+    caps = engine.capabilities()
+    assert caps["refusing"] and not caps["cgroups"]
+    assert any("cgroup" in p for p in caps["problems"])
+    (node,) = engine.nodes()
+    assert node.state is NodeState.DOWN and "isolation unavailable" in node.message
+    attempt = one(engine, "echo should-not-run")
+    assert engine.launch(attempt) == "refused"
+    status = engine.poll([attempt.attempt_id])[attempt.attempt_id]
+    assert status.phase is AttemptPhase.FAILED and status.reason is FailureReason.LAUNCH_FAILED
+    assert "allow_unisolated" in status.message
+    assert engine.logs(attempt.attempt_id).data == b""
+
+
+def test_allow_unisolated_runs_with_what_there_is(tmp_path: Path) -> None:
+    require_binary("bwrap")
+    (tmp_path / "no-cgroups").mkdir()
+    engine = LocalEngine(
+        tmp_path / "home", "n", virtual_gpus=0, cgroup_root=tmp_path / "no-cgroups", allow_unisolated=True
+    )
+    assert not engine.capabilities()["refusing"] and engine.nodes()[0].state is NodeState.READY
+    attempt = one(engine, "id -u")
+    engine.launch(attempt)
+    assert wait_finished(engine, attempt.attempt_id).phase is AttemptPhase.SUCCEEDED
+    assert int(engine.logs(attempt.attempt_id).data) >= 1000  # still sandboxed as another uid
+    engine.close()
+
+
+def test_bad_attempt_id_is_named(tmp_path: Path) -> None:
+    engine = LocalEngine(tmp_path, "n", virtual_gpus=0, isolation=False)
+    bad = AttemptLaunch("../etc", "1", 1, "u", "g", ())
+    with pytest.raises(ValueError, match=re.escape("invalid attempt_id '../etc'")):
+        engine.launch(bad)
+
+
+def test_wrong_node_and_unknown_environment_fail_the_launch(tmp_path: Path) -> None:
+    engine = LocalEngine(tmp_path, "here", virtual_gpus=0, isolation=False)
+    elsewhere = make_attempt(["there"], "true")
+    engine.launch(elsewhere)
+    status = engine.poll([elsewhere.attempt_id])[elsewhere.attempt_id]
+    assert status.reason is FailureReason.LAUNCH_FAILED and "'there'" in status.message
+    conda = one(engine, "true")
+    conda = AttemptLaunch(conda.attempt_id, "1", 1, "u", "g", conda.instances, environment="conda-x")
+    engine.launch(conda)
+    assert "unknown environment 'conda-x'" in engine.poll([conda.attempt_id])[conda.attempt_id].message
+
+
+def test_callers_env_is_kept_and_gpus_default_to_uuids(tmp_path: Path) -> None:
+    with local_engine_factory(tmp_path / "home", isolation=False) as factory:
+        engine = factory()
+        given = one(
+            engine,
+            "echo $CUDA_VISIBLE_DEVICES $MASTER_ADDR",
+            {"CUDA_VISIBLE_DEVICES": "X", "MASTER_ADDR": "h"},
+        )
+        default = one(engine, "echo $CUDA_VISIBLE_DEVICES", gpus=2)
+        for a in (given, default):
+            engine.launch(a)
+            wait_finished(engine, a.attempt_id)
+        assert engine.logs(given.attempt_id).data == b"X h\n"
+        uuids = ",".join(g.uuid for g in engine.inventory.gpus[:2])
+        assert engine.logs(default.attempt_id).data.decode().strip() == uuids
+
+
+def test_server_environment_does_not_leak_into_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_TOKEN", "server-secret")
+    engine = LocalEngine(tmp_path, "n", virtual_gpus=0, isolation=False)
+    attempt = one(engine, "env")
+    engine.launch(attempt)
+    wait_finished(engine, attempt.attempt_id)
+    out = engine.logs(attempt.attempt_id).data
+    assert b"RANK=0" in out and b"server-secret" not in out
+    engine.close()
+
+
+def test_dead_supervisor_means_lost_and_nothing_survives(tmp_path: Path) -> None:
+    require_binary("bwrap")
+    with local_engine_factory(tmp_path / "home") as factory:
+        engine = factory()
+        require(engine.capabilities()["cgroups"], "cgroups")
+        attempt = one(engine, "echo ready; sleep 60")
+        engine.launch(attempt)
+        wait_log(engine, attempt.attempt_id, b"ready")
+        sup = json.loads((engine.attempts_dir / attempt.attempt_id / "supervisor.json").read_text())
+        spec = engine.attempt_spec(attempt.attempt_id)
+        os.kill(sup["pid"], signal.SIGKILL)
+        time.sleep(0.2)
+        status = engine.poll([attempt.attempt_id])[attempt.attempt_id]
+        assert status.phase is AttemptPhase.LOST and status.reason is FailureReason.NODE_LOST
+        assert not Path(spec["instances"][0]["cgroup"]["procs_dir"]).exists()
+
+
+def test_state_files_are_valid_json() -> None:
+    text = to_json({"message": 'say "hi"\n\tback\\slash é', "n": [1, 2.5, None, True]})
+    assert json.loads(text) == {"message": 'say "hi"\n\tback\\slash é', "n": [1, 2.5, None, True]}
+
+
+def test_launcher_starts_supervisors_and_goes_away_with_close(tmp_path: Path) -> None:
+    engine = LocalEngine(tmp_path, "n", virtual_gpus=0, isolation=False)
+    first = one(engine, "echo direct")
+    engine.launch(first)  # no launcher yet: a fresh interpreter, and the launcher is started
+    deadline = time.monotonic() + 10
+    while engine._launcher_pid() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    launcher = engine._launcher_pid()
+    assert launcher is not None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(str(engine.launcher_sock))
+        conn.sendall(str(tmp_path).encode())  # not an attempt dir of this engine
+        conn.shutdown(socket.SHUT_WR)
+        assert conn.recv(4096).startswith(b"error:")
+    second = one(engine, "echo forked")
+    ref = engine.launch(second)
+    assert wait_finished(engine, second.attempt_id).phase is AttemptPhase.SUCCEEDED
+    assert engine.logs(second.attempt_id).data == b"forked\n"
+    assert int(ref) != launcher and int(ref) not in engine._children.values()  # forked by the launcher
+    engine.close()
+    assert proc_start(launcher) is None  # gone (close() waited for it)
+    assert wait_finished(engine, first.attempt_id).phase is AttemptPhase.SUCCEEDED
+
+
+def test_sigterm_to_a_supervisor_stops_its_job_and_cleans_up(tmp_path: Path) -> None:
+    require_binary("bwrap")
+    with local_engine_factory(tmp_path / "home") as factory:
+        engine = factory()
+        require(engine.capabilities()["cgroups"], "cgroups")
+        attempt = one(engine, "trap '' TERM; echo ready; sleep 60")
+        engine.launch(attempt)
+        wait_log(engine, attempt.attempt_id, b"ready")
+        sup = json.loads((engine.attempts_dir / attempt.attempt_id / "supervisor.json").read_text())
+        cgroup_dir = Path(engine.attempt_spec(attempt.attempt_id)["instances"][0]["cgroup"]["procs_dir"])
+        started = time.monotonic()
+        os.kill(sup["pid"], signal.SIGTERM)
+        status = wait_finished(engine, attempt.attempt_id, timeout=10)
+        assert time.monotonic() - started < 5, "a bare SIGTERM must not wait a full stop grace"
+        assert status.reason is FailureReason.STOPPED
+        assert not cgroup_dir.exists()
+
+
+def test_isolation_can_be_switched_off_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CORRAL_ISOLATION", "false")
+    engine = LocalEngine.from_settings(Settings(home=tmp_path, node_name="n", virtual_gpus=0))
+    assert not engine.capabilities()["isolation_requested"]
+    monkeypatch.setenv("CORRAL_ISOLATION", "maybe")
+    with pytest.raises(ValueError, match=r"(?i)isolation"):  # ours, or pydantic once Settings has it
+        LocalEngine.from_settings(Settings(home=tmp_path, node_name="n", virtual_gpus=0))

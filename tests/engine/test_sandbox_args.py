@@ -1,0 +1,71 @@
+"""The bwrap command line, uid allocation and the generated /etc, without starting anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from corral.engine.gpus import DeviceNode
+from corral.engine.isolation.sandbox import (
+    SANDBOX_WORK_DIR,
+    UID_BASE,
+    SandboxSpec,
+    allocate_uid,
+    bwrap_argv,
+    write_etc,
+)
+
+
+def pairs(argv: list[str], flag: str) -> list[tuple[str, str]]:
+    return [(argv[i + 1], argv[i + 2]) for i, a in enumerate(argv) if a == flag]
+
+
+def test_argv_binds_only_what_the_job_gets(tmp_path: Path) -> None:
+    etc = write_etc(tmp_path / "etc", "alice", 200123)
+    spec = SandboxSpec(
+        command="python train.py",
+        work_dir=str(tmp_path / "work"),
+        uid=200123,
+        etc_files=etc,
+        env_paths=[str(tmp_path)],
+        mounts=[("/data/in", "/in", True), ("/data/out", "/out", False)],
+        devices=[DeviceNode("/x/dev/nvidia2", "/dev/nvidia2", 195, 2)],
+    )
+    argv = bwrap_argv("/usr/bin/bwrap", "/usr/bin/setpriv", spec)
+    assert argv[0] == "/usr/bin/bwrap"
+    for flag in ("--unshare-pid", "--unshare-ipc", "--new-session", "--die-with-parent"):
+        assert flag in argv
+    assert "--unshare-user" not in argv  # see docs/isolation.md: it would leave the job host root
+    assert ("/data/in", "/in") in pairs(argv, "--ro-bind")
+    assert pairs(argv, "--bind") == [(str(tmp_path / "work"), SANDBOX_WORK_DIR), ("/data/out", "/out")]
+    assert pairs(argv, "--dev-bind") == [("/x/dev/nvidia2", "/dev/nvidia2")]
+    ro_sources = {s for s, _ in pairs(argv, "--ro-bind")}
+    assert not {"/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc", "/"} & ro_sources
+    assert (etc["/etc/passwd"], "/etc/passwd") in pairs(argv, "--ro-bind")
+    tail = argv[argv.index("--") + 1 :]
+    assert tail[0] == "/usr/bin/setpriv" and "--reuid=200123" in tail and "--no-new-privs" in tail
+    assert tail[-3:] == ["/bin/sh", "-c", "python train.py"]
+
+
+def test_parents_of_bound_paths_are_made_walkable(tmp_path: Path) -> None:
+    env = tmp_path / "pyenv" / "versions" / "3.11"
+    env.mkdir(parents=True)
+    spec = SandboxSpec("true", str(tmp_path / "w"), 200001, {}, env_paths=[str(env)])
+    argv = bwrap_argv("bwrap", "setpriv", spec)
+    made = [argv[i + 3] for i, a in enumerate(argv) if a == "--perms" and argv[i + 2] == "--dir"]
+    assert str(env.parent) in made and str(tmp_path) in made
+    assert "/usr" not in made  # bound itself, never created
+
+
+def test_uids_are_unique_while_held(tmp_path: Path) -> None:
+    uids = {allocate_uid(tmp_path, f"{i}.1") for i in range(50)}
+    assert len(uids) == 50 and min(uids) >= UID_BASE
+    same = allocate_uid(tmp_path, "0.1")  # same attempt id, earlier uid still held
+    assert same not in uids
+
+
+def test_generated_passwd_names_the_user_and_is_safe(tmp_path: Path) -> None:
+    files = write_etc(tmp_path, "alice", 200007)
+    passwd = Path(files["/etc/passwd"]).read_text()
+    assert "alice:x:200007:200007:" in passwd and ":x:0:0:" in passwd
+    odd = write_etc(tmp_path / "odd", "Robert'); DROP", 200008)
+    assert "job:x:200008" in Path(odd["/etc/passwd"]).read_text()  # unsafe names are replaced

@@ -1,0 +1,250 @@
+"""Notification channels against real servers: email to an aiosmtpd SMTP server, a JSON webhook
+to a real HTTP server; broken channels retried with backoff and shown as failing without ever
+blocking intake; bad config refused with file and line."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from email import message_from_bytes
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from corral.monitor.alerts import record_alert
+from corral.monitor.channels import deliver_due
+from corral.monitor.config import MonitorConfigError, load_monitor_config
+from corral.monitor.models import AlertNotification
+from tests.monitor.conftest import WEBHOOK_TOKEN, Mon
+from tests.monitor.test_webhook import payload
+from tests.support import free_port
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # aiosmtpd handler hook
+        self.messages.append(message_from_bytes(envelope.content))
+        return "250 OK"
+
+
+@pytest.fixture
+def smtp() -> Iterator[tuple[int, Inbox]]:
+    from aiosmtpd.controller import Controller
+
+    inbox = Inbox()
+    port = free_port()
+    controller = Controller(inbox, hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        yield port, inbox
+    finally:
+        controller.stop()
+
+
+class Hook:
+    """A real HTTP server whose answer the test switches between 500 and 200."""
+
+    def __init__(self) -> None:
+        self.status = 500
+        self.bodies: list[dict[str, Any]] = []
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", 0))
+                hook.bodies.append(json.loads(self.rfile.read(length)))
+                self.send_response(hook.status)
+                self.end_headers()
+                self.wfile.write(b"nope" if hook.status >= 300 else b"ok")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def hook() -> Iterator[Hook]:
+    h = Hook()
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def write_config(mon: Mon, smtp_port: int, hook_url: str) -> None:
+    (mon.home / "monitor.yml").write_text(
+        f"""
+channels:
+  - name: ops-email
+    type: email
+    smtp_host: 127.0.0.1
+    smtp_port: {smtp_port}
+    from: corral@example.org
+    to: [oncall@example.org]
+    timeout: 5s
+  - name: chat
+    type: webhook
+    url: {hook_url}
+retry:
+  initial_backoff: 10s
+  max_backoff: 1m
+  max_attempts: 3
+"""
+    )
+
+
+def notes(mon: Mon, channel: str) -> list[AlertNotification]:
+    with mon.factory() as db:
+        return list(db.scalars(select(AlertNotification).where(AlertNotification.channel == channel)))
+
+
+def test_email_and_webhook_delivery_with_retry_and_backoff(
+    mon: Mon, smtp: tuple[int, Inbox], hook: Hook
+) -> None:
+    smtp_port, inbox = smtp
+    write_config(mon, smtp_port, hook.url)
+    config = load_monitor_config(mon.home / "monitor.yml")
+    auth = {"Authorization": f"Bearer {WEBHOOK_TOKEN}"}
+    with mon.app_client() as client:
+        assert client.post("/api/v1/alerts/webhook", json=payload(), headers=auth).status_code == 200
+        now = time.time()
+        assert deliver_due(mon.factory, config, now) == 1  # the email; the webhook answered 500
+
+        (mail,) = inbox.messages
+        assert mail["Subject"].startswith("[FIRING] CorralGpuEccErrors (critical)")
+        assert "gpu=0" in mail["Subject"] and mail["To"] == "oncall@example.org"
+        assert "GPU 0 on n1 has 3 uncorrectable ECC error(s)" in mail.get_payload()
+        (chat,) = notes(mon, "chat")
+        assert chat.state == "failing" and chat.attempts == 1 and "HTTP 500" in chat.last_error
+        assert chat.next_attempt_at == pytest.approx(now + 10)
+        status = {
+            c["name"]: c for c in client.get("/api/v1/alerts/channels", headers=mon.admin).json()["items"]
+        }
+        assert status["chat"]["state"] == "failing" and "HTTP 500" in status["chat"]["last_error"]
+        assert status["ops-email"]["state"] == "ok" and status["ops-email"]["sent"] == 1
+
+        # Intake never waits on the broken channel.
+        started = time.monotonic()
+        assert (
+            client.post("/api/v1/alerts/webhook", json=payload("resolved"), headers=auth).status_code == 200
+        )
+        assert time.monotonic() - started < 2.0
+
+        assert deliver_due(mon.factory, config, now + 1) == 1  # resolved email; chat not due yet
+        assert len(hook.bodies) == 2  # chat's firing (failed) + chat's resolved (failed, new row)
+        assert deliver_due(mon.factory, config, now + 12) == 0  # second try of the first chat note: 500 again
+        failing = sorted(notes(mon, "chat"), key=lambda n: n.id)
+        assert failing[0].attempts == 2 and failing[0].next_attempt_at == pytest.approx(now + 12 + 20)
+
+        hook.status = 200
+        assert deliver_due(mon.factory, config, now + 60) == 2
+        assert {n.state for n in notes(mon, "chat")} == {"sent"}
+        assert hook.bodies[-1]["alert"]["name"] == "CorralGpuEccErrors"
+        assert {b["status"] for b in hook.bodies[-2:]} == {"firing", "resolved"}
+        status = {
+            c["name"]: c for c in client.get("/api/v1/alerts/channels", headers=mon.admin).json()["items"]
+        }
+        assert status["chat"]["state"] == "ok" and status["chat"]["sent"] == 2
+    assert [m["Subject"][:10] for m in inbox.messages] == ["[FIRING] C", "[RESOLVED]"]
+
+
+def test_smtp_down_gives_up_after_max_attempts(mon: Mon, hook: Hook) -> None:
+    closed_port = free_port()  # nothing listens there
+    write_config(mon, closed_port, hook.url)
+    config = load_monitor_config(mon.home / "monitor.yml")
+    now = time.time()
+    with mon.factory() as db:
+        record_alert(
+            db, labels={"alertname": "X", "node": "n1"}, status="firing", now=now, channels=["ops-email"],
+            source="corral",
+        )  # fmt: skip
+        db.commit()
+    for step in range(4):
+        deliver_due(mon.factory, config, now + step * 120)
+    (note,) = notes(mon, "ops-email")
+    assert note.state == "given_up" and note.attempts == 3
+    assert f"SMTP 127.0.0.1:{closed_port}" in note.last_error
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "what"),
+    [
+        ("channels:\n  - name: a\n    type: email\n    smtp_host: h\n    to: [x@y]\n", ":2:", "from"),
+        ("channels:\n  - name: a\n    type: pager\n", ":3:", "type"),
+        ("channels:\n  - name: a\n    type: webhook\n    url: ftp://x\n", ":4:", "url"),
+        ("retry:\n  initial_backoff: soon\n", ":2:", "initial_backoff: expected a duration"),
+        ("channels: [\n", ":2:", "not valid YAML"),
+        ("idle_gpu:\n  below_percent: 10\n  action: delete\n", ":3:", "idle_gpu.action"),
+        ("health:\n  node_lost_after: 1m\n  surprise: 1\n", ":3:", "health.surprise"),
+        (
+            "channels:\n  - {name: a, type: webhook, url: 'http://x'}\n  - {name: a, type: webhook, url: 'http://y'}\n",
+            ":2:",
+            "two channels are named 'a'",
+        ),
+    ],
+)
+def test_invalid_config_names_file_and_line(tmp_path: Path, text: str, where: str, what: str) -> None:
+    path = tmp_path / "monitor.yml"
+    path.write_text(text)
+    with pytest.raises(MonitorConfigError) as info:
+        load_monitor_config(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}{where}"), message
+    assert what in message
+
+
+def test_server_refuses_to_start_with_a_bad_config(mon: Mon) -> None:
+    (mon.home / "monitor.yml").write_text("channels:\n  - name: a\n    type: webhook\n    url: nope\n")
+    with (
+        pytest.raises(MonitorConfigError, match=r"monitor\.yml:4: channels\.0\.webhook\.url"),
+        mon.app_client(),
+    ):
+        pass
+
+
+def test_real_server_refuses_to_start_with_a_bad_config(tmp_path: Path) -> None:
+    from tests.server_fixture import start_server
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "monitor.yml").write_text(
+        "channels:\n  - name: a\n    type: email\n    smtp_host: h\n    smtp_port: 99999\n"
+    )
+    with pytest.raises(RuntimeError) as info:
+        start_server(home, timeout_s=60).stop()
+    assert f"{home / 'monitor.yml'}:5: channels.0.email.smtp_port" in str(info.value)
+
+
+def test_old_delivered_notifications_are_pruned(mon: Mon, hook: Hook) -> None:
+    from corral.monitor.channels import KEEP_DONE_S
+
+    hook.status = 200
+    write_config(mon, free_port(), hook.url)
+    config = load_monitor_config(mon.home / "monitor.yml")
+    now = time.time()
+    with mon.factory() as db:
+        record_alert(
+            db, labels={"alertname": "Y"}, status="firing", now=now, channels=["chat"], source="corral"
+        )
+        db.commit()
+    assert deliver_due(mon.factory, config, now) == 1
+    assert [n.state for n in notes(mon, "chat")] == ["sent"]
+    deliver_due(mon.factory, config, now + KEEP_DONE_S - 10)
+    assert len(notes(mon, "chat")) == 1
+    deliver_due(mon.factory, config, now + KEEP_DONE_S + 10)
+    assert notes(mon, "chat") == []

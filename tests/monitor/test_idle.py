@@ -1,0 +1,109 @@
+"""Idle-GPU policy: a job's own `idle_gpu` policy or the admin rule warns the owner, then stops or
+requeues the job; utilization coming back clears it."""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import select, update
+
+from corral.db.models import GpuClaim, Job, JobEvent
+from corral.monitor.config import IdleGpuRule
+from corral.monitor.idle import enforce_idle_policy, job_policy
+from corral.monitor.models import Alert, GpuReading
+from tests.monitor.conftest import Mon
+
+
+def running_jobs(mon: Mon) -> list[int]:
+    with mon.factory() as db:
+        return sorted(set(db.scalars(select(GpuClaim.job_id))))
+
+
+def set_util(mon: Mon, job_id: int, percent: float, now: float) -> None:
+    with mon.factory() as db:
+        for claim in db.scalars(select(GpuClaim).where(GpuClaim.job_id == job_id)):
+            db.execute(
+                update(GpuReading)
+                .where(GpuReading.node == claim.node, GpuReading.gpu_index == claim.gpu_index)
+                .values(utilization_percent=percent, sampled_at=now, present=True)
+            )
+        db.commit()
+
+
+def set_spec(mon: Mon, job_id: int, idle_gpu: dict[str, object] | None) -> None:
+    with mon.factory() as db:
+        job = db.get(Job, job_id)
+        assert job is not None
+        job.spec = {"name": job.name, **({"idle_gpu": idle_gpu} if idle_gpu else {})}
+        db.commit()
+
+
+def run(mon: Mon, now: float, admin: IdleGpuRule | None = None) -> list[tuple[int, str]]:
+    with mon.factory() as db:
+        return enforce_idle_policy(db, now, admin, ["ops"])
+
+
+def idle_events(mon: Mon, job_id: int) -> list[str]:
+    with mon.factory() as db:
+        return list(
+            db.scalars(select(JobEvent.message).where(JobEvent.job_id == job_id, JobEvent.kind == "idle_gpu"))
+        )
+
+
+def test_job_policy_warns_then_stops(mon: Mon) -> None:
+    job_id, other = running_jobs(mon)
+    now = time.time()
+    set_spec(mon, job_id, {"below_percent": 20, "for": "30m", "grace": "10m", "action": "stop"})
+    set_util(mon, job_id, 5.0, now)
+    set_util(mon, other, 5.0, now)  # no policy anywhere: left alone
+    assert run(mon, now) == []  # idle since now
+    assert run(mon, now + 29 * 60) == []
+    set_util(mon, job_id, 5.0, now + 31 * 60)
+    assert run(mon, now + 31 * 60) == [(job_id, "warned")]
+    (warning,) = idle_events(mon, job_id)
+    assert "mean utilization 5.0% < 20%" in warning and "it will be stopped in 600 s" in warning
+    with mon.factory() as db:
+        (alert,) = db.scalars(select(Alert).where(Alert.name == "CorralJobGpuIdle"))
+        assert alert.status == "firing" and alert.labels["job_id"] == str(job_id)
+        assert alert.labels["user"].startswith("user")
+    set_util(mon, job_id, 5.0, now + 42 * 60)
+    assert run(mon, now + 42 * 60) == [(job_id, "stopped")]
+    with mon.factory() as db:
+        job = db.get(Job, job_id)
+        assert job is not None and job.cancel_requested and job.state == "running"  # reconcile does the stop
+        assert not db.get(Job, other).cancel_requested  # type: ignore[union-attr]
+    assert run(mon, now + 43 * 60) == []  # acted once
+
+
+def test_admin_rule_requeues_and_recovery_clears(mon: Mon) -> None:
+    job_id, other = running_jobs(mon)
+    rule = IdleGpuRule.model_validate({"below_percent": 10, "for": "1h", "grace": 0, "action": "requeue"})
+    now = time.time()
+    set_util(mon, job_id, 2.0, now)
+    set_util(mon, other, 80.0, now)  # busy: never touched
+    run(mon, now, rule)
+    set_util(mon, job_id, 2.0, now + 3601)
+    set_util(mon, other, 80.0, now + 3601)
+    assert run(mon, now + 3601, rule) == [(job_id, "warned")]
+    set_util(mon, job_id, 50.0, now + 3602)  # back to work: watch and alert cleared
+    assert run(mon, now + 3602, rule) == []
+    with mon.factory() as db:
+        (alert,) = db.scalars(select(Alert).where(Alert.name == "CorralJobGpuIdle"))
+        assert alert.status == "resolved"
+    set_util(mon, job_id, 1.0, now + 4000)
+    run(mon, now + 4000, rule)
+    set_util(mon, job_id, 1.0, now + 7601)
+    assert run(mon, now + 7601, rule) == [(job_id, "warned")]
+    set_util(mon, job_id, 1.0, now + 7602)
+    assert run(mon, now + 7602, rule) == [(job_id, "requeued")]
+    with mon.factory() as db:
+        assert db.get(Job, job_id).state == "preempted"  # type: ignore[union-attr]
+        assert db.get(Job, other).state == "running"  # type: ignore[union-attr]
+
+
+def test_job_policy_overrides_admin_rule_and_bad_policy_falls_back() -> None:
+    admin = IdleGpuRule.model_validate({"below_percent": 10, "for": "1h", "action": "stop"})
+    mine = job_policy({"idle_gpu": {"below_percent": 30, "for": "2h"}}, admin)
+    assert mine is not None and mine.below_percent == 30 and mine.for_s == 7200 and mine.action == "stop"
+    assert job_policy({"idle_gpu": {"below_percent": 300}}, admin) == admin
+    assert job_policy({}, None) is None

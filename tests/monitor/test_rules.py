@@ -1,0 +1,107 @@
+"""Shipped Prometheus rules (promtool check + unit tests), Alertmanager config and dashboards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support import require_binary
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+RULES = sorted((DEPLOY / "prometheus" / "rules").glob("*.yml"))
+TESTS = sorted((DEPLOY / "prometheus" / "tests").glob("*.yml"))
+DASHBOARDS = sorted((DEPLOY / "grafana").glob("*.json"))
+REQUIRED_ALERTS = {
+    "CorralNodeDown",
+    "CorralGpuEccErrors",
+    "CorralGpuTemperatureHigh",
+    "CorralGpuLost",
+    "CorralJobPendingTooLong",
+    "CorralGpuAllocatedIdle",
+    "CorralQuotaNearlyExhausted",
+    "CorralSchedulerStalled",
+    "CorralApiErrorRate",
+    "CorralApiLatencyHigh",
+    "CorralStateDiskNearlyFull",
+}
+
+pytestmark = pytest.mark.prometheus
+
+
+def all_rules() -> list[dict[str, object]]:
+    return [
+        rule
+        for path in RULES
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+    ]
+
+
+def test_promtool_check_rules() -> None:
+    promtool = require_binary("promtool")
+    result = subprocess.run([promtool, "check", "rules", *map(str, RULES)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_unit_tests_pass() -> None:
+    promtool = require_binary("promtool")
+    result = subprocess.run([promtool, "test", "rules", *map(str, TESTS)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("SUCCESS") == len(TESTS)
+
+
+def test_every_rule_has_for_runbook_and_tests_firing_and_not_firing() -> None:
+    rules = all_rules()
+    names = {str(r["alert"]) for r in rules}
+    assert names >= REQUIRED_ALERTS
+    tested_firing: set[str] = set()
+    tested_quiet: set[str] = set()
+    for path in TESTS:
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for check in case.get("alert_rule_test", []):
+                (tested_firing if check.get("exp_alerts") else tested_quiet).add(check["alertname"])
+    for rule in rules:
+        assert "for" in rule, rule["alert"]
+        annotations = rule["annotations"]
+        assert isinstance(annotations, dict) and annotations["runbook_url"].endswith(
+            str(rule["alert"]).lower()
+        )
+        assert rule["alert"] in tested_firing, f"{rule['alert']} never tested firing"
+        assert rule["alert"] in tested_quiet, f"{rule['alert']} never tested not firing"
+
+
+def test_alertmanager_config_is_valid_and_routes_to_corral_and_email() -> None:
+    amtool = require_binary("amtool")
+    path = DEPLOY / "alertmanager" / "alertmanager.yml"
+    result = subprocess.run([amtool, "check-config", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    config = yaml.safe_load(path.read_text())
+    receivers = {r["name"]: r for r in config["receivers"]}
+    hooks = [w["url"] for r in receivers.values() for w in r.get("webhook_configs", [])]
+    assert hooks and all(url.endswith("/api/v1/alerts/webhook") for url in hooks)
+    assert all(
+        w["http_config"]["authorization"]["credentials_file"]
+        for r in receivers.values()
+        for w in r.get("webhook_configs", [])
+    )
+    assert any(r.get("email_configs") for r in receivers.values())
+    assert {"alertname", "node"} <= set(config["route"]["group_by"])
+
+
+def test_dashboards_are_grafana_json_with_prometheus_targets() -> None:
+    assert {p.name for p in DASHBOARDS} >= {
+        "corral-cluster-overview.json",
+        "corral-node-gpus.json",
+        "corral-users-groups.json",
+        "corral-job.json",
+    }
+    for path in DASHBOARDS:
+        board = json.loads(path.read_text())
+        assert board["uid"] and board["title"].startswith("Corral /")
+        assert board["panels"], path.name
+        for panel in board["panels"]:
+            assert panel["targets"] and all(t["expr"].strip() for t in panel["targets"]), panel["title"]

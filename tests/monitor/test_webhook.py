@@ -1,0 +1,157 @@
+"""The Alertmanager webhook: authentication, validation, fingerprint deduplication, listing."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from corral.monitor.models import Alert, AlertNotification
+from tests.monitor.conftest import WEBHOOK_TOKEN, Mon
+
+URL = "/api/v1/alerts/webhook"
+AUTH = {"Authorization": f"Bearer {WEBHOOK_TOKEN}"}
+
+
+def payload(
+    status: str = "firing", starts: str = "2026-11-21T06:00:00.123456789Z", **labels: str
+) -> dict[str, Any]:
+    alert_labels = {
+        "alertname": "CorralGpuEccErrors",
+        "severity": "critical",
+        "node": "n1",
+        "gpu": "0",
+        **labels,
+    }
+    return {
+        "version": "4",
+        "status": status,
+        "receiver": "corral",
+        "groupKey": '{}:{alertname="CorralGpuEccErrors"}',
+        "alerts": [
+            {
+                "status": status,
+                "labels": alert_labels,
+                "annotations": {"summary": "GPU 0 on n1 has 3 uncorrectable ECC error(s)"},
+                "startsAt": starts,
+                "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2026-11-21T06:05:00Z",
+                "generatorURL": "http://prometheus/graph",
+                "fingerprint": "f00dfeed" + labels.get("gpu", "0"),
+            }
+        ],
+    }
+
+
+def counts(mon: Mon) -> tuple[int, int]:
+    with mon.factory() as db:
+        return (
+            db.scalar(select(func.count()).select_from(Alert)) or 0,
+            db.scalar(select(func.count()).select_from(AlertNotification)) or 0,
+        )
+
+
+@pytest.mark.parametrize(
+    ("headers", "reason"),
+    [
+        ({}, "missing or wrong bearer token"),
+        ({"Authorization": "Bearer not-the-secret"}, "missing or wrong bearer token"),
+        ({"Authorization": f"Basic {WEBHOOK_TOKEN}"}, "missing or wrong bearer token"),
+    ],
+)
+def test_unauthenticated_is_401_and_changes_nothing(mon: Mon, headers: dict[str, str], reason: str) -> None:
+    with mon.app_client() as client:
+        response = client.post(URL, json=payload(), headers=headers)
+    assert response.status_code == 401
+    assert reason in response.json()["detail"]
+    assert counts(mon) == (0, 0)
+
+
+def test_no_token_configured_refuses_everyone(mon: Mon, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CORRAL_MONITOR_WEBHOOK_TOKEN")
+    with mon.app_client() as client:
+        response = client.post(URL, json=payload(), headers=AUTH)
+        assert response.status_code == 401
+        assert "no token configured" in response.json()["detail"]
+        # The token file under CORRAL_HOME works as well (Alertmanager's credentials_file).
+        (mon.home / "alert_webhook_token").write_text("from-file\n")
+        assert (
+            client.post(URL, json=payload(), headers={"Authorization": "Bearer from-file"}).status_code == 200
+        )
+
+
+def _broken(kind: str) -> Any:
+    body = payload()
+    if kind == "no_alerts":
+        body["alerts"] = []
+    elif kind == "bad_status":
+        body["alerts"][0]["status"] = "exploded"
+    elif kind == "no_labels":
+        body["alerts"][0]["labels"] = {}
+    elif kind == "bad_time":
+        body["alerts"][0]["startsAt"] = "yesterday"
+    elif kind == "missing_starts":
+        del body["alerts"][0]["startsAt"]
+    return body
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("no_alerts", "alerts"),
+        ("bad_status", "alerts.0.status"),
+        ("no_labels", "alerts.0.labels"),
+        ("bad_time", "not an RFC 3339 time: 'yesterday'"),
+        ("missing_starts", "alerts.0.startsAt"),
+    ],
+)
+def test_malformed_payload_is_400_with_the_reason(mon: Mon, kind: str, reason: str) -> None:
+    with mon.app_client() as client:
+        response = client.post(URL, json=_broken(kind), headers=AUTH)
+    assert response.status_code == 400, response.text
+    assert reason in response.json()["detail"]
+    assert counts(mon) == (0, 0)
+
+
+def test_not_json_is_400(mon: Mon) -> None:
+    with mon.app_client() as client:
+        response = client.post(URL, content=b"{nope", headers={**AUTH, "Content-Type": "application/json"})
+    assert response.status_code == 400
+    assert "not JSON" in response.json()["detail"]
+    assert counts(mon) == (0, 0)
+
+
+def test_alerts_are_stored_deduplicated_and_resolved(mon: Mon) -> None:
+    (mon.home / "monitor.yml").write_text(
+        "channels:\n  - {name: ops, type: webhook, url: 'http://127.0.0.1:9/hook'}\n"
+    )
+    with mon.app_client() as client:
+        first = client.post(URL, json=payload(), headers=AUTH)
+        assert first.status_code == 200 and first.json() == {"received": 1, "changed": 1}
+        # Alertmanager re-sends the same firing alert every group_interval: one row, no new notice.
+        again = client.post(URL, json=copy.deepcopy(payload()), headers=AUTH)
+        assert again.json() == {"received": 1, "changed": 0}
+        assert counts(mon) == (1, 1)
+        other = client.post(URL, json=payload(gpu="1"), headers=AUTH)
+        assert other.json()["changed"] == 1
+        resolved = client.post(URL, json=payload("resolved"), headers=AUTH)
+        assert resolved.json()["changed"] == 1
+        # A late resolve of an older episode of the same alert changes nothing.
+        stale = client.post(URL, json=payload("resolved", starts="2026-11-20T06:00:00Z"), headers=AUTH)
+        assert stale.json()["changed"] == 0
+
+        listing = client.get("/api/v1/alerts", headers=mon.admin).json()
+        firing = client.get("/api/v1/alerts", params={"status": "firing"}, headers=mon.admin).json()
+        assert client.get("/api/v1/alerts").status_code == 401
+    assert listing["total"] == 2
+    by_fp = {a["fingerprint"]: a for a in listing["items"]}
+    gpu0 = by_fp["f00dfeed0"]
+    assert gpu0["status"] == "resolved" and gpu0["receive_count"] == 4 and gpu0["source"] == "alertmanager"
+    assert gpu0["labels"]["node"] == "n1" and gpu0["severity"] == "critical"
+    assert gpu0["ends_at"] is not None and gpu0["starts_at"] == pytest.approx(1795240800.123456, abs=1e-3)
+    assert [a["fingerprint"] for a in firing["items"]] == ["f00dfeed1"]
+    with mon.factory() as db:
+        notes = db.execute(select(AlertNotification.alert_status, AlertNotification.state)).all()
+    # One notification per status change per channel: gpu0 firing, gpu1 firing, gpu0 resolved.
+    assert sorted(notes) == [("firing", "pending"), ("firing", "pending"), ("resolved", "pending")]

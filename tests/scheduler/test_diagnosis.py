@@ -1,0 +1,108 @@
+"""Diagnosis: coded reasons with their source, queue positions, estimated starts, bad input."""
+
+from __future__ import annotations
+
+from corral.scheduler import PROFILES, check_fits_anywhere
+from tests.scheduler.builders import gpu_node, group, job, plan_for, running, snap
+
+FIFO_BF = PROFILES["fifo-backfill"]
+
+
+def test_fragmented_reason_names_largest_block() -> None:
+    nodes = [gpu_node("a", gpus=8), gpu_node("b", gpus=8)]
+    run = [running(job("x", gpus=4), "a", (0, 1, 2, 3)), running(job("y", gpus=4), "b", (0, 1, 2, 3))]
+    plan = plan_for(snap(nodes, [job("w", gpus=8)], run=run), FIFO_BF)
+    (reason,) = plan.diagnoses["w"].reasons
+    assert reason.code == "gpu_fragmented"
+    assert reason.source == "filter:gpu_free"
+    assert "needs 8 A100 GPUs on one node; largest free block is 4" in reason.message
+
+
+def test_every_waiting_job_gets_a_diagnosis_with_group_positions() -> None:
+    queued = [job(f"a{i}", group="a", submit=i, gpus=8) for i in range(3)] + [job("b0", group="b", gpus=8)]
+    plan = plan_for(snap([gpu_node("n", gpus=4)], queued, [group("a"), group("b")]), PROFILES["default"])
+    assert set(plan.diagnoses) == {"a0", "a1", "a2", "b0"}
+    assert [plan.diagnoses[f"a{i}"].queue_position for i in range(3)] == [1, 2, 3]
+    assert plan.diagnoses["b0"].queue_position == 1
+    assert all(d.unschedulable for d in plan.diagnoses.values())
+
+
+def test_estimated_start_rolls_forward_running_and_queued_work() -> None:
+    nodes = [gpu_node("n", gpus=2)]
+    run = [
+        running(job("r1", runtime=100.0), "n", (0,), start=0.0),  # ends 100
+        running(job("r2", runtime=300.0), "n", (1,), start=0.0),  # ends 300
+    ]
+    queued = [
+        job("q1", submit=0, runtime=500.0),
+        job("q2", submit=1, runtime=50.0),
+        job("q3", gpus=2, submit=2),
+    ]
+    plan = plan_for(snap(nodes, queued, run=run), PROFILES["fifo"], now=10.0)
+    eta = {k: d.estimated_start for k, d in plan.diagnoses.items()}
+    assert eta == {"q1": 100.0, "q2": 300.0, "q3": 600.0}
+
+
+def test_jobs_without_estimate_use_profile_default() -> None:
+    nodes = [gpu_node("n", gpus=1)]
+    run = [running(job("r", runtime=None), "n", (0,), start=0.0)]
+    plan = plan_for(snap(nodes, [job("q")], run=run), PROFILES["fifo"], now=10.0)
+    assert plan.diagnoses["q"].estimated_start == PROFILES["fifo"].default_runtime_s
+
+
+def test_unknown_model_and_too_large_instance_are_unschedulable() -> None:
+    nodes = [gpu_node("n", gpus=8, model="A100")]
+    bad_model = job("h100", model="H100")
+    too_big = job("sixteen", gpus=16)
+    plan = plan_for(snap(nodes, [bad_model, too_big]), FIFO_BF)
+    for jid, code in (("h100", "unknown_gpu_model"), ("sixteen", "instance_too_large")):
+        d = plan.diagnoses[jid]
+        assert d.unschedulable and d.reasons[0].code == code and d.estimated_start is None
+    assert check_fits_anywhere(bad_model, nodes)[0].code == "unknown_gpu_model"
+    (reason,) = check_fits_anywhere(too_big, nodes)
+    assert "largest node has 8" in reason.message
+    assert check_fits_anywhere(job("ok", gpus=8), nodes) == ()
+
+
+def test_unschedulable_job_does_not_block_fifo() -> None:
+    nodes = [gpu_node("n", gpus=8)]
+    plan = plan_for(snap(nodes, [job("huge", gpus=16, submit=0), job("fine", submit=1)]), PROFILES["fifo"])
+    assert [a.job_id for a in plan.assignments] == ["fine"]
+
+
+def test_cpu_job_and_gang_size_checked_against_cluster() -> None:
+    from tests.scheduler.builders import cpu_node
+
+    nodes = [gpu_node("n", gpus=8), cpu_node("c", cpus=4)]
+    (reason,) = check_fits_anywhere(job("wide", gpus=0, cpus=16), nodes)
+    assert reason.code == "instance_too_large"
+    (reason,) = check_fits_anywhere(job("gang", gpus=8, instances=2), nodes)
+    assert reason.code == "cluster_too_small"
+
+
+def test_overdue_running_job_is_expected_to_end_now() -> None:
+    run = [running(job("r", runtime=10.0), "n", (0,), start=0.0)]
+    plan = plan_for(snap([gpu_node("n", gpus=1)], [job("q")], run=run), PROFILES["fifo"], now=500.0)
+    assert plan.diagnoses["q"].estimated_start == 500.0
+
+
+def test_eta_limit_bounds_estimates() -> None:
+    import dataclasses
+
+    queued = [job(f"q{i}", submit=float(i)) for i in range(5)]
+    run = [running(job("r"), "n", (0,))]
+    profile = dataclasses.replace(PROFILES["fifo-backfill"], eta_limit=2)
+    plan = plan_for(snap([gpu_node("n", gpus=1)], queued, run=run), profile)
+    etas = [plan.diagnoses[f"q{i}"].estimated_start for i in range(5)]
+    assert etas[:2] == [1000.0, 1100.0] and etas[2:] == [None, None, None]  # r is overdue: ends now
+
+
+def test_backfill_depth_reason_for_untried_jobs() -> None:
+    import dataclasses
+
+    queued = [job("big", gpus=2, submit=0)] + [job(f"s{i}", submit=1 + i, runtime=1e6) for i in range(4)]
+    run = [running(job("r", runtime=100.0), "n", (0,))]
+    profile = dataclasses.replace(PROFILES["fifo-backfill"], backfill_depth=1)
+    plan = plan_for(snap([gpu_node("n", gpus=2)], queued, run=run), profile, now=10.0)
+    assert plan.diagnoses["s0"].reasons[0].code == "backfill_would_delay"
+    assert plan.diagnoses["s3"].reasons[0].code == "backfill_depth"

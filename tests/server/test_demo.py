@@ -1,0 +1,42 @@
+"""`corral up --demo` end to end: demo users and groups, and the example job really trains."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import httpx
+import yaml
+
+from tests.server.test_e2e import TERMINAL, logs, wait_state
+from tests.server_fixture import start_server, wait_for
+
+
+def test_corral_up_demo_trains_the_example_and_survives_a_restart(tmp_path: Path) -> None:
+    srv = start_server(tmp_path / "home", demo=True, via_cli=True)
+    try:
+        banner = srv.log_text()
+        assert "Corral demo" in banner and "alice (alice-demo)" in banner and "corral ls" in banner
+        config = srv.home / "config.yaml"
+        assert stat.S_IMODE(config.stat().st_mode) == 0o600
+        assert yaml.safe_load(config.read_text())["token"] == srv.token
+        with srv.client() as c:
+            demo = next(j for j in c.get("/api/v1/jobs").json()["items"] if j["name"] == "digits-demo")
+            assert demo["user"] == "alice" and demo["group"] == "vision"
+            done = wait_state(c, demo["id"], TERMINAL, timeout_s=60)
+            out = logs(c, demo["id"])
+            assert done["state"] == "succeeded", out
+            accuracy = float(out.split("final test accuracy")[1].split()[0])
+            assert accuracy > 0.85 and "epoch  30" in out
+            assert done["attempts"][0]["placement"][0]["gpu_uuids"], "the demo job holds a virtual GPU"
+        with httpx.Client(base_url=srv.url) as anon:
+            r = anon.post("/api/v1/auth/login", json={"username": "bob", "password": "bob-demo"})
+            assert r.status_code == 200, r.text
+        srv.kill()
+        srv.start()
+        with srv.client() as c:
+            wait_for(lambda: c.get("/api/v1/nodes").status_code == 200, 10)
+            names = [j["name"] for j in c.get("/api/v1/jobs").json()["items"]]
+            assert names.count("digits-demo") == 1
+    finally:
+        srv.stop()

@@ -1,0 +1,322 @@
+"""Unit tests of the control loops on a real SQLite database with a fake engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from corral.db.models import Attempt, GpuClaim, Job, Node, UsageLedger
+from corral.db.session import make_engine
+from corral.engine.base import NodeReport
+from corral.scheduler import types as st
+from corral.server.context import ServerContext
+from corral.server.leases import claim_job, claim_lease
+from corral.server.nodes import HEARTBEAT_TIMEOUT_S, node_tick
+from corral.server.reconcile import reconcile_tick
+from corral.server.scheduling import apply_assignment, apply_preemption, schedule_tick
+from corral.server.snapshot import build_snapshot, read_cluster_state
+from corral.services.lifecycle import JobState
+from tests.server.fakes import FakeEngine, add_job, gpu_node, make_context, run_dispatch, seed_tenant
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> tuple[ServerContext, FakeEngine]:
+    fake = FakeEngine([gpu_node("n1", address="10.0.0.1"), gpu_node("n2", address="10.0.0.2")])
+    ctx = make_context(make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}"), fake, str(tmp_path))
+    node_tick(ctx, time.time())
+    return ctx, fake
+
+
+def assign(ctx: ServerContext, job_id: int, *places: tuple[str, str, int, tuple[int, ...]]) -> bool:
+    allocation = st.Allocation(
+        str(job_id), tuple(st.InstancePlacement(r, i, n, g, 1.0, 1024) for r, n, i, g in places)
+    )
+    with ctx.session_factory() as session:
+        return apply_assignment(session, st.Assignment(str(job_id), allocation), time.time())
+
+
+def job_state(ctx: ServerContext, job_id: int) -> str:
+    with ctx.session_factory() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        return job.state
+
+
+def test_node_sync_stores_gpus_and_pushes_cordon(env: tuple[ServerContext, FakeEngine]) -> None:
+    ctx, fake = env
+    with ctx.session_factory() as session:
+        node = session.get(Node, "n1")
+        assert node is not None and node.state == "ready" and len(node.gpus) == 4
+        assert node.gpus[2].uuid == "GPU-n1-2" and node.last_heartbeat is not None
+        node.admin_state = "cordoned"
+        session.commit()
+    node_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        assert session.get(Node, "n1").state == "cordoned"  # type: ignore[union-attr]
+    assert fake.node_states["n1"] is st.NodeState.CORDONED
+    assert fake.node_states["n2"] is st.NodeState.READY
+
+
+def test_assignment_claims_gpus_once(env: tuple[ServerContext, FakeEngine]) -> None:
+    ctx, _ = env
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        first, second = add_job(session, gid, uid), add_job(session, gid, uid)
+    assert assign(ctx, first, ("worker", "n1", 0, (1,)))
+    assert not assign(ctx, second, ("worker", "n1", 0, (1,)))  # GPU n1/1 is already claimed
+    assert job_state(ctx, first) == "scheduled" and job_state(ctx, second) == "queued"
+    with ctx.session_factory() as session:
+        attempt = session.scalars(select(Attempt).where(Attempt.job_id == first)).one()
+        assert attempt.placement[0]["gpu_uuids"] == ["GPU-n1-1"] and attempt.number == 1
+        assert session.scalars(select(Attempt).where(Attempt.job_id == second)).all() == []
+
+
+def test_dispatch_sets_rendezvous_env_for_a_gang(env: tuple[ServerContext, FakeEngine]) -> None:
+    ctx, fake = env
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        job_id = add_job(session, gid, uid, gpus=2, instances=2)
+    assert assign(ctx, job_id, ("worker", "n2", 1, (0, 1)), ("worker", "n1", 0, (2, 3)))
+    run_dispatch(ctx)
+    assert job_state(ctx, job_id) == "starting"
+    launch = fake.launched[f"{job_id}.1"]
+    by_rank = {i.rank: i for i in launch.instances}
+    assert by_rank[0].node == "n1" and by_rank[1].node == "n2"
+    for rank, inst in by_rank.items():
+        assert inst.env["RANK"] == str(rank) and inst.env["WORLD_SIZE"] == "2"
+        assert inst.env["MASTER_ADDR"] == "10.0.0.1" and inst.env["CORRAL_NUM_INSTANCES"] == "2"
+        assert inst.env["CORRAL_TASK_INDEX"] == str(rank) and inst.env["CORRAL_JOB_ID"] == str(job_id)
+        assert inst.env["EPOCHS"] == "3"
+    assert by_rank[0].env["MASTER_PORT"] == by_rank[1].env["MASTER_PORT"]
+    assert by_rank[0].env["CUDA_VISIBLE_DEVICES"] == "GPU-n1-2,GPU-n1-3"
+    run_dispatch(ctx)  # a second pass launches nothing new
+    assert fake.launch_calls == 1
+
+
+def test_reconcile_runs_succeeds_frees_gpus_and_charges_usage(env: tuple[ServerContext, FakeEngine]) -> None:
+    ctx, fake = env
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        job_id = add_job(session, gid, uid, gpus=2)
+    assert assign(ctx, job_id, ("worker", "n1", 0, (0, 1)))
+    run_dispatch(ctx)
+    fake.run(f"{job_id}.1")
+    reconcile_tick(ctx, time.time())
+    assert job_state(ctx, job_id) == "running"
+    fake.finish(f"{job_id}.1", 0)
+    reconcile_tick(ctx, time.time())
+    assert job_state(ctx, job_id) == "succeeded"
+    with ctx.session_factory() as session:
+        assert session.scalars(select(GpuClaim)).all() == []
+        attempt = session.scalars(select(Attempt).where(Attempt.job_id == job_id)).one()
+        assert attempt.state == "succeeded" and attempt.exit_code == 0 and attempt.ended_at is not None
+        ledger = session.get(UsageLedger, ("g", "u"))
+        assert ledger is not None and ledger.gpu_seconds == pytest.approx(2.0, rel=0.1)
+
+
+def test_failed_attempts_retry_then_fail_keeping_every_attempt(env: tuple[ServerContext, FakeEngine]) -> None:
+    ctx, fake = env
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        job_id = add_job(session, gid, uid, retries=1)
+    for number in (1, 2):
+        assert assign(ctx, job_id, ("worker", "n1", 0, (0,)))
+        run_dispatch(ctx)
+        fake.finish(f"{job_id}.{number}", 3)
+        reconcile_tick(ctx, time.time())
+    assert job_state(ctx, job_id) == "failed"
+    with ctx.session_factory() as session:
+        attempts = session.scalars(
+            select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)
+        ).all()
+        assert [(a.number, a.state, a.exit_code) for a in attempts] == [(1, "failed", 3), (2, "failed", 3)]
+
+
+def test_cancel_while_running_stops_with_grace_then_cancels(env: tuple[ServerContext, FakeEngine]) -> None:
+    ctx, fake = env
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        job_id = add_job(session, gid, uid)
+    assert assign(ctx, job_id, ("worker", "n1", 0, (0,)))
+    run_dispatch(ctx)
+    fake.run(f"{job_id}.1")
+    reconcile_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        session.get(Job, job_id).cancel_requested = True  # type: ignore[union-attr]
+        session.commit()
+    reconcile_tick(ctx, time.time())
+    assert fake.stopped == [(f"{job_id}.1", 10.0)] and job_state(ctx, job_id) == "running"
+    fake.finish(f"{job_id}.1", 143)
+    reconcile_tick(ctx, time.time())
+    assert job_state(ctx, job_id) == "cancelled"
+    assert len(fake.stopped) == 1
+
+
+def test_launch_failure_fails_the_attempt_with_its_message(env: tuple[ServerContext, FakeEngine]) -> None:
+    ctx, fake = env
+    fake.fail_launch = "no such environment"
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        job_id = add_job(session, gid, uid)
+    assert assign(ctx, job_id, ("worker", "n1", 0, (0,)))
+    run_dispatch(ctx)
+    with ctx.session_factory() as session:
+        attempt = session.scalars(select(Attempt).where(Attempt.job_id == job_id)).one()
+        assert attempt.reason == "launch_failed" and "no such environment" in attempt.message
+        assert session.scalars(select(GpuClaim)).all() == []
+    assert job_state(ctx, job_id) == "failed"
+
+
+@pytest.mark.parametrize(("preemptible", "expected"), [(True, "queued"), (False, "failed")])
+def test_silent_node_goes_down_and_its_jobs_are_requeued_or_failed(
+    env: tuple[ServerContext, FakeEngine], preemptible: bool, expected: str
+) -> None:
+    ctx, fake = env
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        job_id = add_job(session, gid, uid, preemptible=preemptible)
+    assert assign(ctx, job_id, ("worker", "n2", 0, (0,)))
+    run_dispatch(ctx)
+    fake.reports = [r for r in fake.reports if r.name != "n2"]  # n2 stops reporting
+    node_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        assert session.get(Node, "n2").state == "ready"  # type: ignore[union-attr]
+    node_tick(ctx, time.time() + HEARTBEAT_TIMEOUT_S + 0.5)
+    with ctx.session_factory() as session:
+        node = session.get(Node, "n2")
+        assert node is not None and node.state == "down" and "heartbeat" in node.message
+        attempt = session.scalars(select(Attempt).where(Attempt.job_id == job_id)).one()
+        assert attempt.state == "lost" and attempt.reason == "node_lost"
+        assert session.scalars(select(GpuClaim)).all() == []
+    assert job_state(ctx, job_id) == expected
+
+
+def test_restart_adopts_running_attempts(env: tuple[ServerContext, FakeEngine]) -> None:
+    ctx, fake = env
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        job_id = add_job(session, gid, uid)
+    assert assign(ctx, job_id, ("worker", "n1", 0, (0,)))
+    run_dispatch(ctx)
+    fresh = ServerContext(ctx.settings, ctx.session_factory, fake, "test:2:bb")  # a restarted server
+    fake.finish(f"{job_id}.1", 0)
+    reconcile_tick(fresh, time.time())
+    assert fake.adopted == {f"{job_id}.1": f"ref-{job_id}.1"}
+    assert job_state(ctx, job_id) == "succeeded"
+
+
+def test_leases_exclude_a_second_owner_until_expiry(env: tuple[ServerContext, FakeEngine]) -> None:
+    ctx, _ = env
+    now = time.time()
+    with ctx.session_factory() as session:
+        assert claim_lease(session, "schedule", "a", now, ttl_s=5)
+        assert not claim_lease(session, "schedule", "b", now + 1, ttl_s=5)
+        assert claim_lease(session, "schedule", "a", now + 1, ttl_s=5)
+        assert claim_lease(session, "schedule", "b", now + 7, ttl_s=5)
+        gid, uid = seed_tenant(session)
+        job_id = add_job(session, gid, uid)
+        assert claim_job(session, job_id, "a", now)
+        session.commit()
+        assert not claim_job(session, job_id, "b", now + 1)
+        assert claim_job(session, job_id, "b", now + 11)
+
+
+def test_snapshot_holds_running_allocations_and_decayed_usage(env: tuple[ServerContext, FakeEngine]) -> None:
+    ctx, _ = env
+    now = time.time()
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        running, waiting = add_job(session, gid, uid, gpus=2), add_job(session, gid, uid, gpus=1)
+        session.add(
+            UsageLedger(group_name="g", user_name="u", gpu_seconds=100.0, updated_at=now - 7 * 24 * 3600)
+        )
+        session.commit()
+    assert assign(ctx, running, ("worker", "n1", 0, (2, 3)))
+    with ctx.session_factory() as session:
+        state = read_cluster_state(session)
+    snap = build_snapshot(state, now)
+    assert snap == build_snapshot(state, now)  # pure
+    assert [j.id for j in snap.queued] == [str(waiting)]
+    assert snap.queued[0].tasks[0].resources.gpus == 1
+    (run,) = snap.running
+    assert run.allocation.instances[0].gpu_indices == (2, 3) and run.job.id == str(running)
+    assert snap.usage.by_group["g"] == pytest.approx(50.0)
+    assert {n.name for n in snap.nodes} == {"n1", "n2"} and snap.groups[0].guaranteed == {"*": 4}
+    assert JobState(job_state(ctx, running)) is JobState.SCHEDULED
+
+
+def test_preemption_stops_with_grace_and_requeues(env: tuple[ServerContext, FakeEngine]) -> None:
+    ctx, fake = env
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        job_id = add_job(session, gid, uid, gpus=2)
+    assert assign(ctx, job_id, ("worker", "n1", 0, (0, 1)))
+    run_dispatch(ctx)
+    fake.run(f"{job_id}.1")
+    reconcile_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        assert apply_preemption(session, st.Preemption(str(job_id), 7.5, "reclaimed by group x"), time.time())
+    assert job_state(ctx, job_id) == "preempted"
+    reconcile_tick(ctx, time.time())
+    assert fake.stopped == [(f"{job_id}.1", 7.5)]
+    fake.finish(f"{job_id}.1", 143)
+    reconcile_tick(ctx, time.time())
+    assert job_state(ctx, job_id) == "queued"
+    with ctx.session_factory() as session:
+        attempt = session.scalars(select(Attempt).where(Attempt.job_id == job_id)).one()
+        assert attempt.state == "preempted" and attempt.exit_code == 143
+        assert session.scalars(select(GpuClaim)).all() == []
+    assert assign(ctx, job_id, ("worker", "n2", 0, (0, 1)))  # it can be placed again, as attempt 2
+
+
+def test_schedule_tick_places_waiting_jobs_and_diagnoses_the_rest(
+    env: tuple[ServerContext, FakeEngine],
+) -> None:
+    ctx, _fake = env
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session, guaranteed=8)
+        big = [add_job(session, gid, uid, gpus=4) for _ in range(3)]  # 8 GPUs in all: one must wait
+    schedule_tick(ctx, time.time())
+    states = [job_state(ctx, j) for j in big]
+    assert sorted(states) == ["queued", "scheduled", "scheduled"]
+    with ctx.session_factory() as session:
+        waiting = session.get(Job, big[states.index("queued")])
+        assert waiting is not None and waiting.diagnosis is not None
+        assert waiting.diagnosis["queue_position"] == 1 and waiting.diagnosis["reasons"]
+        claims = session.scalars(select(GpuClaim)).all()
+        assert len(claims) == 8 and len({(c.node, c.gpu_index) for c in claims}) == 8
+
+
+def test_node_reported_down_loses_its_jobs_once_and_engine_outage_marks_unknown(
+    env: tuple[ServerContext, FakeEngine],
+) -> None:
+    ctx, fake = env
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        job_id = add_job(session, gid, uid, retries=1, preemptible=False)
+    assert assign(ctx, job_id, ("worker", "n1", 0, (0,)))
+    run_dispatch(ctx)
+    fake.reports = [
+        dataclasses.replace(r, state=st.NodeState.DOWN, message="kernel panic") if r.name == "n1" else r
+        for r in fake.reports
+    ]
+    node_tick(ctx, time.time())
+    node_tick(ctx, time.time())
+    assert job_state(ctx, job_id) == "queued"  # not preemptible, but it has a retry left
+    assert fake.stopped == [(f"{job_id}.1", 0.0)]
+    with ctx.session_factory() as session:
+        assert session.get(Node, "n1").message == "kernel panic"  # type: ignore[union-attr]
+    fake.nodes = _raise_unavailable  # type: ignore[method-assign]
+    node_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        assert {n.name: n.state for n in session.scalars(select(Node))} == {"n1": "down", "n2": "unknown"}
+
+
+def _raise_unavailable() -> list[NodeReport]:
+    from corral.engine.base import EngineUnavailable
+
+    raise EngineUnavailable("slurmctld is not answering")

@@ -1,0 +1,227 @@
+"""The live loop and the simulator decide alike: for every cycle the simulator recorded
+(snapshot, now, plan), writing that state into the database and building the snapshot the way
+the schedule loop does gives the same placements, preemptions and borrowed flags."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from corral.db.models import Attempt, Gpu, GpuClaim, Group, GroupQuota, Job, Node, UsageLedger, User
+from corral.db.session import make_engine
+from corral.scheduler import types as st
+from corral.server.scheduling import run_scheduler
+from corral.server.snapshot import build_snapshot, read_cluster_state
+from corral.sim.cluster import ClusterSpec, Pool
+from corral.sim.replay import SimConfig, Simulator
+from corral.sim.runner import resolve_policy
+from corral.sim.trace import Trace, TraceJob
+from tests.server.fakes import FakeEngine, make_context
+
+
+def small_trace(n: int = 60, seed: int = 7) -> Trace:
+    rng = random.Random(seed)
+    jobs = []
+    t = 0.0
+    for i in range(1, n + 1):
+        t += rng.expovariate(1 / 40)
+        instances = rng.choice((1, 1, 1, 2))
+        per = rng.choice((1, 2, 4, 8)) if instances == 1 else rng.choice((2, 4))
+        jobs.append(
+            TraceJob(
+                job_id=str(i),
+                submit_time=t,
+                duration=rng.uniform(60, 900),
+                num_gpus=per * instances,
+                group=rng.choice(("vision", "nlp", "speech")),
+                user=rng.choice(("ann", "ben")),
+                gpu_model=rng.choice((None, None, "A100")),
+                instances=instances,
+                cpus=2.0,
+                memory_mib=4096,
+                priority=rng.choice((st.Priority.LOW, st.Priority.NORMAL, st.Priority.HIGH)),
+            )
+        )
+    return Trace(name="parity", jobs=tuple(jobs))
+
+
+def cluster() -> ClusterSpec:
+    return ClusterSpec(
+        name="parity",
+        pools=(Pool("a100", 2, 8, "A100", 64, 262144), Pool("v100", 2, 4, "V100", 32, 131072)),
+        groups=(
+            st.Group("vision", guaranteed={"*": 12}),
+            st.Group("nlp", guaranteed={"*": 8}, max={"*": 16}),
+            st.Group("speech", guaranteed={"*": 4}, weight=2.0),
+        ),
+    )
+
+
+def _spec(job: st.Job) -> dict[str, object]:
+    tasks = {
+        t.role: {
+            "instances": t.instances,
+            "resources": {
+                "gpus": t.resources.gpus,
+                "gpu_model": t.resources.gpu_model,
+                "cpus": t.resources.cpus,
+                "memory": t.resources.memory_mib,
+            },
+            "command": "true",
+        }
+        for t in job.tasks
+    }
+    return {"version": 1, "name": f"j{job.id}", "tasks": tasks}
+
+
+def write_state(session: object, snap: st.Snapshot, now: float) -> None:
+    """The recorded snapshot as rows, the way the API and the loops would have left them."""
+    from sqlalchemy.orm import Session
+
+    assert isinstance(session, Session)
+    for node in snap.nodes:
+        session.add(
+            Node(
+                name=node.name,
+                cpus=node.cpus,
+                memory_mib=node.memory_mib,
+                state=node.state.value,
+                admin_state="none",
+                labels=dict(node.labels),
+                last_heartbeat=now,
+                gpus=[
+                    Gpu(
+                        index=g.index,
+                        uuid=g.uuid,
+                        model=g.model,
+                        memory_mib=g.memory_mib,
+                        topology_group=g.topology_group,
+                        healthy=g.healthy,
+                    )
+                    for g in node.gpus
+                ],
+            )
+        )
+    groups, users = {}, {}
+    for g in snap.groups:
+        models = set(g.guaranteed) | set(g.max or {})
+        row = Group(
+            name=g.name,
+            weight=g.weight,
+            borrowing=g.borrowing,
+            user_max_gpus=g.user_max_gpus,
+            created_at=now,
+            quotas=[
+                GroupQuota(gpu_model=m, guaranteed=g.guaranteed.get(m, 0), max=(g.max or {}).get(m))
+                for m in sorted(models)
+            ],
+        )
+        session.add(row)
+        groups[g.name] = row
+    session.flush()
+    for job in [*snap.queued, *(r.job for r in snap.running)]:
+        if job.user not in users:
+            users[job.user] = User(name=job.user, created_at=now)
+            session.add(users[job.user])
+    session.flush()
+
+    def add_job(job: st.Job, state: str) -> Job:
+        row = Job(
+            id=int(job.id),
+            name=f"j{job.id}",
+            user_id=users[job.user].id,
+            group_id=groups[job.group].id,
+            state=state,
+            priority=int(job.priority),
+            preemptible=job.preemptible,
+            spec=_spec(job),
+            runtime_estimate_s=job.runtime_estimate,
+            submitted_at=job.submit_time,
+            updated_at=now,
+            attained_gpu_seconds=job.attained_gpu_seconds,
+            attempt_count=1 if state == "running" else 0,
+        )
+        session.add(row)
+        return row
+
+    for job in snap.queued:
+        add_job(job, "queued")
+    for run in snap.running:
+        add_job(run.job, "running")
+        placement = [
+            {
+                "role": p.role,
+                "index": p.index,
+                "rank": k,
+                "node": p.node,
+                "gpu_indices": list(p.gpu_indices),
+                "cpus": p.cpus,
+                "memory_mib": p.memory_mib,
+            }
+            for k, p in enumerate(run.allocation.instances)
+        ]
+        attempt = Attempt(
+            job_id=int(run.job.id),
+            number=1,
+            state="running",
+            placement=placement,
+            borrowed=run.borrowed,
+            created_at=run.start_time,
+            started_at=run.start_time,
+        )
+        session.add(attempt)
+        session.flush()
+        for p in run.allocation.instances:
+            for i in p.gpu_indices:
+                session.add(GpuClaim(node=p.node, gpu_index=i, attempt_pk=attempt.id, job_id=int(run.job.id)))
+    for (group, user), value in snap.usage.by_user.items():
+        session.add(UsageLedger(group_name=group, user_name=user, gpu_seconds=value, updated_at=now))
+    session.commit()
+
+
+def canonical(plan: st.Plan) -> tuple[object, ...]:
+    return (
+        sorted(
+            (
+                a.job_id,
+                a.borrowed,
+                sorted((p.role, p.index, p.node, p.gpu_indices) for p in a.allocation.instances),
+            )
+            for a in plan.assignments
+        ),
+        sorted((p.job_id, p.grace_s) for p in plan.preemptions),
+    )
+
+
+def test_live_snapshot_gives_the_simulators_placements(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CORRAL_SCHEDULER_PROFILE", "default")
+    sim = Simulator(
+        small_trace(),
+        cluster(),
+        resolve_policy("default"),
+        "default",
+        SimConfig(record_cycles=True, usage_half_life_s=7 * 24 * 3600.0),
+    )
+    result = sim.run()
+    busy = [r for r in result.records if r.plan.assignments or r.plan.preemptions]
+    # Every cycle that preempted, and enough others to cover borrowing and gangs (time bound).
+    records = [r for r in busy if r.plan.preemptions] + [r for r in busy if not r.plan.preemptions][:20]
+    assert sum(bool(r.plan.preemptions) for r in records) >= 3 and any(r.snapshot.running for r in records)
+    assert any(a.borrowed for r in records for a in r.plan.assignments)
+    for k, record in enumerate(records):
+        db = make_engine(f"sqlite:///{tmp_path / f'c{k}.db'}")
+        ctx = make_context(db, FakeEngine(), str(tmp_path))
+        with ctx.session_factory() as session:
+            write_state(session, record.snapshot, record.now)
+            live = build_snapshot(read_cluster_state(session), record.now)
+        assert {j.id for j in live.queued} == {j.id for j in record.snapshot.queued}
+        assert {r.job.id for r in live.running} == {r.job.id for r in record.snapshot.running}
+        expected = canonical(record.plan)
+        assert canonical(run_scheduler(live, record.now, random.Random(0))) == expected, (
+            f"cycle at {record.now}"
+        )
+        db.dispose()

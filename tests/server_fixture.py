@@ -1,0 +1,53 @@
+"""Pytest helpers around a REAL Corral server subprocess (see corral.server.launcher).
+
+    from tests.server_fixture import corral_server, start_server, wait_for   # noqa: F401
+
+    def test_something(corral_server):            # fixture: a fresh server per test, stopped after
+        r = corral_server.client().get("/api/v1/nodes")
+
+    def test_other(tmp_path):
+        with start_server(tmp_path / "home", extra_env={"CORRAL_X": "1"}) as srv:   # by hand
+            srv.url, srv.token, srv.home, srv.pid
+            srv.kill(); srv.start()               # SIGKILL and restart on the same home and port
+
+`start_server(home=None, *, database_url=None, virtual_gpus=4, extra_env=None, demo=False,
+port=None)` waits until the API answers and the node loop has registered the local node; the
+server's output is in `srv.log_text()`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.server.launcher import CorralServer, free_port, start_server
+
+__all__ = ["CorralServer", "corral_server", "free_port", "start_server", "wait_for"]
+
+
+@pytest.fixture
+def corral_server(tmp_path: Path) -> Iterator[CorralServer]:
+    """A fresh real server (SQLite, 4 virtual GPUs) for one test; stopped afterwards."""
+    server = start_server(tmp_path / "corral-home")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def wait_for(
+    predicate: Any, timeout_s: float = 20.0, interval_s: float = 0.05, what: str = "condition"
+) -> Any:
+    """Poll `predicate()` until it returns something truthy; returns it, or fails the test."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)

@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from corral.cli.main import app
+from corral.sim.trace import write_generic_csv
+
+from .helpers import trace
+
+REQUIRED_KEYS = {
+    "jobs",
+    "avg_jct_s",
+    "p99_jct_s",
+    "avg_queue_s",
+    "p99_queue_s",
+    "makespan_s",
+    "gpu_alloc_rate",
+    "jain_fairness",
+    "eta_median_abs_err_s",
+    "wall_s",
+}
+
+
+def _files(tmp_path: Path) -> tuple[Path, Path]:
+    csv = tmp_path / "t.csv"
+    write_generic_csv(trace(("a", 0, 100, 4), ("b", 1, 50, 4), ("c", 2, 10, 1)).jobs, csv)
+    yaml = tmp_path / "c.yaml"
+    yaml.write_text("pools: [{name: n, count: 1, gpus_per_node: 4}]\ngroups: [{name: g, guaranteed: 4}]\n")
+    return csv, yaml
+
+
+def test_sim_json_output_has_the_documented_keys(tmp_path: Path) -> None:
+    csv, yaml = _files(tmp_path)
+    res = CliRunner().invoke(
+        app, ["sim", "--trace", str(csv), "--cluster", str(yaml), "--policy", "fifo", "-o", "json"]
+    )
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout.strip().splitlines()[-1])
+    assert set(data) >= REQUIRED_KEYS
+    assert data["jobs"] == 3 and data["makespan_s"] == 160.0
+    assert data["avg_queue_s"] == (0 + 99 + 148) / 3
+
+
+def test_sim_compare_prints_a_row_per_policy_and_writes_plots(tmp_path: Path) -> None:
+    csv, yaml = _files(tmp_path)
+    out = tmp_path / "plots"
+    args = ["sim", "compare", "--trace", str(csv), "--cluster", str(yaml), "--policies", "fifo,sjf,las"]
+    res = CliRunner().invoke(app, [*args, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    for policy in ("fifo", "sjf", "las"):
+        assert policy in res.stdout
+    for name in ("jct_cdf.png", "queue_cdf.png", "gpu_alloc.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_inputs_give_clear_errors(tmp_path: Path) -> None:
+    csv, yaml = _files(tmp_path)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("submit_time,duration,num_gpus,group\n0,10,x,g\n")
+    runner = CliRunner()
+    res = runner.invoke(app, ["sim", "--trace", str(bad), "--cluster", str(yaml)])
+    assert res.exit_code == 2 and "bad.csv: line 2: column 'num_gpus'" in res.output
+    res = runner.invoke(app, ["sim", "--trace", str(csv), "--cluster", str(yaml), "--policy", "nope"])
+    assert res.exit_code == 2 and "unknown policy 'nope'" in res.output
+    res = runner.invoke(app, ["sim", "--trace", str(csv)])
+    assert res.exit_code == 2 and "--cluster are required" in res.output

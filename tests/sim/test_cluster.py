@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corral.scheduler.types import ANY_MODEL
+from corral.sim.cluster import ClusterError, load_cluster
+
+
+def test_shipped_clusters_load() -> None:
+    philly = load_cluster("philly")
+    assert philly.total_gpus > 0 and len(philly.groups) == 15
+    openb = load_cluster("openb")
+    nodes = openb.build_nodes()
+    assert (len(nodes), openb.total_gpus) == (1213, 6212)
+    assert {n.gpus[0].model for n in nodes} >= {"P100", "T4", "V100M16", "V100M32", "A10", "G2", "G3"}
+
+
+def test_groups_quotas_and_trace_groups_not_declared(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "pools: [{name: a, count: 2, gpus_per_node: 4, gpu_model: A100}]\n"
+        "groups: [{name: x, guaranteed: {A100: 4}, max: 8}]\n"
+        "default_group: {guaranteed: 1, borrowing: false}\n"
+    )
+    spec = load_cluster(str(path))
+    groups = {g.name: g for g in spec.groups_for({"x", "y"})}
+    assert groups["x"].guaranteed == {"A100": 4} and groups["x"].max == {ANY_MODEL: 8}
+    assert groups["y"].guaranteed == {ANY_MODEL: 1} and not groups["y"].borrowing
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("groups: []\n", "missing key 'pools'"),
+        ("pools: [{name: a, count: 0, gpus_per_node: 4}]\n", "pools\\[0\\] 'a'.count: expected a positive"),
+        ("pools: [{name: a, count: 1}]\ngroups: [{name: x, guaranteed: lots}]\n", "'x'.guaranteed"),
+        ("pools: [: bad\n", "not valid YAML"),
+    ],
+)
+def test_bad_cluster_files_say_what_is_wrong(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ClusterError, match=expected):
+        load_cluster(str(path))

@@ -1,0 +1,145 @@
+"""Hand-made traces whose right answers are worked out by hand in the comments."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from corral.scheduler import PROFILES, schedule
+from corral.sim.replay import SimConfig, Simulator
+from corral.sim.runner import PolicyError, resolve_policy
+
+from .helpers import cluster, run, trace
+
+
+def starts(jobs: dict[str, object]) -> dict[str, float]:
+    return {k: j.first_start for k, j in jobs.items()}  # type: ignore[attr-defined]
+
+
+def test_fifo_runs_jobs_in_submit_order_with_head_of_line_blocking() -> None:
+    # One node of 4 GPUs. a holds all 4 until 100. b (4 GPUs) is next; c (1 GPU) came later and may
+    # not pass b under strict FIFO, even though it would fit beside nothing else: b 100-150, c 150.
+    tr = trace(("a", 0, 100, 4), ("b", 1, 50, 4), ("c", 2, 10, 1))
+    result, jobs = run(tr, cluster(1, 4), "fifo")
+    assert starts(jobs) == {"a": 0, "b": 100, "c": 150}
+    assert {k: j.end for k, j in jobs.items()} == {"a": 100, "b": 150, "c": 160}
+    assert result.cycles >= 3 and not result.rejected
+
+
+def test_backfill_jumps_the_gap_only_when_harmless() -> None:
+    # a holds 3 of 4 GPUs until 100; b needs all 4 so it waits for 100 (its reservation).
+    # c (1 GPU, 50 s) fits the free GPU and ends at 52 < 100: EASY backfill starts it at once.
+    # d (1 GPU, 200 s) arrives at 60 into the free GPU but would still run at 100 and delay b:
+    # it waits until b is done (150).
+    tr = trace(("a", 0, 100, 3), ("b", 1, 50, 4), ("c", 2, 50, 1), ("d", 60, 200, 1))
+    _, backfill = run(tr, cluster(1, 4), "fifo-backfill")
+    assert starts(backfill) == {"a": 0, "b": 100, "c": 2, "d": 150}
+    _, strict = run(tr, cluster(1, 4), "fifo")
+    assert starts(strict) == {"a": 0, "b": 100, "c": 150, "d": 150}
+
+
+def test_gang_waits_for_whole_nodes_all_or_nothing() -> None:
+    # Two nodes of 4 GPUs; a takes 1 GPU until 100. g needs 2 instances x 4 GPUs: 7 GPUs are free
+    # but no partial start is allowed, so it starts at 100 with one whole node per instance.
+    tr = trace(("a", 0, 100, 1), ("g", 1, 10, 8, {"instances": 2}))
+    result, jobs = run(tr, cluster(2, 4), "fifo", record_cycles=True)
+    assert starts(jobs) == {"a": 0, "g": 100}
+    placed = [a for rec in result.records for a in rec.plan.assignments if a.job_id == "g"]
+    assert len(placed) == 1
+    nodes = [(p.node, len(p.gpu_indices)) for p in placed[0].allocation.instances]
+    assert sorted(nodes) == [("n-0000", 4), ("n-0001", 4)]
+
+
+@pytest.mark.parametrize(("interval", "a_end", "lost"), [(1000.0, 10130.0, 30.0), (0.0, 15130.0, 5030.0)])
+def test_preemption_loses_the_work_since_the_last_checkpoint(
+    interval: float, a_end: float, lost: float
+) -> None:
+    # One GPU. a (10,000 s) has attained 5,000 GPU-s > 3,600 (LAS queue 1) when b arrives at 5,000
+    # (queue 0): LAS preempts a with a 30 s grace, so a stops at 5,030 and b runs 5,030-5,130.
+    # With checkpoints every 1,000 s a keeps 5,000 s of work (loses 30 s) and ends at 10,130;
+    # without checkpoints it restarts from scratch (loses 5,030 s) and ends at 15,130.
+    tr = trace(("a", 0, 10_000, 1), ("b", 5_000, 100, 1))
+    result, jobs = run(tr, cluster(1, 1), "las", checkpoint_interval_s=interval)
+    grace = PROFILES["las"].grace_s
+    assert grace == 30.0
+    assert (jobs["b"].first_start, jobs["b"].end) == (5_030.0, 5_130.0)
+    assert jobs["a"].end == a_end and jobs["a"].lost_work_s == lost
+    assert jobs["a"].preemptions == 1 and result.preemptions == 1
+
+
+def test_job_larger_than_any_node_is_reported_not_dropped() -> None:
+    tr = trace(("ok", 0, 10, 2), ("huge", 0, 10, 16), ("wrong", 1, 10, 1, {"gpu_model": "A100"}))
+    result, jobs = run(tr, cluster(2, 4), "default")
+    assert set(jobs) == {"ok"}
+    rejected = {tj.job_id: why for tj, why in result.rejected}
+    assert set(rejected) == {"huge", "wrong"}
+    assert all(why for why in rejected.values())
+
+
+def test_records_replay_to_the_same_plans() -> None:
+    # The recorded (snapshot, now, plan) of each cycle is exactly what schedule() returns for it:
+    # the contract a live-loop test can reuse.
+    tr = trace(
+        *(
+            (f"j{i}", i * 7.0, 30.0 + 11 * (i % 5), 1 + i % 4, {"group": "g" if i % 2 else "h"})
+            for i in range(30)
+        )
+    )
+    groups = [{"name": "g", "guaranteed": 4}, {"name": "h", "guaranteed": 4}]
+    result, _ = run(tr, cluster(2, 4, groups), "default", record_cycles=True, seed=3)
+    assert len(result.records) == result.cycles > 0
+    import random
+
+    rng = random.Random(3)
+    for rec in result.records:
+        assert schedule(rec.snapshot, rec.now, rng, PROFILES["default"]) == rec.plan
+
+
+def test_node_failures_requeue_and_every_job_still_finishes() -> None:
+    tr = trace(*((f"j{i}", i * 50.0, 400.0, 2) for i in range(20)))
+    result, jobs = run(tr, cluster(3, 4), "default", node_mtbf_s=2_000.0, node_repair_s=300.0, seed=1)
+    assert result.node_failures > 0
+    assert all(not math.isnan(j.end) for j in jobs.values())
+    assert any(j.attempt > 1 for j in jobs.values())
+
+
+def test_unknown_policy_and_placement_are_named() -> None:
+    with pytest.raises(PolicyError, match="unknown policy 'nope'"):
+        resolve_policy("nope")
+    with pytest.raises(PolicyError, match="fifo:diagonal"):
+        resolve_policy("fifo:diagonal")
+    assert callable(resolve_policy("fifo:spread"))
+
+
+def test_snapshot_reflects_the_state_handed_to_schedule() -> None:
+    tr = trace(("a", 0, 100, 4), ("b", 1, 50, 2))
+    sim = Simulator(tr, cluster(1, 4), resolve_policy("fifo"), config=SimConfig(record_cycles=True))
+    sim.run()
+    second = sim.records[1]
+    assert second.now == 1
+    assert [j.id for j in second.snapshot.queued] == ["b"]
+    assert [r.job.id for r in second.snapshot.running] == ["a"]
+    assert second.snapshot.usage.by_group["g"] == pytest.approx(4.0)  # 4 GPUs x 1 s, no decay yet
+
+
+def test_cycle_interval_defers_scheduling_to_the_next_tick() -> None:
+    # Cycles only every 60 s: a (t=0) starts at 0, b arriving at 1 waits for the tick at 60,
+    # c arriving at 61 starts at 120; far fewer schedule() calls than one per event time.
+    tr = trace(("a", 0, 30, 1), ("b", 1, 30, 1), ("c", 61, 30, 1))
+    result, jobs = run(tr, cluster(1, 4), "fifo", cycle_interval_s=60.0)
+    assert starts(jobs) == {"a": 0, "b": 60, "c": 120}
+    assert result.cycles == 3
+
+
+def test_estimated_start_is_compared_with_the_actual_start() -> None:
+    # With oracle durations, b (waiting behind a, which ends at 100) is told it starts at 100 and
+    # does; c behind b is told 150. The median absolute error is then 0.
+    from corral.sim.metrics import summarize
+
+    tr = trace(("a", 0, 100, 4), ("b", 1, 50, 4), ("c", 2, 10, 4))
+    result, jobs = run(tr, cluster(1, 4), "fifo")
+    assert (jobs["b"].eta, jobs["c"].eta) == (100.0, 150.0)
+    assert math.isnan(jobs["a"].eta)  # started in its first cycle: never waited, no estimate
+    summary = summarize(result)
+    assert summary["eta_median_abs_err_s"] == 0.0 and summary["eta_jobs"] == 2

@@ -1,0 +1,60 @@
+"""Fixtures: one real Slurm cluster per test session (munged, slurmctld, 3 slurmd x 4 fake GPUs),
+and a fresh SlurmEngine per test with its own state dir."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corral.engine.slurm import SlurmEngine
+from tests.slurm.harness import SlurmCluster, missing_binaries
+from tests.support import require
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    missing = missing_binaries()
+    require(not missing, f"Slurm/munge programs {missing}")
+    with SlurmCluster(nodes=3, gpus_per_node=4, cpus_per_node=4, memory_mib=4000) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def engine(slurm_cluster: SlurmCluster, tmp_path: Path) -> Iterator[SlurmEngine]:
+    eng = SlurmEngine(state_dir=tmp_path / "slurm-state", slurm_conf=str(slurm_cluster.conf), timeout_s=15)
+    yield eng
+    eng.close()
+    cleanup_cluster(slurm_cluster)
+
+
+def cleanup_cluster(cluster: SlurmCluster) -> None:
+    """Leave the shared cluster as found: no jobs, every node up and not drained."""
+    env = cluster.env
+    subprocess.run(["scancel", "--user=root"], env=env, capture_output=True, timeout=15)
+    for name in cluster.node_names:
+        if cluster.nodes[name].wrapper is None:
+            cluster.start_node(name, wait=False)
+    subprocess.run(
+        ["scontrol", "update", f"nodename={','.join(cluster.node_names)}", "state=resume"],
+        env=env,
+        capture_output=True,
+        timeout=15,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        busy = subprocess.run(
+            ["squeue", "-h", "-t", "PENDING,RUNNING,COMPLETING,CONFIGURING", "-o", "%i"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=15,
+        ).stdout.strip()
+        if not busy and all(s == "idle" for s in cluster.node_states().values()):
+            return
+        time.sleep(0.1)

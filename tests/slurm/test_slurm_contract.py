@@ -1,0 +1,38 @@
+"""The engine contract suite (tests/engine/contract.py) against the Slurm engine on a real cluster.
+Multi-instance attempts spread over two nodes, so they run as one Slurm job with an srun step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from corral.engine.slurm import SlurmEngine
+from tests.engine.contract import EngineContract
+from tests.slurm.conftest import cleanup_cluster
+from tests.slurm.harness import SlurmCluster
+
+pytestmark = pytest.mark.slurm
+
+
+class TestSlurmContract(EngineContract):
+    @pytest.fixture
+    def engine_factory(
+        self, slurm_cluster: SlurmCluster, tmp_path: Path
+    ) -> Iterator[Callable[[], SlurmEngine]]:
+        made: list[SlurmEngine] = []
+
+        def factory() -> SlurmEngine:
+            eng = SlurmEngine(state_dir=tmp_path / "slurm-state", slurm_conf=str(slurm_cluster.conf))
+            made.append(eng)
+            return eng
+
+        yield factory
+        for eng in made:
+            eng.close()
+        cleanup_cluster(slurm_cluster)
+
+    @pytest.fixture
+    def node_names(self) -> list[str]:
+        return ["node1", "node2"]

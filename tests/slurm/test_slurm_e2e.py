@@ -1,0 +1,421 @@
+"""End to end on Slurm: a REAL Corral server subprocess (`CORRAL_ENGINE=slurm`) over the REAL Slurm
+cluster of the session fixture (munged, slurmctld, three `slurmd -N nodeX` with four fake GPUs each),
+driven only through Corral's REST API, checked against Slurm's own tools (sinfo, squeue, scontrol).
+
+What is shown: nodes and GPUs discovered from Slurm; a 2-instance x 2-GPU gang placed by Corral on
+two named nodes and run there by Slurm with Corral's rendezvous variables; two instances sharing a
+node get disjoint devices; cordon/uncordon in Corral <-> DRAIN/resume in Slurm; a node crash under a
+job with retries is detected, the job reruns on another node, and nothing runs twice; a server
+killed and restarted re-adopts its running Slurm job; a slurmctld outage turns nodes unknown,
+fails nothing, holds new jobs queued, and everything recovers when slurmctld is back.
+
+The crash and outage tests print their timings (`pytest -s`).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from tests.server_fixture import CorralServer, start_server, wait_for
+from tests.slurm.conftest import cleanup_cluster
+from tests.slurm.harness import SlurmCluster
+
+pytestmark = pytest.mark.slurm
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+LIVE = ("queued", "scheduled", "starting", "running", "preempted")
+# Printed by every instance and read back through the logs API.
+SHOW_ENV = (
+    "echo HOST=$(hostname); "
+    "for v in CUDA_VISIBLE_DEVICES MASTER_ADDR MASTER_PORT WORLD_SIZE RANK CORRAL_JOB_ID "
+    "CORRAL_TASK_ROLE CORRAL_TASK_INDEX CORRAL_NUM_INSTANCES SLURM_JOB_ID; do eval echo $v=\\$$v; done"
+)
+
+
+# ---- fixtures ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CorralServer]:
+    cleanup_cluster(slurm_cluster)  # the cluster is shared with the engine tests of the session
+    srv = start_server(
+        tmp_path_factory.mktemp("slurm-e2e") / "home",
+        extra_env={
+            "CORRAL_ENGINE": "slurm",
+            "CORRAL_SLURM_CONF": str(slurm_cluster.conf),
+            "CORRAL_SLURM_TIMEOUT_S": "15",
+        },
+    )
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        cleanup_cluster(slurm_cluster)
+
+
+@pytest.fixture
+def api(server: CorralServer, slurm_cluster: SlurmCluster) -> Iterator[httpx.Client]:
+    """An admin client; afterwards no live job is left and every node is ready again in both
+    Slurm and Corral (a test that crashed or drained a node leaves the next one a clean cluster)."""
+    with server.client() as client:
+        yield client
+        for item in client.get("/api/v1/jobs", params={"limit": 500}).json()["items"]:
+            if item["state"] in LIVE:
+                client.post(f"/api/v1/jobs/{item['id']}/cancel")
+        for name in slurm_cluster.node_names:
+            client.post(f"/api/v1/nodes/{name}/uncordon")
+        wait_for(lambda: not live_jobs(client), 30, what="no live Corral job")
+        cleanup_cluster(slurm_cluster)
+        wait_for(lambda: all_ready(client, slurm_cluster), 30, what="every node ready in Corral")
+
+
+# ---- API helpers ---------------------------------------------------------------------------------
+def live_jobs(c: httpx.Client) -> list[int]:
+    items = c.get("/api/v1/jobs", params={"limit": 500}).json()["items"]
+    return [int(i["id"]) for i in items if i["state"] in LIVE]
+
+
+def nodes_by_name(c: httpx.Client) -> dict[str, dict[str, Any]]:
+    r = c.get("/api/v1/nodes")
+    assert r.status_code == 200, r.text
+    return {n["name"]: n for n in r.json()}
+
+
+def all_ready(c: httpx.Client, cluster: SlurmCluster) -> bool:
+    nodes = nodes_by_name(c)
+    return all(nodes.get(n, {}).get("state") == "ready" for n in cluster.node_names)
+
+
+def submit(c: httpx.Client, spec: dict[str, Any]) -> int:
+    r = c.post("/api/v1/jobs", json=spec)
+    assert r.status_code == 201, r.text
+    return int(r.json()["id"])
+
+
+def job(c: httpx.Client, job_id: int) -> dict[str, Any]:
+    r = c.get(f"/api/v1/jobs/{job_id}")
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def wait_state(
+    c: httpx.Client, job_id: int, states: tuple[str, ...], timeout_s: float = 30
+) -> dict[str, Any]:
+    return dict(
+        wait_for(
+            lambda: (j := job(c, job_id))["state"] in states and j,
+            timeout_s,
+            interval_s=0.1,
+            what=f"job {job_id} to reach {states}",
+        )
+    )
+
+
+def wait_state_where(c: httpx.Client, job_id: int, check: Any, timeout_s: float) -> dict[str, Any]:
+    return dict(
+        wait_for(lambda: check(j := job(c, job_id)) and j, timeout_s, interval_s=0.1, what=f"job {job_id}")
+    )
+
+
+def logs(c: httpx.Client, job_id: int, rank: int, attempt: int | None = None) -> str:
+    params: dict[str, Any] = {"rank": rank}
+    if attempt is not None:
+        params["attempt"] = attempt
+    r = c.get(f"/api/v1/jobs/{job_id}/logs", params=params)
+    assert r.status_code == 200, r.text
+    return str(r.json()["data"])
+
+
+def printed_vars(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def gang_spec(
+    name: str, command: str, *, instances: int, gpus: int, cpus: float = 1, **extra: Any
+) -> dict[str, Any]:
+    resources = {"gpus": gpus, "cpus": cpus, "memory": "256MiB"}
+    return {
+        "name": name,
+        "tasks": {"main": {"instances": instances, "command": command, "resources": resources}},
+        **extra,
+    }
+
+
+# ---- Slurm helpers -------------------------------------------------------------------------------
+def slurm(cluster: SlurmCluster, *argv: str) -> str:
+    r = subprocess.run(list(argv), env=cluster.env, capture_output=True, text=True, timeout=15)
+    assert r.returncode == 0, f"{argv}: {r.stderr}"
+    return r.stdout
+
+
+def slurm_jobs_of(
+    cluster: SlurmCluster, server: CorralServer, job_id: int, attempt: int
+) -> list[dict[str, str]]:
+    """The Slurm jobs submitted for one Corral attempt (by job name, and by a working directory
+    under this server's home: the session's cluster also runs the engine tests' jobs)."""
+    out = slurm(
+        cluster, "squeue", "-h", "--states=all", f"--name=corral-{job_id}.{attempt}", "-o", "%i|%T|%N|%Z"
+    )
+    jobs = []
+    for line in out.splitlines():
+        slurm_id, state, nodelist, workdir = line.split("|", 3)
+        if workdir.startswith(str(server.home)):
+            hosts = slurm(cluster, "scontrol", "show", "hostnames", nodelist).split() if nodelist else []
+            jobs.append({"id": slurm_id, "state": state, "nodes": ",".join(hosts)})
+    return jobs
+
+
+def scontrol_job(cluster: SlurmCluster, slurm_id: str) -> dict[str, str]:
+    out = slurm(cluster, "scontrol", "show", "job", "-o", slurm_id)
+    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
+def sinfo_state(cluster: SlurmCluster, node: str) -> str:
+    return slurm(cluster, "sinfo", "-h", "-n", node, "-N", "-o", "%T").strip()
+
+
+# ---- tests ---------------------------------------------------------------------------------------
+def test_nodes_and_gpus_come_from_slurm(api: httpx.Client, slurm_cluster: SlurmCluster) -> None:
+    nodes = nodes_by_name(api)
+    assert set(nodes) == set(slurm_cluster.node_names), nodes.keys()  # no local node: Slurm's only
+    for name in slurm_cluster.node_names:
+        node = nodes[name]
+        assert node["engine"] == "slurm" and node["state"] == "ready", node
+        assert node["cpus"] == slurm_cluster.cpus_per_node and node["memory_mib"] == slurm_cluster.memory_mib
+        assert node["address"] == "127.0.0.1"  # NodeAddr: what MASTER_ADDR will be
+        assert [g["index"] for g in node["gpus"]] == list(range(slurm_cluster.gpus_per_node))
+        assert {g["model"].lower() for g in node["gpus"]} == {slurm_cluster.gpu_type}
+        assert len({g["uuid"] for g in node["gpus"]}) == slurm_cluster.gpus_per_node
+        assert all(g["job_id"] is None for g in node["gpus"])
+
+
+def test_gang_placed_on_two_nodes_runs_under_slurm(
+    api: httpx.Client, server: CorralServer, slurm_cluster: SlurmCluster
+) -> None:
+    # 3 of a node's 4 CPUs per instance: Corral's scheduler must spread the gang over two nodes.
+    job_id = submit(api, gang_spec("gang", SHOW_ENV, instances=2, gpus=2, cpus=3))
+    done = wait_state(api, job_id, TERMINAL)
+    assert done["state"] == "succeeded", done
+    (attempt,) = done["attempts"]
+    placement = sorted(attempt["placement"], key=lambda p: p["rank"])
+    placed_nodes = [p["node"] for p in placement]
+    assert len(set(placed_nodes)) == 2 and set(placed_nodes) <= set(slurm_cluster.node_names), placement
+
+    # Slurm ran ONE job for the gang, on exactly the nodes Corral chose.
+    (slurm_job,) = slurm_jobs_of(slurm_cluster, server, job_id, 1)
+    assert slurm_job["state"] == "COMPLETED" and set(slurm_job["nodes"].split(",")) == set(placed_nodes)
+
+    seen = [printed_vars(logs(api, job_id, rank)) for rank in (0, 1)]
+    for rank, (place, env) in enumerate(zip(placement, seen, strict=True)):
+        assert env["HOST"] == place["node"], (place, env)  # ran on the slurmd of the placed node
+        assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, place["gpu_indices"]))
+        assert len(place["gpu_indices"]) == 2
+        assert env["RANK"] == str(rank) and env["CORRAL_TASK_INDEX"] == str(rank)
+        assert env["WORLD_SIZE"] == "2" and env["CORRAL_NUM_INSTANCES"] == "2"
+        assert env["CORRAL_JOB_ID"] == str(job_id) and env["CORRAL_TASK_ROLE"] == "main"
+        assert env["SLURM_JOB_ID"] == slurm_job["id"]
+    rank0_node = nodes_by_name(api)[placement[0]["node"]]
+    assert {e["MASTER_ADDR"] for e in seen} == {rank0_node["address"]}
+    assert len({e["MASTER_PORT"] for e in seen}) == 1 and int(seen[0]["MASTER_PORT"]) > 0
+
+
+def test_instances_sharing_a_node_get_disjoint_gpus(api: httpx.Client, server: CorralServer) -> None:
+    job_id = submit(api, gang_spec("packed", SHOW_ENV, instances=2, gpus=2))
+    done = wait_state(api, job_id, TERMINAL)
+    assert done["state"] == "succeeded", done
+    placement = sorted(done["attempts"][0]["placement"], key=lambda p: p["rank"])
+    envs = [printed_vars(logs(api, job_id, rank)) for rank in (0, 1)]
+    devices = [set(e["CUDA_VISIBLE_DEVICES"].split(",")) for e in envs]
+    assert all(len(d) == 2 for d in devices) and not devices[0] & devices[1], devices
+    for place, env, dev in zip(placement, envs, devices, strict=True):
+        assert env["HOST"] == place["node"] and dev == {str(i) for i in place["gpu_indices"]}
+    # Corral packs a gang onto the nodes it already uses first (scheduler/placement.py): one node,
+    # one Slurm job, two instances side by side on it.
+    assert placement[0]["node"] == placement[1]["node"], placement
+    assert envs[0]["SLURM_JOB_ID"] == envs[1]["SLURM_JOB_ID"]
+
+
+def test_cordon_drains_in_slurm_and_uncordon_resumes(api: httpx.Client, slurm_cluster: SlurmCluster) -> None:
+    node = slurm_cluster.node_names[1]
+    r = api.post(f"/api/v1/nodes/{node}/cordon")
+    assert r.status_code == 200, r.text
+    wait_for(lambda: sinfo_state(slurm_cluster, node) == "drained", 10, what=f"{node} drained in sinfo")
+    reason = slurm(slurm_cluster, "sinfo", "-h", "-n", node, "-N", "-o", "%E").strip()
+    assert reason.startswith("corral cordon"), reason
+    wait_for(lambda: nodes_by_name(api)[node]["state"] == "cordoned", 10, what=f"{node} cordoned in Corral")
+    # Nothing new lands on a cordoned node: a job that would fit there goes elsewhere.
+    job_id = submit(api, gang_spec("avoid", "true", instances=1, gpus=4))
+    done = wait_state(api, job_id, TERMINAL)
+    assert done["state"] == "succeeded" and node not in done["attempts"][0]["nodes"], done
+
+    r = api.post(f"/api/v1/nodes/{node}/uncordon")
+    assert r.status_code == 200, r.text
+    wait_for(lambda: sinfo_state(slurm_cluster, node) == "idle", 10, what=f"{node} idle again in sinfo")
+    wait_for(lambda: nodes_by_name(api)[node]["state"] == "ready", 10, what=f"{node} ready in Corral")
+
+
+def test_drain_in_slurm_shows_as_draining_in_corral(api: httpx.Client, slurm_cluster: SlurmCluster) -> None:
+    node = slurm_cluster.node_names[2]
+    slurm(slurm_cluster, "scontrol", "update", f"nodename={node}", "state=drain", "reason=disk check")
+    wait_for(lambda: nodes_by_name(api)[node]["state"] == "draining", 10, what=f"{node} draining in Corral")
+    slurm(slurm_cluster, "scontrol", "update", f"nodename={node}", "state=resume")
+    wait_for(lambda: nodes_by_name(api)[node]["state"] == "ready", 10, what=f"{node} ready in Corral")
+
+
+def rank_nodes(attempt: dict[str, Any]) -> list[str]:
+    """The node of each rank, in rank order."""
+    return [p["node"] for p in sorted(attempt["placement"], key=lambda p: p["rank"])]
+
+
+def crash_job_command(marker: Path) -> str:
+    """Each instance of each attempt appends one line (node, rank, Slurm job) to `marker`. Until the
+    test has crashed a node (`<marker>.crashed` exists) instances wait to be killed; afterwards they
+    succeed. A run that happened twice shows as an extra line."""
+    return (
+        f'echo "$(hostname) $RANK $SLURM_JOB_ID" >> {marker}; '
+        f"if [ -e {marker}.crashed ]; then echo rerun on $(hostname); exit 0; fi; "
+        "echo first run on $(hostname); sleep 300"
+    )
+
+
+def processes_of_slurm_job(slurm_id: str) -> list[int]:
+    """PIDs (any namespace) whose environment says they belong to Slurm job `slurm_id`."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("SLURM_JOB_ID") == slurm_id:
+                found.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+            continue
+    return found
+
+
+def watch_crash(c: httpx.Client, job_id: int, node: str, timeout_s: float) -> dict[str, float]:
+    """Seconds from now until Corral saw: the node leave `ready`, the attempt end, the rerun start
+    (its second attempt running or done), the job end."""
+    t0, seen = time.monotonic(), dict[str, float]()
+    while "done" not in seen:
+        assert time.monotonic() - t0 < timeout_s, f"crash of {node} not handled in {timeout_s} s: {seen}"
+        j, state = job(c, job_id), nodes_by_name(c)[node]["state"]
+        now = time.monotonic() - t0
+        if state != "ready":
+            seen.setdefault("node_not_ready", now)
+        if j["attempts"][0]["state"] != "running":
+            seen.setdefault("attempt_ended", now)
+        if len(j["attempts"]) > 1 and j["attempts"][1]["state"] not in ("scheduled", "starting"):
+            seen.setdefault("rerun_running", now)
+        if j["state"] in TERMINAL:
+            seen["done"] = now
+        time.sleep(0.1)
+    return seen
+
+
+def test_node_crash_reruns_gang_elsewhere_exactly_once(
+    api: httpx.Client, server: CorralServer, slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    # A job that is not preemptible runs only inside its group's guaranteed quota (never borrowed
+    # GPUs), and its node loss is then charged to its retries rather than requeued for free.
+    r = api.put("/api/v1/groups/default/quota", json={"gpu_model": "*", "guaranteed": 4})
+    assert r.status_code == 200, r.text
+    marker = tmp_path / "runs.txt"
+    spec = gang_spec("crash", crash_job_command(marker), instances=2, gpus=2, cpus=3, retries=1)
+    job_id = submit(api, {**spec, "preemptible": False})
+    running = wait_state(api, job_id, ("running", *TERMINAL))
+    assert running["state"] == "running", running
+    wait_for(lambda: len(marker.read_text().splitlines()) == 2 if marker.exists() else 0, 15, what="2 runs")
+    first_nodes = rank_nodes(running["attempts"][0])
+    (first_slurm_id,) = {line.split()[2] for line in marker.read_text().splitlines()}
+    crashed = first_nodes[0]  # rank 0's node runs the batch script: its peer must be killed by Slurm
+
+    slurm_cluster.crash_node(crashed)  # slurmd, slurmstepd and the job's processes die at once
+    (marker.parent / f"{marker.name}.crashed").touch()
+    seen = watch_crash(api, job_id, crashed, timeout_s=60)
+    # Corral stopped placing on the node before the attempt ended: the rerun cannot land there.
+    assert seen.get("node_not_ready", 1e9) <= seen["attempt_ended"], seen
+    print(f"\n[slurm e2e] crash of {crashed} (gang on {first_nodes}), seconds after: {seen}")
+
+    done = job(api, job_id)
+    first, second = done["attempts"]
+    assert first["state"] == "lost" and first["reason"] == "node_lost", first
+    assert done["state"] == "succeeded" and second["state"] == "succeeded", done
+    second_nodes = rank_nodes(second)
+    assert len(set(second_nodes)) == 2 and crashed not in second_nodes, second
+    assert done["attempt_count"] == 2 and any("retrying" in e["message"] for e in done["events"]), done
+    # Slurm ended the first job as NODE_FAIL and did not requeue it (a requeue = a second run) ...
+    first_job = scontrol_job(slurm_cluster, first_slurm_id)
+    assert first_job["JobState"] == "NODE_FAIL" and first_job["Restarts"] == "0", first_job
+    # ... and the first attempt's instance on the surviving node was stopped too.
+    wait_for(lambda: not processes_of_slurm_job(first_slurm_id), 15, what="first attempt's processes gone")
+    # Exactly one run per instance per attempt, still so once the crashed node is back.
+    slurm_cluster.start_node(crashed, wait=True)
+    time.sleep(2)
+    runs = sorted(tuple(line.split()[:2]) for line in marker.read_text().splitlines())
+    expected = [(n, str(rank)) for rank, n in enumerate(first_nodes)]
+    expected += [(n, str(rank)) for rank, n in enumerate(second_nodes)]
+    assert runs == sorted(expected), runs
+    assert "rerun on" in logs(api, job_id, 0, attempt=2) and "rerun on" in logs(api, job_id, 1, attempt=2)
+
+
+def wait_for_release_command(marker: Path) -> str:
+    """Appends one line per run to `marker`, then runs until `<marker>.release` exists."""
+    return (
+        f'echo "$(hostname) $SLURM_JOB_ID" >> {marker}; '
+        f"while [ ! -e {marker}.release ]; do sleep 0.1; done; echo released"
+    )
+
+
+def test_server_restart_readopts_running_slurm_job(
+    api: httpx.Client, server: CorralServer, slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    marker = tmp_path / "runs.txt"
+    job_id = submit(api, gang_spec("adopt", wait_for_release_command(marker), instances=1, gpus=1))
+    wait_state(api, job_id, ("running", *TERMINAL))
+    wait_for(lambda: marker.exists() and marker.read_text().strip(), 15, what="the run's marker line")
+    server.kill()  # SIGKILL: no clean shutdown; the Slurm job goes on without the server
+    server.start()
+    assert job(api, job_id)["state"] == "running"
+    (marker.parent / f"{marker.name}.release").touch()
+    done = wait_state(api, job_id, TERMINAL)
+    assert done["state"] == "succeeded" and len(done["attempts"]) == 1, done
+    assert "released" in logs(api, job_id, 0)
+    (run,) = marker.read_text().splitlines()  # one run: adopted, not launched again
+    (slurm_job,) = slurm_jobs_of(slurm_cluster, server, job_id, 1)
+    assert slurm_job["state"] == "COMPLETED" and run.split()[1] == slurm_job["id"], (run, slurm_job)
+
+
+def test_slurm_outage_keeps_jobs_and_recovers(
+    api: httpx.Client, server: CorralServer, slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    marker = tmp_path / "runs.txt"
+    running_id = submit(api, gang_spec("through", wait_for_release_command(marker), instances=1, gpus=1))
+    wait_state(api, running_id, ("running", *TERMINAL))
+    t0 = time.monotonic()
+    slurm_cluster.stop_controller()
+    try:
+        wait_for(
+            lambda: {n["state"] for n in nodes_by_name(api).values()} == {"unknown"},
+            30,
+            what="every node unknown while slurmctld is down",
+        )
+        t_unknown = time.monotonic() - t0
+        queued_id = submit(api, gang_spec("waits", "echo ran", instances=1, gpus=1))
+        time.sleep(2)
+        assert job(api, queued_id)["state"] == "queued"  # nowhere to place it: nodes are unknown
+        assert job(api, running_id)["state"] == "running"  # an outage fails nothing
+    finally:
+        slurm_cluster.start_controller(fresh=False)  # recovers its jobs from the state dir
+    t1 = time.monotonic()
+    wait_for(lambda: all_ready(api, slurm_cluster), 30, what="nodes ready once slurmctld is back")
+    t_ready = time.monotonic() - t1
+    (marker.parent / f"{marker.name}.release").touch()
+    assert wait_state(api, queued_id, TERMINAL)["state"] == "succeeded"
+    done = wait_state(api, running_id, TERMINAL)
+    assert done["state"] == "succeeded" and len(done["attempts"]) == 1, done
+    assert len(marker.read_text().splitlines()) == 1
+    print(f"\n[slurm e2e] outage: nodes unknown after {t_unknown:.1f} s; ready {t_ready:.1f} s after restart")

@@ -1,0 +1,289 @@
+"""The Slurm engine against a real Slurm cluster (three emulated nodes with four fake GPUs each)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from corral.engine.base import AttemptPhase, FailureReason
+from corral.engine.slurm import SlurmEngine
+from corral.scheduler.types import NodeState
+from tests.slurm.harness import SlurmCluster
+from tests.slurm.helpers import FINISHED, attempt, instance, wait_for
+
+pytestmark = pytest.mark.slurm
+
+
+def slurm_jobs_named(cluster: SlurmCluster, name: str) -> list[str]:
+    out = subprocess.run(
+        ["squeue", "-h", "--states=all", f"--name={name}", "-o", "%i"],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=15,
+    ).stdout
+    return out.split()
+
+
+def read_log(engine: SlurmEngine, attempt_id: str, rank: int = 0) -> str:
+    return engine.logs(attempt_id, instance=rank).data.decode()
+
+
+def test_nodes_discovered_with_gres(engine: SlurmEngine) -> None:
+    nodes = {n.name: n for n in engine.nodes()}
+    assert sorted(nodes) == ["node1", "node2", "node3"]
+    for node in nodes.values():
+        assert node.state is NodeState.READY
+        assert node.cpus == 4
+        assert node.memory_mib == 4000
+        assert [g.index for g in node.gpus] == [0, 1, 2, 3]
+        assert {g.model for g in node.gpus} == {"vgpu"}  # the GRES type from slurm.conf
+        assert node.address == "127.0.0.1"
+        assert node.labels["slurm.partitions"] == "debug"
+
+
+def test_launch_succeeds_logs_and_is_idempotent(engine: SlurmEngine, slurm_cluster: SlurmCluster) -> None:
+    a = attempt(
+        "101.1",
+        instance("node1", 'echo "hello from $(hostname) job=$CORRAL_JOB_ID"', env={"CORRAL_JOB_ID": "101"}),
+    )
+    ref = engine.launch(a)
+    assert ref.isdigit()
+    assert engine.launch(a) == ref  # same attempt: same Slurm job, nothing submitted twice
+    status = wait_for(engine, "101.1", FINISHED)
+    assert status.phase is AttemptPhase.SUCCEEDED, status
+    assert status.exit_code == 0
+    assert status.engine_ref == ref
+    assert status.started_at is not None and status.finished_at is not None
+    assert slurm_jobs_named(slurm_cluster, "corral-101.1") == [ref]
+    chunk = engine.logs("101.1")
+    assert chunk.data.decode() == "hello from node1 job=101\n"
+    assert chunk.eof
+    tail = engine.logs("101.1", offset=6)
+    assert tail.data.decode() == "from node1 job=101\n" and tail.next_offset == chunk.next_offset
+    assert engine.launch(a) == ref  # still idempotent after it finished
+
+
+def test_exit_code_and_signal(engine: SlurmEngine) -> None:
+    engine.launch(attempt("102.1", instance("node1", "echo failing >&2; exit 3")))
+    engine.launch(attempt("103.1", instance("node2", "kill -9 $$")))
+    failed = wait_for(engine, "102.1", FINISHED)
+    assert (failed.phase, failed.reason, failed.exit_code) == (
+        AttemptPhase.FAILED,
+        FailureReason.EXIT_CODE,
+        3,
+    )
+    assert read_log(engine, "102.1") == "failing\n"  # stderr lands in the same log
+    killed = wait_for(engine, "103.1", FINISHED)
+    assert (killed.phase, killed.reason, killed.exit_code) == (AttemptPhase.FAILED, FailureReason.SIGNAL, 137)
+    assert "signal 9" in killed.message
+
+
+def test_stop_with_grace_then_kill(engine: SlurmEngine, tmp_path: Path) -> None:
+    polite = "trap 'echo got TERM; exit 0' TERM; echo started; while :; do sleep 0.1; done"
+    stubborn = "trap '' TERM; echo started; while :; do sleep 0.1; done"
+    engine.launch(attempt("104.1", instance("node1", polite)))
+    engine.launch(attempt("105.1", instance("node2", stubborn)))
+    for aid in ("104.1", "105.1"):
+        wait_for(engine, aid, {AttemptPhase.RUNNING})
+        deadline = time.monotonic() + 10
+        while "started" not in read_log(engine, aid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    t0 = time.monotonic()
+    engine.stop("104.1", grace_s=20)
+    engine.stop("105.1", grace_s=1.5)
+    assert time.monotonic() - t0 < 5  # stop does not wait for the grace period
+    polite_status = wait_for(engine, "104.1", FINISHED)
+    assert (polite_status.phase, polite_status.reason) == (AttemptPhase.FAILED, FailureReason.STOPPED)
+    assert "got TERM" in read_log(engine, "104.1")
+    assert time.monotonic() - t0 < 15  # ended on SIGTERM, well before its 20 s grace
+    stubborn_status = wait_for(engine, "105.1", FINISHED)
+    assert time.monotonic() - t0 >= 1.5  # it survived SIGTERM until the grace ran out
+    assert (stubborn_status.phase, stubborn_status.reason) == (AttemptPhase.FAILED, FailureReason.STOPPED)
+    engine.stop("105.1", grace_s=1)  # stopping a finished attempt is a no-op
+    assert engine.poll(["105.1"])["105.1"] == stubborn_status
+
+
+def test_rejected_submission_fails_with_slurms_message(engine: SlurmEngine) -> None:
+    too_big = attempt("106.1", instance("node1", "true", gpus=[0, 1, 2, 3, 4]))  # nodes have 4 GPUs
+    assert engine.launch(too_big) == "rejected"
+    status = engine.poll(["106.1"])["106.1"]
+    assert (status.phase, status.reason) == (AttemptPhase.FAILED, FailureReason.LAUNCH_FAILED)
+    assert "Requested node configuration is not available" in status.message
+    unknown_node = attempt("107.1", instance("node9", "true"))
+    assert engine.launch(unknown_node) == "rejected"
+    assert "node9" in engine.poll(["107.1"])["107.1"].message or "Invalid node name" in (
+        engine.poll(["107.1"])["107.1"].message
+    )
+
+
+def test_bad_input_is_named(engine: SlurmEngine) -> None:
+    with pytest.raises(ValueError, match="attempt_id"):
+        engine.launch(attempt("../etc", instance("node1", "true")))
+    with pytest.raises(ValueError, match="no instances"):
+        engine.launch(attempt("108.1"))
+    with pytest.raises(ValueError, match="empty command"):
+        engine.launch(attempt("109.1", instance("node1", "  ")))
+    unknown = engine.poll(["never-launched"])["never-launched"]
+    assert unknown.phase is AttemptPhase.LOST
+
+
+def test_max_runtime_becomes_timeout(engine: SlurmEngine) -> None:
+    engine.launch(attempt("110.1", instance("node3", "sleep 60"), max_runtime_s=1.5))
+    status = wait_for(engine, "110.1", FINISHED, timeout_s=30)
+    assert (status.phase, status.reason) == (AttemptPhase.FAILED, FailureReason.TIMEOUT)
+    assert status.started_at is not None and status.finished_at is not None
+    assert status.finished_at - status.started_at < 20
+
+
+def test_cordon_drain_resume_both_directions(engine: SlurmEngine, slurm_cluster: SlurmCluster) -> None:
+    def state(name: str, want: NodeState | None = None) -> NodeState:
+        """The node's state; with `want`, wait for it: after a resume slurmctld flags the node
+        NOT_RESPONDING (shown as UNKNOWN) until its next ping answer."""
+        deadline = time.monotonic() + 10
+        while True:
+            got = {n.name: n for n in engine.nodes()}[name].state
+            if want is None or got is want or time.monotonic() > deadline:
+                return got
+            time.sleep(0.1)
+
+    def slurm_node(name: str) -> str:
+        return subprocess.run(
+            ["sinfo", "-h", "-n", name, "-o", "%T|%E"], env=slurm_cluster.env, capture_output=True, text=True
+        ).stdout.strip()
+
+    engine.set_node_state("node2", NodeState.CORDONED, "disk check")
+    assert state("node2") is NodeState.CORDONED
+    assert slurm_node("node2") == "drained|corral cordon: disk check"
+    engine.set_node_state("node2", NodeState.DRAINING, "maintenance")
+    assert state("node2") is NodeState.DRAINING
+    engine.set_node_state("node2", NodeState.READY)
+    assert state("node2", NodeState.READY) is NodeState.READY
+    assert slurm_node("node2").startswith("idle|")
+    engine.set_node_state("node2", NodeState.READY)  # uncordon of a ready node: no-op
+    # ... and the other way: an admin drains or downs a node in Slurm itself
+    for slurm_state, corral_state in (("drain", NodeState.DRAINING), ("down", NodeState.DOWN)):
+        subprocess.run(
+            ["scontrol", "update", "nodename=node3", f"state={slurm_state}", "reason=admin"],
+            env=slurm_cluster.env,
+            check=True,
+        )
+        node3 = {n.name: n for n in engine.nodes()}["node3"]
+        assert (node3.state, node3.message) == (corral_state, "admin")
+        subprocess.run(
+            ["scontrol", "update", "nodename=node3", "state=resume"], env=slurm_cluster.env, check=True
+        )
+        assert state("node3", NodeState.READY) is NodeState.READY
+    with pytest.raises(ValueError, match="node9"):
+        engine.set_node_state("node9", NodeState.CORDONED, "x")
+    with pytest.raises(ValueError, match="unknown"):
+        engine.set_node_state("node1", NodeState.UNKNOWN)
+
+
+RENDEZVOUS_PRINT = (
+    'echo "host=$(hostname) node=$SLURMD_NODENAME rank=$RANK world=$WORLD_SIZE '
+    'master=$MASTER_ADDR:$MASTER_PORT cvd=$CUDA_VISIBLE_DEVICES slurm_cvd=$CORRAL_SLURM_CUDA_VISIBLE_DEVICES"'
+)
+
+
+def rendezvous_env(rank: int, cvd: str) -> dict[str, str]:
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29511",
+        "CUDA_VISIBLE_DEVICES": cvd,
+        "CORRAL_TASK_INDEX": str(rank),
+    }
+
+
+def test_two_instances_two_gpus_on_two_named_nodes(engine: SlurmEngine, slurm_cluster: SlurmCluster) -> None:
+    a = attempt(
+        "111.1",
+        instance(
+            "node1", RENDEZVOUS_PRINT, rank=0, gpus=[0, 1], env=rendezvous_env(0, "0,1"), role="trainer"
+        ),
+        instance(
+            "node3", RENDEZVOUS_PRINT, rank=1, gpus=[2, 3], env=rendezvous_env(1, "2,3"), role="trainer"
+        ),
+    )
+    ref = engine.launch(a)
+    status = wait_for(engine, "111.1", FINISHED)
+    assert status.phase is AttemptPhase.SUCCEEDED, status
+    assert slurm_jobs_named(slurm_cluster, "corral-111.1") == [ref]  # the gang is ONE Slurm job
+    rank0, rank1 = read_log(engine, "111.1", 0).split(), read_log(engine, "111.1", 1).split()
+    assert rank0[:6] == ["host=node1", "node=node1", "rank=0", "world=2", "master=127.0.0.1:29511", "cvd=0,1"]
+    assert rank1[:6] == ["host=node3", "node=node3", "rank=1", "world=2", "master=127.0.0.1:29511", "cvd=2,3"]
+    # Slurm allocated two GPUs on each node too
+    assert len(rank0[6].split("=")[1].split(",")) == 2 and len(rank1[6].split("=")[1].split(",")) == 2
+
+
+def test_two_instances_share_a_node_with_disjoint_gpus(engine: SlurmEngine) -> None:
+    node2 = {n.name: n for n in engine.nodes()}["node2"]
+    uuids = ",".join(g.uuid for g in node2.gpus[:2])
+    a = attempt(
+        "112.1",
+        # the dispatcher passes the GPU UUIDs nodes() reported; CUDA gets indices
+        instance(
+            "node2", RENDEZVOUS_PRINT, rank=0, gpus=[0, 1], env={"RANK": "0", "CUDA_VISIBLE_DEVICES": uuids}
+        ),
+        instance("node2", RENDEZVOUS_PRINT, rank=1, gpus=[2, 3], env={"RANK": "1"}),
+    )
+    engine.launch(a)
+    assert wait_for(engine, "112.1", FINISHED).phase is AttemptPhase.SUCCEEDED
+    cvds = [read_log(engine, "112.1", r).split()[5] for r in (0, 1)]
+    assert cvds == ["cvd=0,1", "cvd=2,3"]  # rank 1: from the placement, as the env gives none
+
+
+def test_one_failing_rank_fails_the_gang(engine: SlurmEngine) -> None:
+    a = attempt(
+        "113.1",
+        instance("node1", "sleep 30", rank=0),
+        instance("node2", "echo bye; exit 7", rank=1),
+    )
+    engine.launch(a)
+    status = wait_for(engine, "113.1", FINISHED, timeout_s=25)
+    assert (status.phase, status.reason, status.exit_code) == (
+        AttemptPhase.FAILED,
+        FailureReason.EXIT_CODE,
+        7,
+    )
+    assert "rank 1" in status.message
+
+
+def test_adopt_after_restart(engine: SlurmEngine, slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    ref = engine.launch(attempt("114.1", instance("node1", "sleep 1; echo adopted")))
+    wait_for(engine, "114.1", {AttemptPhase.RUNNING})
+    engine.close()
+    # the server restarts with the same state dir ...
+    same_dir = SlurmEngine(state_dir=engine.store.root, slurm_conf=str(slurm_cluster.conf))
+    same_dir.adopt({"114.1": ref})
+    assert wait_for(same_dir, "114.1", FINISHED).phase is AttemptPhase.SUCCEEDED
+    assert read_log(same_dir, "114.1") == "adopted\n"
+    # ... or with its state dir lost: Slurm still knows the job by id
+    fresh = SlurmEngine(state_dir=tmp_path / "fresh", slurm_conf=str(slurm_cluster.conf))
+    fresh.adopt({"114.1": ref})
+    status = fresh.poll(["114.1"])["114.1"]
+    assert (status.phase, status.engine_ref) == (AttemptPhase.SUCCEEDED, ref)
+
+
+def test_factory_builds_the_slurm_engine(
+    slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from corral.config import Settings
+    from corral.engine.factory import make_engine
+
+    monkeypatch.setenv("CORRAL_SLURM_CONF", str(slurm_cluster.conf))
+    monkeypatch.setenv("CORRAL_SLURM_PARTITION", "debug")
+    eng = make_engine(Settings(engine="slurm", home=tmp_path / "home"))
+    assert isinstance(eng, SlurmEngine)
+    assert eng.store.root == tmp_path / "home" / "slurm"
+    assert len(eng.nodes()) == 3
+    monkeypatch.setenv("CORRAL_SLURM_PARTITION", "nonexistent")
+    assert make_engine(Settings(engine="slurm", home=tmp_path / "home")).nodes() == []
+    monkeypatch.setenv("CORRAL_SLURM_TIMEOUT_S", "soon")
+    with pytest.raises(ValueError, match="CORRAL_SLURM_TIMEOUT_S"):
+        make_engine(Settings(engine="slurm", home=tmp_path / "home"))

@@ -1,0 +1,139 @@
+"""Faults against a real Slurm: a node crash in the middle of a gang, slurmctld going away."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from corral.engine.base import AttemptPhase, EngineUnavailable, FailureReason
+from corral.engine.slurm import SlurmEngine
+from corral.scheduler.types import NodeState
+from tests.slurm.harness import SlurmCluster
+from tests.slurm.helpers import FINISHED, attempt, instance, wait_for
+
+pytestmark = pytest.mark.slurm
+
+
+def processes_with(token: str) -> list[int]:
+    """PIDs (any namespace) whose command line contains `token`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if token.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def slurm_job_state(cluster: SlurmCluster, job_id: str) -> str:
+    return subprocess.run(
+        ["squeue", "-h", "--states=all", "-j", job_id, "-o", "%T"],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=15,
+    ).stdout.strip()
+
+
+def test_node_crash_is_lost_once_and_never_runs_twice(
+    engine: SlurmEngine, slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    token = "60.2011"  # a unique sleep argument, to find the job's processes in /proc
+    command = f'echo "$SLURMD_NODENAME" >> {runs}/rank-$RANK; sleep {token}; echo end >> {runs}/rank-$RANK'
+    ref = engine.launch(
+        attempt(
+            "201.1",
+            instance("node2", command, rank=0, env={"RANK": "0"}),
+            instance("node3", command, rank=1, env={"RANK": "1"}),
+        )
+    )
+    wait_for(engine, "201.1", {AttemptPhase.RUNNING})
+    deadline = time.monotonic() + 10
+    while len(list(runs.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sorted(p.name for p in runs.iterdir()) == ["rank-0", "rank-1"]
+    assert len(processes_with(token)) >= 2
+
+    t0 = time.monotonic()
+    slurm_cluster.crash_node("node3")  # slurmd, slurmstepd and the rank-1 processes die at once
+    lost = wait_for(engine, "201.1", FINISHED, timeout_s=45, every_s=0.25)
+    detected_s = time.monotonic() - t0
+    assert (lost.phase, lost.reason) == (AttemptPhase.LOST, FailureReason.NODE_LOST), lost
+    assert lost.engine_ref == ref and "NODE_FAIL" in lost.message
+    assert detected_s < 40
+    node3 = {n.name: n for n in engine.nodes()}["node3"]
+    assert node3.state in (NodeState.DOWN, NodeState.UNKNOWN)
+    # the surviving node's instance is killed with the gang, not left running
+    deadline = time.monotonic() + 15
+    while processes_with(token) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_with(token) == []
+
+    # the node comes back: nothing is requeued or started again, the verdict does not change
+    slurm_cluster.start_node("node3")
+    time.sleep(3)
+    assert slurm_job_state(slurm_cluster, ref) == "NODE_FAIL"
+    assert engine.poll(["201.1"])["201.1"] == lost
+    assert (runs / "rank-0").read_text() == "node2\n" and (runs / "rank-1").read_text() == "node3\n"
+
+    # Corral retries as a new attempt on other nodes; it runs once and succeeds
+    retry = command.replace(f"sleep {token}", "true")
+    engine.launch(
+        attempt(
+            "201.2",
+            instance("node1", retry, rank=0, env={"RANK": "0"}),
+            instance("node2", retry, rank=1, env={"RANK": "1"}),
+        )
+    )
+    assert wait_for(engine, "201.2", FINISHED).phase is AttemptPhase.SUCCEEDED
+    assert (runs / "rank-0").read_text() == "node2\nnode1\nend\n"
+    assert (runs / "rank-1").read_text() == "node3\nnode2\nend\n"
+
+
+def test_slurm_unreachable_then_back(
+    engine: SlurmEngine, slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    engine.launch(attempt("301.1", instance("node1", "sleep 3; echo survived")))
+    wait_for(engine, "301.1", {AttemptPhase.RUNNING})
+    assert {n.state for n in engine.nodes()} == {NodeState.READY}
+
+    slurm_cluster.stop_controller()
+    try:
+        nodes = engine.nodes()  # nodes do not vanish: same names, state unknown, a clear message
+        assert sorted(n.name for n in nodes) == ["node1", "node2", "node3"]
+        assert {n.state for n in nodes} == {NodeState.UNKNOWN}
+        assert all("unreachable" in n.message.lower() for n in nodes)
+        assert all(len(n.gpus) == 4 for n in nodes)
+        with pytest.raises(EngineUnavailable):
+            engine.poll(["301.1"])
+        with pytest.raises(EngineUnavailable, match=r"(?i)unable to contact slurm controller"):
+            engine.launch(attempt("302.1", instance("node2", "echo later")))
+        with pytest.raises(EngineUnavailable):  # no node ever seen: nothing to report but the fault
+            SlurmEngine(state_dir=tmp_path / "other", slurm_conf=str(slurm_cluster.conf)).nodes()
+    finally:
+        slurm_cluster.start_controller(fresh=False)  # keeps its state: jobs and nodes
+
+    deadline = time.monotonic() + 30
+    while {n.state for n in engine.nodes()} != {NodeState.READY} and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert {n.state for n in engine.nodes()} == {NodeState.READY}
+    status = wait_for(engine, "301.1", FINISHED)
+    assert status.phase is AttemptPhase.SUCCEEDED, status  # it ran on through the outage
+    assert engine.logs("301.1").data == b"survived\n"
+    ref = engine.launch(attempt("302.1", instance("node2", "echo later")))
+    assert wait_for(engine, "302.1", FINISHED).phase is AttemptPhase.SUCCEEDED
+    names = subprocess.run(
+        ["squeue", "-h", "--states=all", "--name=corral-302.1", "-o", "%i"],
+        env=slurm_cluster.env,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert names == [ref]  # the launch refused during the outage submitted nothing

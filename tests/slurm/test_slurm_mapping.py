@@ -1,0 +1,147 @@
+"""Slurm -> Corral translations for the cases a 3-node test cluster cannot produce on demand
+(OUT_OF_MEMORY needs cgroup memory enforcement, typed multi-GRES nodes, ...). The job and node
+dicts have the shape `squeue --json` / `sinfo --json` print (openapi v0.0.38)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corral.engine.base import AttemptPhase, FailureReason
+from corral.engine.slurm import mapping, scripts
+from corral.scheduler.types import NodeState
+from tests.slurm.helpers import attempt, instance
+
+
+def job(state: str, exit_code: int = 0, **extra: object) -> dict[str, object]:
+    return {
+        "job_id": 42,
+        "job_state": state,
+        "exit_code": exit_code,
+        "start_time": 100,
+        "end_time": 160,
+        **extra,
+    }
+
+
+@pytest.mark.parametrize(
+    ("slurm", "exits", "phase", "reason", "code"),
+    [
+        (job("COMPLETED"), {0: 0}, AttemptPhase.SUCCEEDED, None, 0),
+        (job("FAILED", 3 << 8), {0: 3}, AttemptPhase.FAILED, FailureReason.EXIT_CODE, 3),
+        (job("FAILED", 9), {}, AttemptPhase.FAILED, FailureReason.SIGNAL, 137),  # raw status: signal 9
+        (job("OUT_OF_MEMORY", 9), {}, AttemptPhase.FAILED, FailureReason.OOM, 137),
+        (job("TIMEOUT", 15), {}, AttemptPhase.FAILED, FailureReason.TIMEOUT, 143),
+        (job("NODE_FAIL", nodes="node3"), {}, AttemptPhase.LOST, FailureReason.NODE_LOST, None),
+        (job("CANCELLED", 15), {}, AttemptPhase.FAILED, FailureReason.SIGNAL, 143),
+        (
+            job("FAILED", 0, state_reason="JobLaunchFailure"),
+            {},
+            AttemptPhase.FAILED,
+            FailureReason.LAUNCH_FAILED,
+            0,
+        ),
+        # the first rank to end is the cause; the other was killed because of it
+        (job("CANCELLED", 15), {1: 7, 0: 143}, AttemptPhase.FAILED, FailureReason.EXIT_CODE, 7),
+    ],
+)
+def test_terminal_status(
+    slurm: dict[str, object],
+    exits: dict[int, int],
+    phase: AttemptPhase,
+    reason: FailureReason | None,
+    code: int | None,
+) -> None:
+    status = mapping.terminal_status("42.1", slurm, exits, stop_kind=None)
+    assert (status.phase, status.reason, status.exit_code) == (phase, reason, code)
+    assert status.engine_ref == "42"
+    assert (status.started_at, status.finished_at) == (100.0, 160.0)
+
+
+def test_stop_and_timeout_requested_by_corral_win() -> None:
+    done_on_term = job("COMPLETED")  # a job that exits 0 on SIGTERM was still stopped
+    assert mapping.terminal_status("1.1", done_on_term, {0: 0}, "stopped").reason is FailureReason.STOPPED
+    assert mapping.terminal_status("1.1", job("CANCELLED"), {}, "timeout").reason is FailureReason.TIMEOUT
+    lost = mapping.terminal_status("1.1", job("NODE_FAIL"), {}, "stopped")
+    assert lost.phase is AttemptPhase.LOST  # a node failure stays a node failure
+
+
+def test_gres_parsing() -> None:
+    assert mapping.parse_gpu_gres("gpu:4") == [(None, 4)]
+    assert mapping.parse_gpu_gres("gpu:vgpu:4") == [("vgpu", 4)]
+    assert mapping.parse_gpu_gres("gpu:a100:2(S:0-1),gpu:v100:2(S:0),mps:100") == [("a100", 2), ("v100", 2)]
+    assert mapping.parse_gpu_gres("") == []
+
+
+def test_node_report_from_sinfo() -> None:
+    node = {
+        "name": "gpu7",
+        "state": "mixed",
+        "state_flags": [],
+        "cpus": 64,
+        "real_memory": 512000,
+        "gres": "gpu:a100:2(S:0),gpu:v100:1(S:1)",
+        "address": "10.0.0.7",
+        "partitions": ["gpu", "debug"],
+        "reason": "",
+    }
+    report = mapping.node_report(node, default_gpu_model="VGPU")
+    assert [(g.index, g.model) for g in report.gpus] == [(0, "a100"), (1, "a100"), (2, "v100")]
+    assert (report.cpus, report.memory_mib, report.address, report.state) == (
+        64.0,
+        512000,
+        "10.0.0.7",
+        NodeState.READY,
+    )
+    assert report.labels["slurm.partitions"] == "gpu,debug"
+    untyped = mapping.node_report({**node, "gres": "gpu:2"}, default_gpu_model="VGPU")
+    assert {g.model for g in untyped.gpus} == {"VGPU"}
+
+
+@pytest.mark.parametrize(
+    ("state", "flags", "reason", "expected"),
+    [
+        ("idle", [], "", NodeState.READY),
+        ("allocated", [], "", NodeState.READY),
+        ("idle", ["DRAIN"], "corral cordon: disk", NodeState.CORDONED),
+        ("mixed", ["DRAIN"], "maintenance", NodeState.DRAINING),
+        ("down", [], "Not responding", NodeState.DOWN),
+        ("idle", ["NOT_RESPONDING"], "", NodeState.UNKNOWN),
+        ("unknown", [], "", NodeState.UNKNOWN),
+    ],
+)
+def test_node_states(state: str, flags: list[str], reason: str, expected: NodeState) -> None:
+    assert mapping.node_state({"state": state, "state_flags": flags, "reason": reason})[0] is expected
+
+
+def test_sbatch_args_sum_what_is_placed_on_each_node() -> None:
+    a = attempt(
+        "9.1",
+        instance("n1", "true", rank=0, gpus=[0, 1], cpus=2, memory_mib=1000),
+        instance("n1", "true", rank=1, gpus=[2, 3], cpus=2, memory_mib=1000),
+        instance("n2", "true", rank=2, gpus=[0], cpus=1.5, memory_mib=500),
+        max_runtime_s=90,
+    )
+    args = scripts.sbatch_args(a, scripts.validate(a), Path("/shared/9.1"), partition="gpu")
+    assert "--nodelist=n1,n2" in args and "--nodes=2" in args and "--ntasks-per-node=1" in args
+    assert "--gres=gpu:4" in args  # the most GPUs placed on one node
+    assert "--cpus-per-task=4" in args and "--mem=2000M" in args
+    assert "--time=2" in args and "--partition=gpu" in args and "--no-requeue" in args
+    assert "--job-name=corral-9.1" in args
+    assert args[-1] == "/shared/9.1/batch.sh"
+
+
+def test_scontrol_arguments() -> None:
+    assert mapping.scontrol_state_args("n1", NodeState.READY, "") == ["update", "nodename=n1", "state=resume"]
+    cordon = mapping.scontrol_state_args("n1", NodeState.CORDONED, "")
+    assert cordon[2:] == ["state=drain", "reason=corral cordon: cordoned"]
+    with pytest.raises(ValueError, match="unknown"):
+        mapping.scontrol_state_args("n1", NodeState.UNKNOWN, "")
+
+
+def test_stand_in_gpu_uuids_become_indices() -> None:
+    uuids = ",".join(mapping.gpu_uuid("node-7", i) for i in (2, 3))
+    assert mapping.visible_devices(uuids) == "2,3"
+    assert mapping.visible_devices("GPU-1234abcd,1") == "GPU-1234abcd,1"  # real UUIDs are kept
+    assert mapping.visible_devices("") == ""

@@ -1,0 +1,387 @@
+"""The portal in a real browser against a real server: log in, submit by form, watch the job run
+and succeed, read its logs; a bad spec is rejected next to its field; a waiting job is cancelled;
+an admin changes a quota and cordons a node; another user's job and a missing job get error pages;
+an expired session goes to login and back."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.server_fixture import wait_for
+from tests.web.conftest import PASSWORD, Portal, screenshot
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
+
+
+def api_as(portal: Portal, user: str) -> Any:
+    """An httpx client logged in as `user` through the same login the portal uses."""
+    client = portal.server.client()
+    client.headers.pop("Authorization")
+    r = client.post("/api/v1/auth/login", json={"username": user, "password": PASSWORD})
+    assert r.status_code == 200, r.text
+    client.headers["X-CSRF-Token"] = r.json()["csrf_token"]
+    return client
+
+
+def job_total(portal: Portal) -> int:
+    with portal.api() as api:
+        return int(api.get("/api/v1/jobs", params={"limit": 1}).json()["total"])
+
+
+def fill_job_form(page: Any, name: str, command: str, gpus: int = 1) -> None:
+    page.fill("#job-name", name)
+    task = page.locator("fieldset.task").first
+    task.locator(".task-gpus").fill(str(gpus))
+    task.locator(".task-memory").fill("256MiB")
+    task.locator(".task-command").fill(command)
+
+
+def test_submit_by_form_runs_succeeds_and_shows_logs(portal: Portal) -> None:
+    page = portal.login("ann")
+    expect(page.locator("#gpus-allocated")).to_contain_text("/ 4")
+    page.click("nav >> text=Submit")
+    page.wait_for_url("**/submit")
+    fill_job_form(page, "portal-hello", "echo hello-from-the-portal; sleep 4; echo rank=$RANK")
+    page.fill("#job-env", "GREETING=hi")
+    page.click("text=+ Add a task role")  # a second task role: gang-scheduled with the first
+    helper = page.locator("fieldset.task").nth(1)
+    expect(helper.locator(".task-role")).to_be_focused()
+    helper.locator(".task-role").fill("helper")
+    helper.locator(".task-gpus").fill("1")
+    helper.locator(".task-command").fill("echo from-the-helper rank=$RANK")
+    page.click("#submit-job")
+    page.wait_for_url(re.compile(r"/jobs/\d+$"))
+    job_id = int(page.url.rsplit("/", 1)[1])
+
+    # Polling updates the page without a reload: running, with the log tail growing, then succeeded.
+    page.evaluate("window.__sameDocument = true")
+    try:
+        expect(page.locator("h1 .badge")).to_have_text("running", timeout=30_000)
+    except AssertionError:
+        with portal.api() as api:  # say why, when the job did not run (engine trouble)
+            pytest.fail(f"the job did not run: {api.get(f'/api/v1/jobs/{job_id}').json()['attempts']}")
+    expect(page.locator("#log-output")).to_contain_text("hello-from-the-portal", timeout=15_000)
+    expect(page.locator("#log-output")).not_to_contain_text("rank=0")
+    expect(page.locator("h1 .badge")).to_have_text("succeeded", timeout=30_000)
+    assert page.evaluate("window.__sameDocument === true")  # no full reload happened
+    expect(page.locator("#log-output")).to_contain_text("hello-from-the-portal", timeout=15_000)
+    expect(page.locator("#log-output")).to_contain_text("rank=0")
+    page.fill("#log-rank", "1")  # the helper is rank 1
+    page.locator("#log-rank").dispatch_event("change")
+    expect(page.locator("#log-output")).to_contain_text("from-the-helper rank=1")
+    expect(page.locator("table.attempts tbody tr")).to_have_count(1)
+    expect(page.locator("table.attempts tbody td[data-label=Exit]")).to_have_text("0")
+    expect(page.locator(".timeline")).to_contain_text("scheduled")
+    expect(page.locator(".timeline li").last).to_contain_text("succeeded")
+    expect(page.locator("#cancel-job")).to_have_count(0)  # terminal: no cancel button
+    with portal.api() as api:
+        job = api.get(f"/api/v1/jobs/{job_id}").json()
+    assert job["state"] == "succeeded" and job["user"] == "ann"
+    assert job["spec"]["env"] == {"GREETING": "hi"}
+    assert job["spec"]["tasks"]["main"]["resources"]["gpus"] == 1
+    assert list(job["spec"]["tasks"]) == ["main", "helper"]
+    assert len(job["attempts"][0]["gpus"]) == 2
+    screenshot(page, "job-detail")
+
+    # Download spec gives YAML of the job's spec; clone prefills the form.
+    with page.expect_download() as download:
+        page.click("#download-spec")
+    text = Path(download.value.path()).read_text()
+    assert "name: portal-hello" in text and "echo hello-from-the-portal" in text
+    page.click("#clone-job")
+    page.wait_for_url(f"**/submit?clone={job_id}")
+    expect(page.locator("#job-name")).to_have_value("portal-hello-copy")
+    expect(page.locator(".task-command").first).to_have_value(re.compile("hello-from-the-portal"))
+    expect(page.locator(".task-role").nth(1)).to_have_value("helper")
+
+    page.click("nav >> text=Dashboard")
+    expect(page.locator(".state-counts")).to_contain_text("succeeded")
+    page.click("nav >> text=Jobs")
+    expect(page.locator(f"tr[data-job-id='{job_id}']")).to_contain_text("portal-hello")
+    screenshot(page, "jobs")
+    assert page.js_errors == []
+
+
+def test_bad_spec_is_rejected_next_to_its_field(portal: Portal) -> None:
+    page = portal.login("ann", path="/submit")
+    before = job_total(portal)
+    posts: list[str] = []
+    page.on(
+        "request",
+        lambda req: posts.append(req.url) if req.method == "POST" and "/api/v1/jobs" in req.url else None,
+    )
+
+    # Checked in the browser: nothing is sent.
+    fill_job_form(page, "bad-one", "")
+    page.click("#submit-job")
+    expect(page.locator("#submit-errors")).to_be_visible()
+    command = page.locator(".task-command")
+    expect(command).to_have_attribute("aria-invalid", "true")
+    expect(page.locator(f"#{command.get_attribute('id')}-error")).to_contain_text("command")
+    assert posts == []
+
+    # Checked by the API (422 with loc): the message lands next to the field the loc names.
+    page.locator(".task-command").fill("true")
+    page.locator(".task-gpu-model").fill("A100 with extra!")
+    page.fill("#job-max-runtime", "forever")
+    page.click("#submit-job")
+    model_error = page.locator(f"#{page.locator('.task-gpu-model').get_attribute('id')}-error")
+    expect(model_error).to_contain_text("gpu_model")
+    expect(page.locator("#job-max-runtime-error")).to_contain_text("duration")
+    expect(page.locator("#job-max-runtime")).to_have_attribute("aria-invalid", "true")
+    assert len(posts) == 1
+    screenshot(page, "submit-errors")
+    assert page.url.endswith("/submit")
+    assert job_total(portal) == before  # nothing was stored
+
+    # The YAML tab shows the API's errors with their path.
+    page.click("#tab-yaml")
+    page.fill(
+        "#job-yaml", "name: yaml-bad\ntasks:\n  main:\n    command: 'true'\n    resources: {gpus: -2}\n"
+    )
+    page.click("#submit-yaml")
+    expect(page.locator("#yaml-errors")).to_contain_text("tasks.main.resources.gpus")
+    assert job_total(portal) == before
+    assert page.js_errors == []
+
+
+def submit_as(client: Any, **spec: Any) -> dict[str, Any]:
+    r = client.post("/api/v1/jobs", json=spec)
+    assert r.status_code == 201, r.text
+    return dict(r.json())
+
+
+def test_cancel_a_waiting_job_and_watch_gpus(portal: Portal) -> None:
+    root, ann = api_as(portal, "root"), api_as(portal, "ann")
+    # Hold every GPU with a sleeping job so the next one has to wait.
+    blocker = submit_as(root, name="blocker", command="sleep 120", resources={"gpus": 4, "memory": "64MiB"})
+    running = wait_for(
+        lambda: (j := root.get(f"/api/v1/jobs/{blocker['id']}").json())["state"] == "running" and j,
+        30,
+        0.2,
+        "the blocker to run",
+    )
+    waiting = submit_as(ann, name="waiter", command="true", resources={"gpus": 1, "memory": "64MiB"})
+    try:
+        # Low utilization (mean 5%) on the blocker's GPUs (virtual GPUs: fault injection) makes it "abnormal".
+        for gpu, util in zip(running["attempts"][-1]["gpus"], (2, 4, 6, 8), strict=True):
+            r = root.post(
+                f"/api/v1/chaos/gpus/{gpu['node']}/{gpu['index']}", json={"utilization_percent": util}
+            )
+            assert r.status_code == 200, r.text
+        page = portal.login("root")
+        expect(page.locator("#gpus-allocated")).to_contain_text("4 / 4")
+        expect(page.locator("table.abnormal")).to_contain_text("GPU utilization 5%", timeout=20_000)
+        expect(page.locator("#gpu-utilization")).to_contain_text("5%")
+        screenshot(page, "dashboard")
+        page.goto(portal.url + f"/jobs/{blocker['id']}")
+        expect(page.locator("#gpu-util-now")).to_contain_text("5% mean over 4 GPU(s)")
+        expect(page.locator("svg.chart path.series")).to_have_count(4)
+        expect(page.locator("svg.chart path.series[d*='L']")).to_have_count(4, timeout=10_000)  # 2+ samples
+        screenshot(page, "job-detail-running")
+        page.goto(portal.url + "/nodes")
+        expect(page.locator(f"a.gpu-allocated[href='/jobs/{blocker['id']}']")).to_have_count(4)
+        screenshot(page, "nodes-busy")
+        page.goto(portal.url + "/groups")  # usage against quota, from the GPUs held now
+        expect(
+            page.locator("section.group[data-group='team-a'] table.quotas td[data-label=Used]")
+        ).to_have_text("4")
+        expect(
+            page.locator("section.group[data-group='team-b'] table.quotas td[data-label=Used]")
+        ).to_have_text("0")
+        page.context.close()
+
+        page = portal.login("ann", path=f"/jobs/{waiting['id']}")
+        expect(page.locator("h1 .badge")).to_have_text("queued")
+        expect(page.locator("#why-pending")).to_contain_text("Queue position", timeout=20_000)
+        page.once("dialog", lambda dialog: dialog.accept())
+        page.click("#cancel-job")
+        expect(page.locator("h1 .badge")).to_have_text("cancelled", timeout=15_000)
+        assert ann.get(f"/api/v1/jobs/{waiting['id']}").json()["state"] == "cancelled"
+        assert page.js_errors == []
+    finally:
+        root.post(f"/api/v1/jobs/{blocker['id']}/cancel")
+        wait_for(
+            lambda: root.get(f"/api/v1/jobs/{blocker['id']}").json()["state"] == "cancelled",
+            30,
+            0.2,
+            "blocker end",
+        )
+        root.close()
+        ann.close()
+
+
+def test_admin_changes_a_quota_and_cordons_a_node(portal: Portal) -> None:
+    page = portal.login("root", path="/groups")
+    group = page.locator("section.group[data-group='team-a']")
+    expect(group.locator("td.quota-guaranteed")).to_have_text("2")
+    page.select_option("#quota-group", "team-a")
+    page.fill("#quota-model", "VGPU")
+    page.fill("#quota-guaranteed", "3")
+    page.fill("#quota-max", "4")
+    page.click("#set-quota button[type=submit]")
+    expect(group.locator("td.quota-guaranteed")).to_have_text("3")
+    expect(group.locator("td.quota-max")).to_have_text("4")
+    screenshot(page, "groups-admin")
+    with portal.api() as api:
+        groups = {g["name"]: g for g in api.get("/api/v1/groups").json()}
+    assert groups["team-a"]["quotas"] == [{"gpu_model": "VGPU", "guaranteed": 3, "max": 4}]
+
+    # Create a group, add ben to it and make it his default group.
+    page.fill("#new-group-name", "team-c")
+    page.click("#create-group button[type=submit]")
+    expect(page.locator("section.group[data-group='team-c']")).to_be_visible()
+    page.select_option("#member-group", "team-c")
+    page.fill("#member-user", "ben")
+    page.click("#add-member button[type=submit]")
+    expect(page.locator("section.group[data-group='team-c'] .members")).to_contain_text("ben")
+    page.fill("#default-user", "ben")
+    page.select_option("#default-group", "team-c")
+    page.click("#set-default-group button[type=submit]")
+    expect(page.locator("#toasts")).to_contain_text("ben's default group is now team-c")
+    with portal.api() as api:
+        users = {u["name"]: u for u in api.get("/api/v1/users").json()}
+    assert users["ben"]["default_group"] == "team-c"
+    assert {"name": "team-c", "role": "member"} in users["ben"]["groups"]
+    # Adding someone who does not exist is refused with the API's reason.
+    page.fill("#member-user", "nobody-here")
+    page.click("#add-member button[type=submit]")
+    expect(page.locator("#add-member .field-error")).to_contain_text("nobody-here")
+
+    # A bad value is refused in the form, and nothing changes.
+    page.fill("#quota-guaranteed", "-1")
+    page.click("#set-quota button[type=submit]")
+    expect(page.locator("#set-quota .field-error")).to_contain_text("whole number")
+    expect(group.locator("td.quota-guaranteed")).to_have_text("3")
+
+    page.click("nav >> text=Nodes")
+    node = page.locator("article.node").first
+    name = node.get_attribute("data-node")
+    screenshot(page, "nodes")
+    node.get_by_role("button", name="Cordon").click()
+    expect(node.locator("header .badge")).to_have_text("cordoned", timeout=15_000)
+    with portal.api() as api:
+        assert api.get("/api/v1/nodes").json()[0]["admin_state"] == "cordoned"
+    node.get_by_role("button", name="Uncordon").click()
+    expect(node.locator("header .badge")).to_have_text("ready", timeout=15_000)
+
+    # A GPU fault (virtual GPU: fault injection) raises an alert that the alerts page lists.
+    with portal.api() as api:
+        r = api.post(f"/api/v1/chaos/gpus/{name}/3", json={"ecc_uncorrected": 2})
+        assert r.status_code == 200, r.text
+    page.click("nav >> text=Alerts")
+    row = page.locator("table.alerts tbody tr", has_text="CorralGpuEccErrors")
+    expect(row).to_contain_text("uncorrectable ECC", timeout=20_000)
+    expect(row).to_contain_text(f"node {name} · GPU 3")
+    expect(row.locator("td[data-label=State]")).to_have_text("firing")
+    page.click("nav >> text=Dashboard")
+    expect(page.locator("table.alerts")).to_contain_text("CorralGpuEccErrors")
+    with portal.api() as api:
+        api.post(f"/api/v1/chaos/gpus/{name}/3", json={"clear": True})
+    assert page.js_errors == []
+
+
+def test_forbidden_and_missing_jobs_get_error_pages(portal: Portal) -> None:
+    ann = api_as(portal, "ann")
+    r = ann.post(
+        "/api/v1/jobs",
+        json={"name": "anns-secret-job", "command": "true", "resources": {"gpus": 1, "memory": "64MiB"}},
+    )
+    assert r.status_code == 201, r.text
+    secret = r.json()
+    ann.close()
+    ben = api_as(portal, "ben")
+    api_status = ben.get(f"/api/v1/jobs/{secret['id']}").status_code
+    ben.close()
+    assert api_status in (403, 404)
+
+    page = portal.login("ben", path=f"/jobs/{secret['id']}")
+    error = page.locator(".error-page")
+    # The portal shows exactly what the API says (the API hides other users' jobs as 404).
+    expect(error).to_have_attribute("data-status", str(api_status))
+    expect(error.locator("h1")).to_contain_text(str(api_status))
+    expect(page.locator("body")).not_to_contain_text("anns-secret-job")
+    expect(page.locator("body")).not_to_contain_text("Traceback")
+
+    page.goto(portal.url + "/jobs/987654")
+    expect(page.locator(".error-page")).to_have_attribute("data-status", "404")
+    page.goto(portal.url + "/no/such/page")
+    expect(page.locator(".error-page h1")).to_contain_text("404")
+    # Not an admin: no administration forms.
+    page.goto(portal.url + "/groups")
+    expect(page.locator("#create-group")).to_have_count(0)
+    assert page.js_errors == []
+
+
+def test_expired_session_goes_to_login_and_back(portal: Portal) -> None:
+    page = portal.login("ann", path="/alerts")
+    expect(page.locator("h1")).to_have_text("Alerts")
+    page.context.clear_cookies()  # the session is gone, as after expiry
+    page.click("nav >> text=Profile")
+    page.wait_for_url(re.compile(r"/login\?next=%2Fprofile"))
+    page.fill("#username", "ann")
+    page.fill("#password", "wrong-password")
+    page.click("form.login-form button[type=submit]")
+    expect(page.locator("#login-error")).to_contain_text("Wrong username or password")
+    page.fill("#password", PASSWORD)
+    page.click("form.login-form button[type=submit]")
+    page.wait_for_url("**/profile")
+
+    # Profile: create a token (shown once), then revoke it; add an SSH key.
+    page.fill("#token-name", "laptop")
+    page.click("#token-form button[type=submit]")
+    expect(page.locator("#new-token code")).to_contain_text(re.compile(r"\S{16,}"))
+    token = page.locator("#new-token code").inner_text()
+    with portal.server.client(token=token) as api:
+        assert api.get("/api/v1/me").json()["name"] == "ann"
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("button", name="Revoke token laptop").click()
+    expect(page.locator("#tokens")).to_contain_text("No API tokens")
+    with portal.server.client(token=token) as api:
+        assert api.get("/api/v1/me").status_code == 401
+    page.fill("#key-name", "laptop")
+    page.fill(
+        "#key-text",
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGm0y3oJ3pYz0x8d2z7bU0l3Zx5Jb2oH0s1Qw9r7Xy1Z ann@laptop",
+    )
+    page.click("#key-form button[type=submit]")
+    expect(page.locator("table.ssh-keys")).to_contain_text("laptop")
+
+    # Logging out ends the session on the server too.
+    page.click("#logout")
+    page.wait_for_url("**/login")
+    page.goto(portal.url + "/jobs")
+    page.wait_for_url(re.compile(r"/login\?next=%2Fjobs"))
+    assert page.js_errors == []
+
+
+def test_phone_width_has_no_sideways_scrolling(portal: Portal) -> None:
+    page = portal.login("root", width=390)
+    for path in ("/", "/jobs", "/jobs/1", "/nodes", "/groups", "/submit", "/alerts", "/profile"):
+        page.goto(portal.url + path)
+        page.wait_for_selector("main h1")
+        time.sleep(0.3)
+        overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, f"{path} scrolls sideways by {overflow}px at 390px"
+        if path == "/jobs/1":
+            screenshot(page, "job-detail-phone")
+    page.goto(portal.url + "/")
+    page.wait_for_selector("#gpus-allocated")
+    screenshot(page, "dashboard-phone")
+    # Keyboard: after navigation focus is on the content; Tab reaches a real link with a visible
+    # focus ring.
+    assert page.evaluate("document.activeElement.id") == "main"
+    page.keyboard.press("Tab")
+    focused = page.evaluate(
+        "(() => { const e = document.activeElement;"
+        " return [e.tagName, e.closest('main') !== null, getComputedStyle(e).outlineStyle]; })()"
+    )
+    assert focused[0] in ("A", "BUTTON", "INPUT", "SELECT") and focused[1], focused
+    assert focused[2] != "none", focused
+    assert page.js_errors == []
