@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
-echo "== ruff"; ruff check src tests bench
+echo "== ruff"; ruff check src tests bench; ruff format --check src tests bench
 echo "== mypy"; mypy
 if [ -d deploy/prometheus/rules ]; then
   echo "== promtool"

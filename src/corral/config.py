@@ -34,6 +34,10 @@ class Settings(BaseSettings):
     api_max_concurrency: int = Field(default=32, ge=1)
     isolation: bool = True  # False: run jobs as plain supervised processes (benchmarks, trusted laptops)
     job_pids_max: int = 1024  # pids-cgroup limit per task instance (fork-bomb guard)
+    scheduler_profile: str = "default"  # a name in corral.scheduler.PROFILES
+    # May CPU-only jobs use GPU nodes? None = yes for the local engine (one machine: otherwise a
+    # GPU workstation could never run CPU work), no for Slurm (keep GPU nodes for GPU work).
+    cpu_jobs_on_gpu_nodes: bool | None = None
 
     @property
     def db_url(self) -> str:

@@ -172,6 +172,25 @@ def check_env(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
+class IdleGpuV1(_Strict):
+    """The job's own idle-GPU policy: warn the owner when its GPUs stay below `below_percent`
+    utilization for `for`, then after `grace` stop or requeue it (see corral.monitor.idle)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+    below_percent: float = Field(ge=0, le=100)
+    for_: str = Field(alias="for")
+    grace: str | None = None
+    action: Literal["warn", "stop", "requeue"] | None = None
+
+    @field_validator("for_", "grace")
+    @classmethod
+    def _duration(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_duration_s(value)  # raises with a plain sentence on a bad duration
+        return value
+
+
 class JobSpecV1(_Strict):
     version: Literal[1] = 1
     name: str = Field(min_length=1, max_length=MAX_NAME_LEN, pattern=NAME_RE)
@@ -185,6 +204,7 @@ class JobSpecV1(_Strict):
     tasks: dict[str, TaskV1] = Field(min_length=1, max_length=MAX_TASKS)
     env: dict[str, str] = Field(default_factory=dict)
     mounts: list[MountV1] = Field(default_factory=list, max_length=32)
+    idle_gpu: IdleGpuV1 | None = None
 
     @model_validator(mode="before")
     @classmethod

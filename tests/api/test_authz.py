@@ -55,7 +55,7 @@ def everyone(status: int) -> dict[str, int]:
 
 
 ADMIN_ONLY_200 = {"alice": 403, "bob": 403, "carol": 403, "admin": 200}
-JOB_OWNER_VIEW = {"alice": 200, "bob": 200, "carol": 404, "admin": 200}
+JOB_OWNER_VIEW = {"alice": 200, "bob": 200, "carol": 403, "admin": 200}
 
 CASES = [
     Case("POST", "/api/v1/auth/logout", everyone(204)),
@@ -77,11 +77,11 @@ CASES = [
         JOB_OWNER_VIEW,
         path=lambda w: f"/api/v1/jobs/{_job(w)}/cancel",
     ),
-    # No execution engine in these tests: whoever may see the job gets 503, others 404.
+    # No execution engine in these tests: whoever may see the job gets 503, others 403.
     Case(
         "GET",
         "/api/v1/jobs/{job_id}/logs",
-        {"alice": 503, "bob": 503, "carol": 404, "admin": 503},
+        {"alice": 503, "bob": 503, "carol": 403, "admin": 503},
         path=lambda w: f"/api/v1/jobs/{_job(w)}/logs",
     ),
     Case("GET", "/api/v1/nodes", everyone(200)),

@@ -7,8 +7,6 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import pytest
-
 from corral.db.models import Attempt, Gpu, GpuClaim, Group, GroupQuota, Job, Node, UsageLedger, User
 from corral.db.session import make_engine
 from corral.scheduler import types as st
@@ -196,9 +194,8 @@ def canonical(plan: st.Plan) -> tuple[object, ...]:
 
 
 def test_live_snapshot_gives_the_simulators_placements(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    monkeypatch.setenv("CORRAL_SCHEDULER_PROFILE", "default")
     sim = Simulator(
         small_trace(),
         cluster(),

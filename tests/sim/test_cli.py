@@ -67,3 +67,14 @@ def test_bad_inputs_give_clear_errors(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "unknown policy 'nope'" in res.output
     res = runner.invoke(app, ["sim", "--trace", str(csv)])
     assert res.exit_code == 2 and "--cluster are required" in res.output
+
+
+def test_shipped_trace_and_cluster_by_name() -> None:
+    res = CliRunner().invoke(
+        app, ["sim", "--trace", "philly", "--cluster", "philly", "--max-jobs", "300", "-o", "json"]
+    )
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout.strip().splitlines()[-1])
+    assert data["jobs"] + data["jobs_unfinished"] + data["jobs_rejected"] == 300
+    assert data["jobs_rejected"] == 0 and data["cluster_gpus"] == 752
+    assert any("first 300 jobs" in note for note in data["notes"])

@@ -126,10 +126,11 @@ def test_snapshot_reflects_the_state_handed_to_schedule() -> None:
 def test_cycle_interval_defers_scheduling_to_the_next_tick() -> None:
     # Cycles only every 60 s: a (t=0) starts at 0, b arriving at 1 waits for the tick at 60,
     # c arriving at 61 starts at 120; far fewer schedule() calls than one per event time.
-    tr = trace(("a", 0, 30, 1), ("b", 1, 30, 1), ("c", 61, 30, 1))
+    # d arrives at 200 after a tick (180) at which nothing was waiting: it starts at the next, 240.
+    tr = trace(("a", 0, 30, 1), ("b", 1, 30, 1), ("c", 61, 30, 1), ("d", 200, 5, 1))
     result, jobs = run(tr, cluster(1, 4), "fifo", cycle_interval_s=60.0)
-    assert starts(jobs) == {"a": 0, "b": 60, "c": 120}
-    assert result.cycles == 3
+    assert starts(jobs) == {"a": 0, "b": 60, "c": 120, "d": 240}
+    assert result.cycles == 4
 
 
 def test_estimated_start_is_compared_with_the_actual_start() -> None:

@@ -299,13 +299,13 @@ def test_forbidden_and_missing_jobs_get_error_pages(portal: Portal) -> None:
     ben = api_as(portal, "ben")
     api_status = ben.get(f"/api/v1/jobs/{secret['id']}").status_code
     ben.close()
-    assert api_status in (403, 404)
+    assert api_status == 403
 
     page = portal.login("ben", path=f"/jobs/{secret['id']}")
     error = page.locator(".error-page")
-    # The portal shows exactly what the API says (the API hides other users' jobs as 404).
-    expect(error).to_have_attribute("data-status", str(api_status))
-    expect(error.locator("h1")).to_contain_text(str(api_status))
+    # A forbidden job gets the 403 page, not the job and not a stack trace.
+    expect(error).to_have_attribute("data-status", "403")
+    expect(error.locator("h1")).to_contain_text("403")
     expect(page.locator("body")).not_to_contain_text("anns-secret-job")
     expect(page.locator("body")).not_to_contain_text("Traceback")
 

@@ -23,6 +23,7 @@ from corral import __version__
 from corral.config import Settings
 from corral.db.session import make_engine, make_session_factory
 from corral.engine.base import Engine
+from corral.monitor.middleware import install as install_request_metrics
 from corral.services.errors import Invalid, ServiceError
 from corral.services.lifecycle import InvalidTransition
 
@@ -56,10 +57,8 @@ def create_app(
         app.include_router(importlib.import_module(module_name).router)
     _install_error_handlers(app)
     app.add_middleware(ConcurrencyLimit, limit=settings.api_max_concurrency)
-    try:  # monitoring's request metrics, outermost so that they include waiting for admission
-        importlib.import_module("corral.monitor.middleware").install(app)
-    except ModuleNotFoundError:
-        pass
+    # Monitoring's request metrics, outermost so that they include waiting for admission.
+    install_request_metrics(app)
     return app
 
 

@@ -28,7 +28,6 @@ from corral.monitor.collector import read_families, render_text
 from corral.monitor.config import MonitorConfig, config_path, load_monitor_config, webhook_token
 from corral.monitor.gpu import update_fault
 from corral.monitor.metrics import METRICS_RENDER_SECONDS, REGISTRY
-from corral.monitor.middleware import MetricsMiddleware
 
 log = logging.getLogger("corral.monitor.api")
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -43,19 +42,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             log.warning(
                 "no alert webhook token configured: POST /api/v1/alerts/webhook refuses every request"
             )
-    _ensure_request_metrics(app)
     yield
-
-
-def _ensure_request_metrics(app: FastAPI) -> None:
-    """Request metrics even when the app factory did not call `middleware.install(app)`: the
-    lifespan runs after Starlette built the middleware stack, so wrap the built stack (outermost)."""
-    if getattr(app.state, "corral_metrics_middleware", False):
-        return
-    stack = getattr(app, "middleware_stack", None)
-    if stack is not None:
-        app.middleware_stack = MetricsMiddleware(stack)
-        app.state.corral_metrics_middleware = True
 
 
 router = APIRouter(lifespan=_lifespan)

@@ -559,8 +559,11 @@ def cluster_shapes(nodes: Sequence[Node], cpu_jobs_on_gpu_nodes: bool) -> Cluste
     return shapes
 
 
-def check_fits_anywhere(job: Job, nodes: Sequence[Node]) -> tuple[Reason, ...]:
+def check_fits_anywhere(
+    job: Job, nodes: Sequence[Node], *, cpu_jobs_on_gpu_nodes: bool = False
+) -> tuple[Reason, ...]:
     """Why `job` could never run on `nodes` even if they were all empty; empty = it could fit.
+    Pass the profile's `cpu_jobs_on_gpu_nodes` so the answer matches what `schedule` would do.
 
     Node state is ignored (a down node may come back); GPU health too."""
-    return ClusterShapes(nodes).reasons(job)
+    return ClusterShapes(nodes, cpu_jobs_on_gpu_nodes=cpu_jobs_on_gpu_nodes).reasons(job)

@@ -89,9 +89,10 @@ def demo_spec() -> dict[str, Any]:
     return spec
 
 
-def submit_demo_job(session: Any) -> int | None:
+def submit_demo_job(session: Any, settings: Settings) -> int | None:
     from corral.services.auth import load_principal
     from corral.services.jobs import submit_job
+    from corral.services.policy import active_profile
     from corral.spec import JobSpecV1
 
     spec = demo_spec()
@@ -99,7 +100,8 @@ def submit_demo_job(session: Any) -> int | None:
         return None
     owner = session.scalar(select(User).where(User.name == DEMO_JOB_OWNER))
     principal = load_principal(session, owner, via="token")
-    return int(submit_job(session, principal, JobSpecV1.model_validate(spec)).id)
+    profile = active_profile(settings)
+    return int(submit_job(session, principal, JobSpecV1.model_validate(spec), profile).id)
 
 
 def seed_demo(ctx: ServerContext, url: str) -> None:
@@ -108,7 +110,7 @@ def seed_demo(ctx: ServerContext, url: str) -> None:
         groups = _ensure_groups(session, ctx.settings.gpu_model, now)
         _ensure_users(session, groups, now)
         session.commit()
-        job_id = submit_demo_job(session)
+        job_id = submit_demo_job(session, ctx.settings)
     ctx.wake("schedule")
     gpus = ctx.settings.virtual_gpus
     print("", flush=True)

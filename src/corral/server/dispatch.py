@@ -34,7 +34,7 @@ log = logging.getLogger("corral.server.dispatch")
 LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
 # Launches run in parallel: starting a process (spawn, cgroup and sandbox set-up) is mostly system
 # calls that release the GIL, so a burst of scheduled jobs is not started one by one.
-LAUNCH_WORKERS = 8
+LAUNCH_WORKERS = 4
 MAX_BATCH = 256  # scheduled jobs launched per tick; the rest go in the next tick
 
 

@@ -237,5 +237,9 @@ def reconcile_tick(ctx: ServerContext, now: float) -> None:
             session.rollback()
             log.exception("batch of %d status changes failed; recording them one by one", len(changed))
             ended = sum(_apply_alone(session, row, status) for row, status in changed)
+    if any(status.phase is AttemptPhase.LOST for _, status in changed):
+        # A lost attempt usually means a lost node: refresh node states too, so the requeued job
+        # is not placed back on the node that just died.
+        ctx.wake("nodes")
     if ended:
         ctx.wake("schedule")

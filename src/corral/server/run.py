@@ -6,8 +6,8 @@ main thread. SIGTERM/SIGINT stop uvicorn gracefully (it finishes in-flight reque
 loops stop, their leases are released and the engine is closed. Running jobs are not touched:
 the engine's supervisors outlive the server and are re-adopted on the next start.
 
-Environment knobs besides the CORRAL_* settings: CORRAL_LOG_LEVEL (INFO), CORRAL_SCHEDULER_PROFILE
-(default), CORRAL_NODE_HEARTBEAT_TIMEOUT_S (6: a silent node is down after this), and
+Environment knobs besides the CORRAL_* settings: CORRAL_LOG_LEVEL (INFO),
+CORRAL_NODE_HEARTBEAT_TIMEOUT_S (6: a silent node is down after this), and
 CORRAL_PROFILE_SAMPLES=<file> (sample where the server's threads spend their time; see sampler.py).
 At shutdown each loop logs its ticks, wall and CPU seconds.
 """
@@ -107,6 +107,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
     from corral.api.app import create_app
     from corral.db.session import init_db, make_engine, make_session_factory
     from corral.engine.factory import make_engine as make_execution_engine
+    from corral.monitor.config import config_path, load_monitor_config
 
     logging.basicConfig(
         level=os.environ.get("CORRAL_LOG_LEVEL", "INFO"),
@@ -118,6 +119,8 @@ def serve(settings: Settings, demo: bool = False) -> None:
 
         settings = demo_settings(settings)
     settings.home.mkdir(parents=True, exist_ok=True)
+    # A bad monitor.yml refuses start-up (naming file and line) before any loop or job runs.
+    load_monitor_config(config_path(settings))
     init_db(settings.db_url)
     db_engine = make_engine(settings.db_url)
     session_factory = make_session_factory(db_engine)

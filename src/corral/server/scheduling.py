@@ -11,8 +11,8 @@ requeues it once the engine reports it ended. Diagnoses of waiting jobs are writ
 from __future__ import annotations
 
 import logging
-import os
 import random
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -21,26 +21,25 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
 from corral.db.models import Attempt, GpuClaim, Job, Node
+from corral.monitor.metrics import record_scheduler_cycle
+from corral.scheduler import PROFILES, Profile, schedule
 from corral.scheduler import types as st
 from corral.server.context import ServerContext
 from corral.server.finish import claimed_gpus
 from corral.server.snapshot import build_snapshot, live_attempts, read_cluster_state
 from corral.server.specview import read_spec
 from corral.services.lifecycle import AttemptState, JobState, transition
+from corral.services.policy import active_profile
 
 log = logging.getLogger("corral.server.schedule")
-PROFILE_ENV = "CORRAL_SCHEDULER_PROFILE"
 ETA_SLACK_S = 5.0  # an estimated start that moved less than this is not rewritten
 
 
-def run_scheduler(snapshot: st.Snapshot, now: float, rng: random.Random) -> st.Plan:
-    """Call the one scheduler library with the profile named by $CORRAL_SCHEDULER_PROFILE."""
-    from corral.scheduler import PROFILES, schedule
-
-    name = os.environ.get(PROFILE_ENV, "default")
-    if name not in PROFILES:
-        raise ValueError(f"unknown scheduler profile {name!r}; known: {', '.join(sorted(PROFILES))}")
-    return schedule(snapshot, now, rng, PROFILES[name])
+def run_scheduler(
+    snapshot: st.Snapshot, now: float, rng: random.Random, profile: Profile | None = None
+) -> st.Plan:
+    """Call the one scheduler library (the same function the simulator calls)."""
+    return schedule(snapshot, now, rng, profile if profile is not None else PROFILES["default"])
 
 
 def diagnosis_json(diagnosis: st.Diagnosis) -> dict[str, Any]:
@@ -214,12 +213,14 @@ def schedule_tick(ctx: ServerContext, now: float) -> None:
         session.rollback()
         if not state.queued:
             return
+        started = time.perf_counter()
         snapshot = build_snapshot(state, now)
-        plan = run_scheduler(snapshot, now, random.Random(int(now)))
+        plan = run_scheduler(snapshot, now, random.Random(int(now)), active_profile(ctx.settings))
         applied = apply_assignments(session, plan.assignments, now)
         preempted = sum(apply_preemption(session, p, now) for p in plan.preemptions)
         assigned = {a.job_id for a in plan.assignments}
         write_diagnoses(ctx, session, {k: v for k, v in plan.diagnoses.items() if k not in assigned})
+    record_scheduler_cycle(time.perf_counter() - started, placements=applied, preemptions=preempted)
     if applied:
         ctx.wake("dispatch")
     if preempted:

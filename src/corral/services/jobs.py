@@ -13,7 +13,6 @@ Cancel contract (shared with the reconciler in corral.server):
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,9 +22,8 @@ from sqlalchemy import ColumnElement, and_, false, func, or_, select, union_all
 from sqlalchemy.orm import Session, joinedload, selectinload
 
 from corral.db.models import Gpu, Group, Job, JobEvent, Node, User
-from corral.scheduler import PROFILES, check_fits_anywhere
+from corral.scheduler import Profile, check_fits_anywhere
 from corral.scheduler import types as st
-from corral.scheduler.cluster import ClusterShapes
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
 from corral.services.lifecycle import JobState, transition
@@ -41,7 +39,6 @@ SORT_COLUMNS: dict[str, Any] = {
     "name": Job.name,
 }
 MAX_PAGE = 1000
-PROFILE_ENV = "CORRAL_SCHEDULER_PROFILE"  # same variable the scheduling loop reads
 
 
 @dataclass(frozen=True)
@@ -53,15 +50,6 @@ class JobFilter:
     order: str = "desc"
     limit: int = 50
     offset: int = 0
-
-
-def fits_anywhere(job: st.Job, nodes: Sequence[st.Node]) -> tuple[st.Reason, ...]:
-    """The scheduler's own never-fits check, under the profile the live loop uses (the profile
-    decides whether CPU-only work may use GPU nodes)."""
-    profile = PROFILES.get(os.environ.get(PROFILE_ENV, "default"), PROFILES["default"])
-    if profile.cpu_jobs_on_gpu_nodes:
-        return ClusterShapes(nodes, cpu_jobs_on_gpu_nodes=True).reasons(job)
-    return check_fits_anywhere(job, nodes)
 
 
 def scheduler_nodes(session: Session) -> list[st.Node]:
@@ -119,14 +107,17 @@ def cached_scheduler_nodes(session: Session, now: float) -> list[st.Node]:
     return nodes
 
 
-def check_fits(session: Session, spec: JobSpecV1, group: str, user: str, *, now: float | None = None) -> None:
-    """Reject a job that could never run on this cluster even if it were empty. With no nodes
+def check_fits(
+    session: Session, spec: JobSpecV1, group: str, user: str, profile: Profile, *, now: float | None = None
+) -> None:
+    """Reject a job that could never run on this cluster even if it were empty, under the profile
+    the live loop uses (it decides whether CPU-only work may use GPU nodes). With no nodes
     registered yet (a server that is still starting) the check is skipped."""
     nodes = cached_scheduler_nodes(session, time.monotonic() if now is None else now)
     if not nodes:
         return
     job = st.Job(id="new", group=group, user=user, tasks=spec.task_specs(), priority=spec.priority_value)
-    reasons = fits_anywhere(job, nodes)
+    reasons = check_fits_anywhere(job, nodes, cpu_jobs_on_gpu_nodes=profile.cpu_jobs_on_gpu_nodes)
     if reasons:
         text = "; ".join(r.message for r in reasons)
         raise Invalid(f"this job can never run on this cluster: {text}", ("body", "tasks"))
@@ -149,11 +140,13 @@ def resolve_group(session: Session, principal: Principal, name: str | None) -> G
     return group
 
 
-def submit_job(session: Session, principal: Principal, spec: JobSpecV1, *, now: float | None = None) -> Job:
+def submit_job(
+    session: Session, principal: Principal, spec: JobSpecV1, profile: Profile, *, now: float | None = None
+) -> Job:
     """Validate access and fit, then store the job as QUEUED with a "submitted" event. Commits."""
     now = time.time() if now is None else now
     group = resolve_group(session, principal, spec.group)
-    check_fits(session, spec, group.name, principal.name)
+    check_fits(session, spec, group.name, principal.name, profile)
     user = session.get(User, principal.user_id)
     stored = spec.model_dump(mode="json", exclude_none=True)
     stored["group"] = group.name
@@ -296,7 +289,8 @@ def can_see(principal: Principal, job: Job) -> bool:
 
 
 def get_job(session: Session, principal: Principal, job_id: int, *, for_update: bool = False) -> Job:
-    """The job if the caller may see it; 404 otherwise (another user's job does not exist for them)."""
+    """The job if the caller may see it: 404 when there is no such job, 403 when it belongs to
+    someone the caller may not see (the portal shows a "forbidden" page, as users expect)."""
     stmt = (
         select(Job)
         .where(Job.id == job_id)
@@ -305,8 +299,10 @@ def get_job(session: Session, principal: Principal, job_id: int, *, for_update: 
     if for_update:
         stmt = stmt.with_for_update(of=Job)
     job = session.scalars(stmt).unique().first()
-    if job is None or not can_see(principal, job):
+    if job is None:
         raise NotFound(f"no job with id {job_id}")
+    if not can_see(principal, job):
+        raise Forbidden(f"job {job_id} belongs to another user; you may not see it")
     return job
 
 

@@ -6,16 +6,17 @@
 
 Guards live here and nowhere else (Prefect's orchestration-rules idea): callers say what they want,
 `transition` checks it is allowed, stamps times, records a JobEvent and returns. Retry is one rule:
-FAILED with retries left becomes QUEUED instead.
+FAILED with retries left becomes QUEUED instead; only failed or lost attempts use up retries.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from corral.db.models import Job, JobEvent
+from corral.db.models import Attempt, Job, JobEvent
 
 
 class JobState(StrEnum):
@@ -92,9 +93,11 @@ def transition(session: Session, job: Job, target: JobState, *, now: float, mess
     Cancelled jobs are never retried.
     """
     current = JobState(job.state)
-    if target is JobState.FAILED and _retries_left(job) and not job.cancel_requested:
-        target = JobState.QUEUED
-        message = f"{message} (retrying: attempt {job.attempt_count + 1} of {job.max_retries + 1})".strip()
+    if target is JobState.FAILED and not job.cancel_requested:
+        failures = _failed_attempts(session, job)
+        if failures <= job.max_retries:
+            target = JobState.QUEUED
+            message = f"{message} (retrying: retry {failures} of {job.max_retries})".strip()
     if not can_transition(current, target):
         raise InvalidTransition(job.id, current, target)
     job.state = target.value
@@ -118,6 +121,12 @@ def transition(session: Session, job: Job, target: JobState, *, now: float, mess
     return target
 
 
-def _retries_left(job: Job) -> bool:
-    # attempt_count counts attempts made so far; retries allow max_retries extra attempts.
-    return job.attempt_count < job.max_retries + 1
+def _failed_attempts(session: Session, job: Job) -> int:
+    """Attempts that failed or were lost, the current one included (callers end the attempt
+    before they transition the job). Preempted attempts do not use up retries.
+
+    Counted on the loaded objects, not with COUNT(*): loops run with autoflush off, and objects
+    already in the session keep their unflushed state when a query returns them."""
+    failed = (AttemptState.FAILED.value, AttemptState.LOST.value)
+    attempts = session.scalars(select(Attempt).where(Attempt.job_id == job.id))
+    return sum(1 for attempt in attempts if attempt.state in failed)

@@ -128,6 +128,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "node_failures": result.node_failures,
         "cycles": result.cycles,
         "schedule_s": result.schedule_s,
+        "diagnosis_s": result.diagnosis_s,
         "wall_s": result.wall_s,
         "per_group": groups,
         "rejected": [{"job_id": tj.job_id, "why": why} for tj, why in result.rejected[:20]],

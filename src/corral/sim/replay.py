@@ -59,6 +59,7 @@ class SimConfig:
     node_mtbf_s: float | None = None  # mean time between failures of one node; None = no failures
     node_repair_s: float = 3600.0
     seed: int = 0
+    estimate_starts: bool = True  # read each new job's estimated start (False: skip, ETA metric None)
     record_cycles: bool = False  # keep (snapshot, now, plan) of every cycle
     cycle_interval_s: float = 0.0  # 0: a cycle at every event time; >0: cycles only on this grid, like
     # the live loop's period (fewer schedule() calls; jobs wait for the next tick)
@@ -104,6 +105,7 @@ class SimResult:
     node_failures: int
     wall_s: float
     schedule_s: float  # time spent inside schedule()
+    diagnosis_s: float  # time spent computing the (lazy) diagnoses read for ETAs
     records: list[CycleRecord] = field(default_factory=list)
     notes: tuple[str, ...] = ()
 
@@ -162,7 +164,8 @@ class Simulator:
         self.frag: list[tuple[float, int, int]] = []
         self.cycles = self.preemption_count = self.node_failures = 0
         self.schedule_s = 0.0
-        self.need_eta: set[str] = set()  # waiting jobs not yet given an estimated start
+        self.new_arrivals: list[str] = []  # arrived since the last cycle: score their first ETA
+        self.diagnosis_s = 0.0
         self._deferred_cycle: float | None = None
         self.job_events = 0  # pending job events; node events alone do not keep the replay going
         self._load_jobs()
@@ -284,7 +287,6 @@ class Simulator:
             if job is None:
                 raise SimulationError(f"plan assigns {a.job_id}, which is not waiting")
             self._start(now, job, a.allocation, a.borrowed)
-            self.need_eta.discard(a.job_id)
         for p in plan.preemptions:
             sj = self.jobs.get(p.job_id)
             if sj is None or p.job_id not in self.running or sj.stopping:
@@ -293,22 +295,24 @@ class Simulator:
             sj.preemptions += 1
             self.preemption_count += 1
             self._push(now + max(0.0, p.grace_s), _Ev.STOP, f"{p.job_id}\0{sj.attempt}")
-        # Only jobs still without an ETA are looked up: walking every diagnosis each cycle would
-        # cost O(queue) per cycle, which dominated long FIFO queues.
-        found = []
-        for job_id in self.need_eta:
-            diag = plan.diagnoses.get(job_id)
-            if diag is not None and diag.estimated_start is not None:
-                self.jobs[job_id].eta = diag.estimated_start
-                found.append(job_id)
-        self.need_eta.difference_update(found)
+        # The estimate a job is given in its first cycle (what its user sees on submitting) is the
+        # one scored. Diagnoses are computed lazily by the library on first access, so cycles
+        # without new waiting jobs never pay for them.
+        if self.new_arrivals and self.config.estimate_starts:
+            started = time.perf_counter()
+            for job_id in self.new_arrivals:
+                if job_id in self.queued:
+                    diag = plan.diagnoses.get(job_id)
+                    if diag is not None and diag.estimated_start is not None:
+                        self.jobs[job_id].eta = diag.estimated_start
+            self.diagnosis_s += time.perf_counter() - started
+        self.new_arrivals.clear()
 
     # -- events ---------------------------------------------------------------------------------
     def _cycle_or_defer(self, now: float) -> None:
         interval = self.config.cycle_interval_s
         tick = math.ceil(now / interval) * interval if interval > 0 else now
-        if tick <= now or self._deferred_cycle == now:
-            self._deferred_cycle = None
+        if tick <= now:  # on the grid (a deferred CYCLE event lands here too)
             self._cycle(now)
         elif self._deferred_cycle is None:
             self._deferred_cycle = tick
@@ -317,10 +321,11 @@ class Simulator:
     def _handle(self, now: float, kind: int, key: str) -> bool:
         """Apply one event; True when it changed what the scheduler would see."""
         if kind == _Ev.CYCLE:
+            self._deferred_cycle = None
             return True
         if kind == _Ev.ARRIVAL:
             self._queue(self.jobs[key])
-            self.need_eta.add(key)
+            self.new_arrivals.append(key)
             return True
         if kind in (_Ev.COMPLETE, _Ev.STOP):
             job_id, attempt = key.split("\0")
@@ -430,6 +435,7 @@ class Simulator:
             node_failures=self.node_failures,
             wall_s=time.perf_counter() - started,
             schedule_s=self.schedule_s,
+            diagnosis_s=self.diagnosis_s,
             records=self.records,
             notes=self.trace.notes,
         )

@@ -14,6 +14,7 @@ from corral.api.schemas import EventOut, JobListOut, JobOut, LogsOut
 from corral.engine.base import EngineUnavailable
 from corral.services import jobs as svc
 from corral.services.errors import ServiceError
+from corral.services.policy import active_profile
 from corral.services.views import event_view, job_view
 from corral.spec import JobSpecV1, SpecError, load_spec_text
 
@@ -75,9 +76,12 @@ async def read_spec(request: Request) -> JobSpecV1:
         }
     },
 )
-def submit(spec: Annotated[JobSpecV1, Depends(read_spec)], db: DB, principal: CurrentUser) -> Any:
+def submit(
+    request: Request, spec: Annotated[JobSpecV1, Depends(read_spec)], db: DB, principal: CurrentUser
+) -> Any:
     """Validate, check the job can ever fit, and queue it under its group (default: yours)."""
-    return fast_json(job_view(svc.submit_job(db, principal, spec)), status.HTTP_201_CREATED)
+    profile = active_profile(request.app.state.settings)
+    return fast_json(job_view(svc.submit_job(db, principal, spec, profile)), status.HTTP_201_CREATED)
 
 
 @router.get("/jobs", response_model=JobListOut)

@@ -8,6 +8,7 @@ reads the supervisor's files, and `adopt` only validates what it is given.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import marshal
@@ -91,7 +92,7 @@ class LocalEngine:
         isolation: bool = True,
         allow_unisolated: bool = False,
         cgroup_root: Path = Path("/sys/fs/cgroup"),
-        cgroup_parent: str = "corral",
+        cgroup_parent: str | None = None,
         pids_max: int = DEFAULT_PIDS_MAX,
         gang_grace_s: float = 5.0,
         environments: Mapping[str, Sequence[str]] | None = None,
@@ -107,7 +108,9 @@ class LocalEngine:
         self.use_launcher = use_launcher and len(os.fsencode(self.launcher_sock)) < 100
         self._launcher_started = -1e9
         self.cgroup_root = cgroup_root
-        self.cgroup_parent = cgroup_parent
+        # One cgroup subtree per Corral home, so two servers on one machine (tests, a staging
+        # instance) never share attempt cgroups: attempt ids restart at 1.1 in every database.
+        self.cgroup_parent = cgroup_parent or f"corral-{_home_tag(self.home)}"
         self.pids_max = pids_max
         self.gang_grace_s = gang_grace_s
         self.environments = dict(environments) if environments is not None else _default_environments()
@@ -559,6 +562,26 @@ class LocalEngine:
         job, is stopped, and supervisors that already ended are reaped."""
         self.stop_launcher()
         self._reap()
+        self.remove_cgroup_parent(wait_s=0.0)
+
+    def remove_cgroup_parent(self, wait_s: float) -> None:
+        """rmdir of this home's cgroup parent where it is empty (no attempt still running); the
+        kernel may need a moment after the last child cgroup went away, hence `wait_s`."""
+        parents = [self.cgroup_root / c / self.cgroup_parent for c in ("memory", "cpu", "pids", "devices")]
+        parents.append(self.cgroup_root / self.cgroup_parent)  # v2
+        deadline = time.monotonic() + wait_s
+        while True:
+            for parent in list(parents):
+                try:
+                    os.rmdir(parent)
+                    parents.remove(parent)
+                except FileNotFoundError:
+                    parents.remove(parent)
+                except OSError:
+                    pass  # still has attempt cgroups: running jobs keep it
+            if not parents or time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
 
     def remove_attempt(self, attempt_id: str) -> None:
         """Deletes a finished attempt's dir (logs included); for retention policies."""
@@ -578,6 +601,10 @@ def _child_running(pid: int) -> bool:
     except ChildProcessError:
         return False
     return done == 0
+
+
+def _home_tag(home: Path) -> str:
+    return hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:10]
 
 
 def _same_process(pid: int, sup: dict[str, Any] | None) -> bool:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import tempfile
@@ -118,32 +117,13 @@ def compare(n: int = 50, home: Path | None = None) -> dict[str, Any]:
             sandboxed = measure(sandboxed_engine, n) if sandboxed_engine.status.complete else {}
         finally:
             sandboxed_engine.close()
-            _remove_cgroup_parent(sandboxed_engine)
+            sandboxed_engine.remove_cgroup_parent(wait_s=2.0)
         floor = measure_subprocess(n)
     result: dict[str, Any] = {"jobs": n, "plain": plain, "sandboxed": sandboxed, "subprocess": floor}
     if sandboxed:
         result["sandbox_cost_per_start_ms"] = sandboxed["to_running_p50_ms"] - plain["to_running_p50_ms"]
         result["sandbox_cost_per_job_ms"] = sandboxed["to_finished_p50_ms"] - plain["to_finished_p50_ms"]
     return result
-
-
-def _remove_cgroup_parent(engine: LocalEngine) -> None:
-    """rmdir of the benchmark's cgroup parent; the kernel may need a moment after the last
-    child cgroup went away before the parent can go."""
-    parents = [engine.cgroup_root / c / engine.cgroup_parent for c in ("memory", "cpu", "pids", "devices")]
-    parents.append(engine.cgroup_root / engine.cgroup_parent)  # v2
-    for _ in range(40):
-        for parent in list(parents):
-            try:
-                os.rmdir(parent)
-                parents.remove(parent)
-            except FileNotFoundError:
-                parents.remove(parent)
-            except OSError:
-                pass
-        if not parents:
-            return
-        time.sleep(0.05)
 
 
 def main() -> None:
