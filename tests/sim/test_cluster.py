@@ -15,6 +15,9 @@ def test_shipped_clusters_load() -> None:
     nodes = openb.build_nodes()
     assert (len(nodes), openb.total_gpus) == (1213, 6212)
     assert {n.gpus[0].model for n in nodes} >= {"P100", "T4", "V100M16", "V100M32", "A10", "G2", "G3"}
+    small = load_cluster("openb-small")
+    assert small.total_gpus < openb.total_gpus
+    assert {p.gpu_model for p in small.pools} == {p.gpu_model for p in openb.pools}
 
 
 def test_groups_quotas_and_trace_groups_not_declared(tmp_path: Path) -> None:

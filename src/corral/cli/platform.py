@@ -492,7 +492,7 @@ def up(
     gpu_model: Annotated[str | None, typer.Option(help="model name of the virtual GPUs")] = None,
     database_url: Annotated[str | None, typer.Option(help="default: SQLite under $CORRAL_HOME")] = None,
 ) -> None:
-    """Start the Corral server (API + control loops + local engine) in the foreground."""
+    """Start the Corral server (API, control loops and the engine: local by default, CORRAL_ENGINE=slurm)."""
     from corral.config import Settings
 
     overrides: dict[str, Any] = {

@@ -18,7 +18,7 @@ sim_app = typer.Typer(
 )
 
 TRACE_HELP = "philly, openb, openb-gpuspec33, or a CSV in the generic trace format (docs/simulator.md)"
-CLUSTER_HELP = "a CLUSTER.yaml, or a shipped example: philly, openb"
+CLUSTER_HELP = "a CLUSTER.yaml, or a shipped example: philly, openb, openb-small"
 
 
 def _config(

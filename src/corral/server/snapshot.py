@@ -19,6 +19,7 @@ from corral.db.models import Attempt, Group, Job, Node, UsageLedger, User
 from corral.scheduler import types as st
 from corral.server.specview import read_spec
 from corral.services.lifecycle import AttemptState, JobState
+from corral.services.nodes import scheduler_node
 
 USAGE_HALF_LIFE_S = 7 * 24 * 3600.0  # fair share forgets half of past usage every week
 LIVE_JOB_STATES = (JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING, JobState.PREEMPTED)
@@ -153,29 +154,6 @@ def build_snapshot(state: ClusterState, now: float, half_life_s: float = USAGE_H
     )
 
 
-def _node(row: Node) -> st.Node:
-    return st.Node(
-        name=row.name,
-        cpus=row.cpus,
-        memory_mib=row.memory_mib,
-        gpus=tuple(
-            st.GPU(
-                index=g.index,
-                uuid=g.uuid,
-                model=g.model,
-                memory_mib=g.memory_mib,
-                topology_group=g.topology_group,
-                healthy=g.healthy,
-            )
-            for g in row.gpus
-        ),
-        labels=dict(row.labels or {}),
-        state=st.NodeState(row.state)
-        if row.state in st.NodeState._value2member_map_
-        else st.NodeState.UNKNOWN,
-    )
-
-
 _JOB_COLUMNS = (
     Job.id,
     Job.user_id,
@@ -241,7 +219,7 @@ def read_cluster_state(session: Session) -> ClusterState:
     ).all()
     ledger = session.scalars(select(UsageLedger)).all()
     return ClusterState(
-        nodes=tuple(_node(n) for n in nodes),
+        nodes=tuple(scheduler_node(n) for n in nodes),
         groups=tuple(
             GroupRecord(
                 name=g.name,

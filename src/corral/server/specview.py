@@ -1,65 +1,24 @@
 """A read-only view of a stored job spec (the `Job.spec` JSON) for the control loops.
 
-The API validates specs with `corral.spec` before storing them; the loops only need the task list,
-resources, command, env and runtime limit. This view reads both spec shapes the API may store
-(`tasks` as a mapping role -> task, or as a list of tasks with a `name`/`role`) and both memory forms
-(`memory_mib: 2048` or `memory: "2GiB"`), so the loops do not depend on the model's internals.
+The API stores specs it validated with `corral.spec.JobSpecV1`; the loops re-read them through
+the same model (one parser for sizes and durations) and keep only what they need: the tasks in
+rank order with their resources, command and env, the job's env, runtime limit, environment and
+stop grace. Views are cached by the spec's JSON text, since a stored spec never changes and the
+schedule loop reads every queued job's spec each cycle.
 """
 
 from __future__ import annotations
 
-import re
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from corral.scheduler.types import Resources
+from corral.spec import JobSpecV1, parse_duration_s
 
-_UNITS = {
-    "": 1 / (1024 * 1024),
-    "b": 1 / (1024 * 1024),
-    "k": 1 / 1024,
-    "kb": 1 / 1024,
-    "ki": 1 / 1024,
-    "kib": 1 / 1024,
-    "m": 1,
-    "mb": 1,
-    "mi": 1,
-    "mib": 1,
-    "g": 1024,
-    "gb": 1024,
-    "gi": 1024,
-    "gib": 1024,
-    "t": 1024 * 1024,
-    "tb": 1024 * 1024,
-    "ti": 1024 * 1024,
-    "tib": 1024 * 1024,
-}
-_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
-
-
-def memory_mib(value: Any, default: int = 1024) -> int:
-    """`2048` (MiB), `"2GiB"`, `"512Mi"` -> MiB."""
-    if value is None:
-        return default
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return int(value)
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(value))
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"cannot read memory size {value!r}; write e.g. 2048 (MiB) or '4GiB'")
-    return max(1, int(float(match.group(1)) * _UNITS[match.group(2).lower()]))
-
-
-def duration_s(value: Any) -> float | None:
-    """`3600`, `"6h"`, `"30m"`, `"90s"` -> seconds; None stays None."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(value))
-    if not match or match.group(2).lower() not in _DURATION_UNITS:
-        raise ValueError(f"cannot read duration {value!r}; write e.g. 3600, '90m' or '6h'")
-    return float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
+DEFAULT_STOP_GRACE_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,42 +43,28 @@ class SpecView:
         return sum(t.instances for t in self.tasks)
 
 
-def _resources(raw: Mapping[str, Any]) -> Resources:
-    mem = raw.get("memory_mib", raw.get("memory"))
-    model = raw.get("gpu_model")
-    return Resources(
-        gpus=int(raw.get("gpus", 0) or 0),
-        gpu_model=str(model) if model else None,
-        cpus=float(raw.get("cpus", 1.0) or 1.0),
-        memory_mib=memory_mib(mem),
-    )
-
-
-def _task(role: str, raw: Mapping[str, Any]) -> TaskView:
-    env = raw.get("env") or {}
-    return TaskView(
-        role=role,
-        instances=int(raw.get("instances", 1) or 1),
-        resources=_resources(raw.get("resources") or {}),
-        command=str(raw.get("command", "")),
-        env={str(k): str(v) for k, v in env.items()},
-    )
-
-
 def read_spec(spec: Mapping[str, Any]) -> SpecView:
-    raw_tasks = spec.get("tasks") or {}
-    if isinstance(raw_tasks, Mapping):
-        tasks = tuple(_task(str(role), t or {}) for role, t in raw_tasks.items())
-    else:
-        tasks = tuple(
-            _task(str(t.get("role") or t.get("name") or f"task{i}"), t) for i, t in enumerate(raw_tasks)
+    return _view(json.dumps(spec, sort_keys=True))
+
+
+@lru_cache(maxsize=8192)
+def _view(spec_json: str) -> SpecView:
+    model = JobSpecV1.model_validate_json(spec_json)
+    tasks = tuple(
+        TaskView(
+            role=role,
+            instances=task.instances,
+            resources=task.resources.to_scheduler(),
+            command=task.command,
+            env=dict(task.env),
         )
-    env = spec.get("env") or {}
-    grace = spec.get("stop_grace", spec.get("stop_grace_s"))
+        for role, task in model.tasks.items()
+    )
+    grace = parse_duration_s(model.stop_grace) if model.stop_grace else DEFAULT_STOP_GRACE_S
     return SpecView(
         tasks=tasks,
-        env={str(k): str(v) for k, v in env.items()},
-        max_runtime_s=duration_s(spec.get("max_runtime", spec.get("max_runtime_s"))),
-        environment=str(spec.get("environment") or "default"),
-        stop_grace_s=duration_s(grace) or 10.0,
+        env=dict(model.env),
+        max_runtime_s=model.max_runtime_s,
+        environment=model.environment,
+        stop_grace_s=grace,
     )

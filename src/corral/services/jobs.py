@@ -27,6 +27,7 @@ from corral.scheduler import types as st
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
 from corral.services.lifecycle import JobState, transition
+from corral.services.nodes import scheduler_node
 from corral.spec import JobSpecV1
 
 SORT_COLUMNS: dict[str, Any] = {
@@ -54,29 +55,7 @@ class JobFilter:
 
 def scheduler_nodes(session: Session) -> list[st.Node]:
     nodes = session.scalars(select(Node).options(selectinload(Node.gpus)).order_by(Node.name)).all()
-    return [
-        st.Node(
-            name=n.name,
-            cpus=n.cpus,
-            memory_mib=n.memory_mib,
-            gpus=tuple(
-                st.GPU(
-                    index=g.index,
-                    uuid=g.uuid,
-                    model=g.model,
-                    memory_mib=g.memory_mib,
-                    topology_group=g.topology_group,
-                    healthy=g.healthy,
-                )
-                for g in n.gpus
-            ),
-            labels=dict(n.labels or {}),
-            state=st.NodeState(n.state)
-            if n.state in st.NodeState._value2member_map_
-            else st.NodeState.UNKNOWN,
-        )
-        for n in nodes
-    ]
+    return [scheduler_node(n) for n in nodes]
 
 
 _nodes_cache: dict[int, tuple[float, tuple[Any, ...], list[st.Node]]] = {}

@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from corral.db.models import GpuClaim, Job, Node
+from corral.scheduler import types as st
 from corral.services.errors import NotFound
 
 ADMIN_ACTIONS = {"cordon": "cordoned", "drain": "draining", "uncordon": "none"}
@@ -67,3 +68,28 @@ def cluster_summary(session: Session) -> dict[str, Any]:
         "nodes": dict(Counter(n.state for n in nodes)),
         "jobs": jobs,
     }
+
+
+def scheduler_node(row: Node) -> st.Node:
+    """A node row (with its GPUs loaded) as the scheduler sees it; an unknown state string from an
+    older row reads as UNKNOWN, which the scheduler never places on."""
+    return st.Node(
+        name=row.name,
+        cpus=row.cpus,
+        memory_mib=row.memory_mib,
+        gpus=tuple(
+            st.GPU(
+                index=g.index,
+                uuid=g.uuid,
+                model=g.model,
+                memory_mib=g.memory_mib,
+                topology_group=g.topology_group,
+                healthy=g.healthy,
+            )
+            for g in row.gpus
+        ),
+        labels=dict(row.labels or {}),
+        state=st.NodeState(row.state)
+        if row.state in st.NodeState._value2member_map_
+        else st.NodeState.UNKNOWN,
+    )
