@@ -247,6 +247,29 @@ def test_cancel_in_every_state(world: World) -> None:
     assert world.client.post(f"{JOBS}/999999/cancel", headers=world.as_("admin")).status_code == 404
 
 
+def test_runtime_estimate_comes_from_the_users_earlier_runs(world: World) -> None:
+    with world.session_factory() as db:
+        add_node(db, "n1")
+        db.commit()
+    spec = {**SIMPLE_JOB, "name": "resnet", "max_runtime": "2h"}
+    first = int(submit(world, "alice", spec).json()["id"])
+    with world.session_factory() as db:
+        assert db.get(Job, first).runtime_estimate_s == 7200  # type: ignore[union-attr]  # no history
+        second = int(submit(world, "alice", spec).json()["id"])
+        for job_id, seconds, gpu in ((first, 600.0, 0), (second, 900.0, 1)):
+            attempt = make_running(db, job_id, gpu_indices=(gpu,))
+            attempt.state, attempt.ended_at = "succeeded", attempt.started_at + seconds
+            db.get(Job, job_id).state = "succeeded"  # type: ignore[union-attr]
+            db.commit()
+    third = int(submit(world, "alice", spec).json()["id"])
+    other_user = int(submit(world, "bob", spec).json()["id"])
+    other_name = int(submit(world, "alice", {**spec, "name": "bert"}).json()["id"])
+    with world.session_factory() as db:
+        assert db.get(Job, third).runtime_estimate_s == pytest.approx(750.0)  # type: ignore[union-attr]
+        assert db.get(Job, other_user).runtime_estimate_s == 7200  # type: ignore[union-attr]
+        assert db.get(Job, other_name).runtime_estimate_s == 7200  # type: ignore[union-attr]
+
+
 def test_job_detail_has_attempts_events_and_diagnosis(world: World) -> None:
     with world.session_factory() as db:
         add_node(db, "n1")

@@ -114,6 +114,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # its per-plugin INFO lines drown the banner
     if demo:
         from corral.server.demo import demo_settings
 

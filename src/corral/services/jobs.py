@@ -13,6 +13,7 @@ Cancel contract (shared with the reconciler in corral.server):
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,12 +22,12 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, false, func, or_, select, union_all
 from sqlalchemy.orm import Session, joinedload, selectinload
 
-from corral.db.models import Gpu, Group, Job, JobEvent, Node, User
+from corral.db.models import Attempt, Gpu, Group, Job, JobEvent, Node, User
 from corral.scheduler import Profile, check_fits_anywhere
 from corral.scheduler import types as st
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
-from corral.services.lifecycle import JobState, transition
+from corral.services.lifecycle import AttemptState, JobState, transition
 from corral.services.nodes import scheduler_node
 from corral.spec import JobSpecV1
 
@@ -119,6 +120,34 @@ def resolve_group(session: Session, principal: Principal, name: str | None) -> G
     return group
 
 
+HISTORY_RUNS = 10  # how many recent successful runs of the same job name an estimate looks at
+
+
+def runtime_estimate_s(session: Session, user_id: int, spec: JobSpecV1) -> float | None:
+    """How long this job will likely run, for the scheduler's estimated starts and backfill: the
+    median of the user's last successful runs of a job with the same name (people resubmit the
+    same training many times), capped by `max_runtime`; else `max_runtime`; else unknown."""
+    rows = session.execute(
+        select(Attempt.started_at, Attempt.ended_at)
+        .join(Job, Job.id == Attempt.job_id)
+        .where(
+            Job.user_id == user_id,
+            Job.name == spec.name,
+            Attempt.state == AttemptState.SUCCEEDED.value,
+            Attempt.started_at.is_not(None),
+            Attempt.ended_at.is_not(None),
+        )
+        .order_by(Attempt.id.desc())
+        .limit(HISTORY_RUNS)
+    ).all()
+    durations = [end - start for start, end in rows if start is not None and end is not None and end >= start]
+    limit = spec.max_runtime_s
+    if not durations:
+        return limit
+    typical = statistics.median(durations)
+    return min(typical, limit) if limit is not None else typical
+
+
 def submit_job(
     session: Session, principal: Principal, spec: JobSpecV1, profile: Profile, *, now: float | None = None
 ) -> Job:
@@ -139,7 +168,7 @@ def submit_job(
         spec=stored,
         max_retries=spec.retries,
         attempt_count=0,
-        runtime_estimate_s=spec.max_runtime_s,
+        runtime_estimate_s=runtime_estimate_s(session, principal.user_id, spec),
         submitted_at=now,
         updated_at=now,
         cancel_requested=False,
