@@ -1,195 +1,373 @@
-"""Submit -> running latency and completed jobs per second, Corral vs plain `subprocess`.
+"""Submit -> running latency and completed jobs/s: Corral's engines next to their floors, one run.
 
-Starts a real Corral server (temp home, SQLite unless --database-url, the local engine), submits
-N trivial jobs (`true`, 0.01 CPU, 16 MiB) through the REST API at a steady rate, and measures for
-each job the time from just before its POST to the moment its process started (the attempt's
-`started_at` reported by the engine), and jobs completed per second (N over first submit to last
-finish). Then it starts the same commands with plain `subprocess.Popen` at the same rate: the floor.
+Same trivial job everywhere (`date +%s.%N`, 0.01 CPU, 16 MiB), submitted at a steady rate, to:
+corral (real server, local engine, sandboxed: the default), unsandboxed (CORRAL_ISOLATION=false),
+subprocess (plain Popen: the floor), and with --engine slurm, on a 3-node Slurm cluster started here,
+slurm (Corral with CORRAL_ENGINE=slurm, via its API) and sbatch (Slurm's own `sbatch --wrap`).
+submit = just before the POST/Popen/sbatch; running = the time the command printed (read back from
+its log): one clock for all columns. The engine's `started_at` is taken before the sandbox is built,
+so `started_at -> running` p50, sandboxed minus unsandboxed, is the sandbox's cost per job start.
+jobs/s = jobs / (first submit -> last end); Slurm ends are first-seen by one `squeue --json` poller
+(0.1 s; Slurm's own times are whole seconds), after a few uncounted sbatch jobs warm slurmctld up.
 
-    python bench/job_latency.py [--jobs 500] [--rate 60] [--engine local|slurm] [--no-isolation]
+    python bench/job_latency.py [--jobs 500] [--rate 60] [--engine local|slurm] [--slurm-jobs 40]
 
-The last line is one JSON object: submit_to_running_p50_ms, submit_to_running_p99_ms, jobs_per_s
-and the same keys prefixed `baseline_`. Targets: p99 < 300 ms, >= 50 jobs/s completed.
+Last line: one JSON object, submit_to_running_p50_ms/_p99_ms and jobs_per_s (sandboxed local engine),
+the same prefixed baseline_ (subprocess), unsandboxed_, slurm_, sbatch_; sandbox_cost_per_start_ms.
+Targets (issue 4): p99 < 300 ms, >= 50 jobs/s.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
-import statistics
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-import httpx
+ROOT = Path(__file__).resolve().parents[1]
+for extra in (ROOT, ROOT / "src"):  # corral (src layout) and the Slurm harness under tests/
+    if str(extra) not in sys.path:
+        sys.path.insert(0, str(extra))
 
-COMMAND = "true"
+from corral.server.launcher import CorralServer, start_server  # noqa: E402
+
+COMMAND = "date +%s.%N"
 SPEC = {"cpus": 0.01, "memory": "16MiB", "gpus": 0}
+LIVE = "queued,scheduled,starting,running,preempted"
+SLURM_ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+T = TypeVar("T")
 
 
 @dataclass
 class Result:
-    latencies_s: list[float]
-    jobs_per_s: float
-    wall_s: float
+    latencies_s: list[float] = field(default_factory=list)  # submit -> the command's own clock
+    start_cost_s: list[float] = field(default_factory=list)  # engine started_at -> command (local)
+    jobs_per_s: float = 0.0
     failed: int = 0
 
+    def finish(self, first: float, ends: list[float]) -> Result:
+        self.jobs_per_s = len(self.latencies_s) / max(1e-9, max(ends, default=first) - first)
+        return self
 
-def percentile(values: list[float], q: float) -> float:
+
+def ms(values: list[float], q: float) -> float | None:
+    """The q-th percentile in ms; None (JSON null) when nothing was measured."""
     ordered = sorted(values)
     if not ordered:
-        return float("nan")
-    k = max(0, min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1))))
-    return ordered[k]
+        return None
+    return round(1000 * ordered[max(0, min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1))))], 2)
 
 
-def paced(n: int, rate: float, fn: Any, workers: int = 8) -> list[Any]:
-    """Call fn(i, planned_time) for i in range(n), the i-th at start + i / rate (rate 0: at once)."""
+def printed_time(text: str) -> float | None:
+    """The time `date +%s.%N` printed, or None when the log holds no such line."""
+    try:
+        return float(text.split()[0])
+    except (IndexError, ValueError):
+        return None
+
+
+def paced(n: int, rate: float, fn: Callable[[int], T], workers: int = 8) -> list[T]:
+    """Call fn(i) for i in range(n), the i-th at start + i / rate (rate 0: all at once)."""
     start = time.time() + 0.05
     with ThreadPoolExecutor(workers) as pool:
         futures = []
         for i in range(n):
-            planned = start + (i / rate if rate > 0 else 0.0)
-            delay = planned - time.time()
+            delay = start + (i / rate if rate > 0 else 0.0) - time.time()
             if delay > 0:
                 time.sleep(delay)
-            futures.append(pool.submit(fn, i, planned))
+            futures.append(pool.submit(fn, i))
         return [f.result() for f in futures]
 
 
-def run_corral(args: argparse.Namespace) -> Result:
-    from corral.server.launcher import start_server
+# ---- Corral through its REST API ---------------------------------------------------------------------
+def submit_jobs(srv: CorralServer, n: int, rate: float, tag: str) -> list[tuple[int, float]]:
+    """POST n trivial jobs at `rate`/s; [(job id, time just before its POST)]."""
+    local = threading.local()
 
-    env = {"CORRAL_LOG_LEVEL": "INFO"}
-    if args.no_isolation:
-        env["CORRAL_ISOLATION"] = "false"
-    if args.engine != "local":
-        raise SystemExit(f"--engine {args.engine}: not supported by this benchmark yet (use local)")
-    home = Path(tempfile.mkdtemp(prefix="corral-bench-"))
-    srv = start_server(home / "home", database_url=args.database_url, virtual_gpus=0, extra_env=env)
+    def submit(i: int) -> tuple[int, float]:
+        if not hasattr(local, "client"):
+            local.client = srv.client(timeout=30.0)
+        spec = {"name": f"bench-{tag}-{i}", "tasks": {"main": {"command": COMMAND, "resources": SPEC}}}
+        t0 = time.time()
+        r = local.client.post("/api/v1/jobs", json=spec)
+        if r.status_code != 201:
+            raise RuntimeError(f"submit of job {i} refused: {r.status_code} {r.text}")
+        return int(r.json()["id"]), t0
+
+    return paced(n, rate, submit)
+
+
+def finished_jobs(srv: CorralServer, ids: list[int], timeout_s: float) -> list[tuple[dict[str, Any], str]]:
+    """Wait until no job is live any more, then read every job and its log back."""
+    with srv.client(timeout=30.0) as c:
+        deadline = time.time() + timeout_s
+        while c.get("/api/v1/jobs", params={"state": LIVE, "limit": 1}).json()["total"] > 0:
+            if time.time() > deadline:
+                raise TimeoutError(f"jobs still live after {timeout_s} s")
+            time.sleep(0.2)
+        out = []
+        for job_id in ids:
+            logs = c.get(f"/api/v1/jobs/{job_id}/logs")
+            out.append(
+                (c.get(f"/api/v1/jobs/{job_id}").json(), logs.json()["data"] if logs.is_success else "")
+            )
+        return out
+
+
+def run_corral(
+    label: str, args: argparse.Namespace, env: Mapping[str, str], watcher: dict[str, float] | None = None
+) -> Result:
+    """One server with `env`: submit, wait, read back. End times from the engine or from `watcher`."""
+    n, rate = (args.slurm_jobs, args.slurm_rate) if watcher else (args.jobs, args.rate)
+    srv = start_server(
+        Path(tempfile.mkdtemp(prefix=f"corral-bench-{label}-")) / "home",
+        database_url=args.database_url,
+        virtual_gpus=0,
+        extra_env={"CORRAL_LOG_LEVEL": "WARNING", **env},
+    )
     try:
-        local = threading.local()
-
-        def client() -> httpx.Client:
-            if not hasattr(local, "c"):
-                local.c = srv.client(timeout=30.0)
-            return local.c
-
-        def submit(i: int, _planned: float) -> tuple[int, float]:
-            spec = {"name": f"bench-{i}", "tasks": {"main": {"command": COMMAND, "resources": SPEC}}}
-            t0 = time.time()
-            r = client().post("/api/v1/jobs", json=spec)
-            r.raise_for_status()
-            return int(r.json()["id"]), t0
-
-        submitted = paced(args.jobs, args.rate, submit)
-        first = min(t for _, t in submitted)
-        with srv.client(timeout=30.0) as c:
-            deadline = time.time() + args.timeout
-            while time.time() < deadline:
-                r = c.get("/api/v1/jobs", params={"state": "queued,scheduled,starting,running", "limit": 1})
-                if r.json()["total"] == 0:
-                    break
-                time.sleep(0.2)
-            jobs = [c.get(f"/api/v1/jobs/{job_id}").json() for job_id, _ in submitted]
-        latencies, failed, last_end = [], 0, first
-        for (_, t0), job in zip(submitted, jobs, strict=True):
-            attempt = job["attempts"][-1] if job["attempts"] else None
-            if job["state"] != "succeeded" or attempt is None or attempt["started_at"] is None:
-                failed += 1
-                continue
-            latencies.append(attempt["started_at"] - t0)
-            last_end = max(last_end, job["finished_at"] or attempt["ended_at"])
-        done = args.jobs - failed
-        import psutil
-
-        cpu = psutil.Process(srv.pid).cpu_times()
-        print(
-            f"corral server process CPU: {cpu.user + cpu.system:.1f} s "
-            f"({1000 * (cpu.user + cpu.system) / args.jobs:.1f} ms per job)"
-        )
-        return Result(latencies, done / max(1e-9, last_end - first), last_end - first, failed)
+        submitted = submit_jobs(srv, n, rate, label)
+        jobs = finished_jobs(srv, [job_id for job_id, _ in submitted], args.timeout)
     finally:
         srv.stop()
-        print("\n".join(line.split(": ", 1)[-1] for line in srv.log_text().splitlines() if ": loop " in line))
-        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(srv.home.parent, ignore_errors=True)
+    res, ends = Result(), []
+    for (_, t0), (job, log) in zip(submitted, jobs, strict=True):
+        ran = printed_time(log)
+        attempt = job["attempts"][-1] if job["attempts"] else None
+        if job["state"] != "succeeded" or attempt is None or ran is None:
+            res.failed += 1
+            continue
+        res.latencies_s.append(ran - t0)
+        if watcher is not None:  # the Slurm engine names each Slurm job corral-<job id>.<attempt>
+            ends.append(wait_ended(watcher, f"corral-{job['id']}.{attempt['number']}", args.timeout))
+        else:
+            res.start_cost_s.append(ran - attempt["started_at"])
+            ends.append(job["finished_at"] or attempt["ended_at"])
+    return res.finish(min(t0 for _, t0 in submitted), ends)
 
 
 def run_baseline(args: argparse.Namespace) -> Result:
-    ends: list[float] = []
+    done: list[tuple[float, float, float | None]] = []  # (submit, reaped, printed time)
     lock = threading.Lock()
 
-    def start(_i: int, _planned: float) -> float:
+    def start(_i: int) -> None:
         t0 = time.time()
-        proc = subprocess.Popen(["/bin/sh", "-c", COMMAND])
-        started = time.time()
+        proc = subprocess.Popen(["/bin/sh", "-c", COMMAND], stdout=subprocess.PIPE, text=True)
 
         def reap() -> None:
-            proc.wait()
+            out, _ = proc.communicate()
             with lock:
-                ends.append(time.time())
+                done.append((t0, time.time(), printed_time(out)))
 
         threading.Thread(target=reap, daemon=True).start()
-        return started - t0
 
     first = time.time()
-    latencies = paced(args.jobs, args.rate, start)
-    while len(ends) < args.jobs:
+    paced(args.jobs, args.rate, start)
+    while len(done) < args.jobs:
         time.sleep(0.01)
-    wall = max(ends) - first
-    return Result(latencies, args.jobs / wall, wall)
+    res = Result(latencies_s=[ran - t0 for t0, _, ran in done if ran is not None])
+    res.failed = args.jobs - len(res.latencies_s)
+    return res.finish(first, [end for _, end, _ in done])
+
+
+# ---- Slurm -------------------------------------------------------------------------------------------
+@contextmanager
+def squeue_watcher(env: Mapping[str, str], interval_s: float = 0.1) -> Iterator[dict[str, float]]:
+    """A thread polling `squeue --json --states=all`; yields {job name: when first seen ended}.
+    Both Slurm columns are timed by it, the same way."""
+    ended: dict[str, float] = {}
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(interval_s):
+            out = subprocess.run(
+                ["squeue", "--json", "--states=all"], env=env, capture_output=True, text=True
+            )
+            if out.returncode != 0:
+                continue  # a slow controller: try again next round
+            now = time.time()
+            for job in json.loads(out.stdout).get("jobs", []):
+                state = job["job_state"]
+                if (state[0] if isinstance(state, list) else state) in SLURM_ENDED:
+                    ended.setdefault(job["name"], now)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield ended
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def wait_ended(ended: dict[str, float], name: str, timeout_s: float) -> float:
+    deadline = time.time() + timeout_s
+    while name not in ended:
+        if time.time() > deadline:
+            raise TimeoutError(f"Slurm job {name} not seen finished after {timeout_s} s")
+        time.sleep(0.05)
+    return ended[name]
+
+
+def run_sbatch(
+    args: argparse.Namespace, cluster: Any, ended: dict[str, float], tag: str = "sbatch"
+) -> Result:
+    """The same command as plain sbatch jobs, with the requests the Slurm engine makes."""
+    nodes, out_dir = cluster.node_names, cluster.base / "out"
+
+    def submit(i: int) -> tuple[str, float]:
+        name = f"{tag}-{i}"
+        t0 = time.time()
+        subprocess.run(
+            [
+                *("sbatch", "--parsable", f"--job-name={name}", f"--nodelist={nodes[i % len(nodes)]}"),
+                *("--ntasks=1", "--cpus-per-task=1", "--mem=16M", "--no-requeue", "--export=ALL"),
+                *(f"--output={out_dir}/{name}.out", f"--wrap={COMMAND}"),
+            ],
+            env=cluster.env,
+            capture_output=True,
+            check=True,
+        )
+        return name, t0
+
+    submitted = paced(args.slurm_jobs, args.slurm_rate, submit)
+    res = Result()
+    ends = [wait_ended(ended, name, args.timeout) for name, _ in submitted]
+    for name, t0 in submitted:
+        out = out_dir / f"{name}.out"
+        ran = printed_time(out.read_text()) if out.exists() else None
+        if ran is None:
+            res.failed += 1
+        else:
+            res.latencies_s.append(ran - t0)
+    return res.finish(min(t0 for _, t0 in submitted), ends)
+
+
+def run_slurm(args: argparse.Namespace) -> dict[str, Result]:
+    from tests.slurm.harness import SlurmCluster, missing_binaries
+
+    missing = missing_binaries()
+    if missing:
+        raise SystemExit(f"--engine slurm needs these Slurm/munge programs: {', '.join(missing)}")
+    with SlurmCluster() as cluster:
+        print(f"slurm: {len(cluster.node_names)} nodes up in {cluster.started_in_s:.1f} s", flush=True)
+        # the harness's nodes have GPUs; Corral on Slurm keeps GPU nodes for GPU work by default
+        env = {
+            "CORRAL_ENGINE": "slurm",
+            "CORRAL_SLURM_CONF": str(cluster.conf),
+            "CORRAL_CPU_JOBS_ON_GPU_NODES": "true",
+        }
+        with squeue_watcher(cluster.env) as ended:
+            # not counted: the first jobs after slurmctld starts were ~2 s slower (bench/slurm_latency.py)
+            run_sbatch(argparse.Namespace(**{**vars(args), "slurm_jobs": 3}), cluster, ended, "warmup")
+            sbatch = run_sbatch(args, cluster, ended)
+            slurm = run_corral("slurm", args, env, ended)
+    return {"slurm": slurm, "sbatch": sbatch}
+
+
+# ---- report ------------------------------------------------------------------------------------------
+COLUMNS = {"": "corral", "unsandboxed_": "unsandboxed", "baseline_": "subprocess", "slurm_": "slurm"}
+COLUMNS["sbatch_"] = "sbatch"
+RATIOS = {"corral/subprocess": ("", "baseline_"), "corral/unsandboxed": ("", "unsandboxed_")}
+ROWS = ("submit_to_running_p50_ms", "submit_to_running_p99_ms", "jobs_per_s")
+
+
+def figures(results: Mapping[str, Result], args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {k: getattr(args, k) for k in ("jobs", "rate", "cpus", "engine")}
+    for prefix, res in results.items():
+        out[f"{prefix}submit_to_running_p50_ms"] = ms(res.latencies_s, 50)
+        out[f"{prefix}submit_to_running_p99_ms"] = ms(res.latencies_s, 99)
+        out[f"{prefix}jobs_per_s"] = round(res.jobs_per_s, 2)
+        out[f"{prefix}failed"] = res.failed
+        if prefix in ("", "unsandboxed_"):
+            out[f"{prefix}engine_start_to_running_p50_ms"] = ms(res.start_cost_s, 50)
+    sandboxed, plain = (
+        out["engine_start_to_running_p50_ms"],
+        out["unsandboxed_engine_start_to_running_p50_ms"],
+    )
+    out["sandbox_cost_per_start_ms"] = round(sandboxed - plain, 2) if sandboxed and plain else None
+    if "slurm_" in results:
+        out.update(slurm_jobs=args.slurm_jobs, slurm_rate=args.slurm_rate)
+    out["load_avg_1m_start"], out["load_avg_1m"] = args.load_at_start, round(os.getloadavg()[0], 2)
+    return out
+
+
+def cell(value: float | None, width: int = 12) -> str:
+    return f"{value:>{width}.2f}" if value is not None else f"{'-':>{width}}"
+
+
+def print_table(out: Mapping[str, Any], prefixes: list[str]) -> None:
+    ratios = {**RATIOS, "slurm/sbatch": ("slurm_", "sbatch_")} if "slurm_" in prefixes else RATIOS
+    print(f"\n{'':26}" + "".join(f"{COLUMNS[p]:>12}" for p in prefixes) + "".join(f"{r:>19}" for r in ratios))
+    for key in ROWS:
+        cells = "".join(cell(out[p + key]) for p in prefixes)
+        quotients = [(out[a + key], out[b + key]) for a, b in ratios.values()]
+        print(
+            f"{key:26}{cells}"
+            + "".join(cell(x / y if x is not None and y else None, 19) for x, y in quotients)
+        )
+    print(
+        f"engine started_at -> running p50: sandboxed {cell(out['engine_start_to_running_p50_ms'], 0)} ms, "
+        f"unsandboxed {cell(out['unsandboxed_engine_start_to_running_p50_ms'], 0)} ms; "
+        f"sandbox cost per job start {cell(out['sandbox_cost_per_start_ms'], 0)} ms; failed: "
+        + ", ".join(f"{COLUMNS[p]} {out[p + 'failed']}" for p in prefixes)
+    )
+    print(
+        f"targets: p99 < 300 ms, >= 50 jobs/s; load average (1 min) {out['load_avg_1m_start']} at the start, "
+        f"{out['load_avg_1m']} at the end (the bench's own jobs count)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--jobs", type=int, default=500)
-    parser.add_argument("--rate", type=float, default=60.0, help="submissions per second (0: all at once)")
-    parser.add_argument("--engine", choices=("local", "slurm"), default="local")
-    parser.add_argument("--no-isolation", action="store_true", help="run jobs without sandbox/cgroups")
-    parser.add_argument("--database-url", default=None, help="default: SQLite in a temp home")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for all jobs")
-    args = parser.parse_args(argv)
-    if args.jobs < 1:
-        parser.error("--jobs must be at least 1")
-
-    corral = run_corral(args)
-    base = run_baseline(args)
-    out: dict[str, Any] = {
-        "jobs": args.jobs,
-        "rate": args.rate,
-        "engine": args.engine,
-        "isolation": not args.no_isolation,
-        "failed": corral.failed,
-    }
-    for prefix, res in (("", corral), ("baseline_", base)):
-        out[f"{prefix}submit_to_running_p50_ms"] = round(1000 * statistics.median(res.latencies_s), 2)
-        out[f"{prefix}submit_to_running_p99_ms"] = round(1000 * percentile(res.latencies_s, 99), 2)
-        out[f"{prefix}jobs_per_s"] = round(res.jobs_per_s, 2)
-    print(f"{'':24}{'corral':>12}{'subprocess':>12}{'ratio':>8}")
-    for key, label in (
-        ("submit_to_running_p50_ms", "submit->running p50 ms"),
-        ("submit_to_running_p99_ms", "submit->running p99 ms"),
-        ("jobs_per_s", "jobs/s completed"),
-    ):
-        a, b = out[key], out[f"baseline_{key}"]
-        print(f"{label:24}{a:>12.2f}{b:>12.2f}{(a / b if b else float('nan')):>8.1f}")
-    print(
-        f"corral: {args.jobs - corral.failed}/{args.jobs} succeeded in {corral.wall_s:.1f} s; "
-        f"targets: p99 < 300 ms, >= 50 jobs/s"
+    add = parser.add_argument
+    add("--jobs", type=int, default=500, help="jobs per local column (default 500)")
+    add("--rate", type=float, default=60.0, help="submissions per second (0: all at once)")
+    add(
+        "--engine",
+        choices=("local", "slurm"),
+        default="local",
+        help="slurm: also the slurm and sbatch columns",
     )
+    add("--slurm-jobs", type=int, default=40, help="jobs per Slurm column (default 40)")
+    add("--slurm-rate", type=float, default=5.0, help="Slurm submissions per second (default 5)")
+    add("--cpus", type=float, default=0.01, help="CPUs each job asks (default 0.01)")
+    add("--database-url", default=None, help="default: SQLite in a temp home")
+    add("--timeout", type=float, default=300.0, help="seconds to wait for all jobs")
+    args = parser.parse_args(argv)
+    if args.jobs < 1 or args.slurm_jobs < 1 or args.rate < 0 or args.slurm_rate < 0 or args.cpus <= 0:
+        parser.error("--jobs and --slurm-jobs must be >= 1, --rate and --slurm-rate >= 0, --cpus > 0")
+    SPEC["cpus"] = args.cpus
+    args.load_at_start = round(os.getloadavg()[0], 2)  # the box is shared: note what else ran
+    # Ctrl-C and SIGTERM unwind through every `finally` (servers, Slurm daemons), also when a
+    # shell started us in the background with SIGINT ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    results = {"": run_corral("sandboxed", args, {})}
+    results["unsandboxed_"] = run_corral("unsandboxed", args, {"CORRAL_ISOLATION": "false"})
+    results["baseline_"] = run_baseline(args)
+    if args.engine == "slurm":
+        results.update({f"{k}_": v for k, v in run_slurm(args).items()})
+    out = figures(results, args)
+    print_table(out, list(results))
     print(json.dumps(out))
-    return 0 if corral.failed == 0 else 1
+    return 0 if all(r.failed == 0 for r in results.values()) else 1
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     sys.exit(main())

@@ -44,7 +44,7 @@ class SpecView:
 
 
 def read_spec(spec: Mapping[str, Any]) -> SpecView:
-    return _view(json.dumps(spec, sort_keys=True))
+    return _view(json.dumps(spec))  # key order kept: task order is rank order
 
 
 @lru_cache(maxsize=8192)

@@ -74,12 +74,12 @@ class ClusterSpec:
 
     def with_private_quota(self, group: Group) -> ClusterSpec:
         """A private cluster just for `group`: its guaranteed GPUs of each model, rounded up to
-        whole nodes of the pool with that model (GPUs of any model come from the first pool)."""
+        whole nodes of the pool with that model (GPUs of any model come from the largest pool)."""
         pools = []
+        largest = max(range(len(self.pools)), key=lambda i: self.pools[i].count * self.pools[i].gpus_per_node)
         for i, pool in enumerate(self.pools):
-            quota = group.guaranteed.get(pool.gpu_model, 0) + (
-                group.guaranteed.get(ANY_MODEL, 0) if i == 0 else 0
-            )
+            any_model = group.guaranteed.get(ANY_MODEL, 0) if i == largest else 0
+            quota = group.guaranteed.get(pool.gpu_model, 0) + any_model
             if quota > 0 and pool.gpus_per_node:
                 count = -(-quota // pool.gpus_per_node)
                 pools.append(dataclasses.replace(pool, count=count))
