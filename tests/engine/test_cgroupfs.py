@@ -71,7 +71,9 @@ def test_v1_limits_devices_and_oom(tmp_path: Path) -> None:
     cg = cgroupfs.create_instance_cgroup(root, 1, "corral", "7.2/1", 256, 0.5, 64, [(195, 3), (195, 255)])
     mem = root / "memory" / "corral" / "7.2" / "1"
     assert (mem / "memory.limit_in_bytes").read_text() == str(256 << 20)
-    assert (root / "cpu" / "corral" / "7.2" / "1" / "cpu.cfs_quota_us").read_text() == "50000"
+    # Fractional CPUs: a 1 s period, so the quota allows the sandbox to start without throttling.
+    assert (root / "cpu" / "corral" / "7.2" / "1" / "cpu.cfs_quota_us").read_text() == "500000"
+    assert (root / "cpu" / "corral" / "7.2" / "1" / "cpu.cfs_period_us").read_text() == "1000000"
     assert (root / "pids" / "corral" / "7.2" / "1" / "pids.max").read_text() == "64"
     # A fake tree keeps only the last write per file; the real kernel accumulates the rules.
     assert (root / "devices" / "corral" / "7.2" / "1" / "devices.allow").read_text() == "c 195:255 rw"

@@ -230,8 +230,9 @@ def test_limits_come_from_the_request(engine: LocalEngine) -> None:
     cg = Path("/sys/fs/cgroup")
     leaf = f"{engine.cgroup_parent}/{aid}/0"
     assert int((cg / "memory" / leaf / "memory.limit_in_bytes").read_text()) == 200 << 20
-    assert int((cg / "cpu" / leaf / "cpu.cfs_quota_us").read_text()) == 50_000
-    assert int((cg / "cpu" / leaf / "cpu.cfs_period_us").read_text()) == 100_000
+    # 0.5 CPU: half of each (1 s, fractional-CPU) period.
+    assert int((cg / "cpu" / leaf / "cpu.cfs_quota_us").read_text()) == 500_000
+    assert int((cg / "cpu" / leaf / "cpu.cfs_period_us").read_text()) == 1_000_000
     assert (cg / "pids" / leaf / "pids.max").read_text().strip() == str(PIDS_MAX)
     job_pids = set(job_processes(engine, aid))
     assert job_pids and job_pids <= {

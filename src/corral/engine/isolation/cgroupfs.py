@@ -26,6 +26,16 @@ if TYPE_CHECKING:
 V1_CONTROLLERS = ("memory", "cpu", "pids", "devices")
 V2_CONTROLLERS = ("memory", "cpu", "pids")
 CPU_PERIOD_US = 100_000
+# A fractional-CPU job gets a 1 s period instead: its quota is then at least 10 ms at once, which
+# covers starting the sandbox (bwrap + setpriv + sh, ~8 ms of CPU). With 100 ms, a 0.01-CPU job
+# would get 1 ms per period and need most of a second just to start; the average is the same.
+FRACTIONAL_CPU_PERIOD_US = 1_000_000
+
+
+def cpu_quota(cpus: float) -> tuple[int, int]:
+    """(quota_us, period_us) for a CPU limit of `cpus` cores."""
+    period = FRACTIONAL_CPU_PERIOD_US if cpus < 1 else CPU_PERIOD_US
+    return max(1000, int(cpus * period)), period
 SIGKILL = 9  # the same number on every Linux architecture
 DEFAULT_ROOT = "/sys/fs/cgroup"
 # Character devices every sandbox needs: mem devices (null, zero, random ...), tty/ptmx, pts.
@@ -100,8 +110,9 @@ def _create_v1(
         if os.path.exists(memsw):  # no swapping around the limit: an overrun is an OOM kill
             _write(memsw, limit)
     if cpus and cpus > 0:
-        _write(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(CPU_PERIOD_US))
-        _write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(max(1000, int(cpus * CPU_PERIOD_US))))
+        quota, period = cpu_quota(cpus)
+        _write(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(period))
+        _write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(quota))
     if pids_max:
         _write(os.path.join(dirs["pids"], "pids.max"), str(pids_max))
     if allowed_devices is not None:
@@ -137,7 +148,8 @@ def _create_v2(
         _write(os.path.join(path, "memory.max"), str(memory_mib << 20))
         _write(os.path.join(path, "memory.swap.max"), "0")
     if cpus and cpus > 0:
-        _write(os.path.join(path, "cpu.max"), f"{max(1000, int(cpus * CPU_PERIOD_US))} {CPU_PERIOD_US}")
+        quota, period = cpu_quota(cpus)
+        _write(os.path.join(path, "cpu.max"), f"{quota} {period}")
     if pids_max:
         _write(os.path.join(path, "pids.max"), str(pids_max))
     return {
