@@ -36,6 +36,8 @@ def cpu_quota(cpus: float) -> tuple[int, int]:
     """(quota_us, period_us) for a CPU limit of `cpus` cores."""
     period = FRACTIONAL_CPU_PERIOD_US if cpus < 1 else CPU_PERIOD_US
     return max(1000, int(cpus * period)), period
+
+
 SIGKILL = 9  # the same number on every Linux architecture
 DEFAULT_ROOT = "/sys/fs/cgroup"
 # Character devices every sandbox needs: mem devices (null, zero, random ...), tty/ptmx, pts.
