@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from corral.scheduler.admission import QuotaLedger, build_queue, runtime_of
-from corral.scheduler.cluster import ClusterState, cluster_shapes, shape_key
+from corral.scheduler.cluster import ClusterShapes, ClusterState, cluster_shapes, shape_key
 from corral.scheduler.diagnosis import CapacityReasons, Event, LazyDiagnoses, estimate_starts, job_models
 from corral.scheduler.placement import Placed, Placer
 from corral.scheduler.preemption import Preemptor
@@ -51,6 +51,25 @@ class JobInfo:
     sig: tuple[object, ...]  # its tasks' shape: jobs with equal shapes fit or fail alike
     widest: int  # most GPUs one instance needs
     never: tuple[Reason, ...]  # why it can never fit this cluster (empty: it could)
+    model_set: frozenset[str]  # `models` as a set (reservations are keyed by it)
+
+
+# JobInfo depends only on the job and the cluster's shapes, so it is kept across cycles while the
+# caller passes the very same Job objects and nodes tuple (the simulator and the control loop do).
+# Keyed by id(job) with the job itself kept, so a reused id can never match another job.
+_INFOS: list[tuple[ClusterShapes, dict[int, tuple[Job, JobInfo]]]] = []  # a pure cache, like _TABLES
+_INFOS_MAX = 200_000  # jobs remembered before the memo starts afresh
+
+
+def _info_memo(shapes: ClusterShapes) -> dict[int, tuple[Job, JobInfo]]:
+    for seen, memo in _INFOS:
+        if seen is shapes:
+            if len(memo) > _INFOS_MAX:
+                memo.clear()
+            return memo
+    memo = {}
+    _INFOS[:] = [*_INFOS[-1:], (shapes, memo)]
+    return memo
 
 
 def schedule(snapshot: Snapshot, now: float, rng: random.Random, profile: Profile | None = None) -> Plan:
@@ -84,6 +103,7 @@ class _Cycle:
         self.deferred: list[Job] = []
         self.no_fit: set[str] = set()  # jobs that already had their reservation/preemption turn
         self.infos: dict[str, JobInfo] = {}
+        self._info_memo = _info_memo(self.shapes)
         self._ends: tuple[int, list[Event]] | None = None  # running jobs' ends, per victim count
         self.behind_head = 0  # jobs considered while a backfill reservation stands
         self.cut_short = False  # the backfill depth stopped a pass early
@@ -164,14 +184,20 @@ class _Cycle:
     def _info(self, job: Job) -> JobInfo:
         info = self.infos.get(job.id)
         if info is None:
+            hit = self._info_memo.get(id(job))
+            if hit is not None and hit[0] is job:
+                info = self.infos[job.id] = hit[1]
+                return info
             sig = shape_key(job)
             widest = max((t.resources.gpus for t in job.tasks), default=0)
             constraints = tuple(t.resources.gpu_model for t in job.tasks if t.resources.gpus > 0)
             models = self._models_memo.get(constraints)
             if models is None:
                 models = self._models_memo[constraints] = job_models(self.st, job)
-            info = JobInfo(job.total_gpus, models, sig, widest, self.shapes.reasons(job, sig))
+            never = self.shapes.reasons(job, sig)
+            info = JobInfo(job.total_gpus, models, sig, widest, never, frozenset(models))
             self.infos[job.id] = info
+            self._info_memo[id(job)] = (job, info)
         return info
 
     def _capacity_short(self, info: JobInfo) -> bool:
@@ -300,12 +326,13 @@ class _Cycle:
         p = self.profile
         if p.head_of_line_blocking:
             self.blocker = job
-        if p.backfill and job.total_gpus > 0 and len(self.reservations) < p.max_reservations:
-            models = frozenset(self._info(job).models)
+        info = self._info(job)
+        if p.backfill and info.total > 0 and len(self.reservations) < p.max_reservations:
+            models = info.model_set
             if not any(r.models == models for r in self.reservations):
                 self._reserve(job, models)
         if p.preemption != "none":
-            victims, pledged = self.preemptor.try_for(job, self._info(job).models)
+            victims, pledged = self.preemptor.try_for(job, info.models)
             if victims:
                 if self.profile.quotas:  # the freed room is promised: count it against the quota now
                     self.ledger.charge(job, pledged)

@@ -49,6 +49,8 @@ class Preemptor:
         self._built = False
         self.victims: set[str] = set()
         self.hopeless: set[tuple[object, ...]] = set()  # memo keys with no eligible victim left
+        self._ranks: set[tuple[str, int]] | None = None  # (group, priority) of preemptible running jobs
+        self._lenders: set[str] = set()  # groups with preemptible running jobs on borrowed quota
 
     def _build(self) -> None:
         """Sort the candidates and index them, on the first search of the cycle (many cycles have
@@ -99,6 +101,27 @@ class Preemptor:
         lent = (c for c in self.borrowed if c.rj.job.group != job.group)
         return heapq.merge(own, lent, key=self.order_key)
 
+    def _may_have_victims(self, job: Job, models: tuple[str, ...]) -> bool:
+        """Cheap necessary condition for `_eligible` to yield anything (quota_priority only): a
+        preemptible running job of lower priority in the job's group, or borrowed work of another
+        group while the job is within its guarantee. Needs no sorted candidate list."""
+        if self.profile.preemption == "las":
+            return True
+        if self._ranks is None:
+            self._ranks = set()
+            for rj, _ in self.running:
+                if rj.job.preemptible:
+                    self._ranks.add((rj.job.group, int(rj.job.priority)))
+                    if rj.borrowed:
+                        self._lenders.add(rj.job.group)
+        ranks, group = self._ranks, job.group
+        if any((group, p) in ranks for p in range(int(job.priority))):
+            return True
+        ledger = self.ledger
+        if ledger is None or not self._lenders or self._lenders == {group}:
+            return False
+        return ledger.below_guarantee(job, models)
+
     def _memo_key(self, job: Job, models: tuple[str, ...]) -> tuple[object, ...]:
         """Jobs with equal keys have the same eligible victims."""
         if self.profile.preemption == "las":
@@ -109,7 +132,7 @@ class Preemptor:
     def try_for(self, job: Job, models: tuple[str, ...]) -> tuple[list[Preemption], dict[str, int]]:
         """Victims that make room for `job` and the GPUs per model it would then use, or ([], {})
         when no victims would do (state is left as it was)."""
-        if not self.possible:
+        if not self.possible or not self._may_have_victims(job, models):
             return [], {}
         self._build()
         memo_key = self._memo_key(job, models)

@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 
 REJECTED_REF = "rejected"  # launch() ref of an attempt Slurm refused (its status says why)
 TIMEOUT_GRACE_S = 10.0  # grace given to an attempt that ran past max_runtime
+ATTEMPT_LOCK_STRIPES = 64
 GANG_GRACE_S = 10.0  # after one instance failed, how long the others get to end on SIGTERM
 
 
@@ -64,8 +66,11 @@ class SlurmEngine:
         self.cli = SlurmCli(slurm_conf, timeout_s=timeout_s)
         self.partition = partition
         self.gpu_model = gpu_model
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # guards _timers
         self._timers: dict[str, threading.Timer] = {}
+        # One lock per attempt (striped): load-modify-save of an attempt's record is atomic, while
+        # launches of different attempts run their sbatch calls in parallel.
+        self._attempt_locks = [threading.RLock() for _ in range(ATTEMPT_LOCK_STRIPES)]
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SlurmEngine:
@@ -113,10 +118,13 @@ class SlurmEngine:
         raise ValueError(f"Slurm refused to set node {node} to {state.value}: {result.message}")
 
     # ---- launch -------------------------------------------------------------------------------
+    def _attempt_lock(self, attempt_id: str) -> threading.RLock:
+        return self._attempt_locks[zlib.crc32(attempt_id.encode()) % ATTEMPT_LOCK_STRIPES]
+
     def launch(self, attempt: AttemptLaunch) -> str:
         instances = scripts.validate(attempt)
         aid = attempt.attempt_id
-        with self._lock:
+        with self._attempt_lock(aid):
             record = self.store.load(aid)
             if record is not None and (record.slurm_job_id or record.final is not None):
                 return record.ref or REJECTED_REF
@@ -172,7 +180,7 @@ class SlurmEngine:
         if live:
             jobs = self._jobs()
             for record in live:
-                with self._lock:
+                with self._attempt_lock(record.attempt_id):
                     out[record.attempt_id] = self._status(record, jobs)
         return out
 
@@ -288,7 +296,7 @@ class SlurmEngine:
     def stop(self, attempt_id: str, grace_s: float) -> None:
         if grace_s < 0:
             raise ValueError(f"grace_s must be >= 0, got {grace_s}")
-        with self._lock:
+        with self._attempt_lock(attempt_id):
             record = self._load(attempt_id)
             if record is None or record.final is not None:
                 return
@@ -314,17 +322,19 @@ class SlurmEngine:
             self._kill(record)
             return
         self.cli.run("scancel", "--signal=TERM", "--full", job)
-        old = self._timers.pop(record.attempt_id, None)
-        if old is not None:
-            old.cancel()
         timer = threading.Timer(grace_s, self._kill_after_grace, args=(record.attempt_id,))
         timer.daemon = True
-        self._timers[record.attempt_id] = timer
+        with self._lock:
+            old = self._timers.pop(record.attempt_id, None)
+            self._timers[record.attempt_id] = timer
+        if old is not None:
+            old.cancel()
         timer.start()
 
     def _kill_after_grace(self, attempt_id: str) -> None:
         with self._lock:
             self._timers.pop(attempt_id, None)
+        with self._attempt_lock(attempt_id):
             record = self.store.load(attempt_id)
             if record is None or record.final is not None or record.stop is None or record.stop.killed:
                 return
@@ -361,8 +371,8 @@ class SlurmEngine:
         return LogChunk(data, next_offset, eof=finished and next_offset >= size)
 
     def adopt(self, refs: Mapping[str, str]) -> None:
-        with self._lock:
-            for aid, ref in refs.items():
+        for aid, ref in refs.items():
+            with self._attempt_lock(aid):
                 if not scripts.ATTEMPT_ID_RE.match(aid):
                     raise ValueError(f"cannot adopt attempt {aid!r}: not a valid attempt id")
                 job_id = ref if ref.isdigit() else ""
