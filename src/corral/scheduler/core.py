@@ -332,7 +332,7 @@ class _Cycle:
             if not any(r.models == models for r in self.reservations):
                 self._reserve(job, models)
         if p.preemption != "none":
-            victims, pledged = self.preemptor.try_for(job, info.models)
+            victims, pledged = self.preemptor.try_for(job, info.models, info.total)
             if victims:
                 if self.profile.quotas:  # the freed room is promised: count it against the quota now
                     self.ledger.charge(job, pledged)
@@ -466,6 +466,7 @@ class _Cycle:
             st.capacity,
             self._events(),
             order[: self.profile.eta_limit],
-            lambda j: job_models(st, j),
+            lambda j: self._info(j).models,  # equal to job_models(st, j), remembered across cycles
             lambda j: runtime_of(j, self.profile.default_runtime_s),
+            lambda j: self._info(j).total,
         )

@@ -116,8 +116,10 @@ def estimate_starts(
     waiting: Sequence[Job],
     models_of: Callable[[Job], tuple[str, ...]],
     runtime_of: Callable[[Job], float],
+    gpus_of: Callable[[Job], int] | None = None,
 ) -> dict[str, float | None]:
-    """Roll the cluster forward: each waiting job (in order) starts when its model pool has room."""
+    """Roll the cluster forward: each waiting job (in order) starts when its model pool has room.
+    `gpus_of` may supply each job's total GPUs when the caller already knows them."""
     free = dict(free_by_model)
     heap: list[tuple[float, int, Mapping[str, int]]] = [(end, n, pm) for n, (end, pm) in enumerate(events)]
     heapq.heapify(heap)
@@ -126,7 +128,7 @@ def estimate_starts(
     out: dict[str, float | None] = {}
     capacity: dict[tuple[str, ...], int] = {}
     for job in waiting:
-        need = job.total_gpus
+        need = job.total_gpus if gpus_of is None else gpus_of(job)
         models = models_of(job)
         cap = capacity.get(models)
         if cap is None:

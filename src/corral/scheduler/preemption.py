@@ -51,6 +51,7 @@ class Preemptor:
         self.hopeless: set[tuple[object, ...]] = set()  # memo keys with no eligible victim left
         self._ranks: set[tuple[str, int]] | None = None  # (group, priority) of preemptible running jobs
         self._lenders: set[str] = set()  # groups with preemptible running jobs on borrowed quota
+        self._lower: dict[tuple[str, int], bool] = {}  # (group, priority) -> has lower-ranked candidates
 
     def _build(self) -> None:
         """Sort the candidates and index them, on the first search of the cycle (many cycles have
@@ -101,7 +102,7 @@ class Preemptor:
         lent = (c for c in self.borrowed if c.rj.job.group != job.group)
         return heapq.merge(own, lent, key=self.order_key)
 
-    def _may_have_victims(self, job: Job, models: tuple[str, ...]) -> bool:
+    def _may_have_victims(self, job: Job, models: tuple[str, ...], need: int | None) -> bool:
         """Cheap necessary condition for `_eligible` to yield anything (quota_priority only): a
         preemptible running job of lower priority in the job's group, or borrowed work of another
         group while the job is within its guarantee. Needs no sorted candidate list."""
@@ -114,13 +115,17 @@ class Preemptor:
                     self._ranks.add((rj.job.group, int(rj.job.priority)))
                     if rj.borrowed:
                         self._lenders.add(rj.job.group)
-        ranks, group = self._ranks, job.group
-        if any((group, p) in ranks for p in range(int(job.priority))):
+        group, priority = job.group, int(job.priority)
+        lower = self._lower.get((group, priority))
+        if lower is None:
+            ranks = self._ranks
+            lower = self._lower[group, priority] = any((group, p) in ranks for p in range(priority))
+        if lower:
             return True
         ledger = self.ledger
         if ledger is None or not self._lenders or self._lenders == {group}:
             return False
-        return ledger.below_guarantee(job, models)
+        return bool(ledger.allowed_models(job, models, False, need))  # ledger.below_guarantee
 
     def _memo_key(self, job: Job, models: tuple[str, ...]) -> tuple[object, ...]:
         """Jobs with equal keys have the same eligible victims."""
@@ -129,10 +134,12 @@ class Preemptor:
         reclaim = self.ledger is not None and bool(self.borrowed) and self.ledger.below_guarantee(job, models)
         return (job.group, int(job.priority), models, reclaim)
 
-    def try_for(self, job: Job, models: tuple[str, ...]) -> tuple[list[Preemption], dict[str, int]]:
+    def try_for(
+        self, job: Job, models: tuple[str, ...], need: int | None = None
+    ) -> tuple[list[Preemption], dict[str, int]]:
         """Victims that make room for `job` and the GPUs per model it would then use, or ([], {})
-        when no victims would do (state is left as it was)."""
-        if not self.possible or not self._may_have_victims(job, models):
+        when no victims would do (state is left as it was). `need`: the job's total GPUs, if known."""
+        if not self.possible or not self._may_have_victims(job, models, need):
             return [], {}
         self._build()
         memo_key = self._memo_key(job, models)
