@@ -332,15 +332,16 @@ class _Cycle:
             if not any(r.models == models for r in self.reservations):
                 self._reserve(job, models)
         if p.preemption != "none":
-            victims, pledged = self.preemptor.try_for(job, info.models, info.total)
-            if victims:
+            room = self.preemptor.try_for(job, info.models, info.total)
+            if room is not None:
                 if self.profile.quotas:  # the freed room is promised: count it against the quota now
-                    self.ledger.charge(job, pledged)
-                self.preemptions.extend(victims)
+                    self.ledger.charge(job, room.pledged)
+                self.preemptions.extend(room.preemptions)
                 self.why[job.id] = Reason(
                     "waiting_for_preemption",
                     "preemption",
-                    f"{len(victims)} running job(s) are being stopped to make room; it starts once they exit",
+                    f"{room.waits_for} running job(s) are being stopped to make room; "
+                    "it starts once they exit",
                 )
 
     def _events(self) -> list[Event]:
@@ -355,10 +356,12 @@ class _Cycle:
         grace_end = self.now + self.profile.grace_s
         out: list[Event] = []
         for rj, per_model in self.running:
-            if rj.job.id in victims:
+            if rj.job.id in victims and not rj.stopping:
                 out.append((grace_end, per_model))
                 continue
             end = rj.start_time + runtime_of(rj.job, self.profile.default_runtime_s)
+            if rj.stopping:  # asked to stop earlier: gone by the end of its grace at the latest
+                end = min(end, grace_end if rj.stops_by is None else rj.stops_by)
             out.append((max(end, self.now), per_model))
         return out
 

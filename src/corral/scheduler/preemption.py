@@ -11,7 +11,7 @@ resources during this cycle (they get a grace period); the waiting job starts in
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice, takewhile
 
@@ -29,6 +29,16 @@ class Candidate:
     las: int
 
 
+@dataclass(slots=True)
+class Room:
+    """What `try_for` found: new victims to stop, the GPUs per model the job would use once the
+    room is free, and how many running jobs (new victims and claimed draining ones) it waits for."""
+
+    preemptions: list[Preemption]
+    pledged: dict[str, int]
+    waits_for: int
+
+
 class Preemptor:
     def __init__(
         self,
@@ -42,7 +52,14 @@ class Preemptor:
         self.st, self.placer, self.ledger, self.profile, self.now = st, placer, ledger, profile, now
         self.attempts_left = profile.max_preemption_attempts if profile.preemption != "none" else 0
         self.running = running
-        self.preemptible = sum(1 for rj, _ in running if rj.job.preemptible) if self.attempts_left else 0
+        self.preemptible = (
+            sum(1 for rj, _ in running if rj.job.preemptible and not rj.stopping) if self.attempts_left else 0
+        )
+        # jobs already asked to stop: never victims again; their room goes to the first job it fits
+        self.draining = (
+            [Candidate(rj, pm, 0) for rj, pm in running if rj.stopping] if self.attempts_left else []
+        )
+        self.claimed = 0  # draining jobs whose room is promised to a waiting job
         self.candidates: list[Candidate] = []
         self.borrowed: list[Candidate] = []
         self.by_rank: dict[tuple[str, int], list[Candidate]] = {}  # (group, priority) -> in order
@@ -68,7 +85,7 @@ class Preemptor:
                 las_queue(attained_now(rj, now, sum(pm.values())), profile.las_thresholds) if las else 0,
             )
             for rj, pm in self.running
-            if rj.job.preemptible
+            if rj.job.preemptible and not rj.stopping
         ]
         if las:
             cands.sort(key=lambda c: (-c.las, -c.rj.start_time, c.rj.job.id))
@@ -87,7 +104,10 @@ class Preemptor:
 
     @property
     def possible(self) -> bool:
-        return self.attempts_left > 0 and len(self.victims) < self.preemptible
+        new_victims = len(self.victims) - self.claimed
+        return self.attempts_left > 0 and (
+            new_victims < self.preemptible or self.claimed < len(self.draining)
+        )
 
     def _eligible(self, job: Job, models: tuple[str, ...]) -> Iterator[Candidate]:
         """Candidates this job may displace, in victim order."""
@@ -111,7 +131,7 @@ class Preemptor:
         if self._ranks is None:
             self._ranks = set()
             for rj, _ in self.running:
-                if rj.job.preemptible:
+                if rj.job.preemptible and not rj.stopping:
                     self._ranks.add((rj.job.group, int(rj.job.priority)))
                     if rj.borrowed:
                         self._lenders.add(rj.job.group)
@@ -134,28 +154,23 @@ class Preemptor:
         reclaim = self.ledger is not None and bool(self.borrowed) and self.ledger.below_guarantee(job, models)
         return (job.group, int(job.priority), models, reclaim)
 
-    def try_for(
-        self, job: Job, models: tuple[str, ...], need: int | None = None
-    ) -> tuple[list[Preemption], dict[str, int]]:
-        """Victims that make room for `job` and the GPUs per model it would then use, or ([], {})
-        when no victims would do (state is left as it was). `need`: the job's total GPUs, if known."""
-        if not self.possible or not self._may_have_victims(job, models, need):
-            return [], {}
-        self._build()
-        memo_key = self._memo_key(job, models)
-        if memo_key in self.hopeless:
-            return [], {}
+    def try_for(self, job: Job, models: tuple[str, ...], need: int | None = None) -> Room | None:
+        """New victims that make room for `job` (with draining jobs' room it claims) and the GPUs
+        per model it would then use; None when no victims would do (state is left as it was).
+        `need`: the job's total GPUs, if known."""
+        if not self.possible:
+            return None
         wanted = set(models)
-        useful = (
-            c
-            for c in self._eligible(job, models)
-            if c.rj.job.id not in self.victims
-            and (not wanted or not c.gpus_by_model or wanted & c.gpus_by_model.keys())
-        )
-        pool = list(islice(useful, self.profile.max_victims))
-        if not pool:  # stays empty for the cycle: victims are only ever taken away
-            self.hopeless.add(memo_key)
-            return [], {}
+
+        def useful(c: Candidate) -> bool:
+            return c.rj.job.id not in self.victims and (
+                not wanted or not c.gpus_by_model or bool(wanted & c.gpus_by_model.keys())
+            )
+
+        draining = [c for c in self.draining if useful(c)] if self.claimed < len(self.draining) else []
+        pool = draining + self._new_victims(job, models, need, useful)
+        if not pool:
+            return None
         self.attempts_left -= 1
         chosen: list[Candidate] = []
         fits: dict[str, int] | None = None
@@ -168,10 +183,33 @@ class Preemptor:
         for c in reversed(chosen):
             self._release(c, 1)
         if fits is None:
-            return [], {}
+            return None
         self.victims.update(c.rj.job.id for c in chosen)
+        self.claimed += sum(1 for c in chosen if c.rj.stopping)
         grace = self.profile.grace_s
-        return [Preemption(c.rj.job.id, grace, self._sentence(job, c), for_job=job.id) for c in chosen], fits
+        stops = [
+            Preemption(c.rj.job.id, grace, self._sentence(job, c), for_job=job.id)
+            for c in chosen
+            if not c.rj.stopping
+        ]
+        return Room(stops, fits, len(chosen))
+
+    def _new_victims(
+        self, job: Job, models: tuple[str, ...], need: int | None, useful: Callable[[Candidate], bool]
+    ) -> list[Candidate]:
+        """Running jobs not yet asked to stop that this job may displace, in victim order."""
+        if len(self.victims) - self.claimed >= self.preemptible or not self._may_have_victims(
+            job, models, need
+        ):
+            return []
+        self._build()
+        memo_key = self._memo_key(job, models)
+        if memo_key in self.hopeless:
+            return []
+        pool = list(islice(filter(useful, self._eligible(job, models)), self.profile.max_victims))
+        if not pool:  # stays empty for the cycle: victims are only ever taken away
+            self.hopeless.add(memo_key)
+        return pool
 
     def _release(self, c: Candidate, sign: int) -> None:
         self.st.occupy(c.rj.allocation, sign=1 if sign > 0 else -1)

@@ -148,6 +148,10 @@ class RunningJob:
     allocation: Allocation
     start_time: float
     borrowed: bool = False  # charged beyond its group's guarantee: the lender may reclaim it
+    # Already asked to stop (preempted, in its grace period): never picked as a victim again; its
+    # resources count as free from `stops_by` (same time base as `now`; None: now + the profile's grace).
+    stopping: bool = False
+    stops_by: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

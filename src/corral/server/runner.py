@@ -118,6 +118,10 @@ class LoopRunner:
                     stats[2] += time.thread_time() - cpu
             except Exception as exc:
                 self._log_failure(loop, exc)
+            busy_s = time.time() - now
             event.wait(loop.interval_s)
-            # Debounce: a burst of wake-ups (e.g. 100 submits) becomes one tick, not 100.
-            time.sleep(max(0.0, min(MIN_TICK_GAP_S, loop.interval_s) - (time.time() - now)))
+            # Debounce: a burst of wake-ups (e.g. 100 submits) becomes one tick, not 100; and a
+            # loop whose ticks got long (a deep queue) rests as long as it worked, so that woken
+            # loops never take more than half a core from the API on a busy server.
+            gap = max(min(MIN_TICK_GAP_S, loop.interval_s), 2 * busy_s)
+            time.sleep(max(0.0, gap - (time.time() - now)))
