@@ -59,6 +59,7 @@ class JobInfo:
 # Keyed by id(job) with the job itself kept, so a reused id can never match another job.
 _INFOS: list[tuple[ClusterShapes, dict[int, tuple[Job, JobInfo]]]] = []  # a pure cache, like _TABLES
 _INFOS_MAX = 200_000  # jobs remembered before the memo starts afresh
+_MODEL_SETS: dict[tuple[str, ...], frozenset[str]] = {}  # one shared set per model tuple (few exist)
 
 
 def _info_memo(shapes: ClusterShapes) -> dict[int, tuple[Job, JobInfo]]:
@@ -195,7 +196,10 @@ class _Cycle:
             if models is None:
                 models = self._models_memo[constraints] = job_models(self.st, job)
             never = self.shapes.reasons(job, sig)
-            info = JobInfo(job.total_gpus, models, sig, widest, never, frozenset(models))
+            model_set = _MODEL_SETS.get(models)
+            if model_set is None:
+                model_set = _MODEL_SETS[models] = frozenset(models)
+            info = JobInfo(job.total_gpus, models, sig, widest, never, model_set)
             self.infos[job.id] = info
             self._info_memo[id(job)] = (job, info)
         return info

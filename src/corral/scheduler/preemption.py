@@ -135,15 +135,15 @@ class Preemptor:
                     self._ranks.add((rj.job.group, int(rj.job.priority)))
                     if rj.borrowed:
                         self._lenders.add(rj.job.group)
-        group, priority = job.group, int(job.priority)
-        lower = self._lower.get((group, priority))
+        group, lenders = job.group, self._lenders
+        lower = self._lower.get((group, job.priority))
         if lower is None:
-            ranks = self._ranks
-            lower = self._lower[group, priority] = any((group, p) in ranks for p in range(priority))
+            ranks, priority = self._ranks, int(job.priority)
+            lower = self._lower[group, job.priority] = any((group, p) in ranks for p in range(priority))
         if lower:
             return True
         ledger = self.ledger
-        if ledger is None or not self._lenders or self._lenders == {group}:
+        if ledger is None or not lenders or (len(lenders) == 1 and group in lenders):
             return False
         return bool(ledger.allowed_models(job, models, False, need))  # ledger.below_guarantee
 
@@ -158,8 +158,14 @@ class Preemptor:
         """New victims that make room for `job` (with draining jobs' room it claims) and the GPUs
         per model it would then use; None when no victims would do (state is left as it was).
         `need`: the job's total GPUs, if known."""
-        if not self.possible:
+        if self.attempts_left <= 0:
             return None
+        draining_left = self.claimed < len(self.draining)
+        if not draining_left and (
+            len(self.victims) - self.claimed >= self.preemptible
+            or not self._may_have_victims(job, models, need)
+        ):
+            return None  # the common case, decided without building anything
         wanted = set(models)
 
         def useful(c: Candidate) -> bool:
@@ -167,7 +173,7 @@ class Preemptor:
                 not wanted or not c.gpus_by_model or bool(wanted & c.gpus_by_model.keys())
             )
 
-        draining = [c for c in self.draining if useful(c)] if self.claimed < len(self.draining) else []
+        draining = [c for c in self.draining if useful(c)] if draining_left else []
         pool = draining + self._new_victims(job, models, need, useful)
         if not pool:
             return None
