@@ -139,7 +139,7 @@ def write_state(session: object, snap: st.Snapshot, now: float) -> None:
             submitted_at=job.submit_time,
             updated_at=now,
             attained_gpu_seconds=job.attained_gpu_seconds,
-            attempt_count=1 if state == "running" else 0,
+            attempt_count=0 if state == "queued" else 1,
         )
         session.add(row)
         return row
@@ -147,7 +147,10 @@ def write_state(session: object, snap: st.Snapshot, now: float) -> None:
     for job in snap.queued:
         add_job(job, "queued")
     for run in snap.running:
-        add_job(run.job, "running")
+        job_row = add_job(run.job, "preempted" if run.stopping else "running")
+        if run.stopping:  # the live loop keeps when the stop ends as PREEMPTED-since + grace
+            assert run.stops_by is not None
+            job_row.updated_at = run.stops_by
         placement = [
             {
                 "role": p.role,
@@ -168,6 +171,7 @@ def write_state(session: object, snap: st.Snapshot, now: float) -> None:
             borrowed=run.borrowed,
             created_at=run.start_time,
             started_at=run.start_time,
+            stop_grace_s=0.0 if run.stopping else None,
         )
         session.add(attempt)
         session.flush()
@@ -209,6 +213,9 @@ def test_live_snapshot_gives_the_simulators_placements(
     records = [r for r in busy if r.plan.preemptions] + [r for r in busy if not r.plan.preemptions][:20]
     assert sum(bool(r.plan.preemptions) for r in records) >= 3 and any(r.snapshot.running for r in records)
     assert any(a.borrowed for r in records for a in r.plan.assignments)
+    # Jobs still in their preemption grace are in the snapshots too (as stopping), and survive
+    # the round trip through the database.
+    assert any(run.stopping for r in records for run in r.snapshot.running)
     for k, record in enumerate(records):
         db = make_engine(f"sqlite:///{tmp_path / f'c{k}.db'}")
         ctx = make_context(db, FakeEngine(), str(tmp_path))

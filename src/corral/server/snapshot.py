@@ -57,6 +57,8 @@ class JobRecord:
     placement: tuple[Mapping[str, Any], ...] = ()
     started_at: float | None = None
     borrowed: bool = False
+    # A preempted job still holds its GPUs until its stop ends: when that will be at the latest.
+    stops_by: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +144,8 @@ def build_snapshot(state: ClusterState, now: float, half_life_s: float = USAGE_H
             allocation=_allocation(r),
             start_time=r.started_at if r.started_at is not None else r.submitted_at,
             borrowed=r.borrowed,
+            stopping=r.stops_by is not None,
+            stops_by=r.stops_by,
         )
         for r in state.running
     )
@@ -164,15 +168,27 @@ _JOB_COLUMNS = (
     Job.submitted_at,
     Job.runtime_estimate_s,
     Job.attained_gpu_seconds,
+    Job.state,
+    Job.updated_at,
 )
-_ATTEMPT_COLUMNS = (Attempt.placement, Attempt.started_at, Attempt.created_at, Attempt.borrowed)
+_ATTEMPT_COLUMNS = (
+    Attempt.placement,
+    Attempt.started_at,
+    Attempt.created_at,
+    Attempt.borrowed,
+    Attempt.stop_grace_s,
+)
 
 
 def _job_record(row: Any, names: Mapping[int, str], groups: Mapping[int, str], live: bool) -> JobRecord:
     """From a row of _JOB_COLUMNS (+ _ATTEMPT_COLUMNS when `live`): plain columns, no ORM objects,
     because this runs every schedule cycle for every waiting and running job."""
     job_id, user_id, group_id, priority, preemptible, spec, submitted, estimate, attained = row[:9]
-    placement, started, created, borrowed = row[9:] if live else ((), None, None, False)
+    state, updated = row[9:11]
+    placement, started, created, borrowed, grace = row[11:] if live else ((), None, None, False, None)
+    # PREEMPTED: the schedule loop entered it at `updated_at` and gave the attempt `stop_grace_s`.
+    stopping = live and state == JobState.PREEMPTED.value
+    stops_by = updated + (grace or 0.0) if stopping else None
     return JobRecord(
         id=job_id,
         group=groups.get(group_id, "?"),
@@ -186,6 +202,7 @@ def _job_record(row: Any, names: Mapping[int, str], groups: Mapping[int, str], l
         placement=tuple(placement or ()),
         started_at=(started or created) if live else None,
         borrowed=bool(borrowed),
+        stops_by=stops_by,
     )
 
 

@@ -15,7 +15,7 @@ import random
 import time
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
 from corral.scheduler import check_fits_anywhere
@@ -294,7 +294,10 @@ class Simulator:
             sj.stopping = True
             sj.preemptions += 1
             self.preemption_count += 1
-            self._push(now + max(0.0, p.grace_s), _Ev.STOP, f"{p.job_id}\0{sj.attempt}")
+            stops_by = now + max(0.0, p.grace_s)
+            # Still running until its grace ends; the scheduler must not pick it as a victim again.
+            self.running[p.job_id] = replace(self.running[p.job_id], stopping=True, stops_by=stops_by)
+            self._push(stops_by, _Ev.STOP, f"{p.job_id}\0{sj.attempt}")
         # The estimate a job is given in its first cycle (what its user sees on submitting) is the
         # one scored. Diagnoses are computed lazily by the library on first access, so cycles
         # without new waiting jobs never pay for them.
