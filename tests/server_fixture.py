@@ -22,11 +22,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from corral.server.launcher import CorralServer, free_port, start_server
 
-__all__ = ["CorralServer", "corral_server", "free_port", "start_server", "wait_for"]
+__all__ = [
+    "CorralServer",
+    "corral_server",
+    "free_port",
+    "get_job",
+    "start_server",
+    "submit_spec",
+    "wait_for",
+    "wait_state",
+]
 
 
 @pytest.fixture
@@ -51,3 +61,29 @@ def wait_for(
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(interval_s)
+
+
+def submit_spec(c: httpx.Client, spec: dict[str, Any]) -> int:
+    """POST a job spec; the new job's id (fails the test unless the API answered 201)."""
+    r = c.post("/api/v1/jobs", json=spec)
+    assert r.status_code == 201, r.text
+    return int(r.json()["id"])
+
+
+def get_job(c: httpx.Client, job_id: int) -> dict[str, Any]:
+    r = c.get(f"/api/v1/jobs/{job_id}")
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def wait_state(
+    c: httpx.Client, job_id: int, states: tuple[str, ...], timeout_s: float = 30
+) -> dict[str, Any]:
+    """Poll the job until its state is one of `states`; returns the job."""
+    return dict(
+        wait_for(
+            lambda: (j := get_job(c, job_id))["state"] in states and j,
+            timeout_s,
+            what=f"job {job_id} to reach {states}",
+        )
+    )

@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server_fixture import CorralServer, start_server, wait_for
+from tests.server_fixture import CorralServer, start_server, submit_spec, wait_for, wait_state
+from tests.server_fixture import get_job as job
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
@@ -34,27 +35,7 @@ def submit(
         "retries": retries,
         "tasks": {"main": {"instances": instances, "command": command, "resources": {"gpus": gpus}}},
     }
-    r = c.post("/api/v1/jobs", json=spec)
-    assert r.status_code == 201, r.text
-    return int(r.json()["id"])
-
-
-def job(c: httpx.Client, job_id: int) -> dict[str, Any]:
-    r = c.get(f"/api/v1/jobs/{job_id}")
-    assert r.status_code == 200, r.text
-    return dict(r.json())
-
-
-def wait_state(
-    c: httpx.Client, job_id: int, states: tuple[str, ...], timeout_s: float = 30
-) -> dict[str, Any]:
-    return dict(
-        wait_for(
-            lambda: (j := job(c, job_id))["state"] in states and j,
-            timeout_s,
-            what=f"job {job_id} to reach {states}",
-        )
-    )
+    return submit_spec(c, spec)
 
 
 def logs(c: httpx.Client, job_id: int, rank: int = 0, attempt: int | None = None) -> str:

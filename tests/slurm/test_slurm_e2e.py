@@ -24,7 +24,9 @@ import httpx
 import psutil
 import pytest
 
-from tests.server_fixture import CorralServer, start_server, wait_for
+from tests.server_fixture import CorralServer, start_server, wait_for, wait_state
+from tests.server_fixture import get_job as job
+from tests.server_fixture import submit_spec as submit
 from tests.slurm.conftest import cleanup_cluster
 from tests.slurm.harness import SlurmCluster
 
@@ -90,31 +92,6 @@ def nodes_by_name(c: httpx.Client) -> dict[str, dict[str, Any]]:
 def all_ready(c: httpx.Client, cluster: SlurmCluster) -> bool:
     nodes = nodes_by_name(c)
     return all(nodes.get(n, {}).get("state") == "ready" for n in cluster.node_names)
-
-
-def submit(c: httpx.Client, spec: dict[str, Any]) -> int:
-    r = c.post("/api/v1/jobs", json=spec)
-    assert r.status_code == 201, r.text
-    return int(r.json()["id"])
-
-
-def job(c: httpx.Client, job_id: int) -> dict[str, Any]:
-    r = c.get(f"/api/v1/jobs/{job_id}")
-    assert r.status_code == 200, r.text
-    return dict(r.json())
-
-
-def wait_state(
-    c: httpx.Client, job_id: int, states: tuple[str, ...], timeout_s: float = 30
-) -> dict[str, Any]:
-    return dict(
-        wait_for(
-            lambda: (j := job(c, job_id))["state"] in states and j,
-            timeout_s,
-            interval_s=0.1,
-            what=f"job {job_id} to reach {states}",
-        )
-    )
 
 
 def wait_state_where(c: httpx.Client, job_id: int, check: Any, timeout_s: float) -> dict[str, Any]:
