@@ -57,33 +57,26 @@ def prepare_database(url: str, home: Path) -> str:
         token = bootstrap_admin(db, Settings(home=home, database_url=url))
         if token is None:
             raise SystemExit("the database already has users; give an empty database")
-        node = Node(
-            name="bench-node",
-            cpus=64,
-            memory_mib=512 * 1024,
-            state="ready",
-            admin_state="none",
-            address="127.0.0.1",
-            labels={},
-            engine="local",
-            last_heartbeat=time.time(),
-            message="",
-        )
-        node.gpus = [
-            Gpu(index=i, uuid=f"GPU-bench-{i}", model="VGPU", memory_mib=0, healthy=True) for i in range(8)
-        ]
-        cpu = Node(
-            name="bench-cpu",
-            cpus=64,
-            memory_mib=512 * 1024,
-            state="ready",
-            admin_state="none",
-            address="127.0.0.1",
-            labels={},
-            engine="local",
-            last_heartbeat=time.time(),
-            message="",
-        )
+
+        def bench_node(name: str, gpus: int) -> Node:
+            return Node(
+                name=name,
+                cpus=64,
+                memory_mib=512 * 1024,
+                state="ready",
+                admin_state="none",
+                address="127.0.0.1",
+                labels={},
+                engine="local",
+                last_heartbeat=time.time(),
+                message="",
+                gpus=[
+                    Gpu(index=i, uuid=f"GPU-{name}-{i}", model="VGPU", memory_mib=0, healthy=True)
+                    for i in range(gpus)
+                ],
+            )
+
+        node, cpu = bench_node("bench-node", 8), bench_node("bench-cpu", 0)
         db.add_all([node, cpu])
         db.commit()
     engine.dispose()

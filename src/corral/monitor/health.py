@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from corral.db.models import Attempt, GpuClaim, Group, Job, JobEvent, Node, User
+from corral.db.models import Attempt, GpuClaim, Group, Job, Node, User
 from corral.db.models import Gpu as GpuRow
 from corral.monitor.alerts import fingerprint_of, record_alert
 from corral.monitor.config import HealthRules
 from corral.monitor.gpu import GpuRef, GpuSample, GpuSampler
 from corral.monitor.models import Alert, GpuReading, MonitorState
+from corral.services.lifecycle import record_event
 
 SOURCE = "corral"
 OOM_REASONS = ("oom", "cuda_oom")
@@ -54,7 +55,7 @@ class HealthPass:
 
 
 def job_event(session: Session, job_id: int, now: float, message: str, kind: str = "health") -> None:
-    session.add(JobEvent(job_id=job_id, at=now, kind=kind, from_state=None, to_state=None, message=message))
+    record_event(session, job_id, now, message, kind=kind)
 
 
 def gpu_refs(session: Session) -> list[GpuRef]:

@@ -26,7 +26,7 @@ from corral.scheduler.types import GPU
 from corral.server.context import ServerContext
 from corral.server.finish import end_attempt
 from corral.server.leases import JOB_LEASE_TTL_S
-from corral.server.snapshot import live_attempts
+from corral.server.snapshot import jobs_with_live_attempts, live_attempts
 from corral.server.specview import SpecView, read_spec
 from corral.services.lifecycle import AttemptState, JobState, transition
 
@@ -204,13 +204,7 @@ def _record_all(ctx: ServerContext, session: Session, results: list[Launched]) -
     ids = [r[0] for r in results]
 
     def load() -> tuple[dict[int, Job], dict[int, Attempt]]:
-        jobs = session.scalars(
-            select(Job)
-            .where(Job.id.in_(ids))
-            .options(selectinload(Job.user), selectinload(Job.group))
-            .execution_options(populate_existing=True)
-        ).all()
-        return {j.id: j for j in jobs}, live_attempts(session, ids)
+        return jobs_with_live_attempts(session, ids)
 
     try:
         jobs, attempts = load()

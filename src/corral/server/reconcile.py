@@ -13,13 +13,13 @@ import time
 from dataclasses import dataclass
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 from corral.db.models import Attempt, Job, UsageLedger
 from corral.engine.base import AttemptPhase, AttemptStatus, EngineUnavailable, FailureReason
 from corral.server.context import ServerContext
 from corral.server.finish import end_attempt
-from corral.server.snapshot import live_attempts
+from corral.server.snapshot import jobs_with_live_attempts, live_attempts
 from corral.server.specview import read_spec
 from corral.services.lifecycle import AttemptState, JobState, transition
 
@@ -182,14 +182,8 @@ def apply_status(
 
 
 def _prefetch(session: Session, ids: list[int]) -> tuple[dict[int, Job], dict[int, Attempt]]:
-    jobs = session.scalars(
-        select(Job)
-        .where(Job.id.in_(ids))
-        .options(selectinload(Job.user), selectinload(Job.group))
-        .execution_options(populate_existing=True)
-    ).all()
     session.scalars(select(UsageLedger)).all()  # fair-share rows the ended attempts will charge
-    return {j.id: j for j in jobs}, live_attempts(session, ids)
+    return jobs_with_live_attempts(session, ids)
 
 
 def _apply_alone(session: Session, row: LiveRow, status: AttemptStatus) -> bool:

@@ -206,6 +206,20 @@ def _job_record(row: Any, names: Mapping[int, str], groups: Mapping[int, str], l
     )
 
 
+def jobs_with_live_attempts(
+    session: Session, ids: Sequence[int]
+) -> tuple[dict[int, Job], dict[int, Attempt]]:
+    """Fresh rows (not stale session copies) of these jobs, with owner and group loaded, and their
+    current attempts: what the dispatch and reconcile loops read before recording a batch."""
+    jobs = session.scalars(
+        select(Job)
+        .where(Job.id.in_(ids))
+        .options(selectinload(Job.user), selectinload(Job.group))
+        .execution_options(populate_existing=True)
+    ).all()
+    return {j.id: j for j in jobs}, live_attempts(session, ids)
+
+
 def live_attempts(session: Session, job_ids: Sequence[int]) -> dict[int, Attempt]:
     """The current (not finished) attempt of each job that has one."""
     if not job_ids:

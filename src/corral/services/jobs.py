@@ -27,7 +27,7 @@ from corral.scheduler import Profile, check_fits_anywhere
 from corral.scheduler import types as st
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
-from corral.services.lifecycle import AttemptState, JobState, transition
+from corral.services.lifecycle import AttemptState, JobState, record_event, transition
 from corral.services.nodes import scheduler_node
 from corral.spec import JobSpecV1
 
@@ -180,16 +180,8 @@ def submit_job(
     )
     session.add(job)
     session.flush()
-    session.add(
-        JobEvent(
-            job_id=job.id,
-            at=now,
-            kind="transition",
-            from_state=None,
-            to_state=JobState.QUEUED.value,
-            message=f"submitted by {principal.name} to group {group.name}",
-        )
-    )
+    message = f"submitted by {principal.name} to group {group.name}"
+    record_event(session, job.id, now, message, to_state=JobState.QUEUED.value)
     session.commit()
     return job
 
@@ -332,16 +324,8 @@ def cancel_job(session: Session, principal: Principal, job_id: int, *, now: floa
     elif not job.cancel_requested:
         job.cancel_requested = True
         job.updated_at = now
-        session.add(
-            JobEvent(
-                job_id=job.id,
-                at=now,
-                kind="cancel_requested",
-                from_state=state.value,
-                to_state=None,
-                message=f"cancel requested by {principal.name}",
-            )
-        )
+        message = f"cancel requested by {principal.name}"
+        record_event(session, job.id, now, message, kind="cancel_requested", from_state=state.value)
     session.commit()
     return job
 

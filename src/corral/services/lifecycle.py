@@ -108,17 +108,24 @@ def transition(session: Session, job: Job, target: JobState, *, now: float, mess
             job.reason = message
     if target.terminal:
         job.diagnosis = None
-    session.add(
-        JobEvent(
-            job_id=job.id,
-            at=now,
-            kind="transition",
-            from_state=current.value,
-            to_state=target.value,
-            message=message,
-        )
-    )
+    record_event(session, job.id, now, message, from_state=current.value, to_state=target.value)
     return target
+
+
+def record_event(
+    session: Session,
+    job_id: int,
+    now: float,
+    message: str,
+    *,
+    kind: str = "transition",
+    from_state: str | None = None,
+    to_state: str | None = None,
+) -> None:
+    """Add one entry to the job's event history (shown by `corral show`, the API and the portal)."""
+    session.add(
+        JobEvent(job_id=job_id, at=now, kind=kind, from_state=from_state, to_state=to_state, message=message)
+    )
 
 
 def _failed_attempts(session: Session, job: Job) -> int:
