@@ -30,14 +30,22 @@ class Settings(BaseSettings):
     virtual_gpus: int | None = None  # None: discover with NVML, else declare N virtual GPUs
     gpu_model: str = "VGPU"  # model name of declared virtual GPUs
     allow_unisolated: bool = False  # run jobs without bubblewrap/cgroups when those are missing
-    # Requests the API admits at once; keep it below the worker threads (40) and DB connections.
+    # Requests the API admits at once; keep it below the DB connections (pool of 50).
     api_max_concurrency: int = Field(default=32, ge=1)
+    # Worker threads that run the API's blocking work (sync endpoints, DB queries). None: two per
+    # CPU, at least 4. More threads than cores only take turns on the GIL, which stretches every
+    # request in a burst (bench/api_load.py: p99 about 2x worse with 40 on 2 cores).
+    api_worker_threads: int | None = Field(default=None, ge=1)
     isolation: bool = True  # False: run jobs as plain supervised processes (benchmarks, trusted laptops)
     job_pids_max: int = 1024  # pids-cgroup limit per task instance (fork-bomb guard)
     scheduler_profile: str = "default"  # a name in corral.scheduler.PROFILES
     # May CPU-only jobs use GPU nodes? None = yes for the local engine (one machine: otherwise a
     # GPU workstation could never run CPU work), no for Slurm (keep GPU nodes for GPU work).
     cpu_jobs_on_gpu_nodes: bool | None = None
+
+    @property
+    def worker_threads(self) -> int:
+        return self.api_worker_threads or max(4, 2 * (os.cpu_count() or 1))
 
     @property
     def db_url(self) -> str:

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
+import anyio.to_thread
 import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -39,6 +43,7 @@ def create_app(
     """Build the app. `engine` is the execution engine (None: logs answer 503); `db_engine` is the
     database (default: made from settings.db_url; the schema must already be migrated: init_db)."""
     app = FastAPI(
+        lifespan=partial(_size_thread_pool, threads=settings.worker_threads),
         title="Corral",
         version=__version__,
         description="Queue, schedule, run and observe deep-learning jobs on a shared GPU cluster.",
@@ -60,6 +65,13 @@ def create_app(
     # Monitoring's request metrics, outermost so that they include waiting for admission.
     install_request_metrics(app)
     return app
+
+
+@asynccontextmanager
+async def _size_thread_pool(_app: FastAPI, *, threads: int) -> AsyncIterator[None]:
+    """Run blocking work (sync endpoints) on `threads` worker threads instead of anyio's 40."""
+    anyio.to_thread.current_default_thread_limiter().total_tokens = threads
+    yield
 
 
 class ConcurrencyLimit:

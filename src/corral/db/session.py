@@ -1,7 +1,8 @@
 """Engine and session factory for SQLite (default) and PostgreSQL, and `init_db` (Alembic upgrade).
 
 SQLite gets WAL (readers never block the writer), a busy timeout (concurrent writers wait instead of
-failing at once) and foreign keys on (off by default in SQLite; CASCADE rules rely on them).
+failing at once), foreign keys on (off by default in SQLite; CASCADE rules rely on them), and
+writers within one process take turns on a lock instead of polling (corral.db.sqlite_writes).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+
+from corral.db import sqlite_writes
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 10_000
@@ -39,12 +42,22 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
         kwargs.setdefault("connect_args", {}).setdefault("check_same_thread", False)
         kwargs["connect_args"].setdefault("timeout", SQLITE_BUSY_TIMEOUT_MS / 1000)
-        if "poolclass" not in kwargs and database not in (None, "", ":memory:"):
+        on_file = database not in (None, "", ":memory:")
+        if on_file:
+            kwargs["connect_args"].setdefault("factory", sqlite_writes.WriteSerializingConnection)
+        if "poolclass" not in kwargs and on_file:
             # As many connections as the API's worker threads (40), so requests never queue twice.
             kwargs.setdefault("pool_size", 20)
             kwargs.setdefault("max_overflow", 30)
         engine = create_engine(url, **kwargs)
         event.listen(engine, "connect", _sqlite_on_connect)
+        if on_file:
+            lock_key = str(Path(str(database)).expanduser().resolve())
+
+            def bind_write_lock(dbapi_connection: Any, _record: Any) -> None:
+                sqlite_writes.configure(dbapi_connection, lock_key, SQLITE_BUSY_TIMEOUT_MS / 1000)
+
+            event.listen(engine, "connect", bind_write_lock)
         return engine
     kwargs.setdefault("pool_pre_ping", True)
     if "poolclass" not in kwargs:

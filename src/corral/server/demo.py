@@ -101,7 +101,7 @@ def submit_demo_job(session: Any, settings: Settings) -> int | None:
     owner = session.scalar(select(User).where(User.name == DEMO_JOB_OWNER))
     principal = load_principal(session, owner, via="token")
     profile = active_profile(settings)
-    return int(submit_job(session, principal, JobSpecV1.model_validate(spec), profile).id)
+    return int(submit_job(session, principal, JobSpecV1.model_validate(spec), profile)["id"])
 
 
 def seed_demo(ctx: ServerContext, url: str) -> None:

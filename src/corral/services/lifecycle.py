@@ -12,8 +12,9 @@ FAILED with retries left becomes QUEUED instead; only failed or lost attempts us
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any, cast
 
-from sqlalchemy import select
+from sqlalchemy import Table, insert, select
 from sqlalchemy.orm import Session
 
 from corral.db.models import Attempt, Job, JobEvent
@@ -122,10 +123,42 @@ def record_event(
     from_state: str | None = None,
     to_state: str | None = None,
 ) -> None:
-    """Add one entry to the job's event history (shown by `corral show`, the API and the portal)."""
-    session.add(
-        JobEvent(job_id=job_id, at=now, kind=kind, from_state=from_state, to_state=to_state, message=message)
-    )
+    """Add one entry to the job's event history (shown by `corral show`, the API and the portal),
+    written at the session's next flush, with the job's own changes."""
+    session.add(JobEvent(**_event_columns(job_id, now, message, kind, from_state, to_state)))
+
+
+INSERT_EVENT = insert(cast(Table, JobEvent.__table__))
+
+
+def insert_event(
+    session: Session,
+    job_id: int,
+    now: float,
+    message: str,
+    *,
+    kind: str = "transition",
+    from_state: str | None = None,
+    to_state: str | None = None,
+) -> None:
+    """`record_event` as one INSERT executed now, for a job row that is already written. Only for
+    short write transactions (submit): on SQLite it takes the write lock at once, and the control
+    loops, which call the engine before they commit, must not hold it that long."""
+    columns = _event_columns(job_id, now, message, kind, from_state, to_state)
+    session.connection().execute(INSERT_EVENT, columns)
+
+
+def _event_columns(
+    job_id: int, now: float, message: str, kind: str, from_state: str | None, to_state: str | None
+) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "at": now,
+        "kind": kind,
+        "from_state": from_state,
+        "to_state": to_state,
+        "message": message,
+    }
 
 
 def _failed_attempts(session: Session, job: Job) -> int:

@@ -42,13 +42,21 @@ def event_view(event: JobEvent) -> dict[str, Any]:
     }
 
 
-def job_view(job: Job, events: list[JobEvent] | None = None) -> dict[str, Any]:
+def job_view(
+    job: Job,
+    events: list[JobEvent] | None = None,
+    *,
+    group_name: str | None = None,
+    user_name: str | None = None,
+) -> dict[str, Any]:
+    """`group_name`/`user_name`: given by a caller that already knows them (a just-submitted job
+    is a transient object without its group and user loaded)."""
     out: dict[str, Any] = {
         "id": job.id,
         "name": job.name,
         "state": job.state,
-        "group": job.group.name,
-        "user": job.user.name,
+        "group": group_name if group_name is not None else job.group.name,
+        "user": user_name if user_name is not None else job.user.name,
         "priority": Priority(job.priority).name.lower(),
         "preemptible": job.preemptible,
         "spec": job.spec,

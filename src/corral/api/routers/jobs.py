@@ -81,7 +81,7 @@ def submit(
 ) -> Any:
     """Validate, check the job can ever fit, and queue it under its group (default: yours)."""
     profile = active_profile(request.app.state.settings)
-    return fast_json(job_view(svc.submit_job(db, principal, spec, profile)), status.HTTP_201_CREATED)
+    return fast_json(svc.submit_job(db, principal, spec, profile), status.HTTP_201_CREATED)
 
 
 @router.get("/jobs", response_model=JobListOut)
