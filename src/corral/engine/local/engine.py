@@ -562,11 +562,12 @@ class LocalEngine:
         job, is stopped, and supervisors that already ended are reaped."""
         self.stop_launcher()
         self._reap()
-        self.remove_cgroup_parent(wait_s=0.0)
+        self.remove_cgroup_parent(wait_s=1.0)
 
     def remove_cgroup_parent(self, wait_s: float) -> None:
-        """rmdir of this home's cgroup parent where it is empty (no attempt still running); the
-        kernel may need a moment after the last child cgroup went away, hence `wait_s`."""
+        """rmdir of this home's cgroup parent where it is empty (no attempt still running). The
+        kernel may refuse for a moment after the last child cgroup went away: retried for up to
+        `wait_s`, but not while attempt cgroups remain (running jobs keep the parent)."""
         parents = [self.cgroup_root / c / self.cgroup_parent for c in ("memory", "cpu", "pids", "devices")]
         parents.append(self.cgroup_root / self.cgroup_parent)  # v2
         deadline = time.monotonic() + wait_s
@@ -578,8 +579,8 @@ class LocalEngine:
                 except FileNotFoundError:
                     parents.remove(parent)
                 except OSError:
-                    pass  # still has attempt cgroups: running jobs keep it
-            if not parents or time.monotonic() >= deadline:
+                    pass
+            if not parents or time.monotonic() >= deadline or any(_has_subdirs(p) for p in parents):
                 return
             time.sleep(0.05)
 
@@ -671,3 +672,10 @@ def _read_text(path: Path) -> str:
         return path.read_text()
     except OSError:
         return ""
+
+
+def _has_subdirs(path: Path) -> bool:
+    try:
+        return any(entry.is_dir() for entry in os.scandir(path))
+    except OSError:
+        return False
