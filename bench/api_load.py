@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.api_load                       # SQLite under a temp dir
     .venv/bin/python -m bench.api_load --database-url postgresql://user@host:5432/db
+    .venv/bin/python -m bench.api_load --postgres      # a throwaway PostgreSQL started here
 
 Open loop: requests are fired on a fixed schedule (not "send the next when the last returned"),
 so a slow server shows up as latency instead of silently lowering the offered rate. Latency is
@@ -224,6 +225,11 @@ def main() -> None:
     parser.add_argument(
         "--database-url", help="PostgreSQL URL (an empty database); default: SQLite in a temp dir"
     )
+    parser.add_argument(
+        "--postgres",
+        action="store_true",
+        help="start a throwaway PostgreSQL server here (Debian's postgresql) and load that",
+    )
     parser.add_argument("--rate", type=float, default=200.0, help="job submissions per second")
     parser.add_argument(
         "--read-rate", type=float, default=50.0, help="reads per second (list and show, half each)"
@@ -234,11 +240,28 @@ def main() -> None:
 
     from tests.support import free_port
 
+    postgres = None
+    if args.postgres:
+        from tests.pg import PostgresServer, find_pg_bin
+
+        pg_bin = find_pg_bin()
+        if pg_bin is None:
+            raise SystemExit("--postgres: no PostgreSQL binaries found (apt install postgresql)")
+        postgres = PostgresServer(pg_bin)
+        postgres.start()
+        args.database_url = postgres.create_database()
+    try:
+        run_load(args, free_port())
+    finally:
+        if postgres is not None:
+            postgres.stop()
+
+
+def run_load(args: argparse.Namespace, port: int) -> None:
     with tempfile.TemporaryDirectory(prefix="corral-api-load-") as tmp:
         home = Path(tmp)
         url = args.database_url or f"sqlite:///{home / 'corral.db'}"
         token = prepare_database(url, home)
-        port = free_port()
         server = start_server(url, home, port)
         base = f"http://127.0.0.1:{port}"
         proc = psutil.Process(server.pid)
