@@ -12,7 +12,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,12 +68,19 @@ def instance_env(
     return env
 
 
-def build_launch(session: Session, job: Job, attempt: Attempt) -> AttemptLaunch:
+def placed_nodes(session: Session, attempts: Iterable[Attempt]) -> dict[str, Node]:
+    """The nodes these attempts are placed on, with their GPUs: one query for a whole batch."""
+    names = {p["node"] for a in attempts for p in a.placement}
+    query = select(Node).where(Node.name.in_(names)).options(selectinload(Node.gpus))
+    return {n.name: n for n in session.scalars(query)}
+
+
+def build_launch(job: Job, attempt: Attempt, nodes: Mapping[str, Node]) -> AttemptLaunch:
+    """`nodes`: at least those the attempt is placed on (placed_nodes)."""
     view = read_spec(job.spec)
     placement = sorted(attempt.placement, key=lambda p: int(p["rank"]))
-    names = {p["node"] for p in placement}
-    nodes = {n.name: n for n in session.scalars(select(Node).where(Node.name.in_(names)))}
-    models = {(n.name, g.index): g for n in nodes.values() for g in n.gpus}
+    placed = [nodes[name] for name in {p["node"] for p in placement} if name in nodes]
+    models = {(n.name, g.index): g for n in placed for g in n.gpus}
     rank0 = nodes.get(placement[0]["node"]) if placement else None
     address = rank0.address if rank0 is not None else "127.0.0.1"
     master = (address, master_port(address, job.id))
@@ -143,8 +150,9 @@ def prepare_launches(
     if not jobs:
         return []
     attempts = live_attempts(session, [j.id for j in jobs])
+    nodes = placed_nodes(session, attempts.values())
     launches = {
-        j.id: build_launch(session, j, attempts[j.id])
+        j.id: build_launch(j, attempts[j.id], nodes)
         for j in jobs
         if j.id in attempts and not j.cancel_requested
     }
