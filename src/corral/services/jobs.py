@@ -28,7 +28,7 @@ from corral.scheduler import Profile, check_fits_anywhere
 from corral.scheduler import types as st
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
-from corral.services.lifecycle import AttemptState, JobState, insert_event, record_event, transition
+from corral.services.lifecycle import AttemptState, JobState, record_event, transition
 from corral.services.nodes import scheduler_node
 from corral.services.views import job_view
 from corral.spec import JobSpecV1
@@ -212,7 +212,7 @@ def submit_job(
     }
     message = f"submitted by {principal.name} to group {group.name}"
     job_id = session.connection().execute(INSERT_JOB, columns).scalar_one()
-    insert_event(session, job_id, now, message, to_state=JobState.QUEUED.value)
+    record_event(session, job_id, now, message, to_state=JobState.QUEUED.value, immediate=True)
     session.commit()
     job = Job(id=job_id, attempts=[], **columns)  # transient: only read by the view
     return job_view(job, group_name=group.name, user_name=principal.name)

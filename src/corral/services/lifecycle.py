@@ -12,7 +12,7 @@ FAILED with retries left becomes QUEUED instead; only failed or lost attempts us
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, cast
+from typing import cast
 
 from sqlalchemy import Table, insert, select
 from sqlalchemy.orm import Session
@@ -113,6 +113,9 @@ def transition(session: Session, job: Job, target: JobState, *, now: float, mess
     return target
 
 
+INSERT_EVENT = insert(cast(Table, JobEvent.__table__))
+
+
 def record_event(
     session: Session,
     job_id: int,
@@ -122,36 +125,15 @@ def record_event(
     kind: str = "transition",
     from_state: str | None = None,
     to_state: str | None = None,
+    immediate: bool = False,
 ) -> None:
     """Add one entry to the job's event history (shown by `corral show`, the API and the portal),
-    written at the session's next flush, with the job's own changes."""
-    session.add(JobEvent(**_event_columns(job_id, now, message, kind, from_state, to_state)))
+    written at the session's next flush, with the job's own changes.
 
-
-INSERT_EVENT = insert(cast(Table, JobEvent.__table__))
-
-
-def insert_event(
-    session: Session,
-    job_id: int,
-    now: float,
-    message: str,
-    *,
-    kind: str = "transition",
-    from_state: str | None = None,
-    to_state: str | None = None,
-) -> None:
-    """`record_event` as one INSERT executed now, for a job row that is already written. Only for
-    short write transactions (submit): on SQLite it takes the write lock at once, and the control
-    loops, which call the engine before they commit, must not hold it that long."""
-    columns = _event_columns(job_id, now, message, kind, from_state, to_state)
-    session.connection().execute(INSERT_EVENT, columns)
-
-
-def _event_columns(
-    job_id: int, now: float, message: str, kind: str, from_state: str | None, to_state: str | None
-) -> dict[str, Any]:
-    return {
+    `immediate`: one INSERT executed now instead, for a job row already written. Only for short
+    write transactions (submit): on SQLite it takes the write lock at once, and the control loops,
+    which call the engine before they commit, must not hold it that long."""
+    columns = {
         "job_id": job_id,
         "at": now,
         "kind": kind,
@@ -159,6 +141,10 @@ def _event_columns(
         "to_state": to_state,
         "message": message,
     }
+    if immediate:
+        session.connection().execute(INSERT_EVENT, columns)
+    else:
+        session.add(JobEvent(**columns))
 
 
 def _failed_attempts(session: Session, job: Job) -> int:
