@@ -125,6 +125,21 @@ def test_job_that_can_never_fit_is_refused(world: World) -> None:
     assert submit(world, "alice", ok).status_code == 201
 
 
+def test_a_node_registered_a_moment_ago_counts_for_the_fit_check(world: World) -> None:
+    """Node shapes are cached for the fit check, but a refusal is always re-checked against the
+    database: right after a bigger node registers, a job that needs it is accepted."""
+    with world.session_factory() as db:
+        add_node(db, "small", gpus=2, model="A100")
+        db.commit()
+    needs_four = {"name": "four", "command": "x", "resources": {"gpus": 4}}
+    refused = errors_of(submit(world, "alice", needs_four))[("body", "tasks")]
+    assert "the largest node has 2 such GPUs" in refused
+    with world.session_factory() as db:  # within the cache's trusted second
+        add_node(db, "big", gpus=4, model="A100")
+        db.commit()
+    assert submit(world, "alice", needs_four).status_code == 201
+
+
 def test_visibility_filters_sorting_and_pagination(world: World) -> None:
     for i in range(7):
         assert submit(world, "alice", {**SIMPLE_JOB, "name": f"a{i}"}).status_code == 201
