@@ -61,23 +61,29 @@ def scheduler_nodes(session: Session) -> list[st.Node]:
     return [scheduler_node(n) for n in nodes]
 
 
+@dataclass
+class _NodeShapes:
+    built_at: float
+    verified_at: float
+    fingerprint: tuple[Any, ...]
+    nodes: list[st.Node]
+
+
 # Per database engine (weak: a new engine never inherits a dead one's nodes).
-_nodes_cache: weakref.WeakKeyDictionary[Any, tuple[float, tuple[Any, ...], list[st.Node]]] = (
-    weakref.WeakKeyDictionary()
-)
+_nodes_cache: weakref.WeakKeyDictionary[Any, _NodeShapes] = weakref.WeakKeyDictionary()
 NODES_CACHE_S = 30.0
 NODES_TRUSTED_S = 1.0
 
 
 def cached_scheduler_nodes(session: Session, now: float, *, verify: bool = False) -> list[st.Node]:
     """Node shapes for the fit check, without loading every node and GPU on each submit. Shapes
-    younger than NODES_TRUSTED_S are used as they are; older ones (or any, with `verify`) are
-    checked against one cheap aggregate over nodes and GPUs (a node or GPU added or removed,
-    capacity changed) and rebuilt when it changed, or at the latest every NODES_CACHE_S."""
+    verified less than NODES_TRUSTED_S ago are used as they are; otherwise (or with `verify`) one
+    cheap aggregate over nodes and GPUs is compared (a node or GPU added or removed, capacity
+    changed) and the shapes are rebuilt when it changed, and at the latest every NODES_CACHE_S."""
     key = session.get_bind()
     hit = _nodes_cache.get(key)
-    if hit is not None and not verify and now - hit[0] < NODES_TRUSTED_S:
-        return hit[2]
+    if hit is not None and not verify and now - hit.verified_at < NODES_TRUSTED_S:
+        return hit.nodes
     fingerprint = tuple(
         session.execute(
             select(
@@ -89,12 +95,11 @@ def cached_scheduler_nodes(session: Session, now: float, *, verify: bool = False
             )
         ).one()
     )
-    if hit is not None and hit[1] == fingerprint and now - hit[0] < NODES_CACHE_S:
-        if not verify:  # still right: trust it for another NODES_TRUSTED_S
-            _nodes_cache[key] = (now, fingerprint, hit[2]) if now - hit[0] >= NODES_TRUSTED_S else hit
-        return hit[2]
+    if hit is not None and hit.fingerprint == fingerprint and now - hit.built_at < NODES_CACHE_S:
+        hit.verified_at = now
+        return hit.nodes
     nodes = scheduler_nodes(session)
-    _nodes_cache[key] = (now, fingerprint, nodes)
+    _nodes_cache[key] = _NodeShapes(now, now, fingerprint, nodes)
     return nodes
 
 
