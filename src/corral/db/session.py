@@ -46,7 +46,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         if on_file:
             kwargs["connect_args"].setdefault("factory", sqlite_writes.WriteSerializingConnection)
         if "poolclass" not in kwargs and on_file:
-            # As many connections as the API's worker threads (40), so requests never queue twice.
+            # More connections than requests the API admits at once (32) plus the control loops.
             kwargs.setdefault("pool_size", 20)
             kwargs.setdefault("max_overflow", 30)
         engine = create_engine(url, **kwargs)
