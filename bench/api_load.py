@@ -36,14 +36,19 @@ import httpx
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `python bench/api_load.py` as well as `python -m bench.api_load`
+    sys.path.insert(0, str(ROOT))
 JOB = {"name": "load", "command": "true", "resources": {"cpus": 0.1, "memory": "64MiB"}}
 
 
 def app_factory():  # type: ignore[no-untyped-def]  # uvicorn --factory entry point
     from corral.api.app import create_app
     from corral.config import Settings
+    from corral.server.run import tune_gc
 
-    return create_app(Settings())
+    app = create_app(Settings())
+    tune_gc()  # as `corral up` does (corral.server.run.serve)
+    return app
 
 
 def prepare_database(url: str, home: Path) -> str:

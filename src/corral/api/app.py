@@ -43,7 +43,7 @@ def create_app(
     """Build the app. `engine` is the execution engine (None: logs answer 503); `db_engine` is the
     database (default: made from settings.db_url; the schema must already be migrated: init_db)."""
     app = FastAPI(
-        lifespan=partial(_size_thread_pool, threads=settings.worker_threads),
+        lifespan=partial(_process_setup, threads=settings.worker_threads),
         title="Corral",
         version=__version__,
         description="Queue, schedule, run and observe deep-learning jobs on a shared GPU cluster.",
@@ -68,8 +68,10 @@ def create_app(
 
 
 @asynccontextmanager
-async def _size_thread_pool(_app: FastAPI, *, threads: int) -> AsyncIterator[None]:
-    """Run blocking work (sync endpoints) on `threads` worker threads instead of anyio's 40."""
+async def _process_setup(_app: FastAPI, *, threads: int) -> AsyncIterator[None]:
+    """At start-up: run blocking work (sync endpoints) on `threads` worker threads instead of
+    anyio's 40. (The server process also tunes the garbage collector: corral.server.run.tune_gc;
+    not here, because tests build many apps in one process.)"""
     anyio.to_thread.current_default_thread_limiter().total_tokens = threads
     yield
 
