@@ -1,8 +1,9 @@
 """Replay the Philly trace on the Philly-sized example cluster with Corral's default policy.
 
-Prints jobs replayed per second, wall time, scheduling cycles and the share of time spent inside
-the scheduler library; the baseline, measured in the same run, is the same replay under the
-simplest profile (`fifo`: no quotas, no backfill, no preemption), by default on the whole trace.
+Prints jobs replayed per second, wall time, CPU time of this process (steadier than wall time on a
+shared machine), scheduling cycles and the share of time spent inside the scheduler library; the
+baseline, measured in the same run, is the same replay under the simplest profile (`fifo`: no
+quotas, no backfill, no preemption), by default on the whole trace.
 Target: the whole trace (82,247 jobs) in under 60 s. Last line: one JSON object.
 
     .venv/bin/python bench/sim_replay.py [--jobs N] [--policy default] [--baseline-jobs N]
@@ -22,14 +23,15 @@ from corral.sim.trace import first_jobs, load_trace
 TARGET_S = 60.0
 
 
-def replay(jobs: int | None, policy: str) -> tuple[SimResult, int, float]:
+def replay(jobs: int | None, policy: str) -> tuple[SimResult, int, float, float]:
+    """The result, jobs replayed, wall seconds and CPU seconds of one replay."""
     trace = load_trace("philly")
     if jobs:
         trace = first_jobs(trace, jobs)
     cluster = load_cluster("philly")
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     result = simulate(trace, cluster, policy)
-    return result, len(trace.jobs), time.perf_counter() - started
+    return result, len(trace.jobs), time.perf_counter() - started, time.process_time() - cpu
 
 
 def main() -> None:
@@ -41,20 +43,20 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    base_rate = None
+    base_rate = base_cpu = None
     if args.baseline_jobs:
-        base, base_jobs, base_wall = replay(args.baseline_jobs, "fifo")
+        base, base_jobs, base_wall, base_cpu = replay(args.baseline_jobs, "fifo")
         base_rate = base_jobs / base_wall
         print(
-            f"baseline fifo: {base_jobs:,} jobs in {base_wall:.1f} s = {base_rate:,.0f} jobs/s, "
-            f"{base.cycles:,} cycles"
+            f"baseline fifo: {base_jobs:,} jobs in {base_wall:.1f} s (CPU {base_cpu:.1f} s) = "
+            f"{base_rate:,.0f} jobs/s, {base.cycles:,} cycles"
         )
 
-    result, jobs, wall = replay(args.jobs, args.policy)
+    result, jobs, wall, cpu = replay(args.jobs, args.policy)
     rate = jobs / wall
     library_s = result.schedule_s + result.diagnosis_s  # diagnoses are computed lazily on first read
     sched_share = library_s / wall if wall else 0.0
-    print(f"{args.policy}: {jobs:,} jobs in {wall:.1f} s = {rate:,.0f} jobs/s")
+    print(f"{args.policy}: {jobs:,} jobs in {wall:.1f} s (CPU {cpu:.1f} s) = {rate:,.0f} jobs/s")
     print(
         f"  cycles {result.cycles:,} ({result.cycles / wall:,.0f}/s), "
         f"inside the scheduler library: {sched_share:.0%}"
@@ -78,6 +80,7 @@ def main() -> None:
                 "policy": args.policy,
                 "jobs": jobs,
                 "wall_s": round(wall, 2),
+                "cpu_s": round(cpu, 2),
                 "jobs_per_s": round(rate, 1),
                 "cycles": result.cycles,
                 "schedule_s": round(result.schedule_s, 2),
@@ -86,6 +89,7 @@ def main() -> None:
                 "projected_full_trace_s": round(projected, 1),
                 "target_s": TARGET_S,
                 "baseline_fifo_jobs_per_s": None if base_rate is None else round(base_rate, 1),
+                "baseline_fifo_cpu_s": None if base_cpu is None else round(base_cpu, 2),
                 "ratio_vs_fifo": None if base_rate is None else round(rate / base_rate, 3),
             }
         )

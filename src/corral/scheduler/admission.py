@@ -16,7 +16,9 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import groupby
+from operator import attrgetter
 from typing import Any
 
 from corral.scheduler.cluster import RunningTotals
@@ -190,6 +192,15 @@ class OrderedQueue:
     def charge(self, job: Job) -> None:
         """Ordering does not depend on what was placed."""
 
+    def run_ahead(self) -> Sequence[Job]:
+        """The jobs pop() returns next, in order (the order never changes)."""
+        return self._jobs
+
+    def skip(self, n: int) -> list[Job]:
+        """Pop the next `n` jobs, all GPU work (see run_ahead)."""
+        jobs = self._jobs
+        return [jobs.popleft() for _ in range(n)]
+
     def park(self, job: Job) -> None:
         """Keep the job just popped for the second (borrowing) pass."""
         self.parked.append(job)
@@ -202,6 +213,9 @@ class OrderedQueue:
         self.cpu_ids |= {j.id for j in jobs if cpu_only(j)}
         self.cpu_only_left = sum(1 for j in merged if j.id in self.cpu_ids)
         self._jobs = deque(sorted(merged, key=self.key))
+
+
+_user_of = attrgetter("user")
 
 
 class FairShareQueue:
@@ -229,12 +243,21 @@ class FairShareQueue:
         self.cpu_ids: set[str] = set()
         self.cpu_only_left = 0
         self._pending: tuple[str, str] | None = None
+        cpu_ids = self.cpu_ids
         for g, jobs in jobs_by_group.items():
             per_user: dict[str, deque[Job]] = {}
-            for j in jobs:
-                per_user.setdefault(j.user, deque()).append(j)
-                if cpu_only(j):
-                    self.cpu_ids.add(j.id)
+            if len(set(map(_user_of, jobs))) == 1:  # one user: the group's order as it is
+                per_user[jobs[0].user] = deque(jobs)
+            else:
+                for j in jobs:
+                    q = per_user.get(j.user)
+                    if q is None:
+                        q = per_user[j.user] = deque()
+                    q.append(j)
+            # the first test settles most jobs (a GPU job's first task asks for GPUs)
+            cpu_ids.update(
+                j.id for j in jobs if not j.tasks or (j.tasks[0].resources.gpus <= 0 and cpu_only(j))
+            )
             self.users[g] = per_user
             heap = [self._user_key(g, u, q[0]) for u, q in per_user.items()]
             heapq.heapify(heap)
@@ -272,6 +295,24 @@ class FairShareQueue:
             heapq.heappush(self.user_heaps[g], self._user_key(g, user, q[0]))
         if self.user_heaps[g]:
             heapq.heappush(self.group_heap, (self.group_share[g], g))
+
+    def run_ahead(self) -> Sequence[Job]:
+        """Jobs pop() returns next, in order, as long as nothing is charged: the rest of the last
+        popped user's jobs when that user is the only one its group has left (an uncharged group
+        keeps the lowest share, so it stays first); empty otherwise."""
+        if self._pending is None:
+            return ()
+        g, user = self._pending
+        if self.user_heaps[g]:
+            return ()  # other users of the group interleave by their own keys
+        return self.users[g][user]
+
+    def skip(self, n: int) -> list[Job]:
+        """Pop the next `n` jobs of run_ahead(), all GPU work, with nothing charged since."""
+        assert self._pending is not None
+        g, user = self._pending
+        q = self.users[g][user]
+        return [q.popleft() for _ in range(n)]
 
     def park(self, job: Job) -> None:
         """Put back the job just popped and take its group out of this pass (it has no
@@ -336,8 +377,8 @@ def build_queue(
             jobs, key=lambda j: (las_queue(j.attained_gpu_seconds, las_thresholds), j.submit_time, j.id)
         )
     by_group: dict[str, list[Job]] = {}
-    for j in jobs:  # callers pass jobs sorted by (group, group_order_key)
-        by_group.setdefault(j.group, []).append(j)
+    for name, run in groupby(jobs, key=attrgetter("group")):  # callers pass jobs sorted by group first
+        by_group.setdefault(name, []).extend(run)
     group_usage = dict(usage.by_group)
     user_usage = dict(usage.by_user)
     # what runs now counts as `horizon_s` more seconds of use

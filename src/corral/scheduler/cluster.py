@@ -14,6 +14,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from corral.scheduler.types import Allocation, Job, Node, NodeState, Reason, RunningJob
 
@@ -32,6 +33,7 @@ class Request:
 
 
 ShapeKey = tuple[object, ...]
+K = TypeVar("K")
 
 
 def shape_key(job: Job) -> ShapeKey:
@@ -134,35 +136,52 @@ def node_table(nodes: Sequence[Node]) -> NodeTable:
     return table
 
 
+def _bump(counts: dict[K, int], key: K, delta: int) -> None:
+    """Add `delta` to a count, dropping it at zero (so the keys are exactly the nonzero counts)."""
+    left = counts.get(key, 0) + delta
+    if left:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
+
+
 class RunningTotals:
-    """GPUs held by running work per (group, model) and per (group, user)."""
+    """GPUs held by running work per (group, model) and per (group, user), and what the preemption
+    pre-check reads of it: preemptible jobs (not asked to stop) by (group, priority), those on
+    borrowed quota by group, and how many jobs are asked to stop. Kept up to date between calls."""
 
     def __init__(self) -> None:
         self.by_group_model: dict[tuple[str, str], int] = {}
         self.by_user: dict[tuple[str, str], int] = {}
+        self.preemptible = 0
+        self.ranks: dict[tuple[str, int], int] = {}  # (group, priority) -> preemptible jobs
+        self.lenders: dict[str, int] = {}  # group -> preemptible jobs on borrowed quota
+        self.stopping = 0  # jobs marked stopping
 
     def add(self, rj: RunningJob, per_model: dict[str, int], sign: int) -> None:
-        group = rj.job.group
+        job = rj.job
+        group = job.group
         total = 0
         for m, n in per_model.items():
-            k = (group, m)
-            left = self.by_group_model.get(k, 0) + sign * n
-            if left:
-                self.by_group_model[k] = left
-            else:
-                self.by_group_model.pop(k, None)
+            _bump(self.by_group_model, (group, m), sign * n)
             total += n
-        uk = (group, rj.job.user)
-        left = self.by_user.get(uk, 0) + sign * total
-        if left:
-            self.by_user[uk] = left
-        else:
-            self.by_user.pop(uk, None)
+        _bump(self.by_user, (group, job.user), sign * total)
+        if rj.stopping:
+            self.stopping += sign
+        elif job.preemptible:
+            self.preemptible += sign
+            _bump(self.ranks, (group, int(job.priority)), sign)
+            if rj.borrowed:
+                _bump(self.lenders, group, sign)
 
     def copy(self) -> RunningTotals:
         out = RunningTotals()
         out.by_group_model = dict(self.by_group_model)
         out.by_user = dict(self.by_user)
+        out.preemptible = self.preemptible
+        out.ranks = dict(self.ranks)
+        out.lenders = dict(self.lenders)
+        out.stopping = self.stopping
         return out
 
 
@@ -183,28 +202,31 @@ class Occupied:
         self.free = list(table.free)
         self.buckets = {m: [lst[:] for lst in b] for m, b in table.buckets.items()}
         self.free_total = dict(table.free_total)
-        self.jobs: dict[int, tuple[RunningJob, dict[str, int]]] = {}  # id(running job) -> GPUs/model
+        self.jobs: dict[int, RunningJob] = {}  # id(running job) -> the job (held, so ids stay unique)
+        self.held: dict[int, dict[str, int]] = {}  # id(running job) -> GPUs per model
         self.totals = RunningTotals()
         self.ok = True
 
     def sync(self, running: Sequence[RunningJob]) -> list[dict[str, int]] | None:
         """Make the running set exactly `running`; GPUs per model of each, or None if unusable."""
-        current = {id(rj): rj for rj in running}
+        keys = list(map(id, running))
+        current = dict(zip(keys, running, strict=True))
         if len(current) != len(running):
             self.ok = False  # the same object twice
         touched: set[int] = set()
-        for key in self.jobs.keys() - current.keys():
-            rj, per_model = self.jobs.pop(key)
+        jobs, held = self.jobs, self.held
+        for key in jobs.keys() - current.keys():
+            rj = jobs.pop(key)
+            per_model = held.pop(key)
             self._apply(rj, -1, touched)
             self.totals.add(rj, per_model, -1)
-        for key in current.keys() - self.jobs.keys():
-            rj = current[key]
-            per_model = self._apply(rj, 1, touched)
-            self.jobs[key] = (rj, per_model)
+        for key in current.keys() - jobs.keys():
+            rj = jobs[key] = current[key]
+            per_model = held[key] = self._apply(rj, 1, touched)
             self.totals.add(rj, per_model, 1)
         if not self.ok:
             return None
-        return [self.jobs[id(rj)][1] for rj in running]
+        return list(map(held.__getitem__, keys))
 
     def _apply(self, rj: RunningJob, sign: int, touched: set[int]) -> dict[str, int]:
         t = self.table

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from itertools import islice, takewhile
 
 from corral.scheduler.admission import QuotaLedger, attained_now, las_queue
-from corral.scheduler.cluster import ClusterState
+from corral.scheduler.cluster import ClusterState, RunningTotals
 from corral.scheduler.placement import Placer
 from corral.scheduler.profiles import Profile
 from corral.scheduler.types import Job, Preemption, RunningJob
@@ -48,17 +48,18 @@ class Preemptor:
         profile: Profile,
         now: float,
         running: list[tuple[RunningJob, dict[str, int]]],
+        totals: RunningTotals | None = None,
     ) -> None:
         self.st, self.placer, self.ledger, self.profile, self.now = st, placer, ledger, profile, now
         self.attempts_left = profile.max_preemption_attempts if profile.preemption != "none" else 0
         self.running = running
-        self.preemptible = (
-            sum(1 for rj, _ in running if rj.job.preemptible and not rj.stopping) if self.attempts_left else 0
-        )
+        self.preemptible = 0  # running jobs that may become victims
         # jobs already asked to stop: never victims again; their room goes to the first job it fits
-        self.draining = (
-            [Candidate(rj, pm, 0) for rj, pm in running if rj.stopping] if self.attempts_left else []
-        )
+        self.draining: list[Candidate] = []
+        self._ranks: set[tuple[str, int]] = set()  # (group, priority) of preemptible running jobs
+        self._lenders: set[str] = set()  # groups with preemptible running jobs on borrowed quota
+        if self.attempts_left:
+            self._survey(running, totals)
         self.claimed = 0  # draining jobs whose room is promised to a waiting job
         self.candidates: list[Candidate] = []
         self.borrowed: list[Candidate] = []
@@ -66,9 +67,29 @@ class Preemptor:
         self._built = False
         self.victims: set[str] = set()
         self.hopeless: set[tuple[object, ...]] = set()  # memo keys with no eligible victim left
-        self._ranks: set[tuple[str, int]] | None = None  # (group, priority) of preemptible running jobs
-        self._lenders: set[str] = set()  # groups with preemptible running jobs on borrowed quota
         self._lower: dict[tuple[str, int], bool] = {}  # (group, priority) -> has lower-ranked candidates
+
+    def _survey(self, running: list[tuple[RunningJob, dict[str, int]]], totals: RunningTotals | None) -> None:
+        """Draining jobs, and what the cheap pre-check reads: from the running totals when given
+        (kept up to date between calls), else from one pass over the running jobs."""
+        if totals is not None:
+            self.preemptible = totals.preemptible
+            self._ranks.update(totals.ranks)
+            self._lenders.update(totals.lenders)
+            if totals.stopping:
+                self.draining = [Candidate(rj, pm, 0) for rj, pm in running if rj.stopping]
+            return
+        ranks, lenders = self._ranks, self._lenders
+        for rj, pm in running:
+            if rj.stopping:
+                self.draining.append(Candidate(rj, pm, 0))
+                continue
+            job = rj.job
+            if job.preemptible:
+                self.preemptible += 1
+                ranks.add((job.group, int(job.priority)))
+                if rj.borrowed:
+                    lenders.add(job.group)
 
     def _build(self) -> None:
         """Sort the candidates and index them, on the first search of the cycle (many cycles have
@@ -123,18 +144,13 @@ class Preemptor:
         return heapq.merge(own, lent, key=self.order_key)
 
     def _may_have_victims(self, job: Job, models: tuple[str, ...], need: int | None) -> bool:
-        """Cheap necessary condition for `_eligible` to yield anything (quota_priority only): a
+        """Cheap necessary condition for `_eligible` to yield anything: for quota_priority, a
         preemptible running job of lower priority in the job's group, or borrowed work of another
-        group while the job is within its guarantee. Needs no sorted candidate list."""
+        group while the job is within its guarantee; for las, the job is not in the last queue
+        (victims sit in a higher one). Needs no sorted candidate list."""
         if self.profile.preemption == "las":
-            return True
-        if self._ranks is None:
-            self._ranks = set()
-            for rj, _ in self.running:
-                if rj.job.preemptible and not rj.stopping:
-                    self._ranks.add((rj.job.group, int(rj.job.priority)))
-                    if rj.borrowed:
-                        self._lenders.add(rj.job.group)
+            thresholds = self.profile.las_thresholds
+            return las_queue(job.attained_gpu_seconds, thresholds) < len(thresholds)
         group, lenders = job.group, self._lenders
         lower = self._lower.get((group, job.priority))
         if lower is None:
@@ -180,9 +196,13 @@ class Preemptor:
         self.attempts_left -= 1
         chosen: list[Candidate] = []
         fits: dict[str, int] | None = None
+        total = job.total_gpus
+        widest = max((t.resources.gpus for t in job.tasks), default=0)
         for c in pool:
             self._release(c, -1)
             chosen.append(c)
+            if total > 0 and self._too_small(models, total, widest):
+                continue  # too few free GPUs, or no block as large as one instance: placing fails
             fits = self._fits_now(job, models, chosen)
             if fits is not None:
                 break
@@ -216,6 +236,12 @@ class Preemptor:
         if not pool:  # stays empty for the cycle: victims are only ever taken away
             self.hopeless.add(memo_key)
         return pool
+
+    def _too_small(self, models: tuple[str, ...], total: int, widest: int) -> bool:
+        st = self.st
+        if sum(st.free_total.get(m, 0) for m in models) < total:
+            return True
+        return all(st.largest_block(m) < widest for m in models)
 
     def _release(self, c: Candidate, sign: int) -> None:
         self.st.occupy(c.rj.allocation, sign=1 if sign > 0 else -1)

@@ -1,0 +1,213 @@
+"""Outcomes replayed within a cycle (`core.SKIP_KNOWN`) and single diagnoses read by id must give
+exactly what the ordinary path gives: the same plans, preemptions and diagnoses.
+
+A cycle remembers, per kind of job and state, that a job found too few free GPUs (with nothing to
+reserve or preempt), searched for victims in vain, or was admitted and then held off by a backfill
+reservation; later jobs of that kind skip the work. The snapshots here are crowded on purpose: many
+queued jobs of few kinds, a nearly full cluster, borrowed, lower-priority and draining running
+jobs, so every replayed outcome occurs often."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import corral.scheduler.core as core
+from corral.scheduler import ANY_MODEL, PROFILES, Plan, Priority, Profile, Snapshot, Usage
+from tests.scheduler.builders import apply_plan, gpu_node, group, job, plan_for, running
+
+PROFILE_NAMES = sorted(PROFILES)
+
+
+@contextmanager
+def replay_off() -> Iterator[None]:
+    saved = core.SKIP_KNOWN
+    core.SKIP_KNOWN = False
+    try:
+        yield
+    finally:
+        core.SKIP_KNOWN = saved
+
+
+@st.composite
+def crowded(draw: st.DrawFn) -> Snapshot:
+    width = draw(st.sampled_from([4, 8]))
+    nodes = [
+        gpu_node(f"n{i}", gpus=width, model=draw(st.sampled_from(["A100", "A100", "V100M32"])))
+        for i in range(draw(st.integers(1, 4)))
+    ]
+    groups = [
+        group(
+            name,
+            guaranteed={ANY_MODEL: draw(st.integers(0, 2 * width))},
+            max=draw(st.sampled_from([None, {ANY_MODEL: 3 * width}])),
+            borrowing=draw(st.booleans()),
+        )
+        for name in ("a", "b")
+    ]
+    run = []
+    for n, node in enumerate(nodes):  # fill most GPUs with running jobs of one or two GPUs
+        g = 0
+        while g < width and draw(st.integers(0, 5)) > 0:
+            k = min(draw(st.sampled_from([1, 2])), width - g)
+            rj = job(
+                f"r{n}-{g}",
+                gpus=k,
+                group=draw(st.sampled_from(["a", "b"])),
+                model=node.gpus[0].model,
+                priority=draw(st.sampled_from([Priority.LOW, Priority.NORMAL])),
+                runtime=draw(st.sampled_from([None, 300.0, 5000.0])),
+                preemptible=draw(st.booleans()),
+                attained=float(draw(st.sampled_from([0, 50000]))),
+            )
+            placed = running(
+                rj, node.name, tuple(range(g, g + k)), start=float(g), borrowed=draw(st.booleans())
+            )
+            if draw(st.integers(0, 6)) == 0:  # in its grace period: draining room
+                placed = dataclasses.replace(
+                    placed, stopping=True, stops_by=draw(st.sampled_from([None, 1020.0]))
+                )
+            run.append(placed)
+            g += k
+    kinds = [  # few kinds, many jobs of each; model constraints make several reservations
+        (gpus, inst, grp, pri, pre, model)
+        for gpus, inst in ((1, 1), (2, 1), (width, 1), (width, 2))
+        for grp in ("a", "b")
+        for pri in (Priority.NORMAL, Priority.HIGH)
+        for pre in (True, False)
+        for model in (None, None, "A100", "V100M32")
+    ]
+    users = draw(st.sampled_from([("x",), ("x", "x", "y")]))  # one user per group: skipped in runs
+    queued = []
+    for k in range(draw(st.integers(1, 40))):
+        gpus, inst, grp, pri, pre, model = draw(st.sampled_from(kinds))
+        queued.append(
+            job(
+                f"j{k}",
+                gpus=gpus,
+                instances=inst,
+                group=grp,
+                user=draw(st.sampled_from(users)),
+                priority=pri,
+                preemptible=pre,
+                model=model,
+                submit=float(k),
+                runtime=draw(st.sampled_from([None, 10.0, 100.0, 10000.0])),
+                attained=float(draw(st.sampled_from([0, 5000]))),
+            )
+        )
+    usage = Usage(by_group={"a": float(draw(st.integers(0, 1000))), "b": 500.0})
+    return Snapshot(tuple(nodes), tuple(groups), tuple(queued), tuple(run), usage)
+
+
+@st.composite
+def preemption_heavy(draw: st.DrawFn) -> Snapshot:
+    """A full cluster of low-priority preemptible work, each node pinned by one job that may not be
+    preempted: searches for a whole node fail again and again (replayed), smaller ones succeed."""
+    width = draw(st.sampled_from([4, 8]))
+    nodes = [gpu_node(f"n{i}", gpus=width) for i in range(draw(st.integers(1, 3)))]
+    groups = [group("a", guaranteed={ANY_MODEL: width}), group("b", guaranteed={ANY_MODEL: width})]
+    run = []
+    for node in nodes:
+        pin = job(f"pin-{node.name}", group="a", preemptible=False, runtime=9000.0)
+        run.append(running(pin, node.name, (0,), start=0.0))
+        for g in range(1, width):
+            rj = job(
+                f"r-{node.name}-{g}",
+                group=draw(st.sampled_from(["a", "b"])),
+                priority=Priority.LOW,
+                runtime=draw(st.sampled_from([500.0, 5000.0])),
+                attained=float(draw(st.sampled_from([0, 50000]))),
+            )
+            placed = running(rj, node.name, (g,), start=float(g), borrowed=draw(st.booleans()))
+            if draw(st.integers(0, 5)) == 0:
+                placed = dataclasses.replace(placed, stopping=True)
+            run.append(placed)
+    queued = []
+    for k in range(draw(st.integers(1, 30))):
+        gpus = draw(st.sampled_from([width, width, 1, 2]))
+        queued.append(
+            job(
+                f"q{k}",
+                gpus=gpus,
+                group=draw(st.sampled_from(["a", "b"])),
+                priority=draw(st.sampled_from([Priority.HIGH, Priority.HIGH, Priority.NORMAL])),
+                submit=float(k),
+                runtime=draw(st.sampled_from([None, 100.0])),
+            )
+        )
+    return Snapshot(tuple(nodes), tuple(groups), tuple(queued), tuple(run), Usage())
+
+
+@settings(max_examples=80, deadline=None)
+@given(preemption_heavy(), st.sampled_from(["default", "las"]), st.integers(1, 16))
+def test_replayed_failed_searches_spend_attempts_as_real_ones(s: Snapshot, name: str, attempts: int) -> None:
+    profile = dataclasses.replace(PROFILES[name], max_preemption_attempts=attempts)
+    with replay_off():
+        fresh = plan_for(s, profile)
+    assert_same(plan_for(s, profile), fresh)
+    assert_same(plan_for(s, profile), fresh)  # every job known: whole runs are skipped
+
+
+def assert_same(plan: Plan, fresh: Plan) -> None:
+    assert plan.assignments == fresh.assignments
+    assert plan.preemptions == fresh.preemptions
+    assert dict(plan.diagnoses) == dict(fresh.diagnoses)
+
+
+@settings(max_examples=150, deadline=None)
+@given(crowded(), st.sampled_from(PROFILE_NAMES))
+def test_replayed_outcomes_equal_the_ordinary_path(s: Snapshot, name: str) -> None:
+    profile = PROFILES[name]
+    with replay_off():
+        fresh = plan_for(s, profile)
+    # the first call sees every job for the first time; the second knows them all (the per-job memo
+    # is kept across calls), so whole runs of jobs are skipped at once (_skip_known)
+    assert_same(plan_for(s, profile), fresh)
+    assert_same(plan_for(s, profile), fresh)
+
+
+@settings(max_examples=60, deadline=None)
+@given(crowded(), st.sampled_from(["default", "las", "fifo-backfill"]), st.integers(1, 4))
+def test_replayed_outcomes_equal_the_ordinary_path_with_few_attempts(
+    s: Snapshot, name: str, attempts: int
+) -> None:
+    """Few preemption attempts: replayed failed searches must spend them as real ones do."""
+    profile = dataclasses.replace(PROFILES[name], max_preemption_attempts=attempts, backfill_depth=5)
+    with replay_off():
+        fresh = plan_for(s, profile)
+    assert_same(plan_for(s, profile), fresh)
+
+
+@settings(max_examples=40, deadline=None)
+@given(crowded(), st.sampled_from(["default", "fifo-backfill", "sjf"]))
+def test_replayed_outcomes_over_several_cycles(s: Snapshot, name: str) -> None:
+    profile: Profile = PROFILES[name]
+    for cycle in range(3):
+        now = 1000.0 + 100 * cycle
+        with replay_off():
+            fresh = plan_for(s, profile, now=now)
+        plan = plan_for(s, profile, now=now)
+        assert_same(plan, fresh)
+        s = apply_plan(s, plan, now)
+        if s.running:
+            s = dataclasses.replace(s, running=s.running[1:])
+
+
+@settings(max_examples=80, deadline=None)
+@given(crowded(), st.sampled_from(PROFILE_NAMES))
+def test_one_diagnosis_read_by_id_equals_the_full_set(s: Snapshot, name: str) -> None:
+    profile = PROFILES[name]
+    full = dict(plan_for(s, profile).diagnoses)
+    for job_id in [j.id for j in s.queued] + ["no-such-job"]:
+        plan = plan_for(s, profile)  # a fresh plan: nothing built yet, so only this one is
+        assert plan.diagnoses.get(job_id) == full.get(job_id)
+        assert (job_id in plan.diagnoses) == (job_id in full)
+    plan = plan_for(s, profile)
+    first = [plan.diagnoses.get(j.id) for j in s.queued[:3]]  # some by id, then all at once
+    assert dict(plan.diagnoses) == full
+    assert first == [full.get(j.id) for j in s.queued[:3]]
