@@ -44,7 +44,7 @@ for extra in (ROOT, ROOT / "src"):  # corral (src layout) and the Slurm harness 
 from corral.server.launcher import CorralServer, start_server  # noqa: E402
 
 COMMAND = "date +%s.%N"
-SPEC = {"cpus": 0.01, "memory": "16MiB", "gpus": 0}
+SPEC: dict[str, Any] = {"cpus": 0.01, "memory": "16MiB", "gpus": 0}
 LIVE = "queued,scheduled,starting,running,preempted"
 SLURM_ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 T = TypeVar("T")

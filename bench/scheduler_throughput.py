@@ -52,13 +52,13 @@ from corral.scheduler import (
 
 TRACE = Path(__file__).resolve().parents[1].parent / "shared/traces/philly/philly_jobs.csv"
 # (model, GPUs per node, nodes, topology group size)
-NODE_KINDS = (
+NODE_KINDS: tuple[tuple[str, int, int, int | None], ...] = (
     ("A100", 8, 2000, 4),
     ("V100M32", 16, 500, 8),
     ("V100M16", 8, 1250, None),
     ("K80", 4, 750, None),
+    ("T4", 8, 375, None),
 )
-NODE_KINDS += (("T4", 8, 375, None),)
 CPU_NODES = 125
 CONSTRAINTS = [None] * 14 + ["A100"] * 3 + ["V100M16|V100M32"] * 2 + ["T4"]
 
