@@ -6,6 +6,7 @@ and a job may displace lower-priority work of its own group. las: a job in a low
 loses least work (borrowed first, then lowest priority, then youngest; for las, most attained
 first, then youngest) and added one by one until the waiting job fits. The victims keep their
 resources during this cycle (they get a grace period); the waiting job starts in a later cycle.
+For las the free GPUs its room counts on are held too, for the rest of the cycle (`_hold_free`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from corral.scheduler.cluster import ClusterState, RunningTotals
 from corral.scheduler.placement import Placer
 from corral.scheduler.profiles import Profile
 from corral.scheduler.types import Job, Preemption, RunningJob
+
+Spot = tuple[int, str | None, tuple[int, ...], float, int]  # Placed.undo entry: node, model, GPUs, CPUs, MiB
 
 
 @dataclass(slots=True)
@@ -196,6 +199,7 @@ class Preemptor:
         self.attempts_left -= 1
         chosen: list[Candidate] = []
         fits: dict[str, int] | None = None
+        spots: list[Spot] = []
         total = job.total_gpus
         widest = max((t.resources.gpus for t in job.tasks), default=0)
         for c in pool:
@@ -203,13 +207,16 @@ class Preemptor:
             chosen.append(c)
             if total > 0 and self._too_small(models, total, widest):
                 continue  # too few free GPUs, or no block as large as one instance: placing fails
-            fits = self._fits_now(job, models, chosen)
-            if fits is not None:
+            found = self._fits_now(job, models, chosen)
+            if found is not None:
+                fits, spots = found
                 break
         for c in reversed(chosen):
             self._release(c, 1)
         if fits is None:
             return None
+        if self.profile.preemption == "las":
+            self._hold_free(spots)
         self.victims.update(c.rj.job.id for c in chosen)
         self.claimed += sum(1 for c in chosen if c.rj.stopping)
         grace = self.profile.grace_s
@@ -248,8 +255,11 @@ class Preemptor:
         if self.ledger is not None:
             self.ledger.charge(c.rj.job, c.gpus_by_model, sign)
 
-    def _fits_now(self, job: Job, models: tuple[str, ...], chosen: list[Candidate]) -> dict[str, int] | None:
-        """GPUs per model the job would use if `chosen` were gone; None when it would still not fit."""
+    def _fits_now(
+        self, job: Job, models: tuple[str, ...], chosen: list[Candidate]
+    ) -> tuple[dict[str, int], list[Spot]] | None:
+        """GPUs per model the job would use if `chosen` were gone, and where it would be placed;
+        None when it would still not fit."""
         ledger = self.ledger
         allowed = None
         borrow = False
@@ -263,8 +273,24 @@ class Preemptor:
         if placed is None:
             return None
         ok = ledger is None or ledger.fits(job, placed.gpus_by_model, borrow)[0]
+        spots = list(placed.undo)
         self.placer.rollback(placed)
-        return dict(placed.gpus_by_model) if ok else None
+        return (dict(placed.gpus_by_model), spots) if ok else None
+
+    def _hold_free(self, spots: list[Spot]) -> None:
+        """las: hold, for the rest of this cycle, the free GPUs that the room counts on besides the
+        victims' (the victims keep theirs through their grace anyway). Otherwise jobs later in the
+        order (the same or a higher LAS queue) take them in this same cycle; when the victims have stopped the
+        job still does not fit, preempts again, and the victims restart in the room it left: a
+        multi-node gang and its victims preempt each other forever and nobody keeps any work."""
+        st = self.st
+        for i, model, gpus, _cpus, _mem in spots:
+            if model is None or not gpus:
+                continue
+            free = set(st.free[i][model])
+            held = tuple(g for g in gpus if g in free)
+            if held:
+                st.take(i, model, held, 0.0, 0)  # GPUs only: the job's CPUs/memory are not reserved
 
     def _sentence(self, job: Job, c: Candidate) -> str:
         if self.profile.preemption == "las":
