@@ -7,8 +7,8 @@ import time
 import sqlalchemy as sa
 
 from corral.config import Settings
-from corral.db.models import ApiToken
-from corral.services import auth
+from corral.db.models import ApiToken, User
+from corral.services import accounts, auth
 from tests.api.conftest import ALICE_PASSWORD, SIMPLE_JOB, World
 from tests.api.helpers import add_node
 
@@ -163,3 +163,20 @@ def test_ssh_keys(world: World) -> None:
     r = c.post(f"{API}/ssh-keys", json={"name": "bad", "public_key": "hello"}, headers=world.as_("alice"))
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "public_key"]
     assert c.get(f"{API}/ssh-keys", headers=world.as_("bob")).json() == []
+
+
+def test_user_list_matches_each_users_view(world: World) -> None:
+    """GET /users builds every view from three queries; each must equal the one-user view."""
+    c, admin = world.client, world.as_("admin")
+    new = {"name": "dave", "groups": ["vision", "nlp"], "default_group": "nlp"}
+    assert c.post(f"{API}/users", json=new, headers=admin).status_code == 201
+    listed = c.get(f"{API}/users", headers=admin).json()
+    with world.session_factory() as db:
+        users = db.scalars(sa.select(User).order_by(User.name)).all()
+        expected = [accounts.user_out(db, u) for u in users]
+    assert [u["name"] for u in listed] == ["admin", "alice", "bob", "carol", "dave"]
+    assert listed == expected
+    bob = next(u for u in listed if u["name"] == "bob")
+    assert bob["role"] == "group_admin" and bob["groups"] == [{"name": "vision", "role": "admin"}]
+    dave = next(u for u in listed if u["name"] == "dave")
+    assert [g["name"] for g in dave["groups"]] == ["nlp", "vision"] and dave["default_group"] == "nlp"

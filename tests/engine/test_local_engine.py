@@ -32,6 +32,18 @@ def one(engine: LocalEngine, command: str, env: dict[str, str] | None = None, gp
     return AttemptLaunch(aid, aid.split(".")[0], 1, "bob", "team", (inst,))
 
 
+def started_in_sandbox(engine: LocalEngine, command: str) -> tuple[AttemptLaunch, int, Path]:
+    """`command` (which echoes `ready`) launched with cgroups and running: the attempt, its
+    supervisor's pid and its cgroup's procs dir."""
+    require(engine.capabilities()["cgroups"], "cgroups")
+    attempt = one(engine, command)
+    engine.launch(attempt)
+    wait_log(engine, attempt.attempt_id, b"ready")
+    sup = json.loads((engine.attempts_dir / attempt.attempt_id / "supervisor.json").read_text())
+    cgroup_dir = Path(engine.attempt_spec(attempt.attempt_id)["instances"][0]["cgroup"]["procs_dir"])
+    return attempt, int(sup["pid"]), cgroup_dir
+
+
 def test_factory_builds_a_local_engine_from_settings(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path, node_name="box", virtual_gpus=2, gpu_model="T4")
     engine = make_engine(settings)
@@ -122,17 +134,12 @@ def test_dead_supervisor_means_lost_and_nothing_survives(tmp_path: Path) -> None
     require_binary("bwrap")
     with local_engine_factory(tmp_path / "home") as factory:
         engine = factory()
-        require(engine.capabilities()["cgroups"], "cgroups")
-        attempt = one(engine, "echo ready; sleep 60")
-        engine.launch(attempt)
-        wait_log(engine, attempt.attempt_id, b"ready")
-        sup = json.loads((engine.attempts_dir / attempt.attempt_id / "supervisor.json").read_text())
-        spec = engine.attempt_spec(attempt.attempt_id)
-        os.kill(sup["pid"], signal.SIGKILL)
+        attempt, supervisor, cgroup_dir = started_in_sandbox(engine, "echo ready; sleep 60")
+        os.kill(supervisor, signal.SIGKILL)
         time.sleep(0.2)
         status = engine.poll([attempt.attempt_id])[attempt.attempt_id]
         assert status.phase is AttemptPhase.LOST and status.reason is FailureReason.NODE_LOST
-        assert not Path(spec["instances"][0]["cgroup"]["procs_dir"]).exists()
+        assert not cgroup_dir.exists()
 
 
 def test_state_files_are_valid_json() -> None:
@@ -168,14 +175,9 @@ def test_sigterm_to_a_supervisor_stops_its_job_and_cleans_up(tmp_path: Path) -> 
     require_binary("bwrap")
     with local_engine_factory(tmp_path / "home") as factory:
         engine = factory()
-        require(engine.capabilities()["cgroups"], "cgroups")
-        attempt = one(engine, "trap '' TERM; echo ready; sleep 60")
-        engine.launch(attempt)
-        wait_log(engine, attempt.attempt_id, b"ready")
-        sup = json.loads((engine.attempts_dir / attempt.attempt_id / "supervisor.json").read_text())
-        cgroup_dir = Path(engine.attempt_spec(attempt.attempt_id)["instances"][0]["cgroup"]["procs_dir"])
+        attempt, supervisor, cgroup_dir = started_in_sandbox(engine, "trap '' TERM; echo ready; sleep 60")
         started = time.monotonic()
-        os.kill(sup["pid"], signal.SIGTERM)
+        os.kill(supervisor, signal.SIGTERM)
         status = wait_finished(engine, attempt.attempt_id, timeout=10)
         assert time.monotonic() - started < 5, "a bare SIGTERM must not wait a full stop grace"
         assert status.reason is FailureReason.STOPPED

@@ -46,6 +46,18 @@ def job_state(ctx: ServerContext, job_id: int) -> str:
         return job.state
 
 
+def running_job(ctx: ServerContext, fake: FakeEngine, gpus: tuple[int, ...]) -> int:
+    """A job on n1's `gpus`, assigned, launched and reported running: the start of the stop tests."""
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        job_id = add_job(session, gid, uid, gpus=len(gpus))
+    assert assign(ctx, job_id, ("worker", "n1", 0, gpus))
+    run_dispatch(ctx)
+    fake.run(f"{job_id}.1")
+    reconcile_tick(ctx, time.time())
+    return job_id
+
+
 def test_node_sync_stores_gpus_and_pushes_cordon(env: tuple[ServerContext, FakeEngine]) -> None:
     ctx, fake = env
     with ctx.session_factory() as session:
@@ -99,13 +111,7 @@ def test_dispatch_sets_rendezvous_env_for_a_gang(env: tuple[ServerContext, FakeE
 
 def test_reconcile_runs_succeeds_frees_gpus_and_charges_usage(env: tuple[ServerContext, FakeEngine]) -> None:
     ctx, fake = env
-    with ctx.session_factory() as session:
-        gid, uid = seed_tenant(session)
-        job_id = add_job(session, gid, uid, gpus=2)
-    assert assign(ctx, job_id, ("worker", "n1", 0, (0, 1)))
-    run_dispatch(ctx)
-    fake.run(f"{job_id}.1")
-    reconcile_tick(ctx, time.time())
+    job_id = running_job(ctx, fake, (0, 1))
     assert job_state(ctx, job_id) == "running"
     fake.finish(f"{job_id}.1", 0)
     reconcile_tick(ctx, time.time())
@@ -138,13 +144,7 @@ def test_failed_attempts_retry_then_fail_keeping_every_attempt(env: tuple[Server
 
 def test_cancel_while_running_stops_with_grace_then_cancels(env: tuple[ServerContext, FakeEngine]) -> None:
     ctx, fake = env
-    with ctx.session_factory() as session:
-        gid, uid = seed_tenant(session)
-        job_id = add_job(session, gid, uid)
-    assert assign(ctx, job_id, ("worker", "n1", 0, (0,)))
-    run_dispatch(ctx)
-    fake.run(f"{job_id}.1")
-    reconcile_tick(ctx, time.time())
+    job_id = running_job(ctx, fake, (0,))
     with ctx.session_factory() as session:
         session.get(Job, job_id).cancel_requested = True  # type: ignore[union-attr]
         session.commit()
@@ -251,13 +251,7 @@ def test_snapshot_holds_running_allocations_and_decayed_usage(env: tuple[ServerC
 
 def test_preemption_stops_with_grace_and_requeues(env: tuple[ServerContext, FakeEngine]) -> None:
     ctx, fake = env
-    with ctx.session_factory() as session:
-        gid, uid = seed_tenant(session)
-        job_id = add_job(session, gid, uid, gpus=2)
-    assert assign(ctx, job_id, ("worker", "n1", 0, (0, 1)))
-    run_dispatch(ctx)
-    fake.run(f"{job_id}.1")
-    reconcile_tick(ctx, time.time())
+    job_id = running_job(ctx, fake, (0, 1))
     with ctx.session_factory() as session:
         assert apply_preemption(session, st.Preemption(str(job_id), 7.5, "reclaimed by group x"), time.time())
     assert job_state(ctx, job_id) == "preempted"

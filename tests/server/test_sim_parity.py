@@ -7,9 +7,10 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from corral.db.models import Attempt, Gpu, GpuClaim, Group, GroupQuota, Job, Node, UsageLedger, User
+from corral.db.models import Attempt, GpuClaim, Group, GroupQuota, Job, Node, UsageLedger, User
 from corral.db.session import make_engine
 from corral.scheduler import types as st
+from corral.server.nodes import gpu_row
 from corral.server.scheduling import run_scheduler
 from corral.server.snapshot import build_snapshot, read_cluster_state
 from corral.sim.cluster import ClusterSpec, Pool
@@ -89,17 +90,7 @@ def write_state(session: object, snap: st.Snapshot, now: float) -> None:
                 admin_state="none",
                 labels=dict(node.labels),
                 last_heartbeat=now,
-                gpus=[
-                    Gpu(
-                        index=g.index,
-                        uuid=g.uuid,
-                        model=g.model,
-                        memory_mib=g.memory_mib,
-                        topology_group=g.topology_group,
-                        healthy=g.healthy,
-                    )
-                    for g in node.gpus
-                ],
+                gpus=[gpu_row(g) for g in node.gpus],
             )
         )
     groups, users = {}, {}

@@ -7,6 +7,7 @@ writers within one process take turns on a lock instead of polling (corral.db.sq
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,22 +100,21 @@ def init_db(url: str, *, engine: Engine | None = None) -> None:
 def upgrade(url: str, revision: str = "heads", *, engine: Engine | None = None) -> None:
     from alembic import command
 
-    cfg = alembic_config(url)
-    if engine is not None:
-        with engine.begin() as connection:
-            cfg.attributes["connection"] = connection
-            command.upgrade(cfg, revision)
-        return
-    command.upgrade(cfg, revision)
+    _run_alembic(command.upgrade, url, revision, engine)
 
 
 def downgrade(url: str, revision: str = "base", *, engine: Engine | None = None) -> None:
     from alembic import command
 
+    _run_alembic(command.downgrade, url, revision, engine)
+
+
+def _run_alembic(step: Callable[[Any, str], None], url: str, revision: str, engine: Engine | None) -> None:
+    """Run an Alembic step; on `engine`'s own connection when one is given (migrations/env.py uses it)."""
     cfg = alembic_config(url)
-    if engine is not None:
-        with engine.begin() as connection:
-            cfg.attributes["connection"] = connection
-            command.downgrade(cfg, revision)
+    if engine is None:
+        step(cfg, revision)
         return
-    command.downgrade(cfg, revision)
+    with engine.begin() as connection:
+        cfg.attributes["connection"] = connection
+        step(cfg, revision)

@@ -219,7 +219,3 @@ def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int:
             continue  # discriminator tags ("email") in the loc have no node of their own
         line = node.start_mark.line + 1
     return line
-
-
-def load_for(settings: Settings) -> MonitorConfig:
-    return load_monitor_config(config_path(settings))

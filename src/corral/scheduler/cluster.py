@@ -477,8 +477,12 @@ class ClusterState:
                 return f
         return 0
 
-    def free_gpus_total(self) -> int:
-        return self.free_sum
+    def too_small(self, models: tuple[str, ...], total: int, widest: int) -> bool:
+        """Cheap test that `total` GPUs over `models` (`widest` on one node) cannot fit the free
+        capacity at all: too few free GPUs, or no node with a block as large as one instance."""
+        if sum(self.free_total.get(m, 0) for m in models) < total:
+            return True
+        return all(self.largest_block(m) < widest for m in models)
 
 
 class ClusterShapes:

@@ -411,12 +411,7 @@ class _Cycle:
 
     def _capacity_short(self, info: JobInfo) -> bool:
         """Cheap test that the job cannot fit the free capacity at all (too few GPUs, no big block)."""
-        if info.total <= 0:
-            return False
-        st = self.st
-        if sum(st.free_total[m] for m in info.models) < info.total:
-            return True
-        return all(st.largest_block(m) < info.widest for m in info.models)
+        return info.total > 0 and self.st.too_small(info.models, info.total, info.widest)
 
     def _consider(self, job: Job, borrowing: bool) -> None:
         info = self._info(job)

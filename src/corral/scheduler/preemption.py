@@ -205,7 +205,7 @@ class Preemptor:
         for c in pool:
             self._release(c, -1)
             chosen.append(c)
-            if total > 0 and self._too_small(models, total, widest):
+            if total > 0 and self.st.too_small(models, total, widest):
                 continue  # too few free GPUs, or no block as large as one instance: placing fails
             found = self._fits_now(job, models, chosen)
             if found is not None:
@@ -243,12 +243,6 @@ class Preemptor:
         if not pool:  # stays empty for the cycle: victims are only ever taken away
             self.hopeless.add(memo_key)
         return pool
-
-    def _too_small(self, models: tuple[str, ...], total: int, widest: int) -> bool:
-        st = self.st
-        if sum(st.free_total.get(m, 0) for m in models) < total:
-            return True
-        return all(st.largest_block(m) < widest for m in models)
 
     def _release(self, c: Candidate, sign: int) -> None:
         self.st.occupy(c.rj.allocation, sign=1 if sign > 0 else -1)

@@ -80,7 +80,7 @@ def build_launch(job: Job, attempt: Attempt, nodes: Mapping[str, Node]) -> Attem
     view = read_spec(job.spec)
     placement = sorted(attempt.placement, key=lambda p: int(p["rank"]))
     placed = [nodes[name] for name in {p["node"] for p in placement} if name in nodes]
-    models = {(n.name, g.index): g for n in placed for g in n.gpus}
+    models = {(n.name, g.index): g.model for n in placed for g in n.gpus}
     rank0 = nodes.get(placement[0]["node"]) if placement else None
     address = rank0.address if rank0 is not None else "127.0.0.1"
     master = (address, master_port(address, job.id))
@@ -88,7 +88,7 @@ def build_launch(job: Job, attempt: Attempt, nodes: Mapping[str, Node]) -> Attem
     instances = []
     for p in placement:
         gpus = tuple(
-            GPU(index=i, uuid=u, model=models[(p["node"], i)].model if (p["node"], i) in models else "")
+            GPU(index=i, uuid=u, model=models.get((p["node"], i), ""))
             for i, u in zip(p.get("gpu_indices", []), p.get("gpu_uuids", []), strict=False)
         )
         instances.append(
@@ -209,13 +209,8 @@ def _launch(ctx: ServerContext, launch: AttemptLaunch) -> Launched | None:
 
 def _record_all(ctx: ServerContext, session: Session, results: list[Launched]) -> None:
     """One transaction for the batch (rows read first, written at commit); one per job if it fails."""
-    ids = [r[0] for r in results]
-
-    def load() -> tuple[dict[int, Job], dict[int, Attempt]]:
-        return jobs_with_live_attempts(session, ids)
-
     try:
-        jobs, attempts = load()
+        jobs, attempts = jobs_with_live_attempts(session, [r[0] for r in results])
         with session.no_autoflush:
             for launched in results:
                 _record_launch(ctx, session, launched, jobs.get(launched[0]), attempts.get(launched[0]))
@@ -226,7 +221,7 @@ def _record_all(ctx: ServerContext, session: Session, results: list[Launched]) -
         log.exception("recording %d launches at once failed; recording them one by one", len(results))
     for launched in results:
         try:
-            jobs, attempts = load()
+            jobs, attempts = jobs_with_live_attempts(session, [launched[0]])
             _record_launch(ctx, session, launched, jobs.get(launched[0]), attempts.get(launched[0]))
             session.commit()
         except Exception:

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from corral.db.models import Gpu, Job, Node
 from corral.engine.base import Engine, EngineUnavailable, FailureReason, NodeReport
-from corral.scheduler.types import NodeState
+from corral.scheduler.types import GPU, NodeState
 from corral.server.context import ServerContext
 from corral.server.finish import end_attempt
 from corral.server.snapshot import LIVE_JOB_STATES, live_attempts
@@ -37,21 +37,24 @@ def effective_state(reported: NodeState, admin_state: str) -> NodeState:
     return ADMIN_STATES.get(admin_state, reported)
 
 
+def gpu_row(gpu: GPU) -> Gpu:
+    """A new Gpu row for a GPU as the engine reports it (services.nodes.scheduler_node reads it back)."""
+    return Gpu(
+        index=gpu.index,
+        uuid=gpu.uuid,
+        model=gpu.model,
+        memory_mib=gpu.memory_mib,
+        topology_group=gpu.topology_group,
+        healthy=gpu.healthy,
+    )
+
+
 def _sync_gpus(session: Session, row: Node, report: NodeReport) -> None:
     have = {g.index: g for g in row.gpus}
     for gpu in report.gpus:
         existing = have.pop(gpu.index, None)
         if existing is None:
-            row.gpus.append(
-                Gpu(
-                    index=gpu.index,
-                    uuid=gpu.uuid,
-                    model=gpu.model,
-                    memory_mib=gpu.memory_mib,
-                    topology_group=gpu.topology_group,
-                    healthy=gpu.healthy,
-                )
-            )
+            row.gpus.append(gpu_row(gpu))
             continue
         existing.uuid, existing.model, existing.memory_mib = gpu.uuid, gpu.model, gpu.memory_mib
         existing.topology_group, existing.healthy = gpu.topology_group, gpu.healthy
@@ -132,10 +135,15 @@ def node_tick(ctx: ServerContext, now: float) -> None:
         return
     requeued = 0
     with ctx.session_factory() as session:
-        before: dict[str, str] = {row[0]: row[1] for row in session.execute(select(Node.name, Node.state))}
+        # Every node with its GPUs in one query: upsert_node's session.get then finds them in the
+        # session instead of reading each reported node again.
+        known = session.scalars(select(Node).options(selectinload(Node.gpus))).all()
+        before = {row.name: row.state for row in known}
         rows = [upsert_node(session, r, ctx.engine.name, now) for r in reports]
         seen = {r.name for r in reports}
-        for row in session.scalars(select(Node).where(Node.name.not_in(seen))):
+        for row in known:
+            if row.name in seen:
+                continue
             silent = now - (row.last_heartbeat or 0.0)
             if row.state != NodeState.DOWN.value and silent > HEARTBEAT_TIMEOUT_S:
                 why = f"node {row.name} stopped sending heartbeats ({silent:.0f} s)"

@@ -96,9 +96,9 @@ def send_stops(ctx: ServerContext, rows: list[LiveRow], now: float) -> None:
     if not wanted:
         return
     with ctx.session_factory() as session:
+        jobs, attempts = jobs_with_live_attempts(session, [r.job_id for r in wanted])
         for row in wanted:
-            job = session.get(Job, row.job_id)
-            attempt = live_attempts(session, [row.job_id]).get(row.job_id)
+            job, attempt = jobs.get(row.job_id), attempts.get(row.job_id)
             if job is None or attempt is None or attempt.attempt_id != row.attempt_id:
                 continue
             grace = row.grace_s if row.grace_s is not None else read_spec(job.spec).stop_grace_s
@@ -211,7 +211,6 @@ def reconcile_tick(ctx: ServerContext, now: float) -> None:
     except EngineUnavailable as exc:
         log.warning("engine unavailable; keeping job states as they are: %s", exc)
         return
-    ended = 0
     changed = [(row, statuses[row.attempt_id]) for row in rows if _changes(row, statuses.get(row.attempt_id))]
     if not changed:
         return

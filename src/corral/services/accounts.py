@@ -10,7 +10,9 @@ import base64
 import hashlib
 import re
 import time
+from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
@@ -18,6 +20,7 @@ from sqlalchemy.orm import Session, selectinload
 from corral.db.models import Group, GroupQuota, Membership, SshKey, User
 from corral.services.auth import Principal, forget_principals, hash_password
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
+from corral.services.views import user_view
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 ROLES = ("admin", "member")
@@ -76,6 +79,11 @@ def members_of(session: Session, group_id: int) -> list[tuple[str, str]]:
 
 def group_name(session: Session, group_id: int | None) -> str | None:
     return None if group_id is None else session.scalar(select(Group.name).where(Group.id == group_id))
+
+
+def user_out(session: Session, user: User) -> dict[str, Any]:
+    """The API's JSON shape of a user, with their groups and default group's name."""
+    return user_view(user, memberships_of(session, user.id), group_name(session, user.default_group_id))
 
 
 # --- groups -----------------------------------------------------------------------------------
@@ -188,8 +196,22 @@ def create_user(session: Session, new: NewUser, *, now: float | None = None) -> 
     return user
 
 
-def list_users(session: Session) -> list[User]:
-    return list(session.scalars(select(User).order_by(User.name)))
+def list_user_views(session: Session) -> list[dict[str, Any]]:
+    """Every user's API view in three queries (users, memberships, group names), not two per user."""
+    users = session.scalars(select(User).order_by(User.name)).all()
+    group_names = dict(session.execute(select(Group.id, Group.name)).all())
+    groups_of: dict[int, list[tuple[str, str]]] = defaultdict(list)
+    memberships = session.execute(
+        select(Membership.user_id, Group.name, Membership.role)
+        .join(Group, Group.id == Membership.group_id)
+        .order_by(Group.name)
+    )
+    for user_id, name, role in memberships:
+        groups_of[user_id].append((name, role))
+    return [
+        user_view(u, groups_of[u.id], None if u.default_group_id is None else group_names[u.default_group_id])
+        for u in users
+    ]
 
 
 def set_default_group(session: Session, principal: Principal, user: User, group: Group) -> None:

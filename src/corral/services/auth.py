@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from corral.config import Settings
 from corral.db.models import ApiToken, Group, Membership, User, WebSession
-from corral.services.errors import Invalid, NotFound, Unauthenticated
+from corral.services.errors import NotFound, Unauthenticated
 
 TOKEN_PREFIX = "crl_"
 SESSION_TTL_S = 12 * 3600.0
@@ -263,17 +263,3 @@ def bootstrap_admin(session: Session, settings: Settings, *, now: float | None =
         session.rollback()
         return None
     return secret
-
-
-def get_user(session: Session, name: str) -> User:
-    user = session.scalar(select(User).where(User.name == name))
-    if user is None:
-        raise NotFound(f"no user named {name!r}")
-    return user
-
-
-def require_name(value: str, what: str) -> str:
-    value = value.strip()
-    if not value:
-        raise Invalid(f"{what} must not be empty", ("body", what))
-    return value

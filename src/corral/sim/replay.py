@@ -364,7 +364,7 @@ class Simulator:
             assert self.config.node_mtbf_s
             self._push(now + self.rng.expovariate(1.0 / self.config.node_mtbf_s), _Ev.NODE_FAIL, name)
         nodes = list(self.nodes)
-        nodes[ni] = Node(node.name, node.cpus, node.memory_mib, node.gpus, node.labels, state)
+        nodes[ni] = replace(node, state=state)  # keeps any field added to Node later
         self.nodes = tuple(nodes)
         return True
 

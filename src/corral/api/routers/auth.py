@@ -8,18 +8,15 @@ from fastapi import APIRouter, Request, Response
 
 from corral.api.deps import DB, SESSION_COOKIE, CurrentUser
 from corral.api.schemas import LoginIn, LoginOut, MeOut
+from corral.db.models import User
 from corral.services import auth as svc
-from corral.services.accounts import group_name, memberships_of
-from corral.services.views import user_view
+from corral.services.accounts import user_out
 
 router = APIRouter(tags=["auth"])
 
 
 def me_view(db: Any, user_id: int) -> dict[str, Any]:
-    from corral.db.models import User
-
-    user = db.get(User, user_id)
-    return user_view(user, memberships_of(db, user.id), group_name(db, user.default_group_id))
+    return user_out(db, db.get(User, user_id))
 
 
 @router.post("/auth/login", response_model=LoginOut)

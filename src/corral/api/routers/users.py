@@ -9,18 +9,14 @@ from fastapi import APIRouter, Response, status
 from corral.api.deps import DB, Admin, CurrentUser
 from corral.api.schemas import DefaultGroupIn, SshKeyIn, SshKeyOut, UserIn, UserOut
 from corral.services import accounts as svc
-from corral.services.views import user_view
+from corral.services.errors import Forbidden
 
 router = APIRouter(tags=["users"])
 
 
-def _view(db: Any, user: Any) -> dict[str, Any]:
-    return user_view(user, svc.memberships_of(db, user.id), svc.group_name(db, user.default_group_id))
-
-
 @router.get("/users", response_model=list[UserOut])
 def list_users(db: DB, _admin: Admin) -> Any:
-    return [_view(db, u) for u in svc.list_users(db)]
+    return svc.list_user_views(db)
 
 
 @router.post("/users", status_code=status.HTTP_201_CREATED, response_model=UserOut)
@@ -36,20 +32,18 @@ def create_user(body: UserIn, db: DB, _admin: Admin) -> Any:
         ),
     )
     db.commit()
-    return _view(db, user)
+    return svc.user_out(db, user)
 
 
 @router.put("/users/{name}/default-group", response_model=UserOut)
 def set_default_group(name: str, body: DefaultGroupIn, db: DB, principal: CurrentUser) -> Any:
     """Admins for anyone; a user for themself (to a group they belong to)."""
-    user = svc.user_by_name(db, name) if principal.is_admin or name == principal.name else None
-    if user is None:
-        from corral.services.errors import Forbidden
-
+    if not principal.is_admin and name != principal.name:
         raise Forbidden("only an administrator may change another user's default group")
+    user = svc.user_by_name(db, name)
     svc.set_default_group(db, principal, user, svc.group_by_name(db, body.group))
     db.commit()
-    return _view(db, user)
+    return svc.user_out(db, user)
 
 
 def _key_view(key: Any) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import time
 TYPE_CHECKING = False  # mypy reads this as typing.TYPE_CHECKING; typing itself is not imported
 if TYPE_CHECKING:
     import signal as _signal
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Iterator
     from typing import Any
 else:
     import _signal  # the C module: `signal` would import enum, several ms per job start
@@ -109,14 +109,16 @@ def become_subreaper() -> bool:
         return False
 
 
-def reap_orphans() -> None:
+def exited_children() -> Iterator[tuple[int, int]]:
+    """(pid, wait status) of each child (or orphan we reap as subreaper) that has exited; never blocks."""
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, wait_status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        yield pid, wait_status
 
 
 def children(pid: int) -> list[int]:
@@ -320,13 +322,7 @@ class Supervisor:
 
     def reap(self) -> None:
         by_pid = {i.pid: i for i in self.instances if i.running}
-        while True:
-            try:
-                pid, wait_status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, wait_status in exited_children():
             inst = by_pid.get(pid)
             if inst is None:
                 continue
@@ -387,7 +383,8 @@ class Supervisor:
                     os.chmod(work_dir, 0o700)
                 except OSError:
                     pass
-        reap_orphans()
+        for _ in exited_children():  # orphans that were left to us
+            pass
         uid_lock = self.spec.get("uid_lock")
         if uid_lock:
             try:

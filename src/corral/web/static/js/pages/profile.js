@@ -50,25 +50,14 @@ async function drawTokens(root) {
               label: "",
               header: h("span", { class: "sr-only" }, "Actions"),
               cell: (t) =>
-                h(
-                  "button",
-                  {
-                    type: "button",
-                    class: "button danger small",
-                    "aria-label": `Revoke token ${t.name}`,
-                    onclick: async () => {
-                      if (!window.confirm(`Revoke the token ${t.name}? Programs using it stop working.`)) return;
-                      try {
-                        await del(`/tokens/${t.id}`);
-                        toast(`Token ${t.name} revoked.`, "success");
-                        await drawTokens(root);
-                      } catch (err) {
-                        toast(err.message, "error");
-                      }
-                    },
-                  },
-                  "Revoke",
-                ),
+                deleteButton({
+                  text: "Revoke",
+                  label: `Revoke token ${t.name}`,
+                  question: `Revoke the token ${t.name}? Programs using it stop working.`,
+                  path: `/tokens/${t.id}`,
+                  done: `Token ${t.name} revoked.`,
+                  redraw: () => drawTokens(root),
+                }),
             },
           ],
           live,
@@ -138,30 +127,42 @@ async function drawKeys(root) {
               label: "",
               header: h("span", { class: "sr-only" }, "Actions"),
               cell: (k) =>
-                h(
-                  "button",
-                  {
-                    type: "button",
-                    class: "button danger small",
-                    "aria-label": `Remove key ${k.name}`,
-                    onclick: async () => {
-                      if (!window.confirm(`Remove the SSH key ${k.name}?`)) return;
-                      try {
-                        await del(`${SSH_KEYS_PATH}/${k.id}`);
-                        await drawKeys(root);
-                      } catch (err) {
-                        toast(err.message, "error");
-                      }
-                    },
-                  },
-                  "Remove",
-                ),
+                deleteButton({
+                  text: "Remove",
+                  label: `Remove key ${k.name}`,
+                  question: `Remove the SSH key ${k.name}?`,
+                  path: `${SSH_KEYS_PATH}/${k.id}`,
+                  redraw: () => drawKeys(root),
+                }),
             },
           ],
           list,
           { class: "ssh-keys" },
         )
       : emptyState("No SSH keys."),
+  );
+}
+
+// A row's delete button: asks first, deletes `path`, then says `done` (if given) and redraws.
+function deleteButton({ text, label, question, path, done, redraw }) {
+  return h(
+    "button",
+    {
+      type: "button",
+      class: "button danger small",
+      "aria-label": label,
+      onclick: async () => {
+        if (!window.confirm(question)) return;
+        try {
+          await del(path);
+          if (done) toast(done, "success");
+          await redraw();
+        } catch (err) {
+          toast(err.message, "error");
+        }
+      },
+    },
+    text,
   );
 }
 
