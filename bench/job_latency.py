@@ -41,7 +41,7 @@ for extra in (ROOT, ROOT / "src"):  # corral (src layout) and the Slurm harness 
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 
-from corral.server.launcher import CorralServer, start_server  # noqa: E402
+from tests.server_harness import CorralServer, start_server  # noqa: E402
 
 COMMAND = "date +%s.%N"
 SPEC: dict[str, Any] = {"cpus": 0.01, "memory": "16MiB", "gpus": 0}
@@ -138,6 +138,7 @@ def run_corral(
         database_url=args.database_url,
         virtual_gpus=0,
         extra_env={"CORRAL_LOG_LEVEL": "WARNING", **env},
+        allow_unisolated=False,  # the sandboxed column measures the sandbox, or fails
     )
     try:
         # Slurm allocates whole CPUs (as the sbatch reference asks: 1): ask the same through Corral,

@@ -1,4 +1,4 @@
-"""Pytest helpers around a REAL Corral server subprocess (see corral.server.launcher).
+"""Pytest helpers around a REAL Corral server subprocess (see tests/server_harness.py).
 
     from tests.server_fixture import corral_server, start_server, wait_for   # noqa: F401
 
@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from corral.server.launcher import CorralServer, free_port, start_server
+from tests.server_harness import CorralServer, free_port, start_server
 
 __all__ = [
     "CorralServer",

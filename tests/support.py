@@ -5,19 +5,29 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+from collections.abc import Mapping
 
 import pytest
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
+CI_TRUTHY = frozenset({"1", "true", "yes"})
+
+
+def in_ci(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this run is CI's: `CI` set to 1, true or yes, in any case (CI services write
+    `CI=true`, some people `CI=1`; both must fail on a missing component, never skip)."""
+    return environ.get("CI", "").strip().lower() in CI_TRUTHY
+
+
+IN_CI = in_ci()
 
 
 def require(condition: bool, what: str) -> None:
-    """Skip when a real component is missing on a developer's machine; under CI=true a missing
+    """Skip when a real component is missing on a developer's machine; in CI (`in_ci()`) a missing
     component is a failure, never a skip."""
     if condition:
         return
     if IN_CI:
-        pytest.fail(f"{what} is not available, and CI=true requires it", pytrace=False)
+        pytest.fail(f"{what} is not available, and CI requires it", pytrace=False)
     pytest.skip(f"{what} is not available")
 
 

@@ -8,8 +8,12 @@ from pathlib import Path
 import httpx
 import yaml
 
+from corral.config import Settings
+from corral.engine.local.engine import LocalEngine
+from corral.server.demo import demo_settings, isolation_line
 from tests.server.test_e2e import TERMINAL, logs, wait_state
 from tests.server_fixture import start_server, wait_for
+from tests.support import require
 
 
 def test_corral_up_demo_trains_the_example_and_survives_a_restart(tmp_path: Path) -> None:
@@ -40,3 +44,20 @@ def test_corral_up_demo_trains_the_example_and_survives_a_restart(tmp_path: Path
             assert names.count("digits-demo") == 1
     finally:
         srv.stop()
+    require("NOT isolated" not in banner, "job isolation (bubblewrap and cgroups)")
+    assert "isolation: isolated: bubblewrap + setpriv" in banner  # the demo's job ran sandboxed
+
+
+def test_the_demo_keeps_isolation_and_says_when_jobs_cannot_run(tmp_path: Path) -> None:
+    """The demo used to switch allow_unisolated on, so on a machine without bubblewrap it ran
+    jobs unsandboxed without being asked; now only the user's CORRAL_ALLOW_UNISOLATED does."""
+    settings = Settings(home=tmp_path / "home", database_url="sqlite:///unused", virtual_gpus=2)
+    assert demo_settings(settings).allow_unisolated is False
+    (tmp_path / "no-cgroups").mkdir()
+    engine = LocalEngine(tmp_path / "home", "n", virtual_gpus=0, cgroup_root=tmp_path / "no-cgroups")
+    try:
+        line = isolation_line(engine)
+    finally:
+        engine.close()
+    assert line is not None and line.startswith("NOT STARTING JOBS: NOT isolated: ")
+    assert "no usable cgroup" in line and "CORRAL_ALLOW_UNISOLATED=true" in line

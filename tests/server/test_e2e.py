@@ -14,6 +14,7 @@ import pytest
 
 from tests.server_fixture import CorralServer, start_server, submit_spec, wait_for, wait_state
 from tests.server_fixture import get_job as job
+from tests.support import require
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
@@ -58,6 +59,17 @@ def test_job_runs_logs_and_succeeds(server: CorralServer) -> None:
         assert attempt["exit_code"] == 0 and attempt["state"] == "succeeded"
         assert attempt["started_at"] <= attempt["ended_at"]
         assert logs(c, job_id).splitlines() == [f"hello from {job_id}", "bye"]
+
+
+def test_jobs_run_sandboxed_as_an_unprivileged_user(server: CorralServer) -> None:
+    """What the e2e suites claim to test: jobs in the sandbox, not plain processes as root (in
+    CI the harness lets no server run them unsandboxed; elsewhere this says when it did)."""
+    with server.client() as c:
+        (node,) = c.get("/api/v1/nodes").json()
+        require(node["labels"]["isolation"] == "on", "job isolation (bubblewrap and cgroups)")
+        job_id = submit(c, "id -u", gpus=0)
+        assert wait_state(c, job_id, TERMINAL)["state"] == "succeeded"
+        assert int(logs(c, job_id)) != 0, "the job ran as root"
 
 
 def test_gpus_are_free_for_the_next_job_within_a_second(server: CorralServer) -> None:

@@ -14,6 +14,7 @@ from sqlalchemy import select
 
 from corral.config import Settings
 from corral.db.models import Group, GroupQuota, Job, Membership, User
+from corral.engine.base import Engine
 from corral.server.context import ServerContext
 
 DEMO_VIRTUAL_GPUS = 4
@@ -41,10 +42,27 @@ def has_nvidia_gpu() -> bool:
 
 
 def demo_settings(settings: Settings) -> Settings:
-    update: dict[str, Any] = {"allow_unisolated": True}  # a fresh machine may lack bubblewrap
-    if settings.virtual_gpus is None and not has_nvidia_gpu():
-        update["virtual_gpus"] = DEMO_VIRTUAL_GPUS
-    return settings.model_copy(update=update)
+    """Virtual GPUs where there is no NVIDIA GPU. Isolation is left as configured: the demo runs
+    jobs sandboxed, and on a machine without bubblewrap or cgroups only a user who set
+    CORRAL_ALLOW_UNISOLATED=true gets unsandboxed jobs (the banner says which it is)."""
+    if settings.virtual_gpus is not None or has_nvidia_gpu():
+        return settings
+    return settings.model_copy(update={"virtual_gpus": DEMO_VIRTUAL_GPUS})
+
+
+def isolation_line(engine: Engine) -> str | None:
+    """The banner's line on job isolation (local engine), with the way out when jobs cannot run."""
+    from corral.engine.local.engine import LocalEngine
+
+    if not isinstance(engine, LocalEngine):
+        return None
+    caps = engine.capabilities()
+    if caps["refusing"]:
+        return (
+            f"NOT STARTING JOBS: {caps['summary']}. Install bubblewrap (./run demo does), "
+            "or set CORRAL_ALLOW_UNISOLATED=true to run jobs without the sandbox"
+        )
+    return str(caps["summary"])
 
 
 def _ensure_groups(session: Any, model: str, now: float) -> dict[str, Group]:
@@ -116,6 +134,9 @@ def seed_demo(ctx: ServerContext, url: str) -> None:
     print("", flush=True)
     print("Corral demo", flush=True)
     print(f"  home:      {ctx.settings.home}", flush=True)
+    isolation = isolation_line(ctx.engine)
+    if isolation is not None:
+        print(f"  isolation: {isolation}", flush=True)
     if gpus:
         print(f"  GPUs:      {gpus} virtual {ctx.settings.gpu_model} (no NVIDIA GPU found)", flush=True)
     print("  users (password): " + ", ".join(f"{u} ({p[0]})" for u, p in DEMO_USERS.items()), flush=True)

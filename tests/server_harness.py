@@ -1,4 +1,5 @@
-"""Start a real Corral server as a subprocess and stop it again (tests, benchmarks).
+"""Start a real Corral server as a subprocess and stop it again (tests and bench/ scripts; test
+code, not shipped in the `corral` package).
 
     srv = start_server(extra_env={"CORRAL_FOO": "1"})   # free loopback port, temp CORRAL_HOME
     srv.url, srv.token, srv.home, srv.pid, srv.client()
@@ -10,6 +11,11 @@ The server runs `python -m corral.server` with the local engine, N virtual GPUs 
 `<home>/server.log` (`srv.log_text()`). The admin token is read from the line the server prints
 once on first start. Job supervisors are detached from the server on purpose (they outlive it), so
 `stop()` also ends the job processes started under this home.
+
+Jobs run sandboxed (bubblewrap, cgroups). Only outside CI (`tests.support.in_ci()`) may a server
+fall back to running them unsandboxed on a machine without isolation (CORRAL_ALLOW_UNISOLATED);
+in CI a machine without isolation fails at start-up, naming what is missing, instead of letting
+the suites pass without the sandbox they claim to test.
 """
 
 from __future__ import annotations
@@ -18,7 +24,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,8 +34,12 @@ from pathlib import Path
 
 import httpx
 
+from tests.support import free_port, in_ci
+
 TOKEN_LINE = re.compile(r"Admin token \(shown once\): (\S+)")
 READY_TIMEOUT_S = 60.0
+# How the local engine reports a node that refuses jobs for want of isolation (engine/local/engine.py)
+NO_ISOLATION = "job isolation unavailable"
 
 
 @dataclass
@@ -111,13 +120,23 @@ class CorralServer:
         raise TimeoutError(f"corral server not ready after {timeout_s} s:\n{self.log_text()[-4000:]}")
 
     def _nodes_ready(self) -> bool:
-        """Ready = the API answers and the node loop has registered at least one node."""
+        """Ready = the API answers and the node loop has registered at least one node. A node
+        that refuses jobs for want of isolation never becomes usable: fail at once, saying why."""
         try:
             with self.client(timeout=2.0) as c:
                 r = c.get("/api/v1/nodes")
         except httpx.HTTPError:
             return False
-        return r.status_code == 200 and len(r.json()) > 0
+        if r.status_code != 200:
+            return False
+        refusing = [f"{n['name']}: {n['message']}" for n in r.json() if NO_ISOLATION in n["message"]]
+        if refusing:
+            raise RuntimeError(
+                "the server refuses to run jobs unsandboxed ("
+                + "; ".join(refusing)
+                + "); install bubblewrap and give it cgroups, or run outside CI"
+            )
+        return len(r.json()) > 0
 
     def kill(self) -> None:
         """SIGKILL the server only (its jobs keep running under their supervisors)."""
@@ -180,8 +199,17 @@ def _kill_job_processes(home: Path, grace_s: float = 5.0) -> None:
 
 
 def server_env(
-    home: Path, *, database_url: str | None, virtual_gpus: int, extra_env: Mapping[str, str] | None
+    home: Path,
+    *,
+    database_url: str | None,
+    virtual_gpus: int,
+    extra_env: Mapping[str, str] | None,
+    allow_unisolated: bool | None = None,
 ) -> dict[str, str]:
+    """The server's environment: this process's, less any CORRAL_* setting, plus the harness's.
+    `allow_unisolated` None means: only outside CI (see the module's docstring)."""
+    if allow_unisolated is None:
+        allow_unisolated = not in_ci()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
     env.update(
         {
@@ -189,7 +217,7 @@ def server_env(
             "CORRAL_VIRTUAL_GPUS": str(virtual_gpus),
             "CORRAL_GPU_MODEL": "VGPU",
             "CORRAL_NODE_NAME": "local",
-            "CORRAL_ALLOW_UNISOLATED": "true",
+            "CORRAL_ALLOW_UNISOLATED": "true" if allow_unisolated else "false",
             "CORRAL_LOG_LEVEL": "INFO",
             "PYTHONUNBUFFERED": "1",
         }
@@ -210,26 +238,28 @@ def start_server(
     port: int | None = None,
     token: str = "",
     via_cli: bool = False,
+    allow_unisolated: bool | None = None,
     timeout_s: float = READY_TIMEOUT_S,
 ) -> CorralServer:
     """Start a server and wait until it serves the API and has registered its node. Pass `token`
-    when the database already has its admin (a second server on the same database)."""
+    when the database already has its admin (a second server on the same database);
+    `allow_unisolated=False` to require the sandbox outside CI too (benchmarks of it)."""
     own = home is None
     path = Path(tempfile.mkdtemp(prefix="corral-test-")) if home is None else Path(home)
     path.mkdir(parents=True, exist_ok=True)
     server = CorralServer(
         home=path,
         port=port or free_port(),
-        env=server_env(path, database_url=database_url, virtual_gpus=virtual_gpus, extra_env=extra_env),
+        env=server_env(
+            path,
+            database_url=database_url,
+            virtual_gpus=virtual_gpus,
+            extra_env=extra_env,
+            allow_unisolated=allow_unisolated,
+        ),
         args=["--demo"] if demo else [],
         token=token,
         via_cli=via_cli,
         _own_home=own,
     )
     return server.start(timeout_s)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
