@@ -16,19 +16,24 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from fastapi.testclient import TestClient
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import Metric
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the synthetic cluster is test code, under tests/
+    sys.path.insert(0, str(ROOT))
 
-from corral.api.app import create_app
-from corral.config import Settings
-from corral.db.session import init_db, make_engine, make_session_factory
-from corral.monitor.collector import DbStateCollector, read_families, render_text
-from corral.monitor.synthetic import ClusterShape, seed_cluster
+from fastapi.testclient import TestClient  # noqa: E402
+from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
+from prometheus_client.core import Metric  # noqa: E402
+
+from corral.api.app import create_app  # noqa: E402
+from corral.config import Settings  # noqa: E402
+from corral.db.session import init_db, make_engine, make_session_factory  # noqa: E402
+from corral.monitor.collector import DbStateCollector, read_families, render_text  # noqa: E402
+from tests.monitor.synthetic import ClusterShape, seed_cluster  # noqa: E402
 
 TARGET_MS = 200.0
 

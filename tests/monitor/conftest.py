@@ -17,8 +17,8 @@ from corral.api.app import create_app
 from corral.config import Settings
 from corral.db.session import init_db, make_engine, make_session_factory
 from corral.monitor.middleware import install
-from corral.monitor.synthetic import ClusterShape, seed_cluster
 from corral.services import auth
+from tests.monitor.synthetic import ClusterShape, seed_cluster
 
 WEBHOOK_TOKEN = "test-webhook-secret"
 

@@ -11,9 +11,9 @@ from fastapi.testclient import TestClient
 from corral.api.app import create_app
 from corral.config import Settings
 from corral.db.session import downgrade, init_db, make_engine, make_session_factory
-from corral.monitor.synthetic import ClusterShape, seed_cluster
 from corral.services import auth
 from tests.monitor.conftest import WEBHOOK_TOKEN
+from tests.monitor.synthetic import ClusterShape, seed_cluster
 from tests.monitor.test_metrics import one, scrape
 from tests.monitor.test_webhook import payload
 from tests.pg import PostgresServer, postgres_server

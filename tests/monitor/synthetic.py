@@ -1,6 +1,7 @@
 """Synthetic cluster state written straight into the database, for the /metrics benchmark and
 monitoring tests: nodes with GPUs and readings, groups with quotas, users, jobs in every state,
-running jobs with attempts and GPU claims. Bulk Core inserts, so 10,000 jobs take about a second."""
+running jobs with attempts and GPU claims. Bulk Core inserts, so 10,000 jobs take about a second.
+Test code (used by bench/ too): not part of the shipped `corral` package."""
 
 from __future__ import annotations
 
