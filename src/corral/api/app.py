@@ -6,6 +6,8 @@ State the routers read:
 - `app.state.db_engine` / `app.state.session_factory`: the database
 - `app.state.engine`: the execution engine (corral.engine.base.Engine) or None (pure API tests);
   the server may set it after startup. Endpoints that need it answer 503 while it is None.
+- `app.state.notifier`: told what the services committed (corral.services.notify); the app's
+  sessions carry it. The server passes its loop waker; by default nobody is told.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from corral.engine.base import Engine
 from corral.monitor.middleware import install as install_request_metrics
 from corral.services.errors import Invalid, ServiceError
 from corral.services.lifecycle import InvalidTransition
+from corral.services.notify import NO_NOTIFIER, Notifier
+from corral.services.notify import bind as bind_notifier
 
 API_PREFIX = "/api/v1"
 API_ROUTER_MODULES = ("auth", "jobs", "nodes", "groups", "users", "tokens", "cluster")
@@ -38,10 +42,15 @@ EXTERNAL_ROUTERS = ("corral.monitor.api", "corral.web.routes")
 
 
 def create_app(
-    settings: Settings, *, engine: Engine | None = None, db_engine: sa.Engine | None = None
+    settings: Settings,
+    *,
+    engine: Engine | None = None,
+    db_engine: sa.Engine | None = None,
+    notifier: Notifier = NO_NOTIFIER,
 ) -> FastAPI:
     """Build the app. `engine` is the execution engine (None: logs answer 503); `db_engine` is the
-    database (default: made from settings.db_url; the schema must already be migrated: init_db)."""
+    database (default: made from settings.db_url; the schema must already be migrated: init_db);
+    `notifier` is told each change the app's services commit (the server wakes its loops)."""
     app = FastAPI(
         lifespan=partial(_process_setup, threads=settings.worker_threads),
         title="Corral",
@@ -55,6 +64,8 @@ def create_app(
     app.state.db_engine = db
     app.state.session_factory = make_session_factory(db)
     app.state.engine = engine
+    app.state.notifier = notifier
+    bind_notifier(app.state.session_factory, notifier)
     for name in API_ROUTER_MODULES:
         module = importlib.import_module(f"corral.api.routers.{name}")
         app.include_router(module.router, prefix=API_PREFIX)

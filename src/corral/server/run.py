@@ -21,7 +21,6 @@ import secrets
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import uvicorn
@@ -34,38 +33,6 @@ from corral.server.runner import LoopRunner, collect_loops
 from corral.server.sampler import StackSampler
 
 log = logging.getLogger("corral.server")
-ASGIApp = Callable[
-    [MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
-    Awaitable[None],
-]
-
-
-class WakeLoopsOnWrite:
-    """ASGI wrapper: after a request that changes jobs or nodes has been answered, wake the loops
-    that act on it, so a submit reaches the scheduler in milliseconds rather than at its next tick."""
-
-    def __init__(self, app: ASGIApp, ctx: ServerContext) -> None:
-        self.app = app
-        self.ctx = ctx
-
-    async def __call__(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[Any]],
-        send: Callable[[Any], Awaitable[None]],
-    ) -> None:
-        await self.app(scope, receive, send)
-        if scope.get("type") != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
-            return
-        path = str(scope.get("path", ""))
-        if path.endswith("/cancel"):
-            self.ctx.wake("dispatch", "reconcile")
-        elif "/jobs" in path:
-            self.ctx.wake("schedule")  # the schedule loop wakes dispatch, dispatch wakes reconcile
-        elif "/nodes" in path:
-            self.ctx.wake("nodes", "schedule")
-        elif "/groups" in path:
-            self.ctx.wake("schedule")
 
 
 def owner_id() -> str:
@@ -149,11 +116,12 @@ def serve(settings: Settings, demo: bool = False) -> None:
     ctx = ServerContext(
         settings=settings, session_factory=session_factory, engine=engine, owner_id=owner_id()
     )
-    app = create_app(settings, engine=engine, db_engine=db_engine)
+    # The API's services tell the loops what they committed (a submit wakes the scheduler).
+    app = create_app(settings, engine=engine, db_engine=db_engine, notifier=ctx)
     app.state.server_context = ctx
     runner = LoopRunner(ctx, collect_loops())
     config = uvicorn.Config(
-        WakeLoopsOnWrite(app, ctx),
+        app,
         host=settings.host,
         port=settings.port,
         log_level="warning",

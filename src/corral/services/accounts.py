@@ -18,6 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from corral.db.models import Group, GroupQuota, Membership, SshKey, User
+from corral.services import notify
 from corral.services.auth import Principal, forget_principals, hash_password
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
 from corral.services.views import user_view
@@ -132,6 +133,7 @@ def set_quota(
         group.quotas.append(quota)
     quota.guaranteed = guaranteed
     quota.max = max_gpus
+    notify.changed(session, notify.Topic.QUOTAS)
     session.flush()
     return quota
 

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, joinedload, selectinload
 from corral.db.models import Attempt, Gpu, Group, Job, JobEvent, Node, User
 from corral.scheduler import Profile, check_fits_anywhere
 from corral.scheduler import types as st
+from corral.services import notify
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
 from corral.services.lifecycle import AttemptState, JobState, record_event, transition
@@ -218,6 +219,7 @@ def submit_job(
     message = f"submitted by {principal.name} to group {group.name}"
     job_id = session.connection().execute(INSERT_JOB, columns).scalar_one()
     record_event(session, job_id, now, message, to_state=JobState.QUEUED.value, immediate=True)
+    notify.changed(session, notify.Topic.JOBS)
     session.commit()
     job = Job(id=job_id, attempts=[], **columns)  # transient: only read by the view
     return job_view(job, group_name=group.name, user_name=principal.name)
@@ -363,6 +365,7 @@ def cancel_job(session: Session, principal: Principal, job_id: int, *, now: floa
         job.updated_at = now
         message = f"cancel requested by {principal.name}"
         record_event(session, job.id, now, message, kind="cancel_requested", from_state=state.value)
+    notify.changed(session, notify.Topic.CANCEL)
     session.commit()
     return job
 

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from corral.db.models import GpuClaim, Job, Node
 from corral.scheduler import types as st
+from corral.services import notify
 from corral.services.errors import NotFound
 
 ADMIN_ACTIONS = {"cordon": "cordoned", "drain": "draining", "uncordon": "none"}
@@ -37,6 +38,7 @@ def set_admin_state(session: Session, name: str, action: str) -> Node:
     node.admin_state = admin_state
     if node.state in LIVE_NODE_STATES:
         node.state = "ready" if admin_state == "none" else admin_state
+    notify.changed(session, notify.Topic.NODES)
     session.flush()
     return node
 
