@@ -120,7 +120,7 @@ class NodeOut(BaseModel):
 class QuotaIn(_In):
     """Only the fields present in the body change (`null` clears a limit: `max`, `user_max_gpus`,
     `cpus_max`, `memory_max_mib`). The GPU quota of `gpu_model` is written when `gpu_model`,
-    `guaranteed` or `max` is given."""
+    `guaranteed` or `max` is given (a new one starts at 0 guaranteed, no max)."""
 
     gpu_model: str = Field("*", min_length=1, max_length=64)
     guaranteed: int = Field(0, ge=0, le=100_000)

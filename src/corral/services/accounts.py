@@ -139,6 +139,17 @@ def set_quota(
     return quota
 
 
+def patch_quota(
+    session: Session, group: Group, gpu_model: str, changes: Mapping[str, int | None]
+) -> GroupQuota:
+    """Change the fields named in `changes` ("guaranteed", "max") of the group's quota for one
+    GPU model and keep the other; a model with no quota yet starts at 0 guaranteed, no max."""
+    current = next((q for q in group.quotas if q.gpu_model == gpu_model), None)
+    guaranteed = changes.get("guaranteed", current.guaranteed if current else 0)
+    max_gpus = changes.get("max", current.max if current else None)
+    return set_quota(session, group, gpu_model=gpu_model, guaranteed=guaranteed or 0, max_gpus=max_gpus)
+
+
 # Group-wide settings `update_group` changes; None clears the nullable ones (the limits) and
 # leaves the others as they are.
 NULLABLE_SETTINGS = ("user_max_gpus", "cpus_max", "memory_max_mib")

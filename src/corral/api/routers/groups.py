@@ -67,11 +67,13 @@ def show_group(name: str, db: DB, principal: CurrentUser) -> Any:
 @router.put("/groups/{name}/quota", response_model=GroupOut)
 def set_quota(name: str, body: QuotaIn, db: DB, admin: Admin) -> Any:
     """Change only what the body names: the GPU quota of one model (when `gpu_model`, `guaranteed`
-    or `max` is given) and group-wide settings; `null` clears a limit (e.g. the per-user cap)."""
+    or `max` is given; a field left out keeps its value) and group-wide settings; `null` clears a
+    limit (e.g. the per-user cap)."""
     group = svc.group_by_name(db, name)
+    given = body.model_fields_set
     if body.sets_gpu_quota:
-        svc.set_quota(db, group, gpu_model=body.gpu_model, guaranteed=body.guaranteed, max_gpus=body.max)
-    svc.update_group(db, group, body.model_dump(include=set(svc.GROUP_SETTINGS) & body.model_fields_set))
+        svc.patch_quota(db, group, body.gpu_model, body.model_dump(include={"guaranteed", "max"} & given))
+    svc.update_group(db, group, body.model_dump(include=set(svc.GROUP_SETTINGS) & given))
     db.commit()
     return _views(db, admin, [group])[0]
 
