@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, joinedload, selectinload
 
 from corral.db.models import Attempt, Gpu, Group, Job, Node
 from corral.scheduler import ANY_MODEL, Profile
@@ -45,11 +45,12 @@ def check_quota(
 ) -> None:
     """Refuse (422) a job its group's quotas could never admit: over the per-user cap, more GPUs
     than the group may hold of every model it could use, more CPUs or memory than the group's max.
-    Without quotas in the profile (fifo, sjf, las) nothing is refused here."""
+    Without quotas in the profile (fifo, sjf, las) nothing is refused here. One query (the group
+    joined with its GPU quotas): submitting is the hottest write path."""
     if not profile.quotas:
         return
-    group = session.scalar(select(Group).where(Group.id == group_id).options(selectinload(Group.quotas)))
-    assert group is not None  # resolved a moment ago in the same transaction
+    stmt = select(Group).where(Group.id == group_id).options(joinedload(Group.quotas))
+    group = session.scalars(stmt).unique().one()  # resolved a moment ago in the same transaction
     reasons = quota_refusals(job, scheduler_group(group), _job_models(job, group, nodes))
     if reasons:
         text = "; ".join(r.message for r in reasons)
@@ -123,15 +124,15 @@ def group_usage(session: Session, groups: Iterable[Group], cluster: Cluster) -> 
         .join(Job, Job.id == Attempt.job_id)
         .where(Job.group_id.in_(list(by_id)), Attempt.state.in_([s.value for s in LIVE_ATTEMPT_STATES]))
     )
+    keyed = {gid: scheduler_group(g) for gid, g in by_id.items()}  # reads the quota keys
     for group_id, placement, borrowed in rows:
-        group, usage = by_id[group_id], out[group_id]
-        keyed = scheduler_group(group)
+        usage, group = out[group_id], keyed[group_id]
         for p in placement or ():
             usage.cpus += float(p.get("cpus", 0.0))
             usage.memory_mib += int(p.get("memory_mib", 0))
             for index in p.get("gpu_indices") or ():
                 model = cluster.gpu_model_at.get((str(p.get("node")), int(index)), "unknown")
-                row = usage.gpus.setdefault(QuotaLedger.key(keyed, model), GpuUsage())
+                row = usage.gpus.setdefault(QuotaLedger.key(group, model), GpuUsage())
                 row.used += 1
                 row.borrowed += bool(borrowed)
                 row.models[model] = row.models.get(model, 0) + 1
