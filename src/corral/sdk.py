@@ -111,6 +111,16 @@ def describe_detail(detail: Any) -> str:
 # --- client -------------------------------------------------------------------------------------
 
 
+class Keep:
+    """The type of KEEP: "leave this setting as it is" where None already means "no limit"."""
+
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+KEEP = Keep()
+
+
 class Client:
     def __init__(
         self,
@@ -266,16 +276,29 @@ class Client:
     def create_group(self, name: str, **fields: Any) -> dict[str, Any]:
         return self.request("POST", "/groups", json={"name": name, **fields})
 
+    def group(self, name: str) -> dict[str, Any]:
+        return self.request("GET", f"/groups/{name}")
+
     def set_quota(
         self,
         group: str,
         *,
         gpu_model: str = "*",
-        guaranteed: int = 0,
-        max_gpus: int | None = None,
+        guaranteed: int | None = None,
+        max_gpus: int | Keep | None = KEEP,
         **group_fields: Any,
     ) -> dict[str, Any]:
-        body = {"gpu_model": gpu_model, "guaranteed": guaranteed, "max": max_gpus, **group_fields}
+        """Change only what is passed. The GPU quota of `gpu_model` changes when `guaranteed` or
+        `max_gpus` is passed (`max_gpus=None`: no limit); the rest keeps its value. Group-wide
+        fields: user_max_gpus, weight, borrowing, cpus_guaranteed, cpus_max,
+        memory_guaranteed_mib, memory_max_mib (None clears the limits: no per-user cap, no max)."""
+        body: dict[str, Any] = dict(group_fields)
+        if guaranteed is not None or not isinstance(max_gpus, Keep):
+            body["gpu_model"] = gpu_model
+            if guaranteed is not None:
+                body["guaranteed"] = guaranteed
+            if not isinstance(max_gpus, Keep):
+                body["max"] = max_gpus
         return self.request("PUT", f"/groups/{group}/quota", json=body)
 
     def add_member(self, group: str, user: str, role: str = "member") -> dict[str, Any]:

@@ -11,13 +11,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 import uvicorn
 from typer.testing import CliRunner
 
+from corral.cli import platform
 from corral.cli.main import app as cli
+from corral.db.models import Attempt
 from corral.sdk import Client, load_cli_config, write_cli_config
 from tests.api.conftest import World
-from tests.api.helpers import add_node
+from tests.api.helpers import add_node, make_running
 from tests.support import free_port
 
 
@@ -152,3 +155,57 @@ def test_burst_of_concurrent_requests_does_not_exhaust_the_pool(world: World, se
     codes = asyncio.run(burst())
     assert codes.count(201) == 150 and codes.count(200) == 100
     assert time.monotonic() - start < 30  # the pool's checkout timeout; a deadlock waits that long
+
+
+def test_cli_group_quotas_usage_warnings_and_clearing_limits(
+    world: World, server_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(platform.out, "width", 200)  # one line per table row
+    with world.session_factory() as db:
+        add_node(db, "n1", gpus=2, model="A100")  # 16 CPUs, 64 GiB
+        db.commit()
+    code, out = run(
+        world,
+        server_url,
+        "admin",
+        *("group", "quota", "vision", "--gpus", "2", "--model", "A100", "--max", "3", "--user-max", "2"),
+        *("--cpus", "20", "--cpus-max", "24", "--memory", "8GiB", "--memory-max", "16GiB"),
+    )
+    assert code == 0, out
+    assert "warning: guaranteed CPUs of all groups add up to 20; the cluster has 16" in out
+    code, out = run(
+        world, server_url, "admin", "group", "quota", "vision", "--user-max", "none", "-o", "json"
+    )
+    vision = json.loads(out)
+    assert vision["user_max_gpus"] is None and vision["cpus_max"] == 24
+    assert vision["quotas"] == [{"gpu_model": "A100", "guaranteed": 2, "max": 3}]
+    code, out = run(
+        world, server_url, "admin", "group", "quota", "vision", "--model", "A100", "--max", "none"
+    )
+    assert code == 0, out
+    code, out = run(
+        world, server_url, "admin", "group", "quota", "vision", "--cpus-max", "none", "-o", "json"
+    )
+    vision = json.loads(out)
+    assert (
+        vision["quotas"] == [{"gpu_model": "A100", "guaranteed": 2, "max": None}]
+        and vision["cpus_max"] is None
+    )
+    job = world.client.post(
+        "/api/v1/jobs",
+        json={"name": "t", "command": "x", "resources": {"gpus": 1, "cpus": 2, "memory": "1GiB"}},
+        headers=world.as_("alice"),
+    ).json()
+    with world.session_factory() as db:
+        make_running(db, job["id"], "n1", (0,))
+        db.execute(sa.update(Attempt).values(borrowed=True))
+        db.commit()
+    code, out = run(world, server_url, "admin", "group", "ls")
+    assert code == 0, out
+    row = next(line for line in out.splitlines() if line.strip().startswith("vision"))
+    assert "A100: 1/2/- (1 borrowed)" in row and "1/20/-" in row and "0.2G/8G/16G" in row, out
+    assert "warning: guaranteed CPUs of all groups add up to 20; the cluster has 16" in out
+    code, out = run(world, server_url, "admin", "group", "quota", "vision", "--cpus-max", "lots")
+    assert code == 2 and "--cpus-max: could not convert string to float: 'lots'" in out
+    code, out = run(world, server_url, "admin", "group", "quota", "vision")
+    assert code == 2 and "give at least one quota option" in out

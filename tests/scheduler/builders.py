@@ -98,6 +98,8 @@ def group(
     user_max_gpus: int | None = None,
     weight: float = 1.0,
     borrowing: bool = True,
+    cpus_max: float | None = None,
+    memory_max_mib: int | None = None,
 ) -> Group:
     return Group(
         name=name,
@@ -106,6 +108,8 @@ def group(
         user_max_gpus=user_max_gpus,
         weight=weight,
         borrowing=borrowing,
+        cpus_max=cpus_max,
+        memory_max_mib=memory_max_mib,
     )
 
 

@@ -192,6 +192,9 @@ def test_cancel_a_waiting_job_and_watch_gpus(portal: Portal) -> None:
         expect(
             page.locator("section.group[data-group='team-a'] table.quotas td[data-label=Used]")
         ).to_have_text("4")
+        expect(  # 2 guaranteed: the 4-GPU job runs on borrowed quota
+            page.locator("section.group[data-group='team-a'] table.quotas td[data-label=Borrowed]")
+        ).to_have_text("4")
         expect(
             page.locator("section.group[data-group='team-b'] table.quotas td[data-label=Used]")
         ).to_have_text("0")
@@ -228,6 +231,10 @@ def test_admin_changes_a_quota_and_cordons_a_node(portal: Portal) -> None:
     page.click("#set-quota button[type=submit]")
     expect(group.locator("td.quota-guaranteed")).to_have_text("3")
     expect(group.locator("td.quota-max")).to_have_text("4")
+    # team-b guarantees 2 VGPU too: 5 guaranteed on 4 GPUs is accepted, with a warning
+    expect(group.locator(".quota-warning").first).to_contain_text(
+        "guaranteed VGPU GPUs of all groups add up to 5; the cluster has 4"
+    )
     screenshot(page, "groups-admin")
     with portal.api() as api:
         groups = {g["name"]: g for g in api.get("/api/v1/groups").json()}

@@ -118,13 +118,25 @@ class NodeOut(BaseModel):
 
 
 class QuotaIn(_In):
+    """Only the fields present in the body change (`null` clears a limit: `max`, `user_max_gpus`,
+    `cpus_max`, `memory_max_mib`). The GPU quota of `gpu_model` is written when `gpu_model`,
+    `guaranteed` or `max` is given (a new one starts at 0 guaranteed, no max)."""
+
     gpu_model: str = Field("*", min_length=1, max_length=64)
     guaranteed: int = Field(0, ge=0, le=100_000)
     max: int | None = Field(None, ge=0, le=100_000)
-    # Group-wide settings may ride along; None leaves them as they are.
+    # Group-wide settings may ride along.
     user_max_gpus: int | None = Field(None, ge=0)
     weight: float | None = Field(None, gt=0, le=1000)
     borrowing: bool | None = None
+    cpus_guaranteed: float = Field(0.0, ge=0, le=10_000_000)
+    cpus_max: float | None = Field(None, ge=0, le=10_000_000)
+    memory_guaranteed_mib: int = Field(0, ge=0, le=2**40)
+    memory_max_mib: int | None = Field(None, ge=0, le=2**40)
+
+    @property
+    def sets_gpu_quota(self) -> bool:
+        return bool({"gpu_model", "guaranteed", "max"} & self.model_fields_set)
 
 
 class QuotaOut(BaseModel):
@@ -139,6 +151,10 @@ class GroupIn(_In):
     borrowing: bool = True
     user_max_gpus: int | None = Field(None, ge=0)
     quotas: list[QuotaIn] = Field(default_factory=list, max_length=64)
+    cpus_guaranteed: float = Field(0.0, ge=0, le=10_000_000)
+    cpus_max: float | None = Field(None, ge=0, le=10_000_000)
+    memory_guaranteed_mib: int = Field(0, ge=0, le=2**40)
+    memory_max_mib: int | None = Field(None, ge=0, le=2**40)
 
 
 class MemberIn(_In):
@@ -151,14 +167,41 @@ class MemberOut(BaseModel):
     role: str
 
 
+class GpuUsageOut(BaseModel):
+    gpu_model: str  # a quota key: a GPU model, or "*" for models the group lists no quota for
+    used: int
+    borrowed: int  # of `used`: held by work placed beyond the guarantee (reclaimable)
+    guaranteed: int
+    max: int | None
+    models: dict[str, int]  # GPU model -> GPUs used under this key
+
+
+class ResourceUsageOut(BaseModel):
+    used: float
+    guaranteed: float
+    max: float | None
+
+
+class GroupUsageOut(BaseModel):
+    gpus: list[GpuUsageOut]
+    cpus: ResourceUsageOut
+    memory_mib: ResourceUsageOut
+
+
 class GroupOut(BaseModel):
     name: str
     weight: float
     borrowing: bool
     user_max_gpus: int | None
     quotas: list[QuotaOut]
+    cpus_guaranteed: float
+    cpus_max: float | None
+    memory_guaranteed_mib: int
+    memory_max_mib: int | None
     created_at: float
     members: list[MemberOut] | None = None
+    usage: GroupUsageOut | None = None
+    warnings: list[str] = Field(default_factory=list)  # guarantees that add up to more than the cluster
 
 
 class UserIn(_In):

@@ -19,7 +19,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from corral.sdk import Client, CorralError
+from corral.sdk import KEEP, Client, CorralError, Keep
+from corral.spec import parse_memory_mib
 
 F = TypeVar("F", bound=Callable[..., Any])
 out = Console()
@@ -317,29 +318,71 @@ for _action in ("cordon", "uncordon", "drain"):
 group_app = typer.Typer(help="Groups and quotas.", no_args_is_help=True)
 
 
+def _of(used: float, guaranteed: float, limit: float | None, unit: str = "") -> str:
+    """ "3/2/4" = used/guaranteed/max ("-": no max)."""
+    return f"{used:g}{unit}/{guaranteed:g}{unit}/{'-' if limit is None else f'{limit:g}{unit}'}"
+
+
+def _gpu_cell(group: dict[str, Any]) -> str:
+    """One line per quota key: "A100: 3/2/4 (1 borrowed)"."""
+    lines = []
+    for r in group["usage"]["gpus"]:
+        label = "any" if r["gpu_model"] == "*" else r["gpu_model"]
+        borrowed = f" ({r['borrowed']} borrowed)" if r["borrowed"] else ""
+        lines.append(f"{label}: {_of(r['used'], r['guaranteed'], r['max'])}{borrowed}")
+    return "\n".join(lines) or "-"
+
+
+def _resource_cell(usage: dict[str, Any], scale: float = 1.0, unit: str = "") -> str:
+    """CPUs or memory (scale 1/1024: MiB -> GiB) used/guaranteed/max."""
+    limit = usage["max"]
+    return _of(
+        round(usage["used"] * scale, 1),
+        round(usage["guaranteed"] * scale, 1),
+        None if limit is None else round(limit * scale, 1),
+        unit,
+    )
+
+
 @group_app.command("ls")
 @friendly_errors
 def group_ls(output: OutputOpt = Output.table) -> None:
-    """List groups (all for admins, yours otherwise) with their quotas."""
+    """List groups (all for admins, yours otherwise): per GPU model used/guaranteed/max and how
+    many of the used GPUs are borrowed; CPUs and memory used/guaranteed/max; warnings."""
     with client() as c:
         groups = c.groups()
     if output is Output.json:
         print_json(groups)
         return
     table = Table(
-        "GROUP", "QUOTAS (guaranteed/max per GPU model)", "WEIGHT", "BORROWING", "MEMBERS", box=None
+        "GROUP",
+        "GPUS used/guaranteed/max",
+        "CPUS",
+        "MEMORY",
+        "USER CAP",
+        "WEIGHT",
+        "BORROWING",
+        "MEMBERS",
+        box=None,
     )
+    warnings: dict[str, None] = {}
     for g in groups:
-        quotas = (
-            ", ".join(
-                f"{q['gpu_model']}: {q['guaranteed']}/{'-' if q['max'] is None else q['max']}"
-                for q in g["quotas"]
-            )
-            or "-"
-        )
         members = "-" if g.get("members") is None else str(len(g["members"]))
-        table.add_row(g["name"], quotas, f"{g['weight']:g}", "yes" if g["borrowing"] else "no", members)
+        cap = "-" if g.get("user_max_gpus") is None else f"{g['user_max_gpus']} GPUs"
+        table.add_row(
+            g["name"],
+            _gpu_cell(g),
+            _resource_cell(g["usage"]["cpus"]),
+            _resource_cell(g["usage"]["memory_mib"], 1 / 1024, "G"),
+            cap,
+            f"{g['weight']:g}",
+            "yes" if g["borrowing"] else "no",
+            members,
+        )
+        warnings.update(dict.fromkeys(g.get("warnings") or ()))
     out.print(table)
+    for text in warnings:
+        out.print(f"[yellow]warning:[/yellow] {text}", highlight=False)
 
 
 @group_app.command("create")
@@ -356,24 +399,83 @@ def group_create(
     print_json(group) if output is Output.json else out.print(f"group {name} created")
 
 
+N = TypeVar("N", int, float)
+
+
+def _limit(value: str | None, what: str, parse: Callable[[str], N]) -> N | Keep | None:
+    """A limit option: not given -> KEEP, "none" -> None (no limit), else the parsed value."""
+    if value is None:
+        return KEEP
+    if value.strip().lower() in ("none", "unlimited", "-"):
+        return None
+    try:
+        return parse(value)
+    except ValueError as exc:
+        raise typer.BadParameter(f"{what}: {exc}")
+
+
+def _count(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise ValueError(f"{value} is less than 0")
+    return n
+
+
+def _cpus(value: str) -> float:
+    n = float(value)
+    if n < 0:
+        raise ValueError(f"{value} is less than 0")
+    return n
+
+
+def _memory(value: str) -> int:
+    return 0 if value.strip() == "0" else parse_memory_mib(value)
+
+
+LimitOpt = Annotated[str | None, typer.Option(help="'none' = no limit")]
+
+
 @group_app.command("quota")
 @friendly_errors
 def group_quota(
     name: str,
-    gpus: Annotated[int, typer.Option("--gpus", help="guaranteed GPUs")],
+    gpus: Annotated[int | None, typer.Option("--gpus", min=0, help="guaranteed GPUs of --model")] = None,
     model: Annotated[str, typer.Option("--model", help="GPU model; '*' = any model")] = "*",
-    max_gpus: Annotated[int | None, typer.Option("--max", help="borrowing limit")] = None,
-    user_max_gpus: Annotated[int | None, typer.Option("--user-max", help="per-user GPU cap")] = None,
+    max_gpus: Annotated[
+        str | None, typer.Option("--max", help="most GPUs of --model; 'none' = no limit")
+    ] = None,
+    user_max: Annotated[str | None, typer.Option(help="per-user GPU cap; 'none' removes it")] = None,
+    cpus: Annotated[float | None, typer.Option(min=0, help="guaranteed CPUs (group-wide)")] = None,
+    cpus_max: LimitOpt = None,
+    memory: Annotated[str | None, typer.Option(help="guaranteed memory, e.g. 64GiB")] = None,
+    memory_max: LimitOpt = None,
     output: OutputOpt = Output.table,
 ) -> None:
-    """Set a group's quota for one GPU model (admin)."""
-    extra = {"user_max_gpus": user_max_gpus} if user_max_gpus is not None else {}
+    """Set a group's quotas (admin): only the options given change."""
+    fields: dict[str, float | None] = {}
+    for key, value in (
+        ("user_max_gpus", _limit(user_max, "--user-max", _count)),
+        ("cpus_max", _limit(cpus_max, "--cpus-max", _cpus)),
+        ("memory_max_mib", _limit(memory_max, "--memory-max", _memory)),
+    ):
+        if not isinstance(value, Keep):
+            fields[key] = value
+    if cpus is not None:
+        fields["cpus_guaranteed"] = cpus
+    if memory is not None:
+        guaranteed_mib = _limit(memory, "--memory", _memory)
+        fields["memory_guaranteed_mib"] = guaranteed_mib if isinstance(guaranteed_mib, int) else 0
+    max_value = _limit(max_gpus, "--max", _count)
+    if gpus is None and isinstance(max_value, Keep) and not fields:
+        raise typer.BadParameter("give at least one quota option (see --help)")
     with client() as c:
-        group = c.set_quota(name, gpu_model=model, guaranteed=gpus, max_gpus=max_gpus, **extra)
+        group = c.set_quota(name, gpu_model=model, guaranteed=gpus, max_gpus=max_value, **fields)
     if output is Output.json:
         print_json(group)
-    else:
-        out.print(f"group {name}: {model} guaranteed {gpus}, max {'-' if max_gpus is None else max_gpus}")
+        return
+    out.print(f"group {name}: quotas set")
+    for text in group.get("warnings") or ():
+        out.print(f"[yellow]warning:[/yellow] {text}", highlight=False)
 
 
 # --- users and tokens ---------------------------------------------------------------------------

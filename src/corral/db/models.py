@@ -48,6 +48,12 @@ class Group(Base):
     weight: Mapped[float] = mapped_column(Float, default=1.0)  # fair-share weight
     borrowing: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[float] = mapped_column(Float)
+    # CPU and memory quotas (group-wide): the max is a hard limit the scheduler enforces (None = no
+    # limit); the guarantee is a promise, checked against the cluster and shown with the usage.
+    cpus_guaranteed: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    cpus_max: Mapped[float | None] = mapped_column(Float)
+    memory_guaranteed_mib: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    memory_max_mib: Mapped[int | None] = mapped_column(Integer)
 
     quotas: Mapped[list[GroupQuota]] = relationship(back_populates="group", cascade="all, delete-orphan")
     memberships: Mapped[list[Membership]] = relationship(back_populates="group", cascade="all, delete-orphan")

@@ -8,7 +8,9 @@ Orders (Profile.order):
   least attained service (GPU-seconds) queues, FIFO inside a queue.
 Quota (QuotaLedger): per group and quota key (a GPU model listed in the group's quotas, else
 ANY_MODEL), usage within `guaranteed` is owned; beyond it up to `max` is borrowed (only for
-preemptible jobs of groups with borrowing on) and the lender may reclaim it.
+preemptible jobs of groups with borrowing on) and the lender may reclaim it. CPUs and memory
+(ResourceQuota): a group-wide hard limit, nothing borrowed or reclaimed. `quota_refusals` says
+why a job alone can never be admitted under its group's quotas (the API refuses it at submit).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from operator import attrgetter
 from typing import Any
 
 from corral.scheduler.cluster import RunningTotals
-from corral.scheduler.types import ANY_MODEL, Group, Job, RunningJob, Usage
+from corral.scheduler.types import ANY_MODEL, Group, Job, Reason, RunningJob, Usage
 
 
 def decay_usage(value: float, elapsed_s: float, half_life_s: float) -> float:
@@ -85,9 +87,10 @@ class QuotaLedger:
     def guaranteed(group: Group, key: str) -> int:
         return group.guaranteed.get(key, 0)
 
-    def limit(self, group: Group, key: str, borrow: bool) -> float:
+    @staticmethod
+    def limit(group: Group, key: str, borrow: bool) -> float:
         """Most GPUs the group may hold under `key`: its guarantee, or its max when borrowing."""
-        floor = self.guaranteed(group, key)
+        floor = group.guaranteed.get(key, 0)
         if not borrow:
             return floor
         if group.max is None:
@@ -169,6 +172,105 @@ class QuotaLedger:
     def below_guarantee(self, job: Job, models: tuple[str, ...]) -> bool:
         """Could this job run entirely within its group's guarantee on one of `models`?"""
         return bool(self.allowed_models(job, models, borrow=False))
+
+
+def _gpu_limit_text(group: Group, models: Iterable[str], borrow: bool) -> str:
+    """ "2 A100, 0 V100" (one entry per quota key the models fall under)."""
+    per_key: dict[str, list[str]] = {}
+    for m in models:
+        per_key.setdefault(QuotaLedger.key(group, m), []).append(m)
+    parts = []
+    for key, named in sorted(per_key.items()):
+        label = key
+        if key == ANY_MODEL:  # named: the models it stands for here ("*" itself: any model)
+            few = len(named) < 4 and ANY_MODEL not in named
+            label = "|".join(sorted(named)) if few else "GPUs of any model"
+        parts.append(f"{QuotaLedger.limit(group, key, borrow):g} {label}")
+    return ", ".join(parts)
+
+
+def quota_refusals(job: Job, group: Group, models: Iterable[str]) -> tuple[Reason, ...]:
+    """Why `job` alone can never be admitted under `group`'s quotas as they stand (empty: it can),
+    with the numbers. `models` are the GPU models its GPU tasks may use (the cycle passes the
+    cluster's). The same rules make the cycle mark such a job unschedulable: the per-user cap, the
+    GPU limit (`max` for jobs that may borrow, else the guarantee) on every model it may use, and
+    the CPU and memory limits."""
+    out: list[Reason] = []
+    need = job.total_gpus
+    cap = group.user_max_gpus
+    if cap is not None and need > cap:
+        text = f"it needs {need} GPUs; group {group.name} caps each user at {cap} GPUs (user_max_gpus)"
+        out.append(Reason("user_cap", "quota:user", text))
+    models = tuple(models)
+    borrow = job.preemptible and group.borrowing
+    limits = [QuotaLedger.limit(group, QuotaLedger.key(group, m), borrow) for m in models]
+    if need > 0 and limits and all(need > limit for limit in limits):
+        held = _gpu_limit_text(group, models, borrow)
+        if borrow:
+            why = f"group {group.name} may hold at most {held} (its max)"
+        else:
+            cause = "the job is not preemptible" if group.borrowing else "borrowing is off for the group"
+            why = (
+                f"group {group.name} guarantees {held} and {cause}, so it may not borrow beyond the guarantee"
+            )
+        code = "quota_max" if borrow else "quota_exhausted"
+        out.append(Reason(code, "quota", f"it needs {need} GPUs; {why}"))
+    out.extend(ResourceQuota.over_limit(job, group))
+    return tuple(out)
+
+
+SOURCE = "quota:cpu_memory"  # the source of the reasons ResourceQuota gives
+
+
+class ResourceQuota:
+    """CPUs and memory held per group (running work, then what the cycle places), against the
+    groups' hard limits (`Group.cpus_max`, `Group.memory_max_mib`). Costs nothing when no group
+    has such a limit (the simulator's clusters have none)."""
+
+    def __init__(self, groups: Iterable[Group], running: Iterable[RunningJob]) -> None:
+        self.groups = {g.name: g for g in groups if g.cpus_max is not None or g.memory_max_mib is not None}
+        self.cpus: dict[str, float] = {}
+        self.memory_mib: dict[str, int] = {}
+        if self.groups:
+            for rj in running:
+                self.charge(rj.job)
+
+    def charge(self, job: Job) -> None:
+        if job.group in self.groups:
+            self.cpus[job.group] = self.cpus.get(job.group, 0.0) + job.total_cpus
+            self.memory_mib[job.group] = self.memory_mib.get(job.group, 0) + job.total_memory_mib
+
+    def refusal(self, job: Job) -> tuple[Reason, bool] | None:
+        """(why it waits, whether it can never fit the limit) when placing the job now would take
+        its group over a limit; None when it may go on."""
+        group = self.groups.get(job.group) if self.groups else None
+        if group is None:
+            return None
+        never = ResourceQuota.over_limit(job, group)
+        if never:
+            return never[0], True
+        cpus, memory = self.cpus.get(group.name, 0.0), self.memory_mib.get(group.name, 0)
+        if group.cpus_max is not None and cpus + job.total_cpus > group.cpus_max:
+            text = f"group {group.name} may hold {group.cpus_max:g} CPUs; it holds {cpus:g}"
+            return Reason("cpu_quota", SOURCE, f"{text}; this job needs {job.total_cpus:g}"), False
+        if group.memory_max_mib is not None and memory + job.total_memory_mib > group.memory_max_mib:
+            text = f"group {group.name} may hold {group.memory_max_mib} MiB of memory; it holds {memory} MiB"
+            return Reason("memory_quota", SOURCE, f"{text}; this job needs {job.total_memory_mib} MiB"), False
+        return None
+
+    @staticmethod
+    def over_limit(job: Job, group: Group) -> list[Reason]:
+        """The CPU and memory limits the job alone exceeds."""
+        out = []
+        if group.cpus_max is not None and job.total_cpus > group.cpus_max:
+            text = f"group {group.name} may hold at most {group.cpus_max:g} CPUs (its max)"
+            out.append(Reason("cpu_quota", SOURCE, f"it needs {job.total_cpus:g} CPUs; {text}"))
+        if group.memory_max_mib is not None and job.total_memory_mib > group.memory_max_mib:
+            text = f"group {group.name} may hold at most {group.memory_max_mib} MiB (its max)"
+            out.append(
+                Reason("memory_quota", SOURCE, f"it needs {job.total_memory_mib} MiB of memory; {text}")
+            )
+        return out
 
 
 class OrderedQueue:

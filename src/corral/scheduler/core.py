@@ -15,7 +15,7 @@ from itertools import count
 from operator import attrgetter, itemgetter
 from typing import cast
 
-from corral.scheduler.admission import QuotaLedger, build_queue, las_queue, runtime_of
+from corral.scheduler.admission import QuotaLedger, ResourceQuota, build_queue, las_queue, runtime_of
 from corral.scheduler.cluster import ClusterShapes, ClusterState, cluster_shapes, shape_key
 from corral.scheduler.diagnosis import (
     DiagnosisView,
@@ -154,6 +154,7 @@ class _Cycle:
         held, totals = st.occupy_running(snapshot.running)
         running = list(zip(snapshot.running, held, strict=True))
         self.ledger.charge_running(totals)
+        self.resources = ResourceQuota(snapshot.groups, snapshot.running) if profile.quotas else None
         self.running = running
         self.shapes = cluster_shapes(snapshot.nodes, profile.cpu_jobs_on_gpu_nodes)
         self.placer = Placer(st, profile, rng)
@@ -418,6 +419,10 @@ class _Cycle:
         if info.never:
             self.unschedulable[job.id] = info.never
             return
+        refusal = self.resources.refusal(job) if self.resources is not None else None
+        if refusal is not None:  # its group is at its CPU or memory limit
+            self._wait_or_never(job, *refusal)
+            return
         if self._capacity_short(info):
             self._short(job, info)
             return
@@ -466,6 +471,8 @@ class _Cycle:
         self.assignments.append(Assignment(job.id, Allocation(job.id, tuple(placed.instances)), borrowed))
         if self.profile.quotas:
             self.ledger.charge(job, placed.gpus_by_model)
+        if self.resources is not None:
+            self.resources.charge(job)
         self.started.append(
             (self.now + runtime_of(job, self.profile.default_runtime_s), placed.gpus_by_model)
         )

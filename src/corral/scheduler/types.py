@@ -119,6 +119,14 @@ class Job:
     def total_instances(self) -> int:
         return sum(t.instances for t in self.tasks)
 
+    @property
+    def total_cpus(self) -> float:
+        return sum(t.instances * t.resources.cpus for t in self.tasks)
+
+    @property
+    def total_memory_mib(self) -> int:
+        return sum(t.instances * t.resources.memory_mib for t in self.tasks)
+
 
 @dataclass(frozen=True, slots=True)
 class InstancePlacement:
@@ -156,7 +164,8 @@ class RunningJob:
 
 @dataclass(frozen=True, slots=True)
 class Group:
-    """A tenant. Quotas are GPUs per GPU model; the key ANY_MODEL covers models not listed."""
+    """A tenant. GPU quotas are GPUs per GPU model (the key ANY_MODEL covers models not listed);
+    CPUs and memory have a group-wide hard limit only (their guarantees live in the platform)."""
 
     name: str
     guaranteed: Mapping[str, int] = field(default_factory=dict)
@@ -164,6 +173,9 @@ class Group:
     user_max_gpus: int | None = None  # per-user cap inside the group; None = no cap
     weight: float = 1.0  # fair-share weight
     borrowing: bool = True  # may this group borrow idle quota of others
+    # Hard limits on the CPUs and memory the group's running work holds in all; None = no limit.
+    cpus_max: float | None = None
+    memory_max_mib: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,8 @@ class GroupRecord:
     borrowing: bool = True
     user_max_gpus: int | None = None
     quotas: tuple[QuotaRecord, ...] = ()
+    cpus_max: float | None = None  # None: no limit
+    memory_max_mib: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +129,8 @@ def _group(record: GroupRecord) -> st.Group:
         user_max_gpus=record.user_max_gpus,
         weight=record.weight,
         borrowing=record.borrowing,
+        cpus_max=record.cpus_max,
+        memory_max_mib=record.memory_max_mib,
     )
 
 
@@ -258,6 +262,8 @@ def read_cluster_state(session: Session) -> ClusterState:
                 borrowing=g.borrowing,
                 user_max_gpus=g.user_max_gpus,
                 quotas=tuple(QuotaRecord(q.gpu_model, q.guaranteed, q.max) for q in g.quotas),
+                cpus_max=g.cpus_max,
+                memory_max_mib=g.memory_max_mib,
             )
             for g in groups
         ),

@@ -11,6 +11,7 @@ import hashlib
 import re
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,6 +108,8 @@ def create_group(
         weight=weight,
         borrowing=borrowing,
         user_max_gpus=user_max_gpus,
+        cpus_guaranteed=0.0,
+        memory_guaranteed_mib=0,
         created_at=time.time() if now is None else now,
     )
     session.add(group)
@@ -136,6 +139,39 @@ def set_quota(
     notify.changed(session, notify.Topic.QUOTAS)
     session.flush()
     return quota
+
+
+def patch_quota(
+    session: Session, group: Group, gpu_model: str, changes: Mapping[str, int | None]
+) -> GroupQuota:
+    """Change the fields named in `changes` ("guaranteed", "max") of the group's quota for one
+    GPU model and keep the other; a model with no quota yet starts at 0 guaranteed, no max."""
+    current = next((q for q in group.quotas if q.gpu_model == gpu_model), None)
+    guaranteed = changes.get("guaranteed", current.guaranteed if current else 0)
+    max_gpus = changes.get("max", current.max if current else None)
+    return set_quota(session, group, gpu_model=gpu_model, guaranteed=guaranteed or 0, max_gpus=max_gpus)
+
+
+# Group-wide settings `update_group` changes; None clears the nullable ones (the limits) and
+# leaves the others as they are.
+NULLABLE_SETTINGS = ("user_max_gpus", "cpus_max", "memory_max_mib")
+GROUP_SETTINGS = (*NULLABLE_SETTINGS, "weight", "borrowing", "cpus_guaranteed", "memory_guaranteed_mib")
+
+
+def update_group(session: Session, group: Group, changes: Mapping[str, float | bool | None]) -> None:
+    """Apply the group-wide settings named in `changes` (keys of GROUP_SETTINGS) and check that
+    no CPU or memory max is below its guarantee."""
+    unknown = set(changes) - set(GROUP_SETTINGS)
+    if unknown:
+        raise ValueError(f"not group settings: {sorted(unknown)}")
+    for key, value in changes.items():
+        if value is not None or key in NULLABLE_SETTINGS:
+            setattr(group, key, value)
+    for limit, floor in (("cpus_max", "cpus_guaranteed"), ("memory_max_mib", "memory_guaranteed_mib")):
+        top, bottom = getattr(group, limit), getattr(group, floor)
+        if top is not None and top < bottom:
+            raise Invalid(f"{limit} ({top:g}) must not be less than {floor} ({bottom:g})", ("body", limit))
+    session.flush()
 
 
 def add_member(session: Session, group: Group, user: User, role: str = "member") -> Membership:

@@ -31,6 +31,7 @@ from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
 from corral.services.lifecycle import AttemptState, JobState, record_event, transition
 from corral.services.nodes import scheduler_node
+from corral.services.quota import check_quota
 from corral.services.views import job_view
 from corral.spec import JobSpecV1
 
@@ -105,25 +106,42 @@ def cached_scheduler_nodes(session: Session, now: float, *, verify: bool = False
 
 
 def check_fits(
-    session: Session, spec: JobSpecV1, group: str, user: str, profile: Profile, *, now: float | None = None
+    session: Session,
+    spec: JobSpecV1,
+    group: GroupRef,
+    user: str,
+    profile: Profile,
+    *,
+    now: float | None = None,
 ) -> None:
     """Reject a job that could never run on this cluster even if it were empty, under the profile
-    the live loop uses (it decides whether CPU-only work may use GPU nodes). With no nodes
-    registered yet (a server that is still starting) the check is skipped. A refusal is never
-    based on unverified cached shapes: a node registered a moment ago counts."""
+    the live loop uses (it decides whether CPU-only work may use GPU nodes), or that its group's
+    quotas could never admit (per-user cap, GPU max, CPU/memory max: `quota.check_quota`). With no
+    nodes registered yet (a server that is still starting) the cluster check is skipped. A refusal
+    is never based on unverified cached shapes: a node registered a moment ago counts."""
     now = time.monotonic() if now is None else now
-    job = st.Job(id="new", group=group, user=user, tasks=spec.task_specs(), priority=spec.priority_value)
+    job = st.Job(
+        id="new",
+        group=group.name,
+        user=user,
+        tasks=spec.task_specs(),
+        priority=spec.priority_value,
+        preemptible=spec.preemptible,
+    )
     reasons: tuple[st.Reason, ...] = ()
+    nodes: list[st.Node] = []
     for verify in (False, True):
         nodes = cached_scheduler_nodes(session, now, verify=verify)
         if nodes:
             reasons = check_fits_anywhere(job, nodes, cpu_jobs_on_gpu_nodes=profile.cpu_jobs_on_gpu_nodes)
             if not reasons:
-                return
+                break
         elif verify:
-            return
-    text = "; ".join(r.message for r in reasons)
-    raise Invalid(f"this job can never run on this cluster: {text}", ("body", "tasks"))
+            break
+    if reasons:
+        text = "; ".join(r.message for r in reasons)
+        raise Invalid(f"this job can never run on this cluster: {text}", ("body", "tasks"))
+    check_quota(session, job, group.id, nodes, profile)
 
 
 @dataclass(frozen=True)
@@ -196,7 +214,7 @@ def submit_job(
     largest share of its CPU time."""
     now = time.time() if now is None else now
     group = resolve_group(session, principal, spec.group)
-    check_fits(session, spec, group.name, principal.name, profile)
+    check_fits(session, spec, group, principal.name, profile)
     stored = spec.model_dump(mode="json", exclude_none=True)
     stored["group"] = group.name
     columns: dict[str, Any] = {

@@ -102,7 +102,14 @@ def node_view(node: Node, claims: dict[tuple[str, int], int]) -> dict[str, Any]:
     }
 
 
-def group_view(group: Group, members: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+def group_view(
+    group: Group,
+    members: list[tuple[str, str]] | None = None,
+    *,
+    usage: dict[str, object] | None = None,
+    warnings: list[str] | None = None,
+) -> dict[str, Any]:
+    """`usage`: `corral.services.quota.usage_view`; `warnings`: overcommitted guarantees."""
     out: dict[str, Any] = {
         "name": group.name,
         "weight": group.weight,
@@ -112,7 +119,13 @@ def group_view(group: Group, members: list[tuple[str, str]] | None = None) -> di
             {"gpu_model": q.gpu_model, "guaranteed": q.guaranteed, "max": q.max}
             for q in sorted(group.quotas, key=lambda q: q.gpu_model)
         ],
+        "cpus_guaranteed": group.cpus_guaranteed,
+        "cpus_max": group.cpus_max,
+        "memory_guaranteed_mib": group.memory_guaranteed_mib,
+        "memory_max_mib": group.memory_max_mib,
         "created_at": group.created_at,
+        "usage": usage,
+        "warnings": warnings or [],
     }
     if members is not None:
         out["members"] = [{"user": name, "role": role} for name, role in members]

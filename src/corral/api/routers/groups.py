@@ -2,38 +2,58 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, status
+from sqlalchemy.orm import Session
 
 from corral.api.deps import DB, Admin, CurrentUser
 from corral.api.schemas import GroupIn, GroupOut, MemberIn, MemberOut, QuotaIn
+from corral.db.models import Group
 from corral.services import accounts as svc
+from corral.services import quota
+from corral.services.auth import Principal
 from corral.services.errors import NotFound
 from corral.services.views import group_view
 
 router = APIRouter(tags=["groups"])
 
 
+def _views(db: Session, principal: Principal, groups: Sequence[Group]) -> list[dict[str, Any]]:
+    """Groups with their usage and quota warnings (members where the caller administers it)."""
+    cluster = quota.read_cluster(db)
+    usage = quota.group_usage(db, groups, cluster)
+    warnings = quota.overcommit_warnings(db, cluster)
+    return [
+        group_view(
+            g,
+            svc.members_of(db, g.id) if principal.is_group_admin(g.id) else None,
+            usage=quota.usage_view(g, usage[g.id]),
+            warnings=warnings.get(g.name),
+        )
+        for g in groups
+    ]
+
+
 @router.get("/groups", response_model=list[GroupOut])
 def list_groups(db: DB, principal: CurrentUser) -> Any:
     """Admins see every group; others the groups they belong to (members listed where they
     administer the group)."""
-    return [
-        group_view(g, svc.members_of(db, g.id) if principal.is_group_admin(g.id) else None)
-        for g in svc.list_groups(db, principal)
-    ]
+    return _views(db, principal, svc.list_groups(db, principal))
 
 
 @router.post("/groups", status_code=status.HTTP_201_CREATED, response_model=GroupOut)
-def create_group(body: GroupIn, db: DB, _admin: Admin) -> Any:
+def create_group(body: GroupIn, db: DB, admin: Admin) -> Any:
     group = svc.create_group(
         db, body.name, weight=body.weight, borrowing=body.borrowing, user_max_gpus=body.user_max_gpus
     )
-    for quota in body.quotas:
-        svc.set_quota(db, group, gpu_model=quota.gpu_model, guaranteed=quota.guaranteed, max_gpus=quota.max)
+    limits = ("cpus_guaranteed", "cpus_max", "memory_guaranteed_mib", "memory_max_mib")
+    svc.update_group(db, group, body.model_dump(include=set(limits)))
+    for q in body.quotas:
+        svc.set_quota(db, group, gpu_model=q.gpu_model, guaranteed=q.guaranteed, max_gpus=q.max)
     db.commit()
-    return group_view(group, [])
+    return _views(db, admin, [group])[0]
 
 
 @router.get("/groups/{name}", response_model=GroupOut)
@@ -41,21 +61,21 @@ def show_group(name: str, db: DB, principal: CurrentUser) -> Any:
     group = svc.group_by_name(db, name)
     if not principal.is_admin and not principal.is_member(group.id):
         raise NotFound(f"no group named {name!r}")
-    return group_view(group, svc.members_of(db, group.id) if principal.is_group_admin(group.id) else None)
+    return _views(db, principal, [group])[0]
 
 
 @router.put("/groups/{name}/quota", response_model=GroupOut)
-def set_quota(name: str, body: QuotaIn, db: DB, _admin: Admin) -> Any:
+def set_quota(name: str, body: QuotaIn, db: DB, admin: Admin) -> Any:
+    """Change only what the body names: the GPU quota of one model (when `gpu_model`, `guaranteed`
+    or `max` is given; a field left out keeps its value) and group-wide settings; `null` clears a
+    limit (e.g. the per-user cap)."""
     group = svc.group_by_name(db, name)
-    svc.set_quota(db, group, gpu_model=body.gpu_model, guaranteed=body.guaranteed, max_gpus=body.max)
-    if body.user_max_gpus is not None:
-        group.user_max_gpus = body.user_max_gpus
-    if body.weight is not None:
-        group.weight = body.weight
-    if body.borrowing is not None:
-        group.borrowing = body.borrowing
+    given = body.model_fields_set
+    if body.sets_gpu_quota:
+        svc.patch_quota(db, group, body.gpu_model, body.model_dump(include={"guaranteed", "max"} & given))
+    svc.update_group(db, group, body.model_dump(include=set(svc.GROUP_SETTINGS) & given))
     db.commit()
-    return group_view(group, svc.members_of(db, group.id))
+    return _views(db, admin, [group])[0]
 
 
 @router.post("/groups/{name}/members", status_code=status.HTTP_201_CREATED, response_model=MemberOut)

@@ -1,4 +1,5 @@
-// Groups and quotas: per group and GPU model, usage against guaranteed and max. Admins create
+// Groups and quotas: per group and GPU model, usage (and borrowed GPUs) against guaranteed and
+// max; CPUs and memory; warnings when guarantees add up to more than the cluster. Admins create
 // groups, set quotas, add users to groups and set a user's default group.
 
 import { ApiError, get, itemsOf, post, put } from "../api.js";
@@ -6,9 +7,21 @@ import { isAdmin } from "../app.js";
 import { gpusInUseByGroup } from "../metrics.js";
 import { fill, emptyState, errorBox, h, section, table, toast, usageBar } from "../ui.js";
 
-// Quotas as [{model, guaranteed, max, used}]. `usage` is {model: GPUs held now}; the "*" quota
-// covers the models that have no quota of their own (as the scheduler reads it).
+// Quotas as [{model, guaranteed, max, used, borrowed}]: from the group's own `usage` (the API
+// computes it from the live attempts, per quota key, with the GPUs held on borrowed quota), else
+// from `usage` = {model: GPUs held now}; the "*" quota covers the models that have no quota of
+// their own (as the scheduler reads it).
 export function quotaRows(group, usage) {
+  if (group.usage && Array.isArray(group.usage.gpus)) {
+    return group.usage.gpus.map((r) => ({
+      model: r.gpu_model,
+      guaranteed: Number(r.guaranteed ?? 0),
+      max: r.max ?? null,
+      used: Number(r.used ?? 0),
+      borrowedGpus: Number(r.borrowed ?? 0),
+      noQuota: r.guaranteed === 0 && r.max == null && !(group.quotas || []).some((q) => q.gpu_model === r.gpu_model),
+    }));
+  }
   const quotas = group.quotas || [];
   const own = new Set(quotas.map((q) => q.gpu_model));
   const rows = quotas.map((q) => {
@@ -21,10 +34,18 @@ export function quotaRows(group, usage) {
   });
   if (!own.has("*")) {
     for (const [model, used] of Object.entries(usage)) {
-      if (!own.has(model)) rows.push({ model, guaranteed: 0, max: null, used, borrowed: true });
+      if (!own.has(model)) rows.push({ model, guaranteed: 0, max: null, used, noQuota: true });
     }
   }
   return rows;
+}
+
+// "CPUs 3 used / 16 guaranteed / 32 max · memory 12 / 64 / unlimited GiB"
+function cpuMemoryLine(usage) {
+  const of = (u, scale) => [u.used, u.guaranteed, u.max].map((v) => (v == null ? "unlimited" : String(Math.round((v / scale) * 10) / 10)));
+  const [cu, cg, cm] = of(usage.cpus, 1);
+  const [mu, mg, mm] = of(usage.memory_mib, 1024);
+  return `CPUs ${cu} used / ${cg} guaranteed / ${cm} max · memory ${mu} / ${mg} / ${mm} GiB`;
 }
 
 function memberNames(group) {
@@ -79,9 +100,10 @@ function drawGroups(root, groups, usage) {
                 [
                   {
                     label: "GPU model",
-                    cell: (r) => [r.model === "*" ? "any model" : r.model, r.borrowed ? h("span", { class: "muted" }, " (no quota: borrowed)") : null],
+                    cell: (r) => [r.model === "*" ? "any model" : r.model, r.noQuota ? h("span", { class: "muted" }, " (no quota: borrowed)") : null],
                   },
                   { label: "Used", cell: (r) => String(r.used), class: "num" },
+                  { label: "Borrowed", cell: (r) => (r.borrowedGpus == null ? "-" : String(r.borrowedGpus)), class: "num" },
                   { label: "Guaranteed", cell: (r) => String(r.guaranteed), class: "num quota-guaranteed" },
                   { label: "Max", cell: (r) => (r.max == null ? "unlimited" : String(r.max)), class: "num quota-max" },
                   {
@@ -93,6 +115,8 @@ function drawGroups(root, groups, usage) {
                 { class: "quotas" },
               )
             : emptyState("No quota: this group can only borrow idle GPUs."),
+          g.usage ? h("p", { class: "muted cpu-memory" }, cpuMemoryLine(g.usage)) : null,
+          (g.warnings || []).map((w) => h("p", { class: "quota-warning sev-warning", role: "note" }, `Warning: ${w}`)),
           h("p", { class: "muted members" }, members.length ? `Members: ${members.join(", ")}` : "No members."),
         );
       }),
