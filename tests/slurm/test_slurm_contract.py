@@ -12,6 +12,7 @@ from corral.engine.slurm import SlurmEngine
 from tests.engine.contract import EngineContract
 from tests.slurm.conftest import cleanup_cluster
 from tests.slurm.harness import SlurmCluster
+from tests.slurm.helpers import slurm_engine
 
 pytestmark = pytest.mark.slurm
 
@@ -22,9 +23,10 @@ class TestSlurmContract(EngineContract):
         self, slurm_cluster: SlurmCluster, tmp_path: Path
     ) -> Iterator[Callable[[], SlurmEngine]]:
         made: list[SlurmEngine] = []
+        state_dir = slurm_cluster.new_state_dir()
 
         def factory() -> SlurmEngine:
-            eng = SlurmEngine(state_dir=tmp_path / "slurm-state", slurm_conf=str(slurm_cluster.conf))
+            eng = slurm_engine(slurm_cluster, state_dir)
             made.append(eng)
             return eng
 

@@ -13,7 +13,7 @@ from corral.engine.base import AttemptPhase, EngineUnavailable, FailureReason
 from corral.engine.slurm import SlurmEngine
 from corral.scheduler.types import NodeState
 from tests.slurm.harness import SlurmCluster
-from tests.slurm.helpers import FINISHED, attempt, instance, wait_for
+from tests.slurm.helpers import FINISHED, attempt, instance, slurm_engine, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -44,8 +44,7 @@ def slurm_job_state(cluster: SlurmCluster, job_id: str) -> str:
 def test_node_crash_is_lost_once_and_never_runs_twice(
     engine: SlurmEngine, slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    runs = tmp_path / "runs"
-    runs.mkdir()
+    runs = slurm_cluster.scratch_dir()  # mounted into the jobs' sandboxes
     token = "60.2011"  # a unique sleep argument, to find the job's processes in /proc
     command = f'echo "$SLURMD_NODENAME" >> {runs}/rank-$RANK; sleep {token}; echo end >> {runs}/rank-$RANK'
     ref = engine.launch(
@@ -53,6 +52,7 @@ def test_node_crash_is_lost_once_and_never_runs_twice(
             "201.1",
             instance("node2", command, rank=0, env={"RANK": "0"}),
             instance("node3", command, rank=1, env={"RANK": "1"}),
+            rw_mounts=[runs],
         )
     )
     wait_for(engine, "201.1", {AttemptPhase.RUNNING})
@@ -91,6 +91,7 @@ def test_node_crash_is_lost_once_and_never_runs_twice(
             "201.2",
             instance("node1", retry, rank=0, env={"RANK": "0"}),
             instance("node2", retry, rank=1, env={"RANK": "1"}),
+            rw_mounts=[runs],
         )
     )
     assert wait_for(engine, "201.2", FINISHED).phase is AttemptPhase.SUCCEEDED
@@ -117,7 +118,7 @@ def test_slurm_unreachable_then_back(
         with pytest.raises(EngineUnavailable, match=r"(?i)unable to contact slurm controller"):
             engine.launch(attempt("302.1", instance("node2", "echo later")))
         with pytest.raises(EngineUnavailable):  # no node ever seen: nothing to report but the fault
-            SlurmEngine(state_dir=tmp_path / "other", slurm_conf=str(slurm_cluster.conf)).nodes()
+            slurm_engine(slurm_cluster).nodes()
     finally:
         slurm_cluster.start_controller(fresh=False)  # keeps its state: jobs and nodes
 

@@ -10,6 +10,7 @@ import pytest
 
 from corral.engine.base import AttemptPhase, FailureReason
 from corral.engine.slurm import mapping, scripts
+from corral.engine.slurm.users import UnixAccount
 from corral.scheduler.types import NodeState
 from tests.slurm.helpers import attempt, instance
 
@@ -123,7 +124,9 @@ def test_sbatch_args_sum_what_is_placed_on_each_node() -> None:
         instance("n2", "true", rank=2, gpus=[0], cpus=1.5, memory_mib=500),
         max_runtime_s=90,
     )
-    args = scripts.sbatch_args(a, scripts.validate(a), Path("/shared/9.1"), partition="gpu")
+    account = UnixAccount("alice", 1234, 5678)
+    args = scripts.sbatch_args(a, scripts.validate(a), Path("/shared/9.1"), partition="gpu", account=account)
+    assert "--uid=1234" in args and "--gid=5678" in args  # the job runs as its user's account
     assert "--nodelist=n1,n2" in args and "--nodes=2" in args and "--ntasks-per-node=1" in args
     assert "--gres=gpu:4" in args  # the most GPUs placed on one node
     assert "--cpus-per-task=4" in args and "--mem=2000M" in args
@@ -138,10 +141,3 @@ def test_scontrol_arguments() -> None:
     assert cordon[2:] == ["state=drain", "reason=corral cordon: cordoned"]
     with pytest.raises(ValueError, match="unknown"):
         mapping.scontrol_state_args("n1", NodeState.UNKNOWN, "")
-
-
-def test_stand_in_gpu_uuids_become_indices() -> None:
-    uuids = ",".join(mapping.gpu_uuid("node-7", i) for i in (2, 3))
-    assert mapping.visible_devices(uuids) == "2,3"
-    assert mapping.visible_devices("GPU-1234abcd,1") == "GPU-1234abcd,1"  # real UUIDs are kept
-    assert mapping.visible_devices("") == ""
