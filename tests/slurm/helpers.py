@@ -56,6 +56,7 @@ def attempt(
     max_runtime_s: float | None = None,
     user: str = "alice",
     rw_mounts: Sequence[Path] = (),
+    mounts: Sequence[MountSpec] = (),
 ) -> AttemptLaunch:
     """rw_mounts: host dirs the job may write, at the same path inside its sandbox."""
     job_id, _, number = attempt_id.partition(".")
@@ -67,7 +68,7 @@ def attempt(
         group="vision",
         instances=tuple(instances),
         max_runtime_s=max_runtime_s,
-        mounts=tuple(MountSpec(str(p), str(p), read_only=False) for p in rw_mounts),
+        mounts=(*mounts, *(MountSpec(str(p), str(p), read_only=False) for p in rw_mounts)),
     )
 
 

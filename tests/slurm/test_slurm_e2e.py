@@ -232,6 +232,25 @@ def test_instances_sharing_a_node_get_disjoint_gpus(api: httpx.Client, server: C
     assert envs[0]["SLURM_JOB_ID"] == envs[1]["SLURM_JOB_ID"]
 
 
+def test_a_job_cannot_read_the_servers_secrets(
+    api: httpx.Client, server: CorralServer, state_dir: Path
+) -> None:
+    """The real server's home (config.yaml with the admin token, the database, the log), the
+    engine's own records and the server's environment (a database password) from inside a job."""
+    home = server.home
+    reader = (
+        f"cat {home}/config.yaml {home}/corral.db {home}/server.log; ls {home}; "
+        f"cat {state_dir}/attempts/*/attempt.json; env; echo finished"
+    )
+    job_id = submit(api, gang_spec("reader", reader, instances=1, gpus=1))
+    assert wait_state(api, job_id, TERMINAL)["state"] == "succeeded"
+    out = logs(api, job_id, 0)
+    assert "finished" in out and f"CORRAL_JOB_ID={job_id}" in out, out  # it ran and printed its env
+    assert server.token and (home / "config.yaml").read_text().count(server.token) == 1
+    for secret in (server.token, DB_PASSWORD, "SQLite format", "slurm_job_id"):
+        assert secret not in out, (secret, out)
+
+
 def test_cordon_drains_in_slurm_and_uncordon_resumes(api: httpx.Client, slurm_cluster: SlurmCluster) -> None:
     node = slurm_cluster.node_names[1]
     r = api.post(f"/api/v1/nodes/{node}/cordon")
