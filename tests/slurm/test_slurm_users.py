@@ -218,3 +218,25 @@ def test_gpus_are_the_ones_slurm_allocated_and_only_those_open(
     }, probe
     engine.stop("508.1", 0)
     assert wait_for(engine, "509.1", FINISHED).phase is AttemptPhase.SUCCEEDED
+
+
+def test_server_never_follows_what_the_user_puts_in_its_job_dir(
+    engine: SlurmEngine, slurm_cluster: SlurmCluster
+) -> None:
+    """A user with a login on the cluster owns their job dirs on the shared storage. Swapping a log
+    for a symlink to a root-only file, or an exit file for a FIFO, must neither hand that file to
+    `corral logs` nor block the server's poll."""
+    engine.launch(attempt("510.1", instance("node1", "echo hello")))
+    assert wait_for(engine, "510.1", FINISHED).phase is AttemptPhase.SUCCEEDED
+    assert engine.logs("510.1").data == b"hello\n"
+    secret = slurm_cluster.base / "corral" / "root-only-secret"
+    secret.write_text("crl_admintoken_0f0f\n")
+    secret.chmod(0o600)
+    job_dir = engine.store.job_dir("510.1")
+    alice = uid_of("alice")
+    as_alice = ["setpriv", f"--reuid={alice}", f"--regid={alice}", "--clear-groups", "sh", "-c"]
+    swap = f"cd {job_dir} && rm rank-0.log rank-0.exit && ln -s {secret} rank-0.log && mkfifo rank-0.exit"
+    subprocess.run([*as_alice, swap], check=True, timeout=10)
+    assert engine.logs("510.1").data == b""
+    assert engine.store.rank_exits("510.1", alice) == {}  # the FIFO is skipped, not waited on
+    assert engine.store.first_failure_time("510.1", alice) is None
