@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pwd
 import shutil
 import threading
 import time
@@ -202,12 +201,8 @@ class SlurmEngine:
         return REJECTED_REF
 
     def _find_job_by_name(self, attempt_id: str, unix_user: str) -> str:
-        data = self.cli.run_json(
-            "squeue",
-            f"--users={unix_user or _server_user()}",
-            "--states=all",
-            f"--name={scripts.job_name(attempt_id)}",
-        )
+        by_user = [f"--users={unix_user}"] if unix_user else []
+        data = self.cli.run_json("squeue", *by_user, "--states=all", f"--name={scripts.job_name(attempt_id)}")
         ids = [
             int(j["job_id"]) for j in data.get("jobs") or [] if j.get("name") == scripts.job_name(attempt_id)
         ]
@@ -227,7 +222,9 @@ class SlurmEngine:
             else:
                 live.append(record)
         if live:
-            jobs = self._jobs({r.unix_user or _server_user() for r in live})
+            # a record without its account (adopted after the state dir was lost): ask for all users
+            users = None if any(not r.unix_user for r in live) else {r.unix_user for r in live}
+            jobs = self._jobs(users)
             for record in live:
                 with self._attempt_lock(record.attempt_id):
                     out[record.attempt_id] = self._status(record, jobs)
@@ -238,11 +235,13 @@ class SlurmEngine:
             return None
         return self.store.load(attempt_id)
 
-    def _jobs(self, users: set[str]) -> dict[str, dict[str, Any]]:
-        """The jobs Slurm still knows of the given accounts, by id and (for the corral ones)
-        also by job name."""
+    def _jobs(self, users: set[str] | None) -> dict[str, dict[str, Any]]:
+        """The jobs Slurm still knows of the given accounts (None: all), by id and (for the
+        corral ones) also by job name."""
         # --users: only the accounts of the attempts asked about, not every job of a busy cluster
-        data = self.cli.run_json("squeue", f"--users={','.join(sorted(users))}", "--states=all")
+        # (Slurm 22.05's `squeue --json` ignores the filter and lists all; matching is by id/name)
+        by_user = [f"--users={','.join(sorted(users))}"] if users else []
+        data = self.cli.run_json("squeue", *by_user, "--states=all")
         jobs: dict[str, dict[str, Any]] = {}
         for job in data.get("jobs") or []:
             jobs[str(job.get("job_id"))] = job
@@ -454,11 +453,6 @@ class SlurmEngine:
 
     def __repr__(self) -> str:
         return f"SlurmEngine(state_dir={self.store.root}, slurm_conf={self.cli.slurm_conf})"
-
-
-def _server_user() -> str:
-    """The server's own account: what jobs recorded before the per-user accounts ran as."""
-    return pwd.getpwuid(os.geteuid()).pw_name
 
 
 _PROTOCOL_CHECK: type[Engine] = SlurmEngine  # mypy checks the class against the Engine protocol
