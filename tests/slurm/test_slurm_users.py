@@ -240,3 +240,26 @@ def test_server_never_follows_what_the_user_puts_in_its_job_dir(
     assert engine.logs("510.1").data == b""
     assert engine.store.rank_exits("510.1", alice) == {}  # the FIFO is skipped, not waited on
     assert engine.store.first_failure_time("510.1", alice) is None
+
+
+def test_relaunch_does_not_write_through_links_the_user_planted(
+    engine: SlurmEngine, slurm_cluster: SlurmCluster
+) -> None:
+    """A launch whose sbatch answer was lost is submitted again into the same attempt dir. The
+    old job dir is the user's: an `etc` symlinked to a root-owned dir must not make root write
+    a passwd there."""
+    from corral.engine.slurm.state import AttemptRecord
+
+    victim = slurm_cluster.base / "corral" / "victim-etc"
+    victim.mkdir()
+    job_dir = engine.store.job_dir("511.1")
+    job_dir.mkdir(parents=True)
+    (job_dir / "etc").symlink_to(victim)
+    os.lchown(job_dir / "etc", uid_of("alice"), uid_of("alice"))
+    os.chown(job_dir, uid_of("alice"), uid_of("alice"))
+    engine.store.save(AttemptRecord("511.1", submitted_at=time.time()))  # submitted, answer lost
+    engine.launch(attempt("511.1", instance("node1", "echo relaunched")))
+    assert wait_for(engine, "511.1", FINISHED).phase is AttemptPhase.SUCCEEDED
+    assert engine.logs("511.1").data == b"relaunched\n"
+    assert list(victim.iterdir()) == []
+    assert not (job_dir / "etc").is_symlink() and (job_dir / "etc" / "passwd").is_file()

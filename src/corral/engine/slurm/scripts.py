@@ -18,6 +18,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -295,7 +296,12 @@ def write_scripts(
     shares = node_shares(instances)
     attempt_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(attempt_dir, 0o711)
-    job_dir.mkdir(mode=0o700, exist_ok=True)
+    if job_dir.exists():
+        # A relaunch (the first submission's answer was lost and Slurm has no such job): the old
+        # dir is the job account's, which may have planted symlinks (etc -> /etc) for root to
+        # write through. Start from a fresh root-owned dir, handed over only when complete.
+        shutil.rmtree(job_dir)
+    job_dir.mkdir(mode=0o700)
     write_etc(job_dir / "etc", account.name, account.uid, account.gid)
     mounts = [(m.source, m.target, m.read_only) for m in attempt.mounts]
     offsets: dict[int, int] = {}
