@@ -193,27 +193,29 @@ def _gpu_binds(inst: InstanceLaunch, offset: int, sandbox: NodeSandbox) -> str:
     indices: SLURM_STEP_GPUS in an srun step, SLURM_JOB_GPUS in the batch step), from position
     `offset` on, and sets the positional parameters to their bwrap --dev-bind arguments."""
     count = len(inst.gpus)
+    if count == 0:
+        return 'set --\nmine=""; cvd=""\n'
     before, _, after = sandbox.gpu_device.partition("{index}")
     device = f'{shlex.quote(before)}"$g"{shlex.quote(after)}' if after else f'{shlex.quote(before)}"$g"'
     side = " ".join(GPU_SIDE_DEVICES)
     return f"""all="${{SLURM_STEP_GPUS:-${{SLURM_JOB_GPUS:-}}}}"
 set --
 mine=""; cvd=""; n=0; pos=0
-for g in $(echo "$all" | tr ',' ' '); do
+IFS=,
+for g in $all; do
   if [ "$pos" -ge {offset} ] && [ "$n" -lt {count} ]; then
     set -- "$@" --dev-bind {device} "/dev/nvidia$g"
     mine="$mine${{mine:+,}}$g"; cvd="$cvd${{cvd:+,}}$n"; n=$((n + 1))
   fi
   pos=$((pos + 1))
 done
+unset IFS
 if [ "$n" -lt {count} ]; then
   echo "corral: Slurm allocated GPUs [$all] on $(hostname);" \\
     "rank {inst.rank} needs {count} from position {offset}" >&2
   echo 90 >"$J/rank-{inst.rank}.exit"; exit 90
 fi
-if [ {count} -gt 0 ]; then
-  for x in {side}; do if [ -e "$x" ]; then set -- "$@" --dev-bind "$x" "$x"; fi; done
-fi
+for x in {side}; do if [ -e "$x" ]; then set -- "$@" --dev-bind "$x" "$x"; fi; done
 """
 
 
