@@ -4,7 +4,6 @@ Multi-instance attempts spread over two nodes, so they run as one Slurm job with
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
@@ -19,9 +18,7 @@ pytestmark = pytest.mark.slurm
 
 class TestSlurmContract(EngineContract):
     @pytest.fixture
-    def engine_factory(
-        self, slurm_cluster: SlurmCluster, tmp_path: Path
-    ) -> Iterator[Callable[[], SlurmEngine]]:
+    def engine_factory(self, slurm_cluster: SlurmCluster) -> Iterator[Callable[[], SlurmEngine]]:
         made: list[SlurmEngine] = []
         state_dir = slurm_cluster.new_state_dir()
 

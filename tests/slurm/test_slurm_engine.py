@@ -258,7 +258,7 @@ def test_one_failing_rank_fails_the_gang(engine: SlurmEngine) -> None:
     assert "rank 1" in status.message
 
 
-def test_adopt_after_restart(engine: SlurmEngine, slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+def test_adopt_after_restart(engine: SlurmEngine, slurm_cluster: SlurmCluster) -> None:
     ref = engine.launch(attempt("114.1", instance("node1", "sleep 1; echo adopted")))
     wait_for(engine, "114.1", {AttemptPhase.RUNNING})
     engine.close()
@@ -285,6 +285,12 @@ def test_factory_builds_the_slurm_engine(
     eng = make_engine(Settings(engine="slurm", home=tmp_path / "home"))
     assert isinstance(eng, SlurmEngine)
     assert eng.store.root == tmp_path / "home" / "slurm"
+    assert eng.user_map.source is None  # unset: every launch is refused
+    monkeypatch.setenv("CORRAL_SLURM_USER_MAP", "same")
+    monkeypatch.setenv("CORRAL_SLURM_GPU_DEVICE", "/dev/gpu-{index}")
+    eng = make_engine(Settings(engine="slurm", home=tmp_path / "home"))
+    assert isinstance(eng, SlurmEngine)
+    assert eng.user_map.source == "same" and eng.sandbox.gpu_device == "/dev/gpu-{index}"
     assert len(eng.nodes()) == 3
     monkeypatch.setenv("CORRAL_SLURM_PARTITION", "nonexistent")
     assert make_engine(Settings(engine="slurm", home=tmp_path / "home")).nodes() == []

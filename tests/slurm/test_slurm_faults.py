@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -42,7 +41,7 @@ def slurm_job_state(cluster: SlurmCluster, job_id: str) -> str:
 
 
 def test_node_crash_is_lost_once_and_never_runs_twice(
-    engine: SlurmEngine, slurm_cluster: SlurmCluster, tmp_path: Path
+    engine: SlurmEngine, slurm_cluster: SlurmCluster
 ) -> None:
     runs = slurm_cluster.scratch_dir()  # mounted into the jobs' sandboxes
     token = "60.2011"  # a unique sleep argument, to find the job's processes in /proc
@@ -99,9 +98,7 @@ def test_node_crash_is_lost_once_and_never_runs_twice(
     assert (runs / "rank-1").read_text() == "node3\nnode2\nend\n"
 
 
-def test_slurm_unreachable_then_back(
-    engine: SlurmEngine, slurm_cluster: SlurmCluster, tmp_path: Path
-) -> None:
+def test_slurm_unreachable_then_back(engine: SlurmEngine, slurm_cluster: SlurmCluster) -> None:
     engine.launch(attempt("301.1", instance("node1", "sleep 3; echo survived")))
     wait_for(engine, "301.1", {AttemptPhase.RUNNING})
     assert {n.state for n in engine.nodes()} == {NodeState.READY}

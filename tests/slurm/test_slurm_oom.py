@@ -27,7 +27,7 @@ def oom_cluster() -> Iterator[SlurmCluster]:
         yield cluster
 
 
-def test_over_memory_is_oom(oom_cluster: SlurmCluster, tmp_path: Path) -> None:
+def test_over_memory_is_oom(oom_cluster: SlurmCluster) -> None:
     engine = slurm_engine(oom_cluster)
     engine.launch(attempt("401.1", instance("node1", GROW.format(mib=400), memory_mib=100)))
     engine.launch(attempt("402.1", instance("node1", GROW.format(mib=10), memory_mib=100)))
