@@ -273,6 +273,10 @@ def run_slurm(args: argparse.Namespace) -> dict[str, Result]:
         # the harness's nodes have GPUs; Corral on Slurm keeps GPU nodes for GPU work by default
         env = {"CORRAL_ENGINE": "slurm", "CORRAL_SLURM_CONF": str(cluster.conf)}
         env["CORRAL_CPU_JOBS_ON_GPU_NODES"] = "true"
+        # jobs run as the harness's test accounts, with their files where those accounts reach
+        env["CORRAL_SLURM_USER_MAP"] = str(cluster.user_map)
+        env["CORRAL_SLURM_STATE_DIR"] = str(cluster.new_state_dir())
+        env["CORRAL_SLURM_GPU_DEVICE"] = cluster.gpu_device
         with squeue_watcher(cluster.env) as ended:
             # not counted: the first jobs after slurmctld starts were ~2 s slower (bench/slurm_latency.py)
             run_sbatch(argparse.Namespace(**{**vars(args), "slurm_jobs": 3}), cluster, ended, "warmup")

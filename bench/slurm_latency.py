@@ -25,9 +25,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
 from corral.engine.base import AttemptPhase  # noqa: E402
-from corral.engine.slurm import SlurmEngine  # noqa: E402
 from tests.slurm.harness import SlurmCluster, missing_binaries  # noqa: E402
-from tests.slurm.helpers import attempt, instance  # noqa: E402
+from tests.slurm.helpers import attempt, instance, slurm_engine  # noqa: E402
 
 POLL_S = 0.02
 RUNNING_OR_LATER = {"RUNNING", "COMPLETING", "COMPLETED", "FAILED", "CANCELLED"}
@@ -76,7 +75,7 @@ def watch(keys: list[str], states: Callable[[], dict[str, str]], timeout_s: floa
 
 
 def run_engine(cluster: SlurmCluster, state_dir: Path, n: int, tag: str) -> dict:
-    engine = SlurmEngine(state_dir=state_dir, slurm_conf=str(cluster.conf))
+    engine = slurm_engine(cluster, state_dir)  # as alice's account, in bubblewrap on the node
     nodes = cluster.node_names
     submit: dict[str, float] = {}
     for i in range(n):

@@ -11,6 +11,7 @@ from corral.engine.isolation.sandbox import (
     SandboxSpec,
     allocate_uid,
     bwrap_argv,
+    bwrap_argv_parts,
     write_etc,
 )
 
@@ -69,3 +70,28 @@ def test_generated_passwd_names_the_user_and_is_safe(tmp_path: Path) -> None:
     assert "alice:x:200007:200007:" in passwd and ":x:0:0:" in passwd
     odd = write_etc(tmp_path / "odd", "Robert'); DROP", 200008)
     assert "job:x:200008" in Path(odd["/etc/passwd"]).read_text()  # unsafe names are replaced
+
+
+def test_user_namespace_mode_for_jobs_already_running_as_their_user(tmp_path: Path) -> None:
+    """setpriv=None (the Slurm engine): no uid switch inside, a user namespace that cannot nest,
+    the same binds, and room between the two parts for devices known only on the node."""
+    etc = write_etc(tmp_path / "etc", "alice", 1001, gid=2002)
+    assert "alice:x:1001:2002:" in Path(etc["/etc/passwd"]).read_text()
+    spec = SandboxSpec("echo hi", str(tmp_path / "w"), 1001, etc, mounts=[("/data", "/data", True)])
+    head, tail = bwrap_argv_parts("/usr/bin/bwrap", None, spec)
+    assert "--unshare-user" in head and "--disable-userns" in head
+    assert pairs(head, "--bind") == [(str(tmp_path / "w"), SANDBOX_WORK_DIR)]
+    assert ("/data", "/data") in pairs(head, "--ro-bind")
+    assert tail[: tail.index("--") + 1] == ["--chdir", SANDBOX_WORK_DIR, "--"]
+    assert tail[tail.index("--") + 1 :] == [
+        "/usr/bin/env",
+        "--default-signal=TERM,INT",
+        "/bin/sh",
+        "-c",
+        "echo hi",
+    ]
+    assert not any("setpriv" in a for a in head + tail)
+    # the local engine's command line is the two parts of the setpriv mode, joined
+    local = SandboxSpec("echo hi", str(tmp_path / "w"), 200001, etc)
+    head, tail = bwrap_argv_parts("bwrap", "setpriv", local)
+    assert bwrap_argv("bwrap", "setpriv", local) == [*head, *tail]

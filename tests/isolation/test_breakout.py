@@ -131,6 +131,23 @@ def test_cannot_read_shadow_or_the_server_database(engine: LocalEngine, home: Pa
     assert "alice:x:" in out  # the generated passwd names the job's user
 
 
+def test_cannot_read_server_secrets(engine: LocalEngine, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's config (admin token), its database and a database password in its environment
+    are out of a job's reach, even were the files world-readable (the sandbox does not hold them).
+    The Slurm twin: tests/slurm/test_slurm_users.py."""
+    (home / "config.yaml").write_text("url: http://127.0.0.1:8080\ntoken: crl_admintoken_7d1e\n")
+    (home / "corral.db").write_text("SQLite format 3 token-hash-9a8b")
+    for f in (home, home / "config.yaml", home / "corral.db"):
+        f.chmod(0o755 if f.is_dir() else 0o644)
+    monkeypatch.setenv("CORRAL_DATABASE_URL", "postgresql://corral:db-pass-3c4d@127.0.0.1/corral")
+    monkeypatch.setenv("PGPASSWORD", "db-pass-3c4d")
+    reader = f"cat {home}/config.yaml {home}/corral.db {home}/engine/attempts/*/spec.marshal; ls {home}; env"
+    phase, out = run(engine, attempt(f"{reader}; echo finished"))
+    assert phase is AttemptPhase.SUCCEEDED and "finished" in out and "RANK=0" in out, out
+    for secret in ("crl_admintoken_7d1e", "token-hash-9a8b", "db-pass-3c4d"):
+        assert secret not in out, (secret, out)
+
+
 def test_cannot_signal_another_job(engine: LocalEngine) -> None:
     victim = attempt("echo ready; sleep 30")
     engine.launch(victim)

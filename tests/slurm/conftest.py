@@ -6,12 +6,12 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from corral.engine.slurm import SlurmEngine
-from tests.slurm.harness import SlurmCluster, missing_binaries
+from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster, missing_binaries
+from tests.slurm.helpers import slurm_engine
 from tests.support import require
 
 pytestmark = pytest.mark.slurm
@@ -26,8 +26,8 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 
 
 @pytest.fixture
-def engine(slurm_cluster: SlurmCluster, tmp_path: Path) -> Iterator[SlurmEngine]:
-    eng = SlurmEngine(state_dir=tmp_path / "slurm-state", slurm_conf=str(slurm_cluster.conf), timeout_s=15)
+def engine(slurm_cluster: SlurmCluster) -> Iterator[SlurmEngine]:
+    eng = slurm_engine(slurm_cluster)
     yield eng
     eng.close()
     cleanup_cluster(slurm_cluster)
@@ -36,7 +36,8 @@ def engine(slurm_cluster: SlurmCluster, tmp_path: Path) -> Iterator[SlurmEngine]
 def cleanup_cluster(cluster: SlurmCluster) -> None:
     """Leave the shared cluster as found: no jobs, every node up and not drained."""
     env = cluster.env
-    subprocess.run(["scancel", "--user=root"], env=env, capture_output=True, timeout=15)
+    for account in ("root", *TEST_ACCOUNTS.values()):
+        subprocess.run(["scancel", f"--user={account}"], env=env, capture_output=True, timeout=15)
     for name in cluster.node_names:
         if cluster.nodes[name].wrapper is None:
             cluster.start_node(name, wait=False)

@@ -17,7 +17,9 @@ Usage:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import pwd
 import random
 import shutil
 import signal
@@ -30,6 +32,25 @@ from pathlib import Path
 from types import TracebackType
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol", "scancel", "srun")
+# Unix accounts the test jobs run as (Corral user -> account), made with useradd when missing and
+# left in place afterwards (other sessions may be using them).
+TEST_ACCOUNTS = {"alice": "corralt-alice", "bob": "corralt-bob", "admin": "corralt-admin"}
+_state_dirs = itertools.count(1)
+
+
+def ensure_accounts(names: list[str]) -> None:
+    """Create the missing accounts: no home, no login shell, a group of their own."""
+    for name in names:
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(
+                [*("useradd", "--no-create-home", "--home-dir", "/nonexistent"), "--user-group", name],
+                check=False,
+                capture_output=True,
+                timeout=30,
+            )
+            pwd.getpwnam(name)  # KeyError here: useradd failed (not root?)
 
 
 def free_port() -> int:
@@ -128,6 +149,29 @@ class SlurmCluster:
     def node_names(self) -> list[str]:
         return list(self.nodes)
 
+    @property
+    def user_map(self) -> Path:
+        """CORRAL_SLURM_USER_MAP for this cluster: TEST_ACCOUNTS as YAML."""
+        return self.base / "etc" / "corral-users.yaml"
+
+    @property
+    def gpu_device(self) -> str:
+        """CORRAL_SLURM_GPU_DEVICE: where the fake GPUs' device files lie."""
+        return f"{self.base}/fakegpu/nvidia{{index}}"
+
+    def new_state_dir(self) -> Path:
+        """A fresh CORRAL_SLURM_STATE_DIR the job accounts can reach (pytest's tmp dirs are 0700)."""
+        path = self.base / "corral" / f"state-{next(_state_dirs)}"
+        path.mkdir(parents=True)
+        return path
+
+    def scratch_dir(self) -> Path:
+        """A fresh dir any job may write in when it is mounted into its sandbox (tests' markers)."""
+        path = self.base / "corral" / f"scratch-{next(_state_dirs)}"
+        path.mkdir(parents=True)
+        os.chmod(path, 0o1777)
+        return path
+
     # ---- lifecycle ------------------------------------------------------------------------------
     def __enter__(self) -> SlurmCluster:
         self.start()
@@ -163,8 +207,7 @@ class SlurmCluster:
         if self._munged is not None:
             _stop_process(self._munged)
             self._munged = None
-        if self.memory_cgroups:
-            self._remove_cgroups()
+        self._remove_cgroups()
         if self._own_base:
             shutil.rmtree(self.base, ignore_errors=True)
 
@@ -186,6 +229,9 @@ class SlurmCluster:
             (self.base / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(self.base, 0o755)
         os.chmod(self.base / "out", 0o1777)
+        (self.base / "corral").mkdir(mode=0o711, exist_ok=True)
+        ensure_accounts(list(TEST_ACCOUNTS.values()))
+        self.user_map.write_text("".join(f"{user}: {account}\n" for user, account in TEST_ACCOUNTS.items()))
         key = self.base / "etc" / "munge.key"
         key.write_bytes(os.urandom(128))
         os.chmod(key, 0o400)
@@ -193,6 +239,7 @@ class SlurmCluster:
             dev = self.base / "fakegpu" / f"nvidia{g}"
             if not dev.exists():
                 os.mknod(dev, 0o666 | 0o020000, os.makedev(195, g))  # S_IFCHR, nvidia major
+            os.chmod(dev, 0o666)  # as the driver makes them: access is the devices cgroup's call
         self.conf.write_text(self._slurm_conf())
         devices = f"{self.base}/fakegpu/nvidia[0-{self.gpus_per_node - 1}]"
         gres = "".join(
@@ -202,7 +249,8 @@ class SlurmCluster:
         )
         (self.base / "etc" / "gres.conf").write_text(gres)
         # slurmd always loads a cgroup plugin; IgnoreSystemd keeps cgroup/v2 from needing dbus
-        cgroup = "CgroupPlugin=autodetect\nIgnoreSystemd=yes\n"
+        # ConstrainDevices: a job can open only the GPUs Slurm allocated to it (devices cgroup)
+        cgroup = "CgroupPlugin=autodetect\nIgnoreSystemd=yes\nConstrainDevices=yes\n"
         if self.memory_cgroups:
             cgroup += "ConstrainRAMSpace=yes\nConstrainSwapSpace=yes\nAllowedSwapSpace=0\n"
         (self.base / "etc" / "cgroup.conf").write_text(cgroup)
@@ -236,7 +284,7 @@ SlurmdLogFile={b}/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
-TaskPlugin={"task/cgroup" if self.memory_cgroups else "task/none"}
+TaskPlugin=task/cgroup
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 GresTypes=gpu

@@ -4,9 +4,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
-from corral.engine.base import AttemptLaunch, AttemptPhase, AttemptStatus, Engine, InstanceLaunch
+from corral.engine.base import AttemptLaunch, AttemptPhase, AttemptStatus, Engine, InstanceLaunch, MountSpec
+from corral.engine.slurm import SlurmEngine
+from corral.engine.slurm.users import UserMap
 from corral.scheduler.types import GPU
+from tests.slurm.harness import SlurmCluster
+
+
+def slurm_engine(cluster: SlurmCluster, state_dir: Path | None = None, **kwargs: Any) -> SlurmEngine:
+    """An engine on `cluster` as a deployment would set it up: the test accounts' user map, the
+    fake GPUs' device files, a state dir the job accounts can reach."""
+    kwargs.setdefault("timeout_s", 15)
+    kwargs.setdefault("user_map", UserMap(str(cluster.user_map)))
+    return SlurmEngine(
+        state_dir=state_dir or cluster.new_state_dir(),
+        slurm_conf=str(cluster.conf),
+        gpu_device=cluster.gpu_device,
+        **kwargs,
+    )
 
 
 def instance(
@@ -32,16 +50,25 @@ def instance(
     )
 
 
-def attempt(attempt_id: str, *instances: InstanceLaunch, max_runtime_s: float | None = None) -> AttemptLaunch:
+def attempt(
+    attempt_id: str,
+    *instances: InstanceLaunch,
+    max_runtime_s: float | None = None,
+    user: str = "alice",
+    rw_mounts: Sequence[Path] = (),
+    mounts: Sequence[MountSpec] = (),
+) -> AttemptLaunch:
+    """rw_mounts: host dirs the job may write, at the same path inside its sandbox."""
     job_id, _, number = attempt_id.partition(".")
     return AttemptLaunch(
         attempt_id=attempt_id,
         job_id=job_id,
         attempt=int(number) if number.isdigit() else 1,
-        user="alice",
+        user=user,
         group="vision",
         instances=tuple(instances),
         max_runtime_s=max_runtime_s,
+        mounts=(*mounts, *(MountSpec(str(p), str(p), read_only=False) for p in rw_mounts)),
     )
 
 

@@ -4,7 +4,6 @@ Multi-instance attempts spread over two nodes, so they run as one Slurm job with
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
@@ -12,19 +11,19 @@ from corral.engine.slurm import SlurmEngine
 from tests.engine.contract import EngineContract
 from tests.slurm.conftest import cleanup_cluster
 from tests.slurm.harness import SlurmCluster
+from tests.slurm.helpers import slurm_engine
 
 pytestmark = pytest.mark.slurm
 
 
 class TestSlurmContract(EngineContract):
     @pytest.fixture
-    def engine_factory(
-        self, slurm_cluster: SlurmCluster, tmp_path: Path
-    ) -> Iterator[Callable[[], SlurmEngine]]:
+    def engine_factory(self, slurm_cluster: SlurmCluster) -> Iterator[Callable[[], SlurmEngine]]:
         made: list[SlurmEngine] = []
+        state_dir = slurm_cluster.new_state_dir()
 
         def factory() -> SlurmEngine:
-            eng = SlurmEngine(state_dir=tmp_path / "slurm-state", slurm_conf=str(slurm_cluster.conf))
+            eng = slurm_engine(slurm_cluster, state_dir)
             made.append(eng)
             return eng
 

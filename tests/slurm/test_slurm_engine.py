@@ -12,7 +12,7 @@ from corral.engine.base import AttemptPhase, FailureReason
 from corral.engine.slurm import SlurmEngine
 from corral.scheduler.types import NodeState
 from tests.slurm.harness import SlurmCluster
-from tests.slurm.helpers import FINISHED, attempt, instance, wait_for
+from tests.slurm.helpers import FINISHED, attempt, instance, slurm_engine, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -185,7 +185,7 @@ def test_cordon_drain_resume_both_directions(engine: SlurmEngine, slurm_cluster:
 
 RENDEZVOUS_PRINT = (
     'echo "host=$(hostname) node=$SLURMD_NODENAME rank=$RANK world=$WORLD_SIZE '
-    'master=$MASTER_ADDR:$MASTER_PORT cvd=$CUDA_VISIBLE_DEVICES slurm_cvd=$CORRAL_SLURM_CUDA_VISIBLE_DEVICES"'
+    'master=$MASTER_ADDR:$MASTER_PORT cvd=$CUDA_VISIBLE_DEVICES slurm_gpus=$CORRAL_SLURM_GPUS"'
 )
 
 
@@ -215,10 +215,12 @@ def test_two_instances_two_gpus_on_two_named_nodes(engine: SlurmEngine, slurm_cl
     assert status.phase is AttemptPhase.SUCCEEDED, status
     assert slurm_jobs_named(slurm_cluster, "corral-111.1") == [ref]  # the gang is ONE Slurm job
     rank0, rank1 = read_log(engine, "111.1", 0).split(), read_log(engine, "111.1", 1).split()
-    assert rank0[:6] == ["host=node1", "node=node1", "rank=0", "world=2", "master=127.0.0.1:29511", "cvd=0,1"]
-    assert rank1[:6] == ["host=node3", "node=node3", "rank=1", "world=2", "master=127.0.0.1:29511", "cvd=2,3"]
-    # Slurm allocated two GPUs on each node too
-    assert len(rank0[6].split("=")[1].split(",")) == 2 and len(rank1[6].split("=")[1].split(",")) == 2
+    assert rank0[:5] == ["host=node1", "node=node1", "rank=0", "world=2", "master=127.0.0.1:29511"]
+    assert rank1[:5] == ["host=node3", "node=node3", "rank=1", "world=2", "master=127.0.0.1:29511"]
+    # Slurm chose two GPUs on each node (Corral's own indices and CUDA_VISIBLE_DEVICES are not
+    # passed on); CUDA numbers the devices the job can open from 0, as under ConstrainDevices
+    for words in (rank0, rank1):
+        assert words[5] == "cvd=0,1" and len(words[6].split("=")[1].split(",")) == 2, words
 
 
 def test_two_instances_share_a_node_with_disjoint_gpus(engine: SlurmEngine) -> None:
@@ -226,7 +228,6 @@ def test_two_instances_share_a_node_with_disjoint_gpus(engine: SlurmEngine) -> N
     uuids = ",".join(g.uuid for g in node2.gpus[:2])
     a = attempt(
         "112.1",
-        # the dispatcher passes the GPU UUIDs nodes() reported; CUDA gets indices
         instance(
             "node2", RENDEZVOUS_PRINT, rank=0, gpus=[0, 1], env={"RANK": "0", "CUDA_VISIBLE_DEVICES": uuids}
         ),
@@ -234,8 +235,11 @@ def test_two_instances_share_a_node_with_disjoint_gpus(engine: SlurmEngine) -> N
     )
     engine.launch(a)
     assert wait_for(engine, "112.1", FINISHED).phase is AttemptPhase.SUCCEEDED
-    cvds = [read_log(engine, "112.1", r).split()[5] for r in (0, 1)]
-    assert cvds == ["cvd=0,1", "cvd=2,3"]  # rank 1: from the placement, as the env gives none
+    words = [read_log(engine, "112.1", r).split() for r in (0, 1)]
+    assert [w[5] for w in words] == ["cvd=0,1", "cvd=0,1"]
+    # Slurm allocated the node's four GPUs to the job; each instance got its own half of them
+    shares = [set(w[6].split("=")[1].split(",")) for w in words]
+    assert len(shares[0]) == len(shares[1]) == 2 and shares[0] | shares[1] == {"0", "1", "2", "3"}, words
 
 
 def test_one_failing_rank_fails_the_gang(engine: SlurmEngine) -> None:
@@ -254,17 +258,17 @@ def test_one_failing_rank_fails_the_gang(engine: SlurmEngine) -> None:
     assert "rank 1" in status.message
 
 
-def test_adopt_after_restart(engine: SlurmEngine, slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+def test_adopt_after_restart(engine: SlurmEngine, slurm_cluster: SlurmCluster) -> None:
     ref = engine.launch(attempt("114.1", instance("node1", "sleep 1; echo adopted")))
     wait_for(engine, "114.1", {AttemptPhase.RUNNING})
     engine.close()
     # the server restarts with the same state dir ...
-    same_dir = SlurmEngine(state_dir=engine.store.root, slurm_conf=str(slurm_cluster.conf))
+    same_dir = slurm_engine(slurm_cluster, engine.store.root)
     same_dir.adopt({"114.1": ref})
     assert wait_for(same_dir, "114.1", FINISHED).phase is AttemptPhase.SUCCEEDED
     assert read_log(same_dir, "114.1") == "adopted\n"
     # ... or with its state dir lost: Slurm still knows the job by id
-    fresh = SlurmEngine(state_dir=tmp_path / "fresh", slurm_conf=str(slurm_cluster.conf))
+    fresh = slurm_engine(slurm_cluster)
     fresh.adopt({"114.1": ref})
     status = fresh.poll(["114.1"])["114.1"]
     assert (status.phase, status.engine_ref) == (AttemptPhase.SUCCEEDED, ref)
@@ -281,6 +285,12 @@ def test_factory_builds_the_slurm_engine(
     eng = make_engine(Settings(engine="slurm", home=tmp_path / "home"))
     assert isinstance(eng, SlurmEngine)
     assert eng.store.root == tmp_path / "home" / "slurm"
+    assert eng.user_map.source is None  # unset: every launch is refused
+    monkeypatch.setenv("CORRAL_SLURM_USER_MAP", "same")
+    monkeypatch.setenv("CORRAL_SLURM_GPU_DEVICE", "/dev/gpu-{index}")
+    eng = make_engine(Settings(engine="slurm", home=tmp_path / "home"))
+    assert isinstance(eng, SlurmEngine)
+    assert eng.user_map.source == "same" and eng.sandbox.gpu_device == "/dev/gpu-{index}"
     assert len(eng.nodes()) == 3
     monkeypatch.setenv("CORRAL_SLURM_PARTITION", "nonexistent")
     assert make_engine(Settings(engine="slurm", home=tmp_path / "home")).nodes() == []

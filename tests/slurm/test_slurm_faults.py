@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -13,7 +12,7 @@ from corral.engine.base import AttemptPhase, EngineUnavailable, FailureReason
 from corral.engine.slurm import SlurmEngine
 from corral.scheduler.types import NodeState
 from tests.slurm.harness import SlurmCluster
-from tests.slurm.helpers import FINISHED, attempt, instance, wait_for
+from tests.slurm.helpers import FINISHED, attempt, instance, slurm_engine, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -42,10 +41,9 @@ def slurm_job_state(cluster: SlurmCluster, job_id: str) -> str:
 
 
 def test_node_crash_is_lost_once_and_never_runs_twice(
-    engine: SlurmEngine, slurm_cluster: SlurmCluster, tmp_path: Path
+    engine: SlurmEngine, slurm_cluster: SlurmCluster
 ) -> None:
-    runs = tmp_path / "runs"
-    runs.mkdir()
+    runs = slurm_cluster.scratch_dir()  # mounted into the jobs' sandboxes
     token = "60.2011"  # a unique sleep argument, to find the job's processes in /proc
     command = f'echo "$SLURMD_NODENAME" >> {runs}/rank-$RANK; sleep {token}; echo end >> {runs}/rank-$RANK'
     ref = engine.launch(
@@ -53,6 +51,7 @@ def test_node_crash_is_lost_once_and_never_runs_twice(
             "201.1",
             instance("node2", command, rank=0, env={"RANK": "0"}),
             instance("node3", command, rank=1, env={"RANK": "1"}),
+            rw_mounts=[runs],
         )
     )
     wait_for(engine, "201.1", {AttemptPhase.RUNNING})
@@ -91,6 +90,7 @@ def test_node_crash_is_lost_once_and_never_runs_twice(
             "201.2",
             instance("node1", retry, rank=0, env={"RANK": "0"}),
             instance("node2", retry, rank=1, env={"RANK": "1"}),
+            rw_mounts=[runs],
         )
     )
     assert wait_for(engine, "201.2", FINISHED).phase is AttemptPhase.SUCCEEDED
@@ -98,9 +98,7 @@ def test_node_crash_is_lost_once_and_never_runs_twice(
     assert (runs / "rank-1").read_text() == "node3\nnode2\nend\n"
 
 
-def test_slurm_unreachable_then_back(
-    engine: SlurmEngine, slurm_cluster: SlurmCluster, tmp_path: Path
-) -> None:
+def test_slurm_unreachable_then_back(engine: SlurmEngine, slurm_cluster: SlurmCluster) -> None:
     engine.launch(attempt("301.1", instance("node1", "sleep 3; echo survived")))
     wait_for(engine, "301.1", {AttemptPhase.RUNNING})
     assert {n.state for n in engine.nodes()} == {NodeState.READY}
@@ -117,7 +115,7 @@ def test_slurm_unreachable_then_back(
         with pytest.raises(EngineUnavailable, match=r"(?i)unable to contact slurm controller"):
             engine.launch(attempt("302.1", instance("node2", "echo later")))
         with pytest.raises(EngineUnavailable):  # no node ever seen: nothing to report but the fault
-            SlurmEngine(state_dir=tmp_path / "other", slurm_conf=str(slurm_cluster.conf)).nodes()
+            slurm_engine(slurm_cluster).nodes()
     finally:
         slurm_cluster.start_controller(fresh=False)  # keeps its state: jobs and nodes
 

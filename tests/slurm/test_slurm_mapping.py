@@ -4,13 +4,18 @@ dicts have the shape `squeue --json` / `sinfo --json` print (openapi v0.0.38).""
 
 from __future__ import annotations
 
+import os
+import pwd
+import time
 from pathlib import Path
 
 import pytest
 
 from corral.engine.base import AttemptPhase, FailureReason
 from corral.engine.slurm import mapping, scripts
+from corral.engine.slurm.users import UnixAccount, UnmappedUser, UserMap
 from corral.scheduler.types import NodeState
+from tests.slurm.harness import TEST_ACCOUNTS, ensure_accounts
 from tests.slurm.helpers import attempt, instance
 
 
@@ -123,7 +128,9 @@ def test_sbatch_args_sum_what_is_placed_on_each_node() -> None:
         instance("n2", "true", rank=2, gpus=[0], cpus=1.5, memory_mib=500),
         max_runtime_s=90,
     )
-    args = scripts.sbatch_args(a, scripts.validate(a), Path("/shared/9.1"), partition="gpu")
+    account = UnixAccount("alice", 1234, 5678)
+    args = scripts.sbatch_args(a, scripts.validate(a), Path("/shared/9.1"), partition="gpu", account=account)
+    assert "--uid=1234" in args and "--gid=5678" in args  # the job runs as its user's account
     assert "--nodelist=n1,n2" in args and "--nodes=2" in args and "--ntasks-per-node=1" in args
     assert "--gres=gpu:4" in args  # the most GPUs placed on one node
     assert "--cpus-per-task=4" in args and "--mem=2000M" in args
@@ -140,8 +147,30 @@ def test_scontrol_arguments() -> None:
         mapping.scontrol_state_args("n1", NodeState.UNKNOWN, "")
 
 
-def test_stand_in_gpu_uuids_become_indices() -> None:
-    uuids = ",".join(mapping.gpu_uuid("node-7", i) for i in (2, 3))
-    assert mapping.visible_devices(uuids) == "2,3"
-    assert mapping.visible_devices("GPU-1234abcd,1") == "GPU-1234abcd,1"  # real UUIDs are kept
-    assert mapping.visible_devices("") == ""
+def test_user_map_modes_and_refusals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ensure_accounts([TEST_ACCOUNTS["alice"], TEST_ACCOUNTS["bob"]])
+    alice, bob = (pwd.getpwnam(TEST_ACCOUNTS[u]) for u in ("alice", "bob"))
+    same = UserMap("same")  # the Corral user name is the account name
+    assert same.account(alice.pw_name) == UnixAccount(alice.pw_name, alice.pw_uid, alice.pw_gid)
+    with pytest.raises(UnmappedUser, match=r"'root' .*uid 0.*CORRAL_SLURM_MIN_UID=1000"):
+        same.account("root")
+    with pytest.raises(UnmappedUser, match=r"'nobody-here-xyz' .*does not exist"):
+        same.account("nobody-here-xyz")
+    table = tmp_path / "users.yaml"
+    table.write_text(f"carol: {alice.pw_name}\n")
+    mapped = UserMap(str(table))
+    assert mapped.account("carol").uid == alice.pw_uid
+    table.write_text(f"carol: {bob.pw_name}\n")  # the admin edits the file: no restart needed
+    os.utime(table, (time.time() + 5, time.time() + 5))
+    assert mapped.account("carol").uid == bob.pw_uid
+    with pytest.raises(UnmappedUser, match=rf"'dave' is not in the Slurm user map {table}"):
+        mapped.account("dave")
+    assert UserMap(str(table), min_uid=bob.pw_uid + 1).describe() == f"file {table}"
+    with pytest.raises(UnmappedUser, match="may not run jobs"):
+        UserMap(str(table), min_uid=bob.pw_uid + 1).account("carol")
+    monkeypatch.setenv("CORRAL_SLURM_MIN_UID", "0")
+    with pytest.raises(ValueError, match="CORRAL_SLURM_MIN_UID must be >= 1"):
+        UserMap.from_env()
+    monkeypatch.setenv("CORRAL_SLURM_MIN_UID", "500")
+    monkeypatch.setenv("CORRAL_SLURM_USER_MAP", "same")
+    assert UserMap.from_env().min_uid == 500 and UserMap.from_env().source == "same"

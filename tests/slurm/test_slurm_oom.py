@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from corral.engine.base import AttemptPhase, FailureReason
-from corral.engine.slurm import SlurmEngine
 from tests.slurm.harness import SlurmCluster, missing_binaries
-from tests.slurm.helpers import FINISHED, attempt, instance, wait_for
+from tests.slurm.helpers import FINISHED, attempt, instance, slurm_engine, wait_for
 from tests.support import require
 
 pytestmark = pytest.mark.slurm
@@ -28,8 +27,8 @@ def oom_cluster() -> Iterator[SlurmCluster]:
         yield cluster
 
 
-def test_over_memory_is_oom(oom_cluster: SlurmCluster, tmp_path: Path) -> None:
-    engine = SlurmEngine(state_dir=tmp_path / "state", slurm_conf=str(oom_cluster.conf))
+def test_over_memory_is_oom(oom_cluster: SlurmCluster) -> None:
+    engine = slurm_engine(oom_cluster)
     engine.launch(attempt("401.1", instance("node1", GROW.format(mib=400), memory_mib=100)))
     engine.launch(attempt("402.1", instance("node1", GROW.format(mib=10), memory_mib=100)))
     oom = wait_for(engine, "401.1", FINISHED, timeout_s=30)

@@ -1,11 +1,17 @@
 """The bubblewrap sandbox of one task instance: what this machine can do (probe), the per-job uid,
 the minimal /etc and the bwrap command line. See docs/isolation.md for why it is built this way.
 
-Privilege model: bwrap runs as root WITHOUT a user namespace (so it can bind whatever the job
+Two privilege models share one command line:
+
+Local engine: bwrap runs as root WITHOUT a user namespace (so it can bind whatever the job
 needs, wherever it lies on the host), and inside the sandbox `setpriv` switches to the job's own
 unprivileged uid/gid with no capabilities, no supplementary groups and no_new_privs before the
 job's shell starts. A user namespace that maps the job to uid 1000 would not do: the kernel would
 still check file access as host uid 0, i.e. the owner of /etc/shadow.
+
+Slurm engine (`setpriv=None`): Slurm already started the job as its user's own Unix account, so
+bwrap runs unprivileged in a user namespace that maps that uid to itself (file access is checked as
+the user, as it should be) and nested user namespaces are disabled.
 """
 
 from __future__ import annotations
@@ -119,17 +125,18 @@ def allocate_uid(locks_dir: Path, attempt_id: str) -> int:
     raise RuntimeError(f"all {UID_RANGE} job uids are in use")
 
 
-def write_etc(etc_dir: Path, user: str, uid: int) -> dict[str, str]:
+def write_etc(etc_dir: Path, user: str, uid: int, gid: int | None = None) -> dict[str, str]:
     """passwd and group for the job (root, nobody and the job's user), readable by everyone.
-    Returns {sandbox path: host path} of the files to bind."""
+    Returns {sandbox path: host path} of the files to bind. gid defaults to uid (local engine)."""
     name = user if _USER_NAME.match(user) else "job"
+    gid = uid if gid is None else gid
     etc_dir.mkdir(parents=True, exist_ok=True)
     passwd = (
         "root:x:0:0:root:/root:/usr/sbin/nologin\n"
-        f"{name}:x:{uid}:{uid}:corral job:{SANDBOX_WORK_DIR}:/bin/sh\n"
+        f"{name}:x:{uid}:{gid}:corral job:{SANDBOX_WORK_DIR}:/bin/sh\n"
         "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
     )
-    group = f"root:x:0:\n{name}:x:{uid}:\nnogroup:x:65534:\n"
+    group = f"root:x:0:\n{name}:x:{gid}:\nnogroup:x:65534:\n"
     (etc_dir / "passwd").write_text(passwd)
     (etc_dir / "group").write_text(group)
     for f in ("passwd", "group"):
@@ -191,8 +198,18 @@ def _parent_dirs(targets: Sequence[str], covered: Sequence[str]) -> list[str]:
     return sorted(seen, key=lambda p: p.count("/"))
 
 
-def bwrap_argv(bwrap: str, setpriv: str, spec: SandboxSpec) -> list[str]:
+def bwrap_argv(bwrap: str, setpriv: str | None, spec: SandboxSpec) -> list[str]:
+    head, tail = bwrap_argv_parts(bwrap, setpriv, spec)
+    return [*head, *tail]
+
+
+def bwrap_argv_parts(bwrap: str, setpriv: str | None, spec: SandboxSpec) -> tuple[list[str], list[str]]:
+    """The bwrap command line in two parts: more binds (devices known only on the node, as on
+    Slurm) may go between them. setpriv=None: the caller already runs as the job's own uid
+    (Slurm), so bwrap makes a user namespace and nothing switches uid inside."""
     args = [bwrap, "--unshare-pid", "--unshare-ipc", "--new-session", "--die-with-parent"]
+    if setpriv is None:
+        args += ["--unshare-user", "--disable-userns"]
     args += _system_binds()
     args += ["--proc", "/proc", "--dev", "/dev"]
     args += ["--perms", "1777", "--tmpfs", "/tmp", "--perms", "1777", "--tmpfs", "/dev/shm"]
@@ -213,8 +230,14 @@ def bwrap_argv(bwrap: str, setpriv: str, spec: SandboxSpec) -> list[str]:
         args += ["--perms", "0755", "--dir", parent]
     for source, target, read_only in spec.mounts:
         args += ["--ro-bind" if read_only else "--bind", source, target]
-    args += ["--chdir", SANDBOX_WORK_DIR, "--"]
-    args += [setpriv, f"--reuid={spec.uid}", f"--regid={spec.uid}", "--clear-groups"]
-    args += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
-    args += ["/bin/sh", "-c", spec.command]
-    return args
+    tail = ["--chdir", SANDBOX_WORK_DIR, "--"]
+    if setpriv is None:
+        # The Slurm rank script starts bwrap with SIGTERM ignored (a TERM to every process of the
+        # job must not kill bwrap, which would SIGKILL the job without its grace); the job's own
+        # shell gets the default action back.
+        tail += ["/usr/bin/env", "--default-signal=TERM,INT"]
+    else:
+        tail += [setpriv, f"--reuid={spec.uid}", f"--regid={spec.uid}", "--clear-groups"]
+        tail += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
+    tail += ["/bin/sh", "-c", spec.command]
+    return args, tail

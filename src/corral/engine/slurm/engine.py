@@ -1,7 +1,8 @@
 """The Slurm engine: Corral's scheduler decides nodes and GPUs, Slurm executes.
 
 One attempt = one Slurm batch job named `corral-<attempt_id>`, pinned with --nodelist and
---gres=gpu:N, submitted with --no-requeue. Status comes from one `squeue --json --states=all` per
+--gres=gpu:N, submitted with --no-requeue as the Unix account of the job's Corral user (users.py)
+and run inside bubblewrap on the node (scripts.py). Status comes from one `squeue --json --states=all` per
 poll; what Slurm forgets (or never knew) lives in a JSON file per attempt (see state.py).
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 import time
 import zlib
@@ -30,7 +32,8 @@ from corral.engine.base import (
 )
 from corral.engine.slurm import mapping, scripts
 from corral.engine.slurm.cli import SlurmCli
-from corral.engine.slurm.state import AttemptRecord, StateStore, StopRequest
+from corral.engine.slurm.state import AttemptRecord, StateStore, StopRequest, read_job_file
+from corral.engine.slurm.users import UnixAccount, UnmappedUser, UserMap
 from corral.scheduler.types import NodeState
 
 log = logging.getLogger(__name__)
@@ -61,8 +64,18 @@ class SlurmEngine:
         partition: str | None = None,
         gpu_model: str = "VGPU",
         timeout_s: float = 20.0,
+        user_map: UserMap | None = None,
+        gpu_device: str = scripts.DEFAULT_GPU_DEVICE,
     ) -> None:
+        """user_map: who runs each Corral user's jobs (None: nobody; every launch is refused).
+        gpu_device: a GPU's device file on the nodes, `{index}` = Slurm's GPU index."""
+        if "{index}" not in gpu_device:
+            raise ValueError(f"CORRAL_SLURM_GPU_DEVICE={gpu_device!r} must contain {{index}}")
         self.store = StateStore(Path(state_dir))
+        self.user_map = user_map or UserMap(None)
+        self.sandbox = scripts.NodeSandbox(
+            bwrap=shutil.which("bwrap") or "/usr/bin/bwrap", gpu_device=gpu_device
+        )
         self.cli = SlurmCli(slurm_conf, timeout_s=timeout_s)
         self.partition = partition
         self.gpu_model = gpu_model
@@ -75,8 +88,9 @@ class SlurmEngine:
     @classmethod
     def from_settings(cls, settings: Settings) -> SlurmEngine:
         """Settings plus CORRAL_SLURM_CONF (slurm.conf to use), CORRAL_SLURM_PARTITION,
-        CORRAL_SLURM_STATE_DIR (must be shared with the compute nodes; default <home>/slurm) and
-        CORRAL_SLURM_TIMEOUT_S (per Slurm command)."""
+        CORRAL_SLURM_STATE_DIR (must be shared with the compute nodes; default <home>/slurm),
+        CORRAL_SLURM_TIMEOUT_S (per Slurm command), CORRAL_SLURM_USER_MAP and
+        CORRAL_SLURM_MIN_UID (users.py), CORRAL_SLURM_GPU_DEVICE (default /dev/nvidia{index})."""
         env = os.environ
         return cls(
             state_dir=Path(env.get("CORRAL_SLURM_STATE_DIR") or settings.home / "slurm"),
@@ -84,6 +98,8 @@ class SlurmEngine:
             partition=env.get("CORRAL_SLURM_PARTITION") or None,
             gpu_model=settings.gpu_model,
             timeout_s=_env_float("CORRAL_SLURM_TIMEOUT_S", 20.0),
+            user_map=UserMap.from_env(),
+            gpu_device=env.get("CORRAL_SLURM_GPU_DEVICE") or scripts.DEFAULT_GPU_DEVICE,
         )
 
     # ---- nodes --------------------------------------------------------------------------------
@@ -129,7 +145,7 @@ class SlurmEngine:
             if record is not None and (record.slurm_job_id or record.final is not None):
                 return record.ref or REJECTED_REF
             if record is not None:  # submitted before, answer lost (crash or Slurm unreachable)
-                found = self._find_job_by_name(aid)
+                found = self._find_job_by_name(aid, record.unix_user)
                 if found:
                     record.slurm_job_id = found
                     self.store.save(record)
@@ -137,28 +153,56 @@ class SlurmEngine:
             record = AttemptRecord(
                 aid, submitted_at=time.time(), n_ranks=len(instances), max_runtime_s=attempt.max_runtime_s
             )
+            try:
+                account = self._account_for(attempt.user)
+            except UnmappedUser as exc:  # refused before anything is written or submitted
+                return self._reject(record, str(exc))
+            record.unix_user, record.uid = account.name, account.uid
             attempt_dir = self.store.attempt_dir(aid)
-            scripts.write_scripts(attempt_dir, aid, instances)
+            job_dir = self.store.job_dir(aid)
+            scripts.write_scripts(attempt_dir, job_dir, attempt, instances, account, self.sandbox)
             self.store.save(record)  # before sbatch: a crash in between is found again by job name
-            args = scripts.sbatch_args(attempt, instances, attempt_dir, self.partition)
+            args = scripts.sbatch_args(attempt, instances, job_dir, self.partition, account)
             result = self.cli.run("sbatch", *args, env=self.cli.submit_env(scripts.DEFAULT_PATH))
             if result.returncode != 0:
-                status = AttemptStatus(
-                    aid,
-                    AttemptPhase.FAILED,
-                    reason=FailureReason.LAUNCH_FAILED,
-                    message=f"Slurm rejected the job: {result.message}",
-                    finished_at=time.time(),
-                )
-                record.set_final(status)
-                self.store.save(record)
-                return REJECTED_REF
+                return self._reject(record, f"Slurm rejected the job: {result.message}")
             record.slurm_job_id = result.stdout.strip().split(";")[0]
             self.store.save(record)
             return record.slurm_job_id
 
-    def _find_job_by_name(self, attempt_id: str) -> str:
-        data = self.cli.run_json("squeue", "--me", "--states=all", f"--name={scripts.job_name(attempt_id)}")
+    def _account_for(self, corral_user: str) -> UnixAccount:
+        """The job's Unix account, or UnmappedUser saying why the job may not run at all."""
+        account = self.user_map.account(corral_user)
+        if os.geteuid() != 0:
+            raise UnmappedUser(
+                f"cannot run Corral user {corral_user!r}'s job as Unix account {account.name!r}: the "
+                "Slurm engine must run as root (sbatch --uid, and handing the job its own directory)"
+            )
+        blocked = self.store.unreachable_parent()
+        if blocked is not None:
+            raise UnmappedUser(
+                f"cannot run Corral user {corral_user!r}'s job as {account.name!r}: its files live under "
+                f"{self.store.root} (CORRAL_SLURM_STATE_DIR), but {blocked} is not passable by other "
+                "accounts (no o+x); put the state dir on shared storage outside CORRAL_HOME"
+            )
+        return account
+
+    def _reject(self, record: AttemptRecord, message: str) -> str:
+        record.set_final(
+            AttemptStatus(
+                record.attempt_id,
+                AttemptPhase.FAILED,
+                reason=FailureReason.LAUNCH_FAILED,
+                message=message,
+                finished_at=time.time(),
+            )
+        )
+        self.store.save(record)
+        return REJECTED_REF
+
+    def _find_job_by_name(self, attempt_id: str, unix_user: str) -> str:
+        by_user = [f"--users={unix_user}"] if unix_user else []
+        data = self.cli.run_json("squeue", *by_user, "--states=all", f"--name={scripts.job_name(attempt_id)}")
         ids = [
             int(j["job_id"]) for j in data.get("jobs") or [] if j.get("name") == scripts.job_name(attempt_id)
         ]
@@ -178,7 +222,9 @@ class SlurmEngine:
             else:
                 live.append(record)
         if live:
-            jobs = self._jobs()
+            # a record without its account (adopted after the state dir was lost): ask for all users
+            users = None if any(not r.unix_user for r in live) else {r.unix_user for r in live}
+            jobs = self._jobs(users)
             for record in live:
                 with self._attempt_lock(record.attempt_id):
                     out[record.attempt_id] = self._status(record, jobs)
@@ -189,10 +235,13 @@ class SlurmEngine:
             return None
         return self.store.load(attempt_id)
 
-    def _jobs(self) -> dict[str, dict[str, Any]]:
-        """All jobs Slurm still knows, by id and (for the corral ones) also by job name."""
-        # --me: only the jobs this server submitted, not every job of a busy cluster
-        data = self.cli.run_json("squeue", "--me", "--states=all")
+    def _jobs(self, users: set[str] | None) -> dict[str, dict[str, Any]]:
+        """The jobs Slurm still knows of the given accounts (None: all), by id and (for the
+        corral ones) also by job name."""
+        # --users: only the accounts of the attempts asked about, not every job of a busy cluster
+        # (Slurm 22.05's `squeue --json` ignores the filter and lists all; matching is by id/name)
+        by_user = [f"--users={','.join(sorted(users))}"] if users else []
+        data = self.cli.run_json("squeue", *by_user, "--states=all")
         jobs: dict[str, dict[str, Any]] = {}
         for job in data.get("jobs") or []:
             jobs[str(job.get("job_id"))] = job
@@ -239,7 +288,8 @@ class SlurmEngine:
         if state in mapping.RUNNING_STATES:
             self._enforce_limits(record, job)
             return mapping.live_status(aid, job)
-        status = mapping.terminal_status(aid, job, self.store.rank_exits(aid), self._stop_kind(record, job))
+        exits = self.store.rank_exits(aid, record.uid)
+        status = mapping.terminal_status(aid, job, exits, self._stop_kind(record, job))
         return self._finish(record, status)
 
     @staticmethod
@@ -254,7 +304,7 @@ class SlurmEngine:
         """Slurm purged the job (older than MinJobAge) before Corral saw it end: the exit codes the
         instances wrote tell how it ended; with none, the attempt is lost."""
         aid, ref = record.attempt_id, record.slurm_job_id
-        exits = self.store.rank_exits(aid)
+        exits = self.store.rank_exits(aid, record.uid)
         if len(exits) < record.n_ranks:
             return AttemptStatus(
                 aid,
@@ -287,7 +337,7 @@ class SlurmEngine:
         if record.max_runtime_s is not None and start and now - start > record.max_runtime_s:
             self._request_stop(record, TIMEOUT_GRACE_S, kind="timeout")
             return
-        failed_at = self.store.first_failure_time(record.attempt_id)
+        failed_at = self.store.first_failure_time(record.attempt_id, record.uid)
         if failed_at is not None and now - failed_at > GANG_GRACE_S:
             # an instance failed and the rest of the gang ignored SIGTERM: end the whole job
             self._kill(record)
@@ -301,7 +351,7 @@ class SlurmEngine:
             if record is None or record.final is not None:
                 return
             if not record.slurm_job_id:
-                record.slurm_job_id = self._find_job_by_name(attempt_id)
+                record.slurm_job_id = self._find_job_by_name(attempt_id, record.unix_user)
                 if not record.slurm_job_id:
                     return
             self._request_stop(record, grace_s, kind="stopped")
@@ -361,11 +411,11 @@ class SlurmEngine:
         finished = record.final is not None
         path = self.store.log_path(attempt_id, instance)
         try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read(limit)
-                size = os.fstat(f.fileno()).st_size
+            data, size, _ = read_job_file(path, record.uid, offset, limit)
         except FileNotFoundError:
+            return LogChunk(b"", offset, eof=finished)
+        except OSError as exc:  # a symlink or FIFO the job left in place of its log: never followed
+            log.warning("log of %s rank %d not read: %s", attempt_id, instance, exc)
             return LogChunk(b"", offset, eof=finished)
         next_offset = offset + len(data)
         return LogChunk(data, next_offset, eof=finished and next_offset >= size)
@@ -379,7 +429,7 @@ class SlurmEngine:
                 record = self.store.load(aid)
                 if record is None:
                     # state dir lost: rebuild what is needed to poll (the log files are gone too)
-                    ranks = len(list(self.store.attempt_dir(aid).glob("rank-*.sh"))) or 1
+                    ranks = len(list(self.store.job_dir(aid).glob("rank-*.sh"))) or 1
                     record = AttemptRecord(aid, slurm_job_id=job_id, submitted_at=time.time(), n_ranks=ranks)
                     if ref == REJECTED_REF:
                         record.set_final(

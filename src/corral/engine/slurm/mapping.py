@@ -191,21 +191,9 @@ def node_state(node: Mapping[str, Any]) -> tuple[NodeState, str]:
 
 
 def gpu_uuid(node: str, index: int) -> str:
-    """Slurm does not tell GPU UUIDs: a stable stand-in, translated back to the index at launch."""
+    """Slurm does not tell GPU UUIDs: a stable stand-in (the devices a job gets are Slurm's choice,
+    see scripts.py, so the stand-in is never translated back)."""
     return f"SLURM-{node}-gpu{index}"
-
-
-_GPU_UUID_RE = re.compile(r"^SLURM-.+-gpu(\d+)$")
-
-
-def visible_devices(value: str) -> str:
-    """CUDA_VISIBLE_DEVICES as given by Corral (GPU UUIDs from nodes()) -> what CUDA understands:
-    the engine's stand-in UUIDs become indices, anything else is kept."""
-    out = []
-    for item in value.split(","):
-        m = _GPU_UUID_RE.match(item.strip())
-        out.append(m.group(1) if m else item.strip())
-    return ",".join(x for x in out if x)
 
 
 def node_report(node: Mapping[str, Any], default_gpu_model: str) -> NodeReport:

@@ -1,9 +1,11 @@
 """Turns one AttemptLaunch into one Slurm batch job: sbatch options plus three kinds of scripts
-written into the attempt's directory (which must be on a filesystem the compute nodes share).
+written into the attempt's job dir (on a filesystem the compute nodes share, owned by the Unix
+account the job runs as; see state.py for the layout).
 
     batch.sh    the job script; on several nodes it runs `srun` with one task per node
     node.sh     per node: starts every instance Corral placed on this node ($SLURMD_NODENAME)
-    rank-R.sh   per instance: its own environment and command; writes rank-R.log and rank-R.exit
+    rank-R.sh   per instance: its own environment; its command inside a bubblewrap sandbox with
+                only its share of the GPUs Slurm allocated; writes rank-R.log and rank-R.exit
 
 One Slurm job for the whole attempt keeps the gang in Slurm's hands (all nodes allocated at once,
 released together). Slurm requests are per node, so a node gets the sum of what Corral placed on
@@ -13,18 +15,31 @@ it; when nodes carry different loads every node is asked for the largest sum (se
 from __future__ import annotations
 
 import math
+import os
 import re
 import shlex
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from corral.engine.base import AttemptLaunch, InstanceLaunch
-from corral.engine.slurm.mapping import visible_devices
+from corral.engine.isolation.sandbox import SANDBOX_WORK_DIR, SandboxSpec, bwrap_argv_parts, write_etc
+from corral.engine.slurm.users import UnixAccount
 
 ATTEMPT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 JOB_NAME_PREFIX = "corral-"
+DEFAULT_GPU_DEVICE = "/dev/nvidia{index}"  # CORRAL_SLURM_GPU_DEVICE: a GPU's device file on a node
+GPU_SIDE_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSandbox:
+    """How the rank scripts sandbox a job on the compute nodes."""
+
+    bwrap: str = "/usr/bin/bwrap"  # the same path on every node
+    gpu_device: str = DEFAULT_GPU_DEVICE  # with {index}: Slurm's GPU index (gres.conf File= order)
 
 
 def job_name(attempt_id: str) -> str:
@@ -84,19 +99,26 @@ def node_shares(instances: list[InstanceLaunch]) -> list[NodeShare]:
 
 
 def sbatch_args(
-    attempt: AttemptLaunch, instances: list[InstanceLaunch], attempt_dir: Path, partition: str | None
+    attempt: AttemptLaunch,
+    instances: list[InstanceLaunch],
+    job_dir: Path,
+    partition: str | None,
+    account: UnixAccount,
 ) -> list[str]:
     shares = node_shares(instances)
     n = len(shares)
     args = [
         "--parsable",
         f"--job-name={job_name(attempt.attempt_id)}",
+        # the job runs as its user's own account, never as the server's (sbatch runs as root)
+        f"--uid={account.uid}",
+        f"--gid={account.gid}",
         # A requeued job would run a second time behind Corral's back (a node that "crashed" may
         # still be running it): with --no-requeue a node failure ends the job as NODE_FAIL.
         "--no-requeue",
         "--export=ALL",  # of the clean environment sbatch runs with (SlurmCli.submit_env)
-        f"--chdir={attempt_dir}",
-        f"--output={attempt_dir}/slurm-%j.out",
+        f"--chdir={job_dir}",
+        f"--output={job_dir}/slurm-%j.out",
         f"--nodes={n}",
         f"--nodelist={','.join(s.node for s in shares)}",
         f"--ntasks={n}",
@@ -115,12 +137,12 @@ def sbatch_args(
         args.append(f"--time={max(1, math.ceil(attempt.max_runtime_s / 60))}")
     if partition:
         args.append(f"--partition={partition}")
-    args.append(str(attempt_dir / "batch.sh"))
+    args.append(str(job_dir / "batch.sh"))
     return args
 
 
-def batch_script(attempt_id: str, attempt_dir: Path, n_nodes: int) -> str:
-    d = shlex.quote(str(attempt_dir))
+def batch_script(attempt_id: str, job_dir: Path, n_nodes: int) -> str:
+    d = shlex.quote(str(job_dir))
     if n_nodes == 1:
         run = f"exec /bin/sh {d}/node.sh"
     else:
@@ -134,13 +156,15 @@ def batch_script(attempt_id: str, attempt_dir: Path, n_nodes: int) -> str:
     return f"{header}PATH=${{PATH:-{DEFAULT_PATH}}}\nexport PATH\n{run}\n"
 
 
-def node_script(attempt_dir: Path, shares: list[NodeShare]) -> str:
+def node_script(attempt_dir: Path, job_dir: Path, shares: list[NodeShare]) -> str:
     """Starts the ranks placed on this node, forwards SIGTERM to them, exits with the first
     non-zero rank exit code."""
     d = shlex.quote(str(attempt_dir))
+    j = shlex.quote(str(job_dir))
     cases = "".join(f"  {shlex.quote(s.node)}) ranks='{' '.join(map(str, s.ranks))}' ;;\n" for s in shares)
     return f"""#!/bin/sh
 D={d}
+J={j}
 node="${{SLURMD_NODENAME:-$(hostname)}}"
 case "$node" in
 {cases}  *) echo "corral: no instance of this attempt is placed on node $node" >&2; exit 90 ;;
@@ -149,7 +173,7 @@ esac
 if [ -e "$D/stop" ]; then exit 143; fi
 pids=""
 for r in $ranks; do
-  /bin/sh "$D/rank-$r.sh" >"$D/rank-$r.log" 2>&1 </dev/null &
+  /bin/sh "$J/rank-$r.sh" >"$J/rank-$r.log" 2>&1 </dev/null &
   pids="$pids $!"
 done
 trap 'kill -TERM $pids 2>/dev/null' TERM INT
@@ -164,32 +188,96 @@ exit $rc
 """
 
 
-def rank_script(attempt_dir: Path, inst: InstanceLaunch) -> str:
-    """One instance: its environment, its command under /bin/sh -c, its exit code to a file."""
+def _gpu_binds(inst: InstanceLaunch, offset: int, sandbox: NodeSandbox) -> str:
+    """Shell that picks this instance's GPUs out of what Slurm allocated on the node (real
+    indices: SLURM_STEP_GPUS in an srun step, SLURM_JOB_GPUS in the batch step), from position
+    `offset` on, and sets the positional parameters to their bwrap --dev-bind arguments."""
+    count = len(inst.gpus)
+    if count == 0:
+        return 'set --\nmine=""; cvd=""\n'
+    before, _, after = sandbox.gpu_device.partition("{index}")
+    device = f'{shlex.quote(before)}"$g"{shlex.quote(after)}' if after else f'{shlex.quote(before)}"$g"'
+    side = " ".join(GPU_SIDE_DEVICES)
+    return f"""all="${{SLURM_STEP_GPUS:-${{SLURM_JOB_GPUS:-}}}}"
+set --
+mine=""; cvd=""; n=0; pos=0
+IFS=,
+for g in $all; do
+  if [ "$pos" -ge {offset} ] && [ "$n" -lt {count} ]; then
+    set -- "$@" --dev-bind {device} "/dev/nvidia$g"
+    mine="$mine${{mine:+,}}$g"; cvd="$cvd${{cvd:+,}}$n"; n=$((n + 1))
+  fi
+  pos=$((pos + 1))
+done
+unset IFS
+if [ "$n" -lt {count} ]; then
+  echo "corral: Slurm allocated GPUs [$all] on $(hostname);" \\
+    "rank {inst.rank} needs {count} from position {offset}" >&2
+  echo 90 >"$J/rank-{inst.rank}.exit"; exit 90
+fi
+for x in {side}; do if [ -e "$x" ]; then set -- "$@" --dev-bind "$x" "$x"; fi; done
+"""
+
+
+def rank_script(
+    attempt_dir: Path,
+    job_dir: Path,
+    inst: InstanceLaunch,
+    gpu_offset: int,
+    account: UnixAccount,
+    mounts: list[tuple[str, str, bool]],
+    sandbox: NodeSandbox,
+) -> str:
+    """One instance: its environment, its command under bubblewrap, its exit code to a file."""
     env = dict(inst.env)
+    env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm's allocation decides (set below)
     env.setdefault("PATH", DEFAULT_PATH)
-    if "CUDA_VISIBLE_DEVICES" in env:
-        env["CUDA_VISIBLE_DEVICES"] = visible_devices(env["CUDA_VISIBLE_DEVICES"])
-    else:
-        # Corral placed these GPUs; co-located instances must not see each other's devices
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in inst.gpus)
+    env.setdefault("HOME", SANDBOX_WORK_DIR)
+    env.setdefault("CORRAL_WORK_DIR", SANDBOX_WORK_DIR)
+    env.setdefault("USER", account.name)
+    env.setdefault("LOGNAME", account.name)
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
-    d = shlex.quote(str(attempt_dir))
+    spec = SandboxSpec(
+        command=inst.command,
+        work_dir=str(job_dir / "work" / str(inst.rank)),
+        uid=account.uid,
+        etc_files={
+            "/etc/passwd": str(job_dir / "etc" / "passwd"),
+            "/etc/group": str(job_dir / "etc" / "group"),
+        },
+        mounts=mounts,
+    )
+    head, tail = bwrap_argv_parts(sandbox.bwrap, None, spec)
+    sandboxed = " ".join(map(shlex.quote, head)) + ' "$@" ' + " ".join(map(shlex.quote, tail))
+    d, j, r = shlex.quote(str(attempt_dir)), shlex.quote(str(job_dir)), inst.rank
+    bwrap = shlex.quote(sandbox.bwrap)
     return f"""#!/bin/sh
-# rank {inst.rank}: role {inst.role} index {inst.index} on {inst.node}
-# Slurm's own view of the GPUs it allocated on this node, kept for diagnosis
-export CORRAL_SLURM_CUDA_VISIBLE_DEVICES="${{CUDA_VISIBLE_DEVICES:-}}"
-{exports}cd {d}
+# rank {r}: role {inst.role} index {inst.index} on {inst.node}
+D={d}
+J={j}
+cd "$J"
+if [ ! -x {bwrap} ]; then
+  echo "corral: bubblewrap is not installed at {sandbox.bwrap} on $(hostname):" \\
+    "the job cannot be sandboxed" >&2
+  echo 127 >"$J/rank-{r}.exit"; exit 127
+fi
+{_gpu_binds(inst, gpu_offset, sandbox)}{exports}export CUDA_VISIBLE_DEVICES="$cvd" CORRAL_SLURM_GPUS="$mine"
+descendants() {{
+  local c
+  for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do echo "$c"; descendants "$c"; done
+}}
 child=""
 term=""
-trap 'term=1; if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null; fi' TERM INT
-if [ -e {d}/stop ]; then echo 143 >{d}/rank-{inst.rank}.exit; exit 143; fi
-/bin/sh -c {shlex.quote(inst.command)} &
+# bwrap ignores TERM (a TERM that kills bwrap SIGKILLs the job): pass it to the job's own processes
+forward() {{ for p in $(descendants "$child"); do kill -TERM "$p" 2>/dev/null; done; }}
+trap 'term=1; if [ -n "$child" ]; then forward; fi' TERM INT
+if [ -e "$D/stop" ]; then echo 143 >"$J/rank-{r}.exit"; exit 143; fi
+(trap '' TERM INT; exec {sandboxed}) &
 child=$!
-if [ -n "$term" ]; then kill -TERM "$child" 2>/dev/null; fi
+if [ -n "$term" ]; then kill -KILL "$child" 2>/dev/null; fi
 wait "$child"; rc=$?
 while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done
-echo "$rc" >{d}/rank-{inst.rank}.exit
+echo "$rc" >"$J/rank-{r}.exit"
 # a failed instance fails the gang: node.sh passes the TERM on to the instances on this node,
 # and srun --kill-on-bad-exit to the other nodes
 if [ "$rc" -ne 0 ]; then kill -TERM "$PPID" 2>/dev/null; fi
@@ -197,15 +285,51 @@ exit "$rc"
 """
 
 
-def write_scripts(attempt_dir: Path, attempt_id: str, instances: list[InstanceLaunch]) -> None:
+def write_scripts(
+    attempt_dir: Path,
+    job_dir: Path,
+    attempt: AttemptLaunch,
+    instances: list[InstanceLaunch],
+    account: UnixAccount,
+    sandbox: NodeSandbox,
+) -> None:
+    """The job dir with its scripts, /etc files and work dirs, all owned by the job's account
+    and closed to everyone else (0700): other users' jobs cannot read a job's command or logs."""
     shares = node_shares(instances)
     attempt_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(attempt_dir, 0o711)
+    if job_dir.exists():
+        # A relaunch (the first submission's answer was lost and Slurm has no such job): the old
+        # dir is the job account's, which may have planted symlinks (etc -> /etc) for root to
+        # write through. Start from a fresh root-owned dir, handed over only when complete.
+        shutil.rmtree(job_dir)
+    job_dir.mkdir(mode=0o700)
+    write_etc(job_dir / "etc", account.name, account.uid, account.gid)
+    mounts = [(m.source, m.target, m.read_only) for m in attempt.mounts]
+    offsets: dict[int, int] = {}
+    for share in shares:
+        used = 0
+        for rank in share.ranks:
+            offsets[rank] = used
+            used += len(instances[rank].gpus)
     files = {
-        "batch.sh": batch_script(attempt_id, attempt_dir, len(shares)),
-        "node.sh": node_script(attempt_dir, shares),
-        **{f"rank-{i.rank}.sh": rank_script(attempt_dir, i) for i in instances},
+        "batch.sh": batch_script(attempt.attempt_id, job_dir, len(shares)),
+        "node.sh": node_script(attempt_dir, job_dir, shares),
+        **{
+            f"rank-{i.rank}.sh": rank_script(
+                attempt_dir, job_dir, i, offsets[i.rank], account, mounts, sandbox
+            )
+            for i in instances
+        },
     }
     for name, text in files.items():
-        path = attempt_dir / name
+        path = job_dir / name
         path.write_text(text)
         path.chmod(0o755)
+    for i in instances:
+        (job_dir / "work" / str(i.rank)).mkdir(parents=True, exist_ok=True)
+    for dirpath, dirs, names in os.walk(job_dir):
+        for name in [*dirs, *names]:
+            os.lchown(os.path.join(dirpath, name), account.uid, account.gid)
+    os.chown(job_dir, account.uid, account.gid)
+    os.chmod(job_dir, 0o700)

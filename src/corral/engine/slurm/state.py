@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,6 +38,8 @@ class AttemptRecord:
     submitted_at: float = 0.0
     n_ranks: int = 1
     max_runtime_s: float | None = None
+    unix_user: str = ""  # the account the job runs as ("" in records written before it was kept)
+    uid: int | None = None  # its uid: files the job wrote are only read when it owns them
     stop: StopRequest | None = None
     final: dict[str, Any] | None = field(default=None)  # AttemptStatus fields once finished
 
@@ -71,14 +74,57 @@ class AttemptRecord:
         }
 
 
+class UnsafeJobFile(OSError):
+    """A file in a job dir that is not a plain file of the job's own (a symlink or a FIFO the job
+    put there to make the server read or block on something else)."""
+
+
+def read_job_file(
+    path: Path, owner: int | None, offset: int = 0, limit: int = -1
+) -> tuple[bytes, int, float]:
+    """(data from offset, file size, mtime) of a file the job wrote, read by the root server
+    without following a symlink or blocking on a FIFO, and only when the job's uid owns it:
+    `ln -s $CORRAL_HOME/config.yaml rank-0.log` must not hand the admin token to `corral logs`."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)  # ELOOP on a symlink
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (owner is not None and st.st_uid != owner):
+            raise UnsafeJobFile(f"{path} is not a plain file of uid {owner}")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            f.seek(offset)
+            return f.read(limit), st.st_size, st.st_mtime
+    finally:
+        os.close(fd)
+
+
 class StateStore:
+    """Layout (docs/slurm.md, "Who runs the job"):
+
+    <root>/                      server, 0711: jobs may pass, not list
+      attempts/<id>/             server, 0711: attempt.json (0600), stop marker
+      attempts/<id>/job/         the job's account, 0700: scripts, logs, exit codes, work dirs
+    """
+
     def __init__(self, root: Path) -> None:
         self.root = root
         self.attempts = root / "attempts"
         self.attempts.mkdir(parents=True, exist_ok=True)
+        for d in (self.root, self.attempts):
+            os.chmod(d, 0o711)
 
     def attempt_dir(self, attempt_id: str) -> Path:
         return self.attempts / attempt_id
+
+    def job_dir(self, attempt_id: str) -> Path:
+        return self.attempt_dir(attempt_id) / "job"
+
+    def unreachable_parent(self) -> Path | None:
+        """The first directory above the job dirs that other accounts may not pass through
+        (no o+x), if any: jobs run as their users' accounts and could not reach their files."""
+        for d in (self.attempts, *self.attempts.resolve().parents):
+            if not os.stat(d).st_mode & stat.S_IXOTH:
+                return d
+        return None
 
     def _file(self, attempt_id: str) -> Path:
         return self.attempt_dir(attempt_id) / "attempt.json"
@@ -94,32 +140,29 @@ class StateStore:
     def save(self, record: AttemptRecord) -> None:
         self._atomic_write(self._file(record.attempt_id), json.dumps(asdict(record), indent=1))
 
-    def rank_exits(self, attempt_id: str) -> dict[int, int]:
+    def _exit_files(self, attempt_id: str, owner: int | None) -> list[tuple[float, int, int]]:
+        """(mtime, rank, exit code) of every rank-R.exit the job wrote (unsafe ones skipped)."""
+        found = []
+        for path in self.job_dir(attempt_id).glob("rank-*.exit"):
+            try:
+                data, _, mtime = read_job_file(path, owner, limit=64)
+                found.append((mtime, int(path.stem.split("-", 1)[1]), int(data)))
+            except (ValueError, OSError):
+                continue
+        return found
+
+    def rank_exits(self, attempt_id: str, owner: int | None = None) -> dict[int, int]:
         """Exit codes the instances wrote (rank-R.exit), in the order they ended (the first
         failure is the cause; the others were killed because of it). A killed rank writes none."""
-        found: list[tuple[int, int, int]] = []
-        for path in self.attempt_dir(attempt_id).glob("rank-*.exit"):
-            try:
-                found.append(
-                    (path.stat().st_mtime_ns, int(path.stem.split("-", 1)[1]), int(path.read_text()))
-                )
-            except (ValueError, OSError):
-                continue
-        return {rank: code for _, rank, code in sorted(found)}
+        return {rank: code for _, rank, code in sorted(self._exit_files(attempt_id, owner))}
 
-    def first_failure_time(self, attempt_id: str) -> float | None:
+    def first_failure_time(self, attempt_id: str, owner: int | None = None) -> float | None:
         """When the first instance ended with a non-zero code (unix seconds), if one did."""
-        times = []
-        for path in self.attempt_dir(attempt_id).glob("rank-*.exit"):
-            try:
-                if int(path.read_text()) != 0:
-                    times.append(path.stat().st_mtime)
-            except (ValueError, OSError):
-                continue
+        times = [mtime for mtime, _, code in self._exit_files(attempt_id, owner) if code != 0]
         return min(times) if times else None
 
     def log_path(self, attempt_id: str, rank: int) -> Path:
-        return self.attempt_dir(attempt_id) / f"rank-{rank}.log"
+        return self.job_dir(attempt_id) / f"rank-{rank}.log"
 
     def save_nodes(self, nodes: list[dict[str, Any]]) -> None:
         self._atomic_write(self.root / "nodes.json", json.dumps(nodes))
@@ -134,7 +177,7 @@ class StateStore:
     @staticmethod
     def _atomic_write(path: Path, text: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")  # mode 0600
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)

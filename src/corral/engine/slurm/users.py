@@ -1,0 +1,120 @@
+"""Which Unix account runs a Corral user's jobs on Slurm: the one question the engine asks
+(`UserMap.account`). Set by CORRAL_SLURM_USER_MAP (see docs/slurm.md):
+
+    same            the Corral user name IS the Unix account name (site accounts, LDAP)
+    /path/map.yaml  a YAML mapping {corral_user: unix_account}; re-read when the file changes
+
+Unset, or a user the map does not name, or an account that does not exist on the server's host,
+or one below CORRAL_SLURM_MIN_UID (root, daemons, SlurmUser) or the server's own account: the
+launch is refused with a message naming the user and the setting. A job never runs as the server.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+USER_MAP_SETTING = "CORRAL_SLURM_USER_MAP"
+MIN_UID_SETTING = "CORRAL_SLURM_MIN_UID"
+SAME_NAME = "same"
+DEFAULT_MIN_UID = 1000
+
+
+class UnmappedUser(ValueError):
+    """The Corral user has no Unix account to run its jobs as (the message says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnixAccount:
+    name: str
+    uid: int
+    gid: int
+
+
+class UserMap:
+    def __init__(self, source: str | None, min_uid: int = DEFAULT_MIN_UID) -> None:
+        """source: None (unset: every launch is refused), "same", or the path of a YAML file."""
+        self.source = (source or "").strip() or None
+        self.min_uid = min_uid
+        self._lock = threading.Lock()
+        self._loaded: tuple[float, dict[str, str]] | None = None  # (mtime, map) of the YAML file
+        if self.source not in (None, SAME_NAME):
+            self._table()  # a bad file is an error when the engine starts, not at the first job
+
+    @classmethod
+    def from_env(cls) -> UserMap:
+        raw = os.environ.get(MIN_UID_SETTING) or str(DEFAULT_MIN_UID)
+        try:
+            min_uid = int(raw)
+        except ValueError:
+            raise ValueError(f"{MIN_UID_SETTING}={raw!r} is not a whole number")
+        if min_uid < 1:
+            raise ValueError(f"{MIN_UID_SETTING} must be >= 1 (uid 0 is root), got {min_uid}")
+        return cls(os.environ.get(USER_MAP_SETTING), min_uid)
+
+    def describe(self) -> str:
+        if self.source is None:
+            return "unset"
+        return "Corral user name = Unix account name" if self.source == SAME_NAME else f"file {self.source}"
+
+    def account(self, corral_user: str) -> UnixAccount:
+        """The Unix account that runs `corral_user`'s jobs; UnmappedUser naming what is missing."""
+        if self.source is None:
+            raise UnmappedUser(
+                f"Corral user {corral_user!r} has no Unix account on Slurm: {USER_MAP_SETTING} is not "
+                f"set (set it to '{SAME_NAME}' or to a YAML file of corral_user: unix_account); "
+                "jobs never run as the Corral server's own account"
+            )
+        if self.source == SAME_NAME:
+            name = corral_user
+        else:
+            found = self._table().get(corral_user)
+            if found is None:
+                raise UnmappedUser(
+                    f"Corral user {corral_user!r} is not in the Slurm user map {self.source} "
+                    f"({USER_MAP_SETTING}); add a line '{corral_user}: <unix account>'"
+                )
+            name = found
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            raise UnmappedUser(
+                f"Corral user {corral_user!r} maps to Unix account {name!r} ({USER_MAP_SETTING}: "
+                f"{self.describe()}), which does not exist on this host"
+            )
+        if entry.pw_uid < self.min_uid or entry.pw_uid == os.geteuid():
+            raise UnmappedUser(
+                f"Corral user {corral_user!r} maps to Unix account {name!r} (uid {entry.pw_uid}), "
+                f"which may not run jobs: system accounts below {MIN_UID_SETTING}={self.min_uid} and "
+                "the Corral server's own account are refused"
+            )
+        return UnixAccount(name, entry.pw_uid, entry.pw_gid)
+
+    def _table(self) -> dict[str, str]:
+        assert self.source is not None
+        path = Path(self.source)
+        try:
+            mtime = path.stat().st_mtime
+        except OSError as exc:
+            raise UnmappedUser(f"{USER_MAP_SETTING}={self.source}: cannot read the user map ({exc})")
+        with self._lock:
+            if self._loaded is not None and self._loaded[0] == mtime:
+                return self._loaded[1]
+            try:
+                data = yaml.safe_load(path.read_text()) or {}
+            except (OSError, yaml.YAMLError) as exc:
+                raise UnmappedUser(f"{USER_MAP_SETTING}={self.source}: not a readable YAML file ({exc})")
+            if not isinstance(data, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+            ):
+                raise UnmappedUser(
+                    f"{USER_MAP_SETTING}={self.source}: must be a mapping of corral_user: unix_account "
+                    "(both strings)"
+                )
+            self._loaded = (mtime, dict(data))
+            return self._loaded[1]
