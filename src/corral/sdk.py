@@ -306,6 +306,10 @@ class Client:
     def set_default_group(self, user: str, group: str) -> dict[str, Any]:
         return self.request("PUT", f"/users/{user}/default-group", json={"group": group})
 
+    def set_password(self, user: str, password: str, *, current_password: str | None = None) -> None:
+        body = {"password": password, "current_password": current_password}
+        self.request("PUT", f"/users/{user}/password", json=body)
+
     def tokens(self) -> list[dict[str, Any]]:
         return self.request("GET", "/tokens")
 

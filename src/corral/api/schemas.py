@@ -183,6 +183,13 @@ class DefaultGroupIn(_In):
     group: str = Field(min_length=1, max_length=64)
 
 
+class PasswordIn(_In):
+    password: str = Field(min_length=1, max_length=1024)
+    current_password: str | None = Field(
+        None, max_length=1024, description="required when changing your own existing password (non-admins)"
+    )
+
+
 class TokenIn(_In):
     name: str = Field("cli", min_length=1, max_length=64)
     expires_in_days: float | None = Field(None, gt=0, le=3650)

@@ -378,7 +378,7 @@ def group_quota(
 
 # --- users and tokens ---------------------------------------------------------------------------
 
-user_app = typer.Typer(help="Users (admin).", no_args_is_help=True)
+user_app = typer.Typer(help="Users (admin), default groups and passwords.", no_args_is_help=True)
 
 
 @user_app.command("ls")
@@ -440,6 +440,50 @@ def user_add_to_group(
     print_json(member) if output is Output.json else out.print(f"{name} is now {member['role']} of {group}")
 
 
+@user_app.command("default-group")
+@friendly_errors
+def user_default_group(name: str, group: str, output: OutputOpt = Output.table) -> None:
+    """Set the group USER's jobs go to when their spec names none (admin, or yourself)."""
+    with client() as c:
+        user = c.set_default_group(name, group)
+    print_json(user) if output is Output.json else out.print(f"{name}'s default group is now {group}")
+
+
+@user_app.command("passwd")
+@friendly_errors
+def user_passwd(
+    name: Annotated[str | None, typer.Argument(metavar="[USER]", help="default: yourself")] = None,
+    password_stdin: Annotated[
+        bool,
+        typer.Option(
+            "--password-stdin",
+            help="read the new password from the first line of stdin (and your current one, when "
+            "changing your own as a non-admin, from the second)",
+        ),
+    ] = False,
+) -> None:
+    """Set the portal password of USER (admin) or your own."""
+    with client() as c:
+        me = c.me()
+        target = name or me["name"]
+        needs_current = target == me["name"] and me["role"] != "admin"
+        if password_stdin:
+            lines = sys.stdin.read().splitlines()
+            password = lines[0] if lines else ""
+            current = lines[1] if needs_current and len(lines) > 1 else None
+        else:
+            current = (
+                typer.prompt("Current password (empty if you have none)", hide_input=True, default="")
+                if needs_current
+                else None
+            )
+            password = typer.prompt(f"New password for {target}", hide_input=True, confirmation_prompt=True)
+        if not password:
+            raise CorralError("the new password is empty")
+        c.set_password(target, password, current_password=current or None)
+    out.print(f"password of {target} set")
+
+
 token_app = typer.Typer(help="Your API tokens.", no_args_is_help=True)
 
 
@@ -477,6 +521,17 @@ def token_ls(output: OutputOpt = Output.table) -> None:
             "yes" if t["revoked_at"] else "",
         )
     out.print(table)
+
+
+@token_app.command("revoke")
+@friendly_errors
+def token_revoke(
+    token_id: Annotated[int, typer.Argument(metavar="ID", help="see `corral token ls`")],
+) -> None:
+    """Revoke one of your API tokens (admins: anyone's) by its id; it stops working at once."""
+    with client() as c:
+        c.revoke_token(token_id)
+    out.print(f"token {token_id} revoked")
 
 
 # --- server -------------------------------------------------------------------------------------

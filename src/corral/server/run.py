@@ -14,6 +14,7 @@ At shutdown each loop logs its ticks, wall and CPU seconds.
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import os
@@ -80,18 +81,46 @@ def write_cli_config(settings: Settings, url: str, token: str) -> str:
 
 
 def bootstrap(settings: Settings, session_factory: Any, url: str) -> None:
-    from corral.services.auth import bootstrap_admin
+    from corral.services.auth import ADMIN_USER, bootstrap_admin_with_password
 
     with session_factory() as session:
-        token = bootstrap_admin(session, settings)
-    if token is None:
+        created = bootstrap_admin_with_password(session, settings)
+    if created is None:
         return
+    token, password = created
     try:
         where = write_cli_config(settings, url, token)
     except Exception as exc:  # the token is still printed: the admin can configure the CLI by hand
         where = f"(not written: {exc})"
     print(f"Admin token (shown once): {token}", flush=True)
+    print(f"Admin password (shown once; portal user {ADMIN_USER!r}): {password}", flush=True)
+    print("  change it with `corral user passwd`", flush=True)
     print(f"CLI config written to {where}", flush=True)
+
+
+class PortInUse(RuntimeError):
+    """The server's listen address cannot be bound; raised before anything is written."""
+
+
+def bind_listen_socket(host: str, port: int) -> socket.socket:
+    """Bind the API's socket first, before the database or the demo data are touched, so that a
+    port already in use fails at once with a clear message and leaves nothing behind. uvicorn then
+    serves on this very socket (no window in which another process could take the port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does (TIME_WAIT restarts)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        why = "the address is already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+        raise PortInUse(
+            f"cannot listen on {host}:{port}: {why}. Is another Corral server (or another program) "
+            "using it? Stop it or pick another port with --port / CORRAL_PORT. Nothing was written."
+        ) from exc
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
 
 
 def local_url(settings: Settings) -> str:
@@ -137,6 +166,11 @@ def serve(settings: Settings, demo: bool = False) -> None:
         from corral.server.demo import demo_settings
 
         settings = demo_settings(settings)
+    try:
+        listen_socket = bind_listen_socket(settings.host, settings.port)
+    except PortInUse as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
     settings.home.mkdir(parents=True, exist_ok=True)
     # A bad monitor.yml refuses start-up (naming file and line) before any loop or job runs.
     load_monitor_config(config_path(settings))
@@ -181,7 +215,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
 
             seed_demo(ctx, url)
         print(f"Corral is up at {url}  (API docs: {url}/docs, portal: {url}/)", flush=True)
-        server.run()
+        server.run(sockets=[listen_socket])
     finally:
         runner.stop()
         shutdown_launches(ctx)
