@@ -85,12 +85,24 @@ class JobListOut(BaseModel):
     offset: int
 
 
+class WaitingOut(BaseModel):
+    state: str
+    message: str
+    reasons: list[dict[str, Any]]
+    queue_position: int | None
+    estimated_start: float | None
+    unschedulable: bool
+
+
 class LogsOut(BaseModel):
     data: str
     next_offset: int
     eof: bool
     attempt: int | None
     rank: int
+    waiting: WaitingOut | None = Field(
+        None, description="set while the job waits to run (queued or being started): why, and when"
+    )
 
 
 class GpuOut(BaseModel):

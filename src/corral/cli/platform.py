@@ -225,9 +225,10 @@ def logs(
     rank: Annotated[int, typer.Option(help="instance rank (default 0)")] = 0,
     output: OutputOpt = Output.table,
 ) -> None:
-    """Print a job's output (stdout and stderr)."""
+    """Print a job's output (stdout and stderr). While the job waits to run, say why (on stderr)."""
     with client() as c:
         if follow:
+            _print_waiting(c.logs(job_id, attempt=attempt, rank=rank, offset=0).get("waiting"))
             for text in c.follow_logs(job_id, rank=rank):
                 sys.stdout.write(text)
                 sys.stdout.flush()
@@ -243,6 +244,17 @@ def logs(
             print_json({**chunk, "data": "".join(chunks)})
         else:
             sys.stdout.write("".join(chunks))
+            _print_waiting(chunk.get("waiting"))
+
+
+def _print_waiting(waiting: dict[str, Any] | None) -> None:
+    """The job has no output because it has not started (again): why, where, and when."""
+    if not waiting:
+        return
+    err.print(waiting["message"], highlight=False, markup=False, soft_wrap=True)
+    est = waiting.get("estimated_start")
+    if waiting["state"] == "queued" and est is not None and not waiting.get("unschedulable"):
+        err.print(f"estimated start: {when(est)} ({ago(est)})", highlight=False, soft_wrap=True)
 
 
 @friendly_errors

@@ -13,7 +13,6 @@ from corral.api.deps import DB, CurrentUser, fast_json
 from corral.api.schemas import EventOut, JobListOut, JobOut, LogsOut
 from corral.engine.base import EngineUnavailable
 from corral.services import jobs as svc
-from corral.services.errors import ServiceError
 from corral.services.policy import active_profile
 from corral.services.views import event_view, job_view
 from corral.spec import JobSpecV1, SpecError, load_spec_text
@@ -22,10 +21,6 @@ router = APIRouter(tags=["jobs"])
 
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain")
 _SPEC_SCHEMA: dict[str, Any] = {"type": "object", "description": "job spec v1 (see corral.spec)"}
-
-
-class EngineMissing(ServiceError):
-    status_code = 503
 
 
 def _body_error(msg: str) -> RequestValidationError:
@@ -136,11 +131,10 @@ def logs(
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=8 << 20)] = 1 << 20,
 ) -> Any:
+    """While the job waits (no attempt yet, or queued again), `waiting` says why and when."""
     job = svc.get_job(db, principal, job_id)
     engine = request.app.state.engine
-    if engine is None:
-        raise EngineMissing("logs are unavailable: this server has no execution engine running")
     try:
         return svc.read_logs(engine, job, attempt=attempt, rank=rank, offset=offset, limit=limit)
     except EngineUnavailable as exc:
-        raise EngineMissing(f"logs are unavailable right now: {exc}")
+        raise svc.EngineMissing(f"logs are unavailable right now: {exc}")
