@@ -33,6 +33,7 @@ from corral.services.lifecycle import InvalidTransition
 
 API_PREFIX = "/api/v1"
 API_ROUTER_MODULES = ("auth", "jobs", "nodes", "groups", "users", "tokens", "cluster")
+ROOT_ROUTER_MODULES = ("health",)  # not under /api/v1: /healthz, /readyz
 # Other areas' routers, imported by module name so that they can grow without touching this file.
 EXTERNAL_ROUTERS = ("corral.monitor.api", "corral.web.routes")
 
@@ -58,6 +59,8 @@ def create_app(
     for name in API_ROUTER_MODULES:
         module = importlib.import_module(f"corral.api.routers.{name}")
         app.include_router(module.router, prefix=API_PREFIX)
+    for name in ROOT_ROUTER_MODULES:
+        app.include_router(importlib.import_module(f"corral.api.routers.{name}").router)
     for module_name in EXTERNAL_ROUTERS:
         app.include_router(importlib.import_module(module_name).router)
     _install_error_handlers(app)

@@ -186,6 +186,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
     app = create_app(settings, engine=engine, db_engine=db_engine)
     app.state.server_context = ctx
     runner = LoopRunner(ctx, collect_loops())
+    app.state.loop_health = lambda: runner.health(settings.ready_loop_stall_s)  # for /readyz
     config = uvicorn.Config(
         WakeLoopsOnWrite(app, ctx),
         host=settings.host,
