@@ -1,0 +1,79 @@
+"""Rough edges found by trying the platform as a new user and an admin, on a real server with the
+real local engine: multi-role rendezvous variables, ..."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tests.server.test_e2e import TERMINAL, logs
+from tests.server_fixture import CorralServer, start_server, submit_spec, wait_state
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CorralServer]:
+    srv = start_server(tmp_path_factory.mktemp("rough") / "home")
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+# Every instance listens on its own CORRAL_PORT, connects to every other instance of every role
+# through CORRAL_ROLE_<ROLE>_ADDRS and says who it is; it ends once it heard from all the others.
+PEERS = """
+import os, socket, threading, time
+e = os.environ
+me = "%s-%s" % (e["CORRAL_TASK_ROLE"], e["CORRAL_TASK_INDEX"])
+roles = e["CORRAL_ROLES"].split(",")
+peers = {}
+for role in roles:
+    key = "CORRAL_ROLE_%s" % role.upper()
+    addrs = e[key + "_ADDRS"].split(",")
+    assert len(addrs) == int(e[key + "_COUNT"]) == len(e[key + "_HOSTS"].split(","))
+    for i, a in enumerate(addrs):
+        peers["%s-%d" % (role, i)] = (a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1]))
+print("ME", me, "ROLES", ",".join(roles), "PEERS", sorted(peers), flush=True)
+assert peers[me] == (e["CORRAL_HOST"], int(e["CORRAL_PORT"]))
+server = socket.create_server((e["CORRAL_HOST"], int(e["CORRAL_PORT"]))); server.settimeout(30)
+heard = []
+def listen():
+    for _ in range(len(peers) - 1):
+        conn, _ = server.accept(); heard.append(conn.recv(64).decode()); conn.close()
+t = threading.Thread(target=listen); t.start()
+for name, addr in peers.items():
+    if name == me:
+        continue
+    for _ in range(400):
+        try:
+            c = socket.create_connection(addr, timeout=1); break
+        except OSError:
+            time.sleep(0.05)
+    c.sendall(me.encode()); c.close()
+t.join()
+print("HEARD", ",".join(sorted(heard)), flush=True)
+"""
+
+
+def test_multi_role_processes_reach_every_role_through_the_rendezvous_variables(server: CorralServer) -> None:
+    command = f"{sys.executable} -c '{PEERS}'"
+    resources = {"cpus": 0.5, "memory": "256MiB"}
+    spec = {
+        "name": "ps-worker",
+        "tasks": {
+            "ps": {"instances": 1, "command": command, "resources": resources},
+            "worker": {"instances": 2, "command": command, "resources": resources},
+        },
+    }
+    with server.client() as c:
+        job_id = submit_spec(c, spec)
+        done = wait_state(c, job_id, TERMINAL, timeout_s=60)
+        outs = [logs(c, job_id, rank=r) for r in range(3)]
+        assert done["state"] == "succeeded", (done, outs)
+    everyone = {"ps-0", "worker-0", "worker-1"}
+    for out in outs:
+        me = out.split("ME ")[1].split()[0]
+        assert "ROLES ps,worker" in out and "PEERS ['ps-0', 'worker-0', 'worker-1']" in out
+        assert f"HEARD {','.join(sorted(everyone - {me}))}" in out, out
