@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     # /readyz answers 503 when a background loop has had no good pass for this long (or three of
     # its intervals, when longer): stuck in a tick, or failing every tick (e.g. database locked).
     ready_loop_stall_s: float = Field(default=30.0, gt=0)
+    # Finished jobs (and their logs) are deleted this many days after they ended; None: kept.
+    job_retention_days: float | None = Field(default=None, gt=0)
+    job_retention_check_s: float = Field(default=300.0, gt=0)  # how often retention looks
 
     @property
     def worker_threads(self) -> int:

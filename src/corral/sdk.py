@@ -200,6 +200,10 @@ class Client:
     def cancel(self, job_id: int) -> dict[str, Any]:
         return self.request("POST", f"/jobs/{job_id}/cancel")
 
+    def delete(self, job_id: int) -> None:
+        """Delete a finished job and its logs (owner or admin)."""
+        self.request("DELETE", f"/jobs/{job_id}")
+
     def events(self, job_id: int) -> list[dict[str, Any]]:
         return self.request("GET", f"/jobs/{job_id}/events")
 

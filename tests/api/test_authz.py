@@ -33,6 +33,13 @@ def _job(world: World) -> int:
     return int(r.json()["id"])
 
 
+def _finished_job(world: World) -> int:
+    job_id = _job(world)
+    r = world.client.post(f"/api/v1/jobs/{job_id}/cancel", headers=world.as_("alice"))
+    assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
+    return job_id
+
+
 def _token_of_alice(world: World) -> int:
     r = world.client.post("/api/v1/tokens", json={"name": "x"}, headers=world.as_("alice"))
     return int(r.json()["id"])
@@ -68,6 +75,12 @@ CASES = [
         body=lambda w: {**SIMPLE_JOB, "group": "vision"},
     ),
     Case("GET", "/api/v1/jobs/{job_id}", JOB_OWNER_VIEW, path=lambda w: f"/api/v1/jobs/{_job(w)}"),
+    Case(
+        "DELETE",
+        "/api/v1/jobs/{job_id}",
+        {"alice": 204, "bob": 403, "carol": 403, "admin": 204},
+        path=lambda w: f"/api/v1/jobs/{_finished_job(w)}",
+    ),
     Case(
         "GET", "/api/v1/jobs/{job_id}/events", JOB_OWNER_VIEW, path=lambda w: f"/api/v1/jobs/{_job(w)}/events"
     ),

@@ -57,3 +57,41 @@ def test_logs_of_a_started_job_still_need_the_engine(world: World) -> None:
         make_running(db, job_id)
     r = world.client.get(f"{API}/jobs/{job_id}/logs", headers=world.as_("alice"))
     assert r.status_code == 503 and "no execution engine" in r.json()["detail"]
+
+
+def test_delete_a_finished_job_by_its_owner_or_an_admin(world: World) -> None:
+    job_id = submit(world)
+    r = world.client.delete(f"{API}/jobs/{job_id}", headers=world.as_("alice"))
+    assert r.status_code == 409 and "only finished jobs can be deleted" in r.json()["detail"]
+    assert f"corral cancel {job_id}" in r.json()["detail"]
+    assert world.client.post(f"{API}/jobs/{job_id}/cancel", headers=world.as_("alice")).status_code == 200
+    r = world.client.delete(f"{API}/jobs/{job_id}", headers=world.as_("carol"))  # may not see it
+    assert r.status_code == 403
+    r = world.client.delete(f"{API}/jobs/{job_id}", headers=world.as_("bob"))  # sees it (group admin)
+    assert r.status_code == 403 and "only the owner" in r.json()["detail"]
+    assert world.client.delete(f"{API}/jobs/{job_id}", headers=world.as_("alice")).status_code == 204
+    assert world.client.get(f"{API}/jobs/{job_id}", headers=world.as_("alice")).status_code == 404
+    assert world.client.get(f"{API}/jobs/{job_id}/events", headers=world.as_("admin")).status_code == 404
+    assert world.client.delete(f"{API}/jobs/{job_id}", headers=world.as_("alice")).status_code == 404
+    other = submit(world)
+    world.client.post(f"{API}/jobs/{other}/cancel", headers=world.as_("alice"))
+    assert world.client.delete(f"{API}/jobs/{other}", headers=world.as_("admin")).status_code == 204
+    listing = world.client.get(f"{API}/jobs", headers=world.as_("admin")).json()
+    assert listing["total"] == 0
+
+
+def test_delete_keeps_a_job_whose_logs_cannot_be_deleted(world: World) -> None:
+    """Without an engine the logs cannot go, so the job stays (nothing half-done)."""
+    with world.session_factory() as db:
+        add_node(db, "n1")
+        db.commit()
+    job_id = submit(world)
+    with world.session_factory() as db:
+        make_running(db, job_id)
+        job = db.get(Job, job_id)
+        assert job is not None
+        job.state, job.finished_at = "succeeded", time.time()
+        db.commit()
+    r = world.client.delete(f"{API}/jobs/{job_id}", headers=world.as_("alice"))
+    assert r.status_code == 503 and "no execution engine" in r.json()["detail"]
+    assert world.client.get(f"{API}/jobs/{job_id}", headers=world.as_("alice")).status_code == 200

@@ -1,15 +1,19 @@
 """Rough edges found by trying the platform as a new user and an admin, on a real server with the
-real local engine: multi-role rendezvous variables, ..."""
+real local engine: multi-role rendezvous variables, deleting jobs with their logs, retention."""
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from corral.cli.main import app as cli
 from tests.server.test_e2e import TERMINAL, logs
-from tests.server_fixture import CorralServer, start_server, submit_spec, wait_state
+from tests.server_fixture import CorralServer, start_server, submit_spec, wait_for, wait_state
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +81,40 @@ def test_multi_role_processes_reach_every_role_through_the_rendezvous_variables(
         me = out.split("ME ")[1].split()[0]
         assert "ROLES ps,worker" in out and "PEERS ['ps-0', 'worker-0', 'worker-1']" in out
         assert f"HEARD {','.join(sorted(everyone - {me}))}" in out, out
+
+
+def attempt_dirs(server: CorralServer, job_id: int) -> list[Path]:
+    return sorted((server.home / "engine" / "attempts").glob(f"{job_id}.*"))
+
+
+def test_rm_deletes_a_finished_job_and_its_logs(server: CorralServer) -> None:
+    with server.client() as c:
+        job_id = submit_spec(c, {"name": "to-delete", "command": "echo some output"})
+        running = submit_spec(c, {"name": "running", "command": "sleep 30"})
+        assert wait_state(c, job_id, TERMINAL)["state"] == "succeeded"
+        assert logs(c, job_id) == "some output\n" and attempt_dirs(server, job_id)
+        wait_state(c, running, ("running",))
+        env = {"CORRAL_URL": server.url, "CORRAL_TOKEN": server.token}
+        result = CliRunner().invoke(cli, ["rm", str(job_id), str(running)], env=env)
+        assert result.exit_code == 1, result.output
+        assert f"job {job_id} deleted" in result.stdout
+        assert f"job {running}: job {running} is running; only finished jobs" in result.stderr
+        assert c.get(f"/api/v1/jobs/{job_id}").status_code == 404
+        assert attempt_dirs(server, job_id) == []  # the logs went with it
+        assert c.get(f"/api/v1/jobs/{running}").json()["state"] == "running"
+        assert attempt_dirs(server, running)
+        c.post(f"/api/v1/jobs/{running}/cancel")
+
+
+def test_retention_deletes_finished_jobs_once_they_are_old_enough(tmp_path: Path) -> None:
+    retention_days = 6 / 86400  # six seconds
+    env = {"CORRAL_JOB_RETENTION_DAYS": str(retention_days), "CORRAL_JOB_RETENTION_CHECK_S": "0.5"}
+    with start_server(tmp_path / "home", extra_env=env) as srv, srv.client() as c:
+        job_id = submit_spec(c, {"name": "short-lived", "command": "echo bye"})
+        done = wait_state(c, job_id, TERMINAL)
+        assert done["state"] == "succeeded" and attempt_dirs(srv, job_id)
+        assert c.get(f"/api/v1/jobs/{job_id}").status_code == 200  # younger than the retention
+        wait_for(lambda: c.get(f"/api/v1/jobs/{job_id}").status_code == 404, 20, what="retention")
+        assert time.time() - done["finished_at"] >= 6
+        assert attempt_dirs(srv, job_id) == []
+        assert "retention: deleted 1 jobs" in srv.log_text()

@@ -270,6 +270,24 @@ def cancel(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: Output
         out.print(f"job {job_id} is {job['state']}; it is being stopped")
 
 
+@friendly_errors
+def rm(job_ids: Annotated[list[int], typer.Argument(metavar="JOB...", help="finished jobs")]) -> None:
+    """Delete finished jobs and their logs (yours; admins: anyone's). Exit 1 if any was refused."""
+    failed = 0
+    with client() as c:
+        for job_id in job_ids:
+            try:
+                c.delete(job_id)
+                out.print(f"job {job_id} deleted")
+            except CorralError as exc:
+                if exc.status_code in (None, 401):  # unreachable server, bad credentials: stop at once
+                    raise
+                failed += 1
+                err.print(f"[red]error:[/red] job {job_id}: {exc.message}", highlight=False)
+    if failed:
+        raise typer.Exit(1)
+
+
 # --- nodes --------------------------------------------------------------------------------------
 
 node_app = typer.Typer(help="Nodes: list, cordon, uncordon, drain.", no_args_is_help=True)
@@ -587,6 +605,7 @@ def register(app: typer.Typer) -> None:
     app.command()(show)
     app.command()(logs)
     app.command()(cancel)
+    app.command()(rm)
     app.add_typer(node_app, name="node")
     app.add_typer(group_app, name="group")
     app.add_typer(user_app, name="user")

@@ -28,6 +28,7 @@ def core_loops() -> list[BackgroundLoop]:
     from corral.server.dispatch import dispatch_tick
     from corral.server.nodes import node_tick
     from corral.server.reconcile import reconcile_tick
+    from corral.server.retention import RETENTION_LOOP_INTERVAL_S, retention_tick
     from corral.server.scheduling import schedule_tick
 
     return [
@@ -35,6 +36,7 @@ def core_loops() -> list[BackgroundLoop]:
         BackgroundLoop("schedule", 0.2, schedule_tick),
         BackgroundLoop("dispatch", 0.2, dispatch_tick),
         BackgroundLoop("reconcile", 0.1, reconcile_tick),
+        BackgroundLoop("retention", RETENTION_LOOP_INTERVAL_S, retention_tick),
     ]
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request, status
+from fastapi import APIRouter, Depends, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from corral.api.deps import DB, CurrentUser, fast_json
 from corral.api.schemas import EventOut, JobListOut, JobOut, LogsOut
 from corral.engine.base import EngineUnavailable
+from corral.services import cleanup
 from corral.services import jobs as svc
 from corral.services.policy import active_profile
 from corral.services.views import event_view, job_view
@@ -112,6 +113,13 @@ def cancel(job_id: int, db: DB, principal: CurrentUser) -> Any:
     """Queued jobs end at once; active jobs get cancel_requested and the control loops stop them."""
     job = svc.cancel_job(db, principal, job_id)
     return job_view(job, svc.job_events(db, job.id))
+
+
+@router.delete("/jobs/{job_id}", status_code=status.HTTP_204_NO_CONTENT)
+def delete(job_id: int, request: Request, db: DB, principal: CurrentUser) -> Response:
+    """A finished job and its logs, by its owner or an admin (409 while it has not ended)."""
+    cleanup.delete_job(db, principal, job_id, request.app.state.engine)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.get("/jobs/{job_id}/events", response_model=list[EventOut])
