@@ -260,6 +260,14 @@ class Client:
     def cluster_summary(self) -> dict[str, Any]:
         return self.request("GET", "/cluster/summary")
 
+    def usage(
+        self, *, since: float | None = None, until: float | None = None, by: str = "user"
+    ) -> dict[str, Any]:
+        """GPU-hours and CPU-hours per user or group over [since, until) (unix seconds)."""
+        params: dict[str, Any] = {"by": by}
+        params.update({k: v for k, v in {"since": since, "until": until}.items() if v is not None})
+        return self.request("GET", "/usage", params=params)
+
     def me(self) -> dict[str, Any]:
         return self.request("GET", "/me")
 

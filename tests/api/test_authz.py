@@ -164,6 +164,7 @@ CASES = [
         path=lambda w: f"/api/v1/ssh-keys/{_key_of_alice(w)}",
     ),
     Case("GET", "/api/v1/cluster/summary", everyone(200)),
+    Case("GET", "/api/v1/usage", everyone(200)),
 ]
 PUBLIC = {("POST", "/api/v1/auth/login"), ("GET", "/healthz"), ("GET", "/readyz")}
 

@@ -231,3 +231,19 @@ class SshKeyOut(BaseModel):
     fingerprint: str
     public_key: str
     created_at: float
+
+
+class UsageRowOut(BaseModel):
+    name: str
+    gpu_hours: float
+    cpu_hours: float
+    jobs: int
+    attempts: int
+
+
+class UsageOut(BaseModel):
+    since: float
+    until: float
+    by: str
+    rows: list[UsageRowOut]
+    total: UsageRowOut
