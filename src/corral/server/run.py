@@ -178,6 +178,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
     db_engine = make_engine(settings.db_url)
     session_factory = make_session_factory(db_engine)
     url = local_url(settings)
+    os.environ.setdefault("CORRAL_PUBLIC_URL", url)  # alerts' runbook links (corral.monitor.runbooks)
     bootstrap(settings, session_factory, url)
     engine = make_execution_engine(settings)
     ctx = ServerContext(
