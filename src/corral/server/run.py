@@ -119,7 +119,8 @@ def bind_listen_socket(host: str, port: int) -> socket.socket:
             "using it? Stop it or pick another port with --port / CORRAL_PORT. Nothing was written."
         ) from exc
     sock.listen(2048)
-    sock.set_inheritable(True)
+    # Not inheritable (Python's default): job supervisors started by this server must not hold
+    # the port, or a restarted server could not listen on it while those jobs run.
     return sock
 
 
