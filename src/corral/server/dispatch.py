@@ -87,7 +87,9 @@ def build_launch(job: Job, attempt: Attempt, nodes: Mapping[str, Node]) -> Attem
     master = (address, master_port(address, job.id))
     commands = {t.role: t.command for t in view.tasks}
     addresses = {name: node.address for name, node in nodes.items()}
-    peers = rendezvous_for_placement(job.id, [t.role for t in view.tasks], placement, addresses)
+    peers = rendezvous_for_placement(
+        job.id, [t.role for t in view.tasks], placement, addresses
+    ).instance_envs()
     instances = []
     for p in placement:
         gpus = tuple(
@@ -106,7 +108,7 @@ def build_launch(job: Job, attempt: Attempt, nodes: Mapping[str, Node]) -> Attem
                 command=commands.get(p["role"], ""),
                 env={
                     **instance_env(job, view, p, master, len(placement)),
-                    **peers.instance_env(int(p["rank"])),
+                    **peers[int(p["rank"])],
                 },
             )
         )

@@ -72,10 +72,10 @@ class Rendezvous:
             env[f"{key}_ADDRS"] = ",".join(f"{e.host}:{e.port}" for e in mine)
         return env
 
-    def instance_env(self, rank: int) -> dict[str, str]:
-        """The shared map plus this instance's own host and port."""
-        own = next(e for e in self.endpoints if e.rank == rank)
-        return {**self.shared_env(), "CORRAL_HOST": own.host, "CORRAL_PORT": str(own.port)}
+    def instance_envs(self) -> dict[int, dict[str, str]]:
+        """{rank: the shared map plus that instance's own host and port}; the map is built once."""
+        shared = self.shared_env()
+        return {e.rank: {**shared, "CORRAL_HOST": e.host, "CORRAL_PORT": str(e.port)} for e in self.endpoints}
 
 
 @dataclass(frozen=True, slots=True)
