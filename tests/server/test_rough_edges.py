@@ -118,3 +118,26 @@ def test_retention_deletes_finished_jobs_once_they_are_old_enough(tmp_path: Path
         assert time.time() - done["finished_at"] >= 6
         assert attempt_dirs(srv, job_id) == []
         assert "retention: deleted 1 jobs" in srv.log_text()
+
+
+def test_logs_of_a_queued_job_say_why_it_waits_on_a_real_server(server: CorralServer) -> None:
+    hog = {"name": "hog", "command": "sleep 60", "resources": {"gpus": 4}}
+    with server.client() as c:
+        first = submit_spec(c, hog)
+        wait_state(c, first, ("running",))
+        second = submit_spec(c, {**hog, "name": "waiter"})
+        try:
+            waiting = wait_for(
+                lambda: (w := c.get(f"/api/v1/jobs/{second}/logs").json()["waiting"]) and w["reasons"] and w,
+                20,
+                what="the scheduler's diagnosis of the waiting job",
+            )
+            assert waiting["state"] == "queued" and waiting["queue_position"] == 1
+            assert waiting["message"].startswith(f"job {second} is queued: ")
+            env = {"CORRAL_URL": server.url, "CORRAL_TOKEN": server.token}
+            result = CliRunner().invoke(cli, ["logs", str(second)], env=env)
+            assert result.exit_code == 0 and result.stdout == ""  # no output: it has not run
+            assert f"job {second} is queued: " in result.stderr and "position 1 in the queue" in result.stderr
+        finally:
+            for job_id in (first, second):
+                c.post(f"/api/v1/jobs/{job_id}/cancel")
