@@ -42,6 +42,12 @@ class Settings(BaseSettings):
     # May CPU-only jobs use GPU nodes? None = yes for the local engine (one machine: otherwise a
     # GPU workstation could never run CPU work), no for Slurm (keep GPU nodes for GPU work).
     cpu_jobs_on_gpu_nodes: bool | None = None
+    # /readyz answers 503 when a background loop has had no good pass for this long (or three of
+    # its intervals, when longer): stuck in a tick, or failing every tick (e.g. database locked).
+    ready_loop_stall_s: float = Field(default=30.0, gt=0)
+    # Finished jobs (and their logs) are deleted this many days after they ended; None: kept.
+    job_retention_days: float | None = Field(default=None, gt=0)
+    job_retention_check_s: float = Field(default=300.0, gt=0)  # how often retention looks
 
     @property
     def worker_threads(self) -> int:

@@ -210,6 +210,10 @@ class Client:
     def cancel(self, job_id: int) -> dict[str, Any]:
         return self.request("POST", f"/jobs/{job_id}/cancel")
 
+    def delete(self, job_id: int) -> None:
+        """Delete a finished job and its logs (owner or admin)."""
+        self.request("DELETE", f"/jobs/{job_id}")
+
     def events(self, job_id: int) -> list[dict[str, Any]]:
         return self.request("GET", f"/jobs/{job_id}/events")
 
@@ -265,6 +269,14 @@ class Client:
 
     def cluster_summary(self) -> dict[str, Any]:
         return self.request("GET", "/cluster/summary")
+
+    def usage(
+        self, *, since: float | None = None, until: float | None = None, by: str = "user"
+    ) -> dict[str, Any]:
+        """GPU-hours and CPU-hours per user or group over [since, until) (unix seconds)."""
+        params: dict[str, Any] = {"by": by}
+        params.update({k: v for k, v in {"since": since, "until": until}.items() if v is not None})
+        return self.request("GET", "/usage", params=params)
 
     def me(self) -> dict[str, Any]:
         return self.request("GET", "/me")
@@ -328,6 +340,10 @@ class Client:
 
     def set_default_group(self, user: str, group: str) -> dict[str, Any]:
         return self.request("PUT", f"/users/{user}/default-group", json={"group": group})
+
+    def set_password(self, user: str, password: str, *, current_password: str | None = None) -> None:
+        body = {"password": password, "current_password": current_password}
+        self.request("PUT", f"/users/{user}/password", json=body)
 
     def tokens(self) -> list[dict[str, Any]]:
         return self.request("GET", "/tokens")

@@ -122,6 +122,23 @@ class EngineContract:
         assert status.reason is None
         assert engine.logs(attempt.attempt_id, 0).data == b"hello from 0\n"
 
+    def test_remove_attempt_deletes_finished_logs_only(self, engine: Engine, node_names: list[str]) -> None:
+        done = make_attempt(node_names, "echo kept until removed")
+        running = make_attempt(node_names, "echo still running; sleep 30")
+        engine.launch(done)
+        engine.launch(running)
+        wait_finished(engine, done.attempt_id)
+        wait_log(engine, running.attempt_id, b"still running")
+        engine.remove_attempt(running.attempt_id)  # not finished: nothing is removed
+        assert b"still running" in engine.logs(running.attempt_id, 0).data
+        assert engine.logs(done.attempt_id, 0).data == b"kept until removed\n"
+        engine.remove_attempt(done.attempt_id)
+        engine.remove_attempt(done.attempt_id)  # idempotent
+        gone = engine.logs(done.attempt_id, 0)
+        assert gone.data == b"" and gone.eof
+        engine.stop(running.attempt_id, 0.0)
+        wait_finished(engine, running.attempt_id)
+
     def test_exit_code_reported(self, engine: Engine, node_names: list[str]) -> None:
         attempt = make_attempt(node_names, "echo failing >&2; exit 7")
         engine.launch(attempt)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
+from corral.monitor.runbooks import router as runbooks_router
+from corral.monitor.runbooks import runbook_url, runbooks
 from tests.support import require_binary
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -67,9 +72,8 @@ def test_every_rule_has_for_runbook_and_tests_firing_and_not_firing() -> None:
     for rule in rules:
         assert "for" in rule, rule["alert"]
         annotations = rule["annotations"]
-        assert isinstance(annotations, dict) and annotations["runbook_url"].endswith(
-            str(rule["alert"]).lower()
-        )
+        assert isinstance(annotations, dict)
+        assert annotations["runbook_url"] == "{{ $externalLabels.corral_url }}/runbooks/" + str(rule["alert"])
         assert rule["alert"] in tested_firing, f"{rule['alert']} never tested firing"
         assert rule["alert"] in tested_quiet, f"{rule['alert']} never tested not firing"
 
@@ -105,3 +109,45 @@ def test_dashboards_are_grafana_json_with_prometheus_targets() -> None:
         assert board["panels"], path.name
         for panel in board["panels"]:
             assert panel["targets"] and all(t["expr"].strip() for t in panel["targets"]), panel["title"]
+
+
+def corral_own_alert_names() -> set[str]:
+    """Alert names Corral's own health checks raise (source "corral")."""
+    names: set[str] = set()
+    for path in (Path(__file__).resolve().parents[2] / "src" / "corral" / "monitor").glob("*.py"):
+        text = path.read_text()
+        names |= set(re.findall(r'"alertname": "(Corral\w+)"', text))
+        names |= set(re.findall(r'_labels\("(Corral\w+)"', text))
+    return names
+
+
+def test_every_alert_has_a_runbook_that_corral_serves() -> None:
+    """The runbook links were placeholders (https://corral.example.org/...) that led nowhere."""
+    own = corral_own_alert_names()
+    assert {"CorralNodeLost", "CorralJobOOM", "CorralGpuXid", "CorralJobGpuIdle"} <= own
+    wanted = {str(r["alert"]) for r in all_rules()} | own
+    books = runbooks()
+    assert wanted <= set(books), f"alerts without a runbook: {sorted(wanted - set(books))}"
+    for name in wanted:
+        text = books[name]  # what it means, what to check, what to do
+        assert "**Means:**" in text and (
+            ("**Check:**" in text and "**Do:**" in text) or "**Check and do:**" in text
+        )
+    app = FastAPI()
+    app.include_router(runbooks_router)
+    with TestClient(app) as client:
+        r = client.get("/runbooks/CorralNodeDown")
+        assert (
+            r.status_code == 200 and r.text.startswith("## CorralNodeDown") and "corral node cordon" in r.text
+        )
+        assert "## CorralGpuLost" not in r.text
+        assert client.get("/runbooks").text.count("\n## ") == len(books)
+        missing = client.get("/runbooks/CorralNope")
+        assert missing.status_code == 404 and "CorralNodeDown" in missing.text
+
+
+def test_corral_own_alerts_link_to_the_public_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_PUBLIC_URL", "https://corral.lab.test/")
+    assert runbook_url("CorralNodeLost") == "https://corral.lab.test/runbooks/CorralNodeLost"
+    monkeypatch.delenv("CORRAL_PUBLIC_URL")
+    assert runbook_url("CorralNodeLost") == "/runbooks/CorralNodeLost"

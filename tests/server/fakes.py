@@ -31,6 +31,7 @@ class FakeEngine:
         self.adopted: dict[str, str] = {}
         self.node_states: dict[str, NodeState] = {}
         self.fail_launch: str | None = None
+        self.removed: list[str] = []
 
     def nodes(self) -> Sequence[NodeReport]:
         return list(self.reports)
@@ -57,6 +58,9 @@ class FakeEngine:
 
     def set_node_state(self, node: str, state: NodeState, reason: str = "") -> None:
         self.node_states[node] = state
+
+    def remove_attempt(self, attempt_id: str) -> None:
+        self.removed.append(attempt_id)
 
     def close(self) -> None:
         pass

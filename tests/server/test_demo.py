@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
+import socket
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -36,6 +41,11 @@ def test_corral_up_demo_trains_the_example_and_survives_a_restart(tmp_path: Path
         with httpx.Client(base_url=srv.url) as anon:
             r = anon.post("/api/v1/auth/login", json={"username": "bob", "password": "bob-demo"})
             assert r.status_code == 200, r.text
+            # the bootstrap admin gets a one-time password too, so it can use the portal
+            password = re.search(r"Admin password \(shown once; portal user 'admin'\): (\S+)", banner)
+            assert password is not None, banner
+            r = anon.post("/api/v1/auth/login", json={"username": "admin", "password": password.group(1)})
+            assert r.status_code == 200 and r.json()["user"]["name"] == "admin", r.text
         srv.kill()
         srv.start()
         with srv.client() as c:
@@ -61,3 +71,25 @@ def test_the_demo_keeps_isolation_and_says_when_jobs_cannot_run(tmp_path: Path) 
         engine.close()
     assert line is not None and line.startswith("NOT STARTING JOBS: NOT isolated: ")
     assert "no usable cgroup" in line and "CORRAL_ALLOW_UNISOLATED=true" in line
+
+
+def test_corral_up_on_a_port_in_use_fails_first_and_writes_nothing(tmp_path: Path) -> None:
+    """Found by trying it: the demo data and the database were written, then uvicorn failed to bind."""
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env.update({"CORRAL_HOME": str(home), "CORRAL_VIRTUAL_GPUS": "1", "CORRAL_ALLOW_UNISOLATED": "true"})
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "corral.cli.main", "up", "--demo", "--port", str(port)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: the address is already in use" in proc.stderr
+    assert "Traceback" not in proc.stderr and "Admin token" not in proc.stdout
+    assert not home.exists() or not any(home.iterdir()), list(home.iterdir())

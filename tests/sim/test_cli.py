@@ -78,3 +78,26 @@ def test_shipped_trace_and_cluster_by_name() -> None:
     assert data["jobs"] + data["jobs_unfinished"] + data["jobs_rejected"] == 300
     assert data["jobs_rejected"] == 0 and data["cluster_gpus"] == 752
     assert any("first 300 jobs" in note for note in data["notes"])
+
+
+def test_compare_warns_when_no_job_waited(tmp_path: Path) -> None:
+    """A trace cut short (here one job) never queues: every policy must agree, so say why."""
+    csv, yaml = _files(tmp_path)
+    args = ["sim", "compare", "--trace", str(csv), "--cluster", str(yaml), "--policies", "fifo,sjf"]
+    res = CliRunner().invoke(app, [*args, "--max-jobs", "1", "-o", "json"])
+    assert res.exit_code == 0, res.output
+    assert len(json.loads(res.stdout)) == 2  # stdout stays valid JSON
+    assert "no job waited under any policy: the cluster is larger than the load" in res.stderr
+    assert "1 jobs on 4 GPUs" in res.stderr and "--arrival-speedup" in res.stderr
+    res = CliRunner().invoke(app, args)  # jobs do wait here: no warning
+    assert res.exit_code == 0 and "warning" not in res.stderr, res.stderr
+
+
+def test_compare_warns_when_policies_give_identical_results(tmp_path: Path) -> None:
+    csv = tmp_path / "serial.csv"  # jobs wait, but there is only ever one way to run them
+    write_generic_csv(trace(("a", 0, 100, 4), ("b", 1, 100, 4)).jobs, csv)
+    _, yaml = _files(tmp_path)
+    args = ["sim", "compare", "--trace", str(csv), "--cluster", str(yaml), "--policies", "fifo,sjf"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "every policy gave identical results" in res.stderr

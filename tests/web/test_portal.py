@@ -370,7 +370,7 @@ def test_expired_session_goes_to_login_and_back(portal: Portal) -> None:
 
 def test_phone_width_has_no_sideways_scrolling(portal: Portal) -> None:
     page = portal.login("root", width=390)
-    for path in ("/", "/jobs", "/jobs/1", "/nodes", "/groups", "/submit", "/alerts", "/profile"):
+    for path in ("/", "/jobs", "/jobs/1", "/nodes", "/groups", "/submit", "/alerts", "/usage", "/profile"):
         page.goto(portal.url + path)
         page.wait_for_selector("main h1")
         time.sleep(0.3)
@@ -392,3 +392,36 @@ def test_phone_width_has_no_sideways_scrolling(portal: Portal) -> None:
     assert focused[0] in ("A", "BUTTON", "INPUT", "SELECT") and focused[1], focused
     assert focused[2] != "none", focused
     assert page.js_errors == []
+
+
+def test_usage_page_charts_gpu_hours_per_user_and_group(portal: Portal) -> None:
+    spec = {"name": "usage", "command": "sleep 1", "resources": {"gpus": 1, "memory": "256MiB"}}
+    for user in ("root", "ann"):
+        api = api_as(portal, user)
+        try:
+            r = api.post("/api/v1/jobs", json=spec)
+            assert r.status_code == 201, r.text
+            url = f"/api/v1/jobs/{r.json()['id']}"
+            wait_for(lambda a=api, u=url: a.get(u).json()["state"] == "succeeded", 60, what=f"{user}'s job")
+        finally:
+            api.close()
+    page = portal.login("root", path="/usage")
+    page.wait_for_url("**/usage")
+    ann_bar = page.locator("svg.usage-chart rect.bar-gpu[data-name=ann]")
+    expect(ann_bar).to_have_count(1)
+    assert float(ann_bar.get_attribute("data-gpu-hours") or 0) > 0
+    assert float(ann_bar.get_attribute("width") or 0) > 0
+    expect(page.locator("svg.usage-chart rect.bar-gpu[data-name=root]")).to_have_count(1)
+    expect(page.locator("table.usage")).to_contain_text("total")
+    with page.expect_download() as download:
+        page.click("#usage-csv")
+    csv_text = Path(download.value.path()).read_text()
+    assert csv_text.splitlines()[0] == "user,gpu_hours,cpu_hours,jobs,attempts" and "\nann," in csv_text
+    page.select_option("#usage-by", "group")
+    expect(page.locator("svg.usage-chart rect.bar-gpu[data-name=team-a]")).to_have_count(1)
+    screenshot(page, "usage")
+    assert page.js_errors == []
+    member = portal.login("ann", path="/usage")  # a member sees only their own usage
+    expect(member.locator("svg.usage-chart rect.bar-gpu[data-name=ann]")).to_have_count(1)
+    expect(member.locator("svg.usage-chart rect.bar-gpu[data-name]")).to_have_count(1)
+    assert member.js_errors == []

@@ -36,9 +36,10 @@ from corral.services.notify import NO_NOTIFIER, Notifier
 from corral.services.notify import bind as bind_notifier
 
 API_PREFIX = "/api/v1"
-API_ROUTER_MODULES = ("auth", "jobs", "nodes", "groups", "users", "tokens", "cluster")
+API_ROUTER_MODULES = ("auth", "jobs", "nodes", "groups", "users", "tokens", "cluster", "usage")
+ROOT_ROUTER_MODULES = ("health",)  # not under /api/v1: /healthz, /readyz
 # Other areas' routers, imported by module name so that they can grow without touching this file.
-EXTERNAL_ROUTERS = ("corral.monitor.api", "corral.web.routes")
+EXTERNAL_ROUTERS = ("corral.monitor.api", "corral.monitor.runbooks", "corral.web.routes")
 
 
 def create_app(
@@ -69,6 +70,8 @@ def create_app(
     for name in API_ROUTER_MODULES:
         module = importlib.import_module(f"corral.api.routers.{name}")
         app.include_router(module.router, prefix=API_PREFIX)
+    for name in ROOT_ROUTER_MODULES:
+        app.include_router(importlib.import_module(f"corral.api.routers.{name}").router)
     for module_name in EXTERNAL_ROUTERS:
         app.include_router(importlib.import_module(module_name).router)
     _install_error_handlers(app)

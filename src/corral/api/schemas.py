@@ -85,12 +85,24 @@ class JobListOut(BaseModel):
     offset: int
 
 
+class WaitingOut(BaseModel):
+    state: str
+    message: str
+    reasons: list[dict[str, Any]]
+    queue_position: int | None
+    estimated_start: float | None
+    unschedulable: bool
+
+
 class LogsOut(BaseModel):
     data: str
     next_offset: int
     eof: bool
     attempt: int | None
     rank: int
+    waiting: WaitingOut | None = Field(
+        None, description="set while the job waits to run (queued or being started): why, and when"
+    )
 
 
 class GpuOut(BaseModel):
@@ -226,6 +238,13 @@ class DefaultGroupIn(_In):
     group: str = Field(min_length=1, max_length=64)
 
 
+class PasswordIn(_In):
+    password: str = Field(min_length=1, max_length=1024)
+    current_password: str | None = Field(
+        None, max_length=1024, description="required when changing your own existing password (non-admins)"
+    )
+
+
 class TokenIn(_In):
     name: str = Field("cli", min_length=1, max_length=64)
     expires_in_days: float | None = Field(None, gt=0, le=3650)
@@ -255,3 +274,19 @@ class SshKeyOut(BaseModel):
     fingerprint: str
     public_key: str
     created_at: float
+
+
+class UsageRowOut(BaseModel):
+    name: str
+    gpu_hours: float
+    cpu_hours: float
+    jobs: int
+    attempts: int
+
+
+class UsageOut(BaseModel):
+    since: float
+    until: float
+    by: str
+    rows: list[UsageRowOut]
+    total: UsageRowOut

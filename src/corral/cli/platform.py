@@ -226,9 +226,10 @@ def logs(
     rank: Annotated[int, typer.Option(help="instance rank (default 0)")] = 0,
     output: OutputOpt = Output.table,
 ) -> None:
-    """Print a job's output (stdout and stderr)."""
+    """Print a job's output (stdout and stderr). While the job waits to run, say why (on stderr)."""
     with client() as c:
         if follow:
+            _print_waiting(c.logs(job_id, attempt=attempt, rank=rank, offset=0).get("waiting"))
             for text in c.follow_logs(job_id, rank=rank):
                 sys.stdout.write(text)
                 sys.stdout.flush()
@@ -244,6 +245,17 @@ def logs(
             print_json({**chunk, "data": "".join(chunks)})
         else:
             sys.stdout.write("".join(chunks))
+            _print_waiting(chunk.get("waiting"))
+
+
+def _print_waiting(waiting: dict[str, Any] | None) -> None:
+    """The job has no output because it has not started (again): why, where, and when."""
+    if not waiting:
+        return
+    err.print(waiting["message"], highlight=False, markup=False, soft_wrap=True)
+    est = waiting.get("estimated_start")
+    if waiting["state"] == "queued" and est is not None and not waiting.get("unschedulable"):
+        err.print(f"estimated start: {when(est)} ({ago(est)})", highlight=False, soft_wrap=True)
 
 
 @friendly_errors
@@ -257,6 +269,24 @@ def cancel(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: Output
         out.print(f"job {job_id} cancelled")
     else:
         out.print(f"job {job_id} is {job['state']}; it is being stopped")
+
+
+@friendly_errors
+def rm(job_ids: Annotated[list[int], typer.Argument(metavar="JOB...", help="finished jobs")]) -> None:
+    """Delete finished jobs and their logs (yours; admins: anyone's). Exit 1 if any was refused."""
+    failed = 0
+    with client() as c:
+        for job_id in job_ids:
+            try:
+                c.delete(job_id)
+                out.print(f"job {job_id} deleted")
+            except CorralError as exc:
+                if exc.status_code in (None, 401):  # unreachable server, bad credentials: stop at once
+                    raise
+                failed += 1
+                err.print(f"[red]error:[/red] job {job_id}: {exc.message}", highlight=False)
+    if failed:
+        raise typer.Exit(1)
 
 
 # --- nodes --------------------------------------------------------------------------------------
@@ -480,7 +510,7 @@ def group_quota(
 
 # --- users and tokens ---------------------------------------------------------------------------
 
-user_app = typer.Typer(help="Users (admin).", no_args_is_help=True)
+user_app = typer.Typer(help="Users (admin), default groups and passwords.", no_args_is_help=True)
 
 
 @user_app.command("ls")
@@ -542,6 +572,50 @@ def user_add_to_group(
     print_json(member) if output is Output.json else out.print(f"{name} is now {member['role']} of {group}")
 
 
+@user_app.command("default-group")
+@friendly_errors
+def user_default_group(name: str, group: str, output: OutputOpt = Output.table) -> None:
+    """Set the group USER's jobs go to when their spec names none (admin, or yourself)."""
+    with client() as c:
+        user = c.set_default_group(name, group)
+    print_json(user) if output is Output.json else out.print(f"{name}'s default group is now {group}")
+
+
+@user_app.command("passwd")
+@friendly_errors
+def user_passwd(
+    name: Annotated[str | None, typer.Argument(metavar="[USER]", help="default: yourself")] = None,
+    password_stdin: Annotated[
+        bool,
+        typer.Option(
+            "--password-stdin",
+            help="read the new password from the first line of stdin (and your current one, when "
+            "changing your own as a non-admin, from the second)",
+        ),
+    ] = False,
+) -> None:
+    """Set the portal password of USER (admin) or your own."""
+    with client() as c:
+        me = c.me()
+        target = name or me["name"]
+        needs_current = target == me["name"] and me["role"] != "admin"
+        if password_stdin:
+            lines = sys.stdin.read().splitlines()
+            password = lines[0] if lines else ""
+            current = lines[1] if needs_current and len(lines) > 1 else None
+        else:
+            current = (
+                typer.prompt("Current password (empty if you have none)", hide_input=True, default="")
+                if needs_current
+                else None
+            )
+            password = typer.prompt(f"New password for {target}", hide_input=True, confirmation_prompt=True)
+        if not password:
+            raise CorralError("the new password is empty")
+        c.set_password(target, password, current_password=current or None)
+    out.print(f"password of {target} set")
+
+
 token_app = typer.Typer(help="Your API tokens.", no_args_is_help=True)
 
 
@@ -579,6 +653,17 @@ def token_ls(output: OutputOpt = Output.table) -> None:
             "yes" if t["revoked_at"] else "",
         )
     out.print(table)
+
+
+@token_app.command("revoke")
+@friendly_errors
+def token_revoke(
+    token_id: Annotated[int, typer.Argument(metavar="ID", help="see `corral token ls`")],
+) -> None:
+    """Revoke one of your API tokens (admins: anyone's) by its id; it stops working at once."""
+    with client() as c:
+        c.revoke_token(token_id)
+    out.print(f"token {token_id} revoked")
 
 
 # --- server -------------------------------------------------------------------------------------
@@ -622,6 +707,7 @@ def register(app: typer.Typer) -> None:
     app.command()(show)
     app.command()(logs)
     app.command()(cancel)
+    app.command()(rm)
     app.add_typer(node_app, name="node")
     app.add_typer(group_app, name="group")
     app.add_typer(user_app, name="user")

@@ -185,7 +185,7 @@ def compare(
 ) -> None:
     """Replay the same trace and cluster under several policies; print one row per policy."""
     from corral.sim.metrics import summarize
-    from corral.sim.report import compare_markdown, compare_table, write_plots
+    from corral.sim.report import compare_markdown, compare_table, compare_warnings, write_plots
     from corral.sim.runner import PolicyError, simulate
 
     loaded_trace, loaded_cluster = _load(trace, cluster, max_jobs, speedup)
@@ -210,6 +210,8 @@ def compare(
     else:
         title = f"{loaded_trace.name} on {loaded_cluster.name} ({loaded_cluster.total_gpus} GPUs)"
         _console().print(compare_table(summaries, title))
+    for warning in compare_warnings(summaries):  # on stderr: JSON and markdown on stdout stay clean
+        typer.echo(f"warning: {warning}", err=True)
 
 
 def register(app: typer.Typer) -> None:

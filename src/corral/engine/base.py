@@ -157,4 +157,10 @@ class Engine(Protocol):
         """Reflect a cordon/drain/uncordon issued in Corral into the engine (no-op for local)."""
         ...
 
+    def remove_attempt(self, attempt_id: str) -> None:
+        """Delete what the engine keeps of a FINISHED attempt (logs, state files): job deletion
+        and retention. Idempotent; an attempt that has not finished is left alone. Afterwards
+        `logs` answers empty with eof."""
+        ...
+
     def close(self) -> None: ...

@@ -20,11 +20,11 @@ from corral.monitor.alerts import fingerprint_of, record_alert
 from corral.monitor.config import HealthRules
 from corral.monitor.gpu import GpuRef, GpuSample, GpuSampler
 from corral.monitor.models import Alert, GpuReading, MonitorState
+from corral.monitor.runbooks import runbook_url
 from corral.services.lifecycle import record_event
 
 SOURCE = "corral"
 OOM_REASONS = ("oom", "cuda_oom")
-RUNBOOK = "https://corral.example.org/runbooks/"
 
 
 @dataclass
@@ -46,7 +46,8 @@ class HealthPass:
         fp = fingerprint_of(labels)
         if not firing and fp not in self.firing:
             return False
-        annotations = {"summary": summary, "runbook_url": RUNBOOK + labels["alertname"]} if summary else None
+        runbook = runbook_url(labels["alertname"])
+        annotations = {"summary": summary, "runbook_url": runbook} if summary else None
         change = record_alert(
             self.session, labels=labels, status="firing" if firing else "resolved", now=self.now,
             channels=self.channels, source=SOURCE, annotations=annotations, fingerprint=fp,

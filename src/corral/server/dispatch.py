@@ -26,6 +26,7 @@ from corral.scheduler.types import GPU
 from corral.server.context import ServerContext
 from corral.server.finish import end_attempt
 from corral.server.leases import JOB_LEASE_TTL_S
+from corral.server.rendezvous import rendezvous_for_placement
 from corral.server.snapshot import jobs_with_live_attempts, live_attempts
 from corral.server.specview import SpecView, read_spec
 from corral.services.lifecycle import AttemptState, JobState, transition
@@ -85,6 +86,10 @@ def build_launch(job: Job, attempt: Attempt, nodes: Mapping[str, Node]) -> Attem
     address = rank0.address if rank0 is not None else "127.0.0.1"
     master = (address, master_port(address, job.id))
     commands = {t.role: t.command for t in view.tasks}
+    addresses = {name: node.address for name, node in nodes.items()}
+    peers = rendezvous_for_placement(
+        job.id, [t.role for t in view.tasks], placement, addresses
+    ).instance_envs()
     instances = []
     for p in placement:
         gpus = tuple(
@@ -101,7 +106,10 @@ def build_launch(job: Job, attempt: Attempt, nodes: Mapping[str, Node]) -> Attem
                 cpus=float(p.get("cpus", 1.0)),
                 memory_mib=int(p.get("memory_mib", 1024)),
                 command=commands.get(p["role"], ""),
-                env=instance_env(job, view, p, master, len(placement)),
+                env={
+                    **instance_env(job, view, p, master, len(placement)),
+                    **peers[int(p["rank"])],
+                },
             )
         )
     return AttemptLaunch(

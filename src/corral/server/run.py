@@ -14,6 +14,7 @@ At shutdown each loop logs its ticks, wall and CPU seconds.
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import os
@@ -47,18 +48,47 @@ def write_cli_config(settings: Settings, url: str, token: str) -> str:
 
 
 def bootstrap(settings: Settings, session_factory: Any, url: str) -> None:
-    from corral.services.auth import bootstrap_admin
+    from corral.services.auth import ADMIN_USER, bootstrap_admin_with_password
 
     with session_factory() as session:
-        token = bootstrap_admin(session, settings)
-    if token is None:
+        created = bootstrap_admin_with_password(session, settings)
+    if created is None:
         return
+    token, password = created
     try:
         where = write_cli_config(settings, url, token)
     except Exception as exc:  # the token is still printed: the admin can configure the CLI by hand
         where = f"(not written: {exc})"
     print(f"Admin token (shown once): {token}", flush=True)
+    print(f"Admin password (shown once; portal user {ADMIN_USER!r}): {password}", flush=True)
+    print("  change it with `corral user passwd`", flush=True)
     print(f"CLI config written to {where}", flush=True)
+
+
+class PortInUse(RuntimeError):
+    """The server's listen address cannot be bound; raised before anything is written."""
+
+
+def bind_listen_socket(host: str, port: int) -> socket.socket:
+    """Bind the API's socket first, before the database or the demo data are touched, so that a
+    port already in use fails at once with a clear message and leaves nothing behind. uvicorn then
+    serves on this very socket (no window in which another process could take the port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does (TIME_WAIT restarts)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        why = "the address is already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+        raise PortInUse(
+            f"cannot listen on {host}:{port}: {why}. Is another Corral server (or another program) "
+            "using it? Stop it or pick another port with --port / CORRAL_PORT. Nothing was written."
+        ) from exc
+    sock.listen(2048)
+    # Not inheritable (Python's default): job supervisors started by this server must not hold
+    # the port, or a restarted server could not listen on it while those jobs run.
+    return sock
 
 
 def local_url(settings: Settings) -> str:
@@ -104,6 +134,11 @@ def serve(settings: Settings, demo: bool = False) -> None:
         from corral.server.demo import demo_settings
 
         settings = demo_settings(settings)
+    try:
+        listen_socket = bind_listen_socket(settings.host, settings.port)
+    except PortInUse as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
     settings.home.mkdir(parents=True, exist_ok=True)
     # A bad monitor.yml refuses start-up (naming file and line) before any loop or job runs.
     load_monitor_config(config_path(settings))
@@ -111,6 +146,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
     db_engine = make_engine(settings.db_url)
     session_factory = make_session_factory(db_engine)
     url = local_url(settings)
+    os.environ.setdefault("CORRAL_PUBLIC_URL", url)  # alerts' runbook links (corral.monitor.runbooks)
     bootstrap(settings, session_factory, url)
     engine = make_execution_engine(settings)
     ctx = ServerContext(
@@ -120,6 +156,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
     app = create_app(settings, engine=engine, db_engine=db_engine, notifier=ctx)
     app.state.server_context = ctx
     runner = LoopRunner(ctx, collect_loops())
+    app.state.loop_health = lambda: runner.health(settings.ready_loop_stall_s)  # for /readyz
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -149,7 +186,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
 
             seed_demo(ctx, url)
         print(f"Corral is up at {url}  (API docs: {url}/docs, portal: {url}/)", flush=True)
-        server.run()
+        server.run(sockets=[listen_socket])
     finally:
         runner.stop()
         shutdown_launches(ctx)

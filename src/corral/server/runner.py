@@ -12,6 +12,7 @@ import importlib
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 from corral.server.context import BackgroundLoop, ServerContext
 from corral.server.leases import LOOP_LEASE_TTL_S, claim_lease, release_lease
@@ -27,6 +28,7 @@ def core_loops() -> list[BackgroundLoop]:
     from corral.server.dispatch import dispatch_tick
     from corral.server.nodes import node_tick
     from corral.server.reconcile import reconcile_tick
+    from corral.server.retention import RETENTION_LOOP_INTERVAL_S, retention_tick
     from corral.server.scheduling import schedule_tick
 
     return [
@@ -34,6 +36,7 @@ def core_loops() -> list[BackgroundLoop]:
         BackgroundLoop("schedule", 0.2, schedule_tick),
         BackgroundLoop("dispatch", 0.2, dispatch_tick),
         BackgroundLoop("reconcile", 0.1, reconcile_tick),
+        BackgroundLoop("retention", RETENTION_LOOP_INTERVAL_S, retention_tick),
     ]
 
 
@@ -50,11 +53,27 @@ def collect_loops() -> list[BackgroundLoop]:
     return loops
 
 
+@dataclass(frozen=True)
+class LoopHealth:
+    """One loop as /readyz reports it. `ok` while its last good pass (a tick that did not raise,
+    or a pass that found another server holding the lease) is recent enough."""
+
+    name: str
+    ok: bool
+    last_ok_s_ago: float
+    stall_after_s: float
+    error: str | None  # the last failure, while the loop is not ok
+
+
 class LoopRunner:
     def __init__(self, ctx: ServerContext, loops: list[BackgroundLoop]) -> None:
         self.ctx = ctx
         self.loops = loops
         self._stop = threading.Event()
+        started = time.monotonic()
+        # Per loop: when it last passed without error (monotonic) and its last error text.
+        self._last_ok: dict[str, float] = {loop.name: started for loop in loops}
+        self._last_error: dict[str, str] = {}
         self._threads: list[threading.Thread] = []
         # name -> [ticks, wall seconds, CPU seconds of the loop's thread]: logged at stop.
         self.stats: dict[str, list[float]] = {loop.name: [0, 0.0, 0.0] for loop in loops}
@@ -83,6 +102,19 @@ class LoopRunner:
                         release_lease(session, loop.name, self.ctx.owner_id)
                 except Exception:
                     log.exception("could not release lease %s", loop.name)
+
+    def health(self, stall_after_s: float) -> list[LoopHealth]:
+        """Each loop's liveness: not ok when it has not had a good pass for `stall_after_s` (or
+        three of its intervals, when longer): stuck in a tick, or failing every tick."""
+        now = time.monotonic()
+        out = []
+        for loop in self.loops:
+            limit = max(stall_after_s, 3 * loop.interval_s)
+            age = now - self._last_ok[loop.name]
+            ok = age <= limit and not self._stop.is_set()
+            error = None if ok else self._last_error.get(loop.name, "no pass finished (stuck in a tick?)")
+            out.append(LoopHealth(loop.name, ok, round(age, 3), limit, error))
+        return out
 
     def _holds_lease(self, loop: BackgroundLoop, held_until: float, now: float) -> float:
         """Renew the loop's lease when half its time is gone; returns until when it is held (0: not)."""
@@ -116,7 +148,9 @@ class LoopRunner:
                     stats[0] += 1
                     stats[1] += time.perf_counter() - wall
                     stats[2] += time.thread_time() - cpu
+                self._last_ok[loop.name] = time.monotonic()
             except Exception as exc:
+                self._last_error[loop.name] = f"{type(exc).__name__}: {exc}"[:500]
                 self._log_failure(loop, exc)
             busy_s = time.time() - now
             event.wait(loop.interval_s)

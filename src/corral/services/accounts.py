@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from corral.db.models import Group, GroupQuota, Membership, SshKey, User
 from corral.services import notify
-from corral.services.auth import Principal, forget_principals, hash_password
+from corral.services.auth import Principal, forget_principals, hash_password, verify_password
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
 from corral.services.views import user_view
 
@@ -267,6 +267,19 @@ def set_password(session: Session, user: User, password: str) -> None:
         raise Invalid("the password must have at least 8 characters", ("body", "password"))
     user.password_hash = hash_password(password)
     session.flush()
+
+
+def change_password(
+    session: Session, principal: Principal, user: User, password: str, current_password: str | None
+) -> None:
+    """Admins set anyone's password; a user sets their own, giving the current one when they
+    have one (a stolen token alone must not be enough to take over the portal login)."""
+    if not principal.is_admin:
+        if principal.user_id != user.id:
+            raise Forbidden("only an administrator may set another user's password")
+        if user.password_hash is not None and not verify_password(user.password_hash, current_password or ""):
+            raise Invalid("the current password is wrong or missing", ("body", "current_password"))
+    set_password(session, user, password)
 
 
 # --- SSH keys ---------------------------------------------------------------------------------

@@ -243,6 +243,25 @@ def bootstrap_admin(session: Session, settings: Settings, *, now: float | None =
     """On first start (no users at all): create the `default` group and the `admin` user (its
     group admin too) with an API token. Returns the plain token once, or None when users exist.
     Commits. Safe when two servers start at once: the loser of the race gets None."""
+    created = _bootstrap(session, settings, password=None, now=now)
+    return None if created is None else created[0]
+
+
+BOOTSTRAP_PASSWORD_BYTES = 12
+
+
+def bootstrap_admin_with_password(
+    session: Session, settings: Settings, *, now: float | None = None
+) -> tuple[str, str] | None:
+    """As `bootstrap_admin`, and the admin also gets a generated password (for the portal, which
+    logs in with a password, not a token). Returns (token, password) once, in the same commit as
+    the user; the server prints both. (Tests use `bootstrap_admin`: argon2 is slow on purpose.)"""
+    return _bootstrap(session, settings, password=secrets.token_urlsafe(BOOTSTRAP_PASSWORD_BYTES), now=now)
+
+
+def _bootstrap(
+    session: Session, settings: Settings, *, password: str | None, now: float | None
+) -> tuple[str, str] | None:
     del settings  # reserved: e.g. an admin name or password from the environment later
     now = time.time() if now is None else now
     if session.scalar(select(func.count()).select_from(User)):
@@ -253,7 +272,14 @@ def bootstrap_admin(session: Session, settings: Settings, *, now: float | None =
             group = Group(name=DEFAULT_GROUP, created_at=now, weight=1.0, borrowing=True)
             session.add(group)
             session.flush()
-        admin = User(name=ADMIN_USER, is_admin=True, default_group_id=group.id, created_at=now, active=True)
+        admin = User(
+            name=ADMIN_USER,
+            is_admin=True,
+            default_group_id=group.id,
+            created_at=now,
+            active=True,
+            password_hash=hash_password(password) if password is not None else None,
+        )
         session.add(admin)
         session.flush()
         session.add(Membership(user_id=admin.id, group_id=group.id, role="admin"))
@@ -262,4 +288,4 @@ def bootstrap_admin(session: Session, settings: Settings, *, now: float | None =
     except IntegrityError:
         session.rollback()
         return None
-    return secret
+    return secret, password or ""

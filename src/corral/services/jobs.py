@@ -28,7 +28,7 @@ from corral.scheduler import Profile, check_fits_anywhere
 from corral.scheduler import types as st
 from corral.services import notify
 from corral.services.auth import Principal
-from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
+from corral.services.errors import Conflict, Forbidden, Invalid, NotFound, ServiceError
 from corral.services.lifecycle import AttemptState, JobState, record_event, transition
 from corral.services.nodes import scheduler_node
 from corral.services.quota import check_quota
@@ -45,6 +45,12 @@ SORT_COLUMNS: dict[str, Any] = {
     "name": Job.name,
 }
 MAX_PAGE = 1000
+
+
+class EngineMissing(ServiceError):
+    """Logs need the execution engine and this server runs none (or it cannot be reached)."""
+
+    status_code = 503
 
 
 @dataclass(frozen=True)
@@ -388,13 +394,50 @@ def cancel_job(session: Session, principal: Principal, job_id: int, *, now: floa
     return job
 
 
+WAITING_STATES = (JobState.QUEUED, JobState.SCHEDULED, JobState.STARTING)
+
+
+def waiting_status(job: Job) -> dict[str, Any] | None:
+    """Why a job that has not started (again) is waiting, from the scheduler's last diagnosis:
+    what `corral logs` shows instead of an empty screen. None once the job runs or has ended."""
+    state = JobState(job.state)
+    if state not in WAITING_STATES:
+        return None
+    diagnosis = job.diagnosis or {}
+    reasons = list(diagnosis.get("reasons") or [])
+    position = diagnosis.get("queue_position")
+    estimate = diagnosis.get("estimated_start")
+    if state is JobState.QUEUED:
+        why = "; ".join(str(r.get("message")) for r in reasons) or "the scheduler has not looked at it yet"
+        parts = [f"job {job.id} is queued: {why}"]
+        if position is not None:
+            parts.append(f"position {position} in the queue")
+        if diagnosis.get("unschedulable"):
+            parts.append("it cannot run on the cluster as it stands")
+        elif estimate is not None:
+            parts.append(f"estimated start in {max(0.0, estimate - time.time()):.0f} s")
+        message = "; ".join(parts)
+    else:
+        message = f"job {job.id} is {state.value}: its processes are being started; no output yet"
+    return {
+        "state": state.value,
+        "message": message,
+        "reasons": reasons,
+        "queue_position": position,
+        "estimated_start": estimate,
+        "unschedulable": bool(diagnosis.get("unschedulable", False)),
+    }
+
+
 def read_logs(
     engine: Any, job: Job, *, attempt: int | None, rank: int, offset: int, limit: int
 ) -> dict[str, Any]:
-    """Logs of one instance (by rank) of one attempt (default: the newest) from byte `offset`.
-    `engine` is the execution engine; the caller answers 503 when there is none."""
+    """Logs of one instance (by rank) of one attempt (default: the newest) from byte `offset`,
+    with `waiting` (waiting_status) while the job waits. `engine` is the execution engine (None:
+    this server runs none); a job with no attempt yet needs none."""
     from corral.engine.base import LogChunk
 
+    waiting = waiting_status(job)
     if not job.attempts:
         return {
             "data": "",
@@ -402,6 +445,7 @@ def read_logs(
             "eof": JobState(job.state).terminal,
             "attempt": None,
             "rank": rank,
+            "waiting": waiting,
         }
     chosen = (
         job.attempts[-1] if attempt is None else next((a for a in job.attempts if a.number == attempt), None)
@@ -411,6 +455,8 @@ def read_logs(
     instances = max(1, len(chosen.placement or []))
     if not 0 <= rank < instances:
         raise Invalid(f"rank must be between 0 and {instances - 1} for this attempt", ("query", "rank"))
+    if engine is None:
+        raise EngineMissing("logs are unavailable: this server has no execution engine running")
     chunk: LogChunk = engine.logs(chosen.attempt_id, instance=rank, offset=offset, limit=limit)
     return {
         # Decoded leniently: a chunk may end inside a multi-byte character; offsets stay in bytes.
@@ -419,4 +465,5 @@ def read_logs(
         "eof": chunk.eof,
         "attempt": chosen.number,
         "rank": rank,
+        "waiting": waiting,
     }

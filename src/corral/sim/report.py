@@ -31,6 +31,29 @@ TABLE_COLUMNS = (
 )
 
 
+# The figures that decide whether policies behaved differently at all.
+OUTCOME_KEYS = ("jobs", "avg_jct_s", "p99_jct_s", "avg_queue_s", "p99_queue_s", "makespan_s", "preemptions")
+NO_WAIT_S = 1e-6
+
+
+def compare_warnings(summaries: Sequence[dict[str, Any]]) -> list[str]:
+    """Why a comparison says nothing, in words: no job ever waited (the cluster is larger than the
+    load: every policy starts every job at once, so they must all agree), or every policy gave the
+    same figures anyway. Policies only differ when jobs queue."""
+    if len(summaries) < 2:
+        return []
+    first = summaries[0]
+    scale = (
+        f"{first['jobs']:,} jobs on {first['cluster_gpus']:,} GPUs; use --arrival-speedup (more load), "
+        "a smaller --cluster, or more of the trace (--max-jobs)"
+    )
+    if all(s["jobs"] and (s["p99_queue_s"] or 0.0) <= NO_WAIT_S for s in summaries):
+        return [f"no job waited under any policy: the cluster is larger than the load ({scale})"]
+    if all(all(s.get(k) == first.get(k) for k in OUTCOME_KEYS) for s in summaries[1:]):
+        return [f"every policy gave identical results: too little contention to tell them apart ({scale})"]
+    return []
+
+
 def _cell(value: Any, fmt: str) -> str:
     if value is None:
         return "-"

@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request, status
+from fastapi import APIRouter, Depends, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from corral.api.deps import DB, CurrentUser, fast_json
 from corral.api.schemas import EventOut, JobListOut, JobOut, LogsOut
 from corral.engine.base import EngineUnavailable
+from corral.services import cleanup
 from corral.services import jobs as svc
-from corral.services.errors import ServiceError
 from corral.services.policy import active_profile
 from corral.services.views import event_view, job_view
 from corral.spec import JobSpecV1, SpecError, load_spec_text
@@ -22,10 +22,6 @@ router = APIRouter(tags=["jobs"])
 
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain")
 _SPEC_SCHEMA: dict[str, Any] = {"type": "object", "description": "job spec v1 (see corral.spec)"}
-
-
-class EngineMissing(ServiceError):
-    status_code = 503
 
 
 def _body_error(msg: str) -> RequestValidationError:
@@ -119,6 +115,13 @@ def cancel(job_id: int, db: DB, principal: CurrentUser) -> Any:
     return job_view(job, svc.job_events(db, job.id))
 
 
+@router.delete("/jobs/{job_id}", status_code=status.HTTP_204_NO_CONTENT)
+def delete(job_id: int, request: Request, db: DB, principal: CurrentUser) -> Response:
+    """A finished job and its logs, by its owner or an admin (409 while it has not ended)."""
+    cleanup.delete_job(db, principal, job_id, request.app.state.engine)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
 @router.get("/jobs/{job_id}/events", response_model=list[EventOut])
 def events(job_id: int, db: DB, principal: CurrentUser) -> Any:
     job = svc.get_job(db, principal, job_id)
@@ -136,11 +139,10 @@ def logs(
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=8 << 20)] = 1 << 20,
 ) -> Any:
+    """While the job waits (no attempt yet, or queued again), `waiting` says why and when."""
     job = svc.get_job(db, principal, job_id)
     engine = request.app.state.engine
-    if engine is None:
-        raise EngineMissing("logs are unavailable: this server has no execution engine running")
     try:
         return svc.read_logs(engine, job, attempt=attempt, rank=rank, offset=offset, limit=limit)
     except EngineUnavailable as exc:
-        raise EngineMissing(f"logs are unavailable right now: {exc}")
+        raise svc.EngineMissing(f"logs are unavailable right now: {exc}")

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Response, status
 
 from corral.api.deps import DB, Admin, CurrentUser
-from corral.api.schemas import DefaultGroupIn, SshKeyIn, SshKeyOut, UserIn, UserOut
+from corral.api.schemas import DefaultGroupIn, PasswordIn, SshKeyIn, SshKeyOut, UserIn, UserOut
 from corral.services import accounts as svc
 from corral.services.errors import Forbidden
 
@@ -44,6 +44,17 @@ def set_default_group(name: str, body: DefaultGroupIn, db: DB, principal: Curren
     svc.set_default_group(db, principal, user, svc.group_by_name(db, body.group))
     db.commit()
     return svc.user_out(db, user)
+
+
+@router.put("/users/{name}/password", status_code=204)
+def set_password(name: str, body: PasswordIn, db: DB, principal: CurrentUser) -> Response:
+    """Admins for anyone; a user for themself (with `current_password` when they have one)."""
+    if not principal.is_admin and name != principal.name:
+        raise Forbidden("only an administrator may set another user's password")
+    user = svc.user_by_name(db, name)
+    svc.change_password(db, principal, user, body.password, body.current_password)
+    db.commit()
+    return Response(status_code=204)
 
 
 def _key_view(key: Any) -> dict[str, Any]:

@@ -585,7 +585,7 @@ class LocalEngine:
             time.sleep(0.05)
 
     def remove_attempt(self, attempt_id: str) -> None:
-        """Deletes a finished attempt's dir (logs included); for retention policies."""
+        """Deletes a finished attempt's dir (logs included): job deletion and retention."""
         adir = self._dir(attempt_id)
         if (adir / "status.json").exists():
             shutil.rmtree(adir, ignore_errors=True)

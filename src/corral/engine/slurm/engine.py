@@ -445,6 +445,16 @@ class SlurmEngine:
                     record.slurm_job_id = job_id
                     self.store.save(record)
 
+    def remove_attempt(self, attempt_id: str) -> None:
+        """Delete a finished attempt's state dir (its logs and scripts); unfinished ones stay."""
+        if not scripts.ATTEMPT_ID_RE.match(attempt_id):
+            raise ValueError(f"cannot remove attempt {attempt_id!r}: not a valid attempt id")
+        with self._attempt_lock(attempt_id):
+            record = self.store.load(attempt_id)
+            if record is not None and record.final is None:
+                return
+            shutil.rmtree(self.store.attempt_dir(attempt_id), ignore_errors=True)
+
     def close(self) -> None:
         with self._lock:
             for timer in self._timers.values():

@@ -13,6 +13,7 @@ const ROUTES = [
   { pattern: /^\/nodes$/, module: "nodes", title: "Nodes" },
   { pattern: /^\/groups$/, module: "groups", title: "Groups and quotas" },
   { pattern: /^\/alerts$/, module: "alerts", title: "Alerts" },
+  { pattern: /^\/usage$/, module: "usage", title: "Usage" },
   { pattern: /^\/profile$/, module: "profile", title: "Profile" },
 ];
 
@@ -23,6 +24,7 @@ const NAV = [
   ["/nodes", "Nodes"],
   ["/groups", "Groups"],
   ["/alerts", "Alerts"],
+  ["/usage", "Usage"],
   ["/profile", "Profile"],
 ];
 

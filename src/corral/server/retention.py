@@ -1,0 +1,29 @@
+"""The retention loop: deletes finished jobs and their logs once they are older than
+`CORRAL_JOB_RETENTION_DAYS` (unset: keep everything). A leased singleton, like the other loops,
+so two servers never delete the same job twice; it looks for expired jobs every
+`CORRAL_JOB_RETENTION_CHECK_S` (300 s), sooner while a backlog remains. The deletion itself is
+`corral.services.cleanup` (the same as `DELETE /api/v1/jobs/{id}`)."""
+
+from __future__ import annotations
+
+import logging
+
+from corral.server.context import ServerContext
+from corral.services.cleanup import RETENTION_BATCH, delete_expired_jobs
+
+log = logging.getLogger("corral.server.retention")
+RETENTION_LOOP_INTERVAL_S = 5.0
+
+
+def retention_tick(ctx: ServerContext, now: float) -> None:
+    days = ctx.settings.job_retention_days
+    if days is None:
+        return
+    if now - float(ctx.scratch.get("retention_checked_at", 0.0)) < ctx.settings.job_retention_check_s:
+        return
+    with ctx.session_factory() as session:
+        deleted = delete_expired_jobs(session, ctx.engine, now, days * 86400.0)
+    if len(deleted) < RETENTION_BATCH:  # a full batch: more may be waiting, look again next tick
+        ctx.scratch["retention_checked_at"] = now
+    if deleted:
+        log.info("retention: deleted %d jobs finished over %g days ago: %s", len(deleted), days, deleted)

@@ -1,0 +1,87 @@
+"""CLI for accounts a new admin needs: default groups, passwords (the portal's login) and tokens
+by id, through the SDK against a real uvicorn server."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from corral.cli.main import app as cli
+from tests.api.conftest import ALICE_PASSWORD, World
+from tests.api.test_cli import run, server_url
+
+__all__ = ["server_url"]
+API = "/api/v1"
+
+
+def run_with_stdin(world: World, url: str, user: str, stdin: str, *args: str) -> tuple[int, str]:
+    token = world.as_(user)["Authorization"].split()[1]
+    result = CliRunner().invoke(cli, list(args), input=stdin, env={"CORRAL_URL": url, "CORRAL_TOKEN": token})
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.output
+
+
+def passwd(world: World, url: str, user: str, stdin: str, *target: str) -> tuple[int, str]:
+    return run_with_stdin(world, url, user, stdin, "user", "passwd", *target, "--password-stdin")
+
+
+def login_status(world: World, user: str, password: str) -> int:
+    r = world.client.post(f"{API}/auth/login", json={"username": user, "password": password})
+    return r.status_code
+
+
+def test_cli_default_group(world: World, server_url: str) -> None:
+    assert run(world, server_url, "admin", "user", "add-to-group", "carol", "vision")[0] == 0
+    code, out = run(world, server_url, "admin", "user", "default-group", "carol", "vision")
+    assert code == 0 and "carol's default group is now vision" in out
+    code, out = run(world, server_url, "admin", "user", "ls", "-o", "json")
+    assert next(u for u in json.loads(out) if u["name"] == "carol")["default_group"] == "vision"
+    code, out = run(world, server_url, "carol", "user", "default-group", "carol", "nlp")
+    assert code == 0, out
+    code, out = run(world, server_url, "carol", "user", "default-group", "alice", "nlp")
+    assert code == 1 and "only an administrator" in out
+    code, out = run(world, server_url, "admin", "user", "default-group", "alice", "nlp")
+    assert code == 1 and "not a member of group 'nlp'" in out
+
+
+def test_cli_passwd_for_self_and_by_admin(world: World, server_url: str) -> None:
+    # carol has no password yet (token-only), so she needs no current one to set it
+    code, out = passwd(world, server_url, "carol", "carol-secret-1\n")
+    assert code == 0 and "password of carol set" in out
+    assert login_status(world, "carol", "carol-secret-1") == 200
+    # alice has one: the current password is required
+    code, out = passwd(world, server_url, "alice", "alice-new-pass\nwrong\n")
+    assert code == 1 and "current password is wrong" in out
+    assert login_status(world, "alice", ALICE_PASSWORD) == 200
+    stdin = f"alice-new-pass\n{ALICE_PASSWORD}\n"
+    code, out = passwd(world, server_url, "alice", stdin)
+    assert code == 0, out
+    assert login_status(world, "alice", "alice-new-pass") == 200
+    assert login_status(world, "alice", ALICE_PASSWORD) == 401
+    # others' passwords: admins only; short passwords are refused with the rule
+    code, out = passwd(world, server_url, "carol", "bob-password\n", "bob")
+    assert code == 1 and "only an administrator" in out
+    code, out = passwd(world, server_url, "admin", "short\n", "bob")
+    assert code == 1 and "at least 8 characters" in out
+    code, out = passwd(world, server_url, "admin", "bob-password\n", "bob")
+    assert code == 0, out
+    assert login_status(world, "bob", "bob-password") == 200
+
+
+def test_cli_token_ls_and_revoke(world: World, server_url: str) -> None:
+    code, out = run(world, server_url, "alice", "token", "create", "--name", "laptop", "-o", "json")
+    created = json.loads(out)
+    secret = created["token"]
+    code, out = run(world, server_url, "alice", "token", "ls", "-o", "json")
+    assert {t["name"] for t in json.loads(out)} == {"test", "laptop"}
+    code, out = run(world, server_url, "alice", "token", "ls")
+    assert "laptop" in out and secret[:8] in out and secret not in out
+    assert world.client.get(f"{API}/me", headers={"Authorization": f"Bearer {secret}"}).status_code == 200
+    code, out = run(world, server_url, "carol", "token", "revoke", str(created["id"]))
+    assert code == 1 and f"no API token with id {created['id']}" in out
+    code, out = run(world, server_url, "alice", "token", "revoke", str(created["id"]))
+    assert code == 0 and f"token {created['id']} revoked" in out
+    assert world.client.get(f"{API}/me", headers={"Authorization": f"Bearer {secret}"}).status_code == 401
+    code, out = run(world, server_url, "alice", "token", "ls", "-o", "json")
+    assert next(t for t in json.loads(out) if t["name"] == "laptop")["revoked_at"] is not None

@@ -1,0 +1,97 @@
+"""Job endpoints a new user reaches for: logs of a job that waits (why it waits, not nothing)."""
+
+from __future__ import annotations
+
+import time
+
+from corral.db.models import Job
+from tests.api.conftest import SIMPLE_JOB, World
+from tests.api.helpers import add_node, make_running
+
+API = "/api/v1"
+
+
+def submit(world: World, user: str = "alice", spec: dict[str, object] | None = None) -> int:
+    r = world.client.post(f"{API}/jobs", json=spec or SIMPLE_JOB, headers=world.as_(user))
+    assert r.status_code == 201, r.text
+    return int(r.json()["id"])
+
+
+def test_logs_of_a_queued_job_say_why_it_waits(world: World) -> None:
+    """Found by trying it: `corral logs` on a queued job printed nothing at all (and without an
+    engine the API answered 503, though a job with no attempt has no logs to read)."""
+    job_id = submit(world)
+    r = world.client.get(f"{API}/jobs/{job_id}/logs", headers=world.as_("alice"))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["data"] == "" and body["attempt"] is None and body["eof"] is False
+    assert body["waiting"]["state"] == "queued"
+    assert "the scheduler has not looked at it yet" in body["waiting"]["message"]
+    estimate = time.time() + 600
+    with world.session_factory() as db:  # the diagnosis as the schedule loop writes it
+        job = db.get(Job, job_id)
+        assert job is not None
+        job.diagnosis = {
+            "reasons": [
+                {"code": "quota", "source": "admission", "message": "group vision is at its GPU quota"}
+            ],
+            "queue_position": 3,
+            "estimated_start": estimate,
+            "unschedulable": False,
+        }
+        db.commit()
+    waiting = world.client.get(f"{API}/jobs/{job_id}/logs", headers=world.as_("bob")).json()["waiting"]
+    assert waiting["queue_position"] == 3 and waiting["estimated_start"] == estimate
+    assert waiting["reasons"][0]["code"] == "quota"
+    message = waiting["message"]
+    assert message.startswith(f"job {job_id} is queued: group vision is at its GPU quota")
+    assert "position 3 in the queue" in message and "estimated start in" in message
+
+
+def test_logs_of_a_started_job_still_need_the_engine(world: World) -> None:
+    with world.session_factory() as db:
+        add_node(db, "n1")
+        db.commit()
+    job_id = submit(world)
+    with world.session_factory() as db:
+        make_running(db, job_id)
+    r = world.client.get(f"{API}/jobs/{job_id}/logs", headers=world.as_("alice"))
+    assert r.status_code == 503 and "no execution engine" in r.json()["detail"]
+
+
+def test_delete_a_finished_job_by_its_owner_or_an_admin(world: World) -> None:
+    job_id = submit(world)
+    r = world.client.delete(f"{API}/jobs/{job_id}", headers=world.as_("alice"))
+    assert r.status_code == 409 and "only finished jobs can be deleted" in r.json()["detail"]
+    assert f"corral cancel {job_id}" in r.json()["detail"]
+    assert world.client.post(f"{API}/jobs/{job_id}/cancel", headers=world.as_("alice")).status_code == 200
+    r = world.client.delete(f"{API}/jobs/{job_id}", headers=world.as_("carol"))  # may not see it
+    assert r.status_code == 403
+    r = world.client.delete(f"{API}/jobs/{job_id}", headers=world.as_("bob"))  # sees it (group admin)
+    assert r.status_code == 403 and "only the owner" in r.json()["detail"]
+    assert world.client.delete(f"{API}/jobs/{job_id}", headers=world.as_("alice")).status_code == 204
+    assert world.client.get(f"{API}/jobs/{job_id}", headers=world.as_("alice")).status_code == 404
+    assert world.client.get(f"{API}/jobs/{job_id}/events", headers=world.as_("admin")).status_code == 404
+    assert world.client.delete(f"{API}/jobs/{job_id}", headers=world.as_("alice")).status_code == 404
+    other = submit(world)
+    world.client.post(f"{API}/jobs/{other}/cancel", headers=world.as_("alice"))
+    assert world.client.delete(f"{API}/jobs/{other}", headers=world.as_("admin")).status_code == 204
+    listing = world.client.get(f"{API}/jobs", headers=world.as_("admin")).json()
+    assert listing["total"] == 0
+
+
+def test_delete_keeps_a_job_whose_logs_cannot_be_deleted(world: World) -> None:
+    """Without an engine the logs cannot go, so the job stays (nothing half-done)."""
+    with world.session_factory() as db:
+        add_node(db, "n1")
+        db.commit()
+    job_id = submit(world)
+    with world.session_factory() as db:
+        make_running(db, job_id)
+        job = db.get(Job, job_id)
+        assert job is not None
+        job.state, job.finished_at = "succeeded", time.time()
+        db.commit()
+    r = world.client.delete(f"{API}/jobs/{job_id}", headers=world.as_("alice"))
+    assert r.status_code == 503 and "no execution engine" in r.json()["detail"]
+    assert world.client.get(f"{API}/jobs/{job_id}", headers=world.as_("alice")).status_code == 200
