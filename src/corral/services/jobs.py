@@ -30,7 +30,7 @@ from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
 from corral.services.lifecycle import AttemptState, JobState, record_event, transition
 from corral.services.nodes import scheduler_node
-from corral.services.views import job_view
+from corral.services.views import JobView, job_view
 from corral.spec import JobSpecV1
 
 SORT_COLUMNS: dict[str, Any] = {
@@ -186,7 +186,7 @@ INSERT_JOB = insert(cast(Table, Job.__table__)).returning(Job.__table__.c.id)
 
 def submit_job(
     session: Session, principal: Principal, spec: JobSpecV1, profile: Profile, *, now: float | None = None
-) -> dict[str, Any]:
+) -> JobView:
     """Validate access and fit, then store the job as QUEUED with a "submitted" event. Commits and
     returns the job's view (the API's JSON shape).
 
@@ -196,8 +196,7 @@ def submit_job(
     now = time.time() if now is None else now
     group = resolve_group(session, principal, spec.group)
     check_fits(session, spec, group.name, principal.name, profile)
-    stored = spec.model_dump(mode="json", exclude_none=True)
-    stored["group"] = group.name
+    stored = spec.model_copy(update={"group": group.name})  # the column stores its JSON
     columns: dict[str, Any] = {
         "name": spec.name,
         "user_id": principal.user_id,
