@@ -314,6 +314,14 @@ class JobSpecV1(_Strict):
             stop_grace_s=grace,
         )
 
+    def model_copy(self, *, update: Mapping[str, object] | None = None, deep: bool = False) -> JobSpecV1:
+        """A copy with `update` applied, without the cached `view` and stored JSON of the original
+        (pydantic copies the instance dict, where cached properties live)."""
+        copied = super().model_copy(update=update, deep=deep)
+        for cached in ("view", "_stored"):
+            copied.__dict__.pop(cached, None)
+        return copied
+
     @cached_property
     def _stored(self) -> dict[str, object]:
         return self.model_dump(mode="json", exclude_none=True)

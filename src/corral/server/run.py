@@ -21,10 +21,10 @@ import secrets
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
 
 import uvicorn
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from corral.config import Settings
 from corral.server.context import ServerContext
@@ -34,10 +34,6 @@ from corral.server.runner import LoopRunner, collect_loops
 from corral.server.sampler import StackSampler
 
 log = logging.getLogger("corral.server")
-ASGIApp = Callable[
-    [MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
-    Awaitable[None],
-]
 
 
 class WakeLoopsOnWrite:
@@ -48,12 +44,7 @@ class WakeLoopsOnWrite:
         self.app = app
         self.ctx = ctx
 
-    async def __call__(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[Any]],
-        send: Callable[[Any], Awaitable[None]],
-    ) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
         if scope.get("type") != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
             return
@@ -79,7 +70,7 @@ def write_cli_config(settings: Settings, url: str, token: str) -> str:
     return str(write(url, token, home=settings.home))
 
 
-def bootstrap(settings: Settings, session_factory: Any, url: str) -> None:
+def bootstrap(settings: Settings, session_factory: sessionmaker[Session], url: str) -> None:
     from corral.services.auth import bootstrap_admin
 
     with session_factory() as session:

@@ -15,12 +15,12 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import cast
 
-from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
+from corral.db.base import table_of
 from corral.db.models import Attempt, GpuClaim, Job, Node
 from corral.domain import InstancePlacement, JobDiagnosis, PendingReason, Placement
 from corral.monitor.metrics import record_scheduler_cycle
@@ -193,7 +193,7 @@ def write_diagnoses(ctx: ServerContext, session: Session, diagnoses: Mapping[str
             changed[job_id] = stored
     if not changed:
         return
-    jobs = cast(Table, Job.__table__)  # Core UPDATE: executemany over plain parameters
+    jobs = table_of(Job)  # Core UPDATE: executemany over plain parameters
     stmt = (
         update(jobs)
         .where(jobs.c.id == bindparam("job_pk"), jobs.c.state == JobState.QUEUED.value)
