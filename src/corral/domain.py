@@ -2,8 +2,8 @@
 waiting job's diagnosis (the job spec's model is `corral.spec.JobSpecV1`).
 
 They are parsed once, where a row is read (the column types in `corral.db.jsontypes`), so the
-control loops, services and engines pass these objects, never `dict[str, Any]`. The JSON shape
-on disk is unchanged: the same keys the API has always returned.
+control loops, services and engines pass these objects, never untyped dicts. The JSON shape on
+disk is unchanged: the same keys the API has always returned.
 """
 
 from __future__ import annotations
