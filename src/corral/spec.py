@@ -23,6 +23,9 @@ number of MiB, and is stored as MiB. `max_runtime` is "90s", "30m", "6h", "1d", 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -118,7 +121,9 @@ MemoryMiB = Annotated[int, BeforeValidator(parse_memory_mib)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    # Frozen: a stored spec is parsed once per distinct text and the instance is shared by every
+    # row that holds it (corral.db.jsontypes), so nobody may change it in place.
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, frozen=True)
 
 
 class ResourcesV1(_Strict):
@@ -176,7 +181,7 @@ class IdleGpuV1(_Strict):
     """The job's own idle-GPU policy: warn the owner when its GPUs stay below `below_percent`
     utilization for `for`, then after `grace` stop or requeue it (see corral.monitor.idle)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True, frozen=True)
 
     below_percent: float = Field(ge=0, le=100)
     for_: str = Field(alias="for")
@@ -189,6 +194,34 @@ class IdleGpuV1(_Strict):
         if value is not None:
             parse_duration_s(value)  # raises with a plain sentence on a bad duration
         return value
+
+
+DEFAULT_STOP_GRACE_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class TaskView:
+    role: str
+    instances: int
+    resources: Resources
+    command: str
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SpecView:
+    """What the control loops read of a stored spec: the tasks in rank order with their
+    resources, command and env, the job's env, runtime limit, environment and stop grace."""
+
+    tasks: tuple[TaskView, ...]
+    env: Mapping[str, str]
+    max_runtime_s: float | None
+    environment: str
+    stop_grace_s: float
+
+    @property
+    def num_instances(self) -> int:
+        return sum(t.instances for t in self.tasks)
 
 
 class JobSpecV1(_Strict):
@@ -259,6 +292,45 @@ class JobSpecV1(_Strict):
     def total_gpus(self) -> int:
         return sum(t.instances * t.resources.gpus for t in self.tasks.values())
 
+    @cached_property
+    def view(self) -> SpecView:
+        """Computed once per instance; a stored spec's instance is shared by all its rows."""
+        tasks = tuple(
+            TaskView(
+                role=role,
+                instances=task.instances,
+                resources=task.resources.to_scheduler(),
+                command=task.command,
+                env=dict(task.env),
+            )
+            for role, task in self.tasks.items()  # dict order is spec order is rank order
+        )
+        grace = parse_duration_s(self.stop_grace) if self.stop_grace else DEFAULT_STOP_GRACE_S
+        return SpecView(
+            tasks=tasks,
+            env=dict(self.env),
+            max_runtime_s=self.max_runtime_s,
+            environment=self.environment,
+            stop_grace_s=grace,
+        )
+
+    def model_copy(self, *, update: Mapping[str, object] | None = None, deep: bool = False) -> JobSpecV1:
+        """A copy with `update` applied, without the cached `view` and stored JSON of the original
+        (pydantic copies the instance dict, where cached properties live)."""
+        copied = super().model_copy(update=update, deep=deep)
+        for cached in ("view", "_stored"):
+            copied.__dict__.pop(cached, None)
+        return copied
+
+    @cached_property
+    def _stored(self) -> dict[str, object]:
+        return self.model_dump(mode="json", exclude_none=True)
+
+    def stored(self) -> Mapping[str, object]:
+        """The JSON stored in `Job.spec` (and returned by the API): no null fields. Computed once
+        per instance and shared: read-only."""
+        return self._stored
+
     def task_specs(self) -> tuple[TaskSpec, ...]:
         """The scheduler's view of this job's tasks, in spec order (rank order for launches)."""
         return tuple(
@@ -298,7 +370,9 @@ __all__ = [
     "MountV1",
     "ResourcesV1",
     "SpecError",
+    "SpecView",
     "TaskV1",
+    "TaskView",
     "ValidationError",
     "load_spec_text",
     "parse_duration_s",

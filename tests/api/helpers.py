@@ -53,6 +53,7 @@ def make_running(db: Session, job_id: int, node: str = "n1", gpu_indices: tuple[
                 "rank": 0,
                 "node": node,
                 "gpu_indices": list(gpu_indices),
+                "gpu_uuids": [f"GPU-{node}-{i}" for i in gpu_indices],
                 "cpus": 1,
                 "memory_mib": 256,
             }

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from corral.api.schemas import JobListOut, JobOut
 from corral.db.models import Job
+from corral.spec import JobSpecV1
 from tests.api.conftest import SIMPLE_JOB, World
 from tests.api.helpers import add_node, job_state, make_running
 
@@ -183,6 +184,7 @@ def test_listing_stays_fast_at_100k_jobs(world: World) -> None:
             sa.text("SELECT u.id, g.id FROM users u, groups g WHERE u.name='alice' AND g.name='vision'")
         ).one()
         now = time.time()
+        spec = JobSpecV1.model_validate({"name": "j", "command": "true"})
         states = ("succeeded", "failed", "cancelled", "queued")
         rows = [
             {
@@ -192,7 +194,7 @@ def test_listing_stays_fast_at_100k_jobs(world: World) -> None:
                 "state": states[i % 4],
                 "priority": 1,
                 "preemptible": True,
-                "spec": {},
+                "spec": spec,
                 "max_retries": 0,
                 "attempt_count": 0,
                 "submitted_at": now - 100_000 + i,

@@ -20,7 +20,7 @@ class TestLocalContractIsolated(EngineContract):
         require_binary("bwrap")
         with local_engine_factory(tmp_path / "home") as factory:
             probe = factory()
-            require(probe.capabilities()["sandbox"] and probe.capabilities()["cgroups"], "bwrap and cgroups")
+            require(probe.capabilities().sandbox and probe.capabilities().cgroups, "bwrap and cgroups")
             yield factory
 
     @pytest.fixture

@@ -35,12 +35,15 @@ def one(engine: LocalEngine, command: str, env: dict[str, str] | None = None, gp
 def started_in_sandbox(engine: LocalEngine, command: str) -> tuple[AttemptLaunch, int, Path]:
     """`command` (which echoes `ready`) launched with cgroups and running: the attempt, its
     supervisor's pid and its cgroup's procs dir."""
-    require(engine.capabilities()["cgroups"], "cgroups")
+    require(engine.capabilities().cgroups, "cgroups")
     attempt = one(engine, command)
     engine.launch(attempt)
     wait_log(engine, attempt.attempt_id, b"ready")
     sup = json.loads((engine.attempts_dir / attempt.attempt_id / "supervisor.json").read_text())
-    cgroup_dir = Path(engine.attempt_spec(attempt.attempt_id)["instances"][0]["cgroup"]["procs_dir"])
+    spec = engine.attempt_spec(attempt.attempt_id)
+    cgroup = spec["instances"][0]["cgroup"] if spec is not None else None
+    assert cgroup is not None
+    cgroup_dir = Path(cgroup["procs_dir"])
     return attempt, int(sup["pid"]), cgroup_dir
 
 
@@ -57,8 +60,8 @@ def test_refuses_without_isolation_and_says_why(tmp_path: Path) -> None:
     (tmp_path / "no-cgroups").mkdir()
     engine = LocalEngine(tmp_path / "home", "n", virtual_gpus=0, cgroup_root=tmp_path / "no-cgroups")
     caps = engine.capabilities()
-    assert caps["refusing"] and not caps["cgroups"]
-    assert any("cgroup" in p for p in caps["problems"])
+    assert caps.refusing and not caps.cgroups
+    assert any("cgroup" in p for p in caps.problems)
     (node,) = engine.nodes()
     assert node.state is NodeState.DOWN and "isolation unavailable" in node.message
     attempt = one(engine, "echo should-not-run")
@@ -75,7 +78,7 @@ def test_allow_unisolated_runs_with_what_there_is(tmp_path: Path) -> None:
     engine = LocalEngine(
         tmp_path / "home", "n", virtual_gpus=0, cgroup_root=tmp_path / "no-cgroups", allow_unisolated=True
     )
-    assert not engine.capabilities()["refusing"] and engine.nodes()[0].state is NodeState.READY
+    assert not engine.capabilities().refusing and engine.nodes()[0].state is NodeState.READY
     attempt = one(engine, "id -u")
     engine.launch(attempt)
     assert wait_finished(engine, attempt.attempt_id).phase is AttemptPhase.SUCCEEDED
@@ -189,7 +192,7 @@ def test_isolation_can_be_switched_off_from_the_environment(
 ) -> None:
     monkeypatch.setenv("CORRAL_ISOLATION", "false")
     engine = LocalEngine.from_settings(Settings(home=tmp_path, node_name="n", virtual_gpus=0))
-    assert not engine.capabilities()["isolation_requested"]
+    assert not engine.capabilities().isolation_requested
     monkeypatch.setenv("CORRAL_ISOLATION", "maybe")
     with pytest.raises(ValueError, match=r"(?i)isolation"):  # ours, or pydantic once Settings has it
         LocalEngine.from_settings(Settings(home=tmp_path, node_name="n", virtual_gpus=0))

@@ -37,7 +37,7 @@ def factory(home: Path) -> Iterator[Callable[[], LocalEngine]]:
     with local_engine_factory(home, pids_max=PIDS_MAX) as make:
         caps = make().capabilities()
         require(
-            caps["sandbox"] and caps["cgroups"] and caps["devices_cgroup"],
+            caps.sandbox and caps.cgroups and caps.devices_cgroup,
             "bwrap, cgroups and devices cgroup",
         )
         yield make
@@ -115,7 +115,9 @@ def test_cannot_read_another_jobs_work_dir(engine: LocalEngine) -> None:
     assert "topsecret" not in out
     # Even were the path visible, the file system says no: another uid, mode 0700.
     st = victim_dir.stat()
-    thief_uid = int(engine.attempt_spec(thief.attempt_id)["uid"])
+    thief_spec = engine.attempt_spec(thief.attempt_id)
+    assert thief_spec is not None
+    thief_uid = thief_spec["uid"]
     assert st.st_uid not in (0, thief_uid) and st.st_mode & 0o077 == 0
     engine.stop(victim.attempt_id, 0)
 

@@ -14,7 +14,9 @@ from sqlalchemy.orm import Session
 
 from corral.db.models import Attempt, GpuClaim, Group, GroupQuota, Job, Node, User
 from corral.db.models import Gpu as GpuRow
+from corral.domain import InstancePlacement
 from corral.monitor.models import GpuReading
+from corral.spec import JobSpecV1
 
 FINISHED = ("succeeded", "failed", "cancelled")
 
@@ -174,7 +176,7 @@ def _seed_jobs(
                 "state": state,
                 "priority": 1,
                 "preemptible": True,
-                "spec": {"name": f"job{job_id}"},
+                "spec": JobSpecV1.model_validate({"name": f"job{job_id}", "command": "true"}),
                 "max_retries": 0,
                 "attempt_count": 0 if state == "queued" else 1,
                 "submitted_at": now - rng.random() * 7200,
@@ -187,17 +189,18 @@ def _seed_jobs(
         if state != "running" or len(free) < shape.gpus_per_job:
             continue
         held = [free.pop() for _ in range(shape.gpus_per_job)]
-        placement = [
-            {
-                "role": "main",
-                "index": 0,
-                "rank": 0,
-                "node": held[0][0],
-                "gpu_indices": [i for _, i in held],
-                "cpus": 8.0,
-                "memory_mib": 65536,
-            }
-        ]
+        placement = (
+            InstancePlacement(
+                role="main",
+                index=0,
+                rank=0,
+                node=held[0][0],
+                gpu_indices=tuple(i for _, i in held),
+                gpu_uuids=tuple(f"GPU-virt-{node}-{i}" for node, i in held),
+                cpus=8.0,
+                memory_mib=65536,
+            ),
+        )
         attempts.append(
             {
                 "id": base.attempt + len(attempts) + 1,

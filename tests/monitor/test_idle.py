@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from sqlalchemy import select, update
 
 from corral.db.models import GpuClaim, Job, JobEvent
 from corral.monitor.config import IdleGpuRule
 from corral.monitor.idle import enforce_idle_policy, job_policy
 from corral.monitor.models import Alert, GpuReading
+from corral.spec import JobSpecV1, ValidationError
 from tests.monitor.conftest import Mon
 
 
@@ -30,11 +32,17 @@ def set_util(mon: Mon, job_id: int, percent: float, now: float) -> None:
         db.commit()
 
 
+def spec_with(idle_gpu: dict[str, object] | None, name: str = "j") -> JobSpecV1:
+    return JobSpecV1.model_validate(
+        {"name": name, "command": "true", **({"idle_gpu": idle_gpu} if idle_gpu else {})}
+    )
+
+
 def set_spec(mon: Mon, job_id: int, idle_gpu: dict[str, object] | None) -> None:
     with mon.factory() as db:
         job = db.get(Job, job_id)
         assert job is not None
-        job.spec = {"name": job.name, **({"idle_gpu": idle_gpu} if idle_gpu else {})}
+        job.spec = spec_with(idle_gpu, job.name)
         db.commit()
 
 
@@ -103,7 +111,9 @@ def test_admin_rule_requeues_and_recovery_clears(mon: Mon) -> None:
 
 def test_job_policy_overrides_admin_rule_and_bad_policy_falls_back() -> None:
     admin = IdleGpuRule.model_validate({"below_percent": 10, "for": "1h", "action": "stop"})
-    mine = job_policy({"idle_gpu": {"below_percent": 30, "for": "2h"}}, admin)
+    mine = job_policy(spec_with({"below_percent": 30, "for": "2h"}), admin)
     assert mine is not None and mine.below_percent == 30 and mine.for_s == 7200 and mine.action == "stop"
-    assert job_policy({"idle_gpu": {"below_percent": 300}}, admin) == admin
-    assert job_policy({}, None) is None
+    with pytest.raises(ValidationError, match="below_percent"):  # refused at submit, never stored
+        spec_with({"below_percent": 300, "for": "1h"})
+    assert job_policy(spec_with(None), admin) == admin
+    assert job_policy(spec_with(None), None) is None

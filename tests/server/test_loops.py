@@ -83,7 +83,7 @@ def test_assignment_claims_gpus_once(env: tuple[ServerContext, FakeEngine]) -> N
     assert job_state(ctx, first) == "scheduled" and job_state(ctx, second) == "queued"
     with ctx.session_factory() as session:
         attempt = session.scalars(select(Attempt).where(Attempt.job_id == first)).one()
-        assert attempt.placement[0]["gpu_uuids"] == ["GPU-n1-1"] and attempt.number == 1
+        assert attempt.placement[0].gpu_uuids == ("GPU-n1-1",) and attempt.number == 1
         assert session.scalars(select(Attempt).where(Attempt.job_id == second)).all() == []
 
 
@@ -280,7 +280,7 @@ def test_schedule_tick_places_waiting_jobs_and_diagnoses_the_rest(
     with ctx.session_factory() as session:
         waiting = session.get(Job, big[states.index("queued")])
         assert waiting is not None and waiting.diagnosis is not None
-        assert waiting.diagnosis["queue_position"] == 1 and waiting.diagnosis["reasons"]
+        assert waiting.diagnosis.queue_position == 1 and waiting.diagnosis.reasons
         claims = session.scalars(select(GpuClaim)).all()
         assert len(claims) == 8 and len({(c.node, c.gpu_index) for c in claims}) == 8
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from corral.db.models import Attempt, GpuClaim, Group, GroupQuota, Job, Node, UsageLedger, User
 from corral.db.session import make_engine
+from corral.domain import InstancePlacement
 from corral.scheduler import types as st
 from corral.server.nodes import gpu_row
 from corral.server.scheduling import run_scheduler
@@ -142,18 +143,19 @@ def write_state(session: object, snap: st.Snapshot, now: float) -> None:
         if run.stopping:  # the live loop keeps when the stop ends as PREEMPTED-since + grace
             assert run.stops_by is not None
             job_row.updated_at = run.stops_by
-        placement = [
-            {
-                "role": p.role,
-                "index": p.index,
-                "rank": k,
-                "node": p.node,
-                "gpu_indices": list(p.gpu_indices),
-                "cpus": p.cpus,
-                "memory_mib": p.memory_mib,
-            }
+        placement = tuple(
+            InstancePlacement(
+                role=p.role,
+                index=p.index,
+                rank=k,
+                node=p.node,
+                gpu_indices=p.gpu_indices,
+                gpu_uuids=tuple(f"GPU-{p.node}-{i}" for i in p.gpu_indices),
+                cpus=p.cpus,
+                memory_mib=p.memory_mib,
+            )
             for k, p in enumerate(run.allocation.instances)
-        ]
+        )
         attempt = Attempt(
             job_id=int(run.job.id),
             number=1,

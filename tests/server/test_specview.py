@@ -2,9 +2,9 @@ from corral.server.specview import read_spec
 from corral.spec import JobSpecV1
 
 
-def stored(spec: dict[str, object]) -> dict[str, object]:
-    """What the API stores for a submitted spec."""
-    return JobSpecV1.model_validate(spec).model_dump(mode="json", exclude_none=True)
+def stored(spec: dict[str, object]) -> JobSpecV1:
+    """A submitted spec as the loops get it back from its row."""
+    return JobSpecV1.model_validate(spec)
 
 
 def test_task_order_is_the_specs_order_because_it_is_the_rank_order() -> None:

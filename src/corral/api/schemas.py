@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -34,12 +32,46 @@ class LoginOut(BaseModel):
     csrf_token: str
 
 
+class AttemptGpuOut(BaseModel):
+    node: str
+    index: int
+    rank: int
+
+
+class PlacementOut(BaseModel):
+    """One instance as placed (corral.domain.InstancePlacement)."""
+
+    role: str
+    index: int
+    rank: int
+    node: str
+    gpu_indices: list[int]
+    gpu_uuids: list[str]
+    cpus: float
+    memory_mib: int
+
+
+class PendingReasonOut(BaseModel):
+    code: str
+    source: str
+    message: str
+
+
+class DiagnosisOut(BaseModel):
+    """Why a queued job waits (corral.domain.JobDiagnosis)."""
+
+    reasons: list[PendingReasonOut]
+    queue_position: int | None
+    estimated_start: float | None
+    unschedulable: bool
+
+
 class AttemptOut(BaseModel):
     number: int
     state: str
     nodes: list[str]
-    gpus: list[dict[str, Any]]
-    placement: list[dict[str, Any]]
+    gpus: list[AttemptGpuOut]
+    placement: list[PlacementOut]
     borrowed: bool
     created_at: float
     started_at: float | None
@@ -65,7 +97,7 @@ class JobOut(BaseModel):
     user: str
     priority: str
     preemptible: bool
-    spec: dict[str, Any]
+    spec: dict[str, object]  # the spec as stored (corral.spec.JobSpecV1, no null fields)
     created_at: float
     updated_at: float
     finished_at: float | None
@@ -74,7 +106,7 @@ class JobOut(BaseModel):
     cancel_requested: bool
     reason: str
     attempts: list[AttemptOut]
-    diagnosis: dict[str, Any] | None
+    diagnosis: DiagnosisOut | None
     events: list[EventOut] | None = None
 
 
@@ -88,7 +120,7 @@ class JobListOut(BaseModel):
 class WaitingOut(BaseModel):
     state: str
     message: str
-    reasons: list[dict[str, Any]]
+    reasons: list[PendingReasonOut]
     queue_position: int | None
     estimated_start: float | None
     unschedulable: bool

@@ -3,7 +3,7 @@ Alembic migrations name constraints the same way on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-from sqlalchemy import MetaData
+from sqlalchemy import MetaData, Table
 from sqlalchemy.orm import DeclarativeBase
 
 NAMING_CONVENTION = {
@@ -17,3 +17,10 @@ NAMING_CONVENTION = {
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def table_of(model: type[Base]) -> Table:
+    """A mapped class's Table, for Core statements on hot paths (declared as a FromClause)."""
+    table = model.__table__
+    assert isinstance(table, Table)
+    return table

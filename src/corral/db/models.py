@@ -7,8 +7,6 @@ Column changes go through an Alembic migration (src/corral/db/migrations).
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import (
     JSON,
     Boolean,
@@ -23,6 +21,9 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from corral.db.base import Base
+from corral.db.jsontypes import DiagnosisColumn, JobSpecColumn, PlacementColumn
+from corral.domain import JobDiagnosis, Placement
+from corral.spec import JobSpecV1
 
 
 class User(Base):
@@ -139,7 +140,7 @@ class Job(Base):
     state: Mapped[str] = mapped_column(String(16), index=True)  # JobState value
     priority: Mapped[int] = mapped_column(Integer, default=1)  # scheduler Priority
     preemptible: Mapped[bool] = mapped_column(Boolean, default=True)
-    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the validated spec v1, as submitted
+    spec: Mapped[JobSpecV1] = mapped_column(JobSpecColumn)  # the validated spec v1, as submitted
     max_retries: Mapped[int] = mapped_column(Integer, default=0)
     attempt_count: Mapped[int] = mapped_column(Integer, default=0)  # attempts created so far
     runtime_estimate_s: Mapped[float | None] = mapped_column(Float)
@@ -150,7 +151,7 @@ class Job(Base):
     reason: Mapped[str] = mapped_column(Text, default="")  # last terminal/failure reason, human text
     attained_gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     # Written by the scheduling loop each cycle for waiting jobs ("why pending"):
-    diagnosis: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    diagnosis: Mapped[JobDiagnosis | None] = mapped_column(DiagnosisColumn)
     # Lease for background work on this row (dispatch/stop), so two servers never act twice.
     lease_owner: Mapped[str | None] = mapped_column(String(64))
     lease_until: Mapped[float | None] = mapped_column(Float)
@@ -172,8 +173,8 @@ class Attempt(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     number: Mapped[int] = mapped_column(Integer)  # 1-based
     state: Mapped[str] = mapped_column(String(16))  # AttemptState value
-    # [{role, index, rank, node, gpu_indices, gpu_uuids, cpus, memory_mib}] as placed by the scheduler
-    placement: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    # As placed by the scheduler, in rank order (stored as a JSON list of objects)
+    placement: Mapped[Placement] = mapped_column(PlacementColumn, default=tuple)
     borrowed: Mapped[bool] = mapped_column(Boolean, default=False)
     engine: Mapped[str] = mapped_column(String(16), default="local")
     engine_ref: Mapped[str | None] = mapped_column(String(128))

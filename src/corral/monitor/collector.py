@@ -161,9 +161,9 @@ def _allocated_by_node(session: Session) -> dict[str, tuple[float, float]]:
     rows = session.execute(select(Attempt.placement).where(Attempt.state.in_(ACTIVE_ATTEMPT_STATES)))
     for (placement,) in rows:
         for inst in placement or ():
-            acc = used[str(inst.get("node", ""))]
-            acc[0] += float(inst.get("cpus", 0) or 0)
-            acc[1] += float(inst.get("memory_mib", 0) or 0)
+            acc = used[inst.node]
+            acc[0] += inst.cpus
+            acc[1] += inst.memory_mib
     return {k: (v[0], v[1]) for k, v in used.items()}
 
 

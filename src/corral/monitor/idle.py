@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import select
@@ -29,16 +28,17 @@ from corral.monitor.config import IdleGpuRule
 from corral.monitor.health import HealthPass, job_event
 from corral.monitor.models import GpuReading, IdleGpuWatch
 from corral.services.lifecycle import InvalidTransition, JobState, transition
+from corral.spec import JobSpecV1
 
 log = logging.getLogger(__name__)
 STALE_READING_S = 300.0  # readings older than this do not count as evidence of idleness
 
 
-def job_policy(spec: dict[str, Any] | None, admin_rule: IdleGpuRule | None) -> IdleGpuRule | None:
+def job_policy(spec: JobSpecV1 | None, admin_rule: IdleGpuRule | None) -> IdleGpuRule | None:
     """The job's own policy (missing keys from the admin rule), else the admin rule."""
-    own = (spec or {}).get("idle_gpu")
-    if not own:
+    if spec is None or spec.idle_gpu is None:
         return admin_rule
+    own = spec.idle_gpu.model_dump(by_alias=True, exclude_none=True)
     base = admin_rule.model_dump(by_alias=True) if admin_rule is not None else {}
     try:
         return IdleGpuRule.model_validate({**base, **own})

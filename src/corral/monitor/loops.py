@@ -30,7 +30,7 @@ def monitor_config(ctx: ServerContext) -> MonitorConfig:
         mtime = path.stat().st_mtime
     except OSError:
         mtime = None
-    cached = ctx.scratch.get("monitor_config")
+    cached = ctx.memory.monitor_config
     if cached is not None and cached[0] == mtime:
         return cached[1]
     try:
@@ -40,7 +40,7 @@ def monitor_config(ctx: ServerContext) -> MonitorConfig:
             raise
         log.error("keeping the previous monitor config: %s", exc)
         return cached[1]
-    ctx.scratch["monitor_config"] = (mtime, config)
+    ctx.memory.monitor_config = (mtime, config)
     return config
 
 
@@ -51,9 +51,9 @@ def channel_names(ctx: ServerContext) -> list[str]:
 
 
 def gpu_tick(ctx: ServerContext, now: float) -> None:
-    sampler = ctx.scratch.get("gpu_sampler")
+    sampler = ctx.memory.gpu_sampler
     if sampler is None:
-        sampler = ctx.scratch["gpu_sampler"] = GpuSampler(ctx.settings.home, ctx.settings.node_name)
+        sampler = ctx.memory.gpu_sampler = GpuSampler(ctx.settings.home, ctx.settings.node_name)
     with ctx.session_factory() as session:
         sample_and_check_gpus(session, sampler, now, channel_names(ctx), monitor_config(ctx).health)
     ctx.wake("monitor-delivery")

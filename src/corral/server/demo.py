@@ -7,15 +7,15 @@ from __future__ import annotations
 import sys
 import time
 from importlib import resources
-from typing import Any
 
-import yaml
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from corral.config import Settings
 from corral.db.models import Group, GroupQuota, Job, Membership, User
 from corral.engine.base import Engine
 from corral.server.context import ServerContext
+from corral.spec import JobSpecV1, parse_spec
 
 DEMO_VIRTUAL_GPUS = 4
 # name -> (password, groups with role, default group). Passwords are demo-only and printed.
@@ -57,15 +57,15 @@ def isolation_line(engine: Engine) -> str | None:
     if not isinstance(engine, LocalEngine):
         return None
     caps = engine.capabilities()
-    if caps["refusing"]:
+    if caps.refusing:
         return (
-            f"NOT STARTING JOBS: {caps['summary']}. Install bubblewrap (./run demo does), "
+            f"NOT STARTING JOBS: {caps.summary}. Install bubblewrap (./run demo does), "
             "or set CORRAL_ALLOW_UNISOLATED=true to run jobs without the sandbox"
         )
-    return str(caps["summary"])
+    return caps.summary
 
 
-def _ensure_groups(session: Any, model: str, now: float) -> dict[str, Group]:
+def _ensure_groups(session: Session, model: str, now: float) -> dict[str, Group]:
     groups = {}
     for name, guaranteed in DEMO_GROUPS.items():
         group = session.scalar(select(Group).where(Group.name == name))
@@ -78,7 +78,7 @@ def _ensure_groups(session: Any, model: str, now: float) -> dict[str, Group]:
     return groups
 
 
-def _ensure_users(session: Any, groups: dict[str, Group], now: float) -> None:
+def _ensure_users(session: Session, groups: dict[str, Group], now: float) -> None:
     from corral.services.auth import hash_password
 
     for name, (password, roles, default) in DEMO_USERS.items():
@@ -98,28 +98,30 @@ def _ensure_users(session: Any, groups: dict[str, Group], now: float) -> None:
             session.add(Membership(user_id=user.id, group_id=groups[group].id, role=role))
 
 
-def demo_spec() -> dict[str, Any]:
-    text = resources.files("corral.examples").joinpath("digits.yaml").read_text()
-    spec: dict[str, Any] = yaml.safe_load(text)
-    for task in spec["tasks"].values():
-        if task["command"].startswith("python "):
-            task["command"] = f"{sys.executable} {task['command'][len('python ') :]}"
-    return spec
+def demo_spec() -> JobSpecV1:
+    """The shipped example, its `python ...` commands run by this interpreter."""
+    spec = parse_spec(resources.files("corral.examples").joinpath("digits.yaml").read_text())
+    tasks = {
+        role: task.model_copy(update={"command": f"{sys.executable} {task.command[len('python ') :]}"})
+        if task.command.startswith("python ")
+        else task
+        for role, task in spec.tasks.items()
+    }
+    return spec.model_copy(update={"tasks": tasks})
 
 
-def submit_demo_job(session: Any, settings: Settings) -> int | None:
+def submit_demo_job(session: Session, settings: Settings) -> int | None:
     from corral.services.auth import load_principal
     from corral.services.jobs import submit_job
     from corral.services.policy import active_profile
-    from corral.spec import JobSpecV1
 
     spec = demo_spec()
-    if session.scalar(select(Job.id).where(Job.name == spec["name"])) is not None:
+    if session.scalar(select(Job.id).where(Job.name == spec.name)) is not None:
         return None
-    owner = session.scalar(select(User).where(User.name == DEMO_JOB_OWNER))
+    owner = session.scalars(select(User).where(User.name == DEMO_JOB_OWNER)).one()  # _ensure_users made it
     principal = load_principal(session, owner, via="token")
     profile = active_profile(settings)
-    return int(submit_job(session, principal, JobSpecV1.model_validate(spec), profile)["id"])
+    return submit_job(session, principal, spec, profile)["id"]
 
 
 def seed_demo(ctx: ServerContext, url: str) -> None:

@@ -15,12 +15,12 @@ import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, selectinload
 
 from corral.db.models import Attempt, Job, Node
+from corral.domain import InstancePlacement
 from corral.engine.base import AttemptLaunch, EngineUnavailable, FailureReason, InstanceLaunch
 from corral.scheduler.types import GPU
 from corral.server.context import ServerContext
@@ -49,21 +49,21 @@ def master_port(address: str, job_id: int) -> int:
 
 
 def instance_env(
-    job: Job, view: SpecView, place: Mapping[str, Any], master: tuple[str, int], world: int
+    job: Job, view: SpecView, place: InstancePlacement, master: tuple[str, int], world: int
 ) -> dict[str, str]:
-    task = next((t for t in view.tasks if t.role == place["role"]), None)
+    task = next((t for t in view.tasks if t.role == place.role), None)
     env = {**view.env, **(task.env if task else {})}
     env.update(
         {
             "CORRAL_JOB_ID": str(job.id),
-            "CORRAL_TASK_ROLE": str(place["role"]),
-            "CORRAL_TASK_INDEX": str(place["index"]),
+            "CORRAL_TASK_ROLE": place.role,
+            "CORRAL_TASK_INDEX": str(place.index),
             "CORRAL_NUM_INSTANCES": str(task.instances if task else 1),
             "MASTER_ADDR": master[0],
             "MASTER_PORT": str(master[1]),
             "WORLD_SIZE": str(world),
-            "RANK": str(place["rank"]),
-            "CUDA_VISIBLE_DEVICES": ",".join(place.get("gpu_uuids", [])),
+            "RANK": str(place.rank),
+            "CUDA_VISIBLE_DEVICES": ",".join(place.gpu_uuids),
         }
     )
     return env
@@ -71,7 +71,7 @@ def instance_env(
 
 def placed_nodes(session: Session, attempts: Iterable[Attempt]) -> dict[str, Node]:
     """The nodes these attempts are placed on, with their GPUs: one query for a whole batch."""
-    names = {p["node"] for a in attempts for p in a.placement}
+    names = {p.node for a in attempts for p in a.placement}
     query = select(Node).where(Node.name.in_(names)).options(selectinload(Node.gpus))
     return {n.name: n for n in session.scalars(query)}
 
@@ -79,10 +79,10 @@ def placed_nodes(session: Session, attempts: Iterable[Attempt]) -> dict[str, Nod
 def build_launch(job: Job, attempt: Attempt, nodes: Mapping[str, Node]) -> AttemptLaunch:
     """`nodes`: at least those the attempt is placed on (placed_nodes)."""
     view = read_spec(job.spec)
-    placement = sorted(attempt.placement, key=lambda p: int(p["rank"]))
-    placed = [nodes[name] for name in {p["node"] for p in placement} if name in nodes]
+    placement = sorted(attempt.placement, key=lambda p: p.rank)
+    placed = [nodes[name] for name in {p.node for p in placement} if name in nodes]
     models = {(n.name, g.index): g.model for n in placed for g in n.gpus}
-    rank0 = nodes.get(placement[0]["node"]) if placement else None
+    rank0 = nodes.get(placement[0].node) if placement else None
     address = rank0.address if rank0 is not None else "127.0.0.1"
     master = (address, master_port(address, job.id))
     commands = {t.role: t.command for t in view.tasks}
@@ -93,22 +93,22 @@ def build_launch(job: Job, attempt: Attempt, nodes: Mapping[str, Node]) -> Attem
     instances = []
     for p in placement:
         gpus = tuple(
-            GPU(index=i, uuid=u, model=models.get((p["node"], i), ""))
-            for i, u in zip(p.get("gpu_indices", []), p.get("gpu_uuids", []), strict=False)
+            GPU(index=i, uuid=u, model=models.get((p.node, i), ""))
+            for i, u in zip(p.gpu_indices, p.gpu_uuids, strict=False)
         )
         instances.append(
             InstanceLaunch(
-                role=p["role"],
-                index=int(p["index"]),
-                rank=int(p["rank"]),
-                node=p["node"],
+                role=p.role,
+                index=p.index,
+                rank=p.rank,
+                node=p.node,
                 gpus=gpus,
-                cpus=float(p.get("cpus", 1.0)),
-                memory_mib=int(p.get("memory_mib", 1024)),
-                command=commands.get(p["role"], ""),
+                cpus=p.cpus,
+                memory_mib=p.memory_mib,
+                command=commands.get(p.role, ""),
                 env={
                     **instance_env(job, view, p, master, len(placement)),
-                    **peers[int(p["rank"])],
+                    **peers[p.rank],
                 },
             )
         )
@@ -258,11 +258,10 @@ class LaunchQueue:
 
 
 def launch_queue(ctx: ServerContext) -> LaunchQueue:
-    queue = ctx.scratch.get("launch_queue")
+    queue = ctx.memory.launch_queue
     if queue is None:
         pool = ThreadPoolExecutor(LAUNCH_WORKERS, thread_name_prefix="launch")
-        queue = ctx.scratch["launch_queue"] = LaunchQueue(pool)
-    assert isinstance(queue, LaunchQueue)
+        queue = ctx.memory.launch_queue = LaunchQueue(pool)
     return queue
 
 
@@ -302,8 +301,8 @@ def dispatch_tick(ctx: ServerContext, now: float) -> None:
 
 def shutdown_launches(ctx: ServerContext) -> None:
     """Wait for launches in flight and record them (server shutdown)."""
-    queue = ctx.scratch.get("launch_queue")
-    if isinstance(queue, LaunchQueue):
+    queue = ctx.memory.launch_queue
+    if queue is not None:
         queue.pool.shutdown(wait=True)
         done = queue.take_done()
         if done:

@@ -17,7 +17,7 @@ from corral.services.lifecycle import AttemptState
 
 
 def attempt_gpus(attempt: Attempt) -> int:
-    return sum(len(p.get("gpu_indices", ())) for p in attempt.placement or ())
+    return sum(len(p.gpu_indices) for p in attempt.placement or ())
 
 
 def charge_usage(session: Session, group: str, user: str, gpu_seconds: float, now: float) -> None:

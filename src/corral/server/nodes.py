@@ -85,7 +85,7 @@ def fail_jobs_on(session: Session, node: str, now: float, why: str, engine: Engi
     count = 0
     for job in jobs:
         attempt = attempts.get(job.id)
-        if attempt is None or all(p.get("node") != node for p in attempt.placement or ()):
+        if attempt is None or all(p.node != node for p in attempt.placement or ()):
             continue
         end_attempt(
             session, job, attempt, AttemptState.LOST, now, reason=FailureReason.NODE_LOST, message=why
@@ -107,7 +107,7 @@ def fail_jobs_on(session: Session, node: str, now: float, why: str, engine: Engi
 
 def push_admin_states(ctx: ServerContext, rows: list[Node]) -> None:
     """Tell the engine about cordon/drain/uncordon once per change (and once after a restart)."""
-    pushed: dict[str, str] = ctx.scratch.setdefault("pushed_admin_state", {})
+    pushed = ctx.memory.pushed_admin_state
     for row in rows:
         wanted = row.admin_state or "none"
         if pushed.get(row.name) == wanted:

@@ -67,14 +67,14 @@ def _live_rows(session: Session) -> list[LiveRow]:
 
 def adopt_once(ctx: ServerContext) -> None:
     """After a restart the engine is told which attempts it launched before (idempotent)."""
-    if ctx.scratch.get("adopted"):
+    if ctx.memory.adopted:
         return
     with ctx.session_factory() as session:
         refs = {r.attempt_id: r.engine_ref for r in _live_rows(session) if r.engine_ref}
     if refs:
         ctx.engine.adopt(refs)
         log.info("re-adopted %d running attempt(s)", len(refs))
-    ctx.scratch["adopted"] = True
+    ctx.memory.adopted = True
 
 
 def cancel_queued(ctx: ServerContext, session: Session, now: float) -> None:

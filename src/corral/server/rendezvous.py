@@ -25,6 +25,8 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from corral.domain import InstancePlacement
+
 LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
 REMOTE_PORT_BASE = 30000
 REMOTE_PORT_SPAN = 20000
@@ -101,15 +103,15 @@ def plan_rendezvous(
 
 
 def rendezvous_for_placement(
-    job_id: int, roles: Sequence[str], placement: Sequence[Mapping[str, object]], addresses: Mapping[str, str]
+    job_id: int, roles: Sequence[str], placement: Sequence[InstancePlacement], addresses: Mapping[str, str]
 ) -> Rendezvous:
-    """From an attempt's stored placement ([{role, index, rank, node, ...}]) and node addresses."""
+    """From an attempt's stored placement and node addresses."""
     instances = [
         PlacedInstance(
-            role=str(p["role"]),
-            index=int(str(p["index"])),
-            rank=int(str(p["rank"])),
-            address=addresses.get(str(p["node"]), "127.0.0.1"),
+            role=p.role,
+            index=p.index,
+            rank=p.rank,
+            address=addresses.get(p.node, "127.0.0.1"),
         )
         for p in placement
     ]

@@ -19,11 +19,11 @@ def retention_tick(ctx: ServerContext, now: float) -> None:
     days = ctx.settings.job_retention_days
     if days is None:
         return
-    if now - float(ctx.scratch.get("retention_checked_at", 0.0)) < ctx.settings.job_retention_check_s:
+    if now - ctx.memory.retention_checked_at < ctx.settings.job_retention_check_s:
         return
     with ctx.session_factory() as session:
         deleted = delete_expired_jobs(session, ctx.engine, now, days * 86400.0)
     if len(deleted) < RETENTION_BATCH:  # a full batch: more may be waiting, look again next tick
-        ctx.scratch["retention_checked_at"] = now
+        ctx.memory.retention_checked_at = now
     if deleted:
         log.info("retention: deleted %d jobs finished over %g days ago: %s", len(deleted), days, deleted)

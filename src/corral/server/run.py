@@ -22,9 +22,9 @@ import secrets
 import signal
 import socket
 import sys
-from typing import Any
 
 import uvicorn
+from sqlalchemy.orm import Session, sessionmaker
 
 from corral.config import Settings
 from corral.server.context import ServerContext
@@ -47,7 +47,7 @@ def write_cli_config(settings: Settings, url: str, token: str) -> str:
     return str(write(url, token, home=settings.home))
 
 
-def bootstrap(settings: Settings, session_factory: Any, url: str) -> None:
+def bootstrap(settings: Settings, session_factory: sessionmaker[Session], url: str) -> None:
     from corral.services.auth import ADMIN_USER, bootstrap_admin_with_password
 
     with session_factory() as session:

@@ -14,13 +14,15 @@ import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from dataclasses import replace
 
-from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
+from corral.db.base import table_of
 from corral.db.models import Attempt, GpuClaim, Job, Node
+from corral.domain import InstancePlacement, JobDiagnosis, PendingReason, Placement
 from corral.monitor.metrics import record_scheduler_cycle
 from corral.scheduler import PROFILES, Profile, schedule
 from corral.scheduler import types as st
@@ -42,34 +44,32 @@ def run_scheduler(
     return schedule(snapshot, now, rng, profile if profile is not None else PROFILES["default"])
 
 
-def diagnosis_json(diagnosis: st.Diagnosis) -> dict[str, Any]:
-    return {
-        "reasons": [{"code": r.code, "source": r.source, "message": r.message} for r in diagnosis.reasons],
-        "queue_position": diagnosis.queue_position,
-        "estimated_start": diagnosis.estimated_start,
-        "unschedulable": diagnosis.unschedulable,
-    }
+def stored_diagnosis(diagnosis: st.Diagnosis) -> JobDiagnosis:
+    return JobDiagnosis(
+        reasons=tuple(PendingReason(r.code, r.source, r.message) for r in diagnosis.reasons),
+        queue_position=diagnosis.queue_position,
+        estimated_start=diagnosis.estimated_start,
+        unschedulable=diagnosis.unschedulable,
+    )
 
 
-def placement_json(
-    job: Job, allocation: st.Allocation, uuids: Mapping[tuple[str, int], str]
-) -> list[dict[str, Any]]:
+def stored_placement(job: Job, allocation: st.Allocation, uuids: Mapping[tuple[str, int], str]) -> Placement:
     """Instances in rank order: roles in spec order, then index (rank 0 = first role's index 0)."""
     order = {t.role: i for i, t in enumerate(read_spec(job.spec).tasks)}
     ordered = sorted(allocation.instances, key=lambda p: (order.get(p.role, len(order)), p.role, p.index))
-    return [
-        {
-            "role": p.role,
-            "index": p.index,
-            "rank": rank,
-            "node": p.node,
-            "gpu_indices": list(p.gpu_indices),
-            "gpu_uuids": [uuids.get((p.node, i), f"{p.node}-gpu{i}") for i in p.gpu_indices],
-            "cpus": p.cpus,
-            "memory_mib": p.memory_mib,
-        }
+    return tuple(
+        InstancePlacement(
+            role=p.role,
+            index=p.index,
+            rank=rank,
+            node=p.node,
+            gpu_indices=tuple(p.gpu_indices),
+            gpu_uuids=tuple(uuids.get((p.node, i), f"{p.node}-gpu{i}") for i in p.gpu_indices),
+            cpus=p.cpus,
+            memory_mib=p.memory_mib,
+        )
         for rank, p in enumerate(ordered)
-    ]
+    )
 
 
 def stage_assignment(
@@ -98,7 +98,7 @@ def stage_assignment(
         job_id=job.id,
         number=job.attempt_count,
         state=AttemptState.SCHEDULED.value,
-        placement=placement_json(job, assignment.allocation, uuids),
+        placement=stored_placement(job, assignment.allocation, uuids),
         borrowed=assignment.borrowed,
         created_at=now,
     )
@@ -173,25 +173,27 @@ def apply_preemption(session: Session, preemption: st.Preemption, now: float) ->
     return True
 
 
-def _same_diagnosis(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+def _same_diagnosis(old: JobDiagnosis | None, new: JobDiagnosis) -> bool:
     """Equal but for an estimated start that moved less than ETA_SLACK_S (it drifts every cycle)."""
-    if old is None or {**old, "estimated_start": None} != {**new, "estimated_start": None}:
+    if old is None or replace(old, estimated_start=None) != replace(new, estimated_start=None):
         return False
-    a, b = old["estimated_start"], new["estimated_start"]
-    return (a is None) == (b is None) and (a is None or abs(a - b) < ETA_SLACK_S)
+    a, b = old.estimated_start, new.estimated_start
+    if a is None or b is None:
+        return a is None and b is None
+    return abs(a - b) < ETA_SLACK_S
 
 
 def write_diagnoses(ctx: ServerContext, session: Session, diagnoses: Mapping[str, st.Diagnosis]) -> None:
     """One executemany UPDATE for the diagnoses that changed, only on jobs still queued."""
-    cache: dict[str, dict[str, Any]] = ctx.scratch.setdefault("diagnoses", {})
+    cache = ctx.memory.diagnoses
     changed = {}
     for job_id, diagnosis in diagnoses.items():
-        as_json = diagnosis_json(diagnosis)
-        if not _same_diagnosis(cache.get(job_id), as_json):
-            changed[job_id] = as_json
+        stored = stored_diagnosis(diagnosis)
+        if not _same_diagnosis(cache.get(job_id), stored):
+            changed[job_id] = stored
     if not changed:
         return
-    jobs = cast(Table, Job.__table__)  # Core UPDATE: executemany over plain parameters
+    jobs = table_of(Job)  # Core UPDATE: executemany over plain parameters
     stmt = (
         update(jobs)
         .where(jobs.c.id == bindparam("job_pk"), jobs.c.state == JobState.QUEUED.value)

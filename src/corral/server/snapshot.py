@@ -16,10 +16,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from corral.db.models import Attempt, Group, Job, Node, UsageLedger, User
+from corral.domain import Placement
 from corral.scheduler import types as st
 from corral.server.specview import read_spec
 from corral.services.lifecycle import AttemptState, JobState
 from corral.services.nodes import scheduler_node
+from corral.spec import JobSpecV1
 
 USAGE_HALF_LIFE_S = 7 * 24 * 3600.0  # fair share forgets half of past usage every week
 LIVE_JOB_STATES = (JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING, JobState.PREEMPTED)
@@ -51,12 +53,12 @@ class JobRecord:
     user: str
     priority: int
     preemptible: bool
-    spec: Mapping[str, Any]
+    spec: JobSpecV1
     submitted_at: float
     runtime_estimate_s: float | None = None
     attained_gpu_seconds: float = 0.0
     # For live jobs: the current attempt's placement and when it started.
-    placement: tuple[Mapping[str, Any], ...] = ()
+    placement: Placement = ()
     started_at: float | None = None
     borrowed: bool = False
     # A preempted job still holds its GPUs until its stop ends: when that will be at the latest.
@@ -108,12 +110,12 @@ def _allocation(record: JobRecord) -> st.Allocation:
         job_id=str(record.id),
         instances=tuple(
             st.InstancePlacement(
-                role=str(p["role"]),
-                index=int(p["index"]),
-                node=str(p["node"]),
-                gpu_indices=tuple(int(i) for i in p.get("gpu_indices", ())),
-                cpus=float(p.get("cpus", 0.0)),
-                memory_mib=int(p.get("memory_mib", 0)),
+                role=p.role,
+                index=p.index,
+                node=p.node,
+                gpu_indices=p.gpu_indices,
+                cpus=p.cpus,
+                memory_mib=p.memory_mib,
             )
             for p in record.placement
         ),

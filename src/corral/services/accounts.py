@@ -13,7 +13,6 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
@@ -22,7 +21,7 @@ from corral.db.models import Group, GroupQuota, Membership, SshKey, User
 from corral.services import notify
 from corral.services.auth import Principal, forget_principals, hash_password, verify_password
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
-from corral.services.views import user_view
+from corral.services.views import UserView, user_view
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 ROLES = ("admin", "member")
@@ -83,7 +82,7 @@ def group_name(session: Session, group_id: int | None) -> str | None:
     return None if group_id is None else session.scalar(select(Group.name).where(Group.id == group_id))
 
 
-def user_out(session: Session, user: User) -> dict[str, Any]:
+def user_out(session: Session, user: User) -> UserView:
     """The API's JSON shape of a user, with their groups and default group's name."""
     return user_view(user, memberships_of(session, user.id), group_name(session, user.default_group_id))
 
@@ -234,7 +233,7 @@ def create_user(session: Session, new: NewUser, *, now: float | None = None) -> 
     return user
 
 
-def list_user_views(session: Session) -> list[dict[str, Any]]:
+def list_user_views(session: Session) -> list[UserView]:
     """Every user's API view in three queries (users, memberships, group names), not two per user."""
     users = session.scalars(select(User).order_by(User.name)).all()
     group_names = dict(session.execute(select(Group.id, Group.name)).all())

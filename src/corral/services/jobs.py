@@ -32,7 +32,7 @@ from corral.services.errors import Conflict, Forbidden, Invalid, NotFound, Servi
 from corral.services.lifecycle import AttemptState, JobState, record_event, transition
 from corral.services.nodes import scheduler_node
 from corral.services.quota import check_quota
-from corral.services.views import job_view
+from corral.services.views import JobView, job_view
 from corral.spec import JobSpecV1
 
 SORT_COLUMNS: dict[str, Any] = {
@@ -211,7 +211,7 @@ INSERT_JOB = insert(cast(Table, Job.__table__)).returning(Job.__table__.c.id)
 
 def submit_job(
     session: Session, principal: Principal, spec: JobSpecV1, profile: Profile, *, now: float | None = None
-) -> dict[str, Any]:
+) -> JobView:
     """Validate access and fit, then store the job as QUEUED with a "submitted" event. Commits and
     returns the job's view (the API's JSON shape).
 
@@ -221,8 +221,7 @@ def submit_job(
     now = time.time() if now is None else now
     group = resolve_group(session, principal, spec.group)
     check_fits(session, spec, group, principal.name, profile)
-    stored = spec.model_dump(mode="json", exclude_none=True)
-    stored["group"] = group.name
+    stored = spec.model_copy(update={"group": group.name})  # the column stores its JSON
     columns: dict[str, Any] = {
         "name": spec.name,
         "user_id": principal.user_id,
@@ -403,16 +402,17 @@ def waiting_status(job: Job) -> dict[str, Any] | None:
     state = JobState(job.state)
     if state not in WAITING_STATES:
         return None
-    diagnosis = job.diagnosis or {}
-    reasons = list(diagnosis.get("reasons") or [])
-    position = diagnosis.get("queue_position")
-    estimate = diagnosis.get("estimated_start")
+    diagnosis = job.diagnosis
+    reasons = list(diagnosis.reasons) if diagnosis is not None else []
+    position = diagnosis.queue_position if diagnosis is not None else None
+    estimate = diagnosis.estimated_start if diagnosis is not None else None
+    unschedulable = diagnosis is not None and diagnosis.unschedulable
     if state is JobState.QUEUED:
-        why = "; ".join(str(r.get("message")) for r in reasons) or "the scheduler has not looked at it yet"
+        why = "; ".join(r.message for r in reasons) or "the scheduler has not looked at it yet"
         parts = [f"job {job.id} is queued: {why}"]
         if position is not None:
             parts.append(f"position {position} in the queue")
-        if diagnosis.get("unschedulable"):
+        if unschedulable:
             parts.append("it cannot run on the cluster as it stands")
         elif estimate is not None:
             parts.append(f"estimated start in {max(0.0, estimate - time.time()):.0f} s")
@@ -422,10 +422,10 @@ def waiting_status(job: Job) -> dict[str, Any] | None:
     return {
         "state": state.value,
         "message": message,
-        "reasons": reasons,
+        "reasons": [{"code": r.code, "source": r.source, "message": r.message} for r in reasons],
         "queue_position": position,
         "estimated_start": estimate,
-        "unschedulable": bool(diagnosis.get("unschedulable", False)),
+        "unschedulable": unschedulable,
     }
 
 

@@ -7,10 +7,10 @@ keeps admin_state over the engine's ready/down and mirrors it into the engine.""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
+from typing_extensions import TypedDict  # the API's response model: pydantic takes only these on 3.11
 
 from corral.db.models import GpuClaim, Job, Node
 from corral.scheduler import types as st
@@ -43,10 +43,32 @@ def set_admin_state(session: Session, name: str, action: str) -> Node:
     return node
 
 
-def cluster_summary(session: Session) -> dict[str, Any]:
+class GpuCounts(TypedDict):
+    total: int
+    allocated: int
+    free: int
+    unavailable: int
+
+
+class GpuSummary(TypedDict):
+    total: int
+    allocated: int
+    free: int
+    by_model: dict[str, GpuCounts]
+
+
+class ClusterSummary(TypedDict):
+    """`GET /api/v1/cluster`: GPUs by state and model, nodes and jobs by state."""
+
+    gpus: GpuSummary
+    nodes: dict[str, int]
+    jobs: dict[str, int]
+
+
+def cluster_summary(session: Session) -> ClusterSummary:
     nodes = list_nodes(session)
     claims = gpu_claims(session)
-    by_model: dict[str, dict[str, int]] = {}
+    by_model: dict[str, GpuCounts] = {}
     for node in nodes:
         usable = node.state == "ready"
         for gpu in node.gpus:

@@ -128,10 +128,10 @@ def group_usage(session: Session, groups: Iterable[Group], cluster: Cluster) -> 
     for group_id, placement, borrowed in rows:
         usage, group = out[group_id], keyed[group_id]
         for p in placement or ():
-            usage.cpus += float(p.get("cpus", 0.0))
-            usage.memory_mib += int(p.get("memory_mib", 0))
-            for index in p.get("gpu_indices") or ():
-                model = cluster.gpu_model_at.get((str(p.get("node")), int(index)), "unknown")
+            usage.cpus += p.cpus
+            usage.memory_mib += p.memory_mib
+            for index in p.gpu_indices:
+                model = cluster.gpu_model_at.get((p.node, index), "unknown")
                 row = usage.gpus.setdefault(QuotaLedger.key(group, model), GpuUsage())
                 row.used += 1
                 row.borrowed += bool(borrowed)

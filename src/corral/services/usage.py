@@ -15,7 +15,7 @@ the attempts' own records (started_at / ended_at and the placement's GPUs and CP
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -23,6 +23,7 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from corral.db.models import Attempt, Group, Job, User
+from corral.domain import InstancePlacement
 from corral.services.auth import Principal
 from corral.services.errors import Invalid
 from corral.services.jobs import visibility
@@ -72,15 +73,9 @@ def overlap_s(start: float, end: float, since: float, until: float) -> float:
     return max(0.0, min(end, until) - max(start, since))
 
 
-def placed_resources(placement: Iterable[Mapping[str, object]]) -> tuple[int, float]:
+def placed_resources(placement: Iterable[InstancePlacement]) -> tuple[int, float]:
     """(GPUs, CPUs) an attempt's placement held across all its instances."""
-    gpus, cpus = 0, 0.0
-    for instance in placement:
-        indices = instance.get("gpu_indices") or []
-        gpus += len(indices) if isinstance(indices, list) else 0
-        value = instance.get("cpus", 0.0)
-        cpus += float(value) if isinstance(value, int | float) else 0.0
-    return gpus, cpus
+    return sum(len(p.gpu_indices) for p in placement), sum(p.cpus for p in placement)
 
 
 def check_period(since: float | None, until: float | None, now: float) -> tuple[float, float]:
@@ -113,8 +108,8 @@ def attempts_in_period(
     ).all()
     out = []
     for job_id, user, group, started, ended, placement in rows:
-        gpus, cpus = placed_resources(placement or [])
-        out.append(AttemptRecord(job_id, user, group, float(started), ended, gpus, cpus))
+        gpus, cpus = placed_resources(placement or ())
+        out.append(AttemptRecord(job_id, user, group, float(started or 0.0), ended, gpus, cpus))
     return out
 
 

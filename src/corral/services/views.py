@@ -1,27 +1,147 @@
-"""Plain-dict views of rows, the JSON shapes the API returns (docs/architecture.md)."""
+"""JSON views of rows: the shapes the API returns (docs/architecture.md), typed so that a field
+renamed here and not in corral.api.schemas fails the type check. Typed values from the rows
+(spec, placement, diagnosis) are turned back into their JSON here, at the API edge."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import NotRequired, TypedDict
 
 from corral.db.models import Attempt, Group, Job, JobEvent, Node, User
+from corral.domain import (
+    InstancePlacementJSON,
+    JobDiagnosisJSON,
+    diagnosis_to_json,
+    placement_nodes,
+    placement_to_json,
+)
 from corral.scheduler.types import Priority
 
 
-def attempt_view(attempt: Attempt) -> dict[str, Any]:
-    placement = list(attempt.placement or [])
-    nodes = list(dict.fromkeys(str(p.get("node")) for p in placement if p.get("node")))
-    gpus = [
-        {"node": p.get("node"), "index": idx, "rank": p.get("rank", i)}
-        for i, p in enumerate(placement)
-        for idx in p.get("gpu_indices") or []
-    ]
+class AttemptGpuView(TypedDict):
+    node: str
+    index: int
+    rank: int
+
+
+class AttemptView(TypedDict):
+    number: int
+    state: str
+    nodes: list[str]
+    gpus: list[AttemptGpuView]
+    placement: list[InstancePlacementJSON]
+    borrowed: bool
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    exit_code: int | None
+    reason: str | None
+    message: str
+
+
+class EventView(TypedDict):
+    at: float
+    kind: str
+    from_state: str | None
+    to_state: str | None
+    message: str
+
+
+class JobView(TypedDict):
+    id: int
+    name: str
+    state: str
+    group: str
+    user: str
+    priority: str
+    preemptible: bool
+    spec: Mapping[str, object]  # shared with the spec's other rows: read-only
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+    retries: int
+    attempt_count: int
+    cancel_requested: bool
+    reason: str
+    attempts: list[AttemptView]
+    diagnosis: JobDiagnosisJSON | None
+    events: NotRequired[list[EventView]]
+
+
+class GpuView(TypedDict):
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    topology_group: int | None
+    healthy: bool
+    job_id: int | None
+
+
+class NodeView(TypedDict):
+    name: str
+    state: str
+    admin_state: str
+    cpus: float
+    memory_mib: int
+    address: str
+    labels: dict[str, str]
+    engine: str
+    last_heartbeat: float | None
+    message: str
+    gpus: list[GpuView]
+
+
+class QuotaView(TypedDict):
+    gpu_model: str
+    guaranteed: int
+    max: int | None
+
+
+class MemberView(TypedDict):
+    user: str
+    role: str
+
+
+class GroupView(TypedDict):
+    name: str
+    weight: float
+    borrowing: bool
+    user_max_gpus: int | None
+    quotas: list[QuotaView]
+    cpus_guaranteed: float | None
+    cpus_max: float | None
+    memory_guaranteed_mib: int | None
+    memory_max_mib: int | None
+    created_at: float
+    usage: dict[str, object] | None  # corral.services.quota.usage_view
+    warnings: list[str]
+    members: NotRequired[list[MemberView]]
+
+
+class GroupRoleView(TypedDict):
+    name: str
+    role: str
+
+
+class UserView(TypedDict):
+    name: str
+    role: str
+    is_admin: bool
+    active: bool
+    groups: list[GroupRoleView]
+    default_group: str | None
+    created_at: float
+
+
+def attempt_view(attempt: Attempt) -> AttemptView:
+    placement = attempt.placement or ()
     return {
         "number": attempt.number,
         "state": attempt.state,
-        "nodes": nodes,
-        "gpus": gpus,
-        "placement": placement,
+        "nodes": placement_nodes(placement),
+        "gpus": [{"node": p.node, "index": idx, "rank": p.rank} for p in placement for idx in p.gpu_indices],
+        "placement": placement_to_json(placement),
         "borrowed": attempt.borrowed,
         "created_at": attempt.created_at,
         "started_at": attempt.started_at,
@@ -32,7 +152,7 @@ def attempt_view(attempt: Attempt) -> dict[str, Any]:
     }
 
 
-def event_view(event: JobEvent) -> dict[str, Any]:
+def event_view(event: JobEvent) -> EventView:
     return {
         "at": event.at,
         "kind": event.kind,
@@ -48,10 +168,10 @@ def job_view(
     *,
     group_name: str | None = None,
     user_name: str | None = None,
-) -> dict[str, Any]:
+) -> JobView:
     """`group_name`/`user_name`: given by a caller that already knows them (a just-submitted job
     is a transient object without its group and user loaded)."""
-    out: dict[str, Any] = {
+    out: JobView = {
         "id": job.id,
         "name": job.name,
         "state": job.state,
@@ -59,7 +179,7 @@ def job_view(
         "user": user_name if user_name is not None else job.user.name,
         "priority": Priority(job.priority).name.lower(),
         "preemptible": job.preemptible,
-        "spec": job.spec,
+        "spec": job.spec.stored(),
         "created_at": job.submitted_at,
         "updated_at": job.updated_at,
         "finished_at": job.finished_at,
@@ -68,14 +188,14 @@ def job_view(
         "cancel_requested": job.cancel_requested,
         "reason": job.reason,
         "attempts": [attempt_view(a) for a in job.attempts],
-        "diagnosis": job.diagnosis,
+        "diagnosis": None if job.diagnosis is None else diagnosis_to_json(job.diagnosis),
     }
     if events is not None:
         out["events"] = [event_view(e) for e in events]
     return out
 
 
-def node_view(node: Node, claims: dict[tuple[str, int], int]) -> dict[str, Any]:
+def node_view(node: Node, claims: dict[tuple[str, int], int]) -> NodeView:
     return {
         "name": node.name,
         "state": node.state,
@@ -108,9 +228,9 @@ def group_view(
     *,
     usage: dict[str, object] | None = None,
     warnings: list[str] | None = None,
-) -> dict[str, Any]:
+) -> GroupView:
     """`usage`: `corral.services.quota.usage_view`; `warnings`: overcommitted guarantees."""
-    out: dict[str, Any] = {
+    out: GroupView = {
         "name": group.name,
         "weight": group.weight,
         "borrowing": group.borrowing,
@@ -132,7 +252,7 @@ def group_view(
     return out
 
 
-def user_view(user: User, groups: list[tuple[str, str]], default_group: str | None) -> dict[str, Any]:
+def user_view(user: User, groups: list[tuple[str, str]], default_group: str | None) -> UserView:
     return {
         "name": user.name,
         "role": "admin"

@@ -11,11 +11,12 @@ from corral.api.schemas import LoginIn, LoginOut, MeOut
 from corral.db.models import User
 from corral.services import auth as svc
 from corral.services.accounts import user_out
+from corral.services.views import UserView
 
 router = APIRouter(tags=["auth"])
 
 
-def me_view(db: Any, user_id: int) -> dict[str, Any]:
+def me_view(db: Any, user_id: int) -> UserView:
     return user_out(db, db.get(User, user_id))
 
 

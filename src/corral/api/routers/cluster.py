@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 
 from corral.api.deps import DB, CurrentUser
-from corral.services.nodes import cluster_summary
+from corral.services.nodes import ClusterSummary, cluster_summary
 
 router = APIRouter(tags=["cluster"])
 
 
 @router.get("/cluster/summary")
-def summary(db: DB, _principal: CurrentUser) -> dict[str, Any]:
+def summary(db: DB, _principal: CurrentUser) -> ClusterSummary:
     return cluster_summary(db)

@@ -15,12 +15,12 @@ from corral.services import accounts as svc
 from corral.services import quota
 from corral.services.auth import Principal
 from corral.services.errors import NotFound
-from corral.services.views import group_view
+from corral.services.views import GroupView, group_view
 
 router = APIRouter(tags=["groups"])
 
 
-def _views(db: Session, principal: Principal, groups: Sequence[Group]) -> list[dict[str, Any]]:
+def _views(db: Session, principal: Principal, groups: Sequence[Group]) -> list[GroupView]:
     """Groups with their usage and quota warnings (members where the caller administers it)."""
     cluster = quota.read_cluster(db)
     usage = quota.group_usage(db, groups, cluster)

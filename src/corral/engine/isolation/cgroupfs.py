@@ -19,9 +19,19 @@ import time
 TYPE_CHECKING = False  # mypy reads this name as typing.TYPE_CHECKING; importing typing costs ms
 if TYPE_CHECKING:
     from collections.abc import Collection
-    from typing import Any
+    from typing import Literal, TypedDict
 
     StrPath = str | os.PathLike[str]
+
+    class CgroupHandle(TypedDict):
+        """An instance's cgroup as create_instance_cgroup made it (kept in the attempt's spec)."""
+
+        version: Literal[1, 2]
+        dirs: list[str]  # one per hierarchy (v1) or the one dir (v2)
+        procs_dir: str
+        memory_dir: str
+        kill_file: str | None  # v2's cgroup.kill
+
 
 V1_CONTROLLERS = ("memory", "cpu", "pids", "devices")
 V2_CONTROLLERS = ("memory", "cpu", "pids")
@@ -81,7 +91,7 @@ def create_instance_cgroup(
     cpus: float | None,
     pids_max: int | None,
     allowed_devices: list[tuple[int, int]] | None = None,
-) -> dict[str, Any]:
+) -> CgroupHandle:
     """Creates `<parent>/<name>` (name may hold a '/') and writes the limits. `allowed_devices`
     (v1 only): when given, the devices controller denies every character device except the
     basic ones and these (major, minor) pairs."""
@@ -100,7 +110,7 @@ def _create_v1(
     cpus: float | None,
     pids_max: int | None,
     allowed_devices: list[tuple[int, int]] | None,
-) -> dict[str, Any]:
+) -> CgroupHandle:
     controllers = [c for c in V1_CONTROLLERS if c != "devices" or allowed_devices is not None]
     dirs = {c: os.path.join(root, c, parent, name) for c in controllers}
     for d in dirs.values():
@@ -135,7 +145,7 @@ def _create_v1(
 
 def _create_v2(
     root: str, parent: str, name: str, memory_mib: int | None, cpus: float | None, pids_max: int | None
-) -> dict[str, Any]:
+) -> CgroupHandle:
     path = os.path.join(root, parent, name)
     # Controllers must be enabled in every ancestor's subtree_control, top down.
     enable = " ".join(f"+{c}" for c in V2_CONTROLLERS)
@@ -163,13 +173,13 @@ def _create_v2(
     }
 
 
-def join(cgroup: dict[str, Any], pid: int) -> None:
+def join(cgroup: CgroupHandle, pid: int) -> None:
     """Moves `pid` into every hierarchy of the instance's cgroup (children inherit it)."""
     for d in cgroup["dirs"]:
         _write(os.path.join(d, "cgroup.procs"), str(pid))
 
 
-def pids(cgroup: dict[str, Any]) -> list[int]:
+def pids(cgroup: CgroupHandle) -> list[int]:
     try:
         text = _read(os.path.join(cgroup["procs_dir"], "cgroup.procs"))
     except OSError:
@@ -177,7 +187,7 @@ def pids(cgroup: dict[str, Any]) -> list[int]:
     return [int(p) for p in text.split()]
 
 
-def signal_all(cgroup: dict[str, Any], sig: int, skip: Collection[int] = ()) -> int:
+def signal_all(cgroup: CgroupHandle, sig: int, skip: Collection[int] = ()) -> int:
     sent = 0
     for pid in pids(cgroup):
         if pid in skip:
@@ -190,7 +200,7 @@ def signal_all(cgroup: dict[str, Any], sig: int, skip: Collection[int] = ()) -> 
     return sent
 
 
-def kill_all(cgroup: dict[str, Any], timeout_s: float = 5.0) -> bool:
+def kill_all(cgroup: CgroupHandle, timeout_s: float = 5.0) -> bool:
     """SIGKILLs everything in the cgroup until it is empty (a fork bomb is bounded by pids.max,
     so the loop converges). True when the cgroup ended empty."""
     kill_file = cgroup.get("kill_file")
@@ -210,7 +220,7 @@ def kill_all(cgroup: dict[str, Any], timeout_s: float = 5.0) -> bool:
         pause = min(pause * 2, 0.01)
 
 
-def oom_kills(cgroup: dict[str, Any]) -> int:
+def oom_kills(cgroup: CgroupHandle) -> int:
     """The kernel's own count of OOM kills inside this cgroup's memory limit."""
     memory_dir = cgroup["memory_dir"]
     if cgroup["version"] == 2:
@@ -238,7 +248,7 @@ def _counter(path: str, key: str) -> int | None:
     return None
 
 
-def remove(cgroup: dict[str, Any], attempts: int = 50) -> bool:
+def remove(cgroup: CgroupHandle, attempts: int = 50) -> bool:
     """rmdir of the instance's dirs; retries while the last exits are settling."""
     ok = True
     for d in cgroup["dirs"]:
@@ -255,7 +265,7 @@ def remove(cgroup: dict[str, Any], attempts: int = 50) -> bool:
     return ok
 
 
-def remove_attempt_dirs(cgroup: dict[str, Any]) -> None:
+def remove_attempt_dirs(cgroup: CgroupHandle) -> None:
     """rmdir of the per-attempt level above an instance's dirs, once its last instance is gone."""
     for d in cgroup["dirs"]:
         try:

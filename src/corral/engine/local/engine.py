@@ -20,8 +20,9 @@ import socket
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -47,8 +48,23 @@ from corral.engine.isolation.sandbox import (
     probe,
     write_etc,
 )
+from corral.engine.local.files import (
+    FINAL_STATUS,
+    LAUNCHER_INFO,
+    RUNNING_STATE,
+    SUPERVISOR_INFO,
+    AttemptSpec,
+    FinalStatus,
+    InstanceSpec,
+    LauncherInfo,
+    SupervisorInfo,
+    read_file,
+)
 from corral.engine.local.supervisor import proc_start
 from corral.scheduler.types import NodeState
+
+if TYPE_CHECKING:
+    from corral.engine.isolation.cgroupfs import CgroupHandle
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +93,22 @@ def _default_environments() -> dict[str, list[str]]:
             continue
         paths.append(real)
     return {"default": paths}
+
+
+@dataclass(frozen=True, slots=True)
+class IsolationCapabilities:
+    """What isolation jobs get on this node, for logs, `corral node` and tests."""
+
+    isolation_requested: bool
+    sandbox: bool
+    cgroups: bool
+    cgroup_version: int | None
+    devices_cgroup: bool
+    allow_unisolated: bool
+    refusing: bool
+    problems: tuple[str, ...]
+    summary: str
+    virtual_gpus: bool
 
 
 class LocalEngine:
@@ -157,21 +189,20 @@ class LocalEngine:
     def refusing(self) -> bool:
         return self.isolation_requested and not self.status.complete and not self.allow_unisolated
 
-    def capabilities(self) -> dict[str, Any]:
-        """What isolation jobs get on this node, for logs, `corral node` and tests."""
+    def capabilities(self) -> IsolationCapabilities:
         s = self.status
-        return {
-            "isolation_requested": self.isolation_requested,
-            "sandbox": self.isolation_requested and s.sandbox,
-            "cgroups": self.isolation_requested and s.cgroups,
-            "cgroup_version": s.cgroup_version,
-            "devices_cgroup": self.isolation_requested and s.devices_cgroup,
-            "allow_unisolated": self.allow_unisolated,
-            "refusing": self.refusing,
-            "problems": list(s.problems),
-            "summary": s.summary() if self.isolation_requested else "isolation switched off",
-            "virtual_gpus": self.inventory.virtual,
-        }
+        return IsolationCapabilities(
+            isolation_requested=self.isolation_requested,
+            sandbox=self.isolation_requested and s.sandbox,
+            cgroups=self.isolation_requested and s.cgroups,
+            cgroup_version=s.cgroup_version,
+            devices_cgroup=self.isolation_requested and s.devices_cgroup,
+            allow_unisolated=self.allow_unisolated,
+            refusing=self.refusing,
+            problems=tuple(s.problems),
+            summary=s.summary() if self.isolation_requested else "isolation switched off",
+            virtual_gpus=self.inventory.virtual,
+        )
 
     isolation_status = capabilities
 
@@ -220,7 +251,8 @@ class LocalEngine:
         except (OSError, ValueError) as exc:
             log.exception("cannot prepare attempt %s", attempt.attempt_id)
             return self._record_launch_failure(adir, f"could not prepare the attempt: {exc}")
-        _write_atomic(adir / "spec.marshal", marshal.dumps(spec))  # marshal: the lean supervisor reads it
+        # marshal: the lean supervisor reads it; dict(): typeshed's marshal takes no TypedDict
+        _write_atomic(adir / "spec.marshal", marshal.dumps(dict(spec)))
         pid = self._spawn_supervisor(attempt.attempt_id, adir)
         ref = str(pid)
         (adir / "engine_ref").write_text(ref)
@@ -271,10 +303,12 @@ class LocalEngine:
         self._children["<launcher>"] = pid
 
     def _launcher_pid(self) -> int | None:
-        info = _read_json(self.launcher_sock.with_name(self.launcher_sock.name + ".json"))
+        info: LauncherInfo | None = read_file(
+            self.launcher_sock.with_name(self.launcher_sock.name + ".json"), LAUNCHER_INFO
+        )
         if info is None:
             return None
-        pid = int(info["pid"])
+        pid = info["pid"]
         if proc_start(pid) is None or not _cmdline_has(pid, str(self.launcher_sock)):
             return None
         return pid
@@ -302,20 +336,19 @@ class LocalEngine:
         return ""
 
     def _record_launch_failure(self, adir: Path, message: str) -> str:
-        now = time.time()
-        status = {
+        status: FinalStatus = {
             "phase": "failed",
             "exit_code": None,
             "reason": FailureReason.LAUNCH_FAILED.value,
             "message": message,
             "started_at": None,
-            "finished_at": now,
+            "finished_at": time.time(),
         }
         _write_json(adir / "status.json", status)
         (adir / "engine_ref").write_text("refused")
         return "refused"
 
-    def _prepare(self, attempt: AttemptLaunch, adir: Path) -> dict[str, Any]:
+    def _prepare(self, attempt: AttemptLaunch, adir: Path) -> AttemptSpec:
         if self.refusing:
             raise LaunchRefused(
                 f"job isolation unavailable on {self.node_name}: "
@@ -368,25 +401,23 @@ class LocalEngine:
         use_cgroups: bool,
         uid: int,
         etc_files: dict[str, str],
-    ) -> dict[str, Any]:
+    ) -> InstanceSpec:
         work_dir = adir / "work" / str(inst.rank)
         work_dir.mkdir(parents=True)
         devices = device_paths(inst.gpus, self.inventory)
         env = self._instance_env(attempt, inst, work_dir, sandboxed)
-        cgroup: dict[str, Any] | None = None
+        cgroup: CgroupHandle | None = None
         if use_cgroups:
             allowed = [(d.major, d.minor) for d in devices] if self.status.devices_cgroup else None
-            cgroup = dict(
-                cgroupfs.create_instance_cgroup(
-                    self.cgroup_root,
-                    self.status.cgroup_version or 1,
-                    self.cgroup_parent,
-                    f"{attempt.attempt_id}/{inst.rank}",
-                    inst.memory_mib,
-                    inst.cpus,
-                    self.pids_max,
-                    allowed,
-                )
+            cgroup = cgroupfs.create_instance_cgroup(
+                self.cgroup_root,
+                self.status.cgroup_version or 1,
+                self.cgroup_parent,
+                f"{attempt.attempt_id}/{inst.rank}",
+                inst.memory_mib,
+                inst.cpus,
+                self.pids_max,
+                allowed,
             )
         if sandboxed:
             os.chown(work_dir, uid, uid)
@@ -452,33 +483,33 @@ class LocalEngine:
             adir = self._dir(attempt_id)
         except ValueError as exc:
             return AttemptStatus(attempt_id, AttemptPhase.LOST, message=str(exc))
-        final = _read_json(adir / "status.json")
+        final = read_file(adir / "status.json", FINAL_STATUS)
         ref = _read_text(adir / "engine_ref")
         if final is not None:
             return _final_status(attempt_id, final, ref)
         if not adir.exists():
             return AttemptStatus(attempt_id, AttemptPhase.LOST, message="this engine never launched it")
-        state = _read_json(adir / "state.json")
-        sup = _read_json(adir / "supervisor.json")
+        state = read_file(adir / "state.json", RUNNING_STATE)
+        sup = read_file(adir / "supervisor.json", SUPERVISOR_INFO)
         if self._supervisor_alive(attempt_id, adir, sup, ref):
             if state is None:
                 return AttemptStatus(attempt_id, AttemptPhase.PENDING, engine_ref=ref)
             return AttemptStatus(
-                attempt_id, AttemptPhase.RUNNING, started_at=state.get("started_at"), engine_ref=ref
+                attempt_id, AttemptPhase.RUNNING, started_at=state["started_at"], engine_ref=ref
             )
-        final = _read_json(adir / "status.json")  # it may have finished while we looked
+        final = read_file(adir / "status.json", FINAL_STATUS)  # it may have finished while we looked
         if final is not None:
             return _final_status(attempt_id, final, ref)
         return self._declare_lost(attempt_id, adir, ref)
 
-    def _supervisor_alive(self, attempt_id: str, adir: Path, sup: dict[str, Any] | None, ref: str) -> bool:
+    def _supervisor_alive(self, attempt_id: str, adir: Path, sup: SupervisorInfo | None, ref: str) -> bool:
         pid = self._children.get(attempt_id)
         if pid is not None:
             if _child_running(pid):
                 return True
             self._children.pop(attempt_id, None)
             return False
-        pid = int(sup["pid"]) if sup else (int(ref) if ref.isdigit() else None)
+        pid = sup["pid"] if sup else (int(ref) if ref.isdigit() else None)
         if pid is None:
             # Launched, but neither a pid nor a ref yet: a concurrent launch is mid-way.
             return time.time() - adir.stat().st_mtime < 10
@@ -488,12 +519,13 @@ class LocalEngine:
         """The supervisor died without a final word (killed, machine rebooted): make sure nothing
         of the attempt survives, and remember the verdict."""
         spec = self.attempt_spec(attempt_id)
-        for inst in spec.get("instances", []):
-            if inst.get("cgroup"):
-                cgroupfs.kill_all(inst["cgroup"], timeout_s=2.0)
-                cgroupfs.remove(inst["cgroup"], attempts=5)
-                cgroupfs.remove_attempt_dirs(inst["cgroup"])
-        status = {
+        for inst in spec["instances"] if spec is not None else ():
+            cgroup = inst["cgroup"]
+            if cgroup:
+                cgroupfs.kill_all(cgroup, timeout_s=2.0)
+                cgroupfs.remove(cgroup, attempts=5)
+                cgroupfs.remove_attempt_dirs(cgroup)
+        status: FinalStatus = {
             "phase": "lost",
             "exit_code": None,
             "reason": FailureReason.NODE_LOST.value,
@@ -527,13 +559,14 @@ class LocalEngine:
             if recorded != ref:
                 log.warning("adopt %s: engine ref %r given, %r recorded", attempt_id, ref, recorded)
 
-    def attempt_spec(self, attempt_id: str) -> dict[str, Any]:
-        """What the supervisor of this attempt was told to run ({} when unknown)."""
+    def attempt_spec(self, attempt_id: str) -> AttemptSpec | None:
+        """What the supervisor of this attempt was told to run (None when unknown)."""
         try:
-            spec: dict[str, Any] = marshal.loads((self._dir(attempt_id) / "spec.marshal").read_bytes())
+            # Written by this engine (launch) in this shape; marshal keeps the supervisor's start lean.
+            spec: AttemptSpec = marshal.loads((self._dir(attempt_id) / "spec.marshal").read_bytes())
             return spec
         except (OSError, ValueError, EOFError):
-            return {}
+            return None
 
     def active_attempts(self) -> list[str]:
         """Attempts launched on this node (by any engine object) that have not finished."""
@@ -548,10 +581,10 @@ class LocalEngine:
         if not adir.exists() or (adir / "status.json").exists():
             return
         _write_atomic(adir / "stop", str(max(0.0, grace_s)).encode())
-        sup = _read_json(adir / "supervisor.json")
+        sup = read_file(adir / "supervisor.json", SUPERVISOR_INFO)
         if sup is None:
             return  # not yet started: it reads `stop` before spawning anything
-        pid = int(sup["pid"])
+        pid = sup["pid"]
         if _same_process(pid, sup):
             os.kill(pid, signal.SIGUSR1)
         else:
@@ -608,12 +641,12 @@ def _home_tag(home: Path) -> str:
     return hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:10]
 
 
-def _same_process(pid: int, sup: dict[str, Any] | None) -> bool:
+def _same_process(pid: int, sup: SupervisorInfo | None) -> bool:
     """Guards against pid reuse: alive, and (once it said so) started when our supervisor did."""
     start = proc_start(pid)
     if start is None:
         return False
-    return sup is None or sup.get("proc_start") in (None, start)
+    return sup is None or sup["proc_start"] in (None, start)
 
 
 def _cmdline_has(pid: int, text: str) -> bool:
@@ -635,16 +668,16 @@ def _spawn_detached(argv: list[str], stderr_path: Path) -> int:
     return os.posix_spawn(argv[0], argv, {"PATH": "/usr/bin:/bin"}, file_actions=actions, setsid=True)
 
 
-def _final_status(attempt_id: str, data: dict[str, Any], ref: str) -> AttemptStatus:
-    reason = data.get("reason")
+def _final_status(attempt_id: str, data: FinalStatus, ref: str) -> AttemptStatus:
+    reason = data["reason"]
     return AttemptStatus(
         attempt_id=attempt_id,
         phase=AttemptPhase(data["phase"]),
-        exit_code=data.get("exit_code"),
+        exit_code=data["exit_code"],
         reason=FailureReason(reason) if reason else None,
-        message=data.get("message", ""),
-        started_at=data.get("started_at"),
-        finished_at=data.get("finished_at"),
+        message=data["message"],
+        started_at=data["started_at"],
+        finished_at=data["finished_at"],
         engine_ref=ref,
     )
 
@@ -655,16 +688,8 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def _write_json(path: Path, data: FinalStatus) -> None:
     _write_atomic(path, json.dumps(data).encode())
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-        return data
-    except (OSError, ValueError):
-        return None
 
 
 def _read_text(path: Path) -> str:

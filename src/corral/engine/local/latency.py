@@ -18,7 +18,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from corral.engine.base import AttemptLaunch, AttemptPhase, InstanceLaunch
 from corral.engine.local.engine import LocalEngine
@@ -101,7 +101,16 @@ def measure_subprocess(n: int = 50, command: str = "true") -> dict[str, float]:
     }
 
 
-def compare(n: int = 50, home: Path | None = None) -> dict[str, Any]:
+class Comparison(TypedDict):
+    jobs: int
+    plain: dict[str, float]
+    sandboxed: dict[str, float]  # empty where this machine cannot sandbox
+    subprocess: dict[str, float]
+    sandbox_cost_per_start_ms: NotRequired[float]
+    sandbox_cost_per_job_ms: NotRequired[float]
+
+
+def compare(n: int = 50, home: Path | None = None) -> Comparison:
     """Sandboxed vs plain local engine vs subprocess, measured in the same run."""
     with tempfile.TemporaryDirectory(prefix="corral-latency-") as tmp:
         base = home or Path(tmp)
@@ -119,7 +128,7 @@ def compare(n: int = 50, home: Path | None = None) -> dict[str, Any]:
             sandboxed_engine.close()
             sandboxed_engine.remove_cgroup_parent(wait_s=2.0)
         floor = measure_subprocess(n)
-    result: dict[str, Any] = {"jobs": n, "plain": plain, "sandboxed": sandboxed, "subprocess": floor}
+    result: Comparison = {"jobs": n, "plain": plain, "sandboxed": sandboxed, "subprocess": floor}
     if sandboxed:
         result["sandbox_cost_per_start_ms"] = sandboxed["to_running_p50_ms"] - plain["to_running_p50_ms"]
         result["sandbox_cost_per_job_ms"] = sandboxed["to_finished_p50_ms"] - plain["to_finished_p50_ms"]

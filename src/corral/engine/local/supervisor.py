@@ -7,9 +7,11 @@ runtime limit, stops the gang when one instance fails, reads OOM counters, and w
 atomically into the attempt dir, where a (re)started engine reads it:
 
   spec.marshal     written by the engine before the start: what to run, where, with which limits
-  supervisor.json  {pid, started_at}              written once its signals are blocked
+  supervisor.json  {pid, proc_start, started_at}  written once its signals are blocked
   state.json       {phase: running, pids, started_at} once every instance is started
-  status.json      {phase, exit_code, reason, message, started_at, finished_at}  final
+  status.json      {phase, exit_code, reason, message, started_at, finished_at, instances}  final
+
+(Their shapes are the TypedDicts of corral.engine.local.files.)
   stop             written by the engine: the grace period in seconds; then it sends SIGUSR1
   rank-<r>.log     stdout+stderr of the instance with global rank r (kept after the job)
 
@@ -28,8 +30,11 @@ import time
 TYPE_CHECKING = False  # mypy reads this as typing.TYPE_CHECKING; typing itself is not imported
 if TYPE_CHECKING:
     import signal as _signal
-    from collections.abc import Iterable, Iterator
-    from typing import Any
+    from collections.abc import Iterable, Iterator, Mapping
+    from types import ModuleType
+
+    from corral.engine.isolation.cgroupfs import CgroupHandle
+    from corral.engine.local.files import AttemptSpec, FinalStatus, InstanceSpec, Outcome
 else:
     import _signal  # the C module: `signal` would import enum, several ms per job start
 
@@ -44,7 +49,7 @@ DEFAULT_STOP_GRACE_S = 10.0
 SIGNAL_STOP_GRACE_S = 2.0
 
 
-def to_json(value: Any) -> str:
+def to_json(value: object) -> str:
     """JSON for the few plain types the state files hold (json would import re and enum)."""
     if value is None:
         return "null"
@@ -67,7 +72,7 @@ def _escape(c: str) -> str:
     return f"\\u{ord(c):04x}" if ord(c) < 0x20 else c
 
 
-def write_json(path: str, data: dict[str, Any]) -> None:
+def write_json(path: str, data: Mapping[str, object]) -> None:
     """Atomic: readers see the old file or the whole new one, never half of it."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as f:
@@ -75,10 +80,10 @@ def write_json(path: str, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def read_spec(path: str) -> dict[str, Any] | None:
+def read_spec(path: str) -> AttemptSpec | None:
     try:
         with open(path, "rb") as f:
-            data: dict[str, Any] = marshal.loads(f.read())
+            data: AttemptSpec = marshal.loads(f.read())  # written by the engine just before our start
             return data
     except (OSError, ValueError, EOFError):
         return None
@@ -100,7 +105,7 @@ def become_subreaper() -> bool:
     `reap` collects them instead of leaving zombies to pid 1, which in a container may never
     reap. Needs ctypes, whose import costs ~5 ms: only done when it is loaded already (the
     launcher preloads it), never on the slow direct-start path."""
-    ctypes: Any = sys.modules.get("ctypes")
+    ctypes: ModuleType | None = sys.modules.get("ctypes")
     if ctypes is None:
         return False
     try:
@@ -143,11 +148,11 @@ def descendants(pid: int) -> list[int]:
 
 
 class Instance:
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: InstanceSpec) -> None:
         self.rank: int = spec["rank"]
         self.spec = spec
-        self.cgroup: dict[str, Any] | None = spec.get("cgroup")
-        self.sandboxed: bool = spec.get("sandboxed", False)
+        self.cgroup: CgroupHandle | None = spec["cgroup"]
+        self.sandboxed: bool = spec["sandboxed"]
         self.pid: int | None = None
         self.exit_code: int | None = None
         self.oom = False
@@ -235,7 +240,7 @@ def _killpg(pgid: int, sig: int) -> None:
 
 def describe_failure(inst: Instance) -> tuple[str, str]:
     code = inst.exit_code or 0
-    limit = inst.spec.get("memory_mib")
+    limit = inst.spec["memory_mib"]
     if inst.oom:
         return "oom", f"rank {inst.rank} was OOM-killed by the kernel inside its {limit} MiB memory limit"
     if 128 < code < 128 + 65:
@@ -257,7 +262,7 @@ class Supervisor:
         self.failed: Instance | None = None
         self.kill_at: float | None = None
         self.unterminated: list[Instance] = []  # stopping, but their processes were not there yet
-        self.grace_s = float(spec.get("gang_grace_s", 5.0))
+        self.grace_s = float(spec["gang_grace_s"])
 
     def path(self, name: str) -> str:
         return os.path.join(self.dir, name)
@@ -292,7 +297,7 @@ class Supervisor:
             return DEFAULT_STOP_GRACE_S
 
     def loop(self) -> None:
-        max_runtime = self.spec.get("max_runtime_s")
+        max_runtime = self.spec["max_runtime_s"]
         runtime_deadline = time.monotonic() + max_runtime if max_runtime else None
         while any(i.running for i in self.instances):
             now = time.monotonic()
@@ -340,7 +345,7 @@ class Supervisor:
         self.kill_at = kill_at
         self.unterminated = [inst for inst in self.instances if not inst.terminate()]
 
-    def outcome(self) -> dict[str, Any]:
+    def outcome(self) -> Outcome:
         codes = [i.exit_code for i in self.instances if i.exit_code is not None]
         first_code = codes[0] if codes else None
         if self.failed is not None:
@@ -352,7 +357,7 @@ class Supervisor:
                 "message": message,
             }
         if self.stop_reason == "timeout":
-            limit = self.spec.get("max_runtime_s")
+            limit = self.spec["max_runtime_s"]
             return {
                 "phase": "failed",
                 "exit_code": first_code,
@@ -374,7 +379,7 @@ class Supervisor:
                 cgroupfs.kill_all(inst.cgroup, timeout_s=5.0)
                 cgroupfs.remove(inst.cgroup)
                 cgroupfs.remove_attempt_dirs(inst.cgroup)
-            work_dir = inst.spec.get("work_dir")
+            work_dir = inst.spec["work_dir"]
             if inst.sandboxed and work_dir:
                 # The job's uid goes back to the pool; its files must not be reachable by the
                 # next job that gets the same uid.
@@ -385,16 +390,19 @@ class Supervisor:
                     pass
         for _ in exited_children():  # orphans that were left to us
             pass
-        uid_lock = self.spec.get("uid_lock")
+        uid_lock = self.spec["uid_lock"]
         if uid_lock:
             try:
                 os.remove(os.path.join(uid_lock, "attempt"))
                 os.rmdir(uid_lock)
             except OSError:
                 pass
-        status = self.outcome()
-        status.update(started_at=self.started_at, finished_at=time.time())
-        status["instances"] = {str(i.rank): {"exit_code": i.exit_code, "oom": i.oom} for i in self.instances}
+        status: FinalStatus = {
+            **self.outcome(),
+            "started_at": self.started_at,
+            "finished_at": time.time(),
+            "instances": {str(i.rank): {"exit_code": i.exit_code, "oom": i.oom} for i in self.instances},
+        }
         write_json(self.path("status.json"), status)
 
 
