@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     # May CPU-only jobs use GPU nodes? None = yes for the local engine (one machine: otherwise a
     # GPU workstation could never run CPU work), no for Slurm (keep GPU nodes for GPU work).
     cpu_jobs_on_gpu_nodes: bool | None = None
+    # Requeues a job gets for work the platform lost (attempt, supervisor, node or engine lost),
+    # separate from its own `retries:`; one budget per job (services/lifecycle.py).
+    lost_requeue_budget: int = Field(default=3, ge=0)
 
     @property
     def worker_threads(self) -> int:

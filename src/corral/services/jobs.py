@@ -353,12 +353,17 @@ def cancel_job(session: Session, principal: Principal, job_id: int, *, now: floa
     now = time.time() if now is None else now
     job = get_job(session, principal, job_id, for_update=True)
     state = JobState(job.state)
+    if state is JobState.QUEUED:
+        message = f"cancelled by {principal.name}"
+        if transition(
+            session, job, JobState.CANCELLED, now=now, message=message, values={"cancel_requested": True}
+        ):
+            session.commit()
+            return job
+        state = JobState(job.state)  # placed meanwhile (re-read): ask the loops to stop it instead
     if state.terminal:
         raise Conflict(f"job {job_id} has already ended ({state.value}); there is nothing to cancel")
-    if state is JobState.QUEUED:
-        job.cancel_requested = True
-        transition(session, job, JobState.CANCELLED, now=now, message=f"cancelled by {principal.name}")
-    elif not job.cancel_requested:
+    if not job.cancel_requested:
         job.cancel_requested = True
         job.updated_at = now
         message = f"cancel requested by {principal.name}"
