@@ -318,10 +318,11 @@ def settle_attempt_end(
         return AttemptState.PREEMPTED if done else None
     if end.ending is Ending.SUCCEEDED:
         return AttemptState.SUCCEEDED if transition(session, job, JobState.SUCCEEDED, now=now) else None
-    why = f"attempt {attempt.number} {'lost' if end.ending is Ending.LOST else 'failed'} ({end.why})"
     if end.ending is Ending.LOST:
+        why = f"attempt {attempt.number} ({end.why})"
         entered = settle_lost_work(session, job, loss=end.loss, why=why, now=now, budget=budget)
         return AttemptState.LOST if entered is not None else None
+    why = f"attempt {attempt.number} failed ({end.why})"
     entered = settle_failure(session, job, why=why, now=now, retryable=end.retryable)
     return AttemptState.FAILED if entered is not None else None
 

@@ -48,9 +48,11 @@ def job_view(
     *,
     group_name: str | None = None,
     user_name: str | None = None,
+    lost_budget: int | None = None,
 ) -> dict[str, Any]:
     """`group_name`/`user_name`: given by a caller that already knows them (a just-submitted job
-    is a transient object without its group and user loaded)."""
+    is a transient object without its group and user loaded). `lost_budget`: the server's
+    platform-loss requeue budget (Settings.lost_requeue_budget), shown next to the losses."""
     out: dict[str, Any] = {
         "id": job.id,
         "name": job.name,
@@ -67,6 +69,12 @@ def job_view(
         "attempt_count": job.attempt_count,
         "cancel_requested": job.cancel_requested,
         "reason": job.reason,
+        # What the retry rules counted (services/lifecycle.py): own failures against `retries`,
+        # platform losses against the lost-requeue budget, preemptions (free).
+        "own_failures": job.own_failures or 0,
+        "platform_losses": job.platform_losses or 0,
+        "lost_requeue_budget": lost_budget,
+        "preemptions": job.preemptions or 0,
         "attempts": [attempt_view(a) for a in job.attempts],
         "diagnosis": job.diagnosis,
     }
@@ -95,6 +103,7 @@ def node_view(node: Node, claims: dict[tuple[str, int], int]) -> dict[str, Any]:
                 "memory_mib": g.memory_mib,
                 "topology_group": g.topology_group,
                 "healthy": g.healthy,
+                "health": g.health,
                 "job_id": claims.get((node.name, g.index)),
             }
             for g in node.gpus
