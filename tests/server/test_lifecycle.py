@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm.attributes import set_committed_value
 
-from corral.db.models import Attempt, Gpu, GpuClaim, Job, JobEvent, User
+from corral.db.models import Attempt, Gpu, GpuClaim, Job, JobEvent, UsageLedger, User
 from corral.db.session import make_engine
 from corral.scheduler import types as st
 from corral.server.context import ServerContext
@@ -306,3 +306,26 @@ def test_a_quarantined_gpu_is_not_offered_to_the_scheduler(env: tuple[ServerCont
     n1 = next(n for n in state.nodes if n.name == "n1")
     assert [g.healthy for g in n1.gpus] == [True, True, False, True]
     assert summary["gpus"]["free"] == 7 and summary["gpus"]["by_model"]["VGPU"]["unavailable"] == 1
+
+
+def test_one_reconcile_batch_ends_two_attempts_of_a_new_user(
+    env: tuple[ServerContext, FakeEngine], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both charge the user's new fair-share row in the batch (it used to add the row twice, fail
+    on its primary key and redo the batch one job at a time)."""
+    ctx, fake = env
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        jobs = [add_job(session, gid, uid), add_job(session, gid, uid)]
+    with ctx.session_factory() as session:
+        placed = [assignment(jobs[0], "n1"), assignment(jobs[1], "n2")]
+        assert apply_assignments(session, placed, time.time()) == 2
+    run_dispatch(ctx)
+    for job_id in jobs:
+        fake.finish(f"{job_id}.1", 0)
+    reconcile_tick(ctx, time.time())
+    assert [job_state(ctx, j) for j in jobs] == ["succeeded", "succeeded"]
+    assert "one by one" not in caplog.text
+    with ctx.session_factory() as session:
+        ledger = session.get(UsageLedger, ("g", "u"))
+        assert ledger is not None and ledger.gpu_seconds == pytest.approx(2.0, rel=0.1)

@@ -31,8 +31,15 @@ def charge_usage(session: Session, group: str, user: str, gpu_seconds: float, no
     if gpu_seconds <= 0:
         return
     row = session.get(UsageLedger, (group, user))
+    # A row added earlier in this (unflushed) batch is not in the identity map yet: without this,
+    # a batch ending two attempts of a new user added two rows and failed on the primary key.
+    added: dict[tuple[str, str], UsageLedger] = session.info.setdefault("new_usage_rows", {})
+    if row is None and (pending := added.get((group, user))) is not None and pending in session:
+        row = pending
     if row is None:
-        session.add(UsageLedger(group_name=group, user_name=user, gpu_seconds=gpu_seconds, updated_at=now))
+        row = UsageLedger(group_name=group, user_name=user, gpu_seconds=gpu_seconds, updated_at=now)
+        session.add(row)
+        added[(group, user)] = row
         return
     row.gpu_seconds = decayed(row.gpu_seconds, row.updated_at, now, USAGE_HALF_LIFE_S) + gpu_seconds
     row.updated_at = max(now, row.updated_at)

@@ -100,7 +100,7 @@ def cancel_queued(ctx: ServerContext, session: Session, now: float) -> None:
     session.commit()
 
 
-def send_stops(ctx: ServerContext, rows: list[LiveRow], now: float) -> None:
+def send_stops(ctx: ServerContext, rows: list[LiveRow]) -> None:
     wanted = [r for r in rows if not r.stop_requested and (r.cancel_requested or r.job_state == "preempted")]
     if not wanted:
         return
@@ -111,8 +111,10 @@ def send_stops(ctx: ServerContext, rows: list[LiveRow], now: float) -> None:
             if job is None or attempt is None or attempt.attempt_id != row.attempt_id:
                 continue
             grace = row.grace_s if row.grace_s is not None else read_spec(job.spec).stop_grace_s
+            # The engine's clock, not the tick's: compared with the engine's end time (an exit 0
+            # before the stop went out wins over preemption and cancel: services.lifecycle).
+            attempt.stop_requested_at = time.time()
             ctx.engine.stop(row.attempt_id, grace)
-            attempt.stop_requested_at = now
             attempt.stop_grace_s = grace
         session.commit()
 
@@ -229,7 +231,7 @@ def reconcile_tick(ctx: ServerContext, now: float) -> None:
     if not rows:
         return
     try:
-        send_stops(ctx, rows, now)
+        send_stops(ctx, rows)
         statuses = ctx.engine.poll([r.attempt_id for r in rows])
     except EngineUnavailable as exc:
         log.warning("engine unavailable; keeping job states as they are: %s", exc)

@@ -37,12 +37,13 @@ How an ended attempt settles its job (`settle_attempt_end`), first rule that app
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Table, insert, update
+from sqlalchemy import Table, Update, bindparam, insert, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -152,6 +153,21 @@ NODES = cast(Table, Node.__table__)
 GPUS = cast(Table, Gpu.__table__)
 
 
+@functools.cache
+def _cas_statement(
+    table: Table, keys: tuple[str, ...], column: str, columns: tuple[str, ...], not_cancelled: bool
+) -> Update:
+    """One compiled-once UPDATE per (table, columns written) with every value a bound parameter:
+    the loops run it for each job of a batch, and building and caching a new statement each time
+    cost more than the write itself."""
+    stmt = update(table).where(
+        *(table.c[k] == bindparam(f"key_{k}") for k in keys), table.c[column] == bindparam("expected")
+    )
+    if not_cancelled:
+        stmt = stmt.where(~table.c.cancel_requested)
+    return stmt.values({c: bindparam(f"new_{c}") for c in columns})
+
+
 def _compare_and_set(
     session: Session,
     obj: Any,
@@ -160,13 +176,13 @@ def _compare_and_set(
     column: str,
     expected: str,
     values: Mapping[str, Any],
-    guard: ColumnElement[bool] | None = None,
+    not_cancelled: bool = False,
 ) -> bool:
     """The one UPDATE ... WHERE key AND <column> = :expected. True when the row was written."""
-    stmt = update(table).where(*(table.c[k] == v for k, v in keys.items()), table.c[column] == expected)
-    if guard is not None:
-        stmt = stmt.where(guard)
-    won = session.execute(stmt.values(**values)).rowcount == 1  # type: ignore[attr-defined]
+    stmt = _cas_statement(table, tuple(keys), column, tuple(values), not_cancelled)
+    params = {"expected": expected, **{f"key_{k}": v for k, v in keys.items()}}
+    params.update({f"new_{c}": v for c, v in values.items()})
+    won = session.connection().execute(stmt, params).rowcount == 1
     if won:
         for name, value in values.items():
             set_committed_value(obj, name, value)
@@ -186,30 +202,39 @@ def transition(
     now: float,
     message: str = "",
     values: Mapping[str, Any] | None = None,
-    guard: ColumnElement[bool] | None = None,
+    not_cancelled: bool = False,
 ) -> bool:
     """Move `job` from the state its copy shows to `target` (compare-and-set), with `values` (other
     columns of the job written in the same UPDATE) and a JobEvent. False: the row was no longer in
-    that state (or `guard` failed); nothing was written. Raises InvalidTransition when the table
-    does not allow the move: a programming error, rolled back by the caller."""
+    that state (or, with `not_cancelled`, a cancel was requested); nothing was written. Raises
+    InvalidTransition when the table does not allow the move: a programming error, rolled back by
+    the caller."""
     current = JobState(job.state)
     if not can_transition(current, target):
         raise InvalidTransition(job.id, current.value, target.value)
     columns: dict[str, Any] = {"state": target.value, "updated_at": now, **(values or {})}
     if target.terminal:
-        columns.update(finished_at=now, diagnosis=None)
+        columns["finished_at"] = now
+        columns.update(_no_diagnosis(job))
         if message:
             columns["reason"] = message
-    if not _compare_and_set(session, job, JOBS, {"id": job.id}, "state", current.value, columns, guard):
+    keys = {"id": job.id}
+    if not _compare_and_set(session, job, JOBS, keys, "state", current.value, columns, not_cancelled):
         return False
     record_event(session, job.id, now, message, from_state=current.value, to_state=target.value)
     return True
 
 
+def _no_diagnosis(job: Job) -> dict[str, Any]:
+    """Clear a waiting job's "why pending" only when it has one: a JSON column written with None
+    stores JSON `null`, which the ORM (which writes only changes) never did for an empty one."""
+    return {} if job.diagnosis is None else {"diagnosis": None}
+
+
 def schedule_job(session: Session, job: Job, *, now: float, message: str) -> bool:
     """QUEUED -> SCHEDULED (the caller then adds attempt number `job.attempt_count`), only if no
     cancel was requested meanwhile: a cancel committed during the schedule cycle wins."""
-    values = {"attempt_count": job.attempt_count + 1, "diagnosis": None}
+    values = {"attempt_count": job.attempt_count + 1, **_no_diagnosis(job)}
     return transition(
         session,
         job,
@@ -217,7 +242,7 @@ def schedule_job(session: Session, job: Job, *, now: float, message: str) -> boo
         now=now,
         message=message,
         values=values,
-        guard=~JOBS.c.cancel_requested,
+        not_cancelled=True,
     )
 
 
