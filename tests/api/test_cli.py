@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from corral.cli import platform
 from corral.cli.main import app as cli
-from corral.db.models import Attempt
+from corral.db.models import Attempt, Job
 from corral.sdk import Client, load_cli_config, write_cli_config
 from tests.api.conftest import World
 from tests.api.helpers import add_node, make_running
@@ -67,7 +67,18 @@ def test_cli_job_commands(world: World, server_url: str, tmp_path: Path) -> None
     code, out = run(world, server_url, "alice", "show", str(job["id"]))
     assert code == 0 and "queued" in out and "no attempts yet" in out
     code, out = run(world, server_url, "alice", "show", str(job["id"]), "-o", "json")
-    assert json.loads(out)["events"][0]["to_state"] == "queued"
+    shown = json.loads(out)
+    assert shown["events"][0]["to_state"] == "queued"
+    assert (shown["own_failures"], shown["platform_losses"], shown["lost_requeue_budget"]) == (0, 0, 3)
+    with world.session_factory() as db:  # as the lifecycle rules leave a job requeued after a loss
+        row = db.get(Job, job["id"])
+        assert row is not None
+        row.own_failures, row.platform_losses, row.preemptions = 1, 2, 1
+        row.reason = "node lost: attempt 3 (node n1 is down); requeued (platform loss 2 of 3)"
+        db.commit()
+    code, out = run(world, server_url, "alice", "show", str(job["id"]))
+    assert "failures 1 of 0 retries  platform losses 2 of 3 requeues  preemptions 1" in out
+    assert "requeued (platform loss 2 of 3)" in out
     code, out = run(world, server_url, "carol", "show", str(job["id"]))
     assert code == 1 and f"job {job['id']} belongs to another user" in out
     code, out = run(world, server_url, "alice", "logs", str(job["id"]))

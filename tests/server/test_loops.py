@@ -171,11 +171,15 @@ def test_launch_failure_fails_the_attempt_with_its_message(env: tuple[ServerCont
     assert job_state(ctx, job_id) == "failed"
 
 
-@pytest.mark.parametrize(("preemptible", "expected"), [(True, "queued"), (False, "failed")])
+@pytest.mark.parametrize(
+    ("preemptible", "budget", "expected"), [(True, 3, "queued"), (False, 3, "queued"), (True, 0, "failed")]
+)
 def test_silent_node_goes_down_and_its_jobs_are_requeued_or_failed(
-    env: tuple[ServerContext, FakeEngine], preemptible: bool, expected: str
+    env: tuple[ServerContext, FakeEngine], preemptible: bool, budget: int, expected: str
 ) -> None:
+    """Node loss is lost work: requeued within the platform-loss budget, preemptible or not."""
     ctx, fake = env
+    ctx.settings.lost_requeue_budget = budget
     with ctx.session_factory() as session:
         gid, uid = seed_tenant(session)
         job_id = add_job(session, gid, uid, preemptible=preemptible)

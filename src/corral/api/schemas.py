@@ -104,7 +104,11 @@ class JobOut(BaseModel):
     retries: int
     attempt_count: int
     cancel_requested: bool
-    reason: str
+    reason: str  # why it last ended, failed or was requeued
+    own_failures: int = 0  # failures of the job's own, counted against `retries`
+    platform_losses: int = 0  # attempts the platform lost, counted against lost_requeue_budget
+    lost_requeue_budget: int | None = None  # the server's CORRAL_LOST_REQUEUE_BUDGET
+    preemptions: int = 0  # requeues by preemption (free)
     attempts: list[AttemptOut]
     diagnosis: DiagnosisOut | None
     events: list[EventOut] | None = None
@@ -144,6 +148,7 @@ class GpuOut(BaseModel):
     memory_mib: int
     topology_group: int | None
     healthy: bool
+    health: str = "healthy"  # Corral's verdict: healthy | quarantined | lost
     job_id: int | None
 
 

@@ -161,6 +161,17 @@ def ls(
     out.print(f"{shown} of {page['total']} jobs" + (f" (from offset {offset})" if offset else ""))
 
 
+def budgets_line(job: dict[str, Any]) -> str:
+    """What the retry rules have counted: own failures against `retries`, platform losses
+    against the server's lost-requeue budget; preemptions cost neither."""
+    budget = job.get("lost_requeue_budget")
+    losses = f"{job.get('platform_losses', 0)}" + (f" of {budget}" if budget is not None else "")
+    return (
+        f"failures {job.get('own_failures', 0)} of {job['retries']} retries  "
+        f"platform losses {losses} requeues  preemptions {job.get('preemptions', 0)}"
+    )
+
+
 @friendly_errors
 def show(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOpt = Output.table) -> None:
     """Show a job: state, attempts, why it is pending, queue position and estimated start."""
@@ -181,6 +192,7 @@ def show(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOp
         f"user {job['user']}  group {job['group']}  priority {job['priority']}  GPUs {gpus_of(job)}  "
         f"retries {job['retries']}  submitted {when(job['created_at'])}"
     )
+    out.print(budgets_line(job))
     if job.get("reason"):
         out.print(f"reason: {job['reason']}")
     _print_diagnosis(job.get("diagnosis"))

@@ -143,12 +143,17 @@ class Job(Base):
     spec: Mapped[JobSpecV1] = mapped_column(JobSpecColumn)  # the validated spec v1, as submitted
     max_retries: Mapped[int] = mapped_column(Integer, default=0)
     attempt_count: Mapped[int] = mapped_column(Integer, default=0)  # attempts created so far
+    # Budgets (services/lifecycle.py): failures of the job's own (count against max_retries),
+    # platform losses (attempt/node/engine lost: the lost-requeue budget) and preemptions (free).
+    own_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    platform_losses: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    preemptions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     runtime_estimate_s: Mapped[float | None] = mapped_column(Float)
     submitted_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    reason: Mapped[str] = mapped_column(Text, default="")  # last terminal/failure reason, human text
+    reason: Mapped[str] = mapped_column(Text, default="")  # last requeue/terminal reason, human text
     attained_gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     # Written by the scheduling loop each cycle for waiting jobs ("why pending"):
     diagnosis: Mapped[JobDiagnosis | None] = mapped_column(DiagnosisColumn)
@@ -249,7 +254,10 @@ class Gpu(Base):
     model: Mapped[str] = mapped_column(String(64))
     memory_mib: Mapped[int] = mapped_column(Integer, default=0)
     topology_group: Mapped[int | None] = mapped_column(Integer)
-    healthy: Mapped[bool] = mapped_column(Boolean, default=True)
+    healthy: Mapped[bool] = mapped_column(Boolean, default=True)  # as the engine reports it
+    # Corral's own verdict (services.lifecycle.GpuHealth): healthy | quarantined | lost. Only
+    # "healthy" GPUs (that the engine also reports healthy) are offered to the scheduler.
+    health: Mapped[str] = mapped_column(String(16), default="healthy", server_default="healthy")
 
     node: Mapped[Node] = relationship(back_populates="gpus")
 

@@ -139,11 +139,11 @@ def _advance(
         job_event(session, job.id, now, message, kind="idle_gpu")
         return "stopped"
     try:
-        transition(session, job, JobState.PREEMPTED, now=now, message=message)
+        moved = transition(session, job, JobState.PREEMPTED, now=now, message=message)
     except InvalidTransition as exc:
         log.info("cannot requeue idle job %s: %s", job.id, exc)
         return None
-    return "requeued"
+    return "requeued" if moved else None
 
 
 def _verb(action: str) -> str:

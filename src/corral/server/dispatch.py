@@ -24,12 +24,12 @@ from corral.domain import InstancePlacement
 from corral.engine.base import AttemptLaunch, EngineUnavailable, FailureReason, InstanceLaunch
 from corral.scheduler.types import GPU
 from corral.server.context import ServerContext
-from corral.server.finish import end_attempt
+from corral.server.finish import AttemptChangedMeanwhile, end_attempt
 from corral.server.leases import JOB_LEASE_TTL_S
 from corral.server.rendezvous import rendezvous_for_placement
 from corral.server.snapshot import jobs_with_live_attempts, live_attempts
 from corral.server.specview import SpecView, read_spec
-from corral.services.lifecycle import AttemptState, JobState, transition
+from corral.services.lifecycle import AttemptState, JobState, move_attempt, settle_failure, transition
 
 log = logging.getLogger("corral.server.dispatch")
 LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
@@ -167,10 +167,13 @@ def prepare_launches(
     claimed = claim_jobs(session, [j.id for j in jobs], ctx.owner_id, now)
     for job in jobs:
         if job.id in claimed and job.cancel_requested and job.id in attempts:
+            if not transition(
+                session, job, JobState.CANCELLED, now=now, message="cancelled before it started"
+            ):
+                continue
             end_attempt(
                 session, job, attempts[job.id], AttemptState.CANCELLED, now, reason=FailureReason.STOPPED
             )
-            transition(session, job, JobState.CANCELLED, now=now, message="cancelled before it started")
             job.lease_owner = None
             ctx.wake("schedule")
     session.commit()
@@ -191,16 +194,19 @@ def _record_launch(
         return
     job.lease_owner = None
     if error is not None:
+        if settle_failure(session, job, why=f"launch failed: {error}", now=now) is None:
+            return
         end_attempt(
             session, job, attempt, AttemptState.FAILED, now, reason=FailureReason.LAUNCH_FAILED, message=error
         )
-        transition(session, job, JobState.FAILED, now=now, message=f"launch failed: {error}")
         ctx.wake("schedule")
-    else:
-        attempt.engine_ref = ref
-        attempt.engine = ctx.engine.name
-        attempt.state = AttemptState.STARTING.value
-        transition(session, job, JobState.STARTING, now=now)
+    elif transition(session, job, JobState.STARTING, now=now):
+        if not move_attempt(
+            session, attempt, AttemptState.STARTING, {"engine_ref": ref, "engine": ctx.engine.name}
+        ):
+            raise AttemptChangedMeanwhile(f"attempt {attempt_id} ended in another session")
+    elif ref is not None:  # settled in another session since it was read: no orphan process
+        ctx.engine.stop(attempt_id, 0.0)
 
 
 def _launch(ctx: ServerContext, launch: AttemptLaunch) -> Launched | None:

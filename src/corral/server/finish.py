@@ -2,7 +2,8 @@
 
 Used by every loop that sees an attempt end (reconcile, dispatch, node heartbeat), so the rules
 are in one place: the GpuClaim rows go in the same transaction that records the end, which is
-what makes resources free for the next job within one schedule cycle.
+what makes resources free for the next job within one schedule cycle. The attempt's state itself
+is written by services.lifecycle (compare-and-set); the job was settled before, by the caller.
 """
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ from sqlalchemy.orm import Session
 from corral.db.models import Attempt, GpuClaim, Job, UsageLedger
 from corral.engine.base import FailureReason
 from corral.server.snapshot import USAGE_HALF_LIFE_S, decayed
-from corral.services.lifecycle import AttemptState
+from corral.services.lifecycle import AttemptState, move_attempt
+
+
+class AttemptChangedMeanwhile(RuntimeError):
+    """The attempt's row was no longer live when its end was written, after its job was settled:
+    the caller's transaction must be rolled back (the loops then retry one job at a time)."""
 
 
 def attempt_gpus(attempt: Attempt) -> int:
@@ -25,8 +31,15 @@ def charge_usage(session: Session, group: str, user: str, gpu_seconds: float, no
     if gpu_seconds <= 0:
         return
     row = session.get(UsageLedger, (group, user))
+    # A row added earlier in this (unflushed) batch is not in the identity map yet: without this,
+    # a batch ending two attempts of a new user added two rows and failed on the primary key.
+    added: dict[tuple[str, str], UsageLedger] = session.info.setdefault("new_usage_rows", {})
+    if row is None and (pending := added.get((group, user))) is not None and pending in session:
+        row = pending
     if row is None:
-        session.add(UsageLedger(group_name=group, user_name=user, gpu_seconds=gpu_seconds, updated_at=now))
+        row = UsageLedger(group_name=group, user_name=user, gpu_seconds=gpu_seconds, updated_at=now)
+        session.add(row)
+        added[(group, user)] = row
         return
     row.gpu_seconds = decayed(row.gpu_seconds, row.updated_at, now, USAGE_HALF_LIFE_S) + gpu_seconds
     row.updated_at = max(now, row.updated_at)
@@ -44,18 +57,20 @@ def end_attempt(
     message: str = "",
     ended_at: float | None = None,
 ) -> None:
-    """Mark `attempt` ended (inside the caller's transaction); does not change the job's state."""
-    attempt.state = state.value
-    attempt.ended_at = ended_at or now
-    attempt.exit_code = exit_code
-    attempt.reason = str(reason.value if isinstance(reason, FailureReason) else reason) if reason else None
-    if message:
-        attempt.message = message
-    # ORM deletes (written at flush/commit, not now): in a batch, SQLite's write lock is then held
-    # only while the whole batch is written, not from the first ended attempt on.
+    """Mark `attempt` ended (inside the caller's transaction, after its job was settled); raises
+    AttemptChangedMeanwhile when another session ended it first."""
+    values = {
+        "ended_at": ended_at or now,
+        "exit_code": exit_code,
+        "reason": str(reason.value if isinstance(reason, FailureReason) else reason) if reason else None,
+        **({"message": message} if message else {}),
+    }
+    if not move_attempt(session, attempt, state, values):
+        raise AttemptChangedMeanwhile(f"attempt {attempt.attempt_id} ended in another session")
+    # ORM deletes, written at commit with the rest of the batch (one executemany, not one each).
     for claim in session.scalars(select(GpuClaim).where(GpuClaim.attempt_pk == attempt.id)):
         session.delete(claim)
-    if attempt.started_at is not None:
+    if attempt.started_at is not None and attempt.ended_at is not None:
         gpu_seconds = attempt_gpus(attempt) * max(0.0, attempt.ended_at - attempt.started_at)
         job.attained_gpu_seconds += gpu_seconds
         charge_usage(session, job.group.name, job.user.name, gpu_seconds, now)

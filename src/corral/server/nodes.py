@@ -5,7 +5,8 @@
   `admin_state` (cordon/drain survive the engine's reports); changes of `admin_state` are pushed to
   the engine with `set_node_state`.
 - A node not reported for HEARTBEAT_TIMEOUT_S is marked down and the attempts on it end as LOST:
-  their jobs are requeued when preemptible (or when retries are left) and failed otherwise.
+  their jobs follow the one rule for lost work (services.lifecycle.settle_lost_work: requeued
+  within the job's platform-loss budget, failed beyond it).
 - EngineUnavailable changes nothing but the nodes' state, which becomes `unknown`.
 """
 
@@ -23,7 +24,13 @@ from corral.scheduler.types import GPU, NodeState
 from corral.server.context import ServerContext
 from corral.server.finish import end_attempt
 from corral.server.snapshot import LIVE_JOB_STATES, live_attempts
-from corral.services.lifecycle import AttemptState, JobState, transition
+from corral.services.lifecycle import (
+    DEFAULT_LOST_REQUEUE_BUDGET,
+    AttemptState,
+    Loss,
+    move_node,
+    settle_lost_work,
+)
 
 log = logging.getLogger("corral.server.nodes")
 # Kubernetes waits 50 s and Slurm 300 s by default; Corral's bar is 10 s from the last heartbeat.
@@ -64,28 +71,45 @@ def _sync_gpus(session: Session, row: Node, report: NodeReport) -> None:
 
 def upsert_node(session: Session, report: NodeReport, engine_name: str, now: float) -> Node:
     row = session.get(Node, report.name, options=[selectinload(Node.gpus)])
+    state = effective_state(report.state, row.admin_state or "none" if row is not None else "none")
     if row is None:
-        row = Node(name=report.name, cpus=report.cpus, memory_mib=report.memory_mib, admin_state="none")
+        row = Node(
+            name=report.name,
+            cpus=report.cpus,
+            memory_mib=report.memory_mib,
+            admin_state="none",
+            state=state.value,
+            message=report.message,
+        )
         session.add(row)
         row.gpus = []
     row.cpus, row.memory_mib, row.address = report.cpus, report.memory_mib, report.address
     row.labels, row.engine = dict(report.labels), engine_name
-    row.state = effective_state(report.state, row.admin_state or "none").value
-    row.message = report.message
+    move_node(session, row, state, message=report.message)
     if report.state is not NodeState.DOWN:
         row.last_heartbeat = now
     _sync_gpus(session, row, report)
     return row
 
 
-def fail_jobs_on(session: Session, node: str, now: float, why: str, engine: Engine | None = None) -> int:
-    """End the live attempts placed on `node` as LOST; requeue or fail their jobs. Not committed."""
+def fail_jobs_on(
+    session: Session,
+    node: str,
+    now: float,
+    why: str,
+    engine: Engine | None = None,
+    budget: int = DEFAULT_LOST_REQUEUE_BUDGET,
+) -> int:
+    """End the live attempts placed on `node` as LOST and settle their jobs by the one rule for
+    lost work (a job changed meanwhile by another session is left to it). Not committed."""
     jobs = session.scalars(select(Job).where(Job.state.in_([s.value for s in LIVE_JOB_STATES]))).all()
     attempts = live_attempts(session, [j.id for j in jobs])
     count = 0
     for job in jobs:
         attempt = attempts.get(job.id)
         if attempt is None or all(p.node != node for p in attempt.placement or ()):
+            continue
+        if settle_lost_work(session, job, loss=Loss.NODE, why=why, now=now, budget=budget) is None:
             continue
         end_attempt(
             session, job, attempt, AttemptState.LOST, now, reason=FailureReason.NODE_LOST, message=why
@@ -95,12 +119,6 @@ def fail_jobs_on(session: Session, node: str, now: float, why: str, engine: Engi
                 engine.stop(attempt.attempt_id, 0.0)
             except Exception as exc:
                 log.info("could not stop %s on lost node %s: %s", attempt.attempt_id, node, exc)
-        if job.cancel_requested:
-            transition(session, job, JobState.CANCELLED, now=now, message=f"cancelled; {why}")
-        elif job.preemptible or job.state == JobState.PREEMPTED.value:
-            transition(session, job, JobState.QUEUED, now=now, message=f"{why}; requeued")
-        else:
-            transition(session, job, JobState.FAILED, now=now, message=why)
         count += 1
     return count
 
@@ -123,7 +141,7 @@ def mark_unknown(ctx: ServerContext, message: str) -> None:
     with ctx.session_factory() as session:
         for row in session.scalars(select(Node).where(Node.engine == ctx.engine.name)):
             if row.state != NodeState.DOWN.value:
-                row.state, row.message = NodeState.UNKNOWN.value, message
+                move_node(session, row, NodeState.UNKNOWN, message=message)
         session.commit()
 
 
@@ -134,6 +152,7 @@ def node_tick(ctx: ServerContext, now: float) -> None:
         mark_unknown(ctx, f"engine unavailable: {exc}")
         return
     requeued = 0
+    budget = ctx.settings.lost_requeue_budget
     with ctx.session_factory() as session:
         # Every node with its GPUs in one query: upsert_node's session.get then finds them in the
         # session instead of reading each reported node again.
@@ -147,13 +166,13 @@ def node_tick(ctx: ServerContext, now: float) -> None:
             silent = now - (row.last_heartbeat or 0.0)
             if row.state != NodeState.DOWN.value and silent > HEARTBEAT_TIMEOUT_S:
                 why = f"node {row.name} stopped sending heartbeats ({silent:.0f} s)"
-                row.state, row.message = NodeState.DOWN.value, why
-                requeued += fail_jobs_on(session, row.name, now, why, ctx.engine)
+                if move_node(session, row, NodeState.DOWN, message=why):
+                    requeued += fail_jobs_on(session, row.name, now, why, ctx.engine, budget)
                 log.warning(why)
         for row in rows:  # reported down just now: its jobs are lost once, not every tick
             if row.state == NodeState.DOWN.value and before.get(row.name) != NodeState.DOWN.value:
                 why = row.message or f"node {row.name} is down"
-                requeued += fail_jobs_on(session, row.name, now, why, ctx.engine)
+                requeued += fail_jobs_on(session, row.name, now, why, ctx.engine, budget)
         session.commit()
         push_admin_states(ctx, rows)
     if requeued:

@@ -21,10 +21,19 @@ from corral.server.context import ServerContext
 from corral.server.finish import end_attempt
 from corral.server.snapshot import jobs_with_live_attempts, live_attempts
 from corral.server.specview import read_spec
-from corral.services.lifecycle import AttemptState, JobState, transition
+from corral.services.lifecycle import (
+    DEFAULT_LOST_REQUEUE_BUDGET,
+    AttemptEnd,
+    AttemptState,
+    Ending,
+    JobState,
+    Loss,
+    move_attempt,
+    settle_attempt_end,
+    transition,
+)
 
 log = logging.getLogger("corral.server.reconcile")
-MAX_LOST_REQUEUES = 10  # a job whose attempts keep vanishing stops being requeued for free
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +100,7 @@ def cancel_queued(ctx: ServerContext, session: Session, now: float) -> None:
     session.commit()
 
 
-def send_stops(ctx: ServerContext, rows: list[LiveRow], now: float) -> None:
+def send_stops(ctx: ServerContext, rows: list[LiveRow]) -> None:
     wanted = [r for r in rows if not r.stop_requested and (r.cancel_requested or r.job_state == "preempted")]
     if not wanted:
         return
@@ -102,8 +111,10 @@ def send_stops(ctx: ServerContext, rows: list[LiveRow], now: float) -> None:
             if job is None or attempt is None or attempt.attempt_id != row.attempt_id:
                 continue
             grace = row.grace_s if row.grace_s is not None else read_spec(job.spec).stop_grace_s
+            # The engine's clock, not the tick's: compared with the engine's end time (an exit 0
+            # before the stop went out wins over preemption and cancel: services.lifecycle).
+            attempt.stop_requested_at = time.time()
             ctx.engine.stop(row.attempt_id, grace)
-            attempt.stop_requested_at = now
             attempt.stop_grace_s = grace
         session.commit()
 
@@ -114,24 +125,39 @@ def _changes(row: LiveRow, status: AttemptStatus | None) -> bool:
     return not (status.phase is AttemptPhase.RUNNING and row.attempt_state == AttemptState.RUNNING.value)
 
 
-def _end_target(job: Job, status: AttemptStatus) -> tuple[AttemptState, JobState, str]:
+def loss_of(status: AttemptStatus) -> Loss:
+    """What an engine's LOST status lost. The engines say it in words only (the label is for the
+    reason people read; every kind of loss draws on the same budget)."""
+    text = status.message.lower()
+    if "supervisor" in text:
+        return Loss.SUPERVISOR
+    if "unknown to the" in text or "never launched" in text:
+        return Loss.ENGINE
+    return Loss.NODE if status.reason is FailureReason.NODE_LOST else Loss.ATTEMPT
+
+
+def attempt_end(status: AttemptStatus) -> AttemptEnd:
+    """The engine's final status as the lifecycle rules read it."""
     code = (
         f"exit code {status.exit_code}"
         if status.exit_code is not None
         else (status.message or "no exit code")
     )
     why = f"{status.reason.value}: {code}" if status.reason else code
-    if job.cancel_requested:
-        return AttemptState.CANCELLED, JobState.CANCELLED, "cancelled by request"
-    if job.state == JobState.PREEMPTED.value:
-        return AttemptState.PREEMPTED, JobState.QUEUED, "preempted; back in the queue"
     if status.phase is AttemptPhase.SUCCEEDED:
-        return AttemptState.SUCCEEDED, JobState.SUCCEEDED, ""
+        return AttemptEnd(Ending.SUCCEEDED, why, status.finished_at)
     if status.phase is AttemptPhase.LOST:
-        if job.preemptible and job.attempt_count < MAX_LOST_REQUEUES:
-            return AttemptState.LOST, JobState.QUEUED, f"attempt {job.attempt_count} lost ({why}); requeued"
-        return AttemptState.LOST, JobState.FAILED, f"attempt {job.attempt_count} lost ({why})"
-    return AttemptState.FAILED, JobState.FAILED, f"attempt {job.attempt_count} failed ({why})"
+        return AttemptEnd(Ending.LOST, why, status.finished_at, loss=loss_of(status))
+    return AttemptEnd(Ending.FAILED, why, status.finished_at)
+
+
+def _record_running(session: Session, job: Job, attempt: Attempt, status: AttemptStatus, now: float) -> None:
+    if attempt.state == AttemptState.RUNNING.value:
+        return
+    started = attempt.started_at or status.started_at or now
+    moved = move_attempt(session, attempt, AttemptState.RUNNING, {"started_at": started})
+    if moved and job.state == JobState.STARTING.value:
+        transition(session, job, JobState.RUNNING, now=now)
 
 
 def apply_status(
@@ -140,9 +166,12 @@ def apply_status(
     status: AttemptStatus,
     now: float,
     prefetched: tuple[Job | None, Attempt | None] | None = None,
+    *,
+    budget: int = DEFAULT_LOST_REQUEUE_BUDGET,
 ) -> bool:
     """Record one engine status in the session (the caller commits); True when the attempt ended
-    (its resources are free once committed)."""
+    (its resources are free once committed). A job or attempt changed by another session since
+    it was read is left alone: the next tick reads it again and decides on what is there."""
     if prefetched is None:
         job = session.get(Job, job_id, populate_existing=True)
         attempt = live_attempts(session, [job_id]).get(job_id) if job else None
@@ -157,14 +186,11 @@ def apply_status(
     if status.engine_ref and not attempt.engine_ref:
         attempt.engine_ref = status.engine_ref
     if status.phase is AttemptPhase.RUNNING:
-        if attempt.state == AttemptState.RUNNING.value:
-            return False
-        attempt.state = AttemptState.RUNNING.value
-        attempt.started_at = attempt.started_at or now
-        if job.state == JobState.STARTING.value:
-            transition(session, job, JobState.RUNNING, now=now)
+        _record_running(session, job, attempt, status, now)
         return False
-    attempt_state, target, message = _end_target(job, status)
+    attempt_state = settle_attempt_end(session, job, attempt, attempt_end(status), now=now, budget=budget)
+    if attempt_state is None:
+        return False
     reason = status.reason or (FailureReason.NODE_LOST if status.phase is AttemptPhase.LOST else None)
     end_attempt(
         session,
@@ -177,7 +203,6 @@ def apply_status(
         message=status.message,
         ended_at=status.finished_at,
     )
-    transition(session, job, target, now=now, message=message)
     return True
 
 
@@ -186,9 +211,9 @@ def _prefetch(session: Session, ids: list[int]) -> tuple[dict[int, Job], dict[in
     return jobs_with_live_attempts(session, ids)
 
 
-def _apply_alone(session: Session, row: LiveRow, status: AttemptStatus) -> bool:
+def _apply_alone(session: Session, row: LiveRow, status: AttemptStatus, budget: int) -> bool:
     try:
-        ended = apply_status(session, row.job_id, status, time.time())
+        ended = apply_status(session, row.job_id, status, time.time(), budget=budget)
         session.commit()
         return ended
     except Exception:
@@ -206,7 +231,7 @@ def reconcile_tick(ctx: ServerContext, now: float) -> None:
     if not rows:
         return
     try:
-        send_stops(ctx, rows, now)
+        send_stops(ctx, rows)
         statuses = ctx.engine.poll([r.attempt_id for r in rows])
     except EngineUnavailable as exc:
         log.warning("engine unavailable; keeping job states as they are: %s", exc)
@@ -214,6 +239,7 @@ def reconcile_tick(ctx: ServerContext, now: float) -> None:
     changed = [(row, statuses[row.attempt_id]) for row in rows if _changes(row, statuses.get(row.attempt_id))]
     if not changed:
         return
+    budget = ctx.settings.lost_requeue_budget
     with ctx.session_factory() as session:
         try:  # one transaction for the whole tick: one SQLite write however many jobs changed
             now = time.time()
@@ -221,7 +247,12 @@ def reconcile_tick(ctx: ServerContext, now: float) -> None:
             with session.no_autoflush:  # rows were read first: the write lock is held only to commit
                 ended = sum(
                     apply_status(
-                        session, row.job_id, status, now, (jobs.get(row.job_id), attempts.get(row.job_id))
+                        session,
+                        row.job_id,
+                        status,
+                        now,
+                        (jobs.get(row.job_id), attempts.get(row.job_id)),
+                        budget=budget,
                     )
                     for row, status in changed
                 )
@@ -229,7 +260,7 @@ def reconcile_tick(ctx: ServerContext, now: float) -> None:
         except Exception:
             session.rollback()
             log.exception("batch of %d status changes failed; recording them one by one", len(changed))
-            ended = sum(_apply_alone(session, row, status) for row, status in changed)
+            ended = sum(_apply_alone(session, row, status, budget) for row, status in changed)
     if any(status.phase is AttemptPhase.LOST for _, status in changed):
         # A lost attempt usually means a lost node: refresh node states too, so the requeued job
         # is not placed back on the node that just died.

@@ -30,7 +30,7 @@ from corral.server.context import ServerContext
 from corral.server.finish import claimed_gpus
 from corral.server.snapshot import build_snapshot, live_attempts, read_cluster_state
 from corral.server.specview import read_spec
-from corral.services.lifecycle import AttemptState, JobState, transition
+from corral.services.lifecycle import AttemptState, JobState, schedule_job, transition
 from corral.services.policy import active_profile
 
 log = logging.getLogger("corral.server.schedule")
@@ -91,9 +91,11 @@ def stage_assignment(
     wanted = {(p.node, i) for p in assignment.allocation.instances for i in p.gpu_indices}
     if wanted & claimed:
         return False
+    # Compare-and-set QUEUED -> SCHEDULED first: a cancel committed since the job was read wins.
+    if not schedule_job(session, job, now=now, message=f"placed on {', '.join(sorted(names))}"):
+        return False
     claimed |= wanted
     uuids = {(n.name, g.index): g.uuid for n in nodes.values() for g in n.gpus}
-    job.attempt_count += 1
     attempt = Attempt(
         job_id=job.id,
         number=job.attempt_count,
@@ -103,8 +105,6 @@ def stage_assignment(
         created_at=now,
     )
     session.add(attempt)
-    job.diagnosis = None
-    transition(session, job, JobState.SCHEDULED, now=now, message=f"placed on {', '.join(sorted(names))}")
     pending_claims.append((attempt, sorted(wanted)))
     return True
 
@@ -141,7 +141,7 @@ def apply_assignments(session: Session, assignments: Sequence[st.Assignment], no
     commit fails (another server claimed a GPU meanwhile), fall back to one transaction each."""
     if not assignments:
         return 0
-    # Read everything first: SQLite takes its write lock at the first INSERT, and every read done
+    # Read everything first: SQLite takes its write lock at the first write, and every read done
     # after that would make the API's submits wait for it.
     ids = [int(a.job_id) for a in assignments]
     names = {n for a in assignments for n in a.allocation.nodes}
@@ -161,14 +161,18 @@ def apply_assignments(session: Session, assignments: Sequence[st.Assignment], no
 
 
 def apply_preemption(session: Session, preemption: st.Preemption, now: float) -> bool:
+    """RUNNING -> PREEMPTED by compare-and-set: False (nothing written) when the job is no longer
+    running in the database, whatever the session's copy of it says (e.g. it just succeeded)."""
     job = session.get(Job, int(preemption.job_id))
     if job is None or job.state != JobState.RUNNING.value:
+        session.rollback()
+        return False
+    if not transition(session, job, JobState.PREEMPTED, now=now, message=preemption.reason):
         session.rollback()
         return False
     attempt = live_attempts(session, [job.id]).get(job.id)
     if attempt is not None:
         attempt.stop_grace_s = preemption.grace_s
-    transition(session, job, JobState.PREEMPTED, now=now, message=preemption.reason)
     session.commit()
     return True
 

@@ -9,7 +9,7 @@ inputs, same snapshot).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import select
@@ -19,7 +19,7 @@ from corral.db.models import Attempt, Group, Job, Node, UsageLedger, User
 from corral.domain import Placement
 from corral.scheduler import types as st
 from corral.server.specview import read_spec
-from corral.services.lifecycle import AttemptState, JobState
+from corral.services.lifecycle import AttemptState, GpuHealth, JobState
 from corral.services.nodes import scheduler_node
 from corral.spec import JobSpecV1
 
@@ -238,6 +238,17 @@ def live_attempts(session: Session, job_ids: Sequence[int]) -> dict[int, Attempt
     return {a.job_id: a for a in rows}
 
 
+def placeable_node(row: Node) -> st.Node:
+    """The node as the scheduler sees it, with a GPU that Corral quarantined or declared lost
+    offered as unhealthy (the scheduler never places on an unhealthy GPU)."""
+    node = scheduler_node(row)
+    withheld = {g.index for g in row.gpus if g.health != GpuHealth.HEALTHY.value}
+    if not withheld:
+        return node
+    gpus = tuple(replace(g, healthy=False) if g.index in withheld else g for g in node.gpus)
+    return replace(node, gpus=gpus)
+
+
 def read_cluster_state(session: Session) -> ClusterState:
     nodes = session.scalars(select(Node).options(selectinload(Node.gpus)).order_by(Node.name)).all()
     groups = session.scalars(select(Group).options(selectinload(Group.quotas)).order_by(Group.name)).all()
@@ -256,7 +267,7 @@ def read_cluster_state(session: Session) -> ClusterState:
     ).all()
     ledger = session.scalars(select(UsageLedger)).all()
     return ClusterState(
-        nodes=tuple(scheduler_node(n) for n in nodes),
+        nodes=tuple(placeable_node(n) for n in nodes),
         groups=tuple(
             GroupRecord(
                 name=g.name,

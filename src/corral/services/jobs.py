@@ -1,13 +1,15 @@
 """Jobs: submit, list, show, cancel, events and logs.
 
 Cancel contract (shared with the reconciler in corral.server):
-- QUEUED: the job goes to CANCELLED at once, here, through `transition()`.
+- QUEUED: the job goes to CANCELLED at once, here, through `transition()` (compare-and-set: if
+  the schedule loop placed it meanwhile, the cancel becomes a request as below).
 - SCHEDULED / STARTING / RUNNING / PREEMPTED: this service only sets `Job.cancel_requested = True`
   and records a "cancel_requested" event. The control loops own the running processes: the
   dispatcher must not launch a job with `cancel_requested` (it cancels it instead), and the
   reconciler stops the live attempt through the engine (SIGTERM, grace, SIGKILL) and then moves
-  the job to CANCELLED with `transition()`. `transition()` never retries a job with
-  `cancel_requested`, so a failure during the stop ends as CANCELLED/FAILED, never as a retry.
+  the job to CANCELLED (services.lifecycle.settle_attempt_end). A job with `cancel_requested` is
+  never retried, so a failure during the stop ends as CANCELLED, never as a retry; only an exit 0
+  from before the stop was sent wins over the cancel (SUCCEEDED: its work was done).
 - Terminal states: 409 (nothing to cancel). A repeated cancel of an active job is a no-op.
 """
 
@@ -378,12 +380,17 @@ def cancel_job(session: Session, principal: Principal, job_id: int, *, now: floa
     now = time.time() if now is None else now
     job = get_job(session, principal, job_id, for_update=True)
     state = JobState(job.state)
+    if state is JobState.QUEUED:
+        message = f"cancelled by {principal.name}"
+        if transition(
+            session, job, JobState.CANCELLED, now=now, message=message, values={"cancel_requested": True}
+        ):
+            session.commit()
+            return job
+        state = JobState(job.state)  # placed meanwhile (re-read): ask the loops to stop it instead
     if state.terminal:
         raise Conflict(f"job {job_id} has already ended ({state.value}); there is nothing to cancel")
-    if state is JobState.QUEUED:
-        job.cancel_requested = True
-        transition(session, job, JobState.CANCELLED, now=now, message=f"cancelled by {principal.name}")
-    elif not job.cancel_requested:
+    if not job.cancel_requested:
         job.cancel_requested = True
         job.updated_at = now
         message = f"cancel requested by {principal.name}"

@@ -1,23 +1,56 @@
-"""Job states and the one guarded `transition()` every state change goes through.
+"""The one owner of job, attempt, node and GPU state: transition tables and compare-and-set writes.
 
-    QUEUED -> SCHEDULED -> STARTING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED
-    RUNNING -> PREEMPTED -> QUEUED;  a failed attempt with retries left -> QUEUED (new attempt)
-    any non-terminal state -> CANCELLED;  terminal states are final.
+Every write of `Job.state`, `Attempt.state`, `Node.state` and `Gpu.health` is made here, as
 
-Guards live here and nowhere else (Prefect's orchestration-rules idea): callers say what they want,
-`transition` checks it is allowed, stamps times, records a JobEvent and returns. Retry is one rule:
-FAILED with retries left becomes QUEUED instead; only failed or lost attempts use up retries.
+    UPDATE <table> SET state = :target, ... WHERE <key> = :key AND state = :expected
+
+with the row count checked. `expected` is the state the caller's (possibly stale) copy shows; when
+another session changed the row meanwhile the UPDATE matches nothing and the function returns
+False: the caller sees a lost race and does nothing more, nothing is overwritten. A terminal state
+is never the `from` of an allowed transition, so the CAS makes it final in the database itself.
+The job's JobEvent is added to the same session (same transaction). After a successful write the
+ORM object gets the written values as *committed* values, so the session stays consistent and its
+flush does not write them again; after a lost race the object's state is expired (re-read on use).
+tests/server/test_lifecycle_owner.py fails when any other module writes these columns.
+
+Jobs      QUEUED -> SCHEDULED -> STARTING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED
+          RUNNING -> PREEMPTED -> QUEUED;  ended attempt with a retry or loss budget left -> QUEUED
+Attempts  SCHEDULED -> STARTING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED | PREEMPTED | LOST
+Nodes     ready | cordoned | draining | down | unknown (operator's admin_state merged with the
+          engine's report; down and unknown return to service when the engine reports them again)
+GPUs      healthy <-> quarantined; healthy | quarantined -> lost -> healthy (an operator's decision)
+
+How an ended attempt settles its job (`settle_attempt_end`), first rule that applies wins:
+1. exit 0 before Corral asked the attempt to stop: SUCCEEDED, whatever cancel or preemption was
+   pending (its work is done; running it again would do it twice). An exit 0 after the stop was
+   sent is the job answering the stop (e.g. a checkpoint on SIGTERM), so rules 2-3 apply;
+2. cancel requested: CANCELLED;
+3. preempted: back to QUEUED (costs no budget; counted in `Job.preemptions`);
+4. exit 0: SUCCEEDED;
+5. lost (attempt, supervisor, node or engine lost: `settle_lost_work`, the one rule for lost
+   work): QUEUED while the job's platform-loss budget (CORRAL_LOST_REQUEUE_BUDGET, default 3)
+   lasts, else FAILED; a loss is not the job's fault, so it never uses up `retries:`;
+6. failed (`settle_failure`): the exit-spec classification, when there is one, decides whether
+   the failure may be retried at all (`retryable=False`: FAILED at once); otherwise QUEUED while
+   the job's own failures <= `retries:`, else FAILED.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import cast
+from typing import Any, cast
 
-from sqlalchemy import Table, insert, select
+from sqlalchemy import Table, Update, bindparam, insert, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
-from corral.db.models import Attempt, Job, JobEvent
+from corral.db.models import Attempt, Gpu, Job, JobEvent, Node
+from corral.scheduler.types import NodeState
+
+DEFAULT_LOST_REQUEUE_BUDGET = 3  # Settings.lost_requeue_budget (CORRAL_LOST_REQUEUE_BUDGET)
 
 
 class JobState(StrEnum):
@@ -58,60 +91,306 @@ class AttemptState(StrEnum):
         return self not in (AttemptState.SCHEDULED, AttemptState.STARTING, AttemptState.RUNNING)
 
 
-_ALLOWED: dict[JobState, frozenset[JobState]] = {
-    JobState.QUEUED: frozenset({JobState.SCHEDULED, JobState.CANCELLED, JobState.FAILED}),
-    JobState.SCHEDULED: frozenset({JobState.STARTING, JobState.QUEUED, JobState.FAILED, JobState.CANCELLED}),
-    JobState.STARTING: frozenset(
-        {JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.QUEUED}
-    ),
-    JobState.RUNNING: frozenset(
-        {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.QUEUED}
-    ),
-    JobState.PREEMPTED: frozenset({JobState.QUEUED, JobState.CANCELLED, JobState.FAILED}),
-    JobState.SUCCEEDED: frozenset(),
-    JobState.FAILED: frozenset(),
-    JobState.CANCELLED: frozenset(),
+class GpuHealth(StrEnum):
+    HEALTHY = "healthy"  # the scheduler may place work on it (if the engine also reports it healthy)
+    QUARANTINED = "quarantined"  # kept out of placement while it is examined
+    LOST = "lost"  # gone for good until an operator says otherwise
+
+
+_J = JobState
+JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    _J.QUEUED: frozenset({_J.SCHEDULED, _J.CANCELLED, _J.FAILED}),
+    _J.SCHEDULED: frozenset({_J.STARTING, _J.QUEUED, _J.FAILED, _J.CANCELLED}),
+    _J.STARTING: frozenset({_J.RUNNING, _J.SUCCEEDED, _J.FAILED, _J.CANCELLED, _J.QUEUED}),
+    _J.RUNNING: frozenset({_J.SUCCEEDED, _J.FAILED, _J.CANCELLED, _J.PREEMPTED, _J.QUEUED}),
+    # SUCCEEDED: an attempt that exited 0 before its preemption stop was sent (rule 1 above).
+    _J.PREEMPTED: frozenset({_J.QUEUED, _J.CANCELLED, _J.FAILED, _J.SUCCEEDED}),
+    _J.SUCCEEDED: frozenset(),
+    _J.FAILED: frozenset(),
+    _J.CANCELLED: frozenset(),
+}
+_A = AttemptState
+_ENDED = frozenset({_A.SUCCEEDED, _A.FAILED, _A.CANCELLED, _A.PREEMPTED, _A.LOST})
+ATTEMPT_TRANSITIONS: dict[AttemptState, frozenset[AttemptState]] = {
+    _A.SCHEDULED: frozenset({_A.STARTING, _A.FAILED, _A.CANCELLED, _A.LOST}),
+    _A.STARTING: frozenset({_A.RUNNING}) | _ENDED,
+    _A.RUNNING: _ENDED,
+    **{state: frozenset() for state in _ENDED},
+}
+_N = NodeState
+NODE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
+    _N.READY: frozenset({_N.CORDONED, _N.DRAINING, _N.DOWN, _N.UNKNOWN}),
+    _N.CORDONED: frozenset({_N.READY, _N.DRAINING, _N.DOWN, _N.UNKNOWN}),
+    _N.DRAINING: frozenset({_N.READY, _N.CORDONED, _N.DOWN, _N.UNKNOWN}),
+    _N.DOWN: frozenset(
+        {_N.READY, _N.CORDONED, _N.DRAINING}
+    ),  # down stays down when the engine is unreachable
+    _N.UNKNOWN: frozenset({_N.READY, _N.CORDONED, _N.DRAINING, _N.DOWN}),
+}
+_G = GpuHealth
+GPU_TRANSITIONS: dict[GpuHealth, frozenset[GpuHealth]] = {
+    _G.HEALTHY: frozenset({_G.QUARANTINED, _G.LOST}),
+    _G.QUARANTINED: frozenset({_G.HEALTHY, _G.LOST}),
+    _G.LOST: frozenset({_G.HEALTHY}),
 }
 
 
 class InvalidTransition(ValueError):
-    def __init__(self, job_id: int, current: JobState, target: JobState) -> None:
-        super().__init__(f"job {job_id} cannot go from {current.value} to {target.value}")
+    def __init__(self, job_id: int | str, current: str, target: str, what: str = "job") -> None:
+        super().__init__(f"{what} {job_id} cannot go from {current} to {target}")
         self.job_id = job_id
         self.current = current
         self.target = target
 
 
 def can_transition(current: JobState, target: JobState) -> bool:
-    return target in _ALLOWED[current]
+    return target in JOB_TRANSITIONS[current]
 
 
-def transition(session: Session, job: Job, target: JobState, *, now: float, message: str = "") -> JobState:
-    """Move `job` to `target` (or to QUEUED when `target` is FAILED and retries are left).
+JOBS = cast(Table, Job.__table__)
+ATTEMPTS = cast(Table, Attempt.__table__)
+NODES = cast(Table, Node.__table__)
+GPUS = cast(Table, Gpu.__table__)
 
-    Returns the state actually entered. Raises InvalidTransition when the guard refuses; the
-    caller's transaction is then rolled back by the caller, so nothing is half-written.
-    Cancelled jobs are never retried.
-    """
+
+@functools.cache
+def _cas_statement(
+    table: Table, keys: tuple[str, ...], column: str, columns: tuple[str, ...], not_cancelled: bool
+) -> Update:
+    """One compiled-once UPDATE per (table, columns written) with every value a bound parameter:
+    the loops run it for each job of a batch, and building and caching a new statement each time
+    cost more than the write itself."""
+    stmt = update(table).where(
+        *(table.c[k] == bindparam(f"key_{k}") for k in keys), table.c[column] == bindparam("expected")
+    )
+    if not_cancelled:
+        stmt = stmt.where(~table.c.cancel_requested)
+    return stmt.values({c: bindparam(f"new_{c}") for c in columns})
+
+
+def _compare_and_set(
+    session: Session,
+    obj: Any,
+    table: Table,
+    keys: Mapping[str, Any],
+    column: str,
+    expected: str,
+    values: Mapping[str, Any],
+    not_cancelled: bool = False,
+) -> bool:
+    """The one UPDATE ... WHERE key AND <column> = :expected. True when the row was written."""
+    stmt = _cas_statement(table, tuple(keys), column, tuple(values), not_cancelled)
+    params = {"expected": expected, **{f"key_{k}": v for k, v in keys.items()}}
+    params.update({f"new_{c}": v for c, v in values.items()})
+    won = session.connection().execute(stmt, params).rowcount == 1
+    if won:
+        for name, value in values.items():
+            set_committed_value(obj, name, value)
+    else:
+        session.expire(obj, [column])
+    return won
+
+
+# -- jobs ----------------------------------------------------------------------------------------
+
+
+def transition(
+    session: Session,
+    job: Job,
+    target: JobState,
+    *,
+    now: float,
+    message: str = "",
+    values: Mapping[str, Any] | None = None,
+    not_cancelled: bool = False,
+) -> bool:
+    """Move `job` from the state its copy shows to `target` (compare-and-set), with `values` (other
+    columns of the job written in the same UPDATE) and a JobEvent. False: the row was no longer in
+    that state (or, with `not_cancelled`, a cancel was requested); nothing was written. Raises
+    InvalidTransition when the table does not allow the move: a programming error, rolled back by
+    the caller."""
     current = JobState(job.state)
-    if target is JobState.FAILED and not job.cancel_requested:
-        failures = _failed_attempts(session, job)
-        if failures <= job.max_retries:
-            target = JobState.QUEUED
-            message = f"{message} (retrying: retry {failures} of {job.max_retries})".strip()
     if not can_transition(current, target):
-        raise InvalidTransition(job.id, current, target)
-    job.state = target.value
-    job.updated_at = now
+        raise InvalidTransition(job.id, current.value, target.value)
+    columns: dict[str, Any] = {"state": target.value, "updated_at": now, **(values or {})}
     if target.terminal:
-        job.finished_at = now
+        columns["finished_at"] = now
+        columns.update(_no_diagnosis(job))
         if message:
-            job.reason = message
-    if target.terminal:
-        job.diagnosis = None
+            columns["reason"] = message
+    keys = {"id": job.id}
+    if not _compare_and_set(session, job, JOBS, keys, "state", current.value, columns, not_cancelled):
+        return False
     record_event(session, job.id, now, message, from_state=current.value, to_state=target.value)
-    return target
+    return True
 
+
+def _no_diagnosis(job: Job) -> dict[str, Any]:
+    """Clear a waiting job's "why pending" only when it has one: a JSON column written with None
+    stores JSON `null`, which the ORM (which writes only changes) never did for an empty one."""
+    return {} if job.diagnosis is None else {"diagnosis": None}
+
+
+def schedule_job(session: Session, job: Job, *, now: float, message: str) -> bool:
+    """QUEUED -> SCHEDULED (the caller then adds attempt number `job.attempt_count`), only if no
+    cancel was requested meanwhile: a cancel committed during the schedule cycle wins."""
+    values = {"attempt_count": job.attempt_count + 1, **_no_diagnosis(job)}
+    return transition(
+        session,
+        job,
+        JobState.SCHEDULED,
+        now=now,
+        message=message,
+        values=values,
+        not_cancelled=True,
+    )
+
+
+class Loss(StrEnum):
+    """What was lost. All four share one requeue budget per job (`settle_lost_work`)."""
+
+    ATTEMPT = "attempt lost"  # the engine no longer knows the attempt
+    SUPERVISOR = "supervisor lost"  # the process that watched the attempt died
+    NODE = "node lost"  # the node stopped sending heartbeats or was reported down
+    ENGINE = "engine lost"  # the engine (e.g. Slurm) lost its record of the job
+
+
+def settle_lost_work(
+    session: Session, job: Job, *, loss: Loss, why: str, now: float, budget: int = DEFAULT_LOST_REQUEUE_BUDGET
+) -> JobState | None:
+    """THE rule for lost work, whatever was lost: a cancelled job is cancelled, a preempted one
+    goes back to the queue (it was being stopped anyway), any other is requeued while its
+    platform losses stay within `budget` (losses are not the job's fault and do not use up
+    `retries:`), else FAILED. Returns the state entered, None after a lost race."""
+    if job.cancel_requested:
+        target, message, values = JobState.CANCELLED, f"cancelled; {loss.value}: {why}", {}
+    elif job.state == JobState.PREEMPTED.value:
+        target, message = JobState.QUEUED, f"preempted; {loss.value} ({why}); back in the queue"
+        values = {"preemptions": job.preemptions + 1, "reason": message}
+    else:
+        losses = job.platform_losses + 1
+        if losses <= budget:
+            target = JobState.QUEUED
+            message = f"{loss.value}: {why}; requeued (platform loss {losses} of {budget})"
+        else:
+            target = JobState.FAILED
+            message = f"{loss.value}: {why}; lost {losses} times, over the platform-loss budget of {budget}"
+        values = {"platform_losses": losses, "reason": message}
+    return target if transition(session, job, target, now=now, message=message, values=values) else None
+
+
+def settle_failure(
+    session: Session, job: Job, *, why: str, now: float, retryable: bool | None = None
+) -> JobState | None:
+    """The job's own failure: FAILED, or QUEUED while its own failures <= `retries:`.
+    `retryable`: the exit-spec's verdict on this failure when there is one (False: never retried,
+    True or None: the retry budget decides). Returns the state entered, None after a lost race."""
+    if job.cancel_requested:
+        target, message, values = JobState.CANCELLED, f"cancelled; {why}", {}
+    else:
+        failures = job.own_failures + 1
+        if retryable is not False and failures <= job.max_retries:
+            target, message = JobState.QUEUED, f"{why} (retrying: retry {failures} of {job.max_retries})"
+        elif retryable is False:
+            target, message = JobState.FAILED, f"{why} (not retryable)"
+        else:
+            target, message = JobState.FAILED, why
+        values = {"own_failures": failures, "reason": message}
+    return target if transition(session, job, target, now=now, message=message, values=values) else None
+
+
+class Ending(StrEnum):
+    """How the engine says an attempt ended."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    LOST = "lost"
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEnd:
+    ending: Ending
+    why: str  # human text: "exit code 3", "node_lost: ..."
+    finished_at: float | None = None  # when the engine saw it end (None: unknown)
+    loss: Loss = Loss.ATTEMPT  # what was lost, for Ending.LOST
+    retryable: bool | None = None  # the exit-spec's verdict, for Ending.FAILED
+
+
+def settle_attempt_end(
+    session: Session,
+    job: Job,
+    attempt: Attempt,
+    end: AttemptEnd,
+    *,
+    now: float,
+    budget: int = DEFAULT_LOST_REQUEUE_BUDGET,
+) -> AttemptState | None:
+    """Settle the job of an attempt that ended (the rules in this module's docstring) and return
+    the state the attempt must end in (`end_attempt`); None: the job changed meanwhile, nothing
+    was written and the next look at the attempt decides again."""
+    stop_at = attempt.stop_requested_at
+    before_stop = stop_at is None or (end.finished_at is not None and end.finished_at < stop_at)
+    if end.ending is Ending.SUCCEEDED and before_stop:
+        done = transition(session, job, JobState.SUCCEEDED, now=now)
+        return AttemptState.SUCCEEDED if done else None
+    if job.cancel_requested:
+        done = transition(session, job, JobState.CANCELLED, now=now, message="cancelled by request")
+        return AttemptState.CANCELLED if done else None
+    if job.state == JobState.PREEMPTED.value:
+        message = "preempted; back in the queue"
+        values = {"preemptions": job.preemptions + 1, "reason": message}
+        done = transition(session, job, JobState.QUEUED, now=now, message=message, values=values)
+        return AttemptState.PREEMPTED if done else None
+    if end.ending is Ending.SUCCEEDED:
+        return AttemptState.SUCCEEDED if transition(session, job, JobState.SUCCEEDED, now=now) else None
+    if end.ending is Ending.LOST:
+        why = f"attempt {attempt.number} ({end.why})"
+        entered = settle_lost_work(session, job, loss=end.loss, why=why, now=now, budget=budget)
+        return AttemptState.LOST if entered is not None else None
+    why = f"attempt {attempt.number} failed ({end.why})"
+    entered = settle_failure(session, job, why=why, now=now, retryable=end.retryable)
+    return AttemptState.FAILED if entered is not None else None
+
+
+# -- attempts, nodes, GPUs -----------------------------------------------------------------------
+
+
+def move_attempt(
+    session: Session, attempt: Attempt, target: AttemptState, values: Mapping[str, Any] | None = None
+) -> bool:
+    """Compare-and-set of `attempt` from the state its copy shows to `target` (with `values`)."""
+    current = AttemptState(attempt.state)
+    if target not in ATTEMPT_TRANSITIONS[current]:
+        raise InvalidTransition(attempt.attempt_id, current.value, target.value, "attempt")
+    columns = {"state": target.value, **(values or {})}
+    return _compare_and_set(session, attempt, ATTEMPTS, {"id": attempt.id}, "state", current.value, columns)
+
+
+def move_node(session: Session, node: Node, target: NodeState, *, message: str | None = None) -> bool:
+    """Compare-and-set of `node`'s effective state (and message). A node already in `target` is
+    left as it is (True, no write): the node loop recomputes every node's state every tick."""
+    values: dict[str, Any] = {} if message is None or message == node.message else {"message": message}
+    if node.state == target.value:
+        if values:  # same state, new text: a plain column, not guarded
+            node.message = values["message"]
+        return True
+    current = NodeState(node.state) if node.state in NodeState._value2member_map_ else NodeState.UNKNOWN
+    if target not in NODE_TRANSITIONS[current]:
+        raise InvalidTransition(node.name, current.value, target.value, "node")
+    columns = {"state": target.value, **values}
+    return _compare_and_set(session, node, NODES, {"name": node.name}, "state", node.state, columns)
+
+
+def move_gpu(session: Session, gpu: Gpu, target: GpuHealth) -> bool:
+    """Compare-and-set of a GPU's health (quarantine, loss, return to service)."""
+    current = GpuHealth(gpu.health)
+    if target not in GPU_TRANSITIONS[current]:
+        raise InvalidTransition(f"{gpu.node_name}/{gpu.index}", current.value, target.value, "GPU")
+    keys = {"node_name": gpu.node_name, "index": gpu.index}
+    return _compare_and_set(session, gpu, GPUS, keys, "health", current.value, {"health": target.value})
+
+
+# -- events --------------------------------------------------------------------------------------
 
 INSERT_EVENT = insert(cast(Table, JobEvent.__table__))
 
@@ -145,14 +424,3 @@ def record_event(
         session.connection().execute(INSERT_EVENT, columns)
     else:
         session.add(JobEvent(**columns))
-
-
-def _failed_attempts(session: Session, job: Job) -> int:
-    """Attempts that failed or were lost, the current one included (callers end the attempt
-    before they transition the job). Preempted attempts do not use up retries.
-
-    Counted on the loaded objects, not with COUNT(*): loops run with autoflush off, and objects
-    already in the session keep their unflushed state when a query returns them."""
-    failed = (AttemptState.FAILED.value, AttemptState.LOST.value)
-    attempts = session.scalars(select(Attempt).where(Attempt.job_id == job.id))
-    return sum(1 for attempt in attempts if attempt.state in failed)

@@ -16,6 +16,7 @@ from corral.db.models import GpuClaim, Job, Node
 from corral.scheduler import types as st
 from corral.services import notify
 from corral.services.errors import NotFound
+from corral.services.lifecycle import GpuHealth, move_node
 
 ADMIN_ACTIONS = {"cordon": "cordoned", "drain": "draining", "uncordon": "none"}
 LIVE_NODE_STATES = ("ready", "cordoned", "draining")
@@ -37,7 +38,10 @@ def set_admin_state(session: Session, name: str, action: str) -> Node:
     admin_state = ADMIN_ACTIONS[action]
     node.admin_state = admin_state
     if node.state in LIVE_NODE_STATES:
-        node.state = "ready" if admin_state == "none" else admin_state
+        target = st.NodeState.READY if admin_state == "none" else st.NodeState(admin_state)
+        # A lost race means the node loop just marked it down or unknown: that state stands, and
+        # admin_state (written below) applies when the node reports ready again.
+        move_node(session, node, target)
     notify.changed(session, notify.Topic.NODES)
     session.flush()
     return node
@@ -76,7 +80,7 @@ def cluster_summary(session: Session) -> ClusterSummary:
             entry["total"] += 1
             if (node.name, gpu.index) in claims:
                 entry["allocated"] += 1
-            elif usable and gpu.healthy:
+            elif usable and gpu.healthy and gpu.health == GpuHealth.HEALTHY.value:
                 entry["free"] += 1
             else:
                 entry["unavailable"] += 1

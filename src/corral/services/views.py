@@ -63,6 +63,10 @@ class JobView(TypedDict):
     attempt_count: int
     cancel_requested: bool
     reason: str
+    own_failures: int
+    platform_losses: int
+    lost_requeue_budget: int | None
+    preemptions: int
     attempts: list[AttemptView]
     diagnosis: JobDiagnosisJSON | None
     events: NotRequired[list[EventView]]
@@ -75,6 +79,7 @@ class GpuView(TypedDict):
     memory_mib: int
     topology_group: int | None
     healthy: bool
+    health: str  # healthy | quarantined | lost (services/lifecycle.py GpuHealth)
     job_id: int | None
 
 
@@ -168,9 +173,11 @@ def job_view(
     *,
     group_name: str | None = None,
     user_name: str | None = None,
+    lost_budget: int | None = None,
 ) -> JobView:
     """`group_name`/`user_name`: given by a caller that already knows them (a just-submitted job
-    is a transient object without its group and user loaded)."""
+    is a transient object without its group and user loaded). `lost_budget`: the server's
+    platform-loss requeue budget (Settings.lost_requeue_budget), shown next to the losses."""
     out: JobView = {
         "id": job.id,
         "name": job.name,
@@ -187,6 +194,12 @@ def job_view(
         "attempt_count": job.attempt_count,
         "cancel_requested": job.cancel_requested,
         "reason": job.reason,
+        # What the retry rules counted (services/lifecycle.py): own failures against `retries`,
+        # platform losses against the lost-requeue budget, preemptions (free).
+        "own_failures": job.own_failures or 0,
+        "platform_losses": job.platform_losses or 0,
+        "lost_requeue_budget": lost_budget,
+        "preemptions": job.preemptions or 0,
         "attempts": [attempt_view(a) for a in job.attempts],
         "diagnosis": None if job.diagnosis is None else diagnosis_to_json(job.diagnosis),
     }
@@ -215,6 +228,7 @@ def node_view(node: Node, claims: dict[tuple[str, int], int]) -> NodeView:
                 "memory_mib": g.memory_mib,
                 "topology_group": g.topology_group,
                 "healthy": g.healthy,
+                "health": g.health,
                 "job_id": claims.get((node.name, g.index)),
             }
             for g in node.gpus

@@ -24,6 +24,11 @@ YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yam
 _SPEC_SCHEMA: dict[str, Any] = {"type": "object", "description": "job spec v1 (see corral.spec)"}
 
 
+def budget(request: Request) -> int:
+    """The platform-loss requeue budget this server applies, shown with each job's losses."""
+    return int(request.app.state.settings.lost_requeue_budget)
+
+
 def _body_error(msg: str) -> RequestValidationError:
     return RequestValidationError([{"loc": ("body",), "msg": msg, "type": "value_error"}])
 
@@ -84,6 +89,7 @@ def submit(
 def list_jobs(
     db: DB,
     principal: CurrentUser,
+    request: Request,
     state: Annotated[list[str] | None, Query(description="repeat or comma-separate")] = None,
     user: str | None = None,
     group: str | None = None,
@@ -98,21 +104,26 @@ def list_jobs(
     )
     items, total = svc.list_jobs(db, principal, flt)
     return fast_json(
-        {"items": [job_view(j) for j in items], "total": total, "limit": limit, "offset": offset}
+        {
+            "items": [job_view(j, lost_budget=budget(request)) for j in items],
+            "total": total,
+            "limit": limit,
+            "offset": offset,
+        }
     )
 
 
 @router.get("/jobs/{job_id}", response_model=JobOut)
-def show(job_id: int, db: DB, principal: CurrentUser) -> Any:
+def show(job_id: int, db: DB, principal: CurrentUser, request: Request) -> Any:
     job = svc.get_job(db, principal, job_id)
-    return fast_json(job_view(job, svc.job_events(db, job.id)))
+    return fast_json(job_view(job, svc.job_events(db, job.id), lost_budget=budget(request)))
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobOut)
-def cancel(job_id: int, db: DB, principal: CurrentUser) -> Any:
+def cancel(job_id: int, db: DB, principal: CurrentUser, request: Request) -> Any:
     """Queued jobs end at once; active jobs get cancel_requested and the control loops stop them."""
     job = svc.cancel_job(db, principal, job_id)
-    return job_view(job, svc.job_events(db, job.id))
+    return job_view(job, svc.job_events(db, job.id), lost_budget=budget(request))
 
 
 @router.delete("/jobs/{job_id}", status_code=status.HTTP_204_NO_CONTENT)

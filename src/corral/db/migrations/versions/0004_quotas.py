@@ -2,7 +2,7 @@
 memory_max_mib
 
 Revision ID: 0004_quotas
-Revises: 0002_monitor
+Revises: 0003_lifecycle
 Create Date: 2026-11-25 12:50:00.000000
 """
 
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0004_quotas"
-down_revision = "0002_monitor"
+down_revision = "0003_lifecycle"
 branch_labels = None
 depends_on = None
 
