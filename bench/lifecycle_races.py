@@ -39,13 +39,15 @@ Step = tuple[str, tuple[object, ...]]
 # step name -> weight: ticks and engine events dominate, as they do on a live server
 WEIGHTS = {
     "submit": 6,
+    "preempt": 3,
     "cancel": 3,
     "tick": 14,
     "raced_tick": 6,
     "cycle": 4,
     "launch": 5,
     "restart": 1,
-    "engine": 10,
+    "engine": 6,
+    "attempt_ends": 5,
     "node": 1,
     "advance": 3,
 }
@@ -64,6 +66,8 @@ def draw(rng: random.Random) -> Step:
             rng.random() < 0.7,
         )
         args += (rng.randrange(2),)
+    elif name == "preempt":
+        args = (server, rng.choice(GROUPS), rng.choice(["normal", "high"]))
     elif name == "cancel":
         args = (pick,)
     elif name == "tick":
@@ -74,23 +78,13 @@ def draw(rng: random.Random) -> Step:
         args = (server,)
     elif name == "engine":
         args = (rng.choice(["start", "start", "exit0", "exit1", "lost", "stop_takes_effect"]), pick)
+    elif name == "attempt_ends":
+        args = (rng.choice(["exit0", "exit1", "lost"]), pick, server)
     elif name == "node":
         args = (rng.choice(["lost", "back"]), rng.choice(NODES))
     else:
         args = (rng.choice([1.0, 3.0, 7.0, 11.0]),)
     return name, args
-
-
-def apply(world: World, step: Step) -> None:
-    name, args = step
-    if name == "raced_tick":
-        server, loop, k, what, pick, racer = args
-        assert isinstance(server, int) and isinstance(loop, str) and isinstance(k, int)
-        assert isinstance(what, str) and isinstance(pick, int) and isinstance(racer, int)
-        world.raced_tick(server, loop, k, world.race_action(what, pick, racer))
-        return
-    method: Callable[..., None] = world.engine_step if name == "engine" else getattr(world, name)
-    method(*args)
 
 
 def run(
@@ -104,12 +98,13 @@ def run(
     started = time.perf_counter()
     while done < steps:
         world = World(url_for_episode(), home, servers=servers)
+        world.busy_cluster()
         history: list[Step] = []
         try:
             for _ in range(min(episode, steps - done)):
                 step = draw(rng)
                 history.append(step)
-                apply(world, step)
+                world.do(*step)
                 done += 1
                 for v in world.check():
                     violations[v.invariant] += 1
