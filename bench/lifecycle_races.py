@@ -87,6 +87,31 @@ def draw(rng: random.Random) -> Step:
     return name, args
 
 
+def replay_breaks(world: World, steps: list[Step], invariant: str) -> bool:
+    """Whether `steps` (after the busy start) break `invariant` in a fresh world."""
+    try:
+        world.busy_cluster()
+        for step in steps:
+            world.do(*step)
+            if any(v.invariant == invariant for v in world.check()):
+                return True
+        return False
+    finally:
+        world.close()
+
+
+def shrink(new_world: Callable[[], World], steps: list[Step], invariant: str) -> list[Step]:
+    """Drop steps one at a time while the rest still break `invariant` (replayed from scratch)."""
+    i = 0
+    while i < len(steps):
+        candidate = steps[:i] + steps[i + 1 :]
+        if replay_breaks(new_world(), candidate, invariant):
+            steps = candidate
+        else:
+            i += 1
+    return steps
+
+
 def run(
     url_for_episode: Callable[[], str], home: Path, steps: int, seed: int, episode: int, servers: int
 ) -> dict[str, object]:
@@ -135,6 +160,7 @@ def main() -> None:
     parser.add_argument("--episode", type=int, default=40, help="steps per fresh database")
     parser.add_argument("--servers", type=int, default=2)
     parser.add_argument("--postgres", action="store_true", help="PostgreSQL (started here) instead of SQLite")
+    parser.add_argument("--shrink", action="store_true", help="shrink each invariant's first failing episode")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="corral-races-"))
     pg = None
@@ -160,6 +186,12 @@ def main() -> None:
                 return f"sqlite:///{home}/db{next(count)}.sqlite"
 
         result = run(next_url, home, args.steps, args.seed, args.episode, args.servers)
+        first = result["first"]
+        assert isinstance(first, dict)
+        if args.shrink:
+            for name, (length, detail, prefix) in list(first.items()):
+                small = shrink(lambda: World(next_url(), home, servers=args.servers), prefix, name)
+                first[name] = (length, detail, small)
     finally:
         if pg is not None:
             pg.stop()
@@ -179,6 +211,7 @@ def main() -> None:
         if name in first:
             length, detail, prefix = first[name]
             print(f"  first seen after {length} steps of an episode: {detail}")
+            print(f"  a failing sequence of {len(prefix)} steps after busy_cluster():")
             for step_name, step_args in prefix:
                 print(f"    {step_name}{step_args}")
     print(json.dumps({"database": database, "servers": args.servers, "seed": args.seed, **result}))

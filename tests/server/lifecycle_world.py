@@ -598,17 +598,21 @@ class World:
     def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)
 
-    def race_action(self, what: str, pick: int, server: int) -> Callable[[], None]:
-        """An action for `raced_tick`: an API call, or an engine event seen by a reconcile tick."""
+    def race_action(self, what: str, pick: int, server: int, ticking: str) -> Callable[[], None]:
+        """An action for `raced_tick` of the loop `ticking`: an API call, an engine event seen by a
+        reconcile tick, or a tick of another loop. Never a second tick of the `ticking` loop: its
+        lease lets one tick of a loop run at a time across all servers."""
 
         def act() -> None:
             if what == "cancel":
                 self.cancel(pick)
             elif what in ("exit0", "exit1", "lost"):
                 self.engine_step(what, pick)
-                self.tick(server, "reconcile")
+                if ticking != "reconcile":
+                    self.tick(server, "reconcile")
             elif what in LOOPS:
-                self.tick(server, what)
+                if what != ticking:
+                    self.tick(server, what)
             else:
                 raise ValueError(f"unknown race action {what!r}")
 
@@ -620,7 +624,7 @@ class World:
             server, loop, k, what, pick, racer = args
             assert isinstance(server, int) and isinstance(loop, str) and isinstance(k, int)
             assert isinstance(what, str) and isinstance(pick, int) and isinstance(racer, int)
-            self.raced_tick(server, loop, k, self.race_action(what, pick, racer))
+            self.raced_tick(server, loop, k, self.race_action(what, pick, racer, loop))
             return
         method: Callable[..., None] = self.engine_step if name == "engine" else getattr(self, name)
         method(*args)

@@ -102,7 +102,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         racer=SERVERS,
     )
     def raced_tick(self, server: int, loop: str, k: int, what: str, pick: int, racer: int) -> None:
-        self.world.raced_tick(server, loop, k, self.world.race_action(what, pick, racer))
+        self.world.raced_tick(server, loop, k, self.world.race_action(what, pick, racer, loop))
 
     @rule(server=SERVERS)
     def cycle(self, server: int) -> None:
