@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import random
 import shutil
 import sys
@@ -162,6 +163,8 @@ def main() -> None:
     parser.add_argument("--postgres", action="store_true", help="PostgreSQL (started here) instead of SQLite")
     parser.add_argument("--shrink", action="store_true", help="shrink each invariant's first failing episode")
     args = parser.parse_args()
+    # The loops log what they handle (nodes gone silent, a batch retried one by one): not figures.
+    logging.getLogger("corral").setLevel(logging.CRITICAL)
     home = Path(tempfile.mkdtemp(prefix="corral-races-"))
     pg = None
     try:
