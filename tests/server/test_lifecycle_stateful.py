@@ -161,6 +161,14 @@ SEQUENCES: dict[str, list[tuple[str, tuple[object, ...]]]] = {
         ("submit", ("a", 4, "normal", True, 0)),
         ("raced_tick", (0, "schedule", 0, "exit0", 1, 1)),
     ],
+    # the loss of an attempt is recorded (job requeued) while the schedule cycle preempts the job
+    # (for job 4, high priority): QUEUED -> PREEMPTED from a stale read, and with no live attempt
+    # nothing ever moves it on
+    "attempt_lost_races_preemption": [
+        ("preempt", (0, "a", "normal")),
+        ("submit", ("b", 2, "high", True, 1)),
+        ("raced_tick", (1, "schedule", 0, "lost", 2, 0)),
+    ],
     # a cancel commits while the schedule cycle places the job: CANCELLED -> SCHEDULED
     "cancel_races_placement": [
         ("attempt_ends", ("exit0", 0, 0)),
