@@ -385,21 +385,26 @@ class World:
         self.url = url
         self.clock = VirtualClock()
         self.time = PatchedTime(self.clock)
-        self.time.install()
         self.engine = ControlledEngine(self.clock)
         self.settings = Settings(home=home, virtual_gpus=4)
         self.race = RaceHook()
-        self.api_db = self._make_db()
-        self.api = sessionmaker(bind=self.api_db, expire_on_commit=False)
-        self.principals = self._seed()
-        self._generations = itertools.count()
-        self.servers = [self._start_server(i) for i in range(servers)]
         self.jobs: list[int] = []
         self.terminal: dict[int, str] = {}
         self.violations: list[Violation] = []
         self.seen: set[tuple[str, int]] = set()
         self.races_fired = 0
-        self.tick(0, "nodes")
+        self._generations = itertools.count()
+        self.servers: list[Server] = []
+        self.api_db = self._make_db()
+        self.api = sessionmaker(bind=self.api_db, expire_on_commit=False)
+        self.time.install()
+        try:  # a world that cannot start leaves the real clock in place for the tests after it
+            self.principals = self._seed()
+            self.servers = [self._start_server(i) for i in range(servers)]
+            self.tick(0, "nodes")
+        except BaseException:
+            self.close()
+            raise
 
     def _make_db(self) -> Engine:
         db = make_engine(self.url)

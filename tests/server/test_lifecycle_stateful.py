@@ -37,12 +37,12 @@ from hypothesis.stateful import (
 from tests.pg import PostgresServer
 from tests.server.lifecycle_world import GROUPS, LOOPS, NODES, World, reset_postgres
 
-# In the suite: the same 25 sequences of 30 steps on every run, and a failure is reported as it
-# was found (shrinking takes minutes at ~30 ms a step). CORRAL_RACES_PROFILE=shrink to get the
-# minimal failing sequence; bench/lifecycle_races.py for the long run.
+# In the suite: the same 12 sequences of 30 steps on every run (10-20 s a database), and a failure
+# is reported as it was found (shrinking takes minutes at ~40 ms a step). CORRAL_RACES_PROFILE=shrink
+# to get a minimal failing sequence; bench/lifecycle_races.py for the long run.
 settings.register_profile(
     "races-suite",
-    max_examples=25,
+    max_examples=12,
     stateful_step_count=30,
     deadline=None,
     derandomize=True,
