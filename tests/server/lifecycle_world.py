@@ -349,7 +349,7 @@ class Server:
     generation: int
 
     def queue(self) -> LaunchQueue:
-        queue = self.ctx.scratch["launch_queue"]
+        queue = self.ctx.memory.launch_queue
         assert isinstance(queue, LaunchQueue)
         return queue
 
@@ -417,7 +417,7 @@ class World:
         factory = sessionmaker(bind=db, expire_on_commit=False)
         ctx = ServerContext(self.settings, factory, self.engine, f"server{index}:{generation}")
         launches = HeldLaunches()
-        ctx.scratch["launch_queue"] = LaunchQueue(launches)
+        ctx.memory.launch_queue = LaunchQueue(launches)
         return Server(ctx, db, launches, generation)
 
     def _seed(self) -> dict[str, Principal]:
