@@ -135,49 +135,51 @@ def slirps_for(pid: int) -> list[int]:
     return found
 
 
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CorralServer]:
+    """A real server with default settings (one for the module: a start costs seconds)."""
+    srv = start_server(tmp_path_factory.mktemp("netiso") / "home")
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
 def test_job_cannot_reach_the_api_postgresql_or_a_loopback_service(
-    tmp_path: Path,
+    server: CorralServer,
     engines: Callable[..., LocalEngine],
     listener: socket.socket,
     postgres_server: PostgresServer,
 ) -> None:
-    server: CorralServer = start_server(tmp_path / "server-home")
-    try:
-        targets = [
-            f"127.0.0.1:{server.port}",
-            f"127.0.0.1:{postgres_server.port}",
-            f"127.0.0.1:{listener.getsockname()[1]}",
-        ]
-        control = probe(engines("host"), targets)
-        assert all("CONNECTED" in line for line in control.values()), control
-        for outbound in ("none", "internet"):
-            isolated = probe(engines("isolated", outbound), targets)
-            assert not any("CONNECTED" in line for line in isolated.values()), (outbound, isolated)
-            assert all("ConnectionRefused" in line for line in isolated.values()), isolated
-    finally:
-        server.stop()
+    targets = [
+        f"127.0.0.1:{server.port}",
+        f"127.0.0.1:{postgres_server.port}",
+        f"127.0.0.1:{listener.getsockname()[1]}",
+    ]
+    control = probe(engines("host"), targets)
+    assert all("CONNECTED" in line for line in control.values()), control
+    for outbound in ("none", "internet"):
+        isolated = probe(engines("isolated", outbound), targets)
+        assert not any("CONNECTED" in line for line in isolated.values()), (outbound, isolated)
+        assert all("ConnectionRefused" in line for line in isolated.values()), isolated
 
 
-def test_server_jobs_are_isolated_by_default(tmp_path: Path) -> None:
+def test_server_jobs_are_isolated_by_default(server: CorralServer) -> None:
     """Through the API of a server with default settings: its job cannot reach the server."""
     assert Settings(_env_file=None).job_network == "isolated"  # type: ignore[call-arg]
-    server = start_server(tmp_path / "home")
-    try:
-        with server.client() as c:
-            target = f"127.0.0.1:{server.port}"
-            spec = {"name": "n", "tasks": {"main": {"command": f'{sys.executable} -c "{PROBE}" {target}'}}}
-            r = c.post("/api/v1/jobs", json=spec)
-            assert r.status_code == 201, r.text
-            job_id = r.json()["id"]
-            deadline = time.monotonic() + 30
-            while c.get(f"/api/v1/jobs/{job_id}").json()["state"] not in ("succeeded", "failed"):
-                assert time.monotonic() < deadline, "the probe job did not finish"
-                time.sleep(0.1)
-            out = c.get(f"/api/v1/jobs/{job_id}/logs", params={"rank": 0}).json()["data"]
-            assert f"{target} blocked ConnectionRefusedError" in out, out
-            assert c.get("/api/v1/nodes").status_code == 200  # the server does listen there
-    finally:
-        server.stop()
+    with server.client() as c:
+        target = f"127.0.0.1:{server.port}"
+        spec = {"name": "n", "tasks": {"main": {"command": f'{sys.executable} -c "{PROBE}" {target}'}}}
+        r = c.post("/api/v1/jobs", json=spec)
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+        deadline = time.monotonic() + 30
+        while c.get(f"/api/v1/jobs/{job_id}").json()["state"] not in ("succeeded", "failed"):
+            assert time.monotonic() < deadline, "the probe job did not finish"
+            time.sleep(0.1)
+        out = c.get(f"/api/v1/jobs/{job_id}/logs", params={"rank": 0}).json()["data"]
+        assert f"{target} blocked ConnectionRefusedError" in out, out
+        assert c.get("/api/v1/nodes").status_code == 200  # the server does listen there
 
 
 def test_instances_of_one_job_share_their_namespace(engines: Callable[..., LocalEngine]) -> None:
