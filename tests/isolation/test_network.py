@@ -223,9 +223,15 @@ def test_internet_policy_reaches_out_but_not_the_host_loopback(
             f"127.0.0.1:{loop_port}",
             f"{SLIRP_HOST_LOOPBACK}:{loop_port}",
         ]
-        internet = probe(engines("isolated", "internet"), targets)
+        engine = engines("isolated", "internet")
+        internet = probe(engine, targets)
         assert "CONNECTED" in internet[targets[0]], internet
         assert "blocked" in internet[targets[1]] and "blocked" in internet[targets[2]], internet
+        # The host's resolv.conf may name a resolver on its loopback: the job gets slirp's.
+        resolv = launch("cat /etc/resolv.conf")
+        engine.launch(resolv)
+        wait_finished(engine, resolv.attempt_id)
+        assert engine.logs(resolv.attempt_id, 0).data == b"nameserver 10.0.2.3\n"
         none = probe(engines("isolated", "none"), targets[:1])
         assert "blocked" in none[targets[0]] and "unreachable" in none[targets[0]], none
     finally:

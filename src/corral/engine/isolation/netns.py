@@ -35,6 +35,7 @@ NETWORK_MODES = ("isolated", "host")
 OUTBOUND_POLICIES = ("none", "internet")
 SLIRP_READY_TIMEOUT_S = 10.0
 SLIRP_TAP = "tap0"
+SLIRP_DNS = "10.0.2.3"  # slirp's DNS forwarder, which asks the host's resolvers from outside
 
 
 class NetworkSetupError(Exception):
@@ -209,6 +210,18 @@ class NetworkPolicy:
         if self.outbound == "internet":
             outbound = "internet via slirp4netns, host loopback blocked"
         return f"own network namespace per job, outbound: {outbound}"
+
+    def etc_files(self, etc_dir: Any) -> dict[str, str]:
+        """Files of the job's /etc that the policy needs ({sandbox path: host path}): with
+        `internet`, a resolv.conf naming slirp's DNS, as the host's may name a resolver on its
+        loopback (systemd-resolved's 127.0.0.53), which the job cannot reach."""
+        if self.spec() is None or self.outbound != "internet":
+            return {}
+        path = os.path.join(str(etc_dir), "resolv.conf")
+        with open(path, "w") as f:
+            f.write(f"nameserver {SLIRP_DNS}\n")
+        os.chmod(path, 0o644)
+        return {"/etc/resolv.conf": path}
 
     def spec(self) -> dict[str, Any] | None:
         """What the supervisor needs (None: stay in the host's namespace)."""

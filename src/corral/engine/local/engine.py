@@ -365,6 +365,7 @@ class LocalEngine:
             uid = allocate_uid(self.uid_locks, attempt.attempt_id)
             uid_lock = self.uid_locks / str(uid)
             etc_files = write_etc(adir / "etc", attempt.user, uid)
+            etc_files.update(self.network.etc_files(adir / "etc"))
         instances = [
             self._prepare_instance(attempt, inst, adir, sandboxed, use_cgroups, uid, etc_files)
             for inst in attempt.instances
