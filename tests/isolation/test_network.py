@@ -21,7 +21,7 @@ import pytest
 
 from corral.config import Settings
 from corral.engine.base import AttemptLaunch, AttemptPhase, FailureReason, InstanceLaunch
-from corral.engine.isolation.netns import NetworkPolicy
+from corral.engine.isolation.netns import NetworkPolicy, connect_inside, namespace_path
 from corral.engine.local import LocalEngine
 from tests.engine.contract import new_attempt_id, wait_finished, wait_log
 from tests.engine.local_support import local_engine_factory
@@ -208,6 +208,31 @@ def test_instances_of_one_job_share_their_namespace(engines: Callable[..., Local
     out1 = engine.logs(job.attempt_id, 1).data.decode()
     assert status.phase is AttemptPhase.SUCCEEDED, (status, out0, out1)
     assert "rank 0 got hello from rank 1" in out0 and "rank 1 sent" in out1
+
+
+def test_a_proxy_on_the_host_reaches_a_jobs_port_from_inside_its_namespace(
+    engines: Callable[..., LocalEngine],
+) -> None:
+    """The hook left for JupyterLab and port-forward: the host connects INTO the job's
+    namespace (`connect_inside`), while the job's port stays closed on the host's loopback."""
+    engine = engines("isolated", "none")
+    port = 28731
+    server = (
+        "import socket; s = socket.create_server(('127.0.0.1', PORT)); print('listening', flush=True); "
+        "c, _ = s.accept(); print('job got', c.recv(100).decode(), flush=True)"
+    ).replace("PORT", str(port))
+    job = launch(f'{sys.executable} -c "{server}"')
+    engine.launch(job)
+    wait_log(engine, job.attempt_id, b"listening")
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    sup = json.loads((engine.attempts_dir / job.attempt_id / "supervisor.json").read_text())["pid"]
+    ours = os.stat("/proc/self/ns/net").st_ino
+    with connect_inside(namespace_path(sup), port) as conn:
+        conn.sendall(b"hello from the proxy")
+    assert wait_finished(engine, job.attempt_id, 20).phase is AttemptPhase.SUCCEEDED
+    assert b"job got hello from the proxy" in engine.logs(job.attempt_id, 0).data
+    assert os.stat("/proc/self/ns/net").st_ino == ours  # this process stayed in its namespace
 
 
 def test_internet_policy_reaches_out_but_not_the_host_loopback(

@@ -162,6 +162,38 @@ def namespace_path(supervisor_pid: int) -> str:
     return f"/proc/{supervisor_pid}/ns/net"
 
 
+def connect_inside(namespace: str, port: int, timeout_s: float = 5.0) -> Any:
+    """A TCP connection to 127.0.0.1:`port` of a job's namespace (`namespace_path`), made from
+    outside: the hook for a JupyterLab proxy or `corral port-forward`, which must reach a job's
+    loopback without letting the job out. A throwaway thread `setns`es into the namespace and
+    connects; the socket stays in the namespace it was made in, whichever thread then uses it,
+    and the rest of the process never changes namespace. Needs root (CAP_SYS_ADMIN)."""
+    import socket
+    import threading
+
+    result: list[Any] = []
+
+    def connect() -> None:
+        try:
+            fd = os.open(namespace, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                _check(_libc().setns(fd, CLONE_NEWNET), f"setns({namespace})")
+            finally:
+                os.close(fd)
+            result.append(socket.create_connection(("127.0.0.1", port), timeout=timeout_s))
+        except (OSError, NetworkSetupError) as exc:
+            result.append(exc)
+
+    thread = threading.Thread(target=connect, name="corral-netns-connect", daemon=True)
+    thread.start()
+    thread.join(timeout_s + 1.0)
+    if not result:
+        raise TimeoutError(f"no connection to port {port} in {namespace} within {timeout_s} s")
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return result[0]
+
+
 class NetworkPolicy:
     """The admin's network settings for jobs, checked against what this machine can do."""
 
