@@ -308,3 +308,25 @@ def test_bad_network_settings_are_refused_by_name() -> None:
         Settings(job_network="bridge")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="job outbound 'all' is not one of none, internet"):
         NetworkPolicy("isolated", "all")
+
+
+def test_a_node_without_slirp4netns_refuses_internet_jobs_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "bin"
+    path.mkdir()
+    for tool in ("unshare", "true"):  # what the probe runs; no slirp4netns
+        (path / tool).symlink_to(require_binary(tool))
+    monkeypatch.setenv("PATH", str(path))
+    policy = NetworkPolicy("isolated", "internet").probe()
+    assert policy.problems == ["outbound policy 'internet' needs slirp4netns: apt-get install slirp4netns"]
+    assert policy.spec() is None and policy.summary().startswith("NO network isolation")
+    with local_engine_factory(tmp_path / "home", job_outbound="internet") as make:
+        engine = make()
+        assert engine.refusing and engine.capabilities()["network"] == "host"
+        (node,) = engine.nodes()
+        assert "needs slirp4netns" in node.message
+        job = launch("echo should-not-run")
+        engine.launch(job)
+        status = wait_finished(engine, job.attempt_id, 10)
+        assert status.reason is FailureReason.LAUNCH_FAILED and "slirp4netns" in status.message

@@ -221,9 +221,12 @@ class NetworkPolicy:
         if os.geteuid() != 0:
             self.problems.append("not running as root: cannot give jobs their own network namespace")
             return self
-        trial = subprocess.run(["unshare", "--net", "true"], capture_output=True, timeout=10)
-        if trial.returncode != 0:
-            err = trial.stderr.decode(errors="replace").strip()
+        try:
+            trial = subprocess.run(["unshare", "--net", "true"], capture_output=True, timeout=10)
+            err = trial.stderr.decode(errors="replace").strip() if trial.returncode else ""
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            err = f"{exc} (unshare is in util-linux)"
+        if err:
             self.problems.append(f"cannot create network namespaces here: {err}")
         if self.outbound == "internet":
             self.slirp4netns = shutil.which("slirp4netns")
