@@ -263,7 +263,7 @@ def test_internet_policy_reaches_out_but_not_the_host_loopback(
         outside.close()
 
 
-@pytest.mark.parametrize("end", ["finishes", "supervisor_killed"])
+@pytest.mark.parametrize("end", ["finishes", "stopped_by_a_restarted_engine", "supervisor_killed"])
 def test_nothing_of_the_namespace_outlives_the_job(engines: Callable[..., LocalEngine], end: str) -> None:
     """Neither slirp4netns nor any process in the job's namespace remains after the attempt:
     neither when it ends normally nor when its supervisor is SIGKILLed (the engine then declares
@@ -281,6 +281,19 @@ def test_nothing_of_the_namespace_outlives_the_job(engines: Callable[..., LocalE
     if end == "finishes":
         engine.stop(job.attempt_id, 0)
         assert wait_finished(engine, job.attempt_id, 20).reason is FailureReason.STOPPED
+    elif end == "stopped_by_a_restarted_engine":  # a server restart: a new engine adopts it
+        engine.close()
+        adopter = LocalEngine(
+            engine.home, "node-a", virtual_gpus=4, cgroup_parent=engine.cgroup_parent, job_outbound="internet"
+        )
+        try:
+            assert job.attempt_id in adopter.found_at_start
+            assert adopter.poll([job.attempt_id])[job.attempt_id].phase is AttemptPhase.RUNNING
+            assert len(slirps_for(sup)) == 1  # the restart did not touch the job's network
+            adopter.stop(job.attempt_id, 0)
+            assert wait_finished(adopter, job.attempt_id, 20).reason is FailureReason.STOPPED
+        finally:
+            adopter.close()
     else:
         os.kill(sup, signal.SIGKILL)
         assert wait_finished(engine, job.attempt_id, 20).reason is FailureReason.NODE_LOST
