@@ -128,6 +128,11 @@ def _exec_slirp(
             "--configure",
             "--mtu=65520",
             "--disable-host-loopback",
+            # It parses the job's packets as root in the host's namespace: confine it (own mount
+            # namespace with an empty root, capabilities dropped; seccomp denies execve, mount,
+            # setns, ptrace and the like), so a libslirp bug does not give the job the host.
+            "--enable-sandbox",
+            "--enable-seccomp",
             f"--ready-fd={ready_w}",
             f"--exit-fd={exit_r}",
             str(target),
