@@ -12,9 +12,14 @@ atomically into the attempt dir, where a (re)started engine reads it:
   status.json      {phase, exit_code, reason, message, started_at, finished_at}  final
   stop             written by the engine: the grace period in seconds; then it sends SIGUSR1
   rank-<r>.log     stdout+stderr of the instance with global rank r (kept after the job)
+  slirp4netns.log  output of the attempt's slirp4netns (outbound policy `internet` only)
+
+With a `network` entry in the spec, the supervisor first moves itself into a new network
+namespace that all its instances inherit (isolation/netns.py).
 
 Start-up cost is on every job's critical path, so this file imports only the standard library
-and the import-free `cgroupfs` module, and the engine runs it with -I -S (no site packages).
+and the import-free `cgroupfs` and `netns` modules, and the engine runs it with -I -S (no site
+packages).
 Reason strings match corral.engine.base.FailureReason values.
 """
 
