@@ -1,19 +1,24 @@
 """Submit -> running latency and completed jobs/s: Corral's engines next to their floors, one run.
 
 Same trivial job everywhere (`date +%s.%N`, 0.01 CPU, 16 MiB), submitted at a steady rate, to:
-corral (real server, local engine, sandboxed: the default), unsandboxed (CORRAL_ISOLATION=false),
+corral (real server, local engine, sandboxed: the default, so each job in its own network
+namespace without outbound access), hostnet (sandboxed, but CORRAL_JOB_NETWORK=host), internet
+(sandboxed, CORRAL_JOB_OUTBOUND=internet: slirp4netns per job), unsandboxed (CORRAL_ISOLATION=false),
 subprocess (plain Popen: the floor), and with --engine slurm, on a 3-node Slurm cluster started here,
 slurm (Corral with CORRAL_ENGINE=slurm, via its API) and sbatch (Slurm's own `sbatch --wrap`).
 submit = just before the POST/Popen/sbatch; running = the time the command printed (read back from
 its log): one clock for all columns. The engine's `started_at` is taken before the sandbox is built,
-so `started_at -> running` p50, sandboxed minus unsandboxed, is the sandbox's cost per job start.
+so `started_at -> running` p50, sandboxed minus unsandboxed, is the sandbox's cost per job start;
+corral minus hostnet is what the network namespace adds, internet minus hostnet what slirp4netns adds.
 jobs/s = jobs / (first submit -> last end); Slurm ends are first-seen by one `squeue --json` poller
 (0.1 s; Slurm's own times are whole seconds), after a few uncounted sbatch jobs warm slurmctld up.
 
     python bench/job_latency.py [--jobs 500] [--rate 60] [--engine local|slurm] [--slurm-jobs 40]
+                                [--no-network-columns]
 
 Last line: one JSON object, submit_to_running_p50_ms/_p99_ms and jobs_per_s (sandboxed local engine),
-the same prefixed baseline_ (subprocess), unsandboxed_, slurm_, sbatch_; sandbox_cost_per_start_ms.
+the same prefixed baseline_ (subprocess), unsandboxed_, hostnet_, internet_, slurm_, sbatch_;
+sandbox_cost_per_start_ms, netns_cost_per_start_ms, slirp_cost_per_start_ms.
 Targets (issue 4): p99 < 300 ms, >= 50 jobs/s.
 """
 
@@ -287,7 +292,8 @@ def run_slurm(args: argparse.Namespace) -> dict[str, Result]:
 
 # ---- report ------------------------------------------------------------------------------------------
 COLUMNS = {"": "corral", "unsandboxed_": "unsandboxed", "baseline_": "subprocess", "slurm_": "slurm"}
-COLUMNS["sbatch_"] = "sbatch"
+COLUMNS.update(sbatch_="sbatch", hostnet_="hostnet", internet_="internet")
+LOCAL_COLUMNS = ("", "unsandboxed_", "hostnet_", "internet_")  # the engine's started_at is ours
 RATIOS = {"corral/subprocess": ("", "baseline_"), "corral/unsandboxed": ("", "unsandboxed_")}
 ROWS = ("submit_to_running_p50_ms", "submit_to_running_p99_ms", "jobs_per_s")
 
@@ -299,12 +305,17 @@ def figures(results: Mapping[str, Result], args: argparse.Namespace) -> dict[str
         out[f"{prefix}submit_to_running_p99_ms"] = ms(res.latencies_s, 99)
         out[f"{prefix}jobs_per_s"] = round(res.jobs_per_s, 2)
         out[f"{prefix}failed"] = res.failed
-        if prefix in ("", "unsandboxed_"):
+        if prefix in LOCAL_COLUMNS:
             for q in (50, 99):
                 out[f"{prefix}submit_to_engine_start_p{q}_ms"] = ms(res.to_engine_s, q)
                 out[f"{prefix}engine_start_to_running_p{q}_ms"] = ms(res.start_cost_s, q)
     sandboxed, plain = (out[p + "engine_start_to_running_p50_ms"] for p in ("", "unsandboxed_"))
     out["sandbox_cost_per_start_ms"] = round(sandboxed - plain, 2) if sandboxed and plain else None
+    if "hostnet_" in results:
+        hostnet = out["hostnet_engine_start_to_running_p50_ms"]
+        internet = out["internet_engine_start_to_running_p50_ms"]
+        out["netns_cost_per_start_ms"] = round(sandboxed - hostnet, 2) if sandboxed and hostnet else None
+        out["slirp_cost_per_start_ms"] = round(internet - hostnet, 2) if internet and hostnet else None
     if "slurm_" in results:
         out.update(slurm_jobs=args.slurm_jobs, slurm_rate=args.slurm_rate)
     out["load_avg_1m_start"], out["load_avg_1m"] = args.load_at_start, round(os.getloadavg()[0], 2)
@@ -325,7 +336,7 @@ def print_table(out: Mapping[str, Any], prefixes: list[str]) -> None:
             f"{key:26}{cells}"
             + "".join(cell(x / y if x is not None and y else None, 19) for x, y in quotients)
         )
-    for p in ("", "unsandboxed_"):
+    for p in (c for c in LOCAL_COLUMNS if c in prefixes):
         for q in ("p50", "p99"):
             a, b = (
                 cell(out[p + k], 0)
@@ -335,6 +346,9 @@ def print_table(out: Mapping[str, Any], prefixes: list[str]) -> None:
     print(
         f"sandbox cost per job start (started_at -> running): {cell(out['sandbox_cost_per_start_ms'], 0)} ms"
     )
+    if "hostnet_" in prefixes:
+        netns, slirp = (cell(out[k], 0) for k in ("netns_cost_per_start_ms", "slirp_cost_per_start_ms"))
+        print(f"network per job start (p50 vs hostnet): own namespace {netns} ms, + slirp4netns {slirp} ms")
     print("failed: " + ", ".join(f"{COLUMNS[p]} {out[p + 'failed']}" for p in prefixes))
     print(
         f"targets: p99 < 300 ms, >= 50 jobs/s; load average (1 min) {out['load_avg_1m_start']} at the start, "
@@ -354,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     add("--cpus", type=float, default=0.01, help="CPUs each job asks (default 0.01)")
     add("--database-url", default=None, help="default: SQLite in a temp home")
     add("--timeout", type=float, default=300.0, help="seconds to wait for all jobs")
+    add("--no-network-columns", action="store_true", help="skip the hostnet and internet columns")
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.slurm_jobs < 1 or args.rate < 0 or args.slurm_rate < 0 or args.cpus <= 0:
         parser.error("--jobs and --slurm-jobs must be >= 1, --rate and --slurm-rate >= 0, --cpus > 0")
@@ -364,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     results = {"": run_corral("sandboxed", args, {})}
+    if not args.no_network_columns:
+        results["hostnet_"] = run_corral("hostnet", args, {"CORRAL_JOB_NETWORK": "host"})
+        results["internet_"] = run_corral("internet", args, {"CORRAL_JOB_OUTBOUND": "internet"})
     results["unsandboxed_"] = run_corral("unsandboxed", args, {"CORRAL_ISOLATION": "false"})
     results["baseline_"] = run_baseline(args)
     if args.engine == "slurm":

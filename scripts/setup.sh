@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-demo}"
 
-demo_pkgs=(python3-venv python3-dev gcc bubblewrap procps iproute2)
+demo_pkgs=(python3-venv python3-dev gcc bubblewrap procps iproute2 slirp4netns)
 test_pkgs=(postgresql prometheus prometheus-alertmanager chromium fonts-dejavu-core
            slurmd slurmctld slurm-client munge util-linux)
 

@@ -38,6 +38,11 @@ class Settings(BaseSettings):
     api_worker_threads: int | None = Field(default=None, ge=1)
     isolation: bool = True  # False: run jobs as plain supervised processes (benchmarks, trusted laptops)
     job_pids_max: int = 1024  # pids-cgroup limit per task instance (fork-bomb guard)
+    # Local engine: each job in its own network namespace (its instances share it), which cannot
+    # reach the host's loopback; `host` shares the node's network. Outbound: `internet` through
+    # slirp4netns (host loopback still blocked). See docs/security.md, "Network".
+    job_network: Literal["isolated", "host"] = "isolated"
+    job_outbound: Literal["none", "internet"] = "none"
     scheduler_profile: str = "default"  # a name in corral.scheduler.PROFILES
     # May CPU-only jobs use GPU nodes? None = yes for the local engine (one machine: otherwise a
     # GPU workstation could never run CPU work), no for Slurm (keep GPU nodes for GPU work).

@@ -17,7 +17,12 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 @contextmanager
 def local_engine_factory(
-    home: Path, node: str = "node-a", isolation: bool = True, pids_max: int = 1024
+    home: Path,
+    node: str = "node-a",
+    isolation: bool = True,
+    pids_max: int = 1024,
+    job_network: str = "isolated",
+    job_outbound: str = "none",
 ) -> Iterator[Callable[[], LocalEngine]]:
     parent = f"corral-test-{uuid.uuid4().hex[:8]}"
     made: list[LocalEngine] = []
@@ -31,6 +36,8 @@ def local_engine_factory(
             cgroup_parent=parent,
             gang_grace_s=1.0,
             pids_max=pids_max,
+            job_network=job_network,
+            job_outbound=job_outbound,
         )
         made.append(eng)
         return eng

@@ -39,6 +39,7 @@ from corral.engine.base import (
 )
 from corral.engine.gpus import GpuInventory, device_paths, discover_gpus
 from corral.engine.isolation import cgroupfs
+from corral.engine.isolation.netns import NetworkPolicy
 from corral.engine.isolation.sandbox import (
     SANDBOX_WORK_DIR,
     IsolationStatus,
@@ -107,6 +108,9 @@ class IsolationCapabilities:
     allow_unisolated: bool
     refusing: bool
     problems: tuple[str, ...]
+    network: str  # isolated | host: what jobs get (host when the namespace cannot be made)
+    network_outbound: str  # none | internet
+    network_summary: str
     summary: str
     virtual_gpus: bool
 
@@ -129,6 +133,8 @@ class LocalEngine:
         gang_grace_s: float = 5.0,
         environments: Mapping[str, Sequence[str]] | None = None,
         use_launcher: bool = True,
+        job_network: str = "isolated",
+        job_outbound: str = "none",
     ) -> None:
         self.home = Path(home)
         self.node_name = node_name
@@ -150,6 +156,8 @@ class LocalEngine:
         self.isolation_requested = isolation
         self.inventory: GpuInventory = discover_gpus(node_name, self.home, virtual_gpus, gpu_model)
         self.status: IsolationStatus = probe(cgroup_root) if isolation else IsolationStatus()
+        # Network namespaces come with the sandbox: `isolation` off means plain host processes.
+        self.network = NetworkPolicy(job_network if isolation else "host", job_outbound).probe()
         self._children: dict[str, int] = {}  # supervisors we spawned and have not reaped
         self._log_start_up()
         # Attempts started by an earlier engine object (before a restart) keep running under
@@ -168,6 +176,8 @@ class LocalEngine:
             isolation=settings.isolation,
             allow_unisolated=settings.allow_unisolated,
             pids_max=settings.job_pids_max,
+            job_network=settings.job_network,
+            job_outbound=settings.job_outbound,
         )
 
     # -- what this engine can do -------------------------------------------------------------
@@ -175,19 +185,28 @@ class LocalEngine:
     def _log_start_up(self) -> None:
         if not self.isolation_requested:
             log.warning("local engine: isolation switched off; jobs run as plain processes, as root")
-        elif self.status.complete:
-            log.info("local engine: %s", self.status.summary())
+        elif self.status.complete and not self.network.problems:
+            log.info("local engine: %s; network: %s", self.status.summary(), self.network.summary())
         elif self.allow_unisolated:
-            log.warning("local engine: %s; running jobs anyway (allow_unisolated)", self.status.summary())
+            log.warning("local engine: %s; running jobs anyway (allow_unisolated)", self._isolation_summary())
         else:
             log.error(
                 "local engine: %s; refusing to launch jobs (set allow_unisolated to override)",
-                self.status.summary(),
+                self._isolation_summary(),
             )
+
+    def _isolation_summary(self) -> str:
+        return f"{self.status.summary()}; network: {self.network.summary()}"
+
+    @property
+    def problems(self) -> list[str]:
+        """What keeps jobs from the isolation asked for: sandbox, cgroups and network."""
+        return [*self.status.problems, *self.network.problems]
 
     @property
     def refusing(self) -> bool:
-        return self.isolation_requested and not self.status.complete and not self.allow_unisolated
+        incomplete = not self.status.complete or bool(self.network.problems)
+        return self.isolation_requested and incomplete and not self.allow_unisolated
 
     def capabilities(self) -> IsolationCapabilities:
         s = self.status
@@ -199,7 +218,10 @@ class LocalEngine:
             devices_cgroup=self.isolation_requested and s.devices_cgroup,
             allow_unisolated=self.allow_unisolated,
             refusing=self.refusing,
-            problems=tuple(s.problems),
+            problems=tuple(self.problems),
+            network=self.network.mode if not self.network.problems else "host",
+            network_outbound=self.network.outbound,
+            network_summary=self.network.summary(),
             summary=s.summary() if self.isolation_requested else "isolation switched off",
             virtual_gpus=self.inventory.virtual,
         )
@@ -213,7 +235,7 @@ class LocalEngine:
             labels["gpu"] = "virtual"
         state, message = NodeState.READY, ""
         if self.refusing:
-            state, message = NodeState.DOWN, f"job isolation unavailable: {'; '.join(self.status.problems)}"
+            state, message = NodeState.DOWN, f"job isolation unavailable: {'; '.join(self.problems)}"
         return [
             NodeReport(
                 name=self.node_name,
@@ -352,7 +374,7 @@ class LocalEngine:
         if self.refusing:
             raise LaunchRefused(
                 f"job isolation unavailable on {self.node_name}: "
-                f"{'; '.join(self.status.problems)} (allow_unisolated is off)"
+                f"{'; '.join(self.problems)} (allow_unisolated is off)"
             )
         if attempt.environment not in self.environments:
             raise LaunchRefused(
@@ -379,6 +401,7 @@ class LocalEngine:
             uid = allocate_uid(self.uid_locks, attempt.attempt_id)
             uid_lock = self.uid_locks / str(uid)
             etc_files = write_etc(adir / "etc", attempt.user, uid)
+            etc_files.update(self.network.etc_files(adir / "etc"))
         instances = [
             self._prepare_instance(attempt, inst, adir, sandboxed, use_cgroups, uid, etc_files)
             for inst in attempt.instances
@@ -390,6 +413,7 @@ class LocalEngine:
             "uid_lock": str(uid_lock) if uid_lock else None,
             "uid": uid,
             "instances": instances,
+            "network": self.network.spec(),
         }
 
     def _prepare_instance(

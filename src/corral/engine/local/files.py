@@ -39,6 +39,13 @@ class InstanceSpec(TypedDict):
     memory_mib: int
 
 
+class NetworkSpec(TypedDict):
+    """The attempt's network in spec.marshal (isolation/netns.py): absent or None = the host's."""
+
+    outbound: str  # none | internet
+    slirp4netns: str | None  # path of the binary, for outbound internet
+
+
 class AttemptSpec(TypedDict):
     """spec.marshal, written by the engine before the supervisor starts."""
 
@@ -48,6 +55,7 @@ class AttemptSpec(TypedDict):
     uid_lock: str | None
     uid: int
     instances: list[InstanceSpec]
+    network: NotRequired[NetworkSpec | None]
 
 
 class SupervisorInfo(TypedDict):

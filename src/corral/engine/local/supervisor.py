@@ -14,9 +14,14 @@ atomically into the attempt dir, where a (re)started engine reads it:
 (Their shapes are the TypedDicts of corral.engine.local.files.)
   stop             written by the engine: the grace period in seconds; then it sends SIGUSR1
   rank-<r>.log     stdout+stderr of the instance with global rank r (kept after the job)
+  slirp4netns.log  output of the attempt's slirp4netns (outbound policy `internet` only)
+
+With a `network` entry in the spec, the supervisor first moves itself into a new network
+namespace that all its instances inherit (isolation/netns.py).
 
 Start-up cost is on every job's critical path, so this file imports only the standard library
-and the import-free `cgroupfs` module, and the engine runs it with -I -S (no site packages).
+and the import-free `cgroupfs` and `netns` modules, and the engine runs it with -I -S (no site
+packages).
 Reason strings match corral.engine.base.FailureReason values.
 """
 
@@ -42,7 +47,7 @@ sys.path.insert(
     0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 )
 
-from corral.engine.isolation import cgroupfs  # noqa: E402 - after the sys.path line
+from corral.engine.isolation import cgroupfs, netns  # noqa: E402 - after the sys.path line
 
 HANDLED = {_signal.SIGCHLD, _signal.SIGUSR1, _signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP}
 DEFAULT_STOP_GRACE_S = 10.0
@@ -263,6 +268,8 @@ class Supervisor:
         self.kill_at: float | None = None
         self.unterminated: list[Instance] = []  # stopping, but their processes were not there yet
         self.grace_s = float(spec["gang_grace_s"])
+        self.network_error: str | None = None  # the attempt's network could not be set up
+        self.slirp: tuple[int, int] | None = None  # (pid, exit pipe) of slirp4netns
 
     def path(self, name: str) -> str:
         return os.path.join(self.dir, name)
@@ -272,7 +279,7 @@ class Supervisor:
         become_subreaper()
         me = {"pid": os.getpid(), "proc_start": proc_start(os.getpid()), "started_at": self.started_at}
         write_json(self.path("supervisor.json"), me)
-        if self.stop_requested() is None:
+        if self.stop_requested() is None and self.enter_network():
             for inst in self.instances:
                 inst.spawn(old_mask)
             pids = {str(i.rank): i.pid for i in self.instances}
@@ -280,9 +287,22 @@ class Supervisor:
                 self.path("state.json"), {"phase": "running", "pids": pids, "started_at": self.started_at}
             )
             self.loop()
-        else:
+        elif self.network_error is None:
             self.stop_reason = "stopped"
         self.finish()
+
+    def enter_network(self) -> bool:
+        """Into the attempt's own network namespace, which every instance then inherits (none in
+        the spec: the host's). False, with `network_error` set, when it cannot be made."""
+        network = self.spec.get("network")
+        if not network:
+            return True
+        try:
+            self.slirp = netns.setup(network, self.path("slirp4netns.log"))
+        except (netns.NetworkSetupError, OSError) as exc:
+            self.network_error = f"could not set up the job's network: {exc}"
+            return False
+        return True
 
     def stop_requested(self) -> float | None:
         """The grace period of a stop the engine asked for (file `stop`), None when none."""
@@ -348,6 +368,9 @@ class Supervisor:
     def outcome(self) -> Outcome:
         codes = [i.exit_code for i in self.instances if i.exit_code is not None]
         first_code = codes[0] if codes else None
+        if self.network_error is not None:
+            message = self.network_error
+            return {"phase": "failed", "exit_code": None, "reason": "launch_failed", "message": message}
         if self.failed is not None:
             reason, message = describe_failure(self.failed)
             return {
@@ -388,6 +411,7 @@ class Supervisor:
                     os.chmod(work_dir, 0o700)
                 except OSError:
                     pass
+        netns.teardown(self.slirp)
         for _ in exited_children():  # orphans that were left to us
             pass
         uid_lock = self.spec["uid_lock"]
