@@ -65,7 +65,9 @@ def add_attempt(world: World, user: str, *, start: float, end: float | None, gpu
                         "rank": 0,
                         "node": "n1",
                         "gpu_indices": list(range(gpus)),
+                        "gpu_uuids": [f"n1-gpu{i}" for i in range(gpus)],
                         "cpus": cpus,
+                        "memory_mib": 1024,
                     }
                 ],
             )
