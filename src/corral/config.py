@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     # May CPU-only jobs use GPU nodes? None = yes for the local engine (one machine: otherwise a
     # GPU workstation could never run CPU work), no for Slurm (keep GPU nodes for GPU work).
     cpu_jobs_on_gpu_nodes: bool | None = None
+    # The most SIGTERM-to-kill time a preempted job gets, whatever its spec's `stop_grace` asks:
+    # a job cannot hold the GPUs it is preempted from for longer than this.
+    max_stop_grace_s: float = Field(default=300.0, ge=0)
 
     @property
     def worker_threads(self) -> int:

@@ -109,7 +109,9 @@ def test_unknown_policy_and_placement_are_named() -> None:
         resolve_policy("nope")
     with pytest.raises(PolicyError, match="fifo:diagonal"):
         resolve_policy("fifo:diagonal")
-    assert callable(resolve_policy("fifo:spread"))
+    spread = resolve_policy("fifo:spread")
+    assert (spread.profile.order, spread.profile.placement) == ("fifo", "spread")
+    assert resolve_policy("fifo") is not resolve_policy("fifo")  # one Scheduler (and cache) per replay
 
 
 def test_snapshot_reflects_the_state_handed_to_schedule() -> None:

@@ -22,6 +22,7 @@ from corral.services.lifecycle import AttemptState, JobState
 from corral.services.nodes import scheduler_node
 
 USAGE_HALF_LIFE_S = 7 * 24 * 3600.0  # fair share forgets half of past usage every week
+MAX_STOP_GRACE_S = 300.0  # default of Settings.max_stop_grace_s
 LIVE_JOB_STATES = (JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING, JobState.PREEMPTED)
 LIVE_ATTEMPT_STATES = (AttemptState.SCHEDULED, AttemptState.STARTING, AttemptState.RUNNING)
 
@@ -84,8 +85,11 @@ def decayed(gpu_seconds: float, since: float, now: float, half_life_s: float) ->
     return gpu_seconds * 0.5 ** ((now - since) / half_life_s)
 
 
-def scheduler_job(record: JobRecord) -> st.Job:
+def scheduler_job(record: JobRecord, max_stop_grace_s: float = MAX_STOP_GRACE_S) -> st.Job:
+    """The scheduler's Job. Its stop grace is the spec's `stop_grace` bounded by the admin maximum;
+    a spec without one leaves the scheduler profile's grace (None)."""
     view = read_spec(record.spec)
+    grace = min(view.stop_grace_s, max_stop_grace_s) if record.spec.get("stop_grace") else None
     return st.Job(
         id=str(record.id),
         group=record.group,
@@ -98,6 +102,7 @@ def scheduler_job(record: JobRecord) -> st.Job:
         submit_time=record.submitted_at,
         runtime_estimate=record.runtime_estimate_s,
         attained_gpu_seconds=record.attained_gpu_seconds,
+        stop_grace_s=grace,
     )
 
 
@@ -130,7 +135,16 @@ def _group(record: GroupRecord) -> st.Group:
     )
 
 
-def build_snapshot(state: ClusterState, now: float, half_life_s: float = USAGE_HALF_LIFE_S) -> st.Snapshot:
+def _submission(record: JobRecord) -> tuple[float, int]:
+    return (record.submitted_at, record.id)
+
+
+def build_snapshot(
+    state: ClusterState,
+    now: float,
+    half_life_s: float = USAGE_HALF_LIFE_S,
+    max_stop_grace_s: float = MAX_STOP_GRACE_S,
+) -> st.Snapshot:
     """Pure: records -> Snapshot. Queued jobs keep submission order (the scheduler sorts anyway)."""
     by_group: dict[str, float] = {}
     by_user: dict[tuple[str, str], float] = {}
@@ -140,7 +154,7 @@ def build_snapshot(state: ClusterState, now: float, half_life_s: float = USAGE_H
         by_user[(row.group, row.user)] = by_user.get((row.group, row.user), 0.0) + value
     running = tuple(
         st.RunningJob(
-            job=scheduler_job(r),
+            job=scheduler_job(r, max_stop_grace_s),
             allocation=_allocation(r),
             start_time=r.started_at if r.started_at is not None else r.submitted_at,
             borrowed=r.borrowed,
@@ -152,7 +166,7 @@ def build_snapshot(state: ClusterState, now: float, half_life_s: float = USAGE_H
     return st.Snapshot(
         nodes=state.nodes,
         groups=tuple(_group(g) for g in state.groups),
-        queued=tuple(scheduler_job(r) for r in sorted(state.queued, key=lambda r: (r.submitted_at, r.id))),
+        queued=tuple(scheduler_job(r, max_stop_grace_s) for r in sorted(state.queued, key=_submission)),
         running=running,
         usage=st.Usage(by_group=by_group, by_user=by_user),
     )
