@@ -161,8 +161,12 @@ def apply_assignments(session: Session, assignments: Sequence[st.Assignment], no
     # after that would make the API's submits wait for it.
     ids = [int(a.job_id) for a in assignments]
     names = {n for a in assignments for n in a.allocation.nodes}
-    session.scalars(select(Job).where(Job.id.in_(ids)).options(selectinload(Job.user))).all()
-    session.scalars(select(Node).where(Node.name.in_(names)).options(selectinload(Node.gpus))).all()
+    # Held in locals: the session's identity map keeps objects only weakly, so rows loaded and
+    # dropped at once would be fetched again, one SELECT per session.get in stage_assignment.
+    preloaded = (
+        session.scalars(select(Job).where(Job.id.in_(ids)).options(selectinload(Job.user))).all(),
+        session.scalars(select(Node).where(Node.name.in_(names)).options(selectinload(Node.gpus))).all(),
+    )
     claimed = claimed_gpus(session)
     pending: list[tuple[Attempt, list[tuple[str, int]]]] = []
     with session.no_autoflush:
@@ -170,6 +174,7 @@ def apply_assignments(session: Session, assignments: Sequence[st.Assignment], no
     try:
         add_claims(session, pending)
         session.commit()
+        del preloaded
         return staged
     except IntegrityError:
         session.rollback()

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session, selectinload
 
 from corral.db.models import Attempt, Group, Job, Node, UsageLedger, User
@@ -247,21 +247,28 @@ def live_attempts(session: Session, job_ids: Sequence[int]) -> dict[int, Attempt
 
 
 def read_cluster_state(session: Session) -> ClusterState:
+    """One SELECT per table read: nodes, their GPUs, groups, their quotas, users, jobs (waiting and
+    live, with the live ones' current attempt joined), usage ledger (tests/server/
+    test_snapshot_queries.py keeps it so)."""
     nodes = session.scalars(select(Node).options(selectinload(Node.gpus)).order_by(Node.name)).all()
     groups = session.scalars(select(Group).options(selectinload(Group.quotas)).order_by(Group.name)).all()
     group_names = {g.id: g.name for g in groups}
     user_names: dict[int, str] = {row[0]: row[1] for row in session.execute(select(User.id, User.name))}
-    queued = session.execute(
-        select(*_JOB_COLUMNS).where(Job.state == JobState.QUEUED.value, Job.cancel_requested.is_(False))
-    ).all()
-    live = session.execute(
-        select(*_JOB_COLUMNS, *_ATTEMPT_COLUMNS)
-        .join(Attempt, Attempt.job_id == Job.id)
-        .where(
-            Job.state.in_([s.value for s in LIVE_JOB_STATES]),
-            Attempt.state.in_([s.value for s in LIVE_ATTEMPT_STATES]),
+    live_job = Job.state.in_([s.value for s in LIVE_JOB_STATES])
+    jobs = session.execute(
+        select(*_JOB_COLUMNS, *_ATTEMPT_COLUMNS, Attempt.id)
+        .outerjoin(
+            Attempt,
+            and_(
+                Attempt.job_id == Job.id,
+                live_job,
+                Attempt.state.in_([s.value for s in LIVE_ATTEMPT_STATES]),
+            ),
         )
+        .where(or_(and_(Job.state == JobState.QUEUED.value, Job.cancel_requested.is_(False)), live_job))
     ).all()
+    queued = [row for row in jobs if row.state == JobState.QUEUED.value]
+    live = [row[:-1] for row in jobs if row.state != JobState.QUEUED.value and row[-1] is not None]
     ledger = session.scalars(select(UsageLedger)).all()
     return ClusterState(
         nodes=tuple(scheduler_node(n) for n in nodes),
