@@ -4,13 +4,14 @@ cycle, exactly the plans a fresh Scheduler gives."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.scheduler import PROFILES, Plan, Scheduler, Snapshot
-from tests.scheduler.builders import apply_plan, gpu_node, job, snap
+from corral.scheduler import PROFILES, Plan, Priority, Scheduler, Snapshot
+from tests.scheduler.builders import apply_plan, gpu_node, job, running, snap
 from tests.scheduler.strategies import snapshots
 
 
@@ -58,3 +59,25 @@ def test_caches_are_per_instance() -> None:
     assert len(a.cluster_memo.tables) == 1 and b.cluster_memo.tables == []
     assert a.job_kinds.memo_for(a.cluster_memo.cluster_shapes(cluster.nodes, False))
     assert not b.job_kinds.memo_for(b.cluster_memo.cluster_shapes(cluster.nodes, False))
+
+
+def test_a_cycle_is_freed_with_its_plan_without_the_garbage_collector() -> None:
+    """No reference cycle between a cycle's parts: its state goes as soon as its plan does (a
+    cycle left to the collector made the whole Philly replay about 1.5x slower)."""
+    nodes = [gpu_node("a", gpus=4), gpu_node("b", gpus=4)]
+    queued = [job(f"q{i}", gpus=2, submit=i, priority=Priority.HIGH) for i in range(6)]
+    run = [running(job("r", gpus=4, priority=Priority.LOW), "a", (0, 1, 2, 3))]
+    s = snap(nodes, queued, run=run)
+    for name in PROFILES:
+        for read_diagnoses in (False, True):
+            scheduler = Scheduler(PROFILES[name])
+            gc.collect()
+            gc.disable()
+            try:
+                plan = scheduler.schedule(s, 10.0, random.Random(0))
+                if read_diagnoses:
+                    dict(plan.diagnoses)
+                del plan
+                assert gc.collect() == 0, name
+            finally:
+                gc.enable()

@@ -6,6 +6,7 @@ same plans."""
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, cast
 
 from corral.scheduler.admission import las_queue
@@ -23,7 +24,10 @@ _SHORT, _SEARCHED, _EACH, _UNKNOWN = object(), object(), object(), object()
 
 class KnownOutcomes:
     def __init__(self, cycle: Cycle) -> None:
-        self.cycle = cycle
+        # A weak reference: the cycle holds this object, and a reference cycle would leave every
+        # cycle's state to the garbage collector instead of freeing it as soon as its plan goes
+        # (measured: the whole replay about 1.5x slower, GC passes over ever larger heaps).
+        self.cycle = weakref.proxy(cycle)
         # failure key -> state in which a job of that key met "too few free GPUs" and changed
         # nothing (no reservation, no victims)
         self.short: dict[object, Token] = {}
