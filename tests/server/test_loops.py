@@ -355,3 +355,23 @@ def test_preemption_gives_each_victim_its_own_stop_grace_bounded(
             assert job_state(ctx, job_id) == "preempted"
             attempt = session.scalars(select(Attempt).where(Attempt.job_id == job_id)).one()
             assert attempt.stop_grace_s == given
+
+
+def test_job_waiting_on_cordoned_nodes_is_told_so(env: tuple[ServerContext, FakeEngine]) -> None:
+    """Both nodes cordoned by the operator: the waiting job's stored diagnosis names the filter
+    that refused them (node_not_ready, "2 nodes cordoned"), not a shortage of CPUs or GPUs."""
+    ctx, _fake = env
+    with ctx.session_factory() as session:
+        for name in ("n1", "n2"):
+            node = session.get(Node, name)
+            assert node is not None
+            node.admin_state = "cordoned"
+        gid, uid = seed_tenant(session)
+        waiting = add_job(session, gid, uid, gpus=1)
+    node_tick(ctx, time.time())
+    schedule_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        job = session.get(Job, waiting)
+        assert job is not None and job.state == "queued" and job.diagnosis is not None
+        (reason,) = job.diagnosis["reasons"]
+        assert reason["code"] == "node_not_ready" and "2 nodes cordoned" in reason["message"]
