@@ -104,7 +104,6 @@ class Cycle:
         self.no_fit: set[str] = set()  # jobs that already had their reservation/preemption turn
         # Not kept under strict FIFO (it stops at the first job that does not fit anyway).
         self.replay = scheduler.replay_known and not profile.head_of_line_blocking
-        self.known = KnownOutcomes(self)
         self.borrowing = False  # the pass under way
         self.behind_head = 0  # jobs considered while a backfill reservation stands
         self.cut_short = False  # the backfill depth stopped a pass early
@@ -119,6 +118,7 @@ class Cycle:
             profile.fair_share_horizon_s,
             profile.las_thresholds,
         )
+        self.known = KnownOutcomes(self)  # last: it reads the parts made above
 
     # -- main loop ----------------------------------------------------------------------------------
     def run(self) -> Plan:

@@ -28,6 +28,9 @@ class KnownOutcomes:
         # cycle's state to the garbage collector instead of freeing it as soon as its plan goes
         # (measured: the whole replay about 1.5x slower, GC passes over ever larger heaps).
         self.cycle = weakref.proxy(cycle)
+        # the cycle's parts this reads, held directly (none of them points back to the cycle)
+        self.profile, self.preemptor, self.backfill = cycle.profile, cycle.preemptor, cycle.backfill
+        self.assignments, self.no_fit, self.why = cycle.assignments, cycle.no_fit, cycle.verdicts.why
         # failure key -> state in which a job of that key met "too few free GPUs" and changed
         # nothing (no reservation, no victims)
         self.short: dict[object, Token] = {}
@@ -44,14 +47,13 @@ class KnownOutcomes:
         placement attempts restore them), reservations, victims and claimed draining room. Not the
         preemption attempts left: no outcome but "no attempt left" depends on them, and a replayed
         failed search spends one as the real one did."""
-        c = self.cycle
-        pre = c.preemptor
-        return (len(c.assignments), len(c.backfill.reservations), len(pre.victims), pre.claimed)
+        pre = self.preemptor
+        return (len(self.assignments), len(self.backfill.reservations), len(pre.victims), pre.claimed)
 
     def fail_key(self, job: Job, info: JobInfo) -> object:
         """Jobs with equal keys get the same capacity test, reservation and preemption outcome in
         an unchanged state (the preemption search reads the group and priority, or the LAS queue)."""
-        p = self.cycle.profile
+        p = self.profile
         if p.preemption == "none":
             return info.fit_id
         if p.preemption == "las":
@@ -61,7 +63,7 @@ class KnownOutcomes:
     def search_key(self, job: Job, info: JobInfo) -> object:
         """Jobs with equal keys get the same preemption search: the same candidates, and the same
         placement on the room they would leave (it reads the tasks, group, priority, may-borrow)."""
-        p = self.cycle.profile
+        p = self.profile
         if p.preemption == "las":
             return (info.search_id, las_queue(job.attained_gpu_seconds, p.las_thresholds))
         return info.search_id
@@ -69,7 +71,7 @@ class KnownOutcomes:
     def admit_key(self, job: Job, info: JobInfo) -> int:
         """Jobs with equal keys pass or fail the capacity test and quota admission alike in an
         unchanged state (without a per-user cap: that reads the user too)."""
-        if not self.cycle.profile.quotas:
+        if not self.profile.quotas:
             return info.fit_id
         return 2 * info.admit_id + self.cycle.borrowing
 
@@ -83,7 +85,7 @@ class KnownOutcomes:
         changes (about nine in ten jobs of a busy cycle)."""
         if self.token() != token:
             return  # it reserved, or found victims: the next job of its kind must look again
-        if self.cycle.preemptor.attempts_left == attempts_before:
+        if self.preemptor.attempts_left == attempts_before:
             self.short[self.fail_key(job, info)] = token
         else:  # a preemption search that found no room
             self.searched[self.search_key(job, info)] = token
@@ -95,19 +97,18 @@ class KnownOutcomes:
         room (one attempt spent), or admitted and then held off by a backfill reservation (checked
         against its own runtime). False when no such outcome is known; then the job takes the
         ordinary path (`Cycle.consider`), which records what it finds."""
-        c = self.cycle
         if self.short.get(self.fail_key(job, info)) == token:
-            c.no_fit.add(job.id)
+            self.no_fit.add(job.id)
             return True
         if self.searched.get(self.search_key(job, info)) == token:
-            c.no_fit.add(job.id)
+            self.no_fit.add(job.id)
             self._spend_attempt()
             return True
         return self._replay_held_off(job, info, token)
 
     def _spend_attempt(self) -> None:
         """What a preemption search that finds no room leaves behind: one attempt fewer."""
-        pre = self.cycle.preemptor
+        pre = self.preemptor
         if pre.attempts_left > 0:
             pre.attempts_left -= 1
 
@@ -115,14 +116,14 @@ class KnownOutcomes:
         admitted = self.admitted.get(self.admit_key(job, info))
         if admitted is None or admitted[0] != token:
             return False
-        backfill = self.cycle.backfill
+        backfill = self.backfill
         reserved, blocking = backfill.reserved_for_others(job, info)
         if blocking is None:
             return False
         allowed = admitted[1]
         if (info.model_set if allowed is None else allowed) - reserved:
             return False  # other models are left to it: the ordinary path places it there
-        self.cycle.verdicts.why[job.id] = backfill.reason(blocking)
+        self.why[job.id] = backfill.reason(blocking)
         return True
 
     def skip_run(self, token: Token, borrowing: bool) -> None:
@@ -206,11 +207,11 @@ class KnownOutcomes:
         admitted = self.admitted.get(key)
         if admitted is None or admitted[0] != token or info.total <= 0:
             return False
-        relevant = [r for r in self.cycle.backfill.reservations if info.total > r.extra]
+        relevant = [r for r in self.backfill.reservations if info.total > r.extra]
         if len(relevant) != 1:
             return bool(relevant)
         r = relevant[0]
         allowed = admitted[1]
         if (info.model_set if allowed is None else allowed) - r.models:
             return False
-        return (r.start, self.cycle.backfill.reason(r))
+        return (r.start, self.backfill.reason(r))
