@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     # Requeues a job gets for work the platform lost (attempt, supervisor, node or engine lost),
     # separate from its own `retries:`; one budget per job (services/lifecycle.py).
     lost_requeue_budget: int = Field(default=3, ge=0)
+    # The most SIGTERM-to-kill time a preempted job gets, whatever its spec's `stop_grace` asks:
+    # a job cannot hold the GPUs it is preempted from for longer than this.
+    max_stop_grace_s: float = Field(default=300.0, ge=0)
 
     @property
     def worker_threads(self) -> int:

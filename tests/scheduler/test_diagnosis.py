@@ -106,3 +106,43 @@ def test_backfill_depth_reason_for_untried_jobs() -> None:
     plan = plan_for(snap([gpu_node("n", gpus=2)], queued, run=run), profile, now=10.0)
     assert plan.diagnoses["s0"].reasons[0].code == "backfill_would_delay"
     assert plan.diagnoses["s3"].reasons[0].code == "backfill_depth"
+
+
+def test_cordoned_node_is_reported_as_cordoned() -> None:
+    """The filters' own refusals make the reason: a node that is cordoned says so (it was reported
+    as `insufficient_cpu_memory` for CPU work and `insufficient_gpus` for GPU work)."""
+    from corral.scheduler import NodeState
+    from tests.scheduler.builders import cpu_node
+
+    cordoned = [cpu_node("c", state=NodeState.CORDONED), gpu_node("g", state=NodeState.CORDONED)]
+    plan = plan_for(snap(cordoned, [job("cpu", gpus=0), job("gpu", gpus=1)]), FIFO_BF)
+    for jid in ("cpu", "gpu"):
+        (reason,) = plan.diagnoses[jid].reasons
+        assert reason.code == "node_not_ready", (jid, reason)
+        assert reason.source == "filter:node_state"
+        assert "1 node cordoned" in reason.message, reason.message
+
+
+def test_reason_comes_from_the_filter_that_refused_the_nodes_that_got_furthest() -> None:
+    """One cordoned node with free GPUs and one ready node that is full: the job waits for GPUs,
+    and the message counts the cordoned node too."""
+    from corral.scheduler import NodeState
+
+    nodes = [gpu_node("a", gpus=2, state=NodeState.CORDONED), gpu_node("b", gpus=2)]
+    run = [running(job("x", gpus=2), "b", (0, 1))]
+    plan = plan_for(snap(nodes, [job("w", gpus=1)], run=run), FIFO_BF)
+    (reason,) = plan.diagnoses["w"].reasons
+    assert reason.code == "insufficient_gpus"
+    assert "needs 1 A100 GPUs; 0 are free now" in reason.message
+    assert "1 node cordoned" in reason.message
+
+
+def test_gpus_free_but_cpus_taken_says_cpu_memory() -> None:
+    """A node with free GPUs but no free CPUs: the cpu_memory filter refused it, so the reason
+    is `insufficient_cpu_memory` (not a gang `no_fit`)."""
+    nodes = [gpu_node("a", gpus=2, cpus=4)]
+    run = [running(job("x", gpus=1, cpus=4), "a", (0,))]
+    plan = plan_for(snap(nodes, [job("w", gpus=1, cpus=2)], run=run), FIFO_BF)
+    (reason,) = plan.diagnoses["w"].reasons
+    assert reason.code == "insufficient_cpu_memory"
+    assert reason.source == "filter:cpu_memory"

@@ -1,5 +1,6 @@
-"""Outcomes replayed within a cycle (`core.SKIP_KNOWN`) and single diagnoses read by id must give
-exactly what the ordinary path gives: the same plans, preemptions and diagnoses.
+"""Outcomes replayed within a cycle (`Scheduler(replay_known=True)`, the default) and single
+diagnoses read by id must give exactly what the ordinary path gives: the same plans, preemptions
+and diagnoses.
 
 A cycle remembers, per kind of job and state, that a job found too few free GPUs (with nothing to
 reserve or preempt), searched for victims in vain, or was admitted and then held off by a backfill
@@ -10,27 +11,27 @@ jobs, so every replayed outcome occurs often."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
-from contextlib import contextmanager
+import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import corral.scheduler.core as core
-from corral.scheduler import ANY_MODEL, PROFILES, Plan, Priority, Profile, Snapshot, Usage
+from corral.scheduler import ANY_MODEL, PROFILES, Plan, Priority, Profile, Scheduler, Snapshot, Usage
 from tests.scheduler.builders import apply_plan, gpu_node, group, job, plan_for, running
 
 PROFILE_NAMES = sorted(PROFILES)
 
 
-@contextmanager
-def replay_off() -> Iterator[None]:
-    saved = core.SKIP_KNOWN
-    core.SKIP_KNOWN = False
-    try:
-        yield
-    finally:
-        core.SKIP_KNOWN = saved
+def fresh_plan(s: Snapshot, profile: Profile, now: float = 1000.0) -> Plan:
+    """Every job worked out afresh: no outcome replayed."""
+    return Scheduler(profile, replay_known=False).schedule(s, now, random.Random(0))
+
+
+def twice(s: Snapshot, profile: Profile) -> tuple[Plan, Plan]:
+    """Two cycles of one Scheduler on `s`: the first sees every job for the first time, the second
+    knows them all (the per-job memo is kept across its calls)."""
+    kept = Scheduler(profile)
+    return kept.schedule(s, 1000.0, random.Random(0)), kept.schedule(s, 1000.0, random.Random(0))
 
 
 @st.composite
@@ -147,10 +148,10 @@ def preemption_heavy(draw: st.DrawFn) -> Snapshot:
 @given(preemption_heavy(), st.sampled_from(["default", "las"]), st.integers(1, 16))
 def test_replayed_failed_searches_spend_attempts_as_real_ones(s: Snapshot, name: str, attempts: int) -> None:
     profile = dataclasses.replace(PROFILES[name], max_preemption_attempts=attempts)
-    with replay_off():
-        fresh = plan_for(s, profile)
-    assert_same(plan_for(s, profile), fresh)
-    assert_same(plan_for(s, profile), fresh)  # every job known: whole runs are skipped
+    fresh = fresh_plan(s, profile)
+    first, second = twice(s, profile)
+    assert_same(first, fresh)
+    assert_same(second, fresh)  # every job known: whole runs are skipped
 
 
 def assert_same(plan: Plan, fresh: Plan) -> None:
@@ -163,12 +164,12 @@ def assert_same(plan: Plan, fresh: Plan) -> None:
 @given(crowded(), st.sampled_from(PROFILE_NAMES))
 def test_replayed_outcomes_equal_the_ordinary_path(s: Snapshot, name: str) -> None:
     profile = PROFILES[name]
-    with replay_off():
-        fresh = plan_for(s, profile)
+    fresh = fresh_plan(s, profile)
     # the first call sees every job for the first time; the second knows them all (the per-job memo
-    # is kept across calls), so whole runs of jobs are skipped at once (_skip_known)
-    assert_same(plan_for(s, profile), fresh)
-    assert_same(plan_for(s, profile), fresh)
+    # is kept across calls), so whole runs of jobs are skipped at once (KnownOutcomes.skip_run)
+    first, second = twice(s, profile)
+    assert_same(first, fresh)
+    assert_same(second, fresh)
 
 
 @settings(max_examples=60, deadline=None)
@@ -178,8 +179,7 @@ def test_replayed_outcomes_equal_the_ordinary_path_with_few_attempts(
 ) -> None:
     """Few preemption attempts: replayed failed searches must spend them as real ones do."""
     profile = dataclasses.replace(PROFILES[name], max_preemption_attempts=attempts, backfill_depth=5)
-    with replay_off():
-        fresh = plan_for(s, profile)
+    fresh = fresh_plan(s, profile)
     assert_same(plan_for(s, profile), fresh)
 
 
@@ -187,11 +187,11 @@ def test_replayed_outcomes_equal_the_ordinary_path_with_few_attempts(
 @given(crowded(), st.sampled_from(["default", "fifo-backfill", "sjf"]))
 def test_replayed_outcomes_over_several_cycles(s: Snapshot, name: str) -> None:
     profile: Profile = PROFILES[name]
+    kept = Scheduler(profile)
     for cycle in range(3):
         now = 1000.0 + 100 * cycle
-        with replay_off():
-            fresh = plan_for(s, profile, now=now)
-        plan = plan_for(s, profile, now=now)
+        fresh = fresh_plan(s, profile, now=now)
+        plan = kept.schedule(s, now, random.Random(0))
         assert_same(plan, fresh)
         s = apply_plan(s, plan, now)
         if s.running:

@@ -8,7 +8,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.scheduler import ANY_MODEL, PROFILES, NodeState, Plan, Snapshot, schedule
+from corral.scheduler import ANY_MODEL, PROFILES, NodeState, Plan, Scheduler, Snapshot, schedule
 from tests.scheduler.builders import apply_plan, gpu_node, group, job, plan_for, running, snap
 from tests.scheduler.strategies import snapshots
 
@@ -124,12 +124,13 @@ def test_borrowed_work_does_not_keep_a_group_below_guarantee(
 @settings(max_examples=40, deadline=None)
 @given(snapshots(max_nodes=6, max_jobs=12), st.sampled_from(["default", "las", "fifo-backfill"]))
 def test_cycles_reusing_state_between_calls_match_fresh_ones(s: Snapshot, name: str) -> None:
-    """schedule() keeps a memo of the node table and of the running set between calls; a run of
+    """A Scheduler keeps a memo of the node table and of the running set between calls; a run of
     cycles with one nodes tuple must give the plans a fresh computation gives."""
     profile = PROFILES[name]
+    kept = Scheduler(profile)
     for cycle in range(4):
         now = 100.0 + 50 * cycle
-        plan = plan_for(s, profile, now=now)
+        plan = kept.schedule(s, now, random.Random(0))
         fresh_nodes = tuple(dataclasses.replace(n) for n in s.nodes)  # new identity: no memo
         fresh = plan_for(dataclasses.replace(s, nodes=fresh_nodes), profile, now=now)
         assert plan.assignments == fresh.assignments

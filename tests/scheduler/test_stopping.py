@@ -59,3 +59,32 @@ def test_a_second_waiting_job_gets_a_new_victim_not_the_stopping_one() -> None:
 def test_stopping_defaults_to_false() -> None:
     rj = running(job("x"), "n", (0,))
     assert isinstance(rj, RunningJob) and rj.stopping is False and rj.stops_by is None
+
+
+def _with_grace(s: Snapshot, grace: dict[str, float]) -> Snapshot:
+    run = tuple(
+        dataclasses.replace(rj, job=dataclasses.replace(rj.job, stop_grace_s=grace[rj.job.id]))
+        if rj.job.id in grace
+        else rj
+        for rj in s.running
+    )
+    return dataclasses.replace(s, running=run)
+
+
+def test_victim_gets_its_own_stop_grace_and_the_estimate_waits_for_it() -> None:
+    """The Preemption carries the victim's stop_grace_s (not the profile's grace_s), and the
+    waiting job's estimated start is when that grace ends."""
+    s = _with_grace(_borrowed_cluster(1), {"b3": 120.0})
+    plan = plan_for(s, DEFAULT, now=100.0)
+    assert [(p.job_id, p.grace_s) for p in plan.preemptions] == [("b3", 120.0)]
+    assert plan.diagnoses["a0"].estimated_start == 100.0 + 120.0
+    # a job that asks for no grace of its own gets the profile's
+    plain = plan_for(_borrowed_cluster(1), DEFAULT, now=100.0)
+    assert [(p.job_id, p.grace_s) for p in plain.preemptions] == [("b3", DEFAULT.grace_s)]
+    assert plain.diagnoses["a0"].estimated_start == 100.0 + DEFAULT.grace_s
+
+
+def test_stopping_job_without_stops_by_is_gone_after_its_own_grace() -> None:
+    s = _mark_stopping(_with_grace(_borrowed_cluster(2), {"b3": 5.0}), "b3", stops_by=None)
+    plan = plan_for(s, DEFAULT, now=105.0)
+    assert plan.diagnoses["a0"].estimated_start == 105.0 + 5.0

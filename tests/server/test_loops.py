@@ -318,3 +318,64 @@ def _raise_unavailable() -> list[NodeReport]:
     from corral.engine.base import EngineUnavailable
 
     raise EngineUnavailable("slurmctld is not answering")
+
+
+def test_preemption_gives_each_victim_its_own_stop_grace_bounded(
+    env: tuple[ServerContext, FakeEngine],
+) -> None:
+    """Two low-priority jobs fill both nodes; a high-priority gang preempts both. Each victim's
+    attempt is stopped with its own spec's stop_grace (2m), bounded by CORRAL_MAX_STOP_GRACE_S
+    (20m asked, 300 s given), not the profile's fixed 30 s."""
+    ctx, fake = env
+    assert ctx.settings.max_stop_grace_s == 300.0
+    graces = {"2m": 120.0, "20m": 300.0}
+    expected: dict[int, float] = {}
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session, guaranteed=8)
+        for asked, given in graces.items():
+            job_id = add_job(session, gid, uid, gpus=4)
+            job = session.get(Job, job_id)
+            assert job is not None
+            job.spec = {**job.spec, "stop_grace": asked}
+            job.priority = 0
+            expected[job_id] = given
+        session.commit()
+    now = time.time()
+    schedule_tick(ctx, now)
+    run_dispatch(ctx)
+    for job_id in expected:
+        fake.run(f"{job_id}.1")
+    reconcile_tick(ctx, time.time())
+    assert all(job_state(ctx, j) == "running" for j in expected)
+    with ctx.session_factory() as session:
+        urgent = add_job(session, gid, uid, gpus=4, instances=2)
+        job = session.get(Job, urgent)
+        assert job is not None
+        job.priority = 2
+        session.commit()
+    schedule_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        for job_id, given in expected.items():
+            assert job_state(ctx, job_id) == "preempted"
+            attempt = session.scalars(select(Attempt).where(Attempt.job_id == job_id)).one()
+            assert attempt.stop_grace_s == given
+
+
+def test_job_waiting_on_cordoned_nodes_is_told_so(env: tuple[ServerContext, FakeEngine]) -> None:
+    """Both nodes cordoned by the operator: the waiting job's stored diagnosis names the filter
+    that refused them (node_not_ready, "2 nodes cordoned"), not a shortage of CPUs or GPUs."""
+    ctx, _fake = env
+    with ctx.session_factory() as session:
+        for name in ("n1", "n2"):
+            node = session.get(Node, name)
+            assert node is not None
+            node.admin_state = "cordoned"
+        gid, uid = seed_tenant(session)
+        waiting = add_job(session, gid, uid, gpus=1)
+    node_tick(ctx, time.time())
+    schedule_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        job = session.get(Job, waiting)
+        assert job is not None and job.state == "queued" and job.diagnosis is not None
+        (reason,) = job.diagnosis["reasons"]
+        assert reason["code"] == "node_not_ready" and "2 nodes cordoned" in reason["message"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import random
 
+from corral.scheduler import Scheduler
 from corral.scheduler.types import Plan, Snapshot
 from corral.sim.cluster import ClusterSpec
 from corral.sim.metrics import summarize
@@ -33,13 +34,14 @@ class NoProgress(AssertionError):
 def replay_bounded(tr: Trace, cl: ClusterSpec, bound_s: float) -> SimResult:
     """Replay under `las`, failing as soon as the simulated clock passes `bound_s` (a livelocked
     replay would otherwise never return)."""
-    las = resolve_policy("las")
 
-    def bounded(snapshot: Snapshot, now: float, rng: random.Random) -> Plan:
-        if now > bound_s:
-            raise NoProgress(f"las replay still running at t={now:.0f} s (bound {bound_s:.0f} s)")
-        return las(snapshot, now, rng)
+    class Bounded(Scheduler):
+        def schedule(self, snapshot: Snapshot, now: float, rng: random.Random) -> Plan:
+            if now > bound_s:
+                raise NoProgress(f"las replay still running at t={now:.0f} s (bound {bound_s:.0f} s)")
+            return super().schedule(snapshot, now, rng)
 
+    bounded = Bounded(resolve_policy("las").profile)
     return Simulator(tr, cl, bounded, policy_name="las", config=SimConfig()).run()
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
 from corral.scheduler import PROFILES, schedule
 from corral.sim.replay import SimConfig, Simulator
 from corral.sim.runner import PolicyError, resolve_policy
+from corral.sim.trace import load_generic_csv, write_generic_csv
 
 from .helpers import cluster, run, trace
 
@@ -68,6 +70,32 @@ def test_preemption_loses_the_work_since_the_last_checkpoint(
     assert jobs["a"].preemptions == 1 and result.preemptions == 1
 
 
+@pytest.mark.parametrize(
+    ("trace_grace", "config", "stops_at"),
+    [
+        (None, {}, 5_030.0),  # the profile's grace
+        (200.0, {}, 5_200.0),  # the trace's grace for this job
+        (None, {"stop_grace_s": 90.0}, 5_090.0),  # the replay's default for jobs that give none
+        (900.0, {"max_stop_grace_s": 300.0}, 5_300.0),  # bounded by the maximum
+    ],
+)
+def test_preempted_job_gets_its_own_stop_grace(
+    trace_grace: float | None, config: dict[str, float], stops_at: float
+) -> None:
+    # As above: LAS preempts a at 5,000 for b; b starts once a's grace is over.
+    tr = trace(("a", 0, 10_000, 1, {"stop_grace_s": trace_grace}), ("b", 5_000, 100, 1))
+    result, jobs = run(tr, cluster(1, 1), "las", **config)
+    assert jobs["b"].first_start == stops_at
+    assert jobs["a"].preemptions == 1 and result.preemptions == 1
+
+
+def test_trace_stop_grace_column_round_trips(tmp_path: Path) -> None:
+    tr = trace(("a", 0, 10, 1, {"stop_grace_s": 45.0}), ("b", 1, 10, 1))
+    write_generic_csv(tr.jobs, tmp_path / "t.csv")
+    loaded = {j.job_id: j.stop_grace_s for j in load_generic_csv(tmp_path / "t.csv").jobs}
+    assert loaded == {"a": 45.0, "b": None}
+
+
 def test_job_larger_than_any_node_is_reported_not_dropped() -> None:
     tr = trace(("ok", 0, 10, 2), ("huge", 0, 10, 16), ("wrong", 1, 10, 1, {"gpu_model": "A100"}))
     result, jobs = run(tr, cluster(2, 4), "default")
@@ -109,7 +137,9 @@ def test_unknown_policy_and_placement_are_named() -> None:
         resolve_policy("nope")
     with pytest.raises(PolicyError, match="fifo:diagonal"):
         resolve_policy("fifo:diagonal")
-    assert callable(resolve_policy("fifo:spread"))
+    spread = resolve_policy("fifo:spread")
+    assert (spread.profile.order, spread.profile.placement) == ("fifo", "spread")
+    assert resolve_policy("fifo") is not resolve_policy("fifo")  # one Scheduler (and cache) per replay
 
 
 def test_snapshot_reflects_the_state_handed_to_schedule() -> None:

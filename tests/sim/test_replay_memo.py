@@ -1,5 +1,5 @@
 """A busy replay gives the same results whether the scheduler replays outcomes it already knows
-within a cycle (`corral.scheduler.core.SKIP_KNOWN`, the default) or works every job out afresh."""
+within a cycle (`Scheduler(replay_known=True)`, the default) or works every job out afresh."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import random
 
 import pytest
 
-import corral.scheduler.core as core
-from corral.scheduler import Priority
-from corral.sim.replay import SimResult
+from corral.scheduler import PROFILES, Priority, Scheduler
+from corral.sim.replay import SimConfig, SimResult, Simulator
 from corral.sim.trace import Trace
 
 from .helpers import cluster, run, trace
@@ -50,12 +49,7 @@ def test_replay_with_known_outcomes_equals_fresh_work(policy: str) -> None:
     ]
     cl = cluster(4, 8, groups)
     memo, _ = run(tr, cl, policy)
-    saved = core.SKIP_KNOWN
-    core.SKIP_KNOWN = False
-    try:
-        fresh, _ = run(tr, cl, policy)
-    finally:
-        core.SKIP_KNOWN = saved
+    fresh = Simulator(tr, cl, Scheduler(PROFILES[policy], replay_known=False), policy, SimConfig()).run()
     assert outcome(memo) == outcome(fresh)
     assert (memo.cycles, memo.preemptions) == (fresh.cycles, fresh.preemptions)
     assert list(memo.alloc_gpus) == list(fresh.alloc_gpus)

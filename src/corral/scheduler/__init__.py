@@ -1,11 +1,14 @@
-"""Corral's scheduler: a pure library. `schedule(snapshot, now, rng, profile) -> Plan`.
+"""Corral's scheduler: a pure library. `Scheduler(profile).schedule(snapshot, now, rng) -> Plan`
+(or the one-off `schedule(snapshot, now, rng, profile)`), and `apply_plan(plan, sink)` to carry a
+plan out.
 
 See docs/scheduler.md for the admission model, the placement plugins, diagnosis codes and profiles.
 """
 
 from corral.scheduler.admission import decay_usage
+from corral.scheduler.apply import Applied, PlanSink, apply_plan
 from corral.scheduler.cluster import check_fits_anywhere
-from corral.scheduler.core import schedule
+from corral.scheduler.core import Scheduler, schedule
 from corral.scheduler.plugins import FILTERS, SCORERS
 from corral.scheduler.profiles import PROFILES, Profile
 from corral.scheduler.types import (
@@ -38,6 +41,7 @@ __all__ = [
     "PROFILES",
     "SCORERS",
     "Allocation",
+    "Applied",
     "Assignment",
     "Diagnosis",
     "Group",
@@ -46,15 +50,18 @@ __all__ = [
     "Node",
     "NodeState",
     "Plan",
+    "PlanSink",
     "Preemption",
     "Priority",
     "Profile",
     "Reason",
     "Resources",
     "RunningJob",
+    "Scheduler",
     "Snapshot",
     "TaskSpec",
     "Usage",
+    "apply_plan",
     "check_fits_anywhere",
     "decay_usage",
     "parse_gpu_models",

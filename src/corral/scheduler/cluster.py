@@ -121,19 +121,37 @@ class NodeTable:
 
 
 MEMO_SIZE = 2  # node tables (and occupied states) remembered between calls
-_TABLES: list[NodeTable] = []  # memo of recent NodeTables: a pure cache, it never changes a result
 
 
-def node_table(nodes: Sequence[Node]) -> NodeTable:
-    """The NodeTable of `nodes`, reused while the caller passes the very same (immutable) tuple:
-    the simulator and the control loop keep one nodes tuple until a node changes."""
-    for table in _TABLES:
-        if table.nodes is nodes and isinstance(nodes, tuple):
-            _TABLES[:] = [*(t for t in _TABLES if t is not table), table]  # most recent last
-            return table
-    table = NodeTable(nodes)
-    _TABLES[:] = [*_TABLES[-(MEMO_SIZE - 1) :], table]
-    return table
+class ClusterMemo:
+    """What a `Scheduler` keeps between calls about the cluster, a pure cache that never changes a
+    result: the NodeTables of the last nodes tuples, the free capacity their running sets left
+    (Occupied), and their ClusterShapes. Each Scheduler owns one; nothing is shared between them."""
+
+    def __init__(self) -> None:
+        self.tables: list[NodeTable] = []  # most recent last
+        self.occupied: list[Occupied] = []
+        self.shapes: list[tuple[Sequence[Node], bool, ClusterShapes]] = []
+
+    def node_table(self, nodes: Sequence[Node]) -> NodeTable:
+        """The NodeTable of `nodes`, reused while the caller passes the very same (immutable) tuple:
+        the simulator and the control loop keep one nodes tuple until a node changes."""
+        for table in self.tables:
+            if table.nodes is nodes and isinstance(nodes, tuple):
+                self.tables[:] = [*(t for t in self.tables if t is not table), table]
+                return table
+        table = NodeTable(nodes)
+        self.tables[:] = [*self.tables[-(MEMO_SIZE - 1) :], table]
+        return table
+
+    def cluster_shapes(self, nodes: Sequence[Node], cpu_jobs_on_gpu_nodes: bool) -> ClusterShapes:
+        """ClusterShapes of `nodes`, reused while the same nodes tuple comes back."""
+        for seen, flag, shapes in self.shapes:
+            if seen is nodes and flag == cpu_jobs_on_gpu_nodes and isinstance(nodes, tuple):
+                return shapes
+        shapes = ClusterShapes(nodes, cpu_jobs_on_gpu_nodes)
+        self.shapes[:] = [*self.shapes[-1:], (nodes, cpu_jobs_on_gpu_nodes, shapes)]
+        return shapes
 
 
 def _bump(counts: dict[K, int], key: K, delta: int) -> None:
@@ -268,16 +286,14 @@ class Occupied:
         return per_model
 
 
-_OCCUPIED: list[Occupied] = []  # memo like _TABLES: never changes a result
-
-
 class ClusterState:
     """Free capacity of every node, updated as the cycle places (and test-releases) work.
 
     Starts from the shared NodeTable; a node's free-GPU lists are copied on its first change."""
 
-    def __init__(self, nodes: Sequence[Node]) -> None:
-        t = self.table = node_table(nodes)
+    def __init__(self, nodes: Sequence[Node], memo: ClusterMemo | None = None) -> None:
+        self.memo = memo if memo is not None else ClusterMemo()  # None: nothing kept between calls
+        t = self.table = self.memo.node_table(nodes)
         self.nodes = nodes
         self.index_of, self.ready, self.is_gpu = t.index_of, t.ready, t.is_gpu
         self.gpu_model, self.topo, self.unhealthy = t.gpu_model, t.topo, t.unhealthy
@@ -303,19 +319,20 @@ class ClusterState:
         totals per group and user.
 
         Reuses the previous call's Occupied (same NodeTable) and applies only the difference."""
-        found = [o for o in _OCCUPIED if o.table is self.table]
+        memo = self.memo
+        found = [o for o in memo.occupied if o.table is self.table]
         occ = found[0] if found else Occupied(self.table)
-        others = [o for o in _OCCUPIED if o is not occ]
+        others = [o for o in memo.occupied if o is not occ]
         held = occ.sync(running)
         if held is None:
-            _OCCUPIED[:] = others
+            memo.occupied[:] = others
             held = self.occupy_all([rj.allocation for rj in running])
             self.build_index()
             totals = RunningTotals()
             for rj, per_model in zip(running, held, strict=True):
                 totals.add(rj, per_model, 1)
             return held, totals
-        _OCCUPIED[:] = [*others[-(MEMO_SIZE - 1) :], occ]
+        memo.occupied[:] = [*others[-(MEMO_SIZE - 1) :], occ]
         self.free_cpus = list(occ.free_cpus)
         self.free_mem = list(occ.free_mem)
         self.free = list(occ.free)
@@ -570,19 +587,6 @@ class ClusterShapes:
                     )
                 )
         return tuple(out)
-
-
-_SHAPES: list[tuple[Sequence[Node], bool, ClusterShapes]] = []  # memo, like _TABLES
-
-
-def cluster_shapes(nodes: Sequence[Node], cpu_jobs_on_gpu_nodes: bool) -> ClusterShapes:
-    """ClusterShapes of `nodes`, reused while the same nodes tuple comes back."""
-    for seen, flag, shapes in _SHAPES:
-        if seen is nodes and flag == cpu_jobs_on_gpu_nodes and isinstance(nodes, tuple):
-            return shapes
-    shapes = ClusterShapes(nodes, cpu_jobs_on_gpu_nodes)
-    _SHAPES[:] = [*_SHAPES[-1:], (nodes, cpu_jobs_on_gpu_nodes, shapes)]
-    return shapes
 
 
 def check_fits_anywhere(

@@ -1,5 +1,6 @@
-"""Diagnosis of waiting jobs: capacity reasons read off the final free-capacity index, and an
-estimated start from rolling the plan forward with runtime estimates.
+"""Diagnosis of waiting jobs: reasons from the placement filters' own refusals on the final free
+capacity (and the reasons the cycle's stages recorded), and an estimated start from rolling the
+plan forward with runtime estimates.
 
 The roll-forward treats each GPU model as one pool (it ignores how free GPUs are spread over
 nodes), walks waiting jobs in the order the cycle considered them, and lets each start at the
@@ -11,25 +12,20 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from corral.scheduler.cluster import ClusterState, ShapeKey, shape_key
-from corral.scheduler.types import Diagnosis, Job, Reason
+from corral.scheduler.backfill import Event
+from corral.scheduler.cluster import ClusterState, Request, ShapeKey, shape_key
+from corral.scheduler.jobinfo import Waiting, job_models
+from corral.scheduler.plugins import FILTERS
+from corral.scheduler.profiles import Profile
+from corral.scheduler.types import Diagnosis, Job, Reason, TaskSpec
 
 if TYPE_CHECKING:
-    from corral.scheduler.core import _Cycle
+    from corral.scheduler.core import Cycle
 
-Event = tuple[float, Mapping[str, int]]  # (time GPUs come back, GPUs per model)
-
-
-def job_models(st: ClusterState, job: Job) -> tuple[str, ...]:
-    """Cluster GPU models any GPU task of the job may use."""
-    out: set[str] = set()
-    for t in job.tasks:
-        if t.resources.gpus > 0:
-            allowed = t.resources.gpu_models
-            out.update(m for m in st.models if allowed is None or m in allowed)
-    return tuple(sorted(out))
+__all__ = ["CapacityReasons", "DiagnosisView", "Event", "LazyDiagnoses", "Waiting", "job_models"]
 
 
 class LazyDiagnoses(Mapping[str, Diagnosis]):
@@ -44,16 +40,26 @@ class LazyDiagnoses(Mapping[str, Diagnosis]):
         self,
         build: Callable[[], dict[str, Diagnosis]],
         one: Callable[[str], Diagnosis | None] | None = None,
+        eta: Callable[[str], float | None] | None = None,
     ) -> None:
         self._build: Callable[[], dict[str, Diagnosis]] | None = build
         self._one = one
+        self._eta = eta
         self._data: dict[str, Diagnosis] | None = None
+
+    def estimated_start(self, job_id: str) -> float | None:
+        """`self[job_id].estimated_start` without building its reasons (None also when the job is
+        not waiting): what the simulator scores, at the cost of the estimates alone."""
+        if self._data is None and self._eta is not None:
+            return self._eta(job_id)
+        found = self._get().get(job_id)
+        return None if found is None else found.estimated_start
 
     def _get(self) -> dict[str, Diagnosis]:
         if self._data is None:
             assert self._build is not None
             self._data = self._build()
-            self._build = self._one = None  # let the cycle's state go
+            self._build = self._one = self._eta = None  # let the cycle's state go
         return self._data
 
     def __getitem__(self, job_id: str) -> Diagnosis:
@@ -74,12 +80,32 @@ class LazyDiagnoses(Mapping[str, Diagnosis]):
         return repr(self._get())
 
 
-class CapacityReasons:
-    """Why a job does not fit the free capacity left at the end of the cycle (cached per shape)."""
+@dataclass(slots=True)
+class Refusals:
+    """What the filters said of every node for one task instance: how many nodes passed them all,
+    and for the others the first filter that refused each (by its position in the profile)."""
 
-    def __init__(self, st: ClusterState) -> None:
+    passing: int = 0
+    by_filter: dict[int, dict[str, int]] = field(default_factory=dict)  # position -> code -> nodes
+    not_ready: dict[str, int] = field(default_factory=dict)  # node state -> nodes node_state refused
+
+    def not_ready_note(self) -> str:
+        """ "1 node cordoned, 2 nodes down" (empty when node_state refused nothing)."""
+        return ", ".join(
+            f"{n} node{'s' if n > 1 else ''} {state}" for state, n in sorted(self.not_ready.items())
+        )
+
+
+class CapacityReasons:
+    """Why a job does not fit the free capacity left at the end of the cycle, from the refusals of
+    the very filters placement ran (cached per job shape and per instance request)."""
+
+    def __init__(self, st: ClusterState, profile: Profile) -> None:
         self.st = st
+        self.filters = [(name, FILTERS[name]) for name in profile.filters]
+        self.cpu_on_gpu = profile.cpu_jobs_on_gpu_nodes
         self._cache: dict[ShapeKey, tuple[Reason]] = {}
+        self._refusals: dict[Request, Refusals] = {}
 
     def reasons(self, job: Job, key: ShapeKey | None = None) -> tuple[Reason]:
         key = shape_key(job) if key is None else key
@@ -88,43 +114,92 @@ class CapacityReasons:
             hit = self._cache[key] = (self._reason(job),)
         return hit
 
+    def refusals(self, req: Request) -> Refusals:
+        """Run the profile's filters over every node for one instance of `req`."""
+        found = self._refusals.get(req)
+        if found is not None:
+            return found
+        out = self._refusals[req] = Refusals()
+        st, filters, cpu_on_gpu = self.st, self.filters, self.cpu_on_gpu
+        for i, node in enumerate(st.nodes):
+            for pos, (name, f) in enumerate(filters):
+                code = f(st, i, req, cpu_on_gpu)
+                if code is not None:
+                    codes = out.by_filter.setdefault(pos, {})
+                    codes[code] = codes.get(code, 0) + 1
+                    if name == "node_state":
+                        state = node.state.value
+                        out.not_ready[state] = out.not_ready.get(state, 0) + 1
+                    break
+            else:
+                out.passing += 1
+        return out
+
+    def _models(self, t: TaskSpec) -> tuple[list[str], str, int]:
+        """The cluster models the task may use, their label, and their free GPUs on ready nodes."""
+        st, allowed = self.st, t.resources.gpu_models
+        models = [m for m in st.models if allowed is None or m in allowed]
+        return models, "|".join(models) or "any", sum(st.free_total.get(m, 0) for m in models)
+
     def _reason(self, job: Job) -> Reason:
-        st = self.st
         for t in job.tasks:
             r = t.resources
-            if r.gpus <= 0:
-                continue
-            models = [m for m in st.models if r.gpu_models is None or m in r.gpu_models]
-            label = "|".join(models) or "any"
-            free = sum(st.free_total.get(m, 0) for m in models)
-            need = t.instances * r.gpus
-            if free < need:
-                return Reason(
-                    "insufficient_gpus", "filter:gpu_free", f"needs {need} {label} GPUs; {free} are free now"
-                )
-            block = max((st.largest_block(m) for m in models), default=0)
-            if block < r.gpus:
-                return Reason(
-                    "gpu_fragmented",
-                    "filter:gpu_free",
-                    f"needs {r.gpus} {label} GPUs on one node; largest free block is {block}",
-                )
-        if job.total_gpus == 0:
-            r = job.tasks[0].resources
-            return Reason(
-                "insufficient_cpu_memory",
-                "filter:cpu_memory",
-                f"needs {r.cpus:g} CPUs and {r.memory_mib} MiB on a node for CPU-only work; none has it free",
-            )
+            refusals = self.refusals(Request(r.gpus, r.gpu_models, r.cpus, r.memory_mib))
+            if refusals.passing == 0:
+                return self._refused(t, refusals)
+            if r.gpus > 0:  # some node takes one instance; are there enough free GPUs for all?
+                _, label, free = self._models(t)
+                if free < t.instances * r.gpus:
+                    return self._too_few_gpus(t.instances * r.gpus, label, free, refusals)
         return Reason(
             "no_fit",
             "placement:gang",
-            "free GPUs exist, but no set of nodes holds every instance with its CPUs and memory at once",
+            "free capacity exists, but no set of nodes holds every instance with its GPUs, CPUs "
+            "and memory at once",
         )
 
+    def _refused(self, t: TaskSpec, refusals: Refusals) -> Reason:
+        """No node passed every filter for one instance: the reason of the filter that refused
+        the nodes that got furthest (the last filter in order that refused any)."""
+        pos = max(refusals.by_filter)
+        name = self.filters[pos][0]
+        r = t.resources
+        note = refusals.not_ready_note()
+        if name == "node_state":
+            return Reason(
+                "node_not_ready", "filter:node_state", f"no node that could take it is ready: {note}"
+            )
+        suffix = f"; not ready: {note}" if note else ""
+        if name == "gpu_free" and r.gpus > 0:
+            models, label, free = self._models(t)
+            if free < t.instances * r.gpus:
+                return self._too_few_gpus(t.instances * r.gpus, label, free, refusals)
+            block = max((self.st.largest_block(m) for m in models), default=0)
+            return Reason(
+                "gpu_fragmented",
+                "filter:gpu_free",
+                f"needs {r.gpus} {label} GPUs on one node; largest free block is {block}{suffix}",
+            )
+        if name == "cpu_memory":
+            where = "for CPU-only work" if r.gpus <= 0 else f"with {r.gpus} free GPUs"
+            return Reason(
+                "insufficient_cpu_memory",
+                "filter:cpu_memory",
+                f"needs {r.cpus:g} CPUs and {r.memory_mib} MiB on a node {where}; none has it free{suffix}",
+            )
+        codes = refusals.by_filter[pos]
+        code = max(codes, key=lambda c: (codes[c], c))
+        return Reason(
+            code, f"filter:{name}", f"the {name} filter refused {sum(codes.values())} node(s){suffix}"
+        )
 
-# (job id, GPUs, usable models, runtime estimate or None: `default_runtime_s`)
-Waiting = tuple[str, int, tuple[str, ...], float | None]
+    @staticmethod
+    def _too_few_gpus(need: int, label: str, free: int, refusals: Refusals) -> Reason:
+        note = refusals.not_ready_note()
+        suffix = f"; not ready: {note}" if note else ""
+        return Reason(
+            "insufficient_gpus", "filter:gpu_free", f"needs {need} {label} GPUs; {free} are free now{suffix}"
+        )
 
 
 def estimate_starts(
@@ -240,12 +315,13 @@ def _roll_one_model(
 
 class DiagnosisView:
     """What the diagnoses of one cycle share (queue positions, estimated starts, capacity
-    reasons), built from the cycle's final state (a `core._Cycle`, read only) on the first
+    reasons), built from the cycle's final state (a `core.Cycle`, read only) on the first
     diagnosis read. The plan's LazyDiagnoses hold it; the cycle never points back to it, so the
     cycle is freed by reference counting as soon as the plan is."""
 
-    def __init__(self, cycle: _Cycle) -> None:
+    def __init__(self, cycle: Cycle) -> None:
         self.cycle = cycle
+        self.etas: dict[str, float | None] | None = None
         self.built = False
         self.positions: dict[str, tuple[Job, int]] | None = None  # for one(): id -> (job, position)
 
@@ -265,6 +341,12 @@ class DiagnosisView:
         hit = self.positions.get(job_id)
         return None if hit is None else self.diagnose(*hit)
 
+    def estimated_start(self, job_id: str) -> float | None:
+        """One job's estimated start, equal to its Diagnosis's (None also when not waiting)."""
+        if job_id in self.cycle.assigned_ids:
+            return None
+        return self._etas().get(job_id)
+
     def _positions(self) -> Iterator[tuple[Job, int]]:
         """Waiting jobs not assigned, each with its 1-based position among its group's."""
         assigned = self.cycle.assigned_ids
@@ -277,19 +359,62 @@ class DiagnosisView:
             pos += 1
             yield job, pos
 
+    def _etas(self) -> dict[str, float | None]:
+        """Estimated starts of the waiting jobs (computed once)."""
+        if self.etas is None:
+            cycle = self.cycle
+            order = self._eta_order()
+            unschedulable = cycle.verdicts.unschedulable
+            if unschedulable:
+                order = [j for j in order if j.id not in unschedulable]
+            st, info_of, profile = cycle.st, cycle.infos, cycle.profile
+            waiting = [info_of(job).eta for job in order[: profile.eta_limit]]
+            self.etas = estimate_starts(
+                cycle.now,
+                st.free_total,
+                st.capacity,
+                cycle.backfill.events(),
+                waiting,
+                profile.default_runtime_s,
+            )
+        return self.etas
+
+    def _eta_order(self) -> list[Job]:
+        """Waiting jobs in the order the cycle considered them, then those no pass reached (in
+        queue order, up to eta_limit). Pops the queue: call once, after the passes."""
+        cycle = self.cycle
+        seen: set[str] = set()
+        eta_order: list[Job] = []
+        assigned = cycle.assigned_ids
+        for job in cycle.visited:
+            if job.id not in assigned and job.id not in seen:
+                seen.add(job.id)
+                eta_order.append(job)
+        while len(eta_order) < cycle.profile.eta_limit:
+            rest = cycle.queue.pop()
+            if rest is None:
+                break
+            if rest.id not in seen:
+                seen.add(rest.id)
+                eta_order.append(rest)
+        return eta_order
+
     def _build(self) -> None:
         if self.built:
             return
         self.built = True
         cycle = self.cycle
-        eta_order = cycle._eta_order()
-        unschedulable = cycle.unschedulable
-        if unschedulable:
-            eta_order = [j for j in eta_order if j.id not in unschedulable]
-        self.etas = cycle._etas(eta_order)
-        self.caps = CapacityReasons(cycle.st)
+        self._etas()
+        self.caps = CapacityReasons(cycle.st, cycle.profile)
         self.visited = {j.id for j in cycle.visited} if cycle.cut_short else set()
-        self.blocked = None if cycle.blocker is None else cycle._blocked_reason(cycle.blocker)
+        blocker = cycle.blocker
+        self.blocked = None
+        if blocker is not None:
+            self.blocked = Reason(
+                "blocked_by_head",
+                "admission:fifo",
+                f"strict FIFO: waits behind job {blocker.id}, which does not fit yet",
+            )
         self.depth_reason = Reason(
             "backfill_depth",
             "admission:backfill",
@@ -298,14 +423,17 @@ class DiagnosisView:
         )
 
     def diagnose(self, job: Job, pos: int) -> Diagnosis:
+        """The job's Diagnosis: the reason a stage of the cycle recorded for it, else why the free
+        capacity left does not hold it (after strict FIFO's or the backfill depth's reason)."""
         cycle = self.cycle
-        never = cycle.unschedulable.get(job.id)
+        verdicts = cycle.verdicts
+        never = verdicts.unschedulable.get(job.id)
         if never is not None:
             return Diagnosis(job.id, never, pos, None, True)
         reasons: tuple[Reason, ...]
-        why = cycle.why.get(job.id)
-        hit = cycle._info_memo.get(id(job))  # a job no pass reached needs no JobInfo made for this
-        sig = hit[1].sig if hit is not None and hit[0] is job else shape_key(job)
+        why = verdicts.why.get(job.id)
+        info = cycle.infos.known(job)  # a job no pass reached needs no JobInfo made for this
+        sig = info.sig if info is not None else shape_key(job)
         if why is not None:
             reasons = (why,)
         elif self.blocked is not None and job is not cycle.blocker:
@@ -314,4 +442,4 @@ class DiagnosisView:
             reasons = (self.depth_reason, *self.caps.reasons(job, sig))
         else:
             reasons = self.caps.reasons(job, sig)
-        return Diagnosis(job.id, reasons, pos, self.etas.get(job.id))
+        return Diagnosis(job.id, reasons, pos, self._etas().get(job.id))

@@ -1,6 +1,8 @@
 """Placement plugins, registered by name: filters reject nodes, scorers rank the ones left.
 
-A filter looks at one node and one task instance and returns None (keep) or a reason code.
+A filter looks at one node and one task instance and returns None (keep) or the code of why it
+refused the node; placement keeps the nodes no filter refuses, and a waiting job's diagnosis is
+built from the same refusals (diagnosis.py, `CapacityReasons`).
 A scorer rates placing `k` instances of a request on node `i` using GPU model `model`
 (None for CPU-only work); higher is better. A Profile names the filters it runs and the
 scorers it adds up with weights. Plugins must be pure: the only randomness is the `rng` passed in.
@@ -55,10 +57,13 @@ def filter_cpu_memory(st: ClusterState, i: int, req: Request, cpu_on_gpu: bool) 
     return None
 
 
+# In the order a diagnosis reads them: what a node is (kind, models) before whether it is ready,
+# before what it has free, so the filter that refused the nodes that got furthest says why a job
+# waits (a job whose only suitable node is cordoned is told so, not that CPUs are short).
 FILTERS: dict[str, Filter] = {
-    "node_state": filter_node_state,
     "node_kind": filter_node_kind,
     "gpu_model": filter_gpu_model,
+    "node_state": filter_node_state,
     "gpu_free": filter_gpu_free,
     "cpu_memory": filter_cpu_memory,
 }

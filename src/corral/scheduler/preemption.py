@@ -19,7 +19,7 @@ from itertools import islice, takewhile
 from corral.scheduler.admission import QuotaLedger, attained_now, las_queue
 from corral.scheduler.cluster import ClusterState, RunningTotals
 from corral.scheduler.placement import Placer
-from corral.scheduler.profiles import Profile
+from corral.scheduler.profiles import Profile, grace_of
 from corral.scheduler.types import Job, Preemption, RunningJob
 
 Spot = tuple[int, str | None, tuple[int, ...], float, int]  # Placed.undo entry: node, model, GPUs, CPUs, MiB
@@ -68,7 +68,7 @@ class Preemptor:
         self.borrowed: list[Candidate] = []
         self.by_rank: dict[tuple[str, int], list[Candidate]] = {}  # (group, priority) -> in order
         self._built = False
-        self.victims: set[str] = set()
+        self.victims: dict[str, float] = {}  # job id -> when it is gone at the latest (its grace)
         self.hopeless: set[tuple[object, ...]] = set()  # memo keys with no eligible victim left
         self._lower: dict[tuple[str, int], bool] = {}  # (group, priority) -> has lower-ranked candidates
 
@@ -217,14 +217,15 @@ class Preemptor:
             return None
         if self.profile.preemption == "las":
             self._hold_free(spots)
-        self.victims.update(c.rj.job.id for c in chosen)
+        profile, now = self.profile, self.now
+        stops: list[Preemption] = []
+        for c in chosen:
+            victim = c.rj.job
+            grace = grace_of(victim, profile)  # the victim's own stop grace
+            self.victims[victim.id] = now + grace
+            if not c.rj.stopping:
+                stops.append(Preemption(victim.id, grace, self._sentence(job, c), for_job=job.id))
         self.claimed += sum(1 for c in chosen if c.rj.stopping)
-        grace = self.profile.grace_s
-        stops = [
-            Preemption(c.rj.job.id, grace, self._sentence(job, c), for_job=job.id)
-            for c in chosen
-            if not c.rj.stopping
-        ]
         return Room(stops, fits, len(chosen))
 
     def _new_victims(

@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from corral.scheduler.plugins import DEFAULT_FILTERS, FILTERS, PLACEMENTS, SCORERS
+from corral.scheduler.types import Job
 
 ORDERS = ("fair_share", "fifo", "sjf", "las")
 PREEMPTIONS = ("none", "quota_priority", "las")
@@ -87,6 +88,12 @@ class Profile:
 
     def with_placement(self, placement: str) -> Profile:
         return dataclasses.replace(self, placement=placement)
+
+
+def grace_of(job: Job, profile: Profile) -> float:
+    """The stop grace a preempted job gets: its own `stop_grace_s` (the caller bounds it by its
+    admin maximum), else the profile's `grace_s`."""
+    return profile.grace_s if job.stop_grace_s is None else job.stop_grace_s
 
 
 PROFILES: dict[str, Profile] = {

@@ -110,6 +110,9 @@ class Job:
     submit_time: float = 0.0
     runtime_estimate: float | None = None  # seconds; None = unknown
     attained_gpu_seconds: float = 0.0  # service received so far (for least-attained-service policies)
+    # SIGTERM-to-kill time it asks for when preempted (the caller bounds it by its admin maximum);
+    # None: the profile's grace_s
+    stop_grace_s: float | None = None
 
     @property
     def total_gpus(self) -> int:
@@ -157,7 +160,7 @@ class RunningJob:
     start_time: float
     borrowed: bool = False  # charged beyond its group's guarantee: the lender may reclaim it
     # Already asked to stop (preempted, in its grace period): never picked as a victim again; its
-    # resources count as free from `stops_by` (same time base as `now`; None: now + the profile's grace).
+    # resources count as free from `stops_by` (same time base as `now`; None: now + the job's grace).
     stopping: bool = False
     stops_by: float | None = None
 

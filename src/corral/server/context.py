@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from corral.config import Settings
 from corral.domain import JobDiagnosis
 from corral.engine.base import Engine
+from corral.scheduler import Scheduler
 from corral.services.notify import Topic
 
 # The loops that act on a committed change, by the topic the service told (corral.services.notify).
@@ -45,6 +46,7 @@ class LoopMemory:
     diagnoses: dict[str, JobDiagnosis] = field(default_factory=dict)  # job id -> as last written
     monitor_config: tuple[float | None, MonitorConfig] | None = None  # (file mtime, config)
     gpu_sampler: GpuSampler | None = None
+    scheduler: Scheduler | None = None  # the schedule loop's (scheduling.scheduler_for)
     retention_checked_at: float = 0.0  # when the retention loop last found no more to delete
 
 

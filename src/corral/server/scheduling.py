@@ -1,4 +1,8 @@
-"""The schedule loop: snapshot -> `corral.scheduler.schedule` -> apply the plan.
+"""The schedule loop: snapshot -> the server's `corral.scheduler.Scheduler` -> `apply_plan` with a
+database `PlanSink` (the simulator applies plans through the same `apply_plan`).
+
+One Scheduler per ServerContext (`scheduler_for`), kept across ticks so its caches (node tables,
+per-job needs) serve the next cycle; a new one when the configured profile changes.
 
 Apply, per assignment, in one transaction: re-check that the job is still queued and the nodes
 still ready, create the Attempt (placement with GPU uuids and ranks) and its GpuClaim rows (their
@@ -13,7 +17,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import replace
 
 from sqlalchemy import bindparam, select, update
@@ -24,7 +28,7 @@ from corral.db.base import table_of
 from corral.db.models import Attempt, GpuClaim, Job, Node
 from corral.domain import InstancePlacement, JobDiagnosis, PendingReason, Placement
 from corral.monitor.metrics import record_scheduler_cycle
-from corral.scheduler import PROFILES, Profile, schedule
+from corral.scheduler import PROFILES, Profile, Scheduler, apply_plan
 from corral.scheduler import types as st
 from corral.server.context import ServerContext
 from corral.server.finish import claimed_gpus
@@ -37,11 +41,20 @@ log = logging.getLogger("corral.server.schedule")
 ETA_SLACK_S = 5.0  # an estimated start that moved less than this is not rewritten
 
 
+def scheduler_for(ctx: ServerContext, profile: Profile) -> Scheduler:
+    """The context's Scheduler for `profile`: the same object tick after tick (its caches are
+    its own), a new one when the profile changes."""
+    current = ctx.memory.scheduler
+    if current is None or current.profile != profile:
+        current = ctx.memory.scheduler = Scheduler(profile)
+    return current
+
+
 def run_scheduler(
     snapshot: st.Snapshot, now: float, rng: random.Random, profile: Profile | None = None
 ) -> st.Plan:
-    """Call the one scheduler library (the same function the simulator calls)."""
-    return schedule(snapshot, now, rng, profile if profile is not None else PROFILES["default"])
+    """One cycle of the scheduler library with a fresh Scheduler (the simulator's plans, for tests)."""
+    return Scheduler(profile if profile is not None else PROFILES["default"]).schedule(snapshot, now, rng)
 
 
 def stored_diagnosis(diagnosis: st.Diagnosis) -> JobDiagnosis:
@@ -145,8 +158,12 @@ def apply_assignments(session: Session, assignments: Sequence[st.Assignment], no
     # after that would make the API's submits wait for it.
     ids = [int(a.job_id) for a in assignments]
     names = {n for a in assignments for n in a.allocation.nodes}
-    session.scalars(select(Job).where(Job.id.in_(ids)).options(selectinload(Job.user))).all()
-    session.scalars(select(Node).where(Node.name.in_(names)).options(selectinload(Node.gpus))).all()
+    # Held in locals: the session's identity map keeps objects only weakly, so rows loaded and
+    # dropped at once would be fetched again, one SELECT per session.get in stage_assignment.
+    preloaded = (
+        session.scalars(select(Job).where(Job.id.in_(ids)).options(selectinload(Job.user))).all(),
+        session.scalars(select(Node).where(Node.name.in_(names)).options(selectinload(Node.gpus))).all(),
+    )
     claimed = claimed_gpus(session)
     pending: list[tuple[Attempt, list[tuple[str, int]]]] = []
     with session.no_autoflush:
@@ -154,6 +171,7 @@ def apply_assignments(session: Session, assignments: Sequence[st.Assignment], no
     try:
         add_claims(session, pending)
         session.commit()
+        del preloaded
         return staged
     except IntegrityError:
         session.rollback()
@@ -210,6 +228,22 @@ def write_diagnoses(ctx: ServerContext, session: Session, diagnoses: Mapping[str
     cache.update(changed)
 
 
+class DbPlanSink:
+    """The live loop's side of `apply_plan`: each step is one of the transactions above."""
+
+    def __init__(self, ctx: ServerContext, session: Session, now: float) -> None:
+        self.ctx, self.session, self.now = ctx, session, now
+
+    def assign(self, assignments: Sequence[st.Assignment]) -> int:
+        return apply_assignments(self.session, assignments, self.now)
+
+    def preempt(self, preemption: st.Preemption) -> bool:
+        return apply_preemption(self.session, preemption, self.now)
+
+    def diagnose(self, diagnoses: Mapping[str, st.Diagnosis], planned: Set[str]) -> None:
+        write_diagnoses(self.ctx, self.session, {k: v for k, v in diagnoses.items() if k not in planned})
+
+
 def schedule_tick(ctx: ServerContext, now: float) -> None:
     with ctx.session_factory() as session:
         waiting = session.scalar(select(Job.id).where(Job.state == JobState.QUEUED.value).limit(1))
@@ -220,12 +254,12 @@ def schedule_tick(ctx: ServerContext, now: float) -> None:
         if not state.queued:
             return
         started = time.perf_counter()
-        snapshot = build_snapshot(state, now)
-        plan = run_scheduler(snapshot, now, random.Random(int(now)), active_profile(ctx.settings))
-        applied = apply_assignments(session, plan.assignments, now)
-        preempted = sum(apply_preemption(session, p, now) for p in plan.preemptions)
-        assigned = {a.job_id for a in plan.assignments}
-        write_diagnoses(ctx, session, {k: v for k, v in plan.diagnoses.items() if k not in assigned})
+        settings = ctx.settings
+        snapshot = build_snapshot(state, now, max_stop_grace_s=settings.max_stop_grace_s)
+        scheduler = scheduler_for(ctx, active_profile(settings))
+        plan = scheduler.schedule(snapshot, now, random.Random(int(now)))
+        done = apply_plan(plan, DbPlanSink(ctx, session, now))
+        applied, preempted = done.assigned, done.preempted
     record_scheduler_cycle(time.perf_counter() - started, placements=applied, preemptions=preempted)
     if applied:
         ctx.wake("dispatch")

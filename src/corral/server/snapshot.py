@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session, selectinload
 
 from corral.db.models import Attempt, Group, Job, Node, UsageLedger, User
@@ -24,6 +24,7 @@ from corral.services.nodes import scheduler_node
 from corral.spec import JobSpecV1
 
 USAGE_HALF_LIFE_S = 7 * 24 * 3600.0  # fair share forgets half of past usage every week
+MAX_STOP_GRACE_S = 300.0  # default of Settings.max_stop_grace_s
 LIVE_JOB_STATES = (JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING, JobState.PREEMPTED)
 LIVE_ATTEMPT_STATES = (AttemptState.SCHEDULED, AttemptState.STARTING, AttemptState.RUNNING)
 
@@ -88,8 +89,11 @@ def decayed(gpu_seconds: float, since: float, now: float, half_life_s: float) ->
     return gpu_seconds * 0.5 ** ((now - since) / half_life_s)
 
 
-def scheduler_job(record: JobRecord) -> st.Job:
+def scheduler_job(record: JobRecord, max_stop_grace_s: float = MAX_STOP_GRACE_S) -> st.Job:
+    """The scheduler's Job. Its stop grace is the spec's `stop_grace` bounded by the admin maximum;
+    a spec without one leaves the scheduler profile's grace (None)."""
     view = read_spec(record.spec)
+    grace = min(view.stop_grace_s, max_stop_grace_s) if record.spec.stop_grace else None
     return st.Job(
         id=str(record.id),
         group=record.group,
@@ -102,6 +106,7 @@ def scheduler_job(record: JobRecord) -> st.Job:
         submit_time=record.submitted_at,
         runtime_estimate=record.runtime_estimate_s,
         attained_gpu_seconds=record.attained_gpu_seconds,
+        stop_grace_s=grace,
     )
 
 
@@ -136,7 +141,16 @@ def _group(record: GroupRecord) -> st.Group:
     )
 
 
-def build_snapshot(state: ClusterState, now: float, half_life_s: float = USAGE_HALF_LIFE_S) -> st.Snapshot:
+def _submission(record: JobRecord) -> tuple[float, int]:
+    return (record.submitted_at, record.id)
+
+
+def build_snapshot(
+    state: ClusterState,
+    now: float,
+    half_life_s: float = USAGE_HALF_LIFE_S,
+    max_stop_grace_s: float = MAX_STOP_GRACE_S,
+) -> st.Snapshot:
     """Pure: records -> Snapshot. Queued jobs keep submission order (the scheduler sorts anyway)."""
     by_group: dict[str, float] = {}
     by_user: dict[tuple[str, str], float] = {}
@@ -146,7 +160,7 @@ def build_snapshot(state: ClusterState, now: float, half_life_s: float = USAGE_H
         by_user[(row.group, row.user)] = by_user.get((row.group, row.user), 0.0) + value
     running = tuple(
         st.RunningJob(
-            job=scheduler_job(r),
+            job=scheduler_job(r, max_stop_grace_s),
             allocation=_allocation(r),
             start_time=r.started_at if r.started_at is not None else r.submitted_at,
             borrowed=r.borrowed,
@@ -158,7 +172,7 @@ def build_snapshot(state: ClusterState, now: float, half_life_s: float = USAGE_H
     return st.Snapshot(
         nodes=state.nodes,
         groups=tuple(_group(g) for g in state.groups),
-        queued=tuple(scheduler_job(r) for r in sorted(state.queued, key=lambda r: (r.submitted_at, r.id))),
+        queued=tuple(scheduler_job(r, max_stop_grace_s) for r in sorted(state.queued, key=_submission)),
         running=running,
         usage=st.Usage(by_group=by_group, by_user=by_user),
     )
@@ -250,21 +264,28 @@ def placeable_node(row: Node) -> st.Node:
 
 
 def read_cluster_state(session: Session) -> ClusterState:
+    """One SELECT per table read: nodes, their GPUs, groups, their quotas, users, jobs (waiting and
+    live, with the live ones' current attempt joined), usage ledger (tests/server/
+    test_snapshot_queries.py keeps it so)."""
     nodes = session.scalars(select(Node).options(selectinload(Node.gpus)).order_by(Node.name)).all()
     groups = session.scalars(select(Group).options(selectinload(Group.quotas)).order_by(Group.name)).all()
     group_names = {g.id: g.name for g in groups}
     user_names: dict[int, str] = {row[0]: row[1] for row in session.execute(select(User.id, User.name))}
-    queued = session.execute(
-        select(*_JOB_COLUMNS).where(Job.state == JobState.QUEUED.value, Job.cancel_requested.is_(False))
-    ).all()
-    live = session.execute(
-        select(*_JOB_COLUMNS, *_ATTEMPT_COLUMNS)
-        .join(Attempt, Attempt.job_id == Job.id)
-        .where(
-            Job.state.in_([s.value for s in LIVE_JOB_STATES]),
-            Attempt.state.in_([s.value for s in LIVE_ATTEMPT_STATES]),
+    live_job = Job.state.in_([s.value for s in LIVE_JOB_STATES])
+    jobs = session.execute(
+        select(*_JOB_COLUMNS, *_ATTEMPT_COLUMNS, Attempt.id)
+        .outerjoin(
+            Attempt,
+            and_(
+                Attempt.job_id == Job.id,
+                live_job,
+                Attempt.state.in_([s.value for s in LIVE_ATTEMPT_STATES]),
+            ),
         )
+        .where(or_(and_(Job.state == JobState.QUEUED.value, Job.cancel_requested.is_(False)), live_job))
     ).all()
+    queued = [row for row in jobs if row.state == JobState.QUEUED.value]
+    live = [row[:-1] for row in jobs if row.state != JobState.QUEUED.value and row[-1] is not None]
     ledger = session.scalars(select(UsageLedger)).all()
     return ClusterState(
         nodes=tuple(placeable_node(n) for n in nodes),

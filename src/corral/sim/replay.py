@@ -2,8 +2,9 @@
 
 Events (arrivals, completions, preemption stops, node failures and repairs) are processed in time
 order. After all events of one instant are applied, and only if something changed, the simulator
-builds the `Snapshot` the live control loop would build and calls the same `schedule()` function;
-the plan's assignments start jobs, its preemptions stop jobs after their grace period. A stopped
+builds the `Snapshot` the live control loop would build and asks its `Scheduler` (the same library
+object the live loop keeps) for a plan, which it carries out through the same `apply_plan` as the
+live loop: assignments start jobs, preemptions stop jobs after the victim's stop grace. A stopped
 job keeps the work up to its last checkpoint and goes back to the queue.
 """
 
@@ -14,18 +15,23 @@ import math
 import random
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
+from typing import Protocol
 
-from corral.scheduler import check_fits_anywhere
+from corral.scheduler import apply_plan, check_fits_anywhere
+from corral.scheduler.apply import estimated_start
 from corral.scheduler.types import (
     Allocation,
+    Assignment,
+    Diagnosis,
     Group,
     Job,
     Node,
     NodeState,
     Plan,
+    Preemption,
     Resources,
     RunningJob,
     Snapshot,
@@ -35,7 +41,11 @@ from corral.scheduler.types import (
 from corral.sim.cluster import ClusterSpec
 from corral.sim.trace import Trace, TraceJob
 
-ScheduleFn = Callable[[Snapshot, float, random.Random], Plan]
+
+class PlanMaker(Protocol):
+    """What the simulator asks for plans: a `corral.scheduler.Scheduler` (or a wrapper of one)."""
+
+    def schedule(self, snapshot: Snapshot, now: float, rng: random.Random) -> Plan: ...
 
 
 class SimulationError(RuntimeError):
@@ -64,6 +74,10 @@ class SimConfig:
     cycle_interval_s: float = 0.0  # 0: a cycle at every event time; >0: cycles only on this grid, like
     # the live loop's period (fewer schedule() calls; jobs wait for the next tick)
     frag_samples: int = 2000  # fragmentation is sampled at most this many times over the trace
+    # Stop grace of a preempted job whose trace row gives none (None: the profile's grace_s), and
+    # the most any job gets (the live platform's CORRAL_MAX_STOP_GRACE_S)
+    stop_grace_s: float | None = None
+    max_stop_grace_s: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,21 +136,22 @@ def _probe_job(tj: TraceJob) -> Job:
 
 
 class Simulator:
-    """One replay. `run()` drives the event loop; `snapshot()` is what each cycle hands schedule()."""
+    """One replay. `run()` drives the event loop; `snapshot()` is what each cycle hands the
+    scheduler."""
 
     def __init__(
         self,
         trace: Trace,
         cluster: ClusterSpec,
-        schedule_fn: ScheduleFn,
+        scheduler: PlanMaker,
         policy_name: str = "custom",
         config: SimConfig | None = None,
     ) -> None:
         self.config = config or SimConfig()
-        self.trace, self.cluster, self.schedule_fn, self.policy_name = (
+        self.trace, self.cluster, self.scheduler, self.policy_name = (
             trace,
             cluster,
-            schedule_fn,
+            scheduler,
             policy_name,
         )
         self.rng = random.Random(self.config.seed)
@@ -227,7 +242,14 @@ class Simulator:
             submit_time=tj.submit_time,
             runtime_estimate=sj.remaining if self.config.oracle_runtime else None,
             attained_gpu_seconds=sj.attained_gpu_s,
+            stop_grace_s=self._stop_grace(tj),
         )
+
+    def _stop_grace(self, tj: TraceJob) -> float | None:
+        """The job's own stop grace (the trace's, else the configured default), bounded by the
+        maximum; None leaves the profile's grace_s."""
+        grace = tj.stop_grace_s if tj.stop_grace_s is not None else self.config.stop_grace_s
+        return None if grace is None else min(grace, self.config.max_stop_grace_s)
 
     # -- applying a plan ------------------------------------------------------------------------
     def _start(self, now: float, job: Job, allocation: Allocation, borrowed: bool) -> None:
@@ -282,33 +304,7 @@ class Simulator:
         self._queue(sj)
 
     def _apply(self, now: float, plan: Plan) -> None:
-        for a in plan.assignments:
-            job = self.queued.pop(a.job_id, None)
-            if job is None:
-                raise SimulationError(f"plan assigns {a.job_id}, which is not waiting")
-            self._start(now, job, a.allocation, a.borrowed)
-        for p in plan.preemptions:
-            sj = self.jobs.get(p.job_id)
-            if sj is None or p.job_id not in self.running or sj.stopping:
-                continue
-            sj.stopping = True
-            sj.preemptions += 1
-            self.preemption_count += 1
-            stops_by = now + max(0.0, p.grace_s)
-            # Still running until its grace ends; the scheduler must not pick it as a victim again.
-            self.running[p.job_id] = replace(self.running[p.job_id], stopping=True, stops_by=stops_by)
-            self._push(stops_by, _Ev.STOP, f"{p.job_id}\0{sj.attempt}")
-        # The estimate a job is given in its first cycle (what its user sees on submitting) is the
-        # one scored. Diagnoses are computed lazily by the library on first access, so cycles
-        # without new waiting jobs never pay for them.
-        if self.new_arrivals and self.config.estimate_starts:
-            started = time.perf_counter()
-            for job_id in self.new_arrivals:
-                if job_id in self.queued:
-                    diag = plan.diagnoses.get(job_id)
-                    if diag is not None and diag.estimated_start is not None:
-                        self.jobs[job_id].eta = diag.estimated_start
-            self.diagnosis_s += time.perf_counter() - started
+        apply_plan(plan, _SimSink(self, now))
         self.new_arrivals.clear()
 
     # -- events ---------------------------------------------------------------------------------
@@ -372,7 +368,7 @@ class Simulator:
         self._advance_usage(now)
         snap = self.snapshot()
         started = time.perf_counter()
-        plan = self.schedule_fn(snap, now, self.rng)
+        plan = self.scheduler.schedule(snap, now, self.rng)
         self.schedule_s += time.perf_counter() - started
         self.cycles += 1
         if self.config.record_cycles:
@@ -442,3 +438,48 @@ class Simulator:
             records=self.records,
             notes=self.trace.notes,
         )
+
+
+class _SimSink:
+    """The simulator's side of `apply_plan`: its in-memory cluster at one instant."""
+
+    def __init__(self, sim: Simulator, now: float) -> None:
+        self.sim, self.now = sim, now
+
+    def assign(self, assignments: Sequence[Assignment]) -> int:
+        sim = self.sim
+        for a in assignments:
+            job = sim.queued.pop(a.job_id, None)
+            if job is None:
+                raise SimulationError(f"plan assigns {a.job_id}, which is not waiting")
+            sim._start(self.now, job, a.allocation, a.borrowed)
+        return len(assignments)
+
+    def preempt(self, p: Preemption) -> bool:
+        sim = self.sim
+        sj = sim.jobs.get(p.job_id)
+        if sj is None or p.job_id not in sim.running or sj.stopping:
+            return False
+        sj.stopping = True
+        sj.preemptions += 1
+        sim.preemption_count += 1
+        stops_by = self.now + max(0.0, p.grace_s)  # the victim's own grace
+        # Still running until its grace ends; the scheduler must not pick it as a victim again.
+        sim.running[p.job_id] = replace(sim.running[p.job_id], stopping=True, stops_by=stops_by)
+        sim._push(stops_by, _Ev.STOP, f"{p.job_id}\0{sj.attempt}")
+        return True
+
+    def diagnose(self, diagnoses: Mapping[str, Diagnosis], planned: Set[str]) -> None:
+        """The estimate a job is given in its first cycle (what its user sees on submitting) is the
+        one scored. Diagnoses are computed lazily by the library, and only the estimates are read,
+        so cycles without new waiting jobs never pay for them."""
+        sim = self.sim
+        if not sim.new_arrivals or not sim.config.estimate_starts:
+            return
+        started = time.perf_counter()
+        for job_id in sim.new_arrivals:
+            if job_id in sim.queued and job_id not in planned:
+                eta = estimated_start(diagnoses, job_id)
+                if eta is not None:
+                    sim.jobs[job_id].eta = eta
+        sim.diagnosis_s += time.perf_counter() - started

@@ -2,19 +2,18 @@
 
 A policy is a named Profile of the scheduler library (`corral.scheduler.PROFILES`), optionally with
 another placement: `fifo:spread` is FIFO with spread placement. The simulator never decides
-anything itself; it calls the same `schedule()` the live control loop calls.
+anything itself; it asks a `corral.scheduler.Scheduler`, the object the live control loop keeps.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import random
 from typing import Any
 
-from corral.scheduler.types import Plan, Snapshot
+from corral.scheduler import Scheduler
 from corral.sim.cluster import ClusterSpec
-from corral.sim.replay import ScheduleFn, SimConfig, SimResult, Simulator
+from corral.sim.replay import SimConfig, SimResult, Simulator
 from corral.sim.trace import Trace
 
 COMPARE_POLICIES = ("default", "fifo", "fifo-backfill", "sjf", "las")
@@ -24,9 +23,10 @@ class PolicyError(ValueError):
     pass
 
 
-def resolve_policy(spec: str) -> ScheduleFn:
-    """`NAME` or `NAME:PLACEMENT` -> a schedule function bound to that profile."""
-    from corral.scheduler import PROFILES, schedule
+def resolve_policy(spec: str) -> Scheduler:
+    """`NAME` or `NAME:PLACEMENT` -> a new Scheduler with that profile (one per replay: it keeps
+    its caches for the replay's cycles and shares them with no other)."""
+    from corral.scheduler import PROFILES
 
     name, _, placement = spec.partition(":")
     profile = PROFILES.get(name)
@@ -37,12 +37,7 @@ def resolve_policy(spec: str) -> ScheduleFn:
             profile = dataclasses.replace(profile, placement=placement)
         except ValueError as exc:
             raise PolicyError(f"policy {spec!r}: {exc}")
-    chosen = profile
-
-    def run(snapshot: Snapshot, now: float, rng: random.Random) -> Plan:
-        return schedule(snapshot, now, rng, chosen)
-
-    return run
+    return Scheduler(profile)
 
 
 def simulate(

@@ -3,7 +3,8 @@
 Generic format (a CSV file with a header row, documented in docs/simulator.md):
 required columns `submit_time` (seconds from trace start), `duration` (run seconds when given the
 requested GPUs), `num_gpus` (total over all instances), `group`; optional `job_id`, `user`,
-`gpu_model`, `instances`, `cpus`, `memory_mib`, `priority` (cpus and memory are per instance).
+`gpu_model`, `instances`, `cpus`, `memory_mib`, `priority`, `stop_grace_s` (cpus and memory are per
+instance; an empty `stop_grace_s` means the simulator's default grace).
 
 Every malformed row stops the load with an error naming the file, the line and the column.
 """
@@ -25,7 +26,16 @@ from typing import IO
 from corral.scheduler.types import Priority
 
 REQUIRED_COLUMNS = ("submit_time", "duration", "num_gpus", "group")
-OPTIONAL_COLUMNS = ("job_id", "user", "gpu_model", "instances", "cpus", "memory_mib", "priority")
+OPTIONAL_COLUMNS = (
+    "job_id",
+    "user",
+    "gpu_model",
+    "instances",
+    "cpus",
+    "memory_mib",
+    "priority",
+    "stop_grace_s",
+)
 SHIPPED_TRACES = ("philly", "openb", "openb-gpuspec33")
 PHILLY_GPUS_PER_NODE = 8  # Philly servers had 8 GPUs; larger jobs ran as several 8-GPU instances
 
@@ -49,6 +59,7 @@ class TraceJob:
     cpus: float = 1.0
     memory_mib: int = 1024
     priority: Priority = Priority.NORMAL
+    stop_grace_s: float | None = None  # SIGTERM-to-kill time when preempted; None: the default
 
     @property
     def gpus_per_instance(self) -> int:
@@ -156,6 +167,7 @@ def _generic_job(row: _Row, index: int) -> TraceJob:
         cpus=row.number("cpus", default=1.0),
         memory_mib=row.integer("memory_mib", default=1024),
         priority=priority,
+        stop_grace_s=row.number("stop_grace_s") if row.fields.get("stop_grace_s", "").strip() else None,
     )
 
 
@@ -304,4 +316,5 @@ def write_generic_csv(jobs: Iterable[TraceJob], path: str | Path) -> None:
         for j in jobs:
             required = [j.submit_time, j.duration, j.num_gpus, j.group]
             optional = [j.job_id, j.user, j.gpu_model or "", j.instances, j.cpus, j.memory_mib]
-            writer.writerow([*required, *optional, j.priority.name.lower()])
+            grace = "" if j.stop_grace_s is None else j.stop_grace_s
+            writer.writerow([*required, *optional, j.priority.name.lower(), grace])

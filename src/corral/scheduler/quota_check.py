@@ -1,0 +1,60 @@
+"""Quota admission of one job in a cycle: the GPU models its group's quota (and the user's cap)
+let it use now, or the reason it waits. The arithmetic is the QuotaLedger's (admission.py)."""
+
+from __future__ import annotations
+
+from corral.scheduler.admission import QuotaLedger
+from corral.scheduler.jobinfo import InfoOf
+from corral.scheduler.outcomes import Verdicts
+from corral.scheduler.types import Job, Reason
+
+
+class QuotaCheck:
+    def __init__(self, ledger: QuotaLedger, info_of: InfoOf, verdicts: Verdicts) -> None:
+        self.ledger, self.info_of, self.verdicts = ledger, info_of, verdicts
+        self.deferred: list[Job] = []  # jobs that may get other GPU models in the borrowing pass
+
+    def admit(self, job: Job, borrowing: bool, may_borrow: bool) -> frozenset[str] | None:
+        """Models the job may use under its group's quota now; None when none (reason recorded, or
+        the job deferred to the borrowing pass)."""
+        ledger = self.ledger
+        group = ledger.group(job.group)
+        cap = group.user_max_gpus
+        if cap is not None and not ledger.user_fits(job):
+            reason = Reason(
+                "user_cap",
+                "quota:user",
+                f"user {job.user} may hold {cap} GPUs in group {group.name}; "
+                f"holds {ledger.user_used.get((group.name, job.user), 0)}; this job needs {job.total_gpus}",
+            )
+            self.verdicts.wait_or_never(job, reason, never=job.total_gpus > cap)
+            return None
+        info = self.info_of(job)
+        allowed = ledger.allowed_models(job, info.models, borrowing, info.total)
+        if allowed:
+            return allowed
+        if not borrowing and may_borrow:
+            self.deferred.append(job)
+            return None
+        never = all(
+            job.total_gpus > ledger.limit(group, ledger.key(group, m), may_borrow) for m in info.models
+        )
+        self.verdicts.wait_or_never(job, self.reason(job, may_borrow), never)
+        return None
+
+    def reason(self, job: Job, borrow: bool) -> Reason:
+        group = self.ledger.group(job.group)
+        if borrow:
+            return Reason(
+                "quota_max",
+                "quota",
+                f"group {group.name} is at its maximum quota for the GPU models this job can use",
+            )
+        why = (
+            "borrowing is off" if not group.borrowing else "the job is not preemptible, so it may not borrow"
+        )
+        return Reason(
+            "quota_exhausted",
+            "quota",
+            f"group {group.name} is at its guaranteed quota for the GPU models this job can use and {why}",
+        )
