@@ -26,6 +26,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from corral import __version__
+from corral.api import limits
+from corral.api.metrics_auth import MetricsGuard, metrics_token
 from corral.config import Settings
 from corral.db.session import make_engine, make_session_factory
 from corral.engine.base import Engine
@@ -73,6 +75,10 @@ def create_app(
         app.include_router(importlib.import_module(module_name).router)
     _install_error_handlers(app)
     app.add_middleware(ConcurrencyLimit, limit=settings.api_max_concurrency)
+    # Outside the concurrency limit: a slow or oversized upload never holds an admission slot.
+    limits.install(app, settings)
+    metrics_token(settings)  # an unreadable token file refuses start-up, not the first scrape
+    app.add_middleware(MetricsGuard, settings=settings)
     # Monitoring's request metrics, outermost so that they include waiting for admission.
     install_request_metrics(app)
     return app
@@ -114,6 +120,9 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def service_error(_request: Request, exc: ServiceError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        retry_after = getattr(exc, "retry_after_s", None)  # 429s say when to come back
+        if retry_after is not None:
+            headers = {"Retry-After": str(retry_after)}
         detail: Any = exc.message
         if isinstance(exc, Invalid):
             detail = [{"loc": list(exc.loc), "msg": exc.message, "type": "value_error"}]
