@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "corral.cli.platform",  # up, submit, ls, show, logs, cancel, node, group, user, token
     "corral.cli.sim",  # sim, sim compare
     "corral.cli.monitor",  # alert, chaos
+    "corral.cli.security",  # auth lockouts/unlock/sessions/end-session
 )
 
 
