@@ -60,22 +60,23 @@ def test_deep_json_is_a_clear_400_not_a_server_error(lone: Lone) -> None:
     deep = "[" * 5000 + "]" * 5000
     r = c.post(f"{API}/jobs", content=deep, headers={**JSON, **lone.auth})
     assert r.status_code == 400, r.text
-    assert "nested 5000 levels deep" in r.json()["detail"]
+    assert "nested more than 32 levels deep" in r.json()["detail"]
     assert "CORRAL_API_MAX_JSON_DEPTH" in r.json()["detail"]
     # Deep objects too, and brackets inside strings do not count.
     deep_obj = '{"a":' * 100 + "1" + "}" * 100
     r = c.post(f"{API}/jobs", content=deep_obj, headers={**JSON, **lone.auth})
-    assert r.status_code == 400 and "nested 100 levels" in r.json()["detail"]
+    assert r.status_code == 400 and "nested more than 32 levels" in r.json()["detail"]
     spec = {**SIMPLE_JOB, "command": "echo '[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[{{{{{{{{{{{{{{{{{{{{'"}
     r = c.post(f"{API}/jobs", json=spec, headers=lone.auth)
     assert r.status_code == 201, r.text
 
 
 def test_json_shape_counts_structure_outside_strings() -> None:
-    assert json_shape_error(b'{"a": "[[[[,,,,\\"[[["}', 2, 10) is None
+    assert json_shape_error(b'{"a": "[[[[,,,,\\"[[[\\\\"}', 2, 10) is None
+    assert json_shape_error(b'["\\\\", "[[[["]', 1, 10) is None  # an escaped backslash ends no string
     assert json_shape_error(b"[[1]]", 2, 10) is None
     depth = json_shape_error(b"[[[1]]]", 2, 10)
-    assert depth is not None and "nested 3 levels" in depth
+    assert depth is not None and "nested more than 2 levels" in depth
     many = json_shape_error(json.dumps(list(range(50))).encode(), 5, 20)
     assert many is not None and "more than 20 values" in many
 

@@ -24,7 +24,6 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -35,11 +34,10 @@ Message = dict[str, Any]
 Receive = Callable[[], Any]
 Send = Callable[[Message], Any]
 
-# A JSON string (escapes included): removed before counting brackets, which may appear inside.
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_OPEN, _CLOSE = b"[{", b"]}"
+# A JSON string once escaped backslashes and escaped quotes are gone (see json_shape_error).
+_JSON_STRING = re.compile(rb'"[^"]*"')
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b"[]{},")
-_DEPTH_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+_OPENERS = frozenset(b"[{")
 
 
 async def send_error(send: Send, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
@@ -59,21 +57,33 @@ def header(scope: Scope, name: bytes) -> str | None:
 
 
 def json_shape_error(body: bytes, max_depth: int, max_elements: int) -> str | None:
-    """Why `body` (JSON text) is too deep or too large, or None. Linear and parser-free: strings
-    are cut out, then only brackets and commas are counted (at C speed but for the running depth)."""
-    skeleton = _JSON_STRING.sub(b'""', body).translate(None, _NOT_STRUCTURE)
+    """Why `body` (JSON text) is too deep or too large, or None. Linear, parser-free and mostly at
+    C speed: escaped backslashes, then escaped quotes, then whole strings are cut out (brackets
+    and commas inside strings do not count); the brackets and commas left are counted."""
+    unescaped = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+    skeleton = _JSON_STRING.sub(b"", unescaped).translate(None, _NOT_STRUCTURE)
     containers = skeleton.count(b"[") + skeleton.count(b"{")
-    elements = containers + skeleton.count(b",")
-    if elements > max_elements:
+    if containers + skeleton.count(b",") > max_elements:
         return f"the JSON body holds more than {max_elements} values (limit: CORRAL_API_MAX_JSON_ELEMENTS)"
-    if containers > 0:
-        depth = max(accumulate(_DEPTH_STEP[b] for b in skeleton if b != ord(",")))
-        if depth > max_depth:
-            return (
-                f"the JSON body is nested {depth} levels deep; at most {max_depth} are allowed "
-                "(limit: CORRAL_API_MAX_JSON_DEPTH)"
-            )
+    if containers > max_depth and _deeper_than(skeleton, max_depth):
+        return f"the JSON body is nested more than {max_depth} levels deep (limit: CORRAL_API_MAX_JSON_DEPTH)"
     return None
+
+
+def _deeper_than(skeleton: bytes, max_depth: int) -> bool:
+    """Does the bracket sequence nest deeper than `max_depth`? Stops at the first level too many
+    (a hostile body) or at a closing bracket too many (not JSON: the parser will say so)."""
+    depth = 0
+    for byte in skeleton:
+        if byte in _OPENERS:
+            depth += 1
+            if depth > max_depth:
+                return True
+        elif byte != 44:  # a closing bracket (44 is the comma)
+            depth -= 1
+            if depth < 0:
+                return False
+    return False
 
 
 class BodyTooLarge(Exception):
