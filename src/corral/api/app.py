@@ -132,6 +132,15 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def invalid_transition(_request: Request, exc: InvalidTransition) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=409)
 
+    @app.exception_handler(RecursionError)
+    async def too_deep(_request: Request, _exc: RecursionError) -> JSONResponse:
+        # The last line of defence behind corral.api.limits' bracket count: a parser (PyYAML's
+        # block style, say) that recursed past Python's limit on a deeply nested body.
+        return JSONResponse(
+            {"detail": "the request body is nested too deeply to parse (limit: CORRAL_API_MAX_JSON_DEPTH)"},
+            status_code=400,
+        )
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": plain_errors(exc.errors())}, status_code=422)

@@ -3,10 +3,10 @@ login"):
 
 - `BodyLimits`: a body larger than `api_max_body_bytes` is answered 413 — at once when its
   Content-Length says so, otherwise as soon as the bytes received pass the limit, never after
-  reading it all; a body not all received within `api_body_timeout_s` is answered 408; a JSON body
-  nested deeper than `api_max_json_depth` or holding more than `api_max_json_elements` values is
-  answered 400 before any JSON parser sees it (Python's recursive decoder raises RecursionError,
-  a 500, on a few thousand levels).
+  reading it all; a body not all received within `api_body_timeout_s` is answered 408; a JSON (or
+  YAML flow-style) body nested deeper than `api_max_json_depth` or holding more than
+  `api_max_json_elements` values is answered 400 before any parser sees it (Python's JSON
+  decoder and PyYAML recurse, and raised RecursionError, a 500, on a few thousand levels).
 - `RateLimits`: token buckets, in this process, on the expensive endpoints (submit, login, log
   reads, lists asking for many rows), keyed by the caller's credential or, without one, by its
   address; an empty bucket is answered 429 with `Retry-After`.
@@ -38,6 +38,7 @@ Send = Callable[[Message], Any]
 _JSON_STRING = re.compile(rb'"[^"]*"')
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b"[]{},")
 _OPENERS = frozenset(b"[{")
+_NOT_STRUCTURED = ("application/x-www-form-urlencoded", "multipart/", "application/octet-stream")
 
 
 async def send_error(send: Send, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
@@ -64,9 +65,14 @@ def json_shape_error(body: bytes, max_depth: int, max_elements: int) -> str | No
     skeleton = _JSON_STRING.sub(b"", unescaped).translate(None, _NOT_STRUCTURE)
     containers = skeleton.count(b"[") + skeleton.count(b"{")
     if containers + skeleton.count(b",") > max_elements:
-        return f"the JSON body holds more than {max_elements} values (limit: CORRAL_API_MAX_JSON_ELEMENTS)"
+        return (
+            f"the request body holds more than {max_elements} JSON or YAML values "
+            "(limit: CORRAL_API_MAX_JSON_ELEMENTS)"
+        )
     if containers > max_depth and _deeper_than(skeleton, max_depth):
-        return f"the JSON body is nested more than {max_depth} levels deep (limit: CORRAL_API_MAX_JSON_DEPTH)"
+        return (
+            f"the request body is nested more than {max_depth} levels deep (limit: CORRAL_API_MAX_JSON_DEPTH)"
+        )
     return None
 
 
@@ -131,7 +137,9 @@ class BodyLimits:
         if first_after is not None:  # the client left while sending: nobody to answer
             return
         content_type = (header(scope, b"content-type") or "").lower()
-        if body and "json" in content_type:
+        # Not only JSON: the API reads YAML (flow style nests with the same brackets) and bodies
+        # without a content type too. Forms and uploads are not structured text.
+        if body and not content_type.startswith(_NOT_STRUCTURED):
             problem = json_shape_error(body, self.max_depth, self.max_elements)
             if problem is not None:
                 await send_error(send, 400, problem)
