@@ -8,9 +8,10 @@ code, not shipped in the `corral` package).
 
 The server runs `python -m corral.server` with the local engine, N virtual GPUs (default 4, model
 "VGPU") and SQLite under the home, or the database URL given. Its stdout/stderr go to
-`<home>/server.log` (`srv.log_text()`). The admin token is read from the line the server prints
-once on first start. Job supervisors are detached from the server on purpose (they outlive it), so
-`stop()` also ends the job processes started under this home.
+`<home>/server.log` (`srv.log_text()`). The admin token is read from the CLI config the server
+writes on first start (it prints where, not the token). Job supervisors are detached from the
+server on purpose (they outlive it), so `stop()` also ends the job processes started under this
+home.
 
 Jobs run sandboxed (bubblewrap, cgroups). Only outside CI (`tests.support.in_ci()`) may a server
 fall back to running them unsandboxed on a machine without isolation (CORRAL_ALLOW_UNISOLATED);
@@ -33,10 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import yaml
 
 from tests.support import free_port, in_ci
 
 TOKEN_LINE = re.compile(r"Admin token \(shown once\): (\S+)")
+TOKEN_FILE_LINE = re.compile(r"Admin token written to (\S+)")
 READY_TIMEOUT_S = 60.0
 # How the local engine reports a node that refuses jobs for want of isolation (engine/local/engine.py)
 NO_ISOLATION = "job isolation unavailable"
@@ -112,8 +115,7 @@ class CorralServer:
                     f"corral server exited with {self.proc.returncode}:\n{self.log_text()[-4000:]}"
                 )
             if not self.token:
-                match = TOKEN_LINE.search(self.log_text())
-                self.token = match.group(1) if match else ""
+                self.token = admin_token(self.log_text())
             if self.token and self._nodes_ready():
                 return
             time.sleep(0.1)
@@ -196,6 +198,17 @@ def _kill_job_processes(home: Path, grace_s: float = 5.0) -> None:
             proc.kill()
         except psutil.NoSuchProcess:
             continue
+
+
+def admin_token(log_text: str) -> str:
+    """The bootstrap admin token: from the CLI config the server wrote (it does not print the
+    token then), else from the line it prints when it could not write one; "" before either."""
+    written = TOKEN_FILE_LINE.search(log_text)
+    if written:
+        loaded = yaml.safe_load(Path(written.group(1)).read_text()) or {}
+        return str(loaded.get("token", ""))
+    shown = TOKEN_LINE.search(log_text)
+    return shown.group(1) if shown else ""
 
 
 def server_env(

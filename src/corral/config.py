@@ -60,6 +60,34 @@ class Settings(BaseSettings):
     # a job cannot hold the GPUs it is preempted from for longer than this.
     max_stop_grace_s: float = Field(default=300.0, ge=0)
 
+    # --- API limits (corral.api.limits; docs/security.md "API and login") ---------------------
+    api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)  # larger bodies: 413
+    api_max_json_depth: int = Field(default=32, ge=2)  # deeper JSON bodies: 400
+    api_max_json_elements: int = Field(default=20_000, ge=10)  # JSON values in one body; more: 400
+    api_body_timeout_s: float = Field(default=30.0, gt=0)  # a body not all sent by then: 408
+    api_keep_alive_s: int = Field(default=5, ge=1)  # idle keep-alive connections are closed
+    # Token buckets per token (or per source address when unauthenticated): requests per minute
+    # and the burst allowed at once. 0 per minute switches a rule off.
+    rate_submit_per_min: float = Field(default=1200.0, ge=0)  # POST /api/v1/jobs
+    rate_submit_burst: int = Field(default=200, ge=1)
+    rate_login_per_min: float = Field(default=30.0, ge=0)  # POST /api/v1/auth/login, per address
+    rate_login_burst: int = Field(default=10, ge=1)
+    rate_logs_per_min: float = Field(default=600.0, ge=0)  # GET .../logs
+    rate_logs_burst: int = Field(default=60, ge=1)
+    rate_big_list_per_min: float = Field(default=120.0, ge=0)  # GET lists with limit > 100
+    rate_big_list_burst: int = Field(default=30, ge=1)
+    # --- login protection and credential lifetimes (corral.services.login_guard) --------------
+    login_lockout_after: int = Field(default=5, ge=1)  # consecutive failures before a lockout
+    login_lockout_base_s: float = Field(default=30.0, gt=0)  # first lockout; doubles per failure
+    login_lockout_max_s: float = Field(default=900.0, gt=0)  # longest lockout
+    login_failure_window_s: float = Field(default=3600.0, gt=0)  # failures older than this are forgotten
+    session_lifetime_s: float = Field(default=12 * 3600.0, gt=0)  # portal sessions
+    token_default_lifetime_days: float | None = Field(default=90.0, gt=0)  # None: never expire
+    token_max_lifetime_days: float | None = Field(default=365.0, gt=0)  # None: no maximum
+    # --- /metrics (corral.api.metrics_auth) ------------------------------------------------------
+    metrics_token: str | None = None  # bearer token Prometheus must send
+    metrics_token_file: Path | None = None  # or read it from this file (first line)
+
     @property
     def worker_threads(self) -> int:
         return self.api_worker_threads or max(4, 2 * (os.cpu_count() or 1))

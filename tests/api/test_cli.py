@@ -19,7 +19,7 @@ from corral.cli import platform
 from corral.cli.main import app as cli
 from corral.db.models import Attempt, Job
 from corral.sdk import Client, load_cli_config, write_cli_config
-from tests.api.conftest import World
+from tests.api.conftest import ALICE_PASSWORD, World
 from tests.api.helpers import add_node, make_running
 from tests.support import free_port
 
@@ -220,3 +220,33 @@ def test_cli_group_quotas_usage_warnings_and_clearing_limits(
     assert code == 2 and "--cpus-max: could not convert string to float: 'lots'" in out
     code, out = run(world, server_url, "admin", "group", "quota", "vision")
     assert code == 2 and "give at least one quota option" in out
+
+
+def test_cli_auth_lockouts_and_sessions(world: World, server_url: str) -> None:
+    for _ in range(5):  # the default threshold
+        r = world.client.post("/api/v1/auth/login", json={"username": "carol", "password": "guess"})
+        assert r.status_code == 401
+    r = world.client.post("/api/v1/auth/login", json={"username": "carol", "password": "x"})
+    assert r.status_code == 429
+    code, out = run(world, server_url, "alice", "auth", "lockouts")
+    assert code == 1 and "only an administrator" in out
+    code, out = run(world, server_url, "admin", "auth", "lockouts", "--locked", "-o", "json")
+    rows = {(r["scope"], r["key"]): r for r in json.loads(out)}
+    assert rows[("account", "carol")]["failures"] == 5 and rows[("account", "carol")]["locked"]
+    code, out = run(world, server_url, "admin", "auth", "lockouts")
+    assert code == 0 and "carol" in out and "account" in out
+    for row in rows.values():
+        code, out = run(world, server_url, "admin", "auth", "unlock", str(row["id"]))
+        assert code == 0 and "lifted" in out, out
+    code, out = run(world, server_url, "admin", "auth", "lockouts", "-o", "json")
+    assert json.loads(out) == []
+    # Sessions: alice logs in to the portal; an admin sees and ends that session.
+    login = {"username": "alice", "password": ALICE_PASSWORD}
+    assert world.client.post("/api/v1/auth/login", json=login).status_code == 200
+    code, out = run(world, server_url, "admin", "auth", "sessions", "--user", "alice", "-o", "json")
+    (session,) = json.loads(out)
+    code, out = run(world, server_url, "alice", "auth", "sessions")
+    assert code == 0 and session["id"] in out
+    code, out = run(world, server_url, "admin", "auth", "end-session", session["id"])
+    assert code == 0 and "ended" in out
+    assert world.client.get("/api/v1/me").status_code == 401

@@ -28,6 +28,7 @@ from tests.support import free_port, require_binary
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 TOKEN = "e2e-webhook-secret"
+SCRAPE_TOKEN = "e2e-scrape-secret"
 ALERT = "CorralGpuEccErrors"
 INTERVALS = {  # the test's shortened intervals (shipped: 15 s scrape/eval, 30 s group_wait, 10 s sample)
     "sample": "0.5", "scrape": "1s", "group_wait": "1s", "group_interval": "1s",
@@ -72,15 +73,15 @@ def alertmanager_config(path: Path, corral_url: str, token_file: Path, smtp_port
     path.write_text(yaml.safe_dump(config))
 
 
-def prometheus_config(path: Path, corral_port: int, am_port: int) -> None:
-    config = {
-        "global": {"scrape_interval": INTERVALS["scrape"], "evaluation_interval": INTERVALS["scrape"]},
-        "rule_files": [str(p) for p in sorted((DEPLOY / "prometheus" / "rules").glob("*.yml"))],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
-        "scrape_configs": [
-            {"job_name": "corral", "static_configs": [{"targets": [f"127.0.0.1:{corral_port}"]}]}
-        ],
-    }
+def prometheus_config(path: Path, corral_port: int, am_port: int, scrape_token_file: Path) -> None:
+    """The shipped config (scrape token included) with this test's addresses and timings."""
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    config["global"] = {"scrape_interval": INTERVALS["scrape"], "evaluation_interval": INTERVALS["scrape"]}
+    config["rule_files"] = [str(p) for p in sorted((DEPLOY / "prometheus" / "rules").glob("*.yml"))]
+    config["alerting"]["alertmanagers"][0]["static_configs"] = [{"targets": [f"127.0.0.1:{am_port}"]}]
+    (scrape,) = config["scrape_configs"]
+    scrape["static_configs"] = [{"targets": [f"127.0.0.1:{corral_port}"]}]
+    scrape["authorization"]["credentials_file"] = str(scrape_token_file)
     path.write_text(yaml.safe_dump(config))
 
 
@@ -144,10 +145,13 @@ def test_ecc_error_alert_round_trip(tmp_path: Path) -> None:
     )
     token_file = tmp_path / "webhook_token"
     token_file.write_text(TOKEN)
+    scrape_token_file = tmp_path / "metrics_token"  # /metrics refuses scrapes without it
+    scrape_token_file.write_text(SCRAPE_TOKEN + "\n")
     inbox = Inbox()
     env = {
         "CORRAL_MONITOR_WEBHOOK_TOKEN": TOKEN, "CORRAL_MONITOR_SAMPLE_INTERVAL_S": INTERVALS["sample"],
         "CORRAL_MONITOR_HEALTH_INTERVAL_S": "1", "CORRAL_MONITOR_DELIVERY_INTERVAL_S": "0.5",
+        "CORRAL_METRICS_TOKEN_FILE": str(scrape_token_file),
     }  # fmt: skip
     with ExitStack() as stack:
         smtp = Controller(inbox, hostname="127.0.0.1", port=smtp_port)
@@ -180,7 +184,8 @@ def test_ecc_error_alert_round_trip(tmp_path: Path) -> None:
             alertmanager, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am-data'}",
             f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address=",
         ], tmp_path / "am.log", f"http://127.0.0.1:{am_port}/-/ready"))  # fmt: skip
-        prometheus_config(tmp_path / "prom.yml", srv.port, am_port)
+        assert httpx.get(f"{srv.url}/metrics").status_code == 401  # nobody else scrapes
+        prometheus_config(tmp_path / "prom.yml", srv.port, am_port, scrape_token_file)
         prom = f"http://127.0.0.1:{prom_port}"
         prom_argv = [
             prometheus,

@@ -26,6 +26,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from corral import __version__
+from corral.api import limits
+from corral.api.metrics_auth import MetricsGuard, metrics_token
 from corral.config import Settings
 from corral.db.session import make_engine, make_session_factory
 from corral.engine.base import Engine
@@ -76,6 +78,10 @@ def create_app(
         app.include_router(importlib.import_module(module_name).router)
     _install_error_handlers(app)
     app.add_middleware(ConcurrencyLimit, limit=settings.api_max_concurrency)
+    # Outside the concurrency limit: a slow or oversized upload never holds an admission slot.
+    limits.install(app, settings)
+    metrics_token(settings)  # an unreadable token file refuses start-up, not the first scrape
+    app.add_middleware(MetricsGuard, settings=settings)
     # Monitoring's request metrics, outermost so that they include waiting for admission.
     install_request_metrics(app)
     return app
@@ -117,6 +123,9 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def service_error(_request: Request, exc: ServiceError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        retry_after = getattr(exc, "retry_after_s", None)  # 429s say when to come back
+        if retry_after is not None:
+            headers = {"Retry-After": str(retry_after)}
         detail: Any = exc.message
         if isinstance(exc, Invalid):
             detail = [{"loc": list(exc.loc), "msg": exc.message, "type": "value_error"}]
@@ -125,6 +134,15 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(InvalidTransition)
     async def invalid_transition(_request: Request, exc: InvalidTransition) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=409)
+
+    @app.exception_handler(RecursionError)
+    async def too_deep(_request: Request, _exc: RecursionError) -> JSONResponse:
+        # The last line of defence behind corral.api.limits' bracket count: a parser (PyYAML's
+        # block style, say) that recursed past Python's limit on a deeply nested body.
+        return JSONResponse(
+            {"detail": "the request body is nested too deeply to parse (limit: CORRAL_API_MAX_JSON_DEPTH)"},
+            status_code=400,
+        )
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

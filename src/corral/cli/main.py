@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "corral.cli.sim",  # sim, sim compare
     "corral.cli.monitor",  # alert, chaos
     "corral.cli.usage",  # usage
+    "corral.cli.security",  # auth lockouts/unlock/sessions/end-session
 )
 
 

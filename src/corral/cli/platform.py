@@ -636,7 +636,9 @@ token_app = typer.Typer(help="Your API tokens.", no_args_is_help=True)
 def token_create(
     name: Annotated[str, typer.Option(help="a label to recognise it")] = "cli",
     user: Annotated[str | None, typer.Option(help="admins: for another user")] = None,
-    expires_in_days: Annotated[float | None, typer.Option(help="default: never")] = None,
+    expires_in_days: Annotated[
+        float | None, typer.Option(help="default: the server's (CORRAL_TOKEN_DEFAULT_LIFETIME_DAYS)")
+    ] = None,
     output: OutputOpt = Output.table,
 ) -> None:
     """Create an API token; the secret is printed once."""

@@ -112,6 +112,23 @@ class WebSession(Base):
     expires_at: Mapped[float] = mapped_column(Float)
 
 
+class LoginFailure(Base):
+    """Consecutive failed logins per account and per source address, and the lockout they earned
+    (corral.services.login_guard). In the database so that a restart forgets nothing and two
+    servers count together."""
+
+    __tablename__ = "login_failures"
+    __table_args__ = (UniqueConstraint("scope", "key"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    scope: Mapped[str] = mapped_column(String(8))  # "account" | "address"
+    key: Mapped[str] = mapped_column(String(255))  # the user name tried, or the source address
+    failures: Mapped[int] = mapped_column(Integer)
+    first_failed_at: Mapped[float] = mapped_column(Float)
+    last_failed_at: Mapped[float] = mapped_column(Float)
+    locked_until: Mapped[float | None] = mapped_column(Float)
+
+
 class SshKey(Base):
     __tablename__ = "ssh_keys"
     __table_args__ = (UniqueConstraint("user_id", "fingerprint"),)

@@ -57,12 +57,15 @@ def bootstrap(settings: Settings, session_factory: sessionmaker[Session], url: s
     token, password = created
     try:
         where = write_cli_config(settings, url, token)
-    except Exception as exc:  # the token is still printed: the admin can configure the CLI by hand
-        where = f"(not written: {exc})"
-    print(f"Admin token (shown once): {token}", flush=True)
+    except Exception as exc:  # nowhere else to keep it: shown once, to configure the CLI by hand
+        print(f"Admin token (shown once): {token}", flush=True)
+        print(f"CLI config not written: {exc}", flush=True)
+    else:
+        # Not printed: the server's output ends up in logs and journals that others may read.
+        print(f"Admin token written to {where} (readable by this user only; the CLI uses it)", flush=True)
+    # Printed once, for the first portal login; the admin changes it at once with `corral user passwd`.
     print(f"Admin password (shown once; portal user {ADMIN_USER!r}): {password}", flush=True)
     print("  change it with `corral user passwd`", flush=True)
-    print(f"CLI config written to {where}", flush=True)
 
 
 class PortInUse(RuntimeError):
@@ -165,6 +168,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=5,
+        timeout_keep_alive=settings.api_keep_alive_s,  # idle connections are closed (slow clients)
     )
     server = uvicorn.Server(config)
     # uvicorn re-raises SIGTERM/SIGINT with the previous handler once it has shut down; with the

@@ -17,10 +17,11 @@ from sqlalchemy.orm import Session
 
 from corral.config import Settings
 from corral.db.models import ApiToken, Group, Membership, User, WebSession
-from corral.services.errors import NotFound, Unauthenticated
+from corral.services.errors import Forbidden, Invalid, NotFound, Unauthenticated
 
 TOKEN_PREFIX = "crl_"
-SESSION_TTL_S = 12 * 3600.0
+SESSION_TTL_S = 12 * 3600.0  # default portal session lifetime (setting: session_lifetime_s)
+SESSION_ID_CHARS = 16  # a session's public id: the first characters of its stored hash
 # Writing last_used_at on every request would turn every read into a write; once a minute is enough.
 LAST_USED_RESOLUTION_S = 60.0
 DEFAULT_GROUP = "default"
@@ -166,10 +167,46 @@ def authenticate_token(session: Session, secret: str, *, now: float | None = Non
     return load_principal(session, user, via="token", expires_at=token.expires_at)
 
 
-def list_tokens(session: Session, principal: Principal) -> list[ApiToken]:
-    return list(
-        session.scalars(select(ApiToken).where(ApiToken.user_id == principal.user_id).order_by(ApiToken.id))
-    )
+def token_lifetime_s(settings: Settings, expires_in_days: float | None) -> float | None:
+    """The lifetime a new token gets: the one asked for, else the configured default; longer
+    than the configured maximum is refused (None: never expires, only without a maximum)."""
+    days = settings.token_default_lifetime_days if expires_in_days is None else expires_in_days
+    most = settings.token_max_lifetime_days
+    if most is not None and (days is None or days > most):
+        raise Invalid(
+            f"a token may live at most {most:g} days (CORRAL_TOKEN_MAX_LIFETIME_DAYS); "
+            f"asked for {'no expiry' if days is None else f'{days:g} days'}",
+            ("body", "expires_in_days"),
+        )
+    return None if days is None else days * 86400.0
+
+
+def owner_filter(session: Session, principal: Principal, user: str | None, *, all_users: bool) -> int | None:
+    """Whose tokens or sessions a listing shows: None for the caller's own, 0 for everyone's,
+    else that user's id. Only admins may ask for more than their own."""
+    if (user is None or user == principal.name) and not all_users:
+        return None
+    if not principal.is_admin:
+        raise Forbidden("only an administrator may list another user's sessions or tokens")
+    if all_users:
+        return 0
+    found = session.scalar(select(User.id).where(User.name == user))
+    if found is None:
+        raise NotFound(f"no user named {user!r}")
+    return int(found)
+
+
+def list_tokens(
+    session: Session, principal: Principal, *, user_id: int | None = None
+) -> list[tuple[ApiToken, str]]:
+    """The caller's tokens; an admin may name another user (`user_id`) or pass 0 for everyone's.
+    Pairs of (token, owner's name)."""
+    query = select(ApiToken, User.name).join(User, User.id == ApiToken.user_id).order_by(ApiToken.id)
+    if user_id is None or not principal.is_admin:
+        query = query.where(ApiToken.user_id == principal.user_id)
+    elif user_id:
+        query = query.where(ApiToken.user_id == user_id)
+    return [(token, str(name)) for token, name in session.execute(query).all()]
 
 
 def revoke_token(session: Session, principal: Principal, token_id: int, *, now: float | None = None) -> None:
@@ -185,14 +222,23 @@ def revoke_token(session: Session, principal: Principal, token_id: int, *, now: 
 # --- portal sessions --------------------------------------------------------------------------
 
 
+class WrongPassword(Unauthenticated):
+    """A failed login (unknown user, deactivated, or wrong password: the answer does not say)."""
+
+
 def login(
-    session: Session, username: str, password: str, *, now: float | None = None
+    session: Session,
+    username: str,
+    password: str,
+    *,
+    now: float | None = None,
+    lifetime_s: float = SESSION_TTL_S,
 ) -> tuple[str, User, str]:
     """Check the password and open a session; returns (cookie secret, user, csrf token)."""
     now = time.time() if now is None else now
     user = session.scalar(select(User).where(User.name == username))
     if user is None or not user.active or not verify_password(user.password_hash, password):
-        raise Unauthenticated("wrong user name or password")
+        raise WrongPassword("wrong user name or password")
     secret = secrets.token_urlsafe(32)
     csrf = secrets.token_urlsafe(32)
     session.add(
@@ -201,7 +247,7 @@ def login(
             user_id=user.id,
             csrf_token=csrf,
             created_at=now,
-            expires_at=now + SESSION_TTL_S,
+            expires_at=now + lifetime_s,
         )
     )
     return secret, user, csrf
@@ -234,6 +280,43 @@ def logout(session: Session, secret: str) -> None:
     web = session.get(WebSession, sha256_hex(secret))
     if web is not None:
         session.delete(web)
+
+
+def session_id(web: WebSession) -> str:
+    return web.id_hash[:SESSION_ID_CHARS]
+
+
+def list_sessions(
+    session: Session, principal: Principal, *, user_id: int | None = None, now: float | None = None
+) -> list[tuple[WebSession, str]]:
+    """Unexpired portal sessions: the caller's; an admin may name a user (`user_id`) or pass 0 for
+    everyone's. Pairs of (session, owner's name), newest first."""
+    now = time.time() if now is None else now
+    query = (
+        select(WebSession, User.name)
+        .join(User, User.id == WebSession.user_id)
+        .where(WebSession.expires_at > now)
+        .order_by(WebSession.created_at.desc())
+    )
+    if user_id is None or not principal.is_admin:
+        query = query.where(WebSession.user_id == principal.user_id)
+    elif user_id:
+        query = query.where(WebSession.user_id == user_id)
+    return [(web, str(name)) for web, name in session.execute(query).all()]
+
+
+def revoke_session(session: Session, principal: Principal, public_id: str) -> None:
+    """End a session by its public id; the owner's or, for an admin, anyone's."""
+    valid = len(public_id) == SESSION_ID_CHARS and all(c in "0123456789abcdef" for c in public_id)
+    web = (
+        session.scalar(select(WebSession).where(WebSession.id_hash.startswith(public_id, autoescape=True)))
+        if valid
+        else None
+    )
+    # Another user's session reads as "not found", like another user's token.
+    if web is None or (web.user_id != principal.user_id and not principal.is_admin):
+        raise NotFound(f"no session with id {public_id!r}")
+    session.delete(web)
 
 
 # --- bootstrap --------------------------------------------------------------------------------

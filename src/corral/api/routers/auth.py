@@ -1,33 +1,77 @@
-"""Portal login/logout (session cookie + CSRF token) and `GET /me`."""
+"""Portal login/logout (session cookie + CSRF token), `GET /me`, the caller's portal sessions
+(an admin's: anyone's), and the login lockouts admins can see and lift (docs/security.md)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
+from pydantic import BaseModel
 
-from corral.api.deps import DB, SESSION_COOKIE, CurrentUser
+from corral.api.deps import DB, SESSION_COOKIE, Admin, CurrentUser
 from corral.api.schemas import LoginIn, LoginOut, MeOut
-from corral.db.models import User
+from corral.config import Settings
+from corral.db.models import LoginFailure, User, WebSession
 from corral.services import auth as svc
+from corral.services import login_guard
 from corral.services.accounts import user_out
 from corral.services.views import UserView
 
 router = APIRouter(tags=["auth"])
 
 
+class SessionOut(BaseModel):
+    id: str  # the public id (not the cookie): `DELETE /sessions/{id}` ends it
+    user: str
+    created_at: float
+    expires_at: float
+    current: bool  # the session this request came with
+
+
+class LockoutOut(BaseModel):
+    id: int
+    scope: str  # "account" | "address"
+    key: str  # the user name tried or the source address
+    failures: int
+    first_failed_at: float
+    last_failed_at: float
+    locked_until: float | None
+    locked: bool
+
+
 def me_view(db: Any, user_id: int) -> UserView:
     return user_out(db, db.get(User, user_id))
 
 
-@router.post("/auth/login", response_model=LoginOut)
+def client_address(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+@router.post(
+    "/auth/login",
+    response_model=LoginOut,
+    responses={429: {"description": "too many failed logins: the account or address is locked"}},
+)
 def login(body: LoginIn, request: Request, response: Response, db: DB) -> Any:
-    secret, user, csrf = svc.login(db, body.username, body.password)
+    settings: Settings = request.app.state.settings
+    address, now = client_address(request), time.time()
+    login_guard.check_allowed(db, body.username, address, now)
+    try:
+        secret, user, csrf = svc.login(
+            db, body.username, body.password, lifetime_s=settings.session_lifetime_s
+        )
+    except svc.WrongPassword:
+        login_guard.record_failure(
+            db, body.username, address, login_guard.Policy.from_settings(settings), now
+        )
+        raise
+    login_guard.record_success(db, body.username)
     db.commit()
     response.set_cookie(
         SESSION_COOKIE,
         secret,
-        max_age=int(svc.SESSION_TTL_S),
+        max_age=int(settings.session_lifetime_s),
         httponly=True,
         samesite="lax",
         secure=request.url.scheme == "https",
@@ -50,3 +94,67 @@ def logout(request: Request, response: Response, db: DB, principal: CurrentUser)
 @router.get("/me", response_model=MeOut)
 def me(db: DB, principal: CurrentUser) -> Any:
     return me_view(db, principal.user_id)
+
+
+def _session_view(web: WebSession, user: str, current_hash: str | None) -> dict[str, Any]:
+    return {
+        "id": svc.session_id(web),
+        "user": user,
+        "created_at": web.created_at,
+        "expires_at": web.expires_at,
+        "current": web.id_hash == current_hash,
+    }
+
+
+@router.get("/sessions", response_model=list[SessionOut])
+def list_sessions(
+    request: Request,
+    db: DB,
+    principal: CurrentUser,
+    user: str | None = Query(None, description="admins: this user's sessions"),
+    all_users: bool = Query(False, alias="all", description="admins: everyone's sessions"),
+) -> Any:
+    """Unexpired portal sessions: the caller's own, or (admins) a user's or everyone's."""
+    user_id = svc.owner_filter(db, principal, user, all_users=all_users)
+    cookie = request.cookies.get(SESSION_COOKIE)
+    current = svc.sha256_hex(cookie) if cookie else None
+    return [
+        _session_view(web, name, current) for web, name in svc.list_sessions(db, principal, user_id=user_id)
+    ]
+
+
+@router.delete("/sessions/{session_id}", status_code=204)
+def revoke_session(session_id: str, db: DB, principal: CurrentUser) -> Response:
+    svc.revoke_session(db, principal, session_id)
+    db.commit()
+    return Response(status_code=204)
+
+
+def _lockout_view(row: LoginFailure, now: float) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "scope": row.scope,
+        "key": row.key,
+        "failures": row.failures,
+        "first_failed_at": row.first_failed_at,
+        "last_failed_at": row.last_failed_at,
+        "locked_until": row.locked_until,
+        "locked": row.locked_until is not None and row.locked_until > now,
+    }
+
+
+@router.get("/auth/lockouts", response_model=list[LockoutOut])
+def list_lockouts(
+    db: DB, _admin: Admin, locked: bool = Query(False, description="only running lockouts")
+) -> Any:
+    """Failed-login counters per account and per source address, with their lockouts (admins)."""
+    now = time.time()
+    return [_lockout_view(r, now) for r in login_guard.list_lockouts(db, now, locked_only=locked)]
+
+
+@router.delete("/auth/lockouts/{lockout_id}", status_code=204)
+def clear_lockout(lockout_id: int, db: DB, _admin: Admin) -> Response:
+    """Lift a lockout and forget its failures (admins)."""
+    login_guard.clear_lockout(db, lockout_id)
+    db.commit()
+    return Response(status_code=204)

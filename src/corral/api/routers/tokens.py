@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 
 from corral.api.deps import DB, CurrentUser
 from corral.api.schemas import TokenIn, TokenOut
@@ -31,13 +31,20 @@ def _view(token: ApiToken, user: str, secret: str | None = None) -> dict[str, An
 
 
 @router.get("/tokens", response_model=list[TokenOut])
-def list_tokens(db: DB, principal: CurrentUser) -> Any:
-    return [_view(t, principal.name) for t in svc.list_tokens(db, principal)]
+def list_tokens(
+    db: DB,
+    principal: CurrentUser,
+    user: str | None = Query(None, description="admins: this user's tokens"),
+    all_users: bool = Query(False, alias="all", description="admins: everyone's tokens"),
+) -> Any:
+    user_id = svc.owner_filter(db, principal, user, all_users=all_users)
+    return [_view(t, owner) for t, owner in svc.list_tokens(db, principal, user_id=user_id)]
 
 
 @router.post("/tokens", status_code=status.HTTP_201_CREATED, response_model=TokenOut)
-def create_token(body: TokenIn, db: DB, principal: CurrentUser) -> Any:
-    """The secret is in the answer once; only its hash is stored."""
+def create_token(body: TokenIn, request: Request, db: DB, principal: CurrentUser) -> Any:
+    """The secret is in the answer once; only its hash is stored. Without `expires_in_days` the
+    token gets the configured default lifetime; more than the configured maximum is refused."""
     if body.user is not None and body.user != principal.name:
         if not principal.is_admin:
             raise Forbidden("only an administrator may create tokens for another user")
@@ -46,7 +53,7 @@ def create_token(body: TokenIn, db: DB, principal: CurrentUser) -> Any:
         found = db.get(User, principal.user_id)
         assert found is not None
         user = found
-    expires = None if body.expires_in_days is None else body.expires_in_days * 86400.0
+    expires = svc.token_lifetime_s(request.app.state.settings, body.expires_in_days)
     token, secret = svc.create_token(db, user, body.name, expires_in_s=expires)
     db.commit()
     return _view(token, user.name, secret)
