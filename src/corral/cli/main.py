@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "corral.cli.platform",  # up, submit, ls, show, logs, cancel, node, group, user, token
     "corral.cli.sim",  # sim, sim compare
     "corral.cli.monitor",  # alert, chaos
+    "corral.cli.admin",  # admin backup/restore/migrate, doctor
 )
 
 

@@ -63,7 +63,7 @@ def bootstrap(settings: Settings, session_factory: Any, url: str) -> None:
 
 def local_url(settings: Settings) -> str:
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
-    return f"http://{host}:{settings.port}"
+    return f"{settings.scheme}://{host}:{settings.port}"
 
 
 def _note_signal(signum: int, _frame: object) -> None:
@@ -93,6 +93,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
     from corral.db.session import init_db, make_engine, make_session_factory
     from corral.engine.factory import make_engine as make_execution_engine
     from corral.monitor.config import config_path, load_monitor_config
+    from corral.ops.files import secure_home, secure_sqlite_file
 
     logging.basicConfig(
         level=os.environ.get("CORRAL_LOG_LEVEL", "INFO"),
@@ -104,7 +105,8 @@ def serve(settings: Settings, demo: bool = False) -> None:
         from corral.server.demo import demo_settings
 
         settings = demo_settings(settings)
-    settings.home.mkdir(parents=True, exist_ok=True)
+    secure_home(settings.home)  # 0700: it holds the admin token and (SQLite) the database
+    secure_sqlite_file(settings.db_url)
     # A bad monitor.yml refuses start-up (naming file and line) before any loop or job runs.
     load_monitor_config(config_path(settings))
     init_db(settings.db_url)
@@ -128,6 +130,8 @@ def serve(settings: Settings, demo: bool = False) -> None:
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=5,
+        ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
+        ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
     )
     server = uvicorn.Server(config)
     # uvicorn re-raises SIGTERM/SIGINT with the previous handler once it has shut down; with the
