@@ -153,3 +153,38 @@ def test_doctor_names_each_missing_piece_and_its_fix(tmp_path: Path) -> None:
     assert checks["home"]["status"] == "ok" and checks["database"]["status"] == "ok"
     assert checks["prometheus"]["status"] == "ok"
     assert checks["sandbox"]["status"] == "ok"  # CI machines run jobs sandboxed
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_shipped_unit_and_settings_match_the_code(tmp_path: Path) -> None:
+    """The unit runs commands the CLI has, and corral.env sets only settings that exist."""
+    from typer.main import get_command
+
+    from corral.cli.main import app
+
+    unit = (REPO / "deploy/systemd/corral.service").read_text()
+    commands = get_command(app).commands  # type: ignore[attr-defined]
+    for line in unit.splitlines():
+        if line.startswith(("ExecStart=", "ExecStartPre=")):
+            argv = line.split("=", 1)[1].split()
+            assert argv[0].endswith("/corral"), line
+            assert argv[1] in commands, f"{line}: no `corral {argv[1]}` command"
+            if argv[1] == "admin":
+                assert argv[2] in commands["admin"].commands, line
+    assert "KillMode=process" in unit  # jobs outlive a server restart (re-adopted)
+    fields = {f"CORRAL_{name.upper()}" for name in Settings.model_fields}
+    env_lines = (REPO / "deploy/systemd/corral.env").read_text().splitlines()
+    names = {
+        ln.lstrip("# ").split("=", 1)[0]
+        for ln in env_lines
+        if "=" in ln and ln.lstrip("# ").startswith("CORRAL_")
+    }
+    unknown = names - fields - {"CORRAL_LOG_LEVEL"}  # read by the server's logging set-up
+    assert not unknown, f"corral.env sets unknown settings: {unknown}"
+    analyze = require_binary("systemd-analyze")
+    result = subprocess.run([analyze, "verify", str(REPO / "deploy/systemd/corral.service")],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    problems = [ln for ln in result.stderr.splitlines() if "is not executable" not in ln and ln.strip()]
+    assert problems == [], problems  # only /opt/corral is absent on a test machine
