@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+from corral.ops.backup import BackupError, restore
+from corral.ops.backup import backup as backup_database
 from tests.pg import PostgresServer
 from tests.server_fixture import start_server, submit_spec, wait_state
 
@@ -74,10 +76,13 @@ def test_online_backup_restores_to_a_server_with_the_same_jobs(
         assert taken.returncode == 0, taken.stderr
         assert stat.S_IMODE(backup.stat().st_mode) == 0o600  # holds password and token hashes
 
-        refused = corral_admin(home, source_url, "restore", str(backup))
-        assert refused.returncode == 1
-        assert "server is running against this database" in refused.stderr
+        database = source_url or f"sqlite:///{home / 'corral.db'}"
+        with pytest.raises(BackupError, match="server is running against this database"):
+            restore(database, backup)
         token = srv.token
+
+    offline = backup_database(database, tmp_path / "offline.backup")  # a stopped server's too
+    assert offline.stat().st_size > 0
 
     restored_home = tmp_path / "b"
     done = corral_admin(restored_home, target_url, "restore", str(backup))

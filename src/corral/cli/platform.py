@@ -612,7 +612,11 @@ def up(
         }.items()
         if v is not None
     }
-    settings = Settings(**overrides)
+    try:
+        settings = Settings(**overrides)
+    except ValueError as exc:  # pydantic's ValidationError: name the setting, no traceback
+        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     from corral.server.run import serve  # lazy: the CLI must not import the server to run `ls`
 
     serve(settings, demo=demo)

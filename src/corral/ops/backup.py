@@ -124,12 +124,13 @@ def restore(url: str, source: Path) -> None:
 def _sqlite_backup(src: Path, dest: Path) -> None:
     if not src.exists():
         raise BackupError(f"SQLite database {src} does not exist")
-    source = sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=30)
+    source = sqlite3.connect(src, timeout=30)
     target = sqlite3.connect(dest)
     try:
-        # Pages in steps: the server's writers get the lock between steps instead of waiting
-        # for the whole copy; SQLite restarts the copy by itself if a writer changed a page.
-        source.backup(target, pages=1024, sleep=0.005)
+        # One step: the copy reads one snapshot under a single read transaction, which in WAL
+        # mode never blocks the server's writers. (Copying in several steps would restart
+        # whenever the server committed in between, and might never finish on a busy server.)
+        source.backup(target)
         target.execute("PRAGMA journal_mode=DELETE")  # one self-contained file
     except sqlite3.Error as exc:
         raise BackupError(f"SQLite backup of {src} failed: {exc}") from exc
