@@ -105,3 +105,40 @@ def test_restore_rejects_files_that_are_not_backups(tmp_path: Path) -> None:
     missing = corral_admin(tmp_path / "home", None, "restore", str(tmp_path / "nope.db"))
     assert missing.returncode == 1 and "does not exist" in missing.stderr
     assert not (tmp_path / "home" / "corral.db").exists()  # nothing half-done
+
+
+def test_postgres_restore_replaces_everything_or_nothing(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    import sqlalchemy as sa
+
+    from corral.db.session import init_db, make_engine
+
+    url = postgres_server.create_database()
+    try:
+        init_db(url)
+        engine = make_engine(url, poolclass=sa.pool.NullPool)
+        with engine.begin() as conn:
+            conn.execute(sa.text("INSERT INTO leases (name, owner, until) VALUES ('old', 'gone', 0)"))
+        dump = backup_database(url, tmp_path / "pg.dump")
+        with engine.begin() as conn:  # after the backup: a row and a table the dump lacks
+            conn.execute(sa.text("INSERT INTO leases (name, owner, until) VALUES ('new', 'gone', 0)"))
+            conn.execute(sa.text("CREATE TABLE added_later (id integer)"))
+
+        broken = tmp_path / "broken.dump"
+        broken.write_bytes(dump.read_bytes()[: len(dump.read_bytes()) // 2])
+        with pytest.raises(BackupError):
+            restore(url, broken)
+        with engine.connect() as conn:  # a failed restore changed nothing
+            names = set(conn.execute(sa.text("SELECT name FROM leases")).scalars())
+            assert names == {"old", "new"}
+            assert sa.inspect(conn).has_table("added_later")
+
+        restore(url, dump)
+        with engine.connect() as conn:
+            assert set(conn.execute(sa.text("SELECT name FROM leases")).scalars()) == {"old"}
+            assert not sa.inspect(conn).has_table("added_later")
+            assert conn.execute(sa.text("SELECT count(*) FROM alembic_version")).scalar() == 1
+        engine.dispose()
+    finally:
+        postgres_server.drop_database(url.rsplit("/", 1)[1])

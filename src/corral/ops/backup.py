@@ -21,6 +21,7 @@ import os
 import shutil
 import sqlite3
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,60 +201,55 @@ def _run_pg(argv: list[str], env: dict[str, str], what: str) -> None:
         argv, env=env, capture_output=True, text=True, timeout=3600, stdin=subprocess.DEVNULL
     )
     if result.returncode != 0:
-        raise BackupError(f"{what} failed (exit {result.returncode}): {result.stderr.strip()}")
+        raise BackupError(f"{what} (exit {result.returncode}) {result.stderr.strip()}")
 
 
 def _pg_dump(url: str, dest: Path) -> None:
     args, env = _pg_args(url)
     _run_pg(
-        [pg_tool("pg_dump"), "--format=custom", "--no-password", "--file", str(dest), *args], env, "pg_dump"
+        [pg_tool("pg_dump"), "--format=custom", "--no-password", "--file", str(dest), *args],
+        env,
+        "pg_dump failed:",
     )
 
 
 def _pg_restore(url: str, source: Path) -> None:
-    """pg_restore's SQL piped into one psql transaction that first empties the public schema:
-    tables a newer schema added (absent from the dump) must go too, or the next `upgrade`
-    would trip over them; and an error anywhere leaves the database as it was."""
+    """Replay the dump with psql in one transaction that first empties the public schema: tables
+    a newer schema added (absent from the dump) must go too, or the next `upgrade` would trip over
+    them. The dump is first converted to SQL in full: pg_restore reading a truncated or corrupt
+    file prints part of it before failing, and psql would commit that part (test_backup.py)."""
     args, env = _pg_args(url)
-    dump = subprocess.Popen(
-        [
-            pg_tool("pg_restore"),
-            "--no-owner",
-            "--no-privileges",
-            "--exit-on-error",
-            "--file",
-            "-",
-            str(source),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-    )
-    assert dump.stdout is not None
-    psql = [
-        pg_tool("psql"),
-        "--no-password",
-        "--quiet",
-        "--single-transaction",
-        "--set",
-        "ON_ERROR_STOP=1",
-        "--command",
-        "DROP SCHEMA IF EXISTS public CASCADE",
-        "--command",
-        "CREATE SCHEMA public",
-        "--file",
-        "-",
-        *args,
-    ]
-    try:
-        applied = subprocess.run(
-            psql, env=env, stdin=dump.stdout, capture_output=True, text=True, timeout=3600
+    with tempfile.TemporaryDirectory(prefix="corral-restore-") as scratch:  # 0700: password hashes
+        sql = Path(scratch) / "restore.sql"
+        _run_pg(
+            [
+                pg_tool("pg_restore"),
+                "--no-owner",
+                "--no-privileges",
+                "--exit-on-error",
+                "--file",
+                str(sql),
+                str(source),
+            ],
+            env,
+            f"pg_restore could not read {source}; nothing changed:",
         )
-    finally:
-        dump.stdout.close()
-        dump_err = dump.stderr.read().decode(errors="replace") if dump.stderr else ""
-        dump_rc = dump.wait(timeout=60)
-    if dump_rc != 0:
-        raise BackupError(f"pg_restore could not read {source} (exit {dump_rc}): {dump_err.strip()}")
-    if applied.returncode != 0:
-        raise BackupError(f"restore into the database failed, nothing changed: {applied.stderr.strip()}")
+        _run_pg(
+            [
+                pg_tool("psql"),
+                "--no-password",
+                "--quiet",
+                "--single-transaction",
+                "--set",
+                "ON_ERROR_STOP=1",
+                "--command",
+                "DROP SCHEMA IF EXISTS public CASCADE",
+                "--command",
+                "CREATE SCHEMA public",
+                "--file",
+                str(sql),
+                *args,
+            ],
+            env,
+            "restore into the database failed; nothing changed:",
+        )
