@@ -132,6 +132,14 @@ def test_doctor_names_each_missing_piece_and_its_fix(tmp_path: Path) -> None:
     assert checks["alertmanager"]["status"] == "skip"
     assert checks["gpus"]["status"] == "ok"  # 1 virtual GPU declared
     assert not (home / "corral.db").exists()  # checking created nothing
+    bad = subprocess.run(
+        [sys.executable, "-m", "corral.cli.main", "doctor"],
+        env={**env, "CORRAL_DATABASE_URL_FILE": str(tmp_path / "nope")},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert (
+        bad.returncode == 2 and "CORRAL_DATABASE_URL_FILE=" in bad.stderr and "cannot read it" in bad.stderr
+    )
 
     migrated = subprocess.run(
         [sys.executable, "-m", "corral.cli.main", "admin", "migrate"],

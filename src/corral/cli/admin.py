@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from corral.cli.platform import Output, OutputOpt
+
+if TYPE_CHECKING:
+    from corral.config import Settings
 
 admin_app = typer.Typer(
     help="Database backup, restore and migration (run on the server host).", no_args_is_help=True
@@ -30,10 +33,19 @@ DatabaseOpt = Annotated[
 ]
 
 
-def _database_url(database_url: str | None) -> str:
+def _settings() -> Settings:
+    """The server's settings; a bad one (e.g. an unreadable CORRAL_*_FILE) is one line, exit 2."""
     from corral.config import Settings
 
-    return database_url or Settings().db_url
+    try:
+        return Settings()
+    except ValueError as exc:
+        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+def _database_url(database_url: str | None) -> str:
+    return database_url or _settings().db_url
 
 
 def _fail(message: str) -> None:
@@ -87,10 +99,9 @@ def migrate(database_url: DatabaseOpt = None) -> None:
 
 def doctor(output: OutputOpt = Output.table) -> None:
     """Check this host for what a Corral server needs; print each missing piece and its fix."""
-    from corral.config import Settings
     from corral.ops.doctor import run_checks
 
-    checks = run_checks(Settings())
+    checks = run_checks(_settings())
     if output == Output.json:
         sys.stdout.write(json.dumps([c.as_dict() for c in checks], indent=2) + "\n")
     else:
