@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from corral.ops.backup import BackupError, restore
+from corral.ops.backup import BackupError, live_servers, restore
 from corral.ops.backup import backup as backup_database
 from tests.pg import PostgresServer
 from tests.server_fixture import start_server, submit_spec, wait_state
@@ -87,6 +87,9 @@ def test_online_backup_restores_to_a_server_with_the_same_jobs(
     restored_home = tmp_path / "b"
     done = corral_admin(restored_home, target_url, "restore", str(backup))
     assert done.returncode == 0, done.stderr
+    restored = target_url or f"sqlite:///{restored_home / 'corral.db'}"
+    # The backed-up server's leases do not come back live, whenever the restore happens.
+    assert live_servers(restored, now=0.0) == []
     with start_server(restored_home, database_url=target_url, token=token) as srv2, srv2.client() as c2:
         after = job_rows(c2)
         assert [r[:2] for r in after] == [r[:2] for r in before]

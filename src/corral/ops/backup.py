@@ -120,6 +120,26 @@ def restore(url: str, source: Path) -> None:
                 f"{source} is not a pg_dump custom-format backup (the database at {url} is PostgreSQL)"
             )
         _pg_restore(url, source)
+    release_leases(url)
+
+
+def release_leases(url: str) -> None:
+    """Expire the leases the backed-up server held when the backup was taken: no server runs on
+    this database now (checked above), and a live-looking lease would make the next server wait
+    for it and `restore` refuse for a few seconds."""
+    engine = make_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            if sa.inspect(conn).has_table("leases"):
+                conn.execute(sa.text("UPDATE leases SET until = 0"))
+            if sa.inspect(conn).has_table("jobs"):
+                conn.execute(
+                    sa.text(
+                        "UPDATE jobs SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS NOT NULL"
+                    )
+                )
+    finally:
+        engine.dispose()
 
 
 def _sqlite_backup(src: Path, dest: Path) -> None:
