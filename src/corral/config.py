@@ -8,18 +8,65 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 
 def default_home() -> Path:
     return Path(os.environ.get("CORRAL_HOME", str(Path.home() / ".corral"))).expanduser()
 
 
+class SecretFileError(ValueError):
+    """A CORRAL_*_FILE variable that cannot be used; the message names the variable and file."""
+
+
+class EnvFileSecrets(PydanticBaseSettingsSource):
+    """`CORRAL_<FIELD>_FILE=/path`: the setting's value is the file's content (trailing newline
+    dropped), so secrets such as the database URL with its password come from a root-only file
+    or a systemd credential instead of the environment, which `ps e` and /proc show. Giving both
+    CORRAL_<FIELD> and CORRAL_<FIELD>_FILE is refused: one of them would be silently ignored."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: dict[str, str] | None = None) -> None:
+        super().__init__(settings_cls)
+        self.environ = dict(os.environ) if environ is None else environ
+        self.prefix = str(settings_cls.model_config.get("env_prefix", ""))
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # everything happens in __call__
+
+    def __call__(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for name in self.settings_cls.model_fields:
+            var = f"{self.prefix}{name}".upper()
+            path = self.environ.get(f"{var}_FILE")
+            if not path:
+                continue
+            if var in self.environ:
+                raise SecretFileError(f"both {var} and {var}_FILE are set: keep one")
+            try:
+                values[name] = Path(path).read_text().removesuffix("\n")
+            except OSError as exc:
+                raise SecretFileError(f"{var}_FILE={path}: cannot read it ({exc.strerror})") from exc
+        return values
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CORRAL_", extra="ignore")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        file_variables = EnvFileSecrets(settings_cls)
+        return (init_settings, env_settings, file_variables, dotenv_settings, file_secret_settings)
 
     home: Path = Field(default_factory=default_home)
     database_url: str | None = None  # default: sqlite under home
@@ -87,6 +134,22 @@ class Settings(BaseSettings):
     # --- /metrics (corral.api.metrics_auth) ------------------------------------------------------
     metrics_token: str | None = None  # bearer token Prometheus must send
     metrics_token_file: Path | None = None  # or read it from this file (first line)
+    # TLS served by uvicorn itself (both or neither); behind a TLS reverse proxy leave them unset.
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    # Checked by `corral doctor` when set (their /-/ready endpoints).
+    prometheus_url: str | None = None
+    alertmanager_url: str | None = None
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Settings:
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("CORRAL_SSL_CERTFILE and CORRAL_SSL_KEYFILE go together: set both or neither")
+        return self
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ssl_certfile else "http"
 
     @property
     def worker_threads(self) -> int:

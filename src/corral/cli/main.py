@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "corral.cli.monitor",  # alert, chaos
     "corral.cli.usage",  # usage
     "corral.cli.security",  # auth lockouts/unlock/sessions/end-session
+    "corral.cli.admin",  # admin backup/restore/migrate, doctor
 )
 
 

@@ -692,6 +692,8 @@ def up(
     virtual_gpus: Annotated[int | None, typer.Option(help="declare N virtual GPUs instead of NVML")] = None,
     gpu_model: Annotated[str | None, typer.Option(help="model name of the virtual GPUs")] = None,
     database_url: Annotated[str | None, typer.Option(help="default: SQLite under $CORRAL_HOME")] = None,
+    ssl_certfile: Annotated[Path | None, typer.Option(help="serve HTTPS with this PEM certificate")] = None,
+    ssl_keyfile: Annotated[Path | None, typer.Option(help="the certificate's private key (PEM)")] = None,
 ) -> None:
     """Start the Corral server (API, control loops and the engine: local by default, CORRAL_ENGINE=slurm)."""
     from corral.config import Settings
@@ -704,10 +706,16 @@ def up(
             "virtual_gpus": virtual_gpus,
             "gpu_model": gpu_model,
             "database_url": database_url,
+            "ssl_certfile": ssl_certfile,
+            "ssl_keyfile": ssl_keyfile,
         }.items()
         if v is not None
     }
-    settings = Settings(**overrides)
+    try:
+        settings = Settings(**overrides)
+    except ValueError as exc:  # pydantic's ValidationError: name the setting, no traceback
+        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     from corral.server.run import serve  # lazy: the CLI must not import the server to run `ls`
 
     serve(settings, demo=demo)

@@ -96,7 +96,7 @@ def bind_listen_socket(host: str, port: int) -> socket.socket:
 
 def local_url(settings: Settings) -> str:
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
-    return f"http://{host}:{settings.port}"
+    return f"{settings.scheme}://{host}:{settings.port}"
 
 
 def _note_signal(signum: int, _frame: object) -> None:
@@ -126,6 +126,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
     from corral.db.session import init_db, make_engine, make_session_factory
     from corral.engine.factory import make_engine as make_execution_engine
     from corral.monitor.config import config_path, load_monitor_config
+    from corral.ops.files import secure_home, secure_sqlite_file
 
     logging.basicConfig(
         level=os.environ.get("CORRAL_LOG_LEVEL", "INFO"),
@@ -142,7 +143,8 @@ def serve(settings: Settings, demo: bool = False) -> None:
     except PortInUse as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1)
-    settings.home.mkdir(parents=True, exist_ok=True)
+    secure_home(settings.home)  # 0700: it holds the admin token and (SQLite) the database
+    secure_sqlite_file(settings.db_url)
     # A bad monitor.yml refuses start-up (naming file and line) before any loop or job runs.
     load_monitor_config(config_path(settings))
     init_db(settings.db_url)
@@ -169,6 +171,8 @@ def serve(settings: Settings, demo: bool = False) -> None:
         lifespan="on",
         timeout_graceful_shutdown=5,
         timeout_keep_alive=settings.api_keep_alive_s,  # idle connections are closed (slow clients)
+        ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
+        ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
     )
     server = uvicorn.Server(config)
     # uvicorn re-raises SIGTERM/SIGINT with the previous handler once it has shut down; with the

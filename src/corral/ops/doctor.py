@@ -1,0 +1,259 @@
+"""`corral doctor`: check a host for what a Corral server needs, each failure with its fix.
+
+Status: ok; warn (works, but not as a multi-user installation should); fail (something required
+is missing: the server would refuse to start or to run jobs); skip (not configured here).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from corral.config import Settings
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_CONTROLLERS = ("cpu", "memory", "pids")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | warn | fail | skip
+    detail: str
+    fix: str | None = None
+
+    def as_dict(self) -> dict[str, str | None]:
+        return asdict(self)
+
+
+def run_checks(settings: Settings, cgroup_root: Path = CGROUP_ROOT) -> list[Check]:
+    checks: list[Callable[[], Check]] = [
+        lambda: check_home(settings),
+        lambda: check_database(settings),
+        lambda: check_sqlite_file(settings),
+        lambda: check_sandbox(settings),
+        lambda: check_cgroups(settings, cgroup_root),
+        lambda: check_gpus(settings),
+        lambda: check_tls(settings),
+        lambda: check_http("prometheus", settings.prometheus_url, "CORRAL_PROMETHEUS_URL"),
+        lambda: check_http("alertmanager", settings.alertmanager_url, "CORRAL_ALERTMANAGER_URL"),
+        lambda: check_slurm(settings),
+    ]
+    results = []
+    for check in checks:
+        try:
+            results.append(check())
+        except Exception as exc:  # one broken probe must not hide the others' answers
+            results.append(Check("doctor", "fail", f"a check crashed: {type(exc).__name__}: {exc}"))
+    return results
+
+
+def check_home(settings: Settings) -> Check:
+    home = settings.home
+    if not home.exists():
+        return Check("home", "fail", f"{home} does not exist", f"install -d -m 700 {home}")
+    if not os.access(home, os.W_OK | os.X_OK):
+        return Check(
+            "home", "fail", f"{home} is not writable by uid {os.geteuid()}", f"chown $(id -u) {home}"
+        )
+    mode = stat.S_IMODE(home.stat().st_mode)
+    if mode & 0o077:
+        return Check(
+            "home",
+            "warn",
+            f"{home} has mode {mode:04o}: other accounts can read the server's files",
+            f"chmod 700 {home}",
+        )
+    return Check("home", "ok", f"{home} (mode {mode:04o})")
+
+
+def _alembic_heads() -> set[str]:
+    from alembic.script import ScriptDirectory
+
+    from corral.db.session import alembic_config
+
+    return set(ScriptDirectory.from_config(alembic_config("sqlite://")).get_heads())
+
+
+def check_database(settings: Settings) -> Check:
+    import sqlalchemy as sa
+
+    from corral.db.session import is_sqlite, make_engine
+    from corral.ops.backup import sqlite_path
+
+    url = settings.db_url
+    shown = sa.engine.make_url(url).render_as_string(hide_password=True)
+    if is_sqlite(url) and not sqlite_path(url).exists():  # connecting would create it
+        return Check("database", "fail", f"{sqlite_path(url)} does not exist", "corral admin migrate")
+    engine = make_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            has_version = sa.inspect(conn).has_table("alembic_version")
+            current = (
+                {r[0] for r in conn.execute(sa.text("SELECT version_num FROM alembic_version"))}
+                if has_version
+                else set()
+            )
+    except Exception as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return Check(
+            "database", "fail", f"{shown} unreachable: {first_line}", "check CORRAL_DATABASE_URL(_FILE)"
+        )
+    finally:
+        engine.dispose()
+    heads = _alembic_heads()
+    if current != heads:
+        have = ", ".join(sorted(current)) or "empty"
+        return Check(
+            "database",
+            "fail",
+            f"{shown} at revision {have}, code expects {', '.join(sorted(heads))}",
+            "corral admin migrate",
+        )
+    return Check("database", "ok", f"{shown} reachable, schema at {', '.join(sorted(heads))}")
+
+
+def check_sqlite_file(settings: Settings) -> Check:
+    from corral.db.session import is_sqlite
+    from corral.ops.backup import sqlite_path
+
+    if not is_sqlite(settings.db_url):
+        return Check("database file", "skip", "PostgreSQL: file modes are the database server's")
+    path = sqlite_path(settings.db_url)
+    if not path.exists():
+        return Check("database file", "skip", f"{path} not created yet")
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        return Check("database file", "warn", f"{path} has mode {mode:04o}", f"chmod 600 {path}*")
+    return Check("database file", "ok", f"{path} (mode {mode:04o}); use PostgreSQL for several users")
+
+
+def check_sandbox(settings: Settings) -> Check:
+    from corral.engine.isolation.sandbox import probe
+
+    if settings.engine != "local":
+        return Check("sandbox", "skip", "Slurm engine: jobs are sandboxed on the Slurm nodes")
+    status = probe()
+    if status.sandbox:
+        return Check("sandbox", "ok", f"bubblewrap {status.bwrap} usable, setpriv {status.setpriv}")
+    problems = [p for p in status.problems if "cgroup" not in p]
+    fixes = []
+    if status.bwrap is None:
+        fixes.append("apt-get install bubblewrap")
+    if status.setpriv is None:
+        fixes.append("apt-get install util-linux")
+    if not status.root:
+        fixes.append("run the server as root (deploy/systemd/corral.service)")
+    required = settings.isolation and not settings.allow_unisolated
+    return Check(
+        "sandbox",
+        "fail" if required else "warn",
+        "; ".join(problems) or status.summary(),
+        "; ".join(fixes) or "allow user namespaces (sysctl kernel.unprivileged_userns_clone=1)",
+    )
+
+
+def check_cgroups(settings: Settings, root: Path) -> Check:
+    if settings.engine != "local":
+        return Check("cgroups", "skip", "Slurm engine: Slurm's cgroup plugin confines jobs")
+    required = settings.isolation and not settings.allow_unisolated
+    controllers_file = root / "cgroup.controllers"
+    if controllers_file.exists():
+        have = set(controllers_file.read_text().split())
+        missing = [c for c in CGROUP_CONTROLLERS if c not in have]
+        if missing:
+            return Check(
+                "cgroups",
+                "fail" if required else "warn",
+                f"cgroup v2 at {root} lacks controllers {', '.join(missing)}",
+                f"echo '+{' +'.join(missing)}' > {root}/cgroup.subtree_control (or Delegate=yes in the unit)",
+            )
+        return Check(
+            "cgroups", "ok", f"cgroup v2, controllers {' '.join(sorted(have & set(CGROUP_CONTROLLERS)))}"
+        )
+    v1 = [c for c in CGROUP_CONTROLLERS if (root / c).is_dir()]
+    if len(v1) == len(CGROUP_CONTROLLERS):
+        devices = ", devices" if (root / "devices").is_dir() else " (no devices controller)"
+        return Check("cgroups", "ok", f"cgroup v1: {', '.join(v1)}{devices}")
+    return Check(
+        "cgroups",
+        "fail" if required else "warn",
+        f"no cgroup v2 hierarchy and cgroup v1 has only {', '.join(v1) or 'nothing'} at {root}",
+        "boot with systemd.unified_cgroup_hierarchy=1 (or mount cgroup2 at /sys/fs/cgroup)",
+    )
+
+
+def check_gpus(settings: Settings) -> Check:
+    from corral.engine.gpus import discover_gpus
+
+    if settings.engine != "local":
+        return Check("gpus", "skip", "Slurm engine: GPUs come from Slurm's gres")
+    if settings.virtual_gpus is not None:
+        return Check("gpus", "ok", f"{settings.virtual_gpus} virtual GPUs declared (CORRAL_VIRTUAL_GPUS)")
+    inventory = discover_gpus(settings.node_name, settings.home, None)
+    if inventory.gpus:
+        models = sorted({g.model for g in inventory.gpus})
+        return Check("gpus", "ok", f"{len(inventory.gpus)} GPUs via NVML ({', '.join(models)})")
+    return Check(
+        "gpus",
+        "warn",
+        inventory.message or "NVML found no GPUs: this node runs CPU jobs only",
+        "install the NVIDIA driver (nvidia-smi must work), or set CORRAL_VIRTUAL_GPUS=N to try Corral",
+    )
+
+
+def check_tls(settings: Settings) -> Check:
+    if settings.ssl_certfile is None or settings.ssl_keyfile is None:
+        exposed = settings.host not in ("127.0.0.1", "::1", "localhost")
+        return Check(
+            "tls",
+            "warn" if exposed else "ok",
+            f"plain HTTP on {settings.host}:{settings.port}"
+            + (": tokens cross the network in clear" if exposed else " (loopback; TLS at the proxy)"),
+            "set CORRAL_SSL_CERTFILE/CORRAL_SSL_KEYFILE or bind 127.0.0.1 behind nginx" if exposed else None,
+        )
+    unreadable = [str(p) for p in (settings.ssl_certfile, settings.ssl_keyfile) if not os.access(p, os.R_OK)]
+    if unreadable:
+        return Check("tls", "fail", f"cannot read {', '.join(unreadable)}", "check the paths and modes")
+    return Check("tls", "ok", f"uvicorn serves TLS with {settings.ssl_certfile}")
+
+
+def check_http(name: str, url: str | None, variable: str) -> Check:
+    import httpx
+
+    if not url:
+        return Check(name, "skip", f"not configured ({variable})")
+    probe = url.rstrip("/") + "/-/ready"
+    try:
+        r = httpx.get(probe, timeout=5.0)
+    except httpx.HTTPError as exc:
+        return Check(name, "fail", f"{probe} unreachable: {exc}", f"systemctl start {name}; check {variable}")
+    if r.status_code != 200:
+        return Check(name, "fail", f"{probe} answered {r.status_code}", f"journalctl -u {name}")
+    return Check(name, "ok", f"{probe} ready")
+
+
+def check_slurm(settings: Settings) -> Check:
+    if settings.engine != "slurm":
+        return Check("slurm", "skip", "local engine")
+    missing = [t for t in ("sbatch", "squeue", "sinfo", "scancel", "scontrol") if shutil.which(t) is None]
+    if missing:
+        return Check("slurm", "fail", f"{', '.join(missing)} not on PATH", "apt-get install slurm-client")
+    try:
+        r = subprocess.run(["sinfo", "--noheader", "-o", "%P"], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        return Check("slurm", "fail", "sinfo timed out", "systemctl status slurmctld")
+    if r.returncode != 0 or not r.stdout.strip():
+        detail = r.stderr.strip() or "sinfo lists no partition"
+        return Check(
+            "slurm",
+            "fail",
+            f"slurmctld not answering: {detail}",
+            "systemctl status slurmctld; check SLURM_CONF",
+        )
+    return Check("slurm", "ok", f"partitions: {' '.join(r.stdout.split())}")

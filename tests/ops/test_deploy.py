@@ -1,0 +1,198 @@
+"""Deployment pieces with real processes: TLS served by the server itself (a self-signed
+certificate made with openssl), a fresh home created 0700 with its SQLite file 0600, secrets read
+from CORRAL_*_FILE, and `corral doctor` against a real Prometheus."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import ssl
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from corral.config import SecretFileError, Settings
+from tests.monitor.test_e2e_alerting import daemon
+from tests.server_fixture import wait_for
+from tests.support import free_port, require_binary
+
+
+def self_signed_cert(where: Path) -> tuple[Path, Path]:
+    cert, key = where / "cert.pem", where / "key.pem"
+    subprocess.run(
+        [require_binary("openssl"), "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=corral-test", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return cert, key
+
+
+def clean_env(home: Path, **settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env.update({"CORRAL_HOME": str(home), "CORRAL_VIRTUAL_GPUS": "1", "CORRAL_NODE_NAME": "local"})
+    env.update({f"CORRAL_{k.upper()}": v for k, v in settings.items()})
+    return env
+
+
+def test_tls_server_and_private_home(tmp_path: Path) -> None:
+    cert, key = self_signed_cert(tmp_path)
+    home = tmp_path / "fresh" / "home"  # neither exists: the server creates them
+    port = free_port()
+    log = tmp_path / "server.log"
+    env = clean_env(home, ssl_certfile=str(cert), ssl_keyfile=str(key))
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "corral.server", "--host", "127.0.0.1", "--port", str(port)],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        token = wait_for(
+            lambda: (m := re.search(r"Admin token \(shown once\): (\S+)", log.read_text())) and m.group(1),
+            60,
+            what="the admin token",
+        )
+        url = f"https://127.0.0.1:{port}"
+        trust = ssl.create_default_context(cafile=str(cert))
+
+        def answers() -> httpx.Response | None:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            try:
+                return httpx.get(
+                    f"{url}/api/v1/nodes", headers={"Authorization": f"Bearer {token}"}, verify=trust
+                )
+            except httpx.ConnectError:
+                return None
+
+        r = wait_for(answers, 60, what="the HTTPS API")
+        assert r.status_code == 200, r.text
+        with pytest.raises(httpx.ConnectError):  # an unknown certificate is refused by a client
+            httpx.get(f"{url}/api/v1/nodes", timeout=5)
+        with pytest.raises(httpx.HTTPError):  # and plain HTTP gets no API
+            httpx.get(f"http://127.0.0.1:{port}/api/v1/nodes", timeout=5)
+        assert f"Corral is up at {url}" in log.read_text()
+        config = (home / "config.yaml").read_text()
+        assert f"url: {url}" in config
+
+        assert stat.S_IMODE(home.stat().st_mode) == 0o700
+        for name in ("corral.db", "corral.db-wal", "config.yaml"):
+            assert stat.S_IMODE((home / name).stat().st_mode) == 0o600, name
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+
+
+def test_settings_read_secrets_from_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in [v for v in os.environ if v.startswith("CORRAL_")]:
+        monkeypatch.delenv(var)
+    secret = tmp_path / "db_url"
+    secret.write_text("postgresql://corral:s3cret@db/corral\n")
+    monkeypatch.setenv("CORRAL_DATABASE_URL_FILE", str(secret))
+    assert Settings().database_url == "postgresql://corral:s3cret@db/corral"
+
+    monkeypatch.setenv("CORRAL_DATABASE_URL", "sqlite:///x.db")
+    with pytest.raises(SecretFileError, match="both CORRAL_DATABASE_URL and CORRAL_DATABASE_URL_FILE"):
+        Settings()
+    monkeypatch.delenv("CORRAL_DATABASE_URL")
+    monkeypatch.setenv("CORRAL_DATABASE_URL_FILE", str(tmp_path / "missing"))
+    with pytest.raises(SecretFileError, match=r"CORRAL_DATABASE_URL_FILE=.*missing: cannot read it"):
+        Settings()
+    monkeypatch.setenv("CORRAL_PORT_FILE", str(secret))  # read, then validated like the variable
+    monkeypatch.delenv("CORRAL_DATABASE_URL_FILE")
+    with pytest.raises(ValueError, match="port"):
+        Settings()
+
+
+def doctor(env: dict[str, str]) -> tuple[int, dict[str, dict[str, Any]]]:
+    r = subprocess.run(
+        [sys.executable, "-m", "corral.cli.main", "doctor", "-o", "json"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return r.returncode, {c["name"]: c for c in json.loads(r.stdout)}
+
+
+def test_doctor_names_each_missing_piece_and_its_fix(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o755)
+    os.chmod(home, 0o755)
+    closed = free_port()
+    env = clean_env(home, prometheus_url=f"http://127.0.0.1:{closed}")
+    code, checks = doctor(env)
+    assert code == 1
+    assert checks["home"]["status"] == "warn" and checks["home"]["fix"] == f"chmod 700 {home}"
+    assert checks["database"]["status"] == "fail" and checks["database"]["fix"] == "corral admin migrate"
+    assert checks["prometheus"]["status"] == "fail" and "unreachable" in checks["prometheus"]["detail"]
+    assert checks["alertmanager"]["status"] == "skip"
+    assert checks["gpus"]["status"] == "ok"  # 1 virtual GPU declared
+    assert not (home / "corral.db").exists()  # checking created nothing
+    bad = subprocess.run(
+        [sys.executable, "-m", "corral.cli.main", "doctor"],
+        env={**env, "CORRAL_DATABASE_URL_FILE": str(tmp_path / "nope")},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert (
+        bad.returncode == 2 and "CORRAL_DATABASE_URL_FILE=" in bad.stderr and "cannot read it" in bad.stderr
+    )
+
+    migrated = subprocess.run(
+        [sys.executable, "-m", "corral.cli.main", "admin", "migrate"],
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
+    assert migrated.returncode == 0, migrated.stderr
+    assert stat.S_IMODE((home / "corral.db").stat().st_mode) == 0o600
+    os.chmod(home, 0o700)
+    prometheus, port = require_binary("prometheus"), free_port()
+    (tmp_path / "prom.yml").write_text("global: {}\n")
+    argv = [prometheus, f"--config.file={tmp_path / 'prom.yml'}", f"--web.listen-address=127.0.0.1:{port}",
+            f"--storage.tsdb.path={tmp_path / 'prom-data'}"]  # fmt: skip
+    with daemon(argv, tmp_path / "prom.log", f"http://127.0.0.1:{port}/-/ready"):
+        code, checks = doctor(clean_env(home, prometheus_url=f"http://127.0.0.1:{port}"))
+    failing = {k: v for k, v in checks.items() if v["status"] == "fail"}
+    assert code == 0, failing
+    assert checks["home"]["status"] == "ok" and checks["database"]["status"] == "ok"
+    assert checks["prometheus"]["status"] == "ok"
+    assert checks["sandbox"]["status"] == "ok"  # CI machines run jobs sandboxed
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_shipped_unit_and_settings_match_the_code(tmp_path: Path) -> None:
+    """The unit runs commands the CLI has, and corral.env sets only settings that exist."""
+    from typer.main import get_command
+
+    from corral.cli.main import app
+
+    unit = (REPO / "deploy/systemd/corral.service").read_text()
+    commands = get_command(app).commands  # type: ignore[attr-defined]
+    for line in unit.splitlines():
+        if line.startswith(("ExecStart=", "ExecStartPre=")):
+            argv = line.split("=", 1)[1].split()
+            assert argv[0].endswith("/corral"), line
+            assert argv[1] in commands, f"{line}: no `corral {argv[1]}` command"
+            if argv[1] == "admin":
+                assert argv[2] in commands["admin"].commands, line
+    assert "KillMode=process" in unit  # jobs outlive a server restart (re-adopted)
+    fields = {f"CORRAL_{name.upper()}" for name in Settings.model_fields}
+    env_lines = (REPO / "deploy/systemd/corral.env").read_text().splitlines()
+    names = {
+        ln.lstrip("# ").split("=", 1)[0]
+        for ln in env_lines
+        if "=" in ln and ln.lstrip("# ").startswith("CORRAL_")
+    }
+    unknown = names - fields - {"CORRAL_LOG_LEVEL"}  # read by the server's logging set-up
+    assert not unknown, f"corral.env sets unknown settings: {unknown}"
+    analyze = require_binary("systemd-analyze")
+    result = subprocess.run([analyze, "verify", str(REPO / "deploy/systemd/corral.service")],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    problems = [ln for ln in result.stderr.splitlines() if "is not executable" not in ln and ln.strip()]
+    assert problems == [], problems  # only /opt/corral is absent on a test machine
