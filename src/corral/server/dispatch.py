@@ -143,6 +143,33 @@ def claim_jobs(session: Session, ids: list[int], owner: str, now: float) -> set[
     return {int(r[0]) for r in rows}
 
 
+def stop_claimed_before(
+    ctx: ServerContext, cancelled: list[Job], attempts: Mapping[int, Attempt], now: float
+) -> set[int]:
+    """The cancelled scheduled jobs among `cancelled` that may be settled CANCELLED now. A job
+    claimed before (a row lease, even an expired one) may have been launched by a server that
+    died before recording it: its attempt is stopped through the engine first (at once, it never
+    started as far as Corral knows), before any write, so no process runs on after CANCELLED. A
+    job whose lease another server holds is left to that server."""
+    ready: set[int] = set()
+    for job in cancelled:
+        attempt = attempts.get(job.id)
+        if attempt is None:
+            continue
+        if job.lease_owner is None:  # never claimed, so never launched
+            ready.add(job.id)
+            continue
+        if job.lease_owner != ctx.owner_id and (job.lease_until or 0.0) >= now:
+            continue
+        try:
+            ctx.engine.stop(attempt.attempt_id, 0.0)
+        except EngineUnavailable as exc:
+            log.warning("engine unavailable, cancelled job %s stays scheduled: %s", job.id, exc)
+            continue
+        ready.add(job.id)
+    return ready
+
+
 def prepare_launches(
     ctx: ServerContext, session: Session, now: float, skip: set[int] | None = None
 ) -> list[AttemptLaunch]:
@@ -164,9 +191,10 @@ def prepare_launches(
         for j in jobs
         if j.id in attempts and not j.cancel_requested
     }
+    stopped = stop_claimed_before(ctx, [j for j in jobs if j.cancel_requested], attempts, now)
     claimed = claim_jobs(session, [j.id for j in jobs], ctx.owner_id, now)
     for job in jobs:
-        if job.id in claimed and job.cancel_requested and job.id in attempts:
+        if job.id in claimed and job.cancel_requested and job.id in stopped:
             if not transition(
                 session, job, JobState.CANCELLED, now=now, message="cancelled before it started"
             ):
