@@ -237,8 +237,34 @@ def _record_launch(
         ctx.engine.stop(attempt_id, 0.0)
 
 
+def renew_claim(ctx: ServerContext, job_id: int, now: float) -> bool:
+    """Right before the engine call: renew this server's row lease on the job, if it still holds
+    it and the job is still scheduled and not cancelled. A launch that waited in the pool longer
+    than the lease (a stalled server) must not start a process for a job another server has
+    meanwhile claimed or settled (and whose GPUs it may have given to another job)."""
+    with ctx.session_factory() as session:
+        renewed = session.execute(
+            update(Job)
+            .where(
+                Job.id == job_id,
+                Job.state == JobState.SCHEDULED.value,
+                Job.cancel_requested.is_(False),
+                Job.lease_owner == ctx.owner_id,
+                Job.lease_until >= now,
+            )
+            .values(lease_until=now + JOB_LEASE_TTL_S)
+            .execution_options(synchronize_session=False)
+        )
+        session.commit()
+    return renewed.rowcount == 1
+
+
 def _launch(ctx: ServerContext, launch: AttemptLaunch) -> Launched | None:
-    """Call the engine (outside any transaction); None when the engine is unreachable."""
+    """Call the engine (outside any transaction); None when the engine is unreachable or the job
+    is no longer this server's to launch (it stays as it is; the next dispatch tick decides)."""
+    if not renew_claim(ctx, int(launch.job_id), time.time()):
+        log.info("job %s is no longer ours to launch (lease lost, settled or cancelled)", launch.job_id)
+        return None
     try:
         return int(launch.job_id), launch.attempt_id, ctx.engine.launch(launch), None
     except EngineUnavailable as exc:
@@ -305,7 +331,7 @@ def _submit(ctx: ServerContext, queue: LaunchQueue, launch: AttemptLaunch) -> No
         with queue.lock:
             if result is not None:
                 queue.done.append(result)
-            else:  # engine unavailable: the job stays scheduled and is tried again
+            else:  # engine unavailable or claim lost: the job stays as it is, tried again
                 queue.in_flight.discard(int(launch.job_id))
             last = queue.in_flight <= {r[0] for r in queue.done}
         if last:  # record a burst of launches in one transaction, not one each
