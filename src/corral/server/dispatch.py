@@ -243,7 +243,7 @@ def renew_claim(ctx: ServerContext, job_id: int, now: float) -> bool:
     than the lease (a stalled server) must not start a process for a job another server has
     meanwhile claimed or settled (and whose GPUs it may have given to another job)."""
     with ctx.session_factory() as session:
-        renewed = session.execute(
+        renewed = session.connection().execute(
             update(Job)
             .where(
                 Job.id == job_id,
@@ -253,7 +253,6 @@ def renew_claim(ctx: ServerContext, job_id: int, now: float) -> bool:
                 Job.lease_until >= now,
             )
             .values(lease_until=now + JOB_LEASE_TTL_S)
-            .execution_options(synchronize_session=False)
         )
         session.commit()
     return renewed.rowcount == 1
