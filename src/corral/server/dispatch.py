@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from sqlalchemy import or_, select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, selectinload
 
 from corral.db.models import Attempt, Job, Node
@@ -264,7 +265,12 @@ def renew_claim(ctx: ServerContext, job_id: int, now: float) -> bool:
 def _launch(ctx: ServerContext, launch: AttemptLaunch) -> Launched | None:
     """Call the engine (outside any transaction); None when the engine is unreachable or the job
     is no longer this server's to launch (it stays as it is; the next dispatch tick decides)."""
-    if not renew_claim(ctx, int(launch.job_id), time.time()):
+    try:
+        ours = renew_claim(ctx, int(launch.job_id), time.time())
+    except SQLAlchemyError:  # e.g. the database busy: the job stays scheduled, tried again
+        log.exception("could not renew the claim on job %s before launching it", launch.job_id)
+        return None
+    if not ours:
         log.info("job %s is no longer ours to launch (lease lost, settled or cancelled)", launch.job_id)
         return None
     try:
