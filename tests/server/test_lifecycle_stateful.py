@@ -188,6 +188,21 @@ SEQUENCES: dict[str, list[tuple[str, tuple[object, ...]]]] = {
         ("advance", (11.0,)),
         ("cycle", (1,)),
     ],
+    # a live but stalled server's launch waits in its pool past the job's row lease; the job is
+    # cancelled and the other server settles it and frees its GPUs; the stale launch then starts
+    # the process on GPUs the scheduler gives to the next job (found by the bench, seed 11)
+    "stale_launch_after_lease_expired": [
+        ("attempt_ends", ("exit0", 0, 0)),
+        ("submit", ("a", 4, "normal", True, 0)),
+        ("tick", (0, "schedule")),
+        ("tick", (0, "dispatch")),
+        ("cancel", (1,)),
+        ("advance", (11.0,)),
+        ("tick", (1, "dispatch")),
+        ("launch", (0,)),
+        ("submit", ("a", 4, "normal", True, 0)),
+        ("tick", (1, "schedule")),
+    ],
 }
 
 

@@ -4,6 +4,9 @@ Each job is claimed with its row lease before the engine is called, and the engi
 outside any transaction (SQLite would otherwise hold its write lock across a process start). A
 crash between launch and commit leaves the job SCHEDULED; the next dispatch launches the same
 attempt id again, which the engine treats as the same launch (idempotent), so nothing starts twice.
+If such a job is cancelled meanwhile, its attempt is stopped through the engine before the job is
+settled CANCELLED; and a launch renews the job's lease right before the engine call, so a launch
+that outlived its lease on a stalled server does not start anything.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from sqlalchemy import or_, select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, selectinload
 
 from corral.db.models import Attempt, Job, Node
@@ -143,6 +147,33 @@ def claim_jobs(session: Session, ids: list[int], owner: str, now: float) -> set[
     return {int(r[0]) for r in rows}
 
 
+def stop_claimed_before(
+    ctx: ServerContext, cancelled: list[Job], attempts: Mapping[int, Attempt], now: float
+) -> set[int]:
+    """The cancelled scheduled jobs among `cancelled` that may be settled CANCELLED now. A job
+    claimed before (a row lease, even an expired one) may have been launched by a server that
+    died before recording it: its attempt is stopped through the engine first (at once, it never
+    started as far as Corral knows), before any write, so no process runs on after CANCELLED. A
+    job whose lease another server holds is left to that server."""
+    ready: set[int] = set()
+    for job in cancelled:
+        attempt = attempts.get(job.id)
+        if attempt is None:
+            continue
+        if job.lease_owner is None:  # never claimed, so never launched
+            ready.add(job.id)
+            continue
+        if job.lease_owner != ctx.owner_id and (job.lease_until or 0.0) >= now:
+            continue
+        try:
+            ctx.engine.stop(attempt.attempt_id, 0.0)
+        except EngineUnavailable as exc:
+            log.warning("engine unavailable, cancelled job %s stays scheduled: %s", job.id, exc)
+            continue
+        ready.add(job.id)
+    return ready
+
+
 def prepare_launches(
     ctx: ServerContext, session: Session, now: float, skip: set[int] | None = None
 ) -> list[AttemptLaunch]:
@@ -164,9 +195,10 @@ def prepare_launches(
         for j in jobs
         if j.id in attempts and not j.cancel_requested
     }
+    stopped = stop_claimed_before(ctx, [j for j in jobs if j.cancel_requested], attempts, now)
     claimed = claim_jobs(session, [j.id for j in jobs], ctx.owner_id, now)
     for job in jobs:
-        if job.id in claimed and job.cancel_requested and job.id in attempts:
+        if job.id in claimed and job.cancel_requested and job.id in stopped:
             if not transition(
                 session, job, JobState.CANCELLED, now=now, message="cancelled before it started"
             ):
@@ -209,8 +241,38 @@ def _record_launch(
         ctx.engine.stop(attempt_id, 0.0)
 
 
+def renew_claim(ctx: ServerContext, job_id: int, now: float) -> bool:
+    """Right before the engine call: renew this server's row lease on the job, if it still holds
+    it and the job is still scheduled and not cancelled. A launch that waited in the pool longer
+    than the lease (a stalled server) must not start a process for a job another server has
+    meanwhile claimed or settled (and whose GPUs it may have given to another job)."""
+    with ctx.session_factory() as session:
+        renewed = session.connection().execute(
+            update(Job)
+            .where(
+                Job.id == job_id,
+                Job.state == JobState.SCHEDULED.value,
+                Job.cancel_requested.is_(False),
+                Job.lease_owner == ctx.owner_id,
+                Job.lease_until >= now,
+            )
+            .values(lease_until=now + JOB_LEASE_TTL_S)
+        )
+        session.commit()
+    return renewed.rowcount == 1
+
+
 def _launch(ctx: ServerContext, launch: AttemptLaunch) -> Launched | None:
-    """Call the engine (outside any transaction); None when the engine is unreachable."""
+    """Call the engine (outside any transaction); None when the engine is unreachable or the job
+    is no longer this server's to launch (it stays as it is; the next dispatch tick decides)."""
+    try:
+        ours = renew_claim(ctx, int(launch.job_id), time.time())
+    except SQLAlchemyError:  # e.g. the database busy: the job stays scheduled, tried again
+        log.exception("could not renew the claim on job %s before launching it", launch.job_id)
+        return None
+    if not ours:
+        log.info("job %s is no longer ours to launch (lease lost, settled or cancelled)", launch.job_id)
+        return None
     try:
         return int(launch.job_id), launch.attempt_id, ctx.engine.launch(launch), None
     except EngineUnavailable as exc:
@@ -277,7 +339,7 @@ def _submit(ctx: ServerContext, queue: LaunchQueue, launch: AttemptLaunch) -> No
         with queue.lock:
             if result is not None:
                 queue.done.append(result)
-            else:  # engine unavailable: the job stays scheduled and is tried again
+            else:  # engine unavailable or claim lost: the job stays as it is, tried again
                 queue.in_flight.discard(int(launch.job_id))
             last = queue.in_flight <= {r[0] for r in queue.done}
         if last:  # record a burst of launches in one transaction, not one each

@@ -119,6 +119,11 @@ def send_stops(ctx: ServerContext, rows: list[LiveRow]) -> None:
         session.commit()
 
 
+def _still_runs(status: AttemptStatus | None) -> bool:
+    """Not seen ended by the engine (no status: stop it anyway, a stop is idempotent)."""
+    return status is None or status.phase in (AttemptPhase.PENDING, AttemptPhase.RUNNING)
+
+
 def _changes(row: LiveRow, status: AttemptStatus | None) -> bool:
     if status is None or status.phase is AttemptPhase.PENDING:
         return False
@@ -231,8 +236,11 @@ def reconcile_tick(ctx: ServerContext, now: float) -> None:
     if not rows:
         return
     try:
-        send_stops(ctx, rows)
+        # Poll first, then stop only what still runs: a stop sent to an attempt that has already
+        # exited would stamp `stop_requested_at` after its end, and an exit 0 that came before any
+        # stop would be read as the job answering the stop (requeued, run twice) instead of SUCCEEDED.
         statuses = ctx.engine.poll([r.attempt_id for r in rows])
+        send_stops(ctx, [r for r in rows if _still_runs(statuses.get(r.attempt_id))])
     except EngineUnavailable as exc:
         log.warning("engine unavailable; keeping job states as they are: %s", exc)
         return
