@@ -41,12 +41,12 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, cast
 
 from sqlalchemy import Table, Update, bindparam, insert, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
+from corral.db.base import table_of
 from corral.db.models import Attempt, Gpu, Job, JobEvent, Node
 from corral.scheduler.types import NodeState
 
@@ -147,10 +147,10 @@ def can_transition(current: JobState, target: JobState) -> bool:
     return target in JOB_TRANSITIONS[current]
 
 
-JOBS = cast(Table, Job.__table__)
-ATTEMPTS = cast(Table, Attempt.__table__)
-NODES = cast(Table, Node.__table__)
-GPUS = cast(Table, Gpu.__table__)
+JOBS = table_of(Job)
+ATTEMPTS = table_of(Attempt)
+NODES = table_of(Node)
+GPUS = table_of(Gpu)
 
 
 @functools.cache
@@ -170,12 +170,12 @@ def _cas_statement(
 
 def _compare_and_set(
     session: Session,
-    obj: Any,
+    obj: Job | Attempt | Node | Gpu,
     table: Table,
-    keys: Mapping[str, Any],
+    keys: Mapping[str, object],
     column: str,
     expected: str,
-    values: Mapping[str, Any],
+    values: Mapping[str, object],
     not_cancelled: bool = False,
 ) -> bool:
     """The one UPDATE ... WHERE key AND <column> = :expected. True when the row was written."""
@@ -201,7 +201,7 @@ def transition(
     *,
     now: float,
     message: str = "",
-    values: Mapping[str, Any] | None = None,
+    values: Mapping[str, object] | None = None,
     not_cancelled: bool = False,
 ) -> bool:
     """Move `job` from the state its copy shows to `target` (compare-and-set), with `values` (other
@@ -212,7 +212,7 @@ def transition(
     current = JobState(job.state)
     if not can_transition(current, target):
         raise InvalidTransition(job.id, current.value, target.value)
-    columns: dict[str, Any] = {"state": target.value, "updated_at": now, **(values or {})}
+    columns: dict[str, object] = {"state": target.value, "updated_at": now, **(values or {})}
     if target.terminal:
         columns["finished_at"] = now
         columns.update(_no_diagnosis(job))
@@ -225,7 +225,7 @@ def transition(
     return True
 
 
-def _no_diagnosis(job: Job) -> dict[str, Any]:
+def _no_diagnosis(job: Job) -> dict[str, object]:
     """Clear a waiting job's "why pending" only when it has one: a JSON column written with None
     stores JSON `null`, which the ORM (which writes only changes) never did for an empty one."""
     return {} if job.diagnosis is None else {"diagnosis": None}
@@ -356,7 +356,7 @@ def settle_attempt_end(
 
 
 def move_attempt(
-    session: Session, attempt: Attempt, target: AttemptState, values: Mapping[str, Any] | None = None
+    session: Session, attempt: Attempt, target: AttemptState, values: Mapping[str, object] | None = None
 ) -> bool:
     """Compare-and-set of `attempt` from the state its copy shows to `target` (with `values`)."""
     current = AttemptState(attempt.state)
@@ -369,7 +369,7 @@ def move_attempt(
 def move_node(session: Session, node: Node, target: NodeState, *, message: str | None = None) -> bool:
     """Compare-and-set of `node`'s effective state (and message). A node already in `target` is
     left as it is (True, no write): the node loop recomputes every node's state every tick."""
-    values: dict[str, Any] = {} if message is None or message == node.message else {"message": message}
+    values: dict[str, str] = {} if message is None or message == node.message else {"message": message}
     if node.state == target.value:
         if values:  # same state, new text: a plain column, not guarded
             node.message = values["message"]
@@ -392,7 +392,7 @@ def move_gpu(session: Session, gpu: Gpu, target: GpuHealth) -> bool:
 
 # -- events --------------------------------------------------------------------------------------
 
-INSERT_EVENT = insert(cast(Table, JobEvent.__table__))
+INSERT_EVENT = insert(table_of(JobEvent))
 
 
 def record_event(
