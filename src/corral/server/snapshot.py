@@ -297,7 +297,7 @@ def read_cluster_state(session: Session) -> ClusterState:
     live_job = Job.state.in_([s.value for s in LIVE_JOB_STATES])
     # SQLAlchemy types selects of up to 10 columns: this one's 17 are named by _JobRow instead.
     rows = session.execute(
-        select(*_JOB_COLUMNS, *_ATTEMPT_COLUMNS, Attempt.id)
+        select(*_JOB_COLUMNS, *_ATTEMPT_COLUMNS, Attempt.id.label("attempt_id"))
         .outerjoin(
             Attempt,
             and_(
