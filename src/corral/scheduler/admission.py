@@ -21,7 +21,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import groupby
 from operator import attrgetter
-from typing import Any
 
 from corral.scheduler.cluster import RunningTotals
 from corral.scheduler.types import ANY_MODEL, Group, Job, Reason, RunningJob, Usage
@@ -273,10 +272,14 @@ class ResourceQuota:
         return out
 
 
+# A sort key of numbers (bools and ints count as floats) ending in the job id: (submit time, id)...
+OrderKey = tuple[float | str, ...]
+
+
 class OrderedQueue:
     """A fixed order (fifo, sjf, las); `key` sorts jobs into it."""
 
-    def __init__(self, jobs: list[Job], key: Callable[[Job], Any]) -> None:
+    def __init__(self, jobs: list[Job], key: Callable[[Job], OrderKey]) -> None:
         self.key = key
         self._jobs = deque(sorted(jobs, key=key))
         self.cpu_ids = {j.id for j in jobs if cpu_only(j)}

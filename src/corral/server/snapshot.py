@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import NamedTuple, cast
 
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session, selectinload
@@ -200,12 +200,35 @@ _ATTEMPT_COLUMNS = (
 )
 
 
-def _job_record(row: Any, names: Mapping[int, str], groups: Mapping[int, str], live: bool) -> JobRecord:
+class _JobRow(NamedTuple):
+    """A row of read_cluster_state's select: _JOB_COLUMNS, _ATTEMPT_COLUMNS (None for a job
+    without a live attempt: outer join) and Attempt.id."""
+
+    id: int
+    user_id: int
+    group_id: int
+    priority: int
+    preemptible: bool
+    spec: JobSpecV1
+    submitted_at: float
+    runtime_estimate_s: float | None
+    attained_gpu_seconds: float
+    state: str
+    updated_at: float
+    placement: Placement | None
+    started_at: float | None
+    created_at: float | None
+    borrowed: bool | None
+    stop_grace_s: float | None
+    attempt_id: int | None
+
+
+def _job_record(row: _JobRow, names: Mapping[int, str], groups: Mapping[int, str], live: bool) -> JobRecord:
     """From a row of _JOB_COLUMNS (+ _ATTEMPT_COLUMNS when `live`): plain columns, no ORM objects,
     because this runs every schedule cycle for every waiting and running job."""
     job_id, user_id, group_id, priority, preemptible, spec, submitted, estimate, attained = row[:9]
     state, updated = row[9:11]
-    placement, started, created, borrowed, grace = row[11:] if live else ((), None, None, False, None)
+    placement, started, created, borrowed, grace = row[11:16] if live else ((), None, None, False, None)
     # PREEMPTED: the schedule loop entered it at `updated_at` and gave the attempt `stop_grace_s`.
     stopping = live and state == JobState.PREEMPTED.value
     stops_by = updated + (grace or 0.0) if stopping else None
@@ -272,8 +295,9 @@ def read_cluster_state(session: Session) -> ClusterState:
     group_names = {g.id: g.name for g in groups}
     user_names: dict[int, str] = {row[0]: row[1] for row in session.execute(select(User.id, User.name))}
     live_job = Job.state.in_([s.value for s in LIVE_JOB_STATES])
-    jobs = session.execute(
-        select(*_JOB_COLUMNS, *_ATTEMPT_COLUMNS, Attempt.id)
+    # SQLAlchemy types selects of up to 10 columns: this one's 17 are named by _JobRow instead.
+    rows = session.execute(
+        select(*_JOB_COLUMNS, *_ATTEMPT_COLUMNS, Attempt.id.label("attempt_id"))
         .outerjoin(
             Attempt,
             and_(
@@ -284,8 +308,9 @@ def read_cluster_state(session: Session) -> ClusterState:
         )
         .where(or_(and_(Job.state == JobState.QUEUED.value, Job.cancel_requested.is_(False)), live_job))
     ).all()
+    jobs = cast("Sequence[_JobRow]", rows)
     queued = [row for row in jobs if row.state == JobState.QUEUED.value]
-    live = [row[:-1] for row in jobs if row.state != JobState.QUEUED.value and row[-1] is not None]
+    live = [row for row in jobs if row.state != JobState.QUEUED.value and row.attempt_id is not None]
     ledger = session.scalars(select(UsageLedger)).all()
     return ClusterState(
         nodes=tuple(placeable_node(n) for n in nodes),

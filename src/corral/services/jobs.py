@@ -20,11 +20,23 @@ import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, TypedDict
 
-from sqlalchemy import ColumnElement, Table, and_, false, func, insert, or_, select, union_all
-from sqlalchemy.orm import Session, joinedload, selectinload
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    and_,
+    false,
+    func,
+    insert,
+    or_,
+    select,
+    union_all,
+)
+from sqlalchemy.orm import InstrumentedAttribute, Session, joinedload, selectinload
 
+from corral.db.base import table_of
 from corral.db.models import Attempt, Gpu, Group, Job, JobEvent, Node, User
 from corral.scheduler import Profile, check_fits_anywhere
 from corral.scheduler import types as st
@@ -37,7 +49,11 @@ from corral.services.quota import check_quota
 from corral.services.views import JobView, job_view
 from corral.spec import JobSpecV1
 
-SORT_COLUMNS: dict[str, Any] = {
+if TYPE_CHECKING:
+    from corral.engine.base import Engine as ExecutionEngine
+
+SortColumn = InstrumentedAttribute[float] | InstrumentedAttribute[int] | InstrumentedAttribute[str]
+SORT_COLUMNS: dict[str, SortColumn] = {
     "created_at": Job.submitted_at,
     "submitted_at": Job.submitted_at,
     "updated_at": Job.updated_at,
@@ -75,12 +91,12 @@ def scheduler_nodes(session: Session) -> list[st.Node]:
 class _NodeShapes:
     built_at: float
     verified_at: float
-    fingerprint: tuple[Any, ...]
+    fingerprint: tuple[int | float | None, ...]  # counts and capacity sums (NULL: no rows)
     nodes: list[st.Node]
 
 
 # Per database engine (weak: a new engine never inherits a dead one's nodes).
-_nodes_cache: weakref.WeakKeyDictionary[Any, _NodeShapes] = weakref.WeakKeyDictionary()
+_nodes_cache: weakref.WeakKeyDictionary[Engine | Connection, _NodeShapes] = weakref.WeakKeyDictionary()
 NODES_CACHE_S = 30.0
 NODES_TRUSTED_S = 1.0
 
@@ -208,7 +224,28 @@ def runtime_estimate_s(session: Session, user_id: int, spec: JobSpecV1) -> float
 
 # Built once: with the values passed as parameters the compiled statement is reused from
 # SQLAlchemy's cache instead of being keyed and looked up again on every submission.
-INSERT_JOB = insert(cast(Table, Job.__table__)).returning(Job.__table__.c.id)
+JOB_TABLE = table_of(Job)
+INSERT_JOB = insert(JOB_TABLE).returning(JOB_TABLE.c.id)
+
+
+class JobInsert(TypedDict):
+    """The columns INSERT_JOB writes (all of them: the ORM's defaults do not apply to Core)."""
+
+    name: str
+    user_id: int
+    group_id: int
+    state: str
+    priority: int
+    preemptible: bool
+    spec: JobSpecV1
+    max_retries: int
+    attempt_count: int
+    runtime_estimate_s: float | None
+    submitted_at: float
+    updated_at: float
+    cancel_requested: bool
+    reason: str
+    attained_gpu_seconds: float
 
 
 def submit_job(
@@ -224,7 +261,7 @@ def submit_job(
     group = resolve_group(session, principal, spec.group)
     check_fits(session, spec, group, principal.name, profile)
     stored = spec.model_copy(update={"group": group.name})  # the column stores its JSON
-    columns: dict[str, Any] = {
+    columns: JobInsert = {
         "name": spec.name,
         "user_id": principal.user_id,
         "group_id": group.id,
@@ -298,9 +335,15 @@ def check_filter(flt: JobFilter) -> None:
         raise Invalid("order must be 'asc' or 'desc'", ("query", "order"))
 
 
-def _ordering(column: Any, order: str, table: Any = None) -> list[Any]:
-    key = column if table is None else table.c.sort_key
-    job_id = Job.id if table is None else table.c.id
+SortExpression = ColumnElement[float] | ColumnElement[int] | ColumnElement[str]
+
+
+def _ordering(
+    column: SortColumn, order: str, merged: tuple[SortExpression, ColumnElement[int]] | None = None
+) -> list[SortExpression]:
+    """ORDER BY `column` (or, over the merged branches, their (sort_key, id) columns), ties broken
+    by job id."""
+    key, job_id = (column, Job.id) if merged is None else merged
     if column is Job.id:
         return [job_id.desc() if order == "desc" else job_id.asc()]
     if order == "desc":
@@ -334,7 +377,7 @@ def list_jobs(session: Session, principal: Principal, flt: JobFilter) -> tuple[l
             for branch in branches
         ]
         merged = union_all(*(select(p.c.id, p.c.sort_key) for p in parts)).subquery()
-        page = select(merged.c.id).order_by(*_ordering(column, flt.order, merged))
+        page = select(merged.c.id).order_by(*_ordering(column, flt.order, (merged.c.sort_key, merged.c.id)))
         ids = list(session.scalars(page.limit(flt.limit).offset(flt.offset)))
         total = sum(int(session.scalar(select(func.count(Job.id)).where(b, *filters)) or 0) for b in branches)
     if not ids:
@@ -403,7 +446,35 @@ def cancel_job(session: Session, principal: Principal, job_id: int, *, now: floa
 WAITING_STATES = (JobState.QUEUED, JobState.SCHEDULED, JobState.STARTING)
 
 
-def waiting_status(job: Job) -> dict[str, Any] | None:
+class WaitingReason(TypedDict):
+    code: str
+    source: str
+    message: str
+
+
+class WaitingStatus(TypedDict):
+    """Why a job waits (the API's WaitingOut)."""
+
+    state: str
+    message: str
+    reasons: list[WaitingReason]
+    queue_position: int | None
+    estimated_start: float | None
+    unschedulable: bool
+
+
+class LogsPage(TypedDict):
+    """A chunk of one instance's log (the API's LogsOut)."""
+
+    data: str
+    next_offset: int
+    eof: bool
+    attempt: int | None
+    rank: int
+    waiting: WaitingStatus | None
+
+
+def waiting_status(job: Job) -> WaitingStatus | None:
     """Why a job that has not started (again) is waiting, from the scheduler's last diagnosis:
     what `corral logs` shows instead of an empty screen. None once the job runs or has ended."""
     state = JobState(job.state)
@@ -437,8 +508,8 @@ def waiting_status(job: Job) -> dict[str, Any] | None:
 
 
 def read_logs(
-    engine: Any, job: Job, *, attempt: int | None, rank: int, offset: int, limit: int
-) -> dict[str, Any]:
+    engine: ExecutionEngine | None, job: Job, *, attempt: int | None, rank: int, offset: int, limit: int
+) -> LogsPage:
     """Logs of one instance (by rank) of one attempt (default: the newest) from byte `offset`,
     with `waiting` (waiting_status) while the job waits. `engine` is the execution engine (None:
     this server runs none); a job with no attempt yet needs none."""

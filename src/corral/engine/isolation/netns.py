@@ -25,8 +25,9 @@ from __future__ import annotations
 import os
 
 TYPE_CHECKING = False  # mypy reads this as typing.TYPE_CHECKING; typing itself is not imported
-if TYPE_CHECKING:
-    from typing import Any
+if TYPE_CHECKING:  # ctypes and socket are imported when used (not at the supervisor's start)
+    import ctypes
+    import socket
 
     from corral.engine.local.files import NetworkSpec
 
@@ -44,7 +45,7 @@ class NetworkSetupError(Exception):
     """The attempt's namespace could not be made as its policy asks: the attempt must not run."""
 
 
-def _libc() -> Any:
+def _libc() -> ctypes.CDLL:
     import ctypes
 
     return ctypes.CDLL(None, use_errno=True)
@@ -169,7 +170,7 @@ def namespace_path(supervisor_pid: int) -> str:
     return f"/proc/{supervisor_pid}/ns/net"
 
 
-def connect_inside(namespace: str, port: int, timeout_s: float = 5.0) -> Any:
+def connect_inside(namespace: str, port: int, timeout_s: float = 5.0) -> socket.socket:
     """A TCP connection to 127.0.0.1:`port` of a job's namespace (`namespace_path`), made from
     outside: the hook for a JupyterLab proxy or `corral port-forward`, which must reach a job's
     loopback without letting the job out. A throwaway thread `setns`es into the namespace and
@@ -178,7 +179,7 @@ def connect_inside(namespace: str, port: int, timeout_s: float = 5.0) -> Any:
     import socket
     import threading
 
-    result: list[Any] = []
+    result: list[socket.socket | OSError | NetworkSetupError] = []
 
     def connect() -> None:
         try:
@@ -253,7 +254,7 @@ class NetworkPolicy:
             outbound = "internet via slirp4netns, host loopback blocked"
         return f"own network namespace per job, outbound: {outbound}"
 
-    def etc_files(self, etc_dir: Any) -> dict[str, str]:
+    def etc_files(self, etc_dir: str | os.PathLike[str]) -> dict[str, str]:
         """Files of the job's /etc that the policy needs ({sandbox path: host path}): with
         `internet`, a resolv.conf naming slirp's DNS, as the host's may name a resolver on its
         loopback (systemd-resolved's 127.0.0.53), which the job cannot reach."""

@@ -12,7 +12,7 @@ import os
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict, cast
 
 from corral.engine.base import EngineUnavailable
 
@@ -36,6 +36,49 @@ _UNREACHABLE_MARKERS = (
 def looks_unreachable(message: str) -> bool:
     low = message.lower()
     return any(marker in low for marker in _UNREACHABLE_MARKERS)
+
+
+class SlurmJob(TypedDict, total=False):
+    """The fields of a `squeue --json` job that the engine reads (Slurm sends many more)."""
+
+    job_id: int | str  # str only in the stand-in the engine builds for a job Slurm purged
+    name: str
+    job_state: str | list[str]  # later openapi versions give a list of flags
+    exit_code: int  # the raw wait status
+    start_time: int
+    end_time: int
+    restart_cnt: int
+    state_reason: str
+    nodes: str
+
+
+class SlurmNode(TypedDict, total=False):
+    """The fields of a `sinfo --json` node that the engine reads (also kept in nodes.json)."""
+
+    name: str
+    state: str
+    state_flags: list[str]
+    reason: str
+    gres: str
+    partitions: list[str]
+    features: str
+    cpus: int
+    real_memory: int
+    address: str
+
+
+class SlurmError(TypedDict, total=False):
+    source: str
+    description: str
+    error: str
+
+
+class SlurmReply(TypedDict, total=False):
+    """A `squeue --json` / `sinfo --json` answer: the engine reads `jobs` or `nodes`."""
+
+    jobs: list[SlurmJob]
+    nodes: list[SlurmNode]
+    errors: list[SlurmError]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,13 +147,13 @@ class SlurmCli:
             raise EngineUnavailable(f"Slurm is unreachable: {result.message}")
         return result
 
-    def run_json(self, tool: str, *args: str) -> dict[str, Any]:
+    def run_json(self, tool: str, *args: str) -> SlurmReply:
         """Run a `--json` query. Errors reported inside the JSON (slurmctld down) are raised."""
         result = self.run(tool, *args, "--json")
         if result.returncode != 0:
             raise EngineUnavailable(f"`{tool} --json` failed: {result.message}")
         try:
-            data = json.loads(result.stdout)
+            data: object = json.loads(result.stdout)
         except json.JSONDecodeError as exc:
             raise EngineUnavailable(f"`{tool} --json` printed no JSON: {exc}")
         if not isinstance(data, dict):
@@ -123,4 +166,6 @@ class SlurmCli:
                 if isinstance(e, dict)
             )
             raise EngineUnavailable(f"Slurm is unreachable ({tool}): {texts}")
-        return data
+        # The JSON edge: Slurm's openapi schema is trusted here, once, rather than re-checked by
+        # every reader (mapping.py reads each field defensively with .get and str()/int()).
+        return cast(SlurmReply, data)

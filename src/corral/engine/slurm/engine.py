@@ -17,7 +17,6 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from corral.config import Settings
 from corral.engine.base import (
@@ -31,7 +30,7 @@ from corral.engine.base import (
     NodeReport,
 )
 from corral.engine.slurm import mapping, scripts
-from corral.engine.slurm.cli import SlurmCli
+from corral.engine.slurm.cli import SlurmCli, SlurmJob, SlurmNode
 from corral.engine.slurm.state import AttemptRecord, StateStore, StopRequest, read_job_file
 from corral.engine.slurm.users import UnixAccount, UnmappedUser, UserMap
 from corral.scheduler.types import NodeState
@@ -115,7 +114,7 @@ class SlurmEngine:
                 replace(mapping.node_report(n, self.gpu_model), state=NodeState.UNKNOWN, message=str(exc))
                 for n in cached
             ]
-        seen: dict[str, dict[str, Any]] = {}
+        seen: dict[str, SlurmNode] = {}
         for node in raw:
             if self.partition and self.partition not in (node.get("partitions") or []):
                 continue
@@ -235,14 +234,14 @@ class SlurmEngine:
             return None
         return self.store.load(attempt_id)
 
-    def _jobs(self, users: set[str] | None) -> dict[str, dict[str, Any]]:
+    def _jobs(self, users: set[str] | None) -> dict[str, SlurmJob]:
         """The jobs Slurm still knows of the given accounts (None: all), by id and (for the
         corral ones) also by job name."""
         # --users: only the accounts of the attempts asked about, not every job of a busy cluster
         # (Slurm 22.05's `squeue --json` ignores the filter and lists all; matching is by id/name)
         by_user = [f"--users={','.join(sorted(users))}"] if users else []
         data = self.cli.run_json("squeue", *by_user, "--states=all")
-        jobs: dict[str, dict[str, Any]] = {}
+        jobs: dict[str, SlurmJob] = {}
         for job in data.get("jobs") or []:
             jobs[str(job.get("job_id"))] = job
             name = str(job.get("name") or "")
@@ -252,7 +251,7 @@ class SlurmEngine:
                     jobs[name] = job
         return jobs
 
-    def _status(self, record: AttemptRecord, jobs: Mapping[str, dict[str, Any]]) -> AttemptStatus:
+    def _status(self, record: AttemptRecord, jobs: Mapping[str, SlurmJob]) -> AttemptStatus:
         aid = record.attempt_id
         if not record.slurm_job_id:  # launched, but its job id was never learnt
             job = jobs.get(scripts.job_name(aid))
@@ -293,7 +292,7 @@ class SlurmEngine:
         return self._finish(record, status)
 
     @staticmethod
-    def _stop_kind(record: AttemptRecord, job: Mapping[str, Any]) -> str | None:
+    def _stop_kind(record: AttemptRecord, job: SlurmJob) -> str | None:
         """The stop Corral requested, unless the job had ended before (Slurm times are whole s)."""
         if record.stop is None:
             return None
@@ -314,7 +313,10 @@ class SlurmEngine:
                 finished_at=time.time(),
                 engine_ref=ref,
             )
-        fake_job = {"job_id": ref, "job_state": "COMPLETED" if not any(exits.values()) else "FAILED"}
+        fake_job: SlurmJob = {
+            "job_id": ref,
+            "job_state": "COMPLETED" if not any(exits.values()) else "FAILED",
+        }
         return mapping.terminal_status(aid, fake_job, exits, self._stop_kind(record, fake_job))
 
     def _finish(self, record: AttemptRecord, status: AttemptStatus) -> AttemptStatus:
@@ -325,7 +327,7 @@ class SlurmEngine:
             timer.cancel()
         return status
 
-    def _enforce_limits(self, record: AttemptRecord, job: Mapping[str, Any]) -> None:
+    def _enforce_limits(self, record: AttemptRecord, job: SlurmJob) -> None:
         """Send the final kill of an overdue stop (also after a server restart) and stop attempts
         past max_runtime (Slurm's own limit is in whole minutes)."""
         now = time.time()

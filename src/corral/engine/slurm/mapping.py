@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
 
 from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason, NodeReport
+from corral.engine.slurm.cli import SlurmJob, SlurmNode
 from corral.scheduler.types import GPU, NodeState
 
 PENDING_STATES = frozenset(
@@ -21,7 +21,7 @@ CORDON_PREFIX = "corral cordon"
 DRAIN_PREFIX = "corral drain"
 
 
-def slurm_state(job: Mapping[str, Any]) -> str:
+def slurm_state(job: SlurmJob) -> str:
     state = job.get("job_state", "")
     if isinstance(state, list):  # later openapi versions give a list of flags
         state = state[0] if state else ""
@@ -43,7 +43,7 @@ def shell_exit(code: int) -> tuple[int, int | None]:
     return code, None
 
 
-def _times(job: Mapping[str, Any]) -> tuple[float | None, float | None]:
+def _times(job: SlurmJob) -> tuple[float | None, float | None]:
     start = job.get("start_time") or 0
     end = job.get("end_time") or 0
     return (float(start) if start else None, float(end) if end else None)
@@ -80,7 +80,7 @@ def failed_status(
 
 def terminal_status(
     attempt_id: str,
-    job: Mapping[str, Any],
+    job: SlurmJob,
     rank_exits: Mapping[int, int],
     stop_kind: str | None,
 ) -> AttemptStatus:
@@ -134,7 +134,7 @@ def terminal_status(
     return failed_status(attempt_id, ref, code, sig, rank, started, finished)
 
 
-def live_status(attempt_id: str, job: Mapping[str, Any]) -> AttemptStatus:
+def live_status(attempt_id: str, job: SlurmJob) -> AttemptStatus:
     started, _ = _times(job)
     state = slurm_state(job)
     phase = AttemptPhase.PENDING if state in PENDING_STATES else AttemptPhase.RUNNING
@@ -175,7 +175,7 @@ def parse_gpu_gres(gres: str) -> list[tuple[str | None, int]]:
     return out
 
 
-def node_state(node: Mapping[str, Any]) -> tuple[NodeState, str]:
+def node_state(node: SlurmNode) -> tuple[NodeState, str]:
     base = str(node.get("state", "")).lower()
     flags = {str(f).upper() for f in node.get("state_flags") or []}
     reason = str(node.get("reason") or "")
@@ -196,7 +196,7 @@ def gpu_uuid(node: str, index: int) -> str:
     return f"SLURM-{node}-gpu{index}"
 
 
-def node_report(node: Mapping[str, Any], default_gpu_model: str) -> NodeReport:
+def node_report(node: SlurmNode, default_gpu_model: str) -> NodeReport:
     name = str(node["name"])
     gpus: list[GPU] = []
     for gpu_type, count in parse_gpu_gres(str(node.get("gres") or "")):

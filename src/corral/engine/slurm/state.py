@@ -14,9 +14,10 @@ import stat
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Required, TypedDict
 
 from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason
+from corral.engine.slurm.cli import SlurmNode
 
 
 @dataclass
@@ -31,6 +32,19 @@ class StopRequest:
         return self.requested_at + self.grace_s
 
 
+class FinalStatus(TypedDict, total=False):
+    """The AttemptStatus fields of a finished attempt, as kept in attempt.json (records written
+    by older versions may lack the optional ones)."""
+
+    phase: Required[str]
+    exit_code: int | None
+    reason: str | None
+    message: str
+    started_at: float | None
+    finished_at: float | None
+    engine_ref: str
+
+
 @dataclass
 class AttemptRecord:
     attempt_id: str
@@ -41,7 +55,7 @@ class AttemptRecord:
     unix_user: str = ""  # the account the job runs as ("" in records written before it was kept)
     uid: int | None = None  # its uid: files the job wrote are only read when it owns them
     stop: StopRequest | None = None
-    final: dict[str, Any] | None = field(default=None)  # AttemptStatus fields once finished
+    final: FinalStatus | None = field(default=None)  # AttemptStatus fields once finished
 
     @property
     def ref(self) -> str:
@@ -50,12 +64,13 @@ class AttemptRecord:
     def final_status(self) -> AttemptStatus | None:
         if self.final is None:
             return None
-        f = dict(self.final)
+        f = self.final
+        reason = f.get("reason")
         return AttemptStatus(
             attempt_id=self.attempt_id,
             phase=AttemptPhase(f["phase"]),
             exit_code=f.get("exit_code"),
-            reason=FailureReason(f["reason"]) if f.get("reason") else None,
+            reason=FailureReason(reason) if reason else None,
             message=f.get("message", ""),
             started_at=f.get("started_at"),
             finished_at=f.get("finished_at"),
@@ -164,10 +179,10 @@ class StateStore:
     def log_path(self, attempt_id: str, rank: int) -> Path:
         return self.job_dir(attempt_id) / f"rank-{rank}.log"
 
-    def save_nodes(self, nodes: list[dict[str, Any]]) -> None:
+    def save_nodes(self, nodes: list[SlurmNode]) -> None:
         self._atomic_write(self.root / "nodes.json", json.dumps(nodes))
 
-    def load_nodes(self) -> list[dict[str, Any]]:
+    def load_nodes(self) -> list[SlurmNode]:
         try:
             data = json.loads((self.root / "nodes.json").read_text())
         except (FileNotFoundError, json.JSONDecodeError):
