@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import ssl
 import stat
@@ -17,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from corral.config import SecretFileError, Settings
 from tests.monitor.test_e2e_alerting import daemon
@@ -54,11 +54,10 @@ def test_tls_server_and_private_home(tmp_path: Path) -> None:
             env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     try:
-        token = wait_for(
-            lambda: (m := re.search(r"Admin token \(shown once\): (\S+)", log.read_text())) and m.group(1),
-            60,
-            what="the admin token",
-        )
+        # The server writes the bootstrap admin token to the CLI config (never to its log).
+        wait_for(lambda: "Admin token written to" in log.read_text(), 60, what="the admin token")
+        token = str(yaml.safe_load((home / "config.yaml").read_text())["token"])
+        assert token not in log.read_text()
         url = f"https://127.0.0.1:{port}"
         trust = ssl.create_default_context(cafile=str(cert))
 

@@ -336,7 +336,7 @@ def test_preemption_gives_each_victim_its_own_stop_grace_bounded(
             job_id = add_job(session, gid, uid, gpus=4)
             job = session.get(Job, job_id)
             assert job is not None
-            job.spec = {**job.spec, "stop_grace": asked}
+            job.spec = job.spec.model_copy(update={"stop_grace": asked})
             job.priority = 0
             expected[job_id] = given
         session.commit()
@@ -377,5 +377,5 @@ def test_job_waiting_on_cordoned_nodes_is_told_so(env: tuple[ServerContext, Fake
     with ctx.session_factory() as session:
         job = session.get(Job, waiting)
         assert job is not None and job.state == "queued" and job.diagnosis is not None
-        (reason,) = job.diagnosis["reasons"]
-        assert reason["code"] == "node_not_ready" and "2 nodes cordoned" in reason["message"]
+        (reason,) = job.diagnosis.reasons
+        assert reason.code == "node_not_ready" and "2 nodes cordoned" in reason.message

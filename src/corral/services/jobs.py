@@ -428,6 +428,7 @@ def cancel_job(session: Session, principal: Principal, job_id: int, *, now: floa
         if transition(
             session, job, JobState.CANCELLED, now=now, message=message, values={"cancel_requested": True}
         ):
+            notify.changed(session, notify.Topic.CANCEL)
             session.commit()
             return job
         state = JobState(job.state)  # placed meanwhile (re-read): ask the loops to stop it instead
