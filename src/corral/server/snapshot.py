@@ -21,6 +21,7 @@ from corral.scheduler import types as st
 from corral.server.specview import read_spec
 from corral.services.lifecycle import AttemptState, GpuHealth, JobState
 from corral.services.nodes import scheduler_node
+from corral.services.quota import scheduler_group
 from corral.spec import JobSpecV1
 
 USAGE_HALF_LIFE_S = 7 * 24 * 3600.0  # fair share forgets half of past usage every week
@@ -127,20 +128,6 @@ def _allocation(record: JobRecord) -> st.Allocation:
     )
 
 
-def _group(record: GroupRecord) -> st.Group:
-    limits = {q.gpu_model: q.max for q in record.quotas if q.max is not None}
-    return st.Group(
-        name=record.name,
-        guaranteed={q.gpu_model: q.guaranteed for q in record.quotas},
-        max=limits or None,
-        user_max_gpus=record.user_max_gpus,
-        weight=record.weight,
-        borrowing=record.borrowing,
-        cpus_max=record.cpus_max,
-        memory_max_mib=record.memory_max_mib,
-    )
-
-
 def _submission(record: JobRecord) -> tuple[float, int]:
     return (record.submitted_at, record.id)
 
@@ -171,7 +158,7 @@ def build_snapshot(
     )
     return st.Snapshot(
         nodes=state.nodes,
-        groups=tuple(_group(g) for g in state.groups),
+        groups=tuple(scheduler_group(g) for g in state.groups),
         queued=tuple(scheduler_job(r, max_stop_grace_s) for r in sorted(state.queued, key=_submission)),
         running=running,
         usage=st.Usage(by_group=by_group, by_user=by_user),

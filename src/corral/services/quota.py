@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, joinedload, selectinload
@@ -25,8 +26,39 @@ from corral.services.lifecycle import AttemptState
 LIVE_ATTEMPT_STATES = (AttemptState.SCHEDULED, AttemptState.STARTING, AttemptState.RUNNING)
 
 
-def scheduler_group(group: Group) -> st.Group:
-    """The scheduler's view of a group row (its `quotas` loaded)."""
+class QuotaSource(Protocol):
+    """One GPU-model quota: a `GroupQuota` row or the schedule loop's `QuotaRecord`."""
+
+    @property
+    def gpu_model(self) -> str: ...
+    @property
+    def guaranteed(self) -> int: ...
+    @property
+    def max(self) -> int | None: ...
+
+
+class GroupSource(Protocol):
+    """A group's quota settings: a `Group` row or the schedule loop's `GroupRecord`."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def weight(self) -> float: ...
+    @property
+    def borrowing(self) -> bool: ...
+    @property
+    def user_max_gpus(self) -> int | None: ...
+    @property
+    def quotas(self) -> Sequence[QuotaSource]: ...
+    @property
+    def cpus_max(self) -> float | None: ...
+    @property
+    def memory_max_mib(self) -> int | None: ...
+
+
+def scheduler_group(group: GroupSource) -> st.Group:
+    """The scheduler's view of a group (its `quotas` loaded): the one conversion the submit check,
+    group usage and the schedule loop's snapshot share."""
     limits = {q.gpu_model: q.max for q in group.quotas if q.max is not None}
     return st.Group(
         name=group.name,
