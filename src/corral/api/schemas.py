@@ -186,6 +186,7 @@ class NodeOut(BaseModel):
     engine: str
     last_heartbeat: float | None
     message: str
+    flags: list[str] = []  # diagnosis: e.g. failing_jobs (docs/diagnosis.md)
     gpus: list[GpuOut]
 
 

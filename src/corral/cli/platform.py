@@ -339,7 +339,7 @@ def node_ls(output: OutputOpt = Output.table) -> None:
     if output is Output.json:
         print_json(nodes)
         return
-    table = Table("NODE", "STATE", "CPUS", "MEMORY", "GPUS", "IN USE", "HEARTBEAT", box=None)
+    table = Table("NODE", "STATE", "CPUS", "MEMORY", "GPUS", "IN USE", "HEARTBEAT", "FLAGS", box=None)
     for n in nodes:
         models = sorted({g["model"] for g in n["gpus"]})
         used = [f"{g['index']}:job {g['job_id']}" for g in n["gpus"] if g["job_id"] is not None]
@@ -351,6 +351,7 @@ def node_ls(output: OutputOpt = Output.table) -> None:
             f"{len(n['gpus'])} {'/'.join(models)}".strip(),
             ", ".join(used) or "-",
             ago(n["last_heartbeat"]),
+            "; ".join(n.get("flags") or []) or "-",
         )
     out.print(table)
 

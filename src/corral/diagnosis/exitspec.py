@@ -304,3 +304,32 @@ class ExitSpecCache:
         except OSError:
             return None
         return (st.st_mtime, st.st_size)
+
+
+def markdown_table(rules: Sequence[ExitRule]) -> str:
+    """The table as docs/diagnosis.md shows it (tests/diagnosis/test_exitspec.py keeps them equal)."""
+    lines = [
+        "| reason | category | when | retry | message | fix |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rules:
+        when = []
+        if r.events:
+            when.append("event " + " or ".join(r.events))
+        if r.exit_codes:
+            when.append("exit code " + " or ".join(map(str, r.exit_codes)))
+        if r.signals:
+            when.append("signal " + " or ".join(map(str, r.signals)))
+        if r.log:
+            when.append("log matches " + " or ".join(f"`{p}`" for p in r.log))
+        joined = (" or " if r.match == "any" else " and ").join(when)
+        retry = r.retry.policy.replace("_", " ") + (f" {r.retry.limit}" if r.retry.limit is not None else "")
+        if r.retry.backoff_s:
+            retry += f", backoff {r.retry.backoff_s:g} s x{r.retry.backoff_factor:g}"
+        cells = [f"`{r.reason}`", r.category.value, joined, retry, r.message, r.fix]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # python -m corral.diagnosis.exitspec: the docs table
+    print(markdown_table(load_exit_spec().rules), end="")

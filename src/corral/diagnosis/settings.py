@@ -21,7 +21,8 @@ class DiagnosisSettings(BaseSettings):
     # for `hang_after_s`.
     hang_after_s: float = Field(default=1800.0, gt=0)
     hang_gpu_util_percent: float = Field(default=5.0, ge=0, le=100)
-    on_hang: HangAction = "notify"  # default policy; a job's `CORRAL_ON_HANG` env var overrides
+    on_hang: HangAction = "notify"  # the server's policy; a group's, then the spec's `on_hang:` win
+    group_on_hang: dict[str, HangAction] = Field(default_factory=dict)  # JSON: {"group": "kill"}
     # A rank whose log grew less than this fraction of its peers' median is a straggler.
     straggler_ratio: float = Field(default=0.25, gt=0, lt=1)
     # A node that fails jobs of `node_flag_users` distinct users within `node_flag_window_s`.

@@ -315,6 +315,8 @@ def settle_failure(
         cap = budget if rule.cap is None else min(rule.cap, budget)
         if losses <= cap:
             target, message = JobState.QUEUED, f"{why}; requeued (platform loss {losses} of {cap})"
+        elif rule.cap == 0:
+            target, message = JobState.FAILED, f"{why} (not retryable: {rule.label})"
         else:
             target, message = JobState.FAILED, f"{why}; failed {losses} times, over the limit of {cap}"
         values = {"platform_losses": losses, "reason": message}

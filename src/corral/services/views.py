@@ -10,7 +10,7 @@ from typing import NotRequired, TypedDict
 from sqlalchemy import select
 from sqlalchemy.orm import object_session
 
-from corral.db.diag_models import AttemptDiagnosis, HangWatch
+from corral.db.diag_models import AttemptDiagnosis, HangWatch, NodeFlag
 from corral.db.models import Attempt, Group, Job, JobEvent, Node, User
 from corral.domain import (
     InstancePlacementJSON,
@@ -122,6 +122,7 @@ class NodeView(TypedDict):
     last_heartbeat: float | None
     message: str
     gpus: list[GpuView]
+    flags: list[str]  # diagnosis: e.g. "failing_jobs: failed jobs of 3 users ... within 1 h"
 
 
 class QuotaView(TypedDict):
@@ -236,6 +237,19 @@ def job_view(
     return out
 
 
+def _node_flags(node: Node) -> list[str]:
+    session = object_session(node)
+    if session is None:
+        return []
+    flags: dict[str, list[str]] | None = session.info.get("active_node_flags")
+    if flags is None:  # one query per session, not one per node listed
+        flags = {}
+        for f in session.scalars(select(NodeFlag).where(NodeFlag.active.is_(True))):
+            flags.setdefault(f.node, []).append(f"{f.flag}: {f.detail}")
+        session.info["active_node_flags"] = flags
+    return flags.get(node.name, [])
+
+
 def _add_diagnosis(job: Job, out: JobView) -> None:
     """The detail view's failure verdicts and hang watch: two small queries for one job."""
     session = object_session(job)
@@ -274,6 +288,7 @@ def node_view(node: Node, claims: dict[tuple[str, int], int]) -> NodeView:
         "engine": node.engine,
         "last_heartbeat": node.last_heartbeat,
         "message": node.message,
+        "flags": _node_flags(node),
         "gpus": [
             {
                 "index": g.index,
