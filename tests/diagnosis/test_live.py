@@ -6,6 +6,7 @@ node test runs first: the later tests' failures happen on the same node."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -86,6 +87,7 @@ def test_a_node_that_fails_jobs_of_three_users_is_flagged(server: CorralServer) 
                 assert c.get("/api/v1/nodes").json()[0]["flags"] == [], k
         (flag,) = wait_for(lambda: c.get("/api/v1/nodes").json()[0]["flags"], 10, what="flag")
         assert flag.startswith("failing_jobs: failed jobs of 3 users (ana, bo, cy)")
+        assert "failing_jobs" in corral(server, "node", "ls").stdout
         alerts = c.get("/api/v1/alerts").json()["items"]
         assert any(a["name"] == "CorralNodeFailingJobs" and a["status"] == "firing" for a in alerts)
 
@@ -125,17 +127,25 @@ def test_a_cuda_oom_message_gives_reason_cuda_oom_with_the_fix(server: CorralSer
         assert "batch size" in attempt["failure"]["fix"]
         events = [e["message"] for e in job(c, job_id)["events"] if e["kind"] == "diagnosis"]
         assert any("cuda_oom" in m and "Fix:" in m for m in events), events
+        shown = corral(server, "show", str(job_id)).stdout
+        assert "attempt 1: cuda_oom (user) The job ran out of GPU memory" in shown, shown
+        assert "fix: Lower the batch size" in shown and "log: torch.OutOfMemoryError" in shown, shown
+        metrics = c.get("/metrics").text
+        assert 'corral_job_failures_total{node="local",reason="cuda_oom"} 1.0' in metrics
+
+
+def corral(server: CorralServer, *args: str) -> subprocess.CompletedProcess[str]:
+    """The `corral` command of this environment, talking to the test server."""
+    env = {**os.environ, "CORRAL_URL": server.url, "CORRAL_TOKEN": server.token, "COLUMNS": "200"}
+    exe = Path(sys.executable).parent / "corral"
+    return subprocess.run([str(exe), *args], env=env, capture_output=True, text=True, timeout=60, check=True)
 
 
 def test_a_gpu_xid_ends_the_attempt_as_gpu_error_and_the_retry_avoids_that_gpu(server: CorralServer) -> None:
     with server.client() as c:
         job_id = submit(c, "sleep 120")
         (bad,) = running_gpus(c, job_id, 1)
-        corral = Path(sys.executable).parent / "corral"
-        subprocess.run(
-            [str(corral), "chaos", "gpu", "xid", "local", str(bad), "79", "--home", str(server.home)],
-            check=True, capture_output=True, timeout=30,
-        )  # fmt: skip
+        corral(server, "chaos", "gpu", "xid", "local", str(bad), "79", "--home", str(server.home))
         (again,) = running_gpus(c, job_id, 2)
         assert again != bad
         first = job(c, job_id)["attempts"][0]

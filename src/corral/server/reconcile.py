@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from corral.db.models import Attempt, Job, UsageLedger
-from corral.diagnosis.exitspec import ExitSpecCache
+from corral.diagnosis.exitspec import ExitSpec, ExitSpecCache
 from corral.diagnosis.logtail import failing_rank, read_tail
 from corral.diagnosis.record import Diagnoser, failing_node, record, retry_rule
 from corral.diagnosis.settings import DiagnosisSettings
@@ -252,10 +252,7 @@ def make_diagnoser(ctx: ServerContext, statuses: list[AttemptStatus]) -> Diagnos
     None when no attempt ended badly."""
     if not any(s.phase in (AttemptPhase.FAILED, AttemptPhase.LOST) for s in statuses):
         return None
-    if ctx.memory.exit_spec is None:
-        settings = DiagnosisSettings()
-        ctx.memory.exit_spec = ExitSpecCache(settings.exit_spec_file)
-        ctx.memory.log_tail_bytes = settings.log_tail_kib * 1024
+    spec = active_exit_spec(ctx)
     tails: dict[str, str] = {}
     for status in statuses:
         if status.phase is AttemptPhase.FAILED:
@@ -266,7 +263,16 @@ def make_diagnoser(ctx: ServerContext, statuses: list[AttemptStatus]) -> Diagnos
                 )
             except (OSError, EngineUnavailable, ValueError) as exc:
                 log.warning("could not read the log of %s for diagnosis: %s", status.attempt_id, exc)
-    return Diagnoser(ctx.memory.exit_spec.get(), tails)
+    return Diagnoser(spec, tails)
+
+
+def active_exit_spec(ctx: ServerContext) -> ExitSpec:
+    """The exit-spec the loops use: loaded once per process, re-read when the admin file changes."""
+    if ctx.memory.exit_spec is None:
+        settings = DiagnosisSettings()
+        ctx.memory.exit_spec = ExitSpecCache(settings.exit_spec_file)
+        ctx.memory.log_tail_bytes = settings.log_tail_kib * 1024
+    return ctx.memory.exit_spec.get()
 
 
 def reconcile_tick(ctx: ServerContext, now: float) -> None:

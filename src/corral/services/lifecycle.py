@@ -31,8 +31,10 @@ How an ended attempt settles its job (`settle_attempt_end`), first rule that app
    work): QUEUED while the job's platform-loss budget (CORRAL_LOST_REQUEUE_BUDGET, default 3)
    lasts, else FAILED; a loss is not the job's fault, so it never uses up `retries:`;
 6. failed (`settle_failure`): the exit-spec classification, when there is one, decides whether
-   the failure may be retried at all (`retryable=False`: FAILED at once); otherwise QUEUED while
-   the job's own failures <= `retries:`, else FAILED.
+   the failure may be retried at all (`retryable=False` or a `RetryRule` with cap 0: FAILED at
+   once) and whose budget it uses: the job's own failures (user category) QUEUED while
+   <= `retries:` (and the rule's cap), else FAILED; failures that are not the job's (transient,
+   platform, hardware) QUEUED while the platform losses stay within the budget and the cap.
 """
 
 from __future__ import annotations
