@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from corral.db.diag_models import AttemptFault
 from corral.db.models import Attempt
+from corral.diagnosis.exitspec import Category, Facts, load_exit_spec
+from corral.diagnosis.record import retry_rule
 from corral.diagnosis.watch import straggler_report, suspect_of
 from corral.domain import InstancePlacement
+from corral.services.lifecycle import RetryRule
 
 
 def attempt(ranks: int) -> Attempt:
@@ -37,3 +41,12 @@ def test_a_rank_much_slower_than_its_peers_is_a_straggler() -> None:
     )
     assert by_gpu == "rank 2 on node-2: GPU 10 %, peers 91 %"
     assert straggler_report(attempt(2), {0: [10.0, 1.0, 0.0], 1: [12.0, 1.0, 0.0]}, {}, 0.25) == ""
+
+
+def test_on_hang_kill_is_never_retried_and_requeue_follows_the_exit_spec() -> None:
+    verdict = load_exit_spec().classify(Facts(frozenset({"stopped", "hang"})))
+    assert (verdict.reason, verdict.category) == ("hang_killed", Category.TRANSIENT)
+    kill = AttemptFault(attempt_pk=1, event="hang", node="", detail="kill: rank 1 on n", at=0.0)
+    requeue = AttemptFault(attempt_pk=1, event="hang", node="", detail="requeue: rank 1 on n", at=0.0)
+    assert retry_rule(verdict, kill) == RetryRule(own_fault=False, cap=0, label="hang_killed")
+    assert retry_rule(verdict, requeue) == RetryRule(own_fault=False, cap=1, label="hang_killed")
