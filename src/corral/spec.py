@@ -238,6 +238,9 @@ class JobSpecV1(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     mounts: list[MountV1] = Field(default_factory=list, max_length=32)
     idle_gpu: IdleGpuV1 | None = None
+    # What to do when the job is suspected hung (corral.diagnosis.watch); None: the group's or
+    # the server's policy (CORRAL_DIAG_GROUP_ON_HANG, CORRAL_DIAG_ON_HANG).
+    on_hang: Literal["notify", "kill", "requeue"] | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -166,7 +166,8 @@ def test_launch_failure_fails_the_attempt_with_its_message(env: tuple[ServerCont
     run_dispatch(ctx)
     with ctx.session_factory() as session:
         attempt = session.scalars(select(Attempt).where(Attempt.job_id == job_id)).one()
-        assert attempt.reason == "launch_failed" and "no such environment" in attempt.message
+        # the exit-spec refines the engine's launch_failed: a missing environment is the user's
+        assert attempt.reason == "environment_missing" and "no such environment" in attempt.message
         assert session.scalars(select(GpuClaim)).all() == []
     assert job_state(ctx, job_id) == "failed"
 

@@ -77,8 +77,30 @@ class AttemptOut(BaseModel):
     started_at: float | None
     ended_at: float | None
     exit_code: int | None
-    reason: str | None
+    reason: str | None  # the exit-spec's reason code (cuda_oom, user_error, gpu_error, ...)
     message: str
+    failure: FailureOut | None = None  # GET /jobs/{id}: the exit-spec's verdict
+
+
+class FailureOut(BaseModel):
+    """Why an attempt failed (docs/diagnosis.md)."""
+
+    reason: str
+    category: str  # user | platform | hardware | transient | preempted
+    message: str
+    fix: str
+    evidence: str  # the log line that decided, if any
+    node: str
+
+
+class WatchOut(BaseModel):
+    """Hang and straggler watch of the running attempt (docs/diagnosis.md)."""
+
+    attempt: int
+    suspected_hang: str
+    suspected_at: float | None
+    stragglers: str
+    action: str
 
 
 class EventOut(BaseModel):
@@ -112,6 +134,7 @@ class JobOut(BaseModel):
     attempts: list[AttemptOut]
     diagnosis: DiagnosisOut | None
     events: list[EventOut] | None = None
+    watch: WatchOut | None = None  # GET /jobs/{id}
 
 
 class JobListOut(BaseModel):
@@ -163,6 +186,7 @@ class NodeOut(BaseModel):
     engine: str
     last_heartbeat: float | None
     message: str
+    flags: list[str] = []  # diagnosis: e.g. failing_jobs (docs/diagnosis.md)
     gpus: list[GpuOut]
 
 

@@ -211,8 +211,32 @@ def show(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOp
                 (a["reason"] or "") + (f": {a['message']}" if a["message"] else ""),
             )
         out.print(table)
+        _print_failures(job)
     else:
         out.print("no attempts yet")
+    _print_watch(job.get("watch"))
+
+
+def _print_failures(job: dict[str, Any]) -> None:
+    """The exit-spec's verdict on each failed attempt: reason, category, message and fix."""
+    for a in job["attempts"]:
+        f = a.get("failure")
+        if not f:
+            continue
+        out.print(f"attempt {a['number']}: [bold]{f['reason']}[/bold] ({f['category']}) {f['message']}")
+        if f.get("evidence"):
+            out.print(f"  log: {f['evidence']}", markup=False)
+        out.print(f"  fix: {f['fix']}")
+
+
+def _print_watch(watch: dict[str, Any] | None) -> None:
+    if not watch:
+        return
+    if watch.get("suspected_hang"):
+        done = f"; action: {watch['action']}" if watch.get("action") else ""
+        out.print(f"[red]suspected hang[/red]: {watch['suspected_hang']}{done}")
+    if watch.get("stragglers"):
+        out.print(f"stragglers: {watch['stragglers']}")
 
 
 def _print_diagnosis(diag: dict[str, Any] | None) -> None:
@@ -315,7 +339,7 @@ def node_ls(output: OutputOpt = Output.table) -> None:
     if output is Output.json:
         print_json(nodes)
         return
-    table = Table("NODE", "STATE", "CPUS", "MEMORY", "GPUS", "IN USE", "HEARTBEAT", box=None)
+    table = Table("NODE", "STATE", "CPUS", "MEMORY", "GPUS", "IN USE", "HEARTBEAT", "FLAGS", box=None)
     for n in nodes:
         models = sorted({g["model"] for g in n["gpus"]})
         used = [f"{g['index']}:job {g['job_id']}" for g in n["gpus"] if g["job_id"] is not None]
@@ -327,6 +351,7 @@ def node_ls(output: OutputOpt = Output.table) -> None:
             f"{len(n['gpus'])} {'/'.join(models)}".strip(),
             ", ".join(used) or "-",
             ago(n["last_heartbeat"]),
+            "; ".join(n.get("flags") or []) or "-",
         )
     out.print(table)
 

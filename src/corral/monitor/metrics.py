@@ -56,6 +56,14 @@ API_ERRORS_TOTAL = Counter(
     registry=REGISTRY,
 )
 
+JOB_FAILURES_TOTAL = Counter(
+    "corral_job_failures",
+    "Attempts that ended badly, by the exit-spec's reason and the failing rank's node "
+    "(corral.diagnosis; this process's count since it started).",
+    ["reason", "node"],
+    registry=REGISTRY,
+)
+
 METRICS_RENDER_SECONDS = Gauge(
     "corral_metrics_render_seconds",
     "Time the previous /metrics scrape took to read the database and render.",

@@ -37,15 +37,22 @@ K = TypeVar("K")
 
 
 def shape_key(job: Job) -> ShapeKey:
-    """A cheap hashable key of a job's task shapes: jobs with equal keys fit or fail alike."""
+    """A cheap hashable key of a job's task shapes: jobs with equal keys fit or fail alike (a job
+    that must avoid nodes or GPUs is its own kind)."""
     tasks = job.tasks
+    if job.avoid:
+        return (_shape(job), job.avoid)
     if len(tasks) == 1:
         t = tasks[0]
         r = t.resources
         return (t.instances, r.gpus, r.gpu_model, r.cpus, r.memory_mib)
+    return _shape(job)
+
+
+def _shape(job: Job) -> ShapeKey:
     return tuple(
         (t.instances, t.resources.gpus, t.resources.gpu_model, t.resources.cpus, t.resources.memory_mib)
-        for t in tasks
+        for t in job.tasks
     )
 
 

@@ -54,7 +54,43 @@ class Placer:
         return req, tuple(m for m in self.st.models if models is None or m in models)
 
     def place(self, job: Job, allowed: frozenset[str] | None = None) -> Placed | None:
-        """Place every instance of `job` or nothing; state is updated only on success."""
+        """Place every instance of `job` or nothing; state is updated only on success. What the
+        job must avoid is held back while it is placed and given back afterwards."""
+        if not job.avoid:
+            return self._place(job, allowed)
+        held = self._withhold(job.avoid)
+        try:
+            return self._place(job, allowed)
+        finally:
+            for i, model, gpus, cpus, mem in reversed(held):
+                self.st.give(i, model, gpus, cpus, mem)
+
+    def _withhold(
+        self, avoid: tuple[tuple[str, int | None], ...]
+    ) -> list[tuple[int, str | None, tuple[int, ...], float, int]]:
+        """Take the free GPUs (and, for a whole node, its CPUs and memory) the job must avoid."""
+        st = self.st
+        held: list[tuple[int, str | None, tuple[int, ...], float, int]] = []
+        for node, gpu in avoid:
+            i = st.index_of.get(node)
+            if i is None:
+                continue
+            if gpu is None:
+                for model, lst in list(st.free[i].items()):
+                    if lst:
+                        held.append((i, model, tuple(lst), 0.0, 0))
+                        st.take(i, model, tuple(lst), 0.0, 0)
+                cpus, mem = max(0.0, st.free_cpus[i]), max(0, st.free_mem[i])
+                held.append((i, None, (), cpus, mem))
+                st.take(i, None, (), cpus, mem)
+                continue
+            gpu_model = st.gpu_model[i].get(gpu)
+            if gpu_model is not None and gpu in st.free[i].get(gpu_model, ()):
+                held.append((i, gpu_model, (gpu,), 0.0, 0))
+                st.take(i, gpu_model, (gpu,), 0.0, 0)
+        return held
+
+    def _place(self, job: Job, allowed: frozenset[str] | None) -> Placed | None:
         st = self.st
         placed = Placed([], [], {})
         used: list[tuple[int, str | None]] = []

@@ -113,6 +113,9 @@ class Job:
     # SIGTERM-to-kill time it asks for when preempted (the caller bounds it by its admin maximum);
     # None: the profile's grace_s
     stop_grace_s: float | None = None
+    # Where the job must not run (a hardware failure's retry): (node, GPU index), or (node, None)
+    # for the whole node. Sorted, so equal exclusions give equal jobs.
+    avoid: tuple[tuple[str, int | None], ...] = ()
 
     @property
     def total_gpus(self) -> int:

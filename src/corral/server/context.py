@@ -30,6 +30,7 @@ WAKE_ON_CHANGE: dict[Topic, tuple[str, ...]] = {
 }
 
 if TYPE_CHECKING:  # both modules import this one
+    from corral.diagnosis.exitspec import ExitSpecCache
     from corral.monitor.config import MonitorConfig
     from corral.monitor.gpu import GpuSampler
     from corral.server.dispatch import LaunchQueue
@@ -48,6 +49,8 @@ class LoopMemory:
     gpu_sampler: GpuSampler | None = None
     scheduler: Scheduler | None = None  # the schedule loop's (scheduling.scheduler_for)
     retention_checked_at: float = 0.0  # when the retention loop last found no more to delete
+    exit_spec: ExitSpecCache | None = None  # diagnosis: the active exit-spec (reconcile)
+    log_tail_bytes: int = 64 * 1024  # diagnosis: how much of a failed rank's log it reads
 
 
 @dataclass

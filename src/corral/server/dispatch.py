@@ -24,12 +24,15 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, selectinload
 
 from corral.db.models import Attempt, Job, Node
+from corral.diagnosis.exitspec import Facts
+from corral.diagnosis.record import failing_node, record, retry_rule
 from corral.domain import InstancePlacement
 from corral.engine.base import AttemptLaunch, EngineUnavailable, FailureReason, InstanceLaunch
 from corral.scheduler.types import GPU
 from corral.server.context import ServerContext
 from corral.server.finish import AttemptChangedMeanwhile, end_attempt
 from corral.server.leases import JOB_LEASE_TTL_S
+from corral.server.reconcile import active_exit_spec
 from corral.server.rendezvous import rendezvous_for_placement
 from corral.server.snapshot import jobs_with_live_attempts, live_attempts
 from corral.server.specview import SpecView, read_spec
@@ -226,11 +229,14 @@ def _record_launch(
         return
     job.lease_owner = None
     if error is not None:
-        if settle_failure(session, job, why=f"launch failed: {error}", now=now) is None:
+        # The exit-spec decides the retry (launch_failed: platform, a few tries with backoff).
+        verdict = active_exit_spec(ctx).classify(Facts(frozenset({"launch_failed"}), log_tail=error))
+        why = f"launch failed: {error}"
+        if settle_failure(session, job, why=why, now=now, rule=retry_rule(verdict)) is None:
             return
-        end_attempt(
-            session, job, attempt, AttemptState.FAILED, now, reason=FailureReason.LAUNCH_FAILED, message=error
-        )
+        node = failing_node(attempt, 0)
+        record(session, job, attempt, verdict, node, now, retried=job.state == JobState.QUEUED.value)
+        end_attempt(session, job, attempt, AttemptState.FAILED, now, reason=verdict.reason, message=error)
         ctx.wake("schedule")
     elif transition(session, job, JobState.STARTING, now=now):
         if not move_attempt(

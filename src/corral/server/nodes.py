@@ -19,14 +19,18 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from corral.db.models import Gpu, Job, Node
+from corral.diagnosis.exitspec import ExitSpec, Facts
+from corral.diagnosis.record import record
 from corral.engine.base import Engine, EngineUnavailable, FailureReason, NodeReport
 from corral.scheduler.types import GPU, NodeState
 from corral.server.context import ServerContext
 from corral.server.finish import end_attempt
+from corral.server.reconcile import active_exit_spec
 from corral.server.snapshot import LIVE_JOB_STATES, live_attempts
 from corral.services.lifecycle import (
     DEFAULT_LOST_REQUEUE_BUDGET,
     AttemptState,
+    JobState,
     Loss,
     move_node,
     settle_lost_work,
@@ -99,6 +103,7 @@ def fail_jobs_on(
     why: str,
     engine: Engine | None = None,
     budget: int = DEFAULT_LOST_REQUEUE_BUDGET,
+    spec: ExitSpec | None = None,
 ) -> int:
     """End the live attempts placed on `node` as LOST and settle their jobs by the one rule for
     lost work (a job changed meanwhile by another session is left to it). Not committed."""
@@ -114,6 +119,9 @@ def fail_jobs_on(
         end_attempt(
             session, job, attempt, AttemptState.LOST, now, reason=FailureReason.NODE_LOST, message=why
         )
+        if spec is not None:  # the exit-spec's node_lost verdict: failure counts and node flags
+            verdict = spec.classify(Facts(frozenset({"node_lost"}), log_tail=why))
+            record(session, job, attempt, verdict, node, now, retried=job.state == JobState.QUEUED.value)
         if engine is not None:  # best effort: should the node come back, its processes must not run on
             try:
                 engine.stop(attempt.attempt_id, 0.0)
@@ -167,12 +175,16 @@ def node_tick(ctx: ServerContext, now: float) -> None:
             if row.state != NodeState.DOWN.value and silent > HEARTBEAT_TIMEOUT_S:
                 why = f"node {row.name} stopped sending heartbeats ({silent:.0f} s)"
                 if move_node(session, row, NodeState.DOWN, message=why):
-                    requeued += fail_jobs_on(session, row.name, now, why, ctx.engine, budget)
+                    requeued += fail_jobs_on(
+                        session, row.name, now, why, ctx.engine, budget, active_exit_spec(ctx)
+                    )
                 log.warning(why)
         for row in rows:  # reported down just now: its jobs are lost once, not every tick
             if row.state == NodeState.DOWN.value and before.get(row.name) != NodeState.DOWN.value:
                 why = row.message or f"node {row.name} is down"
-                requeued += fail_jobs_on(session, row.name, now, why, ctx.engine, budget)
+                requeued += fail_jobs_on(
+                    session, row.name, now, why, ctx.engine, budget, active_exit_spec(ctx)
+                )
         session.commit()
         push_admin_states(ctx, rows)
     if requeued:

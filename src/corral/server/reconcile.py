@@ -16,6 +16,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from corral.db.models import Attempt, Job, UsageLedger
+from corral.diagnosis.exitspec import ExitSpec, ExitSpecCache
+from corral.diagnosis.logtail import failing_rank, read_tail
+from corral.diagnosis.record import Diagnoser, failing_node, record, retry_rule
+from corral.diagnosis.settings import DiagnosisSettings
 from corral.engine.base import AttemptPhase, AttemptStatus, EngineUnavailable, FailureReason
 from corral.server.context import ServerContext
 from corral.server.finish import end_attempt
@@ -28,6 +32,7 @@ from corral.services.lifecycle import (
     Ending,
     JobState,
     Loss,
+    RetryRule,
     move_attempt,
     settle_attempt_end,
     transition,
@@ -141,8 +146,8 @@ def loss_of(status: AttemptStatus) -> Loss:
     return Loss.NODE if status.reason is FailureReason.NODE_LOST else Loss.ATTEMPT
 
 
-def attempt_end(status: AttemptStatus) -> AttemptEnd:
-    """The engine's final status as the lifecycle rules read it."""
+def attempt_end(status: AttemptStatus, rule: RetryRule | None = None) -> AttemptEnd:
+    """The engine's final status as the lifecycle rules read it (`rule`: the exit-spec's)."""
     code = (
         f"exit code {status.exit_code}"
         if status.exit_code is not None
@@ -153,7 +158,7 @@ def attempt_end(status: AttemptStatus) -> AttemptEnd:
         return AttemptEnd(Ending.SUCCEEDED, why, status.finished_at)
     if status.phase is AttemptPhase.LOST:
         return AttemptEnd(Ending.LOST, why, status.finished_at, loss=loss_of(status))
-    return AttemptEnd(Ending.FAILED, why, status.finished_at)
+    return AttemptEnd(Ending.FAILED, why, status.finished_at, rule=rule)
 
 
 def _record_running(session: Session, job: Job, attempt: Attempt, status: AttemptStatus, now: float) -> None:
@@ -173,6 +178,7 @@ def apply_status(
     prefetched: tuple[Job | None, Attempt | None] | None = None,
     *,
     budget: int = DEFAULT_LOST_REQUEUE_BUDGET,
+    diagnoser: Diagnoser | None = None,
 ) -> bool:
     """Record one engine status in the session (the caller commits); True when the attempt ended
     (its resources are free once committed). A job or attempt changed by another session since
@@ -193,10 +199,21 @@ def apply_status(
     if status.phase is AttemptPhase.RUNNING:
         _record_running(session, job, attempt, status, now)
         return False
-    attempt_state = settle_attempt_end(session, job, attempt, attempt_end(status), now=now, budget=budget)
+    verdict = diagnoser.verdict(session, attempt, status) if diagnoser is not None else None
+    rule = None
+    if verdict is not None:
+        rule = retry_rule(verdict, diagnoser.fault(session, attempt) if diagnoser else None)
+    end = attempt_end(status, rule)
+    attempt_state = settle_attempt_end(session, job, attempt, end, now=now, budget=budget)
     if attempt_state is None:
         return False
-    reason = status.reason or (FailureReason.NODE_LOST if status.phase is AttemptPhase.LOST else None)
+    reason: FailureReason | str | None = status.reason or (
+        FailureReason.NODE_LOST if status.phase is AttemptPhase.LOST else None
+    )
+    if verdict is not None and attempt_state in (AttemptState.FAILED, AttemptState.LOST):
+        node = failing_node(attempt, failing_rank(status.message))
+        record(session, job, attempt, verdict, node, now, retried=job.state == JobState.QUEUED.value)
+        reason = verdict.reason
     end_attempt(
         session,
         job,
@@ -216,15 +233,46 @@ def _prefetch(session: Session, ids: list[int]) -> tuple[dict[int, Job], dict[in
     return jobs_with_live_attempts(session, ids)
 
 
-def _apply_alone(session: Session, row: LiveRow, status: AttemptStatus, budget: int) -> bool:
+def _apply_alone(
+    session: Session, row: LiveRow, status: AttemptStatus, budget: int, diagnoser: Diagnoser | None
+) -> bool:
     try:
-        ended = apply_status(session, row.job_id, status, time.time(), budget=budget)
+        ended = apply_status(session, row.job_id, status, time.time(), budget=budget, diagnoser=diagnoser)
         session.commit()
         return ended
     except Exception:
         session.rollback()
         log.exception("could not record status of job %s", row.job_id)
         return False
+
+
+def make_diagnoser(ctx: ServerContext, statuses: list[AttemptStatus]) -> Diagnoser | None:
+    """The exit-spec and the tails of the logs of the attempts that failed, read before the
+    transaction (engine I/O, bounded: the last CORRAL_DIAG_LOG_TAIL_KIB of one rank each).
+    None when no attempt ended badly."""
+    if not any(s.phase in (AttemptPhase.FAILED, AttemptPhase.LOST) for s in statuses):
+        return None
+    spec = active_exit_spec(ctx)
+    tails: dict[str, str] = {}
+    for status in statuses:
+        if status.phase is AttemptPhase.FAILED:
+            rank = failing_rank(status.message)
+            try:
+                tails[status.attempt_id] = read_tail(
+                    ctx.engine, status.attempt_id, rank, ctx.memory.log_tail_bytes
+                )
+            except (OSError, EngineUnavailable, ValueError) as exc:
+                log.warning("could not read the log of %s for diagnosis: %s", status.attempt_id, exc)
+    return Diagnoser(spec, tails)
+
+
+def active_exit_spec(ctx: ServerContext) -> ExitSpec:
+    """The exit-spec the loops use: loaded once per process, re-read when the admin file changes."""
+    if ctx.memory.exit_spec is None:
+        settings = DiagnosisSettings()
+        ctx.memory.exit_spec = ExitSpecCache(settings.exit_spec_file)
+        ctx.memory.log_tail_bytes = settings.log_tail_kib * 1024
+    return ctx.memory.exit_spec.get()
 
 
 def reconcile_tick(ctx: ServerContext, now: float) -> None:
@@ -248,6 +296,7 @@ def reconcile_tick(ctx: ServerContext, now: float) -> None:
     if not changed:
         return
     budget = ctx.settings.lost_requeue_budget
+    diagnoser = make_diagnoser(ctx, [status for _, status in changed])
     with ctx.session_factory() as session:
         try:  # one transaction for the whole tick: one SQLite write however many jobs changed
             now = time.time()
@@ -261,6 +310,7 @@ def reconcile_tick(ctx: ServerContext, now: float) -> None:
                         now,
                         (jobs.get(row.job_id), attempts.get(row.job_id)),
                         budget=budget,
+                        diagnoser=diagnoser,
                     )
                     for row, status in changed
                 )
@@ -268,7 +318,7 @@ def reconcile_tick(ctx: ServerContext, now: float) -> None:
         except Exception:
             session.rollback()
             log.exception("batch of %d status changes failed; recording them one by one", len(changed))
-            ended = sum(_apply_alone(session, row, status, budget) for row, status in changed)
+            ended = sum(_apply_alone(session, row, status, budget, diagnoser) for row, status in changed)
     if any(status.phase is AttemptPhase.LOST for _, status in changed):
         # A lost attempt usually means a lost node: refresh node states too, so the requeued job
         # is not placed back on the node that just died.

@@ -15,6 +15,7 @@ from typing import NamedTuple, cast
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session, selectinload
 
+from corral.db.diag_models import JobAvoid
 from corral.db.models import Attempt, Group, Job, Node, UsageLedger, User
 from corral.domain import Placement
 from corral.scheduler import types as st
@@ -65,6 +66,9 @@ class JobRecord:
     borrowed: bool = False
     # A preempted job still holds its GPUs until its stop ends: when that will be at the latest.
     stops_by: float | None = None
+    # Retry after a failure (corral.diagnosis): where not to run, and not before when (backoff).
+    avoid: tuple[tuple[str, int | None], ...] = ()
+    not_before: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +112,7 @@ def scheduler_job(record: JobRecord, max_stop_grace_s: float = MAX_STOP_GRACE_S)
         runtime_estimate=record.runtime_estimate_s,
         attained_gpu_seconds=record.attained_gpu_seconds,
         stop_grace_s=grace,
+        avoid=record.avoid,
     )
 
 
@@ -159,7 +164,11 @@ def build_snapshot(
     return st.Snapshot(
         nodes=state.nodes,
         groups=tuple(scheduler_group(g) for g in state.groups),
-        queued=tuple(scheduler_job(r, max_stop_grace_s) for r in sorted(state.queued, key=_submission)),
+        queued=tuple(
+            scheduler_job(r, max_stop_grace_s)
+            for r in sorted(state.queued, key=_submission)
+            if r.not_before is None or r.not_before <= now  # a retry's backoff keeps it out until then
+        ),
         running=running,
         usage=st.Usage(by_group=by_group, by_user=by_user),
     )
@@ -236,6 +245,15 @@ def _job_record(row: _JobRow, names: Mapping[int, str], groups: Mapping[int, str
     )
 
 
+def _with_avoid(record: JobRecord, avoid: Mapping[int, JobAvoid]) -> JobRecord:
+    row = avoid.get(record.id)
+    if row is None:
+        return record
+    places = {(str(n), None) for n in row.nodes or ()} | {(str(n), int(g)) for n, g in row.gpus or ()}
+    order = sorted(places, key=lambda p: (p[0], -1 if p[1] is None else p[1]))
+    return replace(record, avoid=tuple(order), not_before=row.not_before)
+
+
 def jobs_with_live_attempts(
     session: Session, ids: Sequence[int]
 ) -> tuple[dict[int, Job], dict[int, Attempt]]:
@@ -275,7 +293,7 @@ def placeable_node(row: Node) -> st.Node:
 
 def read_cluster_state(session: Session) -> ClusterState:
     """One SELECT per table read: nodes, their GPUs, groups, their quotas, users, jobs (waiting and
-    live, with the live ones' current attempt joined), usage ledger (tests/server/
+    live, with the live ones' current attempt joined), usage ledger, retry exclusions (tests/server/
     test_snapshot_queries.py keeps it so)."""
     nodes = session.scalars(select(Node).options(selectinload(Node.gpus)).order_by(Node.name)).all()
     groups = session.scalars(select(Group).options(selectinload(Group.quotas)).order_by(Group.name)).all()
@@ -299,6 +317,7 @@ def read_cluster_state(session: Session) -> ClusterState:
     queued = [row for row in jobs if row.state == JobState.QUEUED.value]
     live = [row for row in jobs if row.state != JobState.QUEUED.value and row.attempt_id is not None]
     ledger = session.scalars(select(UsageLedger)).all()
+    avoid = {a.job_id: a for a in session.scalars(select(JobAvoid))}
     return ClusterState(
         nodes=tuple(placeable_node(n) for n in nodes),
         groups=tuple(
@@ -313,7 +332,7 @@ def read_cluster_state(session: Session) -> ClusterState:
             )
             for g in groups
         ),
-        queued=tuple(_job_record(row, user_names, group_names, False) for row in queued),
+        queued=tuple(_with_avoid(_job_record(row, user_names, group_names, False), avoid) for row in queued),
         running=tuple(_job_record(row, user_names, group_names, True) for row in live),
         ledger=tuple(LedgerRecord(r.group_name, r.user_name, r.gpu_seconds, r.updated_at) for r in ledger),
     )

@@ -31,8 +31,10 @@ How an ended attempt settles its job (`settle_attempt_end`), first rule that app
    work): QUEUED while the job's platform-loss budget (CORRAL_LOST_REQUEUE_BUDGET, default 3)
    lasts, else FAILED; a loss is not the job's fault, so it never uses up `retries:`;
 6. failed (`settle_failure`): the exit-spec classification, when there is one, decides whether
-   the failure may be retried at all (`retryable=False`: FAILED at once); otherwise QUEUED while
-   the job's own failures <= `retries:`, else FAILED.
+   the failure may be retried at all (`retryable=False` or a `RetryRule` with cap 0: FAILED at
+   once) and whose budget it uses: the job's own failures (user category) QUEUED while
+   <= `retries:` (and the rule's cap), else FAILED; failures that are not the job's (transient,
+   platform, hardware) QUEUED while the platform losses stay within the budget and the cap.
 """
 
 from __future__ import annotations
@@ -281,23 +283,58 @@ def settle_lost_work(
     return target if transition(session, job, target, now=now, message=message, values=values) else None
 
 
+@dataclass(frozen=True, slots=True)
+class RetryRule:
+    """The exit-spec's verdict on one failure, as the retry rules read it."""
+
+    own_fault: bool  # True: counts against `retries:`; False: against the platform-loss budget
+    cap: int | None = None  # at most this many retries for it (0: never; None: the budget decides)
+    label: str = ""  # "user_error", ... for the reason text
+
+
 def settle_failure(
-    session: Session, job: Job, *, why: str, now: float, retryable: bool | None = None
+    session: Session,
+    job: Job,
+    *,
+    why: str,
+    now: float,
+    retryable: bool | None = None,
+    rule: RetryRule | None = None,
+    budget: int = DEFAULT_LOST_REQUEUE_BUDGET,
 ) -> JobState | None:
-    """The job's own failure: FAILED, or QUEUED while its own failures <= `retries:`.
+    """The job's failure: FAILED, or QUEUED while its own failures <= `retries:`.
     `retryable`: the exit-spec's verdict on this failure when there is one (False: never retried,
-    True or None: the retry budget decides). Returns the state entered, None after a lost race."""
+    True or None: the retry budget decides). `rule` (the exit-spec's category and retry policy)
+    refines it: a failure that is not the job's fault (platform, hardware, transient) is requeued
+    on the platform-loss `budget` and never uses up `retries:`; `cap` bounds either count.
+    Returns the state entered, None after a lost race."""
     if job.cancel_requested:
-        target, message, values = JobState.CANCELLED, f"cancelled; {why}", {}
-    else:
-        failures = job.own_failures + 1
-        if retryable is not False and failures <= job.max_retries:
-            target, message = JobState.QUEUED, f"{why} (retrying: retry {failures} of {job.max_retries})"
-        elif retryable is False:
-            target, message = JobState.FAILED, f"{why} (not retryable)"
+        done = transition(session, job, JobState.CANCELLED, now=now, message=f"cancelled; {why}")
+        return JobState.CANCELLED if done else None
+    values: dict[str, object]
+    if rule is not None and not rule.own_fault:
+        losses = job.platform_losses + 1
+        cap = budget if rule.cap is None else min(rule.cap, budget)
+        if losses <= cap:
+            target, message = JobState.QUEUED, f"{why}; requeued (platform loss {losses} of {cap})"
+        elif rule.cap == 0:
+            target, message = JobState.FAILED, f"{why} (not retryable: {rule.label})"
         else:
-            target, message = JobState.FAILED, why
-        values = {"own_failures": failures, "reason": message}
+            target, message = JobState.FAILED, f"{why}; failed {losses} times, over the limit of {cap}"
+        values = {"platform_losses": losses, "reason": message}
+        return target if transition(session, job, target, now=now, message=message, values=values) else None
+    failures = job.own_failures + 1
+    cap = job.max_retries if rule is None or rule.cap is None else min(rule.cap, job.max_retries)
+    if rule is not None and rule.cap == 0:
+        retryable = False
+    if retryable is not False and failures <= cap:
+        target, message = JobState.QUEUED, f"{why} (retrying: retry {failures} of {cap})"
+    elif retryable is False:
+        label = f": {rule.label}" if rule is not None and rule.label else ""
+        target, message = JobState.FAILED, f"{why} (not retryable{label})"
+    else:
+        target, message = JobState.FAILED, why
+    values = {"own_failures": failures, "reason": message}
     return target if transition(session, job, target, now=now, message=message, values=values) else None
 
 
@@ -316,6 +353,7 @@ class AttemptEnd:
     finished_at: float | None = None  # when the engine saw it end (None: unknown)
     loss: Loss = Loss.ATTEMPT  # what was lost, for Ending.LOST
     retryable: bool | None = None  # the exit-spec's verdict, for Ending.FAILED
+    rule: RetryRule | None = None  # the exit-spec's category and retry cap, for Ending.FAILED
 
 
 def settle_attempt_end(
@@ -350,7 +388,9 @@ def settle_attempt_end(
         entered = settle_lost_work(session, job, loss=end.loss, why=why, now=now, budget=budget)
         return AttemptState.LOST if entered is not None else None
     why = f"attempt {attempt.number} failed ({end.why})"
-    entered = settle_failure(session, job, why=why, now=now, retryable=end.retryable)
+    entered = settle_failure(
+        session, job, why=why, now=now, retryable=end.retryable, rule=end.rule, budget=budget
+    )
     return AttemptState.FAILED if entered is not None else None
 
 

@@ -7,6 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NotRequired, TypedDict
 
+from sqlalchemy import select
+from sqlalchemy.orm import object_session
+
+from corral.db.diag_models import AttemptDiagnosis, HangWatch, NodeFlag
 from corral.db.models import Attempt, Group, Job, JobEvent, Node, User
 from corral.domain import (
     InstancePlacementJSON,
@@ -37,6 +41,28 @@ class AttemptView(TypedDict):
     exit_code: int | None
     reason: str | None
     message: str
+    failure: NotRequired[FailureView | None]  # GET /jobs/{id}: the exit-spec's verdict
+
+
+class FailureView(TypedDict):
+    """Why an attempt failed, by the exit-spec (corral.diagnosis)."""
+
+    reason: str
+    category: str  # user | platform | hardware | transient | preempted
+    message: str
+    fix: str
+    evidence: str
+    node: str
+
+
+class WatchView(TypedDict):
+    """The hang and straggler watch of the job's running attempt (corral.diagnosis.watch)."""
+
+    attempt: int
+    suspected_hang: str  # "" or who is suspected and why
+    suspected_at: float | None
+    stragglers: str
+    action: str  # what the on_hang policy did: notify | kill | requeue, or ""
 
 
 class EventView(TypedDict):
@@ -70,6 +96,7 @@ class JobView(TypedDict):
     attempts: list[AttemptView]
     diagnosis: JobDiagnosisJSON | None
     events: NotRequired[list[EventView]]
+    watch: NotRequired[WatchView | None]
 
 
 class GpuView(TypedDict):
@@ -95,6 +122,7 @@ class NodeView(TypedDict):
     last_heartbeat: float | None
     message: str
     gpus: list[GpuView]
+    flags: list[str]  # diagnosis: e.g. "failing_jobs: failed jobs of 3 users ... within 1 h"
 
 
 class QuotaView(TypedDict):
@@ -205,7 +233,47 @@ def job_view(
     }
     if events is not None:
         out["events"] = [event_view(e) for e in events]
+        _add_diagnosis(job, out)
     return out
+
+
+def _node_flags(node: Node) -> list[str]:
+    session = object_session(node)
+    if session is None:
+        return []
+    flags: dict[str, list[str]] | None = session.info.get("active_node_flags")
+    if flags is None:  # one query per session, not one per node listed
+        flags = {}
+        for f in session.scalars(select(NodeFlag).where(NodeFlag.active.is_(True))):
+            flags.setdefault(f.node, []).append(f"{f.flag}: {f.detail}")
+        session.info["active_node_flags"] = flags
+    return flags.get(node.name, [])
+
+
+def _add_diagnosis(job: Job, out: JobView) -> None:
+    """The detail view's failure verdicts and hang watch: two small queries for one job."""
+    session = object_session(job)
+    if session is None:
+        return
+    by_pk = {a.id: a.number for a in job.attempts}
+    rows = session.scalars(select(AttemptDiagnosis).where(AttemptDiagnosis.job_id == job.id)).all()
+    verdicts = {by_pk.get(d.attempt_pk): d for d in rows}
+    for view in out["attempts"]:
+        d = verdicts.get(view["number"])
+        view["failure"] = (
+            None
+            if d is None
+            else {"reason": d.reason, "category": d.category, "message": d.message, "fix": d.fix,
+                  "evidence": d.evidence, "node": d.node}
+        )  # fmt: skip
+    watch = session.scalars(select(HangWatch).where(HangWatch.job_id == job.id)).all()
+    live = max(watch, key=lambda w: by_pk.get(w.attempt_pk, 0), default=None)
+    out["watch"] = (
+        None
+        if live is None
+        else {"attempt": by_pk.get(live.attempt_pk, 0), "suspected_hang": live.suspect,
+              "suspected_at": live.suspected_at, "stragglers": live.stragglers, "action": live.acted}
+    )  # fmt: skip
 
 
 def node_view(node: Node, claims: dict[tuple[str, int], int]) -> NodeView:
@@ -220,6 +288,7 @@ def node_view(node: Node, claims: dict[tuple[str, int], int]) -> NodeView:
         "engine": node.engine,
         "last_heartbeat": node.last_heartbeat,
         "message": node.message,
+        "flags": _node_flags(node),
         "gpus": [
             {
                 "index": g.index,

@@ -167,6 +167,29 @@ function placementGpus(a) {
   return Array.from(byNode, ([node, indices]) => `${node}: ${indices.join(",")}`).join(" · ");
 }
 
+// The exit-spec's verdict (docs/diagnosis.md): reason code, category, message and the fix.
+function attemptReason(a) {
+  const f = a.failure;
+  if (!f) return [a.reason || "", a.message ? h("div", { class: "muted" }, a.message) : null];
+  return [
+    h("code", {}, f.reason), h("span", { class: "muted" }, ` (${f.category})`),
+    h("div", { class: "failure-message" }, f.message),
+    f.evidence ? h("div", { class: "muted failure-evidence" }, h("code", {}, f.evidence)) : null,
+    h("div", { class: "failure-fix" }, h("strong", {}, "Fix: "), f.fix),
+  ];
+}
+
+function drawWatch(job) {
+  const w = job.watch;
+  if (!w || (!w.suspected_hang && !w.stragglers)) return null;
+  return h(
+    "div",
+    { class: "card watch" },
+    w.suspected_hang ? h("p", {}, h("strong", {}, "Suspected hang: "), w.suspected_hang, w.action ? ` (on_hang: ${w.action})` : "") : null,
+    w.stragglers ? h("p", {}, h("strong", {}, "Stragglers: "), w.stragglers) : null,
+  );
+}
+
 function drawAttempts(root, job) {
   const attempts = job.attempts || [];
   fill(root, 
@@ -182,13 +205,14 @@ function drawAttempts(root, job) {
               { label: "Started", cell: (a) => timeEl(a.started_at) },
               { label: "Ended", cell: (a) => timeEl(a.ended_at) },
               { label: "Exit", cell: (a) => (a.exit_code == null ? "—" : String(a.exit_code)) },
-              { label: "Reason", cell: (a) => [a.reason || "", a.message ? h("div", { class: "muted" }, a.message) : null] },
+              { label: "Reason", cell: attemptReason },
             ],
             attempts,
             { class: "attempts" },
           )
         : emptyState("Not started yet."),
     ),
+    drawWatch(job),
   );
 }
 

@@ -72,6 +72,7 @@ function nodeCard(node, refresh) {
     ),
     gpus.length ? h("ul", { class: "gpus", "aria-label": `GPUs of ${node.name}` }, gpus.map((g) => gpuCell(node, g))) : null,
     node.message ? h("p", { class: "node-message" }, node.message) : null,
+    ...(node.flags || []).map((f) => h("p", { class: "node-flag" }, h("strong", {}, "Flagged: "), f)),
     node.last_heartbeat ? h("p", { class: "muted small" }, "heartbeat ", timeEl(node.last_heartbeat)) : null,
     isAdmin() ? adminActions(node, refresh) : null,
   );
