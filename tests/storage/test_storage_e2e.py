@@ -197,11 +197,9 @@ def test_code_snapshot_runs_and_outputs_are_pulled(
     job_id = int(re.search(r'"id": (\d+)', first.stdout).group(1))  # type: ignore[union-attr]
     log = clients["alice"].logs(job_id)["data"]
     assert "['.gitignore', 'pkg', 'train.py']" in log, log  # ignored files stay home
-    again = corral(server, token, "submit", str(spec), "--code", str(code), "-o", "json")
-    assert again.returncode == 0 and "uploaded 0 bytes" in again.stderr, again.stderr
-
-    listed = corral(server, token, "job", "outputs", str(job_id), "-o", "json")
-    assert '"path": "ckpt/model.bin"' in listed.stdout, listed.stdout + listed.stderr
+    again = clients["alice"].upload_code(code)  # what `submit --code` does first
+    assert (again.files, again.uploaded_bytes) == (3, 0)  # unchanged: nothing is sent again
+    assert [o["path"] for o in clients["alice"].job_outputs(job_id)] == ["ckpt/model.bin"]
     pulled = corral(server, token, "job", "outputs", str(job_id), "--pull", str(tmp_path / "got"))
     assert pulled.returncode == 0, pulled.stderr
     assert (tmp_path / "got" / "ckpt" / "model.bin").read_text() == "step=7 cwd=/code"
