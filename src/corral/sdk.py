@@ -427,6 +427,11 @@ class Client:
                 if final:
                     return size
 
+    def storage_identities(self) -> list[dict[str, Any]]:
+        """Admin: [{kind: user|group, name, id, current}] (allocates ids not given yet)."""
+        items: list[dict[str, Any]] = self.request("POST", "/storage/identities")["items"]
+        return items
+
     def job_outputs(self, job_id: int) -> list[dict[str, Any]]:
         """The files the job wrote under /outputs: [{path, size, modified_at}]."""
         items: list[dict[str, Any]] = self.request("GET", f"/jobs/{job_id}/outputs")["items"]

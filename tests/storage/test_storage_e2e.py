@@ -148,6 +148,11 @@ def test_home_persists_is_private_and_uid_is_stable(server: CorralServer, client
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (uid, 0o700)
     vision_gid = os.stat(storage_root(server) / "group" / "vision").st_gid
     assert str(vision_gid) in log1.split()[1:4]  # supplementary gids: alice's groups
+    ids = {(i["kind"], i["name"]): i["id"] for i in clients["admin"].storage_identities()}
+    assert ids[("user", "alice")] == uid and ids[("group", "vision")] == vision_gid
+    with pytest.raises(ApiError) as not_admin:
+        bob.storage_identities()
+    assert not_admin.value.status_code == 403
     _job, log = run_job(bob, "ls /home; cat /home/alice/note; echo rc=$?")
     assert "alice" not in log.replace("/home/alice/note", "") and "kept" not in log and "rc=1" in log
 

@@ -1,4 +1,5 @@
-"""Storage commands: `corral job outputs ID [--pull DIR]` (a job's /outputs files)."""
+"""Storage commands: `corral job outputs ID [--pull DIR]` (a job's /outputs files) and
+`corral storage ids` (the stable uids/gids, admin)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,24 @@ from rich.table import Table
 from corral.cli.platform import Output, OutputOpt, client, err, friendly_errors, out, print_json, when
 
 job_app = typer.Typer(help="A job's files: outputs.", no_args_is_help=True)
+storage_app = typer.Typer(help="Storage: identities (docs/storage.md).", no_args_is_help=True)
+
+
+@storage_app.command("ids")
+@friendly_errors
+def ids(output: OutputOpt = Output.table) -> None:
+    """Every user's uid and group's gid on the storage root (admin; gives out missing ones)."""
+    with client() as c:
+        items = c.storage_identities()
+    if output is Output.json:
+        print_json(items)
+        return
+    table = Table("KIND", "NAME", "ID", "CURRENT")
+    for item in items:
+        table.add_row(
+            item["kind"], item["name"], str(item["id"]), "yes" if item["current"] else "no (deleted)"
+        )
+    out.print(table)
 
 
 @job_app.command("outputs")
@@ -43,3 +62,4 @@ def outputs(
 
 def register(app: typer.Typer) -> None:
     app.add_typer(job_app, name="job")
+    app.add_typer(storage_app, name="storage")

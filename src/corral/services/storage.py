@@ -13,13 +13,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from corral.config import Settings
-from corral.db.models import Group, Job
+from corral.db.models import Group, Job, User
+from corral.db.storage_models import StorageIdentity
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
 from corral.spec import JobSpecV1, MountV1
 from corral.storage import code
+from corral.storage.identities import ensure_ids, list_ids
 from corral.storage.layout import outputs_dir
 from corral.storage.mounts import MountContext, MountRefused, resolve_all
+from corral.storage.plan import id_ranges
 
 MAX_MISSING_QUERY = 50_000
 MAX_LISTED = 10_000  # outputs entries listed at once
@@ -57,6 +60,29 @@ def check_job_storage(
         for m, b in zip(spec.mounts, binds, strict=True)
     ]
     return spec.model_copy(update={"mounts": pinned})
+
+
+def identities(session: Session, settings: Settings) -> list[dict[str, object]]:
+    """Every user's uid and group's gid (admin), allocating those not given yet, e.g. for the
+    Unix groups a Slurm site makes (docs/storage.md, "Identities"). Commits."""
+    uid_range, gid_range = id_ranges(settings)
+    ensure_ids(
+        session,
+        session.scalars(select(User)).all(),
+        session.scalars(select(Group)).all(),
+        uid_range,
+        gid_range,
+    )
+    session.commit()
+    return [
+        {"kind": r.kind, "name": r.subject_name, "id": r.number, "current": _is_current(session, r)}
+        for r in list_ids(session)
+    ]
+
+
+def _is_current(session: Session, row: StorageIdentity) -> bool:
+    found = session.get(User if row.kind == "user" else Group, row.subject_id)
+    return isinstance(found, (User, Group)) and found.created_at == row.subject_created_at
 
 
 # -- code uploads ------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from corral.api.deps import DB, CurrentUser, fast_json
+from corral.api.deps import DB, Admin, CurrentUser, fast_json
 from corral.services import jobs as jobs_svc
 from corral.services import storage as svc
 from corral.services.errors import Invalid
@@ -57,6 +57,13 @@ async def code_snapshot(request: Request, principal: CurrentUser) -> Any:
         raise Invalid("the manifest is not UTF-8 text", ("body",))
     snap_id = svc.create_snapshot(request.app.state.settings, text)
     return fast_json({"id": snap_id}, 201)
+
+
+@router.post("/storage/identities")
+def storage_identities(request: Request, db: DB, admin: Admin) -> Any:
+    """Every user's uid and group's gid (admin); allocates those not given yet."""
+    del admin
+    return fast_json({"items": svc.identities(db, request.app.state.settings)})
 
 
 @router.get("/jobs/{job_id}/outputs")
