@@ -73,5 +73,5 @@ def test_mounts_name_exactly_one_source() -> None:
         parse_spec({"name": "t", "command": "x", "mounts": [{"dataset": "cifar10"}]}).mounts[0].source
         == "data/cifar10"
     )
-    with pytest.raises(ValidationError, match="source: ..., target"):
+    with pytest.raises(ValidationError, match=r"source: \.\.\., target"):
         parse_spec({"name": "t", "command": "x", "mounts": [{"dataset": "a", "group_storage": "b"}]})

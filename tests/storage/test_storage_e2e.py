@@ -217,3 +217,32 @@ def test_code_snapshot_runs_and_outputs_are_pulled(
     assert outputs.is_dir()
     clients["alice"].delete(job_id)
     assert not outputs.exists()  # deleted with the job
+
+
+def test_code_upload_refuses_bad_input(clients: dict[str, Client]) -> None:
+    alice = clients["alice"]
+    sha = "ab" * 32
+    cases = [
+        (("PUT", "/code/blobs/not-a-sha"), {"content": b"x"}, 422, "sha256"),
+        (
+            ("PUT", f"/code/blobs/{sha}"),
+            {"params": {"offset": 5}, "content": b"x"},
+            409,
+            "resume at offset 0",
+        ),
+        (("PUT", f"/code/blobs/{sha}"), {"params": {"final": "true"}, "content": b"x"}, 422, "hash to"),
+        (("POST", "/code/snapshots"), {"content": f"{sha} - ../x\n".encode()}, 422, "code path"),
+        (("POST", "/code/snapshots"), {"content": f"{sha} - a\x00b\n".encode()}, 422, "code path"),
+        (("POST", "/code/snapshots"), {"content": f"{sha} - a.py\n".encode()}, 422, "not uploaded"),
+        (("POST", "/code/snapshots"), {"content": b"garbage\n"}, 422, "manifest line 1"),
+    ]
+    for (method, path), kwargs, status, words in cases:
+        with pytest.raises(ApiError) as refused:
+            alice.request(method, path, **kwargs)
+        assert refused.value.status_code == status and words in refused.value.message, (
+            path,
+            refused.value.message,
+        )
+    with pytest.raises(ApiError) as unknown:
+        alice.submit({"name": "c", "command": "true", "code": "cd" * 32})
+    assert unknown.value.status_code == 422 and "does not exist" in unknown.value.message

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from corral.config import Settings
 from corral.db.models import Group, Job, Membership, User
 from corral.storage import code
-from corral.storage.identities import IdRange, ensure_ids
+from corral.storage.identities import IdRange, IdsExhausted, ensure_ids
 from corral.storage.layout import StorageDir, StorageError, outputs_dir
 from corral.storage.mounts import (
     SANDBOX_CODE,
@@ -71,7 +71,11 @@ def plan_jobs(session: Session, jobs: Sequence[Job], settings: Settings) -> dict
     users: dict[int, User] = {j.user_id: j.user for j in jobs}
     all_groups = {g.id: g for gs in groups_of.values() for g in gs}
     uid_range, gid_range = id_ranges(settings)
-    uids, gids = ensure_ids(session, users.values(), all_groups.values(), uid_range, gid_range)
+    try:
+        uids, gids = ensure_ids(session, users.values(), all_groups.values(), uid_range, gid_range)
+    except IdsExhausted as exc:  # the launches fail saying so; the loop itself goes on
+        log.error("storage: %s", exc)
+        return {j.id: JobStorage(0, (), refused=f"storage: {exc}") for j in jobs}
     plans = {}
     for job in jobs:
         groups = groups_of.get(job.user_id, [])
