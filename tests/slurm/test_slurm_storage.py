@@ -56,5 +56,19 @@ def test_members_share_the_group_dir_on_slurm(slurm_cluster: SlurmCluster) -> No
         assert "from-alice" in out and "ls=bob\n" in out and "rc=1" in out, out  # alice's home: not there
         home = (root / "home" / "alice").stat()
         assert (home.st_uid, home.st_mode & 0o777) == (os.stat(root / "group" / "vision" / "x").st_uid, 0o700)
+        # A root the job accounts cannot reach (below a 0700 dir, e.g. CORRAL_HOME): said clearly,
+        # at start-up and at launch, instead of a bubblewrap error in the job's log.
+        closed = slurm_cluster.new_state_dir()
+        ensure_layout(closed / "storage")
+        os.chmod(closed, 0o700)
+        hidden = slurm_engine(slurm_cluster, storage_root=closed / "storage")
+        try:
+            assert any("no o+x" in p for p in hidden.check_storage())
+            dirs = default_binds(MountContext("alice", frozenset(), closed / "storage"), {})[0].prepare
+            hidden.launch(replace(attempt("703.1", instance("node1", "true")), storage_dirs=dirs))
+            status = wait_for(hidden, "703.1", FINISHED)
+            assert status.phase is AttemptPhase.FAILED and "no o+x" in status.message, status
+        finally:
+            hidden.close()
     finally:
         engine.close()

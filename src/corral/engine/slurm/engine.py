@@ -115,13 +115,8 @@ class SlurmEngine:
         root = self.storage_root
         if root is None:
             return []
-        problems = []
-        blocked = next((p for p in [root, *root.parents] if not os.stat(p).st_mode & 0o001), None)
-        if blocked is not None:
-            problems.append(
-                f"storage root {root}: {blocked} is not passable by job accounts (no o+x); "
-                "put CORRAL_STORAGE_ROOT on shared storage outside CORRAL_HOME"
-            )
+        unreachable = self._storage_unreachable()
+        problems = [unreachable] if unreachable else []
         expected = (root / MARKER).read_text().strip()
         ready = [n.name for n in self.nodes() if n.state is NodeState.READY]
         if not ready:
@@ -141,6 +136,19 @@ class SlurmEngine:
                     f"(it reads {seen.get(node, 'nothing')!r} at {root / MARKER}): mount it there"
                 )
         return problems
+
+    def _storage_unreachable(self) -> str | None:
+        """Why the job accounts cannot reach the storage root (bwrap binds it as them), or None."""
+        root = self.storage_root
+        if root is None:
+            return None
+        blocked = next((p for p in [root, *root.parents] if not os.stat(p).st_mode & 0o001), None)
+        if blocked is None:
+            return None
+        return (
+            f"cannot bind the job's storage: CORRAL_STORAGE_ROOT {root} lies below {blocked}, which "
+            "job accounts cannot pass (no o+x); put the storage root on shared storage outside CORRAL_HOME"
+        )
 
     def log_storage_check(self) -> None:
         """At start-up (in a thread: srun waits for the nodes): say clearly what is wrong."""
@@ -211,6 +219,9 @@ class SlurmEngine:
             record.unix_user, record.uid = account.name, account.uid
             if attempt.refused:
                 return self._reject(record, attempt.refused)
+            blocked = self._storage_unreachable() if attempt.storage_dirs else None
+            if blocked is not None:
+                return self._reject(record, blocked)
             try:  # home, group and outputs dirs on the shared storage root, owned by the account
                 prepare_dirs(attempt.storage_dirs, account.uid, account.gid)
             except (OSError, ValueError) as exc:
