@@ -126,6 +126,16 @@ def test_spec_mounts_modes_and_bad_sources(clients: dict[str, Client]) -> None:
         with pytest.raises(ApiError) as refused:
             alice.submit({"name": "m", "command": "true", "mounts": [{"source": "home", "target": target}]})
         assert refused.value.status_code == 422 and "target" in refused.value.message
+    # A member's symlink is never followed into a bind (it would be followed as root on the host),
+    # and no mount goes inside another user's place under /home or /group.
+    job, log = run_job(alice, "ln -s /etc /group/vision/alice/evil && echo linked")
+    assert "linked" in log, log
+    for mount in ({"source": "group/vision/alice/evil"}, {"source": "home", "target": "/group/nlp/x"}):
+        with pytest.raises(ApiError) as refused:
+            alice.submit({"name": "m", "command": "true", "mounts": [mount]})
+        assert refused.value.status_code == 422 and (
+            "symlink" in refused.value.message or "/group" in refused.value.message
+        )
     # The old form is read as the new one: group_storage: G is source group/G.
     job, log = run_job(
         alice,

@@ -62,6 +62,13 @@ def check_subpath(what: str, sub: str) -> str:
     return "/".join(parts)
 
 
+def through_symlink(path: str) -> bool:
+    """Does `path` (absolute) go through a symlink anywhere? A member may plant one in a group dir
+    (`evil -> /etc`); binding it would follow it as root. Missing parts do not count."""
+    real = os.path.realpath(path)
+    return real != os.path.normpath(path) and os.path.lexists(path)
+
+
 def home_dir(root: Path, user: str) -> Path:
     return root / "home" / check_name("user", user)
 

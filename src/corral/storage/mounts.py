@@ -25,7 +25,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corral.storage.layout import StorageDir, StorageError, check_name, check_subpath, group_dir, home_dir
+from corral.storage.layout import (
+    StorageDir,
+    StorageError,
+    check_name,
+    check_subpath,
+    group_dir,
+    home_dir,
+    through_symlink,
+)
 
 SANDBOX_HOME = "/home"
 SANDBOX_GROUP = "/group"
@@ -114,6 +122,14 @@ def resolve(ctx: MountContext, source: str, target: str = "", readonly: bool = T
     except StorageError as exc:
         raise MountRefused(f"mount source {source!r}: {exc}") from exc
     check_target(bind.target)
+    default = resolver(ctx, MountRequest(source, ref, "", readonly)).target if target else bind.target
+    if bind.target != default and any(
+        bind.target == top or bind.target.startswith(top + "/") for top in (SANDBOX_HOME, SANDBOX_GROUP)
+    ):
+        # Another bind's place: bwrap (root) would make the mount point inside a user's dir.
+        raise MountRefused(f"mount target {target!r}: /home and /group hold only their own sources")
+    if through_symlink(bind.host_path):
+        raise MountRefused(f"mount source {source!r} goes through a symlink")
     return bind
 
 

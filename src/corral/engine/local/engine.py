@@ -63,7 +63,7 @@ from corral.engine.local.files import (
 )
 from corral.engine.local.supervisor import proc_start
 from corral.scheduler.types import NodeState
-from corral.storage.layout import prepare_dirs
+from corral.storage.layout import prepare_dirs, through_symlink
 
 if TYPE_CHECKING:
     from corral.engine.isolation.cgroupfs import CgroupHandle
@@ -401,6 +401,8 @@ class LocalEngine:
                 raise LaunchRefused(
                     f"mount {m.source} -> {m.target}: both must be absolute and the source must exist"
                 )
+            if through_symlink(m.source):
+                raise LaunchRefused(f"mount {m.source} -> {m.target}: the source goes through a symlink")
         uid_lock: Path | None = None
         uid = 0
         etc_files: dict[str, str] = {}

@@ -35,7 +35,7 @@ from corral.engine.slurm.cli import SlurmCli, SlurmJob, SlurmNode
 from corral.engine.slurm.state import AttemptRecord, StateStore, StopRequest, read_job_file
 from corral.engine.slurm.users import UnixAccount, UnmappedUser, UserMap
 from corral.scheduler.types import NodeState
-from corral.storage.layout import MARKER, prepare_dirs
+from corral.storage.layout import MARKER, prepare_dirs, through_symlink
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +222,11 @@ class SlurmEngine:
             blocked = self._storage_unreachable() if attempt.storage_dirs else None
             if blocked is not None:
                 return self._reject(record, blocked)
+            linked = next((m for m in attempt.mounts if through_symlink(m.source)), None)
+            if linked is not None:
+                return self._reject(
+                    record, f"mount {linked.source} -> {linked.target} goes through a symlink"
+                )
             try:  # home, group and outputs dirs on the shared storage root, owned by the account
                 prepare_dirs(attempt.storage_dirs, account.uid, account.gid)
             except (OSError, ValueError) as exc:
