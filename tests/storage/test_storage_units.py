@@ -176,3 +176,18 @@ def test_sandbox_runs_the_user_uid_with_group_gids_in_cwd() -> None:
     assert "--groups=400000,400003" in argv and "--clear-groups" not in argv
     assert argv[argv.index("--chdir") + 1] == "/code"
     assert "--clear-groups" in bwrap_argv("bwrap", "setpriv", SandboxSpec("true", "/w", 200001, {}))
+
+
+def test_doctor_checks_the_storage_root_and_id_ranges(tmp_path: Path) -> None:
+    from corral.config import Settings
+    from corral.ops.doctor import check_storage
+
+    settings = Settings(home=tmp_path, storage_root=tmp_path / "st")
+    assert check_storage(settings).status == "warn"  # not made yet: the server makes it
+    ensure_layout(tmp_path / "st")
+    assert check_storage(settings).status == "ok"
+    os.chmod(tmp_path / "st" / "outputs", 0o755)
+    bad = check_storage(settings)
+    assert bad.status == "fail" and "outputs has mode 755, expected 711" in bad.detail
+    overlap = Settings(home=tmp_path, storage_root=tmp_path / "st", uid_range="300000-400000")
+    assert check_storage(overlap).status == "fail" and "overlap" in check_storage(overlap).detail
