@@ -155,6 +155,8 @@ def test_prepare_dirs_moves_a_dir_of_an_old_owner_aside(tmp_path: Path) -> None:
     grp = tmp_path / "g"
     prepare_dirs([StorageDir(str(grp), "root", 400001, 0o2770)], 300009, 300009)
     assert (grp.stat().st_gid, grp.stat().st_mode & 0o7777) == (400001, 0o2770)
+    prepare_dirs([StorageDir(str(grp), "root", 400005, 0o2770)], 300009, 300009)  # group made anew
+    assert grp.stat().st_gid == 400005 and (tmp_path / ".retired-g-400001").is_dir()
 
 
 def test_old_spec_mount_forms_are_read_as_the_new() -> None:

@@ -145,7 +145,8 @@ def _own(path: Path, uid: int, gid: int, mode: int) -> None:
 def prepare_dirs(dirs: list[StorageDir] | tuple[StorageDir, ...], uid: int, gid: int) -> None:
     """Make each dir (its parent must exist) and give it its owner and mode. A user dir owned by
     another uid is a name taken over by a new subject (user deleted and created again): the old
-    one is moved aside to `.retired-<name>-<old uid>`, never handed over. A symlink is refused."""
+    one is moved aside to `.retired-<name>-<old uid>`, never handed over; so is a group dir of
+    another gid. A symlink is refused."""
     as_root = os.geteuid() == 0
     for d in dirs:
         path = Path(d.path)
@@ -157,9 +158,9 @@ def prepare_dirs(dirs: list[StorageDir] | tuple[StorageDir, ...], uid: int, gid:
             st = None
         if st is not None and not stat.S_ISDIR(st.st_mode):
             raise StorageError(f"{path} exists and is not a directory")
-        if st is not None and as_root and d.owner == "user" and st.st_uid != want_uid:
-            aside = path.with_name(f".retired-{path.name}-{st.st_uid}")
-            os.rename(path, aside)
+        if st is not None and as_root and _taken_over(d, st, want_uid, want_gid):
+            old = st.st_uid if d.owner == "user" else st.st_gid
+            os.rename(path, path.with_name(f".retired-{path.name}-{old}"))
             st = None
         if st is None:
             try:
@@ -171,6 +172,14 @@ def prepare_dirs(dirs: list[StorageDir] | tuple[StorageDir, ...], uid: int, gid:
             os.lchown(path, want_uid, want_gid)
         if stat.S_IMODE(st.st_mode) != d.mode or (as_root and st.st_gid != want_gid):
             os.chmod(path, d.mode)  # after chown: chown clears the setgid bit
+
+
+def _taken_over(d: StorageDir, st: os.stat_result, uid: int, gid: int) -> bool:
+    """A user's dir owned by another uid, or a group's dir by another group's gid: the name
+    belonged to a deleted subject, whose files the new one must not inherit."""
+    if d.owner == "user":
+        return st.st_uid != uid
+    return d.gid is not None and st.st_gid not in (gid, 0)
 
 
 def remove_outputs(root: Path, job_id: int) -> None:
