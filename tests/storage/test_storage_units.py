@@ -84,6 +84,12 @@ def test_code_chunks_resume_and_hash_check(root: Path) -> None:
     assert code.missing(root, [wrong]) == [wrong] and not list((root / "code" / "incoming").iterdir())
     with pytest.raises(code.CodeError, match="sha256"):
         code.missing(root, ["../../etc/passwd"])
+    code.receive_chunk(root, wrong, 0, b"half", False, 10**9)  # an upload abandoned mid-way
+    part = root / "code" / "incoming" / f"{wrong}.part"
+    assert code.sweep_incoming(root, time.time()) == 0 and part.exists()
+    os.utime(part, (time.time() - code.INCOMING_TTL_S - 1,) * 2)
+    code.missing(root, [wrong])
+    assert not part.exists()  # no space leaks from interrupted uploads
 
 
 def test_snapshot_is_content_addressed_and_refuses_bad_paths(root: Path) -> None:

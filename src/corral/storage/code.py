@@ -16,11 +16,13 @@ import os
 import re
 import secrets
 import shutil
+import time
 from pathlib import Path
 
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 CHUNK_MAX = 512 * 1024  # below the API's body limit
 MAX_PATH = 1024
+INCOMING_TTL_S = 24 * 3600.0  # a partial upload untouched this long is abandoned: deleted
 
 
 class CodeError(ValueError):
@@ -48,7 +50,23 @@ def snapshot_dir(root: Path, snapshot_id: str) -> Path:
 
 
 def missing(root: Path, hashes: list[str]) -> list[str]:
+    """The hashes without a blob; also drops partial uploads abandoned for INCOMING_TTL_S (the
+    incoming dir holds only uploads in flight, so this stays a short listing)."""
+    sweep_incoming(root, time.time())
     return sorted({h for h in map(check_sha, hashes) if not blob_path(root, h).exists()})
+
+
+def sweep_incoming(root: Path, now: float) -> int:
+    removed = 0
+    with os.scandir(root / "code" / "incoming") as entries:
+        for entry in entries:
+            try:
+                if now - entry.stat(follow_symlinks=False).st_mtime > INCOMING_TTL_S:
+                    os.unlink(entry.path)
+                    removed += 1
+            except FileNotFoundError:
+                continue
+    return removed
 
 
 def _incoming(root: Path, sha: str) -> Path:
