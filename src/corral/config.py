@@ -140,6 +140,14 @@ class Settings(BaseSettings):
     # Checked by `corral doctor` when set (their /-/ready endpoints).
     prometheus_url: str | None = None
     alertmanager_url: str | None = None
+    # --- storage (corral.storage; docs/storage.md) -----------------------------------------------
+    storage_root: Path | None = None  # homes, group dirs, datasets, code, outputs; default <home>/storage
+    # Stable ids of the local engine (recorded in the database, never reused): a uid per user and a
+    # gid per group. Apart from each other and from the per-attempt uids (200000-259999).
+    uid_range: str = "300000-399999"
+    gid_range: str = "400000-499999"
+    code_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1)  # one `--code` snapshot, all files
+    code_max_files: int = Field(default=5_000, ge=1)  # the manifest (~130 B a file) must fit one request
 
     @model_validator(mode="after")
     def _tls_pair(self) -> Settings:
@@ -154,6 +162,10 @@ class Settings(BaseSettings):
     @property
     def worker_threads(self) -> int:
         return self.api_worker_threads or max(4, 2 * (os.cpu_count() or 1))
+
+    @property
+    def storage_path(self) -> Path:
+        return self.storage_root or self.home / "storage"
 
     @property
     def db_url(self) -> str:

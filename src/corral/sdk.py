@@ -13,6 +13,7 @@ server writes for the bootstrapped admin.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -23,6 +24,12 @@ import httpx
 import yaml
 
 from corral.config import default_home
+from corral.spec import SpecError, load_spec_text
+from corral.storage.code import CHUNK_MAX as CODE_CHUNK
+from corral.storage.code import check_path as check_code_path
+from corral.storage.code import sha256_file
+from corral.storage.ignore import CodeDirError
+from corral.storage.ignore import scan as scan_code
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 CONFIG_FILE = "config.yaml"
@@ -179,10 +186,19 @@ class Client:
         raise ApiError(text, response.status_code, detail)
 
     # jobs
-    def submit(self, spec: Mapping[str, Any] | str | Path) -> dict[str, Any]:
-        """Submit a spec given as a mapping, YAML text, or a path to a YAML file."""
+    def submit(self, spec: Mapping[str, Any] | str | Path, *, code: str | None = None) -> dict[str, Any]:
+        """Submit a spec given as a mapping, YAML text, or a path to a YAML file. `code`: a code
+        snapshot id (upload_code) the job runs in, mounted read-only at /code."""
         if isinstance(spec, Path):
             spec = spec.read_text()
+        if code is not None:
+            try:
+                data = load_spec_text(spec) if isinstance(spec, str) else dict(spec)
+            except SpecError as exc:
+                raise CorralError(str(exc))
+            if not isinstance(data, dict):
+                raise CorralError("the spec must be a mapping with fields such as 'name' and 'tasks'")
+            return self.request("POST", "/jobs", json={**data, "code": code})
         if isinstance(spec, str):
             return self.request(
                 "POST", "/jobs", content=spec.encode(), headers={"Content-Type": "application/yaml"}
@@ -357,3 +373,101 @@ class Client:
 
     def revoke_token(self, token_id: int) -> None:
         self.request("DELETE", f"/tokens/{token_id}")
+
+    # storage (corral.storage): `--code` snapshots and job outputs
+    def upload_code(self, directory: Path) -> CodeUpload:
+        """Snapshot `directory` (minus .gitignore/.corralignore matches) on the server: hashes
+        every file, uploads only the blobs the server lacks (in chunks), then the manifest."""
+        try:
+            files = scan_code(Path(directory))
+        except (CodeDirError, OSError) as exc:
+            raise CorralError(str(exc))
+        if not files:
+            raise CorralError(f"--code {directory}: no files to upload (all ignored?)")
+        hashes = {f.path: sha256_file(f.abs_path) for f in files}
+        missing = set(
+            self.request("POST", "/code/missing", json={"hashes": sorted(set(hashes.values()))})["missing"]
+        )
+        sent = 0
+        for f in files:
+            sha = hashes[f.path]
+            if sha in missing:
+                sent += self._upload_blob(f.abs_path, sha)
+                missing.discard(sha)
+        manifest = "".join(f"{hashes[f.path]} {'x' if f.executable else '-'} {f.path}\n" for f in files)
+        snap = self.request(
+            "POST", "/code/snapshots", content=manifest.encode(), headers={"Content-Type": "text/plain"}
+        )
+        return CodeUpload(snap["id"], len(files), sum(f.size for f in files), sent)
+
+    def _upload_blob(self, path: Path, sha: str) -> int:
+        """One blob in chunks; resumes where the server's partial copy ends (409 names it)."""
+        offset = 0
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            while True:
+                f.seek(offset)
+                chunk = f.read(CODE_CHUNK)
+                final = offset + len(chunk) >= size
+                try:
+                    self.request(
+                        "PUT",
+                        f"/code/blobs/{sha}",
+                        params={"offset": offset, "final": str(final).lower()},
+                        content=chunk,
+                        headers={"Content-Type": "application/octet-stream"},
+                    )
+                except ApiError as exc:
+                    resume = re.search(r"resume at offset (\d+)", exc.message)
+                    if exc.status_code != 409 or resume is None or int(resume.group(1)) == offset:
+                        raise
+                    offset = int(resume.group(1))
+                    continue
+                offset += len(chunk)
+                if final:
+                    return size
+
+    def storage_identities(self) -> list[dict[str, Any]]:
+        """Admin: [{kind: user|group, name, id, current}] (allocates ids not given yet)."""
+        items: list[dict[str, Any]] = self.request("POST", "/storage/identities")["items"]
+        return items
+
+    def job_outputs(self, job_id: int) -> list[dict[str, Any]]:
+        """The files the job wrote under /outputs: [{path, size, modified_at}]."""
+        items: list[dict[str, Any]] = self.request("GET", f"/jobs/{job_id}/outputs")["items"]
+        return items
+
+    def download_output(self, job_id: int, path: str, dest: Path) -> int:
+        """One output file to `dest` (written to a temp name, renamed when complete)."""
+        tmp = dest.with_name(f".{dest.name}.part")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with self._http.stream("GET", f"/jobs/{job_id}/outputs/file", params={"path": path}) as response:
+            if not response.is_success:
+                response.read()
+                raise ApiError(describe_detail(response.json().get("detail")), response.status_code)
+            with open(tmp, "wb") as f:
+                for block in response.iter_bytes():
+                    f.write(block)
+        os.replace(tmp, dest)
+        return dest.stat().st_size
+
+    def pull_outputs(self, job_id: int, directory: Path) -> list[Path]:
+        """Every output file of the job into `directory`, keeping their relative paths."""
+        pulled = []
+        for item in self.job_outputs(job_id):
+            try:
+                rel = check_code_path(item["path"])  # never outside `directory`
+            except ValueError as exc:
+                raise CorralError(f"job {job_id}: refusing output path: {exc}")
+            dest = Path(directory) / rel
+            self.download_output(job_id, item["path"], dest)
+            pulled.append(dest)
+        return pulled
+
+
+@dataclass(frozen=True)
+class CodeUpload:
+    id: str  # the snapshot id: the spec's `code`
+    files: int
+    total_bytes: int
+    uploaded_bytes: int  # 0 when the server had every file already

@@ -13,7 +13,7 @@
         resources: {gpus: 4, gpu_model: A100, cpus: 16, memory: 64GiB}
         command: torchrun ... train.py
     env: {EPOCHS: "10"}
-    mounts: [{dataset: cifar10}, {group_storage: vision}]
+    mounts: [{source: data/cifar10}, {source: group/vision/shared, target: /mnt/shared, mode: rw}]
 
 A single-task job may put `command` and `resources` (and `instances`) at the top level instead of
 `tasks`; it becomes one task named `main`. Memory is given as "64GiB", "512MiB", "2G" or an integer
@@ -154,15 +154,32 @@ class TaskV1(_Strict):
 
 
 class MountV1(_Strict):
-    dataset: str | None = Field(None, max_length=128)
-    group_storage: str | None = Field(None, max_length=128)
-    read_only: bool = True
+    """`{source: group/vision/sub, target: /mnt/x, mode: ro}`: one mount served by corral.storage
+    (sources: home, group/<g>[/sub], data/<name>[@v], ...). The old forms are read as the new:
+    `{dataset: X}` is `{source: data/X}`, `{group_storage: G}` is `{source: group/G}`, and
+    `read_only: false` is `mode: rw` (docs/storage.md)."""
 
-    @model_validator(mode="after")
-    def _exactly_one(self) -> MountV1:
-        if (self.dataset is None) == (self.group_storage is None):
-            raise ValueError("a mount names exactly one of 'dataset' or 'group_storage'")
-        return self
+    source: str = Field(min_length=1, max_length=256)
+    target: str | None = Field(None, max_length=256)
+    mode: Literal["ro", "rw"] = "ro"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_forms(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "source" in data:
+            return data
+        legacy = {k: data[k] for k in ("dataset", "group_storage") if k in data}
+        if len(legacy) != 1:
+            raise ValueError(
+                "a mount is {source: ..., target: ..., mode: ro|rw}, e.g. {source: group/vision}"
+            )
+        rest = {k: v for k, v in data.items() if k not in ("dataset", "group_storage", "read_only")}
+        ((kind, name),) = legacy.items()
+        if not isinstance(name, str):
+            raise ValueError(f"'{kind}' names a {'dataset' if kind == 'dataset' else 'group'} as text")
+        prefix = "data" if kind == "dataset" else "group"
+        mode = "ro" if data.get("read_only", True) else "rw"
+        return {"source": f"{prefix}/{name}", "mode": mode, **rest}
 
 
 def check_env(value: dict[str, str]) -> dict[str, str]:
@@ -237,6 +254,7 @@ class JobSpecV1(_Strict):
     tasks: dict[str, TaskV1] = Field(min_length=1, max_length=MAX_TASKS)
     env: dict[str, str] = Field(default_factory=dict)
     mounts: list[MountV1] = Field(default_factory=list, max_length=32)
+    code: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")  # a `--code` snapshot (corral.storage.code)
     idle_gpu: IdleGpuV1 | None = None
     # What to do when the job is suspected hung (corral.diagnosis.watch); None: the group's or
     # the server's policy (CORRAL_DIAG_GROUP_ON_HANG, CORRAL_DIAG_ON_HANG).

@@ -68,6 +68,10 @@ def test_gpu_model_alternatives() -> None:
 
 
 def test_mounts_name_exactly_one_source() -> None:
-    assert parse_spec({"name": "t", "command": "x", "mounts": [{"dataset": "cifar10"}]}).mounts[0].dataset
-    with pytest.raises(ValidationError, match="exactly one"):
+    # The old form is read as the new one (corral.storage serves `source`).
+    assert (
+        parse_spec({"name": "t", "command": "x", "mounts": [{"dataset": "cifar10"}]}).mounts[0].source
+        == "data/cifar10"
+    )
+    with pytest.raises(ValidationError, match=r"source: \.\.\., target"):
         parse_spec({"name": "t", "command": "x", "mounts": [{"dataset": "a", "group_storage": "b"}]})

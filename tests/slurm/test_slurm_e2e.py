@@ -63,6 +63,7 @@ def server(
             "CORRAL_SLURM_CONF": str(slurm_cluster.conf),
             "CORRAL_SLURM_TIMEOUT_S": "15",
             "CORRAL_SLURM_STATE_DIR": str(state_dir),
+            "CORRAL_STORAGE_ROOT": str(slurm_cluster.new_state_dir() / "storage"),  # shared, passable
             "CORRAL_SLURM_USER_MAP": str(slurm_cluster.user_map),
             "CORRAL_SLURM_GPU_DEVICE": slurm_cluster.gpu_device,
             "PGPASSWORD": DB_PASSWORD,  # a database password in the server's environment

@@ -47,7 +47,11 @@ def test_submit_by_form_runs_succeeds_and_shows_logs(portal: Portal) -> None:
     expect(page.locator("#gpus-allocated")).to_contain_text("/ 4")
     page.click("nav >> text=Submit")
     page.wait_for_url("**/submit")
-    fill_job_form(page, "portal-hello", "echo hello-from-the-portal; sleep 4; echo rank=$RANK")
+    fill_job_form(
+        page,
+        "portal-hello",
+        "echo hello-from-the-portal; echo ck-$RANK > $CORRAL_OUTPUTS/ckpt.txt; sleep 4; echo rank=$RANK",
+    )
     page.fill("#job-env", "GREETING=hi")
     page.click("text=+ Add a task role")  # a second task role: gang-scheduled with the first
     helper = page.locator("fieldset.task").nth(1)
@@ -80,6 +84,11 @@ def test_submit_by_form_runs_succeeds_and_shows_logs(portal: Portal) -> None:
     expect(page.locator(".timeline")).to_contain_text("scheduled")
     expect(page.locator(".timeline li").last).to_contain_text("succeeded")
     expect(page.locator("#cancel-job")).to_have_count(0)  # terminal: no cancel button
+    # Its /outputs files are listed with download links (corral.storage).
+    expect(page.locator("table.outputs a")).to_have_text("ckpt.txt")
+    with page.expect_download() as output:
+        page.click("table.outputs a")
+    assert Path(output.value.path()).read_text().startswith("ck-")
     with portal.api() as api:
         job = api.get(f"/api/v1/jobs/{job_id}").json()
     assert job["state"] == "succeeded" and job["user"] == "ann"

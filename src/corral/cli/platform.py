@@ -93,11 +93,27 @@ def submit(
         bool, typer.Option("--wait", help="wait until the job ends; exit 1 unless it succeeded")
     ] = False,
     output: OutputOpt = Output.table,
+    code: Annotated[
+        Path | None,
+        typer.Option(
+            "--code",
+            help="upload this directory (minus .gitignore/.corralignore) as the job's code, "
+            "read-only at /code, its working dir; unchanged files are not sent again",
+        ),
+    ] = None,
 ) -> None:
     """Submit a job spec."""
     text = sys.stdin.read() if str(file) == "-" else _read(file)
     with client() as c:
-        job = c.submit(text)
+        snapshot = None
+        if code is not None:
+            upload = c.upload_code(code)
+            snapshot = upload.id
+            err.print(
+                f"code: {upload.files} files, {upload.total_bytes} bytes; "
+                f"uploaded {upload.uploaded_bytes} bytes (snapshot {upload.id[:12]})"
+            )
+        job = c.submit(text, code=snapshot)
         if wait:
             if output is Output.table:
                 err.print(f"job {job['id']} submitted; waiting for it to end ...")

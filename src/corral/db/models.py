@@ -299,3 +299,7 @@ class Lease(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     owner: Mapped[str] = mapped_column(String(64))
     until: Mapped[float] = mapped_column(Float)
+
+
+# Tables of other areas on the same metadata, so create_all (tests) and autogenerate see them.
+from corral.db import storage_models as _storage_models  # noqa: E402, F401

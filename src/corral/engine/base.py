@@ -20,6 +20,7 @@ from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from corral.scheduler.types import GPU, NodeState
+from corral.storage.layout import StorageDir
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,15 @@ class AttemptLaunch:
     max_runtime_s: float | None = None
     mounts: tuple[MountSpec, ...] = ()
     environment: str = "default"  # local: a named Python environment; slurm/k8s: an image
+    # Storage (corral.storage.plan): the user's stable uid and the gids of their groups (local
+    # engine; None: a throw-away uid per attempt), the dirs to make before binding `mounts`, the
+    # job's cwd and HOME in the sandbox, and why it may not run at all (mounts it lost the right to).
+    uid: int | None = None
+    gids: tuple[int, ...] = ()
+    storage_dirs: tuple[StorageDir, ...] = ()
+    cwd: str | None = None
+    home: str | None = None
+    refused: str = ""
 
 
 class AttemptPhase(StrEnum):

@@ -43,6 +43,7 @@ def run_checks(settings: Settings, cgroup_root: Path = CGROUP_ROOT) -> list[Chec
         lambda: check_http("prometheus", settings.prometheus_url, "CORRAL_PROMETHEUS_URL"),
         lambda: check_http("alertmanager", settings.alertmanager_url, "CORRAL_ALERTMANAGER_URL"),
         lambda: check_slurm(settings),
+        lambda: check_storage(settings),
     ]
     results = []
     for check in checks:
@@ -51,6 +52,33 @@ def run_checks(settings: Settings, cgroup_root: Path = CGROUP_ROOT) -> list[Chec
         except Exception as exc:  # one broken probe must not hide the others' answers
             results.append(Check("doctor", "fail", f"a check crashed: {type(exc).__name__}: {exc}"))
     return results
+
+
+def check_storage(settings: Settings) -> Check:
+    """The storage root (corral.storage.layout): its dirs and modes, the id ranges, and on Slurm
+    that job accounts can pass through to it (the server checks the nodes see it at start-up)."""
+    from corral.storage.layout import layout_problems
+    from corral.storage.plan import id_ranges
+
+    root = settings.storage_path
+    try:
+        id_ranges(settings)
+    except ValueError as exc:
+        return Check(
+            "storage", "fail", str(exc), "set CORRAL_UID_RANGE / CORRAL_GID_RANGE to LOW-HIGH ranges"
+        )
+    if not root.exists():
+        return Check(
+            "storage", "warn", f"{root} not created yet", "the server creates it at start-up (corral up)"
+        )
+    problems = layout_problems(root)
+    if settings.engine == "slurm":
+        blocked = next((p for p in [root, *root.parents] if not p.stat().st_mode & 0o001), None)
+        if blocked is not None:
+            problems.append(f"{blocked} is not passable (o+x) for the job accounts")
+    if problems:
+        return Check("storage", "fail", "; ".join(problems), "see docs/storage.md, 'Layout and permissions'")
+    return Check("storage", "ok", f"{root}: layout and modes as documented")
 
 
 def check_home(settings: Settings) -> Check:

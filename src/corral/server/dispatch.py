@@ -11,6 +11,7 @@ that outlived its lease on a stalled server does not start anything.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import threading
@@ -27,7 +28,7 @@ from corral.db.models import Attempt, Job, Node
 from corral.diagnosis.exitspec import Facts
 from corral.diagnosis.record import failing_node, record, retry_rule
 from corral.domain import InstancePlacement
-from corral.engine.base import AttemptLaunch, EngineUnavailable, FailureReason, InstanceLaunch
+from corral.engine.base import AttemptLaunch, EngineUnavailable, FailureReason, InstanceLaunch, MountSpec
 from corral.scheduler.types import GPU
 from corral.server.context import ServerContext
 from corral.server.finish import AttemptChangedMeanwhile, end_attempt
@@ -37,6 +38,7 @@ from corral.server.rendezvous import rendezvous_for_placement
 from corral.server.snapshot import jobs_with_live_attempts, live_attempts
 from corral.server.specview import SpecView, read_spec
 from corral.services.lifecycle import AttemptState, JobState, move_attempt, settle_failure, transition
+from corral.storage.plan import JobStorage, plan_jobs
 
 log = logging.getLogger("corral.server.dispatch")
 LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
@@ -83,8 +85,11 @@ def placed_nodes(session: Session, attempts: Iterable[Attempt]) -> dict[str, Nod
     return {n.name: n for n in session.scalars(query)}
 
 
-def build_launch(job: Job, attempt: Attempt, nodes: Mapping[str, Node]) -> AttemptLaunch:
-    """`nodes`: at least those the attempt is placed on (placed_nodes)."""
+def build_launch(
+    job: Job, attempt: Attempt, nodes: Mapping[str, Node], storage: JobStorage | None = None
+) -> AttemptLaunch:
+    """`nodes`: at least those the attempt is placed on (placed_nodes); `storage`: the job's
+    uid, gids and binds (corral.storage.plan), none for a launch without storage."""
     view = read_spec(job.spec)
     placement = sorted(attempt.placement, key=lambda p: p.rank)
     placed = [nodes[name] for name in {p.node for p in placement} if name in nodes]
@@ -116,10 +121,11 @@ def build_launch(job: Job, attempt: Attempt, nodes: Mapping[str, Node]) -> Attem
                 env={
                     **instance_env(job, view, p, master, len(placement)),
                     **peers[p.rank],
+                    **(storage.env if storage else {}),
                 },
             )
         )
-    return AttemptLaunch(
+    launch = AttemptLaunch(
         attempt_id=attempt.attempt_id,
         job_id=str(job.id),
         attempt=attempt.number,
@@ -128,6 +134,18 @@ def build_launch(job: Job, attempt: Attempt, nodes: Mapping[str, Node]) -> Attem
         instances=tuple(instances),
         max_runtime_s=view.max_runtime_s,
         environment=view.environment,
+    )
+    if storage is None:
+        return launch
+    return dataclasses.replace(
+        launch,
+        uid=storage.uid,
+        gids=storage.gids,
+        mounts=tuple(MountSpec(b.host_path, b.target, b.readonly) for b in storage.binds),
+        storage_dirs=tuple(d for b in storage.binds for d in b.prepare),
+        cwd=storage.cwd,
+        home=storage.home,
+        refused=storage.refused,
     )
 
 
@@ -193,11 +211,9 @@ def prepare_launches(
         return []
     attempts = live_attempts(session, [j.id for j in jobs])
     nodes = placed_nodes(session, attempts.values())
-    launches = {
-        j.id: build_launch(j, attempts[j.id], nodes)
-        for j in jobs
-        if j.id in attempts and not j.cancel_requested
-    }
+    to_launch = [j for j in jobs if j.id in attempts and not j.cancel_requested]
+    storage = plan_jobs(session, to_launch, ctx.settings)
+    launches = {j.id: build_launch(j, attempts[j.id], nodes, storage.get(j.id)) for j in to_launch}
     stopped = stop_claimed_before(ctx, [j for j in jobs if j.cancel_requested], attempts, now)
     claimed = claim_jobs(session, [j.id for j in jobs], ctx.owner_id, now)
     for job in jobs:

@@ -22,7 +22,9 @@ def retention_tick(ctx: ServerContext, now: float) -> None:
     if now - ctx.memory.retention_checked_at < ctx.settings.job_retention_check_s:
         return
     with ctx.session_factory() as session:
-        deleted = delete_expired_jobs(session, ctx.engine, now, days * 86400.0)
+        deleted = delete_expired_jobs(
+            session, ctx.engine, now, days * 86400.0, storage_root=ctx.settings.storage_path
+        )
     if len(deleted) < RETENTION_BATCH:  # a full batch: more may be waiting, look again next tick
         ctx.memory.retention_checked_at = now
     if deleted:

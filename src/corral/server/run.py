@@ -22,6 +22,7 @@ import secrets
 import signal
 import socket
 import sys
+import threading
 
 import uvicorn
 from sqlalchemy.orm import Session, sessionmaker
@@ -120,6 +121,16 @@ def tune_gc() -> None:
     gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
 
 
+def prepare_storage(settings: Settings) -> None:
+    """The storage root's layout (corral.storage.layout), and id ranges that make sense, before
+    any job runs: a bad CORRAL_UID_RANGE refuses start-up instead of the first launch."""
+    from corral.storage.layout import ensure_layout
+    from corral.storage.plan import id_ranges
+
+    id_ranges(settings)
+    ensure_layout(settings.storage_path)
+
+
 def serve(settings: Settings, demo: bool = False) -> None:
     """Run the API and the control loops until SIGTERM/SIGINT."""
     from corral.api.app import create_app
@@ -153,7 +164,11 @@ def serve(settings: Settings, demo: bool = False) -> None:
     url = local_url(settings)
     os.environ.setdefault("CORRAL_PUBLIC_URL", url)  # alerts' runbook links (corral.monitor.runbooks)
     bootstrap(settings, session_factory, url)
+    prepare_storage(settings)
     engine = make_execution_engine(settings)
+    storage_check = getattr(engine, "log_storage_check", None)  # Slurm: do the nodes see the root?
+    if storage_check is not None:
+        threading.Thread(target=storage_check, name="storage-check", daemon=True).start()
     ctx = ServerContext(
         settings=settings, session_factory=session_factory, engine=engine, owner_id=owner_id()
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, selectinload
@@ -26,6 +27,7 @@ from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden
 from corral.services.jobs import EngineMissing, get_job
 from corral.services.lifecycle import JobState
+from corral.storage.layout import remove_outputs
 
 log = logging.getLogger("corral.services.cleanup")
 TERMINAL_STATES = tuple(s.value for s in JobState if s.terminal)
@@ -39,7 +41,13 @@ def kept_by_registry(session: Session, job_ids: Sequence[int]) -> dict[int, str]
     return {}
 
 
-def delete_job(session: Session, principal: Principal, job_id: int, engine: Engine | None) -> None:
+def delete_job(
+    session: Session,
+    principal: Principal,
+    job_id: int,
+    engine: Engine | None,
+    storage_root: Path | None = None,
+) -> None:
     """Delete one finished job and its logs. 404: no such job; 403: not visible, or visible
     (a group admin) but neither owned nor admin; 409: not finished, or kept for a model. Commits."""
     job = get_job(session, principal, job_id, for_update=True)
@@ -54,12 +62,13 @@ def delete_job(session: Session, principal: Principal, job_id: int, engine: Engi
     kept = kept_by_registry(session, [job.id])
     if job.id in kept:
         raise Conflict(f"job {job_id} is kept: {kept[job.id]}")
-    remove_job(session, job, engine)
+    remove_job(session, job, engine, storage_root)
     session.commit()
 
 
-def remove_job(session: Session, job: Job, engine: Engine | None) -> None:
-    """The engine's copy of every attempt, then the rows (not committed here)."""
+def remove_job(session: Session, job: Job, engine: Engine | None, storage_root: Path | None = None) -> None:
+    """The engine's copy of every attempt and the job's outputs dir (corral.storage), then the
+    rows (not committed here)."""
     if job.attempts:
         if engine is None:
             raise EngineMissing(
@@ -67,6 +76,8 @@ def remove_job(session: Session, job: Job, engine: Engine | None) -> None:
             )
         for attempt in job.attempts:
             engine.remove_attempt(attempt.attempt_id)
+    if storage_root is not None:
+        remove_outputs(storage_root, job.id)
     session.execute(delete(JobEvent).where(JobEvent.job_id == job.id))
     session.execute(delete(Attempt).where(Attempt.job_id == job.id))
     session.execute(delete(Job).where(Job.id == job.id))
@@ -81,7 +92,12 @@ def expired_job_ids(session: Session, cutoff: float, limit: int = RETENTION_BATC
 
 
 def delete_expired_jobs(
-    session: Session, engine: Engine, now: float, retention_s: float, limit: int = RETENTION_BATCH
+    session: Session,
+    engine: Engine,
+    now: float,
+    retention_s: float,
+    limit: int = RETENTION_BATCH,
+    storage_root: Path | None = None,
 ) -> list[int]:
     """One retention pass: delete up to `limit` jobs that finished more than `retention_s` ago,
     each in its own transaction (one that fails is logged and left for the next pass). Returns
@@ -97,7 +113,7 @@ def delete_expired_jobs(
                 select(Job).where(Job.id == job_id).options(selectinload(Job.attempts))
             ).first()
             if job is not None and job.state in TERMINAL_STATES:
-                remove_job(session, job, engine)
+                remove_job(session, job, engine, storage_root)
                 session.commit()
                 deleted.append(job_id)
         except Exception:

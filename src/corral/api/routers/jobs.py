@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from corral.api.deps import DB, CurrentUser, fast_json
 from corral.api.schemas import EventOut, JobListOut, JobOut, LogsOut
 from corral.engine.base import EngineUnavailable
-from corral.services import cleanup
+from corral.services import cleanup, storage
 from corral.services import jobs as svc
 from corral.services.policy import active_profile
 from corral.services.views import event_view, job_view
@@ -82,6 +82,7 @@ def submit(
 ) -> Any:
     """Validate, check the job can ever fit, and queue it under its group (default: yours)."""
     profile = active_profile(request.app.state.settings)
+    spec = storage.check_job_storage(db, principal, spec, request.app.state.settings)
     return fast_json(svc.submit_job(db, principal, spec, profile), status.HTTP_201_CREATED)
 
 
@@ -129,7 +130,9 @@ def cancel(job_id: int, db: DB, principal: CurrentUser, request: Request) -> Any
 @router.delete("/jobs/{job_id}", status_code=status.HTTP_204_NO_CONTENT)
 def delete(job_id: int, request: Request, db: DB, principal: CurrentUser) -> Response:
     """A finished job and its logs, by its owner or an admin (409 while it has not ended)."""
-    cleanup.delete_job(db, principal, job_id, request.app.state.engine)
+    cleanup.delete_job(
+        db, principal, job_id, request.app.state.engine, request.app.state.settings.storage_path
+    )
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

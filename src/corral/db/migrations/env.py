@@ -14,6 +14,7 @@ from corral.db.session import make_engine
 # Import every module that declares tables so that autogenerate sees them; monitoring is optional.
 importlib.import_module("corral.db.models")
 importlib.import_module("corral.db.diag_models")
+importlib.import_module("corral.db.storage_models")
 try:
     importlib.import_module("corral.monitor.models")
 except ModuleNotFoundError:

@@ -125,7 +125,9 @@ def allocate_uid(locks_dir: Path, attempt_id: str) -> int:
     raise RuntimeError(f"all {UID_RANGE} job uids are in use")
 
 
-def write_etc(etc_dir: Path, user: str, uid: int, gid: int | None = None) -> dict[str, str]:
+def write_etc(
+    etc_dir: Path, user: str, uid: int, gid: int | None = None, home: str | None = None
+) -> dict[str, str]:
     """passwd and group for the job (root, nobody and the job's user), readable by everyone.
     Returns {sandbox path: host path} of the files to bind. gid defaults to uid (local engine)."""
     name = user if _USER_NAME.match(user) else "job"
@@ -133,7 +135,7 @@ def write_etc(etc_dir: Path, user: str, uid: int, gid: int | None = None) -> dic
     etc_dir.mkdir(parents=True, exist_ok=True)
     passwd = (
         "root:x:0:0:root:/root:/usr/sbin/nologin\n"
-        f"{name}:x:{uid}:{gid}:corral job:{SANDBOX_WORK_DIR}:/bin/sh\n"
+        f"{name}:x:{uid}:{gid}:corral job:{home or SANDBOX_WORK_DIR}:/bin/sh\n"
         "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
     )
     group = f"root:x:0:\n{name}:x:{gid}:\nnogroup:x:65534:\n"
@@ -153,6 +155,8 @@ class SandboxSpec:
     env_paths: Sequence[str] = ()  # read-only: the job's Python environment
     mounts: Sequence[tuple[str, str, bool]] = ()  # (host source, sandbox target, read_only)
     devices: Sequence[DeviceNode] = ()
+    gids: Sequence[int] = ()  # supplementary groups (local engine: the gids of the user's groups)
+    cwd: str = SANDBOX_WORK_DIR  # e.g. /code for a job with a code snapshot
 
 
 @functools.cache
@@ -217,6 +221,7 @@ def bwrap_argv_parts(bwrap: str, setpriv: str | None, spec: SandboxSpec) -> tupl
     env_paths = [p for p in spec.env_paths if os.path.isdir(p)]
     # Below /usr (bound) the host's own dirs exist; everywhere else bwrap would create them 0700.
     covered = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/proc", "/dev", SANDBOX_WORK_DIR, *env_paths]
+    covered += [t for _, t, _ in spec.mounts]  # a bind inside another bind (/group/g/sub) is in place
     env_parents = _parent_dirs(env_paths, covered)
     mount_parents = [p for p in _parent_dirs([t for _, t, _ in spec.mounts], covered) if p not in env_parents]
     for parent in env_parents:
@@ -230,14 +235,15 @@ def bwrap_argv_parts(bwrap: str, setpriv: str | None, spec: SandboxSpec) -> tupl
         args += ["--perms", "0755", "--dir", parent]
     for source, target, read_only in spec.mounts:
         args += ["--ro-bind" if read_only else "--bind", source, target]
-    tail = ["--chdir", SANDBOX_WORK_DIR, "--"]
+    tail = ["--chdir", spec.cwd, "--"]
     if setpriv is None:
         # The Slurm rank script starts bwrap with SIGTERM ignored (a TERM to every process of the
         # job must not kill bwrap, which would SIGKILL the job without its grace); the job's own
         # shell gets the default action back.
         tail += ["/usr/bin/env", "--default-signal=TERM,INT"]
     else:
-        tail += [setpriv, f"--reuid={spec.uid}", f"--regid={spec.uid}", "--clear-groups"]
+        groups = f"--groups={','.join(map(str, spec.gids))}" if spec.gids else "--clear-groups"
+        tail += [setpriv, f"--reuid={spec.uid}", f"--regid={spec.uid}", groups]
         tail += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
     tail += ["/bin/sh", "-c", spec.command]
     return args, tail

@@ -63,6 +63,7 @@ from corral.engine.local.files import (
 )
 from corral.engine.local.supervisor import proc_start
 from corral.scheduler.types import NodeState
+from corral.storage.layout import prepare_dirs, through_symlink
 
 if TYPE_CHECKING:
     from corral.engine.isolation.cgroupfs import CgroupHandle
@@ -387,20 +388,31 @@ class LocalEngine:
                     f"rank {inst.rank} is placed on node {inst.node!r}, "
                     f"but this local engine is node {self.node_name!r}"
                 )
+        if attempt.refused:
+            raise LaunchRefused(attempt.refused)
+        sandboxed = self.isolation_requested and self.status.sandbox
+        use_cgroups = self.isolation_requested and self.status.cgroups
+        if attempt.uid is not None:
+            # The user's stable uid (corral.storage.identities) with a private gid of the same
+            # number; its home, group and outputs dirs are made and handed over first.
+            prepare_dirs(attempt.storage_dirs, attempt.uid, attempt.uid)
         for m in attempt.mounts:
             if not os.path.isabs(m.source) or not os.path.isabs(m.target) or not os.path.exists(m.source):
                 raise LaunchRefused(
                     f"mount {m.source} -> {m.target}: both must be absolute and the source must exist"
                 )
-        sandboxed = self.isolation_requested and self.status.sandbox
-        use_cgroups = self.isolation_requested and self.status.cgroups
+            if through_symlink(m.source):
+                raise LaunchRefused(f"mount {m.source} -> {m.target}: the source goes through a symlink")
         uid_lock: Path | None = None
         uid = 0
         etc_files: dict[str, str] = {}
         if sandboxed:
-            uid = allocate_uid(self.uid_locks, attempt.attempt_id)
-            uid_lock = self.uid_locks / str(uid)
-            etc_files = write_etc(adir / "etc", attempt.user, uid)
+            if attempt.uid is not None:
+                uid = attempt.uid
+            else:
+                uid = allocate_uid(self.uid_locks, attempt.attempt_id)
+                uid_lock = self.uid_locks / str(uid)
+            etc_files = write_etc(adir / "etc", attempt.user, uid, home=attempt.home)
             etc_files.update(self.network.etc_files(adir / "etc"))
         instances = [
             self._prepare_instance(attempt, inst, adir, sandboxed, use_cgroups, uid, etc_files)
@@ -458,6 +470,8 @@ class LocalEngine:
                     env_paths=self.environments[attempt.environment],
                     mounts=[(m.source, m.target, m.read_only) for m in attempt.mounts],
                     devices=devices,
+                    gids=attempt.gids if attempt.uid is not None else (),
+                    cwd=attempt.cwd or SANDBOX_WORK_DIR,
                 ),
             )
         else:
@@ -484,7 +498,12 @@ class LocalEngine:
         ]
         env.setdefault("PATH", ":".join([*env_bin, "/usr/local/bin", "/usr/bin", "/bin"]))
         inside = SANDBOX_WORK_DIR if sandboxed else str(work_dir)
-        env.setdefault("HOME", inside)
+        env.setdefault("HOME", attempt.home if sandboxed and attempt.home else inside)
+        if not sandboxed:  # no binds: storage paths in the env name the host's dirs
+            hosted = {m.target: m.source for m in attempt.mounts}
+            for key in ("CORRAL_OUTPUTS", "CORRAL_CODE"):
+                if env.get(key) in hosted:
+                    env[key] = hosted[env[key]]
         env.setdefault("CORRAL_WORK_DIR", inside)
         env.setdefault("USER", attempt.user)
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(g.uuid for g in inst.gpus))

@@ -187,6 +187,10 @@ class Instance:
             os.dup2(null, 0)
             os.closerange(3, 4096)
             os.chdir(self.spec["cwd"])
+            if self.sandboxed:
+                # Files in shared group dirs come out rw for the group and closed to others: a
+                # hard link a member plants elsewhere then leads non-members to an unreadable inode.
+                os.umask(0o007)
             os.execve(self.spec["argv"][0], self.spec["argv"], self.spec["env"])
         except BaseException as exc:
             try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import shutil
 import threading
 import time
@@ -34,6 +35,7 @@ from corral.engine.slurm.cli import SlurmCli, SlurmJob, SlurmNode
 from corral.engine.slurm.state import AttemptRecord, StateStore, StopRequest, read_job_file
 from corral.engine.slurm.users import UnixAccount, UnmappedUser, UserMap
 from corral.scheduler.types import NodeState
+from corral.storage.layout import MARKER, prepare_dirs, through_symlink
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +67,14 @@ class SlurmEngine:
         timeout_s: float = 20.0,
         user_map: UserMap | None = None,
         gpu_device: str = scripts.DEFAULT_GPU_DEVICE,
+        storage_root: Path | None = None,
     ) -> None:
         """user_map: who runs each Corral user's jobs (None: nobody; every launch is refused).
         gpu_device: a GPU's device file on the nodes, `{index}` = Slurm's GPU index."""
         if "{index}" not in gpu_device:
             raise ValueError(f"CORRAL_SLURM_GPU_DEVICE={gpu_device!r} must contain {{index}}")
         self.store = StateStore(Path(state_dir))
+        self.storage_root = storage_root
         self.user_map = user_map or UserMap(None)
         self.sandbox = scripts.NodeSandbox(
             bwrap=shutil.which("bwrap") or "/usr/bin/bwrap", gpu_device=gpu_device
@@ -99,7 +103,63 @@ class SlurmEngine:
             timeout_s=_env_float("CORRAL_SLURM_TIMEOUT_S", 20.0),
             user_map=UserMap.from_env(),
             gpu_device=env.get("CORRAL_SLURM_GPU_DEVICE") or scripts.DEFAULT_GPU_DEVICE,
+            storage_root=settings.storage_path,
         )
+
+    # ---- storage ------------------------------------------------------------------------------
+    def check_storage(self) -> list[str]:
+        """Does every node see this storage root? One `srun` task per ready node reads the root's
+        marker (a random id the server wrote); a node that reads another id, or none, does not
+        share the root, and jobs there would write their homes and outputs to the wrong disk.
+        Also: the root's parents must be passable by the job accounts (bwrap runs as them)."""
+        root = self.storage_root
+        if root is None:
+            return []
+        unreachable = self._storage_unreachable()
+        problems = [unreachable] if unreachable else []
+        expected = (root / MARKER).read_text().strip()
+        ready = [n.name for n in self.nodes() if n.state is NodeState.READY]
+        if not ready:
+            return [*problems, "storage root: no ready Slurm node to check it on"]
+        args = [f"--nodelist={','.join(ready)}", f"--nodes={len(ready)}", "--ntasks-per-node=1"]
+        if self.partition:
+            args.append(f"--partition={self.partition}")
+        script = f'echo "$SLURMD_NODENAME $(cat {shlex.quote(str(root / MARKER))} 2>&1)"'
+        result = self.cli.run("srun", "--immediate=10", "--time=1", *args, "/bin/sh", "-c", script)
+        if result.returncode != 0:
+            return [*problems, f"storage root: could not check it on the nodes: {result.message}"]
+        seen = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+        for node in ready:
+            if seen.get(node, "").strip() != expected:
+                problems.append(
+                    f"storage root {root} is not shared with node {node} "
+                    f"(it reads {seen.get(node, 'nothing')!r} at {root / MARKER}): mount it there"
+                )
+        return problems
+
+    def _storage_unreachable(self) -> str | None:
+        """Why the job accounts cannot reach the storage root (bwrap binds it as them), or None."""
+        root = self.storage_root
+        if root is None:
+            return None
+        blocked = next((p for p in [root, *root.parents] if not os.stat(p).st_mode & 0o001), None)
+        if blocked is None:
+            return None
+        return (
+            f"cannot bind the job's storage: CORRAL_STORAGE_ROOT {root} lies below {blocked}, which "
+            "job accounts cannot pass (no o+x); put the storage root on shared storage outside CORRAL_HOME"
+        )
+
+    def log_storage_check(self) -> None:
+        """At start-up (in a thread: srun waits for the nodes): say clearly what is wrong."""
+        try:
+            problems = self.check_storage()
+        except (OSError, EngineUnavailable) as exc:
+            problems = [f"storage root: could not check it on the nodes: {exc}"]
+        for problem in problems:
+            log.error("slurm engine: %s", problem)
+        if not problems:
+            log.info("slurm engine: every ready node sees the storage root %s", self.storage_root)
 
     # ---- nodes --------------------------------------------------------------------------------
     def nodes(self) -> Sequence[NodeReport]:
@@ -157,6 +217,20 @@ class SlurmEngine:
             except UnmappedUser as exc:  # refused before anything is written or submitted
                 return self._reject(record, str(exc))
             record.unix_user, record.uid = account.name, account.uid
+            if attempt.refused:
+                return self._reject(record, attempt.refused)
+            blocked = self._storage_unreachable() if attempt.storage_dirs else None
+            if blocked is not None:
+                return self._reject(record, blocked)
+            linked = next((m for m in attempt.mounts if through_symlink(m.source)), None)
+            if linked is not None:
+                return self._reject(
+                    record, f"mount {linked.source} -> {linked.target} goes through a symlink"
+                )
+            try:  # home, group and outputs dirs on the shared storage root, owned by the account
+                prepare_dirs(attempt.storage_dirs, account.uid, account.gid)
+            except (OSError, ValueError) as exc:
+                return self._reject(record, f"cannot prepare the job's storage: {exc}")
             attempt_dir = self.store.attempt_dir(aid)
             job_dir = self.store.job_dir(aid)
             scripts.write_scripts(attempt_dir, job_dir, attempt, instances, account, self.sandbox)

@@ -227,12 +227,14 @@ def rank_script(
     account: UnixAccount,
     mounts: list[tuple[str, str, bool]],
     sandbox: NodeSandbox,
+    cwd: str | None = None,
+    home: str | None = None,
 ) -> str:
     """One instance: its environment, its command under bubblewrap, its exit code to a file."""
     env = dict(inst.env)
     env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm's allocation decides (set below)
     env.setdefault("PATH", DEFAULT_PATH)
-    env.setdefault("HOME", SANDBOX_WORK_DIR)
+    env.setdefault("HOME", home or SANDBOX_WORK_DIR)
     env.setdefault("CORRAL_WORK_DIR", SANDBOX_WORK_DIR)
     env.setdefault("USER", account.name)
     env.setdefault("LOGNAME", account.name)
@@ -246,6 +248,7 @@ def rank_script(
             "/etc/group": str(job_dir / "etc" / "group"),
         },
         mounts=mounts,
+        cwd=cwd or SANDBOX_WORK_DIR,
     )
     head, tail = bwrap_argv_parts(sandbox.bwrap, None, spec)
     sandboxed = " ".join(map(shlex.quote, head)) + ' "$@" ' + " ".join(map(shlex.quote, tail))
@@ -272,7 +275,7 @@ term=""
 forward() {{ for p in $(descendants "$child"); do kill -TERM "$p" 2>/dev/null; done; }}
 trap 'term=1; if [ -n "$child" ]; then forward; fi' TERM INT
 if [ -e "$D/stop" ]; then echo 143 >"$J/rank-{r}.exit"; exit 143; fi
-(trap '' TERM INT; exec {sandboxed}) &
+(trap '' TERM INT; umask 007; exec {sandboxed}) &
 child=$!
 if [ -n "$term" ]; then kill -KILL "$child" 2>/dev/null; fi
 wait "$child"; rc=$?
@@ -317,7 +320,7 @@ def write_scripts(
         "node.sh": node_script(attempt_dir, job_dir, shares),
         **{
             f"rank-{i.rank}.sh": rank_script(
-                attempt_dir, job_dir, i, offsets[i.rank], account, mounts, sandbox
+                attempt_dir, job_dir, i, offsets[i.rank], account, mounts, sandbox, attempt.cwd, attempt.home
             )
             for i in instances
         },

@@ -34,7 +34,8 @@ export async function render(ctx) {
   const attempts = h("div", {});
   const chart = utilizationChart(id);
   const logs = logPanel(ctx, id);
-  ctx.main.append(head, summary, pending, h("div", { class: "grid-2" }, timeline, attempts), logs.element, chart.element);
+  const outputs = outputsPanel(id);
+  ctx.main.append(head, summary, pending, h("div", { class: "grid-2" }, timeline, attempts), logs.element, outputs.element, chart.element);
 
   const draw = () => {
     drawHead(head, job, ctx);
@@ -45,13 +46,13 @@ export async function render(ctx) {
     logs.setAttempts(job);
   };
   draw();
-  await Promise.all([logs.poll(), isTerminal(job.state) ? null : chart.sample()]);
+  await Promise.all([logs.poll(), outputs.load(), isTerminal(job.state) ? null : chart.sample()]);
   ctx.every(2000, async () => {
     const wasTerminal = isTerminal(job.state);
     job = await get(`/jobs/${id}`);
     if (!ctx.alive()) return;
     draw();
-    if (!wasTerminal) await logs.poll();
+    if (!wasTerminal) await Promise.all([logs.poll(), outputs.load()]);
   });
   ctx.every(1500, () => (isTerminal(job.state) && logs.done() ? null : logs.poll()));
   ctx.every(3000, () => (isTerminal(job.state) ? null : chart.sample()));
@@ -214,6 +215,38 @@ function drawAttempts(root, job) {
     ),
     drawWatch(job),
   );
+}
+
+// ---- outputs: the files the job wrote to /outputs (kept after it ends), each a download link ---------
+
+function outputsPanel(jobId) {
+  const body = h("div", {});
+  const element = section("Outputs", body);
+  async function load() {
+    let items;
+    try {
+      items = (await get(`/jobs/${jobId}/outputs`)).items;
+    } catch (err) {
+      fill(body, errorBox(err, "Outputs unavailable"));
+      return;
+    }
+    const href = (o) => `/api/v1/jobs/${jobId}/outputs/file?path=${encodeURIComponent(o.path)}`;
+    fill(
+      body,
+      items.length
+        ? table(
+            [
+              { label: "File", cell: (o) => h("a", { href: href(o), download: o.path.split("/").pop() }, o.path) },
+              { label: "Size", cell: (o) => `${o.size} B` },
+              { label: "Modified", cell: (o) => timeEl(o.modified_at) },
+            ],
+            items,
+            { class: "outputs" },
+          )
+        : emptyState("No files in /outputs yet."),
+    );
+  }
+  return { element, load };
 }
 
 // ---- logs -----------------------------------------------------------------------------------------

@@ -1,0 +1,100 @@
+"""Storage: `--code` uploads (which blobs are missing, chunked blob upload, the snapshot's
+manifest) and a job's outputs (list, download). Logic is in corral.services.storage."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
+
+from corral.api.deps import DB, Admin, CurrentUser, fast_json
+from corral.services import jobs as jobs_svc
+from corral.services import storage as svc
+from corral.services.errors import Invalid
+
+router = APIRouter(tags=["storage"])
+READ_BLOCK = 1 << 20
+
+
+class MissingIn(BaseModel):
+    hashes: list[str] = Field(max_length=svc.MAX_MISSING_QUERY)
+
+
+@router.post("/code/missing")
+def code_missing(body: MissingIn, request: Request, principal: CurrentUser) -> Any:
+    """Which of these sha256 hashes the server does not hold yet (upload only those)."""
+    del principal
+    return fast_json({"missing": svc.missing_blobs(request.app.state.settings, body.hashes)})
+
+
+@router.put("/code/blobs/{sha}")
+async def code_blob(
+    sha: str,
+    request: Request,
+    principal: CurrentUser,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    final: bool = False,
+) -> Any:
+    """One chunk of a blob at `offset` (409 with the offset to resume at when it does not fit);
+    `final=true` checks the whole blob's hash and publishes it."""
+    del principal
+    data = await request.body()
+    size = svc.upload_chunk(request.app.state.settings, sha, offset, data, final)
+    return fast_json({"sha256": sha, "size": size})
+
+
+@router.post("/code/snapshots", status_code=201)
+async def code_snapshot(request: Request, principal: CurrentUser) -> Any:
+    """The snapshot of a manifest (text: `<sha256> <x|-> <path>` per line) -> its id."""
+    del principal
+    try:
+        text = (await request.body()).decode("utf-8")
+    except UnicodeDecodeError:
+        raise Invalid("the manifest is not UTF-8 text", ("body",))
+    snap_id = svc.create_snapshot(request.app.state.settings, text)
+    return fast_json({"id": snap_id}, 201)
+
+
+@router.post("/storage/identities")
+def storage_identities(request: Request, db: DB, admin: Admin) -> Any:
+    """Every user's uid and group's gid (admin); allocates those not given yet."""
+    del admin
+    return fast_json({"items": svc.identities(db, request.app.state.settings)})
+
+
+@router.get("/jobs/{job_id}/outputs")
+def job_outputs(job_id: int, request: Request, db: DB, principal: CurrentUser) -> Any:
+    """The files a job wrote under /outputs (kept after it ends, deleted with the job)."""
+    job = jobs_svc.get_job(db, principal, job_id)
+    files = svc.list_outputs(request.app.state.settings, job)
+    items = [{"path": f.path, "size": f.size, "modified_at": f.modified_at} for f in files]
+    return fast_json({"job_id": job_id, "items": items})
+
+
+@router.get("/jobs/{job_id}/outputs/file")
+def job_output_file(
+    job_id: int,
+    request: Request,
+    db: DB,
+    principal: CurrentUser,
+    path: Annotated[str, Query(max_length=1024)],
+) -> StreamingResponse:
+    job = jobs_svc.get_job(db, principal, job_id)
+    fd = svc.open_output(request.app.state.settings, job, path)
+    size = os.fstat(fd).st_size
+    name = path.rsplit("/", 1)[-1].replace('"', "")
+    return StreamingResponse(
+        _stream(fd),
+        media_type="application/octet-stream",
+        headers={"Content-Length": str(size), "Content-Disposition": f'attachment; filename="{name}"'},
+    )
+
+
+def _stream(fd: int) -> Iterator[bytes]:
+    with os.fdopen(fd, "rb") as f:
+        while block := f.read(READ_BLOCK):
+            yield block

@@ -1,0 +1,194 @@
+"""Storage services: the submit-time check of a job's mounts and code snapshot, `--code` uploads
+(missing hashes, chunks, manifest) and a job's outputs (list, open). The storage root comes from
+the server's settings; the mechanics live in corral.storage."""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from corral.config import Settings
+from corral.db.models import Group, Job, User
+from corral.db.storage_models import StorageIdentity
+from corral.services.auth import Principal
+from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
+from corral.spec import JobSpecV1, MountV1
+from corral.storage import code
+from corral.storage.identities import ensure_ids, list_ids
+from corral.storage.layout import outputs_dir
+from corral.storage.mounts import MountContext, MountRefused, resolve_all
+from corral.storage.plan import id_ranges
+
+MAX_MISSING_QUERY = 50_000
+MAX_LISTED = 10_000  # outputs entries listed at once
+
+
+def mount_context(session: Session, principal: Principal, root: Path) -> MountContext:
+    ids = list(principal.group_roles)
+    names = session.scalars(select(Group.name).where(Group.id.in_(ids))).all() if ids else []
+    return MountContext(principal.name, frozenset(names), root, principal.is_admin)
+
+
+def check_job_storage(
+    session: Session, principal: Principal, spec: JobSpecV1, settings: Settings
+) -> JobSpecV1:
+    """The spec's mounts checked against the submitter's rights (403 naming the source) and
+    resolvable (422), its code snapshot present; returns the spec with each mount's exact source
+    (e.g. a dataset's version: the job's lineage)."""
+    root = settings.storage_path
+    if spec.code is not None and not code.snapshot_dir(root, spec.code).is_dir():
+        raise Invalid(
+            f"code snapshot {spec.code} does not exist; upload it with `corral submit --code DIR`",
+            ("body", "code"),
+        )
+    if not spec.mounts:
+        return spec
+    ctx = mount_context(session, principal, root)
+    try:
+        binds = resolve_all(ctx, [(m.source, m.target or "", m.mode == "ro") for m in spec.mounts])
+    except MountRefused as exc:
+        if exc.forbidden:
+            raise Forbidden(str(exc)) from exc
+        raise Invalid(str(exc), ("body", "mounts")) from exc
+    pinned = [
+        MountV1(source=b.source or m.source, target=m.target, mode=m.mode)
+        for m, b in zip(spec.mounts, binds, strict=True)
+    ]
+    return spec.model_copy(update={"mounts": pinned})
+
+
+def identities(session: Session, settings: Settings) -> list[dict[str, object]]:
+    """Every user's uid and group's gid (admin), allocating those not given yet, e.g. for the
+    Unix groups a Slurm site makes (docs/storage.md, "Identities"). Commits."""
+    uid_range, gid_range = id_ranges(settings)
+    ensure_ids(
+        session,
+        session.scalars(select(User)).all(),
+        session.scalars(select(Group)).all(),
+        uid_range,
+        gid_range,
+    )
+    session.commit()
+    return [
+        {"kind": r.kind, "name": r.subject_name, "id": r.number, "current": _is_current(session, r)}
+        for r in list_ids(session)
+    ]
+
+
+def _is_current(session: Session, row: StorageIdentity) -> bool:
+    found = session.get(User if row.kind == "user" else Group, row.subject_id)
+    return isinstance(found, (User, Group)) and found.created_at == row.subject_created_at
+
+
+# -- code uploads ------------------------------------------------------------------------------
+
+
+def missing_blobs(settings: Settings, hashes: list[str]) -> list[str]:
+    if len(hashes) > MAX_MISSING_QUERY:
+        raise Invalid(f"at most {MAX_MISSING_QUERY} hashes per query", ("body", "hashes"))
+    try:
+        return code.missing(settings.storage_path, hashes)
+    except code.CodeError as exc:
+        raise Invalid(str(exc), ("body", "hashes")) from exc
+
+
+def upload_chunk(settings: Settings, sha: str, offset: int, data: bytes, final: bool) -> int:
+    try:
+        return code.receive_chunk(settings.storage_path, sha, offset, data, final, settings.code_max_bytes)
+    except code.ChunkOutOfOrder as exc:
+        raise Conflict(f"{exc}; resume at offset {exc.have}") from exc
+    except code.CodeError as exc:
+        raise Invalid(str(exc), ("body",)) from exc
+
+
+def parse_manifest(text: str) -> dict[str, dict[str, object]]:
+    """The manifest as sent: one `<sha256> <x|-> <path>` line per file (`x`: executable). Text,
+    not JSON: a few thousand files stay within the API's body and JSON-size limits."""
+    manifest: dict[str, dict[str, object]] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        sha, _, rest = line.partition(" ")
+        flag, _, path = rest.partition(" ")
+        if flag not in ("x", "-") or not path:
+            raise Invalid(f"manifest line {number}: write '<sha256> <x|-> <path>'", ("body",))
+        if path in manifest:
+            raise Invalid(f"manifest line {number}: {path!r} is listed twice", ("body",))
+        manifest[path] = {"sha256": sha, "executable": flag == "x"}
+    if not manifest:
+        raise Invalid("the manifest lists no files", ("body",))
+    return manifest
+
+
+def create_snapshot(settings: Settings, text: str) -> str:
+    manifest = parse_manifest(text)
+    try:
+        return code.make_snapshot(
+            settings.storage_path, manifest, settings.code_max_bytes, settings.code_max_files
+        )
+    except code.CodeError as exc:
+        raise Invalid(str(exc), ("body",)) from exc
+
+
+# -- outputs -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFile:
+    path: str
+    size: int
+    modified_at: float
+
+
+def list_outputs(settings: Settings, job: Job) -> list[OutputFile]:
+    """The plain files below the job's outputs dir (symlinks and others skipped, never followed)."""
+    top = outputs_dir(settings.storage_path, job.id)
+    found: list[OutputFile] = []
+    todo = [""]
+    while todo and len(found) < MAX_LISTED:
+        rel = todo.pop()
+        try:
+            entries = sorted(os.scandir(top / rel if rel else top), key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            path = f"{rel}/{entry.name}" if rel else entry.name
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                todo.append(path)
+            elif stat.S_ISREG(st.st_mode):
+                found.append(OutputFile(path, st.st_size, st.st_mtime))
+    return sorted(found, key=lambda f: f.path)
+
+
+def open_output(settings: Settings, job: Job, path: str) -> int:
+    """An fd of one output file, opened without following any symlink on the way (a job's uid
+    owns that tree and may have planted links to the server's files)."""
+    try:
+        code.check_path(path)
+    except code.CodeError as exc:
+        raise Invalid(str(exc), ("query", "path")) from exc
+    top = outputs_dir(settings.storage_path, job.id)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(top, flags | os.O_DIRECTORY)
+    except FileNotFoundError:
+        raise NotFound(f"job {job.id} has no outputs") from None
+    try:
+        parts = path.split("/")
+        for part in parts[:-1]:
+            nxt = os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        out = os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=fd)
+    except OSError:
+        raise NotFound(f"job {job.id} has no output file {path!r}") from None
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(os.fstat(out).st_mode):
+        os.close(out)
+        raise NotFound(f"job {job.id} has no output file {path!r}")
+    return out

@@ -1,0 +1,187 @@
+"""The storage root (`CORRAL_STORAGE_ROOT`, default `$CORRAL_HOME/storage`) and its layout:
+
+    home/<user>         a user's home: owner the user's uid, 0700
+    group/<group>       a group's shared dir: root:<group gid>, 2770 (setgid: files stay the group's)
+    group/<group>/<user>  a member's own subdir, made on first use: <uid>:<group gid>, 2770
+    data/               datasets (corral.services.datasets)
+    code/blobs/         content-addressed files of `--code` snapshots (root, 0700)
+    code/snapshots/<id>/  one snapshot as a tree of read-only hard links (0711: reachable, not listable)
+    outputs/<job id>/   a job's outputs: owner the job's uid, 0700; deleted with the job
+    env/, model/        reserved (environments, model catalogue)
+
+The top-level dirs are root's with 0711 where their entries are private (a job's uid may pass
+through to what is bound for it, nobody may list them) and 0755 where they are shared. Only the
+server (root) creates and hands over dirs here; jobs see nothing of the root but their binds.
+Standard library only: both engines import it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+TOP_DIRS: dict[str, int] = {
+    "home": 0o711,
+    "group": 0o711,
+    "data": 0o755,
+    "code": 0o711,
+    "outputs": 0o711,
+    "env": 0o755,
+    "model": 0o755,
+}
+MARKER = ".corral-storage"  # holds a random id: a node that sees it sees this root (Slurm check)
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+
+
+class StorageError(ValueError):
+    """A storage path or name that cannot be used; the message says which and why."""
+
+
+def check_name(what: str, name: str) -> str:
+    """A user, group or path component: letters, digits, '_', '.', '-' (no '/', NUL, '..')."""
+    if not NAME_RE.match(name) or name in (".", ".."):
+        raise StorageError(
+            f"{what} {name!r} is not a valid name: use letters, digits, '_', '.' or '-' "
+            "(at most 64, not starting with '.' or '-')"
+        )
+    return name
+
+
+def check_subpath(what: str, sub: str) -> str:
+    """A relative path below a storage dir: components as check_name, no '..', no empty parts."""
+    if "\x00" in sub or sub.startswith("/"):
+        raise StorageError(f"{what} {sub!r} must be a relative path without NUL")
+    parts = sub.split("/")
+    for part in parts:
+        check_name(f"{what} component", part)
+    return "/".join(parts)
+
+
+def through_symlink(path: str) -> bool:
+    """Does `path` (absolute) go through a symlink anywhere? A member may plant one in a group dir
+    (`evil -> /etc`); binding it would follow it as root. Missing parts do not count."""
+    real = os.path.realpath(path)
+    return real != os.path.normpath(path) and os.path.lexists(path)
+
+
+def home_dir(root: Path, user: str) -> Path:
+    return root / "home" / check_name("user", user)
+
+
+def group_dir(root: Path, group: str) -> Path:
+    return root / "group" / check_name("group", group)
+
+
+def outputs_dir(root: Path, job_id: int | str) -> Path:
+    return root / "outputs" / str(int(job_id))
+
+
+@dataclass(frozen=True, slots=True)
+class StorageDir:
+    """A dir the engine makes (or puts right) before the job starts. owner "user": the job's uid
+    (on Slurm: its Unix account); "root": uid 0. gid None: the job's primary gid."""
+
+    path: str
+    owner: str  # "user" | "root"
+    gid: int | None
+    mode: int
+
+
+def ensure_layout(root: Path) -> str:
+    """Create the root and its top dirs with their owners and modes (idempotent; as root the
+    owner is root:root). Returns the root's marker id."""
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o755)
+    for name, mode in TOP_DIRS.items():
+        path = root / name
+        path.mkdir(exist_ok=True)
+        _own(path, 0, 0, mode)
+    for sub, mode in (("code/blobs", 0o700), ("code/snapshots", 0o711), ("code/incoming", 0o700)):
+        (root / sub).mkdir(exist_ok=True)
+        _own(root / sub, 0, 0, mode)
+    marker = root / MARKER
+    if not marker.exists():
+        tmp = root / f".{MARKER}.{os.getpid()}"
+        tmp.write_text(secrets.token_hex(16) + "\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, marker)
+    return marker.read_text().strip()
+
+
+def layout_problems(root: Path) -> list[str]:
+    """What is wrong with the root (for `corral doctor` and start-up): missing dirs, wrong modes."""
+    if not root.is_dir():
+        return [f"storage root {root} does not exist (the server creates it at start-up)"]
+    problems = []
+    for name, mode in TOP_DIRS.items():
+        path = root / name
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            problems.append(f"{path} is missing")
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            problems.append(f"{path} is not a directory")
+        elif stat.S_IMODE(st.st_mode) != mode:
+            problems.append(f"{path} has mode {stat.S_IMODE(st.st_mode):o}, expected {mode:o}")
+        elif os.geteuid() == 0 and st.st_uid != 0:
+            problems.append(f"{path} is owned by uid {st.st_uid}, expected root")
+    if not (root / MARKER).is_file():
+        problems.append(f"{root / MARKER} is missing (the server writes it at start-up)")
+    return problems
+
+
+def _own(path: Path, uid: int, gid: int, mode: int) -> None:
+    if os.geteuid() == 0:
+        os.lchown(path, uid, gid)
+    os.chmod(path, mode)
+
+
+def prepare_dirs(dirs: list[StorageDir] | tuple[StorageDir, ...], uid: int, gid: int) -> None:
+    """Make each dir (its parent must exist) and give it its owner and mode. A user dir owned by
+    another uid is a name taken over by a new subject (user deleted and created again): the old
+    one is moved aside to `.retired-<name>-<old uid>`, never handed over; so is a group dir of
+    another gid. A symlink is refused."""
+    as_root = os.geteuid() == 0
+    for d in dirs:
+        path = Path(d.path)
+        want_uid = uid if d.owner == "user" else 0
+        want_gid = gid if d.gid is None else d.gid
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            raise StorageError(f"{path} exists and is not a directory")
+        if st is not None and as_root and _taken_over(d, st, want_uid, want_gid):
+            old = st.st_uid if d.owner == "user" else st.st_gid
+            os.rename(path, path.with_name(f".retired-{path.name}-{old}"))
+            st = None
+        if st is None:
+            try:
+                os.mkdir(path, 0o700)
+            except FileExistsError:
+                pass  # made by a concurrent launch of the same user
+            st = os.lstat(path)
+        if as_root and (st.st_uid, st.st_gid) != (want_uid, want_gid):
+            os.lchown(path, want_uid, want_gid)
+        if stat.S_IMODE(st.st_mode) != d.mode or (as_root and st.st_gid != want_gid):
+            os.chmod(path, d.mode)  # after chown: chown clears the setgid bit
+
+
+def _taken_over(d: StorageDir, st: os.stat_result, uid: int, gid: int) -> bool:
+    """A user's dir owned by another uid, or a group's dir by another group's gid: the name
+    belonged to a deleted subject, whose files the new one must not inherit."""
+    if d.owner == "user":
+        return st.st_uid != uid
+    return d.gid is not None and st.st_gid not in (gid, 0)
+
+
+def remove_outputs(root: Path, job_id: int) -> None:
+    """A job's outputs, with the job (services/cleanup.py). Idempotent."""
+    shutil.rmtree(outputs_dir(root, job_id), ignore_errors=True)

@@ -1,0 +1,195 @@
+"""The one mount mechanism: a registry of mount sources, used at submit (rights, existence) and at
+launch (host paths) by both engines. The local engine binds each `Bind` with bubblewrap
+(`--bind`/`--ro-bind`); the Slurm engine writes the same binds into the rank script, whose bwrap
+binds the same paths of the shared storage root on the node.
+
+A source is `<prefix>[/<ref>]` (`home`, `group/vision/sub`, `data/cifar@3`). Each prefix has a
+resolver, registered once at import of its module:
+
+    register_source("data", resolve_dataset)
+
+    def resolve_dataset(ctx: MountContext, req: MountRequest) -> Bind: ...
+
+The resolver is pure and session-free: it reads only `ctx` (who mounts, their groups, the root)
+and the request, may look at the filesystem, and raises MountRefused naming the source when the
+user may not have it or it does not exist. It returns the host path, the target in the sandbox
+(`req.target`, or its own default when that is empty), read-only or not, the exact source it
+resolved (recorded in the job's spec: `data/cifar` -> `data/cifar@3`, the lineage of the job)
+and the dirs to make on first use.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral.storage.layout import (
+    StorageDir,
+    StorageError,
+    check_name,
+    check_subpath,
+    group_dir,
+    home_dir,
+    through_symlink,
+)
+
+SANDBOX_HOME = "/home"
+SANDBOX_GROUP = "/group"
+SANDBOX_CODE = "/code"
+SANDBOX_OUTPUTS = "/outputs"
+# Where a job's mounts may not go: the system, the sandbox's own dirs, and Corral's fixed binds.
+RESERVED_TARGETS = (
+    "/proc", "/dev", "/sys", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+    "/run", "/tmp", "/job", SANDBOX_CODE, SANDBOX_OUTPUTS,
+)  # fmt: skip
+MAX_MOUNTS = 32
+
+
+class MountRefused(ValueError):
+    """A mount that cannot be served. forbidden: the user lacks the right (403), else the
+    request itself is wrong (400, unknown source, bad path)."""
+
+    def __init__(self, message: str, *, forbidden: bool = False) -> None:
+        super().__init__(message)
+        self.forbidden = forbidden
+
+
+@dataclass(frozen=True, slots=True)
+class MountContext:
+    user: str
+    groups: frozenset[str]  # every group the user is a member of
+    root: Path  # the storage root
+    is_admin: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MountRequest:
+    source: str  # as written: "group/vision/sub"
+    ref: str  # after the prefix: "vision/sub" ("" for "home")
+    target: str  # absolute path in the sandbox, or "" for the source's default
+    readonly: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    host_path: str
+    target: str
+    readonly: bool
+    source: str = ""  # the exact source resolved (lineage)
+    prepare: tuple[StorageDir, ...] = field(default_factory=tuple)
+
+
+Resolver = Callable[[MountContext, MountRequest], Bind]
+_SOURCES: dict[str, Resolver] = {}
+
+
+def register_source(prefix: str, resolver: Resolver) -> None:
+    """Serve mounts `<prefix>` and `<prefix>/...` with `resolver` (another module's source)."""
+    check_name("mount source prefix", prefix)
+    _SOURCES[prefix] = resolver
+
+
+def sources() -> list[str]:
+    return sorted(_SOURCES)
+
+
+def check_target(target: str) -> str:
+    if "\x00" in target or not target.startswith("/"):
+        raise MountRefused(f"mount target {target!r} must be an absolute path in the job")
+    norm = posixpath.normpath(target)
+    if norm != target.rstrip("/") or ".." in target.split("/") or norm == "/":
+        raise MountRefused(f"mount target {target!r} must be a plain absolute path (no '..', not '/')")
+    for reserved in RESERVED_TARGETS:
+        if norm == reserved or norm.startswith(reserved + "/"):
+            raise MountRefused(f"mount target {target!r} is reserved ({reserved} belongs to the sandbox)")
+    return norm
+
+
+def resolve(ctx: MountContext, source: str, target: str = "", readonly: bool = True) -> Bind:
+    """One spec mount -> its Bind, or MountRefused naming the source."""
+    prefix, _, ref = source.partition("/")
+    resolver = _SOURCES.get(prefix)
+    if resolver is None:
+        raise MountRefused(
+            f"mount source {source!r}: unknown source {prefix!r}; known: {', '.join(sources())}"
+        )
+    if target:
+        target = check_target(target)
+    try:
+        bind = resolver(ctx, MountRequest(source, ref, target, readonly))
+    except StorageError as exc:
+        raise MountRefused(f"mount source {source!r}: {exc}") from exc
+    check_target(bind.target)
+    default = resolver(ctx, MountRequest(source, ref, "", readonly)).target if target else bind.target
+    if bind.target != default and any(
+        bind.target == top or bind.target.startswith(top + "/") for top in (SANDBOX_HOME, SANDBOX_GROUP)
+    ):
+        # Another bind's place: bwrap (root) would make the mount point inside a user's dir.
+        raise MountRefused(f"mount target {target!r}: /home and /group hold only their own sources")
+    if through_symlink(bind.host_path):
+        raise MountRefused(f"mount source {source!r} goes through a symlink")
+    return bind
+
+
+def resolve_all(ctx: MountContext, requests: Iterable[tuple[str, str, bool]]) -> list[Bind]:
+    """The spec's mounts (source, target, readonly), checked together: no two on one target."""
+    binds = [resolve(ctx, source, target, readonly) for source, target, readonly in requests]
+    if len(binds) > MAX_MOUNTS:
+        raise MountRefused(f"{len(binds)} mounts; at most {MAX_MOUNTS} are allowed")
+    seen: set[str] = set()
+    for b in binds:
+        if b.target in seen:
+            raise MountRefused(f"two mounts on {b.target}")
+        seen.add(b.target)
+    return binds
+
+
+# -- the built-in sources: home and group --------------------------------------------------------
+
+
+def _home(ctx: MountContext, req: MountRequest) -> Bind:
+    if req.ref:
+        raise MountRefused(f"mount source {req.source!r}: 'home' takes no path (your home is 'home')")
+    path = home_dir(ctx.root, ctx.user)
+    prepare = (StorageDir(str(path), "user", None, 0o700),)
+    target = req.target or f"{SANDBOX_HOME}/{ctx.user}"
+    return Bind(str(path), target, req.readonly, "home", prepare)
+
+
+def _group(ctx: MountContext, req: MountRequest) -> Bind:
+    name, _, sub = req.ref.partition("/")
+    if not name:
+        raise MountRefused(f"mount source {req.source!r}: name the group, e.g. group/vision")
+    check_name("group", name)
+    if name not in ctx.groups:
+        raise MountRefused(
+            f"mount source {req.source!r}: you are not a member of group {name!r}", forbidden=True
+        )
+    path = group_dir(ctx.root, name)
+    if sub:
+        path = path / check_subpath("group path", sub)
+    target = req.target or f"{SANDBOX_GROUP}/{req.ref}"
+    return Bind(str(path), target, req.readonly, req.source)
+
+
+register_source("home", _home)
+register_source("group", _group)
+
+
+def default_binds(ctx: MountContext, group_gids: dict[str, int]) -> list[Bind]:
+    """Mounted in every job without a spec entry: the home, and each group the user is a member
+    of (that has a gid) with the user's own subdir made on first use."""
+    binds = [_home(ctx, MountRequest("home", "", "", False))]
+    for name in sorted(ctx.groups):
+        gid = group_gids.get(name)
+        if gid is None:
+            continue
+        path = group_dir(ctx.root, name)
+        prepare = (
+            StorageDir(str(path), "root", gid, 0o2770),
+            StorageDir(str(path / ctx.user), "user", gid, 0o2770),
+        )
+        binds.append(Bind(str(path), f"{SANDBOX_GROUP}/{name}", False, f"group/{name}", prepare))
+    return binds

@@ -1,0 +1,74 @@
+"""Group storage on the Slurm engine: the same binds the dispatch builds (corral.storage.mounts),
+bound by the node's bubblewrap from the shared storage root; two members of a group share its dir,
+each job runs as its user's own Unix account, and the engine checks that its nodes see the root."""
+
+from __future__ import annotations
+
+import grp
+import os
+import subprocess
+from dataclasses import replace
+
+from corral.engine.base import AttemptPhase, MountSpec
+from corral.engine.slurm import SlurmEngine
+from corral.storage.layout import ensure_layout
+from corral.storage.mounts import MountContext, default_binds
+from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster
+from tests.slurm.helpers import FINISHED, attempt, instance, slurm_engine, wait_for
+
+VISION = "corralt-vision"  # the site's Unix group for Corral group vision (docs/storage.md, "Slurm")
+
+
+def unix_group(members: list[str]) -> int:
+    try:
+        gid = grp.getgrnam(VISION).gr_gid
+    except KeyError:
+        subprocess.run(["groupadd", VISION], check=True, capture_output=True)
+        gid = grp.getgrnam(VISION).gr_gid
+    for account in members:
+        subprocess.run(["gpasswd", "-a", account, VISION], check=True, capture_output=True)
+    return gid
+
+
+def test_members_share_the_group_dir_on_slurm(slurm_cluster: SlurmCluster) -> None:
+    root = slurm_cluster.new_state_dir() / "storage"
+    ensure_layout(root)
+    os.chmod(root.parent, 0o755)
+    gid = unix_group([TEST_ACCOUNTS["alice"], TEST_ACCOUNTS["bob"]])
+    engine: SlurmEngine = slurm_engine(slurm_cluster, storage_root=root)
+    try:
+        assert engine.check_storage() == []  # every node reads the root's marker
+
+        def launch(aid: str, user: str, command: str) -> str:
+            binds = default_binds(MountContext(user, frozenset({"vision"}), root), {"vision": gid})
+            base = attempt(aid, instance("node1", command), user=user)
+            mounts = tuple(MountSpec(b.host_path, b.target, b.readonly) for b in binds)
+            dirs = tuple(d for b in binds for d in b.prepare)
+            engine.launch(replace(base, mounts=mounts, storage_dirs=dirs, home=f"/home/{user}"))
+            assert wait_for(engine, aid, FINISHED, timeout_s=30).phase is AttemptPhase.SUCCEEDED
+            return engine.logs(aid, 0).data.decode(errors="replace")
+
+        launch("701.1", "alice", "echo from-alice > /group/vision/x && echo home > $HOME/h")
+        assert (root / "group" / "vision" / "x").stat().st_gid == gid  # setgid dir: the group's file
+        out = launch(
+            "702.1", "bob", 'cat /group/vision/x; echo "ls=$(ls /home)"; cat /home/alice/h; echo rc=$?'
+        )
+        assert "from-alice" in out and "ls=bob\n" in out and "rc=1" in out, out  # alice's home: not there
+        home = (root / "home" / "alice").stat()
+        assert (home.st_uid, home.st_mode & 0o777) == (os.stat(root / "group" / "vision" / "x").st_uid, 0o700)
+        # A root the job accounts cannot reach (below a 0700 dir, e.g. CORRAL_HOME): said clearly,
+        # at start-up and at launch, instead of a bubblewrap error in the job's log.
+        closed = slurm_cluster.new_state_dir()
+        ensure_layout(closed / "storage")
+        os.chmod(closed, 0o700)
+        hidden = slurm_engine(slurm_cluster, storage_root=closed / "storage")
+        try:
+            assert any("no o+x" in p for p in hidden.check_storage())
+            dirs = default_binds(MountContext("alice", frozenset(), closed / "storage"), {})[0].prepare
+            hidden.launch(replace(attempt("703.1", instance("node1", "true")), storage_dirs=dirs))
+            status = wait_for(hidden, "703.1", FINISHED)
+            assert status.phase is AttemptPhase.FAILED and "no o+x" in status.message, status
+        finally:
+            hidden.close()
+    finally:
+        engine.close()

@@ -1,0 +1,201 @@
+"""The storage layer's parts without a server: the mount registry, names and targets, the code
+store (chunks, resume, hash check, snapshots), ignore rules, stable ids that are never reused,
+old spec mount forms and the sandbox's uid/groups/cwd arguments."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import delete
+
+from corral.db.models import Group, User
+from corral.db.session import init_db, make_engine, make_session_factory
+from corral.engine.isolation.sandbox import SandboxSpec, bwrap_argv
+from corral.spec import JobSpecV1
+from corral.storage import code
+from corral.storage.identities import IdRange, ensure_ids
+from corral.storage.ignore import CodeDirError, scan
+from corral.storage.layout import MARKER, StorageDir, ensure_layout, layout_problems, prepare_dirs
+from corral.storage.mounts import Bind, MountContext, MountRefused, MountRequest, register_source, resolve
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    ensure_layout(tmp_path / "storage")
+    return tmp_path / "storage"
+
+
+def ctx(root: Path, user: str = "alice", groups: tuple[str, ...] = ("vision",)) -> MountContext:
+    return MountContext(user, frozenset(groups), root)
+
+
+def test_layout_modes_marker_and_doctor_problems(root: Path) -> None:
+    assert layout_problems(root) == []
+    assert (root / MARKER).read_text().strip() and oct((root / "home").stat().st_mode & 0o7777) == "0o711"
+    os.chmod(root / "group", 0o777)
+    assert layout_problems(root) == [f"{root / 'group'} has mode 777, expected 711"]
+
+
+def test_registry_serves_a_new_prefix_through_the_same_resolve(root: Path) -> None:
+    def data(c: MountContext, req: MountRequest) -> Bind:
+        name, _, version = req.ref.partition("@")
+        return Bind(
+            str(c.root / "data" / name), req.target or f"/data/{name}", True, f"data/{name}@{version or '3'}"
+        )
+
+    register_source("testdata", data)
+    bind = resolve(ctx(root), "testdata/cifar")
+    assert (bind.host_path, bind.target, bind.readonly, bind.source) == (
+        str(root / "data" / "cifar"), "/data/cifar", True, "data/cifar@3",
+    )  # fmt: skip
+
+
+def test_group_rights_names_and_targets(root: Path) -> None:
+    assert resolve(ctx(root), "group/vision/a/b", "/mnt/x", False).host_path == str(root / "group/vision/a/b")
+    with pytest.raises(MountRefused) as refused:
+        resolve(ctx(root, "carol", ("nlp",)), "group/vision")
+    assert refused.value.forbidden and "not a member of group 'vision'" in str(refused.value)
+    for source in ("group/vision/../nlp", "group/vision//x", "group/a\x00b", "group/", "home/x", "nope"):
+        with pytest.raises(MountRefused) as bad:
+            resolve(ctx(root), source)
+        assert not bad.value.forbidden and "mount source" in str(bad.value)
+    for target in ("/proc/x", "/", "/a/../etc", "rel", "/code", "/tmp/x"):
+        with pytest.raises(MountRefused, match="target"):
+            resolve(ctx(root), "home", target)
+
+
+def test_code_chunks_resume_and_hash_check(root: Path) -> None:
+    blob = os.urandom(300_000)
+    sha = hashlib.sha256(blob).hexdigest()
+    assert code.missing(root, [sha]) == [sha]
+    assert code.receive_chunk(root, sha, 0, blob[:100_000], False, 10**9) == 100_000
+    with pytest.raises(code.ChunkOutOfOrder) as gap:  # a client that lost its place is told where to resume
+        code.receive_chunk(root, sha, 200_000, blob[200_000:], True, 10**9)
+    assert gap.value.have == 100_000
+    assert code.receive_chunk(root, sha, 100_000, blob[100_000:], True, 10**9) == 300_000
+    assert code.missing(root, [sha]) == [] and code.blob_path(root, sha).read_bytes() == blob
+    wrong = hashlib.sha256(b"other").hexdigest()
+    with pytest.raises(code.CodeError, match="hash to"):
+        code.receive_chunk(root, wrong, 0, b"not other", True, 10**9)
+    assert code.missing(root, [wrong]) == [wrong] and not list((root / "code" / "incoming").iterdir())
+    with pytest.raises(code.CodeError, match="sha256"):
+        code.missing(root, ["../../etc/passwd"])
+    code.receive_chunk(root, wrong, 0, b"half", False, 10**9)  # an upload abandoned mid-way
+    part = root / "code" / "incoming" / f"{wrong}.part"
+    assert code.sweep_incoming(root, time.time()) == 0 and part.exists()
+    os.utime(part, (time.time() - code.INCOMING_TTL_S - 1,) * 2)
+    code.missing(root, [wrong])
+    assert not part.exists()  # no space leaks from interrupted uploads
+
+
+def test_snapshot_is_content_addressed_and_refuses_bad_paths(root: Path) -> None:
+    sha = hashlib.sha256(b"print(1)\n").hexdigest()
+    code.receive_chunk(root, sha, 0, b"print(1)\n", True, 10**9)
+    manifest: dict[str, dict[str, object]] = {"a/train.py": {"sha256": sha, "executable": True}}
+    first = code.make_snapshot(root, manifest, 10**9, 10)
+    assert code.make_snapshot(root, dict(manifest), 10**9, 10) == first
+    f = code.snapshot_dir(root, first) / "a" / "train.py"
+    assert f.read_text() == "print(1)\n" and os.stat(f).st_mode & 0o777 == 0o555
+    for bad in ("../x", "/etc/x", "a/./b", "a\x00b", "a/\x1bb", ""):
+        with pytest.raises(code.CodeError, match="code path"):
+            code.make_snapshot(root, {bad: {"sha256": sha, "executable": False}}, 10**9, 10)
+    with pytest.raises(code.CodeError, match="not uploaded"):
+        code.make_snapshot(root, {"b.py": {"sha256": "0" * 64, "executable": False}}, 10**9, 10)
+    with pytest.raises(code.CodeError, match="9 bytes; at most 3"):
+        code.make_snapshot(root, {"c.py": {"sha256": sha, "executable": False}}, 3, 10)
+
+
+def test_ignore_rules(tmp_path: Path) -> None:
+    (tmp_path / "src" / "build").mkdir(parents=True)
+    for name in ("a.py", "a.pyc", "src/b.py", "src/build/out.o", "keep.log", "x.log", "src/.corralignore"):
+        (tmp_path / name).write_text("b.py\n" if name.endswith("corralignore") else "x")
+    (tmp_path / ".gitignore").write_text("*.pyc\n*.log\n!keep.log\nbuild/\n")
+    assert [f.path for f in scan(tmp_path)] == [".gitignore", "a.py", "keep.log", "src/.corralignore"]
+    (tmp_path / "link").symlink_to("/etc/passwd")
+    with pytest.raises(CodeDirError, match="symlink"):
+        scan(tmp_path)
+
+
+def test_ids_are_stable_and_never_reused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    init_db(url)
+    engine = make_engine(url)
+    rng_u, rng_g = IdRange.parse("U", "300000-300002"), IdRange.parse("G", "400000-400009")
+    with make_session_factory(engine)() as s:
+        now = time.time()
+        group = Group(name="vision", created_at=now)
+        users = [User(name=n, created_at=now) for n in ("alice", "bob")]
+        s.add_all([group, *users])
+        s.flush()
+        uids, gids = ensure_ids(s, users, [group], rng_u, rng_g)
+        assert sorted(uids.values()) == [300000, 300001] and gids == {group.id: 400000}
+        assert ensure_ids(s, users, [group], rng_u, rng_g) == (uids, gids)  # stable
+        bob_id = users[1].id
+        s.execute(delete(User).where(User.id == bob_id))
+        again = User(id=bob_id, name="bob", created_at=now + 1)  # same name, even the same row id
+        s.add(again)
+        s.flush()
+        new_uids, _ = ensure_ids(s, [again], [], rng_u, rng_g)
+        assert new_uids[bob_id] == 300002  # a new uid: the old one stays the old bob's
+        s.add(late := User(name="dave", created_at=now))
+        s.flush()
+        with pytest.raises(RuntimeError, match="no user id left"):
+            ensure_ids(s, [late], [], rng_u, rng_g)
+    engine.dispose()
+    with pytest.raises(ValueError, match="LOW-HIGH"):
+        IdRange.parse("CORRAL_UID_RANGE", "300000")
+
+
+def test_prepare_dirs_moves_a_dir_of_an_old_owner_aside(tmp_path: Path) -> None:
+    home = tmp_path / "alice"
+    home.mkdir()
+    os.chown(home, 300007, 300007)
+    prepare_dirs([StorageDir(str(home), "user", None, 0o700)], 300009, 300009)
+    st = home.stat()
+    assert (st.st_uid, st.st_mode & 0o7777) == (300009, 0o700)
+    assert (tmp_path / ".retired-alice-300007").is_dir()
+    grp = tmp_path / "g"
+    prepare_dirs([StorageDir(str(grp), "root", 400001, 0o2770)], 300009, 300009)
+    assert (grp.stat().st_gid, grp.stat().st_mode & 0o7777) == (400001, 0o2770)
+    prepare_dirs([StorageDir(str(grp), "root", 400005, 0o2770)], 300009, 300009)  # group made anew
+    assert grp.stat().st_gid == 400005 and (tmp_path / ".retired-g-400001").is_dir()
+
+
+def test_old_spec_mount_forms_are_read_as_the_new() -> None:
+    spec = JobSpecV1.model_validate(
+        {
+            "name": "j",
+            "command": "true",
+            "mounts": [{"dataset": "cifar"}, {"group_storage": "vision", "read_only": False}],
+        }
+    )
+    assert [(m.source, m.mode) for m in spec.mounts] == [("data/cifar", "ro"), ("group/vision", "rw")]
+    with pytest.raises(ValueError, match="source"):
+        JobSpecV1.model_validate({"name": "j", "command": "true", "mounts": [{"target": "/x"}]})
+
+
+def test_sandbox_runs_the_user_uid_with_group_gids_in_cwd() -> None:
+    spec = SandboxSpec("true", "/w", 300001, {}, gids=(400000, 400003), cwd="/code")
+    argv = bwrap_argv("bwrap", "setpriv", spec)
+    assert "--groups=400000,400003" in argv and "--clear-groups" not in argv
+    assert argv[argv.index("--chdir") + 1] == "/code"
+    assert "--clear-groups" in bwrap_argv("bwrap", "setpriv", SandboxSpec("true", "/w", 200001, {}))
+
+
+def test_doctor_checks_the_storage_root_and_id_ranges(tmp_path: Path) -> None:
+    from corral.config import Settings
+    from corral.ops.doctor import check_storage
+
+    settings = Settings(home=tmp_path, storage_root=tmp_path / "st")
+    assert check_storage(settings).status == "warn"  # not made yet: the server makes it
+    ensure_layout(tmp_path / "st")
+    assert check_storage(settings).status == "ok"
+    os.chmod(tmp_path / "st" / "outputs", 0o755)
+    bad = check_storage(settings)
+    assert bad.status == "fail" and "outputs has mode 755, expected 711" in bad.detail
+    overlap = Settings(home=tmp_path, storage_root=tmp_path / "st", uid_range="300000-400000")
+    assert check_storage(overlap).status == "fail" and "overlap" in check_storage(overlap).detail
