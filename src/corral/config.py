@@ -100,6 +100,8 @@ class Settings(BaseSettings):
     # Finished jobs (and their logs) are deleted this many days after they ended; None: kept.
     job_retention_days: float | None = Field(default=None, gt=0)
     job_retention_check_s: float = Field(default=300.0, gt=0)  # how often retention looks
+    # Admin audit log records are deleted this many days after they were written; None: kept.
+    audit_retention_days: float | None = Field(default=365.0, gt=0)
     # Requeues a job gets for work the platform lost (attempt, supervisor, node or engine lost),
     # separate from its own `retries:`; one budget per job (services/lifecycle.py).
     lost_requeue_budget: int = Field(default=3, ge=0)

@@ -48,6 +48,7 @@ class LoopMemory:
     gpu_sampler: GpuSampler | None = None
     scheduler: Scheduler | None = None  # the schedule loop's (scheduling.scheduler_for)
     retention_checked_at: float = 0.0  # when the retention loop last found no more to delete
+    audit_purged_at: float = 0.0  # when the retention loop last purged the audit log
 
 
 @dataclass
