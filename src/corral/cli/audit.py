@@ -13,6 +13,7 @@ from corral.cli.platform import Output, OutputOpt, client, friendly_errors, out,
 
 audit_app = typer.Typer(help="The admin audit log: who changed what, when, from where.", no_args_is_help=True)
 CHANGE_WIDTH = 60
+WIDE_TERMINAL = 120  # the CHANGE column needs room: narrower terminals leave it out (-o json has it)
 
 
 def change_cell(record: dict[str, Any]) -> str:
@@ -45,23 +46,23 @@ def ls(
     limit: Annotated[int, typer.Option(min=1, max=1000, help="at most this many records")] = 50,
     output: OutputOpt = Output.table,
 ) -> None:
-    """Audit records, newest first (admin)."""
+    """Audit records, newest first (admin). The CHANGE column (what changed, before -> after)
+    shows in terminals at least 120 columns wide; `-o json` has the full before and after."""
     with client() as c:
         page = c.audit(actor=actor, action=action, target=target, since=since, until=until, limit=limit)
     if output is Output.json:
         print_json(page)
         return
-    table = Table("ID", "WHEN", "ACTOR", "FROM", "ACTION", "TARGET", "CHANGE", box=None)
+    wide = out.width >= WIDE_TERMINAL
+    table = Table(box=None)
+    for heading in ("ID", "WHEN", "ACTOR", "FROM", "ACTION", "TARGET"):
+        table.add_column(heading, no_wrap=True)
+    if wide:
+        table.add_column("CHANGE", overflow="fold")
     for r in page["items"]:
-        table.add_row(
-            str(r["id"]),
-            when(r["at"]),
-            r["actor"],
-            r["source"] or "-",
-            r["action"],
-            f"{r['target_kind']}:{r['target_id']}",
-            change_cell(r),
-        )
+        cells = [str(r["id"]), when(r["at"]), r["actor"], r["source"] or "-", r["action"]]
+        cells.append(f"{r['target_kind']}:{r['target_id']}")
+        table.add_row(*cells, *([change_cell(r)] if wide else []))
     out.print(table)
     out.print(f"{len(page['items'])} of {page['total']} records")
 
