@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -142,6 +142,14 @@ class Settings(BaseSettings):
     # Checked by `corral doctor` when set (their /-/ready endpoints).
     prometheus_url: str | None = None
     alertmanager_url: str | None = None
+
+    @field_validator("audit_retention_days", mode="before")
+    @classmethod
+    def _keep_forever(cls, value: Any) -> Any:
+        """CORRAL_AUDIT_RETENTION_DAYS="" (or "none", "never") keeps every audit record."""
+        if isinstance(value, str) and value.strip().lower() in ("", "none", "never"):
+            return None
+        return value
 
     @model_validator(mode="after")
     def _tls_pair(self) -> Settings:

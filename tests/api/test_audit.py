@@ -366,6 +366,8 @@ def test_retention_loop_purges_records_past_the_configured_age(world: World, tmp
             )
         db.commit()
     assert Settings(home=tmp_path).audit_retention_days == 365  # the default
+    for forever in ("", "never"):  # CORRAL_AUDIT_RETENTION_DAYS="" keeps everything
+        assert Settings(home=tmp_path, audit_retention_days=forever).audit_retention_days is None
     settings = Settings(home=tmp_path, audit_retention_days=30)
     ctx = cast(
         ServerContext,
