@@ -370,7 +370,18 @@ def test_expired_session_goes_to_login_and_back(portal: Portal) -> None:
 
 def test_phone_width_has_no_sideways_scrolling(portal: Portal) -> None:
     page = portal.login("root", width=390)
-    for path in ("/", "/jobs", "/jobs/1", "/nodes", "/groups", "/submit", "/alerts", "/usage", "/profile"):
+    for path in (
+        "/",
+        "/jobs",
+        "/jobs/1",
+        "/nodes",
+        "/groups",
+        "/submit",
+        "/alerts",
+        "/usage",
+        "/profile",
+        "/audit",
+    ):
         page.goto(portal.url + path)
         page.wait_for_selector("main h1")
         time.sleep(0.3)
