@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -100,6 +100,8 @@ class Settings(BaseSettings):
     # Finished jobs (and their logs) are deleted this many days after they ended; None: kept.
     job_retention_days: float | None = Field(default=None, gt=0)
     job_retention_check_s: float = Field(default=300.0, gt=0)  # how often retention looks
+    # Admin audit log records are deleted this many days after they were written; None: kept.
+    audit_retention_days: float | None = Field(default=365.0, gt=0)
     # Requeues a job gets for work the platform lost (attempt, supervisor, node or engine lost),
     # separate from its own `retries:`; one budget per job (services/lifecycle.py).
     lost_requeue_budget: int = Field(default=3, ge=0)
@@ -148,6 +150,14 @@ class Settings(BaseSettings):
     gid_range: str = "400000-499999"
     code_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1)  # one `--code` snapshot, all files
     code_max_files: int = Field(default=5_000, ge=1)  # the manifest (~130 B a file) must fit one request
+
+    @field_validator("audit_retention_days", mode="before")
+    @classmethod
+    def _keep_forever(cls, value: Any) -> Any:
+        """CORRAL_AUDIT_RETENTION_DAYS="" (or "none", "never") keeps every audit record."""
+        if isinstance(value, str) and value.strip().lower() in ("", "none", "never"):
+            return None
+        return value
 
     @model_validator(mode="after")
     def _tls_pair(self) -> Settings:

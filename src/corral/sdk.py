@@ -464,6 +464,26 @@ class Client:
             pulled.append(dest)
         return pulled
 
+    # --- admin audit log (admins) ---------------------------------------------------------------
+
+    def audit(
+        self,
+        *,
+        actor: str | None = None,
+        action: str | None = None,
+        target: str | None = None,
+        since: str | float | None = None,
+        until: str | float | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> dict[str, Any]:
+        """One page of the audit log, newest first: {"items", "total", "limit", "offset"}.
+        `action` is a dotted prefix ("group" matches "group.quota.set"); `target` is "KIND" or
+        "KIND:ID"; `since`/`until` are ages ("7d", "12h"), unix seconds or ISO times."""
+        filters = {"actor": actor, "action": action, "target": target, "since": since, "until": until}
+        params: dict[str, Any] = {k: str(v) for k, v in filters.items() if v is not None}
+        return self.request("GET", "/audit", params={**params, "limit": limit, "offset": offset})
+
 
 @dataclass(frozen=True)
 class CodeUpload:

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from corral.db import models
+from corral.db import audit_models, models
 from corral.db.base import Base
 from corral.db.session import downgrade, init_db, make_engine
 from tests.pg import PostgresServer
@@ -19,7 +19,12 @@ CORE_TABLES = {
     t.name
     for t in Base.metadata.sorted_tables
     if t.name
-    in {m.__tablename__ for m in vars(models).values() if isinstance(m, type) and hasattr(m, "__tablename__")}
+    in {
+        m.__tablename__
+        for module in (models, audit_models)
+        for m in vars(module).values()
+        if isinstance(m, type) and hasattr(m, "__tablename__")
+    }
 }
 
 

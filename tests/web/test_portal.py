@@ -1,7 +1,7 @@
 """The portal in a real browser against a real server: log in, submit by form, watch the job run
 and succeed, read its logs; a bad spec is rejected next to its field; a waiting job is cancelled;
 an admin changes a quota and cordons a node; another user's job and a missing job get error pages;
-an expired session goes to login and back."""
+an expired session goes to login and back; an admin reads the audit log, a member may not."""
 
 from __future__ import annotations
 
@@ -379,7 +379,18 @@ def test_expired_session_goes_to_login_and_back(portal: Portal) -> None:
 
 def test_phone_width_has_no_sideways_scrolling(portal: Portal) -> None:
     page = portal.login("root", width=390)
-    for path in ("/", "/jobs", "/jobs/1", "/nodes", "/groups", "/submit", "/alerts", "/usage", "/profile"):
+    for path in (
+        "/",
+        "/jobs",
+        "/jobs/1",
+        "/nodes",
+        "/groups",
+        "/submit",
+        "/alerts",
+        "/usage",
+        "/profile",
+        "/audit",
+    ):
         page.goto(portal.url + path)
         page.wait_for_selector("main h1")
         time.sleep(0.3)
@@ -433,4 +444,28 @@ def test_usage_page_charts_gpu_hours_per_user_and_group(portal: Portal) -> None:
     member = portal.login("ann", path="/usage")  # a member sees only their own usage
     expect(member.locator("svg.usage-chart rect.bar-gpu[data-name=ann]")).to_have_count(1)
     expect(member.locator("svg.usage-chart rect.bar-gpu[data-name]")).to_have_count(1)
+    assert member.js_errors == []
+
+
+def test_admin_reads_the_audit_log_and_members_cannot(portal: Portal) -> None:
+    root = api_as(portal, "root")
+    r = root.put("/api/v1/groups/team-b/quota", json={"gpu_model": "VGPU", "max": 3})
+    root.close()
+    assert r.status_code == 200, r.text
+    page = portal.login("root", path="/audit")
+    row = page.locator("table.audit tbody tr", has_text="group:team-b").first
+    expect(row.locator("td.audit-action")).to_have_text("group.quota.set")
+    expect(row.locator("td.audit-actor")).to_have_text("root")
+    expect(row.locator("td.audit-change")).to_contain_text('quotas: {"VGPU":{"guaranteed":2,"max":null}} →')
+    page.fill("#audit-action", "session")
+    page.click("#audit-filters button[type=submit]")
+    expect(page.locator("table.audit td.audit-action").first).to_have_text("session.create")
+    expect(page.locator("table.audit", has_text="group.quota.set")).to_have_count(0)
+    screenshot(page, "audit")
+    assert page.js_errors == []
+
+    member = portal.login("ann", path="/audit")
+    expect(member.locator(".error-page")).to_have_attribute("data-status", "403")
+    expect(member.locator("nav")).not_to_contain_text("Audit")
+    expect(page.locator("nav")).to_contain_text("Audit")
     assert member.js_errors == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -60,8 +61,16 @@ async def get_principal(request: Request, db: DB) -> Principal:
         if principal is None:
             principal = await run_in_threadpool(_authenticate_released, request, db)
             remember_principal(key, principal, now)
-        return principal
-    return await run_in_threadpool(_authenticate_released, request, db)
+    else:
+        principal = await run_in_threadpool(_authenticate_released, request, db)
+    # Where this request came from, for the audit log (the cached principal may be another's).
+    return replace(principal, source=client_address(request))
+
+
+def client_address(request: Request) -> str:
+    """The request's peer address (behind a reverse proxy: the proxy's, unless uvicorn is told
+    to trust its X-Forwarded-For with --forwarded-allow-ips; docs/security.md)."""
+    return request.client.host if request.client else "unknown"
 
 
 def _authenticate_released(request: Request, db: Session) -> Principal:

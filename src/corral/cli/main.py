@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "corral.cli.security",  # auth lockouts/unlock/sessions/end-session
     "corral.cli.admin",  # admin backup/restore/migrate, doctor
     "corral.cli.storage",  # job outputs
+    "corral.cli.audit",  # audit ls
 )
 
 

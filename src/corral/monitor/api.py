@@ -28,6 +28,7 @@ from corral.monitor.collector import read_families, render_text
 from corral.monitor.config import MonitorConfig, config_path, load_monitor_config, webhook_token
 from corral.monitor.gpu import update_fault
 from corral.monitor.metrics import METRICS_RENDER_SECONDS, REGISTRY
+from corral.services import audit
 
 log = logging.getLogger("corral.monitor.api")
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -155,11 +156,21 @@ class GpuFault(BaseModel):
 
 @router.post("/api/v1/chaos/gpus/{node}/{index}")
 def inject_gpu_fault(
-    node: str, index: int, fault: GpuFault, request: Request, _admin: Admin
+    node: str, index: int, fault: GpuFault, request: Request, db: DB, admin: Admin
 ) -> dict[str, Any]:
     """Admin: change what the virtual GPU provider reports for one GPU (read at the next sample)."""
     changes = fault.model_dump(exclude_none=True)
     if not changes.get("clear"):
         changes.pop("clear", None)
     entry = update_fault(request.app.state.settings.home, node, index, **changes)
+    # The fault file is not transactional: the record follows the write it describes.
+    audit.record(
+        db,
+        actor=admin,
+        action="chaos.gpu.clear" if changes.get("clear") else "chaos.gpu.fault",
+        target_kind="gpu",
+        target_id=f"{node}:{index}",
+        after={"requested": changes, "fault": entry},
+    )
+    db.commit()
     return {"node": node, "index": index, "fault": entry}

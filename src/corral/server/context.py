@@ -51,6 +51,7 @@ class LoopMemory:
     retention_checked_at: float = 0.0  # when the retention loop last found no more to delete
     exit_spec: ExitSpecCache | None = None  # diagnosis: the active exit-spec (reconcile)
     log_tail_bytes: int = 64 * 1024  # diagnosis: how much of a failed rank's log it reads
+    audit_purged_at: float = 0.0  # when the retention loop last purged the audit log
 
 
 @dataclass

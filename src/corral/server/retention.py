@@ -1,14 +1,17 @@
 """The retention loop: deletes finished jobs and their logs once they are older than
-`CORRAL_JOB_RETENTION_DAYS` (unset: keep everything). A leased singleton, like the other loops,
-so two servers never delete the same job twice; it looks for expired jobs every
-`CORRAL_JOB_RETENTION_CHECK_S` (300 s), sooner while a backlog remains. The deletion itself is
-`corral.services.cleanup` (the same as `DELETE /api/v1/jobs/{id}`)."""
+`CORRAL_JOB_RETENTION_DAYS` (unset: keep everything), and admin audit records older than
+`CORRAL_AUDIT_RETENTION_DAYS` (365; unset: keep everything). A leased singleton, like the other
+loops, so two servers never delete the same job twice; it looks for expired rows every
+`CORRAL_JOB_RETENTION_CHECK_S` (300 s), sooner while a job backlog remains. The deletions
+themselves are `corral.services.cleanup` (the same as `DELETE /api/v1/jobs/{id}`) and
+`corral.services.audit.purge_before` (the only path the database lets delete audit rows)."""
 
 from __future__ import annotations
 
 import logging
 
 from corral.server.context import ServerContext
+from corral.services.audit import purge_before
 from corral.services.cleanup import RETENTION_BATCH, delete_expired_jobs
 
 log = logging.getLogger("corral.server.retention")
@@ -16,6 +19,22 @@ RETENTION_LOOP_INTERVAL_S = 5.0
 
 
 def retention_tick(ctx: ServerContext, now: float) -> None:
+    purge_audit_log(ctx, now)
+    expire_jobs(ctx, now)
+
+
+def purge_audit_log(ctx: ServerContext, now: float) -> None:
+    days = ctx.settings.audit_retention_days
+    if days is None or now - ctx.memory.audit_purged_at < ctx.settings.job_retention_check_s:
+        return
+    with ctx.session_factory() as session:
+        deleted = purge_before(session, now - days * 86400.0)
+    ctx.memory.audit_purged_at = now
+    if deleted:
+        log.info("retention: deleted %d audit records written over %g days ago", deleted, days)
+
+
+def expire_jobs(ctx: ServerContext, now: float) -> None:
     days = ctx.settings.job_retention_days
     if days is None:
         return

@@ -59,6 +59,10 @@ class Principal:
     via: str = "token"  # "token" | "session"
     csrf_token: str | None = None  # set when via == "session"
     expires_at: float | None = None  # when the token or session expires, if ever
+    # For the audit log: which credential ("token:<id>" | "session:<public id>") and from where
+    # (the request's client address, set per request by corral.api.deps).
+    credential: str | None = None
+    source: str | None = None
 
     @property
     def admin_group_ids(self) -> frozenset[int]:
@@ -72,7 +76,13 @@ class Principal:
 
 
 def load_principal(
-    session: Session, user: User, *, via: str, csrf_token: str | None = None, expires_at: float | None = None
+    session: Session,
+    user: User,
+    *,
+    via: str,
+    csrf_token: str | None = None,
+    expires_at: float | None = None,
+    credential: str | None = None,
 ) -> Principal:
     rows = session.execute(
         select(Membership.group_id, Membership.role).where(Membership.user_id == user.id)
@@ -86,6 +96,7 @@ def load_principal(
         via=via,
         csrf_token=csrf_token,
         expires_at=expires_at,
+        credential=credential,
     )
 
 
@@ -164,7 +175,9 @@ def authenticate_token(session: Session, secret: str, *, now: float | None = Non
     if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION_S:
         token.last_used_at = now
         session.commit()
-    return load_principal(session, user, via="token", expires_at=token.expires_at)
+    return load_principal(
+        session, user, via="token", expires_at=token.expires_at, credential=f"token:{token.id}"
+    )
 
 
 def token_lifetime_s(settings: Settings, expires_in_days: float | None) -> float | None:
@@ -265,7 +278,14 @@ def authenticate_session(session: Session, secret: str, *, now: float | None = N
     web, user = found
     if web.expires_at <= now or not user.active:
         raise Unauthenticated("the session has expired; log in again")
-    return load_principal(session, user, via="session", csrf_token=web.csrf_token, expires_at=web.expires_at)
+    return load_principal(
+        session,
+        user,
+        via="session",
+        csrf_token=web.csrf_token,
+        expires_at=web.expires_at,
+        credential=f"session:{session_id(web)}",
+    )
 
 
 def csrf_matches(principal: Principal, header_value: str | None) -> bool:
@@ -305,8 +325,8 @@ def list_sessions(
     return [(web, str(name)) for web, name in session.execute(query).all()]
 
 
-def revoke_session(session: Session, principal: Principal, public_id: str) -> None:
-    """End a session by its public id; the owner's or, for an admin, anyone's."""
+def revoke_session(session: Session, principal: Principal, public_id: str) -> WebSession:
+    """End a session by its public id; the owner's or, for an admin, anyone's. Returns it (deleted)."""
     valid = len(public_id) == SESSION_ID_CHARS and all(c in "0123456789abcdef" for c in public_id)
     web = (
         session.scalar(select(WebSession).where(WebSession.id_hash.startswith(public_id, autoescape=True)))
@@ -317,6 +337,7 @@ def revoke_session(session: Session, principal: Principal, public_id: str) -> No
     if web is None or (web.user_id != principal.user_id and not principal.is_admin):
         raise NotFound(f"no session with id {public_id!r}")
     session.delete(web)
+    return web
 
 
 # --- bootstrap --------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ from sqlalchemy.orm import Session, selectinload
 
 from corral.db.models import Attempt, Job, JobEvent
 from corral.engine.base import Engine
+from corral.services import audit
+from corral.services.audit_state import job_state
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden
 from corral.services.jobs import EngineMissing, get_job
@@ -62,7 +64,11 @@ def delete_job(
     kept = kept_by_registry(session, [job.id])
     if job.id in kept:
         raise Conflict(f"job {job_id} is kept: {kept[job.id]}")
+    before = job_state(job)
     remove_job(session, job, engine, storage_root)
+    audit.record(
+        session, actor=principal, action="job.delete", target_kind="job", target_id=job_id, before=before
+    )
     session.commit()
 
 

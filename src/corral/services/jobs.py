@@ -40,7 +40,8 @@ from corral.db.base import table_of
 from corral.db.models import Attempt, Gpu, Group, Job, JobEvent, Node, User
 from corral.scheduler import Profile, check_fits_anywhere
 from corral.scheduler import types as st
-from corral.services import notify
+from corral.services import audit, notify
+from corral.services.audit_state import job_state
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound, ServiceError
 from corral.services.lifecycle import AttemptState, JobState, record_event, transition
@@ -422,6 +423,7 @@ def cancel_job(session: Session, principal: Principal, job_id: int, *, now: floa
     """Cancel per the contract in this module's docstring. Commits."""
     now = time.time() if now is None else now
     job = get_job(session, principal, job_id, for_update=True)
+    before = job_state(job)
     state = JobState(job.state)
     if state is JobState.QUEUED:
         message = f"cancelled by {principal.name}"
@@ -429,6 +431,7 @@ def cancel_job(session: Session, principal: Principal, job_id: int, *, now: floa
             session, job, JobState.CANCELLED, now=now, message=message, values={"cancel_requested": True}
         ):
             notify.changed(session, notify.Topic.CANCEL)
+            _audit_cancel(session, principal, job, before)
             session.commit()
             return job
         state = JobState(job.state)  # placed meanwhile (re-read): ask the loops to stop it instead
@@ -440,8 +443,21 @@ def cancel_job(session: Session, principal: Principal, job_id: int, *, now: floa
         message = f"cancel requested by {principal.name}"
         record_event(session, job.id, now, message, kind="cancel_requested", from_state=state.value)
     notify.changed(session, notify.Topic.CANCEL)
+    _audit_cancel(session, principal, job, before)
     session.commit()
     return job
+
+
+def _audit_cancel(session: Session, principal: Principal, job: Job, before: dict[str, object]) -> None:
+    audit.record(
+        session,
+        actor=principal,
+        action="job.cancel",
+        target_kind="job",
+        target_id=job.id,
+        before=before,
+        after=job_state(job),
+    )
 
 
 WAITING_STATES = (JobState.QUEUED, JobState.SCHEDULED, JobState.STARTING)

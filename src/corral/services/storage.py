@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from corral.config import Settings
 from corral.db.models import Group, Job, User
 from corral.db.storage_models import StorageIdentity
+from corral.services import audit
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
 from corral.spec import JobSpecV1, MountV1
@@ -62,16 +63,27 @@ def check_job_storage(
     return spec.model_copy(update={"mounts": pinned})
 
 
-def identities(session: Session, settings: Settings) -> list[dict[str, object]]:
+def identities(session: Session, settings: Settings, principal: Principal) -> list[dict[str, object]]:
     """Every user's uid and group's gid (admin), allocating those not given yet, e.g. for the
-    Unix groups a Slurm site makes (docs/storage.md, "Identities"). Commits."""
+    Unix groups a Slurm site makes (docs/storage.md, "Identities"). Commits, with an audit record
+    of how many ids were allocated."""
     uid_range, gid_range = id_ranges(settings)
+    known = len(list_ids(session))
     ensure_ids(
         session,
         session.scalars(select(User)).all(),
         session.scalars(select(Group)).all(),
         uid_range,
         gid_range,
+    )
+    allocated = len(list_ids(session)) - known
+    audit.record(
+        session,
+        actor=principal,
+        action="storage.identities.allocate",
+        target_kind="storage",
+        target_id="identities",
+        after={"allocated": allocated},
     )
     session.commit()
     return [

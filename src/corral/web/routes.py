@@ -25,6 +25,7 @@ STATIC_DIR = Path(str(resources.files("corral.web") / "static"))
 ASSET_PREFIX = "/portal-assets"
 # Top-level client routes of the single-page app; `/{section}/{rest}` covers `/jobs/42` etc.
 CLIENT_SECTIONS = ("login", "jobs", "submit", "nodes", "groups", "alerts", "usage", "profile", "not-found")
+AUDIT_SECTION = "audit"  # the admin audit log (apart from the tuple: several areas add sections)
 
 # Assets are small and change only with a release; "no-cache" makes browsers revalidate (cheap
 # 304s) so an upgraded server never serves a stale mix of old and new modules.
@@ -86,7 +87,7 @@ def _client_route(section: str) -> None:
     router.add_api_route(f"/{section}/{{rest:path}}", subpage, methods=["GET"], response_class=HTMLResponse)
 
 
-for _section in CLIENT_SECTIONS:
+for _section in (*CLIENT_SECTIONS, AUDIT_SECTION):
     _client_route(_section)
 
 

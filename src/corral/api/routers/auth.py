@@ -9,13 +9,14 @@ from typing import Any
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel
 
-from corral.api.deps import DB, SESSION_COOKIE, Admin, CurrentUser
+from corral.api.deps import DB, SESSION_COOKIE, Admin, CurrentUser, client_address
 from corral.api.schemas import LoginIn, LoginOut, MeOut
 from corral.config import Settings
 from corral.db.models import LoginFailure, User, WebSession
+from corral.services import audit, login_guard
 from corral.services import auth as svc
-from corral.services import login_guard
 from corral.services.accounts import user_out
+from corral.services.audit_state import lockout_state
 from corral.services.views import UserView
 
 router = APIRouter(tags=["auth"])
@@ -44,10 +45,6 @@ def me_view(db: Any, user_id: int) -> UserView:
     return user_out(db, db.get(User, user_id))
 
 
-def client_address(request: Request) -> str:
-    return request.client.host if request.client else "unknown"
-
-
 @router.post(
     "/auth/login",
     response_model=LoginOut,
@@ -67,6 +64,16 @@ def login(body: LoginIn, request: Request, response: Response, db: DB) -> Any:
         )
         raise
     login_guard.record_success(db, body.username)
+    web_id = svc.sha256_hex(secret)[: svc.SESSION_ID_CHARS]
+    audit.record(
+        db,
+        actor=svc.load_principal(db, user, via="session", credential=f"session:{web_id}"),
+        action="session.create",
+        target_kind="session",
+        target_id=web_id,
+        source=address,
+        after={"user": user.name, "expires_at": now + settings.session_lifetime_s},
+    )
     db.commit()
     response.set_cookie(
         SESSION_COOKIE,
@@ -85,6 +92,15 @@ def logout(request: Request, response: Response, db: DB, principal: CurrentUser)
     cookie = request.cookies.get(SESSION_COOKIE)
     if cookie and principal.via == "session":
         svc.logout(db, cookie)
+        web_id = svc.sha256_hex(cookie)[: svc.SESSION_ID_CHARS]
+        audit.record(
+            db,
+            actor=principal,
+            action="session.end",
+            target_kind="session",
+            target_id=web_id,
+            detail="logout",
+        )
         db.commit()
     out = Response(status_code=204)
     out.delete_cookie(SESSION_COOKIE, path="/")
@@ -125,7 +141,16 @@ def list_sessions(
 
 @router.delete("/sessions/{session_id}", status_code=204)
 def revoke_session(session_id: str, db: DB, principal: CurrentUser) -> Response:
-    svc.revoke_session(db, principal, session_id)
+    web = svc.revoke_session(db, principal, session_id)
+    owner = db.get(User, web.user_id)
+    audit.record(
+        db,
+        actor=principal,
+        action="session.end",
+        target_kind="session",
+        target_id=session_id,
+        before={"user": owner.name if owner else f"#{web.user_id}", "expires_at": web.expires_at},
+    )
     db.commit()
     return Response(status_code=204)
 
@@ -153,8 +178,16 @@ def list_lockouts(
 
 
 @router.delete("/auth/lockouts/{lockout_id}", status_code=204)
-def clear_lockout(lockout_id: int, db: DB, _admin: Admin) -> Response:
+def clear_lockout(lockout_id: int, db: DB, admin: Admin) -> Response:
     """Lift a lockout and forget its failures (admins)."""
-    login_guard.clear_lockout(db, lockout_id)
+    row = login_guard.clear_lockout(db, lockout_id)
+    audit.record(
+        db,
+        actor=admin,
+        action="auth.unlock",
+        target_kind="lockout",
+        target_id=f"{row.scope}:{row.key}",
+        before=lockout_state(row),
+    )
     db.commit()
     return Response(status_code=204)

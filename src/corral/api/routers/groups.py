@@ -12,7 +12,8 @@ from corral.api.deps import DB, Admin, CurrentUser
 from corral.api.schemas import GroupIn, GroupOut, MemberIn, MemberOut, QuotaIn
 from corral.db.models import Group
 from corral.services import accounts as svc
-from corral.services import quota
+from corral.services import audit, quota
+from corral.services.audit_state import group_state
 from corral.services.auth import Principal
 from corral.services.errors import NotFound
 from corral.services.views import GroupView, group_view
@@ -52,6 +53,14 @@ def create_group(body: GroupIn, db: DB, admin: Admin) -> Any:
     svc.update_group(db, group, body.model_dump(include=set(limits)))
     for q in body.quotas:
         svc.set_quota(db, group, gpu_model=q.gpu_model, guaranteed=q.guaranteed, max_gpus=q.max)
+    audit.record(
+        db,
+        actor=admin,
+        action="group.create",
+        target_kind="group",
+        target_id=group.name,
+        after=group_state(group),
+    )
     db.commit()
     return _views(db, admin, [group])[0]
 
@@ -70,10 +79,20 @@ def set_quota(name: str, body: QuotaIn, db: DB, admin: Admin) -> Any:
     or `max` is given; a field left out keeps its value) and group-wide settings; `null` clears a
     limit (e.g. the per-user cap)."""
     group = svc.group_by_name(db, name)
+    before = group_state(group)
     given = body.model_fields_set
     if body.sets_gpu_quota:
         svc.patch_quota(db, group, body.gpu_model, body.model_dump(include={"guaranteed", "max"} & given))
     svc.update_group(db, group, body.model_dump(include=set(svc.GROUP_SETTINGS) & given))
+    audit.record(
+        db,
+        actor=admin,
+        action="group.quota.set",
+        target_kind="group",
+        target_id=group.name,
+        before=before,
+        after=group_state(group),
+    )
     db.commit()
     return _views(db, admin, [group])[0]
 
@@ -84,6 +103,16 @@ def add_member(name: str, body: MemberIn, db: DB, principal: CurrentUser) -> Any
     group = svc.group_by_name(db, name)
     svc.require_group_admin(principal, group)
     user = svc.user_by_name(db, body.user)
+    old_role = dict(svc.members_of(db, group.id)).get(user.name)
     membership = svc.add_member(db, group, user, body.role)
+    audit.record(
+        db,
+        actor=principal,
+        action="group.member.add" if old_role is None else "group.member.role.set",
+        target_kind="group",
+        target_id=group.name,
+        before=None if old_role is None else {"member": user.name, "role": old_role},
+        after={"member": user.name, "role": membership.role},
+    )
     db.commit()
     return {"user": user.name, "role": membership.role}

@@ -8,7 +8,10 @@ from fastapi import APIRouter
 
 from corral.api.deps import DB, Admin, CurrentUser
 from corral.api.schemas import NodeOut
+from corral.db.models import Node
+from corral.services import audit
 from corral.services import nodes as svc
+from corral.services.audit_state import node_state
 from corral.services.views import node_view
 
 router = APIRouter(tags=["nodes"])
@@ -21,8 +24,19 @@ def list_nodes(db: DB, _principal: CurrentUser) -> Any:
 
 
 @router.post("/nodes/{name}/{action}", response_model=NodeOut)
-def node_action(name: str, action: Literal["cordon", "uncordon", "drain"], db: DB, _admin: Admin) -> Any:
+def node_action(name: str, action: Literal["cordon", "uncordon", "drain"], db: DB, admin: Admin) -> Any:
     """cordon: take nothing new; drain: take nothing new and empty out; uncordon: back to ready."""
+    found = db.get(Node, name)
+    before = None if found is None else node_state(found)
     node = svc.set_admin_state(db, name, action)
+    audit.record(
+        db,
+        actor=admin,
+        action=f"node.{action}",
+        target_kind="node",
+        target_id=name,
+        before=before,
+        after=node_state(node),
+    )
     db.commit()
     return node_view(node, svc.gpu_claims(db))

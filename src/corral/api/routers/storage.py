@@ -62,8 +62,7 @@ async def code_snapshot(request: Request, principal: CurrentUser) -> Any:
 @router.post("/storage/identities")
 def storage_identities(request: Request, db: DB, admin: Admin) -> Any:
     """Every user's uid and group's gid (admin); allocates those not given yet."""
-    del admin
-    return fast_json({"items": svc.identities(db, request.app.state.settings)})
+    return fast_json({"items": svc.identities(db, request.app.state.settings, admin)})
 
 
 @router.get("/jobs/{job_id}/outputs")

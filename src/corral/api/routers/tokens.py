@@ -9,8 +9,10 @@ from fastapi import APIRouter, Query, Request, Response, status
 from corral.api.deps import DB, CurrentUser
 from corral.api.schemas import TokenIn, TokenOut
 from corral.db.models import ApiToken, User
+from corral.services import audit
 from corral.services import auth as svc
 from corral.services.accounts import user_by_name
+from corral.services.audit_state import token_state
 from corral.services.errors import Forbidden
 
 router = APIRouter(tags=["tokens"])
@@ -55,12 +57,33 @@ def create_token(body: TokenIn, request: Request, db: DB, principal: CurrentUser
         user = found
     expires = svc.token_lifetime_s(request.app.state.settings, body.expires_in_days)
     token, secret = svc.create_token(db, user, body.name, expires_in_s=expires)
+    audit.record(
+        db,
+        actor=principal,
+        action="token.create",
+        target_kind="token",
+        target_id=token.id,
+        after=token_state(token, user.name),
+    )
     db.commit()
     return _view(token, user.name, secret)
 
 
 @router.delete("/tokens/{token_id}", status_code=204)
 def revoke_token(token_id: int, db: DB, principal: CurrentUser) -> Response:
-    svc.revoke_token(db, principal, token_id)
+    token = db.get(ApiToken, token_id)
+    before = None if token is None else {"revoked_at": token.revoked_at}
+    svc.revoke_token(db, principal, token_id)  # another user's token (unless admin): 404
+    assert token is not None
+    owner = db.get(User, token.user_id)
+    audit.record(
+        db,
+        actor=principal,
+        action="token.revoke",
+        target_kind="token",
+        target_id=token_id,
+        before=before,
+        after=token_state(token, owner.name if owner else f"#{token.user_id}"),
+    )
     db.commit()
     return Response(status_code=204)

@@ -8,7 +8,10 @@ from fastapi import APIRouter, Response, status
 
 from corral.api.deps import DB, Admin, CurrentUser
 from corral.api.schemas import DefaultGroupIn, PasswordIn, SshKeyIn, SshKeyOut, UserIn, UserOut
+from corral.db.models import SshKey, User
 from corral.services import accounts as svc
+from corral.services import audit
+from corral.services.audit_state import ssh_key_state, user_state
 from corral.services.errors import Forbidden
 
 router = APIRouter(tags=["users"])
@@ -20,7 +23,7 @@ def list_users(db: DB, _admin: Admin) -> Any:
 
 
 @router.post("/users", status_code=status.HTTP_201_CREATED, response_model=UserOut)
-def create_user(body: UserIn, db: DB, _admin: Admin) -> Any:
+def create_user(body: UserIn, db: DB, admin: Admin) -> Any:
     user = svc.create_user(
         db,
         svc.NewUser(
@@ -30,6 +33,14 @@ def create_user(body: UserIn, db: DB, _admin: Admin) -> Any:
             groups=tuple(body.groups),
             default_group=body.default_group,
         ),
+    )
+    audit.record(
+        db,
+        actor=admin,
+        action="user.create",
+        target_kind="user",
+        target_id=user.name,
+        after=user_state(db, user),
     )
     db.commit()
     return svc.user_out(db, user)
@@ -41,7 +52,17 @@ def set_default_group(name: str, body: DefaultGroupIn, db: DB, principal: Curren
     if not principal.is_admin and name != principal.name:
         raise Forbidden("only an administrator may change another user's default group")
     user = svc.user_by_name(db, name)
+    before = {"default_group": svc.group_name(db, user.default_group_id)}
     svc.set_default_group(db, principal, user, svc.group_by_name(db, body.group))
+    audit.record(
+        db,
+        actor=principal,
+        action="user.default_group.set",
+        target_kind="user",
+        target_id=user.name,
+        before=before,
+        after={"default_group": body.group},
+    )
     db.commit()
     return svc.user_out(db, user)
 
@@ -52,9 +73,24 @@ def set_password(name: str, body: PasswordIn, db: DB, principal: CurrentUser) ->
     if not principal.is_admin and name != principal.name:
         raise Forbidden("only an administrator may set another user's password")
     user = svc.user_by_name(db, name)
+    had_password = user.password_hash is not None
     svc.change_password(db, principal, user, body.password, body.current_password)
+    audit.record(
+        db,
+        actor=principal,
+        action="user.passwd",
+        target_kind="user",
+        target_id=user.name,
+        before={"has_password": had_password},
+        after={"has_password": True},
+    )
     db.commit()
     return Response(status_code=204)
+
+
+def _name_of(db: DB, user_id: int) -> str:
+    user = db.get(User, user_id)
+    return user.name if user is not None else f"#{user_id}"
 
 
 def _key_view(key: Any) -> dict[str, Any]:
@@ -75,12 +111,25 @@ def list_ssh_keys(db: DB, principal: CurrentUser) -> Any:
 @router.post("/ssh-keys", status_code=status.HTTP_201_CREATED, response_model=SshKeyOut)
 def add_ssh_key(body: SshKeyIn, db: DB, principal: CurrentUser) -> Any:
     key = svc.add_ssh_key(db, principal, body.name, body.public_key)
+    audit.record(
+        db,
+        actor=principal,
+        action="ssh_key.add",
+        target_kind="ssh_key",
+        target_id=key.id,
+        after=ssh_key_state(key, principal.name),
+    )
     db.commit()
     return _key_view(key)
 
 
 @router.delete("/ssh-keys/{key_id}", status_code=204)
 def delete_ssh_key(key_id: int, db: DB, principal: CurrentUser) -> Response:
-    svc.delete_ssh_key(db, principal, key_id)
+    key = db.get(SshKey, key_id)
+    before = None if key is None else ssh_key_state(key, _name_of(db, key.user_id))
+    svc.delete_ssh_key(db, principal, key_id)  # refuses another user's key (unless admin)
+    audit.record(
+        db, actor=principal, action="ssh_key.delete", target_kind="ssh_key", target_id=key_id, before=before
+    )
     db.commit()
     return Response(status_code=204)

@@ -15,6 +15,7 @@ from corral.db.session import make_engine
 importlib.import_module("corral.db.models")
 importlib.import_module("corral.db.diag_models")
 importlib.import_module("corral.db.storage_models")
+importlib.import_module("corral.db.audit_models")
 try:
     importlib.import_module("corral.monitor.models")
 except ModuleNotFoundError:

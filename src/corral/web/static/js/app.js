@@ -15,6 +15,7 @@ const ROUTES = [
   { pattern: /^\/alerts$/, module: "alerts", title: "Alerts" },
   { pattern: /^\/usage$/, module: "usage", title: "Usage" },
   { pattern: /^\/profile$/, module: "profile", title: "Profile" },
+  { pattern: /^\/audit$/, module: "audit", title: "Audit log" },
 ];
 
 const NAV = [
@@ -26,6 +27,7 @@ const NAV = [
   ["/alerts", "Alerts"],
   ["/usage", "Usage"],
   ["/profile", "Profile"],
+  ["/audit", "Audit", { adminOnly: true }],
 ];
 
 const state = { me: null, cleanups: [], renderToken: 0 };
@@ -209,7 +211,7 @@ function renderTopbar() {
       h(
         "ul",
         {},
-        NAV.map(([href, label]) =>
+        NAV.filter(([, , opts]) => !opts?.adminOnly || isAdmin()).map(([href, label]) =>
           h("li", {}, h("a", { href, "aria-current": active(href) ? "page" : undefined }, label)),
         ),
       ),

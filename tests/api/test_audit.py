@@ -1,0 +1,435 @@
+"""The admin audit log: every state-changing route records who/what/when/where with before/after
+(the route list comes from the OpenAPI schema, so a new route fails here until it records or is
+exempted with its reason), nothing is recorded for a rolled-back change, no secret is stored,
+the table is append-only in the database itself (SQLite and PostgreSQL), and the REST listing's
+filters, pages and rights. Every test runs on SQLite and PostgreSQL (tests/api/conftest.py)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from corral.api.deps import CSRF_HEADER
+from corral.cli import audit as audit_cli
+from corral.config import Settings
+from corral.db.audit_models import AuditRecord
+from corral.db.base import Base
+from corral.db.session import make_engine
+from corral.server.context import LoopMemory, ServerContext
+from corral.server.retention import purge_audit_log
+from corral.services import audit
+from corral.services.auth import Principal
+from tests.api.conftest import ALICE_PASSWORD, SIMPLE_JOB, World
+from tests.api.helpers import add_node
+from tests.api.test_cli import run, server_url
+
+__all__ = ["server_url"]
+
+API = "/api/v1"
+
+# Non-GET routes that record nothing, and why (docs/security.md, "Admin audit log").
+EXEMPT = {
+    ("POST", "/api/v1/jobs"): "a user's own job submission: the job row is its record (high volume)",
+    ("POST", "/api/v1/alerts/webhook"): "Alertmanager's delivery, not a principal's action",
+    # `--code` uploads: a user's own content-addressed files, like a submission; the job that runs
+    # the snapshot is their record, and a blob changes nothing anyone else sees.
+    ("POST", "/api/v1/code/missing"): "a user's own code upload (asks which blobs are missing)",
+    ("PUT", "/api/v1/code/blobs/{sha}"): "a user's own code upload (one chunk of a blob)",
+    ("POST", "/api/v1/code/snapshots"): "a user's own code upload (the manifest)",
+}
+
+
+def audit_rows(world: World) -> list[AuditRecord]:
+    with world.session_factory() as db:
+        return list(db.scalars(sa.select(AuditRecord).order_by(AuditRecord.id)))
+
+
+def ssh_key() -> str:
+    return "ssh-ed25519 " + base64.b64encode(b"\0\0\0\x0bssh-ed25519" + bytes(36)).decode() + " me@host"
+
+
+def login(world: World) -> tuple[str, str]:
+    """Log alice in; (session cookie, csrf token)."""
+    r = world.client.post(f"{API}/auth/login", json={"username": "alice", "password": ALICE_PASSWORD})
+    assert r.status_code == 200, r.text
+    cookie = world.client.cookies.get("corral_session")
+    assert cookie is not None
+    world.client.cookies.clear()
+    return cookie, r.json()["csrf_token"]
+
+
+Call = Callable[[World], tuple[str, str, dict[str, Any]]]  # -> (method, path, request kwargs)
+
+
+def _logout(w: World) -> tuple[str, str, dict[str, Any]]:
+    cookie, csrf = login(w)
+    w.client.cookies.set("corral_session", cookie)
+    return "POST", f"{API}/auth/logout", {"headers": {CSRF_HEADER: csrf}}
+
+
+def _end_session(w: World) -> tuple[str, str, dict[str, Any]]:
+    login(w)
+    session_id = w.client.get(f"{API}/sessions", params={"all": True}, headers=w.as_("admin")).json()[0]["id"]
+    return "DELETE", f"{API}/sessions/{session_id}", {}
+
+
+def _unlock(w: World) -> tuple[str, str, dict[str, Any]]:
+    w.client.post(f"{API}/auth/login", json={"username": "nobody", "password": "wrong-password"})
+    lockout = w.client.get(f"{API}/auth/lockouts", headers=w.as_("admin")).json()[0]
+    return "DELETE", f"{API}/auth/lockouts/{lockout['id']}", {}
+
+
+def _queued_job(w: World) -> int:
+    r = w.client.post(f"{API}/jobs", json=SIMPLE_JOB, headers=w.as_("alice"))
+    assert r.status_code == 201, r.text
+    return int(r.json()["id"])
+
+
+def _delete_job(w: World) -> tuple[str, str, dict[str, Any]]:
+    job_id = _queued_job(w)
+    assert w.client.post(f"{API}/jobs/{job_id}/cancel", headers=w.as_("alice")).status_code == 200
+    return "DELETE", f"{API}/jobs/{job_id}", {}
+
+
+def _delete_ssh_key(w: World) -> tuple[str, str, dict[str, Any]]:
+    r = w.client.post(f"{API}/ssh-keys", json={"name": "k", "public_key": ssh_key()}, headers=w.as_("admin"))
+    return "DELETE", f"{API}/ssh-keys/{r.json()['id']}", {}
+
+
+def _revoke_token(w: World) -> tuple[str, str, dict[str, Any]]:
+    r = w.client.post(f"{API}/tokens", json={"name": "t"}, headers=w.as_("admin"))
+    return "DELETE", f"{API}/tokens/{r.json()['id']}", {}
+
+
+def _node_action(w: World) -> tuple[str, str, dict[str, Any]]:
+    with w.session_factory() as db:
+        add_node(db, "n1")
+        db.commit()
+    return "POST", f"{API}/nodes/n1/cordon", {}
+
+
+# One successful call of each state-changing route, made as the admin (unless the call says
+# otherwise), and the action it must record.
+CALLS: dict[tuple[str, str], tuple[Call, str]] = {
+    ("POST", "/api/v1/auth/login"): (
+        lambda w: ("POST", f"{API}/auth/login", {"json": {"username": "alice", "password": ALICE_PASSWORD}}),
+        "session.create",
+    ),
+    ("POST", "/api/v1/auth/logout"): (_logout, "session.end"),
+    ("DELETE", "/api/v1/sessions/{session_id}"): (_end_session, "session.end"),
+    ("DELETE", "/api/v1/auth/lockouts/{lockout_id}"): (_unlock, "auth.unlock"),
+    ("POST", "/api/v1/jobs/{job_id}/cancel"): (
+        lambda w: ("POST", f"{API}/jobs/{_queued_job(w)}/cancel", {}),
+        "job.cancel",
+    ),
+    ("DELETE", "/api/v1/jobs/{job_id}"): (_delete_job, "job.delete"),
+    ("POST", "/api/v1/nodes/{name}/{action}"): (_node_action, "node.cordon"),
+    ("POST", "/api/v1/groups"): (
+        lambda w: ("POST", f"{API}/groups", {"json": {"name": "g2"}}),
+        "group.create",
+    ),
+    ("PUT", "/api/v1/groups/{name}/quota"): (
+        lambda w: ("PUT", f"{API}/groups/vision/quota", {"json": {"gpu_model": "*", "guaranteed": 2}}),
+        "group.quota.set",
+    ),
+    ("POST", "/api/v1/groups/{name}/members"): (
+        lambda w: ("POST", f"{API}/groups/vision/members", {"json": {"user": "carol"}}),
+        "group.member.add",
+    ),
+    ("POST", "/api/v1/users"): (
+        lambda w: ("POST", f"{API}/users", {"json": {"name": "dave"}}),
+        "user.create",
+    ),
+    ("PUT", "/api/v1/users/{name}/default-group"): (
+        lambda w: ("PUT", f"{API}/users/alice/default-group", {"json": {"group": "vision"}}),
+        "user.default_group.set",
+    ),
+    ("PUT", "/api/v1/users/{name}/password"): (
+        lambda w: ("PUT", f"{API}/users/carol/password", {"json": {"password": "carol-password-1"}}),
+        "user.passwd",
+    ),
+    ("POST", "/api/v1/ssh-keys"): (
+        lambda w: ("POST", f"{API}/ssh-keys", {"json": {"name": "laptop", "public_key": ssh_key()}}),
+        "ssh_key.add",
+    ),
+    ("DELETE", "/api/v1/ssh-keys/{key_id}"): (_delete_ssh_key, "ssh_key.delete"),
+    ("POST", "/api/v1/tokens"): (
+        lambda w: ("POST", f"{API}/tokens", {"json": {"name": "ci"}}),
+        "token.create",
+    ),
+    ("DELETE", "/api/v1/tokens/{token_id}"): (_revoke_token, "token.revoke"),
+    ("POST", "/api/v1/storage/identities"): (
+        lambda w: ("POST", f"{API}/storage/identities", {}),
+        "storage.identities.allocate",
+    ),
+    ("POST", "/api/v1/chaos/gpus/{node}/{index}"): (
+        lambda w: ("POST", f"{API}/chaos/gpus/n1/0", {"json": {"ecc_uncorrected": 1}}),
+        "chaos.gpu.fault",
+    ),
+}
+
+
+def state_changing_routes(world: World) -> set[tuple[str, str]]:
+    schema = world.client.get("/openapi.json").json()
+    return {
+        (method.upper(), path)
+        for path, ops in schema["paths"].items()
+        for method in ops
+        if method.upper() in ("POST", "PUT", "PATCH", "DELETE")
+    }
+
+
+def test_every_state_changing_route_records(world: World) -> None:
+    routes = state_changing_routes(world)
+    missing = routes - set(CALLS) - set(EXEMPT)
+    assert not missing, f"routes that neither record an audit entry here nor are exempted: {sorted(missing)}"
+    assert not (set(CALLS) | set(EXEMPT)) - routes, "a listed route is gone: update CALLS/EXEMPT"
+    for route, (make_call, action) in sorted(CALLS.items()):
+        method, path, kwargs = make_call(world)
+        if route[1] not in ("/api/v1/auth/login", "/api/v1/auth/logout"):
+            kwargs.setdefault("headers", world.as_("admin"))
+        seen = len(audit_rows(world))
+        r = world.client.request(method, path, **kwargs)
+        assert r.status_code < 300, (route, r.status_code, r.text)
+        new = audit_rows(world)[seen:]
+        assert [row.action for row in new][-1:] == [action], (route, [row.action for row in new])
+        row = new[-1]
+        assert row.source == "testclient" and row.at > time.time() - 60, (route, row.source)
+        assert row.actor == ("alice" if route[1].startswith("/api/v1/auth/log") else "admin"), route
+        assert row.credential is not None and row.credential.split(":")[0] in ("token", "session"), route
+        world.client.cookies.clear()
+
+
+def test_records_say_who_what_before_and_after(world: World) -> None:
+    admin = world.as_("admin")
+    r = world.client.put(f"{API}/groups/vision/quota", json={"gpu_model": "A100", "max": 4}, headers=admin)
+    assert r.status_code == 200, r.text
+    world.client.post(f"{API}/groups/vision/members", json={"user": "alice", "role": "admin"}, headers=admin)
+    quota, role = audit_rows(world)
+    assert (quota.action, quota.target_kind, quota.target_id) == ("group.quota.set", "group", "vision")
+    assert quota.before is not None and quota.after is not None
+    assert "A100" not in quota.before["quotas"] and quota.after["quotas"]["A100"] == {
+        "guaranteed": 0,
+        "max": 4,
+    }
+    admin_token_id = world.client.get(f"{API}/tokens", headers=admin).json()[0]["id"]
+    assert quota.actor == "admin" and quota.credential == f"token:{admin_token_id}"
+    assert (role.action, role.before, role.after) == (
+        "group.member.role.set",
+        {"member": "alice", "role": "member"},
+        {"member": "alice", "role": "admin"},
+    )
+
+
+def test_refused_or_failed_change_leaves_no_record(world: World) -> None:
+    admin = world.as_("admin")
+    bad = {"gpu_model": "*", "guaranteed": 4, "max": 2}  # max below guarantee: 422 after flushing
+    assert world.client.put(f"{API}/groups/vision/quota", json=bad, headers=admin).status_code == 422
+    assert (
+        world.client.put(
+            f"{API}/groups/vision/quota", json={"max": 1}, headers=world.as_("alice")
+        ).status_code
+        == 403
+    )
+    assert world.client.post(f"{API}/nodes/nope/cordon", headers=admin).status_code == 404
+    assert audit_rows(world) == []
+    with world.session_factory() as db:  # the service level: record, then the transaction rolls back
+        audit.record(db, actor="system:test", action="test.rollback", target_kind="x", target_id=1)
+        db.rollback()
+        audit.record(db, actor="system:test", action="test.commit", target_kind="x", target_id=2)
+        db.commit()
+    assert [r.action for r in audit_rows(world)] == ["test.commit"]
+
+
+def test_no_secret_is_ever_recorded(world: World) -> None:
+    admin = world.as_("admin")
+    token = world.client.post(f"{API}/tokens", json={"name": "ci", "user": "alice"}, headers=admin).json()
+    world.client.post(f"{API}/users", json={"name": "erin", "password": "erin-secret-pw"}, headers=admin)
+    world.client.put(f"{API}/users/carol/password", json={"password": "carol-secret-pw"}, headers=admin)
+    login(world)
+    with world.session_factory() as db:
+        hashes = list(db.scalars(sa.text("SELECT password_hash FROM users WHERE password_hash IS NOT NULL")))
+        csrf = list(db.scalars(sa.text("SELECT csrf_token FROM web_sessions")))
+        token_hash = db.scalar(sa.text("SELECT token_hash FROM api_tokens WHERE id = :i"), {"i": token["id"]})
+    text = json.dumps([audit.record_view(r) for r in audit_rows(world)])
+    assert token["token"].startswith("crl_") and hashes and csrf
+    for secret in [
+        token["token"],
+        token_hash,
+        "erin-secret-pw",
+        "carol-secret-pw",
+        ALICE_PASSWORD,
+        *hashes,
+        *csrf,
+    ]:
+        assert secret not in text
+    assert token["prefix"] in text  # the token's public prefix stays, to tell tokens apart
+    # and anything secret-looking a caller passes is redacted before it reaches the table
+    assert audit.redact({"password": "p", "nested": [{"token_hash": "h", "api_key": "k", "name": "n"}]}) == {
+        "password": audit.REDACTED,
+        "nested": [{"token_hash": audit.REDACTED, "api_key": audit.REDACTED, "name": "n"}],
+    }
+
+
+def test_the_database_refuses_update_and_delete(world: World) -> None:
+    with world.session_factory() as db:
+        old = audit.record(
+            db, actor="system:test", action="test.old", target_kind="x", target_id=1, now=1000.0
+        )
+        new = audit.record(db, actor="system:test", action="test.new", target_kind="x", target_id=2)
+        db.commit()
+        old_id, new_id = old.id, new.id
+    statements = [
+        ("UPDATE audit_log SET actor = 'mallory' WHERE id = :i", old_id),
+        ("DELETE FROM audit_log WHERE id = :i", old_id),
+        ("DELETE FROM audit_log WHERE id = :i", new_id),
+    ]
+    for statement, row_id in statements:
+        with world.session_factory() as db, pytest.raises(DBAPIError, match="append-only"):
+            db.execute(sa.text(statement), {"i": row_id})
+    with world.session_factory() as db, pytest.raises(DBAPIError, match="append-only"):
+        row = db.get(AuditRecord, new_id)
+        assert row is not None
+        row.detail = "rewritten"
+        db.commit()
+    # retention deletes what is older than its cutoff, records that it did, and closes the gate
+    with world.session_factory() as db:
+        assert audit.purge_before(db, cutoff=2000.0) == 1
+    rows = audit_rows(world)
+    assert [(r.id, r.action) for r in rows][:1] == [(new_id, "test.new")] and rows[-1].action == "audit.purge"
+    assert rows[-1].actor == "system:retention" and rows[-1].after == {"deleted": 1, "before": 2000.0}
+    with world.session_factory() as db, pytest.raises(DBAPIError, match="append-only"):
+        db.execute(sa.text("DELETE FROM audit_log WHERE id = :i"), {"i": new_id})
+
+
+def test_listing_filters_pages_and_rights(world: World) -> None:
+    admin = world.as_("admin")
+    with world.session_factory() as db:
+        for i, (action, kind, target) in enumerate(
+            [
+                ("group.quota.set", "group", "vision"),
+                ("groups.x", "group", "nlp"),
+                ("node.cordon", "node", "n1"),
+            ]
+        ):
+            audit.record(
+                db, actor="system:test", action=action, target_kind=kind, target_id=target, now=1000.0 + i
+            )
+        db.commit()
+    world.client.post(f"{API}/groups", json={"name": "g3"}, headers=admin)  # now, by the admin
+
+    def ids(**params: Any) -> list[str]:
+        r = world.client.get(f"{API}/audit", params=params, headers=admin)
+        assert r.status_code == 200, r.text
+        return [f"{i['action']}@{i['target_id']}" for i in r.json()["items"]]
+
+    assert ids() == ["group.create@g3", "node.cordon@n1", "groups.x@nlp", "group.quota.set@vision"]
+    assert ids(action="group") == ["group.create@g3", "group.quota.set@vision"]  # dotted prefix only
+    assert ids(actor="admin") == ["group.create@g3"]
+    assert ids(target="group:vision") == ["group.quota.set@vision"]
+    assert ids(target="node") == ["node.cordon@n1"]
+    assert ids(since="1h") == ["group.create@g3"]
+    assert ids(since="1001", until="1002.5") == ["node.cordon@n1", "groups.x@nlp"]
+    assert ids(until="1970-01-01T00:16:41") == ["group.quota.set@vision"]  # 1001 s, exclusive
+    page = world.client.get(f"{API}/audit", params={"limit": 2, "offset": 2}, headers=admin).json()
+    assert page["total"] == 4 and [i["target_id"] for i in page["items"]] == ["nlp", "vision"]
+    r = world.client.get(f"{API}/audit", params={"since": "last tuesday"}, headers=admin)
+    assert r.status_code == 422 and "since 'last tuesday' is not a time" in r.text
+    assert world.client.get(f"{API}/audit", headers=world.as_("bob")).status_code == 403
+    assert world.client.get(f"{API}/audit").status_code == 401
+
+
+def test_record_refuses_a_malformed_action_or_actor(world: World) -> None:
+    with world.session_factory() as db:
+        with pytest.raises(ValueError, match="dotted lower-case"):
+            audit.record(db, actor="system:test", action="Quota Set", target_kind="x", target_id=1)
+        with pytest.raises(ValueError, match="system:<name>"):
+            audit.record(db, actor="alice", action="x.y", target_kind="x", target_id=1)
+        someone = Principal(user_id=1, name="alice", is_admin=False, default_group_id=None, source="10.0.0.9")
+        row = audit.record(db, actor=someone, action="x.y", target_kind="x", target_id=1)
+        assert (row.actor, row.actor_user_id, row.source, row.credential) == ("alice", 1, "10.0.0.9", None)
+        db.rollback()
+
+
+def test_retention_loop_purges_records_past_the_configured_age(world: World, tmp_path: Path) -> None:
+    now = time.time()
+    with world.session_factory() as db:
+        for age_days, action in ((400, "test.ancient"), (40, "test.old"), (0, "test.new")):
+            audit.record(
+                db,
+                actor="system:test",
+                action=action,
+                target_kind="x",
+                target_id=1,
+                now=now - age_days * 86400,
+            )
+        db.commit()
+    assert Settings(home=tmp_path).audit_retention_days == 365  # the default
+    for forever in ("", "never"):  # CORRAL_AUDIT_RETENTION_DAYS="" keeps everything
+        assert Settings(home=tmp_path, audit_retention_days=forever).audit_retention_days is None
+    settings = Settings(home=tmp_path, audit_retention_days=30)
+    ctx = cast(
+        ServerContext,
+        SimpleNamespace(settings=settings, session_factory=world.session_factory, memory=LoopMemory()),
+    )
+    purge_audit_log(ctx, now)
+    assert [r.action for r in audit_rows(world)] == ["test.new", "audit.purge"]
+    with world.session_factory() as db:
+        audit.record(
+            db, actor="system:test", action="test.old", target_kind="x", target_id=2, now=now - 40 * 86400
+        )
+        db.commit()
+    purge_audit_log(ctx, now + 60)  # within CORRAL_JOB_RETENTION_CHECK_S of the last pass: not yet
+    assert [r.action for r in audit_rows(world)][-1] == "test.old"
+    keep_all = Settings(home=tmp_path, audit_retention_days=None)
+    purge_audit_log(cast(ServerContext, SimpleNamespace(settings=keep_all, memory=LoopMemory())), now + 1e9)
+    assert len(audit_rows(world)) == 3
+
+
+def test_create_all_schema_gets_the_same_guard(tmp_path: Path) -> None:
+    """Some tests build the schema with create_all instead of the migrations: same triggers."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'create_all.db'}")
+    try:
+        Base.metadata.create_all(engine)
+        with Session(engine) as db:
+            audit.record(db, actor="system:test", action="test.one", target_kind="x", target_id=1, now=5.0)
+            db.commit()
+            with pytest.raises(DBAPIError, match="append-only"):
+                db.execute(sa.text("UPDATE audit_log SET actor = 'mallory'"))
+            db.rollback()
+            assert audit.purge_before(db, cutoff=10.0) == 1
+    finally:
+        engine.dispose()
+
+
+def test_cli_audit_ls_against_a_real_server(
+    world: World, server_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert run(world, server_url, "admin", "node", "ls")[0] == 0  # a read: no record
+    assert run(world, server_url, "admin", "group", "create", "robotics")[0] == 0
+    assert run(world, server_url, "admin", "group", "quota", "robotics", "--gpus", "4")[0] == 0
+    code, out = run(world, server_url, "admin", "audit", "ls", "--action", "group", "-o", "json")
+    assert code == 0, out
+    page = json.loads(out)
+    assert page["total"] == 2 and [i["action"] for i in page["items"]] == ["group.quota.set", "group.create"]
+    assert {i["source"] for i in page["items"]} == {"127.0.0.1"}  # the CLI's request, over TCP
+    code, out = run(world, server_url, "admin", "audit", "ls", "--target", "group:robotics", "--since", "1h")
+    assert code == 0 and "group.quota.set" in out and "127.0.0.1" in out and "2 of 2 records" in out
+    assert "quotas:" not in out  # 80 columns: no room for the CHANGE column
+    monkeypatch.setattr(audit_cli.out, "width", 200)
+    code, out = run(world, server_url, "admin", "audit", "ls", "--target", "group:robotics")
+    assert code == 0 and 'quotas: {} -> {"*":{"guaranteed":4' in out
+    code, out = run(world, server_url, "alice", "audit", "ls")
+    assert code == 1 and "only an administrator" in out
+    code, out = run(world, server_url, "admin", "audit", "ls", "--since", "yesterday-ish")
+    assert code == 1 and "is not a time" in out
