@@ -37,6 +37,7 @@ from corral.monitor.alerts import record_alert
 from corral.monitor.loops import channel_names
 from corral.monitor.models import GpuReading, MonitorState
 from corral.server.context import BackgroundLoop, ServerContext
+from corral.services import audit
 from corral.services.lifecycle import AttemptState, GpuHealth, JobState, move_gpu, record_event
 
 log = logging.getLogger("corral.diagnosis.watch")
@@ -85,7 +86,19 @@ def quarantine_faulty_gpu(session: Session, gpu: GpuRow, lost: bool) -> bool:
     target = GpuHealth.LOST if lost else GpuHealth.QUARANTINED
     if gpu.health == target.value or (gpu.health == GpuHealth.LOST.value and not lost):
         return False
-    return move_gpu(session, gpu, target)
+    before = gpu.health
+    if not move_gpu(session, gpu, target):
+        return False
+    audit.record(
+        session,
+        actor="system:diagnosis",
+        action=f"gpu.{target.value}" if lost else "gpu.quarantine",
+        target_kind="gpu",
+        target_id=f"{gpu.node_name}:{gpu.index}",
+        before={"health": before},
+        after={"health": target.value},
+    )
+    return True
 
 
 def check_gpu_faults(session: Session, now: float) -> list[tuple[str, float]]:
