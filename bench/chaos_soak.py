@@ -19,7 +19,8 @@ Invariants, checked on a read-only snapshot of the database every `--poll` secon
                       processes still wrote to its log after the next one started; also two
                       live supervisors of one job at once
   not_settled         at the end (after draining, bounded by `--drain`), a job neither terminal
-                      nor queued
+                      nor queued whose latest attempt runs nowhere on the engine (stuck); jobs
+                      still running at the bound are reported as `unfinished`
   log_incomplete      a succeeded job's log (every rank) lacks its last line
 
     python bench/chaos_soak.py [--jobs 1000] [--seed 7] [--config sqlite|postgres|both]
@@ -36,6 +37,7 @@ import contextlib
 import functools
 import itertools
 import json
+import marshal
 import os
 import random
 import shutil
@@ -58,6 +60,7 @@ for extra in (ROOT, ROOT / "src"):  # corral (src layout) and the harness under 
 
 import httpx  # noqa: E402
 
+from corral.engine.isolation import cgroupfs  # noqa: E402
 from corral.monitor.chaos import set_node_silenced  # noqa: E402
 from corral.monitor.gpu import update_fault  # noqa: E402
 from tests.server_harness import CorralServer, start_server  # noqa: E402
@@ -75,6 +78,7 @@ INVARIANTS = (
     "log_incomplete",
 )
 FAULTS = ("server_kill", "supervisor_kill", "job_kill", "node_down", "gpu_ecc", "gpu_xid", "gpu_lose")
+SETTLE_CONFIRM_S = 5.0  # a job open at the end must stay unchanged this long to count as stuck
 HEARTBEAT_TIMEOUT_S = 3.0  # servers' CORRAL_NODE_HEARTBEAT_TIMEOUT_S: node losses come quickly
 # (gpus per instance, instances) -> weight: mostly small, some whole-node and gang jobs
 SHAPES = {(0, 1): 30, (1, 1): 30, (2, 1): 15, (4, 1): 8, (1, 2): 10, (2, 2): 7}
@@ -92,6 +96,10 @@ class SoakConfig:
     drain_s: float = 300.0  # bound on waiting for the jobs after the last submit
     poll_s: float = 0.5
     gpus: int = 4
+    sleep_s: tuple[float, float] = (0.1, 1.5)  # each job sleeps a uniform draw from this
+    node_down_s: tuple[float, float] = (4.0, 8.0)  # heartbeats stopped this long (timeout 3 s)
+    chaos_faults: int | None = None  # stop injecting after this many faults (None: 4/5 of the drain)
+    opening: tuple[str, ...] = ()  # faults injected first, in this order, before random ones
     weights: dict[str, int] = field(
         default_factory=lambda: {
             "server_kill": 2,
@@ -129,13 +137,13 @@ class Planned:
         return {"name": self.name, "retries": self.retries, "tasks": {"main": task}}
 
 
-def plan_jobs(rng: random.Random, count: int) -> list[Planned]:
+def plan_jobs(rng: random.Random, count: int, sleep_s: tuple[float, float]) -> list[Planned]:
     shapes, outcomes = list(SHAPES), list(OUTCOMES)
     planned = []
     for i in range(count):
         gpus, instances = rng.choices(shapes, weights=list(SHAPES.values()))[0]
         code, retries = rng.choices(outcomes, weights=list(OUTCOMES.values()))[0]
-        planned.append(Planned(f"soak-{i}", gpus, instances, code, retries, rng.uniform(0.1, 1.5)))
+        planned.append(Planned(f"soak-{i}", gpus, instances, code, retries, rng.uniform(*sleep_s)))
     return planned
 
 
@@ -187,6 +195,18 @@ class DbReader:
         return Snapshot(jobs, attempts, claims)
 
 
+def open_jobs(snap: Snapshot) -> dict[int, tuple[str, int]]:
+    """Jobs neither terminal nor queued: job id -> (state, number of its latest attempt)."""
+    latest: dict[int, int] = {}
+    for _pk, jid, number, _state, _placement in snap.attempts:
+        latest[jid] = max(latest.get(jid, 0), number)
+    return {
+        jid: (state, latest.get(jid, 0))
+        for jid, (_name, state) in snap.jobs.items()
+        if state not in TERMINAL and state != "queued"
+    }
+
+
 def _json(value: Any) -> list[dict[str, Any]]:
     loaded = json.loads(value) if isinstance(value, str | bytes) else value
     return list(loaded or [])
@@ -233,28 +253,47 @@ def attempt_dirs(home: Path) -> dict[int, dict[int, Path]]:
     return found
 
 
-def engine_overlaps(dirs: dict[int, Path]) -> list[str]:
-    """Attempts of one job that overlapped on the engine side (see the module's docstring)."""
+def attempt_pids(adir: Path) -> list[int]:
+    """Processes still in the cgroups of the attempt's instances (what its supervisor started)."""
+    try:
+        spec = marshal.loads((adir / "spec.marshal").read_bytes())
+    except (OSError, ValueError, EOFError):
+        return []
+    return [
+        pid
+        for inst in spec.get("instances", ())
+        if inst.get("cgroup")
+        for pid in cgroupfs.pids(inst["cgroup"])
+    ]
+
+
+def engine_overlaps(dirs: dict[int, Path]) -> list[tuple[str, str]]:
+    """(key, detail) of each way two attempts of one job overlapped on the engine side: the
+    earlier one's supervisor started after the later one's, ended after it, left processes in
+    its cgroups while the later one ran, or wrote to its logs after the later one started. An
+    attempt whose supervisor never started ran nothing, whenever the engine wrote it off."""
     problems = []
     numbers = sorted(dirs)
     for prev, nxt in itertools.pairwise(numbers):
         sup = _read_json(dirs[nxt] / "supervisor.json")
-        if sup is None:
-            continue  # never started a supervisor (refused, or launch still on its way)
+        prev_sup = _read_json(dirs[prev] / "supervisor.json")
+        if sup is None or prev_sup is None:
+            continue  # one of them never started a supervisor (yet): nothing ran side by side
         started = float(sup["started_at"])
+        key = f"{prev}<{nxt}"
+        if float(prev_sup["started_at"]) > started:
+            problems.append((f"{key}:late", f"attempt {prev}'s supervisor started after attempt {nxt}'s"))
         status = _read_json(dirs[prev] / "status.json")
-        if status is None:
-            problems.append(f"attempt {nxt} started while attempt {prev} had not ended")
-            continue
-        if float(status["finished_at"]) > started:
-            problems.append(
-                f"attempt {nxt} started {status['finished_at'] - started:.2f} s before {prev} ended"
-            )
+        if status is not None and float(status["finished_at"]) > started:
+            late = float(status["finished_at"]) - started
+            problems.append((f"{key}:end", f"attempt {nxt} started {late:.2f} s before {prev} ended"))
+        if status is None and supervisor_alive(dirs[nxt]) and attempt_pids(dirs[prev]):
+            problems.append((f"{key}:pids", f"processes of attempt {prev} run beside attempt {nxt}"))
         for log in dirs[prev].glob("rank-*.log"):
-            written = log.stat().st_mtime
-            if written > started + 0.05:  # mtime granularity
+            written = log.stat().st_mtime - started
+            if written > 0.05:  # mtime granularity
                 problems.append(
-                    f"{log.name} of attempt {prev} written {written - started:.2f} s into attempt {nxt}"
+                    (f"{key}:{log.name}", f"attempt {prev} wrote {log.name} {written:.2f} s into {nxt}")
                 )
     return problems
 
@@ -266,19 +305,23 @@ class Soak:
     def __init__(self, cfg: SoakConfig, home: Path, database_url: str | None) -> None:
         self.cfg, self.home, self.database_url = cfg, home, database_url
         self.rng = random.Random(cfg.seed)
-        self.planned = plan_jobs(self.rng, cfg.jobs)
+        self.planned = plan_jobs(self.rng, cfg.jobs, cfg.sleep_s)
         self.servers: list[CorralServer] = []
         self.ids: dict[str, int] = {}  # planned name -> job id, once the server answered
         self.faults: Counter[str] = Counter()
         self.violations: Counter[str] = Counter()
         self.examples: dict[str, str] = {}
+        self.incidents: set[tuple[str, str]] = set()
         self.seen_terminal: dict[int, str] = {}
-        self.submit_errors = 0
+        self.submit_errors = 0  # answers other than 201, and answers lost on the way
+        self.submit_waits = 0  # connection refused: no server listening (restarting)
+        self.restart_s: list[float] = []  # how long each killed server took to serve again
         self.lock = threading.Lock()
         self.stop_chaos = threading.Event()
         self.stop_watch = threading.Event()
         self.reader = DbReader(database_url, None if database_url else home / "corral.db")
         self.checks = 0
+        self.opened: list[str] = []  # faults injected so far, in order
 
     # -- servers ----------------------------------------------------------------------------
 
@@ -330,7 +373,7 @@ class Soak:
                     return
                 self.submit_errors += 1
             except httpx.ConnectError:
-                pass  # never reached a server: nothing was created
+                self.submit_waits += 1  # never reached a server: nothing was created
             except httpx.HTTPError:
                 self.submit_errors += 1
                 found = self.find_by_name(job.name)
@@ -365,7 +408,8 @@ class Soak:
             for item in [p for p in pending if p[0] <= now]:
                 item[1]()
                 pending.remove(item)
-            name = self.rng.choices(names, weights=weights)[0]
+            opening = self.cfg.opening[len(self.opened) :]
+            name = opening[0] if opening else self.rng.choices(names, weights=weights)[0]
             try:
                 done = actions[name]()
             except Exception as exc:  # e.g. a restarted server not ready in time: say so, go on
@@ -373,9 +417,13 @@ class Soak:
                 done = False
             if done:
                 self.faults[name] += 1
+                self.opened.append(name)
                 if name == "node_down":
                     pending.append(
-                        (now + self.rng.uniform(4.0, 8.0), lambda: set_node_silenced(self.home, NODE, False))
+                        (
+                            now + self.rng.uniform(*self.cfg.node_down_s),
+                            lambda: set_node_silenced(self.home, NODE, False),
+                        )
                     )
                 elif name.startswith("gpu_"):
                     index = self.last_gpu
@@ -392,7 +440,9 @@ class Soak:
         srv = self.rng.choice(self.servers)
         srv.kill()
         time.sleep(self.rng.uniform(0.0, 1.0))
+        began = time.monotonic()
         srv.start()
+        self.restart_s.append(time.monotonic() - began)
         return True
 
     def live_attempt_dirs(self) -> list[tuple[Path, int]]:
@@ -449,8 +499,13 @@ class Soak:
 
     # -- invariants ---------------------------------------------------------------------------
 
-    def violate(self, invariant: str, detail: str) -> None:
+    def violate(self, invariant: str, detail: str, key: str | None = None) -> None:
+        """Count one incident of `invariant`; the same `key` (default: the detail) seen again by
+        a later poll is the same incident."""
         with self.lock:
+            if (invariant, key or detail) in self.incidents:
+                return
+            self.incidents.add((invariant, key or detail))
             self.violations[invariant] += 1
             self.examples.setdefault(invariant, detail)
 
@@ -475,13 +530,11 @@ class Soak:
                 self.violate("terminal_reopened", f"job {jid}: {before} then {state}")
             if state in TERMINAL:
                 self.seen_terminal[jid] = state
-            if final and state not in TERMINAL and state != "queued":
-                self.violate("not_settled", f"job {jid} ended the soak {state}")
         live = [a for a in snap.attempts if a[3] in LIVE_ATTEMPT]
         per_job = Counter(a[1] for a in live)
         for jid, count in per_job.items():
             if count > 1:
-                self.violate("two_live_attempts", f"job {jid} has {count} live attempts")
+                self.violate("two_live_attempts", f"job {jid} has {count} live attempts", f"{jid}")
         holders: dict[tuple[str, int], set[int]] = {}
         for node, index, pk in snap.claims:
             holders.setdefault((node, index), set()).add(pk)
@@ -499,10 +552,12 @@ class Soak:
         for jid, numbers in attempt_dirs(self.home).items():
             alive = [n for n, adir in numbers.items() if supervisor_alive(adir)]
             if len(alive) > 1:
-                self.violate("engine_overlap", f"job {jid}: live supervisors of attempts {alive}")
+                self.violate(
+                    "engine_overlap", f"job {jid}: live supervisors of attempts {alive}", f"{jid}:live"
+                )
             if final or len(numbers) > 1:
-                for problem in engine_overlaps(numbers):
-                    self.violate("engine_overlap", f"job {jid}: {problem}")
+                for key, problem in engine_overlaps(numbers):
+                    self.violate("engine_overlap", f"job {jid}: {problem}", f"{jid}:{key}")
 
     def check_logs(self, snap: Snapshot) -> None:
         by_job = attempt_dirs(self.home)
@@ -531,24 +586,19 @@ class Soak:
         chaos.start()
         self.submit_all()
         submitted_s = time.monotonic() - started
-        deadline = time.monotonic() + self.cfg.drain_s
-        # Chaos goes on while the work drains; it stops for the last fifth so the jobs it hit
-        # last can settle (requeues run again) before the drain bound.
-        calm_at = time.monotonic() + self.cfg.drain_s * 0.8
-        while time.monotonic() < deadline:
-            if time.monotonic() >= calm_at or self.settled():
-                self.stop_chaos.set()
-                chaos.join()
-                if self.settled():
-                    break
-            time.sleep(1.0)
-        self.stop_chaos.set()
-        chaos.join()
+        self.drain(chaos)
         self.stop_watch.set()
         watcher.join()
         snap = self.check(final=True)
         self.check_logs(snap)
-        states = Counter(state for _n, state in snap.jobs.values())
+        unfinished = self.check_settled(snap)
+        abandoned = [
+            adir.name
+            for numbers in attempt_dirs(self.home).values()
+            for adir in numbers.values()
+            if not (adir / "status.json").exists() and not supervisor_alive(adir)
+        ]
+        states = Counter(state for _n, state in self.reader.snapshot().jobs.values())
         return {
             "seed": self.cfg.seed,
             "servers": self.cfg.servers,
@@ -556,15 +606,62 @@ class Soak:
             "jobs": len(self.planned),
             "submitted": len(self.ids),
             "submit_retries": self.submit_errors,
+            "submit_refused": self.submit_waits,
+            "server_restart_s": round(sum(self.restart_s) / len(self.restart_s), 1)
+            if self.restart_s
+            else None,
             "faults": {name: self.faults.get(name, 0) for name in FAULTS},
             "violations": {name: self.violations.get(name, 0) for name in INVARIANTS},
             "examples": dict(self.examples),
             "final_states": dict(sorted(states.items())),
+            "unfinished": unfinished,
+            # attempt records not written off whose supervisor is not running (died, never started)
+            "engine_records_open": sorted(abandoned)[:20],
             "checks": self.checks,
             "submit_s": round(submitted_s, 1),
             "wall_s": round(time.monotonic() - started, 1),
             "loadavg": [round(x, 2) for x in os.getloadavg()],
         }
+
+    def drain(self, chaos: threading.Thread) -> None:
+        """Wait, up to the drain bound, for every job to end. Chaos goes on while the work
+        drains, until `chaos_faults` faults were injected or four fifths of the bound are gone,
+        so the jobs it hit last can settle (requeues run again) before the bound."""
+        deadline = time.monotonic() + self.cfg.drain_s
+        calm_at = time.monotonic() + self.cfg.drain_s * 0.8
+        while time.monotonic() < deadline:
+            injected = sum(self.faults.values())
+            enough = self.cfg.chaos_faults is not None and injected >= self.cfg.chaos_faults
+            if enough or time.monotonic() >= calm_at or self.settled():
+                self.stop_chaos.set()
+                chaos.join()
+                if self.settled():
+                    break
+            time.sleep(1.0)
+        self.stop_chaos.set()
+        chaos.join()
+
+    def check_settled(self, first: Snapshot) -> int:
+        """Jobs neither terminal nor queued at the end. One whose latest attempt still runs on
+        the engine is unfinished (the drain bound came first; counted, returned). One that shows
+        the same state and attempt on a second snapshot SETTLE_CONFIRM_S later while the engine
+        runs nothing of it is stuck: a `not_settled` violation."""
+        pending = open_jobs(first)
+        if not pending:
+            return 0
+        time.sleep(SETTLE_CONFIRM_S)
+        second = self.reader.snapshot()
+        dirs = attempt_dirs(self.home)
+        unfinished = 0
+        for jid, (state, number) in open_jobs(second).items():
+            if pending.get(jid) != (state, number):
+                continue  # moved on meanwhile
+            adir = dirs.get(jid, {}).get(number)
+            if adir is not None and supervisor_alive(adir):
+                unfinished += 1
+            else:
+                self.violate("not_settled", f"job {jid} stuck {state}: attempt {number} runs nowhere")
+        return unfinished
 
     def settled(self) -> bool:
         """Every submitted job terminal (queued ones count when chaos is over and nothing runs)."""
@@ -592,13 +689,16 @@ def run_soak(cfg: SoakConfig, postgres_url: Callable[[], str] | None = None) -> 
 def report(result: dict[str, Any]) -> None:
     print(f"\n== {result['database']}, {result['servers']} server(s), seed {result['seed']} ==")
     print(
-        f"jobs {result['jobs']} submitted {result['submitted']} (submit retries {result['submit_retries']})"
+        f"jobs {result['jobs']} submitted {result['submitted']} (submit retries "
+        f"{result['submit_retries']}, refused {result['submit_refused']}; "
+        f"mean server restart {result['server_restart_s']} s)"
     )
     print("faults injected: " + ", ".join(f"{k} {v}" for k, v in result["faults"].items()))
     print("violations:      " + ", ".join(f"{k} {v}" for k, v in result["violations"].items()))
     for name, example in result["examples"].items():
         print(f"  first {name}: {example}")
-    print("final states:    " + ", ".join(f"{k} {v}" for k, v in result["final_states"].items()))
+    states = ", ".join(f"{k} {v}" for k, v in result["final_states"].items())
+    print(f"final states:    {states} (still running at the drain bound: {result['unfinished']})")
     print(f"invariant checks {result['checks']}; submit {result['submit_s']} s; wall {result['wall_s']} s")
     print(f"load average {result['loadavg']}")
 
