@@ -304,8 +304,10 @@ def engine_overlaps(dirs: dict[int, Path]) -> list[tuple[str, str]]:
 class Soak:
     def __init__(self, cfg: SoakConfig, home: Path, database_url: str | None) -> None:
         self.cfg, self.home, self.database_url = cfg, home, database_url
-        self.rng = random.Random(cfg.seed)
-        self.planned = plan_jobs(self.rng, cfg.jobs, cfg.sleep_s)
+        # The seed fixes the jobs and the faults' order; when each fault lands depends on timing.
+        self.planned = plan_jobs(random.Random(cfg.seed), cfg.jobs, cfg.sleep_s)
+        self.rng = random.Random(cfg.seed + 1)  # the chaos driver's draws (its thread only)
+        self.submit_rng = random.Random(cfg.seed + 2)  # which live server a submit goes to
         self.servers: list[CorralServer] = []
         self.ids: dict[str, int] = {}  # planned name -> job id, once the server answered
         self.faults: Counter[str] = Counter()
@@ -351,7 +353,7 @@ class Soak:
 
     def live_server(self) -> CorralServer:
         alive = [s for s in self.servers if s.proc is not None and s.proc.poll() is None]
-        return self.rng.choice(alive) if alive else self.servers[0]
+        return self.submit_rng.choice(alive) if alive else self.servers[0]
 
     # -- submit -------------------------------------------------------------------------------
 
