@@ -18,13 +18,13 @@ Invariants, checked on a read-only snapshot of the database every `--poll` secon
                       previous attempt had ended (status.json), or the previous attempt's
                       processes still wrote to its log after the next one started; also two
                       live supervisors of one job at once
-  not_settled         at the end (after draining, bounded by `--drain`), a job neither terminal
+  not_settled         at the end (the run is bounded by `--duration`), a job neither terminal
                       nor queued whose latest attempt runs nowhere on the engine (stuck); jobs
                       still running at the bound are reported as `unfinished`
   log_incomplete      a succeeded job's log (every rank) lacks its last line
 
     python bench/chaos_soak.py [--jobs 1000] [--seed 7] [--config sqlite|postgres|both]
-                               [--chaos-every 2.0] [--drain 300] [--gpus 4]
+                               [--chaos-every 2.0] [--duration 1800] [--gpus 4]
 
 Prints the seed, faults injected by kind, violations by invariant (target: 0 each), jobs by final
 state, wall time and load average; the last line is one JSON object. Exit status 1 on violations.
@@ -93,12 +93,14 @@ class SoakConfig:
     servers: int = 1
     postgres: bool = False
     chaos_every_s: float = 2.0  # mean time between faults
-    drain_s: float = 300.0  # bound on waiting for the jobs after the last submit
+    # Bound on the whole run (after the servers are up): jobs are submitted during the first
+    # 60 % of it at most (the rest count as not submitted), faults injected during the first 80 %.
+    duration_s: float = 1800.0
     poll_s: float = 0.5
     gpus: int = 4
     sleep_s: tuple[float, float] = (0.1, 1.5)  # each job sleeps a uniform draw from this
     node_down_s: tuple[float, float] = (4.0, 8.0)  # heartbeats stopped this long (timeout 3 s)
-    chaos_faults: int | None = None  # stop injecting after this many faults (None: 4/5 of the drain)
+    chaos_faults: int | None = None  # stop injecting after this many faults (else at 4/5 of the bound)
     opening: tuple[str, ...] = ()  # faults injected first, in this order, before random ones
     weights: dict[str, int] = field(
         default_factory=lambda: {
@@ -323,6 +325,7 @@ class Soak:
         self.stop_watch = threading.Event()
         self.reader = DbReader(database_url, None if database_url else home / "corral.db")
         self.checks = 0
+        self.began = time.monotonic()  # reset once the servers are up
         self.opened: list[str] = []  # faults injected so far, in order
 
     # -- servers ----------------------------------------------------------------------------
@@ -357,8 +360,10 @@ class Soak:
 
     # -- submit -------------------------------------------------------------------------------
 
-    def submit_all(self) -> None:
+    def submit_all(self, until: float) -> None:
         for job in self.planned:
+            if time.monotonic() >= until:
+                return
             self.submit_one(job)
 
     def submit_one(self, job: Planned) -> None:
@@ -586,11 +591,16 @@ class Soak:
         chaos = threading.Thread(target=self.chaos_loop, daemon=True)
         watcher.start()
         chaos.start()
-        self.submit_all()
-        submitted_s = time.monotonic() - started
-        self.drain(chaos)
-        self.stop_watch.set()
-        watcher.join()
+        try:
+            self.began = time.monotonic()
+            self.submit_all(until=self.began + self.cfg.duration_s * 0.6)
+            submitted_s = time.monotonic() - started
+            self.drain(chaos)
+        finally:  # also on Ctrl-C / SIGTERM: no fault may land while the servers are stopped
+            self.stop_chaos.set()
+            self.stop_watch.set()
+            chaos.join()
+            watcher.join()
         snap = self.check(final=True)
         self.check_logs(snap)
         unfinished = self.check_settled(snap)
@@ -627,10 +637,10 @@ class Soak:
 
     def drain(self, chaos: threading.Thread) -> None:
         """Wait, up to the drain bound, for every job to end. Chaos goes on while the work
-        drains, until `chaos_faults` faults were injected or four fifths of the bound are gone,
-        so the jobs it hit last can settle (requeues run again) before the bound."""
-        deadline = time.monotonic() + self.cfg.drain_s
-        calm_at = time.monotonic() + self.cfg.drain_s * 0.8
+        drains, until `chaos_faults` faults were injected or four fifths of the run's bound are
+        gone, so the jobs it hit last can settle (requeues run again) before the bound."""
+        deadline = self.began + self.cfg.duration_s
+        calm_at = self.began + self.cfg.duration_s * 0.8
         while time.monotonic() < deadline:
             injected = sum(self.faults.values())
             enough = self.cfg.chaos_faults is not None and injected >= self.cfg.chaos_faults
@@ -700,7 +710,10 @@ def report(result: dict[str, Any]) -> None:
     for name, example in result["examples"].items():
         print(f"  first {name}: {example}")
     states = ", ".join(f"{k} {v}" for k, v in result["final_states"].items())
-    print(f"final states:    {states} (still running at the drain bound: {result['unfinished']})")
+    print(
+        f"final states:    {states} (still running at the bound: {result['unfinished']}; "
+        f"not submitted in the bound: {result['jobs'] - result['submitted']})"
+    )
     print(f"invariant checks {result['checks']}; submit {result['submit_s']} s; wall {result['wall_s']} s")
     print(f"load average {result['loadavg']}")
 
@@ -714,17 +727,25 @@ def main() -> int:
     parser.add_argument("--config", choices=["sqlite", "postgres", "both"], default="both")
     parser.add_argument("--chaos-every", type=float, default=2.0, help="mean seconds between faults")
     parser.add_argument(
-        "--drain", type=float, default=600.0, help="bound on the run after the last submit (s)"
+        "--duration",
+        type=float,
+        default=1800.0,
+        help="bound on each configuration's run (s): submits in the first 60 %%, faults in the first 80 %%",
     )
     parser.add_argument("--gpus", type=int, default=4, help="virtual GPUs on the node")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop servers and PostgreSQL too
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     print(f"seed {seed}", flush=True)
     results = []
     started = time.monotonic()
     if args.config in ("sqlite", "both"):
         cfg = SoakConfig(
-            jobs=args.jobs, seed=seed, chaos_every_s=args.chaos_every, drain_s=args.drain, gpus=args.gpus
+            jobs=args.jobs,
+            seed=seed,
+            chaos_every_s=args.chaos_every,
+            duration_s=args.duration,
+            gpus=args.gpus,
         )
         results.append(run_soak(cfg))
         report(results[-1])
@@ -740,7 +761,7 @@ def main() -> int:
         try:
             cfg = SoakConfig(
                 jobs=args.jobs, seed=seed, servers=2, postgres=True,
-                chaos_every_s=args.chaos_every, drain_s=args.drain, gpus=args.gpus,
+                chaos_every_s=args.chaos_every, duration_s=args.duration, gpus=args.gpus,
             )  # fmt: skip
             results.append(run_soak(cfg, pg.create_database))
         finally:

@@ -40,7 +40,7 @@ def short_soak(seed: int) -> SoakConfig:
         jobs=60,
         seed=seed,
         chaos_every_s=0.7,
-        drain_s=120.0,
+        duration_s=150.0,
         sleep_s=(0.05, 0.6),
         node_down_s=(3.5, 4.5),
         opening=OPENING,
