@@ -96,6 +96,7 @@ class SoakConfig:
     # Bound on the whole run (after the servers are up): jobs are submitted during the first
     # 60 % of it at most (the rest count as not submitted), faults injected during the first 80 %.
     duration_s: float = 1800.0
+    submit_share: float = 0.6  # of the bound, for submitting (1.0: every job, however long it takes)
     poll_s: float = 0.5
     gpus: int = 4
     sleep_s: tuple[float, float] = (0.1, 1.5)  # each job sleeps a uniform draw from this
@@ -593,7 +594,8 @@ class Soak:
         chaos.start()
         try:
             self.began = time.monotonic()
-            self.submit_all(until=self.began + self.cfg.duration_s * 0.6)
+            share = self.cfg.submit_share
+            self.submit_all(until=self.began + self.cfg.duration_s * share if share < 1 else float("inf"))
             submitted_s = time.monotonic() - started
             self.drain(chaos)
         finally:  # also on Ctrl-C / SIGTERM: no fault may land while the servers are stopped
