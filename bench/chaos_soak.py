@@ -101,7 +101,9 @@ class SoakConfig:
     gpus: int = 4
     sleep_s: tuple[float, float] = (0.1, 1.5)  # each job sleeps a uniform draw from this
     node_down_s: tuple[float, float] = (4.0, 8.0)  # heartbeats stopped this long (timeout 3 s)
-    chaos_faults: int | None = None  # stop injecting after this many faults (else at 4/5 of the bound)
+    chaos_faults: int | None = (
+        None  # once all is submitted, stop injecting after this many faults (else at 4/5 of the bound)
+    )
     opening: tuple[str, ...] = ()  # faults injected first, in this order, before random ones
     weights: dict[str, int] = field(
         default_factory=lambda: {
