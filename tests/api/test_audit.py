@@ -168,6 +168,10 @@ CALLS: dict[tuple[str, str], tuple[Call, str]] = {
         "token.create",
     ),
     ("DELETE", "/api/v1/tokens/{token_id}"): (_revoke_token, "token.revoke"),
+    ("POST", "/api/v1/chaos/nodes/{node}/{action}"): (
+        lambda w: ("POST", f"{API}/chaos/nodes/n1/up", {}),
+        "chaos.node.up",
+    ),
     ("POST", "/api/v1/storage/identities"): (
         lambda w: ("POST", f"{API}/storage/identities", {}),
         "storage.identities.allocate",

@@ -1,6 +1,6 @@
-"""Monitoring commands: `corral alert ls|channels` and `corral chaos gpu ...` (fault injection
-into virtual GPUs, for chaos testing: through the admin API, or straight into a server's fault
-file with `--home`)."""
+"""Monitoring commands: `corral alert ls|channels`, `corral chaos gpu ...` (fault injection into
+virtual GPUs) and `corral chaos node down|up` (a node's heartbeats stop), for chaos testing:
+through the admin API, or straight into a server's chaos files with `--home`."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ gpu_app = typer.Typer(
     help="Make a (virtual) GPU misbehave; read by the next GPU sample.", no_args_is_help=True
 )
 chaos_app.add_typer(gpu_app, name="gpu")
+node_app = typer.Typer(
+    help="Stop or resume a node's heartbeats (after the timeout it is down, its work lost).",
+    no_args_is_help=True,
+)
+chaos_app.add_typer(node_app, name="node")
 
 Node = Annotated[str, typer.Argument(metavar="NODE")]
 Index = Annotated[int, typer.Argument(metavar="GPU", min=0, help="GPU index on the node")]
@@ -149,6 +154,35 @@ def chaos_lose(node: Node, index: Index, home: HomeOpt = None) -> None:
 def chaos_clear(node: Node, index: Index, home: HomeOpt = None) -> None:
     """Undo injected faults as a GPU reset would (lifetime ECC and Xid history stay)."""
     _inject(node, index, home, clear=True)
+
+
+def _silence(node: str, down: bool, home: Path | None) -> None:
+    if home is not None:
+        from corral.monitor.chaos import set_node_silenced
+
+        try:
+            silenced = set_node_silenced(home, node, down)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc))
+        flowing = "stopped" if node in silenced else "flowing"
+    else:
+        with client() as c:
+            flowing = c.request("POST", f"/chaos/nodes/{node}/{'down' if down else 'up'}")["heartbeats"]
+    out.print(f"heartbeats of {node}: {flowing}")
+
+
+@node_app.command("down")
+@friendly_errors
+def chaos_node_down(node: Node, home: HomeOpt = None) -> None:
+    """Stop the node's heartbeats: after the heartbeat timeout it is marked down."""
+    _silence(node, True, home)
+
+
+@node_app.command("up")
+@friendly_errors
+def chaos_node_up(node: Node, home: HomeOpt = None) -> None:
+    """Let the node's heartbeats through again: its next report brings it back."""
+    _silence(node, False, home)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,5 +1,5 @@
 """Monitoring's HTTP routes: `/metrics` (Prometheus), alerts (`/api/v1/alerts`, the Alertmanager
-webhook), notification channel status and the admin GPU fault-injection endpoint.
+webhook), notification channel status and the admin chaos endpoints (GPU faults, silenced nodes).
 
 The router's lifespan loads and validates the monitor config when the server starts, so a bad
 `monitor.yml` stops start-up with its file and line instead of failing later.
@@ -13,17 +13,19 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
-from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corral.api.deps import DB, Admin, CurrentUser
 from corral.config import Settings
+from corral.db.models import Node
 from corral.monitor.alerts import WebhookPayload, alert_to_dict, ingest_webhook, list_alerts
 from corral.monitor.channels import channel_statuses
+from corral.monitor.chaos import set_node_silenced
 from corral.monitor.collector import read_families, render_text
 from corral.monitor.config import MonitorConfig, config_path, load_monitor_config, webhook_token
 from corral.monitor.gpu import update_fault
@@ -174,3 +176,24 @@ def inject_gpu_fault(
     )
     db.commit()
     return {"node": node, "index": index, "fault": entry}
+
+
+@router.post("/api/v1/chaos/nodes/{node}/{action}")
+def silence_node(
+    node: str, action: Literal["down", "up"], request: Request, db: DB, admin: Admin
+) -> dict[str, Any]:
+    """Admin: stop (`down`) or resume (`up`) the heartbeats of a node, as if it were cut off;
+    after the heartbeat timeout the node loop marks it down and settles its work as lost."""
+    if action == "down" and db.get(Node, node) is None:
+        raise HTTPException(404, f"no node named {node!r}")
+    silenced = set_node_silenced(request.app.state.settings.home, node, action == "down")
+    audit.record(  # after the (non-transactional) file write, as for GPU faults
+        db,
+        actor=admin,
+        action=f"chaos.node.{action}",
+        target_kind="node",
+        target_id=node,
+        after={"heartbeats": "stopped" if node in silenced else "flowing"},
+    )
+    db.commit()
+    return {"node": node, "heartbeats": "stopped" if node in silenced else "flowing"}

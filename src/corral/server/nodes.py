@@ -8,6 +8,8 @@
   their jobs follow the one rule for lost work (services.lifecycle.settle_lost_work: requeued
   within the job's platform-loss budget, failed beyond it).
 - EngineUnavailable changes nothing but the nodes' state, which becomes `unknown`.
+- Reports of nodes silenced by `corral chaos node down` (monitor/chaos.py) are dropped here, so
+  such a node goes through what a node that stopped sending heartbeats goes through.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from corral.db.models import Gpu, Job, Node
 from corral.diagnosis.exitspec import ExitSpec, Facts
 from corral.diagnosis.record import record
 from corral.engine.base import Engine, EngineUnavailable, FailureReason, NodeReport
+from corral.monitor.chaos import silenced_nodes
 from corral.scheduler.types import GPU, NodeState
 from corral.server.context import ServerContext
 from corral.server.finish import end_attempt
@@ -159,6 +162,8 @@ def node_tick(ctx: ServerContext, now: float) -> None:
     except EngineUnavailable as exc:
         mark_unknown(ctx, f"engine unavailable: {exc}")
         return
+    silenced = silenced_nodes(ctx.settings.home)  # `corral chaos node down`: heartbeats lost
+    reports = [r for r in reports if r.name not in silenced]
     requeued = 0
     budget = ctx.settings.lost_requeue_budget
     with ctx.session_factory() as session:

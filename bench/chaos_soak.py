@@ -1,0 +1,789 @@
+"""Chaos soak: many jobs on real Corral servers while a driver breaks things, invariants checked.
+
+Submits `--jobs` jobs of mixed sizes (CPU-only, 1, 2 and 4 GPUs, two-instance gangs; short
+sleeps; some exit non-zero, some with retries) to real server processes (tests/server_harness.py:
+local engine, virtual GPUs, jobs sandboxed) on loopback, while a chaos driver at random:
+SIGKILLs a server and starts it again, SIGKILLs attempt supervisors, SIGKILLs job processes,
+stops the node's heartbeats (`corral chaos node down`, then `up`) and injects GPU faults (ECC,
+Xid, lost GPU, then clear). Two configurations: SQLite with one server, PostgreSQL (a real one,
+tests/pg.py) with two servers on one database and one home (their loops are leased).
+
+Invariants, checked on a read-only snapshot of the database every `--poll` seconds and at the end:
+
+  lost_job            a submitted job is missing from the database
+  two_live_attempts   a job has two attempts scheduled/starting/running at once
+  terminal_reopened   a job seen terminal is later seen in another state
+  gpu_overallocated   one GPU held (GpuClaim) or placed by two live attempts
+  engine_overlap      on the engine side, an attempt started (supervisor.json) before the job's
+                      previous attempt had ended (status.json), or the previous attempt's
+                      processes still wrote to its log after the next one started; also two
+                      live supervisors of one job at once
+  not_settled         at the end (the run is bounded by `--duration`), a job neither terminal
+                      nor queued whose latest attempt runs nowhere on the engine (stuck); jobs
+                      still running at the bound are reported as `unfinished`
+  log_incomplete      a succeeded job's log (every rank) lacks its last line
+
+    python bench/chaos_soak.py [--jobs 1000] [--seed 7] [--config sqlite|postgres|both]
+                               [--chaos-every 2.0] [--duration 1800] [--gpus 4]
+
+Prints the seed, faults injected by kind, violations by invariant (target: 0 each), jobs by final
+state, wall time and load average; the last line is one JSON object. Exit status 1 on violations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import itertools
+import json
+import marshal
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+for extra in (ROOT, ROOT / "src"):  # corral (src layout) and the harness under tests/
+    if str(extra) not in sys.path:
+        sys.path.insert(0, str(extra))
+
+import httpx  # noqa: E402
+
+from corral.engine.isolation import cgroupfs  # noqa: E402
+from corral.monitor.chaos import set_node_silenced  # noqa: E402
+from corral.monitor.gpu import update_fault  # noqa: E402
+from tests.server_harness import CorralServer, start_server  # noqa: E402
+
+NODE = "local"  # the harness's node name
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+LIVE_ATTEMPT = frozenset({"scheduled", "starting", "running"})
+INVARIANTS = (
+    "lost_job",
+    "two_live_attempts",
+    "terminal_reopened",
+    "gpu_overallocated",
+    "engine_overlap",
+    "not_settled",
+    "log_incomplete",
+)
+FAULTS = ("server_kill", "supervisor_kill", "job_kill", "node_down", "gpu_ecc", "gpu_xid", "gpu_lose")
+SETTLE_CONFIRM_S = 5.0  # a job open at the end must stay unchanged this long to count as stuck
+HEARTBEAT_TIMEOUT_S = 3.0  # servers' CORRAL_NODE_HEARTBEAT_TIMEOUT_S: node losses come quickly
+# (gpus per instance, instances) -> weight: mostly small, some whole-node and gang jobs
+SHAPES = {(0, 1): 30, (1, 1): 30, (2, 1): 15, (4, 1): 8, (1, 2): 10, (2, 2): 7}
+# (exit code, retries) -> weight: most succeed; some fail for good, some use up their retries
+OUTCOMES = {(0, 0): 70, (0, 2): 10, (3, 1): 10, (1, 0): 5, (42, 2): 5}
+
+
+@dataclass
+class SoakConfig:
+    jobs: int = 1000
+    seed: int = 7
+    servers: int = 1
+    postgres: bool = False
+    chaos_every_s: float = 2.0  # mean time between faults
+    # Bound on the whole run (after the servers are up): jobs are submitted during the first
+    # 60 % of it at most (the rest count as not submitted), faults injected during the first 80 %.
+    duration_s: float = 1800.0
+    submit_share: float = 0.6  # of the bound, for submitting (1.0: every job, however long it takes)
+    poll_s: float = 0.5
+    gpus: int = 4
+    sleep_s: tuple[float, float] = (0.1, 1.5)  # each job sleeps a uniform draw from this
+    node_down_s: tuple[float, float] = (4.0, 8.0)  # heartbeats stopped this long (timeout 3 s)
+    chaos_faults: int | None = (
+        None  # once all is submitted, stop injecting after this many faults (else at 4/5 of the bound)
+    )
+    opening: tuple[str, ...] = ()  # faults injected first, in this order, before random ones
+    weights: dict[str, int] = field(
+        default_factory=lambda: {
+            "server_kill": 2,
+            "supervisor_kill": 4,
+            "job_kill": 4,
+            "node_down": 1,
+            "gpu_ecc": 1,
+            "gpu_xid": 1,
+            "gpu_lose": 1,
+        }
+    )
+
+
+@dataclass
+class Planned:
+    name: str
+    gpus: int
+    instances: int
+    exit_code: int
+    retries: int
+    sleep_s: float
+
+    def spec(self) -> dict[str, Any]:
+        command = (
+            'echo "start-$CORRAL_JOB_ID-$RANK"; '
+            f"sleep {self.sleep_s:.2f}; "
+            'echo "end-$CORRAL_JOB_ID-$RANK"; '
+            f"exit {self.exit_code}"
+        )
+        task = {
+            "instances": self.instances,
+            "command": command,
+            "resources": {"gpus": self.gpus, "cpus": 0.1, "memory": 64},
+        }
+        return {"name": self.name, "retries": self.retries, "tasks": {"main": task}}
+
+
+def plan_jobs(rng: random.Random, count: int, sleep_s: tuple[float, float]) -> list[Planned]:
+    shapes, outcomes = list(SHAPES), list(OUTCOMES)
+    planned = []
+    for i in range(count):
+        gpus, instances = rng.choices(shapes, weights=list(SHAPES.values()))[0]
+        code, retries = rng.choices(outcomes, weights=list(OUTCOMES.values()))[0]
+        planned.append(Planned(f"soak-{i}", gpus, instances, code, retries, rng.uniform(*sleep_s)))
+    return planned
+
+
+# -------------------------------------------------------------------------- database snapshots
+
+
+@dataclass
+class Snapshot:
+    jobs: dict[int, tuple[str, str]]  # id -> (name, state)
+    attempts: list[tuple[int, int, int, str, list[dict[str, Any]]]]  # pk, job, number, state, placement
+    claims: list[tuple[str, int, int]]  # node, gpu index, attempt pk
+
+
+class DbReader:
+    """Read-only snapshots: every query of one snapshot in one read transaction."""
+
+    def __init__(self, url: str | None, sqlite_path: Path | None) -> None:
+        self.url, self.sqlite_path = url, sqlite_path
+
+    @contextlib.contextmanager
+    def _cursor(self) -> Iterator[Any]:
+        if self.sqlite_path is not None:
+            conn = sqlite3.connect(
+                f"file:{self.sqlite_path}?mode=ro", uri=True, timeout=30, isolation_level=None
+            )
+            try:
+                conn.execute("BEGIN")  # WAL: the first read fixes the snapshot for the rest
+                yield conn.cursor()
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+            return
+        import psycopg
+
+        assert self.url is not None
+        dsn = self.url.replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(dsn) as pg:
+            pg.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            yield pg.cursor()
+
+    def snapshot(self) -> Snapshot:
+        with self._cursor() as cur:
+            cur.execute("SELECT id, name, state FROM jobs")
+            jobs = {int(r[0]): (str(r[1]), str(r[2])) for r in cur.fetchall()}
+            cur.execute("SELECT id, job_id, number, state, placement FROM attempts")
+            attempts = [(int(r[0]), int(r[1]), int(r[2]), str(r[3]), _json(r[4])) for r in cur.fetchall()]
+            cur.execute("SELECT node, gpu_index, attempt_pk FROM gpu_claims")
+            claims = [(str(r[0]), int(r[1]), int(r[2])) for r in cur.fetchall()]
+        return Snapshot(jobs, attempts, claims)
+
+
+def open_jobs(snap: Snapshot) -> dict[int, tuple[str, int]]:
+    """Jobs neither terminal nor queued: job id -> (state, number of its latest attempt)."""
+    latest: dict[int, int] = {}
+    for _pk, jid, number, _state, _placement in snap.attempts:
+        latest[jid] = max(latest.get(jid, 0), number)
+    return {
+        jid: (state, latest.get(jid, 0))
+        for jid, (_name, state) in snap.jobs.items()
+        if state not in TERMINAL and state != "queued"
+    }
+
+
+def _json(value: Any) -> list[dict[str, Any]]:
+    loaded = json.loads(value) if isinstance(value, str | bytes) else value
+    return list(loaded or [])
+
+
+# -------------------------------------------------------------------------- engine-side records
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _proc_start(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
+def supervisor_alive(adir: Path) -> int | None:
+    """The pid of the attempt's supervisor while that very process lives, else None."""
+    sup = _read_json(adir / "supervisor.json")
+    if sup is None or (adir / "status.json").exists():
+        return None
+    pid = int(sup["pid"])
+    start = _proc_start(pid)
+    return pid if start is not None and start == str(sup.get("proc_start")) else None
+
+
+def attempt_dirs(home: Path) -> dict[int, dict[int, Path]]:
+    """job id -> attempt number -> attempt dir, as the local engine laid them out."""
+    found: dict[int, dict[int, Path]] = {}
+    root = home / "engine" / "attempts"
+    for entry in os.scandir(root) if root.exists() else ():
+        job, _, number = entry.name.partition(".")
+        if job.isdigit() and number.isdigit():
+            found.setdefault(int(job), {})[int(number)] = Path(entry.path)
+    return found
+
+
+def attempt_pids(adir: Path) -> list[int]:
+    """Processes still in the cgroups of the attempt's instances (what its supervisor started)."""
+    try:
+        spec = marshal.loads((adir / "spec.marshal").read_bytes())
+    except (OSError, ValueError, EOFError):
+        return []
+    return [
+        pid
+        for inst in spec.get("instances", ())
+        if inst.get("cgroup")
+        for pid in cgroupfs.pids(inst["cgroup"])
+    ]
+
+
+def engine_overlaps(dirs: dict[int, Path]) -> list[tuple[str, str]]:
+    """(key, detail) of each way two attempts of one job overlapped on the engine side: the
+    earlier one's supervisor started after the later one's, ended after it, left processes in
+    its cgroups while the later one ran, or wrote to its logs after the later one started. An
+    attempt whose supervisor never started ran nothing, whenever the engine wrote it off."""
+    problems = []
+    numbers = sorted(dirs)
+    for prev, nxt in itertools.pairwise(numbers):
+        sup = _read_json(dirs[nxt] / "supervisor.json")
+        prev_sup = _read_json(dirs[prev] / "supervisor.json")
+        if sup is None or prev_sup is None:
+            continue  # one of them never started a supervisor (yet): nothing ran side by side
+        started = float(sup["started_at"])
+        key = f"{prev}<{nxt}"
+        if float(prev_sup["started_at"]) > started:
+            problems.append((f"{key}:late", f"attempt {prev}'s supervisor started after attempt {nxt}'s"))
+        status = _read_json(dirs[prev] / "status.json")
+        if status is not None and float(status["finished_at"]) > started:
+            late = float(status["finished_at"]) - started
+            problems.append((f"{key}:end", f"attempt {nxt} started {late:.2f} s before {prev} ended"))
+        if status is None and supervisor_alive(dirs[nxt]) and attempt_pids(dirs[prev]):
+            problems.append((f"{key}:pids", f"processes of attempt {prev} run beside attempt {nxt}"))
+        for log in dirs[prev].glob("rank-*.log"):
+            written = log.stat().st_mtime - started
+            if written > 0.05:  # mtime granularity
+                problems.append(
+                    (f"{key}:{log.name}", f"attempt {prev} wrote {log.name} {written:.2f} s into {nxt}")
+                )
+    return problems
+
+
+# -------------------------------------------------------------------------- the soak
+
+
+class Soak:
+    def __init__(self, cfg: SoakConfig, home: Path, database_url: str | None) -> None:
+        self.cfg, self.home, self.database_url = cfg, home, database_url
+        # The seed fixes the jobs and the faults' order; when each fault lands depends on timing.
+        self.planned = plan_jobs(random.Random(cfg.seed), cfg.jobs, cfg.sleep_s)
+        self.rng = random.Random(cfg.seed + 1)  # the chaos driver's draws (its thread only)
+        self.submit_rng = random.Random(cfg.seed + 2)  # which live server a submit goes to
+        self.servers: list[CorralServer] = []
+        self.ids: dict[str, int] = {}  # planned name -> job id, once the server answered
+        self.faults: Counter[str] = Counter()
+        self.violations: Counter[str] = Counter()
+        self.examples: dict[str, str] = {}
+        self.incidents: set[tuple[str, str]] = set()
+        self.seen_terminal: dict[int, str] = {}
+        self.submit_errors = 0  # answers other than 201, and answers lost on the way
+        self.submit_waits = 0  # connection refused: no server listening (restarting)
+        self.restart_s: list[float] = []  # how long each killed server took to serve again
+        self.lock = threading.Lock()
+        self.stop_chaos = threading.Event()
+        self.stop_watch = threading.Event()
+        self.reader = DbReader(database_url, None if database_url else home / "corral.db")
+        self.checks = 0
+        self.began = time.monotonic()  # reset once the servers are up
+        self.opened: list[str] = []  # faults injected so far, in order
+
+    # -- servers ----------------------------------------------------------------------------
+
+    def env(self) -> dict[str, str]:
+        return {
+            "CORRAL_NODE_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S),
+            "CORRAL_RATE_SUBMIT_PER_MIN": "0",  # the soak's submit burst is not what is tested
+            "CORRAL_LOST_REQUEUE_BUDGET": "20",
+            "CORRAL_MONITOR_SAMPLE_INTERVAL_S": "1",
+        }
+
+    def start_servers(self) -> None:
+        first = start_server(
+            self.home, database_url=self.database_url, virtual_gpus=self.cfg.gpus, extra_env=self.env()
+        )
+        self.servers.append(first)
+        for _ in range(1, self.cfg.servers):
+            self.servers.append(
+                start_server(
+                    self.home,
+                    database_url=self.database_url,
+                    virtual_gpus=self.cfg.gpus,
+                    extra_env=self.env(),
+                    token=first.token,
+                )
+            )
+
+    def live_server(self) -> CorralServer:
+        alive = [s for s in self.servers if s.proc is not None and s.proc.poll() is None]
+        return self.submit_rng.choice(alive) if alive else self.servers[0]
+
+    # -- submit -------------------------------------------------------------------------------
+
+    def submit_all(self, until: float) -> None:
+        for job in self.planned:
+            if time.monotonic() >= until:
+                return
+            self.submit_one(job)
+
+    def submit_one(self, job: Planned) -> None:
+        """Submit until the server answers; after an answer that may have been lost on the way
+        (the server killed mid-request), look the job up by its unique name before trying again."""
+        for _ in range(200):
+            srv = self.live_server()
+            try:
+                with srv.client(timeout=15.0) as c:
+                    r = c.post("/api/v1/jobs", json=job.spec())
+                if r.status_code in (200, 201):
+                    with self.lock:
+                        self.ids[job.name] = int(r.json()["id"])
+                    return
+                self.submit_errors += 1
+            except httpx.ConnectError:
+                self.submit_waits += 1  # never reached a server: nothing was created
+            except httpx.HTTPError:
+                self.submit_errors += 1
+                found = self.find_by_name(job.name)
+                if found is not None:
+                    with self.lock:
+                        self.ids[job.name] = found
+                    return
+            time.sleep(0.2)
+        raise RuntimeError(f"could not submit {job.name}")
+
+    def find_by_name(self, name: str) -> int | None:
+        snap = self.reader.snapshot()
+        return next((jid for jid, (n, _) in snap.jobs.items() if n == name), None)
+
+    # -- chaos --------------------------------------------------------------------------------
+
+    def chaos_loop(self) -> None:
+        actions: dict[str, Callable[[], bool]] = {
+            "server_kill": self.kill_server,
+            "supervisor_kill": self.kill_supervisor,
+            "job_kill": self.kill_job_process,
+            "node_down": self.node_down,
+            "gpu_ecc": lambda: self.gpu_fault("gpu_ecc", ecc_uncorrected=1),
+            "gpu_xid": lambda: self.gpu_fault("gpu_xid", xid=79),
+            "gpu_lose": lambda: self.gpu_fault("gpu_lose", lost=True),
+        }
+        names = [n for n in FAULTS if self.cfg.weights.get(n, 0) > 0]
+        weights = [self.cfg.weights[n] for n in names]
+        pending: list[tuple[float, Callable[[], object]]] = []  # undo actions: (when, what)
+        while not self.stop_chaos.wait(self.rng.expovariate(1.0 / self.cfg.chaos_every_s)):
+            now = time.monotonic()
+            for item in [p for p in pending if p[0] <= now]:
+                item[1]()
+                pending.remove(item)
+            opening = self.cfg.opening[len(self.opened) :]
+            name = opening[0] if opening else self.rng.choices(names, weights=weights)[0]
+            try:
+                done = actions[name]()
+            except Exception as exc:  # e.g. a restarted server not ready in time: say so, go on
+                print(f"  ({name} failed: {type(exc).__name__}: {str(exc)[:300]})", flush=True)
+                done = False
+            if done:
+                self.faults[name] += 1
+                self.opened.append(name)
+                if name == "node_down":
+                    pending.append(
+                        (
+                            now + self.rng.uniform(*self.cfg.node_down_s),
+                            lambda: set_node_silenced(self.home, NODE, False),
+                        )
+                    )
+                elif name.startswith("gpu_"):
+                    index = self.last_gpu
+                    pending.append(
+                        (now + self.rng.uniform(2.0, 6.0), functools.partial(self.gpu_clear, index))
+                    )
+        for _, undo in pending:
+            undo()
+        set_node_silenced(self.home, NODE, False)
+        for index in range(self.cfg.gpus):
+            self.gpu_clear(index)
+
+    def kill_server(self) -> bool:
+        srv = self.rng.choice(self.servers)
+        srv.kill()
+        time.sleep(self.rng.uniform(0.0, 1.0))
+        began = time.monotonic()
+        srv.start()
+        self.restart_s.append(time.monotonic() - began)
+        return True
+
+    def live_attempt_dirs(self) -> list[tuple[Path, int]]:
+        return [
+            (adir, pid)
+            for numbers in attempt_dirs(self.home).values()
+            for adir in numbers.values()
+            if (pid := supervisor_alive(adir) or 0)
+        ]
+
+    def kill_supervisor(self) -> bool:
+        live = self.live_attempt_dirs()
+        if not live:
+            return False
+        _adir, pid = self.rng.choice(live)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        return True
+
+    def kill_job_process(self) -> bool:
+        """SIGKILL the job's own command (a `sleep` inside the sandbox) of a live attempt."""
+        import psutil
+
+        live = self.live_attempt_dirs()
+        self.rng.shuffle(live)
+        for _adir, pid in live:
+            try:
+                sleeps = [p for p in psutil.Process(pid).children(recursive=True) if p.name() == "sleep"]
+            except psutil.Error:
+                continue
+            if sleeps:
+                with contextlib.suppress(psutil.Error):
+                    self.rng.choice(sleeps).kill()
+                return True
+        return False
+
+    def node_down(self) -> bool:
+        from corral.monitor.chaos import silenced_nodes
+
+        if NODE in silenced_nodes(self.home):
+            return False
+        set_node_silenced(self.home, NODE, True)
+        return True
+
+    last_gpu = 0
+
+    def gpu_fault(self, _kind: str, **fault: Any) -> bool:
+        self.last_gpu = self.rng.randrange(self.cfg.gpus)
+        update_fault(self.home, NODE, self.last_gpu, **fault)
+        return True
+
+    def gpu_clear(self, index: int) -> None:
+        update_fault(self.home, NODE, index, clear=True)
+
+    # -- invariants ---------------------------------------------------------------------------
+
+    def violate(self, invariant: str, detail: str, key: str | None = None) -> None:
+        """Count one incident of `invariant`; the same `key` (default: the detail) seen again by
+        a later poll is the same incident."""
+        with self.lock:
+            if (invariant, key or detail) in self.incidents:
+                return
+            self.incidents.add((invariant, key or detail))
+            self.violations[invariant] += 1
+            self.examples.setdefault(invariant, detail)
+
+    def watch_loop(self) -> None:
+        while not self.stop_watch.wait(self.cfg.poll_s):
+            try:
+                self.check(final=False)
+            except Exception as exc:  # a server restart may hold the database for a moment
+                print(f"  (check skipped: {type(exc).__name__}: {exc})", flush=True)
+
+    def check(self, final: bool) -> Snapshot:
+        with self.lock:
+            submitted = dict(self.ids)
+        snap = self.reader.snapshot()
+        self.checks += 1
+        for name, jid in submitted.items():
+            if jid not in snap.jobs:
+                self.violate("lost_job", f"{name} (job {jid}) is gone")
+        for jid, (_name, state) in snap.jobs.items():
+            before = self.seen_terminal.get(jid)
+            if before is not None and state != before:
+                self.violate("terminal_reopened", f"job {jid}: {before} then {state}")
+            if state in TERMINAL:
+                self.seen_terminal[jid] = state
+        live = [a for a in snap.attempts if a[3] in LIVE_ATTEMPT]
+        per_job = Counter(a[1] for a in live)
+        for jid, count in per_job.items():
+            if count > 1:
+                self.violate("two_live_attempts", f"job {jid} has {count} live attempts", f"{jid}")
+        holders: dict[tuple[str, int], set[int]] = {}
+        for node, index, pk in snap.claims:
+            holders.setdefault((node, index), set()).add(pk)
+        for pk, _jid, _n, _state, placement in live:
+            for inst in placement:
+                for index in inst.get("gpu_indices", ()):
+                    holders.setdefault((inst["node"], int(index)), set()).add(pk)
+        for gpu, pks in holders.items():
+            if len(pks) > 1:
+                self.violate("gpu_overallocated", f"GPU {gpu} held by attempts {sorted(pks)}")
+        self.check_engine(final)
+        return snap
+
+    def check_engine(self, final: bool) -> None:
+        for jid, numbers in attempt_dirs(self.home).items():
+            alive = [n for n, adir in numbers.items() if supervisor_alive(adir)]
+            if len(alive) > 1:
+                self.violate(
+                    "engine_overlap", f"job {jid}: live supervisors of attempts {alive}", f"{jid}:live"
+                )
+            if final or len(numbers) > 1:
+                for key, problem in engine_overlaps(numbers):
+                    self.violate("engine_overlap", f"job {jid}: {problem}", f"{jid}:{key}")
+
+    def check_logs(self, snap: Snapshot) -> None:
+        by_job = attempt_dirs(self.home)
+        succeeded = {a[1]: a for a in snap.attempts if a[3] == "succeeded"}
+        for jid, (name, state) in snap.jobs.items():
+            if state != "succeeded":
+                continue
+            attempt = succeeded.get(jid)
+            adir = by_job.get(jid, {}).get(attempt[2]) if attempt else None
+            ranks = len(attempt[4]) if attempt else 0
+            for rank in range(max(ranks, 1)):
+                log = adir / f"rank-{rank}.log" if adir else None
+                text = log.read_text(errors="replace") if log and log.exists() else ""
+                lines = text.strip().splitlines()
+                if not lines or lines[-1] != f"end-{jid}-{rank}":
+                    self.violate("log_incomplete", f"{name} (job {jid}) rank {rank}: {lines[-1:]!r}")
+
+    # -- run ----------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        started = time.monotonic()
+        self.start_servers()
+        watcher = threading.Thread(target=self.watch_loop, daemon=True)
+        chaos = threading.Thread(target=self.chaos_loop, daemon=True)
+        watcher.start()
+        chaos.start()
+        try:
+            self.began = time.monotonic()
+            share = self.cfg.submit_share
+            self.submit_all(until=self.began + self.cfg.duration_s * share if share < 1 else float("inf"))
+            submitted_s = time.monotonic() - started
+            self.drain(chaos)
+        finally:  # also on Ctrl-C / SIGTERM: no fault may land while the servers are stopped
+            self.stop_chaos.set()
+            self.stop_watch.set()
+            chaos.join()
+            watcher.join()
+        snap = self.check(final=True)
+        self.check_logs(snap)
+        unfinished = self.check_settled(snap)
+        abandoned = [
+            adir.name
+            for numbers in attempt_dirs(self.home).values()
+            for adir in numbers.values()
+            if not (adir / "status.json").exists() and not supervisor_alive(adir)
+        ]
+        states = Counter(state for _n, state in self.reader.snapshot().jobs.values())
+        return {
+            "seed": self.cfg.seed,
+            "servers": self.cfg.servers,
+            "database": "postgresql" if self.database_url else "sqlite",
+            "jobs": len(self.planned),
+            "submitted": len(self.ids),
+            "submit_retries": self.submit_errors,
+            "submit_refused": self.submit_waits,
+            "server_restart_s": round(sum(self.restart_s) / len(self.restart_s), 1)
+            if self.restart_s
+            else None,
+            "faults": {name: self.faults.get(name, 0) for name in FAULTS},
+            "violations": {name: self.violations.get(name, 0) for name in INVARIANTS},
+            "examples": dict(self.examples),
+            "final_states": dict(sorted(states.items())),
+            "unfinished": unfinished,
+            # attempt records not written off whose supervisor is not running (died, never started)
+            "engine_records_open": sorted(abandoned)[:20],
+            "checks": self.checks,
+            "submit_s": round(submitted_s, 1),
+            "wall_s": round(time.monotonic() - started, 1),
+            "loadavg": [round(x, 2) for x in os.getloadavg()],
+        }
+
+    def drain(self, chaos: threading.Thread) -> None:
+        """Wait, up to the drain bound, for every job to end. Chaos goes on while the work
+        drains, until `chaos_faults` faults were injected or four fifths of the run's bound are
+        gone, so the jobs it hit last can settle (requeues run again) before the bound."""
+        deadline = self.began + self.cfg.duration_s
+        calm_at = self.began + self.cfg.duration_s * 0.8
+        while time.monotonic() < deadline:
+            injected = sum(self.faults.values())
+            enough = self.cfg.chaos_faults is not None and injected >= self.cfg.chaos_faults
+            if enough or time.monotonic() >= calm_at or self.settled():
+                self.stop_chaos.set()
+                chaos.join()
+                if self.settled():
+                    break
+            time.sleep(1.0)
+        self.stop_chaos.set()
+        chaos.join()
+
+    def check_settled(self, first: Snapshot) -> int:
+        """Jobs neither terminal nor queued at the end. One whose latest attempt still runs on
+        the engine is unfinished (the drain bound came first; counted, returned). One that shows
+        the same state and attempt on a second snapshot SETTLE_CONFIRM_S later while the engine
+        runs nothing of it is stuck: a `not_settled` violation."""
+        pending = open_jobs(first)
+        if not pending:
+            return 0
+        time.sleep(SETTLE_CONFIRM_S)
+        second = self.reader.snapshot()
+        dirs = attempt_dirs(self.home)
+        unfinished = 0
+        for jid, (state, number) in open_jobs(second).items():
+            if pending.get(jid) != (state, number):
+                continue  # moved on meanwhile
+            adir = dirs.get(jid, {}).get(number)
+            if adir is not None and supervisor_alive(adir):
+                unfinished += 1
+            else:
+                self.violate("not_settled", f"job {jid} stuck {state}: attempt {number} runs nowhere")
+        return unfinished
+
+    def settled(self) -> bool:
+        """Every submitted job terminal (queued ones count when chaos is over and nothing runs)."""
+        if len(self.ids) < len(self.planned):
+            return False
+        snap = self.reader.snapshot()
+        return all(state in TERMINAL for _n, state in snap.jobs.values())
+
+    def close(self) -> None:
+        for srv in reversed(self.servers):
+            srv.stop()
+
+
+def run_soak(cfg: SoakConfig, postgres_url: Callable[[], str] | None = None) -> dict[str, Any]:
+    """One soak in a fresh home; `postgres_url` makes a fresh PostgreSQL database (else SQLite)."""
+    home = Path(tempfile.mkdtemp(prefix="corral-soak-"))
+    soak = Soak(cfg, home, postgres_url() if postgres_url else None)
+    try:
+        return soak.run()
+    finally:
+        soak.close()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def report(result: dict[str, Any]) -> None:
+    print(f"\n== {result['database']}, {result['servers']} server(s), seed {result['seed']} ==")
+    print(
+        f"jobs {result['jobs']} submitted {result['submitted']} (submit retries "
+        f"{result['submit_retries']}, refused {result['submit_refused']}; "
+        f"mean server restart {result['server_restart_s']} s)"
+    )
+    print("faults injected: " + ", ".join(f"{k} {v}" for k, v in result["faults"].items()))
+    print("violations:      " + ", ".join(f"{k} {v}" for k, v in result["violations"].items()))
+    for name, example in result["examples"].items():
+        print(f"  first {name}: {example}")
+    states = ", ".join(f"{k} {v}" for k, v in result["final_states"].items())
+    print(
+        f"final states:    {states} (still running at the bound: {result['unfinished']}; "
+        f"not submitted in the bound: {result['jobs'] - result['submitted']})"
+    )
+    print(f"invariant checks {result['checks']}; submit {result['submit_s']} s; wall {result['wall_s']} s")
+    print(f"load average {result['loadavg']}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=None, help="default: random (printed)")
+    parser.add_argument("--config", choices=["sqlite", "postgres", "both"], default="both")
+    parser.add_argument("--chaos-every", type=float, default=2.0, help="mean seconds between faults")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=1800.0,
+        help="bound on each configuration's run (s): submits in the first 60 %%, faults in the first 80 %%",
+    )
+    parser.add_argument("--gpus", type=int, default=4, help="virtual GPUs on the node")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop servers and PostgreSQL too
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
+    print(f"seed {seed}", flush=True)
+    results = []
+    started = time.monotonic()
+    if args.config in ("sqlite", "both"):
+        cfg = SoakConfig(
+            jobs=args.jobs,
+            seed=seed,
+            chaos_every_s=args.chaos_every,
+            duration_s=args.duration,
+            gpus=args.gpus,
+        )
+        results.append(run_soak(cfg))
+        report(results[-1])
+    if args.config in ("postgres", "both"):
+        from tests.pg import PostgresServer, find_pg_bin
+
+        bin_dir = find_pg_bin()
+        if bin_dir is None:
+            print("PostgreSQL (initdb/pg_ctl) not found", file=sys.stderr)
+            return 2
+        pg = PostgresServer(bin_dir)
+        pg.start()
+        try:
+            cfg = SoakConfig(
+                jobs=args.jobs, seed=seed, servers=2, postgres=True,
+                chaos_every_s=args.chaos_every, duration_s=args.duration, gpus=args.gpus,
+            )  # fmt: skip
+            results.append(run_soak(cfg, pg.create_database))
+        finally:
+            pg.stop()
+        report(results[-1])
+    total = sum(sum(r["violations"].values()) for r in results)
+    print(
+        json.dumps(
+            {
+                "seed": seed,
+                "wall_s": round(time.monotonic() - started, 1),
+                "violations_total": total,
+                "runs": results,
+            }
+        )
+    )
+    return 1 if total else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

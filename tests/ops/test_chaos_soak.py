@@ -1,0 +1,115 @@
+"""The chaos soak, short: real servers (SQLite with one, PostgreSQL with two on one database)
+run a few dozen mixed jobs while servers, supervisors and job processes are SIGKILLed, the
+node's heartbeats stop and GPUs fault; no invariant of bench/chaos_soak.py may break. Also
+`corral chaos node down|up`, which the soak uses to stop heartbeats."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.chaos_soak import FAULTS, INVARIANTS, SoakConfig, run_soak
+from tests.pg import PostgresServer
+from tests.server_fixture import get_job, start_server, submit_spec, wait_for
+
+# Every kind of fault at least once, servers and supervisors twice, then random ones.
+OPENING = (
+    "supervisor_kill",
+    "server_kill",
+    "job_kill",
+    "gpu_ecc",
+    "node_down",
+    "supervisor_kill",
+    "gpu_lose",
+    "server_kill",
+    "job_kill",
+    "gpu_xid",
+)
+
+
+def short_soak(seed: int) -> SoakConfig:
+    """30 jobs; the opening's faults and a few random ones (no more server kills: a restart
+    costs seconds of start-up on a loaded machine), then the work drains."""
+    cfg = SoakConfig(
+        jobs=30,
+        seed=seed,
+        chaos_every_s=0.7,
+        duration_s=200.0,
+        submit_share=1.0,  # every job submitted, however loaded the machine
+        sleep_s=(0.05, 0.6),
+        node_down_s=(3.5, 4.5),
+        opening=OPENING,
+        chaos_faults=len(OPENING) + 3,
+    )
+    cfg.weights["server_kill"] = 0
+    return cfg
+
+
+def assert_clean(result: dict[str, Any]) -> None:
+    print(json.dumps(result))  # shown with the failure: faults, examples of violations, states
+    assert result["submitted"] == result["jobs"], result
+    assert result["violations"] == dict.fromkeys(INVARIANTS, 0), result
+    assert all(result["faults"][kind] >= OPENING.count(kind) for kind in FAULTS), result["faults"]
+    assert result["unfinished"] == 0, result  # drained well within the bound
+    # the soak's own jobs: most succeed (exit 0), some fail by design (exit 1, 3, 42)
+    assert result["final_states"].get("succeeded", 0) >= result["jobs"] // 2, result
+    assert result["final_states"].get("failed", 0) >= 1, result
+
+
+@pytest.mark.timeout(400)  # bounded by the soak's duration; a loaded machine restarts servers slowly
+def test_chaos_soak_sqlite_one_server() -> None:
+    assert_clean(run_soak(short_soak(seed=11)))
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(400)
+def test_chaos_soak_postgres_two_servers(postgres_server: PostgresServer) -> None:
+    cfg = short_soak(seed=12)
+    cfg.servers = 2
+    assert_clean(run_soak(cfg, postgres_server.create_database))
+
+
+def chaos_cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CORRAL_HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "corral.cli.main", "chaos", "node", *args, "--home", str(home)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def node_state(c: Any) -> str:
+    (node,) = c.get("/api/v1/nodes").json()
+    return str(node["state"])
+
+
+def test_chaos_node_down_stops_heartbeats_and_up_brings_the_node_back(tmp_path: Path) -> None:
+    env = {"CORRAL_NODE_HEARTBEAT_TIMEOUT_S": "1.5"}
+    with start_server(tmp_path / "home", extra_env=env) as srv, srv.client() as c:
+        spec = {"name": "long", "tasks": {"main": {"command": "sleep 60", "resources": {"gpus": 1}}}}
+        job_id = submit_spec(c, spec)
+        wait_for(lambda: get_job(c, job_id)["state"] == "running", 20, what="the job running")
+        r = c.post("/api/v1/chaos/nodes/nosuchnode/down")
+        assert r.status_code == 404 and "nosuchnode" in r.json()["detail"], r.text
+        r = c.post("/api/v1/chaos/nodes/local/down")
+        assert r.status_code == 200 and r.json() == {"node": "local", "heartbeats": "stopped"}, r.text
+        wait_for(lambda: node_state(c) == "down", 15, what="the silenced node marked down")
+        lost = wait_for(lambda: (j := get_job(c, job_id))["attempts"][0]["state"] == "lost" and j, 10)
+        assert lost["state"] == "queued", lost  # requeued within the platform-loss budget
+        assert node_state(c) == "down"  # stays down while silenced: nothing is placed on it
+        result = chaos_cli(srv.home, "up", "local")
+        assert result.returncode == 0 and "heartbeats of local: flowing" in result.stdout, result
+        wait_for(lambda: node_state(c) == "ready", 10, what="the node back")
+        again = wait_for(lambda: len((j := get_job(c, job_id))["attempts"]) == 2 and j, 20)
+        assert again["attempts"][1]["state"] in ("starting", "running"), again
+        assert c.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 200
+        bad = chaos_cli(srv.home, "down", "x" * 200)
+        assert bad.returncode != 0 and "1 to 128 characters" in bad.stdout + bad.stderr, bad
