@@ -13,6 +13,7 @@ from corral.db.session import make_engine
 
 # Import every module that declares tables so that autogenerate sees them; monitoring is optional.
 importlib.import_module("corral.db.models")
+importlib.import_module("corral.db.secrets_models")  # job secrets (corral.services.secrets)
 try:
     importlib.import_module("corral.monitor.models")
 except ModuleNotFoundError:
