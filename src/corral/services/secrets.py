@@ -33,6 +33,7 @@ from typing import Literal, TypedDict
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from sqlalchemy import and_, or_, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from corral.config import Settings
@@ -40,7 +41,7 @@ from corral.db.models import Group, Job, Membership, User
 from corral.db.secrets_models import JobSecret
 from corral.engine.base import SecretGrant
 from corral.services.auth import Principal
-from corral.services.errors import Forbidden, Invalid, NotFound
+from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
 from corral.spec import SECRET_NAME_RE, SecretUseV1
 
 KEY_FILE_NAME = "secrets.key"
@@ -223,7 +224,11 @@ def set_secret(
     row.key_id = box.key_id
     row.updated_at = now
     row.updated_by = principal.name
-    session.commit()
+    try:
+        session.commit()
+    except IntegrityError:  # the same name created at the same moment by another request
+        session.rollback()
+        raise Conflict(f"secret {name!r} was created by another request just now; set it again")
     return _view(row, group), created
 
 
@@ -236,7 +241,8 @@ def list_secrets(session: Session, principal: Principal, group: str | None = Non
             raise Forbidden(f"you are not a member of group {group!r}")
         scope = JobSecret.group_id == gid
     else:
-        scope = or_(JobSecret.user_id == principal.user_id, JobSecret.group_id.in_(principal.group_roles))
+        groups = list(principal.group_roles)
+        scope = or_(JobSecret.user_id == principal.user_id, JobSecret.group_id.in_(groups))
     rows = session.execute(
         select(JobSecret, Group.name)
         .outerjoin(Group, Group.id == JobSecret.group_id)
