@@ -136,6 +136,10 @@ class Settings(BaseSettings):
     # --- /metrics (corral.api.metrics_auth) ------------------------------------------------------
     metrics_token: str | None = None  # bearer token Prometheus must send
     metrics_token_file: Path | None = None  # or read it from this file (first line)
+    # --- secrets for jobs (corral.services.secrets) -------------------------------------------
+    # base64 of 32 random bytes (AES-256-GCM); or CORRAL_SECRETS_KEY_FILE. Unset: generated once
+    # into <home>/secrets.key (0600). Servers sharing a database must share the key.
+    secrets_key: str | None = Field(default=None, repr=False)
     # TLS served by uvicorn itself (both or neither); behind a TLS reverse proxy leave them unset.
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None

@@ -12,6 +12,7 @@ server writes for the bootstrapped admin.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import time
@@ -19,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import yaml
@@ -483,6 +485,29 @@ class Client:
         filters = {"actor": actor, "action": action, "target": target, "since": since, "until": until}
         params: dict[str, Any] = {k: str(v) for k, v in filters.items() if v is not None}
         return self.request("GET", "/audit", params={**params, "limit": limit, "offset": offset})
+
+    # --- secrets for jobs (`corral secret`; values are write-only: nothing returns one) -----------
+    def secrets(self, *, group: str | None = None) -> list[dict[str, Any]]:
+        """Your secrets and your groups' (or only `group`'s): names, scope and times."""
+        return self.request("GET", "/secrets", params={"group": group} if group else None)
+
+    def set_secret(self, name: str, value: str | bytes, *, group: str | None = None) -> dict[str, Any]:
+        """Create or replace your secret `name` (or `group`'s, as its admin). Bytes that are not
+        UTF-8 travel as base64."""
+        body: dict[str, str]
+        if isinstance(value, bytes):
+            try:
+                body = {"value": value.decode()}
+            except UnicodeDecodeError:
+                body = {"value_base64": base64.b64encode(value).decode()}
+        else:
+            body = {"value": value}
+        params = {"group": group} if group else None
+        return self.request("PUT", f"/secrets/{quote(name, safe='')}", json=body, params=params)
+
+    def delete_secret(self, name: str, *, group: str | None = None) -> None:
+        params = {"group": group} if group else None
+        self.request("DELETE", f"/secrets/{quote(name, safe='')}", params=params)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@
         command: torchrun ... train.py
     env: {EPOCHS: "10"}
     mounts: [{source: data/cifar10}, {source: group/vision/shared, target: /mnt/shared, mode: rw}]
+    secrets: [{name: wandb, env: WANDB_API_KEY}, {name: ssh_key, file: id_rsa}]
 
 A single-task job may put `command` and `resources` (and `instances`) at the top level instead of
 `tasks`; it becomes one task named `main`. Memory is given as "64GiB", "512MiB", "2G" or an integer
@@ -54,6 +55,14 @@ MAX_SPEC_BYTES = 256 * 1024
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 GPU_MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+SECRET_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+# A plain file name under /run/secrets: no '/', not '.', '..' or a hidden file.
+SECRET_FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+MAX_SECRETS = 32
+# Variables Corral sets itself: a secret may not silently replace them.
+RESERVED_ENV = frozenset(
+    {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "CUDA_VISIBLE_DEVICES", "PATH", "HOME", "USER"}
+)
 
 _MEMORY_UNITS_MIB = {
     "": 1.0 / (1024 * 1024),  # bare number with no unit inside a string: bytes
@@ -182,6 +191,37 @@ class MountV1(_Strict):
         return {"source": f"{prefix}/{name}", "mode": mode, **rest}
 
 
+class SecretUseV1(_Strict):
+    """One secret the job uses (corral.services.secrets), by name: given to every instance as the
+    environment variable `env`, as the file /run/secrets/<file> (read-only, mode 0400, owned by
+    the job's uid), or both. `scope`: whose secret; unset, the submitter's own when they have one
+    of that name, else the job's group's. The value never appears in the spec."""
+
+    name: str = Field(max_length=64, pattern=SECRET_NAME_RE)
+    env: str | None = Field(None, max_length=128)
+    file: str | None = Field(None, max_length=128)
+    scope: Literal["user", "group"] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> SecretUseV1:
+        if self.env is None and self.file is None:
+            raise ValueError(f"secret {self.name!r}: say how the job gets it: 'env', 'file' or both")
+        if self.env is not None:
+            if not ENV_NAME_RE.match(self.env):
+                raise ValueError(
+                    f"secret {self.name!r}: env {self.env!r} must be letters, digits and '_' "
+                    "and not start with a digit"
+                )
+            if self.env.startswith("CORRAL_") or self.env in RESERVED_ENV:
+                raise ValueError(f"secret {self.name!r}: env {self.env!r} is set by Corral itself")
+        if self.file is not None and not SECRET_FILE_RE.match(self.file):
+            raise ValueError(
+                f"secret {self.name!r}: file {self.file!r} must be a plain file name (letters, digits, "
+                "'.', '_', '-'; no '/', not starting with '.')"
+            )
+        return self
+
+
 def check_env(value: dict[str, str]) -> dict[str, str]:
     if len(value) > MAX_ENV_VARS:
         raise ValueError(f"env has {len(value)} variables; at most {MAX_ENV_VARS} are allowed")
@@ -259,6 +299,7 @@ class JobSpecV1(_Strict):
     # What to do when the job is suspected hung (corral.diagnosis.watch); None: the group's or
     # the server's policy (CORRAL_DIAG_GROUP_ON_HANG, CORRAL_DIAG_ON_HANG).
     on_hang: Literal["notify", "kill", "requeue"] | None = None
+    secrets: list[SecretUseV1] = Field(default_factory=list, max_length=MAX_SECRETS)
 
     @model_validator(mode="before")
     @classmethod
@@ -300,6 +341,22 @@ class JobSpecV1(_Strict):
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
         return check_env(value)
+
+    @model_validator(mode="after")
+    def _secret_targets(self) -> JobSpecV1:
+        """Each variable and file is given by one secret, and never also by `env`: which value
+        would win is not something a job should have to guess."""
+        envs = [s.env for s in self.secrets if s.env is not None]
+        files = [s.file for s in self.secrets if s.file is not None]
+        for kind, names in (("env variable", envs), ("file", files)):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            if twice:
+                raise ValueError(f"secrets: {kind} {twice[0]!r} is given by more than one secret")
+        plain = set(self.env).union(*(t.env for t in self.tasks.values()))
+        clash = sorted(plain.intersection(envs))
+        if clash:
+            raise ValueError(f"secrets: env {clash[0]!r} is also set in 'env'; keep one of them")
+        return self
 
     @property
     def max_runtime_s(self) -> float | None:
@@ -390,6 +447,7 @@ __all__ = [
     "JobSpecV1",
     "MountV1",
     "ResourcesV1",
+    "SecretUseV1",
     "SpecError",
     "SpecView",
     "TaskV1",

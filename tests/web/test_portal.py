@@ -369,6 +369,16 @@ def test_expired_session_goes_to_login_and_back(portal: Portal) -> None:
     page.click("#key-form button[type=submit]")
     expect(page.locator("table.ssh-keys")).to_contain_text("laptop")
 
+    # Secrets for jobs: set one (the value is never shown back, not even in the form), delete it.
+    page.fill("#secret-name", "wandb")
+    page.fill("#secret-value", "portal-secret-5e8d21")
+    page.click("#secret-form button[type=submit]")
+    expect(page.locator("table.secrets")).to_contain_text("wandb")
+    assert page.input_value("#secret-value") == "" and "portal-secret-5e8d21" not in page.content()
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("button", name="Delete secret wandb").click()
+    expect(page.locator("#secrets")).to_contain_text("No secrets")
+
     # Logging out ends the session on the server too.
     page.click("#logout")
     page.wait_for_url("**/login")

@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "corral.cli.admin",  # admin backup/restore/migrate, doctor
     "corral.cli.storage",  # job outputs
     "corral.cli.audit",  # audit ls
+    "corral.cli.secrets",  # secret set/ls/rm
 )
 
 

@@ -60,6 +60,19 @@ class InstanceLaunch:
 
 
 @dataclass(frozen=True, slots=True)
+class SecretGrant:
+    """One secret's value for one attempt, fetched (decrypted) at dispatch: the job gets it as the
+    environment variable `env` and/or the file `file` under its secrets dir (/run/secrets in the
+    sandbox). Only in memory: engines write it where the job alone can read it and remove it when
+    the attempt ends; it is never part of a record, a log or a repr."""
+
+    name: str
+    value: bytes = field(repr=False)
+    env: str | None = None
+    file: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class AttemptLaunch:
     """Everything an engine needs to start one attempt of a job."""
 
@@ -81,6 +94,7 @@ class AttemptLaunch:
     cwd: str | None = None
     home: str | None = None
     refused: str = ""
+    secrets: tuple[SecretGrant, ...] = ()  # values only in memory (see SecretGrant)
 
 
 class AttemptPhase(StrEnum):

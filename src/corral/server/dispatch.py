@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.exc import SQLAlchemyError
@@ -37,6 +37,7 @@ from corral.server.reconcile import active_exit_spec
 from corral.server.rendezvous import rendezvous_for_placement
 from corral.server.snapshot import jobs_with_live_attempts, live_attempts
 from corral.server.specview import SpecView, read_spec
+from corral.services import secrets
 from corral.services.lifecycle import AttemptState, JobState, move_attempt, settle_failure, transition
 from corral.storage.plan import JobStorage, plan_jobs
 
@@ -214,8 +215,15 @@ def prepare_launches(
     to_launch = [j for j in jobs if j.id in attempts and not j.cancel_requested]
     storage = plan_jobs(session, to_launch, ctx.settings)
     launches = {j.id: build_launch(j, attempts[j.id], nodes, storage.get(j.id)) for j in to_launch}
+    refused = attach_secrets(ctx, session, jobs, launches)
     stopped = stop_claimed_before(ctx, [j for j in jobs if j.cancel_requested], attempts, now)
     claimed = claim_jobs(session, [j.id for j in jobs], ctx.owner_id, now)
+    for job in jobs:  # a secret it names cannot be given: the attempt fails, saying which
+        if job.id in claimed and job.id in refused:
+            launch = launches.pop(job.id)
+            _record_launch(
+                ctx, session, (job.id, launch.attempt_id, None, refused[job.id]), job, attempts[job.id]
+            )
     for job in jobs:
         if job.id in claimed and job.cancel_requested and job.id in stopped:
             if not transition(
@@ -229,6 +237,26 @@ def prepare_launches(
             ctx.wake("schedule")
     session.commit()
     return [launch for job_id, launch in launches.items() if job_id in claimed]
+
+
+def attach_secrets(
+    ctx: ServerContext, session: Session, jobs: Iterable[Job], launches: dict[int, AttemptLaunch]
+) -> dict[int, str]:
+    """Put the values of the secrets each job names into its launch (in memory only; decrypted
+    now, at dispatch, so a changed secret reaches the next attempt). Returns {job id: why} for
+    the jobs whose secrets cannot be given (deleted, no longer usable, wrong key)."""
+    refused: dict[int, str] = {}
+    for job in jobs:
+        launch = launches.get(job.id)
+        if launch is None or not job.spec.secrets:
+            continue
+        try:
+            grants = secrets.grants_for_job(session, secrets.box_for(ctx.settings), job)
+        except (secrets.SecretUnavailable, secrets.SecretKeyError) as exc:
+            refused[job.id] = str(exc)
+            continue
+        launches[job.id] = replace(launch, secrets=grants)
+    return refused
 
 
 def _record_launch(

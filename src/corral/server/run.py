@@ -131,6 +131,18 @@ def prepare_storage(settings: Settings) -> None:
     ensure_layout(settings.storage_path)
 
 
+def _secrets_key_or_exit(settings: Settings) -> None:
+    """The job secrets' key (corral.services.secrets): generated into the home at first start
+    when none is configured; a bad one refuses start-up, naming the setting or file."""
+    from corral.services.secrets import SecretKeyError, box_for
+
+    try:
+        box_for(settings)
+    except SecretKeyError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
+
+
 def serve(settings: Settings, demo: bool = False) -> None:
     """Run the API and the control loops until SIGTERM/SIGINT."""
     from corral.api.app import create_app
@@ -158,6 +170,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
     secure_sqlite_file(settings.db_url)
     # A bad monitor.yml refuses start-up (naming file and line) before any loop or job runs.
     load_monitor_config(config_path(settings))
+    _secrets_key_or_exit(settings)
     init_db(settings.db_url)
     db_engine = make_engine(settings.db_url)
     session_factory = make_session_factory(db_engine)

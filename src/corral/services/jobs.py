@@ -47,6 +47,7 @@ from corral.services.errors import Conflict, Forbidden, Invalid, NotFound, Servi
 from corral.services.lifecycle import AttemptState, JobState, record_event, transition
 from corral.services.nodes import scheduler_node
 from corral.services.quota import check_quota
+from corral.services.secrets import check_job_secrets
 from corral.services.views import JobView, job_view
 from corral.spec import JobSpecV1
 
@@ -261,6 +262,8 @@ def submit_job(
     now = time.time() if now is None else now
     group = resolve_group(session, principal, spec.group)
     check_fits(session, spec, group, principal.name, profile)
+    if spec.secrets:  # names only: the values are read at dispatch
+        check_job_secrets(session, principal.user_id, group.id, group.name, spec.secrets)
     stored = spec.model_copy(update={"group": group.name})  # the column stores its JSON
     columns: JobInsert = {
         "name": spec.name,

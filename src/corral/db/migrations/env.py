@@ -16,6 +16,7 @@ importlib.import_module("corral.db.models")
 importlib.import_module("corral.db.diag_models")
 importlib.import_module("corral.db.storage_models")
 importlib.import_module("corral.db.audit_models")
+importlib.import_module("corral.db.secrets_models")  # job secrets (corral.services.secrets)
 try:
     importlib.import_module("corral.monitor.models")
 except ModuleNotFoundError:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from corral.engine.gpus import DeviceNode
 from corral.engine.isolation import cgroupfs
+from corral.engine.isolation.secret_files import SANDBOX_SECRETS_DIR
 
 SANDBOX_WORK_DIR = "/job"  # where the instance's private work dir appears inside the sandbox
 UID_BASE = 200_000  # per-job uids: [UID_BASE, UID_BASE + UID_RANGE), never in /etc/passwd of the host
@@ -157,6 +158,7 @@ class SandboxSpec:
     devices: Sequence[DeviceNode] = ()
     gids: Sequence[int] = ()  # supplementary groups (local engine: the gids of the user's groups)
     cwd: str = SANDBOX_WORK_DIR  # e.g. /code for a job with a code snapshot
+    secrets_dir: str | None = None  # host dir of the job's file secrets: read-only at /run/secrets
 
 
 @functools.cache
@@ -235,6 +237,8 @@ def bwrap_argv_parts(bwrap: str, setpriv: str | None, spec: SandboxSpec) -> tupl
         args += ["--perms", "0755", "--dir", parent]
     for source, target, read_only in spec.mounts:
         args += ["--ro-bind" if read_only else "--bind", source, target]
+    if spec.secrets_dir is not None:  # corral.engine.isolation.secret_files
+        args += ["--perms", "0755", "--dir", "/run", "--ro-bind", spec.secrets_dir, SANDBOX_SECRETS_DIR]
     tail = ["--chdir", spec.cwd, "--"]
     if setpriv is None:
         # The Slurm rank script starts bwrap with SIGTERM ignored (a TERM to every process of the

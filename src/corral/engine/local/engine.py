@@ -49,6 +49,12 @@ from corral.engine.isolation.sandbox import (
     probe,
     write_etc,
 )
+from corral.engine.isolation.secret_files import (
+    SANDBOX_SECRETS_DIR,
+    SECRETS_DIR_ENV,
+    remove_secrets,
+    write_secrets,
+)
 from corral.engine.local.files import (
     FINAL_STATUS,
     LAUNCHER_INFO,
@@ -270,13 +276,19 @@ class LocalEngine:
         try:
             spec = self._prepare(attempt, adir)
         except LaunchRefused as exc:
+            remove_secrets(str(adir / "secrets"))
             return self._record_launch_failure(adir, str(exc))
         except (OSError, ValueError) as exc:
+            remove_secrets(str(adir / "secrets"))
             log.exception("cannot prepare attempt %s", attempt.attempt_id)
             return self._record_launch_failure(adir, f"could not prepare the attempt: {exc}")
         # marshal: the lean supervisor reads it; dict(): typeshed's marshal takes no TypedDict
         _write_atomic(adir / "spec.marshal", marshal.dumps(dict(spec)))
-        pid = self._spawn_supervisor(attempt.attempt_id, adir)
+        try:
+            pid = self._spawn_supervisor(attempt.attempt_id, adir)
+        except BaseException:
+            remove_secrets(str(adir / "secrets"))  # no supervisor will remove them
+            raise
         ref = str(pid)
         (adir / "engine_ref").write_text(ref)
         return ref
@@ -414,8 +426,9 @@ class LocalEngine:
                 uid_lock = self.uid_locks / str(uid)
             etc_files = write_etc(adir / "etc", attempt.user, uid, home=attempt.home)
             etc_files.update(self.network.etc_files(adir / "etc"))
+        secrets = self._write_secrets(attempt, adir, uid if sandboxed else None)
         instances = [
-            self._prepare_instance(attempt, inst, adir, sandboxed, use_cgroups, uid, etc_files)
+            self._prepare_instance(attempt, inst, adir, sandboxed, use_cgroups, uid, etc_files, secrets)
             for inst in attempt.instances
         ]
         return {
@@ -428,6 +441,19 @@ class LocalEngine:
             "network": self.network.spec(),
         }
 
+    @staticmethod
+    def _write_secrets(attempt: AttemptLaunch, adir: Path, job_uid: int | None) -> JobSecrets:
+        """The attempt's secrets under <attempt dir>/secrets (isolation/secret_files.py): the
+        files owned by the job's uid, the env values readable by the supervisor (root) alone,
+        which puts them into each instance's environment; the supervisor removes them at the
+        end. Nothing of the values goes into spec.marshal."""
+        if not attempt.secrets:
+            return JobSecrets(None, {})
+        me = (os.getuid(), os.getgid())
+        files_owner = (job_uid, job_uid) if job_uid is not None else me
+        files_dir, env_files = write_secrets(str(adir / "secrets"), attempt.secrets, files_owner, me)
+        return JobSecrets(files_dir, env_files)
+
     def _prepare_instance(
         self,
         attempt: AttemptLaunch,
@@ -437,11 +463,14 @@ class LocalEngine:
         use_cgroups: bool,
         uid: int,
         etc_files: dict[str, str],
+        secrets: JobSecrets,
     ) -> InstanceSpec:
         work_dir = adir / "work" / str(inst.rank)
         work_dir.mkdir(parents=True)
         devices = device_paths(inst.gpus, self.inventory)
         env = self._instance_env(attempt, inst, work_dir, sandboxed)
+        if secrets.files_dir is not None:
+            env[SECRETS_DIR_ENV] = SANDBOX_SECRETS_DIR if sandboxed else secrets.files_dir
         cgroup: CgroupHandle | None = None
         if use_cgroups:
             allowed = [(d.major, d.minor) for d in devices] if self.status.devices_cgroup else None
@@ -472,6 +501,7 @@ class LocalEngine:
                     devices=devices,
                     gids=attempt.gids if attempt.uid is not None else (),
                     cwd=attempt.cwd or SANDBOX_WORK_DIR,
+                    secrets_dir=secrets.files_dir,
                 ),
             )
         else:
@@ -486,6 +516,7 @@ class LocalEngine:
             "cgroup": cgroup,
             "sandboxed": sandboxed,
             "memory_mib": inst.memory_mib,
+            "secret_env": secrets.env_files,
         }
 
     def _instance_env(
@@ -562,6 +593,7 @@ class LocalEngine:
         """The supervisor died without a final word (killed, machine rebooted): make sure nothing
         of the attempt survives, and remember the verdict."""
         spec = self.attempt_spec(attempt_id)
+        remove_secrets(str(adir / "secrets"))
         for inst in spec["instances"] if spec is not None else ():
             cgroup = inst["cgroup"]
             if cgroup:
@@ -669,6 +701,14 @@ class LocalEngine:
 
 class LaunchRefused(Exception):
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class JobSecrets:
+    """Where an attempt's secrets were written (paths only, never values)."""
+
+    files_dir: str | None  # bound at /run/secrets in the sandbox
+    env_files: dict[str, str]  # env var -> file holding its value, read by the supervisor
 
 
 def _child_running(pid: int) -> bool:

@@ -37,6 +37,9 @@ class InstanceSpec(TypedDict):
     cgroup: CgroupHandle | None
     sandboxed: bool
     memory_mib: int
+    # env var -> file holding a secret's value (isolation/secret_files.py): read into the
+    # instance's environment at exec, so the values are never in this file
+    secret_env: NotRequired[dict[str, str]]
 
 
 class NetworkSpec(TypedDict):

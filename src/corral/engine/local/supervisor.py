@@ -14,6 +14,8 @@ atomically into the attempt dir, where a (re)started engine reads it:
 (Their shapes are the TypedDicts of corral.engine.local.files.)
   stop             written by the engine: the grace period in seconds; then it sends SIGUSR1
   rank-<r>.log     stdout+stderr of the instance with global rank r (kept after the job)
+  secrets/         the values of the secrets the job names (isolation/secret_files.py); removed
+                   by `finish`
   slirp4netns.log  output of the attempt's slirp4netns (outbound policy `internet` only)
 
 With a `network` entry in the spec, the supervisor first moves itself into a new network
@@ -47,7 +49,7 @@ sys.path.insert(
     0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 )
 
-from corral.engine.isolation import cgroupfs, netns  # noqa: E402 - after the sys.path line
+from corral.engine.isolation import cgroupfs, netns, secret_files  # noqa: E402 - after the sys.path line
 
 HANDLED = {_signal.SIGCHLD, _signal.SIGUSR1, _signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP}
 DEFAULT_STOP_GRACE_S = 10.0
@@ -191,7 +193,11 @@ class Instance:
                 # Files in shared group dirs come out rw for the group and closed to others: a
                 # hard link a member plants elsewhere then leads non-members to an unreadable inode.
                 os.umask(0o007)
-            os.execve(self.spec["argv"][0], self.spec["argv"], self.spec["env"])
+            env = self.spec["env"]
+            secret_env = self.spec.get("secret_env")
+            if secret_env:  # read here, in the child, so the values live only in the job's env
+                env = {**env, **secret_files.read_env_secrets(secret_env)}
+            os.execve(self.spec["argv"][0], self.spec["argv"], env)
         except BaseException as exc:
             try:
                 os.write(2, f"corral supervisor: cannot start instance: {exc}\n".encode())
@@ -416,6 +422,7 @@ class Supervisor:
                 except OSError:
                     pass
         netns.teardown(self.slirp)
+        secret_files.remove_secrets(self.path("secrets"))  # the values live as long as the attempt
         for _ in exited_children():  # orphans that were left to us
             pass
         uid_lock = self.spec["uid_lock"]

@@ -30,6 +30,7 @@ from corral.engine.base import (
     LogChunk,
     NodeReport,
 )
+from corral.engine.isolation.secret_files import remove_secrets
 from corral.engine.slurm import mapping, scripts
 from corral.engine.slurm.cli import SlurmCli, SlurmJob, SlurmNode
 from corral.engine.slurm.state import AttemptRecord, StateStore, StopRequest, read_job_file
@@ -394,6 +395,8 @@ class SlurmEngine:
         return mapping.terminal_status(aid, fake_job, exits, self._stop_kind(record, fake_job))
 
     def _finish(self, record: AttemptRecord, status: AttemptStatus) -> AttemptStatus:
+        # The job's secrets live no longer than the job (batch.sh removes them too, unless killed).
+        remove_secrets(str(self.store.job_dir(record.attempt_id) / "secrets"))
         record.set_final(status)
         self.store.save(record)
         timer = self._timers.pop(record.attempt_id, None)

@@ -6,6 +6,8 @@ account the job runs as; see state.py for the layout).
     node.sh     per node: starts every instance Corral placed on this node ($SLURMD_NODENAME)
     rank-R.sh   per instance: its own environment; its command inside a bubblewrap sandbox with
                 only its share of the GPUs Slurm allocated; writes rank-R.log and rank-R.exit
+    secrets/    the values of the secrets the job names (isolation/secret_files.py), 0400 for
+                the job's account; removed by batch.sh at the end and by the engine
 
 One Slurm job for the whole attempt keeps the gang in Slurm's hands (all nodes allocated at once,
 released together). Slurm requests are per node, so a node gets the sum of what Corral placed on
@@ -22,8 +24,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from corral.engine.base import AttemptLaunch, InstanceLaunch
+from corral.engine.base import AttemptLaunch, InstanceLaunch, SecretGrant
 from corral.engine.isolation.sandbox import SANDBOX_WORK_DIR, SandboxSpec, bwrap_argv_parts, write_etc
+from corral.engine.isolation.secret_files import SANDBOX_SECRETS_DIR, SECRETS_DIR_ENV, write_secrets
 from corral.engine.slurm.users import UnixAccount
 
 ATTEMPT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -141,17 +144,25 @@ def sbatch_args(
     return args
 
 
-def batch_script(attempt_id: str, job_dir: Path, n_nodes: int) -> str:
+def batch_script(attempt_id: str, job_dir: Path, n_nodes: int, secrets: bool = False) -> str:
     d = shlex.quote(str(job_dir))
     if n_nodes == 1:
-        run = f"exec /bin/sh {d}/node.sh"
+        run = f"/bin/sh {d}/node.sh"
     else:
         # --export=ALL: should the job have been submitted with --export=NONE, srun would inherit
         # SLURM_EXPORT_ENV=NONE and start the tasks with an empty environment (no PATH).
         run = (
-            f"exec srun --export=ALL --nodes={n_nodes} --ntasks={n_nodes} --ntasks-per-node=1 "
+            f"srun --export=ALL --nodes={n_nodes} --ntasks={n_nodes} --ntasks-per-node=1 "
             f"--kill-on-bad-exit=1 /bin/sh {d}/node.sh"
         )
+    if secrets:
+        # The job's secrets go when every instance has ended (the engine also removes them
+        # once it sees the job end: a KILL leaves this script no time). A TERM is caught, so
+        # the script waits for its child, which gets the TERM itself (scancel --full).
+        s = shlex.quote(str(job_dir / "secrets"))
+        run = f"trap : TERM INT\n{run}\nrc=$?\nchmod -R u+w {s} 2>/dev/null; rm -rf {s}\nexit $rc"
+    else:
+        run = f"exec {run}"
     header = f"#!/bin/sh\n# Corral attempt {attempt_id} (generated)\n"
     return f"{header}PATH=${{PATH:-{DEFAULT_PATH}}}\nexport PATH\n{run}\n"
 
@@ -219,6 +230,24 @@ for x in {side}; do if [ -e "$x" ]; then set -- "$@" --dev-bind "$x" "$x"; fi; d
 """
 
 
+def _secret_env(secrets: tuple[SecretGrant, ...], rank: int) -> str:
+    """Shell that sets each env secret from its file (0400, the job's own): the values are never
+    in this script, in sbatch's environment or in `scontrol show job`. The `printf x` keeps
+    trailing newlines, which $(...) would strip."""
+    lines = []
+    for grant in secrets:
+        if grant.env is None:
+            continue
+        var = grant.env
+        lines.append(
+            f'if [ ! -r "$J/secrets/env/{var}" ]; then echo "corral: the value of secret '
+            f'{shlex.quote(grant.name)} (env {var}) is missing" >&2; echo 90 >"$J/rank-{rank}.exit"; '
+            f"exit 90; fi\n"
+            f'{var}=$(cat "$J/secrets/env/{var}"; printf x); {var}=${{{var}%x}}; export {var}\n'
+        )
+    return "".join(lines)
+
+
 def rank_script(
     attempt_dir: Path,
     job_dir: Path,
@@ -229,9 +258,13 @@ def rank_script(
     sandbox: NodeSandbox,
     cwd: str | None = None,
     home: str | None = None,
+    secrets: tuple[SecretGrant, ...] = (),
 ) -> str:
     """One instance: its environment, its command under bubblewrap, its exit code to a file."""
     env = dict(inst.env)
+    has_files = any(g.file is not None for g in secrets)
+    if has_files:
+        env[SECRETS_DIR_ENV] = SANDBOX_SECRETS_DIR
     env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm's allocation decides (set below)
     env.setdefault("PATH", DEFAULT_PATH)
     env.setdefault("HOME", home or SANDBOX_WORK_DIR)
@@ -249,11 +282,13 @@ def rank_script(
         },
         mounts=mounts,
         cwd=cwd or SANDBOX_WORK_DIR,
+        secrets_dir=str(job_dir / "secrets" / "files") if has_files else None,
     )
     head, tail = bwrap_argv_parts(sandbox.bwrap, None, spec)
     sandboxed = " ".join(map(shlex.quote, head)) + ' "$@" ' + " ".join(map(shlex.quote, tail))
     d, j, r = shlex.quote(str(attempt_dir)), shlex.quote(str(job_dir)), inst.rank
     bwrap = shlex.quote(sandbox.bwrap)
+    secret_env = _secret_env(secrets, inst.rank)
     return f"""#!/bin/sh
 # rank {r}: role {inst.role} index {inst.index} on {inst.node}
 D={d}
@@ -264,7 +299,8 @@ if [ ! -x {bwrap} ]; then
     "the job cannot be sandboxed" >&2
   echo 127 >"$J/rank-{r}.exit"; exit 127
 fi
-{_gpu_binds(inst, gpu_offset, sandbox)}{exports}export CUDA_VISIBLE_DEVICES="$cvd" CORRAL_SLURM_GPUS="$mine"
+{_gpu_binds(inst, gpu_offset, sandbox)}{exports}{secret_env}\
+export CUDA_VISIBLE_DEVICES="$cvd" CORRAL_SLURM_GPUS="$mine"
 descendants() {{
   local c
   for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do echo "$c"; descendants "$c"; done
@@ -315,12 +351,24 @@ def write_scripts(
         for rank in share.ranks:
             offsets[rank] = used
             used += len(instances[rank].gpus)
+    if attempt.secrets:  # owned by the job's account like the rest; dirs 0500, files 0400
+        owner = (account.uid, account.gid)
+        write_secrets(str(job_dir / "secrets"), attempt.secrets, owner, owner)
     files = {
-        "batch.sh": batch_script(attempt.attempt_id, job_dir, len(shares)),
+        "batch.sh": batch_script(attempt.attempt_id, job_dir, len(shares), bool(attempt.secrets)),
         "node.sh": node_script(attempt_dir, job_dir, shares),
         **{
             f"rank-{i.rank}.sh": rank_script(
-                attempt_dir, job_dir, i, offsets[i.rank], account, mounts, sandbox, attempt.cwd, attempt.home
+                attempt_dir,
+                job_dir,
+                i,
+                offsets[i.rank],
+                account,
+                mounts,
+                sandbox,
+                cwd=attempt.cwd,
+                home=attempt.home,
+                secrets=attempt.secrets,
             )
             for i in instances
         },

@@ -1,7 +1,8 @@
-// Profile: who I am, my API tokens (create — the secret is shown once — and revoke) and my SSH
-// public keys (stored now, used by workspaces later).
+// Profile: who I am, my API tokens (create — the secret is shown once — and revoke), my SSH
+// public keys (stored now, used by workspaces later) and my secrets for jobs (set, list, delete:
+// values are write-only, the page never shows or receives one back).
 
-import { ApiError, del, get, itemsOf, post } from "../api.js";
+import { ApiError, del, get, itemsOf, post, put } from "../api.js";
 import { currentUser } from "../app.js";
 import { fill, emptyState, errorBox, h, section, table, timeEl, toast } from "../ui.js";
 
@@ -11,6 +12,7 @@ export async function render(ctx) {
   const me = currentUser();
   const tokens = h("div", { id: "tokens" });
   const keys = h("div", { id: "ssh-keys" });
+  const secrets = h("div", { id: "secrets" });
   const groups = (me.groups || []).map((g) => (typeof g === "string" ? g : `${g.name}${g.role === "admin" ? " (admin)" : ""}`));
   ctx.main.append(
     h("h1", {}, "Profile"),
@@ -24,8 +26,9 @@ export async function render(ctx) {
     ),
     section("API tokens", tokenForm(() => drawTokens(tokens)), tokens),
     section("SSH public keys", keyForm(() => drawKeys(keys)), keys),
+    section("Secrets for jobs", secretForm(me, () => drawSecrets(secrets)), secrets),
   );
-  await Promise.all([drawTokens(tokens), drawKeys(keys)]);
+  await Promise.all([drawTokens(tokens), drawKeys(keys), drawSecrets(secrets)]);
 }
 
 async function drawTokens(root) {
@@ -204,4 +207,91 @@ function keyForm(onChange) {
     }
   });
   return form;
+}
+
+// --- secrets for jobs: names only; a job gets one when its spec lists it under `secrets:` ---------
+
+function secretPath(s) {
+  const name = `/secrets/${encodeURIComponent(s.name)}`;
+  return s.group ? `${name}?group=${encodeURIComponent(s.group)}` : name;
+}
+
+async function drawSecrets(root) {
+  let list;
+  try {
+    list = itemsOf(await get("/secrets"), "secrets");
+  } catch (err) {
+    fill(root, errorBox(err, "Cannot load secrets"));
+    return;
+  }
+  fill(root,
+    list.length
+      ? table(
+          [
+            { label: "Name", cell: (s) => h("code", {}, s.name) },
+            { label: "Scope", cell: (s) => (s.scope === "group" ? `group ${s.group}` : "mine") },
+            { label: "Updated", cell: (s) => timeEl(s.updated_at) },
+            { label: "By", cell: (s) => s.updated_by },
+            {
+              label: "",
+              header: h("span", { class: "sr-only" }, "Actions"),
+              cell: (s) =>
+                deleteButton({
+                  text: "Delete",
+                  label: `Delete secret ${s.name}`,
+                  question: `Delete the secret ${s.name}? Jobs naming it that have not started will fail.`,
+                  path: secretPath(s),
+                  done: `Secret ${s.name} deleted.`,
+                  redraw: () => drawSecrets(root),
+                }),
+            },
+          ],
+          list,
+          { class: "secrets" },
+        )
+      : emptyState("No secrets. A job gets one only when its spec names it under 'secrets:'."),
+  );
+}
+
+function secretForm(me, onChange) {
+  const name = h("input", { id: "secret-name", required: true, autocomplete: "off", placeholder: "wandb" });
+  // The value field is a password input: never echoed, never filled back in.
+  const value = h("input", { id: "secret-value", type: "password", autocomplete: "new-password" });
+  const scope = h("select", { id: "secret-scope" }, h("option", { value: "" }, "mine"));
+  for (const g of me.groups || []) {
+    if (typeof g === "object" && (g.role === "admin" || me.role === "admin")) {
+      scope.append(h("option", { value: g.name }, `group ${g.name}`));
+    }
+  }
+  const error = h("p", { class: "field-error", id: "secret-error", role: "alert", hidden: true });
+  const form = h(
+    "form",
+    { id: "secret-form", class: "inline-form", novalidate: true },
+    h("div", { class: "field" }, h("label", { for: "secret-name" }, "Secret name"), name),
+    h("div", { class: "field" }, h("label", { for: "secret-value" }, "Value"), value),
+    h("div", { class: "field" }, h("label", { for: "secret-scope" }, "For"), scope),
+    h("button", { type: "submit", class: "button primary" }, "Set secret"),
+  );
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    error.hidden = true;
+    const problem = !name.value.trim() ? "Give the secret a name." : !value.value ? "Give it a value." : "";
+    if (problem) {
+      error.textContent = problem;
+      error.hidden = false;
+      return;
+    }
+    try {
+      const target = secretPath({ name: name.value.trim(), group: scope.value });
+      await put(target, { value: value.value });
+      toast(`Secret ${name.value.trim()} set.`, "success");
+      name.value = "";
+      value.value = "";
+      await onChange();
+    } catch (err) {
+      error.textContent = err.message;
+      error.hidden = false;
+    }
+  });
+  return h("div", {}, form, error);
 }

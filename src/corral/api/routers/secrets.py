@@ -1,0 +1,81 @@
+"""Secrets for jobs (corral.services.secrets): set, list, delete. Values are write-only: no
+answer ever carries one."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any, Literal
+
+from fastapi import APIRouter, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from corral.api.deps import DB, CurrentUser, fast_json
+from corral.services import secrets as svc
+from corral.services.errors import Invalid
+
+router = APIRouter(tags=["secrets"])
+GroupQuery = Query(None, description="a group's secret instead of your own (set/delete: its admins)")
+
+
+class SecretIn(BaseModel):
+    """The value as text (`value`) or as base64 (`value_base64`, for bytes that are not UTF-8)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    value: str | None = Field(None, max_length=svc.MAX_VALUE_BYTES)
+    value_base64: str | None = Field(None, max_length=svc.MAX_VALUE_BYTES * 4 // 3 + 4)
+
+    @model_validator(mode="after")
+    def _one(self) -> SecretIn:
+        if (self.value is None) == (self.value_base64 is None):
+            raise ValueError("give exactly one of 'value' or 'value_base64'")
+        return self
+
+    def payload(self) -> bytes:
+        if self.value is not None:
+            return self.value.encode()
+        try:
+            return base64.b64decode(self.value_base64 or "", validate=True)
+        except (binascii.Error, ValueError):
+            raise Invalid("value_base64 is not base64", ("body", "value_base64"))
+
+
+class SecretOut(BaseModel):
+    name: str
+    scope: Literal["user", "group"]
+    group: str | None
+    created_at: float
+    updated_at: float
+    updated_by: str
+
+
+@router.get("/secrets", response_model=list[SecretOut])
+def list_secrets(db: DB, principal: CurrentUser, group: str | None = GroupQuery) -> Any:
+    """Your secrets and those of your groups: names, scope and times, never values."""
+    return fast_json(svc.list_secrets(db, principal, group))
+
+
+@router.put(
+    "/secrets/{name}",
+    response_model=SecretOut,
+    responses={201: {"model": SecretOut, "description": "created"}},
+)
+def set_secret(
+    name: str,
+    body: SecretIn,
+    request: Request,
+    db: DB,
+    principal: CurrentUser,
+    group: str | None = GroupQuery,
+) -> Any:
+    """Create (201) or replace (200) a secret. The answer never repeats the value."""
+    box = svc.box_for(request.app.state.settings)
+    view, created = svc.set_secret(db, principal, box, name, body.payload(), group)
+    return fast_json(view, status_code=201 if created else 200)
+
+
+@router.delete("/secrets/{name}", status_code=204)
+def delete_secret(name: str, db: DB, principal: CurrentUser, group: str | None = GroupQuery) -> Response:
+    svc.delete_secret(db, principal, name, group)
+    return Response(status_code=204)
