@@ -118,6 +118,12 @@ def _node_action(w: World) -> tuple[str, str, dict[str, Any]]:
     return "POST", f"{API}/nodes/n1/cordon", {}
 
 
+def _delete_secret(w: World) -> tuple[str, str, dict[str, Any]]:
+    r = w.client.put(f"{API}/secrets/gone", json={"value": "x"}, headers=w.as_("admin"))
+    assert r.status_code == 201, r.text
+    return "DELETE", f"{API}/secrets/gone", {}
+
+
 # One successful call of each state-changing route, made as the admin (unless the call says
 # otherwise), and the action it must record.
 CALLS: dict[tuple[str, str], tuple[Call, str]] = {
@@ -172,6 +178,11 @@ CALLS: dict[tuple[str, str], tuple[Call, str]] = {
         lambda w: ("POST", f"{API}/chaos/nodes/n1/up", {}),
         "chaos.node.up",
     ),
+    ("PUT", "/api/v1/secrets/{name}"): (
+        lambda w: ("PUT", f"{API}/secrets/wandb", {"json": {"value": "s3cr3t-value"}}),
+        "secret.set",
+    ),
+    ("DELETE", "/api/v1/secrets/{name}"): (_delete_secret, "secret.delete"),
     ("POST", "/api/v1/storage/identities"): (
         lambda w: ("POST", f"{API}/storage/identities", {}),
         "storage.identities.allocate",

@@ -40,6 +40,7 @@ from corral.config import Settings
 from corral.db.models import Group, Job, Membership, User
 from corral.db.secrets_models import JobSecret
 from corral.engine.base import SecretGrant
+from corral.services import audit
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
 from corral.spec import SECRET_NAME_RE, SecretUseV1
@@ -224,6 +225,14 @@ def set_secret(
     row.key_id = box.key_id
     row.updated_at = now
     row.updated_by = principal.name
+    audit.record(  # never the value: the name, scope and whether it was created or replaced
+        session,
+        actor=principal,
+        action="secret.set",
+        target_kind="secret",
+        target_id=f"group:{group}/{name}" if group is not None else f"user:{principal.name}/{name}",
+        after={"name": name, "scope": "group" if group is not None else "user", "created": created},
+    )
     try:
         session.commit()
     except IntegrityError:  # the same name created at the same moment by another request
@@ -267,6 +276,14 @@ def delete_secret(session: Session, principal: Principal, name: str, group: str 
     if row is None:
         raise NotFound(f"{where} named {name!r}")
     session.delete(row)
+    audit.record(
+        session,
+        actor=principal,
+        action="secret.delete",
+        target_kind="secret",
+        target_id=f"group:{group}/{name}" if group is not None else f"user:{principal.name}/{name}",
+        before={"name": name, "scope": "group" if group is not None else "user"},
+    )
     session.commit()
 
 
