@@ -20,7 +20,16 @@ from corral.server.scheduling import schedule_tick
 from tests.server.fakes import FakeEngine, add_job, gpu_node, make_context, seed_tenant
 
 # What read_cluster_state reads: each table once (jobs with their live attempts joined)
-SNAPSHOT_TABLES = {"nodes", "gpus", "groups", "group_quotas", "users", "jobs", "usage_ledger"}
+SNAPSHOT_TABLES = {
+    "nodes",
+    "gpus",
+    "groups",
+    "group_quotas",
+    "users",
+    "jobs",
+    "usage_ledger",
+    "storage_accounts",
+}
 FROM = re.compile(r"\bFROM\s+\"?(\w+)", re.IGNORECASE)
 
 

@@ -38,7 +38,7 @@ from corral.services.notify import NO_NOTIFIER, Notifier
 from corral.services.notify import bind as bind_notifier
 
 API_PREFIX = "/api/v1"
-API_ROUTER_MODULES = ("auth", "jobs", "nodes", "groups", "users", "tokens", "cluster", "usage")
+API_ROUTER_MODULES = ("auth", "jobs", "nodes", "groups", "users", "tokens", "cluster", "usage", "datasets")
 ROOT_ROUTER_MODULES = ("health",)  # not under /api/v1: /healthz, /readyz
 # Other areas' routers, imported by module name so that they can grow without touching this file.
 EXTERNAL_ROUTERS = ("corral.monitor.api", "corral.monitor.runbooks", "corral.web.routes")

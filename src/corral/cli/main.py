@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "corral.cli.usage",  # usage
     "corral.cli.security",  # auth lockouts/unlock/sessions/end-session
     "corral.cli.admin",  # admin backup/restore/migrate, doctor
+    "corral.cli.data",  # data push/pull/ls/show/versions/rm/share/import, storage usage/quota
 )
 
 

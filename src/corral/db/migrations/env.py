@@ -17,6 +17,7 @@ try:
     importlib.import_module("corral.monitor.models")
 except ModuleNotFoundError:
     pass
+importlib.import_module("corral.datasets.models")
 
 config = context.config
 target_metadata = Base.metadata
