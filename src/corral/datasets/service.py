@@ -122,8 +122,8 @@ def version_of(session: Session, ds: Dataset, version: int | None) -> DatasetVer
 
 
 def _names(session: Session, datasets: Iterable[Dataset]) -> tuple[dict[int, str], dict[int, str]]:
-    users = dict(session.execute(select(User.id, User.name)).tuples().all())
-    groups = dict(session.execute(select(Group.id, Group.name)).tuples().all())
+    users: dict[int, str] = {r[0]: r[1] for r in session.execute(select(User.id, User.name))}
+    groups: dict[int, str] = {r[0]: r[1] for r in session.execute(select(Group.id, Group.name))}
     return users, groups
 
 
@@ -289,9 +289,8 @@ def set_store(store: Store) -> None:
 def record_job_datasets(session: Session, job_id: int, refs: list[tuple[int, int]]) -> None:
     """Lineage: job `job_id` used these (dataset id, version) pairs. Idempotent; the caller
     commits (in the transaction that stores or launches the job)."""
-    names = dict(
-        session.execute(select(Dataset.id, Dataset.name).where(Dataset.id.in_([d for d, _ in refs]))).tuples()
-    )
+    query = select(Dataset.id, Dataset.name).where(Dataset.id.in_([d for d, _ in refs]))
+    names: dict[int, str] = {r[0]: r[1] for r in session.execute(query)}
     for dataset_id, version in dict.fromkeys(refs):
         if session.get(JobDataset, (job_id, dataset_id, version)) is None:
             if dataset_id not in names:

@@ -477,7 +477,7 @@ def clean_stale(session: Session, store: Store, now: float, timeout_s: float) ->
 
 
 def _clean_orphan_versions(session: Session, store: Store, now: float, timeout_s: float) -> None:
-    rows = set(session.execute(select(DatasetVersion.dataset_id, DatasetVersion.version)).tuples())
+    rows = {(r[0], r[1]) for r in session.execute(select(DatasetVersion.dataset_id, DatasetVersion.version))}
     if not store.data.exists():
         return
     for top in store.data.iterdir():
