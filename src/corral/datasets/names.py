@@ -31,6 +31,16 @@ def check_name(name: str) -> str:
     return name
 
 
+def check_plain(text: str, what: str) -> str:
+    """A name of something else (a group, a user) as given: no NUL or control characters (the
+    databases store text; PostgreSQL refuses NUL outright)."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise BadName(
+            f"bad {what} {text.encode('unicode_escape').decode()[:80]!r}: it holds a control character"
+        )
+    return text
+
+
 def parse_version(text: str | int) -> int:
     """ "v3", "3" -> 3."""
     raw = str(text).strip()

@@ -16,7 +16,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from corral.datasets.models import Dataset, DatasetShare, DatasetVersion, JobDataset
-from corral.datasets.names import BadName, check_name, parse_ref
+from corral.datasets.names import BadName, check_name, check_plain, parse_ref
 from corral.datasets.quotas import charge_dataset, owner_account
 from corral.datasets.store import Store
 from corral.db.models import Group, Job, Membership, User
@@ -196,6 +196,10 @@ def share(
 
 
 def _group(session: Session, name: str) -> Group:
+    try:
+        check_plain(name, "group name")
+    except BadName as exc:
+        raise Invalid(str(exc), ("body", "groups"))
     group = session.scalar(select(Group).where(Group.name == name))
     if group is None:
         raise NotFound(f"no group named {name!r}")

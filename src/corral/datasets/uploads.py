@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from corral.datasets.models import Dataset, DatasetUpload, DatasetUploadFile, DatasetVersion
-from corral.datasets.names import BadName, check_name, check_path, manifest_digest
+from corral.datasets.names import BadName, check_name, check_path, check_plain, manifest_digest
 from corral.datasets.quotas import charge_dataset, check_room, owner_account, reserved_by_uploads
 from corral.datasets.service import can_push, versions_of
 from corral.datasets.store import Store, file_sha256, walk_files
@@ -39,6 +40,7 @@ from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
 
 MAX_BATCH = 1000  # manifest entries per register_files call
+UPLOAD_ID = re.compile(r"[0-9a-f]{32}")
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 
@@ -81,6 +83,7 @@ def start(
     """(the session, whether it is an existing one resumed)."""
     try:
         check_name(name)
+        check_plain(group or "", "group name")
     except BadName as exc:
         raise Invalid(str(exc), ("body", "name"))
     if total_files < 1:
@@ -131,7 +134,7 @@ def start(
 
 
 def get(session: Session, principal: Principal, upload_id: str) -> DatasetUpload:
-    upload = session.get(DatasetUpload, upload_id)
+    upload = session.get(DatasetUpload, upload_id) if UPLOAD_ID.fullmatch(upload_id) else None
     if upload is None or (upload.created_by != principal.name and not principal.is_admin):
         raise NotFound(f"no upload {upload_id!r} (finished long ago, or removed after its timeout)")
     return upload
@@ -162,6 +165,11 @@ def register_files(
     upload = _open(session, principal, upload_id)
     if len(files) > MAX_BATCH:
         raise Invalid(f"at most {MAX_BATCH} files per call", ("body", "files"))
+    for i, (path, _size, _sha) in enumerate(files):  # before any query: PostgreSQL refuses NUL
+        try:
+            check_path(path)
+        except BadName as exc:
+            raise Invalid(str(exc), ("body", "files", i, "path"))
     paths = [f[0] for f in files]
     known = {
         r.path: r
@@ -174,10 +182,6 @@ def register_files(
     seen: set[str] = set()
     empty: list[str] = []
     for i, (path, size, sha) in enumerate(files):
-        try:
-            check_path(path)
-        except BadName as exc:
-            raise Invalid(str(exc), ("body", "files", i, "path"))
         if size < 0 or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
             raise Invalid(
                 f"{path!r}: size must be >= 0 and sha256 64 lowercase hex digits", ("body", "files", i)
