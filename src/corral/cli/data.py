@@ -23,7 +23,8 @@ from corral.datasets.quotas import human_bytes
 from corral.sdk import KEEP, Keep
 
 data_app = typer.Typer(
-    help="Datasets: named, versioned, shared read-only; mounted as data/<name>[@v].", no_args_is_help=True
+    help="Datasets: named, versioned, shared read-only; jobs mount data/NAME or data/NAME@VERSION.",
+    no_args_is_help=True,
 )
 storage_app = typer.Typer(help="Storage usage and quotas.", no_args_is_help=True)
 
@@ -134,10 +135,8 @@ def data_show(name: str, output: OutputOpt = Output.table) -> None:
         print_json(ds)
         return
     out.print(f"dataset {ds['name']}  owner: {_owner(ds)}  shared with: {_access(ds)}", highlight=False)
-    out.print(
-        f"created {when(ds['created_at'])} by {ds['created_by']}; mount as data/{ds['name']}[@v]",
-        highlight=False,
-    )
+    mount = f"data/{ds['name']} or data/{ds['name']}@VERSION"
+    out.print(f"created {when(ds['created_at'])} by {ds['created_by']}; mount as {mount}", highlight=False)
     _versions_table(ds)
 
 
