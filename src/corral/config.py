@@ -112,7 +112,8 @@ class Settings(BaseSettings):
     # Server-side directories datasets may be imported from (admins), ':'-separated; "" = none.
     dataset_import_roots: str = ""
     dataset_upload_timeout_s: float = Field(default=24 * 3600.0, gt=0)  # idle uploads are removed
-    dataset_chunk_bytes: int = Field(default=1024 * 1024, ge=4096)  # capped by api_max_body_bytes
+    # Upload chunk size; the chunk route's body limit (corral.api.limits) follows it.
+    dataset_chunk_bytes: int = Field(default=8 * 1024 * 1024, ge=4096, le=256 * 1024 * 1024)
     storage_scan_interval_s: float = Field(default=600.0, gt=0)  # home/group directory usage scan
 
     # --- API limits (corral.api.limits; docs/security.md "API and login") ---------------------

@@ -251,3 +251,15 @@ def test_import_from_an_allowed_root_only(world: World, tmp_path: Path) -> None:
     assert r.status_code == 422 and "a link pointing outside the dataset" in r.text
     got = world.client.get(f"{API}/datasets/imp/versions/1/files/sub/f.txt", headers=admin)
     assert got.content == b"data"
+
+
+def test_upload_chunks_may_exceed_the_api_body_limit_up_to_the_chunk_size(world: World) -> None:
+    settings = world.client.app.state.settings  # type: ignore[attr-defined]
+    two_mib = {"big.bin": os.urandom(2 * 1024 * 1024)}
+    assert settings.api_max_body_bytes < 2 * 1024 * 1024 <= settings.dataset_chunk_bytes
+    r = protocol.push(world.client, world.as_("alice"), "bigchunk", two_mib)
+    assert r.status_code == 201 and r.json()["bytes"] == 2 * 1024 * 1024, r.text
+    r = world.client.post(
+        f"{API}/datasets/uploads", content=b"x" * (2 * 1024 * 1024), headers=world.as_("alice")
+    )
+    assert r.status_code == 413 and "CORRAL_API_MAX_BODY_BYTES" in r.text

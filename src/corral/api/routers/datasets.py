@@ -73,9 +73,8 @@ def store_of(request: Request) -> Store:
 
 
 def chunk_bytes(request: Request) -> int:
-    settings = request.app.state.settings
-    # A chunk and its request line fit the body limit (corral.api.limits) with room to spare.
-    return int(min(settings.dataset_chunk_bytes, settings.api_max_body_bytes))
+    # The chunk route's body limit (corral.api.limits) is this size.
+    return int(request.app.state.settings.dataset_chunk_bytes)
 
 
 def upload_view(upload: Any, request: Request, resumed: bool = False) -> dict[str, Any]:
