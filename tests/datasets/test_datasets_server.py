@@ -148,3 +148,34 @@ def test_group_over_storage_quota_keeps_its_jobs_waiting(server: CorralServer, t
         lambda: alice.get(f"/api/v1/jobs/{job}").json()["state"] != "queued",
         what="the job to leave the queue",
     )
+
+
+def test_rm_refused_while_a_submitted_job_uses_the_version(server: CorralServer, tmp_path: Path) -> None:
+    from corral.datasets.service import record_job_datasets, resolve_dataset_ref, set_store
+    from corral.datasets.store import Store
+    from corral.db.session import make_engine, make_session_factory
+
+    make_tree(tmp_path / "d", 2, 1000, seed=5)
+    run_cli(server, "data", "push", "inuse", str(tmp_path / "d"))
+    admin = server.client()
+    job = submit_spec(
+        admin, {"name": "reader", "command": "sleep 60", "resources": {"cpus": 1, "memory": "64MiB"}}
+    )
+    # What the dispatcher does once the mount registry is wired (the lead's merge): resolve the
+    # job's data/ refs and record the exact versions in the job's lineage.
+    engine = make_engine(f"sqlite:///{server.home / 'corral.db'}")
+    set_store(Store(server.home / "storage"))
+    try:
+        with make_session_factory(engine)() as db:
+            path, version = resolve_dataset_ref(db, "admin", set(), "data/inuse")
+            dataset_id = int(Path(path).parent.name)
+            record_job_datasets(db, job, [(dataset_id, version)])
+            db.commit()
+    finally:
+        engine.dispose()
+    out = " ".join(run_cli(server, "data", "rm", "inuse@1", code=1).split())  # Rich wraps lines
+    assert f"in use by 1 job(s) that have not ended: {job};" in out
+    assert admin.post(f"/api/v1/jobs/{job}/cancel").status_code == 200
+    wait_for(lambda: admin.get(f"/api/v1/jobs/{job}").json()["state"] == "cancelled", what="the cancel")
+    assert "deleted dataset inuse v1" in run_cli(server, "data", "rm", "inuse@1")
+    assert not Path(path).exists()
