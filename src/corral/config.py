@@ -109,6 +109,14 @@ class Settings(BaseSettings):
     # a job cannot hold the GPUs it is preempted from for longer than this.
     max_stop_grace_s: float = Field(default=300.0, ge=0)
 
+    # --- datasets and storage quotas (corral.datasets; docs/datasets.md) ------------------------
+    # Server-side directories datasets may be imported from (admins), ':'-separated; "" = none.
+    dataset_import_roots: str = ""
+    dataset_upload_timeout_s: float = Field(default=24 * 3600.0, gt=0)  # idle uploads are removed
+    # Upload chunk size; the chunk route's body limit (corral.api.limits) follows it.
+    dataset_chunk_bytes: int = Field(default=8 * 1024 * 1024, ge=4096, le=256 * 1024 * 1024)
+    storage_scan_interval_s: float = Field(default=600.0, gt=0)  # home/group directory usage scan
+
     # --- API limits (corral.api.limits; docs/security.md "API and login") ---------------------
     api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)  # larger bodies: 413
     api_max_json_depth: int = Field(default=32, ge=2)  # deeper JSON bodies: 400

@@ -16,7 +16,8 @@ import base64
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -508,6 +509,106 @@ class Client:
     def delete_secret(self, name: str, *, group: str | None = None) -> None:
         params = {"group": group} if group else None
         self.request("DELETE", f"/secrets/{quote(name, safe='')}", params=params)
+
+    # --- datasets and storage (corral.datasets; transfers in corral.datasets.transfer) ----------
+    def datasets(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/datasets")
+
+    def dataset(self, name: str) -> dict[str, Any]:
+        """A dataset with its versions (sizes, files, digests)."""
+        return self.request("GET", f"/datasets/{name}")
+
+    def push_dataset(
+        self,
+        name: str,
+        directory: str | Path,
+        *,
+        group: str | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> dict[str, Any]:
+        """Upload `directory` as the next version of `name` (resumes an interrupted push of the
+        same content); `progress(bytes_done, bytes_total)` is called as chunks go. Returns the
+        new version."""
+        from corral.datasets.transfer import push
+
+        return push(self, name, Path(directory), group=group, progress=progress)
+
+    def pull_dataset(
+        self,
+        name: str,
+        directory: str | Path,
+        *,
+        version: int | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> dict[str, Any]:
+        """Download a version (latest by default) into `directory`, each file checked against its
+        sha256; files already there and identical are kept. Returns {version, files, bytes}."""
+        from corral.datasets.transfer import pull
+
+        return pull(self, name, Path(directory), version=version, progress=progress)
+
+    def delete_dataset(self, name: str, version: int | None = None) -> None:
+        """Delete one version, or the dataset (refused while a job that has not ended uses it)."""
+        path = f"/datasets/{name}" + (f"/versions/{version}" if version is not None else "")
+        self.request("DELETE", path)
+
+    def share_dataset(
+        self,
+        name: str,
+        *,
+        add_groups: list[str] | None = None,
+        remove_groups: list[str] | None = None,
+        public: bool | None = None,
+    ) -> dict[str, Any]:
+        body = {"add_groups": add_groups or [], "remove_groups": remove_groups or [], "public": public}
+        return self.request("PUT", f"/datasets/{name}/share", json=body)
+
+    def import_dataset(self, name: str, path: str, *, group: str | None = None) -> dict[str, Any]:
+        """Admins: a new version copied from a server directory under CORRAL_DATASET_IMPORT_ROOTS."""
+        return self.request("POST", "/datasets/import", json={"name": name, "path": path, "group": group})
+
+    def uploads(self) -> list[dict[str, Any]]:
+        """The caller's dataset uploads still open (interrupted pushes)."""
+        return self.request("GET", "/datasets/uploads")
+
+    def storage_usage(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/storage/usage")
+
+    def set_storage_quota(
+        self,
+        scope: str,
+        name: str,
+        *,
+        max_bytes: int | Keep | None = KEEP,
+        max_files: int | Keep | None = KEEP,
+    ) -> dict[str, Any]:
+        """Admins: scope "user" or "group"; None = no limit, KEEP = leave as it is."""
+        body = {
+            k: v
+            for k, v in {"max_bytes": max_bytes, "max_files": max_files}.items()
+            if not isinstance(v, Keep)
+        }
+        return self.request("PUT", f"/storage/quota/{scope}/{name}", json=body)
+
+    def download(self, path: str) -> AbstractContextManager[httpx.Response]:
+        """GET a raw (non-JSON) body as a streamed response (a context manager); errors raise
+        like `request`."""
+        return self._stream(path)
+
+    @contextmanager
+    def _stream(self, path: str) -> Iterator[httpx.Response]:
+        try:
+            with self._http.stream("GET", path) as response:
+                if not response.is_success:
+                    response.read()
+                    try:
+                        detail = response.json().get("detail")
+                    except ValueError:
+                        detail = response.text
+                    raise ApiError(describe_detail(detail), response.status_code, detail)
+                yield response
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(f"cannot talk to the Corral server at {self.url}: {exc}")
 
 
 @dataclass(frozen=True)

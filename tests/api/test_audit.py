@@ -32,6 +32,7 @@ from corral.services.auth import Principal
 from tests.api.conftest import ALICE_PASSWORD, SIMPLE_JOB, World
 from tests.api.helpers import add_node
 from tests.api.test_cli import run, server_url
+from tests.datasets import protocol as dataset_protocol
 
 __all__ = ["server_url"]
 
@@ -46,6 +47,12 @@ EXEMPT = {
     ("POST", "/api/v1/code/missing"): "a user's own code upload (asks which blobs are missing)",
     ("PUT", "/api/v1/code/blobs/{sha}"): "a user's own code upload (one chunk of a blob)",
     ("POST", "/api/v1/code/snapshots"): "a user's own code upload (the manifest)",
+    # A dataset upload in progress is the uploader's own staging area; the version it makes is
+    # recorded (dataset.version.create) when `complete` publishes it.
+    ("POST", "/api/v1/datasets/uploads"): "a dataset upload starting (its version is recorded)",
+    ("POST", "/api/v1/datasets/uploads/{upload_id}/files"): "a dataset upload's file list",
+    ("PUT", "/api/v1/datasets/uploads/{upload_id}/chunk"): "a dataset upload's bytes",
+    ("DELETE", "/api/v1/datasets/uploads/{upload_id}"): "the uploader abandoning their own upload",
 }
 
 
@@ -124,6 +131,41 @@ def _delete_secret(w: World) -> tuple[str, str, dict[str, Any]]:
     return "DELETE", f"{API}/secrets/gone", {}
 
 
+_DATASETS = iter(range(1, 1_000_000))
+
+
+def _dataset(w: World) -> str:
+    """A fresh dataset with one version, pushed by the admin."""
+    name = f"ds{next(_DATASETS)}"
+    r = dataset_protocol.push(w.client, w.as_("admin"), name, {"a.txt": b"hello"})
+    assert r.status_code == 201, r.text
+    return name
+
+
+def _complete_upload(w: World) -> tuple[str, str, dict[str, Any]]:
+    files = {"a.txt": b"payload"}
+    r = dataset_protocol.start(w.client, w.as_("admin"), f"up{next(_DATASETS)}", files)
+    assert r.status_code == 201, r.text
+    upload_id = r.json()["id"]
+    assert dataset_protocol.register(w.client, w.as_("admin"), upload_id, files).status_code == 200
+    r = dataset_protocol.chunk(w.client, w.as_("admin"), upload_id, "a.txt", 0, files["a.txt"])
+    assert r.status_code == 200, r.text
+    return "POST", f"{API}/datasets/uploads/{upload_id}/complete", {}
+
+
+def _import_dataset(w: World) -> tuple[str, str, dict[str, Any]]:
+    settings = w.client.app.state.settings  # type: ignore[attr-defined]
+    root = settings.home / "imports"
+    (root / "ds").mkdir(parents=True, exist_ok=True)
+    (root / "ds" / "f.txt").write_text("data")
+    settings.dataset_import_roots = str(root)
+    return (
+        "POST",
+        f"{API}/datasets/import",
+        {"json": {"name": f"imp{next(_DATASETS)}", "path": str(root / "ds")}},
+    )
+
+
 # One successful call of each state-changing route, made as the admin (unless the call says
 # otherwise), and the action it must record.
 CALLS: dict[tuple[str, str], tuple[Call, str]] = {
@@ -183,6 +225,24 @@ CALLS: dict[tuple[str, str], tuple[Call, str]] = {
         "secret.set",
     ),
     ("DELETE", "/api/v1/secrets/{name}"): (_delete_secret, "secret.delete"),
+    ("POST", "/api/v1/datasets/uploads/{upload_id}/complete"): (_complete_upload, "dataset.version.create"),
+    ("PUT", "/api/v1/datasets/{name}/share"): (
+        lambda w: ("PUT", f"{API}/datasets/{_dataset(w)}/share", {"json": {"add_groups": ["vision"]}}),
+        "dataset.share",
+    ),
+    ("DELETE", "/api/v1/datasets/{name}/versions/{version}"): (
+        lambda w: ("DELETE", f"{API}/datasets/{_dataset(w)}/versions/1", {}),
+        "dataset.version.delete",
+    ),
+    ("DELETE", "/api/v1/datasets/{name}"): (
+        lambda w: ("DELETE", f"{API}/datasets/{_dataset(w)}", {}),
+        "dataset.delete",
+    ),
+    ("POST", "/api/v1/datasets/import"): (_import_dataset, "dataset.import"),
+    ("PUT", "/api/v1/storage/quota/{scope}/{name}"): (
+        lambda w: ("PUT", f"{API}/storage/quota/group/vision", {"json": {"max_bytes": 10**9}}),
+        "storage.quota.set",
+    ),
     ("POST", "/api/v1/storage/identities"): (
         lambda w: ("POST", f"{API}/storage/identities", {}),
         "storage.identities.allocate",

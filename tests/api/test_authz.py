@@ -11,6 +11,7 @@ from typing import Any
 from fastapi.routing import APIRoute
 
 from tests.api.conftest import ALICE_PASSWORD, SIMPLE_JOB, World
+from tests.api.dataset_cases import dataset_cases
 from tests.api.helpers import add_node
 
 ROLES = ("anon", "alice", "bob", "carol", "admin")  # alice: vision member; bob: vision admin; carol: nlp
@@ -166,6 +167,7 @@ CASES = [
     Case("GET", "/api/v1/cluster/summary", everyone(200)),
     Case("GET", "/api/v1/usage", everyone(200)),
 ]
+CASES += dataset_cases(Case, everyone)
 PUBLIC = {("POST", "/api/v1/auth/login"), ("GET", "/healthz"), ("GET", "/readyz")}
 
 

@@ -20,7 +20,17 @@ from corral.server.scheduling import schedule_tick
 from tests.server.fakes import FakeEngine, add_job, gpu_node, make_context, seed_tenant
 
 # What read_cluster_state reads: each table once (jobs with their live attempts joined)
-SNAPSHOT_TABLES = {"nodes", "gpus", "groups", "group_quotas", "users", "jobs", "usage_ledger", "job_avoid"}
+SNAPSHOT_TABLES = {
+    "nodes",
+    "gpus",
+    "groups",
+    "group_quotas",
+    "users",
+    "jobs",
+    "usage_ledger",
+    "storage_accounts",
+    "job_avoid",
+}
 FROM = re.compile(r"\bFROM\s+\"?(\w+)", re.IGNORECASE)
 
 

@@ -256,3 +256,46 @@ def test_code_upload_refuses_bad_input(clients: dict[str, Client]) -> None:
     with pytest.raises(ApiError) as unknown:
         alice.submit({"name": "c", "command": "true", "code": "cd" * 32})
     assert unknown.value.status_code == 422 and "does not exist" in unknown.value.message
+
+
+def test_dataset_mounts_read_only_pinned_and_kept_while_in_use(
+    clients: dict[str, Client], tmp_path: Path
+) -> None:
+    """alice pushes a dataset owned by vision and shares it with nlp: carol (nlp only) mounts it
+    read-only in her job (a write fails), `@1` pins the first version after a second push, and
+    deleting the version refuses while her job still runs (the lineage written at submit)."""
+    alice, carol, bob = clients["alice"], clients["carol"], clients["bob"]
+    src = tmp_path / "ds"
+    src.mkdir()
+    (src / "labels.txt").write_text("v1\n")
+    alice.push_dataset("digits", src, group="vision")
+    (src / "labels.txt").write_text("v2\n")
+    alice.push_dataset("digits", src, group="vision")
+    with pytest.raises(ApiError) as refused:  # not shared with nlp yet: carol may not read it
+        carol.submit({"name": "d", "command": "true", "mounts": [{"source": "data/digits"}]})
+    assert "digits" in str(refused.value)
+    clients["admin"].share_dataset("digits", add_groups=["nlp"])
+    job, log = run_job(
+        carol,
+        "cat /data/digits/labels.txt /pinned/labels.txt; touch /data/digits/x 2>/dev/null || echo RO",
+        mounts=[{"source": "data/digits"}, {"source": "data/digits@1", "target": "/pinned"}],
+    )
+    assert job["state"] == "succeeded", log
+    assert log.split() == ["v2", "v1", "RO"]
+    assert [m["source"] for m in job["spec"]["mounts"]] == ["data/digits@2", "data/digits@1"]
+    with pytest.raises(ApiError) as rw:
+        carol.submit({"name": "d", "command": "true", "mounts": [{"source": "data/digits", "mode": "rw"}]})
+    assert "read-only" in str(rw.value)
+    running = carol.submit(
+        {"name": "hold", "command": "sleep 60", "resources": {"cpus": 0.25, "memory": "64MiB"},
+         "mounts": [{"source": "data/digits@1"}]}
+    )  # fmt: skip
+    with pytest.raises(ApiError) as in_use:
+        bob.delete_dataset("digits", 1)  # vision's admin? bob is a member; the refusal names the job
+    assert str(running["id"]) in str(in_use.value) or in_use.value.status_code == 403
+    with pytest.raises(ApiError) as in_use_admin:
+        clients["admin"].delete_dataset("digits", 1)
+    assert in_use_admin.value.status_code == 409 and str(running["id"]) in str(in_use_admin.value)
+    carol.cancel(running["id"])
+    carol.wait(running["id"], timeout_s=60)
+    clients["admin"].delete_dataset("digits", 1)

@@ -38,6 +38,7 @@ Send = Callable[[Message], Any]
 _JSON_STRING = re.compile(rb'"[^"]*"')
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b"[]{},")
 _OPENERS = frozenset(b"[{")
+_CHUNK_PATH = re.compile(r"^/api/v1/datasets/uploads/[^/]+/chunk/?$")
 _NOT_STRUCTURED = ("application/x-www-form-urlencoded", "multipart/", "application/octet-stream")
 
 
@@ -104,6 +105,8 @@ class BodyLimits:
     def __init__(self, app: Any, settings: Settings) -> None:
         self.app = app
         self.max_bytes = settings.api_max_body_bytes
+        # Dataset upload chunks (raw bytes, never parsed) may be larger: fewer requests per GB.
+        self.chunk_max_bytes = max(settings.api_max_body_bytes, settings.dataset_chunk_bytes)
         self.max_depth = settings.api_max_json_depth
         self.max_elements = settings.api_max_json_elements
         self.timeout_s = settings.api_body_timeout_s
@@ -112,16 +115,17 @@ class BodyLimits:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        too_large = (
-            f"the request body is larger than {self.max_bytes} bytes (limit: CORRAL_API_MAX_BODY_BYTES)"
-        )
+        max_bytes, setting = self.max_bytes, "CORRAL_API_MAX_BODY_BYTES"
+        if scope["method"] == "PUT" and _CHUNK_PATH.match(scope["path"]):
+            max_bytes, setting = self.chunk_max_bytes, "CORRAL_DATASET_CHUNK_BYTES"
+        too_large = f"the request body is larger than {max_bytes} bytes (limit: {setting})"
         declared = header(scope, b"content-length")
-        if declared is not None and declared.strip().isdigit() and int(declared) > self.max_bytes:
+        if declared is not None and declared.strip().isdigit() and int(declared) > max_bytes:
             await send_error(send, 413, too_large)
             return
         try:
             async with asyncio.timeout(self.timeout_s):  # no task per request, unlike wait_for
-                body, first_after = await self._read_body(receive)
+                body, first_after = await self._read_body(receive, max_bytes)
         except BodyTooLarge:
             await send_error(send, 413, too_large)
             return
@@ -146,7 +150,7 @@ class BodyLimits:
                 return
         await self.app(scope, _replay(body, receive), send)
 
-    async def _read_body(self, receive: Receive) -> tuple[bytes, Message | None]:
+    async def _read_body(self, receive: Receive, max_bytes: int) -> tuple[bytes, Message | None]:
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -155,7 +159,7 @@ class BodyLimits:
                 return b"", message
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_bytes:
+            if size > max_bytes:
                 raise BodyTooLarge
             chunks.append(chunk)
             if not message.get("more_body", False):

@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "corral.cli.storage",  # job outputs
     "corral.cli.audit",  # audit ls
     "corral.cli.secrets",  # secret set/ls/rm
+    "corral.cli.data",  # data push/pull/ls/show/versions/rm/share/import, storage usage/quota
 )
 
 

@@ -427,6 +427,17 @@ def _resource_cell(usage: dict[str, Any], scale: float = 1.0, unit: str = "") ->
     )
 
 
+def _storage_cell(row: dict[str, Any] | None) -> str:
+    """Bytes and files used/max (corral storage usage has the detail)."""
+    if row is None:
+        return "-"
+    from corral.cli.data import limit_text
+    from corral.datasets.quotas import human_bytes
+
+    used = limit_text(row["used_bytes"], row["max_bytes"], human_bytes)
+    return f"{used}\n{limit_text(row['used_files'], row['max_files'])} files"
+
+
 @group_app.command("ls")
 @friendly_errors
 def group_ls(output: OutputOpt = Output.table) -> None:
@@ -434,6 +445,7 @@ def group_ls(output: OutputOpt = Output.table) -> None:
     many of the used GPUs are borrowed; CPUs and memory used/guaranteed/max; warnings."""
     with client() as c:
         groups = c.groups()
+        storage = {r["name"]: r for r in c.storage_usage() if r["scope"] == "group"}
     if output is Output.json:
         print_json(groups)
         return
@@ -442,6 +454,7 @@ def group_ls(output: OutputOpt = Output.table) -> None:
         "GPUS used/guaranteed/max",
         "CPUS",
         "MEMORY",
+        "STORAGE used/max",
         "USER CAP",
         "WEIGHT",
         "BORROWING",
@@ -457,6 +470,7 @@ def group_ls(output: OutputOpt = Output.table) -> None:
             _gpu_cell(g),
             _resource_cell(g["usage"]["cpus"]),
             _resource_cell(g["usage"]["memory_mib"], 1 / 1024, "G"),
+            _storage_cell(storage.get(g["name"])),
             cap,
             f"{g['weight']:g}",
             "yes" if g["borrowing"] else "no",
@@ -532,9 +546,20 @@ def group_quota(
     cpus_max: LimitOpt = None,
     memory: Annotated[str | None, typer.Option(help="guaranteed memory, e.g. 64GiB")] = None,
     memory_max: LimitOpt = None,
+    storage: Annotated[str | None, typer.Option(help="storage quota, e.g. 2TiB; 'none' = no limit")] = None,
+    files: Annotated[str | None, typer.Option(help="quota of files stored; 'none' = no limit")] = None,
     output: OutputOpt = Output.table,
 ) -> None:
     """Set a group's quotas (admin): only the options given change."""
+    if storage is not None or files is not None:  # storage quotas: corral.cli.data
+        from corral.cli.data import storage_limits
+
+        with client() as c:
+            c.set_storage_quota("group", name, **storage_limits(storage, files))
+        others = (gpus, max_gpus, user_max, cpus, cpus_max, memory, memory_max)
+        if all(option is None for option in others):
+            out.print(f"group {name}: storage quota set")
+            return
     fields: dict[str, float | None] = {}
     for key, value in (
         ("user_max_gpus", _limit(user_max, "--user-max", _count)),

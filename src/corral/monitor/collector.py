@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
+from corral.datasets.quotas import metric_samples
 from corral.db.models import Attempt, GpuClaim, Group, GroupQuota, Job, Node
 from corral.db.models import Gpu as GpuRow
 from corral.monitor.models import Alert, AlertNotification
@@ -66,6 +67,7 @@ def read_families(session: Session, now: float, state_dir: Path | None = None) -
     families += _job_families(session, now)
     families += _quota_families(session)
     families += _alert_families(session)
+    families += _storage_families(session)
     if state_dir is not None:
         families += _disk_families(state_dir)
     return families
@@ -284,6 +286,22 @@ def _quota_families(session: Session) -> list[Family]:
     for (gname, model), n in sorted(used_by.items()):
         used.add(_group_model(gname, model), n)
     return [used, guaranteed, limit]
+
+
+STORAGE_HELP = {
+    "corral_storage_used_bytes": "Storage used: datasets, plus the last scan of home or group directories.",
+    "corral_storage_used_files": "Files stored: datasets, plus the last scan of home or group directories.",
+    "corral_storage_quota_bytes": "Storage quota in bytes, where one is set.",
+    "corral_storage_quota_files": "Storage quota in files, where one is set.",
+}
+
+
+def _storage_families(session: Session) -> list[Family]:
+    """Storage usage and quotas per user and group (corral.datasets.quotas)."""
+    families = {name: Family(name, "gauge", text) for name, text in STORAGE_HELP.items()}
+    for metric, scope, name, value in metric_samples(session):
+        families[metric].add(f'scope="{_esc(scope)}",name="{_esc(name)}"', value)
+    return list(families.values())
 
 
 def _group_model(group: str, model: str) -> str:

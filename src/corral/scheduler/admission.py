@@ -219,6 +219,17 @@ def quota_refusals(job: Job, group: Group, models: Iterable[str]) -> tuple[Reaso
 
 
 SOURCE = "quota:cpu_memory"  # the source of the reasons ResourceQuota gives
+STORAGE_SOURCE = "quota:storage"
+
+
+def storage_refusal(group: Group) -> Reason | None:
+    """Why a job of `group` waits for storage: its group holds more than its storage quota (bytes
+    or files). It waits (never refused outright): freeing space lets it go on."""
+    if group.storage_over is None:
+        return None
+    return Reason(
+        "storage_quota", STORAGE_SOURCE, f"its group is over its storage quota: {group.storage_over}"
+    )
 
 
 class ResourceQuota:

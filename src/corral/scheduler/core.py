@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from operator import attrgetter
 
-from corral.scheduler.admission import QuotaLedger, ResourceQuota, build_queue
+from corral.scheduler.admission import QuotaLedger, ResourceQuota, build_queue, storage_refusal
 from corral.scheduler.backfill import Backfill
 from corral.scheduler.cluster import ClusterMemo, ClusterState
 from corral.scheduler.diagnosis import DiagnosisView, LazyDiagnoses
@@ -163,6 +163,10 @@ class Cycle:
                 queue.park(job)  # its group has no guaranteed quota left: borrowing pass
                 continue
             self.visited.append(job)
+            over_storage = storage_refusal(self.ledger.group(job.group)) if self.profile.quotas else None
+            if over_storage is not None:  # its group holds more than its storage quota: it waits
+                self.verdicts.wait_or_never(job, over_storage, False)
+                continue
             if self.replay and not info.never:
                 if token is None:
                     token = self.known.token()

@@ -182,6 +182,9 @@ class Group:
     # Hard limits on the CPUs and memory the group's running work holds in all; None = no limit.
     cpus_max: float | None = None
     memory_max_mib: int | None = None
+    # Why the group is over its storage quota (bytes or files), None when it is not: its new jobs
+    # wait (admission.storage_refusal). Filled by the platform's snapshot; the simulator has none.
+    storage_over: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from typing import NamedTuple, cast
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session, selectinload
 
+from corral.datasets.quotas import groups_over_quota
 from corral.db.diag_models import JobAvoid
 from corral.db.models import Attempt, Group, Job, Node, UsageLedger, User
 from corral.domain import Placement
@@ -47,6 +48,7 @@ class GroupRecord:
     quotas: tuple[QuotaRecord, ...] = ()
     cpus_max: float | None = None  # None: no limit
     memory_max_mib: int | None = None
+    storage_over: str | None = None  # why it is over its storage quota (corral.datasets.quotas)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +165,7 @@ def build_snapshot(
     )
     return st.Snapshot(
         nodes=state.nodes,
-        groups=tuple(scheduler_group(g) for g in state.groups),
+        groups=tuple(replace(scheduler_group(g), storage_over=g.storage_over) for g in state.groups),
         queued=tuple(
             scheduler_job(r, max_stop_grace_s)
             for r in sorted(state.queued, key=_submission)
@@ -293,7 +295,8 @@ def placeable_node(row: Node) -> st.Node:
 
 def read_cluster_state(session: Session) -> ClusterState:
     """One SELECT per table read: nodes, their GPUs, groups, their quotas, users, jobs (waiting and
-    live, with the live ones' current attempt joined), usage ledger, retry exclusions (tests/server/
+    live, with the live ones' current attempt joined), usage ledger, retry exclusions, the groups over their
+    storage quota (storage_accounts) (tests/server/
     test_snapshot_queries.py keeps it so)."""
     nodes = session.scalars(select(Node).options(selectinload(Node.gpus)).order_by(Node.name)).all()
     groups = session.scalars(select(Group).options(selectinload(Group.quotas)).order_by(Group.name)).all()
@@ -318,6 +321,7 @@ def read_cluster_state(session: Session) -> ClusterState:
     live = [row for row in jobs if row.state != JobState.QUEUED.value and row.attempt_id is not None]
     ledger = session.scalars(select(UsageLedger)).all()
     avoid = {a.job_id: a for a in session.scalars(select(JobAvoid))}
+    storage_over = groups_over_quota(session)
     return ClusterState(
         nodes=tuple(placeable_node(n) for n in nodes),
         groups=tuple(
@@ -329,6 +333,7 @@ def read_cluster_state(session: Session) -> ClusterState:
                 quotas=tuple(QuotaRecord(q.gpu_model, q.guaranteed, q.max) for q in g.quotas),
                 cpus_max=g.cpus_max,
                 memory_max_mib=g.memory_max_mib,
+                storage_over=storage_over.get(g.name),
             )
             for g in groups
         ),

@@ -36,6 +36,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import InstrumentedAttribute, Session, joinedload, selectinload
 
+from corral.datasets.mounts import record_lineage
 from corral.db.base import table_of
 from corral.db.models import Attempt, Gpu, Group, Job, JobEvent, Node, User
 from corral.scheduler import Profile, check_fits_anywhere
@@ -285,6 +286,7 @@ def submit_job(
     message = f"submitted by {principal.name} to group {group.name}"
     job_id = session.connection().execute(INSERT_JOB, columns).scalar_one()
     record_event(session, job_id, now, message, to_state=JobState.QUEUED.value, immediate=True)
+    record_lineage(session, job_id, spec.mounts)  # dataset versions it mounts (pinned at submit)
     notify.changed(session, notify.Topic.JOBS)
     session.commit()
     job = Job(id=job_id, attempts=[], **columns)  # transient: only read by the view

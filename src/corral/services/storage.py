@@ -13,6 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from corral.config import Settings
+from corral.datasets import mounts as _dataset_mounts  # noqa: F401  (registers the data/ source)
 from corral.db.models import Group, Job, User
 from corral.db.storage_models import StorageIdentity
 from corral.services import audit
@@ -32,7 +33,7 @@ MAX_LISTED = 10_000  # outputs entries listed at once
 def mount_context(session: Session, principal: Principal, root: Path) -> MountContext:
     ids = list(principal.group_roles)
     names = session.scalars(select(Group.name).where(Group.id.in_(ids))).all() if ids else []
-    return MountContext(principal.name, frozenset(names), root, principal.is_admin)
+    return MountContext(principal.name, frozenset(names), root, principal.is_admin, session)
 
 
 def check_job_storage(

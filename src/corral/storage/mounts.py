@@ -10,9 +10,11 @@ resolver, registered once at import of its module:
 
     def resolve_dataset(ctx: MountContext, req: MountRequest) -> Bind: ...
 
-The resolver is pure and session-free: it reads only `ctx` (who mounts, their groups, the root)
-and the request, may look at the filesystem, and raises MountRefused naming the source when the
-user may not have it or it does not exist. It returns the host path, the target in the sandbox
+The built-in resolvers are pure: they read only `ctx` (who mounts, their groups, the root) and
+the request, may look at the filesystem, and raise MountRefused naming the source when the user
+may not have it or it does not exist. Catalogue sources (`data/`: corral.datasets.mounts) also read
+their rows through `ctx.session`, the caller's database session (submit and launch both have one).
+A resolver returns the host path, the target in the sandbox
 (`req.target`, or its own default when that is empty), read-only or not, the exact source it
 resolved (recorded in the job's spec: `data/cifar` -> `data/cifar@3`, the lineage of the job)
 and the dirs to make on first use.
@@ -24,6 +26,7 @@ import posixpath
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from corral.storage.layout import (
     StorageDir,
@@ -34,6 +37,9 @@ from corral.storage.layout import (
     home_dir,
     through_symlink,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 SANDBOX_HOME = "/home"
 SANDBOX_GROUP = "/group"
@@ -62,6 +68,7 @@ class MountContext:
     groups: frozenset[str]  # every group the user is a member of
     root: Path  # the storage root
     is_admin: bool = False
+    session: Session | None = None  # for catalogue sources (datasets); None: they refuse
 
 
 @dataclass(frozen=True, slots=True)

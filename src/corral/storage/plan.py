@@ -80,7 +80,7 @@ def plan_jobs(session: Session, jobs: Sequence[Job], settings: Settings) -> dict
     for job in jobs:
         groups = groups_of.get(job.user_id, [])
         group_gids = {g.name: gids[g.id] for g in groups}
-        ctx = MountContext(job.user.name, frozenset(group_gids), root, job.user.is_admin)
+        ctx = MountContext(job.user.name, frozenset(group_gids), root, job.user.is_admin, session)
         plans[job.id] = _plan_one(job, ctx, uids[job.user_id], group_gids)
     return plans
 

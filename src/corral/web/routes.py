@@ -24,7 +24,18 @@ router = APIRouter(include_in_schema=False)
 STATIC_DIR = Path(str(resources.files("corral.web") / "static"))
 ASSET_PREFIX = "/portal-assets"
 # Top-level client routes of the single-page app; `/{section}/{rest}` covers `/jobs/42` etc.
-CLIENT_SECTIONS = ("login", "jobs", "submit", "nodes", "groups", "alerts", "usage", "profile", "not-found")
+CLIENT_SECTIONS = (
+    "login",
+    "jobs",
+    "submit",
+    "nodes",
+    "groups",
+    "data",
+    "alerts",
+    "usage",
+    "profile",
+    "not-found",
+)
 AUDIT_SECTION = "audit"  # the admin audit log (apart from the tuple: several areas add sections)
 
 # Assets are small and change only with a release; "no-cache" makes browsers revalidate (cheap

@@ -21,6 +21,7 @@ try:
     importlib.import_module("corral.monitor.models")
 except ModuleNotFoundError:
     pass
+importlib.import_module("corral.datasets.models")
 
 config = context.config
 target_metadata = Base.metadata

@@ -1,0 +1,278 @@
+"""`corral data ...` (datasets: push with a progress bar, pull, ls, show, versions, rm, share,
+import) and `corral storage ...` (usage vs quota, quotas of users)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from corral.cli.platform import Output, OutputOpt, client, friendly_errors, out, print_json, when
+from corral.datasets.names import BadName, parse_bytes, parse_ref
+from corral.datasets.quotas import human_bytes
+from corral.sdk import KEEP, Keep
+
+data_app = typer.Typer(
+    help="Datasets: named, versioned, shared read-only; jobs mount data/NAME or data/NAME@VERSION.",
+    no_args_is_help=True,
+)
+storage_app = typer.Typer(help="Storage usage and quotas.", no_args_is_help=True)
+
+
+def _ref(text: str) -> tuple[str, int | None]:
+    try:
+        return parse_ref(text)
+    except BadName as exc:
+        raise typer.BadParameter(str(exc))
+
+
+def _bar() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+
+
+@data_app.command("push")
+@friendly_errors
+def data_push(
+    name: str,
+    directory: Annotated[Path, typer.Argument(help="the directory to upload as the next version")],
+    group: Annotated[
+        str | None, typer.Option("--group", "-g", help="owned by this group (default: you)")
+    ] = None,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Upload DIRECTORY as the next version of dataset NAME: chunked, checksummed (sha256 per
+    file), atomic (the version appears only when complete). Interrupted? Run it again: it
+    resumes where it stopped."""
+    with client() as c, _bar() as bar:
+        task = bar.add_task(f"push {name}", total=None)
+        version = c.push_dataset(
+            name, directory, group=group, progress=lambda d, t: bar.update(task, completed=d, total=t)
+        )
+    if output is Output.json:
+        print_json(version)
+        return
+    resumed = " (resumed)" if version.get("resumed") else ""
+    size = human_bytes(version["bytes"])
+    out.print(f"dataset {name} v{version['version']}: {version['files']} files, {size}{resumed}")
+
+
+@data_app.command("pull")
+@friendly_errors
+def data_pull(
+    ref: Annotated[str, typer.Argument(help="NAME or NAME@VERSION (default: the latest)")],
+    directory: Annotated[Path, typer.Argument(help="where to put the files")],
+) -> None:
+    """Download a version's files into DIRECTORY, each checked against its sha256."""
+    name, version = _ref(ref)
+    with client() as c, _bar() as bar:
+        task = bar.add_task(f"pull {ref}", total=None)
+        got = c.pull_dataset(
+            name, directory, version=version, progress=lambda d, t: bar.update(task, completed=d, total=t)
+        )
+    out.print(
+        f"dataset {name} v{got['version']}: {got['files']} files, {human_bytes(got['bytes'])} in {directory}"
+    )
+
+
+def _owner(ds: dict[str, Any]) -> str:
+    owner = ds["owner"]
+    return f"group {owner['group']}" if owner.get("group") else f"user {owner['user']}"
+
+
+def _access(ds: dict[str, Any]) -> str:
+    if ds["public"]:
+        return "everyone"
+    return ", ".join(ds["shared_with"]) or "-"
+
+
+@data_app.command("ls")
+@friendly_errors
+def data_ls(output: OutputOpt = Output.table) -> None:
+    """Datasets you may read: yours, your groups', shared with you, public."""
+    with client() as c:
+        rows = c.datasets()
+    if output is Output.json:
+        print_json(rows)
+        return
+    table = Table("NAME", "OWNER", "LATEST", "VERSIONS", "SIZE", "FILES", "SHARED WITH", box=None)
+    for ds in rows:
+        latest = f"v{ds['latest']}" if ds["latest"] else "-"
+        table.add_row(
+            ds["name"],
+            _owner(ds),
+            latest,
+            str(ds["versions_count"]),
+            human_bytes(ds["bytes"]),
+            str(ds["files"]),
+            _access(ds),
+        )
+    out.print(table)
+
+
+@data_app.command("show")
+@friendly_errors
+def data_show(name: str, output: OutputOpt = Output.table) -> None:
+    """A dataset: owner, sharing, and its versions."""
+    with client() as c:
+        ds = c.dataset(name)
+    if output is Output.json:
+        print_json(ds)
+        return
+    out.print(f"dataset {ds['name']}  owner: {_owner(ds)}  shared with: {_access(ds)}", highlight=False)
+    mount = f"data/{ds['name']} or data/{ds['name']}@VERSION"
+    out.print(f"created {when(ds['created_at'])} by {ds['created_by']}; mount as {mount}", highlight=False)
+    _versions_table(ds)
+
+
+def _versions_table(ds: dict[str, Any]) -> None:
+    table = Table("VERSION", "SIZE", "FILES", "DIGEST", "SOURCE", "CREATED", "BY", box=None)
+    for v in ds["versions"]:
+        table.add_row(
+            f"v{v['version']}", human_bytes(v["bytes"]), str(v["files"]), v["digest"][:16], v["source"],
+            when(v["created_at"]), v["created_by"],
+        )  # fmt: skip
+    out.print(table)
+
+
+@data_app.command("versions")
+@friendly_errors
+def data_versions(name: str, output: OutputOpt = Output.table) -> None:
+    """A dataset's versions."""
+    with client() as c:
+        ds = c.dataset(name)
+    print_json(ds["versions"]) if output is Output.json else _versions_table(ds)
+
+
+@data_app.command("rm")
+@friendly_errors
+def data_rm(ref: Annotated[str, typer.Argument(help="NAME (every version) or NAME@VERSION")]) -> None:
+    """Delete a version or a whole dataset (refused while a job that has not ended uses it)."""
+    name, version = _ref(ref)
+    with client() as c:
+        c.delete_dataset(name, version)
+    out.print(f"deleted dataset {name}" + (f" v{version}" if version else ""))
+
+
+@data_app.command("share")
+@friendly_errors
+def data_share(
+    name: str,
+    group: Annotated[
+        list[str] | None, typer.Option("--group", "-g", help="give this group read access")
+    ] = None,
+    remove: Annotated[
+        list[str] | None, typer.Option("--remove", help="take this group's read access away")
+    ] = None,
+    public: Annotated[
+        bool | None, typer.Option("--public/--private", help="readable by everyone, or not")
+    ] = None,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Share a dataset read-only with groups or everyone (owner, its group's admins, admins)."""
+    if not group and not remove and public is None:
+        raise typer.BadParameter("give --group, --remove, --public or --private")
+    with client() as c:
+        ds = c.share_dataset(name, add_groups=group, remove_groups=remove, public=public)
+    print_json(ds) if output is Output.json else out.print(
+        f"dataset {name}: readable by {_access(ds)} (and its owner)"
+    )
+
+
+@data_app.command("import")
+@friendly_errors
+def data_import(
+    name: str,
+    path: Annotated[str, typer.Argument(help="a directory on the server under CORRAL_DATASET_IMPORT_ROOTS")],
+    group: Annotated[str | None, typer.Option("--group", "-g")] = None,
+) -> None:
+    """Admins: a new version copied from a server-side directory."""
+    with client() as c:
+        v = c.import_dataset(name, path, group=group)
+    out.print(f"dataset {name} v{v['version']}: {v['files']} files, {human_bytes(v['bytes'])}")
+
+
+# --- storage ------------------------------------------------------------------------------------
+
+
+def limit_text(used: float, limit: float | None, fmt: Any = str) -> str:
+    return f"{fmt(used)} / {'-' if limit is None else fmt(limit)}"
+
+
+@storage_app.command("usage")
+@friendly_errors
+def storage_usage(output: OutputOpt = Output.table) -> None:
+    """Storage used vs quota per user and group (datasets, plus the background scan of home and
+    group directories)."""
+    with client() as c:
+        rows = c.storage_usage()
+    if output is Output.json:
+        print_json(rows)
+        return
+    table = Table(
+        "SCOPE", "NAME", "BYTES used/quota", "FILES used/quota", "DATASETS", "SCANNED", "OVER", box=None
+    )
+    for r in rows:
+        table.add_row(
+            r["scope"], r["name"], limit_text(r["used_bytes"], r["max_bytes"], human_bytes),
+            limit_text(r["used_files"], r["max_files"]), human_bytes(r["dataset_bytes"]),
+            when(r["scanned_at"]), "yes" if r["over_quota"] else "",
+        )  # fmt: skip
+    out.print(table)
+
+
+def storage_limits(storage: str | None, files: str | None) -> dict[str, int | Keep | None]:
+    """--storage / --files option values -> set_storage_quota keywords ('none' = no limit)."""
+    fields: dict[str, int | Keep | None] = {"max_bytes": KEEP, "max_files": KEEP}
+    for key, value, parse in (("max_bytes", storage, parse_bytes), ("max_files", files, int)):
+        if value is None:
+            continue
+        if value.strip().lower() in ("none", "unlimited", "-"):
+            fields[key] = None
+            continue
+        try:
+            fields[key] = parse(value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc))
+    return fields
+
+
+@storage_app.command("quota")
+@friendly_errors
+def storage_quota(
+    scope: Annotated[str, typer.Argument(help="user or group")],
+    name: str,
+    storage: Annotated[
+        str | None, typer.Option("--storage", help="bytes, e.g. 2TiB; 'none' = no limit")
+    ] = None,
+    files: Annotated[str | None, typer.Option("--files", help="number of files; 'none' = no limit")] = None,
+) -> None:
+    """Set a user's or a group's storage quota (admin)."""
+    if storage is None and files is None:
+        raise typer.BadParameter("give --storage and/or --files")
+    with client() as c:
+        row = c.set_storage_quota(scope, name, **storage_limits(storage, files))
+    bytes_text = limit_text(row["used_bytes"], row["max_bytes"], human_bytes)
+    out.print(
+        f"{scope} {name}: storage {bytes_text}, files {limit_text(row['used_files'], row['max_files'])}"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(data_app, name="data")
+    app.add_typer(storage_app, name="storage")

@@ -1,0 +1,265 @@
+"""Datasets over the API (in-process app, SQLite and PostgreSQL): sharing, version pinning, the
+mount source, lineage and the delete refusal, quotas, bad input and stale uploads. The real
+server, the CLI and interrupted pushes: tests/datasets/test_datasets_server.py."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from corral.datasets import service, uploads
+from corral.datasets.models import DatasetUpload, DatasetVersion
+from corral.datasets.store import Store
+from corral.db.models import Group, Job, User
+from corral.spec import JobSpecV1
+from tests.api.conftest import World
+from tests.datasets import protocol
+
+API = "/api/v1"
+V1 = {"train/x.bin": b"\x00" * 3000, "labels.txt": b"cat\ndog\n"}
+V2 = {"train/x.bin": b"\x01" * 3000, "labels.txt": b"cat\ndog\nbird\n"}
+
+
+def store_of(world: World) -> Store:
+    return Store(world.client.app.state.settings.storage_path)  # type: ignore[attr-defined]
+
+
+def staged_entries(world: World) -> list[str]:
+    uploads_dir = store_of(world).uploads
+    return sorted(os.listdir(uploads_dir)) if uploads_dir.exists() else []
+
+
+def add_job(world: World, user: str, group: str, state: str = "queued") -> int:
+    spec = JobSpecV1.model_validate({"name": "uses-data", "command": "true", "resources": {"cpus": 1}})
+    with world.session_factory() as db:
+        uid = db.query(User.id).filter(User.name == user).scalar()
+        gid = db.query(Group.id).filter(Group.name == group).scalar()
+        now = time.time()
+        job = Job(
+            name="uses-data",
+            user_id=uid,
+            group_id=gid,
+            state=state,
+            spec=spec,
+            submitted_at=now,
+            updated_at=now,
+        )
+        db.add(job)
+        db.commit()
+        return job.id
+
+
+def test_group_dataset_shared_read_only_with_versions_pinned(world: World) -> None:
+    alice, bob, carol = world.as_("alice"), world.as_("bob"), world.as_("carol")
+    assert protocol.push(world.client, alice, "cifar", V1, group="vision").status_code == 201
+    assert protocol.push(world.client, bob, "cifar", V2).json()["version"] == 2  # a member pushes v2
+    # carol (nlp) sees nothing until it is shared with nlp; then reads but cannot change it.
+    assert world.client.get(f"{API}/datasets/cifar", headers=carol).status_code == 404
+    assert world.client.get(f"{API}/datasets", headers=carol).json() == []
+    r = world.client.put(f"{API}/datasets/cifar/share", json={"add_groups": ["nlp"]}, headers=alice)
+    assert r.status_code == 403, r.text  # alice is a member of vision, not its admin
+    r = world.client.put(f"{API}/datasets/cifar/share", json={"add_groups": ["nlp"]}, headers=bob)
+    assert r.status_code == 200 and r.json()["shared_with"] == ["nlp"], r.text
+    shown = world.client.get(f"{API}/datasets/cifar", headers=carol).json()
+    assert [v["version"] for v in shown["versions"]] == [1, 2] and shown["latest"] == 2
+    assert shown["owner"] == {"user": None, "group": "vision"}
+    pinned = world.client.get(f"{API}/datasets/cifar/versions/1/files/labels.txt", headers=carol)
+    assert pinned.content == V1["labels.txt"]
+    latest = world.client.get(f"{API}/datasets/cifar/versions/latest/manifest", headers=carol)
+    assert latest.headers["X-Corral-Version"] == "2"
+    assert (
+        f"labels.txt\t{len(V2['labels.txt'])}\t{hashlib.sha256(V2['labels.txt']).hexdigest()}" in latest.text
+    )
+    r = protocol.start(world.client, carol, "cifar", {"x": b"1"})
+    assert r.status_code == 403 and "belongs to someone else" in r.text
+    assert world.client.delete(f"{API}/datasets/cifar/versions/1", headers=carol).status_code == 403
+    # On disk: read-only files and directories.
+    with world.session_factory() as db:
+        path, version = service.resolve_dataset_ref(db, "carol", {"nlp"}, "data/cifar@1")
+    assert version == 1 and (Path(path) / "labels.txt").read_bytes() == V1["labels.txt"]
+    assert (
+        os.stat(path).st_mode & 0o777 == 0o555 and os.stat(Path(path) / "labels.txt").st_mode & 0o777 == 0o444
+    )
+
+
+def test_mount_source_resolves_latest_and_refuses_unknown_or_unreadable(world: World) -> None:
+    assert protocol.push(world.client, world.as_("alice"), "mnist", V1).status_code == 201
+    assert protocol.push(world.client, world.as_("alice"), "mnist", V2).status_code == 201
+    service.set_store(store_of(world))
+    with world.session_factory() as db:
+        path, version = service.resolve_dataset_ref(db, "alice", {"vision"}, "data/mnist")
+        assert version == 2 and path.endswith("/v2")
+        assert Path(path, "labels.txt").read_bytes() == V2["labels.txt"]
+        for ref, who, words in (
+            ("data/mnist@7", "alice", "has no version v7 (it has v1, v2)"),
+            ("data/nope", "alice", "no dataset named 'nope'"),
+            ("data/mnist", "carol", "no dataset named 'mnist' that carol may read"),
+            ("data/../etc", "alice", "bad dataset name"),
+            ("data/mnist@x", "alice", "bad dataset version"),
+        ):
+            with pytest.raises(service.DatasetRefError, match=words.replace("(", r"\(").replace(")", r"\)")):
+                service.resolve_dataset_ref(db, who, {"vision"} if who == "alice" else {"nlp"}, ref)
+
+
+def test_delete_refused_while_a_job_uses_the_version(world: World) -> None:
+    alice = world.as_("alice")
+    assert protocol.push(world.client, alice, "imagenet", V1).status_code == 201
+    assert protocol.push(world.client, alice, "imagenet", V2).status_code == 201
+    running = add_job(world, "alice", "vision", "running")
+    with world.session_factory() as db:
+        ds_id = db.query(DatasetVersion.dataset_id).limit(1).scalar()
+        service.record_job_datasets(db, running, [(ds_id, 1)])
+        service.record_job_datasets(db, running, [(ds_id, 1)])  # idempotent
+        db.commit()
+        assert service.jobs_using(db, ds_id, 1) == [running] and service.jobs_using(db, ds_id, 2) == []
+        assert service.job_datasets(db, running) == [{"dataset": "imagenet", "version": 1}]
+    r = world.client.delete(f"{API}/datasets/imagenet/versions/1", headers=alice)
+    assert r.status_code == 409 and f"in use by 1 job(s) that have not ended: {running}" in r.json()["detail"]
+    r = world.client.delete(f"{API}/datasets/imagenet", headers=alice)
+    assert r.status_code == 409 and str(running) in r.json()["detail"]
+    assert world.client.delete(f"{API}/datasets/imagenet/versions/2", headers=alice).status_code == 204
+    with world.session_factory() as db:  # the job ends: the version may go
+        db.get(Job, running).state = "succeeded"  # type: ignore[union-attr]
+        db.commit()
+    assert world.client.delete(f"{API}/datasets/imagenet", headers=alice).status_code == 204
+    assert world.client.get(f"{API}/datasets/imagenet", headers=alice).status_code == 404
+    assert not store_of(world).dataset_dir(ds_id).exists()
+    usage = world.client.get(f"{API}/storage/usage", headers=alice).json()
+    assert [(u["name"], u["used_bytes"]) for u in usage if u["scope"] == "user"] == [("alice", 0)]
+
+
+def test_quota_refuses_an_upload_before_any_byte_and_per_chunk(world: World) -> None:
+    admin, alice = world.as_("admin"), world.as_("alice")
+    r = world.client.put(
+        f"{API}/storage/quota/group/vision", json={"max_bytes": 4000, "max_files": 10}, headers=admin
+    )
+    assert r.status_code == 200 and r.json()["max_bytes"] == 4000
+    big = {"a.bin": b"x" * 5000}
+    r = protocol.start(world.client, alice, "big", big, group="vision")
+    assert (
+        r.status_code == 403 and "storage quota exceeded: group vision may hold 3.9 KiB" in r.json()["detail"]
+    )
+    assert staged_entries(world) == []  # nothing written
+    # Within the quota it starts; lowered meanwhile, the next chunk is refused.
+    small = {"a.bin": b"y" * 3500}
+    uid = protocol.start(world.client, alice, "small", small, group="vision").json()["id"]
+    assert protocol.register(world.client, alice, uid, small).status_code == 200
+    world.client.put(f"{API}/storage/quota/group/vision", json={"max_bytes": 1000}, headers=admin)
+    r = protocol.chunk(world.client, alice, uid, "a.bin", 0, small["a.bin"])
+    assert r.status_code == 403 and "storage quota exceeded" in r.text
+    assert os.listdir(store_of(world).staging_dir(uid)) == []
+    world.client.put(
+        f"{API}/storage/quota/group/vision", json={"max_bytes": None, "max_files": 1}, headers=admin
+    )
+    r = protocol.start(world.client, alice, "two", {"a": b"1", "b": b"2"}, group="vision")
+    assert r.status_code == 403 and "file quota exceeded: group vision may hold 1 files" in r.text
+    assert world.client.get(f"{API}/datasets", headers=alice).json() == []
+
+
+def test_bad_input_is_refused_with_the_reason(world: World) -> None:
+    alice = world.as_("alice")
+    for name in ("a/b", "..", "bad\x01name", "-x", "uploads", "x" * 65):
+        r = protocol.start(world.client, alice, name, V1)
+        assert r.status_code == 422, (name, r.text)
+    files = {"ok.txt": b"1"}
+    uid = protocol.start(world.client, alice, "trav", files).json()["id"]
+    sha = hashlib.sha256(b"1").hexdigest()
+    for path, words in (
+        ("../etc/passwd", "path traversal"),
+        ("/etc/passwd", "must be relative"),
+        ("a/./b", "path traversal"),
+        ("nul\x00x", "NUL or control character"),
+        ("a\\b", "must be relative"),
+    ):
+        r = world.client.post(
+            f"{API}/datasets/uploads/{uid}/files",
+            json={"files": [{"path": path, "size": 1, "sha256": sha}]},
+            headers=alice,
+        )
+        assert r.status_code == 422 and words in r.text, (path, r.text)
+    assert protocol.register(world.client, alice, uid, files).status_code == 200
+    r = protocol.chunk(world.client, alice, uid, "../ok.txt", 0, b"1")
+    assert r.status_code == 422 and "path traversal" in r.text
+    r = protocol.chunk(world.client, alice, uid, "ok.txt", 1, b"1")
+    assert r.status_code == 409 and "expected a chunk at offset 0" in r.text
+    r = protocol.chunk(world.client, alice, uid, "ok.txt", 0, b"2")  # wrong content
+    assert r.status_code == 422 and "sha256 of the bytes received" in r.text
+    r = protocol.complete(world.client, alice, uid)
+    assert r.status_code == 409 and "not complete" in r.text
+    assert world.client.get(f"{API}/datasets/trav", headers=alice).status_code == 404  # nothing visible
+    assert protocol.chunk(world.client, alice, uid, "ok.txt", 0, b"1").status_code == 200
+    assert protocol.complete(world.client, alice, uid).json()["version"] == 1
+    r = world.client.put(f"{API}/datasets/trav/share", json={"add_groups": ["nl\x00p"]}, headers=alice)
+    assert r.status_code == 422 and "control character" in r.text
+    r = protocol.start(world.client, alice, "other", files, group="vis\x00ion")
+    assert r.status_code == 422 and "control character" in r.text
+    r = protocol.start(world.client, alice, "trav", files)  # the same content again
+    assert r.status_code == 409 and "v1 already holds exactly this content" in r.text
+    for url, words in (
+        (f"{API}/datasets/nope", "no dataset named 'nope'"),
+        (f"{API}/datasets/trav/versions/9/manifest", "has no version v9 (it has v1)"),
+        (f"{API}/datasets/trav/versions/1/files/missing.txt", "has no file 'missing.txt'"),
+        (f"{API}/datasets/trav/versions/1/files/..%2F..%2Fetc%2Fpasswd", "path traversal"),
+    ):
+        r = world.client.get(url, headers=alice)
+        assert r.status_code in (404, 422) and words in r.text, (url, r.text)
+
+
+def test_stale_uploads_and_orphans_are_cleaned(world: World) -> None:
+    alice = world.as_("alice")
+    files = {"a.bin": b"a" * 100, "b.bin": b"b" * 100}
+    uid = protocol.start(world.client, alice, "stale", files).json()["id"]
+    protocol.register(world.client, alice, uid, files)
+    assert protocol.chunk(world.client, alice, uid, "a.bin", 0, files["a.bin"]).status_code == 200
+    store = store_of(world)
+    orphan = store.version_dir(999, 1)  # as a crash between the rename and the commit leaves it
+    orphan.mkdir(parents=True)
+    (orphan / "f").write_text("x")
+    with world.session_factory() as db:
+        assert uploads.clean_stale(db, store, time.time(), 3600.0) == []  # not idle long enough
+        assert uploads.clean_stale(db, store, time.time() + 7200, 3600.0) == [uid]
+        assert db.get(DatasetUpload, uid) is None
+    assert not store.staging_dir(uid).exists() and not orphan.exists()
+    assert os.listdir(store.trash) == []
+    r = protocol.chunk(world.client, alice, uid, "b.bin", 0, files["b.bin"])
+    assert r.status_code == 404 and "removed after its timeout" in r.text
+
+
+def test_import_from_an_allowed_root_only(world: World, tmp_path: Path) -> None:
+    root = tmp_path / "imports"
+    (root / "ds" / "sub").mkdir(parents=True)
+    (root / "ds" / "sub" / "f.txt").write_text("data")
+    (tmp_path / "secret").write_text("s")
+    world.client.app.state.settings.dataset_import_roots = str(root)  # type: ignore[attr-defined]
+    admin = world.as_("admin")
+    r = world.client.post(
+        f"{API}/datasets/import", json={"name": "imp", "path": str(tmp_path)}, headers=admin
+    )
+    assert r.status_code == 403 and "not under an allowed import root" in r.text
+    r = world.client.post(
+        f"{API}/datasets/import", json={"name": "imp", "path": str(root / "ds")}, headers=admin
+    )
+    assert r.status_code == 201 and r.json()["files"] == 1, r.text
+    (root / "ds" / "link").symlink_to(tmp_path / "secret")
+    r = world.client.post(
+        f"{API}/datasets/import", json={"name": "imp", "path": str(root / "ds")}, headers=admin
+    )
+    assert r.status_code == 422 and "a link pointing outside the dataset" in r.text
+    got = world.client.get(f"{API}/datasets/imp/versions/1/files/sub/f.txt", headers=admin)
+    assert got.content == b"data"
+
+
+def test_upload_chunks_may_exceed_the_api_body_limit_up_to_the_chunk_size(world: World) -> None:
+    settings = world.client.app.state.settings  # type: ignore[attr-defined]
+    two_mib = {"big.bin": os.urandom(2 * 1024 * 1024)}
+    assert settings.api_max_body_bytes < 2 * 1024 * 1024 <= settings.dataset_chunk_bytes
+    r = protocol.push(world.client, world.as_("alice"), "bigchunk", two_mib)
+    assert r.status_code == 201 and r.json()["bytes"] == 2 * 1024 * 1024, r.text
+    r = world.client.post(
+        f"{API}/datasets/uploads", content=b"x" * (2 * 1024 * 1024), headers=world.as_("alice")
+    )
+    assert r.status_code == 413 and "CORRAL_API_MAX_BODY_BYTES" in r.text
