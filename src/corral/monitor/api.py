@@ -151,6 +151,11 @@ class GpuFault(BaseModel):
     xid: int | None = Field(None, ge=0)
     lost: bool | None = None
     clear: bool = False
+    # gradual faults: rates per second from now on (0 stops one); see corral.monitor.gpu
+    temperature_ramp_c_per_s: float | None = Field(None, ge=0, le=100)
+    ecc_corrected_per_s: float | None = Field(None, ge=0, le=1000)
+    flap_period_s: float | None = Field(None, ge=0)
+    flap_down_s: float | None = Field(None, ge=0)
 
 
 @router.post("/api/v1/chaos/gpus/{node}/{index}")
