@@ -32,7 +32,7 @@ is scored on the absolute signals only (lost, flapping, ECC, Xid).
 
 from __future__ import annotations
 
-import itertools
+import bisect
 import math
 import statistics
 from collections import deque
@@ -69,7 +69,8 @@ class DetectorConfig:
     trend_horizon_s: float = 3600.0  # a projected crossing within this scores (sooner: higher)
     ecc_low: float = 3.0  # correctable errors above the baseline's expectation that start to score
     ecc_high: float = 10.0
-    dropouts_high: int = 3  # drop-outs in the window that score 1 (one scores 1/3)
+    dropouts_high: int = 4  # drop-outs in the window that score 1 (one scores 1/4)
+    app_xid_max: float = 0.5  # application Xids (13, 31, 43...) alone never make a GPU risky
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class _Reading:
     util: float
     util_smooth: float  # utilisation smoothed with the thermal lag: what the temperature follows
     settled: bool  # no load change for settle_s: the temperature has caught up with the load
+    load_bin: int  # _load_bin(util_smooth)
     temp: float
     power: float
     ecc_corrected: int
@@ -123,13 +125,16 @@ class _Baseline:
     ecc_rate: float  # correctable errors per second
 
     def level(self, r: _Reading) -> _LoadLevel | None:
-        return self.levels.get(_load_bin(r.util_smooth))
+        return self.levels.get(r.load_bin)
 
 
 @dataclass
 class _GpuState:
-    readings: deque[_Reading] = field(default_factory=deque)
+    readings: list[_Reading] = field(default_factory=list)  # oldest first, within window_s
+    times: list[float] = field(default_factory=list)  # their times, for bisecting
+    dropouts: deque[float] = field(default_factory=deque)  # when it went from present to absent
     util_smooth: float | None = None
+    residual_score: float = 0.0  # the temperature/power signals' last score (gates learning)
     load_anchor: float = 0.0  # smoothed utilisation at the last load change
     load_changed_at: float = float("-inf")
     baseline: _Baseline | None = None
@@ -147,9 +152,17 @@ class AnomalyDetector:
         """One sampling pass. GPUs absent from `samples` keep their last score; `forget` drops them."""
         for s in samples:
             state = self._gpus.setdefault((s.node, s.index), _GpuState())
-            state.readings.append(self._reading(state, s, now))
-            while state.readings and state.readings[0].t < now - self.config.window_s:
-                state.readings.popleft()
+            reading = self._reading(state, s, now)
+            if state.readings and state.readings[-1].present and not reading.present:
+                state.dropouts.append(now)
+            state.readings.append(reading)
+            state.times.append(now)
+            start = now - self.config.window_s
+            cut = bisect.bisect_left(state.times, start)
+            if cut:
+                del state.readings[:cut], state.times[:cut]
+            while state.dropouts and state.dropouts[0] < start:
+                state.dropouts.popleft()
             state.score = self._score(s.node, s.index, state, now)
 
     def forget(self, keep: Iterable[tuple[str, int]]) -> None:
@@ -187,7 +200,7 @@ class AnomalyDetector:
         settled = now - state.load_changed_at >= self.config.settle_s
         return _Reading(
             t=now, present=s.present, util=util, util_smooth=smooth, settled=settled,
-            temp=s.temperature_c, power=s.power_w,
+            load_bin=_load_bin(smooth), temp=s.temperature_c, power=s.power_w,
             ecc_corrected=s.ecc_aggregate_corrected, ecc_uncorrected=s.ecc_volatile_uncorrected,
             xids=s.xid_events_total, last_xid=s.last_xid,
         )  # fmt: skip
@@ -195,38 +208,34 @@ class AnomalyDetector:
     def _score(self, node: str, index: int, state: _GpuState, now: float) -> GpuScore:
         cfg = self.config
         readings = state.readings
-        recent = _since(readings, now - cfg.recent_s)
-        previous = state.score.score if state.score is not None else 0.0
-        # Refit the baseline now and then, and never from readings that already looked anomalous:
-        # learning a fault as the new normal would hide a slow ramp from its own baseline.
-        if previous < cfg.learn_below and (
+        recent = _since(state, now - cfg.recent_s)
+        # Refit the baseline now and then, and never while the temperature or power looks
+        # anomalous: learning a fault as the new normal would hide a slow ramp from its baseline.
+        # (Only those signals gate it: a drop-out or an Xid says nothing about thermal normality.)
+        if state.residual_score < cfg.learn_below and (
             state.baseline is None or now - state.baseline.fitted_at >= cfg.baseline_refresh_s
         ):
             base = [r for r in readings if r.t < now - cfg.recent_s and r.present]
             if len(base) >= cfg.min_baseline:
                 state.baseline = fit_baseline(base, now, cfg)
         signals = [
-            _presence_signal(readings, cfg),
-            _ecc_signal(_since(readings, now - cfg.ecc_window_s), state.baseline, cfg),
-            _xid_signal(readings),
+            _presence_signal(readings, len(state.dropouts), cfg),
+            _ecc_signal(_since(state, now - cfg.ecc_window_s), state.baseline, cfg),
+            _xid_signal(readings, cfg),
         ]
         if state.baseline is not None:
-            trend = [r for r in _since(readings, now - cfg.trend_s) if r.present]
-            signals += _residual_signals([r for r in recent if r.present], trend, state.baseline, cfg)
+            trend = [r for r in _since(state, now - cfg.trend_s) if r.present]
+            residual = _residual_signals([r for r in recent if r.present], trend, state.baseline, cfg)
+            state.residual_score = max((s for s, _ in residual), default=0.0)
+            signals += residual
         found = sorted((s for s in signals if s[0] > 0), key=lambda s: -s[0])
         score = found[0][0] if found else 0.0
         return GpuScore(node, index, round(score, 4), tuple(reason for _, reason in found))
 
 
-def _since(readings: deque[_Reading], start: float) -> list[_Reading]:
-    """The readings at or after `start` (walks back from the newest: recent windows are short)."""
-    out: list[_Reading] = []
-    for r in reversed(readings):
-        if r.t < start:
-            break
-        out.append(r)
-    out.reverse()
-    return out
+def _since(state: _GpuState, start: float) -> list[_Reading]:
+    """The readings at or after `start`."""
+    return state.readings[bisect.bisect_left(state.times, start) :]
 
 
 def node_risk(node: str, scores: Sequence[GpuScore]) -> NodeRisk:
@@ -268,7 +277,7 @@ def fit_baseline(base: Sequence[_Reading], now: float, cfg: DetectorConfig) -> _
     by_bin: dict[int, list[_Reading]] = {}
     for r in base:
         if r.settled:
-            by_bin.setdefault(_load_bin(r.util_smooth), []).append(r)
+            by_bin.setdefault(r.load_bin, []).append(r)
     levels = {}
     for key, rows in by_bin.items():
         if len(rows) >= cfg.min_baseline:
@@ -328,28 +337,27 @@ def _ecc_signal(recent: Sequence[_Reading], b: _Baseline | None, cfg: DetectorCo
     return _ramp(excess, cfg.ecc_low, cfg.ecc_high), reason
 
 
-def _xid_signal(readings: Sequence[_Reading]) -> tuple[float, str]:
+def _xid_signal(readings: Sequence[_Reading], cfg: DetectorConfig) -> tuple[float, str]:
     if len(readings) < 2:
         return 0.0, ""
     new = readings[-1].xids - readings[0].xids
     if new <= 0:
         return 0.0, ""
     code = readings[-1].last_xid
-    weight = 1.0 if code in HARDWARE_XIDS else 0.3  # 13/31/43: often the application's own fault
-    return min(1.0, weight * new), f"{new} Xid event(s) in the last {_span(readings)}, last Xid {code}"
+    # 13/31/43 and friends are often the application's own fault: they weigh less, and alone
+    # they never reach the alarm threshold.
+    score = min(1.0, new) if code in HARDWARE_XIDS else min(cfg.app_xid_max, 0.2 * new)
+    return score, f"{new} Xid event(s) in the last {_span(readings)}, last Xid {code}"
 
 
-def _presence_signal(readings: Sequence[_Reading], cfg: DetectorConfig) -> tuple[float, str]:
-    if not readings:
-        return 0.0, ""
-    if not readings[-1].present:
-        out_for = 1
-        while out_for < len(readings) and not readings[-1 - out_for].present:
-            out_for += 1
-        return (1.0 if out_for >= 2 else 0.5), "GPU not answering"
-    dropouts = sum(1 for a, b in itertools.pairwise(readings) if a.present and not b.present)
-    reason = f"dropped out {dropouts} time(s) in the last {_span(readings)}"
-    return min(1.0, dropouts / cfg.dropouts_high), reason
+def _presence_signal(readings: Sequence[_Reading], dropouts: int, cfg: DetectorConfig) -> tuple[float, str]:
+    """A GPU out for two readings in a row is lost; one missed read is half that. Drop-outs that
+    came back count too: a flapping GPU or node scores before it goes for good."""
+    flapping = min(1.0, dropouts / cfg.dropouts_high)
+    if readings and not readings[-1].present:
+        lost = len(readings) >= 2 and not readings[-2].present
+        return max(flapping, 1.0 if lost else 0.5), "GPU not answering"
+    return flapping, f"dropped out {dropouts} time(s) in the last {_span(readings)}"
 
 
 def _span(readings: Sequence[_Reading]) -> str:

@@ -20,7 +20,7 @@ from corral.monitor.config import (
 from corral.monitor.gpu import GpuSample, GpuSampler
 from corral.monitor.health import check_nodes, check_ooms, sample_and_check_gpus
 from corral.monitor.idle import enforce_idle_policy
-from corral.monitor.risk import update_risk
+from corral.monitor.risk import detector_config, update_risk
 from corral.server.context import BackgroundLoop, ServerContext
 
 log = logging.getLogger("corral.monitor.loops")
@@ -66,9 +66,10 @@ def gpu_tick(ctx: ServerContext, now: float) -> None:
 
 def _score_risk(ctx: ServerContext, session: Session, samples: list[GpuSample], now: float) -> None:
     """The anomaly detector sees every sampling pass; a failure here never stops the sampling."""
+    wanted = detector_config(monitor_config(ctx).anomaly)
     detector = ctx.memory.anomaly_detector
-    if detector is None:
-        detector = ctx.memory.anomaly_detector = AnomalyDetector()
+    if detector is None or detector.config != wanted:  # first pass, or monitor.yml changed
+        detector = ctx.memory.anomaly_detector = AnomalyDetector(wanted)
     try:
         update_risk(session, detector, samples, now)
         session.commit()

@@ -18,8 +18,9 @@ from fastapi import APIRouter, Query
 from sqlalchemy.orm import Session
 
 from corral.api.deps import DB, CurrentUser
-from corral.monitor.anomaly import AnomalyDetector, NodeRisk
+from corral.monitor.anomaly import AnomalyDetector, DetectorConfig, NodeRisk
 from corral.monitor.collector import Family, _esc
+from corral.monitor.config import AnomalyRules
 from corral.monitor.gpu import GpuSample
 from corral.monitor.models import MonitorState
 
@@ -27,6 +28,14 @@ STATE_KEY = "anomaly"
 MAX_REASONS = 5  # per node, in the stored view: enough to say why, short enough to scan
 
 router = APIRouter()
+
+
+def detector_config(rules: AnomalyRules) -> DetectorConfig:
+    return DetectorConfig(
+        window_s=rules.window, recent_s=rules.recent, trend_s=rules.trend, settle_s=rules.settle,
+        baseline_refresh_s=rules.baseline_refresh, ecc_window_s=rules.ecc_window,
+        min_baseline=rules.min_baseline, temp_limit_c=rules.temperature_limit_c,
+    )  # fmt: skip
 
 
 def update_risk(
