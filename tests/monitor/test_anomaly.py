@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import typer
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from corral.cli.monitor import parse_rate
 from corral.monitor.anomaly import AnomalyDetector, pairwise_slope, robust_center
+from corral.monitor.config import MonitorConfigError, load_monitor_config
 from corral.monitor.gpu import GpuRef, GpuSample, fault_reading, merge_fault
 
 STEP = 10.0  # the server's default sample interval
@@ -197,3 +199,13 @@ def test_rates_on_the_command_line() -> None:
     for bad in ("fast", "1/week", "-1/s", "nan/s"):
         with pytest.raises(typer.BadParameter, match="--ramp: expected a rate"):
             parse_rate(bad, "--ramp")
+
+
+def test_anomaly_time_scales_in_monitor_yml_are_validated_with_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "monitor.yml"
+    path.write_text("health: {notify: false}\nanomaly:\n  window: 10m\n  recent: 15m\n")
+    with pytest.raises(MonitorConfigError, match=r"monitor.yml:\d+:.*below anomaly.window"):
+        load_monitor_config(path)
+    path.write_text("anomaly: {window: 2h, recent: 10m, settle: 2m}\n")
+    rules = load_monitor_config(path).anomaly
+    assert (rules.window, rules.recent, rules.settle, rules.trend) == (7200, 600, 120, 900)
