@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from corral.cli.monitor import parse_rate
 from corral.monitor.anomaly import AnomalyDetector, pairwise_slope, robust_center
 from corral.monitor.config import MonitorConfigError, load_monitor_config
-from corral.monitor.gpu import GpuRef, GpuSample, fault_reading, merge_fault
+from corral.monitor.gpu import GpuRef, GpuSample, fault_reading, merge_fault, read_faults
+from tests.monitor.conftest import Mon
 
 STEP = 10.0  # the server's default sample interval
 ALARM = 0.6  # deploy/prometheus/rules/corral-anomaly.yml
@@ -209,3 +210,23 @@ def test_anomaly_time_scales_in_monitor_yml_are_validated_with_the_line(tmp_path
     path.write_text("anomaly: {window: 2h, recent: 10m, settle: 2m}\n")
     rules = load_monitor_config(path).anomaly
     assert (rules.window, rules.recent, rules.settle, rules.trend) == (7200, 600, 120, 900)
+
+
+def test_gradual_faults_through_the_admin_chaos_endpoint(mon: Mon) -> None:
+    url = "/api/v1/chaos/gpus/node0001/1"
+    with mon.app_client() as client:
+        bad = client.post(url, json={"flap_period_s": 10, "flap_down_s": 10}, headers=mon.admin)
+        assert bad.status_code == 422 and "flap_down_s must be shorter" in bad.text
+        assert client.post(url, json={"temperature_ramp_c_per_s": -1}, headers=mon.admin).status_code == 422
+        assert read_faults(mon.home) == {}
+        ok = client.post(
+            url,
+            json={"temperature_c": 40, "temperature_ramp_c_per_s": 0.5, "ecc_corrected_per_s": 1},
+            headers=mon.admin,
+        )
+        assert ok.status_code == 200, ok.text
+    fault = read_faults(mon.home)["node0001/1"]
+    later = fault_reading(
+        GpuRef("node0001", 1, "GPU-virt-x", 81920), fault, fault["temperature_ramp_since"] + 20
+    )
+    assert later.temperature_c == 50 and later.ecc_aggregate_corrected == 20
