@@ -282,6 +282,11 @@ class Client:
     def nodes(self) -> list[dict[str, Any]]:
         return self.request("GET", "/nodes")
 
+    # --- anomaly detection (corral.monitor.risk)
+    def node_risk(self, min_risk: float = 0.0) -> dict[str, Any]:
+        """{"updated_at", "nodes": [{"node", "risk", "reasons", "gpus"}]}, highest risk first."""
+        return self.request("GET", "/nodes/risk", params={"min_risk": min_risk})
+
     def node_action(self, name: str, action: str) -> dict[str, Any]:
         """action: cordon | uncordon | drain (admin)."""
         return self.request("POST", f"/nodes/{name}/{action}")

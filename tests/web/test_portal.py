@@ -479,3 +479,20 @@ def test_admin_reads_the_audit_log_and_members_cannot(portal: Portal) -> None:
     expect(member.locator("nav")).not_to_contain_text("Audit")
     expect(page.locator("nav")).to_contain_text("Audit")
     assert member.js_errors == []
+
+
+def test_nodes_page_shows_risky_nodes_with_the_reason(portal: Portal) -> None:
+    """A GPU that stops answering puts its node at risk 1.0 in the anomaly detector: the Nodes
+    page lists it above the grid with the GPU and the reason, and badges the node's card."""
+    with portal.api() as api:
+        assert api.post("/api/v1/chaos/gpus/local/3", json={"lost": True}).status_code == 200
+        try:
+            page = portal.login("root", path="/nodes")
+            row = page.locator("#risky-nodes tr[data-node=local]")
+            expect(row).to_contain_text("GPU 3: GPU not answering", timeout=20_000)
+            expect(row.locator(".badge.risk-high")).to_have_text("1.00")
+            expect(page.locator("article[data-node=local] .node-risk")).to_have_text("risk 1.00")
+            screenshot(page, "nodes-risky")
+            assert page.js_errors == []
+        finally:
+            assert api.post("/api/v1/chaos/gpus/local/3", json={"clear": True}).status_code == 200

@@ -54,7 +54,12 @@ API_ROUTER_MODULES = (
 )
 ROOT_ROUTER_MODULES = ("health",)  # not under /api/v1: /healthz, /readyz
 # Other areas' routers, imported by module name so that they can grow without touching this file.
-EXTERNAL_ROUTERS = ("corral.monitor.api", "corral.monitor.runbooks", "corral.web.routes")
+EXTERNAL_ROUTERS = (
+    "corral.monitor.api",
+    "corral.monitor.risk",
+    "corral.monitor.runbooks",
+    "corral.web.routes",
+)
 
 
 def create_app(

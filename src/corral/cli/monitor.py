@@ -1,6 +1,7 @@
-"""Monitoring commands: `corral alert ls|channels`, `corral chaos gpu ...` (fault injection into
-virtual GPUs) and `corral chaos node down|up` (a node's heartbeats stop), for chaos testing:
-through the admin API, or straight into a server's chaos files with `--home`."""
+"""Monitoring commands: `corral alert ls|channels`, `corral node risk` (the anomaly detector's
+risky nodes), `corral chaos gpu ...` (fault injection into virtual GPUs) and `corral chaos node
+down|up` (a node's heartbeats stop), for chaos testing: through the admin API, or straight into a
+server's chaos files with `--home`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import typer
 from rich.table import Table
 
 from corral.cli.platform import Output, OutputOpt, ago, client, friendly_errors, out, print_json
+from corral.cli.platform import node_app as platform_node_app
 
 alert_app = typer.Typer(
     help="Alerts Corral holds (from Alertmanager and its own health checks).", no_args_is_help=True
@@ -109,9 +111,16 @@ def chaos_ecc(
     index: Index,
     count: Annotated[int, typer.Option("--count", min=1)] = 1,
     corrected: Annotated[bool, typer.Option("--corrected", help="correctable errors instead")] = False,
+    rate: Annotated[
+        str | None,
+        typer.Option("--rate", help="correctable errors creeping up at a rate, e.g. 2/m (0 stops it)"),
+    ] = None,
     home: HomeOpt = None,
 ) -> None:
-    """Inject ECC errors (uncorrectable unless --corrected)."""
+    """Inject ECC errors (uncorrectable unless --corrected), or let correctable ones creep up."""
+    if rate is not None:
+        _inject(node, index, home, ecc_corrected_per_s=parse_rate(rate, "--rate"))
+        return
     _inject(node, index, home, **{"ecc_corrected" if corrected else "ecc_uncorrected": count})
 
 
@@ -127,10 +136,34 @@ def chaos_xid(
 @gpu_app.command("temp")
 @friendly_errors
 def chaos_temp(
-    node: Node, index: Index, celsius: Annotated[float, typer.Argument()], home: HomeOpt = None
+    node: Node,
+    index: Index,
+    celsius: Annotated[float | None, typer.Argument(help="set the temperature (C)")] = None,
+    ramp: Annotated[
+        str | None, typer.Option("--ramp", help="climb at a rate, e.g. 0.5/s or 1/m (0 stops it)")
+    ] = None,
+    home: HomeOpt = None,
 ) -> None:
-    """Set the GPU's temperature."""
-    _inject(node, index, home, temperature_c=celsius)
+    """Set the GPU's temperature, or make it climb at a rate (a failing fan)."""
+    if celsius is None and ramp is None:
+        raise typer.BadParameter("give a temperature, --ramp RATE, or both")
+    fault: dict[str, Any] = {} if celsius is None else {"temperature_c": celsius}
+    if ramp is not None:
+        fault["temperature_ramp_c_per_s"] = parse_rate(ramp, "--ramp")
+    _inject(node, index, home, **fault)
+
+
+def parse_rate(text: str, option: str) -> float:
+    """Per second from `0.5/s`, `2/m`, `10/h` or a bare number (per second)."""
+    amount, _, unit = text.strip().partition("/")
+    per = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}.get(unit.strip())
+    try:
+        value = float(amount)
+    except ValueError:
+        value = float("nan")
+    if per is None or not value >= 0:
+        raise typer.BadParameter(f"{option}: expected a rate such as 0.5/s, 2/m or 10/h, got {text!r}")
+    return value / per
 
 
 @gpu_app.command("util")
@@ -147,6 +180,23 @@ def chaos_util(
 def chaos_lose(node: Node, index: Index, home: HomeOpt = None) -> None:
     """Make the GPU disappear (as if it fell off the bus)."""
     _inject(node, index, home, lost=True)
+
+
+@gpu_app.command("flap")
+@friendly_errors
+def chaos_flap(
+    node: Node,
+    index: Index,
+    period: Annotated[
+        float, typer.Option("--period", min=0, help="seconds between drop-outs, 0 stops")
+    ] = 60.0,
+    down: Annotated[float, typer.Option("--down", min=0, help="seconds each drop-out lasts")] = 10.0,
+    home: HomeOpt = None,
+) -> None:
+    """Make the GPU drop out for --down seconds every --period seconds (a flapping GPU or node)."""
+    if period and down >= period:
+        raise typer.BadParameter(f"--down ({down:g} s) must be shorter than --period ({period:g} s)")
+    _inject(node, index, home, flap_period_s=period, flap_down_s=down)
 
 
 @gpu_app.command("clear")
@@ -185,7 +235,33 @@ def chaos_node_up(node: Node, home: HomeOpt = None) -> None:
     _silence(node, False, home)
 
 
+@friendly_errors
+def node_risk(
+    min_risk: Annotated[
+        float, typer.Option("--min", min=0, max=1, help="only nodes at least this risky")
+    ] = 0.0,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Risky nodes: the anomaly detector's failure risk per node (0-1), highest first, and why."""
+    with client() as c:
+        data = c.node_risk(min_risk)
+    if output is Output.json:
+        print_json(data)
+        return
+    table = Table("NODE", "RISK", "WORST GPU", "WHY", box=None)
+    for n in data["nodes"]:
+        color = "red" if n["risk"] >= 0.6 else "yellow" if n["risk"] >= 0.3 else "green"
+        worst = n["gpus"][0] if n["gpus"] else None
+        table.add_row(
+            n["node"], f"[{color}]{n['risk']:.2f}[/{color}]",
+            f"{worst['index']} ({worst['score']:.2f})" if worst else "-", "; ".join(n["reasons"][:2]) or "-",
+        )  # fmt: skip
+    out.print(table)
+    out.print(f"{len(data['nodes'])} node(s); scored {ago(data['updated_at'])}")
+
+
 def register(app: typer.Typer) -> None:
-    """Add this area's commands to the root `corral` app."""
+    """Add this area's commands to the root `corral` app (and `risk` to `corral node`)."""
+    platform_node_app.command("risk")(node_risk)
     app.add_typer(alert_app, name="alert")
     app.add_typer(chaos_app, name="chaos")

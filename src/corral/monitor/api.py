@@ -18,7 +18,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from corral.api.deps import DB, Admin, CurrentUser
 from corral.config import Settings
@@ -154,6 +154,17 @@ class GpuFault(BaseModel):
     xid: int | None = Field(None, ge=0)
     lost: bool | None = None
     clear: bool = False
+    # gradual faults: rates per second from now on (0 stops one); see corral.monitor.gpu
+    temperature_ramp_c_per_s: float | None = Field(None, ge=0, le=100)
+    ecc_corrected_per_s: float | None = Field(None, ge=0, le=1000)
+    flap_period_s: float | None = Field(None, ge=0)
+    flap_down_s: float | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _down_within_period(self) -> GpuFault:
+        if self.flap_period_s and self.flap_down_s is not None and self.flap_down_s >= self.flap_period_s:
+            raise ValueError("flap_down_s must be shorter than flap_period_s")
+        return self
 
 
 @router.post("/api/v1/chaos/gpus/{node}/{index}")

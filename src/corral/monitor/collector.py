@@ -68,6 +68,7 @@ def read_families(session: Session, now: float, state_dir: Path | None = None) -
     families += _quota_families(session)
     families += _alert_families(session)
     families += _storage_families(session)
+    families += _risk_families(session)
     if state_dir is not None:
         families += _disk_families(state_dir)
     return families
@@ -326,6 +327,12 @@ def _alert_families(session: Session) -> list[Family]:
     ):
         backlog.add(f'channel="{_esc(channel)}",state="{_esc(state)}"', n)
     return [firing, backlog]
+
+
+def _risk_families(session: Session) -> list[Family]:
+    from corral.monitor.risk import risk_families  # it builds on this module's Family
+
+    return risk_families(session)
 
 
 def _disk_families(state_dir: Path) -> list[Family]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from corral.config import Settings
@@ -140,11 +140,38 @@ class HealthRules(_Strict):
     )
 
 
+class AnomalyRules(_Strict):
+    """The anomaly detector's time scales (corral.monitor.anomaly.DetectorConfig; docs/anomaly.md).
+    The defaults suit the 10 s sampling interval; tests shorten them with the interval."""
+
+    window: Duration = 3600.0  # readings kept per GPU
+    recent: Duration = 300.0  # compared against the older part of the window
+    trend: Duration = 900.0  # the temperature trend is fitted over this long
+    settle: Duration = 240.0  # after a load change the temperature is not judged for this long
+    baseline_refresh: Duration = 60.0
+    ecc_window: Duration = 1800.0
+    min_baseline: int = Field(default=12, ge=3)  # readings per load level before it is judged
+    temperature_limit_c: float = Field(default=90.0, gt=0)  # where the trend is projected to
+
+    _durations = field_validator(
+        "window", "recent", "trend", "settle", "baseline_refresh", "ecc_window", mode="before"
+    )(parse_duration)
+
+    @model_validator(mode="after")
+    def _recent_inside_window(self) -> AnomalyRules:
+        if not 0 < self.recent < self.window:
+            raise ValueError(
+                f"anomaly.recent ({self.recent:g} s) must be > 0 and shorter than anomaly.window"
+            )
+        return self
+
+
 class MonitorConfig(_Strict):
     channels: list[Channel] = Field(default_factory=list)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     idle_gpu: IdleGpuRule | None = None  # the admin rule; None = only jobs' own policies apply
     health: HealthRules = Field(default_factory=HealthRules)
+    anomaly: AnomalyRules = Field(default_factory=AnomalyRules)
 
     @field_validator("channels")
     @classmethod

@@ -4,7 +4,10 @@ Both produce `GpuSample`s that the sampling loop stores in `gpu_readings`; healt
 /metrics never care which provider a reading came from. The virtual provider's readings come from
 a fault file under CORRAL_HOME (`chaos/gpu_faults.json`) that tests and `corral chaos gpu ...`
 write, so a separate CLI process can inject faults into a running server: raise the temperature,
-inject ECC errors or an Xid, make a GPU disappear, set its utilization.
+inject ECC errors or an Xid, make a GPU disappear, set its utilization. Gradual faults are stored as
+a rate and a start time and evaluated at each sample (`fault_reading`): a temperature climbing at
+a rate, correctable ECC errors creeping up at a rate, a GPU that flaps (drops out for `flap_down_s`
+every `flap_period_s`). bench/anomaly_eval.py drives the same model in memory (`merge_fault`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,19 @@ FAULT_FIELDS = {
     "memory_used_mib": float,
     "power_w": float,
     "lost": bool,
+    # gradual faults (see fault_reading): rates per second, from the moment they were set
+    "temperature_ramp_c_per_s": float,
+    "ecc_corrected_per_s": float,
+    "flap_period_s": float,
+    "flap_down_s": float,
 }
+# When a rate field is set, merge_fault stamps this companion field with the current time.
+RATE_STARTS = {
+    "temperature_ramp_c_per_s": "temperature_ramp_since",
+    "ecc_corrected_per_s": "ecc_corrected_since",
+    "flap_period_s": "flap_since",
+}
+NON_NEGATIVE = {*RATE_STARTS, "flap_down_s"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,41 +121,110 @@ def read_faults(home: Path) -> dict[str, dict[str, Any]]:
 
 
 def update_fault(home: Path, node: str, index: int, **changes: Any) -> dict[str, Any]:
-    """Merge `changes` into the fault entry of one GPU, atomically (lock + rename). Special keys:
-    `ecc_uncorrected` / `ecc_corrected` add errors (volatile and aggregate), `xid` appends an
-    event, `clear=True` resets everything a GPU reset clears (aggregate ECC and Xid history stay)."""
+    """Merge `changes` into the fault entry of one GPU, atomically (lock + rename); see
+    `merge_fault` for what the keys do."""
     path = faults_path(home)
     with _locked(path):
         faults = read_faults(home)
-        entry = dict(faults.get(gpu_key(node, index), {}))
-        if changes.pop("clear", False):
-            entry = {
-                k: v
-                for k, v in entry.items()
-                if k in ("ecc_aggregate_corrected", "ecc_aggregate_uncorrected", "xids")
-            }
-        for kind in ("corrected", "uncorrected"):
-            added = int(changes.pop(f"ecc_{kind}", 0))
-            if added < 0:
-                raise ValueError(f"ECC error count must be >= 0, got {added}")
-            if added:
-                entry[f"ecc_volatile_{kind}"] = int(entry.get(f"ecc_volatile_{kind}", 0)) + added
-                entry[f"ecc_aggregate_{kind}"] = int(entry.get(f"ecc_aggregate_{kind}", 0)) + added
-        xid = changes.pop("xid", None)
-        if xid is not None:
-            entry.setdefault("xids", []).append({"xid": int(xid), "at": time.time()})
-        for name, value in changes.items():
-            if name not in FAULT_FIELDS:
-                raise ValueError(f"unknown GPU fault {name!r}; known: {', '.join(sorted(FAULT_FIELDS))}")
-            if value is None:
-                entry.pop(name, None)
-            else:
-                entry[name] = FAULT_FIELDS[name](value)
+        entry = merge_fault(faults.get(gpu_key(node, index), {}), time.time(), **changes)
         faults[gpu_key(node, index)] = entry
         tmp = path.with_suffix(f".tmp.{os.getpid()}")
         tmp.write_text(json.dumps(faults, indent=1, sort_keys=True))
         tmp.replace(path)
         return entry
+
+
+def merge_fault(current: dict[str, Any], now: float, **changes: Any) -> dict[str, Any]:
+    """A new fault entry: `current` with `changes` applied (pure; `current` is not modified).
+    Special keys: `ecc_uncorrected` / `ecc_corrected` add errors (volatile and aggregate), `xid`
+    appends an event, `clear=True` resets everything a GPU reset clears (aggregate ECC and Xid
+    history stay; correctable errors a creep already produced are kept as counts). Setting a rate
+    (`temperature_ramp_c_per_s`, `ecc_corrected_per_s`, `flap_period_s`) starts it at `now`; 0 or
+    None stops it. A bad value raises ValueError naming the field; nothing is applied then."""
+    entry = dict(current)
+    if changes.pop("clear", False):
+        _settle_ecc_creep(entry, now)
+        kept = ("ecc_aggregate_corrected", "ecc_aggregate_uncorrected", "xids")
+        entry = {k: v for k, v in entry.items() if k in kept}
+    for kind in ("corrected", "uncorrected"):
+        added = int(changes.pop(f"ecc_{kind}", 0))
+        if added < 0:
+            raise ValueError(f"ECC error count must be >= 0, got {added}")
+        if added:
+            entry[f"ecc_volatile_{kind}"] = int(entry.get(f"ecc_volatile_{kind}", 0)) + added
+            entry[f"ecc_aggregate_{kind}"] = int(entry.get(f"ecc_aggregate_{kind}", 0)) + added
+    xid = changes.pop("xid", None)
+    if xid is not None:
+        entry["xids"] = [*entry.get("xids", []), {"xid": int(xid), "at": now}]
+    for name, value in changes.items():
+        if name not in FAULT_FIELDS:
+            raise ValueError(f"unknown GPU fault {name!r}; known: {', '.join(sorted(FAULT_FIELDS))}")
+        if value is not None and name in NON_NEGATIVE and float(value) < 0:
+            raise ValueError(f"GPU fault {name} must be >= 0, got {value}")
+        if name == "ecc_corrected_per_s":
+            _settle_ecc_creep(entry, now)  # errors the old rate produced stay counted
+        if value is None or (name in RATE_STARTS and not float(value)):
+            entry.pop(name, None)
+            entry.pop(RATE_STARTS.get(name, ""), None)
+            continue
+        entry[name] = FAULT_FIELDS[name](value)
+        if name in RATE_STARTS:
+            entry[RATE_STARTS[name]] = now
+    return entry
+
+
+def _settle_ecc_creep(entry: dict[str, Any], now: float) -> None:
+    """Turn the errors an ECC creep has produced so far into plain counts and restart it at `now`."""
+    rate = float(entry.get("ecc_corrected_per_s", 0.0))
+    if not rate:
+        return
+    crept = _crept_errors(entry, now)
+    for counter in ("volatile", "aggregate"):
+        entry[f"ecc_{counter}_corrected"] = int(entry.get(f"ecc_{counter}_corrected", 0)) + crept
+    entry["ecc_corrected_since"] = now
+
+
+def _crept_errors(fault: dict[str, Any], now: float) -> int:
+    rate = float(fault.get("ecc_corrected_per_s", 0.0))
+    since = float(fault.get("ecc_corrected_since", now))
+    return int(rate * max(0.0, now - since))
+
+
+def _flapped_out(fault: dict[str, Any], now: float) -> bool:
+    """A flapping GPU is out for the last `flap_down_s` of every `flap_period_s`."""
+    period = float(fault.get("flap_period_s", 0.0))
+    if period <= 0:
+        return False
+    phase = (now - float(fault.get("flap_since", now))) % period
+    return phase >= period - min(period, float(fault.get("flap_down_s", 10.0)))
+
+
+def fault_reading(ref: GpuRef, fault: dict[str, Any], now: float) -> GpuSample:
+    """What a virtual GPU reports at `now` given its fault entry (idle defaults otherwise)."""
+    util = float(fault.get("utilization_percent", 0.0))
+    xids = fault.get("xids") or []
+    temperature = float(fault.get("temperature_c", IDLE_TEMPERATURE_C + util * 0.4))
+    ramp = float(fault.get("temperature_ramp_c_per_s", 0.0))
+    if ramp:
+        temperature += ramp * max(0.0, now - float(fault.get("temperature_ramp_since", now)))
+    crept = _crept_errors(fault, now)
+    return GpuSample(
+        node=ref.node,
+        index=ref.index,
+        uuid=ref.uuid,
+        present=not fault.get("lost", False) and not _flapped_out(fault, now),
+        utilization_percent=util,
+        memory_used_mib=float(fault.get("memory_used_mib", ref.memory_mib * util / 200.0)),
+        memory_total_mib=float(ref.memory_mib),
+        temperature_c=temperature,
+        power_w=float(fault.get("power_w", IDLE_POWER_W + util * 2.5)),
+        ecc_volatile_corrected=int(fault.get("ecc_volatile_corrected", 0)) + crept,
+        ecc_volatile_uncorrected=int(fault.get("ecc_volatile_uncorrected", 0)),
+        ecc_aggregate_corrected=int(fault.get("ecc_aggregate_corrected", 0)) + crept,
+        ecc_aggregate_uncorrected=int(fault.get("ecc_aggregate_uncorrected", 0)),
+        xid_events_total=len(xids),
+        last_xid=int(xids[-1]["xid"]) if xids else None,
+    )
 
 
 class VirtualGpuProvider:
@@ -149,31 +233,10 @@ class VirtualGpuProvider:
     def __init__(self, home: Path) -> None:
         self.home = home
 
-    def sample(self, gpus: Sequence[GpuRef]) -> list[GpuSample]:
+    def sample(self, gpus: Sequence[GpuRef], now: float | None = None) -> list[GpuSample]:
         faults = read_faults(self.home)
-        return [self._one(ref, faults.get(gpu_key(ref.node, ref.index), {})) for ref in gpus]
-
-    @staticmethod
-    def _one(ref: GpuRef, fault: dict[str, Any]) -> GpuSample:
-        util = float(fault.get("utilization_percent", 0.0))
-        xids = fault.get("xids") or []
-        return GpuSample(
-            node=ref.node,
-            index=ref.index,
-            uuid=ref.uuid,
-            present=not fault.get("lost", False),
-            utilization_percent=util,
-            memory_used_mib=float(fault.get("memory_used_mib", ref.memory_mib * util / 200.0)),
-            memory_total_mib=float(ref.memory_mib),
-            temperature_c=float(fault.get("temperature_c", IDLE_TEMPERATURE_C + util * 0.4)),
-            power_w=float(fault.get("power_w", IDLE_POWER_W + util * 2.5)),
-            ecc_volatile_corrected=int(fault.get("ecc_volatile_corrected", 0)),
-            ecc_volatile_uncorrected=int(fault.get("ecc_volatile_uncorrected", 0)),
-            ecc_aggregate_corrected=int(fault.get("ecc_aggregate_corrected", 0)),
-            ecc_aggregate_uncorrected=int(fault.get("ecc_aggregate_uncorrected", 0)),
-            xid_events_total=len(xids),
-            last_xid=int(xids[-1]["xid"]) if xids else None,
-        )
+        at = time.time() if now is None else now
+        return [fault_reading(ref, faults.get(gpu_key(ref.node, ref.index), {}), at) for ref in gpus]
 
 
 class NvmlGpuProvider:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import logging
 
+from sqlalchemy.orm import Session
+
+from corral.monitor.anomaly import AnomalyDetector
 from corral.monitor.channels import deliver_due
 from corral.monitor.config import (
     MonitorConfig,
@@ -14,9 +17,10 @@ from corral.monitor.config import (
     config_path,
     load_monitor_config,
 )
-from corral.monitor.gpu import GpuSampler
+from corral.monitor.gpu import GpuSample, GpuSampler
 from corral.monitor.health import check_nodes, check_ooms, sample_and_check_gpus
 from corral.monitor.idle import enforce_idle_policy
+from corral.monitor.risk import detector_config, update_risk
 from corral.server.context import BackgroundLoop, ServerContext
 
 log = logging.getLogger("corral.monitor.loops")
@@ -55,8 +59,23 @@ def gpu_tick(ctx: ServerContext, now: float) -> None:
     if sampler is None:
         sampler = ctx.memory.gpu_sampler = GpuSampler(ctx.settings.home, ctx.settings.node_name)
     with ctx.session_factory() as session:
-        sample_and_check_gpus(session, sampler, now, channel_names(ctx), monitor_config(ctx).health)
+        samples = sample_and_check_gpus(session, sampler, now, channel_names(ctx), monitor_config(ctx).health)
+        _score_risk(ctx, session, samples, now)
     ctx.wake("monitor-delivery")
+
+
+def _score_risk(ctx: ServerContext, session: Session, samples: list[GpuSample], now: float) -> None:
+    """The anomaly detector sees every sampling pass; a failure here never stops the sampling."""
+    wanted = detector_config(monitor_config(ctx).anomaly)
+    detector = ctx.memory.anomaly_detector
+    if detector is None or detector.config != wanted:  # first pass, or monitor.yml changed
+        detector = ctx.memory.anomaly_detector = AnomalyDetector(wanted)
+    try:
+        update_risk(session, detector, samples, now)
+        session.commit()
+    except Exception:
+        session.rollback()
+        log.exception("anomaly scoring failed; GPU readings and health checks are unaffected")
 
 
 def health_tick(ctx: ServerContext, now: float) -> None:

@@ -31,6 +31,7 @@ WAKE_ON_CHANGE: dict[Topic, tuple[str, ...]] = {
 
 if TYPE_CHECKING:  # both modules import this one
     from corral.diagnosis.exitspec import ExitSpecCache
+    from corral.monitor.anomaly import AnomalyDetector
     from corral.monitor.config import MonitorConfig
     from corral.monitor.gpu import GpuSampler
     from corral.server.dispatch import LaunchQueue
@@ -47,6 +48,7 @@ class LoopMemory:
     diagnoses: dict[str, JobDiagnosis] = field(default_factory=dict)  # job id -> as last written
     monitor_config: tuple[float | None, MonitorConfig] | None = None  # (file mtime, config)
     gpu_sampler: GpuSampler | None = None
+    anomaly_detector: AnomalyDetector | None = None  # baselines of the GPU readings (monitor.risk)
     scheduler: Scheduler | None = None  # the schedule loop's (scheduling.scheduler_for)
     retention_checked_at: float = 0.0  # when the retention loop last found no more to delete
     exit_spec: ExitSpecCache | None = None  # diagnosis: the active exit-spec (reconcile)

@@ -1,5 +1,7 @@
 // Nodes grid: each node with its GPUs shown free, allocated (linked to the job) or unhealthy;
 // admins cordon, uncordon and drain from here. Polled so allocations appear without reloads.
+// Each card shows the anomaly detector's failure risk (GET /nodes/risk), and nodes at risk are
+// listed above the grid with the reasons, worst first.
 
 import { get, itemsOf, post } from "../api.js";
 import { isAdmin } from "../app.js";
@@ -7,6 +9,7 @@ import { fill, emptyState, errorBox, h, timeEl, toast } from "../ui.js";
 
 export async function render(ctx) {
   const grid = h("div", { id: "nodes-grid" });
+  const risky = h("section", { id: "risky-nodes", "aria-label": "Risky nodes" });
   ctx.main.append(
     h("h1", {}, "Nodes"),
     h(
@@ -16,12 +19,16 @@ export async function render(ctx) {
       h("li", {}, h("span", { class: "gpu gpu-allocated", "aria-hidden": "true" }), "allocated"),
       h("li", {}, h("span", { class: "gpu gpu-unhealthy", "aria-hidden": "true" }), "unhealthy"),
     ),
+    risky,
     grid,
   );
   const refresh = async () => {
     try {
-      const nodes = itemsOf(await get("/nodes"), "nodes");
-      if (ctx.alive()) drawGrid(grid, nodes, refresh);
+      const [nodes, risk] = await Promise.all([get("/nodes"), get("/nodes/risk").catch(() => ({ nodes: [] }))]);
+      const byNode = new Map((risk.nodes || []).map((r) => [r.node, r]));
+      if (!ctx.alive()) return;
+      drawRisky(risky, risk.nodes || []);
+      drawGrid(grid, itemsOf(nodes, "nodes"), refresh, byNode);
     } catch (err) {
       if (ctx.alive()) fill(grid, errorBox(err, "Cannot load nodes"));
     }
@@ -46,15 +53,52 @@ function gpuCell(node, gpu) {
   return h("li", {}, h("span", { class: `gpu gpu-${st}`, title: label, role: "img", "aria-label": label }, inner));
 }
 
-function drawGrid(grid, nodes, refresh) {
+const RISK_WARN = 0.3; // shown in the list from here; CorralNodeFailureRisk alerts above 0.6
+const RISK_ALERT = 0.6;
+
+function riskLevel(risk) {
+  return risk >= RISK_ALERT ? "high" : risk >= RISK_WARN ? "elevated" : "low";
+}
+
+function drawRisky(section, risks) {
+  const shown = risks.filter((r) => r.risk >= RISK_WARN);
+  if (!shown.length) {
+    fill(section);
+    return;
+  }
+  fill(
+    section,
+    h("h2", {}, "Risky nodes"),
+    h(
+      "table",
+      { class: "risky-nodes" },
+      h("thead", {}, h("tr", {}, h("th", {}, "Node"), h("th", {}, "Risk"), h("th", {}, "Why"))),
+      h(
+        "tbody",
+        {},
+        shown.map((r) =>
+          h(
+            "tr",
+            { "data-node": r.node },
+            h("td", { "data-label": "Node" }, r.node),
+            h("td", { "data-label": "Risk" }, h("span", { class: `badge risk-${riskLevel(r.risk)}` }, r.risk.toFixed(2))),
+            h("td", { "data-label": "Why" }, (r.reasons || []).slice(0, 3).join("; ") || "-"),
+          ),
+        ),
+      ),
+    ),
+  );
+}
+
+function drawGrid(grid, nodes, refresh, risks) {
   if (!nodes.length) {
     fill(grid, emptyState("No nodes have registered yet."));
     return;
   }
-  fill(grid, h("div", { class: "node-grid" }, nodes.map((n) => nodeCard(n, refresh))));
+  fill(grid, h("div", { class: "node-grid" }, nodes.map((n) => nodeCard(n, refresh, risks.get(n.name)))));
 }
 
-function nodeCard(node, refresh) {
+function nodeCard(node, refresh, risk) {
   const gpus = node.gpus || [];
   const counts = { free: 0, allocated: 0, unhealthy: 0 };
   for (const g of gpus) counts[gpuState(g)]++;
@@ -62,7 +106,19 @@ function nodeCard(node, refresh) {
   return h(
     "article",
     { class: `card node node-${state}`, "data-node": node.name, "aria-label": `Node ${node.name}` },
-    h("header", {}, h("h2", {}, node.name), h("span", { class: `badge node-state-${state}` }, state)),
+    h(
+      "header",
+      {},
+      h("h2", {}, node.name),
+      h("span", { class: `badge node-state-${state}` }, state),
+      risk
+        ? h(
+            "span",
+            { class: `badge node-risk risk-${riskLevel(risk.risk)}`, title: (risk.reasons || []).join("\n") || "no anomalies" },
+            `risk ${risk.risk.toFixed(2)}`,
+          )
+        : null,
+    ),
     h(
       "p",
       { class: "muted node-facts" },
