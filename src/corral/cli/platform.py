@@ -343,7 +343,10 @@ def rm(job_ids: Annotated[list[int], typer.Argument(metavar="JOB...", help="fini
 
 # --- nodes --------------------------------------------------------------------------------------
 
-node_app = typer.Typer(help="Nodes: list, cordon, uncordon, drain, risk (the anomaly detector's failure risk).", no_args_is_help=True)
+node_app = typer.Typer(
+    help="Nodes: list, cordon, uncordon, drain, risk (the anomaly detector's failure risk).",
+    no_args_is_help=True,
+)
 
 
 @node_app.command("ls")
