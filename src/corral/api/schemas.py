@@ -6,7 +6,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: `true` is no number and `0` no boolean (the schema says so; a fuzzer checks it).
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# What corral.services.accounts accepts, said in the schema too (so clients and fuzzers know).
+ACCOUNT_NAME = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+PASSWORD_MIN = 8
+_BASE64 = r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{4}|[A-Za-z0-9+/]{3}=|[A-Za-z0-9+/]{2}==)"
+SSH_PUBLIC_KEY = (
+    r"^\s*(?:ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp256|ecdsa-sha2-nistp384|ecdsa-sha2-nistp521)"
+    rf"\s+{_BASE64}(?:\s[\s\S]*)?$"
+)
 
 
 class LoginIn(_In):
@@ -175,7 +186,7 @@ class QuotaIn(_In):
     guaranteed: int = Field(0, ge=0, le=100_000)
     max: int | None = Field(None, ge=0, le=100_000)
     # Group-wide settings may ride along.
-    user_max_gpus: int | None = Field(None, ge=0)
+    user_max_gpus: int | None = Field(None, ge=0, le=100_000)
     weight: float | None = Field(None, gt=0, le=1000)
     borrowing: bool | None = None
     cpus_guaranteed: float = Field(0.0, ge=0, le=10_000_000)
@@ -195,10 +206,10 @@ class QuotaOut(BaseModel):
 
 
 class GroupIn(_In):
-    name: str = Field(min_length=1, max_length=64)
+    name: str = Field(min_length=1, max_length=64, pattern=ACCOUNT_NAME)
     weight: float = Field(1.0, gt=0, le=1000)
     borrowing: bool = True
-    user_max_gpus: int | None = Field(None, ge=0)
+    user_max_gpus: int | None = Field(None, ge=0, le=100_000)
     quotas: list[QuotaIn] = Field(default_factory=list, max_length=64)
     cpus_guaranteed: float = Field(0.0, ge=0, le=10_000_000)
     cpus_max: float | None = Field(None, ge=0, le=10_000_000)
@@ -254,8 +265,8 @@ class GroupOut(BaseModel):
 
 
 class UserIn(_In):
-    name: str = Field(min_length=1, max_length=64)
-    password: str | None = Field(None, max_length=1024)
+    name: str = Field(min_length=1, max_length=64, pattern=ACCOUNT_NAME)
+    password: str | None = Field(None, min_length=PASSWORD_MIN, max_length=1024)
     is_admin: bool = False
     groups: list[str] = Field(default_factory=list, max_length=64)
     default_group: str | None = None
@@ -276,7 +287,7 @@ class DefaultGroupIn(_In):
 
 
 class PasswordIn(_In):
-    password: str = Field(min_length=1, max_length=1024)
+    password: str = Field(min_length=PASSWORD_MIN, max_length=1024)
     current_password: str | None = Field(
         None, max_length=1024, description="required when changing your own existing password (non-admins)"
     )
@@ -285,7 +296,9 @@ class PasswordIn(_In):
 class TokenIn(_In):
     name: str = Field("cli", min_length=1, max_length=64)
     expires_in_days: float | None = Field(None, gt=0, le=3650)
-    user: str | None = Field(None, description="admins only: create the token for this user")
+    user: str | None = Field(
+        None, min_length=1, max_length=64, description="admins only: create the token for this user"
+    )
 
 
 class TokenOut(BaseModel):
@@ -302,7 +315,7 @@ class TokenOut(BaseModel):
 
 class SshKeyIn(_In):
     name: str = Field(min_length=1, max_length=64)
-    public_key: str = Field(min_length=1, max_length=16_384)
+    public_key: str = Field(min_length=1, max_length=16_384, pattern=SSH_PUBLIC_KEY)
 
 
 class SshKeyOut(BaseModel):

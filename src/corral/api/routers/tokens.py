@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response, status
 
-from corral.api.deps import DB, CurrentUser
+from corral.api.deps import DB, NAME_MAX, CurrentUser, RowId
 from corral.api.schemas import TokenIn, TokenOut
 from corral.db.models import ApiToken, User
 from corral.services import auth as svc
@@ -34,7 +34,9 @@ def _view(token: ApiToken, user: str, secret: str | None = None) -> dict[str, An
 def list_tokens(
     db: DB,
     principal: CurrentUser,
-    user: str | None = Query(None, description="admins: this user's tokens"),
+    user: str | None = Query(
+        None, min_length=1, max_length=NAME_MAX, description="admins: this user's tokens"
+    ),
     all_users: bool = Query(False, alias="all", description="admins: everyone's tokens"),
 ) -> Any:
     user_id = svc.owner_filter(db, principal, user, all_users=all_users)
@@ -60,7 +62,7 @@ def create_token(body: TokenIn, request: Request, db: DB, principal: CurrentUser
 
 
 @router.delete("/tokens/{token_id}", status_code=204)
-def revoke_token(token_id: int, db: DB, principal: CurrentUser) -> Response:
+def revoke_token(token_id: RowId, db: DB, principal: CurrentUser) -> Response:
     svc.revoke_token(db, principal, token_id)
     db.commit()
     return Response(status_code=204)
