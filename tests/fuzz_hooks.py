@@ -63,6 +63,18 @@ ACCEPTED: tuple[Accepted, ...] = (
         "whether a job can ever fit depends on the cluster's nodes and the group's quota, not on the spec",
     ),
     Accepted(
+        "ST202",
+        "POST /api/v1/jobs",
+        "instances over all tasks",
+        "the cap on instances is over the sum of all tasks' instances; the schema bounds each task",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/tokens",
+        "CORRAL_TOKEN_MAX_LIFETIME_DAYS",
+        "the longest token lifetime is the server's setting; the schema gives the hard bound (10 years)",
+    ),
+    Accepted(
         "ST201",
         "POST /api/v1/jobs",
         "",

@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
-class _In(BaseModel):
-    # Strict: `true` is no number and `0` no boolean (the schema says so; a fuzzer checks it).
-    model_config = ConfigDict(extra="forbid", strict=True)
+class BooleansApart(BaseModel):
+    """`true` is no number and `0` no boolean, as the schema says (pydantic's lax mode mixes
+    them; its strict mode would also refuse 1.0 for an integer, which JSON Schema allows)."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _booleans_apart(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if field is None or value is None:
+            return value
+        wants_bool = bool in (get_args(field.annotation) or (field.annotation,))
+        if wants_bool and not isinstance(value, bool):
+            raise ValueError("must be true or false")
+        if not wants_bool and isinstance(value, bool):
+            raise ValueError("must not be true or false")
+        return value
+
+
+class _In(BooleansApart):
+    model_config = ConfigDict(extra="forbid")
 
 
 # What corral.services.accounts accepts, said in the schema too (so clients and fuzzers know).

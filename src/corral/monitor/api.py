@@ -18,9 +18,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, FastAPI, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from corral.api.deps import DB, Admin, CurrentUser
+from corral.api.schemas import BooleansApart
 from corral.config import Settings
 from corral.monitor.alerts import WebhookPayload, alert_to_dict, ingest_webhook, list_alerts
 from corral.monitor.channels import channel_statuses
@@ -145,10 +146,10 @@ def _reason(exc: ValueError) -> str:
     return str(exc)
 
 
-class GpuFault(BaseModel):
+class GpuFault(BooleansApart):
     """Fault injection on one (virtual) GPU; unset fields are left as they are."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid")
 
     temperature_c: float | None = Field(None, ge=-50, le=200)
     utilization_percent: float | None = Field(None, ge=0, le=100)
