@@ -84,6 +84,20 @@ def test_wrong_methods_get_405_with_every_allowed_method(server: CorralServer) -
         assert c.get("/no-such-page").status_code == 404  # the portal's own 404 page
 
 
+def test_unpaired_surrogates_are_refused_not_stored(server: CorralServer) -> None:
+    """Found by bench/fuzz_api.py: a job whose env held "\\ud8dc" was stored, and then every
+    listing, show and cancel touching it was a 500 (the text cannot be encoded as UTF-8)."""
+    body = '{"name": "s", "command": "true", "env": {"A": "\\ud8dc"}}'
+    with server.client() as c:
+        r = c.post(f"{API}/jobs", content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and "unpaired UTF-16 surrogate" in r.json()["detail"]
+        paired = '{"name": "s", "command": "true", "env": {"A": "\\ud83d\\ude00"}}'  # an emoji
+        r = c.post(f"{API}/jobs", content=paired, headers={"Content-Type": "application/json"})
+        assert r.status_code == 201, r.text
+        assert c.get(f"{API}/jobs").status_code == 200
+        c.post(f"{API}/jobs/{r.json()['id']}/cancel")
+
+
 def test_schema_documents_every_error(server: CorralServer) -> None:
     with httpx.Client(base_url=server.url) as c:
         schema = c.get("/openapi.json").json()

@@ -308,7 +308,10 @@ def _hoist_body_definitions(schema: dict[str, Any], schemas: dict[str, Any]) -> 
     for operations in schema.get("paths", {}).values():
         for op in operations.values():
             for media in op.get("requestBody", {}).get("content", {}).values():
-                schemas.update(media.get("schema", {}).pop("$defs", {}))
+                body = media.get("schema", {})
+                if "$defs" in body:  # copied, not popped: the route's own dict is shared by apps
+                    schemas.update(body["$defs"])
+                    media["schema"] = {k: v for k, v in body.items() if k != "$defs"}
 
 
 # --- 405 ----------------------------------------------------------------------------------------

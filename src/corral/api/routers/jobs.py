@@ -68,6 +68,11 @@ def spec_body_schema() -> dict[str, Any]:
         "default": 1024,
         "description": "MiB, or a size such as '512MiB' or '64GiB'",
     }
+    one_of = ("dataset", "group_storage")  # a mount names exactly one of them
+    defs["MountV1"]["oneOf"] = [
+        {"required": [name], "properties": {name: {"type": "string"}, other: {"type": "null"}}}
+        for name, other in (one_of, one_of[::-1])
+    ]
     model = r"[A-Za-z0-9][A-Za-z0-9._-]*"
     resources["gpu_model"] = {
         "anyOf": [
