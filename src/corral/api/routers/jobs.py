@@ -214,7 +214,7 @@ def logs(
     principal: CurrentUser,
     attempt: Annotated[int | None, Query(ge=1, le=MAX_ROW_ID)] = None,
     rank: Annotated[int, Query(ge=0, le=MAX_ROW_ID)] = 0,
-    offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**40)] = 0,  # 1 TiB: a seek past 2**62 was a 500
     limit: Annotated[int, Query(ge=1, le=8 << 20)] = 1 << 20,
 ) -> Any:
     """While the job waits (no attempt yet, or queued again), `waiting` says why and when."""
