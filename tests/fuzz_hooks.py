@@ -99,6 +99,18 @@ ACCEPTED: tuple[Accepted, ...] = (
         "whether the current password is needed (and right) depends on the stored account",
     ),
     Accepted(
+        "ST202",
+        "POST /api/v1/jobs",
+        "is more than 64 TiB",
+        "a size's pattern cannot bound its magnitude (digits times a unit)",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/jobs",
+        "a duration must be at most",
+        "a duration's pattern cannot bound its magnitude (a sum of numbers times units)",
+    ),
+    Accepted(
         "ST201",
         "POST /api/v1/jobs",
         "",
