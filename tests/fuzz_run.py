@@ -116,7 +116,7 @@ def run_schemathesis(
     started = time.perf_counter()
     try:
         done = subprocess.run(
-            command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+            command, cwd=work, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
         )
         wall = time.perf_counter() - started
         return _read_result(who, seed, work, done.stdout + done.stderr, done.returncode, wall)
