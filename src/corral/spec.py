@@ -51,6 +51,7 @@ MAX_ENV_BYTES = 64 * 1024
 MAX_ENV_VARS = 256
 MAX_RETRIES = 20
 MAX_SPEC_BYTES = 256 * 1024
+MAX_DURATION_S = 3650 * 86400.0  # ten years; a longer one was stored as "1e+23s", then unreadable
 
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -114,6 +115,8 @@ def parse_duration_s(value: Any) -> float:
         raise ValueError("a duration must look like '90s', '30m' or '6h'")
     if seconds <= 0:
         raise ValueError("a duration must be more than zero")
+    if seconds > MAX_DURATION_S:  # also keeps its stored form ("{:g}s") free of exponents
+        raise ValueError(f"a duration must be at most {MAX_DURATION_S / 86400:.0f} days")
     return seconds
 
 

@@ -26,7 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from corral import __version__
-from corral.api import limits
+from corral.api import conformance, limits
 from corral.api.metrics_auth import MetricsGuard, metrics_token
 from corral.config import Settings
 from corral.db.session import make_engine, make_session_factory
@@ -95,6 +95,8 @@ def create_app(
     for module_name in EXTERNAL_ROUTERS:
         app.include_router(importlib.import_module(module_name).router)
     _install_error_handlers(app)
+    # Every route's errors, links and 405s documented and answered alike (new routers included).
+    conformance.install(app, settings)
     app.add_middleware(ConcurrencyLimit, limit=settings.api_max_concurrency)
     # Outside the concurrency limit: a slow or oversized upload never holds an admission slot.
     limits.install(app, settings)

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
@@ -105,6 +105,17 @@ def require_admin(principal: Annotated[Principal, Depends(get_principal)]) -> Pr
 
 CurrentUser = Annotated[Principal, Depends(get_principal)]
 Admin = Annotated[Principal, Depends(require_admin)]
+
+# Bounded parameters, so that the schema says what the API accepts (tests/api/test_fuzz.py): ids
+# are positive and fit PostgreSQL's 32-bit integer columns (a larger one would be a database
+# error, a 500), names are as long as the name columns, offsets fit a 64-bit SQL OFFSET.
+MAX_ROW_ID = 2**31 - 1
+MAX_OFFSET = 2**31 - 1
+NAME_MAX = 64
+RowId = Annotated[int, Path(ge=1, le=MAX_ROW_ID)]
+NameInPath = Annotated[str, Path(min_length=1, max_length=NAME_MAX)]
+Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET)]
+UserFilter = Annotated[str | None, Query(min_length=1, max_length=NAME_MAX)]
 
 
 def fast_json(data: Any, status_code: int = 200) -> JSONResponse:

@@ -77,6 +77,23 @@ def json_shape_error(body: bytes, max_depth: int, max_elements: int) -> str | No
     return None
 
 
+# A JSON escape of half a UTF-16 surrogate pair without its other half: valid JSON, but no Unicode
+# text; such a string cannot be encoded as UTF-8 when it is stored or sent back (it was a 500).
+_UNPAIRED_SURROGATE = re.compile(
+    rb"\\u[dD][89aAbB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\u[dD][89aAbB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
+
+
+def unpaired_surrogate_error(body: bytes) -> str | None:
+    """Why `body` (JSON text) holds no text, or None."""
+    if b"\\u" not in body:
+        return None
+    if _UNPAIRED_SURROGATE.search(body.replace(b"\\\\", b"")) is None:
+        return None
+    return "the request body holds an unpaired UTF-16 surrogate (a \\uD800-\\uDFFF escape), which is no text"
+
+
 def _deeper_than(skeleton: bytes, max_depth: int) -> bool:
     """Does the bracket sequence nest deeper than `max_depth`? Stops at the first level too many
     (a hostile body) or at a closing bracket too many (not JSON: the parser will say so)."""
@@ -144,7 +161,9 @@ class BodyLimits:
         # Not only JSON: the API reads YAML (flow style nests with the same brackets) and bodies
         # without a content type too. Forms and uploads are not structured text.
         if body and not content_type.startswith(_NOT_STRUCTURED):
-            problem = json_shape_error(body, self.max_depth, self.max_elements)
+            problem = json_shape_error(body, self.max_depth, self.max_elements) or unpaired_surrogate_error(
+                body
+            )
             if problem is not None:
                 await send_error(send, 400, problem)
                 return

@@ -2,11 +2,41 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
-class _In(BaseModel):
+class BooleansApart(BaseModel):
+    """`true` is no number and `0` no boolean, as the schema says (pydantic's lax mode mixes
+    them; its strict mode would also refuse 1.0 for an integer, which JSON Schema allows)."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _booleans_apart(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if field is None or value is None:
+            return value
+        wants_bool = bool in (get_args(field.annotation) or (field.annotation,))
+        if wants_bool and not isinstance(value, bool):
+            raise ValueError("must be true or false")
+        if not wants_bool and isinstance(value, bool):
+            raise ValueError("must not be true or false")
+        return value
+
+
+class _In(BooleansApart):
     model_config = ConfigDict(extra="forbid")
+
+
+# What corral.services.accounts accepts, said in the schema too (so clients and fuzzers know).
+ACCOUNT_NAME = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+PASSWORD_MIN = 8
+_BASE64 = r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{4}|[A-Za-z0-9+/]{3}=|[A-Za-z0-9+/]{2}==)"
+SSH_PUBLIC_KEY = (
+    r"^\s*(?:ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp256|ecdsa-sha2-nistp384|ecdsa-sha2-nistp521)"
+    rf"\s+{_BASE64}(?:\s[\s\S]*)?$"
+)
 
 
 class LoginIn(_In):
@@ -199,7 +229,7 @@ class QuotaIn(_In):
     guaranteed: int = Field(0, ge=0, le=100_000)
     max: int | None = Field(None, ge=0, le=100_000)
     # Group-wide settings may ride along.
-    user_max_gpus: int | None = Field(None, ge=0)
+    user_max_gpus: int | None = Field(None, ge=0, le=100_000)
     weight: float | None = Field(None, gt=0, le=1000)
     borrowing: bool | None = None
     cpus_guaranteed: float = Field(0.0, ge=0, le=10_000_000)
@@ -219,10 +249,10 @@ class QuotaOut(BaseModel):
 
 
 class GroupIn(_In):
-    name: str = Field(min_length=1, max_length=64)
+    name: str = Field(min_length=1, max_length=64, pattern=ACCOUNT_NAME)
     weight: float = Field(1.0, gt=0, le=1000)
     borrowing: bool = True
-    user_max_gpus: int | None = Field(None, ge=0)
+    user_max_gpus: int | None = Field(None, ge=0, le=100_000)
     quotas: list[QuotaIn] = Field(default_factory=list, max_length=64)
     cpus_guaranteed: float = Field(0.0, ge=0, le=10_000_000)
     cpus_max: float | None = Field(None, ge=0, le=10_000_000)
@@ -278,8 +308,8 @@ class GroupOut(BaseModel):
 
 
 class UserIn(_In):
-    name: str = Field(min_length=1, max_length=64)
-    password: str | None = Field(None, max_length=1024)
+    name: str = Field(min_length=1, max_length=64, pattern=ACCOUNT_NAME)
+    password: str | None = Field(None, min_length=PASSWORD_MIN, max_length=1024)
     is_admin: bool = False
     groups: list[str] = Field(default_factory=list, max_length=64)
     default_group: str | None = None
@@ -300,7 +330,7 @@ class DefaultGroupIn(_In):
 
 
 class PasswordIn(_In):
-    password: str = Field(min_length=1, max_length=1024)
+    password: str = Field(min_length=PASSWORD_MIN, max_length=1024)
     current_password: str | None = Field(
         None, max_length=1024, description="required when changing your own existing password (non-admins)"
     )
@@ -309,7 +339,9 @@ class PasswordIn(_In):
 class TokenIn(_In):
     name: str = Field("cli", min_length=1, max_length=64)
     expires_in_days: float | None = Field(None, gt=0, le=3650)
-    user: str | None = Field(None, description="admins only: create the token for this user")
+    user: str | None = Field(
+        None, min_length=1, max_length=64, description="admins only: create the token for this user"
+    )
 
 
 class TokenOut(BaseModel):
@@ -326,7 +358,7 @@ class TokenOut(BaseModel):
 
 class SshKeyIn(_In):
     name: str = Field(min_length=1, max_length=64)
-    public_key: str = Field(min_length=1, max_length=16_384)
+    public_key: str = Field(min_length=1, max_length=16_384, pattern=SSH_PUBLIC_KEY)
 
 
 class SshKeyOut(BaseModel):

@@ -13,14 +13,15 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, FastAPI, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from corral.api.deps import DB, Admin, CurrentUser
+from corral.api.schemas import BooleansApart
 from corral.config import Settings
 from corral.db.models import Node
 from corral.monitor.alerts import WebhookPayload, alert_to_dict, ingest_webhook, list_alerts
@@ -75,9 +76,9 @@ def get_alerts(
     db: DB,
     _user: CurrentUser,
     status: str | None = Query(None, pattern="^(firing|resolved)$"),
-    name: str | None = None,
+    name: str | None = Query(None, min_length=1, max_length=256),
     limit: int = Query(100, ge=1, le=1000),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=2**31 - 1),
 ) -> dict[str, Any]:
     rows, total = list_alerts(db, status=status, name=name, limit=limit, offset=offset)
     return {"items": [alert_to_dict(a) for a in rows], "total": total}
@@ -92,7 +93,13 @@ def _unauthorized(reason: str) -> JSONResponse:
     return JSONResponse({"detail": reason}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
 
 
-@router.post("/api/v1/alerts/webhook")
+@router.post(
+    "/api/v1/alerts/webhook",
+    responses={
+        400: {"description": "the body is not an Alertmanager webhook payload"},
+        401: {"description": "missing or wrong webhook token"},
+    },
+)
 async def alert_webhook(request: Request) -> Response:
     """Alertmanager's webhook receiver. Authenticated with the shared secret as a bearer token;
     a bad body is 400 with the reason; either way nothing is stored."""
@@ -142,7 +149,7 @@ def _reason(exc: ValueError) -> str:
     return str(exc)
 
 
-class GpuFault(BaseModel):
+class GpuFault(BooleansApart):
     """Fault injection on one (virtual) GPU; unset fields are left as they are."""
 
     model_config = ConfigDict(extra="forbid")
@@ -169,7 +176,12 @@ class GpuFault(BaseModel):
 
 @router.post("/api/v1/chaos/gpus/{node}/{index}")
 def inject_gpu_fault(
-    node: str, index: int, fault: GpuFault, request: Request, db: DB, admin: Admin
+    node: Annotated[str, Path(min_length=1, max_length=255)],
+    index: Annotated[int, Path(ge=0, le=1023)],
+    fault: GpuFault,
+    request: Request,
+    db: DB,
+    admin: Admin,
 ) -> dict[str, Any]:
     """Admin: change what the virtual GPU provider reports for one GPU (read at the next sample)."""
     changes = fault.model_dump(exclude_none=True)

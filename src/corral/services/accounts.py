@@ -255,7 +255,7 @@ def set_default_group(session: Session, principal: Principal, user: User, group:
     if not principal.is_admin and principal.user_id != user.id:
         raise Forbidden("only an administrator may change another user's default group")
     if session.get(Membership, (user.id, group.id)) is None:
-        raise Invalid(f"user {user.name!r} is not a member of group {group.name!r}", ("body", "group"))
+        raise Conflict(f"user {user.name!r} is not a member of group {group.name!r}")
     user.default_group_id = group.id
     session.flush()
     forget_principals()

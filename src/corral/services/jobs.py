@@ -191,7 +191,7 @@ def resolve_group(session: Session, principal: Principal, name: str | None) -> G
         return GroupRef(found.id, found.name)
     row = session.execute(select(Group.id, Group.name).where(Group.name == name)).one_or_none()
     if row is None:
-        raise Invalid(f"there is no group named {name!r}", ("body", "group"))
+        raise NotFound(f"there is no group named {name!r}")
     if not principal.is_member(row.id) and not principal.is_admin:
         raise Forbidden(f"you are not a member of group {name!r}, so you cannot submit jobs to it")
     return GroupRef(row.id, row.name)

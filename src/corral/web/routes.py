@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 from fastapi import APIRouter, HTTPException
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, Response
 
 router = APIRouter(include_in_schema=False)
 
@@ -107,5 +107,6 @@ for _section in (*CLIENT_SECTIONS, AUDIT_SECTION):
 def portal_not_found(unknown_path: str) -> Response:
     path = "/" + unknown_path
     if any(path == p or path.startswith(p.rstrip("/") + "/") for p in NOT_PORTAL_PREFIXES):
-        return JSONResponse({"detail": "Not Found"}, status_code=404)
+        # Raised, not returned: the app's handler answers 405 + Allow where another method fits.
+        raise HTTPException(status_code=404, detail="Not Found")
     return _shell(status_code=404)

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel
 
-from corral.api.deps import DB, SESSION_COOKIE, Admin, CurrentUser, client_address
+from corral.api.deps import DB, NAME_MAX, SESSION_COOKIE, Admin, CurrentUser, RowId, client_address
 from corral.api.schemas import LoginIn, LoginOut, MeOut
 from corral.config import Settings
 from corral.db.models import LoginFailure, User, WebSession
@@ -48,7 +48,10 @@ def me_view(db: Any, user_id: int) -> UserView:
 @router.post(
     "/auth/login",
     response_model=LoginOut,
-    responses={429: {"description": "too many failed logins: the account or address is locked"}},
+    responses={
+        401: {"description": "wrong user name or password"},
+        429: {"description": "too many failed logins: the account or address is locked"},
+    },
 )
 def login(body: LoginIn, request: Request, response: Response, db: DB) -> Any:
     settings: Settings = request.app.state.settings
@@ -127,7 +130,9 @@ def list_sessions(
     request: Request,
     db: DB,
     principal: CurrentUser,
-    user: str | None = Query(None, description="admins: this user's sessions"),
+    user: str | None = Query(
+        None, min_length=1, max_length=NAME_MAX, description="admins: this user's sessions"
+    ),
     all_users: bool = Query(False, alias="all", description="admins: everyone's sessions"),
 ) -> Any:
     """Unexpired portal sessions: the caller's own, or (admins) a user's or everyone's."""
@@ -140,7 +145,9 @@ def list_sessions(
 
 
 @router.delete("/sessions/{session_id}", status_code=204)
-def revoke_session(session_id: str, db: DB, principal: CurrentUser) -> Response:
+def revoke_session(
+    session_id: Annotated[str, Path(min_length=1, max_length=128)], db: DB, principal: CurrentUser
+) -> Response:
     web = svc.revoke_session(db, principal, session_id)
     owner = db.get(User, web.user_id)
     audit.record(
@@ -178,7 +185,7 @@ def list_lockouts(
 
 
 @router.delete("/auth/lockouts/{lockout_id}", status_code=204)
-def clear_lockout(lockout_id: int, db: DB, admin: Admin) -> Response:
+def clear_lockout(lockout_id: RowId, db: DB, admin: Admin) -> Response:
     """Lift a lockout and forget its failures (admins)."""
     row = login_guard.clear_lockout(db, lockout_id)
     audit.record(

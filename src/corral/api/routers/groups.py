@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, status
 from sqlalchemy.orm import Session
 
-from corral.api.deps import DB, Admin, CurrentUser
+from corral.api.deps import DB, Admin, CurrentUser, NameInPath
 from corral.api.schemas import GroupIn, GroupOut, MemberIn, MemberOut, QuotaIn
 from corral.db.models import Group
 from corral.services import accounts as svc
@@ -66,7 +66,7 @@ def create_group(body: GroupIn, db: DB, admin: Admin) -> Any:
 
 
 @router.get("/groups/{name}", response_model=GroupOut)
-def show_group(name: str, db: DB, principal: CurrentUser) -> Any:
+def show_group(name: NameInPath, db: DB, principal: CurrentUser) -> Any:
     group = svc.group_by_name(db, name)
     if not principal.is_admin and not principal.is_member(group.id):
         raise NotFound(f"no group named {name!r}")
@@ -74,7 +74,7 @@ def show_group(name: str, db: DB, principal: CurrentUser) -> Any:
 
 
 @router.put("/groups/{name}/quota", response_model=GroupOut)
-def set_quota(name: str, body: QuotaIn, db: DB, admin: Admin) -> Any:
+def set_quota(name: NameInPath, body: QuotaIn, db: DB, admin: Admin) -> Any:
     """Change only what the body names: the GPU quota of one model (when `gpu_model`, `guaranteed`
     or `max` is given; a field left out keeps its value) and group-wide settings; `null` clears a
     limit (e.g. the per-user cap)."""
@@ -98,7 +98,7 @@ def set_quota(name: str, body: QuotaIn, db: DB, admin: Admin) -> Any:
 
 
 @router.post("/groups/{name}/members", status_code=status.HTTP_201_CREATED, response_model=MemberOut)
-def add_member(name: str, body: MemberIn, db: DB, principal: CurrentUser) -> Any:
+def add_member(name: NameInPath, body: MemberIn, db: DB, principal: CurrentUser) -> Any:
     """Admins, and admins of this group, add members (or change a member's role)."""
     group = svc.group_by_name(db, name)
     svc.require_group_admin(principal, group)

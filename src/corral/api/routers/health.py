@@ -45,7 +45,7 @@ def database_error(db_engine: sa.Engine) -> str | None:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
 
 
-@router.get("/readyz")
+@router.get("/readyz", responses={503: {"description": "not ready: the body names what is not"}})
 def readyz(request: Request) -> JSONResponse:
     """200 `{"ready": true, ...}` or 503 naming what is not ready: the database, or loops that
     have had no good pass for too long (stuck in a tick or failing every tick)."""

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from corral.api.deps import DB, CurrentUser, fast_json
+from corral import spec as job_spec
+from corral.api.deps import DB, MAX_ROW_ID, CurrentUser, Offset, RowId, UserFilter, fast_json
 from corral.api.schemas import EventOut, JobListOut, JobOut, LogsOut
 from corral.engine.base import EngineUnavailable
 from corral.services import cleanup, storage
 from corral.services import jobs as svc
+from corral.services.lifecycle import JobState
 from corral.services.policy import active_profile
 from corral.services.views import event_view, job_view
 from corral.spec import JobSpecV1, SpecError, load_spec_text
@@ -21,7 +23,68 @@ from corral.spec import JobSpecV1, SpecError, load_spec_text
 router = APIRouter(tags=["jobs"])
 
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain")
-_SPEC_SCHEMA: dict[str, Any] = {"type": "object", "description": "job spec v1 (see corral.spec)"}
+NEEDS_ENGINE: dict[int | str, dict[str, Any]] = {
+    503: {"description": "the execution engine is not available"}
+}
+SortBy = Literal["created_at", "submitted_at", "updated_at", "id", "priority", "state", "name"]
+# A comma-separated list of job states (blanks around the commas allowed, empty items skipped).
+_STATE = "(" + "|".join(s.value for s in JobState) + ")?"
+STATE_LIST = rf"^\s*{_STATE}\s*(,\s*{_STATE}\s*)*$"
+
+# "90s", "1h30m": numbers with units, at least one of them not zero (the sum must be > 0).
+_NUMBER = r"[0-9]+(?:\.[0-9]+)?[dhmsDHMS]"
+_NONZERO = r"(?:[0-9]*[1-9][0-9]*(?:\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)[dhmsDHMS]"
+_DURATION_PATTERN = rf"^\s*(?:{_NUMBER})*{_NONZERO}(?:{_NUMBER})*\s*$"
+
+
+def spec_body_schema() -> dict[str, Any]:
+    """The JSON body's schema: the spec model's own, plus what its validators check that a
+    model's schema does not say (task and env names, sizes and durations as text). YAML
+    (Content-Type: application/yaml) is read too but left out: any text is a "valid" YAML
+    string, and most are no spec. docs/security.md lists what the schema still cannot say."""
+    schema = JobSpecV1.model_json_schema(ref_template="#/components/schemas/{model}")
+    defs, props = schema["$defs"], schema["properties"]
+    env = {
+        "type": "object",
+        "maxProperties": job_spec.MAX_ENV_VARS,
+        "propertyNames": {"pattern": job_spec.ENV_NAME_RE.pattern},
+        "additionalProperties": {"type": "string"},
+    }
+    props["env"] = {**props["env"], **env}
+    defs["TaskV1"]["properties"]["env"] = {**defs["TaskV1"]["properties"]["env"], **env}
+    props["tasks"]["propertyNames"] = {"pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"}
+    duration = {"type": "string", "pattern": _DURATION_PATTERN}
+    for name in ("max_runtime", "stop_grace"):
+        props[name] = {"anyOf": [duration, {"type": "null"}], "default": None}
+    idle = defs["IdleGpuV1"]["properties"]
+    idle["for"] = duration
+    idle["grace"] = {"anyOf": [duration, {"type": "null"}], "default": None}
+    resources = defs["ResourcesV1"]["properties"]
+    resources["memory"] = {
+        "anyOf": [
+            {"type": "integer", "minimum": 1, "maximum": 64 * 1024 * 1024},
+            {"type": "string", "pattern": r"^\s*[0-9]+(?:\.[0-9]+)?\s*(?:[KkMmGgTt][Ii]?[Bb]?)\s*$"},
+        ],
+        "default": 1024,
+        "description": "MiB, or a size such as '512MiB' or '64GiB'",
+    }
+    one_of = ("dataset", "group_storage")  # a mount names exactly one of them
+    defs["MountV1"]["oneOf"] = [
+        {"required": [name], "properties": {name: {"type": "string"}, other: {"type": "null"}}}
+        for name, other in (one_of, one_of[::-1])
+    ]
+    model = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+    resources["gpu_model"] = {
+        "anyOf": [
+            {"type": "string", "maxLength": 256, "pattern": rf"^\s*{model}(?:\s*\|\s*{model})*\s*$"},
+            {"type": "null"},
+        ],
+        "default": None,
+    }
+    return schema
+
+
+_SPEC_SCHEMA = spec_body_schema()
 
 
 def budget(request: Request) -> int:
@@ -72,14 +135,15 @@ async def read_spec(request: Request) -> JobSpecV1:
             "required": True,
             "content": {
                 "application/json": {"schema": _SPEC_SCHEMA},
-                "application/yaml": {"schema": {"type": "string"}},
             },
         }
     },
 )
 def submit(
-    request: Request, spec: Annotated[JobSpecV1, Depends(read_spec)], db: DB, principal: CurrentUser
+    request: Request, principal: CurrentUser, spec: Annotated[JobSpecV1, Depends(read_spec)], db: DB
 ) -> Any:
+    # `principal` before `spec`: dependencies resolve in this order, and a request without
+    # credentials must get its 401 before anything is said about its body.
     """Validate, check the job can ever fit, and queue it under its group (default: yours)."""
     profile = active_profile(request.app.state.settings)
     spec = storage.check_job_storage(db, principal, spec, request.app.state.settings)
@@ -91,13 +155,16 @@ def list_jobs(
     db: DB,
     principal: CurrentUser,
     request: Request,
-    state: Annotated[list[str] | None, Query(description="repeat or comma-separate")] = None,
-    user: str | None = None,
-    group: str | None = None,
-    sort: str = "created_at",
-    order: str = "desc",
+    state: Annotated[
+        list[Annotated[str, Query(pattern=STATE_LIST)]] | None,
+        Query(description="job states; repeat or comma-separate"),
+    ] = None,
+    user: UserFilter = None,
+    group: UserFilter = None,
+    sort: SortBy = "created_at",
+    order: Literal["asc", "desc"] = "desc",
     limit: Annotated[int, Query(ge=1, le=svc.MAX_PAGE)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> Any:
     states = tuple(s.strip() for value in state or [] for s in value.split(",") if s.strip())
     flt = svc.JobFilter(
@@ -115,20 +182,20 @@ def list_jobs(
 
 
 @router.get("/jobs/{job_id}", response_model=JobOut)
-def show(job_id: int, db: DB, principal: CurrentUser, request: Request) -> Any:
+def show(job_id: RowId, db: DB, principal: CurrentUser, request: Request) -> Any:
     job = svc.get_job(db, principal, job_id)
     return fast_json(job_view(job, svc.job_events(db, job.id), lost_budget=budget(request)))
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobOut)
-def cancel(job_id: int, db: DB, principal: CurrentUser, request: Request) -> Any:
+def cancel(job_id: RowId, db: DB, principal: CurrentUser, request: Request) -> Any:
     """Queued jobs end at once; active jobs get cancel_requested and the control loops stop them."""
     job = svc.cancel_job(db, principal, job_id)
     return job_view(job, svc.job_events(db, job.id), lost_budget=budget(request))
 
 
-@router.delete("/jobs/{job_id}", status_code=status.HTTP_204_NO_CONTENT)
-def delete(job_id: int, request: Request, db: DB, principal: CurrentUser) -> Response:
+@router.delete("/jobs/{job_id}", status_code=status.HTTP_204_NO_CONTENT, responses=NEEDS_ENGINE)
+def delete(job_id: RowId, request: Request, db: DB, principal: CurrentUser) -> Response:
     """A finished job and its logs, by its owner or an admin (409 while it has not ended)."""
     cleanup.delete_job(
         db, principal, job_id, request.app.state.engine, request.app.state.settings.storage_path
@@ -137,20 +204,20 @@ def delete(job_id: int, request: Request, db: DB, principal: CurrentUser) -> Res
 
 
 @router.get("/jobs/{job_id}/events", response_model=list[EventOut])
-def events(job_id: int, db: DB, principal: CurrentUser) -> Any:
+def events(job_id: RowId, db: DB, principal: CurrentUser) -> Any:
     job = svc.get_job(db, principal, job_id)
     return [event_view(e) for e in svc.job_events(db, job.id)]
 
 
-@router.get("/jobs/{job_id}/logs", response_model=LogsOut)
+@router.get("/jobs/{job_id}/logs", response_model=LogsOut, responses=NEEDS_ENGINE)
 def logs(
-    job_id: int,
+    job_id: RowId,
     request: Request,
     db: DB,
     principal: CurrentUser,
-    attempt: Annotated[int | None, Query(ge=1)] = None,
-    rank: Annotated[int, Query(ge=0)] = 0,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    attempt: Annotated[int | None, Query(ge=1, le=MAX_ROW_ID)] = None,
+    rank: Annotated[int, Query(ge=0, le=MAX_ROW_ID)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**40)] = 0,  # 1 TiB: a seek past 2**62 was a 500
     limit: Annotated[int, Query(ge=1, le=8 << 20)] = 1 << 20,
 ) -> Any:
     """While the job waits (no attempt yet, or queued again), `waiting` says why and when."""

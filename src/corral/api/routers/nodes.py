@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Path
 
 from corral.api.deps import DB, Admin, CurrentUser
 from corral.api.schemas import NodeOut
@@ -24,7 +24,12 @@ def list_nodes(db: DB, _principal: CurrentUser) -> Any:
 
 
 @router.post("/nodes/{name}/{action}", response_model=NodeOut)
-def node_action(name: str, action: Literal["cordon", "uncordon", "drain"], db: DB, admin: Admin) -> Any:
+def node_action(
+    name: Annotated[str, Path(min_length=1, max_length=255)],
+    action: Literal["cordon", "uncordon", "drain"],
+    db: DB,
+    admin: Admin,
+) -> Any:
     """cordon: take nothing new; drain: take nothing new and empty out; uncordon: back to ready."""
     found = db.get(Node, name)
     before = None if found is None else node_state(found)

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response, status
 
-from corral.api.deps import DB, CurrentUser
+from corral.api.deps import DB, NAME_MAX, CurrentUser, RowId
 from corral.api.schemas import TokenIn, TokenOut
 from corral.db.models import ApiToken, User
 from corral.services import audit
@@ -36,7 +36,9 @@ def _view(token: ApiToken, user: str, secret: str | None = None) -> dict[str, An
 def list_tokens(
     db: DB,
     principal: CurrentUser,
-    user: str | None = Query(None, description="admins: this user's tokens"),
+    user: str | None = Query(
+        None, min_length=1, max_length=NAME_MAX, description="admins: this user's tokens"
+    ),
     all_users: bool = Query(False, alias="all", description="admins: everyone's tokens"),
 ) -> Any:
     user_id = svc.owner_filter(db, principal, user, all_users=all_users)
@@ -70,7 +72,7 @@ def create_token(body: TokenIn, request: Request, db: DB, principal: CurrentUser
 
 
 @router.delete("/tokens/{token_id}", status_code=204)
-def revoke_token(token_id: int, db: DB, principal: CurrentUser) -> Response:
+def revoke_token(token_id: RowId, db: DB, principal: CurrentUser) -> Response:
     token = db.get(ApiToken, token_id)
     before = None if token is None else {"revoked_at": token.revoked_at}
     svc.revoke_token(db, principal, token_id)  # another user's token (unless admin): 404

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Response, status
 
-from corral.api.deps import DB, Admin, CurrentUser
+from corral.api.deps import DB, Admin, CurrentUser, NameInPath, RowId
 from corral.api.schemas import DefaultGroupIn, PasswordIn, SshKeyIn, SshKeyOut, UserIn, UserOut
 from corral.db.models import SshKey, User
 from corral.services import accounts as svc
@@ -47,7 +47,7 @@ def create_user(body: UserIn, db: DB, admin: Admin) -> Any:
 
 
 @router.put("/users/{name}/default-group", response_model=UserOut)
-def set_default_group(name: str, body: DefaultGroupIn, db: DB, principal: CurrentUser) -> Any:
+def set_default_group(name: NameInPath, body: DefaultGroupIn, db: DB, principal: CurrentUser) -> Any:
     """Admins for anyone; a user for themself (to a group they belong to)."""
     if not principal.is_admin and name != principal.name:
         raise Forbidden("only an administrator may change another user's default group")
@@ -68,7 +68,7 @@ def set_default_group(name: str, body: DefaultGroupIn, db: DB, principal: Curren
 
 
 @router.put("/users/{name}/password", status_code=204)
-def set_password(name: str, body: PasswordIn, db: DB, principal: CurrentUser) -> Response:
+def set_password(name: NameInPath, body: PasswordIn, db: DB, principal: CurrentUser) -> Response:
     """Admins for anyone; a user for themself (with `current_password` when they have one)."""
     if not principal.is_admin and name != principal.name:
         raise Forbidden("only an administrator may set another user's password")
@@ -124,7 +124,7 @@ def add_ssh_key(body: SshKeyIn, db: DB, principal: CurrentUser) -> Any:
 
 
 @router.delete("/ssh-keys/{key_id}", status_code=204)
-def delete_ssh_key(key_id: int, db: DB, principal: CurrentUser) -> Response:
+def delete_ssh_key(key_id: RowId, db: DB, principal: CurrentUser) -> Response:
     key = db.get(SshKey, key_id)
     before = None if key is None else ssh_key_state(key, _name_of(db, key.user_id))
     svc.delete_ssh_key(db, principal, key_id)  # refuses another user's key (unless admin)

@@ -1,0 +1,359 @@
+"""Keeps the OpenAPI schema true to what the API answers, for every route of the app, so that
+schemathesis (tests/api/test_fuzz.py, bench/fuzz_api.py) finds nothing undocumented.
+
+Installed once by the app factory; a new router gets all of this without doing anything:
+
+- **Error responses**: every operation documents the errors the app can give it, each with the
+  JSON body `ErrorOut` (`{"detail": "what was wrong"}`, or a list of `{loc, msg, type}` for bad
+  fields). Which ones is derived from the route itself:
+  * every operation: 400, 408, 413 (corral.api.limits reads every body before any route runs);
+  * operations that authenticate (depend on `get_principal`): 401 and 403, and the bearer scheme
+    in `security` (403: admins only, a cookie request without its CSRF token, someone else's);
+  * operations with parameters or a body: 404 (a named job, user, group ... does not exist) and
+    422 (a value the models or the services refuse);
+  * authenticated POST/PUT/PATCH/DELETE: 409 (a name taken, a job in the wrong state);
+  * operations a rate rule of corral.api.limits matches: 429 with `Retry-After`.
+  A route documents anything else itself (`responses={503: ...}`); what it declares wins.
+- **405**: a request whose method the path does not support is answered 405 with an `Allow`
+  header listing every method of every route on that path (Starlette names only the first
+  route's), also where the portal's catch-all GET route would otherwise answer 404.
+- **Links** (`LINKS`): which operation's response feeds which operation's parameters, so that a
+  stateful fuzzer chains them (POST /jobs → GET /jobs/{job_id} ...). Routers add their own
+  with `links=` in `responses` or by extending `LINKS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute, RouteContext, iter_route_contexts
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path
+
+from corral.api import limits
+from corral.api.deps import get_principal
+from corral.config import Settings
+
+
+class ErrorItem(BaseModel):
+    loc: list[str | int] = Field(description="where: ['body', 'name'], ['query', 'limit'] ...")
+    msg: str = Field(description="what is wrong with it")
+    type: str
+
+
+class ErrorOut(BaseModel):
+    """Every 4xx (and 503) answer of the API."""
+
+    detail: str | list[ErrorItem] = Field(description="what was wrong: a sentence, or one item per field")
+
+
+ERROR_DESCRIPTIONS: dict[int, str] = {
+    400: "the body is malformed, nested too deeply or holds too many values",
+    401: "not authenticated, or the token or session is unknown, expired or revoked",
+    403: "authenticated, but not allowed to do this (or a cookie request without its CSRF token)",
+    404: "a job, user, group or other object the request names does not exist (or is not yours)",
+    408: "the request body was not received in time",
+    409: "conflicts with the current state: a name already taken, a job that has not ended ...",
+    413: "the request body is larger than the configured limit",
+    422: "a parameter or body field is invalid; `detail` names each",
+    429: "too many requests (rate limit or login lockout); retry after `Retry-After` seconds",
+    503: "a component the request needs is not available right now",
+}
+UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+SECURITY_SCHEME = "bearer"
+
+# (source operation, status) → {link name: link}. Parameters come from the source's response
+# body (`$response.body#/id`) or from its own path (`$request.path.name`).
+Link = dict[str, Any]
+LINKS: dict[tuple[str, str, str], dict[str, Link]] = {}
+
+
+def _link(operation: str, parameters: dict[str, str], body: Any = None) -> Link:
+    method, path = operation.split(" ", 1)
+    link: Link = {"operationRef": _operation_ref(path, method), "parameters": parameters}
+    if body is not None:
+        link["requestBody"] = body
+    return link
+
+
+def _operation_ref(path: str, method: str) -> str:
+    return "#/paths/" + path.replace("~", "~0").replace("/", "~1") + "/" + method.lower()
+
+
+def add_links(source: str, status: str, targets: dict[str, tuple[str, dict[str, str]]]) -> None:
+    """Declare that `source`'s `status` answer feeds each target operation's parameters:
+    `targets` = {link name: ("GET /api/v1/jobs/{job_id}", {"job_id": "$response.body#/id"})}."""
+    method, path = source.split(" ", 1)
+    entry = LINKS.setdefault((method.lower(), path, status), {})
+    for name, (operation, parameters) in targets.items():
+        entry[name] = _link(operation, parameters)
+
+
+def _core_links() -> None:
+    api = "/api/v1"
+    job = {"job_id": "$response.body#/id"}
+    add_links(
+        f"POST {api}/jobs",
+        "201",
+        {
+            "GetJob": (f"GET {api}/jobs/{{job_id}}", job),
+            "GetJobEvents": (f"GET {api}/jobs/{{job_id}}/events", job),
+            "GetJobLogs": (f"GET {api}/jobs/{{job_id}}/logs", job),
+            "CancelJob": (f"POST {api}/jobs/{{job_id}}/cancel", job),
+            "DeleteJob": (f"DELETE {api}/jobs/{{job_id}}", job),
+        },
+    )
+    add_links(
+        f"POST {api}/jobs/{{job_id}}/cancel",
+        "200",
+        {"DeleteCancelledJob": (f"DELETE {api}/jobs/{{job_id}}", job)},
+    )
+    user = {"name": "$response.body#/name"}
+    add_links(
+        f"POST {api}/users",
+        "201",
+        {
+            "SetUserDefaultGroup": (f"PUT {api}/users/{{name}}/default-group", user),
+            "SetUserPassword": (f"PUT {api}/users/{{name}}/password", user),
+        },
+    )
+    group = {"name": "$response.body#/name"}
+    add_links(
+        f"POST {api}/groups",
+        "201",
+        {
+            "GetGroup": (f"GET {api}/groups/{{name}}", group),
+            "SetGroupQuota": (f"PUT {api}/groups/{{name}}/quota", group),
+            "AddGroupMember": (f"POST {api}/groups/{{name}}/members", group),
+        },
+    )
+    add_links(
+        f"POST {api}/groups/{{name}}/members",
+        "201",
+        {"GetGroupOfMember": (f"GET {api}/groups/{{name}}", {"name": "$request.path.name"})},
+    )
+    add_links(
+        f"POST {api}/tokens",
+        "201",
+        {"RevokeToken": (f"DELETE {api}/tokens/{{token_id}}", {"token_id": "$response.body#/id"})},
+    )
+    add_links(
+        f"POST {api}/ssh-keys",
+        "201",
+        {"DeleteSshKey": (f"DELETE {api}/ssh-keys/{{key_id}}", {"key_id": "$response.body#/id"})},
+    )
+    add_links(
+        f"GET {api}/sessions",
+        "200",
+        {"RevokeSession": (f"DELETE {api}/sessions/{{session_id}}", {"session_id": "$response.body#/0/id"})},
+    )
+    first_id = {"lockout_id": "$response.body#/0/id"}
+    add_links(
+        f"GET {api}/auth/lockouts",
+        "200",
+        {"ClearLockout": (f"DELETE {api}/auth/lockouts/{{lockout_id}}", first_id)},
+    )
+    add_links(
+        f"GET {api}/jobs",
+        "200",
+        {"GetListedJob": (f"GET {api}/jobs/{{job_id}}", {"job_id": "$response.body#/items/0/id"})},
+    )
+    add_links(
+        f"GET {api}/groups",
+        "200",
+        {"GetListedGroup": (f"GET {api}/groups/{{name}}", {"name": "$response.body#/0/name"})},
+    )
+    add_links(
+        f"GET {api}/ssh-keys",
+        "200",
+        {"DeleteListedSshKey": (f"DELETE {api}/ssh-keys/{{key_id}}", {"key_id": "$response.body#/0/id"})},
+    )
+    add_links(
+        f"GET {api}/nodes",
+        "200",
+        {"ActOnListedNode": (f"POST {api}/nodes/{{name}}/{{action}}", {"name": "$response.body#/0/name"})},
+    )
+
+
+_core_links()
+
+
+# --- error responses ----------------------------------------------------------------------------
+
+
+def _calls(dependant: Any) -> Iterable[Callable[..., Any]]:
+    for dep in dependant.dependencies:
+        if dep.call is not None:
+            yield dep.call
+        yield from _calls(dep)
+
+
+def authenticates(route: RouteContext) -> bool:
+    return get_principal in set(_calls(route.dependant))
+
+
+def _takes_input(route: RouteContext) -> bool:
+    d = route.dependant
+    return bool(d.path_params or d.query_params or d.body_params) or "requestBody" in (
+        route.openapi_extra or {}
+    )
+
+
+def _rate_limited(route: RouteContext, method: str, rules: list[limits.RateRule]) -> bool:
+    """Would a rate rule match a request to this route (path parameters filled in, a large
+    `limit` asked for where the route takes one)?"""
+    path = route.path_format or ""
+    for param in route.dependant.path_params:
+        path = path.replace("{" + param.name + "}", "1")
+    query = (
+        {"limit": [str(limits.BIG_LIST_LIMIT + 1)]}
+        if any(p.alias == "limit" for p in route.dependant.query_params)
+        else {}
+    )
+    return any(rule.matches(method, path, query) for rule in rules)
+
+
+def error_statuses(route: RouteContext, method: str, rules: list[limits.RateRule]) -> list[int]:
+    """The error statuses the app can answer `method` on `route` with (see the module's doc)."""
+    statuses = {400, 408, 413}
+    if authenticates(route):
+        statuses |= {401, 403}
+        if method in UNSAFE_METHODS:
+            statuses.add(409)
+    if _takes_input(route):
+        statuses |= {404, 422}
+    if _rate_limited(route, method, rules):
+        statuses.add(429)
+    return sorted(statuses)
+
+
+def _error_response(status: int, description: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "description": description or ERROR_DESCRIPTIONS.get(status, "error"),
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}},
+    }
+    if status == 429:
+        out["headers"] = {
+            "Retry-After": {
+                "description": "seconds to wait",
+                "schema": {"type": "string", "pattern": "^[0-9]+$"},
+            }
+        }
+    return out
+
+
+def _document_operation(
+    op: dict[str, Any], route: RouteContext, method: str, rules: list[limits.RateRule]
+) -> None:
+    responses: dict[str, Any] = op.setdefault("responses", {})
+    for status in error_statuses(route, method, rules):
+        declared = responses.get(str(status))
+        if status == 422 or declared is None:  # FastAPI's 422 model is not what the app answers
+            responses[str(status)] = _error_response(status, (declared or {}).get("description"))
+    for code, response in responses.items():
+        if code.startswith(("4", "5")) and "content" not in response:
+            response["content"] = _error_response(int(code))["content"]
+    if authenticates(route):
+        op.setdefault("security", [{SECURITY_SCHEME: []}])
+    for code, response in responses.items():
+        links = LINKS.get((method.lower(), route.path_format or "", code))
+        if links:
+            response.setdefault("links", {}).update(links)
+
+
+def build_openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
+    schema = get_openapi(
+        title=app.title,
+        version=app.version,
+        description=app.description,
+        routes=app.routes,
+    )
+    rules = limits.rate_rules(settings)
+    routes = {
+        (route.path_format, method.lower()): route
+        for route in iter_route_contexts(app.routes)
+        if isinstance(route.original_route, APIRoute) and route.include_in_schema
+        for method in route.methods or ()
+    }
+    for path, operations in schema.get("paths", {}).items():
+        for method, op in operations.items():
+            route = routes.get((path, method))
+            if route is not None:
+                _document_operation(op, route, method.upper(), rules)
+    components = schema.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    _hoist_body_definitions(schema, schemas)
+    for name in ("HTTPValidationError", "ValidationError"):  # replaced by ErrorOut everywhere
+        schemas.pop(name, None)
+    error_schema = ErrorOut.model_json_schema(ref_template="#/components/schemas/{model}")
+    schemas.update(error_schema.pop("$defs", {}))
+    schemas["ErrorOut"] = error_schema
+    components.setdefault("securitySchemes", {})[SECURITY_SCHEME] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "an API token (`corral token create`); the portal uses its session cookie",
+    }
+    return schema
+
+
+def _hoist_body_definitions(schema: dict[str, Any], schemas: dict[str, Any]) -> None:
+    """A body schema given whole in `openapi_extra` (a model's `model_json_schema(ref_template=
+    "#/components/schemas/{model}")`) keeps its sub-models in `$defs`: move them to components."""
+    for operations in schema.get("paths", {}).values():
+        for op in operations.values():
+            for media in op.get("requestBody", {}).get("content", {}).values():
+                body = media.get("schema", {})
+                if "$defs" in body:  # copied, not popped: the route's own dict is shared by apps
+                    schemas.update(body["$defs"])
+                    media["schema"] = {k: v for k, v in body.items() if k != "$defs"}
+
+
+# --- 405 ----------------------------------------------------------------------------------------
+
+
+def allowed_methods(app: Any, path: str) -> set[str]:
+    """Every method some route serves on `path`. Catch-all routes (`{x:path}`: the portal's
+    unknown-page route, static assets) do not count: they match any path."""
+    methods: set[str] = set()
+    for route in iter_route_contexts(app.router.routes):
+        template, route_methods = route.path, route.methods
+        if not route_methods or not template or ":path}" in template:
+            continue
+        regex, _format, _convertors = compile_path(template)
+        if regex.match(path):
+            methods |= set(route_methods)
+    return methods
+
+
+def method_not_allowed(method: str, path: str, allowed: set[str]) -> JSONResponse:
+    allow = ", ".join(sorted(allowed))
+    return JSONResponse(
+        {"detail": f"{method} is not allowed on {path}; allowed: {allow}"},
+        status_code=405,
+        headers={"Allow": allow},
+    )
+
+
+def install(app: FastAPI, settings: Settings) -> None:
+    """Document every route's errors and links, and answer wrong methods with 405 + Allow."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = build_openapi(app, settings)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code in (404, 405):
+            allowed = allowed_methods(request.app, request.url.path)
+            if allowed and request.method not in allowed:
+                return method_not_allowed(request.method, request.url.path, allowed)
+        return await http_exception_handler(request, exc)

@@ -1,0 +1,118 @@
+"""A reduced schemathesis run against a real server (the full one: bench/fuzz_api.py).
+
+The server is started here (tests/server_harness.py: uvicorn, SQLite, the local engine) and
+fuzzed over HTTP with all of schemathesis's checks and a fixed seed, as a plain member and as an
+admin, fuzzing and stateful phases (the links the schema declares). Accepted exceptions are the
+ones listed, each with why, in tests/fuzz_hooks.py; anything else fails. The coverage phase
+(undeclared methods, Allow headers) is slow on the job spec's schema, so the bench runs it and
+this file checks its findings directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.fuzz_run import FuzzResult, member_token, run_schemathesis, token_ids
+from tests.server_harness import CorralServer, start_server
+
+SEED = 11
+API = "/api/v1"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[CorralServer]:
+    srv = start_server(virtual_gpus=2)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _explain(result: FuzzResult) -> str:
+    return f"{result.who}: {result.failing_operations}\n{result.output[-6000:]}"
+
+
+def test_schemathesis_finds_nothing_as_member_and_admin(server: CorralServer) -> None:
+    tokens = {"member": member_token(server.url, server.token)[0], "admin": server.token}
+    protected = token_ids(server.url, server.token)
+
+    def fuzz(who: str) -> FuzzResult:
+        return run_schemathesis(
+            server.url,
+            tokens[who],
+            who=who,
+            protected_token_ids=protected,
+            max_examples=3,
+            seed=SEED,
+            phases=("fuzzing", "stateful"),
+            stateful_steps=5,
+            timeout_s=240,
+        )
+
+    # Both identities at once: the run waits on the server far more than it computes.
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(fuzz, tokens))
+    assert sum(r.cases for r in results) >= 200  # a few hundred cases
+    for result in results:
+        assert result.failure_count == 0, _explain(result)
+        assert result.errors == 0, _explain(result)
+        assert result.server_errors == 0, _explain(result)
+        assert result.unreadable_4xx == {}, _explain(result)
+        assert result.links_total >= 20 and result.links_covered >= 1, _explain(result)
+    # Authenticated as itself all along: the guard kept each run's own token alive.
+    for token in tokens.values():
+        with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}) as c:
+            assert c.get(f"{API}/me").status_code == 200
+
+
+def test_wrong_methods_get_405_with_every_allowed_method(server: CorralServer) -> None:
+    """What schemathesis's coverage phase found before: a GET on a POST-only API path answered
+    404 (the portal's catch-all route), and OPTIONS named only the first route's methods."""
+    with server.client() as c:
+        r = c.get(f"{API}/alerts/webhook")
+        assert r.status_code == 405 and r.headers["allow"] == "POST", r.text
+        assert "GET is not allowed" in r.json()["detail"]
+        r = c.options(f"{API}/jobs/1")
+        assert r.status_code == 405 and set(r.headers["allow"].split(", ")) == {"DELETE", "GET"}
+        r = c.put(f"{API}/tokens")
+        assert r.status_code == 405 and set(r.headers["allow"].split(", ")) == {"GET", "POST"}
+        assert c.get(f"{API}/no-such-thing").status_code == 404  # no route at all: still 404
+        assert c.get("/no-such-page").status_code == 404  # the portal's own 404 page
+
+
+def test_unpaired_surrogates_are_refused_not_stored(server: CorralServer) -> None:
+    """Found by bench/fuzz_api.py: a job whose env held "\\ud8dc" was stored, and then every
+    listing, show and cancel touching it was a 500 (the text cannot be encoded as UTF-8)."""
+    body = '{"name": "s", "command": "true", "env": {"A": "\\ud8dc"}}'
+    with server.client() as c:
+        r = c.post(f"{API}/jobs", content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and "unpaired UTF-16 surrogate" in r.json()["detail"]
+        paired = '{"name": "s", "command": "true", "env": {"A": "\\ud83d\\ude00"}}'  # an emoji
+        r = c.post(f"{API}/jobs", content=paired, headers={"Content-Type": "application/json"})
+        assert r.status_code == 201, r.text
+        assert c.get(f"{API}/jobs").status_code == 200
+        c.post(f"{API}/jobs/{r.json()['id']}/cancel")
+
+
+def test_schema_documents_every_error(server: CorralServer) -> None:
+    with httpx.Client(base_url=server.url) as c:
+        schema = c.get("/openapi.json").json()
+    for path, operations in schema["paths"].items():
+        for method, op in operations.items():
+            codes = set(op["responses"])
+            assert {"400", "408", "413"} <= codes, (method, path)
+            if "security" in op:
+                assert {"401", "403"} <= codes, (method, path)
+            if "{" in path:
+                assert {"404", "422"} <= codes, (method, path)
+            for code, response in op["responses"].items():
+                if code.startswith("4"):
+                    ref = response["content"]["application/json"]["schema"]["$ref"]
+                    assert ref == "#/components/schemas/ErrorOut", (method, path, code)
+    assert "429" in schema["paths"][f"{API}/jobs"]["post"]["responses"]
+    links = schema["paths"][f"{API}/jobs"]["post"]["responses"]["201"]["links"]
+    assert {"GetJob", "GetJobLogs", "CancelJob", "DeleteJob"} <= set(links)

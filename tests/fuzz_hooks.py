@@ -1,0 +1,187 @@
+"""Schemathesis hooks for the API fuzz runs (tests/api/test_fuzz.py, bench/fuzz_api.py), loaded by
+the `schemathesis` CLI through SCHEMATHESIS_HOOKS=tests.fuzz_hooks. Configured by environment:
+
+- FUZZ_PROTECTED_TOKEN_IDS: ids of the API tokens the fuzzers authenticate with. A generated
+  `DELETE /api/v1/tokens/{id}` naming one is sent for an id that does not exist instead: revoking
+  the token in use would turn every later request into a 401 and end the run's meaning (the
+  operation is still fuzzed, and tokens the run creates itself are revoked through the links).
+- FUZZ_STATS_FILE: where to write, at exit, the responses seen per operation and status, the
+  4xx answers without a readable JSON `detail`, and the failures accepted below.
+
+Accepted exceptions (`ACCEPTED`): failures that are right answers the schema cannot express, each
+matched on its check code, operation and the answer's text, and each with why. Everything else
+fails the run. docs/security.md lists them too.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import schemathesis
+
+TOKENS_PATH = "/api/v1/tokens/{token_id}"
+NO_SUCH_TOKEN = 2**31 - 1  # a valid id (corral.api.deps.MAX_ROW_ID) no run gets near
+
+
+@dataclass(frozen=True)
+class Accepted:
+    code: str  # schemathesis failure code (ST202: schema-valid request rejected ...)
+    operation: str  # "GET /api/v1/usage"
+    answer: str  # a piece of the response body that identifies the case ("": any)
+    why: str
+
+
+ACCEPTED: tuple[Accepted, ...] = (
+    Accepted(
+        "ST202",
+        "GET /api/v1/usage",
+        "must be before 'until'",
+        "since < until relates two parameters; JSON Schema bounds each alone",
+    ),
+    Accepted(
+        "ST202",
+        "PUT /api/v1/groups/{name}/quota",
+        "must not be less than",
+        "max >= guaranteed (GPUs, CPUs, memory) relates two fields, and a field left out keeps its stored "
+        "value, which the schema cannot see",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/groups",
+        "must not be less than",
+        "max >= guaranteed relates two fields of the body",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/jobs",
+        "can never run",
+        "whether a job can ever fit depends on the cluster's nodes and the group's quota, not on the spec",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/jobs",
+        "instances over all tasks",
+        "the cap on instances is over the sum of all tasks' instances; the schema bounds each task",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/tokens",
+        "CORRAL_TOKEN_MAX_LIFETIME_DAYS",
+        "the longest token lifetime is the server's setting; the schema gives the hard bound (10 years)",
+    ),
+    Accepted(
+        "ST302",
+        "POST /api/v1/groups/{name}/members",
+        "no user named",
+        "the 404 is for the user the body names, not for the group just created (which exists)",
+    ),
+    Accepted(
+        "ST302",
+        "PUT /api/v1/users/{name}/default-group",
+        "no group named",
+        "the 404 is for the group the body names, not for the user just created (which exists)",
+    ),
+    Accepted(
+        "ST202",
+        "GET /api/v1/jobs/{job_id}/logs",
+        "for this attempt",
+        "which ranks and attempts a job has depends on the job, not on the request's shape",
+    ),
+    Accepted(
+        "ST202",
+        "PUT /api/v1/users/{name}/password",
+        "current password is wrong or missing",
+        "whether the current password is needed (and right) depends on the stored account",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/jobs",
+        "is more than 64 TiB",
+        "a size's pattern cannot bound its magnitude (digits times a unit)",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/jobs",
+        "a duration must be at most",
+        "a duration's pattern cannot bound its magnitude (a sum of numbers times units)",
+    ),
+    Accepted(
+        "ST201",
+        "POST /api/v1/jobs",
+        "",
+        "the spec parser is lenient on purpose, as with YAML written by hand: it strips blanks around "
+        "strings, lower-cases the priority and reads sizes and durations in more forms ('2000000b', "
+        "'1h 30m') than the schema's patterns name; what it accepts it stores normalized",
+    ),
+)
+
+_responses: Counter[str] = Counter()
+_unreadable: Counter[str] = Counter()
+_accepted: Counter[str] = Counter()
+
+
+def _protected() -> set[int]:
+    raw = os.environ.get("FUZZ_PROTECTED_TOKEN_IDS", "")
+    return {int(v) for v in raw.split(",") if v.strip()}
+
+
+def _as_id(value: Any) -> int | None:
+    """The id the server would read from a path parameter ("02", " 2", 2 ...), or None."""
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        return None
+
+
+@schemathesis.hook
+def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
+    if case.method.upper() == "DELETE" and case.path == TOKENS_PATH:
+        params = case.path_parameters or {}
+        if _as_id(params.get("token_id")) in _protected():
+            params["token_id"] = NO_SUCH_TOKEN
+
+
+def _readable_error(response: Any) -> bool:
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    detail = body.get("detail") if isinstance(body, dict) else None
+    return (isinstance(detail, str) and bool(detail.strip())) or (isinstance(detail, list) and bool(detail))
+
+
+@schemathesis.hook
+def after_call(context: Any, case: Any, response: Any) -> None:
+    # The schema's operation; probes with a method it does not declare count apart.
+    label = f"{case.method.upper()} {case.path}"
+    if case.method.upper() != case.operation.method.upper():
+        label = "undeclared methods"
+    _responses[f"{label} {response.status_code}"] += 1
+    if 400 <= response.status_code < 500 and not _readable_error(response):
+        _unreadable[f"{label} {response.status_code}"] += 1
+
+
+@schemathesis.hook
+def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool:
+    """False drops the failure: only the accepted exceptions above."""
+    label = f"{case.method.upper()} {case.path}"
+    text = response.text if response is not None else ""
+    for accepted in ACCEPTED:
+        if failure.code == accepted.code and label == accepted.operation and accepted.answer in text:
+            _accepted[f"{accepted.code} {label}: {accepted.answer}"] += 1
+            return False
+    return True
+
+
+@atexit.register
+def _write_stats() -> None:
+    path = os.environ.get("FUZZ_STATS_FILE")
+    if path:
+        stats = {"responses": _responses, "unreadable_4xx": _unreadable, "accepted": _accepted}
+        with open(path, "w") as out:
+            json.dump(stats, out)

@@ -1,0 +1,167 @@
+"""Run schemathesis (its CLI, with tests/fuzz_hooks.py) against a running Corral server and read
+back what it found: used by tests/api/test_fuzz.py (a reduced run) and bench/fuzz_api.py (the
+full one). Test code, not shipped in the `corral` package."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+LINKS_LINE = re.compile(r"API Links:\s+(\d+) covered / (\d+) selected / (\d+) total")
+ALL_PHASES = ("examples", "coverage", "fuzzing", "stateful")
+
+
+@dataclass
+class FuzzResult:
+    who: str
+    seed: int
+    cases: int  # test cases schemathesis generated (all phases)
+    requests_by_operation: Counter[str]  # every request sent, stateful steps included
+    failures: dict[str, int]  # failure code and title -> unique failures
+    failing_operations: dict[str, list[str]]
+    errors: int  # test cases that errored (could not be run), not failures
+    server_errors: int  # 5xx answers seen
+    unreadable_4xx: dict[str, int]  # 4xx answers without a JSON `detail`
+    accepted: dict[str, int]  # failures dropped as accepted exceptions (tests/fuzz_hooks.py)
+    links_covered: int
+    links_total: int
+    wall_s: float
+    exit_code: int
+    output: str = field(repr=False)
+
+    @property
+    def requests(self) -> int:
+        return sum(self.requests_by_operation.values())
+
+    @property
+    def failure_count(self) -> int:
+        return sum(self.failures.values())
+
+
+def member_token(base_url: str, admin_token: str, name: str = "fuzzmember") -> tuple[str, int]:
+    """Create a plain member (group "default") and a token for it: (secret, token id)."""
+    with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {admin_token}"}) as admin:
+        admin.post("/api/v1/users", json={"name": name, "groups": ["default"]}).raise_for_status()
+        made = admin.post("/api/v1/tokens", json={"name": "fuzz", "user": name})
+        made.raise_for_status()
+        return str(made.json()["token"]), int(made.json()["id"])
+
+
+def token_ids(base_url: str, admin_token: str) -> list[int]:
+    """Ids of every token that exists now (the run protects them from revocation)."""
+    with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {admin_token}"}) as admin:
+        listed = admin.get("/api/v1/tokens", params={"all": "true"})
+        listed.raise_for_status()
+        return [int(t["id"]) for t in listed.json()]
+
+
+def run_schemathesis(
+    base_url: str,
+    token: str,
+    *,
+    who: str,
+    protected_token_ids: list[int],
+    max_examples: int,
+    seed: int,
+    phases: tuple[str, ...] = ALL_PHASES,
+    workers: int = 1,
+    timeout_s: float = 1800.0,
+    stateful_steps: int = 10,
+    extra_args: tuple[str, ...] = (),
+) -> FuzzResult:
+    """One schemathesis run with every check, authenticated with `token`."""
+    work = Path(tempfile.mkdtemp(prefix=f"corral-fuzz-{who}-"))
+    stats_path = work / "stats.json"
+    env = {
+        **os.environ,
+        "SCHEMATHESIS_HOOKS": "tests.fuzz_hooks",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
+        "FUZZ_PROTECTED_TOKEN_IDS": ",".join(str(i) for i in protected_token_ids),
+        "FUZZ_STATS_FILE": str(stats_path),
+    }
+    command = [
+        sys.executable, "-m", "schemathesis.cli",
+        "--config-file", str(_config_file(work, stateful_steps)),
+        "run", f"{base_url}/openapi.json",
+        "--checks", "all",
+        "--seed", str(seed),
+        "--max-examples", str(max_examples),
+        "--phases", ",".join(phases),
+        "--workers", str(workers),
+        "--header", f"Authorization: Bearer {token}",
+        "--generation-database", "none",
+        # Strings that are text: a lone UTF-16 surrogate is "valid" for JSON Schema but no text;
+        # the API refuses it with a 400 (tests/api/test_fuzz.py holds that).
+        "--generation-codec", "utf-8",
+        "--suppress-health-check", "all",
+        "--request-timeout", "30",
+        "--no-color",
+        "--report", "json",
+        "--report-json-path", str(work / "report.json"),
+        *extra_args,
+    ]  # fmt: skip
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(
+            command, cwd=work, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+        wall = time.perf_counter() - started
+        return _read_result(who, seed, work, done.stdout + done.stderr, done.returncode, wall)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _config_file(work: Path, stateful_steps: int) -> Path:
+    """Stateful steps per scenario, and only the links the schema declares: schemathesis's own
+    inferred links guess (a node's GPU `job_id`, null when free, fed to GET /jobs/{job_id})."""
+    path = work / "schemathesis.toml"
+    path.write_text(
+        f"[phases.stateful]\nmax-steps = {stateful_steps}\n\n[phases.stateful.inference]\nalgorithms = []\n"
+    )
+    return path
+
+
+def _read_result(who: str, seed: int, work: Path, output: str, exit_code: int, wall: float) -> FuzzResult:
+    report_path = work / "report.json"
+    if not report_path.exists():
+        raise RuntimeError(f"schemathesis wrote no report (exit {exit_code}):\n{output[-4000:]}")
+    report: dict[str, Any] = json.loads(report_path.read_text())
+    stats: dict[str, Any] = json.loads((work / "stats.json").read_text())
+    links = LINKS_LINE.search(output)
+    by_operation: Counter[str] = Counter()
+    server_errors = 0
+    for key, count in stats["responses"].items():
+        label, status = key.rsplit(" ", 1)
+        by_operation[label] += count
+        server_errors += count if status.startswith("5") else 0
+    failures = report.get("failures", [])
+    return FuzzResult(
+        who=who,
+        seed=seed,
+        cases=int(report["test_cases"]["generated"]),
+        requests_by_operation=by_operation,
+        failures={f"{f['code']} {f['title']}": int(f["count"]) for f in failures},
+        failing_operations={f"{f['code']} {f['title']}": list(f["operations"]) for f in failures},
+        errors=int(report["test_cases"].get("errored", 0)) + len(report.get("errors", [])),
+        server_errors=server_errors,
+        unreadable_4xx=dict(stats["unreadable_4xx"]),
+        accepted=dict(stats["accepted"]),
+        links_covered=int(links.group(1)) if links else 0,
+        links_total=int(links.group(3)) if links else 0,
+        wall_s=wall,
+        exit_code=exit_code,
+        output=output,
+    )
