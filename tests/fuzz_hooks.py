@@ -111,6 +111,20 @@ ACCEPTED: tuple[Accepted, ...] = (
         "a duration's pattern cannot bound its magnitude (a sum of numbers times units)",
     ),
     Accepted(
+        "ST202",
+        "PUT /api/v1/code/blobs/{sha}",
+        "",
+        "a blob's bytes must hash to the sha256 in its path, and a chunk must start where the stored "
+        "part ends: relations between the body, the path and earlier requests",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/code/snapshots",
+        "",
+        "a manifest may name only blobs uploaded before (409 names them) and paths that are not both "
+        "a file and a directory: state and relations between lines the schema cannot state",
+    ),
+    Accepted(
         "ST201",
         "POST /api/v1/jobs",
         "",

@@ -49,7 +49,7 @@ def test_schemathesis_finds_nothing_as_member_and_admin(server: CorralServer) ->
             max_examples=3,
             seed=SEED,
             phases=("fuzzing", "stateful"),
-            stateful_steps=5,
+            stateful_steps=10,
             timeout_s=240,
         )
 

@@ -139,6 +139,12 @@ def parse_manifest(text: str) -> dict[str, dict[str, object]]:
 def create_snapshot(settings: Settings, text: str) -> str:
     manifest = parse_manifest(text)
     try:
+        absent = code.missing(settings.storage_path, sorted({str(f["sha256"]) for f in manifest.values()}))
+    except code.CodeError as exc:
+        raise Invalid(str(exc), ("body",)) from exc
+    if absent:  # the state of the upload, not a malformed request: upload them, then send it again
+        raise Conflict(f"{len(absent)} files were not uploaded yet, e.g. blob {absent[0]}; upload them first")
+    try:
         return code.make_snapshot(
             settings.storage_path, manifest, settings.code_max_bytes, settings.code_max_files
         )

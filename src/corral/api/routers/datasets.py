@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request, Response, status
+from fastapi import APIRouter, Path, Query, Request, Response, status
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from corral.api.deps import DB, Admin, CurrentUser
+from corral.api.deps import DB, Admin, CurrentUser, NameInPath
 from corral.datasets import quotas, uploads
 from corral.datasets import service as svc
-from corral.datasets.names import BadName, check_path, parse_version
+from corral.datasets.names import NAME, BadName, check_path, parse_version
 from corral.datasets.store import Store
 from corral.services import audit
 from corral.services.auth import Principal
@@ -52,13 +52,15 @@ class ShareIn(_In):
 
 
 class ImportIn(_In):
-    name: str = Field(min_length=1, max_length=64)
-    group: str | None = Field(None, max_length=64)
-    path: str = Field(min_length=1, max_length=4096)
+    name: str = Field(pattern=NAME.pattern)
+    group: str | None = Field(None, min_length=1, max_length=64)
+    path: str = Field(min_length=2, max_length=4096, pattern=r"^/[^\x00]*$")  # absolute, on the server
 
 
 class StorageQuotaIn(_In):
     """Only the fields present change; `null` = no limit."""
+
+    model_config = ConfigDict(json_schema_extra={"minProperties": 1})
 
     max_bytes: int | None = Field(None, ge=0, le=2**62)
     max_files: int | None = Field(None, ge=0, le=2**62)
@@ -97,6 +99,13 @@ def upload_view(upload: Any, request: Request, resumed: bool = False) -> dict[st
     }
 
 
+# Path parameters as the schema states them (names.NAME; "v3", "3" or "latest"), so what the
+# schema allows is what the routes accept.
+DatasetName = Annotated[str, Path(pattern=NAME.pattern)]
+VersionNumber = Annotated[str, Path(pattern=r"^[vV]?0*[1-9][0-9]{0,8}$")]
+VersionRef = Annotated[str, Path(pattern=r"^(latest|[vV]?0*[1-9][0-9]{0,8})$")]
+
+
 def _version(text: str) -> int | None:
     if text == "latest":
         return None
@@ -122,12 +131,12 @@ def list_uploads(request: Request, db: DB, principal: CurrentUser) -> Any:
 
 
 @router.get("/datasets/{name}")
-def show_dataset(name: str, db: DB, principal: CurrentUser) -> Any:
+def show_dataset(name: DatasetName, db: DB, principal: CurrentUser) -> Any:
     return svc.dataset_view(db, svc.readable(db, name, principal))
 
 
 @router.delete("/datasets/{name}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_dataset(name: str, request: Request, db: DB, principal: CurrentUser) -> Response:
+def delete_dataset(name: DatasetName, request: Request, db: DB, principal: CurrentUser) -> Response:
     """Delete every version (refused with 409 naming the jobs while one not yet ended uses it)."""
     svc.delete_dataset(db, store_of(request), svc.managed(db, name, principal))
     _record_after(db, principal, "dataset.delete", name)
@@ -135,7 +144,9 @@ def delete_dataset(name: str, request: Request, db: DB, principal: CurrentUser) 
 
 
 @router.delete("/datasets/{name}/versions/{version}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_version(name: str, version: str, request: Request, db: DB, principal: CurrentUser) -> Response:
+def delete_version(
+    name: DatasetName, version: VersionNumber, request: Request, db: DB, principal: CurrentUser
+) -> Response:
     ds = svc.managed(db, name, principal)
     number = _version(version)
     if number is None:
@@ -146,7 +157,7 @@ def delete_version(name: str, version: str, request: Request, db: DB, principal:
 
 
 @router.put("/datasets/{name}/share")
-def share_dataset(name: str, body: ShareIn, db: DB, principal: CurrentUser) -> Any:
+def share_dataset(name: DatasetName, body: ShareIn, db: DB, principal: CurrentUser) -> Any:
     """Read-only access for groups, or everyone (`public`); owners and admins."""
     ds = svc.managed(db, name, principal)
     before = svc.dataset_view(db, ds)
@@ -166,7 +177,9 @@ def share_dataset(name: str, body: ShareIn, db: DB, principal: CurrentUser) -> A
 
 
 @router.get("/datasets/{name}/versions/{version}/manifest")
-def version_manifest(name: str, version: str, request: Request, db: DB, principal: CurrentUser) -> Any:
+def version_manifest(
+    name: DatasetName, version: VersionRef, request: Request, db: DB, principal: CurrentUser
+) -> Any:
     """The version's files, one "path<TAB>size<TAB>sha256" line each (text/plain); the
     `X-Corral-Version` header says which version "latest" was."""
     ds = svc.readable(db, name, principal)
@@ -180,7 +193,9 @@ def version_manifest(name: str, version: str, request: Request, db: DB, principa
 
 
 @router.get("/datasets/{name}/versions/{version}/files/{path:path}")
-def version_file(name: str, version: str, path: str, request: Request, db: DB, principal: CurrentUser) -> Any:
+def version_file(
+    name: DatasetName, version: VersionRef, path: str, request: Request, db: DB, principal: CurrentUser
+) -> Any:
     ds = svc.readable(db, name, principal)
     row = svc.version_of(db, ds, _version(version))
     store = store_of(request)
@@ -303,7 +318,9 @@ def storage_usage(db: DB, principal: CurrentUser) -> Any:
 
 
 @router.put("/storage/quota/{scope}/{name}")
-def set_storage_quota(scope: str, name: str, body: StorageQuotaIn, db: DB, admin: Admin) -> Any:
+def set_storage_quota(
+    scope: Literal["user", "group"], name: NameInPath, body: StorageQuotaIn, db: DB, admin: Admin
+) -> Any:
     """Admins: a user's or a group's storage quota (bytes, files)."""
     if scope not in quotas.SCOPES:
         raise Invalid(f"scope must be one of {', '.join(quotas.SCOPES)}, not {scope!r}", ("path", "scope"))

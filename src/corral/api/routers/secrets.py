@@ -5,26 +5,43 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from corral.api.deps import DB, CurrentUser, fast_json
 from corral.services import secrets as svc
 from corral.services.errors import Invalid
+from corral.spec import SECRET_NAME_RE
 
 router = APIRouter(tags=["secrets"])
-GroupQuery = Query(None, description="a group's secret instead of your own (set/delete: its admins)")
+GroupQuery = Query(
+    None,
+    min_length=1,
+    max_length=64,
+    description="a group's secret instead of your own (set/delete: its admins)",
+)
+
+
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=|[A-Za-z0-9+/]{4})$"
+SecretName = Annotated[str, Path(pattern=SECRET_NAME_RE)]
 
 
 class SecretIn(BaseModel):
     """The value as text (`value`) or as base64 (`value_base64`, for bytes that are not UTF-8)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Exactly one of the two, as the schema says too.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"oneOf": [{"required": ["value"]}, {"required": ["value_base64"]}]},
+    )
 
-    value: str | None = Field(None, max_length=svc.MAX_VALUE_BYTES)
-    value_base64: str | None = Field(None, max_length=svc.MAX_VALUE_BYTES * 4 // 3 + 4)
+    value: str | SkipJsonSchema[None] = Field(None, min_length=1, max_length=svc.MAX_VALUE_BYTES)
+    value_base64: str | SkipJsonSchema[None] = Field(
+        None, min_length=4, max_length=svc.MAX_VALUE_BYTES * 4 // 3 + 4, pattern=BASE64_PATTERN
+    )
 
     @model_validator(mode="after")
     def _one(self) -> SecretIn:
@@ -62,7 +79,7 @@ def list_secrets(db: DB, principal: CurrentUser, group: str | None = GroupQuery)
     responses={201: {"model": SecretOut, "description": "created"}},
 )
 def set_secret(
-    name: str,
+    name: SecretName,
     body: SecretIn,
     request: Request,
     db: DB,
@@ -76,6 +93,8 @@ def set_secret(
 
 
 @router.delete("/secrets/{name}", status_code=204)
-def delete_secret(name: str, db: DB, principal: CurrentUser, group: str | None = GroupQuery) -> Response:
+def delete_secret(
+    name: SecretName, db: DB, principal: CurrentUser, group: str | None = GroupQuery
+) -> Response:
     svc.delete_secret(db, principal, name, group)
     return Response(status_code=204)

@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
@@ -31,9 +31,17 @@ def code_missing(body: MissingIn, request: Request, principal: CurrentUser) -> A
     return fast_json({"missing": svc.missing_blobs(request.app.state.settings, body.hashes)})
 
 
-@router.put("/code/blobs/{sha}")
+@router.put(
+    "/code/blobs/{sha}",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        }
+    },
+)
 async def code_blob(
-    sha: str,
+    sha: Annotated[str, Path(pattern=r"^[0-9a-f]{64}$")],
     request: Request,
     principal: CurrentUser,
     offset: Annotated[int, Query(ge=0)] = 0,
@@ -47,7 +55,18 @@ async def code_blob(
     return fast_json({"sha256": sha, "size": size})
 
 
-@router.post("/code/snapshots", status_code=201)
+@router.post(
+    "/code/snapshots",
+    status_code=201,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "text/plain": {"schema": {"type": "string", "pattern": r"^([0-9a-f]{64} [x-] [^\n]+\n)+$"}}
+            },
+        }
+    },
+)
 async def code_snapshot(request: Request, principal: CurrentUser) -> Any:
     """The snapshot of a manifest (text: `<sha256> <x|-> <path>` per line) -> its id."""
     del principal
@@ -80,7 +99,7 @@ def job_output_file(
     request: Request,
     db: DB,
     principal: CurrentUser,
-    path: Annotated[str, Query(max_length=1024)],
+    path: Annotated[str, Query(min_length=1, max_length=1024)],
 ) -> StreamingResponse:
     job = jobs_svc.get_job(db, principal, job_id)
     fd = svc.open_output(request.app.state.settings, job, path)
