@@ -84,13 +84,15 @@ def metrics(request: Request, db: DB) -> Response:
 @router.get("/api/v1/alerts")
 def get_alerts(
     db: DB,
-    _user: CurrentUser,
+    user: CurrentUser,
     status: str | None = Query(None, pattern="^(firing|resolved)$"),
     name: str | None = None,
     limit: int = Query(100, ge=1, le=1000),
     offset: int = Query(0, ge=0),
 ) -> dict[str, Any]:
-    rows, total = list_alerts(db, status=status, name=name, limit=limit, offset=offset)
+    """The alerts the caller may see: a member's own jobs' alerts and cluster-wide ones, a group
+    admin's groups' too, an admin all (corral.monitor.alerts.alert_visibility)."""
+    rows, total = list_alerts(db, user, status=status, name=name, limit=limit, offset=offset)
     return {"items": [alert_to_dict(a) for a in rows], "total": total}
 
 
