@@ -4,8 +4,12 @@ without a restart (issue 17's first alert-path defect)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import pytest
+
+from corral.monitor.config import MonitorConfigError, MonitorConfigSource
 from tests.monitor.test_channels import Hook, hook  # noqa: F401  (fixture)
 from tests.monitor.test_webhook import payload
 from tests.server_fixture import start_server, wait_for
@@ -45,3 +49,25 @@ def test_channel_added_while_running_receives_webhook_alerts(tmp_path: Path, hoo
             assert names == ["first", "late"]
     finally:
         late.close()
+
+
+def test_source_keeps_the_last_good_config_and_reports_a_bad_edit_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "monitor.yml"
+    path.write_text("channels:\n  - {name: a, type: webhook, url: 'http://x'}\n")
+    source = MonitorConfigSource(path)
+    assert [c.name for c in source.current().channels] == ["a"]
+    path.write_text("channels:\n  - {name: a, type: webhook, url: nope}\n")
+    with caplog.at_level(logging.ERROR, logger="corral.monitor.config"):
+        assert [c.name for c in source.current().channels] == ["a"]
+        assert [c.name for c in source.current().channels] == ["a"]
+    (record,) = caplog.records  # once per bad version, not at every call
+    assert "keeping the previous monitor config" in record.getMessage() and "url" in record.getMessage()
+    path.write_text("channels:\n  - {name: b, type: webhook, url: 'http://y'}\n")
+    assert [c.name for c in source.current().channels] == ["b"]
+    path.unlink()
+    assert source.current().channels == []  # no file: the defaults
+    path.write_text("channels: 3\n")
+    with pytest.raises(MonitorConfigError, match=r"monitor\.yml:1"):
+        MonitorConfigSource(path).current()  # a first load refuses a bad file
