@@ -11,7 +11,8 @@ from sqlalchemy import select, update
 from corral.db.models import GpuClaim, Job, JobEvent
 from corral.monitor.config import IdleGpuRule
 from corral.monitor.idle import enforce_idle_policy, job_policy
-from corral.monitor.models import Alert, GpuReading
+from corral.monitor.models import Alert, AlertNotification, GpuReading, IdleGpuWatch
+from corral.services.lifecycle import JobState, transition
 from corral.spec import JobSpecV1, ValidationError
 from tests.monitor.conftest import Mon
 
@@ -117,3 +118,41 @@ def test_job_policy_overrides_admin_rule_and_bad_policy_falls_back() -> None:
         spec_with({"below_percent": 300, "for": "1h"})
     assert job_policy(spec_with(None), admin) == admin
     assert job_policy(spec_with(None), None) is None
+
+
+def idle_alerts(mon: Mon) -> dict[str, Alert]:
+    with mon.factory() as db:
+        rows = db.scalars(select(Alert).where(Alert.name == "CorralJobGpuIdle"))
+        return {a.labels["job_id"]: a for a in rows}
+
+
+def test_alert_resolves_when_the_job_ends_or_its_watch_is_dropped(mon: Mon) -> None:
+    """Issue 17: the alert of a job that ended kept firing (the watch was dropped, the alert not)."""
+    ended, unwatched = running_jobs(mon)
+    rule = IdleGpuRule.model_validate({"below_percent": 10, "for": "1m", "action": "warn"})
+    now = time.time()
+    for t in (now, now + 61):
+        set_util(mon, ended, 1.0, t)
+        set_util(mon, unwatched, 1.0, t)
+        run(mon, t, rule)
+    assert {a.status for a in idle_alerts(mon).values()} == {"firing"}
+    with mon.factory() as db:
+        job = db.get(Job, ended)
+        assert job is not None
+        assert transition(db, job, JobState.SUCCEEDED, now=now + 70, message="exit 0")
+        db.commit()
+    set_util(mon, unwatched, 1.0, now + 90)
+    assert run(mon, now + 90, rule) == []
+    alerts = idle_alerts(mon)
+    assert alerts[str(ended)].status == "resolved" and alerts[str(ended)].ends_at == now + 90
+    assert alerts[str(unwatched)].status == "firing"  # still running, still idle
+    assert run(mon, now + 100, None) == []  # no rule any more: the other watch is dropped too
+    alerts = idle_alerts(mon)
+    assert alerts[str(unwatched)].status == "resolved" and alerts[str(unwatched)].ends_at == now + 100
+    with mon.factory() as db:
+        assert not list(db.scalars(select(IdleGpuWatch)))
+        resolved = db.scalars(select(AlertNotification).where(AlertNotification.alert_status == "resolved"))
+        assert sorted(n.alert_id for n in resolved) == sorted(a.id for a in alerts.values())  # notified
+    assert run(mon, now + 110, None) == []  # resolved once: nothing more queued
+    with mon.factory() as db:
+        assert len(list(db.scalars(select(AlertNotification)))) == 4  # 2 firing + 2 resolved, channel "ops"

@@ -12,8 +12,9 @@ from corral.api.app import create_app
 from corral.config import Settings
 from corral.db.session import downgrade, init_db, make_engine, make_session_factory
 from corral.services import auth
-from tests.monitor.conftest import WEBHOOK_TOKEN
+from tests.monitor.conftest import WEBHOOK_TOKEN, Mon
 from tests.monitor.synthetic import ClusterShape, seed_cluster
+from tests.monitor.test_alert_visibility import assert_alert_visibility
 from tests.monitor.test_metrics import one, scrape
 from tests.monitor.test_webhook import payload
 from tests.pg import PostgresServer, postgres_server
@@ -51,3 +52,22 @@ def test_metrics_and_webhook_on_postgres(
     finally:
         engine.dispose()
     downgrade(url, "0001_core")  # the monitoring migration goes down on PostgreSQL too
+
+
+def test_alert_visibility_on_postgres(postgres_server: PostgresServer, tmp_path: Path) -> None:
+    url = postgres_server.create_database("alert_visibility")
+    init_db(url)
+    engine = make_engine(url)
+    try:
+        factory = make_session_factory(engine)
+        settings = Settings(home=tmp_path, database_url=url)
+        with factory() as db:
+            token = auth.bootstrap_admin(db, settings)
+            assert token is not None
+            shape = ClusterShape(nodes=1, gpus_per_node=4, jobs=4, groups=2, users=3, running_share=0.5)
+            seeded = seed_cluster(db, shape, time.time())
+        assert_alert_visibility(
+            Mon(tmp_path, settings, engine, factory, {"Authorization": f"Bearer {token}"}, seeded)
+        )
+    finally:
+        engine.dispose()

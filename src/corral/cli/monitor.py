@@ -46,7 +46,8 @@ def alert_ls(
     limit: Annotated[int, typer.Option("--limit", min=1, max=1000)] = 100,
     output: OutputOpt = Output.table,
 ) -> None:
-    """List alerts, newest first."""
+    """List alerts, newest first: yours (your jobs' and cluster-wide ones), your groups' if you
+    administer them, all for an admin."""
     params: dict[str, Any] = {"limit": limit}
     params.update({k: v for k, v in {"status": status, "name": name}.items() if v})
     with client() as c:

@@ -14,10 +14,13 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, String, and_, cast, func, or_, select
 from sqlalchemy.orm import Session
 
+from corral.db.models import Group, Job
 from corral.monitor.models import Alert, AlertNotification
+from corral.services.auth import Principal
+from corral.services.jobs import visibility
 
 ZERO_TIME = "0001-01-01T00:00:00Z"  # Alertmanager's "not set"
 _RFC3339 = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
@@ -168,12 +171,51 @@ def alert_to_dict(alert: Alert) -> dict[str, Any]:
     }
 
 
-def list_alerts(
-    session: Session, *, status: str | None = None, name: str | None = None, limit: int = 100, offset: int = 0
-) -> tuple[list[Alert], int]:
-    from sqlalchemy import func
+def _label(key: str) -> ColumnElement[str]:
+    """An alert label as SQL text; a missing or empty label reads as ''."""
+    return func.coalesce(Alert.labels[key].as_string(), "")
 
+
+def alert_visibility(principal: Principal) -> ColumnElement[bool] | None:
+    """SQL condition for the alerts `principal` may list; None = all (admin).
+
+    An alert about a job (label `job_id` naming an existing job) is seen by whoever may see the
+    job: its owner, the admins of its group, admins. An alert that names a user or group but no
+    known job is seen by that user and the admins of that group. An alert that names no job, user
+    or group (a node, a GPU without a job, the server itself) concerns the whole cluster: every
+    logged-in member sees it.
+    """
+    if principal.is_admin:
+        return None
+    job_id, user, group = _label("job_id"), _label("user"), _label("group")
+    job_of_alert = cast(Job.id, String) == job_id
+    visible_job = select(Job.id).where(job_of_alert)
+    jobs_seen = visibility(principal)
+    if jobs_seen is not None:
+        visible_job = visible_job.where(jobs_seen)
+    administered = select(Group.id).where(Group.name == group, Group.id.in_(principal.admin_group_ids))
+    names_them = or_(and_(user != "", user == principal.name), administered.exists())
+    return or_(
+        and_(job_id == "", user == "", group == ""),  # cluster-wide
+        visible_job.exists(),
+        and_(~select(Job.id).where(job_of_alert).exists(), names_them),
+    )
+
+
+def list_alerts(
+    session: Session,
+    principal: Principal,
+    *,
+    status: str | None = None,
+    name: str | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> tuple[list[Alert], int]:
+    """The alerts `principal` may see (alert_visibility), newest first, and how many in all."""
     stmt = select(Alert)
+    seen = alert_visibility(principal)
+    if seen is not None:
+        stmt = stmt.where(seen)
     if status:
         stmt = stmt.where(Alert.status == status)
     if name:

@@ -2,7 +2,9 @@
 webhook), notification channel status and the admin chaos endpoints (GPU faults, silenced nodes).
 
 The router's lifespan loads and validates the monitor config when the server starts, so a bad
-`monitor.yml` stops start-up with its file and line instead of failing later.
+`monitor.yml` stops start-up with its file and line instead of failing later. Afterwards the
+routes read the same reloading source as the loops (`_config_source`): a channel added to the
+file while the server runs receives the webhook's alerts without a restart.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from corral.monitor.alerts import WebhookPayload, alert_to_dict, ingest_webhook,
 from corral.monitor.channels import channel_statuses
 from corral.monitor.chaos import set_node_silenced
 from corral.monitor.collector import read_families, render_text
-from corral.monitor.config import MonitorConfig, config_path, load_monitor_config, webhook_token
+from corral.monitor.config import MonitorConfig, MonitorConfigSource, config_path, webhook_token
 from corral.monitor.gpu import update_fault
+from corral.monitor.loops import config_source
 from corral.monitor.metrics import METRICS_RENDER_SECONDS, REGISTRY
 from corral.services import audit
 
@@ -41,7 +44,7 @@ PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings | None = getattr(app.state, "settings", None)
     if settings is not None:
-        app.state.monitor_config = load_monitor_config(config_path(settings))  # raises: start-up refused
+        _config_source(app).current()  # raises: start-up refused
         if webhook_token(settings) is None:
             log.warning(
                 "no alert webhook token configured: POST /api/v1/alerts/webhook refuses every request"
@@ -52,12 +55,20 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 router = APIRouter(lifespan=_lifespan)
 
 
+def _config_source(app: FastAPI) -> MonitorConfigSource:
+    """In the server: the loops' source (one reload for both). An app without the loops (an API
+    process of its own, tests) keeps a source of the same kind on its state."""
+    ctx = getattr(app.state, "server_context", None)
+    if ctx is not None:
+        return config_source(ctx)
+    source: MonitorConfigSource | None = getattr(app.state, "monitor_config_source", None)
+    if source is None:
+        source = app.state.monitor_config_source = MonitorConfigSource(config_path(app.state.settings))
+    return source
+
+
 def _config(request: Request) -> MonitorConfig:
-    config = getattr(request.app.state, "monitor_config", None)
-    if config is None:
-        config = load_monitor_config(config_path(request.app.state.settings))
-        request.app.state.monitor_config = config
-    return config
+    return _config_source(request.app).current()
 
 
 @router.get("/metrics", include_in_schema=False)
@@ -74,13 +85,15 @@ def metrics(request: Request, db: DB) -> Response:
 @router.get("/api/v1/alerts")
 def get_alerts(
     db: DB,
-    _user: CurrentUser,
+    user: CurrentUser,
     status: str | None = Query(None, pattern="^(firing|resolved)$"),
     name: str | None = Query(None, min_length=1, max_length=256),
     limit: int = Query(100, ge=1, le=1000),
     offset: int = Query(0, ge=0, le=2**31 - 1),
 ) -> dict[str, Any]:
-    rows, total = list_alerts(db, status=status, name=name, limit=limit, offset=offset)
+    """The alerts the caller may see: a member's own jobs' alerts and cluster-wide ones, a group
+    admin's groups' too, an admin all (corral.monitor.alerts.alert_visibility)."""
+    rows, total = list_alerts(db, user, status=status, name=name, limit=limit, offset=offset)
     return {"items": [alert_to_dict(a) for a in rows], "total": total}
 
 

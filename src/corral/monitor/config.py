@@ -8,7 +8,9 @@ the offending value (`MonitorConfigError`), so a typo never silently disables no
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -18,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from corral.config import Settings
 
+log = logging.getLogger("corral.monitor.config")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
@@ -225,6 +228,42 @@ def load_monitor_config(path: Path) -> MonitorConfig:
         field = ".".join(str(p) for p in loc) or "(top level)"
         message = str(err["msg"]).removeprefix("Value error, ")
         raise MonitorConfigError(f"{path}:{line}: {field}: {message}") from exc
+
+
+class MonitorConfigSource:
+    """The monitor config file, reloaded when it changes (modification time or size).
+
+    The server holds ONE of these (corral.monitor.loops.config_source) for the loops and the HTTP
+    routes alike, so a channel added while the server runs is used by the Alertmanager webhook as
+    soon as by the delivery loop. A bad edit keeps the last good config and is logged once; the
+    first load raises instead (start-up refuses a bad file).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()  # loops and request threads ask at the same time
+        self._stamp: tuple[int, int] | None = None
+        self._config: MonitorConfig | None = None
+
+    def current(self) -> MonitorConfig:
+        try:
+            stat = self.path.stat()
+            stamp: tuple[int, int] | None = (stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            stamp = None  # no file: the defaults
+        with self._lock:
+            if self._config is not None and stamp == self._stamp:
+                return self._config
+            try:
+                config = load_monitor_config(self.path)
+            except MonitorConfigError as exc:
+                if self._config is None:
+                    raise
+                self._stamp = stamp  # this bad version is reported once, not at every call
+                log.error("keeping the previous monitor config: %s", exc)
+                return self._config
+            self._stamp, self._config = stamp, config
+            return config
 
 
 def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int:

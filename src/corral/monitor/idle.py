@@ -10,7 +10,8 @@ running job's GPUs stays below `below_percent` for `for`, its owner is warned (a
 - `requeue`: moves the job to PREEMPTED through `transition()`; the reconcile loop stops the
   attempt and puts the job back in the queue ("preempted; back in the queue");
 - `warn`: nothing more.
-Utilization recovering clears the watch and resolves the alert.
+Utilization recovering clears the watch and resolves the alert; so does the job leaving the watch
+for any reason (it ended or was requeued, released its GPUs, or no policy applies any more).
 """
 
 from __future__ import annotations
@@ -76,13 +77,15 @@ def enforce_idle_policy(
     ).all()
     check = HealthPass.start(session, now, channels)
     done: list[tuple[int, str]] = []
-    running = set()
+    watched = set()
     for job, user, group in jobs:
-        running.add(job.id)
         policy = job_policy(job.spec, admin_rule)
+        if policy is None:
+            continue  # no policy (any more): its watch and alert are dropped below
+        watched.add(job.id)
         util = utilization.get(job.id)
-        if policy is None or util is None:
-            continue  # no policy, or no fresh readings: no evidence either way
+        if util is None:
+            continue  # no fresh readings: no evidence either way, the watch stays as it is
         watch = watches.get(job.id)
         if watch is None:
             watch = watches[job.id] = IdleGpuWatch(job_id=job.id)
@@ -97,10 +100,20 @@ def enforce_idle_policy(
         if outcome:
             done.append((job.id, outcome))
     for job_id, watch in watches.items():
-        if job_id not in running:
-            session.delete(watch)  # job ended or no longer holds GPUs
+        if job_id not in watched:
+            session.delete(watch)  # job ended, no longer holds GPUs, or lost its policy
+    _resolve_unwatched(check, watched)
     session.commit()
     return done
+
+
+def _resolve_unwatched(check: HealthPass, watched: set[int]) -> None:
+    """Resolve the idle alerts of jobs no longer watched, whatever the reason (ended, requeued,
+    GPUs released, policy removed): like any resolution, with `ends_at` and notifications."""
+    still = {str(job_id) for job_id in watched}
+    for alert in list(check.firing.values()):
+        if alert.name == "CorralJobGpuIdle" and alert.labels.get("job_id") not in still:
+            check.set(dict(alert.labels), False)
 
 
 def _advance(

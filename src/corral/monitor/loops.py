@@ -10,13 +10,7 @@ from sqlalchemy.orm import Session
 
 from corral.monitor.anomaly import AnomalyDetector
 from corral.monitor.channels import deliver_due
-from corral.monitor.config import (
-    MonitorConfig,
-    MonitorConfigError,
-    MonitorSettings,
-    config_path,
-    load_monitor_config,
-)
+from corral.monitor.config import MonitorConfig, MonitorConfigSource, MonitorSettings, config_path
 from corral.monitor.gpu import GpuSample, GpuSampler
 from corral.monitor.health import check_nodes, check_ooms, sample_and_check_gpus
 from corral.monitor.idle import enforce_idle_policy
@@ -26,26 +20,19 @@ from corral.server.context import BackgroundLoop, ServerContext
 log = logging.getLogger("corral.monitor.loops")
 
 
+def config_source(ctx: ServerContext) -> MonitorConfigSource:
+    """The server's one monitor config source, shared by the loops and the HTTP routes
+    (corral.monitor.api) so that both see an edit of monitor.yml at the same time."""
+    source = ctx.memory.monitor_config
+    if source is None:
+        source = ctx.memory.monitor_config = MonitorConfigSource(config_path(ctx.settings))
+    return source
+
+
 def monitor_config(ctx: ServerContext) -> MonitorConfig:
     """The monitor config, reloaded when its file changes; a bad edit keeps the last good one
-    (start-up refuses a bad file outright, see corral.monitor.api's lifespan)."""
-    path = config_path(ctx.settings)
-    try:
-        mtime = path.stat().st_mtime
-    except OSError:
-        mtime = None
-    cached = ctx.memory.monitor_config
-    if cached is not None and cached[0] == mtime:
-        return cached[1]
-    try:
-        config = load_monitor_config(path)
-    except MonitorConfigError as exc:
-        if cached is None:
-            raise
-        log.error("keeping the previous monitor config: %s", exc)
-        return cached[1]
-    ctx.memory.monitor_config = (mtime, config)
-    return config
+    (start-up refuses a bad file outright, see corral.server.run and corral.monitor.api)."""
+    return config_source(ctx).current()
 
 
 def channel_names(ctx: ServerContext) -> list[str]:

@@ -32,7 +32,7 @@ WAKE_ON_CHANGE: dict[Topic, tuple[str, ...]] = {
 if TYPE_CHECKING:  # both modules import this one
     from corral.diagnosis.exitspec import ExitSpecCache
     from corral.monitor.anomaly import AnomalyDetector
-    from corral.monitor.config import MonitorConfig
+    from corral.monitor.config import MonitorConfigSource
     from corral.monitor.gpu import GpuSampler
     from corral.server.dispatch import LaunchQueue
 
@@ -46,7 +46,7 @@ class LoopMemory:
     launch_queue: LaunchQueue | None = None  # made by the first dispatch tick
     pushed_admin_state: dict[str, str] = field(default_factory=dict)  # node -> cordon state told
     diagnoses: dict[str, JobDiagnosis] = field(default_factory=dict)  # job id -> as last written
-    monitor_config: tuple[float | None, MonitorConfig] | None = None  # (file mtime, config)
+    monitor_config: MonitorConfigSource | None = None  # shared with the API (monitor.loops)
     gpu_sampler: GpuSampler | None = None
     anomaly_detector: AnomalyDetector | None = None  # baselines of the GPU readings (monitor.risk)
     scheduler: Scheduler | None = None  # the schedule loop's (scheduling.scheduler_for)
