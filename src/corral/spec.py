@@ -115,9 +115,16 @@ def parse_duration_s(value: Any) -> float:
         raise ValueError("a duration must look like '90s', '30m' or '6h'")
     if seconds <= 0:
         raise ValueError("a duration must be more than zero")
-    if seconds > MAX_DURATION_S:  # also keeps its stored form ("{:g}s") free of exponents
+    if seconds > MAX_DURATION_S:
         raise ValueError(f"a duration must be at most {MAX_DURATION_S / 86400:.0f} days")
     return seconds
+
+
+def format_seconds(seconds: float) -> str:
+    """A duration's stored form: plain decimal seconds ("1000000s", "5400.5s"), never an exponent
+    (`{:g}` wrote 1,000,000 s as "1e+06s", which the parser then refused: a job whose spec could
+    not be read back)."""
+    return f"{seconds:.6f}".rstrip("0").rstrip(".") + "s"
 
 
 def _check_gpu_model(value: str | None) -> str | None:
@@ -325,7 +332,7 @@ class JobSpecV1(_Strict):
         # Stored as one number and unit ("90m", "5400s"): the loops' spec reader reads that form.
         if isinstance(value, str) and len(_DURATION_RE.findall(value)) == 1:
             return value.strip()
-        return f"{seconds:g}s"
+        return format_seconds(seconds)
 
     @field_validator("tasks")
     @classmethod

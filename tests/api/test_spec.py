@@ -44,6 +44,17 @@ def test_durations(text: str | int, seconds: float) -> None:
     assert parse_duration_s(text) == seconds
 
 
+@given(st.floats(min_value=0.001, max_value=3650 * 86400.0), st.booleans())
+def test_a_stored_duration_reads_back_as_itself(seconds: float, as_sum: bool) -> None:
+    """Whatever duration a spec gives, its stored form parses back to it (found by fuzzing:
+    1,000,000 s given as a sum of units was stored as "1e+06s", which the parser refused, and
+    every listing of that job was a 500)."""
+    given_as = f"{seconds / 2}s {seconds / 2}s" if as_sum else seconds
+    stored = parse_spec({"name": "t", "command": "true", "max_runtime": given_as}).max_runtime
+    assert stored is not None and "e" not in stored
+    assert parse_duration_s(stored) == pytest.approx(seconds, rel=1e-9, abs=1e-6)
+
+
 def test_single_task_shorthand_and_stored_forms() -> None:
     spec = parse_spec(
         "name: t\ncommand: python x.py\ninstances: 2\nresources: {gpus: 1, memory: 1GiB}\n"

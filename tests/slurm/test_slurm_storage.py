@@ -9,6 +9,7 @@ import os
 import subprocess
 from dataclasses import replace
 
+from corral.datasets.store import Store, make_read_only
 from corral.engine.base import AttemptPhase, MountSpec
 from corral.engine.slurm import SlurmEngine
 from corral.storage.layout import ensure_layout
@@ -56,6 +57,25 @@ def test_members_share_the_group_dir_on_slurm(slurm_cluster: SlurmCluster) -> No
         assert "from-alice" in out and "ls=bob\n" in out and "rc=1" in out, out  # alice's home: not there
         home = (root / "home" / "alice").stat()
         assert (home.st_uid, home.st_mode & 0o777) == (os.stat(root / "group" / "vision" / "x").st_uid, 0o700)
+        # A dataset version as the data/ source binds it (corral.datasets.mounts): the version's
+        # directory on the shared root, read-only at /data/<name>, readable by the job's account.
+        store = Store(root)
+        store.ensure()
+        version = store.version_dir(1, 1)
+        version.mkdir(parents=True)
+        (version / "labels.txt").write_text("v1\n")
+        make_read_only(version)
+        os.chmod(version.parent, 0o755)
+        aid = "704.1"
+        binds = default_binds(MountContext("alice", frozenset(), root), {})
+        mounts = (*(MountSpec(b.host_path, b.target, b.readonly) for b in binds),)
+        data = MountSpec(str(version), "/data/digits", True)
+        command = "cat /data/digits/labels.txt; touch /data/digits/x 2>/dev/null || echo read-only"
+        base = attempt(aid, instance("node1", command), user="alice")
+        dirs = tuple(d for b in binds for d in b.prepare)
+        engine.launch(replace(base, mounts=(*mounts, data), storage_dirs=dirs, home="/home/alice"))
+        assert wait_for(engine, aid, FINISHED, timeout_s=30).phase is AttemptPhase.SUCCEEDED
+        assert engine.logs(aid, 0).data.decode().split() == ["v1", "read-only"]
         # A root the job accounts cannot reach (below a 0700 dir, e.g. CORRAL_HOME): said clearly,
         # at start-up and at launch, instead of a bubblewrap error in the job's log.
         closed = slurm_cluster.new_state_dir()
