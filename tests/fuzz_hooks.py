@@ -112,6 +112,13 @@ ACCEPTED: tuple[Accepted, ...] = (
     ),
     Accepted(
         "ST202",
+        "GET /api/v1/audit",
+        "is not a time",
+        "since/until take an age, unix seconds or an ISO time; a pattern for all three in the schema "
+        "would replace this message, which says what to write, with a regex",
+    ),
+    Accepted(
+        "ST202",
         "PUT /api/v1/code/blobs/{sha}",
         "",
         "a blob's bytes must hash to the sha256 in its path, and a chunk must start where the stored "
