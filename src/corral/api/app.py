@@ -182,5 +182,17 @@ def plain_errors(errors: Any) -> list[dict[str, Any]]:
             msg = f"unknown field {loc[-1]!r}; check its spelling against the job spec"
         elif kind == "missing" and loc:
             msg = f"the field {loc[-1]!r} is required"
+        elif kind == "string_pattern_mismatch" and loc:
+            pattern = (err.get("ctx") or {}).get("pattern", "")
+            msg = f"{_where(loc)} {err.get('input')!r} does not match pattern {pattern}"
+        elif kind in ("string_too_short", "too_short") and loc and not err.get("input"):
+            msg = f"{_where(loc)} is empty"
         out.append({"loc": loc, "msg": msg, "type": kind})
     return out
+
+
+def _where(loc: list[Any]) -> str:
+    """("path", "name") -> "path parameter 'name'"; ("body", "value") -> "field 'value'"."""
+    if loc[0] in ("path", "query") and len(loc) > 1:
+        return f"{loc[0]} parameter {loc[-1]!r}"
+    return f"field {loc[-1]!r}"
