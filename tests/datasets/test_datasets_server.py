@@ -152,7 +152,10 @@ def test_group_over_storage_quota_keeps_its_jobs_waiting(server: CorralServer, t
 
 def test_rm_refused_while_a_submitted_job_uses_the_version(server: CorralServer, tmp_path: Path) -> None:
     make_tree(tmp_path / "d", 2, 1000, seed=5)
+    data = server.home / "storage" / "data"
+    before = set(data.glob("*/v1"))
     run_cli(server, "data", "push", "inuse", str(tmp_path / "d"))
+    (version_dir,) = set(data.glob("*/v1")) - before  # the new dataset's first version
     admin = server.client()
     spec = {
         "name": "reader",
@@ -161,7 +164,6 @@ def test_rm_refused_while_a_submitted_job_uses_the_version(server: CorralServer,
         "mounts": [{"source": "data/inuse"}],  # pinned to inuse@1 at submit, its lineage recorded
     }
     job = submit_spec(admin, spec)
-    version_dir = next((server.home / "storage" / "data").glob("*/v1"))
     out = " ".join(run_cli(server, "data", "rm", "inuse@1", code=1).split())  # Rich wraps lines
     assert f"in use by 1 job(s) that have not ended: {job};" in out
     assert admin.post(f"/api/v1/jobs/{job}/cancel").status_code == 200
