@@ -233,7 +233,7 @@ def test_code_upload_refuses_bad_input(clients: dict[str, Client]) -> None:
     alice = clients["alice"]
     sha = "ab" * 32
     cases = [
-        (("PUT", "/code/blobs/not-a-sha"), {"content": b"x"}, 422, "sha256"),
+        (("PUT", "/code/blobs/not-a-sha"), {"content": b"x"}, 422, "path parameter 'sha'"),
         (
             ("PUT", f"/code/blobs/{sha}"),
             {"params": {"offset": 5}, "content": b"x"},
@@ -243,7 +243,7 @@ def test_code_upload_refuses_bad_input(clients: dict[str, Client]) -> None:
         (("PUT", f"/code/blobs/{sha}"), {"params": {"final": "true"}, "content": b"x"}, 422, "hash to"),
         (("POST", "/code/snapshots"), {"content": f"{sha} - ../x\n".encode()}, 422, "code path"),
         (("POST", "/code/snapshots"), {"content": f"{sha} - a\x00b\n".encode()}, 422, "code path"),
-        (("POST", "/code/snapshots"), {"content": f"{sha} - a.py\n".encode()}, 422, "not uploaded"),
+        (("POST", "/code/snapshots"), {"content": f"{sha} - a.py\n".encode()}, 409, "not uploaded"),
         (("POST", "/code/snapshots"), {"content": b"garbage\n"}, 422, "manifest line 1"),
     ]
     for (method, path), kwargs, status, words in cases:

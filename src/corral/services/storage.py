@@ -139,6 +139,8 @@ def parse_manifest(text: str) -> dict[str, dict[str, object]]:
 def create_snapshot(settings: Settings, text: str) -> str:
     manifest = parse_manifest(text)
     try:
+        for path in manifest:  # a malformed request (422) before the state of the upload (409)
+            code.check_path(path)
         absent = code.missing(settings.storage_path, sorted({str(f["sha256"]) for f in manifest.values()}))
     except code.CodeError as exc:
         raise Invalid(str(exc), ("body",)) from exc
