@@ -67,13 +67,10 @@ class FakeEngine:
 
     # test helpers
     def finish(self, attempt_id: str, exit_code: int) -> None:
-        """End the attempt 1 s after it started (as `run` reported it), so the usage it charges
-        does not depend on how long the test itself took between the two calls."""
-        previous = self.statuses.get(attempt_id)
-        started = previous.started_at if previous is not None and previous.started_at else time.time() - 1
+        now = time.time()
         phase = AttemptPhase.SUCCEEDED if exit_code == 0 else AttemptPhase.FAILED
         self.statuses[attempt_id] = AttemptStatus(
-            attempt_id, phase, exit_code=exit_code, started_at=started, finished_at=started + 1
+            attempt_id, phase, exit_code=exit_code, started_at=now - 1, finished_at=now
         )
 
     def run(self, attempt_id: str) -> None:

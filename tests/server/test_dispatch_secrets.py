@@ -54,6 +54,6 @@ def test_dispatch_hands_secret_values_to_the_engine_or_fails_naming_a_missing_on
     assert f"{jobs[1]}.1" not in fake.launched  # the engine was never asked
     with ctx.session_factory() as session:
         attempt = session.scalars(select(Attempt).where(Attempt.job_id == jobs[1])).one()
-        assert attempt.reason == "launch_failed" and "secret 'ssh_key'" in attempt.message
+        assert attempt.reason == "secret_unavailable" and "secret 'ssh_key'" in attempt.message
         assert session.scalars(select(GpuClaim).where(GpuClaim.job_id == jobs[1])).all() == []
     assert job_state(ctx, jobs[1]) == "failed"
