@@ -505,7 +505,18 @@ class Soak:
         return True
 
     def gpu_clear(self, index: int) -> None:
+        """The fault ends, and the operator returns the GPU to service: the diagnosis watch
+        quarantined it (lost, when it fell off the bus) and never returns one by itself."""
         update_fault(self.home, NODE, index, clear=True)
+        for _ in range(50):  # the server may be down (killed by the driver): try until it answers
+            try:
+                with self.live_server().client(timeout=15.0) as c:
+                    r = c.post(f"/api/v1/nodes/{NODE}/gpus/{index}/return")
+                if r.status_code in (200, 404, 409):  # 404: not reported yet; 409: nothing to return
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
 
     # -- invariants ---------------------------------------------------------------------------
 

@@ -125,6 +125,13 @@ def _node_action(w: World) -> tuple[str, str, dict[str, Any]]:
     return "POST", f"{API}/nodes/n1/cordon", {}
 
 
+def _gpu_quarantine(w: World) -> tuple[str, str, dict[str, Any]]:
+    with w.session_factory() as db:
+        add_node(db, "g1")
+        db.commit()
+    return "POST", f"{API}/nodes/g1/gpus/1/quarantine", {}
+
+
 def _delete_secret(w: World) -> tuple[str, str, dict[str, Any]]:
     r = w.client.put(f"{API}/secrets/gone", json={"value": "x"}, headers=w.as_("admin"))
     assert r.status_code == 201, r.text
@@ -242,6 +249,10 @@ CALLS: dict[tuple[str, str], tuple[Call, str]] = {
     ("PUT", "/api/v1/storage/quota/{scope}/{name}"): (
         lambda w: ("PUT", f"{API}/storage/quota/group/vision", {"json": {"max_bytes": 10**9}}),
         "storage.quota.set",
+    ),
+    ("POST", "/api/v1/nodes/{name}/gpus/{index}/{action}"): (
+        _gpu_quarantine,
+        "gpu.quarantine",
     ),
     ("POST", "/api/v1/storage/identities"): (
         lambda w: ("POST", f"{API}/storage/identities", {}),

@@ -344,7 +344,7 @@ def rm(job_ids: Annotated[list[int], typer.Argument(metavar="JOB...", help="fini
 # --- nodes --------------------------------------------------------------------------------------
 
 node_app = typer.Typer(
-    help="Nodes: list, cordon, uncordon, drain, risk (the anomaly detector's failure risk).",
+    help="Nodes: list, cordon, uncordon, drain, gpu quarantine|return, risk (failure risk).",
     no_args_is_help=True,
 )
 
@@ -397,6 +397,23 @@ def _node_action(action: str) -> Callable[[str, Output], None]:
 
 for _action in ("cordon", "uncordon", "drain"):
     node_app.command(_action)(_node_action(_action))
+
+
+@node_app.command("gpu")
+@friendly_errors
+def node_gpu(
+    name: Annotated[str, typer.Argument(metavar="NODE")],
+    index: Annotated[int, typer.Argument(metavar="INDEX", min=0)],
+    action: Annotated[str, typer.Argument(metavar="quarantine|return")],
+) -> None:
+    """Quarantine one GPU (no new job on it; the node's others keep working), or return a
+    quarantined or lost GPU to service once examined (admin)."""
+    if action not in ("quarantine", "return"):
+        raise typer.BadParameter(f"{action!r}: give quarantine or return")
+    with client() as c:
+        node = c.request("POST", f"/nodes/{name}/gpus/{index}/{action}")
+    health = next(g["health"] for g in node["gpus"] if g["index"] == index)
+    out.print(f"node {name} GPU {index}: {health}")
 
 
 # --- groups -------------------------------------------------------------------------------------

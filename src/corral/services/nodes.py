@@ -12,11 +12,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 from typing_extensions import TypedDict  # the API's response model: pydantic takes only these on 3.11
 
-from corral.db.models import GpuClaim, Job, Node
+from corral.db.models import Gpu, GpuClaim, Job, Node
 from corral.scheduler import types as st
 from corral.services import notify
-from corral.services.errors import NotFound
-from corral.services.lifecycle import GpuHealth, move_node
+from corral.services.errors import Conflict, NotFound
+from corral.services.lifecycle import GpuHealth, move_gpu, move_node
 
 ADMIN_ACTIONS = {"cordon": "cordoned", "drain": "draining", "uncordon": "none"}
 LIVE_NODE_STATES = ("ready", "cordoned", "draining")
@@ -67,6 +67,22 @@ class ClusterSummary(TypedDict):
     gpus: GpuSummary
     nodes: dict[str, int]
     jobs: dict[str, int]
+
+
+def set_gpu_health(session: Session, name: str, index: int, action: str) -> tuple[Gpu, str]:
+    """An operator's verdict on one GPU: `quarantine` keeps it out of placement (the node's other
+    GPUs stay in use); `return` puts a quarantined or lost GPU back in service once examined (the
+    diagnosis watch quarantines on ECC/Xid faults and never returns one by itself). Returns the
+    GPU and its health before. Not committed: the caller records it with the change."""
+    gpu = session.get(Gpu, (name, index))
+    if gpu is None:
+        raise NotFound(f"node {name!r} has no GPU {index}")
+    before = gpu.health
+    target = GpuHealth.QUARANTINED if action == "quarantine" else GpuHealth.HEALTHY
+    if before != target.value and not move_gpu(session, gpu, target):
+        raise Conflict(f"GPU {index} of {name} is {before}; it cannot be moved to {target.value}")
+    notify.changed(session, notify.Topic.NODES)
+    return gpu, before
 
 
 def cluster_summary(session: Session) -> ClusterSummary:

@@ -45,3 +45,29 @@ def node_action(
     )
     db.commit()
     return node_view(node, svc.gpu_claims(db))
+
+
+@router.post("/nodes/{name}/gpus/{index}/{action}", response_model=NodeOut)
+def gpu_action(
+    name: Annotated[str, Path(min_length=1, max_length=255)],
+    index: Annotated[int, Path(ge=0, le=1023)],
+    action: Literal["quarantine", "return"],
+    db: DB,
+    admin: Admin,
+) -> Any:
+    """quarantine: no new job on this GPU (the node's others keep working); return: back in
+    service after a quarantine or a loss (admin)."""
+    gpu, before = svc.set_gpu_health(db, name, index, action)
+    audit.record(
+        db,
+        actor=admin,
+        action=f"gpu.{action}",
+        target_kind="gpu",
+        target_id=f"{name}:{index}",
+        before={"health": before},
+        after={"health": gpu.health},
+    )
+    db.commit()
+    node = db.get(Node, name)
+    assert node is not None
+    return node_view(node, svc.gpu_claims(db))
