@@ -159,7 +159,6 @@ def mount_runs(base: Path, files: int) -> dict[str, float]:
         db.add(DatasetVersion(dataset_id=1, version=1, bytes=0, files=files, digest="0" * 64, source="import",
                               created_at=0, created_by="u"))  # fmt: skip
         db.commit()
-    service.set_store(store)
     empty = base / "empty"
     empty.mkdir()
     work = base / "mount-sandbox"
@@ -168,7 +167,7 @@ def mount_runs(base: Path, files: int) -> dict[str, float]:
     for _ in range(5):
         t = time.perf_counter()
         with factory() as db:
-            path, _ = service.resolve_dataset_ref(db, "u", set(), "data/many")
+            path, _ = service.resolve_dataset_ref(db, "u", set(), "data/many", store=store)
         timings["resolve"].append(time.perf_counter() - t)
         for key, source in (("mount", path), ("empty", str(empty))):
             argv = sandbox_argv(work, [(source, "/data/many", True)], "ls -f /data/many | head -3 >/dev/null")

@@ -79,7 +79,9 @@ def test_group_dataset_shared_read_only_with_versions_pinned(world: World) -> No
     assert world.client.delete(f"{API}/datasets/cifar/versions/1", headers=carol).status_code == 403
     # On disk: read-only files and directories.
     with world.session_factory() as db:
-        path, version = service.resolve_dataset_ref(db, "carol", {"nlp"}, "data/cifar@1")
+        path, version = service.resolve_dataset_ref(
+            db, "carol", {"nlp"}, "data/cifar@1", store=store_of(world)
+        )
     assert version == 1 and (Path(path) / "labels.txt").read_bytes() == V1["labels.txt"]
     assert (
         os.stat(path).st_mode & 0o777 == 0o555 and os.stat(Path(path) / "labels.txt").st_mode & 0o777 == 0o444
@@ -89,9 +91,9 @@ def test_group_dataset_shared_read_only_with_versions_pinned(world: World) -> No
 def test_mount_source_resolves_latest_and_refuses_unknown_or_unreadable(world: World) -> None:
     assert protocol.push(world.client, world.as_("alice"), "mnist", V1).status_code == 201
     assert protocol.push(world.client, world.as_("alice"), "mnist", V2).status_code == 201
-    service.set_store(store_of(world))
+    store = store_of(world)
     with world.session_factory() as db:
-        path, version = service.resolve_dataset_ref(db, "alice", {"vision"}, "data/mnist")
+        path, version = service.resolve_dataset_ref(db, "alice", {"vision"}, "data/mnist", store=store)
         assert version == 2 and path.endswith("/v2")
         assert Path(path, "labels.txt").read_bytes() == V2["labels.txt"]
         for ref, who, words in (
@@ -102,7 +104,9 @@ def test_mount_source_resolves_latest_and_refuses_unknown_or_unreadable(world: W
             ("data/mnist@x", "alice", "bad dataset version"),
         ):
             with pytest.raises(service.DatasetRefError, match=words.replace("(", r"\(").replace(")", r"\)")):
-                service.resolve_dataset_ref(db, who, {"vision"} if who == "alice" else {"nlp"}, ref)
+                service.resolve_dataset_ref(
+                    db, who, {"vision"} if who == "alice" else {"nlp"}, ref, store=store
+                )
 
 
 def test_delete_refused_while_a_job_uses_the_version(world: World) -> None:

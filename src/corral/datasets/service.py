@@ -256,14 +256,13 @@ def delete_dataset(session: Session, store: Store, ds: Dataset) -> None:
 
 
 def resolve_dataset_ref(
-    session: Session, user_name: str, group_names: set[str], ref: str, *, store: Store | None = None
+    session: Session, user_name: str, group_names: set[str], ref: str, *, store: Store
 ) -> tuple[str, int]:
     """`data/<name>[@<version>]` -> (host path of the version's directory, version number), for
     `user_name` who is in `group_names`; the latest version when none is given. Raises
     DatasetRefError naming the dataset or version when it does not exist or that user may not
-    read it. The caller mounts the path read-only (the files are read-only on disk too)."""
-    from corral.config import Settings
-
+    read it. The caller mounts the path read-only (the files are read-only on disk too).
+    `store`: the datasets of the storage root the caller mounts from (the mount context's)."""
     try:
         name, version = parse_ref(ref)
     except BadName as exc:
@@ -279,18 +278,7 @@ def resolve_dataset_ref(
         row = version_of(session, ds, version)
     except NotFound as exc:
         raise DatasetRefError(f"{ref}: {exc.message}")
-    if store is None:
-        store = Store(Settings().storage_path) if _STORE is None else _STORE
     return str(store.version_dir(ds.id, row.version)), row.version
-
-
-_STORE: Store | None = None  # the server's store (set_store); None: from the environment's settings
-
-
-def set_store(store: Store) -> None:
-    """Tell the mount source where the storage root is (the server does at start; tests too)."""
-    global _STORE
-    _STORE = store
 
 
 def record_job_datasets(session: Session, job_id: int, refs: list[tuple[int, int]]) -> None:

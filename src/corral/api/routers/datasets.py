@@ -72,7 +72,6 @@ def store_of(request: Request) -> Store:
     if store is None:
         store = Store(request.app.state.settings.storage_path)
         store.ensure()
-        svc.set_store(store)
         request.app.state.dataset_store = store
     return store
 
