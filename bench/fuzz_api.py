@@ -29,14 +29,13 @@ import json
 import sys
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.fuzz_hooks import ACCEPTED  # noqa: E402
-from tests.fuzz_run import FuzzResult, member_token, run_schemathesis, token_ids  # noqa: E402
+from tests.fuzz_run import FuzzResult, run_as_member_and_admin  # noqa: E402
 from tests.server_harness import start_server  # noqa: E402
 
 TARGET_CASES = 5000
@@ -83,25 +82,16 @@ def main() -> int:
     started = time.perf_counter()
     server = start_server(virtual_gpus=2, database_url=database_url)
     try:
-        tokens = {"member": member_token(server.url, server.token)[0], "admin": server.token}
-        protected = token_ids(server.url, server.token)
-
-        def fuzz(who: str) -> FuzzResult:
-            return run_schemathesis(
-                server.url,
-                tokens[who],
-                who=who,
-                protected_token_ids=protected,
-                max_examples=args.max_examples,
-                seed=args.seed,
-                workers=args.workers,
-                stateful_steps=args.stateful_steps,
-                phases=tuple(args.phases.split(",")),
-                timeout_s=3600,
-            )
-
-        with ThreadPoolExecutor(2) as pool:
-            results = list(pool.map(fuzz, tokens))
+        results, tokens = run_as_member_and_admin(
+            server.url,
+            server.token,
+            max_examples=args.max_examples,
+            seed=args.seed,
+            workers=args.workers,
+            stateful_steps=args.stateful_steps,
+            phases=tuple(args.phases.split(",")),
+            timeout_s=3600,
+        )
         alive = {who: _still_authenticated(server.url, token) for who, token in tokens.items()}
     finally:
         server.stop()

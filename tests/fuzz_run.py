@@ -124,6 +124,24 @@ def run_schemathesis(
         shutil.rmtree(work, ignore_errors=True)
 
 
+def run_as_member_and_admin(
+    base_url: str, admin_token: str, **options: Any
+) -> tuple[list[FuzzResult], dict[str, str]]:
+    """The same run as a fresh member and as the admin, both at once (the runs wait on the server
+    far more than they compute); `options` go to run_schemathesis. Returns the two results and
+    the tokens they used ({"member": ..., "admin": ...}), to check they still work after."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tokens = {"member": member_token(base_url, admin_token)[0], "admin": admin_token}
+    protected = token_ids(base_url, admin_token)
+
+    def fuzz(who: str) -> FuzzResult:
+        return run_schemathesis(base_url, tokens[who], who=who, protected_token_ids=protected, **options)
+
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(fuzz, tokens)), tokens
+
+
 def _config_file(work: Path, stateful_steps: int) -> Path:
     """Stateful steps per scenario, and only the links the schema declares: schemathesis's own
     inferred links guess (a node's GPU `job_id`, null when free, fed to GET /jobs/{job_id})."""

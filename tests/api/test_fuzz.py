@@ -11,12 +11,11 @@ this file checks its findings directly.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from tests.fuzz_run import FuzzResult, member_token, run_schemathesis, token_ids
+from tests.fuzz_run import FuzzResult, run_as_member_and_admin
 from tests.server_harness import CorralServer, start_server
 
 SEED = 11
@@ -37,25 +36,15 @@ def _explain(result: FuzzResult) -> str:
 
 
 def test_schemathesis_finds_nothing_as_member_and_admin(server: CorralServer) -> None:
-    tokens = {"member": member_token(server.url, server.token)[0], "admin": server.token}
-    protected = token_ids(server.url, server.token)
-
-    def fuzz(who: str) -> FuzzResult:
-        return run_schemathesis(
-            server.url,
-            tokens[who],
-            who=who,
-            protected_token_ids=protected,
-            max_examples=3,
-            seed=SEED,
-            phases=("fuzzing", "stateful"),
-            stateful_steps=10,
-            timeout_s=240,
-        )
-
-    # Both identities at once: the run waits on the server far more than it computes.
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(fuzz, tokens))
+    results, tokens = run_as_member_and_admin(
+        server.url,
+        server.token,
+        max_examples=3,
+        seed=SEED,
+        phases=("fuzzing", "stateful"),
+        stateful_steps=10,
+        timeout_s=240,
+    )
     assert sum(r.cases for r in results) >= 200  # a few hundred cases
     for result in results:
         assert result.failure_count == 0, _explain(result)
