@@ -11,4 +11,5 @@ if [ -d deploy/prometheus/rules ]; then
   promtool test rules deploy/prometheus/tests/*.yml
 fi
 echo "== pytest"
-exec pytest "$@"
+# The slowest tests are listed so that what each change adds to the suite's time is visible.
+exec pytest --durations=25 "$@"
