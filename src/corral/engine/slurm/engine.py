@@ -26,6 +26,8 @@ from corral.engine.base import (
     AttemptStatus,
     Engine,
     EngineUnavailable,
+    ExecCommand,
+    ExecRefused,
     FailureReason,
     LogChunk,
     NodeReport,
@@ -533,6 +535,9 @@ class SlurmEngine:
             if record is not None and record.final is None:
                 return
             shutil.rmtree(self.store.attempt_dir(attempt_id), ignore_errors=True)
+
+    def exec_command(self, attempt_id: str, rank: int, argv: Sequence[str]) -> ExecCommand:
+        raise ExecRefused(f"attempt {attempt_id}: entering a Slurm job's sandbox is not implemented yet")
 
     def close(self) -> None:
         with self._lock:
