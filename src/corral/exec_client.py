@@ -45,7 +45,9 @@ class ExecSession:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         context = ssl.create_default_context() if url.startswith("wss://") else None
         try:
-            conn = connect(url, additional_headers=headers, ssl=context, max_size=None, open_timeout=30)
+            conn = connect(
+                url, additional_headers=headers, ssl=context, max_size=None, open_timeout=30, legacy=True
+            )
         except InvalidStatus as exc:
             raise ExecError(f"the server refused the exec session: HTTP {exc.response.status_code}")
         except OSError as exc:

@@ -46,6 +46,10 @@ def exec_command(
     mounts, uid and GPUs. Interactive with a terminal when stdin is one. Exits with its code.
 
     Example: corral exec 42 -- nvidia-smi ; corral exec 42 -- bash"""
+    if command[:1] == ["--"]:  # typer keeps the separator when options come first
+        command = command[1:]
+    if not command:
+        raise CorralError("name the command to run after --, e.g. corral exec 42 -- nvidia-smi")
     use_tty = sys.stdin.isatty() and sys.stdout.isatty() if tty_mode is None else tty_mode
     cols, rows = shutil.get_terminal_size()
     with client() as c:

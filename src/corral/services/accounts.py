@@ -296,6 +296,14 @@ def ssh_fingerprint(public_key: str) -> str:
         blob = base64.b64decode(parts[1], validate=True)
     except ValueError:
         raise Invalid("the SSH public key's base64 part is damaged", ("body", "public_key"))
+    # The blob starts with its own key type (a length-prefixed string): a mismatch is a damaged
+    # or hand-edited key that no SSH client would ever offer.
+    named = len(parts[0]).to_bytes(4, "big") + parts[0].encode()
+    if not blob.startswith(named):
+        raise Invalid(
+            f"the SSH public key's data is not a {parts[0]} key (damaged or truncated)",
+            ("body", "public_key"),
+        )
     digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
     return f"SHA256:{digest}"
 
@@ -308,7 +316,10 @@ def add_ssh_key(
         select(SshKey.id).where(SshKey.user_id == principal.user_id, SshKey.fingerprint == fingerprint)
     )
     if exists is not None:
-        raise Conflict("this SSH key is already registered")
+        raise Conflict(f"this SSH key ({fingerprint}) is already registered to your account")
+    # One key, one user: the SSH gateway must be able to tell whose a key is.
+    if session.scalar(select(SshKey.id).where(SshKey.fingerprint == fingerprint)) is not None:
+        raise Conflict(f"this SSH key ({fingerprint}) is registered to another user: use a key of your own")
     key = SshKey(
         user_id=principal.user_id,
         name=name,
