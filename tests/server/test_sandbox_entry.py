@@ -53,16 +53,17 @@ class World:
         return env
 
     def ssh(
-        self, user: str, login: str, *args: str, key: str | None = None
+        self, user: str, *args: str, key: str | None = None, term: str = "dumb"
     ) -> subprocess.CompletedProcess[str]:
-        argv = ["ssh", "-p", str(self.ssh_port), "-i", str(self.keys[key or user]), *SSH_OPTS]
+        """ssh with `user`'s key: args are [ssh options...] login [command...]."""
+        at = next(i for i, a in enumerate(args) if "+" in a)
+        opts, login, command = args[:at], args[at], args[at + 1 :]
+        argv = ["ssh", "-p", str(self.ssh_port), "-i", str(self.keys[key or user]), *SSH_OPTS, *opts]
         return subprocess.run(
-            [*argv, f"{login}@127.0.0.1", *args],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            stdin=subprocess.DEVNULL,
-        )
+            [*argv, f"{login}@127.0.0.1", *command],
+            capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+            env={**os.environ, "TERM": term},
+        )  # fmt: skip
 
 
 def _keygen(path: Path) -> Path:
@@ -176,6 +177,15 @@ def test_ssh_command_runs_inside_the_sandbox(world: World) -> None:
     assert out.returncode == 0, out.stderr
     assert _lines(out.stdout) == world.report
     assert world.ssh("alice", f"alice+job-{world.job_id}", "exit 5").returncode == 5
+    # With a PTY (-tt): a terminal of the given type, still the job's uid.
+    probe = 'test -t 0 && echo TTY=yes; echo "T=$TERM"; id -u'
+    tty = world.ssh("alice", "-tt", f"alice+job-{world.job_id}", probe, term="vt220")
+    assert tty.returncode == 0, tty.stderr
+    assert tty.stdout.replace("\r", "").split() == [
+        "TTY=yes",
+        "T=vt220",
+        world.report[0].removeprefix("UID="),
+    ]
 
 
 def test_ssh_refuses_other_keys_passwords_and_unknown_targets(world: World) -> None:
