@@ -272,9 +272,5 @@ def test_key_registration_errors_are_clear(world: World) -> None:
         assert dup.status_code == 409 and "already registered to your account" in dup.text
         stolen = api.post("/api/v1/ssh-keys", json={"name": "x", "public_key": pub}, headers=bob)
         assert stolen.status_code == 409 and "another user" in stolen.text
-        kind, blob = pub.split()[:2]
-        bad = api.post("/api/v1/ssh-keys", json={"name": "x", "public_key": f"ssh-rsa {blob}"}, headers=bob)
-        assert bad.status_code == 422 and "not a ssh-rsa key" in bad.text
         junk = api.post("/api/v1/ssh-keys", json={"name": "x", "public_key": "hello world"}, headers=bob)
         assert junk.status_code == 422 and "public_key" in junk.text and "ssh-ed25519" in junk.text
-    assert kind == "ssh-ed25519"
