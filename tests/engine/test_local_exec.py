@@ -60,8 +60,12 @@ def test_exec_runs_inside_the_sandbox(tmp_path: Path) -> None:
             assert inside.stdout.strip() != str(host_net)
         code = _run(engine, attempt.attempt_id, ["/bin/sh", "-c", "exit 7"])
         assert code.returncode == 7
+        # A process started inside ends with the attempt (it is in the job's cgroup and pid namespace).
+        cmd = engine.exec_command(attempt.attempt_id, 0, ["sleep", "300"])
+        lingering = subprocess.Popen(cmd.argv, env=dict(cmd.env), cwd=cmd.cwd)
         engine.stop(attempt.attempt_id, 0)
         wait_finished(engine, attempt.attempt_id)
+        assert lingering.wait(timeout=20) != 0
         with pytest.raises(ExecRefused, match="not running"):
             engine.exec_command(attempt.attempt_id, 0, ["true"])
 

@@ -154,6 +154,18 @@ def test_exec_is_for_the_owner_only_and_audited(world: World) -> None:
     assert {"admin", "alice"} <= actors, rows
 
 
+def test_exec_with_a_terminal(world: World) -> None:
+    from corral.exec_client import run_collect
+    from corral.sdk import Client
+
+    with Client(world.server.url, world.tokens["alice"]) as c:
+        probe = ["sh", "-c", "test -t 0 && stty size"]
+        session = c.exec_session(world.job_id, probe, tty=True, rows=33, cols=101)
+        with session:
+            result = run_collect(session)
+    assert result.exit_code == 0 and result.stdout.split() == [b"33", b"101"], result
+
+
 def test_port_forward_reaches_a_server_on_the_jobs_loopback(world: World) -> None:
     proc = subprocess.Popen(
         [*CLI, "port-forward", str(world.job_id), f"0:{HTTP_PORT}"],

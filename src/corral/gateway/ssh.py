@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -60,6 +61,8 @@ class Gateway:
         self.engine = engine
         self.loop = asyncio.new_event_loop()
         self._server: asyncssh.SSHAcceptor | None = None
+        self._lock = threading.Lock()
+        self._open: Counter[int] = Counter()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -99,8 +102,18 @@ class Gateway:
         with self.session_factory() as db:
             return resolver.authorized_keys(db, user)
 
-    def enter(self, username: str, source: str, argv: Sequence[str], how: str) -> ExecCommand:
-        """The command entering the job `username` names, audited; EntryRefused saying why not."""
+    def sessions_by_job(self) -> dict[int, int]:
+        """{job id: open SSH channels into it}: idle reclamation counts an open one as activity."""
+        with self._lock:
+            return {job: n for job, n in self._open.items() if n > 0}
+
+    def _track(self, job_id: int, delta: int) -> None:
+        with self._lock:
+            self._open[job_id] += delta
+
+    def enter(self, username: str, source: str, argv: Sequence[str], how: str) -> tuple[ExecCommand, int]:
+        """The command entering the job `username` names (and that job's id), audited;
+        EntryRefused saying why not."""
         try:
             login = resolver.parse_login(username)
             with self.session_factory() as db:
@@ -109,7 +122,7 @@ class Gateway:
                 cmd = self.engine.exec_command(target.attempt_id, target.rank, argv)
                 shown = argv if how == "ssh" else [f"127.0.0.1:{argv[-1]}"]
                 record_entry(db, principal, target, how, shown)
-                return cmd
+                return cmd, target.job_id
         except ServiceError as exc:
             raise EntryRefused(exc.message)
         except ExecRefused as exc:
@@ -175,7 +188,7 @@ class GatewayServer(asyncssh.SSHServer):
     def server_requested(self, listen_host: str, listen_port: int) -> bool:
         return False  # no remote (-R) forwarding
 
-    async def enter(self, argv: Sequence[str], how: str) -> ExecCommand:
+    async def enter(self, argv: Sequence[str], how: str) -> tuple[ExecCommand, int]:
         return await asyncio.to_thread(self.gateway.enter, self.username, self.source, argv, how)
 
 
@@ -184,6 +197,30 @@ class _Channel:
 
     chan: Any = None
     proc: SandboxProcess | None = None
+    server: GatewayServer
+    job_id: int | None = None  # counted in the gateway's open sessions while set
+
+    async def _start(
+        self,
+        argv: Sequence[str],
+        how: str,
+        tty: bool = False,
+        rows: int = 24,
+        cols: int = 80,
+        term: str | None = None,
+    ) -> SandboxProcess:
+        cmd, job_id = await self.server.enter(argv, how)
+        if term is not None:
+            cmd = replace(cmd, env={**cmd.env, "TERM": term})
+        proc = await SandboxProcess.start(cmd, tty=tty, rows=rows, cols=cols)
+        self.proc, self.job_id = proc, job_id
+        self.server.gateway._track(job_id, 1)
+        return proc
+
+    def _untrack(self) -> None:
+        if self.job_id is not None:
+            self.server.gateway._track(self.job_id, -1)
+            self.job_id = None
 
     def _init_channel(self) -> None:
         self._inbox: asyncio.Queue[bytes | None] = asyncio.Queue()
@@ -207,6 +244,7 @@ class _Channel:
         self._writable.set()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._untrack()
         if self.proc is not None:
             self.proc.kill()
         if self._feeder is not None:
@@ -283,16 +321,15 @@ class SandboxSession(_Channel, asyncssh.SSHServerSession[bytes]):
 
     async def _run(self) -> None:
         try:
-            cmd = await self.server.enter(self.argv, "ssh")
-            if self.term is not None:
-                cmd = replace(cmd, env={**cmd.env, "TERM": self.term[0]})
             rows, cols = (self.term[1], self.term[2]) if self.term else (24, 80)
-            self.proc = await SandboxProcess.start(cmd, tty=self.term is not None, rows=rows, cols=cols)
+            term = self.term[0] if self.term else None
+            proc = await self._start(self.argv, "ssh", self.term is not None, rows, cols, term)
         except (EntryRefused, OSError) as exc:
             self.chan.write_stderr(f"corral: {exc}\r\n".encode())
             self.chan.exit(1)
             return
-        code = await self._pump_output(self.proc)
+        code = await self._pump_output(proc)
+        self._untrack()
         self.chan.exit(code & 0xFF)
 
 
@@ -312,13 +349,13 @@ class RelaySession(_Channel, asyncssh.SSHTCPSession[bytes]):
 
     async def _run(self) -> None:
         try:
-            cmd = await self.server.enter(relay_argv(self.port), "port_forward")
-            self.proc = await SandboxProcess.start(cmd)
+            proc = await self._start(relay_argv(self.port), "port_forward")
         except (EntryRefused, ServiceError, OSError) as exc:
             log.info("ssh -L to port %d refused: %s", self.port, exc)
             self.chan.close()
             return
-        await self._pump_output(self.proc)
+        await self._pump_output(proc)
+        self._untrack()
         self.chan.write_eof()
         self.chan.close()
 

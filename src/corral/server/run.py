@@ -191,6 +191,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
     # The API's services tell the loops what they committed (a submit wakes the scheduler).
     app = create_app(settings, engine=engine, db_engine=db_engine, notifier=ctx)
     app.state.server_context = ctx
+    app.state.ssh_gateway = gateway  # None when off; idle reclamation reads sessions_by_job()
     runner = LoopRunner(ctx, collect_loops())
     app.state.loop_health = lambda: runner.health(settings.ready_loop_stall_s)  # for /readyz
     config = uvicorn.Config(
