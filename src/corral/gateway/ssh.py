@@ -54,7 +54,7 @@ class EntryRefused(Exception):
 
 class Gateway:
     def __init__(self, settings: Settings, session_factory: sessionmaker[Session], engine: Engine) -> None:
-        self.host = settings.host
+        self.host = settings.ssh_gateway_host or settings.host
         self.port = settings.ssh_gateway_port
         self.key_path = settings.home / "ssh" / "gateway_host_ed25519_key"
         self.session_factory = session_factory
@@ -371,7 +371,7 @@ def start_gateway(
     try:
         gateway.start()
     except OSError as exc:
-        log.error("SSH gateway not started: cannot listen on %s:%d: %s", settings.host, gateway.port, exc)
+        log.error("SSH gateway not started: cannot listen on %s:%d: %s", gateway.host, gateway.port, exc)
         gateway.loop.close()
         return None
     return gateway
