@@ -173,8 +173,8 @@ async def _from_client(websocket: WebSocket, proc: SandboxProcess) -> None:
             control = json.loads(text)
         except ValueError:
             continue
-        if control.get("eof"):
+        if isinstance(control, dict) and control.get("eof"):
             proc.close_stdin()
-        resize = control.get("resize")
-        if isinstance(resize, list) and len(resize) == 2:
-            proc.resize(int(resize[0]), int(resize[1]))
+        resize = control.get("resize") if isinstance(control, dict) else None
+        if isinstance(resize, list) and len(resize) == 2 and all(isinstance(n, int) for n in resize):
+            proc.resize(resize[0], resize[1])
