@@ -8,9 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-demo}"
 
-demo_pkgs=(python3-venv python3-dev gcc bubblewrap procps iproute2 slirp4netns)
+# openssh-sftp-server: the SSH gateway runs sftp-server inside a job's sandbox for SFTP and scp
+demo_pkgs=(python3-venv python3-dev gcc bubblewrap procps iproute2 slirp4netns openssh-sftp-server)
 test_pkgs=(postgresql prometheus prometheus-alertmanager chromium fonts-dejavu-core
-           slurmd slurmctld slurm-client munge util-linux)
+           slurmd slurmctld slurm-client munge util-linux openssh-client openssh-server)
 
 pkgs=("${demo_pkgs[@]}")
 [ "$mode" = test ] && pkgs+=("${test_pkgs[@]}")

@@ -88,6 +88,12 @@ ACCEPTED: tuple[Accepted, ...] = (
     ),
     Accepted(
         "ST202",
+        "POST /api/v1/ssh-keys",
+        "registered to another user",
+        "one key belongs to one user (the SSH gateway tells users apart by it): stored state",
+    ),
+    Accepted(
+        "ST202",
         "GET /api/v1/jobs/{job_id}/logs",
         "for this attempt",
         "which ranks and attempts a job has depends on the job, not on the request's shape",

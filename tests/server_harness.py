@@ -232,6 +232,7 @@ def server_env(
             "CORRAL_NODE_NAME": "local",
             "CORRAL_ALLOW_UNISOLATED": "true" if allow_unisolated else "false",
             "CORRAL_LOG_LEVEL": "INFO",
+            "CORRAL_SSH_GATEWAY_PORT": "0",  # off: tests that use it pass a free port
             "PYTHONUNBUFFERED": "1",
         }
     )

@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     database_url: str | None = None  # default: sqlite under home
     host: str = "127.0.0.1"
     port: int = 8080
+    # The SSH gateway into job and workspace sandboxes (corral.gateway; docs/workspaces.md): its
+    # TCP port on `host`, 0 = off. It runs inside the server process, on its own thread.
+    ssh_gateway_port: int = Field(default=2222, ge=0, le=65535)
+    ssh_gateway_host: str | None = None  # its bind address; None: the API's `host`
     engine: Literal["local", "slurm"] = "local"
     node_name: str = Field(default_factory=socket.gethostname)
     virtual_gpus: int | None = None  # None: discover with NVML, else declare N virtual GPUs

@@ -16,7 +16,7 @@ import base64
 import os
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +27,7 @@ import httpx
 import yaml
 
 from corral.config import default_home
+from corral.exec_client import ExecResult, ExecSession, run_collect
 from corral.spec import SpecError, load_spec_text
 from corral.storage.code import CHUNK_MAX as CODE_CHUNK
 from corral.storage.code import check_path as check_code_path
@@ -141,6 +142,7 @@ class Client:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        self._token = token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(
             base_url=f"{self.url}/api/v1", headers=headers, timeout=timeout, transport=transport
@@ -594,6 +596,40 @@ class Client:
             if not isinstance(v, Keep)
         }
         return self.request("PUT", f"/storage/quota/{scope}/{name}", json=body)
+
+    # --- sandbox entry and SSH keys (corral.exec_client; docs/workspaces.md) ---------------------
+
+    def ssh_keys(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/ssh-keys")
+
+    def add_ssh_key(self, public_key: str, name: str) -> dict[str, Any]:
+        return self.request("POST", "/ssh-keys", json={"name": name, "public_key": public_key})
+
+    def remove_ssh_key(self, key_id: int) -> None:
+        self.request("DELETE", f"/ssh-keys/{key_id}")
+
+    def exec_session(
+        self,
+        job_id: int,
+        argv: Sequence[str],
+        *,
+        rank: int = 0,
+        tty: bool = False,
+        rows: int = 24,
+        cols: int = 80,
+    ) -> ExecSession:
+        """A process inside the running job's sandbox (owner or admin); ExecError if refused."""
+        request = {"argv": list(argv), "rank": rank, "tty": tty, "rows": rows, "cols": cols}
+        return ExecSession.open(self.url, self._token, job_id, request)
+
+    def exec(self, job_id: int, argv: Sequence[str], *, rank: int = 0, stdin: bytes = b"") -> ExecResult:
+        """Runs `argv` in the job's sandbox to the end: exit code, stdout and stderr."""
+        with self.exec_session(job_id, argv, rank=rank) as session:
+            return run_collect(session, stdin)
+
+    def port_relay(self, job_id: int, port: int, *, rank: int = 0) -> ExecSession:
+        """A byte stream to 127.0.0.1:`port` in the job's network namespace (one TCP connection)."""
+        return ExecSession.open(self.url, self._token, job_id, {"port": port, "rank": rank})
 
     def download(self, path: str) -> AbstractContextManager[httpx.Response]:
         """GET a raw (non-JSON) body as a streamed response (a context manager); errors raise

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import base64
 import itertools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +19,12 @@ from tests.api.helpers import add_node
 ROLES = ("anon", "alice", "bob", "carol", "admin")  # alice: vision member; bob: vision admin; carol: nlp
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGq0xQh4sLrXGzV3bP9yKo6e0mmXo0e1n8z9F3N0bQn+ alice@laptop"
 _counter = itertools.count()
+
+
+def fresh_ssh_key() -> str:
+    """A well-formed ed25519 public key no one has registered (one key belongs to one user)."""
+    blob = b"\0\0\0\x0bssh-ed25519\0\0\0\x20" + os.urandom(32)
+    return "ssh-ed25519 " + base64.b64encode(blob).decode() + " someone@laptop"
 
 
 @dataclass(frozen=True)
@@ -156,7 +164,7 @@ CASES = [
         "POST",
         "/api/v1/ssh-keys",
         everyone(201),
-        body=lambda w: {"name": "k", "public_key": SSH_KEY},
+        body=lambda w: {"name": "k", "public_key": fresh_ssh_key()},
     ),
     Case(
         "DELETE",

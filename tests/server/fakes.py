@@ -13,7 +13,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from corral.config import Settings
 from corral.db.base import Base
 from corral.db.models import Group, GroupQuota, Job, Membership, User
-from corral.engine.base import AttemptLaunch, AttemptPhase, AttemptStatus, LogChunk, NodeReport
+from corral.engine.base import (
+    AttemptLaunch,
+    AttemptPhase,
+    AttemptStatus,
+    ExecCommand,
+    ExecRefused,
+    LogChunk,
+    NodeReport,
+)
 from corral.scheduler.types import GPU, NodeState
 from corral.server.context import ServerContext
 from corral.services.lifecycle import JobState
@@ -61,6 +69,9 @@ class FakeEngine:
 
     def remove_attempt(self, attempt_id: str) -> None:
         self.removed.append(attempt_id)
+
+    def exec_command(self, attempt_id: str, rank: int, argv: Sequence[str]) -> ExecCommand:
+        raise ExecRefused(f"the fake engine runs no processes (attempt {attempt_id})")
 
     def close(self) -> None:
         pass

@@ -145,6 +145,25 @@ class LogChunk:
     eof: bool  # True once the attempt has finished and everything was read
 
 
+@dataclass(frozen=True, slots=True)
+class ExecCommand:
+    """How to run a process inside one instance of a running attempt (`Engine.exec_command`):
+    the caller spawns `argv` on the server's host with exactly `env` as its environment and its
+    fds 0-2 on pipes or a PTY (for a PTY: as a session leader with the PTY as its controlling
+    terminal, e.g. under `setsid --ctty`). The process it starts runs in the instance's sandbox:
+    same namespaces (network included), cgroup, mounts, uid and GPUs as the job; it dies with the
+    attempt. `env` may hold the job's secret values, hence no repr."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(repr=False)
+    cwd: str = "/"  # host-side working dir for the spawn itself (the command's is set by argv)
+
+
+class ExecRefused(Exception):
+    """`exec_command` cannot enter the attempt: unknown, not running (yet or any more), no such
+    rank. The message says which, for the user."""
+
+
 class EngineUnavailable(RuntimeError):
     """The engine's backend cannot be reached right now (e.g. slurmctld down). Callers keep
     state as it is and try again; nothing is failed because of this alone."""
@@ -185,6 +204,12 @@ class Engine(Protocol):
         """Delete what the engine keeps of a FINISHED attempt (logs, state files): job deletion
         and retention. Idempotent; an attempt that has not finished is left alone. Afterwards
         `logs` answers empty with eof."""
+        ...
+
+    def exec_command(self, attempt_id: str, rank: int, argv: Sequence[str]) -> ExecCommand:
+        """The host-side command that runs `argv` (no shell; PATH, HOME and the rest of the
+        job's own environment apply) inside rank `rank` of a RUNNING attempt; ExecRefused naming
+        why when the attempt is unknown, not running or has no such rank. Starts nothing."""
         ...
 
     def close(self) -> None: ...

@@ -185,9 +185,13 @@ def serve(settings: Settings, demo: bool = False) -> None:
     ctx = ServerContext(
         settings=settings, session_factory=session_factory, engine=engine, owner_id=owner_id()
     )
+    from corral.gateway.ssh import start_gateway
+
+    gateway = start_gateway(settings, session_factory, engine)  # ssh into jobs (docs/workspaces.md)
     # The API's services tell the loops what they committed (a submit wakes the scheduler).
     app = create_app(settings, engine=engine, db_engine=db_engine, notifier=ctx)
     app.state.server_context = ctx
+    app.state.ssh_gateway = gateway  # None when off; idle reclamation reads sessions_by_job()
     runner = LoopRunner(ctx, collect_loops())
     app.state.loop_health = lambda: runner.health(settings.ready_loop_stall_s)  # for /readyz
     config = uvicorn.Config(
@@ -224,6 +228,8 @@ def serve(settings: Settings, demo: bool = False) -> None:
         print(f"Corral is up at {url}  (API docs: {url}/docs, portal: {url}/)", flush=True)
         server.run(sockets=[listen_socket])
     finally:
+        if gateway is not None:
+            gateway.stop()
         runner.stop()
         shutdown_launches(ctx)
         engine.close()

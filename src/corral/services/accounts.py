@@ -308,7 +308,10 @@ def add_ssh_key(
         select(SshKey.id).where(SshKey.user_id == principal.user_id, SshKey.fingerprint == fingerprint)
     )
     if exists is not None:
-        raise Conflict("this SSH key is already registered")
+        raise Conflict(f"this SSH key ({fingerprint}) is already registered to your account")
+    # One key, one user: the SSH gateway must be able to tell whose a key is.
+    if session.scalar(select(SshKey.id).where(SshKey.fingerprint == fingerprint)) is not None:
+        raise Conflict(f"this SSH key ({fingerprint}) is registered to another user: use a key of your own")
     key = SshKey(
         user_id=principal.user_id,
         name=name,

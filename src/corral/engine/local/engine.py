@@ -32,6 +32,8 @@ from corral.engine.base import (
     AttemptLaunch,
     AttemptPhase,
     AttemptStatus,
+    ExecCommand,
+    ExecRefused,
     FailureReason,
     InstanceLaunch,
     LogChunk,
@@ -55,6 +57,7 @@ from corral.engine.isolation.secret_files import (
     remove_secrets,
     write_secrets,
 )
+from corral.engine.local.enter import enter_argv
 from corral.engine.local.files import (
     FINAL_STATUS,
     LAUNCHER_INFO,
@@ -648,6 +651,14 @@ class LocalEngine:
         return sorted(
             d.name for d in self.attempts_dir.iterdir() if d.is_dir() and not (d / "status.json").exists()
         )
+
+    def exec_command(self, attempt_id: str, rank: int, argv: Sequence[str]) -> ExecCommand:
+        """Enters rank `rank` of a running attempt (how: corral.engine.local.enter)."""
+        status = self._status(attempt_id)
+        spec = self.attempt_spec(attempt_id)
+        if status.phase is not AttemptPhase.RUNNING or spec is None:
+            raise ExecRefused(f"attempt {attempt_id} is not running here ({status.phase.value})")
+        return enter_argv(self._dir(attempt_id), spec, rank, argv)
 
     # -- stop ------------------------------------------------------------------------------------
 

@@ -26,12 +26,14 @@ from corral.engine.base import (
     AttemptStatus,
     Engine,
     EngineUnavailable,
+    ExecCommand,
+    ExecRefused,
     FailureReason,
     LogChunk,
     NodeReport,
 )
 from corral.engine.isolation.secret_files import remove_secrets
-from corral.engine.slurm import mapping, scripts
+from corral.engine.slurm import enter, mapping, scripts
 from corral.engine.slurm.cli import SlurmCli, SlurmJob, SlurmNode
 from corral.engine.slurm.state import AttemptRecord, StateStore, StopRequest, read_job_file
 from corral.engine.slurm.users import UnixAccount, UnmappedUser, UserMap
@@ -533,6 +535,18 @@ class SlurmEngine:
             if record is not None and record.final is None:
                 return
             shutil.rmtree(self.store.attempt_dir(attempt_id), ignore_errors=True)
+
+    def exec_command(self, attempt_id: str, rank: int, argv: Sequence[str]) -> ExecCommand:
+        """Enters rank `rank` of a running attempt through a job step (how: slurm/enter.py)."""
+        record = self._load(attempt_id)
+        if record is None:
+            raise ExecRefused(f"attempt {attempt_id} is unknown to this engine")
+        phase = self.poll([attempt_id])[attempt_id].phase
+        if phase is not AttemptPhase.RUNNING:
+            raise ExecRefused(f"attempt {attempt_id} is not running here ({phase.value})")
+        srun = self.cli._argv("srun", ())[0]
+        env = self.cli.submit_env(scripts.DEFAULT_PATH)
+        return enter.enter_argv(record, self.store.job_dir(attempt_id), rank, argv, srun, env)
 
     def close(self) -> None:
         with self._lock:

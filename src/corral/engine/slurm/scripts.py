@@ -311,11 +311,15 @@ term=""
 forward() {{ for p in $(descendants "$child"); do kill -TERM "$p" 2>/dev/null; done; }}
 trap 'term=1; if [ -n "$child" ]; then forward; fi' TERM INT
 if [ -e "$D/stop" ]; then echo 143 >"$J/rank-{r}.exit"; exit 143; fi
+# For `corral exec` (slurm/enter.py): the rank's environment and its bwrap's pid, while it runs
+(umask 077; export -p >"$J/rank-{r}.env")
 (trap '' TERM INT; umask 007; exec {sandboxed}) &
 child=$!
+echo "$child" >"$J/rank-{r}.pid"
 if [ -n "$term" ]; then kill -KILL "$child" 2>/dev/null; fi
 wait "$child"; rc=$?
 while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done
+rm -f "$J/rank-{r}.pid" "$J/rank-{r}.env"
 echo "$rc" >"$J/rank-{r}.exit"
 # a failed instance fails the gang: node.sh passes the TERM on to the instances on this node,
 # and srun --kill-on-bad-exit to the other nodes

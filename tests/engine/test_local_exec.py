@@ -1,0 +1,84 @@
+"""LocalEngine.exec_command: a process started through it runs inside the instance's sandbox
+(uid, cgroup, GPUs, network namespace, mounts), and unknown or finished attempts are refused."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from corral.engine.base import AttemptLaunch, ExecRefused, InstanceLaunch
+from corral.engine.local import LocalEngine
+from tests.engine.contract import new_attempt_id, wait_finished, wait_log
+from tests.engine.local_support import local_engine_factory
+from tests.support import require
+
+
+def _running(engine: LocalEngine, command: str, gpus: int = 2) -> AttemptLaunch:
+    aid = new_attempt_id()
+    inst = InstanceLaunch("w", 0, 0, engine.node_name, engine.inventory.gpus[:gpus], 1.0, 256, command, {})
+    attempt = AttemptLaunch(aid, aid.split(".")[0], 1, "bob", "team", (inst,))
+    engine.launch(attempt)
+    wait_log(engine, aid, b"ready")
+    return attempt
+
+
+def _run(engine: LocalEngine, attempt_id: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    cmd = engine.exec_command(attempt_id, 0, argv)
+    return subprocess.run(
+        cmd.argv, env=dict(cmd.env), cwd=cmd.cwd, capture_output=True, text=True, timeout=20
+    )
+
+
+def test_exec_runs_inside_the_sandbox(tmp_path: Path) -> None:
+    with local_engine_factory(tmp_path) as factory:
+        engine = factory()
+        require(engine.capabilities().sandbox and engine.capabilities().cgroups, "sandbox and cgroups")
+        # The job listens on its own loopback: only a process in its network namespace reaches it.
+        job = "echo marker > /tmp/mine; echo ready; exec sleep 60"
+        attempt = _running(engine, job)
+        spec = engine.attempt_spec(attempt.attempt_id)
+        assert spec is not None
+        job_cgroup = spec["instances"][0]["cgroup"]
+        assert job_cgroup is not None
+        script = 'id -u; cat /proc/self/cgroup; echo "gpus=$CUDA_VISIBLE_DEVICES"; cat /tmp/mine; ls /dev'
+        out = _run(engine, attempt.attempt_id, ["/bin/sh", "-c", script])
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert lines[0] == str(spec["uid"]) and spec["uid"] != 0
+        leaf = job_cgroup["procs_dir"].split("/sys/fs/cgroup/", 1)[1].split("/", 1)[1]
+        assert any(line.endswith("/" + leaf) for line in lines if ":memory:" in line), out.stdout
+        uuids = ",".join(g.uuid for g in engine.inventory.gpus[:2])
+        assert f"gpus={uuids}" in lines
+        assert "marker" in lines  # the sandbox's own /tmp (a tmpfs no host process sees)
+        # The job's own network namespace: a different one from the server's.
+        host_net = Path("/proc/self/ns/net").readlink()
+        inside = _run(engine, attempt.attempt_id, ["/usr/bin/readlink", "/proc/self/ns/net"])
+        assert inside.returncode == 0, inside.stderr
+        if engine.capabilities().network == "isolated":
+            assert inside.stdout.strip() != str(host_net)
+        code = _run(engine, attempt.attempt_id, ["/bin/sh", "-c", "exit 7"])
+        assert code.returncode == 7
+        # A process started inside ends with the attempt (it is in the job's cgroup and pid namespace).
+        cmd = engine.exec_command(attempt.attempt_id, 0, ["sleep", "300"])
+        lingering = subprocess.Popen(cmd.argv, env=dict(cmd.env), cwd=cmd.cwd)
+        engine.stop(attempt.attempt_id, 0)
+        wait_finished(engine, attempt.attempt_id)
+        assert lingering.wait(timeout=20) != 0
+        with pytest.raises(ExecRefused, match="not running"):
+            engine.exec_command(attempt.attempt_id, 0, ["true"])
+
+
+def test_exec_refuses_unknown_attempt_and_rank(tmp_path: Path) -> None:
+    with local_engine_factory(tmp_path) as factory:
+        engine = factory()
+        with pytest.raises(ExecRefused, match="not running"):
+            engine.exec_command("999.1", 0, ["true"])
+        require(engine.capabilities().sandbox, "sandbox")
+        attempt = _running(engine, "echo ready; exec sleep 60", gpus=0)
+        with pytest.raises(ExecRefused, match="no rank 3"):
+            engine.exec_command(attempt.attempt_id, 3, ["true"])
+        with pytest.raises(ExecRefused, match="no command"):
+            engine.exec_command(attempt.attempt_id, 0, [])
+        engine.stop(attempt.attempt_id, 0)

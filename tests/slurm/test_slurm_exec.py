@@ -1,0 +1,57 @@
+"""SlurmEngine.exec_command on a real Slurm cluster: the command runs in a step of the job on the
+rank's node, as the job's account, inside the rank's sandbox (its /tmp, its pid namespace, its
+GPUs); unknown and finished attempts are refused."""
+
+from __future__ import annotations
+
+import pwd
+import subprocess
+import time
+
+import pytest
+
+from corral.engine.base import AttemptPhase, ExecRefused
+from corral.engine.slurm import SlurmEngine
+from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster
+from tests.slurm.helpers import FINISHED, attempt, instance
+
+pytestmark = pytest.mark.slurm
+
+JOB = "echo inside > /tmp/mark; echo GPUS=$CUDA_VISIBLE_DEVICES; echo ready; exec sleep 60"
+
+
+def _ready(engine: SlurmEngine, attempt_id: str) -> str:
+    deadline = time.monotonic() + 30
+    while "ready" not in (log := engine.logs(attempt_id).data.decode(errors="replace")):
+        assert time.monotonic() < deadline, f"the job never got ready: {log!r}"
+        assert engine.poll([attempt_id])[attempt_id].phase not in FINISHED, log
+        time.sleep(0.1)
+    return log
+
+
+def test_exec_enters_the_ranks_sandbox_on_its_node(engine: SlurmEngine, slurm_cluster: SlurmCluster) -> None:
+    with pytest.raises(ExecRefused, match="unknown"):
+        engine.exec_command("931.1", 0, ["true"])
+    engine.launch(attempt("931.1", instance("node2", JOB, gpus=(1, 2))))
+    log = _ready(engine, "931.1")
+    gpus = next(line for line in log.splitlines() if line.startswith("GPUS="))
+    cmd = engine.exec_command(
+        "931.1",
+        0,
+        ["/bin/sh", "-c", "id -u; hostname; cat /tmp/mark; echo GPUS=$CUDA_VISIBLE_DEVICES; echo $$"],
+    )
+    out = subprocess.run(cmd.argv, env=dict(cmd.env), cwd=cmd.cwd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    uid, host, mark, seen_gpus, pid = out.stdout.split()
+    assert int(uid) == pwd.getpwnam(TEST_ACCOUNTS["alice"]).pw_uid
+    assert (host, mark, seen_gpus) == ("node2", "inside", gpus)
+    assert int(pid) < 100  # a small pid: inside the sandbox's own pid namespace
+    with pytest.raises(ExecRefused, match="no rank 1"):
+        engine.exec_command("931.1", 1, ["true"])
+    engine.stop("931.1", 0)
+    deadline = time.monotonic() + 30
+    while engine.poll(["931.1"])["931.1"].phase is not AttemptPhase.FAILED:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    with pytest.raises(ExecRefused, match="not running"):
+        engine.exec_command("931.1", 0, ["true"])
