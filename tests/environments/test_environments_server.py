@@ -8,9 +8,12 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from corral.cli.main import app as cli
 from corral.sdk import ApiError, Client
 from tests.environments.wheels import make_wheel
 from tests.server_fixture import CorralServer, start_server
@@ -126,3 +129,27 @@ def test_malformed_requirements_fail_cleanly(server: CorralServer, clients: dict
     with pytest.raises(ApiError) as gone:
         alice.environment("sneaky")
     assert gone.value.status_code == 404
+
+
+def test_cli_create_show_ls_rm(server: CorralServer, clients: dict[str, Client], tmp_path: Path) -> None:
+    token = clients["admin"].create_token("alice-cli", user="alice")["token"]
+
+    def corral(*args: str) -> tuple[int, str]:
+        result = CliRunner().invoke(cli, list(args), env={"CORRAL_URL": server.url, "CORRAL_TOKEN": token})
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+        return result.exit_code, result.output
+
+    reqs = tmp_path / "requirements.txt"
+    reqs.write_text(f"{PKG} ==== 1\n")
+    code, out = corral("env", "create", "clibad", "-r", str(reqs))
+    assert code == 1 and "the build failed" in out and "failed with exit code" in out, out  # its log
+    reqs.write_text(f"{PKG}==1.0\n")
+    code, out = corral("env", "create", "clibad", "-r", str(reqs))
+    assert code == 0 and "clibad@2: ready" in out, out
+    code, out = corral("env", "ls")
+    assert code == 0 and "clibad" in out and "@2" in out and "1:failed" in out, out
+    code, out = corral("env", "show", "clibad@2")
+    assert code == 0 and f"{PKG}==1.0" in out, out
+    code, out = corral("env", "rm", "clibad")
+    assert code == 0 and "deleted" in out
+    assert all(e["name"] != "clibad" for e in clients["alice"].environments())
