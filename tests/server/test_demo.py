@@ -42,7 +42,7 @@ def test_corral_up_demo_trains_the_example_and_survives_a_restart(tmp_path: Path
             assert demo["environment_version"] == "sklearn@1"
             envs = {e["name"]: e for e in c.get("/api/v1/environments").json()}
             assert envs["sklearn"]["official"] and envs["sklearn"]["latest_ready"] == 1
-            done = wait_state(c, demo["id"], TERMINAL, timeout_s=60)
+            done = wait_state(c, demo["id"], TERMINAL, timeout_s=150)
             out = logs(c, demo["id"])
             assert done["state"] == "succeeded", out
             accuracy = float(out.split("final test accuracy")[1].split()[0])
