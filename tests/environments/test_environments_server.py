@@ -108,6 +108,16 @@ def test_unknown_private_and_failed_environments_are_refused(clients: dict[str, 
     with pytest.raises(ApiError) as no_version:
         alice.submit({"name": "x", "command": "true", "environment": "mine@7"})
     assert no_version.value.status_code == 422 and "no version 7" in no_version.value.message
+    busy = alice.submit({"name": "busy", "command": "sleep 60", "environment": "mine"})
+    with pytest.raises(ApiError) as in_use:  # a job that has not ended keeps its environment
+        alice.delete_environment("mine")
+    assert in_use.value.status_code == 409 and f"active job {busy['id']}" in in_use.value.message
+    alice.cancel(busy["id"])
+    alice.wait(busy["id"], timeout_s=60)
+    alice.delete_environment("mine")
+    with pytest.raises(ApiError) as gone:
+        alice.submit({"name": "x", "command": "true", "environment": "mine@1"})
+    assert gone.value.status_code == 422
 
 
 def test_malformed_requirements_fail_cleanly(server: CorralServer, clients: dict[str, Client]) -> None:
