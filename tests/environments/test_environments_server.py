@@ -105,6 +105,9 @@ def test_unknown_private_and_failed_environments_are_refused(clients: dict[str, 
     with pytest.raises(ApiError) as hidden:  # alice's private environment is not bob's to use
         bob.submit({"name": "x", "command": "true", "environment": "mine"})
     assert hidden.value.status_code == 422 and "'mine' does not exist" in hidden.value.message
+    with pytest.raises(ApiError) as taken:  # nor hers to add versions to
+        bob.create_environment("mine", f"{PKG}\n")
+    assert taken.value.status_code == 409 and "taken" in taken.value.message
     with pytest.raises(ApiError) as no_version:
         alice.submit({"name": "x", "command": "true", "environment": "mine@7"})
     assert no_version.value.status_code == 422 and "no version 7" in no_version.value.message

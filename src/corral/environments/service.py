@@ -154,7 +154,8 @@ def create(
         session.add(env)
         session.flush()
     else:
-        env = _writable(session, principal, req.name)
+        if not principal.is_admin and env.owner_id != principal.user_id:
+            raise Conflict(f"environment name {req.name!r} is taken by another user; choose another")
         env.visibility, env.group_id = req.visibility, group_id
         env.official = req.official or (env.official and not principal.is_admin)
         env.description = req.description or env.description
