@@ -71,6 +71,7 @@ def _uv_env(work: Path) -> None:
     os.environ["UV_NO_CONFIG"] = "1"  # no uv.toml of the user's naming another index
     os.environ["UV_PYTHON_DOWNLOADS"] = "never"
     os.environ["UV_LINK_MODE"] = "copy"  # never hard links into the user's cache
+    os.environ["UV_SYSTEM_CERTS"] = "1"  # the node's CA store (/etc/ssl): a site's mirror or proxy
     for name in ("UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_INDEX", "UV_FIND_LINKS", "PIP_INDEX_URL"):
         os.environ.pop(name, None)
 
