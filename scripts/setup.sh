@@ -41,3 +41,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q -e ".[dev]"
   touch "$stamp"
 fi
+# The demo's "sklearn" environment (corral.environments.demo) is built offline from these wheels
+# (CORRAL_ENV_FIND_LINKS); fetched once, here, like the packages above.
+wheels=.venv/wheelhouse
+wstamp=$wheels/.corral-fetched
+if [ ! -f "$wstamp" ] || [ pyproject.toml -nt "$wstamp" ]; then
+  .venv/bin/pip download -q --only-binary :all: -d "$wheels" "numpy==2.4.6" "scikit-learn==1.9.1"
+  touch "$wstamp"
+fi

@@ -121,6 +121,13 @@ class Settings(BaseSettings):
     dataset_chunk_bytes: int = Field(default=8 * 1024 * 1024, ge=4096, le=256 * 1024 * 1024)
     storage_scan_interval_s: float = Field(default=600.0, gt=0)  # home/group directory usage scan
 
+    # --- environments catalogue (corral.environments; docs/catalogues.md) ------------------------
+    # The package index build jobs resolve and download from (e.g. https://pypi.org/simple), and
+    # a server dir of wheels bound read-only into them; neither set: environments cannot be built.
+    env_index_url: str = ""
+    env_find_links: Path | None = None
+    env_build_timeout_s: float = Field(default=1800.0, gt=0)  # a build job's max_runtime
+
     # --- API limits (corral.api.limits; docs/security.md "API and login") ---------------------
     api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)  # larger bodies: 413
     api_max_json_depth: int = Field(default=32, ge=2)  # deeper JSON bodies: 400

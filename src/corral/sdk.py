@@ -631,6 +631,58 @@ class Client:
         """A byte stream to 127.0.0.1:`port` in the job's network namespace (one TCP connection)."""
         return ExecSession.open(self.url, self._token, job_id, {"port": port, "rank": rank})
 
+    # --- environments catalogue (corral.environments; docs/catalogues.md) -----------------------
+    def environments(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/environments")
+
+    def environment(self, name: str) -> dict[str, Any]:
+        """An environment with its versions (state, lock, cache key, build job)."""
+        return self.request("GET", f"/environments/{quote(name, safe='')}")
+
+    def environment_version(self, name: str, version: int) -> dict[str, Any]:
+        return self.request("GET", f"/environments/{quote(name, safe='')}/versions/{int(version)}")
+
+    def create_environment(
+        self,
+        name: str,
+        source: str,
+        *,
+        source_kind: str = "requirements",
+        visibility: str = "private",
+        group: str | None = None,
+        official: bool = False,
+        description: str = "",
+    ) -> dict[str, Any]:
+        """Queue the build of a new version from a requirements.txt (or pyproject.toml) text."""
+        body = {
+            "name": name,
+            "source": source,
+            "source_kind": source_kind,
+            "visibility": visibility,
+            "group": group,
+            "official": official,
+            "description": description,
+        }
+        return self.request("POST", "/environments", json=body)
+
+    def wait_environment(
+        self, name: str, version: int, *, timeout_s: float | None = None, poll_s: float = 0.5
+    ) -> dict[str, Any]:
+        """Poll until the version's build has ended (ready or failed); returns the version."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            found = self.environment_version(name, version)
+            if found["state"] != "building":
+                return found
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"environment {name}@{version} is still building after {timeout_s} s")
+            time.sleep(poll_s)
+
+    def delete_environment(self, name: str, version: int | None = None) -> None:
+        """Delete one version, or the environment (refused while an active job uses it)."""
+        params = {"version": version} if version is not None else None
+        self.request("DELETE", f"/environments/{quote(name, safe='')}", params=params)
+
     def download(self, path: str) -> AbstractContextManager[httpx.Response]:
         """GET a raw (non-JSON) body as a streamed response (a context manager); errors raise
         like `request`."""

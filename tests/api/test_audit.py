@@ -173,6 +173,39 @@ def _import_dataset(w: World) -> tuple[str, str, dict[str, Any]]:
     )
 
 
+def _create_environment(w: World) -> tuple[str, str, dict[str, Any]]:
+    settings = w.client.app.state.settings  # type: ignore[attr-defined]
+    settings.env_find_links = settings.home / "wheels"  # builds need an index; this one queues
+    body = {"name": f"env{next(_DATASETS)}", "source": "numpy\n"}
+    return "POST", f"{API}/environments", {"json": body}
+
+
+def _failed_environment(w: World) -> tuple[str, str, dict[str, Any]]:
+    from corral.db.environment_models import Environment, EnvironmentVersion
+    from corral.db.models import User
+
+    name = f"envf{next(_DATASETS)}"
+    with w.session_factory() as db:
+        owner = db.scalar(sa.select(User.id).where(User.name == "admin"))
+        env = Environment(name=name, owner_id=owner, visibility="private", official=False, created_at=1.0)
+        db.add(env)
+        db.flush()
+        db.add(
+            EnvironmentVersion(
+                environment_id=env.id,
+                version=1,
+                state="failed",
+                source_kind="requirements",
+                source="x",
+                python="3",
+                created_by="admin",
+                created_at=1.0,
+            )
+        )
+        db.commit()
+    return "DELETE", f"{API}/environments/{name}", {}
+
+
 # One successful call of each state-changing route, made as the admin (unless the call says
 # otherwise), and the action it must record.
 CALLS: dict[tuple[str, str], tuple[Call, str]] = {
@@ -246,6 +279,8 @@ CALLS: dict[tuple[str, str], tuple[Call, str]] = {
         "dataset.delete",
     ),
     ("POST", "/api/v1/datasets/import"): (_import_dataset, "dataset.import"),
+    ("POST", "/api/v1/environments"): (_create_environment, "environment.version.create"),
+    ("DELETE", "/api/v1/environments/{name}"): (_failed_environment, "environment.delete"),
     ("PUT", "/api/v1/storage/quota/{scope}/{name}"): (
         lambda w: ("PUT", f"{API}/storage/quota/group/vision", {"json": {"max_bytes": 10**9}}),
         "storage.quota.set",

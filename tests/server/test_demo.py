@@ -30,9 +30,19 @@ def test_corral_up_demo_trains_the_example_and_survives_a_restart(tmp_path: Path
         assert stat.S_IMODE(config.stat().st_mode) == 0o600
         assert yaml.safe_load(config.read_text())["token"] == srv.token
         with srv.client() as c:
-            demo = next(j for j in c.get("/api/v1/jobs").json()["items"] if j["name"] == "digits-demo")
+            # The example runs in the demo's own environment, submitted once its build is done.
+            demo = wait_for(
+                lambda: next(
+                    (j for j in c.get("/api/v1/jobs").json()["items"] if j["name"] == "digits-demo"), None
+                ),
+                180,
+                what="the digits job, after the sklearn environment's build",
+            )
             assert demo["user"] == "alice" and demo["group"] == "vision"
-            done = wait_state(c, demo["id"], TERMINAL, timeout_s=60)
+            assert demo["environment_version"] == "sklearn@1"
+            envs = {e["name"]: e for e in c.get("/api/v1/environments").json()}
+            assert envs["sklearn"]["official"] and envs["sklearn"]["latest_ready"] == 1
+            done = wait_state(c, demo["id"], TERMINAL, timeout_s=150)
             out = logs(c, demo["id"])
             assert done["state"] == "succeeded", out
             accuracy = float(out.split("final test accuracy")[1].split()[0])

@@ -150,6 +150,7 @@ class JobOut(BaseModel):
     priority: str
     preemptible: bool
     spec: dict[str, object]  # the spec as stored (corral.spec.JobSpecV1, no null fields)
+    environment_version: str | None = None  # catalogue environment, pinned at submit: "name@3"
     created_at: float
     updated_at: float
     finished_at: float | None

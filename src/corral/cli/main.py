@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "corral.cli.secrets",  # secret set/ls/rm
     "corral.cli.data",  # data push/pull/ls/show/versions/rm/share/import, storage usage/quota
     "corral.cli.sandbox",  # exec, port-forward, key add/ls/rm
+    "corral.cli.environments",  # env ls/show/create/rm
 )
 
 

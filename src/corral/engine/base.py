@@ -95,6 +95,12 @@ class AttemptLaunch:
     home: str | None = None
     refused: str = ""
     secrets: tuple[SecretGrant, ...] = ()  # values only in memory (see SecretGrant)
+    # A catalogue environment (corral.environments): its bin dir in the job, first on PATH, and
+    # the dirs bound read-only at their own paths (its interpreter) instead of the engine's
+    # "default" ones; "internet": a build job's outbound network to the package index.
+    environment_bin: str = ""
+    environment_paths: tuple[str, ...] = ()
+    network_outbound: str = ""
 
 
 class AttemptPhase(StrEnum):

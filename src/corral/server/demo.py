@@ -4,7 +4,6 @@ restart with the same CORRAL_HOME reuses what is there and submits nothing twice
 
 from __future__ import annotations
 
-import sys
 import time
 from importlib import resources
 
@@ -45,6 +44,9 @@ def demo_settings(settings: Settings) -> Settings:
     """Virtual GPUs where there is no NVIDIA GPU. Isolation is left as configured: the demo runs
     jobs sandboxed, and on a machine without bubblewrap or cgroups only a user who set
     CORRAL_ALLOW_UNISOLATED=true gets unsandboxed jobs (the banner says which it is)."""
+    from corral.environments.demo import demo_env_settings
+
+    settings = demo_env_settings(settings)  # a package index for the demo's environment
     if settings.virtual_gpus is not None or has_nvidia_gpu():
         return settings
     return settings.model_copy(update={"virtual_gpus": DEMO_VIRTUAL_GPUS})
@@ -98,30 +100,35 @@ def _ensure_users(session: Session, groups: dict[str, Group], now: float) -> Non
             session.add(Membership(user_id=user.id, group_id=groups[group].id, role=role))
 
 
-def demo_spec() -> JobSpecV1:
-    """The shipped example, its `python ...` commands run by this interpreter."""
+def demo_spec(settings: Settings) -> JobSpecV1:
+    """The shipped example, run from a code snapshot of its script in the `sklearn` environment
+    (corral.environments.demo), as `corral submit --code src/corral/examples digits.yaml` would."""
+    from corral.environments.demo import example_snapshot
+
     spec = parse_spec(resources.files("corral.examples").joinpath("digits.yaml").read_text())
-    tasks = {
-        role: task.model_copy(update={"command": f"{sys.executable} {task.command[len('python ') :]}"})
-        if task.command.startswith("python ")
-        else task
-        for role, task in spec.tasks.items()
-    }
-    return spec.model_copy(update={"tasks": tasks})
+    return spec.model_copy(update={"code": example_snapshot(settings)})
 
 
 def submit_demo_job(session: Session, settings: Settings) -> int | None:
+    from corral.environments.service import check_job_environment
     from corral.services.auth import load_principal
     from corral.services.jobs import submit_job
     from corral.services.policy import active_profile
 
-    spec = demo_spec()
-    if session.scalar(select(Job.id).where(Job.name == spec.name)) is not None:
+    name = parse_spec(resources.files("corral.examples").joinpath("digits.yaml").read_text()).name
+    if session.scalar(select(Job.id).where(Job.name == name)) is not None:
         return None
     owner = session.scalars(select(User).where(User.name == DEMO_JOB_OWNER)).one()  # _ensure_users made it
     principal = load_principal(session, owner, via="token")
-    profile = active_profile(settings)
-    return submit_job(session, principal, spec, profile)["id"]
+    spec = check_job_environment(session, principal, demo_spec(settings))  # pinned: sklearn@1
+    return submit_job(session, principal, spec, active_profile(settings))["id"]
+
+
+def _submit_demo_job(ctx: ServerContext) -> None:
+    with ctx.session_factory() as session:
+        job_id = submit_demo_job(session, ctx.settings)
+    if job_id is not None:
+        print(f"  example:   job {job_id} (digits-demo) started in environment sklearn", flush=True)
 
 
 def seed_demo(ctx: ServerContext, url: str) -> None:
@@ -130,7 +137,10 @@ def seed_demo(ctx: ServerContext, url: str) -> None:
         groups = _ensure_groups(session, ctx.settings.gpu_model, now)
         _ensure_users(session, groups, now)
         session.commit()
-        job_id = submit_demo_job(session, ctx.settings)
+    from corral.environments.demo import DEMO_ENV, ensure_demo_environment, submit_when_ready
+
+    env_version = ensure_demo_environment(ctx, DEMO_JOB_OWNER)
+    submit_when_ready(ctx, lambda: _submit_demo_job(ctx))
     ctx.wake("schedule")
     gpus = ctx.settings.virtual_gpus
     print("", flush=True)
@@ -145,10 +155,12 @@ def seed_demo(ctx: ServerContext, url: str) -> None:
     print(
         "  groups:    " + ", ".join(f"{g} ({n} GPUs guaranteed)" for g, n in DEMO_GROUPS.items()), flush=True
     )
-    if job_id is not None:
-        print(
-            f"  example:   job {job_id} (digits-demo) trains an MLP on CPU; `corral logs {job_id} -f`",
-            flush=True,
-        )
+    envs = f"default (the server's) and {DEMO_ENV}" + (" (building now)" if env_version else "")
+    print(f"  envs:      {envs}; `corral env ls`", flush=True)
+    print(
+        f"  example:   digits-demo trains an MLP on CPU in environment {DEMO_ENV} once it is built; "
+        "`corral ls`",
+        flush=True,
+    )
     print(f"  look:      `corral ls`, `corral node ls`, portal {url}/, API {url}/docs", flush=True)
     print("", flush=True)

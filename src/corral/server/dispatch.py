@@ -147,6 +147,9 @@ def build_launch(
         cwd=storage.cwd,
         home=storage.home,
         refused=storage.refused,
+        environment_bin=storage.environment_bin,
+        environment_paths=storage.environment_paths,
+        network_outbound=storage.network_outbound,
     )
 
 

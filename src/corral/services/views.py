@@ -82,6 +82,7 @@ class JobView(TypedDict):
     priority: str
     preemptible: bool
     spec: Mapping[str, object]  # shared with the spec's other rows: read-only
+    environment_version: str | None  # the catalogue environment it runs in, pinned: "name@3"
     created_at: float
     updated_at: float
     finished_at: float | None
@@ -215,6 +216,7 @@ def job_view(
         "priority": Priority(job.priority).name.lower(),
         "preemptible": job.preemptible,
         "spec": job.spec.stored(),
+        "environment_version": job.spec.environment if "@" in job.spec.environment else None,
         "created_at": job.submitted_at,
         "updated_at": job.updated_at,
         "finished_at": job.finished_at,

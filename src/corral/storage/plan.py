@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from corral.config import Settings
 from corral.db.models import Group, Job, Membership, User
+from corral.environments.mounts import plan_environments
 from corral.storage import code
 from corral.storage.identities import IdRange, IdsExhausted, ensure_ids
 from corral.storage.layout import StorageDir, StorageError, outputs_dir
@@ -38,6 +39,11 @@ class JobStorage:
     home: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     refused: str = ""
+    # The job's catalogue environment (corral.environments.mounts): the dir first on PATH, the
+    # dirs bound read-only at their own paths, and a build job's outbound network.
+    environment_bin: str = ""
+    environment_paths: tuple[str, ...] = ()
+    network_outbound: str = ""
 
 
 def id_ranges(settings: Settings) -> tuple[IdRange, IdRange]:
@@ -77,11 +83,26 @@ def plan_jobs(session: Session, jobs: Sequence[Job], settings: Settings) -> dict
         log.error("storage: %s", exc)
         return {j.id: JobStorage(0, (), refused=f"storage: {exc}") for j in jobs}
     plans = {}
+    contexts = {}
     for job in jobs:
         groups = groups_of.get(job.user_id, [])
         group_gids = {g.name: gids[g.id] for g in groups}
-        ctx = MountContext(job.user.name, frozenset(group_gids), root, job.user.is_admin, session)
+        ctx = contexts[job.id] = MountContext(
+            job.user.name, frozenset(group_gids), root, job.user.is_admin, session
+        )
         plans[job.id] = _plan_one(job, ctx, uids[job.user_id], group_gids)
+    for job_id, env in plan_environments(session, jobs, contexts, settings).items():
+        plan = plans[job_id]
+        if isinstance(env, str):
+            plans[job_id] = replace(plan, refused=plan.refused or env)
+        elif not plan.refused:
+            plans[job_id] = replace(
+                plan,
+                binds=(*plan.binds, *env.binds),
+                environment_bin=env.bin_dir,
+                environment_paths=env.paths,
+                network_outbound=env.network_outbound,
+            )
     return plans
 
 

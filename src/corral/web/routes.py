@@ -31,6 +31,7 @@ CLIENT_SECTIONS = (
     "nodes",
     "groups",
     "data",
+    "environments",
     "alerts",
     "usage",
     "profile",

@@ -13,6 +13,7 @@ from corral import spec as job_spec
 from corral.api.deps import DB, MAX_ROW_ID, CurrentUser, Offset, RowId, UserFilter, fast_json
 from corral.api.schemas import EventOut, JobListOut, JobOut, LogsOut
 from corral.engine.base import EngineUnavailable
+from corral.environments.service import check_job_environment
 from corral.services import cleanup, storage
 from corral.services import jobs as svc
 from corral.services.lifecycle import JobState
@@ -147,6 +148,7 @@ def submit(
     """Validate, check the job can ever fit, and queue it under its group (default: yours)."""
     profile = active_profile(request.app.state.settings)
     spec = storage.check_job_storage(db, principal, spec, request.app.state.settings)
+    spec = check_job_environment(db, principal, spec)  # pinned: `environment: digits@2`
     return fast_json(svc.submit_job(db, principal, spec, profile), status.HTTP_201_CREATED)
 
 

@@ -37,6 +37,7 @@ from corral.engine.base import (
     FailureReason,
     InstanceLaunch,
     LogChunk,
+    MountSpec,
     NodeReport,
 )
 from corral.engine.gpus import GpuInventory, device_paths, discover_gpus
@@ -90,6 +91,14 @@ LAUNCHER_BOOT = (
 )
 _ATTEMPT_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 DEFAULT_PIDS_MAX = 1024
+
+
+def _host_path(path: str, mounts: Sequence[MountSpec]) -> str:
+    """Where `path` (a path in the job) is on the host, through the bind that holds it."""
+    for m in mounts:
+        if path == m.target or path.startswith(m.target + "/"):
+            return m.source + path[len(m.target) :]
+    return path
 
 
 def _default_environments() -> dict[str, list[str]]:
@@ -169,6 +178,7 @@ class LocalEngine:
         # Network namespaces come with the sandbox: `isolation` off means plain host processes.
         self.network = NetworkPolicy(job_network if isolation else "host", job_outbound).probe()
         self._children: dict[str, int] = {}  # supervisors we spawned and have not reaped
+        self._build_network: NetworkPolicy | None = None
         self._log_start_up()
         # Attempts started by an earlier engine object (before a restart) keep running under
         # their supervisors; poll reads their files like any other.
@@ -392,7 +402,7 @@ class LocalEngine:
                 f"job isolation unavailable on {self.node_name}: "
                 f"{'; '.join(self.problems)} (allow_unisolated is off)"
             )
-        if attempt.environment not in self.environments:
+        if not attempt.environment_bin and attempt.environment not in self.environments:
             raise LaunchRefused(
                 f"unknown environment {attempt.environment!r}; "
                 f"this node has: {', '.join(sorted(self.environments))}"
@@ -418,6 +428,7 @@ class LocalEngine:
                 )
             if through_symlink(m.source):
                 raise LaunchRefused(f"mount {m.source} -> {m.target}: the source goes through a symlink")
+        network = self._network_for(attempt)
         uid_lock: Path | None = None
         uid = 0
         etc_files: dict[str, str] = {}
@@ -428,7 +439,7 @@ class LocalEngine:
                 uid = allocate_uid(self.uid_locks, attempt.attempt_id)
                 uid_lock = self.uid_locks / str(uid)
             etc_files = write_etc(adir / "etc", attempt.user, uid, home=attempt.home)
-            etc_files.update(self.network.etc_files(adir / "etc"))
+            etc_files.update(network.etc_files(adir / "etc"))
         secrets = self._write_secrets(attempt, adir, uid if sandboxed else None)
         instances = [
             self._prepare_instance(attempt, inst, adir, sandboxed, use_cgroups, uid, etc_files, secrets)
@@ -441,7 +452,7 @@ class LocalEngine:
             "uid_lock": str(uid_lock) if uid_lock else None,
             "uid": uid,
             "instances": instances,
-            "network": self.network.spec(),
+            "network": network.spec(),
         }
 
     @staticmethod
@@ -499,7 +510,7 @@ class LocalEngine:
                     work_dir=str(work_dir),
                     uid=uid,
                     etc_files=etc_files,
-                    env_paths=self.environments[attempt.environment],
+                    env_paths=self._env_paths(attempt),
                     mounts=[(m.source, m.target, m.read_only) for m in attempt.mounts],
                     devices=devices,
                     gids=attempt.gids if attempt.uid is not None else (),
@@ -530,12 +541,16 @@ class LocalEngine:
         env_bin = [
             f"{p}/bin" for p in self.environments.get(attempt.environment, ()) if os.path.isdir(f"{p}/bin")
         ]
+        if attempt.environment_bin:  # a catalogue environment (or a build job's), bound by storage
+            env_bin = [attempt.environment_bin]
+            if not sandboxed:  # no binds: the host's path of the same dir
+                env_bin = [_host_path(attempt.environment_bin, attempt.mounts)]
         env.setdefault("PATH", ":".join([*env_bin, "/usr/local/bin", "/usr/bin", "/bin"]))
         inside = SANDBOX_WORK_DIR if sandboxed else str(work_dir)
         env.setdefault("HOME", attempt.home if sandboxed and attempt.home else inside)
         if not sandboxed:  # no binds: storage paths in the env name the host's dirs
             hosted = {m.target: m.source for m in attempt.mounts}
-            for key in ("CORRAL_OUTPUTS", "CORRAL_CODE"):
+            for key in ("CORRAL_OUTPUTS", "CORRAL_CODE", "CORRAL_ENV_STORE", "CORRAL_ENV_FIND_LINKS"):
                 if env.get(key) in hosted:
                     env[key] = hosted[env[key]]
         env.setdefault("CORRAL_WORK_DIR", inside)
@@ -543,6 +558,22 @@ class LocalEngine:
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(g.uuid for g in inst.gpus))
         env.setdefault("LANG", "C.UTF-8")
         return env
+
+    def _env_paths(self, attempt: AttemptLaunch) -> Sequence[str]:
+        if attempt.environment_bin:
+            return attempt.environment_paths
+        return self.environments[attempt.environment]
+
+    def _network_for(self, attempt: AttemptLaunch) -> NetworkPolicy:
+        """The node's policy, except for an environment build job, which reaches the package
+        index: an isolated namespace with slirp4netns outbound (docs/security.md, "Network")."""
+        if attempt.network_outbound != "internet" or not self.network.isolated:
+            return self.network
+        if self.network.outbound == "internet" or self.network.problems:
+            return self.network
+        if self._build_network is None:
+            self._build_network = NetworkPolicy("isolated", "internet").probe()
+        return self._build_network
 
     # -- observe ---------------------------------------------------------------------------------
 

@@ -259,9 +259,15 @@ def rank_script(
     cwd: str | None = None,
     home: str | None = None,
     secrets: tuple[SecretGrant, ...] = (),
+    env_bin: str = "",
+    env_paths: tuple[str, ...] = (),
 ) -> str:
-    """One instance: its environment, its command under bubblewrap, its exit code to a file."""
+    """One instance: its environment, its command under bubblewrap, its exit code to a file.
+    `env_bin`/`env_paths`: a catalogue environment's bin dir (first on PATH; the environment
+    itself is one of `mounts`) and its interpreter's dirs, bound read-only at their paths."""
     env = dict(inst.env)
+    if env_bin:
+        env.setdefault("PATH", f"{env_bin}:{DEFAULT_PATH}")
     has_files = any(g.file is not None for g in secrets)
     if has_files:
         env[SECRETS_DIR_ENV] = SANDBOX_SECRETS_DIR
@@ -281,6 +287,7 @@ def rank_script(
             "/etc/group": str(job_dir / "etc" / "group"),
         },
         mounts=mounts,
+        env_paths=env_paths,
         cwd=cwd or SANDBOX_WORK_DIR,
         secrets_dir=str(job_dir / "secrets" / "files") if has_files else None,
     )
@@ -373,6 +380,8 @@ def write_scripts(
                 cwd=attempt.cwd,
                 home=attempt.home,
                 secrets=attempt.secrets,
+                env_bin=attempt.environment_bin,
+                env_paths=attempt.environment_paths,
             )
             for i in instances
         },

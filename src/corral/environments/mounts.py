@@ -1,0 +1,133 @@
+"""Environments as a mount source of the storage layer (corral.storage.mounts): `env/<name>[@v]`,
+always read-only, at /env/<name>. A job's `environment:` (pinned at submit to `<name>@<v>`) is
+resolved through it at launch, so a user who lost the right to it gets a refused launch; the
+engines bind it read-only, bind the interpreter it was built for at its own path, and put its
+bin/ first on PATH (`EnvironmentLaunch`). A build job gets the store (its cache check) and the
+admin's find-links dir read-only, and the outbound network its package index needs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from corral.config import Settings
+from corral.db.environment_models import EnvironmentVersion
+from corral.db.models import Group, Job, User
+from corral.environments import service
+from corral.environments.store import (
+    BUILD_FIND_LINKS,
+    BUILD_STORE,
+    DEFAULT_ENVIRONMENT,
+    SANDBOX_ENV,
+    base_prefix,
+    copy_dir,
+    ensure_store,
+)
+from corral.storage.mounts import Bind, MountContext, MountRefused, MountRequest, register_source
+
+PREFIX = "env"
+
+
+@dataclass(frozen=True, slots=True)
+class EnvironmentLaunch:
+    """What the engines need beyond the binds: the dir put first on PATH (a path in the job),
+    dirs bound read-only at their own paths (the interpreter), the network exception."""
+
+    bin_dir: str
+    paths: tuple[str, ...]
+    binds: tuple[Bind, ...] = ()
+    network_outbound: str = ""  # "internet": a build job reaching the admin's package index
+
+
+def resolve_env(ctx: MountContext, req: MountRequest) -> Bind:
+    if ctx.session is None:
+        raise MountRefused(f"mount source {req.source!r}: environments need the database to resolve")
+    if not req.readonly:
+        raise MountRefused(f"mount source {req.source!r}: environments are read-only; use mode: ro")
+    session = ctx.session
+    user = session.scalar(select(User).where(User.name == ctx.user))
+    if user is None:
+        raise MountRefused(f"mount source {req.source!r}: no user {ctx.user!r}")
+    group_ids = (
+        set(session.scalars(select(Group.id).where(Group.name.in_(ctx.groups)))) if ctx.groups else set()
+    )
+    try:
+        env, version = service.resolve_ready(session, user.id, group_ids, ctx.is_admin, req.ref)
+    except service.EnvRefError as exc:
+        raise MountRefused(f"mount source {req.source!r}: {exc}") from exc
+    assert version.cache_key is not None  # ready versions have one
+    path = copy_dir(ctx.root, version.cache_key)
+    if not path.is_dir():
+        raise MountRefused(f"mount source {req.source!r}: its files are gone from the store")
+    return Bind(
+        host_path=str(path),
+        target=req.target or f"{SANDBOX_ENV}/{env.name}",
+        readonly=True,
+        source=f"{PREFIX}/{env.name}@{version.version}",
+    )
+
+
+register_source(PREFIX, resolve_env)
+
+
+def server_environment() -> EnvironmentLaunch:
+    """The server's own venv and source tree (what a build job runs: Corral's buildstep, uv)."""
+    import corral
+
+    paths: list[str] = []
+    src = str(Path(corral.__file__).resolve().parents[1])
+    for p in (sys.prefix, sys.base_prefix, src):
+        real = os.path.realpath(p)
+        if (
+            real == "/usr"
+            or real.startswith("/usr/")
+            or any(real == q or real.startswith(q + "/") for q in paths)
+        ):
+            continue
+        paths.append(real)
+    return EnvironmentLaunch(bin_dir=f"{sys.prefix}/bin", paths=tuple(paths))
+
+
+def plan_environments(
+    session: Session, jobs: Sequence[Job], contexts: Mapping[int, MountContext], settings: Settings
+) -> dict[int, EnvironmentLaunch | str]:
+    """{job id: its environment launch, or why it may not run}; jobs in the default environment
+    that are not builds are left out."""
+    ids = [j.id for j in jobs]
+    builds = set(
+        session.scalars(
+            select(EnvironmentVersion.build_job_id).where(EnvironmentVersion.build_job_id.in_(ids))
+        )
+    )
+    out: dict[int, EnvironmentLaunch | str] = {}
+    for job in jobs:
+        ctx = contexts.get(job.id)
+        if ctx is None:
+            continue
+        if job.id in builds:
+            out[job.id] = _build_launch(ctx, settings)
+        elif job.spec.environment != DEFAULT_ENVIRONMENT:
+            try:
+                bind = resolve_env(
+                    ctx, MountRequest(f"{PREFIX}/{job.spec.environment}", job.spec.environment, "", True)
+                )
+            except MountRefused as exc:
+                out[job.id] = f"environment: {exc}"
+                continue
+            out[job.id] = EnvironmentLaunch(f"{bind.target}/bin", (base_prefix(),), (bind,))
+    return out
+
+
+def _build_launch(ctx: MountContext, settings: Settings) -> EnvironmentLaunch:
+    own = server_environment()
+    binds = [Bind(str(ensure_store(ctx.root)), BUILD_STORE, True, "env/store")]
+    if settings.env_find_links is not None:
+        binds.append(Bind(str(settings.env_find_links), BUILD_FIND_LINKS, True, "env/find-links"))
+    outbound = "internet" if settings.env_index_url else ""
+    return EnvironmentLaunch(own.bin_dir, own.paths, tuple(binds), outbound)

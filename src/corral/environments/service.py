@@ -1,0 +1,390 @@
+"""The environments catalogue: create (a new version, built by a build job submitted through the
+normal job path as the submitter), list, show, delete, and the submit-time check that pins a
+job's `environment: NAME[@VERSION]` to a ready version (422 for an unknown, building or failed
+one). Rights: an environment is read by its owner, admins, the members of its group when its
+visibility is `group`, and everyone when `public`; it is changed by its owner and admins. Only
+admins set `official`."""
+
+from __future__ import annotations
+
+import re
+import time
+import tomllib
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import delete as sa_delete
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from corral.config import Settings
+from corral.db.environment_models import Environment, EnvironmentVersion
+from corral.db.models import Group, Job, User
+from corral.environments.store import DEFAULT_ENVIRONMENT, base_python, python_version
+from corral.scheduler import Profile
+from corral.services import audit
+from corral.services.auth import Principal
+from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
+from corral.services.lifecycle import JobState
+from corral.spec import JobSpecV1, parse_spec
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+REF_RE = re.compile(r"^(?P<name>[^@]+)(?:@(?P<version>\d{1,9}))?$")
+MAX_SOURCE_BYTES = 32 * 1024  # goes to the build job in its env (MAX_ENV_BYTES is 64 KiB)
+Visibility = Literal["private", "group", "public"]
+SourceKind = Literal["requirements", "pyproject"]
+BUILDING, READY, FAILED = "building", "ready", "failed"
+# A requirement line may not pick its own index or fetch from elsewhere: the build reaches the
+# admin's index and nothing else (docs/catalogues.md).
+_DIRECT_REF = re.compile(r"(^-)|(\s@\s)|(://)|(^\.{0,2}/)|(^git\+)|(^file:)", re.IGNORECASE)
+
+
+class EnvRefError(ValueError):
+    """An environment reference that cannot be used (unknown, not readable, not ready)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CreateRequest:
+    name: str
+    source: str
+    source_kind: SourceKind = "requirements"
+    visibility: Visibility = "private"
+    group: str | None = None
+    official: bool = False
+    description: str = ""
+
+
+def parse_ref(ref: str) -> tuple[str, int | None]:
+    match = REF_RE.match(ref)
+    if match is None or not NAME_RE.match(match["name"]):
+        raise EnvRefError(f"environment {ref!r} is not NAME or NAME@VERSION (letters, digits, '.', '_', '-')")
+    version = match["version"]
+    return match["name"], int(version) if version is not None else None
+
+
+def check_source(kind: str, text: str) -> list[str]:
+    """The requirement strings of a request, refused (422) when it names an index, a URL or a
+    path of its own. The syntax of each requirement is uv's to judge, in the build's log."""
+    if len(text.encode()) > MAX_SOURCE_BYTES:
+        raise Invalid(f"the {kind} text is over {MAX_SOURCE_BYTES} bytes", ("body", "source"))
+    if kind == "pyproject":
+        try:
+            project = tomllib.loads(text).get("project")
+        except tomllib.TOMLDecodeError as exc:
+            raise Invalid(f"pyproject is not valid TOML: {exc}", ("body", "source")) from exc
+        deps = project.get("dependencies") if isinstance(project, dict) else None
+        if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+            raise Invalid("pyproject needs [project] dependencies = [...] (strings)", ("body", "source"))
+        lines = [d.strip() for d in deps]
+    else:
+        lines = [ln.split(" #", 1)[0].strip() for ln in text.splitlines()]
+        lines = [ln for ln in lines if ln and not ln.startswith("#")]
+    for number, line in enumerate(lines, 1):
+        if _DIRECT_REF.search(line):
+            raise Invalid(
+                f"requirement {number} ({line[:80]!r}): options, URLs and paths are not allowed; "
+                "builds use the package index the admin configured",
+                ("body", "source"),
+            )
+    if not lines:
+        raise Invalid(f"the {kind} names no packages", ("body", "source"))
+    return lines
+
+
+# -- rights ------------------------------------------------------------------------------------
+
+
+def can_read(env: Environment, user_id: int, group_ids: set[int], is_admin: bool) -> bool:
+    if is_admin or env.owner_id == user_id or env.visibility == "public" or env.official:
+        return True
+    return env.visibility == "group" and env.group_id is not None and env.group_id in group_ids
+
+
+def _readable(session: Session, principal: Principal, name: str) -> Environment:
+    env = session.scalar(select(Environment).where(Environment.name == name))
+    if env is None or not can_read(env, principal.user_id, set(principal.group_roles), principal.is_admin):
+        raise NotFound(f"there is no environment named {name!r}")
+    return env
+
+
+def _writable(session: Session, principal: Principal, name: str) -> Environment:
+    env = _readable(session, principal, name)
+    if not principal.is_admin and env.owner_id != principal.user_id:
+        raise Forbidden(f"environment {name!r} belongs to another user; only they or an admin change it")
+    return env
+
+
+# -- create ------------------------------------------------------------------------------------
+
+
+def create(
+    session: Session, principal: Principal, settings: Settings, profile: Profile, req: CreateRequest
+) -> dict[str, Any]:
+    """A new version of `req.name` (the environment too when new), in state `building`, and its
+    build job, queued as the submitter. Commits; returns the version's view."""
+    from corral.services.jobs import submit_job
+
+    if not NAME_RE.match(req.name) or req.name == DEFAULT_ENVIRONMENT:
+        raise Invalid(
+            f"environment name {req.name!r} must be letters, digits, '.', '_' or '-' (at most 64) "
+            f"and not {DEFAULT_ENVIRONMENT!r} (the server's own)",
+            ("body", "name"),
+        )
+    check_source(req.source_kind, req.source)
+    if not settings.env_index_url and settings.env_find_links is None:
+        raise Conflict(
+            "environments cannot be built here: the admin has configured no package index "
+            "(CORRAL_ENV_INDEX_URL or CORRAL_ENV_FIND_LINKS)"
+        )
+    if req.official and not principal.is_admin:
+        raise Forbidden("only admins mark environments official")
+    group_id = _group_id(session, principal, req)
+    now = time.time()
+    env = session.scalar(select(Environment).where(Environment.name == req.name))
+    if env is None:
+        env = Environment(
+            name=req.name,
+            owner_id=principal.user_id,
+            group_id=group_id,
+            visibility=req.visibility,
+            official=req.official,
+            description=req.description,
+            created_at=now,
+        )
+        session.add(env)
+        session.flush()
+    else:
+        if not principal.is_admin and env.owner_id != principal.user_id:
+            raise Conflict(f"environment name {req.name!r} is taken by another user; choose another")
+        env.visibility, env.group_id = req.visibility, group_id
+        env.official = req.official or (env.official and not principal.is_admin)
+        env.description = req.description or env.description
+    number = (
+        session.scalar(
+            select(func.max(EnvironmentVersion.version)).where(EnvironmentVersion.environment_id == env.id)
+        )
+        or 0
+    ) + 1
+    version = EnvironmentVersion(
+        environment_id=env.id,
+        version=number,
+        state=BUILDING,
+        source_kind=req.source_kind,
+        source=req.source,
+        python=python_version(),
+        cache_hit=False,
+        error="",
+        created_by=principal.name,
+        created_at=now,
+    )
+    session.add(version)
+    session.flush()
+    audit.record(
+        session,
+        actor=principal,
+        action="environment.version.create",
+        target_kind="environment",
+        target_id=f"{env.name}@{number}",
+        after={"visibility": env.visibility, "official": env.official, "source_kind": req.source_kind},
+    )
+    spec = build_spec(settings, env.name, number, req, group_name=req.group)
+    job = submit_job(session, principal, spec, profile)  # commits the rows above with the job
+    version.build_job_id = job["id"]
+    session.commit()
+    return version_view(env, version)
+
+
+def _group_id(session: Session, principal: Principal, req: CreateRequest) -> int | None:
+    if req.group is None:
+        if req.visibility == "group":
+            raise Invalid("visibility 'group' needs the group it is shared with", ("body", "group"))
+        return None
+    gid = session.scalar(select(Group.id).where(Group.name == req.group))
+    if gid is None:
+        raise NotFound(f"there is no group named {req.group!r}")
+    if not principal.is_member(gid) and not principal.is_admin:
+        raise Forbidden(f"you are not a member of group {req.group!r}")
+    return gid
+
+
+def build_spec(
+    settings: Settings, name: str, number: int, req: CreateRequest, group_name: str | None
+) -> JobSpecV1:
+    """The build job: the server's own environment running corral.environments.buildstep, with
+    the request in its env; its network and store binds are added at launch (builds.py)."""
+    from corral.environments.store import BUILD_FIND_LINKS, BUILD_STORE
+
+    spec: dict[str, Any] = {
+        "name": f"env-build-{name}-v{number}"[:128],
+        "command": "python -m corral.environments.buildstep",
+        "resources": {"cpus": 1, "memory": "2GiB"},
+        "max_runtime": settings.env_build_timeout_s,
+        "env": {
+            "CORRAL_ENV_SOURCE_KIND": req.source_kind,
+            "CORRAL_ENV_SOURCE": req.source,
+            "CORRAL_ENV_PYTHON": base_python(),
+            "CORRAL_ENV_INDEX_URL": settings.env_index_url,
+            "CORRAL_ENV_FIND_LINKS": BUILD_FIND_LINKS if settings.env_find_links is not None else "",
+            "CORRAL_ENV_STORE": BUILD_STORE,
+        },
+    }
+    if group_name is not None:
+        spec["group"] = group_name
+    return parse_spec(spec)
+
+
+# -- read --------------------------------------------------------------------------------------
+
+
+def version_view(env: Environment, v: EnvironmentVersion) -> dict[str, Any]:
+    return {
+        "name": env.name,
+        "version": v.version,
+        "ref": f"{env.name}@{v.version}",
+        "state": v.state,
+        "source_kind": v.source_kind,
+        "source": v.source,
+        "python": v.python,
+        "lock": v.lock,
+        "cache_key": v.cache_key,
+        "cache_hit": v.cache_hit,
+        "build_job_id": v.build_job_id,
+        "error": v.error,
+        "created_by": v.created_by,
+        "created_at": v.created_at,
+        "built_at": v.built_at,
+    }
+
+
+def env_view(session: Session, env: Environment, versions: list[EnvironmentVersion]) -> dict[str, Any]:
+    owner = session.get(User, env.owner_id)
+    group = session.get(Group, env.group_id) if env.group_id is not None else None
+    latest_ready = max((v.version for v in versions if v.state == READY), default=None)
+    return {
+        "name": env.name,
+        "owner": owner.name if owner is not None else "",
+        "group": group.name if group is not None else None,
+        "visibility": env.visibility,
+        "official": env.official,
+        "description": env.description,
+        "created_at": env.created_at,
+        "latest_ready": latest_ready,
+        "versions": [version_view(env, v) for v in versions],
+    }
+
+
+def _versions(session: Session, env_id: int) -> list[EnvironmentVersion]:
+    query = select(EnvironmentVersion).where(EnvironmentVersion.environment_id == env_id)
+    return list(session.scalars(query.order_by(EnvironmentVersion.version)))
+
+
+def list_environments(session: Session, principal: Principal) -> list[dict[str, Any]]:
+    envs = session.scalars(select(Environment).order_by(Environment.official.desc(), Environment.name))
+    groups = set(principal.group_roles)
+    return [
+        env_view(session, e, _versions(session, e.id))
+        for e in envs
+        if can_read(e, principal.user_id, groups, principal.is_admin)
+    ]
+
+
+def show(session: Session, principal: Principal, name: str) -> dict[str, Any]:
+    env = _readable(session, principal, name)
+    return env_view(session, env, _versions(session, env.id))
+
+
+def get_version(session: Session, principal: Principal, name: str, number: int) -> dict[str, Any]:
+    env = _readable(session, principal, name)
+    v = _version_row(session, env, number)
+    return version_view(env, v)
+
+
+def _version_row(session: Session, env: Environment, number: int) -> EnvironmentVersion:
+    v = session.scalar(
+        select(EnvironmentVersion).where(
+            EnvironmentVersion.environment_id == env.id, EnvironmentVersion.version == number
+        )
+    )
+    if v is None:
+        raise NotFound(f"environment {env.name!r} has no version {number}")
+    return v
+
+
+# -- delete ------------------------------------------------------------------------------------
+
+
+def jobs_using(session: Session, refs: set[str]) -> list[int]:
+    """Active jobs pinned to any of `refs` ("name@3"), which keep their environment."""
+    active = [s.value for s in JobState if not s.terminal]
+    rows = session.execute(select(Job.id, Job.spec).where(Job.state.in_(active)))
+    return sorted(job_id for job_id, spec in rows if spec.environment in refs)
+
+
+def delete(session: Session, principal: Principal, name: str, number: int | None) -> None:
+    """One version, or the environment with all its versions; refused (409) while an active job
+    runs in it or its build has not ended. Its store copy goes when no version names it (gc)."""
+    env = _writable(session, principal, name)
+    versions = [_version_row(session, env, number)] if number is not None else _versions(session, env.id)
+    building = [v.version for v in versions if v.state == BUILDING]
+    if building:
+        raise Conflict(f"environment {name!r} version {building[0]} is still building")
+    using = jobs_using(session, {f"{name}@{v.version}" for v in versions})
+    if using:
+        raise Conflict(f"environment {name!r} is in use by active job {using[0]}; delete it when that ends")
+    before = {"versions": [v.version for v in versions]}
+    ids = [v.id for v in versions]
+    session.execute(sa_delete(EnvironmentVersion).where(EnvironmentVersion.id.in_(ids)))
+    if number is None:
+        session.execute(sa_delete(Environment).where(Environment.name == name))
+    audit.record(
+        session,
+        actor=principal,
+        action="environment.delete",
+        target_kind="environment",
+        target_id=name if number is None else f"{name}@{number}",
+        before=before,
+    )
+    session.commit()
+
+
+# -- jobs --------------------------------------------------------------------------------------
+
+
+def resolve_ready(
+    session: Session, user_id: int, group_ids: set[int], is_admin: bool, ref: str
+) -> tuple[Environment, EnvironmentVersion]:
+    """`NAME` (its newest ready version) or `NAME@V` (that one, which must be ready)."""
+    name, number = parse_ref(ref)
+    env = session.scalar(select(Environment).where(Environment.name == name))
+    if env is None or not can_read(env, user_id, group_ids, is_admin):
+        raise EnvRefError(f"environment {name!r} does not exist (see `corral env ls`)")
+    query = select(EnvironmentVersion).where(EnvironmentVersion.environment_id == env.id)
+    if number is None:
+        found = session.scalar(
+            query.where(EnvironmentVersion.state == READY)
+            .order_by(EnvironmentVersion.version.desc())
+            .limit(1)
+        )
+        if found is None:
+            raise EnvRefError(f"environment {name!r} has no ready version (its builds failed or are running)")
+        return env, found
+    v = session.scalar(query.where(EnvironmentVersion.version == number))
+    if v is None:
+        raise EnvRefError(f"environment {name!r} has no version {number}")
+    if v.state != READY:
+        detail = f": {v.error.splitlines()[0]}" if v.state == FAILED and v.error else ""
+        raise EnvRefError(f"environment {name}@{number} is {v.state}, not ready{detail}")
+    return env, v
+
+
+def check_job_environment(session: Session, principal: Principal, spec: JobSpecV1) -> JobSpecV1:
+    """The spec with its environment pinned (`digits` -> `digits@2`), or 422 naming it."""
+    if spec.environment == DEFAULT_ENVIRONMENT:
+        return spec
+    try:
+        env, v = resolve_ready(
+            session, principal.user_id, set(principal.group_roles), principal.is_admin, spec.environment
+        )
+    except EnvRefError as exc:
+        raise Invalid(str(exc), ("body", "environment")) from exc
+    return spec.model_copy(update={"environment": f"{env.name}@{v.version}"})

@@ -1,0 +1,54 @@
+"""The environments store on its own: a build's venv enters it read-only under its lock's key in
+one rename, a second ingest of the same key keeps the first copy, and gc removes only copies no
+version names (and leftovers of interrupted ingests), never young ones."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+
+from corral.environments import store
+from corral.environments.buildstep import cache_key
+
+
+def fake_venv(path: Path) -> Path:
+    (path / "bin").mkdir(parents=True)
+    (path / "bin" / "tool").write_text("#!/bin/sh\n")
+    os.chmod(path / "bin" / "tool", 0o755)
+    (path / "lib.py").write_text("X = 1\n")
+    os.symlink("/usr/bin/python3", path / "bin" / "python")
+    return path
+
+
+def test_ingest_is_read_only_and_first_copy_wins(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "env").mkdir(parents=True)
+    key = cache_key("3.11.7", "b==2\na==1  # via x\n")
+    assert key == cache_key("3.11.7", "# header\na==1\nb==2\n")  # pins, not the text, make the key
+    assert key != cache_key("3.12.0", "a==1\nb==2\n")
+    assert store.ingest(root, key, fake_venv(tmp_path / "v1"))
+    copy = store.copy_dir(root, key)
+    assert not (tmp_path / "v1").exists()
+    assert stat.S_IMODE(os.stat(copy).st_mode) == 0o555
+    assert stat.S_IMODE(os.stat(copy / "lib.py").st_mode) == 0o444
+    assert stat.S_IMODE(os.stat(copy / "bin" / "tool").st_mode) == 0o555
+    assert os.readlink(copy / "bin" / "python") == "/usr/bin/python3"  # links kept, not followed
+    assert not store.ingest(root, key, fake_venv(tmp_path / "v2"))  # the earlier copy is shared
+    assert not (tmp_path / "v2").exists() and (copy / "lib.py").read_text() == "X = 1\n"
+
+
+def test_gc_removes_only_old_unreferenced_copies(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "env").mkdir(parents=True)
+    keep, drop = cache_key("3", "a==1"), cache_key("3", "b==1")
+    for key in (keep, drop):
+        store.ingest(root, key, fake_venv(tmp_path / key))
+    leftover = store.store_dir(root) / f"{store.INCOMING}{drop}-1-2"
+    leftover.mkdir()
+    now = time.time()
+    assert store.gc(root, {keep}, min_age_s=600, now=now) == []  # all young
+    removed = store.gc(root, {keep}, min_age_s=600, now=now + 3600)
+    assert sorted(removed) == sorted([drop, leftover.name])
+    assert store.copy_dir(root, keep).is_dir() and not store.copy_dir(root, drop).exists()
