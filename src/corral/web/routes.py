@@ -31,6 +31,8 @@ CLIENT_SECTIONS = (
     "nodes",
     "groups",
     "data",
+    "templates",
+    "models",
     "alerts",
     "usage",
     "profile",
