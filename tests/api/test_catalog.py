@@ -7,12 +7,13 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
 
 from corral.db.models import Job
+from corral.services import cleanup
 from corral.storage.layout import outputs_dir
 from tests.api.conftest import World
 from tests.api.helpers import add_node
@@ -208,3 +209,17 @@ def test_model_register_lineage_promote_and_refusals(world: World, settings: Any
         world.client.get(f"{API}/models/digits/versions/1", headers=alice).json()["lineage"]["job_id"] == job
     )
     assert world.client.delete(f"{API}/models/digits/versions/2", headers=alice).status_code == 204
+
+
+def test_retention_removes_the_job_and_keeps_the_model(world: World, settings: Any) -> None:
+    root = settings.storage_path
+    job = finished_job(world, "alice", {"w.bin": b"kept"}, root)
+    r = world.client.post(f"{API}/models/kept/versions", json={"job_id": job}, headers=world.as_("alice"))
+    assert r.status_code == 201, r.text
+    with world.session_factory() as db:
+        deleted = cleanup.delete_expired_jobs(db, cast(Any, None), time.time() + 10, 1.0, storage_root=root)
+    assert deleted == [job] and not outputs_dir(root, job).exists()
+    r = world.client.get(
+        f"{API}/models/kept/versions/1/file", params={"path": "w.bin"}, headers=world.as_("alice")
+    )
+    assert r.status_code == 200 and r.content == b"kept"

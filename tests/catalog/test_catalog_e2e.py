@@ -26,8 +26,9 @@ parameters:
 name: train-${tag}
 command: >-
   mkdir -p /outputs/model && echo "weights-${epochs}" > /outputs/model/weights.txt &&
-  echo '{"accuracy": 0.9${epochs}}' > /outputs/model/metrics.json
+  echo '{"accuracy": 0.9${epochs}}' > /outputs/model/metrics.json && cat /data/pets/labels.txt
 resources: {cpus: 0.25, memory: 128MiB}
+mounts: [{source: data/pets}]
 """
 FINETUNE = """
 name: finetune
@@ -67,6 +68,10 @@ def job_id_of(output: str) -> int:
 
 
 def test_template_model_finetune_round_trip(server: CorralServer, alice: str, tmp_path: Path) -> None:
+    (tmp_path / "pets").mkdir()
+    (tmp_path / "pets" / "labels.txt").write_text("cat\ndog\n")
+    with Client(server.url, alice) as c:
+        c.push_dataset("pets", tmp_path / "pets")
     (tmp_path / "train.yaml").write_text(TRAIN)
     (tmp_path / "ft.yaml").write_text(FINETUNE)
     corral(server, alice, "template", "publish", "train", str(tmp_path / "train.yaml"))
@@ -95,6 +100,7 @@ def test_template_model_finetune_round_trip(server: CorralServer, alice: str, tm
     assert "digits v1: 2 files" in out
     shown = corral(server, alice, "model", "show", "digits@1")
     assert f"lineage: job {train} (train-b)" in shown and "environment: default" in shown, shown
+    assert "datasets: pets@1" in shown, shown
     assert '"accuracy": 0.93' in shown and '"f1": 0.8' in shown
     corral(server, alice, "model", "promote", "digits@1", "production", code=1)  # none -> production: no
     corral(server, alice, "model", "promote", "digits@1", "staging")
