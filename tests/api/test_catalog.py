@@ -141,7 +141,7 @@ def test_model_register_lineage_promote_and_refusals(world: World, settings: Any
     r = world.client.post(
         f"{API}/models/digits/versions", json={"job_id": job, "path": "model"}, headers=alice
     )
-    assert r.status_code == 422 and "symlink" in r.text, r.text
+    assert r.status_code == 409 and "symlink" in r.text, r.text
     os.unlink(outputs_dir(root, job) / "model" / "etc")
     assert world.client.get(f"{API}/models", headers=alice).json() == []  # nothing partial
     assert not [p for p in (root / "model").rglob("*") if p.is_file()]

@@ -84,3 +84,14 @@ def test_template_form_validates_then_submits_and_model_shows_lineage(portal: Po
     assert page.js_errors == []
     with portal.api() as api:
         assert api.get("/api/v1/models/portal-model/versions/1").json()["stage"] == "staging"
+
+
+def test_catalogue_pages_fit_a_phone(portal: Portal) -> None:
+    page = portal.login("root", width=390)
+    for path in ("/templates?name=portal-train", "/models?name=portal-model"):
+        page.goto(portal.url + path)
+        page.wait_for_selector("main h1")
+        page.wait_for_selector("#template-form, #model-lineage")
+        overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, f"{path} scrolls sideways by {overflow}px at 390px"
+    assert page.js_errors == []

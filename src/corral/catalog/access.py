@@ -11,11 +11,12 @@ import re
 from typing import Protocol
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from corral.db.models import Group
 from corral.services.auth import Principal
-from corral.services.errors import Invalid, NotFound
+from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
 
 VISIBILITIES = ("private", "group", "public")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -65,12 +66,22 @@ def group_id_of(session: Session, principal: Principal, name: str | None) -> int
     if gid is None:
         raise NotFound(f"there is no group named {name!r}")
     if not principal.is_member(gid) and not principal.is_admin:
-        raise Invalid(f"you are not a member of group {name!r}", ("body", "group"))
+        raise Forbidden(f"you are not a member of group {name!r}")
     return gid
 
 
 def group_name(session: Session, group_id: int | None) -> str | None:
     return None if group_id is None else session.scalar(select(Group.name).where(Group.id == group_id))
+
+
+def flush_or_conflict(session: Session, what: str) -> None:
+    """Flush new rows; a concurrent request that took the same name or version number first
+    makes this one a 409 (try again), not a 500."""
+    try:
+        session.flush()
+    except IntegrityError:
+        session.rollback()
+        raise Conflict(f"{what} was changed by a concurrent request; try again") from None
 
 
 def check_sharing(visibility: str, group_id: int | None) -> None:

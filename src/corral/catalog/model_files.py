@@ -26,10 +26,21 @@ STAGING = ".staging"
 METRICS_FILE = "metrics.json"
 MAX_METRICS = 256
 BLOCK = 1 << 20
+_PART = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
+# What `normalise_path` accepts, for the API schema (the service says why it refuses the rest).
+PATH_PATTERN = rf"^(/outputs/?|(/outputs/)?{_PART}(/{_PART})*/?)?$"
 
 
 class OutsideOutputs(ValueError):
-    """A path that is not a file or directory under the job's outputs."""
+    """A path that does not name a place under the job's outputs (the request is wrong: 422)."""
+
+
+class MissingOutputs(ValueError):
+    """The path is well formed but the job's outputs hold nothing there (404)."""
+
+
+class UnusableOutputs(ValueError):
+    """What the outputs hold there cannot be a model: a symlink, no files (the job's state: 409)."""
 
 
 @dataclass
@@ -47,14 +58,14 @@ def version_dir(root: Path, model_id: int, version: int) -> Path:
 
 def normalise_path(path: str) -> str:
     """The path under /outputs: "" (all of it), "ckpt/best" or "/outputs/ckpt/best"."""
-    text = path.strip()
-    if text in ("", "/outputs", "/outputs/", "."):
+    text = path
+    if text in ("", "/outputs", "/outputs/"):
         return ""
     if text.startswith("/outputs/"):
         text = text[len("/outputs/") :]
     elif text.startswith("/"):
         raise OutsideOutputs(f"path {path!r} is outside the job's outputs (/outputs)")
-    text = text.rstrip("/")
+    text = text.removesuffix("/")
     try:
         return check_subpath("path", text)
     except StorageError as exc:
@@ -95,7 +106,7 @@ def _copy_tree(dir_fd: int, dest: Path, rel: str, copied: Copied) -> None:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         path = f"{rel}/{name}" if rel else name
         if stat.S_ISLNK(st.st_mode):
-            raise OutsideOutputs(f"{path} is a symlink; a model holds plain files and directories")
+            raise UnusableOutputs(f"{path} is a symlink; a model holds plain files and directories")
         if stat.S_ISDIR(st.st_mode):
             (dest / name).mkdir(mode=0o700)
             sub = os.open(name, flags | os.O_DIRECTORY, dir_fd=dir_fd)
@@ -125,7 +136,7 @@ def stage_copy(root: Path, job_id: int, sub: str) -> Copied:
             fd = _open_under(top, sub)
         except OSError:
             where = f"/outputs/{sub}" if sub else "/outputs"
-            raise OutsideOutputs(f"job {job_id} has no {where} (or it goes through a symlink)") from None
+            raise MissingOutputs(f"job {job_id} has no {where} (or it goes through a symlink)") from None
         try:
             if stat.S_ISDIR(os.fstat(fd).st_mode):
                 _copy_tree(fd, copied.path, "", copied)
@@ -134,11 +145,11 @@ def stage_copy(root: Path, job_id: int, sub: str) -> Copied:
                 size, sha = _copy_fd(fd, copied.path / name)
                 copied.manifest.append((name, size, sha))
             else:
-                raise OutsideOutputs(f"/outputs/{sub} is not a file or directory")
+                raise UnusableOutputs(f"/outputs/{sub} is not a file or directory")
         finally:
             os.close(fd)
         if not copied.manifest:
-            raise OutsideOutputs(f"/outputs/{sub or ''} of job {job_id} holds no files".replace("//", "/"))
+            raise UnusableOutputs(f"/outputs/{sub or ''} of job {job_id} holds no files".replace("//", "/"))
     except BaseException:
         remove_tree(copied.path)
         raise

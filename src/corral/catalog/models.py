@@ -21,7 +21,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from corral.catalog import access, model_files
-from corral.catalog.model_files import OutsideOutputs
+from corral.catalog.model_files import MissingOutputs, OutsideOutputs, UnusableOutputs
 from corral.catalog.model_mounts import STAGES, ModelRefError, jobs_using, pick_version, split_ref
 from corral.datasets.models import JobDataset
 from corral.db.catalog_models import ModelVersion, RegisteredModel
@@ -167,7 +167,7 @@ def _model_for_register(
         created_by=principal.name,
     )
     session.add(row)
-    session.flush()
+    access.flush_or_conflict(session, f"model {name!r}")
     return row
 
 
@@ -204,8 +204,10 @@ def register(
         raise Conflict(f"job {job_id} is {job.state}; only a job that succeeded can be registered as a model")
     try:
         copied = model_files.stage_copy(root, job_id, sub)
-    except OutsideOutputs as exc:
-        raise Invalid(str(exc), ("body", "path")) from None
+    except MissingOutputs as exc:
+        raise NotFound(str(exc)) from None
+    except UnusableOutputs as exc:
+        raise Conflict(str(exc)) from None
     try:
         model = _model_for_register(session, principal, name, group, description, now)
         number = (
@@ -235,7 +237,7 @@ def register(
             created_by=principal.name,
         )
         session.add(row)
-        session.flush()  # a concurrent registration of the same number fails here, before the move
+        access.flush_or_conflict(session, f"model {name!r}")  # a concurrent same number: before the move
         audit.record(
             session,
             actor=principal,
@@ -389,5 +391,5 @@ def mount_ref(session: Session, principal: Principal, ref: str) -> tuple[str, in
         name, at = split_ref(ref)
         model = readable(session, name, principal)
         return name, pick_version(session, model, at).version
-    except ModelRefError as exc:
-        raise Invalid(f"model {ref!r}: {exc}", ("body", "models")) from None
+    except ModelRefError as exc:  # names a version or stage the model does not have
+        raise NotFound(f"model {ref!r}: {exc}") from None

@@ -21,11 +21,15 @@ from corral.db.models import User
 from corral.scheduler import Profile
 from corral.services import audit
 from corral.services.auth import Principal
-from corral.services.errors import Forbidden, Invalid, NotFound
+from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
 from corral.services.jobs import get_job, submit_job
 from corral.services.storage import check_job_storage
 from corral.services.views import JobView
 from corral.spec import JobSpecV1, MountV1, SpecError, load_spec_text
+
+# Every refusal of a template's own spec starts so: what a JSON schema cannot check (YAML text,
+# `${...}` references, the spec they render) is told apart from a malformed request.
+SPEC_ERROR = "template spec: "
 
 
 def spec_errors(exc: ValidationError) -> str:
@@ -39,7 +43,8 @@ def spec_errors(exc: ValidationError) -> str:
 
 def parameter_invalid(exc: ParameterError, where: str = "values") -> Invalid:
     loc: tuple[str | int, ...] = ("body", where) + ((exc.name,) if exc.name else ())
-    return Invalid(str(exc), loc)
+    prefix = SPEC_ERROR if where == "spec" else ""
+    return Invalid(f"{prefix}{exc}", loc)
 
 
 def check_body(body: Mapping[str, Any]) -> None:
@@ -52,7 +57,7 @@ def check_body(body: Mapping[str, Any]) -> None:
         raise parameter_invalid(exc, "spec") from None
     except ValidationError as exc:
         raise Invalid(
-            f"the template's spec with its default values is not a valid job spec: {spec_errors(exc)}",
+            f"{SPEC_ERROR}with its default values it is not a valid job spec: {spec_errors(exc)}",
             ("body", "spec"),
         ) from None
 
@@ -62,7 +67,7 @@ def body_of(spec: str | Mapping[str, Any]) -> dict[str, Any]:
         try:
             return load_spec_text(spec)
         except SpecError as exc:
-            raise Invalid(str(exc), ("body", "spec")) from None
+            raise Invalid(f"{SPEC_ERROR}{exc}", ("body", "spec")) from None
     return dict(spec)
 
 
@@ -151,7 +156,7 @@ def publish(
     now = time.time() if now is None else now
     access.check_name("template", name)
     if (spec is None) == (from_job is None):
-        raise Invalid("give either 'spec' or 'from_job'", ("body",))
+        raise Invalid(f"{SPEC_ERROR}give either 'spec' or 'from_job', one of them", ("body",))
     if from_job is not None:
         body = dict(get_job(session, principal, from_job).spec.stored())
     else:
@@ -174,7 +179,7 @@ def publish(
             created_by=principal.name,
         )
         session.add(row)
-        session.flush()
+        access.flush_or_conflict(session, f"template {name!r}")
         number = 1
     else:
         if not access.can_read(row, principal):
@@ -196,7 +201,7 @@ def publish(
         created_by=principal.name,
     )
     session.add(version)
-    session.flush()
+    access.flush_or_conflict(session, f"template {name!r}")
     audit.record(
         session,
         actor=principal,
@@ -265,7 +270,7 @@ def render_spec(
         taken = {m.target for m in spec.mounts}
         clash = [m.target for m in extra_mounts if m.target in taken]
         if clash:
-            raise Invalid(f"template {name!r} already mounts something at {clash[0]}", ("body", "models"))
+            raise Conflict(f"template {name!r} already mounts something at {clash[0]}")
         spec = spec.model_copy(update={"mounts": [*spec.mounts, *extra_mounts]})
     return row, chosen, spec
 

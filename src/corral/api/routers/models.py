@@ -28,7 +28,12 @@ class _In(BaseModel):
 
 class RegisterIn(_In):
     job_id: int = Field(ge=1, le=MAX_ROW_ID, description="a job that succeeded")
-    path: str = Field("", max_length=1024, description="under the job's /outputs ('' = all of it)")
+    path: str = Field(
+        "",
+        max_length=1024,
+        description="under the job's /outputs ('' = all of it)",
+        json_schema_extra={"pattern": model_files.PATH_PATTERN},  # the service explains refusals
+    )
     framework: str = Field("", max_length=64)
     metrics: dict[str, Metric] = Field(default_factory=dict, max_length=256)
     card: str = Field("", max_length=svc.MAX_CARD, description="the model card (markdown)")

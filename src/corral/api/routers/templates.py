@@ -19,6 +19,7 @@ from corral.spec import MountV1
 router = APIRouter(tags=["templates"])
 TemplateName = Annotated[str, Path(pattern=NAME_PATTERN)]
 Value = str | int | float | bool
+MODEL_REF = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(@[A-Za-z0-9]{1,16})?$"
 
 
 class _In(BaseModel):
@@ -26,6 +27,9 @@ class _In(BaseModel):
 
 
 class PublishIn(_In):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"oneOf": [{"required": ["spec"]}, {"required": ["from_job"]}]}
+    )
     name: str = Field(pattern=NAME_PATTERN)
     spec: str | dict[str, Any] | None = Field(
         None, description="the template: a job spec (YAML text or an object) with `parameters:`"
@@ -39,7 +43,7 @@ class PublishIn(_In):
 class UseIn(_In):
     values: dict[str, Value] = Field(default_factory=dict, max_length=64)
     version: int | None = Field(None, ge=1, le=1_000_000_000)
-    models: list[str] = Field(
+    models: list[Annotated[str, Field(pattern=MODEL_REF)]] = Field(
         default_factory=list,
         max_length=8,
         description="model versions (`name`, `name@3`, `name@production`), read-only at /models/<name>",
