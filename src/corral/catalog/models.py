@@ -210,22 +210,13 @@ def register(
         raise Conflict(str(exc)) from None
     try:
         model = _model_for_register(session, principal, name, group, description, now)
-        number = (
-            int(
-                session.scalar(
-                    select(func.max(ModelVersion.version)).where(ModelVersion.model_id == model.id)
-                )
-                or 0
-            )
-            + 1
-        )
-        found = model_files.read_metrics(copied.path)
+        last = session.scalar(select(func.max(ModelVersion.version)).where(ModelVersion.model_id == model.id))
         row = ModelVersion(
             model_id=model.id,
-            version=number,
+            version=int(last or 0) + 1,
             stage="none",
             framework=framework,
-            metrics={**found, **(metrics or {})},
+            metrics={**model_files.read_metrics(copied.path), **(metrics or {})},
             card=card,
             source_path=sub,
             bytes=copied.bytes,
@@ -236,27 +227,45 @@ def register(
             created_at=now,
             created_by=principal.name,
         )
-        session.add(row)
-        access.flush_or_conflict(session, f"model {name!r}")  # a concurrent same number: before the move
-        audit.record(
-            session,
-            actor=principal,
-            action="model.version.register",
-            target_kind="model",
-            target_id=name,
-            after={"version": number, "job_id": job.id, "path": sub, "digest": copied.digest},
-        )
-        final = model_files.version_dir(root, model.id, number)
-        model_files.publish(copied.path, final)
-        view = {"name": name, **version_view(row)}
-        try:
-            session.commit()
-        except BaseException:
-            model_files.discard(final)
-            raise
-        return view
+        return _commit_version(session, principal, root, model, row, copied.path)
     finally:
         model_files.discard(copied.path)  # gone already when it was published
+
+
+def _commit_version(
+    session: Session,
+    principal: Principal,
+    root: Path,
+    model: RegisteredModel,
+    row: ModelVersion,
+    staged: Path,
+) -> dict[str, Any]:
+    """Insert the version, move its staged files into place, commit; the files go again if the
+    commit fails (a concurrent registration of the same number fails at the flush, before the move)."""
+    session.add(row)
+    access.flush_or_conflict(session, f"model {model.name!r}")
+    audit.record(
+        session,
+        actor=principal,
+        action="model.version.register",
+        target_kind="model",
+        target_id=model.name,
+        after={
+            "version": row.version,
+            "job_id": row.source_job_id,
+            "path": row.source_path,
+            "digest": row.digest,
+        },
+    )
+    final = model_files.version_dir(root, model.id, row.version)
+    model_files.publish(staged, final)
+    view = {"name": model.name, **version_view(row)}
+    try:
+        session.commit()
+    except BaseException:
+        model_files.discard(final)
+        raise
+    return view
 
 
 def show_version(session: Session, principal: Principal, name: str, version: int) -> dict[str, Any]:
