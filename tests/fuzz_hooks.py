@@ -37,6 +37,39 @@ class Accepted:
 
 
 ACCEPTED: tuple[Accepted, ...] = (
+    # Catalogues (corral.catalog, docs/catalogues.md).
+    Accepted(
+        "ST202",
+        "POST /api/v1/templates",
+        "template spec: ",
+        "a template's spec is YAML text or an object with `${...}` references; whether it renders to a "
+        "valid job spec is found by rendering it, which no JSON schema can describe",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/templates/{name}/use",
+        "parameter '",
+        "a value's type, range and choices are those of the stored template's parameters",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/templates/{name}/use",
+        "is not a valid job spec",
+        "whether the values render a valid job spec depends on the stored template",
+    ),
+    *(
+        Accepted(
+            "ST202",
+            operation,
+            "needs a group",
+            "visibility 'group' needs a group: one given in the body or the one stored with the entry",
+        )
+        for operation in (
+            "POST /api/v1/templates",
+            "POST /api/v1/templates/{name}/share",
+            "POST /api/v1/models/{name}/share",
+        )
+    ),
     Accepted(
         "ST202",
         "GET /api/v1/usage",

@@ -20,6 +20,7 @@ LOW = (
     "corral.engine",
     "corral.storage",
     "corral.datasets",
+    "corral.catalog",
     "corral.services",
     "corral.spec",
     "corral.domain",

@@ -311,6 +311,11 @@ class JobSpecV1(_Strict):
     on_hang: Literal["notify", "kill", "requeue"] | None = None
     secrets: list[SecretUseV1] = Field(default_factory=list, max_length=MAX_SECRETS)
 
+    @property
+    def environment_version(self) -> str | None:
+        """The catalogue environment as pinned at submit ("name@3"); None for the server's own."""
+        return self.environment if "@" in self.environment else None
+
     @model_validator(mode="before")
     @classmethod
     def _single_task_shorthand(cls, data: Any) -> Any:

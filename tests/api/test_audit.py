@@ -53,6 +53,7 @@ EXEMPT = {
     ("POST", "/api/v1/datasets/uploads/{upload_id}/files"): "a dataset upload's file list",
     ("PUT", "/api/v1/datasets/uploads/{upload_id}/chunk"): "a dataset upload's bytes",
     ("DELETE", "/api/v1/datasets/uploads/{upload_id}"): "the uploader abandoning their own upload",
+    ("POST", "/api/v1/templates/{name}/use"): "a job submission from a template: the job row is its record",
 }
 
 
@@ -208,6 +209,44 @@ def _failed_environment(w: World) -> tuple[str, str, dict[str, Any]]:
 
 # One successful call of each state-changing route, made as the admin (unless the call says
 # otherwise), and the action it must record.
+# -- catalogues (corral.catalog): templates and models -------------------------------------------
+_CATALOG = iter(range(1, 1_000_000))
+TEMPLATE_SPEC = {"name": "t", "command": "echo hi"}
+
+
+def _template(w: World) -> str:
+    name = f"tpl{next(_CATALOG)}"
+    r = w.client.post(f"{API}/templates", json={"name": name, "spec": TEMPLATE_SPEC}, headers=w.as_("admin"))
+    assert r.status_code == 201, r.text
+    return name
+
+
+def _succeeded_job_with_outputs(w: World) -> int:
+    from corral.db.models import Job
+    from corral.storage.layout import outputs_dir
+
+    job_id = _queued_job(w)
+    with w.session_factory() as db:
+        db.execute(sa.update(Job).where(Job.id == job_id).values(state="succeeded", finished_at=time.time()))
+        db.commit()
+    top = outputs_dir(cast(Any, w.client.app).state.settings.storage_path, job_id)
+    top.mkdir(parents=True, exist_ok=True)
+    (top / "w.bin").write_bytes(b"weights")
+    return job_id
+
+
+def _register(w: World) -> tuple[str, str, dict[str, Any]]:
+    job_id = _succeeded_job_with_outputs(w)
+    return "POST", f"{API}/models/m{next(_CATALOG)}/versions", {"json": {"job_id": job_id}}
+
+
+def _model(w: World) -> str:
+    method, path, kwargs = _register(w)
+    r = w.client.request(method, path, headers=w.as_("admin"), **kwargs)
+    assert r.status_code == 201, r.text
+    return path.split("/")[-2]
+
+
 CALLS: dict[tuple[str, str], tuple[Call, str]] = {
     ("POST", "/api/v1/auth/login"): (
         lambda w: ("POST", f"{API}/auth/login", {"json": {"username": "alice", "password": ALICE_PASSWORD}}),
@@ -281,6 +320,35 @@ CALLS: dict[tuple[str, str], tuple[Call, str]] = {
     ("POST", "/api/v1/datasets/import"): (_import_dataset, "dataset.import"),
     ("POST", "/api/v1/environments"): (_create_environment, "environment.version.create"),
     ("DELETE", "/api/v1/environments/{name}"): (_failed_environment, "environment.delete"),
+    ("POST", "/api/v1/templates"): (
+        lambda w: ("POST", f"{API}/templates", {"json": {"name": "tpl-new", "spec": TEMPLATE_SPEC}}),
+        "template.publish",
+    ),
+    ("POST", "/api/v1/templates/{name}/share"): (
+        lambda w: ("POST", f"{API}/templates/{_template(w)}/share", {"json": {"visibility": "public"}}),
+        "template.share",
+    ),
+    ("DELETE", "/api/v1/templates/{name}"): (
+        lambda w: ("DELETE", f"{API}/templates/{_template(w)}", {}),
+        "template.delete",
+    ),
+    ("POST", "/api/v1/models/{name}/versions"): (_register, "model.version.register"),
+    ("POST", "/api/v1/models/{name}/versions/{version}/stage"): (
+        lambda w: ("POST", f"{API}/models/{_model(w)}/versions/1/stage", {"json": {"stage": "staging"}}),
+        "model.version.promote",
+    ),
+    ("POST", "/api/v1/models/{name}/share"): (
+        lambda w: ("POST", f"{API}/models/{_model(w)}/share", {"json": {"visibility": "public"}}),
+        "model.share",
+    ),
+    ("DELETE", "/api/v1/models/{name}/versions/{version}"): (
+        lambda w: ("DELETE", f"{API}/models/{_model(w)}/versions/1", {}),
+        "model.version.delete",
+    ),
+    ("DELETE", "/api/v1/models/{name}"): (
+        lambda w: ("DELETE", f"{API}/models/{_model(w)}", {}),
+        "model.delete",
+    ),
     ("PUT", "/api/v1/storage/quota/{scope}/{name}"): (
         lambda w: ("PUT", f"{API}/storage/quota/group/vision", {"json": {"max_bytes": 10**9}}),
         "storage.quota.set",

@@ -53,6 +53,8 @@ API_ROUTER_MODULES = (
     "datasets",
     "exec",
     "environments",
+    "templates",  # job templates (corral.catalog)
+    "models",  # the model registry (corral.catalog)
 )
 ROOT_ROUTER_MODULES = ("health",)  # not under /api/v1: /healthz, /readyz
 # Other areas' routers, imported by module name so that they can grow without touching this file.

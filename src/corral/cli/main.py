@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "corral.cli.data",  # data push/pull/ls/show/versions/rm/share/import, storage usage/quota
     "corral.cli.sandbox",  # exec, port-forward, key add/ls/rm
     "corral.cli.environments",  # env ls/show/create/rm
+    "corral.cli.catalog",  # template ls/show/use/publish, model ls/show/register/promote/...
 )
 
 

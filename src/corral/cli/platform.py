@@ -88,7 +88,9 @@ def gpus_of(job: dict[str, Any]) -> int:
 
 @friendly_errors
 def submit(
-    file: Annotated[Path, typer.Argument(help="job spec (YAML); '-' reads stdin", allow_dash=True)],
+    file: Annotated[
+        Path | None, typer.Argument(help="job spec (YAML); '-' reads stdin", allow_dash=True)
+    ] = None,
     wait: Annotated[
         bool, typer.Option("--wait", help="wait until the job ends; exit 1 unless it succeeded")
     ] = False,
@@ -101,10 +103,19 @@ def submit(
             "read-only at /code, its working dir; unchanged files are not sent again",
         ),
     ] = None,
+    from_job: Annotated[
+        int | None, typer.Option("--from-job", help="submit a copy of this job's spec (a clone)")
+    ] = None,
 ) -> None:
-    """Submit a job spec."""
-    text = sys.stdin.read() if str(file) == "-" else _read(file)
+    """Submit a job spec, or a copy of an earlier job's (`--from-job 42`)."""
+    if (file is None) == (from_job is None):
+        raise CorralError("give a spec file (or '-') or --from-job JOB, one of them")
     with client() as c:
+        if from_job is not None:
+            text: str | dict[str, Any] = dict(c.job(from_job)["spec"])
+        else:
+            assert file is not None
+            text = sys.stdin.read() if str(file) == "-" else _read(file)
         snapshot = None
         if code is not None:
             upload = c.upload_code(code)

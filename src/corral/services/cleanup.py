@@ -6,10 +6,12 @@ attempt (its logs) is removed first, then the job's rows (job, attempts, events;
 rows go by foreign-key cascade) in one transaction. A crash in between leaves the job listed with
 its logs gone, and deleting it again finishes the work (engine removal is idempotent).
 
-What registered models need is kept: `kept_by_registry` is the one place that says which jobs
-must stay. Corral has no model registry yet, so today it keeps nothing; when the registry lands,
-it answers for jobs whose outputs a registered model points to, deletion refuses them (409 with
-the model's name) and retention skips them.
+What registered models need is kept: a model version (corral.catalog) owns a read-only copy of
+its files under `<storage root>/model/`, made when it is registered, and its lineage is stored as
+values, not as references to the job. So deleting a job or its outputs (here, by a user or by
+retention) never removes a model's files or lineage, and no job has to stay for a model.
+`kept_by_registry` remains the one place that would say which jobs must stay (deletion refuses
+them with 409, retention skips them) should a catalogue ever point into a job's outputs.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ RETENTION_BATCH = 200  # jobs deleted per retention pass; a longer backlog goes 
 
 
 def kept_by_registry(session: Session, job_ids: Sequence[int]) -> dict[int, str]:
-    """{job id: why it must be kept} for jobs something registered depends on. The hook for the
-    model registry (not built yet): today nothing depends on a job, so nothing is kept."""
+    """{job id: why it must be kept} for jobs something registered depends on. Model versions
+    own copies of their files (corral.catalog.model_files), so none depends on its job: empty."""
     del session, job_ids
     return {}
 

@@ -36,6 +36,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import InstrumentedAttribute, Session, joinedload, selectinload
 
+from corral.catalog.model_mounts import record_model_uses
 from corral.datasets.mounts import record_lineage
 from corral.db.base import table_of
 from corral.db.models import Attempt, Gpu, Group, Job, JobEvent, Node, User
@@ -287,6 +288,7 @@ def submit_job(
     job_id = session.connection().execute(INSERT_JOB, columns).scalar_one()
     record_event(session, job_id, now, message, to_state=JobState.QUEUED.value, immediate=True)
     record_lineage(session, job_id, spec.mounts)  # dataset versions it mounts (pinned at submit)
+    record_model_uses(session, job_id, spec.mounts)  # model versions likewise (corral.catalog)
     notify.changed(session, notify.Topic.JOBS)
     session.commit()
     job = Job(id=job_id, attempts=[], **columns)  # transient: only read by the view

@@ -12,6 +12,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from corral.catalog import model_mounts as _model_mounts  # noqa: F401  (registers the model/ source)
 from corral.config import Settings
 from corral.datasets import mounts as _dataset_mounts  # noqa: F401  (registers the data/ source)
 from corral.db.models import Group, Job, User

@@ -216,7 +216,7 @@ def job_view(
         "priority": Priority(job.priority).name.lower(),
         "preemptible": job.preemptible,
         "spec": job.spec.stored(),
-        "environment_version": job.spec.environment if "@" in job.spec.environment else None,
+        "environment_version": job.spec.environment_version,
         "created_at": job.submitted_at,
         "updated_at": job.updated_at,
         "finished_at": job.finished_at,

@@ -8,7 +8,7 @@
     code/snapshots/<id>/  one snapshot as a tree of read-only hard links (0711: reachable, not listable)
     outputs/<job id>/   a job's outputs: owner the job's uid, 0700; deleted with the job
     env/store/<key>/    built environments, one read-only copy per lock (corral.environments.store)
-    model/              reserved (model catalogue)
+    model/<model id>/v<N>/  a registered model version: a read-only copy (corral.catalog.model_files)
 
 The top-level dirs are root's with 0711 where their entries are private (a job's uid may pass
 through to what is bound for it, nobody may list them) and 0755 where they are shared. Only the

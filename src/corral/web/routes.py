@@ -32,6 +32,8 @@ CLIENT_SECTIONS = (
     "groups",
     "data",
     "environments",
+    "templates",
+    "models",
     "alerts",
     "usage",
     "profile",

@@ -23,6 +23,7 @@ except ModuleNotFoundError:
     pass
 importlib.import_module("corral.datasets.models")
 importlib.import_module("corral.db.environment_models")
+importlib.import_module("corral.db.catalog_models")  # templates and the model registry
 
 config = context.config
 target_metadata = Base.metadata

@@ -1,0 +1,91 @@
+"""Who may read and manage a catalogue entry (a template or a model): one rule for both.
+
+Read: a platform admin, the owner, members of the entry's group when it is shared with the group,
+everyone when it is public. Manage (new versions, stages, sharing, deletion): a platform admin,
+the owner, or an admin of the entry's group. An entry the caller may not read is "not found",
+never "forbidden": its name is not a leak."""
+
+from __future__ import annotations
+
+import re
+from typing import Protocol
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from corral.db.models import Group
+from corral.services.auth import Principal
+from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
+
+VISIBILITIES = ("private", "group", "public")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME_PATTERN = NAME_RE.pattern
+
+
+class Shared(Protocol):
+    owner_user_id: int
+    group_id: int | None
+    visibility: str
+
+
+def check_name(what: str, name: str) -> str:
+    if not NAME_RE.match(name):
+        raise Invalid(
+            f"{what} name {name!r} must be 1-64 letters, digits, '.', '_' or '-', starting with a "
+            "letter or digit",
+            ("body", "name"),
+        )
+    return name
+
+
+def can_read(entry: Shared, principal: Principal) -> bool:
+    if principal.is_admin or entry.owner_user_id == principal.user_id or entry.visibility == "public":
+        return True
+    return entry.visibility == "group" and entry.group_id is not None and principal.is_member(entry.group_id)
+
+
+def can_read_as(entry: Shared, user_id: int, group_ids: set[int], is_admin: bool) -> bool:
+    """can_read for a mount, which knows the user by id and its groups, not a Principal."""
+    if is_admin or entry.owner_user_id == user_id or entry.visibility == "public":
+        return True
+    return entry.visibility == "group" and entry.group_id in group_ids
+
+
+def can_manage(entry: Shared, principal: Principal) -> bool:
+    if principal.is_admin or entry.owner_user_id == principal.user_id:
+        return True
+    return entry.group_id is not None and principal.is_group_admin(entry.group_id)
+
+
+def group_id_of(session: Session, principal: Principal, name: str | None) -> int | None:
+    """The id of group `name`, which the caller must be a member of (None: no group)."""
+    if name is None:
+        return None
+    gid = session.scalar(select(Group.id).where(Group.name == name))
+    if gid is None:
+        raise NotFound(f"there is no group named {name!r}")
+    if not principal.is_member(gid) and not principal.is_admin:
+        raise Forbidden(f"you are not a member of group {name!r}")
+    return gid
+
+
+def group_name(session: Session, group_id: int | None) -> str | None:
+    return None if group_id is None else session.scalar(select(Group.name).where(Group.id == group_id))
+
+
+def flush_or_conflict(session: Session, what: str) -> None:
+    """Flush new rows; a concurrent request that took the same name or version number first
+    makes this one a 409 (try again), not a 500."""
+    try:
+        session.flush()
+    except IntegrityError:
+        session.rollback()
+        raise Conflict(f"{what} was changed by a concurrent request; try again") from None
+
+
+def check_sharing(visibility: str, group_id: int | None) -> None:
+    if visibility not in VISIBILITIES:
+        raise Invalid(f"visibility must be one of {', '.join(VISIBILITIES)}", ("body", "visibility"))
+    if visibility == "group" and group_id is None:
+        raise Invalid("visibility 'group' needs a group: name one with 'group'", ("body", "group"))

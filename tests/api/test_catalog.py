@@ -1,0 +1,225 @@
+"""Templates and the model registry through the API (SQLite and PostgreSQL, no engine: a job's
+end and its outputs are written the way the loops and the job would write them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import sqlalchemy as sa
+
+from corral.db.models import Job
+from corral.services import cleanup
+from corral.storage.layout import outputs_dir
+from tests.api.conftest import World
+from tests.api.helpers import add_node
+
+API = "/api/v1"
+TEMPLATE = """
+parameters:
+  lr: {type: float, default: 0.01, min: 0, max: 1, description: learning rate}
+  gpus: {type: int, default: 1, min: 1, max: 2}
+  opt: {type: choice, choices: [sgd, adam], default: adam}
+  amp: {type: bool, default: false}
+name: train-${opt}
+command: python train.py --lr ${lr} --opt ${opt} --amp ${amp}
+resources:
+  gpus: ${gpus}
+  cpus: 1
+  memory: 256MiB
+"""
+
+
+def publish(world: World, user: str, name: str, spec: Any, **extra: Any) -> Any:
+    return world.client.post(
+        f"{API}/templates", json={"name": name, "spec": spec, **extra}, headers=world.as_(user)
+    )
+
+
+def test_template_use_renders_typed_values_and_refuses_bad_ones(world: World) -> None:
+    with world.session_factory() as db:
+        add_node(db, gpus=2)
+        db.commit()
+    r = publish(world, "alice", "train", TEMPLATE, group="vision")
+    assert r.status_code == 201, r.text
+    assert [p["name"] for p in r.json()["parameters"]] == ["lr", "gpus", "opt", "amp"]
+    use = world.client.post(
+        f"{API}/templates/train/use",
+        json={"values": {"lr": "0.5", "gpus": 2, "opt": "sgd"}},
+        headers=world.as_("bob"),
+    )
+    assert use.status_code == 201, use.text
+    spec = use.json()["spec"]
+    assert spec["name"] == "train-sgd"
+    assert spec["tasks"]["main"]["command"] == "python train.py --lr 0.5 --opt sgd --amp false"
+    assert spec["tasks"]["main"]["resources"]["gpus"] == 2  # a number, not the text "2"
+    bad = {
+        "gpus": ({"gpus": 3}, "more than the maximum"),
+        "lr": ({"lr": "fast"}, "expected a number"),
+        "opt": ({"opt": "rmsprop"}, "not one of sgd, adam"),
+        "amp": ({"amp": "maybe"}, "expected true or false"),
+        "nosuch": ({"nosuch": 1}, "unknown parameter"),
+    }
+    for param, (values, why) in bad.items():
+        r = world.client.post(
+            f"{API}/templates/train/use", json={"values": values}, headers=world.as_("alice")
+        )
+        assert r.status_code == 422, (param, r.text)
+        detail = r.json()["detail"]
+        assert detail[0]["loc"] == ["body", "values", param] and why in detail[0]["msg"], (param, detail)
+        assert f"'{param}'" in detail[0]["msg"]
+    shown = world.client.get(f"{API}/templates/train", headers=world.as_("alice")).json()
+    assert shown["uses"] == 1  # refused uses count nothing
+    # carol (nlp) cannot see a template shared with vision; public makes it hers too.
+    assert world.client.get(f"{API}/templates/train", headers=world.as_("carol")).status_code == 404
+    r = world.client.post(
+        f"{API}/templates/train/share", json={"visibility": "public"}, headers=world.as_("alice")
+    )
+    assert r.status_code == 200, r.text
+    assert world.client.get(f"{API}/templates/train", headers=world.as_("carol")).status_code == 200
+
+
+def test_template_publish_refuses_undeclared_references_and_bad_declarations(world: World) -> None:
+    r = publish(world, "alice", "t1", "name: x\ncommand: echo ${nope}\n")
+    assert r.status_code == 422 and "'${nope}' names no declared parameter" in r.text, r.text
+    r = publish(
+        world,
+        "alice",
+        "t2",
+        {"parameters": {"n": {"type": "int", "default": 9, "max": 4}}, "name": "x", "command": "echo ${n}"},
+    )
+    assert r.status_code == 422 and "parameter 'n'" in r.text and "maximum" in r.text, r.text
+    r = publish(world, "alice", "t3", "name: x\ncommand: echo hi\nresources: {gpus: -1}\n")
+    assert r.status_code == 422 and "gpus" in r.text, r.text
+    assert world.client.get(f"{API}/templates", headers=world.as_("alice")).json() == []
+
+
+def finished_job(
+    world: World, user: str, files: dict[str, bytes], settings_root: Path, state: str = "succeeded"
+) -> int:
+    r = world.client.post(
+        f"{API}/jobs",
+        json={"name": "trainer", "command": "python train.py", "environment": "default"},
+        headers=world.as_(user),
+    )
+    assert r.status_code == 201, r.text
+    job_id = int(r.json()["id"])
+    with world.session_factory() as db:
+        db.execute(sa.update(Job).where(Job.id == job_id).values(state=state, finished_at=time.time()))
+        db.commit()
+    top = outputs_dir(settings_root, job_id)
+    for rel, data in files.items():
+        (top / rel).parent.mkdir(parents=True, exist_ok=True)
+        (top / rel).write_bytes(data)
+    return job_id
+
+
+def test_model_register_lineage_promote_and_refusals(world: World, settings: Any) -> None:
+    root = settings.storage_path
+    with world.session_factory() as db:
+        add_node(db, gpus=2)
+        db.commit()
+    metrics = {"accuracy": 0.91, "loss": 0.3}
+    job = finished_job(
+        world,
+        "alice",
+        {"model/w.bin": b"weights", "model/metrics.json": json.dumps(metrics).encode(), "log.txt": b"x"},
+        root,
+    )
+    alice = world.as_("alice")
+    outside = {"../1/model": "outside", "/etc": "outside the job's outputs", "model/../../x": "outside"}
+    for path, why in outside.items():
+        r = world.client.post(
+            f"{API}/models/digits/versions", json={"job_id": job, "path": path}, headers=alice
+        )
+        assert r.status_code == 422 and why in r.text, (path, r.text)
+    os.symlink("/etc", outputs_dir(root, job) / "model" / "etc")
+    r = world.client.post(
+        f"{API}/models/digits/versions", json={"job_id": job, "path": "model"}, headers=alice
+    )
+    assert r.status_code == 409 and "symlink" in r.text, r.text
+    os.unlink(outputs_dir(root, job) / "model" / "etc")
+    assert world.client.get(f"{API}/models", headers=alice).json() == []  # nothing partial
+    assert not [p for p in (root / "model").rglob("*") if p.is_file()]
+
+    body = {
+        "job_id": job,
+        "path": "/outputs/model",
+        "framework": "sklearn",
+        "metrics": {"loss": 0.25},
+        "card": "# Digits\n",
+        "code_checksum": "abc123",
+    }
+    r = world.client.post(f"{API}/models/digits/versions", json=body, headers=alice)
+    assert r.status_code == 201, r.text
+    v1 = r.json()
+    assert v1["version"] == 1 and v1["stage"] == "none" and v1["files"] == 2
+    assert v1["metrics"] == {"accuracy": 0.91, "loss": 0.25}  # given wins over metrics.json
+    lineage = v1["lineage"]
+    assert (
+        lineage["job_id"] == job
+        and lineage["spec"]["name"] == "trainer"
+        and lineage["environment"] == "default"
+    )
+    assert lineage["code_checksum"] == "abc123" and lineage["user"] == "alice"
+    r = world.client.post(
+        f"{API}/models/digits/versions", json={"job_id": job, "path": "model"}, headers=alice
+    )
+    assert r.status_code == 201 and r.json()["version"] == 2
+
+    stage = f"{API}/models/digits/versions/1/stage"
+    r = world.client.post(stage, json={"stage": "production"}, headers=alice)
+    assert r.status_code == 409 and "'none'" in r.text and "'production'" in r.text, r.text
+    for s in ("staging", "production"):
+        assert world.client.post(stage, json={"stage": s}, headers=alice).status_code == 200
+    r = world.client.post(f"{API}/models/digits/versions/2/stage", json={"stage": "staging"}, headers=alice)
+    r = world.client.post(
+        f"{API}/models/digits/versions/2/stage", json={"stage": "production"}, headers=alice
+    )
+    assert r.status_code == 200 and r.json()["archived"] == [1]
+    assert world.client.post(stage, json={"stage": "bogus"}, headers=alice).status_code == 422
+    assert world.client.post(stage, json={"stage": "staging"}, headers=world.as_("carol")).status_code == 404
+    cmp = world.client.get(f"{API}/models/digits/compare", params={"a": 1, "b": 2}, headers=alice).json()
+    assert {m["metric"]: m["delta"] for m in cmp["metrics"]} == pytest.approx({"accuracy": 0.0, "loss": 0.05})
+
+    # A queued job mounting v2 holds it: deleting is refused naming the job.
+    r = world.client.post(
+        f"{API}/jobs",
+        json={"name": "ft", "command": "true", "mounts": [{"source": "model/digits"}]},
+        headers=alice,
+    )
+    assert r.status_code == 201, r.text
+    user_job = r.json()
+    assert user_job["spec"]["mounts"][0]["source"] == "model/digits@2"  # pinned to production
+    r = world.client.delete(f"{API}/models/digits/versions/2", headers=alice)
+    assert r.status_code == 409 and str(user_job["id"]) in r.text, r.text
+    # Deleting the source job keeps the model's files and lineage.
+    world.client.post(f"{API}/jobs/{user_job['id']}/cancel", headers=alice)
+    assert world.client.delete(f"{API}/jobs/{job}", headers=alice).status_code == 204
+    assert not outputs_dir(root, job).exists()
+    files = world.client.get(f"{API}/models/digits/versions/1/files", headers=alice).json()["items"]
+    assert sorted(f["path"] for f in files) == ["metrics.json", "w.bin"]
+    r = world.client.get(f"{API}/models/digits/versions/1/file", params={"path": "w.bin"}, headers=alice)
+    assert r.content == b"weights"
+    assert (
+        world.client.get(f"{API}/models/digits/versions/1", headers=alice).json()["lineage"]["job_id"] == job
+    )
+    assert world.client.delete(f"{API}/models/digits/versions/2", headers=alice).status_code == 204
+
+
+def test_retention_removes_the_job_and_keeps_the_model(world: World, settings: Any) -> None:
+    root = settings.storage_path
+    job = finished_job(world, "alice", {"w.bin": b"kept"}, root)
+    r = world.client.post(f"{API}/models/kept/versions", json={"job_id": job}, headers=world.as_("alice"))
+    assert r.status_code == 201, r.text
+    with world.session_factory() as db:
+        deleted = cleanup.delete_expired_jobs(db, cast(Any, None), time.time() + 10, 1.0, storage_root=root)
+    assert deleted == [job] and not outputs_dir(root, job).exists()
+    r = world.client.get(
+        f"{API}/models/kept/versions/1/file", params={"path": "w.bin"}, headers=world.as_("alice")
+    )
+    assert r.status_code == 200 and r.content == b"kept"
