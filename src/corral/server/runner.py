@@ -19,7 +19,12 @@ from corral.server.leases import LOOP_LEASE_TTL_S, claim_lease, release_lease
 
 log = logging.getLogger("corral.server.loops")
 # Modules of other areas that may contribute loops as `LOOPS: list[BackgroundLoop]`.
-EXTRA_LOOP_MODULES = ("corral.monitor.loops", "corral.diagnosis.watch", "corral.datasets.loops")
+EXTRA_LOOP_MODULES = (
+    "corral.monitor.loops",
+    "corral.diagnosis.watch",
+    "corral.datasets.loops",
+    "corral.monitor.pager",  # on-call paging: escalation and per-person notifications
+)
 MIN_TICK_GAP_S = 0.02
 ERROR_LOG_INTERVAL_S = 60.0
 
