@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "corral.cli.audit",  # audit ls
     "corral.cli.secrets",  # secret set/ls/rm
     "corral.cli.data",  # data push/pull/ls/show/versions/rm/share/import, storage usage/quota
+    "corral.cli.oncall",  # oncall now/schedule/policy/page/pages/ack/contact
 )
 
 

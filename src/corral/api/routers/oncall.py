@@ -6,19 +6,28 @@ from __future__ import annotations
 
 import html
 import time
+from datetime import date
 from typing import Annotated, Any, Literal
+from zoneinfo import available_timezones
 
 from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from corral.api.deps import DB, CurrentUser, NameInPath, RowId, fast_json
 from corral.services import oncall as svc
 from corral.services import paging
+from corral.services.accounts import NAME_RE
 
 router = APIRouter(tags=["oncall"])
 HHMM = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
 UserName = Annotated[str, Field(min_length=1, max_length=64)]
+NewName = Annotated[
+    str, Path(pattern=NAME_RE.pattern, description="lower-case letters, digits, '.', '_', '-'")
+]
+ZONES = sorted(z for z in available_timezones() if "/" in z or z == "UTC")
+ZONE_ENUM: list[JsonValue] = list(ZONES)
+EMAIL_PATTERN = svc.EMAIL_RE.pattern
 Token = Annotated[str, Path(min_length=10, max_length=400, pattern=r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")]
 
 
@@ -29,9 +38,7 @@ class _In(BaseModel):
 class LayerIn(_In):
     name: str | None = Field(None, min_length=1, max_length=64)
     rotation: Literal["daily", "weekly"]
-    start_date: str = Field(
-        pattern=r"^\d{4}-\d{2}-\d{2}$", description="the first member's first shift (local)"
-    )
+    start_date: date = Field(description="the first member's first shift (local)")
     handoff: str = Field("09:00", pattern=HHMM, description="local wall-clock time of every handoff")
     members: list[UserName] = Field(min_length=1, max_length=100, description="user names, in rotation order")
     restrict_from: str | None = Field(None, pattern=HHMM, description="cover only from this local time ...")
@@ -39,7 +46,13 @@ class LayerIn(_In):
 
 
 class ScheduleIn(_In):
-    time_zone: str = Field("UTC", min_length=1, max_length=64, description="IANA name, e.g. Europe/Berlin")
+    time_zone: str = Field(
+        "UTC",
+        min_length=1,
+        max_length=64,
+        description="IANA name, e.g. Europe/Berlin",
+        json_schema_extra={"enum": ZONE_ENUM},
+    )
     description: str = Field("", max_length=2000)
     fallback_user: UserName | None = Field(None, description="paged while nobody is on call (a gap)")
     layers: list[LayerIn] = Field(default_factory=list, max_length=20, description="later layers win")
@@ -92,6 +105,13 @@ class OverrideIn(_In):
 
 
 class StepIn(_In):
+    """Exactly one of `schedule` or `user`, as the schema says too."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"oneOf": [{"required": ["schedule"]}, {"required": ["user"]}]},
+    )
+
     schedule: str | None = Field(None, min_length=1, max_length=64, description="notify who is on call here")
     user: UserName | None = Field(None, description="or notify this user")
     wait_minutes: float = Field(0, ge=0, le=10080, description="then wait this long before the next step")
@@ -137,11 +157,16 @@ class PageOut(BaseModel):
 
 class ContactIn(_In):
     kind: Literal["email", "webhook", "slack"]
-    address: str = Field(min_length=3, max_length=1024)
+    address: str = Field(
+        min_length=3,
+        max_length=1024,
+        pattern=rf"^(https?://[^\s/]+\S*|{EMAIL_PATTERN[1:-1]})$",
+        description="an email address (kind email) or an http(s):// URL (webhook, slack)",
+    )
 
 
 class EmailIn(_In):
-    email: str | None = Field(None, max_length=254, description="null removes it")
+    email: str | None = Field(None, max_length=254, pattern=EMAIL_PATTERN, description="null removes it")
 
 
 class ContactsOut(BaseModel):
@@ -179,10 +204,10 @@ def get_schedule(
     response_model=ScheduleOut,
     responses={201: {"model": ScheduleOut, "description": "created"}},
 )
-def put_schedule(name: NameInPath, body: ScheduleIn, db: DB, principal: CurrentUser) -> Any:
+def put_schedule(name: NewName, body: ScheduleIn, db: DB, principal: CurrentUser) -> Any:
     """Create (201) or replace (200) a schedule (admins); its overrides are kept. The answer's
     `warnings` name every gap in the next 14 days."""
-    view, created = svc.put_schedule(db, principal, name, body.model_dump())
+    view, created = svc.put_schedule(db, principal, name, body.model_dump(mode="json"))
     return fast_json(view, status_code=201 if created else 200)
 
 
@@ -236,7 +261,7 @@ def get_policy(name: NameInPath, db: DB, _: CurrentUser) -> Any:
     response_model=PolicyOut,
     responses={201: {"model": PolicyOut, "description": "created"}},
 )
-def put_policy(name: NameInPath, body: PolicyIn, db: DB, principal: CurrentUser) -> Any:
+def put_policy(name: NewName, body: PolicyIn, db: DB, principal: CurrentUser) -> Any:
     """Create (201) or replace (200) an escalation policy (admins). Pages under way keep the
     steps they started with."""
     view, created = svc.put_policy(db, principal, name, body.model_dump())
@@ -361,7 +386,7 @@ def ack_link(token: Token, request: Request, db: DB) -> Response:
     form post, JSON otherwise."""
     client = request.client.host if request.client else "unknown"
     key = paging.link_key(request.app.state.settings)
-    view = paging.ack_with_link(db, key, token, time.time(), source=f"ack link from {client}")
+    view = paging.ack_with_link(db, key, token, time.time(), source=client)
     if "text/html" in request.headers.get("accept", ""):
         return HTMLResponse(_page_html(view, None))
     return JSONResponse(view)
