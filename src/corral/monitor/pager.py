@@ -39,6 +39,7 @@ from corral.services.rotation import utc_text
 
 log = logging.getLogger("corral.monitor.pager")
 DELIVERY_BATCH = 200
+SENDING_RETRY_S = 300.0  # a batch claimed by a process that died is sent again after this
 
 
 class PagingSettings(BaseSettings):
@@ -156,16 +157,36 @@ def post_webhook(out: Outgoing) -> None:
 
 
 def _due(session: Session, now: float) -> list[PageNotification]:
+    """Due rows: pending, failing past their backoff, or `sending` left by a crashed pass."""
     return list(
         session.scalars(
             select(PageNotification)
             .where(
-                PageNotification.state.in_(("pending", "failing")), PageNotification.next_attempt_at <= now
+                PageNotification.state.in_(("pending", "failing", "sending")),
+                PageNotification.next_attempt_at <= now,
             )
             .order_by(PageNotification.next_attempt_at, PageNotification.id)
             .limit(DELIVERY_BATCH)
         )
     )
+
+
+def _send_one(mailer: Mailer, note: PageNotification, page: Page | None, user: User | None, key: bytes,
+              config: MonitorConfig, settings: PagingSettings, now: float) -> None:  # fmt: skip
+    """Send one claimed notification and record the outcome on its row (not committed)."""
+    if page is None or user is None or page.state not in OPEN_STATES:
+        note.state, note.last_error = "skipped", "the page was acknowledged or cancelled first"
+        return
+    expires = now + settings.link_ttl_s
+    url = f"{public_url()}/api/v1/ack/{ack_token(key, page.id, user.id, expires)}"
+    out = Outgoing(note, page, user.name, url, expires)
+    try:
+        mailer.send(out) if note.kind == "email" else post_webhook(out)
+    except ChannelError as exc:
+        _failed(note, str(exc), config, now)
+        log.warning("page %s to %s (%s) failed: %s", page.key, user.name, note.kind, exc)
+    else:
+        note.state, note.sent_at, note.last_error = "sent", now, ""
 
 
 def deliver_pages(
@@ -175,34 +196,36 @@ def deliver_pages(
     key: bytes,
     now: float,
 ) -> int:
-    """Send the due page notifications; returns how many were handled (sent, failed or skipped)."""
+    """Send the due page notifications; returns how many were handled (sent, failed or skipped).
+
+    Two commits per batch, not one per message: the batch is claimed (`sending`, retried after
+    SENDING_RETRY_S if this process dies before the outcome is written), sent over one SMTP
+    connection, and the outcomes written together. Delivery is at least once: a message sent
+    just before a crash may go out again after the retry delay, never silently dropped."""
     mailer = Mailer(email_transport(config, settings.email_channel))
-    handled = 0
     try:
         with session_factory() as session:
-            for note in _due(session, now):
-                page = session.get(Page, note.page_id)
-                user = session.get(User, note.user_id)
-                handled += 1
-                if page is None or user is None or page.state not in OPEN_STATES:
-                    note.state, note.last_error = "skipped", "the page was acknowledged or cancelled first"
-                    session.commit()
-                    continue
-                expires = now + settings.link_ttl_s
-                url = f"{public_url()}/api/v1/ack/{ack_token(key, page.id, user.id, expires)}"
-                out = Outgoing(note, page, user.name, url, expires)
+            due = _due(session, now)
+            if not due:
+                return 0
+            for note in due:
+                note.state, note.next_attempt_at = "sending", now + SENDING_RETRY_S
                 note.attempts += 1
-                try:
-                    mailer.send(out) if note.kind == "email" else post_webhook(out)
-                except ChannelError as exc:
-                    _failed(note, str(exc), config, now)
-                    log.warning("page %s to %s (%s) failed: %s", page.key, user.name, note.kind, exc)
-                else:
-                    note.state, note.sent_at, note.last_error = "sent", now, ""
-                session.commit()  # per notification: a slow address never loses another's result
+            session.commit()
+            pages = {
+                p.id: p for p in session.scalars(select(Page).where(Page.id.in_({n.page_id for n in due})))
+            }
+            users = {
+                u.id: u for u in session.scalars(select(User).where(User.id.in_({n.user_id for n in due})))
+            }
+            for note in due:
+                _send_one(
+                    mailer, note, pages.get(note.page_id), users.get(note.user_id), key, config, settings, now
+                )
+            session.commit()
+            return len(due)
     finally:
         mailer.close()
-    return handled
 
 
 def _failed(note: PageNotification, error: str, config: MonitorConfig, now: float) -> None:

@@ -130,26 +130,45 @@ def cancel(session: Session, key: str, now: float) -> Page:
 # --- escalation ----------------------------------------------------------------------------------
 
 
-def _targets(session: Session, step: dict[str, Any], now: float) -> tuple[list[int], str]:
-    """The user ids a step notifies at `now`, and what to log about it."""
-    if "user_id" in step:
-        return [int(step["user_id"])], f"user #{step['user_id']}"
-    schedule = session.get(OncallSchedule, step["schedule_id"])
-    if schedule is None:
-        return [], f"schedule #{step['schedule_id']} no longer exists"
-    schedule = schedule_by_name(session, schedule.name)  # with its layers and overrides
-    current = rotation_of(session, schedule).on_call(now)
-    if current.user is None:
-        return [], f"schedule {schedule.name}: nobody on call (gap, no fallback)"
-    return [
-        user_by_name(session, current.user).id
-    ], f"schedule {schedule.name}: {current.user} ({current.source})"
+class _Resolver:
+    """Who a step reaches and where, resolved once per escalation pass: a burst of pages on one
+    policy asks the same schedule at the same instant, so it is read once, not once per page."""
+
+    def __init__(self, session: Session, now: float) -> None:
+        self.session, self.now = session, now
+        self._targets: dict[tuple[str, int], tuple[list[int], str]] = {}
+        self._addresses: dict[int, list[tuple[str, str]]] = {}
+
+    def targets(self, step: dict[str, Any]) -> tuple[list[int], str]:
+        """The user ids a step notifies now, and what to log about it."""
+        key = ("user", int(step["user_id"])) if "user_id" in step else ("schedule", int(step["schedule_id"]))
+        if key not in self._targets:
+            self._targets[key] = self._resolve(*key)
+        return self._targets[key]
+
+    def _resolve(self, kind: str, target: int) -> tuple[list[int], str]:
+        if kind == "user":
+            return [target], f"user #{target}"
+        schedule = self.session.get(OncallSchedule, target)
+        if schedule is None:
+            return [], f"schedule #{target} no longer exists"
+        schedule = schedule_by_name(self.session, schedule.name)  # with its layers and overrides
+        current = rotation_of(self.session, schedule).on_call(self.now)
+        if current.user is None:
+            return [], f"schedule {schedule.name}: nobody on call (gap, no fallback)"
+        uid = user_by_name(self.session, current.user).id
+        return [uid], f"schedule {schedule.name}: {current.user} ({current.source})"
+
+    def addresses(self, user_id: int) -> list[tuple[str, str]]:
+        if user_id not in self._addresses:
+            self._addresses[user_id] = addresses_of(self.session, user_id)
+        return self._addresses[user_id]
 
 
-def _queue(session: Session, page: Page, user_ids: list[int], now: float) -> int:
+def _queue(session: Session, resolver: _Resolver, page: Page, user_ids: list[int], now: float) -> int:
     queued = 0
     for uid in user_ids:
-        for kind, address in addresses_of(session, uid):
+        for kind, address in resolver.addresses(uid):
             session.add(
                 PageNotification(
                     page_id=page.id, round=page.round, step=page.step, user_id=uid, kind=kind,
@@ -161,7 +180,7 @@ def _queue(session: Session, page: Page, user_ids: list[int], now: float) -> int
     return queued
 
 
-def _advance(session: Session, page: Page, now: float) -> None:
+def _advance(session: Session, resolver: _Resolver, page: Page, now: float) -> None:
     """Run the page's due step(s): queue its notifications, then set when the next one is due."""
     entries = list(page.log)
     for _ in range(len(page.steps) * (page.repeat + 1) + 1):  # bounded: each pass moves on a step
@@ -174,8 +193,8 @@ def _advance(session: Session, page: Page, now: float) -> None:
                 break
             page.round, page.step = page.round + 1, 0
         step = page.steps[page.step]
-        users, what = _targets(session, step, now)
-        queued = _queue(session, page, users, now)
+        users, what = resolver.targets(step)
+        queued = _queue(session, resolver, page, users, now)
         label = f"round {page.round + 1} step {page.step + 1}"
         entries.append(f"{utc_text(now)} {label}: {what}: {queued} notification(s)")
         page.step += 1
@@ -186,7 +205,8 @@ def _advance(session: Session, page: Page, now: float) -> None:
 
 
 def escalate_due(session: Session, now: float) -> int:
-    """Run every due step of every triggered page; commits per page. Returns pages advanced."""
+    """Run every due step of every triggered page, in one transaction (a failure anywhere leaves
+    every page as it was, to be retried next pass). Returns how many pages advanced."""
     due = session.scalars(
         select(Page)
         .where(Page.state == "triggered", Page.next_at <= now)
@@ -194,6 +214,7 @@ def escalate_due(session: Session, now: float) -> int:
         .limit(ESCALATE_BATCH)
     ).all()
     advanced = 0
+    resolver = _Resolver(session, now)
     for page in due:
         # Claim the page as it was read (on PostgreSQL this also locks the row until the commit):
         # an ack committed since the select wins, and this pass leaves the page alone.
@@ -205,11 +226,10 @@ def escalate_due(session: Session, now: float) -> int:
             .execution_options(synchronize_session=False)
         )
         if claimed.rowcount != 1:  # type: ignore[attr-defined]
-            session.rollback()
-            continue
-        _advance(session, page, now)
-        session.commit()
+            continue  # the UPDATE changed nothing: nothing to undo
+        _advance(session, resolver, page, now)
         advanced += 1
+    session.commit()
     return advanced
 
 
