@@ -26,7 +26,10 @@ from corral.db.models import User
 from corral.db.session import init_db, make_engine, make_session_factory
 from corral.monitor.config import MonitorConfig
 from corral.services import auth
+from tests.pg import postgres_server
 from tests.support import free_port
+
+__all__ = ["postgres_server"]  # the fixture, for tests that run on PostgreSQL too
 
 
 class Inbox:
@@ -139,11 +142,16 @@ class Env:
 
 
 @pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
+def env(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
+    """SQLite, or PostgreSQL for a test parametrized `@pytest.mark.parametrize("env", ["postgres"],
+    indirect=True)`."""
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("CORRAL_PUBLIC_URL", "http://corral.test")
-    url = f"sqlite:///{home / 'corral.db'}"
+    if getattr(request, "param", "sqlite") == "postgres":
+        url = request.getfixturevalue("postgres_server").create_database()
+    else:
+        url = f"sqlite:///{home / 'corral.db'}"
     init_db(url)
     engine = make_engine(url)
     factory = make_session_factory(engine)

@@ -10,6 +10,8 @@ import re
 import time
 from typing import Any
 
+import pytest
+
 from corral.db.oncall_models import Page, PageNotification
 from corral.monitor.pager import PagingSettings, deliver_pages
 from corral.services import paging
@@ -47,6 +49,7 @@ def page(env: Env, key: str) -> Page:
         return found
 
 
+@pytest.mark.parametrize("env", ["sqlite", "postgres"], indirect=True)
 def test_primary_then_secondary_then_the_link_acks_and_escalation_stops(env: Env, smtp: Smtp) -> None:
     set_up(env)
     acked: list[tuple[str, str]] = []
@@ -85,6 +88,7 @@ def test_primary_then_secondary_then_the_link_acks_and_escalation_stops(env: Env
         assert db.query(Page).count() == 1
 
 
+@pytest.mark.parametrize("env", ["sqlite", "postgres"], indirect=True)
 def test_policy_repeats_k_times_then_is_exhausted(env: Env, smtp: Smtp) -> None:
     set_up(env, repeat=1)
     t0 = time.time()
