@@ -195,3 +195,18 @@ def test_a_gap_is_warned_and_its_step_falls_through_to_the_next(env: Env, smtp: 
     spec = {"time_zone": "Europe/Berlin", "layers": [layer], "fallback_user": "carol"}
     with_fallback = env.put("/oncall/schedules/office", spec)
     assert "the fallback user carol is paged" in with_fallback["warnings"][0]
+
+
+def test_ended_pages_are_purged_with_their_notifications(env: Env, smtp: Smtp) -> None:
+    set_up(env)
+    t0 = time.time()
+    for key in ("old:acked", "old:open", "new:acked"):
+        start(env, key, t0 - 100 * 86400 if key.startswith("old") else t0)
+    tick(env, smtp, t0)
+    with env.factory() as db:
+        paging.ack(db, "old:acked", "alice", t0 - 95 * 86400)
+        paging.ack(db, "new:acked", "alice", t0)
+        db.commit()
+        assert paging.purge_ended(db, t0 - 90 * 86400) == 1
+        assert sorted(p.key for p in db.query(Page)) == ["new:acked", "old:open"]  # triggered pages stay
+        assert {n.page_id for n in db.query(PageNotification)} == {p.id for p in db.query(Page)}

@@ -34,7 +34,7 @@ from corral.monitor.channels import ChannelError
 from corral.monitor.config import EmailChannel, MonitorConfig
 from corral.monitor.loops import monitor_config
 from corral.server.context import BackgroundLoop, ServerContext
-from corral.services.paging import ESCALATE_BATCH, OPEN_STATES, ack_token, escalate_due, link_key
+from corral.services.paging import ESCALATE_BATCH, OPEN_STATES, ack_token, escalate_due, link_key, purge_ended
 from corral.services.rotation import utc_text
 
 log = logging.getLogger("corral.monitor.pager")
@@ -48,6 +48,7 @@ class PagingSettings(BaseSettings):
     interval_s: float = 1.0  # escalation and delivery pass (a started page wakes it at once)
     email_channel: str | None = None  # monitor.yml email channel whose SMTP server pages use
     link_ttl_s: float = 24 * 3600.0  # how long an acknowledge link works
+    keep_days: float = 90.0  # ended pages (and their notifications) are deleted after this
 
 
 @dataclass(frozen=True)
@@ -237,9 +238,16 @@ def _failed(note: PageNotification, error: str, config: MonitorConfig, now: floa
     note.next_attempt_at = now + config.retry.backoff_s(note.attempts)
 
 
+PURGE_EVERY_S = 3600.0
+_purged_at: dict[str, float] = {}  # per server process (owner id): when it last purged
+
+
 def paging_tick(ctx: ServerContext, now: float) -> None:
     with ctx.session_factory() as session:
         advanced = escalate_due(session, now)
+        if now - _purged_at.get(ctx.owner_id, 0.0) >= PURGE_EVERY_S:
+            purge_ended(session, now - SETTINGS.keep_days * 86400.0)
+            _purged_at[ctx.owner_id] = now
     handled = deliver_pages(ctx.session_factory, monitor_config(ctx), SETTINGS, link_key(ctx.settings), now)
     if (
         handled >= DELIVERY_BATCH or advanced >= ESCALATE_BATCH

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -231,6 +231,18 @@ def escalate_due(session: Session, now: float) -> int:
         advanced += 1
     session.commit()
     return advanced
+
+
+def purge_ended(session: Session, before: float) -> int:
+    """Delete pages that ended (acknowledged, cancelled, exhausted) before `before`, with their
+    notifications; commits. Returns how many pages went."""
+    ended = select(Page.id).where(Page.state != "triggered", Page.ended_at < before)
+    ids = list(session.scalars(ended.limit(ESCALATE_BATCH)))
+    if ids:
+        session.execute(delete(PageNotification).where(PageNotification.page_id.in_(ids)))
+        session.execute(delete(Page).where(Page.id.in_(ids)))
+    session.commit()
+    return len(ids)
 
 
 # --- acknowledge links ---------------------------------------------------------------------------
