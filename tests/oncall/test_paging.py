@@ -210,3 +210,17 @@ def test_ended_pages_are_purged_with_their_notifications(env: Env, smtp: Smtp) -
         assert paging.purge_ended(db, t0 - 90 * 86400) == 1
         assert sorted(p.key for p in db.query(Page)) == ["new:acked", "old:open"]  # triggered pages stay
         assert {n.page_id for n in db.query(PageNotification)} == {p.id for p in db.query(Page)}
+
+
+def test_calendar_feed_works_without_login_and_refuses_an_altered_url(env: Env) -> None:
+    layer = {"rotation": "daily", "start_date": "2026-01-05", "handoff": "09:00", "members": ["alice", "bob"]}
+    env.put("/oncall/schedules/primary", {"time_zone": "Europe/Berlin", "layers": [layer]})
+    view = env.client.get("/api/v1/oncall/schedules/primary", headers=env.people["carol"]).json()
+    feed = env.client.get(view["ical_feed"])  # no Authorization header
+    assert feed.status_code == 200 and feed.headers["content-type"].startswith("text/calendar")
+    text = feed.text
+    assert text.startswith("BEGIN:VCALENDAR\r\n") and text.endswith("END:VCALENDAR\r\n")
+    assert "SUMMARY:alice on call (primary)" in text and "SUMMARY:bob on call (primary)" in text
+    assert "DTSTART:" in text and text.count("BEGIN:VEVENT") >= 28  # four weeks of daily shifts
+    altered = view["ical_feed"].replace("/primary.", "/other.")
+    assert env.client.get(altered).status_code == 403

@@ -125,6 +125,8 @@ def show_schedule(
     out.print(table)
     for warning in view["warnings"]:
         out.print(f"[yellow]warning:[/yellow] {warning}")
+    if view.get("ical_feed"):
+        out.print(f"calendar (no login): {c.url}{view['ical_feed']}")
 
 
 @schedule_app.command("set")

@@ -7,6 +7,8 @@ own email and contact methods (admins anyone's). Every change is audited.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 import time
 from datetime import UTC, date, datetime
@@ -533,6 +535,23 @@ def _fold(line: str) -> str:
         parts.append(raw[start:end].decode())
         start = end
     return "\r\n ".join(parts)
+
+
+def feed_token(key: bytes, schedule: str) -> str:
+    """The path token of a schedule's calendar subscription URL, which works without logging in
+    (calendar apps send no token): the name and an HMAC of it. It does not expire; rotating the
+    secrets key revokes every such URL."""
+    signature = hmac.new(key, f"corral-ical-feed:{schedule}".encode(), hashlib.sha256).hexdigest()[:32]
+    return f"{schedule}.{signature}"
+
+
+def schedule_of_feed(key: bytes, token: str) -> str:
+    name = token.rpartition(".")[0]
+    if not name or not hmac.compare_digest(feed_token(key, name), token):
+        raise Forbidden(
+            "this calendar URL's signature does not match: it was altered, or made by another server key"
+        )
+    return name
 
 
 def ical_feed(session: Session, name: str, now: float, days: float = 28.0) -> str:

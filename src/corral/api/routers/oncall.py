@@ -28,6 +28,9 @@ NewName = Annotated[
 ZONES = sorted(z for z in available_timezones() if "/" in z or z == "UTC")
 ZONE_ENUM: list[JsonValue] = list(ZONES)
 EMAIL_PATTERN = svc.EMAIL_RE.pattern
+FeedToken = Annotated[
+    str, Path(min_length=34, max_length=100, pattern=r"^[a-z0-9][a-z0-9._-]{0,63}\.[0-9a-f]{32}$")
+]
 Token = Annotated[str, Path(min_length=10, max_length=400, pattern=r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")]
 
 
@@ -88,6 +91,9 @@ class ScheduleOut(BaseModel):
     shifts: list[ShiftOut]
     overrides: list[OverrideOut]
     warnings: list[str] = Field(description="gaps in the next 14 days, and who is paged in them")
+    ical_feed: str | None = Field(
+        None, description="calendar subscription path (no login; GET /schedules/{name})"
+    )
 
 
 class WhoOut(BaseModel):
@@ -193,10 +199,17 @@ def list_schedules(db: DB, _: CurrentUser) -> Any:
 
 @router.get("/oncall/schedules/{name}", response_model=ScheduleOut)
 def get_schedule(
-    name: NameInPath, db: DB, _: CurrentUser, days: Annotated[float, Query(gt=0, le=90)] = 7.0
+    name: NameInPath,
+    request: Request,
+    db: DB,
+    _: CurrentUser,
+    days: Annotated[float, Query(gt=0, le=90)] = 7.0,
 ) -> Any:
-    """The definition, who is on call now, the shifts of the next `days` and gap warnings."""
-    return fast_json(svc.schedule_view(db, svc.schedule_by_name(db, name), time.time(), days))
+    """The definition, who is on call now, the shifts of the next `days`, gap warnings, and the
+    path of the calendar subscription URL (`ical_feed`, works without logging in)."""
+    view = svc.schedule_view(db, svc.schedule_by_name(db, name), time.time(), days)
+    token = svc.feed_token(paging.link_key(request.app.state.settings), name)
+    return fast_json({**view, "ical_feed": f"/api/v1/oncall/feeds/{token}"})
 
 
 @router.put(
@@ -228,6 +241,22 @@ def schedule_ical(name: NameInPath, db: DB, _: CurrentUser) -> Response:
     """The schedule's shifts (a day back, four weeks ahead) as an iCalendar feed."""
     body = svc.ical_feed(db, name, time.time())
     return Response(body, media_type="text/calendar; charset=utf-8")
+
+
+@router.get(
+    "/oncall/feeds/{token}",
+    response_class=Response,
+    responses={
+        200: {"content": {"text/calendar": {"schema": {"type": "string"}}}, "description": "iCalendar"},
+        403: {"description": "the URL was altered or made with another server key"},
+        404: {"description": "the schedule no longer exists"},
+    },
+)
+def schedule_feed(token: FeedToken, request: Request, db: DB) -> Response:
+    """A schedule's iCalendar feed without logging in, for calendar apps: the URL (from the
+    schedule's `ical_feed`) carries its own signature."""
+    name = svc.schedule_of_feed(paging.link_key(request.app.state.settings), token)
+    return Response(svc.ical_feed(db, name, time.time()), media_type="text/calendar; charset=utf-8")
 
 
 @router.post("/oncall/schedules/{name}/overrides", response_model=OverrideOut, status_code=201)
