@@ -41,12 +41,13 @@ from corral.db.oncall_models import OncallSchedule, Page, PageNotification
 from corral.services import audit, notify
 from corral.services.accounts import user_by_name
 from corral.services.auth import Principal
-from corral.services.errors import Conflict, Forbidden, NotFound, ServiceError
+from corral.services.errors import Conflict, Forbidden, Invalid, NotFound, ServiceError
 from corral.services.oncall import addresses_of, policy_by_name, rotation_of, schedule_by_name
 from corral.services.rotation import utc_text
 
 log = logging.getLogger(__name__)
 ESCALATE_BATCH = 500
+MAX_KEY = 200  # pages.key
 OPEN_STATES = ("triggered", "exhausted")  # a page someone may still acknowledge
 AckListener = Callable[[Session, str, str], None]
 _listeners: list[tuple[str, AckListener]] = []
@@ -67,12 +68,14 @@ def _trigger_loop(session: Session) -> None:
 def start(session: Session, *, key: str, policy: str, subject: str, body: str, now: float) -> Page:
     """Open the page `key` on `policy` (idempotent per key); its first step runs on the paging
     loop's next tick, which this wakes once the caller commits. Commits nothing itself."""
+    if not 0 < len(key) <= MAX_KEY:
+        raise Invalid(f"a page key is 1 to {MAX_KEY} characters, not {len(key)}", ("body", "key"))
     existing = session.scalar(select(Page).where(Page.key == key))
     if existing is not None:
         return existing
     row = policy_by_name(session, policy)
     page = Page(
-        key=key[:200], policy_name=row.name, steps=list(row.steps), repeat=row.repeat,
+        key=key, policy_name=row.name, steps=list(row.steps), repeat=row.repeat,
         subject=subject[:300], body=body, state="triggered", step=0, round=0, next_at=now,
         created_at=now, log=[],
     )  # fmt: skip
