@@ -70,6 +70,25 @@ ACCEPTED: tuple[Accepted, ...] = (
             "POST /api/v1/models/{name}/share",
         )
     ),
+    # On-call (corral.api.routers.oncall): relations between fields of one body.
+    Accepted(
+        "ST202",
+        "PUT /api/v1/oncall/schedules/{name}",
+        "restrict_",
+        "a layer's restrict_from and restrict_to come together and must differ: a relation of two fields",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/oncall/schedules/{name}/overrides",
+        "",
+        "an override's end must be after its start and within a year of it: a relation of two fields",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/users/{name}/contacts",
+        "",
+        "a contact's address must be an email address for kind email and a URL for the others",
+    ),
     Accepted(
         "ST202",
         "GET /api/v1/usage",

@@ -474,6 +474,80 @@ class Client:
             pulled.append(dest)
         return pulled
 
+    # --- on-call, escalation and pages (`corral oncall`; docs/operations.md) --------------------
+    def on_call_now(self, schedule: str | None = None) -> list[dict[str, Any]]:
+        """Who is on call now per schedule (or for `schedule`), until when, and who is next."""
+        return self.request("GET", "/oncall/now", params={"schedule": schedule} if schedule else None)
+
+    def schedules(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/oncall/schedules")
+
+    def schedule(self, name: str, *, days: float = 7.0) -> dict[str, Any]:
+        return self.request("GET", f"/oncall/schedules/{quote(name, safe='')}", params={"days": days})
+
+    def put_schedule(self, name: str, definition: Mapping[str, Any]) -> dict[str, Any]:
+        """Create or replace a schedule: {time_zone, description, fallback_user, layers: [...]}.
+        The answer's `warnings` name its gaps in the next 14 days."""
+        return self.request("PUT", f"/oncall/schedules/{quote(name, safe='')}", json=dict(definition))
+
+    def delete_schedule(self, name: str) -> None:
+        self.request("DELETE", f"/oncall/schedules/{quote(name, safe='')}")
+
+    def add_override(self, schedule: str, user: str, start: float, end: float) -> dict[str, Any]:
+        body = {"user": user, "start": start, "end": end}
+        return self.request("POST", f"/oncall/schedules/{quote(schedule, safe='')}/overrides", json=body)
+
+    def remove_override(self, schedule: str, override_id: int) -> None:
+        self.request("DELETE", f"/oncall/schedules/{quote(schedule, safe='')}/overrides/{override_id}")
+
+    def schedule_ical(self, name: str) -> str:
+        """The schedule's iCalendar feed (text)."""
+        response = self._http.get(f"/oncall/schedules/{quote(name, safe='')}/ical")
+        if not response.is_success:
+            self.request("GET", f"/oncall/schedules/{quote(name, safe='')}")  # raises the named error
+            raise ApiError(response.text, response.status_code, response.text)
+        return response.text
+
+    def policies(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/oncall/policies")
+
+    def put_policy(self, name: str, definition: Mapping[str, Any]) -> dict[str, Any]:
+        """Create or replace an escalation policy: {steps: [{schedule|user, wait_minutes}], repeat}."""
+        return self.request("PUT", f"/oncall/policies/{quote(name, safe='')}", json=dict(definition))
+
+    def delete_policy(self, name: str) -> None:
+        self.request("DELETE", f"/oncall/policies/{quote(name, safe='')}")
+
+    def pages(self, *, state: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit} | ({"state": state} if state else {})
+        return self.request("GET", "/oncall/pages", params=params)
+
+    def page(self, policy: str, subject: str, body: str = "", *, key: str | None = None) -> dict[str, Any]:
+        """Page through `policy` by hand (admins), e.g. to test the set-up."""
+        data = {"policy": policy, "subject": subject, "body": body} | ({"key": key} if key else {})
+        return self.request("POST", "/oncall/pages", json=data)
+
+    def ack_page(self, page_id: int) -> dict[str, Any]:
+        return self.request("POST", f"/oncall/pages/{page_id}/ack")
+
+    def cancel_page(self, page_id: int) -> dict[str, Any]:
+        return self.request("POST", f"/oncall/pages/{page_id}/cancel")
+
+    def contacts(self, user: str) -> dict[str, Any]:
+        return self.request("GET", f"/users/{quote(user, safe='')}/contacts")
+
+    def set_email(self, user: str, email: str | None) -> dict[str, Any]:
+        return self.request("PUT", f"/users/{quote(user, safe='')}/email", json={"email": email})
+
+    def add_contact(self, user: str, kind: str, address: str) -> dict[str, Any]:
+        """kind: email | webhook (generic JSON) | slack (Slack/Mattermost incoming webhook)."""
+        return self.request(
+            "POST", f"/users/{quote(user, safe='')}/contacts", json={"kind": kind, "address": address}
+        )
+
+    def remove_contact(self, user: str, contact_id: int) -> None:
+        self.request("DELETE", f"/users/{quote(user, safe='')}/contacts/{contact_id}")
+
     # --- admin audit log (admins) ---------------------------------------------------------------
 
     def audit(

@@ -29,6 +29,7 @@ from corral.server.context import LoopMemory, ServerContext
 from corral.server.retention import purge_audit_log
 from corral.services import audit
 from corral.services.auth import Principal
+from tests.api.audit_oncall import ONCALL_CALLS
 from tests.api.conftest import ALICE_PASSWORD, SIMPLE_JOB, World
 from tests.api.helpers import add_node
 from tests.api.test_cli import run, server_url
@@ -366,6 +367,7 @@ CALLS: dict[tuple[str, str], tuple[Call, str]] = {
         "chaos.gpu.fault",
     ),
 }
+CALLS.update(ONCALL_CALLS)  # on-call, escalation and acknowledge links (tests/api/audit_oncall.py)
 
 
 def state_changing_routes(world: World) -> set[tuple[str, str]]:
@@ -395,7 +397,12 @@ def test_every_state_changing_route_records(world: World) -> None:
         row = new[-1]
         assert row.source == "testclient" and row.at > time.time() - 60, (route, row.source)
         assert row.actor == ("alice" if route[1].startswith("/api/v1/auth/log") else "admin"), route
-        assert row.credential is not None and row.credential.split(":")[0] in ("token", "session"), route
+        # An acknowledge link is its own credential: the signed link acts as the person it was sent to.
+        assert row.credential is not None and row.credential.split(":")[0] in (
+            "token",
+            "session",
+            "ack-link",
+        ), route
         world.client.cookies.clear()
 
 

@@ -55,6 +55,7 @@ API_ROUTER_MODULES = (
     "environments",
     "templates",  # job templates (corral.catalog)
     "models",  # the model registry (corral.catalog)
+    "oncall",
 )
 ROOT_ROUTER_MODULES = ("health",)  # not under /api/v1: /healthz, /readyz
 # Other areas' routers, imported by module name so that they can grow without touching this file.

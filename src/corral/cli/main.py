@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "corral.cli.sandbox",  # exec, port-forward, key add/ls/rm
     "corral.cli.environments",  # env ls/show/create/rm
     "corral.cli.catalog",  # template ls/show/use/publish, model ls/show/register/promote/...
+    "corral.cli.oncall",  # oncall now/schedule/policy/page/pages/ack/contact
 )
 
 

@@ -36,6 +36,7 @@ class User(Base):
     default_group_id: Mapped[int | None] = mapped_column(ForeignKey("groups.id", use_alter=True))
     active: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[float] = mapped_column(Float)
+    email: Mapped[str | None] = mapped_column(String(254))  # where pages reach them (services/oncall.py)
 
     memberships: Mapped[list[Membership]] = relationship(back_populates="user", cascade="all, delete-orphan")
 

@@ -27,6 +27,7 @@ WAKE_ON_CHANGE: dict[Topic, tuple[str, ...]] = {
     Topic.CANCEL: ("dispatch", "reconcile"),
     Topic.NODES: ("nodes", "schedule"),
     Topic.QUOTAS: ("schedule",),
+    Topic.PAGES: ("paging",),
 }
 
 if TYPE_CHECKING:  # both modules import this one

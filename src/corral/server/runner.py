@@ -24,6 +24,7 @@ EXTRA_LOOP_MODULES = (
     "corral.diagnosis.watch",
     "corral.datasets.loops",
     "corral.environments.builds",
+    "corral.monitor.pager",  # on-call paging: escalation and per-person notifications
 )
 MIN_TICK_GAP_S = 0.02
 ERROR_LOG_INTERVAL_S = 60.0

@@ -29,6 +29,7 @@ class Topic(StrEnum):
     CANCEL = "cancel"  # a cancel was requested: a running job must be stopped
     NODES = "nodes"  # a node was cordoned, drained or uncordoned
     QUOTAS = "quotas"  # a group's quotas, weight or borrowing changed
+    PAGES = "pages"  # a page was started: its first step should go out now (services/paging.py)
 
 
 class Notifier(Protocol):

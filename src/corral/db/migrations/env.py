@@ -24,6 +24,7 @@ except ModuleNotFoundError:
 importlib.import_module("corral.datasets.models")
 importlib.import_module("corral.db.environment_models")
 importlib.import_module("corral.db.catalog_models")  # templates and the model registry
+importlib.import_module("corral.db.oncall_models")  # on-call and paging (corral.services.paging)
 
 config = context.config
 target_metadata = Base.metadata

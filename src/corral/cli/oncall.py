@@ -1,0 +1,326 @@
+"""`corral oncall`: who is on call, schedules, escalation policies, pages and contact methods
+(docs/operations.md, "On-call", "Escalation", "Notifications")."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.table import Table
+
+from corral.cli.platform import Output, OutputOpt, ago, client, friendly_errors, out, print_json
+from corral.sdk import CorralError
+
+oncall_app = typer.Typer(
+    help="On-call: who is on call, schedules, escalation policies, pages.", no_args_is_help=True
+)
+schedule_app = typer.Typer(
+    help="On-call schedules: rotation layers, overrides, iCal feed.", no_args_is_help=True
+)
+policy_app = typer.Typer(help="Escalation policies: ordered steps, wait, repeat.", no_args_is_help=True)
+contact_app = typer.Typer(
+    help="Where pages reach a person: email, webhook, Slack/Mattermost.", no_args_is_help=True
+)
+oncall_app.add_typer(schedule_app, name="schedule")
+oncall_app.add_typer(policy_app, name="policy")
+oncall_app.add_typer(contact_app, name="contact")
+
+
+def when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def parse_time(text: str) -> float:
+    """Unix seconds, or an ISO time (with an offset; without one, UTC)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise CorralError(f"{text!r} is neither unix seconds nor an ISO time like 2026-10-24T20:00+02:00")
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise CorralError(f"cannot read {path}: {exc.strerror}")
+    except yaml.YAMLError as exc:
+        raise CorralError(f"{path}: not YAML: {exc}")
+    if not isinstance(data, dict):
+        raise CorralError(f"{path}: expected a mapping (time_zone, layers, ...) at the top")
+    return data
+
+
+@oncall_app.command("now")
+@friendly_errors
+def now(
+    schedule: Annotated[str | None, typer.Argument(help="one schedule (default: all)")] = None,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Who is on call now, until when, and who is next."""
+    with client() as c:
+        rows = c.on_call_now(schedule)
+    if output is Output.json:
+        print_json(rows)
+        return
+    table = Table("SCHEDULE", "ON CALL", "SOURCE", "UNTIL", "NEXT", box=None)
+    for r in rows:
+        nxt = r["next"]["user"] or "(gap)" if r["next"] else "-"
+        table.add_row(r["schedule"], r["user"] or "(nobody: gap)", r["source"], when(r["until"]), nxt)
+    out.print(table)
+
+
+@schedule_app.command("ls")
+@friendly_errors
+def list_schedules(output: OutputOpt = Output.table) -> None:
+    with client() as c:
+        rows = c.schedules()
+    if output is Output.json:
+        print_json(rows)
+        return
+    table = Table("NAME", "TIME ZONE", "LAYERS", "ON CALL", "WARNINGS", box=None)
+    for r in rows:
+        table.add_row(
+            r["name"],
+            r["time_zone"],
+            str(len(r["layers"])),
+            r["on_call"]["user"] or "-",
+            str(len(r["warnings"])),
+        )
+    out.print(table)
+
+
+@schedule_app.command("show")
+@friendly_errors
+def show_schedule(
+    name: str,
+    days: Annotated[float, typer.Option(help="shifts this many days ahead")] = 7.0,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Definition, who is on call now, the coming shifts and gap warnings."""
+    with client() as c:
+        view = c.schedule(name, days=days)
+    if output is Output.json:
+        print_json(view)
+        return
+    out.print(
+        f"[bold]{view['name']}[/bold] ({view['time_zone']}); fallback: {view['fallback_user'] or 'none'}"
+    )
+    for layer in view["layers"]:
+        window = f", {layer['restrict_from']}-{layer['restrict_to']}" if layer["restrict_from"] else ""
+        when_text = f"{layer['rotation']} at {layer['handoff']} from {layer['start_date']}{window}"
+        out.print(f"  layer {layer['name']}: {when_text}: {', '.join(layer['members'])}")
+    table = Table("FROM", "TO", "ON CALL", "SOURCE", box=None)
+    for s in view["shifts"]:
+        table.add_row(when(s["start"]), when(s["end"]), s["user"] or "(nobody)", s["source"])
+    out.print(table)
+    for warning in view["warnings"]:
+        out.print(f"[yellow]warning:[/yellow] {warning}")
+    if view.get("ical_feed"):
+        out.print(f"calendar (no login): {c.url}{view['ical_feed']}")
+
+
+@schedule_app.command("set")
+@friendly_errors
+def set_schedule(
+    name: str,
+    from_file: Annotated[Path, typer.Option("--file", "-f", help="YAML: time_zone, fallback_user, layers")],
+) -> None:
+    """Create or replace a schedule (admins) from a YAML file, e.g.
+
+    \b
+    time_zone: Europe/Berlin
+    fallback_user: root          # paged in gaps (optional)
+    layers:
+      - name: primary
+        rotation: weekly         # or daily
+        start_date: 2026-11-02   # the first member's first shift
+        handoff: "09:00"
+        members: [alice, bob]
+    """
+    with client() as c:
+        view = c.put_schedule(name, read_yaml(from_file))
+    out.print(f"schedule {name} saved; on call now: {view['on_call']['user'] or '(nobody)'}")
+    for warning in view["warnings"]:
+        out.print(f"[yellow]warning:[/yellow] {warning}")
+
+
+@schedule_app.command("rm")
+@friendly_errors
+def remove_schedule(name: str) -> None:
+    with client() as c:
+        c.delete_schedule(name)
+    out.print(f"schedule {name} deleted")
+
+
+@schedule_app.command("override")
+@friendly_errors
+def override(
+    name: str,
+    user: str,
+    start: Annotated[str, typer.Argument(help="ISO time (e.g. 2026-10-24T20:00+02:00) or unix seconds")],
+    end: Annotated[str, typer.Argument(help="ISO time or unix seconds")],
+) -> None:
+    """Put USER on call from START to END (swap a shift)."""
+    with client() as c:
+        made = c.add_override(name, user, parse_time(start), parse_time(end))
+    out.print(f"override {made['id']}: {user} on call {when(made['start'])} - {when(made['end'])}")
+
+
+@schedule_app.command("rm-override")
+@friendly_errors
+def remove_override(name: str, override_id: int) -> None:
+    with client() as c:
+        c.remove_override(name, override_id)
+    out.print(f"override {override_id} removed")
+
+
+@schedule_app.command("ical")
+@friendly_errors
+def ical(name: str) -> None:
+    """Print the schedule's iCalendar feed (import it into a calendar)."""
+    with client() as c:
+        typer.echo(c.schedule_ical(name), nl=False)
+
+
+def parse_step(text: str) -> dict[str, Any]:
+    kind, _, rest = text.partition(":")
+    target, _, wait = rest.partition(":")
+    if kind not in ("schedule", "user") or not target:
+        raise CorralError(f"--step {text!r}: write schedule:NAME[:WAIT_MINUTES] or user:NAME[:WAIT_MINUTES]")
+    try:
+        minutes = float(wait) if wait else 0.0
+    except ValueError:
+        raise CorralError(f"--step {text!r}: the wait {wait!r} is not a number of minutes")
+    return {kind: target, "wait_minutes": minutes}
+
+
+@policy_app.command("set")
+@friendly_errors
+def set_policy(
+    name: str,
+    step: Annotated[
+        list[str],
+        typer.Option("--step", "-s", help="schedule:NAME[:WAIT_MIN] or user:NAME[:WAIT_MIN], in order"),
+    ],
+    repeat: Annotated[int, typer.Option(help="run all steps again this many more times")] = 0,
+) -> None:
+    """Create or replace an escalation policy (admins): notify each step's target, wait, go on."""
+    with client() as c:
+        view = c.put_policy(name, {"steps": [parse_step(s) for s in step], "repeat": repeat})
+    out.print(f"policy {name}: {len(view['steps'])} step(s), repeat {view['repeat']}")
+
+
+@policy_app.command("ls")
+@friendly_errors
+def list_policies(output: OutputOpt = Output.table) -> None:
+    with client() as c:
+        rows = c.policies()
+    if output is Output.json:
+        print_json(rows)
+        return
+    table = Table("NAME", "STEPS", "REPEAT", box=None)
+    for p in rows:
+        steps = "; ".join(
+            f"{s.get('schedule') or s.get('user')} (+{s['wait_minutes']:g}m)" for s in p["steps"]
+        )
+        table.add_row(p["name"], steps, str(p["repeat"]))
+    out.print(table)
+
+
+@policy_app.command("rm")
+@friendly_errors
+def remove_policy(name: str) -> None:
+    with client() as c:
+        c.delete_policy(name)
+    out.print(f"policy {name} deleted")
+
+
+@oncall_app.command("page")
+@friendly_errors
+def page(policy: str, subject: str, body: Annotated[str, typer.Option(help="the message")] = "") -> None:
+    """Page through POLICY by hand (admins), e.g. to test the set-up end to end."""
+    with client() as c:
+        view = c.page(policy, subject, body)
+    out.print(f"page {view['id']} started ({view['key']})")
+
+
+@oncall_app.command("pages")
+@friendly_errors
+def pages(
+    state: Annotated[str | None, typer.Option(help="triggered|acknowledged|cancelled|exhausted")] = None,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Pages, newest first (admins: all; others: those that notified them)."""
+    with client() as c:
+        rows = c.pages(state=state)
+    if output is Output.json:
+        print_json(rows)
+        return
+    table = Table("ID", "STATE", "POLICY", "SUBJECT", "STARTED", "ACKED BY", box=None)
+    for p in rows:
+        table.add_row(
+            str(p["id"]), p["state"], p["policy"], p["subject"], ago(p["created_at"]), p["acked_by"] or "-"
+        )
+    out.print(table)
+
+
+@oncall_app.command("ack")
+@friendly_errors
+def ack(page_id: int) -> None:
+    """Acknowledge a page: its escalation stops."""
+    with client() as c:
+        view = c.ack_page(page_id)
+    out.print(f"page {page_id} {view['state']} by {view['acked_by']}")
+
+
+@contact_app.command("ls")
+@friendly_errors
+def list_contacts(user: str, output: OutputOpt = Output.table) -> None:
+    with client() as c:
+        view = c.contacts(user)
+    if output is Output.json:
+        print_json(view)
+        return
+    out.print(f"{view['user']}: email {view['email'] or '(none)'}")
+    for m in view["methods"]:
+        out.print(f"  {m['id']}: {m['kind']} {m['address']}")
+
+
+@contact_app.command("email")
+@friendly_errors
+def set_email(user: str, email: Annotated[str, typer.Argument(help="'' removes it")]) -> None:
+    with client() as c:
+        c.set_email(user, email or None)
+    out.print(f"{user}'s email set to {email or '(none)'}")
+
+
+@contact_app.command("add")
+@friendly_errors
+def add_contact(
+    user: str, kind: Annotated[str, typer.Argument(help="email | webhook | slack")], address: str
+) -> None:
+    with client() as c:
+        view = c.add_contact(user, kind, address)
+    out.print(f"{user}: contact {view['methods'][-1]['id']} added ({kind})")
+
+
+@contact_app.command("rm")
+@friendly_errors
+def remove_contact(user: str, contact_id: int) -> None:
+    with client() as c:
+        c.remove_contact(user, contact_id)
+    out.print(f"{user}: contact {contact_id} removed")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(oncall_app, name="oncall")

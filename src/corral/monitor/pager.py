@@ -1,0 +1,259 @@
+"""The paging loop: escalates due pages (corral.services.paging.escalate_due) and sends their
+queued notifications, each to one person at one address, with that person's signed acknowledge
+link (docs/operations.md, "Notifications").
+
+- **email**: through the SMTP server and sender of a `type: email` channel of monitor.yml (the
+  one named by CORRAL_PAGING_EMAIL_CHANNEL, else the first), addressed to the person only; one
+  SMTP connection per pass. No email channel: the notification fails with that reason.
+- **slack**: a Slack/Mattermost incoming-webhook body (`text`, `attachments`).
+- **webhook**: a generic JSON body (`event`, `page`, `recipient`, `ack_url`, ...).
+
+A failure is retried with the monitor config's retry policy (backoff, then `given_up`), like
+alert notifications; a notification of a page acknowledged or cancelled before it went out is
+`skipped`. A leased singleton, so two servers never send one notification twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import smtplib
+from collections.abc import Callable
+from dataclasses import dataclass
+from email.message import EmailMessage
+from typing import Any
+
+import httpx
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from corral.db.models import User
+from corral.db.oncall_models import Page, PageNotification
+from corral.monitor.channels import ChannelError
+from corral.monitor.config import EmailChannel, MonitorConfig
+from corral.monitor.loops import monitor_config
+from corral.server.context import BackgroundLoop, ServerContext
+from corral.services.paging import ESCALATE_BATCH, OPEN_STATES, ack_token, escalate_due, link_key, purge_ended
+from corral.services.rotation import utc_text
+
+log = logging.getLogger("corral.monitor.pager")
+DELIVERY_BATCH = 200
+SENDING_RETRY_S = 300.0  # a batch claimed by a process that died is sent again after this
+
+
+class PagingSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CORRAL_PAGING_", extra="ignore")
+
+    interval_s: float = 1.0  # escalation and delivery pass (a started page wakes it at once)
+    email_channel: str | None = None  # monitor.yml email channel whose SMTP server pages use
+    link_ttl_s: float = 24 * 3600.0  # how long an acknowledge link works
+    keep_days: float = 90.0  # ended pages (and their notifications) are deleted after this
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One notification ready to send: the page, the person and their acknowledge link."""
+
+    note: PageNotification
+    page: Page
+    user: str
+    ack_url: str
+    ack_expires_at: float
+
+    def text(self) -> str:
+        return "\n".join(
+            [
+                self.page.body or self.page.subject,
+                "",
+                f"You are paged by escalation policy {self.page.policy_name!r} "
+                f"(round {self.note.round + 1}, step {self.note.step + 1}).",
+                f"Acknowledge (no login needed; works until {utc_text(self.ack_expires_at)}):",
+                self.ack_url,
+            ]
+        )
+
+
+def public_url() -> str:
+    return os.environ.get("CORRAL_PUBLIC_URL", "http://127.0.0.1:8080").rstrip("/")
+
+
+def email_transport(config: MonitorConfig, wanted: str | None) -> EmailChannel | None:
+    emails = [c for c in config.channels if isinstance(c, EmailChannel)]
+    if wanted is not None:
+        return next((c for c in emails if c.name == wanted), None)
+    return emails[0] if emails else None
+
+
+class Mailer:
+    """One SMTP connection for a delivery pass, opened on first use."""
+
+    def __init__(self, channel: EmailChannel | None) -> None:
+        self.channel = channel
+        self.smtp: smtplib.SMTP | None = None
+
+    def send(self, out: Outgoing) -> None:
+        channel = self.channel
+        if channel is None:
+            raise ChannelError("no email channel in monitor.yml to send pages through (smtp_host, from)")
+        msg = EmailMessage()
+        msg["Subject"] = f"[Corral page] {out.page.subject}"
+        msg["From"] = channel.sender
+        msg["To"] = out.note.address
+        msg["X-Corral-Page"] = out.page.key
+        msg.set_content(out.text())
+        try:
+            if self.smtp is None:
+                self.smtp = smtplib.SMTP(channel.smtp_host, channel.smtp_port, timeout=channel.timeout)
+                if channel.starttls:
+                    self.smtp.starttls()
+                if channel.username:
+                    self.smtp.login(channel.username, channel.password or "")
+            self.smtp.send_message(msg)
+        except (OSError, smtplib.SMTPException) as exc:
+            self.close()
+            raise ChannelError(f"SMTP {channel.smtp_host}:{channel.smtp_port}: {exc}") from exc
+
+    def close(self) -> None:
+        if self.smtp is not None:
+            try:
+                self.smtp.quit()
+            except (OSError, smtplib.SMTPException):
+                pass
+            self.smtp = None
+
+
+def webhook_body(out: Outgoing) -> dict[str, Any]:
+    if out.note.kind == "slack":  # Slack and Mattermost incoming webhooks both read these fields
+        return {
+            "username": "Corral",
+            "text": f"*Page: {out.page.subject}* for {out.user} - acknowledge: {out.ack_url}",
+            "attachments": [
+                {
+                    "fallback": out.text(), "color": "#d00000", "title": out.page.subject,
+                    "title_link": out.ack_url, "text": out.text(),
+                }
+            ],
+        }  # fmt: skip
+    return {
+        "event": "page",
+        "page": {
+            "id": out.page.id, "key": out.page.key, "subject": out.page.subject, "body": out.page.body,
+            "policy": out.page.policy_name, "state": out.page.state, "round": out.note.round + 1,
+            "step": out.note.step + 1, "created_at": out.page.created_at,
+        },
+        "recipient": out.user,
+        "ack_url": out.ack_url,
+        "ack_expires_at": out.ack_expires_at,
+    }  # fmt: skip
+
+
+def post_webhook(out: Outgoing) -> None:
+    try:
+        response = httpx.post(out.note.address, json=webhook_body(out), timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise ChannelError(f"POST {out.note.address}: {exc}") from exc
+    if response.status_code >= 300:
+        raise ChannelError(f"POST {out.note.address}: HTTP {response.status_code} {response.text[:200]}")
+
+
+def _due(session: Session, now: float) -> list[PageNotification]:
+    """Due rows: pending, failing past their backoff, or `sending` left by a crashed pass."""
+    return list(
+        session.scalars(
+            select(PageNotification)
+            .where(
+                PageNotification.state.in_(("pending", "failing", "sending")),
+                PageNotification.next_attempt_at <= now,
+            )
+            .order_by(PageNotification.next_attempt_at, PageNotification.id)
+            .limit(DELIVERY_BATCH)
+        )
+    )
+
+
+def _send_one(mailer: Mailer, note: PageNotification, page: Page | None, user: User | None, key: bytes,
+              config: MonitorConfig, settings: PagingSettings, now: float) -> None:  # fmt: skip
+    """Send one claimed notification and record the outcome on its row (not committed)."""
+    if page is None or user is None or page.state not in OPEN_STATES:
+        note.state, note.last_error = "skipped", "the page was acknowledged or cancelled first"
+        return
+    expires = now + settings.link_ttl_s
+    url = f"{public_url()}/api/v1/ack/{ack_token(key, page.id, user.id, expires)}"
+    out = Outgoing(note, page, user.name, url, expires)
+    try:
+        mailer.send(out) if note.kind == "email" else post_webhook(out)
+    except ChannelError as exc:
+        _failed(note, str(exc), config, now)
+        log.warning("page %s to %s (%s) failed: %s", page.key, user.name, note.kind, exc)
+    else:
+        note.state, note.sent_at, note.last_error = "sent", now, ""
+
+
+def deliver_pages(
+    session_factory: Callable[[], Session],
+    config: MonitorConfig,
+    settings: PagingSettings,
+    key: bytes,
+    now: float,
+) -> int:
+    """Send the due page notifications; returns how many were handled (sent, failed or skipped).
+
+    Two commits per batch, not one per message: the batch is claimed (`sending`, retried after
+    SENDING_RETRY_S if this process dies before the outcome is written), sent over one SMTP
+    connection, and the outcomes written together. Delivery is at least once: a message sent
+    just before a crash may go out again after the retry delay, never silently dropped."""
+    mailer = Mailer(email_transport(config, settings.email_channel))
+    try:
+        with session_factory() as session:
+            due = _due(session, now)
+            if not due:
+                return 0
+            for note in due:
+                note.state, note.next_attempt_at = "sending", now + SENDING_RETRY_S
+                note.attempts += 1
+            session.commit()
+            pages = {
+                p.id: p for p in session.scalars(select(Page).where(Page.id.in_({n.page_id for n in due})))
+            }
+            users = {
+                u.id: u for u in session.scalars(select(User).where(User.id.in_({n.user_id for n in due})))
+            }
+            for note in due:
+                _send_one(
+                    mailer, note, pages.get(note.page_id), users.get(note.user_id), key, config, settings, now
+                )
+            session.commit()
+            return len(due)
+    finally:
+        mailer.close()
+
+
+def _failed(note: PageNotification, error: str, config: MonitorConfig, now: float) -> None:
+    note.last_error = error[:2000]
+    if note.attempts >= config.retry.max_attempts:
+        note.state = "given_up"
+        return
+    note.state = "failing"
+    note.next_attempt_at = now + config.retry.backoff_s(note.attempts)
+
+
+PURGE_EVERY_S = 3600.0
+_purged_at: dict[str, float] = {}  # per server process (owner id): when it last purged
+
+
+def paging_tick(ctx: ServerContext, now: float) -> None:
+    with ctx.session_factory() as session:
+        advanced = escalate_due(session, now)
+        if now - _purged_at.get(ctx.owner_id, 0.0) >= PURGE_EVERY_S:
+            purge_ended(session, now - SETTINGS.keep_days * 86400.0)
+            _purged_at[ctx.owner_id] = now
+    handled = deliver_pages(ctx.session_factory, monitor_config(ctx), SETTINGS, link_key(ctx.settings), now)
+    if (
+        handled >= DELIVERY_BATCH or advanced >= ESCALATE_BATCH
+    ):  # more may be waiting: run again at once instead of next interval
+        ctx.wake("paging")
+
+
+SETTINGS = PagingSettings()
+LOOPS: list[BackgroundLoop] = [BackgroundLoop("paging", SETTINGS.interval_s, paging_tick)]

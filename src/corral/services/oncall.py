@@ -1,0 +1,580 @@
+"""On-call schedules, escalation policies and people's contact methods (docs/operations.md,
+"On-call"). The arithmetic of rotations is `corral.services.rotation`; paging is
+`corral.services.paging`. Schedules and policies are admin-managed; an override may also be
+made by a member of the schedule's layers who takes the shift themselves; a person manages their
+own email and contact methods (admins anyone's). Every change is audited.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import time
+from datetime import UTC, date, datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from corral.db.models import User
+from corral.db.oncall_models import (
+    ContactMethod,
+    EscalationPolicy,
+    OncallLayer,
+    OncallOverride,
+    OncallSchedule,
+)
+from corral.services import audit
+from corral.services.accounts import check_name, user_by_name
+from corral.services.auth import Principal
+from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
+from corral.services.rotation import (
+    Layer,
+    OnCall,
+    Override,
+    Rotation,
+    RotationError,
+    Shift,
+    parse_hhmm,
+    parse_zone,
+    utc_text,
+)
+
+GAP_HORIZON_S = 14 * 86400.0  # how far ahead a schedule is checked for gaps
+EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+CONTACT_KINDS = ("email", "webhook", "slack")
+MAX_STEPS = 20
+MAX_REPEAT = 10
+
+
+def _admin(principal: Principal, what: str) -> None:
+    if not principal.is_admin:
+        raise Forbidden(f"only admins may {what}")
+
+
+# --- contacts -----------------------------------------------------------------------------------
+
+
+def _may_manage(principal: Principal, user: User) -> None:
+    if principal.user_id != user.id and not principal.is_admin:
+        raise Forbidden(f"only {user.name} and admins may change {user.name}'s contact methods")
+
+
+def check_address(kind: str, address: str) -> str:
+    address = address.strip()
+    if kind not in CONTACT_KINDS:
+        raise Invalid(f"kind must be one of {', '.join(CONTACT_KINDS)}, not {kind!r}", ("body", "kind"))
+    if kind == "email" and not EMAIL_RE.match(address):
+        raise Invalid(f"{address!r} is not an email address", ("body", "address"))
+    if kind != "email" and not re.match(r"^https?://[^\s/]+", address):
+        raise Invalid(f"a {kind} contact needs an http(s):// URL, not {address!r}", ("body", "address"))
+    return address
+
+
+def contacts_view(session: Session, user: User) -> dict[str, Any]:
+    methods = session.scalars(
+        select(ContactMethod).where(ContactMethod.user_id == user.id).order_by(ContactMethod.id)
+    ).all()
+    return {
+        "user": user.name,
+        "email": user.email,
+        "methods": [{"id": m.id, "kind": m.kind, "address": m.address} for m in methods],
+    }
+
+
+def get_contacts(session: Session, principal: Principal, name: str) -> dict[str, Any]:
+    user = user_by_name(session, name)
+    _may_manage(principal, user)
+    return contacts_view(session, user)
+
+
+def set_email(session: Session, principal: Principal, name: str, email: str | None) -> dict[str, Any]:
+    user = user_by_name(session, name)
+    _may_manage(principal, user)
+    before = {"email": user.email}
+    user.email = check_address("email", email) if email else None
+    audit.record(
+        session, actor=principal, action="user.set_email", target_kind="user", target_id=user.name,
+        before=before, after={"email": user.email},
+    )  # fmt: skip
+    session.commit()
+    return contacts_view(session, user)
+
+
+def add_contact(session: Session, principal: Principal, name: str, kind: str, address: str) -> dict[str, Any]:
+    user = user_by_name(session, name)
+    _may_manage(principal, user)
+    address = check_address(kind, address)
+    if session.scalar(
+        select(ContactMethod.id).where(
+            ContactMethod.user_id == user.id, ContactMethod.kind == kind, ContactMethod.address == address
+        )
+    ):
+        raise Conflict(f"{user.name} already has the {kind} contact {address!r}")
+    session.add(ContactMethod(user_id=user.id, kind=kind, address=address, created_at=time.time()))
+    audit.record(
+        session, actor=principal, action="contact.add", target_kind="user", target_id=user.name,
+        after={"kind": kind, "address": address},
+    )  # fmt: skip
+    session.commit()
+    return contacts_view(session, user)
+
+
+def remove_contact(session: Session, principal: Principal, name: str, contact_id: int) -> None:
+    user = user_by_name(session, name)
+    _may_manage(principal, user)
+    row = session.get(ContactMethod, contact_id)
+    if row is None or row.user_id != user.id:
+        raise NotFound(f"{user.name} has no contact method {contact_id}")
+    audit.record(
+        session, actor=principal, action="contact.remove", target_kind="user", target_id=user.name,
+        before={"kind": row.kind, "address": row.address},
+    )  # fmt: skip
+    session.delete(row)
+    session.commit()
+
+
+def addresses_of(session: Session, user_id: int) -> list[tuple[str, str]]:
+    """Where a page reaches a person: their email, then their contact methods (kind, address)."""
+    user = session.get(User, user_id)
+    if user is None or not user.active:
+        return []
+    out = [("email", user.email)] if user.email else []
+    for m in session.scalars(
+        select(ContactMethod).where(ContactMethod.user_id == user_id).order_by(ContactMethod.id)
+    ):
+        if (m.kind, m.address) not in out:
+            out.append((m.kind, m.address))
+    return out
+
+
+# --- schedules ----------------------------------------------------------------------------------
+
+
+def schedule_by_name(session: Session, name: str) -> OncallSchedule:
+    found = session.scalar(
+        select(OncallSchedule)
+        .where(OncallSchedule.name == name)
+        .options(selectinload(OncallSchedule.layers), selectinload(OncallSchedule.overrides))
+    )
+    if found is None:
+        raise NotFound(f"no on-call schedule named {name!r}")
+    return found
+
+
+def _user_names(session: Session, ids: set[int]) -> dict[int, str]:
+    if not ids:
+        return {}
+    return dict(session.execute(select(User.id, User.name).where(User.id.in_(ids))).all())
+
+
+def rotation_of(session: Session, schedule: OncallSchedule) -> Rotation:
+    ids = {m for layer in schedule.layers for m in layer.members} | {o.user_id for o in schedule.overrides}
+    if schedule.fallback_user_id is not None:
+        ids.add(schedule.fallback_user_id)
+    names = _user_names(session, ids)
+    layers = tuple(
+        Layer(
+            name=layer.name, rotation=layer.rotation, start_date=date.fromisoformat(layer.start_date),
+            handoff=parse_hhmm(layer.handoff, "handoff"),
+            members=tuple(names.get(m, f"#{m}") for m in layer.members),
+            restrict_from=parse_hhmm(layer.restrict_from, "restrict_from") if layer.restrict_from else None,
+            restrict_to=parse_hhmm(layer.restrict_to, "restrict_to") if layer.restrict_to else None,
+        )
+        for layer in schedule.layers
+    )  # fmt: skip
+    overrides = tuple(
+        Override(o.id, names.get(o.user_id, f"#{o.user_id}"), o.start, o.end) for o in schedule.overrides
+    )
+    fallback = names.get(schedule.fallback_user_id) if schedule.fallback_user_id is not None else None
+    return Rotation(parse_zone(schedule.time_zone), layers, overrides, fallback)
+
+
+def _layers_from_spec(session: Session, specs: list[dict[str, Any]]) -> list[OncallLayer]:
+    rows = []
+    for i, spec in enumerate(specs):
+        where = f"layers[{i}]"
+        name = spec.get("name") or f"layer-{i + 1}"
+        members = [user_by_name(session, m).id for m in spec.get("members") or []]
+        try:  # the same checks rotation_of relies on, with the layer's place in the message
+            start = date.fromisoformat(spec["start_date"])
+        except (KeyError, TypeError, ValueError):
+            raise Invalid(
+                f"{where}.start_date must be a date YYYY-MM-DD", ("body", "layers", i, "start_date")
+            )
+        try:
+            Layer(
+                name=name,
+                rotation=spec.get("rotation", ""),
+                start_date=start,
+                handoff=parse_hhmm(spec.get("handoff", "09:00"), f"{where}.handoff"),
+                members=tuple(str(m) for m in members),
+                restrict_from=parse_hhmm(spec["restrict_from"], f"{where}.restrict_from")
+                if spec.get("restrict_from")
+                else None,
+                restrict_to=parse_hhmm(spec["restrict_to"], f"{where}.restrict_to")
+                if spec.get("restrict_to")
+                else None,
+            )
+        except RotationError as exc:
+            raise Invalid(str(exc), ("body", "layers", i))
+        rows.append(
+            OncallLayer(
+                position=i, name=name, rotation=spec["rotation"], start_date=start.isoformat(),
+                handoff=spec.get("handoff", "09:00"), members=members,
+                restrict_from=spec.get("restrict_from") or None, restrict_to=spec.get("restrict_to") or None,
+            )
+        )  # fmt: skip
+    return rows
+
+
+def put_schedule(
+    session: Session, principal: Principal, name: str, spec: dict[str, Any]
+) -> tuple[dict[str, Any], bool]:
+    """Create or replace a schedule's definition (its overrides are kept). (view, created)."""
+    _admin(principal, "define on-call schedules")
+    check_name(name, "name")
+    try:
+        parse_zone(spec.get("time_zone") or "UTC")
+    except RotationError as exc:
+        raise Invalid(str(exc), ("body", "time_zone"))
+    layers = _layers_from_spec(session, list(spec.get("layers") or []))
+    fallback = spec.get("fallback_user")
+    fallback_id = user_by_name(session, fallback).id if fallback else None
+    now = time.time()
+    row = session.scalar(select(OncallSchedule).where(OncallSchedule.name == name))
+    created = row is None
+    before = None if row is None else schedule_definition(session, row)
+    if row is None:
+        row = OncallSchedule(name=name, created_at=now, time_zone="UTC")
+        session.add(row)
+    row.time_zone = spec.get("time_zone") or "UTC"
+    row.description = spec.get("description") or ""
+    row.fallback_user_id = fallback_id
+    row.updated_at = now
+    row.layers.clear()
+    session.flush()  # the old layers' positions are free before the new ones take them
+    row.layers.extend(layers)
+    session.flush()
+    after = schedule_definition(session, row)
+    audit.record(
+        session, actor=principal, action="oncall.schedule.create" if created else "oncall.schedule.update",
+        target_kind="oncall_schedule", target_id=name, before=before, after=after,
+    )  # fmt: skip
+    session.commit()
+    return schedule_view(session, schedule_by_name(session, name), time.time()), created
+
+
+def schedule_definition(session: Session, row: OncallSchedule) -> dict[str, Any]:
+    names = _user_names(
+        session, {m for layer in row.layers for m in layer.members} | {row.fallback_user_id or 0}
+    )
+    return {
+        "name": row.name,
+        "time_zone": row.time_zone,
+        "description": row.description,
+        "fallback_user": names.get(row.fallback_user_id) if row.fallback_user_id else None,
+        "layers": [
+            {
+                "name": layer.name, "rotation": layer.rotation, "start_date": layer.start_date,
+                "handoff": layer.handoff, "members": [names.get(m, f"#{m}") for m in layer.members],
+                "restrict_from": layer.restrict_from, "restrict_to": layer.restrict_to,
+            }
+            for layer in row.layers
+        ],
+    }  # fmt: skip
+
+
+def gap_warnings(rotation: Rotation, zone_name: str, now: float) -> list[str]:
+    zone = parse_zone(zone_name)
+    out = []
+    for gap in rotation.gaps(now, now + GAP_HORIZON_S)[:10]:
+        begin = datetime.fromtimestamp(gap.start, zone).strftime("%Y-%m-%d %H:%M")
+        end = datetime.fromtimestamp(gap.end, zone).strftime("%Y-%m-%d %H:%M")
+        who = (
+            f"the fallback user {rotation.fallback} is paged"
+            if rotation.fallback
+            else "nobody is paged for this schedule: its escalation step is skipped"
+        )
+        out.append(f"gap: nobody on call {begin} - {end} {zone_name}; {who}")
+    return out
+
+
+def shift_dict(shift: Shift) -> dict[str, Any]:
+    return {"user": shift.user, "source": shift.source, "start": shift.start, "end": shift.end}
+
+
+def schedule_view(session: Session, row: OncallSchedule, now: float, days: float = 7.0) -> dict[str, Any]:
+    rotation = rotation_of(session, row)
+    current = rotation.on_call(now)
+    shifts = rotation.shifts(now, now + days * 86400.0)
+    return {
+        **schedule_definition(session, row),
+        "on_call": {
+            "user": current.user,
+            "source": current.source,
+            "until": shifts[0].end if shifts else None,
+        },
+        "shifts": [shift_dict(s) for s in shifts],
+        "overrides": [
+            {"id": o.id, "user": o.user, "start": o.start, "end": o.end}
+            for o in rotation.overrides
+            if o.end > now
+        ],
+        "warnings": gap_warnings(rotation, row.time_zone, now),
+    }
+
+
+def list_schedules(session: Session, now: float) -> list[dict[str, Any]]:
+    rows = session.scalars(
+        select(OncallSchedule)
+        .order_by(OncallSchedule.name)
+        .options(selectinload(OncallSchedule.layers), selectinload(OncallSchedule.overrides))
+    ).all()
+    return [schedule_view(session, row, now, days=1.0) for row in rows]
+
+
+def delete_schedule(session: Session, principal: Principal, name: str) -> None:
+    _admin(principal, "delete on-call schedules")
+    row = schedule_by_name(session, name)
+    users = [
+        p.name
+        for p in session.scalars(select(EscalationPolicy))
+        if any(s.get("schedule_id") == row.id for s in p.steps)
+    ]
+    if users:
+        raise Conflict(
+            f"schedule {name!r} is used by escalation policies {', '.join(sorted(users))}: change them first"
+        )
+    audit.record(
+        session, actor=principal, action="oncall.schedule.delete", target_kind="oncall_schedule",
+        target_id=name, before=schedule_definition(session, row),
+    )  # fmt: skip
+    session.delete(row)
+    session.commit()
+
+
+def who_is_on_call(session: Session, name: str | None, now: float) -> list[dict[str, Any]]:
+    rows = (
+        [schedule_by_name(session, name)]
+        if name
+        else session.scalars(select(OncallSchedule).order_by(OncallSchedule.name)).all()
+    )
+    out = []
+    for row in rows:
+        rotation = rotation_of(session, row)
+        current: OnCall = rotation.on_call(now)
+        upcoming = rotation.shifts(now, now + GAP_HORIZON_S)
+        out.append(
+            {
+                "schedule": row.name, "user": current.user, "source": current.source,
+                "until": upcoming[0].end if upcoming else None,
+                "next": shift_dict(upcoming[1]) if len(upcoming) > 1 else None,
+            }
+        )  # fmt: skip
+    return out
+
+
+def add_override(
+    session: Session, principal: Principal, name: str, user_name: str, start: float, end: float
+) -> dict[str, Any]:
+    row = schedule_by_name(session, name)
+    user = user_by_name(session, user_name)
+    members = {m for layer in row.layers for m in layer.members}
+    if not principal.is_admin and not (principal.user_id == user.id and user.id in members):
+        raise Forbidden(
+            f"only admins, or a member of {name!r} taking the shift themselves, may add overrides"
+        )
+    if end <= start:
+        raise Invalid("end must be after start", ("body", "end"))
+    if end - start > 366 * 86400.0:
+        raise Invalid("an override may last at most a year", ("body", "end"))
+    override = OncallOverride(
+        schedule_id=row.id,
+        user_id=user.id,
+        start=start,
+        end=end,
+        created_by=principal.name,
+        created_at=time.time(),
+    )
+    session.add(override)
+    session.flush()
+    after = {"id": override.id, "user": user.name, "start": utc_text(start), "end": utc_text(end)}
+    audit.record(
+        session, actor=principal, action="oncall.override.add", target_kind="oncall_schedule",
+        target_id=name, after=after,
+    )  # fmt: skip
+    session.commit()
+    return {"id": override.id, "schedule": name, "user": user.name, "start": start, "end": end}
+
+
+def remove_override(session: Session, principal: Principal, name: str, override_id: int) -> None:
+    _admin(principal, "remove overrides")
+    row = schedule_by_name(session, name)
+    override = session.get(OncallOverride, override_id)
+    if override is None or override.schedule_id != row.id:
+        raise NotFound(f"schedule {name!r} has no override {override_id}")
+    audit.record(
+        session, actor=principal, action="oncall.override.remove", target_kind="oncall_schedule",
+        target_id=name, before={"id": override.id, "start": override.start, "end": override.end},
+    )  # fmt: skip
+    session.delete(override)
+    session.commit()
+
+
+# --- escalation policies ------------------------------------------------------------------------
+
+
+def policy_by_name(session: Session, name: str) -> EscalationPolicy:
+    found = session.scalar(select(EscalationPolicy).where(EscalationPolicy.name == name))
+    if found is None:
+        raise NotFound(f"no escalation policy named {name!r}")
+    return found
+
+
+def _steps_from_spec(session: Session, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if not specs:
+        raise Invalid("a policy needs at least one step", ("body", "steps"))
+    if len(specs) > MAX_STEPS:
+        raise Invalid(f"a policy has at most {MAX_STEPS} steps", ("body", "steps"))
+    out = []
+    for i, spec in enumerate(specs):
+        schedule, user = spec.get("schedule"), spec.get("user")
+        if (schedule is None) == (user is None):
+            raise Invalid(f"steps[{i}]: name exactly one of schedule or user", ("body", "steps", i))
+        wait = float(spec.get("wait_minutes", 0)) * 60.0
+        if not 0 <= wait <= 7 * 86400.0:
+            raise Invalid(f"steps[{i}].wait_minutes must be 0 to 10080", ("body", "steps", i, "wait_minutes"))
+        target = (
+            {"schedule_id": schedule_by_name(session, schedule).id}
+            if schedule
+            else {"user_id": user_by_name(session, str(user)).id}
+        )
+        out.append({**target, "wait_s": wait})
+    return out
+
+
+def policy_view(session: Session, row: EscalationPolicy) -> dict[str, Any]:
+    schedules = dict(session.execute(select(OncallSchedule.id, OncallSchedule.name)).all())
+    users = _user_names(session, {s["user_id"] for s in row.steps if "user_id" in s})
+    steps = []
+    for step in row.steps:
+        target = (
+            {"schedule": schedules.get(step["schedule_id"], f"#{step['schedule_id']}")}
+            if "schedule_id" in step
+            else {"user": users.get(step["user_id"], f"#{step['user_id']}")}
+        )
+        steps.append({**target, "wait_minutes": step["wait_s"] / 60.0})
+    return {"name": row.name, "description": row.description, "repeat": row.repeat, "steps": steps}
+
+
+def put_policy(
+    session: Session, principal: Principal, name: str, spec: dict[str, Any]
+) -> tuple[dict[str, Any], bool]:
+    _admin(principal, "define escalation policies")
+    check_name(name, "name")
+    repeat = int(spec.get("repeat") or 0)
+    if not 0 <= repeat <= MAX_REPEAT:
+        raise Invalid(f"repeat must be 0 to {MAX_REPEAT}", ("body", "repeat"))
+    steps = _steps_from_spec(session, list(spec.get("steps") or []))
+    now = time.time()
+    row = session.scalar(select(EscalationPolicy).where(EscalationPolicy.name == name))
+    created = row is None
+    before = None if row is None else policy_view(session, row)
+    if row is None:
+        row = EscalationPolicy(name=name, created_at=now)
+        session.add(row)
+    row.steps, row.repeat, row.description, row.updated_at = steps, repeat, spec.get("description") or "", now
+    session.flush()
+    after = policy_view(session, row)
+    audit.record(
+        session, actor=principal, action="oncall.policy.create" if created else "oncall.policy.update",
+        target_kind="escalation_policy", target_id=name, before=before, after=after,
+    )  # fmt: skip
+    session.commit()
+    return after, created
+
+
+def list_policies(session: Session) -> list[dict[str, Any]]:
+    return [
+        policy_view(session, p)
+        for p in session.scalars(select(EscalationPolicy).order_by(EscalationPolicy.name))
+    ]
+
+
+def delete_policy(session: Session, principal: Principal, name: str) -> None:
+    _admin(principal, "delete escalation policies")
+    row = policy_by_name(session, name)
+    audit.record(
+        session, actor=principal, action="oncall.policy.delete", target_kind="escalation_policy",
+        target_id=name, before=policy_view(session, row),
+    )  # fmt: skip
+    session.delete(row)
+    session.commit()
+
+
+# --- iCal ---------------------------------------------------------------------------------------
+
+
+def _ical_text(value: str) -> str:
+    return value.replace("\\", "\\\\").replace(";", "\\;").replace(",", "\\,").replace("\n", "\\n")
+
+
+def _fold(line: str) -> str:
+    """RFC 5545 3.1: lines longer than 75 octets continue on lines that start with a space."""
+    raw = line.encode()
+    if len(raw) <= 75:
+        return line
+    parts, start = [], 0
+    while start < len(raw):
+        size = 75 if start == 0 else 74
+        end = min(len(raw), start + size)
+        while end < len(raw) and (raw[end] & 0xC0) == 0x80:  # never split a UTF-8 character
+            end -= 1
+        parts.append(raw[start:end].decode())
+        start = end
+    return "\r\n ".join(parts)
+
+
+def feed_token(key: bytes, schedule: str) -> str:
+    """The path token of a schedule's calendar subscription URL, which works without logging in
+    (calendar apps send no token): the name and an HMAC of it. It does not expire; rotating the
+    secrets key revokes every such URL."""
+    signature = hmac.new(key, f"corral-ical-feed:{schedule}".encode(), hashlib.sha256).hexdigest()[:32]
+    return f"{schedule}.{signature}"
+
+
+def schedule_of_feed(key: bytes, token: str) -> str:
+    name = token.rpartition(".")[0]
+    if not name or not hmac.compare_digest(feed_token(key, name), token):
+        raise Forbidden(
+            "this calendar URL's signature does not match: it was altered, or made by another server key"
+        )
+    return name
+
+
+def ical_feed(session: Session, name: str, now: float, days: float = 28.0) -> str:
+    """The schedule's shifts from a day ago to `days` ahead as an iCalendar (RFC 5545) feed; gaps
+    appear as "nobody on call" events so that they show in the calendar too."""
+    row = schedule_by_name(session, name)
+    rotation = rotation_of(session, row)
+    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%SZ")
+
+    def utc(ts: float) -> str:
+        return datetime.fromtimestamp(ts, UTC).strftime("%Y%m%dT%H%M%SZ")
+
+    lines = [
+        "BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//Corral//On-call//EN", "CALSCALE:GREGORIAN",
+        f"X-WR-CALNAME:{_ical_text(f'On call: {name}')}", f"X-WR-TIMEZONE:{row.time_zone}",
+    ]  # fmt: skip
+    for shift in rotation.shifts(now - 86400.0, now + days * 86400.0, with_fallback=False):
+        who = shift.user or (f"gap (fallback {rotation.fallback})" if rotation.fallback else "gap: nobody")
+        lines += [
+            "BEGIN:VEVENT", f"UID:{name}-{int(shift.start)}-{int(shift.end)}@corral", f"DTSTAMP:{stamp}",
+            f"DTSTART:{utc(shift.start)}", f"DTEND:{utc(shift.end)}",
+            f"SUMMARY:{_ical_text(f'{who} on call ({name})')}",
+            f"DESCRIPTION:{_ical_text(f'source: {shift.source}')}", "END:VEVENT",
+        ]  # fmt: skip
+    lines.append("END:VCALENDAR")
+    return "\r\n".join(_fold(line) for line in lines) + "\r\n"

@@ -1,0 +1,174 @@
+"""On-call test fixtures: a migrated SQLite database in a temp CORRAL_HOME, the real app
+(create_app) with an admin token, two people with email addresses and tokens, a real SMTP server
+(aiosmtpd) and a real HTTP server receiving webhooks."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from email import message_from_bytes
+from email.message import Message
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from corral.api.app import create_app
+from corral.config import Settings
+from corral.db.models import User
+from corral.db.session import init_db, make_engine, make_session_factory
+from corral.monitor.config import MonitorConfig
+from corral.services import auth
+from tests.pg import postgres_server
+from tests.support import free_port
+
+__all__ = ["postgres_server"]  # the fixture, for tests that run on PostgreSQL too
+
+
+class Inbox:
+    """aiosmtpd handler: every message received, with when it arrived."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self.arrived: list[float] = []
+        self.changed = threading.Condition()
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # aiosmtpd hook
+        with self.changed:
+            self.messages.append(message_from_bytes(envelope.content))
+            self.arrived.append(time.time())
+            self.changed.notify_all()
+        return "250 OK"
+
+    def to(self) -> list[str]:
+        return [str(m["To"]) for m in self.messages]
+
+    def wait_for(self, count: int, timeout: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: len(self.messages) >= count, timeout)
+
+
+@dataclass
+class Smtp:
+    port: int
+    inbox: Inbox
+
+    def config(self) -> MonitorConfig:
+        return MonitorConfig.model_validate(
+            {
+                "channels": [
+                    {
+                        "name": "mail", "type": "email", "smtp_host": "127.0.0.1", "smtp_port": self.port,
+                        "from": "corral@example.org", "to": ["ops-archive@example.org"],
+                    }
+                ],
+                "retry": {"initial_backoff": "1s", "max_attempts": 2},
+            }
+        )  # fmt: skip
+
+
+@pytest.fixture
+def smtp() -> Iterator[Smtp]:
+    from aiosmtpd.controller import Controller
+
+    inbox = Inbox()
+    port = free_port()
+    controller = Controller(inbox, hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        yield Smtp(port, inbox)
+    finally:
+        controller.stop()
+
+
+class Hook:
+    """A real HTTP server that records the JSON bodies posted to it."""
+
+    def __init__(self) -> None:
+        self.bodies: list[tuple[str, dict[str, Any]]] = []
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                hook.bodies.append((self.path, json.loads(self.rfile.read(length))))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def hook() -> Iterator[Hook]:
+    server = Hook()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@dataclass
+class Env:
+    home: Path
+    settings: Settings
+    engine: sa.Engine
+    factory: sessionmaker[Session]
+    client: TestClient
+    admin: dict[str, str]
+    people: dict[str, dict[str, str]]  # name -> auth header
+
+    def put(self, path: str, body: dict[str, Any], as_user: str | None = None) -> Any:
+        headers = self.admin if as_user is None else self.people[as_user]
+        response = self.client.put(f"/api/v1{path}", json=body, headers=headers)
+        assert response.status_code in (200, 201), response.text
+        return response.json()
+
+
+@pytest.fixture
+def env(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
+    """SQLite, or PostgreSQL for a test parametrized `@pytest.mark.parametrize("env", ["postgres"],
+    indirect=True)`."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("CORRAL_PUBLIC_URL", "http://corral.test")
+    if getattr(request, "param", "sqlite") == "postgres":
+        url = request.getfixturevalue("postgres_server").create_database()
+    else:
+        url = f"sqlite:///{home / 'corral.db'}"
+    init_db(url)
+    engine = make_engine(url)
+    factory = make_session_factory(engine)
+    settings = Settings(home=home, database_url=url)
+    people: dict[str, dict[str, str]] = {}
+    with factory() as db:
+        token = auth.bootstrap_admin(db, settings)
+        assert token is not None
+        for name in ("alice", "bob", "carol"):
+            user = User(name=name, is_admin=False, active=True, created_at=time.time())
+            user.email = f"{name}@example.org"
+            db.add(user)
+            db.flush()
+            _, secret = auth.create_token(db, user, "test")
+            people[name] = {"Authorization": f"Bearer {secret}"}
+        db.commit()
+    client = TestClient(create_app(settings, db_engine=engine))
+    yield Env(home, settings, engine, factory, client, {"Authorization": f"Bearer {token}"}, people)
+    client.close()
+    engine.dispose()

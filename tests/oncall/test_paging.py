@@ -1,0 +1,226 @@
+"""Paging end to end against a real SMTP server (aiosmtpd) and a real webhook receiver: the
+primary on call is emailed with a signed acknowledge link; nobody acks within the step's delay,
+so the secondary is emailed; the link acknowledges and the escalation stops; a policy repeats K
+times, then gives up; expired or altered links are refused. The loop's two steps
+(`escalate_due`, `deliver_pages`) run with an explicit clock, so minutes of policy pass at once."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import pytest
+
+from corral.db.oncall_models import Page, PageNotification
+from corral.monitor.pager import PagingSettings, deliver_pages
+from corral.services import paging
+from tests.oncall.conftest import Env, Hook, Smtp
+
+LINK = re.compile(r"http://corral\.test/api/v1/ack/(\S+)")
+
+
+def set_up(env: Env, repeat: int = 0) -> None:
+    for name, who in (("primary", "alice"), ("secondary", "bob")):
+        layer = {"rotation": "weekly", "start_date": "2026-01-05", "handoff": "09:00", "members": [who]}
+        env.put(f"/oncall/schedules/{name}", {"time_zone": "Europe/Berlin", "layers": [layer]})
+    steps = [{"schedule": "primary", "wait_minutes": 5}, {"schedule": "secondary", "wait_minutes": 5}]
+    env.put("/oncall/policies/gpu", {"steps": steps, "repeat": repeat})
+
+
+def start(env: Env, key: str, now: float) -> None:
+    with env.factory() as db:
+        paging.start(db, key=key, policy="gpu", subject="GPU 0 on node-a: ECC errors", body="ECC!", now=now)
+        db.commit()
+
+
+def tick(env: Env, smtp: Smtp, now: float) -> int:
+    """One pass of the paging loop at `now`; returns how many notifications it handled."""
+    with env.factory() as db:
+        paging.escalate_due(db, now)
+    key = paging.link_key(env.settings)
+    return deliver_pages(env.factory, smtp.config(), PagingSettings(), key, now)
+
+
+def page(env: Env, key: str) -> Page:
+    with env.factory() as db:
+        found = paging.page_by_key(db, key)
+        db.expunge(found)
+        return found
+
+
+@pytest.mark.parametrize("env", ["sqlite", "postgres"], indirect=True)
+def test_primary_then_secondary_then_the_link_acks_and_escalation_stops(env: Env, smtp: Smtp) -> None:
+    set_up(env)
+    acked: list[tuple[str, str]] = []
+    paging.register_ack_listener("incident:", lambda session, key, by: acked.append((key, by)))
+    t0 = time.time()
+    start(env, "incident:7", t0)
+    start(env, "incident:7", t0 + 1)  # idempotent per key: still one page
+    assert tick(env, smtp, t0) == 1
+    assert smtp.inbox.wait_for(1, 5)
+    first = smtp.inbox.messages[0]
+    assert smtp.inbox.to() == ["alice@example.org"]
+    assert first["Subject"] == "[Corral page] GPU 0 on node-a: ECC errors"
+    body = first.get_payload(decode=True).decode()  # type: ignore[union-attr]
+    link = LINK.search(body)
+    assert link is not None, body
+    assert tick(env, smtp, t0 + 299) == 0  # within the step's 5 minutes: nobody else is paged
+    assert tick(env, smtp, t0 + 301) == 1
+    assert smtp.inbox.wait_for(2, 5)
+    assert smtp.inbox.to() == ["alice@example.org", "bob@example.org"]
+
+    shown = env.client.get(f"/api/v1/ack/{link.group(1)}")  # opening the link does not ack
+    assert shown.status_code == 200 and "Acknowledge</button>" in shown.text
+    assert page(env, "incident:7").state == "triggered"
+    answer = env.client.post(f"/api/v1/ack/{link.group(1)}")
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["state"] == "acknowledged" and answer.json()["acked_by"] == "alice"
+    assert acked == [("incident:7", "alice")]
+    again = env.client.post(f"/api/v1/ack/{link.group(1)}")  # a second click changes nothing
+    assert again.status_code == 200 and again.json()["acked_by"] == "alice"
+    assert acked == [("incident:7", "alice")]
+
+    assert tick(env, smtp, t0 + 3600) == 0  # escalation stopped: no more emails, ever
+    time.sleep(0.2)
+    assert len(smtp.inbox.messages) == 2
+    with env.factory() as db:
+        assert db.query(Page).count() == 1
+
+
+@pytest.mark.parametrize("env", ["sqlite", "postgres"], indirect=True)
+def test_policy_repeats_k_times_then_is_exhausted(env: Env, smtp: Smtp) -> None:
+    set_up(env, repeat=1)
+    t0 = time.time()
+    start(env, "test:repeat", t0)
+    for minute in (0, 5.1, 10.2, 15.3, 20.4, 40):
+        tick(env, smtp, t0 + minute * 60)
+    assert smtp.inbox.wait_for(4, 5)
+    time.sleep(0.2)
+    assert smtp.inbox.to() == ["alice@example.org", "bob@example.org"] * 2
+    final = page(env, "test:repeat")
+    assert final.state == "exhausted"
+    assert "exhausted: nobody acknowledged after 2 round(s)" in final.log[-1]
+    ack = env.client.post(f"/api/v1/oncall/pages/{final.id}/ack", headers=env.people["bob"])
+    assert ack.status_code == 200 and ack.json()["acked_by"] == "bob"  # still acknowledgeable
+    carol = env.client.post(f"/api/v1/oncall/pages/{final.id}/ack", headers=env.people["carol"])
+    assert carol.status_code == 404  # never paged for it: not hers to see or ack
+
+
+def test_a_notification_queued_before_the_ack_is_skipped(env: Env, smtp: Smtp) -> None:
+    set_up(env)
+    t0 = time.time()
+    start(env, "test:skip", t0)
+    with env.factory() as db:
+        paging.escalate_due(db, t0)  # queued, not yet sent ...
+        paging.ack(db, "test:skip", "admin", t0 + 1)  # ... when someone acknowledges in Corral
+        db.commit()
+    key = paging.link_key(env.settings)
+    assert deliver_pages(env.factory, smtp.config(), PagingSettings(), key, t0 + 2) == 1
+    time.sleep(0.2)
+    assert smtp.inbox.messages == []
+    with env.factory() as db:
+        assert [n.state for n in db.query(PageNotification)] == ["skipped"]
+
+
+def test_expired_altered_and_malformed_links_are_refused(env: Env, smtp: Smtp) -> None:
+    set_up(env)
+    now = time.time()
+    start(env, "test:links", now)
+    key = paging.link_key(env.settings)
+    with env.factory() as db:
+        page_id = paging.page_by_key(db, "test:links").id
+    good = paging.ack_token(key, page_id, 2, now + 600)
+    expired = paging.ack_token(key, page_id, 2, now - 1)
+    answer = env.client.post(f"/api/v1/ack/{expired}")
+    assert answer.status_code == 410 and "expired" in answer.json()["detail"]
+    payload, signature = good.split(".")
+    forged_payload = paging.ack_token(b"another key" * 3, page_id, 1, now + 600).split(".")[0]
+    for bad in (f"{forged_payload}.{signature}", f"{payload}.{signature[:-2]}AA"):
+        answer = env.client.post(f"/api/v1/ack/{bad}")
+        assert answer.status_code == 403 and "signature does not match" in answer.json()["detail"]
+    assert env.client.post(f"/api/v1/ack/{payload}.").status_code == 422  # no signature at all
+    assert env.client.post("/api/v1/ack/abc.def-ghi").status_code == 403
+    assert page(env, "test:links").state == "triggered"  # nothing half-done by a refused link
+    assert env.client.post(f"/api/v1/ack/{good}").status_code == 200
+
+
+def contact(env: Env, user: str, kind: str, address: str, as_user: str) -> Any:
+    body = {"kind": kind, "address": address}
+    return env.client.post(f"/api/v1/users/{user}/contacts", json=body, headers=env.people[as_user])
+
+
+def test_webhook_and_slack_payloads_reach_a_real_server(env: Env, smtp: Smtp, hook: Hook) -> None:
+    set_up(env)
+    for kind, path in (("slack", "/slack"), ("webhook", "/generic")):
+        added = contact(env, "alice", kind, hook.url + path, as_user="alice")
+        assert added.status_code == 201, added.text
+    refused = contact(env, "alice", "slack", "alice@example.org", as_user="alice")
+    assert refused.status_code == 422 and "needs an http(s):// URL" in refused.text
+    refused = contact(env, "alice", "slack", "not-a-url", as_user="alice")
+    assert refused.status_code == 422 and "does not match pattern" in refused.text
+    other = contact(env, "alice", "email", "x@y.org", as_user="bob")
+    assert other.status_code == 403
+    t0 = time.time()
+    start(env, "test:hooks", t0)
+    assert tick(env, smtp, t0) == 3  # alice's email, her Slack and her generic webhook
+    bodies: dict[str, Any] = dict(hook.bodies)
+    assert set(bodies) == {"/slack", "/generic"}
+    slack, generic = bodies["/slack"], bodies["/generic"]
+    assert slack["text"].startswith("*Page: GPU 0 on node-a: ECC errors*")
+    assert LINK.search(slack["text"]) and slack["attachments"][0]["title_link"].startswith(
+        "http://corral.test/"
+    )
+    assert generic["event"] == "page" and generic["recipient"] == "alice"
+    assert generic["page"]["key"] == "test:hooks" and generic["page"]["step"] == 1
+    token = generic["ack_url"].rsplit("/", 1)[1]
+    assert env.client.post(f"/api/v1/ack/{token}").json()["acked_by"] == "alice"
+
+
+def test_a_gap_is_warned_and_its_step_falls_through_to_the_next(env: Env, smtp: Smtp) -> None:
+    layer = {
+        "rotation": "daily", "start_date": "2026-01-05", "members": ["alice"],
+        "restrict_from": "09:00", "restrict_to": "17:00",
+    }  # fmt: skip
+    view = env.put("/oncall/schedules/office", {"time_zone": "Europe/Berlin", "layers": [layer]})
+    assert view["warnings"] and "nobody is paged for this schedule" in view["warnings"][0]
+    steps = [{"schedule": "office", "wait_minutes": 5}, {"user": "bob", "wait_minutes": 5}]
+    env.put("/oncall/policies/gpu", {"steps": steps})
+    night = 1795122000.0  # 2026-11-19 22:00 Europe/Berlin: in the gap
+    start(env, "test:gap", night)
+    assert tick(env, smtp, night) == 1
+    assert smtp.inbox.wait_for(1, 5) and smtp.inbox.to() == ["bob@example.org"]
+    log = page(env, "test:gap").log
+    assert "office: nobody on call (gap, no fallback): 0 notification(s)" in log[0]
+    spec = {"time_zone": "Europe/Berlin", "layers": [layer], "fallback_user": "carol"}
+    with_fallback = env.put("/oncall/schedules/office", spec)
+    assert "the fallback user carol is paged" in with_fallback["warnings"][0]
+
+
+def test_ended_pages_are_purged_with_their_notifications(env: Env, smtp: Smtp) -> None:
+    set_up(env)
+    t0 = time.time()
+    for key in ("old:acked", "old:open", "new:acked"):
+        start(env, key, t0 - 100 * 86400 if key.startswith("old") else t0)
+    tick(env, smtp, t0)
+    with env.factory() as db:
+        paging.ack(db, "old:acked", "alice", t0 - 95 * 86400)
+        paging.ack(db, "new:acked", "alice", t0)
+        db.commit()
+        assert paging.purge_ended(db, t0 - 90 * 86400) == 1
+        assert sorted(p.key for p in db.query(Page)) == ["new:acked", "old:open"]  # triggered pages stay
+        assert {n.page_id for n in db.query(PageNotification)} == {p.id for p in db.query(Page)}
+
+
+def test_calendar_feed_works_without_login_and_refuses_an_altered_url(env: Env) -> None:
+    layer = {"rotation": "daily", "start_date": "2026-01-05", "handoff": "09:00", "members": ["alice", "bob"]}
+    env.put("/oncall/schedules/primary", {"time_zone": "Europe/Berlin", "layers": [layer]})
+    view = env.client.get("/api/v1/oncall/schedules/primary", headers=env.people["carol"]).json()
+    feed = env.client.get(view["ical_feed"])  # no Authorization header
+    assert feed.status_code == 200 and feed.headers["content-type"].startswith("text/calendar")
+    text = feed.text
+    assert text.startswith("BEGIN:VCALENDAR\r\n") and text.endswith("END:VCALENDAR\r\n")
+    assert "SUMMARY:alice on call (primary)" in text and "SUMMARY:bob on call (primary)" in text
+    assert "DTSTART:" in text and text.count("BEGIN:VEVENT") >= 28  # four weeks of daily shifts
+    altered = view["ical_feed"].replace("/primary.", "/other.")
+    assert env.client.get(altered).status_code == 403
