@@ -51,6 +51,7 @@ API_ROUTER_MODULES = (
     "audit",
     "secrets",
     "datasets",
+    "workspaces",
 )
 ROOT_ROUTER_MODULES = ("health",)  # not under /api/v1: /healthz, /readyz
 # Other areas' routers, imported by module name so that they can grow without touching this file.
@@ -58,6 +59,7 @@ EXTERNAL_ROUTERS = (
     "corral.monitor.api",
     "corral.monitor.risk",
     "corral.monitor.runbooks",
+    "corral.workspaces.proxy",  # /ws/<id>/: JupyterLab of a workspace (before the portal's catch-all)
     "corral.web.routes",
 )
 

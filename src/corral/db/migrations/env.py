@@ -22,6 +22,7 @@ try:
 except ModuleNotFoundError:
     pass
 importlib.import_module("corral.datasets.models")
+importlib.import_module("corral.db.workspace_models")  # interactive workspaces
 
 config = context.config
 target_metadata = Base.metadata
