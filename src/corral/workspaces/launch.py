@@ -41,6 +41,10 @@ def main() -> None:
     # Jupyter's runtime files (kernel connection files) in the attempt's private dir, not the home.
     os.environ["JUPYTER_RUNTIME_DIR"] = f"{work_dir}/jupyter-runtime"
     os.environ.setdefault("SHELL", "/bin/bash")
+    # jsonschema's optional IRI format checker builds a large Lark grammar at import: 20 s on one
+    # CPU in a fresh sandbox (its cache lives in /tmp, a new tmpfs at every start). Jupyter's event
+    # schemas do not need it; without the module jsonschema simply skips that format.
+    sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]
     from corral.workspaces.jupyter_auth import CorralIdentityProvider
 
     CorralIdentityProvider.secret = token
