@@ -7,8 +7,8 @@ a short idle timeout stops a workspace through the idle-GPU policy."""
 from __future__ import annotations
 
 import json
-import time
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -177,8 +177,9 @@ def test_jupyterlab_through_the_proxy(server: CorralServer, playwright_instance:
     assert ann.put(f"/ws/{ws['id']}/api/contents/probe.ipynb", json=notebook).status_code in (200, 201)
     browser = launch_browser(playwright_instance)
     try:
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.set_default_timeout(30_000)
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        page = context.new_page()
+        page.set_default_timeout(90_000)  # JupyterLab loads ~40 JS chunks; slow on a busy 2-core machine
         page.goto(f"{server.url}/ws/{ws['id']}/lab/tree/probe.ipynb")
         page.wait_for_url("**/login**")
         page.fill("#username", "ann")
@@ -189,6 +190,13 @@ def test_jupyterlab_through_the_proxy(server: CorralServer, playwright_instance:
         text = output.inner_text()
         assert f"CUDA={gpu_uuids[0]}" in text and "wrote /home" in text
         screenshot(page, "workspace-jupyterlab")
+        listing = context.new_page()  # the portal's Workspaces page, same session
+        listing.goto(f"{server.url}/workspaces")
+        listing.wait_for_selector("#ws-list td:has-text('running')")
+        assert listing.get_attribute("a.ws-open", "href") == f"/ws/{ws['id']}/lab"
+        snippet = listing.inner_text("#ws-ssh-config")
+        assert "User ann+nb" in snippet and "Port 2222" in snippet
+        screenshot(listing, "workspaces-page")
         other = browser.new_page()
         other.goto(f"{server.url}/login")
         other.fill("#username", "ben")

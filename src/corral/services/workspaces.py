@@ -358,15 +358,17 @@ def stop_workspace(
     job = session.get(Job, ws.current_job_id) if ws.current_job_id is not None else None
     if job is None or job.state not in ACTIVE:
         raise Conflict(f"workspace {name!r} is already stopped; `corral ws start {name}` starts it")
+    before = _state_for_audit(ws)
+    job_service.cancel_job(session, principal, job.id)  # commits, with its own audit record
     audit.record(
         session,
         actor=principal,
         action="workspace.stop",
         target_kind="workspace",
         target_id=ws.id,
-        before=_state_for_audit(ws),
+        before=before,
     )
-    job_service.cancel_job(session, principal, job.id)  # commits, with the audit record
+    session.commit()
     return _view(session, settings, ws, owner, _group_name(session, ws.group_id))
 
 
