@@ -225,8 +225,7 @@ def test_idle_workspace_is_stopped(server: CorralServer) -> None:
     ann = client_of(server, "ann")
     r = ann.post(f"{API}/workspaces", json={"name": "idle", "idle_timeout": "2s"})
     assert r.status_code == 201, r.text
-    ws = r.json()
-    wait_jupyter(ann, ws["id"])
+    ws = r.json()  # no kernel, no terminal, no GPU: idle from the start
     wait_for(
         lambda: job_of(ann, ws["job_id"])["state"] == "cancelled", 40, interval_s=0.3, what="the idle stop"
     )

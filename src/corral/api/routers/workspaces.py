@@ -7,15 +7,40 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response, status
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 from corral.api.deps import DB, Admin, CurrentUser, NameInPath, UserFilter, fast_json
+from corral.api.routers.jobs import _DURATION_PATTERN
 from corral.services import workspaces as svc
 from corral.services.policy import active_profile
 from corral.services.workspaces import WorkspaceRequest
-from corral.spec import MAX_GPUS_PER_INSTANCE, MemoryMiB, _check_gpu_model, parse_duration_s
+from corral.spec import MAX_DURATION_S, MAX_GPUS_PER_INSTANCE, MemoryMiB, _check_gpu_model, parse_duration_s
 
 router = APIRouter(tags=["workspaces"])
+# What the validators accept, said in the schema too (tests/api/test_fuzz.py), as for job specs.
+DURATION = WithJsonSchema(
+    {
+        "anyOf": [
+            {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_DURATION_S},
+            {"type": "string", "pattern": _DURATION_PATTERN},
+            {"type": "null"},
+        ],
+        "default": None,
+        "description": "seconds, or a duration such as '2h'",
+    }
+)
+MEMORY = WithJsonSchema(
+    {
+        "anyOf": [
+            {"type": "integer", "minimum": 1, "maximum": 64 * 1024 * 1024},
+            {"type": "string", "pattern": r"^\s*[0-9]+(?:\.[0-9]+)?\s*(?:[KkMmGgTt][Ii]?[Bb]?)\s*$"},
+        ],
+        "default": 4096,
+        "description": "MiB, or a size such as '512MiB' or '16GiB'",
+    }
+)
+GPU_MODEL = r"^[A-Za-z0-9][A-Za-z0-9._-]*(\|[A-Za-z0-9][A-Za-z0-9._-]*)*$"
+Duration = Annotated[float | str | None, DURATION]
 
 
 def _duration(value: Any) -> float | None:
@@ -27,11 +52,11 @@ class WorkspaceIn(BaseModel):
 
     name: str | None = Field(None, min_length=1, max_length=63, pattern=svc.NAME_RE.pattern)
     gpus: int = Field(0, ge=0, le=MAX_GPUS_PER_INSTANCE)
-    gpu_model: str | None = Field(None, max_length=256)
+    gpu_model: str | None = Field(None, max_length=256, pattern=GPU_MODEL)
     cpus: float = Field(1.0, gt=0, le=1024)
-    memory: MemoryMiB = Field(4096, description="MiB; accepts '512MiB', '16GiB'")
+    memory: Annotated[MemoryMiB, MEMORY] = Field(4096, ge=1, le=64 * 1024 * 1024)
     environment: str = Field("default", min_length=1, max_length=256)
-    idle_timeout: float | str | None = Field(None, description="e.g. '2h'; default: the group's")
+    idle_timeout: Duration = Field(None, description="e.g. '2h'; default: the group's")
     group: str | None = Field(None, min_length=1, max_length=64)
     start: bool = True
 
@@ -81,8 +106,8 @@ class WorkspaceOut(BaseModel):
 class PolicyIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    default_idle_timeout: float | str | None = Field(None, description="e.g. '2h'; null: the server's")
-    max_idle_timeout: float | str | None = Field(None, description="e.g. '1d'; null: the server's")
+    default_idle_timeout: Duration = Field(None, description="e.g. '2h'; null: the server's")
+    max_idle_timeout: Duration = Field(None, description="e.g. '1d'; null: the server's")
 
     @field_validator("default_idle_timeout", "max_idle_timeout")
     @classmethod
