@@ -69,20 +69,26 @@ def wait_jupyter(c: httpx.Client, ws_id: int, timeout_s: float = 60) -> None:
     )
 
 
-def run_in_kernel(srv: CorralServer, c: httpx.Client, ws_id: int, code: str, token: str) -> str:
-    """Start a kernel, run `code` over its WebSocket through the proxy; its stdout."""
-    kernel = c.post(f"/ws/{ws_id}/api/kernels", json={"name": "python3"}).json()["id"]
+def start_kernel(c: httpx.Client, ws_id: int) -> str:
+    r = c.post(f"/ws/{ws_id}/api/kernels", json={"name": "python3"})
+    assert r.status_code == 201, r.text
+    return str(r.json()["id"])
+
+
+def run_in_kernel(srv: CorralServer, ws_id: int, kernel: str, code: str, token: str) -> str:
+    """Run `code` in the kernel over its WebSocket through the proxy; its stdout."""
     url = f"ws://127.0.0.1:{srv.port}/ws/{ws_id}/api/kernels/{kernel}/channels"
     headers = {"Authorization": f"Bearer {token}", "Origin": srv.url}
     msg_id = uuid.uuid4().hex
+    header = {
+        "msg_id": msg_id,
+        "msg_type": "execute_request",
+        "username": "",
+        "session": "t",
+        "version": "5.3",
+    }
     request = {
-        "header": {
-            "msg_id": msg_id,
-            "msg_type": "execute_request",
-            "username": "",
-            "session": "t",
-            "version": "5.3",
-        },
+        "header": header,
         "parent_header": {},
         "metadata": {},
         "content": {"code": code, "silent": False},
@@ -155,9 +161,9 @@ def test_jupyterlab_through_the_proxy(server: CorralServer, playwright_instance:
 
     # The kernel WebSocket through the proxy runs code in the sandbox, with only its GPU.
     ann_token = ann.headers["Authorization"].split()[1]
-    printed = run_in_kernel(
-        server, ann, ws["id"], "import os; print(os.getuid(), os.environ['CUDA_VISIBLE_DEVICES'])", ann_token
-    )
+    kernel = start_kernel(ann, ws["id"])
+    code = "import os; print(os.getuid(), os.environ['CUDA_VISIBLE_DEVICES'])"
+    printed = run_in_kernel(server, ws["id"], kernel, code, ann_token)
     uid, cuda = printed.split()
     assert cuda == gpu_uuids[0] and int(uid) != 0
 
@@ -218,6 +224,19 @@ def test_jupyterlab_through_the_proxy(server: CorralServer, playwright_instance:
     mark("restarted")
     kept = ann.get(f"/ws/{ws['id']}/api/contents/from-notebook.txt")
     assert kept.status_code == 200 and kept.json()["content"] == "kept"
+
+    # A server SIGKILL and restart: the workspace keeps running (the engine adopts it), the proxy
+    # serves it again and the kernel still has its variables.
+    kernel = start_kernel(ann, ws["id"])
+    assert run_in_kernel(server, ws["id"], kernel, "x = 41; print('set')", ann_token).strip() == "set"
+    job_before = job_of(ann, restarted["job_id"])["attempts"][-1]["number"]
+    server.kill()
+    server.start()
+    mark("server restarted")
+    wait_jupyter(ann, ws["id"], timeout_s=30)
+    assert run_in_kernel(server, ws["id"], kernel, "print(x + 1)", ann_token).strip() == "42"
+    after = job_of(ann, restarted["job_id"])
+    assert after["state"] == "running" and after["attempts"][-1]["number"] == job_before
     assert ann.delete(f"{API}/workspaces/nb").status_code == 204
 
 
