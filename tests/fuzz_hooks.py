@@ -190,6 +190,42 @@ ACCEPTED: tuple[Accepted, ...] = (
         "a file and a directory: state and relations between lines the schema cannot state",
     ),
     Accepted(
+        "ST202",
+        "POST /api/v1/workspaces",
+        "can never run",
+        "whether a workspace's job can ever fit depends on the cluster's nodes and the group's quota",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/workspaces",
+        "maximum",
+        "the longest idle timeout is the group's policy (or the server's setting), stored state",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/workspaces",
+        "is more than 64 TiB",
+        "a size's pattern cannot bound its magnitude (digits times a unit)",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/workspaces",
+        "a duration must be at most",
+        "a duration's pattern cannot bound its magnitude (a sum of numbers times units)",
+    ),
+    Accepted(
+        "ST202",
+        "PUT /api/v1/workspaces/policies/{group}",
+        "",
+        "default <= max relates two fields; a duration's pattern cannot bound its magnitude",
+    ),
+    Accepted(
+        "ST201",
+        "POST /api/v1/workspaces",
+        "",
+        "like a job spec, sizes and durations are read in more forms than the schema's patterns name",
+    ),
+    Accepted(
         "ST201",
         "POST /api/v1/jobs",
         "",

@@ -173,6 +173,12 @@ class Settings(BaseSettings):
     gid_range: str = "400000-499999"
     code_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1)  # one `--code` snapshot, all files
     code_max_files: int = Field(default=5_000, ge=1)  # the manifest (~130 B a file) must fit one request
+    # Interactive workspaces (docs/workspaces.md): the idle timeout without a group policy and its
+    # maximum, the GPU utilisation under which a workspace counts as idle, warning-to-stop grace.
+    workspace_idle_timeout_s: float = Field(default=7200.0, gt=0)
+    workspace_max_idle_timeout_s: float = Field(default=7 * 86400.0, gt=0)
+    workspace_idle_below_percent: float = Field(default=10.0, ge=0, le=100)
+    workspace_idle_grace_s: float = Field(default=600.0, gt=0)
 
     @field_validator("audit_retention_days", mode="before")
     @classmethod

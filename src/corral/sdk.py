@@ -591,6 +591,47 @@ class Client:
         params = {"group": group} if group else None
         self.request("DELETE", f"/secrets/{quote(name, safe='')}", params=params)
 
+    # --- interactive workspaces (`corral ws`; docs/workspaces.md) ---------------------------------
+    def workspaces(self, *, user: str | None = None, all_users: bool = False) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"user": user} if user else {}
+        if all_users:
+            params["all"] = "true"
+        return self.request("GET", "/workspaces", params=params or None)
+
+    def create_workspace(self, name: str | None = None, **fields: Any) -> dict[str, Any]:
+        """Create and start a workspace. `fields`: gpus, gpu_model, cpus, memory ("16GiB"),
+        environment, idle_timeout ("2h"), group, start (False: create it stopped)."""
+        body = {k: v for k, v in fields.items() if v is not None}
+        if name is not None:
+            body["name"] = name
+        return self.request("POST", "/workspaces", json=body)
+
+    def workspace(self, name: str, *, user: str | None = None) -> dict[str, Any]:
+        return self.request(
+            "GET", f"/workspaces/{quote(name, safe='')}", params={"user": user} if user else None
+        )
+
+    def start_workspace(self, name: str, *, user: str | None = None) -> dict[str, Any]:
+        params = {"user": user} if user else None
+        return self.request("POST", f"/workspaces/{quote(name, safe='')}/start", params=params)
+
+    def stop_workspace(self, name: str, *, user: str | None = None) -> dict[str, Any]:
+        params = {"user": user} if user else None
+        return self.request("POST", f"/workspaces/{quote(name, safe='')}/stop", params=params)
+
+    def remove_workspace(self, name: str, *, user: str | None = None) -> None:
+        params = {"user": user} if user else None
+        self.request("DELETE", f"/workspaces/{quote(name, safe='')}", params=params)
+
+    def workspace_policies(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/workspaces/policies")
+
+    def set_workspace_policy(
+        self, group: str, *, default_idle_timeout: str | None = None, max_idle_timeout: str | None = None
+    ) -> dict[str, Any]:
+        body = {"default_idle_timeout": default_idle_timeout, "max_idle_timeout": max_idle_timeout}
+        return self.request("PUT", f"/workspaces/policies/{quote(group, safe='')}", json=body)
+
     # --- datasets and storage (corral.datasets; transfers in corral.datasets.transfer) ----------
     def datasets(self) -> list[dict[str, Any]]:
         return self.request("GET", "/datasets")

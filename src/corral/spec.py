@@ -310,6 +310,9 @@ class JobSpecV1(_Strict):
     # the server's policy (CORRAL_DIAG_GROUP_ON_HANG, CORRAL_DIAG_ON_HANG).
     on_hang: Literal["notify", "kill", "requeue"] | None = None
     secrets: list[SecretUseV1] = Field(default_factory=list, max_length=MAX_SECRETS)
+    # None: a batch job. "workspace": the job of an interactive workspace (corral.services.workspaces
+    # builds it; POST /jobs refuses it). Unset in every stored spec but those, so nothing changes.
+    kind: Literal["workspace"] | None = None
 
     @property
     def environment_version(self) -> str | None:

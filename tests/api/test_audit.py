@@ -24,6 +24,7 @@ from corral.cli import audit as audit_cli
 from corral.config import Settings
 from corral.db.audit_models import AuditRecord
 from corral.db.base import Base
+from corral.db.models import Node
 from corral.db.session import make_engine
 from corral.server.context import LoopMemory, ServerContext
 from corral.server.retention import purge_audit_log
@@ -208,6 +209,16 @@ def _failed_environment(w: World) -> tuple[str, str, dict[str, Any]]:
     return "DELETE", f"{API}/environments/{name}", {}
 
 
+def _workspace(w: World, name: str, start: bool) -> str:
+    with w.session_factory() as db:
+        if db.get(Node, "wsn") is None:
+            add_node(db, "wsn")
+            db.commit()
+    body = {"name": name, "start": start}
+    assert w.client.post(f"{API}/workspaces", json=body, headers=w.as_("admin")).status_code == 201
+    return f"{API}/workspaces/{name}"
+
+
 # One successful call of each state-changing route, made as the admin (unless the call says
 # otherwise), and the action it must record.
 # -- catalogues (corral.catalog): templates and models -------------------------------------------
@@ -361,6 +372,26 @@ CALLS: dict[tuple[str, str], tuple[Call, str]] = {
     ("POST", "/api/v1/storage/identities"): (
         lambda w: ("POST", f"{API}/storage/identities", {}),
         "storage.identities.allocate",
+    ),
+    ("POST", "/api/v1/workspaces"): (
+        lambda w: ("POST", f"{API}/workspaces", {"json": {"name": "wsa", "start": False}}),
+        "workspace.create",
+    ),
+    ("POST", "/api/v1/workspaces/{name}/start"): (
+        lambda w: ("POST", _workspace(w, "wsb", False) + "/start", {}),
+        "workspace.start",
+    ),
+    ("POST", "/api/v1/workspaces/{name}/stop"): (
+        lambda w: ("POST", _workspace(w, "wsc", True) + "/stop", {}),
+        "workspace.stop",
+    ),
+    ("DELETE", "/api/v1/workspaces/{name}"): (
+        lambda w: ("DELETE", _workspace(w, "wsd", False), {}),
+        "workspace.remove",
+    ),
+    ("PUT", "/api/v1/workspaces/policies/{group}"): (
+        lambda w: ("PUT", f"{API}/workspaces/policies/vision", {"json": {"max_idle_timeout": "8h"}}),
+        "workspace.policy.set",
     ),
     ("POST", "/api/v1/chaos/gpus/{node}/{index}"): (
         lambda w: ("POST", f"{API}/chaos/gpus/n1/0", {"json": {"ecc_uncorrected": 1}}),

@@ -286,3 +286,26 @@ def test_key_registration_errors_are_clear(world: World) -> None:
         assert stolen.status_code == 409 and "another user" in stolen.text
         junk = api.post("/api/v1/ssh-keys", json={"name": "x", "public_key": "hello world"}, headers=bob)
         assert junk.status_code == 422 and "public_key" in junk.text and "ssh-ed25519" in junk.text
+
+
+def test_ssh_into_a_workspace_by_its_name_and_refused_once_stopped(world: World) -> None:
+    """`<user>+<workspace>` reaches the workspace's running job (corral.services.workspaces);
+    a stopped workspace and bob's key for alice's workspace are refused."""
+    with world.server.client(world.tokens["alice"]) as c:
+        r = c.post("/api/v1/workspaces", json={"name": "nb", "cpus": 0.5, "memory": "1GiB"})
+        assert r.status_code == 201, r.text
+
+        def running() -> bool:
+            return c.get("/api/v1/workspaces/nb").json()["state"] == "running"
+
+        wait_for(running, timeout_s=60, what="the workspace to run")
+        inside = world.ssh("alice", "alice+nb", "id -u")
+        assert inside.returncode == 0, inside.stderr
+        assert inside.stdout.split()[0] == world.report[0].removeprefix("UID="), inside.stdout
+        assert world.ssh("bob", "alice+nb", "true").returncode == 255
+        r = c.post("/api/v1/workspaces/nb/stop")
+        assert r.status_code == 200, r.text
+        stopped_state = lambda: c.get("/api/v1/workspaces/nb").json()["state"] == "stopped"  # noqa: E731
+        wait_for(stopped_state, timeout_s=60, what="the workspace to stop")
+    stopped = world.ssh("alice", "alice+nb", "true")
+    assert stopped.returncode == 1 and "workspace 'nb' is stopped" in stopped.stderr, stopped.stderr

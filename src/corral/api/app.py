@@ -56,6 +56,7 @@ API_ROUTER_MODULES = (
     "templates",  # job templates (corral.catalog)
     "models",  # the model registry (corral.catalog)
     "oncall",
+    "workspaces",
 )
 ROOT_ROUTER_MODULES = ("health",)  # not under /api/v1: /healthz, /readyz
 # Other areas' routers, imported by module name so that they can grow without touching this file.
@@ -63,6 +64,7 @@ EXTERNAL_ROUTERS = (
     "corral.monitor.api",
     "corral.monitor.risk",
     "corral.monitor.runbooks",
+    "corral.workspaces.proxy",  # /ws/<id>/: JupyterLab of a workspace (before the portal's catch-all)
     "corral.web.routes",
 )
 

@@ -38,6 +38,7 @@ Send = Callable[[Message], Any]
 _JSON_STRING = re.compile(rb'"[^"]*"')
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b"[]{},")
 _OPENERS = frozenset(b"[{")
+WORKSPACE_PROXY_PREFIX = "/ws/"
 _CHUNK_PATH = re.compile(r"^/api/v1/datasets/uploads/[^/]+/chunk/?$")
 _NOT_STRUCTURED = ("application/x-www-form-urlencoded", "multipart/", "application/octet-stream")
 
@@ -129,7 +130,9 @@ class BodyLimits:
         self.timeout_s = settings.api_body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        # A workspace's JupyterLab (corral.workspaces.proxy) streams its own bodies (notebooks,
+        # uploads) to the workspace; only its owner reaches it.
+        if scope["type"] != "http" or scope["path"].startswith(WORKSPACE_PROXY_PREFIX):
             await self.app(scope, receive, send)
             return
         max_bytes, setting = self.max_bytes, "CORRAL_API_MAX_BODY_BYTES"

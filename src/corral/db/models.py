@@ -305,3 +305,4 @@ class Lease(Base):
 # Tables of other areas on the same metadata, so create_all (tests) and autogenerate see them.
 from corral.db import environment_models as _environment_models  # noqa: E402, F401
 from corral.db import storage_models as _storage_models  # noqa: E402, F401
+from corral.db import workspace_models as _workspace_models  # noqa: E402, F401

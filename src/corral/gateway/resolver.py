@@ -15,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from corral.db.models import SshKey, User
+from corral.services import workspaces
 from corral.services.auth import Principal, load_principal
 from corral.services.errors import Forbidden, Invalid, NotFound
 from corral.services.jobs import get_job
@@ -74,6 +75,8 @@ def resolve(session: Session, principal: Principal, login: Login, rank: int = 0)
 
 
 def _workspace_job(session: Session, owner: str, name: str) -> int | None:
-    """The running job of `owner`'s workspace `name` (None: the workspace is stopped). Replaced
-    at merge by corral.services.workspaces.current_job_id."""
-    raise NotFound(f"unknown workspace {name!r} of {owner}: this server has no workspaces")
+    """The running job of `owner`'s workspace `name` (None: the workspace is stopped)."""
+    job_id = workspaces.current_job_id(session, owner, name)
+    if job_id is None and not workspaces.workspace_exists(session, owner, name):
+        raise NotFound(f"unknown workspace {name!r} of {owner}: `corral ws ls` lists yours")
+    return job_id

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from corral.datasets.quotas import metric_samples
 from corral.db.models import Attempt, GpuClaim, Group, GroupQuota, Job, Node
 from corral.db.models import Gpu as GpuRow
+from corral.db.workspace_models import Workspace
 from corral.monitor.models import Alert, AlertNotification
 
 MIB = 1 << 20
@@ -69,6 +70,7 @@ def read_families(session: Session, now: float, state_dir: Path | None = None) -
     families += _alert_families(session)
     families += _storage_families(session)
     families += _risk_families(session)
+    families += _workspace_families(session)
     if state_dir is not None:
         families += _disk_families(state_dir)
     return families
@@ -395,3 +397,21 @@ class DbStateCollector(Collector):
         with self._session_factory() as session:
             families = read_families(session, time.time(), self._state_dir)
         yield from text_string_to_metric_families(render_text(families))
+
+
+def _workspace_families(session: Session) -> list[Family]:
+    """GPU-hours that idle workspaces had held unused when the idle policy stopped them
+    (corral.monitor.idle), per group; a removed workspace takes its share with it."""
+    reclaimed = Family(
+        "corral_workspace_gpu_hours_reclaimed_total",
+        "counter",
+        "GPU-hours idle workspaces had held unused when the idle policy stopped them",
+    )
+    rows = session.execute(
+        select(Group.name, func.sum(Workspace.reclaimed_gpu_hours))
+        .join(Workspace, Workspace.group_id == Group.id)
+        .group_by(Group.name)
+    )
+    for group, hours in rows:
+        reclaimed.add(f'group="{_esc(group)}"', float(hours or 0.0))
+    return [reclaimed]

@@ -12,13 +12,20 @@ running job's GPUs stays below `below_percent` for `for`, its owner is warned (a
 - `warn`: nothing more.
 Utilization recovering clears the watch and resolves the alert; so does the job leaving the watch
 for any reason (it ended or was requeued, released its GPUs, or no policy applies any more).
+
+Workspaces (corral.services.workspaces) use the same mechanism: their job carries an `idle_gpu`
+policy built from the workspace's idle timeout (action `stop`), and it is watched even without
+GPUs (its utilization then counts as 0). JupyterLab activity is evidence too: `activity` gives
+each workspace job's last kernel or terminal activity (corral.workspaces.activity); activity
+after the watch began restarts it, as a GPU busy again does. An idle stop of a workspace adds
+the GPU-hours it had held idle to the workspace (`corral_workspace_gpu_hours_reclaimed_total`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from pydantic import ValidationError
 from sqlalchemy import select
@@ -28,6 +35,7 @@ from corral.db.models import GpuClaim, Group, Job, User
 from corral.monitor.config import IdleGpuRule
 from corral.monitor.health import HealthPass, job_event
 from corral.monitor.models import GpuReading, IdleGpuWatch
+from corral.services import workspaces
 from corral.services.lifecycle import InvalidTransition, JobState, transition
 from corral.spec import JobSpecV1
 
@@ -62,19 +70,30 @@ def mean_utilization(session: Session, now: float) -> dict[int, float]:
     return {job_id: sum(v) / len(v) for job_id, v in values.items() if v}
 
 
+Activity = Callable[[Sequence[int]], Mapping[int, float]]
+
+
 def enforce_idle_policy(
-    session: Session, now: float, admin_rule: IdleGpuRule | None, channels: Sequence[str]
+    session: Session,
+    now: float,
+    admin_rule: IdleGpuRule | None,
+    channels: Sequence[str],
+    activity: Activity | None = None,
 ) -> list[tuple[int, str]]:
-    """One pass; returns (job_id, what happened) for warnings and actions taken."""
+    """One pass; returns (job_id, what happened) for warnings and actions taken. `activity`:
+    {workspace job id: unix time of its last JupyterLab activity} for the ids it is given."""
     utilization = mean_utilization(session, now)
     watches = {w.job_id: w for w in session.scalars(select(IdleGpuWatch))}
     holders = select(GpuClaim.job_id).distinct()
+    workspace_jobs = workspaces.workspace_job_ids(session)
     jobs = session.execute(
         select(Job, User.name, Group.name)
         .join(User, User.id == Job.user_id)
         .join(Group, Group.id == Job.group_id)
-        .where(Job.state == JobState.RUNNING.value, Job.id.in_(holders))
+        .where(Job.state == JobState.RUNNING.value, Job.id.in_(holders) | Job.id.in_(list(workspace_jobs)))
     ).all()
+    running_workspaces = [job.id for job, _, _ in jobs if job.id in workspace_jobs]
+    last_active = activity(running_workspaces) if activity is not None and running_workspaces else {}
     check = HealthPass.start(session, now, channels)
     done: list[tuple[int, str]] = []
     watched = set()
@@ -84,6 +103,8 @@ def enforce_idle_policy(
             continue  # no policy (any more): its watch and alert are dropped below
         watched.add(job.id)
         util = utilization.get(job.id)
+        if util is None and job.id in workspace_jobs and job.spec.total_gpus == 0:
+            util = 0.0  # a workspace without GPUs: only its JupyterLab activity counts
         if util is None:
             continue  # no fresh readings: no evidence either way, the watch stays as it is
         watch = watches.get(job.id)
@@ -92,6 +113,9 @@ def enforce_idle_policy(
             session.add(watch)
         labels = {"alertname": "CorralJobGpuIdle", "severity": "warning", "job_id": str(job.id)}
         labels |= {"user": user, "group": group}
+        active_at = last_active.get(job.id)
+        if active_at is not None and watch.idle_since is not None and active_at > watch.idle_since:
+            util = max(util, 100.0)  # used since the watch began: as good as a busy GPU
         if util >= policy.below_percent:
             watch.idle_since = watch.warned_at = watch.acted_at = None
             check.set(labels, False)
@@ -150,6 +174,8 @@ def _advance(
         job.cancel_requested = True
         job.updated_at = now
         job_event(session, job.id, now, message, kind="idle_gpu")
+        if job.spec.kind == "workspace":  # its files stay; `corral ws start` brings it back
+            workspaces.record_reclaimed(session, job.id, job.spec.total_gpus * idle_for / 3600.0)
         return "stopped"
     try:
         moved = transition(session, job, JobState.PREEMPTED, now=now, message=message)

@@ -5,6 +5,7 @@ Intervals come from CORRAL_MONITOR_* (MonitorSettings), read when this module is
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 
 from sqlalchemy.orm import Session
 
@@ -16,6 +17,7 @@ from corral.monitor.health import check_nodes, check_ooms, sample_and_check_gpus
 from corral.monitor.idle import enforce_idle_policy
 from corral.monitor.risk import detector_config, update_risk
 from corral.server.context import BackgroundLoop, ServerContext
+from corral.workspaces.activity import last_activity
 
 log = logging.getLogger("corral.monitor.loops")
 
@@ -78,8 +80,12 @@ def delivery_tick(ctx: ServerContext, now: float) -> None:
 
 
 def idle_tick(ctx: ServerContext, now: float) -> None:
+    def jupyter_activity(job_ids: Sequence[int]) -> Mapping[int, float]:  # workspaces' use
+        return last_activity(ctx.session_factory, ctx.engine, job_ids, now)
+
     with ctx.session_factory() as session:
-        done = enforce_idle_policy(session, now, monitor_config(ctx).idle_gpu, channel_names(ctx))
+        rule = monitor_config(ctx).idle_gpu
+        done = enforce_idle_policy(session, now, rule, channel_names(ctx), jupyter_activity)
     for job_id, what in done:
         log.info("idle GPU policy: job %s %s", job_id, what)
     if done:

@@ -28,7 +28,14 @@ from corral.db.models import Attempt, Job, Node
 from corral.diagnosis.exitspec import Facts
 from corral.diagnosis.record import failing_node, record, retry_rule
 from corral.domain import InstancePlacement
-from corral.engine.base import AttemptLaunch, EngineUnavailable, FailureReason, InstanceLaunch, MountSpec
+from corral.engine.base import (
+    AttemptLaunch,
+    EngineUnavailable,
+    FailureReason,
+    InstanceLaunch,
+    MountSpec,
+    SecretGrant,
+)
 from corral.scheduler.types import GPU
 from corral.server.context import ServerContext
 from corral.server.finish import AttemptChangedMeanwhile, end_attempt
@@ -37,7 +44,7 @@ from corral.server.reconcile import active_exit_spec
 from corral.server.rendezvous import rendezvous_for_placement
 from corral.server.snapshot import jobs_with_live_attempts, live_attempts
 from corral.server.specview import SpecView, read_spec
-from corral.services import secrets
+from corral.services import secrets, workspaces
 from corral.services.lifecycle import AttemptState, JobState, move_attempt, settle_failure, transition
 from corral.storage.plan import JobStorage, plan_jobs
 
@@ -219,6 +226,7 @@ def prepare_launches(
     storage = plan_jobs(session, to_launch, ctx.settings)
     launches = {j.id: build_launch(j, attempts[j.id], nodes, storage.get(j.id)) for j in to_launch}
     refused = attach_secrets(ctx, session, jobs, launches)
+    attach_workspace_tokens(session, launches)
     stopped = stop_claimed_before(ctx, [j for j in jobs if j.cancel_requested], attempts, now)
     claimed = claim_jobs(session, [j.id for j in jobs], ctx.owner_id, now)
     for job in jobs:  # a secret it names cannot be given: the attempt fails, saying which
@@ -260,6 +268,14 @@ def attach_secrets(
             continue
         launches[job.id] = replace(launch, secrets=grants)
     return refused
+
+
+def attach_workspace_tokens(session: Session, launches: dict[int, AttemptLaunch]) -> None:
+    """A workspace job's JupyterLab credential (corral.services.workspaces), given like a secret:
+    in memory and in the root-only env file, never in the spec, a record or a log."""
+    for job_id, token in workspaces.launch_tokens(session, launches).items():
+        grant = SecretGrant(name="workspace", value=token.encode(), env=workspaces.TOKEN_ENV)
+        launches[job_id] = replace(launches[job_id], secrets=(*launches[job_id].secrets, grant))
 
 
 def _record_launch(

@@ -253,15 +253,28 @@ class JobInsert(TypedDict):
 
 
 def submit_job(
-    session: Session, principal: Principal, spec: JobSpecV1, profile: Profile, *, now: float | None = None
+    session: Session,
+    principal: Principal,
+    spec: JobSpecV1,
+    profile: Profile,
+    *,
+    now: float | None = None,
+    commit: bool = True,
+    workspace: bool = False,
 ) -> JobView:
     """Validate access and fit, then store the job as QUEUED with a "submitted" event. Commits and
-    returns the job's view (the API's JSON shape).
+    returns the job's view (the API's JSON shape). `commit=False`: the caller commits (a workspace
+    and its job in one transaction); `workspace`: the caller is corral.services.workspaces, the
+    only one that may submit a job of kind `workspace`.
 
     The job and its event are written with two INSERT statements, not through the ORM's unit of
     work: submitting is the hottest write path (bench/api_load.py) and the ORM flush was the
     largest share of its CPU time."""
     now = time.time() if now is None else now
+    if spec.kind == "workspace" and not workspace:
+        raise Invalid(
+            "a job of kind 'workspace' is started by `corral ws start`, not submitted", ("body", "kind")
+        )
     group = resolve_group(session, principal, spec.group)
     check_fits(session, spec, group, principal.name, profile)
     if spec.secrets:  # names only: the values are read at dispatch
@@ -290,7 +303,8 @@ def submit_job(
     record_lineage(session, job_id, spec.mounts)  # dataset versions it mounts (pinned at submit)
     record_model_uses(session, job_id, spec.mounts)  # model versions likewise (corral.catalog)
     notify.changed(session, notify.Topic.JOBS)
-    session.commit()
+    if commit:
+        session.commit()
     job = Job(id=job_id, attempts=[], **columns)  # transient: only read by the view
     return job_view(job, group_name=group.name, user_name=principal.name)
 

@@ -25,6 +25,7 @@ importlib.import_module("corral.datasets.models")
 importlib.import_module("corral.db.environment_models")
 importlib.import_module("corral.db.catalog_models")  # templates and the model registry
 importlib.import_module("corral.db.oncall_models")  # on-call and paging (corral.services.paging)
+importlib.import_module("corral.db.workspace_models")  # interactive workspaces
 
 config = context.config
 target_metadata = Base.metadata

@@ -21,12 +21,14 @@ const ROUTES = [
   { pattern: /^\/usage$/, module: "usage", title: "Usage" },
   { pattern: /^\/profile$/, module: "profile", title: "Profile" },
   { pattern: /^\/audit$/, module: "audit", title: "Audit log" },
+  { pattern: /^\/workspaces$/, module: "workspaces", title: "Workspaces" },
 ];
 
 const NAV = [
   ["/", "Dashboard"],
   ["/jobs", "Jobs"],
   ["/submit", "Submit"],
+  ["/workspaces", "Workspaces"],
   ["/nodes", "Nodes"],
   ["/groups", "Groups"],
   ["/data", "Data"],

@@ -50,7 +50,9 @@ export async function render(ctx) {
       });
       setCsrfToken(result && result.csrf_token);
       setCurrentUser(await get("/me"));
-      navigate(next, { replace: true });
+      // A workspace's JupyterLab (/ws/<id>/...) is served by the proxy, not by this app.
+      if (next.startsWith("/ws/")) window.location.assign(next);
+      else navigate(next, { replace: true });
     } catch (err) {
       const bad = err instanceof ApiError && (err.status === 401 || err.status === 403 || err.status === 400);
       message.textContent = bad ? "Wrong username or password." : err.message;

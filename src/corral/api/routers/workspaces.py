@@ -1,0 +1,198 @@
+"""Interactive workspaces (corral.services.workspaces): create, list, show, start, stop, remove,
+and the admins' idle timeouts per group. JupyterLab itself is served by the proxy at `/ws/<id>/`
+(corral.workspaces.proxy), not under /api/v1."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response, status
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
+
+from corral.api.deps import DB, Admin, CurrentUser, NameInPath, UserFilter, fast_json
+from corral.api.routers.jobs import _DURATION_PATTERN
+from corral.services import workspaces as svc
+from corral.services.policy import active_profile
+from corral.services.workspaces import WorkspaceRequest
+from corral.spec import MAX_DURATION_S, MAX_GPUS_PER_INSTANCE, MemoryMiB, _check_gpu_model, parse_duration_s
+
+router = APIRouter(tags=["workspaces"])
+# What the validators accept, said in the schema too (tests/api/test_fuzz.py), as for job specs.
+DURATION = WithJsonSchema(
+    {
+        "anyOf": [
+            {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_DURATION_S},
+            {"type": "string", "pattern": _DURATION_PATTERN},
+            {"type": "null"},
+        ],
+        "default": None,
+        "description": "seconds, or a duration such as '2h'",
+    }
+)
+MEMORY = WithJsonSchema(
+    {
+        "anyOf": [
+            {"type": "integer", "minimum": 1, "maximum": 64 * 1024 * 1024},
+            {"type": "string", "pattern": r"^\s*[0-9]+(?:\.[0-9]+)?\s*(?:[KkMmGgTt][Ii]?[Bb]?)\s*$"},
+        ],
+        "default": 4096,
+        "description": "MiB, or a size such as '512MiB' or '16GiB'",
+    }
+)
+GPU_MODEL = r"^[A-Za-z0-9][A-Za-z0-9._-]*(\|[A-Za-z0-9][A-Za-z0-9._-]*)*$"
+Duration = Annotated[float | str | None, DURATION]
+
+
+def _duration(value: Any) -> float | None:
+    return None if value is None else parse_duration_s(value)
+
+
+class WorkspaceIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    name: str | None = Field(None, min_length=1, max_length=63, pattern=svc.NAME_RE.pattern)
+    gpus: int = Field(0, ge=0, le=MAX_GPUS_PER_INSTANCE)
+    gpu_model: str | None = Field(None, max_length=256, pattern=GPU_MODEL)
+    cpus: float = Field(1.0, gt=0, le=1024)
+    memory: Annotated[MemoryMiB, MEMORY] = Field(4096, ge=1, le=64 * 1024 * 1024)
+    environment: str = Field("default", min_length=1, max_length=256)
+    idle_timeout: Duration = Field(None, description="e.g. '2h'; default: the group's")
+    group: str | None = Field(None, min_length=1, max_length=64)
+    start: bool = True
+
+    @field_validator("gpu_model")
+    @classmethod
+    def _gpu_model(cls, value: str | None) -> str | None:
+        return _check_gpu_model(value)
+
+    @field_validator("idle_timeout")
+    @classmethod
+    def _idle_timeout(cls, value: float | str | None) -> float | None:
+        return _duration(value)
+
+
+class WaitingOut(BaseModel):
+    state: str
+    message: str
+    reasons: list[dict[str, str]]
+    queue_position: int | None
+    estimated_start: float | None
+    unschedulable: bool
+
+
+class WorkspaceOut(BaseModel):
+    id: int
+    name: str
+    user: str
+    group: str
+    state: str = Field(description="stopped | pending | starting | running | stopping")
+    job_id: int | None
+    job_state: str | None
+    gpus: int
+    gpu_model: str | None
+    cpus: float
+    memory_mib: int
+    environment: str
+    idle_timeout_s: float
+    url: str = Field(description="JupyterLab through Corral's proxy, relative to the server")
+    ssh_user: str = Field(description="`ssh -p <ssh_port> <ssh_user>@<server>` through the SSH gateway")
+    ssh_port: int
+    waiting: WaitingOut | None
+    reclaimed_gpu_hours: float
+    created_at: float
+    updated_at: float
+
+
+class PolicyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    default_idle_timeout: Duration = Field(None, description="e.g. '2h'; null: the server's")
+    max_idle_timeout: Duration = Field(None, description="e.g. '1d'; null: the server's")
+
+    @field_validator("default_idle_timeout", "max_idle_timeout")
+    @classmethod
+    def _timeouts(cls, value: float | str | None) -> float | None:
+        return _duration(value)
+
+
+class PolicyOut(BaseModel):
+    group: str
+    default_idle_timeout_s: float
+    max_idle_timeout_s: float
+
+
+AllUsers = Annotated[bool, Query(description="every user's (admins)")]
+
+
+@router.get("/workspaces", response_model=list[WorkspaceOut])
+def list_workspaces(
+    request: Request, db: DB, principal: CurrentUser, user: UserFilter = None, all: AllUsers = False
+) -> Any:
+    """Your workspaces (admins: `user=` or `all=true`)."""
+    settings = request.app.state.settings
+    return fast_json(svc.list_workspaces(db, principal, settings, user=user, all_users=all))
+
+
+@router.post("/workspaces", response_model=WorkspaceOut, status_code=status.HTTP_201_CREATED)
+def create_workspace(request: Request, db: DB, principal: CurrentUser, body: WorkspaceIn) -> Any:
+    """Create a workspace and (unless `start` is false) start it: a job of kind `workspace`, queued
+    like any job. 409: the name is taken; 422: it could never fit, or a bad field."""
+    settings = request.app.state.settings
+    req = WorkspaceRequest(
+        name=body.name,
+        gpus=body.gpus,
+        gpu_model=body.gpu_model,
+        cpus=body.cpus,
+        memory_mib=body.memory,
+        environment=body.environment,
+        idle_timeout_s=body.idle_timeout if isinstance(body.idle_timeout, float) else None,
+        group=body.group,
+        start=body.start,
+    )
+    view = svc.create_workspace(db, principal, settings, active_profile(settings), req)
+    return fast_json(view, status.HTTP_201_CREATED)
+
+
+@router.get("/workspaces/policies", response_model=list[PolicyOut])
+def list_policies(request: Request, db: DB, _principal: CurrentUser) -> Any:
+    """Each group's default and maximum idle timeout for workspaces."""
+    return fast_json(svc.list_policies(db, request.app.state.settings))
+
+
+@router.put("/workspaces/policies/{group}", response_model=PolicyOut)
+def set_policy(request: Request, group: NameInPath, body: PolicyIn, db: DB, principal: Admin) -> Any:
+    """Admin: a group's default and maximum idle timeout (null: the server's)."""
+    default = body.default_idle_timeout if isinstance(body.default_idle_timeout, float) else None
+    maximum = body.max_idle_timeout if isinstance(body.max_idle_timeout, float) else None
+    return fast_json(svc.set_policy(db, principal, request.app.state.settings, group, default, maximum))
+
+
+@router.get("/workspaces/{name}", response_model=WorkspaceOut)
+def show_workspace(
+    request: Request, name: NameInPath, db: DB, principal: CurrentUser, user: UserFilter = None
+) -> Any:
+    return fast_json(svc.get_workspace(db, principal, request.app.state.settings, name, user))
+
+
+@router.post("/workspaces/{name}/start", response_model=WorkspaceOut)
+def start_workspace(
+    request: Request, name: NameInPath, db: DB, principal: CurrentUser, user: UserFilter = None
+) -> Any:
+    """Start a stopped workspace: a new job. 409 while it is running or pending."""
+    settings = request.app.state.settings
+    return fast_json(svc.start_workspace(db, principal, settings, active_profile(settings), name, user))
+
+
+@router.post("/workspaces/{name}/stop", response_model=WorkspaceOut)
+def stop_workspace(
+    request: Request, name: NameInPath, db: DB, principal: CurrentUser, user: UserFilter = None
+) -> Any:
+    """Stop it: its job is cancelled (files stay). 409 when it is already stopped."""
+    return fast_json(svc.stop_workspace(db, principal, request.app.state.settings, name, user))
+
+
+@router.delete("/workspaces/{name}", status_code=status.HTTP_204_NO_CONTENT)
+def remove_workspace(name: NameInPath, db: DB, principal: CurrentUser, user: UserFilter = None) -> Response:
+    """Stop it if it runs and remove it; the files in your home stay."""
+    svc.remove_workspace(db, principal, name, user)
+    return Response(status_code=204)

@@ -1,0 +1,209 @@
+"""`corral ws`: interactive workspaces (docs/workspaces.md): create, ls, show, open, ssh, stop,
+start, rm, and the admins' idle timeouts per group (policy, policies)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import webbrowser
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+import typer
+from rich.table import Table
+
+from corral.cli.platform import Output, OutputOpt, ago, client, friendly_errors, out, print_json
+from corral.sdk import CorralError
+
+ws_app = typer.Typer(
+    help="Interactive workspaces: JupyterLab through Corral, SSH through its gateway.", no_args_is_help=True
+)
+UserOpt = Annotated[str | None, typer.Option("--user", "-u", help="another user's workspace (admins)")]
+NameArg = Annotated[str, typer.Argument(help="the workspace's name")]
+
+
+def _describe(ws: dict[str, Any]) -> str:
+    gpus = f"{ws['gpus']} GPU" + ("s" if ws["gpus"] != 1 else "") if ws["gpus"] else "no GPU"
+    if ws["gpu_model"]:
+        gpus += f" ({ws['gpu_model']})"
+    return f"{gpus}, {ws['cpus']:g} CPUs, {ws['memory_mib']} MiB"
+
+
+def _print_one(ws: dict[str, Any], server: str) -> None:
+    out.print(f"[bold]{ws['name']}[/bold] ({ws['user']}, group {ws['group']}): {ws['state']}")
+    out.print(f"  resources    {_describe(ws)}; environment {ws['environment']}")
+    out.print(f"  idle timeout {ws['idle_timeout_s']:.0f} s")
+    if ws["job_id"] is not None:
+        out.print(f"  job          {ws['job_id']} ({ws['job_state']})")
+    if ws["waiting"]:
+        out.print(f"  waiting      {ws['waiting']['message']}")
+    out.print(f"  JupyterLab   {server}{ws['url']}")
+    host = urlsplit(server).hostname or "localhost"
+    out.print(f"  ssh          ssh -p {ws['ssh_port']} {ws['ssh_user']}@{host}")
+
+
+@ws_app.command("create")
+@friendly_errors
+def create(
+    name: Annotated[str | None, typer.Argument(help="default: workspace, workspace-2, ...")] = None,
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs")] = 0,
+    gpu_model: Annotated[str | None, typer.Option("--gpu-model", help="e.g. A100 or 'A100|H100'")] = None,
+    cpus: Annotated[float, typer.Option("--cpus", help="CPU cores")] = 1.0,
+    memory: Annotated[str, typer.Option("--memory", help="e.g. 16GiB")] = "4GiB",
+    environment: Annotated[
+        str, typer.Option("--environment", help="the node's named environment")
+    ] = "default",
+    idle_timeout: Annotated[
+        str | None, typer.Option("--idle-timeout", help="e.g. 2h; default: your group's")
+    ] = None,
+    group: Annotated[str | None, typer.Option("--group", "-g", help="default: your default group")] = None,
+    stopped: Annotated[bool, typer.Option("--stopped", help="create it without starting it")] = False,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Create a workspace and start it (a job of kind workspace, queued like any job)."""
+    with client() as c:
+        ws = c.create_workspace(
+            name,
+            gpus=gpus,
+            gpu_model=gpu_model,
+            cpus=cpus,
+            memory=memory,
+            environment=environment,
+            idle_timeout=idle_timeout,
+            group=group,
+            start=not stopped,
+        )
+        server = c.url
+    if output is Output.json:
+        print_json(ws)
+        return
+    _print_one(ws, server)
+
+
+@ws_app.command("ls")
+@friendly_errors
+def list_workspaces(
+    user: UserOpt = None,
+    all_users: Annotated[bool, typer.Option("--all", help="every user's (admins)")] = False,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Your workspaces."""
+    with client() as c:
+        rows = c.workspaces(user=user, all_users=all_users)
+    if output is Output.json:
+        print_json(rows)
+        return
+    table = Table("NAME", "USER", "STATE", "RESOURCES", "JOB", "CREATED", box=None)
+    for ws in rows:
+        job = str(ws["job_id"]) if ws["job_id"] is not None else "-"
+        table.add_row(ws["name"], ws["user"], ws["state"], _describe(ws), job, ago(ws["created_at"]))
+    out.print(table)
+
+
+@ws_app.command("show")
+@friendly_errors
+def show(name: NameArg, user: UserOpt = None, output: OutputOpt = Output.table) -> None:
+    """One workspace: state, why it waits, its JupyterLab URL and ssh command."""
+    with client() as c:
+        ws = c.workspace(name, user=user)
+        server = c.url
+    if output is Output.json:
+        print_json(ws)
+        return
+    _print_one(ws, server)
+
+
+@ws_app.command("open")
+@friendly_errors
+def open_lab(
+    name: NameArg,
+    browser: Annotated[bool, typer.Option("--browser", help="also open it in the web browser")] = False,
+) -> None:
+    """Print the workspace's JupyterLab URL (behind Corral's login; no token in it)."""
+    with client() as c:
+        ws = c.workspace(name)
+        url = f"{c.url}{ws['url']}"
+    if ws["state"] != "running":
+        out.print(f"[yellow]workspace {name} is {ws['state']}[/yellow]; the page answers once it runs")
+    typer.echo(url)
+    if browser:
+        webbrowser.open(url)
+
+
+@ws_app.command("ssh", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@friendly_errors
+def ssh(ctx: typer.Context, name: NameArg) -> None:
+    """Open a shell in the workspace through Corral's SSH gateway (runs `ssh`; extra arguments,
+    e.g. `-L 6006:localhost:6006` or a command, are passed on). Register your key first:
+    `corral key add ~/.ssh/id_ed25519.pub`."""
+    with client() as c:
+        ws = c.workspace(name)
+        host = urlsplit(c.url).hostname or "localhost"
+    program = shutil.which("ssh")
+    if program is None:
+        raise CorralError("the OpenSSH client (ssh) is not installed")
+    argv = [program, "-p", str(ws["ssh_port"]), *ctx.args, f"{ws['ssh_user']}@{host}"]
+    os.execv(program, argv)
+
+
+@ws_app.command("stop")
+@friendly_errors
+def stop(name: NameArg, user: UserOpt = None) -> None:
+    """Stop it: its job ends; the files in your home stay."""
+    with client() as c:
+        ws = c.stop_workspace(name, user=user)
+    out.print(f"workspace {name}: {ws['state']}")
+
+
+@ws_app.command("start")
+@friendly_errors
+def start(name: NameArg, user: UserOpt = None) -> None:
+    """Start a stopped workspace (a new job)."""
+    with client() as c:
+        ws = c.start_workspace(name, user=user)
+    out.print(f"workspace {name}: {ws['state']} (job {ws['job_id']})")
+    if ws["waiting"]:
+        out.print(f"  {ws['waiting']['message']}")
+
+
+@ws_app.command("rm")
+@friendly_errors
+def remove(name: NameArg, user: UserOpt = None) -> None:
+    """Stop it if it runs and remove it; the files in your home stay."""
+    with client() as c:
+        c.remove_workspace(name, user=user)
+    out.print(f"workspace {name} removed (your files stay in your home)")
+
+
+@ws_app.command("policy")
+@friendly_errors
+def policy(
+    group: Annotated[str, typer.Argument(help="the group")],
+    default: Annotated[str | None, typer.Option("--default", help="default idle timeout, e.g. 2h")] = None,
+    maximum: Annotated[str | None, typer.Option("--max", help="maximum idle timeout, e.g. 1d")] = None,
+) -> None:
+    """Admin: a group's default and maximum workspace idle timeout (unset: the server's)."""
+    with client() as c:
+        p = c.set_workspace_policy(group, default_idle_timeout=default, max_idle_timeout=maximum)
+    out.print(
+        f"group {group}: default {p['default_idle_timeout_s']:.0f} s, max {p['max_idle_timeout_s']:.0f} s"
+    )
+
+
+@ws_app.command("policies")
+@friendly_errors
+def policies(output: OutputOpt = Output.table) -> None:
+    """Each group's default and maximum idle timeout."""
+    with client() as c:
+        rows = c.workspace_policies()
+    if output is Output.json:
+        print_json(rows)
+        return
+    table = Table("GROUP", "DEFAULT", "MAX", box=None)
+    for p in rows:
+        table.add_row(p["group"], f"{p['default_idle_timeout_s']:.0f} s", f"{p['max_idle_timeout_s']:.0f} s")
+    out.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(ws_app, name="ws")

@@ -1,0 +1,50 @@
+"""Interactive workspaces (corral.services.workspaces, migration 0014_workspaces).
+
+A workspace is a named, persistent object of one user; each start submits a job of kind
+`workspace` (`current_job_id`), so job states stay final: stop ends that job, start makes a new
+one. The user's files live in their home (corral.storage) and outlive every job and the workspace.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Float, ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from corral.db.base import Base
+
+
+class Workspace(Base):
+    __tablename__ = "workspaces"
+    __table_args__ = (UniqueConstraint("user_id", "name"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    group_id: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"), index=True)
+    gpus: Mapped[int] = mapped_column(Integer)
+    gpu_model: Mapped[str | None] = mapped_column(String(256))
+    cpus: Mapped[float] = mapped_column(Float)
+    memory_mib: Mapped[int] = mapped_column(Integer)
+    environment: Mapped[str] = mapped_column(String(256))
+    idle_timeout_s: Mapped[float | None] = mapped_column(Float)  # None: the group's default
+    # The job of the latest start; a finished job stays here (the workspace is stopped) until the
+    # next start. SET NULL: retention may delete a finished job.
+    current_job_id: Mapped[int | None] = mapped_column(
+        ForeignKey("jobs.id", ondelete="SET NULL"), index=True, unique=True
+    )
+    # JupyterLab's credential for the current job, set by Corral at each start and given to the job
+    # like a secret (never in its spec, an API answer or a log); the proxy sends it upstream.
+    jupyter_token: Mapped[str] = mapped_column(String(64))
+    reclaimed_gpu_hours: Mapped[float] = mapped_column(Float, default=0.0)  # by idle stops
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class WorkspaceGroupPolicy(Base):
+    """An admin's idle timeouts for one group's workspaces (absent: the server's defaults)."""
+
+    __tablename__ = "workspace_group_policies"
+
+    group_id: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"), primary_key=True)
+    default_idle_timeout_s: Mapped[float | None] = mapped_column(Float)
+    max_idle_timeout_s: Mapped[float | None] = mapped_column(Float)

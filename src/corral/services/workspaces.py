@@ -1,0 +1,526 @@
+"""Interactive workspaces: named, persistent objects of one user (db/workspace_models.py).
+
+Each start submits a job of kind `workspace` through the normal job path (corral.services.jobs:
+quotas, fair share, placement, why-pending; not preemptible), running JupyterLab in the job's
+sandbox (corral.workspaces.launch); stop cancels that job (the cancel contract: the loops stop it
+and the lifecycle module settles it), start submits a new one, rm removes the workspace. The
+user's files are in their home (corral.storage) and outlive all of it.
+
+A workspace and its job are written in one transaction: a start that does not fit (or any other
+refusal) leaves nothing behind. The proxy (corral.workspaces.proxy) and the SSH gateway find a
+workspace's running job here (`proxy_target`, `current_job_id`).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TypedDict
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from corral.config import Settings
+from corral.db.models import Attempt, Group, Job, User
+from corral.db.workspace_models import Workspace, WorkspaceGroupPolicy
+from corral.scheduler import Profile
+from corral.services import audit
+from corral.services import jobs as job_service
+from corral.services.auth import Principal, load_principal
+from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
+from corral.services.jobs import WaitingStatus
+from corral.services.lifecycle import AttemptState, JobState
+from corral.spec import (
+    IdleGpuV1,
+    JobSpecV1,
+    ResourcesV1,
+    TaskV1,
+    format_seconds,
+    parse_duration_s,
+)
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+LAUNCH_COMMAND = "exec python -m corral.workspaces.launch"
+TOKEN_ENV = "CORRAL_WORKSPACE_TOKEN"  # corral.workspaces.launch reads and removes it
+ACTIVE = frozenset(s.value for s in JobState if not s.terminal)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceRequest:
+    """What `corral ws create` asks for; memory in MiB, idle timeout in seconds (None: default)."""
+
+    name: str | None = None
+    gpus: int = 0
+    gpu_model: str | None = None
+    cpus: float = 1.0
+    memory_mib: int = 4096
+    environment: str = "default"
+    idle_timeout_s: float | None = None
+    group: str | None = None
+    start: bool = True
+
+
+class WorkspaceView(TypedDict):
+    id: int
+    name: str
+    user: str
+    group: str
+    state: str  # stopped | pending | starting | running | stopping
+    job_id: int | None
+    job_state: str | None
+    gpus: int
+    gpu_model: str | None
+    cpus: float
+    memory_mib: int
+    environment: str
+    idle_timeout_s: float
+    url: str  # JupyterLab through Corral's proxy (relative to the server)
+    ssh_user: str  # `<ssh_user>@host -p <ssh_port>` through the SSH gateway
+    ssh_port: int
+    waiting: WaitingStatus | None
+    reclaimed_gpu_hours: float
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyTarget:
+    """Where the proxy sends `/ws/<id>/` and who may go there."""
+
+    workspace_id: int
+    owner_user_id: int
+    job_id: int | None
+    attempt_id: str | None  # the running attempt ("42.1"), None while not running
+    token: str
+
+
+def workspace_state(job: Job | None) -> str:
+    if job is None or JobState(job.state).terminal:
+        return "stopped"
+    if job.cancel_requested or job.state == JobState.PREEMPTED.value:
+        return "stopping"
+    if job.state in (JobState.QUEUED.value, JobState.SCHEDULED.value):
+        return "pending"
+    return "starting" if job.state == JobState.STARTING.value else "running"
+
+
+def idle_timeout_s(session: Session, settings: Settings, ws: Workspace) -> float:
+    """The workspace's own timeout, else its group's default, else the server's; at most the
+    group's (else the server's) maximum."""
+    default, maximum = group_limits(session, settings, ws.group_id)
+    return min(ws.idle_timeout_s or default, maximum)
+
+
+def group_limits(session: Session, settings: Settings, group_id: int) -> tuple[float, float]:
+    policy = session.get(WorkspaceGroupPolicy, group_id)
+    default = settings.workspace_idle_timeout_s
+    maximum = settings.workspace_max_idle_timeout_s
+    if policy is not None:
+        default = policy.default_idle_timeout_s or default
+        maximum = policy.max_idle_timeout_s or maximum
+    return min(default, maximum), maximum
+
+
+def _view(session: Session, settings: Settings, ws: Workspace, owner: str, group: str) -> WorkspaceView:
+    job = session.get(Job, ws.current_job_id) if ws.current_job_id is not None else None
+    return {
+        "id": ws.id,
+        "name": ws.name,
+        "user": owner,
+        "group": group,
+        "state": workspace_state(job),
+        "job_id": ws.current_job_id,
+        "job_state": job.state if job is not None else None,
+        "gpus": ws.gpus,
+        "gpu_model": ws.gpu_model,
+        "cpus": ws.cpus,
+        "memory_mib": ws.memory_mib,
+        "environment": ws.environment,
+        "idle_timeout_s": idle_timeout_s(session, settings, ws),
+        "url": f"/ws/{ws.id}/lab",
+        "ssh_user": f"{owner}+{ws.name}",
+        "ssh_port": settings.ssh_gateway_port,
+        "waiting": job_service.waiting_status(job) if job is not None else None,
+        "reclaimed_gpu_hours": ws.reclaimed_gpu_hours,
+        "created_at": ws.created_at,
+        "updated_at": ws.updated_at,
+    }
+
+
+def _state_for_audit(ws: Workspace) -> dict[str, object]:
+    return {"name": ws.name, "user_id": ws.user_id, "job_id": ws.current_job_id, "gpus": ws.gpus}
+
+
+def _owner_id(session: Session, principal: Principal, user: str | None) -> tuple[int, str]:
+    """The user whose workspaces are meant: the caller, or (admins only) another user."""
+    if user is None or user == principal.name:
+        return principal.user_id, principal.name
+    if not principal.is_admin:
+        raise Forbidden("only an administrator may act on another user's workspaces")
+    user_id = session.scalar(select(User.id).where(User.name == user))
+    if user_id is None:
+        raise NotFound(f"there is no user named {user!r}")
+    return user_id, user
+
+
+def _find(session: Session, principal: Principal, name: str, user: str | None) -> tuple[Workspace, str]:
+    user_id, owner = _owner_id(session, principal, user)
+    ws = session.scalar(select(Workspace).where(Workspace.user_id == user_id, Workspace.name == name))
+    if ws is None:
+        raise NotFound(f"{owner} has no workspace named {name!r}; `corral ws ls` lists them")
+    return ws, owner
+
+
+def _group_name(session: Session, group_id: int) -> str:
+    return session.scalar(select(Group.name).where(Group.id == group_id)) or ""
+
+
+def list_workspaces(
+    session: Session,
+    principal: Principal,
+    settings: Settings,
+    *,
+    user: str | None = None,
+    all_users: bool = False,
+) -> list[WorkspaceView]:
+    stmt = (
+        select(Workspace, User.name, Group.name)
+        .join(User, User.id == Workspace.user_id)
+        .join(Group, Group.id == Workspace.group_id)
+        .order_by(User.name, Workspace.name)
+    )
+    if all_users:
+        if not principal.is_admin:
+            raise Forbidden("only an administrator may list every user's workspaces")
+    else:
+        user_id, _ = _owner_id(session, principal, user)
+        stmt = stmt.where(Workspace.user_id == user_id)
+    return [_view(session, settings, ws, owner, group) for ws, owner, group in session.execute(stmt)]
+
+
+def get_workspace(
+    session: Session, principal: Principal, settings: Settings, name: str, user: str | None = None
+) -> WorkspaceView:
+    ws, owner = _find(session, principal, name, user)
+    return _view(session, settings, ws, owner, _group_name(session, ws.group_id))
+
+
+def _default_name(session: Session, user_id: int) -> str:
+    taken = set(session.scalars(select(Workspace.name).where(Workspace.user_id == user_id)))
+    n = 1
+    while (name := "workspace" if n == 1 else f"workspace-{n}") in taken:
+        n += 1
+    return name
+
+
+def _job_spec(ws: Workspace, group: str, settings: Settings, timeout_s: float) -> JobSpecV1:
+    resources = ResourcesV1(gpus=ws.gpus, gpu_model=ws.gpu_model, cpus=ws.cpus, memory=ws.memory_mib)
+    idle = IdleGpuV1.model_validate(
+        {
+            "below_percent": settings.workspace_idle_below_percent,
+            "for": format_seconds(timeout_s),
+            "grace": format_seconds(settings.workspace_idle_grace_s),
+            "action": "stop",
+        }
+    )
+    return JobSpecV1(
+        name=f"ws-{ws.name}"[:128],
+        group=group,
+        environment=ws.environment,
+        preemptible=False,
+        kind="workspace",
+        tasks={"main": TaskV1(resources=resources, command=LAUNCH_COMMAND)},
+        env={"CORRAL_WORKSPACE": ws.name, "CORRAL_WORKSPACE_BASE_URL": f"/ws/{ws.id}/"},
+        idle_gpu=idle,
+    )
+
+
+def _submit(
+    session: Session, principal: Principal, settings: Settings, profile: Profile, ws: Workspace, now: float
+) -> None:
+    """A new job for `ws` in the caller's transaction (not committed)."""
+    group = _group_name(session, ws.group_id)
+    spec = _job_spec(ws, group, settings, idle_timeout_s(session, settings, ws))
+    owner = principal
+    if ws.user_id != principal.user_id:  # an admin starts another user's workspace: it runs as theirs
+        owner = _principal_of(session, ws.user_id)
+    view = job_service.submit_job(session, owner, spec, profile, now=now, commit=False, workspace=True)
+    ws.current_job_id = view["id"]
+    ws.jupyter_token = secrets.token_urlsafe(32)
+    ws.updated_at = now
+
+
+def _principal_of(session: Session, user_id: int) -> Principal:
+    user = session.get(User, user_id)
+    if user is None:
+        raise NotFound(f"the owner (user {user_id}) of this workspace no longer exists")
+    return load_principal(session, user, via="token")
+
+
+def check_idle_timeout(session: Session, settings: Settings, group_id: int, seconds: float | None) -> None:
+    if seconds is None:
+        return
+    _, maximum = group_limits(session, settings, group_id)
+    if seconds > maximum:
+        raise Invalid(
+            f"idle_timeout {format_seconds(seconds)} is more than this group's maximum "
+            f"{format_seconds(maximum)}",
+            ("body", "idle_timeout"),
+        )
+
+
+def create_workspace(
+    session: Session, principal: Principal, settings: Settings, profile: Profile, req: WorkspaceRequest
+) -> WorkspaceView:
+    """Create (and unless `start` is false, start) a workspace; commits both or nothing."""
+    now = time.time()
+    name = req.name or _default_name(session, principal.user_id)
+    if not NAME_RE.match(name):
+        raise Invalid(
+            f"workspace name {name!r} must be up to 63 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit",
+            ("body", "name"),
+        )
+    taken = select(Workspace.id).where(Workspace.user_id == principal.user_id, Workspace.name == name)
+    if session.scalar(taken) is not None:
+        raise Conflict(f"you already have a workspace named {name!r}; pick another name or `corral ws rm` it")
+    group = job_service.resolve_group(session, principal, req.group)
+    check_idle_timeout(session, settings, group.id, req.idle_timeout_s)
+    ws = Workspace(
+        name=name,
+        user_id=principal.user_id,
+        group_id=group.id,
+        gpus=req.gpus,
+        gpu_model=req.gpu_model,
+        cpus=req.cpus,
+        memory_mib=req.memory_mib,
+        environment=req.environment,
+        idle_timeout_s=req.idle_timeout_s,
+        jupyter_token=secrets.token_urlsafe(32),
+        reclaimed_gpu_hours=0.0,
+        created_at=now,
+        updated_at=now,
+    )
+    try:
+        session.add(ws)
+        session.flush()  # its id is in the job's base URL
+        if req.start:
+            _submit(session, principal, settings, profile, ws, now)
+        audit.record(
+            session,
+            actor=principal,
+            action="workspace.create",
+            target_kind="workspace",
+            target_id=ws.id,
+            after=_state_for_audit(ws),
+        )
+        session.commit()
+    except Exception:
+        session.rollback()  # a start that does not fit leaves no workspace behind
+        raise
+    return _view(session, settings, ws, principal.name, group.name)
+
+
+def start_workspace(
+    session: Session, principal: Principal, settings: Settings, profile: Profile, name: str, user: str | None
+) -> WorkspaceView:
+    ws, owner = _find(session, principal, name, user)
+    job = session.get(Job, ws.current_job_id) if ws.current_job_id is not None else None
+    if job is not None and job.state in ACTIVE:
+        raise Conflict(f"workspace {name!r} is already {workspace_state(job)} (job {job.id})")
+    before = _state_for_audit(ws)
+    try:
+        _submit(session, principal, settings, profile, ws, time.time())
+        audit.record(
+            session,
+            actor=principal,
+            action="workspace.start",
+            target_kind="workspace",
+            target_id=ws.id,
+            before=before,
+            after=_state_for_audit(ws),
+        )
+        session.commit()
+    except Exception:
+        session.rollback()
+        raise
+    return _view(session, settings, ws, owner, _group_name(session, ws.group_id))
+
+
+def stop_workspace(
+    session: Session, principal: Principal, settings: Settings, name: str, user: str | None
+) -> WorkspaceView:
+    """Cancel the running job (the loops stop it; files stay). 409 when it is not running."""
+    ws, owner = _find(session, principal, name, user)
+    job = session.get(Job, ws.current_job_id) if ws.current_job_id is not None else None
+    if job is None or job.state not in ACTIVE:
+        raise Conflict(f"workspace {name!r} is already stopped; `corral ws start {name}` starts it")
+    before = _state_for_audit(ws)
+    job_service.cancel_job(session, principal, job.id)  # commits, with its own audit record
+    audit.record(
+        session,
+        actor=principal,
+        action="workspace.stop",
+        target_kind="workspace",
+        target_id=ws.id,
+        before=before,
+    )
+    session.commit()
+    return _view(session, settings, ws, owner, _group_name(session, ws.group_id))
+
+
+def remove_workspace(session: Session, principal: Principal, name: str, user: str | None) -> None:
+    """Stop it if it runs, then delete it. The files in the user's home stay."""
+    ws, _owner = _find(session, principal, name, user)
+    job = session.get(Job, ws.current_job_id) if ws.current_job_id is not None else None
+    if job is not None and job.state in ACTIVE and not job.cancel_requested:
+        job_service.cancel_job(session, principal, job.id)
+    audit.record(
+        session,
+        actor=principal,
+        action="workspace.remove",
+        target_kind="workspace",
+        target_id=ws.id,
+        before=_state_for_audit(ws),
+    )
+    session.delete(ws)
+    session.commit()
+
+
+# -- policies (admin) -------------------------------------------------------------------------
+
+
+class PolicyView(TypedDict):
+    group: str
+    default_idle_timeout_s: float
+    max_idle_timeout_s: float
+
+
+def list_policies(session: Session, settings: Settings) -> list[PolicyView]:
+    groups = session.execute(select(Group.id, Group.name).order_by(Group.name)).all()
+    out: list[PolicyView] = []
+    for group_id, group in groups:
+        default, maximum = group_limits(session, settings, group_id)
+        out.append({"group": group, "default_idle_timeout_s": default, "max_idle_timeout_s": maximum})
+    return out
+
+
+def set_policy(
+    session: Session,
+    principal: Principal,
+    settings: Settings,
+    group: str,
+    default_s: float | None,
+    max_s: float | None,
+) -> PolicyView:
+    if not principal.is_admin:
+        raise Forbidden("only an administrator may set workspace idle timeouts")
+    group_id = session.scalar(select(Group.id).where(Group.name == group))
+    if group_id is None:
+        raise NotFound(f"there is no group named {group!r}")
+    if default_s is not None and max_s is not None and default_s > max_s:
+        raise Invalid("default_idle_timeout is more than max_idle_timeout", ("body", "default_idle_timeout"))
+    policy = session.get(WorkspaceGroupPolicy, group_id)
+    before = None
+    if policy is None:
+        policy = WorkspaceGroupPolicy(group_id=group_id)
+        session.add(policy)
+    else:
+        before = {"default": policy.default_idle_timeout_s, "max": policy.max_idle_timeout_s}
+    policy.default_idle_timeout_s = default_s
+    policy.max_idle_timeout_s = max_s
+    audit.record(
+        session,
+        actor=principal,
+        action="workspace.policy.set",
+        target_kind="group",
+        target_id=group,
+        before=before,
+        after={"default": default_s, "max": max_s},
+    )
+    session.commit()
+    default, maximum = group_limits(session, settings, group_id)
+    return {"group": group, "default_idle_timeout_s": default, "max_idle_timeout_s": maximum}
+
+
+def parse_timeout(text: str | None, field: str) -> float | None:
+    if text is None:
+        return None
+    try:
+        return parse_duration_s(text)
+    except ValueError as exc:
+        raise Invalid(str(exc), ("body", field)) from exc
+
+
+# -- for the proxy, the SSH gateway, dispatch and the idle policy -------------------------------
+
+
+def current_job_id(session: Session, owner: str, name: str) -> int | None:
+    """The id of the workspace's running job; None when it is stopped (or not running yet) or
+    there is no such workspace. The SSH gateway's entry point."""
+    row = session.execute(
+        select(Job.id)
+        .join(Workspace, Workspace.current_job_id == Job.id)
+        .join(User, User.id == Workspace.user_id)
+        .where(User.name == owner, Workspace.name == name, Job.state == JobState.RUNNING.value)
+    ).first()
+    return row[0] if row is not None else None
+
+
+def workspace_exists(session: Session, owner: str, name: str) -> bool:
+    found = session.execute(
+        select(Workspace.id)
+        .join(User, User.id == Workspace.user_id)
+        .where(User.name == owner, Workspace.name == name)
+    ).first()
+    return found is not None
+
+
+def proxy_target(session: Session, workspace_id: int) -> ProxyTarget | None:
+    ws = session.get(Workspace, workspace_id)
+    if ws is None:
+        return None
+    attempt_id = None
+    if ws.current_job_id is not None:
+        attempt = session.scalar(
+            select(Attempt)
+            .join(Job, Job.id == Attempt.job_id)
+            .where(
+                Attempt.job_id == ws.current_job_id,
+                Attempt.state == AttemptState.RUNNING.value,
+                Job.state == JobState.RUNNING.value,
+            )
+            .order_by(Attempt.number.desc())
+        )
+        attempt_id = attempt.attempt_id if attempt is not None else None
+    return ProxyTarget(ws.id, ws.user_id, ws.current_job_id, attempt_id, ws.jupyter_token)
+
+
+def launch_tokens(session: Session, job_ids: Iterable[int]) -> dict[int, str]:
+    """{job id: JupyterLab credential} of the workspace jobs among `job_ids` (dispatch gives each
+    to its job like a secret)."""
+    ids = list(job_ids)
+    if not ids:
+        return {}
+    rows = session.execute(
+        select(Workspace.current_job_id, Workspace.jupyter_token).where(Workspace.current_job_id.in_(ids))
+    )
+    return {job_id: token for job_id, token in rows if job_id is not None}
+
+
+def record_reclaimed(session: Session, job_id: int, gpu_hours: float) -> None:
+    """Add the GPU-hours an idle stop gave back to the workspace of `job_id` (the caller commits)."""
+    ws = session.scalar(select(Workspace).where(Workspace.current_job_id == job_id))
+    if ws is not None:
+        ws.reclaimed_gpu_hours += gpu_hours
+
+
+def workspace_job_ids(session: Session) -> dict[int, int]:
+    """{job id: workspace id} of the workspaces' current jobs."""
+    rows = session.execute(
+        select(Workspace.current_job_id, Workspace.id).where(Workspace.current_job_id.is_not(None))
+    )
+    return {job_id: ws_id for job_id, ws_id in rows if job_id is not None}

@@ -1,0 +1,72 @@
+"""When a running workspace's JupyterLab was last used: the latest `last_activity` of its kernels
+and terminals (a kernel busy right now counts as now), asked through its socket like the proxy
+does. The idle-GPU policy (corral.monitor.idle) uses it as evidence of use beside GPU readings.
+A workspace whose JupyterLab does not answer gives no evidence (it is left out)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import httpx
+from sqlalchemy.orm import Session, sessionmaker
+
+from corral.services.workspaces import proxy_target, workspace_job_ids
+from corral.workspaces.endpoint import jupyter_socket
+from corral.workspaces.jupyter_auth import HEADER
+
+log = logging.getLogger("corral.workspaces.activity")
+TIMEOUT_S = 2.0
+
+
+def _parse(stamp: Any) -> float | None:
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def jupyter_last_activity(socket: str, base_url: str, token: str, now: float) -> float | None:
+    latest: float | None = None
+    transport = httpx.HTTPTransport(uds=socket)
+    with httpx.Client(transport=transport, timeout=TIMEOUT_S, headers={HEADER: token}) as client:
+        for kind in ("kernels", "terminals"):
+            reply = client.get(f"http://localhost{base_url}api/{kind}")
+            reply.raise_for_status()
+            for item in reply.json():
+                if item.get("execution_state") == "busy":
+                    return now
+                at = _parse(item.get("last_activity"))
+                if at is not None and (latest is None or at > latest):
+                    latest = at
+    return latest
+
+
+def last_activity(
+    factory: sessionmaker[Session], engine: Any, job_ids: Sequence[int], now: float | None = None
+) -> Mapping[int, float]:
+    """{job id: last activity} of the workspace jobs among `job_ids` that answered."""
+    now = time.time() if now is None else now
+    with factory() as session:
+        workspace_of = workspace_job_ids(session)
+        targets = [proxy_target(session, workspace_of[j]) for j in job_ids if j in workspace_of]
+    out: dict[int, float] = {}
+    for target in targets:
+        if target is None or target.attempt_id is None or target.job_id is None:
+            continue
+        socket = jupyter_socket(engine, target.attempt_id)
+        if socket is None:
+            continue
+        try:
+            at = jupyter_last_activity(socket, f"/ws/{target.workspace_id}/", target.token, now)
+        except (httpx.HTTPError, OSError, ValueError) as exc:
+            log.debug("workspace %s: no activity reading (%s)", target.workspace_id, exc)
+            continue
+        if at is not None:
+            out[target.job_id] = at
+    return out

@@ -1,0 +1,82 @@
+"""Workspaces through the API (SQLite and PostgreSQL): create starts a job of kind `workspace`
+through the normal job path; stop/start/rm; bad input answers a clear 4xx and leaves nothing
+behind; POST /jobs refuses the kind; the JupyterLab credential is never in an answer."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from corral.db.models import Job
+from corral.db.workspace_models import Workspace
+from corral.services import workspaces
+from tests.api.conftest import World
+from tests.api.helpers import add_node
+
+API = "/api/v1/workspaces"
+
+
+def counts(world: World) -> tuple[int, int]:
+    with world.session_factory() as db:
+        return db.scalar(sa.select(sa.func.count(Workspace.id))) or 0, db.scalar(
+            sa.select(sa.func.count(Job.id))
+        ) or 0
+
+
+def test_workspace_lifecycle_and_bad_input(world: World) -> None:
+    with world.session_factory() as db:
+        add_node(db, gpus=2, model="A100")
+        db.commit()
+    c, alice = world.client, world.as_("alice")
+    # Not preemptible: a workspace needs the group's guarantee, like any non-preemptible job.
+    quota = {"gpu_model": "*", "guaranteed": 1}
+    assert c.put("/api/v1/groups/vision/quota", json=quota, headers=world.as_("admin")).status_code == 200
+    r = c.post(API, json={"name": "nb", "gpus": 1, "memory": "2GiB", "idle_timeout": "30m"}, headers=alice)
+    assert r.status_code == 201, r.text
+    ws = r.json()
+    assert ws["state"] == "pending" and ws["job_id"] and ws["url"] == f"/ws/{ws['id']}/lab"
+    assert ws["ssh_user"] == "alice+nb" and ws["ssh_port"] == 2222 and ws["idle_timeout_s"] == 1800
+    with world.session_factory() as db:
+        job = db.get(Job, ws["job_id"])
+        token = db.scalar(sa.select(Workspace.jupyter_token).where(Workspace.id == ws["id"]))
+        assert job is not None and job.spec.kind == "workspace" and not job.preemptible
+        assert job.spec.view.tasks[0].resources.gpus == 1 and job.spec.idle_gpu is not None
+        assert workspaces.current_job_id(db, "alice", "nb") is None  # queued, not running
+    job_json = c.get(f"/api/v1/jobs/{ws['job_id']}", headers=alice).text
+    assert token and token not in job_json and token not in r.text
+
+    # Duplicate name, unknown, does not fit, bad fields: 4xx naming it, nothing half-created.
+    before = counts(world)
+    dup = c.post(API, json={"name": "nb"}, headers=alice)
+    assert dup.status_code == 409 and "already have a workspace named 'nb'" in dup.json()["detail"]
+    big = c.post(API, json={"name": "big", "gpus": 8}, headers=alice)
+    assert big.status_code == 422 and "never run" in str(big.json()["detail"])
+    bad = c.post(API, json={"name": "x", "idle_timeout": "soon"}, headers=alice)
+    assert bad.status_code == 422 and "idle_timeout" in str(bad.json()["detail"])
+    assert counts(world) == before
+    assert c.get(f"{API}/nope", headers=alice).status_code == 404
+    assert c.get(f"{API}/nb", headers=world.as_("carol")).status_code == 404  # carol's own: none
+    assert c.get(f"{API}/nb", params={"user": "alice"}, headers=world.as_("carol")).status_code == 403
+    assert c.get(f"{API}/nb", params={"user": "alice"}, headers=world.as_("admin")).status_code == 200
+    kind = c.post("/api/v1/jobs", json={"name": "j", "command": "true", "kind": "workspace"}, headers=alice)
+    assert kind.status_code == 422 and "corral ws start" in str(kind.json()["detail"])
+
+    # Start while pending: 409; stop cancels the job; stop again: 409; start makes a new job.
+    assert c.post(f"{API}/nb/start", headers=alice).status_code == 409
+    stopped = c.post(f"{API}/nb/stop", headers=alice)
+    assert stopped.status_code == 200 and stopped.json()["state"] == "stopped"
+    assert c.post(f"{API}/nb/stop", headers=alice).status_code == 409
+    again = c.post(f"{API}/nb/start", headers=alice).json()
+    assert again["job_id"] != ws["job_id"] and again["state"] == "pending"
+    assert [w["name"] for w in c.get(API, headers=alice).json()] == ["nb"]
+
+    # The group maximum caps the idle timeout; a longer one is refused.
+    pol = c.put(f"{API}/policies/vision", json={"max_idle_timeout": "1h"}, headers=world.as_("admin"))
+    assert pol.status_code == 200 and pol.json()["max_idle_timeout_s"] == 3600
+    assert c.put(f"{API}/policies/vision", json={"max_idle_timeout": "1h"}, headers=alice).status_code == 403
+    long = c.post(API, json={"name": "long", "idle_timeout": "2h"}, headers=alice)
+    assert long.status_code == 422 and "maximum" in str(long.json()["detail"])
+
+    assert c.delete(f"{API}/nb", headers=alice).status_code == 204
+    assert c.get(f"{API}/nb", headers=alice).status_code == 404
+    with world.session_factory() as db:
+        assert db.get(Job, again["job_id"]).state == "cancelled"  # type: ignore[union-attr]
