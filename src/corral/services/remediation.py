@@ -80,7 +80,7 @@ class _Run:
 
 # -- the active rules ----------------------------------------------------------------------------
 
-_CACHE: dict[int, RuleSet] = {}
+_CACHE: dict[str, RuleSet] = {}  # parsed rules by their text (several databases in one process)
 
 
 def active_version(session: Session) -> int:
@@ -89,18 +89,18 @@ def active_version(session: Session) -> int:
 
 def active_rules(session: Session) -> tuple[int, RuleSet]:
     """(version, rules); version 0 is the shipped defaults."""
-    version = active_version(session)
-    rules = _CACHE.get(version)
+    version, text = active_text(session)
+    rules = _CACHE.get(text)
     if rules is None:
-        text = DEFAULT_RULES if version == 0 else session.get(RuleSetVersion, version).text  # type: ignore[union-attr]
-        rules = _CACHE[version] = parse_rules(text)
+        rules = _CACHE[text] = parse_rules(text)
     return version, rules
 
 
 def active_text(session: Session) -> tuple[int, str]:
-    version = active_version(session)
-    row = session.get(RuleSetVersion, version) if version else None
-    return version, DEFAULT_RULES if row is None else row.text
+    row = session.execute(
+        select(RuleSetVersion.version, RuleSetVersion.text).order_by(RuleSetVersion.version.desc()).limit(1)
+    ).first()
+    return (0, DEFAULT_RULES) if row is None else (int(row[0]), str(row[1]))
 
 
 def apply_rules(session: Session, text: str, author: str, now: float) -> int:
@@ -267,13 +267,25 @@ def _act(session: Session, ruleset: RuleSet, run: _Run, action: Action, now: flo
     if not needs[kind]:
         run.results.append({"action": kind, "result": "skipped: the alert names no " + _needed(kind)})
         return
-    if kind in REMOVING and not run.dry_run and not _within_guard(session, ruleset, run, kind, now):
+    removes = kind in REMOVING and not _nothing_to_remove(session, run, kind, node, gpu)
+    if removes and not run.dry_run and not _within_guard(session, ruleset, run, kind, now):
         run.outcome = "guarded"
         run.results.append({"action": kind, "result": "held back by the blast-radius guard"})
         _page_a_human(session, run, f"blast-radius guard: {kind} {node} refused", now)
         return
     result = _ACTIONS[kind](session, run, node, gpu, job_id, now)
     run.results.append({"action": kind, "result": result})
+
+
+def _nothing_to_remove(session: Session, run: _Run, kind: str, node: str, gpu: str) -> bool:
+    """The target is missing or already out of service: the action is a no-op, not a removal."""
+    if kind == "quarantine_gpu":
+        row = session.get(GpuRow, (node, int(gpu))) if gpu.isdigit() else None
+        target = "lost" if _lost(run.signal) else "quarantined"
+        return row is None or row.health == target or (row.health == "lost" and target == "quarantined")
+    node_row = session.get(Node, node)
+    wanted = "cordoned" if kind == "cordon" else "draining"
+    return node_row is None or node_row.admin_state in (wanted, "draining")
 
 
 def _needed(kind: str) -> str:
@@ -459,11 +471,13 @@ def take_stops(session: Session) -> list[tuple[str, float]]:
     return stops
 
 
-def faulted_live_attempts(session: Session, since: float) -> list[str]:
-    """Attempts with a fault on record since `since` that still run: stops not yet delivered."""
+def faulted_live_attempts(session: Session, since: float, before: float) -> list[str]:
+    """Attempts with a fault recorded between `since` and `before` that still run: stops not
+    delivered (the engine's stop is idempotent)."""
     rows = session.execute(
         select(Attempt.job_id, Attempt.number)
         .join(AttemptFault, AttemptFault.attempt_pk == Attempt.id)
-        .where(Attempt.state.in_(LIVE_ATTEMPTS), AttemptFault.at >= since, AttemptFault.event != "hang")
+        .where(Attempt.state.in_(LIVE_ATTEMPTS), AttemptFault.event != "hang")
+        .where(AttemptFault.at >= since, AttemptFault.at <= before)
     )
     return [f"{job_id}.{number}" for job_id, number in rows]
