@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "corral.cli.audit",  # audit ls
     "corral.cli.secrets",  # secret set/ls/rm
     "corral.cli.data",  # data push/pull/ls/show/versions/rm/share/import, storage usage/quota
+    "corral.cli.incidents",  # incident ls/show/ack/comment/mitigate/resolve/close/postmortem, rules
 )
 
 

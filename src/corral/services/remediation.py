@@ -481,3 +481,14 @@ def faulted_live_attempts(session: Session, since: float, before: float) -> list
         .where(AttemptFault.at >= since, AttemptFault.at <= before)
     )
     return [f"{job_id}.{number}" for job_id, number in rows]
+
+
+def recent_runs(session: Session, *, limit: int = 100, rule: str | None = None) -> list[dict[str, Any]]:
+    stmt = select(RemediationRun).order_by(RemediationRun.id.desc()).limit(limit)
+    if rule:
+        stmt = stmt.where(RemediationRun.rule == rule)
+    return [
+        {"id": r.id, "rule": r.rule, "rules_version": r.rules_version, "signal": r.signal, "at": r.at,
+         "dry_run": r.dry_run, "outcome": r.outcome, "actions": r.actions, "incident_id": r.incident_id}
+        for r in session.scalars(stmt)
+    ]  # fmt: skip
