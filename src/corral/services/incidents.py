@@ -456,3 +456,20 @@ def check_slas(session: Session, now: float) -> list[tuple[int, str]]:
             breaches.append((incident.id, "mitigate"))
             add_timeline(session, incident.id, "sla_breached", "not mitigated within its SLA", now=now)
     return breaches
+
+
+Counts = dict[tuple[str, str], int]
+
+
+def open_counts(session: Session, now: float) -> tuple[Counts, Counts]:
+    """For /metrics: open incidents by (severity, state), and those past an SLA by (severity, sla)."""
+    by_state: dict[tuple[str, str], int] = {}
+    breached: dict[tuple[str, str], int] = {}
+    for incident in session.scalars(select(Incident).where(Incident.state.in_(OPEN_STATES))):
+        key = (incident.severity, incident.state)
+        by_state[key] = by_state.get(key, 0) + 1
+        sla = sla_view(incident, now)
+        for which in ("ack", "mitigate"):
+            if sla[f"{which}_breached"]:
+                breached[(incident.severity, which)] = breached.get((incident.severity, which), 0) + 1
+    return by_state, breached
