@@ -37,6 +37,7 @@ CLIENT_SECTIONS = (
     "not-found",
 )
 AUDIT_SECTION = "audit"  # the admin audit log (apart from the tuple: several areas add sections)
+INCIDENTS_SECTION = "incidents"  # incidents (admins)
 
 # Assets are small and change only with a release; "no-cache" makes browsers revalidate (cheap
 # 304s) so an upgraded server never serves a stale mix of old and new modules.
@@ -98,7 +99,7 @@ def _client_route(section: str) -> None:
     router.add_api_route(f"/{section}/{{rest:path}}", subpage, methods=["GET"], response_class=HTMLResponse)
 
 
-for _section in (*CLIENT_SECTIONS, AUDIT_SECTION):
+for _section in (*CLIENT_SECTIONS, AUDIT_SECTION, INCIDENTS_SECTION):
     _client_route(_section)
 
 

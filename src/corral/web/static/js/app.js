@@ -17,6 +17,8 @@ const ROUTES = [
   { pattern: /^\/usage$/, module: "usage", title: "Usage" },
   { pattern: /^\/profile$/, module: "profile", title: "Profile" },
   { pattern: /^\/audit$/, module: "audit", title: "Audit log" },
+  { pattern: /^\/incidents$/, module: "incidents", title: "Incidents" },
+  { pattern: /^\/incidents\/(\d+)$/, module: "incidents", title: "Incident" },
 ];
 
 const NAV = [
@@ -30,6 +32,7 @@ const NAV = [
   ["/usage", "Usage"],
   ["/profile", "Profile"],
   ["/audit", "Audit", { adminOnly: true }],
+  ["/incidents", "Incidents", { adminOnly: true }],
 ];
 
 const state = { me: null, cleanups: [], renderToken: 0 };
