@@ -226,7 +226,7 @@ rules:
   - name: gpu-fault
     description: uncorrectable ECC error, Xid or a GPU off the bus
     match:
-      name: [GpuFault, CorralGpuEccErrors, CorralGpuXid, CorralGpuLost]
+      name: [GpuFault, CorralGpuEccErrors, CorralGpuLost]  # Xids: via GpuFault (no application Xids)
     actions:
       - quarantine_gpu
       - requeue_jobs
