@@ -173,6 +173,17 @@ def _import_dataset(w: World) -> tuple[str, str, dict[str, Any]]:
     )
 
 
+def _oom_job(w: World) -> tuple[str, str, dict[str, Any]]:
+    """A job with a running attempt (written as the loops would), OOM-killed by chaos."""
+    from corral.db.models import Attempt
+
+    job_id = _queued_job(w)
+    with w.session_factory() as db:
+        db.add(Attempt(job_id=job_id, number=1, state="running", created_at=time.time()))
+        db.commit()
+    return "POST", f"{API}/chaos/jobs/{job_id}/oom", {"json": {"force": True}}
+
+
 def _incident(w: World, resolved: bool = False) -> int:
     """A fresh SEV4 incident (resolved: ready to close)."""
     from corral.services import incidents
@@ -306,6 +317,7 @@ CALLS: dict[tuple[str, str], tuple[Call, str]] = {
         _incident_call("postmortem", "PUT", json=_POSTMORTEM),
         "incident.postmortem",
     ),
+    ("POST", "/api/v1/chaos/jobs/{job_id}/oom"): (_oom_job, "chaos.job.oom"),
     ("PUT", "/api/v1/remediation/rules"): (
         lambda w: ("PUT", f"{API}/remediation/rules", {"json": {"text": "version: 1\nrules: []\n"}}),
         "remediation.rules.apply",

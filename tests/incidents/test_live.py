@@ -89,3 +89,23 @@ def test_a_bad_rules_file_is_refused_with_its_line_and_the_defaults_stay(server:
         assert r.status_code == 422, r.text
         assert "line 5" in r.text and "unknown action 'reboot'" in r.text
         assert c.get("/api/v1/remediation/rules").json()["version"] == 0
+
+
+def test_chaos_job_oom_ends_the_attempt_as_oom_never_retried_with_its_alert(server: CorralServer) -> None:
+    with server.client() as c:
+        task = {"command": "sleep 120", "resources": {"gpus": 1}}
+        job_id = submit_spec(c, {"name": "oom", "tasks": {"main": task}, "retries": 2})
+        running_gpu(c, job_id, 1)
+        assert "OOM-killed" in corral(server, "chaos", "job", "oom", str(job_id)).stdout
+        done = wait_state(c, job_id, TERMINAL)
+        assert done["state"] == "failed", done
+        (attempt,) = job(c, job_id)["attempts"]
+        assert attempt["reason"] == "oom" and attempt["failure"]["category"] == "user", attempt
+
+        def oom_alert() -> list[dict[str, Any]]:
+            items = c.get("/api/v1/alerts", params={"name": "CorralJobOOM"}).json()["items"]
+            return [a for a in items if a["labels"]["job_id"] == str(job_id)]
+
+        wait_for(oom_alert, 30, what="the CorralJobOOM alert")
+        again = corral(server, "chaos", "job", "oom", str(job_id), check=False)
+        assert again.returncode != 0 and "has no running attempt" in again.stderr + again.stdout
