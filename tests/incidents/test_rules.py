@@ -251,3 +251,27 @@ def test_a_bad_rules_file_is_refused_with_its_line_and_the_old_version_stays(
 def test_the_shipped_rules_parse() -> None:
     rules = parse_rules(remediation.DEFAULT_RULES)
     assert [r.name for r in rules.rules][:3] == ["gpu-fault", "node-lost", "node-failing-jobs"]
+
+
+def test_a_lost_node_requeues_elsewhere_only_when_there_is_an_elsewhere(tmp_path: Path) -> None:
+    w = make_world(tmp_path, nodes=2)
+    job_id = running_job(w, "n1", 0)
+    labels = {"alertname": "CorralNodeLost", "severity": "critical", "node": "n1"}
+    with w.ctx.session_factory() as session:
+        record_alert(session, labels=labels, status="firing", now=time.time(), channels=[], source="corral")
+        assert remediation.take_stops(session) == [(f"{job_id}.1", 0.0)]
+        fault = session.scalars(select(AttemptFault)).one()
+        assert (fault.node, fault.gpu_index) == ("n1", None)  # the retry avoids the whole node
+        incident = session.scalars(select(Incident)).one()
+        assert (incident.severity, incident.fingerprint) == ("SEV2", "node/n1")
+        session.commit()
+
+
+def test_a_lost_only_node_is_left_to_the_node_loop(world: World) -> None:
+    running_job(world, "n1", 0)
+    labels = {"alertname": "CorralNodeLost", "severity": "critical", "node": "n1"}
+    with world.ctx.session_factory() as session:
+        record_alert(session, labels=labels, status="firing", now=time.time(), channels=[], source="corral")
+        assert remediation.take_stops(session) == []
+        assert session.scalar(select(func.count()).select_from(AttemptFault)) == 0
+        session.commit()
