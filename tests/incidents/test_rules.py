@@ -25,6 +25,7 @@ from corral.services import incidents, remediation
 from corral.services.errors import Conflict
 from corral.services.lifecycle import AttemptState, move_attempt
 from corral.services.remediation_rules import RulesError, parse_rules
+from tests.pg import PostgresServer
 from tests.server.fakes import FakeEngine, add_job, gpu_node, make_context, seed_tenant
 
 
@@ -35,18 +36,21 @@ class World:
     user_id: int
 
 
-def make_world(tmp_path: Path, nodes: int = 1) -> World:
+def make_world(tmp_path: Path, nodes: int = 1, url: str = "") -> World:
     fake = FakeEngine([gpu_node(f"n{i + 1}") for i in range(nodes)])
-    ctx = make_context(make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}"), fake, str(tmp_path))
+    ctx = make_context(make_engine(url or f"sqlite:///{tmp_path / 'db.sqlite'}"), fake, str(tmp_path))
     node_tick(ctx, time.time())
     with ctx.session_factory() as session:
         gid, uid = seed_tenant(session)
     return World(ctx, gid, uid)
 
 
-@pytest.fixture
-def world(tmp_path: Path) -> World:
-    return make_world(tmp_path)
+@pytest.fixture(params=["sqlite", "postgresql"])
+def world(request: pytest.FixtureRequest, tmp_path: Path) -> World:
+    if request.param == "sqlite":
+        return make_world(tmp_path)
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    return make_world(tmp_path, url=server.create_database())
 
 
 def running_job(w: World, node: str, gpu: int) -> int:
