@@ -302,7 +302,7 @@ def _within_guard(session: Session, ruleset: RuleSet, run: _Run, kind: str, now:
                func.coalesce(func.sum(RemediationRun.removed_gpus), 0))
         .where(RemediationRun.at >= since, RemediationRun.dry_run.is_(False))
     ).one()  # fmt: skip
-    session.flush()  # this run's own earlier removals are in `run`, not yet in the table
+    # this run's own earlier removals are counted in `run` (its row is written at the end)
     if kind == "quarantine_gpu":
         total = int(session.scalar(select(func.count()).select_from(GpuRow)) or 0)
         limit = max(guard.min_removals, int(guard.max_fraction * total))
