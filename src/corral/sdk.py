@@ -632,6 +632,40 @@ class Client:
         body = {"default_idle_timeout": default_idle_timeout, "max_idle_timeout": max_idle_timeout}
         return self.request("PUT", f"/workspaces/policies/{quote(group, safe='')}", json=body)
 
+    # --- incidents and remediation rules (admins; corral.services.incidents / .remediation) ------
+    def incidents(self, **filters: Any) -> dict[str, Any]:
+        """Incidents, newest first: filters state, severity, node, open, limit, offset."""
+        params = {k: v for k, v in filters.items() if v is not None}
+        return self.request("GET", "/incidents", params=params)
+
+    def incident(self, incident_id: int) -> dict[str, Any]:
+        return self.request("GET", f"/incidents/{incident_id}")
+
+    def incident_action(self, incident_id: int, action: str, **body: Any) -> dict[str, Any]:
+        """ack | comment (text=) | mitigate (note=) | resolve (note=) | close."""
+        return self.request("POST", f"/incidents/{incident_id}/{action}", json=body)
+
+    def edit_incident(self, incident_id: int, **changes: Any) -> dict[str, Any]:
+        return self.request("PATCH", f"/incidents/{incident_id}", json=changes)
+
+    def write_postmortem(self, incident_id: int, **postmortem: Any) -> dict[str, Any]:
+        """summary, impact, root_cause, action_items=[{what, owner, due: YYYY-MM-DD}]."""
+        path = f"/incidents/{incident_id}/postmortem"
+        return self.request("PUT", path, json=postmortem)
+
+    def remediation_rules(self, version: int | None = None) -> dict[str, Any]:
+        path = "/remediation/rules" if version is None else f"/remediation/rules/{version}"
+        return self.request("GET", path)
+
+    def apply_remediation_rules(self, text: str) -> dict[str, Any]:
+        return self.request("PUT", "/remediation/rules", json={"text": text})
+
+    def remediation_history(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/remediation/rules/history")["items"]
+
+    def remediation_runs(self, limit: int = 100) -> list[dict[str, Any]]:
+        return self.request("GET", "/remediation/runs", params={"limit": limit})["items"]
+
     # --- datasets and storage (corral.datasets; transfers in corral.datasets.transfer) ----------
     def datasets(self) -> list[dict[str, Any]]:
         return self.request("GET", "/datasets")

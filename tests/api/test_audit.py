@@ -219,6 +219,39 @@ def _workspace(w: World, name: str, start: bool) -> str:
     return f"{API}/workspaces/{name}"
 
 
+def _oom_job(w: World) -> tuple[str, str, dict[str, Any]]:
+    """A job with a running attempt (written as the loops would), OOM-killed by chaos."""
+    from corral.db.models import Attempt
+
+    job_id = _queued_job(w)
+    with w.session_factory() as db:
+        db.add(Attempt(job_id=job_id, number=1, state="running", created_at=time.time()))
+        db.commit()
+    return "POST", f"{API}/chaos/jobs/{job_id}/oom", {"json": {"force": True}}
+
+
+def _incident(w: World, resolved: bool = False) -> int:
+    """A fresh SEV4 incident (resolved: ready to close)."""
+    from corral.services import incidents
+
+    with w.session_factory() as db:
+        now = time.time()
+        i = incidents.open_or_update(db, fingerprint=f"audit/{now}", title="t", severity="SEV4",
+                                     source="manual", labels={}, links={}, now=now)  # fmt: skip
+        if resolved:
+            incidents.resolve(db, i.id, "admin", now)
+        db.commit()
+        return i.id
+
+
+def _incident_call(action: str, method: str = "POST", **kwargs: Any) -> Call:
+    suffix = f"/{action}" if action else ""
+    return lambda w: (method, f"{API}/incidents/{_incident(w, action == 'close')}{suffix}", dict(kwargs))
+
+
+_POSTMORTEM = {"summary": "s", "impact": "i", "root_cause": "r", "action_items": []}
+
+
 # One successful call of each state-changing route, made as the admin (unless the call says
 # otherwise), and the action it must record.
 # -- catalogues (corral.catalog): templates and models -------------------------------------------
@@ -396,6 +429,33 @@ CALLS: dict[tuple[str, str], tuple[Call, str]] = {
     ("POST", "/api/v1/chaos/gpus/{node}/{index}"): (
         lambda w: ("POST", f"{API}/chaos/gpus/n1/0", {"json": {"ecc_uncorrected": 1}}),
         "chaos.gpu.fault",
+    ),
+    ("POST", "/api/v1/incidents/{incident_id}/ack"): (_incident_call("ack"), "incident.ack"),
+    ("POST", "/api/v1/incidents/{incident_id}/comment"): (
+        _incident_call("comment", json={"text": "x"}),
+        "incident.comment",
+    ),
+    ("POST", "/api/v1/incidents/{incident_id}/mitigate"): (
+        _incident_call("mitigate", json={}),
+        "incident.mitigate",
+    ),
+    ("POST", "/api/v1/incidents/{incident_id}/resolve"): (
+        _incident_call("resolve", json={}),
+        "incident.resolve",
+    ),
+    ("POST", "/api/v1/incidents/{incident_id}/close"): (_incident_call("close"), "incident.close"),
+    ("PATCH", "/api/v1/incidents/{incident_id}"): (
+        _incident_call("", "PATCH", json={"severity": "SEV3"}),
+        "incident.edit",
+    ),
+    ("PUT", "/api/v1/incidents/{incident_id}/postmortem"): (
+        _incident_call("postmortem", "PUT", json=_POSTMORTEM),
+        "incident.postmortem",
+    ),
+    ("POST", "/api/v1/chaos/jobs/{job_id}/oom"): (_oom_job, "chaos.job.oom"),
+    ("PUT", "/api/v1/remediation/rules"): (
+        lambda w: ("PUT", f"{API}/remediation/rules", {"json": {"text": "version: 1\nrules: []\n"}}),
+        "remediation.rules.apply",
     ),
 }
 CALLS.update(ONCALL_CALLS)  # on-call, escalation and acknowledge links (tests/api/audit_oncall.py)

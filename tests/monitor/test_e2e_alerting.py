@@ -21,6 +21,7 @@ import httpx
 import pytest
 import yaml
 
+from corral.services.remediation_rules import DEFAULT_RULES
 from tests.monitor.test_channels import Inbox
 from tests.server_fixture import start_server, wait_for
 from tests.support import free_port, require_binary
@@ -163,6 +164,10 @@ def test_ecc_error_alert_round_trip(tmp_path: Path) -> None:
             httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {srv.token}"})
         )
 
+        # The job must keep its GPU while Prometheus' alert goes round (job_id label, job panels):
+        # the remediation rules (docs/operations.md) only record what they would do here.
+        dry = DEFAULT_RULES.replace("dry_run: false", "dry_run: true", 1)
+        assert api.put("/api/v1/remediation/rules", json={"text": dry}).is_success
         # A real job holding one virtual GPU, so per-job labels and panels have something to show.
         assert api.put("/api/v1/groups/default/quota", json={"gpu_model": "VGPU", "guaranteed": 2}).is_success
         job = api.post("/api/v1/jobs", json={

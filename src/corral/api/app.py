@@ -57,6 +57,7 @@ API_ROUTER_MODULES = (
     "models",  # the model registry (corral.catalog)
     "oncall",
     "workspaces",
+    "incidents",
 )
 ROOT_ROUTER_MODULES = ("health",)  # not under /api/v1: /healthz, /readyz
 # Other areas' routers, imported by module name so that they can grow without touching this file.

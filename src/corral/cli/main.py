@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "corral.cli.catalog",  # template ls/show/use/publish, model ls/show/register/promote/...
     "corral.cli.oncall",  # oncall now/schedule/policy/page/pages/ack/contact
     "corral.cli.workspaces",  # ws create/ls/show/open/ssh/stop/start/rm/policy
+    "corral.cli.incidents",  # incident ls/show/ack/comment/mitigate/resolve/close/postmortem, rules
 )
 
 

@@ -1,7 +1,7 @@
 """Monitoring commands: `corral alert ls|channels`, `corral node risk` (the anomaly detector's
-risky nodes), `corral chaos gpu ...` (fault injection into virtual GPUs) and `corral chaos node
-down|up` (a node's heartbeats stop), for chaos testing: through the admin API, or straight into a
-server's chaos files with `--home`."""
+risky nodes), `corral chaos gpu ...` (fault injection into virtual GPUs), `corral chaos node
+down|up` (a node's heartbeats stop) and `corral chaos job oom JOB`, for chaos testing: through
+the admin API, or (gpu, node) straight into a server's chaos files with `--home`."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ node_app = typer.Typer(
     no_args_is_help=True,
 )
 chaos_app.add_typer(node_app, name="node")
+job_app = typer.Typer(help="Make a running job fail as the platform would see it.", no_args_is_help=True)
+chaos_app.add_typer(job_app, name="job")
 
 Node = Annotated[str, typer.Argument(metavar="NODE")]
 Index = Annotated[int, typer.Argument(metavar="GPU", min=0, help="GPU index on the node")]
@@ -220,6 +222,19 @@ def _silence(node: str, down: bool, home: Path | None) -> None:
         with client() as c:
             flowing = c.request("POST", f"/chaos/nodes/{node}/{'down' if down else 'up'}")["heartbeats"]
     out.print(f"heartbeats of {node}: {flowing}")
+
+
+@job_app.command("oom")
+@friendly_errors
+def chaos_job_oom(
+    job_id: Annotated[int, typer.Argument(metavar="JOB", min=1)],
+    force: Annotated[bool, typer.Option("--force", help="also when the server's GPUs are real")] = False,
+) -> None:
+    """End the job's running attempt as an out-of-memory kill (diagnosed oom, never retried;
+    the CorralJobOOM alert follows). Virtual GPUs only, unless --force."""
+    with client() as c:
+        done = c.request("POST", f"/chaos/jobs/{job_id}/oom", json={"force": force})
+    out.print(f"job {job_id}: attempt {done['attempt']} OOM-killed")
 
 
 @node_app.command("down")

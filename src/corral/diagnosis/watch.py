@@ -2,10 +2,13 @@
 nodes that fail the jobs of many users.
 
 - **GPU faults.** A new Xid (other than the application-caused ones) or uncorrectable ECC error,
-  or a GPU falling off the bus, on a GPU Corral sampled (monitor readings): the GPU is quarantined
-  (`quarantine_faulty_gpu`, the one place this is decided; the operations rules will make it a
-  configurable remediation), and an attempt running on it gets an `AttemptFault` and is stopped.
-  Its end is then diagnosed `gpu_error` (hardware) and retried away from that GPU.
+  or a GPU falling off the bus, on a GPU Corral sampled (monitor readings): the watch emits the
+  event `GpuFault` to the remediation rules (corral.services.remediation), whose shipped rule
+  `gpu-fault` quarantines the GPU, stops the attempt running on it with an `AttemptFault` and
+  opens a SEV2 incident. The attempt's end is then diagnosed `gpu_error` (hardware) and retried
+  away from that GPU. The same rule matches the ECC and lost-GPU alerts of the GPU sampling loop,
+  which usually sees the fault first; its actions are idempotent, so whichever comes second only
+  joins the incident.
 - **Hangs.** All ranks alive (the attempt runs), its GPUs near 0 % and no rank's log growing for
   `hang_after_s`: "suspected hang", naming the rank whose log stopped first (or whose GPU differs
   from its peers'); the owner hears of it through the job's events and an alert on the monitor's
@@ -29,7 +32,6 @@ from sqlalchemy.orm import Session, selectinload
 
 from corral.db.diag_models import AttemptDiagnosis, AttemptFault, HangWatch, NodeFlag
 from corral.db.models import Attempt, GpuClaim, Job
-from corral.db.models import Gpu as GpuRow
 from corral.diagnosis.logtail import log_size
 from corral.diagnosis.settings import DiagnosisSettings, HangAction
 from corral.engine.base import Engine, EngineUnavailable
@@ -37,8 +39,8 @@ from corral.monitor.alerts import record_alert
 from corral.monitor.loops import channel_names
 from corral.monitor.models import GpuReading, MonitorState
 from corral.server.context import BackgroundLoop, ServerContext
-from corral.services import audit
-from corral.services.lifecycle import AttemptState, GpuHealth, JobState, move_gpu, record_event
+from corral.services import remediation
+from corral.services.lifecycle import AttemptState, JobState, record_event
 
 log = logging.getLogger("corral.diagnosis.watch")
 SOURCE = "corral"
@@ -80,27 +82,6 @@ def _settings() -> DiagnosisSettings:
 # -- GPU faults ----------------------------------------------------------------------------------
 
 
-def quarantine_faulty_gpu(session: Session, gpu: GpuRow, lost: bool) -> bool:
-    """THE remediation of a faulty GPU: out of placement (quarantined; lost when it fell off the
-    bus) until an operator returns it."""
-    target = GpuHealth.LOST if lost else GpuHealth.QUARANTINED
-    if gpu.health == target.value or (gpu.health == GpuHealth.LOST.value and not lost):
-        return False
-    before = gpu.health
-    if not move_gpu(session, gpu, target):
-        return False
-    audit.record(
-        session,
-        actor="system:diagnosis",
-        action=f"gpu.{target.value}" if lost else "gpu.quarantine",
-        target_kind="gpu",
-        target_id=f"{gpu.node_name}:{gpu.index}",
-        before={"health": before},
-        after={"health": target.value},
-    )
-    return True
-
-
 def check_gpu_faults(session: Session, now: float) -> list[tuple[str, float]]:
     """New hardware faults since the last pass; returns the attempts to stop (id, grace)."""
     mark = session.get(MonitorState, MARKS_KEY)
@@ -137,28 +118,17 @@ def _fault_of(r: GpuReading, seen: Sequence[int]) -> str:
 
 
 def _act_on_fault(session: Session, r: GpuReading, why: str, now: float) -> list[tuple[str, float]]:
-    gpu = session.get(GpuRow, (r.node, r.gpu_index))
+    """Emit the fault to the remediation rules (the shipped rule quarantines and requeues)."""
     lost = not r.present
-    if gpu is not None and quarantine_faulty_gpu(session, gpu, lost):
-        log.warning("GPU %s on %s: %s; %s", r.gpu_index, r.node, why, "lost" if lost else "quarantined")
+    labels = {"node": r.node, "gpu": str(r.gpu_index), "severity": "critical",
+              "fault": "lost" if lost else ("ecc" if "ECC" in why else "xid")}  # fmt: skip
     claim = session.get(GpuClaim, (r.node, r.gpu_index))
-    if claim is None:
-        return []
-    attempt = session.get(Attempt, claim.attempt_pk)
-    if attempt is None or attempt.state not in (AttemptState.STARTING.value, AttemptState.RUNNING.value):
-        return []
-    if session.get(AttemptFault, attempt.id) is None:
-        event = "gpu_lost" if lost else "gpu_error"
-        session.add(
-            AttemptFault(
-                attempt_pk=attempt.id, event=event, node=r.node, gpu_index=r.gpu_index, detail=why, at=now
-            )
-        )
-    text = f"GPU {r.gpu_index} on {r.node}: {why}; GPU out of service, attempt {attempt.number} stopped"
-    record_event(session, attempt.job_id, now, text, kind="diagnosis")
-    attempt.stop_requested_at = now
-    attempt.stop_grace_s = 0.0
-    return [(attempt.attempt_id, 0.0)]
+    if claim is not None:
+        labels["job_id"] = str(claim.job_id)
+    log.warning("GPU %s on %s: %s", r.gpu_index, r.node, why)
+    summary = f"GPU {r.gpu_index} on {r.node}: {why}"
+    remediation.on_signal(session, remediation.Signal(name="GpuFault", labels=labels, summary=summary), now)
+    return remediation.take_stops(session)
 
 
 # -- hangs and stragglers ------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from corral.db.models import Group, Job
 from corral.monitor.models import Alert, AlertNotification
+from corral.services import remediation
 from corral.services.auth import Principal
 from corral.services.jobs import visibility
 
@@ -104,6 +105,7 @@ def record_alert(
         session.add(alert)
         session.flush()
         _queue_notifications(session, alert, channels, now)
+        _remediate(session, alert, now)
         return AlertChange(alert.id, alert.name, status, True)
     alert.last_received_at = now
     alert.receive_count += 1
@@ -122,7 +124,19 @@ def record_alert(
     else:
         alert.ends_at = ends_at if ends_at is not None else now
     _queue_notifications(session, alert, channels, now)
+    _remediate(session, alert, now)
     return AlertChange(alert.id, alert.name, status, True)
+
+
+def _remediate(session: Session, alert: Alert, now: float) -> None:
+    """Each change of an alert's status goes through the remediation rules (incidents, actions)
+    in the transaction that records it: an alert is never stored without its remedy."""
+    summary = str((alert.annotations or {}).get("summary", ""))
+    signal = remediation.Signal(
+        name=alert.name, labels={str(k): str(v) for k, v in (alert.labels or {}).items()},
+        status=alert.status, source=alert.source, fingerprint=alert.fingerprint, summary=summary,
+    )  # fmt: skip
+    remediation.on_signal(session, signal, now)
 
 
 def _queue_notifications(session: Session, alert: Alert, channels: Sequence[str], now: float) -> None:

@@ -28,7 +28,7 @@ from corral.config import Settings
 from corral.db.models import Node
 from corral.monitor.alerts import WebhookPayload, alert_to_dict, ingest_webhook, list_alerts
 from corral.monitor.channels import channel_statuses
-from corral.monitor.chaos import set_node_silenced
+from corral.monitor.chaos import inject_job_oom, set_node_silenced
 from corral.monitor.collector import read_families, render_text
 from corral.monitor.config import MonitorConfig, MonitorConfigSource, config_path, webhook_token
 from corral.monitor.gpu import update_fault
@@ -233,3 +233,33 @@ def silence_node(
     )
     db.commit()
     return {"node": node, "heartbeats": "stopped" if node in silenced else "flowing"}
+
+
+class JobOom(BooleansApart):
+    model_config = ConfigDict(extra="forbid")
+
+    force: bool = Field(False, description="also on real GPUs (an admin's explicit choice)")
+
+
+@router.post(
+    "/api/v1/chaos/jobs/{job_id}/oom",
+    responses={
+        404: {"description": "no such job"},
+        409: {"description": "no running attempt, or real GPUs without force"},
+    },
+)
+def oom_job(
+    job_id: Annotated[int, Path(ge=1, le=2**31 - 1)], body: JobOom, request: Request, db: DB, admin: Admin
+) -> dict[str, Any]:
+    """Admin: end the job's running attempt as an out-of-memory kill (diagnosed `oom`, never
+    retried; the CorralJobOOM alert follows). Virtual GPUs only, unless `force`."""
+    settings: Settings = request.app.state.settings
+    now = time.time()
+    attempt_id = inject_job_oom(db, job_id, now, virtual=settings.virtual_gpus is not None, force=body.force)
+    audit.record(db, actor=admin, action="chaos.job.oom", target_kind="job", target_id=job_id,
+                 after={"attempt": attempt_id, "force": body.force})  # fmt: skip
+    db.commit()
+    engine = request.app.state.engine
+    if engine is not None:  # else the incidents loop sends the stop
+        engine.stop(attempt_id, 0.0)
+    return {"job": job_id, "attempt": attempt_id, "stopped": engine is not None}

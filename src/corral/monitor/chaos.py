@@ -1,4 +1,5 @@
-"""Chaos for nodes: `corral chaos node down|up NODE` silences a node's heartbeats.
+"""Chaos for nodes and jobs: `corral chaos node down|up NODE` silences a node's heartbeats;
+`corral chaos job oom JOB` ends a job's attempt as an out-of-memory kill (`inject_job_oom`).
 
 A silenced node's reports are dropped by the node loop (server/nodes.py) as if they never
 arrived, so the node goes through exactly what a crashed or cut-off node goes through: after
@@ -17,6 +18,14 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from corral.db.diag_models import AttemptFault
+from corral.db.models import Attempt, Job
+from corral.services.errors import Conflict, NotFound
+from corral.services.lifecycle import AttemptState, record_event
 
 log = logging.getLogger(__name__)
 
@@ -59,3 +68,32 @@ def set_node_silenced(home: Path, node: str, silenced: bool) -> frozenset[str]:
         tmp.write_text(json.dumps(sorted(names)))
         tmp.replace(path)
     return frozenset(names)
+
+
+# -- `corral chaos job oom JOB` ------------------------------------------------------------------
+
+
+def inject_job_oom(session: Session, job_id: int, now: float, *, virtual: bool, force: bool) -> str:
+    """End the job's running attempt as the kernel's OOM killer would: a fault record (event
+    `oom`, so the exit-spec says `oom`, a user error, never retried), the attempt stopped at once,
+    and then the usual OOM path (CorralJobOOM alert, job event). Returns the attempt id to stop.
+    Only on virtual GPUs, unless `force` (an admin's explicit flag on real ones)."""
+    if not virtual and not force:
+        raise Conflict("this server's GPUs are real: pass force (`corral chaos job oom --force`) to go ahead")
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound(f"no job {job_id}")
+    attempt = session.scalars(
+        select(Attempt).where(Attempt.job_id == job_id, Attempt.state == AttemptState.RUNNING.value)
+    ).first()
+    if attempt is None:
+        raise Conflict(f"job {job_id} has no running attempt (it is {job.state})")
+    if session.get(AttemptFault, attempt.id) is not None:
+        raise Conflict(f"attempt {attempt.attempt_id} is already being stopped for a fault")
+    node = attempt.placement[0].node if attempt.placement else ""
+    detail = "chaos: injected OOM kill"
+    session.add(AttemptFault(attempt_pk=attempt.id, event="oom", node=node, detail=detail, at=now))
+    record_event(session, job_id, now, f"chaos: attempt {attempt.number} OOM-killed on request", kind="chaos")
+    attempt.stop_requested_at = now
+    attempt.stop_grace_s = 0.0
+    return attempt.attempt_id

@@ -30,6 +30,7 @@ from corral.db.models import Attempt, GpuClaim, Group, GroupQuota, Job, Node
 from corral.db.models import Gpu as GpuRow
 from corral.db.workspace_models import Workspace
 from corral.monitor.models import Alert, AlertNotification
+from corral.services.incidents import open_counts
 
 MIB = 1 << 20
 NODE_STATES = ("ready", "cordoned", "draining", "down", "unknown")
@@ -68,6 +69,7 @@ def read_families(session: Session, now: float, state_dir: Path | None = None) -
     families += _job_families(session, now)
     families += _quota_families(session)
     families += _alert_families(session)
+    families += _incident_families(session, now)
     families += _storage_families(session)
     families += _risk_families(session)
     families += _workspace_families(session)
@@ -309,6 +311,18 @@ def _storage_families(session: Session) -> list[Family]:
 
 def _group_model(group: str, model: str) -> str:
     return f'group="{_esc(group)}",model="{_esc(model)}"'
+
+
+def _incident_families(session: Session, now: float) -> list[Family]:
+    by_state, breached = open_counts(session, now)
+    open_ = Family("corral_incidents_open", "gauge", "Open incidents, by severity and state.")
+    for (severity, state), n in sorted(by_state.items()):
+        open_.add(f'severity="{severity}",state="{state}"', n)
+    help_text = "Open incidents past their time-to-ack or time-to-mitigate SLA."
+    past = Family("corral_incident_sla_breached", "gauge", help_text)
+    for (severity, sla), n in sorted(breached.items()):
+        past.add(f'severity="{severity}",sla="{sla}"', n)
+    return [open_, past]
 
 
 def _alert_families(session: Session) -> list[Family]:

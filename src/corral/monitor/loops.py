@@ -1,5 +1,6 @@
 """Monitoring's background loops, collected by the server runner (corral.server.runner):
-GPU sampling + GPU health, node/OOM health, notification delivery, idle-GPU policy.
+GPU sampling + GPU health, node/OOM health, notification delivery, idle-GPU policy, incidents
+(SLA breaches, and stops the remediation rules asked for that were not delivered yet).
 Intervals come from CORRAL_MONITOR_* (MonitorSettings), read when this module is imported."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from sqlalchemy.orm import Session
 
+from corral.engine.base import EngineUnavailable
 from corral.monitor.anomaly import AnomalyDetector
 from corral.monitor.channels import deliver_due
 from corral.monitor.config import MonitorConfig, MonitorConfigSource, MonitorSettings, config_path
@@ -17,6 +19,7 @@ from corral.monitor.health import check_nodes, check_ooms, sample_and_check_gpus
 from corral.monitor.idle import enforce_idle_policy
 from corral.monitor.risk import detector_config, update_risk
 from corral.server.context import BackgroundLoop, ServerContext
+from corral.services import incidents, remediation
 from corral.workspaces.activity import last_activity
 
 log = logging.getLogger("corral.monitor.loops")
@@ -49,6 +52,7 @@ def gpu_tick(ctx: ServerContext, now: float) -> None:
         sampler = ctx.memory.gpu_sampler = GpuSampler(ctx.settings.home, ctx.settings.node_name)
     with ctx.session_factory() as session:
         samples = sample_and_check_gpus(session, sampler, now, channel_names(ctx), monitor_config(ctx).health)
+        send_stops(ctx, remediation.take_stops(session))  # committed by the check
         _score_risk(ctx, session, samples, now)
     ctx.wake("monitor-delivery")
 
@@ -72,6 +76,7 @@ def health_tick(ctx: ServerContext, now: float) -> None:
     with ctx.session_factory() as session:
         check_nodes(session, now, channel_names(ctx), rules)
         check_ooms(session, now, channel_names(ctx), rules)
+        send_stops(ctx, remediation.take_stops(session))
     ctx.wake("monitor-delivery")
 
 
@@ -92,6 +97,43 @@ def idle_tick(ctx: ServerContext, now: float) -> None:
         ctx.wake("reconcile", "monitor-delivery")
 
 
+def send_stops(ctx: ServerContext, stops: list[tuple[str, float]]) -> None:
+    """Stop the attempts remediation rules requeued (after the commit that records why)."""
+    for attempt_id, grace in stops:
+        try:
+            ctx.engine.stop(attempt_id, grace)
+        except EngineUnavailable as exc:
+            log.warning("could not stop %s: %s", attempt_id, exc)
+    if stops:
+        ctx.wake("reconcile")
+
+
+# Stops the rules asked for in another process (e.g. the API's webhook) or that failed: re-sent
+# when the attempt still runs this long after its fault was recorded.
+STOP_RETRY_AFTER_S = 5.0
+STOP_RESEND_EVERY_S = 60.0
+_RESENT: dict[str, float] = {}  # attempt id -> when this process last re-sent its stop
+
+
+def incident_tick(ctx: ServerContext, now: float) -> None:
+    with ctx.session_factory() as session:
+        breaches = incidents.check_slas(session, now)
+        session.commit()
+        pending = remediation.faulted_live_attempts(session, now - 3600.0, now - STOP_RETRY_AFTER_S)
+        session.rollback()
+    for incident_id, which in breaches:
+        log.warning("incident %s: %s SLA breached", incident_id, which)
+    kept = {a: t for a, t in _RESENT.items() if a in pending}  # only those still pending
+    due = [a for a in pending if now - kept.get(a, 0.0) >= STOP_RESEND_EVERY_S]
+    kept.update(dict.fromkeys(due, now))
+    _RESENT.clear()
+    _RESENT.update(kept)
+    send_stops(ctx, [(attempt_id, 0.0) for attempt_id in due])
+
+
+INCIDENT_INTERVAL_S = 5.0
+
+
 def _loops() -> list[BackgroundLoop]:
     settings = MonitorSettings()
     return [
@@ -99,6 +141,7 @@ def _loops() -> list[BackgroundLoop]:
         BackgroundLoop("monitor-health", settings.health_interval_s, health_tick),
         BackgroundLoop("monitor-delivery", settings.delivery_interval_s, delivery_tick),
         BackgroundLoop("monitor-idle", settings.idle_interval_s, idle_tick),
+        BackgroundLoop("incidents", INCIDENT_INTERVAL_S, incident_tick),
     ]
 
 

@@ -17,6 +17,7 @@ importlib.import_module("corral.db.diag_models")
 importlib.import_module("corral.db.storage_models")
 importlib.import_module("corral.db.audit_models")
 importlib.import_module("corral.db.secrets_models")  # job secrets (corral.services.secrets)
+importlib.import_module("corral.db.incident_models")  # incidents, remediation rules
 try:
     importlib.import_module("corral.monitor.models")
 except ModuleNotFoundError:

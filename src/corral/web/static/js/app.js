@@ -22,6 +22,8 @@ const ROUTES = [
   { pattern: /^\/profile$/, module: "profile", title: "Profile" },
   { pattern: /^\/audit$/, module: "audit", title: "Audit log" },
   { pattern: /^\/workspaces$/, module: "workspaces", title: "Workspaces" },
+  { pattern: /^\/incidents$/, module: "incidents", title: "Incidents" },
+  { pattern: /^\/incidents\/(\d+)$/, module: "incidents", title: "Incident" },
 ];
 
 const NAV = [
@@ -40,6 +42,7 @@ const NAV = [
   ["/usage", "Usage"],
   ["/profile", "Profile"],
   ["/audit", "Audit", { adminOnly: true }],
+  ["/incidents", "Incidents", { adminOnly: true }],
 ];
 
 const state = { me: null, cleanups: [], renderToken: 0 };

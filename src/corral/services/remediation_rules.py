@@ -1,0 +1,251 @@
+"""The remediation rules file: what Corral does by itself when an alert or event matches.
+
+Versioned in the database (`remediation_rule_versions`, the highest version is active); applied
+by admins (`corral rules apply FILE`, PUT /api/v1/remediation/rules). A file that does not parse,
+or names an unknown action, is refused with its line and reason and the active version stays.
+With no version applied the shipped DEFAULT_RULES are active. See docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from corral.services.errors import Invalid
+
+ACTIONS = (
+    "incident",  # open or join an incident: {severity, title, key}
+    "cordon",  # no new jobs on the node
+    "drain",  # cordon, and preempt its running jobs (each gets its stop grace)
+    "quarantine_gpu",  # the one GPU out of placement (lost, when it fell off the bus)
+    "requeue_jobs",  # stop the jobs on the GPU (or node) and retry them elsewhere
+    "stop_job",  # cancel the job the alert names (e.g. an idle one)
+    "notify_owner",  # a line on the job's events for its owner
+)
+REMOVING = frozenset({"cordon", "drain", "quarantine_gpu"})  # count against the blast-radius guard
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+SEVERITIES = ("SEV1", "SEV2", "SEV3", "SEV4")
+
+
+class RulesError(ValueError):
+    """A refused rules file: `line` (1-based) and the reason."""
+
+    def __init__(self, line: int, reason: str) -> None:
+        super().__init__(f"line {line}: {reason}")
+        self.line = line
+        self.reason = reason
+
+
+def duration_s(value: Any) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ValueError(f"{value!r} is not a duration (e.g. 90, 30s, 10m, 1h)")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+Duration = Annotated[float, Field(gt=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Match(_Strict):
+    """What a rule matches: every given part must hold. `name`: alert or event names; `labels`:
+    exact label values; `severity`: the alert's `severity` label; `source`: alertmanager |
+    corral | event."""
+
+    name: tuple[str, ...] = ()
+    labels: dict[str, str] = Field(default_factory=dict)
+    severity: tuple[str, ...] = ()
+    source: tuple[Literal["alertmanager", "corral", "event"], ...] = ()
+
+    @field_validator("name", "severity", "source", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+class RateLimit(_Strict):
+    max: int = Field(ge=1)
+    per: Duration = 3600.0
+
+    @field_validator("per", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float:
+        return duration_s(value)
+
+
+class Action(_Strict):
+    kind: str
+    severity: str = ""  # incident: SEVn ('' = from the severity map)
+    title: str = ""  # incident: a template over the labels, e.g. "GPU {gpu} on {node}"
+    key: str = ""  # incident: the grouping key template ('' = the alert's fingerprint)
+    message: str = ""  # notify_owner
+
+
+class Rule(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+    match: Match
+    actions: tuple[Action, ...] = Field(min_length=1)
+    dry_run: bool = False
+    rate_limit: RateLimit | None = None
+    description: str = ""
+
+    @field_validator("actions", mode="before")
+    @classmethod
+    def _actions(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            raise ValueError("actions must be a list")
+        return [_action(item) for item in value]
+
+
+def _action(item: Any) -> dict[str, Any]:
+    params: Any
+    if isinstance(item, str):
+        kind, params = item, {}
+    elif isinstance(item, dict) and len(item) == 1:
+        ((kind, params),) = item.items()
+        params = params or {}
+        if not isinstance(params, dict):
+            raise ValueError(f"the parameters of action {kind!r} must be a mapping")
+    else:
+        raise ValueError("an action is a name (cordon) or one name with parameters ({incident: {...}})")
+    if kind not in ACTIONS:
+        raise ValueError(f"unknown action {kind!r}; known: {', '.join(ACTIONS)}")
+    return {"kind": kind, **params}
+
+
+class SeverityMap(_Strict):
+    """Alerts without a severity from their rule: first entry whose labels all match wins."""
+
+    labels: dict[str, str]
+    sev: Literal["SEV1", "SEV2", "SEV3", "SEV4"]
+
+
+class Guard(_Strict):
+    """The blast-radius guard: automatic removals (cordon, drain, quarantine) within `window`
+    stop at `max_fraction` of the cluster's nodes (and of its GPUs), never below `min_removals`."""
+
+    max_fraction: float = Field(0.10, gt=0, le=1)
+    window: Duration = 3600.0
+    min_removals: int = Field(1, ge=0)
+
+    @field_validator("window", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float:
+        return duration_s(value)
+
+
+class RuleSet(_Strict):
+    version: Literal[1] = 1  # the file format
+    dry_run: bool = False  # every rule only records what it would do
+    guard: Guard = Guard()
+    severity_map: tuple[SeverityMap, ...] = ()
+    rules: tuple[Rule, ...] = ()
+
+    @field_validator("rules")
+    @classmethod
+    def _unique(cls, rules: tuple[Rule, ...]) -> tuple[Rule, ...]:
+        seen: set[str] = set()
+        for rule in rules:
+            if rule.name in seen:
+                raise ValueError(f"two rules are named {rule.name!r}")
+            seen.add(rule.name)
+        return rules
+
+    def severity_for(self, labels: dict[str, str]) -> str:
+        for entry in self.severity_map:
+            if all(labels.get(k) == v for k, v in entry.labels.items()):
+                return entry.sev
+        return "SEV3"
+
+
+def parse_rules(text: str) -> RuleSet:
+    """Parse and validate a rules file; RulesError names the line and the reason."""
+    try:
+        root = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise RulesError(mark.line + 1 if mark else 1, f"not valid YAML: {getattr(exc, 'problem', exc)}")
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RulesError(1, "the rules file must be a mapping (version:, rules:, ...)")
+    try:
+        return RuleSet.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err["loc"])
+        where = ".".join(str(p) for p in loc) or "(top level)"
+        message = str(err["msg"]).removeprefix("Value error, ")
+        raise RulesError(_line_of(root, loc), f"{where}: {message}") from None
+
+
+def parse_or_invalid(text: str) -> RuleSet:
+    try:
+        return parse_rules(text)
+    except RulesError as exc:
+        raise Invalid(f"rules refused, the active version stays: {exc}", ("body", "text")) from None
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int:
+    """The 1-based line of the deepest YAML node on the path `loc`."""
+    line = 1 if node is None else node.start_mark.line + 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            found = next((v for k, v in node.value if k.value == str(part)), None)
+            if found is None:
+                continue
+            node = found
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+        else:
+            continue
+        line = node.start_mark.line + 1
+    return line
+
+
+DEFAULT_RULES = """\
+# Corral's shipped remediation rules (docs/operations.md#remediation-rules).
+version: 1
+dry_run: false
+guard: {max_fraction: 0.10, window: 1h, min_removals: 1}
+severity_map:            # alerts whose rule gives no severity
+  - {labels: {severity: critical}, sev: SEV2}
+  - {labels: {severity: warning}, sev: SEV3}
+  - {labels: {severity: info}, sev: SEV4}
+rules:
+  - name: gpu-fault
+    description: uncorrectable ECC error, Xid or a GPU off the bus
+    match:
+      name: [GpuFault, CorralGpuEccErrors, CorralGpuLost]  # Xids: via GpuFault (no application Xids)
+    actions:
+      - quarantine_gpu
+      - requeue_jobs
+      - incident: {severity: SEV2, key: "gpu/{node}/{gpu}", title: "GPU {gpu} on {node}: {summary}"}
+  - name: node-lost
+    match: {name: CorralNodeLost}
+    actions:
+      - requeue_jobs
+      - incident: {severity: SEV2, key: "node/{node}", title: "node {node} lost: {summary}"}
+  - name: node-failing-jobs
+    match: {name: CorralNodeFailingJobs}
+    actions:
+      - incident: {severity: SEV3, key: "node-failing/{node}", title: "{summary}"}
+  - name: gpu-overheating
+    match: {name: CorralGpuOverheating}
+    actions:
+      - incident: {severity: SEV3, key: "gpu-hot/{node}/{gpu}", title: "GPU {gpu} on {node} overheating"}
+  - name: alertmanager
+    description: every Alertmanager alert is an incident, by its severity label
+    match: {source: alertmanager}
+    actions: [incident]
+"""

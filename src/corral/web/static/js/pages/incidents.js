@@ -1,0 +1,169 @@
+// Incidents (admins): the list with filters (state, severity, open only) and SLA countdowns, and one
+// incident's detail with its links, timeline, postmortem and the ack/mitigate/resolve buttons.
+
+import { get, post } from "../api.js";
+import { emptyState, errorBox, fill, fmtDuration, h, section, table, timeEl, toast } from "../ui.js";
+
+const STATES = ["triggered", "acknowledged", "mitigated", "resolved", "closed"];
+const SEVERITIES = ["SEV1", "SEV2", "SEV3", "SEV4"];
+
+// "12m" left, or "overdue 3m" (red), or "met" once acknowledged / mitigated.
+function countdown(seconds) {
+  if (seconds === null || seconds === undefined) return h("span", { class: "sla-met" }, "met");
+  if (seconds < 0) return h("span", { class: "sla-breached badge sev-critical" }, `overdue ${fmtDuration(-seconds)}`);
+  return h("span", { class: "sla-running" }, fmtDuration(seconds));
+}
+
+function select(id, label, values) {
+  return h("select", { id }, h("option", { value: "" }, label), ...values.map((v) => h("option", { value: v }, v)));
+}
+
+async function renderList(ctx) {
+  const state = select("incident-state", "Open", STATES);
+  const severity = select("incident-severity", "Any severity", SEVERITIES);
+  const body = h("div", {});
+  ctx.main.append(h("h1", {}, "Incidents"), h("div", { class: "toolbar" }, state, severity), body);
+  const load = () =>
+    get("/incidents", {
+      state: state.value || undefined,
+      severity: severity.value || undefined,
+      open: state.value ? undefined : true,
+      limit: 500,
+    });
+  // The first load may throw: a member gets the portal's 403 page, like the audit log's.
+  let first = await load();
+  const refresh = async () => {
+    let page = first;
+    first = null;
+    if (!page) {
+      try {
+        page = await load();
+      } catch (err) {
+        fill(body, errorBox(err, "Cannot load incidents"));
+        return;
+      }
+    }
+    const rows = page.items || [];
+    fill(
+      body,
+      rows.length
+        ? table(
+            [
+              { label: "ID", cell: (i) => h("a", { href: `/incidents/${i.id}` }, `#${i.id}`) },
+              { label: "Severity", cell: (i) => h("span", { class: `badge sev-${i.severity.toLowerCase()}` }, i.severity) },
+              { label: "State", cell: (i) => h("span", { class: `badge incident-${i.state}` }, i.state) },
+              { label: "Title", cell: (i) => i.title },
+              { label: "Opened", cell: (i) => timeEl(i.opened_at) },
+              { label: "Ack in", cell: (i) => countdown(i.sla.ack_remaining_s) },
+              { label: "Mitigate in", cell: (i) => countdown(i.sla.mitigate_remaining_s) },
+              { label: "Owner", cell: (i) => i.owner || "—" },
+            ],
+            rows,
+            { class: "incidents" },
+          )
+        : emptyState(state.value ? `No ${state.value} incidents.` : "No open incidents."),
+    );
+  };
+  state.addEventListener("change", refresh);
+  severity.addEventListener("change", refresh);
+  await refresh();
+  ctx.every(10000, refresh);
+}
+
+function links(incident) {
+  const out = [];
+  for (const node of incident.links.nodes || []) out.push(h("a", { href: "/nodes" }, `node ${node}`));
+  for (const gpu of incident.links.gpus || []) out.push(`GPU ${gpu}`);
+  for (const job of incident.links.jobs || []) out.push(h("a", { href: `/jobs/${job}` }, `job ${job}`));
+  for (const group of incident.links.groups || []) out.push(`group ${group}`);
+  return out.length ? out.flatMap((p, i) => (i ? [" · ", p] : [p])) : "—";
+}
+
+function postmortem(incident) {
+  const pm = incident.postmortem;
+  if (!pm) {
+    return section("Postmortem", emptyState(incident.postmortem_required ? "Required before closing (corral incident postmortem)." : "None."));
+  }
+  return section(
+    "Postmortem",
+    h("p", {}, h("strong", {}, "Summary: "), pm.summary),
+    h("p", {}, h("strong", {}, "Impact: "), pm.impact),
+    h("p", {}, h("strong", {}, "Root cause: "), pm.root_cause),
+    table(
+      [
+        { label: "Action item", cell: (a) => a.what },
+        { label: "Owner", cell: (a) => a.owner },
+        { label: "Due", cell: (a) => a.due },
+      ],
+      pm.action_items,
+    ),
+  );
+}
+
+async function renderDetail(ctx, id) {
+  const body = h("div", {});
+  ctx.main.append(body);
+  const refresh = async () => {
+    let incident;
+    try {
+      incident = await get(`/incidents/${id}`);
+    } catch (err) {
+      fill(body, errorBox(err, `Cannot load incident ${id}`));
+      return;
+    }
+    const act = (action) =>
+      h("button", {
+        type: "button",
+        onclick: async () => {
+          try {
+            await post(`/incidents/${id}/${action}`, {});
+            toast(`incident ${id}: ${action} done`);
+          } catch (err) {
+            toast(err.message, "error");
+          }
+          refresh();
+        },
+      }, action);
+    const sla = incident.sla;
+    fill(
+      body,
+      h("h1", {}, `Incident #${incident.id} `, h("span", { class: `badge sev-${incident.severity.toLowerCase()}` }, incident.severity), " ",
+        h("span", { class: `badge incident-${incident.state}` }, incident.state)),
+      h("p", { class: "incident-title" }, incident.title),
+      h("div", { class: "toolbar" }, act("ack"), act("mitigate"), act("resolve"), act("close")),
+      section(
+        "Summary",
+        h("dl", { class: "facts" },
+          h("dt", {}, "Source"), h("dd", {}, incident.source),
+          h("dt", {}, "Owner"), h("dd", {}, incident.owner || "—"),
+          h("dt", {}, "Affects"), h("dd", {}, links(incident)),
+          h("dt", {}, "Opened"), h("dd", {}, timeEl(incident.opened_at)),
+          h("dt", {}, "Fired"), h("dd", {}, `${incident.fire_count} time(s)`),
+          h("dt", {}, "Ack in"), h("dd", {}, countdown(sla.ack_remaining_s)),
+          h("dt", {}, "Mitigate in"), h("dd", {}, countdown(sla.mitigate_remaining_s))),
+      ),
+      section(
+        "Timeline",
+        table(
+          [
+            { label: "When", cell: (e) => timeEl(e.at) },
+            { label: "What", cell: (e) => e.kind },
+            { label: "", cell: (e) => e.text },
+            { label: "Who", cell: (e) => e.actor || "" },
+          ],
+          incident.timeline,
+          { class: "incident-timeline" },
+        ),
+      ),
+      postmortem(incident),
+    );
+  };
+  await refresh();
+  ctx.every(5000, refresh);
+}
+
+export async function render(ctx) {
+  const id = ctx.params && ctx.params[0];
+  if (id) await renderDetail(ctx, id);
+  else await renderList(ctx);
+}
