@@ -16,16 +16,17 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import corral.db.models
-import corral.monitor.models  # registers monitoring's models (AlertNotification has a `state`)
 from corral.db.base import Base
+from corral.db.tables import import_all
+
+import_all()  # every mapped model, so that a write on another model's `state` resolves and passes
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "corral"
 OWNER = SRC / "services" / "lifecycle.py"
 OWNED = {"Job": "state", "Attempt": "state", "Node": "state", "Gpu": "health"}
 GUARDED = set(OWNED.values())  # attribute names whose writes are checked
 MODELS = {mapper.class_.__name__ for mapper in Base.registry.mappers}
-assert {"AlertNotification", *OWNED} <= MODELS, (corral.db.models, corral.monitor.models)
+assert {"AlertNotification", "Page", *OWNED} <= MODELS, sorted(MODELS)
 RAW_UPDATE = re.compile(r"\bUPDATE\s+\"?(jobs|attempts|nodes|gpus)\"?\s+SET\b[^;]*\b(state|health)\b", re.I)
 
 

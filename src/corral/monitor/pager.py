@@ -206,7 +206,7 @@ def deliver_pages(
     mailer = Mailer(email_transport(config, settings.email_channel))
     try:
         with session_factory() as session:
-            due = _due(session, now)
+            due: list[PageNotification] = _due(session, now)
             if not due:
                 return 0
             for note in due:

@@ -123,7 +123,7 @@ def ack(session: Session, key: str, by: str, now: float) -> Page:
 
 def cancel(session: Session, key: str, now: float) -> Page:
     """Stop a page nobody needs to answer any more (e.g. its cause resolved). Commits nothing."""
-    page = page_by_key(session, key)
+    page: Page = page_by_key(session, key)
     if page.state in OPEN_STATES:
         page.state, page.next_at, page.ended_at = "cancelled", None, now
         page.log = [*page.log, f"{utc_text(now)} cancelled"]

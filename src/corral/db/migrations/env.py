@@ -3,30 +3,15 @@ through `config.attributes["connection"]` (so tests and init_db can reuse an Eng
 
 from __future__ import annotations
 
-import importlib
-
 from alembic import context
 from sqlalchemy import Connection, pool
 
 from corral.db.base import Base
 from corral.db.session import make_engine
+from corral.db.tables import import_all
 
-# Import every module that declares tables so that autogenerate sees them; monitoring is optional.
-importlib.import_module("corral.db.models")
-importlib.import_module("corral.db.diag_models")
-importlib.import_module("corral.db.storage_models")
-importlib.import_module("corral.db.audit_models")
-importlib.import_module("corral.db.secrets_models")  # job secrets (corral.services.secrets)
-importlib.import_module("corral.db.incident_models")  # incidents, remediation rules
-try:
-    importlib.import_module("corral.monitor.models")
-except ModuleNotFoundError:
-    pass
-importlib.import_module("corral.datasets.models")
-importlib.import_module("corral.db.environment_models")
-importlib.import_module("corral.db.catalog_models")  # templates and the model registry
-importlib.import_module("corral.db.oncall_models")  # on-call and paging (corral.services.paging)
-importlib.import_module("corral.db.workspace_models")  # interactive workspaces
+# Every module that declares tables, so that autogenerate sees them (corral.db.tables).
+import_all()
 
 config = context.config
 target_metadata = Base.metadata
