@@ -1,8 +1,11 @@
 """Policies by name and one-call replays: `simulate(trace, cluster, "default")`.
 
 A policy is a named Profile of the scheduler library (`corral.scheduler.PROFILES`), optionally with
-another placement: `fifo:spread` is FIFO with spread placement. The simulator never decides
-anything itself; it asks a `corral.scheduler.Scheduler`, the object the live control loop keeps.
+another placement: `fifo:spread` is FIFO with spread placement. A name ending in `-oracle`
+(`sjf-oracle`) gives that policy the trace's true durations as runtime estimates: a labelled bound
+no real scheduler reaches (every other replay estimates from history, `estimates.py`). The
+simulator never decides anything itself; it asks a `corral.scheduler.Scheduler`, the object the
+live control loop keeps.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from corral.sim.cluster import ClusterSpec
 from corral.sim.replay import SimConfig, SimResult, Simulator
 from corral.sim.trace import Trace
 
-COMPARE_POLICIES = ("default", "fifo", "fifo-backfill", "sjf", "las")
+COMPARE_POLICIES = ("default", "fifo", "fifo-backfill", "sjf", "las", "sjf-oracle")
+ORACLE_SUFFIX = "-oracle"
 
 
 class PolicyError(ValueError):
@@ -29,6 +33,7 @@ def resolve_policy(spec: str) -> Scheduler:
     from corral.scheduler import PROFILES
 
     name, _, placement = spec.partition(":")
+    name = name.removesuffix(ORACLE_SUFFIX)
     profile = PROFILES.get(name)
     if profile is None:
         raise PolicyError(f"unknown policy {name!r}; use one of {', '.join(PROFILES)}")
@@ -43,6 +48,9 @@ def resolve_policy(spec: str) -> Scheduler:
 def simulate(
     trace: Trace, cluster: ClusterSpec, policy: str = "default", config: SimConfig | None = None
 ) -> SimResult:
+    config = config or SimConfig()
+    if policy.partition(":")[0].endswith(ORACLE_SUFFIX):
+        config = dataclasses.replace(config, oracle_runtime=True)
     return Simulator(trace, cluster, resolve_policy(policy), policy_name=policy, config=config).run()
 
 
@@ -62,7 +70,7 @@ def private_baseline(
             continue
         sub = Trace(name=f"{trace.name}-{group.name}", jobs=jobs)
         result = simulate(sub, private, policy, config)
-        waits = [j.first_start - j.trace.submit_time for j in result.jobs if not math.isnan(j.first_start)]
+        waits = [j.waited_s for j in result.jobs if not math.isnan(j.end)]
         out[group.name] = {
             "private_gpus": private.total_gpus,
             "private_avg_queue_s": sum(waits) / len(waits) if waits else None,
