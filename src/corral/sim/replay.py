@@ -22,7 +22,7 @@ from typing import Protocol
 
 from corral.scheduler import apply_plan, check_fits_anywhere
 from corral.scheduler.admission import quota_refusals
-from corral.scheduler.apply import estimated_start
+from corral.scheduler.apply import estimated_starts
 from corral.scheduler.types import (
     Allocation,
     Assignment,
@@ -133,6 +133,7 @@ class SimResult:
     records: list[CycleRecord] = field(default_factory=list)
     notes: tuple[str, ...] = ()
     end_time: float = 0.0  # the last event's time: unfinished jobs are censored here
+    max_queued: int = 0  # most jobs waiting at once
     # per group with a guarantee: GPU-seconds it was owed (min(guarantee, its demand)) and given
     guarantee_gpu_s: dict[str, tuple[float, float]] = field(default_factory=dict)
     events: list[JobEvent] = field(default_factory=list)  # with SimConfig.record_events
@@ -493,6 +494,7 @@ class Simulator:
         frag_every = max(span / max(self.config.frag_samples, 1), 1e-9)
         next_frag = first
         now = first
+        max_queued = 0
         while events and self.job_events:
             now = events[0][0]
             changed = False
@@ -504,6 +506,8 @@ class Simulator:
                 changed = handle(now, kind, key) or changed
             if changed and self.queued:
                 self._cycle_or_defer(now)
+                if len(self.queued) > max_queued:
+                    max_queued = len(self.queued)
             if self.queued and now >= next_frag:
                 self._sample_fragmentation(now)
                 next_frag = now + frag_every
@@ -529,6 +533,7 @@ class Simulator:
             records=self.records,
             notes=self.trace.notes,
             end_time=now,
+            max_queued=max_queued,
             events=self.log,
             guarantee_gpu_s={g: (self.owed_gpu_s[g], self.given_gpu_s[g]) for g in self.owed_gpu_s},
         )
@@ -574,9 +579,8 @@ class _SimSink:
         if not sim.new_arrivals or not sim.config.estimate_starts:
             return
         started = time.perf_counter()
-        for job_id in sim.new_arrivals:
-            if job_id in sim.queued and job_id not in planned:
-                eta = estimated_start(diagnoses, job_id)
-                if eta is not None:
-                    sim.jobs[job_id].eta = eta
+        wanted = [j for j in sim.new_arrivals if j in sim.queued and j not in planned]
+        for job_id, eta in estimated_starts(diagnoses, wanted).items():
+            if eta is not None:
+                sim.jobs[job_id].eta = eta
         sim.diagnosis_s += time.perf_counter() - started
