@@ -4,6 +4,7 @@ without the trace's durations, and the per-event output. Right answers worked ou
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 
@@ -111,3 +112,25 @@ def test_jobs_out_lists_every_event(tmp_path: Path) -> None:
     ]
     assert rows[1]["nodes"] == "n-0000:0" and rows[1]["gpus"] == "1"
     assert "lost" in rows[5]["reason"]
+
+
+def test_policy_knobs_from_the_cli(tmp_path: Path) -> None:
+    # As in the preemption test: with LAS's first level at 10,000 GPU-s instead of 3,600, a (5,000
+    # GPU-s attained at b's arrival) stays in b's queue, so nothing is preempted.
+    from typer.testing import CliRunner
+
+    from corral.cli.main import app
+    from corral.sim.trace import write_generic_csv
+
+    path, spec = tmp_path / "t.csv", tmp_path / "c.yaml"
+    write_generic_csv(trace(("a", 0, 10_000, 1), ("b", 5_000, 100, 1)).jobs, path)
+    spec.write_text("pools: [{name: n, count: 1, gpus_per_node: 1}]\ngroups: [{name: g, guaranteed: 1}]\n")
+    args = ["sim", "--trace", str(path), "--cluster", str(spec), "--policy", "las", "-o", "json"]
+    default = CliRunner().invoke(app, args)
+    assert default.exit_code == 0, default.output
+    assert json.loads(default.stdout)["preemptions"] == 1
+    raised = CliRunner().invoke(app, [*args, "--knob", "las_thresholds=10000,36000"])
+    assert raised.exit_code == 0, raised.output
+    assert json.loads(raised.stdout)["preemptions"] == 0
+    bad = CliRunner().invoke(app, [*args, "--knob", "nope=1"])
+    assert bad.exit_code == 2 and "nope" in bad.output and "backfill_depth" in bad.output

@@ -149,6 +149,9 @@ def sim(
     jobs_out: Path = typer.Option(
         None, "--jobs-out", help="CSV of every job event: time, job, submit/start/preempt/stop/finish/reject"
     ),
+    knob: list[str] = typer.Option(
+        [], "--knob", help="NAME=VALUE: a policy knob (backfill_depth, las_thresholds=3600,36000, ...)"
+    ),
     output: str = typer.Option("table", "--output", "-o", help="table or json"),
 ) -> None:
     """Replay TRACE on CLUSTER with POLICY and print the figures."""
@@ -160,7 +163,7 @@ def sim(
         _fail(f"unknown output {output!r}; use table or json")
     from corral.sim.metrics import summarize
     from corral.sim.report import write_plots
-    from corral.sim.runner import PolicyError, private_baseline, simulate
+    from corral.sim.runner import PolicyError, parse_knobs, private_baseline, simulate
 
     loaded_trace, loaded_cluster = _load(trace, cluster, max_jobs, speedup)
     spec = f"{policy}:{placement}" if placement else policy
@@ -175,7 +178,7 @@ def sim(
         record_events=jobs_out is not None,
     )
     try:
-        result = simulate(loaded_trace, loaded_cluster, spec, config)
+        result = simulate(loaded_trace, loaded_cluster, spec, config, parse_knobs(knob))
         summary = summarize(result)
         if private:
             for group, figures in private_baseline(loaded_trace, loaded_cluster, spec, config).items():
