@@ -20,10 +20,12 @@ from typing import Any
 
 from corral.sim.cluster import load_cluster
 from corral.sim.metrics import summarize
+from corral.sim.replay import SimConfig
 from corral.sim.runner import simulate
 from corral.sim.synth import SynthSpec, generate
 
 POLICIES = ("default", "fifo", "sjf-oracle")
+NO_HISTORY = "default-no-history"  # the ETA baseline: estimates from user limits only (as before)
 KEYS = (
     "avg_jct_s",
     "p99_queue_s",
@@ -38,13 +40,14 @@ KEYS = (
 )
 
 
-def one_seed(seed: int, jobs: int, load: float) -> dict[str, Any]:
+def one_seed(seed: int, jobs: int, load: float, eta_baseline: bool) -> dict[str, Any]:
     cluster = load_cluster("synth")
     trace = generate(SynthSpec(jobs=jobs, load=load, seed=seed), cluster)
     out: dict[str, Any] = {}
-    for policy in POLICIES:
+    for policy in (*POLICIES, NO_HISTORY) if eta_baseline else POLICIES:
         started = time.perf_counter()
-        s = summarize(simulate(trace, cluster, policy))
+        config = SimConfig(runtime_history=policy != NO_HISTORY)
+        s = summarize(simulate(trace, cluster, policy.removesuffix("-no-history"), config))
         out[policy] = {k: s[k] for k in KEYS} | {"wall_s": round(time.perf_counter() - started, 1)}
     d, f, o = out["default"], out["fifo"], out["sjf-oracle"]
     out["jct_vs_sjf_oracle"] = d["avg_jct_s"] / o["avg_jct_s"]
@@ -63,6 +66,9 @@ def one_seed(seed: int, jobs: int, load: float) -> dict[str, Any]:
         f"{d['preemptions']} (max {d['max_preemptions_per_job']} per job) (load avg {load_avg})",
         flush=True,
     )
+    if eta_baseline:
+        before = out[NO_HISTORY]["eta_rel_err_median"]
+        print(f"  ETA rel err default {d['eta_rel_err_median'] or 0:.0%}, without history {before or 0:.0%}")
     return out
 
 
@@ -71,9 +77,12 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--jobs", type=int, default=3000)
     parser.add_argument("--load", type=float, default=1.3)
+    parser.add_argument(
+        "--no-eta-baseline", action="store_true", help="skip the replay without runtime history"
+    )
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    results = {seed: one_seed(seed, args.jobs, args.load) for seed in seeds}
+    results = {seed: one_seed(seed, args.jobs, args.load, not args.no_eta_baseline) for seed in seeds}
     met = {
         "jct_le_1.1x_sjf_oracle": all(r["jct_vs_sjf_oracle"] <= 1.1 for r in results.values()),
         "p99_queue_le_0.5x_fifo": all((r["p99_queue_vs_fifo"] or 0) <= 0.5 for r in results.values()),

@@ -11,6 +11,7 @@ O((waiting jobs looked at + running jobs) log n) and is bounded by Profile.eta_l
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -288,6 +289,28 @@ def estimate_starts(
     return out
 
 
+def _not_now(
+    found: dict[str, float | None], now: float, events: Sequence[Event], waiting: Sequence[Waiting]
+) -> dict[str, float | None]:
+    """A waiting GPU job did not start this cycle, although the pooled roll-forward (which ignores
+    quota and how free GPUs are spread over nodes) says it could start now: its estimate becomes
+    the next time GPUs of one of its models come back (unchanged when none are due)."""
+    if now not in found.values():
+        return found
+    first: dict[str, float] = {}
+    for end, per_model in events:
+        if end > now:
+            for m, n in per_model.items():
+                if n > 0 and end < first.get(m, math.inf):
+                    first[m] = end
+    for job_id, need, models, _ in waiting:
+        if need > 0 and found.get(job_id) == now:
+            later = min((first[m] for m in models if m in first), default=None)
+            if later is not None:
+                found[job_id] = later
+    return found
+
+
 def _through_last(waiting: Sequence[Waiting], targets: Collection[str]) -> Sequence[Waiting]:
     """`waiting` up to and including the last job named in `targets` (all of it if one is
     missing: its estimate is then None, as in the full roll)."""
@@ -410,15 +433,11 @@ class DiagnosisView:
             order = [j for j in order if j.id not in unschedulable]
         st, info_of, profile = cycle.st, cycle.infos, cycle.profile
         waiting = [info_of(job).eta for job in order[: profile.eta_limit]]
-        return estimate_starts(
-            cycle.now,
-            st.free_total,
-            st.capacity,
-            cycle.backfill.events(),
-            waiting,
-            profile.default_runtime_s,
-            targets,
+        events = cycle.backfill.events()
+        found = estimate_starts(
+            cycle.now, st.free_total, st.capacity, events, waiting, profile.default_runtime_s, targets
         )
+        return _not_now(found, cycle.now, events, waiting)
 
     def _eta_order(self, targets: set[str] | None) -> list[Job]:
         """Waiting jobs in the order the cycle considered them, then those no pass reached (in

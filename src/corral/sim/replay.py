@@ -72,6 +72,9 @@ class SimConfig:
     # True: give the scheduler each job's (remaining) true duration as its estimate (a bound no
     # real scheduler reaches); False: estimates from history and user limits (estimates.py)
     oracle_runtime: bool = False
+    # False: no runtime history either (estimates only from user limits): the replay as it was
+    # before history estimates, for comparing the ETA error
+    runtime_history: bool = True
     usage_half_life_s: float = 7 * 86400.0  # decay of historical usage for fair share
     node_mtbf_s: float | None = None  # mean time between failures of one node; None = no failures
     node_repair_s: float = 3600.0
@@ -297,7 +300,8 @@ class Simulator:
         history and the user's limit say, less the work already kept."""
         if self.config.oracle_runtime:
             return sj.remaining
-        estimate = self.history.estimate(sj.trace)
+        history = self.config.runtime_history
+        estimate = self.history.estimate(sj.trace) if history else sj.trace.max_runtime_s
         if estimate is None:
             return None
         done = sj.trace.duration - sj.remaining  # kept work: the platform saw it run and save
