@@ -134,3 +134,19 @@ def test_policy_knobs_from_the_cli(tmp_path: Path) -> None:
     assert json.loads(raised.stdout)["preemptions"] == 0
     bad = CliRunner().invoke(app, [*args, "--knob", "nope=1"])
     assert bad.exit_code == 2 and "nope" in bad.output and "backfill_depth" in bad.output
+
+
+def test_preemptions_per_job_are_bounded_by_the_profile() -> None:
+    # One GPU, LAS: a is preempted at 5,000 for b (stops 5,030, keeps its 3,600 s checkpoint),
+    # runs again from 5,130, and c arrives at 5,200. Unbounded, a is preempted a second time; with
+    # max_preemptions=1 it is spared and c waits for its end (5,130 + 6,400 s left = 11,530).
+    from corral.sim.runner import simulate
+
+    tr = trace(("a", 0, 10_000, 1), ("b", 5_000, 100, 1), ("c", 5_200, 100, 1))
+    free = {j.trace.job_id: j for j in simulate(tr, cluster(1, 1), "las").jobs}
+    assert free["a"].preemptions == 2 and free["c"].first_start == 5_230.0
+    bounded = simulate(tr, cluster(1, 1), "las", knobs={"max_preemptions": 1})
+    jobs = {j.trace.job_id: j for j in bounded.jobs}
+    assert jobs["a"].preemptions == 1 and jobs["a"].end == 11_530.0
+    assert jobs["c"].first_start == 11_530.0
+    assert summarize(bounded)["max_preemptions_per_job"] == 1

@@ -321,6 +321,7 @@ class Simulator:
             runtime_estimate=self._estimate(sj),
             attained_gpu_seconds=sj.attained_gpu_s,
             stop_grace_s=self._stop_grace(tj),
+            preemptions=sj.preemptions,
         )
 
     def _stop_grace(self, tj: TraceJob) -> float | None:
