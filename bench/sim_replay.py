@@ -4,23 +4,62 @@ Prints jobs replayed per second, wall time, CPU time of this process (steadier t
 shared machine), scheduling cycles and the share of time spent inside the scheduler library; the
 baseline, measured in the same run, is the same replay under the simplest profile (`fifo`: no
 quotas, no backfill, no preemption), by default on the whole trace.
-Target: the whole trace (82,247 jobs) in under 60 s. Last line: one JSON object.
+Target: the whole trace (82,247 jobs) in under 30 s. Last line: one JSON object.
+
+A deep-queue case next to it (`--deep-jobs`, 0 to skip): a `corral sim synth` trace on the synth
+cluster (640 GPUs, 4 models) at `--deep-load` (default 1.3x capacity: thousands of jobs queued),
+replayed under the same policy and under fifo in the same run. Target: >= 1,000 jobs/s.
+Load average of the machine is printed with every figure (a shared machine skews wall times).
 
     .venv/bin/python bench/sim_replay.py [--jobs N] [--policy default] [--baseline-jobs N]
+        [--deep-jobs 9000] [--deep-load 1.3] [--deep-seed 0]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
+from typing import Any
 
 from corral.sim.cluster import load_cluster
+from corral.sim.metrics import summarize
 from corral.sim.replay import SimResult
 from corral.sim.runner import simulate
-from corral.sim.trace import first_jobs, load_trace
+from corral.sim.synth import SynthSpec, generate
+from corral.sim.trace import Trace, first_jobs, load_trace
 
-TARGET_S = 60.0
+TARGET_S = 30.0
+DEEP_TARGET_JOBS_S = 1000.0
+
+
+def load_text() -> str:
+    return "load avg " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def deep_case(jobs: int, load: float, seed: int, policy: str) -> dict[str, Any]:
+    """The synthetic deep-queue replay under `policy` and fifo, same trace, same run."""
+    cluster = load_cluster("synth")
+    trace: Trace = generate(SynthSpec(jobs=jobs, load=load, seed=seed), cluster)
+    out: dict[str, Any] = {"jobs": jobs, "load": load, "seed": seed}
+    for name in (policy, "fifo"):
+        started, cpu = time.perf_counter(), time.process_time()
+        result = simulate(trace, cluster, name)
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        depth = result.max_queued
+        s = summarize(result)
+        print(
+            f"deep {name}: {jobs:,} jobs in {wall:.1f} s (CPU {cpu:.1f} s) = {jobs / wall:,.0f} jobs/s, "
+            f"max queued {depth:,}, {result.cycles:,} cycles, avg JCT {s['avg_jct_s'] / 3600:.2f} h "
+            f"({load_text()})"
+        )
+        out[name] = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "jobs_per_s": round(jobs / wall, 1)}
+        out[name]["max_queued"] = depth
+    rate = out[policy]["jobs_per_s"]
+    target = DEEP_TARGET_JOBS_S
+    print(f"  deep {policy}: {rate:,.0f} jobs/s (target {target:,.0f}: {rate / target:.2f}x)")
+    return out
 
 
 def replay(jobs: int | None, policy: str) -> tuple[SimResult, int, float, float]:
@@ -41,7 +80,15 @@ def main() -> None:
     parser.add_argument(
         "--baseline-jobs", type=int, default=82_247, help="jobs in the fifo baseline (0: skip)"
     )
+    parser.add_argument("--deep-jobs", type=int, default=9000, help="synthetic deep-queue case (0: skip)")
+    parser.add_argument("--deep-load", type=float, default=1.3)
+    parser.add_argument("--deep-seed", type=int, default=0)
+    parser.add_argument("--skip-philly", action="store_true", help="only the deep-queue case")
     args = parser.parse_args()
+    deep = deep_case(args.deep_jobs, args.deep_load, args.deep_seed, args.policy) if args.deep_jobs else None
+    if args.skip_philly:
+        print(json.dumps({"bench": "sim_replay", "deep": deep, "load_avg": os.getloadavg()}))
+        return
 
     base_rate = base_cpu = None
     if args.baseline_jobs:
@@ -49,14 +96,16 @@ def main() -> None:
         base_rate = base_jobs / base_wall
         print(
             f"baseline fifo: {base_jobs:,} jobs in {base_wall:.1f} s (CPU {base_cpu:.1f} s) = "
-            f"{base_rate:,.0f} jobs/s, {base.cycles:,} cycles"
+            f"{base_rate:,.0f} jobs/s, {base.cycles:,} cycles ({load_text()})"
         )
 
     result, jobs, wall, cpu = replay(args.jobs, args.policy)
     rate = jobs / wall
     library_s = result.schedule_s + result.diagnosis_s  # diagnoses are computed lazily on first read
     sched_share = library_s / wall if wall else 0.0
-    print(f"{args.policy}: {jobs:,} jobs in {wall:.1f} s (CPU {cpu:.1f} s) = {rate:,.0f} jobs/s")
+    print(
+        f"{args.policy}: {jobs:,} jobs in {wall:.1f} s (CPU {cpu:.1f} s) = {rate:,.0f} jobs/s ({load_text()})"
+    )
     print(
         f"  cycles {result.cycles:,} ({result.cycles / wall:,.0f}/s), "
         f"inside the scheduler library: {sched_share:.0%}"
@@ -91,6 +140,8 @@ def main() -> None:
                 "baseline_fifo_jobs_per_s": None if base_rate is None else round(base_rate, 1),
                 "baseline_fifo_cpu_s": None if base_cpu is None else round(base_cpu, 2),
                 "ratio_vs_fifo": None if base_rate is None else round(rate / base_rate, 3),
+                "deep": deep,
+                "load_avg": os.getloadavg(),
             }
         )
     )

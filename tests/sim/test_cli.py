@@ -83,7 +83,8 @@ def test_shipped_trace_and_cluster_by_name() -> None:
 def test_compare_warns_when_no_job_waited(tmp_path: Path) -> None:
     """A trace cut short (here one job) never queues: every policy must agree, so say why."""
     csv, yaml = _files(tmp_path)
-    args = ["sim", "compare", "--trace", str(csv), "--cluster", str(yaml), "--policies", "fifo,sjf"]
+    # sjf-oracle: plain sjf has no history to order these three jobs by, so it would agree with fifo
+    args = ["sim", "compare", "--trace", str(csv), "--cluster", str(yaml), "--policies", "fifo,sjf-oracle"]
     res = CliRunner().invoke(app, [*args, "--max-jobs", "1", "-o", "json"])
     assert res.exit_code == 0, res.output
     assert len(json.loads(res.stdout)) == 2  # stdout stays valid JSON

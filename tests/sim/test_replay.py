@@ -23,7 +23,7 @@ def test_fifo_runs_jobs_in_submit_order_with_head_of_line_blocking() -> None:
     # One node of 4 GPUs. a holds all 4 until 100. b (4 GPUs) is next; c (1 GPU) came later and may
     # not pass b under strict FIFO, even though it would fit beside nothing else: b 100-150, c 150.
     tr = trace(("a", 0, 100, 4), ("b", 1, 50, 4), ("c", 2, 10, 1))
-    result, jobs = run(tr, cluster(1, 4), "fifo")
+    result, jobs = run(tr, cluster(1, 4), "fifo", oracle_runtime=True)  # runtimes known
     assert starts(jobs) == {"a": 0, "b": 100, "c": 150}
     assert {k: j.end for k, j in jobs.items()} == {"a": 100, "b": 150, "c": 160}
     assert result.cycles >= 3 and not result.rejected
@@ -35,7 +35,7 @@ def test_backfill_jumps_the_gap_only_when_harmless() -> None:
     # d (1 GPU, 200 s) arrives at 60 into the free GPU but would still run at 100 and delay b:
     # it waits until b is done (150).
     tr = trace(("a", 0, 100, 3), ("b", 1, 50, 4), ("c", 2, 50, 1), ("d", 60, 200, 1))
-    _, backfill = run(tr, cluster(1, 4), "fifo-backfill")
+    _, backfill = run(tr, cluster(1, 4), "fifo-backfill", oracle_runtime=True)  # runtimes known
     assert starts(backfill) == {"a": 0, "b": 100, "c": 2, "d": 150}
     _, strict = run(tr, cluster(1, 4), "fifo")
     assert starts(strict) == {"a": 0, "b": 100, "c": 150, "d": 150}
@@ -169,7 +169,7 @@ def test_estimated_start_is_compared_with_the_actual_start() -> None:
     from corral.sim.metrics import summarize
 
     tr = trace(("a", 0, 100, 4), ("b", 1, 50, 4), ("c", 2, 10, 4))
-    result, jobs = run(tr, cluster(1, 4), "fifo")
+    result, jobs = run(tr, cluster(1, 4), "fifo", oracle_runtime=True)  # runtimes known
     assert (jobs["b"].eta, jobs["c"].eta) == (100.0, 150.0)
     assert math.isnan(jobs["a"].eta)  # started in its first cycle: never waited, no estimate
     summary = summarize(result)

@@ -21,6 +21,12 @@ TRACE_HELP = "philly, openb, openb-gpuspec33, or a CSV in the generic trace form
 CLUSTER_HELP = "a CLUSTER.yaml, or a shipped example: philly, openb, openb-small"
 
 
+ORACLE_HELP = (
+    "give every policy the trace's true durations as runtime estimates (a bound, not a real "
+    "scheduler; default: estimates from history and user limits). NAME-oracle does it for one policy"
+)
+
+
 def _config(
     checkpoint: float, oracle: bool, mtbf_h: float | None, repair_h: float, seed: int, **kw: Any
 ) -> Any:
@@ -73,6 +79,8 @@ def _print_summary(summary: dict[str, Any], console: Console) -> None:
         "avg queue s",
         "avg JCT h",
         "run share",
+        "slowdown",
+        "share held",
         "private GPUs",
         "private avg queue s",
     ):
@@ -85,6 +93,8 @@ def _print_summary(summary: dict[str, Any], console: Console) -> None:
             f"{g['avg_queue_s']:,.0f}",
             f"{g['avg_jct_s'] / 3600:,.2f}",
             f"{g['run_share']:.3f}",
+            f"{g.get('slowdown', 1.0):.2f}",
+            f"{g.get('guarantee_held', 1.0):.1%}",
             str(g.get("private_gpus", "-")),
             "-" if private is None else f"{private:,.0f}",
         )
@@ -97,7 +107,10 @@ def _print_summary(summary: dict[str, Any], console: Console) -> None:
         console.print(f"... {summary['jobs_rejected']} jobs rejected in all")
     if summary["jobs_unfinished"]:
         examples = ", ".join(summary["unfinished"][:5])
-        console.print(f"[yellow]{summary['jobs_unfinished']} jobs never finished[/yellow] (e.g. {examples})")
+        console.print(
+            f"[yellow]{summary['jobs_unfinished']} jobs never finished[/yellow] (e.g. {examples}); "
+            "counted in JCT and queueing up to the replay's end (censored)"
+        )
 
 
 @sim_app.callback()
@@ -105,7 +118,12 @@ def sim(
     ctx: typer.Context,
     trace: str = typer.Option(None, "--trace", "-t", help=TRACE_HELP),
     cluster: str = typer.Option(None, "--cluster", "-c", help=CLUSTER_HELP),
-    policy: str = typer.Option("default", "--policy", "-p", help="default, fifo, fifo-backfill, sjf, las"),
+    policy: str = typer.Option(
+        "default",
+        "--policy",
+        "-p",
+        help="default, fifo, fifo-backfill, sjf, las; NAME-oracle: with true durations",
+    ),
     placement: str = typer.Option(
         None, "--placement", help="bestfit, spread or random (default: the policy's)"
     ),
@@ -115,9 +133,10 @@ def sim(
     cycle_interval: float = typer.Option(
         0.0, "--cycle-interval", help="seconds between cycles; 0 = every event"
     ),
-    oracle: bool = typer.Option(
-        True, "--oracle-runtime/--no-oracle-runtime", help="give durations as estimates"
+    checkpoint_on_preempt: bool = typer.Option(
+        False, "--checkpoint-on-preempt", help="a preempted job saves its work within its stop grace"
     ),
+    oracle: bool = typer.Option(False, "--oracle-runtime/--no-oracle-runtime", help=ORACLE_HELP),
     node_mtbf_h: float = typer.Option(None, "--node-mtbf-h", help="mean hours between failures of a node"),
     node_repair_h: float = typer.Option(1.0, "--node-repair-h", help="hours a failed node stays down"),
     seed: int = typer.Option(0, "--seed"),
@@ -127,6 +146,12 @@ def sim(
     max_jobs: int = typer.Option(None, "--max-jobs", min=1, help="replay only the first N jobs"),
     speedup: float = typer.Option(1.0, "--arrival-speedup", help="divide submit times by this (more load)"),
     out: Path = typer.Option(None, "--out", help="directory for summary.json and plots"),
+    jobs_out: Path = typer.Option(
+        None, "--jobs-out", help="CSV of every job event: time, job, submit/start/preempt/stop/finish/reject"
+    ),
+    knob: list[str] = typer.Option(
+        [], "--knob", help="NAME=VALUE: a policy knob (backfill_depth, las_thresholds=3600,36000, ...)"
+    ),
     output: str = typer.Option("table", "--output", "-o", help="table or json"),
 ) -> None:
     """Replay TRACE on CLUSTER with POLICY and print the figures."""
@@ -138,21 +163,32 @@ def sim(
         _fail(f"unknown output {output!r}; use table or json")
     from corral.sim.metrics import summarize
     from corral.sim.report import write_plots
-    from corral.sim.runner import PolicyError, private_baseline, simulate
+    from corral.sim.runner import PolicyError, parse_knobs, private_baseline, simulate
 
     loaded_trace, loaded_cluster = _load(trace, cluster, max_jobs, speedup)
     spec = f"{policy}:{placement}" if placement else policy
     config = _config(
-        checkpoint_interval, oracle, node_mtbf_h, node_repair_h, seed, cycle_interval_s=cycle_interval
+        checkpoint_interval,
+        oracle,
+        node_mtbf_h,
+        node_repair_h,
+        seed,
+        cycle_interval_s=cycle_interval,
+        checkpoint_on_preempt=checkpoint_on_preempt,
+        record_events=jobs_out is not None,
     )
     try:
-        result = simulate(loaded_trace, loaded_cluster, spec, config)
+        result = simulate(loaded_trace, loaded_cluster, spec, config, parse_knobs(knob))
         summary = summarize(result)
         if private:
             for group, figures in private_baseline(loaded_trace, loaded_cluster, spec, config).items():
                 summary["per_group"].setdefault(group, {}).update(figures)
     except PolicyError as exc:
         _fail(str(exc))
+    if jobs_out:
+        from corral.sim.metrics import write_jobs_csv
+
+        write_jobs_csv(result, jobs_out)
     if out:
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -168,7 +204,9 @@ def compare(
     trace: str = typer.Option(..., "--trace", "-t", help=TRACE_HELP),
     cluster: str = typer.Option(..., "--cluster", "-c", help=CLUSTER_HELP),
     policies: str = typer.Option(
-        "default,fifo,fifo-backfill,sjf,las", "--policies", help="comma-separated; NAME or NAME:PLACEMENT"
+        "default,fifo,fifo-backfill,sjf,las,sjf-oracle",
+        "--policies",
+        help="comma-separated; NAME, NAME:PLACEMENT, NAME-oracle (true durations: a bound)",
     ),
     checkpoint_interval: float = typer.Option(
         1800.0, "--checkpoint-interval", help="seconds between checkpoints; 0 = none"
@@ -176,7 +214,7 @@ def compare(
     cycle_interval: float = typer.Option(
         0.0, "--cycle-interval", help="seconds between cycles; 0 = every event"
     ),
-    oracle: bool = typer.Option(True, "--oracle-runtime/--no-oracle-runtime"),
+    oracle: bool = typer.Option(False, "--oracle-runtime/--no-oracle-runtime", help=ORACLE_HELP),
     seed: int = typer.Option(0, "--seed"),
     max_jobs: int = typer.Option(None, "--max-jobs", min=1, help="replay only the first N jobs"),
     speedup: float = typer.Option(1.0, "--arrival-speedup", help="divide submit times by this (more load)"),
@@ -212,6 +250,56 @@ def compare(
         _console().print(compare_table(summaries, title))
     for warning in compare_warnings(summaries):  # on stderr: JSON and markdown on stdout stay clean
         typer.echo(f"warning: {warning}", err=True)
+
+
+@sim_app.command()
+def synth(
+    out: Path = typer.Option(..., "--out", help="the trace CSV to write (generic format)"),
+    cluster: str = typer.Option("synth", "--cluster", "-c", help=CLUSTER_HELP + "; sizes the load"),
+    jobs: int = typer.Option(9000, "--jobs", min=1, help="how many jobs"),
+    load: float = typer.Option(1.3, "--load", help="offered GPU-time / cluster GPU-time over the arrivals"),
+    size_mix: str = typer.Option("1:45,2:15,4:20,8:20", "--size-mix", help="single-node GPUS:WEIGHT,..."),
+    gang_share: float = typer.Option(0.25, "--gang-share", help="share of multi-node gang jobs"),
+    gang_instances: str = typer.Option("2:50,4:35,8:15", "--gang-instances", help="NODES:WEIGHT,..."),
+    constrained_share: float = typer.Option(0.33, "--constrained-share", help="share naming GPU models"),
+    bursty: str = typer.Option("burst", "--bursty", help="comma-separated groups that submit in bursts"),
+    burst_share: float = typer.Option(0.15, "--burst-share", help="share of jobs submitted in bursts"),
+    burst_size: str = typer.Option("20-60", "--burst-size", help="jobs per burst, LOW-HIGH"),
+    diurnal: float = typer.Option(0.5, "--diurnal", help="day/night swing of the arrival rate, 0-<1"),
+    estimate_share: float = typer.Option(0.5, "--estimate-share", help="share of jobs with a user limit"),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Write a synthetic trace sized against CLUSTER (load, size mix, gangs, GPU-model
+    constraints, bursty tenants, day/night arrivals); replay it with `corral sim --trace OUT`."""
+    from corral.sim.cluster import ClusterError, load_cluster
+    from corral.sim.synth import SynthError, SynthSpec, generate, parse_mix
+    from corral.sim.trace import write_generic_csv
+
+    try:
+        low, sep, high = burst_size.partition("-")
+        if not sep or not low.strip().isdigit() or not high.strip().isdigit():
+            raise SynthError(f"--burst-size: {burst_size!r} is not LOW-HIGH (e.g. 20-60)")
+        spec = SynthSpec(
+            jobs=jobs,
+            load=load,
+            size_mix=parse_mix(size_mix, "--size-mix"),
+            gang_share=gang_share,
+            gang_instances=parse_mix(gang_instances, "--gang-instances"),
+            constrained_share=constrained_share,
+            bursty=tuple(g.strip() for g in bursty.split(",") if g.strip()),
+            burst_share=burst_share,
+            burst_size=(int(low), int(high)),
+            diurnal=diurnal,
+            estimate_share=estimate_share,
+            seed=seed,
+        )
+        made = generate(spec, load_cluster(cluster))
+    except (SynthError, ClusterError) as exc:
+        _fail(str(exc))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_generic_csv(made.jobs, out)
+    for note in made.notes:
+        typer.echo(f"wrote {out}: {note}")
 
 
 def register(app: typer.Typer) -> None:

@@ -337,11 +337,13 @@ _user_of = attrgetter("user")
 class FairShareQueue:
     """Groups take turns by share; inside a group, priority, then the least-served user, then age.
 
-    `jobs_by_group` lists each group's jobs by (priority desc, submit time, id)."""
+    `by_user` lists each group's jobs per user by (priority desc, submit time, id); `cpu_ids` are
+    the ids of those that ask for no GPU (`split_by_user` makes both from per-group lists)."""
 
     def __init__(
         self,
-        jobs_by_group: Mapping[str, list[Job]],
+        by_user: Mapping[str, Mapping[str, Sequence[Job]]],
+        cpu_ids: set[str],
         weights: Mapping[str, float],
         group_usage: Mapping[str, float],
         user_usage: Mapping[tuple[str, str], float],
@@ -349,31 +351,16 @@ class FairShareQueue:
     ) -> None:
         self.horizon = horizon_s
         self.weights = weights
-        self.group_share = {
-            g: group_usage.get(g, 0.0) / max(weights.get(g, 1.0), 1e-9) for g in jobs_by_group
-        }
+        self.group_share = {g: group_usage.get(g, 0.0) / max(weights.get(g, 1.0), 1e-9) for g in by_user}
         self.user_share = dict(user_usage)
         self.users: dict[str, dict[str, deque[Job]]] = {}
         self.user_heaps: dict[str, list[tuple[int, float, float, str, str]]] = {}
         self.group_heap: list[tuple[float, str]] = []
-        self.cpu_ids: set[str] = set()
+        self.cpu_ids = cpu_ids
         self.cpu_only_left = 0
         self._pending: tuple[str, str] | None = None
-        cpu_ids = self.cpu_ids
-        for g, jobs in jobs_by_group.items():
-            per_user: dict[str, deque[Job]] = {}
-            if len(set(map(_user_of, jobs))) == 1:  # one user: the group's order as it is
-                per_user[jobs[0].user] = deque(jobs)
-            else:
-                for j in jobs:
-                    q = per_user.get(j.user)
-                    if q is None:
-                        q = per_user[j.user] = deque()
-                    q.append(j)
-            # the first test settles most jobs (a GPU job's first task asks for GPUs)
-            cpu_ids.update(
-                j.id for j in jobs if not j.tasks or (j.tasks[0].resources.gpus <= 0 and cpu_only(j))
-            )
+        for g, lists in by_user.items():
+            per_user = {u: deque(jobs) for u, jobs in lists.items()}
             self.users[g] = per_user
             heap = [self._user_key(g, u, q[0]) for u, q in per_user.items()]
             heapq.heapify(heap)
@@ -469,6 +456,28 @@ class FairShareQueue:
         self.user_share[(g, job.user)] = self.user_share.get((g, job.user), 0.0) + cost
 
 
+def split_by_user(
+    jobs_by_group: Mapping[str, list[Job]],
+) -> tuple[dict[str, dict[str, list[Job]]], set[str]]:
+    """Per group, its jobs per user (in the group's order), and the ids of CPU-only jobs."""
+    by_user: dict[str, dict[str, list[Job]]] = {}
+    cpu_ids: set[str] = set()
+    for g, jobs in jobs_by_group.items():
+        per_user: dict[str, list[Job]] = {}
+        if len(set(map(_user_of, jobs))) == 1:  # one user: the group's order as it is
+            per_user[jobs[0].user] = jobs
+        else:
+            for j in jobs:
+                q = per_user.get(j.user)
+                if q is None:
+                    q = per_user[j.user] = []
+                q.append(j)
+        # the first test settles most jobs (a GPU job's first task asks for GPUs)
+        cpu_ids.update(j.id for j in jobs if not j.tasks or (j.tasks[0].resources.gpus <= 0 and cpu_only(j)))
+        by_user[g] = per_user
+    return by_user, cpu_ids
+
+
 def group_order_key(job: Job) -> tuple[int, float, str]:
     return (-int(job.priority), job.submit_time, job.id)
 
@@ -481,7 +490,10 @@ def build_queue(
     running: RunningTotals,
     horizon_s: float,
     las_thresholds: tuple[float, ...],
+    indexed: tuple[dict[str, dict[str, list[Job]]], set[str]] | None = None,
 ) -> FairShareQueue | OrderedQueue:
+    """The cycle's queue over `jobs` (sorted by group, priority desc, submit time, id); `indexed`:
+    the same jobs already split per group and user, with the CPU-only ids (queue_index.py)."""
     if order == "fifo":
         return OrderedQueue(jobs, key=lambda j: (j.submit_time, j.id))
     if order == "sjf":
@@ -492,9 +504,12 @@ def build_queue(
         return OrderedQueue(
             jobs, key=lambda j: (las_queue(j.attained_gpu_seconds, las_thresholds), j.submit_time, j.id)
         )
-    by_group: dict[str, list[Job]] = {}
-    for name, run in groupby(jobs, key=attrgetter("group")):  # callers pass jobs sorted by group first
-        by_group.setdefault(name, []).extend(run)
+    if indexed is None:
+        by_group: dict[str, list[Job]] = {}
+        for name, run in groupby(jobs, key=attrgetter("group")):  # callers pass jobs sorted by group
+            by_group.setdefault(name, []).extend(run)
+        indexed = split_by_user(by_group)
+    by_user, cpu_ids = indexed
     group_usage = dict(usage.by_group)
     user_usage = dict(usage.by_user)
     # what runs now counts as `horizon_s` more seconds of use
@@ -503,4 +518,4 @@ def build_queue(
     for uk, n in running.by_user.items():
         user_usage[uk] = user_usage.get(uk, 0.0) + n * horizon_s
     weights = {name: g.weight for name, g in groups.items()}
-    return FairShareQueue(by_group, weights, group_usage, user_usage, horizon_s)
+    return FairShareQueue(by_user, cpu_ids, weights, group_usage, user_usage, horizon_s)

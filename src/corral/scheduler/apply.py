@@ -5,7 +5,7 @@ same rules about what is still waiting."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Collection, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -42,6 +42,14 @@ def apply_plan(plan: Plan, sink: PlanSink) -> Applied:
     preempted = sum(sink.preempt(p) for p in plan.preemptions)
     sink.diagnose(plan.diagnoses, {a.job_id for a in plan.assignments})
     return Applied(assigned, preempted)
+
+
+def estimated_starts(diagnoses: Mapping[str, Diagnosis], job_ids: Collection[str]) -> dict[str, float | None]:
+    """Several waiting jobs' estimated starts at the cost of rolling the plan forward only as far
+    as the last of them, when the plan's diagnoses are still lazy."""
+    if isinstance(diagnoses, LazyDiagnoses):
+        return diagnoses.estimated_starts(job_ids)
+    return {j: estimated_start(diagnoses, j) for j in job_ids}
 
 
 def estimated_start(diagnoses: Mapping[str, Diagnosis], job_id: str) -> float | None:

@@ -25,17 +25,18 @@ from corral.scheduler.outcomes import Verdicts
 from corral.scheduler.placement import Placed, Placer
 from corral.scheduler.preemption import Preemptor
 from corral.scheduler.profiles import PROFILES, Profile
+from corral.scheduler.queue_index import QueueIndex
 from corral.scheduler.quota_check import QuotaCheck
 from corral.scheduler.types import Allocation, Assignment, Job, Plan, Preemption, Reason, Snapshot
 
 
 class Scheduler:
     """A scheduling policy (`profile`) and the caches it keeps between its cycles: per-node tables
-    of the last nodes tuples, the free capacity their running sets left, and what each queued job
-    needs from the cluster. The caches never change a result (a fresh Scheduler gives the same
-    plan); they only save work for a caller that passes the same nodes tuple and the same Job and
-    RunningJob objects from cycle to cycle (the live loop and the simulator do). Two Schedulers
-    share nothing. Not thread-safe: one caller at a time.
+    of the last nodes tuples, the free capacity their running sets left, what each queued job
+    needs from the cluster, and the waiting queue in order (queue_index.py). The caches never
+    change a result (a fresh Scheduler gives the same plan); they only save work for a caller that
+    passes the same nodes tuple and the same Job and RunningJob objects from cycle to cycle (the
+    live loop and the simulator do). Two Schedulers share nothing. Not thread-safe: one caller at a time.
 
     `replay_known=False` turns off the replay of outcomes known within a cycle (known.py), for
     tests that compare it with working every job out afresh."""
@@ -45,6 +46,7 @@ class Scheduler:
         self.replay_known = replay_known
         self.cluster_memo = ClusterMemo()
         self.job_kinds = JobKinds()
+        self.queue_index = QueueIndex()
 
     def schedule(self, snapshot: Snapshot, now: float, rng: random.Random) -> Plan:
         """One scheduling cycle. Deterministic for the same snapshot, `now`, profile and rng state."""
@@ -109,7 +111,14 @@ class Cycle:
         self.borrowing = False  # the pass under way
         self.behind_head = 0  # jobs considered while a backfill reservation stands
         self.cut_short = False  # the backfill depth stopped a pass early
-        self.waiting = waiting_jobs(snapshot)
+        index = scheduler.queue_index
+        waiting = index.sync(snapshot.queued, snapshot.running)
+        indexed = None
+        if waiting is None:  # a duplicate id, or a queued job that also runs: sorted afresh
+            waiting = waiting_jobs(snapshot)
+        elif profile.order == "fair_share":
+            indexed = (index.per_user(), index.cpu_ids)
+        self.waiting = waiting
         self.assigned_ids: set[str] = set()
         self.queue = build_queue(
             self.waiting,
@@ -119,6 +128,7 @@ class Cycle:
             totals,
             profile.fair_share_horizon_s,
             profile.las_thresholds,
+            indexed,
         )
         self.known = KnownOutcomes(self)  # last: it reads the parts made above
 
@@ -132,7 +142,7 @@ class Cycle:
         # The plan's diagnoses hold the cycle (never the other way round: no reference cycle, so
         # the cycle's state is freed as soon as the plan is)
         view = DiagnosisView(self)
-        diagnoses = LazyDiagnoses(view.all, view.one, view.estimated_start)
+        diagnoses = LazyDiagnoses(view.all, view.one, view.estimated_start, view.estimated_starts)
         return Plan(tuple(self.assignments), tuple(self.preemptions), diagnoses)
 
     def run_pass(self, borrowing: bool) -> None:

@@ -11,7 +11,8 @@ O((waiting jobs looked at + running jobs) log n) and is bounded by Profile.eta_l
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import math
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -41,11 +42,20 @@ class LazyDiagnoses(Mapping[str, Diagnosis]):
         build: Callable[[], dict[str, Diagnosis]],
         one: Callable[[str], Diagnosis | None] | None = None,
         eta: Callable[[str], float | None] | None = None,
+        etas: Callable[[Collection[str]], dict[str, float | None]] | None = None,
     ) -> None:
         self._build: Callable[[], dict[str, Diagnosis]] | None = build
         self._one = one
         self._eta = eta
+        self._etas = etas
         self._data: dict[str, Diagnosis] | None = None
+
+    def estimated_starts(self, job_ids: Collection[str]) -> dict[str, float | None]:
+        """Several jobs' estimated starts (each equal to its Diagnosis's), rolling the plan forward
+        only as far as the last of them: what the simulator reads for the jobs that just arrived."""
+        if self._data is None and self._etas is not None:
+            return self._etas(job_ids)
+        return {job_id: self.estimated_start(job_id) for job_id in job_ids}
 
     def estimated_start(self, job_id: str) -> float | None:
         """`self[job_id].estimated_start` without building its reasons (None also when the job is
@@ -59,7 +69,7 @@ class LazyDiagnoses(Mapping[str, Diagnosis]):
         if self._data is None:
             assert self._build is not None
             self._data = self._build()
-            self._build = self._one = self._eta = None  # let the cycle's state go
+            self._build = self._one = self._eta = self._etas = None  # let the cycle's state go
         return self._data
 
     def __getitem__(self, job_id: str) -> Diagnosis:
@@ -209,8 +219,12 @@ def estimate_starts(
     events: Sequence[Event],
     waiting: Sequence[Waiting],
     default_runtime_s: float,
+    targets: Collection[str] | None = None,
 ) -> dict[str, float | None]:
-    """Roll the cluster forward: each waiting job (in order) starts when its model pool has room."""
+    """Roll the cluster forward: each waiting job (in order) starts when its model pool has room.
+    With `targets`, stop once all of them have their estimate (later jobs cannot change it)."""
+    if targets is not None:
+        waiting = _through_last(waiting, targets)
     pools = {w[2] for w in waiting if w[1] > 0}
     if len(pools) == 1:
         (only,) = pools
@@ -275,6 +289,40 @@ def estimate_starts(
     return out
 
 
+def _not_now(
+    found: dict[str, float | None], now: float, events: Sequence[Event], waiting: Sequence[Waiting]
+) -> dict[str, float | None]:
+    """A waiting GPU job did not start this cycle, although the pooled roll-forward (which ignores
+    quota and how free GPUs are spread over nodes) says it could start now: its estimate becomes
+    the next time GPUs of one of its models come back (unchanged when none are due)."""
+    if now not in found.values():
+        return found
+    first: dict[str, float] = {}
+    for end, per_model in events:
+        if end > now:
+            for m, n in per_model.items():
+                if n > 0 and end < first.get(m, math.inf):
+                    first[m] = end
+    for job_id, need, models, _ in waiting:
+        if need > 0 and found.get(job_id) == now:
+            later = min((first[m] for m in models if m in first), default=None)
+            if later is not None:
+                found[job_id] = later
+    return found
+
+
+def _through_last(waiting: Sequence[Waiting], targets: Collection[str]) -> Sequence[Waiting]:
+    """`waiting` up to and including the last job named in `targets` (all of it if one is
+    missing: its estimate is then None, as in the full roll)."""
+    wanted = set(targets)
+    for i, w in enumerate(waiting):
+        if w[0] in wanted:
+            wanted.discard(w[0])
+            if not wanted:
+                return waiting[: i + 1]
+    return waiting
+
+
 def _roll_one_model(
     now: float,
     model: str,
@@ -322,6 +370,9 @@ class DiagnosisView:
     def __init__(self, cycle: Cycle) -> None:
         self.cycle = cycle
         self.etas: dict[str, float | None] | None = None
+        self.order: list[Job] | None = None  # the roll-forward order, extended as far as asked
+        self.order_ids: set[str] = set()
+        self.order_done = False  # the queue is used up, or eta_limit reached
         self.built = False
         self.positions: dict[str, tuple[Job, int]] | None = None  # for one(): id -> (job, position)
 
@@ -362,42 +413,61 @@ class DiagnosisView:
     def _etas(self) -> dict[str, float | None]:
         """Estimated starts of the waiting jobs (computed once)."""
         if self.etas is None:
-            cycle = self.cycle
-            order = self._eta_order()
-            unschedulable = cycle.verdicts.unschedulable
-            if unschedulable:
-                order = [j for j in order if j.id not in unschedulable]
-            st, info_of, profile = cycle.st, cycle.infos, cycle.profile
-            waiting = [info_of(job).eta for job in order[: profile.eta_limit]]
-            self.etas = estimate_starts(
-                cycle.now,
-                st.free_total,
-                st.capacity,
-                cycle.backfill.events(),
-                waiting,
-                profile.default_runtime_s,
-            )
+            self.etas = self._roll(self._eta_order(None), None)
         return self.etas
 
-    def _eta_order(self) -> list[Job]:
-        """Waiting jobs in the order the cycle considered them, then those no pass reached (in
-        queue order, up to eta_limit). Pops the queue: call once, after the passes."""
+    def estimated_starts(self, job_ids: Collection[str]) -> dict[str, float | None]:
+        """Estimated starts of `job_ids` (each equal to its Diagnosis's), the queue popped and the
+        plan rolled forward only as far as the last of them."""
+        if self.etas is not None:
+            return {j: self.etas.get(j) for j in job_ids}
+        assigned = self.cycle.assigned_ids
+        wanted = {j for j in job_ids if j not in assigned}
+        found = self._roll(self._eta_order(wanted), wanted) if wanted else {}
+        return {j: found.get(j) for j in job_ids}
+
+    def _roll(self, order: list[Job], targets: set[str] | None) -> dict[str, float | None]:
         cycle = self.cycle
-        seen: set[str] = set()
-        eta_order: list[Job] = []
-        assigned = cycle.assigned_ids
-        for job in cycle.visited:
-            if job.id not in assigned and job.id not in seen:
-                seen.add(job.id)
-                eta_order.append(job)
-        while len(eta_order) < cycle.profile.eta_limit:
+        unschedulable = cycle.verdicts.unschedulable
+        if unschedulable:
+            order = [j for j in order if j.id not in unschedulable]
+        st, info_of, profile = cycle.st, cycle.infos, cycle.profile
+        waiting = [info_of(job).eta for job in order[: profile.eta_limit]]
+        events = cycle.backfill.events()
+        found = estimate_starts(
+            cycle.now, st.free_total, st.capacity, events, waiting, profile.default_runtime_s, targets
+        )
+        return _not_now(found, cycle.now, events, waiting)
+
+    def _eta_order(self, targets: set[str] | None) -> list[Job]:
+        """Waiting jobs in the order the cycle considered them, then those no pass reached (in
+        queue order, up to eta_limit): all of them, or (`targets`) at least as far as every
+        target. Pops the queue, after the passes; later calls extend what earlier ones popped."""
+        cycle = self.cycle
+        order, seen = self.order, self.order_ids
+        if order is None:
+            order = self.order = []
+            assigned = cycle.assigned_ids
+            for job in cycle.visited:
+                if job.id not in assigned and job.id not in seen:
+                    seen.add(job.id)
+                    order.append(job)
+        missing = None if targets is None else len(targets - seen)
+        limit = cycle.profile.eta_limit
+        while not self.order_done and (missing is None or missing > 0):
+            if len(order) >= limit:
+                self.order_done = True
+                break
             rest = cycle.queue.pop()
             if rest is None:
+                self.order_done = True
                 break
             if rest.id not in seen:
                 seen.add(rest.id)
-                eta_order.append(rest)
-        return eta_order
+                order.append(rest)
+                if missing is not None and rest.id in targets:  # type: ignore[operator]
+                    missing -= 1
+        return order
 
     def _build(self) -> None:
         if self.built:

@@ -102,6 +102,7 @@ class Preemptor:
         self._built = True
         profile, now = self.profile, self.now
         las = profile.preemption == "las"
+        bound = profile.max_preemptions or None  # jobs preempted this often are spared
         cands = [
             Candidate(
                 rj,
@@ -109,7 +110,7 @@ class Preemptor:
                 las_queue(attained_now(rj, now, sum(pm.values())), profile.las_thresholds) if las else 0,
             )
             for rj, pm in self.running
-            if rj.job.preemptible and not rj.stopping
+            if rj.job.preemptible and not rj.stopping and (bound is None or rj.job.preemptions < bound)
         ]
         if las:
             cands.sort(key=lambda c: (-c.las, -c.rj.start_time, c.rj.job.id))

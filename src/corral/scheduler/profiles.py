@@ -20,6 +20,7 @@ NUMERIC_KNOBS = (
     "max_preemption_attempts",
     "max_victims",
     "eta_limit",
+    "max_preemptions",
 )
 
 
@@ -47,6 +48,7 @@ class Profile:
     backfill_depth: int = 5000  # jobs tried per cycle once a reservation stands (Slurm: bf_max_job_test)
     max_preemption_attempts: int = 16  # waiting jobs per cycle that may look for victims
     max_victims: int = 64  # victims one waiting job may consider
+    max_preemptions: int = 0  # a job preempted this many times is not preempted again; 0: no bound
     eta_limit: int = 2000  # waiting jobs per cycle that get an estimated start (others: None)
 
     def __post_init__(self) -> None:

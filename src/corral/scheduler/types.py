@@ -116,6 +116,8 @@ class Job:
     # Where the job must not run (a hardware failure's retry): (node, GPU index), or (node, None)
     # for the whole node. Sorted, so equal exclusions give equal jobs.
     avoid: tuple[tuple[str, int | None], ...] = ()
+    # Times it was preempted so far: a job at the profile's max_preemptions is no longer a victim
+    preemptions: int = 0
 
     @property
     def total_gpus(self) -> int:

@@ -24,7 +24,7 @@ import yaml
 
 from corral.scheduler.types import ANY_MODEL, GPU, Group, Node
 
-SHIPPED_CLUSTERS = ("philly", "openb", "openb-small")
+SHIPPED_CLUSTERS = ("philly", "openb", "openb-small", "synth")
 
 
 class ClusterError(ValueError):

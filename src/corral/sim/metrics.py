@@ -1,25 +1,38 @@
 """Metrics of one replay: JCT, queueing, makespan, allocation, fragmentation, fairness, ETA accuracy.
 
 Definitions (also in docs/simulator.md):
-- JCT = completion - submit; queueing delay = first start - submit (re-queueing after a preemption
-  shows in JCT and in `lost_work_gpu_h`, not in queueing delay).
-- GPU allocation rate = allocated GPU-seconds / (cluster GPUs x makespan).
+- JCT = completion - submit; queueing delay = every wait in the queue (before the first start and
+  after each stop); `first_queue` figures count only the wait before the first start. A job the
+  replay never finished is censored at the replay's end (JCT and wait up to then) and counted in
+  `jobs_censored`; rejected jobs (no node or no quota can ever hold them) are left out.
+- GPU allocation rate = allocated GPU-seconds / (cluster GPUs x makespan); `gpu_alloc_arrivals`
+  over the arrival window (first to last submit) only, where an overloaded cluster should be full.
 - Fragmentation: at sampled instants with jobs waiting, free GPUs on ready nodes that no waiting
   job's instance can use (too few free on that node, or the wrong model).
 - Jain's fairness across groups over x_g = mean over the group's jobs of duration / JCT (the
   share of its life a job spends running; 1 = never waited). 1.0 = every group is served alike.
-- ETA error: |first estimated_start the scheduler gave a waiting job - its actual first start|.
+  It hardly discriminates (every policy scores > 0.99 on real traces), so also: each group's
+  slowdown = sum of its jobs' JCT / sum of their durations (1 = never waited), and the worst
+  group's (`worst_group_slowdown`, the group named); and each guaranteed group's share held =
+  GPU-seconds given within its guarantee / GPU-seconds owed (min(guarantee, what it asked for),
+  over time); `worst_guarantee_held` (1.0 = every group got its share whenever it asked).
+- ETA error: |first estimated_start the scheduler gave a waiting job - its actual first start|;
+  `eta_rel_err_median`: the median of that / the actual wait over jobs that waited > 5 minutes.
 """
 
 from __future__ import annotations
 
+import csv
 import math
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from corral.sim.replay import SimResult
+from corral.sim.replay import SimJob, SimResult
+
+ETA_MIN_WAIT_S = 300.0  # the relative ETA error counts jobs that waited longer than this
 
 
 def _stat(values: np.ndarray, what: str) -> float:
@@ -50,80 +63,130 @@ def allocation_rate(result: SimResult, start: float, end: float) -> float:
     return gpu_seconds / (result.total_gpus * (end - start))
 
 
+def _censored(job: SimJob, end: float) -> tuple[float, float, float]:
+    """(end, every wait, wait before the first start) of a job; an unfinished one censored at
+    `end` (still waiting: its wait runs to `end`)."""
+    waited = job.waited_s
+    if math.isnan(job.end) and not (job.queued_at < job.last_start):  # also never started (nan)
+        waited += end - job.queued_at  # waiting when the replay ended
+    first = (job.first_start if not math.isnan(job.first_start) else end) - job.trace.submit_time
+    return (job.end if not math.isnan(job.end) else end), waited, first
+
+
 def job_arrays(result: SimResult) -> dict[str, np.ndarray]:
-    """Per finished job: submit, start, end, duration, jct, queue, gpus; plus group labels."""
-    done = [j for j in result.jobs if not math.isnan(j.end)]
-    submit = np.array([j.trace.submit_time for j in done], dtype=np.float64)
-    start = np.array([j.first_start for j in done], dtype=np.float64)
-    end = np.array([j.end for j in done], dtype=np.float64)
+    """Per job (unfinished ones censored at the replay's end): submit, end, duration, jct, queue
+    (every wait), first_queue, gpus, finished; plus group labels."""
+    jobs = result.jobs
+    rows = [_censored(j, result.end_time) for j in jobs]
+    submit = np.array([j.trace.submit_time for j in jobs], dtype=np.float64)
+    end = np.array([r[0] for r in rows], dtype=np.float64)
     return {
         "submit": submit,
-        "start": start,
         "end": end,
-        "duration": np.array([j.trace.duration for j in done], dtype=np.float64),
+        "duration": np.array([j.trace.duration for j in jobs], dtype=np.float64),
         "jct": end - submit,
-        "queue": start - submit,
-        "gpus": np.array([j.trace.num_gpus for j in done], dtype=np.float64),
-        "group": np.array([j.trace.group for j in done], dtype=object),
+        "queue": np.array([r[1] for r in rows], dtype=np.float64),
+        "first_queue": np.array([r[2] for r in rows], dtype=np.float64),
+        "gpus": np.array([j.trace.num_gpus for j in jobs], dtype=np.float64),
+        "finished": np.array([not math.isnan(j.end) for j in jobs], dtype=bool),
+        "group": np.array([j.trace.group for j in jobs], dtype=object),
     }
 
 
 def per_group(result: SimResult) -> dict[str, dict[str, float]]:
     rows: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     for j in result.jobs:
-        if not math.isnan(j.end):
-            rows[j.trace.group].append(
-                (j.first_start - j.trace.submit_time, j.end - j.trace.submit_time, j.trace.duration)
-            )
+        end, waited, _ = _censored(j, result.end_time)
+        rows[j.trace.group].append((waited, end - j.trace.submit_time, j.trace.duration))
     out = {}
     for group, items in sorted(rows.items()):
         ratios = [d / jct if jct > 0 else 1.0 for _, jct, d in items]
+        work = sum(d for _, _, d in items)
+        owed, given = result.guarantee_gpu_s.get(group, (0.0, 0.0))
         out[group] = {
             "jobs": float(len(items)),
             "avg_queue_s": sum(q for q, _, _ in items) / len(items),
             "avg_jct_s": sum(c for _, c, _ in items) / len(items),
             "run_share": sum(ratios) / len(ratios),
+            "slowdown": sum(c for _, c, _ in items) / work if work > 0 else 1.0,
+            "guarantee_held": given / owed if owed > 0 else 1.0,
         }
     return out
+
+
+def eta_errors(result: SimResult) -> tuple[list[float], list[float]]:
+    """(|ETA - first start| of every job given an ETA, that / the wait for jobs that waited more
+    than ETA_MIN_WAIT_S)."""
+    absolute, relative = [], []
+    for j in result.jobs:
+        if math.isnan(j.eta) or math.isnan(j.first_start):
+            continue
+        err = abs(j.eta - j.first_start)
+        absolute.append(err)
+        wait = j.first_start - j.trace.submit_time
+        if wait > ETA_MIN_WAIT_S:
+            relative.append(err / wait)
+    return absolute, relative
+
+
+def _group_extremes(groups: dict[str, dict[str, float]]) -> tuple[str | None, float, str | None, float]:
+    """(group, slowdown) of the worst slowdown; (group, share) of the least guarantee held."""
+    if not groups:
+        return None, 1.0, None, 1.0
+    slow = max(groups, key=lambda g: groups[g]["slowdown"])
+    held = min(groups, key=lambda g: groups[g]["guarantee_held"])
+    return slow, groups[slow]["slowdown"], held, groups[held]["guarantee_held"]
 
 
 def summarize(result: SimResult) -> dict[str, Any]:
     """The run's figures as a flat JSON-able dict (the `-o json` object)."""
     a = job_arrays(result)
     first_submit = min((j.trace.submit_time for j in result.jobs), default=0.0)
+    last_submit = max((j.trace.submit_time for j in result.jobs), default=0.0)
     last_end = float(a["end"].max()) if a["end"].size else first_submit
     makespan = last_end - first_submit
     groups = per_group(result)
-    etas = [
-        abs(j.eta - j.first_start)
-        for j in result.jobs
-        if not (math.isnan(j.eta) or math.isnan(j.first_start))
-    ]
+    etas, relative = eta_errors(result)
     waiting = [(free, unusable) for _, free, unusable in result.frag_samples]
     lost = sum(j.lost_work_s * j.trace.num_gpus for j in result.jobs)
     unfinished = [j.trace.job_id for j in result.jobs if math.isnan(j.end)]
+    slow_group, slow, held_group, held = _group_extremes(groups)
+    most_preempted = max((j.preemptions for j in result.jobs), default=0)
     return {
         "trace": result.trace_name,
         "cluster": result.cluster_name,
         "policy": result.policy,
         "cluster_gpus": result.total_gpus,
         "jobs": int(a["jct"].size),
+        "jobs_finished": int(a["finished"].sum()),
         "jobs_rejected": len(result.rejected),
         "jobs_unfinished": len(unfinished),
+        "jobs_censored": len(unfinished),
         "avg_jct_s": _stat(a["jct"], "avg"),
         "p50_jct_s": _stat(a["jct"], "p50"),
         "p99_jct_s": _stat(a["jct"], "p99"),
         "avg_queue_s": _stat(a["queue"], "avg"),
         "p50_queue_s": _stat(a["queue"], "p50"),
         "p99_queue_s": _stat(a["queue"], "p99"),
+        "max_queue_s": _stat(a["queue"], "p100"),
+        "avg_first_queue_s": _stat(a["first_queue"], "avg"),
+        "p99_first_queue_s": _stat(a["first_queue"], "p99"),
         "makespan_s": makespan,
         "gpu_alloc_rate": allocation_rate(result, first_submit, last_end),
+        "gpu_alloc_arrivals": allocation_rate(result, first_submit, last_submit),
         "frag_free_gpus_avg": float(np.mean([f for f, _ in waiting])) if waiting else 0.0,
         "frag_unusable_gpus_avg": float(np.mean([u for _, u in waiting])) if waiting else 0.0,
         "jain_fairness": jain_index([g["run_share"] for g in groups.values()]),
+        "worst_group_slowdown": slow,
+        "worst_slowdown_group": slow_group,
+        "worst_guarantee_held": held,
+        "worst_guarantee_group": held_group,
         "eta_median_abs_err_s": float(np.median(etas)) if etas else None,
         "eta_jobs": len(etas),
+        "eta_rel_err_median": float(np.median(relative)) if relative else None,
+        "eta_rel_jobs": len(relative),
         "preemptions": result.preemptions,
+        "max_preemptions_per_job": most_preempted,
         "lost_work_gpu_h": lost / 3600.0,
         "node_failures": result.node_failures,
         "cycles": result.cycles,
@@ -135,3 +198,14 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "unfinished": unfinished[:20],
         "notes": list(result.notes),
     }
+
+
+def write_jobs_csv(result: SimResult, path: str | Path) -> int:
+    """`--jobs-out`: one row per job event (submit, start, preempt, stop, finish, reject) with
+    time, nodes:GPUs, GPU count and reason; needs SimConfig(record_events=True). Rows written."""
+    with Path(path).open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(("time", "job_id", "event", "nodes", "gpus", "reason"))
+        for e in sorted(result.events, key=lambda e: e.time):
+            writer.writerow((f"{e.time:.3f}", e.job_id, e.event, e.nodes, e.gpus, e.reason))
+    return len(result.events)

@@ -21,7 +21,8 @@ from enum import IntEnum
 from typing import Protocol
 
 from corral.scheduler import apply_plan, check_fits_anywhere
-from corral.scheduler.apply import estimated_start
+from corral.scheduler.admission import quota_refusals
+from corral.scheduler.apply import estimated_starts
 from corral.scheduler.types import (
     Allocation,
     Assignment,
@@ -39,6 +40,7 @@ from corral.scheduler.types import (
     Usage,
 )
 from corral.sim.cluster import ClusterSpec
+from corral.sim.estimates import RuntimeHistory
 from corral.sim.trace import Trace, TraceJob
 
 
@@ -64,13 +66,22 @@ class _Ev(IntEnum):  # order matters at equal times: free resources before new d
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     checkpoint_interval_s: float = 1800.0  # 0: no checkpoints, a preempted job restarts from scratch
-    oracle_runtime: bool = True  # give the scheduler each job's (remaining) duration as its estimate
+    # a preempted job saves its work when signalled (within its stop grace), as well as on the
+    # periodic checkpoints: it loses nothing
+    checkpoint_on_preempt: bool = False
+    # True: give the scheduler each job's (remaining) true duration as its estimate (a bound no
+    # real scheduler reaches); False: estimates from history and user limits (estimates.py)
+    oracle_runtime: bool = False
+    # False: no runtime history either (estimates only from user limits): the replay as it was
+    # before history estimates, for comparing the ETA error
+    runtime_history: bool = True
     usage_half_life_s: float = 7 * 86400.0  # decay of historical usage for fair share
     node_mtbf_s: float | None = None  # mean time between failures of one node; None = no failures
     node_repair_s: float = 3600.0
     seed: int = 0
     estimate_starts: bool = True  # read each new job's estimated start (False: skip, ETA metric None)
     record_cycles: bool = False  # keep (snapshot, now, plan) of every cycle
+    record_events: bool = False  # keep every submit, start, stop and end (SimResult.events)
     cycle_interval_s: float = 0.0  # 0: a cycle at every event time; >0: cycles only on this grid, like
     # the live loop's period (fewer schedule() calls; jobs wait for the next tick)
     frag_samples: int = 2000  # fragmentation is sampled at most this many times over the trace
@@ -101,6 +112,8 @@ class SimJob:
     preemptions: int = 0
     lost_work_s: float = 0.0
     stopping: bool = False
+    queued_at: float = math.nan  # when it last joined the queue (arrival or after a stop)
+    waited_s: float = 0.0  # every wait in the queue, re-queueing after a stop included
 
 
 @dataclass
@@ -110,7 +123,7 @@ class SimResult:
     policy: str
     total_gpus: int
     jobs: list[SimJob]
-    rejected: list[tuple[TraceJob, str]]  # jobs that fit no node, with why
+    rejected: list[tuple[TraceJob, str]]  # jobs that fit no node or no quota, with why
     alloc_t: array[float]  # allocated GPUs over time (step function)
     alloc_gpus: array[float]
     frag_samples: list[tuple[float, int, int]]  # (time, free GPUs, free GPUs no waiting job can use)
@@ -122,6 +135,23 @@ class SimResult:
     diagnosis_s: float  # time spent computing the (lazy) diagnoses read for ETAs
     records: list[CycleRecord] = field(default_factory=list)
     notes: tuple[str, ...] = ()
+    end_time: float = 0.0  # the last event's time: unfinished jobs are censored here
+    max_queued: int = 0  # most jobs waiting at once
+    # per group with a guarantee: GPU-seconds it was owed (min(guarantee, its demand)) and given
+    guarantee_gpu_s: dict[str, tuple[float, float]] = field(default_factory=dict)
+    events: list[JobEvent] = field(default_factory=list)  # with SimConfig.record_events
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    """One line of `--jobs-out`: what happened to a job when, where, and why."""
+
+    time: float
+    job_id: str
+    event: str  # submit | start | preempt | stop | finish | reject
+    nodes: str = ""  # "node-a:0,1;node-b:0,1" (start)
+    gpus: int = 0
+    reason: str = ""
 
 
 def _tasks_for(job: TraceJob) -> tuple[TaskSpec, ...]:
@@ -172,6 +202,12 @@ class Simulator:
         self.user_usage: dict[tuple[str, str], float] = {(j.group, j.user): 0.0 for j in trace.jobs}
         self.user_rate: dict[tuple[str, str], float] = dict.fromkeys(self.user_usage, 0.0)
         self.usage_time = 0.0
+        # per group: GPUs its waiting jobs ask for, and GPU-seconds of (owed, given) guarantee:
+        # owed = min(guarantee, running + waiting), given = min(guarantee, running), integrated
+        self.queued_gpus: dict[str, int] = dict.fromkeys(self.usage, 0)
+        self.guarantee = {g.name: sum(g.guaranteed.values()) for g in self.groups}
+        self.owed_gpu_s: dict[str, float] = dict.fromkeys(self.usage, 0.0)
+        self.given_gpu_s: dict[str, float] = dict.fromkeys(self.usage, 0.0)
         self.rejected: list[tuple[TraceJob, str]] = []
         self.records: list[CycleRecord] = []
         self.alloc_t: array[float] = array("d")
@@ -183,6 +219,9 @@ class Simulator:
         self.diagnosis_s = 0.0
         self._deferred_cycle: float | None = None
         self.job_events = 0  # pending job events; node events alone do not keep the replay going
+        self.history = RuntimeHistory()
+        self.log: list[JobEvent] = []
+        self.now = 0.0
         self._load_jobs()
 
     # -- setup ---------------------------------------------------------------------------------
@@ -193,15 +232,34 @@ class Simulator:
         heapq.heappush(self.events, (at, int(kind), self._seq, key))
 
     def _load_jobs(self) -> None:
+        """Refuse at submit what the live platform refuses: a job no node can ever hold, and (for
+        a policy with quotas) a job its group's quotas can never admit (services/quota.py)."""
         verdicts: dict[tuple[object, ...], str] = {}  # shape -> "" (fits) or why not; few shapes
+        profile = getattr(self.scheduler, "profile", None)
+        quotas = bool(getattr(profile, "quotas", False))
+        groups = {g.name: g for g in self.groups}
+        models = sorted({g.model for n in self.nodes for g in n.gpus})
         for tj in self.trace.jobs:
             shape = (tj.gpus_per_instance, tj.gpu_model, tj.cpus, tj.memory_mib, tj.instances)
             why = verdicts.get(shape)
             if why is None:
                 reasons = check_fits_anywhere(_probe_job(tj), self.nodes)
                 why = verdicts[shape] = "; ".join(r.message for r in reasons)
+            if not why and quotas and tj.num_gpus:
+                qkey = ("quota", tj.group, tj.num_gpus, tj.gpu_model, tj.user)
+                why = verdicts.get(qkey)
+                if why is None:
+                    probe = _probe_job(tj)
+                    allowed = probe.tasks[0].resources.gpu_models
+                    usable = [m for m in models if allowed is None or m in allowed]
+                    found = quota_refusals(probe, groups[tj.group], usable)
+                    why = verdicts[qkey] = "; ".join(r.message for r in found)
+                    if why:
+                        why = f"its group's quota can never admit it: {why}"
             if why:
                 self.rejected.append((tj, why))
+                if self.config.record_events:
+                    self.log.append(JobEvent(tj.submit_time, tj.job_id, "reject", reason=why))
                 continue
             self.jobs[tj.job_id] = SimJob(trace=tj, tasks=_tasks_for(tj), remaining=tj.duration)
             self._push(tj.submit_time, _Ev.ARRIVAL, tj.job_id)
@@ -215,8 +273,14 @@ class Simulator:
         if dt <= 0:
             return
         decay = 0.5 ** (dt / self.config.usage_half_life_s)
+        queued, guarantee, owed, given = self.queued_gpus, self.guarantee, self.owed_gpu_s, self.given_gpu_s
         for name, value in self.usage.items():
-            self.usage[name] = value * decay + self.usage_rate[name] * dt
+            rate = self.usage_rate[name]
+            self.usage[name] = value * decay + rate * dt
+            g = guarantee[name]
+            if g:
+                owed[name] += min(g, rate + queued[name]) * dt
+                given[name] += min(g, rate) * dt
         for key, value in self.user_usage.items():
             self.user_usage[key] = value * decay + self.user_rate[key] * dt
         self.usage_time = now
@@ -231,8 +295,22 @@ class Simulator:
             usage=Usage(by_group=dict(self.usage), by_user=dict(self.user_usage)),
         )
 
-    def _queue(self, sj: SimJob) -> None:
+    def _estimate(self, sj: SimJob) -> float | None:
+        """The runtime the scheduler is told: the true remaining time with the oracle, else what
+        history and the user's limit say, less the work already kept."""
+        if self.config.oracle_runtime:
+            return sj.remaining
+        history = self.config.runtime_history
+        estimate = self.history.estimate(sj.trace) if history else sj.trace.max_runtime_s
+        if estimate is None:
+            return None
+        done = sj.trace.duration - sj.remaining  # kept work: the platform saw it run and save
+        return max(estimate - done, min(estimate, 60.0))
+
+    def _queue(self, sj: SimJob, now: float) -> None:
         tj = sj.trace
+        sj.queued_at = now
+        self.queued_gpus[tj.group] += tj.num_gpus
         self.queued[tj.job_id] = Job(
             id=tj.job_id,
             group=tj.group,
@@ -240,9 +318,10 @@ class Simulator:
             tasks=sj.tasks,
             priority=tj.priority,
             submit_time=tj.submit_time,
-            runtime_estimate=sj.remaining if self.config.oracle_runtime else None,
+            runtime_estimate=self._estimate(sj),
             attained_gpu_seconds=sj.attained_gpu_s,
             stop_grace_s=self._stop_grace(tj),
+            preemptions=sj.preemptions,
         )
 
     def _stop_grace(self, tj: TraceJob) -> float | None:
@@ -270,8 +349,13 @@ class Simulator:
         self.user_rate[(job.group, job.user)] += gpus
         sj.attempt += 1
         sj.last_start = now
+        sj.waited_s += now - sj.queued_at
         if math.isnan(sj.first_start):
             sj.first_start = now
+        if self.config.record_events:
+            where = ";".join(f"{i.node}:{','.join(map(str, i.gpu_indices))}" for i in allocation.instances)
+            why = "borrowed quota" if borrowed else ""
+            self.log.append(JobEvent(now, job.id, "start", where, gpus, why))
         self.running[job.id] = RunningJob(job=job, allocation=allocation, start_time=now, borrowed=borrowed)
         self._push(now + sj.remaining, _Ev.COMPLETE, f"{job.id}\0{sj.attempt}")
 
@@ -289,19 +373,26 @@ class Simulator:
         self.user_rate[(rj.job.group, rj.job.user)] -= gpus
         return rj
 
-    def _interrupt(self, now: float, job_id: str) -> None:
-        """Stop a running job (preempted or its node failed); it keeps work up to its last checkpoint."""
+    def _interrupt(self, now: float, job_id: str, why: str) -> None:
+        """Stop a running job (preempted or its node failed); it keeps work up to its last
+        checkpoint, or all of it when preempted with checkpoint-on-preempt."""
         rj = self._release(job_id)
         sj = self.jobs[job_id]
         ran = now - sj.last_start
         interval = self.config.checkpoint_interval_s
-        kept = min(sj.remaining, math.floor(ran / interval) * interval) if interval > 0 else 0.0
+        if why == "preempted" and self.config.checkpoint_on_preempt:
+            kept = min(sj.remaining, ran)
+        else:
+            kept = min(sj.remaining, math.floor(ran / interval) * interval) if interval > 0 else 0.0
         sj.lost_work_s += ran - kept
         sj.remaining -= kept
         sj.attained_gpu_s += ran * rj.job.total_gpus
         sj.stopping = False
         sj.attempt += 1  # invalidates the pending completion event
-        self._queue(sj)
+        if self.config.record_events:
+            lost = f"; lost {ran - kept:.0f} s of work" if ran > kept else ""
+            self.log.append(JobEvent(now, job_id, "stop", gpus=rj.job.total_gpus, reason=why + lost))
+        self._queue(sj, now)
 
     def _apply(self, now: float, plan: Plan) -> None:
         apply_plan(plan, _SimSink(self, now))
@@ -323,8 +414,10 @@ class Simulator:
             self._deferred_cycle = None
             return True
         if kind == _Ev.ARRIVAL:
-            self._queue(self.jobs[key])
+            self._queue(self.jobs[key], now)
             self.new_arrivals.append(key)
+            if self.config.record_events:
+                self.log.append(JobEvent(now, key, "submit", gpus=self.jobs[key].trace.num_gpus))
             return True
         if kind in (_Ev.COMPLETE, _Ev.STOP):
             job_id, attempt = key.split("\0")
@@ -335,8 +428,11 @@ class Simulator:
                 self._release(job_id)
                 sj.remaining = 0.0
                 sj.end = now
+                self.history.record(sj.trace, sj.trace.duration)
+                if self.config.record_events:
+                    self.log.append(JobEvent(now, job_id, "finish", gpus=sj.trace.num_gpus))
             else:
-                self._interrupt(now, job_id)
+                self._interrupt(now, job_id, "preempted")
             return True
         return self._node_event(now, kind, key)
 
@@ -352,7 +448,7 @@ class Simulator:
                 if not rj.job.total_gpus and name in rj.allocation.nodes
             }
             for job_id in sorted(victims):
-                self._interrupt(now, job_id)
+                self._interrupt(now, job_id, f"node {name} failed")
             state = NodeState.DOWN
             self._push(now + self.config.node_repair_s, _Ev.NODE_REPAIR, name)
         else:
@@ -402,6 +498,8 @@ class Simulator:
         span = (self.trace.jobs[-1].submit_time - first) if self.trace.jobs else 0.0
         frag_every = max(span / max(self.config.frag_samples, 1), 1e-9)
         next_frag = first
+        now = first
+        max_queued = 0
         while events and self.job_events:
             now = events[0][0]
             changed = False
@@ -413,6 +511,8 @@ class Simulator:
                 changed = handle(now, kind, key) or changed
             if changed and self.queued:
                 self._cycle_or_defer(now)
+                if len(self.queued) > max_queued:
+                    max_queued = len(self.queued)
             if self.queued and now >= next_frag:
                 self._sample_fragmentation(now)
                 next_frag = now + frag_every
@@ -437,6 +537,10 @@ class Simulator:
             diagnosis_s=self.diagnosis_s,
             records=self.records,
             notes=self.trace.notes,
+            end_time=now,
+            max_queued=max_queued,
+            events=self.log,
+            guarantee_gpu_s={g: (self.owed_gpu_s[g], self.given_gpu_s[g]) for g in self.owed_gpu_s},
         )
 
 
@@ -452,6 +556,7 @@ class _SimSink:
             job = sim.queued.pop(a.job_id, None)
             if job is None:
                 raise SimulationError(f"plan assigns {a.job_id}, which is not waiting")
+            sim.queued_gpus[job.group] -= job.total_gpus
             sim._start(self.now, job, a.allocation, a.borrowed)
         return len(assignments)
 
@@ -463,6 +568,8 @@ class _SimSink:
         sj.stopping = True
         sj.preemptions += 1
         sim.preemption_count += 1
+        if sim.config.record_events:
+            sim.log.append(JobEvent(self.now, p.job_id, "preempt", reason=p.reason))
         stops_by = self.now + max(0.0, p.grace_s)  # the victim's own grace
         # Still running until its grace ends; the scheduler must not pick it as a victim again.
         sim.running[p.job_id] = replace(sim.running[p.job_id], stopping=True, stops_by=stops_by)
@@ -477,9 +584,8 @@ class _SimSink:
         if not sim.new_arrivals or not sim.config.estimate_starts:
             return
         started = time.perf_counter()
-        for job_id in sim.new_arrivals:
-            if job_id in sim.queued and job_id not in planned:
-                eta = estimated_start(diagnoses, job_id)
-                if eta is not None:
-                    sim.jobs[job_id].eta = eta
+        wanted = [j for j in sim.new_arrivals if j in sim.queued and j not in planned]
+        for job_id, eta in estimated_starts(diagnoses, wanted).items():
+            if eta is not None:
+                sim.jobs[job_id].eta = eta
         sim.diagnosis_s += time.perf_counter() - started

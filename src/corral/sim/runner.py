@@ -1,8 +1,11 @@
 """Policies by name and one-call replays: `simulate(trace, cluster, "default")`.
 
 A policy is a named Profile of the scheduler library (`corral.scheduler.PROFILES`), optionally with
-another placement: `fifo:spread` is FIFO with spread placement. The simulator never decides
-anything itself; it asks a `corral.scheduler.Scheduler`, the object the live control loop keeps.
+another placement: `fifo:spread` is FIFO with spread placement. A name ending in `-oracle`
+(`sjf-oracle`) gives that policy the trace's true durations as runtime estimates: a labelled bound
+no real scheduler reaches (every other replay estimates from history, `estimates.py`). The
+simulator never decides anything itself; it asks a `corral.scheduler.Scheduler`, the object the
+live control loop keeps.
 """
 
 from __future__ import annotations
@@ -16,34 +19,70 @@ from corral.sim.cluster import ClusterSpec
 from corral.sim.replay import SimConfig, SimResult, Simulator
 from corral.sim.trace import Trace
 
-COMPARE_POLICIES = ("default", "fifo", "fifo-backfill", "sjf", "las")
+COMPARE_POLICIES = ("default", "fifo", "fifo-backfill", "sjf", "las", "sjf-oracle")
+ORACLE_SUFFIX = "-oracle"
 
 
 class PolicyError(ValueError):
     pass
 
 
-def resolve_policy(spec: str) -> Scheduler:
+def parse_knobs(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """`["backfill_depth=500", "las_thresholds=3600,36000"]` -> Profile fields; a clear error
+    naming a knob that does not exist or a value that is not a number."""
+    from corral.scheduler.profiles import NUMERIC_KNOBS
+
+    allowed = (*NUMERIC_KNOBS, "las_thresholds")
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        name = name.strip()
+        if not sep or name not in allowed:
+            raise PolicyError(f"--knob {item!r}: use NAME=VALUE with NAME one of {', '.join(allowed)}")
+        try:
+            if name == "las_thresholds":
+                out[name] = tuple(float(x) for x in raw.split(",") if x.strip())
+            else:
+                value = float(raw)
+                out[name] = int(value) if value.is_integer() and name not in ("grace_s",) else value
+        except ValueError:
+            raise PolicyError(f"--knob {item!r}: {raw!r} is not a number (list: 3600,36000)")
+    return out
+
+
+def resolve_policy(spec: str, knobs: dict[str, Any] | None = None) -> Scheduler:
     """`NAME` or `NAME:PLACEMENT` -> a new Scheduler with that profile (one per replay: it keeps
-    its caches for the replay's cycles and shares them with no other)."""
+    its caches for the replay's cycles and shares them with no other), with `knobs` (Profile
+    fields: `parse_knobs`) changed."""
     from corral.scheduler import PROFILES
 
     name, _, placement = spec.partition(":")
+    name = name.removesuffix(ORACLE_SUFFIX)
     profile = PROFILES.get(name)
     if profile is None:
         raise PolicyError(f"unknown policy {name!r}; use one of {', '.join(PROFILES)}")
-    if placement:
-        try:
+    try:
+        if placement:
             profile = dataclasses.replace(profile, placement=placement)
-        except ValueError as exc:
-            raise PolicyError(f"policy {spec!r}: {exc}")
+        if knobs:
+            profile = dataclasses.replace(profile, **knobs)
+    except ValueError as exc:
+        raise PolicyError(f"policy {spec!r}: {exc}")
     return Scheduler(profile)
 
 
 def simulate(
-    trace: Trace, cluster: ClusterSpec, policy: str = "default", config: SimConfig | None = None
+    trace: Trace,
+    cluster: ClusterSpec,
+    policy: str = "default",
+    config: SimConfig | None = None,
+    knobs: dict[str, Any] | None = None,
 ) -> SimResult:
-    return Simulator(trace, cluster, resolve_policy(policy), policy_name=policy, config=config).run()
+    config = config or SimConfig()
+    if policy.partition(":")[0].endswith(ORACLE_SUFFIX):
+        config = dataclasses.replace(config, oracle_runtime=True)
+    scheduler = resolve_policy(policy, knobs)
+    return Simulator(trace, cluster, scheduler, policy_name=policy, config=config).run()
 
 
 def private_baseline(
@@ -62,7 +101,7 @@ def private_baseline(
             continue
         sub = Trace(name=f"{trace.name}-{group.name}", jobs=jobs)
         result = simulate(sub, private, policy, config)
-        waits = [j.first_start - j.trace.submit_time for j in result.jobs if not math.isnan(j.first_start)]
+        waits = [j.waited_s for j in result.jobs if not math.isnan(j.end)]
         out[group.name] = {
             "private_gpus": private.total_gpus,
             "private_avg_queue_s": sum(waits) / len(waits) if waits else None,

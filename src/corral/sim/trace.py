@@ -3,8 +3,10 @@
 Generic format (a CSV file with a header row, documented in docs/simulator.md):
 required columns `submit_time` (seconds from trace start), `duration` (run seconds when given the
 requested GPUs), `num_gpus` (total over all instances), `group`; optional `job_id`, `user`,
-`gpu_model`, `instances`, `cpus`, `memory_mib`, `priority`, `stop_grace_s` (cpus and memory are per
-instance; an empty `stop_grace_s` means the simulator's default grace).
+`gpu_model`, `instances`, `cpus`, `memory_mib`, `priority`, `stop_grace_s`, `name`,
+`max_runtime_s` (cpus and memory are per instance; an empty `stop_grace_s` means the simulator's
+default grace; `name` is the job name the runtime history keys on, `max_runtime_s` the user's own
+limit, used as an estimate).
 
 Every malformed row stops the load with an error naming the file, the line and the column.
 """
@@ -35,6 +37,8 @@ OPTIONAL_COLUMNS = (
     "memory_mib",
     "priority",
     "stop_grace_s",
+    "name",
+    "max_runtime_s",
 )
 SHIPPED_TRACES = ("philly", "openb", "openb-gpuspec33")
 PHILLY_GPUS_PER_NODE = 8  # Philly servers had 8 GPUs; larger jobs ran as several 8-GPU instances
@@ -60,6 +64,8 @@ class TraceJob:
     memory_mib: int = 1024
     priority: Priority = Priority.NORMAL
     stop_grace_s: float | None = None  # SIGTERM-to-kill time when preempted; None: the default
+    name: str = ""  # the job name (history of the same user and name estimates its runtime)
+    max_runtime_s: float | None = None  # the user's limit: what a user tells the scheduler
 
     @property
     def gpus_per_instance(self) -> int:
@@ -168,6 +174,8 @@ def _generic_job(row: _Row, index: int) -> TraceJob:
         memory_mib=row.integer("memory_mib", default=1024),
         priority=priority,
         stop_grace_s=row.number("stop_grace_s") if row.fields.get("stop_grace_s", "").strip() else None,
+        name=row.text("name", ""),
+        max_runtime_s=(row.number("max_runtime_s") if row.fields.get("max_runtime_s", "").strip() else None),
     )
 
 
@@ -317,4 +325,5 @@ def write_generic_csv(jobs: Iterable[TraceJob], path: str | Path) -> None:
             required = [j.submit_time, j.duration, j.num_gpus, j.group]
             optional = [j.job_id, j.user, j.gpu_model or "", j.instances, j.cpus, j.memory_mib]
             grace = "" if j.stop_grace_s is None else j.stop_grace_s
-            writer.writerow([*required, *optional, j.priority.name.lower(), grace])
+            limit = "" if j.max_runtime_s is None else j.max_runtime_s
+            writer.writerow([*required, *optional, j.priority.name.lower(), grace, j.name, limit])

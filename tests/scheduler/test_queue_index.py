@@ -1,0 +1,58 @@
+"""The queue kept in order between cycles (queue_index.py) equals the queue sorted afresh."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from corral.scheduler.admission import split_by_user
+from corral.scheduler.core import waiting_jobs
+from corral.scheduler.queue_index import QueueIndex
+from corral.scheduler.types import Job, Priority
+from tests.scheduler.builders import job, running, snap
+
+# (id, group, user, priority, submit time, GPUs): few values, so equal keys and duplicate ids occur
+JOBS = st.tuples(
+    st.sampled_from("abcdefghij"),
+    st.sampled_from(["g", "h"]),
+    st.sampled_from(["u", "v", "w"]),
+    st.sampled_from(list(Priority)),
+    st.integers(0, 3),
+    st.integers(0, 2),
+)
+
+
+def make(spec: tuple[str, str, str, Priority, int, int]) -> Job:
+    job_id, group, user, priority, submit, gpus = spec
+    return job(job_id, gpus=gpus, group=group, user=user, priority=priority, submit=float(submit))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(JOBS, max_size=8), min_size=1, max_size=6), st.data())
+def test_index_equals_the_queue_sorted_afresh(rounds: list[list[tuple]], data: st.DataObject) -> None:  # type: ignore[type-arg]
+    index = QueueIndex()
+    queued: list[Job] = []
+    for new in rounds:
+        # some jobs leave (started), some arrive, one may be queued twice or also running
+        keep = data.draw(st.lists(st.booleans(), min_size=len(queued), max_size=len(queued)))
+        queued = [j for j, k in zip(queued, keep, strict=True) if k] + [make(s) for s in new]
+        if queued and data.draw(st.booleans()):
+            queued.append(queued[0])  # the same object twice
+        run = []
+        if queued and data.draw(st.booleans()):
+            run = [running(job(queued[-1].id), "n", (0,))]
+        s = snap([], tuple(queued), run=tuple(run))
+        got = index.sync(s.queued, s.running)
+        ids = [j.id for j in queued]
+        clean = len(set(ids)) == len(ids) and not run
+        if not clean:
+            assert got is None
+            continue
+        want = waiting_jobs(s)
+        assert got == want
+        by_group: dict[str, list[Job]] = {}
+        for j in want:
+            by_group.setdefault(j.group, []).append(j)
+        per_user, cpu_ids = split_by_user(by_group)
+        assert index.per_user() == per_user
+        assert index.cpu_ids == cpu_ids
