@@ -43,6 +43,17 @@ class SecretIn(BaseModel):
         None, min_length=4, max_length=svc.MAX_VALUE_BYTES * 4 // 3 + 4, pattern=BASE64_PATTERN
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nulls(cls, data: Any) -> Any:
+        # The schema types both as strings; an explicit null would otherwise reach the length and
+        # pattern checks of `str | None` and fail inside pydantic (a 500), not as a bad field.
+        if isinstance(data, dict):
+            for key in ("value", "value_base64"):
+                if key in data and data[key] is None:
+                    raise ValueError(f"{key!r} is null: leave it out, or give a string")
+        return data
+
     @model_validator(mode="after")
     def _one(self) -> SecretIn:
         if (self.value is None) == (self.value_base64 is None):
