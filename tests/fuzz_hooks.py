@@ -113,6 +113,26 @@ ACCEPTED: tuple[Accepted, ...] = (
     Accepted(
         "ST202",
         "GET /api/v1/audit",
+        "until must be later than since",
+        "since < until relates two parameters; JSON Schema bounds each alone",
+    ),
+    Accepted(
+        "ST202",
+        "PUT /api/v1/datasets/uploads/{upload_id}/chunk",
+        "bytes",
+        "a file path's limits are the filesystem's, in bytes of UTF-8 (1024 a path, 255 a part); "
+        "JSON Schema counts characters (the schema bounds the path at 1024 of them)",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/datasets/uploads/{upload_id}/files",
+        "bytes",
+        "a file path's limits are the filesystem's, in bytes of UTF-8 (1024 a path, 255 a part); "
+        "JSON Schema counts characters (the schema bounds the path at 1024 of them)",
+    ),
+    Accepted(
+        "ST202",
+        "GET /api/v1/audit",
         "is not a time",
         "since/until take an age, unix seconds or an ISO time; a pattern for all three in the schema "
         "would replace this message, which says what to write, with a regex",

@@ -38,10 +38,15 @@ class SecretIn(BaseModel):
         json_schema_extra={"oneOf": [{"required": ["value"]}, {"required": ["value_base64"]}]},
     )
 
-    value: str | SkipJsonSchema[None] = Field(None, min_length=1, max_length=svc.MAX_VALUE_BYTES)
-    value_base64: str | SkipJsonSchema[None] = Field(
-        None, min_length=4, max_length=svc.MAX_VALUE_BYTES * 4 // 3 + 4, pattern=BASE64_PATTERN
-    )
+    # The constraints sit on the string itself: on the union they would reach None (a TypeError)
+    # and the pattern would drop out of the schema.
+    value: Annotated[str, Field(min_length=1, max_length=svc.MAX_VALUE_BYTES)] | SkipJsonSchema[None] = None
+    value_base64: (
+        Annotated[
+            str, Field(min_length=4, max_length=svc.MAX_VALUE_BYTES * 4 // 3 + 4, pattern=BASE64_PATTERN)
+        ]
+        | SkipJsonSchema[None]
+    ) = None
 
     @model_validator(mode="before")
     @classmethod

@@ -15,13 +15,16 @@ from corral.api.deps import DB, Admin, CurrentUser, fast_json
 from corral.services import jobs as jobs_svc
 from corral.services import storage as svc
 from corral.services.errors import Invalid
+from corral.storage import code
 
 router = APIRouter(tags=["storage"])
 READ_BLOCK = 1 << 20
+# The service checks a path itself, naming the problem; the pattern is the schema's only.
+PATH_IN_SCHEMA: dict[str, Any] = {"pattern": code.RELATIVE_PATH_PATTERN}
 
 
 class MissingIn(BaseModel):
-    hashes: list[str] = Field(max_length=svc.MAX_MISSING_QUERY)
+    hashes: list[Annotated[str, Field(pattern=code.SHA_RE.pattern)]] = Field(max_length=svc.MAX_MISSING_QUERY)
 
 
 @router.post("/code/missing")
@@ -44,7 +47,7 @@ async def code_blob(
     sha: Annotated[str, Path(pattern=r"^[0-9a-f]{64}$")],
     request: Request,
     principal: CurrentUser,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
     final: bool = False,
 ) -> Any:
     """One chunk of a blob at `offset` (409 with the offset to resume at when it does not fit);
@@ -99,7 +102,7 @@ def job_output_file(
     request: Request,
     db: DB,
     principal: CurrentUser,
-    path: Annotated[str, Query(min_length=1, max_length=1024)],
+    path: Annotated[str, Query(min_length=1, max_length=code.MAX_PATH, json_schema_extra=PATH_IN_SCHEMA)],
 ) -> StreamingResponse:
     job = jobs_svc.get_job(db, principal, job_id)
     fd = svc.open_output(request.app.state.settings, job, path)
