@@ -39,6 +39,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.config import JsonValue
 
 from corral.scheduler.types import Priority, Resources, TaskSpec
 
@@ -224,7 +225,10 @@ class SecretUseV1(_Strict):
         max_length=128,
         json_schema_extra={
             "pattern": ENV_NAME_RE.pattern,
-            "not": {"type": "string", "anyOf": [{"pattern": "^CORRAL_"}, {"enum": sorted(RESERVED_ENV)}]},
+            "not": {
+                "type": "string",
+                "anyOf": [{"pattern": "^CORRAL_"}, {"enum": list[JsonValue](sorted(RESERVED_ENV))}],
+            },
         },
     )
     file: str | None = Field(None, max_length=128, json_schema_extra={"pattern": SECRET_FILE_RE.pattern})

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Query, Request, Response, status
 from fastapi.responses import FileResponse
 from pydantic import ConfigDict, Field, model_validator
+from pydantic.config import JsonDict
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -39,7 +40,7 @@ GroupName = Annotated[str, Field(max_length=64, json_schema_extra={"pattern": AC
 MAX_BYTES = 2**53
 # The pattern is the schema's only: the services check a path themselves, with a message that
 # names the problem (path traversal, a control character ...) instead of a regex.
-PATH_IN_SCHEMA = {"pattern": RELATIVE_PATH_PATTERN}
+PATH_IN_SCHEMA: JsonDict = {"pattern": RELATIVE_PATH_PATTERN}
 FILE_PATH = Field(min_length=1, max_length=MAX_PATH, json_schema_extra=PATH_IN_SCHEMA)
 
 
