@@ -118,6 +118,19 @@ ACCEPTED: tuple[Accepted, ...] = (
     ),
     Accepted(
         "ST202",
+        "POST /api/v1/chaos/gpus/{node}/{index}",
+        "flap_down_s must be shorter than flap_period_s",
+        "down < period relates two fields of the body",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/jobs",
+        "is given by more than one secret",
+        "two secrets may not set one environment variable: uniqueness of a field across a list's "
+        "items, which JSON Schema cannot state",
+    ),
+    Accepted(
+        "ST202",
         "PUT /api/v1/datasets/uploads/{upload_id}/chunk",
         "bytes",
         "a file path's limits are the filesystem's, in bytes of UTF-8 (1024 a path, 255 a part); "
