@@ -131,6 +131,13 @@ ACCEPTED: tuple[Accepted, ...] = (
     ),
     Accepted(
         "ST202",
+        "POST /api/v1/jobs",
+        "has one of that name",
+        "a secret the spec names must have been set before (state; the 422 is the same whether it "
+        "exists for someone else or not at all, so it cannot be a 404 that would tell them apart)",
+    ),
+    Accepted(
+        "ST202",
         "PUT /api/v1/datasets/uploads/{upload_id}/chunk",
         "bytes",
         "a file path's limits are the filesystem's, in bytes of UTF-8 (1024 a path, 255 a part); "

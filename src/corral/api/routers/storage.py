@@ -11,7 +11,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from corral.api.deps import DB, Admin, CurrentUser, fast_json
+from corral.api.deps import DB, Admin, CurrentUser, RowId, fast_json
 from corral.services import jobs as jobs_svc
 from corral.services import storage as svc
 from corral.services.errors import Invalid
@@ -88,7 +88,7 @@ def storage_identities(request: Request, db: DB, admin: Admin) -> Any:
 
 
 @router.get("/jobs/{job_id}/outputs")
-def job_outputs(job_id: int, request: Request, db: DB, principal: CurrentUser) -> Any:
+def job_outputs(job_id: RowId, request: Request, db: DB, principal: CurrentUser) -> Any:
     """The files a job wrote under /outputs (kept after it ends, deleted with the job)."""
     job = jobs_svc.get_job(db, principal, job_id)
     files = svc.list_outputs(request.app.state.settings, job)
@@ -98,7 +98,7 @@ def job_outputs(job_id: int, request: Request, db: DB, principal: CurrentUser) -
 
 @router.get("/jobs/{job_id}/outputs/file")
 def job_output_file(
-    job_id: int,
+    job_id: RowId,
     request: Request,
     db: DB,
     principal: CurrentUser,
