@@ -25,6 +25,7 @@ Invariants, checked on a read-only snapshot of the database every `--poll` secon
 
     python bench/chaos_soak.py [--jobs 1000] [--seed 7] [--config sqlite|postgres|both]
                                [--chaos-every 2.0] [--duration 1800] [--gpus 4]
+                               [--submitters 4] [--sleep 0.1,1.5]
 
 Prints the seed, faults injected by kind, violations by invariant (target: 0 each), jobs by final
 state, wall time and load average; the last line is one JSON object. Exit status 1 on violations.
@@ -100,6 +101,7 @@ class SoakConfig:
     poll_s: float = 0.5
     gpus: int = 4
     sleep_s: tuple[float, float] = (0.1, 1.5)  # each job sleeps a uniform draw from this
+    submitters: int = 1  # clients submitting at once (in the planned order, each job once)
     node_down_s: tuple[float, float] = (4.0, 8.0)  # heartbeats stopped this long (timeout 3 s)
     chaos_faults: int | None = (
         None  # once all is submitted, stop injecting after this many faults (else at 4/5 of the bound)
@@ -364,10 +366,23 @@ class Soak:
     # -- submit -------------------------------------------------------------------------------
 
     def submit_all(self, until: float) -> None:
-        for job in self.planned:
-            if time.monotonic() >= until:
-                return
-            self.submit_one(job)
+        """Submit the planned jobs in order with `submitters` clients at once: one client spends
+        most of a submit waiting on a server that chaos keeps restarting."""
+        queue = iter(self.planned)
+
+        def submitter() -> None:
+            while time.monotonic() < until:
+                with self.lock:
+                    job = next(queue, None)
+                if job is None:
+                    return
+                self.submit_one(job)
+
+        threads = [threading.Thread(target=submitter) for _ in range(max(1, self.cfg.submitters))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
 
     def submit_one(self, job: Planned) -> None:
         """Submit until the server answers; after an answer that may have been lost on the way
@@ -381,11 +396,14 @@ class Soak:
                     with self.lock:
                         self.ids[job.name] = int(r.json()["id"])
                     return
-                self.submit_errors += 1
+                with self.lock:
+                    self.submit_errors += 1
             except httpx.ConnectError:
-                self.submit_waits += 1  # never reached a server: nothing was created
+                with self.lock:
+                    self.submit_waits += 1  # never reached a server: nothing was created
             except httpx.HTTPError:
-                self.submit_errors += 1
+                with self.lock:
+                    self.submit_errors += 1
                 found = self.find_by_name(job.name)
                 if found is not None:
                     with self.lock:
@@ -748,7 +766,11 @@ def main() -> int:
         help="bound on each configuration's run (s): submits in the first 60 %%, faults in the first 80 %%",
     )
     parser.add_argument("--gpus", type=int, default=4, help="virtual GPUs on the node")
+    parser.add_argument("--submitters", type=int, default=4, help="clients submitting at once")
+    parser.add_argument("--sleep", default="0.1,1.5", help="MIN,MAX seconds each job sleeps (a uniform draw)")
     args = parser.parse_args()
+    low, _comma, high = args.sleep.partition(",")
+    sleep_s = (float(low), float(high or low))
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop servers and PostgreSQL too
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     print(f"seed {seed}", flush=True)
@@ -761,6 +783,8 @@ def main() -> int:
             chaos_every_s=args.chaos_every,
             duration_s=args.duration,
             gpus=args.gpus,
+            submitters=args.submitters,
+            sleep_s=sleep_s,
         )
         results.append(run_soak(cfg))
         report(results[-1])
@@ -777,6 +801,7 @@ def main() -> int:
             cfg = SoakConfig(
                 jobs=args.jobs, seed=seed, servers=2, postgres=True,
                 chaos_every_s=args.chaos_every, duration_s=args.duration, gpus=args.gpus,
+                submitters=args.submitters, sleep_s=sleep_s,
             )  # fmt: skip
             results.append(run_soak(cfg, pg.create_database))
         finally:

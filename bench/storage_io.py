@@ -237,7 +237,7 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="corral-storage-bench-", dir=args.dir or "/var/tmp"))
     os.chmod(base, 0o755)
     try:
-        figures: dict[str, float] = {}
+        figures: dict[str, float] = {"loadavg_1m_at_start": os.getloadavg()[0]}
         figures |= io_runs(subdir(base, "io"), args)
         for key in ("small_write_iops", "small_read_iops", "large_write_mbs", "large_read_mbs"):
             print(f"{key:18} host {figures['host_' + key]:10.1f}  sandbox {figures['sandbox_' + key]:10.1f}  "
@@ -250,6 +250,10 @@ def main() -> None:
         push, cp = figures["push_mbs"], figures["cp_mbs"]
         print(f"upload {figures['upload_mb']:.0f} MB: push {push:.1f} MB/s, cp {cp:.1f} MB/s "
               f"(push/cp {figures['push_vs_cp']:.3f})", flush=True)  # fmt: skip
+        # A shared machine: the load says how far the host/sandbox ratios can be trusted.
+        figures["loadavg_1m_at_end"] = os.getloadavg()[0]
+        print(f"load average (1 min) at start {figures['loadavg_1m_at_start']:.2f}, "
+              f"at end {figures['loadavg_1m_at_end']:.2f}", flush=True)  # fmt: skip
         print(json.dumps({k: round(v, 4) for k, v in figures.items()}))
     finally:
         from corral.datasets.store import remove_tree

@@ -171,6 +171,46 @@ ACCEPTED: tuple[Accepted, ...] = (
     Accepted(
         "ST202",
         "GET /api/v1/audit",
+        "until must be later than since",
+        "since < until relates two parameters; JSON Schema bounds each alone",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/chaos/gpus/{node}/{index}",
+        "flap_down_s must be shorter than flap_period_s",
+        "down < period relates two fields of the body",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/jobs",
+        "is given by more than one secret",
+        "two secrets may not set one environment variable: uniqueness of a field across a list's "
+        "items, which JSON Schema cannot state",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/jobs",
+        "has one of that name",
+        "a secret the spec names must have been set before (state; the 422 is the same whether it "
+        "exists for someone else or not at all, so it cannot be a 404 that would tell them apart)",
+    ),
+    Accepted(
+        "ST202",
+        "PUT /api/v1/datasets/uploads/{upload_id}/chunk",
+        "bytes",
+        "a file path's limits are the filesystem's, in bytes of UTF-8 (1024 a path, 255 a part); "
+        "JSON Schema counts characters (the schema bounds the path at 1024 of them)",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/datasets/uploads/{upload_id}/files",
+        "bytes",
+        "a file path's limits are the filesystem's, in bytes of UTF-8 (1024 a path, 255 a part); "
+        "JSON Schema counts characters (the schema bounds the path at 1024 of them)",
+    ),
+    Accepted(
+        "ST202",
+        "GET /api/v1/audit",
         "is not a time",
         "since/until take an age, unix seconds or an ISO time; a pattern for all three in the schema "
         "would replace this message, which says what to write, with a regex",

@@ -39,6 +39,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.config import JsonValue
 
 from corral.scheduler.types import Priority, Resources, TaskSpec
 
@@ -207,9 +208,30 @@ class SecretUseV1(_Strict):
     the job's uid), or both. `scope`: whose secret; unset, the submitter's own when they have one
     of that name, else the job's group's. The value never appears in the spec."""
 
+    # What _check below accepts, said in the schema (where _check says what is wrong in words):
+    # `env` or `file` given, env a variable name Corral does not set itself.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["env"], "properties": {"env": {"type": "string"}}},
+                {"required": ["file"], "properties": {"file": {"type": "string"}}},
+            ]
+        }
+    )
+
     name: str = Field(max_length=64, pattern=SECRET_NAME_RE)
-    env: str | None = Field(None, max_length=128)
-    file: str | None = Field(None, max_length=128)
+    env: str | None = Field(
+        None,
+        max_length=128,
+        json_schema_extra={
+            "pattern": ENV_NAME_RE.pattern,
+            "not": {
+                "type": "string",
+                "anyOf": [{"pattern": "^CORRAL_"}, {"enum": list[JsonValue](sorted(RESERVED_ENV))}],
+            },
+        },
+    )
+    file: str | None = Field(None, max_length=128, json_schema_extra={"pattern": SECRET_FILE_RE.pattern})
     scope: Literal["user", "group"] | None = None
 
     @model_validator(mode="after")

@@ -177,3 +177,12 @@ def test_dispatch_decrypts_only_with_the_key_and_while_the_secret_is_usable(
         box_for(Settings(home=tmp_path / "h2", secrets_key="not-base64!"))
     with pytest.raises(SecretKeyError, match="32 bytes"):
         box_for(Settings(home=tmp_path / "h2", secrets_key=base64.b64encode(b"short").decode()))
+
+
+def test_a_null_value_field_is_a_clear_422(world: World) -> None:
+    """Fuzzing found a 500: `{"value": "0", "value_base64": null}` (pydantic's length check on
+    `str | None` raised a TypeError). The schema types both fields as strings."""
+    for body in ({"value": "0", "value_base64": None}, {"value": None, "value_base64": "YQ=="}):
+        r = world.client.put("/api/v1/secrets/ok", json=body, headers=world.as_("alice"))
+        null = next(k for k, v in body.items() if v is None)
+        assert r.status_code == 422 and f"'{null}' is null" in r.text, r.text

@@ -255,7 +255,7 @@ def test_code_upload_refuses_bad_input(clients: dict[str, Client]) -> None:
         )
     with pytest.raises(ApiError) as unknown:
         alice.submit({"name": "c", "command": "true", "code": "cd" * 32})
-    assert unknown.value.status_code == 422 and "does not exist" in unknown.value.message
+    assert unknown.value.status_code == 404 and "does not exist" in unknown.value.message
 
 
 def test_dataset_mounts_read_only_pinned_and_kept_while_in_use(

@@ -16,7 +16,9 @@ Installed once by the app factory; a new router gets all of this without doing a
   A route documents anything else itself (`responses={503: ...}`); what it declares wins.
 - **405**: a request whose method the path does not support is answered 405 with an `Allow`
   header listing every method of every route on that path (Starlette names only the first
-  route's), also where the portal's catch-all GET route would otherwise answer 404.
+  route's), also where the portal's catch-all GET route would otherwise answer 404. A path that
+  routes serve literally (`/datasets/import`) belongs to them alone: a templated route that also
+  matches it (`/datasets/{name}`) neither adds to its `Allow` nor answers it (`LiteralPaths`).
 - **Links** (`LINKS`): which operation's response feeds which operation's parameters, so that a
   stateful fuzzer chains them (POST /jobs → GET /jobs/{job_id} ...). Routers add their own
   with `links=` in `responses` or by extending `LINKS`.
@@ -35,6 +37,7 @@ from fastapi.routing import APIRoute, RouteContext, iter_route_contexts
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from corral.api import limits
 from corral.api.deps import get_principal
@@ -319,7 +322,12 @@ def _hoist_body_definitions(schema: dict[str, Any], schemas: dict[str, Any]) -> 
 
 def allowed_methods(app: Any, path: str) -> set[str]:
     """Every method some route serves on `path`. Catch-all routes (`{x:path}`: the portal's
-    unknown-page route, static assets) do not count: they match any path."""
+    unknown-page route, static assets) do not count: they match any path. A path that routes
+    serve literally (`/datasets/import`) is theirs alone: a templated route that would also
+    match it (`/datasets/{name}`) does not add its methods (see `LiteralPaths`)."""
+    literal = literal_paths(app).get(path)
+    if literal is not None:
+        return set(literal)
     methods: set[str] = set()
     for route in iter_route_contexts(app.router.routes):
         template, route_methods = route.path, route.methods
@@ -329,6 +337,38 @@ def allowed_methods(app: Any, path: str) -> set[str]:
         if regex.match(path):
             methods |= set(route_methods)
     return methods
+
+
+def literal_paths(app: Any) -> dict[str, frozenset[str]]:
+    """{path: methods} of the routes without parameters (computed once per app)."""
+    cached: dict[str, frozenset[str]] | None = getattr(app.state, "literal_paths", None)
+    if cached is None:
+        found: dict[str, set[str]] = {}
+        for route in iter_route_contexts(app.router.routes):
+            if route.methods and route.path and "{" not in route.path:
+                found.setdefault(route.path, set()).update(route.methods)
+        cached = {path: frozenset(methods) for path, methods in found.items()}
+        app.state.literal_paths = cached
+    return cached
+
+
+class LiteralPaths:
+    """ASGI middleware: a request for a literal route's path with a method no literal route
+    there serves is answered 405, instead of being handed to a templated route that also matches
+    (`GET /datasets/import` is not the dataset named "import": that name is reserved). So the
+    answer agrees with the schema, which lists only the literal routes' methods on that path."""
+
+    def __init__(self, app: ASGIApp, owner: FastAPI) -> None:
+        self.app, self.owner = app, owner
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            allowed = literal_paths(self.owner).get(scope["path"])
+            if allowed is not None and scope["method"] not in allowed:
+                response = method_not_allowed(scope["method"], scope["path"], set(allowed))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def method_not_allowed(method: str, path: str, allowed: set[str]) -> JSONResponse:
@@ -349,6 +389,7 @@ def install(app: FastAPI, settings: Settings) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+    app.add_middleware(LiteralPaths, owner=app)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

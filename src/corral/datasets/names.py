@@ -7,7 +7,8 @@ import hashlib
 import re
 from collections.abc import Iterable
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# 1-64 characters, starting with a letter or digit, not ending with a dot
+NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,62}[A-Za-z0-9_-])?$")
 MAX_PATH = 1024
 MAX_COMPONENT = 255
 RESERVED = frozenset({"uploads", "import"})  # words of the REST paths under /datasets/

@@ -45,10 +45,8 @@ def check_job_storage(
     (e.g. a dataset's version: the job's lineage)."""
     root = settings.storage_path
     if spec.code is not None and not code.snapshot_dir(root, spec.code).is_dir():
-        raise Invalid(
-            f"code snapshot {spec.code} does not exist; upload it with `corral submit --code DIR`",
-            ("body", "code"),
-        )
+        # 404 as for any other object a request names that does not exist (a job's group ...)
+        raise NotFound(f"code snapshot {spec.code} does not exist; upload it with `corral submit --code DIR`")
     if not spec.mounts:
         return spec
     ctx = mount_context(session, principal, root)

@@ -22,6 +22,13 @@ from pathlib import Path
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 CHUNK_MAX = 512 * 1024  # below the API's body limit
 MAX_PATH = 1024
+# What check_path accepts, for schemas: '/'-separated parts, none empty, '.' or '..', without
+# backslashes or control characters (a part starts with a non-dot, or is a dot and a non-dot,
+# or two dots and more: no lookaround, so Rust's regex in pydantic reads it too).
+_C = r"[^/\\\x00-\x1f\x7f]"
+_NOT_DOT = r"[^/\\.\x00-\x1f\x7f]"
+_PART = rf"(?:{_NOT_DOT}{_C}*|\.{_NOT_DOT}{_C}*|\.\.{_C}+)"
+RELATIVE_PATH_PATTERN = rf"^{_PART}(?:/{_PART})*$"
 INCOMING_TTL_S = 24 * 3600.0  # a partial upload untouched this long is abandoned: deleted
 
 

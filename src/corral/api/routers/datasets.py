@@ -7,38 +7,55 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response, status
 from fastapi.responses import FileResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
+from pydantic.config import JsonDict
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from corral.api.deps import DB, Admin, CurrentUser, NameInPath
+from corral.api.schemas import ACCOUNT_NAME, BooleansApart
 from corral.datasets import quotas, uploads
 from corral.datasets import service as svc
-from corral.datasets.names import NAME, BadName, check_path, parse_version
+from corral.datasets.names import MAX_PATH, NAME, BadName, check_path, parse_version
 from corral.datasets.store import Store
 from corral.services import audit
 from corral.services.auth import Principal
 from corral.services.errors import Invalid, NotFound
+from corral.storage.code import RELATIVE_PATH_PATTERN
 
 router = APIRouter(tags=["datasets"])
 
 
-class _In(BaseModel):
+class _In(BooleansApart):  # `false` is no byte count, as the schema says
     model_config = ConfigDict(extra="forbid")
 
 
+# A group's name as the schema states it; the services say what is wrong with one (a control
+# character) or that no group has it.
+GroupName = Annotated[str, Field(max_length=64, json_schema_extra={"pattern": ACCOUNT_NAME})]
+
+
+# Byte counts are bounded at 2**53 (8 PiB): every JSON reader holds any integer up to it exactly
+# (a float beyond it rounds, so 2**60 + 23 would look equal to a bound of 2**60).
+MAX_BYTES = 2**53
+# The pattern is the schema's only: the services check a path themselves, with a message that
+# names the problem (path traversal, a control character ...) instead of a regex.
+PATH_IN_SCHEMA: JsonDict = {"pattern": RELATIVE_PATH_PATTERN}
+FILE_PATH = Field(min_length=1, max_length=MAX_PATH, json_schema_extra=PATH_IN_SCHEMA)
+
+
 class UploadIn(_In):
-    name: str = Field(min_length=1, max_length=64)
-    group: str | None = Field(None, max_length=64, description="owning group; default: the caller")
-    bytes: int = Field(ge=0, le=2**60, description="total bytes of all files")
+    name: str = Field(pattern=NAME.pattern)
+    group: GroupName | None = Field(None, description="owning group; default: the caller")
+    bytes: int = Field(ge=0, le=MAX_BYTES, description="total bytes of all files")
     files: int = Field(ge=1, le=100_000_000, description="number of files")
     digest: str = Field(pattern="^[0-9a-f]{64}$", description="corral.datasets.names.manifest_digest")
 
 
 class FileIn(_In):
-    path: str = Field(min_length=1, max_length=4096)
-    size: int = Field(ge=0, le=2**60)
-    sha256: str = Field(min_length=64, max_length=64)
+    path: str = FILE_PATH
+    size: int = Field(ge=0, le=MAX_BYTES)
+    sha256: str = Field(pattern="^[0-9a-f]{64}$")
 
 
 class FilesIn(_In):
@@ -46,14 +63,14 @@ class FilesIn(_In):
 
 
 class ShareIn(_In):
-    add_groups: list[str] = Field(default_factory=list, max_length=100)
-    remove_groups: list[str] = Field(default_factory=list, max_length=100)
+    add_groups: list[GroupName] = Field(default_factory=list, max_length=100)
+    remove_groups: list[GroupName] = Field(default_factory=list, max_length=100)
     public: bool | None = None
 
 
 class ImportIn(_In):
     name: str = Field(pattern=NAME.pattern)
-    group: str | None = Field(None, min_length=1, max_length=64)
+    group: GroupName | None = None
     path: str = Field(min_length=2, max_length=4096, pattern=r"^/[^\x00]*$")  # absolute, on the server
 
 
@@ -62,8 +79,14 @@ class StorageQuotaIn(_In):
 
     model_config = ConfigDict(json_schema_extra={"minProperties": 1})
 
-    max_bytes: int | None = Field(None, ge=0, le=2**62)
-    max_files: int | None = Field(None, ge=0, le=2**62)
+    max_bytes: int | None = Field(None, ge=0, le=MAX_BYTES)
+    max_files: int | None = Field(None, ge=0, le=MAX_BYTES)
+
+    @model_validator(mode="after")
+    def _something(self) -> StorageQuotaIn:
+        if not self.model_fields_set:  # as the schema's minProperties says
+            raise ValueError("give max_bytes, max_files or both (null: no limit)")
+        return self
 
 
 def store_of(request: Request) -> Store:
@@ -270,8 +293,8 @@ async def put_chunk(
     request: Request,
     db: DB,
     principal: CurrentUser,
-    path: Annotated[str, Query(min_length=1, max_length=4096)],
-    offset: Annotated[int, Query(ge=0)],
+    path: Annotated[str, Query(min_length=1, max_length=MAX_PATH, json_schema_extra=PATH_IN_SCHEMA)],
+    offset: Annotated[int, Query(ge=0, le=MAX_BYTES)],
 ) -> Any:
     """Bytes of `path` at `offset` (application/octet-stream; at most `chunk_bytes`)."""
     data = await request.body()

@@ -38,10 +38,26 @@ class SecretIn(BaseModel):
         json_schema_extra={"oneOf": [{"required": ["value"]}, {"required": ["value_base64"]}]},
     )
 
-    value: str | SkipJsonSchema[None] = Field(None, min_length=1, max_length=svc.MAX_VALUE_BYTES)
-    value_base64: str | SkipJsonSchema[None] = Field(
-        None, min_length=4, max_length=svc.MAX_VALUE_BYTES * 4 // 3 + 4, pattern=BASE64_PATTERN
-    )
+    # The constraints sit on the string itself: on the union they would reach None (a TypeError)
+    # and the pattern would drop out of the schema.
+    value: Annotated[str, Field(min_length=1, max_length=svc.MAX_VALUE_BYTES)] | SkipJsonSchema[None] = None
+    value_base64: (
+        Annotated[
+            str, Field(min_length=4, max_length=svc.MAX_VALUE_BYTES * 4 // 3 + 4, pattern=BASE64_PATTERN)
+        ]
+        | SkipJsonSchema[None]
+    ) = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nulls(cls, data: Any) -> Any:
+        # The schema types both as strings; an explicit null would otherwise reach the length and
+        # pattern checks of `str | None` and fail inside pydantic (a 500), not as a bad field.
+        if isinstance(data, dict):
+            for key in ("value", "value_base64"):
+                if key in data and data[key] is None:
+                    raise ValueError(f"{key!r} is null: leave it out, or give a string")
+        return data
 
     @model_validator(mode="after")
     def _one(self) -> SecretIn:

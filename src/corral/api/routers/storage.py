@@ -11,17 +11,20 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from corral.api.deps import DB, Admin, CurrentUser, fast_json
+from corral.api.deps import DB, Admin, CurrentUser, RowId, fast_json
 from corral.services import jobs as jobs_svc
 from corral.services import storage as svc
 from corral.services.errors import Invalid
+from corral.storage import code
 
 router = APIRouter(tags=["storage"])
 READ_BLOCK = 1 << 20
+# The service checks a path itself, naming the problem; the pattern is the schema's only.
+PATH_IN_SCHEMA: dict[str, Any] = {"pattern": code.RELATIVE_PATH_PATTERN}
 
 
 class MissingIn(BaseModel):
-    hashes: list[str] = Field(max_length=svc.MAX_MISSING_QUERY)
+    hashes: list[Annotated[str, Field(pattern=code.SHA_RE.pattern)]] = Field(max_length=svc.MAX_MISSING_QUERY)
 
 
 @router.post("/code/missing")
@@ -44,7 +47,7 @@ async def code_blob(
     sha: Annotated[str, Path(pattern=r"^[0-9a-f]{64}$")],
     request: Request,
     principal: CurrentUser,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
     final: bool = False,
 ) -> Any:
     """One chunk of a blob at `offset` (409 with the offset to resume at when it does not fit);
@@ -85,7 +88,7 @@ def storage_identities(request: Request, db: DB, admin: Admin) -> Any:
 
 
 @router.get("/jobs/{job_id}/outputs")
-def job_outputs(job_id: int, request: Request, db: DB, principal: CurrentUser) -> Any:
+def job_outputs(job_id: RowId, request: Request, db: DB, principal: CurrentUser) -> Any:
     """The files a job wrote under /outputs (kept after it ends, deleted with the job)."""
     job = jobs_svc.get_job(db, principal, job_id)
     files = svc.list_outputs(request.app.state.settings, job)
@@ -95,11 +98,11 @@ def job_outputs(job_id: int, request: Request, db: DB, principal: CurrentUser) -
 
 @router.get("/jobs/{job_id}/outputs/file")
 def job_output_file(
-    job_id: int,
+    job_id: RowId,
     request: Request,
     db: DB,
     principal: CurrentUser,
-    path: Annotated[str, Query(min_length=1, max_length=1024)],
+    path: Annotated[str, Query(min_length=1, max_length=code.MAX_PATH, json_schema_extra=PATH_IN_SCHEMA)],
 ) -> StreamingResponse:
     job = jobs_svc.get_job(db, principal, job_id)
     fd = svc.open_output(request.app.state.settings, job, path)
