@@ -9,10 +9,14 @@ One real server (local engine, `--gpus` virtual GPUs, the SHIPPED intervals: GPU
    CorralGpuEccErrors alert: the baseline, what Corral did before incidents) and fault ->
    incident (`opened_at` of its incident); p50/p99 of both and of their difference (what the
    incident pipeline adds). Target: fault -> incident <= 10 s.
+   Fault -> first page email: an `incidents` escalation policy pages one person whose address
+   is on a real SMTP server (aiosmtpd) in this process; each incident's page email (header
+   X-Corral-Page: incident:<id>) is timed on arrival, with the shipped paging loop (1 s).
 2. `--storm` distinct alerts in ONE Alertmanager webhook delivery: the time the delivery takes,
    the number of incidents (one per alert expected), and the same delivery repeated (a
-   re-notification): no new incident. Baseline, same run: the same storm (other alert names)
-   with an empty rule set, i.e. storing the alerts alone, as Corral did before incidents.
+   re-notification): no new incident (the policy is deleted first: nobody is paged). Baseline,
+   same run: the same storm (other alert names) with an empty rule set, i.e. storing the alerts
+   alone, as Corral did before incidents.
 
     python bench/incident_pipeline.py [--faults 50] [--gpus 50] [--storm 1000]
 
@@ -26,6 +30,8 @@ import json
 import random
 import statistics
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -37,8 +43,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from corral.monitor.gpu import update_fault
 from corral.services.remediation_rules import DEFAULT_RULES
 from tests.server_harness import start_server
+from tests.support import free_port
 
 TOKEN = "bench-webhook-token"
+
+
+class PageInbox:
+    """aiosmtpd handler: when each incident's first page email arrived (key -> time)."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, float] = {}
+        self.lock = threading.Lock()
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # aiosmtpd hook
+        from email import message_from_bytes
+
+        key = message_from_bytes(envelope.content)["X-Corral-Page"]
+        with self.lock:
+            if key and key not in self.first:
+                self.first[str(key)] = time.time()
+        return "250 OK"
+
+
+def page_one_person(c: httpx.Client) -> None:
+    c.post("/api/v1/users", json={"name": "oncall"}).raise_for_status()
+    c.put("/api/v1/users/oncall/email", json={"email": "oncall@example.org"}).raise_for_status()
+    steps = [{"user": "oncall", "wait_minutes": 60}]
+    c.put("/api/v1/oncall/policies/incidents", json={"steps": steps}).raise_for_status()
 
 
 def pct(values: list[float], q: float) -> float:
@@ -52,7 +83,7 @@ def all_items(c: httpx.Client, path: str, **params: Any) -> list[dict[str, Any]]
     return list(r.json()["items"])
 
 
-def faults(c: httpx.Client, home: Path, count: int) -> dict[str, float]:
+def faults(c: httpx.Client, home: Path, count: int, inbox: PageInbox) -> dict[str, float]:
     injected: dict[int, float] = {}
     order = list(range(count))
     random.shuffle(order)
@@ -63,14 +94,14 @@ def faults(c: httpx.Client, home: Path, count: int) -> dict[str, float]:
     deadline = time.time() + 60
     while time.time() < deadline:
         opened = {i["links"]["gpus"][0]: i for i in all_items(c, "/api/v1/incidents") if i["links"]["gpus"]}
-        if len(opened) >= count:
+        if len(opened) >= count and len(inbox.first) >= count:
             break
         time.sleep(0.5)
     alerts = {
         f"{a['labels']['node']}/{a['labels']['gpu']}": a["first_received_at"]
         for a in all_items(c, "/api/v1/alerts", name="CorralGpuEccErrors")
     }
-    to_alert, to_incident, added = [], [], []
+    to_alert, to_incident, added, to_email = [], [], [], []
     for gpu, at in injected.items():
         key = f"local/{gpu}"
         if key not in opened or key not in alerts:
@@ -78,6 +109,9 @@ def faults(c: httpx.Client, home: Path, count: int) -> dict[str, float]:
         to_alert.append(alerts[key] - at)
         to_incident.append(opened[key]["opened_at"] - at)
         added.append(opened[key]["opened_at"] - alerts[key])
+        emailed = inbox.first.get(f"incident:{opened[key]['id']}")
+        if emailed is not None:
+            to_email.append(emailed - at)
     return {
         "faults": count,
         "incidents": len(to_incident),
@@ -88,6 +122,9 @@ def faults(c: httpx.Client, home: Path, count: int) -> dict[str, float]:
         "fault_to_incident_max_s": round(max(to_incident, default=float("nan")), 2),
         "incident_added_p50_ms": round(statistics.median(added) * 1000, 1) if added else float("nan"),
         "incident_added_p99_ms": round(pct(added, 0.99) * 1000, 1),
+        "page_emails": len(to_email),
+        "fault_to_first_email_p50_s": round(pct(to_email, 0.5), 2),
+        "fault_to_first_email_p99_s": round(pct(to_email, 0.99), 2),
     }
 
 
@@ -112,6 +149,7 @@ def deliver(c: httpx.Client, name: str, count: int) -> float:
 
 
 def storm(c: httpx.Client, count: int, rules: str) -> dict[str, float]:
+    c.delete("/api/v1/oncall/policies/incidents").raise_for_status()
     c.put("/api/v1/remediation/rules", json={"text": "version: 1\nrules: []\n"}).raise_for_status()
     baseline = deliver(c, "BaselineStorm", count)
     c.put("/api/v1/remediation/rules", json={"text": rules}).raise_for_status()
@@ -138,15 +176,29 @@ def main() -> None:
     args = parser.parse_args()
     if args.faults > args.gpus:
         parser.error("--faults must be at most --gpus (one fault per GPU)")
-    srv = start_server(virtual_gpus=args.gpus, extra_env={"CORRAL_MONITOR_WEBHOOK_TOKEN": TOKEN})
+    from aiosmtpd.controller import Controller
+
+    inbox = PageInbox()
+    smtp_port = free_port()
+    smtp = Controller(inbox, hostname="127.0.0.1", port=smtp_port)
+    smtp.start()
+    home = Path(tempfile.mkdtemp(prefix="corral-bench-"))
+    (home / "monitor.yml").write_text(
+        "channels:\n"
+        f"  - {{name: mail, type: email, smtp_host: 127.0.0.1, smtp_port: {smtp_port}, "
+        "from: corral@example.org, to: [ops@example.org]}\n"
+    )
+    srv = start_server(home, virtual_gpus=args.gpus, extra_env={"CORRAL_MONITOR_WEBHOOK_TOKEN": TOKEN})
     try:
         with srv.client() as c:
             rules = DEFAULT_RULES.replace("max_fraction: 0.10", "max_fraction: 1.0")
             c.put("/api/v1/remediation/rules", json={"text": rules}).raise_for_status()
+            page_one_person(c)
             time.sleep(12)  # one sampling pass: the GPUs' first readings (no fault is news before)
-            figures = {**faults(c, srv.home, args.faults), **storm(c, args.storm, rules)}
+            figures = {**faults(c, srv.home, args.faults, inbox), **storm(c, args.storm, rules)}
     finally:
         srv.stop()
+        smtp.stop()
     for key, value in figures.items():
         print(f"{key:>40}: {value}")
     print(json.dumps(figures))

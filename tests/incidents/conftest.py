@@ -1,3 +1,4 @@
+from tests.oncall.conftest import env, smtp
 from tests.pg import postgres_server
 
-__all__ = ["postgres_server"]
+__all__ = ["env", "postgres_server", "smtp"]

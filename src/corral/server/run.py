@@ -177,6 +177,9 @@ def serve(settings: Settings, demo: bool = False) -> None:
     url = local_url(settings)
     os.environ.setdefault("CORRAL_PUBLIC_URL", url)  # alerts' runbook links (corral.monitor.runbooks)
     bootstrap(settings, session_factory, url)
+    from corral.services import incident_paging
+
+    incident_paging.install()  # an opened incident pages its on-call (docs/operations.md)
     prepare_storage(settings)
     engine = make_execution_engine(settings)
     storage_check = getattr(engine, "log_storage_check", None)  # Slurm: do the nodes see the root?

@@ -10,8 +10,9 @@ mitigated -> resolved -> closed, where resolved may go back to triggered (it fir
 closing a SEV1 or SEV2 incident requires its postmortem. Every change adds a timeline line.
 
 Entry points for other areas (the paging engine, at merge): `open_or_update`, `acknowledge`,
-`add_timeline`; listeners registered with `on_opened` hear of each new incident in the same
-transaction (e.g. to start paging with key f"incident:{id}").
+`add_timeline`; listeners registered with `on_opened` hear of each new incident, and those
+registered with `on_acknowledged` / `on_resolved` of each first acknowledgement and each
+resolution, in the same transaction (corral.services.incident_paging pages and un-pages with them).
 """
 
 from __future__ import annotations
@@ -68,11 +69,29 @@ TITLE_MAX = 512
 
 OpenedListener = Callable[[Session, Incident], None]
 _OPENED_LISTENERS: list[OpenedListener] = []
+ChangeListener = Callable[[Session, Incident, str], None]  # (session, incident, by)
+_ACKED_LISTENERS: list[ChangeListener] = []
+_RESOLVED_LISTENERS: list[ChangeListener] = []
 
 
 def on_opened(listener: OpenedListener) -> None:
     """Call `listener(session, incident)` for every new incident, in its opening transaction."""
     _OPENED_LISTENERS.append(listener)
+
+
+def on_acknowledged(listener: ChangeListener) -> None:
+    """Call `listener(session, incident, by)` when an incident is first acknowledged."""
+    _ACKED_LISTENERS.append(listener)
+
+
+def on_resolved(listener: ChangeListener) -> None:
+    """Call `listener(session, incident, by)` when an incident resolves (by hand or its alerts)."""
+    _RESOLVED_LISTENERS.append(listener)
+
+
+def _tell(listeners: list[ChangeListener], session: Session, incident: Incident, by: str) -> None:
+    for listener in list(listeners):
+        listener(session, incident, by)
 
 
 def severity_of(value: str) -> Severity:
@@ -217,6 +236,7 @@ def alert_resolved(session: Session, alert: str, now: float, why: str = "") -> l
         )
         if not incident.firing and _move(session, incident, _S.RESOLVED, now, {"resolved_at": now}):
             add_timeline(session, incident.id, "resolved", "every alert of the incident resolved", now=now)
+            _tell(_RESOLVED_LISTENERS, session, incident, "corral")
             done.append(incident)
     return done
 
@@ -241,6 +261,9 @@ def acknowledge(session: Session, incident_id: int, by: str, now: float) -> Inci
         for name, value in values.items():
             setattr(incident, name, value)
         add_timeline(session, incident.id, "acknowledged", f"acknowledged by {by}", actor=by, now=now)
+    else:
+        return incident  # acknowledged before: the listeners heard of it then
+    _tell(_ACKED_LISTENERS, session, incident, by)
     return incident
 
 
@@ -261,6 +284,7 @@ def resolve(session: Session, incident_id: int, by: str, now: float, note: str =
     if not _move(session, incident, _S.RESOLVED, now, {"resolved_at": now}):
         raise Conflict(f"incident {incident_id} changed meanwhile (now {incident.state}); try again")
     add_timeline(session, incident.id, "resolved", note or f"resolved by {by}", actor=by, now=now)
+    _tell(_RESOLVED_LISTENERS, session, incident, by)
     return incident
 
 

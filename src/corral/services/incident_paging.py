@@ -1,0 +1,143 @@
+"""Incidents page people: the one place where corral.services.incidents meets the paging engine
+(corral.services.paging), both of which know nothing of the other.
+
+- An incident opens -> a page with key `incident:<id>` starts on the escalation policy chosen by
+  severity: `incident-sev1`..`incident-sev4` if that policy exists, else `incidents`, else nobody
+  is paged and the incident's timeline says which policies it looked for.
+- The page is acknowledged (its emailed link, `corral oncall ack`) -> the incident is acknowledged
+  by that person; the incident is acknowledged (`corral incident ack`, REST) -> its page is
+  acknowledged, which stops the escalation. Both acks are idempotent, so each side's listener
+  calling the other ends after one hop.
+- The incident resolves (by hand, or its alerts resolved) -> its page is cancelled if still open.
+
+Everything happens in the transaction of the change that caused it: an incident is never left
+open without its page, nor a page acked without its incident. `install()` registers the
+listeners once; the server calls it at start-up (corral.server.run).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from corral.db.incident_models import Incident
+from corral.db.oncall_models import EscalationPolicy, Page
+from corral.services import incidents, paging
+
+log = logging.getLogger(__name__)
+KEY_PREFIX = "incident:"
+FALLBACK_POLICY = "incidents"
+_registered = False  # the listeners are in the lists (they stay: the lists have no removal)
+_enabled = False  # and act
+_install_lock = threading.Lock()
+
+
+def page_key(incident_id: int) -> str:
+    return f"{KEY_PREFIX}{incident_id}"
+
+
+def policy_names(severity: str) -> list[str]:
+    """The policies tried for a severity, in order."""
+    return [f"incident-{severity.lower()}", FALLBACK_POLICY]
+
+
+def _portal_url() -> str:
+    return os.environ.get("CORRAL_PUBLIC_URL", "http://127.0.0.1:8080").rstrip("/")
+
+
+def page_body(incident: Incident) -> str:
+    links = incident.links or {}
+    lines = [
+        f"{incident.severity} incident #{incident.id}: {incident.title}",
+        f"Opened by {incident.source}.",
+    ]
+    for kind in incidents.LINK_KINDS:
+        if links.get(kind):
+            lines.append(f"{kind.capitalize()}: {', '.join(links[kind])}")
+    lines += ["", f"Portal: {_portal_url()}/incidents/{incident.id}",
+              f"CLI: corral incident show {incident.id}"]  # fmt: skip
+    return "\n".join(lines)
+
+
+def _page_opened(session: Session, incident: Incident) -> None:
+    if not _enabled:
+        return
+    now = incident.opened_at
+    tried = policy_names(incident.severity)
+    policy = session.scalar(
+        select(EscalationPolicy.name).where(EscalationPolicy.name.in_(tried))
+        .order_by(EscalationPolicy.name == FALLBACK_POLICY)  # the severity's own one first
+        .limit(1)
+    )  # fmt: skip
+    if policy is None:
+        text = f"nobody paged: no escalation policy named {' or '.join(repr(n) for n in tried)}"
+        incidents.add_timeline(session, incident.id, "paging", text, now=now)
+        return
+    paging.start(
+        session, key=page_key(incident.id), policy=policy,
+        subject=f"[{incident.severity}] {incident.title}", body=page_body(incident), now=now,
+    )  # fmt: skip
+    text = f"paged via policy {policy}"
+    incidents.add_timeline(session, incident.id, "paging", text, {"policy": policy}, now=now)
+
+
+def _open_page(session: Session, incident_id: int) -> Page | None:
+    page = session.scalar(select(Page).where(Page.key == page_key(incident_id)))
+    return page if page is not None and page.state in paging.OPEN_STATES else None
+
+
+def _page_acked(session: Session, key: str, by: str) -> None:
+    """The page was acknowledged: so is its incident (unless it is already closed or gone)."""
+    if not _enabled:
+        return
+    try:
+        incident_id = int(key.removeprefix(KEY_PREFIX))
+    except ValueError:
+        return  # not one of ours (a hand-made page whose key merely starts alike)
+    incident = session.get(Incident, incident_id)
+    if incident is None or incident.state == incidents.IncidentState.CLOSED.value:
+        return
+    incidents.acknowledge(session, incident_id, by, time.time())
+
+
+def _incident_acked(session: Session, incident: Incident, by: str) -> None:
+    """The incident was acknowledged: its page stops escalating."""
+    if not _enabled:
+        return
+    if _open_page(session, incident.id) is not None:
+        paging.ack(session, page_key(incident.id), by, time.time())
+
+
+def _incident_resolved(session: Session, incident: Incident, by: str) -> None:
+    """Nobody needs to answer a page about a fault that is over."""
+    if not _enabled:
+        return
+    if _open_page(session, incident.id) is not None:
+        now = time.time()
+        paging.cancel(session, page_key(incident.id), now)
+        text = "page cancelled: the incident resolved"
+        incidents.add_timeline(session, incident.id, "paging", text, now=now)
+
+
+def install() -> None:
+    """Connect incidents and paging (registers once per process; a second call does nothing)."""
+    global _registered, _enabled
+    with _install_lock:
+        if not _registered:
+            incidents.on_opened(_page_opened)
+            incidents.on_acknowledged(_incident_acked)
+            incidents.on_resolved(_incident_resolved)
+            paging.register_ack_listener(KEY_PREFIX, _page_acked)
+            _registered = True
+        _enabled = True
+
+
+def uninstall() -> None:
+    """Disconnect them again (tests that install in their own process; the server never does)."""
+    global _enabled
+    _enabled = False
