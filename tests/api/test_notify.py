@@ -16,7 +16,7 @@ from corral.api.app import create_app
 from corral.config import Settings
 from corral.db.session import make_session_factory
 from corral.server.context import WAKE_ON_CHANGE, ServerContext
-from corral.server.runner import core_loops
+from corral.server.runner import collect_loops
 from corral.services import notify
 from corral.services.notify import Topic
 from tests.api.conftest import SIMPLE_JOB, World
@@ -92,7 +92,7 @@ def test_a_refused_write_wakes_nothing(world: World, server_app: ServerApp) -> N
 
 
 def test_every_topic_wakes_a_loop_that_exists() -> None:
-    names = {loop.name for loop in core_loops()}
+    names = {loop.name for loop in collect_loops()}  # the core loops and the areas' (paging)
     assert set(WAKE_ON_CHANGE) == set(Topic)
     assert all(loops and set(loops) <= names for loops in WAKE_ON_CHANGE.values()), WAKE_ON_CHANGE
 

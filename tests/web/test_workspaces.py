@@ -19,6 +19,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from tests.server_fixture import CorralServer, start_server, wait_for
+from tests.server_harness import free_port
 from tests.web.conftest import PASSWORD, launch_browser, screenshot
 
 pytestmark = pytest.mark.browser
@@ -30,6 +31,8 @@ CELL = (
     "print('wrote ' + os.environ['HOME'])"
 )
 
+SSH_PORT = free_port()
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CorralServer]:
@@ -38,6 +41,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CorralServer]:
         "CORRAL_MONITOR_IDLE_INTERVAL_S": "0.5",
         "CORRAL_MONITOR_SAMPLE_INTERVAL_S": "1",
         "CORRAL_WORKSPACE_IDLE_GRACE_S": "1",
+        "CORRAL_SSH_GATEWAY_PORT": str(SSH_PORT),  # the snippet names the port this server uses
     }
     srv = start_server(home, extra_env=env)
     try:
@@ -201,7 +205,7 @@ def test_jupyterlab_through_the_proxy(server: CorralServer, playwright_instance:
         listing.wait_for_selector("#ws-list td:has-text('running')")
         assert listing.get_attribute("a.ws-open", "href") == f"/ws/{ws['id']}/lab"
         snippet = listing.inner_text("#ws-ssh-config")
-        assert "User ann+nb" in snippet and "Port 2222" in snippet
+        assert "User ann+nb" in snippet and f"Port {SSH_PORT}" in snippet
         screenshot(listing, "workspaces-page")
         other = browser.new_page()
         other.goto(f"{server.url}/login")

@@ -96,6 +96,11 @@ function actions(ws, refresh) {
 function sshHelp(rows) {
   const host = window.location.hostname;
   const first = rows[0];
+  if (!first.ssh_port) {
+    // CORRAL_SSH_GATEWAY_PORT=0: this server runs no SSH gateway, so there is nothing to connect to.
+    return h("section", { class: "card", id: "ws-ssh" }, h("h2", {}, "SSH and VS Code"),
+      h("p", {}, "The SSH gateway is off on this server; JupyterLab is the way in."));
+  }
   const snippet = sshConfig(first, host);
   const pre = h("pre", { id: "ws-ssh-config", class: "code" }, snippet);
   const copy = h("button", { type: "button", class: "button subtle", id: "ws-copy-ssh" }, "Copy");
