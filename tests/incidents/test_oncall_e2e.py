@@ -76,8 +76,8 @@ def test_an_ecc_fault_pages_escalates_is_acked_by_link_and_resolves(server: Corr
         task = {"command": "sleep 120", "resources": {"gpus": 1}}
         job_id = submit_spec(c, {"name": "ecc", "tasks": {"main": task}})
         bad = running_gpu(c, job_id, 1)
-        fault_at = time.time()
         corral(server, "chaos", "gpu", "ecc", "local", str(bad), "--home", str(server.home))
+        fault_at = time.time()  # the fault is in place once the command returns (its start-up not counted)
         (incident,) = wait_for(lambda: incidents(c) or None, 30, what="an incident")
         to_incident = incident["opened_at"] - fault_at
         assert incident["severity"] == "SEV2", incident
