@@ -44,7 +44,9 @@ class MonitorSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="CORRAL_MONITOR_", extra="ignore")
 
-    sample_interval_s: float = 10.0  # GPU readings from NVML / the virtual provider
+    # GPU readings from NVML / the virtual provider. 5 s: a fault reaches its incident and its first
+    # page within 10 s (docs/operations.md).
+    sample_interval_s: float = 5.0
     health_interval_s: float = 10.0  # node heartbeats, job OOMs
     delivery_interval_s: float = 2.0  # notification channel sends
     idle_interval_s: float = 60.0  # idle-GPU policy
@@ -145,7 +147,7 @@ class HealthRules(_Strict):
 
 class AnomalyRules(_Strict):
     """The anomaly detector's time scales (corral.monitor.anomaly.DetectorConfig; docs/anomaly.md).
-    The defaults suit the 10 s sampling interval; tests shorten them with the interval."""
+    The defaults suit the 5 s sampling interval; tests shorten them with the interval."""
 
     window: Duration = 3600.0  # readings kept per GPU
     recent: Duration = 300.0  # compared against the older part of the window
