@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from corral.db.models import Group
+from corral.services import audit
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
 
@@ -89,3 +90,30 @@ def check_sharing(visibility: str, group_id: int | None) -> None:
         raise Invalid(f"visibility must be one of {', '.join(VISIBILITIES)}", ("body", "visibility"))
     if visibility == "group" and group_id is None:
         raise Invalid("visibility 'group' needs a group: name one with 'group'", ("body", "group"))
+
+
+def share_entry(
+    session: Session,
+    principal: Principal,
+    entry: Shared,
+    *,
+    kind: str,
+    name: str,
+    visibility: str,
+    group: str | None,
+) -> None:
+    """Set a template's or model's visibility (and group), audited as `<kind>.share`; the caller
+    has checked that `principal` manages it and commits."""
+    before = {"visibility": entry.visibility, "group": group_name(session, entry.group_id)}
+    group_id = group_id_of(session, principal, group) if group is not None else entry.group_id
+    check_sharing(visibility, group_id)
+    entry.visibility, entry.group_id = visibility, group_id
+    audit.record(
+        session,
+        actor=principal,
+        action=f"{kind}.share",
+        target_kind=kind,
+        target_id=name,
+        before=before,
+        after={"visibility": visibility, "group": group_name(session, group_id)},
+    )

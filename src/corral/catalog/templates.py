@@ -219,18 +219,8 @@ def share(
     session: Session, principal: Principal, name: str, visibility: str, group: str | None
 ) -> dict[str, Any]:
     row = managed(session, name, principal)
-    before = {"visibility": row.visibility, "group": access.group_name(session, row.group_id)}
-    group_id = access.group_id_of(session, principal, group) if group is not None else row.group_id
-    access.check_sharing(visibility, group_id)
-    row.visibility, row.group_id = visibility, group_id
-    audit.record(
-        session,
-        actor=principal,
-        action="template.share",
-        target_kind="template",
-        target_id=name,
-        before=before,
-        after={"visibility": visibility, "group": access.group_name(session, group_id)},
+    access.share_entry(
+        session, principal, row, kind="template", name=name, visibility=visibility, group=group
     )
     view = template_view(session, row)
     session.commit()
