@@ -54,6 +54,7 @@ def bootstrap(settings: Settings, session_factory: sessionmaker[Session], url: s
     with session_factory() as session:
         created = bootstrap_admin_with_password(session, settings)
     if created is None:
+        refresh_cli_config_url(settings, url)
         return
     token, password = created
     try:
@@ -67,6 +68,27 @@ def bootstrap(settings: Settings, session_factory: sessionmaker[Session], url: s
     # Printed once, for the first portal login; the admin changes it at once with `corral user passwd`.
     print(f"Admin password (shown once; portal user {ADMIN_USER!r}): {password}", flush=True)
     print("  change it with `corral user passwd`", flush=True)
+
+
+def refresh_cli_config_url(settings: Settings, url: str) -> None:
+    """Point the home's CLI config at this server when it names another port on this machine.
+
+    The token in it is still valid (same database), but a server restarted on another port (a
+    second `./run demo --port N` on the same home) would otherwise leave `corral ls` calling the
+    old one. A URL an admin set by hand to another host (a public name, TLS proxy) is left alone."""
+    from urllib.parse import urlsplit
+
+    from corral.sdk import config_path, load_cli_config, write_cli_config
+
+    if not config_path(settings.home).exists():
+        return
+    current = load_cli_config(settings.home, env={})
+    if current.token is None or current.url == url:
+        return
+    if urlsplit(current.url).hostname not in ("127.0.0.1", "localhost", "::1"):
+        return
+    write_cli_config(url, current.token, home=settings.home)
+    log.info("CLI config %s now points at %s (was %s)", config_path(settings.home), url, current.url)
 
 
 class PortInUse(RuntimeError):
