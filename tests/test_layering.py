@@ -123,3 +123,18 @@ def test_no_import_cycles() -> None:
         if module not in index:
             visit(module)
     assert cycles == [], f"modules that import each other: {cycles}"
+
+
+def test_the_cli_starts_without_the_database_layer() -> None:
+    """Every `corral` command pays for what cli/main imports; SQLAlchemy and the ORM models cost
+    about a second of start-up on a 2-core machine and no client command needs them."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, corral.cli.main; "
+        "print(sorted(m for m in sys.modules if m.startswith(('sqlalchemy', 'corral.db'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

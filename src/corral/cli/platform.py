@@ -463,7 +463,7 @@ def _storage_cell(row: dict[str, Any] | None) -> str:
     if row is None:
         return "-"
     from corral.cli.data import limit_text
-    from corral.datasets.quotas import human_bytes
+    from corral.datasets.names import human_bytes
 
     used = limit_text(row["used_bytes"], row["max_bytes"], human_bytes)
     return f"{used}\n{limit_text(row['used_files'], row['max_files'])} files"

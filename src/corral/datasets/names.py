@@ -96,6 +96,15 @@ UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 
          "p": 1000**5, "pb": 1000**5, "pib": 1024**5}  # fmt: skip
 
 
+def human_bytes(n: float) -> str:
+    """bytes -> "1.5 GiB" (the inverse of parse_bytes, for tables and messages)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
 def parse_bytes(text: str) -> int:
     """ "2TiB", "500GB", "1.5 GiB", "1048576" -> bytes."""
     found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)

@@ -22,6 +22,7 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from corral.datasets.models import DatasetUpload, StorageAccount
+from corral.datasets.names import human_bytes
 from corral.db.models import Group, User
 from corral.services.errors import Forbidden, NotFound
 
@@ -57,14 +58,6 @@ def owner_account(session: Session, owner_user_id: int | None, owner_group_id: i
 def charge_dataset(row: StorageAccount, nbytes: int, nfiles: int) -> None:
     row.dataset_bytes = max(0, row.dataset_bytes + nbytes)
     row.dataset_files = max(0, row.dataset_files + nfiles)
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} PiB"
 
 
 def reserved_by_uploads(
