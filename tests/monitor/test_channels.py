@@ -4,12 +4,9 @@ blocking intake; bad config refused with file and line."""
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from collections.abc import Iterator
 from email import message_from_bytes
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +20,7 @@ from corral.monitor.models import AlertNotification
 from tests.monitor.conftest import WEBHOOK_TOKEN, Mon
 from tests.monitor.test_webhook import payload
 from tests.support import free_port
+from tests.webhook_server import WebhookServer, serve_webhook
 
 
 class Inbox:
@@ -48,42 +46,10 @@ def smtp() -> Iterator[tuple[int, Inbox]]:
         controller.stop()
 
 
-class Hook:
-    """A real HTTP server whose answer the test switches between 500 and 200."""
-
-    def __init__(self) -> None:
-        self.status = 500
-        self.bodies: list[dict[str, Any]] = []
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", 0))
-                hook.bodies.append(json.loads(self.rfile.read(length)))
-                self.send_response(hook.status)
-                self.end_headers()
-                self.wfile.write(b"nope" if hook.status >= 300 else b"ok")
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
-def hook() -> Iterator[Hook]:
-    h = Hook()
-    try:
-        yield h
-    finally:
-        h.close()
+def hook() -> Iterator[WebhookServer]:
+    """Answers 500 until the test switches it to 200."""
+    yield from serve_webhook(status=500)
 
 
 def write_config(mon: Mon, smtp_port: int, hook_url: str) -> None:
@@ -114,10 +80,10 @@ def notes(mon: Mon, channel: str) -> list[AlertNotification]:
 
 
 def test_email_and_webhook_delivery_with_retry_and_backoff(
-    mon: Mon, smtp: tuple[int, Inbox], hook: Hook
+    mon: Mon, smtp: tuple[int, Inbox], hook: WebhookServer
 ) -> None:
     smtp_port, inbox = smtp
-    write_config(mon, smtp_port, hook.url)
+    write_config(mon, smtp_port, hook.url + "/hook")
     config = load_monitor_config(mon.home / "monitor.yml")
     auth = {"Authorization": f"Bearer {WEBHOOK_TOKEN}"}
     with mon.app_client() as client:
@@ -163,9 +129,9 @@ def test_email_and_webhook_delivery_with_retry_and_backoff(
     assert [m["Subject"][:10] for m in inbox.messages] == ["[FIRING] C", "[RESOLVED]"]
 
 
-def test_smtp_down_gives_up_after_max_attempts(mon: Mon, hook: Hook) -> None:
+def test_smtp_down_gives_up_after_max_attempts(mon: Mon, hook: WebhookServer) -> None:
     closed_port = free_port()  # nothing listens there
-    write_config(mon, closed_port, hook.url)
+    write_config(mon, closed_port, hook.url + "/hook")
     config = load_monitor_config(mon.home / "monitor.yml")
     now = time.time()
     with mon.factory() as db:
@@ -230,11 +196,11 @@ def test_real_server_refuses_to_start_with_a_bad_config(tmp_path: Path) -> None:
     assert f"{home / 'monitor.yml'}:5: channels.0.email.smtp_port" in str(info.value)
 
 
-def test_old_delivered_notifications_are_pruned(mon: Mon, hook: Hook) -> None:
+def test_old_delivered_notifications_are_pruned(mon: Mon, hook: WebhookServer) -> None:
     from corral.monitor.channels import KEEP_DONE_S
 
     hook.status = 200
-    write_config(mon, free_port(), hook.url)
+    write_config(mon, free_port(), hook.url + "/hook")
     config = load_monitor_config(mon.home / "monitor.yml")
     now = time.time()
     with mon.factory() as db:

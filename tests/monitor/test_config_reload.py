@@ -5,14 +5,15 @@ without a restart (issue 17's first alert-path defect)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from corral.monitor.config import MonitorConfigError, MonitorConfigSource
-from tests.monitor.test_channels import Hook, hook  # noqa: F401  (fixture)
 from tests.monitor.test_webhook import payload
 from tests.server_fixture import start_server, wait_for
+from tests.webhook_server import WebhookServer, serve_webhook
 
 TOKEN = "reload-webhook-secret"
 
@@ -24,9 +25,13 @@ def channels_yaml(*hooks: tuple[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_channel_added_while_running_receives_webhook_alerts(tmp_path: Path, hook: Hook) -> None:  # noqa: F811
-    late = Hook()
-    hook.status = late.status = 200
+@pytest.fixture
+def hook() -> Iterator[WebhookServer]:
+    yield from serve_webhook()
+
+
+def test_channel_added_while_running_receives_webhook_alerts(tmp_path: Path, hook: WebhookServer) -> None:
+    late = WebhookServer()
     home = tmp_path / "home"
     home.mkdir()
     (home / "monitor.yml").write_text(channels_yaml(("first", hook.url)))

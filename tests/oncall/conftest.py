@@ -4,14 +4,12 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from email import message_from_bytes
 from email.message import Message
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ from corral.monitor.config import MonitorConfig
 from corral.services import auth
 from tests.pg import postgres_server
 from tests.support import free_port
+from tests.webhook_server import WebhookServer, serve_webhook
 
 __all__ = ["postgres_server"]  # the fixture, for tests that run on PostgreSQL too
 
@@ -88,40 +87,9 @@ def smtp() -> Iterator[Smtp]:
         controller.stop()
 
 
-class Hook:
-    """A real HTTP server that records the JSON bodies posted to it."""
-
-    def __init__(self) -> None:
-        self.bodies: list[tuple[str, dict[str, Any]]] = []
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", "0"))
-                hook.bodies.append((self.path, json.loads(self.rfile.read(length))))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
-def hook() -> Iterator[Hook]:
-    server = Hook()
-    try:
-        yield server
-    finally:
-        server.close()
+def hook() -> Iterator[WebhookServer]:
+    yield from serve_webhook()
 
 
 @dataclass

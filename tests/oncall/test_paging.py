@@ -15,7 +15,8 @@ import pytest
 from corral.db.oncall_models import Page, PageNotification
 from corral.monitor.pager import PagingSettings, deliver_pages
 from corral.services import paging
-from tests.oncall.conftest import Env, Hook, Smtp
+from tests.oncall.conftest import Env, Smtp
+from tests.webhook_server import WebhookServer
 
 LINK = re.compile(r"http://corral\.test/api/v1/ack/(\S+)")
 
@@ -150,7 +151,7 @@ def contact(env: Env, user: str, kind: str, address: str, as_user: str) -> Any:
     return env.client.post(f"/api/v1/users/{user}/contacts", json=body, headers=env.people[as_user])
 
 
-def test_webhook_and_slack_payloads_reach_a_real_server(env: Env, smtp: Smtp, hook: Hook) -> None:
+def test_webhook_and_slack_payloads_reach_a_real_server(env: Env, smtp: Smtp, hook: WebhookServer) -> None:
     set_up(env)
     for kind, path in (("slack", "/slack"), ("webhook", "/generic")):
         added = contact(env, "alice", kind, hook.url + path, as_user="alice")
@@ -164,7 +165,7 @@ def test_webhook_and_slack_payloads_reach_a_real_server(env: Env, smtp: Smtp, ho
     t0 = time.time()
     start(env, "test:hooks", t0)
     assert tick(env, smtp, t0) == 3  # alice's email, her Slack and her generic webhook
-    bodies: dict[str, Any] = dict(hook.bodies)
+    bodies: dict[str, Any] = dict(hook.posts)
     assert set(bodies) == {"/slack", "/generic"}
     slack, generic = bodies["/slack"], bodies["/generic"]
     assert slack["text"].startswith("*Page: GPU 0 on node-a: ECC errors*")
