@@ -8,7 +8,7 @@ never "forbidden": its name is not a leak."""
 from __future__ import annotations
 
 import re
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -28,6 +28,13 @@ class Shared(Protocol):
     owner_user_id: int
     group_id: int | None
     visibility: str
+
+
+class NamedShared(Shared, Protocol):
+    name: str
+
+
+Entry = TypeVar("Entry", bound=NamedShared)
 
 
 def check_name(what: str, name: str) -> str:
@@ -57,6 +64,22 @@ def can_manage(entry: Shared, principal: Principal) -> bool:
     if principal.is_admin or entry.owner_user_id == principal.user_id:
         return True
     return entry.group_id is not None and principal.is_group_admin(entry.group_id)
+
+
+def readable(session: Session, entity: type[Entry], kind: str, name: str, principal: Principal) -> Entry:
+    """The entry of that kind and name that the caller may read; else "not found" (not a leak)."""
+    check_name(kind, name)
+    row = session.scalar(select(entity).filter_by(name=name))
+    if row is None or not can_read(row, principal):
+        raise NotFound(f"no {kind} named {name!r}")
+    return row
+
+
+def managed(session: Session, entity: type[Entry], kind: str, name: str, principal: Principal) -> Entry:
+    row = readable(session, entity, kind, name, principal)
+    if not can_manage(row, principal):
+        raise Forbidden(f"only the owner of {kind} {name!r} (or an admin of its group) may change it")
+    return row
 
 
 def group_id_of(session: Session, principal: Principal, name: str | None) -> int | None:

@@ -42,18 +42,11 @@ MAX_CARD = 64 * 1024
 
 
 def readable(session: Session, name: str, principal: Principal) -> RegisteredModel:
-    access.check_name("model", name)
-    row = session.scalar(select(RegisteredModel).where(RegisteredModel.name == name))
-    if row is None or not access.can_read(row, principal):
-        raise NotFound(f"no model named {name!r}")
-    return row
+    return access.readable(session, RegisteredModel, "model", name, principal)
 
 
 def managed(session: Session, name: str, principal: Principal) -> RegisteredModel:
-    row = readable(session, name, principal)
-    if not access.can_manage(row, principal):
-        raise Forbidden(f"only the owner of model {name!r} (or an admin of its group) may change it")
-    return row
+    return access.managed(session, RegisteredModel, "model", name, principal)
 
 
 def versions(session: Session, model_id: int) -> list[ModelVersion]:

@@ -72,18 +72,11 @@ def body_of(spec: str | Mapping[str, Any]) -> dict[str, Any]:
 
 
 def readable(session: Session, name: str, principal: Principal) -> JobTemplate:
-    access.check_name("template", name)
-    row = session.scalar(select(JobTemplate).where(JobTemplate.name == name))
-    if row is None or not access.can_read(row, principal):
-        raise NotFound(f"no template named {name!r}")
-    return row
+    return access.readable(session, JobTemplate, "template", name, principal)
 
 
 def managed(session: Session, name: str, principal: Principal) -> JobTemplate:
-    row = readable(session, name, principal)
-    if not access.can_manage(row, principal):
-        raise Forbidden(f"only the owner of template {name!r} (or an admin of its group) may change it")
-    return row
+    return access.managed(session, JobTemplate, "template", name, principal)
 
 
 def versions(session: Session, template_id: int) -> list[TemplateVersion]:
