@@ -1,0 +1,203 @@
+"""A workspace on the Slurm engine, end to end: a REAL Corral server (`CORRAL_ENGINE=slurm`) over
+the session's REAL Slurm cluster. The workspace is a Slurm job running JupyterLab on its node,
+as the user's mapped Unix account inside the node's bubblewrap sandbox, listening on the node's
+address; the server reaches it over that address:
+
+- through the proxy: /ws/<id>/api/status answers the owner (200), redirects nobody to the login
+  (302) and refuses another user (403); a kernel started through the proxy runs code over its
+  WebSocket (one round trip) and reports the account's uid and the Slurm node's hostname;
+- straight to the node's port, without Corral's credential, JupyterLab refuses (403);
+- through the SSH gateway with OpenSSH: `id -u` and `hostname` inside the workspace are the
+  mapped account's uid and the Slurm node (the gateway enters through `srun --overlap`).
+
+The job accounts cannot read the server's venv here (its interpreter lives below /root, 0700),
+so the test provides what an admin provides: a venv with Corral and jupyterlab at a path they
+can read (`CORRAL_WORKSPACE_VENV`; docs/workspaces.md), made by hard-linking the test venv's
+packages onto the system python3.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.sync.client import connect
+
+from tests.server_fixture import CorralServer, start_server, wait_for
+from tests.slurm.conftest import cleanup_cluster
+from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster, free_port
+from tests.support import require_binary
+
+pytestmark = pytest.mark.slurm
+API = "/api/v1"
+SSH_OPTS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes"]
+SSH_OPTS += ["-o", "LogLevel=ERROR", "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=10"]
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def workspace_venv(where: Path) -> Path:
+    """A venv on the system python3 (which every job account can run) holding the test venv's
+    packages (hard links: about a second) and Corral itself (the test venv has it editable, from
+    a source tree the sandbox would not see)."""
+    venv = where / "ws-venv"
+    subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    ours = Path(sys.prefix) / "lib" / version / "site-packages"
+    theirs = venv / "lib" / version / "site-packages"
+    subprocess.run(["cp", "-al", f"{ours}/.", f"{theirs}/"], check=True, timeout=120)
+    for editable in theirs.glob("__editable__*corral*"):
+        editable.unlink()
+    import corral
+
+    shutil.copytree(Path(corral.__file__).parent, theirs / "corral", copy_function=os.link)
+    os.chmod(where, 0o755)
+    return venv
+
+
+@dataclass
+class World:
+    server: CorralServer
+    ssh_port: int
+    tokens: dict[str, str]
+    key: Path  # alice's private key (its .pub registered for her)
+    state_dir: Path  # CORRAL_SLURM_STATE_DIR
+
+    def client(self, user: str) -> httpx.Client:
+        return self.server.client(self.tokens[user], timeout=30)
+
+
+@pytest.fixture(scope="module")
+def world(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    for binary in ("ssh", "ssh-keygen", SYSTEM_PYTHON):
+        require_binary(binary)
+    cleanup_cluster(slurm_cluster)
+    shared = slurm_cluster.new_state_dir()
+    ssh_port = free_port()
+    tmp = tmp_path_factory.mktemp("slurm-ws")
+    server = start_server(
+        tmp / "home",
+        extra_env={
+            "CORRAL_ENGINE": "slurm",
+            "CORRAL_SLURM_CONF": str(slurm_cluster.conf),
+            "CORRAL_SLURM_TIMEOUT_S": "15",
+            "CORRAL_SLURM_STATE_DIR": str(shared / "state"),
+            "CORRAL_STORAGE_ROOT": str(shared / "storage"),
+            "CORRAL_SLURM_USER_MAP": str(slurm_cluster.user_map),
+            "CORRAL_SLURM_GPU_DEVICE": slurm_cluster.gpu_device,
+            "CORRAL_SSH_GATEWAY_PORT": str(ssh_port),
+            "CORRAL_WORKSPACE_VENV": str(workspace_venv(shared)),
+        },
+    )
+    try:
+        tokens: dict[str, str] = {}
+        with server.client() as admin:
+            quota = [{"gpu_model": "*", "guaranteed": 2}]
+            assert admin.post(f"{API}/groups", json={"name": "team", "quotas": quota}).status_code == 201
+            for user in ("alice", "bob"):
+                body = {"name": user, "password": "pw-" * 4, "groups": ["team"]}
+                assert admin.post(f"{API}/users", json=body).status_code == 201
+                r = admin.post(f"{API}/tokens", json={"name": "t", "user": user})
+                tokens[user] = r.json()["token"]
+        key = tmp / "alice_key"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        with server.client(tokens["alice"]) as alice:
+            r = alice.post(
+                f"{API}/ssh-keys", json={"name": "laptop", "public_key": key.with_suffix(".pub").read_text()}
+            )
+            assert r.status_code == 201, r.text
+        yield World(server, ssh_port, tokens, key, shared / "state")
+    finally:
+        server.stop()
+        cleanup_cluster(slurm_cluster)
+
+
+def kernel_round_trip(world: World, ws_id: int, kernel: str, code: str) -> str:
+    """Run `code` in the kernel over its WebSocket through the proxy; its stdout."""
+    srv = world.server
+    url = f"ws://127.0.0.1:{srv.port}/ws/{ws_id}/api/kernels/{kernel}/channels"
+    headers = {"Authorization": f"Bearer {world.tokens['alice']}", "Origin": srv.url}
+    msg_id = uuid.uuid4().hex
+    header = {
+        "msg_id": msg_id,
+        "msg_type": "execute_request",
+        "username": "",
+        "session": "t",
+        "version": "5.3",
+    }
+    request = {
+        "header": header,
+        "parent_header": {},
+        "metadata": {},
+        "content": {"code": code, "silent": False},
+        "channel": "shell",
+    }
+    out = []
+    with connect(url, additional_headers=headers, open_timeout=20) as ws:
+        ws.send(json.dumps(request))
+        while True:
+            msg = json.loads(ws.recv(timeout=60))
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return "".join(out)
+
+
+def test_workspace_on_slurm_through_the_proxy_and_the_gateway(
+    world: World, slurm_cluster: SlurmCluster
+) -> None:
+    uid = pwd.getpwnam(TEST_ACCOUNTS["alice"]).pw_uid
+    with world.client("alice") as alice, world.client("bob") as bob:
+        r = alice.post(f"{API}/workspaces", json={"name": "nb", "gpus": 1, "cpus": 1, "memory": "1GiB"})
+        assert r.status_code == 201, r.text
+        ws_id, job_id = r.json()["id"], r.json()["job_id"]
+        status = f"/ws/{ws_id}/api/status"
+
+        def answers() -> bool:
+            job = alice.get(f"{API}/jobs/{job_id}").json()
+            assert job["state"] not in ("failed", "cancelled", "succeeded"), job
+            return alice.get(status).status_code == 200
+
+        wait_for(answers, 120, interval_s=0.5, what="JupyterLab on Slurm through the proxy")
+        job = alice.get(f"{API}/jobs/{job_id}").json()
+        (node,) = {p["node"] for p in job["attempts"][-1]["placement"]}
+        assert node in slurm_cluster.node_names, job
+
+        anonymous = httpx.get(world.server.url + status, follow_redirects=False)
+        assert anonymous.status_code == 302 and anonymous.headers["location"].startswith("/login"), anonymous
+        other = bob.get(status)
+        assert other.status_code == 403 and "another user" in other.text, other.text
+
+        # JupyterLab listens on the node's address (NodeAddr 127.0.0.1 here) on the port it
+        # reported; straight there, without Corral's credential, it lets nobody in.
+        work = (
+            world.state_dir / "attempts" / f"{job_id}.{job['attempts'][-1]['number']}" / "job" / "work" / "0"
+        )
+        port = int((work / "jupyter.endpoint").read_text())
+        assert not (work / "jupyter.sock").exists()
+        direct = httpx.get(f"http://127.0.0.1:{port}{status}", timeout=10)
+        assert direct.status_code == 403, direct.text
+        r = alice.post(f"/ws/{ws_id}/api/kernels", json={"name": "python3"})
+        assert r.status_code == 201, r.text
+        code = (
+            "import os, socket; print('UID', os.getuid()); print('HOST', socket.gethostname()); "
+            "print('GPUS', os.environ['CUDA_VISIBLE_DEVICES'], len(os.listdir('/dev')) > 0)"
+        )
+        out = kernel_round_trip(world, ws_id, r.json()["id"], code)
+        assert out.split() == ["UID", str(uid), "HOST", node, "GPUS", "0", "True"], out
+
+    login = ["ssh", "-p", str(world.ssh_port), "-i", str(world.key), *SSH_OPTS, "alice+nb@127.0.0.1"]
+    inside = subprocess.run([*login, "id -u; hostname"], capture_output=True, text=True, timeout=60)
+    assert inside.returncode == 0, inside.stderr
+    assert inside.stdout.split() == [str(uid), node], inside.stdout
