@@ -154,6 +154,20 @@ def kernel_round_trip(world: World, ws_id: int, kernel: str, code: str) -> str:
                 return "".join(out)
 
 
+def wait_jupyter(alice: httpx.Client, ws_id: int, job_id: int) -> None:
+    def answers() -> bool:
+        job = alice.get(f"{API}/jobs/{job_id}").json()
+        assert job["state"] not in ("failed", "cancelled", "succeeded"), job
+        return alice.get(f"/ws/{ws_id}/api/status").status_code == 200
+
+    wait_for(answers, 120, interval_s=0.5, what="JupyterLab on Slurm through the proxy")
+
+
+def ssh(world: World, command: str) -> subprocess.CompletedProcess[str]:
+    login = ["ssh", "-p", str(world.ssh_port), "-i", str(world.key), *SSH_OPTS, "alice+nb@127.0.0.1"]
+    return subprocess.run([*login, command], capture_output=True, text=True, timeout=60)
+
+
 def test_workspace_on_slurm_through_the_proxy_and_the_gateway(
     world: World, slurm_cluster: SlurmCluster
 ) -> None:
@@ -163,13 +177,7 @@ def test_workspace_on_slurm_through_the_proxy_and_the_gateway(
         assert r.status_code == 201, r.text
         ws_id, job_id = r.json()["id"], r.json()["job_id"]
         status = f"/ws/{ws_id}/api/status"
-
-        def answers() -> bool:
-            job = alice.get(f"{API}/jobs/{job_id}").json()
-            assert job["state"] not in ("failed", "cancelled", "succeeded"), job
-            return alice.get(status).status_code == 200
-
-        wait_for(answers, 120, interval_s=0.5, what="JupyterLab on Slurm through the proxy")
+        wait_jupyter(alice, ws_id, job_id)
         job = alice.get(f"{API}/jobs/{job_id}").json()
         (node,) = {p["node"] for p in job["attempts"][-1]["placement"]}
         assert node in slurm_cluster.node_names, job
@@ -181,23 +189,41 @@ def test_workspace_on_slurm_through_the_proxy_and_the_gateway(
 
         # JupyterLab listens on the node's address (NodeAddr 127.0.0.1 here) on the port it
         # reported; straight there, without Corral's credential, it lets nobody in.
-        work = (
-            world.state_dir / "attempts" / f"{job_id}.{job['attempts'][-1]['number']}" / "job" / "work" / "0"
-        )
+        attempt_dir = world.state_dir / "attempts" / f"{job_id}.{job['attempts'][-1]['number']}"
+        work = attempt_dir / "job" / "work" / "0"
         port = int((work / "jupyter.endpoint").read_text())
         assert not (work / "jupyter.sock").exists()
         direct = httpx.get(f"http://127.0.0.1:{port}{status}", timeout=10)
         assert direct.status_code == 403, direct.text
+
         r = alice.post(f"/ws/{ws_id}/api/kernels", json={"name": "python3"})
         assert r.status_code == 201, r.text
+        kernel = r.json()["id"]
         code = (
-            "import os, socket; print('UID', os.getuid()); print('HOST', socket.gethostname()); "
-            "print('GPUS', os.environ['CUDA_VISIBLE_DEVICES'], len(os.listdir('/dev')) > 0)"
+            "import os, socket; kept = 41; print('UID', os.getuid()); print('HOST', socket.gethostname()); "
+            "print('GPUS', os.environ['CUDA_VISIBLE_DEVICES'], "
+            "len([d for d in os.listdir('/dev') if d.startswith('nvidia') and d[6:].isdigit()]))"
         )
-        out = kernel_round_trip(world, ws_id, r.json()["id"], code)
-        assert out.split() == ["UID", str(uid), "HOST", node, "GPUS", "0", "True"], out
+        out = kernel_round_trip(world, ws_id, kernel, code)
+        assert out.split() == ["UID", str(uid), "HOST", node, "GPUS", "0", "1"], out
 
-    login = ["ssh", "-p", str(world.ssh_port), "-i", str(world.key), *SSH_OPTS, "alice+nb@127.0.0.1"]
-    inside = subprocess.run([*login, "id -u; hostname"], capture_output=True, text=True, timeout=60)
-    assert inside.returncode == 0, inside.stderr
-    assert inside.stdout.split() == [str(uid), node], inside.stdout
+        inside = ssh(world, "id -u; hostname")
+        assert inside.returncode == 0, inside.stderr
+        assert inside.stdout.split() == [str(uid), node], inside.stdout
+
+        # A server killed and started again finds the same JupyterLab (nothing of it lives in
+        # the server): the kernel kept its variable.
+        world.server.kill()
+        world.server.start()
+        wait_jupyter(alice, ws_id, job_id)
+        assert kernel_round_trip(world, ws_id, kernel, "print(kept + 1)").strip() == "42"
+
+        r = alice.post(f"{API}/workspaces/nb/stop")
+        assert r.status_code == 200, r.text
+        stopped = lambda: alice.get(f"{API}/workspaces/nb").json()["state"] == "stopped"  # noqa: E731
+        wait_for(stopped, 60, interval_s=0.3, what="the workspace to stop")
+        # within the proxy's 2 s decision cache a request may still go to the ended JupyterLab (502)
+        gone = wait_for(lambda: (g := alice.get(status)).status_code == 503 and g, 5, what="503")
+        assert "not running" in gone.text, gone.text
+    refused = ssh(world, "true")
+    assert refused.returncode == 1 and "workspace 'nb' is stopped" in refused.stderr, refused.stderr
