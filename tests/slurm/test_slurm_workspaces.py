@@ -5,10 +5,13 @@ address; the server reaches it over that address:
 
 - through the proxy: /ws/<id>/api/status answers the owner (200), redirects nobody to the login
   (302) and refuses another user (403); a kernel started through the proxy runs code over its
-  WebSocket (one round trip) and reports the account's uid and the Slurm node's hostname;
+  WebSocket (one round trip) and reports the account's uid and the Slurm node's hostname, and so
+  does a JupyterLab terminal;
 - straight to the node's port, without Corral's credential, JupyterLab refuses (403);
+- the idle policy's reader finds the kernel's activity there;
 - through the SSH gateway with OpenSSH: `id -u` and `hostname` inside the workspace are the
-  mapped account's uid and the Slurm node (the gateway enters through `srun --overlap`).
+  mapped account's uid and the Slurm node (the gateway enters through `srun --overlap`);
+- a server SIGKILLed and started again reaches the same kernel; a stopped workspace is refused.
 
 The job accounts cannot read the server's venv here (its interpreter lives below /root, 0700),
 so the test provides what an admin provides: a venv with Corral and jupyterlab at a path they
@@ -24,6 +27,7 @@ import pwd
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,33 +37,41 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
+from corral.db.session import make_engine, make_session_factory
+from corral.workspaces.activity import last_activity
 from tests.server_fixture import CorralServer, start_server, wait_for
 from tests.slurm.conftest import cleanup_cluster
 from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster, free_port
+from tests.slurm.helpers import slurm_engine
 from tests.support import require_binary
 
 pytestmark = pytest.mark.slurm
 API = "/api/v1"
 SSH_OPTS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes"]
 SSH_OPTS += ["-o", "LogLevel=ERROR", "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=10"]
-SYSTEM_PYTHON = "/usr/bin/python3"
+SYSTEM_PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
 
 
 def workspace_venv(where: Path) -> Path:
-    """A venv on the system python3 (which every job account can run) holding the test venv's
-    packages (hard links: about a second) and Corral itself (the test venv has it editable, from
-    a source tree the sandbox would not see)."""
+    """A venv on the system python3 (which every job account can run): the test venv hard-linked
+    (about a second; its `etc/jupyter` enables JupyterLab's server extensions, terminals
+    included), its interpreter links and pyvenv.cfg pointed at /usr/bin/python3, and Corral
+    itself copied in (the test venv has it editable, from a source tree the sandbox would not
+    see)."""
     venv = where / "ws-venv"
-    subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    subprocess.run(["cp", "-al", f"{sys.prefix}/.", f"{venv}/"], check=True, timeout=120)
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    ours = Path(sys.prefix) / "lib" / version / "site-packages"
-    theirs = venv / "lib" / version / "site-packages"
-    subprocess.run(["cp", "-al", f"{ours}/.", f"{theirs}/"], check=True, timeout=120)
-    for editable in theirs.glob("__editable__*corral*"):
+    for name in ("python", "python3", version):
+        (venv / "bin" / name).unlink(missing_ok=True)
+        (venv / "bin" / name).symlink_to(f"/usr/bin/{version}")
+    (venv / "pyvenv.cfg").unlink()
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\ninclude-system-site-packages = false\n")
+    site = venv / "lib" / version / "site-packages"
+    for editable in site.glob("__editable__*corral*"):
         editable.unlink()
     import corral
 
-    shutil.copytree(Path(corral.__file__).parent, theirs / "corral", copy_function=os.link)
+    shutil.copytree(Path(corral.__file__).parent, site / "corral", copy_function=os.link)
     os.chmod(where, 0o755)
     return venv
 
@@ -168,6 +180,35 @@ def ssh(world: World, command: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*login, command], capture_output=True, text=True, timeout=60)
 
 
+def terminal_round_trip(world: World, ws_id: int, name: str, line: str, until: str) -> str:
+    """Type `line` into a JupyterLab terminal over its WebSocket through the proxy; what it printed
+    up to `until`."""
+    srv = world.server
+    url = f"ws://127.0.0.1:{srv.port}/ws/{ws_id}/terminals/websocket/{name}"
+    headers = {"Authorization": f"Bearer {world.tokens['alice']}", "Origin": srv.url}
+    seen = ""
+    with connect(url, additional_headers=headers, open_timeout=20) as ws:
+        ws.send(json.dumps(["stdin", line + "\r"]))
+        while until not in seen:
+            kind, *data = json.loads(ws.recv(timeout=30))
+            if kind == "stdout":
+                seen += str(data[0])
+    return seen
+
+
+def assert_activity_read(world: World, cluster: SlurmCluster, job_id: int) -> None:
+    """The idle policy's reader (what the server's idle loop calls) reaches the kernel on the
+    node over TCP: the workspace's last activity is the kernel run just now."""
+    db = make_engine(f"sqlite:///{world.server.home / 'corral.db'}")
+    engine = slurm_engine(cluster, state_dir=world.state_dir)
+    try:
+        seen = last_activity(make_session_factory(db), engine, [job_id])
+    finally:
+        engine.close()
+        db.dispose()
+    assert job_id in seen and time.time() - seen[job_id] < 120, seen
+
+
 def test_workspace_on_slurm_through_the_proxy_and_the_gateway(
     world: World, slurm_cluster: SlurmCluster
 ) -> None:
@@ -206,6 +247,13 @@ def test_workspace_on_slurm_through_the_proxy_and_the_gateway(
         )
         out = kernel_round_trip(world, ws_id, kernel, code)
         assert out.split() == ["UID", str(uid), "HOST", node, "GPUS", "0", "1"], out
+
+        r = alice.post(f"/ws/{ws_id}/api/terminals")
+        assert r.status_code == 200, r.text
+        line = "echo T-$(id -u)-$(hostname)-$((6*7))"  # "42" is not in the echoed input
+        typed = terminal_round_trip(world, ws_id, r.json()["name"], line, "-42")
+        assert f"T-{uid}-{node}-42" in typed, typed
+        assert_activity_read(world, slurm_cluster, job_id)
 
         inside = ssh(world, "id -u; hostname")
         assert inside.returncode == 0, inside.stderr

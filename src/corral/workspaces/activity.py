@@ -38,6 +38,8 @@ def jupyter_last_activity(upstream: Upstream, base_url: str, token: str, now: fl
     with httpx.Client(transport=transport, timeout=TIMEOUT_S, headers={HEADER: token}) as client:
         for kind in ("kernels", "terminals"):
             reply = client.get(f"http://{upstream.authority}{base_url}api/{kind}")
+            if kind == "terminals" and reply.status_code == 404:
+                continue  # a JupyterLab without terminals (no terminado): its kernels still count
             reply.raise_for_status()
             for item in reply.json():
                 if item.get("execution_state") == "busy":
