@@ -214,11 +214,13 @@ def test_workspace_on_slurm_through_the_proxy_and_the_gateway(
 ) -> None:
     uid = pwd.getpwnam(TEST_ACCOUNTS["alice"]).pw_uid
     with world.client("alice") as alice, world.client("bob") as bob:
+        created = time.monotonic()
         r = alice.post(f"{API}/workspaces", json={"name": "nb", "gpus": 1, "cpus": 1, "memory": "1GiB"})
         assert r.status_code == 201, r.text
         ws_id, job_id = r.json()["id"], r.json()["job_id"]
         status = f"/ws/{ws_id}/api/status"
         wait_jupyter(alice, ws_id, job_id)
+        print(f"create -> JupyterLab on Slurm answers through the proxy: {time.monotonic() - created:.1f} s")
         job = alice.get(f"{API}/jobs/{job_id}").json()
         (node,) = {p["node"] for p in job["attempts"][-1]["placement"]}
         assert node in slurm_cluster.node_names, job

@@ -133,6 +133,7 @@ def _catalogued(job: Job) -> bool:
 def venv_environment(venv: Path) -> EnvironmentLaunch | str:
     """A venv as a job's environment: its bin/ first on PATH; the venv and the interpreter it was
     made from (pyvenv.cfg `home`, unless under /usr, which every sandbox has) bound read-only."""
+    venv = Path(os.path.realpath(venv))  # bound at its real path: PATH must name that one
     cfg = venv / "pyvenv.cfg"
     if not (venv / "bin" / "python").exists() or not cfg.is_file():
         return f"CORRAL_WORKSPACE_VENV {venv} is not a Python venv (no bin/python or pyvenv.cfg)"
@@ -145,7 +146,7 @@ def venv_environment(venv: Path) -> EnvironmentLaunch | str:
         "/usr/bin",
     )
     base = os.path.realpath(os.path.dirname(home.rstrip("/")) or "/usr")
-    paths = [os.path.realpath(venv)]
+    paths = [str(venv)]
     if base != "/usr" and not base.startswith("/usr/"):
         paths.append(base)
     return EnvironmentLaunch(bin_dir=f"{venv}/bin", paths=tuple(paths))
