@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -277,3 +278,31 @@ def test_workspace_on_slurm_through_the_proxy_and_the_gateway(
         assert "not running" in gone.text, gone.text
     refused = ssh(world, "true")
     assert refused.returncode == 1 and "workspace 'nb' is stopped" in refused.stderr, refused.stderr
+
+
+def test_a_python_the_job_account_cannot_read_is_refused_by_name(world: World) -> None:
+    """CORRAL_WORKSPACE_VENV below a dir closed to other users: the workspace's start fails at
+    launch, its attempt saying which dir and what to set; nothing reaches Slurm."""
+    closed = world.state_dir.parent / "private"
+    (closed / "venv" / "bin").mkdir(parents=True)
+    os.chmod(closed, 0o700)
+    (closed / "venv" / "bin" / "python").symlink_to(SYSTEM_PYTHON)
+    (closed / "venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    world.server.kill()
+    world.server.env["CORRAL_WORKSPACE_VENV"] = str(closed / "venv")
+    world.server.start()
+    with world.client("alice") as alice:
+        r = alice.post(f"{API}/workspaces", json={"name": "closed", "gpus": 1, "memory": "1GiB"})
+        assert r.status_code == 201, r.text
+        job_id = r.json()["job_id"]
+
+        def first_attempt_ended() -> dict[str, Any] | None:
+            attempts = alice.get(f"{API}/jobs/{job_id}").json()["attempts"]
+            return attempts[0] if attempts and attempts[0]["ended_at"] else None
+
+        attempt = wait_for(first_attempt_ended, 60, interval_s=0.3, what="the launch to be refused")
+        assert attempt["reason"] == "launch_failed", attempt
+        assert f"({closed} is not open to other users)" in attempt["message"], attempt
+        assert "set CORRAL_WORKSPACE_VENV" in attempt["message"], attempt
+        assert not (world.state_dir / "attempts" / f"{job_id}.1" / "job").exists()
+        assert alice.delete(f"{API}/workspaces/closed").status_code == 204
