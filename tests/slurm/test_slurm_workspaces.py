@@ -109,6 +109,12 @@ def world(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory)
             "CORRAL_SLURM_GPU_DEVICE": slurm_cluster.gpu_device,
             "CORRAL_SSH_GATEWAY_PORT": str(ssh_port),
             "CORRAL_WORKSPACE_VENV": str(workspace_venv(shared)),
+            # the idle test's short timeout takes effect within seconds; its workspace has no GPU
+            # (Corral samples no GPU on a Slurm node: a GPU workspace there has no idle evidence)
+            "CORRAL_CPU_JOBS_ON_GPU_NODES": "true",
+            "CORRAL_MONITOR_IDLE_INTERVAL_S": "0.5",
+            "CORRAL_MONITOR_SAMPLE_INTERVAL_S": "1",
+            "CORRAL_WORKSPACE_IDLE_GRACE_S": "1",
         },
     )
     try:
@@ -278,6 +284,23 @@ def test_workspace_on_slurm_through_the_proxy_and_the_gateway(
         assert "not running" in gone.text, gone.text
     refused = ssh(world, "true")
     assert refused.returncode == 1 and "workspace 'nb' is stopped" in refused.stderr, refused.stderr
+
+
+def test_idle_workspace_on_slurm_is_stopped(world: World) -> None:
+    """The idle policy stops a Slurm workspace nobody uses (no GPU, no kernel, no terminal), as on
+    the local engine; its Slurm job ends (the main test shows the activity reader reaching a
+    Slurm JupyterLab)."""
+    with world.client("alice") as alice:
+        body = {"name": "idle", "gpus": 0, "cpus": 1, "memory": "1GiB", "idle_timeout": "2s"}
+        r = alice.post(f"{API}/workspaces", json=body)
+        assert r.status_code == 201, r.text
+        job_id = r.json()["job_id"]
+        cancelled = lambda: alice.get(f"{API}/jobs/{job_id}").json()["state"] == "cancelled"  # noqa: E731
+        wait_for(cancelled, 60, interval_s=0.3, what="the idle stop")
+        events = alice.get(f"{API}/jobs/{job_id}/events").json()
+        assert any(e["kind"] == "idle_gpu" and "stopped" in e["message"] for e in events), events
+        assert alice.get(f"{API}/workspaces/idle").json()["state"] == "stopped"
+        assert alice.delete(f"{API}/workspaces/idle").status_code == 204
 
 
 def test_a_python_the_job_account_cannot_read_is_refused_by_name(world: World) -> None:
