@@ -179,6 +179,10 @@ class Settings(BaseSettings):
     workspace_max_idle_timeout_s: float = Field(default=7 * 86400.0, gt=0)
     workspace_idle_below_percent: float = Field(default=10.0, ge=0, le=100)
     workspace_idle_grace_s: float = Field(default=600.0, gt=0)
+    # Slurm engine: the Python a workspace runs JupyterLab with (a venv with Corral and its pinned
+    # jupyterlab, at the same path on every node, readable by the job accounts). None: the
+    # server's own venv, which must then be readable by them (corral.environments.mounts).
+    workspace_venv: Path | None = None
 
     @field_validator("audit_retention_days", mode="before")
     @classmethod

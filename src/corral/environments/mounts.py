@@ -112,7 +112,9 @@ def plan_environments(
             continue
         if job.id in builds:
             out[job.id] = _build_launch(ctx, settings)
-        elif job.spec.environment != DEFAULT_ENVIRONMENT:
+        elif job.spec.kind == "workspace" and settings.engine == "slurm" and not _catalogued(job):
+            out[job.id] = workspace_environment(settings)
+        elif _catalogued(job):
             try:
                 bind = resolve_env(
                     ctx, MountRequest(f"{PREFIX}/{job.spec.environment}", job.spec.environment, "", True)
@@ -122,6 +124,63 @@ def plan_environments(
                 continue
             out[job.id] = EnvironmentLaunch(f"{bind.target}/bin", (base_prefix(),), (bind,))
     return out
+
+
+def _catalogued(job: Job) -> bool:
+    return job.spec.environment != DEFAULT_ENVIRONMENT
+
+
+def venv_environment(venv: Path) -> EnvironmentLaunch | str:
+    """A venv as a job's environment: its bin/ first on PATH; the venv and the interpreter it was
+    made from (pyvenv.cfg `home`, unless under /usr, which every sandbox has) bound read-only."""
+    venv = Path(os.path.realpath(venv))  # bound at its real path: PATH must name that one
+    cfg = venv / "pyvenv.cfg"
+    if not (venv / "bin" / "python").exists() or not cfg.is_file():
+        return f"CORRAL_WORKSPACE_VENV {venv} is not a Python venv (no bin/python or pyvenv.cfg)"
+    home = next(
+        (
+            line.split("=", 1)[1].strip()
+            for line in cfg.read_text().splitlines()
+            if line.split("=")[0].strip() == "home"
+        ),
+        "/usr/bin",
+    )
+    base = os.path.realpath(os.path.dirname(home.rstrip("/")) or "/usr")
+    paths = [str(venv)]
+    if base != "/usr" and not base.startswith("/usr/"):
+        paths.append(base)
+    return EnvironmentLaunch(bin_dir=f"{venv}/bin", paths=tuple(paths))
+
+
+def workspace_environment(settings: Settings) -> EnvironmentLaunch | str:
+    """The Python a workspace on the Slurm engine runs JupyterLab with, or why it cannot: the job
+    runs as the user's Unix account on a node and must read it (the server's own venv often lives
+    below a home such as /root, 0700). The check is made here, on the server's host, which must
+    see the same paths as the nodes."""
+    env = venv_environment(settings.workspace_venv) if settings.workspace_venv else server_environment()
+    if isinstance(env, str):
+        return f"workspace: {env}"
+    for path in env.paths:
+        closed = _closed_to_others(Path(path))
+        if closed is not None:
+            return (
+                f"workspace: its Python environment {path} cannot be read by the job's Unix account "
+                f"({closed} is not open to other users); set CORRAL_WORKSPACE_VENV to a venv "
+                "with Corral and jupyterlab on storage the nodes share (docs/workspaces.md)"
+            )
+    return env
+
+
+def _closed_to_others(path: Path) -> Path | None:
+    """The first of `path`'s parents that others may not pass (no o+x), or `path` itself when
+    they may not read it (o+rx); None when it is open."""
+    try:
+        for parent in reversed(path.parents):
+            if not os.stat(parent).st_mode & 0o001:
+                return parent
+        return None if os.stat(path).st_mode & 0o005 == 0o005 else path
+    except OSError:  # gone: nobody reads it
+        return path
 
 
 def _build_launch(ctx: MountContext, settings: Settings) -> EnvironmentLaunch:

@@ -24,7 +24,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from corral.config import Settings
-from corral.db.models import Attempt, Group, Job, User
+from corral.db.models import Attempt, Group, Job, Node, User
 from corral.db.workspace_models import Workspace, WorkspaceGroupPolicy
 from corral.scheduler import Profile
 from corral.services import audit
@@ -95,6 +95,7 @@ class ProxyTarget:
     job_id: int | None
     attempt_id: str | None  # the running attempt ("42.1"), None while not running
     token: str
+    node_address: str | None = None  # its rank-0 node's address (Slurm: JupyterLab listens there)
 
 
 def workspace_state(job: Job | None) -> str:
@@ -233,9 +234,19 @@ def _job_spec(ws: Workspace, group: str, settings: Settings, timeout_s: float) -
         preemptible=False,
         kind="workspace",
         tasks={"main": TaskV1(resources=resources, command=LAUNCH_COMMAND)},
-        env={"CORRAL_WORKSPACE": ws.name, "CORRAL_WORKSPACE_BASE_URL": f"/ws/{ws.id}/"},
+        env={
+            "CORRAL_WORKSPACE": ws.name,
+            "CORRAL_WORKSPACE_BASE_URL": f"/ws/{ws.id}/",
+            **_listen_env(settings),
+        },
         idle_gpu=idle,
     )
+
+
+def _listen_env(settings: Settings) -> dict[str, str]:
+    """On Slurm the server is not on the node: JupyterLab listens on the node's address (TCP)
+    instead of a Unix socket in the job's dir (corral.workspaces.launch)."""
+    return {"CORRAL_WORKSPACE_LISTEN": "tcp"} if settings.engine == "slurm" else {}
 
 
 def _submit(
@@ -483,7 +494,7 @@ def proxy_target(session: Session, workspace_id: int) -> ProxyTarget | None:
     ws = session.get(Workspace, workspace_id)
     if ws is None:
         return None
-    attempt_id = None
+    attempt_id = address = None
     if ws.current_job_id is not None:
         attempt = session.scalar(
             select(Attempt)
@@ -496,7 +507,14 @@ def proxy_target(session: Session, workspace_id: int) -> ProxyTarget | None:
             .order_by(Attempt.number.desc())
         )
         attempt_id = attempt.attempt_id if attempt is not None else None
-    return ProxyTarget(ws.id, ws.user_id, ws.current_job_id, attempt_id, ws.jupyter_token)
+        rank0 = (
+            min(attempt.placement, key=lambda p: p.rank)
+            if attempt is not None and attempt.placement
+            else None
+        )
+        if rank0 is not None:
+            address = session.scalar(select(Node.address).where(Node.name == rank0.node))
+    return ProxyTarget(ws.id, ws.user_id, ws.current_job_id, attempt_id, ws.jupyter_token, address)
 
 
 def launch_tokens(session: Session, job_ids: Iterable[int]) -> dict[int, str]:

@@ -1,7 +1,8 @@
 """When a running workspace's JupyterLab was last used: the latest `last_activity` of its kernels
-and terminals (a kernel busy right now counts as now), asked through its socket like the proxy
-does. The idle-GPU policy (corral.monitor.idle) uses it as evidence of use beside GPU readings.
-A workspace whose JupyterLab does not answer gives no evidence (it is left out)."""
+and terminals (a kernel busy right now counts as now), asked where the proxy reaches it (its
+socket, or its Slurm node's address). The idle-GPU policy (corral.monitor.idle) uses it as
+evidence of use beside GPU readings. A workspace whose JupyterLab does not answer gives no
+evidence (it is left out)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
 from corral.services.workspaces import proxy_target, workspace_job_ids
-from corral.workspaces.endpoint import jupyter_socket
+from corral.workspaces.endpoint import Upstream, jupyter_upstream
 from corral.workspaces.jupyter_auth import HEADER
 
 log = logging.getLogger("corral.workspaces.activity")
@@ -31,12 +32,14 @@ def _parse(stamp: Any) -> float | None:
         return None
 
 
-def jupyter_last_activity(socket: str, base_url: str, token: str, now: float) -> float | None:
+def jupyter_last_activity(upstream: Upstream, base_url: str, token: str, now: float) -> float | None:
     latest: float | None = None
-    transport = httpx.HTTPTransport(uds=socket)
+    transport = httpx.HTTPTransport(uds=upstream.socket)
     with httpx.Client(transport=transport, timeout=TIMEOUT_S, headers={HEADER: token}) as client:
         for kind in ("kernels", "terminals"):
-            reply = client.get(f"http://localhost{base_url}api/{kind}")
+            reply = client.get(f"http://{upstream.authority}{base_url}api/{kind}")
+            if kind == "terminals" and reply.status_code == 404:
+                continue  # a JupyterLab without terminals (no terminado): its kernels still count
             reply.raise_for_status()
             for item in reply.json():
                 if item.get("execution_state") == "busy":
@@ -59,11 +62,11 @@ def last_activity(
     for target in targets:
         if target is None or target.attempt_id is None or target.job_id is None:
             continue
-        socket = jupyter_socket(engine, target.attempt_id)
-        if socket is None:
+        upstream = jupyter_upstream(engine, target.attempt_id, target.node_address)
+        if upstream is None:
             continue
         try:
-            at = jupyter_last_activity(socket, f"/ws/{target.workspace_id}/", target.token, now)
+            at = jupyter_last_activity(upstream, f"/ws/{target.workspace_id}/", target.token, now)
         except (httpx.HTTPError, OSError, ValueError) as exc:
             log.debug("workspace %s: no activity reading (%s)", target.workspace_id, exc)
             continue

@@ -1,24 +1,54 @@
 """The workspace job's command (`python -m corral.workspaces.launch`), run inside its sandbox:
-JupyterLab with the base URL `/ws/<id>/`, listening only on a Unix socket in the attempt's work
-dir (`$CORRAL_WORK_DIR/jupyter.sock`, reached by the server on the host), its root the user's
-home. Jupyter's credential comes in `CORRAL_WORKSPACE_TOKEN` (given like a secret, at dispatch)
-and is taken out of the environment before anything else starts, so kernels and terminals do not
+JupyterLab with the base URL `/ws/<id>/`, its root the user's home, listening where the server
+reaches it and nowhere else:
+
+- local engine: only on a Unix socket in the attempt's work dir (`$CORRAL_WORK_DIR/jupyter.sock`,
+  reached by the server on the same host);
+- `CORRAL_WORKSPACE_LISTEN=tcp` (the Slurm engine: the server is on another host): on the node's
+  own address (`CORRAL_HOST`, the address Slurm gives the node) and a free port, which it writes
+  to `$CORRAL_WORK_DIR/jupyter.endpoint` (the job dir on shared storage, read by the server).
+
+Jupyter's credential comes in `CORRAL_WORKSPACE_TOKEN` (given like a secret, at dispatch) and is
+taken out of the environment before anything else starts, so kernels and terminals do not
 inherit it."""
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 SOCKET_NAME = "jupyter.sock"
+ENDPOINT_NAME = "jupyter.endpoint"  # TCP listening: the port, written by the launcher
 TOKEN_ENV = "CORRAL_WORKSPACE_TOKEN"
 BASE_URL_ENV = "CORRAL_WORKSPACE_BASE_URL"
+LISTEN_ENV = "CORRAL_WORKSPACE_LISTEN"  # "tcp": on the node's address; else the Unix socket
 
 
-def jupyter_argv(work_dir: str, base_url: str, root_dir: str) -> list[str]:
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def listen_argv(work_dir: str) -> list[str]:
+    """Where JupyterLab listens. TCP: the port goes to the endpoint file first (written whole, by
+    rename); should another process take the port meanwhile, JupyterLab fails to start
+    (port_retries=0) and the workspace job ends, rather than listening somewhere unreported."""
+    if os.environ.get(LISTEN_ENV) != "tcp":
+        return [f"--ServerApp.sock={work_dir}/{SOCKET_NAME}", "--ServerApp.sock_mode=0600"]
+    host = os.environ.get("CORRAL_HOST") or "127.0.0.1"
+    port = free_port(host)
+    tmp = f"{work_dir}/.{ENDPOINT_NAME}.tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{port}\n")
+    os.replace(tmp, f"{work_dir}/{ENDPOINT_NAME}")
+    return [f"--ServerApp.ip={host}", f"--ServerApp.port={port}", "--ServerApp.port_retries=0"]
+
+
+def jupyter_argv(listen: list[str], base_url: str, root_dir: str) -> list[str]:
     return [
-        f"--ServerApp.sock={work_dir}/{SOCKET_NAME}",
-        "--ServerApp.sock_mode=0600",
+        *listen,
         f"--ServerApp.base_url={base_url}",
         f"--ServerApp.root_dir={root_dir}",
         "--ServerApp.identity_provider_class=corral.workspaces.jupyter_auth.CorralIdentityProvider",
@@ -51,7 +81,7 @@ def main() -> None:
     from jupyterlab.labapp import LabApp
 
     base_url = os.environ.get(BASE_URL_ENV, "/")
-    argv = jupyter_argv(work_dir, base_url, home)
+    argv = jupyter_argv(listen_argv(work_dir), base_url, home)
     if os.geteuid() == 0:  # only on an engine with isolation switched off (jobs run as root)
         argv.append("--ServerApp.allow_root=True")
     LabApp.launch_instance(argv=argv)

@@ -9,8 +9,9 @@ Cookie-authenticated requests that change state, and every WebSocket, must come 
 server's own origin (`Origin` equal to the request's host): the session cookie is SameSite=Lax,
 and this check keeps other sites from driving a kernel with it.
 
-Upstream, JupyterLab listens only on a Unix socket in the attempt's work dir (local engine;
-corral.workspaces.endpoint) and trusts one header, the per-start credential the proxy adds
+Upstream, JupyterLab listens only on a Unix socket in the attempt's work dir (local engine), or
+on its Slurm node's address and a port the job reports (corral.workspaces.endpoint), and trusts
+one header, the per-start credential the proxy adds
 (corral.workspaces.jupyter_auth); Corral's cookie and token are not passed on. The decision for
 a (credential, workspace) pair is cached for AUTH_CACHE_S, so a revoked session or a stopped
 workspace is refused within that time; a request costs no database query in between.
@@ -40,7 +41,7 @@ from corral.api.deps import SESSION_COOKIE
 from corral.services.auth import Principal, authenticate_session, authenticate_token, sha256_hex
 from corral.services.errors import ServiceError
 from corral.services.workspaces import ProxyTarget, proxy_target
-from corral.workspaces.endpoint import jupyter_socket
+from corral.workspaces.endpoint import Upstream, jupyter_upstream
 from corral.workspaces.jupyter_auth import HEADER
 
 log = logging.getLogger("corral.workspaces.proxy")
@@ -61,7 +62,7 @@ HOP_BY_HOP = frozenset(
 class Decision:
     status: int  # 200: go ahead; 302: log in first; 403, 404, 503: refused with `message`
     message: str = ""
-    socket: str | None = None
+    upstream: Upstream | None = None
     token: str = ""
     via_cookie: bool = False
 
@@ -96,10 +97,10 @@ def _decide(
         return Decision(403, f"workspace {ws_id} belongs to another user; only its owner may open it")
     if target.attempt_id is None:
         return Decision(503, f"workspace {ws_id} is not running; start it with `corral ws start`")
-    socket = jupyter_socket(engine, target.attempt_id)
-    if socket is None:
-        return Decision(503, f"workspace {ws_id}: this engine does not serve JupyterLab through the proxy")
-    return Decision(200, socket=socket, token=target.token, via_cookie=via_cookie)
+    upstream = jupyter_upstream(engine, target.attempt_id, target.node_address)
+    if upstream is None:
+        return Decision(503, f"workspace {ws_id}: JupyterLab has not said where it listens yet; try again")
+    return Decision(200, upstream=upstream, token=target.token, via_cookie=via_cookie)
 
 
 async def authorize(app: Any, headers: Any, cookies: Any, ws_id: int) -> Decision:
@@ -127,15 +128,15 @@ def same_origin(headers: Any) -> bool:
     return urlsplit(origin).netloc == headers.get("host", "")
 
 
-def _client(socket: str) -> httpx.AsyncClient:
-    client = _clients.get(socket)
+def _client(upstream: Upstream) -> httpx.AsyncClient:
+    client = _clients.get(upstream.key)
     if client is None:
         if len(_clients) > 256:  # old attempts' sockets: drop them all, they are cheap to make again
             for old in _clients.values():
                 asyncio.get_running_loop().create_task(old.aclose())
             _clients.clear()
-        transport = httpx.AsyncHTTPTransport(uds=socket)
-        client = _clients[socket] = httpx.AsyncClient(transport=transport, timeout=None)
+        transport = httpx.AsyncHTTPTransport(uds=upstream.socket)  # uds=None: TCP to host:port
+        client = _clients[upstream.key] = httpx.AsyncClient(transport=transport, timeout=None)
     return client
 
 
@@ -166,12 +167,12 @@ async def proxy_http(request: Request, ws_id: int, path: str) -> Response:
         return _refusal(request.url.path, decision)
     if decision.via_cookie and request.method not in SAFE_METHODS and not same_origin(request.headers):
         return JSONResponse({"detail": "cross-origin request to a workspace refused"}, status_code=403)
-    assert decision.socket is not None
-    client = _client(decision.socket)
+    assert decision.upstream is not None
+    client = _client(decision.upstream)
     url = httpx.URL(path="/" + f"ws/{ws_id}/{path}", query=request.url.query.encode())
     upstream = client.build_request(
         request.method,
-        url.copy_with(scheme="http", host="localhost"),
+        url.copy_with(scheme="http", host=decision.upstream.host, port=decision.upstream.port),
         headers=_upstream_headers(request.headers, decision.token),
         content=request.stream() if request.method not in ("GET", "HEAD") else None,
     )
@@ -204,22 +205,24 @@ async def proxy_websocket(websocket: WebSocket, ws_id: int, path: str) -> None:
     if decision.status != 200 or not same_origin(websocket.headers):
         await websocket.close(code=1008)  # before accept: the client gets HTTP 403
         return
-    assert decision.socket is not None
+    assert decision.upstream is not None
     query = websocket.url.query
-    uri = f"ws://localhost/ws/{ws_id}/{path}" + (f"?{query}" if query else "")
+    uri = f"ws://{decision.upstream.authority}/ws/{ws_id}/{path}" + (f"?{query}" if query else "")
     protocols = [
         p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()
     ]
     try:
-        upstream = await websockets.unix_connect(
-            decision.socket,
-            uri,
-            additional_headers={HEADER: decision.token},
-            subprotocols=protocols or None,
-            max_size=None,
-            compression=None,
-            open_timeout=10,
-        )
+        options: dict[str, Any] = {
+            "additional_headers": {HEADER: decision.token},
+            "subprotocols": protocols or None,
+            "max_size": None,
+            "compression": None,
+            "open_timeout": 10,
+        }
+        if decision.upstream.socket is not None:
+            upstream = await websockets.unix_connect(decision.upstream.socket, uri, **options)
+        else:
+            upstream = await websockets.connect(uri, **options)
     except (OSError, websockets.InvalidHandshake, TimeoutError) as exc:
         log.info("workspace %s: upstream WebSocket refused: %s", ws_id, exc)
         _decisions.clear()
