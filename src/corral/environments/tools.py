@@ -9,7 +9,7 @@ read-only into build jobs at /corral/tools.
 Names carry the first 16 hex digits of the file's sha256: a published file never changes, so a
 build job queued before a server upgrade runs the tools its spec names. Each file appears by one
 rename of a complete, read-only temporary file (`.incoming-*`): never half written. Old versions
-stay (a few MB each; an admin may remove them when no build job is queued).
+stay (uv is ~40 MB; an admin may remove old ones when no build job is queued).
 
 Why not the server's venv: it may live where job accounts cannot read (a pyenv under /root, mode
 700): a Slurm job runs as the user's own Unix account (docs/slurm.md)."""
