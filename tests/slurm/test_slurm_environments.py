@@ -170,3 +170,58 @@ def test_malformed_requirements_fail_with_the_log_and_nothing_registered(
     with pytest.raises(ApiError) as refused:
         alice.submit({"name": "x", "command": "true", "environment": "broken@1"})
     assert refused.value.status_code == 422 and "broken@1 is failed" in refused.value.message
+
+
+def test_a_model_version_is_bound_read_only_and_counted_in_its_owners_usage(
+    server: CorralServer, clients: dict[str, Client], slurm_cluster: SlurmCluster
+) -> None:
+    """The model registry's `model/` mount source on Slurm: a version registered from a Slurm job's
+    outputs is bound read-only at /models/<name> in another Slurm job, and its files count in its
+    owner's storage usage (registered within the quota, taken off when deleted)."""
+    alice, admin = clients["alice"], clients["admin"]
+    train = alice.submit(
+        {
+            "name": "train",
+            "resources": {"cpus": 1, "memory": "256MiB"},
+            "command": "mkdir -p /outputs/model && head -c 30000 /dev/zero > /outputs/model/weights.bin "
+            "&& echo '{\"accuracy\": 0.93}' > /outputs/model/metrics.json",
+        }
+    )
+    train = alice.wait(train["id"], timeout_s=90)
+    assert train["state"] == "succeeded", alice.logs(train["id"])["data"]
+
+    def usage() -> dict:
+        rows = [r for r in alice.storage_usage() if (r["scope"], r["name"]) == ("user", "alice")]
+        return rows[0] if rows else {"dataset_bytes": 0, "used_bytes": 0}
+
+    before = usage()
+    v1 = alice.register_model("digits", train["id"], path="model")
+    assert v1["version"] == 1 and v1["files"] == 2 and v1["bytes"] > 30000, v1
+    after = usage()
+    assert after["dataset_bytes"] - before["dataset_bytes"] == v1["bytes"], (before, after)
+    # Over the owner's quota: refused, nothing kept, the usage unchanged.
+    admin.set_storage_quota("user", "alice", max_bytes=after["used_bytes"] + 100)
+    with pytest.raises(ApiError) as over:
+        alice.register_model("digits", train["id"], path="model")
+    assert over.value.status_code == 403 and "model 'digits'" in over.value.message, over.value.message
+    admin.set_storage_quota("user", "alice", max_bytes=None)
+    assert [v["version"] for v in alice.model("digits")["versions"]] == [1]
+    assert usage()["dataset_bytes"] == after["dataset_bytes"]
+
+    job = alice.submit(
+        {
+            "name": "finetune",
+            "resources": {"cpus": 1, "memory": "256MiB"},
+            "mounts": [{"source": "model/digits"}],
+            "command": "wc -c < /models/digits/weights.bin; "
+            "touch /models/digits/new 2>/dev/null && echo WROTE || echo READ-ONLY",
+        }
+    )
+    assert [m["source"] for m in job["spec"]["mounts"]] == ["model/digits@1"], job["spec"]  # pinned
+    job = alice.wait(job["id"], timeout_s=90)
+    out = alice.logs(job["id"])["data"]
+    assert job["state"] == "succeeded" and "30000\n" in out and "READ-ONLY" in out, out
+    assert slurm_user_of(slurm_cluster, server, job["id"]) == TEST_ACCOUNTS["alice"]
+
+    alice.delete_model("digits", 1)
+    assert usage()["dataset_bytes"] == before["dataset_bytes"]
