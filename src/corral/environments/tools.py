@@ -102,8 +102,7 @@ def publish(root: Path) -> BuildTools:
     )
     directory = tools_dir(root)
     try:
-        directory.parent.mkdir(mode=0o755, exist_ok=True)
-        directory.mkdir(mode=0o755, exist_ok=True)
+        directory.mkdir(mode=0o755, parents=True, exist_ok=True)  # the server made the root's layout
         os.chmod(directory, 0o755)
         _publish_file(directory, step, names.buildstep, 0o444)
         _publish_file(directory, uv, names.uv, 0o555)
