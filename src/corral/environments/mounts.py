@@ -9,8 +9,11 @@ has the node's network, docs/catalogues.md)."""
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -78,6 +81,25 @@ def _resolve(ctx: MountContext, req: MountRequest) -> tuple[Bind, EnvironmentVer
 
 
 register_source(PREFIX, resolve_env)
+
+
+def server_environment() -> EnvironmentLaunch:
+    """The server's own venv and source tree (no longer what a build job runs: that is the
+    published tools on the version's interpreter; kept for jobs that need Corral itself)."""
+    import corral
+
+    paths: list[str] = []
+    src = str(Path(corral.__file__).resolve().parents[1])
+    for p in (sys.prefix, sys.base_prefix, src):
+        real = os.path.realpath(p)
+        if (
+            real == "/usr"
+            or real.startswith("/usr/")
+            or any(real == q or real.startswith(q + "/") for q in paths)
+        ):
+            continue
+        paths.append(real)
+    return EnvironmentLaunch(bin_dir=f"{sys.prefix}/bin", paths=tuple(paths))
 
 
 def plan_environments(
