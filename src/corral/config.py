@@ -127,6 +127,10 @@ class Settings(BaseSettings):
     env_index_url: str = ""
     env_find_links: Path | None = None
     env_build_timeout_s: float = Field(default=1800.0, gt=0)  # a build job's max_runtime
+    # The interpreter environments are built for (recorded with each version; it must be at the
+    # same path on every node, readable by job accounts). "": the server's base interpreter on
+    # the local engine, /usr/bin/python3 on Slurm (corral.environments.interpreter).
+    env_python: str = ""
 
     # --- API limits (corral.api.limits; docs/security.md "API and login") ---------------------
     api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)  # larger bodies: 413

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from corral.catalog import access, model_files
 from corral.catalog.model_files import MissingOutputs, OutsideOutputs, UnusableOutputs
 from corral.catalog.model_mounts import STAGES, ModelRefError, jobs_using, pick_version, split_ref
+from corral.datasets import quotas
 from corral.datasets.models import JobDataset
 from corral.db.catalog_models import ModelVersion, RegisteredModel
 from corral.db.models import Job, User
@@ -220,9 +221,23 @@ def register(
             created_at=now,
             created_by=principal.name,
         )
+        _charge_owner(session, model, row.bytes, row.files, check=True)
         return _commit_version(session, principal, root, model, row, copied.path)
     finally:
         model_files.discard(copied.path)  # gone already when it was published
+
+
+def _charge_owner(session: Session, model: RegisteredModel, nbytes: int, nfiles: int, check: bool) -> None:
+    """A version's files count in its model owner's storage usage (the user's account, like a
+    dataset's; corral.datasets.quotas): added when it is registered, within the owner's quota
+    (403 otherwise, nothing kept), taken off when it is deleted. Same transaction as the row."""
+    owner = session.get(User, model.owner_user_id)
+    if owner is None:  # the owner is gone (their models go with them): nothing to account
+        return
+    row = quotas.account(session, "user", owner.name)
+    if check:
+        quotas.check_room(row, nbytes, nfiles, what=f"model {model.name!r}'s new version")
+    quotas.charge_dataset(row, nbytes, nfiles)
 
 
 def _commit_version(
@@ -325,6 +340,7 @@ def delete_version(session: Session, principal: Principal, root: Path, name: str
     model = managed(session, name, principal)
     row = version_of(session, model, version)
     _refuse_in_use(session, name, [row])
+    _charge_owner(session, model, -row.bytes, -row.files, check=False)
     session.execute(delete(ModelVersion).where(ModelVersion.id == row.id))
     audit.record(
         session,
@@ -343,6 +359,7 @@ def delete_model(session: Session, principal: Principal, root: Path, name: str) 
     rows = versions(session, model.id)
     if rows:
         _refuse_in_use(session, name, rows)
+    _charge_owner(session, model, -sum(r.bytes for r in rows), -sum(r.files for r in rows), check=False)
     session.execute(delete(ModelVersion).where(ModelVersion.model_id == model.id))
     session.execute(delete(RegisteredModel).where(RegisteredModel.id == model.id))
     audit.record(

@@ -67,7 +67,9 @@ def show_env(
     for v in versions:
         hit = " (cache hit)" if v["cache_hit"] else ""
         key = (v["cache_key"] or "")[:12]
-        out.print(f"  {v['ref']}  {v['state']}{hit}  lock {key or '-'}  build job {v['build_job_id']}")
+        python = f"python {v['python']} ({v['interpreter'] or 'the server base interpreter'})"
+        job = f"build job {v['build_job_id']}"
+        out.print(f"  {v['ref']}  {v['state']}{hit}  lock {key or '-'}  {python}  {job}")
         if v["state"] == "failed" and v["error"]:
             out.print(v["error"], markup=False, highlight=False)
     if version is not None and found["lock"]:

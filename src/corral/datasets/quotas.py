@@ -2,7 +2,8 @@
 
 Usage is accounted incrementally, never by a `du` on a request path:
 - datasets: a version's bytes and files are added to its owner's account in the transaction that
-  publishes it, and taken off in the one that deletes it;
+  publishes it, and taken off in the one that deletes it; registered model versions the same, to
+  their model's owner (corral.catalog.models), in the same `dataset_*` columns;
 - homes and group directories (`<storage root>/home/<user>`, `<storage root>/group/<group>`): a
   leased background loop (corral.datasets.loops) scans them every CORRAL_STORAGE_SCAN_INTERVAL_S
   and stores the totals (no filesystem project quotas are used: the scan works on any filesystem).
@@ -78,21 +79,28 @@ def reserved_by_uploads(
     return int(row[0]), int(row[1])
 
 
-def check_room(row: StorageAccount, nbytes: int, nfiles: int, reserved: tuple[int, int] = (0, 0)) -> None:
-    """QuotaExceeded when `nbytes`/`nfiles` more would take the account over its quota."""
+def check_room(
+    row: StorageAccount,
+    nbytes: int,
+    nfiles: int,
+    reserved: tuple[int, int] = (0, 0),
+    what: str = "this upload",
+) -> None:
+    """QuotaExceeded when `nbytes`/`nfiles` more would take the account over its quota; `what`
+    names the files in the message (an upload, a model version)."""
     who = f"{row.scope} {row.name}"
     if row.max_bytes is not None and row.used_bytes + reserved[0] + nbytes > row.max_bytes:
         raise QuotaExceeded(
             f"storage quota exceeded: {who} may hold {human_bytes(row.max_bytes)}; it holds "
             f"{human_bytes(row.used_bytes)}"
             + (f" (+{human_bytes(reserved[0])} in other uploads)" if reserved[0] else "")
-            + f" and this upload needs {human_bytes(nbytes)}; nothing was written"
+            + f" and {what} needs {human_bytes(nbytes)}; nothing was written"
         )
     if row.max_files is not None and row.used_files + reserved[1] + nfiles > row.max_files:
         raise QuotaExceeded(
             f"file quota exceeded: {who} may hold {row.max_files} files; it holds {row.used_files}"
             + (f" (+{reserved[1]} in other uploads)" if reserved[1] else "")
-            + f" and this upload has {nfiles}; nothing was written"
+            + f" and {what} has {nfiles}; nothing was written"
         )
 
 

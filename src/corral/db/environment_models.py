@@ -1,5 +1,5 @@
-"""Tables of the environments catalogue (corral.environments; migration 0011_environments).
-Times are unix seconds as floats, like the core tables."""
+"""Tables of the environments catalogue (corral.environments; migrations 0011_environments and
+0016_env_interpreter). Times are unix seconds as floats, like the core tables."""
 
 from __future__ import annotations
 
@@ -42,6 +42,9 @@ class EnvironmentVersion(Base):
     source_kind: Mapped[str] = mapped_column(String(16))  # requirements | pyproject
     source: Mapped[str] = mapped_column(Text)
     python: Mapped[str] = mapped_column(String(32))  # the interpreter's version, e.g. "3.11.7"
+    # The interpreter it is built for (CORRAL_ENV_PYTHON; corral.environments.interpreter), e.g.
+    # /usr/bin/python3; "" for versions from before migration 0016 (the server's base interpreter).
+    interpreter: Mapped[str] = mapped_column(String(255), default="", server_default="")
     lock: Mapped[str | None] = mapped_column(Text)  # `uv pip compile` output, once resolved
     cache_key: Mapped[str | None] = mapped_column(String(64), index=True)
     cache_hit: Mapped[bool] = mapped_column(Boolean, default=False)  # an identical lock was there

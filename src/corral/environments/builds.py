@@ -26,7 +26,7 @@ from corral.db.environment_models import EnvironmentVersion
 from corral.db.models import Job
 from corral.engine.base import Engine
 from corral.environments import store
-from corral.environments.buildstep import HIT_MARKER, LOCK_FILE, VENV_DIR, cache_key
+from corral.environments.buildstep import HIT_MARKER, LOCK_FILE, PYTHON_FILE, VENV_DIR, cache_key
 from corral.environments.service import BUILDING, FAILED, READY
 from corral.server.context import BackgroundLoop, ServerContext
 from corral.services.lifecycle import JobState
@@ -78,6 +78,16 @@ def _settle_success(version: EnvironmentVersion, job: Job, root: Path, now: floa
     lock = _read_plain(out / LOCK_FILE)
     if lock is None:
         _fail(version, f"build job {job.id} left no {LOCK_FILE} in its outputs", now)
+        return
+    seen = (_read_plain(out / PYTHON_FILE) or "").strip()
+    if seen and seen != version.python:
+        where = version.interpreter or "the server's base interpreter"
+        _fail(
+            version,
+            f"build job {job.id} ran {where} as Python {seen}, but this server's is {version.python}: "
+            "the interpreter must be the same on the server and every node",
+            now,
+        )
         return
     key = cache_key(version.python, lock)
     venv = out / VENV_DIR

@@ -1,10 +1,12 @@
-"""What an environment's build job runs, inside its sandbox as the submitter (standard library
-only; `python -m corral.environments.buildstep` under the server's own environment, whose `uv`
-it uses). The request comes in the job's env:
+"""What an environment's build job runs, inside its sandbox as the submitter, on either engine.
+Standard library only: the server publishes this file and its uv binary on the storage root
+(corral.environments.tools) and the job runs it with the environment's own interpreter, never
+with the server's environment. The request comes in the job's env:
 
     CORRAL_ENV_SOURCE_KIND   requirements | pyproject
     CORRAL_ENV_SOURCE        the requirements.txt or pyproject.toml text
-    CORRAL_ENV_PYTHON        the interpreter to build for (the server's base interpreter)
+    CORRAL_ENV_PYTHON        the interpreter to build for (the version's recorded interpreter)
+    CORRAL_ENV_UV            the published uv's name beside this file (unset: uv on PATH)
     CORRAL_ENV_INDEX_URL     the admin's package index, or ""
     CORRAL_ENV_FIND_LINKS    a dir of wheels bound read-only into the job, or ""
     CORRAL_ENV_STORE         the read-only view of `<storage root>/env/store` (cache check)
@@ -12,7 +14,9 @@ it uses). The request comes in the job's env:
 Steps: resolve the request to a lock (`uv pip compile`, wheels only: no package code runs during
 the build), write it to $CORRAL_OUTPUTS/lock.txt; if the store already holds that lock's key,
 stop there (a cache hit); else make a relocatable venv at $CORRAL_OUTPUTS/venv and install the
-lock into it. The server then moves the venv into the store (corral.environments.builds)."""
+lock into it. The interpreter's version goes to $CORRAL_OUTPUTS/python.txt: the server checks it
+is the one it recorded (a node with another Python at that path fails the build, not the jobs).
+The server then moves the venv into the store (corral.environments.builds)."""
 
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import sys
 from pathlib import Path
 
 LOCK_FILE = "lock.txt"
+PYTHON_FILE = "python.txt"
 VENV_DIR = "venv"
 HIT_MARKER = "cache-hit"
 
@@ -58,7 +63,7 @@ def _index_args() -> list[str]:
 
 
 def _run(argv: list[str]) -> None:
-    print("+ " + " ".join(argv), flush=True)
+    print("+ uv " + " ".join(argv[1:]), flush=True)  # which uv: the first line of the log
     done = subprocess.run(argv, check=False)
     if done.returncode != 0:
         print(f"corral env build: {argv[1:3]} failed with exit code {done.returncode}", flush=True)
@@ -76,17 +81,26 @@ def _uv_env(work: Path) -> None:
         os.environ.pop(name, None)
 
 
+def _uv() -> str:
+    published = os.environ.get("CORRAL_ENV_UV", "")
+    if published:
+        if os.path.basename(published) != published:
+            raise SystemExit(f"corral env build: CORRAL_ENV_UV={published!r} must be a file name")
+        return os.path.join(os.path.dirname(os.path.abspath(__file__)), published)
+    return shutil.which("uv") or os.path.join(os.path.dirname(sys.executable), "uv")
+
+
 def main() -> None:
     work = Path(os.environ.get("CORRAL_WORK_DIR") or os.getcwd())
     outputs = Path(os.environ["CORRAL_OUTPUTS"])
     kind = os.environ["CORRAL_ENV_SOURCE_KIND"]
     python = os.environ["CORRAL_ENV_PYTHON"]
-    uv = shutil.which("uv") or os.path.join(os.path.dirname(sys.executable), "uv")
+    uv = _uv()
     _uv_env(work)
     request = work / ("pyproject.toml" if kind == "pyproject" else "requirements.in")
     request.write_text(os.environ["CORRAL_ENV_SOURCE"])
     lock = outputs / LOCK_FILE
-    print(f"corral env build: resolving {request.name} for {python}", flush=True)
+    print(f"corral env build: resolving {request.name} for {python} with uv {uv}", flush=True)
     compile_args = ["--no-header", "--no-annotate", "--quiet", "-o", str(lock)]
     _run([uv, "pip", "compile", str(request), "--python", python, *_index_args(), *compile_args])
     version = subprocess.run(
@@ -95,6 +109,7 @@ def main() -> None:
         capture_output=True,
         text=True,
     ).stdout.strip()
+    (outputs / PYTHON_FILE).write_text(version + "\n")
     key = cache_key(version, lock.read_text())
     print(f"corral env build: lock {key} ({len(lock_pins(lock.read_text()))} packages)", flush=True)
     store = os.environ.get("CORRAL_ENV_STORE", "")

@@ -1,9 +1,11 @@
 """Environments as a mount source of the storage layer (corral.storage.mounts): `env/<name>[@v]`,
 always read-only, at /env/<name>. A job's `environment:` (pinned at submit to `<name>@<v>`) is
 resolved through it at launch, so a user who lost the right to it gets a refused launch; the
-engines bind it read-only, bind the interpreter it was built for at its own path, and put its
-bin/ first on PATH (`EnvironmentLaunch`). A build job gets the store (its cache check) and the
-admin's find-links dir read-only, and the outbound network its package index needs."""
+engines bind it read-only, bind the interpreter it was built for (its recorded `interpreter`) at
+its own path, and put its bin/ first on PATH (`EnvironmentLaunch`). A build job gets the published
+build tools (corral.environments.tools), the store (its cache check) and the admin's find-links
+dir read-only, and the outbound network its package index needs (local engine; on Slurm a job
+has the node's network, docs/catalogues.md)."""
 
 from __future__ import annotations
 
@@ -19,16 +21,16 @@ from sqlalchemy.orm import Session
 from corral.config import Settings
 from corral.db.environment_models import EnvironmentVersion
 from corral.db.models import Group, Job, User
-from corral.environments import service
+from corral.environments import interpreter, service
 from corral.environments.store import (
     BUILD_FIND_LINKS,
     BUILD_STORE,
     DEFAULT_ENVIRONMENT,
     SANDBOX_ENV,
-    base_prefix,
     copy_dir,
     ensure_store,
 )
+from corral.environments.tools import BUILD_TOOLS, tools_dir
 from corral.storage.mounts import Bind, MountContext, MountRefused, MountRequest, register_source
 
 PREFIX = "env"
@@ -46,6 +48,10 @@ class EnvironmentLaunch:
 
 
 def resolve_env(ctx: MountContext, req: MountRequest) -> Bind:
+    return _resolve(ctx, req)[0]
+
+
+def _resolve(ctx: MountContext, req: MountRequest) -> tuple[Bind, EnvironmentVersion]:
     if ctx.session is None:
         raise MountRefused(f"mount source {req.source!r}: environments need the database to resolve")
     if not req.readonly:
@@ -65,19 +71,21 @@ def resolve_env(ctx: MountContext, req: MountRequest) -> Bind:
     path = copy_dir(ctx.root, version.cache_key)
     if not path.is_dir():
         raise MountRefused(f"mount source {req.source!r}: its files are gone from the store")
-    return Bind(
+    bind = Bind(
         host_path=str(path),
         target=req.target or f"{SANDBOX_ENV}/{env.name}",
         readonly=True,
         source=f"{PREFIX}/{env.name}@{version.version}",
     )
+    return bind, version
 
 
 register_source(PREFIX, resolve_env)
 
 
 def server_environment() -> EnvironmentLaunch:
-    """The server's own venv and source tree (what a build job runs: Corral's buildstep, uv)."""
+    """The server's own venv and source tree (no longer what a build job runs: that is the
+    published tools on the version's interpreter; kept for jobs that need Corral itself)."""
     import corral
 
     paths: list[str] = []
@@ -100,29 +108,28 @@ def plan_environments(
     """{job id: its environment launch, or why it may not run}; jobs in the default environment
     that are not builds are left out."""
     ids = [j.id for j in jobs]
-    builds = set(
-        session.scalars(
-            select(EnvironmentVersion.build_job_id).where(EnvironmentVersion.build_job_id.in_(ids))
-        )
-    )
+    query = select(EnvironmentVersion.build_job_id, EnvironmentVersion.interpreter)
+    rows = session.execute(query.where(EnvironmentVersion.build_job_id.in_(ids))).tuples()
+    builds: dict[int | None, str] = dict(list(rows))  # a Result has keys(): not a mapping
     out: dict[int, EnvironmentLaunch | str] = {}
     for job in jobs:
         ctx = contexts.get(job.id)
         if ctx is None:
             continue
         if job.id in builds:
-            out[job.id] = _build_launch(ctx, settings)
+            out[job.id] = _build_launch(ctx, settings, builds[job.id])
         elif job.spec.kind == "workspace" and settings.engine == "slurm" and not _catalogued(job):
             out[job.id] = workspace_environment(settings)
         elif _catalogued(job):
             try:
-                bind = resolve_env(
+                bind, version = _resolve(
                     ctx, MountRequest(f"{PREFIX}/{job.spec.environment}", job.spec.environment, "", True)
                 )
             except MountRefused as exc:
                 out[job.id] = f"environment: {exc}"
                 continue
-            out[job.id] = EnvironmentLaunch(f"{bind.target}/bin", (base_prefix(),), (bind,))
+            paths = interpreter.sandbox_paths(version.interpreter)
+            out[job.id] = EnvironmentLaunch(f"{bind.target}/bin", paths, (bind,))
     return out
 
 
@@ -183,10 +190,14 @@ def _closed_to_others(path: Path) -> Path | None:
         return path
 
 
-def _build_launch(ctx: MountContext, settings: Settings) -> EnvironmentLaunch:
-    own = server_environment()
-    binds = [Bind(str(ensure_store(ctx.root)), BUILD_STORE, True, "env/store")]
+def _build_launch(ctx: MountContext, settings: Settings, python: str) -> EnvironmentLaunch:
+    """A build job: the published tools (its PATH's first dir), the store and the admin's wheels,
+    read-only; its interpreter's dirs; outbound network for the admin's index (local engine)."""
+    binds = [
+        Bind(str(tools_dir(ctx.root)), BUILD_TOOLS, True, "env/tools"),
+        Bind(str(ensure_store(ctx.root)), BUILD_STORE, True, "env/store"),
+    ]
     if settings.env_find_links is not None:
         binds.append(Bind(str(settings.env_find_links), BUILD_FIND_LINKS, True, "env/find-links"))
     outbound = "internet" if settings.env_index_url else ""
-    return EnvironmentLaunch(own.bin_dir, own.paths, tuple(binds), outbound)
+    return EnvironmentLaunch(BUILD_TOOLS, interpreter.sandbox_paths(python), tuple(binds), outbound)

@@ -20,7 +20,8 @@ from sqlalchemy.orm import Session
 from corral.config import Settings
 from corral.db.environment_models import Environment, EnvironmentVersion
 from corral.db.models import Group, Job, User
-from corral.environments.store import DEFAULT_ENVIRONMENT, base_python, python_version
+from corral.environments import interpreter, tools
+from corral.environments.store import DEFAULT_ENVIRONMENT
 from corral.scheduler import Profile
 from corral.services import audit
 from corral.services.auth import Principal
@@ -139,6 +140,7 @@ def create(
     if req.official and not principal.is_admin:
         raise Forbidden("only admins mark environments official")
     group_id = _group_id(session, principal, req)
+    python, python_version, build_tools = _build_prerequisites(settings)
     now = time.time()
     env = session.scalar(select(Environment).where(Environment.name == req.name))
     if env is None:
@@ -171,7 +173,8 @@ def create(
         state=BUILDING,
         source_kind=req.source_kind,
         source=req.source,
-        python=python_version(),
+        python=python_version,
+        interpreter=python,
         cache_hit=False,
         error="",
         created_by=principal.name,
@@ -187,8 +190,16 @@ def create(
         target_id=f"{env.name}@{number}",
         after={"visibility": env.visibility, "official": env.official, "source_kind": req.source_kind},
     )
-    spec = build_spec(settings, env.name, number, req, group_name=req.group)
-    job = submit_job(session, principal, spec, profile)  # commits the rows above with the job
+    spec = build_spec(settings, env.name, number, req, req.group, python, build_tools)
+    try:
+        job = submit_job(session, principal, spec, profile)  # commits the rows above with the job
+    except Invalid as exc:
+        if exc.loc != ("body", "tasks"):
+            raise
+        why = str(exc).removeprefix("this job can never run on this cluster: ")
+        raise Conflict(  # e.g. a Slurm cluster of GPU nodes only (CORRAL_CPU_JOBS_ON_GPU_NODES)
+            f"environments cannot be built here: their build job (1 CPU, 2 GiB, no GPU) fits no node: {why}"
+        ) from exc
     version.build_job_id = job["id"]
     session.commit()
     return version_view(env, version)
@@ -207,22 +218,40 @@ def _group_id(session: Session, principal: Principal, req: CreateRequest) -> int
     return gid
 
 
+def _build_prerequisites(settings: Settings) -> tuple[str, str, tools.BuildTools]:
+    """The interpreter, its version and the published build tools; 409 naming what is missing."""
+    python = interpreter.configured(settings)
+    try:
+        return python, interpreter.version(python), tools.publish(settings.storage_path)
+    except (interpreter.InterpreterUnavailable, tools.ToolsUnavailable) as exc:
+        raise Conflict(f"environments cannot be built here: {exc}") from exc
+
+
 def build_spec(
-    settings: Settings, name: str, number: int, req: CreateRequest, group_name: str | None
+    settings: Settings,
+    name: str,
+    number: int,
+    req: CreateRequest,
+    group_name: str | None,
+    python: str,
+    build_tools: tools.BuildTools,
 ) -> JobSpecV1:
-    """The build job: the server's own environment running corral.environments.buildstep, with
-    the request in its env; its network and store binds are added at launch (builds.py)."""
+    """The build job: the environment's interpreter running the published build step (with the
+    published uv; corral.environments.tools), the request in its env. The same on every engine;
+    its tools, store and find-links binds and its network are added at launch (mounts.py)."""
     from corral.environments.store import BUILD_FIND_LINKS, BUILD_STORE
 
     spec: dict[str, Any] = {
         "name": f"env-build-{name}-v{number}"[:128],
-        "command": "python -m corral.environments.buildstep",
+        "command": f'exec "$CORRAL_ENV_PYTHON" "$CORRAL_ENV_TOOLS/{build_tools.buildstep}"',
         "resources": {"cpus": 1, "memory": "2GiB"},
         "max_runtime": settings.env_build_timeout_s,
         "env": {
             "CORRAL_ENV_SOURCE_KIND": req.source_kind,
             "CORRAL_ENV_SOURCE": req.source,
-            "CORRAL_ENV_PYTHON": base_python(),
+            "CORRAL_ENV_PYTHON": python,
+            "CORRAL_ENV_TOOLS": tools.BUILD_TOOLS,
+            "CORRAL_ENV_UV": build_tools.uv,
             "CORRAL_ENV_INDEX_URL": settings.env_index_url,
             "CORRAL_ENV_FIND_LINKS": BUILD_FIND_LINKS if settings.env_find_links is not None else "",
             "CORRAL_ENV_STORE": BUILD_STORE,
@@ -245,6 +274,7 @@ def version_view(env: Environment, v: EnvironmentVersion) -> dict[str, Any]:
         "source_kind": v.source_kind,
         "source": v.source,
         "python": v.python,
+        "interpreter": v.interpreter,
         "lock": v.lock,
         "cache_key": v.cache_key,
         "cache_hit": v.cache_hit,

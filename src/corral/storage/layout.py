@@ -8,6 +8,7 @@
     code/snapshots/<id>/  one snapshot as a tree of read-only hard links (0711: reachable, not listable)
     outputs/<job id>/   a job's outputs: owner the job's uid, 0700; deleted with the job
     env/store/<key>/    built environments, one read-only copy per lock (corral.environments.store)
+    env/tools/          what build jobs run: the build step and uv, read-only (corral.environments.tools)
     model/<model id>/v<N>/  a registered model version: a read-only copy (corral.catalog.model_files)
 
 The top-level dirs are root's with 0711 where their entries are private (a job's uid may pass

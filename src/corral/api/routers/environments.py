@@ -38,7 +38,8 @@ class EnvironmentVersionOut(BaseModel):
     state: Literal["building", "ready", "failed"]
     source_kind: str
     source: str
-    python: str
+    python: str  # the interpreter's version
+    interpreter: str  # the interpreter it is built for ("" for versions from before it was recorded)
     lock: str | None
     cache_key: str | None
     cache_hit: bool

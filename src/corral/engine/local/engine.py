@@ -91,6 +91,14 @@ LAUNCHER_BOOT = (
 )
 _ATTEMPT_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 DEFAULT_PIDS_MAX = 1024
+# Env values naming a bind target: an unsandboxed job (no binds) gets the host's path instead.
+HOST_MAPPED_ENV = (
+    "CORRAL_OUTPUTS",
+    "CORRAL_CODE",
+    "CORRAL_ENV_STORE",
+    "CORRAL_ENV_FIND_LINKS",
+    "CORRAL_ENV_TOOLS",
+)
 
 
 def _host_path(path: str, mounts: Sequence[MountSpec]) -> str:
@@ -550,7 +558,7 @@ class LocalEngine:
         env.setdefault("HOME", attempt.home if sandboxed and attempt.home else inside)
         if not sandboxed:  # no binds: storage paths in the env name the host's dirs
             hosted = {m.target: m.source for m in attempt.mounts}
-            for key in ("CORRAL_OUTPUTS", "CORRAL_CODE", "CORRAL_ENV_STORE", "CORRAL_ENV_FIND_LINKS"):
+            for key in HOST_MAPPED_ENV:
                 if env.get(key) in hosted:
                     env[key] = hosted[env[key]]
         env.setdefault("CORRAL_WORK_DIR", inside)

@@ -19,6 +19,7 @@ function versionsTable(env, refresh) {
       { label: "State", cell: (v) => versionBadge(v.state) },
       { label: "Lock", cell: (v) => (v.cache_key ? h("code", { title: v.lock || "" }, v.cache_key.slice(0, 12)) : "—") },
       { label: "Cache hit", cell: (v) => (v.state === "ready" ? (v.cache_hit ? "yes" : "no") : "—") },
+      { label: "Python", cell: (v) => h("code", { title: v.interpreter || "the server's base interpreter" }, v.python) },
       { label: "Build job", cell: (v) => (v.build_job_id ? h("a", { href: `/jobs/${v.build_job_id}` }, `#${v.build_job_id}`) : "—") },
       { label: "Created", cell: (v) => `${fmtTime(v.created_at)} by ${v.created_by}` },
       { label: "Error", cell: (v) => (v.error ? h("pre", { class: "log" }, v.error) : "") },
