@@ -676,7 +676,8 @@ def main() -> int:
         "--duration",
         type=float,
         default=1800.0,
-        help="bound on each configuration's run (s): submits in the first 60 %%, faults in the first 80 %%",
+        help="bound on each configuration's run (s): faults in the first 80 %%; the drain ends by "
+        "it, or a quarter of it after the last submit",
     )
     parser.add_argument("--gpus", type=int, default=4, help="virtual GPUs on the node")
     parser.add_argument("--submitters", type=int, default=4, help="clients submitting at once")
