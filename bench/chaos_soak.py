@@ -271,14 +271,17 @@ class Soak:
                     raise RuntimeError(f"{job.name} refused: {r.text[:300]}")
                 with self.lock:
                     self.submit_errors += 1
+                # An error answer (a 503 while shutting down): the request is over, so what it
+                # committed, if anything, is visible now.
+                found = self.find_by_name(job.name)
             except httpx.ConnectError:
                 with self.lock:
                     self.submit_waits += 1  # never reached a server: nothing was created
+                found = None
             except httpx.HTTPError:
                 with self.lock:
                     self.submit_errors += 1
-            # An error answer (503 while shutting down, 500) or none at all: was it created?
-            found = self.resolve_lost_answer(job.name, proc)
+                found = self.resolve_lost_answer(job.name, proc)  # no answer: it may still commit
             if found is not None:
                 with self.lock:
                     self.ids[job.name] = found

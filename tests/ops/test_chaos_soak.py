@@ -1,5 +1,5 @@
 """The chaos soak, short: real servers (PostgreSQL with two on one database; the SQLite
-configuration runs in bench/chaos_soak.py) run a few dozen mixed jobs while servers, supervisors
+configuration runs in bench/chaos_soak.py) run 20 mixed jobs while servers, supervisors
 and job processes are SIGKILLed, the node's heartbeats stop and GPUs fault; no invariant of
 bench/chaos_soak.py may break. Also `corral chaos node down|up`, which the soak uses."""
 
@@ -34,9 +34,9 @@ OPENING = (
 
 
 def short_soak(seed: int) -> SoakConfig:
-    """20 short jobs (5 of them fail by design) and the opening's faults, then the work drains;
-    45 s on a quiet machine. The bound is what a loaded 2-core machine needs with room to
-    spare, not what the soak usually takes."""
+    """20 short jobs (5 of them fail by design) and the opening's faults, then the work drains:
+    40-50 s of soak on the 2-core machine at load 12 (110 s at load 14 beside a fuzz run). The
+    bound is what a loaded machine needs with room to spare, not what the soak usually takes."""
     return SoakConfig(
         jobs=20,
         seed=seed,
