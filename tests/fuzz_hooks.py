@@ -298,6 +298,13 @@ ACCEPTED: tuple[Accepted, ...] = (
     ),
     Accepted(
         "ST202",
+        "PUT /api/v1/remediation/rules",
+        "rules refused, the active version stays",
+        "the rules are YAML in the remediation rules language (docs/operations.md): a grammar that "
+        "no JSON schema states; the refusal names the line and what is wrong",
+    ),
+    Accepted(
+        "ST202",
         "POST /api/v1/workspaces/{name}/start",
         "can never run",
         "whether a workspace's job can ever fit depends on the cluster's nodes and the group's quota",

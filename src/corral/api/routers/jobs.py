@@ -71,6 +71,8 @@ def spec_body_schema() -> dict[str, Any]:
     defs["TaskV1"]["properties"]["env"] = {**defs["TaskV1"]["properties"]["env"], **env}
     props["tasks"]["propertyNames"] = {"pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"}
     props["environment"] = {**props["environment"], "pattern": ENVIRONMENT_REF_PATTERN}
+    # "workspace" jobs are made by POST /workspaces (and .../start); this route refuses them
+    props["kind"] = {"type": "null", "default": None}
     duration = {"type": "string", "pattern": _DURATION_PATTERN}
     for name in ("max_runtime", "stop_grace"):
         props[name] = {"anyOf": [duration, {"type": "null"}], "default": None}
