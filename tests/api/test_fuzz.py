@@ -145,3 +145,37 @@ def test_memory_pattern_admits_only_sizes_the_server_takes(server: CorralServer)
                 c.post(f"{API}/jobs/{r.json()['id']}/cancel")
         r = c.post(f"{API}/jobs", json={"name": "m", "command": "true", "resources": {"memory": "644K"}})
         assert r.status_code == 422 and "less than 1 MiB" in r.text, r.text
+
+
+def test_concurrent_starts_of_a_workspace_make_one_job(server: CorralServer) -> None:
+    """Chasing a 500 on POST /workspaces/{name}/start in bench/fuzz_api.py (admin, 2 workers):
+    starts at once each submitted a job, and all but one ran on owned by no workspace. Now a
+    compare-and-set on the job a start replaces: one 200, the others 409."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def start() -> httpx.Response:
+        with server.client() as c:
+            return c.post(f"{API}/workspaces/race/start")
+
+    with server.client() as c:
+        assert c.post(f"{API}/workspaces", json={"name": "race", "start": False}).status_code == 201
+        for _round in range(3):
+            with ThreadPoolExecutor(3) as pool:
+                answers = list(pool.map(lambda _: start(), range(3)))
+            codes = sorted(r.status_code for r in answers)
+            assert codes == [200, 409, 409], [r.text for r in answers]
+            started = next(r.json()["job_id"] for r in answers if r.status_code == 200)
+            jobs = c.get(f"{API}/jobs", params={"state": "queued,scheduled,starting,running"}).json()
+            workspace_jobs = [j["id"] for j in jobs["items"] if j["name"] == "ws-race"]
+            assert workspace_jobs == [started], (workspace_jobs, started)
+            assert c.post(f"{API}/workspaces/race/stop").status_code == 200
+            wait_stopped(c, "race")
+
+
+def wait_stopped(c: httpx.Client, name: str) -> None:
+    import time
+
+    deadline = time.monotonic() + 60
+    while c.get(f"{API}/workspaces/{name}").json()["state"] != "stopped":
+        assert time.monotonic() < deadline, c.get(f"{API}/workspaces/{name}").text
+        time.sleep(0.3)
