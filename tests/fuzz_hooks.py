@@ -269,6 +269,12 @@ ACCEPTED: tuple[Accepted, ...] = (
     Accepted(
         "ST202",
         "POST /api/v1/workspaces",
+        "an idle timeout must be at least",
+        "a duration's pattern cannot bound its magnitude (at least 1 s: '0.5s' has the shape)",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/workspaces",
         "a duration must be at most",
         "a duration's pattern cannot bound its magnitude (a sum of numbers times units)",
     ),

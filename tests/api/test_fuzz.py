@@ -179,3 +179,14 @@ def wait_stopped(c: httpx.Client, name: str) -> None:
     while c.get(f"{API}/workspaces/{name}").json()["state"] != "stopped":
         assert time.monotonic() < deadline, c.get(f"{API}/workspaces/{name}").text
         time.sleep(0.3)
+
+
+def test_tiny_idle_timeouts_are_refused_not_a_500(server: CorralServer) -> None:
+    """Found by the reduced run (stateful, seed 22): a workspace with idle_timeout 5e-324 was a
+    500 (stored as "0s", which the job spec refused); under a second is now a clear 422."""
+    with server.client() as c:
+        for value in (5e-324, 1e-7, "0.5s"):
+            r = c.post(f"{API}/workspaces", json={"name": "tiny", "idle_timeout": value, "start": False})
+            assert r.status_code == 422 and "at least 1s" in r.text, (value, r.text)
+        r = c.put(f"{API}/workspaces/policies/default", json={"default_idle_timeout": 5e-324})
+        assert r.status_code == 422 and "at least 1s" in r.text, r.text

@@ -21,7 +21,7 @@ router = APIRouter(tags=["workspaces"])
 DURATION = WithJsonSchema(
     {
         "anyOf": [
-            {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_DURATION_S},
+            {"type": "number", "minimum": 1, "maximum": MAX_DURATION_S},
             {"type": "string", "pattern": _DURATION_PATTERN},
             {"type": "null"},
         ],
@@ -43,8 +43,16 @@ GPU_MODEL = r"^[A-Za-z0-9][A-Za-z0-9._-]*(\|[A-Za-z0-9][A-Za-z0-9._-]*)*$"
 Duration = Annotated[float | str | None, DURATION]
 
 
+MIN_IDLE_TIMEOUT_S = 1.0
+
+
 def _duration(value: Any) -> float | None:
-    return None if value is None else parse_duration_s(value)
+    """An idle timeout of at least a second: a tinier one (`5e-324`) was stored as "0s", which
+    the job spec then refused, a 500 (bench/fuzz_api.py)."""
+    seconds = None if value is None else parse_duration_s(value)
+    if seconds is not None and seconds < MIN_IDLE_TIMEOUT_S:
+        raise ValueError(f"an idle timeout must be at least {MIN_IDLE_TIMEOUT_S:g}s")
+    return seconds
 
 
 class WorkspaceIn(BaseModel):
