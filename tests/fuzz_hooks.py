@@ -219,7 +219,7 @@ ACCEPTED: tuple[Accepted, ...] = (
     Accepted(
         "ST202",
         "POST /api/v1/jobs",
-        "has one of that name",
+        "of that name (see `corral secret ls`)",
         "a secret the spec names must have been set before (state; the 422 is the same whether it "
         "exists for someone else or not at all, so it cannot be a 404 that would tell them apart)",
     ),
