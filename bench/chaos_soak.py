@@ -11,6 +11,8 @@ tests/pg.py) with two servers on one database and one home (their loops are leas
 Invariants, checked on a read-only snapshot of the database every `--poll` seconds and at the end:
 
   lost_job            a submitted job is missing from the database
+  duplicate_job       a planned job is in the database more than once (a submit retried after
+                      its answer was lost must not create it again)
   two_live_attempts   a job has two attempts scheduled/starting/running at once
   terminal_reopened   a job seen terminal is later seen in another state
   gpu_overallocated   one GPU held (GpuClaim) or placed by two live attempts
@@ -22,6 +24,15 @@ Invariants, checked on a read-only snapshot of the database every `--poll` secon
                       nor queued whose latest attempt runs nowhere on the engine (stuck); jobs
                       still running at the bound are reported as `unfinished`
   log_incomplete      a succeeded job's log (every rank) lacks its last line
+
+Every planned job is submitted, however long the restarts make it take: a submit is retried
+until a server answers it, and one whose answer was lost (the server killed, or slow past the
+client's timeout) is looked up by its unique name first, and retried only once the server that
+took it is dead or the name has stayed absent for `LOST_ANSWER_WAIT_S`, so that no job is
+created twice (`duplicate_job` checks it). The faulted GPUs are cleared and then returned to
+service by the soak's operator once the diagnosis watch has quarantined them (a GPU quarantined
+after its fault was cleared is returned too), as an admin would; otherwise jobs that need every
+GPU would wait for ever.
 
     python bench/chaos_soak.py [--jobs 1000] [--seed 7] [--config sqlite|postgres|both]
                                [--chaos-every 2.0] [--duration 1800] [--gpus 4]
@@ -35,21 +46,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
-import itertools
 import json
-import marshal
 import os
 import random
 import shutil
 import signal
-import sqlite3
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,16 +68,24 @@ for extra in (ROOT, ROOT / "src"):  # corral (src layout) and the harness under 
 
 import httpx  # noqa: E402
 
-from corral.engine.isolation import cgroupfs  # noqa: E402
+from bench.soak_records import (  # noqa: E402
+    TERMINAL,
+    DbReader,
+    Snapshot,
+    attempt_dirs,
+    engine_overlaps,
+    open_jobs,
+    supervisor_alive,
+)
 from corral.monitor.chaos import set_node_silenced  # noqa: E402
 from corral.monitor.gpu import update_fault  # noqa: E402
 from tests.server_harness import CorralServer, start_server  # noqa: E402
 
 NODE = "local"  # the harness's node name
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 LIVE_ATTEMPT = frozenset({"scheduled", "starting", "running"})
 INVARIANTS = (
     "lost_job",
+    "duplicate_job",
     "two_live_attempts",
     "terminal_reopened",
     "gpu_overallocated",
@@ -79,6 +94,10 @@ INVARIANTS = (
     "log_incomplete",
 )
 FAULTS = ("server_kill", "supervisor_kill", "job_kill", "node_down", "gpu_ecc", "gpu_xid", "gpu_lose")
+LOST_ANSWER_WAIT_S = 60.0  # a live server that took a submit commits it well within this
+RESTART_TIMEOUT_S = 240.0  # a killed server's start-up on a loaded 2-core machine (15-25 s seen)
+GPU_FAULT_S = (2.0, 6.0)  # a GPU fault lasts this long at least (a uniform draw)
+GPU_UNSEEN_S = 20.0  # ... and ends this much later if the diagnosis watch never took the GPU out
 SETTLE_CONFIRM_S = 5.0  # a job open at the end must stay unchanged this long to count as stuck
 HEARTBEAT_TIMEOUT_S = 3.0  # servers' CORRAL_NODE_HEARTBEAT_TIMEOUT_S: node losses come quickly
 # (gpus per instance, instances) -> weight: mostly small, some whole-node and gang jobs
@@ -94,18 +113,18 @@ class SoakConfig:
     servers: int = 1
     postgres: bool = False
     chaos_every_s: float = 2.0  # mean time between faults
-    # Bound on the whole run (after the servers are up): jobs are submitted during the first
-    # 60 % of it at most (the rest count as not submitted), faults injected during the first 80 %.
+    # Bound on the run (after the servers are up): faults are injected during its first 80 % (or
+    # until `chaos_faults`), and the work must drain within it, or within a quarter of it after
+    # the last submit if submitting took longer (every job is submitted, however long it takes).
     duration_s: float = 1800.0
-    submit_share: float = 0.6  # of the bound, for submitting (1.0: every job, however long it takes)
     poll_s: float = 0.5
     gpus: int = 4
     sleep_s: tuple[float, float] = (0.1, 1.5)  # each job sleeps a uniform draw from this
     submitters: int = 1  # clients submitting at once (in the planned order, each job once)
     node_down_s: tuple[float, float] = (4.0, 8.0)  # heartbeats stopped this long (timeout 3 s)
-    chaos_faults: int | None = (
-        None  # once all is submitted, stop injecting after this many faults (else at 4/5 of the bound)
-    )
+    # Stop injecting after this many faults, submitting or not (else at 4/5 of the bound): a
+    # loaded machine that submits slowly must not get more server kills for it.
+    chaos_faults: int | None = None
     opening: tuple[str, ...] = ()  # faults injected first, in this order, before random ones
     weights: dict[str, int] = field(
         default_factory=lambda: {
@@ -154,157 +173,6 @@ def plan_jobs(rng: random.Random, count: int, sleep_s: tuple[float, float]) -> l
     return planned
 
 
-# -------------------------------------------------------------------------- database snapshots
-
-
-@dataclass
-class Snapshot:
-    jobs: dict[int, tuple[str, str]]  # id -> (name, state)
-    attempts: list[tuple[int, int, int, str, list[dict[str, Any]]]]  # pk, job, number, state, placement
-    claims: list[tuple[str, int, int]]  # node, gpu index, attempt pk
-
-
-class DbReader:
-    """Read-only snapshots: every query of one snapshot in one read transaction."""
-
-    def __init__(self, url: str | None, sqlite_path: Path | None) -> None:
-        self.url, self.sqlite_path = url, sqlite_path
-
-    @contextlib.contextmanager
-    def _cursor(self) -> Iterator[Any]:
-        if self.sqlite_path is not None:
-            conn = sqlite3.connect(
-                f"file:{self.sqlite_path}?mode=ro", uri=True, timeout=30, isolation_level=None
-            )
-            try:
-                conn.execute("BEGIN")  # WAL: the first read fixes the snapshot for the rest
-                yield conn.cursor()
-                conn.execute("COMMIT")
-            finally:
-                conn.close()
-            return
-        import psycopg
-
-        assert self.url is not None
-        dsn = self.url.replace("postgresql+psycopg://", "postgresql://")
-        with psycopg.connect(dsn) as pg:
-            pg.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            yield pg.cursor()
-
-    def snapshot(self) -> Snapshot:
-        with self._cursor() as cur:
-            cur.execute("SELECT id, name, state FROM jobs")
-            jobs = {int(r[0]): (str(r[1]), str(r[2])) for r in cur.fetchall()}
-            cur.execute("SELECT id, job_id, number, state, placement FROM attempts")
-            attempts = [(int(r[0]), int(r[1]), int(r[2]), str(r[3]), _json(r[4])) for r in cur.fetchall()]
-            cur.execute("SELECT node, gpu_index, attempt_pk FROM gpu_claims")
-            claims = [(str(r[0]), int(r[1]), int(r[2])) for r in cur.fetchall()]
-        return Snapshot(jobs, attempts, claims)
-
-
-def open_jobs(snap: Snapshot) -> dict[int, tuple[str, int]]:
-    """Jobs neither terminal nor queued: job id -> (state, number of its latest attempt)."""
-    latest: dict[int, int] = {}
-    for _pk, jid, number, _state, _placement in snap.attempts:
-        latest[jid] = max(latest.get(jid, 0), number)
-    return {
-        jid: (state, latest.get(jid, 0))
-        for jid, (_name, state) in snap.jobs.items()
-        if state not in TERMINAL and state != "queued"
-    }
-
-
-def _json(value: Any) -> list[dict[str, Any]]:
-    loaded = json.loads(value) if isinstance(value, str | bytes) else value
-    return list(loaded or [])
-
-
-# -------------------------------------------------------------------------- engine-side records
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _proc_start(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] == "Z" else fields[19]
-
-
-def supervisor_alive(adir: Path) -> int | None:
-    """The pid of the attempt's supervisor while that very process lives, else None."""
-    sup = _read_json(adir / "supervisor.json")
-    if sup is None or (adir / "status.json").exists():
-        return None
-    pid = int(sup["pid"])
-    start = _proc_start(pid)
-    return pid if start is not None and start == str(sup.get("proc_start")) else None
-
-
-def attempt_dirs(home: Path) -> dict[int, dict[int, Path]]:
-    """job id -> attempt number -> attempt dir, as the local engine laid them out."""
-    found: dict[int, dict[int, Path]] = {}
-    root = home / "engine" / "attempts"
-    for entry in os.scandir(root) if root.exists() else ():
-        job, _, number = entry.name.partition(".")
-        if job.isdigit() and number.isdigit():
-            found.setdefault(int(job), {})[int(number)] = Path(entry.path)
-    return found
-
-
-def attempt_pids(adir: Path) -> list[int]:
-    """Processes still in the cgroups of the attempt's instances (what its supervisor started)."""
-    try:
-        spec = marshal.loads((adir / "spec.marshal").read_bytes())
-    except (OSError, ValueError, EOFError):
-        return []
-    return [
-        pid
-        for inst in spec.get("instances", ())
-        if inst.get("cgroup")
-        for pid in cgroupfs.pids(inst["cgroup"])
-    ]
-
-
-def engine_overlaps(dirs: dict[int, Path]) -> list[tuple[str, str]]:
-    """(key, detail) of each way two attempts of one job overlapped on the engine side: the
-    earlier one's supervisor started after the later one's, ended after it, left processes in
-    its cgroups while the later one ran, or wrote to its logs after the later one started. An
-    attempt whose supervisor never started ran nothing, whenever the engine wrote it off."""
-    problems = []
-    numbers = sorted(dirs)
-    for prev, nxt in itertools.pairwise(numbers):
-        sup = _read_json(dirs[nxt] / "supervisor.json")
-        prev_sup = _read_json(dirs[prev] / "supervisor.json")
-        if sup is None or prev_sup is None:
-            continue  # one of them never started a supervisor (yet): nothing ran side by side
-        started = float(sup["started_at"])
-        key = f"{prev}<{nxt}"
-        if float(prev_sup["started_at"]) > started:
-            problems.append((f"{key}:late", f"attempt {prev}'s supervisor started after attempt {nxt}'s"))
-        status = _read_json(dirs[prev] / "status.json")
-        if status is not None and float(status["finished_at"]) > started:
-            late = float(status["finished_at"]) - started
-            problems.append((f"{key}:end", f"attempt {nxt} started {late:.2f} s before {prev} ended"))
-        if status is None and supervisor_alive(dirs[nxt]) and attempt_pids(dirs[prev]):
-            problems.append((f"{key}:pids", f"processes of attempt {prev} run beside attempt {nxt}"))
-        for log in dirs[prev].glob("rank-*.log"):
-            written = log.stat().st_mtime - started
-            if written > 0.05:  # mtime granularity
-                problems.append(
-                    (f"{key}:{log.name}", f"attempt {prev} wrote {log.name} {written:.2f} s into {nxt}")
-                )
-    return problems
-
-
 # -------------------------------------------------------------------------- the soak
 
 
@@ -332,6 +200,7 @@ class Soak:
         self.checks = 0
         self.began = time.monotonic()  # reset once the servers are up
         self.opened: list[str] = []  # faults injected so far, in order
+        self.gpu_faults: dict[int, float] = {}  # GPU index -> when its fault may end (chaos thread)
 
     # -- servers ----------------------------------------------------------------------------
 
@@ -365,13 +234,13 @@ class Soak:
 
     # -- submit -------------------------------------------------------------------------------
 
-    def submit_all(self, until: float) -> None:
+    def submit_all(self) -> None:
         """Submit the planned jobs in order with `submitters` clients at once: one client spends
         most of a submit waiting on a server that chaos keeps restarting."""
         queue = iter(self.planned)
 
         def submitter() -> None:
-            while time.monotonic() < until:
+            while True:
                 with self.lock:
                     job = next(queue, None)
                 if job is None:
@@ -385,35 +254,63 @@ class Soak:
             thread.join()
 
     def submit_one(self, job: Planned) -> None:
-        """Submit until the server answers; after an answer that may have been lost on the way
-        (the server killed mid-request), look the job up by its unique name before trying again."""
-        for _ in range(200):
+        """Submit until a server answers 201. A refused connection created nothing: try again.
+        Any other failure may have created the job (the answer lost on the way): find it by its
+        unique name before trying again (`resolve_lost_answer`)."""
+        for _ in range(1000):
             srv = self.live_server()
+            proc = srv.proc  # the very process that takes this request (a restart makes another)
             try:
-                with srv.client(timeout=15.0) as c:
+                with srv.client(timeout=30.0) as c:
                     r = c.post("/api/v1/jobs", json=job.spec())
                 if r.status_code in (200, 201):
                     with self.lock:
                         self.ids[job.name] = int(r.json()["id"])
                     return
+                if r.status_code == 422:  # the spec itself is wrong: no retry makes it right
+                    raise RuntimeError(f"{job.name} refused: {r.text[:300]}")
                 with self.lock:
                     self.submit_errors += 1
+                # An error answer (a 503 while shutting down): the request is over, so what it
+                # committed, if anything, is visible now.
+                found = self.find_by_name(job.name)
             except httpx.ConnectError:
                 with self.lock:
                     self.submit_waits += 1  # never reached a server: nothing was created
+                found = None
             except httpx.HTTPError:
                 with self.lock:
                     self.submit_errors += 1
-                found = self.find_by_name(job.name)
-                if found is not None:
-                    with self.lock:
-                        self.ids[job.name] = found
-                    return
+                found = self.resolve_lost_answer(job.name, proc)  # no answer: it may still commit
+            if found is not None:
+                with self.lock:
+                    self.ids[job.name] = found
+                return
             time.sleep(0.2)
         raise RuntimeError(f"could not submit {job.name}")
 
+    def resolve_lost_answer(self, name: str, proc: Any) -> int | None:
+        """The job `name` if the failed submit created it, else None once it cannot any more: the
+        server process that took the request is dead (no commit can follow), or the name stayed
+        absent for LOST_ANSWER_WAIT_S (a live server commits or fails a submit well within
+        that). Retrying earlier could create the job twice if the slow request commits later."""
+        deadline = time.monotonic() + LOST_ANSWER_WAIT_S
+        while True:
+            dead = proc is None or proc.poll() is not None
+            found = self.find_by_name(name)
+            if found is not None or dead or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.5)
+
     def find_by_name(self, name: str) -> int | None:
-        snap = self.reader.snapshot()
+        for attempt in range(20):  # the database may be held a moment by a server's start-up
+            try:
+                snap = self.reader.snapshot()
+                break
+            except Exception:
+                if attempt == 19:
+                    raise
+                time.sleep(0.5)
         return next((jid for jid, (n, _) in snap.jobs.items() if n == name), None)
 
     # -- chaos --------------------------------------------------------------------------------
@@ -424,18 +321,22 @@ class Soak:
             "supervisor_kill": self.kill_supervisor,
             "job_kill": self.kill_job_process,
             "node_down": self.node_down,
-            "gpu_ecc": lambda: self.gpu_fault("gpu_ecc", ecc_uncorrected=1),
-            "gpu_xid": lambda: self.gpu_fault("gpu_xid", xid=79),
-            "gpu_lose": lambda: self.gpu_fault("gpu_lose", lost=True),
+            "gpu_ecc": lambda: self.gpu_fault(ecc_uncorrected=1),
+            "gpu_xid": lambda: self.gpu_fault(xid=79),
+            "gpu_lose": lambda: self.gpu_fault(lost=True),
         }
         names = [n for n in FAULTS if self.cfg.weights.get(n, 0) > 0]
         weights = [self.cfg.weights[n] for n in names]
-        pending: list[tuple[float, Callable[[], object]]] = []  # undo actions: (when, what)
-        while not self.stop_chaos.wait(self.rng.expovariate(1.0 / self.cfg.chaos_every_s)):
+        node_up_at: float | None = None
+        wait = self.rng.expovariate(1.0 / self.cfg.chaos_every_s)
+        while not self.stop_chaos.wait(wait):
+            if self.cfg.chaos_faults is not None and len(self.opened) >= self.cfg.chaos_faults:
+                break  # enough; the undo below still runs (node up, GPU faults cleared)
             now = time.monotonic()
-            for item in [p for p in pending if p[0] <= now]:
-                item[1]()
-                pending.remove(item)
+            if node_up_at is not None and now >= node_up_at:
+                set_node_silenced(self.home, NODE, False)
+                node_up_at = None
+            self.tend_gpus(now)
             opening = self.cfg.opening[len(self.opened) :]
             name = opening[0] if opening else self.rng.choices(names, weights=weights)[0]
             try:
@@ -447,29 +348,20 @@ class Soak:
                 self.faults[name] += 1
                 self.opened.append(name)
                 if name == "node_down":
-                    pending.append(
-                        (
-                            now + self.rng.uniform(*self.cfg.node_down_s),
-                            lambda: set_node_silenced(self.home, NODE, False),
-                        )
-                    )
-                elif name.startswith("gpu_"):
-                    index = self.last_gpu
-                    pending.append(
-                        (now + self.rng.uniform(2.0, 6.0), functools.partial(self.gpu_clear, index))
-                    )
-        for _, undo in pending:
-            undo()
+                    node_up_at = time.monotonic() + self.rng.uniform(*self.cfg.node_down_s)
+            # An opening fault that found nothing to hit (no attempt running yet, a GPU still
+            # faulted) is tried again soon, so that every kind lands while there is work to hit.
+            opening_left = bool(opening) and not done
+            wait = 0.2 if opening_left else self.rng.expovariate(1.0 / self.cfg.chaos_every_s)
         set_node_silenced(self.home, NODE, False)
-        for index in range(self.cfg.gpus):
-            self.gpu_clear(index)
+        self.end_gpu_faults()
 
     def kill_server(self) -> bool:
         srv = self.rng.choice(self.servers)
         srv.kill()
         time.sleep(self.rng.uniform(0.0, 1.0))
         began = time.monotonic()
-        srv.start()
+        srv.start(RESTART_TIMEOUT_S)
         self.restart_s.append(time.monotonic() - began)
         return True
 
@@ -515,26 +407,42 @@ class Soak:
         set_node_silenced(self.home, NODE, True)
         return True
 
-    last_gpu = 0
-
-    def gpu_fault(self, _kind: str, **fault: Any) -> bool:
-        self.last_gpu = self.rng.randrange(self.cfg.gpus)
-        update_fault(self.home, NODE, self.last_gpu, **fault)
+    def gpu_fault(self, **fault: Any) -> bool:
+        """A fault on a GPU not faulted now; cleared GPU_FAULT_S later, once the server acted."""
+        free = [i for i in range(self.cfg.gpus) if i not in self.gpu_faults]
+        if not free:
+            return False
+        index = self.rng.choice(free)
+        update_fault(self.home, NODE, index, **fault)
+        self.gpu_faults[index] = time.monotonic() + self.rng.uniform(*GPU_FAULT_S)
         return True
 
-    def gpu_clear(self, index: int) -> None:
-        """The fault ends, and the operator returns the GPU to service: the diagnosis watch
-        quarantined it (lost, when it fell off the bus) and never returns one by itself."""
-        update_fault(self.home, NODE, index, clear=True)
-        for _ in range(50):  # the server may be down (killed by the driver): try until it answers
-            try:
-                with self.live_server().client(timeout=15.0) as c:
-                    r = c.post(f"/api/v1/nodes/{NODE}/gpus/{index}/return")
-                if r.status_code in (200, 404, 409):  # 404: not reported yet; 409: nothing to return
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+    def tend_gpus(self, now: float) -> None:
+        """The hardware and the operator: a fault ends once its time is up and the diagnosis watch
+        has taken the GPU out (quarantined, or lost when it fell off the bus), or GPU_UNSEEN_S
+        after that if the watch never saw it; then the operator returns every GPU that is out
+        while no fault is on it (the watch never returns one by itself), including one the watch
+        took out after its fault had already ended."""
+        try:
+            health = self.reader.snapshot().gpu_health
+        except Exception:  # the database held a moment by a server's start-up: next time
+            return
+        for index, clear_at in list(self.gpu_faults.items()):
+            out = health.get((NODE, index), "healthy") != "healthy"
+            if now >= clear_at and (out or now >= clear_at + GPU_UNSEEN_S):
+                update_fault(self.home, NODE, index, clear=True)
+                del self.gpu_faults[index]
+        for (node, index), state in health.items():
+            if state != "healthy" and index not in self.gpu_faults:
+                # a server down: the next call tries again
+                with contextlib.suppress(httpx.HTTPError), self.live_server().client(timeout=10.0) as c:
+                    c.post(f"/api/v1/nodes/{node}/gpus/{index}/return")
+
+    def end_gpu_faults(self) -> None:
+        for index in range(self.cfg.gpus):
+            update_fault(self.home, NODE, index, clear=True)
+        self.gpu_faults.clear()
+        self.tend_gpus(time.monotonic())
 
     # -- invariants ---------------------------------------------------------------------------
 
@@ -563,6 +471,12 @@ class Soak:
         for name, jid in submitted.items():
             if jid not in snap.jobs:
                 self.violate("lost_job", f"{name} (job {jid}) is gone")
+        by_name: dict[str, list[int]] = {}
+        for jid, (name, _state) in snap.jobs.items():
+            by_name.setdefault(name, []).append(jid)
+        for name, jids in by_name.items():
+            if len(jids) > 1:
+                self.violate("duplicate_job", f"{name} is jobs {sorted(jids)}", name)
         for jid, (_name, state) in snap.jobs.items():
             before = self.seen_terminal.get(jid)
             if before is not None and state != before:
@@ -625,8 +539,7 @@ class Soak:
         chaos.start()
         try:
             self.began = time.monotonic()
-            share = self.cfg.submit_share
-            self.submit_all(until=self.began + self.cfg.duration_s * share if share < 1 else float("inf"))
+            self.submit_all()
             submitted_s = time.monotonic() - started
             self.drain(chaos)
         finally:  # also on Ctrl-C / SIGTERM: no fault may land while the servers are stopped
@@ -671,9 +584,11 @@ class Soak:
     def drain(self, chaos: threading.Thread) -> None:
         """Wait, up to the drain bound, for every job to end. Chaos goes on while the work
         drains, until `chaos_faults` faults were injected or four fifths of the run's bound are
-        gone, so the jobs it hit last can settle (requeues run again) before the bound."""
-        deadline = self.began + self.cfg.duration_s
-        calm_at = self.began + self.cfg.duration_s * 0.8
+        gone, so the jobs it hit last can settle (requeues run again) before the bound. The bound
+        is the run's, or a quarter of it after the last submit where submitting took longer."""
+        duration = self.cfg.duration_s
+        deadline = max(self.began + duration, time.monotonic() + duration / 4)
+        calm_at = self.began + duration * 0.8
         while time.monotonic() < deadline:
             injected = sum(self.faults.values())
             enough = self.cfg.chaos_faults is not None and injected >= self.cfg.chaos_faults
@@ -682,6 +597,7 @@ class Soak:
                 chaos.join()
                 if self.settled():
                     break
+                self.tend_gpus(time.monotonic())  # one the watch took out after the last clear
             time.sleep(1.0)
         self.stop_chaos.set()
         chaos.join()
@@ -763,7 +679,8 @@ def main() -> int:
         "--duration",
         type=float,
         default=1800.0,
-        help="bound on each configuration's run (s): submits in the first 60 %%, faults in the first 80 %%",
+        help="bound on each configuration's run (s): faults in the first 80 %%; the drain ends by "
+        "it, or a quarter of it after the last submit",
     )
     parser.add_argument("--gpus", type=int, default=4, help="virtual GPUs on the node")
     parser.add_argument("--submitters", type=int, default=4, help="clients submitting at once")

@@ -61,6 +61,9 @@ def main() -> int:
     )
     parser.add_argument("--max-examples", type=int, default=30, help="per operation and phase")
     parser.add_argument("--stateful-steps", type=int, default=12, help="steps per stateful scenario")
+    parser.add_argument(
+        "--stateful-examples", type=int, default=150, help="stateful scenarios (40 links to cover)"
+    )
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--workers", type=int, default=2, help="schemathesis workers per identity")
     parser.add_argument("--postgres", action="store_true", help="PostgreSQL instead of SQLite")
@@ -89,11 +92,15 @@ def main() -> int:
             seed=args.seed,
             workers=args.workers,
             stateful_steps=args.stateful_steps,
+            stateful_examples=args.stateful_examples,
             phases=tuple(args.phases.split(",")),
             timeout_s=3600,
         )
         alive = {who: _still_authenticated(server.url, token) for who, token in tokens.items()}
     finally:
+        if args.output_dir is not None:  # the tracebacks of any server error
+            args.output_dir.mkdir(parents=True, exist_ok=True)
+            (args.output_dir / "server.log").write_text(server.log_text())
         server.stop()
         if pg is not None:
             pg.stop()

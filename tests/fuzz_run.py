@@ -80,6 +80,7 @@ def run_schemathesis(
     workers: int = 1,
     timeout_s: float = 1800.0,
     stateful_steps: int = 10,
+    stateful_examples: int | None = None,
     extra_args: tuple[str, ...] = (),
 ) -> FuzzResult:
     """One schemathesis run with every check, authenticated with `token`."""
@@ -94,7 +95,7 @@ def run_schemathesis(
     }
     command = [
         sys.executable, "-m", "schemathesis.cli",
-        "--config-file", str(_config_file(work, stateful_steps)),
+        "--config-file", str(_config_file(work, stateful_steps, stateful_examples)),
         "run", f"{base_url}/openapi.json",
         "--checks", "all",
         "--seed", str(seed),
@@ -142,12 +143,17 @@ def run_as_member_and_admin(
         return list(pool.map(fuzz, tokens)), tokens
 
 
-def _config_file(work: Path, stateful_steps: int) -> Path:
-    """Stateful steps per scenario, and only the links the schema declares: schemathesis's own
-    inferred links guess (a node's GPU `job_id`, null when free, fed to GET /jobs/{job_id})."""
+def _config_file(work: Path, stateful_steps: int, stateful_examples: int | None) -> Path:
+    """Stateful steps per scenario (and scenarios, where given apart from `--max-examples`), and
+    only the links the schema declares: schemathesis's own inferred links guess (a node's GPU
+    `job_id`, null when free, fed to GET /jobs/{job_id})."""
     path = work / "schemathesis.toml"
+    scenarios = ""
+    if stateful_examples:
+        scenarios = f"\n[phases.stateful.generation]\nmax-examples = {stateful_examples}\n"
     path.write_text(
-        f"[phases.stateful]\nmax-steps = {stateful_steps}\n\n[phases.stateful.inference]\nalgorithms = []\n"
+        f"[phases.stateful]\nmax-steps = {stateful_steps}\n{scenarios}"
+        "\n[phases.stateful.inference]\nalgorithms = []\n"
     )
     return path
 

@@ -43,6 +43,9 @@ def test_schemathesis_finds_nothing_as_member_and_admin(server: CorralServer) ->
         seed=SEED,
         phases=("fuzzing", "stateful"),
         stateful_steps=10,
+        # 40 declared links: 3 scenarios of a member, who may create few of their sources,
+        # sometimes followed none of them
+        stateful_examples=12,
         timeout_s=240,
     )
     assert sum(r.cases for r in results) >= 200  # a few hundred cases
@@ -51,7 +54,7 @@ def test_schemathesis_finds_nothing_as_member_and_admin(server: CorralServer) ->
         assert result.errors == 0, _explain(result)
         assert result.server_errors == 0, _explain(result)
         assert result.unreadable_4xx == {}, _explain(result)
-        assert result.links_total >= 20 and result.links_covered >= 1, _explain(result)
+        assert result.links_total >= 40 and result.links_covered >= 1, _explain(result)
     # Authenticated as itself all along: the guard kept each run's own token alive.
     for token in tokens.values():
         with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}) as c:
@@ -115,3 +118,75 @@ def test_schema_documents_every_error(server: CorralServer) -> None:
     assert "429" in schema["paths"][f"{API}/jobs"]["post"]["responses"]
     links = schema["paths"][f"{API}/jobs"]["post"]["responses"]["201"]["links"]
     assert {"GetJob", "GetJobLogs", "CancelJob", "DeleteJob"} <= set(links)
+
+
+def test_memory_pattern_admits_only_sizes_the_server_takes(server: CorralServer) -> None:
+    """The reduced run found a schema-valid memory of '644K' refused ("less than 1 MiB"): the
+    schema's pattern now admits only sizes of 1 MiB or more, and every size it admits is taken."""
+    import re
+
+    with httpx.Client(base_url=server.url) as c:
+        schema = c.get("/openapi.json").json()
+    post = schema["paths"][f"{API}/jobs"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    spec = schema["components"]["schemas"][post["$ref"].rsplit("/", 1)[1]] if "$ref" in post else post
+    resources = spec.get("$defs", schema["components"]["schemas"])["ResourcesV1"]["properties"]
+    (text,) = [s for s in resources["memory"]["anyOf"] if s["type"] == "string"]
+    pattern = re.compile(text["pattern"])
+    too_small = ["644K", " 1023KiB ", "0M", "0.5MiB", "0.0009G", "0.0000009T", "00.9m"]
+    admitted = ["1024K", "1M", " 1.5 GiB ", "0.001G", "0.000001TB", "0512mb", "64Ti"]
+    assert [v for v in too_small if pattern.match(v)] == []
+    assert [v for v in admitted if not pattern.match(v)] == []
+    with server.client() as c:
+        for value in admitted[:-1]:  # 64 TiB: more than the node has, "can never run"
+            spec_body = {"name": "m", "command": "true", "resources": {"memory": value}}
+            r = c.post(f"{API}/jobs", json=spec_body)
+            assert r.status_code in (201, 422) and "MiB" not in r.text, (value, r.text)
+            if r.status_code == 201:
+                c.post(f"{API}/jobs/{r.json()['id']}/cancel")
+        r = c.post(f"{API}/jobs", json={"name": "m", "command": "true", "resources": {"memory": "644K"}})
+        assert r.status_code == 422 and "less than 1 MiB" in r.text, r.text
+
+
+def test_concurrent_starts_of_a_workspace_make_one_job(server: CorralServer) -> None:
+    """Chasing a 500 on POST /workspaces/{name}/start in bench/fuzz_api.py (admin, 2 workers):
+    starts at once each submitted a job, and all but one ran on owned by no workspace. Now a
+    compare-and-set on the job a start replaces: one 200, the others 409."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def start() -> httpx.Response:
+        with server.client() as c:
+            return c.post(f"{API}/workspaces/race/start")
+
+    with server.client() as c:
+        assert c.post(f"{API}/workspaces", json={"name": "race", "start": False}).status_code == 201
+        for _round in range(3):
+            with ThreadPoolExecutor(3) as pool:
+                answers = list(pool.map(lambda _: start(), range(3)))
+            codes = sorted(r.status_code for r in answers)
+            assert codes == [200, 409, 409], [r.text for r in answers]
+            started = next(r.json()["job_id"] for r in answers if r.status_code == 200)
+            jobs = c.get(f"{API}/jobs", params={"state": "queued,scheduled,starting,running"}).json()
+            workspace_jobs = [j["id"] for j in jobs["items"] if j["name"] == "ws-race"]
+            assert workspace_jobs == [started], (workspace_jobs, started)
+            assert c.post(f"{API}/workspaces/race/stop").status_code == 200
+            wait_stopped(c, "race")
+
+
+def wait_stopped(c: httpx.Client, name: str) -> None:
+    import time
+
+    deadline = time.monotonic() + 60
+    while c.get(f"{API}/workspaces/{name}").json()["state"] != "stopped":
+        assert time.monotonic() < deadline, c.get(f"{API}/workspaces/{name}").text
+        time.sleep(0.3)
+
+
+def test_tiny_idle_timeouts_are_refused_not_a_500(server: CorralServer) -> None:
+    """Found by the reduced run (stateful, seed 22): a workspace with idle_timeout 5e-324 was a
+    500 (stored as "0s", which the job spec refused); under a second is now a clear 422."""
+    with server.client() as c:
+        for value in (5e-324, 1e-7, "0.5s"):
+            r = c.post(f"{API}/workspaces", json={"name": "tiny", "idle_timeout": value, "start": False})
+            assert r.status_code == 422 and "at least 1s" in r.text, (value, r.text)
+        r = c.put(f"{API}/workspaces/policies/default", json={"default_idle_timeout": 5e-324})
+        assert r.status_code == 422 and "at least 1s" in r.text, r.text

@@ -1,5 +1,5 @@
 """The chaos soak, short: real servers (PostgreSQL with two on one database; the SQLite
-configuration runs in bench/chaos_soak.py) run a few dozen mixed jobs while servers, supervisors
+configuration runs in bench/chaos_soak.py) run 20 mixed jobs while servers, supervisors
 and job processes are SIGKILLed, the node's heartbeats stop and GPUs fault; no invariant of
 bench/chaos_soak.py may break. Also `corral chaos node down|up`, which the soak uses."""
 
@@ -18,37 +18,36 @@ from bench.chaos_soak import FAULTS, INVARIANTS, SoakConfig, run_soak
 from tests.pg import PostgresServer
 from tests.server_fixture import get_job, start_server, submit_spec, wait_for
 
-# Every kind of fault at least once, servers and supervisors twice, then random ones.
+# Every kind of fault once, in this order: the two that need a running attempt first (the chaos
+# driver tries an opening fault again every 0.2 s until it finds something to hit, so they land
+# as soon as the first jobs run), the server kill last (its restart takes seconds on a loaded
+# machine; the other server carries the work meanwhile). No random faults after the opening.
 OPENING = (
     "supervisor_kill",
-    "server_kill",
     "job_kill",
     "gpu_ecc",
     "node_down",
-    "supervisor_kill",
     "gpu_lose",
-    "server_kill",
-    "job_kill",
     "gpu_xid",
+    "server_kill",
 )
 
 
 def short_soak(seed: int) -> SoakConfig:
-    """30 jobs; the opening's faults and a few random ones (no more server kills: a restart
-    costs seconds of start-up on a loaded machine), then the work drains."""
-    cfg = SoakConfig(
-        jobs=30,
+    """20 short jobs (5 of them fail by design) and the opening's faults, then the work drains:
+    40-50 s of soak on the 2-core machine at load 12 (110 s at load 14 beside a fuzz run). The
+    bound is what a loaded machine needs with room to spare, not what the soak usually takes."""
+    return SoakConfig(
+        jobs=20,
         seed=seed,
         chaos_every_s=0.7,
-        duration_s=200.0,
-        submit_share=1.0,  # every job submitted, however loaded the machine
-        sleep_s=(0.5, 3.0),  # long enough that the opening faults all land on a quiet machine
+        duration_s=150.0,
+        sleep_s=(0.5, 2.0),
+        submitters=4,  # a submit takes seconds on a loaded machine: all 20 queued within a few
         node_down_s=(3.5, 4.5),
         opening=OPENING,
-        chaos_faults=len(OPENING) + 3,
+        chaos_faults=len(OPENING),
     )
-    cfg.weights["server_kill"] = 0
-    return cfg
 
 
 def assert_clean(result: dict[str, Any]) -> None:
@@ -63,7 +62,7 @@ def assert_clean(result: dict[str, Any]) -> None:
 
 
 @pytest.mark.postgres
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(300)
 def test_chaos_soak_postgres_two_servers(postgres_server: PostgresServer) -> None:
     cfg = short_soak(seed=12)
     cfg.servers = 2

@@ -184,7 +184,89 @@ def _core_links() -> None:
     )
 
 
+def _catalogue_links() -> None:
+    """The resources added since: workspaces, environments, templates, secrets, on-call."""
+    api = "/api/v1"
+    named = {"name": "$response.body#/name"}
+    add_links(
+        f"POST {api}/workspaces",
+        "201",
+        {
+            "GetWorkspace": (f"GET {api}/workspaces/{{name}}", named),
+            "StopWorkspace": (f"POST {api}/workspaces/{{name}}/stop", named),
+            "DeleteWorkspace": (f"DELETE {api}/workspaces/{{name}}", named),
+        },
+    )
+    add_links(
+        f"POST {api}/workspaces/{{name}}/stop",
+        "200",
+        {"StartWorkspace": (f"POST {api}/workspaces/{{name}}/start", named)},
+    )
+    add_links(
+        f"POST {api}/environments",
+        "201",
+        {
+            "GetEnvironment": (f"GET {api}/environments/{{name}}", named),
+            "GetEnvironmentVersion": (
+                f"GET {api}/environments/{{name}}/versions/{{version}}",
+                {**named, "version": "$response.body#/version"},
+            ),
+            "DeleteEnvironment": (f"DELETE {api}/environments/{{name}}", named),
+        },
+    )
+    add_links(
+        f"POST {api}/templates",
+        "201",
+        {
+            "GetTemplate": (f"GET {api}/templates/{{name}}", named),
+            "UseTemplate": (f"POST {api}/templates/{{name}}/use", named),
+            "DeleteTemplate": (f"DELETE {api}/templates/{{name}}", named),
+        },
+    )
+    in_path = {"name": "$request.path.name"}
+    secret = {"DeleteSecret": (f"DELETE {api}/secrets/{{name}}", in_path)}
+    add_links(f"PUT {api}/secrets/{{name}}", "201", secret)
+    add_links(
+        f"PUT {api}/oncall/schedules/{{name}}",
+        "201",
+        {
+            "GetSchedule": (f"GET {api}/oncall/schedules/{{name}}", in_path),
+            "AddScheduleOverride": (f"POST {api}/oncall/schedules/{{name}}/overrides", in_path),
+            "DeleteSchedule": (f"DELETE {api}/oncall/schedules/{{name}}", in_path),
+        },
+    )
+    add_links(
+        f"POST {api}/oncall/schedules/{{name}}/overrides",
+        "201",
+        {
+            "DeleteScheduleOverride": (
+                f"DELETE {api}/oncall/schedules/{{name}}/overrides/{{override_id}}",
+                {**in_path, "override_id": "$response.body#/id"},
+            )
+        },
+    )
+    add_links(
+        f"PUT {api}/oncall/policies/{{name}}",
+        "201",
+        {
+            "GetPolicy": (f"GET {api}/oncall/policies/{{name}}", in_path),
+            "DeletePolicy": (f"DELETE {api}/oncall/policies/{{name}}", in_path),
+        },
+    )
+    page = {"page_id": "$response.body#/id"}
+    add_links(
+        f"POST {api}/oncall/pages",
+        "201",
+        {
+            "GetPage": (f"GET {api}/oncall/pages/{{page_id}}", page),
+            "AckPage": (f"POST {api}/oncall/pages/{{page_id}}/ack", page),
+            "CancelPage": (f"POST {api}/oncall/pages/{{page_id}}/cancel", page),
+        },
+    )
+
+
 _core_links()
+_catalogue_links()
 
 
 # --- error responses ----------------------------------------------------------------------------

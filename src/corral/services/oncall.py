@@ -42,7 +42,10 @@ from corral.services.rotation import (
 )
 
 GAP_HORIZON_S = 14 * 86400.0  # how far ahead a schedule is checked for gaps
-EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+# Blanks spelled out rather than `\s`: the schema carries this pattern, and `\s` means other
+# characters to JSON Schema (ECMA-262: not U+0085) than to Python and pydantic (U+0085, U+001C-F).
+_BLANK = r"\t\n\v\f\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+EMAIL_RE = re.compile(rf"^[^@{_BLANK}]+@[^@{_BLANK}]+\.[^@{_BLANK}]+$")
 CONTACT_KINDS = ("email", "webhook", "slack")
 MAX_STEPS = 20
 MAX_REPEAT = 10

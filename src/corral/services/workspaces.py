@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypedDict
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from corral.config import Settings
@@ -344,6 +344,7 @@ def start_workspace(
         raise Conflict(f"workspace {name!r} is already {workspace_state(job)} (job {job.id})")
     before = _state_for_audit(ws)
     try:
+        _claim_start(session, ws, name)
         _submit(session, principal, settings, profile, ws, time.time())
         audit.record(
             session,
@@ -359,6 +360,19 @@ def start_workspace(
         session.rollback()
         raise
     return _view(session, settings, ws, owner, _group_name(session, ws.group_id))
+
+
+def _claim_start(session: Session, ws: Workspace, name: str) -> None:
+    """Compare-and-set on the job the start replaces: of two starts at once (both saw it ended),
+    the second waits on the first's row lock and then matches nothing (409), where both used to
+    submit a job and one of the two ran on, owned by no workspace (bench/fuzz_api.py, admin)."""
+    previous = Workspace.current_job_id
+    same = previous.is_(None) if ws.current_job_id is None else previous == ws.current_job_id
+    claimed = session.execute(
+        update(Workspace).where(Workspace.id == ws.id, same).values(updated_at=Workspace.updated_at)
+    )
+    if claimed.rowcount != 1:  # type: ignore[attr-defined]
+        raise Conflict(f"workspace {name!r} is being started by another request")
 
 
 def stop_workspace(

@@ -22,7 +22,10 @@ class EnvironmentIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=svc.NAME_RE.pattern, max_length=64)
+    # "default" is the server's own environment: the schema says so too (`not`), as the service does
+    name: str = Field(
+        pattern=svc.NAME_RE.pattern, max_length=64, json_schema_extra={"not": {"const": "default"}}
+    )
     source: str = Field(min_length=1, max_length=svc.MAX_SOURCE_BYTES)
     source_kind: Literal["requirements", "pyproject"] = "requirements"
     visibility: Literal["private", "group", "public"] = "private"

@@ -36,6 +36,22 @@ STATE_LIST = rf"^\s*{_STATE}\s*(,\s*{_STATE}\s*)*$"
 _NUMBER = r"[0-9]+(?:\.[0-9]+)?[dhmsDHMS]"
 _NONZERO = r"(?:[0-9]*[1-9][0-9]*(?:\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)[dhmsDHMS]"
 _DURATION_PATTERN = rf"^\s*(?:{_NUMBER})*{_NONZERO}(?:{_NUMBER})*\s*$"
+# A size with a unit, at least 1 MiB (the parser refuses less: "644K", "0M"): 1024 K or more,
+# 1 M or more, 0.001 G or more, 0.000001 T or more; the parser reads a few more forms (bytes,
+# "0.0009999G"), which the schema leaves out. The upper bound (64 TiB) a pattern cannot say.
+_FRACTION = r"(?:\.[0-9]+)?"
+_K_AT_LEAST_1024 = (
+    rf"0*(?:[1-9][0-9]{{4,}}|[2-9][0-9]{{3}}|1[1-9][0-9]{{2}}|10[3-9][0-9]|102[4-9]){_FRACTION}"
+)
+_AT_LEAST_1 = rf"0*[1-9][0-9]*{_FRACTION}"
+_G_AT_LEAST_MILLI = rf"(?:{_AT_LEAST_1}|0+\.(?:[1-9]|0[1-9]|00[1-9])[0-9]*)"
+_T_AT_LEAST_MICRO = rf"(?:{_AT_LEAST_1}|0+\.0{{0,5}}[1-9][0-9]*)"
+# "default", NAME or NAME@VERSION: the shape corral.environments.service.parse_ref reads.
+ENVIRONMENT_REF_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}(?:@[0-9]{1,9})?$"
+MEMORY_PATTERN = (
+    rf"^\s*(?:{_K_AT_LEAST_1024}\s*[Kk]|{_AT_LEAST_1}\s*[Mm]|{_G_AT_LEAST_MILLI}\s*[Gg]"
+    rf"|{_T_AT_LEAST_MICRO}\s*[Tt])(?:[Ii]?[Bb]?)\s*$"
+)
 
 
 def spec_body_schema() -> dict[str, Any]:
@@ -54,6 +70,9 @@ def spec_body_schema() -> dict[str, Any]:
     props["env"] = {**props["env"], **env}
     defs["TaskV1"]["properties"]["env"] = {**defs["TaskV1"]["properties"]["env"], **env}
     props["tasks"]["propertyNames"] = {"pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"}
+    props["environment"] = {**props["environment"], "pattern": ENVIRONMENT_REF_PATTERN}
+    # "workspace" jobs are made by POST /workspaces (and .../start); this route refuses them
+    props["kind"] = {"type": "null", "default": None}
     duration = {"type": "string", "pattern": _DURATION_PATTERN}
     for name in ("max_runtime", "stop_grace"):
         props[name] = {"anyOf": [duration, {"type": "null"}], "default": None}
@@ -64,7 +83,7 @@ def spec_body_schema() -> dict[str, Any]:
     resources["memory"] = {
         "anyOf": [
             {"type": "integer", "minimum": 1, "maximum": 64 * 1024 * 1024},
-            {"type": "string", "pattern": r"^\s*[0-9]+(?:\.[0-9]+)?\s*(?:[KkMmGgTt][Ii]?[Bb]?)\s*$"},
+            {"type": "string", "pattern": MEMORY_PATTERN},
         ],
         "default": 1024,
         "description": "MiB, or a size such as '512MiB' or '64GiB'",

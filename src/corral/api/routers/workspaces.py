@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 from corral.api.deps import DB, Admin, CurrentUser, NameInPath, UserFilter, fast_json
-from corral.api.routers.jobs import _DURATION_PATTERN
+from corral.api.routers.jobs import _DURATION_PATTERN, ENVIRONMENT_REF_PATTERN, MEMORY_PATTERN
 from corral.services import workspaces as svc
 from corral.services.policy import active_profile
 from corral.services.workspaces import WorkspaceRequest
@@ -21,7 +21,7 @@ router = APIRouter(tags=["workspaces"])
 DURATION = WithJsonSchema(
     {
         "anyOf": [
-            {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_DURATION_S},
+            {"type": "number", "minimum": 1, "maximum": MAX_DURATION_S},
             {"type": "string", "pattern": _DURATION_PATTERN},
             {"type": "null"},
         ],
@@ -33,7 +33,7 @@ MEMORY = WithJsonSchema(
     {
         "anyOf": [
             {"type": "integer", "minimum": 1, "maximum": 64 * 1024 * 1024},
-            {"type": "string", "pattern": r"^\s*[0-9]+(?:\.[0-9]+)?\s*(?:[KkMmGgTt][Ii]?[Bb]?)\s*$"},
+            {"type": "string", "pattern": MEMORY_PATTERN},
         ],
         "default": 4096,
         "description": "MiB, or a size such as '512MiB' or '16GiB'",
@@ -43,8 +43,16 @@ GPU_MODEL = r"^[A-Za-z0-9][A-Za-z0-9._-]*(\|[A-Za-z0-9][A-Za-z0-9._-]*)*$"
 Duration = Annotated[float | str | None, DURATION]
 
 
+MIN_IDLE_TIMEOUT_S = 1.0
+
+
 def _duration(value: Any) -> float | None:
-    return None if value is None else parse_duration_s(value)
+    """An idle timeout of at least a second: a tinier one (`5e-324`) was stored as "0s", which
+    the job spec then refused, a 500 (bench/fuzz_api.py)."""
+    seconds = None if value is None else parse_duration_s(value)
+    if seconds is not None and seconds < MIN_IDLE_TIMEOUT_S:
+        raise ValueError(f"an idle timeout must be at least {MIN_IDLE_TIMEOUT_S:g}s")
+    return seconds
 
 
 class WorkspaceIn(BaseModel):
@@ -55,7 +63,9 @@ class WorkspaceIn(BaseModel):
     gpu_model: str | None = Field(None, max_length=256, pattern=GPU_MODEL)
     cpus: float = Field(1.0, gt=0, le=1024)
     memory: Annotated[MemoryMiB, MEMORY] = Field(4096, ge=1, le=64 * 1024 * 1024)
-    environment: str = Field("default", min_length=1, max_length=256)
+    environment: str = Field(
+        "default", min_length=1, max_length=256, json_schema_extra={"pattern": ENVIRONMENT_REF_PATTERN}
+    )
     idle_timeout: Duration = Field(None, description="e.g. '2h'; default: the group's")
     group: str | None = Field(None, min_length=1, max_length=64)
     start: bool = True
