@@ -47,6 +47,7 @@ log = logging.getLogger("corral.workspaces.proxy")
 router = APIRouter(include_in_schema=False)
 
 AUTH_CACHE_S = 2.0
+NOT_RUNNING_CACHE_S = 0.2
 SMALL_BODY_BYTES = 1 << 20  # answers up to this size are read whole, then sent (no streaming)
 HTTP_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -119,7 +120,10 @@ async def authorize(app: Any, headers: Any, cookies: Any, ws_id: int) -> Decisio
     )
     if len(_decisions) > 10_000:
         _decisions.clear()
-    _decisions[key] = (now + AUTH_CACHE_S, decision)
+    # "Not running yet" changes within a second of a start: kept briefly, or a workspace that
+    # has just started would keep answering 503 for AUTH_CACHE_S after its JupyterLab is up.
+    ttl = NOT_RUNNING_CACHE_S if decision.status == 503 else AUTH_CACHE_S
+    _decisions[key] = (now + ttl, decision)
     return decision
 
 
