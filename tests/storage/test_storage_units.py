@@ -155,6 +155,9 @@ def test_logs_source_is_the_users_own_logs_dir_and_read_only(root: Path) -> None
     bind = resolve(ctx(root), "logs")
     assert (bind.host_path, bind.target, bind.readonly) == (str(root / "logs" / "alice"), "/logs", True)
     assert [(d.owner, d.gid, d.mode) for d in bind.prepare] == [("root", None, 0o750)]
+    with pytest.raises(MountRefused, match="you have no job 42 with logs"):
+        resolve(ctx(root, "bob"), "logs/42")
+    (root / "logs" / "bob" / "42").mkdir(parents=True)
     one = resolve(ctx(root, "bob"), "logs/42")
     assert (one.host_path, one.target) == (str(root / "logs" / "bob" / "42"), "/logs/42")
     with pytest.raises(MountRefused, match="read-only"):

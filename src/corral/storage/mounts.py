@@ -196,6 +196,8 @@ def _logs(ctx: MountContext, req: MountRequest) -> Bind:
         if not req.ref.isdigit():
             raise MountRefused(f"mount source {req.source!r}: name a job by its number, e.g. logs/42")
         path = path / str(int(req.ref))
+        if not path.is_dir():  # the engine makes a job's dir when it launches it
+            raise MountRefused(f"mount source {req.source!r}: you have no job {int(req.ref)} with logs")
     target = req.target or (f"{SANDBOX_LOGS}/{int(req.ref)}" if req.ref else SANDBOX_LOGS)
     return Bind(str(path), target, True, req.source, prepare)
 
