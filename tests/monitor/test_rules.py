@@ -111,6 +111,48 @@ def test_dashboards_are_grafana_json_with_prometheus_targets() -> None:
             assert panel["targets"] and all(t["expr"].strip() for t in panel["targets"]), panel["title"]
 
 
+def test_workspace_gpu_hours_reclaimed_panel_evaluates_in_promtool(tmp_path: Path) -> None:
+    """The dashboard line for idle reclamation: its query parses and sums the counter per group
+    (promtool evaluates it over made-up series, with Grafana's $group variable set to all)."""
+    promtool = require_binary("promtool")
+    board = json.loads((DEPLOY / "grafana" / "corral-users-groups.json").read_text())
+    panels = [
+        p
+        for p in board["panels"]
+        if any("corral_workspace_gpu_hours_reclaimed_total" in t["expr"] for t in p["targets"])
+    ]
+    assert len(panels) == 1 and panels[0]["type"] == "timeseries", [p["title"] for p in panels]
+    expr = panels[0]["targets"][0]["expr"].replace("$group", ".*")
+    series = "corral_workspace_gpu_hours_reclaimed_total"
+    unit_test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": f'{series}{{group="vision"}}', "values": "0 0.5 1.5"},
+                    {"series": f'{series}{{group="nlp"}}', "values": "2 2 2"},
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": "2m",
+                        "exp_samples": [
+                            {"labels": '{group="vision"}', "value": 1.5},
+                            {"labels": '{group="nlp"}', "value": 2},
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "panel_test.yml"
+    path.write_text(yaml.safe_dump(unit_test))
+    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def corral_own_alert_names() -> set[str]:
     """Alert names Corral's own health checks raise (source "corral")."""
     names: set[str] = set()

@@ -15,6 +15,7 @@ from sqlalchemy import delete
 from corral.db.models import Group, User
 from corral.db.session import init_db, make_engine, make_session_factory
 from corral.engine.isolation.sandbox import SandboxSpec, bwrap_argv
+from corral.engine.local.log_links import link_rank_logs, prepare_log_dirs
 from corral.spec import JobSpecV1
 from corral.storage import code
 from corral.storage.identities import IdRange, ensure_ids
@@ -148,6 +149,45 @@ def test_ids_are_stable_and_never_reused(tmp_path: Path) -> None:
     engine.dispose()
     with pytest.raises(ValueError, match="LOW-HIGH"):
         IdRange.parse("CORRAL_UID_RANGE", "300000")
+
+
+def test_logs_source_is_the_users_own_logs_dir_and_read_only(root: Path) -> None:
+    bind = resolve(ctx(root), "logs")
+    assert (bind.host_path, bind.target, bind.readonly) == (str(root / "logs" / "alice"), "/logs", True)
+    assert [(d.owner, d.gid, d.mode) for d in bind.prepare] == [("root", None, 0o750)]
+    with pytest.raises(MountRefused, match="you have no job 42 with logs"):
+        resolve(ctx(root, "bob"), "logs/42")
+    (root / "logs" / "bob" / "42").mkdir(parents=True)
+    one = resolve(ctx(root, "bob"), "logs/42")
+    assert (one.host_path, one.target) == (str(root / "logs" / "bob" / "42"), "/logs/42")
+    with pytest.raises(MountRefused, match="read-only"):
+        resolve(ctx(root), "logs", "", False)
+    for source in ("logs/x", "logs/../bob"):
+        with pytest.raises(MountRefused, match="by its number"):
+            resolve(ctx(root), source)
+
+
+def test_rank_logs_are_hard_linked_for_the_owner_to_read(tmp_path: Path) -> None:
+    adir, job_logs = tmp_path / "attempts", tmp_path / "logs" / "alice" / "7"
+    adir.mkdir()
+    (tmp_path / "logs").mkdir()
+    for attempt in (1, 2):
+        (adir / str(attempt)).mkdir()
+        attempt_dir = prepare_log_dirs(job_logs, attempt, 300009)
+        link_rank_logs(attempt_dir, job_logs, [0, 1], 300009, adir / str(attempt))
+    for attempt in (1, 2):
+        for rank in (0, 1):
+            linked = job_logs / f"attempt-{attempt}" / f"rank-{rank}.log"
+            assert linked.samefile(adir / str(attempt) / f"rank-{rank}.log")
+            st = linked.stat()
+            assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (0, 300009, 0o640)
+    assert (job_logs / "rank-1.log").samefile(adir / "2" / "rank-1.log")  # the latest attempt's
+    (adir / "2" / "rank-0.log").open("a").write("step 1 loss 0.5\n")  # what the supervisor appends
+    assert (job_logs / "rank-0.log").read_text() == "step 1 loss 0.5\n"
+    st = job_logs.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (0, 300009, 0o750)
+    names = sorted(p.name for p in job_logs.iterdir())
+    assert names == ["attempt-1", "attempt-2", "rank-0.log", "rank-1.log"]
 
 
 def test_prepare_dirs_moves_a_dir_of_an_old_owner_aside(tmp_path: Path) -> None:

@@ -2,15 +2,19 @@
 workspace job and reached only through Corral's proxy — by Chromium (open a notebook, run a cell
 that prints CUDA_VISIBLE_DEVICES and writes a file to the home dir), by a kernel WebSocket, and
 refused to another user (403) and to nobody (redirect to the login); stop/start keeps the file;
-a short idle timeout stops a workspace through the idle-GPU policy."""
+a short idle timeout stops a workspace through the idle-GPU policy; the owner's training logs
+are readable (read-only) at /logs inside the workspace; a server SIGKILL and restart keeps the
+workspace, its kernel and a new ssh through the gateway working."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,6 +36,8 @@ CELL = (
 )
 
 SSH_PORT = free_port()
+SSH_OPTS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes"]
+SSH_OPTS += ["-o", "LogLevel=ERROR", "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=5"]
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +139,22 @@ def job_of(c: httpx.Client, job_id: int) -> dict[str, Any]:
     return dict(c.get(f"{API}/jobs/{job_id}").json())
 
 
-def test_jupyterlab_through_the_proxy(server: CorralServer, playwright_instance: Any) -> None:
+def ssh_key_of(c: httpx.Client, tmp_path: Path) -> Path:
+    """A new ed25519 key, its public half registered for `c`'s user."""
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    r = c.post(f"{API}/ssh-keys", json={"name": "laptop", "public_key": key.with_suffix(".pub").read_text()})
+    assert r.status_code == 201, r.text
+    return key
+
+
+def ssh_into(key: Path, login: str, command: str) -> subprocess.CompletedProcess[str]:
+    """Debian's OpenSSH client through the gateway, one command."""
+    argv = ["ssh", "-p", str(SSH_PORT), "-i", str(key), *SSH_OPTS, f"{login}@127.0.0.1", command]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
+
+
+def test_jupyterlab_through_the_proxy(server: CorralServer, playwright_instance: Any, tmp_path: Path) -> None:
     started = time.monotonic()
 
     def mark(what: str) -> None:
@@ -229,14 +250,26 @@ def test_jupyterlab_through_the_proxy(server: CorralServer, playwright_instance:
     kept = ann.get(f"/ws/{ws['id']}/api/contents/from-notebook.txt")
     assert kept.status_code == 200 and kept.json()["content"] == "kept"
 
-    # A server SIGKILL and restart: the workspace keeps running (the engine adopts it), the proxy
-    # serves it again and the kernel still has its variables.
+    # A server SIGKILL and restart: the workspace keeps running (the engine adopts it), a new
+    # OpenSSH connection through the gateway gets in within 10 s of the server being back, the
+    # proxy serves JupyterLab again and the kernel still has its variables.
+    key = ssh_key_of(ann, tmp_path)
+    assert ssh_into(key, "ann+nb", "echo in-$CORRAL_WORKSPACE").stdout.strip() == "in-nb"
     kernel = start_kernel(ann, ws["id"])
     assert run_in_kernel(server, ws["id"], kernel, "x = 41; print('set')", ann_token).strip() == "set"
     job_before = job_of(ann, restarted["job_id"])["attempts"][-1]["number"]
     server.kill()
     server.start()
+    back = time.monotonic()
     mark("server restarted")
+    answer = wait_for(
+        lambda: (r := ssh_into(key, "ann+nb", "echo in-$CORRAL_WORKSPACE")).returncode == 0 and r,
+        10,
+        interval_s=0.2,
+        what="a new ssh through the gateway after the restart",
+    )
+    assert answer.stdout.strip() == "in-nb" and time.monotonic() - back < 10
+    mark(f"ssh after restart in {time.monotonic() - back:.1f} s")
     wait_jupyter(ann, ws["id"], timeout_s=30)
     assert run_in_kernel(server, ws["id"], kernel, "print(x + 1)", ann_token).strip() == "42"
     after = job_of(ann, restarted["job_id"])
@@ -244,7 +277,7 @@ def test_jupyterlab_through_the_proxy(server: CorralServer, playwright_instance:
     assert ann.delete(f"{API}/workspaces/nb").status_code == 204
 
 
-def test_idle_workspace_is_stopped(server: CorralServer) -> None:
+def test_idle_workspace_is_stopped(server: CorralServer, playwright_instance: Any) -> None:
     ann = client_of(server, "ann")
     r = ann.post(f"{API}/workspaces", json={"name": "idle", "idle_timeout": "2s"})
     assert r.status_code == 201, r.text
@@ -255,3 +288,74 @@ def test_idle_workspace_is_stopped(server: CorralServer) -> None:
     events = ann.get(f"{API}/jobs/{ws['job_id']}/events").json()
     assert any(e["kind"] == "idle_gpu" and "stopped" in e["message"] for e in events), events
     assert ann.get(f"{API}/workspaces/idle").json()["state"] == "stopped"
+
+    # The GPU-hours reclaimed: a counter per group in /metrics, their sum on the portal dashboard.
+    exposition = httpx.get(f"{server.url}/metrics").text
+    samples = [
+        float(line.split()[-1])
+        for line in exposition.splitlines()
+        if line.startswith("corral_workspace_gpu_hours_reclaimed_total{")
+    ]
+    assert 'corral_workspace_gpu_hours_reclaimed_total{group="team-a"}' in exposition
+    browser = launch_browser(playwright_instance)
+    try:
+        page = browser.new_page()
+        page.goto(f"{server.url}/login")
+        page.fill("#username", "ann")
+        page.fill("#password", PASSWORD)
+        page.click("form.login-form button[type=submit]")
+        shown = page.wait_for_selector("#gpu-hours-reclaimed .stat-value").inner_text()
+        assert shown == f"{sum(samples):.1f}", (shown, samples)
+        label = page.text_content("#gpu-hours-reclaimed .stat-label")  # shown upper-case by CSS
+        assert label == "GPU-hours reclaimed from idle workspaces"
+    finally:
+        browser.close()
+
+
+def submit_and_wait(c: httpx.Client, command: str) -> int:
+    spec = {"name": "train", "tasks": {"main": {"command": command}}}
+    r = c.post(f"{API}/jobs", json=spec)
+    assert r.status_code == 201, r.text
+    job_id = int(r.json()["id"])
+    wait_for(lambda: job_of(c, job_id)["state"] == "succeeded", 60, interval_s=0.3, what=f"job {job_id}")
+    return job_id
+
+
+LOGS_CELL = """
+import os
+mine = {mine}
+print(sorted(os.listdir('/logs')))
+print(open(f'/logs/{{mine}}/rank-0.log').read().strip(), os.listdir(f'/logs/{{mine}}/attempt-1'))
+for write in (lambda: open(f'/logs/{{mine}}/rank-0.log', 'a'), lambda: os.mkdir('/logs/mine')):
+    try:
+        write()
+        print('written')
+    except OSError as exc:
+        print('refused', exc.errno)
+"""
+
+
+def test_training_logs_are_read_only_in_the_workspace(server: CorralServer) -> None:
+    """Jobs submitted after the workspace started: the owner's logs appear at /logs/<job id>/
+    without a restart of the workspace, nobody else's do, and nothing there can be written."""
+    ann, ben = client_of(server, "ann"), client_of(server, "ben")
+    r = ann.post(f"{API}/workspaces", json={"name": "logs", "memory": "2GiB"})
+    assert r.status_code == 201, r.text
+    ws = r.json()
+    wait_jupyter(ann, ws["id"])
+    mine = submit_and_wait(ann, "echo loss=0.125")
+    theirs = submit_and_wait(ben, "echo ben-only")
+    kernel = start_kernel(ann, ws["id"])
+    token = ann.headers["Authorization"].split()[1]
+    listing, content, *writes = run_in_kernel(
+        server, ws["id"], kernel, LOGS_CELL.format(mine=mine), token
+    ).splitlines()
+    listed = json.loads(listing.replace("'", '"'))
+    assert {str(ws["job_id"]), str(mine)} <= set(listed) and str(theirs) not in listed, listed
+    assert all(job_of(ann, int(job_id))["user"] == "ann" for job_id in listed), listed
+    assert content == "loss=0.125 ['rank-0.log']", content
+    assert len(writes) == 2 and all(w in ("refused 13", "refused 30") for w in writes), writes
+    linked = server.home / "storage" / "logs" / "ann" / str(mine)
+    assert linked.is_dir() and ann.delete(f"{API}/jobs/{mine}").status_code == 204
+    assert not linked.exists()  # the links go with the job
+    assert ann.delete(f"{API}/workspaces/logs").status_code == 204

@@ -61,6 +61,7 @@ API_ROUTER_MODULES = (
 )
 ROOT_ROUTER_MODULES = ("health",)  # not under /api/v1: /healthz, /readyz
 # Other areas' routers, imported by module name so that they can grow without touching this file.
+# A module may also export FRONT_MIDDLEWARE, an ASGI middleware run before the API's own.
 EXTERNAL_ROUTERS = (
     "corral.monitor.api",
     "corral.monitor.risk",
@@ -110,6 +111,12 @@ def create_app(
     limits.install(app, settings)
     metrics_token(settings)  # an unreadable token file refuses start-up, not the first scrape
     app.add_middleware(MetricsGuard, settings=settings)
+    # An external module's own front door (the workspace proxy: /ws/<id>/ past the limits and
+    # the router), inside the request metrics.
+    for module_name in EXTERNAL_ROUTERS:
+        front = getattr(importlib.import_module(module_name), "FRONT_MIDDLEWARE", None)
+        if front is not None:
+            app.add_middleware(front)
     # Monitoring's request metrics, outermost so that they include waiting for admission.
     install_request_metrics(app)
     return app

@@ -101,6 +101,10 @@ class AttemptLaunch:
     environment_bin: str = ""
     environment_paths: tuple[str, ...] = ()
     network_outbound: str = ""
+    # The job's dir in its owner's logs dir (corral.storage.layout.job_logs_dir), where the
+    # local engine hard-links each rank's log for the `logs` mount source; "" none. Engines
+    # without it (Slurm) leave the dir empty.
+    log_dir: str = ""
 
 
 class AttemptPhase(StrEnum):

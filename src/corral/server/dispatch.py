@@ -157,6 +157,7 @@ def build_launch(
         environment_bin=storage.environment_bin,
         environment_paths=storage.environment_paths,
         network_outbound=storage.network_outbound,
+        log_dir=storage.log_dir,
     )
 
 

@@ -31,7 +31,7 @@ from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden
 from corral.services.jobs import EngineMissing, get_job
 from corral.services.lifecycle import JobState
-from corral.storage.layout import remove_outputs
+from corral.storage.layout import remove_job_logs, remove_outputs
 
 log = logging.getLogger("corral.services.cleanup")
 TERMINAL_STATES = tuple(s.value for s in JobState if s.terminal)
@@ -75,8 +75,8 @@ def delete_job(
 
 
 def remove_job(session: Session, job: Job, engine: Engine | None, storage_root: Path | None = None) -> None:
-    """The engine's copy of every attempt and the job's outputs dir (corral.storage), then the
-    rows (not committed here)."""
+    """The engine's copy of every attempt, the job's outputs dir and its log links (corral.storage),
+    then the rows (not committed here)."""
     if job.attempts:
         if engine is None:
             raise EngineMissing(
@@ -86,6 +86,7 @@ def remove_job(session: Session, job: Job, engine: Engine | None, storage_root: 
             engine.remove_attempt(attempt.attempt_id)
     if storage_root is not None:
         remove_outputs(storage_root, job.id)
+        remove_job_logs(storage_root, job.user.name, job.id)
     session.execute(delete(JobEvent).where(JobEvent.job_id == job.id))
     session.execute(delete(Attempt).where(Attempt.job_id == job.id))
     session.execute(delete(Job).where(Job.id == job.id))

@@ -36,6 +36,7 @@ from corral.services.lifecycle import AttemptState, JobState
 from corral.spec import (
     IdleGpuV1,
     JobSpecV1,
+    MountV1,
     ResourcesV1,
     TaskV1,
     format_seconds,
@@ -240,6 +241,8 @@ def _job_spec(ws: Workspace, group: str, settings: Settings, timeout_s: float) -
             **_listen_env(settings),
         },
         idle_gpu=idle,
+        # The owner's training logs, read-only at /logs/<job id>/ (corral.storage.mounts `logs`).
+        mounts=[MountV1(source="logs")],
     )
 
 

@@ -7,6 +7,9 @@
     code/blobs/         content-addressed files of `--code` snapshots (root, 0700)
     code/snapshots/<id>/  one snapshot as a tree of read-only hard links (0711: reachable, not listable)
     outputs/<job id>/   a job's outputs: owner the job's uid, 0700; deleted with the job
+    logs/<user>/<job id>/  read-only views of the user's jobs' logs (root:<user gid>, 0750): the
+                        local engine hard-links each rank's log here (`attempt-<n>/rank-<r>.log`,
+                        and `rank-<r>.log` for the latest attempt); mounted by the `logs` source
     env/store/<key>/    built environments, one read-only copy per lock (corral.environments.store)
     env/tools/          what build jobs run: the build step and uv, read-only (corral.environments.tools)
     model/<model id>/v<N>/  a registered model version: a read-only copy (corral.catalog.model_files)
@@ -33,6 +36,7 @@ TOP_DIRS: dict[str, int] = {
     "data": 0o755,
     "code": 0o711,
     "outputs": 0o711,
+    "logs": 0o711,
     "env": 0o755,
     "model": 0o755,
 }
@@ -81,6 +85,15 @@ def group_dir(root: Path, group: str) -> Path:
 
 def outputs_dir(root: Path, job_id: int | str) -> Path:
     return root / "outputs" / str(int(job_id))
+
+
+def logs_dir(root: Path, user: str) -> Path:
+    """The user's logs dir (the `logs` mount source): one subdir per job of theirs."""
+    return root / "logs" / check_name("user", user)
+
+
+def job_logs_dir(root: Path, user: str, job_id: int | str) -> Path:
+    return logs_dir(root, user) / str(int(job_id))
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,3 +200,9 @@ def _taken_over(d: StorageDir, st: os.stat_result, uid: int, gid: int) -> bool:
 def remove_outputs(root: Path, job_id: int) -> None:
     """A job's outputs, with the job (services/cleanup.py). Idempotent."""
     shutil.rmtree(outputs_dir(root, job_id), ignore_errors=True)
+
+
+def remove_job_logs(root: Path, user: str, job_id: int) -> None:
+    """A job's log links in its owner's logs dir, with the job (the engine's own copy goes with
+    its attempts). Idempotent."""
+    shutil.rmtree(job_logs_dir(root, user, job_id), ignore_errors=True)

@@ -35,6 +35,7 @@ from corral.storage.layout import (
     check_subpath,
     group_dir,
     home_dir,
+    logs_dir,
     through_symlink,
 )
 
@@ -45,6 +46,7 @@ SANDBOX_HOME = "/home"
 SANDBOX_GROUP = "/group"
 SANDBOX_CODE = "/code"
 SANDBOX_OUTPUTS = "/outputs"
+SANDBOX_LOGS = "/logs"
 # Where a job's mounts may not go: the system, the sandbox's own dirs, and Corral's fixed binds.
 RESERVED_TARGETS = (
     "/proc", "/dev", "/sys", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
@@ -181,8 +183,28 @@ def _group(ctx: MountContext, req: MountRequest) -> Bind:
     return Bind(str(path), target, req.readonly, req.source)
 
 
+def _logs(ctx: MountContext, req: MountRequest) -> Bind:
+    """`logs`: the user's own jobs' logs at /logs/<job id>/ (the engine links each new job's
+    there, so a running workspace sees them appear); `logs/<job id>`: one job's. Only ever the
+    user's own dir, and read-only: the engine writes the logs, nobody else."""
+    if not req.readonly:
+        raise MountRefused(f"mount source {req.source!r} is read-only: use mode ro")
+    path = logs_dir(ctx.root, ctx.user)
+    # root:<the user's gid> 0750: the user may read and list it, never write or plant a symlink.
+    prepare = (StorageDir(str(path), "root", None, 0o750),)
+    if req.ref:
+        if not req.ref.isdigit():
+            raise MountRefused(f"mount source {req.source!r}: name a job by its number, e.g. logs/42")
+        path = path / str(int(req.ref))
+        if not path.is_dir():  # the engine makes a job's dir when it launches it
+            raise MountRefused(f"mount source {req.source!r}: you have no job {int(req.ref)} with logs")
+    target = req.target or (f"{SANDBOX_LOGS}/{int(req.ref)}" if req.ref else SANDBOX_LOGS)
+    return Bind(str(path), target, True, req.source, prepare)
+
+
 register_source("home", _home)
 register_source("group", _group)
+register_source("logs", _logs)
 
 
 def default_binds(ctx: MountContext, group_gids: dict[str, int]) -> list[Bind]:

@@ -16,7 +16,7 @@ from corral.db.models import Group, Job, Membership, User
 from corral.environments.mounts import plan_environments
 from corral.storage import code
 from corral.storage.identities import IdRange, IdsExhausted, ensure_ids
-from corral.storage.layout import StorageDir, StorageError, outputs_dir
+from corral.storage.layout import StorageDir, StorageError, job_logs_dir, outputs_dir
 from corral.storage.mounts import (
     SANDBOX_CODE,
     SANDBOX_OUTPUTS,
@@ -44,6 +44,7 @@ class JobStorage:
     environment_bin: str = ""
     environment_paths: tuple[str, ...] = ()
     network_outbound: str = ""
+    log_dir: str = ""  # the job's dir in the owner's logs dir (the `logs` source; local engine)
 
 
 def id_ranges(settings: Settings) -> tuple[IdRange, IdRange]:
@@ -128,4 +129,5 @@ def _plan_one(job: Job, ctx: MountContext, uid: int, group_gids: dict[str, int])
         Bind(str(out), SANDBOX_OUTPUTS, False, "outputs", (StorageDir(str(out), "user", None, 0o700),))
     )
     home = next((b.target for b in binds if b.source == "home"), None)
-    return JobStorage(uid, gids, tuple(binds), cwd, home, env)
+    logs = str(job_logs_dir(ctx.root, ctx.user, job.id))
+    return JobStorage(uid, gids, tuple(binds), cwd, home, env, log_dir=logs)

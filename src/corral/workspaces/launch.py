@@ -58,8 +58,20 @@ def jupyter_argv(listen: list[str], base_url: str, root_dir: str) -> list[str]:
         "--ServerApp.open_browser=False",
         "--ServerApp.quit_button=False",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        # No installing extensions from a workspace (the sandbox has no way out to PyPI anyway).
+        "--LabApp.extension_manager=readonly",
         "--ServerApp.terminado_settings={'shell_command': ['/bin/bash']}",
     ]
+
+
+def skip_yarn_config() -> None:
+    """JupyterLab computes its version at import, and with it asks yarn (a node process) for the
+    npm registry: 1.3 s of a 4 s start-up on this machine. The registry serves only extension
+    installs and builds, which a workspace never does (the extension manager is read-only);
+    the answer JupyterLab itself uses when node is absent takes its place."""
+    import jupyterlab.commands
+
+    jupyterlab.commands._yarn_config = lambda logger: {"yarn config": {}, "npm config": {}}
 
 
 def main() -> None:
@@ -75,6 +87,7 @@ def main() -> None:
     # CPU in a fresh sandbox (its cache lives in /tmp, a new tmpfs at every start). Jupyter's event
     # schemas do not need it; without the module jsonschema simply skips that format.
     sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]
+    skip_yarn_config()
     from corral.workspaces.jupyter_auth import CorralIdentityProvider
 
     CorralIdentityProvider.secret = token

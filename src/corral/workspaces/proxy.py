@@ -22,13 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-import httpx
 import websockets
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
@@ -43,19 +42,24 @@ from corral.services.errors import ServiceError
 from corral.services.workspaces import ProxyTarget, proxy_target
 from corral.workspaces.endpoint import Upstream, jupyter_upstream
 from corral.workspaces.jupyter_auth import HEADER
+from corral.workspaces.upstream import HttpPool, UpstreamError, UpstreamResponse, close_quietly
 
 log = logging.getLogger("corral.workspaces.proxy")
-logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per proxied request
 router = APIRouter(include_in_schema=False)
 
 AUTH_CACHE_S = 2.0
+NOT_RUNNING_CACHE_S = 0.2
+SMALL_BODY_BYTES = 1 << 20  # answers up to this size are read whole, then sent (no streaming)
 HTTP_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # Not forwarded either way: hop-by-hop headers, and Corral's own credentials.
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer"}
-    | {"transfer-encoding", "upgrade", "host", "authorization", "content-length"}
+    | {"transfer-encoding", "upgrade", "host", "authorization", "content-length", "expect"}
 )
+# Of the upstream's answer: hop-by-hop ones; Content-Length stays (the bytes pass as they came,
+# still compressed if they were; a chunked body is framed again by the server).
+RESPONSE_DROPPED = HOP_BY_HOP - {"content-length"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +72,7 @@ class Decision:
 
 
 _decisions: dict[tuple[str, int], tuple[float, Decision]] = {}
-_clients: dict[str, httpx.AsyncClient] = {}
+_pools: dict[str, HttpPool] = {}  # upstream connections by Upstream.key (socket or host:port)
 
 
 def _credential(headers: Any, cookies: Any) -> tuple[str, bool] | None:
@@ -117,7 +121,10 @@ async def authorize(app: Any, headers: Any, cookies: Any, ws_id: int) -> Decisio
     )
     if len(_decisions) > 10_000:
         _decisions.clear()
-    _decisions[key] = (now + AUTH_CACHE_S, decision)
+    # "Not running yet" changes within a second of a start: kept briefly, or a workspace that
+    # has just started would keep answering 503 for AUTH_CACHE_S after its JupyterLab is up.
+    ttl = NOT_RUNNING_CACHE_S if decision.status == 503 else AUTH_CACHE_S
+    _decisions[key] = (now + ttl, decision)
     return decision
 
 
@@ -128,16 +135,15 @@ def same_origin(headers: Any) -> bool:
     return urlsplit(origin).netloc == headers.get("host", "")
 
 
-def _client(upstream: Upstream) -> httpx.AsyncClient:
-    client = _clients.get(upstream.key)
-    if client is None:
-        if len(_clients) > 256:  # old attempts' sockets: drop them all, they are cheap to make again
-            for old in _clients.values():
-                asyncio.get_running_loop().create_task(old.aclose())
-            _clients.clear()
-        transport = httpx.AsyncHTTPTransport(uds=upstream.socket)  # uds=None: TCP to host:port
-        client = _clients[upstream.key] = httpx.AsyncClient(transport=transport, timeout=None)
-    return client
+def _pool(upstream: Upstream) -> HttpPool:
+    pool = _pools.get(upstream.key)
+    if pool is None:
+        if len(_pools) > 256:  # old attempts' sockets: drop them all, they are cheap to make again
+            for old in _pools.values():
+                asyncio.get_running_loop().create_task(close_quietly(old))
+            _pools.clear()
+        pool = _pools[upstream.key] = HttpPool(upstream.socket, upstream.host, upstream.port)
+    return pool
 
 
 def _upstream_headers(headers: Any, token: str) -> list[tuple[str, str]]:
@@ -168,35 +174,49 @@ async def proxy_http(request: Request, ws_id: int, path: str) -> Response:
     if decision.via_cookie and request.method not in SAFE_METHODS and not same_origin(request.headers):
         return JSONResponse({"detail": "cross-origin request to a workspace refused"}, status_code=403)
     assert decision.upstream is not None
-    client = _client(decision.upstream)
-    url = httpx.URL(path="/" + f"ws/{ws_id}/{path}", query=request.url.query.encode())
-    upstream = client.build_request(
-        request.method,
-        url.copy_with(scheme="http", host=decision.upstream.host, port=decision.upstream.port),
-        headers=_upstream_headers(request.headers, decision.token),
-        content=request.stream() if request.method not in ("GET", "HEAD") else None,
-    )
+    target = request.scope.get("raw_path") or quote(f"/ws/{ws_id}/{path}").encode()
+    query = request.scope.get("query_string", b"")
+    target = target + b"?" + query if query else target
+    length = request.headers.get("content-length")
+    has_body = length not in (None, "0") or "transfer-encoding" in request.headers
     try:
-        response = await client.send(upstream, stream=True)
-    except httpx.TransportError as exc:
+        response = await _pool(decision.upstream).request(
+            request.method,
+            target.decode("latin-1"),
+            _upstream_headers(request.headers, decision.token),
+            request.stream() if has_body else None,
+            int(length) if length is not None and length.isdigit() else None,
+        )
+    except UpstreamError as exc:
         _decisions.clear()  # the workspace may have stopped: look again next time
         return JSONResponse({"detail": f"workspace {ws_id}'s JupyterLab does not answer ({exc})"}, 502)
-    answer = StreamingResponse(
-        _body(response), status_code=response.status_code, background=BackgroundTask(response.aclose)
-    )
+    answer: Response
+    if _small(response):
+        # Read whole and sent in one message: a StreamingResponse's task group (it watches for
+        # the client leaving) costs more than a short answer itself (docs/workspaces.md figures).
+        try:
+            body = await response.read()
+        except UpstreamError as exc:
+            return JSONResponse({"detail": f"workspace {ws_id}'s JupyterLab broke off ({exc})"}, 502)
+        finally:
+            await response.aclose()
+        answer = Response(body, status_code=response.status_code)
+    else:
+        answer = StreamingResponse(
+            response.chunks(), status_code=response.status_code, background=BackgroundTask(response.aclose)
+        )
     # Raw, not a dict: several Set-Cookie headers must all arrive. Content-Length stays (the bytes
     # are passed on as they came, still compressed if they were).
     answer.raw_headers = [
-        (k.lower().encode("latin-1"), v.encode("latin-1"))
-        for k, v in response.headers.multi_items()
-        if k.lower() not in HOP_BY_HOP or k.lower() == "content-length"
+        (k.lower(), v) for k, v in response.headers if k.lower().decode("latin-1") not in RESPONSE_DROPPED
     ]
     return answer
 
 
-async def _body(response: httpx.Response) -> AsyncIterator[bytes]:
-    async for chunk in response.aiter_raw():
-        yield chunk
+def _small(response: UpstreamResponse) -> bool:
+    """An answer of known length up to SMALL_BODY_BYTES (not a stream of unknown end)."""
+    length = (response.header(b"content-length") or b"").decode("latin-1")
+    return (length.isdigit() and int(length) <= SMALL_BODY_BYTES) or response.status_code in (204, 304)
 
 
 @router.websocket("/ws/{ws_id}/{path:path}")
@@ -262,3 +282,42 @@ async def _pump(client: WebSocket, upstream: Any) -> None:
             await task
     with contextlib.suppress(RuntimeError, WebSocketDisconnect):
         await client.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _RouteLabel:
+    path: str  # what the request metrics label the request with (corral.monitor.middleware)
+
+
+WORKSPACE_PATH = re.compile(r"^/ws/([0-9]+)/(.*)$", re.DOTALL)
+ROUTE_LABEL = _RouteLabel("/ws/{ws_id}/{path:path}")
+
+
+class ProxyDispatch:
+    """ASGI middleware that hands `/ws/<id>/...` straight to the proxy's handlers, ahead of the
+    API's own middleware and router. Why: the router tries every API route's pattern before
+    this catch-all one, and the API's admission limit would hold a slot for the whole of a
+    proxied stream; together they were most of what the proxy added to a JupyterLab request.
+    The API's body limits never applied to /ws/ (corral.api.limits). Installed inside the
+    request metrics, which still count these requests under ROUTE_LABEL. The router keeps the
+    same routes (an app built without this middleware serves /ws/ the same way)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        kind = scope["type"]
+        found = WORKSPACE_PATH.match(scope["path"]) if kind in ("http", "websocket") else None
+        if found is None or (kind == "http" and scope["method"] not in HTTP_METHODS):
+            await self.app(scope, receive, send)
+            return
+        scope["route"] = ROUTE_LABEL
+        ws_id, path = int(found[1]), found[2]
+        if kind == "websocket":
+            await proxy_websocket(WebSocket(scope, receive, send), ws_id, path)
+            return
+        response = await proxy_http(Request(scope, receive), ws_id, path)
+        await response(scope, receive, send)
+
+
+FRONT_MIDDLEWARE = ProxyDispatch  # installed by corral.api.app, inside the request metrics

@@ -46,6 +46,13 @@ export async function gpuUtilization() {
   }));
 }
 
+// GPU-hours that idle stops reclaimed from workspaces (corral_workspace_gpu_hours_reclaimed_total,
+// one counter per group), summed over the groups; null when the server does not export it.
+export async function gpuHoursReclaimed() {
+  const samples = parseExposition(await exposition(), "corral_workspace_gpu_hours_reclaimed_total");
+  return samples.length ? samples.reduce((a, s) => a + s.value, 0) : null;
+}
+
 export function mean(values) {
   return values.length ? values.reduce((a, b) => a + b, 0) / values.length : null;
 }

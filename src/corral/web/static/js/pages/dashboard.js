@@ -1,5 +1,6 @@
-// Dashboard: GPUs by model, cluster utilization, jobs by state, my running and waiting jobs, firing
-// alerts, and for admins the "abnormal" jobs (running very long, or holding GPUs at low utilization).
+// Dashboard: GPUs by model, cluster utilization, GPU-hours reclaimed from idle workspaces, jobs by
+// state, my running and waiting jobs, firing alerts, and for admins the "abnormal" jobs (running very
+// long, or holding GPUs at low utilization).
 
 import { get, itemsOf } from "../api.js";
 import { currentUser, isAdmin } from "../app.js";
@@ -20,7 +21,7 @@ import {
   toDate,
   usageBar,
 } from "../ui.js";
-import { gpuUtilization, mean, utilizationByJob } from "../metrics.js";
+import { gpuHoursReclaimed, gpuUtilization, mean, utilizationByJob } from "../metrics.js";
 import { alertRows, isFiring } from "./alerts.js";
 
 const LONG_RUNNING_S = 24 * 3600;
@@ -36,16 +37,17 @@ export async function render(ctx) {
 async function refresh(root) {
   const me = currentUser();
   const settle = (promise) => promise.then((v) => ({ ok: v }), (err) => ({ err }));
-  const [summary, util, running, waiting, alerts, abnormal] = await Promise.all([
+  const [summary, util, reclaimed, running, waiting, alerts, abnormal] = await Promise.all([
     settle(get("/cluster/summary")),
     settle(gpuUtilization()),
+    settle(gpuHoursReclaimed()),
     settle(get("/jobs", { user: me.name, state: "running", limit: 20, sort: "id", order: "desc" })),
     settle(get("/jobs", { user: me.name, state: WAITING_STATES.join(","), limit: 20, sort: "id", order: "asc" })),
     settle(get("/alerts", { status: "firing", limit: 50 })),
     isAdmin() ? settle(get("/jobs", { state: "running", limit: 200, sort: "id", order: "asc" })) : null,
   ]);
   const blocks = [
-    h("div", { class: "grid-2" }, gpuBlock(summary, util.ok || []), jobsByStateBlock(summary)),
+    h("div", { class: "grid-2" }, gpuBlock(summary, util.ok || [], reclaimed.ok ?? null), jobsByStateBlock(summary)),
     h("div", { class: "grid-2" }, myJobsBlock("My running jobs", running), myJobsBlock("My waiting jobs", waiting)),
     alertsBlock(alerts),
   ];
@@ -67,7 +69,7 @@ function gpuRows(summary) {
   });
 }
 
-function gpuBlock(result, samples) {
+function gpuBlock(result, samples, reclaimedGpuHours) {
   if (result.err) return section("GPUs", errorBox(result.err, "Cannot load the cluster summary"));
   const summary = result.ok || {};
   const rows = gpuRows(summary);
@@ -82,6 +84,12 @@ function gpuBlock(result, samples) {
       stat("Allocated", `${allocated} / ${total}`, "gpus-allocated"),
       stat("Free", String(rows.reduce((a, r) => a + r.free, 0)), "gpus-free"),
       stat("Utilization", util === undefined || util === null ? "n/a" : `${util.toFixed(0)}%`, "gpu-utilization"),
+      // Idle workspaces stopped by the idle-GPU policy: the GPU-hours they had held unused.
+      stat(
+        "GPU-hours reclaimed from idle workspaces",
+        reclaimedGpuHours === null ? "n/a" : reclaimedGpuHours.toFixed(1),
+        "gpu-hours-reclaimed",
+      ),
     ),
     rows.length
       ? table(

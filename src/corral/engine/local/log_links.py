@@ -1,0 +1,69 @@
+"""Each rank's log, readable by the job's owner from their other jobs and workspaces: the `logs`
+mount source (corral.storage.mounts) binds `<storage root>/logs/<user>/` read-only at /logs, and
+the local engine hard-links every rank's log there when it launches an attempt:
+
+    logs/<user>/<job id>/attempt-<n>/rank-<r>.log   each attempt's
+    logs/<user>/<job id>/rank-<r>.log                the latest attempt's (replaced atomically)
+
+A hard link is the same file as the engine's own `rank-<r>.log`, so what the job writes shows at
+once, and a workspace started before the job sees its dir appear (a dir bind shows new entries).
+The files and dirs are root's with the user's private gid, read-only for the group: the user
+reads them, nobody writes through the link. A hard link needs the engine's state dir and the
+storage root on one filesystem; where they are not, the logs are not linked (a warning says so)
+and stay readable through the API and `corral logs`.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from corral.storage.layout import StorageDir, prepare_dirs
+
+log = logging.getLogger("corral.engine.local")
+LOG_MODE = 0o640  # root:<user gid>: the owner reads, only the supervisor (root) appends
+
+
+def prepare_log_dirs(job_log_dir: Path, attempt: int, uid: int) -> Path:
+    """Make `logs/<user>/<job>/attempt-<n>` (root:<uid> 0750 each level); returns the last.
+    The explicit gid retires a dir of a deleted user of the same name (prepare_dirs), whose
+    logs the new user must not read."""
+    attempt_dir = job_log_dir / f"attempt-{attempt}"
+    dirs = [job_log_dir.parent, job_log_dir, attempt_dir]
+    prepare_dirs([StorageDir(str(d), "root", uid, 0o750) for d in dirs], uid, uid)
+    return attempt_dir
+
+
+def link_rank_logs(attempt_dir: Path, job_log_dir: Path, ranks: Iterable[int], uid: int, adir: Path) -> None:
+    """Create each rank's log in the attempt dir (the supervisor appends to it, O_APPEND without
+    O_TRUNC, so it keeps this owner and mode) and hard-link it into the user's logs dir."""
+    for rank in ranks:
+        name = f"rank-{rank}.log"
+        fd = os.open(adir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, LOG_MODE)
+        try:
+            if os.geteuid() == 0:
+                os.fchown(fd, 0, uid)
+            os.fchmod(fd, LOG_MODE)
+        finally:
+            os.close(fd)
+        try:
+            os.link(adir / name, attempt_dir / name)
+            tmp = job_log_dir / f".{name}.{attempt_dir.name}"
+            tmp.unlink(missing_ok=True)
+            os.link(adir / name, tmp)
+            os.replace(tmp, job_log_dir / name)
+        except FileExistsError:
+            continue  # a relaunch of the same attempt dir cannot happen (the dir is the claim)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            log.warning(
+                "logs of %s are not linked into %s: the storage root is on another filesystem "
+                "than the engine's state dir (a hard link cannot cross)",
+                adir.name,
+                job_log_dir,
+            )
+            return
