@@ -11,7 +11,7 @@ Corral server (local engine: bubblewrap, setpriv, cgroups) started by this scrip
    drop checked with mincore (resident pages reported, must be 0); warm reads re-read the same
    files at once. Each loop is timed by wall clock and by the process's CPU time (the only place a
    bind mount could cost anything is the CPU of the kernel's path walk; CPU time is not inflated
-   by waits for the disk or a core on a shared machine). A warm-up pair (small sizes) runs first
+   by waits for the disk or a core on a shared machine). A warm-up pair (full sizes) runs first
    and is not counted; then --runs pairs, interleaved with the order alternating (host, sandbox,
    sandbox, host, ...). For each figure: the median per side, sandbox/host of the medians, and
    the median and range of the per-pair ratios (the two runs of a pair are seconds apart: the
@@ -139,8 +139,11 @@ def spread(values: list[float]) -> str:
 
 def io_runs(site: Site, args: argparse.Namespace) -> dict[str, Any]:
     host_top, box_top = str(site.storage / "group" / GROUP), "/group/" + GROUP
-    site.in_job(["io", box_top, "warmup-sandbox", "20", "8"])
-    site.on_host(["io", host_top, "warmup-host", "20", "8"])
+    sizes = [str(args.small_files), str(args.large_mb)]
+    # Not counted: brings the interpreter, the job path and as much memory as a run needs into use
+    # on both sides (on a VM, pages the guest has not touched for a while cost more the first time).
+    site.in_job(["io", box_top, "warmup-sandbox", *sizes])
+    site.on_host(["io", host_top, "warmup-host", *sizes])
     results: dict[str, list[dict[str, Any]]] = {"host": [], "sandbox": []}
     for run in range(args.runs):
         order = ("host", "sandbox") if run % 2 == 0 else ("sandbox", "host")
