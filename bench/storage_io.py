@@ -20,9 +20,9 @@ Corral server (local engine: bubblewrap, setpriv, cgroups) started by this scrip
    (made in place, registered with its row like a published version: pushing 1,000,000 files is
    not what this measures) and version 1 one file. Median of 5: `GET /datasets` (`corral data
    ls`) and `GET /datasets/many` (`data show`, with its versions), in ms; a job mounting
-   `data/many@2` vs one mounting `data/many@1`, submit -> succeeded (the request path that would
-   scan, if anything did); and the worker's `list` (scandir of the whole directory, dentries
-   warm) in a job vs on the host.
+   `data/many@2` vs one mounting `data/many@1`, each reading the first entry only, submit ->
+   succeeded (the request path that would scan, if anything did); and the worker's `list`
+   (scandir of the whole directory, dentries warm) in a job vs on the host.
 3. Upload (--parts upload): a --upload-mb dataset (16 files) pushed to the server (SDK: chunked,
    checksummed, resumable) vs `cp -r` of the same directory on the same filesystem; MB/s, ratio.
 
@@ -253,7 +253,7 @@ def mount_runs(site: Site, base: Path, files: int) -> dict[str, Any]:
         )
         for key, version in pair:
             t = time.perf_counter()
-            site.in_job(["list", "/data/many"], mounts=[{"source": f"data/many@{version}"}])
+            site.in_job(["peek", "/data/many"], mounts=[{"source": f"data/many@{version}"}])
             timings[key].append(time.perf_counter() - t)
         order = ("host", "sandbox") if run % 2 == 0 else ("sandbox", "host")
         for side in order:

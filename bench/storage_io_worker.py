@@ -4,6 +4,7 @@ of the same directory. Standard library only (the job runs it from its `--code` 
 
     python storage_io_worker.py io   DIR TAG SMALL_FILES LARGE_MIB [--drop-to UID:GID,GID...]
     python storage_io_worker.py list DIR [--drop-to ...]
+    python storage_io_worker.py peek DIR      (the first entry only: a job that just mounts DIR)
 
 Only the I/O loops are timed (perf_counter around each), never the interpreter's start. The page
 cache is in a known state before each timed loop, the same on both sides:
@@ -209,6 +210,9 @@ def main(argv: list[str]) -> None:
     }
     if mode == "list":
         out |= list_dir(top)
+    elif mode == "peek":
+        with os.scandir(top) as entries:
+            out["first_entry"] = next((e.name for e in entries), None)
     else:
         tag, small, large_mib = argv[2], int(argv[3]), int(argv[4])
         work = os.path.join(top, tag)
