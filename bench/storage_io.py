@@ -263,6 +263,7 @@ def mount_runs(site: Site, base: Path, files: int) -> dict[str, Any]:
                 listing[side].append(site.in_job(["list", "/data/many"], mounts=[{"source": "data/many@2"}]))
     figures: dict[str, Any] = {"mount_files": files}
     figures |= {f"{k}_ms": statistics.median(v) * 1000 for k, v in timings.items()}
+    figures |= {f"{k}_range_ms": f"{min(v) * 1000:.0f}-{max(v) * 1000:.0f}" for k, v in timings.items()}
     entries = {r["list_entries"] for r in listing["host"] + listing["sandbox"]}
     assert entries == {files}, f"listed {entries}, made {files}"
     host = [r["list_s"] for r in listing["host"]]
@@ -282,7 +283,8 @@ def mount_runs(site: Site, base: Path, files: int) -> dict[str, Any]:
 def print_mount(f: dict[str, Any]) -> None:
     print(f"dataset of {f['mount_files']} files: GET /datasets {f['ls_ms']:.1f} ms, /datasets/many "
           f"{f['show_ms']:.1f} ms (with its versions); job submit -> succeeded with "
-          f"data/many@2 bound {f['job_many_ms']:.0f} ms vs @1 (one file) {f['job_one_ms']:.0f} ms; "
+          f"data/many@2 bound {f['job_many_ms']:.0f} ms ({f['job_many_range_ms']}) vs @1 (one file) "
+          f"{f['job_one_ms']:.0f} ms ({f['job_one_range_ms']}); "
           f"scandir of all of it: host {f['host_list_s']:.3f} s, job {f['sandbox_list_s']:.3f} s "
           f"(speed ratio {f['ratio_list']:.3f}, pairs {f['pair_ratio_range_list']}); CPU host "
           f"{f['host_list_cpu_s']:.3f} s, job {f['sandbox_list_cpu_s']:.3f} s", flush=True)  # fmt: skip
