@@ -86,7 +86,7 @@ class Site:
     code_id: str
     worker_on_host: Path  # the snapshot's own file: the very bytes the job runs from /code
     storage: Path
-    drop_to: str = ""  # "uid:gid,groups..." of the job, learnt from the warm-up job
+    drop_to: str = ""  # "uid:gid,groups..." of the job, learnt from the first job
 
     def in_job(self, args: list[str], mounts: list[dict[str, str]] | None = None) -> dict[str, Any]:
         command = shlex.join([sys.executable, "/code/" + WORKER.name, *args])
