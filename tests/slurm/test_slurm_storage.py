@@ -1,10 +1,12 @@
 """Group storage on the Slurm engine: the same binds the dispatch builds (corral.storage.mounts),
 bound by the node's bubblewrap from the shared storage root; two members of a group share its dir,
-each job runs as its user's own Unix account, and the engine checks that its nodes see the root."""
+each job runs as its user's own Unix account, a dataset, a `--code` snapshot and the outputs dir
+are bound as on the local engine, and the engine checks that its nodes see the root."""
 
 from __future__ import annotations
 
 import grp
+import hashlib
 import os
 import subprocess
 from dataclasses import replace
@@ -12,8 +14,9 @@ from dataclasses import replace
 from corral.datasets.store import Store, make_read_only
 from corral.engine.base import AttemptPhase, MountSpec
 from corral.engine.slurm import SlurmEngine
-from corral.storage.layout import ensure_layout
-from corral.storage.mounts import MountContext, default_binds
+from corral.storage import code
+from corral.storage.layout import StorageDir, ensure_layout, outputs_dir
+from corral.storage.mounts import SANDBOX_CODE, SANDBOX_OUTPUTS, Bind, MountContext, default_binds
 from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster
 from tests.slurm.helpers import FINISHED, attempt, instance, slurm_engine, wait_for
 
@@ -66,16 +69,32 @@ def test_members_share_the_group_dir_on_slurm(slurm_cluster: SlurmCluster) -> No
         (version / "labels.txt").write_text("v1\n")
         make_read_only(version)
         os.chmod(version.parent, 0o755)
+        # In the same job: a `--code` snapshot read-only at /code (the working dir) and the job's
+        # outputs dir at /outputs, as corral.storage.plan binds them on either engine.
+        script = b"cat /data/digits/labels.txt; echo ck > /outputs/model.ckpt; pwd\n"
+        sha = hashlib.sha256(script).hexdigest()
+        code.receive_chunk(root, sha, 0, script, True, 10**6)
+        snapshot = code.make_snapshot(root, {"run.sh": {"sha256": sha, "executable": True}}, 10**6, 10)
+        outputs = outputs_dir(root, 704)
         aid = "704.1"
         binds = default_binds(MountContext("alice", frozenset(), root), {})
+        binds.append(Bind(str(code.snapshot_dir(root, snapshot)), SANDBOX_CODE, True, "code"))
+        binds.append(Bind(str(outputs), SANDBOX_OUTPUTS, False, "outputs",
+                          (StorageDir(str(outputs), "user", None, 0o700),)))  # fmt: skip
         mounts = (*(MountSpec(b.host_path, b.target, b.readonly) for b in binds),)
         data = MountSpec(str(version), "/data/digits", True)
-        command = "cat /data/digits/labels.txt; touch /data/digits/x 2>/dev/null || echo read-only"
+        command = "sh ./run.sh; touch /data/digits/x 2>/dev/null || echo data-ro; "
+        command += "touch x 2>/dev/null || echo code-ro"  # x: in the working dir, /code
         base = attempt(aid, instance("node1", command), user="alice")
         dirs = tuple(d for b in binds for d in b.prepare)
-        engine.launch(replace(base, mounts=(*mounts, data), storage_dirs=dirs, home="/home/alice"))
+        launch = replace(
+            base, mounts=(*mounts, data), storage_dirs=dirs, home="/home/alice", cwd=SANDBOX_CODE
+        )
+        engine.launch(launch)
         assert wait_for(engine, aid, FINISHED, timeout_s=30).phase is AttemptPhase.SUCCEEDED
-        assert engine.logs(aid, 0).data.decode().split() == ["v1", "read-only"]
+        assert engine.logs(aid, 0).data.decode().split() == ["v1", "/code", "data-ro", "code-ro"]
+        assert (outputs / "model.ckpt").read_text() == "ck\n"  # kept on the shared root
+        assert os.stat(outputs / "model.ckpt").st_uid == home.st_uid  # written as alice's account
         # A root the job accounts cannot reach (below a 0700 dir, e.g. CORRAL_HOME): said clearly,
         # at start-up and at launch, instead of a bubblewrap error in the job's log.
         closed = slurm_cluster.new_state_dir()

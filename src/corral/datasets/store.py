@@ -22,6 +22,10 @@ from pathlib import Path
 from corral.datasets.names import BadName, check_path, manifest_line
 
 HASH_BLOCK = 1024 * 1024
+# A chunk (8 MiB by default) is written in pieces of this size: one 8 MiB write(2) into the page
+# cache cost 4-6x the CPU of eight 1 MiB ones on the development machine (measured with 512 MiB:
+# 0.5-0.9 s vs 0.15 s), and dominated the server's side of a push.
+WRITE_PIECE = 1024 * 1024
 
 
 class Store:
@@ -71,7 +75,9 @@ class Store:
             raise BadName(f"file path {rel!r} is also a directory of the upload")
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
-            os.pwrite(fd, data, offset)
+            view, done = memoryview(data), 0
+            while done < len(data):  # pwrite may write less than asked
+                done += os.pwrite(fd, view[done : done + WRITE_PIECE], offset + done)
             os.ftruncate(fd, offset + len(data))
         finally:
             os.close(fd)
