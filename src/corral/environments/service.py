@@ -141,47 +141,9 @@ def create(
         raise Forbidden("only admins mark environments official")
     group_id = _group_id(session, principal, req)
     python, python_version, build_tools = _build_prerequisites(settings)
-    now = time.time()
-    env = session.scalar(select(Environment).where(Environment.name == req.name))
-    if env is None:
-        env = Environment(
-            name=req.name,
-            owner_id=principal.user_id,
-            group_id=group_id,
-            visibility=req.visibility,
-            official=req.official,
-            description=req.description,
-            created_at=now,
-        )
-        session.add(env)
-        session.flush()
-    else:
-        if not principal.is_admin and env.owner_id != principal.user_id:
-            raise Conflict(f"environment name {req.name!r} is taken by another user; choose another")
-        env.visibility, env.group_id = req.visibility, group_id
-        env.official = req.official or (env.official and not principal.is_admin)
-        env.description = req.description or env.description
-    number = (
-        session.scalar(
-            select(func.max(EnvironmentVersion.version)).where(EnvironmentVersion.environment_id == env.id)
-        )
-        or 0
-    ) + 1
-    version = EnvironmentVersion(
-        environment_id=env.id,
-        version=number,
-        state=BUILDING,
-        source_kind=req.source_kind,
-        source=req.source,
-        python=python_version,
-        interpreter=python,
-        cache_hit=False,
-        error="",
-        created_by=principal.name,
-        created_at=now,
-    )
-    session.add(version)
-    session.flush()
+    env = _upsert_environment(session, principal, req, group_id)
+    version = _new_version(session, principal, env, req, python, python_version)
+    number = version.version
     audit.record(
         session,
         actor=principal,
@@ -203,6 +165,62 @@ def create(
     version.build_job_id = job["id"]
     session.commit()
     return version_view(env, version)
+
+
+def _upsert_environment(
+    session: Session, principal: Principal, req: CreateRequest, group_id: int | None
+) -> Environment:
+    """The environment named `req.name`, made or updated by its owner (or an admin)."""
+    env = session.scalar(select(Environment).where(Environment.name == req.name))
+    if env is None:
+        env = Environment(
+            name=req.name,
+            owner_id=principal.user_id,
+            group_id=group_id,
+            visibility=req.visibility,
+            official=req.official,
+            description=req.description,
+            created_at=time.time(),
+        )
+        session.add(env)
+        session.flush()
+        return env
+    if not principal.is_admin and env.owner_id != principal.user_id:
+        raise Conflict(f"environment name {req.name!r} is taken by another user; choose another")
+    env.visibility, env.group_id = req.visibility, group_id
+    env.official = req.official or (env.official and not principal.is_admin)
+    env.description = req.description or env.description
+    return env
+
+
+def _new_version(
+    session: Session,
+    principal: Principal,
+    env: Environment,
+    req: CreateRequest,
+    interpreter: str,
+    python_version: str,
+) -> EnvironmentVersion:
+    """The environment's next version, in state `building` (flushed, not committed)."""
+    latest = session.scalar(
+        select(func.max(EnvironmentVersion.version)).where(EnvironmentVersion.environment_id == env.id)
+    )
+    version = EnvironmentVersion(
+        environment_id=env.id,
+        version=(latest or 0) + 1,
+        state=BUILDING,
+        source_kind=req.source_kind,
+        source=req.source,
+        python=python_version,
+        interpreter=interpreter,
+        cache_hit=False,
+        error="",
+        created_by=principal.name,
+        created_at=time.time(),
+    )
+    session.add(version)
+    session.flush()
+    return version
 
 
 def _group_id(session: Session, principal: Principal, req: CreateRequest) -> int | None:
