@@ -319,22 +319,29 @@ def run_slurm(args: argparse.Namespace) -> dict[str, Result]:
         raise SystemExit(f"--engine slurm needs these Slurm/munge programs: {', '.join(missing)}")
     with SlurmCluster() as cluster:
         print(f"slurm: {len(cluster.node_names)} nodes up in {cluster.started_in_s:.1f} s", flush=True)
-        # the harness's nodes have GPUs; Corral on Slurm keeps GPU nodes for GPU work by default
-        env = {"CORRAL_ENGINE": "slurm", "CORRAL_SLURM_CONF": str(cluster.conf)}
-        env["CORRAL_CPU_JOBS_ON_GPU_NODES"] = "true"
-        # jobs run as the harness's test accounts, with their files where those accounts reach
-        env["CORRAL_SLURM_USER_MAP"] = str(cluster.user_map)
-        env["CORRAL_SLURM_STATE_DIR"] = str(cluster.new_state_dir())
-        env["CORRAL_STORAGE_ROOT"] = str(cluster.new_state_dir() / "storage")  # shared, passable
-        env["CORRAL_SLURM_GPU_DEVICE"] = cluster.gpu_device
+
+        def corral_env() -> dict[str, str]:
+            """Each Corral server its own state dir: a new server numbers its jobs from 1 again,
+            and the engine would take attempt 1.1 for the one it launched before (idempotence)."""
+            # the harness's nodes have GPUs; Corral on Slurm keeps GPU nodes for GPU work by default
+            env = {"CORRAL_ENGINE": "slurm", "CORRAL_SLURM_CONF": str(cluster.conf)}
+            env["CORRAL_CPU_JOBS_ON_GPU_NODES"] = "true"
+            # jobs run as the harness's test accounts, with their files where those accounts reach
+            env["CORRAL_SLURM_USER_MAP"] = str(cluster.user_map)
+            env["CORRAL_SLURM_STATE_DIR"] = str(cluster.new_state_dir())
+            env["CORRAL_STORAGE_ROOT"] = str(cluster.new_state_dir() / "storage")  # shared, passable
+            env["CORRAL_SLURM_GPU_DEVICE"] = cluster.gpu_device
+            return env
+
         with squeue_watcher(cluster.env) as ended:
             # not counted: the first jobs after slurmctld starts were ~2 s slower (bench/slurm_latency.py)
             run_sbatch(argparse.Namespace(**{**vars(args), "slurm_jobs": 3}), cluster, ended, "warmup")
-            out = {"sbatch": run_sbatch(args, cluster, ended), "slurm": run_corral("slurm", args, env, ended)}
+            out = {"sbatch": run_sbatch(args, cluster, ended)}
+            out["slurm"] = run_corral("slurm", args, corral_env(), ended)
             if args.slurm_burst:  # all at once: Slurm's queue and Corral's both hold hundreds
                 burst = argparse.Namespace(**{**vars(args), "slurm_jobs": args.slurm_burst, "slurm_rate": 0})
                 out["sbatch_burst"] = run_sbatch(burst, cluster, ended, "burst")
-                out["slurm_burst"] = run_corral("slurm", burst, env, ended)
+                out["slurm_burst"] = run_corral("slurm", burst, corral_env(), ended)
     return out
 
 
