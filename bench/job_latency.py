@@ -394,9 +394,9 @@ def print_table(out: Mapping[str, Any], prefixes: list[str]) -> None:
         ratios["slurm/sbatch"] = ("slurm_", "sbatch_")
     if "slurm_burst_" in prefixes:
         ratios["burst slurm/sbatch"] = ("slurm_burst_", "sbatch_burst_")
-    print(f"\n{'':26}" + "".join(f"{COLUMNS[p]:>12}" for p in prefixes) + "".join(f"{r:>19}" for r in ratios))
+    print(f"\n{'':26}" + "".join(f"{COLUMNS[p]:>14}" for p in prefixes) + "".join(f"{r:>19}" for r in ratios))
     for key in ROWS:
-        cells = "".join(cell(out[p + key]) for p in prefixes)
+        cells = "".join(cell(out[p + key], 14) for p in prefixes)
         quotients = [(out[a + key], out[b + key]) for a, b in ratios.values()]
         print(
             f"{key:26}{cells}"
