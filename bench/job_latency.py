@@ -10,8 +10,11 @@ submit = just before the POST/Popen/sbatch; running = the time the command print
 its log): one clock for all columns. The engine's `started_at` is taken before the sandbox is built,
 so `started_at -> running` p50, sandboxed minus unsandboxed, is the sandbox's cost per job start;
 corral minus hostnet is what the network namespace adds, internet minus hostnet what slirp4netns adds.
-jobs/s = jobs / (first submit -> last end); Slurm ends are first-seen by one `squeue --json` poller
+jobs/s = jobs / (first submit -> last end); Slurm ends are first-seen by one `squeue --Format` poller
 (0.1 s; Slurm's own times are whole seconds), after a few uncounted sbatch jobs warm slurmctld up.
+--slurm-burst N adds both Slurm columns again with N jobs submitted at once (slurm_burst, sbatch_burst);
+--slurm-only skips the local columns. The Slurm column also splits Corral's submit -> running into
+phases from the job's own transition events (submit -> scheduled -> sbatch returned -> the command ran).
 
     python bench/job_latency.py [--jobs 500] [--rate 60] [--engine local|slurm] [--slurm-jobs 40]
                                 [--no-network-columns]
@@ -52,6 +55,7 @@ COMMAND = "date +%s.%N"
 SPEC: dict[str, Any] = {"cpus": 0.01, "memory": "16MiB", "gpus": 0}
 LIVE = "queued,scheduled,starting,running,preempted"
 SLURM_ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+NO_RATE_LIMITS = {"CORRAL_RATE_SUBMIT_PER_MIN": "0", "CORRAL_RATE_LOGS_PER_MIN": "0"}
 T = TypeVar("T")
 
 
@@ -60,6 +64,8 @@ class Result:
     latencies_s: list[float] = field(default_factory=list)  # submit -> the command's own clock
     start_cost_s: list[float] = field(default_factory=list)  # engine started_at -> command (local)
     to_engine_s: list[float] = field(default_factory=list)  # submit -> engine started_at (local)
+    # Slurm column: when each job reached each state, from its transition events (Corral's clock)
+    phases: dict[str, list[float]] = field(default_factory=dict)
     jobs_per_s: float = 0.0
     failed: int = 0
 
@@ -134,7 +140,10 @@ def finished_jobs(srv: CorralServer, ids: list[int], timeout_s: float) -> list[t
 
 
 def run_corral(
-    label: str, args: argparse.Namespace, env: Mapping[str, str], watcher: dict[str, float] | None = None
+    label: str,
+    args: argparse.Namespace,
+    env: Mapping[str, str],
+    watcher: dict[str, dict[int, float]] | None = None,
 ) -> Result:
     """One server with `env`: submit, wait, read back. End times from the engine or from `watcher`."""
     n, rate = (args.slurm_jobs, args.slurm_rate) if watcher else (args.jobs, args.rate)
@@ -142,7 +151,9 @@ def run_corral(
         Path(tempfile.mkdtemp(prefix=f"corral-bench-{label}-")) / "home",
         database_url=args.database_url,
         virtual_gpus=0,
-        extra_env={"CORRAL_LOG_LEVEL": "WARNING", **env},
+        # the bench submits and reads back hundreds of jobs with one token: the API's rate
+        # limits (their own tests cover them) would refuse it, measuring the limit, not the path
+        extra_env={"CORRAL_LOG_LEVEL": "WARNING", **NO_RATE_LIMITS, **env},
         allow_unisolated=False,  # the sandboxed column measures the sandbox, or fails
     )
     try:
@@ -159,16 +170,42 @@ def run_corral(
         ran = printed_time(log)
         attempt = job["attempts"][-1] if job["attempts"] else None
         if job["state"] != "succeeded" or attempt is None or ran is None:
+            if not res.failed:  # say why once: a column of failures is a setup problem
+                print(f"{label}: job {job['id']} {job['state']}: {job['reason']!r}, log {log[:200]!r}")
             res.failed += 1
             continue
         res.latencies_s.append(ran - t0)
         if watcher is not None:  # the Slurm engine names each Slurm job corral-<job id>.<attempt>
-            ends.append(wait_ended(watcher, f"corral-{job['id']}.{attempt['number']}", args.timeout))
+            name = f"corral-{job['id']}.{attempt['number']}"  # ids restart with each server
+            ends.append(wait_ended(watcher, name, args.timeout, since=submitted[0][1]))
+            add_phases(res.phases, job, t0, ran)
         else:
             res.start_cost_s.append(ran - attempt["started_at"])
             res.to_engine_s.append(attempt["started_at"] - t0)
             ends.append(job["finished_at"] or attempt["ended_at"])
     return res.finish(min(t0 for _, t0 in submitted), ends)
+
+
+SLURM_PHASES = (
+    "submit_to_scheduled",
+    "scheduled_to_sbatch_done",
+    "sbatch_done_to_command",
+    "command_to_corral_sees_running",
+)
+
+
+def add_phases(phases: dict[str, list[float]], job: Mapping[str, Any], t0: float, ran: float) -> None:
+    """Where a Slurm job's submit -> running went: submit -> scheduled (Corral's schedule loop),
+    -> starting (dispatch and sbatch returned), -> the command ran (Slurm started it, sandbox);
+    and when Corral saw it RUNNING (squeue poll), relative to the command's own time."""
+    at = {e["to_state"]: e["at"] for e in job.get("events") or [] if e["kind"] == "transition"}
+    if "scheduled" not in at or "starting" not in at:
+        return
+    phases.setdefault("submit_to_scheduled", []).append(at["scheduled"] - t0)
+    phases.setdefault("scheduled_to_sbatch_done", []).append(at["starting"] - at["scheduled"])
+    phases.setdefault("sbatch_done_to_command", []).append(ran - at["starting"])
+    if "running" in at:
+        phases.setdefault("command_to_corral_sees_running", []).append(at["running"] - ran)
 
 
 def run_baseline(args: argparse.Namespace) -> Result:
@@ -197,23 +234,27 @@ def run_baseline(args: argparse.Namespace) -> Result:
 
 # ---- Slurm -------------------------------------------------------------------------------------------
 @contextmanager
-def squeue_watcher(env: Mapping[str, str], interval_s: float = 0.1) -> Iterator[dict[str, float]]:
-    """A thread polling `squeue --json --states=all`; yields {job name: when first seen ended}.
+def squeue_watcher(env: Mapping[str, str], interval_s: float = 0.1) -> Iterator[dict[str, dict[int, float]]]:
+    """A thread polling `squeue --json --states=all`; yields {job name: {Slurm job id: when first
+    seen ended}} (a name comes back when a later Corral server numbers its jobs from 1 again).
     Both Slurm columns are timed by it, the same way."""
-    ended: dict[str, float] = {}
+    ended: dict[str, dict[int, float]] = {}
     stop = threading.Event()
 
+    from corral.engine.slurm.cli import SQUEUE_FORMAT, parse_squeue
+
     def loop() -> None:
+        # the plain format the engine reads too: `squeue --json` of a few hundred jobs cost
+        # ~0.2 s of CPU per call here, which the poller would take from both columns
+        argv = ["squeue", "--noheader", "--states=all", f"--Format={SQUEUE_FORMAT}"]
         while not stop.wait(interval_s):
-            argv = ["squeue", "--json", "--states=all"]
             out = subprocess.run(argv, env=env, capture_output=True, text=True)
             if out.returncode != 0:
                 continue  # a slow controller: try again next round
             now = time.time()
-            for job in json.loads(out.stdout).get("jobs", []):
-                state = job["job_state"]
-                if (state[0] if isinstance(state, list) else state) in SLURM_ENDED:
-                    ended.setdefault(job["name"], now)
+            for job in parse_squeue(out.stdout):
+                if job["job_state"] in SLURM_ENDED:
+                    ended.setdefault(job["name"], {}).setdefault(int(job["job_id"]), now)
 
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
@@ -224,17 +265,20 @@ def squeue_watcher(env: Mapping[str, str], interval_s: float = 0.1) -> Iterator[
         thread.join(10)
 
 
-def wait_ended(ended: dict[str, float], name: str, timeout_s: float) -> float:
+def wait_ended(ended: dict[str, dict[int, float]], name: str, timeout_s: float, since: float = 0.0) -> float:
+    """When the job `name` was first seen ended, the first such job that ended after `since`."""
     deadline = time.time() + timeout_s
-    while name not in ended:
+    while True:
+        seen = [t for t in dict(ended.get(name, {})).values() if t >= since]
+        if seen:
+            return min(seen)
         if time.time() > deadline:
             raise TimeoutError(f"Slurm job {name} not seen finished after {timeout_s} s")
         time.sleep(0.05)
-    return ended[name]
 
 
 def run_sbatch(
-    args: argparse.Namespace, cluster: Any, ended: dict[str, float], tag: str = "sbatch"
+    args: argparse.Namespace, cluster: Any, ended: dict[str, dict[int, float]], tag: str = "sbatch"
 ) -> Result:
     """The same command as plain sbatch jobs, with the requests the Slurm engine makes."""
     nodes, out_dir = cluster.node_names, cluster.base / "out"
@@ -275,24 +319,36 @@ def run_slurm(args: argparse.Namespace) -> dict[str, Result]:
         raise SystemExit(f"--engine slurm needs these Slurm/munge programs: {', '.join(missing)}")
     with SlurmCluster() as cluster:
         print(f"slurm: {len(cluster.node_names)} nodes up in {cluster.started_in_s:.1f} s", flush=True)
-        # the harness's nodes have GPUs; Corral on Slurm keeps GPU nodes for GPU work by default
-        env = {"CORRAL_ENGINE": "slurm", "CORRAL_SLURM_CONF": str(cluster.conf)}
-        env["CORRAL_CPU_JOBS_ON_GPU_NODES"] = "true"
-        # jobs run as the harness's test accounts, with their files where those accounts reach
-        env["CORRAL_SLURM_USER_MAP"] = str(cluster.user_map)
-        env["CORRAL_SLURM_STATE_DIR"] = str(cluster.new_state_dir())
-        env["CORRAL_SLURM_GPU_DEVICE"] = cluster.gpu_device
+
+        def corral_env() -> dict[str, str]:
+            """Each Corral server its own state dir: a new server numbers its jobs from 1 again,
+            and the engine would take attempt 1.1 for the one it launched before (idempotence)."""
+            # the harness's nodes have GPUs; Corral on Slurm keeps GPU nodes for GPU work by default
+            env = {"CORRAL_ENGINE": "slurm", "CORRAL_SLURM_CONF": str(cluster.conf)}
+            env["CORRAL_CPU_JOBS_ON_GPU_NODES"] = "true"
+            # jobs run as the harness's test accounts, with their files where those accounts reach
+            env["CORRAL_SLURM_USER_MAP"] = str(cluster.user_map)
+            env["CORRAL_SLURM_STATE_DIR"] = str(cluster.new_state_dir())
+            env["CORRAL_STORAGE_ROOT"] = str(cluster.new_state_dir() / "storage")  # shared, passable
+            env["CORRAL_SLURM_GPU_DEVICE"] = cluster.gpu_device
+            return env
+
         with squeue_watcher(cluster.env) as ended:
             # not counted: the first jobs after slurmctld starts were ~2 s slower (bench/slurm_latency.py)
             run_sbatch(argparse.Namespace(**{**vars(args), "slurm_jobs": 3}), cluster, ended, "warmup")
-            sbatch = run_sbatch(args, cluster, ended)
-            slurm = run_corral("slurm", args, env, ended)
-    return {"slurm": slurm, "sbatch": sbatch}
+            out = {"sbatch": run_sbatch(args, cluster, ended)}
+            out["slurm"] = run_corral("slurm", args, corral_env(), ended)
+            if args.slurm_burst:  # all at once: Slurm's queue and Corral's both hold hundreds
+                burst = argparse.Namespace(**{**vars(args), "slurm_jobs": args.slurm_burst, "slurm_rate": 0})
+                out["sbatch_burst"] = run_sbatch(burst, cluster, ended, "burst")
+                out["slurm_burst"] = run_corral("slurm", burst, corral_env(), ended)
+    return out
 
 
 # ---- report ------------------------------------------------------------------------------------------
 COLUMNS = {"": "corral", "unsandboxed_": "unsandboxed", "baseline_": "subprocess", "slurm_": "slurm"}
 COLUMNS.update(sbatch_="sbatch", hostnet_="hostnet", internet_="internet")
+COLUMNS.update(slurm_burst_="slurm_burst", sbatch_burst_="sbatch_burst")
 LOCAL_COLUMNS = ("", "unsandboxed_", "hostnet_", "internet_")  # the engine's started_at is ours
 RATIOS = {"corral/subprocess": ("", "baseline_"), "corral/unsandboxed": ("", "unsandboxed_")}
 ROWS = ("submit_to_running_p50_ms", "submit_to_running_p99_ms", "jobs_per_s")
@@ -305,11 +361,13 @@ def figures(results: Mapping[str, Result], args: argparse.Namespace) -> dict[str
         out[f"{prefix}submit_to_running_p99_ms"] = ms(res.latencies_s, 99)
         out[f"{prefix}jobs_per_s"] = round(res.jobs_per_s, 2)
         out[f"{prefix}failed"] = res.failed
+        for phase, values in res.phases.items():
+            out[f"{prefix}{phase}_p50_ms"], out[f"{prefix}{phase}_p99_ms"] = ms(values, 50), ms(values, 99)
         if prefix in LOCAL_COLUMNS:
             for q in (50, 99):
                 out[f"{prefix}submit_to_engine_start_p{q}_ms"] = ms(res.to_engine_s, q)
                 out[f"{prefix}engine_start_to_running_p{q}_ms"] = ms(res.start_cost_s, q)
-    sandboxed, plain = (out[p + "engine_start_to_running_p50_ms"] for p in ("", "unsandboxed_"))
+    sandboxed, plain = (out.get(p + "engine_start_to_running_p50_ms") for p in ("", "unsandboxed_"))
     out["sandbox_cost_per_start_ms"] = round(sandboxed - plain, 2) if sandboxed and plain else None
     if "hostnet_" in results:
         hostnet = out["hostnet_engine_start_to_running_p50_ms"]
@@ -317,7 +375,11 @@ def figures(results: Mapping[str, Result], args: argparse.Namespace) -> dict[str
         out["netns_cost_per_start_ms"] = round(sandboxed - hostnet, 2) if sandboxed and hostnet else None
         out["slirp_cost_per_start_ms"] = round(internet - hostnet, 2) if internet and hostnet else None
     if "slurm_" in results:
-        out.update(slurm_jobs=args.slurm_jobs, slurm_rate=args.slurm_rate)
+        out.update(slurm_jobs=args.slurm_jobs, slurm_rate=args.slurm_rate, slurm_burst=args.slurm_burst)
+        for a, b in (("slurm_", "sbatch_"), ("slurm_burst_", "sbatch_burst_")):
+            for key in ROWS if a in results else ():
+                x, y = out[a + key], out[b + key]
+                out[f"{a}over_{b}{key}"] = round(x / y, 3) if x is not None and y else None
     out["load_avg_1m_start"], out["load_avg_1m"] = args.load_at_start, round(os.getloadavg()[0], 2)
     return out
 
@@ -327,10 +389,14 @@ def cell(value: float | None, width: int = 12) -> str:
 
 
 def print_table(out: Mapping[str, Any], prefixes: list[str]) -> None:
-    ratios = {**RATIOS, "slurm/sbatch": ("slurm_", "sbatch_")} if "slurm_" in prefixes else RATIOS
-    print(f"\n{'':26}" + "".join(f"{COLUMNS[p]:>12}" for p in prefixes) + "".join(f"{r:>19}" for r in ratios))
+    ratios = {k: v for k, v in RATIOS.items() if v[0] in prefixes and v[1] in prefixes}
+    if "slurm_" in prefixes:
+        ratios["slurm/sbatch"] = ("slurm_", "sbatch_")
+    if "slurm_burst_" in prefixes:
+        ratios["burst slurm/sbatch"] = ("slurm_burst_", "sbatch_burst_")
+    print(f"\n{'':26}" + "".join(f"{COLUMNS[p]:>14}" for p in prefixes) + "".join(f"{r:>19}" for r in ratios))
     for key in ROWS:
-        cells = "".join(cell(out[p + key]) for p in prefixes)
+        cells = "".join(cell(out[p + key], 14) for p in prefixes)
         quotients = [(out[a + key], out[b + key]) for a, b in ratios.values()]
         print(
             f"{key:26}{cells}"
@@ -343,12 +409,16 @@ def print_table(out: Mapping[str, Any], prefixes: list[str]) -> None:
                 for k in (f"submit_to_engine_start_{q}_ms", f"engine_start_to_running_{q}_ms")
             )
             print(f"{COLUMNS[p]}: submit -> engine started_at {a} ms -> running {b} ms ({q})")
-    print(
-        f"sandbox cost per job start (started_at -> running): {cell(out['sandbox_cost_per_start_ms'], 0)} ms"
-    )
+    if "" in prefixes:
+        cost = cell(out["sandbox_cost_per_start_ms"], 0)
+        print(f"sandbox cost per job start (started_at -> running): {cost} ms")
     if "hostnet_" in prefixes:
         netns, slirp = (cell(out[k], 0) for k in ("netns_cost_per_start_ms", "slirp_cost_per_start_ms"))
         print(f"network per job start (p50 vs hostnet): own namespace {netns} ms, + slirp4netns {slirp} ms")
+    for p in (c for c in prefixes if c.startswith("slurm")):
+        for q in ("p50", "p99"):
+            steps = [(k, out.get(f"{p}{k}_{q}_ms")) for k in SLURM_PHASES]
+            print(f"{COLUMNS[p]} ({q}): " + ", ".join(f"{k} {cell(v, 0)} ms" for k, v in steps))
     print("failed: " + ", ".join(f"{COLUMNS[p]} {out[p + 'failed']}" for p in prefixes))
     print(
         f"targets: p99 < 300 ms, >= 50 jobs/s; load average (1 min) {out['load_avg_1m_start']} at the start, "
@@ -369,21 +439,34 @@ def main(argv: list[str] | None = None) -> int:
     add("--database-url", default=None, help="default: SQLite in a temp home")
     add("--timeout", type=float, default=300.0, help="seconds to wait for all jobs")
     add("--no-network-columns", action="store_true", help="skip the hostnet and internet columns")
+    add("--slurm-only", action="store_true", help="with --engine slurm: only the Slurm columns")
+    add(
+        "--slurm-burst",
+        type=int,
+        default=0,
+        help="also submit this many jobs at once to each Slurm side (columns slurm_burst, sbatch_burst)",
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.slurm_jobs < 1 or args.rate < 0 or args.slurm_rate < 0 or args.cpus <= 0:
         parser.error("--jobs and --slurm-jobs must be >= 1, --rate and --slurm-rate >= 0, --cpus > 0")
+    if args.slurm_burst < 0:
+        parser.error(f"--slurm-burst must be >= 0, got {args.slurm_burst}")
+    if (args.slurm_only or args.slurm_burst) and args.engine != "slurm":
+        parser.error("--slurm-only and --slurm-burst need --engine slurm")
     SPEC["cpus"] = args.cpus
     args.load_at_start = round(os.getloadavg()[0], 2)  # the box is shared: note what else ran
     # Ctrl-C and SIGTERM unwind through every `finally` (servers, Slurm daemons), also when a
     # shell started us in the background with SIGINT ignored
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    results = {"": run_corral("sandboxed", args, {})}
-    if not args.no_network_columns:
-        results["hostnet_"] = run_corral("hostnet", args, {"CORRAL_JOB_NETWORK": "host"})
-        results["internet_"] = run_corral("internet", args, {"CORRAL_JOB_OUTBOUND": "internet"})
-    results["unsandboxed_"] = run_corral("unsandboxed", args, {"CORRAL_ISOLATION": "false"})
-    results["baseline_"] = run_baseline(args)
+    results: dict[str, Result] = {}
+    if not args.slurm_only:
+        results[""] = run_corral("sandboxed", args, {})
+        if not args.no_network_columns:
+            results["hostnet_"] = run_corral("hostnet", args, {"CORRAL_JOB_NETWORK": "host"})
+            results["internet_"] = run_corral("internet", args, {"CORRAL_JOB_OUTBOUND": "internet"})
+        results["unsandboxed_"] = run_corral("unsandboxed", args, {"CORRAL_ISOLATION": "false"})
+        results["baseline_"] = run_baseline(args)
     if args.engine == "slurm":
         results.update({f"{k}_": v for k, v in run_slurm(args).items()})
     out = figures(results, args)

@@ -63,3 +63,37 @@ def test_only_one_of_two_runners_ticks_a_singleton(tmp_path: Path) -> None:
     time.sleep(1.0)
     second.stop()
     assert counts["a"] > 5 and before == 0 and counts["b"] > 5
+
+
+def test_the_engine_sets_the_reconcile_pace_and_a_waiting_tick_does_not_rest(tmp_path: Path) -> None:
+    """An engine that learns of ends only by asking (Slurm) polls at its own pace; and a tick that
+    spent its time waiting (a subprocess, not CPU) is followed at once by the next when woken."""
+    from corral.server.runner import RECONCILE_INTERVAL_S, collect_loops
+
+    class Polled:
+        poll_interval_s = 0.04
+
+    paces = {loop.name: loop.interval_s for loop in collect_loops(Polled())}
+    assert paces["reconcile"] == 0.04
+    assert {loop.name: loop.interval_s for loop in collect_loops()}["reconcile"] == RECONCILE_INTERVAL_S
+
+    ctx = _ctx(tmp_path, "a:1:x")
+    starts: list[float] = []
+
+    def tick(_ctx: ServerContext, _now: float) -> None:
+        starts.append(time.monotonic())
+        if len(starts) < 3:
+            time.sleep(0.3)  # waiting, as for squeue: no CPU
+            _ctx.wake("waits")
+
+    runner = LoopRunner(ctx, [BackgroundLoop("waits", 60.0, tick, singleton=False)])
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(starts) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        runner.stop()
+    assert len(starts) >= 3
+    # woken during a 0.3 s tick: the next starts right after it, not 2 x 0.3 s after it began
+    assert starts[1] - starts[0] < 0.5, starts

@@ -274,6 +274,19 @@ def test_adopt_after_restart(engine: SlurmEngine, slurm_cluster: SlurmCluster) -
     assert (status.phase, status.engine_ref) == (AttemptPhase.SUCCEEDED, ref)
 
 
+def test_poll_survives_an_account_that_no_longer_exists(engine: SlurmEngine) -> None:
+    """squeue --users=<unknown account> prints an error and lists no jobs (exit 0): the engine must
+    neither read that as "every job is gone" (LOST) nor stop polling; it asks for all users."""
+    engine.launch(attempt("115.1", instance("node2", "echo still here")))
+    record = engine.store.load("115.1")
+    assert record is not None
+    record.unix_user = "corralt-deleted-account"  # as if the account was removed since the launch
+    engine.store.save(record)
+    status = wait_for(engine, "115.1", FINISHED)
+    assert status.phase is AttemptPhase.SUCCEEDED, status
+    assert read_log(engine, "115.1") == "still here\n"
+
+
 def test_factory_builds_the_slurm_engine(
     slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -294,6 +307,13 @@ def test_factory_builds_the_slurm_engine(
     assert len(eng.nodes()) == 3
     monkeypatch.setenv("CORRAL_SLURM_PARTITION", "nonexistent")
     assert make_engine(Settings(engine="slurm", home=tmp_path / "home")).nodes() == []
+    assert eng.poll_interval_s == 0.04  # the reconcile loop's pace on Slurm (server.runner)
+    monkeypatch.setenv("CORRAL_SLURM_POLL_S", "0.2")
+    assert make_engine(Settings(engine="slurm", home=tmp_path / "home")).poll_interval_s == 0.2
+    monkeypatch.setenv("CORRAL_SLURM_POLL_S", "0")
+    with pytest.raises(ValueError, match="CORRAL_SLURM_POLL_S"):
+        make_engine(Settings(engine="slurm", home=tmp_path / "home"))
+    monkeypatch.delenv("CORRAL_SLURM_POLL_S")
     monkeypatch.setenv("CORRAL_SLURM_TIMEOUT_S", "soon")
     with pytest.raises(ValueError, match="CORRAL_SLURM_TIMEOUT_S"):
         make_engine(Settings(engine="slurm", home=tmp_path / "home"))

@@ -1,18 +1,21 @@
 """Slurm -> Corral translations for the cases a 3-node test cluster cannot produce on demand
 (OUT_OF_MEMORY needs cgroup memory enforcement, typed multi-GRES nodes, ...). The job and node
-dicts have the shape `squeue --json` / `sinfo --json` print (openapi v0.0.38)."""
+dicts have the shape `squeue --json` / `sinfo --json` print (openapi v0.0.38); the engine reads
+jobs from `squeue --Format` lines into that shape (cli.parse_squeue)."""
 
 from __future__ import annotations
 
 import os
 import pwd
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from corral.engine.base import AttemptPhase, FailureReason
 from corral.engine.slurm import mapping, scripts
+from corral.engine.slurm.cli import parse_squeue
 from corral.engine.slurm.users import UnixAccount, UnmappedUser, UserMap
 from corral.scheduler.types import NodeState
 from tests.slurm.harness import TEST_ACCOUNTS, ensure_accounts
@@ -70,6 +73,38 @@ def test_stop_and_timeout_requested_by_corral_win() -> None:
     assert mapping.terminal_status("1.1", job("CANCELLED"), {}, "timeout").reason is FailureReason.TIMEOUT
     lost = mapping.terminal_status("1.1", job("NODE_FAIL"), {}, "stopped")
     assert lost.phase is AttemptPhase.LOST  # a node failure stays a node failure
+
+
+def test_squeue_format_gives_what_squeue_json_gives() -> None:
+    """Lines as `squeue --Format` printed them on the harness (the JSON of the same jobs, side by
+    side: exit_code 768 and 9 are the raw wait statuses of `exit 3` and `kill -9`)."""
+    when = int(datetime.fromisoformat("2026-11-27T22:22:09").timestamp())  # local time, as squeue
+    out = (
+        "3922960|FAILED|768|2026-11-27T22:22:09|2026-11-27T22:22:09|0|NonZeroExitCode|node1|corral-7.1\n"
+        "3922961|FAILED|9|2026-11-27T22:22:09|2026-11-27T22:22:09|1|JobLaunchFailure|node2|sig|pipe name\n"
+        "3922963|PENDING|0|N/A|N/A|0|Resources||corral-8.1\n"
+        "3922964|RUNNING|0|2026-11-27T22:22:09|NONE|0|None|node1|run\n"
+        "squeue: a line that is not a job\n"
+    )
+    jobs = parse_squeue(out)
+    assert [j["job_id"] for j in jobs] == [3922960, 3922961, 3922963, 3922964]
+    failed, killed, pending, running = jobs
+    assert failed == {
+        "job_id": 3922960,
+        "name": "corral-7.1",
+        "job_state": "FAILED",
+        "exit_code": 768,
+        "start_time": when,
+        "end_time": when,
+        "restart_cnt": 0,
+        "state_reason": "NonZeroExitCode",
+        "nodes": "node1",
+    }
+    assert killed["name"] == "sig|pipe name" and killed["restart_cnt"] == 1  # the name is last
+    assert mapping.terminal_status("7.1", failed, {}, None).exit_code == 3
+    assert mapping.terminal_status("9.1", killed, {}, None).reason is FailureReason.SIGNAL
+    assert pending["start_time"] == 0 and mapping.live_status("8.1", pending).message == "Resources"
+    assert running["end_time"] == 0 and mapping.live_status("x", running).started_at == when
 
 
 def test_gres_parsing() -> None:

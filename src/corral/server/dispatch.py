@@ -412,7 +412,12 @@ def _submit(ctx: ServerContext, queue: LaunchQueue, launch: AttemptLaunch) -> No
             else:  # engine unavailable or claim lost: the job stays as it is, tried again
                 queue.in_flight.discard(int(launch.job_id))
             last = queue.in_flight <= {r[0] for r in queue.done}
-        if last:  # record a burst of launches in one transaction, not one each
+            batch_ready = len(queue.done) >= LAUNCH_WORKERS
+        # Record a burst of launches in one transaction, not one each; but not only once the
+        # whole burst is out: an attempt is polled only once recorded STARTING, and on a remote
+        # engine (Slurm: tens of ms per sbatch) a short job may end before the last of a long
+        # burst is launched, holding its resources in Corral's view until then.
+        if last or batch_ready:
             ctx.wake("dispatch")
 
     with queue.lock:

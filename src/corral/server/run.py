@@ -217,7 +217,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
     app = create_app(settings, engine=engine, db_engine=db_engine, notifier=ctx)
     app.state.server_context = ctx
     app.state.ssh_gateway = gateway  # None when off; idle reclamation reads sessions_by_job()
-    runner = LoopRunner(ctx, collect_loops())
+    runner = LoopRunner(ctx, collect_loops(engine))
     app.state.loop_health = lambda: runner.health(settings.ready_loop_stall_s)  # for /readyz
     config = uvicorn.Config(
         app,

@@ -30,7 +30,10 @@ MIN_TICK_GAP_S = 0.02
 ERROR_LOG_INTERVAL_S = 60.0
 
 
-def core_loops() -> list[BackgroundLoop]:
+RECONCILE_INTERVAL_S = 0.1
+
+
+def core_loops(reconcile_interval_s: float = RECONCILE_INTERVAL_S) -> list[BackgroundLoop]:
     from corral.server.dispatch import dispatch_tick
     from corral.server.nodes import node_tick
     from corral.server.reconcile import reconcile_tick
@@ -41,13 +44,15 @@ def core_loops() -> list[BackgroundLoop]:
         BackgroundLoop("nodes", 1.0, node_tick),
         BackgroundLoop("schedule", 0.2, schedule_tick),
         BackgroundLoop("dispatch", 0.2, dispatch_tick),
-        BackgroundLoop("reconcile", 0.1, reconcile_tick),
+        BackgroundLoop("reconcile", reconcile_interval_s, reconcile_tick),
         BackgroundLoop("retention", RETENTION_LOOP_INTERVAL_S, retention_tick),
     ]
 
 
-def collect_loops() -> list[BackgroundLoop]:
-    loops = core_loops()
+def collect_loops(engine: object | None = None) -> list[BackgroundLoop]:
+    """`engine`: an engine may set the reconcile loop's pace (`poll_interval_s`): the Slurm engine
+    learns that a job ended only by asking squeue, and until then Corral holds its resources."""
+    loops = core_loops(getattr(engine, "poll_interval_s", RECONCILE_INTERVAL_S))
     for module_name in EXTRA_LOOP_MODULES:
         try:
             module = importlib.import_module(module_name)
@@ -143,7 +148,7 @@ class LoopRunner:
         held_until = 0.0
         while not self._stop.is_set():
             event.clear()
-            now = time.time()
+            now, cpu_at_start = time.time(), time.thread_time()
             try:
                 if loop.singleton:
                     held_until = self._holds_lease(loop, held_until, now)
@@ -158,10 +163,13 @@ class LoopRunner:
             except Exception as exc:
                 self._last_error[loop.name] = f"{type(exc).__name__}: {exc}"[:500]
                 self._log_failure(loop, exc)
-            busy_s = time.time() - now
+            cpu_s = time.thread_time() - cpu_at_start
             event.wait(loop.interval_s)
             # Debounce: a burst of wake-ups (e.g. 100 submits) becomes one tick, not 100; and a
-            # loop whose ticks got long (a deep queue) rests as long as it worked, so that woken
-            # loops never take more than half a core from the API on a busy server.
-            gap = max(min(MIN_TICK_GAP_S, loop.interval_s), 2 * busy_s)
+            # loop whose ticks got CPU-heavy (a deep queue) rests as long as it computed, so that
+            # woken loops never take more than half a core from the API on a busy server. CPU
+            # time, not wall time: a tick that mostly waited (for squeue, sbatch, the database's
+            # write lock) took nothing from the API, and resting after it only delayed the next
+            # step of a job (on the Slurm engine, a quarter of the reconcile loop's time).
+            gap = max(min(MIN_TICK_GAP_S, loop.interval_s), 2 * cpu_s)
             time.sleep(max(0.0, gap - (time.time() - now)))

@@ -12,6 +12,7 @@ import os
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TypedDict, cast
 
 from corral.engine.base import EngineUnavailable
@@ -50,6 +51,45 @@ class SlurmJob(TypedDict, total=False):
     restart_cnt: int
     state_reason: str
     nodes: str
+
+
+# The job fields poll() reads, as `squeue --Format` prints them: "|" after each (no width, so no
+# truncation), the name last so that a "|" in another user's job name cannot shift the others.
+SQUEUE_FIELDS = ("JobID", "State", "exit_code", "StartTime", "EndTime", "RestartCnt", "Reason", "NodeList")
+SQUEUE_FORMAT = ",".join(f"{f}:|" for f in SQUEUE_FIELDS) + ",Name:"
+
+
+def _epoch(text: str) -> int:
+    """squeue's local ISO time ("2026-11-27T22:22:09") as unix seconds; 0 for N/A, NONE, Unknown."""
+    try:
+        return int(datetime.fromisoformat(text).timestamp())
+    except ValueError:
+        return 0
+
+
+def parse_squeue(text: str) -> list[SlurmJob]:
+    """`squeue --noheader --Format=SQUEUE_FORMAT` lines -> the same fields `squeue --json` gives
+    (exit_code is the raw wait status in both). Lines that are not such a line are skipped."""
+    jobs: list[SlurmJob] = []
+    for line in text.splitlines():
+        parts = line.split("|", len(SQUEUE_FIELDS))
+        if len(parts) != len(SQUEUE_FIELDS) + 1 or not parts[0].isdigit():
+            continue
+        job_id, state, code, start, end, restarts, reason, nodes, name = parts
+        jobs.append(
+            SlurmJob(
+                job_id=int(job_id),
+                name=name,
+                job_state=state,
+                exit_code=int(code) if code.isdigit() else 0,
+                start_time=_epoch(start),
+                end_time=_epoch(end),
+                restart_cnt=int(restarts) if restarts.isdigit() else 0,
+                state_reason=reason,
+                nodes=nodes,
+            )
+        )
+    return jobs
 
 
 class SlurmNode(TypedDict, total=False):
@@ -146,6 +186,17 @@ class SlurmCli:
         if proc.returncode != 0 and looks_unreachable(proc.stderr):
             raise EngineUnavailable(f"Slurm is unreachable: {result.message}")
         return result
+
+    def jobs(self, *filters: str) -> list[SlurmJob]:
+        """The jobs `squeue --states=all <filters>` lists. The plain format, not --json: with a few
+        hundred jobs in MinJobAge, `squeue --json` took 170-220 ms and printed 1.5 MB here, this
+        20-25 ms and 30 kB, and (unlike --json in Slurm 22.05) it honours --users and --name.
+        Anything on stderr means the answer cannot be trusted to be complete (an unknown user in
+        --users prints an error and no jobs, exit 0): raised, never read as "no jobs"."""
+        result = self.run("squeue", "--noheader", "--states=all", f"--Format={SQUEUE_FORMAT}", *filters)
+        if result.returncode != 0 or result.stderr.strip():
+            raise EngineUnavailable(f"`squeue` failed: {result.message or f'exit {result.returncode}'}")
+        return parse_squeue(result.stdout)
 
     def run_json(self, tool: str, *args: str) -> SlurmReply:
         """Run a `--json` query. Errors reported inside the JSON (slurmctld down) are raised."""

@@ -2,8 +2,8 @@
 
 One attempt = one Slurm batch job named `corral-<attempt_id>`, pinned with --nodelist and
 --gres=gpu:N, submitted with --no-requeue as the Unix account of the job's Corral user (users.py)
-and run inside bubblewrap on the node (scripts.py). Status comes from one `squeue --json --states=all` per
-poll; what Slurm forgets (or never knew) lives in a JSON file per attempt (see state.py).
+and run inside bubblewrap on the node (scripts.py). Status comes from one `squeue --states=all` per
+poll (cli.SlurmCli.jobs); what Slurm forgets (or never knew) lives in a JSON file per attempt (see state.py).
 """
 
 from __future__ import annotations
@@ -46,6 +46,10 @@ REJECTED_REF = "rejected"  # launch() ref of an attempt Slurm refused (its statu
 TIMEOUT_GRACE_S = 10.0  # grace given to an attempt that ran past max_runtime
 ATTEMPT_LOCK_STRIPES = 64
 GANG_GRACE_S = 10.0  # after one instance failed, how long the others get to end on SIGTERM
+# How often the server's reconcile loop polls this engine (one squeue for all live attempts, about
+# 25 ms): Corral frees a job's resources only once squeue says it ended, so at 20 jobs/s on 12
+# slots the default 0.1 s of the local engine kept slots idle in Corral's view (docs/slurm.md).
+DEFAULT_POLL_INTERVAL_S = 0.04
 
 
 def _env_float(name: str, default: float) -> float:
@@ -71,11 +75,16 @@ class SlurmEngine:
         user_map: UserMap | None = None,
         gpu_device: str = scripts.DEFAULT_GPU_DEVICE,
         storage_root: Path | None = None,
+        poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
     ) -> None:
         """user_map: who runs each Corral user's jobs (None: nobody; every launch is refused).
-        gpu_device: a GPU's device file on the nodes, `{index}` = Slurm's GPU index."""
+        gpu_device: a GPU's device file on the nodes, `{index}` = Slurm's GPU index.
+        poll_interval_s: the reconcile loop's pace on this engine (server.runner.collect_loops)."""
         if "{index}" not in gpu_device:
             raise ValueError(f"CORRAL_SLURM_GPU_DEVICE={gpu_device!r} must contain {{index}}")
+        if not 0.01 <= poll_interval_s <= 10:
+            raise ValueError(f"CORRAL_SLURM_POLL_S={poll_interval_s} must be between 0.01 and 10 seconds")
+        self.poll_interval_s = poll_interval_s
         self.store = StateStore(Path(state_dir))
         self.storage_root = storage_root
         self.user_map = user_map or UserMap(None)
@@ -96,7 +105,8 @@ class SlurmEngine:
         """Settings plus CORRAL_SLURM_CONF (slurm.conf to use), CORRAL_SLURM_PARTITION,
         CORRAL_SLURM_STATE_DIR (must be shared with the compute nodes; default <home>/slurm),
         CORRAL_SLURM_TIMEOUT_S (per Slurm command), CORRAL_SLURM_USER_MAP and
-        CORRAL_SLURM_MIN_UID (users.py), CORRAL_SLURM_GPU_DEVICE (default /dev/nvidia{index})."""
+        CORRAL_SLURM_MIN_UID (users.py), CORRAL_SLURM_GPU_DEVICE (default /dev/nvidia{index}),
+        CORRAL_SLURM_POLL_S (how often the server polls squeue, default 0.04)."""
         env = os.environ
         return cls(
             state_dir=Path(env.get("CORRAL_SLURM_STATE_DIR") or settings.home / "slurm"),
@@ -107,6 +117,7 @@ class SlurmEngine:
             user_map=UserMap.from_env(),
             gpu_device=env.get("CORRAL_SLURM_GPU_DEVICE") or scripts.DEFAULT_GPU_DEVICE,
             storage_root=settings.storage_path,
+            poll_interval_s=_env_float("CORRAL_SLURM_POLL_S", DEFAULT_POLL_INTERVAL_S),
         )
 
     # ---- storage ------------------------------------------------------------------------------
@@ -277,12 +288,21 @@ class SlurmEngine:
         return REJECTED_REF
 
     def _find_job_by_name(self, attempt_id: str, unix_user: str) -> str:
-        by_user = [f"--users={unix_user}"] if unix_user else []
-        data = self.cli.run_json("squeue", *by_user, "--states=all", f"--name={scripts.job_name(attempt_id)}")
-        ids = [
-            int(j["job_id"]) for j in data.get("jobs") or [] if j.get("name") == scripts.job_name(attempt_id)
-        ]
+        name = scripts.job_name(attempt_id)
+        jobs = self._squeue({unix_user} if unix_user else None, f"--name={name}")
+        ids = [int(j["job_id"]) for j in jobs if j.get("name") == name]
         return str(max(ids)) if ids else ""
+
+    def _squeue(self, users: set[str] | None, *filters: str) -> list[SlurmJob]:
+        """squeue of the given accounts (None: all). An account that no longer exists makes
+        squeue print an error and no jobs at all: then ask for every user's jobs instead."""
+        if users:
+            try:
+                return self.cli.jobs(f"--users={','.join(sorted(users))}", *filters)
+            except EngineUnavailable as exc:
+                if "invalid user" not in str(exc).lower():
+                    raise
+        return self.cli.jobs(*filters)
 
     # ---- status -------------------------------------------------------------------------------
     def poll(self, attempt_ids: Iterable[str]) -> Mapping[str, AttemptStatus]:
@@ -315,11 +335,8 @@ class SlurmEngine:
         """The jobs Slurm still knows of the given accounts (None: all), by id and (for the
         corral ones) also by job name."""
         # --users: only the accounts of the attempts asked about, not every job of a busy cluster
-        # (Slurm 22.05's `squeue --json` ignores the filter and lists all; matching is by id/name)
-        by_user = [f"--users={','.join(sorted(users))}"] if users else []
-        data = self.cli.run_json("squeue", *by_user, "--states=all")
         jobs: dict[str, SlurmJob] = {}
-        for job in data.get("jobs") or []:
+        for job in self._squeue(users):
             jobs[str(job.get("job_id"))] = job
             name = str(job.get("name") or "")
             if name.startswith(scripts.JOB_NAME_PREFIX):
