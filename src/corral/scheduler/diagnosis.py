@@ -11,7 +11,6 @@ O((waiting jobs looked at + running jobs) log n) and is bounded by Profile.eta_l
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -294,15 +293,20 @@ def _not_now(
 ) -> dict[str, float | None]:
     """A waiting GPU job did not start this cycle, although the pooled roll-forward (which ignores
     quota and how free GPUs are spread over nodes) says it could start now: its estimate becomes
-    the next time GPUs of one of its models come back (unchanged when none are due)."""
+    the next time GPUs of one of its models come back (unchanged when none are due). `events`
+    sorted by time."""
     if now not in found.values():
         return found
+    late = [models for job_id, need, models, _ in waiting if need > 0 and found.get(job_id) == now]
+    wanted = {m for models in late for m in models}
     first: dict[str, float] = {}
-    for end, per_model in events:
+    for end, per_model in events:  # in time order: the first end after now of each wanted model
         if end > now:
             for m, n in per_model.items():
-                if n > 0 and end < first.get(m, math.inf):
+                if n > 0 and m in wanted and m not in first:
                     first[m] = end
+            if len(first) == len(wanted):
+                break
     for job_id, need, models, _ in waiting:
         if need > 0 and found.get(job_id) == now:
             later = min((first[m] for m in models if m in first), default=None)
@@ -437,7 +441,7 @@ class DiagnosisView:
         found = estimate_starts(
             cycle.now, st.free_total, st.capacity, events, waiting, profile.default_runtime_s, targets
         )
-        return _not_now(found, cycle.now, events, waiting)
+        return _not_now(found, cycle.now, cycle.backfill.sorted_events(), waiting)
 
     def _eta_order(self, targets: set[str] | None) -> list[Job]:
         """Waiting jobs in the order the cycle considered them, then those no pass reached (in
