@@ -209,6 +209,9 @@ class Cycle:
         if quota:
             allowed = self.quota.admit(job, borrowing, may_borrow, info)
             if allowed is None:
+                deferred = self.quota.deferred
+                if self.replay and deferred and deferred[-1] is job and self.same_admission(job):
+                    self.known.record_deferred(job, info)
                 return
         if self.replay and (not quota or self.ledger.group(job.group).user_max_gpus is None):
             self.known.record_admitted(job, info, allowed)
@@ -242,6 +245,13 @@ class Cycle:
             why[job.id] = backfill.reason(blocking)
             return
         self.commit(job, placed, borrowed)
+
+    def same_admission(self, job: Job) -> bool:
+        """Whether quota admission reads only the job's admission kind (known.py): no per-user cap
+        and no CPU or memory limit in its group."""
+        if self.ledger.group(job.group).user_max_gpus is not None:
+            return False
+        return self.resources is None or job.group not in self.resources.groups
 
     def too_small(self, info: JobInfo) -> bool:
         """`ClusterState.too_small` for the job's (models, GPUs, widest instance), remembered per
