@@ -297,8 +297,8 @@ def _not_now(
     sorted by time."""
     if now not in found.values():
         return found
-    late = [models for job_id, need, models, _ in waiting if need > 0 and found.get(job_id) == now]
-    wanted = {m for models in late for m in models}
+    late = [(job_id, models) for job_id, need, models, _ in waiting if need > 0 and found.get(job_id) == now]
+    wanted = {m for _, models in late for m in models}
     first: dict[str, float] = {}
     for end, per_model in events:  # in time order: the first end after now of each wanted model
         if end > now:
@@ -307,11 +307,14 @@ def _not_now(
                     first[m] = end
             if len(first) == len(wanted):
                 break
-    for job_id, need, models, _ in waiting:
-        if need > 0 and found.get(job_id) == now:
-            later = min((first[m] for m in models if m in first), default=None)
-            if later is not None:
-                found[job_id] = later
+    later_of: dict[tuple[str, ...], float | None] = {}  # per model set: few sets, many jobs
+    for job_id, models in late:
+        if models in later_of:
+            later = later_of[models]
+        else:
+            later = later_of[models] = min((first[m] for m in models if m in first), default=None)
+        if later is not None:
+            found[job_id] = later
     return found
 
 
@@ -436,7 +439,11 @@ class DiagnosisView:
         if unschedulable:
             order = [j for j in order if j.id not in unschedulable]
         st, info_of, profile = cycle.st, cycle.infos, cycle.profile
-        waiting = [info_of(job).eta for job in order[: profile.eta_limit]]
+        memo = info_of.memo  # JobInfos.__call__'s own look-up, inlined: this runs for every job
+        waiting = []
+        for job in order[: profile.eta_limit]:
+            hit = memo.get(id(job))
+            waiting.append(hit[1].eta if hit is not None and hit[0] is job else info_of(job).eta)
         events = cycle.backfill.events()
         found = estimate_starts(
             cycle.now, st.free_total, st.capacity, events, waiting, profile.default_runtime_s, targets

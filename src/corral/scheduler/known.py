@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from corral.scheduler.core import Cycle
 
 Token = tuple[int, ...]
+HeldOff = tuple[float, Reason]  # a held-off rule: (the reservation's start, its reason)
 
 # what KnownOutcomes.decide says of a whole kind of job
 _SHORT, _SEARCHED, _DEFERRED, _EACH, _UNKNOWN = object(), object(), object(), object(), object()
@@ -191,7 +192,7 @@ class KnownOutcomes:
             elif outcome is _UNKNOWN:
                 break
             else:  # held off when it would still run at the reservation's start
-                start, reason = cast(tuple[float, Reason], outcome)
+                start, reason = cast(HeldOff, outcome)  # (alias: no generic built per job)
                 estimate = job.runtime_estimate  # the end Backfill.reserved_for_others computes
                 if not now + (default_s if estimate is None else estimate) > start:
                     break
