@@ -294,9 +294,7 @@ def _not_now(
     """A waiting GPU job did not start this cycle, although the pooled roll-forward (which ignores
     quota and how free GPUs are spread over nodes) says it could start now: its estimate becomes
     the next time GPUs of one of its models come back (unchanged when none are due). `events`
-    sorted by time."""
-    if now not in found.values():
-        return found
+    sorted by time; the caller sorts them only when some estimate is `now`."""
     late = [(job_id, models) for job_id, need, models, _ in waiting if need > 0 and found.get(job_id) == now]
     wanted = {m for _, models in late for m in models}
     first: dict[str, float] = {}
@@ -448,6 +446,8 @@ class DiagnosisView:
         found = estimate_starts(
             cycle.now, st.free_total, st.capacity, events, waiting, profile.default_runtime_s, targets
         )
+        if cycle.now not in found.values():
+            return found
         return _not_now(found, cycle.now, cycle.backfill.sorted_events(), waiting)
 
     def _eta_order(self, targets: set[str] | None) -> list[Job]:
