@@ -163,3 +163,11 @@ def test_doubly_booked_gpu_from_a_bad_snapshot_stays_taken() -> None:
         assert [p.gpu_indices for a in plan.assignments for p in a.allocation.instances] == [(1,)]
     plan = plan_for(snap(nodes, [job("a"), job("b", submit=1)], run=run[:1]), FIFO)
     assert len(plan.assignments) == 1  # GPU 0 is still held by x
+
+
+def test_cpu_job_on_cluster_without_cpu_nodes_gets_the_true_reason() -> None:
+    plan = plan_for(snap([gpu_node("g1")], [job("cpu", gpus=0, cpus=1)]), FIFO)
+    reason = plan.diagnoses["cpu"].reasons[0]
+    assert plan.diagnoses["cpu"].unschedulable
+    assert reason.code == "no_cpu_nodes"
+    assert "no node that takes CPU-only work" in reason.message

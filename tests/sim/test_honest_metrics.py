@@ -150,3 +150,26 @@ def test_preemptions_per_job_are_bounded_by_the_profile() -> None:
     assert jobs["a"].preemptions == 1 and jobs["a"].end == 11_530.0
     assert jobs["c"].first_start == 11_530.0
     assert summarize(bounded)["max_preemptions_per_job"] == 1
+
+
+def test_trace_input_gpu_models_cpu_jobs_and_overcommitted_guarantees() -> None:
+    # GPU model names match the cluster's case-insensitively (also inside "A|B" alternatives); a
+    # CPU-only job on a cluster without CPU nodes is rejected with the true reason; guarantees
+    # that add up to more than the cluster (12 on 8 GPUs) are accepted, as live, with a note.
+    tr = trace(
+        ("lower", 0, 100, 1, {"gpu_model": "v100"}),
+        ("alts", 0, 100, 1, {"gpu_model": "h100|v100"}),
+        ("cpu", 0, 100, 0),
+        ("other", 0, 100, 1, {"gpu_model": "a100"}),
+    )
+    groups = [{"name": "g", "guaranteed": 6}, {"name": "h", "guaranteed": 6}]
+    result, jobs = run(tr, cluster(2, 4, groups), "default")
+    assert jobs["lower"].first_start == 0.0 and jobs["alts"].first_start == 0.0
+    assert jobs["lower"].trace.gpu_model == "V100" and jobs["alts"].trace.gpu_model == "h100|V100"
+    why = {tj.job_id: reason for tj, reason in result.rejected}
+    assert set(why) == {"cpu", "other"}
+    assert "no node that takes CPU-only work" in why["cpu"]
+    assert "asks for GPU model a100; this cluster has V100" in why["other"]
+    assert any("add up to 12; the cluster has 8" in n for n in result.notes)
+    fitting, _ = run(tr, cluster(2, 4, [{"name": "g", "guaranteed": 8}]), "default")
+    assert not any("add up to" in n for n in fitting.notes)

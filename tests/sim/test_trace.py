@@ -95,3 +95,10 @@ def test_speed_up_arrivals_divides_submit_times() -> None:
     assert [j.submit_time for j in fast.jobs] == [0, 25] and [j.duration for j in fast.jobs] == [5, 5]
     with pytest.raises(TraceError, match="must be positive"):
         speed_up_arrivals(tr, 0)
+
+
+def test_duplicate_job_id_names_both_lines(tmp_path: Path) -> None:
+    path = write(tmp_path, "job_id,submit_time,duration,num_gpus,group\na,0,1,1,g\nb,1,1,1,g\na,2,1,1,g\n")
+    expected = r"t.csv: line 4: column 'job_id': 'a' is already the job_id of line 2"
+    with pytest.raises(TraceError, match=expected):
+        load_generic_csv(path)

@@ -46,6 +46,9 @@ class Backfill:
         self.reservations: list[Reservation] = []
         self.started: list[Event] = []  # jobs started this cycle, at their estimated end
         self._ends: tuple[int, list[Event]] | None = None  # running jobs' ends, per victim count
+        # events() sorted by time, per (victim count, jobs started): reserve() reads it for every
+        # job that opens a reservation, and both counts only grow within a cycle
+        self._sorted: tuple[tuple[int, int], list[Event]] | None = None
 
     def record_start(self, job: Job, gpus_by_model: dict[str, int]) -> None:
         self.started.append((self.now + runtime_of(job, self.profile.default_runtime_s), gpus_by_model))
@@ -57,6 +60,13 @@ class Backfill:
         if self._ends is None or self._ends[0] != len(victims):
             self._ends = (len(victims), self._running_ends())
         return self._ends[1] + self.started
+
+    def sorted_events(self) -> list[Event]:
+        """events() in time order (a stable sort: equal times keep events()' order)."""
+        key = (len(self.victims), len(self.started))
+        if self._sorted is None or self._sorted[0] != key:
+            self._sorted = (key, sorted(self.events(), key=itemgetter(0)))
+        return self._sorted[1]
 
     def _running_ends(self) -> list[Event]:
         now, profile, victims = self.now, self.profile, self.victims
@@ -83,7 +93,7 @@ class Backfill:
         need = job.total_gpus
         start = self.now
         if avail < need:
-            for end, per_model in sorted(self.events(), key=itemgetter(0)):
+            for end, per_model in self.sorted_events():
                 avail += sum(n for m, n in per_model.items() if m in models)
                 if avail >= need:
                     start = end

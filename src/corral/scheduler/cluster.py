@@ -313,6 +313,7 @@ class ClusterState:
         self.buckets: dict[str, list[list[int]]] = {}
         self.free_total: dict[str, int] = dict.fromkeys(self.models, 0)
         self.free_sum = 0  # free healthy GPUs on ready nodes, all models
+        self.version = 0  # bumped whenever the GPU buckets or free totals change (memo keys)
 
     def _own(self, i: int) -> dict[str, list[int]]:
         """Node i's free lists, copied from the shared table before the first change."""
@@ -347,6 +348,7 @@ class ClusterState:
         self.buckets = {m: [lst[:] for lst in b] for m, b in occ.buckets.items()}
         self.free_total = dict(occ.free_total)
         self.free_sum = sum(self.free_total.values())
+        self.version += 1
         return held, occ.totals.copy()
 
     def build_index(self) -> None:
@@ -366,6 +368,7 @@ class ClusterState:
                     insort(b[after], i)
                     self.free_total[m] += after - before
         self.free_sum = sum(self.free_total.values())
+        self.version += 1
 
     # -- mutation -------------------------------------------------------------------------------
     def _move(self, i: int, model: str, before: int, after: int) -> None:
@@ -377,6 +380,7 @@ class ClusterState:
         insort(b[after], i)
         self.free_total[model] += after - before
         self.free_sum += after - before
+        self.version += 1
 
     def take(self, i: int, model: str | None, gpu_indices: Sequence[int], cpus: float, mem: int) -> None:
         self.free_cpus[i] -= cpus
@@ -546,6 +550,16 @@ class ClusterShapes:
             r = t.resources
             models = r.gpu_models
             if r.gpus <= 0:
+                if not self.cpu_shapes:  # the true reason, not "no CPU node is that large"
+                    out.append(
+                        Reason(
+                            "no_cpu_nodes",
+                            "filter:cpu_memory",
+                            f"task {t.role} asks for no GPU; this cluster has no node that takes "
+                            "CPU-only work (no CPU nodes, and CPU-only work is not placed on GPU nodes)",
+                        )
+                    )
+                    continue
                 if not any(c + EPS >= r.cpus and m >= r.memory_mib for c, m in self.cpu_shapes):
                     out.append(
                         Reason(

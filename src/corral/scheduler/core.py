@@ -106,6 +106,7 @@ class Cycle:
         self.failed: set[tuple[object, ...]] = set()  # (shape, allowed models) that did not place
         self.blocker: Job | None = None  # strict FIFO: the head job that did not fit
         self.no_fit: set[str] = set()  # jobs that already had their reservation/preemption turn
+        self.small: dict[int, tuple[int, bool]] = {}  # fit id -> (st.version, too small then)
         # Not kept under strict FIFO (it stops at the first job that does not fit anyway).
         self.replay = scheduler.replay_known and not profile.head_of_line_blocking
         self.borrowing = False  # the pass under way
@@ -183,14 +184,15 @@ class Cycle:
                 if self.known.replay(job, info, token):
                     self.known.skip_run(token, borrowing)
                     continue
-            self.consider(job, borrowing)
+            self.consider(job, borrowing, info)
             token = None
             if self.blocker is not None:
                 break
 
-    def consider(self, job: Job, borrowing: bool) -> None:
+    def consider(self, job: Job, borrowing: bool, info: JobInfo | None = None) -> None:
         """The ordinary path of one job: fit ever, fit now, quota, backfill, place, commit."""
-        info = self.infos(job)
+        if info is None:
+            info = self.infos(job)
         if info.never:
             self.verdicts.unschedulable[job.id] = info.never
             return
@@ -198,15 +200,18 @@ class Cycle:
         if refusal is not None:  # its group is at its CPU or memory limit
             self.verdicts.wait_or_never(job, *refusal)
             return
-        if info.total > 0 and self.st.too_small(info.models, info.total, info.widest):
+        if info.total > 0 and self.too_small(info):
             self.short(job, info)  # cheap test: too few free GPUs, or no block as large as one
             return
         allowed: frozenset[str] | None = None
         quota = self.profile.quotas and info.total > 0
         may_borrow = quota and self.ledger.may_borrow(job)
         if quota:
-            allowed = self.quota.admit(job, borrowing, may_borrow)
+            allowed = self.quota.admit(job, borrowing, may_borrow, info)
             if allowed is None:
+                deferred = self.quota.deferred
+                if self.replay and deferred and deferred[-1] is job and self.same_admission(job):
+                    self.known.record_deferred(job, info)
                 return
         if self.replay and (not quota or self.ledger.group(job.group).user_max_gpus is None):
             self.known.record_admitted(job, info, allowed)
@@ -222,7 +227,7 @@ class Cycle:
             if blocking is not None:
                 why[job.id] = backfill.reason(blocking)
                 return
-            self.no_fit_once(job)
+            self.no_fit_once(job, info)
             narrowed = allowed is not None and len(allowed) < len(info.models)
             if not borrowing and may_borrow and narrowed and job.id not in why:
                 self.quota.deferred.append(job)  # borrowed quota may open other GPU models
@@ -240,6 +245,25 @@ class Cycle:
             why[job.id] = backfill.reason(blocking)
             return
         self.commit(job, placed, borrowed)
+
+    def same_admission(self, job: Job) -> bool:
+        """Whether quota admission reads only the job's admission kind (known.py): no per-user cap
+        and no CPU or memory limit in its group."""
+        if self.ledger.group(job.group).user_max_gpus is not None:
+            return False
+        return self.resources is None or job.group not in self.resources.groups
+
+    def too_small(self, info: JobInfo) -> bool:
+        """`ClusterState.too_small` for the job's (models, GPUs, widest instance), remembered per
+        kind while the free capacity stays as it is (most jobs of a busy cycle ask it, and few
+        kinds exist)."""
+        st = self.st
+        hit = self.small.get(info.fit_id)
+        if hit is not None and hit[0] == st.version:
+            return hit[1]
+        small = st.too_small(info.models, info.total, info.widest)
+        self.small[info.fit_id] = (st.version, small)
+        return small
 
     def place(self, job: Job, info: JobInfo, allowed: frozenset[str] | None) -> Placed | None:
         """Place the job's gang; a (shape, allowed models) that failed once this cycle fails again
@@ -267,23 +291,22 @@ class Cycle:
         if job.id in self.no_fit:
             return
         if not self.replay:
-            self.no_fit_once(job)
+            self.no_fit_once(job, info)
             return
         token, attempts = self.known.token(), self.preemptor.attempts_left
-        self.no_fit_once(job)
+        self.no_fit_once(job, info)
         self.known.record_short(job, info, token, attempts)
 
-    def no_fit_once(self, job: Job) -> None:
+    def no_fit_once(self, job: Job, info: JobInfo) -> None:
         if job.id not in self.no_fit:
             self.no_fit.add(job.id)
-            self.no_fit_turn(job)
+            self.no_fit_turn(job, info)
 
-    def no_fit_turn(self, job: Job) -> None:
+    def no_fit_turn(self, job: Job, info: JobInfo) -> None:
         """Strict FIFO stops here; otherwise the job may reserve (backfill) and look for victims."""
         p = self.profile
         if p.head_of_line_blocking:
             self.blocker = job
-        info = self.infos(job)
         backfill = self.backfill
         if p.backfill and info.total > 0 and len(backfill.reservations) < p.max_reservations:
             models = info.model_set

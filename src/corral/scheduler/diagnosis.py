@@ -11,7 +11,6 @@ O((waiting jobs looked at + running jobs) log n) and is bounded by Profile.eta_l
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -294,20 +293,26 @@ def _not_now(
 ) -> dict[str, float | None]:
     """A waiting GPU job did not start this cycle, although the pooled roll-forward (which ignores
     quota and how free GPUs are spread over nodes) says it could start now: its estimate becomes
-    the next time GPUs of one of its models come back (unchanged when none are due)."""
-    if now not in found.values():
-        return found
+    the next time GPUs of one of its models come back (unchanged when none are due). `events`
+    sorted by time; the caller sorts them only when some estimate is `now`."""
+    late = [(job_id, models) for job_id, need, models, _ in waiting if need > 0 and found.get(job_id) == now]
+    wanted = {m for _, models in late for m in models}
     first: dict[str, float] = {}
-    for end, per_model in events:
+    for end, per_model in events:  # in time order: the first end after now of each wanted model
         if end > now:
             for m, n in per_model.items():
-                if n > 0 and end < first.get(m, math.inf):
+                if n > 0 and m in wanted and m not in first:
                     first[m] = end
-    for job_id, need, models, _ in waiting:
-        if need > 0 and found.get(job_id) == now:
-            later = min((first[m] for m in models if m in first), default=None)
-            if later is not None:
-                found[job_id] = later
+            if len(first) == len(wanted):
+                break
+    later_of: dict[tuple[str, ...], float | None] = {}  # per model set: few sets, many jobs
+    for job_id, models in late:
+        if models in later_of:
+            later = later_of[models]
+        else:
+            later = later_of[models] = min((first[m] for m in models if m in first), default=None)
+        if later is not None:
+            found[job_id] = later
     return found
 
 
@@ -432,12 +437,18 @@ class DiagnosisView:
         if unschedulable:
             order = [j for j in order if j.id not in unschedulable]
         st, info_of, profile = cycle.st, cycle.infos, cycle.profile
-        waiting = [info_of(job).eta for job in order[: profile.eta_limit]]
+        memo = info_of.memo  # JobInfos.__call__'s own look-up, inlined: this runs for every job
+        waiting = []
+        for job in order[: profile.eta_limit]:
+            hit = memo.get(id(job))
+            waiting.append(hit[1].eta if hit is not None and hit[0] is job else info_of(job).eta)
         events = cycle.backfill.events()
         found = estimate_starts(
             cycle.now, st.free_total, st.capacity, events, waiting, profile.default_runtime_s, targets
         )
-        return _not_now(found, cycle.now, events, waiting)
+        if cycle.now not in found.values():
+            return found
+        return _not_now(found, cycle.now, cycle.backfill.sorted_events(), waiting)
 
     def _eta_order(self, targets: set[str] | None) -> list[Job]:
         """Waiting jobs in the order the cycle considered them, then those no pass reached (in

@@ -17,9 +17,10 @@ if TYPE_CHECKING:
     from corral.scheduler.core import Cycle
 
 Token = tuple[int, ...]
+HeldOff = tuple[float, Reason]  # a held-off rule: (the reservation's start, its reason)
 
 # what KnownOutcomes.decide says of a whole kind of job
-_SHORT, _SEARCHED, _EACH, _UNKNOWN = object(), object(), object(), object()
+_SHORT, _SEARCHED, _DEFERRED, _EACH, _UNKNOWN = object(), object(), object(), object(), object()
 
 
 class KnownOutcomes:
@@ -39,6 +40,10 @@ class KnownOutcomes:
         self.admitted: dict[int, tuple[Token, frozenset[str] | None]] = {}
         # search key -> state in which a job of that key searched for victims and found no room
         self.searched: dict[object, Token] = {}
+        # admission key -> state in which quota admission deferred a job of that key to the
+        # borrowing pass (first pass only: the key holds the pass)
+        self.deferred: dict[int, Token] = {}
+        self.deferred_jobs = cycle.quota.deferred
 
     # -- keys -----------------------------------------------------------------------------------
     def token(self) -> Token:
@@ -79,6 +84,11 @@ class KnownOutcomes:
     def record_admitted(self, job: Job, info: JobInfo, allowed: frozenset[str] | None) -> None:
         self.admitted[self.admit_key(job, info)] = (self.token(), allowed)
 
+    def record_deferred(self, job: Job, info: JobInfo) -> None:
+        """Quota admission sent the job to the borrowing pass (no model within its guarantee):
+        later jobs of its admission kind go there too until the state changes."""
+        self.deferred[self.admit_key(job, info)] = self.token()
+
     def record_short(self, job: Job, info: JobInfo, token: Token, attempts_before: int) -> None:
         """After a job found too few free GPUs and had its reservation and preemption turn: when
         that changed nothing, later jobs of its failure key fail the same way until the state
@@ -103,6 +113,9 @@ class KnownOutcomes:
         if self.searched.get(self.search_key(job, info)) == token:
             self.no_fit.add(job.id)
             self._spend_attempt()
+            return True
+        if self.deferred and self.deferred.get(self.admit_key(job, info)) == token:
+            self.deferred_jobs.append(job)
             return True
         return self._replay_held_off(job, info, token)
 
@@ -171,13 +184,15 @@ class KnownOutcomes:
                 if st.free_sum == 0 and queue.cpu_only_left == 0 and not preemptor.possible:
                     n += 1
                     break  # no attempts left: the pass stops here (see Cycle.run_pass)
+            elif outcome is _DEFERRED:
+                self.deferred_jobs.append(job)
             elif outcome is _EACH:
                 if not self._replay_held_off(job, info, token):
                     break
             elif outcome is _UNKNOWN:
                 break
             else:  # held off when it would still run at the reservation's start
-                start, reason = cast(tuple[float, Reason], outcome)
+                start, reason = cast(HeldOff, outcome)  # (alias: no generic built per job)
                 estimate = job.runtime_estimate  # the end Backfill.reserved_for_others computes
                 if not now + (default_s if estimate is None else estimate) > start:
                     break
@@ -196,6 +211,8 @@ class KnownOutcomes:
             return _SHORT
         if self.searched.get(self.search_key(job, info)) == token:
             return _SEARCHED
+        if self.deferred and self.deferred.get(self.admit_key(job, info)) == token:
+            return _DEFERRED
         rule = self._held_off_rule(self.admit_key(job, info), info, token)
         return _EACH if rule is True else _UNKNOWN if rule is False else rule
 

@@ -4,7 +4,7 @@ let it use now, or the reason it waits. The arithmetic is the QuotaLedger's (adm
 from __future__ import annotations
 
 from corral.scheduler.admission import QuotaLedger
-from corral.scheduler.jobinfo import InfoOf
+from corral.scheduler.jobinfo import InfoOf, JobInfo
 from corral.scheduler.outcomes import Verdicts
 from corral.scheduler.types import Job, Reason
 
@@ -14,7 +14,9 @@ class QuotaCheck:
         self.ledger, self.info_of, self.verdicts = ledger, info_of, verdicts
         self.deferred: list[Job] = []  # jobs that may get other GPU models in the borrowing pass
 
-    def admit(self, job: Job, borrowing: bool, may_borrow: bool) -> frozenset[str] | None:
+    def admit(
+        self, job: Job, borrowing: bool, may_borrow: bool, info: JobInfo | None = None
+    ) -> frozenset[str] | None:
         """Models the job may use under its group's quota now; None when none (reason recorded, or
         the job deferred to the borrowing pass)."""
         ledger = self.ledger
@@ -29,7 +31,8 @@ class QuotaCheck:
             )
             self.verdicts.wait_or_never(job, reason, never=job.total_gpus > cap)
             return None
-        info = self.info_of(job)
+        if info is None:
+            info = self.info_of(job)
         allowed = ledger.allowed_models(job, info.models, borrowing, info.total)
         if allowed:
             return allowed

@@ -231,6 +231,26 @@ class Simulator:
             self.job_events += 1
         heapq.heappush(self.events, (at, int(kind), self._seq, key))
 
+    def _cluster_notes(self) -> tuple[str, ...]:
+        """Guarantees that add up to more than the cluster are accepted, as on the live platform
+        (services/quota.py: nodes come and go), with a note saying so."""
+        promised = sum(self.guarantee.values())
+        if promised > self.total_gpus:
+            return (
+                f"guaranteed GPUs of all groups add up to {promised}; the cluster has {self.total_gpus} "
+                "(accepted, as the live platform accepts it: guarantees are honoured by reclaiming "
+                "borrowed GPUs as far as the cluster allows)",
+            )
+        return ()
+
+    def _canonical_model(self, tj: TraceJob) -> TraceJob:
+        """The trace's GPU-model names in the cluster's spelling: names match case-insensitively
+        (`a100` is the cluster's `A100`); a name the cluster lacks stays as written (rejected)."""
+        if tj.gpu_model is None:
+            return tj
+        spelled = "|".join(self.model_case.get(m.strip().lower(), m.strip()) for m in tj.gpu_model.split("|"))
+        return tj if spelled == tj.gpu_model else replace(tj, gpu_model=spelled)
+
     def _load_jobs(self) -> None:
         """Refuse at submit what the live platform refuses: a job no node can ever hold, and (for
         a policy with quotas) a job its group's quotas can never admit (services/quota.py)."""
@@ -239,7 +259,8 @@ class Simulator:
         quotas = bool(getattr(profile, "quotas", False))
         groups = {g.name: g for g in self.groups}
         models = sorted({g.model for n in self.nodes for g in n.gpus})
-        for tj in self.trace.jobs:
+        self.model_case = {m.lower(): m for m in models}
+        for tj in map(self._canonical_model, self.trace.jobs):
             shape = (tj.gpus_per_instance, tj.gpu_model, tj.cpus, tj.memory_mib, tj.instances)
             why = verdicts.get(shape)
             if why is None:
@@ -536,7 +557,7 @@ class Simulator:
             schedule_s=self.schedule_s,
             diagnosis_s=self.diagnosis_s,
             records=self.records,
-            notes=self.trace.notes,
+            notes=(*self.trace.notes, *self._cluster_notes()),
             end_time=now,
             max_queued=max_queued,
             events=self.log,

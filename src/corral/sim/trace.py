@@ -196,8 +196,15 @@ def load_generic_csv(path: str | Path) -> Trace:
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"{path}: no such trace file")
+    jobs: list[TraceJob] = []
+    line_of: dict[str, int] = {}  # job_id -> the line that first used it
     with _open_text(path) as handle:
-        jobs = [_generic_job(row, i) for i, row in enumerate(_rows(handle, str(path), REQUIRED_COLUMNS))]
+        for i, row in enumerate(_rows(handle, str(path), REQUIRED_COLUMNS)):
+            job = _generic_job(row, i)
+            first = line_of.setdefault(job.job_id, row.line)
+            if first != row.line:
+                raise row.fail("job_id", f"{job.job_id!r} is already the job_id of line {first}")
+            jobs.append(job)
     return _finish(path.name, jobs, str(path))
 
 
