@@ -28,7 +28,6 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +44,7 @@ from tests.slurm.conftest import cleanup_cluster
 from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster, free_port
 from tests.slurm.helpers import slurm_engine
 from tests.support import require_binary
+from tests.workspaces.kernel_client import run_in_kernel
 
 pytestmark = pytest.mark.slurm
 API = "/api/v1"
@@ -142,35 +142,7 @@ def world(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory)
 
 def kernel_round_trip(world: World, ws_id: int, kernel: str, code: str) -> str:
     """Run `code` in the kernel over its WebSocket through the proxy; its stdout."""
-    srv = world.server
-    url = f"ws://127.0.0.1:{srv.port}/ws/{ws_id}/api/kernels/{kernel}/channels"
-    headers = {"Authorization": f"Bearer {world.tokens['alice']}", "Origin": srv.url}
-    msg_id = uuid.uuid4().hex
-    header = {
-        "msg_id": msg_id,
-        "msg_type": "execute_request",
-        "username": "",
-        "session": "t",
-        "version": "5.3",
-    }
-    request = {
-        "header": header,
-        "parent_header": {},
-        "metadata": {},
-        "content": {"code": code, "silent": False},
-        "channel": "shell",
-    }
-    out = []
-    with connect(url, additional_headers=headers, open_timeout=20) as ws:
-        ws.send(json.dumps(request))
-        while True:
-            msg = json.loads(ws.recv(timeout=60))
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            if msg["msg_type"] == "stream":
-                out.append(msg["content"]["text"])
-            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                return "".join(out)
+    return run_in_kernel(world.server.url, ws_id, kernel, code, world.tokens["alice"], timeout_s=60)
 
 
 def wait_jupyter(alice: httpx.Client, ws_id: int, job_id: int) -> None:

@@ -12,7 +12,6 @@ import json
 import shutil
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from websockets.sync.client import connect
 from tests.server_fixture import CorralServer, start_server, wait_for
 from tests.server_harness import free_port
 from tests.web.conftest import PASSWORD, launch_browser, screenshot
+from tests.workspaces import kernel_client
 
 pytestmark = pytest.mark.browser
 API = "/api/v1"
@@ -86,35 +86,7 @@ def start_kernel(c: httpx.Client, ws_id: int) -> str:
 
 
 def run_in_kernel(srv: CorralServer, ws_id: int, kernel: str, code: str, token: str) -> str:
-    """Run `code` in the kernel over its WebSocket through the proxy; its stdout."""
-    url = f"ws://127.0.0.1:{srv.port}/ws/{ws_id}/api/kernels/{kernel}/channels"
-    headers = {"Authorization": f"Bearer {token}", "Origin": srv.url}
-    msg_id = uuid.uuid4().hex
-    header = {
-        "msg_id": msg_id,
-        "msg_type": "execute_request",
-        "username": "",
-        "session": "t",
-        "version": "5.3",
-    }
-    request = {
-        "header": header,
-        "parent_header": {},
-        "metadata": {},
-        "content": {"code": code, "silent": False},
-        "channel": "shell",
-    }
-    out = []
-    with connect(url, additional_headers=headers, open_timeout=20) as ws:
-        ws.send(json.dumps(request))
-        while True:
-            msg = json.loads(ws.recv(timeout=30))
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            if msg["msg_type"] == "stream":
-                out.append(msg["content"]["text"])
-            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                return "".join(out)
+    return kernel_client.run_in_kernel(srv.url, ws_id, kernel, code, token)
 
 
 def run_first_cell(page: Any) -> Any:
