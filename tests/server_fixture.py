@@ -87,3 +87,21 @@ def wait_state(
             what=f"job {job_id} to reach {states}",
         )
     )
+
+
+def group_member_clients(
+    server: CorralServer, group: str, users: tuple[str, ...]
+) -> Iterator[dict[str, Any]]:
+    """Body of a fixture: SDK clients for the admin (key "admin") and for `users`, each made a
+    member of `group` (created) with it as default group; closed afterwards."""
+    from corral.sdk import Client
+
+    admin = Client(server.url, server.token)
+    admin.create_group(group)
+    made = {"admin": admin}
+    for user in users:
+        admin.create_user(user, groups=[group], default_group=group)
+        made[user] = Client(server.url, admin.create_token(f"{user}-t", user=user)["token"])
+    yield made
+    for c in made.values():
+        c.close()

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from corral.cli.main import app as cli
 from corral.sdk import ApiError, Client
 from tests.environments.wheels import make_wheel
-from tests.server_fixture import CorralServer, start_server
+from tests.server_fixture import CorralServer, group_member_clients, start_server
 
 pytestmark = pytest.mark.isolation
 PKG = "corraltestpkg"
@@ -37,15 +37,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CorralServer]:
 
 @pytest.fixture(scope="module")
 def clients(server: CorralServer) -> Iterator[dict[str, Client]]:
-    admin = Client(server.url, server.token)
-    admin.create_group("vision")
-    made = {"admin": admin}
-    for user in ("alice", "bob"):
-        admin.create_user(user, groups=["vision"], default_group="vision")
-        made[user] = Client(server.url, admin.create_token(f"{user}-t", user=user)["token"])
-    yield made
-    for c in made.values():
-        c.close()
+    yield from group_member_clients(server, "vision", ("alice", "bob"))
 
 
 def build(c: Client, name: str, source: str) -> dict:

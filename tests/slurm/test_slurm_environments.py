@@ -23,7 +23,7 @@ import pytest
 
 from corral.sdk import ApiError, Client
 from tests.environments.wheels import make_wheel
-from tests.server_fixture import CorralServer, start_server
+from tests.server_fixture import CorralServer, group_member_clients, start_server
 from tests.slurm.conftest import cleanup_cluster
 from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster
 
@@ -62,15 +62,7 @@ def server(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.fixture(scope="module")
 def clients(server: CorralServer) -> Iterator[dict[str, Client]]:
-    admin = Client(server.url, server.token)
-    admin.create_group("vision")
-    made = {"admin": admin}
-    for user in ("alice", "bob"):
-        admin.create_user(user, groups=["vision"], default_group="vision")
-        made[user] = Client(server.url, admin.create_token(f"{user}-t", user=user)["token"])
-    yield made
-    for c in made.values():
-        c.close()
+    yield from group_member_clients(server, "vision", ("alice", "bob"))
 
 
 def storage(server: CorralServer) -> Path:
