@@ -421,9 +421,11 @@ def _workspace_families(session: Session) -> list[Family]:
         "counter",
         "GPU-hours idle workspaces had held unused when the idle policy stopped them",
     )
+    # Every group, 0 when it has no workspace: a counter is exported from zero (the dashboard's
+    # line and rate() need a series before the first reclaim, not only after it).
     rows = session.execute(
         select(Group.name, func.sum(Workspace.reclaimed_gpu_hours))
-        .join(Workspace, Workspace.group_id == Group.id)
+        .outerjoin(Workspace, Workspace.group_id == Group.id)
         .group_by(Group.name)
     )
     for group, hours in rows:
