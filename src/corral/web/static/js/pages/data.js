@@ -158,7 +158,7 @@ export async function render(ctx) {
         detail,
         section(
           `Dataset ${ds.name}`,
-          h("p", {}, `Owner: ${owner(ds)} · readable by: ${access(ds)} · ${fmtBytes(ds.bytes)} in ${ds.versions_count} versions`),
+          h("p", {}, `Owner: ${owner(ds)} · readable by: ${access(ds)} · ${fmtBytes(ds.bytes)} in ${ds.versions_count} version${ds.versions_count === 1 ? "" : "s"}`),
           h("p", { class: "muted" }, `In a job: mounts: data/${ds.name} (latest) or data/${ds.name}@N (read-only)`),
           ds.versions.length ? versionsTable(ds, refresh) : emptyState("No versions."),
         ),
