@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.fuzz_hooks import ACCEPTED  # noqa: E402
-from tests.fuzz_run import FuzzResult, run_as_member_and_admin  # noqa: E402
+from tests.fuzz_run import FuzzResult, fuzz_server_env, run_as_member_and_admin  # noqa: E402
 from tests.server_harness import start_server  # noqa: E402
 
 TARGET_CASES = 5000
@@ -83,7 +83,7 @@ def main() -> int:
         pg.start()
         database_url = pg.create_database("fuzz")
     started = time.perf_counter()
-    server = start_server(virtual_gpus=2, database_url=database_url)
+    server = start_server(virtual_gpus=2, database_url=database_url, extra_env=fuzz_server_env())
     try:
         results, tokens = run_as_member_and_admin(
             server.url,

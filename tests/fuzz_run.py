@@ -30,6 +30,7 @@ class FuzzResult:
     seed: int
     cases: int  # test cases schemathesis generated (all phases)
     requests_by_operation: Counter[str]  # every request sent, stateful steps included
+    stateful_responses: Counter[str]  # "POST /api/v1/jobs 201": the stateful phase's answers
     failures: dict[str, int]  # failure code and title -> unique failures
     failing_operations: dict[str, list[str]]
     errors: int  # test cases that errored (could not be run), not failures
@@ -58,6 +59,35 @@ def member_token(base_url: str, admin_token: str, name: str = "fuzzmember") -> t
         made = admin.post("/api/v1/tokens", json={"name": "fuzz", "user": name})
         made.raise_for_status()
         return str(made.json()["token"]), int(made.json()["id"])
+
+
+ADMIN = "admin"  # the server's bootstrap admin (corral.services.auth.ADMIN_USER)
+EXAMPLE_POLICY = "example-policy"  # the policy the schema's example page (POST /oncall/pages) names
+SESSIONS_PER_USER = 3  # the fuzzing phase revokes some (it reuses the ids GET /sessions lists)
+
+
+def fuzz_server_env() -> dict[str, str]:
+    """The fuzzed server's settings beyond the harness's: a (empty) local package index, so that
+    POST /environments is allowed at all (without one it is a 409 whatever the body) and gives
+    the links from it a version to follow; its builds fail, finding nothing to install."""
+    return {"CORRAL_ENV_FIND_LINKS": tempfile.mkdtemp(prefix="corral-fuzz-index-")}
+
+
+def seed_linked_data(base_url: str, admin_token: str, users: tuple[str, ...]) -> None:
+    """What the schema's examples and the declared links start from and a fuzzer cannot make
+    itself: the escalation policy the example page names, and a portal session of each user
+    (only a login with the right password makes one) for GET /sessions → DELETE /sessions/{id}.
+    Setting a password revokes no token."""
+    with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {admin_token}"}) as admin:
+        steps = {"steps": [{"user": ADMIN}]}
+        admin.put(f"/api/v1/oncall/policies/{EXAMPLE_POLICY}", json=steps).raise_for_status()
+        for user in users:
+            password = f"fuzz-{user}-password"
+            admin.put(f"/api/v1/users/{user}/password", json={"password": password}).raise_for_status()
+            for _ in range(SESSIONS_PER_USER):
+                with httpx.Client(base_url=base_url) as anonymous:
+                    login = {"username": user, "password": password}
+                    anonymous.post("/api/v1/auth/login", json=login).raise_for_status()
 
 
 def token_ids(base_url: str, admin_token: str) -> list[int]:
@@ -135,6 +165,7 @@ def run_as_member_and_admin(
 
     tokens = {"member": member_token(base_url, admin_token)[0], "admin": admin_token}
     protected = token_ids(base_url, admin_token)
+    seed_linked_data(base_url, admin_token, users=("fuzzmember", ADMIN))
 
     def fuzz(who: str) -> FuzzResult:
         return run_schemathesis(base_url, tokens[who], who=who, protected_token_ids=protected, **options)
@@ -177,6 +208,7 @@ def _read_result(who: str, seed: int, work: Path, output: str, exit_code: int, w
         seed=seed,
         cases=int(report["test_cases"]["generated"]),
         requests_by_operation=by_operation,
+        stateful_responses=Counter(stats.get("stateful_responses", {})),
         failures={f"{f['code']} {f['title']}": int(f["count"]) for f in failures},
         failing_operations={f"{f['code']} {f['title']}": list(f["operations"]) for f in failures},
         errors=int(report["test_cases"].get("errored", 0)) + len(report.get("errors", [])),

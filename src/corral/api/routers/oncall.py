@@ -49,6 +49,19 @@ class LayerIn(_In):
 
 
 class ScheduleIn(_In):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "time_zone": "UTC",
+                    "fallback_user": "admin",
+                    "layers": [{"rotation": "weekly", "start_date": "2026-01-05", "members": ["admin"]}],
+                }
+            ]
+        },
+    )
+
     time_zone: str = Field(
         "UTC",
         min_length=1,
@@ -105,6 +118,11 @@ class WhoOut(BaseModel):
 
 
 class OverrideIn(_In):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"user": "admin", "start": 1893456000, "end": 1893459600}]},
+    )
+
     user: UserName
     start: float = Field(ge=0, le=4e9, description="unix seconds")
     end: float = Field(ge=0, le=4e9, description="unix seconds")
@@ -124,6 +142,10 @@ class StepIn(_In):
 
 
 class PolicyIn(_In):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"steps": [{"user": "admin", "wait_minutes": 10}]}]}
+    )
+
     description: str = Field("", max_length=2000)
     steps: list[StepIn] = Field(min_length=1, max_length=svc.MAX_STEPS)
     repeat: int = Field(0, ge=0, le=svc.MAX_REPEAT, description="run all steps again this many more times")
@@ -137,6 +159,10 @@ class PolicyOut(BaseModel):
 
 
 class PageIn(_In):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"policy": "example-policy", "subject": "disk full"}]}
+    )
+
     policy: str = Field(min_length=1, max_length=64)
     subject: str = Field(min_length=1, max_length=300)
     body: str = Field("", max_length=20000)
