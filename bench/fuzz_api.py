@@ -62,7 +62,13 @@ def main() -> int:
     parser.add_argument("--max-examples", type=int, default=30, help="per operation and phase")
     parser.add_argument("--stateful-steps", type=int, default=12, help="steps per stateful scenario")
     parser.add_argument(
-        "--stateful-examples", type=int, default=150, help="stateful scenarios (40 links to cover)"
+        "--stateful-examples", type=int, default=150, help="stateful scenarios per suite (52 links)"
+    )
+    parser.add_argument(
+        "--stateful-time",
+        type=int,
+        default=60,
+        help="seconds of stateful suites, run after the other phases (0: one suite with them)",
     )
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--workers", type=int, default=2, help="schemathesis workers per identity")
@@ -93,6 +99,7 @@ def main() -> int:
             workers=args.workers,
             stateful_steps=args.stateful_steps,
             stateful_examples=args.stateful_examples,
+            stateful_time_s=args.stateful_time,
             phases=tuple(args.phases.split(",")),
             timeout_s=3600,
         )

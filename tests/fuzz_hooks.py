@@ -53,6 +53,12 @@ BODY_TOO_LARGE = "the request body is larger than"  # corral.api.limits' 413
 
 ACCEPTED: tuple[Accepted, ...] = (
     Accepted(
+        "ST202",
+        "POST /api/v1/environments",
+        "needs the group it is shared with",
+        "visibility 'group' needs `group`: a relation of two fields (as for templates' share)",
+    ),
+    Accepted(
         "ST302",
         "POST /api/v1/templates/{name}/use",
         "no model named",

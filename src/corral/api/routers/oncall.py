@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from corral.api.deps import DB, CurrentUser, NameInPath, RowId, fast_json
+from corral.api.schemas import BooleansApart
 from corral.services import oncall as svc
 from corral.services import paging
 from corral.services.accounts import NAME_RE
@@ -34,7 +35,7 @@ FeedToken = Annotated[
 Token = Annotated[str, Path(min_length=10, max_length=400, pattern=r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")]
 
 
-class _In(BaseModel):
+class _In(BooleansApart):  # `"repeat": false` is no count, as the schema says
     model_config = ConfigDict(extra="forbid")
 
 
