@@ -54,6 +54,12 @@ BODY_TOO_LARGE = "the request body is larger than"  # corral.api.limits' 413
 ACCEPTED: tuple[Accepted, ...] = (
     Accepted(
         "ST202",
+        "POST /api/v1/jobs",
+        "is also set in 'env'",
+        "a secret's variable may not also be set in `env` (a relation between two fields)",
+    ),
+    Accepted(
+        "ST202",
         "POST /api/v1/environments",
         "needs the group it is shared with",
         "visibility 'group' needs `group`: a relation of two fields (as for templates' share)",

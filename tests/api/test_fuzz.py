@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.fuzz_run import FuzzResult, fuzz_server_env, run_as_member_and_admin
+from tests.fuzz_run import FuzzResult, run_as_member_and_admin
 from tests.server_harness import CorralServer, start_server
 
 SEED = 11
@@ -24,7 +24,7 @@ API = "/api/v1"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[CorralServer]:
-    srv = start_server(virtual_gpus=2, extra_env=fuzz_server_env())
+    srv = start_server(virtual_gpus=2)
     try:
         yield srv
     finally:
