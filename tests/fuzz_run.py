@@ -183,14 +183,11 @@ def run_as_member_and_admin(
         others = tuple(p for p in phases if p != "stateful")
 
         def fuzz(who: str) -> FuzzResult:
-            common = {"who": who, "protected_token_ids": protected}
-            first = run_schemathesis(base_url, tokens[who], **common, **{**options, "phases": others})
-            stateful = run_schemathesis(
-                base_url,
-                tokens[who],
-                **common,
-                **{**options, "phases": ("stateful",), "max_time_s": stateful_time_s},
-            )
+            token = tokens[who]
+            first_options: dict[str, Any] = {**options, "phases": others}
+            first = run_schemathesis(base_url, token, who=who, protected_token_ids=protected, **first_options)
+            budget: dict[str, Any] = {**options, "phases": ("stateful",), "max_time_s": stateful_time_s}
+            stateful = run_schemathesis(base_url, token, who=who, protected_token_ids=protected, **budget)
             return merge_results(first, stateful)
 
     with ThreadPoolExecutor(2) as pool:
