@@ -5,6 +5,12 @@ engine; SQLite, or PostgreSQL with --postgres), as a plain member and as an admi
     .venv/bin/python bench/fuzz_api.py                   # >= 5,000 cases, SQLite
     .venv/bin/python bench/fuzz_api.py --max-examples 30 --postgres
 
+The stateful phase runs on its own after the others, for --stateful-time seconds of suite after
+suite (schemathesis ends one suite at Hypothesis's first "inconsistent data generation", after
+20-30 scenarios). The server has an empty local package index (environments can be created),
+and the run first makes the escalation policy the schema's example page names and portal
+sessions to list (tests/fuzz_run.py).
+
 Prints the cases per operation, failures by check (target 0), server errors (target 0), 4xx
 answers without a readable body (target 0), the accepted exceptions (tests/fuzz_hooks.py, each
 with why), links covered out of declared and the wall time; ends with one JSON line.
