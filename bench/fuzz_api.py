@@ -5,6 +5,12 @@ engine; SQLite, or PostgreSQL with --postgres), as a plain member and as an admi
     .venv/bin/python bench/fuzz_api.py                   # >= 5,000 cases, SQLite
     .venv/bin/python bench/fuzz_api.py --max-examples 30 --postgres
 
+The stateful phase runs on its own after the others, for --stateful-time seconds of suite after
+suite (schemathesis ends one suite at Hypothesis's first "inconsistent data generation", after
+20-30 scenarios). The server has an empty local package index (environments can be created),
+and the run first makes the escalation policy the schema's example page names and portal
+sessions to list (tests/fuzz_run.py).
+
 Prints the cases per operation, failures by check (target 0), server errors (target 0), 4xx
 answers without a readable body (target 0), the accepted exceptions (tests/fuzz_hooks.py, each
 with why), links covered out of declared and the wall time; ends with one JSON line.
@@ -35,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.fuzz_hooks import ACCEPTED  # noqa: E402
-from tests.fuzz_run import FuzzResult, run_as_member_and_admin  # noqa: E402
+from tests.fuzz_run import FuzzResult, fuzz_server_env, run_as_member_and_admin  # noqa: E402
 from tests.server_harness import start_server  # noqa: E402
 
 TARGET_CASES = 5000
@@ -62,7 +68,13 @@ def main() -> int:
     parser.add_argument("--max-examples", type=int, default=30, help="per operation and phase")
     parser.add_argument("--stateful-steps", type=int, default=12, help="steps per stateful scenario")
     parser.add_argument(
-        "--stateful-examples", type=int, default=150, help="stateful scenarios (40 links to cover)"
+        "--stateful-examples", type=int, default=150, help="stateful scenarios per suite (52 links)"
+    )
+    parser.add_argument(
+        "--stateful-time",
+        type=int,
+        default=60,
+        help="seconds of stateful suites, run after the other phases (0: one suite with them)",
     )
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--workers", type=int, default=2, help="schemathesis workers per identity")
@@ -83,7 +95,7 @@ def main() -> int:
         pg.start()
         database_url = pg.create_database("fuzz")
     started = time.perf_counter()
-    server = start_server(virtual_gpus=2, database_url=database_url)
+    server = start_server(virtual_gpus=2, database_url=database_url, extra_env=fuzz_server_env())
     try:
         results, tokens = run_as_member_and_admin(
             server.url,
@@ -93,6 +105,7 @@ def main() -> int:
             workers=args.workers,
             stateful_steps=args.stateful_steps,
             stateful_examples=args.stateful_examples,
+            stateful_time_s=args.stateful_time,
             phases=tuple(args.phases.split(",")),
             timeout_s=3600,
         )

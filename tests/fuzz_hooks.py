@@ -5,6 +5,13 @@ the `schemathesis` CLI through SCHEMATHESIS_HOOKS=tests.fuzz_hooks. Configured b
   `DELETE /api/v1/tokens/{id}` naming one is sent for an id that does not exist instead: revoking
   the token in use would turn every later request into a 401 and end the run's meaning (the
   operation is still fuzzed, and tokens the run creates itself are revoked through the links).
+- The escalation policy the schema's example page names (tests/fuzz_run.py makes it) is not
+  deleted: a generated `DELETE /oncall/policies/example-policy` (the name is captured from
+  listings) is sent for a policy that does not exist, so the example page stays valid all run.
+- Schema examples (the create operations' `examples`, names starting "example-") are sent with
+  a name of their own each time (`example-team-<pid>-<n>`): an example is valid once, and a
+  taken name would make every later use a 409, leaving the stateful phase no created resource
+  to follow the links from.
 - FUZZ_STATS_FILE: where to write, at exit, the responses seen per operation and status, the
   4xx answers without a readable JSON `detail`, and the failures accepted below.
 
@@ -26,6 +33,10 @@ import schemathesis
 
 TOKENS_PATH = "/api/v1/tokens/{token_id}"
 NO_SUCH_TOKEN = 2**31 - 1  # a valid id (corral.api.deps.MAX_ROW_ID) no run gets near
+EXAMPLE_PREFIX = "example-"  # the names in the create operations' schema examples
+POLICY_PATH = "/api/v1/oncall/policies/{name}"
+EXAMPLE_POLICY = "example-policy"  # tests/fuzz_run.py makes it: the schema's example page names it
+NO_SUCH_POLICY = "no-such-policy"
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,25 @@ ANY_OPERATION = "*"
 BODY_TOO_LARGE = "the request body is larger than"  # corral.api.limits' 413
 
 ACCEPTED: tuple[Accepted, ...] = (
+    Accepted(
+        "ST202",
+        "POST /api/v1/jobs",
+        "is also set in 'env'",
+        "a secret's variable may not also be set in `env` (a relation between two fields)",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/environments",
+        "needs the group it is shared with",
+        "visibility 'group' needs `group`: a relation of two fields (as for templates' share)",
+    ),
+    Accepted(
+        "ST302",
+        "POST /api/v1/templates/{name}/use",
+        "no model named",
+        "the 404 names a model the generated body asks to mount (`models`), not the template just "
+        "published: that one exists (the link feeds its name and version)",
+    ),
     # The request size limit (corral.api.limits), before any route.
     Accepted(
         "ST202",
@@ -348,6 +378,9 @@ ACCEPTED: tuple[Accepted, ...] = (
 )
 
 _responses: Counter[str] = Counter()
+# The stateful phase's answers apart: whether its scenarios got the created resources (a link's
+# source status) that the links it is meant to follow start from.
+_stateful_responses: Counter[str] = Counter()
 _unreadable: Counter[str] = Counter()
 _accepted: Counter[str] = Counter()
 
@@ -365,12 +398,28 @@ def _as_id(value: Any) -> int | None:
         return None
 
 
+_example_uses: Counter[str] = Counter()
+
+
+def _fresh_example_name(case: Any) -> None:
+    body = case.body
+    name = body.get("name") if isinstance(body, dict) else None
+    if case.method.upper() == "POST" and isinstance(name, str) and name.startswith(EXAMPLE_PREFIX):
+        _example_uses[name] += 1  # a copy: the example itself is the schema's, drawn again later
+        case.body = {**body, "name": f"{name}-{os.getpid()}-{_example_uses[name]}"}
+
+
 @schemathesis.hook
 def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     if case.method.upper() == "DELETE" and case.path == TOKENS_PATH:
         params = case.path_parameters or {}
         if _as_id(params.get("token_id")) in _protected():
             params["token_id"] = NO_SUCH_TOKEN
+    if case.method.upper() == "DELETE" and case.path == POLICY_PATH:
+        params = case.path_parameters or {}
+        if str(params.get("name", "")).strip() == EXAMPLE_POLICY:
+            params["name"] = NO_SUCH_POLICY
+    _fresh_example_name(case)
 
 
 def _readable_error(response: Any) -> bool:
@@ -389,6 +438,9 @@ def after_call(context: Any, case: Any, response: Any) -> None:
     if case.method.upper() != case.operation.method.upper():
         label = "undeclared methods"
     _responses[f"{label} {response.status_code}"] += 1
+    meta = getattr(case, "meta", None)
+    if meta is not None and str(meta.phase.name) == "stateful":
+        _stateful_responses[f"{label} {response.status_code}"] += 1
     if 400 <= response.status_code < 500 and not _readable_error(response):
         _unreadable[f"{label} {response.status_code}"] += 1
 
@@ -411,6 +463,11 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
 def _write_stats() -> None:
     path = os.environ.get("FUZZ_STATS_FILE")
     if path:
-        stats = {"responses": _responses, "unreadable_4xx": _unreadable, "accepted": _accepted}
+        stats = {
+            "responses": _responses,
+            "stateful_responses": _stateful_responses,
+            "unreadable_4xx": _unreadable,
+            "accepted": _accepted,
+        }
         with open(path, "w") as out:
             json.dump(stats, out)

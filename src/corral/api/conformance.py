@@ -26,7 +26,7 @@ Installed once by the app factory; a new router gets all of this without doing a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -89,13 +89,17 @@ def _operation_ref(path: str, method: str) -> str:
     return "#/paths/" + path.replace("~", "~0").replace("/", "~1") + "/" + method.lower()
 
 
-def add_links(source: str, status: str, targets: dict[str, tuple[str, dict[str, str]]]) -> None:
-    """Declare that `source`'s `status` answer feeds each target operation's parameters:
-    `targets` = {link name: ("GET /api/v1/jobs/{job_id}", {"job_id": "$response.body#/id"})}."""
+LinkTarget = tuple[str, dict[str, str]] | tuple[str, dict[str, str], Any]
+
+
+def add_links(source: str, status: str, targets: Mapping[str, LinkTarget]) -> None:
+    """Declare that `source`'s `status` answer feeds each target operation's parameters (and, as a
+    third item, fields of its body): `targets` = {link name: ("GET /api/v1/jobs/{job_id}",
+    {"job_id": "$response.body#/id"})}."""
     method, path = source.split(" ", 1)
     entry = LINKS.setdefault((method.lower(), path, status), {})
-    for name, (operation, parameters) in targets.items():
-        entry[name] = _link(operation, parameters)
+    for name, (operation, parameters, *body) in targets.items():
+        entry[name] = _link(operation, parameters, *body)
 
 
 def _core_links() -> None:
@@ -219,22 +223,45 @@ def _catalogue_links() -> None:
         "201",
         {
             "GetTemplate": (f"GET {api}/templates/{{name}}", named),
-            "UseTemplate": (f"POST {api}/templates/{{name}}/use", named),
+            # the version just published: another number is a 404 on a template that exists
+            "UseTemplate": (
+                f"POST {api}/templates/{{name}}/use",
+                named,
+                {"version": "$response.body#/version"},
+            ),
             "DeleteTemplate": (f"DELETE {api}/templates/{{name}}", named),
         },
     )
     in_path = {"name": "$request.path.name"}
-    secret = {"DeleteSecret": (f"DELETE {api}/secrets/{{name}}", in_path)}
-    add_links(f"PUT {api}/secrets/{{name}}", "201", secret)
-    add_links(
-        f"PUT {api}/oncall/schedules/{{name}}",
-        "201",
-        {
-            "GetSchedule": (f"GET {api}/oncall/schedules/{{name}}", in_path),
-            "AddScheduleOverride": (f"POST {api}/oncall/schedules/{{name}}/overrides", in_path),
-            "DeleteSchedule": (f"DELETE {api}/oncall/schedules/{{name}}", in_path),
-        },
-    )
+    listed = {"name": "$response.body#/0/name"}
+    # Secrets, schedules and policies are made by PUT to their name: 201 when new, 200 when
+    # replaced, and the links hold after either. A listed one can be replaced, and a deleted one
+    # set again under its name (how a stateful fuzzer, which starts only from POSTs and lists,
+    # reaches the PUTs).
+    for kind, path, after_put in (
+        ("Secret", f"{api}/secrets/{{name}}", {"DeleteSecret": ("DELETE", "")}),
+        (
+            "Schedule",
+            f"{api}/oncall/schedules/{{name}}",
+            {
+                "GetSchedule": ("GET", ""),
+                "AddScheduleOverride": ("POST", "/overrides"),
+                "DeleteSchedule": ("DELETE", ""),
+            },
+        ),
+        (
+            "Policy",
+            f"{api}/oncall/policies/{{name}}",
+            {"GetPolicy": ("GET", ""), "DeletePolicy": ("DELETE", "")},
+        ),
+    ):
+        targets = {name: (f"{method} {path}{tail}", in_path) for name, (method, tail) in after_put.items()}
+        add_links(f"PUT {path}", "201", targets)
+        add_links(f"PUT {path}", "200", {f"{name}AfterReplace": target for name, target in targets.items()})
+        add_links(
+            f"GET {path.removesuffix('/{name}')}", "200", {f"ReplaceListed{kind}": (f"PUT {path}", listed)}
+        )
+        add_links(f"DELETE {path}", "204", {f"Restore{kind}": (f"PUT {path}", in_path)})
     add_links(
         f"POST {api}/oncall/schedules/{{name}}/overrides",
         "201",
@@ -243,14 +270,6 @@ def _catalogue_links() -> None:
                 f"DELETE {api}/oncall/schedules/{{name}}/overrides/{{override_id}}",
                 {**in_path, "override_id": "$response.body#/id"},
             )
-        },
-    )
-    add_links(
-        f"PUT {api}/oncall/policies/{{name}}",
-        "201",
-        {
-            "GetPolicy": (f"GET {api}/oncall/policies/{{name}}", in_path),
-            "DeletePolicy": (f"DELETE {api}/oncall/policies/{{name}}", in_path),
         },
     )
     page = {"page_id": "$response.body#/id"}

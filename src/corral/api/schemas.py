@@ -250,6 +250,10 @@ class QuotaOut(BaseModel):
 
 
 class GroupIn(_In):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"name": "example-team", "user_max_gpus": 2}]}
+    )
+
     name: str = Field(min_length=1, max_length=64, pattern=ACCOUNT_NAME)
     weight: float = Field(1.0, gt=0, le=1000)
     borrowing: bool = True
@@ -309,6 +313,10 @@ class GroupOut(BaseModel):
 
 
 class UserIn(_In):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"name": "example-user", "groups": ["default"]}]}
+    )
+
     name: str = Field(min_length=1, max_length=64, pattern=ACCOUNT_NAME)
     password: str | None = Field(None, min_length=PASSWORD_MIN, max_length=1024)
     is_admin: bool = False

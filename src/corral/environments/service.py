@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from sqlalchemy import delete as sa_delete
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from corral.config import Settings
@@ -141,8 +142,14 @@ def create(
         raise Forbidden("only admins mark environments official")
     group_id = _group_id(session, principal, req)
     python, python_version, build_tools = _build_prerequisites(settings)
-    env = _upsert_environment(session, principal, req, group_id)
-    version = _new_version(session, principal, env, req, python, python_version)
+    try:
+        env = _upsert_environment(session, principal, req, group_id)
+        version = _new_version(session, principal, env, req, python, python_version)
+    except IntegrityError as exc:  # another request made this name, or its next version, just now
+        session.rollback()
+        raise Conflict(
+            f"environment {req.name!r} was changed by another request at the same time; try again"
+        ) from exc
     number = version.version
     audit.record(
         session,

@@ -11,11 +11,15 @@ import hashlib
 import hmac
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, date, datetime
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm.exc import StaleDataError
 
 from corral.db.models import User
 from corral.db.oncall_models import (
@@ -232,6 +236,17 @@ def _layers_from_spec(session: Session, specs: list[dict[str, Any]]) -> list[Onc
     return rows
 
 
+@contextmanager
+def _no_concurrent_change(session: Session, what: str) -> Iterator[None]:
+    """A create or replace that another request's (a delete's, a create's) got ahead of is a 409,
+    not a 500: the row it read is gone, or the name it was making is taken."""
+    try:
+        yield
+    except (IntegrityError, StaleDataError) as exc:
+        session.rollback()
+        raise Conflict(f"{what} was changed by another request at the same time; try again") from exc
+
+
 def put_schedule(
     session: Session, principal: Principal, name: str, spec: dict[str, Any]
 ) -> tuple[dict[str, Any], bool]:
@@ -246,26 +261,28 @@ def put_schedule(
     fallback = spec.get("fallback_user")
     fallback_id = user_by_name(session, fallback).id if fallback else None
     now = time.time()
-    row = session.scalar(select(OncallSchedule).where(OncallSchedule.name == name))
-    created = row is None
-    before = None if row is None else schedule_definition(session, row)
-    if row is None:
-        row = OncallSchedule(name=name, created_at=now, time_zone="UTC")
-        session.add(row)
-    row.time_zone = spec.get("time_zone") or "UTC"
-    row.description = spec.get("description") or ""
-    row.fallback_user_id = fallback_id
-    row.updated_at = now
-    row.layers.clear()
-    session.flush()  # the old layers' positions are free before the new ones take them
-    row.layers.extend(layers)
-    session.flush()
-    after = schedule_definition(session, row)
-    audit.record(
-        session, actor=principal, action="oncall.schedule.create" if created else "oncall.schedule.update",
-        target_kind="oncall_schedule", target_id=name, before=before, after=after,
-    )  # fmt: skip
-    session.commit()
+    with _no_concurrent_change(session, f"schedule {name!r}"):
+        row = session.scalar(select(OncallSchedule).where(OncallSchedule.name == name))
+        created = row is None
+        before = None if row is None else schedule_definition(session, row)
+        if row is None:
+            row = OncallSchedule(name=name, created_at=now, time_zone="UTC")
+            session.add(row)
+        row.time_zone = spec.get("time_zone") or "UTC"
+        row.description = spec.get("description") or ""
+        row.fallback_user_id = fallback_id
+        row.updated_at = now
+        row.layers.clear()
+        session.flush()  # the old layers' positions are free before the new ones take them
+        row.layers.extend(layers)
+        session.flush()
+        after = schedule_definition(session, row)
+        action = "oncall.schedule.create" if created else "oncall.schedule.update"
+        audit.record(
+            session, actor=principal, action=action,
+            target_kind="oncall_schedule", target_id=name, before=before, after=after,
+        )  # fmt: skip
+        session.commit()
     return schedule_view(session, schedule_by_name(session, name), time.time()), created
 
 
@@ -482,20 +499,26 @@ def put_policy(
         raise Invalid(f"repeat must be 0 to {MAX_REPEAT}", ("body", "repeat"))
     steps = _steps_from_spec(session, list(spec.get("steps") or []))
     now = time.time()
-    row = session.scalar(select(EscalationPolicy).where(EscalationPolicy.name == name))
-    created = row is None
-    before = None if row is None else policy_view(session, row)
-    if row is None:
-        row = EscalationPolicy(name=name, created_at=now)
-        session.add(row)
-    row.steps, row.repeat, row.description, row.updated_at = steps, repeat, spec.get("description") or "", now
-    session.flush()
-    after = policy_view(session, row)
-    audit.record(
-        session, actor=principal, action="oncall.policy.create" if created else "oncall.policy.update",
-        target_kind="escalation_policy", target_id=name, before=before, after=after,
-    )  # fmt: skip
-    session.commit()
+    with _no_concurrent_change(session, f"escalation policy {name!r}"):
+        row = session.scalar(select(EscalationPolicy).where(EscalationPolicy.name == name))
+        created = row is None
+        before = None if row is None else policy_view(session, row)
+        if row is None:
+            row = EscalationPolicy(name=name, created_at=now)
+            session.add(row)
+        row.steps, row.repeat, row.description, row.updated_at = (
+            steps,
+            repeat,
+            spec.get("description") or "",
+            now,
+        )
+        session.flush()
+        after = policy_view(session, row)
+        audit.record(
+            session, actor=principal, action="oncall.policy.create" if created else "oncall.policy.update",
+            target_kind="escalation_policy", target_id=name, before=before, after=after,
+        )  # fmt: skip
+        session.commit()
     return after, created
 
 

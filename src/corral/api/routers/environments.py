@@ -20,7 +20,10 @@ class EnvironmentIn(BaseModel):
     """A new version of environment `name` (created when new) from a requirements.txt or a
     pyproject.toml text, built by a build job queued as you."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"name": "example-env", "source": "six==1.16.0\n"}]},
+    )
 
     # "default" is the server's own environment: the schema says so too (`not`), as the service does
     name: str = Field(

@@ -69,6 +69,8 @@ def spec_body_schema() -> dict[str, Any]:
     }
     props["env"] = {**props["env"], **env}
     defs["TaskV1"]["properties"]["env"] = {**defs["TaskV1"]["properties"]["env"], **env}
+    # Blanks around the command are stripped (`str_strip_whitespace`): a blank one is empty
+    defs["TaskV1"]["properties"]["command"]["pattern"] = r"\S"
     props["tasks"]["propertyNames"] = {"pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"}
     props["environment"] = {**props["environment"], "pattern": ENVIRONMENT_REF_PATTERN}
     # "workspace" jobs are made by POST /workspaces (and .../start); this route refuses them
@@ -101,6 +103,15 @@ def spec_body_schema() -> dict[str, Any]:
         ],
         "default": None,
     }
+    # A spec that fits any node (no GPU, a tenth of a CPU): clients read it as a start, and a
+    # stateful fuzzer gets jobs to follow the links from (GET, cancel, delete ...).
+    schema["examples"] = [
+        {
+            "name": "example-job",
+            "max_runtime": "5m",
+            "tasks": {"main": {"command": "sleep 30", "resources": {"cpus": 0.1, "memory": 64}}},
+        }
+    ]
     return schema
 
 

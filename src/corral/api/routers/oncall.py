@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from corral.api.deps import DB, CurrentUser, NameInPath, RowId, fast_json
+from corral.api.schemas import BooleansApart
 from corral.services import oncall as svc
 from corral.services import paging
 from corral.services.accounts import NAME_RE
@@ -34,7 +35,7 @@ FeedToken = Annotated[
 Token = Annotated[str, Path(min_length=10, max_length=400, pattern=r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")]
 
 
-class _In(BaseModel):
+class _In(BooleansApart):  # `"repeat": false` is no count, as the schema says
     model_config = ConfigDict(extra="forbid")
 
 
@@ -49,6 +50,19 @@ class LayerIn(_In):
 
 
 class ScheduleIn(_In):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "time_zone": "UTC",
+                    "fallback_user": "admin",
+                    "layers": [{"rotation": "weekly", "start_date": "2026-01-05", "members": ["admin"]}],
+                }
+            ]
+        },
+    )
+
     time_zone: str = Field(
         "UTC",
         min_length=1,
@@ -105,6 +119,11 @@ class WhoOut(BaseModel):
 
 
 class OverrideIn(_In):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"user": "admin", "start": 1893456000, "end": 1893459600}]},
+    )
+
     user: UserName
     start: float = Field(ge=0, le=4e9, description="unix seconds")
     end: float = Field(ge=0, le=4e9, description="unix seconds")
@@ -124,6 +143,10 @@ class StepIn(_In):
 
 
 class PolicyIn(_In):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"steps": [{"user": "admin", "wait_minutes": 10}]}]}
+    )
+
     description: str = Field("", max_length=2000)
     steps: list[StepIn] = Field(min_length=1, max_length=svc.MAX_STEPS)
     repeat: int = Field(0, ge=0, le=svc.MAX_REPEAT, description="run all steps again this many more times")
@@ -137,6 +160,10 @@ class PolicyOut(BaseModel):
 
 
 class PageIn(_In):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"policy": "example-policy", "subject": "disk full"}]}
+    )
+
     policy: str = Field(min_length=1, max_length=64)
     subject: str = Field(min_length=1, max_length=300)
     body: str = Field("", max_length=20000)

@@ -35,7 +35,10 @@ class SecretIn(BaseModel):
     # Exactly one of the two, as the schema says too.
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={"oneOf": [{"required": ["value"]}, {"required": ["value_base64"]}]},
+        json_schema_extra={
+            "oneOf": [{"required": ["value"]}, {"required": ["value_base64"]}],
+            "examples": [{"value": "an API key"}],
+        },
     )
 
     # The constraints sit on the string itself: on the union they would reach None (a TypeError)

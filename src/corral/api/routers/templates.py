@@ -28,7 +28,20 @@ class _In(BaseModel):
 
 class PublishIn(_In):
     model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"oneOf": [{"required": ["spec"]}, {"required": ["from_job"]}]}
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [{"required": ["spec"]}, {"required": ["from_job"]}],
+            "examples": [
+                {
+                    "name": "example-sweep",
+                    "spec": {
+                        "name": "sweep",
+                        "parameters": {"seconds": {"default": 1}},
+                        "command": "sleep {{ seconds }}",
+                    },
+                }
+            ],
+        },
     )
     name: str = Field(pattern=NAME_PATTERN)
     spec: str | dict[str, Any] | None = Field(

@@ -56,7 +56,11 @@ def _duration(value: Any) -> float | None:
 
 
 class WorkspaceIn(BaseModel):
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        str_strip_whitespace=True,
+        json_schema_extra={"examples": [{"name": "example-notebook", "cpus": 1, "memory": 512}]},
+    )
 
     name: str | None = Field(None, min_length=1, max_length=63, pattern=svc.NAME_RE.pattern)
     gpus: int = Field(0, ge=0, le=MAX_GPUS_PER_INSTANCE)
