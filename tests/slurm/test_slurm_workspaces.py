@@ -39,7 +39,7 @@ from websockets.sync.client import connect
 
 from corral.db.session import make_engine, make_session_factory
 from corral.workspaces.activity import last_activity
-from tests.server_fixture import CorralServer, start_server, wait_for
+from tests.server_fixture import CorralServer, start_server, submit_spec, wait_for, wait_state
 from tests.slurm.conftest import cleanup_cluster
 from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster, free_port
 from tests.slurm.helpers import slurm_engine
@@ -239,6 +239,22 @@ def test_workspace_on_slurm_through_the_proxy_and_the_gateway(
         inside = ssh(world, "id -u; hostname")
         assert inside.returncode == 0, inside.stderr
         assert inside.stdout.split() == [str(uid), node], inside.stdout
+
+        # The user's training logs, read-only at /logs in the workspace: the log of a job of
+        # alice's that ran after the workspace started is there, as the job wrote it.
+        resources = {"gpus": 0, "cpus": 1, "memory": "256MiB"}
+        command = "echo LOGGED-$((6*7))"
+        spec = {
+            "name": "logged",
+            "tasks": {"main": {"instances": 1, "command": command, "resources": resources}},
+        }
+        logged = submit_spec(alice, spec)
+        done = wait_state(alice, logged, ("succeeded", "failed", "cancelled"), timeout_s=90)
+        assert done["state"] == "succeeded", done
+        seen = ssh(
+            world, f"cat /logs/{logged}/rank-0.log; touch /logs/{logged}/x 2>/dev/null || echo READONLY"
+        )
+        assert seen.stdout.split() == ["LOGGED-42", "READONLY"], (seen.stdout, seen.stderr)
 
         # A server killed and started again finds the same JupyterLab (nothing of it lives in
         # the server): the kernel kept its variable.

@@ -15,7 +15,7 @@ from sqlalchemy import delete
 from corral.db.models import Group, User
 from corral.db.session import init_db, make_engine, make_session_factory
 from corral.engine.isolation.sandbox import SandboxSpec, bwrap_argv
-from corral.engine.local.log_links import link_rank_logs, prepare_log_dirs
+from corral.engine.log_links import link_rank_logs, prepare_log_dirs
 from corral.spec import JobSpecV1
 from corral.storage import code
 from corral.storage.identities import IdRange, ensure_ids

@@ -71,8 +71,8 @@ from corral.engine.local.files import (
     SupervisorInfo,
     read_file,
 )
-from corral.engine.local.log_links import link_rank_logs, prepare_log_dirs
 from corral.engine.local.supervisor import proc_start
+from corral.engine.log_links import link_rank_logs, prepare_log_dirs
 from corral.scheduler.types import NodeState
 from corral.storage.layout import StorageError, prepare_dirs, through_symlink
 

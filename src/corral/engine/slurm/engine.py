@@ -33,12 +33,13 @@ from corral.engine.base import (
     NodeReport,
 )
 from corral.engine.isolation.secret_files import remove_secrets
+from corral.engine.log_links import link_rank_logs, prepare_log_dirs
 from corral.engine.slurm import enter, mapping, scripts
 from corral.engine.slurm.cli import SlurmCli, SlurmJob, SlurmNode
 from corral.engine.slurm.state import AttemptRecord, StateStore, StopRequest, read_job_file
 from corral.engine.slurm.users import UnixAccount, UnmappedUser, UserMap
 from corral.scheduler.types import NodeState
-from corral.storage.layout import MARKER, prepare_dirs, through_symlink
+from corral.storage.layout import MARKER, StorageError, prepare_dirs, through_symlink
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +249,7 @@ class SlurmEngine:
             attempt_dir = self.store.attempt_dir(aid)
             job_dir = self.store.job_dir(aid)
             scripts.write_scripts(attempt_dir, job_dir, attempt, instances, account, self.sandbox)
+            self._link_logs(attempt, job_dir, account, [i.rank for i in instances])
             self.store.save(record)  # before sbatch: a crash in between is found again by job name
             args = scripts.sbatch_args(attempt, instances, job_dir, self.partition, account)
             result = self.cli.run("sbatch", *args, env=self.cli.submit_env(scripts.DEFAULT_PATH))
@@ -256,6 +258,19 @@ class SlurmEngine:
             record.slurm_job_id = result.stdout.strip().split(";")[0]
             self.store.save(record)
             return record.slurm_job_id
+
+    @staticmethod
+    def _link_logs(attempt: AttemptLaunch, job_dir: Path, account: UnixAccount, ranks: list[int]) -> None:
+        """The ranks' logs, made now in the job dir for the account to write, hard-linked into
+        the user's logs dir on the storage root (`logs` mount source: a workspace's /logs), as
+        the local engine does. Best effort: the job runs without that view if it fails."""
+        if not attempt.log_dir:
+            return
+        try:
+            links = prepare_log_dirs(Path(attempt.log_dir), attempt.attempt, account.uid, account.gid)
+            link_rank_logs(links, Path(attempt.log_dir), ranks, account.gid, job_dir, writer=account.uid)
+        except (OSError, StorageError) as exc:
+            log.warning("logs of attempt %s not linked for its owner: %s", attempt.attempt_id, exc)
 
     def _account_for(self, corral_user: str) -> UnixAccount:
         """The job's Unix account, or UnmappedUser saying why the job may not run at all."""

@@ -1,16 +1,18 @@
 """Each rank's log, readable by the job's owner from their other jobs and workspaces: the `logs`
 mount source (corral.storage.mounts) binds `<storage root>/logs/<user>/` read-only at /logs, and
-the local engine hard-links every rank's log there when it launches an attempt:
+each engine hard-links every rank's log there when it launches an attempt:
 
     logs/<user>/<job id>/attempt-<n>/rank-<r>.log   each attempt's
     logs/<user>/<job id>/rank-<r>.log                the latest attempt's (replaced atomically)
 
 A hard link is the same file as the engine's own `rank-<r>.log`, so what the job writes shows at
 once, and a workspace started before the job sees its dir appear (a dir bind shows new entries).
-The files and dirs are root's with the user's private gid, read-only for the group: the user
-reads them, nobody writes through the link. A hard link needs the engine's state dir and the
-storage root on one filesystem; where they are not, the logs are not linked (a warning says so)
-and stay readable through the API and `corral logs`.
+The dirs are root's with the user's gid, read-only for the group. On the local engine the files
+are root's too (the supervisor, as root, appends): the user reads them, nobody writes through the
+link. On the Slurm engine the job's own account writes its log (the node script's redirect
+truncates the file the engine made, same inode), so the file is that account's. A hard link
+needs the engine's state dir and the storage root on one filesystem; where they are not, the
+logs are not linked (a warning says so) and stay readable through the API and `corral logs`.
 """
 
 from __future__ import annotations
@@ -23,29 +25,40 @@ from pathlib import Path
 
 from corral.storage.layout import StorageDir, prepare_dirs
 
-log = logging.getLogger("corral.engine.local")
+log = logging.getLogger("corral.engine.logs")
 LOG_MODE = 0o640  # root:<user gid>: the owner reads, only the supervisor (root) appends
 
 
-def prepare_log_dirs(job_log_dir: Path, attempt: int, uid: int) -> Path:
-    """Make `logs/<user>/<job>/attempt-<n>` (root:<uid> 0750 each level); returns the last.
-    The explicit gid retires a dir of a deleted user of the same name (prepare_dirs), whose
-    logs the new user must not read."""
+def prepare_log_dirs(job_log_dir: Path, attempt: int, uid: int, gid: int | None = None) -> Path:
+    """Make `logs/<user>/<job>/attempt-<n>` (root:<gid> 0750 each level; gid: the user's, by
+    default its private one, = uid); returns the last. The explicit gid retires a dir of a
+    deleted user of the same name (prepare_dirs), whose logs the new user must not read."""
+    gid = uid if gid is None else gid
     attempt_dir = job_log_dir / f"attempt-{attempt}"
     dirs = [job_log_dir.parent, job_log_dir, attempt_dir]
-    prepare_dirs([StorageDir(str(d), "root", uid, 0o750) for d in dirs], uid, uid)
+    prepare_dirs([StorageDir(str(d), "root", gid, 0o750) for d in dirs], uid, gid)
     return attempt_dir
 
 
-def link_rank_logs(attempt_dir: Path, job_log_dir: Path, ranks: Iterable[int], uid: int, adir: Path) -> None:
-    """Create each rank's log in the attempt dir (the supervisor appends to it, O_APPEND without
-    O_TRUNC, so it keeps this owner and mode) and hard-link it into the user's logs dir."""
+def link_rank_logs(
+    attempt_dir: Path,
+    job_log_dir: Path,
+    ranks: Iterable[int],
+    gid: int,
+    adir: Path,
+    *,
+    writer: int = 0,
+) -> None:
+    """Create each rank's log in the engine's dir `adir` (owned by `writer`, group `gid`: the
+    local supervisor, root, appends to it with O_APPEND and no O_TRUNC, so it keeps this owner
+    and mode; a Slurm job's account truncates and writes it) and hard-link it into the user's
+    logs dir."""
     for rank in ranks:
         name = f"rank-{rank}.log"
         fd = os.open(adir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, LOG_MODE)
         try:
             if os.geteuid() == 0:
-                os.fchown(fd, 0, uid)
+                os.fchown(fd, writer, gid)
             os.fchmod(fd, LOG_MODE)
         finally:
             os.close(fd)
