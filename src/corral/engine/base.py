@@ -102,8 +102,8 @@ class AttemptLaunch:
     environment_paths: tuple[str, ...] = ()
     network_outbound: str = ""
     # The job's dir in its owner's logs dir (corral.storage.layout.job_logs_dir), where the
-    # local engine hard-links each rank's log for the `logs` mount source; "" none. Engines
-    # without it (Slurm) leave the dir empty.
+    # engine hard-links each rank's log for the `logs` mount source (corral.engine.log_links);
+    # "" none.
     log_dir: str = ""
 
 

@@ -23,7 +23,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from corral.storage.layout import StorageDir, prepare_dirs
+from corral.storage.layout import StorageDir, StorageError, prepare_dirs
 
 log = logging.getLogger("corral.engine.logs")
 LOG_MODE = 0o640  # root:<user gid>: the owner reads, only the supervisor (root) appends
@@ -53,11 +53,12 @@ def link_rank_logs(
     local supervisor, root, appends to it with O_APPEND and no O_TRUNC, so it keeps this owner
     and mode; a Slurm job's account truncates and writes it) and hard-link it into the user's
     logs dir."""
+    as_root = os.geteuid() == 0
     for rank in ranks:
         name = f"rank-{rank}.log"
         fd = os.open(adir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, LOG_MODE)
         try:
-            if os.geteuid() == 0:
+            if as_root:
                 os.fchown(fd, writer, gid)
             os.fchmod(fd, LOG_MODE)
         finally:
@@ -68,8 +69,6 @@ def link_rank_logs(
             tmp.unlink(missing_ok=True)
             os.link(adir / name, tmp)
             os.replace(tmp, job_log_dir / name)
-        except FileExistsError:
-            continue  # a relaunch of the same attempt dir cannot happen (the dir is the claim)
         except OSError as exc:
             if exc.errno != errno.EXDEV:
                 raise
@@ -80,3 +79,24 @@ def link_rank_logs(
                 job_log_dir,
             )
             return
+
+
+def link_attempt_logs(
+    job_log_dir: Path,
+    attempt: int,
+    ranks: Iterable[int],
+    adir: Path,
+    *,
+    uid: int,
+    gid: int,
+    writer: int = 0,
+    attempt_id: str,
+) -> None:
+    """An engine's one call at launch: the user's dirs for this attempt, then each rank's log
+    made in `adir` and linked there. Best effort: the job runs without the /logs view if this
+    fails (a warning says why)."""
+    try:
+        links = prepare_log_dirs(job_log_dir, attempt, uid, gid)
+        link_rank_logs(links, job_log_dir, ranks, gid, adir, writer=writer)
+    except (OSError, StorageError) as exc:
+        log.warning("logs of attempt %s not linked for its owner: %s", attempt_id, exc)

@@ -8,7 +8,7 @@
     code/snapshots/<id>/  one snapshot as a tree of read-only hard links (0711: reachable, not listable)
     outputs/<job id>/   a job's outputs: owner the job's uid, 0700; deleted with the job
     logs/<user>/<job id>/  read-only views of the user's jobs' logs (root:<user gid>, 0750): the
-                        local engine hard-links each rank's log here (`attempt-<n>/rank-<r>.log`,
+                        engine hard-links each rank's log here (`attempt-<n>/rank-<r>.log`,
                         and `rank-<r>.log` for the latest attempt); mounted by the `logs` source
     env/store/<key>/    built environments, one read-only copy per lock (corral.environments.store)
     env/tools/          what build jobs run: the build step and uv, read-only (corral.environments.tools)

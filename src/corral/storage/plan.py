@@ -44,7 +44,7 @@ class JobStorage:
     environment_bin: str = ""
     environment_paths: tuple[str, ...] = ()
     network_outbound: str = ""
-    log_dir: str = ""  # the job's dir in the owner's logs dir (the `logs` source; local engine)
+    log_dir: str = ""  # the job's dir in the owner's logs dir (the `logs` source)
 
 
 def id_ranges(settings: Settings) -> tuple[IdRange, IdRange]:

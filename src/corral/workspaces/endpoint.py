@@ -38,10 +38,6 @@ class Upstream:
     port: int | None = None  # None with a socket
 
     @property
-    def key(self) -> str:
-        return self.socket if self.socket is not None else f"{self.host}:{self.port}"
-
-    @property
     def authority(self) -> str:
         """host[:port] for URLs: "localhost" over a socket."""
         if self.socket is not None:

@@ -59,7 +59,7 @@ HOP_BY_HOP = frozenset(
 )
 # Of the upstream's answer: hop-by-hop ones; Content-Length stays (the bytes pass as they came,
 # still compressed if they were; a chunked body is framed again by the server).
-RESPONSE_DROPPED = HOP_BY_HOP - {"content-length"}
+RESPONSE_DROPPED = frozenset(h.encode("latin-1") for h in HOP_BY_HOP - {"content-length"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +72,7 @@ class Decision:
 
 
 _decisions: dict[tuple[str, int], tuple[float, Decision]] = {}
-_pools: dict[str, HttpPool] = {}  # upstream connections by Upstream.key (socket or host:port)
+_pools: dict[Upstream, HttpPool] = {}  # kept-alive upstream connections
 
 
 def _credential(headers: Any, cookies: Any) -> tuple[str, bool] | None:
@@ -136,13 +136,13 @@ def same_origin(headers: Any) -> bool:
 
 
 def _pool(upstream: Upstream) -> HttpPool:
-    pool = _pools.get(upstream.key)
+    pool = _pools.get(upstream)
     if pool is None:
         if len(_pools) > 256:  # old attempts' sockets: drop them all, they are cheap to make again
             for old in _pools.values():
                 asyncio.get_running_loop().create_task(close_quietly(old))
             _pools.clear()
-        pool = _pools[upstream.key] = HttpPool(upstream.socket, upstream.host, upstream.port)
+        pool = _pools[upstream] = HttpPool(upstream.socket, upstream.host, upstream.port)
     return pool
 
 
@@ -207,9 +207,7 @@ async def proxy_http(request: Request, ws_id: int, path: str) -> Response:
         )
     # Raw, not a dict: several Set-Cookie headers must all arrive. Content-Length stays (the bytes
     # are passed on as they came, still compressed if they were).
-    answer.raw_headers = [
-        (k.lower(), v) for k, v in response.headers if k.lower().decode("latin-1") not in RESPONSE_DROPPED
-    ]
+    answer.raw_headers = [(k.lower(), v) for k, v in response.headers if k.lower() not in RESPONSE_DROPPED]
     return answer
 
 

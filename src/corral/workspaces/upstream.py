@@ -205,7 +205,7 @@ class HttpPool:
         except httptools.HttpParserError as exc:
             writer.close()
             raise UpstreamError(f"the upstream's answer is not HTTP: {exc}") from exc
-        except (ConnectionError, BrokenPipeError) as exc:
+        except ConnectionError as exc:
             raise _StaleConnection() from exc
         except OSError as exc:
             writer.close()

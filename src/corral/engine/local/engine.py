@@ -72,9 +72,9 @@ from corral.engine.local.files import (
     read_file,
 )
 from corral.engine.local.supervisor import proc_start
-from corral.engine.log_links import link_rank_logs, prepare_log_dirs
+from corral.engine.log_links import link_attempt_logs
 from corral.scheduler.types import NodeState
-from corral.storage.layout import StorageError, prepare_dirs, through_symlink
+from corral.storage.layout import prepare_dirs, through_symlink
 
 if TYPE_CHECKING:
     from corral.engine.isolation.cgroupfs import CgroupHandle
@@ -426,7 +426,6 @@ class LocalEngine:
             raise LaunchRefused(attempt.refused)
         sandboxed = self.isolation_requested and self.status.sandbox
         use_cgroups = self.isolation_requested and self.status.cgroups
-        log_dir = self._prepare_log_dir(attempt) if sandboxed else None
         if attempt.uid is not None:
             # The user's stable uid (corral.storage.identities) with a private gid of the same
             # number; its home, group and outputs dirs are made and handed over first.
@@ -455,12 +454,16 @@ class LocalEngine:
             self._prepare_instance(attempt, inst, adir, sandboxed, use_cgroups, uid, etc_files, secrets)
             for inst in attempt.instances
         ]
-        if log_dir is not None and attempt.uid is not None:
-            try:
-                ranks = [i.rank for i in attempt.instances]
-                link_rank_logs(log_dir, Path(attempt.log_dir), ranks, attempt.uid, adir)
-            except (OSError, StorageError) as exc:  # the job runs; only the /logs view is missing
-                log.warning("logs of attempt %s not linked for its owner: %s", attempt.attempt_id, exc)
+        if sandboxed and attempt.log_dir and attempt.uid is not None:
+            link_attempt_logs(
+                Path(attempt.log_dir),
+                attempt.attempt,
+                [i.rank for i in attempt.instances],
+                adir,
+                uid=attempt.uid,
+                gid=attempt.uid,  # the user's private gid
+                attempt_id=attempt.attempt_id,
+            )
         return {
             "attempt_id": attempt.attempt_id,
             "max_runtime_s": attempt.max_runtime_s,
@@ -470,18 +473,6 @@ class LocalEngine:
             "instances": instances,
             "network": network.spec(),
         }
-
-    @staticmethod
-    def _prepare_log_dir(attempt: AttemptLaunch) -> Path | None:
-        """The user's logs dir for this attempt (log_links.py), before the storage dirs: a dir of
-        a deleted user of the same name is retired, not handed over. None: no logs view."""
-        if not attempt.log_dir or attempt.uid is None:
-            return None
-        try:
-            return prepare_log_dirs(Path(attempt.log_dir), attempt.attempt, attempt.uid)
-        except (OSError, StorageError) as exc:
-            log.warning("no logs dir for attempt %s: %s", attempt.attempt_id, exc)
-            return None
 
     @staticmethod
     def _write_secrets(attempt: AttemptLaunch, adir: Path, job_uid: int | None) -> JobSecrets:

@@ -40,7 +40,8 @@ def looks_unreachable(message: str) -> bool:
 
 
 class SlurmJob(TypedDict, total=False):
-    """The fields of a `squeue --json` job that the engine reads (Slurm sends many more)."""
+    """A job as `SlurmCli.jobs` reads it from `squeue --Format` (parse_squeue): the fields the
+    engine uses."""
 
     job_id: int | str  # str only in the stand-in the engine builds for a job Slurm purged
     name: str
@@ -114,9 +115,8 @@ class SlurmError(TypedDict, total=False):
 
 
 class SlurmReply(TypedDict, total=False):
-    """A `squeue --json` / `sinfo --json` answer: the engine reads `jobs` or `nodes`."""
+    """A `sinfo --json` answer: the engine reads `nodes`."""
 
-    jobs: list[SlurmJob]
     nodes: list[SlurmNode]
     errors: list[SlurmError]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pwd
 import shlex
 import shutil
 import threading
@@ -33,13 +34,13 @@ from corral.engine.base import (
     NodeReport,
 )
 from corral.engine.isolation.secret_files import remove_secrets
-from corral.engine.log_links import link_rank_logs, prepare_log_dirs
+from corral.engine.log_links import link_attempt_logs
 from corral.engine.slurm import enter, mapping, scripts
 from corral.engine.slurm.cli import SlurmCli, SlurmJob, SlurmNode
 from corral.engine.slurm.state import AttemptRecord, StateStore, StopRequest, read_job_file
 from corral.engine.slurm.users import UnixAccount, UnmappedUser, UserMap
 from corral.scheduler.types import NodeState
-from corral.storage.layout import MARKER, StorageError, prepare_dirs, through_symlink
+from corral.storage.layout import MARKER, prepare_dirs, through_symlink
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,14 @@ def _env_float(name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not a number")
+
+
+def _account_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 class SlurmEngine:
@@ -249,7 +258,17 @@ class SlurmEngine:
             attempt_dir = self.store.attempt_dir(aid)
             job_dir = self.store.job_dir(aid)
             scripts.write_scripts(attempt_dir, job_dir, attempt, instances, account, self.sandbox)
-            self._link_logs(attempt, job_dir, account, [i.rank for i in instances])
+            if attempt.log_dir:  # the ranks' logs, for the account to write, also at /logs
+                link_attempt_logs(
+                    Path(attempt.log_dir),
+                    attempt.attempt,
+                    [i.rank for i in instances],
+                    job_dir,
+                    uid=account.uid,
+                    gid=account.gid,
+                    writer=account.uid,
+                    attempt_id=aid,
+                )
             self.store.save(record)  # before sbatch: a crash in between is found again by job name
             args = scripts.sbatch_args(attempt, instances, job_dir, self.partition, account)
             result = self.cli.run("sbatch", *args, env=self.cli.submit_env(scripts.DEFAULT_PATH))
@@ -258,19 +277,6 @@ class SlurmEngine:
             record.slurm_job_id = result.stdout.strip().split(";")[0]
             self.store.save(record)
             return record.slurm_job_id
-
-    @staticmethod
-    def _link_logs(attempt: AttemptLaunch, job_dir: Path, account: UnixAccount, ranks: list[int]) -> None:
-        """The ranks' logs, made now in the job dir for the account to write, hard-linked into
-        the user's logs dir on the storage root (`logs` mount source: a workspace's /logs), as
-        the local engine does. Best effort: the job runs without that view if it fails."""
-        if not attempt.log_dir:
-            return
-        try:
-            links = prepare_log_dirs(Path(attempt.log_dir), attempt.attempt, account.uid, account.gid)
-            link_rank_logs(links, Path(attempt.log_dir), ranks, account.gid, job_dir, writer=account.uid)
-        except (OSError, StorageError) as exc:
-            log.warning("logs of attempt %s not linked for its owner: %s", attempt.attempt_id, exc)
 
     def _account_for(self, corral_user: str) -> UnixAccount:
         """The job's Unix account, or UnmappedUser saying why the job may not run at all."""
@@ -310,7 +316,10 @@ class SlurmEngine:
 
     def _squeue(self, users: set[str] | None, *filters: str) -> list[SlurmJob]:
         """squeue of the given accounts (None: all). An account that no longer exists makes
-        squeue print an error and no jobs at all: then ask for every user's jobs instead."""
+        squeue print an error and no jobs at all: such accounts are left out of the filter (a
+        lookup per poll, no second squeue), and if squeue still refuses one, every user's jobs
+        are asked for instead."""
+        users = {u for u in users or () if _account_exists(u)}
         if users:
             try:
                 return self.cli.jobs(f"--users={','.join(sorted(users))}", *filters)
@@ -349,7 +358,6 @@ class SlurmEngine:
     def _jobs(self, users: set[str] | None) -> dict[str, SlurmJob]:
         """The jobs Slurm still knows of the given accounts (None: all), by id and (for the
         corral ones) also by job name."""
-        # --users: only the accounts of the attempts asked about, not every job of a busy cluster
         jobs: dict[str, SlurmJob] = {}
         for job in self._squeue(users):
             jobs[str(job.get("job_id"))] = job
