@@ -101,8 +101,12 @@ def create_app(
         app.include_router(module.router, prefix=API_PREFIX)
     for name in ROOT_ROUTER_MODULES:
         app.include_router(importlib.import_module(f"corral.api.routers.{name}").router)
+    front_doors = []  # an external module's own middleware, e.g. the workspace proxy's
     for module_name in EXTERNAL_ROUTERS:
-        app.include_router(importlib.import_module(module_name).router)
+        module = importlib.import_module(module_name)
+        app.include_router(module.router)
+        if getattr(module, "FRONT_MIDDLEWARE", None) is not None:
+            front_doors.append(module.FRONT_MIDDLEWARE)
     _install_error_handlers(app)
     # Every route's errors, links and 405s documented and answered alike (new routers included).
     conformance.install(app, settings)
@@ -113,10 +117,8 @@ def create_app(
     app.add_middleware(MetricsGuard, settings=settings)
     # An external module's own front door (the workspace proxy: /ws/<id>/ past the limits and
     # the router), inside the request metrics.
-    for module_name in EXTERNAL_ROUTERS:
-        front = getattr(importlib.import_module(module_name), "FRONT_MIDDLEWARE", None)
-        if front is not None:
-            app.add_middleware(front)
+    for front in front_doors:
+        app.add_middleware(front)
     # Monitoring's request metrics, outermost so that they include waiting for admission.
     install_request_metrics(app)
     return app

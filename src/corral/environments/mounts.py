@@ -110,7 +110,7 @@ def plan_environments(
     ids = [j.id for j in jobs]
     query = select(EnvironmentVersion.build_job_id, EnvironmentVersion.interpreter)
     rows = session.execute(query.where(EnvironmentVersion.build_job_id.in_(ids))).tuples()
-    builds: dict[int | None, str] = dict(list(rows))  # a Result has keys(): not a mapping
+    builds: dict[int | None, str] = dict(rows.all())
     out: dict[int, EnvironmentLaunch | str] = {}
     for job in jobs:
         ctx = contexts.get(job.id)
@@ -118,9 +118,10 @@ def plan_environments(
             continue
         if job.id in builds:
             out[job.id] = _build_launch(ctx, settings, builds[job.id])
-        elif job.spec.kind == "workspace" and settings.engine == "slurm" and not _catalogued(job):
-            out[job.id] = workspace_environment(settings)
-        elif _catalogued(job):
+        elif not _catalogued(job):  # the default environment: the server's own, except here
+            if job.spec.kind == "workspace" and settings.engine == "slurm":
+                out[job.id] = workspace_environment(settings)
+        else:
             try:
                 bind, version = _resolve(
                     ctx, MountRequest(f"{PREFIX}/{job.spec.environment}", job.spec.environment, "", True)

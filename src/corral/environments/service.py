@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 from sqlalchemy import delete as sa_delete
 from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from corral.catalog.access import flush_or_conflict
 from corral.config import Settings
 from corral.db.environment_models import Environment, EnvironmentVersion
 from corral.db.models import Group, Job, User
@@ -142,14 +142,9 @@ def create(
         raise Forbidden("only admins mark environments official")
     group_id = _group_id(session, principal, req)
     python, python_version, build_tools = _build_prerequisites(settings)
-    try:
-        env = _upsert_environment(session, principal, req, group_id)
-        version = _new_version(session, principal, env, req, python, python_version)
-    except IntegrityError as exc:  # another request made this name, or its next version, just now
-        session.rollback()
-        raise Conflict(
-            f"environment {req.name!r} was changed by another request at the same time; try again"
-        ) from exc
+    # A concurrent create of the same name, or of its next version, is a 409 (flush_or_conflict).
+    env = _upsert_environment(session, principal, req, group_id)
+    version = _new_version(session, principal, env, req, python, python_version)
     number = version.version
     audit.record(
         session,
@@ -190,7 +185,7 @@ def _upsert_environment(
             created_at=time.time(),
         )
         session.add(env)
-        session.flush()
+        flush_or_conflict(session, f"environment {req.name!r}")
         return env
     if not principal.is_admin and env.owner_id != principal.user_id:
         raise Conflict(f"environment name {req.name!r} is taken by another user; choose another")
@@ -226,7 +221,7 @@ def _new_version(
         created_at=time.time(),
     )
     session.add(version)
-    session.flush()
+    flush_or_conflict(session, f"environment {env.name!r}")
     return version
 
 

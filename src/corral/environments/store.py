@@ -10,7 +10,6 @@ under a key."""
 from __future__ import annotations
 
 import os
-import platform
 import shutil
 import stat
 import sys
@@ -33,10 +32,6 @@ def base_python() -> str:
 
 def base_prefix() -> str:
     return os.path.realpath(sys.base_prefix)
-
-
-def python_version() -> str:
-    return platform.python_version()
 
 
 def store_dir(root: Path) -> Path:

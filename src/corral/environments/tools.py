@@ -103,7 +103,8 @@ def publish(root: Path) -> BuildTools:
     directory = tools_dir(root)
     try:
         directory.mkdir(mode=0o755, parents=True, exist_ok=True)  # the server made the root's layout
-        os.chmod(directory, 0o755)
+        if directory.stat().st_mode & 0o777 != 0o755:  # not on every call: only the owner may chmod
+            os.chmod(directory, 0o755)
         _publish_file(directory, step, names.buildstep, 0o444)
         _publish_file(directory, uv, names.uv, 0o555)
     except OSError as exc:

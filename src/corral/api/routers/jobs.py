@@ -13,7 +13,7 @@ from corral import spec as job_spec
 from corral.api.deps import DB, MAX_ROW_ID, CurrentUser, Offset, RowId, UserFilter, fast_json
 from corral.api.schemas import EventOut, JobListOut, JobOut, LogsOut
 from corral.engine.base import EngineUnavailable
-from corral.environments.service import check_job_environment
+from corral.environments.service import NAME_RE, check_job_environment
 from corral.services import cleanup, storage
 from corral.services import jobs as svc
 from corral.services.lifecycle import JobState
@@ -47,7 +47,7 @@ _AT_LEAST_1 = rf"0*[1-9][0-9]*{_FRACTION}"
 _G_AT_LEAST_MILLI = rf"(?:{_AT_LEAST_1}|0+\.(?:[1-9]|0[1-9]|00[1-9])[0-9]*)"
 _T_AT_LEAST_MICRO = rf"(?:{_AT_LEAST_1}|0+\.0{{0,5}}[1-9][0-9]*)"
 # "default", NAME or NAME@VERSION: the shape corral.environments.service.parse_ref reads.
-ENVIRONMENT_REF_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}(?:@[0-9]{1,9})?$"
+ENVIRONMENT_REF_PATTERN = NAME_RE.pattern.removesuffix("$") + r"(?:@[0-9]{1,9})?$"
 MEMORY_PATTERN = (
     rf"^\s*(?:{_K_AT_LEAST_1024}\s*[Kk]|{_AT_LEAST_1}\s*[Mm]|{_G_AT_LEAST_MILLI}\s*[Gg]"
     rf"|{_T_AT_LEAST_MICRO}\s*[Tt])(?:[Ii]?[Bb]?)\s*$"
