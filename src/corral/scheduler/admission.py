@@ -69,7 +69,6 @@ class QuotaLedger:
         self.user_used: dict[tuple[str, str], int] = {}
         self._keys: dict[tuple[str, str], tuple[str, str]] = {}  # (group, model) -> (group, quota key)
         self._memo: dict[tuple[str, tuple[str, ...], int, bool], frozenset[str]] = {}  # cleared on charge
-        self._borrowing: dict[str, bool] = {}  # group -> borrowing on
 
     def group(self, name: str) -> Group:
         g = self.groups.get(name)
@@ -99,12 +98,7 @@ class QuotaLedger:
         return max(cap, floor)
 
     def may_borrow(self, job: Job) -> bool:
-        if not job.preemptible:
-            return False
-        borrowing = self._borrowing.get(job.group)
-        if borrowing is None:  # groups never change within a cycle
-            borrowing = self._borrowing[job.group] = self.group(job.group).borrowing
-        return borrowing
+        return job.preemptible and self.group(job.group).borrowing
 
     def charge(self, job: Job, gpus_by_model: Mapping[str, int], sign: int = 1) -> None:
         self._memo.clear()

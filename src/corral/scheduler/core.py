@@ -99,7 +99,7 @@ class Cycle:
         )
         self.backfill = Backfill(now, profile, st, running, self.preemptor.victims)
         self.verdicts = Verdicts()
-        self.quota = QuotaCheck(self.ledger, self.infos, self.verdicts)
+        self.quota = QuotaCheck(self.ledger, self.verdicts)
         self.assignments: list[Assignment] = []
         self.preemptions: list[Preemption] = []
         self.visited: list[Job] = []  # jobs the passes considered, in order
@@ -189,10 +189,9 @@ class Cycle:
             if self.blocker is not None:
                 break
 
-    def consider(self, job: Job, borrowing: bool, info: JobInfo | None = None) -> None:
-        """The ordinary path of one job: fit ever, fit now, quota, backfill, place, commit."""
-        if info is None:
-            info = self.infos(job)
+    def consider(self, job: Job, borrowing: bool, info: JobInfo) -> None:
+        """The ordinary path of one job (`info`: its JobInfo): fit ever, fit now, quota,
+        backfill, place, commit."""
         if info.never:
             self.verdicts.unschedulable[job.id] = info.never
             return

@@ -4,19 +4,17 @@ let it use now, or the reason it waits. The arithmetic is the QuotaLedger's (adm
 from __future__ import annotations
 
 from corral.scheduler.admission import QuotaLedger
-from corral.scheduler.jobinfo import InfoOf, JobInfo
+from corral.scheduler.jobinfo import JobInfo
 from corral.scheduler.outcomes import Verdicts
 from corral.scheduler.types import Job, Reason
 
 
 class QuotaCheck:
-    def __init__(self, ledger: QuotaLedger, info_of: InfoOf, verdicts: Verdicts) -> None:
-        self.ledger, self.info_of, self.verdicts = ledger, info_of, verdicts
+    def __init__(self, ledger: QuotaLedger, verdicts: Verdicts) -> None:
+        self.ledger, self.verdicts = ledger, verdicts
         self.deferred: list[Job] = []  # jobs that may get other GPU models in the borrowing pass
 
-    def admit(
-        self, job: Job, borrowing: bool, may_borrow: bool, info: JobInfo | None = None
-    ) -> frozenset[str] | None:
+    def admit(self, job: Job, borrowing: bool, may_borrow: bool, info: JobInfo) -> frozenset[str] | None:
         """Models the job may use under its group's quota now; None when none (reason recorded, or
         the job deferred to the borrowing pass)."""
         ledger = self.ledger
@@ -31,8 +29,6 @@ class QuotaCheck:
             )
             self.verdicts.wait_or_never(job, reason, never=job.total_gpus > cap)
             return None
-        if info is None:
-            info = self.info_of(job)
         allowed = ledger.allowed_models(job, info.models, borrowing, info.total)
         if allowed:
             return allowed
