@@ -424,7 +424,7 @@ class Soak:
         while no fault is on it (the watch never returns one by itself), including one the watch
         took out after its fault had already ended."""
         try:
-            health = self.reader.snapshot().gpu_health
+            health = self.reader.gpu_health()
         except Exception:  # the database held a moment by a server's start-up: next time
             return
         for index, clear_at in list(self.gpu_faults.items()):
@@ -592,10 +592,11 @@ class Soak:
         while time.monotonic() < deadline:
             injected = sum(self.faults.values())
             enough = self.cfg.chaos_faults is not None and injected >= self.cfg.chaos_faults
-            if enough or time.monotonic() >= calm_at or self.settled():
+            settled = self.settled()
+            if enough or time.monotonic() >= calm_at or settled:
                 self.stop_chaos.set()
                 chaos.join()
-                if self.settled():
+                if settled or self.settled():  # again only when chaos was running until now
                     break
                 self.tend_gpus(time.monotonic())  # one the watch took out after the last clear
             time.sleep(1.0)

@@ -235,9 +235,9 @@ def run_baseline(args: argparse.Namespace) -> Result:
 # ---- Slurm -------------------------------------------------------------------------------------------
 @contextmanager
 def squeue_watcher(env: Mapping[str, str], interval_s: float = 0.1) -> Iterator[dict[str, dict[int, float]]]:
-    """A thread polling `squeue --json --states=all`; yields {job name: {Slurm job id: when first
-    seen ended}} (a name comes back when a later Corral server numbers its jobs from 1 again).
-    Both Slurm columns are timed by it, the same way."""
+    """A thread polling `squeue --states=all --Format` (cli.parse_squeue); yields {job name:
+    {Slurm job id: when first seen ended}} (a name comes back when a later Corral server numbers
+    its jobs from 1 again). Both Slurm columns are timed by it, the same way."""
     ended: dict[str, dict[int, float]] = {}
     stop = threading.Event()
 

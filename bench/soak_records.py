@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import marshal
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.engine.isolation import cgroupfs
+from corral.engine.local.supervisor import proc_start, read_spec
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -58,6 +58,12 @@ class DbReader:
             pg.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             yield pg.cursor()
 
+    def gpu_health(self) -> dict[tuple[str, int], str]:
+        """(node, GPU index) -> health: the one table tend_gpus needs, not a whole snapshot."""
+        with self._cursor() as cur:
+            cur.execute('SELECT node_name, "index", health FROM gpus')
+            return {(str(r[0]), int(r[1])): str(r[2]) for r in cur.fetchall()}
+
     def snapshot(self) -> Snapshot:
         with self._cursor() as cur:
             cur.execute("SELECT id, name, state FROM jobs")
@@ -99,22 +105,13 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _proc_start(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] == "Z" else fields[19]
-
-
 def supervisor_alive(adir: Path) -> int | None:
     """The pid of the attempt's supervisor while that very process lives, else None."""
     sup = _read_json(adir / "supervisor.json")
     if sup is None or (adir / "status.json").exists():
         return None
     pid = int(sup["pid"])
-    start = _proc_start(pid)
+    start = proc_start(pid)
     return pid if start is not None and start == str(sup.get("proc_start")) else None
 
 
@@ -131,15 +128,14 @@ def attempt_dirs(home: Path) -> dict[int, dict[int, Path]]:
 
 def attempt_pids(adir: Path) -> list[int]:
     """Processes still in the cgroups of the attempt's instances (what its supervisor started)."""
-    try:
-        spec = marshal.loads((adir / "spec.marshal").read_bytes())
-    except (OSError, ValueError, EOFError):
+    spec = read_spec(str(adir / "spec.marshal"))
+    if spec is None:
         return []
     return [
         pid
         for inst in spec.get("instances", ())
-        if inst.get("cgroup")
-        for pid in cgroupfs.pids(inst["cgroup"])
+        if (cgroup := inst.get("cgroup"))
+        for pid in cgroupfs.pids(cgroup)
     ]
 
 
@@ -149,10 +145,9 @@ def engine_overlaps(dirs: dict[int, Path]) -> list[tuple[str, str]]:
     its cgroups while the later one ran, or wrote to its logs after the later one started. An
     attempt whose supervisor never started ran nothing, whenever the engine wrote it off."""
     problems = []
-    numbers = sorted(dirs)
-    for prev, nxt in itertools.pairwise(numbers):
-        sup = _read_json(dirs[nxt] / "supervisor.json")
-        prev_sup = _read_json(dirs[prev] / "supervisor.json")
+    sups = {n: _read_json(d / "supervisor.json") for n, d in dirs.items()}  # each read once
+    for prev, nxt in itertools.pairwise(sorted(dirs)):
+        sup, prev_sup = sups[nxt], sups[prev]
         if sup is None or prev_sup is None:
             continue  # one of them never started a supervisor (yet): nothing ran side by side
         started = float(sup["started_at"])

@@ -148,8 +148,7 @@ def io_runs(site: Site, args: argparse.Namespace) -> dict[str, Any]:
     for run in range(args.runs):
         order = ("host", "sandbox") if run % 2 == 0 else ("sandbox", "host")
         for side in order:
-            io = ["io", host_top if side == "host" else box_top, f"{side}-{run}"]
-            io += [str(args.small_files), str(args.large_mb)]
+            io = ["io", host_top if side == "host" else box_top, f"{side}-{run}", *sizes]
             results[side].append(site.on_host(io) if side == "host" else site.in_job(io))
         h, s = results["host"][-1], results["sandbox"][-1]
         print(f"run {run + 1} ({order[0]} first), load {os.getloadavg()[0]:.2f}: "

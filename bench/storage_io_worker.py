@@ -36,6 +36,7 @@ import mmap
 import os
 import sys
 import time
+from collections.abc import Callable
 
 SMALL_BYTES = 10 * 1024
 BLOCK = 1024 * 1024
@@ -102,6 +103,30 @@ class Timer:
         self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
 
 
+def cold_then_warm(read_all: Callable[[], None]) -> list[Timer]:
+    """The same reads twice: from the disk (the caller dropped the cache), then from the cache."""
+    reads = []
+    for _ in ("cold", "warm"):
+        with Timer() as read:
+            read_all()
+        reads.append(read)
+    return reads
+
+
+def figures(
+    kind: str, amount: float, units: tuple[str, str], write: Timer, reads: list[Timer], left: int
+) -> dict[str, float]:
+    """`<kind>_<op>_<rate unit>` (amount per second) and `<kind>_<op>_<cpu unit>` (CPU seconds per
+    amount, x 1e6: us per file, ms per GB) for write, cold and warm read."""
+    rate, cpu = units
+    out: dict[str, float] = {}
+    for op, timer in (("write", write), ("read_cold", reads[0]), ("read_warm", reads[1])):
+        out[f"{kind}_{op}_{rate}"] = amount / timer.wall
+        out[f"{kind}_{op}_{cpu}"] = timer.cpu / amount * 1e6
+    out[f"{kind}_resident_pages_before_cold_read"] = left
+    return out
+
+
 def small_files(work: str, count: int) -> dict[str, float]:
     payload = os.urandom(SMALL_BYTES)
     names = [os.path.join(work, f"s{i:06d}") for i in range(count)]
@@ -112,26 +137,18 @@ def small_files(work: str, count: int) -> dict[str, float]:
             os.fsync(fd)
             os.close(fd)
     left = drop_cached(names)
-    reads = []
-    for _ in ("cold", "warm"):
-        with Timer() as read:
-            for name in names:
-                fd = os.open(name, os.O_RDONLY)
-                while os.read(fd, 65536):
-                    pass
-                os.close(fd)
-        reads.append(read)
+
+    def read_all() -> None:
+        for name in names:
+            fd = os.open(name, os.O_RDONLY)
+            while os.read(fd, 65536):
+                pass
+            os.close(fd)
+
+    reads = cold_then_warm(read_all)
     for name in names:
         os.unlink(name)
-    return {
-        "small_write_iops": count / write.wall,
-        "small_read_cold_iops": count / reads[0].wall,
-        "small_read_warm_iops": count / reads[1].wall,
-        "small_write_cpu_us": write.cpu / count * 1e6,
-        "small_read_cold_cpu_us": reads[0].cpu / count * 1e6,
-        "small_read_warm_cpu_us": reads[1].cpu / count * 1e6,
-        "small_resident_pages_before_cold_read": left,
-    }
+    return figures("small", count, ("iops", "cpu_us"), write, reads, left)
 
 
 def large_file(work: str, mib: int) -> dict[str, float]:
@@ -145,25 +162,16 @@ def large_file(work: str, mib: int) -> dict[str, float]:
         os.close(fd)
     left = drop_cached([path])
     buf = bytearray(BLOCK)
-    reads = []
-    for _ in ("cold", "warm"):
-        with Timer() as read:
-            fd = os.open(path, os.O_RDONLY)
-            while os.readv(fd, [buf]):
-                pass
-            os.close(fd)
-        reads.append(read)
+
+    def read_all() -> None:
+        fd = os.open(path, os.O_RDONLY)
+        while os.readv(fd, [buf]):
+            pass
+        os.close(fd)
+
+    reads = cold_then_warm(read_all)
     os.unlink(path)
-    megabytes = mib * BLOCK / 1e6
-    return {
-        "large_write_mbs": megabytes / write.wall,
-        "large_read_cold_mbs": megabytes / reads[0].wall,
-        "large_read_warm_mbs": megabytes / reads[1].wall,
-        "large_write_cpu_ms_per_gb": write.cpu / megabytes * 1e6,
-        "large_read_cold_cpu_ms_per_gb": reads[0].cpu / megabytes * 1e6,
-        "large_read_warm_cpu_ms_per_gb": reads[1].cpu / megabytes * 1e6,
-        "large_resident_pages_before_cold_read": left,
-    }
+    return figures("large", mib * BLOCK / 1e6, ("mbs", "cpu_ms_per_gb"), write, reads, left)
 
 
 def list_dir(top: str) -> dict[str, float]:
