@@ -208,12 +208,13 @@ class Instance:
         """SIGTERM to the job's own processes. In a sandbox: every process below bwrap's init
         (pid 1 there ignores SIGTERM, and SIGTERM to bwrap itself would end the sandbox at once
         via --die-with-parent, skipping the grace period). False when the job's processes do not
-        exist yet (bwrap still setting up): the caller tries again shortly."""
+        exist yet (bwrap still setting up, or no setsid() yet): the caller tries again shortly."""
         if not self.running or self.pid is None:
             return True
         if not self.sandboxed:
-            _killpg(self.pid, _signal.SIGTERM)
-            return True
+            # Until the child's setsid() its process group does not exist and killpg finds no
+            # one: the signal would be lost and the stop wait for the whole grace period.
+            return _killpg(self.pid, _signal.SIGTERM)
         targets = [p for init in children(self.pid) for p in descendants(init)]
         for p in targets:
             _kill(p, _signal.SIGTERM)
@@ -246,11 +247,13 @@ def _kill(pid: int, sig: int) -> None:
         pass
 
 
-def _killpg(pgid: int, sig: int) -> None:
+def _killpg(pgid: int, sig: int) -> bool:
+    """False when no process is in the group (yet, or any more)."""
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
-        pass
+        return False
+    return True
 
 
 def describe_failure(inst: Instance) -> tuple[str, str]:
