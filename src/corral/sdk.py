@@ -304,6 +304,15 @@ class Client:
         params.update({k: v for k, v in {"since": since, "until": until}.items() if v is not None})
         return self.request("GET", "/usage", params=params)
 
+    def sim_export(
+        self, *, since: str = "30d", anonymise: bool = False, unfinished: bool = False
+    ) -> dict[str, Any]:
+        """The platform's job history since `since` (an age such as "30d", unix seconds or an ISO
+        time) as a simulator trace with the current cluster and quotas (admins only;
+        docs/simulator.md, "What-if on the live cluster")."""
+        params = {"since": since, "anonymise": anonymise, "unfinished": unfinished}
+        return self.request("GET", "/admin/sim-export", params=params)
+
     def me(self) -> dict[str, Any]:
         return self.request("GET", "/me")
 

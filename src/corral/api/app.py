@@ -58,6 +58,7 @@ API_ROUTER_MODULES = (
     "oncall",
     "workspaces",
     "incidents",
+    "sim_export",  # GET /admin/sim-export: job history as a simulator trace
 )
 ROOT_ROUTER_MODULES = ("health",)  # not under /api/v1: /healthz, /readyz
 # Other areas' routers, imported by module name so that they can grow without touching this file.

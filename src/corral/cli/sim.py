@@ -119,10 +119,11 @@ def sim(
     trace: str = typer.Option(None, "--trace", "-t", help=TRACE_HELP),
     cluster: str = typer.Option(None, "--cluster", "-c", help=CLUSTER_HELP),
     policy: str = typer.Option(
-        "default",
+        None,
         "--policy",
         "-p",
-        help="default, fifo, fifo-backfill, sjf, las; NAME-oracle: with true durations",
+        help="default, fifo, fifo-backfill, sjf, las; NAME-oracle: with true durations "
+        "(default: default; with --from-cluster: the cluster's own)",
     ),
     placement: str = typer.Option(
         None, "--placement", help="bestfit, spread or random (default: the policy's)"
@@ -153,20 +154,36 @@ def sim(
         [], "--knob", help="NAME=VALUE: a policy knob (backfill_depth, las_thresholds=3600,36000, ...)"
     ),
     output: str = typer.Option("table", "--output", "-o", help="table or json"),
+    from_cluster: bool = typer.Option(
+        False,
+        "--from-cluster",
+        help="admins: replay the platform's own job history under the current settings and under "
+        "--policy / --quota changes; per-group queueing before and after",
+    ),
+    since: str = typer.Option(
+        "30d", "--since", help="--from-cluster: jobs submitted since (30d, 12h, ISO time)"
+    ),
+    anonymise: bool = typer.Option(
+        False, "--anonymise", help="--from-cluster: users, groups and job names as pseudonyms"
+    ),
+    unfinished: bool = typer.Option(
+        False, "--unfinished", help="--from-cluster: also jobs still running or waiting (censored)"
+    ),
+    quota: list[str] = typer.Option(
+        [],
+        "--quota",
+        help="--from-cluster: GROUP[@MODEL]=GUARANTEED[:MAX] (repeatable; MAX 'none' = no limit)",
+    ),
+    save_trace: Path = typer.Option(
+        None, "--save-trace", help="--from-cluster: only write the trace CSV here (and FILE.cluster.yaml)"
+    ),
 ) -> None:
-    """Replay TRACE on CLUSTER with POLICY and print the figures."""
+    """Replay TRACE on CLUSTER with POLICY and print the figures; or, with --from-cluster, the
+    live platform's own history under its current settings and under changed ones."""
     if ctx.invoked_subcommand is not None:
         return
-    if not trace or not cluster:
-        _fail("--trace and --cluster are required (see corral sim --help)")
     if output not in ("table", "json"):
         _fail(f"unknown output {output!r}; use table or json")
-    from corral.sim.metrics import summarize
-    from corral.sim.report import write_plots
-    from corral.sim.runner import PolicyError, parse_knobs, private_baseline, simulate
-
-    loaded_trace, loaded_cluster = _load(trace, cluster, max_jobs, speedup)
-    spec = f"{policy}:{placement}" if placement else policy
     config = _config(
         checkpoint_interval,
         oracle,
@@ -177,6 +194,30 @@ def sim(
         checkpoint_on_preempt=checkpoint_on_preempt,
         record_events=jobs_out is not None,
     )
+    if from_cluster:
+        from corral.cli.sim_live import LiveRequest, run_from_cluster
+        from corral.sim.runner import PolicyError, parse_knobs
+
+        if trace or cluster:
+            _fail("--from-cluster replays the platform's own jobs and nodes: leave out --trace and --cluster")
+        request = LiveRequest(since, anonymise, unfinished, policy, placement, quota, save_trace, out, output)
+        try:
+            knobs = parse_knobs(knob)
+        except PolicyError as exc:
+            _fail(str(exc))
+        run_from_cluster(request, config, knobs, _console())
+        return
+    if quota or save_trace or unfinished or anonymise:
+        _fail("--quota, --save-trace, --unfinished and --anonymise go with --from-cluster")
+    if not trace or not cluster:
+        _fail("--trace and --cluster are required (see corral sim --help)")
+    policy = policy or "default"
+    from corral.sim.metrics import summarize
+    from corral.sim.report import write_plots
+    from corral.sim.runner import PolicyError, parse_knobs, private_baseline, simulate
+
+    loaded_trace, loaded_cluster = _load(trace, cluster, max_jobs, speedup)
+    spec = f"{policy}:{placement}" if placement else policy
     try:
         result = simulate(loaded_trace, loaded_cluster, spec, config, parse_knobs(knob))
         summary = summarize(result)

@@ -18,12 +18,12 @@ import dataclasses
 import io
 import lzma
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from corral.scheduler.types import Priority
 
@@ -206,6 +206,17 @@ def load_generic_csv(path: str | Path) -> Trace:
                 raise row.fail("job_id", f"{job.job_id!r} is already the job_id of line {first}")
             jobs.append(job)
     return _finish(path.name, jobs, str(path))
+
+
+def trace_from_rows(name: str, rows: Iterable[Mapping[str, Any]]) -> Trace:
+    """A trace from rows in the generic format given as mappings (e.g. the JSON of
+    `GET /admin/sim-export`): the same checks as a CSV file, a bad row named by its index."""
+    jobs: list[TraceJob] = []
+    columns = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
+    for i, raw in enumerate(rows):
+        values = ["" if raw.get(c) is None else str(raw.get(c)) for c in columns]
+        jobs.append(_generic_job(_Row(name, i + 1, list(columns), values), i))
+    return _finish(name, jobs, name)
 
 
 def load_philly(path: Path | None = None) -> Trace:

@@ -1,0 +1,192 @@
+"""`corral sim --from-cluster`: fetch the platform's job history (admins), replay it under the
+cluster's current settings and under a changed policy or changed quotas, and show each group's
+queueing under both. The logic is in corral.sim.whatif; this module talks to the server (SDK) and
+prints."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from corral.sdk import CorralError
+
+
+@dataclass(frozen=True, slots=True)
+class LiveRequest:
+    since: str
+    anonymise: bool
+    unfinished: bool
+    policy: str | None  # None: the cluster's current policy
+    placement: str | None  # None: the policy's own
+    quotas: Sequence[str]
+    save_trace: Path | None
+    out: Path | None
+    output: str  # table or json
+
+
+def _fetch(request: LiveRequest) -> dict[str, Any]:
+    from corral.cli.platform import client
+
+    try:
+        with client() as c:
+            return c.sim_export(
+                since=request.since, anonymise=request.anonymise, unfinished=request.unfinished
+            )
+    except CorralError as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(1)
+
+
+def _save(export: dict[str, Any], trace: Any, trace_path: Path, cluster_path: Path) -> None:
+    from corral.sim.trace import write_generic_csv
+
+    trace_path.parent.mkdir(parents=True, exist_ok=True)
+    write_generic_csv(trace.jobs, trace_path)
+    cluster_path.write_text(yaml.safe_dump(export["cluster"], sort_keys=False), encoding="utf-8")
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _delta(value: float | None, hours: bool = False) -> str:
+    if value is None:
+        return "-"
+    shown = value / 3600 if hours else value
+    text = f"{shown:+,.2f}" if hours else f"{shown:+,.0f}"
+    colour = "green" if value < 0 else "red" if value > 0 else "white"
+    return f"[{colour}]{text}[/{colour}]"
+
+
+def group_table(rows: Sequence[dict[str, Any]], title: str) -> Table:
+    table = Table(title=title)
+    headers = (
+        "group",
+        "jobs",
+        "live avg queue s",
+        "avg queue s now",
+        "changed",
+        "delta",
+        "p99 queue s now",
+        "changed",
+        "delta",
+        "avg JCT h now",
+        "changed",
+        "delta",
+        "rejected now/changed",
+    )
+    for header in headers:
+        table.add_column(header, justify="left" if header == "group" else "right")
+    for r in rows:
+        jct_now, jct_changed = r["avg_jct_s_current"], r["avg_jct_s_changed"]
+        table.add_row(
+            r["group"],
+            str(r["jobs"]),
+            _seconds(r["live_avg_queue_s"]),
+            _seconds(r["avg_queue_s_current"]),
+            _seconds(r["avg_queue_s_changed"]),
+            _delta(r["avg_queue_s_delta"]),
+            _seconds(r["p99_queue_s_current"]),
+            _seconds(r["p99_queue_s_changed"]),
+            _delta(r["p99_queue_s_delta"]),
+            "-" if jct_now is None else f"{jct_now / 3600:,.2f}",
+            "-" if jct_changed is None else f"{jct_changed / 3600:,.2f}",
+            _delta(r["avg_jct_s_delta"], hours=True),
+            f"{r['rejected_current']}/{r['rejected_changed']}",
+        )
+    return table
+
+
+def run_from_cluster(request: LiveRequest, config: Any, knobs: dict[str, Any], console: Console) -> None:
+    """Fetch, replay under the current settings and under the changed ones (policy, placement,
+    quotas, knobs: the changed replay only), print; once when nothing changes. Bad input exits 2
+    with one line; a refusal by the server (not an admin, bad --since) exits 1."""
+    from corral.sim.metrics import summarize
+    from corral.sim.report import compare_table, write_plots
+    from corral.sim.runner import PolicyError, simulate
+    from corral.sim.whatif import (
+        WhatIfError,
+        apply_quota_changes,
+        compare_groups,
+        from_export,
+        parse_quota_change,
+    )
+
+    try:
+        changes = [parse_quota_change(q) for q in request.quotas]  # bad syntax: before any request
+    except WhatIfError as exc:
+        _fail(str(exc))
+    export = _fetch(request)
+    try:
+        trace, cluster = from_export(export)
+        changed_cluster = apply_quota_changes(cluster, changes)
+    except WhatIfError as exc:
+        _fail(str(exc))
+    if request.save_trace:
+        cluster_path = request.save_trace.with_suffix(".cluster.yaml")
+        _save(export, trace, request.save_trace, cluster_path)
+        typer.echo(f"wrote {request.save_trace} ({len(trace.jobs)} jobs) and {cluster_path}")
+        typer.echo(f"replay: corral sim --trace {request.save_trace} --cluster {cluster_path}")
+        return
+    current_policy = str(export.get("policy") or "default")
+    new_policy = request.policy or current_policy
+    if request.placement:
+        new_policy = f"{new_policy}:{request.placement}"
+    described = [c.describe() for c in changes]
+    if new_policy != current_policy:
+        described.insert(0, f"policy {new_policy}")
+    described += [f"knob {name}={value}" for name, value in knobs.items()]
+    try:
+        current = simulate(trace, cluster, current_policy, config)
+        changed = simulate(trace, changed_cluster, new_policy, config, knobs) if described else current
+    except PolicyError as exc:
+        _fail(str(exc))
+    label_now = f"current ({current_policy})"
+    label_changed = "changed (" + "; ".join(described) + ")" if described else "changed (nothing)"
+    summaries = [summarize(current), summarize(changed)]
+    for summary, label in zip(summaries, (label_now, label_changed), strict=True):
+        summary["policy"] = label
+    short = (f"current: {current_policy}", f"changed: {new_policy}")  # the wide table's first column
+    rows = compare_groups(current, changed, export)
+    if request.out:
+        out = request.out
+        _save(export, trace, out / "trace.csv", out / "cluster.yaml")
+        report = {"changes": described, "groups": rows, "summaries": summaries, "notes": export["notes"]}
+        (out / "whatif.json").write_text(json.dumps(report, indent=2))
+        current.policy, changed.policy = label_now, label_changed  # the plots' legend
+        for path in write_plots([current, changed] if described else [current], out):
+            typer.echo(f"wrote {path}", err=True)
+    if request.output == "json":
+        typer.echo(json.dumps({"changes": described, "groups": rows, "summaries": summaries}))
+        return
+    title = f"{len(trace.jobs)} jobs since {export_when(export)} on {cluster.total_gpus} GPUs"
+    console.print(f"changes: {'; '.join(described) or 'none'}")
+    console.print(
+        compare_table([s | {"policy": label} for s, label in zip(summaries, short, strict=True)], title)
+    )
+    console.print(group_table(rows, "per group: queueing and JCT, current settings vs changed"))
+    for note in (*export["notes"], *current.notes):
+        console.print(f"note: {note}")
+    if not described:
+        console.print(
+            "note: nothing changed (give --policy or --quota): both columns are the current settings"
+        )
+
+
+def export_when(export: dict[str, Any]) -> str:
+    from corral.sim.whatif import utc_time
+
+    return utc_time(export.get("since"))
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)

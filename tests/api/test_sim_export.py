@@ -1,0 +1,228 @@
+"""What-if on the live cluster: `GET /admin/sim-export` turns the jobs that ran into a simulator
+trace with the current nodes and quotas (times, sizes and groups as they were; pseudonyms on
+request; admins only; audited), and `corral sim --from-cluster` replays it under the current
+quotas and changed ones. Jobs are submitted through the API and given the attempts the control
+loops would have written, at chosen times, so that every figure can be checked exactly. Every test
+runs on SQLite and PostgreSQL (tests/api/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from corral.db.audit_models import AuditRecord
+from corral.db.models import Attempt, Job
+from tests.api.conftest import World
+from tests.api.helpers import add_node
+from tests.api.test_cli import run, server_url
+
+__all__ = ["server_url"]
+
+API = "/api/v1"
+HOUR = 3600.0
+
+
+def submit(world: World, user: str, gpus: int, name: str = "train", **extra: Any) -> int:
+    body = {"name": name, "command": "true", "resources": {"gpus": gpus, "cpus": 2, "memory": "512MiB"}}
+    r = world.client.post(f"{API}/jobs", json=body | extra, headers=world.as_(user))
+    assert r.status_code == 201, r.text
+    return int(r.json()["id"])
+
+
+def ran(
+    world: World, job_id: int, submitted: float, spans: list[tuple[float, float | None]], state: str
+) -> None:
+    """Give a job the attempts the loops would have written: one per (start, end) span."""
+    with world.session_factory() as db:
+        job = db.get(Job, job_id)
+        assert job is not None
+        job.submitted_at, job.state, job.attempt_count = submitted, state, len(spans)
+        job.finished_at = spans[-1][1] if spans and state in ("succeeded", "failed", "cancelled") else None
+        for number, (start, end) in enumerate(spans, 1):
+            attempt_state = "running" if end is None else ("preempted" if number < len(spans) else state)
+            db.add(
+                Attempt(
+                    job_id=job_id,
+                    number=number,
+                    state=attempt_state,
+                    created_at=start,
+                    started_at=start,
+                    ended_at=end,
+                    message="",
+                    placement=[],
+                )
+            )
+        db.commit()
+
+
+def history(world: World) -> dict[str, int]:
+    """Two groups on one node of 2 A100s: nlp (guaranteed 1) filled the node with four 10-minute
+    jobs; vision (no guarantee) came 10 s later and waited. Plus jobs that must not be exported
+    or only as censored: one cancelled while queued, one still running, one 40 days old."""
+    now = time.time()
+    with world.session_factory() as db:
+        add_node(db, "n1", gpus=2, model="A100")
+        db.commit()
+    r = world.client.put(
+        f"{API}/groups/nlp/quota", json={"gpu_model": "*", "guaranteed": 1}, headers=world.as_("admin")
+    )
+    assert r.status_code == 200, r.text
+    t0 = now - 2 * HOUR
+    ids: dict[str, int] = {}
+    for i in range(4):  # two ran at once, two after them
+        ids[f"nlp{i}"] = submit(world, "carol", 1, name="sweep")
+        start = t0 + i if i < 2 else t0 + 600 + (i - 2)
+        ran(world, ids[f"nlp{i}"], t0 + i, [(start, start + 600)], "succeeded")
+    # vision: 2 GPUs as 2 instances of 1 GPU; preempted once after 100 s, then ran 200 s more
+    ids["vision"] = submit(world, "alice", 1, name="resnet", instances=2, max_runtime="1h")
+    ran(world, ids["vision"], t0 + 10, [(t0 + 1200, t0 + 1300), (t0 + 1350, t0 + 1550)], "failed")
+    ids["never"] = submit(world, "alice", 1)
+    ran(world, ids["never"], t0 + 20, [], "cancelled")
+    ids["running"] = submit(world, "bob", 1)
+    ran(world, ids["running"], now - 300, [(now - 240, None)], "running")
+    ids["old"] = submit(world, "bob", 1)
+    ran(world, ids["old"], now - 40 * 24 * HOUR, [(now - 40 * 24 * HOUR, now - 39 * 24 * HOUR)], "succeeded")
+    return ids
+
+
+def export(world: World, user: str = "admin", **params: Any) -> Any:
+    return world.client.get(f"{API}/admin/sim-export", params=params, headers=world.as_(user))
+
+
+def test_export_has_the_jobs_that_ran_with_their_sizes_groups_and_times(world: World) -> None:
+    ids = history(world)
+    r = export(world)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    jobs = {j["job_id"]: j for j in data["jobs"]}
+    # finished jobs of the last 30 days only: not the running one, the old one or the never-started
+    assert set(jobs) == {f"job-{ids[k]}" for k in ("nlp0", "nlp1", "nlp2", "nlp3", "vision")}
+    first = jobs[f"job-{ids['nlp0']}"]
+    assert first["submit_time"] == 0.0 and first["duration"] == 600.0 and first["wait_s"] == 0.0
+    assert (first["group"], first["user"], first["name"], first["num_gpus"]) == ("nlp", "carol", "sweep", 1)
+    assert jobs[f"job-{ids['nlp2']}"]["wait_s"] == 598.0  # submitted at 2 s, started at 600 s
+    vision = jobs[f"job-{ids['vision']}"]
+    assert (vision["num_gpus"], vision["instances"], vision["group"]) == (2, 2, "vision")
+    assert vision["submit_time"] == 10.0 and vision["max_runtime_s"] == 3600.0
+    assert vision["duration"] == 300.0  # 100 s + 200 s: the time it actually ran
+    assert vision["first_wait_s"] == 1190.0 and vision["wait_s"] == 1190.0 + 50.0  # every wait
+    assert (vision["cpus"], vision["memory_mib"], vision["attempts"]) == (2.0, 512, 2)
+    assert data["policy"] == "default" and data["counts"]["never_ran"] == 1
+    cluster = data["cluster"]
+    assert cluster["pools"] == [
+        {"name": "a100x2", "count": 1, "gpus_per_node": 2, "gpu_model": "A100", "cpus": 16.0}
+        | {"memory_mib": 65536}
+    ]
+    nlp = next(g for g in cluster["groups"] if g["name"] == "nlp")
+    assert nlp["guaranteed"] == 1 and nlp["borrowing"] is True
+    # with --unfinished the running job comes too, censored at its run time so far
+    data = export(world, unfinished=True).json()
+    running = next(j for j in data["jobs"] if j["job_id"] == f"job-{ids['running']}")
+    assert running["censored"] is True and 239.0 <= running["duration"] <= 260.0
+    assert data["counts"]["censored"] == 1
+
+
+def test_since_filters_and_a_bad_since_is_a_422_naming_it(world: World) -> None:
+    history(world)
+    assert len(export(world, since="45d").json()["jobs"]) == 6  # the 40-day-old job comes too
+    assert export(world, since="1h").json()["jobs"] == []  # all submitted ~2 h ago
+    for bad in ("yesterday", "1e999", "-5d"):
+        r = export(world, since=bad)
+        assert r.status_code == 422, (bad, r.text)
+        assert "since" in r.text and bad in r.text
+    r = export(world, since=str(time.time() + 3600))
+    assert r.status_code == 422 and "not in the past" in r.text
+
+
+def test_anonymised_export_has_no_real_names(world: World) -> None:
+    history(world)
+    r = export(world, anonymise=True, since="45d")
+    assert r.status_code == 200, r.text
+    text = r.text
+    for real in ("alice", "bob", "carol", "vision", "nlp", "sweep", "resnet"):
+        assert real not in text, real
+    jobs = r.json()["jobs"]
+    groups = {j["group"] for j in jobs}
+    assert groups == {"group-1", "group-2"}
+    # stable within the export: carol's four runs are one user, one group, one job name
+    sweeps = [j for j in jobs if j["num_gpus"] == 1 and j["duration"] == 600.0]
+    assert len({(j["user"], j["group"], j["name"]) for j in sweeps}) == 1 and len(sweeps) >= 4
+    names = {g["name"] for g in r.json()["cluster"]["groups"]}
+    assert groups <= names and not names & {"vision", "nlp"}
+
+
+def test_only_admins_may_export_and_every_export_is_audited(world: World) -> None:
+    history(world)
+    for user in ("alice", "bob"):  # a member, a group admin
+        r = export(world, user)
+        assert r.status_code == 403, r.text
+    assert export(world, anonymise=True).status_code == 200
+    with world.session_factory() as db:
+        rows = list(db.scalars(sa.select(AuditRecord).where(AuditRecord.action == "cluster.history.export")))
+    assert len(rows) == 1
+    assert rows[0].actor == "admin" and rows[0].after is not None
+    assert rows[0].after["anonymised"] is True and rows[0].after["jobs"] == 5
+
+
+def test_cli_replays_the_history_and_shows_a_quota_change_per_group(
+    world: World, server_url: str, tmp_path: Path
+) -> None:
+    history(world)
+    out = tmp_path / "whatif"
+    code, text = run(
+        world,
+        server_url,
+        "admin",
+        "sim",
+        "--from-cluster",
+        "--quota",
+        "vision=2",
+        "--out",
+        str(out),
+        "-o",
+        "json",
+    )
+    assert code == 0, text
+    report = json.loads(text.strip().splitlines()[-1])
+    groups = {g["group"]: g for g in report["groups"]}
+    assert report["changes"] == ["vision: guaranteed 2"]
+    # vision (no guarantee) waited for nlp's borrowed GPUs; guaranteed 2, it takes them back
+    vision, nlp = groups["vision"], groups["nlp"]
+    assert vision["avg_queue_s_changed"] < vision["avg_queue_s_current"] - 300
+    assert nlp["avg_queue_s_changed"] >= nlp["avg_queue_s_current"]  # nlp pays for it
+    assert vision["live_avg_queue_s"] == 1240.0
+    for name in ("trace.csv", "cluster.yaml", "whatif.json", "queue_cdf.png", "gpu_alloc.png"):
+        assert (out / name).stat().st_size > 0, name
+    # the table: one row per group with both columns and the change
+    code, text = run(world, server_url, "admin", "sim", "--from-cluster", "--quota", "vision=2:2")
+    assert code == 0, text
+    assert "changes: vision: guaranteed 2 max 2" in text and "per group" in text
+    vision_row = next(line for line in text.splitlines() if line.startswith("│ vision"))
+    assert "1,240" in vision_row and "+" not in vision_row  # live wait; nothing longer for vision
+
+
+def test_cli_errors_are_clear(world: World, server_url: str, tmp_path: Path) -> None:
+    code, text = run(world, server_url, "admin", "sim", "--from-cluster", "--since", "1h")
+    assert code == 2 and "no finished jobs since" in text
+    history(world)
+    code, text = run(world, server_url, "admin", "sim", "--from-cluster", "--quota", "physics=4")
+    assert code == 2 and "unknown group 'physics'" in text and "nlp" in text
+    code, text = run(world, server_url, "admin", "sim", "--from-cluster", "--quota", "vision=lots")
+    assert code == 2 and "GROUP=GUARANTEED[:MAX]" in text
+    code, text = run(world, server_url, "admin", "sim", "--from-cluster", "--quota", "vision=4:2")
+    assert code == 2 and "below the guarantee" in text
+    code, text = run(world, server_url, "alice", "sim", "--from-cluster")
+    assert code == 1 and "administrator" in text
+    code, text = run(world, server_url, "admin", "sim", "--from-cluster", "--since", "soon")
+    assert code == 1 and "since 'soon' is not a time" in text
+    saved = tmp_path / "live.csv"
+    code, text = run(world, server_url, "admin", "sim", "--from-cluster", "--save-trace", str(saved))
+    assert code == 0, text
+    assert len(saved.read_text().splitlines()) == 1 + 5  # header and the five finished jobs
+    assert "gpus_per_node: 2" in saved.with_suffix(".cluster.yaml").read_text()
+    code, text = run(world, server_url, "admin", "sim", "--trace", "x.csv", "--quota", "a=1")
+    assert code == 2 and "go with --from-cluster" in text
