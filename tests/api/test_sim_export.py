@@ -215,6 +215,10 @@ def test_cli_errors_are_clear(world: World, server_url: str, tmp_path: Path) -> 
     assert code == 2 and "GROUP=GUARANTEED[:MAX]" in text
     code, text = run(world, server_url, "admin", "sim", "--from-cluster", "--quota", "vision=4:2")
     assert code == 2 and "below the guarantee" in text
+    code, text = run(world, server_url, "admin", "sim", "--from-cluster", "--quota", "vision@h100=1")
+    assert code == 2 and "no 'h100' GPUs; its models: A100" in text
+    code, text = run(world, server_url, "admin", "sim", "--from-cluster", "--quota", "vision@a100=1:none")
+    assert code == 0 and "vision: guaranteed 1 of A100 max none" in text
     code, text = run(world, server_url, "alice", "sim", "--from-cluster")
     assert code == 1 and "administrator" in text
     code, text = run(world, server_url, "admin", "sim", "--from-cluster", "--since", "soon")

@@ -200,6 +200,11 @@ def sim(
 
         if trace or cluster:
             _fail("--from-cluster replays the platform's own jobs and nodes: leave out --trace and --cluster")
+        if private or max_jobs or speedup != 1.0 or jobs_out:
+            _fail(
+                "--private-baseline, --max-jobs, --arrival-speedup and --jobs-out "
+                "do not go with --from-cluster"
+            )
         request = LiveRequest(since, anonymise, unfinished, policy, placement, quota, save_trace, out, output)
         try:
             knobs = parse_knobs(knob)

@@ -118,6 +118,7 @@ def run_from_cluster(request: LiveRequest, config: Any, knobs: dict[str, Any], c
         compare_groups,
         from_export,
         parse_quota_change,
+        resolve_quota_changes,
     )
 
     try:
@@ -127,6 +128,7 @@ def run_from_cluster(request: LiveRequest, config: Any, knobs: dict[str, Any], c
     export = _fetch(request)
     try:
         trace, cluster = from_export(export)
+        changes = resolve_quota_changes(cluster, changes)
         changed_cluster = apply_quota_changes(cluster, changes)
     except WhatIfError as exc:
         _fail(str(exc))

@@ -73,24 +73,32 @@ def _changed(group: Group, change: QuotaChange) -> Group:
     return dataclasses.replace(group, guaranteed=guaranteed, max=limits or None)
 
 
-def apply_quota_changes(cluster: ClusterSpec, changes: Sequence[QuotaChange]) -> ClusterSpec:
-    """The cluster with the groups' quotas changed; an unknown group or GPU model is an error
-    naming the ones there are."""
-    groups = {g.name: g for g in cluster.groups}
+def resolve_quota_changes(cluster: ClusterSpec, changes: Sequence[QuotaChange]) -> list[QuotaChange]:
+    """The changes with GPU models spelled as the cluster spells them; an unknown group or GPU
+    model is an error naming the ones there are."""
+    groups = {g.name for g in cluster.groups}
     models = {p.gpu_model.lower(): p.gpu_model for p in cluster.pools if p.gpus_per_node}
+    resolved = []
     for change in changes:
         if change.group not in groups:
             raise WhatIfError(
                 f"--quota: unknown group {change.group!r}; the cluster's groups: {', '.join(sorted(groups))}"
             )
-        model = change.model
-        if model != ANY_MODEL:
-            if model.lower() not in models:
+        if change.model != ANY_MODEL:
+            if change.model.lower() not in models:
                 raise WhatIfError(
-                    f"--quota {change.group}@{model}: the cluster has no {model!r} GPUs; "
+                    f"--quota {change.group}@{change.model}: the cluster has no {change.model!r} GPUs; "
                     f"its models: {', '.join(sorted(models.values())) or 'none'}"
                 )
-            change = dataclasses.replace(change, model=models[model.lower()])
+            change = dataclasses.replace(change, model=models[change.model.lower()])
+        resolved.append(change)
+    return resolved
+
+
+def apply_quota_changes(cluster: ClusterSpec, changes: Sequence[QuotaChange]) -> ClusterSpec:
+    """The cluster with the groups' quotas changed (`resolve_quota_changes` checks them first)."""
+    groups = {g.name: g for g in cluster.groups}
+    for change in resolve_quota_changes(cluster, changes):
         groups[change.group] = _changed(groups[change.group], change)
     return dataclasses.replace(cluster, groups=tuple(groups.values()), name=f"{cluster.name}-changed")
 
