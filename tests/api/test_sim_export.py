@@ -2,8 +2,8 @@
 trace with the current nodes and quotas (times, sizes and groups as they were; pseudonyms on
 request; admins only; audited), and `corral sim --from-cluster` replays it under the current
 quotas and changed ones. Jobs are submitted through the API and given the attempts the control
-loops would have written, at chosen times, so that every figure can be checked exactly. Every test
-runs on SQLite and PostgreSQL (tests/api/conftest.py)."""
+loops would have written, at chosen times, so that every figure can be checked exactly. The export's
+tests run on SQLite and PostgreSQL (tests/api/conftest.py); the CLI's on SQLite."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from corral.db.audit_models import AuditRecord
@@ -168,6 +169,11 @@ def test_only_admins_may_export_and_every_export_is_audited(world: World) -> Non
     assert rows[0].after["anonymised"] is True and rows[0].after["jobs"] == 5
 
 
+# The CLI's part does not depend on the database (the export's is tested on both above): SQLite only.
+SQLITE_ONLY = pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
+
+
+@SQLITE_ONLY
 def test_cli_replays_the_history_and_shows_a_quota_change_per_group(
     world: World, server_url: str, tmp_path: Path
 ) -> None:
@@ -205,6 +211,7 @@ def test_cli_replays_the_history_and_shows_a_quota_change_per_group(
     assert "1,240" in vision_row and "+" not in vision_row  # live wait; nothing longer for vision
 
 
+@SQLITE_ONLY
 def test_cli_errors_are_clear(world: World, server_url: str, tmp_path: Path) -> None:
     code, text = run(world, server_url, "admin", "sim", "--from-cluster", "--since", "1h")
     assert code == 2 and "no finished jobs since" in text

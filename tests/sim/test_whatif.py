@@ -1,0 +1,81 @@
+"""The what-if helpers of `corral sim --from-cluster` (corral.sim.whatif): quota changes parsed and
+applied like `corral group quota`, an export turned into a trace and cluster, the per-group
+comparison (a group whose jobs its changed quota can never admit shows them rejected, not as
+zero waits)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from corral.scheduler.types import ANY_MODEL
+from corral.sim.runner import simulate
+from corral.sim.whatif import (
+    KEEP,
+    QuotaChange,
+    WhatIfError,
+    apply_quota_changes,
+    compare_groups,
+    from_export,
+    parse_quota_change,
+)
+
+
+def export(jobs: list[dict[str, Any]], **group: Any) -> dict[str, Any]:
+    pools = [
+        {"name": "a", "count": 1, "gpus_per_node": 4, "gpu_model": "A100"},
+        {"name": "v", "count": 1, "gpus_per_node": 4, "gpu_model": "V100"},
+    ]
+    groups = [
+        {"name": "g", "guaranteed": 4, **group},
+        {"name": "h", "guaranteed": {"A100": 2}, "max": {"A100": 3}},
+    ]
+    return {"jobs": jobs, "since": 0.0, "cluster": {"name": "live", "pools": pools, "groups": groups}}
+
+
+def test_quota_changes_parse_like_group_quota() -> None:
+    assert parse_quota_change("g=3") == QuotaChange("g", ANY_MODEL, 3, KEEP)
+    assert parse_quota_change(" h@A100=2:none ") == QuotaChange("h", "A100", 2, None)
+    assert parse_quota_change("g=1:8") == QuotaChange("g", ANY_MODEL, 1, 8)
+    for bad, why in (
+        ("g", "GROUP=GUARANTEED"),
+        ("g=-1", "GROUP=GUARANTEED"),
+        ("g=2:1", "below the guarantee"),
+    ):
+        with pytest.raises(WhatIfError, match=why):
+            parse_quota_change(bad)
+
+
+def test_changes_touch_only_the_named_model_and_limit() -> None:
+    _, cluster = from_export(export([{"submit_time": 0, "duration": 1, "num_gpus": 1, "group": "g"}]))
+    changed = apply_quota_changes(cluster, [parse_quota_change("h@a100=1:none"), parse_quota_change("h=2")])
+    h = next(g for g in changed.groups if g.name == "h")
+    assert dict(h.guaranteed) == {"A100": 1, ANY_MODEL: 2} and h.max is None
+    kept = apply_quota_changes(cluster, [parse_quota_change("h@A100=3")])
+    assert next(g for g in kept.groups if g.name == "h").max == {"A100": 3}  # MAX left out: kept
+    with pytest.raises(WhatIfError, match="unknown group 'x'; the cluster's groups: g, h"):
+        apply_quota_changes(cluster, [parse_quota_change("x=1")])
+    with pytest.raises(WhatIfError, match="no 'T4' GPUs; its models: A100, V100"):
+        apply_quota_changes(cluster, [parse_quota_change("g@T4=1")])
+
+
+def test_an_empty_window_says_so() -> None:
+    with pytest.raises(WhatIfError, match="no finished jobs since 1970-01-01 00:00:00 UTC"):
+        from_export(export([]))
+    with pytest.raises(WhatIfError, match="column 'num_gpus'"):
+        from_export(export([{"submit_time": 0, "duration": 1, "num_gpus": "two", "group": "g"}]))
+
+
+def test_jobs_a_changed_quota_can_never_admit_are_rejected_not_zero_waits() -> None:
+    jobs = [
+        {"submit_time": i, "duration": 100, "num_gpus": 4, "group": "g", "job_id": f"j{i}"} for i in range(3)
+    ]
+    data = export(jobs, borrowing=False)
+    trace, cluster = from_export(data)
+    now = simulate(trace, cluster, "default")
+    then = simulate(trace, apply_quota_changes(cluster, [parse_quota_change("g=2")]), "default")
+    (row,) = compare_groups(now, then, data)
+    assert row["rejected_current"] == 0 and row["rejected_changed"] == 3
+    assert row["avg_queue_s_current"] == pytest.approx((0 + 99 + 198) / 3)
+    assert row["avg_queue_s_changed"] is None and row["avg_queue_s_delta"] is None
