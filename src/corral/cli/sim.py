@@ -172,7 +172,8 @@ def sim(
     quota: list[str] = typer.Option(
         [],
         "--quota",
-        help="--from-cluster: GROUP[@MODEL]=GUARANTEED[:MAX] (repeatable; MAX 'none' = no limit)",
+        help="--from-cluster: GROUP=GUARANTEED[:MAX] or GROUP@MODEL=GUARANTEED[:MAX] "
+        "(repeatable; MAX none = no limit)",
     ),
     save_trace: Path = typer.Option(
         None, "--save-trace", help="--from-cluster: only write the trace CSV here (and FILE.cluster.yaml)"

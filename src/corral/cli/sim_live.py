@@ -170,13 +170,13 @@ def run_from_cluster(request: LiveRequest, config: Any, knobs: dict[str, Any], c
         typer.echo(json.dumps({"changes": described, "groups": rows, "summaries": summaries}))
         return
     title = f"{len(trace.jobs)} jobs since {export_when(export)} on {cluster.total_gpus} GPUs"
-    console.print(f"changes: {'; '.join(described) or 'none'}")
+    console.print(f"changes: {'; '.join(described) or 'none'}", markup=False)
     console.print(
         compare_table([s | {"policy": label} for s, label in zip(summaries, short, strict=True)], title)
     )
     console.print(group_table(rows, "per group: queueing and JCT, current settings vs changed"))
     for note in (*export["notes"], *current.notes):
-        console.print(f"note: {note}")
+        console.print(f"note: {note}", markup=False)
     if not described:
         console.print(
             "note: nothing changed (give --policy or --quota): both columns are the current settings"
