@@ -81,6 +81,9 @@ def history(world: World) -> dict[str, int]:
     # vision: 2 GPUs as 2 instances of 1 GPU; preempted once after 100 s, then ran 200 s more
     ids["vision"] = submit(world, "alice", 1, name="resnet", instances=2, max_runtime="1h")
     ran(world, ids["vision"], t0 + 10, [(t0 + 1200, t0 + 1300), (t0 + 1350, t0 + 1550)], "failed")
+    # a CPU-only job: the local engine runs those on GPU nodes, and so must the replay
+    ids["cpu"] = submit(world, "carol", 0, name="prep")
+    ran(world, ids["cpu"], t0 + 5, [(t0 + 5, t0 + 65)], "succeeded")
     ids["never"] = submit(world, "alice", 1)
     ran(world, ids["never"], t0 + 20, [], "cancelled")
     ids["running"] = submit(world, "bob", 1)
@@ -101,7 +104,8 @@ def test_export_has_the_jobs_that_ran_with_their_sizes_groups_and_times(world: W
     data = r.json()
     jobs = {j["job_id"]: j for j in data["jobs"]}
     # finished jobs of the last 30 days only: not the running one, the old one or the never-started
-    assert set(jobs) == {f"job-{ids[k]}" for k in ("nlp0", "nlp1", "nlp2", "nlp3", "vision")}
+    assert set(jobs) == {f"job-{ids[k]}" for k in ("nlp0", "nlp1", "nlp2", "nlp3", "vision", "cpu")}
+    assert jobs[f"job-{ids['cpu']}"]["num_gpus"] == 0
     first = jobs[f"job-{ids['nlp0']}"]
     assert first["submit_time"] == 0.0 and first["duration"] == 600.0 and first["wait_s"] == 0.0
     assert (first["group"], first["user"], first["name"], first["num_gpus"]) == ("nlp", "carol", "sweep", 1)
@@ -113,6 +117,7 @@ def test_export_has_the_jobs_that_ran_with_their_sizes_groups_and_times(world: W
     assert vision["first_wait_s"] == 1190.0 and vision["wait_s"] == 1190.0 + 50.0  # every wait
     assert (vision["cpus"], vision["memory_mib"], vision["attempts"]) == (2.0, 512, 2)
     assert data["policy"] == "default" and data["counts"]["never_ran"] == 1
+    assert data["policy_knobs"] == {"cpu_jobs_on_gpu_nodes": True}  # the local engine's rule
     cluster = data["cluster"]
     assert cluster["pools"] == [
         {"name": "a100x2", "count": 1, "gpus_per_node": 2, "gpu_model": "A100", "cpus": 16.0}
@@ -129,7 +134,7 @@ def test_export_has_the_jobs_that_ran_with_their_sizes_groups_and_times(world: W
 
 def test_since_filters_and_a_bad_since_is_a_422_naming_it(world: World) -> None:
     history(world)
-    assert len(export(world, since="45d").json()["jobs"]) == 6  # the 40-day-old job comes too
+    assert len(export(world, since="45d").json()["jobs"]) == 7  # the 40-day-old job comes too
     assert export(world, since="1h").json()["jobs"] == []  # all submitted ~2 h ago
     for bad in ("yesterday", "1e999", "-5d"):
         r = export(world, since=bad)
@@ -166,7 +171,7 @@ def test_only_admins_may_export_and_every_export_is_audited(world: World) -> Non
         rows = list(db.scalars(sa.select(AuditRecord).where(AuditRecord.action == "cluster.history.export")))
     assert len(rows) == 1
     assert rows[0].actor == "admin" and rows[0].after is not None
-    assert rows[0].after["anonymised"] is True and rows[0].after["jobs"] == 5
+    assert rows[0].after["anonymised"] is True and rows[0].after["jobs"] == 6
 
 
 # The CLI's part does not depend on the database (the export's is tested on both above): SQLite only.
@@ -200,6 +205,7 @@ def test_cli_replays_the_history_and_shows_a_quota_change_per_group(
     vision, nlp = groups["vision"], groups["nlp"]
     assert vision["avg_queue_s_changed"] < vision["avg_queue_s_current"] - 300
     assert nlp["avg_queue_s_changed"] >= nlp["avg_queue_s_current"]  # nlp pays for it
+    assert nlp["jobs"] == 5 and nlp["rejected_current"] == nlp["rejected_changed"] == 0  # the CPU job ran
     assert vision["live_avg_queue_s"] == 1240.0
     for name in ("trace.csv", "cluster.yaml", "whatif.json", "queue_cdf.png", "gpu_alloc.png"):
         assert (out / name).stat().st_size > 0, name
@@ -233,7 +239,7 @@ def test_cli_errors_are_clear(world: World, server_url: str, tmp_path: Path) -> 
     saved = tmp_path / "live.csv"
     code, text = run(world, server_url, "admin", "sim", "--from-cluster", "--save-trace", str(saved))
     assert code == 0, text
-    assert len(saved.read_text().splitlines()) == 1 + 5  # header and the five finished jobs
+    assert len(saved.read_text().splitlines()) == 1 + 6  # header and the six finished jobs
     assert "gpus_per_node: 2" in saved.with_suffix(".cluster.yaml").read_text()
     code, text = run(world, server_url, "admin", "sim", "--trace", "x.csv", "--quota", "a=1")
     assert code == 2 and "go with --from-cluster" in text

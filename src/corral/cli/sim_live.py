@@ -147,8 +147,11 @@ def run_from_cluster(request: LiveRequest, config: Any, knobs: dict[str, Any], c
         described.insert(0, f"policy {new_policy}")
     described += [f"knob {name}={value}" for name, value in knobs.items()]
     try:
-        current = simulate(trace, cluster, current_policy, config)
-        changed = simulate(trace, changed_cluster, new_policy, config, knobs) if described else current
+        live_knobs = dict(export.get("policy_knobs") or {})  # what the server sets beyond the profile
+        current = simulate(trace, cluster, current_policy, config, live_knobs)
+        changed = (
+            simulate(trace, changed_cluster, new_policy, config, live_knobs | knobs) if described else current
+        )
     except PolicyError as exc:
         _fail(str(exc))
     label_now = f"current ({current_policy})"

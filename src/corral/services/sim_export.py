@@ -28,6 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from corral.db.models import Group, Job, Node, User
+from corral.scheduler import Profile
 from corral.scheduler.types import ANY_MODEL, Priority
 from corral.services.errors import Invalid
 from corral.services.lifecycle import JobState
@@ -249,11 +250,13 @@ def export_history(
     *,
     since: float,
     now: float,
-    policy: str,
+    profile: Profile,
     anonymise: bool = False,
     unfinished: bool = False,
 ) -> dict[str, Any]:
-    """The jobs submitted in [since, now) as trace rows, the cluster as a CLUSTER.yaml mapping."""
+    """The jobs submitted in [since, now) as trace rows, the cluster as a CLUSTER.yaml mapping,
+    the profile the server schedules with (`policy`, and in `policy_knobs` what this server sets
+    apart from the named profile: whether CPU-only jobs may use GPU nodes, as on the local engine)."""
     names = _Names(
         Pseudonyms("user", anonymise), Pseudonyms("group", anonymise), Pseudonyms("name", anonymise)
     )
@@ -284,7 +287,8 @@ def export_history(
         "since": since,
         "until": now,
         "origin": origin,
-        "policy": policy,
+        "policy": profile.name,
+        "policy_knobs": {"cpu_jobs_on_gpu_nodes": profile.cpu_jobs_on_gpu_nodes},
         "anonymised": anonymise,
         "jobs": rows,
         "cluster": cluster,

@@ -257,6 +257,7 @@ class Simulator:
         verdicts: dict[tuple[object, ...], str] = {}  # shape -> "" (fits) or why not; few shapes
         profile = getattr(self.scheduler, "profile", None)
         quotas = bool(getattr(profile, "quotas", False))
+        cpu_on_gpu = bool(getattr(profile, "cpu_jobs_on_gpu_nodes", False))  # as the schedule() would
         groups = {g.name: g for g in self.groups}
         models = sorted({g.model for n in self.nodes for g in n.gpus})
         self.model_case = {m.lower(): m for m in models}
@@ -264,7 +265,7 @@ class Simulator:
             shape = (tj.gpus_per_instance, tj.gpu_model, tj.cpus, tj.memory_mib, tj.instances)
             why = verdicts.get(shape)
             if why is None:
-                reasons = check_fits_anywhere(_probe_job(tj), self.nodes)
+                reasons = check_fits_anywhere(_probe_job(tj), self.nodes, cpu_jobs_on_gpu_nodes=cpu_on_gpu)
                 why = verdicts[shape] = "; ".join(r.message for r in reasons)
             if not why and quotas and tj.num_gpus:
                 qkey = ("quota", tj.group, tj.num_gpus, tj.gpu_model, tj.user)

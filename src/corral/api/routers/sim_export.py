@@ -12,6 +12,7 @@ from fastapi import APIRouter, Query, Request
 from corral.api.deps import DB, Admin, fast_json
 from corral.services import audit
 from corral.services import sim_export as svc
+from corral.services.policy import active_profile
 
 router = APIRouter(tags=["simulator"])
 
@@ -39,7 +40,7 @@ def sim_export(
         db,
         since=start,
         now=now,
-        policy=request.app.state.settings.scheduler_profile,
+        profile=active_profile(request.app.state.settings),
         anonymise=anonymise,
         unfinished=unfinished,
     )
