@@ -107,17 +107,20 @@ class KnownOutcomes:
         room (one attempt spent), or admitted and then held off by a backfill reservation (checked
         against its own runtime). False when no such outcome is known; then the job takes the
         ordinary path (`Cycle.consider`), which records what it finds."""
-        if self.short.get(self.fail_key(job, info)) == token:
+        if self.short and self.short.get(self.fail_key(job, info)) == token:
             self.no_fit.add(job.id)
             return True
-        if self.searched.get(self.search_key(job, info)) == token:
+        if self.searched and self.searched.get(self.search_key(job, info)) == token:
             self.no_fit.add(job.id)
             self._spend_attempt()
             return True
-        if self.deferred and self.deferred.get(self.admit_key(job, info)) == token:
+        if not self.deferred and not self.admitted:
+            return False
+        key = self.admit_key(job, info)
+        if self.deferred and self.deferred.get(key) == token:
             self.deferred_jobs.append(job)
             return True
-        return self._replay_held_off(job, info, token)
+        return self._replay_held_off(job, info, token, key)
 
     def _spend_attempt(self) -> None:
         """What a preemption search that finds no room leaves behind: one attempt fewer."""
@@ -125,10 +128,12 @@ class KnownOutcomes:
         if pre.attempts_left > 0:
             pre.attempts_left -= 1
 
-    def _replay_held_off(self, job: Job, info: JobInfo, token: Token) -> bool:
-        admitted = self.admitted.get(self.admit_key(job, info))
+    def _replay_held_off(self, job: Job, info: JobInfo, token: Token, key: int) -> bool:
+        admitted = self.admitted.get(key)
         if admitted is None or admitted[0] != token:
             return False
+        if not self.backfill.reservations:
+            return False  # nothing holds it off (what reserved_for_others would say)
         backfill = self.backfill
         reserved, blocking = backfill.reserved_for_others(job, info)
         if blocking is None:
@@ -187,7 +192,7 @@ class KnownOutcomes:
             elif outcome is _DEFERRED:
                 self.deferred_jobs.append(job)
             elif outcome is _EACH:
-                if not self._replay_held_off(job, info, token):
+                if not self._replay_held_off(job, info, token, self.admit_key(job, info)):
                     break
             elif outcome is _UNKNOWN:
                 break
