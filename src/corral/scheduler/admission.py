@@ -156,7 +156,8 @@ class QuotaLedger:
                 g = self.group(name)
                 k = self.key(g, m)
                 found = limits[(name, m)] = ((name, k), self.limit(g, k, False), self.limit(g, k, True))
-            if used.get(found[0], 0) + need <= found[2 if borrow else 1]:
+            used_key, floor, cap = found
+            if used.get(used_key, 0) + need <= (cap if borrow else floor):
                 out.append(m)
         return frozenset(out)
 
@@ -479,17 +480,23 @@ class FairShareQueue:
     def resume(self, jobs: list[Job]) -> None:
         """Start the second pass: every group with jobs back in, deferred jobs re-inserted."""
         self._flush()
-        touched: set[tuple[str, str]] = set()
+        back: dict[tuple[str, str], list[Job]] = {}
         for j in jobs:
-            self.users.setdefault(j.group, {}).setdefault(j.user, deque()).append(j)
             self.user_heaps.setdefault(j.group, [])
             self.group_share.setdefault(j.group, 0.0)
-            touched.add((j.group, j.user))
+            back.setdefault((j.group, j.user), []).append(j)
             if cpu_only(j):
                 self.cpu_ids.add(j.id)
             self.cpu_only_left += j.id in self.cpu_ids
-        for g, u in touched:
-            self.users[g][u] = deque(sorted(self.users[g][u], key=group_order_key))
+        for (g, u), returning in back.items():
+            q = self.users.setdefault(g, {}).setdefault(u, deque())
+            returning.sort(key=group_order_key)
+            if not q or group_order_key(returning[-1]) < group_order_key(q[0]):
+                q.extendleft(reversed(returning))  # the usual case: they were popped off its front
+            else:
+                q.extend(returning)
+                self.users[g][u] = deque(sorted(q, key=group_order_key))
+        touched = back.keys()
         for g in {g for g, _ in touched}:
             heap = [self._user_key(g, u, q[0]) for u, q in self.users[g].items() if q]
             heapq.heapify(heap)

@@ -89,8 +89,10 @@ class Cycle:
         held, totals = st.occupy_running(snapshot.running)
         running = list(zip(snapshot.running, held, strict=True))
         self.ledger.charge_running(totals)
-        # CPU and memory limits per group (GPU quotas are the ledger's); None without quotas.
-        self.resources = ResourceQuota(snapshot.groups, snapshot.running) if profile.quotas else None
+        # CPU and memory limits per group (GPU quotas are the ledger's); None without quotas or
+        # when no group has such a limit (then it would refuse and charge nothing).
+        resources = ResourceQuota(snapshot.groups, snapshot.running) if profile.quotas else None
+        self.resources = resources if resources is not None and resources.groups else None
         shapes = scheduler.cluster_memo.cluster_shapes(snapshot.nodes, profile.cpu_jobs_on_gpu_nodes)
         self.infos = JobInfos(scheduler.job_kinds, shapes, st)
         self.placer = Placer(st, profile, rng)
@@ -200,9 +202,11 @@ class Cycle:
         if refusal is not None:  # its group is at its CPU or memory limit
             self.verdicts.wait_or_never(job, *refusal)
             return
-        if info.total > 0 and self.too_small(info):
-            self.short(job, info)  # cheap test: too few free GPUs, or no block as large as one
-            return
+        if info.total > 0:
+            hit = self.small.get(info.fit_id)  # self.too_small(info), inlined: most jobs ask it
+            if hit[1] if hit is not None and hit[0] == self.st.version else self.too_small(info):
+                self.short(job, info)  # cheap test: too few free GPUs, or no block as large as one
+                return
         allowed: frozenset[str] | None = None
         quota = self.profile.quotas and info.total > 0
         may_borrow = quota and self.ledger.may_borrow(job)

@@ -7,6 +7,7 @@ same plans."""
 from __future__ import annotations
 
 import weakref
+from itertools import islice
 from typing import TYPE_CHECKING, cast
 
 from corral.scheduler.admission import las_queue
@@ -157,34 +158,35 @@ class KnownOutcomes:
             return
         limit = len(rest)
         if c.backfill.reservations:  # each of them would count against the backfill depth
-            limit = min(limit, c.profile.backfill_depth - c.behind_head)
+            limit = max(0, min(limit, c.profile.backfill_depth - c.behind_head))
         parking = c.profile.quotas and not borrowing
-        memo, no_fit, las = c.infos.memo, c.no_fit, c.profile.preemption == "las"
+        memo, las = c.infos.memo, c.profile.preemption == "las"
+        no_fit_add, search_key = c.no_fit.add, self.search_key
         now, default_s, why = c.now, c.profile.default_runtime_s, c.verdicts.why
         full: dict[str, bool] = {}  # group -> no guaranteed quota left (unchanged while skipping)
         decided: dict[object, object] = {}  # search key (the finest kind) -> decide's outcome
         n = 0
-        for job in rest:
-            if n >= limit:
-                break
+        for job in islice(rest, limit):
             hit = memo.get(id(job))
-            if hit is None or hit[0] is not job or hit[1].never:
-                break  # first seen, or never fits: take the ordinary path
+            if hit is None or hit[0] is not job:
+                break  # first seen: take the ordinary path
             info = hit[1]
+            if info.never:
+                break  # never fits: the ordinary path says why
             if parking:
                 no_room = full.get(job.group)
                 if no_room is None:
                     no_room = full[job.group] = not ledger.headroom(job.group)
                 if no_room and ledger.may_borrow(job):
                     break  # it would be parked for the borrowing pass
-            kind = self.search_key(job, info) if las else info.search_id
+            kind = search_key(job, info) if las else info.search_id
             outcome = decided.get(kind)
             if outcome is None:
                 outcome = decided[kind] = self._decide(job, info, token)
-            if outcome is _SHORT:
-                no_fit.add(job.id)
+            if outcome is _SHORT:  # the usual outcome first
+                no_fit_add(job.id)
             elif outcome is _SEARCHED:
-                no_fit.add(job.id)
+                no_fit_add(job.id)
                 self._spend_attempt()
                 if st.free_sum == 0 and queue.cpu_only_left == 0 and not preemptor.possible:
                     n += 1
