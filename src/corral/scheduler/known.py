@@ -24,6 +24,27 @@ HeldOff = tuple[float, Reason]  # a held-off rule: (the reservation's start, its
 _SHORT, _SEARCHED, _DEFERRED, _EACH, _UNKNOWN = object(), object(), object(), object(), object()
 
 
+def _holds(recorded: Token | None, token: Token) -> bool:
+    """Whether an outcome recorded in state `recorded` holds in state `token`: the same state, or
+    one that differs only by reservations opened since (the token's second field; they only grow
+    within a cycle). Valid for "too few free GPUs", a failed preemption search and deferral to the
+    borrowing pass, none of which reads the reservations: the capacity test reads the free GPUs,
+    the search the victims, quota admission the ledger, and whether a job opens a reservation
+    reads the free GPUs, the timeline (victims and starts) and whether one for its models exists
+    or all are taken, so a job that opened none then opens none now. Not for "held off by a
+    reservation", which reads them."""
+    if recorded is None:
+        return False
+    if recorded == token:
+        return True
+    return (
+        recorded[0] == token[0]
+        and recorded[2] == token[2]
+        and recorded[3] == token[3]
+        and recorded[1] <= token[1]
+    )
+
+
 class KnownOutcomes:
     def __init__(self, cycle: Cycle) -> None:
         # A weak reference: the cycle holds this object, and a reference cycle would leave every
@@ -33,6 +54,9 @@ class KnownOutcomes:
         # the cycle's parts this reads, held directly (none of them points back to the cycle)
         self.profile, self.preemptor, self.backfill = cycle.profile, cycle.preemptor, cycle.backfill
         self.assignments, self.no_fit, self.why = cycle.assignments, cycle.no_fit, cycle.verdicts.why
+        self.failed = cycle.failed  # (shape, allowed models) that did not place in this cycle
+        # groups with CPU or memory limits: their admission reads each job's CPUs and memory too
+        self.limited = cycle.resources.groups if cycle.resources is not None else {}
         # failure key -> state in which a job of that key met "too few free GPUs" and changed
         # nothing (no reservation, no victims)
         self.short: dict[object, Token] = {}
@@ -108,17 +132,17 @@ class KnownOutcomes:
         room (one attempt spent), or admitted and then held off by a backfill reservation (checked
         against its own runtime). False when no such outcome is known; then the job takes the
         ordinary path (`Cycle.consider`), which records what it finds."""
-        if self.short and self.short.get(self.fail_key(job, info)) == token:
+        if self.short and _holds(self.short.get(self.fail_key(job, info)), token):
             self.no_fit.add(job.id)
             return True
-        if self.searched and self.searched.get(self.search_key(job, info)) == token:
+        if self.searched and _holds(self.searched.get(self.search_key(job, info)), token):
             self.no_fit.add(job.id)
             self._spend_attempt()
             return True
         if not self.deferred and not self.admitted:
             return False
         key = self.admit_key(job, info)
-        if self.deferred and self.deferred.get(key) == token:
+        if self.deferred and _holds(self.deferred.get(key), token):
             self.deferred_jobs.append(job)
             return True
         return self._replay_held_off(job, info, token, key)
@@ -139,9 +163,14 @@ class KnownOutcomes:
         reserved, blocking = backfill.reserved_for_others(job, info)
         if blocking is None:
             return False
+        if job.group in self.limited:
+            return False
         allowed = admitted[1]
-        if (info.model_set if allowed is None else allowed) - reserved:
-            return False  # other models are left to it: the ordinary path places it there
+        left = (info.model_set if allowed is None else allowed) - reserved
+        if left and (info.sig, left) not in self.failed:
+            return False  # other models are left to it: the ordinary path may place it there
+        # (when its shape already failed on the models left, the ordinary path's placement fails
+        # again, as it does in `Cycle.place`, and the reservation is the reason it waits)
         self.why[job.id] = backfill.reason(blocking)
         return True
 
@@ -214,11 +243,11 @@ class KnownOutcomes:
         """What `replay` does with every job of this one's search key (the finest kind: it fixes
         the failure and admission keys too) in state `token`: _SHORT, _SEARCHED, a
         `_held_off_rule`, _EACH (ask _replay_held_off job by job) or _UNKNOWN."""
-        if self.short.get(self.fail_key(job, info)) == token:
+        if _holds(self.short.get(self.fail_key(job, info)), token):
             return _SHORT
-        if self.searched.get(self.search_key(job, info)) == token:
+        if _holds(self.searched.get(self.search_key(job, info)), token):
             return _SEARCHED
-        if self.deferred and self.deferred.get(self.admit_key(job, info)) == token:
+        if self.deferred and _holds(self.deferred.get(self.admit_key(job, info)), token):
             return _DEFERRED
         rule = self._held_off_rule(self.admit_key(job, info), info, token)
         return _EACH if rule is True else _UNKNOWN if rule is False else rule
@@ -236,6 +265,7 @@ class KnownOutcomes:
             return bool(relevant)
         r = relevant[0]
         allowed = admitted[1]
-        if (info.model_set if allowed is None else allowed) - r.models:
-            return False
+        left = (info.model_set if allowed is None else allowed) - r.models
+        if left:  # job by job, when its shape failed on the models left (see _replay_held_off)
+            return (info.sig, left) in self.failed
         return (r.start, self.backfill.reason(r))
