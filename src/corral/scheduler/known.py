@@ -132,19 +132,26 @@ class KnownOutcomes:
         room (one attempt spent), or admitted and then held off by a backfill reservation (checked
         against its own runtime). False when no such outcome is known; then the job takes the
         ordinary path (`Cycle.consider`), which records what it finds."""
-        if self.short and _holds(self.short.get(self.fail_key(job, info)), token):
-            self.no_fit.add(job.id)
-            return True
-        if self.searched and _holds(self.searched.get(self.search_key(job, info)), token):
-            self.no_fit.add(job.id)
-            self._spend_attempt()
-            return True
+        # (`_holds` only when the state differs: most look-ups find nothing or the same state)
+        if self.short:
+            rec = self.short.get(self.fail_key(job, info))
+            if rec is not None and (rec == token or _holds(rec, token)):
+                self.no_fit.add(job.id)
+                return True
+        if self.searched:
+            rec = self.searched.get(self.search_key(job, info))
+            if rec is not None and (rec == token or _holds(rec, token)):
+                self.no_fit.add(job.id)
+                self._spend_attempt()
+                return True
         if not self.deferred and not self.admitted:
             return False
         key = self.admit_key(job, info)
-        if self.deferred and _holds(self.deferred.get(key), token):
-            self.deferred_jobs.append(job)
-            return True
+        if self.deferred:
+            rec = self.deferred.get(key)
+            if rec is not None and (rec == token or _holds(rec, token)):
+                self.deferred_jobs.append(job)
+                return True
         return self._replay_held_off(job, info, token, key)
 
     def _spend_attempt(self) -> None:
