@@ -56,3 +56,40 @@ def test_replay_with_known_outcomes_equals_fresh_work(policy: str) -> None:
     assert memo.frag_samples == fresh.frag_samples
     waited = [j for j in memo.jobs if j.first_start > j.trace.submit_time]
     assert len(waited) > 20  # the trace is busy enough for queues (and so for replayed outcomes)
+
+
+def test_deep_heterogeneous_replay_with_known_outcomes_equals_fresh_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The outcomes replayed only on a cluster of several GPU models (held off by a reservation
+    although it leaves the job models its shape already failed on; outcomes kept across
+    reservations opened since) give what working every job out afresh gives, and they are used."""
+    from corral.scheduler.known import KnownOutcomes
+    from corral.sim.cluster import load_cluster
+    from corral.sim.synth import SynthSpec, generate
+
+    cl = load_cluster("synth")
+    # 1,000 jobs: on 600, a rule that held off jobs whatever models were left still gave equal results
+    tr = generate(SynthSpec(jobs=1000, load=1.5, seed=0), cl)
+    original = KnownOutcomes._replay_held_off
+    on_left_models = 0
+
+    def spy(self: KnownOutcomes, job, info, token, key):  # type: ignore[no-untyped-def]
+        nonlocal on_left_models
+        held = original(self, job, info, token, key)
+        if held:
+            allowed = self.admitted[key][1]
+            reserved, _ = self.backfill.reserved_for_others(job, info)
+            on_left_models += bool((info.model_set if allowed is None else allowed) - reserved)
+        return held
+
+    monkeypatch.setattr(KnownOutcomes, "_replay_held_off", spy)
+    memo, _ = run(tr, cl, "default")
+    monkeypatch.undo()
+    fresh = Simulator(
+        tr, cl, Scheduler(PROFILES["default"], replay_known=False), "default", SimConfig()
+    ).run()
+    assert outcome(memo) == outcome(fresh)
+    assert (memo.cycles, memo.preemptions) == (fresh.cycles, fresh.preemptions)
+    assert list(memo.alloc_gpus) == list(fresh.alloc_gpus)
+    assert on_left_models > 100  # the rule for models left to a job was exercised

@@ -68,7 +68,13 @@ class QuotaLedger:
         self.used: dict[tuple[str, str], int] = {}
         self.user_used: dict[tuple[str, str], int] = {}
         self._keys: dict[tuple[str, str], tuple[str, str]] = {}  # (group, model) -> (group, quota key)
-        self._memo: dict[tuple[str, tuple[str, ...], int, bool], frozenset[str]] = {}  # cleared on charge
+        # allowed_models per group: (models, need, borrow) -> models; a group's entry is dropped
+        # when a charge changes what it uses (a preemption search charges and uncharges victims of
+        # other groups many times a cycle: they leave this group's answers as they were)
+        self._memo: dict[str, dict[tuple[tuple[str, ...], int, bool], frozenset[str]]] = {}
+        self._headroom: dict[str, bool] = {}  # group -> headroom(group); dropped on its charge
+        # (group, model) -> ((group, quota key), limit without borrowing, limit when borrowing)
+        self._limits: dict[tuple[str, str], tuple[tuple[str, str], float, float]] = {}
 
     def group(self, name: str) -> Group:
         g = self.groups.get(name)
@@ -98,11 +104,15 @@ class QuotaLedger:
         return max(cap, floor)
 
     def may_borrow(self, job: Job) -> bool:
-        return job.preemptible and self.group(job.group).borrowing
+        if not job.preemptible:
+            return False
+        g = self.groups.get(job.group)
+        return (g if g is not None else self.group(job.group)).borrowing
 
     def charge(self, job: Job, gpus_by_model: Mapping[str, int], sign: int = 1) -> None:
-        self._memo.clear()
         name = job.group
+        self._memo.pop(name, None)  # what this group may use changed; other groups' did not
+        self._headroom.pop(name, None)
         total = 0
         for m, n in gpus_by_model.items():
             k = self._keys.get((name, m))
@@ -121,25 +131,35 @@ class QuotaLedger:
         for uk, n in totals.by_user.items():
             self.user_used[uk] = self.user_used.get(uk, 0) + n
         self._memo.clear()
+        self._headroom.clear()
 
     def allowed_models(
         self, job: Job, models: tuple[str, ...], borrow: bool, need: int | None = None
     ) -> frozenset[str]:
         """Models on which the whole job (`need` GPUs) would stay within the group's limit."""
         need = job.total_gpus if need is None else need
-        memo_key = (job.group, models, need, borrow)
-        hit = self._memo.get(memo_key)
+        memo = self._memo.get(job.group)
+        if memo is None:
+            memo = self._memo[job.group] = {}
+        memo_key = (models, need, borrow)
+        hit = memo.get(memo_key)
         if hit is None:
-            hit = self._memo[memo_key] = self._allowed(job.group, models, need, borrow)
+            hit = memo[memo_key] = self._allowed(job.group, models, need, borrow)
         return hit
 
     def _allowed(self, name: str, models: tuple[str, ...], need: int, borrow: bool) -> frozenset[str]:
-        g = self.group(name)
-        return frozenset(
-            m
-            for m in models
-            if self.used.get((g.name, self.key(g, m)), 0) + need <= self.limit(g, self.key(g, m), borrow)
-        )
+        used, limits = self.used, self._limits
+        out = []
+        for m in models:
+            found = limits.get((name, m))
+            if found is None:
+                g = self.group(name)
+                k = self.key(g, m)
+                found = limits[(name, m)] = ((name, k), self.limit(g, k, False), self.limit(g, k, True))
+            used_key, floor, cap = found
+            if used.get(used_key, 0) + need <= (cap if borrow else floor):
+                out.append(m)
+        return frozenset(out)
 
     def fits(self, job: Job, gpus_by_model: Mapping[str, int], borrow: bool) -> tuple[bool, bool]:
         """(within limits, borrowed) for a concrete placement."""
@@ -159,8 +179,14 @@ class QuotaLedger:
 
     def headroom(self, name: str) -> bool:
         """Whether the group holds less than its guarantee under some quota key."""
-        g = self.group(name)
-        return any(self.used.get((name, key), 0) < n for key, n in g.guaranteed.items() if n > 0)
+        found = self._headroom.get(name)
+        if found is None:
+            g = self.group(name)
+            used = self.used
+            found = self._headroom[name] = any(
+                used.get((name, key), 0) < n for key, n in g.guaranteed.items() if n > 0
+            )
+        return found
 
     def user_fits(self, job: Job) -> bool:
         cap = self.group(job.group).user_max_gpus
@@ -359,6 +385,7 @@ class FairShareQueue:
         self.cpu_ids = cpu_ids
         self.cpu_only_left = 0
         self._pending: tuple[str, str] | None = None
+        self._charged = False  # a job was charged since the last pop (shares changed)
         for g, lists in by_user.items():
             per_user = {u: deque(jobs) for u, jobs in lists.items()}
             self.users[g] = per_user
@@ -373,7 +400,30 @@ class FairShareQueue:
         return (-int(head.priority), self.user_share.get((g, user), 0.0), head.submit_time, head.id, user)
 
     def pop(self) -> Job | None:
+        pending = self._pending
+        if pending is not None and not self._charged:
+            # Nothing charged since the last pop: the group popped then still has the least share
+            # (every other entry is as it was), so it comes first again; only its user heap moves
+            # (push then pop, in one heap operation: the same job as _flush then the loop below).
+            g, user = pending
+            q = self.users[g][user]
+            heap = self.user_heaps[g]
+            if q:
+                top = heapq.heappushpop(heap, self._user_key(g, user, q[0]))
+            elif heap:
+                top = heapq.heappop(heap)
+            else:  # the group has no job left: _flush would put nothing back
+                top = None
+                self._pending = None
+            if top is not None:
+                user = top[-1]
+                job = self.users[g][user].popleft()
+                self._pending = (g, user)
+                if job.id in self.cpu_ids:
+                    self.cpu_only_left -= 1
+                return job
         self._flush()
+        self._charged = False
         while self.group_heap:
             _, g = heapq.heappop(self.group_heap)
             heap = self.user_heaps[g]
@@ -430,17 +480,23 @@ class FairShareQueue:
     def resume(self, jobs: list[Job]) -> None:
         """Start the second pass: every group with jobs back in, deferred jobs re-inserted."""
         self._flush()
-        touched: set[tuple[str, str]] = set()
+        back: dict[tuple[str, str], list[Job]] = {}
         for j in jobs:
-            self.users.setdefault(j.group, {}).setdefault(j.user, deque()).append(j)
             self.user_heaps.setdefault(j.group, [])
             self.group_share.setdefault(j.group, 0.0)
-            touched.add((j.group, j.user))
+            back.setdefault((j.group, j.user), []).append(j)
             if cpu_only(j):
                 self.cpu_ids.add(j.id)
             self.cpu_only_left += j.id in self.cpu_ids
-        for g, u in touched:
-            self.users[g][u] = deque(sorted(self.users[g][u], key=group_order_key))
+        for (g, u), returning in back.items():
+            q = self.users.setdefault(g, {}).setdefault(u, deque())
+            returning.sort(key=group_order_key)
+            if not q or group_order_key(returning[-1]) < group_order_key(q[0]):
+                q.extendleft(reversed(returning))  # the usual case: they were popped off its front
+            else:
+                q.extend(returning)
+                self.users[g][u] = deque(sorted(q, key=group_order_key))
+        touched = back.keys()
         for g in {g for g, _ in touched}:
             heap = [self._user_key(g, u, q[0]) for u, q in self.users[g].items() if q]
             heapq.heapify(heap)
@@ -450,6 +506,7 @@ class FairShareQueue:
 
     def charge(self, job: Job) -> None:
         """Count a placed job against its group's and user's share for the rest of the cycle."""
+        self._charged = True
         cost = max(job.total_gpus, 0) * self.horizon
         g = job.group
         self.group_share[g] = self.group_share.get(g, 0.0) + cost / max(self.weights.get(g, 1.0), 1e-9)

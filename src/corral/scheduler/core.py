@@ -89,8 +89,10 @@ class Cycle:
         held, totals = st.occupy_running(snapshot.running)
         running = list(zip(snapshot.running, held, strict=True))
         self.ledger.charge_running(totals)
-        # CPU and memory limits per group (GPU quotas are the ledger's); None without quotas.
-        self.resources = ResourceQuota(snapshot.groups, snapshot.running) if profile.quotas else None
+        # CPU and memory limits per group (GPU quotas are the ledger's); None without quotas or
+        # when no group has such a limit (then it would refuse and charge nothing).
+        resources = ResourceQuota(snapshot.groups, snapshot.running) if profile.quotas else None
+        self.resources = resources if resources is not None and resources.groups else None
         shapes = scheduler.cluster_memo.cluster_shapes(snapshot.nodes, profile.cpu_jobs_on_gpu_nodes)
         self.infos = JobInfos(scheduler.job_kinds, shapes, st)
         self.placer = Placer(st, profile, rng)
@@ -151,6 +153,11 @@ class Cycle:
         quotas, depth = self.profile.quotas, self.profile.backfill_depth
         reservations = self.backfill.reservations
         self.borrowing = borrowing
+        parking = quotas and not borrowing
+        replay, known, visited, infos = self.replay, self.known, self.visited, self.infos
+        memo = infos.memo
+        # groups over their storage quota (their jobs wait); none in most cycles
+        over = {n for n, g in ledger.groups.items() if g.storage_over is not None} if quotas else None
         token: tuple[int, ...] | None = None  # the state token, recomputed after a job changed state
         while True:
             if st.free_sum == 0 and queue.cpu_only_left == 0 and not preemptor.possible:
@@ -163,26 +170,22 @@ class Cycle:
                 break
             if reservations:
                 self.behind_head += 1
-            info = self.infos(job)
-            if (
-                quotas
-                and not borrowing
-                and info.total > 0
-                and ledger.may_borrow(job)
-                and not ledger.headroom(job.group)
-            ):
+            hit = memo.get(id(job))
+            info = hit[1] if hit is not None and hit[0] is job else infos(job)
+            if parking and info.total > 0 and ledger.may_borrow(job) and not ledger.headroom(job.group):
                 queue.park(job)  # its group has no guaranteed quota left: borrowing pass
                 continue
-            self.visited.append(job)
-            over_storage = storage_refusal(self.ledger.group(job.group)) if self.profile.quotas else None
-            if over_storage is not None:  # its group holds more than its storage quota: it waits
-                self.verdicts.wait_or_never(job, over_storage, False)
-                continue
-            if self.replay and not info.never:
+            visited.append(job)
+            if over is not None and (over or job.group not in ledger.groups):
+                over_storage = storage_refusal(ledger.group(job.group))
+                if over_storage is not None:  # its group holds more than its storage quota: it waits
+                    self.verdicts.wait_or_never(job, over_storage, False)
+                    continue
+            if replay and not info.never:
                 if token is None:
-                    token = self.known.token()
-                if self.known.replay(job, info, token):
-                    self.known.skip_run(token, borrowing)
+                    token = known.token()
+                if known.replay(job, info, token):
+                    known.skip_run(token, borrowing)
                     continue
             self.consider(job, borrowing, info)
             token = None
@@ -199,9 +202,11 @@ class Cycle:
         if refusal is not None:  # its group is at its CPU or memory limit
             self.verdicts.wait_or_never(job, *refusal)
             return
-        if info.total > 0 and self.too_small(info):
-            self.short(job, info)  # cheap test: too few free GPUs, or no block as large as one
-            return
+        if info.total > 0:
+            hit = self.small.get(info.fit_id)  # self.too_small(info), inlined: most jobs ask it
+            if hit[1] if hit is not None and hit[0] == self.st.version else self.too_small(info):
+                self.short(job, info)  # cheap test: too few free GPUs, or no block as large as one
+                return
         allowed: frozenset[str] | None = None
         quota = self.profile.quotas and info.total > 0
         may_borrow = quota and self.ledger.may_borrow(job)

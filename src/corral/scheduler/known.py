@@ -7,6 +7,7 @@ same plans."""
 from __future__ import annotations
 
 import weakref
+from itertools import islice
 from typing import TYPE_CHECKING, cast
 
 from corral.scheduler.admission import las_queue
@@ -23,6 +24,27 @@ HeldOff = tuple[float, Reason]  # a held-off rule: (the reservation's start, its
 _SHORT, _SEARCHED, _DEFERRED, _EACH, _UNKNOWN = object(), object(), object(), object(), object()
 
 
+def _holds(recorded: Token | None, token: Token) -> bool:
+    """Whether an outcome recorded in state `recorded` holds in state `token`: the same state, or
+    one that differs only by reservations opened since (the token's second field; they only grow
+    within a cycle). Valid for "too few free GPUs", a failed preemption search and deferral to the
+    borrowing pass, none of which reads the reservations: the capacity test reads the free GPUs,
+    the search the victims, quota admission the ledger, and whether a job opens a reservation
+    reads the free GPUs, the timeline (victims and starts) and whether one for its models exists
+    or all are taken, so a job that opened none then opens none now. Not for "held off by a
+    reservation", which reads them."""
+    if recorded is None:
+        return False
+    if recorded == token:
+        return True
+    return (
+        recorded[0] == token[0]
+        and recorded[2] == token[2]
+        and recorded[3] == token[3]
+        and recorded[1] <= token[1]
+    )
+
+
 class KnownOutcomes:
     def __init__(self, cycle: Cycle) -> None:
         # A weak reference: the cycle holds this object, and a reference cycle would leave every
@@ -32,6 +54,9 @@ class KnownOutcomes:
         # the cycle's parts this reads, held directly (none of them points back to the cycle)
         self.profile, self.preemptor, self.backfill = cycle.profile, cycle.preemptor, cycle.backfill
         self.assignments, self.no_fit, self.why = cycle.assignments, cycle.no_fit, cycle.verdicts.why
+        self.failed = cycle.failed  # (shape, allowed models) that did not place in this cycle
+        # groups with CPU or memory limits: their admission reads each job's CPUs and memory too
+        self.limited = cycle.resources.groups if cycle.resources is not None else {}
         # failure key -> state in which a job of that key met "too few free GPUs" and changed
         # nothing (no reservation, no victims)
         self.short: dict[object, Token] = {}
@@ -107,17 +132,27 @@ class KnownOutcomes:
         room (one attempt spent), or admitted and then held off by a backfill reservation (checked
         against its own runtime). False when no such outcome is known; then the job takes the
         ordinary path (`Cycle.consider`), which records what it finds."""
-        if self.short.get(self.fail_key(job, info)) == token:
-            self.no_fit.add(job.id)
-            return True
-        if self.searched.get(self.search_key(job, info)) == token:
-            self.no_fit.add(job.id)
-            self._spend_attempt()
-            return True
-        if self.deferred and self.deferred.get(self.admit_key(job, info)) == token:
-            self.deferred_jobs.append(job)
-            return True
-        return self._replay_held_off(job, info, token)
+        # (`_holds` only when the state differs: most look-ups find nothing or the same state)
+        if self.short:
+            rec = self.short.get(self.fail_key(job, info))
+            if rec is not None and (rec == token or _holds(rec, token)):
+                self.no_fit.add(job.id)
+                return True
+        if self.searched:
+            rec = self.searched.get(self.search_key(job, info))
+            if rec is not None and (rec == token or _holds(rec, token)):
+                self.no_fit.add(job.id)
+                self._spend_attempt()
+                return True
+        if not self.deferred and not self.admitted:
+            return False
+        key = self.admit_key(job, info)
+        if self.deferred:
+            rec = self.deferred.get(key)
+            if rec is not None and (rec == token or _holds(rec, token)):
+                self.deferred_jobs.append(job)
+                return True
+        return self._replay_held_off(job, info, token, key)
 
     def _spend_attempt(self) -> None:
         """What a preemption search that finds no room leaves behind: one attempt fewer."""
@@ -125,17 +160,24 @@ class KnownOutcomes:
         if pre.attempts_left > 0:
             pre.attempts_left -= 1
 
-    def _replay_held_off(self, job: Job, info: JobInfo, token: Token) -> bool:
-        admitted = self.admitted.get(self.admit_key(job, info))
+    def _replay_held_off(self, job: Job, info: JobInfo, token: Token, key: int) -> bool:
+        admitted = self.admitted.get(key)
         if admitted is None or admitted[0] != token:
             return False
+        if not self.backfill.reservations:
+            return False  # nothing holds it off (what reserved_for_others would say)
         backfill = self.backfill
         reserved, blocking = backfill.reserved_for_others(job, info)
         if blocking is None:
             return False
+        if job.group in self.limited:
+            return False
         allowed = admitted[1]
-        if (info.model_set if allowed is None else allowed) - reserved:
-            return False  # other models are left to it: the ordinary path places it there
+        left = (info.model_set if allowed is None else allowed) - reserved
+        if left and (info.sig, left) not in self.failed:
+            return False  # other models are left to it: the ordinary path may place it there
+        # (when its shape already failed on the models left, the ordinary path's placement fails
+        # again, as it does in `Cycle.place`, and the reservation is the reason it waits)
         self.why[job.id] = backfill.reason(blocking)
         return True
 
@@ -152,34 +194,35 @@ class KnownOutcomes:
             return
         limit = len(rest)
         if c.backfill.reservations:  # each of them would count against the backfill depth
-            limit = min(limit, c.profile.backfill_depth - c.behind_head)
+            limit = max(0, min(limit, c.profile.backfill_depth - c.behind_head))
         parking = c.profile.quotas and not borrowing
-        memo, no_fit, las = c.infos.memo, c.no_fit, c.profile.preemption == "las"
+        memo, las = c.infos.memo, c.profile.preemption == "las"
+        no_fit_add, search_key = c.no_fit.add, self.search_key
         now, default_s, why = c.now, c.profile.default_runtime_s, c.verdicts.why
         full: dict[str, bool] = {}  # group -> no guaranteed quota left (unchanged while skipping)
         decided: dict[object, object] = {}  # search key (the finest kind) -> decide's outcome
         n = 0
-        for job in rest:
-            if n >= limit:
-                break
+        for job in islice(rest, limit):
             hit = memo.get(id(job))
-            if hit is None or hit[0] is not job or hit[1].never:
-                break  # first seen, or never fits: take the ordinary path
+            if hit is None or hit[0] is not job:
+                break  # first seen: take the ordinary path
             info = hit[1]
+            if info.never:
+                break  # never fits: the ordinary path says why
             if parking:
                 no_room = full.get(job.group)
                 if no_room is None:
                     no_room = full[job.group] = not ledger.headroom(job.group)
                 if no_room and ledger.may_borrow(job):
                     break  # it would be parked for the borrowing pass
-            kind = self.search_key(job, info) if las else info.search_id
+            kind = search_key(job, info) if las else info.search_id
             outcome = decided.get(kind)
             if outcome is None:
                 outcome = decided[kind] = self._decide(job, info, token)
-            if outcome is _SHORT:
-                no_fit.add(job.id)
+            if outcome is _SHORT:  # the usual outcome first
+                no_fit_add(job.id)
             elif outcome is _SEARCHED:
-                no_fit.add(job.id)
+                no_fit_add(job.id)
                 self._spend_attempt()
                 if st.free_sum == 0 and queue.cpu_only_left == 0 and not preemptor.possible:
                     n += 1
@@ -187,7 +230,7 @@ class KnownOutcomes:
             elif outcome is _DEFERRED:
                 self.deferred_jobs.append(job)
             elif outcome is _EACH:
-                if not self._replay_held_off(job, info, token):
+                if not self._replay_held_off(job, info, token, self.admit_key(job, info)):
                     break
             elif outcome is _UNKNOWN:
                 break
@@ -207,11 +250,11 @@ class KnownOutcomes:
         """What `replay` does with every job of this one's search key (the finest kind: it fixes
         the failure and admission keys too) in state `token`: _SHORT, _SEARCHED, a
         `_held_off_rule`, _EACH (ask _replay_held_off job by job) or _UNKNOWN."""
-        if self.short.get(self.fail_key(job, info)) == token:
+        if _holds(self.short.get(self.fail_key(job, info)), token):
             return _SHORT
-        if self.searched.get(self.search_key(job, info)) == token:
+        if _holds(self.searched.get(self.search_key(job, info)), token):
             return _SEARCHED
-        if self.deferred and self.deferred.get(self.admit_key(job, info)) == token:
+        if self.deferred and _holds(self.deferred.get(self.admit_key(job, info)), token):
             return _DEFERRED
         rule = self._held_off_rule(self.admit_key(job, info), info, token)
         return _EACH if rule is True else _UNKNOWN if rule is False else rule
@@ -229,6 +272,7 @@ class KnownOutcomes:
             return bool(relevant)
         r = relevant[0]
         allowed = admitted[1]
-        if (info.model_set if allowed is None else allowed) - r.models:
-            return False
+        left = (info.model_set if allowed is None else allowed) - r.models
+        if left:  # job by job, when its shape failed on the models left (see _replay_held_off)
+            return (info.sig, left) in self.failed
         return (r.start, self.backfill.reason(r))
