@@ -131,6 +131,7 @@ def write_state(session: object, snap: st.Snapshot, now: float) -> None:
             submitted_at=job.submit_time,
             updated_at=now,
             attained_gpu_seconds=job.attained_gpu_seconds,
+            preemptions=job.preemptions,
             attempt_count=0 if state == "queued" else 1,
         )
         session.add(row)
