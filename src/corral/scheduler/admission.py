@@ -59,12 +59,14 @@ SIZE_UNIT_S = 60.0  # GPU-seconds of the smallest size class
 
 
 def size_class(job: Job, default_runtime_s: float) -> int:
-    """Discretised estimated size: log2 of the job's estimated GPU-time (runtime estimate, or
-    `default_runtime_s` when unknown, times its GPUs; CPU-only work counts as one GPU) in units of
-    a GPU-minute. Jobs in one class are served by the other keys (user share, age); only the
-    estimate a real platform has (the user's limit, the user's history) is read."""
-    gpu_s = runtime_of(job, default_runtime_s) * max(job.total_gpus, 1)
-    return 0 if gpu_s <= SIZE_UNIT_S else int(math.log2(gpu_s / SIZE_UNIT_S)) + 1
+    """Discretised estimated size: the bit length of the job's estimated GPU-time in whole
+    GPU-minutes (floor(log2) + 1; 0 under a minute), from its runtime estimate (or
+    `default_runtime_s` when unknown) times its GPUs (CPU-only work counts as one GPU). Jobs in
+    one class are served by the other keys (user share, age); only the estimate a real platform
+    has (the user's limit, the user's history) is read."""
+    estimate = job.runtime_estimate
+    gpu_s = (default_runtime_s if estimate is None else estimate) * max(job.total_gpus, 1)
+    return int(gpu_s // SIZE_UNIT_S).bit_length()
 
 
 def cpu_only(job: Job) -> bool:
@@ -611,6 +613,13 @@ def build_queue(
     size_of = None
     if policy.size_order:
         default_s = policy.default_runtime_s
-        size_of = lambda job: size_class(job, default_s)  # noqa: E731
+        sizes: dict[str, int] = {}  # the cycle's: sorting and every pop read a job's class
+
+        def size_of(job: Job) -> int:
+            found = sizes.get(job.id)
+            if found is None:
+                found = sizes[job.id] = size_class(job, default_s)
+            return found
+
     aged_before = now - policy.starvation_s if policy.starvation_s > 0 else None
     return FairShareQueue(by_user, cpu_ids, weights, group_usage, user_usage, horizon_s, size_of, aged_before)
