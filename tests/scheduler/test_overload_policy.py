@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from corral.scheduler import ANY_MODEL, PROFILES, Usage
 from tests.scheduler.builders import gpu_node, group, job, plan_for, running, snap
 
@@ -61,3 +63,15 @@ def test_a_job_preempted_max_preemptions_times_is_no_victim() -> None:
         s = snap([gpu_node("n")], waiting, groups, run=[running(b, "n", tuple(range(8)), borrowed=True)])
         assert [p.job_id for p in plan_for(s, DEFAULT, now=NOW).preemptions] == victims, count
     assert DEFAULT.max_preemptions == 16
+
+
+def test_the_policy_knobs_parse_from_the_command_line() -> None:
+    from corral.sim.runner import PolicyError, parse_knobs
+
+    assert parse_knobs(["size_order=0", "starvation_s=0", "max_preemptions=3"]) == {
+        "size_order": False,
+        "starvation_s": 0,
+        "max_preemptions": 3,
+    }
+    with pytest.raises(PolicyError, match="size_order=2"):
+        parse_knobs(["size_order=2"])
