@@ -35,6 +35,7 @@ KEYS = (
     "eta_rel_err_median",
     "preemptions",
     "max_preemptions_per_job",
+    "lost_work_gpu_h",
     "gpu_alloc_arrivals",
     "jobs_censored",
 )
@@ -63,7 +64,9 @@ def one_seed(seed: int, jobs: int, load: float, eta_baseline: bool) -> dict[str,
         f"{d['worst_group_slowdown']:.2f} vs fifo {f['worst_group_slowdown']:.2f}; guarantee held "
         f"{d['worst_guarantee_held']:.1%} (fifo {f['worst_guarantee_held']:.1%}); ETA rel err "
         f"{d['eta_rel_err_median'] or 0:.0%} (fifo {f['eta_rel_err_median'] or 0:.0%}); preemptions "
-        f"{d['preemptions']} (max {d['max_preemptions_per_job']} per job) (load avg {load_avg})",
+        f"{d['preemptions']} (max {d['max_preemptions_per_job']} per job, "
+        f"{d['lost_work_gpu_h']:,.0f} GPU-h lost) "
+        f"(load avg {load_avg})",
         flush=True,
     )
     if eta_baseline:

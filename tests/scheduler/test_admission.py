@@ -37,7 +37,9 @@ def test_non_preemptible_jobs_do_not_borrow() -> None:
 
 def test_user_cap() -> None:
     groups = [group("g", user_max_gpus=2)]
-    queued = [job("a", gpus=2, user="ann"), job("b", user="ann", submit=1), job("c", user="bob", submit=2)]
+    # b as large as a: the same size class, so a (older) goes first under the default's size order
+    ann = [job("a", gpus=2, user="ann"), job("b", gpus=2, user="ann", submit=1)]
+    queued = [*ann, job("c", user="bob", submit=2)]
     plan = plan_for(snap([gpu_node("n")], queued, groups), DEFAULT)
     assert sorted(a.job_id for a in plan.assignments) == ["a", "c"]
     assert plan.diagnoses["b"].reasons[0].code == "user_cap"

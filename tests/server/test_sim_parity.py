@@ -4,18 +4,20 @@ the schedule loop does gives the same placements, preemptions and borrowed flags
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
 from corral.db.models import Attempt, GpuClaim, Group, GroupQuota, Job, Node, UsageLedger, User
 from corral.db.session import make_engine
 from corral.domain import InstancePlacement
+from corral.scheduler import Scheduler
 from corral.scheduler import types as st
 from corral.server.nodes import gpu_row
 from corral.server.scheduling import run_scheduler
 from corral.server.snapshot import build_snapshot, read_cluster_state
 from corral.sim.cluster import ClusterSpec, Pool
-from corral.sim.replay import SimConfig, Simulator
+from corral.sim.replay import CycleRecord, SimConfig, Simulator
 from corral.sim.runner import resolve_policy
 from corral.sim.trace import Trace, TraceJob
 from tests.server.fakes import FakeEngine, make_context
@@ -131,6 +133,7 @@ def write_state(session: object, snap: st.Snapshot, now: float) -> None:
             submitted_at=job.submit_time,
             updated_at=now,
             attained_gpu_seconds=job.attained_gpu_seconds,
+            preemptions=job.preemptions,
             attempt_count=0 if state == "queued" else 1,
         )
         session.add(row)
@@ -222,3 +225,45 @@ def test_live_snapshot_gives_the_simulators_placements(
             f"cycle at {record.now}"
         )
         db.dispose()
+
+
+def test_live_snapshot_carries_the_overload_policy_state(tmp_path: Path) -> None:
+    """The default policy's newer state survives the database: waiting jobs past the starvation
+    guard (submit time), running jobs at the preemption bound (Job.preemptions), and the runtime
+    estimates the size order reads. Recorded cycles are aged and marked, then replanned both ways."""
+    config = SimConfig(record_cycles=True)
+    result = Simulator(small_trace(), cluster(), resolve_policy("default"), "default", config).run()
+    profile = resolve_policy("default").profile
+
+    def crowded(r: CycleRecord) -> bool:  # jobs left waiting, and borrowed work running
+        waiting = len(r.snapshot.queued) > len(r.plan.assignments) + 1
+        return waiting and any(x.borrowed for x in r.snapshot.running)
+
+    # cycles that reclaimed borrowed work (the bound spares those victims), and crowded ones
+    records = result.records
+    cycles = [r for r in records if r.plan.preemptions][:4] + [r for r in records if crowded(r)][:4]
+    assert cycles
+    changed = 0
+    for k, record in enumerate(cycles):
+        snap = record.snapshot
+        old = record.now - profile.starvation_s - 1.0
+        queued = tuple(
+            dataclasses.replace(j, submit_time=old - i) if i % 2 else j for i, j in enumerate(snap.queued)
+        )
+        running = tuple(
+            dataclasses.replace(r, job=dataclasses.replace(r.job, preemptions=profile.max_preemptions))
+            if r.borrowed
+            else r
+            for r in snap.running
+        )
+        aged = dataclasses.replace(snap, queued=queued, running=running)
+        expected = canonical(Scheduler(profile).schedule(aged, record.now, random.Random(0)))
+        changed += expected != canonical(record.plan)
+        db = make_engine(f"sqlite:///{tmp_path / f'o{k}.db'}")
+        ctx = make_context(db, FakeEngine(), str(tmp_path))
+        with ctx.session_factory() as session:
+            write_state(session, aged, record.now)
+            live = build_snapshot(read_cluster_state(session), record.now)
+        assert canonical(run_scheduler(live, record.now, random.Random(0))) == expected, f"cycle {record.now}"
+        db.dispose()
+    assert changed >= 2  # the aged and marked state changed plans: the round trip carries it

@@ -21,9 +21,27 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import groupby
 from operator import attrgetter
+from typing import Protocol
 
 from corral.scheduler.cluster import RunningTotals
 from corral.scheduler.types import ANY_MODEL, Group, Job, Reason, RunningJob, Usage
+
+
+class QueuePolicy(Protocol):
+    """The Profile fields the queue reads (a Profile; admission does not import profiles.py)."""
+
+    @property
+    def order(self) -> str: ...
+    @property
+    def fair_share_horizon_s(self) -> float: ...
+    @property
+    def las_thresholds(self) -> tuple[float, ...]: ...
+    @property
+    def size_order(self) -> bool: ...
+    @property
+    def default_runtime_s(self) -> float: ...
+    @property
+    def starvation_s(self) -> float: ...
 
 
 def decay_usage(value: float, elapsed_s: float, half_life_s: float) -> float:
@@ -35,6 +53,20 @@ def decay_usage(value: float, elapsed_s: float, half_life_s: float) -> float:
 
 def runtime_of(job: Job, default_s: float) -> float:
     return job.runtime_estimate if job.runtime_estimate is not None else default_s
+
+
+SIZE_UNIT_S = 60.0  # GPU-seconds of the smallest size class
+
+
+def size_class(job: Job, default_runtime_s: float) -> int:
+    """Discretised estimated size: the bit length of the job's estimated GPU-time in whole
+    GPU-minutes (floor(log2) + 1; 0 under a minute), from its runtime estimate (or
+    `default_runtime_s` when unknown) times its GPUs (CPU-only work counts as one GPU). Jobs in
+    one class are served by the other keys (user share, age); only the estimate a real platform
+    has (the user's limit, the user's history) is read."""
+    estimate = job.runtime_estimate
+    gpu_s = (default_runtime_s if estimate is None else estimate) * max(job.total_gpus, 1)
+    return int(gpu_s // SIZE_UNIT_S).bit_length()
 
 
 def cpu_only(job: Job) -> bool:
@@ -316,6 +348,8 @@ OrderKey = tuple[float | str, ...]
 class OrderedQueue:
     """A fixed order (fifo, sjf, las); `key` sorts jobs into it."""
 
+    aged: Sequence[Job] = ()  # no starvation guard (fair_share only)
+
     def __init__(self, jobs: list[Job], key: Callable[[Job], OrderKey]) -> None:
         self.key = key
         self._jobs = deque(sorted(jobs, key=key))
@@ -360,11 +394,19 @@ class OrderedQueue:
 _user_of = attrgetter("user")
 
 
+UserKey = tuple[int, int, float, float, str, str]  # (-priority, size class, user share, submit, id, user)
+
+
 class FairShareQueue:
-    """Groups take turns by share; inside a group, priority, then the least-served user, then age.
+    """Groups take turns by share; inside a group, priority, then (with `size_of`) the smallest
+    estimated job, then the least-served user, then age.
 
     `by_user` lists each group's jobs per user by (priority desc, submit time, id); `cpu_ids` are
-    the ids of those that ask for no GPU (`split_by_user` makes both from per-group lists)."""
+    the ids of those that ask for no GPU (`split_by_user` makes both from per-group lists).
+    Starvation guard: `aged` jobs (waiting since before `now - starvation_s`) come first of all,
+    oldest first, in the first (guaranteed) pass only, so that they open their backfill
+    reservation and search for victims before any other job takes what they wait for; one whose
+    group has no guaranteed quota left is parked and goes back to its group's order."""
 
     def __init__(
         self,
@@ -374,34 +416,60 @@ class FairShareQueue:
         group_usage: Mapping[str, float],
         user_usage: Mapping[tuple[str, str], float],
         horizon_s: float,
+        size_of: Callable[[Job], int] | None = None,
+        aged_before: float | None = None,
     ) -> None:
         self.horizon = horizon_s
         self.weights = weights
+        self.size_of = size_of
         self.group_share = {g: group_usage.get(g, 0.0) / max(weights.get(g, 1.0), 1e-9) for g in by_user}
         self.user_share = dict(user_usage)
         self.users: dict[str, dict[str, deque[Job]]] = {}
-        self.user_heaps: dict[str, list[tuple[int, float, float, str, str]]] = {}
+        self.user_heaps: dict[str, list[UserKey]] = {}
         self.group_heap: list[tuple[float, str]] = []
         self.cpu_ids = cpu_ids
         self.cpu_only_left = 0
         self._pending: tuple[str, str] | None = None
         self._charged = False  # a job was charged since the last pop (shares changed)
+        self.aged: deque[Job] = deque()  # the starvation guard's jobs, oldest first
+        self._aged_popped: Job | None = None  # the last pop() came from `aged`
+        self._aged_parked: list[Job] = []
+        self._aged_before = aged_before
         for g, lists in by_user.items():
-            per_user = {u: deque(jobs) for u, jobs in lists.items()}
+            per_user = {}
+            for u, jobs in lists.items():
+                if aged_before is not None:
+                    old = [j for j in jobs if j.submit_time <= aged_before]
+                    if old:
+                        self.aged.extend(old)
+                        jobs = [j for j in jobs if j.submit_time > aged_before]
+                if size_of is not None and len(jobs) > 1:
+                    jobs = sorted(jobs, key=self._job_key)
+                if jobs:
+                    per_user[u] = deque(jobs)
             self.users[g] = per_user
             heap = [self._user_key(g, u, q[0]) for u, q in per_user.items()]
             heapq.heapify(heap)
             self.user_heaps[g] = heap
             self.group_heap.append((self.group_share[g], g))
         heapq.heapify(self.group_heap)
+        if len(self.aged) > 1:
+            self.aged = deque(sorted(self.aged, key=attrgetter("submit_time", "id")))
         self.cpu_only_left = len(self.cpu_ids)
 
-    def _user_key(self, g: str, user: str, head: Job) -> tuple[int, float, float, str, str]:
-        return (-int(head.priority), self.user_share.get((g, user), 0.0), head.submit_time, head.id, user)
+    def _job_key(self, job: Job) -> tuple[int, int, float, str]:
+        """A user's jobs in pop order: priority, size class (with `size_of`), submit time."""
+        size = self.size_of(job) if self.size_of is not None else 0
+        return (-int(job.priority), size, job.submit_time, job.id)
+
+    def _user_key(self, g: str, user: str, head: Job) -> UserKey:
+        size = self.size_of(head) if self.size_of is not None else 0
+        share = self.user_share.get((g, user), 0.0)
+        return (-int(head.priority), size, share, head.submit_time, head.id, user)
 
     def pop(self) -> Job | None:
         pending = self._pending
-        if pending is not None and not self._charged:
+        if pending is not None and not self._charged and not self.aged:
             # Nothing charged since the last pop: the group popped then still has the least share
             # (every other entry is as it was), so it comes first again; only its user heap moves
             # (push then pop, in one heap operation: the same job as _flush then the loop below).
@@ -424,6 +492,13 @@ class FairShareQueue:
                 return job
         self._flush()
         self._charged = False
+        self._aged_popped = None
+        if self.aged:
+            job = self.aged.popleft()
+            self._aged_popped = job
+            if job.id in self.cpu_ids:
+                self.cpu_only_left -= 1
+            return job
         while self.group_heap:
             _, g = heapq.heappop(self.group_heap)
             heap = self.user_heaps[g]
@@ -453,7 +528,7 @@ class FairShareQueue:
         """Jobs pop() returns next, in order, as long as nothing is charged: the rest of the last
         popped user's jobs when that user is the only one its group has left (an uncharged group
         keeps the lowest share, so it stays first); empty otherwise."""
-        if self._pending is None:
+        if self._pending is None or self.aged:
             return ()
         g, user = self._pending
         if self.user_heaps[g]:
@@ -470,16 +545,33 @@ class FairShareQueue:
     def park(self, job: Job) -> None:
         """Put back the job just popped and take its group out of this pass (it has no
         guaranteed quota left; its jobs wait for the borrowing pass)."""
+        self.cpu_only_left += job.id in self.cpu_ids
+        if self._aged_popped is job:  # back into its group's order in the borrowing pass
+            self._aged_popped = None
+            self._aged_parked.append(job)
+            return
         assert self._pending is not None
         g, user = self._pending
         self._pending = None
         self.users[g][user].appendleft(job)
         heapq.heappush(self.user_heaps[g], self._user_key(g, user, job))
-        self.cpu_only_left += job.id in self.cpu_ids
 
     def resume(self, jobs: list[Job]) -> None:
-        """Start the second pass: every group with jobs back in, deferred jobs re-inserted."""
+        """Start the second pass: every group with jobs back in, deferred jobs re-inserted; the
+        starving jobs (parked, deferred or not yet reached) first again, oldest first."""
         self._flush()
+        cutoff = self._aged_before
+        aged = [*self._aged_parked, *self.aged]
+        self.cpu_only_left -= sum(1 for j in aged if j.id in self.cpu_ids)  # all counted again below
+        if cutoff is not None:
+            aged += [j for j in jobs if j.submit_time <= cutoff]
+            jobs = [j for j in jobs if j.submit_time > cutoff]
+        self._aged_parked = []
+        for j in aged:
+            if cpu_only(j):
+                self.cpu_ids.add(j.id)
+        self.cpu_only_left += sum(1 for j in aged if j.id in self.cpu_ids)
+        self.aged = deque(sorted(aged, key=attrgetter("submit_time", "id")))
         back: dict[tuple[str, str], list[Job]] = {}
         for j in jobs:
             self.user_heaps.setdefault(j.group, [])
@@ -490,12 +582,12 @@ class FairShareQueue:
             self.cpu_only_left += j.id in self.cpu_ids
         for (g, u), returning in back.items():
             q = self.users.setdefault(g, {}).setdefault(u, deque())
-            returning.sort(key=group_order_key)
-            if not q or group_order_key(returning[-1]) < group_order_key(q[0]):
+            returning.sort(key=self._job_key)
+            if not q or self._job_key(returning[-1]) < self._job_key(q[0]):
                 q.extendleft(reversed(returning))  # the usual case: they were popped off its front
             else:
                 q.extend(returning)
-                self.users[g][u] = deque(sorted(q, key=group_order_key))
+                self.users[g][u] = deque(sorted(q, key=self._job_key))
         touched = back.keys()
         for g in {g for g, _ in touched}:
             heap = [self._user_key(g, u, q[0]) for u, q in self.users[g].items() if q]
@@ -541,16 +633,16 @@ def group_order_key(job: Job) -> tuple[int, float, str]:
 
 def build_queue(
     jobs: list[Job],
-    order: str,
+    policy: QueuePolicy,
     groups: Mapping[str, Group],
     usage: Usage,
     running: RunningTotals,
-    horizon_s: float,
-    las_thresholds: tuple[float, ...],
+    now: float,
     indexed: tuple[dict[str, dict[str, list[Job]]], set[str]] | None = None,
 ) -> FairShareQueue | OrderedQueue:
     """The cycle's queue over `jobs` (sorted by group, priority desc, submit time, id); `indexed`:
     the same jobs already split per group and user, with the CPU-only ids (queue_index.py)."""
+    order, horizon_s, las_thresholds = policy.order, policy.fair_share_horizon_s, policy.las_thresholds
     if order == "fifo":
         return OrderedQueue(jobs, key=lambda j: (j.submit_time, j.id))
     if order == "sjf":
@@ -575,4 +667,16 @@ def build_queue(
     for uk, n in running.by_user.items():
         user_usage[uk] = user_usage.get(uk, 0.0) + n * horizon_s
     weights = {name: g.weight for name, g in groups.items()}
-    return FairShareQueue(by_user, cpu_ids, weights, group_usage, user_usage, horizon_s)
+    size_of = None
+    if policy.size_order:
+        default_s = policy.default_runtime_s
+        sizes: dict[str, int] = {}  # the cycle's: sorting and every pop read a job's class
+
+        def size_of(job: Job) -> int:
+            found = sizes.get(job.id)
+            if found is None:
+                found = sizes[job.id] = size_class(job, default_s)
+            return found
+
+    aged_before = now - policy.starvation_s if policy.starvation_s > 0 else None
+    return FairShareQueue(by_user, cpu_ids, weights, group_usage, user_usage, horizon_s, size_of, aged_before)

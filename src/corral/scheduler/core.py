@@ -123,21 +123,16 @@ class Cycle:
             indexed = (index.per_user(), index.cpu_ids)
         self.waiting = waiting
         self.assigned_ids: set[str] = set()
-        self.queue = build_queue(
-            self.waiting,
-            profile.order,
-            self.ledger.groups,
-            snapshot.usage,
-            totals,
-            profile.fair_share_horizon_s,
-            profile.las_thresholds,
-            indexed,
-        )
+        groups = self.ledger.groups
+        self.queue = build_queue(self.waiting, profile, groups, snapshot.usage, totals, now, indexed)
         self.known = KnownOutcomes(self)  # last: it reads the parts made above
 
     # -- main loop ----------------------------------------------------------------------------------
     def run(self) -> Plan:
+        if self.profile.quotas and self.queue.aged:  # the starvation guard holds their quota
+            self.quota.pledge_aged(self.queue.aged, self.infos)
         self.run_pass(borrowing=False)
+        self.quota.release_pledges()
         if self.profile.quotas and self.blocker is None:
             # second pass: work that needs borrowed quota goes after every group's guaranteed work
             self.queue.resume([j for j in self.quota.deferred if j.id not in self.assigned_ids])

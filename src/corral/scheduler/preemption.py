@@ -216,8 +216,7 @@ class Preemptor:
             self._release(c, 1)
         if fits is None:
             return None
-        if self.profile.preemption == "las":
-            self._hold_free(spots)
+        self._hold_free(spots)
         profile, now = self.profile, self.now
         stops: list[Preemption] = []
         for c in chosen:

@@ -21,7 +21,9 @@ NUMERIC_KNOBS = (
     "max_victims",
     "eta_limit",
     "max_preemptions",
+    "starvation_s",
 )
+BOOL_KNOBS = ("size_order",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +38,12 @@ class Profile:
     grace_s: float = 30.0  # SIGTERM-to-kill time given to each victim
     fair_share_horizon_s: float = 3600.0  # a running GPU counts as this many GPU-seconds of usage
     las_thresholds: tuple[float, ...] = (3600.0, 36000.0)  # GPU-seconds that demote to the next queue
+    # fair_share: inside a group, smaller estimated GPU-time first (size_class: log2 GPU-minutes
+    # of the runtime estimate, which comes from user limits and history, never true durations)
+    size_order: bool = True
+    # fair_share: a job waiting longer than this comes before every other job in the guaranteed
+    # pass (the starvation guard: it reserves and reclaims first); 0: off
+    starvation_s: float = 2 * 86400.0
     # placement
     placement: str = "bestfit"  # bestfit | spread | random
     extra_scorers: tuple[tuple[str, float], ...] = ()  # more (scorer, weight) pairs added to placement
@@ -48,7 +56,8 @@ class Profile:
     backfill_depth: int = 5000  # jobs tried per cycle once a reservation stands (Slurm: bf_max_job_test)
     max_preemption_attempts: int = 16  # waiting jobs per cycle that may look for victims
     max_victims: int = 64  # victims one waiting job may consider
-    max_preemptions: int = 0  # a job preempted this many times is not preempted again; 0: no bound
+    # a job preempted this many times is not preempted again (the bound per job); 0: no bound
+    max_preemptions: int = 16
     eta_limit: int = 2000  # waiting jobs per cycle that get an estimated start (others: None)
 
     def __post_init__(self) -> None:
@@ -112,6 +121,6 @@ PROFILES: dict[str, Profile] = {
         ),
         Profile(name="fifo-backfill", order="fifo", quotas=False, backfill=True, preemption="none"),
         Profile(name="sjf", order="sjf", quotas=False, backfill=False, preemption="none"),
-        Profile(name="las", order="las", quotas=False, backfill=False, preemption="las"),
+        Profile(name="las", order="las", quotas=False, backfill=False, preemption="las", max_preemptions=0),
     )
 }

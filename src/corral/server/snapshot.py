@@ -62,6 +62,7 @@ class JobRecord:
     submitted_at: float
     runtime_estimate_s: float | None = None
     attained_gpu_seconds: float = 0.0
+    preemptions: int = 0  # times the job was preempted (the default policy bounds it)
     # For live jobs: the current attempt's placement and when it started.
     placement: Placement = ()
     started_at: float | None = None
@@ -113,6 +114,7 @@ def scheduler_job(record: JobRecord, max_stop_grace_s: float = MAX_STOP_GRACE_S)
         submit_time=record.submitted_at,
         runtime_estimate=record.runtime_estimate_s,
         attained_gpu_seconds=record.attained_gpu_seconds,
+        preemptions=record.preemptions,
         stop_grace_s=grace,
         avoid=record.avoid,
     )
@@ -188,6 +190,7 @@ _JOB_COLUMNS = (
     Job.attained_gpu_seconds,
     Job.state,
     Job.updated_at,
+    Job.preemptions,
 )
 _ATTEMPT_COLUMNS = (
     Attempt.placement,
@@ -213,6 +216,7 @@ class _JobRow(NamedTuple):
     attained_gpu_seconds: float
     state: str
     updated_at: float
+    preemptions: int
     placement: Placement | None
     started_at: float | None
     created_at: float | None
@@ -225,8 +229,8 @@ def _job_record(row: _JobRow, names: Mapping[int, str], groups: Mapping[int, str
     """From a row of _JOB_COLUMNS (+ _ATTEMPT_COLUMNS when `live`): plain columns, no ORM objects,
     because this runs every schedule cycle for every waiting and running job."""
     job_id, user_id, group_id, priority, preemptible, spec, submitted, estimate, attained = row[:9]
-    state, updated = row[9:11]
-    placement, started, created, borrowed, grace = row[11:16] if live else ((), None, None, False, None)
+    state, updated, preemptions = row[9:12]
+    placement, started, created, borrowed, grace = row[12:17] if live else ((), None, None, False, None)
     # PREEMPTED: the schedule loop entered it at `updated_at` and gave the attempt `stop_grace_s`.
     stopping = live and state == JobState.PREEMPTED.value
     stops_by = updated + (grace or 0.0) if stopping else None
@@ -240,6 +244,7 @@ def _job_record(row: _JobRow, names: Mapping[int, str], groups: Mapping[int, str
         submitted_at=submitted,
         runtime_estimate_s=estimate,
         attained_gpu_seconds=attained,
+        preemptions=preemptions,
         placement=tuple(placement or ()),
         started_at=(started or created) if live else None,
         borrowed=bool(borrowed),

@@ -30,9 +30,9 @@ class PolicyError(ValueError):
 def parse_knobs(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """`["backfill_depth=500", "las_thresholds=3600,36000"]` -> Profile fields; a clear error
     naming a knob that does not exist or a value that is not a number."""
-    from corral.scheduler.profiles import NUMERIC_KNOBS
+    from corral.scheduler.profiles import BOOL_KNOBS, NUMERIC_KNOBS
 
-    allowed = (*NUMERIC_KNOBS, "las_thresholds")
+    allowed = (*NUMERIC_KNOBS, *BOOL_KNOBS, "las_thresholds")
     out: dict[str, Any] = {}
     for item in items:
         name, sep, raw = item.partition("=")
@@ -42,11 +42,15 @@ def parse_knobs(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
         try:
             if name == "las_thresholds":
                 out[name] = tuple(float(x) for x in raw.split(",") if x.strip())
+            elif name in BOOL_KNOBS:
+                if raw.strip() not in ("0", "1"):
+                    raise ValueError(raw)
+                out[name] = raw.strip() == "1"
             else:
                 value = float(raw)
                 out[name] = int(value) if value.is_integer() and name not in ("grace_s",) else value
         except ValueError:
-            raise PolicyError(f"--knob {item!r}: {raw!r} is not a number (list: 3600,36000)")
+            raise PolicyError(f"--knob {item!r}: {raw!r} is not a number (list: 3600,36000; on/off: 1 or 0)")
     return out
 
 
