@@ -15,8 +15,8 @@ most `depth` node-fulls of jobs waiting behind them (depth 1: one successor per 
 the engine's queue from running dry while Corral's own path from a started job to the next
 submission, a few tenths of a second, is longer than a short job). A job placed ahead is an
 ordinary SCHEDULED -> STARTING job in Corral (its attempt pending in the engine) and RUNNING once
-the engine starts it. An assignment that would not fit its node's real capacity (the scaled node
-could take a bigger job) is dropped.
+the engine starts it. A job whose assignment would not fit its node's real capacity (the scaled
+node could take a bigger job) is left waiting, and the pass planned again without it.
 
 What stays honest:
 * Which job goes next is the scheduler's choice (priority, fair share, quotas), as in the normal
@@ -116,19 +116,27 @@ def ahead_scheduler(ctx: ServerContext) -> Scheduler:
     return current
 
 
-def place_ahead(ctx: ServerContext, session: Session, now: float) -> int:
+def place_ahead(ctx: ServerContext, session: Session, now: float, read: ClusterState | None = None) -> int:
     """Place waiting jobs behind running ones (see the module's doc); how many were placed.
-    Reads the cluster again: the normal pass of this tick has just placed jobs."""
+    `read`: the cluster as the normal pass read it, when that pass changed nothing (on a full
+    cluster, most ticks); otherwise it is read again."""
     from corral.server.scheduling import apply_assignments  # scheduling calls this module
 
-    real = read_cluster_state(session)
-    session.rollback()
+    real = read
+    if real is None:
+        real = read_cluster_state(session)
+        session.rollback()
     state = ahead_state(real, queue_depth(ctx))
     if state is None:
         return 0
     snapshot = build_snapshot(state, now, max_stop_grace_s=ctx.settings.max_stop_grace_s)
-    plan = ahead_scheduler(ctx).schedule(snapshot, now, random.Random(int(now)))
+    scheduler = ahead_scheduler(ctx)
+    plan = scheduler.schedule(snapshot, now, random.Random(int(now)))
     nodes = {n.name: n for n in real.nodes}
+    too_big = {a.job_id for a in plan.assignments if not fits_real_nodes(a, nodes)}
+    if too_big:  # once more without them: their places in the plan were taken from other jobs
+        snapshot = replace(snapshot, queued=tuple(j for j in snapshot.queued if j.id not in too_big))
+        plan = scheduler.schedule(snapshot, now, random.Random(int(now)))
     fitting = [a for a in plan.assignments if fits_real_nodes(a, nodes)]
     placed = apply_assignments(session, fitting, now) if fitting else 0
     if placed:

@@ -264,7 +264,7 @@ def schedule_tick(ctx: ServerContext, now: float) -> None:
         # An engine with its own queue (Slurm) gets the next jobs while the current ones still
         # run (server/ahead.py); not in a cycle that preempted: those jobs wait for the victims.
         if queues_ahead(ctx) and not preempted and applied < len(snapshot.queued):
-            applied += place_ahead(ctx, session, now)
+            applied += place_ahead(ctx, session, now, None if applied else state)
     record_scheduler_cycle(time.perf_counter() - started, placements=applied, preemptions=preempted)
     if applied:
         ctx.wake("dispatch")

@@ -483,6 +483,8 @@ class SlurmEngine:
         if record.max_runtime_s is not None and start and now - start > record.max_runtime_s:
             self._request_stop(record, TIMEOUT_GRACE_S, kind="timeout")
             return
+        if record.n_ranks < 2:  # no gang: a lone instance that ended ends its job (and this
+            return  # runs on every poll, so the job dir is not listed for nothing)
         failed_at = self.store.first_failure_time(record.attempt_id, record.uid)
         if failed_at is not None and now - failed_at > GANG_GRACE_S:
             # an instance failed and the rest of the gang ignored SIGTERM: end the whole job
