@@ -405,13 +405,13 @@ def cell(value: float | None, width: int = 12) -> str:
 def print_table(out: Mapping[str, Any], prefixes: list[str]) -> None:
     ratios = {k: v for k, v in RATIOS.items() if v[0] in prefixes and v[1] in prefixes}
     ratios.update({k: (a, b) for k, (a, b) in SLURM_RATIOS.items() if a in prefixes})
-    print(f"\n{'':26}" + "".join(f"{COLUMNS[p]:>14}" for p in prefixes) + "".join(f"{r:>19}" for r in ratios))
+    print(f"\n{'':26}" + "".join(f"{COLUMNS[p]:>14}" for p in prefixes) + "".join(f"{r:>22}" for r in ratios))
     for key in ROWS:
         cells = "".join(cell(out[p + key], 14) for p in prefixes)
         quotients = [(out[a + key], out[b + key]) for a, b in ratios.values()]
         print(
             f"{key:26}{cells}"
-            + "".join(cell(x / y if x is not None and y else None, 19) for x, y in quotients)
+            + "".join(cell(x / y if x is not None and y else None, 22) for x, y in quotients)
         )
     for p in (c for c in LOCAL_COLUMNS if c in prefixes):
         for q in ("p50", "p99"):

@@ -92,7 +92,9 @@ def test_a_job_waits_in_slurm_behind_a_running_one_and_starts_when_its_slot_free
         lambda: slurm_jobs_of(slurm_cluster, state_dir, waiting, 1), 15, what="its Slurm job"
     )
     assert slurm_job[0]["state"] == "PENDING"  # handed to Slurm, held there until the node frees
-    assert scontrol_job(slurm_cluster, slurm_job[0]["id"])["Reason"] == "Resources"
+    reason = lambda: scontrol_job(slurm_cluster, slurm_job[0]["id"])["Reason"]  # noqa: E731
+    wait_for(lambda: reason() == "Resources", 15, what="Slurm to hold it for Resources")
+    assert job(api, waiting)["state"] == "starting"
 
     # A job cancelled while it waits in Slurm is cancelled there and never runs.
     cancelled = submit(api, cpu_job("cancelled", "echo must not run"))
@@ -114,9 +116,8 @@ def test_a_job_waits_in_slurm_behind_a_running_one_and_starts_when_its_slot_free
     done = wait_state(api, waiting, ("succeeded", "failed"), 60)
     assert done["state"] == "succeeded", done
     assert logs(api, waiting, 0).strip() == "ran next"
-    blocker_end = scontrol_job(slurm_cluster, job(api, by_node[node])["attempts"][-1]["engine_ref"])[
-        "EndTime"
-    ]
+    blocker = slurm_jobs_of(slurm_cluster, state_dir, by_node[node], 1)[0]
+    blocker_end = scontrol_job(slurm_cluster, blocker["id"])["EndTime"]
     assert scontrol_job(slurm_cluster, slurm_job[0]["id"])["StartTime"] >= blocker_end  # ISO times
     for b in blockers:
         release(state_dir, b, 1)
