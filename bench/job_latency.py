@@ -327,7 +327,10 @@ def run_slurm(args: argparse.Namespace) -> dict[str, Result]:
             """Each Corral server its own state dir: a new server numbers its jobs from 1 again,
             and the engine would take attempt 1.1 for the one it launched before (idempotence)."""
             # the harness's nodes have GPUs; Corral on Slurm keeps GPU nodes for GPU work by default
-            env = {"CORRAL_ENGINE": "slurm", "CORRAL_SLURM_CONF": str(cluster.conf), **(extra or {})}
+            env = {"CORRAL_ENGINE": "slurm", "CORRAL_SLURM_CONF": str(cluster.conf)}
+            if args.slurm_queue_ahead is not None:
+                env["CORRAL_SLURM_QUEUE_AHEAD"] = str(args.slurm_queue_ahead)
+            env.update(extra or {})
             env["CORRAL_CPU_JOBS_ON_GPU_NODES"] = "true"
             # jobs run as the harness's test accounts, with their files where those accounts reach
             env["CORRAL_SLURM_USER_MAP"] = str(cluster.user_map)
@@ -455,6 +458,12 @@ def main(argv: list[str] | None = None) -> int:
         "--slurm-no-ahead",
         action="store_true",
         help="also run each Corral-on-Slurm column with CORRAL_SLURM_QUEUE_AHEAD=0 (columns *_noahead)",
+    )
+    add(
+        "--slurm-queue-ahead",
+        type=int,
+        default=None,
+        help="CORRAL_SLURM_QUEUE_AHEAD for the Corral-on-Slurm columns (default: the engine's)",
     )
     add(
         "--slurm-burst",
