@@ -13,8 +13,10 @@ corral minus hostnet is what the network namespace adds, internet minus hostnet 
 jobs/s = jobs / (first submit -> last end); Slurm ends are first-seen by one `squeue --Format` poller
 (0.1 s; Slurm's own times are whole seconds), after a few uncounted sbatch jobs warm slurmctld up.
 --slurm-burst N adds both Slurm columns again with N jobs submitted at once (slurm_burst, sbatch_burst);
---slurm-only skips the local columns. The Slurm column also splits Corral's submit -> running into
-phases from the job's own transition events (submit -> scheduled -> sbatch returned -> the command ran).
+--slurm-no-ahead adds the Corral-on-Slurm columns again with CORRAL_SLURM_QUEUE_AHEAD=0 (no job handed
+to Slurm before its slot is free: server/ahead.py); --slurm-only skips the local columns. The Slurm
+column also splits Corral's submit -> running into phases from the job's own transition events
+(submit -> scheduled -> sbatch returned -> the command ran).
 
     python bench/job_latency.py [--jobs 500] [--rate 60] [--engine local|slurm] [--slurm-jobs 40]
                                 [--no-network-columns]
@@ -55,6 +57,7 @@ COMMAND = "date +%s.%N"
 SPEC: dict[str, Any] = {"cpus": 0.01, "memory": "16MiB", "gpus": 0}
 LIVE = "queued,scheduled,starting,running,preempted"
 SLURM_ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+NO_AHEAD = {"CORRAL_SLURM_QUEUE_AHEAD": "0"}  # --slurm-no-ahead's columns (server/ahead.py)
 NO_RATE_LIMITS = {"CORRAL_RATE_SUBMIT_PER_MIN": "0", "CORRAL_RATE_LOGS_PER_MIN": "0"}
 T = TypeVar("T")
 
@@ -320,11 +323,14 @@ def run_slurm(args: argparse.Namespace) -> dict[str, Result]:
     with SlurmCluster() as cluster:
         print(f"slurm: {len(cluster.node_names)} nodes up in {cluster.started_in_s:.1f} s", flush=True)
 
-        def corral_env() -> dict[str, str]:
+        def corral_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
             """Each Corral server its own state dir: a new server numbers its jobs from 1 again,
             and the engine would take attempt 1.1 for the one it launched before (idempotence)."""
             # the harness's nodes have GPUs; Corral on Slurm keeps GPU nodes for GPU work by default
             env = {"CORRAL_ENGINE": "slurm", "CORRAL_SLURM_CONF": str(cluster.conf)}
+            if args.slurm_queue_ahead is not None:
+                env["CORRAL_SLURM_QUEUE_AHEAD"] = str(args.slurm_queue_ahead)
+            env.update(extra or {})
             env["CORRAL_CPU_JOBS_ON_GPU_NODES"] = "true"
             # jobs run as the harness's test accounts, with their files where those accounts reach
             env["CORRAL_SLURM_USER_MAP"] = str(cluster.user_map)
@@ -338,10 +344,14 @@ def run_slurm(args: argparse.Namespace) -> dict[str, Result]:
             run_sbatch(argparse.Namespace(**{**vars(args), "slurm_jobs": 3}), cluster, ended, "warmup")
             out = {"sbatch": run_sbatch(args, cluster, ended)}
             out["slurm"] = run_corral("slurm", args, corral_env(), ended)
+            if args.slurm_no_ahead:  # the same, no job handed to Slurm before its slot is free
+                out["slurm_noahead"] = run_corral("slurm", args, corral_env(NO_AHEAD), ended)
             if args.slurm_burst:  # all at once: Slurm's queue and Corral's both hold hundreds
                 burst = argparse.Namespace(**{**vars(args), "slurm_jobs": args.slurm_burst, "slurm_rate": 0})
                 out["sbatch_burst"] = run_sbatch(burst, cluster, ended, "burst")
                 out["slurm_burst"] = run_corral("slurm", burst, corral_env(), ended)
+                if args.slurm_no_ahead:
+                    out["slurm_burst_noahead"] = run_corral("slurm", burst, corral_env(NO_AHEAD), ended)
     return out
 
 
@@ -349,6 +359,13 @@ def run_slurm(args: argparse.Namespace) -> dict[str, Result]:
 COLUMNS = {"": "corral", "unsandboxed_": "unsandboxed", "baseline_": "subprocess", "slurm_": "slurm"}
 COLUMNS.update(sbatch_="sbatch", hostnet_="hostnet", internet_="internet")
 COLUMNS.update(slurm_burst_="slurm_burst", sbatch_burst_="sbatch_burst")
+COLUMNS.update(slurm_noahead_="slurm_noahead", slurm_burst_noahead_="burst_noahead")
+SLURM_RATIOS = {  # (column, its sbatch reference) pairs, printed as column/sbatch where both ran
+    "slurm/sbatch": ("slurm_", "sbatch_"),
+    "noahead/sbatch": ("slurm_noahead_", "sbatch_"),
+    "burst slurm/sbatch": ("slurm_burst_", "sbatch_burst_"),
+    "burst noahead/sbatch": ("slurm_burst_noahead_", "sbatch_burst_"),
+}
 LOCAL_COLUMNS = ("", "unsandboxed_", "hostnet_", "internet_")  # the engine's started_at is ours
 RATIOS = {"corral/subprocess": ("", "baseline_"), "corral/unsandboxed": ("", "unsandboxed_")}
 ROWS = ("submit_to_running_p50_ms", "submit_to_running_p99_ms", "jobs_per_s")
@@ -376,7 +393,7 @@ def figures(results: Mapping[str, Result], args: argparse.Namespace) -> dict[str
         out["slirp_cost_per_start_ms"] = round(internet - hostnet, 2) if internet and hostnet else None
     if "slurm_" in results:
         out.update(slurm_jobs=args.slurm_jobs, slurm_rate=args.slurm_rate, slurm_burst=args.slurm_burst)
-        for a, b in (("slurm_", "sbatch_"), ("slurm_burst_", "sbatch_burst_")):
+        for a, b in SLURM_RATIOS.values():
             for key in ROWS if a in results else ():
                 x, y = out[a + key], out[b + key]
                 out[f"{a}over_{b}{key}"] = round(x / y, 3) if x is not None and y else None
@@ -390,17 +407,14 @@ def cell(value: float | None, width: int = 12) -> str:
 
 def print_table(out: Mapping[str, Any], prefixes: list[str]) -> None:
     ratios = {k: v for k, v in RATIOS.items() if v[0] in prefixes and v[1] in prefixes}
-    if "slurm_" in prefixes:
-        ratios["slurm/sbatch"] = ("slurm_", "sbatch_")
-    if "slurm_burst_" in prefixes:
-        ratios["burst slurm/sbatch"] = ("slurm_burst_", "sbatch_burst_")
-    print(f"\n{'':26}" + "".join(f"{COLUMNS[p]:>14}" for p in prefixes) + "".join(f"{r:>19}" for r in ratios))
+    ratios.update({k: (a, b) for k, (a, b) in SLURM_RATIOS.items() if a in prefixes})
+    print(f"\n{'':26}" + "".join(f"{COLUMNS[p]:>14}" for p in prefixes) + "".join(f"{r:>22}" for r in ratios))
     for key in ROWS:
         cells = "".join(cell(out[p + key], 14) for p in prefixes)
         quotients = [(out[a + key], out[b + key]) for a, b in ratios.values()]
         print(
             f"{key:26}{cells}"
-            + "".join(cell(x / y if x is not None and y else None, 19) for x, y in quotients)
+            + "".join(cell(x / y if x is not None and y else None, 22) for x, y in quotients)
         )
     for p in (c for c in LOCAL_COLUMNS if c in prefixes):
         for q in ("p50", "p99"):
@@ -441,6 +455,17 @@ def main(argv: list[str] | None = None) -> int:
     add("--no-network-columns", action="store_true", help="skip the hostnet and internet columns")
     add("--slurm-only", action="store_true", help="with --engine slurm: only the Slurm columns")
     add(
+        "--slurm-no-ahead",
+        action="store_true",
+        help="also run each Corral-on-Slurm column with CORRAL_SLURM_QUEUE_AHEAD=0 (columns *_noahead)",
+    )
+    add(
+        "--slurm-queue-ahead",
+        type=int,
+        default=None,
+        help="CORRAL_SLURM_QUEUE_AHEAD for the Corral-on-Slurm columns (default: the engine's)",
+    )
+    add(
         "--slurm-burst",
         type=int,
         default=0,
@@ -451,8 +476,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--jobs and --slurm-jobs must be >= 1, --rate and --slurm-rate >= 0, --cpus > 0")
     if args.slurm_burst < 0:
         parser.error(f"--slurm-burst must be >= 0, got {args.slurm_burst}")
-    if (args.slurm_only or args.slurm_burst) and args.engine != "slurm":
-        parser.error("--slurm-only and --slurm-burst need --engine slurm")
+    if (args.slurm_only or args.slurm_burst or args.slurm_no_ahead) and args.engine != "slurm":
+        parser.error("--slurm-only, --slurm-burst and --slurm-no-ahead need --engine slurm")
     SPEC["cpus"] = args.cpus
     args.load_at_start = round(os.getloadavg()[0], 2)  # the box is shared: note what else ran
     # Ctrl-C and SIGTERM unwind through every `finally` (servers, Slurm daemons), also when a

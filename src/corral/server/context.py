@@ -51,6 +51,7 @@ class LoopMemory:
     gpu_sampler: GpuSampler | None = None
     anomaly_detector: AnomalyDetector | None = None  # baselines of the GPU readings (monitor.risk)
     scheduler: Scheduler | None = None  # the schedule loop's (scheduling.scheduler_for)
+    ahead_scheduler: Scheduler | None = None  # its pass placing jobs ahead of freed slots (ahead.py)
     retention_checked_at: float = 0.0  # when the retention loop last found no more to delete
     exit_spec: ExitSpecCache | None = None  # diagnosis: the active exit-spec (reconcile)
     log_tail_bytes: int = 64 * 1024  # diagnosis: how much of a failed rank's log it reads

@@ -21,6 +21,7 @@ from corral.diagnosis.logtail import failing_rank, read_tail
 from corral.diagnosis.record import Diagnoser, failing_node, record, retry_rule
 from corral.diagnosis.settings import DiagnosisSettings
 from corral.engine.base import AttemptPhase, AttemptStatus, EngineUnavailable, FailureReason
+from corral.server.ahead import queues_ahead
 from corral.server.context import ServerContext
 from corral.server.finish import end_attempt
 from corral.server.snapshot import jobs_with_live_attempts, live_attempts
@@ -323,5 +324,8 @@ def reconcile_tick(ctx: ServerContext, now: float) -> None:
         # A lost attempt usually means a lost node: refresh node states too, so the requeued job
         # is not placed back on the node that just died.
         ctx.wake("nodes")
-    if ended:
+    started = any(status.phase is AttemptPhase.RUNNING for _, status in changed)
+    if ended or (started and queues_ahead(ctx)):
+        # Free resources; or, on an engine with its own queue, a job that started leaves its
+        # slot to a successor placed ahead (server/ahead.py).
         ctx.wake("schedule")

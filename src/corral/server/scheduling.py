@@ -30,6 +30,7 @@ from corral.domain import InstancePlacement, JobDiagnosis, PendingReason, Placem
 from corral.monitor.metrics import record_scheduler_cycle
 from corral.scheduler import PROFILES, Profile, Scheduler, apply_plan
 from corral.scheduler import types as st
+from corral.server.ahead import place_ahead, queues_ahead
 from corral.server.context import ServerContext
 from corral.server.finish import claimed_gpus
 from corral.server.snapshot import build_snapshot, live_attempts, read_cluster_state
@@ -260,6 +261,10 @@ def schedule_tick(ctx: ServerContext, now: float) -> None:
         plan = scheduler.schedule(snapshot, now, random.Random(int(now)))
         done = apply_plan(plan, DbPlanSink(ctx, session, now))
         applied, preempted = done.assigned, done.preempted
+        # An engine with its own queue (Slurm) gets the next jobs while the current ones still
+        # run (server/ahead.py); not in a cycle that preempted: those jobs wait for the victims.
+        if queues_ahead(ctx) and not preempted and applied < len(snapshot.queued):
+            applied += place_ahead(ctx, session, now, None if applied else state)
     record_scheduler_cycle(time.perf_counter() - started, placements=applied, preemptions=preempted)
     if applied:
         ctx.wake("dispatch")

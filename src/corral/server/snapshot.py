@@ -72,6 +72,7 @@ class JobRecord:
     # Retry after a failure (corral.diagnosis): where not to run, and not before when (backoff).
     avoid: tuple[tuple[str, int | None], ...] = ()
     not_before: float | None = None
+    state: str = ""  # the job's state (JobState value); server/ahead.py tells RUNNING ones apart
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +250,7 @@ def _job_record(row: _JobRow, names: Mapping[int, str], groups: Mapping[int, str
         started_at=(started or created) if live else None,
         borrowed=bool(borrowed),
         stops_by=stops_by,
+        state=state,
     )
 
 

@@ -52,6 +52,11 @@ GANG_GRACE_S = 10.0  # after one instance failed, how long the others get to end
 # 25 ms): Corral frees a job's resources only once squeue says it ended, so at 20 jobs/s on 12
 # slots the default 0.1 s of the local engine kept slots idle in Corral's view (docs/slurm.md).
 DEFAULT_POLL_INTERVAL_S = 0.04
+# How many node-fulls of CPU jobs may wait in Slurm's queue behind the running ones (server/ahead.py):
+# Slurm starts a waiting job the moment a slot frees, Corral's own path from a freed slot to the
+# next sbatch takes a few tenths of a second; two keep Slurm's queue from running dry between.
+DEFAULT_QUEUE_AHEAD = 2
+MAX_QUEUE_AHEAD = 8
 
 
 def _env_float(name: str, default: float) -> float:
@@ -62,6 +67,16 @@ def _env_float(name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not a number")
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = (os.environ.get(name) or "").strip()
+    if raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a whole number")
 
 
 def _account_exists(name: str) -> bool:
@@ -86,15 +101,22 @@ class SlurmEngine:
         gpu_device: str = scripts.DEFAULT_GPU_DEVICE,
         storage_root: Path | None = None,
         poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
+        queue_ahead: int = DEFAULT_QUEUE_AHEAD,
     ) -> None:
         """user_map: who runs each Corral user's jobs (None: nobody; every launch is refused).
         gpu_device: a GPU's device file on the nodes, `{index}` = Slurm's GPU index.
-        poll_interval_s: the reconcile loop's pace on this engine (server.runner.collect_loops)."""
+        poll_interval_s: the reconcile loop's pace on this engine (server.runner.collect_loops).
+        queue_ahead: how many node-fulls of jobs the server may hand to Slurm ahead of a freed slot
+        (server/ahead.py; 0: none): they wait in Slurm's queue, pinned to their node, and Slurm
+        starts them the moment it frees."""
         if "{index}" not in gpu_device:
             raise ValueError(f"CORRAL_SLURM_GPU_DEVICE={gpu_device!r} must contain {{index}}")
         if not 0.01 <= poll_interval_s <= 10:
             raise ValueError(f"CORRAL_SLURM_POLL_S={poll_interval_s} must be between 0.01 and 10 seconds")
         self.poll_interval_s = poll_interval_s
+        if not 0 <= queue_ahead <= MAX_QUEUE_AHEAD:
+            raise ValueError(f"CORRAL_SLURM_QUEUE_AHEAD={queue_ahead} must be from 0 to {MAX_QUEUE_AHEAD}")
+        self.queue_ahead_depth = queue_ahead
         self.store = StateStore(Path(state_dir))
         self.storage_root = storage_root
         self.user_map = user_map or UserMap(None)
@@ -116,7 +138,9 @@ class SlurmEngine:
         CORRAL_SLURM_STATE_DIR (must be shared with the compute nodes; default <home>/slurm),
         CORRAL_SLURM_TIMEOUT_S (per Slurm command), CORRAL_SLURM_USER_MAP and
         CORRAL_SLURM_MIN_UID (users.py), CORRAL_SLURM_GPU_DEVICE (default /dev/nvidia{index}),
-        CORRAL_SLURM_POLL_S (how often the server polls squeue, default 0.04)."""
+        CORRAL_SLURM_POLL_S (how often the server polls squeue, default 0.04),
+        CORRAL_SLURM_QUEUE_AHEAD (node-fulls of jobs waiting in Slurm behind running ones, default 2;
+        0: no job is handed to Slurm before its slot is free)."""
         env = os.environ
         return cls(
             state_dir=Path(env.get("CORRAL_SLURM_STATE_DIR") or settings.home / "slurm"),
@@ -128,6 +152,7 @@ class SlurmEngine:
             gpu_device=env.get("CORRAL_SLURM_GPU_DEVICE") or scripts.DEFAULT_GPU_DEVICE,
             storage_root=settings.storage_path,
             poll_interval_s=_env_float("CORRAL_SLURM_POLL_S", DEFAULT_POLL_INTERVAL_S),
+            queue_ahead=_env_int("CORRAL_SLURM_QUEUE_AHEAD", DEFAULT_QUEUE_AHEAD),
         )
 
     # ---- storage ------------------------------------------------------------------------------
@@ -458,6 +483,8 @@ class SlurmEngine:
         if record.max_runtime_s is not None and start and now - start > record.max_runtime_s:
             self._request_stop(record, TIMEOUT_GRACE_S, kind="timeout")
             return
+        if record.n_ranks < 2:  # no gang: a lone instance that ended ends its job (and this
+            return  # runs on every poll, so the job dir is not listed for nothing)
         failed_at = self.store.first_failure_time(record.attempt_id, record.uid)
         if failed_at is not None and now - failed_at > GANG_GRACE_S:
             # an instance failed and the rest of the gang ignored SIGTERM: end the whole job

@@ -1,0 +1,144 @@
+"""Jobs handed to the engine ahead of a freed slot, on engines that keep their own queue (Slurm).
+
+Corral places a job only on resources it sees free, and it sees a job's slot free only once the
+engine has told it that the job ended, after which it still has to schedule, dispatch and submit
+the next job. An engine with its own queue (`engine.queue_ahead_depth` > 0: Slurm holds a job pinned to its
+node until the resources there are free, and starts it the moment the previous one ends) can be
+given the next jobs while the current ones still run. This module is that second placement pass.
+
+After the schedule loop's normal cycle, when jobs are still waiting, the same scheduler policy
+(a Scheduler object of its own, so the two passes' caches never mix) runs once more on a snapshot
+in which the RUNNING jobs without GPUs are left out of their nodes' occupancy and each node's CPUs
+and memory count `depth` times; everything else (SCHEDULED and STARTING jobs, i.e. those placed
+ahead before, GPU jobs, jobs being stopped) still counts. So a node holds its running jobs plus at
+most `depth` node-fulls of jobs waiting behind them (depth 1: one successor per slot; more keeps
+the engine's queue from running dry while Corral's own path from a started job to the next
+submission, a few tenths of a second, is longer than a short job). A job placed ahead is an
+ordinary SCHEDULED -> STARTING job in Corral (its attempt pending in the engine) and RUNNING once
+the engine starts it. A job whose assignment would not fit its node's real capacity (the scaled
+node could take a bigger job) is left waiting, and the pass planned again without it.
+
+What stays honest:
+* Which job goes next is the scheduler's choice (priority, fair share, quotas), as in the normal
+  pass; only its assignments are applied here: no preemption, no diagnoses written.
+* Group CPU and memory limits: the running jobs left out of occupancy still count against them
+  (the limits of the ahead snapshot are lowered by what those jobs hold), so running + waiting
+  never exceeds a group's limit.
+* GPUs: jobs holding GPUs keep them (their GpuClaim rows are per index, and the engine picks its
+  own GPU indices), so no GPU is ever promised twice; GPU jobs are not queued behind them.
+* Cancel and stop work as for any STARTING job (the engine cancels a pending job at once); a
+  successor's runtime and fair-share charge start when the engine starts it (its started_at).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Mapping
+from dataclasses import replace
+
+from sqlalchemy.orm import Session
+
+from corral.scheduler import Scheduler
+from corral.scheduler import types as st
+from corral.server.context import ServerContext
+from corral.server.snapshot import ClusterState, GroupRecord, JobRecord, build_snapshot, read_cluster_state
+from corral.services.lifecycle import JobState
+from corral.services.policy import active_profile
+
+log = logging.getLogger("corral.server.ahead")
+
+
+def queue_depth(ctx: ServerContext) -> int:
+    """How many node-fulls of jobs the engine's own queue may hold behind its running jobs (0:
+    the engine has no queue Corral may hand jobs to ahead of a free slot)."""
+    return int(getattr(ctx.engine, "queue_ahead_depth", 0) or 0)
+
+
+def queues_ahead(ctx: ServerContext) -> bool:
+    return queue_depth(ctx) > 0
+
+
+def leaves_slot(record: JobRecord) -> bool:
+    """A running job whose CPUs and memory one successor may be placed on: running (not starting,
+    not being stopped) and holding no GPU."""
+    return (
+        record.state == JobState.RUNNING.value
+        and record.stops_by is None
+        and not any(p.gpu_indices for p in record.placement)
+    )
+
+
+def _lowered_limits(group: GroupRecord, cpus: float, memory_mib: int) -> GroupRecord:
+    """The group's CPU and memory limits less what its running jobs left out of occupancy hold."""
+    cpus_max = None if group.cpus_max is None else max(0.0, group.cpus_max - cpus)
+    memory_max = None if group.memory_max_mib is None else max(0, group.memory_max_mib - memory_mib)
+    return replace(group, cpus_max=cpus_max, memory_max_mib=memory_max)
+
+
+def ahead_state(state: ClusterState, depth: int) -> ClusterState | None:
+    """The cluster as the ahead pass sees it, or None when no running job leaves a slot."""
+    leaving = [r for r in state.running if leaves_slot(r)]
+    if not leaving or not state.queued:
+        return None
+    held: dict[str, tuple[float, int]] = {}
+    for record in leaving:
+        cpus, memory = held.get(record.group, (0.0, 0))
+        for p in record.placement:
+            cpus, memory = cpus + p.cpus, memory + p.memory_mib
+        held[record.group] = (cpus, memory)
+    groups = tuple(_lowered_limits(g, *held[g.name]) if g.name in held else g for g in state.groups)
+    left = {r.id for r in leaving}
+    nodes = tuple(replace(n, cpus=n.cpus * depth, memory_mib=n.memory_mib * depth) for n in state.nodes)
+    running = tuple(r for r in state.running if r.id not in left)
+    return replace(state, nodes=nodes, groups=groups, running=running)
+
+
+def fits_real_nodes(assignment: st.Assignment, nodes: Mapping[str, st.Node]) -> bool:
+    """Does what the assignment puts on each node fit that node's real CPUs and memory?"""
+    cpus: dict[str, float] = {}
+    memory: dict[str, int] = {}
+    for p in assignment.allocation.instances:
+        cpus[p.node] = cpus.get(p.node, 0.0) + p.cpus
+        memory[p.node] = memory.get(p.node, 0) + p.memory_mib
+    return all(
+        name in nodes and cpus[name] <= nodes[name].cpus and memory[name] <= nodes[name].memory_mib
+        for name in cpus
+    )
+
+
+def ahead_scheduler(ctx: ServerContext) -> Scheduler:
+    """The ahead pass's own Scheduler (kept across ticks like the normal pass's, never shared)."""
+    profile = active_profile(ctx.settings)
+    current = ctx.memory.ahead_scheduler
+    if current is None or current.profile != profile:
+        current = ctx.memory.ahead_scheduler = Scheduler(profile)
+    return current
+
+
+def place_ahead(ctx: ServerContext, session: Session, now: float, read: ClusterState | None = None) -> int:
+    """Place waiting jobs behind running ones (see the module's doc); how many were placed.
+    `read`: the cluster as the normal pass read it, when that pass changed nothing (on a full
+    cluster, most ticks); otherwise it is read again."""
+    from corral.server.scheduling import apply_assignments  # scheduling calls this module
+
+    real = read
+    if real is None:
+        real = read_cluster_state(session)
+        session.rollback()
+    state = ahead_state(real, queue_depth(ctx))
+    if state is None:
+        return 0
+    snapshot = build_snapshot(state, now, max_stop_grace_s=ctx.settings.max_stop_grace_s)
+    scheduler = ahead_scheduler(ctx)
+    plan = scheduler.schedule(snapshot, now, random.Random(int(now)))
+    nodes = {n.name: n for n in real.nodes}
+    too_big = {a.job_id for a in plan.assignments if not fits_real_nodes(a, nodes)}
+    if too_big:  # once more without them: their places in the plan were taken from other jobs
+        snapshot = replace(snapshot, queued=tuple(j for j in snapshot.queued if j.id not in too_big))
+        plan = scheduler.schedule(snapshot, now, random.Random(int(now)))
+    fitting = [a for a in plan.assignments if fits_real_nodes(a, nodes)]
+    placed = apply_assignments(session, fitting, now) if fitting else 0
+    if placed:
+        log.debug("schedule: %d placed ahead of a freed slot", placed)
+    return placed

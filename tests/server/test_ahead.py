@@ -1,0 +1,121 @@
+"""The schedule loop's pass that hands jobs to an engine with its own queue ahead of a freed slot
+(server/ahead.py), on a real SQLite database with a fake engine that says it queues ahead."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from corral.db.models import Group, Job
+from corral.db.session import make_engine
+from corral.engine.base import NodeReport
+from corral.scheduler.types import GPU
+from corral.server.context import ServerContext
+from corral.server.nodes import node_tick
+from corral.server.reconcile import reconcile_tick
+from corral.server.scheduling import schedule_tick
+from corral.services.lifecycle import JobState
+from tests.server.fakes import FakeEngine, add_job, make_context, run_dispatch, seed_tenant
+
+
+class QueueingEngine(FakeEngine):
+    """The fake engine, saying it keeps a queue of its own `depth` node-fulls deep."""
+
+    def __init__(self, nodes: list[NodeReport], depth: int) -> None:
+        super().__init__(nodes)
+        self.queue_ahead_depth = depth
+
+
+def small_node(name: str, cpus: int, gpus: int = 0) -> NodeReport:
+    gpu = tuple(GPU(index=i, uuid=f"GPU-{name}-{i}", model="VGPU") for i in range(gpus))
+    return NodeReport(name=name, cpus=cpus, memory_mib=8192, address="10.0.0.1", gpus=gpu)
+
+
+def setup(tmp_path: Path, engine: FakeEngine) -> tuple[ServerContext, int, int]:
+    ctx = make_context(make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}"), engine, str(tmp_path))
+    node_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+    return ctx, gid, uid
+
+
+def add_jobs(ctx: ServerContext, gid: int, uid: int, n: int, gpus: int = 0, instances: int = 1) -> list[int]:
+    with ctx.session_factory() as session:
+        return [add_job(session, gid, uid, gpus=gpus, instances=instances) for _ in range(n)]
+
+
+def states(ctx: ServerContext, ids: list[int]) -> list[str]:
+    with ctx.session_factory() as session:
+        rows = dict(session.execute(select(Job.id, Job.state).where(Job.id.in_(ids))).all())
+    return [rows[i] for i in ids]
+
+
+def start_running(ctx: ServerContext, fake: FakeEngine, ids: list[int]) -> None:
+    """Schedule, launch and report running the jobs among `ids` that the loop places now."""
+    schedule_tick(ctx, time.time())
+    run_dispatch(ctx)
+    for job_id, state in zip(ids, states(ctx, ids), strict=True):
+        if state == JobState.STARTING.value:
+            fake.run(f"{job_id}.1")
+    reconcile_tick(ctx, time.time())
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2])
+def test_running_cpu_jobs_leave_their_slots_to_depth_node_fulls_of_waiting_jobs(
+    tmp_path: Path, depth: int
+) -> None:
+    fake = QueueingEngine([small_node("c1", cpus=2)], depth)
+    ctx, gid, uid = setup(tmp_path, fake)
+    ids = add_jobs(ctx, gid, uid, 10)
+    start_running(ctx, fake, ids)
+    assert states(ctx, ids).count(JobState.RUNNING.value) == 2
+    schedule_tick(ctx, time.time())
+    run_dispatch(ctx)
+    # behind the 2 running jobs: `depth` times the node's 2 CPUs, starting (pending in the engine)
+    assert states(ctx, ids).count(JobState.STARTING.value) == 2 * depth
+    schedule_tick(ctx, time.time())  # nothing more: the waiting ones fill the node's queue
+    assert states(ctx, ids).count(JobState.QUEUED.value) == 10 - 2 - 2 * depth
+
+
+def test_group_cpu_limit_counts_the_running_jobs_left_out_of_occupancy(tmp_path: Path) -> None:
+    fake = QueueingEngine([small_node("c1", cpus=2)], depth=1)
+    ctx, gid, uid = setup(tmp_path, fake)
+    with ctx.session_factory() as session:
+        group = session.get(Group, gid)
+        assert group is not None
+        group.cpus_max = 3.0
+        session.commit()
+    ids = add_jobs(ctx, gid, uid, 4)
+    start_running(ctx, fake, ids)
+    schedule_tick(ctx, time.time())
+    # 2 running + 1 waiting = the group's 3 CPUs, though the node's queue has room for 2
+    assert sorted(states(ctx, ids)) == ["queued", "running", "running", "scheduled"]
+
+
+def test_gpu_jobs_keep_their_slots(tmp_path: Path) -> None:
+    """A running job holding GPUs leaves nothing to a successor (GPU claims are per index)."""
+    fake = QueueingEngine([small_node("g1", cpus=1, gpus=1)], depth=1)
+    ctx, gid, uid = setup(tmp_path, fake)
+    gpu_job = add_jobs(ctx, gid, uid, 1, gpus=1)
+    start_running(ctx, fake, gpu_job)
+    assert states(ctx, gpu_job) == ["running"]
+    waiting = add_jobs(ctx, gid, uid, 1, gpus=1)
+    schedule_tick(ctx, time.time())
+    assert states(ctx, waiting) == ["queued"]
+
+
+def test_a_job_that_fits_only_the_scaled_node_is_not_placed(tmp_path: Path) -> None:
+    """Depth 2 counts a 1-CPU node as 2 CPUs; a job with two 1-CPU instances would fit that node,
+    never the real one, and is left waiting instead of being handed to the engine."""
+    fake = QueueingEngine([small_node("c1", cpus=1)], depth=2)
+    ctx, gid, uid = setup(tmp_path, fake)
+    running = add_jobs(ctx, gid, uid, 1)
+    start_running(ctx, fake, running)
+    assert states(ctx, running) == ["running"]
+    pair = add_jobs(ctx, gid, uid, 1, instances=2)
+    single = add_jobs(ctx, gid, uid, 1)
+    schedule_tick(ctx, time.time())
+    assert states(ctx, pair + single) == ["queued", "scheduled"]

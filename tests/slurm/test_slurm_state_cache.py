@@ -1,0 +1,71 @@
+"""The Slurm engine's attempt records come from memory while their file is unchanged (state.py),
+never stale: a record rewritten behind the store's back (another server process sharing the state
+dir) is read again, and a caller's changes to a loaded record do not leak into the next load."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from corral.engine.slurm.state import AttemptRecord, StateStore, StopRequest
+
+
+def test_an_unchanged_record_comes_from_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = StateStore(tmp_path)
+    store.save(AttemptRecord("1.1", slurm_job_id="41", n_ranks=2))
+    reads: list[str] = []
+    real_read = Path.read_text
+
+    def counting_read(self: Path, *args: object, **kwargs: object) -> str:
+        reads.append(self.name)
+        return real_read(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "read_text", counting_read)
+    for _ in range(5):
+        record = store.load("1.1")
+        assert record is not None and record.slurm_job_id == "41" and record.n_ranks == 2
+    assert reads == []
+    monkeypatch.undo()
+    other = StateStore(tmp_path)  # a store that never read it reads the file
+    monkeypatch.setattr(Path, "read_text", counting_read)
+    assert other.load("1.1") is not None
+    assert reads == ["attempt.json"]
+
+
+def test_a_record_changed_by_another_process_is_read_again(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    store.save(AttemptRecord("1.1", slurm_job_id="41"))
+    assert store.load("1.1") is not None
+    other = StateStore(tmp_path)  # another server's store on the same dir
+    changed = other.load("1.1")
+    assert changed is not None
+    changed.stop = StopRequest(requested_at=1.0, grace_s=5.0)
+    other.save(changed)
+    again = store.load("1.1")
+    assert again is not None and again.stop is not None and again.stop.grace_s == 5.0
+    # the same size and inode reuse do not fool it either: a rewrite in place with equal length
+    path = tmp_path / "attempts" / "1.1" / "attempt.json"
+    data = json.loads(path.read_text())
+    data["slurm_job_id"] = "42"
+    stat = os.stat(path)
+    path.write_text(json.dumps(data, indent=1))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    reread = store.load("1.1")
+    assert reread is not None and reread.slurm_job_id == "42"
+
+
+def test_changes_to_a_loaded_record_stay_with_the_caller(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    store.save(AttemptRecord("1.1", slurm_job_id="41", stop=StopRequest(requested_at=1.0, grace_s=5.0)))
+    record = store.load("1.1")
+    assert record is not None and record.stop is not None
+    record.slurm_job_id = "99"
+    record.stop.killed = True
+    fresh = store.load("1.1")
+    assert fresh is not None and fresh.slurm_job_id == "41" and fresh.stop is not None
+    assert fresh.stop.killed is False
+    os.remove(tmp_path / "attempts" / "1.1" / "attempt.json")
+    assert store.load("1.1") is None
