@@ -11,19 +11,25 @@ O((waiting jobs looked at + running jobs) log n) and is bounded by Profile.eta_l
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from corral.scheduler.backfill import Event
 from corral.scheduler.cluster import ClusterState, Request, ShapeKey, shape_key
-from corral.scheduler.jobinfo import Waiting, job_models
+from corral.scheduler.eta import backfill_starts, running_events, through_last
+from corral.scheduler.jobinfo import JobInfo, Waiting, job_models
 from corral.scheduler.plugins import FILTERS
-from corral.scheduler.profiles import Profile
+from corral.scheduler.profiles import Profile, grace_of
 from corral.scheduler.types import Diagnosis, Job, Reason, TaskSpec
 
 if TYPE_CHECKING:
     from corral.scheduler.core import Cycle
+
+# Quota-stage reasons that hold a job back whatever GPUs are free: its diagnosis gives no time.
+HELD_CODES = frozenset({"user_cap", "quota_exhausted", "quota_max"})
 
 __all__ = ["CapacityReasons", "DiagnosisView", "Event", "LazyDiagnoses", "Waiting", "job_models"]
 
@@ -375,6 +381,8 @@ class DiagnosisView:
     def __init__(self, cycle: Cycle) -> None:
         self.cycle = cycle
         self.etas: dict[str, float | None] | None = None
+        self.events: dict[float, list[Event]] = {}  # the backfill roll's GPU returns, per quantile
+        self.ranges: tuple[dict[str, float | None], dict[str, float | None]] | None = None
         self.order: list[Job] | None = None  # the roll-forward order, extended as far as asked
         self.order_ids: set[str] = set()
         self.order_done = False  # the queue is used up, or eta_limit reached
@@ -404,14 +412,24 @@ class DiagnosisView:
         return self._etas().get(job_id)
 
     def _positions(self) -> Iterator[tuple[Job, int]]:
-        """Waiting jobs not assigned, each with its 1-based position among its group's."""
+        """Waiting jobs not assigned, in the order the scheduler takes them (the cycle's passes,
+        fair share included, then the rest of its queue), each with its 1-based position: the
+        order they are expected to start in, which is also the order the estimates roll in."""
         assigned = self.cycle.assigned_ids
-        group, pos = None, 0
-        for job in self.cycle.waiting:  # sorted by group, then the in-group order
+        order = self._eta_order(None)
+        seen = set(self.order_ids)
+        rest: list[Job] = []
+        queue = self.cycle.queue
+        while (job := queue.pop()) is not None:  # past eta_limit: positions only, no estimate
+            if job.id not in seen:
+                seen.add(job.id)
+                rest.append(job)
+        # jobs no pass and no pop reached (parked by a cut-short pass): last, in group order
+        rest.extend(j for j in self.cycle.waiting if j.id not in seen)
+        pos = 0
+        for job in (*order, *rest):
             if job.id in assigned:
                 continue
-            if job.group != group:
-                group, pos = job.group, 0
             pos += 1
             yield job, pos
 
@@ -431,7 +449,18 @@ class DiagnosisView:
         found = self._roll(self._eta_order(wanted), wanted) if wanted else {}
         return {j: found.get(j) for j in job_ids}
 
-    def _roll(self, order: list[Job], targets: set[str] | None) -> dict[str, float | None]:
+    def _roll(self, order: list[Job], targets: set[str] | None, q: float = 0.5) -> dict[str, float | None]:
+        """Estimated starts of `order` (as far as `targets`), every runtime at its quantile `q`;
+        a job held by its quota or user cap keeps its place in the roll but gets no time."""
+        found = self._roll_all(order, targets, q)
+        why = self.cycle.verdicts.why
+        for job_id in found:
+            reason = why.get(job_id)
+            if reason is not None and reason.code in HELD_CODES:
+                found[job_id] = None
+        return found
+
+    def _roll_all(self, order: list[Job], targets: set[str] | None, q: float) -> dict[str, float | None]:
         cycle = self.cycle
         unschedulable = cycle.verdicts.unschedulable
         if unschedulable:
@@ -441,14 +470,49 @@ class DiagnosisView:
         waiting = []
         for job in order[: profile.eta_limit]:
             hit = memo.get(id(job))
-            waiting.append(hit[1].eta if hit is not None and hit[0] is job else info_of(job).eta)
-        events = cycle.backfill.events()
-        found = estimate_starts(
-            cycle.now, st.free_total, st.capacity, events, waiting, profile.default_runtime_s, targets
+            eta = hit[1].eta if hit is not None and hit[0] is job else info_of(job).eta
+            if q != 0.5 and job.runtime_spread is not None:  # the early or late end of the range
+                eta = (*eta[:3], job.runtime_spread[0 if q < 0.5 else 1])
+            waiting.append(eta)
+        if profile.eta_roll == "pooled":  # the earlier estimate, kept as a baseline
+            events = cycle.backfill.events()
+            found = estimate_starts(
+                cycle.now, st.free_total, st.capacity, events, waiting, profile.default_runtime_s, targets
+            )
+            if cycle.now not in found.values():
+                return found
+            return _not_now(found, cycle.now, cycle.backfill.sorted_events(), waiting)
+        events = self._events(q)
+        waiting = list(through_last(waiting, targets))
+        found = backfill_starts(
+            cycle.now,
+            st.free_total,
+            st.capacity,
+            events,
+            waiting,
+            profile.default_runtime_s,
+            profile.head_of_line_blocking,
         )
         if cycle.now not in found.values():
             return found
-        return _not_now(found, cycle.now, cycle.backfill.sorted_events(), waiting)
+        return _not_now(found, cycle.now, sorted(events, key=itemgetter(0)), waiting)
+
+    def _events(self, q: float) -> list[Event]:
+        """When running GPUs come back, for the backfill roll (computed once per cycle and q)."""
+        found = self.events.get(q)
+        if found is None:
+            cycle = self.cycle
+            backfill, profile, now = cycle.backfill, cycle.profile, cycle.now
+            gone_by = dict(backfill.victims)
+            for rj, _ in backfill.running:
+                if rj.stopping:
+                    gone_by[rj.job.id] = (
+                        now + grace_of(rj.job, profile) if rj.stops_by is None else rj.stops_by
+                    )
+            found = self.events[q] = running_events(
+                now, backfill.running, backfill.started, gone_by, profile.default_runtime_s, q
+            )
+        return found
 
     def _eta_order(self, targets: set[str] | None) -> list[Job]:
         """Waiting jobs in the order the cycle considered them, then those no pass reached (in
@@ -516,6 +580,9 @@ class DiagnosisView:
         info = cycle.infos.known(job)  # a job no pass reached needs no JobInfo made for this
         sig = info.sig if info is not None else shape_key(job)
         if why is not None:
+            if why.code in HELD_CODES:  # no time: it starts when its quota or cap allows, not
+                # when GPUs free up, and nothing here can tell when that is
+                return Diagnosis(job.id, (self.held_reason(job, why, info),), pos, None)
             reasons = (why,)
         elif self.blocked is not None and job is not cycle.blocker:
             reasons = (self.blocked, *self.caps.reasons(job, sig))
@@ -523,4 +590,49 @@ class DiagnosisView:
             reasons = (self.depth_reason, *self.caps.reasons(job, sig))
         else:
             reasons = self.caps.reasons(job, sig)
-        return Diagnosis(job.id, reasons, pos, self._etas().get(job.id))
+        return Diagnosis(job.id, reasons, pos, self._etas().get(job.id), start_range=self._range(job.id))
+
+    def held_reason(self, job: Job, why: Reason, info: JobInfo | None) -> Reason:
+        """The quota stage's reason said with the numbers: what the group or user may hold, what
+        it holds, what the job needs."""
+        ledger = self.cycle.ledger
+        group = ledger.group(job.group)
+        need = job.total_gpus
+        if why.code == "user_cap":
+            cap = group.user_max_gpus
+            held = ledger.user_used.get((group.name, job.user), 0)
+            return Reason(
+                why.code,
+                why.source,
+                f"waits for the per-user cap: {job.user} may hold {cap} GPUs in group {group.name} "
+                f"and holds {held}; this job needs {need}. It starts when {job.user}'s running jobs "
+                "free enough of them",
+            )
+        borrow = why.code == "quota_max"
+        models = info.models if info is not None else ()
+        keys = {ledger.key(group, m) for m in models} or {"*"}
+        free = max(ledger.limit(group, k, borrow) - ledger.used.get((group.name, k), 0) for k in keys)
+        which = "maximum" if borrow else "guaranteed"
+        left = "no limit" if math.isinf(free) else f"{max(0, int(free))} free"
+        because = "" if borrow else f" ({why.message.rsplit(' and ', 1)[-1]})"
+        return Reason(
+            why.code,
+            why.source,
+            f"waits for group {group.name}'s {which} quota: needs {need} GPUs, {left} in its quota"
+            f"{because}. It starts when the group's running jobs free enough of it",
+        )
+
+    def _range(self, job_id: str) -> tuple[float, float] | None:
+        """(early, late) estimated start with every runtime at the 25th and 75th percentile of its
+        history (the backfill roll only; None without an estimate)."""
+        if self.cycle.profile.eta_roll != "backfill" or self._etas().get(job_id) is None:
+            return None
+        if self.ranges is None:
+            order = self._eta_order(None)
+            self.ranges = (self._roll(order, None, 0.25), self._roll(order, None, 0.75))
+        early, late = self.ranges[0].get(job_id), self.ranges[1].get(job_id)
+        if early is None or late is None:
+            return None
+        mid = self._etas()[job_id]
+        assert mid is not None
+        return min(early, mid), max(late, mid)
