@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
+from corral.scheduler.admission import FairShareQueue, split_by_user
 from corral.scheduler.backfill import Event
 from corral.scheduler.cluster import ClusterState, Request, ShapeKey, shape_key
 from corral.scheduler.eta import backfill_starts, running_events, through_last
@@ -388,6 +389,7 @@ class DiagnosisView:
         self.order_done = False  # the queue is used up, or eta_limit reached
         self.built = False
         self.positions: dict[str, tuple[Job, int]] | None = None  # for one(): id -> (job, position)
+        self.start_queue: FairShareQueue | None = None  # the expected start order (fair share)
 
     def all(self) -> dict[str, Diagnosis]:
         """Every waiting job's Diagnosis."""
@@ -412,15 +414,17 @@ class DiagnosisView:
         return self._etas().get(job_id)
 
     def _positions(self) -> Iterator[tuple[Job, int]]:
-        """Waiting jobs not assigned, in the order the scheduler takes them (the cycle's passes,
-        fair share included, then the rest of its queue), each with its 1-based position: the
-        order they are expected to start in, which is also the order the estimates roll in."""
+        """Waiting jobs not assigned, each with its 1-based position in the order they are expected
+        to start in (`_eta_order`, then the rest of that queue): the order the estimates roll in."""
         assigned = self.cycle.assigned_ids
         order = self._eta_order(None)
         seen = set(self.order_ids)
         rest: list[Job] = []
-        queue = self.cycle.queue
+        start_queue = self.start_queue
+        queue = start_queue if start_queue is not None else self.cycle.queue
         while (job := queue.pop()) is not None:  # past eta_limit: positions only, no estimate
+            if start_queue is not None:
+                start_queue.charge(job)
             if job.id not in seen:
                 seen.add(job.id)
                 rest.append(job)
@@ -515,34 +519,61 @@ class DiagnosisView:
         return found
 
     def _eta_order(self, targets: set[str] | None) -> list[Job]:
-        """Waiting jobs in the order the cycle considered them, then those no pass reached (in
-        queue order, up to eta_limit): all of them, or (`targets`) at least as far as every
-        target. Pops the queue, after the passes; later calls extend what earlier ones popped."""
+        """Waiting jobs in the order they are expected to start, up to eta_limit: all of them, or
+        (`targets`) at least as far as every target; later calls extend what earlier ones popped.
+        Fair share: `_start_queue`, each job charged to its group and user as it is taken, as the
+        cycle that starts it will charge it. Other orders (fixed by submit time, estimate or
+        attained service): the order the cycle considered them, then the rest of its queue."""
         cycle = self.cycle
         order, seen = self.order, self.order_ids
         if order is None:
             order = self.order = []
-            assigned = cycle.assigned_ids
-            for job in cycle.visited:
-                if job.id not in assigned and job.id not in seen:
-                    seen.add(job.id)
-                    order.append(job)
+            self.start_queue = self._start_queue()
+            if self.start_queue is None:  # not fair share: the cycle's own order, then its queue
+                assigned = cycle.assigned_ids
+                for job in cycle.visited:
+                    if job.id not in assigned and job.id not in seen:
+                        seen.add(job.id)
+                        order.append(job)
         missing = None if targets is None else len(targets - seen)
         limit = cycle.profile.eta_limit
+        start_queue = self.start_queue
+        queue = start_queue if start_queue is not None else cycle.queue
+        never = cycle.verdicts.unschedulable
         while not self.order_done and (missing is None or missing > 0):
             if len(order) >= limit:
                 self.order_done = True
                 break
-            rest = cycle.queue.pop()
+            rest = queue.pop()
             if rest is None:
                 self.order_done = True
                 break
+            if start_queue is not None and rest.id not in never:
+                start_queue.charge(rest)  # as the cycle that starts it will: its group's turn passes
             if rest.id not in seen:
                 seen.add(rest.id)
                 order.append(rest)
                 if missing is not None and rest.id in targets:  # type: ignore[operator]
                     missing -= 1
         return order
+
+    def _start_queue(self) -> FairShareQueue | None:
+        """A fair-share queue over the jobs still waiting, from the shares the cycle ended with:
+        popped with each job charged as it would be when it starts, it gives the order jobs are
+        expected to start in (the cycle's own queue charges only the jobs it placed, so a group
+        whose jobs did not fit keeps every turn)."""
+        cycle = self.cycle
+        q = cycle.queue
+        if not isinstance(q, FairShareQueue):
+            return None
+        assigned = cycle.assigned_ids
+        by_group: dict[str, list[Job]] = {}
+        for j in cycle.waiting:  # sorted by group, then the in-group order
+            if j.id not in assigned:
+                by_group.setdefault(j.group, []).append(j)
+        by_user, cpu_ids = split_by_user(by_group)
+        usage = {g: share * max(q.weights.get(g, 1.0), 1e-9) for g, share in q.group_share.items()}
+        return FairShareQueue(by_user, cpu_ids, q.weights, usage, q.user_share, q.horizon)
 
     def _build(self) -> None:
         if self.built:

@@ -18,9 +18,10 @@ for its quota or its user's cap gets no time at all (diagnosis.py says why inste
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from collections.abc import Collection, Mapping, Sequence
 from statistics import NormalDist
+
+import numpy as np
 
 from corral.scheduler.jobinfo import Waiting
 from corral.scheduler.types import RunningJob
@@ -62,10 +63,11 @@ def remaining_s(estimate: float, spread: tuple[float, float] | None, elapsed: fl
 
 
 class Timeline:
-    """Free GPUs of one model over time: free[i] holds from times[i] until times[i + 1] (the last
-    for ever)."""
+    """Free GPUs of one model over time: free[i] holds from times[i] until times[i + 1] (the last,
+    i = size - 1, for ever). Arrays with room to grow, so that checking or taking a long stretch
+    is one vector operation and a new breakpoint one move of the tail."""
 
-    __slots__ = ("free", "times")
+    __slots__ = ("free", "size", "times")
 
     def __init__(self, now: float, free_now: int, returns: Sequence[tuple[float, int]]) -> None:
         times, free = [now], [free_now]
@@ -75,46 +77,54 @@ class Timeline:
             else:
                 times.append(t)
                 free.append(free[-1] + n)
-        self.times, self.free = times, free
+        self.size = len(times)
+        room = 2 * self.size + 64
+        self.times = np.empty(room, dtype=np.float64)
+        self.free = np.empty(room, dtype=np.int64)
+        self.times[: self.size] = times
+        self.free[: self.size] = free
 
     def earliest(self, need: int, runtime: float, not_before: float) -> int:
         """Index of the first time, not before `not_before`, from which `need` GPUs stay free for
         `runtime` s; -1: never."""
-        times, free = self.times, self.free
-        i = 0
-        if not_before > times[0]:
-            i = self.split(not_before)
-        k = len(times)
+        i = self.split(not_before) if not_before > self.times[0] else 0
+        k = self.size
+        times, free = self.times[:k], self.free[:k]
         while i < k:
-            if free[i] < need:
-                i += 1
-                continue
-            end = times[i] + runtime
-            j = i + 1
-            while j < k and times[j] < end:
-                if free[j] < need:
-                    break
-                j += 1
-            else:
+            room = free[i:] >= need
+            first = int(room.argmax())
+            if not room[first]:
+                return -1
+            i += first
+            j = int(times.searchsorted(times[i] + runtime, "left"))  # the stretch: [i, j)
+            short = free[i:j] < need
+            if not short.any():
                 return i
-            i = j + 1  # every start up to j overlaps the stretch that lacks room
+            i = j - int(short[::-1].argmax())  # past the last shortfall: any start before it meets it
         return -1
 
     def split(self, t: float) -> int:
         """The index of a breakpoint at `t` (> times[0]), made if there is none."""
+        k = self.size
         times = self.times
-        j = bisect_left(times, t)
-        if j == len(times) or times[j] != t:
-            times.insert(j, t)
-            self.free.insert(j, self.free[j - 1])
+        j = int(times[:k].searchsorted(t, "left"))
+        if j < k and times[j] == t:
+            return j
+        if k == len(times):  # full: double the room
+            self.times = times = np.concatenate([times, np.empty(k, dtype=np.float64)])
+            self.free = np.concatenate([self.free, np.empty(k, dtype=np.int64)])
+        free = self.free
+        times[j + 1 : k + 1] = times[j:k].copy()
+        free[j + 1 : k + 1] = free[j:k].copy()
+        times[j] = t
+        free[j] = free[j - 1]
+        self.size = k + 1
         return j
 
     def take(self, i: int, need: int, runtime: float) -> None:
         """Hold `need` GPUs from times[i] for `runtime` s."""
-        j = self.split(self.times[i] + runtime)
-        free = self.free
-        for x in range(i, j):
-            free[x] -= need
+        j = self.split(float(self.times[i]) + runtime)
+        self.free[i:j] -= need
 
 
 def backfill_starts(
@@ -151,7 +161,7 @@ def backfill_starts(
             line = lines[m]
             i = line.earliest(need, hold, floor)
             if i >= 0 and (best is None or line.times[i] < best[0]):
-                best = (line.times[i], line, i)
+                best = (float(line.times[i]), line, i)
         if best is None:  # no single model ever holds it: cannot tell
             out[job_id] = None
             continue
