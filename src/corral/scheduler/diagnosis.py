@@ -1,11 +1,12 @@
 """Diagnosis of waiting jobs: reasons from the placement filters' own refusals on the final free
-capacity (and the reasons the cycle's stages recorded), and an estimated start from rolling the
-plan forward with runtime estimates.
+capacity (and the reasons the cycle's stages recorded), queue positions in the order jobs are
+expected to start, and estimated starts from rolling the plan forward with runtime estimates.
 
-The roll-forward treats each GPU model as one pool (it ignores how free GPUs are spread over
-nodes), walks waiting jobs in the order the cycle considered them, and lets each start at the
-earliest time its model pool has room, holding the GPUs for its runtime estimate. It costs
-O((waiting jobs looked at + running jobs) log n) and is bounded by Profile.eta_limit.
+The roll (`Profile.eta_roll`): "backfill" (eta.py: per-model timelines, conservative backfill,
+remaining times of running jobs from what they ran) or "pooled" (the earlier walk below, kept as
+a baseline: each GPU model one pool, waiting jobs in order, one clock for all of them). A job held
+by its group's quota or its user's cap keeps its place in the roll but gets no time; its reason
+says what it waits for. Bounded by Profile.eta_limit.
 """
 
 from __future__ import annotations
