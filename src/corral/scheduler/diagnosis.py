@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
+from corral.domain import HELD_CODES  # quota-stage reasons whose diagnosis gives no time
 from corral.scheduler.admission import FairShareQueue, split_by_user
 from corral.scheduler.backfill import Event
 from corral.scheduler.cluster import ClusterState, Request, ShapeKey, shape_key
@@ -30,8 +31,7 @@ from corral.scheduler.types import Diagnosis, Job, Reason, TaskSpec
 if TYPE_CHECKING:
     from corral.scheduler.core import Cycle
 
-# Quota-stage reasons that hold a job back whatever GPUs are free: its diagnosis gives no time.
-HELD_CODES = frozenset({"user_cap", "quota_exhausted", "quota_max"})
+RANGE_LIMIT = 200  # waiting jobs, first in the start order, whose estimate gets a range (2 more rolls)
 
 __all__ = ["CapacityReasons", "DiagnosisView", "Event", "LazyDiagnoses", "Waiting", "job_models"]
 
@@ -656,11 +656,12 @@ class DiagnosisView:
 
     def _range(self, job_id: str) -> tuple[float, float] | None:
         """(early, late) estimated start with every runtime at the 25th and 75th percentile of its
-        history (the backfill roll only; None without an estimate)."""
+        history (the backfill roll only, the first RANGE_LIMIT jobs in the order; None without an
+        estimate)."""
         if self.cycle.profile.eta_roll != "backfill" or self._etas().get(job_id) is None:
             return None
         if self.ranges is None:
-            order = self._eta_order(None)
+            order = self._eta_order(None)[:RANGE_LIMIT]
             self.ranges = (self._roll(order, None, 0.25), self._roll(order, None, 0.75))
         early, late = self.ranges[0].get(job_id), self.ranges[1].get(job_id)
         if early is None or late is None:
