@@ -29,7 +29,7 @@ from corral.scheduler.types import RunningJob
 Event = tuple[float, Mapping[str, int]]  # (time GPUs come back, GPUs per model)
 
 IQR_Z = 1.3489795  # the interquartile range of a standard normal
-SIGMA_MIN = 0.35  # log-spread assumed when the runs agree (one run, or a few alike): still a guess
+SIGMA_MIN = 0.8  # log-spread assumed when the runs agree (one run, or a few alike): still a guess
 _NORMAL = NormalDist()
 
 
