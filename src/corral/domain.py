@@ -8,6 +8,7 @@ disk is unchanged: the same keys the API has always returned.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypedDict
 
@@ -70,14 +71,27 @@ class PendingReason:
     message: str  # plain sentence for the user
 
 
+# Reason codes of a job held back by its group's quota or its user's cap whatever GPUs are free:
+# its diagnosis gives no estimated start (the scheduler cannot tell when the group's or the user's
+# own running jobs will free enough), only that reason.
+HELD_CODES = frozenset({"user_cap", "quota_exhausted", "quota_max"})
+
+
 @dataclass(frozen=True, slots=True)
 class JobDiagnosis:
     """Why a queued job waits, as the schedule loop last wrote it (`Job.diagnosis`)."""
 
     reasons: tuple[PendingReason, ...]
-    queue_position: int | None
+    queue_position: int | None  # in the order the scheduler takes waiting jobs (fair share included)
     estimated_start: float | None
     unschedulable: bool = False
+    # (early, late) estimated start with runtimes at their history's 25th/75th percentiles
+    start_range: tuple[float, float] | None = None
+
+    @property
+    def held(self) -> bool:
+        """Held back by its group's quota or its user's cap (no estimated start, by design)."""
+        return any(r.code in HELD_CODES for r in self.reasons)
 
 
 class PendingReasonJSON(TypedDict):
@@ -91,6 +105,33 @@ class JobDiagnosisJSON(TypedDict):
     queue_position: int | None
     estimated_start: float | None
     unschedulable: bool
+    start_range: list[float] | None
+    held: bool
+
+
+def span_text(seconds: float) -> str:
+    """ "45 s", "12 min", "2 h 10 min", "3 d 4 h": a duration said the way people say it."""
+    s = max(0, round(seconds))
+    if s < 90:
+        return f"{s} s"
+    m = round(s / 60)
+    if m < 90:
+        return f"{m} min"
+    h, m = divmod(m, 60)
+    if h < 48:
+        return f"{h} h {m} min" if m else f"{h} h"
+    d, h = divmod(h, 24)
+    return f"{d} d {h} h" if h else f"{d} d"
+
+
+def start_text(estimated: float | None, start_range: Sequence[float] | None, now: float) -> str:
+    """ "in ~2 h 10 min (likely 1 h 30 min to 3 h)": an estimated start with its uncertainty."""
+    if estimated is None:
+        return "unknown"
+    text = f"in ~{span_text(estimated - now)}"
+    if start_range is not None and start_range[1] - start_range[0] >= 60:
+        text += f" (likely {span_text(start_range[0] - now)} to {span_text(start_range[1] - now)})"
+    return text
 
 
 def diagnosis_to_json(diagnosis: JobDiagnosis) -> JobDiagnosisJSON:
@@ -99,4 +140,6 @@ def diagnosis_to_json(diagnosis: JobDiagnosis) -> JobDiagnosisJSON:
         "queue_position": diagnosis.queue_position,
         "estimated_start": diagnosis.estimated_start,
         "unschedulable": diagnosis.unschedulable,
+        "start_range": None if diagnosis.start_range is None else list(diagnosis.start_range),
+        "held": diagnosis.held,
     }

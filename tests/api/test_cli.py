@@ -250,3 +250,46 @@ def test_cli_auth_lockouts_and_sessions(world: World, server_url: str) -> None:
     code, out = run(world, server_url, "admin", "auth", "end-session", session["id"])
     assert code == 0 and "ended" in out
     assert world.client.get("/api/v1/me").status_code == 401
+
+
+def test_cli_why_says_held_or_a_start_with_its_range(world: World, server_url: str, tmp_path: Path) -> None:
+    with world.session_factory() as db:
+        add_node(db, "n1")
+        db.commit()
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: why-job\ncommand: hi\nmax_runtime: 2h\nresources: {gpus: 1, memory: 256MiB}\n")
+    code, out = run(world, server_url, "alice", "submit", str(spec), "-o", "json")
+    assert code == 0, out
+    job_id = json.loads(out)["id"]
+    cap = "waits for the per-user cap: alice may hold 1 GPUs in group vision and holds 1; this job needs 1"
+    with world.session_factory() as db:
+        job = db.get(Job, job_id)
+        assert job is not None
+        job.diagnosis = {
+            "reasons": [{"code": "user_cap", "source": "quota:user", "message": cap}],
+            "queue_position": 2,
+            "estimated_start": None,
+            "unschedulable": False,
+        }
+        db.commit()
+    code, out = run(world, server_url, "alice", "why", str(job_id))
+    assert code == 0, out
+    assert cap in " ".join(out.split()) and "queue position: 2" in out
+    assert "estimated start: none while it is held back" in out
+    assert "assumed runtime: ~2 h (from its max_runtime (no history yet))" in out
+    now = time.time()
+    with world.session_factory() as db:
+        job = db.get(Job, job_id)
+        assert job is not None
+        job.diagnosis = {
+            "reasons": [{"code": "insufficient_gpus", "source": "filter:gpu_free", "message": "needs 1"}],
+            "queue_position": 1,
+            "estimated_start": now + 7200,
+            "unschedulable": False,
+            "start_range": [now + 3600, now + 3 * 3600],
+        }
+        db.commit()
+    code, out = run(world, server_url, "alice", "why", str(job_id))
+    assert code == 0, out
+    flat = " ".join(out.split())
+    assert "estimated start:" in flat and "(in ~" in flat and "(likely " in flat and " to 3 h)" in flat

@@ -283,7 +283,33 @@ def test_runtime_estimate_comes_from_the_users_earlier_runs(world: World) -> Non
     with world.session_factory() as db:
         assert db.get(Job, third).runtime_estimate_s == pytest.approx(750.0)  # type: ignore[union-attr]
         assert db.get(Job, other_user).runtime_estimate_s == 7200  # type: ignore[union-attr]
-        assert db.get(Job, other_name).runtime_estimate_s == 7200  # type: ignore[union-attr]
+        # a new name: alice's two earlier runs of the same size (1 GPU) are the next level
+        bert = db.get(Job, other_name)
+        assert bert is not None and bert.runtime_estimate_basis == "user_size"
+        assert bert.runtime_estimate_s == pytest.approx(750.0)
+
+
+def test_unknown_duration_is_estimated_from_group_history_with_its_spread(world: World) -> None:
+    """bob has never run anything and gives no max_runtime: his job's runtime comes from his
+    group's (vision) finished jobs, with their 25th-75th percentiles; carol's group (nlp) has no
+    history of its own and only 3 runs exist, so hers comes from the whole cluster's."""
+    with world.session_factory() as db:
+        add_node(db, "n1")
+        db.commit()
+    done = [int(submit(world, "alice", {**SIMPLE_JOB, "name": f"run{i}"}).json()["id"]) for i in range(3)]
+    with world.session_factory() as db:
+        for i, (job_id, seconds) in enumerate(zip(done, (600.0, 900.0, 1200.0), strict=True)):
+            attempt = make_running(db, job_id, gpu_indices=(i,))
+            attempt.state, attempt.ended_at = "succeeded", attempt.started_at + seconds
+            db.get(Job, job_id).state = "succeeded"  # type: ignore[union-attr]
+            db.commit()
+    fresh = {**SIMPLE_JOB, "name": "never-seen", "resources": {"gpus": 2}}
+    bobs = submit(world, "bob", fresh).json()
+    assert bobs["runtime_estimate"] == {"seconds": 900.0, "low_s": 750.0, "high_s": 1050.0, "basis": "group"}
+    carols = submit(world, "carol", fresh).json()
+    assert carols["runtime_estimate"]["basis"] == "cluster"
+    got = world.client.get(f"{JOBS}/{bobs['id']}", headers=world.as_("bob")).json()
+    assert got["runtime_estimate"] == bobs["runtime_estimate"]
 
 
 def test_job_detail_has_attempts_events_and_diagnosis(world: World) -> None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral.scheduler import PROFILES, Scheduler, Snapshot, check_fits_anywhere
 from corral.scheduler.apply import estimated_starts
+from corral.scheduler.eta import remaining_s
+from corral.scheduler.types import Usage
 from tests.scheduler.builders import gpu_node, group, job, plan_for, running, snap
 from tests.scheduler.strategies import snapshots
 
@@ -25,13 +28,92 @@ def test_fragmented_reason_names_largest_block() -> None:
     assert "needs 8 A100 GPUs on one node; largest free block is 4" in reason.message
 
 
-def test_every_waiting_job_gets_a_diagnosis_with_group_positions() -> None:
+def test_every_waiting_job_gets_a_diagnosis_with_its_place_in_the_schedulers_order() -> None:
     queued = [job(f"a{i}", group="a", submit=i, gpus=8) for i in range(3)] + [job("b0", group="b", gpus=8)]
     plan = plan_for(snap([gpu_node("n", gpus=4)], queued, [group("a"), group("b")]), PROFILES["default"])
     assert set(plan.diagnoses) == {"a0", "a1", "a2", "b0"}
-    assert [plan.diagnoses[f"a{i}"].queue_position for i in range(3)] == [1, 2, 3]
-    assert plan.diagnoses["b0"].queue_position == 1
+    # equal shares: group a (first by name) is taken first, and stays first while nothing is placed
+    assert [plan.diagnoses[j].queue_position for j in ("a0", "a1", "a2", "b0")] == [1, 2, 3, 4]
     assert all(d.unschedulable for d in plan.diagnoses.values())
+
+
+def test_queue_position_follows_fair_share_not_the_group_order() -> None:
+    """Group a has used the cluster a lot, group b not at all: b's later job is taken first, and
+    the position (and the estimate) say so, as the start order will."""
+    run = [running(job("r", runtime=1000.0), "n", (0, 1), start=0.0)]
+    queued = [job(f"a{i}", group="a", submit=i, gpus=2) for i in range(2)]
+    queued.append(job("b0", group="b", submit=5, gpus=2))
+    usage = Usage(by_group={"a": 1e9}, by_user={("a", "u"): 1e9})
+    s = snap([gpu_node("n", gpus=2)], queued, [group("a"), group("b")], run=run, usage=usage)
+    d = plan_for(s, PROFILES["default"], now=10.0).diagnoses
+    assert [d[j].queue_position for j in ("b0", "a0", "a1")] == [1, 2, 3]
+    eta = {j: d[j].estimated_start for j in ("b0", "a0", "a1")}
+    assert eta["b0"] is not None and eta["a0"] is not None and eta["a1"] is not None
+    assert eta["b0"] < eta["a0"] < eta["a1"]
+
+
+def test_a_job_held_by_its_user_cap_says_so_and_gets_no_time() -> None:
+    run = [running(job("r", runtime=500.0, user="ann"), "n", (0, 1), start=0.0)]
+    queued = [job("q", gpus=2, user="ann")]
+    s = snap([gpu_node("n", gpus=8)], queued, [group("g", user_max_gpus=2)], run=run)
+    plan = plan_for(s, PROFILES["default"], now=10.0)
+    d = plan.diagnoses["q"]
+    assert d.estimated_start is None and d.start_range is None and not d.unschedulable
+    (reason,) = d.reasons
+    assert reason.code == "user_cap"
+    assert "waits for the per-user cap: ann may hold 2 GPUs in group g and holds 2; this job needs 2" in (
+        reason.message
+    )
+    assert estimated_starts(plan.diagnoses, ["q"]) == {"q": None}  # what the simulator reads
+
+
+def test_a_job_held_by_its_groups_quota_says_how_much_is_free() -> None:
+    run = [running(job("r", gpus=4, runtime=500.0, preemptible=False), "n", (0, 1, 2, 3), start=0.0)]
+    queued = [job("q", gpus=8, preemptible=False)]
+    s = snap([gpu_node("n", gpus=16)], queued, [group("g", guaranteed={"*": 8})], run=run)
+    d = plan_for(s, PROFILES["default"], now=10.0).diagnoses["q"]
+    assert d.estimated_start is None
+    (reason,) = d.reasons
+    assert reason.code == "quota_exhausted"
+    assert "waits for group g's guaranteed quota: needs 8 GPUs, 4 free in its quota" in reason.message
+    assert "not preemptible" in reason.message
+
+
+def test_backfill_roll_does_not_make_every_later_job_wait_for_a_large_one() -> None:
+    """A job that waits long for its A100s does not hold back the V100 job behind it, whose GPUs
+    come back soon (the earlier pooled walk made every later job at least as late as it)."""
+    run = [
+        running(job("ra", gpus=4, model="A100", runtime=1000.0), "a", (0, 1, 2, 3), start=0.0),
+        running(job("rv", gpus=4, model="V100", runtime=50.0), "v", (0, 1, 2, 3), start=0.0),
+    ]
+    queued = [job("big", gpus=4, model="A100", submit=0), job("small", gpus=4, model="V100", submit=1)]
+    nodes = [gpu_node("a", gpus=4, model="A100"), gpu_node("v", gpus=4, model="V100")]
+    d = plan_for(snap(nodes, queued, run=run), FIFO_BF, now=10.0).diagnoses
+    assert (d["big"].estimated_start, d["small"].estimated_start) == (1000.0, 50.0)
+    pooled = replace(FIFO_BF, eta_roll="pooled")
+    d = plan_for(snap(nodes, queued, run=run), pooled, now=10.0).diagnoses
+    assert (d["big"].estimated_start, d["small"].estimated_start) == (1000.0, 1000.0)
+    # strict FIFO: nothing passes the head job, so nothing is expected to start before it
+    d = plan_for(snap(nodes, queued, run=run), PROFILES["fifo"], now=10.0).diagnoses
+    assert (d["big"].estimated_start, d["small"].estimated_start) == (1000.0, 1000.0)
+
+
+def test_estimate_range_comes_from_the_runtime_spread() -> None:
+    spread_job = replace(job("r", gpus=1, runtime=1000.0), runtime_spread=(500.0, 2000.0))
+    run = [running(spread_job, "n", (0,), start=0.0)]
+    s = snap([gpu_node("n", gpus=1)], [job("q", runtime=100.0)], run=run)
+    d = plan_for(s, PROFILES["fifo"], now=10.0).diagnoses["q"]
+    assert d.estimated_start is not None and d.start_range is not None
+    early, late = d.start_range
+    assert early < d.estimated_start < late
+
+
+def test_remaining_time_of_an_overdue_job_grows_with_what_it_ran() -> None:
+    spread = (600.0, 2400.0)
+    assert remaining_s(1200.0, spread, 0.0) == 1200.0
+    assert remaining_s(1200.0, None, 5000.0) == 0.0  # no spread: the old rule, overdue ends now
+    overdue = [remaining_s(1200.0, spread, t) for t in (2400.0, 4800.0, 9600.0)]
+    assert 0 < overdue[0] < overdue[1] < overdue[2]
 
 
 def test_estimated_start_rolls_forward_running_and_queued_work() -> None:

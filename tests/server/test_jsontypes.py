@@ -114,6 +114,8 @@ def test_columns_round_trip_as_typed_models_in_the_stored_json_shape(factory: se
             "queue_position": 2,
             "estimated_start": None,
             "unschedulable": False,
+            "start_range": None,
+            "held": True,  # quota_exhausted: no time, by design (domain.HELD_CODES)
         }
 
 

@@ -71,7 +71,9 @@ def test_a_group_held_at_its_max_waits_with_the_reason_while_gpus_are_free(serve
         wait_for(lambda: diagnosis_code(c, second) == "quota_max", 10, what="the quota_max diagnosis")
         assert get_job(c, second)["state"] == "queued" and free_gpus(c) == 2
         shown = corral_show(server, second)
-        assert "why pending: group capped is at its maximum quota" in shown and "quota_max" in shown
+        flat = " ".join(shown.split())
+        assert "why pending: waits for group capped's maximum quota: needs 1 GPUs, 0 free in its" in flat
+        assert "quota_max" in flat and "estimated start: none while it is held back" in flat
         group = c.get("/api/v1/groups/capped").json()
         assert group["usage"]["gpus"] == [
             {"gpu_model": "*", "used": 2, "borrowed": 2, "guaranteed": 0, "max": 2, "models": {"VGPU": 2}}

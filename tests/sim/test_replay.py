@@ -174,3 +174,25 @@ def test_estimated_start_is_compared_with_the_actual_start() -> None:
     assert math.isnan(jobs["a"].eta)  # started in its first cycle: never waited, no estimate
     summary = summarize(result)
     assert summary["eta_median_abs_err_s"] == 0.0 and summary["eta_jobs"] == 2
+
+
+def test_relative_eta_error_counts_only_jobs_that_waited_over_5_minutes() -> None:
+    """Without true durations. a runs 0-1000 with max_runtime 2000 (its estimate, no history): b
+    (arriving at 10) is told 2000 and starts at 1000: |2000 - 1000| / 990. c (arriving at 1400,
+    behind b, whose estimate was the profile's 3600 s default: nothing had finished at 10) is told
+    1000 + 3600 = 4600 and starts at 1500: counted in the absolute error (3100 s), not in the
+    relative one (it waited 100 s)."""
+    from corral.sim.metrics import summarize
+
+    tr = trace(
+        ("a", 0, 1000, 4, {"max_runtime_s": 2000.0}),
+        ("b", 10, 500, 4),
+        ("c", 1400, 50, 4, {"max_runtime_s": 100.0}),
+    )
+    result, jobs = run(tr, cluster(1, 4), "fifo")
+    assert starts(jobs) == {"a": 0, "b": 1000, "c": 1500}
+    assert (jobs["b"].eta, jobs["c"].eta) == (2000.0, 4600.0)
+    summary = summarize(result)
+    assert summary["eta_rel_jobs"] == 1 and summary["eta_rel_err_median"] == pytest.approx(1000 / 990)
+    assert summary["eta_jobs"] == 2 and summary["eta_median_abs_err_s"] == pytest.approx((1000 + 3100) / 2)
+    assert summary["eta_none_jobs"] == 0

@@ -212,6 +212,8 @@ def test_cancel_a_waiting_job_and_watch_gpus(portal: Portal) -> None:
         page = portal.login("ann", path=f"/jobs/{waiting['id']}")
         expect(page.locator("h1 .badge")).to_have_text("queued")
         expect(page.locator("#why-pending")).to_contain_text("Queue position", timeout=20_000)
+        # behind the running blocker: a time (its runtime is unknown: the profile's default)
+        expect(page.locator("#estimated-start")).to_contain_text("in ")
         page.once("dialog", lambda dialog: dialog.accept())
         page.click("#cancel-job")
         expect(page.locator("h1 .badge")).to_have_text("cancelled", timeout=15_000)

@@ -91,9 +91,21 @@ class DiagnosisOut(BaseModel):
     """Why a queued job waits (corral.domain.JobDiagnosis)."""
 
     reasons: list[PendingReasonOut]
-    queue_position: int | None
-    estimated_start: float | None
+    queue_position: int | None  # in the order the scheduler takes waiting jobs (fair share included)
+    estimated_start: float | None  # None: cannot tell, or held (see `held`)
     unschedulable: bool
+    start_range: list[float] | None = None  # [early, late]: runtimes at their 25th/75th percentile
+    held: bool = False  # waits for its group's quota or its user's cap: no time by design
+
+
+class RuntimeEstimateOut(BaseModel):
+    """The runtime the scheduler assumes (corral.scheduler.runtimes): the median of the runs of
+    the first history level with enough of them, with their 25th/75th percentiles."""
+
+    seconds: float
+    low_s: float | None
+    high_s: float | None
+    basis: str | None  # name | user_size | group | cluster | limit
 
 
 class AttemptOut(BaseModel):
@@ -164,6 +176,7 @@ class JobOut(BaseModel):
     preemptions: int = 0  # requeues by preemption (free)
     attempts: list[AttemptOut]
     diagnosis: DiagnosisOut | None
+    runtime_estimate: RuntimeEstimateOut | None = None  # what the scheduler assumes it runs
     events: list[EventOut] | None = None
     watch: WatchOut | None = None  # GET /jobs/{id}
 
@@ -182,6 +195,8 @@ class WaitingOut(BaseModel):
     queue_position: int | None
     estimated_start: float | None
     unschedulable: bool
+    start_range: list[float] | None = None
+    held: bool = False
 
 
 class LogsOut(BaseModel):

@@ -16,7 +16,7 @@ app = typer.Typer(
 
 # Modules that contribute commands; each exposes register(app: typer.Typer) -> None.
 COMMAND_MODULES = (
-    "corral.cli.platform",  # up, submit, ls, show, logs, cancel, node, group, user, token
+    "corral.cli.platform",  # up, submit, ls, show, why, logs, cancel, node, group, user, token
     "corral.cli.sim",  # sim, sim compare
     "corral.cli.monitor",  # alert, chaos
     "corral.cli.usage",  # usage

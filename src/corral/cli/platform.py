@@ -1,4 +1,4 @@
-"""Platform commands: up, submit, ls, show, logs, cancel, node, group, user, token.
+"""Platform commands: up, submit, ls, show, why, logs, cancel, node, group, user, token.
 
 Everything goes through the SDK (corral.sdk.Client), so the CLI is just another API client.
 Read commands and `submit` take `-o json` and then print exactly the JSON the API returned.
@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from corral.domain import span_text, start_text
 from corral.sdk import KEEP, Client, CorralError, Keep
 from corral.spec import parse_memory_mib
 
@@ -273,12 +274,66 @@ def _print_diagnosis(diag: dict[str, Any] | None) -> None:
         out.print("[red]this job cannot run on the cluster as it stands[/red]")
     for reason in diag.get("reasons", []):
         out.print(
-            f"why pending: {reason.get('message')} [dim]({reason.get('code')}, {reason.get('source')})[/dim]"
+            f"why pending: {reason.get('message')} [dim]({reason.get('code')}, {reason.get('source')})[/dim]",
+            highlight=False,
         )
     if diag.get("queue_position") is not None:
-        out.print(f"queue position: {diag['queue_position']}")
+        out.print(f"queue position: {diag['queue_position']} (the order the scheduler takes waiting jobs)")
+    out.print(f"estimated start: {start_line(diag)}", highlight=False)
+
+
+def start_line(diag: dict[str, Any]) -> str:
+    """ "2026-11-28 03:10 (in ~2 h 10 min (likely 1 h 30 min to 3 h))", or why there is none."""
+    if diag.get("unschedulable"):
+        return "never, as the cluster stands"
+    if diag.get("held"):
+        return "none while it is held back by its quota or cap (see why pending)"
     est = diag.get("estimated_start")
-    out.print(f"estimated start: {when(est)} ({ago(est)})" if est is not None else "estimated start: unknown")
+    if est is None:
+        return "unknown"
+    return f"{when(est)} ({start_text(est, diag.get('start_range'), time.time())})"
+
+
+@friendly_errors
+def why(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOpt = Output.table) -> None:
+    """Why a job waits: the scheduler's reasons, its place in the scheduler's order, its
+    estimated start with its uncertainty, and the runtime assumed for it."""
+    with client() as c:
+        job = c.job(job_id)
+    if output is Output.json:
+        print_json(
+            {
+                "id": job["id"],
+                "state": job["state"],
+                "diagnosis": job.get("diagnosis"),
+                "runtime_estimate": job.get("runtime_estimate"),
+            }
+        )
+        return
+    if job["state"] not in ("queued", "scheduled", "starting"):
+        out.print(f"job {job['id']} is {job['state']}: it is not waiting")
+        return
+    out.print(f"[bold]job {job['id']}[/bold] {job['name']} is {job['state']}")
+    if not job.get("diagnosis"):
+        out.print("the scheduler has not looked at it yet")
+    _print_diagnosis(job.get("diagnosis"))
+    estimate = job.get("runtime_estimate")
+    if estimate:
+        spread = ""
+        if estimate.get("low_s") is not None and estimate.get("high_s") is not None:
+            spread = f", likely {span_text(estimate['low_s'])} to {span_text(estimate['high_s'])}"
+        basis = {
+            "name": "this job name's earlier runs",
+            "user_size": "the user's jobs of this size",
+            "group": "the group's jobs",
+            "cluster": "the cluster's jobs",
+            "limit": "its max_runtime (no history yet)",
+        }.get(estimate.get("basis") or "", "history")
+        out.print(
+            f"assumed runtime: ~{span_text(estimate['seconds'])}{spread} (from {basis})", highlight=False
+        )
+    else:
+        out.print("assumed runtime: unknown (no history and no max_runtime)")
 
 
 @friendly_errors
@@ -318,7 +373,7 @@ def _print_waiting(waiting: dict[str, Any] | None) -> None:
     err.print(waiting["message"], highlight=False, markup=False, soft_wrap=True)
     est = waiting.get("estimated_start")
     if waiting["state"] == "queued" and est is not None and not waiting.get("unschedulable"):
-        err.print(f"estimated start: {when(est)} ({ago(est)})", highlight=False, soft_wrap=True)
+        err.print(f"estimated start: {start_line(waiting)}", highlight=False, soft_wrap=True)
 
 
 @friendly_errors
@@ -824,6 +879,7 @@ def register(app: typer.Typer) -> None:
     app.command()(submit)
     app.command()(ls)
     app.command()(show)
+    app.command()(why)
     app.command()(logs)
     app.command()(cancel)
     app.command()(rm)

@@ -167,6 +167,12 @@ class Job(Base):
     platform_losses: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     preemptions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     runtime_estimate_s: Mapped[float | None] = mapped_column(Float)
+    # The estimate's spread (25th/75th percentile of the runs it came from) and which history level
+    # it came from (corral.scheduler.runtimes); NULL: no spread known
+    runtime_estimate_low_s: Mapped[float | None] = mapped_column(Float)
+    runtime_estimate_high_s: Mapped[float | None] = mapped_column(Float)
+    runtime_estimate_basis: Mapped[str | None] = mapped_column(String(16))
+    gpus: Mapped[int | None] = mapped_column(Integer)  # GPUs over all tasks (NULL: before 0017)
     submitted_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float)

@@ -1,29 +1,37 @@
 """Diagnosis of waiting jobs: reasons from the placement filters' own refusals on the final free
-capacity (and the reasons the cycle's stages recorded), and an estimated start from rolling the
-plan forward with runtime estimates.
+capacity (and the reasons the cycle's stages recorded), queue positions in the order jobs are
+expected to start, and estimated starts from rolling the plan forward with runtime estimates.
 
-The roll-forward treats each GPU model as one pool (it ignores how free GPUs are spread over
-nodes), walks waiting jobs in the order the cycle considered them, and lets each start at the
-earliest time its model pool has room, holding the GPUs for its runtime estimate. It costs
-O((waiting jobs looked at + running jobs) log n) and is bounded by Profile.eta_limit.
+The roll (`Profile.eta_roll`): "backfill" (eta.py: per-model timelines, conservative backfill,
+remaining times of running jobs from what they ran) or "pooled" (the earlier walk below, kept as
+a baseline: each GPU model one pool, waiting jobs in order, one clock for all of them). A job held
+by its group's quota or its user's cap keeps its place in the roll but gets no time; its reason
+says what it waits for. Bounded by Profile.eta_limit.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
+from corral.domain import HELD_CODES  # quota-stage reasons whose diagnosis gives no time
+from corral.scheduler.admission import FairShareQueue, split_by_user
 from corral.scheduler.backfill import Event
 from corral.scheduler.cluster import ClusterState, Request, ShapeKey, shape_key
-from corral.scheduler.jobinfo import Waiting, job_models
+from corral.scheduler.eta import backfill_starts, running_events, through_last
+from corral.scheduler.jobinfo import JobInfo, Waiting, job_models
 from corral.scheduler.plugins import FILTERS
-from corral.scheduler.profiles import Profile
+from corral.scheduler.profiles import Profile, grace_of
 from corral.scheduler.types import Diagnosis, Job, Reason, TaskSpec
 
 if TYPE_CHECKING:
     from corral.scheduler.core import Cycle
+
+RANGE_LIMIT = 200  # waiting jobs, first in the start order, whose estimate gets a range (2 more rolls)
 
 __all__ = ["CapacityReasons", "DiagnosisView", "Event", "LazyDiagnoses", "Waiting", "job_models"]
 
@@ -375,11 +383,14 @@ class DiagnosisView:
     def __init__(self, cycle: Cycle) -> None:
         self.cycle = cycle
         self.etas: dict[str, float | None] | None = None
+        self.events: dict[float, list[Event]] = {}  # the backfill roll's GPU returns, per quantile
+        self.ranges: tuple[dict[str, float | None], dict[str, float | None]] | None = None
         self.order: list[Job] | None = None  # the roll-forward order, extended as far as asked
         self.order_ids: set[str] = set()
         self.order_done = False  # the queue is used up, or eta_limit reached
         self.built = False
         self.positions: dict[str, tuple[Job, int]] | None = None  # for one(): id -> (job, position)
+        self.start_queue: FairShareQueue | None = None  # the expected start order (fair share)
 
     def all(self) -> dict[str, Diagnosis]:
         """Every waiting job's Diagnosis."""
@@ -404,14 +415,26 @@ class DiagnosisView:
         return self._etas().get(job_id)
 
     def _positions(self) -> Iterator[tuple[Job, int]]:
-        """Waiting jobs not assigned, each with its 1-based position among its group's."""
+        """Waiting jobs not assigned, each with its 1-based position in the order they are expected
+        to start in (`_eta_order`, then the rest of that queue): the order the estimates roll in."""
         assigned = self.cycle.assigned_ids
-        group, pos = None, 0
-        for job in self.cycle.waiting:  # sorted by group, then the in-group order
+        order = self._eta_order(None)
+        seen = set(self.order_ids)
+        rest: list[Job] = []
+        start_queue = self.start_queue
+        queue = start_queue if start_queue is not None else self.cycle.queue
+        while (job := queue.pop()) is not None:  # past eta_limit: positions only, no estimate
+            if start_queue is not None:
+                start_queue.charge(job)
+            if job.id not in seen:
+                seen.add(job.id)
+                rest.append(job)
+        # jobs no pass and no pop reached (parked by a cut-short pass): last, in group order
+        rest.extend(j for j in self.cycle.waiting if j.id not in seen)
+        pos = 0
+        for job in (*order, *rest):
             if job.id in assigned:
                 continue
-            if job.group != group:
-                group, pos = job.group, 0
             pos += 1
             yield job, pos
 
@@ -431,7 +454,18 @@ class DiagnosisView:
         found = self._roll(self._eta_order(wanted), wanted) if wanted else {}
         return {j: found.get(j) for j in job_ids}
 
-    def _roll(self, order: list[Job], targets: set[str] | None) -> dict[str, float | None]:
+    def _roll(self, order: list[Job], targets: set[str] | None, q: float = 0.5) -> dict[str, float | None]:
+        """Estimated starts of `order` (as far as `targets`), every runtime at its quantile `q`;
+        a job held by its quota or user cap keeps its place in the roll but gets no time."""
+        found = self._roll_all(order, targets, q)
+        why = self.cycle.verdicts.why
+        for job_id in found:
+            reason = why.get(job_id)
+            if reason is not None and reason.code in HELD_CODES:
+                found[job_id] = None
+        return found
+
+    def _roll_all(self, order: list[Job], targets: set[str] | None, q: float) -> dict[str, float | None]:
         cycle = self.cycle
         unschedulable = cycle.verdicts.unschedulable
         if unschedulable:
@@ -441,44 +475,106 @@ class DiagnosisView:
         waiting = []
         for job in order[: profile.eta_limit]:
             hit = memo.get(id(job))
-            waiting.append(hit[1].eta if hit is not None and hit[0] is job else info_of(job).eta)
-        events = cycle.backfill.events()
-        found = estimate_starts(
-            cycle.now, st.free_total, st.capacity, events, waiting, profile.default_runtime_s, targets
+            eta = hit[1].eta if hit is not None and hit[0] is job else info_of(job).eta
+            if q != 0.5 and job.runtime_spread is not None:  # the early or late end of the range
+                eta = (*eta[:3], job.runtime_spread[0 if q < 0.5 else 1])
+            waiting.append(eta)
+        if profile.eta_roll == "pooled":  # the earlier estimate, kept as a baseline
+            events = cycle.backfill.events()
+            found = estimate_starts(
+                cycle.now, st.free_total, st.capacity, events, waiting, profile.default_runtime_s, targets
+            )
+            if cycle.now not in found.values():
+                return found
+            return _not_now(found, cycle.now, cycle.backfill.sorted_events(), waiting)
+        events = self._events(q)
+        waiting = list(through_last(waiting, targets))
+        found = backfill_starts(
+            cycle.now,
+            st.free_total,
+            st.capacity,
+            events,
+            waiting,
+            profile.default_runtime_s,
+            profile.head_of_line_blocking,
         )
         if cycle.now not in found.values():
             return found
-        return _not_now(found, cycle.now, cycle.backfill.sorted_events(), waiting)
+        return _not_now(found, cycle.now, sorted(events, key=itemgetter(0)), waiting)
+
+    def _events(self, q: float) -> list[Event]:
+        """When running GPUs come back, for the backfill roll (computed once per cycle and q)."""
+        found = self.events.get(q)
+        if found is None:
+            cycle = self.cycle
+            backfill, profile, now = cycle.backfill, cycle.profile, cycle.now
+            gone_by = dict(backfill.victims)
+            for rj, _ in backfill.running:
+                if rj.stopping:
+                    gone_by[rj.job.id] = (
+                        now + grace_of(rj.job, profile) if rj.stops_by is None else rj.stops_by
+                    )
+            found = self.events[q] = running_events(
+                now, backfill.running, backfill.started, gone_by, profile.default_runtime_s, q
+            )
+        return found
 
     def _eta_order(self, targets: set[str] | None) -> list[Job]:
-        """Waiting jobs in the order the cycle considered them, then those no pass reached (in
-        queue order, up to eta_limit): all of them, or (`targets`) at least as far as every
-        target. Pops the queue, after the passes; later calls extend what earlier ones popped."""
+        """Waiting jobs in the order they are expected to start, up to eta_limit: all of them, or
+        (`targets`) at least as far as every target; later calls extend what earlier ones popped.
+        Fair share: `_start_queue`, each job charged to its group and user as it is taken, as the
+        cycle that starts it will charge it. Other orders (fixed by submit time, estimate or
+        attained service): the order the cycle considered them, then the rest of its queue."""
         cycle = self.cycle
         order, seen = self.order, self.order_ids
         if order is None:
             order = self.order = []
-            assigned = cycle.assigned_ids
-            for job in cycle.visited:
-                if job.id not in assigned and job.id not in seen:
-                    seen.add(job.id)
-                    order.append(job)
+            self.start_queue = self._start_queue()
+            if self.start_queue is None:  # not fair share: the cycle's own order, then its queue
+                assigned = cycle.assigned_ids
+                for job in cycle.visited:
+                    if job.id not in assigned and job.id not in seen:
+                        seen.add(job.id)
+                        order.append(job)
         missing = None if targets is None else len(targets - seen)
         limit = cycle.profile.eta_limit
+        start_queue = self.start_queue
+        queue = start_queue if start_queue is not None else cycle.queue
+        never = cycle.verdicts.unschedulable
         while not self.order_done and (missing is None or missing > 0):
             if len(order) >= limit:
                 self.order_done = True
                 break
-            rest = cycle.queue.pop()
+            rest = queue.pop()
             if rest is None:
                 self.order_done = True
                 break
+            if start_queue is not None and rest.id not in never:
+                start_queue.charge(rest)  # as the cycle that starts it will: its group's turn passes
             if rest.id not in seen:
                 seen.add(rest.id)
                 order.append(rest)
                 if missing is not None and rest.id in targets:  # type: ignore[operator]
                     missing -= 1
         return order
+
+    def _start_queue(self) -> FairShareQueue | None:
+        """A fair-share queue over the jobs still waiting, from the shares the cycle ended with:
+        popped with each job charged as it would be when it starts, it gives the order jobs are
+        expected to start in (the cycle's own queue charges only the jobs it placed, so a group
+        whose jobs did not fit keeps every turn)."""
+        cycle = self.cycle
+        q = cycle.queue
+        if not isinstance(q, FairShareQueue):
+            return None
+        assigned = cycle.assigned_ids
+        by_group: dict[str, list[Job]] = {}
+        for j in cycle.waiting:  # sorted by group, then the in-group order
+            if j.id not in assigned:
+                by_group.setdefault(j.group, []).append(j)
+        by_user, cpu_ids = split_by_user(by_group)
+        usage = {g: share * max(q.weights.get(g, 1.0), 1e-9) for g, share in q.group_share.items()}
+        return FairShareQueue(by_user, cpu_ids, q.weights, usage, q.user_share, q.horizon)
 
     def _build(self) -> None:
         if self.built:
@@ -516,6 +612,9 @@ class DiagnosisView:
         info = cycle.infos.known(job)  # a job no pass reached needs no JobInfo made for this
         sig = info.sig if info is not None else shape_key(job)
         if why is not None:
+            if why.code in HELD_CODES:  # no time: it starts when its quota or cap allows, not
+                # when GPUs free up, and nothing here can tell when that is
+                return Diagnosis(job.id, (self.held_reason(job, why, info),), pos, None)
             reasons = (why,)
         elif self.blocked is not None and job is not cycle.blocker:
             reasons = (self.blocked, *self.caps.reasons(job, sig))
@@ -523,4 +622,50 @@ class DiagnosisView:
             reasons = (self.depth_reason, *self.caps.reasons(job, sig))
         else:
             reasons = self.caps.reasons(job, sig)
-        return Diagnosis(job.id, reasons, pos, self._etas().get(job.id))
+        return Diagnosis(job.id, reasons, pos, self._etas().get(job.id), start_range=self._range(job.id))
+
+    def held_reason(self, job: Job, why: Reason, info: JobInfo | None) -> Reason:
+        """The quota stage's reason said with the numbers: what the group or user may hold, what
+        it holds, what the job needs."""
+        ledger = self.cycle.ledger
+        group = ledger.group(job.group)
+        need = job.total_gpus
+        if why.code == "user_cap":
+            cap = group.user_max_gpus
+            held = ledger.user_used.get((group.name, job.user), 0)
+            return Reason(
+                why.code,
+                why.source,
+                f"waits for the per-user cap: {job.user} may hold {cap} GPUs in group {group.name} "
+                f"and holds {held}; this job needs {need}. It starts when {job.user}'s running jobs "
+                "free enough of them",
+            )
+        borrow = why.code == "quota_max"
+        models = info.models if info is not None else ()
+        keys = {ledger.key(group, m) for m in models} or {"*"}
+        free = max(ledger.limit(group, k, borrow) - ledger.used.get((group.name, k), 0) for k in keys)
+        which = "maximum" if borrow else "guaranteed"
+        left = "no limit" if math.isinf(free) else f"{max(0, int(free))} free"
+        because = "" if borrow else f" ({why.message.rsplit(' and ', 1)[-1]})"
+        return Reason(
+            why.code,
+            why.source,
+            f"waits for group {group.name}'s {which} quota: needs {need} GPUs, {left} in its quota"
+            f"{because}. It starts when the group's running jobs free enough of it",
+        )
+
+    def _range(self, job_id: str) -> tuple[float, float] | None:
+        """(early, late) estimated start with every runtime at the 25th and 75th percentile of its
+        history (the backfill roll only, the first RANGE_LIMIT jobs in the order; None without an
+        estimate)."""
+        if self.cycle.profile.eta_roll != "backfill" or self._etas().get(job_id) is None:
+            return None
+        if self.ranges is None:
+            order = self._eta_order(None)[:RANGE_LIMIT]
+            self.ranges = (self._roll(order, None, 0.25), self._roll(order, None, 0.75))
+        early, late = self.ranges[0].get(job_id), self.ranges[1].get(job_id)
+        if early is None or late is None:
+            return None
+        mid = self._etas()[job_id]
+        assert mid is not None
+        return min(early, mid), max(late, mid)

@@ -6,7 +6,7 @@ and a job may displace lower-priority work of its own group. las: a job in a low
 loses least work (borrowed first, then lowest priority, then youngest; for las, most attained
 first, then youngest) and added one by one until the waiting job fits. The victims keep their
 resources during this cycle (they get a grace period); the waiting job starts in a later cycle.
-For las the free GPUs its room counts on are held too, for the rest of the cycle (`_hold_free`).
+The free GPUs its room counts on are held too, for the rest of the cycle (`_hold_free`).
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ class Preemptor:
             self._release(c, 1)
         if fits is None:
             return None
-        self._hold_free(spots)
+        self._hold_free(spots)  # any preemption mode: else the room's free GPUs go to others
         profile, now = self.profile, self.now
         stops: list[Preemption] = []
         for c in chosen:
@@ -273,9 +273,9 @@ class Preemptor:
         return (dict(placed.gpus_by_model), spots) if ok else None
 
     def _hold_free(self, spots: list[Spot]) -> None:
-        """las: hold, for the rest of this cycle, the free GPUs that the room counts on besides the
+        """Hold, for the rest of this cycle, the free GPUs that the room counts on besides the
         victims' (the victims keep theirs through their grace anyway). Otherwise jobs later in the
-        order (the same or a higher LAS queue) take them in this same cycle; when the victims have stopped the
+        order take them in this same cycle; when the victims have stopped the
         job still does not fit, preempts again, and the victims restart in the room it left: a
         multi-node gang and its victims preempt each other forever and nobody keeps any work."""
         st = self.st

@@ -11,6 +11,7 @@ from corral.scheduler.types import Job
 
 ORDERS = ("fair_share", "fifo", "sjf", "las")
 PREEMPTIONS = ("none", "quota_priority", "las")
+ETA_ROLLS = ("backfill", "pooled")
 NUMERIC_KNOBS = (
     "grace_s",
     "fair_share_horizon_s",
@@ -59,6 +60,10 @@ class Profile:
     # a job preempted this many times is not preempted again (the bound per job); 0: no bound
     max_preemptions: int = 16
     eta_limit: int = 2000  # waiting jobs per cycle that get an estimated start (others: None)
+    # How estimated starts roll the cycle forward (diagnosis.py): "backfill" (per-model timelines,
+    # remaining times of running jobs from their history) or "pooled" (the earlier walk, kept as
+    # the baseline the simulator's ETA error is compared with)
+    eta_roll: str = "backfill"
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
@@ -66,6 +71,10 @@ class Profile:
         if self.preemption not in PREEMPTIONS:
             raise ValueError(
                 f"profile {self.name}: unknown preemption {self.preemption!r}; use one of {PREEMPTIONS}"
+            )
+        if self.eta_roll not in ETA_ROLLS:
+            raise ValueError(
+                f"profile {self.name}: unknown eta_roll {self.eta_roll!r}; use one of {ETA_ROLLS}"
             )
         if self.placement not in PLACEMENTS:
             raise ValueError(

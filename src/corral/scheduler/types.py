@@ -109,6 +109,9 @@ class Job:
     preemptible: bool = True
     submit_time: float = 0.0
     runtime_estimate: float | None = None  # seconds; None = unknown
+    # (25th, 75th percentile) of the past runs `runtime_estimate` is the median of (runtimes.py);
+    # None: no spread known (a user's limit, or no estimate). Estimated starts read it.
+    runtime_spread: tuple[float, float] | None = None
     attained_gpu_seconds: float = 0.0  # service received so far (for least-attained-service policies)
     # SIGTERM-to-kill time it asks for when preempted (the caller bounds it by its admin maximum);
     # None: the profile's grace_s
@@ -235,6 +238,9 @@ class Diagnosis:
     queue_position: int  # 1-based position among the waiting jobs of its group
     estimated_start: float | None  # same time base as `now`; None = cannot tell
     unschedulable: bool = False  # can never fit on this cluster as it stands
+    # (early, late) estimated start with runtimes at their history's 25th and 75th percentiles;
+    # None: no estimate, or no spread known
+    start_range: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,7 @@ def stored_diagnosis(diagnosis: st.Diagnosis) -> JobDiagnosis:
         queue_position=diagnosis.queue_position,
         estimated_start=diagnosis.estimated_start,
         unschedulable=diagnosis.unschedulable,
+        start_range=diagnosis.start_range,
     )
 
 
@@ -197,13 +198,27 @@ def apply_preemption(session: Session, preemption: st.Preemption, now: float) ->
 
 
 def _same_diagnosis(old: JobDiagnosis | None, new: JobDiagnosis) -> bool:
-    """Equal but for an estimated start that moved less than ETA_SLACK_S (it drifts every cycle)."""
-    if old is None or replace(old, estimated_start=None) != replace(new, estimated_start=None):
+    """Equal but for an estimated start (and its range) that moved less than ETA_SLACK_S (they
+    drift every cycle)."""
+    if old is None:
         return False
-    a, b = old.estimated_start, new.estimated_start
-    if a is None or b is None:
-        return a is None and b is None
-    return abs(a - b) < ETA_SLACK_S
+    if replace(old, estimated_start=None, start_range=None) != replace(
+        new, estimated_start=None, start_range=None
+    ):
+        return False
+    a, b = old.start_range, new.start_range
+    pairs = [(old.estimated_start, new.estimated_start)]
+    if a is not None and b is not None:
+        pairs += [(a[0], b[0]), (a[1], b[1])]
+    elif a is not None or b is not None:
+        return False
+    for x, y in pairs:
+        if x is None or y is None:
+            if x is not y:
+                return False
+        elif abs(x - y) >= ETA_SLACK_S:
+            return False
+    return True
 
 
 def write_diagnoses(ctx: ServerContext, session: Session, diagnoses: Mapping[str, st.Diagnosis]) -> None:

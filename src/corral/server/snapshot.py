@@ -61,6 +61,7 @@ class JobRecord:
     spec: JobSpecV1
     submitted_at: float
     runtime_estimate_s: float | None = None
+    runtime_spread: tuple[float, float] | None = None  # its 25th/75th percentile (runtimes.py)
     attained_gpu_seconds: float = 0.0
     preemptions: int = 0  # times the job was preempted (the default policy bounds it)
     # For live jobs: the current attempt's placement and when it started.
@@ -114,6 +115,7 @@ def scheduler_job(record: JobRecord, max_stop_grace_s: float = MAX_STOP_GRACE_S)
         preemptible=record.preemptible,
         submit_time=record.submitted_at,
         runtime_estimate=record.runtime_estimate_s,
+        runtime_spread=record.runtime_spread,
         attained_gpu_seconds=record.attained_gpu_seconds,
         preemptions=record.preemptions,
         stop_grace_s=grace,
@@ -189,6 +191,8 @@ _JOB_COLUMNS = (
     Job.submitted_at,
     Job.runtime_estimate_s,
     Job.attained_gpu_seconds,
+    Job.runtime_estimate_low_s,
+    Job.runtime_estimate_high_s,
     Job.state,
     Job.updated_at,
     Job.preemptions,
@@ -215,6 +219,8 @@ class _JobRow(NamedTuple):
     submitted_at: float
     runtime_estimate_s: float | None
     attained_gpu_seconds: float
+    runtime_estimate_low_s: float | None
+    runtime_estimate_high_s: float | None
     state: str
     updated_at: float
     preemptions: int
@@ -230,8 +236,8 @@ def _job_record(row: _JobRow, names: Mapping[int, str], groups: Mapping[int, str
     """From a row of _JOB_COLUMNS (+ _ATTEMPT_COLUMNS when `live`): plain columns, no ORM objects,
     because this runs every schedule cycle for every waiting and running job."""
     job_id, user_id, group_id, priority, preemptible, spec, submitted, estimate, attained = row[:9]
-    state, updated, preemptions = row[9:12]
-    placement, started, created, borrowed, grace = row[12:17] if live else ((), None, None, False, None)
+    low, high, state, updated, preemptions = row[9:14]
+    placement, started, created, borrowed, grace = row[14:19] if live else ((), None, None, False, None)
     # PREEMPTED: the schedule loop entered it at `updated_at` and gave the attempt `stop_grace_s`.
     stopping = live and state == JobState.PREEMPTED.value
     stops_by = updated + (grace or 0.0) if stopping else None
@@ -244,6 +250,7 @@ def _job_record(row: _JobRow, names: Mapping[int, str], groups: Mapping[int, str
         spec=spec,
         submitted_at=submitted,
         runtime_estimate_s=estimate,
+        runtime_spread=None if low is None or high is None else (low, high),
         attained_gpu_seconds=attained,
         preemptions=preemptions,
         placement=tuple(placement or ()),
@@ -310,7 +317,7 @@ def read_cluster_state(session: Session) -> ClusterState:
     group_names = {g.id: g.name for g in groups}
     user_names: dict[int, str] = {row[0]: row[1] for row in session.execute(select(User.id, User.name))}
     live_job = Job.state.in_([s.value for s in LIVE_JOB_STATES])
-    # SQLAlchemy types selects of up to 10 columns: this one's 17 are named by _JobRow instead.
+    # SQLAlchemy types selects of up to 10 columns: this one's 19 are named by _JobRow instead.
     rows = session.execute(
         select(*_JOB_COLUMNS, *_ATTEMPT_COLUMNS, Attempt.id.label("attempt_id"))
         .outerjoin(

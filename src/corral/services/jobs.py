@@ -15,7 +15,6 @@ Cancel contract (shared with the reconciler in corral.server):
 
 from __future__ import annotations
 
-import statistics
 import time
 import weakref
 from collections.abc import Sequence
@@ -40,8 +39,10 @@ from corral.catalog.model_mounts import record_model_uses
 from corral.datasets.mounts import record_lineage
 from corral.db.base import table_of
 from corral.db.models import Attempt, Gpu, Group, Job, JobEvent, Node, User
+from corral.domain import start_text
 from corral.scheduler import Profile, check_fits_anywhere
 from corral.scheduler import types as st
+from corral.scheduler.runtimes import KEEP_RUNS, LEVELS, MIN_RUNS, RuntimeEstimate, estimate_from
 from corral.services import audit, notify
 from corral.services.audit_state import job_state
 from corral.services.auth import Principal
@@ -198,32 +199,37 @@ def resolve_group(session: Session, principal: Principal, name: str | None) -> G
     return GroupRef(row.id, row.name)
 
 
-HISTORY_RUNS = 10  # how many recent successful runs of the same job name an estimate looks at
-
-
-def runtime_estimate_s(session: Session, user_id: int, spec: JobSpecV1) -> float | None:
-    """How long this job will likely run, for the scheduler's estimated starts and backfill: the
-    median of the user's last successful runs of a job with the same name (people resubmit the
-    same training many times), capped by `max_runtime`; else `max_runtime`; else unknown."""
-    rows = session.execute(
-        select(Attempt.started_at, Attempt.ended_at)
-        .join(Job, Job.id == Attempt.job_id)
-        .where(
-            Job.user_id == user_id,
-            Job.name == spec.name,
-            Attempt.state == AttemptState.SUCCEEDED.value,
-            Attempt.started_at.is_not(None),
-            Attempt.ended_at.is_not(None),
-        )
-        .order_by(Attempt.id.desc())
-        .limit(HISTORY_RUNS)
-    ).all()
-    durations = [end - start for start, end in rows if start is not None and end is not None and end >= start]
-    limit = spec.max_runtime_s
-    if not durations:
-        return limit
-    typical = statistics.median(durations)
-    return min(typical, limit) if limit is not None else typical
+def runtime_estimate(
+    session: Session, user_id: int, group_id: int, spec: JobSpecV1
+) -> RuntimeEstimate | None:
+    """How long this job will likely run, and how sure that is, for the scheduler's estimated
+    starts and backfill: the chain of corral.scheduler.runtimes (the user's runs of the same job
+    name, else the user's jobs of the same size, else the group's, else the cluster's; the
+    median with its 25th-75th percentiles, capped by `max_runtime`); else `max_runtime`; else
+    unknown. One query per level, stopping at the first with enough runs."""
+    conditions: dict[str, tuple[ColumnElement[bool], ...]] = {
+        "name": (Job.user_id == user_id, Job.name == spec.name),
+        "user_size": (Job.user_id == user_id, Job.gpus == spec.total_gpus),
+        "group": (Job.group_id == group_id,),
+        "cluster": (),
+    }
+    for level in LEVELS:
+        rows = session.execute(
+            select(Attempt.started_at, Attempt.ended_at)
+            .join(Job, Job.id == Attempt.job_id)
+            .where(
+                *conditions[level],
+                Attempt.state == AttemptState.SUCCEEDED.value,
+                Attempt.started_at.is_not(None),
+                Attempt.ended_at.is_not(None),
+            )
+            .order_by(Attempt.id.desc())
+            .limit(KEEP_RUNS[level])
+        ).all()
+        runs = [end - start for start, end in rows if start is not None and end is not None and end >= start]
+        if len(runs) >= MIN_RUNS[level]:
+            return estimate_from([(level, runs)], spec.max_runtime_s)
+    return estimate_from([], spec.max_runtime_s)
 
 
 # Built once: with the values passed as parameters the compiled statement is reused from
@@ -245,6 +251,10 @@ class JobInsert(TypedDict):
     max_retries: int
     attempt_count: int
     runtime_estimate_s: float | None
+    runtime_estimate_low_s: float | None
+    runtime_estimate_high_s: float | None
+    runtime_estimate_basis: str | None
+    gpus: int
     submitted_at: float
     updated_at: float
     cancel_requested: bool
@@ -280,6 +290,7 @@ def submit_job(
     if spec.secrets:  # names only: the values are read at dispatch
         check_job_secrets(session, principal.user_id, group.id, group.name, spec.secrets)
     stored = spec.model_copy(update={"group": group.name})  # the column stores its JSON
+    estimate = runtime_estimate(session, principal.user_id, group.id, spec)
     columns: JobInsert = {
         "name": spec.name,
         "user_id": principal.user_id,
@@ -290,7 +301,11 @@ def submit_job(
         "spec": stored,
         "max_retries": spec.retries,
         "attempt_count": 0,
-        "runtime_estimate_s": runtime_estimate_s(session, principal.user_id, spec),
+        "runtime_estimate_s": None if estimate is None else estimate.seconds,
+        "runtime_estimate_low_s": None if estimate is None or estimate.basis == "limit" else estimate.low_s,
+        "runtime_estimate_high_s": None if estimate is None or estimate.basis == "limit" else estimate.high_s,
+        "runtime_estimate_basis": None if estimate is None else estimate.basis,
+        "gpus": spec.total_gpus,
         "submitted_at": now,
         "updated_at": now,
         "cancel_requested": False,
@@ -499,6 +514,8 @@ class WaitingStatus(TypedDict):
     queue_position: int | None
     estimated_start: float | None
     unschedulable: bool
+    start_range: list[float] | None
+    held: bool
 
 
 class LogsPage(TypedDict):
@@ -523,6 +540,8 @@ def waiting_status(job: Job) -> WaitingStatus | None:
     position = diagnosis.queue_position if diagnosis is not None else None
     estimate = diagnosis.estimated_start if diagnosis is not None else None
     unschedulable = diagnosis is not None and diagnosis.unschedulable
+    start_range = diagnosis.start_range if diagnosis is not None else None
+    held = diagnosis is not None and diagnosis.held
     if state is JobState.QUEUED:
         why = "; ".join(r.message for r in reasons) or "the scheduler has not looked at it yet"
         parts = [f"job {job.id} is queued: {why}"]
@@ -530,8 +549,10 @@ def waiting_status(job: Job) -> WaitingStatus | None:
             parts.append(f"position {position} in the queue")
         if unschedulable:
             parts.append("it cannot run on the cluster as it stands")
+        elif held:
+            parts.append("no estimated start while it is held back")
         elif estimate is not None:
-            parts.append(f"estimated start in {max(0.0, estimate - time.time()):.0f} s")
+            parts.append(f"estimated start {start_text(estimate, start_range, time.time())}")
         message = "; ".join(parts)
     else:
         message = f"job {job.id} is {state.value}: its processes are being started; no output yet"
@@ -542,6 +563,8 @@ def waiting_status(job: Job) -> WaitingStatus | None:
         "queue_position": position,
         "estimated_start": estimate,
         "unschedulable": unschedulable,
+        "start_range": None if start_range is None else list(start_range),
+        "held": held,
     }
 
 

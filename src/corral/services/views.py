@@ -96,8 +96,29 @@ class JobView(TypedDict):
     preemptions: int
     attempts: list[AttemptView]
     diagnosis: JobDiagnosisJSON | None
+    runtime_estimate: RuntimeEstimateView | None
     events: NotRequired[list[EventView]]
     watch: NotRequired[WatchView | None]
+
+
+class RuntimeEstimateView(TypedDict):
+    """The runtime the scheduler assumes for the job (corral.scheduler.runtimes)."""
+
+    seconds: float
+    low_s: float | None  # 25th percentile of the runs it came from (None: no spread known)
+    high_s: float | None  # 75th percentile
+    basis: str | None  # name | user_size | group | cluster | limit (None: before it was recorded)
+
+
+def runtime_estimate_view(job: Job) -> RuntimeEstimateView | None:
+    if job.runtime_estimate_s is None:
+        return None
+    return {
+        "seconds": job.runtime_estimate_s,
+        "low_s": job.runtime_estimate_low_s,
+        "high_s": job.runtime_estimate_high_s,
+        "basis": job.runtime_estimate_basis,
+    }
 
 
 class GpuView(TypedDict):
@@ -232,6 +253,7 @@ def job_view(
         "preemptions": job.preemptions or 0,
         "attempts": [attempt_view(a) for a in job.attempts],
         "diagnosis": None if job.diagnosis is None else diagnosis_to_json(job.diagnosis),
+        "runtime_estimate": runtime_estimate_view(job),
     }
     if events is not None:
         out["events"] = [event_view(e) for e in events]

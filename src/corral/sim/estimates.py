@@ -1,11 +1,14 @@
 """Runtime estimates from what a live platform knows, never the trace's true durations.
 
-The live platform estimates a job's runtime as the median of the user's last successful runs of a
-job with the same name, capped by the job's own `max_runtime`; else `max_runtime`; else unknown
-(`corral.services.jobs.runtime_estimate_s`). The simulator does the same with the jobs that have
-finished so far in the replay. Traces without job names (Philly) fall back to the history of the
-same (group, user, GPUs); a job with no history and no limit gets None (the profile's
-`default_runtime_s`).
+The same chain as the live platform (`corral.scheduler.runtimes`): the user's runs of the same job
+name, else the user's jobs of the same size (GPUs), else the group's, else the cluster's, from the
+jobs that have finished so far in the replay; capped by the job's own `max_runtime`; else
+`max_runtime`; else unknown (the profile's `default_runtime_s`). Each estimate carries the 25th and
+75th percentiles of the runs it rests on.
+
+`legacy=True` keeps the estimate of the previous round (the median of the last runs of the same
+user and name, or of the same group, user and GPUs; no broader fallback, no spread): the baseline
+the ETA error is compared with.
 """
 
 from __future__ import annotations
@@ -13,34 +16,43 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
+from corral.scheduler.runtimes import RunHistory, RuntimeEstimate
 from corral.sim.trace import TraceJob
 
-HISTORY_RUNS = 10  # as services/jobs.py: the last successful runs looked at
+LEGACY_RUNS = 10  # the previous round's window
 
 
 class RuntimeHistory:
-    def __init__(self) -> None:
+    def __init__(self, legacy: bool = False) -> None:
+        self.legacy = legacy
+        self._chain = RunHistory()
         self._runs: dict[tuple[object, ...], deque[float]] = {}
         self._median: dict[tuple[object, ...], float] = {}
 
     @staticmethod
-    def key(job: TraceJob) -> tuple[object, ...]:
+    def _legacy_key(job: TraceJob) -> tuple[object, ...]:
         if job.name:
             return ("name", job.user, job.name)
         return ("shape", job.group, job.user, job.num_gpus)
 
     def record(self, job: TraceJob, ran_s: float) -> None:
         """A finished job ran `ran_s` seconds of work."""
-        k = self.key(job)
+        if not self.legacy:
+            self._chain.record(job.user, job.name, job.num_gpus, job.group, ran_s)
+            return
+        k = self._legacy_key(job)
         runs = self._runs.get(k)
         if runs is None:
-            runs = self._runs[k] = deque(maxlen=HISTORY_RUNS)
+            runs = self._runs[k] = deque(maxlen=LEGACY_RUNS)
         runs.append(ran_s)
         self._median[k] = statistics.median(runs)
 
-    def estimate(self, job: TraceJob) -> float | None:
-        typical = self._median.get(self.key(job))
+    def estimate(self, job: TraceJob) -> RuntimeEstimate | None:
         limit = job.max_runtime_s
+        if not self.legacy:
+            return self._chain.estimate(job.user, job.name, job.num_gpus, job.group, limit)
+        typical = self._median.get(self._legacy_key(job))
         if typical is None:
-            return limit
-        return min(typical, limit) if limit is not None else typical
+            return None if limit is None else RuntimeEstimate(limit, limit, limit, "limit", 0)
+        value = min(typical, limit) if limit is not None else typical
+        return RuntimeEstimate(value, value, value, "name", 0)

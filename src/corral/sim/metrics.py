@@ -17,7 +17,9 @@ Definitions (also in docs/simulator.md):
   GPU-seconds given within its guarantee / GPU-seconds owed (min(guarantee, what it asked for),
   over time); `worst_guarantee_held` (1.0 = every group got its share whenever it asked).
 - ETA error: |first estimated_start the scheduler gave a waiting job - its actual first start|;
-  `eta_rel_err_median`: the median of that / the actual wait over jobs that waited > 5 minutes.
+  `eta_rel_err_median`: the median of that / the actual wait over jobs that waited > 5 minutes
+  and were shown an ETA; `eta_none_jobs`: jobs that waited that long but were shown none (held
+  by their quota or user cap, which the diagnosis says instead of a time).
 """
 
 from __future__ import annotations
@@ -114,19 +116,24 @@ def per_group(result: SimResult) -> dict[str, dict[str, float]]:
     return out
 
 
-def eta_errors(result: SimResult) -> tuple[list[float], list[float]]:
+def eta_errors(result: SimResult) -> tuple[list[float], list[float], int]:
     """(|ETA - first start| of every job given an ETA, that / the wait for jobs that waited more
-    than ETA_MIN_WAIT_S)."""
+    than ETA_MIN_WAIT_S, how many jobs waited that long but were shown no ETA: held by a quota or
+    cap, or past eta_limit; they are not in the relative error, so it is reported next to it)."""
     absolute, relative = [], []
+    none = 0
     for j in result.jobs:
-        if math.isnan(j.eta) or math.isnan(j.first_start):
+        if math.isnan(j.first_start):
+            continue
+        if math.isnan(j.eta):
+            none += j.first_start - j.trace.submit_time > ETA_MIN_WAIT_S
             continue
         err = abs(j.eta - j.first_start)
         absolute.append(err)
         wait = j.first_start - j.trace.submit_time
         if wait > ETA_MIN_WAIT_S:
             relative.append(err / wait)
-    return absolute, relative
+    return absolute, relative, none
 
 
 def _group_extremes(groups: dict[str, dict[str, float]]) -> tuple[str | None, float, str | None, float]:
@@ -146,7 +153,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
     last_end = float(a["end"].max()) if a["end"].size else first_submit
     makespan = last_end - first_submit
     groups = per_group(result)
-    etas, relative = eta_errors(result)
+    etas, relative, no_eta = eta_errors(result)
     waiting = [(free, unusable) for _, free, unusable in result.frag_samples]
     lost = sum(j.lost_work_s * j.trace.num_gpus for j in result.jobs)
     unfinished = [j.trace.job_id for j in result.jobs if math.isnan(j.end)]
@@ -185,6 +192,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "eta_jobs": len(etas),
         "eta_rel_err_median": float(np.median(relative)) if relative else None,
         "eta_rel_jobs": len(relative),
+        "eta_none_jobs": no_eta,  # waited > 5 min, shown no ETA at submit (held, or past eta_limit)
         "preemptions": result.preemptions,
         "max_preemptions_per_job": most_preempted,
         "lost_work_gpu_h": lost / 3600.0,

@@ -23,6 +23,7 @@ from typing import Protocol
 from corral.scheduler import apply_plan, check_fits_anywhere
 from corral.scheduler.admission import quota_refusals
 from corral.scheduler.apply import estimated_starts
+from corral.scheduler.runtimes import RuntimeEstimate
 from corral.scheduler.types import (
     Allocation,
     Assignment,
@@ -75,6 +76,9 @@ class SimConfig:
     # False: no runtime history either (estimates only from user limits): the replay as it was
     # before history estimates, for comparing the ETA error
     runtime_history: bool = True
+    # True: runtime estimates as in the previous round (estimates.py, legacy): with the profile's
+    # eta_roll="pooled", the ETA baseline of bench/sim_quality.py and bench/sim_replay.py
+    legacy_estimates: bool = False
     usage_half_life_s: float = 7 * 86400.0  # decay of historical usage for fair share
     node_mtbf_s: float | None = None  # mean time between failures of one node; None = no failures
     node_repair_s: float = 3600.0
@@ -219,7 +223,7 @@ class Simulator:
         self.diagnosis_s = 0.0
         self._deferred_cycle: float | None = None
         self.job_events = 0  # pending job events; node events alone do not keep the replay going
-        self.history = RuntimeHistory()
+        self.history = RuntimeHistory(legacy=self.config.legacy_estimates)
         self.log: list[JobEvent] = []
         self.now = 0.0
         self._load_jobs()
@@ -317,22 +321,29 @@ class Simulator:
             usage=Usage(by_group=dict(self.usage), by_user=dict(self.user_usage)),
         )
 
-    def _estimate(self, sj: SimJob) -> float | None:
-        """The runtime the scheduler is told: the true remaining time with the oracle, else what
-        history and the user's limit say, less the work already kept."""
+    def _estimate(self, sj: SimJob) -> tuple[float | None, tuple[float, float] | None]:
+        """The runtime the scheduler is told and its spread (estimates.py): the true remaining time
+        with the oracle, else what history and the user's limit say, less the work already kept."""
         if self.config.oracle_runtime:
-            return sj.remaining
-        history = self.config.runtime_history
-        estimate = self.history.estimate(sj.trace) if history else sj.trace.max_runtime_s
-        if estimate is None:
-            return None
+            return sj.remaining, None
+        if not self.config.runtime_history:
+            limit = sj.trace.max_runtime_s
+            found = None if limit is None else RuntimeEstimate(limit, limit, limit, "limit", 0)
+        else:
+            found = self.history.estimate(sj.trace)
+        if found is None:
+            return None, None
         done = sj.trace.duration - sj.remaining  # kept work: the platform saw it run and save
-        return max(estimate - done, min(estimate, 60.0))
+        if done <= 0:
+            spread = None if found.basis == "limit" or self.history.legacy else (found.low_s, found.high_s)
+            return found.seconds, spread
+        return max(found.seconds - done, min(found.seconds, 60.0)), None
 
     def _queue(self, sj: SimJob, now: float) -> None:
         tj = sj.trace
         sj.queued_at = now
         self.queued_gpus[tj.group] += tj.num_gpus
+        estimate, spread = self._estimate(sj)
         self.queued[tj.job_id] = Job(
             id=tj.job_id,
             group=tj.group,
@@ -340,7 +351,8 @@ class Simulator:
             tasks=sj.tasks,
             priority=tj.priority,
             submit_time=tj.submit_time,
-            runtime_estimate=self._estimate(sj),
+            runtime_estimate=estimate,
+            runtime_spread=spread,
             attained_gpu_seconds=sj.attained_gpu_s,
             stop_grace_s=self._stop_grace(tj),
             preemptions=sj.preemptions,

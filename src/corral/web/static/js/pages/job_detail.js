@@ -10,6 +10,8 @@ import {
   downloadText,
   emptyState,
   errorBox,
+  fmtDuration,
+  fmtRelative,
   fmtTime,
   h,
   isTerminal,
@@ -116,8 +118,9 @@ function drawPending(root, job) {
       h(
         "dl",
         { class: "summary", id: "why-pending" },
-        h("div", {}, h("dt", {}, "Queue position"), h("dd", {}, d.queue_position == null ? "—" : `#${d.queue_position}`)),
-        h("div", {}, h("dt", {}, "Estimated start"), h("dd", {}, d.estimated_start == null ? "unknown" : timeEl(d.estimated_start))),
+        h("div", {}, h("dt", {}, "Queue position"), h("dd", { title: "in the order the scheduler takes waiting jobs, fair share included" }, d.queue_position == null ? "—" : `#${d.queue_position}`)),
+        h("div", {}, h("dt", {}, "Estimated start"), h("dd", { id: "estimated-start" }, startCell(d))),
+        job.runtime_estimate ? h("div", {}, h("dt", {}, "Assumed runtime"), h("dd", {}, runtimeText(job.runtime_estimate))) : null,
         d.unschedulable ? h("div", {}, h("dt", {}, "Schedulable"), h("dd", { class: "bad" }, "no: it cannot fit the cluster as it is")) : null,
       ),
       reasons.length
@@ -125,6 +128,29 @@ function drawPending(root, job) {
         : emptyState("No reason recorded yet; the scheduler looks at it on its next cycle."),
     ),
   );
+}
+
+// The estimated start with its uncertainty, or why there is none (held by quota or cap).
+function startCell(d) {
+  if (d.unschedulable) return "never, as the cluster stands";
+  if (d.held) return h("span", { class: "muted" }, "none while it is held back by its quota or cap (see below)");
+  if (d.estimated_start == null) return "unknown";
+  const r = d.start_range;
+  if (!r || r[1] - r[0] < 60) return timeEl(d.estimated_start);
+  return h("span", {}, timeEl(d.estimated_start), h("span", { class: "muted" }, ` (likely ${fmtRelative(r[0])} to ${fmtRelative(r[1])})`));
+}
+
+const BASIS = {
+  name: "this job name's earlier runs",
+  user_size: "the user's jobs of this size",
+  group: "the group's jobs",
+  cluster: "the cluster's jobs",
+  limit: "its max_runtime (no history yet)",
+};
+
+function runtimeText(e) {
+  const spread = e.low_s != null && e.high_s != null && e.high_s > e.low_s ? `, likely ${fmtDuration(e.low_s)} to ${fmtDuration(e.high_s)}` : "";
+  return `~${fmtDuration(e.seconds)}${spread} (from ${BASIS[e.basis] || "history"})`;
 }
 
 function drawTimeline(root, job) {
