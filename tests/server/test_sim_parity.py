@@ -241,7 +241,7 @@ def test_live_snapshot_carries_the_overload_policy_state(tmp_path: Path) -> None
 
     # cycles that reclaimed borrowed work (the bound spares those victims), and crowded ones
     records = result.records
-    cycles = [r for r in records if r.plan.preemptions][:4] + [r for r in records if crowded(r)][:4]
+    cycles = [r for r in records if r.plan.preemptions][:8] + [r for r in records if crowded(r)][:8]
     assert cycles
     changed = 0
     for k, record in enumerate(cycles):
