@@ -5,8 +5,9 @@ outside any transaction (SQLite would otherwise hold its write lock across a pro
 crash between launch and commit leaves the job SCHEDULED; the next dispatch launches the same
 attempt id again, which the engine treats as the same launch (idempotent), so nothing starts twice.
 If such a job is cancelled meanwhile, its attempt is stopped through the engine before the job is
-settled CANCELLED; and a launch renews the job's lease right before the engine call, so a launch
-that outlived its lease on a stalled server does not start anything.
+settled CANCELLED; and a launch that waited more than FRESH_CLAIM_S since its claim renews the
+job's lease right before the engine call, so a launch that outlived its lease on a stalled server
+does not start anything.
 """
 
 from __future__ import annotations
