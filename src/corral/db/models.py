@@ -149,6 +149,9 @@ class Job(Base):
         Index("ix_jobs_user_submitted", "user_id", "submitted_at"),
         Index("ix_jobs_group_submitted", "group_id", "submitted_at"),
         Index("ix_jobs_submitted", "submitted_at"),  # admins' unfiltered, newest-first pages
+        # a submission's runtime estimate reads the user's earlier runs of the same name: without
+        # it, every submit scanned all of its user's jobs (services.jobs.runtime_estimate_s)
+        Index("ix_jobs_user_name", "user_id", "name"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)

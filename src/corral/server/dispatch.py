@@ -5,8 +5,9 @@ outside any transaction (SQLite would otherwise hold its write lock across a pro
 crash between launch and commit leaves the job SCHEDULED; the next dispatch launches the same
 attempt id again, which the engine treats as the same launch (idempotent), so nothing starts twice.
 If such a job is cancelled meanwhile, its attempt is stopped through the engine before the job is
-settled CANCELLED; and a launch renews the job's lease right before the engine call, so a launch
-that outlived its lease on a stalled server does not start anything.
+settled CANCELLED; and a launch that waited more than FRESH_CLAIM_S since its claim renews the
+job's lease right before the engine call, so a launch that outlived its lease on a stalled server
+does not start anything.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, selectinload
 
@@ -54,6 +55,15 @@ LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
 # calls that release the GIL, so a burst of scheduled jobs is not started one by one.
 LAUNCH_WORKERS = 4
 MAX_BATCH = 256  # scheduled jobs launched per tick; the rest go in the next tick
+# A launch that starts within this many seconds of its claim (the claim's UPDATE checked the job
+# was still scheduled; its lease runs JOB_LEASE_TTL_S) starts without renewing the claim: no other
+# server can have taken the lease yet. Renewing every launch was one write transaction per job,
+# which under a burst waited ~100 ms each for SQLite's write lock behind submissions and capped
+# the launch pool at a few dozen jobs/s. Older launches (a stalled server, a long queue in the
+# pool) renew first, as before. A job settled meanwhile by another path (its node went down) is
+# stopped when the launch is recorded (_record_launch), as it always was for the same race
+# between the renewal and the engine call.
+FRESH_CLAIM_S = 1.0
 
 
 def master_port(address: str, job_id: int) -> int:
@@ -207,18 +217,22 @@ def stop_claimed_before(
     return ready
 
 
+# Run every tick: built once (building it cost about as much as running it, ~0.4 ms).
+SCHEDULED_JOBS = (
+    select(Job)
+    .where(Job.state == JobState.SCHEDULED.value, Job.id.not_in(bindparam("skip", expanding=True)))
+    .order_by(Job.id)
+    .limit(MAX_BATCH)
+    .options(selectinload(Job.user), selectinload(Job.group))
+)
+
+
 def prepare_launches(
     ctx: ServerContext, session: Session, now: float, skip: set[int] | None = None
 ) -> list[AttemptLaunch]:
     """Build the launches of scheduled jobs not in `skip` (reads only), then claim them and settle
     cancelled ones in one short write at the end, and commit. SQLite holds its write lock only then."""
-    jobs = session.scalars(
-        select(Job)
-        .where(Job.state == JobState.SCHEDULED.value, Job.id.not_in(skip or set()))
-        .order_by(Job.id)
-        .limit(MAX_BATCH)
-        .options(selectinload(Job.user), selectinload(Job.group))
-    ).all()
+    jobs = session.scalars(SCHEDULED_JOBS, {"skip": sorted(skip or ())}).all()
     if not jobs:
         return []
     attempts = live_attempts(session, [j.id for j in jobs])
@@ -332,11 +346,14 @@ def renew_claim(ctx: ServerContext, job_id: int, now: float) -> bool:
     return renewed.rowcount == 1
 
 
-def _launch(ctx: ServerContext, launch: AttemptLaunch) -> Launched | None:
+def _launch(ctx: ServerContext, launch: AttemptLaunch, claimed_at: float) -> Launched | None:
     """Call the engine (outside any transaction); None when the engine is unreachable or the job
-    is no longer this server's to launch (it stays as it is; the next dispatch tick decides)."""
+    is no longer this server's to launch (it stays as it is; the next dispatch tick decides).
+    `claimed_at`: when this server claimed the job (the claim is renewed first when older than
+    FRESH_CLAIM_S)."""
+    now = time.time()
     try:
-        ours = renew_claim(ctx, int(launch.job_id), time.time())
+        ours = now - claimed_at < FRESH_CLAIM_S or renew_claim(ctx, int(launch.job_id), now)
     except SQLAlchemyError:  # e.g. the database busy: the job stays scheduled, tried again
         log.exception("could not renew the claim on job %s before launching it", launch.job_id)
         return None
@@ -403,9 +420,9 @@ def launch_queue(ctx: ServerContext) -> LaunchQueue:
     return queue
 
 
-def _submit(ctx: ServerContext, queue: LaunchQueue, launch: AttemptLaunch) -> None:
+def _submit(ctx: ServerContext, queue: LaunchQueue, launch: AttemptLaunch, claimed_at: float) -> None:
     def run() -> None:
-        result = _launch(ctx, launch)
+        result = _launch(ctx, launch, claimed_at)
         with queue.lock:
             if result is not None:
                 queue.done.append(result)
@@ -436,10 +453,11 @@ def dispatch_tick(ctx: ServerContext, now: float) -> None:
         with queue.lock:
             queue.in_flight.difference_update(r[0] for r in done)
         ctx.wake("reconcile")
+    claimed_at = time.time()
     with ctx.session_factory() as session:
-        launches = prepare_launches(ctx, session, time.time(), skip=queue.busy_ids())
+        launches = prepare_launches(ctx, session, claimed_at, skip=queue.busy_ids())
     for launch in launches:
-        _submit(ctx, queue, launch)
+        _submit(ctx, queue, launch, claimed_at)
 
 
 def shutdown_launches(ctx: ServerContext) -> None:

@@ -68,8 +68,11 @@ def end_attempt(
     if not move_attempt(session, attempt, state, values):
         raise AttemptChangedMeanwhile(f"attempt {attempt.attempt_id} ended in another session")
     # ORM deletes, written at commit with the rest of the batch (one executemany, not one each).
-    for claim in session.scalars(select(GpuClaim).where(GpuClaim.attempt_pk == attempt.id)):
-        session.delete(claim)
+    # The claims are exactly the placement's GPUs (scheduling.stage_assignment): an attempt
+    # placed without GPUs has none, and skips the query (a SELECT per ended CPU job).
+    if attempt_gpus(attempt) > 0:
+        for claim in session.scalars(select(GpuClaim).where(GpuClaim.attempt_pk == attempt.id)):
+            session.delete(claim)
     if attempt.started_at is not None and attempt.ended_at is not None:
         gpu_seconds = attempt_gpus(attempt) * max(0.0, attempt.ended_at - attempt.started_at)
         job.attained_gpu_seconds += gpu_seconds

@@ -54,26 +54,33 @@ class LiveRow:
     grace_s: float | None  # None: the spec's stop_grace (read only when a stop is sent)
 
 
+# Both run every tick (ten a second): built once, since building a select cost about as much
+# as running it on a small table (0.2-0.35 ms each).
+LIVE_ROWS = (
+    select(
+        Job.id,
+        Attempt.number,
+        Attempt.state,
+        Attempt.engine_ref,
+        Job.state,
+        Job.cancel_requested,
+        Attempt.stop_requested_at,
+        Attempt.stop_grace_s,
+    )
+    .join(Attempt, Attempt.job_id == Job.id)
+    .where(
+        Job.state.in_([JobState.STARTING.value, JobState.RUNNING.value, JobState.PREEMPTED.value]),
+        Attempt.state.in_([AttemptState.STARTING.value, AttemptState.RUNNING.value]),
+    )
+)
+CANCELLED_WAITING = select(Job).where(
+    Job.cancel_requested.is_(True), Job.state.in_([JobState.QUEUED.value, JobState.PREEMPTED.value])
+)
+
+
 def _live_rows(session: Session) -> list[LiveRow]:
     """Plain columns, no ORM objects or spec parsing: this runs every tick for every live job."""
-    states = [JobState.STARTING.value, JobState.RUNNING.value, JobState.PREEMPTED.value]
-    rows = session.execute(
-        select(
-            Job.id,
-            Attempt.number,
-            Attempt.state,
-            Attempt.engine_ref,
-            Job.state,
-            Job.cancel_requested,
-            Attempt.stop_requested_at,
-            Attempt.stop_grace_s,
-        )
-        .join(Attempt, Attempt.job_id == Job.id)
-        .where(
-            Job.state.in_(states),
-            Attempt.state.in_([AttemptState.STARTING.value, AttemptState.RUNNING.value]),
-        )
-    ).all()
+    rows = session.execute(LIVE_ROWS).all()
     return [
         LiveRow(job_id, f"{job_id}.{number}", a_state, ref, j_state, bool(cancel), stop_at is not None, grace)
         for job_id, number, a_state, ref, j_state, cancel, stop_at, grace in rows
@@ -94,11 +101,7 @@ def adopt_once(ctx: ServerContext) -> None:
 
 def cancel_queued(ctx: ServerContext, session: Session, now: float) -> None:
     """QUEUED/PREEMPTED jobs with a cancel request and nothing running: CANCELLED at once."""
-    jobs = session.scalars(
-        select(Job).where(
-            Job.cancel_requested.is_(True), Job.state.in_([JobState.QUEUED.value, JobState.PREEMPTED.value])
-        )
-    ).all()
+    jobs = session.scalars(CANCELLED_WAITING).all()
     for job in jobs:
         if job.state == JobState.PREEMPTED.value and live_attempts(session, [job.id]):
             continue

@@ -28,6 +28,7 @@ import uvicorn
 from sqlalchemy.orm import Session, sessionmaker
 
 from corral.config import Settings
+from corral.server import profiling
 from corral.server.context import ServerContext
 from corral.server.dispatch import shutdown_launches
 from corral.server.reconcile import adopt_once
@@ -179,6 +180,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("alembic").setLevel(logging.WARNING)  # its per-plugin INFO lines drown the banner
+    profiling.start()  # CORRAL_PROFILE_OUT: cProfile of every thread (off by default)
     if demo:
         from corral.server.demo import demo_settings
 
@@ -261,4 +263,5 @@ def serve(settings: Settings, demo: bool = False) -> None:
         db_engine.dispose()
         if sampler is not None:
             sampler.stop()
+        profiling.write()
         print("Corral stopped.", flush=True)

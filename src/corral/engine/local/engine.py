@@ -187,6 +187,7 @@ class LocalEngine:
         # Network namespaces come with the sandbox: `isolation` off means plain host processes.
         self.network = NetworkPolicy(job_network if isolation else "host", job_outbound).probe()
         self._children: dict[str, int] = {}  # supervisors we spawned and have not reaped
+        self._unchanged: dict[str, _LiveSeen] = {}  # live attempts as last read (see _status)
         self._build_network: NetworkPolicy | None = None
         self._log_start_up()
         # Attempts started by an earlier engine object (before a restart) keep running under
@@ -598,6 +599,8 @@ class LocalEngine:
 
     def poll(self, attempt_ids: Iterable[str]) -> Mapping[str, AttemptStatus]:
         self._reap()
+        if len(self._unchanged) > MAX_UNCHANGED:  # attempts nobody polls any more
+            self._unchanged.clear()
         return {aid: self._status(aid) for aid in attempt_ids}
 
     def _reap(self) -> None:
@@ -610,24 +613,51 @@ class LocalEngine:
             adir = self._dir(attempt_id)
         except ValueError as exc:
             return AttemptStatus(attempt_id, AttemptPhase.LOST, message=str(exc))
+        # A live attempt's state changes only by a file created or renamed into its dir (the
+        # supervisor's state.json and status.json, the engine's stop), which changes the dir's
+        # mtime; or by its supervisor dying. While neither happened, the last reading stands:
+        # the reconcile loop polls every live attempt ten times a second, and reading its four
+        # files cost ~0.1-0.25 ms each time (a few ms per job while a burst's jobs start).
+        try:
+            mtime_ns = os.stat(adir).st_mtime_ns
+        except OSError:
+            mtime_ns = None
+        seen = self._unchanged.pop(attempt_id, None)
+        unchanged = seen is not None and seen.mtime_ns == mtime_ns
+        if seen is not None and unchanged:
+            ref = seen.status.engine_ref or ""
+            if self._supervisor_alive(attempt_id, adir, seen.supervisor, ref):
+                self._unchanged[attempt_id] = seen
+                return seen.status
+        status, sup = self._read_status(attempt_id, adir)
+        # Kept only when the dir had been still for a while before it was read: its mtime comes
+        # from the kernel's coarse clock, and a second change within the same tick would keep it.
+        live = status.phase in (AttemptPhase.PENDING, AttemptPhase.RUNNING)
+        if mtime_ns is not None and live and time.time_ns() - mtime_ns > UNCHANGED_AFTER_NS:
+            self._unchanged[attempt_id] = _LiveSeen(mtime_ns, status, sup)
+        return status
+
+    def _read_status(self, attempt_id: str, adir: Path) -> tuple[AttemptStatus, SupervisorInfo | None]:
+        """The attempt's status from its files (and its supervisor's info, when it runs)."""
         final = read_file(adir / "status.json", FINAL_STATUS)
         ref = _read_text(adir / "engine_ref")
         if final is not None:
-            return _final_status(attempt_id, final, ref)
+            return _final_status(attempt_id, final, ref), None
         if not adir.exists():
-            return AttemptStatus(attempt_id, AttemptPhase.LOST, message="this engine never launched it")
+            return AttemptStatus(attempt_id, AttemptPhase.LOST, message="this engine never launched it"), None
         state = read_file(adir / "state.json", RUNNING_STATE)
         sup = read_file(adir / "supervisor.json", SUPERVISOR_INFO)
         if self._supervisor_alive(attempt_id, adir, sup, ref):
             if state is None:
-                return AttemptStatus(attempt_id, AttemptPhase.PENDING, engine_ref=ref)
-            return AttemptStatus(
+                return AttemptStatus(attempt_id, AttemptPhase.PENDING, engine_ref=ref), sup
+            status = AttemptStatus(
                 attempt_id, AttemptPhase.RUNNING, started_at=state["started_at"], engine_ref=ref
             )
+            return status, sup
         final = read_file(adir / "status.json", FINAL_STATUS)  # it may have finished while we looked
         if final is not None:
-            return _final_status(attempt_id, final, ref)
-        return self._declare_lost(attempt_id, adir, ref)
+            return _final_status(attempt_id, final, ref), None
+        return self._declare_lost(attempt_id, adir, ref), None
 
     def _supervisor_alive(self, attempt_id: str, adir: Path, sup: SupervisorInfo | None, ref: str) -> bool:
         pid = self._children.get(attempt_id)
@@ -762,6 +792,19 @@ class LocalEngine:
 
 class LaunchRefused(Exception):
     pass
+
+
+UNCHANGED_AFTER_NS = 50_000_000  # 50 ms: well above the coarse clock's tick (1-10 ms)
+MAX_UNCHANGED = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class _LiveSeen:
+    """A live attempt's status as read when its dir had this mtime, and its supervisor's info."""
+
+    mtime_ns: int
+    status: AttemptStatus
+    supervisor: SupervisorInfo | None
 
 
 @dataclass(frozen=True, slots=True)

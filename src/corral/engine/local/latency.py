@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
 import subprocess
 import tempfile
@@ -101,6 +103,105 @@ def measure_subprocess(n: int = 50, command: str = "true") -> dict[str, float]:
     }
 
 
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+
+
+class CpuMeter:
+    """CPU time of this process and everything it starts (the launcher, supervisors, bwrap,
+    slirp4netns, the jobs): a cgroup-v1 cpuacct group this process moves into, so supervisors
+    that are reparented away and job processes in their own cpu/memory cgroups still count.
+    Work the kernel does in its own threads (a network namespace's teardown) is not counted."""
+
+    def __init__(self) -> None:
+        self.dir = CPUACCT / f"corral-cpumeter-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.dir.mkdir()
+        self.home = Path(_cgroup_of("cpuacct"))
+        (self.dir / "cgroup.procs").write_text(str(os.getpid()))
+
+    @staticmethod
+    def available() -> bool:
+        return (CPUACCT / "cpuacct.usage").exists() and os.access(CPUACCT, os.W_OK)
+
+    def used_s(self) -> float:
+        return int((self.dir / "cpuacct.usage").read_text()) / 1e9
+
+    def close(self) -> None:
+        (CPUACCT / self.home.relative_to("/") / "cgroup.procs").write_text(str(os.getpid()))
+        for _ in range(50):  # the last supervisors may still be leaving
+            try:
+                self.dir.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+def _cgroup_of(controller: str) -> str:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            return path
+    return "/"
+
+
+def cpu_per_job(engine: LocalEngine, meter: CpuMeter, n: int, command: str = "true") -> dict[str, float]:
+    """CPU ms per trivial job for n jobs launched back to back: launch() in this process, and
+    everything outside it (launcher, supervisor, sandbox, job, clean-up). This process' polling
+    while it waits is left out (the server polls all live attempts at once, every 0.1 s)."""
+    burst = [_trivial_attempt(engine, command) for _ in range(n)]
+    before, own_before, in_launch = meter.used_s(), _own_cpu_s(), 0.0
+    for attempt in burst:
+        t0 = time.thread_time()
+        engine.launch(attempt)
+        in_launch += time.thread_time() - t0
+    pending = {a.attempt_id for a in burst}
+    while pending:
+        time.sleep(0.05)
+        pending -= {a for a, s in engine.poll(pending).items() if s.phase.finished}
+    time.sleep(0.2)  # supervisors write status.json before their last exit
+    outside = (meter.used_s() - before) - (_own_cpu_s() - own_before)
+    return {
+        "cpu_ms_per_job": 1000 * (outside + in_launch) / n,
+        "launch_cpu_ms_per_job": 1000 * in_launch / n,
+    }
+
+
+def _own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def cpu_costs(n: int = 100, command: str = "true") -> dict[str, dict[str, float]]:
+    """CPU per job of each isolation level, in one run: plain engine, sandboxed without a network
+    namespace (host network), sandboxed (the default, own namespace), and plain subprocess."""
+    meter = CpuMeter()
+    out: dict[str, dict[str, float]] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="corral-cpu-") as tmp:
+            levels = {"plain": {"isolation": False}, "hostnet": {"job_network": "host"}, "sandboxed": {}}
+            for name, options in levels.items():
+                engine = LocalEngine(
+                    Path(tmp) / name,
+                    "bench",
+                    virtual_gpus=0,
+                    cgroup_parent=f"corral-bench-{uuid.uuid4().hex[:6]}",
+                    **options,  # type: ignore[arg-type]
+                )
+                try:
+                    measure_one = cpu_per_job(engine, meter, 10, command)  # warm: launcher, caches
+                    out[name] = cpu_per_job(engine, meter, n, command) if measure_one else {}
+                finally:
+                    engine.close()
+                    engine.remove_cgroup_parent(wait_s=2.0)
+        before = meter.used_s()
+        procs = [subprocess.Popen(["/bin/sh", "-c", command]) for _ in range(n)]
+        for p in procs:
+            p.wait()
+        out["subprocess"] = {"cpu_ms_per_job": 1000 * (meter.used_s() - before) / n}
+    finally:
+        meter.close()
+    return out
+
+
 class Comparison(TypedDict):
     jobs: int
     plain: dict[str, float]
@@ -138,7 +239,16 @@ def compare(n: int = 50, home: Path | None = None) -> Comparison:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=50)
+    parser.add_argument("--cpu", action="store_true", help="CPU per job instead (cpuacct, root)")
     args = parser.parse_args()
+    if args.cpu:
+        if not CpuMeter.available():
+            raise SystemExit("--cpu needs a writable cgroup-v1 cpuacct hierarchy (root)")
+        costs = cpu_costs(args.jobs)
+        for level, cost in costs.items():
+            print(f"{level:>10}: " + ", ".join(f"{k}={v:.2f}" for k, v in cost.items()))
+        print(json.dumps(costs))
+        return
     result = compare(args.jobs)
     for name in ("subprocess", "plain", "sandboxed"):
         figures = result[name]

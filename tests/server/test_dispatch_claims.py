@@ -1,0 +1,72 @@
+"""A launch that starts within FRESH_CLAIM_S of its claim goes to the engine without a write of
+its own (the claim's UPDATE checked the job a moment ago; renewing it was one write transaction
+per job); an older one renews the claim first and is not started when that fails. Real SQLite,
+the fake engine records what it was asked to launch."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event, update
+
+from corral.db.models import Job
+from corral.db.session import make_engine
+from corral.engine.base import AttemptLaunch
+from corral.server.context import ServerContext
+from corral.server.dispatch import FRESH_CLAIM_S, _launch, prepare_launches
+from corral.server.nodes import node_tick
+from tests.server.fakes import FakeEngine, add_job, gpu_node, make_context, seed_tenant
+from tests.server.test_loops import assign
+
+
+def claimed_launch(tmp_path: Path) -> tuple[ServerContext, FakeEngine, AttemptLaunch, list[str]]:
+    """A scheduled job claimed by this server, its launch built; and the list of job UPDATEs
+    executed from then on."""
+    fake = FakeEngine([gpu_node("n1")])
+    db = make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    ctx = make_context(db, fake, str(tmp_path))
+    node_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        job_id = add_job(session, gid, uid)
+    assert assign(ctx, job_id, ("worker", "n1", 0, (0,)))
+    with ctx.session_factory() as session:
+        (launch,) = prepare_launches(ctx, session, time.time())
+    updates: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        if statement.lstrip().upper().startswith("UPDATE JOBS"):
+            updates.append(statement)
+
+    event.listen(db, "before_cursor_execute", seen)
+    return ctx, fake, launch, updates
+
+
+def test_a_fresh_claim_launches_without_a_write(tmp_path: Path) -> None:
+    ctx, fake, launch, updates = claimed_launch(tmp_path)
+    result = _launch(ctx, launch, claimed_at=time.time())
+    assert result is not None and result[3] is None
+    assert launch.attempt_id in fake.launched
+    assert updates == []
+
+
+def test_an_old_claim_is_renewed_first_and_a_lost_one_starts_nothing(tmp_path: Path) -> None:
+    ctx, fake, launch, updates = claimed_launch(tmp_path)
+    old = time.time() - FRESH_CLAIM_S - 0.5
+    with ctx.session_factory() as session:  # another server took the job's lease meanwhile
+        session.execute(update(Job).values(lease_owner="other:2:bb", lease_until=time.time() + 10))
+        session.commit()
+    updates.clear()
+    assert _launch(ctx, launch, claimed_at=old) is None
+    assert launch.attempt_id not in fake.launched
+    assert len(updates) == 1  # the renewal, which found the lease gone
+
+    with ctx.session_factory() as session:  # ours again: renewed, then launched
+        session.execute(update(Job).values(lease_owner=ctx.owner_id, lease_until=time.time() + 10))
+        session.commit()
+    updates.clear()
+    result = _launch(ctx, launch, claimed_at=old)
+    assert result is not None and launch.attempt_id in fake.launched
+    assert len(updates) == 1
