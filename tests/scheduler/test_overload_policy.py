@@ -75,3 +75,6 @@ def test_the_policy_knobs_parse_from_the_command_line() -> None:
     }
     with pytest.raises(PolicyError, match="size_order=2"):
         parse_knobs(["size_order=2"])
+    assert parse_knobs(["eta_roll=pooled"]) == {"eta_roll": "pooled"}  # the previous ETA walk, a baseline
+    with pytest.raises(PolicyError, match="eta_roll is one of backfill, pooled"):
+        parse_knobs(["eta_roll=fifo"])

@@ -30,15 +30,20 @@ class PolicyError(ValueError):
 def parse_knobs(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """`["backfill_depth=500", "las_thresholds=3600,36000"]` -> Profile fields; a clear error
     naming a knob that does not exist or a value that is not a number."""
-    from corral.scheduler.profiles import BOOL_KNOBS, NUMERIC_KNOBS
+    from corral.scheduler.profiles import BOOL_KNOBS, ETA_ROLLS, NUMERIC_KNOBS
 
-    allowed = (*NUMERIC_KNOBS, *BOOL_KNOBS, "las_thresholds")
+    allowed = (*NUMERIC_KNOBS, *BOOL_KNOBS, "las_thresholds", "eta_roll")
     out: dict[str, Any] = {}
     for item in items:
         name, sep, raw = item.partition("=")
         name = name.strip()
         if not sep or name not in allowed:
             raise PolicyError(f"--knob {item!r}: use NAME=VALUE with NAME one of {', '.join(allowed)}")
+        if name == "eta_roll":
+            if raw.strip() not in ETA_ROLLS:
+                raise PolicyError(f"--knob {item!r}: eta_roll is one of {', '.join(ETA_ROLLS)}")
+            out[name] = raw.strip()
+            continue
         try:
             if name == "las_thresholds":
                 out[name] = tuple(float(x) for x in raw.split(",") if x.strip())
