@@ -78,7 +78,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=None, help="replay only the first N jobs (default: all)")
     parser.add_argument("--policy", default="default")
     parser.add_argument(
-        "--baseline-jobs", type=int, default=82_247, help="jobs in the fifo baseline (0: skip)"
+        "--baseline-jobs",
+        type=int,
+        default=None,
+        help="jobs in the fifo baseline (default: the same as --jobs, like for like; 0: skip)",
     )
     parser.add_argument("--deep-jobs", type=int, default=9000, help="synthetic deep-queue case (0: skip)")
     parser.add_argument("--deep-load", type=float, default=1.3)
@@ -91,6 +94,8 @@ def main() -> None:
         return
 
     base_rate = base_cpu = None
+    if args.baseline_jobs is None:
+        args.baseline_jobs = args.jobs if args.jobs is not None else 82_247
     if args.baseline_jobs:
         base, base_jobs, base_wall, base_cpu = replay(args.baseline_jobs, "fifo")
         base_rate = base_jobs / base_wall
