@@ -3,7 +3,7 @@
 Prints jobs replayed per second, wall time, CPU time of this process (steadier than wall time on a
 shared machine), scheduling cycles and the share of time spent inside the scheduler library; the
 baseline, measured in the same run, is the same replay under the simplest profile (`fifo`: no
-quotas, no backfill, no preemption), by default on the whole trace.
+quotas, no backfill, no preemption), on as many jobs as `--jobs` (the whole trace by default).
 Target: the whole trace (82,247 jobs) in under 30 s. Last line: one JSON object.
 
 A deep-queue case next to it (`--deep-jobs`, 0 to skip): a `corral sim synth` trace on the synth
