@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
+from operator import itemgetter
 from statistics import NormalDist
 
 import numpy as np
@@ -31,6 +32,11 @@ Event = tuple[float, Mapping[str, int]]  # (time GPUs come back, GPUs per model)
 IQR_Z = 1.3489795  # the interquartile range of a standard normal
 SIGMA_MIN = 0.8  # log-spread assumed when the runs agree (one run, or a few alike): still a guess
 _NORMAL = NormalDist()
+_min = np.minimum.reduce  # without ndarray.min's Python wrapper: this runs for every job
+_inv_cdf = _NORMAL.inv_cdf
+_SQRT2 = math.sqrt(2.0)
+_LOG_NORMAL: dict[tuple[float, tuple[float, float]], tuple[float, float]] = {}  # (mu, sigma) memo
+_LOG_NORMAL_MAX = 1 << 16
 
 
 def _sigma(spread: tuple[float, float]) -> float:
@@ -51,14 +57,19 @@ def remaining_s(estimate: float, spread: tuple[float, float] | None, elapsed: fl
     estimate - elapsed, at least 0."""
     if spread is None or estimate <= 0:
         return max(0.0, estimate - elapsed)
-    sigma = _sigma(spread)
-    mu = math.log(estimate)
+    found = _LOG_NORMAL.get((estimate, spread))
+    if found is None:  # few distinct estimates, many running jobs and cycles: log and spread once
+        if len(_LOG_NORMAL) >= _LOG_NORMAL_MAX:
+            _LOG_NORMAL.clear()
+        found = _LOG_NORMAL[(estimate, spread)] = (math.log(estimate), _sigma(spread))
+    mu, sigma = found
     if elapsed <= 0:
-        return estimate if q == 0.5 else math.exp(mu + sigma * _NORMAL.inv_cdf(q))
-    survive = 1.0 - _NORMAL.cdf((math.log(elapsed) - mu) / sigma)  # P(D > elapsed)
+        return estimate if q == 0.5 else math.exp(mu + sigma * _inv_cdf(q))
+    # P(D > elapsed): NormalDist().cdf's own formula, without its method call (bit for bit the same)
+    survive = 1.0 - 0.5 * (1.0 + math.erf(((math.log(elapsed) - mu) / sigma) / _SQRT2))
     if survive <= 1e-12:  # far past anything its kind ever ran: about as long again
         return elapsed
-    end = math.exp(mu + sigma * _NORMAL.inv_cdf(1.0 - survive * (1.0 - q)))
+    end = math.exp(mu + sigma * _inv_cdf(1.0 - survive * (1.0 - q)))
     return max(0.0, end - elapsed)
 
 
@@ -67,7 +78,7 @@ class Timeline:
     i = size - 1, for ever). Arrays with room to grow, so that checking or taking a long stretch
     is one vector operation and a new breakpoint one move of the tail."""
 
-    __slots__ = ("free", "size", "times")
+    __slots__ = ("free", "room", "size", "times")
 
     def __init__(self, now: float, free_now: int, returns: Sequence[tuple[float, int]]) -> None:
         times, free = [now], [free_now]
@@ -83,25 +94,52 @@ class Timeline:
         self.free = np.empty(room, dtype=np.int64)
         self.times[: self.size] = times
         self.free[: self.size] = free
+        self.room = np.zeros(room, dtype=np.bool_)  # _first_run's scratch: False, then free >= need
 
-    def earliest(self, need: int, runtime: float, not_before: float) -> int:
-        """Index of the first time, not before `not_before`, from which `need` GPUs stay free for
-        `runtime` s; -1: never."""
-        i = self.split(not_before) if not_before > self.times[0] else 0
+    def earliest(self, need: int, runtime: float, not_before: float) -> float | None:
+        """The first time, not before `not_before`, from which `need` GPUs stay free for
+        `runtime` s; None: never. Reads only: `not_before` gets no breakpoint of its own (a
+        strict-FIFO roll checks every job against several models, and a breakpoint there would
+        cost a move of the tail each time); `take` makes the one the job holds."""
         k = self.size
-        times, free = self.times[:k], self.free[:k]
-        while i < k:
-            room = free[i:] >= need
-            first = int(room.argmax())
-            if not room[first]:
-                return -1
-            i += first
-            j = int(times.searchsorted(times[i] + runtime, "left"))  # the stretch: [i, j)
-            short = free[i:j] < need
-            if not short.any():
-                return i
-            i = j - int(short[::-1].argmax())  # past the last shortfall: any start before it meets it
-        return -1
+        times, free = self.times, self.free
+        if not_before > times[0]:  # the stretch holding not_before starts there
+            i = int(times[:k].searchsorted(not_before, "right")) - 1
+            start = not_before
+        else:
+            i = 0
+            start = float(times[0])
+        if free[i] >= need:  # the common case: room at once, for long enough?
+            j = int(times[:k].searchsorted(start + runtime, "left"))  # the stretch: [i, j)
+            if j - i <= 1 or _min(free[i:j]) >= need:
+                return start
+        i += 1  # not at `start`: later, at a breakpoint
+        return self._first_run(i, need, runtime) if i < k else None
+
+    def _first_run(self, i: int, need: int, runtime: float) -> float | None:
+        """The first breakpoint from index `i` on from which `need` GPUs stay free for `runtime`
+        s, found over all runs of room at once. Only where a run of room begins can the first
+        such start be (one step earlier in a run would fit too), and a run that begins at time t
+        fits iff it lasts until t + runtime: one vector pass instead of a hop per shortfall."""
+        k = self.size
+        n = k - i
+        room = self.room
+        if len(room) < n + 2:
+            room = self.room = np.zeros(2 * n + 64, dtype=np.bool_)
+        np.greater_equal(self.free[i:k], need, out=room[1 : n + 1])
+        room[n + 1] = False  # room[0] stays False
+        edges = (room[1 : n + 2] != room[: n + 1]).nonzero()[0]  # runs of room: [edges[0], edges[1]), ...
+        if not len(edges):
+            return None
+        begins, ends = edges[0::2] + i, edges[1::2] + i
+        times = self.times
+        begin_t = times[begins]
+        end_t = times[np.minimum(ends, k - 1)]
+        if ends[-1] == k:  # the last run lasts for ever
+            end_t[-1] = math.inf
+        fits = end_t >= begin_t + runtime
+        first = int(fits.argmax())
+        return float(begin_t[first]) if fits[first] else None
 
     def split(self, t: float) -> int:
         """The index of a breakpoint at `t` (> times[0]), made if there is none."""
@@ -121,9 +159,10 @@ class Timeline:
         self.size = k + 1
         return j
 
-    def take(self, i: int, need: int, runtime: float) -> None:
-        """Hold `need` GPUs from times[i] for `runtime` s."""
-        j = self.split(float(self.times[i]) + runtime)
+    def take(self, start: float, need: int, runtime: float) -> None:
+        """Hold `need` GPUs from `start` (from `earliest`) for `runtime` s."""
+        i = self.split(start) if start > self.times[0] else 0
+        j = self.split(start + runtime)
         self.free[i:j] -= need
 
 
@@ -141,35 +180,42 @@ def backfill_starts(
     FIFO, where nothing passes a job that does not fit): never before the job ahead of it."""
     wanted = {m for w in waiting if w[1] > 0 for m in w[2]}
     returns: dict[str, list[tuple[float, int]]] = {m: [] for m in wanted}
-    for end, per_model in sorted(events, key=lambda e: e[0]):
+    for end, per_model in sorted(events, key=itemgetter(0)):
         for m, n in per_model.items():
             found = returns.get(m)
             if found is not None and n:
                 found.append((end, n))
     lines = {m: Timeline(now, free_by_model.get(m, 0), returns[m]) for m in wanted}
+    # per model set (few sets, many jobs): its timelines with their capacity
+    choices: dict[tuple[str, ...], list[tuple[int, Timeline]]] = {}
     out: dict[str, float | None] = {}
     floor = now
     for job_id, need, models, runtime in waiting:
         if need <= 0:
             out[job_id] = floor
             continue
+        options = choices.get(models)
+        if options is None:
+            options = choices[models] = [(capacity_by_model.get(m, 0), lines[m]) for m in models]
         hold = default_runtime_s if runtime is None else max(runtime, 1.0)
-        best: tuple[float, Timeline, int] | None = None
-        for m in models:
-            if need > capacity_by_model.get(m, 0):
+        best_at: float | None = None
+        best_line: Timeline | None = None
+        for capacity, line in options:
+            if need > capacity:
                 continue
-            line = lines[m]
-            i = line.earliest(need, hold, floor)
-            if i >= 0 and (best is None or line.times[i] < best[0]):
-                best = (float(line.times[i]), line, i)
-        if best is None:  # no single model ever holds it: cannot tell
+            at = line.earliest(need, hold, floor)
+            if at is not None and (best_at is None or at < best_at):
+                best_at, best_line = at, line
+                if at <= floor:  # no model can offer an earlier start: skip the others' searches
+                    break
+        if best_line is None:  # no single model ever holds it: cannot tell
             out[job_id] = None
             continue
-        start, line, i = best
-        line.take(i, need, hold)
-        out[job_id] = start
+        assert best_at is not None
+        best_line.take(best_at, need, hold)
+        out[job_id] = best_at
         if in_order:
-            floor = start
+            floor = best_at
     return out
 
 
@@ -185,15 +231,19 @@ def running_events(
     (`gone_by`), the others after their median remaining time (`remaining_s`); jobs started this
     cycle (`started`) as the scheduler put them."""
     out: list[Event] = []
+    append = out.append
     for rj, per_model in running:
-        gone = gone_by.get(rj.job.id)
-        if gone is not None:
-            out.append((max(now, gone), per_model))
-            continue
         job = rj.job
-        estimate = default_runtime_s if job.runtime_estimate is None else job.runtime_estimate
-        spread = job.runtime_spread if job.runtime_estimate is not None else None
-        out.append((now + remaining_s(estimate, spread, now - rj.start_time, q), per_model))
+        if gone_by:
+            gone = gone_by.get(job.id)
+            if gone is not None:
+                append((max(now, gone), per_model))
+                continue
+        estimate = job.runtime_estimate
+        if estimate is None:  # assumed, without a spread: remaining_s's old rule
+            append((now + max(0.0, default_runtime_s - (now - rj.start_time)), per_model))
+        else:
+            append((now + remaining_s(estimate, job.runtime_spread, now - rj.start_time, q), per_model))
     out.extend(started)
     return out
 

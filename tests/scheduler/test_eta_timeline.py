@@ -1,0 +1,79 @@
+"""The backfill roll's timeline search (eta.Timeline) against a plain reading of its definition:
+the first time, not before a floor, from which enough GPUs stay free for the whole runtime; the
+candidates are the floor itself and every later breakpoint. The search skips ahead by runs of
+room (one vector pass) and does not mark the floor; both must give exactly the plain answer."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from corral.scheduler.eta import Timeline, remaining_s
+
+
+def free_at(line: Timeline, t: float) -> int:
+    """Free GPUs at time `t` (>= the first breakpoint)."""
+    k = line.size
+    i = max(j for j in range(k) if line.times[j] <= t)
+    return int(line.free[i])
+
+
+def plain_earliest(line: Timeline, need: int, runtime: float, not_before: float) -> float | None:
+    k = line.size
+    times = [float(x) for x in line.times[:k]]
+    start0 = max(not_before, times[0])
+    for t in [start0, *(x for x in times if x > start0)]:
+        inside = [t, *(x for x in times if t < x < t + runtime)]  # every change within the stretch
+        if all(free_at(line, x) >= need for x in inside):
+            return t
+    return None
+
+
+rolls = st.lists(
+    st.tuples(
+        st.integers(1, 8),  # need
+        st.sampled_from([1.0, 5.0, 30.0, 100.0, 250.0]),  # runtime
+        st.sampled_from([0.0, 3.0, 40.0, 120.0]),  # floor offset (strict FIFO rolls raise it)
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    free_now=st.integers(0, 8),
+    returns=st.lists(
+        st.tuples(st.sampled_from([5.0, 10.0, 40.0, 60.0, 200.0]), st.integers(1, 4)), max_size=8
+    ),
+    jobs=rolls,
+)
+def test_earliest_is_the_first_start_with_room_for_the_whole_runtime(
+    free_now: int, returns: list[tuple[float, int]], jobs: list[tuple[int, float, float]]
+) -> None:
+    line = Timeline(0.0, free_now, sorted(returns))
+    for need, runtime, offset in jobs:
+        want = plain_earliest(line, need, runtime, offset)
+        got = line.earliest(need, runtime, offset)
+        assert got == want, (need, runtime, offset)
+        if got is not None:
+            before = [free_at(line, x) for x in (got, got + runtime - 0.5)]
+            line.take(got, need, runtime)
+            assert free_at(line, got) == before[0] - need
+            assert free_at(line, got + runtime - 0.5) == before[1] - need
+            assert free_at(line, got + runtime) >= 0
+
+
+def test_remaining_s_matches_the_log_normal_it_describes() -> None:
+    """The closed form with math.erf (no NormalDist call) still gives the conditional median:
+    a job at its median has run as long as half its kind, and is expected to run about as long
+    again (the median of D given D > median is the 75th percentile of D, for q = 0.5)."""
+    estimate, spread = 1000.0, (500.0, 2000.0)
+    at_median = remaining_s(estimate, spread, estimate)
+    sigma = (math.log(2000.0) - math.log(500.0)) / 1.3489795
+    p75 = math.exp(math.log(estimate) + sigma * 0.6744897501960817)
+    assert math.isclose(at_median + estimate, p75, rel_tol=1e-9)
+    assert remaining_s(estimate, spread, 0.0) == estimate
+    assert remaining_s(estimate, None, 300.0) == 700.0
