@@ -142,8 +142,35 @@ def ssh(ctx: typer.Context, name: NameArg) -> None:
     program = shutil.which("ssh")
     if program is None:
         raise CorralError("the OpenSSH client (ssh) is not installed")
-    argv = [program, "-p", str(ws["ssh_port"]), *ctx.args, f"{ws['ssh_user']}@{host}"]
-    os.execv(program, argv)
+    os.execv(program, ssh_argv(program, ws["ssh_port"], f"{ws['ssh_user']}@{host}", ctx.args))
+
+
+# ssh(1)'s options that take a value (its getopt string): `-L 6006:localhost:6006` is one option.
+_SSH_VALUE_OPTIONS = set("bceilmopBDEFIJLOPQRSwW")
+
+
+def _takes_next_argument(arg: str) -> bool:
+    """For a cluster of short flags (`-v`, `-L`, `-vNL`, `-L6006:x:6006`): whether its last option
+    takes a value that is not attached to it (so the next argument is that value)."""
+    for i, letter in enumerate(arg[1:], start=1):
+        if letter in _SSH_VALUE_OPTIONS:
+            return i == len(arg) - 1  # a value attached (`-L6006:...`) ends the cluster
+    return False
+
+
+def ssh_argv(program: str, port: int, destination: str, extra: list[str]) -> list[str]:
+    """`ssh -p PORT [options] DESTINATION [command]`: the extra arguments' options go before the
+    destination and the rest (a remote command) after it, as ssh reads them."""
+    options: list[str] = []
+    rest = list(extra)
+    while rest and rest[0].startswith("-") and rest[0] != "--":
+        arg = rest.pop(0)
+        options.append(arg)
+        if _takes_next_argument(arg) and rest:
+            options.append(rest.pop(0))  # the option's value, given as the next argument
+    if rest and rest[0] == "--":
+        rest.pop(0)
+    return [program, "-p", str(port), *options, destination, *rest]
 
 
 @ws_app.command("stop")
