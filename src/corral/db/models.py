@@ -150,7 +150,7 @@ class Job(Base):
         Index("ix_jobs_group_submitted", "group_id", "submitted_at"),
         Index("ix_jobs_submitted", "submitted_at"),  # admins' unfiltered, newest-first pages
         # a submission's runtime estimate reads the user's earlier runs of the same name: without
-        # it, every submit scanned all of its user's jobs (services.jobs.runtime_estimate_s)
+        # it, every submit scanned all of its user's jobs (services.jobs.runtime_estimate)
         Index("ix_jobs_user_name", "user_id", "name"),
     )
 

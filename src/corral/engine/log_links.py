@@ -29,11 +29,10 @@ log = logging.getLogger("corral.engine.logs")
 LOG_MODE = 0o640  # root:<user gid>: the owner reads, only the supervisor (root) appends
 
 
-def prepare_log_dirs(job_log_dir: Path, attempt: int, uid: int, gid: int | None = None) -> Path:
-    """Make `logs/<user>/<job>/attempt-<n>` (root:<gid> 0750 each level; gid: the user's, by
-    default its private one, = uid); returns the last. The explicit gid retires a dir of a
-    deleted user of the same name (prepare_dirs), whose logs the new user must not read."""
-    gid = uid if gid is None else gid
+def prepare_log_dirs(job_log_dir: Path, attempt: int, uid: int, gid: int) -> Path:
+    """Make `logs/<user>/<job>/attempt-<n>` (root:<gid> 0750 each level; gid: the user's); returns
+    the last. The explicit gid retires a dir of a deleted user of the same name (prepare_dirs),
+    whose logs the new user must not read."""
     attempt_dir = job_log_dir / f"attempt-{attempt}"
     dirs = [job_log_dir.parent, job_log_dir, attempt_dir]
     prepare_dirs([StorageDir(str(d), "root", gid, 0o750) for d in dirs], uid, gid)

@@ -118,7 +118,7 @@ def plan_environments(
             continue
         if job.id in builds:
             out[job.id] = _build_launch(ctx, settings, builds[job.id])
-        elif not _catalogued(job):  # the default environment: the server's own, except here
+        elif job.spec.environment == DEFAULT_ENVIRONMENT:  # the server's own, except here
             if job.spec.kind == "workspace" and settings.engine == "slurm":
                 out[job.id] = workspace_environment(settings)
         else:
@@ -132,10 +132,6 @@ def plan_environments(
             paths = interpreter.sandbox_paths(version.interpreter)
             out[job.id] = EnvironmentLaunch(f"{bind.target}/bin", paths, (bind,))
     return out
-
-
-def _catalogued(job: Job) -> bool:
-    return job.spec.environment != DEFAULT_ENVIRONMENT
 
 
 def venv_environment(venv: Path) -> EnvironmentLaunch | str:

@@ -198,8 +198,8 @@ class Cycle:
             self.verdicts.wait_or_never(job, *refusal)
             return
         if info.total > 0:
-            hit = self.small.get(info.fit_id)  # self.too_small(info), inlined: most jobs ask it
-            if hit[1] if hit is not None and hit[0] == self.st.version else self.too_small(info):
+            hit = self.small.get(info.fit_id)  # the remembered answer, read inline: most jobs ask it
+            if hit[1] if hit is not None and hit[0] == self.st.version else self.learn_too_small(info):
                 self.short(job, info)  # cheap test: too few free GPUs, or no block as large as one
                 return
         allowed: frozenset[str] | None = None
@@ -252,14 +252,11 @@ class Cycle:
             return False
         return self.resources is None or job.group not in self.resources.groups
 
-    def too_small(self, info: JobInfo) -> bool:
+    def learn_too_small(self, info: JobInfo) -> bool:
         """`ClusterState.too_small` for the job's (models, GPUs, widest instance), remembered per
-        kind while the free capacity stays as it is (most jobs of a busy cycle ask it, and few
-        kinds exist)."""
+        kind while the free capacity stays as it is (`consider` reads `small` first: most jobs of
+        a busy cycle ask it, and few kinds exist)."""
         st = self.st
-        hit = self.small.get(info.fit_id)
-        if hit is not None and hit[0] == st.version:
-            return hit[1]
         small = st.too_small(info.models, info.total, info.widest)
         self.small[info.fit_id] = (st.version, small)
         return small

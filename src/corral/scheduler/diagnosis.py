@@ -230,8 +230,7 @@ def estimate_starts(
 ) -> dict[str, float | None]:
     """Roll the cluster forward: each waiting job (in order) starts when its model pool has room.
     With `targets`, stop once all of them have their estimate (later jobs cannot change it)."""
-    if targets is not None:
-        waiting = _through_last(waiting, targets)
+    waiting = through_last(waiting, targets)
     pools = {w[2] for w in waiting if w[1] > 0}
     if len(pools) == 1:
         (only,) = pools
@@ -322,18 +321,6 @@ def _not_now(
         if later is not None:
             found[job_id] = later
     return found
-
-
-def _through_last(waiting: Sequence[Waiting], targets: Collection[str]) -> Sequence[Waiting]:
-    """`waiting` up to and including the last job named in `targets` (all of it if one is
-    missing: its estimate is then None, as in the full roll)."""
-    wanted = set(targets)
-    for i, w in enumerate(waiting):
-        if w[0] in wanted:
-            wanted.discard(w[0])
-            if not wanted:
-                return waiting[: i + 1]
-    return waiting
 
 
 def _roll_one_model(

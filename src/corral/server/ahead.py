@@ -39,7 +39,6 @@ from dataclasses import replace
 
 from sqlalchemy.orm import Session
 
-from corral.scheduler import Scheduler
 from corral.scheduler import types as st
 from corral.server.context import ServerContext
 from corral.server.snapshot import ClusterState, GroupRecord, JobRecord, build_snapshot, read_cluster_state
@@ -107,20 +106,11 @@ def fits_real_nodes(assignment: st.Assignment, nodes: Mapping[str, st.Node]) -> 
     )
 
 
-def ahead_scheduler(ctx: ServerContext) -> Scheduler:
-    """The ahead pass's own Scheduler (kept across ticks like the normal pass's, never shared)."""
-    profile = active_profile(ctx.settings)
-    current = ctx.memory.ahead_scheduler
-    if current is None or current.profile != profile:
-        current = ctx.memory.ahead_scheduler = Scheduler(profile)
-    return current
-
-
 def place_ahead(ctx: ServerContext, session: Session, now: float, read: ClusterState | None = None) -> int:
     """Place waiting jobs behind running ones (see the module's doc); how many were placed.
     `read`: the cluster as the normal pass read it, when that pass changed nothing (on a full
     cluster, most ticks); otherwise it is read again."""
-    from corral.server.scheduling import apply_assignments  # scheduling calls this module
+    from corral.server.scheduling import apply_assignments, scheduler_for  # it calls this module
 
     real = read
     if real is None:
@@ -130,14 +120,16 @@ def place_ahead(ctx: ServerContext, session: Session, now: float, read: ClusterS
     if state is None:
         return 0
     snapshot = build_snapshot(state, now, max_stop_grace_s=ctx.settings.max_stop_grace_s)
-    scheduler = ahead_scheduler(ctx)
+    scheduler = scheduler_for(ctx, active_profile(ctx.settings), slot="ahead_scheduler")
     plan = scheduler.schedule(snapshot, now, random.Random(int(now)))
     nodes = {n.name: n for n in real.nodes}
-    too_big = {a.job_id for a in plan.assignments if not fits_real_nodes(a, nodes)}
-    if too_big:  # once more without them: their places in the plan were taken from other jobs
+    fitting = [a for a in plan.assignments if fits_real_nodes(a, nodes)]
+    if len(fitting) < len(plan.assignments):
+        # Once more without the too-big ones: their places in the plan were taken from others.
+        too_big = {a.job_id for a in plan.assignments} - {a.job_id for a in fitting}
         snapshot = replace(snapshot, queued=tuple(j for j in snapshot.queued if j.id not in too_big))
         plan = scheduler.schedule(snapshot, now, random.Random(int(now)))
-    fitting = [a for a in plan.assignments if fits_real_nodes(a, nodes)]
+        fitting = [a for a in plan.assignments if fits_real_nodes(a, nodes)]
     placed = apply_assignments(session, fitting, now) if fitting else 0
     if placed:
         log.debug("schedule: %d placed ahead of a freed slot", placed)

@@ -42,12 +42,14 @@ log = logging.getLogger("corral.server.schedule")
 ETA_SLACK_S = 5.0  # an estimated start that moved less than this is not rewritten
 
 
-def scheduler_for(ctx: ServerContext, profile: Profile) -> Scheduler:
+def scheduler_for(ctx: ServerContext, profile: Profile, slot: str = "scheduler") -> Scheduler:
     """The context's Scheduler for `profile`: the same object tick after tick (its caches are
-    its own), a new one when the profile changes."""
-    current = ctx.memory.scheduler
+    its own), a new one when the profile changes. `slot`: the LoopMemory field that keeps it
+    (the ahead pass has its own, `ahead_scheduler`, so the two passes' caches never mix)."""
+    current: Scheduler | None = getattr(ctx.memory, slot)
     if current is None or current.profile != profile:
-        current = ctx.memory.scheduler = Scheduler(profile)
+        current = Scheduler(profile)
+        setattr(ctx.memory, slot, current)
     return current
 
 

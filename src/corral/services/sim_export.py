@@ -61,7 +61,6 @@ class _Names:
 
 @dataclass
 class _Counts:
-    exported: int = 0
     censored: int = 0
     never_ran: int = 0
     no_duration: int = 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-from corral.scheduler.runtimes import RunHistory, RuntimeEstimate
+from corral.scheduler.runtimes import RunHistory, RuntimeEstimate, estimate_from
 from corral.sim.trace import TraceJob
 
 LEGACY_RUNS = 10  # the previous round's window
@@ -53,6 +53,6 @@ class RuntimeHistory:
             return self._chain.estimate(job.user, job.name, job.num_gpus, job.group, limit)
         typical = self._median.get(self._legacy_key(job))
         if typical is None:
-            return None if limit is None else RuntimeEstimate(limit, limit, limit, "limit", 0)
+            return estimate_from([], limit)
         value = min(typical, limit) if limit is not None else typical
         return RuntimeEstimate(value, value, value, "name", 0)

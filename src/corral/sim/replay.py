@@ -23,7 +23,7 @@ from typing import Protocol
 from corral.scheduler import apply_plan, check_fits_anywhere
 from corral.scheduler.admission import quota_refusals
 from corral.scheduler.apply import estimated_starts
-from corral.scheduler.runtimes import RuntimeEstimate
+from corral.scheduler.runtimes import estimate_from
 from corral.scheduler.types import (
     Allocation,
     Assignment,
@@ -327,8 +327,7 @@ class Simulator:
         if self.config.oracle_runtime:
             return sj.remaining, None
         if not self.config.runtime_history:
-            limit = sj.trace.max_runtime_s
-            found = None if limit is None else RuntimeEstimate(limit, limit, limit, "limit", 0)
+            found = estimate_from([], sj.trace.max_runtime_s)  # the user's limit, if any
         else:
             found = self.history.estimate(sj.trace)
         if found is None:

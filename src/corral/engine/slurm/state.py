@@ -236,7 +236,7 @@ class StateStore:
             f.write(text)
         try:
             before = os.readlink(path)
-        except (FileNotFoundError, OSError):  # none yet, or a plain file (older versions)
+        except OSError:  # none yet, or a plain file (older versions)
             before = None
         link = path.parent / f".ln-{os.path.basename(data)}"
         os.symlink(os.path.basename(data), link)
