@@ -173,7 +173,7 @@ def test_rank_logs_are_hard_linked_for_the_owner_to_read(tmp_path: Path) -> None
     (tmp_path / "logs").mkdir()
     for attempt in (1, 2):
         (adir / str(attempt)).mkdir()
-        attempt_dir = prepare_log_dirs(job_logs, attempt, 300009)
+        attempt_dir = prepare_log_dirs(job_logs, attempt, 300009, 300009)  # the private gid
         link_rank_logs(attempt_dir, job_logs, [0, 1], 300009, adir / str(attempt))
     for attempt in (1, 2):
         for rank in (0, 1):
