@@ -20,7 +20,7 @@ from corral.datasets.names import BadName, check_path, manifest_digest, parse_ma
 from corral.datasets.store import file_sha256, walk_files
 
 if TYPE_CHECKING:
-    from corral.sdk import Client
+    from corral.sdk.base import BaseClient
 
 REGISTER_BATCH = 1000
 Progress = Callable[[int, int], None]
@@ -36,7 +36,7 @@ class LocalFile:
 
 def scan(directory: Path) -> list[LocalFile]:
     """Every file below `directory` with its size and sha256 (links pointing outside refused)."""
-    from corral.sdk import CorralError
+    from corral.sdk.errors import CorralError
 
     if not directory.is_dir():
         raise CorralError(f"{directory} is not a directory")
@@ -50,7 +50,7 @@ def scan(directory: Path) -> list[LocalFile]:
 
 
 def push(
-    client: Client, name: str, directory: Path, *, group: str | None, progress: Progress | None
+    client: BaseClient, name: str, directory: Path, *, group: str | None, progress: Progress | None
 ) -> dict[str, Any]:
     files = scan(directory)
     total = sum(f.size for f in files)
@@ -76,7 +76,7 @@ def push(
     return dict(result) | {"resumed": bool(upload["resumed"])}
 
 
-def _pending(client: Client, uid: str) -> list[dict[str, Any]]:
+def _pending(client: BaseClient, uid: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     after = ""
     while True:
@@ -90,7 +90,7 @@ def _pending(client: Client, uid: str) -> list[dict[str, Any]]:
 
 
 def _send_file(
-    client: Client,
+    client: BaseClient,
     uid: str,
     local: LocalFile,
     offset: int,
@@ -118,11 +118,11 @@ def _send_file(
 
 
 def pull(
-    client: Client, name: str, directory: Path, *, version: int | None, progress: Progress | None
+    client: BaseClient, name: str, directory: Path, *, version: int | None, progress: Progress | None
 ) -> dict[str, Any]:
     """Download every file of the version into `directory`; a file is written to a temporary
     name, checked, then renamed, so an interrupted pull leaves no half file under its name."""
-    from corral.sdk import CorralError
+    from corral.sdk.errors import CorralError
 
     which = "latest" if version is None else str(version)
     with client.download(f"/datasets/{name}/versions/{which}/manifest") as response:
@@ -153,7 +153,9 @@ def pull(
     return {"name": name, "version": number, "files": len(entries), "bytes": total}
 
 
-def _fetch(client: Client, url: str, target: Path, done: int, total: int, progress: Progress | None) -> int:
+def _fetch(
+    client: BaseClient, url: str, target: Path, done: int, total: int, progress: Progress | None
+) -> int:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.corral-part")
     with client.download(url) as response, tmp.open("wb") as fh:

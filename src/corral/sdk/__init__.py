@@ -1,0 +1,66 @@
+"""Python SDK for Corral's REST API (httpx). The `corral` CLI is built on it, so AutoML tools get
+exactly the same calls:
+
+    from corral.sdk import Client
+    client = Client.from_config()            # $CORRAL_URL/$CORRAL_TOKEN or $CORRAL_HOME/config.yaml
+    job = client.submit({"name": "t", "command": "python train.py", "resources": {"gpus": 1}})
+    job = client.wait(job["id"])
+
+Also home of the CLI config file (`$CORRAL_HOME/config.yaml`, mode 0600: url + token) that the
+server writes for the bootstrapped admin (config.py).
+
+One module per area of the API, each a mixin over base.BaseClient (the HTTP side); Client is all
+of them. Import from here: the modules' layout is not part of the SDK's interface.
+"""
+
+from __future__ import annotations
+
+from corral.sdk.accounts import AccountsApi
+from corral.sdk.base import KEEP, BaseClient, Keep
+from corral.sdk.catalogues import CataloguesApi
+from corral.sdk.cluster import ClusterApi
+from corral.sdk.config import (
+    CONFIG_FILE,
+    DEFAULT_URL,
+    ClientConfig,
+    config_path,
+    load_cli_config,
+    write_cli_config,
+)
+from corral.sdk.errors import ApiError, AuthenticationFailed, CorralError, ServerUnreachable, describe_detail
+from corral.sdk.jobs import TERMINAL_STATES, JobsApi
+from corral.sdk.operations import OperationsApi
+from corral.sdk.storage import CodeUpload, StorageApi
+from corral.sdk.workspaces import WorkspacesApi
+
+__all__ = [
+    "CONFIG_FILE",
+    "DEFAULT_URL",
+    "KEEP",
+    "TERMINAL_STATES",
+    "ApiError",
+    "AuthenticationFailed",
+    "Client",
+    "ClientConfig",
+    "CodeUpload",
+    "CorralError",
+    "Keep",
+    "ServerUnreachable",
+    "config_path",
+    "describe_detail",
+    "load_cli_config",
+    "write_cli_config",
+]
+
+
+class Client(
+    JobsApi,
+    ClusterApi,
+    AccountsApi,
+    StorageApi,
+    WorkspacesApi,
+    CataloguesApi,
+    OperationsApi,
+    BaseClient,
+):
+    """A client of one Corral server with every area of the API (see each mixin)."""

@@ -1,0 +1,132 @@
+"""Groups and quotas, users, tokens, the audit log and secrets for jobs."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+from urllib.parse import quote
+
+from corral.sdk.base import KEEP, BaseClient, Keep
+
+
+class AccountsApi(BaseClient):
+    """Who may do what: groups, users, tokens; the admin audit log; secrets."""
+
+    def groups(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/groups")
+
+    def create_group(self, name: str, **fields: Any) -> dict[str, Any]:
+        return self.request("POST", "/groups", json={"name": name, **fields})
+
+    def group(self, name: str) -> dict[str, Any]:
+        return self.request("GET", f"/groups/{name}")
+
+    def set_quota(
+        self,
+        group: str,
+        *,
+        gpu_model: str = "*",
+        guaranteed: int | None = None,
+        max_gpus: int | Keep | None = KEEP,
+        **group_fields: Any,
+    ) -> dict[str, Any]:
+        """Change only what is passed. The GPU quota of `gpu_model` changes when `guaranteed` or
+        `max_gpus` is passed (`max_gpus=None`: no limit); the rest keeps its value. Group-wide
+        fields: user_max_gpus, weight, borrowing, cpus_guaranteed, cpus_max,
+        memory_guaranteed_mib, memory_max_mib (None clears the limits: no per-user cap, no max)."""
+        body: dict[str, Any] = dict(group_fields)
+        if guaranteed is not None or not isinstance(max_gpus, Keep):
+            body["gpu_model"] = gpu_model
+            if guaranteed is not None:
+                body["guaranteed"] = guaranteed
+            if not isinstance(max_gpus, Keep):
+                body["max"] = max_gpus
+        return self.request("PUT", f"/groups/{group}/quota", json=body)
+
+    def add_member(self, group: str, user: str, role: str = "member") -> dict[str, Any]:
+        return self.request("POST", f"/groups/{group}/members", json={"user": user, "role": role})
+
+    # users and tokens
+    def users(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/users")
+
+    def create_user(
+        self,
+        name: str,
+        *,
+        password: str | None = None,
+        is_admin: bool = False,
+        groups: list[str] | None = None,
+        default_group: str | None = None,
+    ) -> dict[str, Any]:
+        body = {
+            "name": name,
+            "password": password,
+            "is_admin": is_admin,
+            "groups": groups or [],
+            "default_group": default_group,
+        }
+        return self.request("POST", "/users", json=body)
+
+    def set_default_group(self, user: str, group: str) -> dict[str, Any]:
+        return self.request("PUT", f"/users/{user}/default-group", json={"group": group})
+
+    def set_password(self, user: str, password: str, *, current_password: str | None = None) -> None:
+        body = {"password": password, "current_password": current_password}
+        self.request("PUT", f"/users/{user}/password", json=body)
+
+    def tokens(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/tokens")
+
+    def create_token(
+        self, name: str = "cli", *, user: str | None = None, expires_in_days: float | None = None
+    ) -> dict[str, Any]:
+        return self.request(
+            "POST", "/tokens", json={"name": name, "user": user, "expires_in_days": expires_in_days}
+        )
+
+    def revoke_token(self, token_id: int) -> None:
+        self.request("DELETE", f"/tokens/{token_id}")
+
+    # --- admin audit log (admins) ---------------------------------------------------------------
+
+    def audit(
+        self,
+        *,
+        actor: str | None = None,
+        action: str | None = None,
+        target: str | None = None,
+        since: str | float | None = None,
+        until: str | float | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> dict[str, Any]:
+        """One page of the audit log, newest first: {"items", "total", "limit", "offset"}.
+        `action` is a dotted prefix ("group" matches "group.quota.set"); `target` is "KIND" or
+        "KIND:ID"; `since`/`until` are ages ("7d", "12h"), unix seconds or ISO times."""
+        filters = {"actor": actor, "action": action, "target": target, "since": since, "until": until}
+        params: dict[str, Any] = {k: str(v) for k, v in filters.items() if v is not None}
+        return self.request("GET", "/audit", params={**params, "limit": limit, "offset": offset})
+
+    # --- secrets for jobs (`corral secret`; values are write-only: nothing returns one) -----------
+    def secrets(self, *, group: str | None = None) -> list[dict[str, Any]]:
+        """Your secrets and your groups' (or only `group`'s): names, scope and times."""
+        return self.request("GET", "/secrets", params={"group": group} if group else None)
+
+    def set_secret(self, name: str, value: str | bytes, *, group: str | None = None) -> dict[str, Any]:
+        """Create or replace your secret `name` (or `group`'s, as its admin). Bytes that are not
+        UTF-8 travel as base64."""
+        body: dict[str, str]
+        if isinstance(value, bytes):
+            try:
+                body = {"value": value.decode()}
+            except UnicodeDecodeError:
+                body = {"value_base64": base64.b64encode(value).decode()}
+        else:
+            body = {"value": value}
+        params = {"group": group} if group else None
+        return self.request("PUT", f"/secrets/{quote(name, safe='')}", json=body, params=params)
+
+    def delete_secret(self, name: str, *, group: str | None = None) -> None:
+        params = {"group": group} if group else None
+        self.request("DELETE", f"/secrets/{quote(name, safe='')}", params=params)

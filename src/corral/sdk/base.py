@@ -1,0 +1,108 @@
+"""The HTTP side every part of the client shares: one httpx client under `/api/v1`, JSON
+requests whose errors become CorralError, streamed downloads. The resource areas (jobs.py,
+accounts.py, ...) are mixins over BaseClient, put together as corral.sdk.Client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any, Self
+
+import httpx
+
+from corral.sdk.config import DEFAULT_URL, config_path, load_cli_config
+from corral.sdk.errors import ApiError, AuthenticationFailed, ServerUnreachable, describe_detail
+
+
+class Keep:
+    """The type of KEEP: "leave this setting as it is" where None already means "no limit"."""
+
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+KEEP = Keep()
+
+
+class BaseClient:
+    """A connection to one Corral server: `request` for JSON calls, `download` for raw bodies."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._token = token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(
+            base_url=f"{self.url}/api/v1", headers=headers, timeout=timeout, transport=transport
+        )
+
+    @classmethod
+    def from_config(cls, home: Path | None = None, **kwargs: Any) -> Self:
+        cfg = load_cli_config(home)
+        return cls(cfg.url, cfg.token, **kwargs)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.ConnectError:
+            raise ServerUnreachable(
+                f"cannot reach the Corral server at {self.url}; is it running "
+                "(`corral up`) and is CORRAL_URL right?"
+            )
+        except httpx.TimeoutException:
+            raise ServerUnreachable(f"the Corral server at {self.url} did not answer in time")
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(f"cannot talk to the Corral server at {self.url}: {exc}")
+        if response.status_code == 204:
+            return None
+        try:
+            body = response.json()
+        except ValueError:
+            body = {"detail": response.text}
+        if response.is_success:
+            return body
+        detail = body.get("detail") if isinstance(body, dict) else body
+        text = describe_detail(detail)
+        if response.status_code == 401:
+            raise AuthenticationFailed(
+                f"authentication failed: {text}. Check CORRAL_TOKEN or {config_path()}", 401, detail
+            )
+        raise ApiError(text, response.status_code, detail)
+
+    def download(
+        self, path: str, params: dict[str, Any] | None = None
+    ) -> AbstractContextManager[httpx.Response]:
+        """GET a raw (non-JSON) body as a streamed response (a context manager); errors raise
+        like `request`."""
+        return self._stream(path, params)
+
+    @contextmanager
+    def _stream(self, path: str, params: dict[str, Any] | None) -> Iterator[httpx.Response]:
+        try:
+            with self._http.stream("GET", path, params=params) as response:
+                if not response.is_success:
+                    response.read()
+                    try:
+                        detail = response.json().get("detail")
+                    except ValueError:
+                        detail = response.text
+                    raise ApiError(describe_detail(detail), response.status_code, detail)
+                yield response
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(f"cannot talk to the Corral server at {self.url}: {exc}")

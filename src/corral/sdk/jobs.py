@@ -1,0 +1,107 @@
+"""Jobs: submit, list, logs, wait, cancel (`corral submit/ls/show/logs/cancel/rm`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from corral.sdk.base import BaseClient
+from corral.sdk.errors import CorralError
+from corral.spec import SpecError, load_spec_text
+
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class JobsApi(BaseClient):
+    """Submitting, reading and ending jobs."""
+
+    def submit(self, spec: Mapping[str, Any] | str | Path, *, code: str | None = None) -> dict[str, Any]:
+        """Submit a spec given as a mapping, YAML text, or a path to a YAML file. `code`: a code
+        snapshot id (upload_code) the job runs in, mounted read-only at /code."""
+        if isinstance(spec, Path):
+            spec = spec.read_text()
+        if code is not None:
+            try:
+                data = load_spec_text(spec) if isinstance(spec, str) else dict(spec)
+            except SpecError as exc:
+                raise CorralError(str(exc))
+            if not isinstance(data, dict):
+                raise CorralError("the spec must be a mapping with fields such as 'name' and 'tasks'")
+            return self.request("POST", "/jobs", json={**data, "code": code})
+        if isinstance(spec, str):
+            return self.request(
+                "POST", "/jobs", content=spec.encode(), headers={"Content-Type": "application/yaml"}
+            )
+        return self.request("POST", "/jobs", json=dict(spec))
+
+    def jobs(
+        self,
+        *,
+        state: str | None = None,
+        user: str | None = None,
+        group: str | None = None,
+        sort: str = "created_at",
+        order: str = "desc",
+        limit: int = 50,
+        offset: int = 0,
+    ) -> dict[str, Any]:
+        params: dict[str, Any] = {"sort": sort, "order": order, "limit": limit, "offset": offset}
+        params.update({k: v for k, v in {"state": state, "user": user, "group": group}.items() if v})
+        return self.request("GET", "/jobs", params=params)
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        return self.request("GET", f"/jobs/{job_id}")
+
+    def cancel(self, job_id: int) -> dict[str, Any]:
+        return self.request("POST", f"/jobs/{job_id}/cancel")
+
+    def delete(self, job_id: int) -> None:
+        """Delete a finished job and its logs (owner or admin)."""
+        self.request("DELETE", f"/jobs/{job_id}")
+
+    def events(self, job_id: int) -> list[dict[str, Any]]:
+        return self.request("GET", f"/jobs/{job_id}/events")
+
+    def logs(
+        self, job_id: int, *, attempt: int | None = None, rank: int = 0, offset: int = 0
+    ) -> dict[str, Any]:
+        params: dict[str, Any] = {"rank": rank, "offset": offset}
+        if attempt is not None:
+            params["attempt"] = attempt
+        return self.request("GET", f"/jobs/{job_id}/logs", params=params)
+
+    def follow_logs(self, job_id: int, *, rank: int = 0, poll_s: float = 0.5) -> Iterator[str]:
+        """Yield log text as it arrives until the job has ended and everything was read. Follows
+        a retried job onto its newest attempt."""
+        attempt: int | None = None
+        offset = 0
+        while True:
+            chunk = self.logs(job_id, attempt=attempt, rank=rank, offset=offset)
+            if chunk.get("attempt") is not None and attempt is None:
+                attempt = chunk["attempt"]
+            if chunk["data"]:
+                yield chunk["data"]
+            offset = chunk["next_offset"]
+            if chunk["eof"]:
+                job = self.job(job_id)
+                newest = job["attempts"][-1]["number"] if job["attempts"] else None
+                if newest is not None and attempt is not None and newest != attempt:
+                    attempt, offset = newest, 0
+                    continue
+                if job["state"] in TERMINAL_STATES:
+                    return
+            if not chunk["data"]:
+                time.sleep(poll_s)
+
+    def wait(self, job_id: int, *, timeout_s: float | None = None, poll_s: float = 0.5) -> dict[str, Any]:
+        """Poll until the job reaches a terminal state; returns the job. TimeoutError on timeout."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            job = self.job(job_id)
+            if job["state"] in TERMINAL_STATES:
+                return job
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} is still {job['state']} after {timeout_s} s")
+            time.sleep(poll_s)
