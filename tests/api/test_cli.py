@@ -15,7 +15,7 @@ import sqlalchemy as sa
 import uvicorn
 from typer.testing import CliRunner
 
-from corral.cli import platform
+from corral.cli import common
 from corral.cli.main import app as cli
 from corral.db.models import Attempt, Job
 from corral.sdk import Client, load_cli_config, write_cli_config
@@ -171,7 +171,7 @@ def test_burst_of_concurrent_requests_does_not_exhaust_the_pool(world: World, se
 def test_cli_group_quotas_usage_warnings_and_clearing_limits(
     world: World, server_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(platform.out, "width", 200)  # one line per table row
+    monkeypatch.setattr(common.out, "width", 200)  # one line per table row
     with world.session_factory() as db:
         add_node(db, "n1", gpus=2, model="A100")  # 16 CPUs, 64 GiB
         db.commit()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.cli.platform import start_line
+from corral.cli.jobs import start_line
 from corral.db.models import Group, Job
 from corral.db.session import make_engine
 from corral.server.context import ServerContext

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from corral.cli.platform import Output, OutputOpt
+from corral.cli.common import Output, OutputOpt
 
 if TYPE_CHECKING:
     from corral.config import Settings

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from corral.cli.platform import Output, OutputOpt, client, err, friendly_errors, out, print_json, when
+from corral.cli.common import Output, OutputOpt, client, err, friendly_errors, out, print_json, when
 from corral.sdk import CorralError
 
 template_app = typer.Typer(

@@ -17,7 +17,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from corral.cli.platform import Output, OutputOpt, client, friendly_errors, out, print_json, when
+from corral.cli.common import Output, OutputOpt, client, friendly_errors, out, print_json, when
 from corral.datasets.names import BadName, human_bytes, parse_bytes, parse_ref
 from corral.sdk import KEEP, Keep
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from corral.cli.platform import Output, OutputOpt, ago, client, friendly_errors, out, print_json
+from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json
 from corral.sdk import CorralError
 
 env_app = typer.Typer(

@@ -11,8 +11,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from corral.cli.platform import Output, OutputOpt, ago, client, friendly_errors, out, print_json
-from corral.cli.platform import node_app as platform_node_app
+from corral.cli import nodes as node_commands
+from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json
 
 alert_app = typer.Typer(
     help="Alerts Corral holds (from Alertmanager and its own health checks).", no_args_is_help=True
@@ -278,6 +278,6 @@ def node_risk(
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the root `corral` app (and `risk` to `corral node`)."""
-    platform_node_app.command("risk")(node_risk)
+    node_commands.node_app.command("risk")(node_risk)
     app.add_typer(alert_app, name="alert")
     app.add_typer(chaos_app, name="chaos")

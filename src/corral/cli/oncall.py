@@ -11,7 +11,7 @@ import typer
 import yaml
 from rich.table import Table
 
-from corral.cli.platform import Output, OutputOpt, ago, client, friendly_errors, out, print_json
+from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json
 from corral.sdk import CorralError
 
 oncall_app = typer.Typer(

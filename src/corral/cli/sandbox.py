@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from corral.cli.platform import Output, OutputOpt, ago, client, err, friendly_errors, out, print_json
+from corral.cli.common import Output, OutputOpt, ago, client, err, friendly_errors, out, print_json
 from corral.exec_client import STDERR, ExecError, ExecSession
 from corral.sdk import CorralError
 

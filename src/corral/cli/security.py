@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from corral.cli.platform import Output, OutputOpt, ago, client, friendly_errors, out, print_json, when
+from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json, when
 
 auth_app = typer.Typer(help="Login lockouts and portal sessions.", no_args_is_help=True)
 

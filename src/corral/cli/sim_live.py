@@ -33,7 +33,7 @@ class LiveRequest:
 
 
 def _fetch(request: LiveRequest) -> dict[str, Any]:
-    from corral.cli.platform import client
+    from corral.cli.common import client
 
     try:
         with client() as c:

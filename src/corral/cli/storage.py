@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from corral.cli.platform import Output, OutputOpt, client, err, friendly_errors, out, print_json, when
+from corral.cli.common import Output, OutputOpt, client, err, friendly_errors, out, print_json, when
 
 job_app = typer.Typer(help="A job's files: outputs.", no_args_is_help=True)
 storage_app = typer.Typer(help="Storage: identities (docs/storage.md).", no_args_is_help=True)

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from corral.cli.platform import client, friendly_errors, out, print_json, when
+from corral.cli.common import client, friendly_errors, out, print_json, when
 from corral.sdk import CorralError
 
 RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import typer
 from rich.table import Table
 
-from corral.cli.platform import Output, OutputOpt, ago, client, friendly_errors, out, print_json
+from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json
 from corral.sdk import CorralError
 
 ws_app = typer.Typer(

@@ -1,0 +1,175 @@
+"""Account commands: `corral user ...` (admin, default groups, passwords) and `corral token ...`."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json, when
+from corral.sdk import CorralError
+
+user_app = typer.Typer(help="Users (admin), default groups and passwords.", no_args_is_help=True)
+
+
+@user_app.command("ls")
+@friendly_errors
+def user_ls(output: OutputOpt = Output.table) -> None:
+    """List users (admin)."""
+    with client() as c:
+        users = c.users()
+    if output is Output.json:
+        print_json(users)
+        return
+    table = Table("USER", "ROLE", "DEFAULT GROUP", "GROUPS", box=None)
+    for u in users:
+        groups = ", ".join(g["name"] + (" (admin)" if g["role"] == "admin" else "") for g in u["groups"])
+        table.add_row(u["name"], u["role"], u["default_group"] or "-", groups or "-")
+    out.print(table)
+
+
+@user_app.command("create")
+@friendly_errors
+def user_create(
+    name: str,
+    group: Annotated[
+        list[str] | None, typer.Option("--group", "-g", help="repeat for several groups")
+    ] = None,
+    default_group: Annotated[str | None, typer.Option(help="default: the first --group")] = None,
+    admin: Annotated[bool, typer.Option("--admin", help="make the user an administrator")] = False,
+    password: Annotated[
+        str | None, typer.Option(help="for the web portal; omit for token-only users")
+    ] = None,
+    token: Annotated[bool, typer.Option("--token", help="also create an API token and print it")] = False,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Create a user (admin)."""
+    with client() as c:
+        user = c.create_user(
+            name, password=password, is_admin=admin, groups=group or [], default_group=default_group
+        )
+        secret = c.create_token("cli", user=name)["token"] if token else None
+    if output is Output.json:
+        print_json({**user, "token": secret} if token else user)
+        return
+    out.print(f"user {name} created")
+    if secret:
+        out.print(f"API token (shown once): {secret}")
+
+
+@user_app.command("add-to-group")
+@friendly_errors
+def user_add_to_group(
+    name: str,
+    group: str,
+    group_admin: Annotated[bool, typer.Option("--admin", help="as an admin of the group")] = False,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Add user NAME to GROUP (admin, or an admin of GROUP)."""
+    with client() as c:
+        member = c.add_member(group, name, "admin" if group_admin else "member")
+    print_json(member) if output is Output.json else out.print(f"{name} is now {member['role']} of {group}")
+
+
+@user_app.command("default-group")
+@friendly_errors
+def user_default_group(name: str, group: str, output: OutputOpt = Output.table) -> None:
+    """Set the group USER's jobs go to when their spec names none (admin, or yourself)."""
+    with client() as c:
+        user = c.set_default_group(name, group)
+    print_json(user) if output is Output.json else out.print(f"{name}'s default group is now {group}")
+
+
+@user_app.command("passwd")
+@friendly_errors
+def user_passwd(
+    name: Annotated[str | None, typer.Argument(metavar="[USER]", help="default: yourself")] = None,
+    password_stdin: Annotated[
+        bool,
+        typer.Option(
+            "--password-stdin",
+            help="read the new password from the first line of stdin (and your current one, when "
+            "changing your own as a non-admin, from the second)",
+        ),
+    ] = False,
+) -> None:
+    """Set the portal password of USER (admin) or your own."""
+    with client() as c:
+        me = c.me()
+        target = name or me["name"]
+        needs_current = target == me["name"] and me["role"] != "admin"
+        if password_stdin:
+            lines = sys.stdin.read().splitlines()
+            password = lines[0] if lines else ""
+            current = lines[1] if needs_current and len(lines) > 1 else None
+        else:
+            current = (
+                typer.prompt("Current password (empty if you have none)", hide_input=True, default="")
+                if needs_current
+                else None
+            )
+            password = typer.prompt(f"New password for {target}", hide_input=True, confirmation_prompt=True)
+        if not password:
+            raise CorralError("the new password is empty")
+        c.set_password(target, password, current_password=current or None)
+    out.print(f"password of {target} set")
+
+
+token_app = typer.Typer(help="Your API tokens.", no_args_is_help=True)
+
+
+@token_app.command("create")
+@friendly_errors
+def token_create(
+    name: Annotated[str, typer.Option(help="a label to recognise it")] = "cli",
+    user: Annotated[str | None, typer.Option(help="admins: for another user")] = None,
+    expires_in_days: Annotated[
+        float | None, typer.Option(help="default: the server's (CORRAL_TOKEN_DEFAULT_LIFETIME_DAYS)")
+    ] = None,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Create an API token; the secret is printed once."""
+    with client() as c:
+        token = c.create_token(name, user=user, expires_in_days=expires_in_days)
+    print_json(token) if output is Output.json else out.print(token["token"])
+
+
+@token_app.command("ls")
+@friendly_errors
+def token_ls(output: OutputOpt = Output.table) -> None:
+    """List your API tokens (prefixes only)."""
+    with client() as c:
+        tokens = c.tokens()
+    if output is Output.json:
+        print_json(tokens)
+        return
+    table = Table("ID", "NAME", "PREFIX", "CREATED", "LAST USED", "REVOKED", box=None)
+    for t in tokens:
+        table.add_row(
+            str(t["id"]),
+            t["name"],
+            t["prefix"],
+            when(t["created_at"]),
+            ago(t["last_used_at"]),
+            "yes" if t["revoked_at"] else "",
+        )
+    out.print(table)
+
+
+@token_app.command("revoke")
+@friendly_errors
+def token_revoke(
+    token_id: Annotated[int, typer.Argument(metavar="ID", help="see `corral token ls`")],
+) -> None:
+    """Revoke one of your API tokens (admins: anyone's) by its id; it stops working at once."""
+    with client() as c:
+        c.revoke_token(token_id)
+    out.print(f"token {token_id} revoked")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `corral user` and `corral token` to the root `corral` app."""
+    app.add_typer(user_app, name="user")
+    app.add_typer(token_app, name="token")

@@ -1,0 +1,70 @@
+"""What every `corral` command module shares: the SDK client from the CLI config, `-o json`,
+SDK errors as one line on stderr, times as text, the stdout/stderr consoles."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from corral.sdk import Client, CorralError
+
+F = TypeVar("F", bound=Callable[..., Any])
+out = Console()
+err = Console(stderr=True)
+
+
+class Output(StrEnum):
+    table = "table"
+    json = "json"
+
+
+OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table (default) or json (the API's JSON)")]
+
+
+def client() -> Client:
+    return Client.from_config()
+
+
+def friendly_errors(fn: F) -> F:
+    """Turn SDK errors into one plain line on stderr and exit code 1 (no tracebacks)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except CorralError as exc:
+            err.print(f"[red]error:[/red] {exc.message}", markup=True, highlight=False)
+            raise typer.Exit(1)
+        except TimeoutError as exc:
+            err.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(1)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def ago(ts: float | None, now: float | None = None) -> str:
+    if ts is None:
+        return "-"
+    delta = (time.time() if now is None else now) - ts
+    future = delta < 0
+    delta = abs(delta)
+    text = f"{delta:.0f}s" if delta < 90 else f"{delta / 60:.0f}m" if delta < 5400 else f"{delta / 3600:.1f}h"
+    return f"in {text}" if future else f"{text} ago"

@@ -1,0 +1,202 @@
+"""Group commands: `corral group ls|create|quota` (storage quotas through corral.cli.data)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.table import Table
+
+from corral.cli.common import Output, OutputOpt, client, friendly_errors, out, print_json
+from corral.cli.data import limit_text, storage_limits
+from corral.datasets.names import human_bytes
+from corral.sdk import KEEP, Keep
+from corral.spec import parse_memory_mib
+
+group_app = typer.Typer(help="Groups and quotas.", no_args_is_help=True)
+
+
+def _of(used: float, guaranteed: float, limit: float | None, unit: str = "") -> str:
+    """ "3/2/4" = used/guaranteed/max ("-": no max)."""
+    return f"{used:g}{unit}/{guaranteed:g}{unit}/{'-' if limit is None else f'{limit:g}{unit}'}"
+
+
+def _gpu_cell(group: dict[str, Any]) -> str:
+    """One line per quota key: "A100: 3/2/4 (1 borrowed)"."""
+    lines = []
+    for r in group["usage"]["gpus"]:
+        label = "any" if r["gpu_model"] == "*" else r["gpu_model"]
+        borrowed = f" ({r['borrowed']} borrowed)" if r["borrowed"] else ""
+        lines.append(f"{label}: {_of(r['used'], r['guaranteed'], r['max'])}{borrowed}")
+    return "\n".join(lines) or "-"
+
+
+def _resource_cell(usage: dict[str, Any], scale: float = 1.0, unit: str = "") -> str:
+    """CPUs or memory (scale 1/1024: MiB -> GiB) used/guaranteed/max."""
+    limit = usage["max"]
+    return _of(
+        round(usage["used"] * scale, 1),
+        round(usage["guaranteed"] * scale, 1),
+        None if limit is None else round(limit * scale, 1),
+        unit,
+    )
+
+
+def _storage_cell(row: dict[str, Any] | None) -> str:
+    """Bytes and files used/max (corral storage usage has the detail)."""
+    if row is None:
+        return "-"
+    used = limit_text(row["used_bytes"], row["max_bytes"], human_bytes)
+    return f"{used}\n{limit_text(row['used_files'], row['max_files'])} files"
+
+
+@group_app.command("ls")
+@friendly_errors
+def group_ls(output: OutputOpt = Output.table) -> None:
+    """List groups (all for admins, yours otherwise): per GPU model used/guaranteed/max and how
+    many of the used GPUs are borrowed; CPUs and memory used/guaranteed/max; warnings."""
+    with client() as c:
+        groups = c.groups()
+        storage = {r["name"]: r for r in c.storage_usage() if r["scope"] == "group"}
+    if output is Output.json:
+        print_json(groups)
+        return
+    table = Table(
+        "GROUP",
+        "GPUS used/guaranteed/max",
+        "CPUS",
+        "MEMORY",
+        "STORAGE used/max",
+        "USER CAP",
+        "WEIGHT",
+        "BORROWING",
+        "MEMBERS",
+        box=None,
+    )
+    warnings: dict[str, None] = {}
+    for g in groups:
+        members = "-" if g.get("members") is None else str(len(g["members"]))
+        cap = "-" if g.get("user_max_gpus") is None else f"{g['user_max_gpus']} GPUs"
+        table.add_row(
+            g["name"],
+            _gpu_cell(g),
+            _resource_cell(g["usage"]["cpus"]),
+            _resource_cell(g["usage"]["memory_mib"], 1 / 1024, "G"),
+            _storage_cell(storage.get(g["name"])),
+            cap,
+            f"{g['weight']:g}",
+            "yes" if g["borrowing"] else "no",
+            members,
+        )
+        warnings.update(dict.fromkeys(g.get("warnings") or ()))
+    out.print(table)
+    for text in warnings:
+        out.print(f"[yellow]warning:[/yellow] {text}", highlight=False)
+
+
+@group_app.command("create")
+@friendly_errors
+def group_create(
+    name: str,
+    weight: Annotated[float, typer.Option(help="fair-share weight")] = 1.0,
+    no_borrowing: Annotated[bool, typer.Option("--no-borrowing", help="never borrow idle quota")] = False,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Create a group (admin)."""
+    with client() as c:
+        group = c.create_group(name, weight=weight, borrowing=not no_borrowing)
+    print_json(group) if output is Output.json else out.print(f"group {name} created")
+
+
+N = TypeVar("N", int, float)
+
+
+def _limit(value: str | None, what: str, parse: Callable[[str], N]) -> N | Keep | None:
+    """A limit option: not given -> KEEP, "none" -> None (no limit), else the parsed value."""
+    if value is None:
+        return KEEP
+    if value.strip().lower() in ("none", "unlimited", "-"):
+        return None
+    try:
+        return parse(value)
+    except ValueError as exc:
+        raise typer.BadParameter(f"{what}: {exc}")
+
+
+def _count(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise ValueError(f"{value} is less than 0")
+    return n
+
+
+def _cpus(value: str) -> float:
+    n = float(value)
+    if n < 0:
+        raise ValueError(f"{value} is less than 0")
+    return n
+
+
+def _memory(value: str) -> int:
+    return 0 if value.strip() == "0" else parse_memory_mib(value)
+
+
+LimitOpt = Annotated[str | None, typer.Option(help="'none' = no limit")]
+
+
+@group_app.command("quota")
+@friendly_errors
+def group_quota(
+    name: str,
+    gpus: Annotated[int | None, typer.Option("--gpus", min=0, help="guaranteed GPUs of --model")] = None,
+    model: Annotated[str, typer.Option("--model", help="GPU model; '*' = any model")] = "*",
+    max_gpus: Annotated[
+        str | None, typer.Option("--max", help="most GPUs of --model; 'none' = no limit")
+    ] = None,
+    user_max: Annotated[str | None, typer.Option(help="per-user GPU cap; 'none' removes it")] = None,
+    cpus: Annotated[float | None, typer.Option(min=0, help="guaranteed CPUs (group-wide)")] = None,
+    cpus_max: LimitOpt = None,
+    memory: Annotated[str | None, typer.Option(help="guaranteed memory, e.g. 64GiB")] = None,
+    memory_max: LimitOpt = None,
+    storage: Annotated[str | None, typer.Option(help="storage quota, e.g. 2TiB; 'none' = no limit")] = None,
+    files: Annotated[str | None, typer.Option(help="quota of files stored; 'none' = no limit")] = None,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Set a group's quotas (admin): only the options given change."""
+    if storage is not None or files is not None:  # storage quotas: corral.cli.data
+        with client() as c:
+            c.set_storage_quota("group", name, **storage_limits(storage, files))
+        others = (gpus, max_gpus, user_max, cpus, cpus_max, memory, memory_max)
+        if all(option is None for option in others):
+            out.print(f"group {name}: storage quota set")
+            return
+    fields: dict[str, float | None] = {}
+    for key, value in (
+        ("user_max_gpus", _limit(user_max, "--user-max", _count)),
+        ("cpus_max", _limit(cpus_max, "--cpus-max", _cpus)),
+        ("memory_max_mib", _limit(memory_max, "--memory-max", _memory)),
+    ):
+        if not isinstance(value, Keep):
+            fields[key] = value
+    if cpus is not None:
+        fields["cpus_guaranteed"] = cpus
+    if memory is not None:
+        guaranteed_mib = _limit(memory, "--memory", _memory)
+        fields["memory_guaranteed_mib"] = guaranteed_mib if isinstance(guaranteed_mib, int) else 0
+    max_value = _limit(max_gpus, "--max", _count)
+    if gpus is None and isinstance(max_value, Keep) and not fields:
+        raise typer.BadParameter("give at least one quota option (see --help)")
+    with client() as c:
+        group = c.set_quota(name, gpu_model=model, guaranteed=gpus, max_gpus=max_value, **fields)
+    if output is Output.json:
+        print_json(group)
+        return
+    out.print(f"group {name}: quotas set")
+    for text in group.get("warnings") or ():
+        out.print(f"[yellow]warning:[/yellow] {text}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `corral group` to the root `corral` app."""
+    app.add_typer(group_app, name="group")

@@ -1,0 +1,356 @@
+"""Job commands: submit, ls, show, why, logs, cancel, rm.
+
+Read commands and `submit` take `-o json` and then print exactly the JSON the API returned.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from corral.cli.common import Output, OutputOpt, ago, client, err, friendly_errors, out, print_json, when
+from corral.domain import span_text, start_text
+from corral.sdk import CorralError
+
+
+def gpus_of(job: dict[str, Any]) -> int:
+    tasks = job.get("spec", {}).get("tasks", {})
+    return sum(
+        int(t.get("instances", 1)) * int(t.get("resources", {}).get("gpus", 0)) for t in tasks.values()
+    )
+
+
+@friendly_errors
+def submit(
+    file: Annotated[
+        Path | None, typer.Argument(help="job spec (YAML); '-' reads stdin", allow_dash=True)
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="wait until the job ends; exit 1 unless it succeeded")
+    ] = False,
+    output: OutputOpt = Output.table,
+    code: Annotated[
+        Path | None,
+        typer.Option(
+            "--code",
+            help="upload this directory (minus .gitignore/.corralignore) as the job's code, "
+            "read-only at /code, its working dir; unchanged files are not sent again",
+        ),
+    ] = None,
+    from_job: Annotated[
+        int | None, typer.Option("--from-job", help="submit a copy of this job's spec (a clone)")
+    ] = None,
+) -> None:
+    """Submit a job spec, or a copy of an earlier job's (`--from-job 42`)."""
+    if (file is None) == (from_job is None):
+        raise CorralError("give a spec file (or '-') or --from-job JOB, one of them")
+    with client() as c:
+        if from_job is not None:
+            text: str | dict[str, Any] = dict(c.job(from_job)["spec"])
+        else:
+            assert file is not None
+            text = sys.stdin.read() if str(file) == "-" else _read(file)
+        snapshot = None
+        if code is not None:
+            upload = c.upload_code(code)
+            snapshot = upload.id
+            err.print(
+                f"code: {upload.files} files, {upload.total_bytes} bytes; "
+                f"uploaded {upload.uploaded_bytes} bytes (snapshot {upload.id[:12]})"
+            )
+        job = c.submit(text, code=snapshot)
+        if wait:
+            if output is Output.table:
+                err.print(f"job {job['id']} submitted; waiting for it to end ...")
+            job = c.wait(job["id"])
+    if output is Output.json:
+        print_json(job)
+    else:
+        out.print(f"job [bold]{job['id']}[/bold] ({job['name']}) {job['state']} in group {job['group']}")
+    if wait and job["state"] != "succeeded":
+        raise typer.Exit(1)
+
+
+def _read(file: Path) -> str:
+    try:
+        return file.read_text()
+    except OSError as exc:
+        raise CorralError(f"cannot read {file}: {exc.strerror}")
+
+
+@friendly_errors
+def ls(
+    state: Annotated[str | None, typer.Option(help="e.g. queued,running")] = None,
+    user: Annotated[str | None, typer.Option()] = None,
+    group: Annotated[str | None, typer.Option()] = None,
+    sort: Annotated[
+        str, typer.Option(help="created_at, updated_at, id, priority, state, name")
+    ] = "created_at",
+    asc: Annotated[bool, typer.Option("--asc", help="oldest first")] = False,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    offset: Annotated[int, typer.Option(min=0)] = 0,
+    output: OutputOpt = Output.table,
+) -> None:
+    """List jobs you can see."""
+    with client() as c:
+        page = c.jobs(
+            state=state,
+            user=user,
+            group=group,
+            sort=sort,
+            order="asc" if asc else "desc",
+            limit=limit,
+            offset=offset,
+        )
+    if output is Output.json:
+        print_json(page)
+        return
+    table = Table("ID", "NAME", "STATE", "USER", "GROUP", "GPUS", "ATTEMPTS", "SUBMITTED", box=None)
+    for job in page["items"]:
+        table.add_row(
+            str(job["id"]),
+            job["name"],
+            job["state"],
+            job["user"],
+            job["group"],
+            str(gpus_of(job)),
+            str(len(job["attempts"])),
+            ago(job["created_at"]),
+        )
+    out.print(table)
+    shown = len(page["items"])
+    out.print(f"{shown} of {page['total']} jobs" + (f" (from offset {offset})" if offset else ""))
+
+
+def budgets_line(job: dict[str, Any]) -> str:
+    """What the retry rules have counted: own failures against `retries`, platform losses
+    against the server's lost-requeue budget; preemptions cost neither."""
+    budget = job.get("lost_requeue_budget")
+    losses = f"{job.get('platform_losses', 0)}" + (f" of {budget}" if budget is not None else "")
+    return (
+        f"failures {job.get('own_failures', 0)} of {job['retries']} retries  "
+        f"platform losses {losses} requeues  preemptions {job.get('preemptions', 0)}"
+    )
+
+
+@friendly_errors
+def show(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOpt = Output.table) -> None:
+    """Show a job: state, attempts, why it is pending, queue position and estimated start."""
+    with client() as c:
+        job = c.job(job_id)
+    if output is Output.json:
+        print_json(job)
+        return
+    out.print(
+        f"[bold]job {job['id']}[/bold] {job['name']}  state: [bold]{job['state']}[/bold]"
+        + (
+            "  (cancel requested)"
+            if job["cancel_requested"] and job["state"] not in ("cancelled", "failed", "succeeded")
+            else ""
+        )
+    )
+    out.print(
+        f"user {job['user']}  group {job['group']}  priority {job['priority']}  GPUs {gpus_of(job)}  "
+        f"retries {job['retries']}  submitted {when(job['created_at'])}"
+    )
+    out.print(budgets_line(job))
+    if job.get("reason"):
+        out.print(f"reason: {job['reason']}")
+    _print_diagnosis(job.get("diagnosis"))
+    if job["attempts"]:
+        table = Table("#", "STATE", "NODES", "GPUS", "STARTED", "ENDED", "EXIT", "REASON", box=None)
+        for a in job["attempts"]:
+            gpus = ",".join(f"{g['node']}:{g['index']}" for g in a["gpus"]) or "-"
+            table.add_row(
+                str(a["number"]),
+                a["state"],
+                ",".join(a["nodes"]) or "-",
+                gpus,
+                when(a["started_at"]),
+                when(a["ended_at"]),
+                "-" if a["exit_code"] is None else str(a["exit_code"]),
+                (a["reason"] or "") + (f": {a['message']}" if a["message"] else ""),
+            )
+        out.print(table)
+        _print_failures(job)
+    else:
+        out.print("no attempts yet")
+    _print_watch(job.get("watch"))
+
+
+def _print_failures(job: dict[str, Any]) -> None:
+    """The exit-spec's verdict on each failed attempt: reason, category, message and fix."""
+    for a in job["attempts"]:
+        f = a.get("failure")
+        if not f:
+            continue
+        out.print(f"attempt {a['number']}: [bold]{f['reason']}[/bold] ({f['category']}) {f['message']}")
+        if f.get("evidence"):
+            out.print(f"  log: {f['evidence']}", markup=False)
+        out.print(f"  fix: {f['fix']}")
+
+
+def _print_watch(watch: dict[str, Any] | None) -> None:
+    if not watch:
+        return
+    if watch.get("suspected_hang"):
+        done = f"; action: {watch['action']}" if watch.get("action") else ""
+        out.print(f"[red]suspected hang[/red]: {watch['suspected_hang']}{done}")
+    if watch.get("stragglers"):
+        out.print(f"stragglers: {watch['stragglers']}")
+
+
+def _print_diagnosis(diag: dict[str, Any] | None) -> None:
+    if not diag:
+        return
+    if diag.get("unschedulable"):
+        out.print("[red]this job cannot run on the cluster as it stands[/red]")
+    for reason in diag.get("reasons", []):
+        out.print(
+            f"why pending: {reason.get('message')} [dim]({reason.get('code')}, {reason.get('source')})[/dim]",
+            highlight=False,
+        )
+    if diag.get("queue_position") is not None:
+        out.print(f"queue position: {diag['queue_position']} (the order the scheduler takes waiting jobs)")
+    out.print(f"estimated start: {start_line(diag)}", highlight=False)
+
+
+def start_line(diag: dict[str, Any]) -> str:
+    """ "2026-11-28 03:10 (in ~2 h 10 min (likely 1 h 30 min to 3 h))", or why there is none."""
+    if diag.get("unschedulable"):
+        return "never, as the cluster stands"
+    if diag.get("held"):
+        return "none while it is held back by its quota or cap (see why pending)"
+    est = diag.get("estimated_start")
+    if est is None:
+        return "unknown"
+    return f"{when(est)} ({start_text(est, diag.get('start_range'), time.time())})"
+
+
+@friendly_errors
+def why(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOpt = Output.table) -> None:
+    """Why a job waits: the scheduler's reasons, its place in the scheduler's order, its
+    estimated start with its uncertainty, and the runtime assumed for it."""
+    with client() as c:
+        job = c.job(job_id)
+    if output is Output.json:
+        print_json(
+            {
+                "id": job["id"],
+                "state": job["state"],
+                "diagnosis": job.get("diagnosis"),
+                "runtime_estimate": job.get("runtime_estimate"),
+            }
+        )
+        return
+    if job["state"] not in ("queued", "scheduled", "starting"):
+        out.print(f"job {job['id']} is {job['state']}: it is not waiting")
+        return
+    out.print(f"[bold]job {job['id']}[/bold] {job['name']} is {job['state']}")
+    if not job.get("diagnosis"):
+        out.print("the scheduler has not looked at it yet")
+    _print_diagnosis(job.get("diagnosis"))
+    estimate = job.get("runtime_estimate")
+    if estimate:
+        spread = ""
+        if estimate.get("low_s") is not None and estimate.get("high_s") is not None:
+            spread = f", likely {span_text(estimate['low_s'])} to {span_text(estimate['high_s'])}"
+        basis = {
+            "name": "this job name's earlier runs",
+            "user_size": "the user's jobs of this size",
+            "group": "the group's jobs",
+            "cluster": "the cluster's jobs",
+            "limit": "its max_runtime (no history yet)",
+        }.get(estimate.get("basis") or "", "history")
+        out.print(
+            f"assumed runtime: ~{span_text(estimate['seconds'])}{spread} (from {basis})", highlight=False
+        )
+    else:
+        out.print("assumed runtime: unknown (no history and no max_runtime)")
+
+
+@friendly_errors
+def logs(
+    job_id: Annotated[int, typer.Argument(metavar="JOB")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the job ends")] = False,
+    attempt: Annotated[int | None, typer.Option(help="attempt number (default: newest)")] = None,
+    rank: Annotated[int, typer.Option(help="instance rank (default 0)")] = 0,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Print a job's output (stdout and stderr). While the job waits to run, say why (on stderr)."""
+    with client() as c:
+        if follow:
+            _print_waiting(c.logs(job_id, attempt=attempt, rank=rank, offset=0).get("waiting"))
+            for text in c.follow_logs(job_id, rank=rank):
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            return
+        offset, chunks = 0, []
+        while True:
+            chunk = c.logs(job_id, attempt=attempt, rank=rank, offset=offset)
+            chunks.append(chunk["data"])
+            if not chunk["data"] or chunk["next_offset"] == offset:
+                break
+            offset = chunk["next_offset"]
+        if output is Output.json:
+            print_json({**chunk, "data": "".join(chunks)})
+        else:
+            sys.stdout.write("".join(chunks))
+            _print_waiting(chunk.get("waiting"))
+
+
+def _print_waiting(waiting: dict[str, Any] | None) -> None:
+    """The job has no output because it has not started (again): why, where, and when."""
+    if not waiting:
+        return
+    err.print(waiting["message"], highlight=False, markup=False, soft_wrap=True)
+    est = waiting.get("estimated_start")
+    if waiting["state"] == "queued" and est is not None and not waiting.get("unschedulable"):
+        err.print(f"estimated start: {start_line(waiting)}", highlight=False, soft_wrap=True)
+
+
+@friendly_errors
+def cancel(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOpt = Output.table) -> None:
+    """Cancel a job (queued jobs end at once; running ones are stopped)."""
+    with client() as c:
+        job = c.cancel(job_id)
+    if output is Output.json:
+        print_json(job)
+    elif job["state"] == "cancelled":
+        out.print(f"job {job_id} cancelled")
+    else:
+        out.print(f"job {job_id} is {job['state']}; it is being stopped")
+
+
+@friendly_errors
+def rm(job_ids: Annotated[list[int], typer.Argument(metavar="JOB...", help="finished jobs")]) -> None:
+    """Delete finished jobs and their logs (yours; admins: anyone's). Exit 1 if any was refused."""
+    failed = 0
+    with client() as c:
+        for job_id in job_ids:
+            try:
+                c.delete(job_id)
+                out.print(f"job {job_id} deleted")
+            except CorralError as exc:
+                if exc.status_code in (None, 401):  # unreachable server, bad credentials: stop at once
+                    raise
+                failed += 1
+                err.print(f"[red]error:[/red] job {job_id}: {exc.message}", highlight=False)
+    if failed:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the job commands to the root `corral` app."""
+    app.command()(submit)
+    app.command()(ls)
+    app.command()(show)
+    app.command()(why)
+    app.command()(logs)
+    app.command()(cancel)
+    app.command()(rm)

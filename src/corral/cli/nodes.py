@@ -1,0 +1,88 @@
+"""Node commands: `corral node ls|cordon|uncordon|drain|gpu` (`node risk`: cli/monitor.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json
+
+node_app = typer.Typer(
+    help="Nodes: list, cordon, uncordon, drain, gpu quarantine|return, risk (failure risk).",
+    no_args_is_help=True,
+)
+
+
+@node_app.command("ls")
+@friendly_errors
+def node_ls(output: OutputOpt = Output.table) -> None:
+    """List nodes with their GPUs and the jobs holding them."""
+    with client() as c:
+        nodes = c.nodes()
+    if output is Output.json:
+        print_json(nodes)
+        return
+    table = Table("NODE", "STATE", "CPUS", "MEMORY", "GPUS", "IN USE", "HEARTBEAT", "FLAGS", box=None)
+    for n in nodes:
+        models = sorted({g["model"] for g in n["gpus"]})
+        used = [f"{g['index']}:job {g['job_id']}" for g in n["gpus"] if g["job_id"] is not None]
+        table.add_row(
+            n["name"],
+            n["state"],
+            f"{n['cpus']:g}",
+            f"{n['memory_mib'] / 1024:.0f}GiB",
+            f"{len(n['gpus'])} {'/'.join(models)}".strip(),
+            ", ".join(used) or "-",
+            ago(n["last_heartbeat"]),
+            "; ".join(n.get("flags") or []) or "-",
+        )
+    out.print(table)
+
+
+def _node_action(action: str) -> Callable[[str, Output], None]:
+    @friendly_errors
+    def command(
+        name: Annotated[str, typer.Argument(metavar="NODE")], output: OutputOpt = Output.table
+    ) -> None:
+        with client() as c:
+            node = c.node_action(name, action)
+        if output is Output.json:
+            print_json(node)
+        else:
+            out.print(f"node {name}: {node['state']}")
+
+    command.__doc__ = {
+        "cordon": "Take no new jobs on NODE.",
+        "uncordon": "Return NODE to service.",
+        "drain": "Take no new jobs on NODE and let it empty.",
+    }[action]
+    return command
+
+
+for _action in ("cordon", "uncordon", "drain"):
+    node_app.command(_action)(_node_action(_action))
+
+
+@node_app.command("gpu")
+@friendly_errors
+def node_gpu(
+    name: Annotated[str, typer.Argument(metavar="NODE")],
+    index: Annotated[int, typer.Argument(metavar="INDEX", min=0)],
+    action: Annotated[str, typer.Argument(metavar="quarantine|return")],
+) -> None:
+    """Quarantine one GPU (no new job on it; the node's others keep working), or return a
+    quarantined or lost GPU to service once examined (admin)."""
+    if action not in ("quarantine", "return"):
+        raise typer.BadParameter(f"{action!r}: give quarantine or return")
+    with client() as c:
+        node = c.request("POST", f"/nodes/{name}/gpus/{index}/{action}")
+    health = next(g["health"] for g in node["gpus"] if g["index"] == index)
+    out.print(f"node {name} GPU {index}: {health}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `corral node` to the root `corral` app."""
+    app.add_typer(node_app, name="node")
