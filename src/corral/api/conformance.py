@@ -102,136 +102,149 @@ def add_links(source: str, status: str, targets: Mapping[str, LinkTarget]) -> No
         entry[name] = _link(operation, parameters, *body)
 
 
-def _core_links() -> None:
-    api = "/api/v1"
+API = "/api/v1"
+
+
+def _job_links() -> None:
     job = {"job_id": "$response.body#/id"}
     add_links(
-        f"POST {api}/jobs",
+        f"POST {API}/jobs",
         "201",
         {
-            "GetJob": (f"GET {api}/jobs/{{job_id}}", job),
-            "GetJobEvents": (f"GET {api}/jobs/{{job_id}}/events", job),
-            "GetJobLogs": (f"GET {api}/jobs/{{job_id}}/logs", job),
-            "CancelJob": (f"POST {api}/jobs/{{job_id}}/cancel", job),
-            "DeleteJob": (f"DELETE {api}/jobs/{{job_id}}", job),
+            "GetJob": (f"GET {API}/jobs/{{job_id}}", job),
+            "GetJobEvents": (f"GET {API}/jobs/{{job_id}}/events", job),
+            "GetJobLogs": (f"GET {API}/jobs/{{job_id}}/logs", job),
+            "CancelJob": (f"POST {API}/jobs/{{job_id}}/cancel", job),
+            "DeleteJob": (f"DELETE {API}/jobs/{{job_id}}", job),
         },
     )
     add_links(
-        f"POST {api}/jobs/{{job_id}}/cancel",
+        f"POST {API}/jobs/{{job_id}}/cancel",
         "200",
-        {"DeleteCancelledJob": (f"DELETE {api}/jobs/{{job_id}}", job)},
+        {"DeleteCancelledJob": (f"DELETE {API}/jobs/{{job_id}}", job)},
     )
+
+
+def _account_links() -> None:
+    """Users, groups, tokens, SSH keys, sessions and lockouts."""
     user = {"name": "$response.body#/name"}
     add_links(
-        f"POST {api}/users",
+        f"POST {API}/users",
         "201",
         {
-            "SetUserDefaultGroup": (f"PUT {api}/users/{{name}}/default-group", user),
-            "SetUserPassword": (f"PUT {api}/users/{{name}}/password", user),
+            "SetUserDefaultGroup": (f"PUT {API}/users/{{name}}/default-group", user),
+            "SetUserPassword": (f"PUT {API}/users/{{name}}/password", user),
         },
     )
     group = {"name": "$response.body#/name"}
     add_links(
-        f"POST {api}/groups",
+        f"POST {API}/groups",
         "201",
         {
-            "GetGroup": (f"GET {api}/groups/{{name}}", group),
-            "SetGroupQuota": (f"PUT {api}/groups/{{name}}/quota", group),
-            "AddGroupMember": (f"POST {api}/groups/{{name}}/members", group),
+            "GetGroup": (f"GET {API}/groups/{{name}}", group),
+            "SetGroupQuota": (f"PUT {API}/groups/{{name}}/quota", group),
+            "AddGroupMember": (f"POST {API}/groups/{{name}}/members", group),
         },
     )
     add_links(
-        f"POST {api}/groups/{{name}}/members",
+        f"POST {API}/groups/{{name}}/members",
         "201",
-        {"GetGroupOfMember": (f"GET {api}/groups/{{name}}", {"name": "$request.path.name"})},
+        {"GetGroupOfMember": (f"GET {API}/groups/{{name}}", {"name": "$request.path.name"})},
     )
     add_links(
-        f"POST {api}/tokens",
+        f"POST {API}/tokens",
         "201",
-        {"RevokeToken": (f"DELETE {api}/tokens/{{token_id}}", {"token_id": "$response.body#/id"})},
+        {"RevokeToken": (f"DELETE {API}/tokens/{{token_id}}", {"token_id": "$response.body#/id"})},
     )
     add_links(
-        f"POST {api}/ssh-keys",
+        f"POST {API}/ssh-keys",
         "201",
-        {"DeleteSshKey": (f"DELETE {api}/ssh-keys/{{key_id}}", {"key_id": "$response.body#/id"})},
+        {"DeleteSshKey": (f"DELETE {API}/ssh-keys/{{key_id}}", {"key_id": "$response.body#/id"})},
     )
     add_links(
-        f"GET {api}/sessions",
+        f"GET {API}/sessions",
         "200",
-        {"RevokeSession": (f"DELETE {api}/sessions/{{session_id}}", {"session_id": "$response.body#/0/id"})},
+        {"RevokeSession": (f"DELETE {API}/sessions/{{session_id}}", {"session_id": "$response.body#/0/id"})},
     )
     first_id = {"lockout_id": "$response.body#/0/id"}
     add_links(
-        f"GET {api}/auth/lockouts",
+        f"GET {API}/auth/lockouts",
         "200",
-        {"ClearLockout": (f"DELETE {api}/auth/lockouts/{{lockout_id}}", first_id)},
+        {"ClearLockout": (f"DELETE {API}/auth/lockouts/{{lockout_id}}", first_id)},
+    )
+
+
+def _listing_links() -> None:
+    """From a list to one of the objects listed."""
+    add_links(
+        f"GET {API}/jobs",
+        "200",
+        {"GetListedJob": (f"GET {API}/jobs/{{job_id}}", {"job_id": "$response.body#/items/0/id"})},
     )
     add_links(
-        f"GET {api}/jobs",
+        f"GET {API}/groups",
         "200",
-        {"GetListedJob": (f"GET {api}/jobs/{{job_id}}", {"job_id": "$response.body#/items/0/id"})},
+        {"GetListedGroup": (f"GET {API}/groups/{{name}}", {"name": "$response.body#/0/name"})},
     )
     add_links(
-        f"GET {api}/groups",
+        f"GET {API}/ssh-keys",
         "200",
-        {"GetListedGroup": (f"GET {api}/groups/{{name}}", {"name": "$response.body#/0/name"})},
+        {"DeleteListedSshKey": (f"DELETE {API}/ssh-keys/{{key_id}}", {"key_id": "$response.body#/0/id"})},
     )
     add_links(
-        f"GET {api}/ssh-keys",
+        f"GET {API}/nodes",
         "200",
-        {"DeleteListedSshKey": (f"DELETE {api}/ssh-keys/{{key_id}}", {"key_id": "$response.body#/0/id"})},
-    )
-    add_links(
-        f"GET {api}/nodes",
-        "200",
-        {"ActOnListedNode": (f"POST {api}/nodes/{{name}}/{{action}}", {"name": "$response.body#/0/name"})},
+        {"ActOnListedNode": (f"POST {API}/nodes/{{name}}/{{action}}", {"name": "$response.body#/0/name"})},
     )
 
 
 def _catalogue_links() -> None:
-    """The resources added since: workspaces, environments, templates, secrets, on-call."""
-    api = "/api/v1"
+    """Workspaces, environments and templates."""
     named = {"name": "$response.body#/name"}
     add_links(
-        f"POST {api}/workspaces",
+        f"POST {API}/workspaces",
         "201",
         {
-            "GetWorkspace": (f"GET {api}/workspaces/{{name}}", named),
-            "StopWorkspace": (f"POST {api}/workspaces/{{name}}/stop", named),
-            "DeleteWorkspace": (f"DELETE {api}/workspaces/{{name}}", named),
+            "GetWorkspace": (f"GET {API}/workspaces/{{name}}", named),
+            "StopWorkspace": (f"POST {API}/workspaces/{{name}}/stop", named),
+            "DeleteWorkspace": (f"DELETE {API}/workspaces/{{name}}", named),
         },
     )
     add_links(
-        f"POST {api}/workspaces/{{name}}/stop",
+        f"POST {API}/workspaces/{{name}}/stop",
         "200",
-        {"StartWorkspace": (f"POST {api}/workspaces/{{name}}/start", named)},
+        {"StartWorkspace": (f"POST {API}/workspaces/{{name}}/start", named)},
     )
     add_links(
-        f"POST {api}/environments",
+        f"POST {API}/environments",
         "201",
         {
-            "GetEnvironment": (f"GET {api}/environments/{{name}}", named),
+            "GetEnvironment": (f"GET {API}/environments/{{name}}", named),
             "GetEnvironmentVersion": (
-                f"GET {api}/environments/{{name}}/versions/{{version}}",
+                f"GET {API}/environments/{{name}}/versions/{{version}}",
                 {**named, "version": "$response.body#/version"},
             ),
-            "DeleteEnvironment": (f"DELETE {api}/environments/{{name}}", named),
+            "DeleteEnvironment": (f"DELETE {API}/environments/{{name}}", named),
         },
     )
     add_links(
-        f"POST {api}/templates",
+        f"POST {API}/templates",
         "201",
         {
-            "GetTemplate": (f"GET {api}/templates/{{name}}", named),
+            "GetTemplate": (f"GET {API}/templates/{{name}}", named),
             # the version just published: another number is a 404 on a template that exists
             "UseTemplate": (
-                f"POST {api}/templates/{{name}}/use",
+                f"POST {API}/templates/{{name}}/use",
                 named,
                 {"version": "$response.body#/version"},
             ),
-            "DeleteTemplate": (f"DELETE {api}/templates/{{name}}", named),
+            "DeleteTemplate": (f"DELETE {API}/templates/{{name}}", named),
         },
     )
+
+
+def _put_named_links() -> None:
+    """Secrets, on-call schedules and escalation policies."""
     in_path = {"name": "$request.path.name"}
     listed = {"name": "$response.body#/0/name"}
     # Secrets, schedules and policies are made by PUT to their name: 201 when new, 200 when
@@ -239,10 +252,10 @@ def _catalogue_links() -> None:
     # set again under its name (how a stateful fuzzer, which starts only from POSTs and lists,
     # reaches the PUTs).
     for kind, path, after_put in (
-        ("Secret", f"{api}/secrets/{{name}}", {"DeleteSecret": ("DELETE", "")}),
+        ("Secret", f"{API}/secrets/{{name}}", {"DeleteSecret": ("DELETE", "")}),
         (
             "Schedule",
-            f"{api}/oncall/schedules/{{name}}",
+            f"{API}/oncall/schedules/{{name}}",
             {
                 "GetSchedule": ("GET", ""),
                 "AddScheduleOverride": ("POST", "/overrides"),
@@ -251,7 +264,7 @@ def _catalogue_links() -> None:
         ),
         (
             "Policy",
-            f"{api}/oncall/policies/{{name}}",
+            f"{API}/oncall/policies/{{name}}",
             {"GetPolicy": ("GET", ""), "DeletePolicy": ("DELETE", "")},
         ),
     ):
@@ -262,30 +275,39 @@ def _catalogue_links() -> None:
             f"GET {path.removesuffix('/{name}')}", "200", {f"ReplaceListed{kind}": (f"PUT {path}", listed)}
         )
         add_links(f"DELETE {path}", "204", {f"Restore{kind}": (f"PUT {path}", in_path)})
+
+
+def _oncall_links() -> None:
+    """Overrides and pages."""
+    in_path = {"name": "$request.path.name"}
     add_links(
-        f"POST {api}/oncall/schedules/{{name}}/overrides",
+        f"POST {API}/oncall/schedules/{{name}}/overrides",
         "201",
         {
             "DeleteScheduleOverride": (
-                f"DELETE {api}/oncall/schedules/{{name}}/overrides/{{override_id}}",
+                f"DELETE {API}/oncall/schedules/{{name}}/overrides/{{override_id}}",
                 {**in_path, "override_id": "$response.body#/id"},
             )
         },
     )
     page = {"page_id": "$response.body#/id"}
     add_links(
-        f"POST {api}/oncall/pages",
+        f"POST {API}/oncall/pages",
         "201",
         {
-            "GetPage": (f"GET {api}/oncall/pages/{{page_id}}", page),
-            "AckPage": (f"POST {api}/oncall/pages/{{page_id}}/ack", page),
-            "CancelPage": (f"POST {api}/oncall/pages/{{page_id}}/cancel", page),
+            "GetPage": (f"GET {API}/oncall/pages/{{page_id}}", page),
+            "AckPage": (f"POST {API}/oncall/pages/{{page_id}}/ack", page),
+            "CancelPage": (f"POST {API}/oncall/pages/{{page_id}}/cancel", page),
         },
     )
 
 
-_core_links()
+_job_links()
+_account_links()
+_listing_links()
 _catalogue_links()
+_put_named_links()
+_oncall_links()
 
 
 # --- error responses ----------------------------------------------------------------------------

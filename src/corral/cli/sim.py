@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from corral.cli.sim_live import LiveRequest
 
 sim_app = typer.Typer(
     help="Replay a GPU-cluster trace through Corral's scheduler (discrete-event simulation).",
@@ -196,8 +199,7 @@ def sim(
         record_events=jobs_out is not None,
     )
     if from_cluster:
-        from corral.cli.sim_live import LiveRequest, run_from_cluster
-        from corral.sim.runner import PolicyError, parse_knobs
+        from corral.cli.sim_live import LiveRequest
 
         if trace or cluster:
             _fail("--from-cluster replays the platform's own jobs and nodes: leave out --trace and --cluster")
@@ -207,23 +209,45 @@ def sim(
                 "do not go with --from-cluster"
             )
         request = LiveRequest(since, anonymise, unfinished, policy, placement, quota, save_trace, out, output)
-        try:
-            knobs = parse_knobs(knob)
-        except PolicyError as exc:
-            _fail(str(exc))
-        run_from_cluster(request, config, knobs, _console())
+        _replay_cluster(request, config, knob)
         return
     if quota or save_trace or unfinished or anonymise:
         _fail("--quota, --save-trace, --unfinished and --anonymise go with --from-cluster")
     if not trace or not cluster:
         _fail("--trace and --cluster are required (see corral sim --help)")
     policy = policy or "default"
+    spec = f"{policy}:{placement}" if placement else policy
+    result, summary = _replay_trace(trace, cluster, spec, config, knob, max_jobs, speedup, private)
+    _write_results(result, summary, jobs_out, out, output)
+
+
+def _replay_cluster(request: LiveRequest, config: Any, knob: list[str]) -> None:
+    """`corral sim --from-cluster`: the platform's own history (corral.cli.sim_live)."""
+    from corral.cli.sim_live import run_from_cluster
+    from corral.sim.runner import PolicyError, parse_knobs
+
+    try:
+        knobs = parse_knobs(knob)
+    except PolicyError as exc:
+        _fail(str(exc))
+    run_from_cluster(request, config, knobs, _console())
+
+
+def _replay_trace(
+    trace: str,
+    cluster: str,
+    spec: str,
+    config: Any,
+    knob: list[str],
+    max_jobs: int | None,
+    speedup: float,
+    private: bool,
+) -> tuple[Any, dict[str, Any]]:
+    """One replay of a trace and its summary (with each group's private-cluster figures)."""
     from corral.sim.metrics import summarize
-    from corral.sim.report import write_plots
     from corral.sim.runner import PolicyError, parse_knobs, private_baseline, simulate
 
     loaded_trace, loaded_cluster = _load(trace, cluster, max_jobs, speedup)
-    spec = f"{policy}:{placement}" if placement else policy
     try:
         result = simulate(loaded_trace, loaded_cluster, spec, config, parse_knobs(knob))
         summary = summarize(result)
@@ -232,6 +256,15 @@ def sim(
                 summary["per_group"].setdefault(group, {}).update(figures)
     except PolicyError as exc:
         _fail(str(exc))
+    return result, summary
+
+
+def _write_results(
+    result: Any, summary: dict[str, Any], jobs_out: Path | None, out: Path | None, output: str
+) -> None:
+    """The job events CSV, summary.json and plots where asked; the summary on stdout."""
+    from corral.sim.report import write_plots
+
     if jobs_out:
         from corral.sim.metrics import write_jobs_csv
 
