@@ -24,6 +24,8 @@ import re2
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from corral.yaml_lines import line_of
+
 log = logging.getLogger("corral.diagnosis")
 MAX_PATTERN_CHARS = 1000
 EVENTS = frozenset(
@@ -231,22 +233,7 @@ def parse_exit_spec(text: str, source: str) -> ExitSpecFile:
         loc = tuple(err["loc"])
         field = ".".join(str(p) for p in loc) or "(top level)"
         message = str(err["msg"]).removeprefix("Value error, ")
-        raise ExitSpecError(f"{source}:{_line_of(root, loc)}: {field}: {message}") from None
-
-
-def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int:
-    """The 1-based line of the deepest YAML node on pydantic's error path `loc`."""
-    line = 1 if node is None else node.start_mark.line + 1
-    for part in loc:
-        child: yaml.Node | None = None
-        if isinstance(node, yaml.MappingNode):
-            child = next((v for k, v in node.value if k.value == str(part)), None)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            child = node.value[part]
-        if child is None:
-            break
-        node, line = child, child.start_mark.line + 1
-    return line
+        raise ExitSpecError(f"{source}:{line_of(root, loc)}: {field}: {message}") from None
 
 
 def merge_rules(shipped: Sequence[ExitRule], admin: Sequence[ExitRule]) -> list[ExitRule]:

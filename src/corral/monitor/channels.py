@@ -18,6 +18,7 @@ import httpx
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from corral.db.oncall_models import PageNotification
 from corral.monitor.alerts import alert_to_dict
 from corral.monitor.config import EmailChannel, MonitorConfig, WebhookChannel
 from corral.monitor.models import Alert, AlertNotification
@@ -119,7 +120,7 @@ def deliver_due(session_factory: Callable[[], Session], config: MonitorConfig, n
             try:
                 send(channel, alert, note.alert_status)
             except ChannelError as exc:
-                _record_failure(note, str(exc), config, now)
+                record_failure(note, str(exc), config, now)
                 log.warning("channel %s failed (attempt %d): %s", note.channel, note.attempts, exc)
             else:
                 note.state = "sent"
@@ -130,7 +131,11 @@ def deliver_due(session_factory: Callable[[], Session], config: MonitorConfig, n
         return sent
 
 
-def _record_failure(note: AlertNotification, error: str, config: MonitorConfig, now: float) -> None:
+def record_failure(
+    note: AlertNotification | PageNotification, error: str, config: MonitorConfig, now: float
+) -> None:
+    """A delivery that failed (an alert's or a page's): try again after the backoff, or give up
+    after `retry.max_attempts`."""
     note.last_error = error[:2000]
     if note.attempts >= config.retry.max_attempts:
         note.state = "given_up"

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from corral.config import Settings
+from corral.yaml_lines import line_of
 
 log = logging.getLogger("corral.monitor.config")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -226,7 +227,7 @@ def load_monitor_config(path: Path) -> MonitorConfig:
         loc = tuple(err["loc"])
         if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
             loc += ("type",)  # point at the `type:` line, the value that chose no model
-        line = _line_of(root, loc)
+        line = line_of(root, loc)
         field = ".".join(str(p) for p in loc) or "(top level)"
         message = str(err["msg"]).removeprefix("Value error, ")
         raise MonitorConfigError(f"{path}:{line}: {field}: {message}") from exc
@@ -266,24 +267,3 @@ class MonitorConfigSource:
                 return self._config
             self._stamp, self._config = stamp, config
             return config
-
-
-def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int:
-    """The 1-based line of the deepest YAML node on the path `loc` (pydantic's error location)."""
-    line = 1 if node is None else node.start_mark.line + 1
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            found = None
-            for key, value in node.value:
-                if key.value == str(part):
-                    found = value
-                    break
-            if found is None:
-                continue  # a missing key, or a discriminator tag ("webhook") in the loc: keep the parent
-            node = found
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-        else:
-            continue  # discriminator tags ("email") in the loc have no node of their own
-        line = node.start_mark.line + 1
-    return line

@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from corral.db.models import User
 from corral.db.oncall_models import Page, PageNotification
-from corral.monitor.channels import ChannelError
+from corral.monitor.channels import ChannelError, record_failure
 from corral.monitor.config import EmailChannel, MonitorConfig
 from corral.monitor.loops import monitor_config
 from corral.server.context import BackgroundLoop, ServerContext
@@ -184,7 +184,7 @@ def _send_one(mailer: Mailer, note: PageNotification, page: Page | None, user: U
     try:
         mailer.send(out) if note.kind == "email" else post_webhook(out)
     except ChannelError as exc:
-        _failed(note, str(exc), config, now)
+        record_failure(note, str(exc), config, now)
         log.warning("page %s to %s (%s) failed: %s", page.key, user.name, note.kind, exc)
     else:
         note.state, note.sent_at, note.last_error = "sent", now, ""
@@ -227,15 +227,6 @@ def deliver_pages(
             return len(due)
     finally:
         mailer.close()
-
-
-def _failed(note: PageNotification, error: str, config: MonitorConfig, now: float) -> None:
-    note.last_error = error[:2000]
-    if note.attempts >= config.retry.max_attempts:
-        note.state = "given_up"
-        return
-    note.state = "failing"
-    note.next_attempt_at = now + config.retry.backoff_s(note.attempts)
 
 
 PURGE_EVERY_S = 3600.0

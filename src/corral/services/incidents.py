@@ -268,24 +268,29 @@ def acknowledge(session: Session, incident_id: int, by: str, now: float) -> Inci
 
 
 def mitigate(session: Session, incident_id: int, by: str, now: float, note: str = "") -> Incident:
-    incident = get(session, incident_id)
-    if incident.state == _S.MITIGATED.value:
-        return incident
-    if not _move(session, incident, _S.MITIGATED, now, {"mitigated_at": now}):
-        raise Conflict(f"incident {incident_id} changed meanwhile (now {incident.state}); try again")
-    add_timeline(session, incident.id, "mitigated", note or f"mitigated by {by}", actor=by, now=now)
+    incident, _ = _settle(session, incident_id, _S.MITIGATED, by, now, note)
     return incident
 
 
 def resolve(session: Session, incident_id: int, by: str, now: float, note: str = "") -> Incident:
-    incident = get(session, incident_id)
-    if incident.state == _S.RESOLVED.value:
-        return incident
-    if not _move(session, incident, _S.RESOLVED, now, {"resolved_at": now}):
-        raise Conflict(f"incident {incident_id} changed meanwhile (now {incident.state}); try again")
-    add_timeline(session, incident.id, "resolved", note or f"resolved by {by}", actor=by, now=now)
-    _tell(_RESOLVED_LISTENERS, session, incident, by)
+    incident, moved = _settle(session, incident_id, _S.RESOLVED, by, now, note)
+    if moved:
+        _tell(_RESOLVED_LISTENERS, session, incident, by)
     return incident
+
+
+def _settle(
+    session: Session, incident_id: int, state: IncidentState, by: str, now: float, note: str
+) -> tuple[Incident, bool]:
+    """Move to MITIGATED or RESOLVED, stamping `<state>_at`, with its timeline entry; (incident,
+    False) when it is there already."""
+    incident = get(session, incident_id)
+    if incident.state == state.value:
+        return incident, False
+    if not _move(session, incident, state, now, {f"{state.value}_at": now}):
+        raise Conflict(f"incident {incident_id} changed meanwhile (now {incident.state}); try again")
+    add_timeline(session, incident.id, state.value, note or f"{state.value} by {by}", actor=by, now=now)
+    return incident, True
 
 
 def close(session: Session, incident_id: int, by: str, now: float) -> Incident:

@@ -395,15 +395,7 @@ def open_page(
 
 def ack_as(session: Session, principal: Principal, page_id: int, now: float) -> dict[str, Any]:
     """Acknowledge in Corral: admins, and the people the page notified."""
-    page = _visible_page(session, principal, page_id)
-    before = page.state
-    page = ack(session, page.key, principal.name, now)
-    audit.record(
-        session, actor=principal, action="page.ack", target_kind="page", target_id=page.key,
-        before={"state": before}, after={"state": page.state, "acked_by": page.acked_by},
-    )  # fmt: skip
-    session.commit()
-    return page_view(session, page)
+    return _ack_audited(session, principal, _visible_page(session, principal, page_id), now)
 
 
 def cancel_as(session: Session, principal: Principal, page_id: int, now: float) -> dict[str, Any]:
@@ -439,8 +431,13 @@ def ack_with_link(session: Session, key: bytes, token: str, now: float, source: 
         user_id=user.id, name=user.name, is_admin=False, default_group_id=None, via="ack-link",
         credential=f"ack-link:page:{page.id}", source=source,
     )  # fmt: skip
+    return _ack_audited(session, actor, page, now)
+
+
+def _ack_audited(session: Session, actor: Principal, page: Page, now: float) -> dict[str, Any]:
+    """`actor` acknowledges `page`, in the audit log; committed."""
     before = page.state
-    page = ack(session, page.key, user.name, now)
+    page = ack(session, page.key, actor.name, now)
     audit.record(
         session, actor=actor, action="page.ack", target_kind="page", target_id=page.key,
         before={"state": before}, after={"state": page.state, "acked_by": page.acked_by},

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from corral.services.errors import Invalid
+from corral.yaml_lines import line_of
 
 ACTIONS = (
     "incident",  # open or join an incident: {severity, title, key}
@@ -186,7 +187,7 @@ def parse_rules(text: str) -> RuleSet:
         loc = tuple(err["loc"])
         where = ".".join(str(p) for p in loc) or "(top level)"
         message = str(err["msg"]).removeprefix("Value error, ")
-        raise RulesError(_line_of(root, loc), f"{where}: {message}") from None
+        raise RulesError(line_of(root, loc), f"{where}: {message}") from None
 
 
 def parse_or_invalid(text: str) -> RuleSet:
@@ -194,23 +195,6 @@ def parse_or_invalid(text: str) -> RuleSet:
         return parse_rules(text)
     except RulesError as exc:
         raise Invalid(f"rules refused, the active version stays: {exc}", ("body", "text")) from None
-
-
-def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int:
-    """The 1-based line of the deepest YAML node on the path `loc`."""
-    line = 1 if node is None else node.start_mark.line + 1
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            found = next((v for k, v in node.value if k.value == str(part)), None)
-            if found is None:
-                continue
-            node = found
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-        else:
-            continue
-        line = node.start_mark.line + 1
-    return line
 
 
 DEFAULT_RULES = """\
