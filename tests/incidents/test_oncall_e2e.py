@@ -39,12 +39,7 @@ def wait_pages(inbox: Inbox, count: int, timeout: float) -> list[tuple[float, Me
 @pytest.fixture
 def server(tmp_path: Path, smtp: Smtp) -> Iterator[CorralServer]:
     home = tmp_path / "home"
-    home.mkdir()
-    (home / "monitor.yml").write_text(
-        "channels:\n"
-        f"  - {{name: mail, type: email, smtp_host: 127.0.0.1, smtp_port: {smtp.port}, "
-        "from: corral@example.org, to: [ops@example.org]}\n"
-    )
+    smtp.write_monitor_yml(home)
     srv = start_server(home)
     try:
         yield srv

@@ -72,6 +72,15 @@ class Smtp:
             }
         )  # fmt: skip
 
+    def write_monitor_yml(self, home: Path) -> None:
+        """A server home's monitor.yml: one email channel, to ops@, through this SMTP server."""
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "monitor.yml").write_text(
+            "channels:\n"
+            f"  - {{name: mail, type: email, smtp_host: 127.0.0.1, smtp_port: {self.port}, "
+            "from: corral@example.org, to: [ops@example.org]}\n"
+        )
+
 
 @pytest.fixture
 def smtp() -> Iterator[Smtp]:

@@ -22,12 +22,7 @@ LINK = re.compile(r"(http://127\.0\.0\.1:\d+/api/v1/ack/\S+)")
 @pytest.fixture
 def server(tmp_path: Path, smtp: Smtp) -> Iterator[CorralServer]:
     home = tmp_path / "home"
-    home.mkdir()
-    (home / "monitor.yml").write_text(
-        "channels:\n"
-        f"  - {{name: mail, type: email, smtp_host: 127.0.0.1, smtp_port: {smtp.port}, "
-        "from: corral@example.org, to: [ops@example.org]}\n"
-    )
+    smtp.write_monitor_yml(home)
     srv = start_server(home, virtual_gpus=1)
     try:
         yield srv

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,16 +104,24 @@ def portal(playwright_instance: Any, tmp_path_factory: pytest.TempPathFactory) -
     server = start_server(
         home, extra_env={"CORRAL_MONITOR_SAMPLE_INTERVAL_S": "1", "CORRAL_MONITOR_HEALTH_INTERVAL_S": "1"}
     )
+    with open_portal(playwright_instance, server, home) as portal:
+        yield portal
+
+
+@contextmanager
+def open_portal(playwright: Any, server: CorralServer, scratch: Path) -> Iterator[Portal]:
+    """The portal of a started `server`, with the test accounts and a browser; afterwards the
+    browser is closed, the server stopped and `scratch` (its home, or what holds it) removed."""
     browser = None
     try:
         setup_accounts(server)
-        browser = launch_browser(playwright_instance)
+        browser = launch_browser(playwright)
         yield Portal(server=server, browser=browser)
     finally:
         if browser is not None:
             browser.close()
         server.stop()
-        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def screenshot(page: Any, name: str) -> Path:

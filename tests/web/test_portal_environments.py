@@ -4,7 +4,6 @@ versions; a request naming its own index is refused with the server's reason."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 
 from tests.environments.wheels import make_wheel
 from tests.server_fixture import start_server
-from tests.web.conftest import Portal, launch_browser, screenshot, setup_accounts
+from tests.web.conftest import Portal, open_portal, screenshot
 
 
 @pytest.fixture(scope="module")
@@ -20,16 +19,8 @@ def env_portal(playwright_instance: Any, tmp_path_factory: pytest.TempPathFactor
     base = tmp_path_factory.mktemp("envportal")
     make_wheel(base / "wheels", "corraltestpkg", "1.0", "VALUE = 42\n")
     server = start_server(base / "home", extra_env={"CORRAL_ENV_FIND_LINKS": str(base / "wheels")})
-    browser = None
-    try:
-        setup_accounts(server)
-        browser = launch_browser(playwright_instance)
-        yield Portal(server=server, browser=browser)
-    finally:
-        if browser is not None:
-            browser.close()
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
+    with open_portal(playwright_instance, server, base) as portal:
+        yield portal
 
 
 def test_build_an_environment_from_the_browser(env_portal: Portal) -> None:
