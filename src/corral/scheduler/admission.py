@@ -42,12 +42,6 @@ class QueuePolicy(Protocol):
     def default_runtime_s(self) -> float: ...
     @property
     def starvation_s(self) -> float: ...
-    @property
-    def age_step_s(self) -> float: ...
-    @property
-    def starving_per_group(self) -> int: ...
-    @property
-    def size_across_groups(self) -> bool: ...
 
 
 def decay_usage(value: float, elapsed_s: float, half_life_s: float) -> float:
@@ -424,8 +418,6 @@ class FairShareQueue:
         horizon_s: float,
         size_of: Callable[[Job], int] | None = None,
         aged_before: float | None = None,
-        starving_per_group: int = 0,
-        size_across_groups: bool = False,
     ) -> None:
         self.horizon = horizon_s
         self.weights = weights
@@ -434,9 +426,7 @@ class FairShareQueue:
         self.user_share = dict(user_usage)
         self.users: dict[str, dict[str, deque[Job]]] = {}
         self.user_heaps: dict[str, list[UserKey]] = {}
-        # (head's size class with size_across_groups else 0, share, group)
-        self.group_heap: list[tuple[int, float, str]] = []
-        self.across = size_across_groups and size_of is not None
+        self.group_heap: list[tuple[float, str]] = []
         self.cpu_ids = cpu_ids
         self.cpu_only_left = 0
         self._pending: tuple[str, str] | None = None
@@ -445,29 +435,14 @@ class FairShareQueue:
         self._aged_popped: Job | None = None  # the last pop() came from `aged`
         self._aged_parked: list[Job] = []
         self._aged_before = aged_before
-        self._aged_ids: set[str] | None = None  # with starving_per_group: the starving jobs
-        if aged_before is not None and starving_per_group > 0:
-            self._aged_ids = set()
-            for lists in by_user.values():
-                old = [j for jobs in lists.values() for j in jobs if j.submit_time <= aged_before]
-                old.sort(key=attrgetter("submit_time", "id"))
-                self._aged_ids.update(j.id for j in old[:starving_per_group])
-        aged_ids = self._aged_ids
         for g, lists in by_user.items():
             per_user = {}
             for u, jobs in lists.items():
                 if aged_before is not None:
-                    if aged_ids is not None:
-                        old = [j for j in jobs if j.id in aged_ids]
-                    else:
-                        old = [j for j in jobs if j.submit_time <= aged_before]
+                    old = [j for j in jobs if j.submit_time <= aged_before]
                     if old:
                         self.aged.extend(old)
-                        jobs = (
-                            [j for j in jobs if j not in old]
-                            if aged_ids is not None
-                            else [j for j in jobs if j.submit_time > aged_before]
-                        )
+                        jobs = [j for j in jobs if j.submit_time > aged_before]
                 if size_of is not None and len(jobs) > 1:
                     jobs = sorted(jobs, key=self._job_key)
                 if jobs:
@@ -476,17 +451,11 @@ class FairShareQueue:
             heap = [self._user_key(g, u, q[0]) for u, q in per_user.items()]
             heapq.heapify(heap)
             self.user_heaps[g] = heap
-            self.group_heap.append(self._group_key(g))
+            self.group_heap.append((self.group_share[g], g))
         heapq.heapify(self.group_heap)
         if len(self.aged) > 1:
             self.aged = deque(sorted(self.aged, key=attrgetter("submit_time", "id")))
         self.cpu_only_left = len(self.cpu_ids)
-
-    def _group_key(self, g: str) -> tuple[int, float, str]:
-        """Groups take turns by share; with size_across_groups the group whose next job is of the
-        smallest size class goes first (share breaks ties)."""
-        heap = self.user_heaps[g]
-        return (heap[0][1] if self.across and heap else 0, self.group_share[g], g)
 
     def _job_key(self, job: Job) -> tuple[int, int, float, str]:
         """A user's jobs in pop order: priority, size class (with `size_of`), submit time."""
@@ -500,7 +469,7 @@ class FairShareQueue:
 
     def pop(self) -> Job | None:
         pending = self._pending
-        if pending is not None and not self._charged and not self.aged and not self.across:
+        if pending is not None and not self._charged and not self.aged:
             # Nothing charged since the last pop: the group popped then still has the least share
             # (every other entry is as it was), so it comes first again; only its user heap moves
             # (push then pop, in one heap operation: the same job as _flush then the loop below).
@@ -531,7 +500,7 @@ class FairShareQueue:
                 self.cpu_only_left -= 1
             return job
         while self.group_heap:
-            *_, g = heapq.heappop(self.group_heap)
+            _, g = heapq.heappop(self.group_heap)
             heap = self.user_heaps[g]
             if not heap:
                 continue
@@ -553,13 +522,13 @@ class FairShareQueue:
         if q:
             heapq.heappush(self.user_heaps[g], self._user_key(g, user, q[0]))
         if self.user_heaps[g]:
-            heapq.heappush(self.group_heap, self._group_key(g))
+            heapq.heappush(self.group_heap, (self.group_share[g], g))
 
     def run_ahead(self) -> Sequence[Job]:
         """Jobs pop() returns next, in order, as long as nothing is charged: the rest of the last
         popped user's jobs when that user is the only one its group has left (an uncharged group
         keeps the lowest share, so it stays first); empty otherwise."""
-        if self._pending is None or self.aged or self.across:
+        if self._pending is None or self.aged:
             return ()
         g, user = self._pending
         if self.user_heaps[g]:
@@ -594,11 +563,7 @@ class FairShareQueue:
         cutoff = self._aged_before
         aged = [*self._aged_parked, *self.aged]
         self.cpu_only_left -= sum(1 for j in aged if j.id in self.cpu_ids)  # all counted again below
-        if self._aged_ids is not None:
-            ids = self._aged_ids
-            aged += [j for j in jobs if j.id in ids]
-            jobs = [j for j in jobs if j.id not in ids]
-        elif cutoff is not None:
+        if cutoff is not None:
             aged += [j for j in jobs if j.submit_time <= cutoff]
             jobs = [j for j in jobs if j.submit_time > cutoff]
         self._aged_parked = []
@@ -628,7 +593,7 @@ class FairShareQueue:
             heap = [self._user_key(g, u, q[0]) for u, q in self.users[g].items() if q]
             heapq.heapify(heap)
             self.user_heaps[g] = heap
-        self.group_heap = [self._group_key(g) for g, heap in self.user_heaps.items() if heap]
+        self.group_heap = [(self.group_share[g], g) for g, heap in self.user_heaps.items() if heap]
         heapq.heapify(self.group_heap)
 
     def charge(self, job: Job) -> None:
@@ -704,28 +669,14 @@ def build_queue(
     weights = {name: g.weight for name, g in groups.items()}
     size_of = None
     if policy.size_order:
-        default_s, step = policy.default_runtime_s, policy.age_step_s
+        default_s = policy.default_runtime_s
         sizes: dict[str, int] = {}  # the cycle's: sorting and every pop read a job's class
 
         def size_of(job: Job) -> int:
             found = sizes.get(job.id)
             if found is None:
-                found = size_class(job, default_s)
-                if step > 0:  # aging: one class up per step waited
-                    found -= int(max(0.0, now - job.submit_time) // step)
-                sizes[job.id] = found
+                found = sizes[job.id] = size_class(job, default_s)
             return found
 
     aged_before = now - policy.starvation_s if policy.starvation_s > 0 else None
-    return FairShareQueue(
-        by_user,
-        cpu_ids,
-        weights,
-        group_usage,
-        user_usage,
-        horizon_s,
-        size_of,
-        aged_before,
-        policy.starving_per_group,
-        policy.size_across_groups,
-    )
+    return FairShareQueue(by_user, cpu_ids, weights, group_usage, user_usage, horizon_s, size_of, aged_before)

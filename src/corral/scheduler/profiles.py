@@ -23,10 +23,8 @@ NUMERIC_KNOBS = (
     "eta_limit",
     "max_preemptions",
     "starvation_s",
-    "age_step_s",
-    "starving_per_group",
 )
-BOOL_KNOBS = ("size_order", "size_across_groups")
+BOOL_KNOBS = ("size_order",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,13 +45,6 @@ class Profile:
     # fair_share: a job waiting longer than this comes before every other job in the guaranteed
     # pass (the starvation guard: it reserves and reclaims first); 0: off
     starvation_s: float = 2 * 86400.0
-    # fair_share with size_order: a waiting job moves up one size class per this many seconds
-    # waited (aging: a large job is not passed by smaller ones for ever); 0: off
-    age_step_s: float = 0.0
-    # the starvation guard takes only each group's this many longest-waiting jobs (0: all)
-    starving_per_group: int = 0
-    # fair_share with size_order: the group whose next job is smallest goes first (share breaks ties)
-    size_across_groups: bool = False
     # placement
     placement: str = "bestfit"  # bestfit | spread | random
     extra_scorers: tuple[tuple[str, float], ...] = ()  # more (scorer, weight) pairs added to placement
