@@ -382,7 +382,7 @@ class OrderedQueue:
         self.parked.append(job)
         self.cpu_only_left += job.id in self.cpu_ids
 
-    def resume(self, jobs: list[Job], first: Sequence[Job] = ()) -> None:
+    def resume(self, jobs: list[Job]) -> None:
         """Start the second pass: parked and deferred jobs back in, in order."""
         merged = [*self.parked, *jobs, *self._jobs]
         self.parked = []
@@ -556,14 +556,10 @@ class FairShareQueue:
         self.users[g][user].appendleft(job)
         heapq.heappush(self.user_heaps[g], self._user_key(g, user, job))
 
-    def resume(self, jobs: list[Job], first: Sequence[Job] = ()) -> None:
+    def resume(self, jobs: list[Job]) -> None:
         """Start the second pass: every group with jobs back in, deferred jobs re-inserted; the
-        starving jobs (parked, deferred or not yet reached) first again, oldest first; then
-        `first` (quota_backfill: the jobs holding their group's room)."""
+        starving jobs (parked, deferred or not yet reached) first again, oldest first."""
         self._flush()
-        if first:
-            ids = {j.id for j in first}
-            jobs = [j for j in jobs if j.id not in ids]
         cutoff = self._aged_before
         aged = [*self._aged_parked, *self.aged]
         self.cpu_only_left -= sum(1 for j in aged if j.id in self.cpu_ids)  # all counted again below
@@ -576,14 +572,6 @@ class FairShareQueue:
                 self.cpu_ids.add(j.id)
         self.cpu_only_left += sum(1 for j in aged if j.id in self.cpu_ids)
         self.aged = deque(sorted(aged, key=attrgetter("submit_time", "id")))
-        if first:
-            aged_ids = {j.id for j in self.aged}
-            extra = [j for j in first if j.id not in aged_ids]
-            self.aged.extend(extra)
-            for j in extra:
-                if cpu_only(j):
-                    self.cpu_ids.add(j.id)
-                self.cpu_only_left += j.id in self.cpu_ids
         back: dict[tuple[str, str], list[Job]] = {}
         for j in jobs:
             self.user_heaps.setdefault(j.group, [])

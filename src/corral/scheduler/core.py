@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from operator import attrgetter
 
-from corral.scheduler.admission import QuotaLedger, ResourceQuota, build_queue, runtime_of, storage_refusal
+from corral.scheduler.admission import QuotaLedger, ResourceQuota, build_queue, storage_refusal
 from corral.scheduler.backfill import Backfill
 from corral.scheduler.cluster import ClusterMemo, ClusterState
 from corral.scheduler.diagnosis import DiagnosisView, LazyDiagnoses
@@ -101,13 +101,7 @@ class Cycle:
         )
         self.backfill = Backfill(now, profile, st, running, self.preemptor.victims)
         self.verdicts = Verdicts()
-        self.quota = QuotaCheck(
-            self.ledger,
-            self.verdicts,
-            self.group_shadow if profile.quota_backfill else None,
-            now,
-            lambda j: runtime_of(j, profile.default_runtime_s),
-        )
+        self.quota = QuotaCheck(self.ledger, self.verdicts)
         self.assignments: list[Assignment] = []
         self.preemptions: list[Preemption] = []
         self.visited: list[Job] = []  # jobs the passes considered, in order
@@ -141,10 +135,7 @@ class Cycle:
         self.quota.release_pledges()
         if self.profile.quotas and self.blocker is None:
             # second pass: work that needs borrowed quota goes after every group's guaranteed work
-            self.queue.resume(
-                [j for j in self.quota.deferred if j.id not in self.assigned_ids],
-                [j for j in self.quota.first_jobs() if j.id not in self.assigned_ids],
-            )
+            self.queue.resume([j for j in self.quota.deferred if j.id not in self.assigned_ids])
             self.run_pass(borrowing=True)
         # The plan's diagnoses hold the cycle (never the other way round: no reference cycle, so
         # the cycle's state is freed as soon as the plan is)
@@ -218,20 +209,10 @@ class Cycle:
             allowed = self.quota.admit(job, borrowing, may_borrow, info)
             if allowed is None:
                 deferred = self.quota.deferred
-                if (
-                    self.replay
-                    and deferred
-                    and deferred[-1] is job
-                    and self.same_admission(job)
-                    and job.group not in self.quota.group_res
-                ):
+                if self.replay and deferred and deferred[-1] is job and self.same_admission(job):
                     self.known.record_deferred(job, info)
                 return
-        if (
-            self.replay
-            and (not quota or self.ledger.group(job.group).user_max_gpus is None)
-            and job.group not in self.quota.group_res
-        ):
+        if self.replay and (not quota or self.ledger.group(job.group).user_max_gpus is None):
             self.known.record_admitted(job, info, allowed)
         backfill, why = self.backfill, self.verdicts.why
         reserved, blocking = backfill.reserved_for_others(job, info)
@@ -263,30 +244,6 @@ class Cycle:
             why[job.id] = backfill.reason(blocking)
             return
         self.commit(job, placed, borrowed)
-
-    def group_shadow(self, group: str, model: str, need: int) -> float:
-        """When the group's running work leaves `need` GPUs of its guarantee under `model`'s quota
-        key free, if running jobs end at their estimates (inf: never by their ends alone)."""
-        ledger = self.ledger
-        g = ledger.group(group)
-        key = ledger.key(g, model)
-        room = ledger.guaranteed(g, key) - ledger.used.get((group, key), 0)
-        if room >= need:
-            return self.now
-        ends = []
-        for rj, per_model in self.backfill.running:
-            if rj.job.group != group:
-                continue
-            n = sum(c for m, c in per_model.items() if ledger.key(g, m) == key)
-            if n:
-                est = runtime_of(rj.job, self.profile.default_runtime_s)
-                ends.append((max(self.now, rj.start_time + est), n))
-        ends.sort()
-        for t, n in ends:
-            room += n
-            if room >= need:
-                return t
-        return float("inf")
 
     def same_admission(self, job: Job) -> bool:
         """Whether quota admission reads only the job's admission kind (known.py): no per-user cap

@@ -78,13 +78,7 @@ class KnownOutcomes:
         preemption attempts left: no outcome but "no attempt left" depends on them, and a replayed
         failed search spends one as the real one did."""
         pre = self.preemptor
-        return (
-            len(self.assignments),
-            len(self.backfill.reservations),
-            len(pre.victims),
-            pre.claimed,
-            self.cycle.quota.version,
-        )
+        return (len(self.assignments), len(self.backfill.reservations), len(pre.victims), pre.claimed)
 
     def fail_key(self, job: Job, info: JobInfo) -> object:
         """Jobs with equal keys get the same capacity test, reservation and preemption outcome in

@@ -4,7 +4,6 @@ let it use now, or the reason it waits. The arithmetic is the QuotaLedger's (adm
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from corral.scheduler.admission import QuotaLedger
 from corral.scheduler.jobinfo import JobInfo
@@ -13,19 +12,8 @@ from corral.scheduler.types import Job, Reason
 
 
 class QuotaCheck:
-    def __init__(
-        self,
-        ledger: QuotaLedger,
-        verdicts: Verdicts,
-        shadow: Callable[[str, str, int], float] | None = None,
-        now: float = 0.0,
-        runtime: Callable[[Job], float] | None = None,
-    ) -> None:
+    def __init__(self, ledger: QuotaLedger, verdicts: Verdicts) -> None:
         self.ledger, self.verdicts = ledger, verdicts
-        # quota_backfill: group -> [job, key model, GPUs still held, shadow time]
-        self.shadow, self.now, self.runtime = shadow, now, runtime
-        self.group_res: dict[str, list[Any]] = {}
-        self.version = 0
         self.deferred: list[Job] = []  # jobs that may get other GPU models in the borrowing pass
         self.pledges: list[tuple[Job, dict[str, int]]] = []  # guarantee held for starving jobs
 
@@ -58,47 +46,7 @@ class QuotaCheck:
         for job, held in admissible:
             ledger.charge(job, held, -1)
 
-    def _quota_backfill(self, job: Job, info: JobInfo, group: Any) -> frozenset[str] | None:
-        """The group's first job that finds too little guaranteed room holds that room until its
-        shadow time; a later job of the group may use the held room if it ends by then."""
-        ledger = self.ledger
-        res = self.group_res.get(job.group)
-        if res is None:
-            owed = [ledger.guaranteed(group, ledger.key(group, m)) for m in info.models]
-            ever = [m for m, n in zip(info.models, owed, strict=True) if info.total <= n]
-            if not ever:
-                return None
-            assert self.shadow is not None
-            t = self.shadow(job.group, ever[0], info.total)
-            self.group_res[job.group] = [job, ever[0], info.total, t]
-            ledger.charge(job, {ever[0]: info.total})
-            self.version += 1
-            return None
-        head, model, held, t = res
-        assert self.runtime is not None
-        if held <= 0 or self.now + self.runtime(job) > t:
-            return None
-        take = min(held, info.total)  # it ends before the head can start: use the held room
-        ledger.charge(head, {model: -take})
-        res[2] = held - take
-        self.version += 1
-        allowed = ledger.allowed_models(job, info.models, False, info.total)
-        if not allowed:
-            ledger.charge(head, {model: take})
-            res[2] = held
-            return None
-        return allowed
-
-    def first_jobs(self) -> list[Job]:
-        return [r[0] for r in self.group_res.values()]
-
     def release_pledges(self) -> None:
-        for res in self.group_res.values():
-            head, model, held, _ = res
-            if held > 0:
-                self.ledger.charge(head, {model: -held})
-            res[2] = 0
-        self.version += 1
         """Before the borrowing pass: the held room is no longer the guaranteed pass's."""
         for job, held in self.pledges:
             self.ledger.charge(job, held, -1)
@@ -122,10 +70,6 @@ class QuotaCheck:
         allowed = ledger.allowed_models(job, info.models, borrowing, info.total)
         if allowed:
             return allowed
-        if not borrowing and self.shadow is not None and info.total > 0:
-            got = self._quota_backfill(job, info, group)
-            if got:
-                return got
         if not borrowing and may_borrow:
             self.deferred.append(job)
             return None
