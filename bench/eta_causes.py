@@ -118,7 +118,7 @@ def _backfill_starts(now, free, capacity, events, waiting: Sequence[Any], defaul
     return eta.backfill_starts(now, free, capacity, events, waiting, default_runtime_s, in_order)
 
 
-diagnosis.running_events = _running_events  # type: ignore[assignment]
+diagnosis.running_events = _running_events
 diagnosis.backfill_starts = _backfill_starts  # type: ignore[assignment]
 
 
@@ -145,12 +145,21 @@ def one_run(trace: Trace, cluster: ClusterSpec, mode: str) -> tuple[SimResult, d
     _state["mode"] = mode
     eta._LOG_NORMAL.clear()
     scale = _knob("sig") or 1.0
-    eta._sigma = lambda spread: _plain_sigma(spread) * scale  # type: ignore[assignment]
-    sim = Simulator(trace, cluster, resolve_policy("default", _state.get("knobs")), policy_name="default", config=SimConfig())
+    eta._sigma = lambda spread: _plain_sigma(spread) * scale
+    sim = Simulator(
+        trace,
+        cluster,
+        resolve_policy("default", _state.get("knobs")),
+        policy_name="default",
+        config=SimConfig(),
+    )
     _state["sim"] = sim
     result = sim.run()
     passed = passed_by_later(result)
-    rel, early, rel_alone, rel_passed = [], 0, [], []
+    rel: list[float] = []
+    rel_alone: list[float] = []
+    rel_passed: list[float] = []
+    early = 0
     for j in result.jobs:
         if math.isnan(j.first_start) or math.isnan(j.eta):
             continue
