@@ -1,18 +1,27 @@
 """Where the estimated-start error comes from (a diagnostic, never the shipped path): the default
-policy's replay (no true durations for the policy) with the ETA roll fed true durations in part:
+policy's replay (no true durations for the policy) with only the ETA roll's inputs changed.
 
+Modes (`--modes`, comma-separated; parts joined by `+`):
 - `none`: the shipped estimator;
 - `running`: running jobs end at their true end (cause a: their remaining times);
 - `waiting`: waiting jobs hold their true remaining work (cause b: the runtimes of the jobs ahead);
 - `both`: both; what is left is the order changing after submit (c: later arrivals that pass, fair
-  share, preemption) and what the timelines leave out (d: nodes, quotas).
+  share, preemption) and what the timelines leave out (d: nodes, quotas);
+- variants of the shipped estimator: `rqX` running jobs' remaining time at quantile X (shipped:
+  0.5), `wqX` waiting jobs held for the X quantile of their log-normal, `rmean` / `wmean` the
+  log-normal's (conditional) mean instead of its median, `sigX` every log-spread times X, `sigwX`
+  the log-spread measured from the quartiles times X (the floor SIGMA_MIN kept).
 
-The policy's own estimates are untouched (only the ETA roll's inputs change), so each mode replays
-the same schedule: checked, every job's first start is equal. For the jobs that waited > 5 min it
-prints the median relative error, the share shown too early (started later than told), and the
-median error of the jobs that no later-submitted job passed vs those passed by one (cause c).
+`--knob NAME=VALUE` changes the policy (a what-if: e.g. `max_preemption_attempts=0`, no
+preemptions). Within one case the policy's own estimates are untouched, so every mode replays the
+same schedule: checked (`same_schedule`, every job's first start equal). For the jobs that waited
+> 5 min it prints the median relative error (`rel`, the issue's figure), the share shown too early
+(started later than told), and the median error of the jobs that no later-submitted job passed vs
+those passed by one. `ETA_DUMP=DIR` writes each run's per-job rows (id, submit, ETA, first start,
+GPUs, instances, group, user, model, duration, passers) as JSON for further analysis.
 
     .venv/bin/python bench/eta_causes.py [--jobs 20000] [--seeds 0,1,2,3,4] [--synth-jobs 3000]
+        [--modes none,running,waiting,both] [--knob NAME=VALUE]
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ _state: dict[str, Any] = {"sim": None, "mode": "none"}
 
 def _knob(prefix: str) -> float | None:
     for part in _state["mode"].split("+"):
-        if part.startswith(prefix):
+        if part.startswith(prefix) and part[len(prefix) :][:1].isdigit():
             return float(part[len(prefix) :])
     return None
 
@@ -141,11 +150,20 @@ def passed_by_later(result: SimResult) -> Mapping[str, int]:
 _plain_sigma = eta._sigma
 
 
+def _iqr_sigma(spread: tuple[float, float]) -> float:
+    low, high = spread
+    return (math.log(high) - math.log(low)) / eta.IQR_Z if low > 0 and high > low else 0.0
+
+
 def one_run(trace: Trace, cluster: ClusterSpec, mode: str) -> tuple[SimResult, dict[str, Any]]:
     _state["mode"] = mode
     eta._LOG_NORMAL.clear()
     scale = _knob("sig") or 1.0
-    eta._sigma = lambda spread: _plain_sigma(spread) * scale
+    widen = _knob("sigw")  # the measured spread widened, the floor kept
+    if widen is not None:
+        eta._sigma = lambda spread: max(eta.SIGMA_MIN, widen * _iqr_sigma(spread))
+    else:
+        eta._sigma = lambda spread: _plain_sigma(spread) * scale
     sim = Simulator(
         trace,
         cluster,
