@@ -45,7 +45,7 @@ from corral.sim.trace import Trace, first_jobs, load_trace
 
 MODES = ("none", "running", "waiting", "both")
 DUMP = __import__("os").environ.get("ETA_DUMP", "")
-_state: dict[str, Any] = {"sim": None, "mode": "none"}
+_state: dict[str, Any] = {"sim": None, "mode": "none", "policy": "default"}
 
 
 def _knob(prefix: str) -> float | None:
@@ -167,8 +167,8 @@ def one_run(trace: Trace, cluster: ClusterSpec, mode: str) -> tuple[SimResult, d
     sim = Simulator(
         trace,
         cluster,
-        resolve_policy("default", _state.get("knobs")),
-        policy_name="default",
+        resolve_policy(_state["policy"], _state.get("knobs")),
+        policy_name=_state["policy"],
         config=SimConfig(),
     )
     _state["sim"] = sim
@@ -244,15 +244,20 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--synth-jobs", type=int, default=3000)
     parser.add_argument("--load", type=float, default=1.3)
+    parser.add_argument("--policy", default="default", help="another policy (a what-if)")
+    parser.add_argument("--gang-share", type=float, default=SynthSpec().gang_share)
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--knob", action="append", default=[], help="policy knob NAME=VALUE (a what-if)")
     args = parser.parse_args()
     _state["knobs"] = parse_knobs(args.knob)
+    _state["policy"] = args.policy
     modes = [m for m in args.modes.split(",") if m]
     results: dict[str, Any] = {}
     synth = load_cluster("synth")
     for seed in [int(s) for s in args.seeds.split(",") if s.strip()]:
-        trace = generate(SynthSpec(jobs=args.synth_jobs, load=args.load, seed=seed), synth)
+        trace = generate(
+            SynthSpec(jobs=args.synth_jobs, load=args.load, gang_share=args.gang_share, seed=seed), synth
+        )
         results[f"synth_{seed}"] = one_case(f"synth {seed}", trace, synth, modes)
     if args.jobs:
         philly = first_jobs(load_trace("philly"), args.jobs)
