@@ -127,10 +127,6 @@ def _backfill_starts(now, free, capacity, events, waiting: Sequence[Any], defaul
     return eta.backfill_starts(now, free, capacity, events, waiting, default_runtime_s, in_order)
 
 
-diagnosis.running_events = _running_events
-diagnosis.backfill_starts = _backfill_starts  # type: ignore[assignment]
-
-
 def passed_by_later(result: SimResult) -> Mapping[str, int]:
     """Per started job: how many jobs submitted after it started before it."""
     started = [j for j in result.jobs if not math.isnan(j.first_start)]
@@ -172,7 +168,18 @@ def one_run(trace: Trace, cluster: ClusterSpec, mode: str) -> tuple[SimResult, d
         config=SimConfig(),
     )
     _state["sim"] = sim
-    result = sim.run()
+    # only for this replay: the library's own functions are put back after it (another replay in
+    # the same process, a test's, sees the shipped path)
+    diagnosis.running_events = _running_events
+    diagnosis.backfill_starts = _backfill_starts  # type: ignore[assignment]
+    try:
+        result = sim.run()
+    finally:
+        diagnosis.running_events = eta.running_events
+        diagnosis.backfill_starts = eta.backfill_starts
+        eta._sigma = _plain_sigma
+        eta._LOG_NORMAL.clear()
+        _state["sim"] = None
     passed = passed_by_later(result)
     rel: list[float] = []
     rel_alone: list[float] = []
