@@ -1,0 +1,276 @@
+"""Where the estimated-start error comes from (a diagnostic, never the shipped path): the default
+policy's replay (no true durations for the policy) with only the ETA roll's inputs changed.
+
+Modes (`--modes`, comma-separated; parts joined by `+`):
+- `none`: the shipped estimator;
+- `running`: running jobs end at their true end (cause a: their remaining times);
+- `waiting`: waiting jobs hold their true remaining work (cause b: the runtimes of the jobs ahead);
+- `both`: both; what is left is the order changing after submit (c: later arrivals that pass, fair
+  share, preemption) and what the timelines leave out (d: nodes, quotas);
+- variants of the shipped estimator: `rqX` running jobs' remaining time at quantile X (shipped:
+  0.5), `wqX` waiting jobs held for the X quantile of their log-normal, `rmean` / `wmean` the
+  log-normal's (conditional) mean instead of its median, `sigX` every log-spread times X, `sigwX`
+  the log-spread measured from the quartiles times X (the floor SIGMA_MIN kept).
+
+`--knob NAME=VALUE` changes the policy (a what-if: e.g. `max_preemption_attempts=0`, no
+preemptions). Within one case the policy's own estimates are untouched, so every mode replays the
+same schedule: checked (`same_schedule`, every job's first start equal). For the jobs that waited
+> 5 min it prints the median relative error (`rel`, the issue's figure), the share shown too early
+(started later than told), and the median error of the jobs that no later-submitted job passed vs
+those passed by one. `ETA_DUMP=DIR` writes each run's per-job rows (id, submit, ETA, first start,
+GPUs, instances, group, user, model, duration, passers) as JSON for further analysis.
+
+    .venv/bin/python bench/eta_causes.py [--jobs 20000] [--seeds 0,1,2,3,4] [--synth-jobs 3000]
+        [--modes none,running,waiting,both] [--knob NAME=VALUE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+import corral.scheduler.diagnosis as diagnosis
+from corral.scheduler import eta
+from corral.sim.cluster import ClusterSpec, load_cluster
+from corral.sim.metrics import ETA_MIN_WAIT_S
+from corral.sim.replay import SimConfig, SimResult, Simulator
+from corral.sim.runner import parse_knobs, resolve_policy
+from corral.sim.synth import SynthSpec, generate
+from corral.sim.trace import Trace, first_jobs, load_trace
+
+MODES = ("none", "running", "waiting", "both")
+DUMP = __import__("os").environ.get("ETA_DUMP", "")
+_state: dict[str, Any] = {"sim": None, "mode": "none", "policy": "default"}
+
+
+def _knob(prefix: str) -> float | None:
+    for part in _state["mode"].split("+"):
+        if part.startswith(prefix) and part[len(prefix) :][:1].isdigit():
+            return float(part[len(prefix) :])
+    return None
+
+
+def _mean_remaining(estimate: float, spread: tuple[float, float], elapsed: float) -> float:
+    """E[D - elapsed | D > elapsed] for the log-normal remaining_s fits."""
+    mu, sigma = math.log(estimate), eta._sigma(spread)
+    nd = eta._NORMAL
+    if elapsed <= 0:
+        return math.exp(mu + sigma * sigma / 2)
+    z = (math.log(elapsed) - mu) / sigma
+    survive = 1 - nd.cdf(z)
+    if survive <= 1e-12:
+        return elapsed
+    return max(0.0, math.exp(mu + sigma * sigma / 2) * nd.cdf(sigma - z) / survive - elapsed)
+
+
+def _running_events(now, running, started, gone_by, default_runtime_s, q=0.5):  # type: ignore[no-untyped-def]
+    rq = _knob("rq")
+    if rq is not None:
+        q = rq
+    if "rmean" in _state["mode"]:
+        out0: list[eta.Event] = []
+        for rj, per_model in running:
+            gone = gone_by.get(rj.job.id)
+            est, spread = rj.job.runtime_estimate, rj.job.runtime_spread
+            if gone is not None:
+                out0.append((max(now, gone), per_model))
+            elif est is None or spread is None or est <= 0:
+                base = default_runtime_s if est is None else est
+                out0.append((now + max(0.0, base - (now - rj.start_time)), per_model))
+            else:
+                out0.append((now + _mean_remaining(est, spread, now - rj.start_time), per_model))
+        out0.extend(started)
+        return out0
+    if _state["mode"] not in ("running", "both"):
+        return eta.running_events(now, running, started, gone_by, default_runtime_s, q)
+    sim = _state["sim"]
+    out: list[eta.Event] = []
+    for rj, per_model in running:
+        gone = gone_by.get(rj.job.id)
+        if gone is not None:
+            out.append((max(now, gone), per_model))
+            continue
+        sj = sim.jobs[rj.job.id]
+        out.append((max(now, sj.last_start + sj.remaining), per_model))
+    out.extend(started)
+    return out
+
+
+def _backfill_starts(now, free, capacity, events, waiting: Sequence[Any], default_runtime_s, in_order=False):  # type: ignore[no-untyped-def]
+    if _state["mode"] in ("waiting", "both"):
+        jobs = _state["sim"].jobs
+        waiting = [(w[0], w[1], w[2], jobs[w[0]].remaining) for w in waiting]
+    if "wmean" in _state["mode"]:
+        queued = _state["sim"].queued
+        out1 = []
+        for w in waiting:
+            j = queued.get(w[0])
+            if j is not None and j.runtime_spread is not None and w[3] is not None and w[3] > 0:
+                w = (w[0], w[1], w[2], _mean_remaining(w[3], j.runtime_spread, 0.0))
+            out1.append(w)
+        waiting = out1
+    wq = _knob("wq")
+    if wq is not None:
+        queued = _state["sim"].queued
+        out = []
+        for w in waiting:
+            j = queued.get(w[0])
+            if j is not None and j.runtime_spread is not None and w[3] is not None:
+                w = (w[0], w[1], w[2], eta.remaining_s(w[3], j.runtime_spread, 0.0, wq))
+            out.append(w)
+        waiting = out
+    return eta.backfill_starts(now, free, capacity, events, waiting, default_runtime_s, in_order)
+
+
+def passed_by_later(result: SimResult) -> Mapping[str, int]:
+    """Per started job: how many jobs submitted after it started before it."""
+    started = [j for j in result.jobs if not math.isnan(j.first_start)]
+    started.sort(key=lambda j: j.trace.submit_time)
+    starts = np.array([j.first_start for j in started])
+    out: dict[str, int] = {}
+    # later-submitted jobs with an earlier first start: count over the suffix (n log n by sorting)
+    suffix: list[float] = []
+    import bisect
+
+    for i in range(len(started) - 1, -1, -1):
+        out[started[i].trace.job_id] = bisect.bisect_left(suffix, starts[i])
+        bisect.insort(suffix, starts[i])
+    return out
+
+
+_plain_sigma = eta._sigma
+
+
+def _iqr_sigma(spread: tuple[float, float]) -> float:
+    low, high = spread
+    return (math.log(high) - math.log(low)) / eta.IQR_Z if low > 0 and high > low else 0.0
+
+
+def one_run(trace: Trace, cluster: ClusterSpec, mode: str) -> tuple[SimResult, dict[str, Any]]:
+    _state["mode"] = mode
+    eta._LOG_NORMAL.clear()
+    scale = _knob("sig") or 1.0
+    widen = _knob("sigw")  # the measured spread widened, the floor kept
+    if widen is not None:
+        eta._sigma = lambda spread: max(eta.SIGMA_MIN, widen * _iqr_sigma(spread))
+    else:
+        eta._sigma = lambda spread: _plain_sigma(spread) * scale
+    sim = Simulator(
+        trace,
+        cluster,
+        resolve_policy(_state["policy"], _state.get("knobs")),
+        policy_name=_state["policy"],
+        config=SimConfig(),
+    )
+    _state["sim"] = sim
+    # only for this replay: the library's own functions are put back after it (another replay in
+    # the same process, a test's, sees the shipped path)
+    diagnosis.running_events = _running_events
+    diagnosis.backfill_starts = _backfill_starts  # type: ignore[assignment]
+    try:
+        result = sim.run()
+    finally:
+        diagnosis.running_events = eta.running_events
+        diagnosis.backfill_starts = eta.backfill_starts
+        eta._sigma = _plain_sigma
+        eta._LOG_NORMAL.clear()
+        _state["sim"] = None
+    passed = passed_by_later(result)
+    rel: list[float] = []
+    rel_alone: list[float] = []
+    rel_passed: list[float] = []
+    early = 0
+    for j in result.jobs:
+        if math.isnan(j.first_start) or math.isnan(j.eta):
+            continue
+        wait = j.first_start - j.trace.submit_time
+        if wait <= ETA_MIN_WAIT_S:
+            continue
+        r = abs(j.eta - j.first_start) / wait
+        rel.append(r)
+        early += j.eta < j.first_start
+        (rel_passed if passed.get(j.trace.job_id, 0) else rel_alone).append(r)
+
+    def med(xs: list[float]) -> float | None:
+        return round(float(np.median(xs)), 3) if xs else None
+
+    rows = [
+        (
+            j.trace.job_id,
+            j.trace.submit_time,
+            j.eta,
+            j.first_start,
+            j.trace.num_gpus,
+            j.trace.instances,
+            j.trace.group,
+            j.trace.user,
+            j.trace.gpu_model or "",
+            j.trace.duration,
+            passed.get(j.trace.job_id, 0),
+        )
+        for j in result.jobs
+    ]
+    return result, {
+        "rows": rows,
+        "rel": med(rel),
+        "jobs": len(rel),
+        "too_early": round(early / len(rel), 3) if rel else None,
+        "rel_not_passed": med(rel_alone),
+        "n_not_passed": len(rel_alone),
+        "rel_passed": med(rel_passed),
+        "n_passed": len(rel_passed),
+    }
+
+
+def one_case(label: str, trace: Trace, cluster: ClusterSpec, modes: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    first: list[float] | None = None
+    for mode in modes:
+        result, fig = one_run(trace, cluster, mode)
+        starts = [j.first_start for j in result.jobs]
+        if first is None:
+            first = starts
+        fig["same_schedule"] = np.allclose(np.nan_to_num(first, nan=-1), np.nan_to_num(starts, nan=-1))
+        rows = fig.pop("rows")
+        if DUMP:
+            with open(f"{DUMP}/{label.replace(' ', '_')}_{mode}.json", "w") as f:
+                json.dump(rows, f)
+        out[mode] = fig
+        print(label, mode, fig, flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=20000, help="Philly prefix (0: skip Philly)")
+    parser.add_argument("--seeds", default="0,1,2,3,4")
+    parser.add_argument("--synth-jobs", type=int, default=3000)
+    parser.add_argument("--load", type=float, default=1.3)
+    parser.add_argument("--policy", default="default", help="another policy (a what-if)")
+    parser.add_argument("--gang-share", type=float, default=SynthSpec().gang_share)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--knob", action="append", default=[], help="policy knob NAME=VALUE (a what-if)")
+    args = parser.parse_args()
+    _state["knobs"] = parse_knobs(args.knob)
+    _state["policy"] = args.policy
+    modes = [m for m in args.modes.split(",") if m]
+    results: dict[str, Any] = {}
+    synth = load_cluster("synth")
+    for seed in [int(s) for s in args.seeds.split(",") if s.strip()]:
+        trace = generate(
+            SynthSpec(jobs=args.synth_jobs, load=args.load, gang_share=args.gang_share, seed=seed), synth
+        )
+        results[f"synth_{seed}"] = one_case(f"synth {seed}", trace, synth, modes)
+    if args.jobs:
+        philly = first_jobs(load_trace("philly"), args.jobs)
+        results["philly"] = one_case("philly", philly, load_cluster("philly"), modes)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
