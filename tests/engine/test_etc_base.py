@@ -86,3 +86,16 @@ def test_argv_binds_the_base_once_and_the_jobs_own_files_over_it(tmp_path: Path,
     assert ("/etc/hosts", "/etc/hosts") in [
         (argv[i + 1], argv[i + 2]) for i, a in enumerate(argv) if a == "--ro-bind"
     ]
+
+
+def test_accounts_come_from_files_only(tmp_path: Path, host_etc: Path) -> None:
+    (host_etc / "nsswitch.conf").write_text(
+        "# comment: passwd: systemd\npasswd:         files systemd\ngroup: files sss\nhosts: files dns\n"
+    )
+    base = Path(EtcBase(tmp_path / "base", ("nsswitch.conf",), str(host_etc)).path())
+    assert (base / "nsswitch.conf").read_text().splitlines() == [
+        "# comment: passwd: systemd",
+        "passwd: files",
+        "group: files",
+        "hosts: files dns",  # everything else as on the host
+    ]
