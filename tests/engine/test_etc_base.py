@@ -63,9 +63,14 @@ def test_a_host_change_reaches_the_next_base(
     (host_etc / "hosts").write_text("127.0.0.1 localhost renamed\n")
     third = bases.path()
     assert (Path(third) / "hosts").read_text().endswith("renamed\n")
+    time.sleep(0.01)
+    with open(host_etc / "ssl" / "certs" / "ca.pem", "r+") as f:  # in place: no dir changes
+        f.write("EDIT")
+    fourth = bases.path()
+    assert (Path(fourth) / "ssl" / "certs" / "ca.pem").read_text() == "EDIT"
     # the previous base stays (a launch may be between its argv and bwrap), older ones go
     assert sorted(p.name for p in (tmp_path / "base").iterdir()) == sorted(
-        {Path(second).name, Path(third).name}
+        {Path(third).name, Path(fourth).name}
     )
 
 
