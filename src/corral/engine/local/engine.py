@@ -8,15 +8,12 @@ reads the supervisor's files, and `adopt` only validates what it is given.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import marshal
 import os
 import re
 import shutil
 import signal
-import socket
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -37,13 +34,14 @@ from corral.engine.base import (
     FailureReason,
     InstanceLaunch,
     LogChunk,
-    MountSpec,
     NodeReport,
 )
 from corral.engine.gpus import GpuInventory, device_paths, discover_gpus
 from corral.engine.isolation import cgroupfs
+from corral.engine.isolation.etc_base import EtcBase
 from corral.engine.isolation.netns import NetworkPolicy
 from corral.engine.isolation.sandbox import (
+    ETC_WHITELIST,
     SANDBOX_WORK_DIR,
     IsolationStatus,
     SandboxSpec,
@@ -61,17 +59,28 @@ from corral.engine.isolation.secret_files import (
 from corral.engine.local.enter import enter_argv
 from corral.engine.local.files import (
     FINAL_STATUS,
-    LAUNCHER_INFO,
     RUNNING_STATE,
     SUPERVISOR_INFO,
     AttemptSpec,
     FinalStatus,
     InstanceSpec,
-    LauncherInfo,
     SupervisorInfo,
     read_file,
 )
-from corral.engine.local.supervisor import proc_start
+from corral.engine.local.process_files import (
+    ask_launcher,
+    child_running,
+    final_status,
+    has_subdirs,
+    home_tag,
+    host_path,
+    read_text,
+    running_launcher,
+    same_process,
+    spawn_detached,
+    write_atomic,
+    write_json,
+)
 from corral.engine.log_links import link_attempt_logs
 from corral.scheduler.types import NodeState
 from corral.storage.layout import prepare_dirs, through_symlink
@@ -100,14 +109,6 @@ HOST_MAPPED_ENV = (
     "CORRAL_ENV_FIND_LINKS",
     "CORRAL_ENV_TOOLS",
 )
-
-
-def _host_path(path: str, mounts: Sequence[MountSpec]) -> str:
-    """Where `path` (a path in the job) is on the host, through the bind that holds it."""
-    for m in mounts:
-        if path == m.target or path.startswith(m.target + "/"):
-            return m.source + path[len(m.target) :]
-    return path
 
 
 def _default_environments() -> dict[str, list[str]]:
@@ -169,6 +170,7 @@ class LocalEngine:
         self.attempts_dir = self.home / "engine" / "attempts"
         self.attempts_dir.mkdir(parents=True, exist_ok=True)
         self.uid_locks = self.home / "engine" / "uids"
+        self.etc_base = EtcBase(self.home / "engine" / "etc-base", ETC_WHITELIST)  # one bind for /etc
         self.launcher_sock = self.home / "engine" / "launcher.sock"
         # A unix socket path holds at most 107 bytes; a deeper home starts supervisors directly.
         self.use_launcher = use_launcher and len(os.fsencode(self.launcher_sock)) < 100
@@ -176,7 +178,7 @@ class LocalEngine:
         self.cgroup_root = cgroup_root
         # One cgroup subtree per Corral home, so two servers on one machine (tests, a staging
         # instance) never share attempt cgroups: attempt ids restart at 1.1 in every database.
-        self.cgroup_parent = cgroup_parent or f"corral-{_home_tag(self.home)}"
+        self.cgroup_parent = cgroup_parent or f"corral-{home_tag(self.home)}"
         self.pids_max = pids_max
         self.gang_grace_s = gang_grace_s
         self.environments = dict(environments) if environments is not None else _default_environments()
@@ -306,7 +308,7 @@ class LocalEngine:
             log.exception("cannot prepare attempt %s", attempt.attempt_id)
             return self._record_launch_failure(adir, f"could not prepare the attempt: {exc}")
         # marshal: the lean supervisor reads it; dict(): typeshed's marshal takes no TypedDict
-        _write_atomic(adir / "spec.marshal", marshal.dumps(dict(spec)))
+        write_atomic(adir / "spec.marshal", marshal.dumps(dict(spec)))
         try:
             pid = self._spawn_supervisor(attempt.attempt_id, adir)
         except BaseException:
@@ -322,7 +324,7 @@ class LocalEngine:
         pid = self._via_launcher(adir)
         if pid is not None:
             return pid
-        pid = _spawn_detached(
+        pid = spawn_detached(
             [sys.executable, "-I", "-S", "-c", SUPERVISOR_BOOT, str(adir)], adir / "supervisor.err"
         )
         self._children[attempt_id] = pid
@@ -331,22 +333,7 @@ class LocalEngine:
         return pid
 
     def _via_launcher(self, adir: Path) -> int | None:
-        if not self.use_launcher or not self.launcher_sock.exists():
-            return None
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-                conn.settimeout(2.0)
-                conn.connect(str(self.launcher_sock))
-                conn.sendall(str(adir).encode())
-                conn.shutdown(socket.SHUT_WR)
-                answer = conn.recv(4096).decode()
-        except OSError as exc:
-            log.debug("launcher unavailable (%s): starting the supervisor directly", exc)
-            return None
-        if not answer.isdigit():
-            log.warning("launcher refused %s: %s", adir, answer)
-            return None
-        return int(answer)
+        return ask_launcher(self.launcher_sock, adir) if self.use_launcher else None
 
     def _start_launcher(self) -> None:
         """At most one start attempt per second; a stale socket is replaced by the new one."""
@@ -357,19 +344,11 @@ class LocalEngine:
         if self._launcher_pid() is not None:
             return
         argv = [sys.executable, "-I", "-S", "-c", LAUNCHER_BOOT, str(self.launcher_sock)]
-        pid = _spawn_detached(argv, self.launcher_sock.with_name("launcher.err"))
+        pid = spawn_detached(argv, self.launcher_sock.with_name("launcher.err"))
         self._children["<launcher>"] = pid
 
     def _launcher_pid(self) -> int | None:
-        info: LauncherInfo | None = read_file(
-            self.launcher_sock.with_name(self.launcher_sock.name + ".json"), LAUNCHER_INFO
-        )
-        if info is None:
-            return None
-        pid = info["pid"]
-        if proc_start(pid) is None or not _cmdline_has(pid, str(self.launcher_sock)):
-            return None
-        return pid
+        return running_launcher(self.launcher_sock)
 
     def stop_launcher(self) -> None:
         """The launcher owns no job: stopping it only makes the next starts slower."""
@@ -402,7 +381,7 @@ class LocalEngine:
             "started_at": None,
             "finished_at": time.time(),
         }
-        _write_json(adir / "status.json", status)
+        write_json(adir / "status.json", status)
         (adir / "engine_ref").write_text("refused")
         return "refused"
 
@@ -536,6 +515,7 @@ class LocalEngine:
                     gids=attempt.gids if attempt.uid is not None else (),
                     cwd=attempt.cwd or SANDBOX_WORK_DIR,
                     secrets_dir=secrets.files_dir,
+                    etc_base=self.etc_base.path(),
                 ),
             )
         else:
@@ -564,7 +544,7 @@ class LocalEngine:
         if attempt.environment_bin:  # a catalogue environment (or a build job's), bound by storage
             env_bin = [attempt.environment_bin]
             if not sandboxed:  # no binds: the host's path of the same dir
-                env_bin = [_host_path(attempt.environment_bin, attempt.mounts)]
+                env_bin = [host_path(attempt.environment_bin, attempt.mounts)]
         env.setdefault("PATH", ":".join([*env_bin, "/usr/local/bin", "/usr/bin", "/bin"]))
         inside = SANDBOX_WORK_DIR if sandboxed else str(work_dir)
         env.setdefault("HOME", attempt.home if sandboxed and attempt.home else inside)
@@ -605,7 +585,7 @@ class LocalEngine:
 
     def _reap(self) -> None:
         for aid, pid in list(self._children.items()):
-            if not _child_running(pid):
+            if not child_running(pid):
                 self._children.pop(aid, None)
 
     def _status(self, attempt_id: str) -> AttemptStatus:
@@ -640,9 +620,9 @@ class LocalEngine:
     def _read_status(self, attempt_id: str, adir: Path) -> tuple[AttemptStatus, SupervisorInfo | None]:
         """The attempt's status from its files (and its supervisor's info, when it runs)."""
         final = read_file(adir / "status.json", FINAL_STATUS)
-        ref = _read_text(adir / "engine_ref")
+        ref = read_text(adir / "engine_ref")
         if final is not None:
-            return _final_status(attempt_id, final, ref), None
+            return final_status(attempt_id, final, ref), None
         if not adir.exists():
             return AttemptStatus(attempt_id, AttemptPhase.LOST, message="this engine never launched it"), None
         state = read_file(adir / "state.json", RUNNING_STATE)
@@ -656,13 +636,13 @@ class LocalEngine:
             return status, sup
         final = read_file(adir / "status.json", FINAL_STATUS)  # it may have finished while we looked
         if final is not None:
-            return _final_status(attempt_id, final, ref), None
+            return final_status(attempt_id, final, ref), None
         return self._declare_lost(attempt_id, adir, ref), None
 
     def _supervisor_alive(self, attempt_id: str, adir: Path, sup: SupervisorInfo | None, ref: str) -> bool:
         pid = self._children.get(attempt_id)
         if pid is not None:
-            if _child_running(pid):
+            if child_running(pid):
                 return True
             self._children.pop(attempt_id, None)
             return False
@@ -670,7 +650,7 @@ class LocalEngine:
         if pid is None:
             # Launched, but neither a pid nor a ref yet: a concurrent launch is mid-way.
             return time.time() - adir.stat().st_mtime < 10
-        return _same_process(pid, sup)
+        return same_process(pid, sup)
 
     def _declare_lost(self, attempt_id: str, adir: Path, ref: str) -> AttemptStatus:
         """The supervisor died without a final word (killed, machine rebooted): make sure nothing
@@ -691,8 +671,8 @@ class LocalEngine:
             "started_at": None,
             "finished_at": time.time(),
         }
-        _write_json(adir / "status.json", status)
-        return _final_status(attempt_id, status, ref)
+        write_json(adir / "status.json", status)
+        return final_status(attempt_id, status, ref)
 
     def logs(self, attempt_id: str, instance: int = 0, offset: int = 0, limit: int = 1 << 20) -> LogChunk:
         if offset < 0 or limit <= 0:
@@ -713,7 +693,7 @@ class LocalEngine:
         """State lives in files, so there is nothing to reattach; refs that do not match what the
         attempt dir recorded are logged (poll then tells the truth)."""
         for attempt_id, ref in refs.items():
-            recorded = _read_text(self._dir(attempt_id) / "engine_ref")
+            recorded = read_text(self._dir(attempt_id) / "engine_ref")
             if recorded != ref:
                 log.warning("adopt %s: engine ref %r given, %r recorded", attempt_id, ref, recorded)
 
@@ -746,12 +726,12 @@ class LocalEngine:
         adir = self._dir(attempt_id)
         if not adir.exists() or (adir / "status.json").exists():
             return
-        _write_atomic(adir / "stop", str(max(0.0, grace_s)).encode())
+        write_atomic(adir / "stop", str(max(0.0, grace_s)).encode())
         sup = read_file(adir / "supervisor.json", SUPERVISOR_INFO)
         if sup is None:
             return  # not yet started: it reads `stop` before spawning anything
         pid = sup["pid"]
-        if _same_process(pid, sup):
+        if same_process(pid, sup):
             os.kill(pid, signal.SIGUSR1)
         else:
             self._status(attempt_id)  # dead supervisor: declare lost, kill what is left
@@ -779,7 +759,7 @@ class LocalEngine:
                     parents.remove(parent)
                 except OSError:
                     pass
-            if not parents or time.monotonic() >= deadline or any(_has_subdirs(p) for p in parents):
+            if not parents or time.monotonic() >= deadline or any(has_subdirs(p) for p in parents):
                 return
             time.sleep(0.05)
 
@@ -813,81 +793,3 @@ class JobSecrets:
 
     files_dir: str | None  # bound at /run/secrets in the sandbox
     env_files: dict[str, str]  # env var -> file holding its value, read by the supervisor
-
-
-def _child_running(pid: int) -> bool:
-    """For a supervisor we spawned: True while it runs; reaps it once it has ended."""
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return False
-    return done == 0
-
-
-def _home_tag(home: Path) -> str:
-    return hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:10]
-
-
-def _same_process(pid: int, sup: SupervisorInfo | None) -> bool:
-    """Guards against pid reuse: alive, and (once it said so) started when our supervisor did."""
-    start = proc_start(pid)
-    if start is None:
-        return False
-    return sup is None or sup["proc_start"] in (None, start)
-
-
-def _cmdline_has(pid: int, text: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return text.encode() in f.read()
-    except OSError:
-        return False
-
-
-def _spawn_detached(argv: list[str], stderr_path: Path) -> int:
-    """posix_spawn (vfork-based, cheap from a big server process) in a new session: not in the
-    server's session or process group, so a kill of the server spares it."""
-    actions = [
-        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-        (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-        (os.POSIX_SPAWN_OPEN, 2, str(stderr_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640),
-    ]
-    return os.posix_spawn(argv[0], argv, {"PATH": "/usr/bin:/bin"}, file_actions=actions, setsid=True)
-
-
-def _final_status(attempt_id: str, data: FinalStatus, ref: str) -> AttemptStatus:
-    reason = data["reason"]
-    return AttemptStatus(
-        attempt_id=attempt_id,
-        phase=AttemptPhase(data["phase"]),
-        exit_code=data["exit_code"],
-        reason=FailureReason(reason) if reason else None,
-        message=data["message"],
-        started_at=data["started_at"],
-        finished_at=data["finished_at"],
-        engine_ref=ref,
-    )
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def _write_json(path: Path, data: FinalStatus) -> None:
-    _write_atomic(path, json.dumps(data).encode())
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
-
-
-def _has_subdirs(path: Path) -> bool:
-    try:
-        return any(entry.is_dir() for entry in os.scandir(path))
-    except OSError:
-        return False

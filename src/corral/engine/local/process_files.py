@@ -1,0 +1,137 @@
+"""Process and file helpers of the local engine (engine.py): its supervisors' and launcher's
+processes, the attempt dir's atomic writes and reads, the final status it turns into an
+AttemptStatus."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+from collections.abc import Sequence
+from pathlib import Path
+
+from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason, MountSpec
+from corral.engine.local.files import LAUNCHER_INFO, FinalStatus, LauncherInfo, SupervisorInfo, read_file
+from corral.engine.local.supervisor import proc_start
+
+log = logging.getLogger("corral.engine.local.engine")
+
+
+def host_path(path: str, mounts: Sequence[MountSpec]) -> str:
+    """Where `path` (a path in the job) is on the host, through the bind that holds it."""
+    for m in mounts:
+        if path == m.target or path.startswith(m.target + "/"):
+            return m.source + path[len(m.target) :]
+    return path
+
+
+def child_running(pid: int) -> bool:
+    """For a supervisor we spawned: True while it runs; reaps it once it has ended."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return done == 0
+
+
+def home_tag(home: Path) -> str:
+    return hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:10]
+
+
+def same_process(pid: int, sup: SupervisorInfo | None) -> bool:
+    """Guards against pid reuse: alive, and (once it said so) started when our supervisor did."""
+    start = proc_start(pid)
+    if start is None:
+        return False
+    return sup is None or sup["proc_start"] in (None, start)
+
+
+def cmdline_has(pid: int, text: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return text.encode() in f.read()
+    except OSError:
+        return False
+
+
+def spawn_detached(argv: list[str], stderr_path: Path) -> int:
+    """posix_spawn (vfork-based, cheap from a big server process) in a new session: not in the
+    server's session or process group, so a kill of the server spares it."""
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 2, str(stderr_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640),
+    ]
+    return os.posix_spawn(argv[0], argv, {"PATH": "/usr/bin:/bin"}, file_actions=actions, setsid=True)
+
+
+def final_status(attempt_id: str, data: FinalStatus, ref: str) -> AttemptStatus:
+    reason = data["reason"]
+    return AttemptStatus(
+        attempt_id=attempt_id,
+        phase=AttemptPhase(data["phase"]),
+        exit_code=data["exit_code"],
+        reason=FailureReason(reason) if reason else None,
+        message=data["message"],
+        started_at=data["started_at"],
+        finished_at=data["finished_at"],
+        engine_ref=ref,
+    )
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, data: FinalStatus) -> None:
+    write_atomic(path, json.dumps(data).encode())
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def has_subdirs(path: Path) -> bool:
+    try:
+        return any(entry.is_dir() for entry in os.scandir(path))
+    except OSError:
+        return False
+
+
+def ask_launcher(sock: Path, adir: Path) -> int | None:
+    """The pid of the supervisor the launcher (launcher.py) forked for `adir`; None when no
+    launcher answers or it refused (the caller then starts the supervisor directly)."""
+    if not sock.exists():
+        return None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(2.0)
+            conn.connect(str(sock))
+            conn.sendall(str(adir).encode())
+            conn.shutdown(socket.SHUT_WR)
+            answer = conn.recv(4096).decode()
+    except OSError as exc:
+        log.debug("launcher unavailable (%s): starting the supervisor directly", exc)
+        return None
+    if not answer.isdigit():
+        log.warning("launcher refused %s: %s", adir, answer)
+        return None
+    return int(answer)
+
+
+def running_launcher(sock: Path) -> int | None:
+    """The pid of the launcher serving `sock`, if it runs."""
+    info: LauncherInfo | None = read_file(sock.with_name(sock.name + ".json"), LAUNCHER_INFO)
+    if info is None:
+        return None
+    pid = info["pid"]
+    if proc_start(pid) is None or not cmdline_has(pid, str(sock)):
+        return None
+    return pid
