@@ -156,10 +156,6 @@ def one_run(trace: Trace, cluster: ClusterSpec, mode: str) -> tuple[SimResult, d
     eta._LOG_NORMAL.clear()
     scale = _knob("sig") or 1.0
     widen = _knob("sigw")  # the measured spread widened, the floor kept
-    if widen is not None:
-        eta._sigma = lambda spread: max(eta.SIGMA_MIN, widen * _iqr_sigma(spread))
-    else:
-        eta._sigma = lambda spread: _plain_sigma(spread) * scale
     sim = Simulator(
         trace,
         cluster,
@@ -168,11 +164,15 @@ def one_run(trace: Trace, cluster: ClusterSpec, mode: str) -> tuple[SimResult, d
         config=SimConfig(),
     )
     _state["sim"] = sim
-    # only for this replay: the library's own functions are put back after it (another replay in
-    # the same process, a test's, sees the shipped path)
-    diagnosis.running_events = _running_events
-    diagnosis.backfill_starts = _backfill_starts  # type: ignore[assignment]
+    # only for this replay: the library's own functions are put back after it, whatever happens
+    # (another replay in the same process, a test's, sees the shipped path)
     try:
+        if widen is not None:
+            eta._sigma = lambda spread: max(eta.SIGMA_MIN, widen * _iqr_sigma(spread))
+        else:
+            eta._sigma = lambda spread: _plain_sigma(spread) * scale
+        diagnosis.running_events = _running_events
+        diagnosis.backfill_starts = _backfill_starts  # type: ignore[assignment]
         result = sim.run()
     finally:
         diagnosis.running_events = eta.running_events

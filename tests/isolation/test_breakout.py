@@ -131,7 +131,7 @@ def test_cannot_read_shadow_or_the_server_database(engine: LocalEngine, home: Pa
     etc = set(out.split())
     assert "shadow" not in etc and "gshadow" not in etc and "sudoers" not in etc
     assert "alice:x:" in out  # the generated passwd names the job's user
-    # the whitelisted host files, from the engine's prepared copy (isolation/etc_base.py)
+    # the whitelisted host files, bound read-only from the host
     _, hosts = run(engine, attempt("cat /etc/hosts; test -s /etc/ld.so.cache && echo ld-cache-ok"))
     assert Path("/etc/hosts").read_text() in hosts and "ld-cache-ok" in hosts
 

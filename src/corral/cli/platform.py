@@ -3,7 +3,8 @@ lists them: up; the job commands (cli/jobs.py); node, group, user and token (cli
 cli/groups.py, cli/accounts.py).
 
 The helpers every command module shares live in cli/common.py (import them from there); they are
-re-exported here so that code written when they lived in this module keeps working.
+re-exported here for code that imported them from this module. The command apps and their own
+helpers (node_app, group_app, user_app, token_app, ...) are only in their new modules.
 """
 
 from __future__ import annotations

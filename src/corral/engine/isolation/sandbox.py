@@ -28,7 +28,6 @@ from pathlib import Path
 
 from corral.engine.gpus import DeviceNode
 from corral.engine.isolation import cgroupfs
-from corral.engine.isolation.etc_base import PER_JOB_FILES
 from corral.engine.isolation.secret_files import SANDBOX_SECRETS_DIR
 
 SANDBOX_WORK_DIR = "/job"  # where the instance's private work dir appears inside the sandbox
@@ -160,9 +159,6 @@ class SandboxSpec:
     gids: Sequence[int] = ()  # supplementary groups (local engine: the gids of the user's groups)
     cwd: str = SANDBOX_WORK_DIR  # e.g. /code for a job with a code snapshot
     secrets_dir: str | None = None  # host dir of the job's file secrets: read-only at /run/secrets
-    # A prepared copy of the whitelisted /etc (isolation/etc_base.py): one bind instead of one per
-    # entry. None: each entry bound from the host's /etc (the Slurm engine's rank scripts).
-    etc_base: str | None = None
 
 
 @functools.cache
@@ -187,11 +183,8 @@ def _etc_whitelist_binds() -> tuple[str, ...]:
     return tuple(args)
 
 
-def _etc_binds(etc_files: dict[str, str], etc_base: str | None = None) -> list[str]:
-    if etc_base is not None and all(t.startswith("/etc/") and t[5:] in PER_JOB_FILES for t in etc_files):
-        args = ["--ro-bind", etc_base, "/etc"]
-    else:
-        args = ["--perms", "0755", "--dir", "/etc", *_etc_whitelist_binds()]
+def _etc_binds(etc_files: dict[str, str]) -> list[str]:
+    args = ["--perms", "0755", "--dir", "/etc", *_etc_whitelist_binds()]
     for target, source in etc_files.items():
         args += ["--ro-bind", source, target]
     return args
@@ -233,7 +226,7 @@ def bwrap_argv_parts(bwrap: str, setpriv: str | None, spec: SandboxSpec) -> tupl
     args += _system_binds()
     args += ["--proc", "/proc", "--dev", "/dev"]
     args += ["--perms", "1777", "--tmpfs", "/tmp", "--perms", "1777", "--tmpfs", "/dev/shm"]
-    args += _etc_binds(spec.etc_files, spec.etc_base)
+    args += _etc_binds(spec.etc_files)
     env_paths = [p for p in spec.env_paths if os.path.isdir(p)]
     # Below /usr (bound) the host's own dirs exist; everywhere else bwrap would create them 0700.
     covered = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/proc", "/dev", SANDBOX_WORK_DIR, *env_paths]

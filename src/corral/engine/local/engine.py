@@ -38,10 +38,8 @@ from corral.engine.base import (
 )
 from corral.engine.gpus import GpuInventory, device_paths, discover_gpus
 from corral.engine.isolation import cgroupfs
-from corral.engine.isolation.etc_base import EtcBase
 from corral.engine.isolation.netns import NetworkPolicy
 from corral.engine.isolation.sandbox import (
-    ETC_WHITELIST,
     SANDBOX_WORK_DIR,
     IsolationStatus,
     SandboxSpec,
@@ -170,7 +168,6 @@ class LocalEngine:
         self.attempts_dir = self.home / "engine" / "attempts"
         self.attempts_dir.mkdir(parents=True, exist_ok=True)
         self.uid_locks = self.home / "engine" / "uids"
-        self.etc_base = EtcBase(self.home / "engine" / "etc-base", ETC_WHITELIST)  # one bind for /etc
         self.launcher_sock = self.home / "engine" / "launcher.sock"
         # A unix socket path holds at most 107 bytes; a deeper home starts supervisors directly.
         self.use_launcher = use_launcher and len(os.fsencode(self.launcher_sock)) < 100
@@ -515,7 +512,6 @@ class LocalEngine:
                     gids=attempt.gids if attempt.uid is not None else (),
                     cwd=attempt.cwd or SANDBOX_WORK_DIR,
                     secrets_dir=secrets.files_dir,
-                    etc_base=self.etc_base.path(),
                 ),
             )
         else:
