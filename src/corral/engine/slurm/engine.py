@@ -53,9 +53,10 @@ GANG_GRACE_S = 10.0  # after one instance failed, how long the others get to end
 # slots the default 0.1 s of the local engine kept slots idle in Corral's view (docs/slurm.md).
 DEFAULT_POLL_INTERVAL_S = 0.04
 # How many node-fulls of CPU jobs may wait in Slurm's queue behind the running ones (server/ahead.py):
-# Slurm starts a waiting job the moment a slot frees, Corral's own path from a freed slot to the
-# next sbatch takes a few tenths of a second; two keep Slurm's queue from running dry between.
-DEFAULT_QUEUE_AHEAD = 2
+# Slurm starts a waiting job the moment a slot frees. Corral counts a job against this from its
+# placement until it sees it run (dispatch, sbatch, Slurm's start: ~1.2 s at 20 jobs/s on a busy
+# box), so the depth caps the jobs in flight; 2 was that cap at 20 jobs/s on 3 x 4 CPUs (docs/slurm.md).
+DEFAULT_QUEUE_AHEAD = 4
 MAX_QUEUE_AHEAD = 8
 # How many launches the server runs at once on this engine (server/dispatch.py; the local engine's
 # 4 start processes, which is CPU work): a Slurm launch is mostly waiting for sbatch's round trip
@@ -163,7 +164,7 @@ class SlurmEngine:
         CORRAL_SLURM_TIMEOUT_S (per Slurm command), CORRAL_SLURM_USER_MAP and
         CORRAL_SLURM_MIN_UID (users.py), CORRAL_SLURM_GPU_DEVICE (default /dev/nvidia{index}),
         CORRAL_SLURM_POLL_S (how often the server polls squeue, default 0.04),
-        CORRAL_SLURM_QUEUE_AHEAD (node-fulls of jobs waiting in Slurm behind running ones, default 2;
+        CORRAL_SLURM_QUEUE_AHEAD (node-fulls of jobs waiting in Slurm behind running ones, default 4;
         0: no job is handed to Slurm before its slot is free), CORRAL_SLURM_LAUNCH_WORKERS (sbatch
         calls at once, default 8)."""
         env = os.environ
