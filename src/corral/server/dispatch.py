@@ -422,11 +422,17 @@ def launch_workers(engine: object) -> int:
     return max(1, int(getattr(engine, "launch_workers", LAUNCH_WORKERS) or LAUNCH_WORKERS))
 
 
+_QUEUE_MADE = threading.Lock()  # the dispatch and schedule loops may both ask for it first
+
+
 def launch_queue(ctx: ServerContext) -> LaunchQueue:
     queue = ctx.memory.launch_queue
     if queue is None:
-        pool = ThreadPoolExecutor(launch_workers(ctx.engine), thread_name_prefix="launch")
-        queue = ctx.memory.launch_queue = LaunchQueue(pool)
+        with _QUEUE_MADE:
+            queue = ctx.memory.launch_queue
+            if queue is None:
+                pool = ThreadPoolExecutor(launch_workers(ctx.engine), thread_name_prefix="launch")
+                queue = ctx.memory.launch_queue = LaunchQueue(pool)
     return queue
 
 
