@@ -293,13 +293,15 @@ SLURM_PHASES = (
     "scheduled_to_sbatch_done",
     "sbatch_done_to_command",
     "command_to_corral_sees_running",
+    "command_to_corral_sees_end",
 )
 
 
 def add_phases(phases: dict[str, list[float]], job: Mapping[str, Any], t0: float, ran: float) -> None:
     """Where a Slurm job's submit -> running went: submit -> scheduled (Corral's schedule loop),
     -> starting (dispatch and sbatch returned), -> the command ran (Slurm started it, sandbox);
-    and when Corral saw it RUNNING (squeue poll), relative to the command's own time."""
+    and when Corral saw it RUNNING and ended (squeue poll), relative to the command's own time (the
+    command is `date`: it ends as it prints; until Corral sees the end it holds the job's slot)."""
     at = {e["to_state"]: e["at"] for e in job.get("events") or [] if e["kind"] == "transition"}
     if "scheduled" not in at or "starting" not in at:
         return
@@ -308,6 +310,8 @@ def add_phases(phases: dict[str, list[float]], job: Mapping[str, Any], t0: float
     phases.setdefault("sbatch_done_to_command", []).append(ran - at["starting"])
     if "running" in at:
         phases.setdefault("command_to_corral_sees_running", []).append(at["running"] - ran)
+    if "succeeded" in at:
+        phases.setdefault("command_to_corral_sees_end", []).append(at["succeeded"] - ran)
 
 
 def run_baseline(args: argparse.Namespace, n: int | None = None, rate: float | None = None) -> Result:

@@ -17,6 +17,7 @@ from corral.server.context import ServerContext
 from corral.server.nodes import node_tick
 from corral.server.reconcile import reconcile_tick
 from corral.server.scheduling import schedule_tick
+from corral.server.snapshot import live_attempts
 from corral.services.lifecycle import JobState
 from tests.server.fakes import FakeEngine, add_job, make_context, run_dispatch, seed_tenant
 
@@ -119,3 +120,21 @@ def test_a_job_that_fits_only_the_scaled_node_is_not_placed(tmp_path: Path) -> N
     single = add_jobs(ctx, gid, uid, 1)
     schedule_tick(ctx, time.time())
     assert states(ctx, pair + single) == ["queued", "scheduled"]
+
+
+def test_waiting_jobs_spread_over_the_nodes_queues(tmp_path: Path) -> None:
+    """The default profile packs (bestfit); jobs handed ahead go where the engine's queue is
+    shortest instead, so no node's queue holds the whole depth while another's slots free idle."""
+    fake = QueueingEngine([small_node("c1", cpus=2), small_node("c2", cpus=2)], depth=2)
+    ctx, gid, uid = setup(tmp_path, fake)
+    running = add_jobs(ctx, gid, uid, 4)
+    start_running(ctx, fake, running)
+    assert states(ctx, running) == ["running"] * 4
+    waiting = add_jobs(ctx, gid, uid, 4)
+    schedule_tick(ctx, time.time())
+    run_dispatch(ctx)
+    assert states(ctx, waiting) == ["starting"] * 4
+    with ctx.session_factory() as session:
+        placed = live_attempts(session, waiting)
+        nodes = sorted(p.node for a in placed.values() for p in a.placement)
+    assert nodes == ["c1", "c1", "c2", "c2"]  # packed, all four would wait behind c1's two

@@ -314,6 +314,14 @@ def test_factory_builds_the_slurm_engine(
     with pytest.raises(ValueError, match="CORRAL_SLURM_POLL_S"):
         make_engine(Settings(engine="slurm", home=tmp_path / "home"))
     monkeypatch.delenv("CORRAL_SLURM_POLL_S")
+    assert eng.launch_workers == 8  # sbatch calls at once (server/dispatch.launch_workers)
+    monkeypatch.setenv("CORRAL_SLURM_LAUNCH_WORKERS", "16")
+    assert make_engine(Settings(engine="slurm", home=tmp_path / "home")).launch_workers == 16
+    for bad in ("0", "many"):
+        monkeypatch.setenv("CORRAL_SLURM_LAUNCH_WORKERS", bad)
+        with pytest.raises(ValueError, match="CORRAL_SLURM_LAUNCH_WORKERS"):
+            make_engine(Settings(engine="slurm", home=tmp_path / "home"))
+    monkeypatch.delenv("CORRAL_SLURM_LAUNCH_WORKERS")
     monkeypatch.setenv("CORRAL_SLURM_TIMEOUT_S", "soon")
     with pytest.raises(ValueError, match="CORRAL_SLURM_TIMEOUT_S"):
         make_engine(Settings(engine="slurm", home=tmp_path / "home"))

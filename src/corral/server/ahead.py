@@ -20,7 +20,9 @@ node could take a bigger job) is left waiting, and the pass planned again withou
 
 What stays honest:
 * Which job goes next is the scheduler's choice (priority, fair share, quotas), as in the normal
-  pass; only its assignments are applied here: no preemption, no diagnoses written.
+  pass; only its assignments are applied here: no preemption, no diagnoses written. Where the
+  profile packs (bestfit), this pass spreads instead (ahead_profile): waiting jobs go to the node
+  with the shortest queue in the engine.
 * Group CPU and memory limits: the running jobs left out of occupancy still count against them
   (the limits of the ahead snapshot are lowered by what those jobs hold), so running + waiting
   never exceeds a group's limit.
@@ -39,6 +41,7 @@ from dataclasses import replace
 
 from sqlalchemy.orm import Session
 
+from corral.scheduler import Profile
 from corral.scheduler import types as st
 from corral.server.context import ServerContext
 from corral.server.snapshot import ClusterState, GroupRecord, JobRecord, build_snapshot, read_cluster_state
@@ -93,6 +96,15 @@ def ahead_state(state: ClusterState, depth: int) -> ClusterState | None:
     return replace(state, nodes=nodes, groups=groups, running=running)
 
 
+def ahead_profile(profile: Profile) -> Profile:
+    """The ahead pass spreads where the profile packs (bestfit): a job waiting in the engine's
+    queue starts when a slot of *its* node frees, so the waiting jobs go where that queue is
+    shortest. Packed, a node's whole depth filled before the next node got any (bestfit prefers
+    the fullest node that fits), and Slurm started them one slot at a time on that node while the
+    slots of the others freed with nothing waiting for them."""
+    return profile.with_placement("spread") if profile.placement == "bestfit" else profile
+
+
 def fits_real_nodes(assignment: st.Assignment, nodes: Mapping[str, st.Node]) -> bool:
     """Does what the assignment puts on each node fit that node's real CPUs and memory?"""
     cpus: dict[str, float] = {}
@@ -120,7 +132,7 @@ def place_ahead(ctx: ServerContext, session: Session, now: float, read: ClusterS
     if state is None:
         return 0
     snapshot = build_snapshot(state, now, max_stop_grace_s=ctx.settings.max_stop_grace_s)
-    scheduler = scheduler_for(ctx, active_profile(ctx.settings), slot="ahead_scheduler")
+    scheduler = scheduler_for(ctx, ahead_profile(active_profile(ctx.settings)), slot="ahead_scheduler")
     plan = scheduler.schedule(snapshot, now, random.Random(int(now)))
     nodes = {n.name: n for n in real.nodes}
     fitting = [a for a in plan.assignments if fits_real_nodes(a, nodes)]

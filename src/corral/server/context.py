@@ -20,8 +20,9 @@ from corral.scheduler import Scheduler
 from corral.services.notify import Topic
 
 # The loops that act on a committed change, by the topic the service told (corral.services.notify).
-# A submit wakes only the schedule loop: it wakes dispatch when it placed a job, and dispatch
-# wakes reconcile; a cancel needs no scheduling, only the loops that stop or skip the job.
+# A submit wakes only the schedule loop: it launches what it placed itself (dispatch.launch_placed),
+# and dispatch, recording the launches, wakes reconcile; a cancel needs no scheduling, only the
+# loops that stop or skip the job.
 WAKE_ON_CHANGE: dict[Topic, tuple[str, ...]] = {
     Topic.JOBS: ("schedule",),
     Topic.CANCEL: ("dispatch", "reconcile"),

@@ -53,10 +53,20 @@ GANG_GRACE_S = 10.0  # after one instance failed, how long the others get to end
 # slots the default 0.1 s of the local engine kept slots idle in Corral's view (docs/slurm.md).
 DEFAULT_POLL_INTERVAL_S = 0.04
 # How many node-fulls of CPU jobs may wait in Slurm's queue behind the running ones (server/ahead.py):
-# Slurm starts a waiting job the moment a slot frees, Corral's own path from a freed slot to the
-# next sbatch takes a few tenths of a second; two keep Slurm's queue from running dry between.
-DEFAULT_QUEUE_AHEAD = 2
+# Slurm starts a waiting job the moment a slot frees. Corral counts a job against this from its
+# placement until it sees it run (dispatch, sbatch, Slurm's start: ~1.2 s at 20 jobs/s on a busy
+# box), so the depth caps the jobs in flight; 2 was that cap at 20 jobs/s on 3 x 4 CPUs (docs/slurm.md).
+DEFAULT_QUEUE_AHEAD = 4
 MAX_QUEUE_AHEAD = 8
+# How many launches the server runs at once on this engine (server/dispatch.py; the local engine's
+# 4 start processes, which is CPU work): a Slurm launch is mostly waiting for sbatch's round trip
+# to slurmctld, and with 4 at a time a burst was fed to Slurm at half the rate it starts jobs.
+DEFAULT_LAUNCH_WORKERS = 8
+MAX_LAUNCH_WORKERS = 64
+# How long an account that exists is taken to exist without asking again (the poll asks squeue
+# for the accounts of the live attempts ~25 times a second; an account removed meanwhile makes
+# squeue answer "invalid user", and the engine then asks for every user's jobs, see _squeue).
+ACCOUNT_CACHE_S = 60.0
 
 
 def _env_float(name: str, default: float) -> float:
@@ -79,11 +89,19 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r} is not a whole number")
 
 
+_accounts_seen: dict[str, float] = {}  # account name -> when it was last found to exist
+
+
 def _account_exists(name: str) -> bool:
+    now = time.monotonic()
+    if now - _accounts_seen.get(name, -ACCOUNT_CACHE_S) < ACCOUNT_CACHE_S:
+        return True
     try:
         pwd.getpwnam(name)
     except KeyError:
+        _accounts_seen.pop(name, None)
         return False
+    _accounts_seen[name] = now
     return True
 
 
@@ -102,13 +120,15 @@ class SlurmEngine:
         storage_root: Path | None = None,
         poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
         queue_ahead: int = DEFAULT_QUEUE_AHEAD,
+        launch_workers: int = DEFAULT_LAUNCH_WORKERS,
     ) -> None:
         """user_map: who runs each Corral user's jobs (None: nobody; every launch is refused).
         gpu_device: a GPU's device file on the nodes, `{index}` = Slurm's GPU index.
         poll_interval_s: the reconcile loop's pace on this engine (server.runner.collect_loops).
         queue_ahead: how many node-fulls of jobs the server may hand to Slurm ahead of a freed slot
         (server/ahead.py; 0: none): they wait in Slurm's queue, pinned to their node, and Slurm
-        starts them the moment it frees."""
+        starts them the moment it frees.
+        launch_workers: how many launches (sbatch calls) the server runs at once."""
         if "{index}" not in gpu_device:
             raise ValueError(f"CORRAL_SLURM_GPU_DEVICE={gpu_device!r} must contain {{index}}")
         if not 0.01 <= poll_interval_s <= 10:
@@ -117,6 +137,11 @@ class SlurmEngine:
         if not 0 <= queue_ahead <= MAX_QUEUE_AHEAD:
             raise ValueError(f"CORRAL_SLURM_QUEUE_AHEAD={queue_ahead} must be from 0 to {MAX_QUEUE_AHEAD}")
         self.queue_ahead_depth = queue_ahead
+        if not 1 <= launch_workers <= MAX_LAUNCH_WORKERS:
+            raise ValueError(
+                f"CORRAL_SLURM_LAUNCH_WORKERS={launch_workers} must be from 1 to {MAX_LAUNCH_WORKERS}"
+            )
+        self.launch_workers = launch_workers
         self.store = StateStore(Path(state_dir))
         self.storage_root = storage_root
         self.user_map = user_map or UserMap(None)
@@ -139,8 +164,9 @@ class SlurmEngine:
         CORRAL_SLURM_TIMEOUT_S (per Slurm command), CORRAL_SLURM_USER_MAP and
         CORRAL_SLURM_MIN_UID (users.py), CORRAL_SLURM_GPU_DEVICE (default /dev/nvidia{index}),
         CORRAL_SLURM_POLL_S (how often the server polls squeue, default 0.04),
-        CORRAL_SLURM_QUEUE_AHEAD (node-fulls of jobs waiting in Slurm behind running ones, default 2;
-        0: no job is handed to Slurm before its slot is free)."""
+        CORRAL_SLURM_QUEUE_AHEAD (node-fulls of jobs waiting in Slurm behind running ones, default 4;
+        0: no job is handed to Slurm before its slot is free), CORRAL_SLURM_LAUNCH_WORKERS (sbatch
+        calls at once, default 8)."""
         env = os.environ
         return cls(
             state_dir=Path(env.get("CORRAL_SLURM_STATE_DIR") or settings.home / "slurm"),
@@ -153,6 +179,7 @@ class SlurmEngine:
             storage_root=settings.storage_path,
             poll_interval_s=_env_float("CORRAL_SLURM_POLL_S", DEFAULT_POLL_INTERVAL_S),
             queue_ahead=_env_int("CORRAL_SLURM_QUEUE_AHEAD", DEFAULT_QUEUE_AHEAD),
+            launch_workers=_env_int("CORRAL_SLURM_LAUNCH_WORKERS", DEFAULT_LAUNCH_WORKERS),
         )
 
     # ---- storage ------------------------------------------------------------------------------
@@ -342,7 +369,7 @@ class SlurmEngine:
     def _squeue(self, users: set[str] | None, *filters: str) -> list[SlurmJob]:
         """squeue of the given accounts (None: all). An account that no longer exists makes
         squeue print an error and no jobs at all: such accounts are left out of the filter (a
-        lookup per poll, no second squeue), and if squeue still refuses one, every user's jobs
+        lookup per minute at most, no second squeue), and if squeue still refuses one, every user's jobs
         are asked for instead."""
         users = {u for u in users or () if _account_exists(u)}
         if users:
@@ -351,6 +378,8 @@ class SlurmEngine:
             except EngineUnavailable as exc:
                 if "invalid user" not in str(exc).lower():
                     raise
+                for name in users:  # one of them is gone: look them up again next time
+                    _accounts_seen.pop(name, None)
         return self.cli.jobs(*filters)
 
     # ---- status -------------------------------------------------------------------------------
