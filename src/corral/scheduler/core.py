@@ -137,7 +137,10 @@ class Cycle:
             else:
                 indexed = (index.per_user(), index.cpu_ids)
         self.waiting = waiting
+        # the index as it is now, for the diagnoses (read later: valid while its version holds)
+        self.index_at = (index, index.version) if indexed is not None else None
         self.assigned_ids: set[str] = set()
+        self.assigned_users: set[tuple[str, str]] = set()  # (group, user) of the assigned jobs
         groups = self.ledger.groups
         self.queue = build_queue(self.waiting, profile, groups, snapshot.usage, totals, now, indexed, sized)
         self.known = KnownOutcomes(self)  # last: it reads the parts made above
@@ -293,6 +296,7 @@ class Cycle:
             self.resources.charge(job)
         self.backfill.record_start(job, placed.gpus_by_model)
         self.assigned_ids.add(job.id)
+        self.assigned_users.add((job.group, job.user))
         self.queue.charge(job)
 
     # -- a job that does not fit --------------------------------------------------------------------

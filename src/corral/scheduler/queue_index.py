@@ -68,6 +68,7 @@ class QueueIndex:
 
     def __init__(self, size_of: Callable[[Job], int] | None = None) -> None:
         self.size_of = size_of
+        self.version = 0  # bumped by every sync that changed the queue: lists read later check it
         self._clear()
 
     def _clear(self) -> None:
@@ -90,6 +91,8 @@ class QueueIndex:
         held = self.held
         gone = held.keys() - current.keys()
         new = current.keys() - held.keys()
+        if gone or new:
+            self.version += 1
         if len(gone) + len(new) > max(64, len(queued) // 2):  # mostly new: sort afresh
             self._rebuild(current)
         else:
