@@ -37,6 +37,7 @@ _inv_cdf = _NORMAL.inv_cdf
 _SQRT2 = math.sqrt(2.0)
 _LOG_NORMAL: dict[tuple[float, tuple[float, float]], tuple[float, float]] = {}  # (mu, sigma) memo
 _LOG_NORMAL_MAX = 1 << 16
+FIRST_RUNS = 8  # runs of room a search checks one by one before checking all the rest at once
 
 
 def _sigma(spread: tuple[float, float]) -> float:
@@ -127,7 +128,7 @@ class Timeline:
         s. Only where a run of room begins can the first such start be (one step earlier in a run
         would fit too), and a run that begins at time t fits iff it lasts until t + runtime.
         Usually the first run fits (in a deep queue, the room that opens as running work ends and
-        then stays): that one is checked alone first, in a few vector steps."""
+        then stays): the first few are checked one by one, in a few vector steps each."""
         k = self.size
         times = self.times
         if times[i] >= before:
@@ -138,16 +139,19 @@ class Timeline:
         n = k - i
         here = room[:n]
         np.greater_equal(self.free[i:k], need, out=here)
-        begin = int(here.argmax())  # the first run of room: [begin, end)
-        if not here[begin]:
-            return None
-        start = float(times[i + begin])
-        if start >= before:
-            return None
-        gap = int(here[begin:].argmin())  # 0: room from there on (here[begin] has room)
-        if gap == 0 or times[i + begin + gap] >= start + runtime:
-            return start
-        found = self._all_runs(i + begin + gap, need, runtime)
+        at = 0  # the first runs of room one by one, then all the others at once
+        for _ in range(FIRST_RUNS):
+            begin = at + int(here[at:].argmax())  # the next run of room: [begin, begin + gap)
+            if not here[begin]:
+                return None
+            start = float(times[i + begin])
+            if start >= before:
+                return None
+            gap = int(here[begin:].argmin())  # 0: room from there on (here[begin] has room)
+            if gap == 0 or times[i + begin + gap] >= start + runtime:
+                return start
+            at = begin + gap  # no room there: the search goes on after it
+        found = self._all_runs(i + at, need, runtime)
         return found if found is not None and found < before else None
 
     def _all_runs(self, i: int, need: int, runtime: float) -> float | None:
