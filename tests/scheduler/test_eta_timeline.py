@@ -1,7 +1,9 @@
 """The backfill roll's timeline search (eta.Timeline) against a plain reading of its definition:
 the first time, not before a floor, from which enough GPUs stay free for the whole runtime; the
-candidates are the floor itself and every later breakpoint. The search skips ahead by runs of
-room (one vector pass) and does not mark the floor; both must give exactly the plain answer."""
+candidates are the floor itself and every later breakpoint. The search checks the first run of
+room alone, then skips ahead by runs of room (one vector pass), stops once a bound (a start
+another model offers) is passed, and does not mark the floor; all must give exactly the plain
+answer."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from corral.scheduler import eta
 from corral.scheduler.eta import Timeline, remaining_s
 
 
@@ -58,6 +61,15 @@ def test_earliest_is_the_first_start_with_room_for_the_whole_runtime(
         want = plain_earliest(line, need, runtime, offset)
         got = line.earliest(need, runtime, offset)
         assert got == want, (need, runtime, offset)
+        first_runs = eta.FIRST_RUNS
+        try:  # the all-runs pass from the second run of room on (few runs here: else rarely reached)
+            eta.FIRST_RUNS = 1
+            assert line.earliest(need, runtime, offset) == want, (need, runtime, offset)
+        finally:
+            eta.FIRST_RUNS = first_runs
+        for bound in (10.0, 60.0):  # another model offers a start at `bound`: only earlier ones
+            earlier = want if want is not None and want < bound else None
+            assert line.earliest(need, runtime, offset, bound) == earlier, (need, runtime, offset, bound)
         if got is not None:
             before = [free_at(line, x) for x in (got, got + runtime - 0.5)]
             line.take(got, need, runtime)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.scheduler.admission import split_by_user
+from corral.scheduler.admission import size_class, split_by_user
 from corral.scheduler.core import waiting_jobs
 from corral.scheduler.queue_index import QueueIndex
 from corral.scheduler.types import Job, Priority
@@ -30,7 +32,8 @@ def make(spec: tuple[str, str, str, Priority, int, int]) -> Job:
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.lists(JOBS, max_size=8), min_size=1, max_size=6), st.data())
 def test_index_equals_the_queue_sorted_afresh(rounds: list[list[tuple]], data: st.DataObject) -> None:  # type: ignore[type-arg]
-    index = QueueIndex()
+    size_of = partial(size_class, default_runtime_s=3600.0)  # classes differ by GPUs here
+    index = QueueIndex(size_of)
     queued: list[Job] = []
     for new in rounds:
         # some jobs leave (started), some arrive, one may be queued twice or also running
@@ -56,3 +59,13 @@ def test_index_equals_the_queue_sorted_afresh(rounds: list[list[tuple]], data: s
         per_user, cpu_ids = split_by_user(by_group)
         assert index.per_user() == per_user
         assert index.cpu_ids == cpu_ids
+        # each user's fair-share order (admission.FairShareQueue._job_key) and every job's class
+        in_size_order = {
+            g: {
+                u: sorted(js, key=lambda j: (-int(j.priority), size_of(j), j.submit_time, j.id))
+                for u, js in us.items()
+            }
+            for g, us in per_user.items()
+        }
+        assert index.per_user_sized() == in_size_order
+        assert index.sizes == {j.id: size_of(j) for j in want}

@@ -403,6 +403,7 @@ class FairShareQueue:
 
     `by_user` lists each group's jobs per user by (priority desc, submit time, id); `cpu_ids` are
     the ids of those that ask for no GPU (`split_by_user` makes both from per-group lists).
+    `presorted`: the lists are already in the in-user order with `size_of` (`_job_key`).
     Starvation guard: `aged` jobs (waiting since before `now - starvation_s`) come first of all,
     oldest first, in the first (guaranteed) pass only, so that they open their backfill
     reservation and search for victims before any other job takes what they wait for; one whose
@@ -418,6 +419,7 @@ class FairShareQueue:
         horizon_s: float,
         size_of: Callable[[Job], int] | None = None,
         aged_before: float | None = None,
+        presorted: bool = False,
     ) -> None:
         self.horizon = horizon_s
         self.weights = weights
@@ -443,7 +445,7 @@ class FairShareQueue:
                     if old:
                         self.aged.extend(old)
                         jobs = [j for j in jobs if j.submit_time > aged_before]
-                if size_of is not None and len(jobs) > 1:
+                if size_of is not None and len(jobs) > 1 and not presorted:
                     jobs = sorted(jobs, key=self._job_key)
                 if jobs:
                     per_user[u] = deque(jobs)
@@ -639,9 +641,12 @@ def build_queue(
     running: RunningTotals,
     now: float,
     indexed: tuple[dict[str, dict[str, list[Job]]], set[str]] | None = None,
+    sized: Mapping[str, int] | None = None,
 ) -> FairShareQueue | OrderedQueue:
     """The cycle's queue over `jobs` (sorted by group, priority desc, submit time, id); `indexed`:
-    the same jobs already split per group and user, with the CPU-only ids (queue_index.py)."""
+    the same jobs already split per group and user, with the CPU-only ids (queue_index.py).
+    `sized` (with `indexed`, under size_order): every job's size class by id, the per-user lists
+    being already in the size order (queue_index.py keeps both between cycles)."""
     order, horizon_s, las_thresholds = policy.order, policy.fair_share_horizon_s, policy.las_thresholds
     if order == "fifo":
         return OrderedQueue(jobs, key=lambda j: (j.submit_time, j.id))
@@ -670,7 +675,8 @@ def build_queue(
     size_of = None
     if policy.size_order:
         default_s = policy.default_runtime_s
-        sizes: dict[str, int] = {}  # the cycle's: sorting and every pop read a job's class
+        # the cycle's: sorting and every pop read a job's class
+        sizes: dict[str, int] = {} if sized is None or indexed is None else dict(sized)
 
         def size_of(job: Job) -> int:
             found = sizes.get(job.id)
@@ -679,4 +685,7 @@ def build_queue(
             return found
 
     aged_before = now - policy.starvation_s if policy.starvation_s > 0 else None
-    return FairShareQueue(by_user, cpu_ids, weights, group_usage, user_usage, horizon_s, size_of, aged_before)
+    presorted = sized is not None and size_of is not None
+    return FairShareQueue(
+        by_user, cpu_ids, weights, group_usage, user_usage, horizon_s, size_of, aged_before, presorted
+    )

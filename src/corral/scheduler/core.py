@@ -13,9 +13,10 @@ Diagnosis (diagnosis.py), from the reasons the stages recorded (outcomes.py).
 from __future__ import annotations
 
 import random
+from functools import partial
 from operator import attrgetter
 
-from corral.scheduler.admission import QuotaLedger, ResourceQuota, build_queue, storage_refusal
+from corral.scheduler.admission import QuotaLedger, ResourceQuota, build_queue, size_class, storage_refusal
 from corral.scheduler.backfill import Backfill
 from corral.scheduler.cluster import ClusterMemo, ClusterState
 from corral.scheduler.diagnosis import DiagnosisView, LazyDiagnoses
@@ -46,7 +47,18 @@ class Scheduler:
         self.replay_known = replay_known
         self.cluster_memo = ClusterMemo()
         self.job_kinds = JobKinds()
-        self.queue_index = QueueIndex()
+        self._queue_index: tuple[tuple[bool, float], QueueIndex] | None = None
+
+    @property
+    def queue_index(self) -> QueueIndex:
+        """The queue index for the current profile: under fair share with size_order it also keeps
+        each job's size class (pure per Job and default runtime) and each user's order by it."""
+        profile = self.profile
+        spec = (profile.order == "fair_share" and profile.size_order, profile.default_runtime_s)
+        if self._queue_index is None or self._queue_index[0] != spec:
+            size_of = partial(size_class, default_runtime_s=spec[1]) if spec[0] else None
+            self._queue_index = (spec, QueueIndex(size_of))
+        return self._queue_index[1]
 
     def schedule(self, snapshot: Snapshot, now: float, rng: random.Random) -> Plan:
         """One scheduling cycle. Deterministic for the same snapshot, `now`, profile and rng state."""
@@ -116,15 +128,21 @@ class Cycle:
         self.cut_short = False  # the backfill depth stopped a pass early
         index = scheduler.queue_index
         waiting = index.sync(snapshot.queued, snapshot.running)
-        indexed = None
+        indexed = sized = None
         if waiting is None:  # a duplicate id, or a queued job that also runs: sorted afresh
             waiting = waiting_jobs(snapshot)
         elif profile.order == "fair_share":
-            indexed = (index.per_user(), index.cpu_ids)
+            if index.size_of is not None:  # the lists in the size order, with every job's class
+                indexed, sized = (index.per_user_sized(), index.cpu_ids), index.sizes
+            else:
+                indexed = (index.per_user(), index.cpu_ids)
         self.waiting = waiting
+        # the index as it is now, for the diagnoses (read later: valid while its version holds)
+        self.index_at = (index, index.version) if indexed is not None else None
         self.assigned_ids: set[str] = set()
+        self.assigned_users: set[tuple[str, str]] = set()  # (group, user) of the assigned jobs
         groups = self.ledger.groups
-        self.queue = build_queue(self.waiting, profile, groups, snapshot.usage, totals, now, indexed)
+        self.queue = build_queue(self.waiting, profile, groups, snapshot.usage, totals, now, indexed, sized)
         self.known = KnownOutcomes(self)  # last: it reads the parts made above
 
     # -- main loop ----------------------------------------------------------------------------------
@@ -278,6 +296,7 @@ class Cycle:
             self.resources.charge(job)
         self.backfill.record_start(job, placed.gpus_by_model)
         self.assigned_ids.add(job.id)
+        self.assigned_users.add((job.group, job.user))
         self.queue.charge(job)
 
     # -- a job that does not fit --------------------------------------------------------------------

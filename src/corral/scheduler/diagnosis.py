@@ -554,14 +554,35 @@ class DiagnosisView:
         q = cycle.queue
         if not isinstance(q, FairShareQueue):
             return None
+        by_user, cpu_ids = self._still_waiting_by_user()
+        usage = {g: share * max(q.weights.get(g, 1.0), 1e-9) for g, share in q.group_share.items()}
+        return FairShareQueue(by_user, cpu_ids, q.weights, usage, q.user_share, q.horizon)
+
+    def _still_waiting_by_user(self) -> tuple[dict[str, dict[str, list[Job]]], set[str]]:
+        """The jobs left waiting per group and user (in-group order), and the CPU-only ones' ids:
+        from the cycle's queue index while it is as the cycle left it (only the users whose jobs
+        started are filtered), else split afresh from the cycle's waiting jobs."""
+        cycle = self.cycle
         assigned = cycle.assigned_ids
+        at = cycle.index_at
+        if at is not None and at[0].version == at[1]:
+            index = at[0]
+            by_user = index.per_user()  # the index's own lists: replaced, never changed
+            for g, u in cycle.assigned_users:
+                users = by_user[g]
+                left = [j for j in users[u] if j.id not in assigned]
+                if left:
+                    users[u] = left
+                else:
+                    del users[u]
+                    if not users:
+                        del by_user[g]
+            return by_user, index.cpu_ids - assigned
         by_group: dict[str, list[Job]] = {}
         for j in cycle.waiting:  # sorted by group, then the in-group order
             if j.id not in assigned:
                 by_group.setdefault(j.group, []).append(j)
-        by_user, cpu_ids = split_by_user(by_group)
-        usage = {g: share * max(q.weights.get(g, 1.0), 1e-9) for g, share in q.group_share.items()}
-        return FairShareQueue(by_user, cpu_ids, q.weights, usage, q.user_share, q.horizon)
+        return split_by_user(by_group)
 
     def _build(self) -> None:
         if self.built:

@@ -37,6 +37,7 @@ _inv_cdf = _NORMAL.inv_cdf
 _SQRT2 = math.sqrt(2.0)
 _LOG_NORMAL: dict[tuple[float, tuple[float, float]], tuple[float, float]] = {}  # (mu, sigma) memo
 _LOG_NORMAL_MAX = 1 << 16
+FIRST_RUNS = 8  # runs of room a search checks one by one before checking all the rest at once
 
 
 def _sigma(spread: tuple[float, float]) -> float:
@@ -94,13 +95,17 @@ class Timeline:
         self.free = np.empty(room, dtype=np.int64)
         self.times[: self.size] = times
         self.free[: self.size] = free
-        self.room = np.zeros(room, dtype=np.bool_)  # _first_run's scratch: False, then free >= need
+        self.room = np.zeros(room, dtype=np.bool_)  # _first_run's scratch: free >= need
 
-    def earliest(self, need: int, runtime: float, not_before: float) -> float | None:
+    def earliest(
+        self, need: int, runtime: float, not_before: float, before: float = math.inf
+    ) -> float | None:
         """The first time, not before `not_before`, from which `need` GPUs stay free for
-        `runtime` s; None: never. Reads only: `not_before` gets no breakpoint of its own (a
-        strict-FIFO roll checks every job against several models, and a breakpoint there would
-        cost a move of the tail each time); `take` makes the one the job holds."""
+        `runtime` s; None: never, or not before `before` (a start another model already offers:
+        a later one is of no use, and the search stops as soon as it knows). Reads only:
+        `not_before` gets no breakpoint of its own (a strict-FIFO roll checks every job against
+        several models, and a breakpoint there would cost a move of the tail each time); `take`
+        makes the one the job holds."""
         k = self.size
         times, free = self.times, self.free
         if not_before > times[0]:  # the stretch holding not_before starts there
@@ -109,25 +114,56 @@ class Timeline:
         else:
             i = 0
             start = float(times[0])
+        if start >= before:
+            return None
         if free[i] >= need:  # the common case: room at once, for long enough?
             j = int(times[:k].searchsorted(start + runtime, "left"))  # the stretch: [i, j)
             if j - i <= 1 or _min(free[i:j]) >= need:
                 return start
         i += 1  # not at `start`: later, at a breakpoint
-        return self._first_run(i, need, runtime) if i < k else None
+        return self._first_run(i, need, runtime, before) if i < k else None
 
-    def _first_run(self, i: int, need: int, runtime: float) -> float | None:
+    def _first_run(self, i: int, need: int, runtime: float, before: float = math.inf) -> float | None:
         """The first breakpoint from index `i` on from which `need` GPUs stay free for `runtime`
-        s, found over all runs of room at once. Only where a run of room begins can the first
-        such start be (one step earlier in a run would fit too), and a run that begins at time t
-        fits iff it lasts until t + runtime: one vector pass instead of a hop per shortfall."""
+        s. Only where a run of room begins can the first such start be (one step earlier in a run
+        would fit too), and a run that begins at time t fits iff it lasts until t + runtime.
+        Usually the first run fits (in a deep queue, the room that opens as running work ends and
+        then stays): the first few are checked one by one, in a few vector steps each."""
+        k = self.size
+        times = self.times
+        if times[i] >= before:
+            return None
+        room = self.room
+        if len(room) < k - i + 2:
+            room = self.room = np.zeros(2 * (k - i) + 64, dtype=np.bool_)
+        n = k - i
+        here = room[:n]
+        np.greater_equal(self.free[i:k], need, out=here)
+        at = 0  # the first runs of room one by one, then all the others at once
+        for _ in range(FIRST_RUNS):
+            begin = at + int(here[at:].argmax())  # the next run of room: [begin, begin + gap)
+            if not here[begin]:
+                return None
+            start = float(times[i + begin])
+            if start >= before:
+                return None
+            gap = int(here[begin:].argmin())  # 0: room from there on (here[begin] has room)
+            if gap == 0 or times[i + begin + gap] >= start + runtime:
+                return start
+            at = begin + gap  # no room there: the search goes on after it
+        found = self._all_runs(i + at, need, runtime)
+        return found if found is not None and found < before else None
+
+    def _all_runs(self, i: int, need: int, runtime: float) -> float | None:
+        """`_first_run` over all runs of room from index `i` at once: one vector pass instead of
+        a hop per shortfall."""
         k = self.size
         n = k - i
         room = self.room
         if len(room) < n + 2:
             room = self.room = np.zeros(2 * n + 64, dtype=np.bool_)
         np.greater_equal(self.free[i:k], need, out=room[1 : n + 1])
-        room[n + 1] = False  # room[0] stays False
+        room[0] = room[n + 1] = False  # (_first_run uses the same scratch from index 0)
         edges = (room[1 : n + 2] != room[: n + 1]).nonzero()[0]  # runs of room: [edges[0], edges[1]), ...
         if not len(edges):
             return None
@@ -203,7 +239,7 @@ def backfill_starts(
         for capacity, line in options:
             if need > capacity:
                 continue
-            at = line.earliest(need, hold, floor)
+            at = line.earliest(need, hold, floor, math.inf if best_at is None else best_at)
             if at is not None and (best_at is None or at < best_at):
                 best_at, best_line = at, line
                 if at <= floor:  # no model can offer an earlier start: skip the others' searches

@@ -16,12 +16,14 @@ queued jobs with one id, a queued job that also runs.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from operator import attrgetter
+from typing import Generic, TypeVar
 
 from corral.scheduler.types import Job, RunningJob
 
 OrderKey = tuple[str, int, float, str]  # (group, -priority, submit time, id)
+SizedKey = tuple[int, int, float, str]  # (-priority, size class, submit time, id): a user's fair-share order
 UserKey = tuple[str, str]  # (group, user)
 _running_id = attrgetter("job.id")
 
@@ -34,21 +36,24 @@ def _cpu_only(job: Job) -> bool:
     return all(t.resources.gpus <= 0 for t in job.tasks)
 
 
-class _Sorted:
+K = TypeVar("K", OrderKey, SizedKey)
+
+
+class _Sorted(Generic[K]):
     """Jobs with their keys in two parallel lists, kept sorted by key."""
 
     __slots__ = ("jobs", "keys")
 
     def __init__(self) -> None:
-        self.keys: list[OrderKey] = []
+        self.keys: list[K] = []
         self.jobs: list[Job] = []
 
-    def add(self, key: OrderKey, job: Job) -> None:
+    def add(self, key: K, job: Job) -> None:
         i = bisect_left(self.keys, key)
         self.keys.insert(i, key)
         self.jobs.insert(i, job)
 
-    def remove(self, key: OrderKey, job: Job) -> None:
+    def remove(self, key: K, job: Job) -> None:
         i = bisect_left(self.keys, key)
         while self.jobs[i] is not job:  # equal keys only with duplicate ids (then sync gives up)
             i += 1
@@ -57,14 +62,24 @@ class _Sorted:
 
 
 class QueueIndex:
-    def __init__(self) -> None:
+    """`size_of` (a pure function of the Job: the fair-share queue's size class): each user's jobs
+    are also kept in the fair-share queue's in-user order (priority desc, size class, submit time,
+    id), with every job's class, so that a cycle neither works the classes out nor sorts again."""
+
+    def __init__(self, size_of: Callable[[Job], int] | None = None) -> None:
+        self.size_of = size_of
+        self.version = 0  # bumped by every sync that changed the queue: lists read later check it
         self._clear()
 
     def _clear(self) -> None:
         self.held: dict[int, Job] = {}  # id(job) -> the job (held, so ids stay unique)
         self.keys: dict[int, OrderKey] = {}
-        self.all = _Sorted()
-        self.users: dict[UserKey, _Sorted] = {}
+        self.all: _Sorted[OrderKey] = _Sorted()
+        self.users: dict[UserKey, _Sorted[OrderKey]] = {}
+        self.sized: dict[UserKey, _Sorted[SizedKey]] = {}  # with size_of: each user's fair-share order
+        self.size_keys: dict[int, SizedKey] = {}  # id(job) -> its key in `sized`
+        self.sizes: dict[str, int] = {}  # job id -> size class (with size_of)
+        self.sizes_stale = False  # an id was on two objects: `sizes` is made again from size_keys
         self.ids: dict[str, int] = {}  # job id -> queued Job objects carrying it
         self.duplicates = 0  # job ids carried by more than one queued Job object
         self.cpu: dict[str, int] = {}  # job id -> queued Job objects with it that ask for no GPU
@@ -76,6 +91,8 @@ class QueueIndex:
         held = self.held
         gone = held.keys() - current.keys()
         new = current.keys() - held.keys()
+        if gone or new:
+            self.version += 1
         if len(gone) + len(new) > max(64, len(queued) // 2):  # mostly new: sort afresh
             self._rebuild(current)
         else:
@@ -85,6 +102,9 @@ class QueueIndex:
                 self._add(k, current[k])
         if len(current) != len(queued) or self.duplicates:
             return None  # the same object twice, or one id on two objects
+        if self.sizes_stale:  # rare: every id is on one object again
+            self.sizes = {key[3]: key[1] for key in self.size_keys.values()}
+            self.sizes_stale = False
         if not self.ids.keys().isdisjoint(map(_running_id, running)):  # at C speed
             return None
         return list(self.all.jobs)
@@ -94,6 +114,14 @@ class QueueIndex:
         (valid after a `sync` that returned a list). The lists are the index's own: read only."""
         out: dict[str, dict[str, list[Job]]] = {}
         for (group, user), s in self.users.items():
+            out.setdefault(group, {})[user] = s.jobs
+        return out
+
+    def per_user_sized(self) -> dict[str, dict[str, list[Job]]]:
+        """`per_user` with each list in (priority desc, size class, submit time, id) order (the
+        index was made with a size_of); the classes are in `sizes`. Read only."""
+        out: dict[str, dict[str, list[Job]]] = {}
+        for (group, user), s in self.sized.items():
             out.setdefault(group, {})[user] = s.jobs
         return out
 
@@ -117,6 +145,23 @@ class QueueIndex:
             s.keys.append(key)
             s.jobs.append(job)
             self._count(job, 1)
+        if self.size_of is not None:  # the in-user fair-share order, appended in order too
+            size_of, sizes = self.size_of, self.sizes
+            sized_items = []
+            for k, job in current.items():
+                if job.id in sizes:  # a second object with this id
+                    self.sizes_stale = True
+                size = sizes[job.id] = size_of(job)
+                sized_items.append(((-int(job.priority), size, job.submit_time, job.id), k, job))
+            sized_items.sort(key=lambda t: t[0])
+            for skey, k, job in sized_items:
+                self.size_keys[k] = skey
+                uk = (job.group, job.user)
+                found = self.sized.get(uk)
+                if found is None:
+                    found = self.sized[uk] = _Sorted()
+                found.keys.append(skey)
+                found.jobs.append(job)
 
     def _count(self, job: Job, sign: int) -> None:
         n = self.ids.get(job.id, 0) + sign
@@ -144,6 +189,21 @@ class QueueIndex:
             s = self.users[uk] = _Sorted()
         s.add(key, job)
         self._count(job, 1)
+        if self.size_of is not None:
+            self._add_sized(k, job)
+
+    def _add_sized(self, k: int, job: Job) -> None:
+        assert self.size_of is not None
+        size = self.size_of(job)
+        key = self.size_keys[k] = (-int(job.priority), size, job.submit_time, job.id)
+        if job.id in self.sizes:  # a second object with this id
+            self.sizes_stale = True
+        self.sizes[job.id] = size
+        uk = (job.group, job.user)
+        s = self.sized.get(uk)
+        if s is None:
+            s = self.sized[uk] = _Sorted()
+        s.add(key, job)
 
     def _remove(self, k: int) -> None:
         job = self.held.pop(k)
@@ -155,3 +215,12 @@ class QueueIndex:
         if not s.jobs:
             del self.users[uk]
         self._count(job, -1)
+        if self.size_of is not None:
+            sized = self.sized[uk]
+            sized.remove(self.size_keys.pop(k), job)
+            if not sized.jobs:
+                del self.sized[uk]
+            if job.id in self.ids:  # another object carries its id: its class, once it is alone
+                self.sizes_stale = True
+            else:
+                del self.sizes[job.id]
