@@ -1,7 +1,7 @@
 """The backfill roll's timeline search (eta.Timeline) against a plain reading of its definition:
 the first time, not before a floor, from which enough GPUs stay free for the whole runtime; the
-candidates are the floor itself and every later breakpoint. The search checks the first run of
-room alone, then skips ahead by runs of room (one vector pass), stops once a bound (a start
+candidates are the floor itself and every later breakpoint. The search checks the first runs of
+room one by one, then skips ahead by runs of room (one vector pass), stops once a bound (a start
 another model offers) is passed, and does not mark the floor; all must give exactly the plain
 answer."""
 

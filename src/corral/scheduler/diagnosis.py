@@ -567,7 +567,7 @@ class DiagnosisView:
         at = cycle.index_at
         if at is not None and at[0].version == at[1]:
             index = at[0]
-            by_user = index.per_user()  # the index's own lists: replaced, never changed
+            by_user = index.per_user()  # read only here; the version check above says they are the cycle's
             for g, u in cycle.assigned_users:
                 users = by_user[g]
                 left = [j for j in users[u] if j.id not in assigned]

@@ -114,7 +114,7 @@ class Timeline:
         else:
             i = 0
             start = float(times[0])
-        if start >= before:
+        if start >= before and before < math.inf:
             return None
         if free[i] >= need:  # the common case: room at once, for long enough?
             j = int(times[:k].searchsorted(start + runtime, "left"))  # the stretch: [i, j)

@@ -455,7 +455,12 @@ def _submit(ctx: ServerContext, queue: LaunchQueue, launch: AttemptLaunch, claim
 
     with queue.lock:
         queue.in_flight.add(int(launch.job_id))
-    queue.pool.submit(run)
+    try:
+        queue.pool.submit(run)
+    except RuntimeError:  # the pool shut down (the server stopping): not in flight, claimed again later
+        with queue.lock:
+            queue.in_flight.discard(int(launch.job_id))
+        raise
 
 
 def dispatch_tick(ctx: ServerContext, now: float) -> None:
@@ -472,15 +477,20 @@ def dispatch_tick(ctx: ServerContext, now: float) -> None:
     launch_scheduled(ctx, queue)
 
 
-def launch_scheduled(ctx: ServerContext, queue: LaunchQueue) -> int:
+def launch_scheduled(ctx: ServerContext, queue: LaunchQueue, wait: bool = True) -> int | None:
     """Claim the scheduled jobs not in flight, build their launches and hand them to the pool
-    (one transaction); how many were handed on."""
-    with queue.claiming:
+    (one transaction); how many were handed on. None: another thread is claiming and `wait` is
+    False."""
+    if not queue.claiming.acquire(blocking=wait):
+        return None
+    try:
         claimed_at = time.time()
         with ctx.session_factory() as session:
             launches = prepare_launches(ctx, session, claimed_at, skip=queue.busy_ids())
         for launch in launches:
             _submit(ctx, queue, launch, claimed_at)
+    finally:
+        queue.claiming.release()
     return len(launches)
 
 
@@ -489,7 +499,10 @@ def launch_placed(ctx: ServerContext) -> None:
     instead of waking the dispatch loop, which may be resting after its last tick or recording
     launches (a wait of tens of ms per job under load, on the path from submit to running)."""
     try:
-        launch_scheduled(ctx, launch_queue(ctx))
+        if launch_scheduled(ctx, launch_queue(ctx), wait=False) is None:
+            # the dispatch loop is claiming: the schedule loop does not wait behind its batch (and
+            # a busy database); woken, that loop takes these at its next tick
+            ctx.wake("dispatch")
     except Exception:  # e.g. the database busy: the dispatch loop tries again at its next tick
         log.exception("launching just-placed jobs failed; the dispatch loop will")
         ctx.wake("dispatch")

@@ -368,8 +368,9 @@ class SlurmEngine:
 
     def _squeue(self, users: set[str] | None, *filters: str) -> list[SlurmJob]:
         """squeue of the given accounts (None: all). An account that no longer exists makes
-        squeue print an error and no jobs at all: such accounts are left out of the filter (a
-        lookup per minute at most, no second squeue), and if squeue still refuses one, every user's jobs
+        squeue print an error and no jobs at all: such accounts are left out of the filter (an
+        account found is looked up again after a minute; one not found, at every poll while it
+        has a live attempt; no second squeue), and if squeue still refuses one, every user's jobs
         are asked for instead."""
         users = {u for u in users or () if _account_exists(u)}
         if users:
