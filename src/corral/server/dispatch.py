@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import socket
 import threading
 import time
@@ -497,7 +498,11 @@ def launch_scheduled(ctx: ServerContext, queue: LaunchQueue, wait: bool = True) 
 def launch_placed(ctx: ServerContext) -> None:
     """The schedule loop, right after it committed placements: launch them from its own thread
     instead of waking the dispatch loop, which may be resting after its last tick or recording
-    launches (a wait of tens of ms per job under load, on the path from submit to running)."""
+    launches (a wait of tens of ms per job under load, on the path from submit to running).
+    Only where this process also holds the dispatch lease: that loop records the launches, and
+    another server's would claim them again once their row leases ran out (a second attempt)."""
+    if ctx.memory.lease_until.get("dispatch", math.inf) <= time.time():
+        return  # the dispatch leader (another server) claims them at its next tick
     try:
         if launch_scheduled(ctx, launch_queue(ctx), wait=False) is None:
             # the dispatch loop is claiming: the schedule loop does not wait behind its batch (and

@@ -91,6 +91,8 @@ class LoopRunner:
         self._last_logged: dict[str, float] = {}
         for loop in loops:
             ctx.wake_events.setdefault(loop.name, threading.Event())
+            if loop.singleton:  # not held until its first claim (dispatch.launch_placed reads it)
+                ctx.memory.lease_until[loop.name] = 0.0
 
     def start(self) -> None:
         for loop in self.loops:
@@ -152,6 +154,7 @@ class LoopRunner:
             try:
                 if loop.singleton:
                     held_until = self._holds_lease(loop, held_until, now)
+                    self.ctx.memory.lease_until[loop.name] = held_until
                 if not loop.singleton or held_until > now:
                     wall, cpu = time.perf_counter(), time.thread_time()
                     loop.tick(self.ctx, now)

@@ -263,13 +263,6 @@ class DbPlanSink:
         write_diagnoses(self.ctx, self.session, {k: v for k, v in diagnoses.items() if k not in planned})
 
 
-def timed_launch(ctx: ServerContext) -> float:
-    """Launch the jobs just placed (dispatch.launch_placed); how long that took."""
-    started = time.perf_counter()
-    launch_placed(ctx)
-    return time.perf_counter() - started
-
-
 def schedule_tick(ctx: ServerContext, now: float) -> None:
     with ctx.session_factory() as session:
         waiting = session.scalar(select(Job.id).where(Job.state == JobState.QUEUED.value).limit(1))
@@ -286,18 +279,13 @@ def schedule_tick(ctx: ServerContext, now: float) -> None:
         plan = scheduler.schedule(snapshot, now, random.Random(int(now)))
         done = apply_plan(plan, DbPlanSink(ctx, session, now))
         applied, preempted = done.assigned, done.preempted
-        launch_s = 0.0  # not part of the cycle's own time (record_scheduler_cycle)
-        if applied:  # placed jobs go to the engine now, not at the dispatch loop's next tick
-            launch_s += timed_launch(ctx)
         # An engine with its own queue (Slurm) gets the next jobs while the current ones still
         # run (server/ahead.py); not in a cycle that preempted: those jobs wait for the victims.
         if queues_ahead(ctx) and not preempted and applied < len(snapshot.queued):
-            ahead = place_ahead(ctx, session, now, None if applied else state)
-            if ahead:
-                launch_s += timed_launch(ctx)
-            applied += ahead
-    elapsed = time.perf_counter() - started - launch_s
-    record_scheduler_cycle(elapsed, placements=applied, preemptions=preempted)
+            applied += place_ahead(ctx, session, now, None if applied else state)
+    record_scheduler_cycle(time.perf_counter() - started, placements=applied, preemptions=preempted)
+    if applied:  # both passes' jobs go to the engine now, in one claim, not at the dispatch loop's next tick
+        launch_placed(ctx)
     if preempted:
         ctx.wake("reconcile")
     if applied or preempted:
