@@ -109,8 +109,12 @@ class EngineContract:
         eng.close()
 
     def test_is_an_engine(self, engine: Engine) -> None:
-        assert isinstance(engine, Engine)
+        assert isinstance(engine, Engine)  # its methods and the loops' pacing attributes
         assert engine.nodes(), "an engine reports at least one node"
+        # The server's loops read these plainly (server.runner, server.dispatch, server.ahead).
+        assert 0 < engine.poll_interval_s <= 10
+        assert engine.launch_workers >= 1
+        assert engine.queue_ahead_depth >= 0
 
     def test_launch_and_succeed(self, engine: Engine, node_names: list[str]) -> None:
         attempt = make_attempt(node_names, "echo hello from $RANK")

@@ -14,6 +14,9 @@ from corral.config import Settings
 from corral.db.base import Base
 from corral.db.models import Group, GroupQuota, Job, Membership, User
 from corral.engine.base import (
+    DEFAULT_LAUNCH_WORKERS,
+    DEFAULT_POLL_INTERVAL_S,
+    DEFAULT_QUEUE_AHEAD_DEPTH,
     AttemptLaunch,
     AttemptPhase,
     AttemptStatus,
@@ -29,6 +32,9 @@ from corral.services.lifecycle import JobState
 
 class FakeEngine:
     name = "local"
+    poll_interval_s = DEFAULT_POLL_INTERVAL_S
+    launch_workers = DEFAULT_LAUNCH_WORKERS
+    queue_ahead_depth = DEFAULT_QUEUE_AHEAD_DEPTH
 
     def __init__(self, nodes: Sequence[NodeReport] = ()) -> None:
         self.reports = list(nodes)

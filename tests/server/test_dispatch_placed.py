@@ -9,7 +9,8 @@ from pathlib import Path
 
 from corral.db.models import Job
 from corral.db.session import make_engine
-from corral.server.dispatch import LAUNCH_WORKERS, launch_queue, launch_workers
+from corral.engine.base import DEFAULT_LAUNCH_WORKERS
+from corral.server.dispatch import launch_queue, launch_workers
 from corral.server.nodes import node_tick
 from corral.server.scheduling import schedule_tick
 from corral.services.lifecycle import JobState
@@ -38,8 +39,8 @@ def test_a_placed_job_reaches_the_engine_within_the_schedule_tick(tmp_path: Path
 
 
 def test_the_engine_sets_how_many_launches_run_at_once() -> None:
-    class Wide:
+    class Wide(FakeEngine):
         launch_workers = 12
 
     assert launch_workers(Wide()) == 12
-    assert launch_workers(object()) == LAUNCH_WORKERS  # an engine that does not say
+    assert launch_workers(FakeEngine()) == DEFAULT_LAUNCH_WORKERS  # the local engine's

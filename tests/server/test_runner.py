@@ -70,7 +70,7 @@ def test_the_engine_sets_the_reconcile_pace_and_a_waiting_tick_does_not_rest(tmp
     spent its time waiting (a subprocess, not CPU) is followed at once by the next when woken."""
     from corral.server.runner import RECONCILE_INTERVAL_S, collect_loops
 
-    class Polled:
+    class Polled(FakeEngine):
         poll_interval_s = 0.04
 
     paces = {loop.name: loop.interval_s for loop in collect_loops(Polled())}

@@ -22,6 +22,13 @@ from typing import Protocol, runtime_checkable
 from corral.scheduler.types import GPU, NodeState
 from corral.storage.layout import StorageDir
 
+# What the server's loops ask of an engine that has no reason to differ (the local engine): the
+# reconcile loop polls it every 0.1 s, four launches run at once, and no job is handed to it ahead
+# of a free slot. The Slurm engine sets its own (corral.engine.slurm.engine).
+DEFAULT_POLL_INTERVAL_S = 0.1
+DEFAULT_LAUNCH_WORKERS = 4
+DEFAULT_QUEUE_AHEAD_DEPTH = 0
+
 
 @dataclass(frozen=True, slots=True)
 class NodeReport:
@@ -182,6 +189,17 @@ class EngineUnavailable(RuntimeError):
 @runtime_checkable
 class Engine(Protocol):
     name: str
+    # How the server's loops pace this engine (each engine sets all three; the defaults above):
+    # poll_interval_s: seconds between the reconcile loop's polls (server.runner.collect_loops).
+    # An engine that learns of an ending only by asking (Slurm's squeue) polls often, since
+    # Corral holds a job's resources until then.
+    poll_interval_s: float
+    # launch_workers: how many `launch` calls the server runs at once (server.dispatch), >= 1;
+    # more where a launch is mostly waiting on a round trip (sbatch to slurmctld).
+    launch_workers: int
+    # queue_ahead_depth: how many node-fulls of jobs the server may hand to the engine's own
+    # queue ahead of a free slot (server.ahead); 0: the engine has no such queue.
+    queue_ahead_depth: int
 
     def nodes(self) -> Sequence[NodeReport]: ...
 

@@ -54,7 +54,7 @@ log = logging.getLogger("corral.server.ahead")
 def queue_depth(ctx: ServerContext) -> int:
     """How many node-fulls of jobs the engine's own queue may hold behind its running jobs (0:
     the engine has no queue Corral may hand jobs to ahead of a free slot)."""
-    return int(getattr(ctx.engine, "queue_ahead_depth", 0) or 0)
+    return ctx.engine.queue_ahead_depth
 
 
 def queues_ahead(ctx: ServerContext) -> bool:

@@ -32,6 +32,7 @@ from corral.diagnosis.record import failing_node, record, retry_rule
 from corral.domain import InstancePlacement
 from corral.engine.base import (
     AttemptLaunch,
+    Engine,
     EngineUnavailable,
     FailureReason,
     InstanceLaunch,
@@ -417,10 +418,10 @@ class LaunchQueue:
             return set(self.in_flight)
 
 
-def launch_workers(engine: object) -> int:
-    """How many launches run at once: LAUNCH_WORKERS, or the engine's own `launch_workers` (the
-    Slurm engine's launch is mostly waiting for sbatch's round trip to slurmctld)."""
-    return max(1, int(getattr(engine, "launch_workers", LAUNCH_WORKERS) or LAUNCH_WORKERS))
+def launch_workers(engine: Engine) -> int:
+    """How many launches run at once: the engine's own `launch_workers` (the Slurm engine's
+    launch is mostly waiting for sbatch's round trip to slurmctld)."""
+    return max(1, engine.launch_workers)
 
 
 _QUEUE_MADE = threading.Lock()  # the dispatch and schedule loops may both ask for it first

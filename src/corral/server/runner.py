@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from corral.engine.base import Engine
 from corral.server.context import BackgroundLoop, ServerContext
 from corral.server.leases import LOOP_LEASE_TTL_S, claim_lease, release_lease
 
@@ -49,10 +50,10 @@ def core_loops(reconcile_interval_s: float = RECONCILE_INTERVAL_S) -> list[Backg
     ]
 
 
-def collect_loops(engine: object | None = None) -> list[BackgroundLoop]:
+def collect_loops(engine: Engine | None = None) -> list[BackgroundLoop]:
     """`engine`: an engine may set the reconcile loop's pace (`poll_interval_s`): the Slurm engine
     learns that a job ended only by asking squeue, and until then Corral holds its resources."""
-    loops = core_loops(getattr(engine, "poll_interval_s", RECONCILE_INTERVAL_S))
+    loops = core_loops(engine.poll_interval_s if engine is not None else RECONCILE_INTERVAL_S)
     for module_name in EXTRA_LOOP_MODULES:
         try:
             module = importlib.import_module(module_name)

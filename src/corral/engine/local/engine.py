@@ -26,6 +26,9 @@ import psutil
 import corral
 from corral.config import Settings
 from corral.engine.base import (
+    DEFAULT_LAUNCH_WORKERS,
+    DEFAULT_POLL_INTERVAL_S,
+    DEFAULT_QUEUE_AHEAD_DEPTH,
     AttemptLaunch,
     AttemptPhase,
     AttemptStatus,
@@ -144,6 +147,9 @@ class IsolationCapabilities:
 
 class LocalEngine:
     name = "local"
+    poll_interval_s = DEFAULT_POLL_INTERVAL_S
+    launch_workers = DEFAULT_LAUNCH_WORKERS
+    queue_ahead_depth = DEFAULT_QUEUE_AHEAD_DEPTH
 
     def __init__(
         self,
