@@ -6,15 +6,19 @@ from __future__ import annotations
 import time
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 
 from corral.db.models import GpuClaim, Job, JobEvent
+from corral.db.workspace_models import Workspace
 from corral.monitor.config import IdleGpuRule
 from corral.monitor.idle import enforce_idle_policy, job_policy
+from corral.monitor.loops import idle_tick
 from corral.monitor.models import Alert, AlertNotification, GpuReading, IdleGpuWatch
+from corral.server.context import ServerContext
 from corral.services.lifecycle import JobState, transition
 from corral.spec import JobSpecV1, ValidationError
 from tests.monitor.conftest import Mon
+from tests.server.fakes import FakeEngine
 
 
 def running_jobs(mon: Mon) -> list[int]:
@@ -156,3 +160,61 @@ def test_alert_resolves_when_the_job_ends_or_its_watch_is_dropped(mon: Mon) -> N
     assert run(mon, now + 110, None) == []  # resolved once: nothing more queued
     with mon.factory() as db:
         assert len(list(db.scalars(select(AlertNotification)))) == 4  # 2 firing + 2 resolved, channel "ops"
+
+
+def make_workspace(mon: Mon, job_id: int) -> None:
+    with mon.factory() as db:
+        job = db.get(Job, job_id)
+        assert job is not None
+        db.add(
+            Workspace(
+                name="nb", user_id=job.user_id, group_id=job.group_id, gpus=job.spec.total_gpus,
+                gpu_model=None, cpus=1.0, memory_mib=1024, environment="default", idle_timeout_s=None,
+                current_job_id=job_id, jupyter_token="t", created_at=0.0, updated_at=0.0,
+            )
+        )  # fmt: skip
+        db.commit()
+
+
+def test_an_unsampled_gpu_workspace_is_judged_by_its_use_and_an_unsampled_batch_job_left_alone(
+    mon: Mon,
+) -> None:
+    """GPUs nobody samples (a Slurm node's: no reading at all): a workspace holding them is
+    stopped when nobody uses it (JupyterLab, SSH), a batch job holding them never is."""
+    workspace, batch = running_jobs(mon)
+    with mon.factory() as db:
+        for claim in db.scalars(select(GpuClaim).where(GpuClaim.job_id.in_([workspace, batch]))):
+            db.execute(
+                delete(GpuReading).where(
+                    GpuReading.node == claim.node, GpuReading.gpu_index == claim.gpu_index
+                )
+            )
+        db.commit()
+    policy = {"below_percent": 10, "for": "30m", "grace": "10m", "action": "stop"}
+    with mon.factory() as db:
+        for job_id in (workspace, batch):
+            job = db.get(Job, job_id)
+            assert job is not None
+            job.spec = JobSpecV1.model_validate(
+                {"name": "j", "command": "true", "resources": {"gpus": 2}, "idle_gpu": policy}
+            )
+        db.commit()
+    make_workspace(mon, workspace)
+    ctx = ServerContext(settings=mon.settings, session_factory=mon.factory, engine=FakeEngine(), owner_id="t")
+    ssh_open = {workspace: 1}
+    ctx.memory.ssh_sessions = lambda: dict(ssh_open)
+    now = time.time()
+    for minute in (0, 31, 62, 93):  # an SSH session open all along: in use at every pass
+        idle_tick(ctx, now + minute * 60)
+    ssh_open[workspace] = 0  # closed (and JupyterLab, not reachable here, gives no evidence)
+    idle_tick(ctx, now + 100 * 60)  # idle since
+    idle_tick(ctx, now + 131 * 60)
+    assert idle_events(mon, workspace) == [
+        "GPUs idle: mean utilization 0.0% < 10% for 1860 s; it will be stopped in 600 s"
+    ]
+    idle_tick(ctx, now + 142 * 60)
+    with mon.factory() as db:
+        assert db.get(Job, workspace).cancel_requested  # type: ignore[union-attr]
+        assert not db.get(Job, batch).cancel_requested  # type: ignore[union-attr]
+        assert [w.job_id for w in db.scalars(select(IdleGpuWatch))] == [workspace]
+    assert idle_events(mon, batch) == []

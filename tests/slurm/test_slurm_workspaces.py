@@ -109,8 +109,8 @@ def world(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory)
             "CORRAL_SLURM_GPU_DEVICE": slurm_cluster.gpu_device,
             "CORRAL_SSH_GATEWAY_PORT": str(ssh_port),
             "CORRAL_WORKSPACE_VENV": str(workspace_venv(shared)),
-            # the idle test's short timeout takes effect within seconds; its workspace has no GPU
-            # (Corral samples no GPU on a Slurm node: a GPU workspace there has no idle evidence)
+            # the idle test's short timeout takes effect within seconds (a workspace with no GPU
+            # and one with Slurm's GPU, which nobody samples: their use alone counts)
             "CORRAL_CPU_JOBS_ON_GPU_NODES": "true",
             "CORRAL_MONITOR_IDLE_INTERVAL_S": "0.5",
             "CORRAL_MONITOR_SAMPLE_INTERVAL_S": "1",
@@ -274,12 +274,14 @@ def test_workspace_on_slurm_through_the_proxy_and_the_gateway(
     assert refused.returncode == 1 and "workspace 'nb' is stopped" in refused.stderr, refused.stderr
 
 
-def test_idle_workspace_on_slurm_is_stopped(world: World) -> None:
-    """The idle policy stops a Slurm workspace nobody uses (no GPU, no kernel, no terminal), as on
-    the local engine; its Slurm job ends (the main test shows the activity reader reaching a
-    Slurm JupyterLab)."""
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_idle_workspace_on_slurm_is_stopped(world: World, gpus: int) -> None:
+    """The idle policy stops a Slurm workspace nobody uses (no kernel, no terminal, no SSH), as on
+    the local engine, with or without a GPU: nobody samples a Slurm node's GPU, so its use alone
+    counts; its Slurm job ends (the main test shows the activity reader reaching a Slurm
+    JupyterLab)."""
     with world.client("alice") as alice:
-        body = {"name": "idle", "gpus": 0, "cpus": 1, "memory": "1GiB", "idle_timeout": "2s"}
+        body = {"name": "idle", "gpus": gpus, "cpus": 1, "memory": "1GiB", "idle_timeout": "2s"}
         r = alice.post(f"{API}/workspaces", json=body)
         assert r.status_code == 201, r.text
         job_id = r.json()["job_id"]
@@ -287,7 +289,9 @@ def test_idle_workspace_on_slurm_is_stopped(world: World) -> None:
         wait_for(cancelled, 60, interval_s=0.3, what="the idle stop")
         events = alice.get(f"{API}/jobs/{job_id}/events").json()
         assert any(e["kind"] == "idle_gpu" and "stopped" in e["message"] for e in events), events
-        assert alice.get(f"{API}/workspaces/idle").json()["state"] == "stopped"
+        ws = alice.get(f"{API}/workspaces/idle").json()
+        assert ws["state"] == "stopped"
+        assert (ws["reclaimed_gpu_hours"] > 0) == bool(gpus), ws  # it held Slurm's GPU idle
         assert alice.delete(f"{API}/workspaces/idle").status_code == 204
 
 

@@ -14,11 +14,14 @@ Utilization recovering clears the watch and resolves the alert; so does the job 
 for any reason (it ended or was requeued, released its GPUs, or no policy applies any more).
 
 Workspaces (corral.services.workspaces) use the same mechanism: their job carries an `idle_gpu`
-policy built from the workspace's idle timeout (action `stop`), and it is watched even without
-GPUs (its utilization then counts as 0). JupyterLab activity is evidence too: `activity` gives
-each workspace job's last kernel or terminal activity (corral.workspaces.activity); activity
-after the watch began restarts it, as a GPU busy again does. An idle stop of a workspace adds
-the GPU-hours it had held idle to the workspace (`corral_workspace_gpu_hours_reclaimed_total`).
+policy built from the workspace's idle timeout (action `stop`), and it is watched even when no
+reading of its GPUs exists (none held, or a Slurm node's, which nobody samples): its utilization
+then counts as 0 and only its own use counts. That use is evidence beside GPU readings: `activity`
+gives each workspace job's last JupyterLab kernel or terminal activity (corral.workspaces.activity)
+or an open SSH session into it (now); use after the watch began restarts it, as a GPU busy again
+does. A batch job without readings is never acted on (no evidence either way). An idle stop of
+a workspace adds the GPU-hours it had held idle to the workspace
+(`corral_workspace_gpu_hours_reclaimed_total`).
 """
 
 from __future__ import annotations
@@ -56,18 +59,22 @@ def job_policy(spec: JobSpecV1 | None, admin_rule: IdleGpuRule | None) -> IdleGp
         return admin_rule
 
 
-def mean_utilization(session: Session, now: float) -> dict[int, float]:
-    """Mean utilization of each job's GPUs, from fresh readings of present GPUs."""
+def mean_utilization(session: Session, now: float) -> tuple[dict[int, float], set[int]]:
+    """Mean utilization of each job's GPUs, from fresh readings of present GPUs; and the jobs
+    with any reading of their GPUs at all, stale or absent ones included (a job outside it holds
+    GPUs nobody samples, a Slurm node's, or none)."""
     values: dict[int, list[float]] = defaultdict(list)
+    sampled: set[int] = set()
     rows = session.execute(
         select(
             GpuClaim.job_id, GpuReading.utilization_percent, GpuReading.sampled_at, GpuReading.present
         ).join(GpuReading, (GpuReading.node == GpuClaim.node) & (GpuReading.gpu_index == GpuClaim.gpu_index))
     )
     for job_id, util, sampled_at, present in rows:
+        sampled.add(job_id)
         if present and now - sampled_at <= STALE_READING_S:
             values[job_id].append(util)
-    return {job_id: sum(v) / len(v) for job_id, v in values.items() if v}
+    return {job_id: sum(v) / len(v) for job_id, v in values.items() if v}, sampled
 
 
 Activity = Callable[[Sequence[int]], Mapping[int, float]]
@@ -81,8 +88,8 @@ def enforce_idle_policy(
     activity: Activity | None = None,
 ) -> list[tuple[int, str]]:
     """One pass; returns (job_id, what happened) for warnings and actions taken. `activity`:
-    {workspace job id: unix time of its last JupyterLab activity} for the ids it is given."""
-    utilization = mean_utilization(session, now)
+    {workspace job id: unix time of its last use (JupyterLab, SSH)} for the ids it is given."""
+    utilization, sampled = mean_utilization(session, now)
     watches = {w.job_id: w for w in session.scalars(select(IdleGpuWatch))}
     holders = select(GpuClaim.job_id).distinct()
     workspace_jobs = workspaces.workspace_job_ids(session)
@@ -103,10 +110,11 @@ def enforce_idle_policy(
             continue  # no policy (any more): its watch and alert are dropped below
         watched.add(job.id)
         util = utilization.get(job.id)
-        if util is None and job.id in workspace_jobs and job.spec.total_gpus == 0:
-            util = 0.0  # a workspace without GPUs: only its JupyterLab activity counts
+        if util is None and job.id in workspace_jobs and job.id not in sampled:
+            # a workspace whose GPUs nobody samples (none, or a Slurm node's): its use alone counts
+            util = 0.0
         if util is None:
-            continue  # no fresh readings: no evidence either way, the watch stays as it is
+            continue  # no fresh readings (or a batch job unsampled): no evidence, the watch stays
         watch = watches.get(job.id)
         if watch is None:
             watch = watches[job.id] = IdleGpuWatch(job_id=job.id)

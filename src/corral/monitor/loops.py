@@ -84,13 +84,22 @@ def delivery_tick(ctx: ServerContext, now: float) -> None:
     deliver_due(ctx.session_factory, monitor_config(ctx), now)
 
 
+def workspace_use(ctx: ServerContext, job_ids: Sequence[int], now: float) -> Mapping[int, float]:
+    """{workspace job id: when last used}: now for one with an SSH session open through this
+    server's gateway, else its JupyterLab's last activity (asked only of the others)."""
+    sessions = ctx.memory.ssh_sessions() if ctx.memory.ssh_sessions is not None else {}
+    in_use = {job_id: now for job_id in job_ids if sessions.get(job_id, 0) > 0}
+    rest = [job_id for job_id in job_ids if job_id not in in_use]
+    return {**last_activity(ctx.session_factory, ctx.engine, rest, now), **in_use} if rest else in_use
+
+
 def idle_tick(ctx: ServerContext, now: float) -> None:
-    def jupyter_activity(job_ids: Sequence[int]) -> Mapping[int, float]:  # workspaces' use
-        return last_activity(ctx.session_factory, ctx.engine, job_ids, now)
+    def activity(job_ids: Sequence[int]) -> Mapping[int, float]:
+        return workspace_use(ctx, job_ids, now)
 
     with ctx.session_factory() as session:
         rule = monitor_config(ctx).idle_gpu
-        done = enforce_idle_policy(session, now, rule, channel_names(ctx), jupyter_activity)
+        done = enforce_idle_policy(session, now, rule, channel_names(ctx), activity)
     for job_id, what in done:
         log.info("idle GPU policy: job %s %s", job_id, what)
     if done:

@@ -218,7 +218,8 @@ def serve(settings: Settings, demo: bool = False) -> None:
     # The API's services tell the loops what they committed (a submit wakes the scheduler).
     app = create_app(settings, engine=engine, db_engine=db_engine, notifier=ctx)
     app.state.server_context = ctx
-    app.state.ssh_gateway = gateway  # None when off; idle reclamation reads sessions_by_job()
+    app.state.ssh_gateway = gateway  # None when off
+    ctx.memory.ssh_sessions = gateway.sessions_by_job if gateway is not None else None  # idle use
     runner = LoopRunner(ctx, collect_loops(engine))
     app.state.loop_health = lambda: runner.health(settings.ready_loop_stall_s)  # for /readyz
     config = uvicorn.Config(
