@@ -198,3 +198,25 @@ def test_a_node_whose_heartbeat_stops_is_down_within_ten_seconds(server: CorralS
         assert time.time() - beat < 10.0
         assert "heartbeat" in down["message"]
         assert next(n for n in c.get("/api/v1/nodes").json() if n["name"] != "ghost")["state"] == "ready"
+
+
+def test_the_engine_launch_time_is_in_metrics(server: CorralServer) -> None:
+    """Every launch the dispatch hands the engine is timed: a histogram per engine in /metrics."""
+
+    def launches(c: httpx.Client) -> tuple[float, float]:
+        values = {
+            name: float(value)
+            for line in c.get("/metrics").text.splitlines()
+            if line.startswith("corral_engine_launch_duration_seconds_")
+            for name, value in [line.split(" ", 1)]
+        }
+        count = values.get('corral_engine_launch_duration_seconds_count{engine="local"}', 0.0)
+        return count, values.get('corral_engine_launch_duration_seconds_sum{engine="local"}', 0.0)
+
+    with server.client() as c:
+        count, total = launches(c)
+        job_id = submit(c, "true", gpus=0)
+        assert wait_state(c, job_id, TERMINAL)["state"] == "succeeded"
+        after_count, after_total = launches(c)
+    assert after_count == count + 1, (count, after_count)  # this job's one launch, nothing else ran
+    assert 0 < after_total - total < 30, (total, after_total)

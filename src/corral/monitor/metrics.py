@@ -1,7 +1,8 @@
 """Process-level metrics other parts of Corral report into, in Corral's own registry.
 
 The control loops report the scheduler through `record_scheduler_cycle(seconds, placements)` (or
-the objects directly: `SCHEDULER_CYCLE_SECONDS.observe(s)`, `PLACEMENTS_TOTAL.inc(n)`); the API
+the objects directly: `SCHEDULER_CYCLE_SECONDS.observe(s)`, `PLACEMENTS_TOTAL.inc(n)`) and each
+engine launch's time (`ENGINE_LAUNCH_SECONDS`, server.dispatch); the API
 middleware (corral.monitor.middleware) reports requests. Everything derived from the database
 (nodes, GPUs, jobs, queues, quotas) is rendered by corral.monitor.collector at scrape time instead.
 """
@@ -33,6 +34,15 @@ PREEMPTIONS_TOTAL = Counter(
 SCHEDULER_LAST_CYCLE = Gauge(
     "corral_scheduler_last_cycle_timestamp_seconds",
     "Unix time the last scheduling cycle of this process finished (0: none yet).",
+    registry=REGISTRY,
+)
+
+ENGINE_LAUNCH_SECONDS = Histogram(
+    "corral_engine_launch_duration_seconds",
+    "Wall time of one engine launch call (one attempt handed to the engine: the local engine "
+    "starting its processes, Slurm's sbatch), by engine; refused and failed calls included.",
+    ["engine"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
     registry=REGISTRY,
 )
 

@@ -39,6 +39,7 @@ from corral.engine.base import (
     MountSpec,
     SecretGrant,
 )
+from corral.monitor.metrics import ENGINE_LAUNCH_SECONDS
 from corral.scheduler.types import GPU
 from corral.server.context import ServerContext
 from corral.server.finish import AttemptChangedMeanwhile, end_attempt
@@ -362,6 +363,7 @@ def _launch(ctx: ServerContext, launch: AttemptLaunch, claimed_at: float) -> Lau
     if not ours:
         log.info("job %s is no longer ours to launch (lease lost, settled or cancelled)", launch.job_id)
         return None
+    started = time.perf_counter()
     try:
         return int(launch.job_id), launch.attempt_id, ctx.engine.launch(launch), None
     except EngineUnavailable as exc:
@@ -370,6 +372,8 @@ def _launch(ctx: ServerContext, launch: AttemptLaunch, claimed_at: float) -> Lau
     except Exception as exc:  # the engine refused: the attempt fails with its message
         log.exception("launch of job %s failed", launch.job_id)
         return int(launch.job_id), launch.attempt_id, None, f"{type(exc).__name__}: {exc}"
+    finally:
+        ENGINE_LAUNCH_SECONDS.labels(engine=ctx.engine.name).observe(time.perf_counter() - started)
 
 
 def _record_all(ctx: ServerContext, session: Session, results: list[Launched]) -> None:
