@@ -69,6 +69,20 @@ def test_bad_inputs_give_clear_errors(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "--cluster are required" in res.output
 
 
+def test_options_of_the_other_mode_are_refused_by_name(tmp_path: Path) -> None:
+    """A trace's replay and --from-cluster each refuse the other's options, before any work."""
+    cases = [
+        (["--from-cluster", "--trace", "t.csv"], "leave out --trace and --cluster"),
+        (["--from-cluster", "--jobs-out", "j.csv"], "--jobs-out do not go with --from-cluster"),
+        (["--from-cluster", "--private-baseline"], "--jobs-out do not go with --from-cluster"),
+        (["--trace", "t.csv", "--cluster", "c.yaml", "--quota", "g=1"], "go with --from-cluster"),
+        (["--trace", "t.csv", "--cluster", "c.yaml", "--save-trace", "x.csv"], "go with --from-cluster"),
+    ]
+    for args, error in cases:
+        res = CliRunner().invoke(app, ["sim", *args])
+        assert res.exit_code == 2 and error in res.output, (args, res.output)
+
+
 def test_shipped_trace_and_cluster_by_name() -> None:
     res = CliRunner().invoke(
         app, ["sim", "--trace", "philly", "--cluster", "philly", "--max-jobs", "300", "-o", "json"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -28,6 +28,76 @@ ORACLE_HELP = (
     "give every policy the trace's true durations as runtime estimates (a bound, not a real "
     "scheduler; default: estimates from history and user limits). NAME-oracle does it for one policy"
 )
+
+# `sim`'s options that take more than a line, declared apart to keep its signature short: first
+# those of a trace's replay, then those of --from-cluster (corral.cli.sim_live).
+PolicyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--policy",
+        "-p",
+        help="default, fifo, fifo-backfill, sjf, las; NAME-oracle: with true durations "
+        "(default: default; with --from-cluster: the cluster's own)",
+    ),
+]
+PlacementOption = Annotated[
+    str | None, typer.Option("--placement", help="bestfit, spread or random (default: the policy's)")
+]
+CheckpointIntervalOption = Annotated[
+    float, typer.Option("--checkpoint-interval", help="seconds between checkpoints; 0 = none")
+]
+CycleIntervalOption = Annotated[
+    float, typer.Option("--cycle-interval", help="seconds between cycles; 0 = every event")
+]
+CheckpointOnPreemptOption = Annotated[
+    bool,
+    typer.Option("--checkpoint-on-preempt", help="a preempted job saves its work within its stop grace"),
+]
+PrivateBaselineOption = Annotated[
+    bool, typer.Option("--private-baseline", help="also replay each group on a private cluster")
+]
+JobsOutOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--jobs-out", help="CSV of every job event: time, job, submit/start/preempt/stop/finish/reject"
+    ),
+]
+KnobOption = Annotated[
+    list[str],
+    typer.Option("--knob", help="NAME=VALUE: a policy knob (backfill_depth, las_thresholds=3600,36000, ...)"),
+]
+FromClusterOption = Annotated[
+    bool,
+    typer.Option(
+        "--from-cluster",
+        help="admins: replay the platform's own job history under the current settings and under "
+        "--policy / --quota changes; per-group queueing before and after",
+    ),
+]
+SinceOption = Annotated[
+    str, typer.Option("--since", help="--from-cluster: jobs submitted since (30d, 12h, ISO time)")
+]
+AnonymiseOption = Annotated[
+    bool, typer.Option("--anonymise", help="--from-cluster: users, groups and job names as pseudonyms")
+]
+UnfinishedOption = Annotated[
+    bool,
+    typer.Option("--unfinished", help="--from-cluster: also jobs still running or waiting (censored)"),
+]
+QuotaOption = Annotated[
+    list[str],
+    typer.Option(
+        "--quota",
+        help="--from-cluster: GROUP=GUARANTEED[:MAX] or GROUP@MODEL=GUARANTEED[:MAX] "
+        "(repeatable; MAX none = no limit)",
+    ),
+]
+SaveTraceOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--save-trace", help="--from-cluster: only write the trace CSV here (and FILE.cluster.yaml)"
+    ),
+]
 
 
 def _config(
@@ -121,66 +191,28 @@ def sim(
     ctx: typer.Context,
     trace: str = typer.Option(None, "--trace", "-t", help=TRACE_HELP),
     cluster: str = typer.Option(None, "--cluster", "-c", help=CLUSTER_HELP),
-    policy: str = typer.Option(
-        None,
-        "--policy",
-        "-p",
-        help="default, fifo, fifo-backfill, sjf, las; NAME-oracle: with true durations "
-        "(default: default; with --from-cluster: the cluster's own)",
-    ),
-    placement: str = typer.Option(
-        None, "--placement", help="bestfit, spread or random (default: the policy's)"
-    ),
-    checkpoint_interval: float = typer.Option(
-        1800.0, "--checkpoint-interval", help="seconds between checkpoints; 0 = none"
-    ),
-    cycle_interval: float = typer.Option(
-        0.0, "--cycle-interval", help="seconds between cycles; 0 = every event"
-    ),
-    checkpoint_on_preempt: bool = typer.Option(
-        False, "--checkpoint-on-preempt", help="a preempted job saves its work within its stop grace"
-    ),
+    policy: PolicyOption = None,
+    placement: PlacementOption = None,
+    checkpoint_interval: CheckpointIntervalOption = 1800.0,
+    cycle_interval: CycleIntervalOption = 0.0,
+    checkpoint_on_preempt: CheckpointOnPreemptOption = False,
     oracle: bool = typer.Option(False, "--oracle-runtime/--no-oracle-runtime", help=ORACLE_HELP),
     node_mtbf_h: float = typer.Option(None, "--node-mtbf-h", help="mean hours between failures of a node"),
     node_repair_h: float = typer.Option(1.0, "--node-repair-h", help="hours a failed node stays down"),
     seed: int = typer.Option(0, "--seed"),
-    private: bool = typer.Option(
-        False, "--private-baseline", help="also replay each group on a private cluster"
-    ),
+    private: PrivateBaselineOption = False,
     max_jobs: int = typer.Option(None, "--max-jobs", min=1, help="replay only the first N jobs"),
     speedup: float = typer.Option(1.0, "--arrival-speedup", help="divide submit times by this (more load)"),
     out: Path = typer.Option(None, "--out", help="directory for summary.json and plots"),
-    jobs_out: Path = typer.Option(
-        None, "--jobs-out", help="CSV of every job event: time, job, submit/start/preempt/stop/finish/reject"
-    ),
-    knob: list[str] = typer.Option(
-        [], "--knob", help="NAME=VALUE: a policy knob (backfill_depth, las_thresholds=3600,36000, ...)"
-    ),
+    jobs_out: JobsOutOption = None,
+    knob: KnobOption = [],  # noqa: B006 (typer copies it; never mutated)
     output: str = typer.Option("table", "--output", "-o", help="table or json"),
-    from_cluster: bool = typer.Option(
-        False,
-        "--from-cluster",
-        help="admins: replay the platform's own job history under the current settings and under "
-        "--policy / --quota changes; per-group queueing before and after",
-    ),
-    since: str = typer.Option(
-        "30d", "--since", help="--from-cluster: jobs submitted since (30d, 12h, ISO time)"
-    ),
-    anonymise: bool = typer.Option(
-        False, "--anonymise", help="--from-cluster: users, groups and job names as pseudonyms"
-    ),
-    unfinished: bool = typer.Option(
-        False, "--unfinished", help="--from-cluster: also jobs still running or waiting (censored)"
-    ),
-    quota: list[str] = typer.Option(
-        [],
-        "--quota",
-        help="--from-cluster: GROUP=GUARANTEED[:MAX] or GROUP@MODEL=GUARANTEED[:MAX] "
-        "(repeatable; MAX none = no limit)",
-    ),
-    save_trace: Path = typer.Option(
-        None, "--save-trace", help="--from-cluster: only write the trace CSV here (and FILE.cluster.yaml)"
-    ),
+    from_cluster: FromClusterOption = False,
+    since: SinceOption = "30d",
+    anonymise: AnonymiseOption = False,
+    unfinished: UnfinishedOption = False,
+    quota: QuotaOption = [],  # noqa: B006 (typer copies it; never mutated)
+    save_trace: SaveTraceOption = None,
 ) -> None:
     """Replay TRACE on CLUSTER with POLICY and print the figures; or, with --from-cluster, the
     live platform's own history under its current settings and under changed ones."""
@@ -198,27 +230,34 @@ def sim(
         checkpoint_on_preempt=checkpoint_on_preempt,
         record_events=jobs_out is not None,
     )
+    replay_only = bool(private or max_jobs or speedup != 1.0 or jobs_out)
+    live_only = bool(quota or save_trace or unfinished or anonymise)
+    _check_mode(from_cluster, bool(trace or cluster), replay_only, live_only)
     if from_cluster:
         from corral.cli.sim_live import LiveRequest
 
-        if trace or cluster:
-            _fail("--from-cluster replays the platform's own jobs and nodes: leave out --trace and --cluster")
-        if private or max_jobs or speedup != 1.0 or jobs_out:
-            _fail(
-                "--private-baseline, --max-jobs, --arrival-speedup and --jobs-out "
-                "do not go with --from-cluster"
-            )
         request = LiveRequest(since, anonymise, unfinished, policy, placement, quota, save_trace, out, output)
         _replay_cluster(request, config, knob)
         return
-    if quota or save_trace or unfinished or anonymise:
-        _fail("--quota, --save-trace, --unfinished and --anonymise go with --from-cluster")
     if not trace or not cluster:
         _fail("--trace and --cluster are required (see corral sim --help)")
     policy = policy or "default"
     spec = f"{policy}:{placement}" if placement else policy
     result, summary = _replay_trace(trace, cluster, spec, config, knob, max_jobs, speedup, private)
     _write_results(result, summary, jobs_out, out, output)
+
+
+def _check_mode(from_cluster: bool, trace_given: bool, replay_only: bool, live_only: bool) -> None:
+    """Refuse the options of the other mode: `--from-cluster` replays the platform's own jobs and
+    nodes; without it, a trace on a cluster."""
+    if from_cluster and trace_given:
+        _fail("--from-cluster replays the platform's own jobs and nodes: leave out --trace and --cluster")
+    if from_cluster and replay_only:
+        _fail(
+            "--private-baseline, --max-jobs, --arrival-speedup and --jobs-out do not go with --from-cluster"
+        )
+    if not from_cluster and live_only:
+        _fail("--quota, --save-trace, --unfinished and --anonymise go with --from-cluster")
 
 
 def _replay_cluster(request: LiveRequest, config: Any, knob: list[str]) -> None:
