@@ -16,7 +16,9 @@ jobs/s = jobs / (first submit -> last end); Slurm ends are first-seen by one `sq
 --slurm-no-ahead adds the Corral-on-Slurm columns again with CORRAL_SLURM_QUEUE_AHEAD=0 (no job handed
 to Slurm before its slot is free: server/ahead.py); --slurm-only skips the local columns. The Slurm
 column also splits Corral's submit -> running into phases from the job's own transition events
-(submit -> scheduled -> sbatch returned -> the command ran).
+(submit -> scheduled -> sbatch returned -> the command ran), and both Slurm columns split theirs at
+slurmctld's taking and allocating each job, read from its log (submit_to_slurmctld, slurmctld_queue,
+allocated_to_command).
 
 Saturation (local engine): --saturate N adds the sandboxed, unsandboxed and subprocess columns again
 with N jobs submitted at once (sat_, sat_unsandboxed_, sat_baseline_); --ramp offers each of the
@@ -47,6 +49,7 @@ import atexit
 import functools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -58,6 +61,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -93,6 +97,9 @@ class Result:
     # launcher, supervisors, sandboxes, jobs and this bench's own submitting), when measurable
     server_cpu_ms_per_job: float | None = None
     all_cpu_ms_per_job: float | None = None
+    # Slurm columns: (Slurm job name, submit, the command's own time) of each job, for the split
+    # of Slurm's own part read from slurmctld's log (add_slurm_side)
+    slurm_jobs: list[tuple[str, float, float]] = field(default_factory=list)
 
     def finish(self, first: float, ends: list[float]) -> Result:
         self.jobs_per_s = len(self.latencies_s) / max(1e-9, max(ends, default=first) - first)
@@ -269,6 +276,7 @@ def measure_jobs(
             name = f"corral-{job['id']}.{attempt['number']}"  # ids restart with each server
             ends.append(wait_ended(watcher, name, args.timeout, since=submitted[0][1]))
             add_phases(res.phases, job, t0, ran)
+            res.slurm_jobs.append((name, t0, ran))
         else:
             res.start_cost_s.append(ran - attempt["started_at"])
             res.to_engine_s.append(attempt["started_at"] - t0)
@@ -295,6 +303,50 @@ SLURM_PHASES = (
     "command_to_corral_sees_running",
     "command_to_corral_sees_end",
 )
+# Both Slurm columns (plain sbatch too), from slurmctld's log: submit -> slurmctld has the job (for
+# Corral: its own steps and the sbatch call), -> slurmctld allocated it (the wait in Slurm's queue:
+# Slurm 22.05 starts batch jobs only at its scheduler's ~1 s ticks and when a job's end frees
+# resources), -> the command ran (slurmd, the job's scripts, the sandbox).
+SLURM_SIDE_PHASES = ("submit_to_slurmctld", "slurmctld_queue", "allocated_to_command")
+SLURMCTLD_EVENT = re.compile(
+    r"^\[(?P<at>[0-9T:.-]+)\] (?P<what>_slurm_rpc_submit_batch_job:|sched: Allocate|backfill: Started)"
+    r" JobId=(?P<id>\d+)"
+)
+
+
+def slurmctld_times(log: Path) -> tuple[dict[int, float], dict[int, float]]:
+    """({Slurm job id: when slurmctld took it}, {id: when it allocated it}) from slurmctld's log
+    (local time, ms; SlurmctldDebug=info logs both)."""
+    submitted: dict[int, float] = {}
+    allocated: dict[int, float] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        m = SLURMCTLD_EVENT.match(line)
+        if m is None:
+            continue
+        at = datetime.strptime(m["at"], "%Y-%m-%dT%H:%M:%S.%f").timestamp()
+        into = submitted if m["what"].startswith("_slurm_rpc") else allocated
+        into.setdefault(int(m["id"]), at)
+    return submitted, allocated
+
+
+def add_slurm_side(
+    results: Mapping[str, Result], ended: Mapping[str, Mapping[int, float]], log: Path
+) -> None:
+    """Split each Slurm column's submit -> running at slurmctld's taking and allocating the job
+    (SLURM_SIDE_PHASES); a job whose id or log lines are missing is left out of the split."""
+    submitted, allocated = slurmctld_times(log)
+    for res in results.values():
+        for name, t0, ran in res.slurm_jobs:
+            ids = [i for i, seen in ended.get(name, {}).items() if seen >= t0 and i in allocated]
+            if not ids or min(ids) not in submitted:
+                continue
+            job = min(ids)
+            for phase, value in zip(
+                SLURM_SIDE_PHASES,
+                (submitted[job] - t0, allocated[job] - submitted[job], ran - allocated[job]),
+                strict=True,
+            ):
+                res.phases.setdefault(phase, []).append(value)
 
 
 def add_phases(phases: dict[str, list[float]], job: Mapping[str, Any], t0: float, ran: float) -> None:
@@ -514,6 +566,7 @@ def run_sbatch(
             res.failed += 1
         else:
             res.latencies_s.append(ran - t0)
+            res.slurm_jobs.append((name, t0, ran))
     return res.finish(min(t0 for _, t0 in submitted), ends)
 
 
@@ -555,6 +608,7 @@ def run_slurm(args: argparse.Namespace) -> dict[str, Result]:
                 out["slurm_burst"] = run_corral("slurm", burst, corral_env(), ended)
                 if args.slurm_no_ahead:
                     out["slurm_burst_noahead"] = run_corral("slurm", burst, corral_env(NO_AHEAD), ended)
+            add_slurm_side(out, ended, cluster.base / "log" / "slurmctld.log")
     return out
 
 
@@ -653,6 +707,10 @@ def print_table(out: Mapping[str, Any], prefixes: list[str]) -> None:
         for q in ("p50", "p99"):
             steps = [(k, out.get(f"{p}{k}_{q}_ms")) for k in SLURM_PHASES]
             print(f"{COLUMNS[p]} ({q}): " + ", ".join(f"{k} {cell(v, 0)} ms" for k, v in steps))
+    for p in (c for c in prefixes if c.startswith(("slurm", "sbatch"))):
+        steps = [(k, out.get(f"{p}{k}_p50_ms")) for k in SLURM_SIDE_PHASES]
+        if any(v is not None for _, v in steps):
+            print(f"{COLUMNS[p]} in Slurm (p50): " + ", ".join(f"{k} {cell(v, 0)} ms" for k, v in steps))
     print("failed: " + ", ".join(f"{COLUMNS[p]} {out[p + 'failed']}" for p in prefixes))
     if any(p in prefixes for p in LOCAL_COLUMNS):
         print("targets, local: p99 < 150 ms at 60/s; >= 150 jobs/s (or sandboxed >= 0.9x unsandboxed)")

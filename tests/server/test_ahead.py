@@ -54,9 +54,13 @@ def states(ctx: ServerContext, ids: list[int]) -> list[str]:
     return [rows[i] for i in ids]
 
 
-def start_running(ctx: ServerContext, fake: FakeEngine, ids: list[int]) -> None:
-    """Schedule, launch and report running the jobs among `ids` that the loop places now."""
+def start_running(ctx: ServerContext, fake: QueueingEngine, ids: list[int]) -> None:
+    """Schedule, launch and report running the jobs among `ids` that the normal pass places now
+    (the ahead pass is held off meanwhile: the fake engine runs whatever it is handed, where a
+    real one would hold the jobs queued ahead pending)."""
+    depth, fake.queue_ahead_depth = fake.queue_ahead_depth, 0
     schedule_tick(ctx, time.time())
+    fake.queue_ahead_depth = depth
     run_dispatch(ctx)
     for job_id, state in zip(ids, states(ctx, ids), strict=True):
         if state == JobState.STARTING.value:
@@ -79,6 +83,21 @@ def test_running_cpu_jobs_leave_their_slots_to_depth_node_fulls_of_waiting_jobs(
     assert states(ctx, ids).count(JobState.STARTING.value) == 2 * depth
     schedule_tick(ctx, time.time())  # nothing more: the waiting ones fill the node's queue
     assert states(ctx, ids).count(JobState.QUEUED.value) == 10 - 2 - 2 * depth
+
+
+def test_jobs_pending_in_the_engine_are_a_queue_to_wait_behind(tmp_path: Path) -> None:
+    """With nothing running, a node whose slots are taken by jobs the engine holds pending still
+    takes `depth` node-fulls in all: Slurm starts batch jobs at its scheduler's ticks (once a
+    second), and a pass that waited for a running job placed nothing between those ticks."""
+    fake = QueueingEngine([small_node("c1", cpus=2)], depth=2)
+    ctx, gid, uid = setup(tmp_path, fake)
+    ids = add_jobs(ctx, gid, uid, 10)
+    schedule_tick(ctx, time.time())  # the normal pass takes the node's 2 CPUs, the ahead pass 2 more
+    run_dispatch(ctx)
+    assert states(ctx, ids).count(JobState.STARTING.value) == 2 * 2
+    assert JobState.RUNNING.value not in states(ctx, ids)
+    schedule_tick(ctx, time.time())  # the node's queue is full: 2 node-fulls placed, none running
+    assert states(ctx, ids).count(JobState.QUEUED.value) == 10 - 2 * 2
 
 
 def test_group_cpu_limit_counts_the_running_jobs_left_out_of_occupancy(tmp_path: Path) -> None:

@@ -15,7 +15,12 @@ most `depth` node-fulls of jobs waiting behind them (depth 1: one successor per 
 the engine's queue from running dry while Corral's own path from a started job to the next
 submission, a few tenths of a second, is longer than a short job). A job placed ahead is an
 ordinary SCHEDULED -> STARTING job in Corral (its attempt pending in the engine) and RUNNING once
-the engine starts it. A job whose assignment would not fit its node's real capacity (the scaled
+the engine starts it. The pass also runs when nothing runs: jobs the engine holds pending fill
+their nodes in the normal pass's view just as running ones do. Slurm (22.05) starts batch jobs
+only at its scheduler's ticks (about once a second) and when a job's end frees resources, so a
+cluster of short jobs is often all pending or all ended between ticks; a pass that waited for a
+running job then placed nothing until Corral saw the next tick's jobs run (docs/slurm.md, fourth
+round). A job whose assignment would not fit its node's real capacity (the scaled
 node could take a bigger job) is left waiting, and the pass planned again without it.
 
 What stays honest:
@@ -79,10 +84,14 @@ def _lowered_limits(group: GroupRecord, cpus: float, memory_mib: int) -> GroupRe
 
 
 def ahead_state(state: ClusterState, depth: int) -> ClusterState | None:
-    """The cluster as the ahead pass sees it, or None when no running job leaves a slot."""
-    leaving = [r for r in state.running if leaves_slot(r)]
-    if not leaving or not state.queued:
+    """The cluster as the ahead pass sees it, or None when no job waits. Also when no job runs:
+    jobs the engine holds pending (STARTING, their nodes' slots taken in the normal pass's view
+    until they end) are as much a queue to wait behind as running ones. Without that, a cluster
+    of short jobs in step with the engine's scheduler (see the module's doc) placed nothing
+    between the moments it saw them run."""
+    if not state.queued:
         return None
+    leaving = [r for r in state.running if leaves_slot(r)]
     held: dict[str, tuple[float, int]] = {}
     for record in leaving:
         cpus, memory = held.get(record.group, (0.0, 0))
