@@ -3,6 +3,7 @@ filters, sorting, pagination and cancel in every state."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -287,6 +288,35 @@ def test_runtime_estimate_comes_from_the_users_earlier_runs(world: World) -> Non
         bert = db.get(Job, other_name)
         assert bert is not None and bert.runtime_estimate_basis == "user_size"
         assert bert.runtime_estimate_s == pytest.approx(750.0)
+
+
+def test_submit_reads_its_group_once_and_the_first_estimate_levels_in_one_statement(world: World) -> None:
+    """Submitting is the hottest write path: the group is read once, joined with its quotas (the
+    quota check reads those, not a second load of the group), and the runtime estimate's first
+    two levels (this name, this size) come from one statement."""
+    with world.session_factory() as db:
+        add_node(db, "n1")
+        db.commit()
+    assert submit(world, "alice", {**SIMPLE_JOB, "name": "warm-up"}).status_code == 201
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            seen.append(statement)
+
+    bind = world.session_factory.kw["bind"]
+    sa.event.listen(bind, "before_cursor_execute", record)
+    try:
+        assert submit(world, "alice", {**SIMPLE_JOB, "name": "fresh"}).status_code == 201
+    finally:
+        sa.event.remove(bind, "before_cursor_execute", record)
+    reads = [re.findall(r'\bFROM\s+"?(\w+)', s, re.IGNORECASE) for s in seen]
+    assert sum("groups" in tables for tables in reads) == 1
+    (group_read,) = [s for s, tables in zip(seen, reads, strict=True) if "groups" in tables]
+    assert "group_quotas" in group_read
+    assert not any(tables and tables[0] == "group_quotas" for tables in reads)
+    first_levels = [s for s in seen if "UNION ALL" in s.upper() and "attempts" in s]
+    assert len(first_levels) == 1
 
 
 def test_unknown_duration_is_estimated_from_group_history_with_its_spread(world: World) -> None:

@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+from typing import cast
+
+from fastapi import FastAPI
+
 from tests.api.conftest import SIMPLE_JOB, World
 
 
@@ -16,3 +20,11 @@ def test_submit_list_show_cancel(world: World) -> None:
     assert r.status_code == 200, r.text
     assert r.json()["state"] == "cancelled"
     assert [e["to_state"] for e in r.json()["events"]] == ["queued", "cancelled"]
+
+
+def test_literal_paths_are_built_at_start_up_not_by_the_first_request(world: World) -> None:
+    """conformance.LiteralPaths reads them on every request; built lazily, the first request
+    (a submission, under load) waited ~0.1 s of CPU for them."""
+    app = cast(FastAPI, world.client.app)  # the fixture started it and sent nothing yet
+    paths = app.state.literal_paths
+    assert paths["/api/v1/jobs"] >= {"GET", "POST"}

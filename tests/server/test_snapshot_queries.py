@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, select
 
+from corral.db.models import Job
 from corral.db.session import make_engine
 from corral.server.context import ServerContext
 from corral.server.nodes import node_tick
 from corral.server.scheduling import schedule_tick
+from corral.server.snapshot import jobs_with_live_attempts
 from tests.server.fakes import FakeEngine, add_job, gpu_node, make_context, seed_tenant
 
 # What read_cluster_state reads: each table once (jobs with their live attempts joined)
@@ -86,3 +88,18 @@ def test_cycle_reads_each_table_once_whatever_it_places(
         assert all(n == 1 for n in again.values()), again
         counts[jobs] = len(placing)
     assert counts[20] == counts[50]  # not one more SELECT per placed job
+
+
+def test_recording_a_batch_reads_jobs_with_owners_and_attempts_in_two_selects(tmp_path: Path) -> None:
+    """What the dispatch and reconcile loops read before recording a batch: the jobs with their
+    owner and group joined (one SELECT, not three), then their live attempts; nothing is loaded
+    lazily after."""
+    ctx = cluster(tmp_path, 2, 6)
+    schedule_tick(ctx, time.time())  # places them: each has a live (scheduled) attempt
+    with ctx.session_factory() as session:
+        ids = [job.id for job in session.scalars(select(Job))]
+        with selects(ctx) as read:
+            jobs, attempts = jobs_with_live_attempts(session, ids)
+            names = {(job.user.name, job.group.name) for job in jobs.values()}
+    assert read == ["jobs", "attempts"]
+    assert names == {("u", "g")} and len(jobs) == 6 and len(attempts) == 6

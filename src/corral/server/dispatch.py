@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, joinedload, selectinload
 
 from corral.db.models import Attempt, Job, Node
 from corral.diagnosis.exitspec import Facts
@@ -226,7 +226,8 @@ SCHEDULED_JOBS = (
     .where(Job.state == JobState.SCHEDULED.value, Job.id.not_in(bindparam("skip", expanding=True)))
     .order_by(Job.id)
     .limit(MAX_BATCH)
-    .options(selectinload(Job.user), selectinload(Job.group))
+    # many-to-one: joined into this query, not two more SELECTs per batch
+    .options(joinedload(Job.user), joinedload(Job.group))
 )
 
 

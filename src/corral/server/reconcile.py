@@ -23,7 +23,7 @@ from corral.diagnosis.settings import DiagnosisSettings
 from corral.engine.base import AttemptPhase, AttemptStatus, EngineUnavailable, FailureReason
 from corral.server.ahead import queues_ahead
 from corral.server.context import ServerContext
-from corral.server.finish import end_attempt
+from corral.server.finish import attempt_gpus, end_attempt
 from corral.server.snapshot import jobs_with_live_attempts, live_attempts
 from corral.server.specview import read_spec
 from corral.services.lifecycle import (
@@ -233,8 +233,10 @@ def apply_status(
 
 
 def _prefetch(session: Session, ids: list[int]) -> tuple[dict[int, Job], dict[int, Attempt]]:
-    session.scalars(select(UsageLedger)).all()  # fair-share rows the ended attempts will charge
-    return jobs_with_live_attempts(session, ids)
+    jobs, attempts = jobs_with_live_attempts(session, ids)
+    if any(attempt_gpus(a) > 0 for a in attempts.values()):  # only GPU-seconds are charged
+        session.scalars(select(UsageLedger)).all()  # fair-share rows the ended attempts will charge
+    return jobs, attempts
 
 
 def _apply_alone(

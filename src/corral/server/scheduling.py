@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, joinedload, selectinload
 
 from corral.db.base import table_of
 from corral.db.models import Attempt, GpuClaim, Job, Node
@@ -166,7 +166,7 @@ def apply_assignments(session: Session, assignments: Sequence[st.Assignment], no
     # Held in locals: the session's identity map keeps objects only weakly, so rows loaded and
     # dropped at once would be fetched again, one SELECT per session.get in stage_assignment.
     preloaded = (
-        session.scalars(select(Job).where(Job.id.in_(ids)).options(selectinload(Job.user))).all(),
+        session.scalars(select(Job).where(Job.id.in_(ids)).options(joinedload(Job.user))).all(),
         session.scalars(select(Node).where(Node.name.in_(names)).options(selectinload(Node.gpus))).all(),
     )
     claimed = claimed_gpus(session)

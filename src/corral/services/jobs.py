@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, NamedTuple, TypedDict, cast
 
 from sqlalchemy import (
     ColumnElement,
@@ -30,6 +30,7 @@ from sqlalchemy import (
     false,
     func,
     insert,
+    literal,
     or_,
     select,
     union_all,
@@ -39,7 +40,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session, joinedload, selectinl
 from corral.catalog.model_mounts import record_model_uses
 from corral.datasets.mounts import record_lineage
 from corral.db.base import table_of
-from corral.db.models import Attempt, Gpu, Group, Job, JobEvent, Node, User
+from corral.db.models import Attempt, Gpu, Group, GroupQuota, Job, JobEvent, Node, User
 from corral.domain import start_text
 from corral.scheduler import Profile, check_fits_anywhere
 from corral.scheduler import types as st
@@ -171,36 +172,109 @@ def check_fits(
     if reasons:
         text = "; ".join(r.message for r in reasons)
         raise Invalid(f"this job can never run on this cluster: {text}", ("body", "tasks"))
-    check_quota(session, job, group.id, nodes, profile)
+    check_quota(session, job, group.id, nodes, profile, loaded=group.quotas)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaRow:
+    """One GPU-model quota of a submitting job's group (a `quota.QuotaSource`)."""
+
+    gpu_model: str
+    guaranteed: int
+    max: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupQuotas:
+    """A submitting job's group as its quota check reads it (a `quota.GroupSource`): plain columns
+    from one joined SELECT, not ORM rows (loading those cost more than the query)."""
+
+    name: str
+    weight: float
+    borrowing: bool
+    user_max_gpus: int | None
+    cpus_max: float | None
+    memory_max_mib: int | None
+    quotas: tuple[QuotaRow, ...]
 
 
 @dataclass(frozen=True)
 class GroupRef:
     id: int
     name: str
+    # The group's quota settings, read by resolve_group in the same transaction: the submit's
+    # quota check uses them instead of loading the group a second time (one query per submit).
+    quotas: GroupQuotas | None = None
 
 
-# Built once (see RECENT_RUNS): every submission resolves its group.
-GROUP_BY_ID = select(Group.id, Group.name).where(Group.id == bindparam("group_id"))
-GROUP_BY_NAME = select(Group.id, Group.name).where(Group.name == bindparam("name"))
+# Built once (see RECENT_RUNS): every submission resolves its group, with its GPU quotas.
+_GROUP_WITH_QUOTAS = select(
+    Group.id,
+    Group.name,
+    Group.weight,
+    Group.borrowing,
+    Group.user_max_gpus,
+    Group.cpus_max,
+    Group.memory_max_mib,
+    GroupQuota.gpu_model,
+    GroupQuota.guaranteed,
+    GroupQuota.max,
+).outerjoin(GroupQuota, GroupQuota.group_id == Group.id)
+GROUP_BY_ID = _GROUP_WITH_QUOTAS.where(Group.id == bindparam("group_id"))
+GROUP_BY_NAME = _GROUP_WITH_QUOTAS.where(Group.name == bindparam("name"))
+
+
+class _GroupRow(NamedTuple):
+    """A row of _GROUP_WITH_QUOTAS (the quota columns NULL for a group without quotas)."""
+
+    id: int
+    name: str
+    weight: float
+    borrowing: bool
+    user_max_gpus: int | None
+    cpus_max: float | None
+    memory_max_mib: int | None
+    gpu_model: str | None
+    guaranteed: int | None
+    max: int | None
+
+
+def _group_ref(result: Sequence[object]) -> GroupRef:
+    """The rows of one group joined with its quotas (one row, with NULL quota columns, when it
+    has none) -> its GroupRef."""
+    rows = cast("Sequence[_GroupRow]", result)
+    first = rows[0]
+    quotas = tuple(QuotaRow(r.gpu_model, r.guaranteed or 0, r.max) for r in rows if r.gpu_model is not None)
+    group = GroupQuotas(
+        name=first.name,
+        weight=first.weight,
+        borrowing=first.borrowing,
+        user_max_gpus=first.user_max_gpus,
+        cpus_max=first.cpus_max,
+        memory_max_mib=first.memory_max_mib,
+        quotas=quotas,
+    )
+    return GroupRef(first.id, first.name, group)
 
 
 def resolve_group(session: Session, principal: Principal, name: str | None) -> GroupRef:
     """The group a job is charged to: the named one (the submitter must be a member, or an admin)
-    or the submitter's default group. Reads two columns, not the whole row."""
+    or the submitter's default group. One query, the group's columns joined with its quotas
+    (what the submit's quota check reads next), as plain rows."""
     if name is None:
         if principal.default_group_id is None:
             raise Invalid(
                 "you have no default group; name one in the spec's 'group' field", ("body", "group")
             )
-        found = session.execute(GROUP_BY_ID, {"group_id": principal.default_group_id}).one()
-        return GroupRef(found.id, found.name)  # FK: the default group exists
-    row = session.execute(GROUP_BY_NAME, {"name": name}).one_or_none()
-    if row is None:
+        # FK: the default group exists
+        return _group_ref(session.execute(GROUP_BY_ID, {"group_id": principal.default_group_id}).all())
+    rows = session.execute(GROUP_BY_NAME, {"name": name}).all()
+    if not rows:
         raise NotFound(f"there is no group named {name!r}")
-    if not principal.is_member(row.id) and not principal.is_admin:
+    group = _group_ref(rows)
+    if not principal.is_member(group.id) and not principal.is_admin:
         raise Forbidden(f"you are not a member of group {name!r}, so you cannot submit jobs to it")
-    return GroupRef(row.id, row.name)
+    return group
 
 
 # One statement per level of the estimate chain, built once like INSERT_JOB below (building a
@@ -227,6 +301,23 @@ RECENT_RUNS = {
 }
 
 
+def _durations(rows: Iterable[tuple[float | None, float | None]]) -> list[float]:
+    """Run times of (started_at, ended_at) rows, the incomplete or inverted ones left out."""
+    return [end - start for start, end in rows if start is not None and end is not None and end >= start]
+
+
+# The first two levels (the user's runs of this name, of this size) in one statement: with a
+# new job name the name level is empty, and two round trips per submission were two.
+FIRST_LEVELS = LEVELS[:2]
+_first_runs = [RECENT_RUNS[level].subquery() for level in FIRST_LEVELS]
+RECENT_RUNS_FIRST = union_all(
+    *(
+        select(literal(level).label("level"), runs.c.started_at, runs.c.ended_at)
+        for level, runs in zip(FIRST_LEVELS, _first_runs, strict=True)
+    )
+)
+
+
 def runtime_estimate(
     session: Session, user_id: int, group_id: int, spec: JobSpecV1
 ) -> RuntimeEstimate | None:
@@ -234,11 +325,13 @@ def runtime_estimate(
     starts and backfill: the chain of corral.scheduler.runtimes (the user's runs of the same job
     name, else the user's jobs of the same size, else the group's, else the cluster's; the
     median with its 25th-75th percentiles, capped by `max_runtime`); else `max_runtime`; else
-    unknown. One query per level, stopping at the first with enough runs."""
+    unknown. One query for the first two levels, then one per level, stopping at the first
+    with enough runs."""
     params = {"user_id": user_id, "name": spec.name, "gpus": spec.total_gpus, "group_id": group_id}
+    first = session.execute(RECENT_RUNS_FIRST, params).all()
+    found = {level: _durations((s, e) for lv, s, e in first if lv == level) for level in FIRST_LEVELS}
     for level in LEVELS:
-        rows = session.execute(RECENT_RUNS[level], params).all()
-        runs = [end - start for start, end in rows if start is not None and end is not None and end >= start]
+        runs = found[level] if level in found else _durations(session.execute(RECENT_RUNS[level], params))
         if len(runs) >= MIN_RUNS[level]:
             return estimate_from([(level, runs)], spec.max_runtime_s)
     return estimate_from([], spec.max_runtime_s)

@@ -77,23 +77,33 @@ GROUP_WITH_QUOTAS = select(Group).where(Group.id == bindparam("group_id")).optio
 
 
 def check_quota(
-    session: Session, job: st.Job, group_id: int, nodes: Sequence[st.Node], profile: Profile
+    session: Session,
+    job: st.Job,
+    group_id: int,
+    nodes: Sequence[st.Node],
+    profile: Profile,
+    *,
+    loaded: GroupSource | None = None,
 ) -> None:
     """Refuse (422) a job its group's quotas could never admit: over the per-user cap, more GPUs
     than the group may hold of every model it could use, more CPUs or memory than the group's max.
     Without quotas in the profile (fifo, sjf, las) nothing is refused here. One query (the group
-    joined with its GPU quotas): submitting is the hottest write path."""
+    joined with its GPU quotas), none when the caller read them in this transaction (`loaded`:
+    the group `group_id` names, services.jobs.resolve_group): submitting is the hottest write path."""
     if not profile.quotas:
         return
-    # resolved a moment ago in the same transaction
-    group = session.scalars(GROUP_WITH_QUOTAS, {"group_id": group_id}).unique().one()
+    group: GroupSource
+    if loaded is not None:
+        group = loaded
+    else:  # resolved a moment ago in the same transaction
+        group = session.scalars(GROUP_WITH_QUOTAS, {"group_id": group_id}).unique().one()
     reasons = quota_refusals(job, scheduler_group(group), _job_models(job, group, nodes))
     if reasons:
         text = "; ".join(r.message for r in reasons)
         raise Invalid(f"this job can never run under group {group.name}'s quota: {text}", ("body", "tasks"))
 
 
-def _job_models(job: st.Job, group: Group, nodes: Sequence[st.Node]) -> list[str]:
+def _job_models(job: st.Job, group: GroupSource, nodes: Sequence[st.Node]) -> list[str]:
     """GPU models the job's GPU tasks may use: the cluster's; with no GPU node registered yet, the
     models it names, else every model the group's quotas name plus ANY_MODEL (it could run on a
     model they do not name)."""

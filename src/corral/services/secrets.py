@@ -350,7 +350,8 @@ def grants_for_job(session: Session, box: SecretBox, job: Job) -> tuple[SecretGr
     uses = job.spec.secrets
     if not uses:
         return ()
-    group = session.scalar(select(Group.name).where(Group.id == job.group_id)) or "?"
+    # the dispatch loop loads each job with its group (joined): no query of its own for the name
+    group = job.group.name if job.group is not None else "?"
     rows = _resolve(session, uses, job.user_id, job.group_id)
     if any(r is not None and r.group_id is not None for r in rows) and not _still_in_group(session, job):
         raise SecretUnavailable(
