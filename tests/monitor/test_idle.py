@@ -8,7 +8,7 @@ import time
 import pytest
 from sqlalchemy import delete, select, update
 
-from corral.db.models import GpuClaim, Job, JobEvent
+from corral.db.models import Gpu, GpuClaim, Job, JobEvent
 from corral.db.workspace_models import Workspace
 from corral.monitor.config import IdleGpuRule
 from corral.monitor.idle import enforce_idle_policy, job_policy
@@ -176,20 +176,26 @@ def make_workspace(mon: Mon, job_id: int) -> None:
         db.commit()
 
 
+def unsample_gpus(mon: Mon, job_ids: list[int], uuid_prefix: str) -> None:
+    """The jobs' GPUs get non-virtual UUIDs (`SLURM-...` as Slurm's, `GPU-...` as NVML's) and
+    lose their readings."""
+    with mon.factory() as db:
+        for claim in db.scalars(select(GpuClaim).where(GpuClaim.job_id.in_(job_ids))):
+            on = (Gpu.node_name == claim.node) & (Gpu.index == claim.gpu_index)
+            db.execute(update(Gpu).where(on).values(uuid=f"{uuid_prefix}{claim.node}-gpu{claim.gpu_index}"))
+            read = (GpuReading.node == claim.node) & (GpuReading.gpu_index == claim.gpu_index)
+            db.execute(delete(GpuReading).where(read))
+        db.commit()
+
+
 def test_an_unsampled_gpu_workspace_is_judged_by_its_use_and_an_unsampled_batch_job_left_alone(
     mon: Mon,
 ) -> None:
-    """GPUs nobody samples (a Slurm node's: no reading at all): a workspace holding them is
-    stopped when nobody uses it (JupyterLab, SSH), a batch job holding them never is."""
+    """GPUs nobody samples (a Slurm node's: not virtual, not the server's node, no reading at
+    all): a workspace holding them is stopped when nobody uses it (JupyterLab, SSH), a batch job
+    holding them never is."""
     workspace, batch = running_jobs(mon)
-    with mon.factory() as db:
-        for claim in db.scalars(select(GpuClaim).where(GpuClaim.job_id.in_([workspace, batch]))):
-            db.execute(
-                delete(GpuReading).where(
-                    GpuReading.node == claim.node, GpuReading.gpu_index == claim.gpu_index
-                )
-            )
-        db.commit()
+    unsample_gpus(mon, [workspace, batch], "SLURM-")
     policy = {"below_percent": 10, "for": "30m", "grace": "10m", "action": "stop"}
     with mon.factory() as db:
         for job_id in (workspace, batch):
@@ -218,3 +224,29 @@ def test_an_unsampled_gpu_workspace_is_judged_by_its_use_and_an_unsampled_batch_
         assert not db.get(Job, batch).cancel_requested  # type: ignore[union-attr]
         assert [w.job_id for w in db.scalars(select(IdleGpuWatch))] == [workspace]
     assert idle_events(mon, batch) == []
+
+
+@pytest.mark.parametrize("readings", ["stale", "none from the server's own node"])
+def test_a_workspace_on_sampled_gpus_without_fresh_readings_is_not_stopped(mon: Mon, readings: str) -> None:
+    """A workspace holding GPUs the server samples is judged by their readings: stale ones (the
+    sampler stopped) or none at all (NVML failed to start on the server's node) are no evidence,
+    however unused its JupyterLab and SSH; it is not stopped while its GPUs may be training."""
+    workspace, _ = running_jobs(mon)
+    now = time.time()
+    settings = mon.settings
+    if readings == "stale":
+        set_util(mon, workspace, 100.0, now - 3600)  # virtual GPUs, last read an hour ago
+    else:
+        unsample_gpus(mon, [workspace], "GPU-")
+        with mon.factory() as db:
+            node = db.scalars(select(GpuClaim.node).where(GpuClaim.job_id == workspace)).first()
+        settings = settings.model_copy(update={"node_name": node})  # the server runs on that node
+    set_spec(mon, workspace, {"below_percent": 10, "for": "30m", "grace": "10m", "action": "stop"})
+    make_workspace(mon, workspace)
+    ctx = ServerContext(settings=settings, session_factory=mon.factory, engine=FakeEngine(), owner_id="t")
+    for minute in (0, 31, 42, 60):
+        idle_tick(ctx, now + minute * 60)
+    with mon.factory() as db:
+        assert not db.get(Job, workspace).cancel_requested  # type: ignore[union-attr]
+        assert not list(db.scalars(select(IdleGpuWatch)))
+    assert idle_events(mon, workspace) == []

@@ -99,7 +99,9 @@ def idle_tick(ctx: ServerContext, now: float) -> None:
 
     with ctx.session_factory() as session:
         rule = monitor_config(ctx).idle_gpu
-        done = enforce_idle_policy(session, now, rule, channel_names(ctx), activity)
+        done = enforce_idle_policy(
+            session, now, rule, channel_names(ctx), activity, local_node=ctx.settings.node_name
+        )
     for job_id, what in done:
         log.info("idle GPU policy: job %s %s", job_id, what)
     if done:
