@@ -195,6 +195,10 @@ class GatewayServer(asyncssh.SSHServer):
         return await asyncio.to_thread(self.gateway.enter, self.username, self.source, argv, how)
 
 
+class ChannelClosed(Exception):
+    """The client closed the channel while its process was being started."""
+
+
 class _Channel:
     """What sessions and relays share: ordered, flow-controlled input to the process."""
 
@@ -202,6 +206,7 @@ class _Channel:
     proc: SandboxProcess | None = None
     server: GatewayServer
     job_id: int | None = None  # counted in the gateway's open sessions while set
+    closed = False  # set by connection_lost, which may come while _start awaits
 
     async def _start(
         self,
@@ -213,9 +218,14 @@ class _Channel:
         term: str | None = None,
     ) -> SandboxProcess:
         cmd, job_id = await self.server.enter(argv, how)
+        if self.closed:  # connection_lost came during enter: nothing to start, nothing to count
+            raise ChannelClosed
         if term is not None:
             cmd = replace(cmd, env={**cmd.env, "TERM": term})
         proc = await SandboxProcess.start(cmd, tty=tty, rows=rows, cols=cols)
+        if self.closed:  # ... or during the spawn: connection_lost had no process to kill yet
+            proc.kill()
+            raise ChannelClosed
         self.proc, self.job_id = proc, job_id
         self.server.gateway._track(job_id, 1)
         return proc
@@ -247,6 +257,7 @@ class _Channel:
         self._writable.set()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
         self._untrack()
         if self.proc is not None:
             self.proc.kill()
@@ -327,12 +338,16 @@ class SandboxSession(_Channel, asyncssh.SSHServerSession[bytes]):
             rows, cols = (self.term[1], self.term[2]) if self.term else (24, 80)
             term = self.term[0] if self.term else None
             proc = await self._start(self.argv, "ssh", self.term is not None, rows, cols, term)
+        except ChannelClosed:
+            return
         except (EntryRefused, OSError) as exc:
             self.chan.write_stderr(f"corral: {exc}\r\n".encode())
             self.chan.exit(1)
             return
-        code = await self._pump_output(proc)
-        self._untrack()
+        try:
+            code = await self._pump_output(proc)
+        finally:  # uncounted however the pump ends (an error, a cancel), not only at its exit
+            self._untrack()
         self.chan.exit(code & 0xFF)
 
 
@@ -353,12 +368,16 @@ class RelaySession(_Channel, asyncssh.SSHTCPSession[bytes]):
     async def _run(self) -> None:
         try:
             proc = await self._start(relay_argv(self.port), "port_forward")
+        except ChannelClosed:
+            return
         except (EntryRefused, ServiceError, OSError) as exc:
             log.info("ssh -L to port %d refused: %s", self.port, exc)
             self.chan.close()
             return
-        await self._pump_output(proc)
-        self._untrack()
+        try:
+            await self._pump_output(proc)
+        finally:
+            self._untrack()
         self.chan.write_eof()
         self.chan.close()
 
