@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -69,3 +70,27 @@ def test_a_channel_closed_while_entering_its_job_is_never_counted(
             return gw.sessions_by_job()
 
     assert asyncio.run(client()) == {}
+
+
+def test_a_short_command_leaves_its_close_time_as_the_jobs_last_use(
+    gateway: tuple[Gateway, asyncssh.SSHKey],
+) -> None:
+    """`ssh ws true` is open at no idle check: its close time is what the idle check reads."""
+    gw, key = gateway
+    entered, release = threading.Event(), threading.Event()
+    release.set()
+    gw.enter = entering(["/bin/true"], entered, release)  # type: ignore[method-assign]
+
+    async def client() -> int:
+        async with connect(gw, key) as conn:
+            result = await conn.run("true")
+            return int(result.exit_status or 0)
+
+    before = time.time()
+    assert asyncio.run(client()) == 0
+    deadline = time.time() + 5
+    while gw.use.open_counts() and time.time() < deadline:
+        time.sleep(0.05)  # the gateway's side of the close may trail the client's
+    assert gw.use.open_counts() == {}
+    (job_id, used_at), *more = gw.use.last_use(now=time.time() + 3600).items()
+    assert more == [] and job_id == JOB_ID and before <= used_at <= time.time()
