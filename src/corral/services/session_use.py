@@ -68,6 +68,8 @@ class SessionUse:
                     del self._closed_at[job_id]
                     self._persisted.pop(job_id, None)
         due = {j: at for j, at in self.last_use(now).items() if at > self._persisted.get(j, float("-inf"))}
+        if not due:
+            return 0
         for job_id, at in due.items():
             session.execute(
                 update(Workspace)
