@@ -8,14 +8,15 @@ import time
 import pytest
 from sqlalchemy import delete, select, update
 
-from corral.db.models import GpuClaim, Job, JobEvent
+from corral.db.models import Gpu, GpuClaim, Job, JobEvent
 from corral.db.workspace_models import Workspace
 from corral.monitor.config import IdleGpuRule
 from corral.monitor.idle import enforce_idle_policy, job_policy
-from corral.monitor.loops import idle_tick
+from corral.monitor.loops import idle_tick, session_use_tick
 from corral.monitor.models import Alert, AlertNotification, GpuReading, IdleGpuWatch
 from corral.server.context import ServerContext
 from corral.services.lifecycle import JobState, transition
+from corral.services.session_use import SessionUse
 from corral.spec import JobSpecV1, ValidationError
 from tests.monitor.conftest import Mon
 from tests.server.fakes import FakeEngine
@@ -176,20 +177,26 @@ def make_workspace(mon: Mon, job_id: int) -> None:
         db.commit()
 
 
+def unsample_gpus(mon: Mon, job_ids: list[int], uuid_prefix: str) -> None:
+    """The jobs' GPUs get non-virtual UUIDs (`SLURM-...` as Slurm's, `GPU-...` as NVML's) and
+    lose their readings."""
+    with mon.factory() as db:
+        for claim in db.scalars(select(GpuClaim).where(GpuClaim.job_id.in_(job_ids))):
+            on = (Gpu.node_name == claim.node) & (Gpu.index == claim.gpu_index)
+            db.execute(update(Gpu).where(on).values(uuid=f"{uuid_prefix}{claim.node}-gpu{claim.gpu_index}"))
+            read = (GpuReading.node == claim.node) & (GpuReading.gpu_index == claim.gpu_index)
+            db.execute(delete(GpuReading).where(read))
+        db.commit()
+
+
 def test_an_unsampled_gpu_workspace_is_judged_by_its_use_and_an_unsampled_batch_job_left_alone(
     mon: Mon,
 ) -> None:
-    """GPUs nobody samples (a Slurm node's: no reading at all): a workspace holding them is
-    stopped when nobody uses it (JupyterLab, SSH), a batch job holding them never is."""
+    """GPUs nobody samples (a Slurm node's: not virtual, not the server's node, no reading at
+    all): a workspace holding them is stopped when nobody uses it (JupyterLab, SSH), a batch job
+    holding them never is."""
     workspace, batch = running_jobs(mon)
-    with mon.factory() as db:
-        for claim in db.scalars(select(GpuClaim).where(GpuClaim.job_id.in_([workspace, batch]))):
-            db.execute(
-                delete(GpuReading).where(
-                    GpuReading.node == claim.node, GpuReading.gpu_index == claim.gpu_index
-                )
-            )
-        db.commit()
+    unsample_gpus(mon, [workspace, batch], "SLURM-")
     policy = {"below_percent": 10, "for": "30m", "grace": "10m", "action": "stop"}
     with mon.factory() as db:
         for job_id in (workspace, batch):
@@ -201,12 +208,12 @@ def test_an_unsampled_gpu_workspace_is_judged_by_its_use_and_an_unsampled_batch_
         db.commit()
     make_workspace(mon, workspace)
     ctx = ServerContext(settings=mon.settings, session_factory=mon.factory, engine=FakeEngine(), owner_id="t")
-    ssh_open = {workspace: 1}
-    ctx.memory.ssh_sessions = lambda: dict(ssh_open)
+    use = ctx.memory.session_use = SessionUse()
     now = time.time()
+    use.opened(workspace)
     for minute in (0, 31, 62, 93):  # an SSH session open all along: in use at every pass
         idle_tick(ctx, now + minute * 60)
-    ssh_open[workspace] = 0  # closed (and JupyterLab, not reachable here, gives no evidence)
+    use.closed(workspace, now + 94 * 60)  # closed (and JupyterLab, not reachable here, gives no evidence)
     idle_tick(ctx, now + 100 * 60)  # idle since
     idle_tick(ctx, now + 131 * 60)
     assert idle_events(mon, workspace) == [
@@ -218,3 +225,91 @@ def test_an_unsampled_gpu_workspace_is_judged_by_its_use_and_an_unsampled_batch_
         assert not db.get(Job, batch).cancel_requested  # type: ignore[union-attr]
         assert [w.job_id for w in db.scalars(select(IdleGpuWatch))] == [workspace]
     assert idle_events(mon, batch) == []
+
+
+@pytest.mark.parametrize("readings", ["stale", "none from the server's own node"])
+def test_a_workspace_on_sampled_gpus_without_fresh_readings_is_not_stopped(mon: Mon, readings: str) -> None:
+    """A workspace holding GPUs the server samples is judged by their readings: stale ones (the
+    sampler stopped) or none at all (NVML failed to start on the server's node) are no evidence,
+    however unused its JupyterLab and SSH; it is not stopped while its GPUs may be training."""
+    workspace, _ = running_jobs(mon)
+    now = time.time()
+    settings = mon.settings
+    if readings == "stale":
+        set_util(mon, workspace, 100.0, now - 3600)  # virtual GPUs, last read an hour ago
+    else:
+        unsample_gpus(mon, [workspace], "GPU-")
+        with mon.factory() as db:
+            node = db.scalars(select(GpuClaim.node).where(GpuClaim.job_id == workspace)).first()
+        settings = settings.model_copy(update={"node_name": node})  # the server runs on that node
+    set_spec(mon, workspace, {"below_percent": 10, "for": "30m", "grace": "10m", "action": "stop"})
+    make_workspace(mon, workspace)
+    ctx = ServerContext(settings=settings, session_factory=mon.factory, engine=FakeEngine(), owner_id="t")
+    for minute in (0, 31, 42, 60):
+        idle_tick(ctx, now + minute * 60)
+    with mon.factory() as db:
+        assert not db.get(Job, workspace).cancel_requested  # type: ignore[union-attr]
+        assert not list(db.scalars(select(IdleGpuWatch)))
+    assert idle_events(mon, workspace) == []
+
+
+def unsampled_workspace(mon: Mon) -> tuple[int, ServerContext]:
+    """A workspace on GPUs nobody samples, policy 30 min + 10 min grace, and a server context."""
+    workspace, _ = running_jobs(mon)
+    unsample_gpus(mon, [workspace], "SLURM-")
+    set_spec(mon, workspace, {"below_percent": 10, "for": "30m", "grace": "10m", "action": "stop"})
+    make_workspace(mon, workspace)
+    return workspace, ServerContext(
+        settings=mon.settings, session_factory=mon.factory, engine=FakeEngine(), owner_id="t"
+    )
+
+
+def test_a_session_opened_and_closed_between_two_checks_counts_as_use(mon: Mon) -> None:
+    """A short `ssh ws cmd`, an scp, a `corral exec`: open at no check, yet its close time is use
+    after the watch began, which restarts it; without it the workspace is warned on time."""
+    workspace, ctx = unsampled_workspace(mon)
+    use = ctx.memory.session_use = SessionUse()
+    now = time.time()
+    idle_tick(ctx, now)  # idle since now
+    use.opened(workspace)
+    use.closed(workspace, now + 20 * 60)  # a two-second command, between two checks
+    idle_tick(ctx, now + 31 * 60)  # used 11 min ago: not idle for 30 min, the watch restarts
+    assert idle_events(mon, workspace) == []
+    idle_tick(ctx, now + 32 * 60)  # idle since here
+    idle_tick(ctx, now + 61 * 60)
+    assert idle_events(mon, workspace) == []
+    idle_tick(ctx, now + 63 * 60)
+    assert idle_events(mon, workspace) == [
+        "GPUs idle: mean utilization 0.0% < 10% for 1860 s; it will be stopped in 600 s"
+    ]
+
+
+def test_a_session_held_by_another_server_counts_through_the_database(mon: Mon) -> None:
+    """Server B's gateway holds an SSH session into the workspace; B's session-use loop writes its
+    last use to the workspace row, and server A's idle check, which sees no session of its own,
+    counts it. A's SessionUse never moves the row's time back."""
+    workspace, ctx_a = unsampled_workspace(mon)
+    ctx_a.memory.session_use = SessionUse()
+    ctx_b = ServerContext(
+        settings=mon.settings, session_factory=mon.factory, engine=FakeEngine(), owner_id="b"
+    )
+    use_b = ctx_b.memory.session_use = SessionUse()
+    now = time.time()
+    idle_tick(ctx_a, now)  # idle since now
+    use_b.opened(workspace)
+    for minute in (10, 20, 30, 40):  # B's loop every 30 s in production; coarser here
+        session_use_tick(ctx_b, now + minute * 60)
+        session_use_tick(ctx_a, now + minute * 60)  # A has nothing to write
+        idle_tick(ctx_a, now + minute * 60 + 1)
+    with mon.factory() as db:
+        (row,) = db.scalars(select(Workspace).where(Workspace.current_job_id == workspace))
+        assert row.last_used_at == now + 40 * 60
+    assert idle_events(mon, workspace) == []
+    use_b.closed(workspace, now + 41 * 60)
+    session_use_tick(ctx_b, now + 41 * 60 + 30)
+    idle_tick(ctx_a, now + 42 * 60)  # used at +41: the watch restarts
+    idle_tick(ctx_a, now + 43 * 60)  # idle since here
+    idle_tick(ctx_a, now + 72 * 60)
+    assert idle_events(mon, workspace) == []
+    idle_tick(ctx_a, now + 74 * 60)
+    assert len(idle_events(mon, workspace)) == 1

@@ -10,6 +10,7 @@ from pathlib import Path
 from corral.db.models import Job
 from corral.db.session import make_engine
 from corral.engine.base import DEFAULT_LAUNCH_WORKERS
+from corral.engine.local.engine import LocalEngine
 from corral.server.dispatch import launch_queue, launch_workers
 from corral.server.nodes import node_tick
 from corral.server.scheduling import schedule_tick
@@ -42,5 +43,9 @@ def test_the_engine_sets_how_many_launches_run_at_once() -> None:
     class Wide(FakeEngine):
         launch_workers = 12
 
+    class Zero(FakeEngine):
+        launch_workers = 0  # a misconfigured engine: one launch at a time, never a pool of none
+
     assert launch_workers(Wide()) == 12
-    assert launch_workers(FakeEngine()) == DEFAULT_LAUNCH_WORKERS  # the local engine's
+    assert launch_workers(Zero()) == 1
+    assert LocalEngine.launch_workers == DEFAULT_LAUNCH_WORKERS  # the real local engine's width

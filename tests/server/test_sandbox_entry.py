@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,6 +289,18 @@ def test_key_registration_errors_are_clear(world: World) -> None:
         assert junk.status_code == 422 and "public_key" in junk.text and "ssh-ed25519" in junk.text
 
 
+def workspace_last_used(world: World) -> float | None:
+    """`nb`'s last session use as the server persisted it (corral.services.session_use)."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(f"sqlite:///{world.server.home / 'corral.db'}")
+    try:
+        with engine.connect() as db:
+            return db.execute(sa.text("SELECT last_used_at FROM workspaces WHERE name = 'nb'")).scalar()
+    finally:
+        engine.dispose()
+
+
 def test_ssh_into_a_workspace_by_its_name_and_refused_once_stopped(world: World) -> None:
     """`<user>+<workspace>` reaches the workspace's running job (corral.services.workspaces);
     a stopped workspace and bob's key for alice's workspace are refused."""
@@ -299,9 +312,20 @@ def test_ssh_into_a_workspace_by_its_name_and_refused_once_stopped(world: World)
             return c.get("/api/v1/workspaces/nb").json()["state"] == "running"
 
         wait_for(running, timeout_s=60, what="the workspace to run")
+        assert workspace_last_used(world) is None  # no session yet
+        before = time.time()
         inside = world.ssh("alice", "alice+nb", "id -u")
         assert inside.returncode == 0, inside.stderr
         assert inside.stdout.split()[0] == world.report[0].removeprefix("UID="), inside.stdout
+        # The short command's close is the workspace's last use (idle reclamation), persisted
+        after_ssh = wait_for(lambda: workspace_last_used(world), timeout_s=10, what="the SSH use")
+        assert before <= after_ssh <= time.time(), after_ssh
+        job_id = c.get("/api/v1/workspaces/nb").json()["job_id"]
+        from corral.sdk import Client
+
+        with Client(world.server.url, world.tokens["alice"]) as alice:
+            assert alice.exec(job_id, ["true"]).exit_code == 0  # `corral exec` counts as use too
+        wait_for(lambda: (workspace_last_used(world) or 0) > after_ssh, timeout_s=10, what="the exec use")
         assert world.ssh("bob", "alice+nb", "true").returncode == 255
         r = c.post("/api/v1/workspaces/nb/stop")
         assert r.status_code == 200, r.text

@@ -36,6 +36,9 @@ class Workspace(Base):
     # like a secret (never in its spec, an API answer or a log); the proxy sends it upstream.
     jupyter_token: Mapped[str] = mapped_column(String(64))
     reclaimed_gpu_hours: Mapped[float] = mapped_column(Float, default=0.0)  # by idle stops
+    # When a session (SSH gateway, exec, port-forward) into the current job was last open, as the
+    # server holding it wrote (corral.services.session_use, migration 0019); idle reclamation reads it.
+    last_used_at: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
 

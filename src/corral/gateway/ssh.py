@@ -13,6 +13,8 @@ connections, and a new `ssh` connects as soon as the server is back.
   in the job's network namespace. No agent, X11 or remote (-R) forwarding.
 - Each channel is resolved afresh (a restarted workspace is found on the next channel) and is in
   the audit log as job.ssh or job.port_forward.
+- Each channel open into a job is counted in the server's SessionUse, open and then closed (its
+  close time): idle reclamation counts it as the workspace's use (corral.services.session_use).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import asyncio
 import logging
 import os
 import threading
-from collections import Counter
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -37,6 +39,7 @@ from corral.gateway import resolver
 from corral.gateway.spawn import STDERR, SandboxProcess
 from corral.services.errors import ServiceError
 from corral.services.sandbox_exec import record_entry, relay_argv
+from corral.services.session_use import SessionUse
 
 log = logging.getLogger(__name__)
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"  # Debian's openssh-sftp-server, run in the sandbox
@@ -54,7 +57,13 @@ class EntryRefused(Exception):
 
 
 class Gateway:
-    def __init__(self, settings: Settings, session_factory: sessionmaker[Session], engine: Engine) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        session_factory: sessionmaker[Session],
+        engine: Engine,
+        use: SessionUse | None = None,
+    ) -> None:
         self.host = settings.ssh_gateway_host or settings.host
         self.port = settings.ssh_gateway_port
         self.key_path = settings.home / "ssh" / "gateway_host_ed25519_key"
@@ -64,8 +73,7 @@ class Gateway:
         # pipe read than asyncio's own loop; scp into a sandbox moves every byte through both.
         self.loop = uvloop.new_event_loop()
         self._server: asyncssh.SSHAcceptor | None = None
-        self._lock = threading.Lock()
-        self._open: Counter[int] = Counter()
+        self.use = use if use is not None else SessionUse()  # the server's, shared with exec
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -106,13 +114,8 @@ class Gateway:
             return resolver.authorized_keys(db, user)
 
     def sessions_by_job(self) -> dict[int, int]:
-        """{job id: open SSH channels into it}: idle reclamation counts an open one as activity."""
-        with self._lock:
-            return {job: n for job, n in self._open.items() if n > 0}
-
-    def _track(self, job_id: int, delta: int) -> None:
-        with self._lock:
-            self._open[job_id] += delta
+        """{job id: open SSH channels into it}."""
+        return self.use.open_counts()
 
     def enter(self, username: str, source: str, argv: Sequence[str], how: str) -> tuple[ExecCommand, int]:
         """The command entering the job `username` names (and that job's id), audited;
@@ -195,6 +198,10 @@ class GatewayServer(asyncssh.SSHServer):
         return await asyncio.to_thread(self.gateway.enter, self.username, self.source, argv, how)
 
 
+class ChannelClosed(Exception):
+    """The client closed the channel while its process was being started."""
+
+
 class _Channel:
     """What sessions and relays share: ordered, flow-controlled input to the process."""
 
@@ -202,6 +209,7 @@ class _Channel:
     proc: SandboxProcess | None = None
     server: GatewayServer
     job_id: int | None = None  # counted in the gateway's open sessions while set
+    closed = False  # set by connection_lost, which may come while _start awaits
 
     async def _start(
         self,
@@ -213,16 +221,21 @@ class _Channel:
         term: str | None = None,
     ) -> SandboxProcess:
         cmd, job_id = await self.server.enter(argv, how)
+        if self.closed:  # connection_lost came during enter: nothing to start, nothing to count
+            raise ChannelClosed
         if term is not None:
             cmd = replace(cmd, env={**cmd.env, "TERM": term})
         proc = await SandboxProcess.start(cmd, tty=tty, rows=rows, cols=cols)
+        if self.closed:  # ... or during the spawn: connection_lost had no process to kill yet
+            proc.kill()
+            raise ChannelClosed
         self.proc, self.job_id = proc, job_id
-        self.server.gateway._track(job_id, 1)
+        self.server.gateway.use.opened(job_id)
         return proc
 
     def _untrack(self) -> None:
         if self.job_id is not None:
-            self.server.gateway._track(self.job_id, -1)
+            self.server.gateway.use.closed(self.job_id, time.time())
             self.job_id = None
 
     def _init_channel(self) -> None:
@@ -247,6 +260,7 @@ class _Channel:
         self._writable.set()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
         self._untrack()
         if self.proc is not None:
             self.proc.kill()
@@ -327,12 +341,16 @@ class SandboxSession(_Channel, asyncssh.SSHServerSession[bytes]):
             rows, cols = (self.term[1], self.term[2]) if self.term else (24, 80)
             term = self.term[0] if self.term else None
             proc = await self._start(self.argv, "ssh", self.term is not None, rows, cols, term)
+        except ChannelClosed:
+            return
         except (EntryRefused, OSError) as exc:
             self.chan.write_stderr(f"corral: {exc}\r\n".encode())
             self.chan.exit(1)
             return
-        code = await self._pump_output(proc)
-        self._untrack()
+        try:
+            code = await self._pump_output(proc)
+        finally:  # uncounted however the pump ends (an error, a cancel), not only at its exit
+            self._untrack()
         self.chan.exit(code & 0xFF)
 
 
@@ -353,24 +371,28 @@ class RelaySession(_Channel, asyncssh.SSHTCPSession[bytes]):
     async def _run(self) -> None:
         try:
             proc = await self._start(relay_argv(self.port), "port_forward")
+        except ChannelClosed:
+            return
         except (EntryRefused, ServiceError, OSError) as exc:
             log.info("ssh -L to port %d refused: %s", self.port, exc)
             self.chan.close()
             return
-        await self._pump_output(proc)
-        self._untrack()
+        try:
+            await self._pump_output(proc)
+        finally:
+            self._untrack()
         self.chan.write_eof()
         self.chan.close()
 
 
 def start_gateway(
-    settings: Settings, session_factory: sessionmaker[Session], engine: Engine
+    settings: Settings, session_factory: sessionmaker[Session], engine: Engine, use: SessionUse | None = None
 ) -> Gateway | None:
     """The running gateway, or None when it is off (port 0) or its port cannot be bound (logged:
     the API keeps serving without it)."""
     if not settings.ssh_gateway_port:
         return None
-    gateway = Gateway(settings, session_factory, engine)
+    gateway = Gateway(settings, session_factory, engine, use)
     try:
         gateway.start()
     except OSError as exc:

@@ -86,6 +86,13 @@ def is_virtual(ref: GpuRef) -> bool:
     return ref.uuid.startswith(VIRTUAL_UUID_PREFIX)
 
 
+def sampled_by_server(node: str, uuid: str, local_node: str) -> bool:
+    """Whether the GpuSampler of a server on `local_node` samples this GPU: a virtual one (its
+    fault file) or one of that node (NVML; when NVML fails to start it is still this sampler's,
+    unsampled for a fault, not for want of a sampler). A GPU of another node (Slurm's) is not."""
+    return uuid.startswith(VIRTUAL_UUID_PREFIX) or node == local_node
+
+
 # ---------------------------------------------------------------- fault file (chaos)
 
 
@@ -349,7 +356,8 @@ class GpuSampler:
 
     def sample(self, gpus: Sequence[GpuRef]) -> list[GpuSample]:
         virtual = [g for g in gpus if is_virtual(g)]
-        local_real = [g for g in gpus if not is_virtual(g) and g.node == self.local_node]
+        here = self.local_node
+        local_real = [g for g in gpus if not is_virtual(g) and sampled_by_server(g.node, g.uuid, here)]
         samples = self.virtual.sample(virtual)
         if local_real:
             nvml = self._nvml_provider()

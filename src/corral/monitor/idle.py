@@ -14,12 +14,15 @@ Utilization recovering clears the watch and resolves the alert; so does the job 
 for any reason (it ended or was requeued, released its GPUs, or no policy applies any more).
 
 Workspaces (corral.services.workspaces) use the same mechanism: their job carries an `idle_gpu`
-policy built from the workspace's idle timeout (action `stop`), and it is watched even when no
-reading of its GPUs exists (none held, or a Slurm node's, which nobody samples): its utilization
-then counts as 0 and only its own use counts. That use is evidence beside GPU readings: `activity`
-gives each workspace job's last JupyterLab kernel or terminal activity (corral.workspaces.activity)
-or an open SSH session into it (now); use after the watch began restarts it, as a GPU busy again
-does. A batch job without readings is never acted on (no evidence either way). An idle stop of
+policy built from the workspace's idle timeout (action `stop`). A workspace none of whose GPUs
+any sampler covers (it holds none, or only a Slurm node's: corral.monitor.gpu.sampled_by_server)
+is watched without readings: its utilization counts as 0 and only its own use counts. One
+holding a GPU the server samples (virtual, or of the server's node) is judged by fresh readings as
+a batch job is: none (NVML failed to start, the sampler stopped) is no evidence, never a stop.
+Use is evidence beside GPU readings: `activity` gives each workspace job's last use, JupyterLab
+kernel or terminal activity (corral.workspaces.activity) or an SSH/exec/port-forward session
+(corral.services.session_use); use after the watch began restarts it, as a GPU busy again does.
+A batch job without fresh readings is never acted on (no evidence either way). An idle stop of
 a workspace adds the GPU-hours it had held idle to the workspace
 (`corral_workspace_gpu_hours_reclaimed_total`).
 """
@@ -34,8 +37,9 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from corral.db.models import GpuClaim, Group, Job, User
+from corral.db.models import Gpu, GpuClaim, Group, Job, User
 from corral.monitor.config import IdleGpuRule
+from corral.monitor.gpu import sampled_by_server
 from corral.monitor.health import HealthPass, job_event
 from corral.monitor.models import GpuReading, IdleGpuWatch
 from corral.services import workspaces
@@ -59,22 +63,29 @@ def job_policy(spec: JobSpecV1 | None, admin_rule: IdleGpuRule | None) -> IdleGp
         return admin_rule
 
 
-def mean_utilization(session: Session, now: float) -> tuple[dict[int, float], set[int]]:
-    """Mean utilization of each job's GPUs, from fresh readings of present GPUs; and the jobs
-    with any reading of their GPUs at all, stale or absent ones included (a job outside it holds
-    GPUs nobody samples, a Slurm node's, or none)."""
+def mean_utilization(session: Session, now: float) -> dict[int, float]:
+    """Mean utilization of each job's GPUs, from fresh readings of present GPUs."""
     values: dict[int, list[float]] = defaultdict(list)
-    sampled: set[int] = set()
     rows = session.execute(
         select(
             GpuClaim.job_id, GpuReading.utilization_percent, GpuReading.sampled_at, GpuReading.present
         ).join(GpuReading, (GpuReading.node == GpuClaim.node) & (GpuReading.gpu_index == GpuClaim.gpu_index))
     )
     for job_id, util, sampled_at, present in rows:
-        sampled.add(job_id)
         if present and now - sampled_at <= STALE_READING_S:
             values[job_id].append(util)
-    return {job_id: sum(v) / len(v) for job_id, v in values.items() if v}, sampled
+    return {job_id: sum(v) / len(v) for job_id, v in values.items() if v}
+
+
+def jobs_with_sampled_gpus(session: Session, local_node: str | None) -> set[int]:
+    """Jobs holding a GPU the server's sampler covers (virtual, or of `local_node`), whether or
+    not a reading of it exists: for those, no reading means a sampling fault, not no sampler."""
+    rows = session.execute(
+        select(GpuClaim.job_id, GpuClaim.node, Gpu.uuid).outerjoin(
+            Gpu, (Gpu.node_name == GpuClaim.node) & (Gpu.index == GpuClaim.gpu_index)
+        )
+    )
+    return {job_id for job_id, node, uuid in rows if sampled_by_server(node, uuid or "", local_node or "")}
 
 
 Activity = Callable[[Sequence[int]], Mapping[int, float]]
@@ -86,10 +97,13 @@ def enforce_idle_policy(
     admin_rule: IdleGpuRule | None,
     channels: Sequence[str],
     activity: Activity | None = None,
+    local_node: str | None = None,
 ) -> list[tuple[int, str]]:
     """One pass; returns (job_id, what happened) for warnings and actions taken. `activity`:
-    {workspace job id: unix time of its last use (JupyterLab, SSH)} for the ids it is given."""
-    utilization, sampled = mean_utilization(session, now)
+    {workspace job id: unix time of its last use (JupyterLab, SSH, exec)} for the ids it is
+    given; `local_node`: the node whose real GPUs the server's sampler reads (Settings.node_name)."""
+    utilization = mean_utilization(session, now)
+    sampled = jobs_with_sampled_gpus(session, local_node)
     watches = {w.job_id: w for w in session.scalars(select(IdleGpuWatch))}
     holders = select(GpuClaim.job_id).distinct()
     workspace_jobs = workspaces.workspace_job_ids(session)
@@ -111,7 +125,7 @@ def enforce_idle_policy(
         watched.add(job.id)
         util = utilization.get(job.id)
         if util is None and job.id in workspace_jobs and job.id not in sampled:
-            # a workspace whose GPUs nobody samples (none, or a Slurm node's): its use alone counts
+            # a workspace holding no GPU any sampler covers (none, or a Slurm node's): use alone counts
             util = 0.0
         if util is None:
             continue  # no fresh readings (or a batch job unsampled): no evidence, the watch stays

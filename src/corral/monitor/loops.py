@@ -20,6 +20,7 @@ from corral.monitor.idle import enforce_idle_policy
 from corral.monitor.risk import detector_config, update_risk
 from corral.server.context import BackgroundLoop, ServerContext
 from corral.services import incidents, remediation
+from corral.services.session_use import persisted_use
 from corral.workspaces.activity import last_activity
 
 log = logging.getLogger("corral.monitor.loops")
@@ -85,12 +86,29 @@ def delivery_tick(ctx: ServerContext, now: float) -> None:
 
 
 def workspace_use(ctx: ServerContext, job_ids: Sequence[int], now: float) -> Mapping[int, float]:
-    """{workspace job id: when last used}: now for one with an SSH session open through this
-    server's gateway, else its JupyterLab's last activity (asked only of the others)."""
-    sessions = ctx.memory.ssh_sessions() if ctx.memory.ssh_sessions is not None else {}
-    in_use = {job_id: now for job_id in job_ids if sessions.get(job_id, 0) > 0}
-    rest = [job_id for job_id in job_ids if job_id not in in_use]
-    return {**last_activity(ctx.session_factory, ctx.engine, rest, now), **in_use} if rest else in_use
+    """{workspace job id: when last used}, the latest of: its sessions (SSH gateway, exec,
+    port-forward) through this server (now while one is open, else the last close) and through
+    any server (as persisted, corral.services.session_use), and its JupyterLab's last activity
+    (asked only of those with no session open here)."""
+    wanted = set(job_ids)
+    here = ctx.memory.session_use.last_use(now) if ctx.memory.session_use is not None else {}
+    with ctx.session_factory() as session:
+        used = dict(persisted_use(session, job_ids))
+    for job_id, at in here.items():
+        if job_id in wanted:
+            used[job_id] = max(at, used.get(job_id, at))
+    rest = [job_id for job_id in job_ids if used.get(job_id) != now]
+    jupyter = last_activity(ctx.session_factory, ctx.engine, rest, now) if rest else {}
+    for job_id, at in jupyter.items():
+        used[job_id] = max(at, used.get(job_id, at))
+    return used
+
+
+def session_use_tick(ctx: ServerContext, now: float) -> None:
+    """Every server writes the last uses of its sessions to their workspaces (not a singleton)."""
+    if ctx.memory.session_use is not None:
+        with ctx.session_factory() as session:
+            ctx.memory.session_use.persist(session, now)
 
 
 def idle_tick(ctx: ServerContext, now: float) -> None:
@@ -99,7 +117,9 @@ def idle_tick(ctx: ServerContext, now: float) -> None:
 
     with ctx.session_factory() as session:
         rule = monitor_config(ctx).idle_gpu
-        done = enforce_idle_policy(session, now, rule, channel_names(ctx), activity)
+        done = enforce_idle_policy(
+            session, now, rule, channel_names(ctx), activity, local_node=ctx.settings.node_name
+        )
     for job_id, what in done:
         log.info("idle GPU policy: job %s %s", job_id, what)
     if done:
@@ -141,6 +161,7 @@ def incident_tick(ctx: ServerContext, now: float) -> None:
 
 
 INCIDENT_INTERVAL_S = 5.0
+SESSION_USE_INTERVAL_S = 30.0  # how stale another server's view of this one's sessions may be
 
 
 def _loops() -> list[BackgroundLoop]:
@@ -151,6 +172,7 @@ def _loops() -> list[BackgroundLoop]:
         BackgroundLoop("monitor-delivery", settings.delivery_interval_s, delivery_tick),
         BackgroundLoop("monitor-idle", settings.idle_interval_s, idle_tick),
         BackgroundLoop("incidents", INCIDENT_INTERVAL_S, incident_tick),
+        BackgroundLoop("session-use", SESSION_USE_INTERVAL_S, session_use_tick, singleton=False),
     ]
 
 

@@ -7,7 +7,7 @@ loops by exposing `LOOPS: list[BackgroundLoop]` in their own module, which the r
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -18,6 +18,7 @@ from corral.domain import JobDiagnosis
 from corral.engine.base import Engine
 from corral.scheduler import Scheduler
 from corral.services.notify import Topic
+from corral.services.session_use import SessionUse
 
 # The loops that act on a committed change, by the topic the service told (corral.services.notify).
 # A submit wakes only the schedule loop: it launches what it placed itself (dispatch.launch_placed),
@@ -57,9 +58,9 @@ class LoopMemory:
     exit_spec: ExitSpecCache | None = None  # diagnosis: the active exit-spec (reconcile)
     log_tail_bytes: int = 64 * 1024  # diagnosis: how much of a failed rank's log it reads
     audit_purged_at: float = 0.0  # when the retention loop last purged the audit log
-    # {job id: SSH channels open into it} from this server's gateway (None: gateway off); the idle
-    # loop counts an open one as a workspace's use (monitor.loops.idle_tick).
-    ssh_sessions: Callable[[], Mapping[int, int]] | None = None
+    # Sessions into jobs through this server (SSH gateway, exec, port-forward), open and last
+    # closed: the idle loop counts them as a workspace's use, the session-use loop persists them.
+    session_use: SessionUse | None = None
     # singleton loop -> until when this process holds its lease (the runner's; 0: another server
     # does). No entry: no runner (a test driving ticks itself), so this process does everything.
     lease_until: dict[str, float] = field(default_factory=dict)

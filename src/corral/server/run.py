@@ -34,6 +34,7 @@ from corral.server.dispatch import shutdown_launches
 from corral.server.reconcile import adopt_once
 from corral.server.runner import LoopRunner, collect_loops
 from corral.server.sampler import StackSampler
+from corral.services.session_use import SessionUse
 
 log = logging.getLogger("corral.server")
 
@@ -214,12 +215,14 @@ def serve(settings: Settings, demo: bool = False) -> None:
     )
     from corral.gateway.ssh import start_gateway
 
-    gateway = start_gateway(settings, session_factory, engine)  # ssh into jobs (docs/workspaces.md)
+    session_use = SessionUse()  # sessions into jobs, the gateway's and exec's: idle reclamation
+    gateway = start_gateway(settings, session_factory, engine, session_use)  # docs/workspaces.md
     # The API's services tell the loops what they committed (a submit wakes the scheduler).
     app = create_app(settings, engine=engine, db_engine=db_engine, notifier=ctx)
     app.state.server_context = ctx
     app.state.ssh_gateway = gateway  # None when off
-    ctx.memory.ssh_sessions = gateway.sessions_by_job if gateway is not None else None  # idle use
+    app.state.session_use = ctx.memory.session_use = session_use
+    session_use.on_close = lambda: ctx.wake("session-use")  # a close is persisted at once
     runner = LoopRunner(ctx, collect_loops(engine))
     app.state.loop_health = lambda: runner.health(settings.ready_loop_stall_s)  # for /readyz
     config = uvicorn.Config(

@@ -11,7 +11,8 @@ The server answers {"started": true} or {"error": "...", "status": 4xx} and clos
 (stdin); server -> client 1 (stdout) and 2 (stderr; with a TTY everything comes on 1). Text
 frames: client -> server {"eof": true} (close stdin), {"resize": [rows, cols]}; server -> client
 {"exit": code} last, then a normal close. Only the job's owner and admins get in; each entry is
-in the audit log (action job.exec or job.port_forward).
+in the audit log (action job.exec or job.port_forward). A session is counted, open and then
+closed, in the server's SessionUse (app.state.session_use): a workspace's use for idle reclamation.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -32,6 +34,7 @@ from corral.gateway.spawn import SandboxProcess
 from corral.services.auth import Principal, authenticate_session, authenticate_token
 from corral.services.errors import Forbidden, ServiceError, Unauthenticated
 from corral.services.sandbox_exec import exec_target, record_entry, relay_argv
+from corral.services.session_use import SessionUse
 
 router = APIRouter(tags=["jobs"])
 STDIN = 0
@@ -58,8 +61,16 @@ async def exec_in_job(websocket: WebSocket, job_id: int) -> None:
         return
     except WebSocketDisconnect:
         return
-    await websocket.send_text(json.dumps({"started": True}))
-    await _stream(websocket, proc)
+    use: SessionUse | None = getattr(websocket.app.state, "session_use", None)  # None: not counted
+    if use is not None:
+        use.opened(job_id)
+    try:
+        await websocket.send_text(json.dumps({"started": True}))
+        await _stream(websocket, proc)
+    finally:
+        proc.kill()  # idempotent; a send failing before _stream must not leave it running
+        if use is not None:
+            use.closed(job_id, time.time())
 
 
 async def _start(websocket: WebSocket, job_id: int, request: Any) -> SandboxProcess:

@@ -1,0 +1,96 @@
+"""The SSH gateway's count of open sessions per job (what idle reclamation reads): a real
+asyncssh server and client on loopback, the gateway's database and engine steps replaced by
+stand-ins (tests/server/test_sandbox_entry.py drives the whole path into real sandboxes)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import asyncssh
+import pytest
+
+from corral.config import Settings
+from corral.engine.base import ExecCommand
+from corral.gateway.ssh import Gateway
+from tests.server.fakes import FakeEngine
+
+JOB_ID = 7
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[tuple[Gateway, asyncssh.SSHKey]]:
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    settings = Settings(home=tmp_path, ssh_gateway_port=0)
+    gw = Gateway(settings, cast(Any, None), FakeEngine())
+    gw.keys_of = lambda user: [key.export_public_key().decode()]  # type: ignore[method-assign]
+    gw.start()
+    yield gw, key
+    gw.stop()
+
+
+def entering(
+    argv: Sequence[str], entered: threading.Event, release: threading.Event
+) -> Callable[[str, str, Sequence[str], str], tuple[ExecCommand, int]]:
+    def enter(username: str, source: str, _argv: Sequence[str], how: str) -> tuple[ExecCommand, int]:
+        entered.set()
+        assert release.wait(10)
+        return ExecCommand(argv=tuple(argv), env={}), JOB_ID
+
+    return enter
+
+
+def connect(gw: Gateway, key: asyncssh.SSHKey) -> Any:
+    return asyncssh.connect(
+        gw.host, gw.port, username=f"alice+job-{JOB_ID}", client_keys=[key], known_hosts=None
+    )
+
+
+def test_a_channel_closed_while_entering_its_job_is_never_counted(
+    gateway: tuple[Gateway, asyncssh.SSHKey],
+) -> None:
+    """The client closes the channel while the gateway is still resolving its job: the process
+    is not started (or is killed) and the job's open-session count does not stay at 1."""
+    gw, key = gateway
+    entered, release = threading.Event(), threading.Event()
+    gw.enter = entering(["/bin/sleep", "30"], entered, release)  # type: ignore[method-assign]
+
+    async def client() -> dict[int, int]:
+        async with connect(gw, key) as conn:
+            chan, _ = await conn.create_session(asyncssh.SSHClientSession, "sleep 30")
+            assert await asyncio.to_thread(entered.wait, 10)
+            chan.close()
+            await chan.wait_closed()
+            release.set()
+            await asyncio.sleep(0.5)  # the gateway's _start resumes after the close
+            return gw.sessions_by_job()
+
+    assert asyncio.run(client()) == {}
+
+
+def test_a_short_command_leaves_its_close_time_as_the_jobs_last_use(
+    gateway: tuple[Gateway, asyncssh.SSHKey],
+) -> None:
+    """`ssh ws true` is open at no idle check: its close time is what the idle check reads."""
+    gw, key = gateway
+    entered, release = threading.Event(), threading.Event()
+    release.set()
+    gw.enter = entering(["/bin/true"], entered, release)  # type: ignore[method-assign]
+
+    async def client() -> int:
+        async with connect(gw, key) as conn:
+            result = await conn.run("true")
+            return int(result.exit_status or 0)
+
+    before = time.time()
+    assert asyncio.run(client()) == 0
+    deadline = time.time() + 5
+    while gw.use.open_counts() and time.time() < deadline:
+        time.sleep(0.05)  # the gateway's side of the close may trail the client's
+    assert gw.use.open_counts() == {}
+    (job_id, used_at), *more = gw.use.last_use(now=time.time() + 3600).items()
+    assert more == [] and job_id == JOB_ID and before <= used_at <= time.time()
