@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import asyncssh
+import psutil
 import pytest
 
 from corral.config import Settings
@@ -34,11 +35,16 @@ def gateway(tmp_path: Path) -> Iterator[tuple[Gateway, asyncssh.SSHKey]]:
 
 
 def entering(
-    argv: Sequence[str], entered: threading.Event, release: threading.Event
+    argv: Sequence[str],
+    entered: threading.Event,
+    release: threading.Event,
+    returned: threading.Event | None = None,
 ) -> Callable[[str, str, Sequence[str], str], tuple[ExecCommand, int]]:
     def enter(username: str, source: str, _argv: Sequence[str], how: str) -> tuple[ExecCommand, int]:
         entered.set()
         assert release.wait(10)
+        if returned is not None:
+            returned.set()
         return ExecCommand(argv=tuple(argv), env={}), JOB_ID
 
     return enter
@@ -56,20 +62,31 @@ def test_a_channel_closed_while_entering_its_job_is_never_counted(
     """The client closes the channel while the gateway is still resolving its job: the process
     is not started (or is killed) and the job's open-session count does not stay at 1."""
     gw, key = gateway
-    entered, release = threading.Event(), threading.Event()
-    gw.enter = entering(["/bin/sleep", "30"], entered, release)  # type: ignore[method-assign]
+    entered, release, returned = threading.Event(), threading.Event(), threading.Event()
+    gw.enter = entering(["/bin/sleep", "31.5"], entered, release, returned)  # type: ignore[method-assign]
 
-    async def client() -> dict[int, int]:
+    def sleepers() -> list[psutil.Process]:
+        return [p for p in psutil.Process().children(recursive=True) if "31.5" in p.cmdline()]
+
+    async def client() -> list[dict[int, int]]:
         async with connect(gw, key) as conn:
-            chan, _ = await conn.create_session(asyncssh.SSHClientSession, "sleep 30")
+            chan, _ = await conn.create_session(asyncssh.SSHClientSession, "sleep 31.5")
             assert await asyncio.to_thread(entered.wait, 10)
             chan.close()
             await chan.wait_closed()
             release.set()
-            await asyncio.sleep(0.5)  # the gateway's _start resumes after the close
-            return gw.sessions_by_job()
+            assert await asyncio.to_thread(returned.wait, 10)  # the gateway's _start resumes now
+            counts = []
+            for _ in range(10):  # a count taken after the close would show within this second
+                await asyncio.sleep(0.1)
+                counts.append(gw.sessions_by_job())
+            return counts
 
-    assert asyncio.run(client()) == {}
+    assert asyncio.run(client()) == [{}] * 10
+    deadline = time.time() + 5
+    while sleepers() and time.time() < deadline:  # never started, or killed on the close
+        time.sleep(0.05)
+    assert sleepers() == []
 
 
 def test_a_short_command_leaves_its_close_time_as_the_jobs_last_use(

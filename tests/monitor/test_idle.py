@@ -227,16 +227,28 @@ def test_an_unsampled_gpu_workspace_is_judged_by_its_use_and_an_unsampled_batch_
     assert idle_events(mon, batch) == []
 
 
-@pytest.mark.parametrize("readings", ["stale", "none from the server's own node"])
+@pytest.mark.parametrize(
+    "readings", ["stale", "none from the server's own node", "stale from another server's node"]
+)
 def test_a_workspace_on_sampled_gpus_without_fresh_readings_is_not_stopped(mon: Mon, readings: str) -> None:
-    """A workspace holding GPUs the server samples is judged by their readings: stale ones (the
-    sampler stopped) or none at all (NVML failed to start on the server's node) are no evidence,
-    however unused its JupyterLab and SSH; it is not stopped while its GPUs may be training."""
+    """A workspace holding GPUs a sampler covers is judged by their readings: stale ones (the
+    sampler stopped; also when it ran on another server's node than the idle check's, as the two
+    loops hold separate leases) or none at all (NVML failed to start on the server's node) are
+    no evidence, however unused its JupyterLab and SSH; it is not stopped while its GPUs may be
+    training."""
     workspace, _ = running_jobs(mon)
     now = time.time()
     settings = mon.settings
     if readings == "stale":
         set_util(mon, workspace, 100.0, now - 3600)  # virtual GPUs, last read an hour ago
+    elif readings == "stale from another server's node":
+        with mon.factory() as db:  # real GPUs of a node that is not this server's
+            for claim in db.scalars(select(GpuClaim).where(GpuClaim.job_id == workspace)):
+                on = (Gpu.node_name == claim.node) & (Gpu.index == claim.gpu_index)
+                db.execute(update(Gpu).where(on).values(uuid=f"GPU-{claim.node}-gpu{claim.gpu_index}"))
+            db.commit()
+        set_util(mon, workspace, 100.0, now - 3600)
+        assert settings.node_name not in {c.node for c in mon.factory().scalars(select(GpuClaim))}
     else:
         unsample_gpus(mon, [workspace], "GPU-")
         with mon.factory() as db:

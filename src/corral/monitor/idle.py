@@ -78,14 +78,22 @@ def mean_utilization(session: Session, now: float) -> dict[int, float]:
 
 
 def jobs_with_sampled_gpus(session: Session, local_node: str | None) -> set[int]:
-    """Jobs holding a GPU the server's sampler covers (virtual, or of `local_node`), whether or
-    not a reading of it exists: for those, no reading means a sampling fault, not no sampler."""
+    """Jobs holding a GPU a sampler covers: virtual, of `local_node` (whether or not a reading of
+    it exists: no reading there means a sampling fault, not no sampler), or read by any server
+    at some time. For those, no fresh reading is no evidence, never idleness."""
     rows = session.execute(
         select(GpuClaim.job_id, GpuClaim.node, Gpu.uuid).outerjoin(
             Gpu, (Gpu.node_name == GpuClaim.node) & (Gpu.index == GpuClaim.gpu_index)
         )
     )
-    return {job_id for job_id, node, uuid in rows if sampled_by_server(node, uuid or "", local_node or "")}
+    covered = {job_id for job_id, node, uuid in rows if sampled_by_server(node, uuid or "", local_node or "")}
+    # Jobs whose GPUs some sampler has read, stale or not: the GPU sampler and this check hold
+    # separate leases, so the sampling server may be on another node than this one, and a
+    # stopped sampler's old readings still say a sampler covers these GPUs.
+    read = select(GpuClaim.job_id).join(
+        GpuReading, (GpuReading.node == GpuClaim.node) & (GpuReading.gpu_index == GpuClaim.gpu_index)
+    )
+    return covered | set(session.scalars(read.distinct()))
 
 
 Activity = Callable[[Sequence[int]], Mapping[int, float]]

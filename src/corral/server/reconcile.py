@@ -235,7 +235,10 @@ def apply_status(
 def _prefetch(session: Session, ids: list[int]) -> tuple[dict[int, Job], dict[int, Attempt]]:
     jobs, attempts = jobs_with_live_attempts(session, ids)
     if any(attempt_gpus(a) > 0 for a in attempts.values()):  # only GPU-seconds are charged
-        session.scalars(select(UsageLedger)).all()  # fair-share rows the ended attempts will charge
+        # The fair-share rows the ended attempts will charge, in one SELECT; kept referenced in
+        # the session's info for the batch, since the identity map holds objects only weakly and
+        # charge_usage's session.get would otherwise query each row again.
+        session.info["usage_rows"] = session.scalars(select(UsageLedger)).all()
     return jobs, attempts
 
 
