@@ -57,7 +57,17 @@ def test_earliest_is_the_first_start_with_room_for_the_whole_runtime(
     free_now: int, returns: list[tuple[float, int]], jobs: list[tuple[int, float, float]]
 ) -> None:
     line = Timeline(0.0, free_now, sorted(returns))
+    twin = Timeline(0.0, free_now, sorted(returns))  # rolled by hold_earliest: search and take in one
+    twin_all = Timeline(0.0, free_now, sorted(returns))  # the same, through the all-runs pass
     for need, runtime, offset in jobs:
+        plain = plain_earliest(line, need, runtime, offset)
+        assert twin.hold_earliest(need, runtime, offset) == plain
+        first_runs = eta.FIRST_RUNS
+        try:
+            eta.FIRST_RUNS = 1
+            assert twin_all.hold_earliest(need, runtime, offset) == plain
+        finally:
+            eta.FIRST_RUNS = first_runs
         want = plain_earliest(line, need, runtime, offset)
         got = line.earliest(need, runtime, offset)
         assert got == want, (need, runtime, offset)
@@ -76,6 +86,11 @@ def test_earliest_is_the_first_start_with_room_for_the_whole_runtime(
             assert free_at(line, got) == before[0] - need
             assert free_at(line, got + runtime - 0.5) == before[1] - need
             assert free_at(line, got + runtime) >= 0
+        k = line.size  # the twins hold exactly what earliest then take left
+        for other in (twin, twin_all):
+            assert other.size == k
+            assert list(other.times[:k]) == list(line.times[:k])
+            assert list(other.free[:k]) == list(line.free[:k])
 
 
 def test_remaining_s_matches_the_log_normal_it_describes() -> None:

@@ -79,7 +79,7 @@ class Timeline:
     i = size - 1, for ever). Arrays with room to grow, so that checking or taking a long stretch
     is one vector operation and a new breakpoint one move of the tail."""
 
-    __slots__ = ("free", "room", "size", "times")
+    __slots__ = ("found_at", "free", "room", "size", "times")
 
     def __init__(self, now: float, free_now: int, returns: Sequence[tuple[float, int]]) -> None:
         times, free = [now], [free_now]
@@ -96,6 +96,7 @@ class Timeline:
         self.times[: self.size] = times
         self.free[: self.size] = free
         self.room = np.zeros(room, dtype=np.bool_)  # _first_run's scratch: free >= need
+        self.found_at = 0  # the index of the breakpoint _first_run's last answer begins at
 
     def earliest(
         self, need: int, runtime: float, not_before: float, before: float = math.inf
@@ -149,6 +150,7 @@ class Timeline:
                 return None
             gap = int(here[begin:].argmin())  # 0: room from there on (here[begin] has room)
             if gap == 0 or times[i + begin + gap] >= start + runtime:
+                self.found_at = i + begin
                 return start
             at = begin + gap  # no room there: the search goes on after it
         found = self._all_runs(i + at, need, runtime)
@@ -175,21 +177,28 @@ class Timeline:
             end_t[-1] = math.inf
         fits = end_t >= begin_t + runtime
         first = int(fits.argmax())
-        return float(begin_t[first]) if fits[first] else None
+        if not fits[first]:
+            return None
+        self.found_at = int(begins[first])
+        return float(begin_t[first])
 
     def split(self, t: float) -> int:
         """The index of a breakpoint at `t` (> times[0]), made if there is none."""
+        return self._split_at(int(self.times[: self.size].searchsorted(t, "left")), t)
+
+    def _split_at(self, j: int, t: float) -> int:
+        """`split(t)`, `j` being where `t` goes in the times (searchsorted, "left")."""
         k = self.size
         times = self.times
-        j = int(times[:k].searchsorted(t, "left"))
         if j < k and times[j] == t:
             return j
         if k == len(times):  # full: double the room
             self.times = times = np.concatenate([times, np.empty(k, dtype=np.float64)])
             self.free = np.concatenate([self.free, np.empty(k, dtype=np.int64)])
         free = self.free
-        times[j + 1 : k + 1] = times[j:k].copy()
-        free[j + 1 : k + 1] = free[j:k].copy()
+        if j < k:  # (numpy copies overlapping slices as if through a temporary)
+            times[j + 1 : k + 1] = times[j:k]
+            free[j + 1 : k + 1] = free[j:k]
         times[j] = t
         free[j] = free[j - 1]
         self.size = k + 1
@@ -200,6 +209,34 @@ class Timeline:
         i = self.split(start) if start > self.times[0] else 0
         j = self.split(start + runtime)
         self.free[i:j] -= need
+
+    def hold_earliest(self, need: int, runtime: float, not_before: float) -> float | None:
+        """`earliest(need, runtime, not_before)`, then `take` there: the same answer and the same
+        timeline after, with the searches `take` would repeat left out (the roll's usual step:
+        one model, the floor at the first breakpoint)."""
+        times = self.times
+        if not_before > times[0]:  # (a strict-FIFO roll's raised floor)
+            at = self.earliest(need, runtime, not_before)
+            if at is not None:
+                self.take(at, need, runtime)
+            return at
+        k = self.size
+        start = float(times[0])
+        end = start + runtime
+        if self.free[0] >= need:  # earliest's common case, at i = 0
+            j = int(times[:k].searchsorted(end, "left"))  # also where take's split(end) looks
+            if j <= 1 or _min(self.free[:j]) >= need:
+                j = self._split_at(j, end)
+                self.free[:j] -= need  # take at times[0]: from index 0
+                return start
+        if k < 2:
+            return None
+        at = self._first_run(1, need, runtime)
+        if at is not None:  # a breakpoint's time: take's split(at) finds `found_at`
+            i = self.found_at
+            j = self.split(at + runtime)  # after i: i stays where it is
+            self.free[i:j] -= need
+        return at
 
 
 def backfill_starts(
@@ -234,6 +271,13 @@ def backfill_starts(
         if options is None:
             options = choices[models] = [(capacity_by_model.get(m, 0), lines[m]) for m in models]
         hold = default_runtime_s if runtime is None else max(runtime, 1.0)
+        if len(options) == 1:  # one model (most jobs, and every job of a one-model cluster)
+            capacity, line = options[0]
+            at = None if need > capacity else line.hold_earliest(need, hold, floor)
+            out[job_id] = at
+            if in_order and at is not None:
+                floor = at
+            continue
         best_at: float | None = None
         best_line: Timeline | None = None
         for capacity, line in options:
