@@ -104,3 +104,12 @@ def test_remaining_s_matches_the_log_normal_it_describes() -> None:
     assert math.isclose(at_median + estimate, p75, rel_tol=1e-9)
     assert remaining_s(estimate, spread, 0.0) == estimate
     assert remaining_s(estimate, None, 300.0) == 700.0
+
+
+def test_inverse_normal_called_directly_is_the_method_bit_for_bit() -> None:
+    """remaining_s calls statistics' inverse normal CDF without NormalDist's method: the same
+    floats (the replays' per-job hashes depend on them)."""
+    from statistics import NormalDist
+
+    for p in (1e-9, 0.01, 0.25, 0.3, 0.5, 0.75, 0.9999999, 1.0 - 2.5e-13):
+        assert eta._inv_cdf_at(p, 0.0, 1.0) == NormalDist().inv_cdf(p)

@@ -18,7 +18,8 @@ for its quota or its user's cap gets no time at all (diagnosis.py says why inste
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+import statistics
+from collections.abc import Callable, Collection, Mapping, Sequence
 from operator import itemgetter
 from statistics import NormalDist
 
@@ -33,7 +34,18 @@ IQR_Z = 1.3489795  # the interquartile range of a standard normal
 SIGMA_MIN = 0.8  # log-spread assumed when the runs agree (one run, or a few alike): still a guess
 _NORMAL = NormalDist()
 _min = np.minimum.reduce  # without ndarray.min's Python wrapper: this runs for every job
-_inv_cdf = _NORMAL.inv_cdf
+
+
+def _inv_cdf_plain(p: float, mu: float, sigma: float) -> float:
+    return NormalDist(mu, sigma).inv_cdf(p)
+
+
+# NormalDist().inv_cdf(p) is statistics' own _normal_dist_inv_cdf (C where Python has it) with mu 0
+# and sigma 1, after checking 0 < p < 1, which every call here meets (q in (0, 1), survive in
+# (1e-12, 1]): called directly, without the method's call and checks (runs for every running job)
+_inv_cdf_at: Callable[[float, float, float], float] = getattr(
+    statistics, "_normal_dist_inv_cdf", _inv_cdf_plain
+)
 _SQRT2 = math.sqrt(2.0)
 _LOG_NORMAL: dict[tuple[float, tuple[float, float]], tuple[float, float]] = {}  # (mu, sigma) memo
 _LOG_NORMAL_MAX = 1 << 16
@@ -65,12 +77,12 @@ def remaining_s(estimate: float, spread: tuple[float, float] | None, elapsed: fl
         found = _LOG_NORMAL[(estimate, spread)] = (math.log(estimate), _sigma(spread))
     mu, sigma = found
     if elapsed <= 0:
-        return estimate if q == 0.5 else math.exp(mu + sigma * _inv_cdf(q))
+        return estimate if q == 0.5 else math.exp(mu + sigma * _inv_cdf_at(q, 0.0, 1.0))
     # P(D > elapsed): NormalDist().cdf's own formula, without its method call (bit for bit the same)
     survive = 1.0 - 0.5 * (1.0 + math.erf(((math.log(elapsed) - mu) / sigma) / _SQRT2))
     if survive <= 1e-12:  # far past anything its kind ever ran: about as long again
         return elapsed
-    end = math.exp(mu + sigma * _inv_cdf(1.0 - survive * (1.0 - q)))
+    end = math.exp(mu + sigma * _inv_cdf_at(1.0 - survive * (1.0 - q), 0.0, 1.0))
     return max(0.0, end - elapsed)
 
 
