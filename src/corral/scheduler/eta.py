@@ -250,6 +250,17 @@ class Timeline:
             self.free[i:j] -= need
         return at
 
+    def room_again(self, start: float, need: int, runtime: float) -> tuple[int, int, int]:
+        """Right after a job of `need` GPUs took [start, start + runtime) (`hold_earliest`): the
+        stretch's breakpoint indices [i, j) (both ends already are breakpoints) and how many more
+        jobs of the same need and runtime it still has room for. Each of those, searched on its
+        own, would start at `start` too: no earlier time had room for the first job, and the
+        timeline has only lost room since. `free[i:j] -= n * need` holds it for n of them."""
+        times = self.times[: self.size]
+        i = int(times.searchsorted(start, "left"))
+        j = int(times.searchsorted(start + runtime, "left"))
+        return i, j, int(_min(self.free[i:j])) // need
+
 
 def backfill_starts(
     now: float,
@@ -275,7 +286,11 @@ def backfill_starts(
     choices: dict[tuple[str, ...], list[tuple[int, Timeline]]] = {}
     out: dict[str, float | None] = {}
     floor = now
-    for job_id, need, models, runtime in waiting:
+    count = len(waiting)
+    index = 0
+    while index < count:
+        job_id, need, models, runtime = waiting[index]
+        index += 1
         if need <= 0:
             out[job_id] = floor
             continue
@@ -289,6 +304,21 @@ def backfill_starts(
             out[job_id] = at
             if in_order and at is not None:
                 floor = at
+            # the same jobs right after it (most of a deep roll: a user's runs of one kind) start
+            # there as long as the stretch has room (hold_again), or get no time when it got none
+            # (nothing changed): what searching each on its own gives, without the searches
+            if index < count and _alike(waiting[index], need, models, runtime):
+                if at is None:
+                    most = count - index
+                else:
+                    i, j, most = line.room_again(at, need, hold)
+                same = index
+                while same < count and same - index < most and _alike(waiting[same], need, models, runtime):
+                    out[waiting[same][0]] = at
+                    same += 1
+                if at is not None and same > index:
+                    line.free[i:j] -= (same - index) * need
+                index = same
             continue
         best_at: float | None = None
         best_line: Timeline | None = None
@@ -309,6 +339,11 @@ def backfill_starts(
         if in_order:
             floor = best_at
     return out
+
+
+def _alike(w: Waiting, need: int, models: tuple[str, ...], runtime: float | None) -> bool:
+    """The waiting job `w` asks for what (need, models, runtime) does: the roll places it alike."""
+    return w[1] == need and w[3] == runtime and (w[2] is models or w[2] == models)
 
 
 def running_events(
