@@ -304,21 +304,8 @@ def backfill_starts(
             out[job_id] = at
             if in_order and at is not None:
                 floor = at
-            # the same jobs right after it (most of a deep roll: a user's runs of one kind) start
-            # there as long as the stretch has room (hold_again), or get no time when it got none
-            # (nothing changed): what searching each on its own gives, without the searches
             if index < count and _alike(waiting[index], need, models, runtime):
-                if at is None:
-                    most = count - index
-                else:
-                    i, j, most = line.room_again(at, need, hold)
-                same = index
-                while same < count and same - index < most and _alike(waiting[same], need, models, runtime):
-                    out[waiting[same][0]] = at
-                    same += 1
-                if at is not None and same > index:
-                    line.free[i:j] -= (same - index) * need
-                index = same
+                index = _place_alike(waiting, index, line, at, hold, out)
             continue
         best_at: float | None = None
         best_line: Timeline | None = None
@@ -330,15 +317,45 @@ def backfill_starts(
                 best_at, best_line = at, line
                 if at <= floor:  # no model can offer an earlier start: skip the others' searches
                     break
-        if best_line is None:  # no single model ever holds it: cannot tell
-            out[job_id] = None
-            continue
-        assert best_at is not None
-        best_line.take(best_at, need, hold)
-        out[job_id] = best_at
-        if in_order:
-            floor = best_at
+        if best_line is not None:
+            assert best_at is not None
+            best_line.take(best_at, need, hold)
+            if in_order:
+                floor = best_at
+        out[job_id] = best_at  # None: no single model ever holds it, cannot tell
+        if index < count and _alike(waiting[index], need, models, runtime):
+            # (the other models' timelines are as they were, and none offered best_at or earlier
+            # before best_line in the order: the same model wins while it has room at best_at)
+            index = _place_alike(waiting, index, best_line, best_at, hold, out)
     return out
+
+
+def _place_alike(
+    waiting: Sequence[Waiting],
+    index: int,
+    line: Timeline | None,
+    at: float | None,
+    hold: float,
+    out: dict[str, float | None],
+) -> int:
+    """The jobs from `index` on that ask for what the job just placed did (`_alike`; most of a
+    deep roll: a user's runs of one kind): while the stretch it took on `line` at `at` has room,
+    each starts there too (`Timeline.room_again`); when it got no time (`at` None), nothing
+    changed and none of them gets one. What searching each on its own gives, without the
+    searches. Returns the index of the first job not placed."""
+    _, need, models, runtime = waiting[index - 1]
+    count = len(waiting)
+    if at is None or line is None:
+        most, i, j = count, 0, 0
+    else:
+        i, j, most = line.room_again(at, need, hold)
+    same = index
+    while same < count and same - index < most and _alike(waiting[same], need, models, runtime):
+        out[waiting[same][0]] = at
+        same += 1
+    if line is not None and same > index and at is not None:
+        line.free[i:j] -= (same - index) * need
+    return same
 
 
 def _alike(w: Waiting, need: int, models: tuple[str, ...], runtime: float | None) -> bool:
