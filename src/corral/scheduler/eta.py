@@ -91,7 +91,7 @@ class Timeline:
     i = size - 1, for ever). Arrays with room to grow, so that checking or taking a long stretch
     is one vector operation and a new breakpoint one move of the tail."""
 
-    __slots__ = ("found_at", "free", "room", "size", "times")
+    __slots__ = ("found_at", "free", "room", "size", "taken", "times")
 
     def __init__(self, now: float, free_now: int, returns: Sequence[tuple[float, int]]) -> None:
         times, free = [now], [free_now]
@@ -109,6 +109,7 @@ class Timeline:
         self.free[: self.size] = free
         self.room = np.zeros(room, dtype=np.bool_)  # _first_run's scratch: free >= need
         self.found_at = 0  # the index of the breakpoint _first_run's last answer begins at
+        self.taken = (0, 0)  # the breakpoint indices [i, j) of the stretch the last take held
 
     def earliest(
         self, need: int, runtime: float, not_before: float, before: float = math.inf
@@ -221,6 +222,7 @@ class Timeline:
         i = self.split(start) if start > self.times[0] else 0
         j = self.split(start + runtime)
         self.free[i:j] -= need
+        self.taken = (i, j)
 
     def hold_earliest(self, need: int, runtime: float, not_before: float) -> float | None:
         """`earliest(need, runtime, not_before)`, then `take` there: the same answer and the same
@@ -240,6 +242,7 @@ class Timeline:
             if j <= 1 or _min(self.free[:j]) >= need:
                 j = self._split_at(j, end)
                 self.free[:j] -= need  # take at times[0]: from index 0
+                self.taken = (0, j)
                 return start
         if k < 2:
             return None
@@ -248,17 +251,16 @@ class Timeline:
             i = self.found_at
             j = self.split(at + runtime)  # after i: i stays where it is
             self.free[i:j] -= need
+            self.taken = (i, j)
         return at
 
-    def room_again(self, start: float, need: int, runtime: float) -> tuple[int, int, int]:
-        """Right after a job of `need` GPUs took [start, start + runtime) (`hold_earliest`): the
-        stretch's breakpoint indices [i, j) (both ends already are breakpoints) and how many more
-        jobs of the same need and runtime it still has room for. Each of those, searched on its
-        own, would start at `start` too: no earlier time had room for the first job, and the
-        timeline has only lost room since. `free[i:j] -= n * need` holds it for n of them."""
-        times = self.times[: self.size]
-        i = int(times.searchsorted(start, "left"))
-        j = int(times.searchsorted(start + runtime, "left"))
+    def room_again(self, need: int) -> tuple[int, int, int]:
+        """Right after a job of `need` GPUs took its stretch (`take` or `hold_earliest`, nothing
+        changed since): the stretch's breakpoint indices [i, j) and how many more jobs of the
+        same need and runtime it still has room for. Each of those, searched on its own, would
+        start where that job did: no earlier time had room for it, and the timeline has only lost
+        room since. `free[i:j] -= n * need` holds it for n of them."""
+        i, j = self.taken
         return i, j, int(_min(self.free[i:j])) // need
 
 
@@ -305,7 +307,7 @@ def backfill_starts(
             if in_order and at is not None:
                 floor = at
             if index < count and _alike(waiting[index], need, models, runtime):
-                index = _place_alike(waiting, index, line, at, hold, out)
+                index = _place_alike(waiting, index, line, at, out)
             continue
         best_at: float | None = None
         best_line: Timeline | None = None
@@ -326,7 +328,7 @@ def backfill_starts(
         if index < count and _alike(waiting[index], need, models, runtime):
             # (the other models' timelines are as they were, and none offered best_at or earlier
             # before best_line in the order: the same model wins while it has room at best_at)
-            index = _place_alike(waiting, index, best_line, best_at, hold, out)
+            index = _place_alike(waiting, index, best_line, best_at, out)
     return out
 
 
@@ -335,7 +337,6 @@ def _place_alike(
     index: int,
     line: Timeline | None,
     at: float | None,
-    hold: float,
     out: dict[str, float | None],
 ) -> int:
     """The jobs from `index` on that ask for what the job just placed did (`_alike`; most of a
@@ -348,7 +349,7 @@ def _place_alike(
     if at is None or line is None:
         most, i, j = count, 0, 0
     else:
-        i, j, most = line.room_again(at, need, hold)
+        i, j, most = line.room_again(need)
     same = index
     while same < count and same - index < most and _alike(waiting[same], need, models, runtime):
         out[waiting[same][0]] = at
