@@ -57,7 +57,17 @@ def test_earliest_is_the_first_start_with_room_for_the_whole_runtime(
     free_now: int, returns: list[tuple[float, int]], jobs: list[tuple[int, float, float]]
 ) -> None:
     line = Timeline(0.0, free_now, sorted(returns))
+    twin = Timeline(0.0, free_now, sorted(returns))  # rolled by hold_earliest: search and take in one
+    twin_all = Timeline(0.0, free_now, sorted(returns))  # the same, through the all-runs pass
     for need, runtime, offset in jobs:
+        plain = plain_earliest(line, need, runtime, offset)
+        assert twin.hold_earliest(need, runtime, offset) == plain
+        first_runs = eta.FIRST_RUNS
+        try:
+            eta.FIRST_RUNS = 1
+            assert twin_all.hold_earliest(need, runtime, offset) == plain
+        finally:
+            eta.FIRST_RUNS = first_runs
         want = plain_earliest(line, need, runtime, offset)
         got = line.earliest(need, runtime, offset)
         assert got == want, (need, runtime, offset)
@@ -76,6 +86,11 @@ def test_earliest_is_the_first_start_with_room_for_the_whole_runtime(
             assert free_at(line, got) == before[0] - need
             assert free_at(line, got + runtime - 0.5) == before[1] - need
             assert free_at(line, got + runtime) >= 0
+        k = line.size  # the twins hold exactly what earliest then take left
+        for other in (twin, twin_all):
+            assert other.size == k
+            assert list(other.times[:k]) == list(line.times[:k])
+            assert list(other.free[:k]) == list(line.free[:k])
 
 
 def test_remaining_s_matches_the_log_normal_it_describes() -> None:
@@ -89,3 +104,95 @@ def test_remaining_s_matches_the_log_normal_it_describes() -> None:
     assert math.isclose(at_median + estimate, p75, rel_tol=1e-9)
     assert remaining_s(estimate, spread, 0.0) == estimate
     assert remaining_s(estimate, None, 300.0) == 700.0
+
+
+def test_inverse_normal_called_directly_is_the_method_bit_for_bit() -> None:
+    """remaining_s calls statistics' inverse normal CDF without NormalDist's method: the same
+    floats (the replays' per-job hashes depend on them)."""
+    from statistics import NormalDist
+
+    for p in (1e-9, 0.01, 0.25, 0.3, 0.5, 0.75, 0.9999999, 1.0 - 2.5e-13):
+        assert eta._inv_cdf_at(p, 0.0, 1.0) == NormalDist().inv_cdf(p)
+
+
+def plain_backfill_starts(
+    now: float,
+    free_by_model: dict[str, int],
+    capacity_by_model: dict[str, int],
+    events: list[tuple[float, dict[str, int]]],
+    waiting: list[tuple[str, int, tuple[str, ...], float | None]],
+    default_runtime_s: float,
+    in_order: bool,
+) -> dict[str, float | None]:
+    """backfill_starts as defined: job by job, each searched on every model then held."""
+    models = {m for w in waiting for m in w[2]}
+    lines = {
+        m: Timeline(
+            now,
+            free_by_model.get(m, 0),
+            [(t, pm[m]) for t, pm in sorted(events, key=lambda e: e[0]) if pm.get(m)],
+        )
+        for m in models
+    }
+    out: dict[str, float | None] = {}
+    floor = now
+    for job_id, need, allowed, runtime in waiting:
+        if need <= 0:
+            out[job_id] = floor
+            continue
+        hold = default_runtime_s if runtime is None else max(runtime, 1.0)
+        best: tuple[float, Timeline] | None = None
+        for m in allowed:
+            if need > capacity_by_model.get(m, 0):
+                continue
+            at = lines[m].earliest(need, hold, floor)
+            if at is not None and (best is None or at < best[0]):
+                best = (at, lines[m])
+        out[job_id] = None if best is None else best[0]
+        if best is not None:
+            best[1].take(best[0], need, hold)
+            if in_order:
+                floor = best[0]
+    return out
+
+
+kinds = st.tuples(
+    st.integers(1, 6),  # need
+    st.sampled_from([("a",), ("b",), ("a", "b")]),
+    st.sampled_from([None, 5.0, 30.0, 100.0]),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    free_a=st.integers(0, 8),
+    free_b=st.integers(0, 4),
+    returns=st.lists(
+        st.tuples(st.sampled_from([5.0, 10.0, 40.0, 60.0]), st.sampled_from(["a", "b"]), st.integers(1, 4)),
+        max_size=6,
+    ),
+    runs=st.lists(st.tuples(kinds, st.integers(1, 6)), min_size=1, max_size=8),
+    in_order=st.booleans(),
+)
+def test_backfill_starts_places_runs_of_alike_jobs_as_one_by_one(
+    free_a: int,
+    free_b: int,
+    returns: list[tuple[float, str, int]],
+    runs: list[tuple[tuple[int, tuple[str, ...], float | None], int]],
+    in_order: bool,
+) -> None:
+    """Runs of jobs that ask for the same (GPUs, models, runtime) are placed together where the
+    stretch the first took still has room (or all get no time): the same starts as placing them
+    one by one (some jobs never fit: more GPUs than a model has)."""
+    events = [(t, {m: n}) for t, m, n in returns]
+    capacity = {
+        m: free + sum(n for _, r, n in returns if r == m) for m, free in (("a", free_a), ("b", free_b))
+    }
+    waiting = [
+        (f"j{k}-{r}", need, models, runtime)
+        for k, ((need, models, runtime), repeat) in enumerate(runs)
+        for r in range(repeat)
+    ]
+    free = {"a": free_a, "b": free_b}
+    want = plain_backfill_starts(0.0, free, capacity, events, waiting, 50.0, in_order)
+    assert eta.backfill_starts(0.0, free, capacity, events, waiting, 50.0, in_order) == want

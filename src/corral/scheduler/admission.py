@@ -492,18 +492,52 @@ class FairShareQueue:
                 if job.id in self.cpu_ids:
                     self.cpu_only_left -= 1
                 return job
-        self._flush()
         self._charged = False
         self._aged_popped = None
         if self.aged:
+            self._flush()
             job = self.aged.popleft()
             self._aged_popped = job
             if job.id in self.cpu_ids:
                 self.cpu_only_left -= 1
             return job
-        while self.group_heap:
-            _, g = heapq.heappop(self.group_heap)
+        # `_flush` then the loop below, with the last popped group's and user's entries pushed
+        # and the least popped in one heap operation each (the same entry either way: a group is
+        # in the group heap at most once and a user in its group's heap at most once, so no two
+        # entries are equal). The expected-start queue (diagnosis.py) charges every job it pops.
+        back: tuple[float, str] | None = None  # the last popped group's entry, to go back
+        back_user: UserKey | None = None  # and its user's, when that user has jobs left
+        back_g = ""
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            back_g, user = pending
+            q = self.users[back_g][user]
+            if q:
+                back_user = self._user_key(back_g, user, q[0])
+            if back_user is not None or self.user_heaps[back_g]:
+                back = (self.group_share[back_g], back_g)
+        group_heap = self.group_heap
+        while True:
+            if back is not None:
+                _, g = heapq.heappushpop(group_heap, back)
+                back = None
+            elif group_heap:
+                _, g = heapq.heappop(group_heap)
+            else:
+                return None
             heap = self.user_heaps[g]
+            if back_user is not None:
+                if g == back_g:
+                    *_, user = heapq.heappushpop(heap, back_user)
+                    back_user = None
+                    job = self.users[g][user].popleft()
+                    self._pending = (g, user)
+                    if job.id in self.cpu_ids:
+                        self.cpu_only_left -= 1
+                    return job
+                heapq.heappush(self.user_heaps[back_g], back_user)
+                back_user = None
             if not heap:
                 continue
             *_, user = heapq.heappop(heap)
@@ -512,7 +546,6 @@ class FairShareQueue:
             if job.id in self.cpu_ids:
                 self.cpu_only_left -= 1
             return job
-        return None
 
     def _flush(self) -> None:
         """Put the last popped group and user back, keyed by their shares after any charge."""

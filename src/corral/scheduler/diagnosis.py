@@ -528,20 +528,23 @@ class DiagnosisView:
         start_queue = self.start_queue
         queue = start_queue if start_queue is not None else cycle.queue
         never = cycle.verdicts.unschedulable
+        pop = queue.pop
+        charge = start_queue.charge if start_queue is not None else None
         while not self.order_done and (missing is None or missing > 0):
             if len(order) >= limit:
                 self.order_done = True
                 break
-            rest = queue.pop()
+            rest = pop()
             if rest is None:
                 self.order_done = True
                 break
-            if start_queue is not None and rest.id not in never:
-                start_queue.charge(rest)  # as the cycle that starts it will: its group's turn passes
-            if rest.id not in seen:
-                seen.add(rest.id)
+            rest_id = rest.id
+            if charge is not None and rest_id not in never:
+                charge(rest)  # as the cycle that starts it will: its group's turn passes
+            if rest_id not in seen:
+                seen.add(rest_id)
                 order.append(rest)
-                if missing is not None and rest.id in targets:  # type: ignore[operator]
+                if missing is not None and rest_id in targets:  # type: ignore[operator]
                     missing -= 1
         return order
 

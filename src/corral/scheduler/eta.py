@@ -18,7 +18,8 @@ for its quota or its user's cap gets no time at all (diagnosis.py says why inste
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+import statistics
+from collections.abc import Callable, Collection, Mapping, Sequence
 from operator import itemgetter
 from statistics import NormalDist
 
@@ -33,7 +34,18 @@ IQR_Z = 1.3489795  # the interquartile range of a standard normal
 SIGMA_MIN = 0.8  # log-spread assumed when the runs agree (one run, or a few alike): still a guess
 _NORMAL = NormalDist()
 _min = np.minimum.reduce  # without ndarray.min's Python wrapper: this runs for every job
-_inv_cdf = _NORMAL.inv_cdf
+
+
+def _inv_cdf_plain(p: float, mu: float, sigma: float) -> float:
+    return NormalDist(mu, sigma).inv_cdf(p)
+
+
+# NormalDist().inv_cdf(p) is statistics' own _normal_dist_inv_cdf (C where Python has it) with mu 0
+# and sigma 1, after checking 0 < p < 1, which every call here meets (q in (0, 1), survive in
+# (1e-12, 1]): called directly, without the method's call and checks (runs for every running job)
+_inv_cdf_at: Callable[[float, float, float], float] = getattr(
+    statistics, "_normal_dist_inv_cdf", _inv_cdf_plain
+)
 _SQRT2 = math.sqrt(2.0)
 _LOG_NORMAL: dict[tuple[float, tuple[float, float]], tuple[float, float]] = {}  # (mu, sigma) memo
 _LOG_NORMAL_MAX = 1 << 16
@@ -65,12 +77,12 @@ def remaining_s(estimate: float, spread: tuple[float, float] | None, elapsed: fl
         found = _LOG_NORMAL[(estimate, spread)] = (math.log(estimate), _sigma(spread))
     mu, sigma = found
     if elapsed <= 0:
-        return estimate if q == 0.5 else math.exp(mu + sigma * _inv_cdf(q))
+        return estimate if q == 0.5 else math.exp(mu + sigma * _inv_cdf_at(q, 0.0, 1.0))
     # P(D > elapsed): NormalDist().cdf's own formula, without its method call (bit for bit the same)
     survive = 1.0 - 0.5 * (1.0 + math.erf(((math.log(elapsed) - mu) / sigma) / _SQRT2))
     if survive <= 1e-12:  # far past anything its kind ever ran: about as long again
         return elapsed
-    end = math.exp(mu + sigma * _inv_cdf(1.0 - survive * (1.0 - q)))
+    end = math.exp(mu + sigma * _inv_cdf_at(1.0 - survive * (1.0 - q), 0.0, 1.0))
     return max(0.0, end - elapsed)
 
 
@@ -79,7 +91,7 @@ class Timeline:
     i = size - 1, for ever). Arrays with room to grow, so that checking or taking a long stretch
     is one vector operation and a new breakpoint one move of the tail."""
 
-    __slots__ = ("free", "room", "size", "times")
+    __slots__ = ("found_at", "free", "room", "size", "taken", "times")
 
     def __init__(self, now: float, free_now: int, returns: Sequence[tuple[float, int]]) -> None:
         times, free = [now], [free_now]
@@ -96,6 +108,8 @@ class Timeline:
         self.times[: self.size] = times
         self.free[: self.size] = free
         self.room = np.zeros(room, dtype=np.bool_)  # _first_run's scratch: free >= need
+        self.found_at = 0  # the index of the breakpoint _first_run's last answer begins at
+        self.taken = (0, 0)  # the breakpoint indices [i, j) of the stretch the last take held
 
     def earliest(
         self, need: int, runtime: float, not_before: float, before: float = math.inf
@@ -149,6 +163,7 @@ class Timeline:
                 return None
             gap = int(here[begin:].argmin())  # 0: room from there on (here[begin] has room)
             if gap == 0 or times[i + begin + gap] >= start + runtime:
+                self.found_at = i + begin
                 return start
             at = begin + gap  # no room there: the search goes on after it
         found = self._all_runs(i + at, need, runtime)
@@ -175,21 +190,28 @@ class Timeline:
             end_t[-1] = math.inf
         fits = end_t >= begin_t + runtime
         first = int(fits.argmax())
-        return float(begin_t[first]) if fits[first] else None
+        if not fits[first]:
+            return None
+        self.found_at = int(begins[first])
+        return float(begin_t[first])
 
     def split(self, t: float) -> int:
         """The index of a breakpoint at `t` (> times[0]), made if there is none."""
+        return self._split_at(int(self.times[: self.size].searchsorted(t, "left")), t)
+
+    def _split_at(self, j: int, t: float) -> int:
+        """`split(t)`, `j` being where `t` goes in the times (searchsorted, "left")."""
         k = self.size
         times = self.times
-        j = int(times[:k].searchsorted(t, "left"))
         if j < k and times[j] == t:
             return j
         if k == len(times):  # full: double the room
             self.times = times = np.concatenate([times, np.empty(k, dtype=np.float64)])
             self.free = np.concatenate([self.free, np.empty(k, dtype=np.int64)])
         free = self.free
-        times[j + 1 : k + 1] = times[j:k].copy()
-        free[j + 1 : k + 1] = free[j:k].copy()
+        if j < k:  # (numpy copies overlapping slices as if through a temporary)
+            times[j + 1 : k + 1] = times[j:k]
+            free[j + 1 : k + 1] = free[j:k]
         times[j] = t
         free[j] = free[j - 1]
         self.size = k + 1
@@ -200,6 +222,46 @@ class Timeline:
         i = self.split(start) if start > self.times[0] else 0
         j = self.split(start + runtime)
         self.free[i:j] -= need
+        self.taken = (i, j)
+
+    def hold_earliest(self, need: int, runtime: float, not_before: float) -> float | None:
+        """`earliest(need, runtime, not_before)`, then `take` there: the same answer and the same
+        timeline after, with the searches `take` would repeat left out (the roll's usual step:
+        one model, the floor at the first breakpoint)."""
+        times = self.times
+        if not_before > times[0]:  # (a strict-FIFO roll's raised floor)
+            at = self.earliest(need, runtime, not_before)
+            if at is not None:
+                self.take(at, need, runtime)
+            return at
+        k = self.size
+        start = float(times[0])
+        end = start + runtime
+        if self.free[0] >= need:  # earliest's common case, at i = 0
+            j = int(times[:k].searchsorted(end, "left"))  # also where take's split(end) looks
+            if j <= 1 or _min(self.free[:j]) >= need:
+                j = self._split_at(j, end)
+                self.free[:j] -= need  # take at times[0]: from index 0
+                self.taken = (0, j)
+                return start
+        if k < 2:
+            return None
+        at = self._first_run(1, need, runtime)
+        if at is not None:  # a breakpoint's time: take's split(at) finds `found_at`
+            i = self.found_at
+            j = self.split(at + runtime)  # after i: i stays where it is
+            self.free[i:j] -= need
+            self.taken = (i, j)
+        return at
+
+    def room_again(self, need: int) -> tuple[int, int, int]:
+        """Right after a job of `need` GPUs took its stretch (`take` or `hold_earliest`, nothing
+        changed since): the stretch's breakpoint indices [i, j) and how many more jobs of the
+        same need and runtime it still has room for. Each of those, searched on its own, would
+        start where that job did: no earlier time had room for it, and the timeline has only lost
+        room since. `free[i:j] -= n * need` holds it for n of them."""
+        i, j = self.taken
+        return i, j, int(_min(self.free[i:j])) // need
 
 
 def backfill_starts(
@@ -226,7 +288,11 @@ def backfill_starts(
     choices: dict[tuple[str, ...], list[tuple[int, Timeline]]] = {}
     out: dict[str, float | None] = {}
     floor = now
-    for job_id, need, models, runtime in waiting:
+    count = len(waiting)
+    index = 0
+    while index < count:
+        job_id, need, models, runtime = waiting[index]
+        index += 1
         if need <= 0:
             out[job_id] = floor
             continue
@@ -234,6 +300,15 @@ def backfill_starts(
         if options is None:
             options = choices[models] = [(capacity_by_model.get(m, 0), lines[m]) for m in models]
         hold = default_runtime_s if runtime is None else max(runtime, 1.0)
+        if len(options) == 1:  # one model (most jobs, and every job of a one-model cluster)
+            capacity, line = options[0]
+            at = None if need > capacity else line.hold_earliest(need, hold, floor)
+            out[job_id] = at
+            if in_order and at is not None:
+                floor = at
+            if index < count and _alike(waiting[index], need, models, runtime):
+                index = _place_alike(waiting, index, line, at, out)
+            continue
         best_at: float | None = None
         best_line: Timeline | None = None
         for capacity, line in options:
@@ -244,15 +319,49 @@ def backfill_starts(
                 best_at, best_line = at, line
                 if at <= floor:  # no model can offer an earlier start: skip the others' searches
                     break
-        if best_line is None:  # no single model ever holds it: cannot tell
-            out[job_id] = None
-            continue
-        assert best_at is not None
-        best_line.take(best_at, need, hold)
-        out[job_id] = best_at
-        if in_order:
-            floor = best_at
+        if best_line is not None:
+            assert best_at is not None
+            best_line.take(best_at, need, hold)
+            if in_order:
+                floor = best_at
+        out[job_id] = best_at  # None: no single model ever holds it, cannot tell
+        if index < count and _alike(waiting[index], need, models, runtime):
+            # (the other models' timelines are as they were, and none offered best_at or earlier
+            # before best_line in the order: the same model wins while it has room at best_at)
+            index = _place_alike(waiting, index, best_line, best_at, out)
     return out
+
+
+def _place_alike(
+    waiting: Sequence[Waiting],
+    index: int,
+    line: Timeline | None,
+    at: float | None,
+    out: dict[str, float | None],
+) -> int:
+    """The jobs from `index` on that ask for what the job just placed did (`_alike`; most of a
+    deep roll: a user's runs of one kind): while the stretch it took on `line` at `at` has room,
+    each starts there too (`Timeline.room_again`); when it got no time (`at` None), nothing
+    changed and none of them gets one. What searching each on its own gives, without the
+    searches. Returns the index of the first job not placed."""
+    _, need, models, runtime = waiting[index - 1]
+    count = len(waiting)
+    if at is None or line is None:
+        most, i, j = count, 0, 0
+    else:
+        i, j, most = line.room_again(need)
+    same = index
+    while same < count and same - index < most and _alike(waiting[same], need, models, runtime):
+        out[waiting[same][0]] = at
+        same += 1
+    if line is not None and same > index and at is not None:
+        line.free[i:j] -= (same - index) * need
+    return same
+
+
+def _alike(w: Waiting, need: int, models: tuple[str, ...], runtime: float | None) -> bool:
+    """The waiting job `w` asks for what (need, models, runtime) does: the roll places it alike."""
+    return w[1] == need and w[3] == runtime and (w[2] is models or w[2] == models)
 
 
 def running_events(

@@ -124,7 +124,11 @@ class Job:
 
     @property
     def total_gpus(self) -> int:
-        return sum(t.instances * t.resources.gpus for t in self.tasks)
+        tasks = self.tasks
+        if len(tasks) == 1:  # the common single-task job, without a generator (read very often)
+            task = tasks[0]
+            return task.instances * task.resources.gpus
+        return sum(t.instances * t.resources.gpus for t in tasks)
 
     @property
     def total_instances(self) -> int:
