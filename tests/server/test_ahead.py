@@ -13,11 +13,12 @@ from corral.db.models import Group, Job
 from corral.db.session import make_engine
 from corral.engine.base import NodeReport
 from corral.scheduler.types import GPU
+from corral.server.ahead import ahead_state
 from corral.server.context import ServerContext
 from corral.server.nodes import node_tick
 from corral.server.reconcile import reconcile_tick
 from corral.server.scheduling import schedule_tick
-from corral.server.snapshot import live_attempts
+from corral.server.snapshot import live_attempts, read_cluster_state
 from corral.services.lifecycle import JobState
 from tests.server.fakes import FakeEngine, add_job, make_context, run_dispatch, seed_tenant
 
@@ -125,6 +126,57 @@ def test_gpu_jobs_keep_their_slots(tmp_path: Path) -> None:
     waiting = add_jobs(ctx, gid, uid, 1, gpus=1)
     schedule_tick(ctx, time.time())
     assert states(ctx, waiting) == ["queued"]
+
+
+@pytest.mark.parametrize("first_state", ["running", "scheduled"])
+def test_gpu_jobs_are_not_queued_behind_gpu_jobs_using_up_the_cpus(tmp_path: Path, first_state: str) -> None:
+    """GPUs are free but the node's CPUs are all held by GPU jobs, running or pending in the
+    engine: a GPU job placed there would wait behind jobs that may run for days while another
+    node frees first. Only the CPUs and memory not held by GPU jobs count `depth` times."""
+    fake = QueueingEngine([small_node("g1", cpus=2, gpus=4)], depth=4)
+    ctx, gid, uid = setup(tmp_path, fake)
+    first = add_jobs(ctx, gid, uid, 2, gpus=1)  # 1 GPU and 1 CPU each: the node's 2 CPUs
+    if first_state == "running":
+        start_running(ctx, fake, first)
+    else:  # placed by the normal pass, not yet launched
+        schedule_tick(ctx, time.time())
+    assert states(ctx, first) == [first_state] * 2
+    later = add_jobs(ctx, gid, uid, 2, gpus=1)
+    schedule_tick(ctx, time.time())
+    assert states(ctx, later) == ["queued", "queued"]
+
+
+def test_a_job_bigger_than_the_part_that_turns_over_is_not_placed(tmp_path: Path) -> None:
+    """A running GPU job holds 2 of the node's 4 CPUs, two running CPU jobs the other 2. A
+    3-CPU job fits the node, but only once the GPU job ends too: it is left waiting; a 1-CPU job
+    goes behind the CPU jobs."""
+    fake = QueueingEngine([small_node("g1", cpus=4, gpus=2)], depth=2)
+    ctx, gid, uid = setup(tmp_path, fake)
+    running = add_jobs(ctx, gid, uid, 1, gpus=1, instances=2) + add_jobs(ctx, gid, uid, 2)
+    start_running(ctx, fake, running)
+    assert states(ctx, running) == ["running"] * 3
+    triple = add_jobs(ctx, gid, uid, 1, instances=3)
+    single = add_jobs(ctx, gid, uid, 1)
+    schedule_tick(ctx, time.time())
+    assert states(ctx, triple + single) == ["queued", "scheduled"]
+
+
+def test_no_ahead_pass_where_no_job_could_wait_behind_another(tmp_path: Path) -> None:
+    """A GPU backlog on a cluster whose live jobs all hold GPUs: the pass could place nothing, so
+    it does not run (it was a second scheduling pass on every tick). A CPU job the engine holds
+    pending is a queue to wait behind: then it runs, and still places no GPU job."""
+    fake = QueueingEngine([small_node("g1", cpus=4, gpus=2)], depth=4)
+    ctx, gid, uid = setup(tmp_path, fake)
+    start_running(ctx, fake, add_jobs(ctx, gid, uid, 2, gpus=1))
+    backlog = add_jobs(ctx, gid, uid, 3, gpus=1)
+    with ctx.session_factory() as session:
+        assert ahead_state(read_cluster_state(session), 4) is None
+    cpu_job = add_jobs(ctx, gid, uid, 1)
+    schedule_tick(ctx, time.time())
+    assert states(ctx, cpu_job) == ["scheduled"]
+    with ctx.session_factory() as session:
+        assert ahead_state(read_cluster_state(session), 4) is not None
+    assert states(ctx, backlog) == ["queued"] * 3
 
 
 def test_a_job_that_fits_only_the_scaled_node_is_not_placed(tmp_path: Path) -> None:
