@@ -126,8 +126,9 @@ class SlurmEngine:
         gpu_device: a GPU's device file on the nodes, `{index}` = Slurm's GPU index.
         poll_interval_s: the reconcile loop's pace on this engine (server.runner.collect_loops).
         queue_ahead: how many node-fulls of jobs the server may hand to Slurm ahead of a freed slot
-        (server/ahead.py; 0: none): they wait in Slurm's queue, pinned to their node, and Slurm
-        starts them the moment it frees.
+        (server/ahead.py; 0: none): they wait in Slurm's queue, pinned to their node, behind the
+        CPU jobs running or pending there (never behind GPU jobs), and Slurm starts them the
+        moment a slot frees.
         launch_workers: how many launches (sbatch calls) the server runs at once."""
         if "{index}" not in gpu_device:
             raise ValueError(f"CORRAL_SLURM_GPU_DEVICE={gpu_device!r} must contain {{index}}")
@@ -164,7 +165,8 @@ class SlurmEngine:
         CORRAL_SLURM_TIMEOUT_S (per Slurm command), CORRAL_SLURM_USER_MAP and
         CORRAL_SLURM_MIN_UID (users.py), CORRAL_SLURM_GPU_DEVICE (default /dev/nvidia{index}),
         CORRAL_SLURM_POLL_S (how often the server polls squeue, default 0.04),
-        CORRAL_SLURM_QUEUE_AHEAD (node-fulls of jobs waiting in Slurm behind running ones, default 4;
+        CORRAL_SLURM_QUEUE_AHEAD (node-fulls of jobs waiting in Slurm behind the CPU jobs running
+        or pending on their node, default 4;
         0: no job is handed to Slurm before its slot is free), CORRAL_SLURM_LAUNCH_WORKERS (sbatch
         calls at once, default 8)."""
         env = os.environ
