@@ -66,7 +66,15 @@ def test_a_channel_closed_while_entering_its_job_is_never_counted(
     gw.enter = entering(["/bin/sleep", "31.5"], entered, release, returned)  # type: ignore[method-assign]
 
     def sleepers() -> list[psutil.Process]:
-        return [p for p in psutil.Process().children(recursive=True) if "31.5" in p.cmdline()]
+        """The job's process, while it lives (killed and not yet reaped: a zombie, gone)."""
+        alive = []
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE and "31.5" in proc.cmdline():
+                    alive.append(proc)
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                pass
+        return alive
 
     async def client() -> list[dict[int, int]]:
         async with connect(gw, key) as conn:
