@@ -87,7 +87,7 @@ def test_a_channel_closed_while_entering_its_job_is_never_counted(
             counts = []
             for _ in range(10):  # a count taken after the close would show within this second
                 await asyncio.sleep(0.1)
-                counts.append(gw.sessions_by_job())
+                counts.append(gw.use.open_counts())
             return counts
 
     assert asyncio.run(client()) == [{}] * 10

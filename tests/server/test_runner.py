@@ -68,14 +68,15 @@ def test_only_one_of_two_runners_ticks_a_singleton(tmp_path: Path) -> None:
 def test_the_engine_sets_the_reconcile_pace_and_a_waiting_tick_does_not_rest(tmp_path: Path) -> None:
     """An engine that learns of ends only by asking (Slurm) polls at its own pace; and a tick that
     spent its time waiting (a subprocess, not CPU) is followed at once by the next when woken."""
-    from corral.server.runner import RECONCILE_INTERVAL_S, collect_loops
+    from corral.engine.base import DEFAULT_POLL_INTERVAL_S
+    from corral.server.runner import collect_loops
 
     class Polled(FakeEngine):
         poll_interval_s = 0.04
 
     paces = {loop.name: loop.interval_s for loop in collect_loops(Polled())}
     assert paces["reconcile"] == 0.04
-    assert {loop.name: loop.interval_s for loop in collect_loops()}["reconcile"] == RECONCILE_INTERVAL_S
+    assert {loop.name: loop.interval_s for loop in collect_loops()}["reconcile"] == DEFAULT_POLL_INTERVAL_S
 
     ctx = _ctx(tmp_path, "a:1:x")
     starts: list[float] = []

@@ -113,10 +113,6 @@ class Gateway:
         with self.session_factory() as db:
             return resolver.authorized_keys(db, user)
 
-    def sessions_by_job(self) -> dict[int, int]:
-        """{job id: open SSH channels into it}."""
-        return self.use.open_counts()
-
     def enter(self, username: str, source: str, argv: Sequence[str], how: str) -> tuple[ExecCommand, int]:
         """The command entering the job `username` names (and that job's id), audited;
         EntryRefused saying why not."""

@@ -63,37 +63,37 @@ def job_policy(spec: JobSpecV1 | None, admin_rule: IdleGpuRule | None) -> IdleGp
         return admin_rule
 
 
-def mean_utilization(session: Session, now: float) -> dict[int, float]:
-    """Mean utilization of each job's GPUs, from fresh readings of present GPUs."""
+def gpu_evidence(session: Session, now: float, local_node: str | None) -> tuple[dict[int, float], set[int]]:
+    """From one read of the GPU claims with their GPUs and readings: each job's mean utilization
+    (fresh readings of present GPUs), and the jobs holding a GPU a sampler covers. Covered: a
+    virtual GPU, one of `local_node` (no reading there is a sampling fault, not no sampler), or
+    one some server has read, stale or not (the GPU sampler and the idle check hold separate
+    leases, so the sampling server may be on another node, and a stopped sampler's old readings
+    still say one covers it). For those, no fresh reading is no evidence, never idleness."""
     values: dict[int, list[float]] = defaultdict(list)
+    covered: set[int] = set()
     rows = session.execute(
         select(
-            GpuClaim.job_id, GpuReading.utilization_percent, GpuReading.sampled_at, GpuReading.present
-        ).join(GpuReading, (GpuReading.node == GpuClaim.node) & (GpuReading.gpu_index == GpuClaim.gpu_index))
-    )
-    for job_id, util, sampled_at, present in rows:
-        if present and now - sampled_at <= STALE_READING_S:
-            values[job_id].append(util)
-    return {job_id: sum(v) / len(v) for job_id, v in values.items() if v}
-
-
-def jobs_with_sampled_gpus(session: Session, local_node: str | None) -> set[int]:
-    """Jobs holding a GPU a sampler covers: virtual, of `local_node` (whether or not a reading of
-    it exists: no reading there means a sampling fault, not no sampler), or read by any server
-    at some time. For those, no fresh reading is no evidence, never idleness."""
-    rows = session.execute(
-        select(GpuClaim.job_id, GpuClaim.node, Gpu.uuid).outerjoin(
-            Gpu, (Gpu.node_name == GpuClaim.node) & (Gpu.index == GpuClaim.gpu_index)
+            GpuClaim.job_id,
+            GpuClaim.node,
+            Gpu.uuid,
+            GpuReading.utilization_percent,
+            GpuReading.sampled_at,
+            GpuReading.present,
+        )
+        .outerjoin(Gpu, (Gpu.node_name == GpuClaim.node) & (Gpu.index == GpuClaim.gpu_index))
+        .outerjoin(
+            GpuReading, (GpuReading.node == GpuClaim.node) & (GpuReading.gpu_index == GpuClaim.gpu_index)
         )
     )
-    covered = {job_id for job_id, node, uuid in rows if sampled_by_server(node, uuid or "", local_node or "")}
-    # Jobs whose GPUs some sampler has read, stale or not: the GPU sampler and this check hold
-    # separate leases, so the sampling server may be on another node than this one, and a
-    # stopped sampler's old readings still say a sampler covers these GPUs.
-    read = select(GpuClaim.job_id).join(
-        GpuReading, (GpuReading.node == GpuClaim.node) & (GpuReading.gpu_index == GpuClaim.gpu_index)
-    )
-    return covered | set(session.scalars(read.distinct()))
+    for job_id, node, uuid, util, sampled_at, present in rows:
+        if sampled_at is not None:
+            covered.add(job_id)
+            if present and now - sampled_at <= STALE_READING_S:
+                values[job_id].append(util)
+        elif sampled_by_server(node, uuid or "", local_node or ""):
+            covered.add(job_id)
+    return {job_id: sum(v) / len(v) for job_id, v in values.items() if v}, covered
 
 
 Activity = Callable[[Sequence[int]], Mapping[int, float]]
@@ -110,8 +110,7 @@ def enforce_idle_policy(
     """One pass; returns (job_id, what happened) for warnings and actions taken. `activity`:
     {workspace job id: unix time of its last use (JupyterLab, SSH, exec)} for the ids it is
     given; `local_node`: the node whose real GPUs the server's sampler reads (Settings.node_name)."""
-    utilization = mean_utilization(session, now)
-    sampled = jobs_with_sampled_gpus(session, local_node)
+    utilization, sampled = gpu_evidence(session, now, local_node)
     watches = {w.job_id: w for w in session.scalars(select(IdleGpuWatch))}
     holders = select(GpuClaim.job_id).distinct()
     workspace_jobs = workspaces.workspace_job_ids(session)

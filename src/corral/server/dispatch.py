@@ -54,9 +54,11 @@ from corral.storage.plan import JobStorage, plan_jobs
 
 log = logging.getLogger("corral.server.dispatch")
 LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
-# Launches run in parallel: starting a process (spawn, cgroup and sandbox set-up) is mostly system
-# calls that release the GIL, so a burst of scheduled jobs is not started one by one.
-LAUNCH_WORKERS = 4
+# Launches run in parallel (as many at once as the engine's launch_workers): starting a process is
+# mostly system calls that release the GIL, a Slurm launch mostly sbatch's round trip. The dispatch
+# loop records finished launches once this many are done (or the last of a burst is): one
+# transaction for several, yet not only after the whole burst (see _submit).
+RECORD_BATCH = 4
 MAX_BATCH = 256  # scheduled jobs launched per tick; the rest go in the next tick
 # A launch that starts within this many seconds of its claim (the claim's UPDATE checked the job
 # was still scheduled; its lease runs JOB_LEASE_TTL_S) starts without renewing the claim: no other
@@ -452,7 +454,7 @@ def _submit(ctx: ServerContext, queue: LaunchQueue, launch: AttemptLaunch, claim
             else:  # engine unavailable or claim lost: the job stays as it is, tried again
                 queue.in_flight.discard(int(launch.job_id))
             last = queue.in_flight <= {r[0] for r in queue.done}
-            batch_ready = len(queue.done) >= LAUNCH_WORKERS
+            batch_ready = len(queue.done) >= RECORD_BATCH
         # Record a burst of launches in one transaction, not one each; but not only once the
         # whole burst is out: an attempt is polled only once recorded STARTING, and on a remote
         # engine (Slurm: tens of ms per sbatch) a short job may end before the last of a long

@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from corral.engine.base import Engine
+from corral.engine.base import DEFAULT_POLL_INTERVAL_S, Engine
 from corral.server.context import BackgroundLoop, ServerContext
 from corral.server.leases import LOOP_LEASE_TTL_S, claim_lease, release_lease
 
@@ -31,10 +31,7 @@ MIN_TICK_GAP_S = 0.02
 ERROR_LOG_INTERVAL_S = 60.0
 
 
-RECONCILE_INTERVAL_S = 0.1
-
-
-def core_loops(reconcile_interval_s: float = RECONCILE_INTERVAL_S) -> list[BackgroundLoop]:
+def core_loops(reconcile_interval_s: float = DEFAULT_POLL_INTERVAL_S) -> list[BackgroundLoop]:
     from corral.server.dispatch import dispatch_tick
     from corral.server.nodes import node_tick
     from corral.server.reconcile import reconcile_tick
@@ -53,7 +50,7 @@ def core_loops(reconcile_interval_s: float = RECONCILE_INTERVAL_S) -> list[Backg
 def collect_loops(engine: Engine | None = None) -> list[BackgroundLoop]:
     """`engine`: an engine may set the reconcile loop's pace (`poll_interval_s`): the Slurm engine
     learns that a job ended only by asking squeue, and until then Corral holds its resources."""
-    loops = core_loops(engine.poll_interval_s if engine is not None else RECONCILE_INTERVAL_S)
+    loops = core_loops(engine.poll_interval_s if engine is not None else DEFAULT_POLL_INTERVAL_S)
     for module_name in EXTRA_LOOP_MODULES:
         try:
             module = importlib.import_module(module_name)
