@@ -14,7 +14,9 @@ jobs/s = jobs / (first submit -> last end); Slurm ends are first-seen by one `sq
 (0.1 s; Slurm's own times are whole seconds), after a few uncounted sbatch jobs warm slurmctld up.
 --slurm-burst N adds both Slurm columns again with N jobs submitted at once (slurm_burst, sbatch_burst);
 --slurm-no-ahead adds the Corral-on-Slurm columns again with CORRAL_SLURM_QUEUE_AHEAD=0 (no job handed
-to Slurm before its slot is free: server/ahead.py); --slurm-only skips the local columns. The Slurm
+to Slurm before its slot is free: server/ahead.py); --slurm-queue-ahead and --slurm-launch-workers set
+CORRAL_SLURM_QUEUE_AHEAD and CORRAL_SLURM_LAUNCH_WORKERS for the Corral-on-Slurm columns (the server
+does not take CORRAL_* settings from the bench's environment); --slurm-only skips the local columns. The Slurm
 column also splits Corral's submit -> running into phases from the job's own transition events
 (submit -> scheduled -> sbatch returned -> the command ran), and both Slurm columns split theirs at
 slurmctld's taking and allocating each job, read from its log (submit_to_slurmctld, slurmctld_queue,
@@ -586,6 +588,8 @@ def run_slurm(args: argparse.Namespace) -> dict[str, Result]:
             env = {"CORRAL_ENGINE": "slurm", "CORRAL_SLURM_CONF": str(cluster.conf)}
             if args.slurm_queue_ahead is not None:
                 env["CORRAL_SLURM_QUEUE_AHEAD"] = str(args.slurm_queue_ahead)
+            if args.slurm_launch_workers is not None:
+                env["CORRAL_SLURM_LAUNCH_WORKERS"] = str(args.slurm_launch_workers)
             env.update(extra or {})
             env["CORRAL_CPU_JOBS_ON_GPU_NODES"] = "true"
             # jobs run as the harness's test accounts, with their files where those accounts reach
@@ -768,6 +772,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         help="CORRAL_SLURM_QUEUE_AHEAD for the Corral-on-Slurm columns (default: the engine's)",
+    )
+    add(
+        "--slurm-launch-workers",
+        type=int,
+        default=None,
+        help="CORRAL_SLURM_LAUNCH_WORKERS for the Corral-on-Slurm columns (default: the engine's)",
     )
     add(
         "--slurm-burst",
