@@ -13,10 +13,13 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral.scheduler import ANY_MODEL, PROFILES, Plan, Priority, Profile, Scheduler, Snapshot, Usage
+from corral.scheduler.admission import FairShareQueue
+from corral.scheduler.types import Job
 from tests.scheduler.builders import apply_plan, gpu_node, group, job, plan_for, running
 
 PROFILE_NAMES = sorted(PROFILES)
@@ -211,3 +214,69 @@ def test_one_diagnosis_read_by_id_equals_the_full_set(s: Snapshot, name: str) ->
     first = [plan.diagnoses.get(j.id) for j in s.queued[:3]]  # some by id, then all at once
     assert dict(plan.diagnoses) == full
     assert first == [full.get(j.id) for j in s.queued[:3]]
+
+
+@st.composite
+def crowded_many_users(draw: st.DrawFn) -> Snapshot:
+    """`crowded` with each group's jobs spread over several users of different shares: the queue
+    interleaves them (no single run), so known outcomes are taken by `KnownOutcomes._take_served`."""
+    s = draw(crowded())
+    users = ("x", "y", "z", "w")
+    queued = tuple(dataclasses.replace(j, user=draw(st.sampled_from(users))) for j in s.queued)
+    by_user = {(g, u): float(draw(st.integers(0, 3)) * 100) for g in ("a", "b") for u in users}
+    usage = Usage(by_group=dict(s.usage.by_group), by_user=by_user)
+    return dataclasses.replace(s, queued=queued, usage=usage)
+
+
+@settings(max_examples=60, deadline=None)
+@given(crowded_many_users(), st.sampled_from(["default", "las"]), st.integers(1, 16), st.integers(0, 2**16))
+def test_jobs_taken_from_the_served_group_equal_the_ordinary_path(
+    s: Snapshot, name: str, attempts: int, seed: int
+) -> None:
+    """Random cycles of one kept Scheduler (jobs start, running jobs end, new jobs arrive) against
+    a fresh Scheduler that works every job out: a job taken from the served group with a wrong
+    outcome, or taken past the first one with none known, changes a plan or a diagnosis."""
+    profile = dataclasses.replace(PROFILES[name], max_preemption_attempts=attempts)
+    kept = Scheduler(profile)
+    rng = random.Random(seed)
+    for cycle in range(4):
+        now = 1000.0 + 100 * cycle
+        plan = kept.schedule(s, now, random.Random(0))
+        assert_same(plan, fresh_plan(s, profile, now=now))
+        s = apply_plan(s, plan, now)
+        running_left = list(s.running)
+        if running_left:
+            del running_left[rng.randrange(len(running_left))]  # one job ends
+        arrivals = tuple(
+            dataclasses.replace(j, id=f"{j.id}-c{cycle}", submit_time=now + k)
+            for k, j in enumerate(rng.sample(s.queued, min(3, len(s.queued))))
+        )
+        s = dataclasses.replace(s, running=tuple(running_left), queued=s.queued + arrivals)
+
+
+def test_a_served_group_is_taken_without_popping_each_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many jobs of two kinds from three users of one group, none of which fits: after the first job
+    of each kind, the rest meet a known outcome and are taken by `pop_served` (the plan equals
+    the ordinary path's)."""
+    taken: list[str] = []
+    real = FairShareQueue.pop_served
+
+    def counting(self: FairShareQueue) -> Job | None:
+        found = real(self)
+        if found is not None:
+            taken.append(found.id)
+        return found
+
+    monkeypatch.setattr(FairShareQueue, "pop_served", counting)
+    nodes = (gpu_node("n0", gpus=8),)  # one GPU free: every job is too large
+    pinned = job("r", gpus=7, group="b", preemptible=False, runtime=500.0)
+    run = (running(pinned, "n0", tuple(range(7))),)
+    queued = tuple(
+        job(f"q{k}", gpus=2 + 2 * (k % 2), group="a", user="xyz"[k % 3], submit=float(k), runtime=100.0)
+        for k in range(30)
+    )
+    groups = (group("a", guaranteed={ANY_MODEL: 8}), group("b"))
+    s = Snapshot(nodes, groups, queued, run, Usage())
+    profile = PROFILES["default"]
+    assert_same(Scheduler(profile).schedule(s, 1000.0, random.Random(0)), fresh_plan(s, profile))
+    assert len(taken) >= 20
