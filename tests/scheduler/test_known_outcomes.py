@@ -13,13 +13,10 @@ from __future__ import annotations
 import dataclasses
 import random
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral.scheduler import ANY_MODEL, PROFILES, Plan, Priority, Profile, Scheduler, Snapshot, Usage
-from corral.scheduler.admission import FairShareQueue
-from corral.scheduler.types import Job
 from tests.scheduler.builders import apply_plan, gpu_node, group, job, plan_for, running
 
 PROFILE_NAMES = sorted(PROFILES)
@@ -219,7 +216,7 @@ def test_one_diagnosis_read_by_id_equals_the_full_set(s: Snapshot, name: str) ->
 @st.composite
 def crowded_many_users(draw: st.DrawFn) -> Snapshot:
     """`crowded` with each group's jobs spread over several users of different shares: the queue
-    interleaves them (no single run), so known outcomes are taken by `KnownOutcomes._take_served`."""
+    interleaves them (no single run to skip), job by job."""
     s = draw(crowded())
     users = ("x", "y", "z", "w")
     queued = tuple(dataclasses.replace(j, user=draw(st.sampled_from(users))) for j in s.queued)
@@ -230,12 +227,12 @@ def crowded_many_users(draw: st.DrawFn) -> Snapshot:
 
 @settings(max_examples=60, deadline=None)
 @given(crowded_many_users(), st.sampled_from(["default", "las"]), st.integers(1, 16), st.integers(0, 2**16))
-def test_jobs_taken_from_the_served_group_equal_the_ordinary_path(
+def test_replayed_outcomes_with_several_users_per_group_over_cycles(
     s: Snapshot, name: str, attempts: int, seed: int
 ) -> None:
     """Random cycles of one kept Scheduler (jobs start, running jobs end, new jobs arrive) against
-    a fresh Scheduler that works every job out: a job taken from the served group with a wrong
-    outcome, or taken past the first one with none known, changes a plan or a diagnosis."""
+    a fresh Scheduler that works every job out: an outcome replayed with a wrong state, user order
+    or attempt count changes a plan or a diagnosis."""
     profile = dataclasses.replace(PROFILES[name], max_preemption_attempts=attempts)
     kept = Scheduler(profile)
     rng = random.Random(seed)
@@ -252,31 +249,3 @@ def test_jobs_taken_from_the_served_group_equal_the_ordinary_path(
             for k, j in enumerate(rng.sample(s.queued, min(3, len(s.queued))))
         )
         s = dataclasses.replace(s, running=tuple(running_left), queued=s.queued + arrivals)
-
-
-def test_a_served_group_is_taken_without_popping_each_job(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Many jobs of two kinds from three users of one group, none of which fits: after the first job
-    of each kind, the rest meet a known outcome and are taken by `pop_served` (the plan equals
-    the ordinary path's)."""
-    taken: list[str] = []
-    real = FairShareQueue.pop_served
-
-    def counting(self: FairShareQueue) -> Job | None:
-        found = real(self)
-        if found is not None:
-            taken.append(found.id)
-        return found
-
-    monkeypatch.setattr(FairShareQueue, "pop_served", counting)
-    nodes = (gpu_node("n0", gpus=8),)  # one GPU free: every job is too large
-    pinned = job("r", gpus=7, group="b", preemptible=False, runtime=500.0)
-    run = (running(pinned, "n0", tuple(range(7))),)
-    queued = tuple(
-        job(f"q{k}", gpus=2 + 2 * (k % 2), group="a", user="xyz"[k % 3], submit=float(k), runtime=100.0)
-        for k in range(30)
-    )
-    groups = (group("a", guaranteed={ANY_MODEL: 8}), group("b"))
-    s = Snapshot(nodes, groups, queued, run, Usage())
-    profile = PROFILES["default"]
-    assert_same(Scheduler(profile).schedule(s, 1000.0, random.Random(0)), fresh_plan(s, profile))
-    assert len(taken) >= 20

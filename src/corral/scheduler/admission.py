@@ -570,37 +570,6 @@ class FairShareQueue:
             return ()  # other users of the group interleave by their own keys
         return self.users[g][user]
 
-    def pop_served(self) -> Job | None:
-        """pop() while it keeps serving the group it served last (nothing charged since, no
-        starvation-guard job first): its next job, the same one pop() gives; None (nothing
-        changed) when that does not hold or the group has no job left."""
-        pending = self._pending
-        if pending is None or self._charged or self.aged:
-            return None
-        g, user = pending
-        q = self.users[g][user]
-        heap = self.user_heaps[g]
-        if q:
-            top = heapq.heappushpop(heap, self._user_key(g, user, q[0]))
-        elif heap:
-            top = heapq.heappop(heap)
-        else:
-            return None
-        user = top[-1]
-        job = self.users[g][user].popleft()
-        self._pending = (g, user)
-        if job.id in self.cpu_ids:
-            self.cpu_only_left -= 1
-        return job
-
-    def unpop(self, job: Job) -> None:
-        """Put back the job pop_served() just gave: the next pop() gives it again (its user's key
-        is the least of the group's, and the group is still the one served)."""
-        assert self._pending is not None
-        self.users[self._pending[0]][self._pending[1]].appendleft(job)
-        if job.id in self.cpu_ids:
-            self.cpu_only_left += 1
-
     def skip(self, n: int) -> list[Job]:
         """Pop the next `n` jobs of run_ahead(), all GPU work, with nothing charged since."""
         assert self._pending is not None

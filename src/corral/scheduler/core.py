@@ -204,8 +204,6 @@ class Cycle:
             token = None
             if self.blocker is not None:
                 break
-            if replay:
-                known.take_after_consider(borrowing)
 
     def consider(self, job: Job, borrowing: bool, info: JobInfo) -> None:
         """The ordinary path of one job (`info`: its JobInfo): fit ever, fit now, quota,

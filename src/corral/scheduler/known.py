@@ -10,7 +10,7 @@ import weakref
 from itertools import islice
 from typing import TYPE_CHECKING, cast
 
-from corral.scheduler.admission import FairShareQueue, las_queue
+from corral.scheduler.admission import las_queue
 from corral.scheduler.jobinfo import JobInfo
 from corral.scheduler.types import Job, Reason
 
@@ -191,8 +191,6 @@ class KnownOutcomes:
             return  # the job just replayed spent the last preemption attempt: the pass stops
         rest = queue.run_ahead()
         if not rest:
-            if isinstance(queue, FairShareQueue):
-                self._take_served(queue, token, borrowing)
             return
         limit = len(rest)
         if c.backfill.reservations:  # each of them would count against the backfill depth
@@ -247,85 +245,6 @@ class KnownOutcomes:
             c.visited.extend(queue.skip(n))
             if c.backfill.reservations:
                 c.behind_head += n
-
-    def take_after_consider(self, borrowing: bool) -> None:
-        """After a job took the ordinary path: under fair share, when it placed nothing, the jobs
-        its group gives next as far as each meets a known outcome (`_take_served`)."""
-        c = self.cycle
-        queue = c.queue
-        if not isinstance(queue, FairShareQueue):
-            return
-        if c.st.free_sum == 0 and queue.cpu_only_left == 0 and not c.preemptor.possible:
-            return  # the pass stops here (see Cycle.run_pass)
-        self._take_served(queue, token=self.token(), borrowing=borrowing)
-
-    def _take_served(self, queue: FairShareQueue, token: Token, borrowing: bool) -> None:
-        """`skip_run` for a group with several users (no fixed run): pop its jobs while pop()
-        keeps serving it (nothing placed) as far as each meets an outcome known in this state,
-        putting back the first that does not; the same as the pass popping and replaying them
-        one by one, without its per-job round trip."""
-        c = self.cycle
-        limit = None
-        if c.backfill.reservations:  # each of them counts against the backfill depth
-            limit = c.profile.backfill_depth - c.behind_head
-        ledger, st, preemptor = c.ledger, c.st, c.preemptor
-        parking = c.profile.quotas and not borrowing
-        memo, las = c.infos.memo, c.profile.preemption == "las"
-        no_fit_add, search_key, visited = c.no_fit.add, self.search_key, c.visited
-        now, default_s, why = c.now, c.profile.default_runtime_s, c.verdicts.why
-        full: dict[str, bool] = {}  # group -> no guaranteed quota left (unchanged while taking)
-        decided: dict[object, object] = {}  # search key -> _decide's outcome
-        n = 0
-        pop_served = queue.pop_served
-        while limit is None or n < limit:
-            job = pop_served()
-            if job is None:
-                break
-            hit = memo.get(id(job))
-            info = hit[1] if hit is not None and hit[0] is job else None
-            if info is None or info.never or info.total <= 0:
-                queue.unpop(job)  # first seen, never fits or CPU work: the ordinary path
-                break
-            if parking:
-                no_room = full.get(job.group)
-                if no_room is None:
-                    no_room = full[job.group] = not ledger.headroom(job.group)
-                if no_room and ledger.may_borrow(job):
-                    queue.unpop(job)  # it would be parked for the borrowing pass
-                    break
-            kind = search_key(job, info) if las else info.search_id
-            outcome = decided.get(kind)
-            if outcome is None:
-                outcome = decided[kind] = self._decide(job, info, token)
-            if outcome is _SHORT:
-                no_fit_add(job.id)
-            elif outcome is _SEARCHED:
-                no_fit_add(job.id)
-                self._spend_attempt()
-            elif outcome is _DEFERRED:
-                self.deferred_jobs.append(job)
-            elif outcome is _EACH:
-                if not self._replay_held_off(job, info, token, self.admit_key(job, info)):
-                    queue.unpop(job)
-                    break
-            elif outcome is _UNKNOWN:
-                queue.unpop(job)
-                break
-            else:  # held off when it would still run at the reservation's start
-                start, reason = cast(HeldOff, outcome)
-                estimate = job.runtime_estimate
-                if not now + (default_s if estimate is None else estimate) > start:
-                    queue.unpop(job)
-                    break
-                why[job.id] = reason
-            visited.append(job)
-            n += 1
-            if outcome is _SEARCHED and (
-                st.free_sum == 0 and queue.cpu_only_left == 0 and not preemptor.possible
-            ):
-                break  # no attempts left: the pass stops here (see Cycle.run_pass)
-        if n and c.backfill.reservations:
-            c.behind_head += n
 
     def _decide(self, job: Job, info: JobInfo, token: Token) -> object:
         """What `replay` does with every job of this one's search key (the finest kind: it fixes
