@@ -211,3 +211,41 @@ def test_one_diagnosis_read_by_id_equals_the_full_set(s: Snapshot, name: str) ->
     first = [plan.diagnoses.get(j.id) for j in s.queued[:3]]  # some by id, then all at once
     assert dict(plan.diagnoses) == full
     assert first == [full.get(j.id) for j in s.queued[:3]]
+
+
+@st.composite
+def crowded_many_users(draw: st.DrawFn) -> Snapshot:
+    """`crowded` with each group's jobs spread over several users of different shares: the queue
+    interleaves them (no single run to skip), job by job."""
+    s = draw(crowded())
+    users = ("x", "y", "z", "w")
+    queued = tuple(dataclasses.replace(j, user=draw(st.sampled_from(users))) for j in s.queued)
+    by_user = {(g, u): float(draw(st.integers(0, 3)) * 100) for g in ("a", "b") for u in users}
+    usage = Usage(by_group=dict(s.usage.by_group), by_user=by_user)
+    return dataclasses.replace(s, queued=queued, usage=usage)
+
+
+@settings(max_examples=60, deadline=None)
+@given(crowded_many_users(), st.sampled_from(["default", "las"]), st.integers(1, 16), st.integers(0, 2**16))
+def test_replayed_outcomes_with_several_users_per_group_over_cycles(
+    s: Snapshot, name: str, attempts: int, seed: int
+) -> None:
+    """Random cycles of one kept Scheduler (jobs start, running jobs end, new jobs arrive) against
+    a fresh Scheduler that works every job out: an outcome replayed with a wrong state, user order
+    or attempt count changes a plan or a diagnosis."""
+    profile = dataclasses.replace(PROFILES[name], max_preemption_attempts=attempts)
+    kept = Scheduler(profile)
+    rng = random.Random(seed)
+    for cycle in range(4):
+        now = 1000.0 + 100 * cycle
+        plan = kept.schedule(s, now, random.Random(0))
+        assert_same(plan, fresh_plan(s, profile, now=now))
+        s = apply_plan(s, plan, now)
+        running_left = list(s.running)
+        if running_left:
+            del running_left[rng.randrange(len(running_left))]  # one job ends
+        arrivals = tuple(
+            dataclasses.replace(j, id=f"{j.id}-c{cycle}", submit_time=now + k)
+            for k, j in enumerate(rng.sample(s.queued, min(3, len(s.queued))))
+        )
+        s = dataclasses.replace(s, running=tuple(running_left), queued=s.queued + arrivals)
