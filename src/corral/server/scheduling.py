@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, joinedload, selectinload
+from sqlalchemy.orm import Session, joinedload
 
 from corral.db.base import table_of
 from corral.db.models import Attempt, GpuClaim, Job, Node
@@ -34,9 +34,9 @@ from corral.server.ahead import place_ahead, queues_ahead
 from corral.server.context import ServerContext
 from corral.server.dispatch import launch_placed
 from corral.server.finish import claimed_gpus
-from corral.server.snapshot import build_snapshot, live_attempts, read_cluster_state
+from corral.server.snapshot import ShapeCache, build_snapshot, live_attempts, read_cluster_state
 from corral.server.specview import read_spec
-from corral.services.lifecycle import AttemptState, JobState, schedule_job, transition
+from corral.services.lifecycle import AttemptState, GpuHealth, JobState, schedule_job, transition
 from corral.services.policy import active_profile
 
 log = logging.getLogger("corral.server.schedule")
@@ -109,6 +109,16 @@ def stage_assignment(
     wanted = {(p.node, i) for p in assignment.allocation.instances for i in p.gpu_indices}
     if wanted & claimed:
         return False
+    # The plan came from a snapshot whose nodes may be cached (snapshot.cached_shape): a GPU
+    # reported unhealthy, quarantined or removed since is refused here, from fresh rows.
+    usable = {
+        (n.name, g.index)
+        for n in nodes.values()
+        for g in n.gpus
+        if g.healthy and g.health == GpuHealth.HEALTHY.value
+    }
+    if not wanted <= usable:
+        return False
     # Compare-and-set QUEUED -> SCHEDULED first: a cancel committed since the job was read wins.
     if not schedule_job(session, job, now=now, message=f"placed on {', '.join(sorted(names))}"):
         return False
@@ -167,7 +177,10 @@ def apply_assignments(session: Session, assignments: Sequence[st.Assignment], no
     # dropped at once would be fetched again, one SELECT per session.get in stage_assignment.
     preloaded = (
         session.scalars(select(Job).where(Job.id.in_(ids)).options(joinedload(Job.user))).all(),
-        session.scalars(select(Node).where(Node.name.in_(names)).options(selectinload(Node.gpus))).all(),
+        # the GPUs joined in (one SELECT, not two): the re-check above reads their health
+        session.scalars(select(Node).where(Node.name.in_(names)).options(joinedload(Node.gpus)))
+        .unique()
+        .all(),
     )
     claimed = claimed_gpus(session)
     pending: list[tuple[Attempt, list[tuple[str, int]]]] = []
@@ -268,7 +281,9 @@ def schedule_tick(ctx: ServerContext, now: float) -> None:
         waiting = session.scalar(select(Job.id).where(Job.state == JobState.QUEUED.value).limit(1))
         if waiting is None:  # an idle queue costs one indexed read per tick
             return
-        state = read_cluster_state(session)
+        if ctx.memory.shape_cache is None:
+            ctx.memory.shape_cache = ShapeCache()
+        state = read_cluster_state(session, ctx.memory.shape_cache)
         session.rollback()
         if not state.queued:
             return
