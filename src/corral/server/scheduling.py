@@ -98,7 +98,7 @@ def stored_placement(job: Job, allocation: st.Allocation, uuids: Mapping[tuple[s
 
 
 @dataclass(frozen=True, slots=True)
-class _Fit:
+class PlacementFit:
     """An assignment that still fits in fresh rows: its job, nodes and GPUs (node, index)."""
 
     assignment: st.Assignment
@@ -122,7 +122,9 @@ class _Fit:
         }
 
 
-def still_fits(session: Session, assignment: st.Assignment, claimed: Set[tuple[str, int]]) -> _Fit | None:
+def still_fits(
+    session: Session, assignment: st.Assignment, claimed: Set[tuple[str, int]]
+) -> PlacementFit | None:
     """Re-check the fit in fresh rows: job still queued, nodes ready, its GPUs healthy and not in
     `claimed`. The plan came from a snapshot whose nodes may be cached (snapshot.cached_shape): a
     GPU reported unhealthy, quarantined or removed since is refused here."""
@@ -142,7 +144,7 @@ def still_fits(session: Session, assignment: st.Assignment, claimed: Set[tuple[s
         for g in n.gpus
         if g.healthy and g.health == GpuHealth.HEALTHY.value
     }
-    return _Fit(assignment, job, nodes, wanted) if wanted <= usable else None
+    return PlacementFit(assignment, job, nodes, wanted) if wanted <= usable else None
 
 
 def stage_assignment(
@@ -170,10 +172,10 @@ INSERT_ATTEMPTS = insert(table_of(Attempt)).returning(table_of(Attempt).c.id, ta
 INSERT_CLAIMS = insert(table_of(GpuClaim))
 
 
-def write_batch(session: Session, fits: Sequence[_Fit], now: float) -> int:
-    """The fitting assignments of a plan in three statements whatever their number (not three per
+def write_batch(session: Session, fits: Sequence[PlacementFit], now: float) -> int:
+    """The fitting assignments of a plan in four statements whatever their number (not three per
     job: the ORM inserts one row per statement on SQLite, which gives no order to RETURNING):
-    QUEUED -> SCHEDULED by one compare-and-set (lifecycle.schedule_jobs, with the events), the
+    QUEUED -> SCHEDULED by one compare-and-set and the events (lifecycle.schedule_jobs), the
     attempts of the jobs it moved, their GPU claims. Not committed; a claim taken meanwhile by
     another server raises IntegrityError here."""
     won = schedule_jobs(session, [f.job for f in fits], now=now, messages={f.job.id: f.message for f in fits})
@@ -239,7 +241,7 @@ def apply_assignments(session: Session, assignments: Sequence[st.Assignment], no
         .all(),
     )
     claimed = claimed_gpus(session)
-    fits: list[_Fit] = []
+    fits: list[PlacementFit] = []
     with session.no_autoflush:
         for assignment in assignments:
             fit = still_fits(session, assignment, claimed)
