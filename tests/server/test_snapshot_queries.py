@@ -12,28 +12,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import event, select, update
 
-from corral.db.models import Job
+from corral.db.models import Attempt, GpuClaim, Job, JobEvent
 from corral.db.session import make_engine
+from corral.scheduler import types as st
 from corral.server.context import ServerContext
 from corral.server.nodes import node_tick
-from corral.server.scheduling import schedule_tick
+from corral.server.scheduling import apply_assignments, schedule_tick
 from corral.server.snapshot import jobs_with_live_attempts
 from tests.server.fakes import FakeEngine, add_job, gpu_node, make_context, seed_tenant
 
-# What read_cluster_state reads: each table once (jobs with their live attempts joined)
-SNAPSHOT_TABLES = {
-    "nodes",
-    "gpus",
-    "groups",
-    "group_quotas",
-    "users",
-    "jobs",
-    "usage_ledger",
-    "storage_accounts",
-    "job_avoid",
-}
+# What read_cluster_state reads: each table once (jobs with their live attempts joined); the
+# shape's tables only when its digest moved (snapshot.cached_shape), the others every cycle
+SHAPE_TABLES = {"nodes", "gpus", "groups", "group_quotas", "users"}
+CYCLE_TABLES = {"jobs", "usage_ledger", "storage_accounts", "job_avoid"}
+SNAPSHOT_TABLES = SHAPE_TABLES | CYCLE_TABLES
 FROM = re.compile(r"\bFROM\s+\"?(\w+)", re.IGNORECASE)
 
 
@@ -57,7 +51,9 @@ def selects(ctx: ServerContext) -> Iterator[list[str]]:
     def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         if statement.lstrip().upper().startswith("SELECT"):
             found = FROM.search(statement)
-            seen.append(found.group(1) if found else "?")
+            # snapshot.SHAPE_DIGEST: SQLite's group_concat, PostgreSQL's string_agg
+            digest = "group_concat" in statement or "string_agg" in statement
+            seen.append("digest" if digest else found.group(1) if found else "?")
 
     event.listen(db, "before_cursor_execute", count)
     try:
@@ -79,12 +75,19 @@ def test_cycle_reads_each_table_once_whatever_it_places(
             schedule_tick(ctx, time.time())
         with selects(ctx) as waiting:
             schedule_tick(ctx, time.time())
-        # nothing placed: the "anything queued?" probe, then each snapshot table once
-        assert Counter(waiting) == Counter({"jobs": 2, **dict.fromkeys(SNAPSHOT_TABLES - {"jobs"}, 1)})
-        assert len(waiting) == 1 + len(SNAPSHOT_TABLES)
-        # placing: the same, then what the batch re-reads in its own transaction, each table once
-        again = Counter(placing[len(waiting) :])
-        assert Counter(placing[: len(waiting)]) == Counter(waiting)
+        # nothing placed, nodes and groups unchanged: the "anything queued?" probe, the shape's
+        # digest, then each per-cycle table once
+        assert Counter(waiting) == Counter(
+            {"jobs": 2, "digest": 1, **dict.fromkeys(CYCLE_TABLES - {"jobs"}, 1)}
+        )
+        # the first cycle: the probe, the digest, each snapshot table once, the digest again
+        # (the shape is kept only if it did not move meanwhile)
+        first = 2 + len(SNAPSHOT_TABLES) + 1
+        assert Counter(placing[:first]) == Counter(
+            {"jobs": 2, "digest": 2, **dict.fromkeys(SNAPSHOT_TABLES - {"jobs"}, 1)}
+        )
+        # then what the batch re-reads in its own transaction, each table once
+        again = Counter(placing[first:])
         assert all(n == 1 for n in again.values()), again
         counts[jobs] = len(placing)
     assert counts[20] == counts[50]  # not one more SELECT per placed job
@@ -103,3 +106,92 @@ def test_recording_a_batch_reads_jobs_with_owners_and_attempts_in_two_selects(tm
             names = {(job.user.name, job.group.name) for job in jobs.values()}
     assert read == ["jobs", "attempts"]
     assert names == {("u", "g")} and len(jobs) == 6 and len(attempts) == 6
+
+
+@contextmanager
+def statements(ctx: ServerContext) -> Iterator[list[str]]:
+    """Every statement (reads and writes) while the block runs, its first word and table."""
+    seen: list[str] = []
+    db = ctx.session_factory.kw["bind"]
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(" ".join(statement.split()[:3]))
+
+    event.listen(db, "before_cursor_execute", count)
+    try:
+        yield seen
+    finally:
+        event.remove(db, "before_cursor_execute", count)
+
+
+def one_gpu(job_id: int, node: str, index: int) -> st.Assignment:
+    allocation = st.Allocation(str(job_id), (st.InstancePlacement("worker", 0, node, (index,), 1.0, 1024),))
+    return st.Assignment(str(job_id), allocation)
+
+
+def test_applying_a_plan_writes_in_the_same_statements_for_2_jobs_as_for_8(tmp_path: Path) -> None:
+    """The state change (one compare-and-set for the batch), its events, the attempts and their
+    GPU claims: one statement each however many jobs are placed, and each placed job gets all of
+    them (attempt 1 with its GPU, its claim, its event)."""
+    counts = {}
+    for n in (2, 8):
+        ctx = cluster(tmp_path / f"c{n}", 2, n)
+        with ctx.session_factory() as session:
+            ids = sorted(session.scalars(select(Job.id)))
+        plan = [one_gpu(job_id, f"n{i % 2}", i // 2) for i, job_id in enumerate(ids)]
+        with ctx.session_factory() as session, statements(ctx) as seen:
+            assert apply_assignments(session, plan, time.time()) == n
+        counts[n] = len(seen)
+        with ctx.session_factory() as session:
+            attempts = {a.job_id: a for a in session.scalars(select(Attempt))}
+            claims = {
+                c.job_id: (c.node, c.gpu_index, c.attempt_pk) for c in session.scalars(select(GpuClaim))
+            }
+            events = Counter(
+                e.job_id for e in session.scalars(select(JobEvent).where(JobEvent.to_state == "scheduled"))
+            )
+            states = {j.id: (j.state, j.attempt_count) for j in session.scalars(select(Job))}
+        assert states == dict.fromkeys(ids, ("scheduled", 1))
+        assert {
+            j: (a.number, a.state, a.placement[0].node, a.placement[0].gpu_indices)
+            for j, a in attempts.items()
+        } == {
+            int(p.job_id): (
+                1,
+                "scheduled",
+                p.allocation.nodes[0],
+                p.allocation.instances[0].gpu_indices,
+            )
+            for p in plan
+        }
+        assert claims == {
+            int(p.job_id): (
+                p.allocation.nodes[0],
+                p.allocation.instances[0].gpu_indices[0],
+                attempts[int(p.job_id)].id,
+            )
+            for p in plan
+        }
+        assert events == dict.fromkeys(ids, 1)
+    assert counts[2] == counts[8], counts
+
+
+def test_a_batch_places_the_jobs_that_won_and_leaves_one_cancelled_meanwhile(tmp_path: Path) -> None:
+    """The batch's compare-and-set loses for a job cancelled after the cycle read it (its session
+    copy still says queued): no attempt, claim or event for it; the others are placed."""
+    ctx = cluster(tmp_path, 2, 3)
+    with ctx.session_factory() as cycle:
+        ids = sorted(cycle.scalars(select(Job.id)))
+        copies = [cycle.get(Job, job_id) for job_id in ids]  # held: the cycle's copies
+        with ctx.session_factory() as api:
+            api.execute(update(Job).where(Job.id == ids[1]).values(state="cancelled", cancel_requested=True))
+            api.commit()
+        plan = [one_gpu(job_id, "n0", i) for i, job_id in enumerate(ids)]
+        assert apply_assignments(cycle, plan, time.time()) == 2
+        assert copies[0] is not None and copies[0].state == "scheduled" and copies[0].attempt_count == 1
+    with ctx.session_factory() as session:
+        assert {a.job_id for a in session.scalars(select(Attempt))} == {ids[0], ids[2]}
+        assert {c.job_id for c in session.scalars(select(GpuClaim))} == {ids[0], ids[2]}
+        assert session.get(Job, ids[1]).state == "cancelled"  # type: ignore[union-attr]
+        scheduled = session.scalars(select(JobEvent.job_id).where(JobEvent.to_state == "scheduled")).all()
+        assert sorted(scheduled) == [ids[0], ids[2]]

@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # both modules import this one
     from corral.monitor.config import MonitorConfigSource
     from corral.monitor.gpu import GpuSampler
     from corral.server.dispatch import LaunchQueue
+    from corral.server.snapshot import ShapeCache
 
 
 @dataclass
@@ -54,6 +55,7 @@ class LoopMemory:
     anomaly_detector: AnomalyDetector | None = None  # baselines of the GPU readings (monitor.risk)
     scheduler: Scheduler | None = None  # the schedule loop's (scheduling.scheduler_for)
     ahead_scheduler: Scheduler | None = None  # its pass placing jobs ahead of freed slots (ahead.py)
+    shape_cache: ShapeCache | None = None  # the schedule loop's nodes, groups, users (snapshot.py)
     retention_checked_at: float = 0.0  # when the retention loop last found no more to delete
     exit_spec: ExitSpecCache | None = None  # diagnosis: the active exit-spec (reconcile)
     log_tail_bytes: int = 64 * 1024  # diagnosis: how much of a failed rank's log it reads

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session, joinedload, selectinload
+from sqlalchemy.orm import Session, joinedload
 
 from corral.db.models import Attempt, Job, Node
 from corral.diagnosis.exitspec import Facts
@@ -104,8 +104,8 @@ def instance_env(
 def placed_nodes(session: Session, attempts: Iterable[Attempt]) -> dict[str, Node]:
     """The nodes these attempts are placed on, with their GPUs: one query for a whole batch."""
     names = {p.node for a in attempts for p in a.placement}
-    query = select(Node).where(Node.name.in_(names)).options(selectinload(Node.gpus))
-    return {n.name: n for n in session.scalars(query)}
+    query = select(Node).where(Node.name.in_(names)).options(joinedload(Node.gpus))  # one SELECT
+    return {n.name: n for n in session.scalars(query).unique()}
 
 
 def build_launch(

@@ -18,11 +18,11 @@ import logging
 import random
 import time
 from collections.abc import Mapping, Sequence, Set
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, joinedload, selectinload
+from sqlalchemy.orm import Session, joinedload
 
 from corral.db.base import table_of
 from corral.db.models import Attempt, GpuClaim, Job, Node
@@ -34,9 +34,16 @@ from corral.server.ahead import place_ahead, queues_ahead
 from corral.server.context import ServerContext
 from corral.server.dispatch import launch_placed
 from corral.server.finish import claimed_gpus
-from corral.server.snapshot import build_snapshot, live_attempts, read_cluster_state
+from corral.server.snapshot import ShapeCache, build_snapshot, live_attempts, read_cluster_state
 from corral.server.specview import read_spec
-from corral.services.lifecycle import AttemptState, JobState, schedule_job, transition
+from corral.services.lifecycle import (
+    AttemptState,
+    GpuHealth,
+    JobState,
+    schedule_job,
+    schedule_jobs,
+    transition,
+)
 from corral.services.policy import active_profile
 
 log = logging.getLogger("corral.server.schedule")
@@ -90,6 +97,56 @@ def stored_placement(job: Job, allocation: st.Allocation, uuids: Mapping[tuple[s
     )
 
 
+@dataclass(frozen=True, slots=True)
+class PlacementFit:
+    """An assignment that still fits in fresh rows: its job, nodes and GPUs (node, index)."""
+
+    assignment: st.Assignment
+    job: Job
+    nodes: dict[str, Node]
+    gpus: frozenset[tuple[str, int]]
+
+    @property
+    def message(self) -> str:
+        return f"placed on {', '.join(sorted(self.nodes))}"
+
+    def attempt_columns(self, number: int, now: float) -> dict[str, object]:
+        uuids = {(n.name, g.index): g.uuid for n in self.nodes.values() for g in n.gpus}
+        return {
+            "job_id": self.job.id,
+            "number": number,
+            "state": AttemptState.SCHEDULED.value,
+            "placement": stored_placement(self.job, self.assignment.allocation, uuids),
+            "borrowed": self.assignment.borrowed,
+            "created_at": now,
+        }
+
+
+def still_fits(
+    session: Session, assignment: st.Assignment, claimed: Set[tuple[str, int]]
+) -> PlacementFit | None:
+    """Re-check the fit in fresh rows: job still queued, nodes ready, its GPUs healthy and not in
+    `claimed`. The plan came from a snapshot whose nodes may be cached (snapshot.cached_shape): a
+    GPU reported unhealthy, quarantined or removed since is refused here."""
+    job = session.get(Job, int(assignment.job_id))
+    if job is None or job.state != JobState.QUEUED.value or job.cancel_requested:
+        return None
+    names = set(assignment.allocation.nodes)
+    nodes = {name: node for name in names if (node := session.get(Node, name)) is not None}
+    if any(n not in nodes or nodes[n].state != st.NodeState.READY.value for n in names):
+        return None
+    wanted = frozenset((p.node, i) for p in assignment.allocation.instances for i in p.gpu_indices)
+    if wanted & claimed:
+        return None
+    usable = {
+        (n.name, g.index)
+        for n in nodes.values()
+        for g in n.gpus
+        if g.healthy and g.health == GpuHealth.HEALTHY.value
+    }
+    return PlacementFit(assignment, job, nodes, wanted) if wanted <= usable else None
+
+
 def stage_assignment(
     session: Session,
     assignment: st.Assignment,
@@ -98,33 +155,44 @@ def stage_assignment(
     pending_claims: list[tuple[Attempt, list[tuple[str, int]]]],
 ) -> bool:
     """Add the Attempt, its GpuClaims and QUEUED -> SCHEDULED to the session (not committed),
-    re-checking the fit first: job still queued, nodes ready, GPUs not in `claimed` (updated)."""
-    job = session.get(Job, int(assignment.job_id))
-    if job is None or job.state != JobState.QUEUED.value or job.cancel_requested:
-        return False
-    names = set(assignment.allocation.nodes)
-    nodes = {name: node for name in names if (node := session.get(Node, name)) is not None}
-    if any(n not in nodes or nodes[n].state != st.NodeState.READY.value for n in names):
-        return False
-    wanted = {(p.node, i) for p in assignment.allocation.instances for i in p.gpu_indices}
-    if wanted & claimed:
-        return False
+    re-checking the fit first (still_fits; `claimed` updated)."""
+    fit = still_fits(session, assignment, claimed)
     # Compare-and-set QUEUED -> SCHEDULED first: a cancel committed since the job was read wins.
-    if not schedule_job(session, job, now=now, message=f"placed on {', '.join(sorted(names))}"):
+    if fit is None or not schedule_job(session, fit.job, now=now, message=fit.message):
         return False
-    claimed |= wanted
-    uuids = {(n.name, g.index): g.uuid for n in nodes.values() for g in n.gpus}
-    attempt = Attempt(
-        job_id=job.id,
-        number=job.attempt_count,
-        state=AttemptState.SCHEDULED.value,
-        placement=stored_placement(job, assignment.allocation, uuids),
-        borrowed=assignment.borrowed,
-        created_at=now,
-    )
+    claimed |= fit.gpus
+    attempt = Attempt(**fit.attempt_columns(fit.job.attempt_count, now))
     session.add(attempt)
-    pending_claims.append((attempt, sorted(wanted)))
+    pending_claims.append((attempt, sorted(fit.gpus)))
     return True
+
+
+# Built once: Core statements, executemany (one round trip each for a whole batch).
+INSERT_ATTEMPTS = insert(table_of(Attempt)).returning(table_of(Attempt).c.id, table_of(Attempt).c.job_id)
+INSERT_CLAIMS = insert(table_of(GpuClaim))
+
+
+def write_batch(session: Session, fits: Sequence[PlacementFit], now: float) -> int:
+    """The fitting assignments of a plan in four statements whatever their number (not three per
+    job: the ORM inserts one row per statement on SQLite, which gives no order to RETURNING):
+    QUEUED -> SCHEDULED by one compare-and-set and the events (lifecycle.schedule_jobs), the
+    attempts of the jobs it moved, their GPU claims. Not committed; a claim taken meanwhile by
+    another server raises IntegrityError here."""
+    won = schedule_jobs(session, [f.job for f in fits], now=now, messages={f.job.id: f.message for f in fits})
+    placed = [f for f in fits if f.job.id in won]
+    if not placed:
+        return 0
+    connection = session.connection()
+    rows = connection.execute(INSERT_ATTEMPTS, [f.attempt_columns(won[f.job.id], now) for f in placed])
+    attempt_pk = {int(job_id): int(pk) for pk, job_id in rows}
+    claims = [
+        {"node": node, "gpu_index": index, "attempt_pk": attempt_pk[f.job.id], "job_id": f.job.id}
+        for f in placed
+        for node, index in sorted(f.gpus)
+    ]
+    if claims:
+        connection.execute(INSERT_CLAIMS, claims)
+    return len(placed)
 
 
 def add_claims(session: Session, pending: list[tuple[Attempt, list[tuple[str, int]]]]) -> None:
@@ -167,14 +235,21 @@ def apply_assignments(session: Session, assignments: Sequence[st.Assignment], no
     # dropped at once would be fetched again, one SELECT per session.get in stage_assignment.
     preloaded = (
         session.scalars(select(Job).where(Job.id.in_(ids)).options(joinedload(Job.user))).all(),
-        session.scalars(select(Node).where(Node.name.in_(names)).options(selectinload(Node.gpus))).all(),
+        # the GPUs joined in (one SELECT, not two): the re-check above reads their health
+        session.scalars(select(Node).where(Node.name.in_(names)).options(joinedload(Node.gpus)))
+        .unique()
+        .all(),
     )
     claimed = claimed_gpus(session)
-    pending: list[tuple[Attempt, list[tuple[str, int]]]] = []
+    fits: list[PlacementFit] = []
     with session.no_autoflush:
-        staged = sum(stage_assignment(session, a, now, claimed, pending) for a in assignments)
+        for assignment in assignments:
+            fit = still_fits(session, assignment, claimed)
+            if fit is not None:
+                fits.append(fit)
+                claimed |= fit.gpus
     try:
-        add_claims(session, pending)
+        staged = write_batch(session, fits, now)
         session.commit()
         del preloaded
         return staged
@@ -268,7 +343,9 @@ def schedule_tick(ctx: ServerContext, now: float) -> None:
         waiting = session.scalar(select(Job.id).where(Job.state == JobState.QUEUED.value).limit(1))
         if waiting is None:  # an idle queue costs one indexed read per tick
             return
-        state = read_cluster_state(session)
+        if ctx.memory.shape_cache is None:
+            ctx.memory.shape_cache = ShapeCache()
+        state = read_cluster_state(session, ctx.memory.shape_cache)
         session.rollback()
         if not state.queued:
             return

@@ -8,16 +8,21 @@ inputs, same snapshot).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple, cast
+from functools import reduce
+from typing import Any, NamedTuple, cast
 
-from sqlalchemy import and_, bindparam, or_, select
-from sqlalchemy.orm import Session, joinedload, selectinload
+from sqlalchemy import String, and_, bindparam, func, or_, select
+from sqlalchemy import cast as sql_cast
+from sqlalchemy.orm import InstrumentedAttribute, Session, joinedload, selectinload
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.selectable import ScalarSelect
 
 from corral.datasets.quotas import groups_over_quota
 from corral.db.diag_models import JobAvoid
-from corral.db.models import Attempt, Group, Job, Node, UsageLedger, User
+from corral.db.models import Attempt, Gpu, Group, GroupQuota, Job, Node, UsageLedger, User
 from corral.domain import Placement
 from corral.scheduler import types as st
 from corral.server.specview import read_spec
@@ -312,15 +317,128 @@ def placeable_node(row: Node) -> st.Node:
     return replace(node, gpus=gpus)
 
 
-def read_cluster_state(session: Session) -> ClusterState:
-    """One SELECT per table read: nodes, their GPUs, groups, their quotas, users, jobs (waiting and
-    live, with the live ones' current attempt joined), usage ledger, retry exclusions, the groups over their
-    storage quota (storage_accounts) (tests/server/
-    test_snapshot_queries.py keeps it so)."""
+_FIELD, _ROW, _NULL = "\x1f", "\x1e", "\x1d"  # separators no name or label is expected to hold
+
+
+def _rows_text(*columns: InstrumentedAttribute[Any]) -> ScalarSelect[str | None]:
+    """Every row's `columns` as one string (NULL: no rows), in the database: SQLite's
+    group_concat, PostgreSQL's string_agg. Unordered: the same rows in another order read as a
+    change, which costs a rebuild and nothing else."""
+    parts: list[ColumnElement[str]] = [func.coalesce(sql_cast(c, String), _NULL) for c in columns]
+    row = reduce(lambda a, b: a.concat(_FIELD).concat(b), parts)
+    return select(func.aggregate_strings(row, _ROW)).scalar_subquery()
+
+
+# Every column the cluster's shape (ClusterShape) is built from, and nothing else: a cordon or
+# drain (Node.state), a GPU the engine reports unhealthy (Gpu.healthy) or Corral quarantined or
+# declared lost (Gpu.health), a node or GPU added or removed, a quota, a group's limits, a new
+# user all change it, whoever wrote them (an API route, the node loop, another server). Built
+# once; one statement instead of five SELECTs and their ORM rows.
+SHAPE_DIGEST = select(
+    _rows_text(Node.name, Node.cpus, Node.memory_mib, Node.labels, Node.state),
+    _rows_text(
+        Gpu.node_name,
+        Gpu.index,
+        Gpu.uuid,
+        Gpu.model,
+        Gpu.memory_mib,
+        Gpu.topology_group,
+        Gpu.healthy,
+        Gpu.health,
+    ),
+    _rows_text(
+        Group.id,
+        Group.name,
+        Group.weight,
+        Group.borrowing,
+        Group.user_max_gpus,
+        Group.cpus_max,
+        Group.memory_max_mib,
+    ),
+    _rows_text(
+        GroupQuota.id, GroupQuota.group_id, GroupQuota.gpu_model, GroupQuota.guaranteed, GroupQuota.max
+    ),
+    _rows_text(User.id, User.name),
+)
+SHAPE_MAX_AGE_S = 10.0  # rebuilt at least this often, whatever the digest says
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterShape:
+    """What a cycle reads that only an operator's or the node loop's write changes: the nodes as
+    the scheduler sees them, the groups (storage_over left out: read every cycle), names by id."""
+
+    digest: tuple[str | None, ...]
+    nodes: tuple[st.Node, ...]
+    groups: tuple[GroupRecord, ...]
+    group_names: Mapping[int, str]
+    user_names: Mapping[int, str]
+    built_at: float  # time.monotonic()
+
+
+@dataclass
+class ShapeCache:
+    """The schedule loop's ClusterShape between cycles (LoopMemory.shape_cache); never the truth:
+    each cycle compares SHAPE_DIGEST, read in its own snapshot's transaction, before using it."""
+
+    shape: ClusterShape | None = None
+    hits: int = 0
+    builds: int = 0
+
+
+def _shape_digest(session: Session) -> tuple[str | None, ...]:
+    return tuple(session.execute(SHAPE_DIGEST).one())
+
+
+def read_shape(session: Session, digest: tuple[str | None, ...] | None = None) -> ClusterShape:
+    """Nodes with their GPUs, groups with their quotas, user names: one SELECT per table."""
     nodes = session.scalars(select(Node).options(selectinload(Node.gpus)).order_by(Node.name)).all()
     groups = session.scalars(select(Group).options(selectinload(Group.quotas)).order_by(Group.name)).all()
-    group_names = {g.id: g.name for g in groups}
     user_names: dict[int, str] = {row[0]: row[1] for row in session.execute(select(User.id, User.name))}
+    return ClusterShape(
+        digest=digest or (),
+        nodes=tuple(placeable_node(n) for n in nodes),
+        groups=tuple(
+            GroupRecord(
+                name=g.name,
+                weight=g.weight,
+                borrowing=g.borrowing,
+                user_max_gpus=g.user_max_gpus,
+                quotas=tuple(QuotaRecord(q.gpu_model, q.guaranteed, q.max) for q in g.quotas),
+                cpus_max=g.cpus_max,
+                memory_max_mib=g.memory_max_mib,
+            )
+            for g in groups
+        ),
+        group_names={g.id: g.name for g in groups},
+        user_names=user_names,
+        built_at=time.monotonic(),
+    )
+
+
+def cached_shape(session: Session, cache: ShapeCache) -> ClusterShape:
+    """The cached shape if SHAPE_DIGEST still reads the same (one statement), else read again.
+    Kept only if the digest read after the rows equals the one before: a write that landed
+    between them (each statement may see a newer commit) would otherwise pair a digest with rows
+    it does not describe."""
+    digest = _shape_digest(session)
+    hit = cache.shape
+    if hit is not None and hit.digest == digest and time.monotonic() - hit.built_at < SHAPE_MAX_AGE_S:
+        cache.hits += 1
+        return hit
+    shape = read_shape(session, digest)
+    cache.builds += 1
+    cache.shape = shape if _shape_digest(session) == digest else None
+    return shape
+
+
+def read_cluster_state(session: Session, cache: ShapeCache | None = None) -> ClusterState:
+    """One SELECT per table read: nodes, their GPUs, groups, their quotas, users (or, with `cache`,
+    one digest of them when it is unchanged: cached_shape), jobs (waiting and live, with the live
+    ones' current attempt joined), usage ledger, retry exclusions, the groups over their storage
+    quota (storage_accounts) (tests/server/test_snapshot_queries.py keeps it so)."""
+    shape = read_shape(session) if cache is None else cached_shape(session, cache)
+    group_names, user_names = shape.group_names, shape.user_names
     live_job = Job.state.in_([s.value for s in LIVE_JOB_STATES])
     # SQLAlchemy types selects of up to 10 columns: this one's 19 are named by _JobRow instead.
     rows = session.execute(
@@ -342,19 +460,10 @@ def read_cluster_state(session: Session) -> ClusterState:
     avoid = {a.job_id: a for a in session.scalars(select(JobAvoid))}
     storage_over = groups_over_quota(session)
     return ClusterState(
-        nodes=tuple(placeable_node(n) for n in nodes),
+        nodes=shape.nodes,
         groups=tuple(
-            GroupRecord(
-                name=g.name,
-                weight=g.weight,
-                borrowing=g.borrowing,
-                user_max_gpus=g.user_max_gpus,
-                quotas=tuple(QuotaRecord(q.gpu_model, q.guaranteed, q.max) for q in g.quotas),
-                cpus_max=g.cpus_max,
-                memory_max_mib=g.memory_max_mib,
-                storage_over=storage_over.get(g.name),
-            )
-            for g in groups
+            replace(g, storage_over=storage_over[g.name]) if g.name in storage_over else g
+            for g in shape.groups
         ),
         queued=tuple(_with_avoid(_job_record(row, user_names, group_names, False), avoid) for row in queued),
         running=tuple(_job_record(row, user_names, group_names, True) for row in live),

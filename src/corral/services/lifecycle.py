@@ -40,11 +40,11 @@ How an ended attempt settles its job (`settle_attempt_end`), first rule that app
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sqlalchemy import Table, Update, bindparam, insert, update
+from sqlalchemy import Table, Update, bindparam, insert, null, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -248,6 +248,68 @@ def schedule_job(session: Session, job: Job, *, now: float, message: str) -> boo
         values=values,
         not_cancelled=True,
     )
+
+
+# Built once: the schedule loop runs it for every batch it places.
+SCHEDULE_BATCH = (
+    update(JOBS)
+    .where(
+        JOBS.c.id.in_(bindparam("ids", expanding=True)),
+        JOBS.c.state == JobState.QUEUED.value,
+        ~JOBS.c.cancel_requested,
+    )
+    .values(
+        state=JobState.SCHEDULED.value,
+        updated_at=bindparam("now"),
+        attempt_count=JOBS.c.attempt_count + 1,
+        diagnosis=null(),  # SQL NULL, as a job that never had a diagnosis holds
+    )
+    .returning(JOBS.c.id, JOBS.c.attempt_count)
+)
+
+
+def schedule_jobs(
+    session: Session, jobs: Sequence[Job], *, now: float, messages: Mapping[int, str]
+) -> dict[int, int]:
+    """schedule_job for a batch: QUEUED -> SCHEDULED by one compare-and-set UPDATE ... RETURNING for
+    all of them (each row only while still QUEUED with no cancel requested), then one INSERT of
+    their events. Returns {job id: its new attempt count} for the rows written (the caller adds
+    attempt number that count); the others lost their race, nothing of theirs was written."""
+    for job in jobs:
+        if job.state != JobState.QUEUED.value:
+            raise InvalidTransition(job.id, job.state, JobState.SCHEDULED.value)
+    if not jobs:
+        return {}
+    connection = session.connection()
+    won = {
+        int(row[0]): int(row[1])
+        for row in connection.execute(SCHEDULE_BATCH, {"ids": [j.id for j in jobs], "now": now})
+    }
+    events = []
+    for job in jobs:
+        if job.id not in won:
+            session.expire(job, ["state"])
+            continue
+        for name, value in (
+            ("state", JobState.SCHEDULED.value),
+            ("updated_at", now),
+            ("attempt_count", won[job.id]),
+            ("diagnosis", None),
+        ):
+            set_committed_value(job, name, value)
+        events.append(
+            {
+                "job_id": job.id,
+                "at": now,
+                "kind": "transition",
+                "from_state": JobState.QUEUED.value,
+                "to_state": JobState.SCHEDULED.value,
+                "message": messages.get(job.id, ""),
+            }
+        )
+    if events:
+        connection.execute(INSERT_EVENT, events)
+    return won
 
 
 class Loss(StrEnum):
