@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -16,9 +16,11 @@ from sqlalchemy.orm import Session
 
 from corral.db.models import Gpu, Group, GroupQuota, Job, Node, User
 from corral.db.session import make_engine
+from corral.scheduler.types import Assignment, NodeState
+from corral.server import scheduling
 from corral.server.context import ServerContext
 from corral.server.nodes import node_tick
-from corral.server.scheduling import schedule_tick
+from corral.server.scheduling import apply_assignments, schedule_tick
 from corral.server.snapshot import ShapeCache, cached_shape, read_cluster_state, read_shape
 from corral.services import nodes as node_service
 from corral.services.lifecycle import JobState
@@ -87,6 +89,26 @@ def _node_labels(session: Session) -> None:
     session.execute(update(Node).where(Node.name == "n0").values(labels={"rack": "b"}))
 
 
+def _gpu_model(session: Session) -> None:
+    session.execute(update(Gpu).where(Gpu.node_name == "n0", Gpu.index == 1).values(model="H100"))
+
+
+def _node_cpus(session: Session) -> None:
+    session.execute(update(Node).where(Node.name == "n1").values(cpus=8))
+
+
+def _group_borrowing(session: Session) -> None:
+    session.execute(update(Group).values(borrowing=False))
+
+
+def _quota_max(session: Session) -> None:
+    session.execute(update(GroupQuota).values(max=3))
+
+
+def _user_renamed(session: Session) -> None:
+    session.execute(update(User).where(User.name == "newcomer").values(name="renamed"))
+
+
 CHANGES: dict[str, Callable[[Session], None]] = {
     "cordon": _cordon,
     "drain": _drain,
@@ -98,6 +120,11 @@ CHANGES: dict[str, Callable[[Session], None]] = {
     "per-user cap": _group_cap,
     "new user": _new_user,
     "node labels": _node_labels,
+    "gpu model": _gpu_model,
+    "node cpus": _node_cpus,
+    "group borrowing": _group_borrowing,
+    "quota max": _quota_max,
+    "user renamed": _user_renamed,
 }
 
 
@@ -157,7 +184,8 @@ def test_a_cycle_does_not_place_on_a_node_another_server_cordoned(db_url: str, t
         gid, uid = session.scalar(select(Group.id)), session.scalar(select(User.id))
         first = add_job(session, gid, uid, gpus=4)
     schedule_tick(ctx, time.time())
-    assert ctx.memory.shape_cache is not None and ctx.memory.shape_cache.shape is not None
+    cache = ctx.memory.shape_cache
+    assert cache is not None and cache.shape is not None and cache.builds == 1
     with other.session_factory() as session:
         for name in ("n0", "n1"):
             node_service.set_admin_state(session, name, "cordon")
@@ -169,10 +197,13 @@ def test_a_cycle_does_not_place_on_a_node_another_server_cordoned(db_url: str, t
         states = {row.id: row.state for row in session.execute(select(Job.id, Job.state))}
     assert states[first] == JobState.SCHEDULED.value
     assert states[second] == JobState.QUEUED.value
+    # the cycle saw the cordon in its own snapshot (the applier would refuse it anyway)
+    assert cache.builds == 2 and cache.shape is not None
+    assert {n.name: n.state for n in cache.shape.nodes} == dict.fromkeys(("n0", "n1"), NodeState.CORDONED)
 
 
 def test_the_apply_refuses_a_gpu_that_went_unhealthy_even_with_a_stale_shape(
-    db_url: str, tmp_path: Path
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Belt and braces: should a cached shape ever be stale (it is rebuilt when the digest moves),
     the plan applier re-checks each GPU's health in fresh rows and leaves the job queued."""
@@ -192,10 +223,38 @@ def test_the_apply_refuses_a_gpu_that_went_unhealthy_even_with_a_stale_shape(
     with ctx.session_factory() as session:
         assert all(g.healthy for n in read_cluster_state(session, cache).nodes for g in n.gpus)
     ctx.memory.shape_cache = cache
+    applied: list[tuple[list[str], int]] = []
+
+    def recording_apply(session: Session, assignments: Sequence[Assignment], now: float) -> int:
+        placed = apply_assignments(session, assignments, now)
+        applied.append(([a.job_id for a in assignments], placed))
+        return placed
+
+    monkeypatch.setattr(scheduling, "apply_assignments", recording_apply)
     schedule_tick(ctx, time.time())
+    assert applied and applied[0] == ([str(job)], 0)  # proposed from the stale shape, refused
     with ctx.session_factory() as session:
         assert session.get(Job, job).state == JobState.QUEUED.value
-        assert session.scalars(select(Gpu).where(Gpu.health != "healthy")).all()
+
+
+def test_heartbeats_and_rewritten_rows_do_not_rebuild_the_shape(db_url: str, tmp_path: Path) -> None:
+    """The node loop rewrites every node's row on each report (last_heartbeat, not in the shape),
+    which on PostgreSQL moves the row: the digest orders its rows, so the shape is kept."""
+    ctx, _ = two_nodes(db_url, tmp_path)
+    cache = ShapeCache()
+    with ctx.session_factory() as session:
+        cached_shape(session, cache)
+    for beat in range(3):
+        with ctx.session_factory() as writer:
+            for name in ("n0", "n1"):
+                writer.execute(
+                    update(Node).where(Node.name == name).values(last_heartbeat=time.time() + beat)
+                )
+            writer.execute(update(Gpu).where(Gpu.node_name == "n0", Gpu.index == 0).values(uuid=Gpu.uuid))
+            writer.commit()
+        with ctx.session_factory() as session:
+            cached_shape(session, cache)
+    assert (cache.builds, cache.hits) == (1, 3)
 
 
 def test_an_unchanged_cluster_costs_one_digest_not_five_selects(tmp_path: Path) -> None:

@@ -14,13 +14,15 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select, update
 
-from corral.db.models import Attempt, GpuClaim, Job, JobEvent
+from corral.db.models import Attempt, GpuClaim, Job, JobEvent, Node
 from corral.db.session import make_engine
 from corral.scheduler import types as st
 from corral.server.context import ServerContext
 from corral.server.nodes import node_tick
 from corral.server.scheduling import apply_assignments, schedule_tick
 from corral.server.snapshot import jobs_with_live_attempts
+from corral.services import nodes as node_service
+from corral.services.lifecycle import schedule_jobs
 from tests.server.fakes import FakeEngine, add_job, gpu_node, make_context, seed_tenant
 
 # What read_cluster_state reads: each table once (jobs with their live attempts joined); the
@@ -195,3 +197,64 @@ def test_a_batch_places_the_jobs_that_won_and_leaves_one_cancelled_meanwhile(tmp
         assert session.get(Job, ids[1]).state == "cancelled"  # type: ignore[union-attr]
         scheduled = session.scalars(select(JobEvent.job_id).where(JobEvent.to_state == "scheduled")).all()
         assert sorted(scheduled) == [ids[0], ids[2]]
+
+
+def test_the_batch_compare_and_set_skips_a_job_with_a_cancel_requested_or_already_ended(
+    tmp_path: Path,
+) -> None:
+    """lifecycle.schedule_jobs on the cycle's stale copies (they still read queued, no cancel):
+    the UPDATE's own conditions keep a job whose cancel was requested (still queued) and one
+    cancelled outright; only the third moves, with its event."""
+    ctx = cluster(tmp_path, 1, 3)
+    with ctx.session_factory() as cycle:
+        jobs = list(cycle.scalars(select(Job).order_by(Job.id)))
+        with ctx.session_factory() as api:
+            api.execute(update(Job).where(Job.id == jobs[0].id).values(cancel_requested=True))
+            api.execute(update(Job).where(Job.id == jobs[1].id).values(state="cancelled"))
+            api.commit()
+        assert [j.state for j in jobs] == ["queued"] * 3 and not jobs[0].cancel_requested
+        won = schedule_jobs(cycle, jobs, now=time.time(), messages={})
+        cycle.commit()
+        assert won == {jobs[2].id: 1}
+    with ctx.session_factory() as session:
+        states = {row.id: row.state for row in session.execute(select(Job.id, Job.state))}
+        moved = session.scalars(select(JobEvent.job_id).where(JobEvent.to_state == "scheduled")).all()
+    assert states == {jobs[0].id: "queued", jobs[1].id: "cancelled", jobs[2].id: "scheduled"}
+    assert moved == [jobs[2].id]
+
+
+def test_a_second_apply_in_the_same_session_sees_a_gpu_quarantined_after_the_first(
+    tmp_path: Path,
+) -> None:
+    """The schedule loop applies its ahead pass in the session its first pass committed in, whose
+    copies of nodes and GPUs outlive the commit: the applier reads them again, so a GPU
+    quarantined between the two passes is refused."""
+    ctx = cluster(tmp_path, 1, 2)
+    with ctx.session_factory() as cycle:
+        first, second = sorted(cycle.scalars(select(Job.id)))
+        held = cycle.get(Node, "n0")  # the cycle's copy, as the loop's own objects would keep it
+        assert held is not None and all(g.health == "healthy" for g in held.gpus)
+        assert apply_assignments(cycle, [one_gpu(first, "n0", 1)], time.time()) == 1
+        with ctx.session_factory() as operator:
+            node_service.set_gpu_health(operator, "n0", 0, "quarantine")
+            operator.commit()
+        assert apply_assignments(cycle, [one_gpu(second, "n0", 0)], time.time()) == 0
+    with ctx.session_factory() as session:
+        assert session.get(Job, second).state == "queued"  # type: ignore[union-attr]
+        assert not session.scalars(select(GpuClaim).where(GpuClaim.job_id == second)).all()
+
+
+def test_a_plan_naming_a_job_twice_places_it_once_in_the_batch(tmp_path: Path) -> None:
+    """Two assignments for one job (two GPUs that both fit) give one attempt, written by the
+    batch: not a failed batch (attempt numbers are unique per job) and a job-by-job retry."""
+    ctx = cluster(tmp_path, 1, 1)
+    with ctx.session_factory() as session:
+        (job_id,) = session.scalars(select(Job.id)).all()
+    plan = [one_gpu(job_id, "n0", 0), one_gpu(job_id, "n0", 1)]
+    with ctx.session_factory() as session, statements(ctx) as seen:
+        assert apply_assignments(session, plan, time.time()) == 1
+    assert sum(s.startswith("UPDATE jobs") for s in seen) == 1 and "ROLLBACK" not in seen, seen
+    with ctx.session_factory() as session:
+        assert [(a.number, a.placement[0].gpu_indices) for a in session.scalars(select(Attempt))] == [
+            (1, (0,))
+        ]

@@ -167,6 +167,10 @@ def stage_assignment(
     return True
 
 
+# Rows read again, not the session's copies: the ahead pass applies in the session the first pass
+# committed in (expire_on_commit is off), and a GPU quarantined between the two must be seen.
+FRESH_ROWS = {"populate_existing": True}
+
 # Built once: Core statements, executemany (one round trip each for a whole batch).
 INSERT_ATTEMPTS = insert(table_of(Attempt)).returning(table_of(Attempt).c.id, table_of(Attempt).c.job_id)
 INSERT_CLAIMS = insert(table_of(GpuClaim))
@@ -234,18 +238,27 @@ def apply_assignments(session: Session, assignments: Sequence[st.Assignment], no
     # Held in locals: the session's identity map keeps objects only weakly, so rows loaded and
     # dropped at once would be fetched again, one SELECT per session.get in stage_assignment.
     preloaded = (
-        session.scalars(select(Job).where(Job.id.in_(ids)).options(joinedload(Job.user))).all(),
-        # the GPUs joined in (one SELECT, not two): the re-check above reads their health
-        session.scalars(select(Node).where(Node.name.in_(names)).options(joinedload(Node.gpus)))
+        session.scalars(
+            select(Job).where(Job.id.in_(ids)).options(joinedload(Job.user)), execution_options=FRESH_ROWS
+        ).all(),
+        # the GPUs joined in (one SELECT, not two): still_fits reads their health
+        session.scalars(
+            select(Node).where(Node.name.in_(names)).options(joinedload(Node.gpus)),
+            execution_options=FRESH_ROWS,
+        )
         .unique()
         .all(),
     )
     claimed = claimed_gpus(session)
     fits: list[PlacementFit] = []
+    fitted: set[int] = set()
     with session.no_autoflush:
         for assignment in assignments:
+            if int(assignment.job_id) in fitted:
+                continue  # one attempt per job and cycle (a second would break (job_id, number))
             fit = still_fits(session, assignment, claimed)
             if fit is not None:
+                fitted.add(fit.job.id)
                 fits.append(fit)
                 claimed |= fit.gpus
     try:

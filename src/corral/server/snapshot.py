@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from functools import reduce
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import String, and_, bindparam, func, or_, select
+from sqlalchemy import Select, String, and_, bindparam, func, or_, select
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.orm import InstrumentedAttribute, Session, joinedload, selectinload
 from sqlalchemy.sql.elements import ColumnElement
@@ -320,46 +320,75 @@ def placeable_node(row: Node) -> st.Node:
 _FIELD, _ROW, _NULL = "\x1f", "\x1e", "\x1d"  # separators no name or label is expected to hold
 
 
-def _rows_text(*columns: InstrumentedAttribute[Any]) -> ScalarSelect[str | None]:
+_Text = str | None
+ShapeDigest = Select[_Text, _Text, _Text, _Text, _Text]  # one text per table
+
+
+def _rows_text(
+    key: Sequence[InstrumentedAttribute[Any]], *columns: InstrumentedAttribute[Any], ordered: bool
+) -> ScalarSelect[str | None]:
     """Every row's `columns` as one string (NULL: no rows), in the database: SQLite's
-    group_concat, PostgreSQL's string_agg. Unordered: the same rows in another order read as a
-    change, which costs a rebuild and nothing else."""
+    group_concat, PostgreSQL's string_agg. `ordered`: by the table's `key` inside the aggregate
+    (PostgreSQL, where an UPDATE moves a row and a scan returns rows in another order: the
+    node loop's heartbeat writes would read as a change nearly every cycle). SQLite before 3.44
+    has no ORDER BY in an aggregate; its scan follows the rowid, which no UPDATE moves. Rows in
+    another order would read as a change, which costs a rebuild and nothing else."""
     parts: list[ColumnElement[str]] = [func.coalesce(sql_cast(c, String), _NULL) for c in columns]
     row = reduce(lambda a, b: a.concat(_FIELD).concat(b), parts)
-    return select(func.aggregate_strings(row, _ROW)).scalar_subquery()
+    text = func.aggregate_strings(row, _ROW)
+    return select(text.aggregate_order_by(*key) if ordered else text).scalar_subquery()
 
 
-# Every column the cluster's shape (ClusterShape) is built from, and nothing else: a cordon or
-# drain (Node.state), a GPU the engine reports unhealthy (Gpu.healthy) or Corral quarantined or
-# declared lost (Gpu.health), a node or GPU added or removed, a quota, a group's limits, a new
-# user all change it, whoever wrote them (an API route, the node loop, another server). Built
-# once; one statement instead of five SELECTs and their ORM rows.
-SHAPE_DIGEST = select(
-    _rows_text(Node.name, Node.cpus, Node.memory_mib, Node.labels, Node.state),
-    _rows_text(
-        Gpu.node_name,
-        Gpu.index,
-        Gpu.uuid,
-        Gpu.model,
-        Gpu.memory_mib,
-        Gpu.topology_group,
-        Gpu.healthy,
-        Gpu.health,
-    ),
-    _rows_text(
-        Group.id,
-        Group.name,
-        Group.weight,
-        Group.borrowing,
-        Group.user_max_gpus,
-        Group.cpus_max,
-        Group.memory_max_mib,
-    ),
-    _rows_text(
-        GroupQuota.id, GroupQuota.group_id, GroupQuota.gpu_model, GroupQuota.guaranteed, GroupQuota.max
-    ),
-    _rows_text(User.id, User.name),
-)
+def _shape_digest_statement(ordered: bool) -> ShapeDigest:
+    """Every column the cluster's shape (ClusterShape) is built from, and nothing else: a cordon
+    or drain (Node.state), a GPU the engine reports unhealthy (Gpu.healthy) or Corral
+    quarantined or declared lost (Gpu.health), a node or GPU added or removed, a quota, a group's
+    limits, a new user all change it, whoever wrote them (an API route, the node loop, another
+    server). One statement instead of five SELECTs and their ORM rows."""
+    gpu_key = (Gpu.node_name, Gpu.index)
+    return select(
+        _rows_text(
+            (Node.name,), Node.name, Node.cpus, Node.memory_mib, Node.labels, Node.state, ordered=ordered
+        ),
+        _rows_text(
+            gpu_key,
+            Gpu.node_name,
+            Gpu.index,
+            Gpu.uuid,
+            Gpu.model,
+            Gpu.memory_mib,
+            Gpu.topology_group,
+            Gpu.healthy,
+            Gpu.health,
+            ordered=ordered,
+        ),
+        _rows_text(
+            (Group.id,),
+            Group.id,
+            Group.name,
+            Group.weight,
+            Group.borrowing,
+            Group.user_max_gpus,
+            Group.cpus_max,
+            Group.memory_max_mib,
+            ordered=ordered,
+        ),
+        _rows_text(
+            (GroupQuota.id,),
+            GroupQuota.id,
+            GroupQuota.group_id,
+            GroupQuota.gpu_model,
+            GroupQuota.guaranteed,
+            GroupQuota.max,
+            ordered=ordered,
+        ),
+        _rows_text((User.id,), User.id, User.name, ordered=ordered),
+    )
+
+
+# Built once each; PostgreSQL's orders its rows (see _rows_text).
+SHAPE_DIGEST = _shape_digest_statement(ordered=False)
+SHAPE_DIGEST_ORDERED = _shape_digest_statement(ordered=True)
 SHAPE_MAX_AGE_S = 10.0  # rebuilt at least this often, whatever the digest says
 
 
@@ -387,7 +416,8 @@ class ShapeCache:
 
 
 def _shape_digest(session: Session) -> tuple[str | None, ...]:
-    return tuple(session.execute(SHAPE_DIGEST).one())
+    ordered = session.get_bind().dialect.name == "postgresql"
+    return tuple(session.execute(SHAPE_DIGEST_ORDERED if ordered else SHAPE_DIGEST).one())
 
 
 def read_shape(session: Session, digest: tuple[str | None, ...] | None = None) -> ClusterShape:
