@@ -137,3 +137,15 @@ def postgres_server() -> Iterator[PostgresServer]:
         yield server
     finally:
         server.stop()
+
+
+def sqlite_or_postgres_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_file: str) -> Iterator[str]:
+    """For a fixture parametrised ["sqlite", "postgres…"]: an empty database's URL, a SQLite
+    file under `tmp_path` or a fresh PostgreSQL database dropped afterwards."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / sqlite_file}"
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    url = server.create_database()
+    yield url
+    server.drop_database(url.rsplit("/", 1)[1])

@@ -13,7 +13,7 @@ from alembic.migration import MigrationContext
 from corral.db import audit_models, models
 from corral.db.base import Base
 from corral.db.session import downgrade, init_db, make_engine
-from tests.pg import PostgresServer
+from tests.pg import sqlite_or_postgres_url
 
 CORE_TABLES = {
     t.name
@@ -30,13 +30,7 @@ CORE_TABLES = {
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'mig.db'}"
-        return
-    server: PostgresServer = request.getfixturevalue("postgres_server")
-    url = server.create_database()
-    yield url
-    server.drop_database(url.rsplit("/", 1)[1])
+    yield from sqlite_or_postgres_url(request, tmp_path, "mig.db")
 
 
 def tables(url: str) -> set[str]:

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from alembic.script import ScriptDirectory
 
 from corral.db.session import alembic_config, downgrade, make_engine, upgrade
-from tests.pg import PostgresServer
+from tests.pg import sqlite_or_postgres_url
 
 T0 = 1_700_000_000.0
 SPEC = {"name": "train", "tasks": {"main": {"command": "python train.py", "resources": {"gpus": 2}}}}
@@ -207,13 +207,7 @@ def revisions_oldest_first(url: str) -> list[str]:
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'populated.db'}"
-        return
-    server: PostgresServer = request.getfixturevalue("postgres_server")
-    created = server.create_database()
-    yield created
-    server.drop_database(created.rsplit("/", 1)[1])
+    yield from sqlite_or_postgres_url(request, tmp_path, "populated.db")
 
 
 def test_every_migration_keeps_the_data_up_down_and_up(url: str) -> None:

@@ -24,20 +24,14 @@ from corral.server.scheduling import apply_assignments, schedule_tick
 from corral.server.snapshot import ShapeCache, cached_shape, read_cluster_state, read_shape
 from corral.services import nodes as node_service
 from corral.services.lifecycle import JobState
-from tests.pg import PostgresServer
+from tests.pg import sqlite_or_postgres_url
 from tests.server.fakes import FakeEngine, add_job, gpu_node, make_context, seed_tenant
 from tests.server.test_snapshot_queries import selects
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'db.sqlite'}"
-        return
-    server: PostgresServer = request.getfixturevalue("postgres_server")
-    url = server.create_database()
-    yield url
-    server.drop_database(url.rsplit("/", 1)[1])
+    yield from sqlite_or_postgres_url(request, tmp_path, "db.sqlite")
 
 
 def two_nodes(db_url: str, tmp_path: Path) -> tuple[ServerContext, FakeEngine]:
