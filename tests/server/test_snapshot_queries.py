@@ -17,6 +17,7 @@ from sqlalchemy import event, select, update
 from corral.db.models import Attempt, GpuClaim, Job, JobEvent, Node
 from corral.db.session import make_engine
 from corral.scheduler import types as st
+from corral.server import scheduling
 from corral.server.context import ServerContext
 from corral.server.nodes import node_tick
 from corral.server.scheduling import apply_assignments, schedule_tick
@@ -258,3 +259,26 @@ def test_a_plan_naming_a_job_twice_places_it_once_in_the_batch(tmp_path: Path) -
         assert [(a.number, a.placement[0].gpu_indices) for a in session.scalars(select(Attempt))] == [
             (1, (0,))
         ]
+
+
+def test_a_claim_taken_meanwhile_fails_the_batch_and_the_others_are_placed_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another server claimed a GPU after this one read the claims (faked: the claims read here
+    come back empty): the batch's claim INSERT fails, and the job-by-job fallback places every
+    job but the one on that GPU, which stays queued with no attempt."""
+    ctx = cluster(tmp_path, 1, 3)
+    with ctx.session_factory() as session:
+        first, clashing, other = sorted(session.scalars(select(Job.id)))
+        assert apply_assignments(session, [one_gpu(first, "n0", 0)], time.time()) == 1
+    monkeypatch.setattr(scheduling, "claimed_gpus", lambda session: set())
+    with ctx.session_factory() as session:
+        plan = [one_gpu(clashing, "n0", 0), one_gpu(other, "n0", 1)]
+        assert apply_assignments(session, plan, time.time()) == 1
+    with ctx.session_factory() as session:
+        states = {row.id: row.state for row in session.execute(select(Job.id, Job.state))}
+        attempts = {(a.job_id, a.number) for a in session.scalars(select(Attempt))}
+        claims = {(c.job_id, c.node, c.gpu_index) for c in session.scalars(select(GpuClaim))}
+    assert states == {first: "scheduled", clashing: "queued", other: "scheduled"}
+    assert attempts == {(first, 1), (other, 1)}
+    assert claims == {(first, "n0", 0), (other, "n0", 1)}

@@ -68,7 +68,7 @@ def end_attempt(
     if not move_attempt(session, attempt, state, values):
         raise AttemptChangedMeanwhile(f"attempt {attempt.attempt_id} ended in another session")
     # ORM deletes, written at commit with the rest of the batch (one executemany, not one each).
-    # The claims are exactly the placement's GPUs (scheduling.stage_assignment): an attempt
+    # The claims are exactly the placement's GPUs (scheduling.write_batch): an attempt
     # placed without GPUs has none, and skips the query (a SELECT per ended CPU job).
     if attempt_gpus(attempt) > 0:
         for claim in session.scalars(select(GpuClaim).where(GpuClaim.attempt_pk == attempt.id)):

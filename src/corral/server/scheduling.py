@@ -40,7 +40,6 @@ from corral.services.lifecycle import (
     AttemptState,
     GpuHealth,
     JobState,
-    schedule_job,
     schedule_jobs,
     transition,
 )
@@ -147,26 +146,6 @@ def still_fits(
     return PlacementFit(assignment, job, nodes, wanted) if wanted <= usable else None
 
 
-def stage_assignment(
-    session: Session,
-    assignment: st.Assignment,
-    now: float,
-    claimed: set[tuple[str, int]],
-    pending_claims: list[tuple[Attempt, list[tuple[str, int]]]],
-) -> bool:
-    """Add the Attempt, its GpuClaims and QUEUED -> SCHEDULED to the session (not committed),
-    re-checking the fit first (still_fits; `claimed` updated)."""
-    fit = still_fits(session, assignment, claimed)
-    # Compare-and-set QUEUED -> SCHEDULED first: a cancel committed since the job was read wins.
-    if fit is None or not schedule_job(session, fit.job, now=now, message=fit.message):
-        return False
-    claimed |= fit.gpus
-    attempt = Attempt(**fit.attempt_columns(fit.job.attempt_count, now))
-    session.add(attempt)
-    pending_claims.append((attempt, sorted(fit.gpus)))
-    return True
-
-
 # Rows read again, not the session's copies: the ahead pass applies in the session the first pass
 # committed in (expire_on_commit is off), and a GPU quarantined between the two must be seen.
 FRESH_ROWS = {"populate_existing": True}
@@ -199,31 +178,19 @@ def write_batch(session: Session, fits: Sequence[PlacementFit], now: float) -> i
     return len(placed)
 
 
-def add_claims(session: Session, pending: list[tuple[Attempt, list[tuple[str, int]]]]) -> None:
-    """GpuClaim rows need their attempt's id: one flush for all attempts of the batch, then the claims."""
-    if not pending:
-        return
-    session.flush()
-    for attempt, gpus in pending:
-        for node_name, index in gpus:
-            session.add(
-                GpuClaim(node=node_name, gpu_index=index, attempt_pk=attempt.id, job_id=attempt.job_id)
-            )
-
-
 def apply_assignment(session: Session, assignment: st.Assignment, now: float) -> bool:
-    """One transaction: Attempt + GpuClaims + QUEUED -> SCHEDULED. False when it no longer fits."""
-    pending: list[tuple[Attempt, list[tuple[str, int]]]] = []
-    if not stage_assignment(session, assignment, now, claimed_gpus(session), pending):
-        session.rollback()
-        return False
+    """One transaction: the batch write (write_batch) of one assignment. False when it no longer
+    fits, lost its compare-and-set, or a GPU was claimed meanwhile (the job stays queued)."""
+    fit = still_fits(session, assignment, claimed_gpus(session))
     try:
-        add_claims(session, pending)
+        placed = fit is not None and write_batch(session, [fit], now) == 1
+    except IntegrityError:
+        placed = False
+    if placed:
         session.commit()
-    except IntegrityError:  # a GPU was claimed meanwhile: leave the job queued for the next cycle
+    else:
         session.rollback()
-        return False
-    return True
+    return placed
 
 
 def apply_assignments(session: Session, assignments: Sequence[st.Assignment], now: float) -> int:
@@ -236,7 +203,7 @@ def apply_assignments(session: Session, assignments: Sequence[st.Assignment], no
     ids = [int(a.job_id) for a in assignments]
     names = {n for a in assignments for n in a.allocation.nodes}
     # Held in locals: the session's identity map keeps objects only weakly, so rows loaded and
-    # dropped at once would be fetched again, one SELECT per session.get in stage_assignment.
+    # dropped at once would be fetched again, one SELECT per session.get in still_fits.
     preloaded = (
         session.scalars(
             select(Job).where(Job.id.in_(ids)).options(joinedload(Job.user)), execution_options=FRESH_ROWS

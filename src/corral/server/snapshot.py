@@ -26,6 +26,7 @@ from corral.db.models import Attempt, Gpu, Group, GroupQuota, Job, Node, UsageLe
 from corral.domain import Placement
 from corral.scheduler import types as st
 from corral.server.specview import read_spec
+from corral.services.jobs import GROUP_POLICY_COLUMNS
 from corral.services.lifecycle import AttemptState, GpuHealth, JobState
 from corral.services.nodes import scheduler_node
 from corral.services.quota import scheduler_group
@@ -362,17 +363,7 @@ def _shape_digest_statement(ordered: bool) -> ShapeDigest:
             Gpu.health,
             ordered=ordered,
         ),
-        _rows_text(
-            (Group.id,),
-            Group.id,
-            Group.name,
-            Group.weight,
-            Group.borrowing,
-            Group.user_max_gpus,
-            Group.cpus_max,
-            Group.memory_max_mib,
-            ordered=ordered,
-        ),
+        _rows_text((Group.id,), *GROUP_POLICY_COLUMNS, ordered=ordered),
         _rows_text(
             (GroupQuota.id,),
             GroupQuota.id,

@@ -207,8 +207,10 @@ class GroupRef:
     quotas: GroupQuotas | None = None
 
 
-# Built once (see RECENT_RUNS): every submission resolves its group, with its GPU quotas.
-_GROUP_WITH_QUOTAS = select(
+# What a group's scheduling record is built from (GroupQuotas here, the schedule loop's GroupRecord):
+# the loop's cache of the cluster's shape digests these same columns (server/snapshot.py), so a
+# new group limit added here is seen there too.
+GROUP_POLICY_COLUMNS = (
     Group.id,
     Group.name,
     Group.weight,
@@ -216,6 +218,11 @@ _GROUP_WITH_QUOTAS = select(
     Group.user_max_gpus,
     Group.cpus_max,
     Group.memory_max_mib,
+)
+
+# Built once (see RECENT_RUNS): every submission resolves its group, with its GPU quotas.
+_GROUP_WITH_QUOTAS = select(
+    *GROUP_POLICY_COLUMNS,
     GroupQuota.gpu_model,
     GroupQuota.guaranteed,
     GroupQuota.max,

@@ -235,21 +235,6 @@ def _no_diagnosis(job: Job) -> dict[str, object]:
     return {} if job.diagnosis is None else {"diagnosis": None}
 
 
-def schedule_job(session: Session, job: Job, *, now: float, message: str) -> bool:
-    """QUEUED -> SCHEDULED (the caller then adds attempt number `job.attempt_count`), only if no
-    cancel was requested meanwhile: a cancel committed during the schedule cycle wins."""
-    values = {"attempt_count": job.attempt_count + 1, **_no_diagnosis(job)}
-    return transition(
-        session,
-        job,
-        JobState.SCHEDULED,
-        now=now,
-        message=message,
-        values=values,
-        not_cancelled=True,
-    )
-
-
 # Built once: the schedule loop runs it for every batch it places.
 SCHEDULE_BATCH = (
     update(JOBS)
@@ -271,7 +256,7 @@ SCHEDULE_BATCH = (
 def schedule_jobs(
     session: Session, jobs: Sequence[Job], *, now: float, messages: Mapping[int, str]
 ) -> dict[int, int]:
-    """schedule_job for a batch: QUEUED -> SCHEDULED by one compare-and-set UPDATE ... RETURNING for
+    """QUEUED -> SCHEDULED for a batch (one job or many) by one compare-and-set UPDATE ... RETURNING for
     all of them (each row only while still QUEUED with no cancel requested), then one INSERT of
     their events. Returns {job id: its new attempt count} for the rows written (the caller adds
     attempt number that count); the others lost their race, nothing of theirs was written."""
