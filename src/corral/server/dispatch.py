@@ -49,7 +49,15 @@ from corral.server.rendezvous import rendezvous_for_placement
 from corral.server.snapshot import jobs_with_live_attempts, live_attempts
 from corral.server.specview import SpecView, read_spec
 from corral.services import secrets, workspaces
-from corral.services.lifecycle import AttemptState, JobState, move_attempt, settle_failure, transition
+from corral.services.lifecycle import (
+    AttemptState,
+    JobState,
+    move_attempt,
+    move_attempts,
+    settle_failure,
+    transition,
+    transition_jobs,
+)
 from corral.storage.plan import JobStorage, plan_jobs
 
 log = logging.getLogger("corral.server.dispatch")
@@ -379,13 +387,44 @@ def _launch(ctx: ServerContext, launch: AttemptLaunch, claimed_at: float) -> Lau
         ENGINE_LAUNCH_SECONDS.labels(engine=ctx.engine.name).observe(time.perf_counter() - started)
 
 
+def _record_started(
+    ctx: ServerContext, session: Session, started: list[tuple[Job, Attempt, Launched]]
+) -> None:
+    """The launches that started, still scheduled as read: the jobs STARTING in one
+    compare-and-set, their attempts (with the engine's ref) in one more, the events in one
+    INSERT. A job settled meanwhile loses alone and its process is stopped (no orphan)."""
+    now = time.time()
+    for job, _, _ in started:
+        job.lease_owner = None
+    won = transition_jobs(session, [job for job, _, _ in started], JobState.STARTING, now=now)
+    for job, _, (_, attempt_id, ref, _) in started:
+        if job.id not in won and ref is not None:
+            ctx.engine.stop(attempt_id, 0.0)
+    values = {a.id: {"engine_ref": r[2], "engine": ctx.engine.name} for j, a, r in started if j.id in won}
+    moved = move_attempts(session, [a for j, a, _ in started if j.id in won], AttemptState.STARTING, values)
+    if len(moved) < len(values):
+        raise AttemptChangedMeanwhile(f"{len(values) - len(moved)} attempt(s) ended in another session")
+
+
 def _record_all(ctx: ServerContext, session: Session, results: list[Launched]) -> None:
     """One transaction for the batch (rows read first, written at commit); one per job if it fails."""
     try:
         jobs, attempts = jobs_with_live_attempts(session, [r[0] for r in results])
+        started = []
         with session.no_autoflush:
             for launched in results:
-                _record_launch(ctx, session, launched, jobs.get(launched[0]), attempts.get(launched[0]))
+                job, attempt = jobs.get(launched[0]), attempts.get(launched[0])
+                if (
+                    job is not None
+                    and attempt is not None
+                    and attempt.attempt_id == launched[1]
+                    and job.state == JobState.SCHEDULED.value
+                    and launched[3] is None
+                ):
+                    started.append((job, attempt, launched))
+                else:  # failed, or settled meanwhile: one by one, as the rules for each need
+                    _record_launch(ctx, session, launched, job, attempt)
+            _record_started(ctx, session, started)
         session.commit()
         return
     except Exception:

@@ -8,13 +8,15 @@ is written by services.lifecycle (compare-and-set); the job was settled before, 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from corral.db.models import Attempt, GpuClaim, Job, UsageLedger
 from corral.engine.base import FailureReason
 from corral.server.snapshot import USAGE_HALF_LIFE_S, decayed
-from corral.services.lifecycle import AttemptState, move_attempt
+from corral.services.lifecycle import AttemptState, move_attempt, move_attempts
 
 
 class AttemptChangedMeanwhile(RuntimeError):
@@ -30,12 +32,17 @@ def charge_usage(session: Session, group: str, user: str, gpu_seconds: float, no
     """Add GPU-seconds to the fair-share ledger, decaying what was there to `now` first."""
     if gpu_seconds <= 0:
         return
-    row = session.get(UsageLedger, (group, user))
     # A row added earlier in this (unflushed) batch is not in the identity map yet: without this,
     # a batch ending two attempts of a new user added two rows and failed on the primary key.
     added: dict[tuple[str, str], UsageLedger] = session.info.setdefault("new_usage_rows", {})
-    if row is None and (pending := added.get((group, user))) is not None and pending in session:
-        row = pending
+    row = pending if (pending := added.get((group, user))) is not None and pending in session else None
+    ledger: list[UsageLedger] | None = session.info.get("usage_rows")
+    if row is None and ledger is not None:
+        # The whole ledger, read in this transaction by the batch (reconcile's prefetch): a user
+        # with no row yet gets one without a SELECT per ended attempt to find that out.
+        row = next((r for r in ledger if (r.group_name, r.user_name) == (group, user)), None)
+    elif row is None:
+        row = session.get(UsageLedger, (group, user))
     if row is None:
         row = UsageLedger(group_name=group, user_name=user, gpu_seconds=gpu_seconds, updated_at=now)
         session.add(row)
@@ -43,6 +50,23 @@ def charge_usage(session: Session, group: str, user: str, gpu_seconds: float, no
         return
     row.gpu_seconds = decayed(row.gpu_seconds, row.updated_at, now, USAGE_HALF_LIFE_S) + gpu_seconds
     row.updated_at = max(now, row.updated_at)
+
+
+def end_values(
+    now: float,
+    *,
+    exit_code: int | None = None,
+    reason: FailureReason | str | None = None,
+    message: str = "",
+    ended_at: float | None = None,
+) -> dict[str, object]:
+    """The columns an ended attempt's row gets with its state."""
+    return {
+        "ended_at": ended_at or now,
+        "exit_code": exit_code,
+        "reason": str(reason.value if isinstance(reason, FailureReason) else reason) if reason else None,
+        **({"message": message} if message else {}),
+    }
 
 
 def end_attempt(
@@ -59,24 +83,45 @@ def end_attempt(
 ) -> None:
     """Mark `attempt` ended (inside the caller's transaction, after its job was settled); raises
     AttemptChangedMeanwhile when another session ended it first."""
-    values = {
-        "ended_at": ended_at or now,
-        "exit_code": exit_code,
-        "reason": str(reason.value if isinstance(reason, FailureReason) else reason) if reason else None,
-        **({"message": message} if message else {}),
-    }
+    values = end_values(now, exit_code=exit_code, reason=reason, message=message, ended_at=ended_at)
     if not move_attempt(session, attempt, state, values):
         raise AttemptChangedMeanwhile(f"attempt {attempt.attempt_id} ended in another session")
+    _release(session, [(job, attempt)], now)
+
+
+def end_attempts(
+    session: Session,
+    ends: Sequence[tuple[Job, Attempt, Mapping[str, object]]],
+    state: AttemptState,
+    now: float,
+) -> None:
+    """`end_attempt` for a batch whose jobs were settled: one compare-and-set for all attempts
+    (each with its own `end_values`), one SELECT of their GPU claims. Raises
+    AttemptChangedMeanwhile when another session ended any of them first (the caller rolls the
+    whole batch back and records it one job at a time)."""
+    if not ends:
+        return
+    won = move_attempts(session, [a for _, a, _ in ends], state, {a.id: v for _, a, v in ends})
+    lost = [a.attempt_id for _, a, _ in ends if a.id not in won]
+    if lost:
+        raise AttemptChangedMeanwhile(f"attempt(s) {', '.join(lost)} ended in another session")
+    _release(session, [(job, attempt) for job, attempt, _ in ends], now)
+
+
+def _release(session: Session, ended: Sequence[tuple[Job, Attempt]], now: float) -> None:
+    """Free the ended attempts' GPUs and charge their usage (in the caller's transaction)."""
     # ORM deletes, written at commit with the rest of the batch (one executemany, not one each).
     # The claims are exactly the placement's GPUs (scheduling.write_batch): an attempt
     # placed without GPUs has none, and skips the query (a SELECT per ended CPU job).
-    if attempt_gpus(attempt) > 0:
-        for claim in session.scalars(select(GpuClaim).where(GpuClaim.attempt_pk == attempt.id)):
+    with_gpus = [attempt.id for _, attempt in ended if attempt_gpus(attempt) > 0]
+    if with_gpus:
+        for claim in session.scalars(select(GpuClaim).where(GpuClaim.attempt_pk.in_(with_gpus))):
             session.delete(claim)
-    if attempt.started_at is not None and attempt.ended_at is not None:
-        gpu_seconds = attempt_gpus(attempt) * max(0.0, attempt.ended_at - attempt.started_at)
-        job.attained_gpu_seconds += gpu_seconds
-        charge_usage(session, job.group.name, job.user.name, gpu_seconds, now)
+    for job, attempt in ended:
+        if attempt.started_at is not None and attempt.ended_at is not None:
+            gpu_seconds = attempt_gpus(attempt) * max(0.0, attempt.ended_at - attempt.started_at)
+            job.attained_gpu_seconds += gpu_seconds
+            charge_usage(session, job.group.name, job.user.name, gpu_seconds, now)
 
 
 def claimed_gpus(session: Session) -> set[tuple[str, int]]:

@@ -23,7 +23,7 @@ from corral.diagnosis.settings import DiagnosisSettings
 from corral.engine.base import AttemptPhase, AttemptStatus, EngineUnavailable, FailureReason
 from corral.server.ahead import queues_ahead
 from corral.server.context import ServerContext
-from corral.server.finish import attempt_gpus, end_attempt
+from corral.server.finish import attempt_gpus, end_attempt, end_attempts, end_values
 from corral.server.snapshot import jobs_with_live_attempts, live_attempts
 from corral.server.specview import read_spec
 from corral.services.lifecycle import (
@@ -35,8 +35,11 @@ from corral.services.lifecycle import (
     Loss,
     RetryRule,
     move_attempt,
+    move_attempts,
     settle_attempt_end,
+    succeeded_before_stop,
     transition,
+    transition_jobs,
 )
 
 log = logging.getLogger("corral.server.reconcile")
@@ -232,9 +235,94 @@ def apply_status(
     return True
 
 
-def _prefetch(session: Session, ids: list[int]) -> tuple[dict[int, Job], dict[int, Attempt]]:
-    jobs, attempts = jobs_with_live_attempts(session, ids)
-    if any(attempt_gpus(a) > 0 for a in attempts.values()):  # only GPU-seconds are charged
+Change = tuple[Job, Attempt, AttemptStatus]
+
+
+def record_running(session: Session, started: list[Change], now: float) -> None:
+    """Attempts the engine reports running: STARTING -> RUNNING (with when it started) for all of
+    them in one compare-and-set, then their jobs still STARTING in one more, and their events in
+    one INSERT. An attempt or job changed meanwhile loses alone; the others are written."""
+    moving = []
+    for job, attempt, status in started:
+        if status.engine_ref and not attempt.engine_ref:
+            attempt.engine_ref = status.engine_ref
+        if attempt.state != AttemptState.RUNNING.value:
+            moving.append((job, attempt, attempt.started_at or status.started_at or now))
+    won = move_attempts(
+        session,
+        [a for _, a, _ in moving],
+        AttemptState.RUNNING,
+        {a.id: {"started_at": t} for _, a, t in moving},
+    )
+    jobs = [job for job, attempt, _ in moving if attempt.id in won and job.state == JobState.STARTING.value]
+    transition_jobs(session, jobs, JobState.RUNNING, now=now)
+
+
+def record_successes(session: Session, succeeded: list[Change], now: float) -> int:
+    """Attempts that exited 0 before any stop (lifecycle rule 1): their jobs SUCCEEDED in one
+    compare-and-set per state they were in, their attempts ended in one, their claims freed in
+    one statement. A job changed meanwhile is left alone (the next tick reads it again); how many
+    attempts ended."""
+    won = transition_jobs(session, [job for job, _, _ in succeeded], JobState.SUCCEEDED, now=now)
+    ends = []
+    for job, attempt, status in succeeded:
+        if job.id not in won:
+            continue
+        values = end_values(
+            now,
+            exit_code=status.exit_code,
+            reason=status.reason,
+            message=status.message,
+            ended_at=status.finished_at,
+        )
+        if attempt.started_at is None and status.started_at is not None:
+            values["started_at"] = status.started_at
+        ends.append((job, attempt, values))
+    end_attempts(session, ends, AttemptState.SUCCEEDED, now)
+    return len(ends)
+
+
+def record_batch(
+    session: Session,
+    changed: list[tuple[LiveRow, AttemptStatus]],
+    prefetched: tuple[dict[int, Job], dict[int, Attempt]],
+    now: float,
+    *,
+    budget: int,
+    diagnoser: Diagnoser | None,
+) -> int:
+    """Record a tick's status changes in the caller's transaction: the attempts that started and
+    those that succeeded as batches (the common moves, a few statements whatever their number),
+    any other end one by one (`apply_status`: retries, losses, cancels, diagnosis). How many
+    attempts ended."""
+    jobs, attempts = prefetched
+    started: list[Change] = []
+    succeeded: list[Change] = []
+    ended = 0
+    for row, status in changed:
+        job, attempt = jobs.get(row.job_id), attempts.get(row.job_id)
+        if job is None or attempt is None or attempt.attempt_id != status.attempt_id:
+            continue
+        if status.phase is AttemptPhase.RUNNING:
+            started.append((job, attempt, status))
+        elif status.phase is AttemptPhase.SUCCEEDED and succeeded_before_stop(attempt, attempt_end(status)):
+            succeeded.append((job, attempt, status))
+        else:
+            ended += apply_status(
+                session, row.job_id, status, now, (job, attempt), budget=budget, diagnoser=diagnoser
+            )
+    record_running(session, started, now)
+    return ended + record_successes(session, succeeded, now)
+
+
+def _prefetch(
+    session: Session, changed: list[tuple[LiveRow, AttemptStatus]]
+) -> tuple[dict[int, Job], dict[int, Attempt]]:
+    jobs, attempts = jobs_with_live_attempts(session, [row.job_id for row, _ in changed])
+    ending = {row.job_id for row, status in changed if status.phase is not AttemptPhase.RUNNING}
+    if any(
+        attempt_gpus(a) > 0 for a in attempts.values() if a.job_id in ending
+    ):  # only GPU-seconds are charged
         # The fair-share rows the ended attempts will charge, in one SELECT; kept referenced in
         # the session's info for the batch, since the identity map holds objects only weakly and
         # charge_usage's session.get would otherwise query each row again.
@@ -309,23 +397,15 @@ def reconcile_tick(ctx: ServerContext, now: float) -> None:
     with ctx.session_factory() as session:
         try:  # one transaction for the whole tick: one SQLite write however many jobs changed
             now = time.time()
-            jobs, attempts = _prefetch(session, [row.job_id for row, _ in changed])
+            jobs, attempts = _prefetch(session, changed)
             with session.no_autoflush:  # rows were read first: the write lock is held only to commit
-                ended = sum(
-                    apply_status(
-                        session,
-                        row.job_id,
-                        status,
-                        now,
-                        (jobs.get(row.job_id), attempts.get(row.job_id)),
-                        budget=budget,
-                        diagnoser=diagnoser,
-                    )
-                    for row, status in changed
+                ended = record_batch(
+                    session, changed, (jobs, attempts), now, budget=budget, diagnoser=diagnoser
                 )
             session.commit()
         except Exception:
             session.rollback()
+            session.info.pop("usage_rows", None)  # one by one, each reads its own ledger row
             log.exception("batch of %d status changes failed; recording them one by one", len(changed))
             ended = sum(_apply_alone(session, row, status, budget, diagnoser) for row, status in changed)
     if any(status.phase is AttemptPhase.LOST for _, status in changed):

@@ -43,8 +43,9 @@ import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import cast
 
-from sqlalchemy import Table, Update, bindparam, insert, null, update
+from sqlalchemy import ColumnElement, Table, Update, bindparam, case, insert, literal, null, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -403,6 +404,14 @@ class AttemptEnd:
     rule: RetryRule | None = None  # the exit-spec's category and retry cap, for Ending.FAILED
 
 
+def succeeded_before_stop(attempt: Attempt, end: AttemptEnd) -> bool:
+    """Rule 1: an exit 0 before Corral asked the attempt to stop settles its job SUCCEEDED,
+    whatever cancel or preemption is pending (the reconcile loop settles these as a batch)."""
+    stop_at = attempt.stop_requested_at
+    before_stop = stop_at is None or (end.finished_at is not None and end.finished_at < stop_at)
+    return end.ending is Ending.SUCCEEDED and before_stop
+
+
 def settle_attempt_end(
     session: Session,
     job: Job,
@@ -415,9 +424,7 @@ def settle_attempt_end(
     """Settle the job of an attempt that ended (the rules in this module's docstring) and return
     the state the attempt must end in (`end_attempt`); None: the job changed meanwhile, nothing
     was written and the next look at the attempt decides again."""
-    stop_at = attempt.stop_requested_at
-    before_stop = stop_at is None or (end.finished_at is not None and end.finished_at < stop_at)
-    if end.ending is Ending.SUCCEEDED and before_stop:
+    if succeeded_before_stop(attempt, end):
         done = transition(session, job, JobState.SUCCEEDED, now=now)
         return AttemptState.SUCCEEDED if done else None
     if job.cancel_requested:
@@ -477,6 +484,128 @@ def move_gpu(session: Session, gpu: Gpu, target: GpuHealth) -> bool:
         raise InvalidTransition(f"{gpu.node_name}/{gpu.index}", current.value, target.value, "GPU")
     keys = {"node_name": gpu.node_name, "index": gpu.index}
     return _compare_and_set(session, gpu, GPUS, keys, "health", current.value, {"health": target.value})
+
+
+# -- batches: one compare-and-set for every row that moves the same way --------------------------
+
+
+def _column_value(
+    table: Table, column: str, ids: Sequence[int], by_id: Mapping[int, object]
+) -> ColumnElement[object]:
+    """One bound value when every row of the batch gets the same, else CASE id WHEN ... (rows not
+    named keep theirs): the per-row columns of a batch (an attempt's end time) in one UPDATE.
+    None is SQL NULL (a JSON column bound with None would store JSON `null`)."""
+
+    def bound(value: object) -> ColumnElement[object]:
+        if value is None:
+            return cast("ColumnElement[object]", null())
+        return cast("ColumnElement[object]", literal(value, table.c[column].type))
+
+    first = by_id.get(ids[0], None)
+    if all(key in by_id and by_id[key] == first for key in ids):
+        return bound(first)
+    whens = {key: bound(value) for key, value in by_id.items()}
+    return case(whens, value=table.c.id, else_=table.c[column])
+
+
+def _cas_batch(
+    session: Session,
+    table: Table,
+    rows: Sequence[Job] | Sequence[Attempt],
+    expected: str,
+    values: Mapping[int, Mapping[str, object]],
+) -> set[int]:
+    """UPDATE <table> SET ... WHERE id IN (...) AND state = :expected RETURNING id: the rows of one
+    batch that are all in `expected` and move the same way, with `values` {row id: columns}
+    (every row names the same columns). Each row wins or loses on its own: a row changed by
+    another session is not returned and nothing of it is written (its copy's state is expired);
+    the winners get the written values as committed values, as `_compare_and_set` does."""
+    ids = [row.id for row in rows]
+    columns = {name for row_values in values.values() for name in row_values}
+    assignments = {
+        name: _column_value(table, name, ids, {key: values[key][name] for key in ids if name in values[key]})
+        for name in sorted(columns)
+    }
+    stmt = (
+        update(table)
+        .where(table.c.id.in_(ids), table.c.state == expected)
+        .values(assignments)
+        .returning(table.c.id)
+    )
+    won = {int(row[0]) for row in session.connection().execute(stmt)}
+    for row in rows:
+        if row.id in won:
+            for name, value in values[row.id].items():
+                set_committed_value(row, name, value)
+        else:
+            session.expire(row, ["state"])
+    return won
+
+
+def transition_jobs(
+    session: Session,
+    jobs: Sequence[Job],
+    target: JobState,
+    *,
+    now: float,
+    values: Mapping[int, Mapping[str, object]] | None = None,
+) -> set[int]:
+    """`transition` for a batch: every job from the state its copy shows to `target`, by one
+    compare-and-set UPDATE ... RETURNING per state the copies show (one for a batch that all
+    moved the same way), with `values` {job id: other columns} and one INSERT of the events of
+    the jobs written. Returns the ids written; the others lost their race, nothing of theirs was
+    written. Raises InvalidTransition as `transition` does, before any write."""
+    by_state: dict[JobState, list[Job]] = {}
+    for job in jobs:
+        current = JobState(job.state)
+        if not can_transition(current, target):
+            raise InvalidTransition(job.id, current.value, target.value)
+        by_state.setdefault(current, []).append(job)
+    won: set[int] = set()
+    events = []
+    for current, group in by_state.items():
+        columns: dict[int, dict[str, object]] = {}
+        for job in group:
+            columns[job.id] = {"state": target.value, "updated_at": now, **((values or {}).get(job.id, {}))}
+            if target.terminal:
+                columns[job.id].update({"finished_at": now, **_no_diagnosis(job)})
+        moved = _cas_batch(session, JOBS, group, current.value, columns)
+        won |= moved
+        events += [
+            {
+                "job_id": job_id,
+                "at": now,
+                "kind": "transition",
+                "from_state": current.value,
+                "to_state": target.value,
+                "message": "",
+            }
+            for job_id in sorted(moved)
+        ]
+    if events:
+        session.connection().execute(INSERT_EVENT, events)
+    return won
+
+
+def move_attempts(
+    session: Session,
+    attempts: Sequence[Attempt],
+    target: AttemptState,
+    values: Mapping[int, Mapping[str, object]] | None = None,
+) -> set[int]:
+    """`move_attempt` for a batch, by one compare-and-set per state the copies show, with
+    `values` {attempt row id: other columns}; returns the row ids written."""
+    by_state: dict[AttemptState, list[Attempt]] = {}
+    for attempt in attempts:
+        current = AttemptState(attempt.state)
+        if target not in ATTEMPT_TRANSITIONS[current]:
+            raise InvalidTransition(attempt.attempt_id, current.value, target.value, "attempt")
+        by_state.setdefault(current, []).append(attempt)
+    won: set[int] = set()
+    for current, group in by_state.items():
+        columns = {a.id: {"state": target.value, **((values or {}).get(a.id, {}))} for a in group}
+        won |= _cas_batch(session, ATTEMPTS, group, current.value, columns)
+    return won
 
 
 # -- events --------------------------------------------------------------------------------------

@@ -1,0 +1,231 @@
+"""The dispatch and reconcile loops record a batch of attempts that moved the same way (launched,
+started, succeeded) in a fixed number of statements, however many there are; and a
+compare-and-set that loses for one of them (its job or attempt changed by another session after
+the loop read it) writes nothing of that one and loses none of the others' writes. Real SQLite
+and the real loops over the fake engine."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import event, select, update
+from sqlalchemy.orm.attributes import set_committed_value
+
+from corral.db.models import Attempt, GpuClaim, Job, JobEvent, UsageLedger
+from corral.engine.base import AttemptPhase, AttemptStatus
+from corral.server.context import ServerContext
+from corral.server.dispatch import _record_all, dispatch_tick, launch_queue, launch_scheduled
+from corral.server.reconcile import reconcile_tick, record_running, record_successes
+from corral.server.scheduling import schedule_tick
+from corral.server.snapshot import jobs_with_live_attempts
+from tests.server.fakes import FakeEngine
+from tests.server.test_snapshot_queries import cluster
+
+
+def launched(ctx: ServerContext, n: int) -> None:
+    """Place every job and run their launches on the pool; the results wait to be recorded."""
+    schedule_tick(ctx, time.time())
+    launch_scheduled(ctx, launch_queue(ctx))
+    queue = launch_queue(ctx)
+    deadline = time.time() + 10
+    while len(queue.done) < n and time.time() < deadline:
+        time.sleep(0.01)
+    assert len(queue.done) == n
+
+
+def counted(ctx: ServerContext, tick: Any) -> int:
+    """How many statements (reads and writes) one loop tick executes."""
+    seen: list[str] = []
+    db = ctx.session_factory.kw["bind"]
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(db, "before_cursor_execute", count)
+    try:
+        tick(ctx, time.time())
+    finally:
+        event.remove(db, "before_cursor_execute", count)
+    return len(seen)
+
+
+def fake_of(ctx: ServerContext) -> FakeEngine:
+    assert isinstance(ctx.engine, FakeEngine)
+    return ctx.engine
+
+
+def test_recording_launches_starts_and_ends_costs_the_same_statements_for_2_jobs_as_for_8(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("corral.server.scheduling.launch_placed", lambda ctx: None)
+    counts: dict[int, tuple[int, int, int]] = {}
+    for n in (2, 8):
+        ctx = cluster(tmp_path / f"c{n}", 2, n)  # 8 GPUs: every job placed at once
+        ctx.memory.lease_until["dispatch"] = float("inf")
+        launched(ctx, n)
+        fake = fake_of(ctx)
+        record = counted(ctx, dispatch_tick)
+        for attempt_id in list(fake.launched):
+            fake.run(attempt_id)
+        running = counted(ctx, reconcile_tick)
+        for attempt_id in list(fake.launched):
+            fake.finish(attempt_id, 0)
+        ended = counted(ctx, reconcile_tick)
+        launch_queue(ctx).pool.shutdown()
+        counts[n] = (record, running, ended)
+        with ctx.session_factory() as session:
+            jobs = session.scalars(select(Job)).all()
+            attempts = session.scalars(select(Attempt)).all()
+            events = Counter((e.job_id, e.to_state) for e in session.scalars(select(JobEvent)))
+            ledger = session.scalars(select(UsageLedger)).all()
+            claims = session.scalars(select(GpuClaim)).all()
+        assert {(j.state, j.finished_at is not None, j.lease_owner) for j in jobs} == {
+            ("succeeded", True, None)
+        }
+        assert len(attempts) == n
+        for attempt in attempts:
+            assert attempt.state == "succeeded" and attempt.exit_code == 0
+            assert attempt.engine_ref == f"ref-{attempt.attempt_id}" and attempt.engine == "local"
+            assert attempt.started_at is not None and attempt.ended_at is not None
+            assert attempt.ended_at - attempt.started_at == pytest.approx(1.0, abs=0.5)
+        for job in jobs:  # each move once, with its event
+            for state in ("scheduled", "starting", "running", "succeeded"):
+                assert events[(job.id, state)] == 1, (job.id, state, events)
+        assert claims == []  # every GPU freed
+        assert len(ledger) == 1 and ledger[0].gpu_seconds == pytest.approx(n * 1.0, rel=0.5)
+        assert all(j.attained_gpu_seconds > 0 for j in jobs)
+    # before: 3 more statements per job in each of the three (job, attempt, event one by one)
+    assert counts[2] == counts[8], counts
+
+
+def started_copies(ctx: ServerContext, n: int) -> list[int]:
+    """n jobs launched and recorded STARTING; their ids."""
+    ctx.memory.lease_until["dispatch"] = float("inf")
+    launched(ctx, n)
+    dispatch_tick(ctx, time.time())
+    launch_queue(ctx).pool.shutdown()
+    with ctx.session_factory() as session:
+        return sorted(session.scalars(select(Job.id).where(Job.state == "starting")))
+
+
+def test_a_start_recorded_in_a_batch_loses_only_for_the_attempt_changed_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("corral.server.scheduling.launch_placed", lambda ctx: None)
+    ctx = cluster(tmp_path, 2, 3)
+    ids = started_copies(ctx, 3)
+    assert len(ids) == 3
+    with ctx.session_factory() as loop:
+        jobs, attempts = jobs_with_live_attempts(loop, ids)  # the loop's copies: all starting
+        with ctx.session_factory() as other:  # then another session loses the middle one's attempt
+            other.execute(update(Attempt).where(Attempt.job_id == ids[1]).values(state="lost"))
+            other.execute(update(Job).where(Job.id == ids[1]).values(state="queued"))
+            other.commit()
+        now = time.time()
+        started = [
+            (
+                jobs[i],
+                attempts[i],
+                AttemptStatus(attempts[i].attempt_id, AttemptPhase.RUNNING, started_at=now - 2),
+            )
+            for i in ids
+        ]
+        with loop.no_autoflush:
+            record_running(loop, started, now)
+        loop.commit()
+    with ctx.session_factory() as session:
+        states = {a.job_id: (a.state, a.started_at) for a in session.scalars(select(Attempt))}
+        job_states = {j.id: j.state for j in session.scalars(select(Job))}
+        running = sorted(session.scalars(select(JobEvent.job_id).where(JobEvent.to_state == "running")))
+    assert states[ids[0]] == ("running", pytest.approx(now - 2)) and states[ids[2]][0] == "running"
+    assert states[ids[1]] == ("lost", None)  # nothing of the loser written
+    assert job_states == {ids[0]: "running", ids[1]: "queued", ids[2]: "running"}
+    assert running == [ids[0], ids[2]]
+
+
+def test_a_success_recorded_in_a_batch_loses_only_for_the_job_changed_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job settled by another session keeps its attempt and its GPU claim (whoever settled it
+    frees them); the others end, free their GPUs and are charged."""
+    monkeypatch.setattr("corral.server.scheduling.launch_placed", lambda ctx: None)
+    ctx = cluster(tmp_path, 2, 3)
+    ids = started_copies(ctx, 3)
+    with ctx.session_factory() as loop:
+        jobs, attempts = jobs_with_live_attempts(loop, ids)
+        loop.info["usage_rows"] = loop.scalars(select(UsageLedger)).all()  # as the tick's prefetch
+        with ctx.session_factory() as other:
+            other.execute(update(Job).where(Job.id == ids[2]).values(state="failed"))
+            other.commit()
+        now = time.time()
+        done = [
+            (
+                jobs[i],
+                attempts[i],
+                AttemptStatus(
+                    attempts[i].attempt_id, AttemptPhase.SUCCEEDED, 0, started_at=now - 3, finished_at=now - 1
+                ),
+            )
+            for i in ids
+        ]
+        with loop.no_autoflush:
+            assert record_successes(loop, done, now) == 2
+        loop.commit()
+    with ctx.session_factory() as session:
+        attempts_now = {a.job_id: a for a in session.scalars(select(Attempt))}
+        job_states = {j.id: j.state for j in session.scalars(select(Job))}
+        claims = sorted(c.job_id for c in session.scalars(select(GpuClaim)))
+        ledger = session.scalars(select(UsageLedger)).all()
+        ends = sorted(session.scalars(select(JobEvent.job_id).where(JobEvent.to_state == "succeeded")))
+    assert job_states == {ids[0]: "succeeded", ids[1]: "succeeded", ids[2]: "failed"}
+    for i in ids[:2]:
+        a = attempts_now[i]
+        assert (a.state, a.exit_code, a.started_at, a.ended_at) == ("succeeded", 0, now - 3, now - 1)
+    assert attempts_now[ids[2]].state == "starting" and attempts_now[ids[2]].ended_at is None
+    assert claims == [ids[2]]
+    assert ends == ids[:2]
+    assert len(ledger) == 1 and ledger[0].gpu_seconds == pytest.approx(4.0)  # 2 jobs x 1 GPU x 2 s
+
+
+def test_a_launch_recorded_in_a_batch_stops_only_the_job_settled_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("corral.server.scheduling.launch_placed", lambda ctx: None)
+    ctx = cluster(tmp_path, 2, 3)
+    ctx.memory.lease_until["dispatch"] = float("inf")
+    launched(ctx, 3)
+    queue = launch_queue(ctx)
+    queue.pool.shutdown()
+    results = queue.take_done()
+    victim = sorted(r[0] for r in results)[0]
+    with ctx.session_factory() as session:  # its node went down meanwhile: settled, not starting
+        session.execute(update(Job).where(Job.id == victim).values(state="queued"))
+        session.commit()
+    with ctx.session_factory() as session:
+        assert session.get(Job, victim).state == "queued"  # type: ignore[union-attr]
+    # the loop read the victim's row as scheduled: the batch's compare-and-set is what finds out
+    real = jobs_with_live_attempts
+
+    def stale(session: Any, ids: Any) -> Any:
+        jobs, attempts = real(session, ids)
+        # the copy the loop read before the other session wrote (not a write: committed value)
+        set_committed_value(jobs[victim], "state", "scheduled")
+        return jobs, attempts
+
+    monkeypatch.setattr("corral.server.dispatch.jobs_with_live_attempts", stale)
+    with ctx.session_factory() as session, session.no_autoflush:
+        _record_all(ctx, session, results)
+    fake = fake_of(ctx)
+    with ctx.session_factory() as session:
+        job_states = {j.id: j.state for j in session.scalars(select(Job))}
+        attempt_states = {a.job_id: (a.state, a.engine_ref) for a in session.scalars(select(Attempt))}
+    others = sorted(set(job_states) - {victim})
+    assert job_states == {victim: "queued", **dict.fromkeys(others, "starting")}
+    for job_id in others:
+        assert attempt_states[job_id][0] == "starting" and attempt_states[job_id][1] is not None
+    assert attempt_states[victim] == ("scheduled", None)
+    assert [a for a, _ in fake.stopped] == [f"{victim}.1"]  # no orphan process left running
