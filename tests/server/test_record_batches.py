@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,18 @@ from sqlalchemy import event, select, update
 from sqlalchemy.orm.attributes import set_committed_value
 
 from corral.db.models import Attempt, GpuClaim, Job, JobEvent, UsageLedger
+from corral.db.session import make_engine
+from corral.domain import JobDiagnosis
 from corral.engine.base import AttemptPhase, AttemptStatus
 from corral.server.context import ServerContext
 from corral.server.dispatch import _record_all, dispatch_tick, launch_queue, launch_scheduled
+from corral.server.nodes import node_tick
 from corral.server.reconcile import reconcile_tick, record_running, record_successes
 from corral.server.scheduling import schedule_tick
 from corral.server.snapshot import jobs_with_live_attempts
-from tests.server.fakes import FakeEngine
+from corral.services.lifecycle import AttemptState, JobState, move_attempts, transition_jobs
+from tests.pg import sqlite_or_postgres_url
+from tests.server.fakes import FakeEngine, add_job, gpu_node, make_context, seed_tenant
 from tests.server.test_snapshot_queries import cluster
 
 
@@ -229,3 +235,77 @@ def test_a_launch_recorded_in_a_batch_stops_only_the_job_settled_meanwhile(
         assert attempt_states[job_id][0] == "starting" and attempt_states[job_id][1] is not None
     assert attempt_states[victim] == ("scheduled", None)
     assert [a for a, _ in fake.stopped] == [f"{victim}.1"]  # no orphan process left running
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    yield from sqlite_or_postgres_url(request, tmp_path, "db.sqlite")
+
+
+def test_a_batch_writes_each_rows_own_values_and_leaves_unnamed_columns_as_they_were(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of one batch in different states (one UPDATE each), columns that only some rows
+    name (the others keep theirs), values that differ by row, SQL NULL for a cleared diagnosis;
+    and a row changed meanwhile, not written."""
+    monkeypatch.setattr("corral.server.scheduling.launch_placed", lambda ctx: None)
+    fake = FakeEngine([gpu_node("n0")])
+    ctx = make_context(make_engine(db_url), fake, str(tmp_path))
+    node_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        ids = [add_job(session, gid, uid) for _ in range(3)]
+    schedule_tick(ctx, time.time())
+    with ctx.session_factory() as session:  # job 0 with a diagnosis, job 2 back in the queue
+        session.execute(
+            update(Job).where(Job.id == ids[0]).values(diagnosis=JobDiagnosis((), 3, None), reason="old")
+        )
+        session.execute(update(Job).where(Job.id == ids[2]).values(state="queued"))
+        session.commit()
+    with ctx.session_factory() as loop:
+        jobs, attempts = jobs_with_live_attempts(loop, ids)
+        with ctx.session_factory() as other:  # attempt 1 ended by another session meanwhile
+            other.execute(update(Attempt).where(Attempt.job_id == ids[1]).values(state="lost"))
+            other.commit()
+        now = time.time()
+        moved = move_attempts(
+            loop,
+            [attempts[i] for i in ids],
+            AttemptState.STARTING,
+            {
+                attempts[ids[0]].id: {"engine_ref": "r0", "engine": "e0"},
+                attempts[ids[2]].id: {"engine": "x"},
+            },
+        )
+        assert moved == {attempts[ids[0]].id, attempts[ids[2]].id}
+        won = transition_jobs(
+            loop, [jobs[i] for i in ids], JobState.FAILED, now=now, values={ids[1]: {"reason": "mine"}}
+        )
+        assert won == set(ids)
+        loop.commit()
+    with ctx.session_factory() as session:
+        rows = {a.job_id: (a.state, a.engine_ref, a.engine) for a in session.scalars(select(Attempt))}
+        job_rows = {
+            j.id: (j.state, j.reason, j.finished_at, j.diagnosis) for j in session.scalars(select(Job))
+        }
+        events = sorted(
+            (e.job_id, e.from_state, e.to_state)
+            for e in session.scalars(select(JobEvent).where(JobEvent.to_state == "failed"))
+        )
+        cleared = session.scalar(select(Job.id).where(Job.id == ids[0], Job.diagnosis.is_(None)))
+    assert rows == {
+        ids[0]: ("starting", "r0", "e0"),
+        ids[1]: ("lost", None, "local"),  # as placed: nothing of the loser written
+        ids[2]: ("starting", None, "x"),
+    }
+    assert job_rows == {
+        ids[0]: ("failed", "old", now, None),
+        ids[1]: ("failed", "mine", now, None),
+        ids[2]: ("failed", "", now, None),  # as it was
+    }
+    assert cleared == ids[0]  # SQL NULL, not JSON null
+    assert events == [
+        (ids[0], "scheduled", "failed"),
+        (ids[1], "scheduled", "failed"),
+        (ids[2], "queued", "failed"),
+    ]

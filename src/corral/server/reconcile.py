@@ -244,8 +244,6 @@ def record_running(session: Session, started: list[Change], now: float) -> None:
     one INSERT. An attempt or job changed meanwhile loses alone; the others are written."""
     moving = []
     for job, attempt, status in started:
-        if status.engine_ref and not attempt.engine_ref:
-            attempt.engine_ref = status.engine_ref
         if attempt.state != AttemptState.RUNNING.value:
             moving.append((job, attempt, attempt.started_at or status.started_at or now))
     won = move_attempts(
@@ -303,9 +301,14 @@ def record_batch(
         job, attempt = jobs.get(row.job_id), attempts.get(row.job_id)
         if job is None or attempt is None or attempt.attempt_id != status.attempt_id:
             continue
+        batched = status.phase is AttemptPhase.RUNNING or (
+            status.phase is AttemptPhase.SUCCEEDED and succeeded_before_stop(attempt, attempt_end(status))
+        )
+        if batched and status.engine_ref and not attempt.engine_ref:  # as apply_status does
+            attempt.engine_ref = status.engine_ref
         if status.phase is AttemptPhase.RUNNING:
             started.append((job, attempt, status))
-        elif status.phase is AttemptPhase.SUCCEEDED and succeeded_before_stop(attempt, attempt_end(status)):
+        elif batched:
             succeeded.append((job, attempt, status))
         else:
             ended += apply_status(

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import cast
 
-from sqlalchemy import ColumnElement, Table, Update, bindparam, case, insert, literal, null, update
+from sqlalchemy import ColumnElement, Table, Update, bindparam, case, insert, null, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -489,23 +489,36 @@ def move_gpu(session: Session, gpu: Gpu, target: GpuHealth) -> bool:
 # -- batches: one compare-and-set for every row that moves the same way --------------------------
 
 
-def _column_value(
-    table: Table, column: str, ids: Sequence[int], by_id: Mapping[int, object]
-) -> ColumnElement[object]:
-    """One bound value when every row of the batch gets the same, else CASE id WHEN ... (rows not
-    named keep theirs): the per-row columns of a batch (an attempt's end time) in one UPDATE.
-    None is SQL NULL (a JSON column bound with None would store JSON `null`)."""
+# How one column of a batch is written: the same value for every row ("same"), SQL NULL for every
+# row ("null": a JSON column bound with None would store JSON `null`), or each row its own
+# ("rows": CASE WHEN id = :id_<column>_0 THEN :new_<column>_0 ... ELSE <column> END).
+ColumnWrite = tuple[str, str]
 
-    def bound(value: object) -> ColumnElement[object]:
-        if value is None:
-            return cast("ColumnElement[object]", null())
-        return cast("ColumnElement[object]", literal(value, table.c[column].type))
 
-    first = by_id.get(ids[0], None)
-    if all(key in by_id and by_id[key] == first for key in ids):
-        return bound(first)
-    whens = {key: bound(value) for key, value in by_id.items()}
-    return case(whens, value=table.c.id, else_=table.c[column])
+@functools.lru_cache(maxsize=512)
+def _batch_statement(table: Table, writes: tuple[ColumnWrite, ...], size: int) -> Update:
+    """The batch's UPDATE ... RETURNING id, built once per (table, columns, how each is written,
+    batch size) with every value a bound parameter, as `_cas_statement` is: building a statement
+    with a hundred literals and its cache key cost more than running it."""
+    assignments: dict[str, ColumnElement[object]] = {}
+    for name, how in writes:
+        column = table.c[name]
+        if how == "null":
+            assignments[name] = cast("ColumnElement[object]", null())
+        elif how == "same":
+            assignments[name] = bindparam(f"new_{name}", type_=column.type)
+        else:
+            whens = [
+                (table.c.id == bindparam(f"id_{name}_{i}"), bindparam(f"new_{name}_{i}", type_=column.type))
+                for i in range(size)
+            ]
+            assignments[name] = cast("ColumnElement[object]", case(*whens, else_=column))
+    return (
+        update(table)
+        .where(table.c.id.in_(bindparam("ids", expanding=True)), table.c.state == bindparam("expected"))
+        .values(assignments)
+        .returning(table.c.id)
+    )
 
 
 def _cas_batch(
@@ -516,23 +529,26 @@ def _cas_batch(
     values: Mapping[int, Mapping[str, object]],
 ) -> set[int]:
     """UPDATE <table> SET ... WHERE id IN (...) AND state = :expected RETURNING id: the rows of one
-    batch that are all in `expected` and move the same way, with `values` {row id: columns}
-    (every row names the same columns). Each row wins or loses on its own: a row changed by
-    another session is not returned and nothing of it is written (its copy's state is expired);
-    the winners get the written values as committed values, as `_compare_and_set` does."""
+    batch that are all in `expected` and move the same way, with `values` {row id: columns}.
+    Each row wins or loses on its own: a row changed by another session is not returned and
+    nothing of it is written (its copy's state is expired); the winners get the written values
+    as committed values, as `_compare_and_set` does."""
     ids = [row.id for row in rows]
-    columns = {name for row_values in values.values() for name in row_values}
-    assignments = {
-        name: _column_value(table, name, ids, {key: values[key][name] for key in ids if name in values[key]})
-        for name in sorted(columns)
-    }
-    stmt = (
-        update(table)
-        .where(table.c.id.in_(ids), table.c.state == expected)
-        .values(assignments)
-        .returning(table.c.id)
-    )
-    won = {int(row[0]) for row in session.connection().execute(stmt)}
+    params: dict[str, object] = {"ids": ids, "expected": expected}
+    writes: list[ColumnWrite] = []
+    for name in sorted({name for row_values in values.values() for name in row_values}):
+        named = [values[key][name] for key in ids if name in values[key]]
+        if len(named) == len(ids) and all(value == named[0] for value in named):
+            writes.append((name, "null" if named[0] is None else "same"))
+            params[f"new_{name}"] = named[0]
+            continue
+        writes.append((name, "rows"))
+        for i, key in enumerate(ids):
+            # a row that does not name the column matches none of its WHENs (-1 is no row's id)
+            params[f"id_{name}_{i}"] = key if name in values[key] else -1
+            params[f"new_{name}_{i}"] = values[key].get(name)
+    stmt = _batch_statement(table, tuple(writes), len(ids))
+    won = {int(row[0]) for row in session.connection().execute(stmt, params)}
     for row in rows:
         if row.id in won:
             for name, value in values[row.id].items():
@@ -568,7 +584,9 @@ def transition_jobs(
         for job in group:
             columns[job.id] = {"state": target.value, "updated_at": now, **((values or {}).get(job.id, {}))}
             if target.terminal:
-                columns[job.id].update({"finished_at": now, **_no_diagnosis(job)})
+                # every row's, so that the batch writes SQL NULL (as the schedule's batch does): a
+                # JSON column bound with None, for only some rows, would store JSON `null`
+                columns[job.id].update({"finished_at": now, "diagnosis": None})
         moved = _cas_batch(session, JOBS, group, current.value, columns)
         won |= moved
         events += [
