@@ -27,6 +27,7 @@ import re
 import secrets
 import shutil
 import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,7 +162,18 @@ def prepare_dirs(dirs: list[StorageDir] | tuple[StorageDir, ...], uid: int, gid:
     """Make each dir (its parent must exist) and give it its owner and mode. A user dir owned by
     another uid is a name taken over by a new subject (user deleted and created again): the old
     one is moved aside to `.retired-<name>-<old uid>`, never handed over; so is a group dir of
-    another gid. A symlink is refused."""
+    another gid. A symlink is refused. One caller at a time in this process: the launch pool
+    prepares several launches at once, and a dir another launch of the same user had just made
+    (still root's, before its chown) read as taken over and was moved aside under that launch,
+    which then failed ("No such file or directory")."""
+    with _PREPARING:
+        _prepare_dirs(dirs, uid, gid)
+
+
+_PREPARING = threading.Lock()
+
+
+def _prepare_dirs(dirs: list[StorageDir] | tuple[StorageDir, ...], uid: int, gid: int) -> None:
     as_root = os.geteuid() == 0
     for d in dirs:
         path = Path(d.path)
