@@ -2,8 +2,10 @@
 
 Each tick: (once per process) re-adopt attempts launched before a restart; send the stops that
 cancels and preemptions asked for; poll the engine for every live attempt; and record what changed,
-one transaction per job. An ended attempt frees its GPUs in that transaction (see finish.py), and
-the schedule loop is woken so the next job can start at once.
+in one transaction per tick (one per job only when that fails): the attempts that started and
+those that succeeded as batches, in a few statements however many (`record_batch`), any other
+end one by one. An ended attempt frees its GPUs in that transaction (see finish.py), and the
+schedule loop is woken so the next job can start at once.
 """
 
 from __future__ import annotations

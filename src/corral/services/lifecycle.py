@@ -4,7 +4,9 @@ Every write of `Job.state`, `Attempt.state`, `Node.state` and `Gpu.health` is ma
 
     UPDATE <table> SET state = :target, ... WHERE <key> = :key AND state = :expected
 
-with the row count checked. `expected` is the state the caller's (possibly stale) copy shows; when
+with the row count checked (for a batch, `schedule_jobs`, `transition_jobs` and `move_attempts`:
+one such UPDATE for every row that moves the same way, `WHERE id IN (...)`, with `RETURNING id`
+telling which rows were written). `expected` is the state the caller's (possibly stale) copy shows; when
 another session changed the row meanwhile the UPDATE matches nothing and the function returns
 False: the caller sees a lost race and does nothing more, nothing is overwritten. A terminal state
 is never the `from` of an allowed transition, so the CAS makes it final in the database itself.
