@@ -1,6 +1,7 @@
-"""The poll's squeue asks only for the live attempts' jobs (by id), not for every job of their
-accounts that Slurm still holds within MinJobAge: in a burst that was hundreds of ended jobs'
-lines, printed by squeue and parsed in Python at every poll (docs/slurm.md, eighth round)."""
+"""Less CPU per Slurm job (docs/slurm.md, eighth round). The poll's squeue asks only for the live
+attempts' jobs (by id), not for every job of their accounts that Slurm still holds within
+MinJobAge: in a burst that was hundreds of ended jobs' lines, printed by squeue and parsed in
+Python at every poll. The rank script starts no program at its end."""
 
 from __future__ import annotations
 
@@ -73,3 +74,18 @@ def test_an_unreachable_controller_still_raises(engine: SlurmEngine) -> None:
     engine.cli.slurm_conf, engine.cli._env = broken.slurm_conf, broken._env
     with pytest.raises(EngineUnavailable):
         engine.poll(["135.1"])
+
+
+def test_the_rank_script_needs_no_program_from_the_jobs_path(engine: SlurmEngine) -> None:
+    """A job whose own PATH has none of the system's programs: the rank script's bookkeeping at
+    the end (its sandbox's pid and environment for `corral exec` emptied) starts no program found
+    on PATH, so it neither fails there nor leaves a pid that `corral exec` would try to enter."""
+    engine.launch(attempt("136.1", instance("node2", "/bin/echo done", env={"PATH": "/nonexistent"})))
+    status = wait_for(engine, "136.1", FINISHED)
+    assert status.phase is AttemptPhase.SUCCEEDED, status
+    log = engine.logs("136.1").data.decode()
+    assert log == "done\n", log
+    job_dir = engine.store.job_dir("136.1")
+    for name in ("rank-0.pid", "rank-0.env"):
+        path = job_dir / name
+        assert not path.exists() or path.stat().st_size == 0, f"{name} left with {path.read_text()!r}"
