@@ -29,7 +29,10 @@ per mode), until a step is not sustained (p99 over --ramp-p99-ms, or < 90% of th
 completed: a backlog), and reports the highest sustained step per mode; --local-only skips the
 steady-rate columns. Every Corral column also reports CPU per job over its window (first submit ->
 last end): server_cpu_ms_per_job (the server process) and all_cpu_ms_per_job (everything this bench
-started, itself included, via a cgroup-v1 cpuacct group; where there is none: null). --profile DIR
+started, itself included, via a cgroup-v1 cpuacct group; where there is none: null); both Slurm
+columns also split that CPU by process (cpu_<part>_ms_per_job, CPU_PARTS: the server, the Slurm tools
+it ran, slurmctld, munged, the slurmds, the job steps with their scripts and sandbox, this bench,
+other). --profile DIR
 runs each server under cProfile (CORRAL_PROFILE_OUT, every thread on its own CPU clock) and prints
 its top entries.
 
@@ -99,6 +102,8 @@ class Result:
     # launcher, supervisors, sandboxes, jobs and this bench's own submitting), when measurable
     server_cpu_ms_per_job: float | None = None
     all_cpu_ms_per_job: float | None = None
+    # Slurm columns: the same window's CPU per job by process (CPU_PARTS), where measurable
+    cpu_split_ms_per_job: dict[str, float] = field(default_factory=dict)
     # Slurm columns: (Slurm job name, submit, the command's own time) of each job, for the split
     # of Slurm's own part read from slurmctld's log (add_slurm_side)
     slurm_jobs: list[tuple[str, float, float]] = field(default_factory=list)
@@ -232,6 +237,53 @@ def process_cpu_s(pid: int) -> float:
     return float(times.user + times.system)
 
 
+def tree_cpu_s(pid: int) -> float:
+    """A process's own CPU plus what its children that it reaped used (their children's too, as
+    far as each waited for them): a short-lived tool's CPU shows up in the process that ran it."""
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return float(t.user + t.system + t.children_user + t.children_system)
+
+
+# The Slurm columns' CPU by process (cpu_split): the Corral server's own, the Slurm tools it ran
+# (sbatch, squeue, scancel: reaped by it), slurmctld, munged, the slurmds, the job steps
+# (slurmstepd, batch.sh -> node.sh -> rank script -> bwrap -> the command: reaped by each node's
+# namespace init), this bench (its submitting, the squeue watcher, plain sbatch's calls), and
+# whatever else the cpuacct group saw (other = all - the rest).
+CPU_PARTS = ("server", "server_tools", "slurmctld", "munged", "slurmd", "steps", "bench", "other")
+SLURM_PIDS: Callable[[], dict[str, list[int]]] | None = None  # set by run_slurm: part -> pids
+
+
+class CpuSplit:
+    """CPU per part (CPU_PARTS) over a window: taken at creation, read by per_job_ms."""
+
+    def __init__(self, server_pid: int | None) -> None:
+        self.server_pid = server_pid
+        self.start = self._now()
+
+    def _now(self) -> dict[str, float]:
+        if SLURM_PIDS is None:
+            return {}
+        pids = SLURM_PIDS()
+        out = {part: sum(tree_cpu_s(p) for p in pids.get(part, [])) for part in CPU_PARTS[2:7]}
+        out["bench"] = tree_cpu_s(os.getpid())
+        if self.server_pid is not None:
+            own = process_cpu_s(self.server_pid)
+            out["server"], out["server_tools"] = own, tree_cpu_s(self.server_pid) - own
+        if METER is not None:
+            out["all"] = METER.used_s()
+        return out
+
+    def per_job_ms(self, n: int) -> dict[str, float]:
+        end = self._now()
+        used = {k: end[k] - self.start.get(k, 0.0) for k in end}
+        if "all" in used:
+            used["other"] = used.pop("all") - sum(used.values())
+        return {k: round(1000 * used[k] / n, 2) for k in CPU_PARTS if k in used}
+
+
 class CpuWindow:
     """CPU used from now on: by process `pid` (None: not measured) and by everything (METER)."""
 
@@ -259,11 +311,12 @@ def measure_jobs(
     # Slurm allocates whole CPUs (as the sbatch reference asks: 1): ask the same through Corral,
     # or Corral's scheduler would pack fractional-CPU jobs that Slurm then runs a few at a time.
     resources = {**SPEC, "cpus": max(1.0, float(SPEC["cpus"]))} if watcher else SPEC
-    cpu = CpuWindow(srv.pid)
+    cpu, split = CpuWindow(srv.pid), CpuSplit(srv.pid)
     submitted = submit_jobs(srv, n, rate, label, resources)
     wait_done(srv, args.timeout)
     res, ends = Result(), []
     res.server_cpu_ms_per_job, res.all_cpu_ms_per_job = cpu.per_job_ms(n)
+    res.cpu_split_ms_per_job = split.per_job_ms(n)
     jobs = finished_jobs(srv, [job_id for job_id, _ in submitted], args.timeout)
     for (_, t0), (job, log) in zip(submitted, jobs, strict=True):
         ran = printed_time(log)
@@ -558,9 +611,12 @@ def run_sbatch(
         )
         return name, t0
 
+    cpu, split = CpuWindow(None), CpuSplit(None)
     submitted = paced(args.slurm_jobs, args.slurm_rate, submit)
     res = Result()
     ends = [wait_ended(ended, name, args.timeout) for name, _ in submitted]
+    res.all_cpu_ms_per_job = cpu.per_job_ms(args.slurm_jobs)[1]
+    res.cpu_split_ms_per_job = split.per_job_ms(args.slurm_jobs)
     for name, t0 in submitted:
         out = out_dir / f"{name}.out"
         ran = printed_time(out.read_text()) if out.exists() else None
@@ -578,8 +634,10 @@ def run_slurm(args: argparse.Namespace) -> dict[str, Result]:
     missing = missing_binaries()
     if missing:
         raise SystemExit(f"--engine slurm needs these Slurm/munge programs: {', '.join(missing)}")
+    global SLURM_PIDS
     with SlurmCluster() as cluster:
         print(f"slurm: {len(cluster.node_names)} nodes up in {cluster.started_in_s:.1f} s", flush=True)
+        SLURM_PIDS = cluster.daemon_pids
 
         def corral_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
             """Each Corral server its own state dir: a new server numbers its jobs from 1 again,
@@ -645,6 +703,8 @@ def figures(results: Mapping[str, Result], args: argparse.Namespace) -> dict[str
         out[f"{prefix}failed"] = res.failed
         out[f"{prefix}server_cpu_ms_per_job"] = res.server_cpu_ms_per_job
         out[f"{prefix}all_cpu_ms_per_job"] = res.all_cpu_ms_per_job
+        for part, value in res.cpu_split_ms_per_job.items():
+            out[f"{prefix}cpu_{part}_ms_per_job"] = value
         for phase, values in res.phases.items():
             out[f"{prefix}{phase}_p50_ms"], out[f"{prefix}{phase}_p99_ms"] = ms(values, 50), ms(values, 99)
         if prefix in LOCAL_COLUMNS:
@@ -691,6 +751,9 @@ def print_table(out: Mapping[str, Any], prefixes: list[str]) -> None:
         )
     for key in CPU_ROWS:
         print(f"{key:26}" + "".join(cell(out[p + key], 14) for p in prefixes))
+    for key in (f"cpu_{part}_ms_per_job" for part in CPU_PARTS):
+        if any(p + key in out for p in prefixes):
+            print(f"  {key:24}" + "".join(cell(out.get(p + key), 14) for p in prefixes))
     for p in (c for c in LOCAL_COLUMNS if c in prefixes):
         for q in ("p50", "p99"):
             a, b = (

@@ -384,6 +384,22 @@ SlurmdParameters=config_overrides
                         return child
         return None
 
+    def daemon_pids(self) -> dict[str, list[int]]:
+        """Root-namespace PIDs of the cluster's processes, by part: slurmctld, munged, slurmd and
+        steps (each node's namespace init, which reaps the detached slurmstepds and so holds their
+        and their jobs' CPU as its children's). For measuring CPU by process (bench/job_latency.py)."""
+        out: dict[str, list[int]] = {"slurmctld": [], "munged": [], "slurmd": [], "steps": []}
+        for part, proc in (("slurmctld", self._ctld), ("munged", self._munged)):
+            if proc is not None:
+                out[part].append(proc.pid)
+        for name, node in self.nodes.items():
+            if node.wrapper is not None:
+                out["steps"].extend(_children(node.wrapper.pid))
+            slurmd = self.slurmd_pid(name)
+            if slurmd is not None:
+                out["slurmd"].append(slurmd)
+        return out
+
     def node_states(self) -> dict[str, str]:
         r = subprocess.run(
             ["sinfo", "-h", "-N", "-o", "%N %T"], env=self.env, capture_output=True, text=True, timeout=15

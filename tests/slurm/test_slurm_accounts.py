@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from corral.engine.base import AttemptPhase
+from corral.engine.base import AttemptPhase, AttemptStatus
 from corral.engine.slurm import SlurmEngine
 from corral.engine.slurm import engine as slurm_engine_module
 from tests.slurm.helpers import FINISHED, attempt, instance, wait_for
@@ -38,20 +38,29 @@ def test_an_account_removed_within_the_cache_minute_clears_it(
         return real_getpwnam(name)
 
     monkeypatch.setattr(pwd, "getpwnam", counted)
+
+    def poll_by_account(unix_user: str) -> AttemptStatus:
+        """A poll that must filter by account: the record's Slurm job id is unknown (sbatch's
+        answer lost), so the job is looked for by name among the account's jobs (with the id
+        known, the poll asks squeue for that id alone, and no account is looked up)."""
+        lost = engine.store.load("117.1")
+        assert lost is not None
+        lost.unix_user, lost.slurm_job_id = unix_user, ""
+        engine.store.save(lost)
+        return engine.poll(["117.1"])["117.1"]
+
     seen.clear()
     for _ in range(3):
-        assert engine.poll(["117.1"])["117.1"].phase in (AttemptPhase.PENDING, AttemptPhase.RUNNING)
+        assert poll_by_account(account).phase in (AttemptPhase.PENDING, AttemptPhase.RUNNING)
     assert lookups == [account] and account in seen  # found once, then taken from the cache
 
     gone = "corralt-removed-account"  # found a moment ago, removed since: only the cache has it
     seen[gone] = time.monotonic()
-    record.unix_user = gone
-    engine.store.save(record)
     lookups.clear()
-    status = engine.poll(["117.1"])["117.1"]
+    status = poll_by_account(gone)
     assert status.phase in (AttemptPhase.PENDING, AttemptPhase.RUNNING), status  # all users' jobs
     assert lookups == [] and gone not in seen  # squeue's "invalid user" cleared it
 
-    assert engine.poll(["117.1"])["117.1"].phase in (AttemptPhase.PENDING, AttemptPhase.RUNNING)
+    assert poll_by_account(gone).phase in (AttemptPhase.PENDING, AttemptPhase.RUNNING)
     assert lookups == [gone] and gone not in seen  # looked up again: not found, left out, not cached
     assert wait_for(engine, "117.1", FINISHED).phase is AttemptPhase.SUCCEEDED

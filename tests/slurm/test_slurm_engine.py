@@ -281,6 +281,7 @@ def test_poll_survives_an_account_that_no_longer_exists(engine: SlurmEngine) -> 
     record = engine.store.load("115.1")
     assert record is not None
     record.unix_user = "corralt-deleted-account"  # as if the account was removed since the launch
+    record.slurm_job_id = ""  # and sbatch's answer lost: the poll looks for it by the accounts' jobs
     engine.store.save(record)
     status = wait_for(engine, "115.1", FINISHED)
     assert status.phase is AttemptPhase.SUCCEEDED, status

@@ -34,8 +34,16 @@ _UNREACHABLE_MARKERS = (
 )
 
 
+# slurmctld's answer to `squeue --jobs=<one id>` for a job it does not know (purged after
+# MinJobAge, or never there), printed as "slurm_load_jobs error: Invalid job id specified": an
+# answer, not an outage, although it names slurm_load_jobs.
+UNKNOWN_JOB = "invalid job id specified"
+
+
 def looks_unreachable(message: str) -> bool:
     low = message.lower()
+    if UNKNOWN_JOB in low:
+        return False
     return any(marker in low for marker in _UNREACHABLE_MARKERS)
 
 
@@ -194,6 +202,22 @@ class SlurmCli:
         Anything on stderr means the answer cannot be trusted to be complete (an unknown user in
         --users prints an error and no jobs, exit 0): raised, never read as "no jobs"."""
         result = self.run("squeue", "--noheader", "--states=all", f"--Format={SQUEUE_FORMAT}", *filters)
+        if result.returncode != 0 or result.stderr.strip():
+            raise EngineUnavailable(f"`squeue` failed: {result.message or f'exit {result.returncode}'}")
+        return parse_squeue(result.stdout)
+
+    def jobs_by_id(self, job_ids: Sequence[str]) -> list[SlurmJob]:
+        """The jobs of these ids that Slurm still knows (`squeue --states=all --jobs=...`): only
+        their lines, where `jobs(--users=...)` prints every job of the accounts within MinJobAge
+        (hundreds in a burst, each parsed in Python at every poll). A job Slurm no longer knows is
+        left out, as in `jobs`; asked alone, Slurm answers "Invalid job id specified" for it."""
+        if not job_ids:
+            return []
+        result = self.run(
+            "squeue", "--noheader", "--states=all", f"--Format={SQUEUE_FORMAT}", f"--jobs={','.join(job_ids)}"
+        )
+        if result.returncode != 0 and UNKNOWN_JOB in result.stderr.lower() and len(job_ids) == 1:
+            return []
         if result.returncode != 0 or result.stderr.strip():
             raise EngineUnavailable(f"`squeue` failed: {result.message or f'exit {result.returncode}'}")
         return parse_squeue(result.stdout)

@@ -67,6 +67,9 @@ MAX_LAUNCH_WORKERS = 64
 # for the accounts of the live attempts ~25 times a second; an account removed meanwhile makes
 # squeue answer "invalid user", and the engine then asks for every user's jobs, see _squeue).
 ACCOUNT_CACHE_S = 60.0
+# The most live attempts polled by job id in one squeue call: one argument holds at most 128 kB
+# (MAX_ARG_STRLEN); beyond this many, the poll asks for the accounts' jobs instead.
+MAX_JOBS_BY_ID = 5000
 
 
 def _env_float(name: str, default: float) -> float:
@@ -399,9 +402,7 @@ class SlurmEngine:
             else:
                 live.append(record)
         if live:
-            # a record without its account (adopted after the state dir was lost): ask for all users
-            users = None if any(not r.unix_user for r in live) else {r.unix_user for r in live}
-            jobs = self._jobs(users)
+            jobs = self._live_jobs(live)
             for record in live:
                 with self._attempt_lock(record.attempt_id):
                     out[record.attempt_id] = self._status(record, jobs)
@@ -411,6 +412,17 @@ class SlurmEngine:
         if not scripts.ATTEMPT_ID_RE.match(attempt_id):
             return None
         return self.store.load(attempt_id)
+
+    def _live_jobs(self, live: list[AttemptRecord]) -> dict[str, SlurmJob]:
+        """What Slurm says of the live attempts' jobs: by job id when every one is known (only
+        their lines, see SlurmCli.jobs_by_id), else every job of their accounts (a record whose
+        job id was never learnt is found by name; one without its account, adopted after the
+        state dir was lost, by asking for every user's jobs)."""
+        ids = [r.slurm_job_id for r in live]
+        if all(ids) and len(ids) <= MAX_JOBS_BY_ID:
+            return {str(job["job_id"]): job for job in self.cli.jobs_by_id(sorted(set(ids)))}
+        users = None if any(not r.unix_user for r in live) else {r.unix_user for r in live}
+        return self._jobs(users)
 
     def _jobs(self, users: set[str] | None) -> dict[str, SlurmJob]:
         """The jobs Slurm still knows of the given accounts (None: all), by id and (for the

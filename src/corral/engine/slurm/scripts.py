@@ -326,7 +326,9 @@ echo "$child" >"$J/rank-{r}.pid"
 if [ -n "$term" ]; then kill -KILL "$child" 2>/dev/null; fi
 wait "$child"; rc=$?
 while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done
-rm -f "$J/rank-{r}.pid" "$J/rank-{r}.env"
+# emptied, not removed: no `rm` to start (a process per job, and the job's own PATH need not have
+# it); enter.py reads an empty pid file as "no running sandbox"
+: >"$J/rank-{r}.pid"; : >"$J/rank-{r}.env"
 echo "$rc" >"$J/rank-{r}.exit"
 # a failed instance fails the gang: node.sh passes the TERM on to the instances on this node,
 # and srun --kill-on-bad-exit to the other nodes
