@@ -10,7 +10,12 @@ Modes (`--modes`, comma-separated; parts joined by `+`):
 - variants of the shipped estimator: `rqX` running jobs' remaining time at quantile X (shipped:
   0.5), `wqX` waiting jobs held for the X quantile of their log-normal, `rmean` / `wmean` the
   log-normal's (conditional) mean instead of its median, `sigX` every log-spread times X, `sigwX`
-  the log-spread measured from the quartiles times X (the floor SIGMA_MIN kept).
+  the log-spread measured from the quartiles times X (the floor SIGMA_MIN kept);
+- variants that depend on the estimate's basis (runtimes.LEVELS: which level of the chain it came
+  from): `usfX` the user+size estimates' log-spread at least X (their range widened around the
+  median; the other levels as shipped), `uempN` a running user+size job's remaining time at least
+  what that level's own runs say (the median of run - elapsed over the runs longer than it has run,
+  when N or more are), else as shipped.
 
 `--knob NAME=VALUE` changes the policy (a what-if: e.g. `max_preemption_attempts=0`, no
 preemptions). Within one case the policy's own estimates are untouched, so every mode replays the
@@ -35,7 +40,7 @@ from typing import Any
 import numpy as np
 
 import corral.scheduler.diagnosis as diagnosis
-from corral.scheduler import eta
+from corral.scheduler import eta, runtimes
 from corral.sim.cluster import ClusterSpec, load_cluster
 from corral.sim.metrics import ETA_MIN_WAIT_S
 from corral.sim.replay import SimConfig, SimResult, Simulator
@@ -68,7 +73,61 @@ def _mean_remaining(estimate: float, spread: tuple[float, float], elapsed: float
     return max(0.0, math.exp(mu + sigma * sigma / 2) * nd.cdf(sigma - z) / survive - elapsed)
 
 
+_plain_estimate_from = runtimes.estimate_from
+
+
+def _user_size_floor(floor: float):  # type: ignore[no-untyped-def]
+    """estimate_from with the user+size level's log-spread at least `floor` (the median kept, so
+    the policy's estimates and the schedule are unchanged)."""
+    half = eta.IQR_Z / 2
+
+    def estimate_from(levels, limit):  # type: ignore[no-untyped-def]
+        found = _plain_estimate_from(levels, limit)
+        if found is None or found.basis != "user_size" or found.seconds <= 0:
+            return found
+        measured = _iqr_sigma((found.low_s, found.high_s))
+        if measured >= floor:
+            return found
+        low, high = found.seconds * math.exp(-half * floor), found.seconds * math.exp(half * floor)
+        if limit is not None:
+            low, high = min(low, limit), min(high, limit)
+        return runtimes.RuntimeEstimate(found.seconds, low, high, found.basis, found.runs)
+
+    return estimate_from
+
+
+def _user_size_runs(job_id: str) -> Sequence[float] | None:
+    """The runs of the level a running job's estimate came from now, if that is user+size."""
+    sim = _state["sim"]
+    tj = sim.jobs[job_id].trace
+    chain = sim.history._chain
+    for key in chain.keys(tj.user, tj.name, tj.num_gpus, tj.group):
+        runs = chain._runs.get(key)
+        if runs is not None and len(runs) >= runtimes.MIN_RUNS[key[0]]:
+            return runs if key[0] == "user_size" else None
+    return None
+
+
+def _empirical_events(now, running, started, gone_by, default_runtime_s, q, at_least):  # type: ignore[no-untyped-def]
+    out = eta.running_events(now, running, started, gone_by, default_runtime_s, q)
+    for i, (rj, per_model) in enumerate(running):
+        job = rj.job
+        if (gone_by and job.id in gone_by) or job.runtime_estimate is None or job.runtime_spread is None:
+            continue
+        runs = _user_size_runs(job.id)
+        if runs is None:
+            continue
+        elapsed = now - rj.start_time
+        longer = sorted(r - elapsed for r in runs if r > elapsed)
+        if len(longer) >= at_least:
+            out[i] = (max(out[i][0], now + float(np.quantile(longer, q))), per_model)
+    return out
+
+
 def _running_events(now, running, started, gone_by, default_runtime_s, q=0.5):  # type: ignore[no-untyped-def]
+    emp = _knob("uemp")
+    if emp is not None:
+        return _empirical_events(now, running, started, gone_by, default_runtime_s, q, int(emp))
     rq = _knob("rq")
     if rq is not None:
         q = rq
@@ -156,6 +215,7 @@ def one_run(trace: Trace, cluster: ClusterSpec, mode: str) -> tuple[SimResult, d
     eta._LOG_NORMAL.clear()
     scale = _knob("sig") or 1.0
     widen = _knob("sigw")  # the measured spread widened, the floor kept
+    user_size_floor = _knob("usf")
     sim = Simulator(
         trace,
         cluster,
@@ -167,6 +227,8 @@ def one_run(trace: Trace, cluster: ClusterSpec, mode: str) -> tuple[SimResult, d
     # only for this replay: the library's own functions are put back after it, whatever happens
     # (another replay in the same process, a test's, sees the shipped path)
     try:
+        if user_size_floor is not None:
+            runtimes.estimate_from = _user_size_floor(user_size_floor)
         if widen is not None:
             eta._sigma = lambda spread: max(eta.SIGMA_MIN, widen * _iqr_sigma(spread))
         else:
@@ -178,6 +240,7 @@ def one_run(trace: Trace, cluster: ClusterSpec, mode: str) -> tuple[SimResult, d
         diagnosis.running_events = eta.running_events
         diagnosis.backfill_starts = eta.backfill_starts
         eta._sigma = _plain_sigma
+        runtimes.estimate_from = _plain_estimate_from
         eta._LOG_NORMAL.clear()
         _state["sim"] = None
     passed = passed_by_later(result)

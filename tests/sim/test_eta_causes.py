@@ -9,7 +9,7 @@ from pathlib import Path
 from types import ModuleType
 
 import corral.scheduler.diagnosis as diagnosis
-from corral.scheduler import eta
+from corral.scheduler import eta, runtimes
 from corral.sim.cluster import load_cluster
 from corral.sim.synth import SynthSpec, generate
 
@@ -38,3 +38,27 @@ def test_oracle_modes_keep_the_schedule_and_restore_the_library() -> None:
     assert diagnosis.running_events is eta.running_events
     assert diagnosis.backfill_starts is eta.backfill_starts
     assert eta._sigma is causes._plain_sigma  # the shipped spread again
+
+
+def test_basis_modes_change_only_user_size_estimates_and_restore_the_chain() -> None:
+    """`usfX` widens only the user+size level's spread (the median, so the schedule, kept) and
+    `uempN` reads that level's runs for running jobs: both reach the roll on a trace whose new
+    job names fall back to the user+size level, and runtimes.estimate_from is put back."""
+    causes = _load()
+    cluster = load_cluster("synth")
+    trace = generate(SynthSpec(jobs=500, load=1.3, seed=0), cluster)
+    floor = causes._user_size_floor(1.2)
+    agreeing = [("user_size", [600.0, 610.0, 620.0])]
+    widened = floor(agreeing, None)
+    assert widened.seconds == 610.0 and widened.basis == "user_size"
+    assert widened.low_s < 400.0 and widened.high_s > 900.0  # log-spread 1.2: x/÷ 2.25 around 610
+    assert floor([("name", [600.0, 610.0, 620.0])], None).low_s == 605.0  # other levels as shipped
+    assert floor(agreeing, 700.0).high_s == 700.0  # still capped by the job's limit
+    out = causes.one_case("synth", trace, cluster, ("none", "usf3", "uemp1"))
+    for mode in ("usf3", "uemp1"):
+        assert out[mode]["same_schedule"], mode
+        assert out[mode]["jobs"] == out["none"]["jobs"]
+    assert out["usf3"]["rel"] != out["none"]["rel"]  # the widened spreads did reach the roll
+    assert out["uemp1"]["rel"] != out["none"]["rel"]
+    assert runtimes.estimate_from is causes._plain_estimate_from
+    assert diagnosis.running_events is eta.running_events
