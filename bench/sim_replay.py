@@ -42,6 +42,10 @@ def load_text() -> str:
     return "load avg " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def _percent(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
 def deep_case(jobs: int, load: float, seed: int, policy: str, config: SimConfig) -> dict[str, Any]:
     """The synthetic deep-queue replay under `policy` and fifo, same trace, same run."""
     cluster = load_cluster("synth")
@@ -55,11 +59,12 @@ def deep_case(jobs: int, load: float, seed: int, policy: str, config: SimConfig)
         s = summarize(result)
         print(
             f"deep {name}: {jobs:,} jobs in {wall:.1f} s (CPU {cpu:.1f} s) = {jobs / wall:,.0f} jobs/s, "
-            f"max queued {depth:,}, {result.cycles:,} cycles, avg JCT {s['avg_jct_s'] / 3600:.2f} h "
-            f"({load_text()})"
+            f"max queued {depth:,}, {result.cycles:,} cycles, avg JCT {s['avg_jct_s'] / 3600:.2f} h, "
+            f"ETA error {_percent(s['eta_rel_err_median'])} ({load_text()})"
         )
         out[name] = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "jobs_per_s": round(jobs / wall, 1)}
         out[name]["max_queued"] = depth
+        out[name]["eta_rel_err_median"] = s["eta_rel_err_median"]
     rate = out[policy]["jobs_per_s"]
     target = DEEP_TARGET_JOBS_S
     print(f"  deep {policy}: {rate:,.0f} jobs/s (target {target:,.0f}: {rate / target:.2f}x)")
@@ -148,7 +153,7 @@ def main() -> None:
     eta_rel = summary["eta_rel_err_median"]
     print(
         f"  ETA error (median |ETA - start| / wait, jobs waiting > 5 min): "
-        f"{'-' if eta_rel is None else f'{eta_rel:.1%}'} over {summary['eta_rel_jobs']:,} jobs, "
+        f"{_percent(eta_rel)} over {summary['eta_rel_jobs']:,} jobs, "
         f"{summary['eta_none_jobs']:,} shown none (ETAs read every {args.eta_interval:g} s; 0: at submit)"
     )
     print(
