@@ -12,7 +12,11 @@ replayed under the same policy and under fifo in the same run. Target: >= 1,000 
 Load average of the machine is printed with every figure (a shared machine skews wall times).
 
     .venv/bin/python bench/sim_replay.py [--jobs N] [--policy default] [--baseline-jobs N]
-        [--deep-jobs 9000] [--deep-load 1.3] [--deep-seed 0]
+        [--deep-jobs 9000] [--deep-load 1.3] [--deep-seed 0] [--eta-interval S]
+
+`--eta-interval S` (default 0: every new job's estimate read in its first cycle, as scored) reads
+new jobs' estimated starts at most once per S simulated seconds (`SimConfig.eta_interval_s`, a
+speed option that changes what the ETA figure scores); the Philly replay prints that figure.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 
 from corral.sim.cluster import load_cluster
 from corral.sim.metrics import summarize
-from corral.sim.replay import SimResult
+from corral.sim.replay import SimConfig, SimResult
 from corral.sim.runner import simulate
 from corral.sim.synth import SynthSpec, generate
 from corral.sim.trace import Trace, first_jobs, load_trace
@@ -38,38 +42,45 @@ def load_text() -> str:
     return "load avg " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def deep_case(jobs: int, load: float, seed: int, policy: str) -> dict[str, Any]:
+def _percent(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def deep_case(jobs: int, load: float, seed: int, policy: str, config: SimConfig) -> dict[str, Any]:
     """The synthetic deep-queue replay under `policy` and fifo, same trace, same run."""
     cluster = load_cluster("synth")
     trace: Trace = generate(SynthSpec(jobs=jobs, load=load, seed=seed), cluster)
     out: dict[str, Any] = {"jobs": jobs, "load": load, "seed": seed}
     for name in (policy, "fifo"):
         started, cpu = time.perf_counter(), time.process_time()
-        result = simulate(trace, cluster, name)
+        result = simulate(trace, cluster, name, config)
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
         depth = result.max_queued
         s = summarize(result)
         print(
             f"deep {name}: {jobs:,} jobs in {wall:.1f} s (CPU {cpu:.1f} s) = {jobs / wall:,.0f} jobs/s, "
-            f"max queued {depth:,}, {result.cycles:,} cycles, avg JCT {s['avg_jct_s'] / 3600:.2f} h "
-            f"({load_text()})"
+            f"max queued {depth:,}, {result.cycles:,} cycles, avg JCT {s['avg_jct_s'] / 3600:.2f} h, "
+            f"ETA error {_percent(s['eta_rel_err_median'])} ({load_text()})"
         )
         out[name] = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "jobs_per_s": round(jobs / wall, 1)}
         out[name]["max_queued"] = depth
+        out[name]["eta_rel_err_median"] = s["eta_rel_err_median"]
     rate = out[policy]["jobs_per_s"]
     target = DEEP_TARGET_JOBS_S
     print(f"  deep {policy}: {rate:,.0f} jobs/s (target {target:,.0f}: {rate / target:.2f}x)")
     return out
 
 
-def replay(jobs: int | None, policy: str) -> tuple[SimResult, int, float, float]:
+def replay(
+    jobs: int | None, policy: str, config: SimConfig | None = None
+) -> tuple[SimResult, int, float, float]:
     """The result, jobs replayed, wall seconds and CPU seconds of one replay."""
     trace = load_trace("philly")
     if jobs:
         trace = first_jobs(trace, jobs)
     cluster = load_cluster("philly")
     started, cpu = time.perf_counter(), time.process_time()
-    result = simulate(trace, cluster, policy)
+    result = simulate(trace, cluster, policy, config)
     return result, len(trace.jobs), time.perf_counter() - started, time.process_time() - cpu
 
 
@@ -87,8 +98,19 @@ def main() -> None:
     parser.add_argument("--deep-load", type=float, default=1.3)
     parser.add_argument("--deep-seed", type=int, default=0)
     parser.add_argument("--skip-philly", action="store_true", help="only the deep-queue case")
+    parser.add_argument(
+        "--eta-interval",
+        type=float,
+        default=0.0,
+        help="read new jobs' ETAs at most once per S simulated seconds (0: in each job's first cycle)",
+    )
     args = parser.parse_args()
-    deep = deep_case(args.deep_jobs, args.deep_load, args.deep_seed, args.policy) if args.deep_jobs else None
+    if args.eta_interval < 0:
+        parser.error(f"--eta-interval must be >= 0 seconds, got {args.eta_interval}")
+    config = SimConfig(eta_interval_s=args.eta_interval)
+    deep = None
+    if args.deep_jobs:
+        deep = deep_case(args.deep_jobs, args.deep_load, args.deep_seed, args.policy, config)
     if args.skip_philly:
         print(json.dumps({"bench": "sim_replay", "deep": deep, "load_avg": os.getloadavg()}))
         return
@@ -97,14 +119,14 @@ def main() -> None:
     if args.baseline_jobs is None:
         args.baseline_jobs = args.jobs if args.jobs is not None else 82_247
     if args.baseline_jobs:
-        base, base_jobs, base_wall, base_cpu = replay(args.baseline_jobs, "fifo")
+        base, base_jobs, base_wall, base_cpu = replay(args.baseline_jobs, "fifo", config)
         base_rate = base_jobs / base_wall
         print(
             f"baseline fifo: {base_jobs:,} jobs in {base_wall:.1f} s (CPU {base_cpu:.1f} s) = "
             f"{base_rate:,.0f} jobs/s, {base.cycles:,} cycles ({load_text()})"
         )
 
-    result, jobs, wall, cpu = replay(args.jobs, args.policy)
+    result, jobs, wall, cpu = replay(args.jobs, args.policy, config)
     rate = jobs / wall
     library_s = result.schedule_s + result.diagnosis_s  # diagnoses are computed lazily on first read
     sched_share = library_s / wall if wall else 0.0
@@ -127,6 +149,13 @@ def main() -> None:
     )
     if base_rate:
         print(f"  vs fifo baseline: {rate / base_rate:.2f}x its jobs/s")
+    summary = summarize(result)
+    eta_rel = summary["eta_rel_err_median"]
+    print(
+        f"  ETA error (median |ETA - start| / wait, jobs waiting > 5 min): "
+        f"{_percent(eta_rel)} over {summary['eta_rel_jobs']:,} jobs, "
+        f"{summary['eta_none_jobs']:,} shown none (ETAs read every {args.eta_interval:g} s; 0: at submit)"
+    )
     print(
         json.dumps(
             {
@@ -145,6 +174,10 @@ def main() -> None:
                 "baseline_fifo_jobs_per_s": None if base_rate is None else round(base_rate, 1),
                 "baseline_fifo_cpu_s": None if base_cpu is None else round(base_cpu, 2),
                 "ratio_vs_fifo": None if base_rate is None else round(rate / base_rate, 3),
+                "eta_interval_s": args.eta_interval,
+                "eta_rel_err_median": eta_rel,
+                "eta_rel_jobs": summary["eta_rel_jobs"],
+                "eta_none_jobs": summary["eta_none_jobs"],
                 "deep": deep,
                 "load_avg": os.getloadavg(),
             }

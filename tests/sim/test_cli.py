@@ -67,6 +67,8 @@ def test_bad_inputs_give_clear_errors(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "unknown policy 'nope'" in res.output
     res = runner.invoke(app, ["sim", "--trace", str(csv)])
     assert res.exit_code == 2 and "--cluster are required" in res.output
+    res = runner.invoke(app, ["sim", "--trace", str(csv), "--cluster", str(yaml), "--eta-interval", "-1"])
+    assert res.exit_code == 2 and "--eta-interval" in res.output
 
 
 def test_options_of_the_other_mode_are_refused_by_name(tmp_path: Path) -> None:

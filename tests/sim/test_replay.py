@@ -176,6 +176,30 @@ def test_estimated_start_is_compared_with_the_actual_start() -> None:
     assert summary["eta_median_abs_err_s"] == 0.0 and summary["eta_jobs"] == 2
 
 
+def test_eta_interval_reads_new_jobs_estimates_together_at_most_once_per_interval() -> None:
+    """eta_interval_s=60 (with true durations, one 4-GPU node, strict FIFO): b's estimate is read
+    at its arrival (the first read), c's waits for the next cycle at or after 61 (d's arrival at
+    90, which reads both); x, arriving at 95, is read at 150 (the first cycle at or after 150,
+    when c starts); z arrives at 175, after that read, and starts at 180 before the next (210):
+    it is shown none. Without the interval each gets the estimate of its arrival's cycle."""
+    tr = trace(
+        ("a", 0, 100, 4),
+        ("b", 1, 50, 4),
+        ("c", 2, 10, 4),
+        ("d", 90, 10, 4),
+        ("x", 95, 10, 4),
+        ("z", 175, 10, 4),
+    )
+    _, jobs = run(tr, cluster(1, 4), "fifo", oracle_runtime=True, eta_interval_s=60.0)
+    assert starts(jobs) == {"a": 0, "b": 100, "c": 150, "d": 160, "x": 170, "z": 180}
+    assert (jobs["b"].eta, jobs["c"].eta, jobs["d"].eta, jobs["x"].eta) == (100.0, 150.0, 160.0, 170.0)
+    assert math.isnan(jobs["z"].eta) and math.isnan(jobs["a"].eta)
+    _, plain_jobs = run(tr, cluster(1, 4), "fifo", oracle_runtime=True)
+    assert starts(plain_jobs) == starts(jobs)  # the schedule is the same: only the reads move
+    assert plain_jobs["z"].eta == 180.0
+    assert {j: plain_jobs[j].eta for j in "bcdx"} == {"b": 100.0, "c": 150.0, "d": 160.0, "x": 170.0}
+
+
 def test_relative_eta_error_counts_only_jobs_that_waited_over_5_minutes() -> None:
     """Without true durations. a runs 0-1000 with max_runtime 2000 (its estimate, no history): b
     (arriving at 10) is told 2000 and starts at 1000: |2000 - 1000| / 990. c (arriving at 1400,

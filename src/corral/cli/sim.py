@@ -49,6 +49,16 @@ CheckpointIntervalOption = Annotated[
 CycleIntervalOption = Annotated[
     float, typer.Option("--cycle-interval", help="seconds between cycles; 0 = every event")
 ]
+EtaIntervalOption = Annotated[
+    float,
+    typer.Option(
+        "--eta-interval",
+        min=0.0,
+        help="speed option: read new jobs' estimated starts at most once per this many simulated "
+        "seconds (0 = in each job's first cycle, as scored by default); the ETA error then scores "
+        "the estimate shown at the first read after submit",
+    ),
+]
 CheckpointOnPreemptOption = Annotated[
     bool,
     typer.Option("--checkpoint-on-preempt", help="a preempted job saves its work within its stop grace"),
@@ -195,6 +205,7 @@ def sim(
     placement: PlacementOption = None,
     checkpoint_interval: CheckpointIntervalOption = 1800.0,
     cycle_interval: CycleIntervalOption = 0.0,
+    eta_interval: EtaIntervalOption = 0.0,
     checkpoint_on_preempt: CheckpointOnPreemptOption = False,
     oracle: bool = typer.Option(False, "--oracle-runtime/--no-oracle-runtime", help=ORACLE_HELP),
     node_mtbf_h: float = typer.Option(None, "--node-mtbf-h", help="mean hours between failures of a node"),
@@ -227,6 +238,7 @@ def sim(
         node_repair_h,
         seed,
         cycle_interval_s=cycle_interval,
+        eta_interval_s=eta_interval,
         checkpoint_on_preempt=checkpoint_on_preempt,
         record_events=jobs_out is not None,
     )

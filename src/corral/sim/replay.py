@@ -84,6 +84,12 @@ class SimConfig:
     node_repair_s: float = 3600.0
     seed: int = 0
     estimate_starts: bool = True  # read each new job's estimated start (False: skip, ETA metric None)
+    # 0: each new job's estimated start is read in its first cycle (what its user sees on
+    # submitting: the scored ETA). >0, a speed option: read at most once per this many simulated
+    # seconds, for every job that arrived since the last read and has not started; a job's scored
+    # ETA is the one shown at the first read after it arrived (up to this much later, so closer to
+    # its start), and a job that starts before that read is shown none (docs/simulator.md, Speed)
+    eta_interval_s: float = 0.0
     record_cycles: bool = False  # keep (snapshot, now, plan) of every cycle
     record_events: bool = False  # keep every submit, start, stop and end (SimResult.events)
     cycle_interval_s: float = 0.0  # 0: a cycle at every event time; >0: cycles only on this grid, like
@@ -220,6 +226,8 @@ class Simulator:
         self.cycles = self.preemption_count = self.node_failures = 0
         self.schedule_s = 0.0
         self.new_arrivals: list[str] = []  # arrived since the last cycle: score their first ETA
+        self.eta_pending: list[str] = []  # eta_interval_s > 0: arrived since the last ETA read
+        self.eta_next_read = 0.0  # eta_interval_s > 0: no ETA read before this time
         self.diagnosis_s = 0.0
         self._deferred_cycle: float | None = None
         self.job_events = 0  # pending job events; node events alone do not keep the replay going
@@ -612,13 +620,34 @@ class _SimSink:
     def diagnose(self, diagnoses: Mapping[str, Diagnosis], planned: Set[str]) -> None:
         """The estimate a job is given in its first cycle (what its user sees on submitting) is the
         one scored. Diagnoses are computed lazily by the library, and only the estimates are read,
-        so cycles without new waiting jobs never pay for them."""
+        so cycles without new waiting jobs never pay for them. With `eta_interval_s`, new jobs
+        are read together at most once per interval (`_due_for_eta`)."""
         sim = self.sim
-        if not sim.new_arrivals or not sim.config.estimate_starts:
+        if not sim.config.estimate_starts:
+            return
+        if sim.config.eta_interval_s > 0:
+            due = self._due_for_eta(planned)
+        elif sim.new_arrivals:
+            due = [j for j in sim.new_arrivals if j in sim.queued and j not in planned]
+        else:
             return
         started = time.perf_counter()
-        wanted = [j for j in sim.new_arrivals if j in sim.queued and j not in planned]
-        for job_id, eta in estimated_starts(diagnoses, wanted).items():
+        for job_id, eta in estimated_starts(diagnoses, due).items():
             if eta is not None:
                 sim.jobs[job_id].eta = eta
         sim.diagnosis_s += time.perf_counter() - started
+
+    def _due_for_eta(self, planned: Set[str]) -> list[str]:
+        """The jobs whose estimate is read this cycle under `eta_interval_s`: none before the next
+        read's time (the new ones wait for it); then every job that arrived since the last read
+        and has not started (one still waiting and not placed by this plan)."""
+        sim = self.sim
+        pending = sim.eta_pending
+        pending.extend(sim.new_arrivals)
+        if not pending or self.now < sim.eta_next_read:
+            return []
+        sim.eta_next_read = self.now + sim.config.eta_interval_s
+        jobs, queued = sim.jobs, sim.queued
+        due = [j for j in pending if j in queued and j not in planned and math.isnan(jobs[j].first_start)]
+        pending.clear()
+        return due
