@@ -27,7 +27,6 @@ import re
 import secrets
 import shutil
 import stat
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,18 +161,9 @@ def prepare_dirs(dirs: list[StorageDir] | tuple[StorageDir, ...], uid: int, gid:
     """Make each dir (its parent must exist) and give it its owner and mode. A user dir owned by
     another uid is a name taken over by a new subject (user deleted and created again): the old
     one is moved aside to `.retired-<name>-<old uid>`, never handed over; so is a group dir of
-    another gid. A symlink is refused. One caller at a time in this process: the launch pool
-    prepares several launches at once, and a dir another launch of the same user had just made
-    (still root's, before its chown) read as taken over and was moved aside under that launch,
-    which then failed ("No such file or directory")."""
-    with _PREPARING:
-        _prepare_dirs(dirs, uid, gid)
-
-
-_PREPARING = threading.Lock()
-
-
-def _prepare_dirs(dirs: list[StorageDir] | tuple[StorageDir, ...], uid: int, gid: int) -> None:
+    another gid. A symlink is refused. A user dir still root's is one another launch of the same
+    user is making (mkdir, then chown): launch pools in this process and in other servers prepare
+    launches at once, so it is handed over, not moved aside under that launch."""
     as_root = os.geteuid() == 0
     for d in dirs:
         path = Path(d.path)
@@ -205,7 +195,7 @@ def _taken_over(d: StorageDir, st: os.stat_result, uid: int, gid: int) -> bool:
     """A user's dir owned by another uid, or a group's dir by another group's gid: the name
     belonged to a deleted subject, whose files the new one must not inherit."""
     if d.owner == "user":
-        return st.st_uid != uid
+        return st.st_uid not in (uid, 0)  # 0: made a moment ago, before its chown (see above)
     return d.gid is not None and st.st_gid not in (gid, 0)
 
 
