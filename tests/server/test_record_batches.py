@@ -163,7 +163,7 @@ def test_a_success_recorded_in_a_batch_loses_only_for_the_job_changed_meanwhile(
     ids = started_copies(ctx, 3)
     with ctx.session_factory() as loop:
         jobs, attempts = jobs_with_live_attempts(loop, ids)
-        loop.info["usage_rows"] = loop.scalars(select(UsageLedger)).all()  # as the tick's prefetch
+        loop.info["usage_rows"] = {(r.group_name, r.user_name): r for r in loop.scalars(select(UsageLedger))}
         with ctx.session_factory() as other:
             other.execute(update(Job).where(Job.id == ids[2]).values(state="failed"))
             other.commit()
@@ -309,3 +309,49 @@ def test_a_batch_writes_each_rows_own_values_and_leaves_unnamed_columns_as_they_
         (ids[1], "scheduled", "failed"),
         (ids[2], "queued", "failed"),
     ]
+
+
+def test_a_batch_larger_than_one_statement_writes_every_row_in_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch is written CAS_BATCH_ROWS rows per UPDATE (a per-row CASE is quadratic in the
+    rows): every row gets its own value, across the chunks, and a row changed meanwhile in a
+    later chunk loses alone."""
+    monkeypatch.setattr("corral.server.scheduling.launch_placed", lambda ctx: None)
+    monkeypatch.setattr("corral.services.lifecycle.CAS_BATCH_ROWS", 2)
+    ctx = make_context(
+        make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}"), FakeEngine([gpu_node("n0")]), str(tmp_path)
+    )
+    node_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        ids = [add_job(session, gid, uid) for _ in range(4)]  # n0's 4 GPUs
+    schedule_tick(ctx, time.time())
+    db = ctx.session_factory.kw["bind"]
+    updates: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("UPDATE ATTEMPTS"):
+            updates.append(statement)
+
+    with ctx.session_factory() as loop:
+        _, attempts = jobs_with_live_attempts(loop, ids)
+        with ctx.session_factory() as other:  # the fourth row, in the second chunk, ends meanwhile
+            other.execute(update(Attempt).where(Attempt.job_id == ids[3]).values(state="lost"))
+            other.commit()
+        event.listen(db, "before_cursor_execute", count)
+        try:
+            moved = move_attempts(
+                loop,
+                [attempts[i] for i in ids],
+                AttemptState.STARTING,
+                {attempts[i].id: {"engine_ref": f"r{k}"} for k, i in enumerate(ids)},
+            )
+        finally:
+            event.remove(db, "before_cursor_execute", count)
+        loop.commit()
+    assert len(updates) == 2  # 2 + 2 rows
+    assert moved == {attempts[i].id for k, i in enumerate(ids) if k != 3}
+    with ctx.session_factory() as session:
+        rows = {a.job_id: (a.state, a.engine_ref) for a in session.scalars(select(Attempt))}
+    assert rows == {i: ("lost", None) if k == 3 else ("starting", f"r{k}") for k, i in enumerate(ids)}

@@ -36,11 +36,11 @@ def charge_usage(session: Session, group: str, user: str, gpu_seconds: float, no
     # a batch ending two attempts of a new user added two rows and failed on the primary key.
     added: dict[tuple[str, str], UsageLedger] = session.info.setdefault("new_usage_rows", {})
     row = pending if (pending := added.get((group, user))) is not None and pending in session else None
-    ledger: list[UsageLedger] | None = session.info.get("usage_rows")
+    ledger: dict[tuple[str, str], UsageLedger] | None = session.info.get("usage_rows")
     if row is None and ledger is not None:
-        # The whole ledger, read in this transaction by the batch (reconcile's prefetch): a user
-        # with no row yet gets one without a SELECT per ended attempt to find that out.
-        row = next((r for r in ledger if (r.group_name, r.user_name) == (group, user)), None)
+        # The whole ledger by (group, user), read in this transaction by the batch (reconcile's
+        # prefetch): a user with no row yet gets one without a SELECT per ended attempt.
+        row = ledger.get((group, user))
     elif row is None:
         row = session.get(UsageLedger, (group, user))
     if row is None:

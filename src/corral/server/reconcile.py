@@ -331,7 +331,9 @@ def _prefetch(
         # The fair-share rows the ended attempts will charge, in one SELECT; kept referenced in
         # the session's info for the batch, since the identity map holds objects only weakly and
         # charge_usage's session.get would otherwise query each row again.
-        session.info["usage_rows"] = session.scalars(select(UsageLedger)).all()
+        session.info["usage_rows"] = {
+            (r.group_name, r.user_name): r for r in session.scalars(select(UsageLedger))
+        }
     return jobs, attempts
 
 
