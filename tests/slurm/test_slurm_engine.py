@@ -83,9 +83,10 @@ def test_exit_code_and_signal(engine: SlurmEngine) -> None:
 
 
 def test_stop_with_grace_then_kill(engine: SlurmEngine, tmp_path: Path) -> None:
-    polite = "trap 'echo got TERM; exit 0' TERM; echo started; while :; do sleep 0.1; done"
+    polite = "trap 'echo got TERM; exit 0' TERM; echo started; while :; do /bin/sleep 0.1; done"
     stubborn = "trap '' TERM; echo started; while :; do sleep 0.1; done"
-    engine.launch(attempt("104.1", instance("node1", polite)))
+    # the polite job's own PATH has no programs: the rank script forwards TERM all the same
+    engine.launch(attempt("104.1", instance("node1", polite, env={"PATH": "/nonexistent"})))
     engine.launch(attempt("105.1", instance("node2", stubborn)))
     for aid in ("104.1", "105.1"):
         wait_for(engine, aid, {AttemptPhase.RUNNING})

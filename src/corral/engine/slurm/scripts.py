@@ -310,7 +310,8 @@ fi
 export CUDA_VISIBLE_DEVICES="$cvd" CORRAL_SLURM_GPUS="$mine"
 descendants() {{
   local c
-  for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do echo "$c"; descendants "$c"; done
+  # `command -p`: cat from the system's PATH, not the job's (which need not have it)
+  for c in $(command -p cat /proc/"$1"/task/*/children 2>/dev/null); do echo "$c"; descendants "$c"; done
 }}
 child=""
 term=""
