@@ -69,6 +69,9 @@ def test_bad_inputs_give_clear_errors(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "--cluster are required" in res.output
     res = runner.invoke(app, ["sim", "--trace", str(csv), "--cluster", str(yaml), "--eta-interval", "-1"])
     assert res.exit_code == 2 and "--eta-interval" in res.output
+    for option, value in (("--eta-interval", "inf"), ("--cycle-interval", "nan"), ("--cycle-interval", "-5")):
+        res = runner.invoke(app, ["sim", "--trace", str(csv), "--cluster", str(yaml), option, value])
+        assert res.exit_code == 2 and f"{option} must be a finite number >= 0" in res.output, res.output
 
 
 def test_options_of_the_other_mode_are_refused_by_name(tmp_path: Path) -> None:

@@ -80,3 +80,23 @@ def test_the_rank_script_needs_no_program_from_the_jobs_path(engine: SlurmEngine
     for name in ("rank-0.pid", "rank-0.env"):
         path = job_dir / name
         assert not path.exists() or path.stat().st_size == 0, f"{name} left with {path.read_text()!r}"
+
+
+def test_a_poll_of_live_jobs_and_one_slurm_no_longer_knows_reads_each_alone(
+    engine: SlurmEngine, squeue_calls: list[tuple[str, ...]]
+) -> None:
+    """The usual case in production: live jobs polled by id beside one Slurm has purged. Asked for
+    several ids, squeue leaves the unknown one out (no error): the live ones keep their phase
+    from its lines, the purged one is judged from its exit files (none: LOST)."""
+    refs = [engine.launch(attempt(aid, instance("node1", "sleep 30"))) for aid in ("137.1", "138.1")]
+    for aid in ("137.1", "138.1"):
+        wait_for(engine, aid, {AttemptPhase.RUNNING})
+    engine.adopt({"139.1": "99999998"})  # an id Slurm never gave: as if purged after MinJobAge
+    squeue_calls.clear()
+    found = engine.poll(["137.1", "138.1", "139.1"])
+    assert found["137.1"].phase is AttemptPhase.RUNNING and found["138.1"].phase is AttemptPhase.RUNNING
+    assert found["139.1"].phase is AttemptPhase.LOST, found["139.1"]
+    asked = [a for call in squeue_calls for a in call if a.startswith("--jobs=")]
+    assert asked and set(asked[-1].removeprefix("--jobs=").split(",")) == {*refs, "99999998"}, asked
+    for aid in ("137.1", "138.1"):
+        engine.stop(aid, grace_s=0)

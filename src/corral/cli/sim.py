@@ -4,6 +4,7 @@ policies on the same trace and cluster."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -115,6 +116,16 @@ def _config(
 ) -> Any:
     from corral.sim.replay import SimConfig
 
+    times = {
+        "--checkpoint-interval": checkpoint,
+        "--node-mtbf-h": mtbf_h or 0.0,
+        "--node-repair-h": repair_h,
+        "--cycle-interval": kw.get("cycle_interval_s", 0.0),
+        "--eta-interval": kw.get("eta_interval_s", 0.0),
+    }
+    for option, value in times.items():  # click's ranges let nan and inf through
+        if not math.isfinite(value) or value < 0:
+            _fail(f"{option} must be a finite number >= 0, not {value}")
     return SimConfig(
         checkpoint_interval_s=checkpoint,
         oracle_runtime=oracle,

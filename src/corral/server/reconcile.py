@@ -260,9 +260,9 @@ def record_running(session: Session, started: list[Change], now: float) -> None:
 
 def record_successes(session: Session, succeeded: list[Change], now: float) -> int:
     """Attempts that exited 0 before any stop (lifecycle rule 1): their jobs SUCCEEDED in one
-    compare-and-set per state they were in, their attempts ended in one, their claims freed in
-    one statement. A job changed meanwhile is left alone (the next tick reads it again); how many
-    attempts ended."""
+    compare-and-set per state they were in, their attempts ended in one, their claims read in
+    one SELECT (and deleted at the commit). A job changed meanwhile is left alone (the next tick
+    reads it again); how many attempts ended."""
     won = transition_jobs(session, [job for job, _, _ in succeeded], JobState.SUCCEEDED, now=now)
     ends = []
     for job, attempt, status in succeeded:

@@ -210,7 +210,10 @@ class SlurmCli:
         """The jobs of these ids that Slurm still knows (`squeue --states=all --jobs=...`): only
         their lines, where `jobs(--users=...)` prints every job of the accounts within MinJobAge
         (hundreds in a burst, each parsed in Python at every poll). A job Slurm no longer knows is
-        left out, as in `jobs`; asked alone, Slurm answers "Invalid job id specified" for it."""
+        left out, as in `jobs`; asked alone, Slurm answers "Invalid job id specified" for it.
+        Only the output is smaller: for two ids or more, squeue loads every job of the cluster
+        from slurmctld and filters them itself (Slurm 22.05's squeue), where `--users` of one
+        account was filtered in slurmctld."""
         if not job_ids:
             return []
         result = self.run(

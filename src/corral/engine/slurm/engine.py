@@ -63,9 +63,10 @@ MAX_QUEUE_AHEAD = 8
 # to slurmctld, and with 4 at a time a burst was fed to Slurm at half the rate it starts jobs.
 DEFAULT_LAUNCH_WORKERS = 8
 MAX_LAUNCH_WORKERS = 64
-# How long an account that exists is taken to exist without asking again (the poll asks squeue
-# for the accounts of the live attempts ~25 times a second; an account removed meanwhile makes
-# squeue answer "invalid user", and the engine then asks for every user's jobs, see _squeue).
+# How long an account that exists is taken to exist without asking again (when the poll asks
+# squeue for the accounts' jobs: a live attempt without a job id, or more than MAX_JOBS_BY_ID; an
+# account removed meanwhile makes squeue answer "invalid user", and the engine then asks for every
+# user's jobs, see _squeue).
 ACCOUNT_CACHE_S = 60.0
 # The most live attempts polled by job id in one squeue call: one argument holds at most 128 kB
 # (MAX_ARG_STRLEN); beyond this many, the poll asks for the accounts' jobs instead.

@@ -8,8 +8,8 @@ sandbox from the pid its rank script recorded (rank-R.pid in the job dir: bwrap,
 pid 1, then the job's first process), takes the rank's environment (rank-R.env: the exports the
 rank script made, CUDA_VISIBLE_DEVICES included) and joins the job's mount, pid and ipc
 namespaces, root and working dir, then its own nested user namespace (JOIN_PY: the node needs a
-python3). The rank script removes both files when the rank ends. srun runs without --pty: a shell
-through it has no job control.
+python3). The rank script empties both files when the rank ends (an empty pid: no sandbox).
+srun runs without --pty: a shell through it has no job control.
 """
 
 from __future__ import annotations
