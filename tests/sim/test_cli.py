@@ -56,6 +56,19 @@ def test_sim_compare_prints_a_row_per_policy_and_writes_plots(tmp_path: Path) ->
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_sim_compare_reads_estimates_at_the_eta_interval(tmp_path: Path) -> None:
+    """`compare` takes --eta-interval as `sim` does: read once an hour, the two jobs that waited
+    started before any read after their submit, so neither was shown an estimate."""
+    csv, yaml = _files(tmp_path)
+    args = ["sim", "compare", "--trace", str(csv), "--cluster", str(yaml), "--policies", "fifo", "-o", "json"]
+    shown = []
+    for extra in ([], ["--eta-interval", "3600"]):
+        res = CliRunner().invoke(app, [*args, *extra])
+        assert res.exit_code == 0, res.output
+        shown.append(json.loads(res.stdout.strip().splitlines()[-1])[0]["eta_jobs"])
+    assert shown == [2, 0]
+
+
 def test_bad_inputs_give_clear_errors(tmp_path: Path) -> None:
     csv, yaml = _files(tmp_path)
     bad = tmp_path / "bad.csv"

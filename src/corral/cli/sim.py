@@ -353,9 +353,8 @@ def compare(
     checkpoint_interval: float = typer.Option(
         1800.0, "--checkpoint-interval", help="seconds between checkpoints; 0 = none"
     ),
-    cycle_interval: float = typer.Option(
-        0.0, "--cycle-interval", help="seconds between cycles; 0 = every event"
-    ),
+    cycle_interval: CycleIntervalOption = 0.0,
+    eta_interval: EtaIntervalOption = 0.0,
     oracle: bool = typer.Option(False, "--oracle-runtime/--no-oracle-runtime", help=ORACLE_HELP),
     seed: int = typer.Option(0, "--seed"),
     max_jobs: int = typer.Option(None, "--max-jobs", min=1, help="replay only the first N jobs"),
@@ -369,7 +368,15 @@ def compare(
     from corral.sim.runner import PolicyError, simulate
 
     loaded_trace, loaded_cluster = _load(trace, cluster, max_jobs, speedup)
-    config = _config(checkpoint_interval, oracle, None, 1.0, seed, cycle_interval_s=cycle_interval)
+    config = _config(
+        checkpoint_interval,
+        oracle,
+        None,
+        1.0,
+        seed,
+        cycle_interval_s=cycle_interval,
+        eta_interval_s=eta_interval,
+    )
     results, summaries = [], []
     for spec in [p.strip() for p in policies.split(",") if p.strip()]:
         try:
