@@ -802,7 +802,7 @@ def print_ramps(
     print(f"  sandboxed / unsandboxed: {cell(ratio, 0)}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     fmt = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=fmt)
     add = parser.add_argument
@@ -855,12 +855,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--saturate must be >= 0; --ramp-from, --ramp-by and --ramp-step-s > 0")
     if args.local_only and not (args.saturate or args.ramp):
         parser.error("--local-only skips the steady columns: give --saturate N or --ramp")
-    if args.profile:
-        Path(args.profile).mkdir(parents=True, exist_ok=True)
     if args.slurm_burst < 0:
         parser.error(f"--slurm-burst must be >= 0, got {args.slurm_burst}")
     if (args.slurm_only or args.slurm_burst or args.slurm_no_ahead) and args.engine != "slurm":
         parser.error("--slurm-only, --slurm-burst and --slurm-no-ahead need --engine slurm")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     SPEC["cpus"] = args.cpus
     global METER
     from corral.engine.local.latency import CpuMeter

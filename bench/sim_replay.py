@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from typing import Any
@@ -84,7 +85,7 @@ def replay(
     return result, len(trace.jobs), time.perf_counter() - started, time.process_time() - cpu
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=None, help="replay only the first N jobs (default: all)")
     parser.add_argument("--policy", default="default")
@@ -105,8 +106,15 @@ def main() -> None:
         help="read new jobs' ETAs at most once per S simulated seconds (0: in each job's first cycle)",
     )
     args = parser.parse_args()
-    if args.eta_interval < 0:
-        parser.error(f"--eta-interval must be >= 0 seconds, got {args.eta_interval}")
+    if not math.isfinite(args.eta_interval) or args.eta_interval < 0:
+        parser.error(f"--eta-interval must be a finite number >= 0 of seconds, got {args.eta_interval}")
+    if args.baseline_jobs is None:
+        args.baseline_jobs = args.jobs if args.jobs is not None else 82_247
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     config = SimConfig(eta_interval_s=args.eta_interval)
     deep = None
     if args.deep_jobs:
@@ -116,8 +124,6 @@ def main() -> None:
         return
 
     base_rate = base_cpu = None
-    if args.baseline_jobs is None:
-        args.baseline_jobs = args.jobs if args.jobs is not None else 82_247
     if args.baseline_jobs:
         base, base_jobs, base_wall, base_cpu = replay(args.baseline_jobs, "fifo", config)
         base_rate = base_jobs / base_wall
@@ -125,8 +131,21 @@ def main() -> None:
             f"baseline fifo: {base_jobs:,} jobs in {base_wall:.1f} s (CPU {base_cpu:.1f} s) = "
             f"{base_rate:,.0f} jobs/s, {base.cycles:,} cycles ({load_text()})"
         )
-
     result, jobs, wall, cpu = replay(args.jobs, args.policy, config)
+    report(args, result, jobs, wall, cpu, base_rate, base_cpu, deep)
+
+
+def report(
+    args: argparse.Namespace,
+    result: SimResult,
+    jobs: int,
+    wall: float,
+    cpu: float,
+    base_rate: float | None,
+    base_cpu: float | None,
+    deep: dict[str, Any] | None,
+) -> None:
+    """The policy's replay: its lines, then one JSON line with every figure."""
     rate = jobs / wall
     library_s = result.schedule_s + result.diagnosis_s  # diagnoses are computed lazily on first read
     sched_share = library_s / wall if wall else 0.0
