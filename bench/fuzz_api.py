@@ -61,7 +61,7 @@ def _print_run(result: FuzzResult) -> None:
     print(f"  links covered: {result.links_covered} / {result.links_total} declared")
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -81,8 +81,11 @@ def main() -> int:
     parser.add_argument("--postgres", action="store_true", help="PostgreSQL instead of SQLite")
     parser.add_argument("--phases", default="examples,coverage,fuzzing,stateful")
     parser.add_argument("--output-dir", type=Path, help="write each identity's schemathesis output here")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def main() -> int:
+    args = parse_args()
     pg = None
     database_url = None
     if args.postgres:
