@@ -54,7 +54,6 @@ EtaIntervalOption = Annotated[
     float,
     typer.Option(
         "--eta-interval",
-        min=0.0,
         help="speed option: read new jobs' estimated starts at most once per this many simulated "
         "seconds (0 = in each job's first cycle, as scored by default); the ETA error then scores "
         "the estimate shown at the first read after submit",

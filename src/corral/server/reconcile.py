@@ -303,19 +303,18 @@ def record_batch(
         job, attempt = jobs.get(row.job_id), attempts.get(row.job_id)
         if job is None or attempt is None or attempt.attempt_id != status.attempt_id:
             continue
-        batched = status.phase is AttemptPhase.RUNNING or (
-            status.phase is AttemptPhase.SUCCEEDED and succeeded_before_stop(attempt, attempt_end(status))
-        )
-        if batched and status.engine_ref and not attempt.engine_ref:  # as apply_status does
-            attempt.engine_ref = status.engine_ref
         if status.phase is AttemptPhase.RUNNING:
-            started.append((job, attempt, status))
-        elif batched:
-            succeeded.append((job, attempt, status))
+            batch = started
+        elif status.phase is AttemptPhase.SUCCEEDED and succeeded_before_stop(attempt, attempt_end(status)):
+            batch = succeeded
         else:
             ended += apply_status(
                 session, row.job_id, status, now, (job, attempt), budget=budget, diagnoser=diagnoser
             )
+            continue
+        if status.engine_ref and not attempt.engine_ref:  # as apply_status does
+            attempt.engine_ref = status.engine_ref
+        batch.append((job, attempt, status))
     record_running(session, started, now)
     return ended + record_successes(session, succeeded, now)
 

@@ -42,10 +42,10 @@ How an ended attempt settles its job (`settle_attempt_end`), first rule that app
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import cast
+from typing import TypeVar, cast
 
 from sqlalchemy import ColumnElement, Table, Update, bindparam, case, insert, null, update
 from sqlalchemy.orm import Session
@@ -527,6 +527,18 @@ def _batch_statement(table: Table, writes: tuple[ColumnWrite, ...], size: int) -
 # searches row by row (quadratic: 2,000 rows took 0.8 s in SQLite, holding its write lock), and
 # PostgreSQL takes at most 65,535 bound parameters a statement; it also bounds the statement cache.
 CAS_BATCH_ROWS = 256
+RowT = TypeVar("RowT", Job, Attempt)
+
+
+def _chunks_by_state(rows: Sequence[RowT]) -> Iterator[tuple[str, list[RowT]]]:
+    """The rows grouped by the state their copies show, each group in chunks of at most
+    CAS_BATCH_ROWS: one batch UPDATE each."""
+    by_state: dict[str, list[RowT]] = {}
+    for row in rows:
+        by_state.setdefault(row.state, []).append(row)
+    for state, group in by_state.items():
+        for first in range(0, len(group), CAS_BATCH_ROWS):
+            yield state, group[first : first + CAS_BATCH_ROWS]
 
 
 def _cas_batch(
@@ -537,23 +549,10 @@ def _cas_batch(
     values: Mapping[int, Mapping[str, object]],
 ) -> set[int]:
     """UPDATE <table> SET ... WHERE id IN (...) AND state = :expected RETURNING id: the rows of one
-    batch that are all in `expected` and move the same way, with `values` {row id: columns}, in
-    statements of at most CAS_BATCH_ROWS rows. Each row wins or loses on its own: a row changed by
-    another session is not returned and nothing of it is written (its copy's state is expired);
-    the winners get the written values as committed values, as `_compare_and_set` does."""
-    won: set[int] = set()
-    for first in range(0, len(rows), CAS_BATCH_ROWS):
-        won |= _cas_chunk(session, table, rows[first : first + CAS_BATCH_ROWS], expected, values)
-    return won
-
-
-def _cas_chunk(
-    session: Session,
-    table: Table,
-    rows: Sequence[Job] | Sequence[Attempt],
-    expected: str,
-    values: Mapping[int, Mapping[str, object]],
-) -> set[int]:
+    chunk (`_chunks_by_state`) that are all in `expected` and move the same way, with `values`
+    {row id: columns}. Each row wins or loses on its own: a row changed by another session is not
+    returned and nothing of it is written (its copy's state is expired); the winners get the
+    written values as committed values, as `_compare_and_set` does."""
     ids = [row.id for row in rows]
     params: dict[str, object] = {"ids": ids, "expected": expected}
     writes: list[ColumnWrite] = []
@@ -592,15 +591,12 @@ def transition_jobs(
     moved the same way), with `values` {job id: other columns} and one INSERT of the events of
     the jobs written. Returns the ids written; the others lost their race, nothing of theirs was
     written. Raises InvalidTransition as `transition` does, before any write."""
-    by_state: dict[JobState, list[Job]] = {}
     for job in jobs:
-        current = JobState(job.state)
-        if not can_transition(current, target):
-            raise InvalidTransition(job.id, current.value, target.value)
-        by_state.setdefault(current, []).append(job)
+        if not can_transition(JobState(job.state), target):
+            raise InvalidTransition(job.id, job.state, target.value)
     won: set[int] = set()
     events = []
-    for current, group in by_state.items():
+    for current, group in _chunks_by_state(jobs):
         columns: dict[int, dict[str, object]] = {}
         for job in group:
             columns[job.id] = {"state": target.value, "updated_at": now, **((values or {}).get(job.id, {}))}
@@ -608,14 +604,14 @@ def transition_jobs(
                 # every row's, so that the batch writes SQL NULL (as the schedule's batch does): a
                 # JSON column bound with None, for only some rows, would store JSON `null`
                 columns[job.id].update({"finished_at": now, "diagnosis": None})
-        moved = _cas_batch(session, JOBS, group, current.value, columns)
+        moved = _cas_batch(session, JOBS, group, current, columns)
         won |= moved
         events += [
             {
                 "job_id": job_id,
                 "at": now,
                 "kind": "transition",
-                "from_state": current.value,
+                "from_state": current,
                 "to_state": target.value,
                 "message": "",
             }
@@ -634,16 +630,13 @@ def move_attempts(
 ) -> set[int]:
     """`move_attempt` for a batch, by one compare-and-set per state the copies show, with
     `values` {attempt row id: other columns}; returns the row ids written."""
-    by_state: dict[AttemptState, list[Attempt]] = {}
     for attempt in attempts:
-        current = AttemptState(attempt.state)
-        if target not in ATTEMPT_TRANSITIONS[current]:
-            raise InvalidTransition(attempt.attempt_id, current.value, target.value, "attempt")
-        by_state.setdefault(current, []).append(attempt)
+        if target not in ATTEMPT_TRANSITIONS[AttemptState(attempt.state)]:
+            raise InvalidTransition(attempt.attempt_id, attempt.state, target.value, "attempt")
     won: set[int] = set()
-    for current, group in by_state.items():
+    for current, group in _chunks_by_state(attempts):
         columns = {a.id: {"state": target.value, **((values or {}).get(a.id, {}))} for a in group}
-        won |= _cas_batch(session, ATTEMPTS, group, current.value, columns)
+        won |= _cas_batch(session, ATTEMPTS, group, current, columns)
     return won
 
 

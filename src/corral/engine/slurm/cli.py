@@ -216,14 +216,12 @@ class SlurmCli:
         account was filtered in slurmctld."""
         if not job_ids:
             return []
-        result = self.run(
-            "squeue", "--noheader", "--states=all", f"--Format={SQUEUE_FORMAT}", f"--jobs={','.join(job_ids)}"
-        )
-        if result.returncode != 0 and UNKNOWN_JOB in result.stderr.lower() and len(job_ids) == 1:
-            return []
-        if result.returncode != 0 or result.stderr.strip():
-            raise EngineUnavailable(f"`squeue` failed: {result.message or f'exit {result.returncode}'}")
-        return parse_squeue(result.stdout)
+        try:
+            return self.jobs(f"--jobs={','.join(job_ids)}")
+        except EngineUnavailable as exc:
+            if len(job_ids) == 1 and UNKNOWN_JOB in str(exc).lower():
+                return []
+            raise
 
     def run_json(self, tool: str, *args: str) -> SlurmReply:
         """Run a `--json` query. Errors reported inside the JSON (slurmctld down) are raised."""
