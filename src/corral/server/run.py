@@ -23,8 +23,10 @@ import signal
 import socket
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 import uvicorn
+from sqlalchemy import Engine as DatabaseEngine
 from sqlalchemy.orm import Session, sessionmaker
 
 from corral.config import Settings
@@ -35,6 +37,9 @@ from corral.server.reconcile import adopt_once
 from corral.server.runner import LoopRunner, collect_loops
 from corral.server.sampler import StackSampler
 from corral.services.session_use import SessionUse
+
+if TYPE_CHECKING:
+    from corral.gateway.ssh import Gateway
 
 log = logging.getLogger("corral.server")
 
@@ -169,39 +174,18 @@ def _secrets_key_or_exit(settings: Settings) -> None:
 
 def serve(settings: Settings, demo: bool = False) -> None:
     """Run the API and the control loops until SIGTERM/SIGINT."""
-    from corral.api.app import create_app
-    from corral.db.session import init_db, make_engine, make_session_factory
-    from corral.engine.factory import make_engine as make_execution_engine
-    from corral.monitor.config import config_path, load_monitor_config
-    from corral.ops.files import secure_home, secure_sqlite_file
-
-    logging.basicConfig(
-        level=os.environ.get("CORRAL_LOG_LEVEL", "INFO"),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("alembic").setLevel(logging.WARNING)  # its per-plugin INFO lines drown the banner
+    _configure_logging()
     profiling.start()  # CORRAL_PROFILE_OUT: cProfile of every thread (off by default)
     if demo:
         from corral.server.demo import demo_settings
 
         settings = demo_settings(settings)
-    try:
-        listen_socket = bind_listen_socket(settings.host, settings.port)
-    except PortInUse as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(1)
-    secure_home(settings.home)  # 0700: it holds the admin token and (SQLite) the database
-    secure_sqlite_file(settings.db_url)
-    # A bad monitor.yml refuses start-up (naming file and line) before any loop or job runs.
-    load_monitor_config(config_path(settings))
-    _secrets_key_or_exit(settings)
-    init_db(settings.db_url)
-    db_engine = make_engine(settings.db_url)
-    session_factory = make_session_factory(db_engine)
+    listen_socket = _listen_or_exit(settings)
+    db_engine, session_factory = _prepare_home_and_database(settings)
     url = local_url(settings)
     os.environ.setdefault("CORRAL_PUBLIC_URL", url)  # alerts' runbook links (corral.monitor.runbooks)
     bootstrap(settings, session_factory, url)
+    from corral.engine.factory import make_engine as make_execution_engine
     from corral.services import incident_paging
 
     incident_paging.install()  # an opened incident pages its on-call (docs/operations.md)
@@ -217,27 +201,8 @@ def serve(settings: Settings, demo: bool = False) -> None:
 
     session_use = SessionUse()  # sessions into jobs, the gateway's and exec's: idle reclamation
     gateway = start_gateway(settings, session_factory, engine, session_use)  # docs/workspaces.md
-    # The API's services tell the loops what they committed (a submit wakes the scheduler).
-    app = create_app(settings, engine=engine, db_engine=db_engine, notifier=ctx)
-    app.state.server_context = ctx
-    app.state.ssh_gateway = gateway  # None when off
-    app.state.session_use = ctx.memory.session_use = session_use
-    session_use.on_close = lambda: ctx.wake("session-use")  # a close is persisted at once
     runner = LoopRunner(ctx, collect_loops(engine))
-    app.state.loop_health = lambda: runner.health(settings.ready_loop_stall_s)  # for /readyz
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=5,
-        timeout_keep_alive=settings.api_keep_alive_s,  # idle connections are closed (slow clients)
-        ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
-        ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
-    )
-    server = uvicorn.Server(config)
+    server = _api_server(settings, ctx, db_engine, gateway, session_use, runner)
     # uvicorn re-raises SIGTERM/SIGINT with the previous handler once it has shut down; with the
     # default handler that would kill the process before the loops stop and the leases are released.
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -269,3 +234,69 @@ def serve(settings: Settings, demo: bool = False) -> None:
             sampler.stop()
         profiling.write()
         print("Corral stopped.", flush=True)
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(
+        level=os.environ.get("CORRAL_LOG_LEVEL", "INFO"),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # its per-plugin INFO lines drown the banner
+
+
+def _listen_or_exit(settings: Settings) -> socket.socket:
+    try:
+        return bind_listen_socket(settings.host, settings.port)
+    except PortInUse as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
+
+
+def _prepare_home_and_database(settings: Settings) -> tuple[DatabaseEngine, sessionmaker[Session]]:
+    """The home and its files secured, the configuration checked, the database migrated: a bad
+    monitor.yml or secrets key refuses start-up (naming file and line) before any loop or job runs."""
+    from corral.db.session import init_db, make_engine, make_session_factory
+    from corral.monitor.config import config_path, load_monitor_config
+    from corral.ops.files import secure_home, secure_sqlite_file
+
+    secure_home(settings.home)  # 0700: it holds the admin token and (SQLite) the database
+    secure_sqlite_file(settings.db_url)
+    load_monitor_config(config_path(settings))
+    _secrets_key_or_exit(settings)
+    init_db(settings.db_url)
+    db_engine = make_engine(settings.db_url)
+    return db_engine, make_session_factory(db_engine)
+
+
+def _api_server(
+    settings: Settings,
+    ctx: ServerContext,
+    db_engine: DatabaseEngine,
+    gateway: Gateway | None,
+    session_use: SessionUse,
+    runner: LoopRunner,
+) -> uvicorn.Server:
+    """The API app and the uvicorn server that will serve it on the bound socket."""
+    from corral.api.app import create_app
+
+    # The API's services tell the loops what they committed (a submit wakes the scheduler).
+    app = create_app(settings, engine=ctx.engine, db_engine=db_engine, notifier=ctx)
+    app.state.server_context = ctx
+    app.state.ssh_gateway = gateway  # None when off
+    app.state.session_use = ctx.memory.session_use = session_use
+    session_use.on_close = lambda: ctx.wake("session-use")  # a close is persisted at once
+    app.state.loop_health = lambda: runner.health(settings.ready_loop_stall_s)  # for /readyz
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=settings.api_keep_alive_s,  # idle connections are closed (slow clients)
+        ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
+        ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
+    )
+    return uvicorn.Server(config)
