@@ -3,7 +3,8 @@
 One attempt = one Slurm batch job named `corral-<attempt_id>`, pinned with --nodelist and
 --gres=gpu:N, submitted with --no-requeue as the Unix account of the job's Corral user (users.py)
 and run inside bubblewrap on the node (scripts.py). Status comes from one `squeue --states=all` per
-poll (cli.SlurmCli.jobs); what Slurm forgets (or never knew) lives in a JSON file per attempt (see state.py).
+poll (cli.SlurmCli.jobs; none while every live job pends and none shows it started, see
+_still_pending); what Slurm forgets (or never knew) lives in a JSON file per attempt (state.py).
 """
 
 from __future__ import annotations
