@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from corral.engine.base import AttemptPhase, AttemptStatus
 from corral.engine.slurm.state import AttemptRecord, StateStore, StopRequest
 
 
@@ -69,3 +70,30 @@ def test_changes_to_a_loaded_record_stay_with_the_caller(tmp_path: Path) -> None
     assert fresh.stop.killed is False
     os.remove(tmp_path / "attempts" / "1.1" / "attempt.json")
     assert store.load("1.1") is None
+
+
+def test_saves_make_no_directory_once_the_attempts_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three saves per attempt (before sbatch, its job id, its end): only the first makes the
+    attempt's dir (before: a mkdir at every save); every field comes back to a new store."""
+    store = StateStore(tmp_path)
+    record = AttemptRecord("1.1", submitted_at=1.5, n_ranks=2, max_runtime_s=60.0, unix_user="u", uid=7)
+    store.save(record)
+    made: list[str] = []
+    real_mkdir = os.mkdir
+
+    def counting_mkdir(path: object, *args: object, **kwargs: object) -> None:
+        made.append(str(path))
+        real_mkdir(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "mkdir", counting_mkdir)
+    record.slurm_job_id = "41"
+    store.save(record)
+    record.stop = StopRequest(requested_at=2.0, grace_s=5.0, kind="timeout", killed=True)
+    record.set_final(AttemptStatus("1.1", AttemptPhase.FAILED, exit_code=3, message="m", engine_ref="41"))
+    store.save(record)
+    assert made == []
+    assert StateStore(tmp_path).load("1.1") == record
+    names = sorted(p.name for p in (tmp_path / "attempts" / "1.1").iterdir())
+    assert len(names) == 2 and names[0].startswith(".rec-") and names[1] == "attempt.json", names

@@ -3,7 +3,8 @@
 One attempt = one Slurm batch job named `corral-<attempt_id>`, pinned with --nodelist and
 --gres=gpu:N, submitted with --no-requeue as the Unix account of the job's Corral user (users.py)
 and run inside bubblewrap on the node (scripts.py). Status comes from one `squeue --states=all` per
-poll (cli.SlurmCli.jobs); what Slurm forgets (or never knew) lives in a JSON file per attempt (see state.py).
+poll (cli.SlurmCli.jobs; none while every live job pends and none shows it started, see
+_still_pending); what Slurm forgets (or never knew) lives in a JSON file per attempt (state.py).
 """
 
 from __future__ import annotations
@@ -68,6 +69,18 @@ MAX_LAUNCH_WORKERS = 64
 # account removed meanwhile makes squeue answer "invalid user", and the engine then asks for every
 # user's jobs, see _squeue).
 ACCOUNT_CACHE_S = 60.0
+# While Slurm holds every live attempt's job pending, nothing Corral could record changes until
+# one starts (22.05 starts jobs on its scheduler's tick, about once a second, or when a job
+# ends): a poll then asks squeue again only when a job shows it started (slurmstepd made its
+# output file), a stop was asked for, an attempt's job id is unknown, or this long has passed
+# since squeue last said "all pending" (a job that ends without ever starting, e.g. cancelled by
+# an admin or failed at launch on its node). docs/slurm.md, ninth round: 2 of 3 polls under the
+# bench's loads found only pending jobs, ~7 ms of CPU each (squeue, slurmctld, the parse).
+PENDING_RECHECK_S = 1.0
+# How long a state dir or storage root found passable by the job accounts is taken to stay so
+# (launch checks both, walking every parent with stat(), for each attempt); one found blocked is
+# checked again at every launch, so an admin's fix shows at once.
+PASSABLE_CACHE_S = 60.0
 # The most live attempts polled by job id in one squeue call: one argument holds at most 128 kB
 # (MAX_ARG_STRLEN); beyond this many, the poll asks for the accounts' jobs instead.
 MAX_JOBS_BY_ID = 5000
@@ -161,6 +174,12 @@ class SlurmEngine:
         # One lock per attempt (striped): load-modify-save of an attempt's record is atomic, while
         # launches of different attempts run their sbatch calls in parallel.
         self._attempt_locks = [threading.RLock() for _ in range(ATTEMPT_LOCK_STRIPES)]
+        # "state" / "storage" -> until when (monotonic) it counts as passable without a new walk
+        self._passable_until: dict[str, float] = {}
+        # attempt id -> its PENDING status, from the last squeue that found every live attempt
+        # pending (or from its launch since); when that squeue ran (monotonic): see poll()
+        self._pending: dict[str, AttemptStatus] = {}
+        self._all_pending_at = float("-inf")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SlurmEngine:
@@ -219,13 +238,21 @@ class SlurmEngine:
                 )
         return problems
 
-    def _storage_unreachable(self) -> str | None:
-        """Why the job accounts cannot reach the storage root (bwrap binds it as them), or None."""
+    def _passable_lately(self, what: str) -> bool:
+        return time.monotonic() < self._passable_until.get(what, 0.0)
+
+    def _found_passable(self, what: str) -> None:
+        self._passable_until[what] = time.monotonic() + PASSABLE_CACHE_S
+
+    def _storage_unreachable(self, cached: bool = False) -> str | None:
+        """Why the job accounts cannot reach the storage root (bwrap binds it as them), or None.
+        `cached`: a root found passable in the last PASSABLE_CACHE_S is not walked again."""
         root = self.storage_root
-        if root is None:
+        if root is None or (cached and self._passable_lately("storage")):
             return None
         blocked = next((p for p in [root, *root.parents] if not os.stat(p).st_mode & 0o001), None)
         if blocked is None:
+            self._found_passable("storage")
             return None
         return (
             f"cannot bind the job's storage: CORRAL_STORAGE_ROOT {root} lies below {blocked}, which "
@@ -301,7 +328,7 @@ class SlurmEngine:
             record.unix_user, record.uid = account.name, account.uid
             if attempt.refused:
                 return self._reject(record, attempt.refused)
-            blocked = self._storage_unreachable() if attempt.storage_dirs else None
+            blocked = self._storage_unreachable(cached=True) if attempt.storage_dirs else None
             if blocked is not None:
                 return self._reject(record, blocked)
             linked = next((m for m in attempt.mounts if through_symlink(m.source)), None)
@@ -334,6 +361,10 @@ class SlurmEngine:
                 return self._reject(record, f"Slurm rejected the job: {result.message}")
             record.slurm_job_id = result.stdout.strip().split(";")[0]
             self.store.save(record)
+            # Slurm 22.05 never allocates a batch job at submit: pending until its output shows
+            self._pending[aid] = AttemptStatus(
+                aid, AttemptPhase.PENDING, message="submitted to Slurm", engine_ref=record.slurm_job_id
+            )
             return record.slurm_job_id
 
     def _account_for(self, corral_user: str) -> UnixAccount:
@@ -344,8 +375,12 @@ class SlurmEngine:
                 f"cannot run Corral user {corral_user!r}'s job as Unix account {account.name!r}: the "
                 "Slurm engine must run as root (sbatch --uid, and handing the job its own directory)"
             )
+        if self._passable_lately("state"):
+            return account
         blocked = self.store.unreachable_parent()
-        if blocked is not None:
+        if blocked is None:
+            self._found_passable("state")
+        else:
             raise UnmappedUser(
                 f"cannot run Corral user {corral_user!r}'s job as {account.name!r}: its files live under "
                 f"{self.store.root} (CORRAL_SLURM_STATE_DIR), but {blocked} is not passable by other "
@@ -403,11 +438,47 @@ class SlurmEngine:
             else:
                 live.append(record)
         if live:
+            still = self._still_pending(live)
+            if still is not None:
+                out.update(still)
+                return out
+            asked_at = time.monotonic()
             jobs = self._live_jobs(live)
             for record in live:
                 with self._attempt_lock(record.attempt_id):
                     out[record.attempt_id] = self._status(record, jobs)
+            self._note_pending(live, out, asked_at)
         return out
+
+    def _still_pending(self, live: list[AttemptRecord]) -> dict[str, AttemptStatus] | None:
+        """The live attempts' statuses without asking squeue, when all of them were pending at
+        the last squeue (or launched since) less than PENDING_RECHECK_S ago and none shows a
+        start or has a stop requested; else None (ask squeue)."""
+        if time.monotonic() - self._all_pending_at >= PENDING_RECHECK_S:
+            return None
+        out = {}
+        for record in live:
+            status = self._pending.get(record.attempt_id)
+            if status is None or record.stop is not None or not record.slurm_job_id:
+                return None
+            # slurmstepd makes the batch step's --output file before it runs batch.sh
+            if os.path.exists(self.store.batch_output(record.attempt_id, record.slurm_job_id)):
+                return None
+            out[record.attempt_id] = status
+        return out
+
+    def _note_pending(
+        self, live: list[AttemptRecord], statuses: Mapping[str, AttemptStatus], asked_at: float
+    ) -> None:
+        """After a squeue: remember whether every live attempt was pending (see _still_pending)."""
+        pending = {r.attempt_id: statuses[r.attempt_id] for r in live}
+        if all(s.phase is AttemptPhase.PENDING for s in pending.values()):
+            self._pending.clear()  # an attempt launched meanwhile is asked about next time
+            self._pending.update(pending)
+            self._all_pending_at = asked_at
+        else:
+            self._pending.clear()
+            self._all_pending_at = float("-inf")
 
     def _load(self, attempt_id: str) -> AttemptRecord | None:
         if not scripts.ATTEMPT_ID_RE.match(attempt_id):
@@ -550,6 +621,7 @@ class SlurmEngine:
             self._request_stop(record, grace_s, kind="stopped")
 
     def _request_stop(self, record: AttemptRecord, grace_s: float, kind: str) -> None:
+        self._pending.pop(record.attempt_id, None)  # the next poll asks squeue how it ended
         now = time.time()
         if record.stop is None:
             record.stop = StopRequest(requested_at=now, grace_s=grace_s, kind=kind)

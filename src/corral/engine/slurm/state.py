@@ -8,11 +8,12 @@ Slurm purged the job after MinJobAge).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import stat
 import tempfile
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Required, TypedDict, cast
 
@@ -92,9 +93,46 @@ class AttemptRecord:
 
 
 def _copy(record: AttemptRecord) -> AttemptRecord:
-    stop = replace(record.stop) if record.stop is not None else None
-    final = cast(FinalStatus, dict(record.final)) if record.final is not None else None
-    return replace(record, stop=stop, final=final)
+    """A copy whose stop and final a caller may change. Field by field, not dataclasses.replace:
+    the poll copies every live attempt's record on every load, and replace() (which walks the
+    fields and calls __init__) cost ~3x as much."""
+    copy = object.__new__(AttemptRecord)
+    copy.__dict__.update(record.__dict__)
+    if record.stop is not None:
+        stop = record.stop
+        copy.stop = StopRequest(stop.requested_at, stop.grace_s, stop.kind, stop.killed)
+    if record.final is not None:
+        copy.final = cast(FinalStatus, dict(record.final))
+    return copy
+
+
+def _as_json(record: AttemptRecord) -> str:
+    """The record as attempt.json holds it (what load() reads back). Written by hand, not with
+    dataclasses.asdict (which deep-copies every value), and compact: with `indent` the json
+    module falls back from its C encoder to the pure-Python one. Three saves per attempt."""
+    stop = record.stop
+    data = {
+        "attempt_id": record.attempt_id,
+        "slurm_job_id": record.slurm_job_id,
+        "submitted_at": record.submitted_at,
+        "n_ranks": record.n_ranks,
+        "max_runtime_s": record.max_runtime_s,
+        "unix_user": record.unix_user,
+        "uid": record.uid,
+        "stop": None
+        if stop is None
+        else {
+            "requested_at": stop.requested_at,
+            "grace_s": stop.grace_s,
+            "kind": stop.kind,
+            "killed": stop.killed,
+        },
+        "final": record.final,
+    }
+    return json.dumps(data, separators=(",", ":"))
+
+
+_record_names = itertools.count()  # this process's record files: .rec-<pid>-<n>.json
 
 
 class UnsafeJobFile(OSError):
@@ -136,6 +174,7 @@ class StateStore:
         self._cache: dict[str, tuple[tuple[int, int, int], AttemptRecord]] = {}
         for d in (self.root, self.attempts):
             os.chmod(d, 0o711)
+        self._attempts_str = str(self.attempts)  # load() builds its path as a str: polls load a lot
 
     def attempt_dir(self, attempt_id: str) -> Path:
         return self.attempts / attempt_id
@@ -151,6 +190,11 @@ class StateStore:
                 return d
         return None
 
+    def batch_output(self, attempt_id: str, slurm_job_id: str) -> str:
+        """The batch step's --output file (scripts.sbatch_args), which slurmstepd makes as the job
+        starts on its node: its existence says the job started."""
+        return f"{self._attempts_str}/{attempt_id}/job/slurm-{slurm_job_id}.out"
+
     def _file(self, attempt_id: str) -> Path:
         return self.attempt_dir(attempt_id) / "attempt.json"
 
@@ -158,7 +202,7 @@ class StateStore:
         """The attempt's record (a copy of its own: callers change and save it). The server polls
         every live attempt many times a second: a record whose file is unchanged since it was
         last read (same inode, size and mtime: save() always writes a new file) comes from memory."""
-        path = self._file(attempt_id)
+        path = f"{self._attempts_str}/{attempt_id}/attempt.json"
         try:
             st = os.stat(path)
         except FileNotFoundError:
@@ -169,7 +213,7 @@ class StateStore:
         if cached is not None and cached[0] == key:
             return _copy(cached[1])
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(Path(path).read_text())
         except FileNotFoundError:
             return None
         stop = data.pop("stop", None)
@@ -179,7 +223,7 @@ class StateStore:
 
     def save(self, record: AttemptRecord) -> None:
         path = self._file(record.attempt_id)
-        self._swap_in(path, json.dumps(asdict(record), indent=1))
+        self._swap_in(path, _as_json(record))
         st = os.stat(path)  # what this process wrote is what the next load returns
         self._remember(record.attempt_id, (st.st_ino, st.st_size, st.st_mtime_ns), record)
 
@@ -230,10 +274,7 @@ class StateStore:
         loop saves every attempt it sees end, one after another. Renaming a symlink over the old
         one flushes nothing; the file it named before is removed after. A crash in between leaves
         at most a stray `.rec-*` file, and `path` always names a complete record."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, data = tempfile.mkstemp(dir=path.parent, prefix=".rec-", suffix=".json")  # mode 0600
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        data = _new_record_file(path.parent, text.encode())
         try:
             before = os.readlink(path)
         except OSError:  # none yet, or a plain file (older versions)
@@ -254,3 +295,25 @@ class StateStore:
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)
+
+
+def _new_record_file(directory: Path, data: bytes) -> str:
+    """A new file (0600) in `directory` holding `data`; its path. Named by this process's id and a
+    counter, not tempfile.mkstemp's random names (whose generator cost more than the write): a name
+    left by an earlier process with the same pid (a crash before the swap) is skipped."""
+    while True:
+        path = os.path.join(directory, f".rec-{os.getpid()}-{next(_record_names)}.json")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            continue
+        except FileNotFoundError:  # the attempt's first record (made here, not on every save)
+            os.makedirs(directory, exist_ok=True)
+            continue
+        try:
+            view = memoryview(data)
+            while view:  # a regular file takes it all at once, short of a full disk
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        return path

@@ -1,0 +1,112 @@
+"""Less of the server's own work per Slurm job (docs/slurm.md, ninth round). While Slurm holds every
+live attempt's job pending, a poll does not ask squeue again (for up to PENDING_RECHECK_S) unless
+a job shows it started (slurmstepd made its output file) or a stop was asked for; and launches
+walk the state dir's parents (are they passable by the job accounts?) once a minute, not per job."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from corral.engine.base import AttemptPhase
+from corral.engine.slurm import SlurmEngine
+from corral.engine.slurm.cli import CliResult, SlurmCli
+from corral.engine.slurm.state import StateStore
+from corral.scheduler.types import NodeState
+from tests.slurm.helpers import FINISHED, attempt, instance, wait_for
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture
+def squeue_calls(engine: SlurmEngine, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, ...]]]:
+    calls: list[tuple[str, ...]] = []
+    real = SlurmCli.run
+
+    def recording(self: SlurmCli, tool: str, *args: str, **kwargs: object) -> CliResult:
+        if tool == "squeue":
+            calls.append(args)
+        return real(self, tool, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SlurmCli, "run", recording)
+    yield calls
+
+
+@pytest.fixture
+def drained_node3(engine: SlurmEngine) -> str:
+    """A node where a job pinned to it pends (ReqNodeNotAvail) until it is resumed (the engine
+    fixture's clean-up resumes it)."""
+    engine.set_node_state("node3", NodeState.CORDONED, "pending-poll test")
+    return "node3"
+
+
+def polls_pending(engine: SlurmEngine, aid: str, times: int) -> None:
+    for _ in range(times):
+        status = engine.poll([aid])[aid]
+        assert status.phase is AttemptPhase.PENDING, status
+
+
+def test_polls_while_every_job_pends_ask_squeue_again_only_when_one_starts(
+    engine: SlurmEngine, squeue_calls: list[tuple[str, ...]], drained_node3: str
+) -> None:
+    """Five polls in a row of a pending job: one squeue (before: five). Its batch output appearing
+    (the job started) makes the next poll ask again; so does PENDING_RECHECK_S passing. Resumed,
+    the job runs and is seen to end."""
+    ref = engine.launch(attempt("140.1", instance(drained_node3, "echo ran")))
+    squeue_calls.clear()
+    polls_pending(engine, "140.1", 5)
+    assert len(squeue_calls) == 1, squeue_calls
+    # as slurmstepd does when the job starts on its node: the next poll asks squeue
+    marker = engine.store.batch_output("140.1", ref)
+    with open(marker, "w"):
+        pass
+    polls_pending(engine, "140.1", 1)  # still pending in truth: the marker was ours
+    assert len(squeue_calls) == 2
+    os.remove(marker)
+    polls_pending(engine, "140.1", 2)
+    assert len(squeue_calls) == 2
+    time.sleep(1.05)  # PENDING_RECHECK_S: a job may end without starting (cancelled, launch failed)
+    polls_pending(engine, "140.1", 1)
+    assert len(squeue_calls) == 3
+    engine.set_node_state(drained_node3, NodeState.READY)
+    status = wait_for(engine, "140.1", FINISHED, timeout_s=30, every_s=0.05)
+    assert status.phase is AttemptPhase.SUCCEEDED, status
+    assert engine.logs("140.1", 0).data.decode().strip() == "ran"
+
+
+def test_a_stop_of_a_pending_job_is_asked_about_at_the_next_poll(
+    engine: SlurmEngine, squeue_calls: list[tuple[str, ...]], drained_node3: str
+) -> None:
+    engine.launch(attempt("141.1", instance(drained_node3, "echo never")))
+    polls_pending(engine, "141.1", 2)
+    asked = len(squeue_calls)
+    engine.stop("141.1", 5.0)
+    status = engine.poll(["141.1"])["141.1"]
+    assert len(squeue_calls) > asked  # not the remembered PENDING: squeue says it was cancelled
+    if status.phase not in FINISHED:  # scancel is asynchronous in slurmctld
+        status = wait_for(engine, "141.1", FINISHED, timeout_s=10, every_s=0.05)
+    assert status.phase is not AttemptPhase.SUCCEEDED, status
+
+
+def test_launches_walk_the_state_dirs_parents_once_a_minute(
+    engine: SlurmEngine, monkeypatch: pytest.MonkeyPatch, drained_node3: str
+) -> None:
+    """Each launch checks that the job accounts can pass every parent of the state dir (a stat per
+    parent): found passable, not again for PASSABLE_CACHE_S (before: at every launch)."""
+    walks: list[str] = []
+    real = StateStore.unreachable_parent
+
+    def counted(self: StateStore) -> object:
+        walks.append(str(self.root))
+        return real(self)
+
+    monkeypatch.setattr(StateStore, "unreachable_parent", counted)
+    for n in range(3):
+        engine.launch(attempt(f"{150 + n}.1", instance(drained_node3, "true")))
+    assert len(walks) == 1, walks
+    engine._passable_until.clear()  # as if a minute had passed
+    engine.launch(attempt("153.1", instance(drained_node3, "true")))
+    assert len(walks) == 2, walks
