@@ -13,6 +13,7 @@ from corral.engine.isolation.sandbox import (
     bwrap_argv,
     bwrap_argv_parts,
     write_etc,
+    write_nsswitch,
 )
 
 
@@ -95,3 +96,27 @@ def test_user_namespace_mode_for_jobs_already_running_as_their_user(tmp_path: Pa
     local = SandboxSpec("echo hi", str(tmp_path / "w"), 200001, etc)
     head, tail = bwrap_argv_parts("bwrap", "setpriv", local)
     assert bwrap_argv("bwrap", "setpriv", local) == [*head, *tail]
+
+
+def test_the_jobs_nsswitch_answers_users_and_groups_from_files_and_replaces_the_hosts_bind(
+    tmp_path: Path,
+) -> None:
+    """setpriv looks the job's uid up as a user name at every start: through the host's `passwd:
+    files systemd` that loaded libnss_systemd for nothing (the sandbox's passwd is generated)."""
+    host = tmp_path / "host-nsswitch.conf"
+    host.write_text("# host\npasswd:  files systemd\ngroup: files sss\nshadow: files\nhosts: files dns\n")
+    etc = write_etc(tmp_path / "etc", "alice", 200123)
+    etc.update(write_nsswitch(tmp_path / "etc", str(host)))
+    lines = Path(etc["/etc/nsswitch.conf"]).read_text().splitlines()
+    assert "hosts: files dns" in lines and "# host" in lines  # the rest is the host's
+    for db in ("passwd", "group", "shadow", "gshadow"):
+        assert [line for line in lines if line.split(":")[0].strip() == db] == [f"{db}: files"]
+    assert Path(etc["/etc/nsswitch.conf"]).stat().st_mode & 0o777 == 0o644
+    argv = bwrap_argv("bwrap", "setpriv", SandboxSpec("true", str(tmp_path / "w"), 200123, etc))
+    targets = [t for _, t in pairs(argv, "--ro-bind")]
+    assert targets.count("/etc/nsswitch.conf") == 1  # the job's own, not the host's and then the job's
+    assert (etc["/etc/nsswitch.conf"], "/etc/nsswitch.conf") in pairs(argv, "--ro-bind")
+    assert len(targets) == len(set(targets))
+    assert write_nsswitch(tmp_path / "none", str(tmp_path / "missing")) == {
+        "/etc/nsswitch.conf": str(tmp_path / "none" / "nsswitch.conf")
+    }
