@@ -57,7 +57,7 @@ def _netns_child() -> None:
     pid = os.fork()
     if pid == 0:
         try:
-            netns.setup({"mode": "isolated", "outbound": "none"}, "/dev/null")
+            netns.setup({"outbound": "none", "slirp4netns": None}, "/dev/null")
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
