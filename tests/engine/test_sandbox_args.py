@@ -105,18 +105,27 @@ def test_the_jobs_nsswitch_answers_users_and_groups_from_files_and_replaces_the_
     files systemd` that loaded libnss_systemd for nothing (the sandbox's passwd is generated)."""
     host = tmp_path / "host-nsswitch.conf"
     host.write_text("# host\npasswd:  files systemd\ngroup: files sss\nshadow: files\nhosts: files dns\n")
+    shared = tmp_path / "shared"
     etc = write_etc(tmp_path / "etc", "alice", 200123)
-    etc.update(write_nsswitch(tmp_path / "etc", str(host)))
-    lines = Path(etc["/etc/nsswitch.conf"]).read_text().splitlines()
+    etc.update(write_nsswitch(shared, str(host)))
+    made = Path(etc["/etc/nsswitch.conf"])
+    lines = made.read_text().splitlines()
     assert "hosts: files dns" in lines and "# host" in lines  # the rest is the host's
     for db in ("passwd", "group", "shadow", "gshadow"):
         assert [line for line in lines if line.split(":")[0].strip() == db] == [f"{db}: files"]
-    assert Path(etc["/etc/nsswitch.conf"]).stat().st_mode & 0o777 == 0o644
+    assert made.stat().st_mode & 0o777 == 0o644
     argv = bwrap_argv("bwrap", "setpriv", SandboxSpec("true", str(tmp_path / "w"), 200123, etc))
     targets = [t for _, t in pairs(argv, "--ro-bind")]
     assert targets.count("/etc/nsswitch.conf") == 1  # the job's own, not the host's and then the job's
-    assert (etc["/etc/nsswitch.conf"], "/etc/nsswitch.conf") in pairs(argv, "--ro-bind")
+    assert (str(made), "/etc/nsswitch.conf") in pairs(argv, "--ro-bind")
     assert len(targets) == len(set(targets))
-    assert write_nsswitch(tmp_path / "none", str(tmp_path / "missing")) == {
-        "/etc/nsswitch.conf": str(tmp_path / "none" / "nsswitch.conf")
-    }
+    # Made once per content: the next start reuses it; a changed host file gets a new one and
+    # leaves the old (a running job binds it) as it was.
+    assert write_nsswitch(shared, str(host)) == {"/etc/nsswitch.conf": str(made)}
+    host.write_text("passwd: files ldap\nhosts: files\n")
+    changed = Path(write_nsswitch(shared, str(host))["/etc/nsswitch.conf"])
+    assert changed != made and "hosts: files dns" in made.read_text()
+    assert changed.read_text().splitlines()[0] == "hosts: files"
+    assert sorted(p.name for p in shared.iterdir()) == sorted([made.name, changed.name])  # no temp left
+    missing = Path(write_nsswitch(shared, str(tmp_path / "missing"))["/etc/nsswitch.conf"])
+    assert missing.read_text().splitlines()[0] == "passwd: files"

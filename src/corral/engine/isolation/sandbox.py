@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -152,9 +153,11 @@ def write_etc(
     return {"/etc/passwd": str(etc_dir / "passwd"), "/etc/group": str(etc_dir / "group")}
 
 
-def write_nsswitch(etc_dir: Path, host_file: str = "/etc/nsswitch.conf") -> dict[str, str]:
+def write_nsswitch(shared_dir: Path, host_file: str = "/etc/nsswitch.conf") -> dict[str, str]:
     """The job's nsswitch.conf: the host's, read at every start (an admin's change reaches the
     next job, as with the bound whitelist), with the LOCAL_NSS_DATABASES answered from `files`.
+    One file per content in `shared_dir`, never rewritten or removed (running jobs bind it; a
+    changed host file gives a new name), so a start only reads the host's and checks the name.
     Returns {sandbox path: host path}; it replaces the host's entry in the binds (one bind, not two)."""
     try:
         with open(host_file) as f:
@@ -162,10 +165,14 @@ def write_nsswitch(etc_dir: Path, host_file: str = "/etc/nsswitch.conf") -> dict
     except FileNotFoundError:
         host_lines = []
     kept = [line for line in host_lines if line.split(":", 1)[0].strip() not in LOCAL_NSS_DATABASES]
-    path = etc_dir / "nsswitch.conf"
-    etc_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join([*kept, *(f"{db}: files" for db in LOCAL_NSS_DATABASES)]) + "\n")
-    os.chmod(path, 0o644)
+    text = "\n".join([*kept, *(f"{db}: files" for db in LOCAL_NSS_DATABASES)]) + "\n"
+    path = shared_dir / f"nsswitch-{zlib.crc32(text.encode()):08x}.conf"
+    if not path.exists():
+        shared_dir.mkdir(parents=True, exist_ok=True)
+        tmp = shared_dir / f".{path.name}.{os.getpid()}.{threading.get_ident()}"
+        tmp.write_text(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)  # atomic: a concurrent launch sees the whole file or none
     return {"/etc/nsswitch.conf": str(path)}
 
 
