@@ -85,6 +85,16 @@ def test_v1_limits_devices_and_oom(tmp_path: Path) -> None:
     assert cgroupfs.oom_kills(cg) == 5
 
 
+def test_v1_leaves_the_default_cpu_period_unwritten(tmp_path: Path) -> None:
+    """A whole-CPU limit keeps the kernel's 100 ms period: writing it again was one more file
+    opened and written per instance start."""
+    root = fake_v1(tmp_path / "v1")
+    cgroupfs.create_instance_cgroup(root, 1, "corral", "9.1/0", None, 2.0, None)
+    cpu = root / "cpu" / "corral" / "9.1" / "0"
+    assert (cpu / "cpu.cfs_quota_us").read_text() == "200000"
+    assert not (cpu / "cpu.cfs_period_us").exists()
+
+
 def test_v1_without_devices_rules_skips_the_devices_controller(tmp_path: Path) -> None:
     root = fake_v1(tmp_path / "v1")
     cg = cgroupfs.create_instance_cgroup(root, 1, "corral", "8.1/0", None, None, None)

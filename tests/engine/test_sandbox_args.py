@@ -13,6 +13,7 @@ from corral.engine.isolation.sandbox import (
     bwrap_argv,
     bwrap_argv_parts,
     write_etc,
+    write_nsswitch,
 )
 
 
@@ -95,3 +96,36 @@ def test_user_namespace_mode_for_jobs_already_running_as_their_user(tmp_path: Pa
     local = SandboxSpec("echo hi", str(tmp_path / "w"), 200001, etc)
     head, tail = bwrap_argv_parts("bwrap", "setpriv", local)
     assert bwrap_argv("bwrap", "setpriv", local) == [*head, *tail]
+
+
+def test_the_jobs_nsswitch_answers_users_and_groups_from_files_and_replaces_the_hosts_bind(
+    tmp_path: Path,
+) -> None:
+    """setpriv looks the job's uid up as a user name at every start: through the host's `passwd:
+    files systemd` that loaded libnss_systemd for nothing (the sandbox's passwd is generated)."""
+    host = tmp_path / "host-nsswitch.conf"
+    host.write_text("# host\npasswd:  files systemd\ngroup: files sss\nshadow: files\nhosts: files dns\n")
+    shared = tmp_path / "shared"
+    etc = write_etc(tmp_path / "etc", "alice", 200123)
+    etc.update(write_nsswitch(shared, str(host)))
+    made = Path(etc["/etc/nsswitch.conf"])
+    lines = made.read_text().splitlines()
+    assert "hosts: files dns" in lines and "# host" in lines  # the rest is the host's
+    for db in ("passwd", "group", "shadow", "gshadow"):
+        assert [line for line in lines if line.split(":")[0].strip() == db] == [f"{db}: files"]
+    assert made.stat().st_mode & 0o777 == 0o644
+    argv = bwrap_argv("bwrap", "setpriv", SandboxSpec("true", str(tmp_path / "w"), 200123, etc))
+    targets = [t for _, t in pairs(argv, "--ro-bind")]
+    assert targets.count("/etc/nsswitch.conf") == 1  # the job's own, not the host's and then the job's
+    assert (str(made), "/etc/nsswitch.conf") in pairs(argv, "--ro-bind")
+    assert len(targets) == len(set(targets))
+    # Made once per content: the next start reuses it; a changed host file gets a new one and
+    # leaves the old (a running job binds it) as it was.
+    assert write_nsswitch(shared, str(host)) == {"/etc/nsswitch.conf": str(made)}
+    host.write_text("passwd: files ldap\nhosts: files\n")
+    changed = Path(write_nsswitch(shared, str(host))["/etc/nsswitch.conf"])
+    assert changed != made and "hosts: files dns" in made.read_text()
+    assert changed.read_text().splitlines()[0] == "hosts: files"
+    assert sorted(p.name for p in shared.iterdir()) == sorted([made.name, changed.name])  # no temp left
+    missing = Path(write_nsswitch(shared, str(tmp_path / "missing"))["/etc/nsswitch.conf"])
+    assert missing.read_text().splitlines()[0] == "passwd: files"

@@ -136,6 +136,20 @@ def test_cannot_read_shadow_or_the_server_database(engine: LocalEngine, home: Pa
     assert Path("/etc/hosts").read_text() in hosts and "ld-cache-ok" in hosts
 
 
+def test_users_and_groups_resolve_from_the_sandboxs_own_files(engine: LocalEngine) -> None:
+    """The job's nsswitch.conf answers passwd and group from the generated files only (setpriv no
+    longer loads the host's other NSS modules at every start); names still resolve."""
+    phase, out = run(engine, attempt("grep -E '^(passwd|group|hosts):' /etc/nsswitch.conf; id -un; id -gn"))
+    assert phase is AttemptPhase.SUCCEEDED, out
+    lines = out.split("\n")
+    assert "passwd: files" in lines and "group: files" in lines, out
+    host_hosts = [
+        line for line in Path("/etc/nsswitch.conf").read_text().splitlines() if line.startswith("hosts:")
+    ]
+    assert host_hosts and host_hosts[0] in lines  # the other databases are the host's
+    assert lines[-3:-1] == ["alice", "alice"], out
+
+
 def test_cannot_read_server_secrets(engine: LocalEngine, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The server's config (admin token), its database and a database password in its environment
     are out of a job's reach, even were the files world-readable (the sandbox does not hold them).

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 V1_CONTROLLERS = ("memory", "cpu", "pids", "devices")
 V2_CONTROLLERS = ("memory", "cpu", "pids")
-CPU_PERIOD_US = 100_000
+CPU_PERIOD_US = 100_000  # also the kernel's default for a new v1 cgroup (cpu.cfs_period_us)
 # A fractional-CPU job gets a 1 s period instead: its quota is then at least 10 ms at once, which
 # covers starting the sandbox (bwrap + setpriv + sh, ~8 ms of CPU). With 100 ms, a 0.01-CPU job
 # would get 1 ms per period and need most of a second just to start; the average is the same.
@@ -123,7 +123,8 @@ def _create_v1(
             _write(memsw, limit)
     if cpus and cpus > 0:
         quota, period = cpu_quota(cpus)
-        _write(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(period))
+        if period != CPU_PERIOD_US:  # a new cgroup's period is the kernel's 100 ms already
+            _write(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(period))
         _write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(quota))
     if pids_max:
         _write(os.path.join(dirs["pids"], "pids.max"), str(pids_max))

@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,11 @@ ETC_WHITELIST = (
     "mime.types",
 )
 _USER_NAME = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+# The name-service databases the sandbox answers from its own files only. Its passwd and group
+# are generated (write_etc) and complete; the host's other sources for them (systemd, sss, ldap)
+# reach nothing from inside (no /run, no host network), but setpriv's lookup of the job's uid as
+# a user name and its gid as a group name would load each of their modules at every start.
+LOCAL_NSS_DATABASES = ("passwd", "group", "shadow", "gshadow")
 
 
 @dataclass
@@ -147,6 +153,29 @@ def write_etc(
     return {"/etc/passwd": str(etc_dir / "passwd"), "/etc/group": str(etc_dir / "group")}
 
 
+def write_nsswitch(shared_dir: Path, host_file: str = "/etc/nsswitch.conf") -> dict[str, str]:
+    """The job's nsswitch.conf: the host's, read at every start (an admin's change reaches the
+    next job, as with the bound whitelist), with the LOCAL_NSS_DATABASES answered from `files`.
+    One file per content in `shared_dir`, never rewritten or removed (running jobs bind it; a
+    changed host file gives a new name), so a start only reads the host's and checks the name.
+    Returns {sandbox path: host path}; it replaces the host's entry in the binds (one bind, not two)."""
+    try:
+        with open(host_file) as f:
+            host_lines = f.read().splitlines()
+    except FileNotFoundError:
+        host_lines = []
+    kept = [line for line in host_lines if line.split(":", 1)[0].strip() not in LOCAL_NSS_DATABASES]
+    text = "\n".join([*kept, *(f"{db}: files" for db in LOCAL_NSS_DATABASES)]) + "\n"
+    path = shared_dir / f"nsswitch-{zlib.crc32(text.encode()):08x}.conf"
+    if not path.exists():
+        shared_dir.mkdir(parents=True, exist_ok=True)
+        tmp = shared_dir / f".{path.name}.{os.getpid()}.{threading.get_ident()}"
+        tmp.write_text(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)  # atomic: a concurrent launch sees the whole file or none
+    return {"/etc/nsswitch.conf": str(path)}
+
+
 @dataclass(frozen=True, slots=True)
 class SandboxSpec:
     command: str
@@ -174,17 +203,17 @@ def _system_binds() -> tuple[str, ...]:
 
 
 @functools.cache
-def _etc_whitelist_binds() -> tuple[str, ...]:
-    args: list[str] = []
-    for name in ETC_WHITELIST:
-        host = f"/etc/{name}"
-        if os.path.exists(host):
-            args += ["--ro-bind", host, host]
-    return tuple(args)
+def _etc_whitelist() -> tuple[str, ...]:
+    return tuple(f"/etc/{name}" for name in ETC_WHITELIST if os.path.exists(f"/etc/{name}"))
 
 
 def _etc_binds(etc_files: dict[str, str]) -> list[str]:
-    args = ["--perms", "0755", "--dir", "/etc", *_etc_whitelist_binds()]
+    """The whitelisted host entries, but for those the job gets its own version of (`etc_files`):
+    binding the host's first and the job's over it would be two mounts for one file."""
+    args = ["--perms", "0755", "--dir", "/etc"]
+    for host in _etc_whitelist():
+        if host not in etc_files:
+            args += ["--ro-bind", host, host]
     for target, source in etc_files.items():
         args += ["--ro-bind", source, target]
     return args

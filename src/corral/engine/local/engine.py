@@ -50,6 +50,7 @@ from corral.engine.isolation.sandbox import (
     bwrap_argv,
     probe,
     write_etc,
+    write_nsswitch,
 )
 from corral.engine.isolation.secret_files import (
     SANDBOX_SECRETS_DIR,
@@ -431,6 +432,7 @@ class LocalEngine:
                 uid = allocate_uid(self.uid_locks, attempt.attempt_id)
                 uid_lock = self.uid_locks / str(uid)
             etc_files = write_etc(adir / "etc", attempt.user, uid, home=attempt.home)
+            etc_files.update(write_nsswitch(self.home / "engine" / "etc"))
             etc_files.update(network.etc_files(adir / "etc"))
         secrets = self._write_secrets(attempt, adir, uid if sandboxed else None)
         instances = [
