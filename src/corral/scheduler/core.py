@@ -28,7 +28,6 @@ from corral.scheduler.preemption import Preemptor
 from corral.scheduler.profiles import PROFILES, Profile
 from corral.scheduler.queue_index import QueueIndex
 from corral.scheduler.quota_check import QuotaCheck
-from corral.scheduler.quota_hold import QuotaHolds
 from corral.scheduler.types import Allocation, Assignment, Job, Plan, Preemption, Reason, Snapshot
 
 
@@ -114,12 +113,7 @@ class Cycle:
         )
         self.backfill = Backfill(now, profile, st, running, self.preemptor.victims)
         self.verdicts = Verdicts()
-        self.holds = (
-            QuotaHolds(self.ledger, self.backfill, st, now, profile.default_runtime_s)
-            if profile.quotas and profile.quota_hold
-            else None
-        )
-        self.quota = QuotaCheck(self.ledger, self.verdicts, self.holds)
+        self.quota = QuotaCheck(self.ledger, self.verdicts)
         self.assignments: list[Assignment] = []
         self.preemptions: list[Preemption] = []
         self.visited: list[Job] = []  # jobs the passes considered, in order
@@ -174,7 +168,7 @@ class Cycle:
         self.borrowing = borrowing
         parking = quotas and not borrowing
         replay, known, visited, infos = self.replay, self.known, self.visited, self.infos
-        memo, holds = infos.memo, self.holds
+        memo = infos.memo
         # groups over their storage quota (their jobs wait); none in most cycles
         over = {n for n, g in ledger.groups.items() if g.storage_over is not None} if quotas else None
         token: tuple[int, ...] | None = None  # the state token, recomputed after a job changed state
@@ -191,13 +185,7 @@ class Cycle:
                 self.behind_head += 1
             hit = memo.get(id(job))
             info = hit[1] if hit is not None and hit[0] is job else infos(job)
-            if (
-                parking
-                and info.total > 0
-                and ledger.may_borrow(job)
-                and not ledger.headroom(job.group)
-                and (holds is None or not holds.holds_for(job.group))  # it may backfill held room
-            ):
+            if parking and info.total > 0 and ledger.may_borrow(job) and not ledger.headroom(job.group):
                 queue.park(job)  # its group has no guaranteed quota left: borrowing pass
                 continue
             visited.append(job)
@@ -239,10 +227,10 @@ class Cycle:
             allowed = self.quota.admit(job, borrowing, may_borrow, info)
             if allowed is None:
                 deferred = self.quota.deferred
-                if self.replay and deferred and deferred[-1] is job and self.replays_admission(job):
+                if self.replay and deferred and deferred[-1] is job and self.same_admission(job):
                     self.known.record_deferred(job, info)
                 return
-        if self.replay and (not quota or self.replays_admission(job, caps_only=True)):
+        if self.replay and (not quota or self.ledger.group(job.group).user_max_gpus is None):
             self.known.record_admitted(job, info, allowed)
         backfill, why = self.backfill, self.verdicts.why
         reserved, blocking = backfill.reserved_for_others(job, info)
@@ -273,12 +261,6 @@ class Cycle:
             self.placer.rollback(placed)
             why[job.id] = backfill.reason(blocking)
             return
-        if borrowed and self.holds is not None:  # keep off the GPUs a group's quota holder needs
-            hold = self.holds.blocker(job, placed.gpus_by_model)
-            if hold is not None:
-                self.placer.rollback(placed)
-                why[job.id] = self.holds.reason(hold)
-                return
         self.commit(job, placed, borrowed)
 
     def same_admission(self, job: Job) -> bool:
@@ -287,16 +269,6 @@ class Cycle:
         if self.ledger.group(job.group).user_max_gpus is not None:
             return False
         return self.resources is None or job.group not in self.resources.groups
-
-    def replays_admission(self, job: Job, caps_only: bool = False) -> bool:
-        """Whether the job's admission outcome may be replayed for its kind: `same_admission` (or,
-        `caps_only`, just no per-user cap), and no quota hold in its group (whether a job may use
-        held room reads its own estimate)."""
-        if self.holds is not None and self.holds.holds_for(job.group):
-            return False
-        if caps_only:
-            return self.ledger.group(job.group).user_max_gpus is None
-        return self.same_admission(job)
 
     def learn_too_small(self, info: JobInfo) -> bool:
         """`ClusterState.too_small` for the job's (models, GPUs, widest instance), remembered per
@@ -323,8 +295,6 @@ class Cycle:
         if self.resources is not None:
             self.resources.charge(job)
         self.backfill.record_start(job, placed.gpus_by_model)
-        if self.holds is not None:
-            self.holds.record_start(job, placed.gpus_by_model)
         self.assigned_ids.add(job.id)
         self.assigned_users.add((job.group, job.user))
         self.queue.charge(job)

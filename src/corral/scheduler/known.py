@@ -41,7 +41,6 @@ def _holds(recorded: Token | None, token: Token) -> bool:
         recorded[0] == token[0]
         and recorded[2] == token[2]
         and recorded[3] == token[3]
-        and recorded[4] == token[4]
         and recorded[1] <= token[1]
     )
 
@@ -54,7 +53,6 @@ class KnownOutcomes:
         self.cycle = weakref.proxy(cycle)
         # the cycle's parts this reads, held directly (none of them points back to the cycle)
         self.profile, self.preemptor, self.backfill = cycle.profile, cycle.preemptor, cycle.backfill
-        self.holds = cycle.holds
         self.assignments, self.no_fit, self.why = cycle.assignments, cycle.no_fit, cycle.verdicts.why
         self.failed = cycle.failed  # (shape, allowed models) that did not place in this cycle
         # groups with CPU or memory limits: their admission reads each job's CPUs and memory too
@@ -79,9 +77,8 @@ class KnownOutcomes:
         placement attempts restore them), reservations, victims and claimed draining room. Not the
         preemption attempts left: no outcome but "no attempt left" depends on them, and a replayed
         failed search spends one as the real one did."""
-        pre, holds = self.preemptor, self.holds
-        held = holds.version if holds is not None else 0  # quota holds made, backfilled, let go
-        return (len(self.assignments), len(self.backfill.reservations), len(pre.victims), pre.claimed, held)
+        pre = self.preemptor
+        return (len(self.assignments), len(self.backfill.reservations), len(pre.victims), pre.claimed)
 
     def fail_key(self, job: Job, info: JobInfo) -> object:
         """Jobs with equal keys get the same capacity test, reservation and preemption outcome in

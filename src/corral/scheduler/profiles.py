@@ -24,7 +24,7 @@ NUMERIC_KNOBS = (
     "max_preemptions",
     "starvation_s",
 )
-BOOL_KNOBS = ("size_order", "quota_hold")
+BOOL_KNOBS = ("size_order",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +45,6 @@ class Profile:
     # fair_share: a job waiting longer than this comes before every other job in the guaranteed
     # pass (the starvation guard: it reserves and reclaims first); 0: off
     starvation_s: float = 2 * 86400.0
-    # quotas: each group's first job its guarantee could hold but that finds too little free
-    # guaranteed room holds that room until its shadow time (later jobs of the group use it only
-    # if their estimate ends by then), and the GPUs it needs then are kept from borrowed quota
-    # (quota_hold.py)
-    quota_hold: bool = False
     # placement
     placement: str = "bestfit"  # bestfit | spread | random
     extra_scorers: tuple[tuple[str, float], ...] = ()  # more (scorer, weight) pairs added to placement

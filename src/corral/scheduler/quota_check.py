@@ -8,14 +8,12 @@ from collections.abc import Callable, Iterable
 from corral.scheduler.admission import QuotaLedger
 from corral.scheduler.jobinfo import JobInfo
 from corral.scheduler.outcomes import Verdicts
-from corral.scheduler.quota_hold import QuotaHolds
 from corral.scheduler.types import Job, Reason
 
 
 class QuotaCheck:
-    def __init__(self, ledger: QuotaLedger, verdicts: Verdicts, holds: QuotaHolds | None = None) -> None:
+    def __init__(self, ledger: QuotaLedger, verdicts: Verdicts) -> None:
         self.ledger, self.verdicts = ledger, verdicts
-        self.holds = holds  # the quota_hold knob's reservations on each group's guarantee
         self.deferred: list[Job] = []  # jobs that may get other GPU models in the borrowing pass
         self.pledges: list[tuple[Job, dict[str, int]]] = []  # guarantee held for starving jobs
 
@@ -42,8 +40,6 @@ class QuotaCheck:
                 ever = [m for m, n in zip(info.models, owed, strict=True) if info.total <= n]
                 if not ever:
                     continue  # larger than its guarantee: it can only ever borrow
-                if self.holds is not None and self.holds.hold(job, info):
-                    continue  # its group's holder: younger jobs may backfill the held room
                 held = {ever[0]: info.total}
                 self.pledges.append((job, held))
             ledger.charge(job, held)
@@ -51,13 +47,10 @@ class QuotaCheck:
             ledger.charge(job, held, -1)
 
     def release_pledges(self) -> None:
-        """Before the borrowing pass: the held room is no longer the guaranteed pass's (the quota
-        holds become GPU holds)."""
+        """Before the borrowing pass: the held room is no longer the guaranteed pass's."""
         for job, held in self.pledges:
             self.ledger.charge(job, held, -1)
         self.pledges = []
-        if self.holds is not None:
-            self.holds.to_gpu_holds()
 
     def admit(self, job: Job, borrowing: bool, may_borrow: bool, info: JobInfo) -> frozenset[str] | None:
         """Models the job may use under its group's quota now; None when none (reason recorded, or
@@ -77,12 +70,6 @@ class QuotaCheck:
         allowed = ledger.allowed_models(job, info.models, borrowing, info.total)
         if allowed:
             return allowed
-        holds = self.holds
-        if holds is not None and not borrowing and info.total > 0:
-            held_room = holds.backfill_into(job, info)
-            if held_room:
-                return held_room
-            holds.hold(job, info)
         if not borrowing and may_borrow:
             self.deferred.append(job)
             return None
