@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
+from itertools import compress
 from operator import attrgetter
 from typing import Generic, TypeVar
 
@@ -87,19 +88,24 @@ class QueueIndex:
     def sync(self, queued: Sequence[Job], running: Sequence[RunningJob]) -> list[Job] | None:
         """The waiting jobs in (group, priority desc, submit time, id) order, equal to
         `core.waiting_jobs` (None when the caller must work it out afresh)."""
-        current = dict(zip(map(id, queued), queued, strict=True))
+        # A set of ids, not an id -> job dict: the few new jobs are picked out of `queued` at C
+        # speed (as Occupied.sync does); the dict only for a rebuild
+        keys = list(map(id, queued))
+        current = set(keys)
         held = self.held
-        gone = held.keys() - current.keys()
-        new = current.keys() - held.keys()
+        gone = held.keys() - current
+        new = current.difference(held)
         if gone or new:
             self.version += 1
         if len(gone) + len(new) > max(64, len(queued) // 2):  # mostly new: sort afresh
-            self._rebuild(current)
+            self._rebuild(dict(zip(keys, queued, strict=True)))
         else:
             for k in gone:
                 self._remove(k)
-            for k in new:
-                self._add(k, current[k])
+            for job in compress(queued, map(new.__contains__, keys)) if new else ():
+                k = id(job)
+                if k not in held:  # (the same object twice is added once, as before)
+                    self._add(k, job)
         if len(current) != len(queued) or self.duplicates:
             return None  # the same object twice, or one id on two objects
         if self.sizes_stale:  # rare: every id is on one object again
