@@ -129,3 +129,20 @@ def test_the_jobs_nsswitch_answers_users_and_groups_from_files_and_replaces_the_
     assert sorted(p.name for p in shared.iterdir()) == sorted([made.name, changed.name])  # no temp left
     missing = Path(write_nsswitch(shared, str(tmp_path / "missing"))["/etc/nsswitch.conf"])
     assert missing.read_text().splitlines()[0] == "passwd: files"
+
+
+def test_the_jobs_nsswitch_takes_a_host_file_that_is_not_utf8_and_mends_a_damaged_copy(
+    tmp_path: Path,
+) -> None:
+    """A host nsswitch.conf with a Latin-1 comment (glibc reads bytes) made every sandboxed launch
+    fail when it was read as text; a kept copy that does not hold what it should (cut short by a
+    power cut) is replaced, not bound as it is."""
+    host = tmp_path / "host-nsswitch.conf"
+    host.write_bytes(b"# g\xe9r\xe9 par l'admin\npasswd: files systemd\nhosts: files dns\n")
+    shared = tmp_path / "shared"
+    made = Path(write_nsswitch(shared, str(host))["/etc/nsswitch.conf"])
+    assert made.read_bytes().splitlines()[:2] == [b"# g\xe9r\xe9 par l'admin", b"hosts: files dns"]
+    made.write_bytes(b"")  # as a crash between the write and its flush could leave it
+    assert write_nsswitch(shared, str(host)) == {"/etc/nsswitch.conf": str(made)}
+    assert b"passwd: files\n" in made.read_bytes()
+    assert [p.name for p in shared.iterdir()] == [made.name]  # no temp file left

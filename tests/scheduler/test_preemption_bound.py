@@ -16,10 +16,13 @@ from hypothesis import strategies as st
 from corral.scheduler import ANY_MODEL, PROFILES, Plan, Priority, Scheduler, Snapshot, Usage
 from corral.scheduler.preemption import Candidate, Preemptor
 from corral.scheduler.types import GPU, Node, NodeState
-from tests.scheduler.builders import gpu_node, group, job, running
+from tests.scheduler.builders import cpu_node, gpu_node, group, job, running
 from tests.scheduler.test_known_outcomes import assert_same, crowded, preemption_heavy
 
 SHORTCUT = Preemptor._short_even_if_all_released
+# CPUs that are not binary fractions: releasing and restoring them is not exact in floating point
+# (8 - 2.3 - 1.6 + 1.6 is not 8 - 2.3), and a CPU job's best fit reads the free CPUs left behind
+FRACTIONAL_CPUS = st.sampled_from([1.0, 1.0, 0.2, 1.6, 2.3, 7.7])
 
 
 def mixed_node(name: str, width: int, state: NodeState, unhealthy: int | None) -> Node:
@@ -34,7 +37,8 @@ def mixed_node(name: str, width: int, state: NodeState, unhealthy: int | None) -
 @st.composite
 def searches(draw: st.DrawFn) -> Snapshot:
     """A full cluster of preemptible work of several sizes on one- and two-model nodes (some down,
-    some GPUs unhealthy), and waiting jobs up to two whole nodes wide: many searches that fail on
+    some GPUs unhealthy; fractional CPUs), and waiting jobs, CPU-only ones too, up to two whole
+    nodes wide: many searches that fail on
     the count, on the widest block, or only at placement."""
     width = draw(st.sampled_from([4, 8]))
     nodes: list[Node] = []
@@ -62,6 +66,7 @@ def searches(draw: st.DrawFn) -> Snapshot:
                 preemptible=draw(st.integers(0, 4)) > 0,
                 runtime=draw(st.sampled_from([None, 500.0, 5000.0])),
                 attained=float(draw(st.sampled_from([0, 50000]))),
+                cpus=draw(FRACTIONAL_CPUS),
             )
             placed = running(
                 rj, node.name, tuple(healthy[at : at + k]), start=float(at), borrowed=draw(st.booleans())
@@ -73,7 +78,8 @@ def searches(draw: st.DrawFn) -> Snapshot:
     queued = [
         job(
             f"q{k}",
-            gpus=draw(st.sampled_from([1, 2, width - 1, width, width])),
+            gpus=draw(st.sampled_from([0, 1, 2, width - 1, width, width])),
+            cpus=draw(FRACTIONAL_CPUS),
             instances=draw(st.sampled_from([1, 1, 2])),
             group=draw(st.sampled_from(["a", "b"])),
             priority=draw(st.sampled_from([Priority.HIGH, Priority.NORMAL])),
@@ -148,3 +154,23 @@ def test_shortcut_ends_a_search_that_no_release_could_help() -> None:
     assert calls == [True]
     assert fast.preemptions == ()
     assert_same(fast, plan_of(s, "default", 16, shortcut=False))
+
+
+def test_a_search_leaves_fractional_cpus_to_the_last_bit() -> None:
+    """Two CPU nodes hold 2.3 + 1.6 + 0.2 CPUs each (only c0's two small jobs preemptible); a
+    1-GPU job finds the only GPU pinned, so its search releases c0's jobs and restores them; then a
+    1-CPU job takes the best fit. 8 - 2.3 - 1.6 - 0.2 and the same after a release and restore
+    differ in the last bit: without an exact restore the full search sent the CPU job to c1 and the
+    shortcut (which releases nothing) to c0."""
+    nodes = (cpu_node("c0", cpus=8.0), cpu_node("c1", cpus=8.0), gpu_node("g0", gpus=1))
+    run = [running(job("pin", gpus=1, preemptible=False), "g0", (0,))]
+    for n in ("c0", "c1"):
+        run.append(running(job(f"w-{n}", gpus=0, cpus=2.3, preemptible=False), n, ()))
+        for name, cpus, start in (("a", 1.6, 2.0), ("b", 0.2, 1.0)):
+            low = job(f"{name}-{n}", gpus=0, cpus=cpus, priority=Priority.LOW, preemptible=n == "c0")
+            run.append(running(low, n, (), start=start))
+    queued = (job("gpu", gpus=1, priority=Priority.HIGH), job("cpu", gpus=0, cpus=1.0, submit=1.0))
+    s = Snapshot(nodes, (group("g", guaranteed={ANY_MODEL: 8}),), queued, tuple(run), Usage())
+    fast, full = plan_of(s, "default", 16, shortcut=True), plan_of(s, "default", 16, shortcut=False)
+    assert [a.job_id for a in fast.assignments] == ["cpu"]
+    assert_same(fast, full)

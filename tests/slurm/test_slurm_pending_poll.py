@@ -110,3 +110,21 @@ def test_launches_walk_the_state_dirs_parents_once_a_minute(
     engine._passable_until.clear()  # as if a minute had passed
     engine.launch(attempt("153.1", instance(drained_node3, "true")))
     assert len(walks) == 2, walks
+
+
+def test_launches_are_remembered_as_pending_only_while_a_poll_is_fresh(
+    engine: SlurmEngine, squeue_calls: list[tuple[str, ...]], drained_node3: str
+) -> None:
+    """A server that launches but does not poll (another server holds the reconcile lease) keeps
+    nothing per launched job; right after a poll found every job pending, a new launch joins that
+    memory and the next poll still needs no squeue."""
+    for n in range(3):
+        engine.launch(attempt(f"{160 + n}.1", instance(drained_node3, "true")))
+    assert engine._pending == {}  # before: one entry per launch, never dropped without a poll
+    live = [f"{160 + n}.1" for n in range(3)]
+    assert {s.phase for s in engine.poll(live).values()} == {AttemptPhase.PENDING}
+    asked = len(squeue_calls)
+    engine.launch(attempt("163.1", instance(drained_node3, "true")))
+    statuses = engine.poll([*live, "163.1"])
+    assert {s.phase for s in statuses.values()} == {AttemptPhase.PENDING}
+    assert len(squeue_calls) == asked

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -95,5 +96,8 @@ def test_saves_make_no_directory_once_the_attempts_exists(
     store.save(record)
     assert made == []
     assert StateStore(tmp_path).load("1.1") == record
+    # the record is written field by field: one added to AttemptRecord must be written too
+    saved = json.loads((tmp_path / "attempts" / "1.1" / "attempt.json").read_text())
+    assert set(saved) == {f.name for f in fields(AttemptRecord)}
     names = sorted(p.name for p in (tmp_path / "attempts" / "1.1").iterdir())
     assert len(names) == 2 and names[0].startswith(".rec-") and names[1] == "attempt.json", names

@@ -12,7 +12,7 @@ fit here?" in O(number of distinct node shapes) instead of O(nodes).
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from typing import TypeVar
@@ -441,6 +441,20 @@ class ClusterState:
                 if self.buckets:
                     self._move(i, m, before, len(lst))
         return per_model
+
+    def note_free_cpus(self, allocation: Allocation, into: dict[int, float]) -> None:
+        """Keep the free CPUs of the allocation's nodes in `into` (the first value seen per node):
+        a release and its restore through `occupy` are not exact in floating point (8 - 2.3 - 1.6
+        + 1.6 is not 8 - 2.3), and a search that restores must leave the cycle's later placements
+        the CPUs they would have found without it (put_free_cpus). Memory is whole MiB: exact."""
+        for inst in allocation.instances:
+            i = self.index_of.get(inst.node)
+            if i is not None and i not in into:
+                into[i] = self.free_cpus[i]
+
+    def put_free_cpus(self, saved: Mapping[int, float]) -> None:
+        for i, cpus in saved.items():
+            self.free_cpus[i] = cpus
 
     def occupy_all(self, allocations: Sequence[Allocation]) -> list[dict[str, int]]:
         """Subtract many running allocations at once (before build_index); GPUs used per model each.

@@ -205,7 +205,9 @@ class Preemptor:
         widest = max((t.resources.gpus for t in job.tasks), default=0)
         if total > 0 and self._short_even_if_all_released(pool, models, total, widest):
             return None  # what the loop below finds, without releasing and restoring every victim
+        before: dict[int, float] = {}  # node -> its free CPUs before the search (an exact restore)
         for c in pool:
+            self.st.note_free_cpus(c.rj.allocation, before)
             self._release(c, -1)
             chosen.append(c)
             if total > 0 and self.st.too_small(models, total, widest):
@@ -216,6 +218,7 @@ class Preemptor:
                 break
         for c in reversed(chosen):
             self._release(c, 1)
+        self.st.put_free_cpus(before)  # as if nothing had been released, to the last bit
         if fits is None:
             return None
         self._hold_free(spots)  # any preemption mode: else the room's free GPUs go to others

@@ -89,7 +89,7 @@ class QueueIndex:
         """The waiting jobs in (group, priority desc, submit time, id) order, equal to
         `core.waiting_jobs` (None when the caller must work it out afresh)."""
         # A set of ids, not an id -> job dict: the few new jobs are picked out of `queued` at C
-        # speed (as Occupied.sync does); the dict only for a rebuild
+        # speed (as Occupied.sync does); the dict only for a rebuild.
         keys = list(map(id, queued))
         current = set(keys)
         held = self.held

@@ -156,23 +156,35 @@ def write_etc(
 def write_nsswitch(shared_dir: Path, host_file: str = "/etc/nsswitch.conf") -> dict[str, str]:
     """The job's nsswitch.conf: the host's, read at every start (an admin's change reaches the
     next job, as with the bound whitelist), with the LOCAL_NSS_DATABASES answered from `files`.
-    One file per content in `shared_dir`, never rewritten or removed (running jobs bind it; a
-    changed host file gives a new name), so a start only reads the host's and checks the name.
+    One file per content in `shared_dir`, named by its checksum and replaced, never changed in
+    place (running jobs bind it): a start reads the host's and the kept copy and compares them.
+    Bytes, not text: the host's file need not be UTF-8 (a comment in Latin-1), which glibc reads.
     Returns {sandbox path: host path}; it replaces the host's entry in the binds (one bind, not two)."""
     try:
-        with open(host_file) as f:
+        with open(host_file, "rb") as f:
             host_lines = f.read().splitlines()
     except FileNotFoundError:
         host_lines = []
-    kept = [line for line in host_lines if line.split(":", 1)[0].strip() not in LOCAL_NSS_DATABASES]
-    text = "\n".join([*kept, *(f"{db}: files" for db in LOCAL_NSS_DATABASES)]) + "\n"
-    path = shared_dir / f"nsswitch-{zlib.crc32(text.encode()):08x}.conf"
-    if not path.exists():
+    local = {db.encode() for db in LOCAL_NSS_DATABASES}
+    kept = [line for line in host_lines if line.split(b":", 1)[0].strip() not in local]
+    data = b"\n".join([*kept, *(db.encode() + b": files" for db in LOCAL_NSS_DATABASES)]) + b"\n"
+    path = shared_dir / f"nsswitch-{zlib.crc32(data):08x}.conf"
+    try:
+        if path.read_bytes() == data:
+            return {"/etc/nsswitch.conf": str(path)}
+    except FileNotFoundError:
         shared_dir.mkdir(parents=True, exist_ok=True)
-        tmp = shared_dir / f".{path.name}.{os.getpid()}.{threading.get_ident()}"
-        tmp.write_text(text)
+    # none yet, or one that differs (a checksum shared by two contents, a file a crash left short)
+    tmp = shared_dir / f".{path.name}.{os.getpid()}.{threading.get_ident()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # renamed only once complete: a power cut leaves no empty copy
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)  # atomic: a concurrent launch sees the whole file or none
+    finally:
+        tmp.unlink(missing_ok=True)
     return {"/etc/nsswitch.conf": str(path)}
 
 

@@ -361,10 +361,7 @@ class SlurmEngine:
                 return self._reject(record, f"Slurm rejected the job: {result.message}")
             record.slurm_job_id = result.stdout.strip().split(";")[0]
             self.store.save(record)
-            # Slurm 22.05 never allocates a batch job at submit: pending until its output shows
-            self._pending[aid] = AttemptStatus(
-                aid, AttemptPhase.PENDING, message="submitted to Slurm", engine_ref=record.slurm_job_id
-            )
+            self._note_launched(aid, record.slurm_job_id)
             return record.slurm_job_id
 
     def _account_for(self, corral_user: str) -> UnixAccount:
@@ -466,6 +463,16 @@ class SlurmEngine:
                 return None
             out[record.attempt_id] = status
         return out
+
+    def _note_launched(self, aid: str, slurm_job_id: str) -> None:
+        """A job just submitted pends in Slurm's answer until its scheduler allocates it, which
+        its output file shows (_still_pending). Noted only while the "all pending" memory is fresh:
+        else the next poll asks squeue anyway, and a server that launches but does not poll (its
+        reconcile lease held elsewhere) would keep an entry per job it ever launched."""
+        if time.monotonic() - self._all_pending_at < PENDING_RECHECK_S:
+            self._pending[aid] = AttemptStatus(
+                aid, AttemptPhase.PENDING, message="submitted to Slurm", engine_ref=slurm_job_id
+            )
 
     def _note_pending(
         self, live: list[AttemptRecord], statuses: Mapping[str, AttemptStatus], asked_at: float
