@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from corral.engine.base import AttemptPhase
+from corral.engine.base import AttemptPhase, AttemptStatus
 from corral.engine.slurm import SlurmEngine
 from corral.engine.slurm.cli import CliResult, SlurmCli
-from corral.engine.slurm.state import StateStore
+from corral.engine.slurm.state import AttemptRecord, StateStore
 from corral.scheduler.types import NodeState
 from tests.slurm.helpers import FINISHED, attempt, instance, wait_for
 
@@ -128,3 +128,18 @@ def test_launches_are_remembered_as_pending_only_while_a_poll_is_fresh(
     statuses = engine.poll([*live, "163.1"])
     assert {s.phase for s in statuses.values()} == {AttemptPhase.PENDING}
     assert len(squeue_calls) == asked
+
+
+def test_an_older_squeue_answer_ending_last_is_not_remembered(engine: SlurmEngine) -> None:
+    """`corral exec` polls from an API thread beside the reconcile loop: a squeue asked earlier
+    (every job pending) that returns after a later one (a job running) must not bring back the
+    "all pending" memory, or polls would answer PENDING for a running job."""
+    record = AttemptRecord("170.1", slurm_job_id="9170")
+    pending = {"170.1": AttemptStatus("170.1", AttemptPhase.PENDING)}
+    running = {"170.1": AttemptStatus("170.1", AttemptPhase.RUNNING)}
+    now = time.monotonic()
+    engine._note_pending([record], running, asked_at=now)
+    engine._note_pending([record], pending, asked_at=now - 0.01)
+    assert engine._still_pending([record]) is None  # squeue is asked
+    engine._note_pending([record], pending, asked_at=now + 0.01)
+    assert engine._still_pending([record]) == pending

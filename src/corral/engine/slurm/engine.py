@@ -180,6 +180,7 @@ class SlurmEngine:
         # pending (or from its launch since); when that squeue ran (monotonic): see poll()
         self._pending: dict[str, AttemptStatus] = {}
         self._all_pending_at = float("-inf")
+        self._noted_at = float("-inf")  # when the squeue whose answer _note_pending kept was asked
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SlurmEngine:
@@ -477,7 +478,12 @@ class SlurmEngine:
     def _note_pending(
         self, live: list[AttemptRecord], statuses: Mapping[str, AttemptStatus], asked_at: float
     ) -> None:
-        """After a squeue: remember whether every live attempt was pending (see _still_pending)."""
+        """After a squeue: remember whether every live attempt was pending (see _still_pending).
+        An answer older than the last one noted is dropped: `corral exec` polls from an API thread
+        beside the reconcile loop, and the squeue that ends last need not be the one asked last."""
+        if asked_at < self._noted_at:
+            return
+        self._noted_at = asked_at
         pending = {r.attempt_id: statuses[r.attempt_id] for r in live}
         if all(s.phase is AttemptPhase.PENDING for s in pending.values()):
             self._pending.clear()  # an attempt launched meanwhile is asked about next time
