@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from corral.engine.slurm import SlurmEngine
+from corral.engine.slurm.cli import CliResult, SlurmCli
 from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster, missing_binaries
 from tests.slurm.helpers import slurm_engine
 from tests.support import require
@@ -31,6 +32,22 @@ def engine(slurm_cluster: SlurmCluster) -> Iterator[SlurmEngine]:
     yield eng
     eng.close()
     cleanup_cluster(slurm_cluster)
+
+
+@pytest.fixture
+def squeue_calls(engine: SlurmEngine, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, ...]]]:
+    """Every squeue argv the engine runs, and what it printed (its last item)."""
+    calls: list[tuple[str, ...]] = []
+    real = SlurmCli.run
+
+    def recording(self: SlurmCli, tool: str, *args: str, **kwargs: object) -> CliResult:
+        result = real(self, tool, *args, **kwargs)  # type: ignore[arg-type]
+        if tool == "squeue":
+            calls.append((*args, result.stdout))
+        return result
+
+    monkeypatch.setattr(SlurmCli, "run", recording)
+    yield calls
 
 
 def cleanup_cluster(cluster: SlurmCluster) -> None:

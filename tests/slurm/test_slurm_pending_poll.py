@@ -7,32 +7,16 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from corral.engine.base import AttemptPhase, AttemptStatus
 from corral.engine.slurm import SlurmEngine
-from corral.engine.slurm.cli import CliResult, SlurmCli
 from corral.engine.slurm.state import AttemptRecord, StateStore
 from corral.scheduler.types import NodeState
 from tests.slurm.helpers import FINISHED, attempt, instance, wait_for
 
 pytestmark = pytest.mark.slurm
-
-
-@pytest.fixture
-def squeue_calls(engine: SlurmEngine, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, ...]]]:
-    calls: list[tuple[str, ...]] = []
-    real = SlurmCli.run
-
-    def recording(self: SlurmCli, tool: str, *args: str, **kwargs: object) -> CliResult:
-        if tool == "squeue":
-            calls.append(args)
-        return real(self, tool, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(SlurmCli, "run", recording)
-    yield calls
 
 
 @pytest.fixture

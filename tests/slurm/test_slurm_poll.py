@@ -5,32 +5,14 @@ Python at every poll. The rank script starts no program at its end."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from corral.engine.base import AttemptPhase
 from corral.engine.slurm import SlurmEngine
-from corral.engine.slurm.cli import CliResult, SlurmCli, looks_unreachable
+from corral.engine.slurm.cli import looks_unreachable
 from tests.slurm.helpers import FINISHED, attempt, instance, wait_for
 
 pytestmark = pytest.mark.slurm
-
-
-@pytest.fixture
-def squeue_calls(engine: SlurmEngine, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, ...]]]:
-    """Every squeue argv the engine runs, and what it printed."""
-    calls: list[tuple[str, ...]] = []
-    real = SlurmCli.run
-
-    def recording(self: SlurmCli, tool: str, *args: str, **kwargs: object) -> CliResult:
-        result = real(self, tool, *args, **kwargs)  # type: ignore[arg-type]
-        if tool == "squeue":
-            calls.append((*args, result.stdout))
-        return result
-
-    monkeypatch.setattr(SlurmCli, "run", recording)
-    yield calls
 
 
 def test_the_poll_lists_only_the_live_attempts_jobs(
