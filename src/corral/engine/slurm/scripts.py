@@ -248,6 +248,25 @@ def _secret_env(secrets: tuple[SecretGrant, ...], rank: int) -> str:
     return "".join(lines)
 
 
+def _rank_exports(
+    inst: InstanceLaunch, account: UnixAccount, home: str | None, env_bin: str, has_files: bool
+) -> str:
+    """The instance's environment as `export` lines: its own variables, then the defaults a login
+    would give (PATH, HOME, USER, LOGNAME) where it set none."""
+    env = dict(inst.env)
+    if env_bin:
+        env.setdefault("PATH", f"{env_bin}:{DEFAULT_PATH}")
+    if has_files:
+        env[SECRETS_DIR_ENV] = SANDBOX_SECRETS_DIR
+    env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm's allocation decides (set by the rank script)
+    env.setdefault("PATH", DEFAULT_PATH)
+    env.setdefault("HOME", home or SANDBOX_WORK_DIR)
+    env.setdefault("CORRAL_WORK_DIR", SANDBOX_WORK_DIR)
+    env.setdefault("USER", account.name)
+    env.setdefault("LOGNAME", account.name)
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
+
+
 def rank_script(
     attempt_dir: Path,
     job_dir: Path,
@@ -265,19 +284,8 @@ def rank_script(
     """One instance: its environment, its command under bubblewrap, its exit code to a file.
     `env_bin`/`env_paths`: a catalogue environment's bin dir (first on PATH; the environment
     itself is one of `mounts`) and its interpreter's dirs, bound read-only at their paths."""
-    env = dict(inst.env)
-    if env_bin:
-        env.setdefault("PATH", f"{env_bin}:{DEFAULT_PATH}")
     has_files = any(g.file is not None for g in secrets)
-    if has_files:
-        env[SECRETS_DIR_ENV] = SANDBOX_SECRETS_DIR
-    env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm's allocation decides (set below)
-    env.setdefault("PATH", DEFAULT_PATH)
-    env.setdefault("HOME", home or SANDBOX_WORK_DIR)
-    env.setdefault("CORRAL_WORK_DIR", SANDBOX_WORK_DIR)
-    env.setdefault("USER", account.name)
-    env.setdefault("LOGNAME", account.name)
-    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
+    exports = _rank_exports(inst, account, home, env_bin, has_files)
     spec = SandboxSpec(
         command=inst.command,
         work_dir=str(job_dir / "work" / str(inst.rank)),
