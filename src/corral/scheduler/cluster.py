@@ -18,7 +18,6 @@ from itertools import compress
 from typing import TypeVar
 
 from corral.scheduler.types import Allocation, Job, Node, NodeState, Reason, RunningJob
-from corral.scheduler.victim_order import Candidate, VictimOrder
 
 EPS = 1e-9
 MANY = 1 << 30
@@ -184,8 +183,6 @@ class RunningTotals:
         self.ranks: dict[tuple[str, int], int] = {}  # (group, priority) -> preemptible jobs
         self.lenders: dict[str, int] = {}  # group -> preemptible jobs on borrowed quota
         self.stopping = 0  # jobs marked stopping
-        # the preemptible running jobs in victim order, when kept between calls (victim_order.py)
-        self.victim_order: list[Candidate] | None = None
 
     def add(self, rj: RunningJob, per_model: dict[str, int], sign: int) -> None:
         job = rj.job
@@ -234,7 +231,6 @@ class Occupied:
         self.jobs: dict[int, RunningJob] = {}  # id(running job) -> the job (held, so ids stay unique)
         self.held: dict[int, dict[str, int]] = {}  # id(running job) -> GPUs per model
         self.totals = RunningTotals()
-        self.victims = VictimOrder()
         self.ok = True
 
     def sync(self, running: Sequence[RunningJob]) -> list[dict[str, int]] | None:
@@ -253,7 +249,6 @@ class Occupied:
             per_model = held.pop(key)
             self._apply(rj, -1, touched)
             self.totals.add(rj, per_model, -1)
-            self.victims.remove(rj)
         new = current.difference(jobs)
         for rj in compress(running, map(new.__contains__, keys)) if new else ():
             key = id(rj)
@@ -262,7 +257,6 @@ class Occupied:
             jobs[key] = rj
             per_model = held[key] = self._apply(rj, 1, touched)
             self.totals.add(rj, per_model, 1)
-            self.victims.add(rj, per_model)
         if not self.ok:
             return None
         return list(map(held.__getitem__, keys))
@@ -363,9 +357,7 @@ class ClusterState:
         self.free_total = dict(occ.free_total)
         self.free_sum = sum(self.free_total.values())
         self.version += 1
-        totals = occ.totals.copy()
-        totals.victim_order = occ.victims.order()
-        return held, totals
+        return held, occ.totals.copy()
 
     def build_index(self) -> None:
         """Index ready nodes by (model, free count): the empty cluster's index, with the nodes that

@@ -21,9 +21,15 @@ from corral.scheduler.cluster import ClusterState, RunningTotals
 from corral.scheduler.placement import Placer
 from corral.scheduler.profiles import Profile, grace_of
 from corral.scheduler.types import Job, Preemption, RunningJob
-from corral.scheduler.victim_order import Candidate
 
 Spot = tuple[int, str | None, tuple[int, ...], float, int]  # Placed.undo entry: node, model, GPUs, CPUs, MiB
+
+
+@dataclass(slots=True)
+class Candidate:
+    rj: RunningJob
+    gpus_by_model: dict[str, int]
+    las: int
 
 
 @dataclass(slots=True)
@@ -50,9 +56,6 @@ class Preemptor:
         self.st, self.placer, self.ledger, self.profile, self.now = st, placer, ledger, profile, now
         self.attempts_left = profile.max_preemption_attempts if profile.preemption != "none" else 0
         self.running = running
-        # the preemptible running jobs sorted as `order_key` sorts them, kept between cycles
-        # (victim_order.py); None: sorted afresh
-        self.kept_order = totals.victim_order if totals is not None else None
         self.preemptible = 0  # running jobs that may become victims
         # jobs already asked to stop: never victims again; their room goes to the first job it fits
         self.draining: list[Candidate] = []
@@ -100,23 +103,19 @@ class Preemptor:
         profile, now = self.profile, self.now
         las = profile.preemption == "las"
         bound = profile.max_preemptions or None  # jobs preempted this often are spared
-        kept = None if las else self.kept_order
-        if kept is not None:  # the running jobs already in victim order: filtering keeps it
-            cands = list(kept) if bound is None else [c for c in kept if c.rj.job.preemptions < bound]
+        cands = [
+            Candidate(
+                rj,
+                pm,
+                las_queue(attained_now(rj, now, sum(pm.values())), profile.las_thresholds) if las else 0,
+            )
+            for rj, pm in self.running
+            if rj.job.preemptible and not rj.stopping and (bound is None or rj.job.preemptions < bound)
+        ]
+        if las:
+            cands.sort(key=lambda c: (-c.las, -c.rj.start_time, c.rj.job.id))
         else:
-            cands = [
-                Candidate(
-                    rj,
-                    pm,
-                    las_queue(attained_now(rj, now, sum(pm.values())), profile.las_thresholds) if las else 0,
-                )
-                for rj, pm in self.running
-                if rj.job.preemptible and not rj.stopping and (bound is None or rj.job.preemptions < bound)
-            ]
-            if las:
-                cands.sort(key=lambda c: (-c.las, -c.rj.start_time, c.rj.job.id))
-            else:
-                cands.sort(key=self.order_key)
+            cands.sort(key=self.order_key)
         self.candidates = cands
         # indexes so that finding a job's victims does not scan every running job
         self.borrowed = [c for c in cands if c.rj.borrowed]
