@@ -12,6 +12,7 @@ import pytest
 
 from corral.engine.base import AttemptPhase, AttemptStatus
 from corral.engine.slurm import SlurmEngine
+from corral.engine.slurm.scripts import BATCH_OUTPUT
 from corral.engine.slurm.state import AttemptRecord, StateStore
 from corral.scheduler.types import NodeState
 from tests.slurm.helpers import FINISHED, attempt, instance, wait_for
@@ -44,7 +45,7 @@ def test_polls_while_every_job_pends_ask_squeue_again_only_when_one_starts(
     polls_pending(engine, "140.1", 5)
     assert len(squeue_calls) == 1, squeue_calls
     # as slurmstepd does when the job starts on its node: the next poll asks squeue
-    marker = engine.store.batch_output("140.1", ref)
+    marker = engine.store.job_file("140.1", BATCH_OUTPUT.format(job_id=ref))
     with open(marker, "w"):
         pass
     polls_pending(engine, "140.1", 1)  # still pending in truth: the marker was ours

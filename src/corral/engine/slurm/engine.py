@@ -460,7 +460,8 @@ class SlurmEngine:
             if status is None or record.stop is not None or not record.slurm_job_id:
                 return None
             # slurmstepd makes the batch step's --output file before it runs batch.sh
-            if os.path.exists(self.store.batch_output(record.attempt_id, record.slurm_job_id)):
+            output = scripts.BATCH_OUTPUT.format(job_id=record.slurm_job_id)
+            if os.path.exists(self.store.job_file(record.attempt_id, output)):
                 return None
             out[record.attempt_id] = status
         return out
@@ -634,7 +635,6 @@ class SlurmEngine:
             self._request_stop(record, grace_s, kind="stopped")
 
     def _request_stop(self, record: AttemptRecord, grace_s: float, kind: str) -> None:
-        self._pending.pop(record.attempt_id, None)  # the next poll asks squeue how it ended
         now = time.time()
         if record.stop is None:
             record.stop = StopRequest(requested_at=now, grace_s=grace_s, kind=kind)

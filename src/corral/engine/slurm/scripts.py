@@ -29,6 +29,10 @@ from corral.engine.isolation.sandbox import SANDBOX_WORK_DIR, SandboxSpec, bwrap
 from corral.engine.isolation.secret_files import SANDBOX_SECRETS_DIR, SECRETS_DIR_ENV, write_secrets
 from corral.engine.slurm.users import UnixAccount
 
+# The batch step's output file in the job dir (sbatch --output; %j is Slurm's job id): slurmstepd
+# makes it as the job starts on its node, which the engine's poll reads as "started".
+BATCH_OUTPUT = "slurm-{job_id}.out"
+
 ATTEMPT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -121,7 +125,7 @@ def sbatch_args(
         "--no-requeue",
         "--export=ALL",  # of the clean environment sbatch runs with (SlurmCli.submit_env)
         f"--chdir={job_dir}",
-        f"--output={job_dir}/slurm-%j.out",
+        f"--output={job_dir}/{BATCH_OUTPUT.format(job_id='%j')}",
         f"--nodes={n}",
         f"--nodelist={','.join(s.node for s in shares)}",
         f"--ntasks={n}",

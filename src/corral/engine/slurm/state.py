@@ -190,10 +190,10 @@ class StateStore:
                 return d
         return None
 
-    def batch_output(self, attempt_id: str, slurm_job_id: str) -> str:
-        """The batch step's --output file (scripts.sbatch_args), which slurmstepd makes as the job
-        starts on its node: its existence says the job started."""
-        return f"{self._attempts_str}/{attempt_id}/job/slurm-{slurm_job_id}.out"
+    def job_file(self, attempt_id: str, name: str) -> str:
+        """The path of file `name` in the attempt's job dir, as a str (the poll checks one per live
+        attempt many times a second; job_dir builds Paths)."""
+        return f"{self._attempts_str}/{attempt_id}/job/{name}"
 
     def _file(self, attempt_id: str) -> Path:
         return self.attempt_dir(attempt_id) / "attempt.json"
@@ -311,9 +311,9 @@ def _new_record_file(directory: Path, data: bytes) -> str:
             os.makedirs(directory, exist_ok=True)
             continue
         try:
-            view = memoryview(data)
-            while view:  # a regular file takes it all at once, short of a full disk
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        except BaseException:
+            os.unlink(path)  # a full disk: no stray part-record left
+            raise
         return path
