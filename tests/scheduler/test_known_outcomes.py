@@ -249,3 +249,26 @@ def test_replayed_outcomes_with_several_users_per_group_over_cycles(
             for k, j in enumerate(rng.sample(s.queued, min(3, len(s.queued))))
         )
         s = dataclasses.replace(s, running=tuple(running_left), queued=s.queued + arrivals)
+
+
+@settings(max_examples=40, deadline=None)
+@given(crowded(), st.sampled_from(PROFILE_NAMES), st.booleans())
+def test_keys_read_off_the_job_info_equal_the_key_methods(s: Snapshot, name: str, borrowing: bool) -> None:
+    """`KnownOutcomes.replay` reads the failure, search and admission keys straight off the
+    JobInfo under the default policy's settings (`plain`): they must be what the key methods
+    give, in either pass, or a replayed outcome would be looked up under another kind's key."""
+    from corral.scheduler.core import Cycle
+
+    profile = PROFILES[name]
+    for variant in (profile, dataclasses.replace(profile, quotas=not profile.quotas)):
+        cycle = Cycle(Scheduler(variant), s, 1000.0, random.Random(0))
+        cycle.borrowing = borrowing
+        known = cycle.known
+        assert known.plain == (variant.quotas and variant.preemption not in ("none", "las"))
+        if not known.plain:
+            continue
+        for j in cycle.waiting:
+            info = cycle.infos(j)
+            assert known.fail_key(j, info) == info.rank_id
+            assert known.search_key(j, info) == info.search_id
+            assert known.admit_key(j, info) == 2 * info.admit_id + borrowing

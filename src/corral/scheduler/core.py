@@ -198,7 +198,8 @@ class Cycle:
                 if token is None:
                     token = known.token()
                 if known.replay(job, info, token):
-                    known.skip_run(token, borrowing)
+                    if queue.run_ahead():  # (most have none: no call for them)
+                        known.skip_run(token, borrowing)
                     continue
             self.consider(job, borrowing, info)
             token = None

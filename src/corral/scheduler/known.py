@@ -69,6 +69,9 @@ class KnownOutcomes:
         # borrowing pass (first pass only: the key holds the pass)
         self.deferred: dict[int, Token] = {}
         self.deferred_jobs = cycle.quota.deferred
+        # quota_priority preemption with quotas (the default policy): fail_key is rank_id,
+        # search_key search_id and admit_key 2 * admit_id + the pass
+        self.plain = cycle.profile.quotas and cycle.profile.preemption not in ("none", "las")
 
     # -- keys -----------------------------------------------------------------------------------
     def token(self) -> Token:
@@ -133,20 +136,21 @@ class KnownOutcomes:
         against its own runtime). False when no such outcome is known; then the job takes the
         ordinary path (`Cycle.consider`), which records what it finds."""
         # (`_holds` only when the state differs: most look-ups find nothing or the same state)
+        plain = self.plain  # the keys read straight off the JobInfo (what the key methods give)
         if self.short:
-            rec = self.short.get(self.fail_key(job, info))
+            rec = self.short.get(info.rank_id if plain else self.fail_key(job, info))
             if rec is not None and (rec == token or _holds(rec, token)):
                 self.no_fit.add(job.id)
                 return True
         if self.searched:
-            rec = self.searched.get(self.search_key(job, info))
+            rec = self.searched.get(info.search_id if plain else self.search_key(job, info))
             if rec is not None and (rec == token or _holds(rec, token)):
                 self.no_fit.add(job.id)
                 self._spend_attempt()
                 return True
         if not self.deferred and not self.admitted:
             return False
-        key = self.admit_key(job, info)
+        key = 2 * info.admit_id + self.cycle.borrowing if plain else self.admit_key(job, info)
         if self.deferred:
             rec = self.deferred.get(key)
             if rec is not None and (rec == token or _holds(rec, token)):
