@@ -152,3 +152,27 @@ def test_a_dispatch_tick_that_records_launches_still_claims_when_due(
     assert late in queue.busy_ids() or any(r[0] == late for r in queue.done)
     assert not ctx.memory.dispatch_claim_asked
     queue.pool.shutdown()
+
+
+def test_the_schedule_loop_probes_the_queue_only_once_it_has_emptied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While its last snapshot had jobs waiting, a cycle reads the snapshot at once (no "anything
+    queued?" probe first); the cycle that finds the queue empty clears that, and an idle queue
+    costs the one probe per tick again."""
+    monkeypatch.setattr("corral.server.scheduling.launch_placed", lambda ctx: None)
+    ctx = cluster(tmp_path, 2, 2)  # 8 GPUs: both placed by the first cycle
+    schedule_tick(ctx, time.time())
+    assert ctx.memory.queue_seen
+    with statements(ctx) as emptied:
+        schedule_tick(ctx, time.time())
+    assert not ctx.memory.queue_seen
+    assert not any("LIMIT" in s and s.startswith("SELECT jobs.id FROM jobs") for s in emptied), emptied
+    with statements(ctx) as idle:
+        schedule_tick(ctx, time.time())
+    assert len(idle) == 1 and idle[0].startswith("SELECT jobs.id FROM jobs"), idle
+    with ctx.session_factory() as session:
+        gid, uid = session.execute(select(Job.group_id, Job.user_id)).first()  # type: ignore[misc]
+        late = add_job(session, gid, uid)
+    schedule_tick(ctx, time.time())  # the probe finds it, the cycle places it
+    assert state_and_lease(ctx, late) == ("scheduled", None)
