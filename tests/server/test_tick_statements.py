@@ -154,25 +154,32 @@ def test_a_dispatch_tick_that_records_launches_still_claims_when_due(
     queue.pool.shutdown()
 
 
-def test_the_schedule_loop_probes_the_queue_only_once_it_has_emptied(
+def test_the_schedule_loop_probes_the_queue_only_when_its_last_cycle_left_none_waiting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """While its last snapshot had jobs waiting, a cycle reads the snapshot at once (no "anything
-    queued?" probe first); the cycle that finds the queue empty clears that, and an idle queue
-    costs the one probe per tick again."""
+    """While its last cycle left jobs waiting, a cycle reads the snapshot at once (no "anything
+    queued?" probe first); a cycle that placed every waiting job, or found none, turns the probe
+    back on, and an idle queue costs that one probe per tick."""
     monkeypatch.setattr("corral.server.scheduling.launch_placed", lambda ctx: None)
-    ctx = cluster(tmp_path, 2, 2)  # 8 GPUs: both placed by the first cycle
+    ctx = cluster(tmp_path, 2, 10)  # 8 GPUs: the first cycle places 8, 2 wait
     schedule_tick(ctx, time.time())
     assert ctx.memory.queue_seen
+    with statements(ctx) as waiting:
+        schedule_tick(ctx, time.time())
+    assert not any(s.startswith("SELECT jobs.id FROM jobs") for s in waiting), waiting
+    assert ctx.memory.queue_seen  # placed nothing, 2 still wait
+    with ctx.session_factory() as session:
+        session.execute(update(Job).where(Job.state == "queued").values(state="cancelled"))
+        session.commit()
     with statements(ctx) as emptied:
         schedule_tick(ctx, time.time())
-    assert not ctx.memory.queue_seen
-    assert not any("LIMIT" in s and s.startswith("SELECT jobs.id FROM jobs") for s in emptied), emptied
+    assert len(emptied) > 1 and not ctx.memory.queue_seen
     with statements(ctx) as idle:
         schedule_tick(ctx, time.time())
     assert len(idle) == 1 and idle[0].startswith("SELECT jobs.id FROM jobs"), idle
     with ctx.session_factory() as session:
         gid, uid = session.execute(select(Job.group_id, Job.user_id)).first()  # type: ignore[misc]
-        late = add_job(session, gid, uid)
-    schedule_tick(ctx, time.time())  # the probe finds it, the cycle places it
+        late = add_job(session, gid, uid, gpus=0)  # the GPUs are taken; CPUs are not
+    schedule_tick(ctx, time.time())  # the probe finds it, the cycle places it: none left waiting
     assert state_and_lease(ctx, late) == ("scheduled", None)
+    assert not ctx.memory.queue_seen

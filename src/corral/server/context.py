@@ -56,7 +56,7 @@ class LoopMemory:
     scheduler: Scheduler | None = None  # the schedule loop's (scheduling.scheduler_for)
     ahead_scheduler: Scheduler | None = None  # its pass placing jobs ahead of freed slots (ahead.py)
     shape_cache: ShapeCache | None = None  # the schedule loop's nodes, groups, users (snapshot.py)
-    queue_seen: bool = False  # the schedule loop's last snapshot had jobs waiting (schedule_tick)
+    queue_seen: bool = False  # the schedule loop's last cycle left jobs waiting (schedule_tick)
     # A committed change (a cancel) or the schedule loop asks the dispatch loop to read and claim
     # the scheduled jobs at its next tick, even one woken to record launches (dispatch_tick).
     dispatch_claim_asked: bool = False
