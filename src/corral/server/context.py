@@ -56,6 +56,10 @@ class LoopMemory:
     scheduler: Scheduler | None = None  # the schedule loop's (scheduling.scheduler_for)
     ahead_scheduler: Scheduler | None = None  # its pass placing jobs ahead of freed slots (ahead.py)
     shape_cache: ShapeCache | None = None  # the schedule loop's nodes, groups, users (snapshot.py)
+    queue_seen: bool = False  # the schedule loop's last cycle left jobs waiting (schedule_tick)
+    # A committed change (a cancel) or the schedule loop asks the dispatch loop to read and claim
+    # the scheduled jobs at its next tick, even one woken to record launches (dispatch_tick).
+    dispatch_claim_asked: bool = False
     retention_checked_at: float = 0.0  # when the retention loop last found no more to delete
     exit_spec: ExitSpecCache | None = None  # diagnosis: the active exit-spec (reconcile)
     log_tail_bytes: int = 64 * 1024  # diagnosis: how much of a failed rank's log it reads
@@ -88,7 +92,10 @@ class ServerContext:
     def changed(self, topic: Topic) -> None:
         """The services' Notifier: a change of `topic` was committed; wake the loops acting on it,
         so a submit reaches the scheduler in milliseconds rather than at its next tick."""
-        self.wake(*WAKE_ON_CHANGE[topic])
+        names = WAKE_ON_CHANGE[topic]
+        if "dispatch" in names:
+            self.memory.dispatch_claim_asked = True
+        self.wake(*names)
 
 
 @dataclass(frozen=True)

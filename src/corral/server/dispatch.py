@@ -77,6 +77,7 @@ MAX_BATCH = 256  # scheduled jobs launched per tick; the rest go in the next tic
 # stopped when the launch is recorded (_record_launch), as it always was for the same race
 # between the renewal and the engine call.
 FRESH_CLAIM_S = 1.0
+DISPATCH_INTERVAL_S = 0.2  # the loop's interval (runner.core_loops)
 
 
 def master_port(address: str, job_id: int) -> int:
@@ -394,12 +395,21 @@ def _record_started(
     compare-and-set, their attempts (with the engine's ref) in one more, the events in one
     INSERT. A job settled meanwhile loses alone and its process is stopped (no orphan)."""
     now = time.time()
-    for job, _, _ in started:
-        job.lease_owner = None
-    won = transition_jobs(session, [job for job, _, _ in started], JobState.STARTING, now=now)
+    # The row lease is released in the compare-and-set itself: a separate ORM flush of
+    # `lease_owner = None` was one more UPDATE per batch. Only a job that lost (rare) is released
+    # by that flush, as before.
+    won = transition_jobs(
+        session,
+        [job for job, _, _ in started],
+        JobState.STARTING,
+        now=now,
+        values={job.id: {"lease_owner": None} for job, _, _ in started},
+    )
     for job, _, (_, attempt_id, ref, _) in started:
-        if job.id not in won and ref is not None:
-            ctx.engine.stop(attempt_id, 0.0)
+        if job.id not in won:
+            job.lease_owner = None
+            if ref is not None:
+                ctx.engine.stop(attempt_id, 0.0)
     values = {a.id: {"engine_ref": r[2], "engine": ctx.engine.name} for j, a, r in started if j.id in won}
     moved = move_attempts(session, [a for j, a, _ in started if j.id in won], AttemptState.STARTING, values)
     if len(moved) < len(values):
@@ -453,6 +463,10 @@ class LaunchQueue:
     # jobs it just placed straight on (launch_placed). Both skip the jobs in flight; holding this
     # from that read until the claimed jobs are in flight keeps them from launching one job twice.
     claiming: threading.Lock = field(default_factory=threading.Lock)
+    # When this process last read the scheduled jobs (monotonic): a tick woken only to record
+    # finished launches skips the read while it is younger than the loop's interval, unless a
+    # claim was asked for since (LoopMemory.dispatch_claim_asked).
+    claim_read_at: float = -math.inf
 
     def take_done(self) -> list[Launched]:
         with self.lock:
@@ -513,7 +527,12 @@ def _submit(ctx: ServerContext, queue: LaunchQueue, launch: AttemptLaunch, claim
 
 def dispatch_tick(ctx: ServerContext, now: float) -> None:
     """Record the launches that finished (one transaction), then claim and build the launches of
-    newly scheduled jobs (one transaction) and hand them to the launch pool."""
+    newly scheduled jobs (one transaction) and hand them to the launch pool. A tick that recorded
+    launches skips the claim's read when the last one is younger than DISPATCH_INTERVAL_S and no
+    claim was asked for since: the launch pool wakes this loop for every few launches it ends
+    (a dozen ticks a second under load), and the jobs the schedule loop places are claimed by
+    that loop itself (launch_placed). Another server's placements are still read at least once
+    per interval, as by an idle loop."""
     queue = launch_queue(ctx)
     done = queue.take_done()
     if done:
@@ -522,6 +541,11 @@ def dispatch_tick(ctx: ServerContext, now: float) -> None:
         with queue.lock:
             queue.in_flight.difference_update(r[0] for r in done)
         ctx.wake("reconcile")
+        if (
+            not ctx.memory.dispatch_claim_asked
+            and time.monotonic() - queue.claim_read_at < DISPATCH_INTERVAL_S
+        ):
+            return
     launch_scheduled(ctx, queue)
 
 
@@ -532,6 +556,7 @@ def launch_scheduled(ctx: ServerContext, queue: LaunchQueue, wait: bool = True) 
     if not queue.claiming.acquire(blocking=wait):
         return None
     try:
+        ctx.memory.dispatch_claim_asked, queue.claim_read_at = False, time.monotonic()
         claimed_at = time.time()
         with ctx.session_factory() as session:
             launches = prepare_launches(ctx, session, claimed_at, skip=queue.busy_ids())
@@ -554,10 +579,17 @@ def launch_placed(ctx: ServerContext) -> None:
         if launch_scheduled(ctx, launch_queue(ctx), wait=False) is None:
             # the dispatch loop is claiming: the schedule loop does not wait behind its batch (and
             # a busy database); woken, that loop takes these at its next tick
-            ctx.wake("dispatch")
+            ask_for_claim(ctx)
     except Exception:  # e.g. the database busy: the dispatch loop tries again at its next tick
         log.exception("launching just-placed jobs failed; the dispatch loop will")
-        ctx.wake("dispatch")
+        ask_for_claim(ctx)
+
+
+def ask_for_claim(ctx: ServerContext) -> None:
+    """Wake the dispatch loop to read and claim the scheduled jobs at its next tick, even one that
+    records launches (dispatch_tick)."""
+    ctx.memory.dispatch_claim_asked = True
+    ctx.wake("dispatch")
 
 
 def shutdown_launches(ctx: ServerContext) -> None:

@@ -32,7 +32,7 @@ ERROR_LOG_INTERVAL_S = 60.0
 
 
 def core_loops(reconcile_interval_s: float = DEFAULT_POLL_INTERVAL_S) -> list[BackgroundLoop]:
-    from corral.server.dispatch import dispatch_tick
+    from corral.server.dispatch import DISPATCH_INTERVAL_S, dispatch_tick
     from corral.server.nodes import node_tick
     from corral.server.reconcile import reconcile_tick
     from corral.server.retention import RETENTION_LOOP_INTERVAL_S, retention_tick
@@ -41,7 +41,7 @@ def core_loops(reconcile_interval_s: float = DEFAULT_POLL_INTERVAL_S) -> list[Ba
     return [
         BackgroundLoop("nodes", 1.0, node_tick),
         BackgroundLoop("schedule", 0.2, schedule_tick),
-        BackgroundLoop("dispatch", 0.2, dispatch_tick),
+        BackgroundLoop("dispatch", DISPATCH_INTERVAL_S, dispatch_tick),
         BackgroundLoop("reconcile", reconcile_interval_s, reconcile_tick),
         BackgroundLoop("retention", RETENTION_LOOP_INTERVAL_S, retention_tick),
     ]

@@ -295,15 +295,19 @@ def jobs_with_live_attempts(
     return {j.id: j for j in jobs}, live_attempts(session, ids)
 
 
+# Built once with bound parameters (several calls per loop tick): building the select and its
+# cache key each call cost ~40 us more than looking the compiled one up.
+LIVE_ATTEMPTS = select(Attempt).where(
+    Attempt.job_id.in_(bindparam("job_ids", expanding=True)),
+    Attempt.state.in_([s.value for s in LIVE_ATTEMPT_STATES]),
+)
+
+
 def live_attempts(session: Session, job_ids: Sequence[int]) -> dict[int, Attempt]:
     """The current (not finished) attempt of each job that has one."""
     if not job_ids:
         return {}
-    rows = session.scalars(
-        select(Attempt).where(
-            Attempt.job_id.in_(job_ids), Attempt.state.in_([s.value for s in LIVE_ATTEMPT_STATES])
-        )
-    )
+    rows = session.scalars(LIVE_ATTEMPTS, {"job_ids": list(job_ids)})
     return {a.job_id: a for a in rows}
 
 
@@ -453,6 +457,26 @@ def cached_shape(session: Session, cache: ShapeCache) -> ClusterShape:
     return shape
 
 
+_LIVE_JOB = Job.state.in_([s.value for s in LIVE_JOB_STATES])
+# The schedule cycle's reads of the queue and live jobs, the usage ledger and the retry
+# exclusions, built once (the jobs' select cost ~0.13 ms to build, every cycle). SQLAlchemy types
+# selects of up to 10 columns: the jobs' 19 are named by _JobRow instead.
+CLUSTER_JOBS = (
+    select(*_JOB_COLUMNS, *_ATTEMPT_COLUMNS, Attempt.id.label("attempt_id"))
+    .outerjoin(
+        Attempt,
+        and_(
+            Attempt.job_id == Job.id,
+            _LIVE_JOB,
+            Attempt.state.in_([s.value for s in LIVE_ATTEMPT_STATES]),
+        ),
+    )
+    .where(or_(and_(Job.state == JobState.QUEUED.value, Job.cancel_requested.is_(False)), _LIVE_JOB))
+)
+LEDGER_ROWS = select(UsageLedger)
+AVOID_ROWS = select(JobAvoid)
+
+
 def read_cluster_state(session: Session, cache: ShapeCache | None = None) -> ClusterState:
     """One SELECT per table read: nodes, their GPUs, groups, their quotas, users (or, with `cache`,
     one digest of them when it is unchanged: cached_shape), jobs (waiting and live, with the live
@@ -460,25 +484,11 @@ def read_cluster_state(session: Session, cache: ShapeCache | None = None) -> Clu
     quota (storage_accounts) (tests/server/test_snapshot_queries.py keeps it so)."""
     shape = read_shape(session) if cache is None else cached_shape(session, cache)
     group_names, user_names = shape.group_names, shape.user_names
-    live_job = Job.state.in_([s.value for s in LIVE_JOB_STATES])
-    # SQLAlchemy types selects of up to 10 columns: this one's 19 are named by _JobRow instead.
-    rows = session.execute(
-        select(*_JOB_COLUMNS, *_ATTEMPT_COLUMNS, Attempt.id.label("attempt_id"))
-        .outerjoin(
-            Attempt,
-            and_(
-                Attempt.job_id == Job.id,
-                live_job,
-                Attempt.state.in_([s.value for s in LIVE_ATTEMPT_STATES]),
-            ),
-        )
-        .where(or_(and_(Job.state == JobState.QUEUED.value, Job.cancel_requested.is_(False)), live_job))
-    ).all()
-    jobs = cast("Sequence[_JobRow]", rows)
+    jobs = cast("Sequence[_JobRow]", session.execute(CLUSTER_JOBS).all())
     queued = [row for row in jobs if row.state == JobState.QUEUED.value]
     live = [row for row in jobs if row.state != JobState.QUEUED.value and row.attempt_id is not None]
-    ledger = session.scalars(select(UsageLedger)).all()
-    avoid = {a.job_id: a for a in session.scalars(select(JobAvoid))}
+    ledger = session.scalars(LEDGER_ROWS).all()
+    avoid = {a.job_id: a for a in session.scalars(AVOID_ROWS)}
     storage_over = groups_over_quota(session)
     return ClusterState(
         nodes=shape.nodes,
