@@ -51,7 +51,7 @@ from corral.spec import JobSpecV1
 from tests.server.fakes import FakeEngine, gpu_node
 
 T = TypeVar("T")
-LOOPS: dict[str, Callable[[ServerContext, float], None]] = {
+LOOPS: dict[str, Callable[[ServerContext, float], float | None]] = {
     "schedule": schedule_tick,
     "dispatch": dispatch_tick,
     "reconcile": reconcile_tick,
@@ -313,7 +313,7 @@ class RaceHook:
         self.worker.start()
         self.worker.join(1.0)
 
-    def during(self, k: int, action: Callable[[], None], tick: Callable[[], None]) -> bool:
+    def during(self, k: int, action: Callable[[], None], tick: Callable[[], object]) -> bool:
         """Run `tick` with `action` raced before its k-th write transaction; True if it fired."""
         self.thread, self.k, self.action, self.writes_seen, self.fired = (
             threading.get_ident(),

@@ -102,5 +102,7 @@ class ServerContext:
 class BackgroundLoop:
     name: str
     interval_s: float
-    tick: Callable[[ServerContext, float], None]  # (context, now as unix seconds)
+    # (context, now as unix seconds) -> None, or how soon (seconds) the loop wants its next tick
+    # when sooner than its interval (a tick that put off part of its work: dispatch_tick)
+    tick: Callable[[ServerContext, float], float | None]
     singleton: bool = True  # hold the Lease named `name` while ticking, so one server does it

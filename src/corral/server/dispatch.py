@@ -525,14 +525,15 @@ def _submit(ctx: ServerContext, queue: LaunchQueue, launch: AttemptLaunch, claim
         raise
 
 
-def dispatch_tick(ctx: ServerContext, now: float) -> None:
+def dispatch_tick(ctx: ServerContext, now: float) -> float | None:
     """Record the launches that finished (one transaction), then claim and build the launches of
     newly scheduled jobs (one transaction) and hand them to the launch pool. A tick that recorded
     launches skips the claim's read when the last one is younger than DISPATCH_INTERVAL_S and no
     claim was asked for since: the launch pool wakes this loop for every few launches it ends
     (a dozen ticks a second under load), and the jobs the schedule loop places are claimed by
-    that loop itself (launch_placed). Another server's placements are still read at least once
-    per interval, as by an idle loop."""
+    that loop itself (launch_placed). Such a tick returns when the read is due, so that the
+    runner ticks again then and not a whole interval later: another server's placements are
+    still read at least once per interval, as by an idle loop."""
     queue = launch_queue(ctx)
     done = queue.take_done()
     if done:
@@ -541,12 +542,11 @@ def dispatch_tick(ctx: ServerContext, now: float) -> None:
         with queue.lock:
             queue.in_flight.difference_update(r[0] for r in done)
         ctx.wake("reconcile")
-        if (
-            not ctx.memory.dispatch_claim_asked
-            and time.monotonic() - queue.claim_read_at < DISPATCH_INTERVAL_S
-        ):
-            return
+        due = queue.claim_read_at + DISPATCH_INTERVAL_S - time.monotonic()
+        if not ctx.memory.dispatch_claim_asked and due > 0:
+            return due
     launch_scheduled(ctx, queue)
+    return None
 
 
 def launch_scheduled(ctx: ServerContext, queue: LaunchQueue, wait: bool = True) -> int | None:
@@ -558,8 +558,14 @@ def launch_scheduled(ctx: ServerContext, queue: LaunchQueue, wait: bool = True) 
     try:
         ctx.memory.dispatch_claim_asked, queue.claim_read_at = False, time.monotonic()
         claimed_at = time.time()
-        with ctx.session_factory() as session:
-            launches = prepare_launches(ctx, session, claimed_at, skip=queue.busy_ids())
+        try:
+            with ctx.session_factory() as session:
+                launches = prepare_launches(ctx, session, claimed_at, skip=queue.busy_ids())
+        except Exception:
+            ctx.memory.dispatch_claim_asked = True  # not read: the next tick reads, recording or not
+            raise
+        if len(launches) >= MAX_BATCH:
+            ctx.memory.dispatch_claim_asked = True  # more may wait: read again at the next tick
         for launch in launches:
             _submit(ctx, queue, launch, claimed_at)
     finally:

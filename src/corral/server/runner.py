@@ -148,6 +148,7 @@ class LoopRunner:
         held_until = 0.0
         while not self._stop.is_set():
             event.clear()
+            due: float | None = None
             now, cpu_at_start = time.time(), time.thread_time()
             try:
                 if loop.singleton:
@@ -155,7 +156,7 @@ class LoopRunner:
                     self.ctx.memory.lease_until[loop.name] = held_until
                 if not loop.singleton or held_until > now:
                     wall, cpu = time.perf_counter(), time.thread_time()
-                    loop.tick(self.ctx, now)
+                    due = loop.tick(self.ctx, now)
                     stats = self.stats[loop.name]
                     stats[0] += 1
                     stats[1] += time.perf_counter() - wall
@@ -165,7 +166,7 @@ class LoopRunner:
                 self._last_error[loop.name] = f"{type(exc).__name__}: {exc}"[:500]
                 self._log_failure(loop, exc)
             cpu_s = time.thread_time() - cpu_at_start
-            event.wait(loop.interval_s)
+            event.wait(loop.interval_s if due is None else max(0.0, min(loop.interval_s, due)))
             # Debounce: a burst of wake-ups (e.g. 100 submits) becomes one tick, not 100; and a
             # loop whose ticks got CPU-heavy (a deep queue) rests as long as it computed, so that
             # woken loops never take more than half a core from the API on a busy server. CPU
