@@ -267,9 +267,6 @@ class Simulator:
         """Refuse at submit what the live platform refuses: a job no node can ever hold, and (for
         a policy with quotas) a job its group's quotas can never admit (services/quota.py)."""
         verdicts: dict[tuple[object, ...], str] = {}  # shape -> "" (fits) or why not; few shapes
-        # shape -> its tasks: frozen values, one tuple shared by the jobs of a shape instead of
-        # one made (and validated) per job
-        tasks_of: dict[tuple[object, ...], tuple[TaskSpec, ...]] = {}
         profile = getattr(self.scheduler, "profile", None)
         quotas = bool(getattr(profile, "quotas", False))
         cpu_on_gpu = bool(getattr(profile, "cpu_jobs_on_gpu_nodes", False))  # as the schedule() would
@@ -298,10 +295,7 @@ class Simulator:
                 if self.config.record_events:
                     self.log.append(JobEvent(tj.submit_time, tj.job_id, "reject", reason=why))
                 continue
-            tasks = tasks_of.get(shape)
-            if tasks is None:
-                tasks = tasks_of[shape] = _tasks_for(tj)
-            self.jobs[tj.job_id] = SimJob(trace=tj, tasks=tasks, remaining=tj.duration)
+            self.jobs[tj.job_id] = SimJob(trace=tj, tasks=_tasks_for(tj), remaining=tj.duration)
             self._push(tj.submit_time, _Ev.ARRIVAL, tj.job_id)
         if self.config.node_mtbf_s:
             for node in self.nodes:
@@ -314,17 +308,15 @@ class Simulator:
             return
         decay = 0.5 ** (dt / self.config.usage_half_life_s)
         queued, guarantee, owed, given = self.queued_gpus, self.guarantee, self.owed_gpu_s, self.given_gpu_s
-        usage, rates = self.usage, self.usage_rate  # (locals: this runs at every event time)
-        for name, value in usage.items():
-            rate = rates[name]
-            usage[name] = value * decay + rate * dt
+        for name, value in self.usage.items():
+            rate = self.usage_rate[name]
+            self.usage[name] = value * decay + rate * dt
             g = guarantee[name]
             if g:
                 owed[name] += min(g, rate + queued[name]) * dt
                 given[name] += min(g, rate) * dt
-        user_usage, user_rates = self.user_usage, self.user_rate
-        for key, value in user_usage.items():
-            user_usage[key] = value * decay + user_rates[key] * dt
+        for key, value in self.user_usage.items():
+            self.user_usage[key] = value * decay + self.user_rate[key] * dt
         self.usage_time = now
 
     def snapshot(self) -> Snapshot:
@@ -552,11 +544,11 @@ class Simulator:
         while events and self.job_events:
             now = events[0][0]
             changed = False
-            self._advance_usage(now)  # once per instant: events at one time add no usage
             while events and events[0][0] == now:
                 _, kind, _, key = heapq.heappop(events)
                 if kind < _Ev.NODE_FAIL or kind >= _Ev.ARRIVAL:
                     self.job_events -= 1
+                self._advance_usage(now)
                 changed = handle(now, kind, key) or changed
             if changed and self.queued:
                 self._cycle_or_defer(now)
@@ -638,8 +630,6 @@ class _SimSink:
         elif sim.new_arrivals:
             due = [j for j in sim.new_arrivals if j in sim.queued and j not in planned]
         else:
-            return
-        if not due:  # nothing to read (most cycles under eta_interval_s): no call into the plan
             return
         started = time.perf_counter()
         for job_id, eta in estimated_starts(diagnoses, due).items():
