@@ -196,3 +196,60 @@ def test_backfill_starts_places_runs_of_alike_jobs_as_one_by_one(
     free = {"a": free_a, "b": free_b}
     want = plain_backfill_starts(0.0, free, capacity, events, waiting, 50.0, in_order)
     assert eta.backfill_starts(0.0, free, capacity, events, waiting, 50.0, in_order) == want
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    free_now=st.integers(0, 6),
+    returns=st.lists(
+        st.tuples(st.sampled_from([3.0, 10.0, 25.0, 40.0, 90.0]), st.integers(1, 5)), max_size=10
+    ),
+    runs=st.lists(
+        st.tuples(st.integers(1, 4), st.sampled_from([None, 7.0, 30.0, 60.0]), st.integers(2, 12)),
+        min_size=1,
+        max_size=5,
+    ),
+    in_order=st.booleans(),
+)
+def test_long_runs_along_the_last_run_of_room_start_as_one_by_one(
+    free_now: int,
+    returns: list[tuple[float, int]],
+    runs: list[tuple[int, float | None, int]],
+    in_order: bool,
+) -> None:
+    """Long runs of alike jobs on one model, most of them past every return (the last run of
+    room, where a run's later jobs are placed without searches, `_place_along_last_run`): each
+    start as placing the jobs one by one, strict FIFO's raised floor included; the fast path is
+    taken in some of these rolls."""
+    events = [(t, {"a": n}) for t, n in returns]
+    capacity = {"a": max(8, free_now + sum(n for _, n in returns))}
+    waiting = [
+        (f"j{k}-{r}", need, ("a",), runtime)
+        for k, (need, runtime, repeat) in enumerate(runs)
+        for r in range(repeat)
+    ]
+    free = {"a": free_now}
+    want = plain_backfill_starts(0.0, free, capacity, events, waiting, 50.0, in_order)
+    assert eta.backfill_starts(0.0, free, capacity, events, waiting, 50.0, in_order) == want
+
+
+def test_the_last_run_path_is_taken_and_agrees() -> None:
+    """A fixed roll that goes through `_place_along_last_run` several times (8 one-GPU jobs on
+    4 GPUs free from 10 s on, each for 20 s: starts 10, 10, 10, 10, 30, 30, 30, 30)."""
+    events = [(10.0, {"a": 4})]
+    waiting = [(f"j{k}", 1, ("a",), 20.0) for k in range(8)]
+    calls = []
+    real = eta._place_along_last_run
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    eta._place_along_last_run = counted  # type: ignore[assignment]
+    try:
+        got = eta.backfill_starts(0.0, {"a": 0}, {"a": 4}, events, waiting, 50.0)
+    finally:
+        eta._place_along_last_run = real
+    assert calls
+    assert got == plain_backfill_starts(0.0, {"a": 0}, {"a": 4}, events, waiting, 50.0, False)
+    assert [got[f"j{k}"] for k in range(8)] == [10.0] * 4 + [30.0] * 4

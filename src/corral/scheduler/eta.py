@@ -254,6 +254,13 @@ class Timeline:
             self.taken = (i, j)
         return at
 
+    def in_last_run(self, need: int) -> bool:
+        """Right after a take of `need` GPUs (nothing changed since): whether the stretch it held
+        begins the last run of room for `need`, i.e. `need` GPUs stay free from the stretch's end
+        on for ever (the stretch itself had room for the job before the take)."""
+        j = self.taken[1]
+        return j >= self.size or int(_min(self.free[j : self.size])) >= need
+
     def room_again(self, need: int) -> tuple[int, int, int]:
         """Right after a job of `need` GPUs took its stretch (`take` or `hold_earliest`, nothing
         changed since): the stretch's breakpoint indices [i, j) and how many more jobs of the
@@ -307,7 +314,12 @@ def backfill_starts(
             if in_order and at is not None:
                 floor = at
             if index < count and _alike(waiting[index], need, models, runtime):
-                index = _place_alike(waiting, index, line, at, out)
+                if at is not None and line.in_last_run(need):
+                    index, last = _place_along_last_run(waiting, index, line, at, hold, out)
+                    if in_order:
+                        floor = last
+                else:
+                    index = _place_alike(waiting, index, line, at, out)
             continue
         best_at: float | None = None
         best_line: Timeline | None = None
@@ -357,6 +369,47 @@ def _place_alike(
     if line is not None and same > index and at is not None:
         line.free[i:j] -= (same - index) * need
     return same
+
+
+def _place_along_last_run(
+    waiting: Sequence[Waiting],
+    index: int,
+    line: Timeline,
+    at: float,
+    hold: float,
+    out: dict[str, float | None],
+) -> tuple[int, float]:
+    """`_place_alike` and the searches after it, for a run of alike jobs whose first took its
+    stretch at the start of the last run of room (`Timeline.in_last_run`: room for it from there
+    on). While the stretch has room, jobs start where the first did; once it is full, the next
+    start is the breakpoint after the stretch's last one short of room: every earlier start
+    would overlap that one (no earlier time had room for the first, and the timeline has only
+    lost room since), and from there on there is room until the stretch ends and, past its end,
+    the last run's room, untouched. The job holds that stretch, again at the start of the last
+    run of room, and so on: what searching each job on its own gives, without the searches.
+    Returns the index of the first job not placed and the last start given."""
+    _, need, models, runtime = waiting[index - 1]
+    count = len(waiting)
+    i, j = line.taken
+    while True:
+        free = line.free
+        most = int(_min(free[i:j])) // need
+        same = index
+        while same < count and same - index < most and _alike(waiting[same], need, models, runtime):
+            out[waiting[same][0]] = at
+            same += 1
+        if same > index:
+            free[i:j] -= (same - index) * need
+        index = same
+        if index >= count or not _alike(waiting[index], need, models, runtime):
+            return index, at
+        i += int((free[i:j] < need).nonzero()[0][-1]) + 1  # the stretch is full: past its last short
+        at = float(line.times[i])  # (i <= j: a breakpoint, the stretch's end at the latest)
+        j = line.split(at + hold)
+        line.free[i:j] -= need
+        line.taken = (i, j)
+        out[waiting[index][0]] = at
+        index += 1
 
 
 def _alike(w: Waiting, need: int, models: tuple[str, ...], runtime: float | None) -> bool:
