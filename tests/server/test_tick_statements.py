@@ -19,7 +19,7 @@ from sqlalchemy import event, select, update
 from corral.db.models import Job, JobEvent
 from corral.db.session import make_engine
 from corral.server.context import BackgroundLoop, ServerContext
-from corral.server.dispatch import DISPATCH_INTERVAL_S, ask_for_claim, dispatch_tick, launch_queue
+from corral.server.dispatch import DISPATCH_INTERVAL_S, dispatch_tick, launch_queue
 from corral.server.nodes import node_tick
 from corral.server.reconcile import reconcile_tick
 from corral.server.runner import LoopRunner
@@ -150,11 +150,11 @@ def test_a_dispatch_tick_that_records_launches_still_claims_when_due(
     elif why == "cancel committed":
         ctx.changed(Topic.CANCEL)
     else:
-        ask_for_claim(ctx)
+        ctx.wake("dispatch")  # as launch_placed does when it could not claim itself
     dispatch_tick(ctx, time.time())
     assert state_and_lease(ctx, late) == ("scheduled", ctx.owner_id)  # claimed, on the pool
     assert late in queue.busy_ids() or any(r[0] == late for r in queue.done)
-    assert not ctx.memory.dispatch_claim_asked
+    assert "dispatch" not in ctx.memory.asked
     queue.pool.shutdown()
 
 
@@ -252,4 +252,4 @@ def test_a_claim_read_that_fails_is_asked_for_again(tmp_path: Path, monkeypatch:
     monkeypatch.setattr("corral.server.dispatch.prepare_launches", busy)
     with pytest.raises(RuntimeError):
         dispatch_tick(ctx, time.time())
-    assert ctx.memory.dispatch_claim_asked
+    assert "dispatch" in ctx.memory.asked

@@ -57,9 +57,11 @@ class LoopMemory:
     ahead_scheduler: Scheduler | None = None  # its pass placing jobs ahead of freed slots (ahead.py)
     shape_cache: ShapeCache | None = None  # the schedule loop's nodes, groups, users (snapshot.py)
     queue_seen: bool = False  # the schedule loop's last cycle left jobs waiting (schedule_tick)
-    # A committed change (a cancel) or the schedule loop asks the dispatch loop to read and claim
-    # the scheduled jobs at its next tick, even one woken to record launches (dispatch_tick).
-    dispatch_claim_asked: bool = False
+    # The loops woken by `ServerContext.wake` (work asked for: a committed change, another
+    # loop) since they last took it; a loop's own machinery nudges it without asking
+    # (`ServerContext.nudge`). The dispatch loop reads it: its launch pool nudges it to record
+    # launches, while anything else that wakes it wants the scheduled jobs read and claimed.
+    asked: set[str] = field(default_factory=set)
     retention_checked_at: float = 0.0  # when the retention loop last found no more to delete
     exit_spec: ExitSpecCache | None = None  # diagnosis: the active exit-spec (reconcile)
     log_tail_bytes: int = 64 * 1024  # diagnosis: how much of a failed rank's log it reads
@@ -84,6 +86,12 @@ class ServerContext:
     memory: LoopMemory = field(default_factory=LoopMemory)
 
     def wake(self, *names: str) -> None:
+        """Run these loops now, for work asked of them (noted in `memory.asked`)."""
+        self.memory.asked.update(names)
+        self.nudge(*names)
+
+    def nudge(self, *names: str) -> None:
+        """Run these loops now, asking nothing new of them (e.g. a pool's results to record)."""
         for name in names:
             event = self.wake_events.get(name)
             if event is not None:
@@ -92,10 +100,7 @@ class ServerContext:
     def changed(self, topic: Topic) -> None:
         """The services' Notifier: a change of `topic` was committed; wake the loops acting on it,
         so a submit reaches the scheduler in milliseconds rather than at its next tick."""
-        names = WAKE_ON_CHANGE[topic]
-        if "dispatch" in names:
-            self.memory.dispatch_claim_asked = True
-        self.wake(*names)
+        self.wake(*WAKE_ON_CHANGE[topic])
 
 
 @dataclass(frozen=True)

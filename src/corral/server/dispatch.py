@@ -465,7 +465,7 @@ class LaunchQueue:
     claiming: threading.Lock = field(default_factory=threading.Lock)
     # When this process last read the scheduled jobs (monotonic): a tick woken only to record
     # finished launches skips the read while it is younger than the loop's interval, unless a
-    # claim was asked for since (LoopMemory.dispatch_claim_asked).
+    # claim was asked for since ("dispatch" in LoopMemory.asked).
     claim_read_at: float = -math.inf
 
     def take_done(self) -> list[Launched]:
@@ -513,7 +513,7 @@ def _submit(ctx: ServerContext, queue: LaunchQueue, launch: AttemptLaunch, claim
         # engine (Slurm: tens of ms per sbatch) a short job may end before the last of a long
         # burst is launched, holding its resources in Corral's view until then.
         if last or batch_ready:
-            ctx.wake("dispatch")
+            ctx.nudge("dispatch")  # to record them: no read of the scheduled jobs asked for
 
     with queue.lock:
         queue.in_flight.add(int(launch.job_id))
@@ -543,7 +543,7 @@ def dispatch_tick(ctx: ServerContext, now: float) -> float | None:
             queue.in_flight.difference_update(r[0] for r in done)
         ctx.wake("reconcile")
         due = queue.claim_read_at + DISPATCH_INTERVAL_S - time.monotonic()
-        if not ctx.memory.dispatch_claim_asked and due > 0:
+        if "dispatch" not in ctx.memory.asked and due > 0:
             return due
     launch_scheduled(ctx, queue)
     return None
@@ -556,16 +556,17 @@ def launch_scheduled(ctx: ServerContext, queue: LaunchQueue, wait: bool = True) 
     if not queue.claiming.acquire(blocking=wait):
         return None
     try:
-        ctx.memory.dispatch_claim_asked, queue.claim_read_at = False, time.monotonic()
+        ctx.memory.asked.discard("dispatch")
+        queue.claim_read_at = time.monotonic()
         claimed_at = time.time()
         try:
             with ctx.session_factory() as session:
                 launches = prepare_launches(ctx, session, claimed_at, skip=queue.busy_ids())
         except Exception:
-            ctx.memory.dispatch_claim_asked = True  # not read: the next tick reads, recording or not
+            ctx.memory.asked.add("dispatch")  # not read: the next tick reads, recording or not
             raise
         if len(launches) >= MAX_BATCH:
-            ctx.memory.dispatch_claim_asked = True  # more may wait: read again at the next tick
+            ctx.memory.asked.add("dispatch")  # more may wait: read again at the next tick
         for launch in launches:
             _submit(ctx, queue, launch, claimed_at)
     finally:
@@ -585,17 +586,10 @@ def launch_placed(ctx: ServerContext) -> None:
         if launch_scheduled(ctx, launch_queue(ctx), wait=False) is None:
             # the dispatch loop is claiming: the schedule loop does not wait behind its batch (and
             # a busy database); woken, that loop takes these at its next tick
-            ask_for_claim(ctx)
+            ctx.wake("dispatch")
     except Exception:  # e.g. the database busy: the dispatch loop tries again at its next tick
         log.exception("launching just-placed jobs failed; the dispatch loop will")
-        ask_for_claim(ctx)
-
-
-def ask_for_claim(ctx: ServerContext) -> None:
-    """Wake the dispatch loop to read and claim the scheduled jobs at its next tick, even one that
-    records launches (dispatch_tick)."""
-    ctx.memory.dispatch_claim_asked = True
-    ctx.wake("dispatch")
+        ctx.wake("dispatch")
 
 
 def shutdown_launches(ctx: ServerContext) -> None:

@@ -195,14 +195,18 @@ class StateStore:
         attempt many times a second; job_dir builds Paths)."""
         return f"{self._attempts_str}/{attempt_id}/job/{name}"
 
+    def _record_path(self, attempt_id: str) -> str:
+        """attempt.json's path as a str (load() builds it on every poll; Paths cost more)."""
+        return f"{self._attempts_str}/{attempt_id}/attempt.json"
+
     def _file(self, attempt_id: str) -> Path:
-        return self.attempt_dir(attempt_id) / "attempt.json"
+        return Path(self._record_path(attempt_id))
 
     def load(self, attempt_id: str) -> AttemptRecord | None:
         """The attempt's record (a copy of its own: callers change and save it). The server polls
         every live attempt many times a second: a record whose file is unchanged since it was
         last read (same inode, size and mtime: save() always writes a new file) comes from memory."""
-        path = f"{self._attempts_str}/{attempt_id}/attempt.json"
+        path = self._record_path(attempt_id)
         try:
             st = os.stat(path)
         except FileNotFoundError:
