@@ -189,56 +189,56 @@ def test_the_schedule_loop_probes_the_queue_only_when_its_last_cycle_left_none_w
     assert not ctx.memory.queue_seen
 
 
-class SlowFirstLaunch(FakeEngine):
-    """The first launch's engine call takes HOLD_S: the tick that records it comes a fraction of
-    an interval after the claim's read, so it skips the read."""
+def test_a_recording_tick_that_skips_the_read_returns_when_the_read_is_due(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tick that records launches and skips the read of the scheduled jobs tells the runner
+    when that read is due (the last read plus the interval), so that another server's placement
+    is read once per interval and not a whole interval after the skip (before: ~0.33 s)."""
+    ctx, late = scheduled_behind_a_recording(tmp_path, monkeypatch)
+    # an interval no slow set-up or busy box can use up: the returned wait is checked in seconds
+    monkeypatch.setattr("corral.server.dispatch.DISPATCH_INTERVAL_S", 3600.0)
+    launch_queue(ctx).claim_read_at = time.monotonic() - 600.0  # read 10 minutes ago
+    due = dispatch_tick(ctx, time.time())
+    assert due is not None and 2900.0 < due <= 3000.0, due
+    assert state_and_lease(ctx, late) == ("scheduled", None)  # skipped: not read, not claimed
+    launch_queue(ctx).pool.shutdown()
 
-    HOLD_S = 0.12
+
+class RecordedWaits(threading.Event):
+    """A loop's wake event that notes how long the runner asked it to wait, and returns at once."""
 
     def __init__(self) -> None:
-        super().__init__([gpu_node("n0", address="10.0.0.0")])
-        self.launch_at: dict[str, float] = {}
-        self.first = threading.Event()
+        super().__init__()
+        self.timeouts: list[float | None] = []
 
-    def launch(self, attempt: Any) -> Any:
-        self.launch_at[attempt.job_id] = time.monotonic()
-        if not self.first.is_set():
-            self.first.set()
-            time.sleep(self.HOLD_S)
-        return super().launch(attempt)
+    def wait(self, timeout: float | None = None) -> bool:
+        self.timeouts.append(timeout)
+        return True
 
 
-@pytest.mark.parametrize("run", range(2))  # the first run in a process may read too slowly to skip
-def test_another_servers_placement_is_claimed_within_an_interval(
-    run: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A job placed by another server (nothing wakes this loop or asks for a claim) is launched
-    within one interval of its placement, also when a recording tick skipped the read just
-    before: the runner ticks again when the read is due, not a whole interval after the skip
-    (before: ~0.33 s here)."""
-    monkeypatch.setattr("corral.server.scheduling.launch_placed", lambda ctx: None)  # "another server"
-    fake = SlowFirstLaunch()
-    ctx = make_context(make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}"), fake, str(tmp_path))
-    node_tick(ctx, time.time())
-    with ctx.session_factory() as session:
-        gid, uid = seed_tenant(session, guaranteed=4)
-        add_job(session, gid, uid, gpus=1)
-    schedule_tick(ctx, time.time())  # job A scheduled
-    runner = LoopRunner(ctx, [BackgroundLoop("dispatch", DISPATCH_INTERVAL_S, dispatch_tick)])
+def test_the_runner_waits_until_a_tick_says_it_is_due_but_never_past_its_interval(tmp_path: Path) -> None:
+    """The runner rests min(interval, due) after a tick that returned `due`, none when the due
+    time has passed, and the whole interval after a tick that returned None."""
+    ctx = cluster(tmp_path, 1, 0)
+    answers: list[float | None] = [5.0, None, 7200.0, -1.0]
+    ticked = threading.Event()
+
+    def tick(ctx: ServerContext, now: float) -> float | None:
+        if not answers:
+            ticked.set()
+            return None
+        return answers.pop(0)
+
+    waits = RecordedWaits()
+    ctx.wake_events["probe"] = waits
+    runner = LoopRunner(ctx, [BackgroundLoop("probe", 3600.0, tick, singleton=False)])
     runner.start()
     try:
-        assert fake.first.wait(5)  # the loop read and claimed A; its launch takes HOLD_S
-        with ctx.session_factory() as session:
-            b = add_job(session, gid, uid, gpus=1)
-        schedule_tick(ctx, time.time())  # B placed and committed, no claim asked
-        placed = time.monotonic()
-        deadline = placed + 3
-        while str(b) not in fake.launch_at and time.monotonic() < deadline:
-            time.sleep(0.002)
-        delay = fake.launch_at[str(b)] - placed
+        assert ticked.wait(10)
     finally:
         runner.stop()
-    assert delay <= DISPATCH_INTERVAL_S + 0.05, f"waited {delay:.3f} s for its claim"
+    assert waits.timeouts[:4] == [5.0, 3600.0, 3600.0, 0.0]
 
 
 def test_a_claim_read_that_fails_is_asked_for_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
