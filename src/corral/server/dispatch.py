@@ -39,6 +39,7 @@ from corral.engine.base import (
     MountSpec,
     SecretGrant,
 )
+from corral.environments.mounts import BUILD_INTERPRETER
 from corral.monitor.metrics import ENGINE_LAUNCH_SECONDS
 from corral.scheduler.types import GPU
 from corral.server.context import ServerContext
@@ -231,9 +232,12 @@ def stop_claimed_before(
     return ready
 
 
-# Run every tick: built once (building it cost about as much as running it, ~0.4 ms).
+# Run every tick: built once (building it cost about as much as running it, ~0.4 ms). Each job
+# comes with what its launch needs from two other tables, as columns of this read instead of a
+# read each per batch: the interpreter of the environment version it builds and a workspace
+# job's credential (NULL for other jobs). Read in the claim's own transaction, as before.
 SCHEDULED_JOBS = (
-    select(Job)
+    select(Job, BUILD_INTERPRETER, workspaces.LAUNCH_TOKEN)
     .where(Job.state == JobState.SCHEDULED.value, Job.id.not_in(bindparam("skip", expanding=True)))
     .order_by(Job.id)
     .limit(MAX_BATCH)
@@ -247,16 +251,19 @@ def prepare_launches(
 ) -> list[AttemptLaunch]:
     """Build the launches of scheduled jobs not in `skip` (reads only), then claim them and settle
     cancelled ones in one short write at the end, and commit. SQLite holds its write lock only then."""
-    jobs = session.scalars(SCHEDULED_JOBS, {"skip": sorted(skip or ())}).all()
-    if not jobs:
+    rows = session.execute(SCHEDULED_JOBS, {"skip": sorted(skip or ())}).all()
+    if not rows:
         return []
+    jobs = [job for job, _, _ in rows]
+    builds = {job.id: python for job, python, _ in rows if python is not None}
+    tokens = {job.id: token for job, _, token in rows if token is not None}
     attempts = live_attempts(session, [j.id for j in jobs])
     nodes = placed_nodes(session, attempts.values())
     to_launch = [j for j in jobs if j.id in attempts and not j.cancel_requested]
-    storage = plan_jobs(session, to_launch, ctx.settings)
+    storage = plan_jobs(session, to_launch, ctx.settings, builds)
     launches = {j.id: build_launch(j, attempts[j.id], nodes, storage.get(j.id)) for j in to_launch}
     refused = attach_secrets(ctx, session, jobs, launches)
-    attach_workspace_tokens(session, launches)
+    attach_workspace_tokens(launches, tokens)
     stopped = stop_claimed_before(ctx, [j for j in jobs if j.cancel_requested], attempts, now)
     claimed = claim_jobs(session, [j.id for j in jobs], ctx.owner_id, now)
     for job in jobs:  # a secret it names cannot be given: the attempt fails, saying which
@@ -300,10 +307,13 @@ def attach_secrets(
     return refused
 
 
-def attach_workspace_tokens(session: Session, launches: dict[int, AttemptLaunch]) -> None:
-    """A workspace job's JupyterLab credential (corral.services.workspaces), given like a secret:
-    in memory and in the root-only env file, never in the spec, a record or a log."""
-    for job_id, token in workspaces.launch_tokens(session, launches).items():
+def attach_workspace_tokens(launches: dict[int, AttemptLaunch], tokens: Mapping[int, str]) -> None:
+    """A workspace job's JupyterLab credential (`tokens`: {job id: credential}, as read with the
+    scheduled jobs, workspaces.LAUNCH_TOKEN), given like a secret: in memory and in the root-only
+    env file, never in the spec, a record or a log."""
+    for job_id, token in tokens.items():
+        if job_id not in launches:
+            continue
         grant = SecretGrant(name="workspace", value=token.encode(), env=workspaces.TOKEN_ENV)
         launches[job_id] = replace(launches[job_id], secrets=(*launches[job_id].secrets, grant))
 
