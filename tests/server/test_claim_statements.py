@@ -1,7 +1,7 @@
 """What the launch claim reads per batch (issue 19, ninth pass): the scheduled jobs with their
-environment builds and workspace credentials in one read, each user's groups with the uid and
-gids given so far in another, whatever the batch's size; and nothing of it kept between claims
-(a storage identity changed or given since is what the next launch gets). Real SQLite (and
+live attempts, environment builds and workspace credentials in one read, each user's groups
+with the uid and gids given so far in another, whatever the batch's size; and nothing of it kept
+between claims (a storage identity changed or given since is what the next launch gets). Real SQLite (and
 PostgreSQL for the new statements) and the real claim over the fake engine."""
 
 from __future__ import annotations
@@ -62,12 +62,12 @@ def cluster(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tup
     return ctx, gid, uid
 
 
-def test_a_claim_batch_runs_five_statements_whatever_its_size(
+def test_a_claim_batch_runs_four_statements_whatever_its_size(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The scheduled jobs (with builds and credentials), their attempts, their nodes, the users'
-    groups with their ids, the claim's UPDATE: 9 before (the memberships, the uids, the gids, the
-    builds and the credentials were a read each)."""
+    """The scheduled jobs (with their live attempts, builds and credentials), their nodes, the
+    users' groups with their ids, the claim's UPDATE: 9 before (the attempts, the memberships, the
+    uids, the gids, the builds and the credentials were a read each)."""
     ctx, gid, uid = cluster(f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path, monkeypatch)
     in_flight = set(placed(ctx, 1, gid, uid))
     assert set(claim(ctx)) == in_flight  # the first claim gives the user's and group's ids (writes)
@@ -78,7 +78,7 @@ def test_a_claim_batch_runs_five_statements_whatever_its_size(
             assert set(claim(ctx, in_flight)) == set(ids)
         in_flight.update(ids)
         counts.append(len(seen))
-    assert counts == [5, 5], seen
+    assert counts == [4, 4], seen
 
 
 def test_builds_credentials_and_ids_reach_the_batchs_launches(

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from sqlalchemy import bindparam, or_, select, update
+from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, joinedload
 
@@ -47,7 +47,7 @@ from corral.server.finish import AttemptChangedMeanwhile, end_attempt
 from corral.server.leases import JOB_LEASE_TTL_S
 from corral.server.reconcile import active_exit_spec
 from corral.server.rendezvous import rendezvous_for_placement
-from corral.server.snapshot import jobs_with_live_attempts, live_attempts
+from corral.server.snapshot import LIVE_ATTEMPT_STATES, jobs_with_live_attempts
 from corral.server.specview import SpecView, read_spec
 from corral.services import secrets, workspaces
 from corral.services.lifecycle import (
@@ -233,11 +233,16 @@ def stop_claimed_before(
 
 
 # Run every tick: built once (building it cost about as much as running it, ~0.4 ms). Each job
-# comes with what its launch needs from two other tables, as columns of this read instead of a
-# read each per batch: the interpreter of the environment version it builds and a workspace
-# job's credential (NULL for other jobs). Read in the claim's own transaction, as before.
+# comes with what its launch needs from three other tables, in this read instead of a read each
+# per batch: its live attempt (the one the schedule loop placed; NULL if none, as live_attempts
+# would leave it out), the interpreter of the environment version it builds and a workspace job's
+# credential (NULL for other jobs). Read in the claim's own transaction, as before.
 SCHEDULED_JOBS = (
-    select(Job, BUILD_INTERPRETER, workspaces.LAUNCH_TOKEN)
+    select(Job, Attempt, BUILD_INTERPRETER, workspaces.LAUNCH_TOKEN)
+    .outerjoin(
+        Attempt,
+        and_(Attempt.job_id == Job.id, Attempt.state.in_([s.value for s in LIVE_ATTEMPT_STATES])),
+    )
     .where(Job.state == JobState.SCHEDULED.value, Job.id.not_in(bindparam("skip", expanding=True)))
     .order_by(Job.id)
     .limit(MAX_BATCH)
@@ -254,10 +259,10 @@ def prepare_launches(
     rows = session.execute(SCHEDULED_JOBS, {"skip": sorted(skip or ())}).all()
     if not rows:
         return []
-    jobs = [job for job, _, _ in rows]
-    builds = {job.id: python for job, python, _ in rows if python is not None}
-    tokens = {job.id: token for job, _, token in rows if token is not None}
-    attempts = live_attempts(session, [j.id for j in jobs])
+    jobs = list({job.id: job for job, _, _, _ in rows}.values())  # once each, in id order
+    attempts = {job.id: attempt for job, attempt, _, _ in rows if attempt is not None}
+    builds = {job.id: python for job, _, python, _ in rows if python is not None}
+    tokens = {job.id: token for job, _, _, token in rows if token is not None}
     nodes = placed_nodes(session, attempts.values())
     to_launch = [j for j in jobs if j.id in attempts and not j.cancel_requested]
     storage = plan_jobs(session, to_launch, ctx.settings, builds)
