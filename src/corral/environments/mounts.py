@@ -102,15 +102,33 @@ def server_environment() -> EnvironmentLaunch:
     return EnvironmentLaunch(bin_dir=f"{sys.prefix}/bin", paths=tuple(paths))
 
 
+# The interpreter of the environment version a job builds (NULL: the job builds none), as a
+# column of a read of jobs: the launch claim takes it with the scheduled jobs (server/dispatch.py)
+# instead of a read of its own.
+BUILD_INTERPRETER = (
+    select(EnvironmentVersion.interpreter)
+    .where(EnvironmentVersion.build_job_id == Job.id)
+    .order_by(EnvironmentVersion.id.desc())
+    .limit(1)
+    .correlate(Job)
+    .scalar_subquery()
+)
+
+
 def plan_environments(
-    session: Session, jobs: Sequence[Job], contexts: Mapping[int, MountContext], settings: Settings
+    session: Session,
+    jobs: Sequence[Job],
+    contexts: Mapping[int, MountContext],
+    settings: Settings,
+    builds: Mapping[int, str] | None = None,
 ) -> dict[int, EnvironmentLaunch | str]:
     """{job id: its environment launch, or why it may not run}; jobs in the default environment
-    that are not builds are left out."""
-    ids = [j.id for j in jobs]
-    query = select(EnvironmentVersion.build_job_id, EnvironmentVersion.interpreter)
-    rows = session.execute(query.where(EnvironmentVersion.build_job_id.in_(ids))).tuples()
-    builds: dict[int | None, str] = dict(rows.all())
+    that are not builds are left out. `builds`: {job id: interpreter} of the build jobs among
+    `jobs`, where the caller read them in this transaction (BUILD_INTERPRETER); else read here."""
+    if builds is None:
+        query = select(EnvironmentVersion.build_job_id, EnvironmentVersion.interpreter)
+        rows = session.execute(query.where(EnvironmentVersion.build_job_id.in_([j.id for j in jobs])))
+        builds = {job_id: python for job_id, python in rows.tuples() if job_id is not None}
     out: dict[int, EnvironmentLaunch | str] = {}
     for job in jobs:
         ctx = contexts.get(job.id)

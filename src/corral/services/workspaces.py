@@ -16,7 +16,6 @@ from __future__ import annotations
 import re
 import secrets
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypedDict
 
@@ -534,16 +533,11 @@ def proxy_target(session: Session, workspace_id: int) -> ProxyTarget | None:
     return ProxyTarget(ws.id, ws.user_id, ws.current_job_id, attempt_id, ws.jupyter_token, address)
 
 
-def launch_tokens(session: Session, job_ids: Iterable[int]) -> dict[int, str]:
-    """{job id: JupyterLab credential} of the workspace jobs among `job_ids` (dispatch gives each
-    to its job like a secret)."""
-    ids = list(job_ids)
-    if not ids:
-        return {}
-    rows = session.execute(
-        select(Workspace.current_job_id, Workspace.jupyter_token).where(Workspace.current_job_id.in_(ids))
-    )
-    return {job_id: token for job_id, token in rows if job_id is not None}
+# A workspace job's credential (NULL for other jobs), as a column of a read of jobs: the launch
+# claim takes it with the scheduled jobs (server/dispatch.py) instead of a read of its own.
+LAUNCH_TOKEN = (
+    select(Workspace.jupyter_token).where(Workspace.current_job_id == Job.id).correlate(Job).scalar_subquery()
+)
 
 
 def record_reclaimed(session: Session, job_id: int, gpu_hours: float) -> None:

@@ -10,7 +10,7 @@ are the gids the site gives its Unix groups (docs/storage.md, "Slurm").
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
@@ -104,18 +104,35 @@ def ensure_ids(
     users, groups = list(users), list(groups)
     uids = _lookup(session, "user", [(u.id, u.created_at) for u in users])
     gids = _lookup(session, "group", [(g.id, g.created_at) for g in groups])
-    by_user = {}
-    for u in users:
-        key = (u.id, u.created_at)
-        by_user[u.id] = (
-            uids[key] if key in uids else _allocate(session, "user", u.id, u.created_at, u.name, uid_range)
-        )
-    by_group = {}
-    for g in groups:
-        key = (g.id, g.created_at)
-        by_group[g.id] = (
-            gids[key] if key in gids else _allocate(session, "group", g.id, g.created_at, g.name, gid_range)
-        )
+    known_uids = {u.id: uids[(u.id, u.created_at)] for u in users if (u.id, u.created_at) in uids}
+    known_gids = {g.id: gids[(g.id, g.created_at)] for g in groups if (g.id, g.created_at) in gids}
+    return allocate_missing(session, users, groups, known_uids, known_gids, uid_range, gid_range)
+
+
+def allocate_missing(
+    session: Session,
+    users: Iterable[User],
+    groups: Iterable[Group],
+    known_uids: Mapping[int, int],
+    known_gids: Mapping[int, int],
+    uid_range: IdRange,
+    gid_range: IdRange,
+) -> tuple[dict[int, int], dict[int, int]]:
+    """ensure_ids for a caller that read the numbers already given ({user id: uid}, {group id:
+    gid}, each matched on the subject's id and created_at, as `_lookup` matches them) in the same
+    transaction, e.g. joined into another read (storage.plan): the others are allocated."""
+    by_user = {
+        u.id: known_uids[u.id]
+        if u.id in known_uids
+        else _allocate(session, "user", u.id, u.created_at, u.name, uid_range)
+        for u in users
+    }
+    by_group = {
+        g.id: known_gids[g.id]
+        if g.id in known_gids
+        else _allocate(session, "group", g.id, g.created_at, g.name, gid_range)
+        for g in groups
+    }
     return by_user, by_group
 
 

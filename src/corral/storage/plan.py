@@ -5,17 +5,18 @@ first. Built by the dispatch loop for a batch of jobs with a few queries (server
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy import and_, bindparam, select
+from sqlalchemy.orm import Session, aliased
 
 from corral.config import Settings
 from corral.db.models import Group, Job, Membership, User
+from corral.db.storage_models import StorageIdentity
 from corral.environments.mounts import plan_environments
 from corral.storage import code
-from corral.storage.identities import IdRange, IdsExhausted, ensure_ids
+from corral.storage.identities import IdRange, IdsExhausted, allocate_missing
 from corral.storage.layout import StorageDir, StorageError, job_logs_dir, outputs_dir
 from corral.storage.mounts import (
     SANDBOX_CODE,
@@ -57,29 +58,71 @@ def id_ranges(settings: Settings) -> tuple[IdRange, IdRange]:
     return uids, gids
 
 
-def member_groups(session: Session, user_ids: Sequence[int]) -> dict[int, list[Group]]:
-    rows = session.execute(
-        select(Membership.user_id, Group)
-        .join(Group, Group.id == Membership.group_id)
-        .where(Membership.user_id.in_(set(user_ids)))
-    ).all()
-    out: dict[int, list[Group]] = {}
-    for user_id, group in rows:
-        out.setdefault(user_id, []).append(group)
+_UID = aliased(StorageIdentity, name="uid")
+_GID = aliased(StorageIdentity, name="gid")
+# Each user's groups with the uid and gids given so far, in one read (was three: the memberships,
+# then the users' and the groups' numbers apart). A number is matched on the subject's id and
+# created_at, as identities._lookup matches it (a re-made user or group gets a new one). Read in
+# the launch claim's own transaction, never kept: a number allocated by a transaction that rolled
+# back is never seen, and one given since by another server is read by the next claim.
+MEMBERS_AND_IDS = (
+    select(User.id, _UID.number, Group, _GID.number)
+    .select_from(User)
+    .outerjoin(Membership, Membership.user_id == User.id)
+    .outerjoin(Group, Group.id == Membership.group_id)
+    .outerjoin(
+        _UID,
+        and_(_UID.kind == "user", _UID.subject_id == User.id, _UID.subject_created_at == User.created_at),
+    )
+    .outerjoin(
+        _GID,
+        and_(_GID.kind == "group", _GID.subject_id == Group.id, _GID.subject_created_at == Group.created_at),
+    )
+    .where(User.id.in_(bindparam("user_ids", expanding=True)))
+)
+
+
+@dataclass(slots=True)
+class Members:
+    """What MEMBERS_AND_IDS read for a batch of users."""
+
+    groups_of: dict[int, list[Group]] = field(default_factory=dict)  # {user id: their groups}
+    uids: dict[int, int] = field(default_factory=dict)  # {user id: uid}, those given so far
+    gids: dict[int, int] = field(default_factory=dict)  # {group id: gid}, those given so far
+
+
+def members_and_ids(session: Session, user_ids: Sequence[int]) -> Members:
+    out = Members()
+    for user_id, uid, group, gid in session.execute(MEMBERS_AND_IDS, {"user_ids": sorted(set(user_ids))}):
+        groups = out.groups_of.setdefault(user_id, [])
+        if uid is not None:
+            out.uids[user_id] = uid
+        if group is None:  # a user in no group: the outer join's one row
+            continue
+        if all(g.id != group.id for g in groups):
+            groups.append(group)
+        if gid is not None:
+            out.gids[group.id] = gid
     return out
 
 
-def plan_jobs(session: Session, jobs: Sequence[Job], settings: Settings) -> dict[int, JobStorage]:
-    """{job id: its storage}. Allocates missing uids/gids in `session` (the caller commits)."""
+def plan_jobs(
+    session: Session, jobs: Sequence[Job], settings: Settings, builds: Mapping[int, str] | None = None
+) -> dict[int, JobStorage]:
+    """{job id: its storage}. Allocates missing uids/gids in `session` (the caller commits).
+    `builds`: the environment builds among `jobs` as the caller read them (plan_environments)."""
     if not jobs:
         return {}
     root = settings.storage_path
-    groups_of = member_groups(session, [j.user_id for j in jobs])
+    members = members_and_ids(session, [j.user_id for j in jobs])
+    groups_of = members.groups_of
     users: dict[int, User] = {j.user_id: j.user for j in jobs}
     all_groups = {g.id: g for gs in groups_of.values() for g in gs}
     uid_range, gid_range = id_ranges(settings)
     try:
-        uids, gids = ensure_ids(session, users.values(), all_groups.values(), uid_range, gid_range)
+        uids, gids = allocate_missing(
+            session, users.values(), all_groups.values(), members.uids, members.gids, uid_range, gid_range
+        )
     except IdsExhausted as exc:  # the launches fail saying so; the loop itself goes on
         log.error("storage: %s", exc)
         return {j.id: JobStorage(0, (), refused=f"storage: {exc}") for j in jobs}
@@ -92,7 +135,7 @@ def plan_jobs(session: Session, jobs: Sequence[Job], settings: Settings) -> dict
             job.user.name, frozenset(group_gids), root, job.user.is_admin, session
         )
         plans[job.id] = _plan_one(job, ctx, uids[job.user_id], group_gids)
-    for job_id, env in plan_environments(session, jobs, contexts, settings).items():
+    for job_id, env in plan_environments(session, jobs, contexts, settings, builds).items():
         plan = plans[job_id]
         if isinstance(env, str):
             plans[job_id] = replace(plan, refused=plan.refused or env)
