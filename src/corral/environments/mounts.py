@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from corral.config import Settings
 from corral.db.environment_models import EnvironmentVersion
@@ -116,19 +115,14 @@ BUILD_INTERPRETER = (
 
 
 def plan_environments(
-    session: Session,
     jobs: Sequence[Job],
     contexts: Mapping[int, MountContext],
     settings: Settings,
-    builds: Mapping[int, str] | None = None,
+    builds: Mapping[int, str],
 ) -> dict[int, EnvironmentLaunch | str]:
     """{job id: its environment launch, or why it may not run}; jobs in the default environment
     that are not builds are left out. `builds`: {job id: interpreter} of the build jobs among
-    `jobs`, where the caller read them in this transaction (BUILD_INTERPRETER); else read here."""
-    if builds is None:
-        query = select(EnvironmentVersion.build_job_id, EnvironmentVersion.interpreter)
-        rows = session.execute(query.where(EnvironmentVersion.build_job_id.in_([j.id for j in jobs])))
-        builds = {job_id: python for job_id, python in rows.tuples() if job_id is not None}
+    `jobs`, as the caller read them in this transaction (BUILD_INTERPRETER, with the jobs)."""
     out: dict[int, EnvironmentLaunch | str] = {}
     for job in jobs:
         ctx = contexts.get(job.id)

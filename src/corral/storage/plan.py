@@ -107,7 +107,7 @@ def members_and_ids(session: Session, user_ids: Sequence[int]) -> Members:
 
 
 def plan_jobs(
-    session: Session, jobs: Sequence[Job], settings: Settings, builds: Mapping[int, str] | None = None
+    session: Session, jobs: Sequence[Job], settings: Settings, builds: Mapping[int, str]
 ) -> dict[int, JobStorage]:
     """{job id: its storage}. Allocates missing uids/gids in `session` (the caller commits).
     `builds`: the environment builds among `jobs` as the caller read them (plan_environments)."""
@@ -135,7 +135,7 @@ def plan_jobs(
             job.user.name, frozenset(group_gids), root, job.user.is_admin, session
         )
         plans[job.id] = _plan_one(job, ctx, uids[job.user_id], group_gids)
-    for job_id, env in plan_environments(session, jobs, contexts, settings, builds).items():
+    for job_id, env in plan_environments(jobs, contexts, settings, builds).items():
         plan = plans[job_id]
         if isinstance(env, str):
             plans[job_id] = replace(plan, refused=plan.refused or env)
