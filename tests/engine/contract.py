@@ -13,15 +13,20 @@ Use it by subclassing `EngineContract` in a `test_*.py` module and providing two
         def node_names(self) -> list[str]:
             ...  # nodes this engine may place instances on
 
-The `engine` fixture (one object from the factory) is provided here. Commands are plain POSIX sh,
-so they run the same under every engine.
+The `engine` fixture (one object from the factory) is provided here, and `shared_dir`: a host dir
+that jobs may write and the test may read, mounted at the same path (override it where jobs cannot
+reach /tmp). Commands are plain POSIX sh, so they run the same under every engine.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +37,7 @@ from corral.engine.base import (
     Engine,
     FailureReason,
     InstanceLaunch,
+    MountSpec,
 )
 
 FINISH_TIMEOUT_S = 30.0
@@ -47,8 +53,10 @@ def make_attempt(
     attempt_id: str | None = None,
     max_runtime_s: float | None = None,
     memory_mib: int = 256,
+    rw_mounts: Sequence[Path] = (),
 ) -> AttemptLaunch:
-    """One attempt with one instance per command (rank = position), spread over the nodes."""
+    """One attempt with one instance per command (rank = position), spread over the nodes;
+    rw_mounts: host dirs the job may write, at the same path inside its sandbox."""
     aid = attempt_id or new_attempt_id()
     world = len(commands)
     instances = tuple(
@@ -66,7 +74,10 @@ def make_attempt(
         for rank, cmd in enumerate(commands)
     )
     job_id = aid.split(".")[0]
-    return AttemptLaunch(aid, job_id, 1, "alice", "team", instances, max_runtime_s=max_runtime_s)
+    mounts = tuple(MountSpec(str(p), str(p), read_only=False) for p in rw_mounts)
+    return AttemptLaunch(
+        aid, job_id, 1, "alice", "team", instances, max_runtime_s=max_runtime_s, mounts=mounts
+    )
 
 
 def wait_for(
@@ -107,6 +118,14 @@ class EngineContract:
         eng = engine_factory()
         yield eng
         eng.close()
+
+    @pytest.fixture
+    def shared_dir(self) -> Iterator[Path]:
+        """A dir any job account may write (sticky, like /tmp) for markers between test and job."""
+        path = Path(tempfile.mkdtemp(prefix="corral-contract-"))
+        os.chmod(path, 0o1777)
+        yield path
+        shutil.rmtree(path, ignore_errors=True)
 
     def test_is_an_engine(self, engine: Engine) -> None:
         assert isinstance(engine, Engine)  # its methods and the loops' pacing attributes
@@ -255,9 +274,13 @@ class EngineContract:
         assert status.reason is FailureReason.TIMEOUT
 
     def test_adopt_after_recreating_the_engine(
-        self, engine: Engine, engine_factory: Callable[[], Engine], node_names: list[str]
+        self, engine: Engine, engine_factory: Callable[[], Engine], node_names: list[str], shared_dir: Path
     ) -> None:
-        long = make_attempt(node_names, "echo ready; sleep 1.5; exit 4")
+        # `long` runs until the test releases it, so it is still running when the new engine first
+        # polls it however slowly the engine is closed and made again (it used to sleep 1.5 s)
+        release = shared_dir / "release"
+        waits = f"echo ready; while [ ! -e {release} ]; do sleep 0.05; done; exit 4"
+        long = make_attempt(node_names, waits, rw_mounts=[shared_dir])
         short = make_attempt(node_names, "exit 5")
         refs = {a.attempt_id: engine.launch(a) for a in (long, short)}
         wait_log(engine, long.attempt_id, b"ready")
@@ -266,6 +289,7 @@ class EngineContract:
         again = engine_factory()
         again.adopt(refs)
         assert again.poll([long.attempt_id])[long.attempt_id].phase is AttemptPhase.RUNNING
+        release.touch()
         assert wait_finished(again, long.attempt_id).exit_code == 4
         assert wait_finished(again, short.attempt_id).exit_code == 5
         again.close()

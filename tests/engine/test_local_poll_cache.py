@@ -43,7 +43,11 @@ def phase_within(engine: LocalEngine, aid: str, timeout_s: float) -> AttemptPhas
 def test_end_and_stop_are_seen_through_the_cache(tmp_path: Path) -> None:
     engine = LocalEngine(tmp_path / "home", "n1", virtual_gpus=0, isolation=False)
     try:
-        ends = running_and_cached(engine, "sleep 0.5")
+        # ends when released, not after a fixed sleep that a slow start could use up before the
+        # cache is checked (the job would be over before it was seen running and cached)
+        release = tmp_path / "release"
+        ends = running_and_cached(engine, f"while [ ! -e {release} ]; do sleep 0.01; done")
+        release.touch()
         assert phase_within(engine, ends, 5.0) is AttemptPhase.SUCCEEDED
         assert ends not in engine._unchanged
         stopped = running_and_cached(engine, "sleep 30")

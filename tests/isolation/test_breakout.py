@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -46,6 +48,19 @@ def factory(home: Path) -> Iterator[Callable[[], LocalEngine]]:
 @pytest.fixture
 def engine(factory: Callable[[], LocalEngine]) -> LocalEngine:
     return factory()
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A dir any job account may write (sticky, like /tmp), for a release marker from the test."""
+    path = Path(tempfile.mkdtemp(prefix="corral-breakout-"))
+    os.chmod(path, 0o1777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def shared(path: Path) -> tuple[MountSpec, ...]:
+    return (MountSpec(str(path), str(path), read_only=False),)
 
 
 def attempt(
@@ -295,10 +310,22 @@ def test_fork_bomb_stops_at_the_pids_limit(engine: LocalEngine) -> None:
     engine.launch(bomb)
     wait_log(engine, bomb.attempt_id, b"bombing")
     pids_dir = Path("/sys/fs/cgroup/pids") / engine.cgroup_parent / bomb.attempt_id / "0"
-    time.sleep(0.8)
-    current = int((pids_dir / "pids.current").read_text())
+
+    def pids_and_limit_hits() -> tuple[int, int]:
+        try:
+            current = int((pids_dir / "pids.current").read_text())
+            return current, int((pids_dir / "pids.events").read_text().split()[1])
+        except FileNotFoundError:
+            raise AssertionError("the bomb's cgroup went away before it ever hit the limit") from None
+
+    # Until the bomb reaches the limit (how soon depends on the machine's load), not a fixed time;
+    # it must get there before its 2 s runtime ends and takes its cgroup away.
+    deadline = time.monotonic() + 30
+    while (counts := pids_and_limit_hits())[1] == 0:
+        assert time.monotonic() < deadline, "the limit was never hit"
+        time.sleep(0.01)
+    current = counts[0]
     assert 0 < current <= PIDS_MAX
-    assert int((pids_dir / "pids.events").read_text().split()[1]) > 0, "the limit was never hit"
     phase, out = run(engine, attempt("for i in 1 2 3 4 5; do sh -c 'echo forked'; done"))
     assert phase is AttemptPhase.SUCCEEDED and out.count("forked") == 5  # a neighbour still forks
     status = wait_finished(engine, bomb.attempt_id, timeout=20)
@@ -306,14 +333,18 @@ def test_fork_bomb_stops_at_the_pids_limit(engine: LocalEngine) -> None:
     assert not pids_dir.exists(), "cgroup left behind: processes survived"
 
 
-def test_memory_overrun_is_oom_killed_and_spares_the_neighbour(engine: LocalEngine) -> None:
+def test_memory_overrun_is_oom_killed_and_spares_the_neighbour(engine: LocalEngine, shared_dir: Path) -> None:
+    # The neighbour holds its memory until the test releases it (after the hog's OOM kill), not for
+    # a fixed 2.5 s that a slow start of the hog could use up before the neighbour is checked.
+    release = shared_dir / "release"
     keeper = (
-        'python3 -c "import time, hashlib; b = bytes(range(256)) * (200 << 12);'
+        'python3 -c "import os, time, hashlib; b = bytes(range(256)) * (200 << 12);'
         " h = hashlib.sha1(b).hexdigest();"
-        " print('holding', flush=True); time.sleep(2.5); print('intact' if hashlib.sha1(b).hexdigest() == h"
-        " else 'corrupted', flush=True)\""
+        " print('holding', flush=True);"
+        f" [time.sleep(0.05) for _ in iter(lambda: os.path.exists('{release}'), True)];"
+        " print('intact' if hashlib.sha1(b).hexdigest() == h else 'corrupted', flush=True)\""
     )
-    neighbour = attempt(keeper, memory_mib=512)
+    neighbour = attempt(keeper, memory_mib=512, mounts=shared(shared_dir))
     engine.launch(neighbour)
     wait_log(engine, neighbour.attempt_id, b"holding")
     hog = attempt("python3 -c \"b = bytearray(400 << 20); print('survived')\"", memory_mib=96)
@@ -322,6 +353,7 @@ def test_memory_overrun_is_oom_killed_and_spares_the_neighbour(engine: LocalEngi
     assert phase is AttemptPhase.FAILED and status.reason is FailureReason.OOM, (status, out)
     assert "survived" not in out
     assert engine.poll([neighbour.attempt_id])[neighbour.attempt_id].phase is AttemptPhase.RUNNING
+    release.touch()
     n_status = wait_finished(engine, neighbour.attempt_id)
     assert n_status.phase is AttemptPhase.SUCCEEDED
     assert b"intact" in engine.logs(neighbour.attempt_id, 0).data
@@ -333,9 +365,11 @@ from pathlib import Path
 from corral.engine.local import LocalEngine
 from tests.engine.contract import make_attempt
 engine = LocalEngine(Path(sys.argv[1]), "node-a", virtual_gpus=4, cgroup_parent=sys.argv[2])
-for n, aid in enumerate(sys.argv[3:]):
+shared = Path(sys.argv[3])  # the jobs run until the test creates `release` in it
+for n, aid in enumerate(sys.argv[4:]):
     # the first supervisor is started directly, the second by the launcher the first start began
-    attempt = make_attempt(["node-a"], f"echo ready; sleep 2; exit {6 + n}", attempt_id=aid)
+    waits = f"echo ready; while [ ! -e {shared}/release ]; do sleep 0.05; done; exit {6 + n}"
+    attempt = make_attempt(["node-a"], waits, attempt_id=aid, rw_mounts=[shared])
     print(engine.launch(attempt), flush=True)
     while engine._launcher_pid() is None:
         time.sleep(0.01)
@@ -344,12 +378,12 @@ time.sleep(60)
 
 
 def test_sigkill_of_the_engine_host_leaves_jobs_running(
-    factory: Callable[[], LocalEngine], home: Path
+    factory: Callable[[], LocalEngine], home: Path, shared_dir: Path
 ) -> None:
     probe = factory()
     ids = [new_attempt_id(), new_attempt_id()]
     host = subprocess.Popen(
-        [sys.executable, "-c", HOST_SCRIPT, str(home), probe.cgroup_parent, *ids],
+        [sys.executable, "-c", HOST_SCRIPT, str(home), probe.cgroup_parent, str(shared_dir), *ids],
         stdout=subprocess.PIPE,
         cwd=Path(__file__).resolve().parents[2],
         start_new_session=True,
@@ -367,6 +401,7 @@ def test_sigkill_of_the_engine_host_leaves_jobs_running(
     again = factory()
     again.adopt(refs)
     assert {s.phase for s in again.poll(ids).values()} == {AttemptPhase.RUNNING}
+    (shared_dir / "release").touch()
     for n, aid in enumerate(ids):
         status = wait_for(again, aid, lambda s: s.phase.finished, 20)
         assert status.exit_code == 6 + n and status.engine_ref == refs[aid]

@@ -104,12 +104,13 @@ def test_email_and_webhook_delivery_with_retry_and_backoff(
         assert status["chat"]["state"] == "failing" and "HTTP 500" in status["chat"]["last_error"]
         assert status["ops-email"]["state"] == "ok" and status["ops-email"]["sent"] == 1
 
-        # Intake never waits on the broken channel.
-        started = time.monotonic()
+        # Intake never waits on the broken channel: it contacts no channel at all (delivery is the
+        # loop's), shown by what the channels received, not by how long the request took.
+        sent_before = (len(hook.posts), len(inbox.messages))
         assert (
             client.post("/api/v1/alerts/webhook", json=payload("resolved"), headers=auth).status_code == 200
         )
-        assert time.monotonic() - started < 2.0
+        assert (len(hook.posts), len(inbox.messages)) == sent_before
 
         assert deliver_due(mon.factory, config, now + 1) == 1  # resolved email; chat not due yet
         assert len(hook.bodies) == 2  # chat's firing (failed) + chat's resolved (failed, new row)

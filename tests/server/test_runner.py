@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from corral.db.session import make_engine
 from corral.server.context import BackgroundLoop, ServerContext
+from corral.server.leases import LOOP_LEASE_TTL_S, claim_lease
 from corral.server.runner import LoopRunner
 from tests.server.fakes import FakeEngine, make_context
 
@@ -29,22 +34,41 @@ def test_wake_runs_a_tick_at_once_and_a_failing_tick_does_not_stop_the_loop(tmp_
         if len(ticks) == 1:
             raise RuntimeError("first tick fails")
 
-    runner = LoopRunner(ctx, [BackgroundLoop("slow", 30.0, tick)])
+    # An interval far past any wait below: a second tick before the deadline is the wake's doing,
+    # however slowly this machine runs (no wall-clock bound on how soon it came).
+    runner = LoopRunner(ctx, [BackgroundLoop("slow", 3600.0, tick)])
     runner.start()
     try:
-        assert ran.wait(5)
+        assert ran.wait(60)
         ran.clear()
-        woke = time.time()
         ctx.wake("slow")
-        assert ran.wait(5) and time.time() - woke < 1.0  # not after its 30 s interval
+        assert ran.wait(60)  # woken: not after its hour-long interval
         assert len(ticks) == 2
     finally:
         runner.stop()
     assert runner.stats["slow"][0] == 1  # the failed tick is not counted as done
 
 
-def test_only_one_of_two_runners_ticks_a_singleton(tmp_path: Path) -> None:
+def until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    """Wait for something that must happen; the deadline is only there to end a broken run."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not happen in {timeout_s} s"
+        time.sleep(0.01)
+
+
+def test_only_one_of_two_runners_ticks_a_singleton(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While one runner holds a singleton's lease the other only asks for it; when the holder
+    stops, the other takes the lease over at once, before the stopped one's lease would expire."""
     counts = {"a": 0, "b": 0}
+    claims: list[tuple[str, float, bool]] = []  # (owner, now, held) of every claim attempt
+
+    def recorded_claim(session: Any, name: str, owner: str, now: float) -> bool:
+        held = claim_lease(session, name, owner, now)
+        claims.append((owner, now, held))
+        return held
+
+    monkeypatch.setattr("corral.server.runner.claim_lease", recorded_claim)
 
     def counter(name: str) -> BackgroundLoop:
         def tick(_ctx: ServerContext, _now: float) -> None:
@@ -52,20 +76,31 @@ def test_only_one_of_two_runners_ticks_a_singleton(tmp_path: Path) -> None:
 
         return BackgroundLoop("work", 0.02, tick)
 
+    def refused_b() -> int:
+        return sum(1 for owner, _, held in claims if owner == "host:2:b" and not held)
+
     first = LoopRunner(_ctx(tmp_path, "host:1:a"), [counter("a")])
     second = LoopRunner(_ctx(tmp_path, "host:2:b"), [counter("b")])
     first.start()
-    time.sleep(0.3)
-    second.start()
-    time.sleep(0.5)
-    first.stop()  # releases its lease: the other takes over without waiting for the TTL
-    before = counts["b"]
-    time.sleep(1.0)
-    second.stop()
-    assert counts["a"] > 5 and before == 0 and counts["b"] > 5
+    try:
+        until(lambda: counts["a"] > 5, "a's ticks")
+        second.start()
+        until(lambda: refused_b() >= 3, "b asking for the lease three times")
+        before = counts["b"]  # read while a holds the lease (a's stop below gives it back)
+        first.stop()  # releases its lease: the other takes over without waiting for the TTL
+        until(lambda: counts["b"] > 5, "b's ticks")
+    finally:
+        first.stop()
+        second.stop()
+    assert before == 0 and counts["a"] > 5 and counts["b"] > 5
+    a_held_until = max(now for owner, now, held in claims if owner == "host:1:a" and held) + LOOP_LEASE_TTL_S
+    b_took_at = min(now for owner, now, held in claims if owner == "host:2:b" and held)
+    assert b_took_at < a_held_until, (b_took_at, a_held_until)  # taken over, not expired
 
 
-def test_the_engine_sets_the_reconcile_pace_and_a_waiting_tick_does_not_rest(tmp_path: Path) -> None:
+def test_the_engine_sets_the_reconcile_pace_and_a_waiting_tick_does_not_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An engine that learns of ends only by asking (Slurm) polls at its own pace; and a tick that
     spent its time waiting (a subprocess, not CPU) is followed at once by the next when woken."""
     from corral.engine.base import DEFAULT_POLL_INTERVAL_S
@@ -79,22 +114,37 @@ def test_the_engine_sets_the_reconcile_pace_and_a_waiting_tick_does_not_rest(tmp
     assert {loop.name: loop.interval_s for loop in collect_loops()}["reconcile"] == DEFAULT_POLL_INTERVAL_S
 
     ctx = _ctx(tmp_path, "a:1:x")
-    starts: list[float] = []
+    ticks = 0
+    rests = RecordedRests()
+    monkeypatch.setattr("corral.server.runner.time", rests)
 
     def tick(_ctx: ServerContext, _now: float) -> None:
-        starts.append(time.monotonic())
-        if len(starts) < 3:
+        nonlocal ticks
+        ticks += 1
+        if ticks < 3:
             time.sleep(0.3)  # waiting, as for squeue: no CPU
             _ctx.wake("waits")
 
-    runner = LoopRunner(ctx, [BackgroundLoop("waits", 60.0, tick, singleton=False)])
+    runner = LoopRunner(ctx, [BackgroundLoop("waits", 3600.0, tick, singleton=False)])
     runner.start()
-    try:
-        deadline = time.monotonic() + 10
-        while len(starts) < 3 and time.monotonic() < deadline:
-            time.sleep(0.02)
+    try:  # woken during each tick: a third tick long before the hour-long interval
+        until(lambda: ticks >= 3, "three ticks")
     finally:
         runner.stop()
-    assert len(starts) >= 3
-    # woken during a 0.3 s tick: the next starts right after it, not 2 x 0.3 s after it began
-    assert starts[1] - starts[0] < 0.5, starts
+    # The rest after each of the two 0.3 s ticks that waited (little CPU) is none, whatever the
+    # wall clock says; a rest by wall time would be 2 x 0.3 s less the tick's own 0.3 s.
+    assert rests.seconds[:2] == [0.0, 0.0], rests.seconds
+
+
+class RecordedRests:
+    """The runner's `time` module, noting how long each debounce rest (time.sleep) asked for."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    def sleep(self, seconds: float) -> None:
+        self.seconds.append(seconds)
+        time.sleep(seconds)

@@ -11,13 +11,14 @@ import pytest
 from corral.engine.base import AttemptPhase, AttemptStatus
 from corral.engine.slurm import SlurmEngine
 from corral.engine.slurm import engine as slurm_engine_module
+from tests.slurm.harness import SlurmCluster
 from tests.slurm.helpers import FINISHED, attempt, instance, wait_for
 
 pytestmark = pytest.mark.slurm
 
 
 def test_an_account_removed_within_the_cache_minute_clears_it(
-    engine: SlurmEngine, monkeypatch: pytest.MonkeyPatch
+    engine: SlurmEngine, slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An account found a moment ago is not looked up again at each poll; removed meanwhile, it is
     still in the cache, so squeue gets it in --users and answers "invalid user": the engine drops
@@ -25,7 +26,11 @@ def test_an_account_removed_within_the_cache_minute_clears_it(
     for LOST), and at the next poll looks the account up again and leaves it out."""
     seen: dict[str, float] = {}
     monkeypatch.setattr(slurm_engine_module, "_accounts_seen", seen)
-    engine.launch(attempt("117.1", instance("node3", "sleep 2; echo kept")))
+    # The job lives until the test has polled it (however long squeue takes on a loaded machine):
+    # it ends when the test releases it, not after a fixed sleep that the polls could outlast.
+    scratch = slurm_cluster.scratch_dir()
+    waits = f"while [ ! -e {scratch}/release ]; do sleep 0.05; done; echo kept"
+    engine.launch(attempt("117.1", instance("node3", waits), rw_mounts=[scratch]))
     record = engine.store.load("117.1")
     assert record is not None and record.unix_user
     account = record.unix_user
@@ -63,4 +68,5 @@ def test_an_account_removed_within_the_cache_minute_clears_it(
 
     assert poll_by_account(gone).phase in (AttemptPhase.PENDING, AttemptPhase.RUNNING)
     assert lookups == [gone] and gone not in seen  # looked up again: not found, left out, not cached
+    (scratch / "release").touch()
     assert wait_for(engine, "117.1", FINISHED).phase is AttemptPhase.SUCCEEDED

@@ -4,6 +4,7 @@ Multi-instance attempts spread over two nodes, so they run as one Slurm job with
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +36,7 @@ class TestSlurmContract(EngineContract):
     @pytest.fixture
     def node_names(self) -> list[str]:
         return ["node1", "node2"]
+
+    @pytest.fixture
+    def shared_dir(self, slurm_cluster: SlurmCluster) -> Iterator[Path]:
+        yield slurm_cluster.scratch_dir()  # reachable by the cluster's job accounts

@@ -7,17 +7,42 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import pytest
 
 from corral.engine.base import AttemptPhase, AttemptStatus
 from corral.engine.slurm import SlurmEngine
+from corral.engine.slurm import engine as slurm_engine_module
+from corral.engine.slurm.engine import PENDING_RECHECK_S
 from corral.engine.slurm.scripts import BATCH_OUTPUT
 from corral.engine.slurm.state import AttemptRecord, StateStore
 from corral.scheduler.types import NodeState
 from tests.slurm.helpers import FINISHED, attempt, instance, wait_for
 
 pytestmark = pytest.mark.slurm
+
+
+class HeldClock:
+    """The Slurm engine module's `time`, with a monotonic clock that moves only when the test
+    moves it: how long squeue or sbatch takes on a loaded machine cannot age the engine's "every
+    job pending" memory past PENDING_RECHECK_S in the middle of a test."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> HeldClock:
+    held = HeldClock()
+    monkeypatch.setattr(slurm_engine_module, "time", held)
+    return held
 
 
 @pytest.fixture
@@ -35,7 +60,7 @@ def polls_pending(engine: SlurmEngine, aid: str, times: int) -> None:
 
 
 def test_polls_while_every_job_pends_ask_squeue_again_only_when_one_starts(
-    engine: SlurmEngine, squeue_calls: list[tuple[str, ...]], drained_node3: str
+    engine: SlurmEngine, squeue_calls: list[tuple[str, ...]], drained_node3: str, clock: HeldClock
 ) -> None:
     """Five polls in a row of a pending job: one squeue (before: five). Its batch output appearing
     (the job started) makes the next poll ask again; so does PENDING_RECHECK_S passing. Resumed,
@@ -53,7 +78,7 @@ def test_polls_while_every_job_pends_ask_squeue_again_only_when_one_starts(
     os.remove(marker)
     polls_pending(engine, "140.1", 2)
     assert len(squeue_calls) == 2
-    time.sleep(1.05)  # PENDING_RECHECK_S: a job may end without starting (cancelled, launch failed)
+    clock.now += PENDING_RECHECK_S  # a job may end without starting (cancelled, launch failed)
     polls_pending(engine, "140.1", 1)
     assert len(squeue_calls) == 3
     engine.set_node_state(drained_node3, NodeState.READY)
@@ -98,7 +123,7 @@ def test_launches_walk_the_state_dirs_parents_once_a_minute(
 
 
 def test_launches_are_remembered_as_pending_only_while_a_poll_is_fresh(
-    engine: SlurmEngine, squeue_calls: list[tuple[str, ...]], drained_node3: str
+    engine: SlurmEngine, squeue_calls: list[tuple[str, ...]], drained_node3: str, clock: HeldClock
 ) -> None:
     """A server that launches but does not poll (another server holds the reconcile lease) keeps
     nothing per launched job; right after a poll found every job pending, a new launch joins that
