@@ -3,6 +3,7 @@ filters, sorting, pagination and cancel in every state."""
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from typing import Any
@@ -220,9 +221,14 @@ def test_listing_stays_fast_at_100k_jobs(world: World) -> None:
     ]
     for who, params in cases:
         world.client.get(JOBS, params=params, headers=world.as_(who))  # warm caches
-        start = time.perf_counter()
-        r = world.client.get(JOBS, params=params, headers=world.as_(who))
-        elapsed = time.perf_counter() - start
+        # Best of three, as tests/web/test_list_scale.py: a full scan + sort is slow in every
+        # try, while one try can lose the CPU to the rest of a loaded box (failed 3 in 34 runs
+        # beside CPU hogs and a parallel suite, each time on one try of ~0.6 s)
+        elapsed = math.inf
+        for _ in range(3):
+            start = time.perf_counter()
+            r = world.client.get(JOBS, params=params, headers=world.as_(who))
+            elapsed = min(elapsed, time.perf_counter() - start)
         assert r.status_code == 200
         body = r.json()
         assert body["total"] == (25_000 if params.get("state") else 100_000)
