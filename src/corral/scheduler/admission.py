@@ -479,18 +479,7 @@ class FairShareQueue:
             q = self.users[g][user]
             heap = self.user_heaps[g]
             if q:
-                head, size_of = q[0], self.size_of  # _user_key, inline: nearly every pop comes here
-                top = heapq.heappushpop(
-                    heap,
-                    (
-                        -int(head.priority),
-                        0 if size_of is None else size_of(head),
-                        self.user_share.get(pending, 0.0),
-                        head.submit_time,
-                        head.id,
-                        user,
-                    ),
-                )
+                top = heapq.heappushpop(heap, self._user_key(g, user, q[0]))
             elif heap:
                 top = heapq.heappop(heap)
             else:  # the group has no job left: _flush would put nothing back
