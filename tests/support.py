@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +45,17 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextmanager
+def dir_for_job_accounts(prefix: str, mode: int = 0o1777) -> Iterator[Path]:
+    """A temporary dir other accounts can use, removed afterwards: pytest's own tmp dirs are 0700,
+    so a job running as a test account cannot reach them. 0o1777 (the default): any account may
+    write in it (sticky, like /tmp), e.g. for markers between a test and its jobs; 0o755: pass and
+    read only."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(path, mode)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -20,9 +20,6 @@ reach /tmp). Commands are plain POSIX sh, so they run the same under every engin
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -39,12 +36,18 @@ from corral.engine.base import (
     InstanceLaunch,
     MountSpec,
 )
+from tests.support import dir_for_job_accounts
 
 FINISH_TIMEOUT_S = 30.0
 
 
 def new_attempt_id() -> str:
     return f"c{uuid.uuid4().hex[:10]}.1"
+
+
+def writable_mounts(*paths: Path) -> tuple[MountSpec, ...]:
+    """Host dirs a job may write, each at the same path inside its sandbox."""
+    return tuple(MountSpec(str(p), str(p), read_only=False) for p in paths)
 
 
 def make_attempt(
@@ -74,7 +77,7 @@ def make_attempt(
         for rank, cmd in enumerate(commands)
     )
     job_id = aid.split(".")[0]
-    mounts = tuple(MountSpec(str(p), str(p), read_only=False) for p in rw_mounts)
+    mounts = writable_mounts(*rw_mounts)
     return AttemptLaunch(
         aid, job_id, 1, "alice", "team", instances, max_runtime_s=max_runtime_s, mounts=mounts
     )
@@ -122,10 +125,8 @@ class EngineContract:
     @pytest.fixture
     def shared_dir(self) -> Iterator[Path]:
         """A dir any job account may write (sticky, like /tmp) for markers between test and job."""
-        path = Path(tempfile.mkdtemp(prefix="corral-contract-"))
-        os.chmod(path, 0o1777)
-        yield path
-        shutil.rmtree(path, ignore_errors=True)
+        with dir_for_job_accounts("corral-contract-") as path:
+            yield path
 
     def test_is_an_engine(self, engine: Engine) -> None:
         assert isinstance(engine, Engine)  # its methods and the loops' pacing attributes

@@ -6,8 +6,6 @@ what is wrong and what to set."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,15 +13,14 @@ import pytest
 
 from corral.config import Settings
 from corral.environments.mounts import EnvironmentLaunch, workspace_environment
+from tests.support import dir_for_job_accounts
 
 
 @pytest.fixture
 def open_dir() -> Iterator[Path]:
     """A dir every account may pass (pytest's own tmp dirs are 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="corral-wsvenv-"))
-    os.chmod(path, 0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with dir_for_job_accounts("corral-wsvenv-", mode=0o755) as path:
+        yield path
 
 
 def fake_venv(where: Path, home: str) -> Path:

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,9 +18,9 @@ from corral.engine.base import AttemptLaunch, AttemptPhase, FailureReason, Insta
 from corral.engine.local import LocalEngine
 from corral.engine.local.supervisor import proc_start
 from corral.scheduler.types import GPU
-from tests.engine.contract import new_attempt_id, wait_finished, wait_for, wait_log
+from tests.engine.contract import new_attempt_id, wait_finished, wait_for, wait_log, writable_mounts
 from tests.engine.local_support import local_engine_factory
-from tests.support import require, require_binary
+from tests.support import dir_for_job_accounts, require, require_binary
 
 pytestmark = pytest.mark.isolation
 PIDS_MAX = 64
@@ -52,15 +50,9 @@ def engine(factory: Callable[[], LocalEngine]) -> LocalEngine:
 
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
-    """A dir any job account may write (sticky, like /tmp), for a release marker from the test."""
-    path = Path(tempfile.mkdtemp(prefix="corral-breakout-"))
-    os.chmod(path, 0o1777)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def shared(path: Path) -> tuple[MountSpec, ...]:
-    return (MountSpec(str(path), str(path), read_only=False),)
+    """A dir any job account may write, for a release marker from the test."""
+    with dir_for_job_accounts("corral-breakout-") as path:
+        yield path
 
 
 def attempt(
@@ -344,7 +336,7 @@ def test_memory_overrun_is_oom_killed_and_spares_the_neighbour(engine: LocalEngi
         f" [time.sleep(0.05) for _ in iter(lambda: os.path.exists('{release}'), True)];"
         " print('intact' if hashlib.sha1(b).hexdigest() == h else 'corrupted', flush=True)\""
     )
-    neighbour = attempt(keeper, memory_mib=512, mounts=shared(shared_dir))
+    neighbour = attempt(keeper, memory_mib=512, mounts=writable_mounts(shared_dir))
     engine.launch(neighbour)
     wait_log(engine, neighbour.attempt_id, b"holding")
     hog = attempt("python3 -c \"b = bytearray(400 << 20); print('survived')\"", memory_mib=96)
