@@ -24,7 +24,6 @@ from operator import attrgetter
 from typing import Protocol
 
 from corral.scheduler.cluster import RunningTotals
-from corral.scheduler.gittins import gittins_class
 from corral.scheduler.types import ANY_MODEL, Group, Job, Reason, RunningJob, Usage
 
 
@@ -39,8 +38,6 @@ class QueuePolicy(Protocol):
     def las_thresholds(self) -> tuple[float, ...]: ...
     @property
     def size_order(self) -> bool: ...
-    @property
-    def size_key(self) -> str: ...
     @property
     def default_runtime_s(self) -> float: ...
     @property
@@ -70,12 +67,6 @@ def size_class(job: Job, default_runtime_s: float) -> int:
     estimate = job.runtime_estimate
     gpu_s = (default_runtime_s if estimate is None else estimate) * max(job.total_gpus, 1)
     return int(gpu_s // SIZE_UNIT_S).bit_length()
-
-
-def size_function(size_key: str) -> Callable[[Job, float], int]:
-    """The size classes the fair-share order reads (Profile.size_key): `size_class` for "median",
-    `gittins.gittins_class` for "gittins"."""
-    return gittins_class if size_key == "gittins" else size_class
 
 
 def cpu_only(job: Job) -> bool:
@@ -717,14 +708,13 @@ def build_queue(
     size_of = None
     if policy.size_order:
         default_s = policy.default_runtime_s
-        classify = size_function(policy.size_key)
         # the cycle's: sorting and every pop read a job's class
         sizes: dict[str, int] = {} if sized is None or indexed is None else dict(sized)
 
         def size_of(job: Job) -> int:
             found = sizes.get(job.id)
             if found is None:
-                found = sizes[job.id] = classify(job, default_s)
+                found = sizes[job.id] = size_class(job, default_s)
             return found
 
     aged_before = now - policy.starvation_s if policy.starvation_s > 0 else None

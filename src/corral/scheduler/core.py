@@ -13,9 +13,10 @@ Diagnosis (diagnosis.py), from the reasons the stages recorded (outcomes.py).
 from __future__ import annotations
 
 import random
+from functools import partial
 from operator import attrgetter
 
-from corral.scheduler.admission import QuotaLedger, ResourceQuota, build_queue, size_function, storage_refusal
+from corral.scheduler.admission import QuotaLedger, ResourceQuota, build_queue, size_class, storage_refusal
 from corral.scheduler.backfill import Backfill
 from corral.scheduler.cluster import ClusterMemo, ClusterState
 from corral.scheduler.diagnosis import DiagnosisView, LazyDiagnoses
@@ -46,19 +47,16 @@ class Scheduler:
         self.replay_known = replay_known
         self.cluster_memo = ClusterMemo()
         self.job_kinds = JobKinds()
-        self._queue_index: tuple[tuple[bool, float, str], QueueIndex] | None = None
+        self._queue_index: tuple[tuple[bool, float], QueueIndex] | None = None
 
     @property
     def queue_index(self) -> QueueIndex:
         """The queue index for the current profile: under fair share with size_order it also keeps
-        each job's size class (pure per Job, default runtime and size key) and each user's order by
-        it."""
+        each job's size class (pure per Job and default runtime) and each user's order by it."""
         profile = self.profile
-        sized = profile.order == "fair_share" and profile.size_order
-        spec = (sized, profile.default_runtime_s, profile.size_key)
+        spec = (profile.order == "fair_share" and profile.size_order, profile.default_runtime_s)
         if self._queue_index is None or self._queue_index[0] != spec:
-            classify, default_s = size_function(profile.size_key), profile.default_runtime_s
-            size_of = (lambda job: classify(job, default_s)) if sized else None
+            size_of = partial(size_class, default_runtime_s=spec[1]) if spec[0] else None
             self._queue_index = (spec, QueueIndex(size_of))
         return self._queue_index[1]
 

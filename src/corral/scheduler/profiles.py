@@ -12,7 +12,6 @@ from corral.scheduler.types import Job
 ORDERS = ("fair_share", "fifo", "sjf", "las")
 PREEMPTIONS = ("none", "quota_priority", "las")
 ETA_ROLLS = ("backfill", "pooled")
-SIZE_KEYS = ("median", "gittins")
 NUMERIC_KNOBS = (
     "grace_s",
     "fair_share_horizon_s",
@@ -43,10 +42,6 @@ class Profile:
     # fair_share: inside a group, smaller estimated GPU-time first (size_class: log2 GPU-minutes
     # of the runtime estimate, which comes from user limits and history, never true durations)
     size_order: bool = True
-    # what the size order reads: "median" (size_class: the estimate times the GPUs) or "gittins"
-    # (gittins.py: 1 / the Gittins index per GPU of a log-normal runtime around the estimate, with
-    # its spread and the service attained; the same classes)
-    size_key: str = "median"
     # fair_share: a job waiting longer than this comes before every other job in the guaranteed
     # pass (the starvation guard: it reserves and reclaims first); 0: off
     starvation_s: float = 2 * 86400.0
@@ -80,10 +75,6 @@ class Profile:
         if self.eta_roll not in ETA_ROLLS:
             raise ValueError(
                 f"profile {self.name}: unknown eta_roll {self.eta_roll!r}; use one of {ETA_ROLLS}"
-            )
-        if self.size_key not in SIZE_KEYS:
-            raise ValueError(
-                f"profile {self.name}: unknown size_key {self.size_key!r}; use one of {SIZE_KEYS}"
             )
         if self.placement not in PLACEMENTS:
             raise ValueError(

@@ -30,19 +30,18 @@ class PolicyError(ValueError):
 def parse_knobs(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """`["backfill_depth=500", "las_thresholds=3600,36000"]` -> Profile fields; a clear error
     naming a knob that does not exist or a value that is not a number."""
-    from corral.scheduler.profiles import BOOL_KNOBS, ETA_ROLLS, NUMERIC_KNOBS, SIZE_KEYS
+    from corral.scheduler.profiles import BOOL_KNOBS, ETA_ROLLS, NUMERIC_KNOBS
 
-    choices = {"eta_roll": ETA_ROLLS, "size_key": SIZE_KEYS}
-    allowed = (*NUMERIC_KNOBS, *BOOL_KNOBS, "las_thresholds", *choices)
+    allowed = (*NUMERIC_KNOBS, *BOOL_KNOBS, "las_thresholds", "eta_roll")
     out: dict[str, Any] = {}
     for item in items:
         name, sep, raw = item.partition("=")
         name = name.strip()
         if not sep or name not in allowed:
             raise PolicyError(f"--knob {item!r}: use NAME=VALUE with NAME one of {', '.join(allowed)}")
-        if name in choices:
-            if raw.strip() not in choices[name]:
-                raise PolicyError(f"--knob {item!r}: {name} is one of {', '.join(choices[name])}")
+        if name == "eta_roll":
+            if raw.strip() not in ETA_ROLLS:
+                raise PolicyError(f"--knob {item!r}: eta_roll is one of {', '.join(ETA_ROLLS)}")
             out[name] = raw.strip()
             continue
         try:
