@@ -58,6 +58,7 @@ def test_replay_with_known_outcomes_equals_fresh_work(policy: str) -> None:
     assert len(waited) > 20  # the trace is busy enough for queues (and so for replayed outcomes)
 
 
+@pytest.mark.pure_scheduler  # it spies on KnownOutcomes._replay_held_off (conftest.py)
 def test_deep_heterogeneous_replay_with_known_outcomes_equals_fresh_work(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -1,0 +1,110 @@
+"""The mypyc-compiled scheduler (corral.scheduler.compiled_build, scripts/build_compiled.py): used
+only when built from exactly the sources on disk, never half of it, and with the same results as
+the pure-Python modules. Outside CI a missing build (no compiler) skips the tests that need one;
+under CI it fails them, like every other component (scripts/setup.sh builds it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from corral.scheduler import compiled_build
+from tests.support import require
+
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src" / "corral"
+
+# Prints which scheduler the child process imported: the flag and where `core` came from.
+WHICH = (
+    "import json, corral.scheduler.core as core\n"
+    "from corral.scheduler import compiled_build\n"
+    "print(json.dumps([compiled_build.is_compiled(), core.__file__]))\n"
+)
+
+# A small replay on which compiled and pure must agree job by job: a deep synthetic queue (quotas,
+# backfill, preemption) under several policies, each job's first start, end, first estimated
+# start, preemptions and wait.
+REPLAY = """
+import json
+from corral.scheduler.compiled_build import is_compiled
+from corral.sim.cluster import load_cluster
+from corral.sim.replay import SimConfig
+from corral.sim.runner import simulate
+from corral.sim.synth import SynthSpec, generate
+
+cluster = load_cluster("synth")
+trace = generate(SynthSpec(jobs=400, load=2.0, seed=0), cluster)
+out = {"compiled": is_compiled()}
+for policy in ("default", "las", "fifo-backfill", "sjf"):
+    result = simulate(trace, cluster, policy, SimConfig())
+    out[policy] = repr(sorted(  # repr: an unfinished job's NaN end compares equal as text
+        (j.trace.job_id, j.first_start, j.end, j.eta, j.preemptions, round(j.waited_s, 6))
+        for j in result.jobs
+    ))
+print(json.dumps(out))
+"""
+
+
+def run_python(code: str, *, pythonpath: Path, pure: bool, build_dir: Path | None = None) -> object:
+    env = {k: v for k, v in os.environ.items() if k != compiled_build.PURE_ENV}
+    env["PYTHONPATH"] = str(pythonpath)
+    if pure:
+        env[compiled_build.PURE_ENV] = "1"
+    if build_dir is not None:
+        env["CORRAL_COMPILED_DIR"] = str(build_dir)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def require_current_build() -> None:
+    current = compiled_build.build_digest() == compiled_build.source_digest()
+    require(current, "a current compiled scheduler build (scripts/build_compiled.py)")
+
+
+def copy_of_scheduler(tmp_path: Path) -> Path:
+    """The scheduler package (and the two modules it imports from outside it) in a fresh tree."""
+    package = tmp_path / "src" / "corral"
+    shutil.copytree(SRC / "scheduler", package / "scheduler", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("__init__.py", "domain.py"):
+        shutil.copy(SRC / name, package / name)
+    return tmp_path / "src"
+
+
+def test_an_edited_source_runs_pure_python_not_the_old_build(tmp_path: Path) -> None:
+    require_current_build()
+    src = copy_of_scheduler(tmp_path)
+    build = compiled_build.BUILD_DIR
+    compiled, core = run_python(WHICH, pythonpath=src, pure=False, build_dir=build)  # type: ignore[misc]
+    assert compiled and core.startswith(str(build))
+    with (src / "corral" / "scheduler" / "core.py").open("a") as f:
+        f.write("\n# edited after the build\n")
+    compiled, core = run_python(WHICH, pythonpath=src, pure=False, build_dir=build)  # type: ignore[misc]
+    assert not compiled and core == str(src / "corral" / "scheduler" / "core.py")
+
+
+def test_an_added_module_runs_pure_python(tmp_path: Path) -> None:
+    require_current_build()
+    src = copy_of_scheduler(tmp_path)
+    (src / "corral" / "scheduler" / "extra.py").write_text("X = 1\n")
+    compiled, _ = run_python(WHICH, pythonpath=src, pure=False, build_dir=compiled_build.BUILD_DIR)  # type: ignore[misc]
+    assert not compiled
+
+
+def test_no_build_or_the_switch_runs_pure_python(tmp_path: Path) -> None:
+    compiled, core = run_python(WHICH, pythonpath=ROOT / "src", pure=False, build_dir=tmp_path)  # type: ignore[misc]
+    assert not compiled and core.endswith("core.py")
+    compiled, core = run_python(WHICH, pythonpath=ROOT / "src", pure=True)  # type: ignore[misc]
+    assert not compiled and core.endswith("core.py")
+
+
+def test_compiled_and_pure_replays_agree_job_by_job() -> None:
+    require_current_build()
+    compiled = run_python(REPLAY, pythonpath=ROOT / "src", pure=False)
+    pure = run_python(REPLAY, pythonpath=ROOT / "src", pure=True)
+    assert isinstance(compiled, dict) and isinstance(pure, dict)
+    assert compiled.pop("compiled") is True and pure.pop("compiled") is False
+    assert compiled == pure
