@@ -1,5 +1,6 @@
-"""Compile the scheduler library (src/corral/scheduler, all but __init__ and compiled_build) with mypyc
-into build/mypyc/, for corral.scheduler.compiled_build to use (docs/scheduler.md, "Compiled build").
+"""Compile the scheduler library and the simulator's replay (compiled_build.COMPILED: src/corral/scheduler
+but __init__ and compiled_build, src/corral/sim but __init__, errors, report and whatif) with mypyc into
+build/mypyc/, for corral.scheduler.compiled_build to use (docs/scheduler.md, "Compiled build").
 
     python scripts/build_compiled.py [--force]
 
@@ -63,8 +64,8 @@ def build() -> None:
     extensions = mypycify([*options, *sources], group_name=GROUP, opt_level="3", multi_file=True)
     dist = Distribution({"name": "corral-compiled", "ext_modules": extensions})
     command = dist.get_command_obj("build_ext")
-    command.build_lib, command.build_temp = str(BUILD), str(WORK / "temp")  # type: ignore[attr-defined]
-    command.parallel = os.cpu_count() or 1  # type: ignore[attr-defined]
+    command.build_lib, command.build_temp = str(BUILD), str(WORK / "temp")
+    command.parallel = os.cpu_count() or 1
     dist.run_command("build_ext")
     (BUILD / INFO).write_text(json.dumps(info) + "\n")
     (BUILD / compiled_build.DIGEST_FILE).write_text(info["sources"] + "\n")  # last: the build is complete

@@ -1,4 +1,4 @@
-"""The mypyc-compiled scheduler (corral.scheduler.compiled_build, scripts/build_compiled.py): used
+"""The mypyc-compiled scheduler and replay (corral.scheduler.compiled_build, scripts/build_compiled.py): used
 only when built from exactly the sources on disk, never half of it, and with the same results as
 the pure-Python modules. Outside CI a missing build (no compiler) skips the tests that need one;
 under CI it fails them, like every other component (scripts/setup.sh builds it)."""
@@ -11,6 +11,9 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from corral.scheduler import compiled_build
 from tests.support import require
@@ -18,11 +21,12 @@ from tests.support import require
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "corral"
 
-# Prints which scheduler the child process imported: the flag and where `core` came from.
+# Prints which build the child process imported: the flag and where `core` and the simulator's
+# `replay` came from (the two packages go compiled or pure together).
 WHICH = (
-    "import json, corral.scheduler.core as core\n"
+    "import json, corral.sim.replay as replay, corral.scheduler.core as core\n"
     "from corral.scheduler import compiled_build\n"
-    "print(json.dumps([compiled_build.is_compiled(), core.__file__]))\n"
+    "print(json.dumps([compiled_build.is_compiled(), core.__file__, replay.__file__]))\n"
 )
 
 # A small replay on which compiled and pure must agree job by job: a deep synthetic queue (quotas,
@@ -49,7 +53,7 @@ print(json.dumps(out))
 """
 
 
-def run_python(code: str, *, pythonpath: Path, pure: bool, build_dir: Path | None = None) -> object:
+def run_python(code: str, *, pythonpath: Path, pure: bool, build_dir: Path | None = None) -> Any:
     env = {k: v for k, v in os.environ.items() if k != compiled_build.PURE_ENV}
     env["PYTHONPATH"] = str(pythonpath)
     if pure:
@@ -65,40 +69,45 @@ def require_current_build() -> None:
     require(current, "a current compiled scheduler build (scripts/build_compiled.py)")
 
 
-def copy_of_scheduler(tmp_path: Path) -> Path:
-    """The scheduler package (and the two modules it imports from outside it) in a fresh tree."""
+def copy_of_compiled_packages(tmp_path: Path) -> Path:
+    """The scheduler and simulator packages (and the two modules they import from outside them) in
+    a fresh tree."""
     package = tmp_path / "src" / "corral"
-    shutil.copytree(SRC / "scheduler", package / "scheduler", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("scheduler", "sim"):
+        shutil.copytree(SRC / name, package / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("__init__.py", "domain.py"):
         shutil.copy(SRC / name, package / name)
     return tmp_path / "src"
 
 
-def test_an_edited_source_runs_pure_python_not_the_old_build(tmp_path: Path) -> None:
+@pytest.mark.parametrize("edited", ["scheduler/core.py", "sim/replay.py"])
+def test_an_edited_source_runs_pure_python_not_the_old_build(tmp_path: Path, edited: str) -> None:
     require_current_build()
-    src = copy_of_scheduler(tmp_path)
+    src = copy_of_compiled_packages(tmp_path)
     build = compiled_build.BUILD_DIR
-    compiled, core = run_python(WHICH, pythonpath=src, pure=False, build_dir=build)  # type: ignore[misc]
-    assert compiled and core.startswith(str(build))
-    with (src / "corral" / "scheduler" / "core.py").open("a") as f:
+    compiled, core, replay = run_python(WHICH, pythonpath=src, pure=False, build_dir=build)
+    assert compiled and core.startswith(str(build)) and replay.startswith(str(build))
+    with (src / "corral" / edited).open("a") as f:
         f.write("\n# edited after the build\n")
-    compiled, core = run_python(WHICH, pythonpath=src, pure=False, build_dir=build)  # type: ignore[misc]
-    assert not compiled and core == str(src / "corral" / "scheduler" / "core.py")
+    compiled, core, replay = run_python(WHICH, pythonpath=src, pure=False, build_dir=build)
+    assert not compiled
+    assert core == str(src / "corral" / "scheduler" / "core.py")
+    assert replay == str(src / "corral" / "sim" / "replay.py")
 
 
 def test_an_added_module_runs_pure_python(tmp_path: Path) -> None:
     require_current_build()
-    src = copy_of_scheduler(tmp_path)
+    src = copy_of_compiled_packages(tmp_path)
     (src / "corral" / "scheduler" / "extra.py").write_text("X = 1\n")
-    compiled, _ = run_python(WHICH, pythonpath=src, pure=False, build_dir=compiled_build.BUILD_DIR)  # type: ignore[misc]
+    compiled, _, _ = run_python(WHICH, pythonpath=src, pure=False, build_dir=compiled_build.BUILD_DIR)
     assert not compiled
 
 
 def test_no_build_or_the_switch_runs_pure_python(tmp_path: Path) -> None:
-    compiled, core = run_python(WHICH, pythonpath=ROOT / "src", pure=False, build_dir=tmp_path)  # type: ignore[misc]
-    assert not compiled and core.endswith("core.py")
-    compiled, core = run_python(WHICH, pythonpath=ROOT / "src", pure=True)  # type: ignore[misc]
-    assert not compiled and core.endswith("core.py")
+    compiled, core, replay = run_python(WHICH, pythonpath=ROOT / "src", pure=False, build_dir=tmp_path)
+    assert not compiled and core.endswith("core.py") and replay.endswith("replay.py")
+    compiled, core, replay = run_python(WHICH, pythonpath=ROOT / "src", pure=True)
+    assert not compiled and core.endswith("core.py") and replay.endswith("replay.py")
 
 
 def test_compiled_and_pure_replays_agree_job_by_job() -> None:

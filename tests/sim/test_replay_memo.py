@@ -31,8 +31,13 @@ def busy_trace(seed: int, jobs: int = 300, widest: int = 16) -> Trace:
 
 
 def outcome(result: SimResult) -> list[tuple[object, ...]]:
+    # NaN (no estimate, never ended) as None: NaN != NaN, and equal tuples held it only because
+    # pure Python passed the same NaN object along (compiled code boxes a new one each time)
     return [
-        (j.trace.job_id, j.first_start, j.end, j.eta, j.preemptions, j.lost_work_s, j.attempt)
+        tuple(
+            None if v != v else v
+            for v in (j.trace.job_id, j.first_start, j.end, j.eta, j.preemptions, j.lost_work_s, j.attempt)
+        )
         for j in result.jobs
     ]
 

@@ -9,7 +9,7 @@ See docs/scheduler.md for the admission model, the placement plugins, diagnosis 
 # exactly these sources, else every module is pure Python (compiled_build.py).
 from corral.scheduler.compiled_build import activate as _activate_compiled_build
 
-_activate_compiled_build(__path__)
+_activate_compiled_build("scheduler", __path__)
 
 from corral.scheduler.admission import decay_usage
 from corral.scheduler.apply import Applied, PlanSink, apply_plan

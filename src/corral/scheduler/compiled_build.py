@@ -1,22 +1,24 @@
-"""Use the mypyc-compiled build of the scheduler when, and only when, it was built from exactly the
-sources in this checkout (docs/scheduler.md, "Compiled build").
+"""Use the mypyc-compiled build of the scheduler (and the simulator's replay) when, and only when,
+it was built from exactly the sources in this checkout (docs/scheduler.md, "Compiled build").
 
-`scripts/build_compiled.py` (run by scripts/setup.sh) compiles every module of this package except
-this one and `__init__` into `build/mypyc/` at the repository root, outside `src/`, and writes there
-the digest of the sources it compiled. `activate` (called by the package's `__init__` before any
-submodule is imported) compares that digest with the digest of the sources on disk now and only
-then puts the compiled directory first on the package's `__path__`. An edited, added or removed
-module changes the digest, so a developer who edits `core.py` and runs the tests without rebuilding
-gets the edited pure-Python code, never the old extension.
+`scripts/build_compiled.py` (run by scripts/setup.sh) compiles the modules of `COMPILED` into
+`build/mypyc/` at the repository root, outside `src/`, and writes there the digest of the sources
+it compiled. `activate` (called by each compiled package's `__init__` before any of its modules is
+imported) compares that digest with the digest of the sources on disk now and only then puts the
+compiled directory first on the package's `__path__`. An edited, added or removed module changes
+the digest, so a developer who edits `core.py` and runs the tests without rebuilding gets the
+edited pure-Python code, never the old extension.
 
-All or nothing: the compiled modules call each other directly in C and pass native class instances
-between them, so a mix of compiled and pure modules of the same build must not happen. Because
-`__init__` runs before any submodule, either every submodule is found in the compiled directory
-(the digest matched, so every source has its extension) or none is.
+All or nothing: the compiled modules are one mypyc group; they call each other directly in C and
+pass native class instances between them, so compiled and pure modules of the same build must not
+mix. The decision is made once per process (the first `activate`) and holds for every package,
+and each package's `__init__` asks before any of its modules is imported: either every module of
+the build is found in the compiled directory (the digest matched, so every source has its
+extension) or none is.
 
-This module is kept out of the compiled build (it decides whether the build is used) and is plain
-file I/O at import time, the one exception to the scheduler's "no I/O": about a millisecond to read
-and hash the sources (docs/simulator.md, "Speed").
+This module is kept out of the build (it decides whether the build is used) and does plain file
+I/O at import time, the one exception to the scheduler's "no I/O": about a millisecond to read and
+hash the sources (docs/simulator.md, "Speed").
 """
 
 from __future__ import annotations
@@ -28,33 +30,42 @@ import os
 import sys
 from pathlib import Path
 
-# The modules of the package that are not compiled: the package's __init__ and this module.
-NOT_COMPILED = frozenset({"__init__.py", "compiled_build.py"})
+# Package (under src/corral) -> its modules that are not compiled. The scheduler: its __init__ and
+# this module. The simulator: its exceptions (mypyc compiles no subclass of ValueError or
+# RuntimeError) and the modules outside the replay's path (plots, what-if edits of a cluster).
+COMPILED: dict[str, frozenset[str]] = {
+    "scheduler": frozenset({"__init__.py", "compiled_build.py"}),
+    "sim": frozenset({"__init__.py", "errors.py", "report.py", "whatif.py"}),
+}
 # mypyc's shared library for the whole group (named by scripts/build_compiled.py's group_name); each
 # module's own extension is a small shim that imports it by this top-level name.
-GROUP_LIBRARY = "corral_scheduler__mypyc"
+GROUP_LIBRARY = "corral_compiled__mypyc"
 DIGEST_FILE = "sources.sha256"
 PURE_ENV = "CORRAL_PURE_PYTHON"
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-# src/corral/scheduler -> the repository root (for an editable install, the checkout).
-REPO_ROOT = PACKAGE_DIR.parents[2]
-BUILD_DIR = Path(os.environ.get("CORRAL_COMPILED_DIR") or REPO_ROOT / "build" / "mypyc")
+# src/corral; its parent's parent is the repository root (for an editable install, the checkout).
+CORRAL_DIR = Path(__file__).resolve().parents[1]
+BUILD_DIR = Path(os.environ.get("CORRAL_COMPILED_DIR") or CORRAL_DIR.parents[1] / "build" / "mypyc")
 
-_active = False
-
-
-def compiled_sources(package_dir: Path = PACKAGE_DIR) -> list[Path]:
-    """The package's modules that the build compiles, in a stable order."""
-    return sorted(p for p in package_dir.glob("*.py") if p.name not in NOT_COMPILED)
+_decision: bool | None = None  # made by the first activate, for the whole process
 
 
-def source_digest(package_dir: Path = PACKAGE_DIR) -> str:
+def compiled_sources(corral_dir: Path = CORRAL_DIR) -> list[Path]:
+    """The modules that the build compiles, in a stable order."""
+    return [
+        path
+        for package, kept_out in sorted(COMPILED.items())
+        for path in sorted((corral_dir / package).glob("*.py"))
+        if path.name not in kept_out
+    ]
+
+
+def source_digest(corral_dir: Path = CORRAL_DIR) -> str:
     """Digest of the compiled modules' names and contents, and of the extension suffix (a build for
     another Python cannot be loaded, so it must not count as current)."""
     digest = hashlib.sha256(importlib.machinery.EXTENSION_SUFFIXES[0].encode())
-    for path in compiled_sources(package_dir):
-        digest.update(b"\0" + path.name.encode() + b"\0")
+    for path in compiled_sources(corral_dir):
+        digest.update(b"\0" + path.relative_to(corral_dir).as_posix().encode() + b"\0")
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
@@ -67,45 +78,52 @@ def build_digest(build_dir: Path = BUILD_DIR) -> str | None:
         return None
 
 
-def _load_group_library(build_dir: Path) -> bool:
+def _load_group_library(build_dir: Path) -> None:
     """Import mypyc's group library by file, under the top-level name the shims import, without
     putting the build directory on sys.path."""
     if GROUP_LIBRARY in sys.modules:
-        return True
+        return
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     spec = importlib.util.spec_from_file_location(GROUP_LIBRARY, build_dir / f"{GROUP_LIBRARY}{suffix}")
     if spec is None or spec.loader is None:
-        return False
+        raise ImportError(f"no {GROUP_LIBRARY} in {build_dir}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[GROUP_LIBRARY] = module
-    spec.loader.exec_module(module)
-    return True
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[GROUP_LIBRARY]
+        raise
 
 
-def activate(package_path: list[str]) -> bool:
-    """Put the compiled modules first on `package_path` (the package's `__path__`) when the build is
-    current and `CORRAL_PURE_PYTHON` is not set. Returns whether they were."""
-    global _active
+def _decide() -> bool:
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
         return False
     built = build_digest()
     if built is None or built != source_digest():
         return False
-    compiled_dir = BUILD_DIR / "corral" / "scheduler"
     try:
-        if not _load_group_library(BUILD_DIR):
-            return False
-    except ImportError:  # built for another interpreter or a broken build: pure Python instead
-        sys.modules.pop(GROUP_LIBRARY, None)
+        _load_group_library(BUILD_DIR)
+    except ImportError:  # built for another interpreter, or a broken build: pure Python instead
         return False
-    package_path.insert(0, str(compiled_dir))
-    _active = True
     return True
+
+
+def activate(package: str, package_path: list[str]) -> bool:
+    """Put the compiled modules of `package` ("scheduler", "sim") first on `package_path` (the
+    package's `__path__`) when the build is current and `CORRAL_PURE_PYTHON` is not set. Returns
+    whether they were."""
+    global _decision
+    if _decision is None:
+        _decision = _decide()
+    if _decision:
+        package_path.insert(0, str(BUILD_DIR / "corral" / package))
+    return _decision
 
 
 def is_compiled() -> bool:
     """Whether this process runs the compiled scheduler (for version lines and benchmarks): what was
-    actually imported, not what activate decided."""
+    actually imported, not only what activate decided."""
     core = sys.modules.get("corral.scheduler.core")
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    return _active and core is not None and str(core.__file__).endswith(suffixes)
+    return bool(_decision) and core is not None and str(core.__file__).endswith(suffixes)

@@ -23,12 +23,9 @@ from typing import Any
 import yaml
 
 from corral.scheduler.types import ANY_MODEL, GPU, Group, Node
+from corral.sim.errors import ClusterError
 
 SHIPPED_CLUSTERS = ("philly", "openb", "openb-small", "synth")
-
-
-class ClusterError(ValueError):
-    """A cluster file that cannot be used; the message names the file and the entry."""
 
 
 @dataclass(frozen=True, slots=True)

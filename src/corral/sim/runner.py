@@ -16,15 +16,12 @@ from typing import Any
 
 from corral.scheduler import Scheduler
 from corral.sim.cluster import ClusterSpec
+from corral.sim.errors import PolicyError
 from corral.sim.replay import SimConfig, SimResult, Simulator
 from corral.sim.trace import Trace
 
 COMPARE_POLICIES = ("default", "fifo", "fifo-backfill", "sjf", "las", "sjf-oracle")
 ORACLE_SUFFIX = "-oracle"
-
-
-class PolicyError(ValueError):
-    pass
 
 
 def parse_knobs(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
