@@ -8,7 +8,8 @@ Does nothing when build/mypyc/ already holds a build of exactly these sources wi
 stamp, build-info.json, says so). Writes the sources' digest (sources.sha256) last, after every
 extension is in place: the package uses the build only when that digest matches its sources, so an
 interrupted or failed build is never loaded. Exit status 0 when the build is current, 1 when it
-could not be made (no compiler, a mypyc error): the caller (scripts/setup.sh) then runs pure Python.
+could not be made (no compiler, a mypyc error): then the scheduler and simulator run pure Python
+(scripts/setup.sh goes on).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def main() -> int:
             build()
     except (Exception, SystemExit) as e:  # mypyc exits on a type error; a missing compiler raises
         why = f"{type(e).__name__}: {e}".strip().splitlines()[0]
-        print(f"corral compiled build: failed ({why}; see {log}); the scheduler runs pure Python")
+        print(f"corral compiled build: failed ({why}; see {log}); scheduler and simulator run pure Python")
         return 1
     print(f"corral compiled build: built in {time.monotonic() - started:.0f} s")
     return 0
