@@ -116,7 +116,9 @@ def _group(entry: Mapping[str, Any], where: str) -> Group:
         name=name,
         guaranteed=_quota(entry.get("guaranteed", 0), f"{at}.guaranteed"),
         max=None if max_quota is None else _quota(max_quota, f"{at}.max"),
-        user_max_gpus=entry.get("user_max_gpus"),
+        user_max_gpus=None
+        if entry.get("user_max_gpus") is None
+        else _positive_int(entry["user_max_gpus"], f"{at}.user_max_gpus", allow_zero=True),
         weight=float(entry.get("weight", 1.0)),
         borrowing=bool(entry.get("borrowing", True)),
     )
