@@ -5,6 +5,7 @@ under CI it fails them, like every other component (scripts/setup.sh builds it).
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -64,9 +65,11 @@ def run_python(code: str, *, pythonpath: Path, pure: bool, build_dir: Path | Non
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def require_current_build() -> None:
-    current = compiled_build.build_digest() == compiled_build.source_digest()
-    require(current, "a current compiled scheduler build (scripts/build_compiled.py)")
+def require_current_build() -> Path:
+    build = compiled_build.find_build(compiled_build.source_digest())
+    require(build is not None, "a current compiled scheduler build (scripts/build_compiled.py)")
+    assert build is not None
+    return build
 
 
 def copy_of_compiled_packages(tmp_path: Path) -> Path:
@@ -80,27 +83,55 @@ def copy_of_compiled_packages(tmp_path: Path) -> Path:
     return tmp_path / "src"
 
 
-@pytest.mark.parametrize("edited", ["scheduler/core.py", "sim/replay.py"])
+@pytest.mark.parametrize("edited", ["scheduler/core.py", "sim/replay.py", "domain.py"])
 def test_an_edited_source_runs_pure_python_not_the_old_build(tmp_path: Path, edited: str) -> None:
-    require_current_build()
+    build = require_current_build()
     src = copy_of_compiled_packages(tmp_path)
-    build = compiled_build.BUILD_DIR
-    compiled, core, replay = run_python(WHICH, pythonpath=src, pure=False, build_dir=build)
+    compiled, core, replay = run_python(WHICH, pythonpath=src, pure=False, build_dir=build.parent)
     assert compiled and core.startswith(str(build)) and replay.startswith(str(build))
     with (src / "corral" / edited).open("a") as f:
         f.write("\n# edited after the build\n")
-    compiled, core, replay = run_python(WHICH, pythonpath=src, pure=False, build_dir=build)
+    compiled, core, replay = run_python(WHICH, pythonpath=src, pure=False, build_dir=build.parent)
     assert not compiled
     assert core == str(src / "corral" / "scheduler" / "core.py")
     assert replay == str(src / "corral" / "sim" / "replay.py")
 
 
 def test_an_added_module_runs_pure_python(tmp_path: Path) -> None:
-    require_current_build()
+    build = require_current_build()
     src = copy_of_compiled_packages(tmp_path)
     (src / "corral" / "scheduler" / "extra.py").write_text("X = 1\n")
-    compiled, _, _ = run_python(WHICH, pythonpath=src, pure=False, build_dir=compiled_build.BUILD_DIR)
+    compiled, _, _ = run_python(WHICH, pythonpath=src, pure=False, build_dir=build.parent)
     assert not compiled
+
+
+def test_a_build_missing_one_module_runs_pure_python_not_half_of_it(tmp_path: Path) -> None:
+    """A digest that matches is not enough: every compiled module's extension must be there (a
+    partial copy loaded one module pure beside the compiled group: a segfault)."""
+    build = require_current_build()
+    copy = tmp_path / "builds" / build.name
+    shutil.copytree(build, copy)
+    compiled, _, _ = run_python(WHICH, pythonpath=ROOT / "src", pure=False, build_dir=copy.parent)
+    assert compiled
+    next((copy / "corral" / "scheduler").glob("core.*")).unlink()
+    compiled, core, _ = run_python(WHICH, pythonpath=ROOT / "src", pure=False, build_dir=copy.parent)
+    assert not compiled and core == str(SRC / "scheduler" / "core.py")
+
+
+def test_the_digest_covers_every_module_the_compiled_code_imports_from_outside_the_build() -> None:
+    """Compiled code checks the types of what it imports (a `frozenset` constant of corral.domain
+    changed to a tuple raised TypeError in the old build while the digest still matched): every
+    first-party module a compiled module imports from outside the build is in DEPENDENCIES."""
+    outside: set[str] = set()
+    for path in compiled_build.compiled_sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "corral" and len(parts) > 1 and parts[1] not in compiled_build.COMPILED:
+                    outside.add(parts[1] + ".py")
+    assert outside == set(compiled_build.DEPENDENCIES)
 
 
 def test_no_build_or_the_switch_runs_pure_python(tmp_path: Path) -> None:

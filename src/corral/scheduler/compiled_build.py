@@ -16,9 +16,15 @@ and each package's `__init__` asks before any of its modules is imported: either
 the build is found in the compiled directory (the digest matched, so every source has its
 extension) or none is.
 
+Builds are never changed in place: each lives in its own directory under `build/mypyc/`, named by
+the digest of its sources (and the mypy that made it), written to a temporary directory and
+renamed into place when complete, and only builds older than the newest few are removed. So a
+process keeps loading from the build it decided on while a newer one is made beside it, and an
+interrupted or failed build leaves the previous ones as they were.
+
 This module is kept out of the build (it decides whether the build is used) and does plain file
 I/O at import time, the one exception to the scheduler's "no I/O": about 2 ms to read and hash the
-25 sources.
+sources.
 """
 
 from __future__ import annotations
@@ -37,17 +43,23 @@ COMPILED: dict[str, frozenset[str]] = {
     "scheduler": frozenset({"__init__.py", "compiled_build.py"}),
     "sim": frozenset({"__init__.py", "errors.py", "report.py", "whatif.py"}),
 }
+# Modules outside the build that compiled code reads at import (its constants are typed there and
+# checked by the compiled code at run time): their contents count in the digest too. A test keeps
+# this list equal to what the compiled modules import from outside the build.
+DEPENDENCIES = ("domain.py",)
 # mypyc's shared library for the whole group (named by scripts/build_compiled.py's group_name); each
 # module's own extension is a small shim that imports it by this top-level name.
 GROUP_LIBRARY = "corral_compiled__mypyc"
 DIGEST_FILE = "sources.sha256"
 PURE_ENV = "CORRAL_PURE_PYTHON"
+TRUTHY = frozenset({"1", "true", "yes"})
 
 # src/corral; its parent's parent is the repository root (for an editable install, the checkout).
 CORRAL_DIR = Path(__file__).resolve().parents[1]
-BUILD_DIR = Path(os.environ.get("CORRAL_COMPILED_DIR") or CORRAL_DIR.parents[1] / "build" / "mypyc")
+# Where builds live, one directory each (`build_name`); CORRAL_COMPILED_DIR moves it (tests).
+BUILDS_DIR = Path(os.environ.get("CORRAL_COMPILED_DIR") or CORRAL_DIR.parents[1] / "build" / "mypyc")
 
-_decision: bool | None = None  # made by the first activate, for the whole process
+_decision: Path | bool | None = None  # the build the first activate chose, or False: pure Python
 
 
 def compiled_sources(corral_dir: Path = CORRAL_DIR) -> list[Path]:
@@ -61,21 +73,45 @@ def compiled_sources(corral_dir: Path = CORRAL_DIR) -> list[Path]:
 
 
 def source_digest(corral_dir: Path = CORRAL_DIR) -> str:
-    """Digest of the compiled modules' names and contents, and of the extension suffix (a build for
-    another Python cannot be loaded, so it must not count as current)."""
+    """Digest of the compiled modules' names and contents, of the modules they read from outside
+    the build (DEPENDENCIES), and of the extension suffix (a build for another Python cannot be
+    loaded, so it must not count as current)."""
     digest = hashlib.sha256(importlib.machinery.EXTENSION_SUFFIXES[0].encode())
-    for path in compiled_sources(corral_dir):
+    for path in [*compiled_sources(corral_dir), *(corral_dir / name for name in DEPENDENCIES)]:
         digest.update(b"\0" + path.relative_to(corral_dir).as_posix().encode() + b"\0")
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
-def build_digest(build_dir: Path = BUILD_DIR) -> str | None:
+def build_name(digest: str, mypy_version: str) -> str:
+    """The directory of the build of these sources by this mypy: a new mypy makes a new build
+    beside the old one instead of replacing it under a process that uses it."""
+    return f"{digest[:20]}-mypy{mypy_version}"
+
+
+def build_digest(build_dir: Path) -> str | None:
     """The digest the build in `build_dir` was made from; None when there is no complete build."""
     try:
         return (build_dir / DIGEST_FILE).read_text().strip()
     except OSError:
         return None
+
+
+def find_build(digest: str, builds_dir: Path = BUILDS_DIR, corral_dir: Path = CORRAL_DIR) -> Path | None:
+    """The newest complete build of exactly these sources: its digest file matches and every
+    compiled module has its extension (all or nothing, even if files went missing since)."""
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    try:
+        candidates = sorted(builds_dir.glob(f"{digest[:20]}-*"), key=lambda p: -p.stat().st_mtime)
+    except OSError:
+        return None
+    for build in candidates:
+        if build_digest(build) != digest or not (build / f"{GROUP_LIBRARY}{suffix}").is_file():
+            continue
+        names = (p.relative_to(corral_dir.parent).with_suffix(suffix) for p in compiled_sources(corral_dir))
+        if all((build / name).is_file() for name in names):
+            return build
+    return None
 
 
 def _load_group_library(build_dir: Path) -> None:
@@ -96,29 +132,33 @@ def _load_group_library(build_dir: Path) -> None:
         raise
 
 
-def _decide() -> bool:
-    if os.environ.get(PURE_ENV, "") not in ("", "0"):
-        return False
-    built = build_digest()
-    if built is None or built != source_digest():
-        return False
+def _decide() -> Path | None:
+    if os.environ.get(PURE_ENV, "").strip().lower() in TRUTHY:
+        return None
+    build = find_build(source_digest())
+    if build is None:
+        return None
     try:
-        _load_group_library(BUILD_DIR)
+        _load_group_library(build)
     except ImportError:  # built for another interpreter, or a broken build: pure Python instead
-        return False
-    return True
+        return None
+    return build
 
 
 def activate(package: str, package_path: list[str]) -> bool:
     """Put the compiled modules of `package` ("scheduler", "sim") first on `package_path` (the
-    package's `__path__`) when the build is current and `CORRAL_PURE_PYTHON` is not set. Returns
-    whether they were."""
+    package's `__path__`) when a build of exactly the current sources exists and
+    `CORRAL_PURE_PYTHON` is not set. Returns whether they were. The scheduler decides for the
+    process (it is imported first: the simulator imports it); a package imported later uses the
+    same build, or runs pure if that build has been removed since (pure code calling the compiled
+    scheduler is safe; the reverse never happens, the scheduler imports nothing of the simulator)."""
     global _decision
     if _decision is None:
-        _decision = _decide()
-    if _decision:
-        package_path.insert(0, str(BUILD_DIR / "corral" / package))
-    return _decision
+        _decision = _decide() or False
+    if not isinstance(_decision, Path) or build_digest(_decision) is None:
+        return False
+    package_path.insert(0, str(_decision / "corral" / package))
+    return True
 
 
 def is_compiled() -> bool:
@@ -126,4 +166,9 @@ def is_compiled() -> bool:
     actually imported, not only what activate decided."""
     core = sys.modules.get("corral.scheduler.core")
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    return bool(_decision) and core is not None and str(core.__file__).endswith(suffixes)
+    return isinstance(_decision, Path) and core is not None and str(core.__file__).endswith(suffixes)
+
+
+def active_build() -> Path | None:
+    """The build this process loads compiled modules from (None: pure Python)."""
+    return _decision if isinstance(_decision, Path) else None
