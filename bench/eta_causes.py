@@ -25,8 +25,8 @@ same schedule: checked (`same_schedule`, every job's first start equal). For the
 those passed by one. `ETA_DUMP=DIR` writes each run's per-job rows (id, submit, ETA, first start,
 GPUs, instances, group, user, model, duration, passers) as JSON for further analysis.
 
-    .venv/bin/python bench/eta_causes.py [--jobs 20000] [--seeds 0,1,2,3,4] [--synth-jobs 3000]
-        [--modes none,running,waiting,both] [--knob NAME=VALUE]
+    CORRAL_PURE_PYTHON=1 .venv/bin/python bench/eta_causes.py [--jobs 20000] [--seeds 0,1,2,3,4]
+        [--synth-jobs 3000] [--modes none,running,waiting,both] [--knob NAME=VALUE]
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import numpy as np
 
 import corral.scheduler.diagnosis as diagnosis
 from corral.scheduler import eta, runtimes
+from corral.scheduler.compiled_build import is_compiled
 from corral.sim.cluster import ClusterSpec, load_cluster
 from corral.sim.metrics import ETA_MIN_WAIT_S
 from corral.sim.replay import SimConfig, SimResult, Simulator
@@ -224,6 +225,8 @@ def one_run(trace: Trace, cluster: ClusterSpec, mode: str) -> tuple[SimResult, d
         config=SimConfig(),
     )
     _state["sim"] = sim
+    if is_compiled():  # calls inside compiled code would not see the replaced functions
+        raise SystemExit("eta_causes replaces scheduler functions: run it with CORRAL_PURE_PYTHON=1")
     # only for this replay: the library's own functions are put back after it, whatever happens
     # (another replay in the same process, a test's, sees the shipped path)
     try:

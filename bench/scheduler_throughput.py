@@ -49,6 +49,7 @@ from corral.scheduler import (
     Snapshot,
     TaskSpec,
 )
+from corral.scheduler.compiled_build import is_compiled
 
 TRACE = Path(__file__).resolve().parents[1].parent / "shared/traces/philly/philly_jobs.csv"
 # (model, GPUs per node, nodes, topology group size)
@@ -251,6 +252,7 @@ def main() -> None:
     print(
         json.dumps(
             {
+                "compiled": is_compiled(),  # the mypyc-compiled scheduler (docs/scheduler.md)
                 "placements_per_s": round(fast["placements_per_s"], 1),
                 "baseline_placements_per_s": round(base_rate, 1),
                 "ratio": round(ratio, 2),

@@ -28,6 +28,7 @@ import os
 import time
 from typing import Any
 
+from corral.scheduler.compiled_build import is_compiled
 from corral.sim.cluster import load_cluster
 from corral.sim.metrics import summarize
 from corral.sim.replay import SimConfig, SimResult
@@ -120,7 +121,8 @@ def main() -> None:
     if args.deep_jobs:
         deep = deep_case(args.deep_jobs, args.deep_load, args.deep_seed, args.policy, config)
     if args.skip_philly:
-        print(json.dumps({"bench": "sim_replay", "deep": deep, "load_avg": os.getloadavg()}))
+        line = {"bench": "sim_replay", "deep": deep, "compiled": is_compiled(), "load_avg": os.getloadavg()}
+        print(json.dumps(line))
         return
 
     base_rate = base_cpu = None
@@ -198,6 +200,7 @@ def report(
                 "eta_rel_jobs": summary["eta_rel_jobs"],
                 "eta_none_jobs": summary["eta_none_jobs"],
                 "deep": deep,
+                "compiled": is_compiled(),  # the mypyc-compiled scheduler (docs/scheduler.md)
                 "load_avg": os.getloadavg(),
             }
         )

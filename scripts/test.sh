@@ -3,12 +3,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
-echo "== ruff"; ruff check src tests bench; ruff format --check src tests bench
+echo "== ruff"; ruff check src tests bench scripts; ruff format --check src tests bench scripts
 echo "== mypy"; mypy
 if [ -d deploy/prometheus/rules ]; then
   echo "== promtool"
   promtool check rules deploy/prometheus/rules/*.yml
   promtool test rules deploy/prometheus/tests/*.yml
+fi
+if [ $# -eq 0 ]; then
+  # The compiled scheduler runs the suite below; the pure-Python modules are what runs where no build
+  # could be made (no C compiler) and in non-editable installs: their own tests, once (~45 s).
+  echo "== pytest tests/scheduler, pure-Python scheduler"
+  CORRAL_PURE_PYTHON=1 pytest -q -p no:cacheprovider tests/scheduler
 fi
 echo "== pytest"
 # The slowest tests are listed so that what each change adds to the suite's time is visible.

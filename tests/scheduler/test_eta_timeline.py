@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -233,6 +234,7 @@ def test_long_runs_along_the_last_run_of_room_start_as_one_by_one(
     assert eta.backfill_starts(0.0, free, capacity, events, waiting, 50.0, in_order) == want
 
 
+@pytest.mark.pure_scheduler  # it counts calls by replacing eta._place_along_last_run (conftest.py)
 def test_the_last_run_path_is_taken_and_agrees() -> None:
     """A fixed roll that goes through `_place_along_last_run` several times (8 one-GPU jobs on
     4 GPUs free from 10 s on, each for 20 s: starts 10, 10, 10, 10, 30, 30, 30, 30)."""

@@ -10,6 +10,7 @@ import dataclasses
 import random
 from unittest import mock
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,9 @@ from corral.scheduler.preemption import Candidate, Preemptor
 from corral.scheduler.types import GPU, Node, NodeState
 from tests.scheduler.builders import cpu_node, gpu_node, group, job, running
 from tests.scheduler.test_known_outcomes import assert_same, crowded, preemption_heavy
+
+# Every test here patches Preemptor's shortcut: they run on the pure-Python scheduler (conftest.py).
+pytestmark = pytest.mark.pure_scheduler
 
 SHORTCUT = Preemptor._short_even_if_all_released
 # CPUs that are not binary fractions: releasing and restoring them is not exact in floating point

@@ -40,6 +40,9 @@ def test_groups_quotas_and_trace_groups_not_declared(tmp_path: Path) -> None:
         ("pools: [{name: a, count: 0, gpus_per_node: 4}]\n", "pools\\[0\\] 'a'.count: expected a positive"),
         ("pools: [{name: a, count: 1}]\ngroups: [{name: x, guaranteed: lots}]\n", "'x'.guaranteed"),
         ("pools: [: bad\n", "not valid YAML"),
+        # the compiled scheduler checks Group.user_max_gpus is an int: refused here, by name
+        ("pools: [{name: a, count: 1}]\ngroups: [{name: x, user_max_gpus: '8'}]\n", "'x'.user_max_gpus"),
+        ("pools: [{name: a, count: 1}]\ngroups: [{name: x, user_max_gpus: 4.5}]\n", "'x'.user_max_gpus"),
     ],
 )
 def test_bad_cluster_files_say_what_is_wrong(tmp_path: Path, text: str, expected: str) -> None:
@@ -47,3 +50,15 @@ def test_bad_cluster_files_say_what_is_wrong(tmp_path: Path, text: str, expected
     path.write_text(text)
     with pytest.raises(ClusterError, match=expected):
         load_cluster(str(path))
+
+
+def test_a_fraction_for_a_whole_number_knob_is_refused_by_name() -> None:
+    """`backfill_depth` is an int field of the Profile: 2.5 is an error naming the knob (the compiled
+    scheduler would raise a bare TypeError at the first cycle), while a float knob takes 2.5."""
+    from corral.sim.runner import PolicyError, parse_knobs
+
+    with pytest.raises(PolicyError, match="backfill_depth is a whole number"):
+        parse_knobs(["backfill_depth=2.5"])
+    with pytest.raises(PolicyError, match="eta_limit is a whole number"):
+        parse_knobs(["eta_limit=2.5"])
+    assert parse_knobs(["backfill_depth=7", "starvation_s=2.5"]) == {"backfill_depth": 7, "starvation_s": 2.5}

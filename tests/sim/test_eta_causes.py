@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 import corral.scheduler.diagnosis as diagnosis
 from corral.scheduler import eta, runtimes
 from corral.sim.cluster import load_cluster
@@ -25,6 +27,7 @@ def _load() -> ModuleType:
     return module
 
 
+@pytest.mark.pure_scheduler  # the bench replaces scheduler functions (conftest.py)
 def test_oracle_modes_keep_the_schedule_and_restore_the_library() -> None:
     causes = _load()
     cluster = load_cluster("synth")
@@ -40,6 +43,7 @@ def test_oracle_modes_keep_the_schedule_and_restore_the_library() -> None:
     assert eta._sigma is causes._plain_sigma  # the shipped spread again
 
 
+@pytest.mark.pure_scheduler  # the bench replaces scheduler functions (conftest.py)
 def test_basis_modes_change_only_user_size_estimates_and_restore_the_chain() -> None:
     """`usfX` widens only the user+size level's spread (the median, so the schedule, kept) and
     `uempN` reads that level's runs for running jobs: both reach the roll on a trace whose new

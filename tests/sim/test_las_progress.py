@@ -35,13 +35,19 @@ def replay_bounded(tr: Trace, cl: ClusterSpec, bound_s: float) -> SimResult:
     """Replay under `las`, failing as soon as the simulated clock passes `bound_s` (a livelocked
     replay would otherwise never return)."""
 
-    class Bounded(Scheduler):
+    class Bounded:
+        """Wraps the scheduler (the simulator takes any PlanMaker; the compiled Scheduler cannot be
+        subclassed by a class defined here)."""
+
+        def __init__(self, scheduler: Scheduler) -> None:
+            self.scheduler, self.profile = scheduler, scheduler.profile
+
         def schedule(self, snapshot: Snapshot, now: float, rng: random.Random) -> Plan:
             if now > bound_s:
                 raise NoProgress(f"las replay still running at t={now:.0f} s (bound {bound_s:.0f} s)")
-            return super().schedule(snapshot, now, rng)
+            return self.scheduler.schedule(snapshot, now, rng)
 
-    bounded = Bounded(resolve_policy("las").profile)
+    bounded = Bounded(Scheduler(resolve_policy("las").profile))
     return Simulator(tr, cl, bounded, policy_name="las", config=SimConfig()).run()
 
 

@@ -337,7 +337,10 @@ def _write_results(
     if output == "json":
         typer.echo(json.dumps(summary))
     else:
+        from corral.scheduler.compiled_build import is_compiled
+
         _print_summary(summary, _console())
+        typer.echo(f"scheduler: {'compiled (mypyc)' if is_compiled() else 'pure Python'}")
 
 
 @sim_app.command()

@@ -5,6 +5,12 @@ plan out.
 See docs/scheduler.md for the admission model, the placement plugins, diagnosis codes and profiles.
 """
 
+# First, before any submodule is imported: use the mypyc-compiled modules if they were built from
+# exactly these sources, else every module is pure Python (compiled_build.py).
+from corral.scheduler.compiled_build import activate as _activate_compiled_build
+
+_activate_compiled_build("scheduler", __path__)
+
 from corral.scheduler.admission import decay_usage
 from corral.scheduler.apply import Applied, PlanSink, apply_plan
 from corral.scheduler.cluster import check_fits_anywhere

@@ -666,6 +666,21 @@ def group_order_key(job: Job) -> tuple[int, float, str]:
     return (-int(job.priority), job.submit_time, job.id)
 
 
+class KeptSizeClasses:
+    """A job's size class (`size_class`), kept per job id for one cycle. An object rather than a
+    closure: mypyc's compiled closure and its environment refer to each other, a reference cycle
+    that would leave every cycle's queue to the garbage collector."""
+
+    def __init__(self, sizes: dict[str, int], default_runtime_s: float) -> None:
+        self.sizes, self.default_runtime_s = sizes, default_runtime_s
+
+    def __call__(self, job: Job) -> int:
+        found = self.sizes.get(job.id)
+        if found is None:
+            found = self.sizes[job.id] = size_class(job, self.default_runtime_s)
+        return found
+
+
 def build_queue(
     jobs: list[Job],
     policy: QueuePolicy,
@@ -707,16 +722,9 @@ def build_queue(
     weights = {name: g.weight for name, g in groups.items()}
     size_of = None
     if policy.size_order:
-        default_s = policy.default_runtime_s
         # the cycle's: sorting and every pop read a job's class
         sizes: dict[str, int] = {} if sized is None or indexed is None else dict(sized)
-
-        def size_of(job: Job) -> int:
-            found = sizes.get(job.id)
-            if found is None:
-                found = sizes[job.id] = size_class(job, default_s)
-            return found
-
+        size_of = KeptSizeClasses(sizes, policy.default_runtime_s)
     aged_before = now - policy.starvation_s if policy.starvation_s > 0 else None
     presorted = sized is not None and size_of is not None
     return FairShareQueue(

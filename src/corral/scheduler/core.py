@@ -93,6 +93,10 @@ def waiting_jobs(snapshot: Snapshot) -> list[Job]:
 class Cycle:
     """One cycle's state and the order of its stages; each stage lives in its own module."""
 
+    # run() drops `known` after the passes (mypyc's compiled classes need attributes that may be
+    # deleted declared here; plain Python ignores this).
+    __deletable__ = ("known",)
+
     def __init__(self, scheduler: Scheduler, snapshot: Snapshot, now: float, rng: random.Random) -> None:
         profile = scheduler.profile
         self.snapshot, self.now, self.profile = snapshot, now, profile
@@ -147,14 +151,20 @@ class Cycle:
 
     # -- main loop ----------------------------------------------------------------------------------
     def run(self) -> Plan:
-        if self.profile.quotas and self.queue.aged:  # the starvation guard holds their quota
-            self.quota.pledge_aged(self.queue.aged, self.infos)
-        self.run_pass(borrowing=False)
-        self.quota.release_pledges()
-        if self.profile.quotas and self.blocker is None:
-            # second pass: work that needs borrowed quota goes after every group's guaranteed work
-            self.queue.resume([j for j in self.quota.deferred if j.id not in self.assigned_ids])
-            self.run_pass(borrowing=True)
+        try:
+            if self.profile.quotas and self.queue.aged:  # the starvation guard holds their quota
+                self.quota.pledge_aged(self.queue.aged, self.infos)
+            self.run_pass(borrowing=False)
+            self.quota.release_pledges()
+            if self.profile.quotas and self.blocker is None:
+                # second pass: borrowed-quota work goes after every group's guaranteed work
+                self.queue.resume([j for j in self.quota.deferred if j.id not in self.assigned_ids])
+                self.run_pass(borrowing=True)
+        finally:
+            # The known outcomes hold this cycle (they read the pass under way) and nothing reads
+            # them after the passes: dropped, so that no reference cycle leaves the cycle's state
+            # to the garbage collector (measured: the whole replay ~1.5x slower with one).
+            del self.known
         # The plan's diagnoses hold the cycle (never the other way round: no reference cycle, so
         # the cycle's state is freed as soon as the plan is)
         view = DiagnosisView(self)

@@ -6,7 +6,6 @@ same plans."""
 
 from __future__ import annotations
 
-import weakref
 from itertools import islice
 from typing import TYPE_CHECKING, cast
 
@@ -47,10 +46,10 @@ def _holds(recorded: Token | None, token: Token) -> bool:
 
 class KnownOutcomes:
     def __init__(self, cycle: Cycle) -> None:
-        # A weak reference: the cycle holds this object, and a reference cycle would leave every
-        # cycle's state to the garbage collector instead of freeing it as soon as its plan goes
-        # (measured: the whole replay about 1.5x slower, GC passes over ever larger heaps).
-        self.cycle = weakref.proxy(cycle)
+        # The cycle holds this object too: Cycle.run drops it after the passes, so that the reference
+        # cycle does not outlive them. (Not a weak proxy: mypyc's compiled classes take no weak
+        # references.)
+        self.cycle = cycle
         # the cycle's parts this reads, held directly (none of them points back to the cycle)
         self.profile, self.preemptor, self.backfill = cycle.profile, cycle.preemptor, cycle.backfill
         self.assignments, self.no_fit, self.why = cycle.assignments, cycle.no_fit, cycle.verdicts.why

@@ -7,6 +7,13 @@
 See docs/simulator.md.
 """
 
+# First, before any submodule is imported: the compiled modules if the build is current, else pure
+# Python for all (corral.scheduler.compiled_build).
+from corral.scheduler.compiled_build import activate as _activate_compiled_build
+
+_activate_compiled_build("sim", __path__)
+
+
 from corral.sim.cluster import ClusterError, ClusterSpec, load_cluster, parse_cluster
 from corral.sim.metrics import summarize
 from corral.sim.replay import CycleRecord, SimConfig, SimResult, SimulationError, Simulator

@@ -23,12 +23,9 @@ from typing import Any
 import yaml
 
 from corral.scheduler.types import ANY_MODEL, GPU, Group, Node
+from corral.sim.errors import ClusterError
 
 SHIPPED_CLUSTERS = ("philly", "openb", "openb-small", "synth")
-
-
-class ClusterError(ValueError):
-    """A cluster file that cannot be used; the message names the file and the entry."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +116,9 @@ def _group(entry: Mapping[str, Any], where: str) -> Group:
         name=name,
         guaranteed=_quota(entry.get("guaranteed", 0), f"{at}.guaranteed"),
         max=None if max_quota is None else _quota(max_quota, f"{at}.max"),
-        user_max_gpus=entry.get("user_max_gpus"),
+        user_max_gpus=None
+        if entry.get("user_max_gpus") is None
+        else _positive_int(entry["user_max_gpus"], f"{at}.user_max_gpus", allow_zero=True),
         weight=float(entry.get("weight", 1.0)),
         borrowing=bool(entry.get("borrowing", True)),
     )

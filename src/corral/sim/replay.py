@@ -41,6 +41,7 @@ from corral.scheduler.types import (
     Usage,
 )
 from corral.sim.cluster import ClusterSpec
+from corral.sim.errors import SimulationError
 from corral.sim.estimates import RuntimeHistory
 from corral.sim.trace import Trace, TraceJob
 
@@ -49,10 +50,6 @@ class PlanMaker(Protocol):
     """What the simulator asks for plans: a `corral.scheduler.Scheduler` (or a wrapper of one)."""
 
     def schedule(self, snapshot: Snapshot, now: float, rng: random.Random) -> Plan: ...
-
-
-class SimulationError(RuntimeError):
-    """The scheduler returned a plan the cluster cannot carry out (a scheduler bug)."""
 
 
 class _Ev(IntEnum):  # order matters at equal times: free resources before new demand arrives

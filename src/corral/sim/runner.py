@@ -16,15 +16,12 @@ from typing import Any
 
 from corral.scheduler import Scheduler
 from corral.sim.cluster import ClusterSpec
+from corral.sim.errors import PolicyError
 from corral.sim.replay import SimConfig, SimResult, Simulator
 from corral.sim.trace import Trace
 
 COMPARE_POLICIES = ("default", "fifo", "fifo-backfill", "sjf", "las", "sjf-oracle")
 ORACLE_SUFFIX = "-oracle"
-
-
-class PolicyError(ValueError):
-    pass
 
 
 def parse_knobs(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -56,7 +53,17 @@ def parse_knobs(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
                 out[name] = int(value) if value.is_integer() and name not in ("grace_s",) else value
         except ValueError:
             raise PolicyError(f"--knob {item!r}: {raw!r} is not a number (list: 3600,36000; on/off: 1 or 0)")
+        if name in _whole_number_knobs() and not isinstance(out[name], int):
+            raise PolicyError(f"--knob {item!r}: {name} is a whole number")
     return out
+
+
+def _whole_number_knobs() -> frozenset[str]:
+    """The Profile fields typed `int`: a fraction there is refused here, by name, rather than
+    truncated or left to fail later (the compiled scheduler checks field types at run time)."""
+    from corral.scheduler.profiles import Profile
+
+    return frozenset(f.name for f in dataclasses.fields(Profile) if f.type in ("int", int))
 
 
 def resolve_policy(spec: str, knobs: dict[str, Any] | None = None) -> Scheduler:

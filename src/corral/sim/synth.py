@@ -32,15 +32,12 @@ from dataclasses import dataclass, field
 
 from corral.scheduler.types import ANY_MODEL
 from corral.sim.cluster import ClusterSpec
+from corral.sim.errors import SynthError
 from corral.sim.trace import Trace, TraceJob
 
 DAY_S = 86400.0
 MIN_DURATION_S = 30.0
 MAX_DURATION_S = 3 * DAY_S
-
-
-class SynthError(ValueError):
-    """A synthetic-workload spec that cannot be generated; the message names the parameter."""
 
 
 @dataclass(frozen=True, slots=True)

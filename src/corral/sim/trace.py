@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from corral.scheduler.types import Priority
+from corral.sim.errors import TraceError
 
 REQUIRED_COLUMNS = ("submit_time", "duration", "num_gpus", "group")
 OPTIONAL_COLUMNS = (
@@ -42,10 +43,6 @@ OPTIONAL_COLUMNS = (
 )
 SHIPPED_TRACES = ("philly", "openb", "openb-gpuspec33")
 PHILLY_GPUS_PER_NODE = 8  # Philly servers had 8 GPUs; larger jobs ran as several 8-GPU instances
-
-
-class TraceError(ValueError):
-    """A trace that cannot be loaded; the message names the file, line and column when it can."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,69 @@
+"""The `pure_scheduler` marker: a test that patches a method of a scheduler class (to switch off a
+shortcut, or to spy on it) needs the pure-Python scheduler, because the mypyc-compiled classes take
+no patches and calls inside compiled code would not see one (docs/scheduler.md, "Compiled build").
+When this process runs the compiled scheduler, the marked tests run in one child pytest with
+`CORRAL_PURE_PYTHON=1` (one start-up for all of them), and each passes, fails or skips with its run
+there."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from corral.scheduler.compiled_build import PURE_ENV, is_compiled
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_pure_results: dict[str, tuple[str, str]] = {}  # nodeid -> (outcome, text), from the child run
+
+
+def _run_in_pure_python(nodeids: list[str]) -> dict[str, tuple[str, str]]:
+    """Run `nodeids` in a child pytest on the pure-Python scheduler; each one's outcome."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.xml"
+        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml", str(report)]
+        done = subprocess.run(
+            [*argv, *nodeids], cwd=ROOT, env={**os.environ, PURE_ENV: "1"}, capture_output=True, text=True
+        )
+        out: dict[str, tuple[str, str]] = {}
+        if report.exists():
+            for case in ET.parse(report).getroot().iter("testcase"):
+                module = case.get("classname", "").replace(".", "/") + ".py"
+                nodeid = f"{module}::{case.get('name')}"
+                bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+                skipped = case.find("skipped")
+                if bad is not None:
+                    out[nodeid] = ("failed", bad.text or bad.get("message", ""))
+                elif skipped is not None:
+                    out[nodeid] = ("skipped", skipped.get("message", ""))
+                else:
+                    out[nodeid] = ("passed", "")
+        missing = f"no result from the child pytest:\n{done.stdout}\n{done.stderr}"
+        for nodeid in nodeids:  # not in the report: the child could not run it
+            out.setdefault(nodeid, ("failed", missing))
+        return out
+
+
+def _pure_result(nodeid: str, marked: list[str]) -> None:
+    if not _pure_results:
+        _pure_results.update(_run_in_pure_python(marked))
+    outcome, text = _pure_results[nodeid]
+    if outcome == "failed":
+        pytest.fail(f"{nodeid} failed on the pure-Python scheduler:\n{text}")
+    if outcome == "skipped":
+        pytest.skip(text)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not is_compiled():
+        return
+    marked = [item for item in items if item.get_closest_marker("pure_scheduler") is not None]
+    nodeids = [item.nodeid for item in marked]
+    for item in marked:
+        item.runtest = lambda nodeid=item.nodeid: _pure_result(nodeid, nodeids)  # type: ignore[method-assign]
