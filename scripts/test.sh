@@ -12,9 +12,13 @@ if [ -d deploy/prometheus/rules ]; then
 fi
 if [ $# -eq 0 ]; then
   # The compiled scheduler runs the suite below; the pure-Python modules are what runs where no build
-  # could be made (no C compiler) and in non-editable installs: their own tests, once (~45 s).
-  echo "== pytest tests/scheduler, pure-Python scheduler"
+  # could be made (no C compiler) and in non-editable installs: their own tests, once (~45 s), and
+  # the tests that patch the scheduler (marked pure_scheduler), which the run below then leaves out
+  # instead of running them again in a child pytest (tests/conftest.py).
+  echo "== pytest tests/scheduler and the pure_scheduler tests, pure-Python scheduler"
   CORRAL_PURE_PYTHON=1 pytest -q -p no:cacheprovider tests/scheduler
+  CORRAL_PURE_PYTHON=1 pytest -q -p no:cacheprovider -m pure_scheduler tests/sim
+  set -- -m "not pure_scheduler"
 fi
 echo "== pytest"
 # The slowest tests are listed so that what each change adds to the suite's time is visible.

@@ -167,8 +167,3 @@ def is_compiled() -> bool:
     core = sys.modules.get("corral.scheduler.core")
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
     return isinstance(_decision, Path) and core is not None and str(core.__file__).endswith(suffixes)
-
-
-def active_build() -> Path | None:
-    """The build this process loads compiled modules from (None: pure Python)."""
-    return _decision if isinstance(_decision, Path) else None
