@@ -8,6 +8,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from corral.config import Settings
 from corral.engine.base import AttemptLaunch, AttemptPhase, FailureReason, InstanceLaunch
 from corral.engine.factory import make_engine
 from corral.engine.local import LocalEngine
-from corral.engine.local.supervisor import proc_start, to_json
+from corral.engine.local.supervisor import ORPHANED_EXIT, proc_start, to_json
 from corral.scheduler.types import NodeState
 from tests.engine.contract import make_attempt, new_attempt_id, wait_finished, wait_log
 from tests.engine.local_support import local_engine_factory
@@ -143,6 +145,49 @@ def test_dead_supervisor_means_lost_and_nothing_survives(tmp_path: Path) -> None
         status = engine.poll([attempt.attempt_id])[attempt.attempt_id]
         assert status.phase is AttemptPhase.LOST and status.reason is FailureReason.NODE_LOST
         assert not cgroup_dir.exists()
+
+
+# An instance's child, forked by a supervisor that then dies before the child is in its cgroup:
+# the engine empties the (still empty) cgroup and declares the attempt lost. The chaos soak
+# killed the first supervisor it saw exactly there, and the child went on to run the whole job
+# beside the retry. Here the child is told its supervisor was a process that has already ended,
+# as a reparented orphan sees it, and must run nothing; told its real parent, it runs the command.
+ORPHAN_CHILD = """
+import os, sys, _signal
+from corral.engine.local.supervisor import Instance
+out = sys.argv[1]
+spec = {"rank": 0, "cgroup": None, "sandboxed": False, "log": out + "/rank-0.log", "cwd": out,
+        "env": {"PATH": "/usr/bin:/bin"}, "argv": ["/bin/sh", "-c", "echo ran; : > ran"]}
+gone = os.fork()
+if gone == 0:
+    os._exit(0)
+os.waitpid(gone, 0)
+supervisor = gone if sys.argv[2] == "dead" else os.getpid()
+mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, set())
+child = os.fork()
+if child == 0:
+    Instance(spec)._exec_child(mask, supervisor)
+print(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+"""
+
+
+@pytest.mark.parametrize("supervisor", ["dead", "alive"])
+def test_a_child_whose_supervisor_died_before_it_began_runs_nothing(tmp_path: Path, supervisor: str) -> None:
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    done = subprocess.run(
+        [sys.executable, "-c", ORPHAN_CHILD, str(tmp_path), supervisor],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONPATH": src},
+    )
+    assert done.returncode == 0, done.stderr
+    if supervisor == "dead":
+        assert int(done.stdout) == ORPHANED_EXIT
+        assert not (tmp_path / "ran").exists() and not (tmp_path / "rank-0.log").exists()
+    else:
+        assert int(done.stdout) == 0
+        assert (tmp_path / "ran").exists() and (tmp_path / "rank-0.log").read_text() == "ran\n"
 
 
 def test_state_files_are_valid_json() -> None:

@@ -54,6 +54,7 @@ from corral.engine.isolation import cgroupfs, netns, secret_files  # noqa: E402 
 HANDLED = {_signal.SIGCHLD, _signal.SIGUSR1, _signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP}
 DEFAULT_STOP_GRACE_S = 10.0
 SIGNAL_STOP_GRACE_S = 2.0
+ORPHANED_EXIT = 125  # an instance's child whose supervisor died before it ran anything
 
 
 def to_json(value: object) -> str:
@@ -169,12 +170,13 @@ class Instance:
         return self.pid is not None and self.exit_code is None
 
     def spawn(self, old_mask: Iterable[int]) -> None:
+        supervisor = os.getpid()
         pid = os.fork()
         if pid == 0:
-            self._exec_child(old_mask)
+            self._exec_child(old_mask, supervisor)
         self.pid = pid
 
-    def _exec_child(self, old_mask: Iterable[int]) -> None:
+    def _exec_child(self, old_mask: Iterable[int], supervisor: int) -> None:
         try:
             _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
             for sig in (_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGINT):  # Python changed these
@@ -182,6 +184,14 @@ class Instance:
             os.setsid()
             if self.cgroup:
                 cgroupfs.join(self.cgroup, os.getpid())
+            if os.getppid() != supervisor:
+                # The supervisor died between the fork and the join above, so the engine may
+                # already have emptied the cgroup and declared the attempt lost (its retry may
+                # be running): a child that went on would run beside it, out of everyone's
+                # sight. Checked after the join: a child still here when the supervisor dies is
+                # in the cgroup by then, where the engine's kill finds it (the kernel reparents
+                # a dead process's children before anyone can see it dead).
+                os._exit(ORPHANED_EXIT)
             fd = os.open(self.spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
             os.dup2(fd, 1)
             os.dup2(fd, 2)
