@@ -18,7 +18,10 @@ if [ $# -eq 0 ]; then
   echo "== pytest tests/scheduler and the pure_scheduler tests, pure-Python scheduler"
   CORRAL_PURE_PYTHON=1 pytest -q -p no:cacheprovider tests/scheduler
   CORRAL_PURE_PYTHON=1 pytest -q -p no:cacheprovider -m pure_scheduler tests/sim
-  set -- -m "not pure_scheduler"
+  # Two workers: most tests wait on servers, daemons and browsers, and one process kept about one
+  # core of two busy. Each test module runs whole on one worker, the Slurm tests all on one
+  # (tests/conftest.py, pytest_xdist_make_scheduler). CORRAL_TEST_WORKERS=0 runs it in one process.
+  set -- -n "${CORRAL_TEST_WORKERS:-2}" -m "not pure_scheduler"
 fi
 echo "== pytest"
 # The slowest tests are listed so that what each change adds to the suite's time is visible.

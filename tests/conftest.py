@@ -13,6 +13,7 @@ import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,3 +68,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     nodeids = [item.nodeid for item in marked]
     for item in marked:
         item.runtest = lambda nodeid=item.nodeid: _pure_result(nodeid, nodeids)  # type: ignore[method-assign]
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """How pytest-xdist shares the tests out (scripts/test.sh runs the suite on two workers): a test
+    module's tests go to one worker, in order, so its module fixtures (servers, browsers) start
+    once and its tests may build on each other; every Slurm test goes to one worker and so uses
+    one Slurm cluster: two clusters would hand out the same job ids (tests find a job's processes
+    by SLURM_JOB_ID) and their harnesses add the same Unix accounts. (`--dist loadgroup` with
+    xdist_group marks would say the same, but pytest 9 ignores the test ids xdist 3.8 rewrites for
+    it.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModuleSlurmTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            if module.startswith("tests/slurm/"):
+                return "tests/slurm"
+            if module.startswith("tests/api/") and "[postgres" in nodeid:
+                # tests/api's database is a session fixture over [sqlite, postgres], and pytest
+                # orders all SQLite tests first: a module's PostgreSQL half is its own scope,
+                # dealt after every SQLite one, so a worker sets each database up once.
+                return module + "[postgres]"
+            return module
+
+    return ByModuleSlurmTogether(config, log)

@@ -28,15 +28,18 @@ __all__ = ["postgres_server"]
 def db_engine(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[sa.Engine]:
+    server: PostgresServer | None = None
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'corral.db'}"
     else:
-        server: PostgresServer = request.getfixturevalue("postgres_server")
+        server = request.getfixturevalue("postgres_server")
         url = server.create_database("api_tests")
     init_db(url)
     engine = make_engine(url)
     yield engine
     engine.dispose()
+    if server is not None:  # it may be set up again in this session: its own database each time
+        server.drop_database("api_tests")
 
 
 def wipe(engine: sa.Engine) -> None:

@@ -100,8 +100,10 @@ def test_failing_job_is_retried_then_fails_keeping_every_attempt(server: CorralS
 def test_cancel_while_queued_and_while_running(server: CorralServer) -> None:
     with server.client() as c:
         blocker = submit(c, "echo started; sleep 60", gpus=4)
-        waiting = submit(c, "true", gpus=1)
+        # Running before the small job arrives: a cycle that saw both would start the 1-GPU job
+        # first (the default policy orders by size), and `true` would be over before the cancel.
         wait_state(c, blocker, ("running",))
+        waiting = submit(c, "true", gpus=1)
         assert c.post(f"/api/v1/jobs/{waiting}/cancel").status_code == 200
         cancelled = wait_state(c, waiting, TERMINAL)
         assert cancelled["state"] == "cancelled" and cancelled["attempts"] == []
