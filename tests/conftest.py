@@ -3,7 +3,9 @@ shortcut, or to spy on it) needs the pure-Python scheduler, because the mypyc-co
 no patches and calls inside compiled code would not see one (docs/scheduler.md, "Compiled build").
 When this process runs the compiled scheduler, the marked tests run in one child pytest with
 `CORRAL_PURE_PYTHON=1` (one start-up for all of them), and each passes, fails or skips with its run
-there."""
+there.
+
+Also how pytest-xdist shares the suite out between its workers (pytest_xdist_make_scheduler)."""
 
 from __future__ import annotations
 
@@ -86,9 +88,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             if module.startswith("tests/slurm/"):
                 return "tests/slurm"
             if module.startswith("tests/api/") and "[postgres" in nodeid:
-                # tests/api's database is a session fixture over [sqlite, postgres], and pytest
-                # orders all SQLite tests first: a module's PostgreSQL half is its own scope,
-                # dealt after every SQLite one, so a worker sets each database up once.
+                # tests/api's database is a session fixture over [sqlite, postgres]: a module's
+                # PostgreSQL half is its own scope, so no worker switches databases inside a
+                # module; one that comes back to a database sets it up again (tests/api/conftest.py).
                 return module + "[postgres]"
             return module
 
