@@ -42,6 +42,17 @@ def fill_job_form(page: Any, name: str, command: str, gpus: int = 1) -> None:
     task.locator(".task-command").fill(command)
 
 
+SLOW_RANK_0_LOG_READS = """() => {
+  const real = window.fetch;
+  window.fetch = async (url, init) => {
+    const response = await real(url, init);
+    const u = String(url);
+    if (u.includes("/logs?") && u.includes("rank=0")) await new Promise((r) => setTimeout(r, 1000));
+    return response;
+  };
+}"""
+
+
 def test_submit_by_form_runs_succeeds_and_shows_logs(portal: Portal) -> None:
     page = portal.login("ann")
     expect(page.locator("#gpus-allocated")).to_contain_text("/ 4")
@@ -79,6 +90,16 @@ def test_submit_by_form_runs_succeeds_and_shows_logs(portal: Portal) -> None:
     page.fill("#log-rank", "1")  # the helper is rank 1
     page.locator("#log-rank").dispatch_event("change")
     expect(page.locator("#log-output")).to_contain_text("from-the-helper rank=1")
+    # The rank changed while a read of the old one was on its way (reads of rank 0 held back 1 s
+    # here; a loaded machine did it by itself): that reply is dropped and rank 1 read. Applied,
+    # it set rank 1's offset and end-of-log from rank 0's, and the log stayed as rank 0 left it.
+    page.evaluate(SLOW_RANK_0_LOG_READS)
+    for rank in ("0", "1"):
+        page.fill("#log-rank", rank)
+        page.locator("#log-rank").dispatch_event("change")
+    expect(page.locator("#log-output")).to_contain_text("from-the-helper rank=1")
+    page.wait_for_timeout(1500)  # the held-back reply of rank 0 has arrived by now
+    expect(page.locator("#log-output")).not_to_contain_text("hello-from-the-portal")
     expect(page.locator("table.attempts tbody tr")).to_have_count(1)
     expect(page.locator("table.attempts tbody td[data-label=Exit]")).to_have_text("0")
     expect(page.locator(".timeline")).to_contain_text("scheduled")

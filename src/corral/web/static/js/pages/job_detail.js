@@ -286,10 +286,18 @@ function logPanel(ctx, jobId) {
   let offset = 0;
   let eof = false;
   let busy = false;
-  const reset = () => {
+  // Bumped whenever the attempt or rank shown changes. A reply to a request made before that is
+  // dropped and the log read again: applied, it would set the new rank's offset and end-of-log
+  // from the old one (a finished job's log then stayed empty after a change of rank).
+  let generation = 0;
+  const restart = () => {
+    generation += 1;
     offset = 0;
     eof = false;
     pre.textContent = "";
+  };
+  const reset = () => {
+    restart();
     poll();
   };
   attemptSelect.addEventListener("change", reset);
@@ -301,9 +309,10 @@ function logPanel(ctx, jobId) {
       return;
     }
     busy = true;
+    const asked = generation;
     try {
       const chunk = await get(`/jobs/${jobId}/logs`, { attempt: attemptSelect.value, rank: rankInput.value || 0, offset });
-      if (!ctx.alive()) return;
+      if (!ctx.alive() || asked !== generation) return;
       if (chunk.data) {
         const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 24;
         let text = pre.textContent + chunk.data;
@@ -315,10 +324,12 @@ function logPanel(ctx, jobId) {
       eof = Boolean(chunk.eof);
       status.textContent = eof ? "End of log." : "Following…";
     } catch (err) {
+      if (asked !== generation) return;
       if (err instanceof ApiError && err.status === 404) status.textContent = "No log for this attempt and rank yet.";
       else status.textContent = `Cannot read the log: ${err.message}`;
     } finally {
       busy = false;
+      if (asked !== generation && ctx.alive()) poll(); // the reset's own read found us busy
     }
   }
 
@@ -330,9 +341,7 @@ function logPanel(ctx, jobId) {
     fill(attemptSelect, ...numbers.map((n) => h("option", { value: n }, `attempt ${n}`)));
     if (wasLatest && numbers.length) {
       attemptSelect.value = numbers[numbers.length - 1];
-      offset = 0;
-      eof = false;
-      pre.textContent = "";
+      restart();
     }
   }
 
