@@ -148,3 +148,24 @@ def test_compiled_and_pure_replays_agree_job_by_job() -> None:
     assert isinstance(compiled, dict) and isinstance(pure, dict)
     assert compiled.pop("compiled") is True and pure.pop("compiled") is False
     assert compiled == pure
+
+
+DESCRIBE = (
+    "import json\nfrom corral.scheduler import compiled_build\nprint(json.dumps(compiled_build.describe()))\n"
+)
+
+
+def test_describe_names_the_build_or_why_the_process_runs_pure_python(tmp_path: Path) -> None:
+    """The line the server logs at start: the build it loaded, or the reason it did not."""
+    build = require_current_build()
+    line = run_python(DESCRIBE, pythonpath=ROOT / "src", pure=False, build_dir=build.parent)
+    assert line == f"compiled (mypyc, {build.name})"
+    line = run_python(DESCRIBE, pythonpath=ROOT / "src", pure=True)
+    assert line == "pure Python (CORRAL_PURE_PYTHON is set)"
+    line = run_python(DESCRIBE, pythonpath=ROOT / "src", pure=False, build_dir=tmp_path)
+    assert line.startswith("pure Python (no build of these sources in") and str(tmp_path) in line
+    broken = tmp_path / "builds" / build.name
+    shutil.copytree(build, broken)
+    next(broken.glob(f"{compiled_build.GROUP_LIBRARY}.*")).write_bytes(b"not a shared object")
+    line = run_python(DESCRIBE, pythonpath=ROOT / "src", pure=False, build_dir=broken.parent)
+    assert line.startswith(f"pure Python (the build in {broken} did not load:")

@@ -337,10 +337,10 @@ def _write_results(
     if output == "json":
         typer.echo(json.dumps(summary))
     else:
-        from corral.scheduler.compiled_build import is_compiled
+        from corral.scheduler.compiled_build import describe
 
         _print_summary(summary, _console())
-        typer.echo(f"scheduler: {'compiled (mypyc)' if is_compiled() else 'pure Python'}")
+        typer.echo(f"scheduler: {describe()}")
 
 
 @sim_app.command()

@@ -60,6 +60,7 @@ CORRAL_DIR = Path(__file__).resolve().parents[1]
 BUILDS_DIR = Path(os.environ.get("CORRAL_COMPILED_DIR") or CORRAL_DIR.parents[1] / "build" / "mypyc")
 
 _decision: Path | bool | None = None  # the build the first activate chose, or False: pure Python
+_why_pure = ""  # why the first activate chose pure Python (for `describe`)
 
 
 def compiled_sources(corral_dir: Path = CORRAL_DIR) -> list[Path]:
@@ -133,14 +134,18 @@ def _load_group_library(build_dir: Path) -> None:
 
 
 def _decide() -> Path | None:
+    global _why_pure
     if os.environ.get(PURE_ENV, "").strip().lower() in TRUTHY:
+        _why_pure = f"{PURE_ENV} is set"
         return None
     build = find_build(source_digest())
     if build is None:
+        _why_pure = f"no build of these sources in {BUILDS_DIR} (scripts/build_compiled.py makes one)"
         return None
     try:
         _load_group_library(build)
-    except ImportError:  # built for another interpreter, or a broken build: pure Python instead
+    except ImportError as exc:  # built for another interpreter, or a broken build: pure Python instead
+        _why_pure = f"the build in {build} did not load: {exc}"
         return None
     return build
 
@@ -159,6 +164,18 @@ def activate(package: str, package_path: list[str]) -> bool:
         return False
     package_path.insert(0, str(_decision / "corral" / package))
     return True
+
+
+def describe() -> str:
+    """One line for logs and version output: which scheduler this process runs, and why not the
+    compiled one when it does not (a server started from a non-editable install, or before the
+    build was made, runs pure Python, slower but with the same results)."""
+    if is_compiled():
+        assert isinstance(_decision, Path)
+        return f"compiled (mypyc, {_decision.name})"
+    if _decision is None:
+        return "not imported yet"
+    return f"pure Python ({_why_pure or 'the chosen build was removed since'})"
 
 
 def is_compiled() -> bool:

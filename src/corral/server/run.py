@@ -202,6 +202,9 @@ def serve(settings: Settings, demo: bool = False) -> None:
     session_use = SessionUse()  # sessions into jobs, the gateway's and exec's: idle reclamation
     gateway = start_gateway(settings, session_factory, engine, session_use)  # docs/workspaces.md
     runner = LoopRunner(ctx, collect_loops(engine))
+    from corral.scheduler.compiled_build import describe as describe_scheduler_build
+
+    log.info("scheduler: %s", describe_scheduler_build())  # the loops have imported it by now
     server = _api_server(settings, ctx, db_engine, gateway, session_use, runner)
     # uvicorn re-raises SIGTERM/SIGINT with the previous handler once it has shut down; with the
     # default handler that would kill the process before the loops stop and the leases are released.
