@@ -232,6 +232,16 @@ def test_slas_count_down_and_a_breach_is_marked_once(world: World) -> None:
         session.commit()
 
 
+BAD_SEVERITY = """\
+version: 1
+rules:
+  - name: a
+    match: {name: X}
+    actions:
+      - incident: {severity: SEV9, key: "x/{node}"}
+"""
+
+
 @pytest.mark.parametrize(
     ("text", "line", "reason"),
     [
@@ -239,6 +249,8 @@ def test_slas_count_down_and_a_breach_is_marked_once(world: World) -> None:
         ("version: 1\nrules:\n  - name: a\n    match: {name: [X\n", 5, "not valid YAML"),
         ("version: 1\nrules:\n  - name: a\n    match: {nam: X}\n    actions: [cordon]\n", 4, "nam"),
         ("version: 1\nguard: {window: soon}\n", 2, "not a duration"),
+        # refused when applied: accepted, it failed every alert the rule matched (in their transaction)
+        (BAD_SEVERITY, 6, "rules.0.actions.0.severity: unknown severity 'SEV9'"),
     ],
 )
 def test_a_bad_rules_file_is_refused_with_its_line_and_the_old_version_stays(

@@ -90,6 +90,15 @@ class Action(_Strict):
     key: str = ""  # incident: the grouping key template ('' = the alert's fingerprint)
     message: str = ""  # notify_owner
 
+    @field_validator("severity")
+    @classmethod
+    def _severity(cls, value: str) -> str:
+        # Checked here, not when an alert fires: open_or_update would refuse it then, inside the
+        # transaction that records the alert, and every alert the rule matches would fail.
+        if value and value.upper() not in SEVERITIES:
+            raise ValueError(f"unknown severity {value!r}; known: {', '.join(SEVERITIES)}")
+        return value.upper()
+
 
 class Rule(_Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
