@@ -4,12 +4,14 @@ guard, dry-run, rate limits, postmortems, SLAs and refused rule files."""
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from corral.db.audit_models import AuditRecord
 from corral.db.diag_models import AttemptFault
@@ -291,3 +293,31 @@ def test_a_lost_only_node_is_left_to_the_node_loop(world: World) -> None:
         assert remediation.take_stops(session) == []
         assert session.scalar(select(func.count()).select_from(AttemptFault)) == 0
         session.commit()
+
+
+def test_two_transactions_opening_one_fault_at_once_make_one_incident(world: World) -> None:
+    """The sampling loop's ECC alert and the watch's event for one GPU, on two servers at once:
+    the second waits for the first's commit and joins its incident instead of opening another."""
+    now = time.time()
+
+    def open_it(session: Session, at: float) -> None:
+        incidents.open_or_update(session, fingerprint="gpu/n1/0", title="ECC", severity="SEV2",
+                                 source="rule:gpu-fault", labels={}, links={}, now=at)  # fmt: skip
+
+    second_done = threading.Event()
+
+    def second() -> None:
+        with world.ctx.session_factory() as session:
+            open_it(session, now + 1)
+            session.commit()
+        second_done.set()
+
+    with world.ctx.session_factory() as session:
+        open_it(session, now)
+        other = threading.Thread(target=second)
+        other.start()
+        assert not second_done.wait(1.0)  # held back by the first, which has not committed
+        session.commit()
+    other.join(30)
+    (incident,) = all_incidents(world)
+    assert incident.fire_count == 2

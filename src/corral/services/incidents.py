@@ -18,11 +18,12 @@ resolution, in the same transaction (corral.services.incident_paging pages and u
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import false, func, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -145,6 +146,21 @@ def _merge_links(old: Mapping[str, Any], new: Mapping[str, Sequence[str]]) -> di
     return merged
 
 
+def _lock_fingerprint(session: Session, fingerprint: str) -> None:
+    """Hold, to the end of the transaction, a lock on the grouping key before looking for its
+    incident. Without it two transactions for one fault at once (the GPU sampling loop's ECC alert
+    and the diagnosis watch's event, on two servers of one PostgreSQL) each found none and each
+    opened one. PostgreSQL: an advisory lock per key; SQLite: the database's write lock, taken by
+    an UPDATE that changes no row (it then lets one writer at a time through anyway)."""
+    connection = session.connection()
+    if connection.dialect.name == "postgresql":
+        digest = hashlib.sha256(f"corral-incident:{fingerprint}".encode()).digest()
+        key = int.from_bytes(digest[:8], "big", signed=True)
+        connection.execute(select(func.pg_advisory_xact_lock(key)))
+    else:
+        connection.execute(update(Incident).where(false()).values(fingerprint=Incident.fingerprint))
+
+
 def _current(session: Session, fingerprint: str) -> Incident | None:
     return session.scalars(
         select(Incident)
@@ -171,6 +187,7 @@ def open_or_update(
     FLAP_WINDOW_S ago (reopened), or a new one. `alert`: the fingerprint of the firing alert it
     came from (resolving that alert may resolve the incident; '' for an event)."""
     sev = severity if isinstance(severity, Severity) else severity_of(severity)
+    _lock_fingerprint(session, fingerprint[:255])
     incident = _current(session, fingerprint)
     if incident is not None and incident.state == _S.RESOLVED.value:
         if now - (incident.resolved_at or now) > FLAP_WINDOW_S:
