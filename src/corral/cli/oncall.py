@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -57,7 +57,24 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise CorralError(f"{path}: not YAML: {exc}")
     if not isinstance(data, dict):
         raise CorralError(f"{path}: expected a mapping (time_zone, layers, ...) at the top")
-    return data
+    return _plain(data, path, "")
+
+
+def _plain(value: Any, path: Path, where: str) -> Any:
+    """YAML's typed values as the JSON the server reads: an unquoted `start_date: 2026-11-02` is
+    a date to YAML (JSON has none, so sending it failed with a traceback), and an unquoted
+    `handoff: 10:00` is the number 600 (YAML 1.1's base 60), which is refused by name here."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v, path, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v, path, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, date):
+        return value.isoformat()
+    if where.rpartition(".")[2] in ("handoff", "restrict_from", "restrict_to") and isinstance(value, int):
+        raise CorralError(
+            f'{path}: {where}: write the time quoted, e.g. "10:00" (unquoted, YAML reads a number)'
+        )
+    return value
 
 
 @oncall_app.command("now")
