@@ -198,6 +198,26 @@ def test_a_rule_over_its_rate_limit_acts_no_more_and_asks_a_human(tmp_path: Path
         assert session.scalars(select(Incident).where(Incident.fingerprint == GUARD)).one()
 
 
+def test_a_rule_over_its_rate_limit_then_made_dry_run_opens_no_incident(tmp_path: Path) -> None:
+    """An operator who sets dry_run on a rule that ran too often: it records what it would do,
+    and no guard incident opens (nor anything else) while it is a dry run."""
+    w = make_world(tmp_path, nodes=4)
+    limited = CORDON_ALL.replace("    actions:", "    rate_limit: {max: 1, per: 10m}\n    actions:")
+    limited = limited.replace("version: 1\n", "version: 1\nguard: {max_fraction: 1.0}\n")
+    apply(w, limited)
+    now = time.time()
+    sick(w, "n1", now)
+    apply(w, limited.replace("version: 1\n", "version: 1\ndry_run: true\n"))
+    sick(w, "n2", now + 1)
+    with w.ctx.session_factory() as session:
+        assert session.scalars(select(Incident.fingerprint)).all() == ["sick/n1"]
+        run = session.scalars(select(RemediationRun).order_by(RemediationRun.id.desc()).limit(1)).one()
+        assert run.dry_run and run.outcome == "rate_limited"
+        assert run.actions[-1]["result"].startswith(
+            "would open or join SEV2 incident guard/cordon-everything"
+        )
+
+
 def test_closing_a_sev2_needs_its_postmortem_and_a_sev4_does_not(world: World) -> None:
     now = time.time()
     with world.ctx.session_factory() as session:

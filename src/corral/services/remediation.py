@@ -169,7 +169,12 @@ def _run_rule(
         else:
             _act(session, ruleset, run, action, now)
     if limited:
-        _page_a_human(session, run, f"rule {rule.name} is over its rate limit", now)
+        why = f"rule {rule.name} is over its rate limit"
+        if run.dry_run:  # a dry run opens no incident, the guard's neither (its earlier runs count)
+            result = f"would open or join SEV2 incident guard/{rule.name}: {why}"
+            run.results.append({"action": "escalate", "result": result})
+        else:
+            _page_a_human(session, run, why, now)
     row = RemediationRun(
         rule=rule.name, rules_version=version, signal=signal.name, at=now, dry_run=run.dry_run,
         outcome="dry_run" if run.dry_run and run.outcome == "ran" else run.outcome, actions=run.results,
