@@ -341,3 +341,15 @@ def test_two_transactions_opening_one_fault_at_once_make_one_incident(world: Wor
     other.join(30)
     (incident,) = all_incidents(world)
     assert incident.fire_count == 2
+
+
+def test_a_grouping_key_longer_than_the_column_still_joins_its_incident(world: World) -> None:
+    key = "hot/" + "x" * 300  # e.g. a key template with the alert's {summary} in it
+    now = time.time()
+    with world.ctx.session_factory() as session:
+        for i in range(2):
+            incidents.open_or_update(session, fingerprint=key, title="hot", severity="SEV3", source="manual",
+                                     labels={}, links={}, now=now + i)  # fmt: skip
+        session.commit()
+    (incident,) = all_incidents(world)
+    assert incident.fire_count == 2

@@ -187,7 +187,8 @@ def open_or_update(
     FLAP_WINDOW_S ago (reopened), or a new one. `alert`: the fingerprint of the firing alert it
     came from (resolving that alert may resolve the incident; '' for an event)."""
     sev = severity if isinstance(severity, Severity) else severity_of(severity)
-    _lock_fingerprint(session, fingerprint[:255])
+    fingerprint = fingerprint[:255]  # as stored (the column's size): a longer key must still match
+    _lock_fingerprint(session, fingerprint)
     incident = _current(session, fingerprint)
     if incident is not None and incident.state == _S.RESOLVED.value:
         if now - (incident.resolved_at or now) > FLAP_WINDOW_S:
