@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from sqlalchemy.orm import Session
 
 from corral.db.oncall_models import Page, PageNotification
 from corral.monitor.pager import PagingSettings, deliver_pages
 from corral.services import paging
+from corral.services.errors import Conflict
 from tests.oncall.conftest import Env, Smtp
 from tests.webhook_server import WebhookServer
 
@@ -225,3 +228,37 @@ def test_calendar_feed_works_without_login_and_refuses_an_altered_url(env: Env) 
     assert "DTSTART:" in text and text.count("BEGIN:VEVENT") >= 28  # four weeks of daily shifts
     altered = view["ical_feed"].replace("/primary.", "/other.")
     assert env.client.get(altered).status_code == 403
+
+
+@pytest.mark.parametrize("env", ["sqlite", "postgres"], indirect=True)
+def test_an_ack_and_a_cancel_at_once_the_first_stands(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another request changes the page between this one's read and its write (e.g. the incident
+    resolves while someone clicks the link): the first change stands, the second changes nothing."""
+    set_up(env)
+    now = time.time()
+    start(env, "race:1", now)
+    start(env, "race:2", now)
+    real = paging.page_by_key
+
+    def meanwhile(other: Callable[[Session, str], object]) -> Callable[[Session, str], Page]:
+        def read(session: Session, key: str) -> Page:
+            found = real(session, key)
+            monkeypatch.setattr(paging, "page_by_key", real)
+            with env.factory() as db:
+                other(db, key)
+                db.commit()
+            return found
+
+        return read
+
+    monkeypatch.setattr(
+        paging, "page_by_key", meanwhile(lambda db, key: paging.ack(db, key, "alice", now + 1))
+    )
+    with env.factory() as db:
+        assert paging.cancel(db, "race:1", now + 2).state == "acknowledged"
+        db.commit()
+    assert (page(env, "race:1").state, page(env, "race:1").acked_by) == ("acknowledged", "alice")
+    monkeypatch.setattr(paging, "page_by_key", meanwhile(lambda db, key: paging.cancel(db, key, now + 1)))
+    with env.factory() as db, pytest.raises(Conflict, match="was cancelled"):
+        paging.ack(db, "race:2", "alice", now + 2)
+    assert page(env, "race:2").state == "cancelled"

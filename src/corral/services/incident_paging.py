@@ -119,9 +119,9 @@ def _incident_resolved(session: Session, incident: Incident, by: str) -> None:
         return
     if _open_page(session, incident.id) is not None:
         now = time.time()
-        paging.cancel(session, page_key(incident.id), now)
-        text = "page cancelled: the incident resolved"
-        incidents.add_timeline(session, incident.id, "paging", text, now=now)
+        if paging.cancel(session, page_key(incident.id), now).state == "cancelled":  # not acked meanwhile
+            text = "page cancelled: the incident resolved"
+            incidents.add_timeline(session, incident.id, "paging", text, now=now)
 
 
 def install() -> None:

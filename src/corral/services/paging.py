@@ -118,15 +118,24 @@ def ack(session: Session, key: str, by: str, now: float) -> Page:
         for prefix, fn in list(_listeners):
             if key.startswith(prefix):
                 fn(session, key, by)
+    elif page.state != "acknowledged":  # cancelled since it was read: as for any cancelled page
+        raise Conflict(f"page {key!r} was {page.state}; there is nothing to acknowledge")
     return page
 
 
 def cancel(session: Session, key: str, now: float) -> Page:
     """Stop a page nobody needs to answer any more (e.g. its cause resolved). Commits nothing."""
     page: Page = page_by_key(session, key)
-    if page.state in OPEN_STATES:
-        page.state, page.next_at, page.ended_at = "cancelled", None, now
-        page.log = [*page.log, f"{utc_text(now)} cancelled"]
+    if page.state in OPEN_STATES:  # conditional, like ack: an ack committed since the read stands
+        session.execute(
+            update(Page)
+            .where(Page.id == page.id, Page.state.in_(OPEN_STATES))
+            .values(
+                state="cancelled", next_at=None, ended_at=now, log=[*page.log, f"{utc_text(now)} cancelled"]
+            )
+            .execution_options(synchronize_session=False)
+        )
+        session.refresh(page)
     return page
 
 
