@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 
@@ -10,6 +11,8 @@ import pytest
 
 from corral.engine.base import AttemptPhase, EngineUnavailable, FailureReason
 from corral.engine.slurm import SlurmEngine
+from corral.engine.slurm.cli import CliResult, SlurmCli
+from corral.engine.slurm.scripts import KILL_CHECK_S
 from corral.scheduler.types import NodeState
 from tests.slurm.harness import SlurmCluster
 from tests.slurm.helpers import FINISHED, attempt, instance, slurm_engine, wait_for
@@ -96,6 +99,71 @@ def test_node_crash_is_lost_once_and_never_runs_twice(
     assert wait_for(engine, "201.2", FINISHED).phase is AttemptPhase.SUCCEEDED
     assert (runs / "rank-0").read_text() == "node2\nnode1\nend\n"
     assert (runs / "rank-1").read_text() == "node3\nnode2\nend\n"
+
+
+def test_a_node_slurm_cannot_reach_kills_the_attempt_declared_lost_there(
+    engine: SlurmEngine, slurm_cluster: SlurmCluster
+) -> None:
+    """A hung slurmd (SIGSTOP; alike: a node cut off from slurmctld) is no crash: Slurm ends the
+    job as NODE_FAIL, the attempt is LOST and Corral retries it elsewhere, while slurmstepd and the
+    ranks run on where Slurm cannot kill them (until slurmd answers again). The engine marks the
+    attempt given up, and node.sh's watch kills the ranks itself."""
+    runs = slurm_cluster.scratch_dir()
+    engine.launch(
+        attempt(
+            "202.1",
+            instance("node3", f"while true; do date +%s.%N >> {runs}/ticks; sleep 0.2; done"),
+            rw_mounts=[runs],
+        )
+    )
+    wait_for(engine, "202.1", {AttemptPhase.RUNNING})
+    deadline = time.monotonic() + 10
+    while not (runs / "ticks").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    slurmd = slurm_cluster.slurmd_pid("node3")
+    assert slurmd is not None
+    os.kill(slurmd, signal.SIGSTOP)
+    try:
+        lost = wait_for(engine, "202.1", FINISHED, timeout_s=45, every_s=0.25)
+        lost_at = time.time()
+        assert (lost.phase, lost.reason) == (AttemptPhase.LOST, FailureReason.NODE_LOST), lost
+        assert "NODE_FAIL" in lost.message
+        time.sleep(KILL_CHECK_S + 4)
+        last = max(float(t) for t in (runs / "ticks").read_text().split())
+        assert last < lost_at + KILL_CHECK_S + 2, f"the LOST attempt ran on {last - lost_at:.1f}s after it"
+    finally:
+        os.kill(slurmd, signal.SIGCONT)
+
+
+def test_a_submission_that_turns_up_after_its_stop_runs_nothing(
+    engine: SlurmEngine, slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sbatch's answer timed out ("Socket timed out": EngineUnavailable, the job stays scheduled),
+    the job is cancelled and stop() finds no job of the attempt in Slurm, and only then does the
+    request reach slurmctld (a busy one): that job must start nothing."""
+    runs = slurm_cluster.scratch_dir()
+    held: list[tuple[tuple[str, ...], dict[str, object]]] = []
+    real = SlurmCli.run
+
+    def late_sbatch(self: SlurmCli, tool: str, *args: str, **kwargs: object) -> CliResult:
+        if tool == "sbatch" and not held:
+            held.append((args, kwargs))
+            raise EngineUnavailable("Slurm is unreachable: Socket timed out on send/recv operation")
+        return real(self, tool, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SlurmCli, "run", late_sbatch)
+    with pytest.raises(EngineUnavailable):
+        engine.launch(attempt("203.1", instance("node1", f"echo ran > {runs}/ran"), rw_mounts=[runs]))
+    engine.stop("203.1", 0.0)  # e.g. cancelled while scheduled: no such job in Slurm (yet)
+    args, kwargs = held[0]
+    late = real(engine.cli, "sbatch", *args, **kwargs)  # type: ignore[arg-type]
+    assert late.returncode == 0, late.message
+    job_id = late.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 30
+    while slurm_job_state(slurm_cluster, job_id) in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+        assert time.monotonic() < deadline, f"job {job_id} still {slurm_job_state(slurm_cluster, job_id)}"
+        time.sleep(0.1)
+    assert not (runs / "ran").exists()
 
 
 def test_slurm_unreachable_then_back(engine: SlurmEngine, slurm_cluster: SlurmCluster) -> None:

@@ -594,6 +594,10 @@ class SlurmEngine:
     def _finish(self, record: AttemptRecord, status: AttemptStatus) -> AttemptStatus:
         # The job's secrets live no longer than the job (batch.sh removes them too, unless killed).
         remove_secrets(str(self.store.job_dir(record.attempt_id) / "secrets"))
+        if status.phase is AttemptPhase.LOST:
+            # LOST is the one end Slurm did not see the processes through (NODE_FAIL: a hung or
+            # cut-off slurmd leaves them running), and Corral retries it elsewhere at once
+            self._mark(record.attempt_id, scripts.KILL_MARKER)
         record.set_final(status)
         self.store.save(record)
         timer = self._timers.pop(record.attempt_id, None)
@@ -631,6 +635,9 @@ class SlurmEngine:
             if not record.slurm_job_id:
                 record.slurm_job_id = self._find_job_by_name(attempt_id, record.unix_user)
                 if not record.slurm_job_id:
+                    # None in Slurm yet, but an sbatch whose answer timed out may still reach
+                    # slurmctld and its job turn up after this stop: it must start nothing
+                    self._mark(attempt_id, scripts.STOP_MARKER)
                     return
             self._request_stop(record, grace_s, kind="stopped")
 
@@ -643,7 +650,7 @@ class SlurmEngine:
         self.store.save(record)
         # Slurm reports RUNNING a moment before the job's processes exist, and a signal sent in
         # that moment is lost: the scripts look for this file before they start anything.
-        (self.store.attempt_dir(record.attempt_id) / "stop").touch()
+        self._mark(record.attempt_id, scripts.STOP_MARKER)
         job = record.slurm_job_id
         self.cli.run("scancel", "--state=PENDING", job)  # never started: nothing to be graceful to
         if grace_s <= 0:
@@ -671,7 +678,12 @@ class SlurmEngine:
             except EngineUnavailable as exc:  # poll() sends it once Slurm is back
                 log.warning("final kill of %s deferred: %s", attempt_id, exc)
 
+    def _mark(self, attempt_id: str, marker: str) -> None:
+        """Leave a marker for the job's scripts in the attempt dir (scripts.STOP_MARKER, KILL_MARKER)."""
+        (self.store.attempt_dir(attempt_id) / marker).touch()
+
     def _kill(self, record: AttemptRecord) -> None:
+        self._mark(record.attempt_id, scripts.KILL_MARKER)  # also where Slurm cannot deliver the KILL
         job = record.slurm_job_id
         self.cli.run("scancel", "--signal=KILL", "--full", job)
         self.cli.run("scancel", job)

@@ -38,6 +38,14 @@ _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 JOB_NAME_PREFIX = "corral-"
 DEFAULT_GPU_DEVICE = "/dev/nvidia{index}"  # CORRAL_SLURM_GPU_DEVICE: a GPU's device file on a node
+# The attempt dir's markers, which the engine writes and the node scripts read (as the job's account:
+# the dir is 0711). STOP_MARKER: start nothing. KILL_MARKER: Corral gave the attempt up (its final
+# kill, or LOST); node.sh looks for it every KILL_CHECK_S while its ranks run and kills them itself,
+# as Slurm cannot where it lost the node (a hung or cut-off slurmd: the job's NODE_FAIL while the
+# ranks run on, beside the retry Corral starts elsewhere).
+STOP_MARKER = "stop"
+KILL_MARKER = "kill"
+KILL_CHECK_S = 1
 GPU_SIDE_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
@@ -185,13 +193,27 @@ case "$node" in
 {cases}  *) echo "corral: no instance of this attempt is placed on node $node" >&2; exit 90 ;;
 esac
 # a stop Corral sent before this script existed (Slurm says RUNNING a little before it starts it)
-if [ -e "$D/stop" ]; then exit 143; fi
+if [ -e "$D/{STOP_MARKER}" ]; then exit 143; fi
 pids=""
 for r in $ranks; do
   /bin/sh "$J/rank-$r.sh" >"$J/rank-$r.log" 2>&1 </dev/null &
   pids="$pids $!"
 done
 trap 'kill -TERM $pids 2>/dev/null' TERM INT
+# Corral gave the attempt up and Slurm may not reach this node to kill it (its slurmd hung or cut
+# off: NODE_FAIL while these ranks run on): they end here, every process of theirs at once (a
+# sandbox whose rank-R.sh died first would be orphaned, out of Slurm's reach). Deaf to TERM, so
+# that a graceful stop does not end the watch.
+tree() {{
+  local c
+  for c in $(command -p cat /proc/"$1"/task/*/children 2>/dev/null); do echo "$c"; tree "$c"; done
+}}
+(trap '' TERM INT
+ while sleep {KILL_CHECK_S}; do
+  if [ -e "$D/{KILL_MARKER}" ]; then kill -KILL $pids $(for p in $pids; do tree "$p"; done); exit; fi
+ done
+) >/dev/null 2>&1 </dev/null &
+watch=$!
 rc=0
 for p in $pids; do
   wait "$p"; c=$?
@@ -199,6 +221,7 @@ for p in $pids; do
   while kill -0 "$p" 2>/dev/null; do wait "$p"; c=$?; done
   if [ "$c" -ne 0 ] && [ "$rc" -eq 0 ]; then rc=$c; fi
 done
+kill -KILL "$watch" 2>/dev/null
 exit $rc
 """
 
@@ -330,7 +353,7 @@ term=""
 # bwrap ignores TERM (a TERM that kills bwrap SIGKILLs the job): pass it to the job's own processes
 forward() {{ for p in $(descendants "$child"); do kill -TERM "$p" 2>/dev/null; done; }}
 trap 'term=1; if [ -n "$child" ]; then forward; fi' TERM INT
-if [ -e "$D/stop" ]; then echo 143 >"$J/rank-{r}.exit"; exit 143; fi
+if [ -e "$D/{STOP_MARKER}" ]; then echo 143 >"$J/rank-{r}.exit"; exit 143; fi
 # For `corral exec` (slurm/enter.py): the rank's environment and its bwrap's pid, while it runs
 (umask 077; export -p >"$J/rank-{r}.env")
 (trap '' TERM INT; umask 007; exec {sandboxed}) &

@@ -162,7 +162,7 @@ class StateStore:
     """Layout (docs/slurm.md, "Who runs the job"):
 
     <root>/                      server, 0711: jobs may pass, not list
-      attempts/<id>/             server, 0711: attempt.json (a symlink to the record, 0600), stop marker
+      attempts/<id>/             server, 0711: attempt.json (symlink to the record, 0600), stop, kill markers
       attempts/<id>/job/         the job's account, 0700: scripts, logs, exit codes, work dirs
     """
 
