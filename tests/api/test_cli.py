@@ -129,6 +129,18 @@ def test_cli_clear_errors(world: World, server_url: str) -> None:
     assert code == 1 and "cannot reach the Corral server" in out and "Traceback" not in out
 
 
+def test_cli_model_register_bad_card_and_metric_name_the_option(
+    world: World, server_url: str, tmp_path: Path
+) -> None:
+    # A missing --card file was a FileNotFoundError traceback, and a --metric without '=' was
+    # reported as a bad `--set`, an option `model register` does not have.
+    register = ("model", "register", "digits", "--job", "1")
+    code, out = run(world, server_url, "alice", *register, "--card", str(tmp_path / "missing.md"))
+    assert code != 0 and "--card" in out and "missing.md" in out and "Traceback" not in out
+    code, out = run(world, server_url, "alice", *register, "--metric", "f1")
+    assert code == 1 and "--metric 'f1': write NAME=VALUE" in out and "--set" not in out
+
+
 def test_cli_config_file(tmp_path: Path, world: World, server_url: str) -> None:
     path = write_cli_config(server_url, world.as_("bob")["Authorization"].split()[1], home=tmp_path)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600

@@ -26,13 +26,14 @@ SetOpt = Annotated[
 ]
 
 
-def parse_sets(items: list[str] | None) -> dict[str, str]:
-    """`--set lr=0.1 --set gpus=2` -> {"lr": "0.1", "gpus": "2"} (the server coerces the types)."""
+def parse_sets(items: list[str] | None, option: str = "--set", example: str = "lr=0.1") -> dict[str, str]:
+    """`--set lr=0.1 --set gpus=2` -> {"lr": "0.1", "gpus": "2"} (the server coerces the types).
+    A malformed item's error names `option`, the option it came from (`--metric` too)."""
     values: dict[str, str] = {}
     for item in items or []:
         name, eq, value = item.partition("=")
         if not eq or not name.strip():
-            raise CorralError(f"--set {item!r}: write NAME=VALUE, e.g. --set lr=0.1")
+            raise CorralError(f"{option} {item!r}: write NAME=VALUE, e.g. {option} {example}")
         values[name.strip()] = value
     return values
 
@@ -180,7 +181,7 @@ def _ref(ref: str) -> tuple[str, int]:
 
 def _metrics(items: list[str] | None) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
-    for key, value in parse_sets(items).items():
+    for key, value in parse_sets(items, "--metric", "f1=0.8").items():
         try:
             metrics[key] = float(value) if value.strip() else value
         except ValueError:
@@ -278,7 +279,12 @@ def model_register(
     metric: Annotated[
         list[str] | None, typer.Option("--metric", help="KEY=VALUE (repeat); adds to metrics.json")
     ] = None,
-    card: Annotated[Path | None, typer.Option("--card", help="a markdown file: the model card")] = None,
+    card: Annotated[
+        Path | None,
+        typer.Option(
+            "--card", exists=True, dir_okay=False, readable=True, help="a markdown file: the model card"
+        ),
+    ] = None,
     code_checksum: Annotated[str | None, typer.Option("--code-checksum")] = None,
     group: Annotated[str | None, typer.Option("--group", help="owning group of a new model")] = None,
     output: OutputOpt = Output.table,
