@@ -79,6 +79,10 @@ def test_push_pull_identical_and_version_pin(server: CorralServer, tmp_path: Pat
     run_cli(server, "data", "pull", "pets@1", str(tmp_path / "pinned"))
     assert checksums(tmp_path / "latest") == checksums(v2)
     assert checksums(tmp_path / "pinned") == checksums(v1)
+    # Into a path that is a file: one line naming it, not a FileExistsError traceback.
+    (tmp_path / "a-file").write_text("x")
+    out = run_cli(server, "data", "pull", "pets", str(tmp_path / "a-file"), code=1)
+    assert "a-file: File exists" in " ".join(out.split()) and "Traceback" not in out
     listed = run_cli(server, "data", "versions", "pets")
     assert "v1" in listed and "v2" in listed
     out = run_cli(server, "data", "push", "pets", str(v2), code=1)  # the same content again

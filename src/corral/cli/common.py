@@ -34,7 +34,8 @@ def client() -> Client:
 
 
 def friendly_errors(fn: F) -> F:
-    """Turn SDK errors into one plain line on stderr and exit code 1 (no tracebacks)."""
+    """Turn SDK errors, and errors of the local files a command reads or writes, into one plain
+    line on stderr and exit code 1 (no tracebacks)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -45,6 +46,10 @@ def friendly_errors(fn: F) -> F:
             raise typer.Exit(1)
         except TimeoutError as exc:
             err.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(1)
+        except OSError as exc:  # a local path: pulling into a file, an unwritable directory
+            what = f"{exc.filename}: {exc.strerror}" if exc.filename is not None else str(exc)
+            err.print(f"[red]error:[/red] {what}", markup=True, highlight=False)
             raise typer.Exit(1)
 
     return wrapper  # type: ignore[return-value]
