@@ -72,6 +72,10 @@ def test_template_use_renders_typed_values_and_refuses_bad_ones(world: World) ->
         detail = r.json()["detail"]
         assert detail[0]["loc"] == ["body", "values", param] and why in detail[0]["msg"], (param, detail)
         assert f"'{param}'" in detail[0]["msg"]
+    # An unknown environment is refused at use, as POST /jobs refuses it, not queued to fail.
+    assert publish(world, "alice", "noenv", "name: x\ncommand: echo\nenvironment: nope\n").status_code == 201
+    r = world.client.post(f"{API}/templates/noenv/use", json={"values": {}}, headers=world.as_("alice"))
+    assert r.status_code == 422 and "environment 'nope' does not exist" in r.text, r.text
     shown = world.client.get(f"{API}/templates/train", headers=world.as_("alice")).json()
     assert shown["uses"] == 1  # refused uses count nothing
     # carol (nlp) cannot see a template shared with vision; public makes it hers too.

@@ -52,6 +52,8 @@ def test_workspace_lifecycle_and_bad_input(world: World) -> None:
     assert big.status_code == 422 and "never run" in str(big.json()["detail"])
     bad = c.post(API, json={"name": "x", "idle_timeout": "soon"}, headers=alice)
     assert bad.status_code == 422 and "idle_timeout" in str(bad.json()["detail"])
+    env = c.post(API, json={"name": "e", "environment": "nope"}, headers=alice)  # as POST /jobs
+    assert env.status_code == 422 and "environment 'nope' does not exist" in env.text, env.text
     assert counts(world) == before
     assert c.get(f"{API}/nope", headers=alice).status_code == 404
     assert c.get(f"{API}/nb", headers=world.as_("carol")).status_code == 404  # carol's own: none

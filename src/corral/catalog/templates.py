@@ -18,6 +18,7 @@ from corral.catalog.params import ParameterError, describe, render, sample_value
 from corral.config import Settings
 from corral.db.catalog_models import JobTemplate, TemplateVersion
 from corral.db.models import User
+from corral.environments.service import check_job_environment
 from corral.scheduler import Profile
 from corral.services import audit
 from corral.services.auth import Principal
@@ -273,5 +274,6 @@ def use(
     in the submission's transaction, so a refused job counts nothing. Commits."""
     row, _, spec = render_spec(session, principal, name, values, version, extra_mounts)
     spec = check_job_storage(session, principal, spec, settings)
+    spec = check_job_environment(session, principal, spec)  # as POST /jobs: 422 or pinned
     session.execute(update(JobTemplate).where(JobTemplate.id == row.id).values(uses=JobTemplate.uses + 1))
     return submit_job(session, principal, spec, profile)

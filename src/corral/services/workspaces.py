@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from corral.config import Settings
 from corral.db.models import Attempt, Group, Job, Node, User
 from corral.db.workspace_models import Workspace, WorkspaceGroupPolicy
+from corral.environments.service import check_job_environment
 from corral.scheduler import Profile
 from corral.services import audit
 from corral.services import jobs as job_service
@@ -260,6 +261,9 @@ def _submit(
     owner = principal
     if ws.user_id != principal.user_id:  # an admin starts another user's workspace: it runs as theirs
         owner = _principal_of(session, ws.user_id)
+    # As `POST /jobs` does: an unknown environment is refused here (422), not left to fail at
+    # every launch as a platform loss; a catalogue one is pinned (`sklearn` -> `sklearn@2`).
+    spec = check_job_environment(session, owner, spec)
     view = job_service.submit_job(session, owner, spec, profile, now=now, commit=False, workspace=True)
     ws.current_job_id = view["id"]
     ws.jupyter_token = secrets.token_urlsafe(32)
