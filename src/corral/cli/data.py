@@ -25,7 +25,7 @@ data_app = typer.Typer(
     help="Datasets: named, versioned, shared read-only; jobs mount data/NAME or data/NAME@VERSION.",
     no_args_is_help=True,
 )
-storage_app = typer.Typer(help="Storage usage and quotas.", no_args_is_help=True)
+storage_app = typer.Typer(help="Storage usage, quotas and identities (uids/gids).", no_args_is_help=True)
 
 
 def _ref(text: str) -> tuple[str, int | None]:

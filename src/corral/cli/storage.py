@@ -10,9 +10,9 @@ import typer
 from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, client, err, friendly_errors, out, print_json, when
+from corral.cli.data import storage_app  # one `corral storage` group: a second one hid this one's `ids`
 
 job_app = typer.Typer(help="A job's files: outputs.", no_args_is_help=True)
-storage_app = typer.Typer(help="Storage: identities (docs/storage.md).", no_args_is_help=True)
 
 
 @storage_app.command("ids")
@@ -61,5 +61,4 @@ def outputs(
 
 
 def register(app: typer.Typer) -> None:
-    app.add_typer(job_app, name="job")
-    app.add_typer(storage_app, name="storage")
+    app.add_typer(job_app, name="job")  # storage_app: registered by corral.cli.data
