@@ -164,13 +164,8 @@ def group_quota(
     output: OutputOpt = Output.table,
 ) -> None:
     """Set a group's quotas (admin): only the options given change."""
-    if storage is not None or files is not None:  # storage quotas: corral.cli.data
-        with client() as c:
-            c.set_storage_quota("group", name, **storage_limits(storage, files))
-        others = (gpus, max_gpus, user_max, cpus, cpus_max, memory, memory_max)
-        if all(option is None for option in others):
-            out.print(f"group {name}: storage quota set")
-            return
+    # Every option is read before anything is sent: a bad one must not leave the storage quota
+    # (a request of its own) changed behind its error.
     fields: dict[str, float | None] = {}
     for key, value in (
         ("user_max_gpus", _limit(user_max, "--user-max", _count)),
@@ -185,6 +180,13 @@ def group_quota(
         guaranteed_mib = _limit(memory, "--memory", _memory)
         fields["memory_guaranteed_mib"] = guaranteed_mib if isinstance(guaranteed_mib, int) else 0
     max_value = _limit(max_gpus, "--max", _count)
+    if storage is not None or files is not None:  # storage quotas: corral.cli.data
+        limits = storage_limits(storage, files)
+        with client() as c:
+            c.set_storage_quota("group", name, **limits)
+        if gpus is None and isinstance(max_value, Keep) and not fields:
+            out.print(f"group {name}: storage quota set")
+            return
     if gpus is None and isinstance(max_value, Keep) and not fields:
         raise typer.BadParameter("give at least one quota option (see --help)")
     with client() as c:
