@@ -185,6 +185,17 @@ def test_port_forward_reaches_a_server_on_the_jobs_loopback(world: World) -> Non
         proc.wait(timeout=10)
 
 
+def test_port_forward_refused_is_one_line_not_a_traceback(world: World) -> None:
+    # Refused before listening (another user's job, or one not running): it was an ExecError
+    # traceback, where `corral exec` says one line.
+    out = subprocess.run(
+        [*CLI, "port-forward", str(world.job_id), f"0:{HTTP_PORT}"],
+        capture_output=True, text=True, timeout=60, env=world.env("bob"), stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "error: job" in out.stderr and "belongs to another user" in out.stderr, out.stderr
+
+
 def test_ssh_command_runs_inside_the_sandbox(world: World) -> None:
     out = world.ssh("alice", f"alice+job-{world.job_id}", REPORT)
     assert out.returncode == 0, out.stderr

@@ -123,8 +123,12 @@ def port_forward(
     if not (local.isdigit() and remote.isdigit()) or not 1 <= int(remote) <= 65535 or int(local) > 65535:
         raise CorralError(f"ports must be LOCAL:REMOTE with TCP port numbers, got {ports!r}")
     c = client()
-    with c.port_relay(job_id, int(remote), rank=rank):  # checks access and the job before listening
-        pass
+    try:
+        with c.port_relay(job_id, int(remote), rank=rank):  # checks access and the job before listening
+            pass
+    except ExecError as exc:  # one line, as `corral exec` says it
+        c.close()
+        raise CorralError(exc.message, exc.status_code) from None
     listener = socket.create_server((address, int(local)))
     bound = listener.getsockname()[1]
     out.print(f"Forwarding {address}:{bound} -> job {job_id} rank {rank} 127.0.0.1:{remote} (Ctrl-C stops)")
