@@ -128,6 +128,13 @@ def _node_action(w: World) -> tuple[str, str, dict[str, Any]]:
     return "POST", f"{API}/nodes/n1/cordon", {}
 
 
+def _gpu_fault(w: World) -> tuple[str, str, dict[str, Any]]:
+    with w.session_factory() as db:  # a fault is refused for a GPU the cluster does not have
+        add_node(db, "n2")
+        db.commit()
+    return "POST", f"{API}/chaos/gpus/n2/0", {"json": {"ecc_uncorrected": 1}}
+
+
 def _gpu_quarantine(w: World) -> tuple[str, str, dict[str, Any]]:
     with w.session_factory() as db:
         add_node(db, "g1")
@@ -427,7 +434,7 @@ CALLS: dict[tuple[str, str], tuple[Call, str]] = {
         "workspace.policy.set",
     ),
     ("POST", "/api/v1/chaos/gpus/{node}/{index}"): (
-        lambda w: ("POST", f"{API}/chaos/gpus/n1/0", {"json": {"ecc_uncorrected": 1}}),
+        _gpu_fault,
         "chaos.gpu.fault",
     ),
     ("POST", "/api/v1/incidents/{incident_id}/ack"): (_incident_call("ack"), "incident.ack"),

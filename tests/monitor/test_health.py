@@ -188,7 +188,14 @@ def test_admin_chaos_endpoint(mon: Mon) -> None:
         bad = client.post(url, json={"temperature_c": "hot"}, headers=mon.admin)
         assert bad.status_code == 422
         assert client.post(url, json={"bogus": 1}, headers=mon.admin).status_code == 422
+        # a GPU the cluster does not have: refused by name, nothing written (it was "injected")
+        no_node = client.post("/api/v1/chaos/gpus/nope/0", json={"ecc_uncorrected": 1}, headers=mon.admin)
+        assert no_node.status_code == 404 and "no node named 'nope'" in no_node.text, no_node.text
+        no_gpu = client.post("/api/v1/chaos/gpus/node0001/99", json={"ecc_uncorrected": 1}, headers=mon.admin)
+        assert no_gpu.status_code == 404 and "node 'node0001' has no GPU 99 (it has GPUs 0, 1" in no_gpu.text
         assert read_faults(mon.home) == {}
+        stale = client.post("/api/v1/chaos/gpus/nope/0", json={"clear": True}, headers=mon.admin)
+        assert stale.status_code == 200, stale.text  # clearing a removed node's stale entry stays possible
         ok = client.post(url, json={"ecc_uncorrected": 2, "xid": 31, "temperature_c": 91}, headers=mon.admin)
         assert ok.status_code == 200, ok.text
     fault = read_faults(mon.home)["node0001/2"]
