@@ -229,12 +229,12 @@ def test_cli_group_quotas_usage_warnings_and_clearing_limits(
     assert "A100: 1/2/- (1 borrowed)" in row and "1/20/-" in row and "0.2G/8G/16G" in row, out
     assert "warning: guaranteed CPUs of all groups add up to 20; the cluster has 16" in out
     code, out = run(world, server_url, "admin", "group", "quota", "vision", "--cpus-max", "lots")
-    assert code == 2 and "--cpus-max: could not convert string to float: 'lots'" in out
+    assert code == 2 and "--cpus-max: 'lots' is not a number of CPUs (or 'none')" in out
     # A bad option beside --storage: refused whole, the storage quota not set behind the error.
     code, out = run(
         world, server_url, "admin", "group", "quota", "vision", "--storage", "5GiB", "--user-max", "x"
     )
-    assert code == 2 and "--user-max" in out
+    assert code == 2 and "--user-max: 'x' is not a whole number (or 'none')" in out
     code, out = run(world, server_url, "admin", "storage", "usage", "-o", "json")
     assert code == 0 and [u["max_bytes"] for u in json.loads(out) if u["name"] == "vision"] in ([], [None])
     code, out = run(world, server_url, "admin", "group", "quota", "vision")

@@ -125,14 +125,20 @@ def _limit(value: str | None, what: str, parse: Callable[[str], N]) -> N | Keep 
 
 
 def _count(value: str) -> int:
-    n = int(value)
+    try:
+        n = int(value)
+    except ValueError:  # int()'s own words ("invalid literal for int() with base 10") name no option
+        raise ValueError(f"{value!r} is not a whole number (or 'none')") from None
     if n < 0:
         raise ValueError(f"{value} is less than 0")
     return n
 
 
 def _cpus(value: str) -> float:
-    n = float(value)
+    try:
+        n = float(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a number of CPUs (or 'none')") from None
     if n < 0:
         raise ValueError(f"{value} is less than 0")
     return n
