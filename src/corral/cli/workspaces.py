@@ -51,7 +51,12 @@ def create(
     cpus: Annotated[float, typer.Option("--cpus", help="CPU cores")] = 1.0,
     memory: Annotated[str, typer.Option("--memory", help="e.g. 16GiB")] = "4GiB",
     environment: Annotated[
-        str, typer.Option("--environment", help="the node's named environment")
+        str,
+        typer.Option(
+            "--environment",
+            help="'default' (the node's) or a catalogue environment, NAME or NAME@VERSION "
+            "(corral env ls); it must contain jupyterlab",
+        ),
     ] = "default",
     idle_timeout: Annotated[
         str | None, typer.Option("--idle-timeout", help="e.g. 2h; default: your group's")
