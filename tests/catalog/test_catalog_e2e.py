@@ -82,6 +82,8 @@ def test_template_model_finetune_round_trip(server: CorralServer, alice: str, tm
     assert "parameter 'tag'" in refused
     listed = corral(server, alice, "template", "ls")
     assert "train" in listed and "epochs, tag" in listed
+    shown = corral(server, alice, "template", "show", "train")
+    assert re.search(r"epochs\s.*\sint\s.*\s1\.\.5\s", shown), shown  # as written, not 1.0..5.0
 
     c = Client(server.url, alice)
     train = job_id_of(

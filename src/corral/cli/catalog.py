@@ -26,6 +26,16 @@ SetOpt = Annotated[
 ]
 
 
+def _range_text(low: float | None, high: float | None) -> str:
+    """A parameter's bounds as written (`1..8`, not the API's floats `1.0..8.0`); one bound alone
+    as `>= 1` or `<= 8`."""
+    if low is not None and high is not None:
+        return f"{low:g}..{high:g}"
+    if low is not None:
+        return f">= {low:g}"
+    return f"<= {high:g}" if high is not None else ""
+
+
 def parse_sets(items: list[str] | None, option: str = "--set", example: str = "lr=0.1") -> dict[str, str]:
     """`--set lr=0.1 --set gpus=2` -> {"lr": "0.1", "gpus": "2"} (the server coerces the types).
     A malformed item's error names `option`, the option it came from (`--metric` too)."""
@@ -82,9 +92,7 @@ def template_show(
         out.print(t["description"])
     table = Table("PARAMETER", "TYPE", "DEFAULT", "RANGE / CHOICES", "DESCRIPTION")
     for p in t["parameters"]:
-        span = ", ".join(
-            str(c) for c in p.get("choices", [])
-        ) or f"{p.get('min', '')}..{p.get('max', '')}".strip(".")
+        span = ", ".join(str(c) for c in p.get("choices", [])) or _range_text(p.get("min"), p.get("max"))
         table.add_row(
             p["name"], p["type"], str(p.get("default", "(required)")), span or "-", p.get("description", "")
         )
