@@ -353,3 +353,35 @@ def test_a_grouping_key_longer_than_the_column_still_joins_its_incident(world: W
         session.commit()
     (incident,) = all_incidents(world)
     assert incident.fire_count == 2
+
+
+def test_each_notify_owner_action_says_its_own_message(world: World) -> None:
+    """A rule may notify twice (e.g. before and after an action): each notice is its own
+    action's message; the second said the first's again."""
+    from corral.db.models import JobEvent
+
+    apply(
+        world,
+        """\
+version: 1
+rules:
+  - name: warn-twice
+    match: {name: JobGpuIdle}
+    actions:
+      - {notify_owner: {message: "first: job {job_id} is idle"}}
+      - {notify_owner: {message: "second: it will be stopped"}}
+""",
+    )
+    job_id = running_job(world, "n1", 0)
+    with world.ctx.session_factory() as session:
+        remediation.on_signal(session, remediation.Signal("JobGpuIdle", {"job_id": str(job_id)}), time.time())
+        session.commit()
+        notices = session.scalars(
+            select(JobEvent.message)
+            .where(JobEvent.job_id == job_id, JobEvent.kind == "notice")
+            .order_by(JobEvent.id)
+        ).all()
+    assert notices == [
+        f"notice from the operators (warn-twice): first: job {job_id} is idle",
+        "notice from the operators (warn-twice): second: it will be stopped",
+    ]

@@ -76,6 +76,7 @@ class _Run:
     removed_nodes: int = 0
     removed_gpus: int = 0
     outcome: str = "ran"
+    message: str = ""  # the action being carried out's `message` (notify_owner)
 
 
 # -- the active rules ----------------------------------------------------------------------------
@@ -278,6 +279,7 @@ def _act(session: Session, ruleset: RuleSet, run: _Run, action: Action, now: flo
         run.results.append({"action": kind, "result": "held back by the blast-radius guard"})
         _page_a_human(session, run, f"blast-radius guard: {kind} {node} refused", now)
         return
+    run.message = action.message
     result = _ACTIONS[kind](session, run, node, gpu, job_id, now)
     run.results.append({"action": kind, "result": result})
 
@@ -461,8 +463,8 @@ def _notify_owner(session: Session, run: _Run, node: str, gpu: str, job_id: str,
         return f"no job {job_id}"
     if run.dry_run:
         return f"would notify the owner of job {job_id}"
-    template = next((a.message for a in run.rule.actions if a.kind == "notify_owner"), "")
-    message = render(template, run.signal) if template else run.signal.summary or run.signal.name
+    # this action's own message: a rule may notify twice (e.g. before and after a drain)
+    message = render(run.message, run.signal) if run.message else run.signal.summary or run.signal.name
     record_event(
         session, job.id, now, f"notice from the operators ({run.rule.name}): {message}", kind="notice"
     )
