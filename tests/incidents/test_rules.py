@@ -385,3 +385,19 @@ rules:
         f"notice from the operators (warn-twice): first: job {job_id} is idle",
         "notice from the operators (warn-twice): second: it will be stopped",
     ]
+
+
+def test_two_admins_applying_rules_at_once_the_second_is_told_not_a_500(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both read the same last version and write the next: the second one's insert hits the first
+    one's row. It is a 409 naming the version (it was written without seeing the other's)."""
+    assert apply(world, CORDON_ALL) == 1
+    monkeypatch.setattr(remediation, "active_version", lambda session: 0)  # read before the first's commit
+    with world.ctx.session_factory() as session:
+        with pytest.raises(Conflict, match="rules version 1 was applied by someone else"):
+            remediation.apply_rules(session, CORDON_ALL, "admin2", time.time())
+        session.commit()  # the session is still usable: nothing of the refused file is kept
+    monkeypatch.undo()
+    with world.ctx.session_factory() as session:
+        assert [v.author for v in remediation.history(session)] == ["admin"]

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from corral.db.diag_models import AttemptFault
@@ -32,7 +33,7 @@ from corral.db.models import Gpu as GpuRow
 from corral.services import audit
 from corral.services import incidents as inc
 from corral.services import nodes as node_svc
-from corral.services.errors import NotFound
+from corral.services.errors import Conflict, NotFound
 from corral.services.lifecycle import (
     AttemptState,
     GpuHealth,
@@ -108,8 +109,16 @@ def apply_rules(session: Session, text: str, author: str, now: float) -> int:
     """Store `text` as the next version (parse_rules raises first: a bad file changes nothing)."""
     parse_rules(text)
     version = active_version(session) + 1
-    session.add(RuleSetVersion(version=version, text=text, author=author, created_at=now))
-    session.flush()
+    try:
+        with session.begin_nested():
+            session.add(RuleSetVersion(version=version, text=text, author=author, created_at=now))
+    except IntegrityError as exc:
+        # another admin applied this version number at the same moment (both read the same last one):
+        # refuse rather than 500, since this file was written without seeing theirs
+        raise Conflict(
+            f"rules version {version} was applied by someone else at the same moment; "
+            "read it (corral rules show) and apply yours again"
+        ) from exc
     return version
 
 

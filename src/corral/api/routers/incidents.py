@@ -156,7 +156,9 @@ class RulesIn(BaseModel):
     text: str = Field(max_length=256 * 1024)
 
 
-@router.put("/remediation/rules", responses=REFUSED)
+@router.put(
+    "/remediation/rules", responses={**REFUSED, 409: {"description": "another version was applied meanwhile"}}
+)
 def put_rules(body: RulesIn, db: DB, admin: Admin) -> dict[str, Any]:
     """Apply a new rules file as the next version; a refused one leaves the active version."""
     parse_or_invalid(body.text)
