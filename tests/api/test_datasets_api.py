@@ -267,3 +267,20 @@ def test_upload_chunks_may_exceed_the_api_body_limit_up_to_the_chunk_size(world:
         f"{API}/datasets/uploads", content=b"x" * (2 * 1024 * 1024), headers=world.as_("alice")
     )
     assert r.status_code == 413 and "CORRAL_API_MAX_BODY_BYTES" in r.text
+
+
+def test_an_upload_does_not_add_a_version_to_a_dataset_someone_else_created_meanwhile(world: World) -> None:
+    # alice starts pushing a new name; carol (another user, another group) pushes the same name
+    # and finishes first. alice's upload must not become v2 of carol's dataset.
+    alice, carol = world.as_("alice"), world.as_("carol")
+    uid = protocol.start(world.client, alice, "race", V1).json()["id"]
+    assert protocol.register(world.client, alice, uid, V1).status_code == 200
+    for path, data in V1.items():
+        assert protocol.chunk(world.client, alice, uid, path, 0, data).status_code == 200
+    assert protocol.push(world.client, carol, "race", V2).status_code == 201
+    r = protocol.complete(world.client, alice, uid)
+    assert r.status_code == 409 and "created by someone else while this upload ran" in r.text, r.text
+    shown = world.client.get(f"{API}/datasets/race", headers=carol).json()
+    assert [v["created_by"] for v in shown["versions"]] == ["carol"]
+    usage = world.client.get(f"{API}/storage/usage", headers=world.as_("admin")).json()
+    assert {u["name"]: u["dataset_bytes"] for u in usage if u["scope"] == "user"}.get("alice", 0) == 0

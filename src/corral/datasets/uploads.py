@@ -354,6 +354,13 @@ def publish(
     before touching the disk), then the tree is renamed into place, then the commit; a failed
     commit moves the tree back to staging, so nothing half-done is ever visible."""
     ds = session.scalar(select(Dataset).where(Dataset.name == owner.name))
+    if ds is not None and (ds.owner_user_id, ds.owner_group_id) != (owner.user_id, owner.group_id):
+        # The owner (and the quota charged) was settled when the upload started, when no dataset
+        # had this name: one made meanwhile by someone else is not this upload's to add to.
+        raise Conflict(
+            f"dataset {owner.name!r} was created by someone else while this upload ran; "
+            "abandon the upload (DELETE /datasets/uploads/<id>) and push under another name"
+        )
     if ds is None:
         ds = Dataset(
             name=owner.name, owner_user_id=owner.user_id, owner_group_id=owner.group_id, public=False,
