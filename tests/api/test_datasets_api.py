@@ -284,3 +284,17 @@ def test_an_upload_does_not_add_a_version_to_a_dataset_someone_else_created_mean
     assert [v["created_by"] for v in shown["versions"]] == ["carol"]
     usage = world.client.get(f"{API}/storage/usage", headers=world.as_("admin")).json()
     assert {u["name"]: u["dataset_bytes"] for u in usage if u["scope"] == "user"}.get("alice", 0) == 0
+
+
+def test_a_push_resumes_only_an_upload_of_the_same_owner(world: World) -> None:
+    # docs/datasets.md: an open upload of the same name, owner and digest is resumed. alice's push
+    # for group vision, interrupted, must not be resumed by her push of the same files for herself.
+    alice = world.as_("alice")
+    for_group = protocol.start(world.client, alice, "owned", V1, group="vision").json()
+    again = protocol.start(world.client, alice, "owned", V1, group="vision").json()
+    assert again["resumed"] and again["id"] == for_group["id"]
+    for_herself = protocol.start(world.client, alice, "owned", V1).json()
+    assert not for_herself["resumed"] and for_herself["id"] != for_group["id"], for_herself
+    with world.session_factory() as db:
+        mine = db.get(DatasetUpload, for_herself["id"])
+        assert mine is not None and mine.owner_group_id is None and mine.owner_user_id is not None

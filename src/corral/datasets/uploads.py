@@ -103,6 +103,10 @@ def start(
             DatasetUpload.manifest_digest == digest,
             DatasetUpload.state == "open",
             DatasetUpload.created_by == principal.name,
+            # the same owner too (docs/datasets.md): a push for oneself must not resume one for a
+            # group, nor the reverse (`== None` is IS NULL in SQL)
+            DatasetUpload.owner_user_id == owner_user,
+            DatasetUpload.owner_group_id == owner_group,
         )
     )
     if resumed is not None:
