@@ -6,15 +6,22 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from threading import Event
+from typing import Any
 
 import pytest
+from sqlalchemy import select
 
-from corral.datasets import service, uploads
+from corral.datasets import quotas, service, uploads
 from corral.datasets.models import DatasetUpload, DatasetVersion
+from corral.datasets.names import manifest_digest
 from corral.datasets.store import Store
 from corral.db.models import Group, Job, User
+from corral.services.auth import Principal, load_principal
 from corral.spec import JobSpecV1
 from tests.api.conftest import World
 from tests.datasets import protocol
@@ -298,3 +305,81 @@ def test_a_push_resumes_only_an_upload_of_the_same_owner(world: World) -> None:
     with world.session_factory() as db:
         mine = db.get(DatasetUpload, for_herself["id"])
         assert mine is not None and mine.owner_group_id is None and mine.owner_user_id is not None
+
+
+def _race(first: Callable[[], Any], second: Callable[[], Any], pause: Callable[[Event], None]) -> list[Any]:
+    """Run `first` in a thread until it calls `pause` (a patched step), then `second` to its end in
+    another, then let `first` go on: without a lock, `second` commits between `first`'s read and
+    its write. With one, `second` waits for `first` (pause gives up after 2 s). Returns each one's
+    result or the exception it raised."""
+    results: list[Any] = [None, None]
+    paused, second_done = Event(), Event()
+
+    def run(i: int, fn: Callable[[], Any]) -> None:
+        try:
+            results[i] = fn()
+        except Exception as exc:  # the test looks at it
+            results[i] = exc
+        finally:
+            if i == 1:
+                second_done.set()
+
+    pause_first = [True]
+
+    def hook() -> None:
+        if pause_first[0] and threading.current_thread().name == "first":
+            pause_first[0] = False
+            paused.set()
+            second_done.wait(2)
+
+    pause(hook)  # type: ignore[arg-type]
+    t1 = threading.Thread(target=run, args=(0, first), name="first")
+    t1.start()
+    assert paused.wait(10)
+    t2 = threading.Thread(target=run, args=(1, second), name="second")
+    t2.start()
+    t1.join(30)
+    t2.join(30)
+    return results
+
+
+def _principal(world: World, name: str) -> Principal:
+    with world.session_factory() as db:
+        user = db.query(User).filter(User.name == name).one()
+        return load_principal(db, user, via="token")
+
+
+def test_two_uploads_started_at_once_each_under_the_quota_together_over_it(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = world.client.put(
+        f"{API}/storage/quota/group/vision", json={"max_bytes": 5000}, headers=world.as_("admin")
+    )
+    assert r.status_code == 200
+    alice, store = _principal(world, "alice"), store_of(world)
+    real_check = quotas.check_room
+
+    def pause(hook: Callable[[], None]) -> None:
+        def checked(*args: Any, **kwargs: Any) -> None:
+            real_check(*args, **kwargs)
+            hook()  # between the check and the insert of the upload
+
+        monkeypatch.setattr(uploads, "check_room", checked)
+
+    def start(name: str, fill: bytes) -> Callable[[], Any]:
+        def go() -> Any:
+            files = {"a.bin": fill * 3000}
+            with world.session_factory() as db:
+                upload, _ = uploads.start(
+                    db, store, alice, name=name, group="vision", total_bytes=3000, total_files=1,
+                    digest=manifest_digest(protocol.entries(files)), now=time.time(),
+                )  # fmt: skip
+                return upload.id
+
+        return go
+
+    results = _race(start("one", b"1"), start("two", b"2"), pause)
+    refused = [r for r in results if isinstance(r, quotas.QuotaExceeded)]
+    assert len(refused) == 1 and "+2.9 KiB in other uploads" in str(refused[0]), results
+    with world.session_factory() as db:
+        assert len(list(db.scalars(select(DatasetUpload)))) == 1

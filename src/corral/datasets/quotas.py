@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy import func, or_, select, update
+from sqlalchemy.orm import Session, object_session
 
 from corral.datasets.models import DatasetUpload, StorageAccount
 from corral.datasets.names import human_bytes
@@ -54,6 +54,23 @@ def owner_account(session: Session, owner_user_id: int | None, owner_group_id: i
     user = session.get(User, owner_user_id)
     assert user is not None
     return account(session, "user", user.name)
+
+
+def lock_account(row: StorageAccount) -> StorageAccount:
+    """`row`, locked until its transaction ends and re-read: what was committed by then. Without
+    it two requests for one owner both read the same usage and act on it (two uploads started at
+    once, each under the quota, together over it; two versions charged at once, one charge lost).
+    A no-op UPDATE takes PostgreSQL's row lock and SQLite's write lock alike. Take it before
+    touching other datasets' rows (one lock order: no deadlock)."""
+    session = object_session(row)
+    assert session is not None
+    session.execute(
+        update(StorageAccount)
+        .where(StorageAccount.scope == row.scope, StorageAccount.name == row.name)
+        .values(dataset_bytes=StorageAccount.dataset_bytes)
+    )
+    session.refresh(row)
+    return row
 
 
 def charge_dataset(row: StorageAccount, nbytes: int, nfiles: int) -> None:

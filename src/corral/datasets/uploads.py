@@ -32,7 +32,13 @@ from sqlalchemy.orm import Session
 
 from corral.datasets.models import Dataset, DatasetUpload, DatasetUploadFile, DatasetVersion
 from corral.datasets.names import BadName, check_name, check_path, check_plain, manifest_digest
-from corral.datasets.quotas import charge_dataset, check_room, owner_account, reserved_by_uploads
+from corral.datasets.quotas import (
+    charge_dataset,
+    check_room,
+    lock_account,
+    owner_account,
+    reserved_by_uploads,
+)
 from corral.datasets.service import can_push, versions_of
 from corral.datasets.store import Store, file_sha256, walk_files
 from corral.db.models import Group
@@ -113,7 +119,8 @@ def start(
         resumed.updated_at = now
         session.commit()
         return resumed, True
-    owner_row = owner_account(session, owner_user, owner_group)
+    # Locked: a concurrent start for the same owner waits, then counts this upload as reserved.
+    owner_row = lock_account(owner_account(session, owner_user, owner_group))
     check_room(owner_row, total_bytes, total_files, reserved_by_uploads(session, owner_user, owner_group, ""))
     upload = DatasetUpload(
         id=secrets.token_hex(16),
