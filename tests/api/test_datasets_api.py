@@ -383,3 +383,36 @@ def test_two_uploads_started_at_once_each_under_the_quota_together_over_it(
     assert len(refused) == 1 and "+2.9 KiB in other uploads" in str(refused[0]), results
     with world.session_factory() as db:
         assert len(list(db.scalars(select(DatasetUpload)))) == 1
+
+
+def test_two_versions_published_at_once_both_count_in_the_owners_usage(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alice, store = _principal(world, "alice"), store_of(world)
+    ids = {}
+    for name, files in (("left", V1), ("right", V2)):
+        uid = protocol.start(world.client, world.as_("alice"), name, files).json()["id"]
+        assert protocol.register(world.client, world.as_("alice"), uid, files).status_code == 200
+        for path, data in files.items():
+            assert protocol.chunk(world.client, world.as_("alice"), uid, path, 0, data).status_code == 200
+        ids[name] = uid
+    real_charge = quotas.charge_dataset
+
+    def pause(hook: Callable[[], None]) -> None:
+        def charged(*args: Any, **kwargs: Any) -> None:
+            hook()  # after this publish read the account, before it adds to it
+            real_charge(*args, **kwargs)
+
+        monkeypatch.setattr(uploads, "charge_dataset", charged)
+
+    def complete(uid: str) -> Callable[[], Any]:
+        def go() -> Any:
+            with world.session_factory() as db:
+                return uploads.complete(db, store, alice, uid, time.time()).version
+
+        return go
+
+    assert _race(complete(ids["left"]), complete(ids["right"]), pause) == [1, 1]
+    usage = world.client.get(f"{API}/storage/usage", headers=world.as_("alice")).json()
+    total = sum(len(b) for b in V1.values()) + sum(len(b) for b in V2.values())
+    assert [(u["dataset_bytes"]) for u in usage if u["scope"] == "user"] == [total]

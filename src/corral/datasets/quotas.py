@@ -74,6 +74,7 @@ def lock_account(row: StorageAccount) -> StorageAccount:
 
 
 def charge_dataset(row: StorageAccount, nbytes: int, nfiles: int) -> None:
+    lock_account(row)  # added to what is committed now, not to what this request read earlier
     row.dataset_bytes = max(0, row.dataset_bytes + nbytes)
     row.dataset_files = max(0, row.dataset_files + nfiles)
 

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from corral.datasets.models import Dataset, DatasetShare, DatasetVersion, JobDataset
 from corral.datasets.names import BadName, check_name, check_plain, parse_ref
-from corral.datasets.quotas import charge_dataset, owner_account
+from corral.datasets.quotas import charge_dataset, lock_account, owner_account
 from corral.datasets.store import Store
 from corral.db.models import Group, Job, Membership, User
 from corral.services.auth import Principal
@@ -244,8 +244,9 @@ def delete_version(session: Session, store: Store, ds: Dataset, version: int) ->
 
 def delete_dataset(session: Session, store: Store, ds: Dataset) -> None:
     _refuse_in_use(session, ds, None)
+    # The account locked before the versions are read: a version published meanwhile is in them.
+    account = lock_account(owner_account(session, ds.owner_user_id, ds.owner_group_id))
     rows = versions_of(session, ds.id)
-    account = owner_account(session, ds.owner_user_id, ds.owner_group_id)
     charge_dataset(account, -sum(r.bytes for r in rows), -sum(r.files for r in rows))
     session.delete(ds)
     session.commit()

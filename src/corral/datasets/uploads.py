@@ -372,6 +372,7 @@ def publish(
             f"dataset {owner.name!r} was created by someone else while this upload ran; "
             "abandon the upload (DELETE /datasets/uploads/<id>) and push under another name"
         )
+    account_row = lock_account(owner_account(session, owner.user_id, owner.group_id))  # first: lock order
     if ds is None:
         ds = Dataset(
             name=owner.name, owner_user_id=owner.user_id, owner_group_id=owner.group_id, public=False,
@@ -393,7 +394,7 @@ def publish(
     except IntegrityError:
         session.rollback()
         raise Conflict(f"dataset {owner.name!r} changed while this version was being added; try again")
-    charge_dataset(owner_account(session, ds.owner_user_id, ds.owner_group_id), row.bytes, row.files)
+    charge_dataset(account_row, row.bytes, row.files)
     if before_commit is not None:
         before_commit(version)
     target = store.publish(staged, ds.id, version, entries)
