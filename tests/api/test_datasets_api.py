@@ -416,3 +416,13 @@ def test_two_versions_published_at_once_both_count_in_the_owners_usage(
     usage = world.client.get(f"{API}/storage/usage", headers=world.as_("alice")).json()
     total = sum(len(b) for b in V1.values()) + sum(len(b) for b in V2.values())
     assert [(u["dataset_bytes"]) for u in usage if u["scope"] == "user"] == [total]
+
+
+def test_import_with_a_bad_group_name_is_refused_with_the_reason(world: World, tmp_path: Path) -> None:
+    root = tmp_path / "imports"
+    (root / "ds").mkdir(parents=True)
+    (root / "ds" / "f.txt").write_text("data")
+    world.client.app.state.settings.dataset_import_roots = str(root)  # type: ignore[attr-defined]
+    body = {"name": "imp", "path": str(root / "ds"), "group": "vis\x00ion"}
+    r = world.client.post(f"{API}/datasets/import", json=body, headers=world.as_("admin"))
+    assert r.status_code == 422 and "control character" in r.text, r.text

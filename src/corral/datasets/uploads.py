@@ -439,6 +439,10 @@ def import_path(
         check_name(name)
     except BadName as exc:
         raise Invalid(str(exc), ("body", "name"))
+    try:
+        check_plain(group or "", "group name")  # before any query: PostgreSQL refuses NUL
+    except BadName as exc:
+        raise Invalid(str(exc), ("body", "group"))
     if "\0" in path or not os.path.isabs(path):
         raise Invalid(f"import path {path!r} must be an absolute path", ("body", "path"))
     source = Path(path).resolve()
