@@ -426,3 +426,15 @@ def test_import_with_a_bad_group_name_is_refused_with_the_reason(world: World, t
     body = {"name": "imp", "path": str(root / "ds"), "group": "vis\x00ion"}
     r = world.client.post(f"{API}/datasets/import", json=body, headers=world.as_("admin"))
     assert r.status_code == 422 and "control character" in r.text, r.text
+
+
+def test_pending_with_a_bad_after_is_refused_with_the_reason(world: World) -> None:
+    alice = world.as_("alice")
+    uid = protocol.start(world.client, alice, "pend", V1).json()["id"]
+    assert protocol.register(world.client, alice, uid, V1).status_code == 200
+    r = world.client.get(f"{API}/datasets/uploads/{uid}/pending", params={"after": "a\x00b"}, headers=alice)
+    assert r.status_code == 422 and "holds a control character" in r.text, r.text
+    r = world.client.get(
+        f"{API}/datasets/uploads/{uid}/pending", params={"after": "labels.txt"}, headers=alice
+    )
+    assert [p["path"] for p in r.json()] == ["train/x.bin"]

@@ -236,6 +236,10 @@ def pending(
 ) -> list[dict[str, Any]]:
     """Registered files not yet complete, by path after `after`: where a resumed client goes on."""
     upload = get(session, principal, upload_id)
+    try:
+        check_plain(after, "'after' path")  # before the query: PostgreSQL refuses NUL
+    except BadName as exc:
+        raise Invalid(str(exc), ("query", "after"))
     rows = session.scalars(
         select(DatasetUploadFile)
         .where(
