@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
@@ -107,12 +108,19 @@ def job_output_file(
     job = jobs_svc.get_job(db, principal, job_id)
     fd = svc.open_output(request.app.state.settings, job, path)
     size = os.fstat(fd).st_size
-    name = path.rsplit("/", 1)[-1].replace('"', "")
     return StreamingResponse(
         _stream(fd),
         media_type="application/octet-stream",
-        headers={"Content-Length": str(size), "Content-Disposition": f'attachment; filename="{name}"'},
+        headers={"Content-Length": str(size), "Content-Disposition": attachment(path.rsplit("/", 1)[-1])},
     )
+
+
+def attachment(name: str) -> str:
+    """A Content-Disposition for a file of any name. Header values are latin-1 bytes on the wire
+    (a CJK name failed with UnicodeEncodeError, a latin-1 one reached clients undecodable), so the
+    name goes as RFC 6266's `filename*` (UTF-8, percent-encoded) after an ASCII fallback."""
+    fallback = "".join(c if " " <= c < "\x7f" and c not in '"\\' else "_" for c in name)
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(name, safe='')}"
 
 
 def _stream(fd: int) -> Iterator[bytes]:
