@@ -46,3 +46,13 @@ def test_an_output_file_with_any_name_downloads(world: World, name: str) -> None
     disposition = r.headers.get_list("content-disposition")[0]
     assert disposition.startswith('attachment; filename="') and disposition.isascii(), disposition
     assert disposition.endswith(f"filename*=UTF-8''{quote(name.rsplit('/', 1)[-1], safe='')}"), disposition
+
+
+def test_an_output_whose_name_is_not_utf8_does_not_break_the_listing(world: World) -> None:
+    job_id = _job_with_outputs(world, {"ok.bin": b"1"})
+    top = outputs_dir(cast(Any, world.client.app).state.settings.storage_path, job_id)
+    with open(bytes(top) + b"/bad-\xff.bin", "wb") as f:  # a job may name its files anything
+        f.write(b"2")
+    r = world.client.get(f"{API}/jobs/{job_id}/outputs", headers=world.as_("alice"))
+    assert r.status_code == 200, r.text
+    assert [item["path"] for item in r.json()["items"]] == ["ok.bin"]

@@ -175,6 +175,8 @@ def list_outputs(settings: Settings, job: Job) -> list[OutputFile]:
         except (FileNotFoundError, NotADirectoryError):
             continue
         for entry in entries:
+            if not _utf8(entry.name):  # no URL or JSON names it (it broke the whole listing: 500)
+                continue
             path = f"{rel}/{entry.name}" if rel else entry.name
             st = entry.stat(follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):
@@ -182,6 +184,15 @@ def list_outputs(settings: Settings, job: Job) -> list[OutputFile]:
             elif stat.S_ISREG(st.st_mode):
                 found.append(OutputFile(path, st.st_size, st.st_mtime))
     return sorted(found, key=lambda f: f.path)
+
+
+def _utf8(name: str) -> bool:
+    """Whether a name read from disk is UTF-8 (else Python holds its bytes as lone surrogates)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def open_output(settings: Settings, job: Job, path: str) -> int:
