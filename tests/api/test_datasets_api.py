@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from corral.datasets import quotas, service, uploads
+from corral.datasets import quotas, service, transfer, uploads
 from corral.datasets.models import DatasetUpload, DatasetVersion
 from corral.datasets.names import manifest_digest
 from corral.datasets.store import Store
 from corral.db.models import Group, Job, User
+from corral.sdk.errors import CorralError
 from corral.services.auth import Principal, load_principal
 from corral.spec import JobSpecV1
 from tests.api.conftest import World
@@ -438,3 +439,13 @@ def test_pending_with_a_bad_after_is_refused_with_the_reason(world: World) -> No
         f"{API}/datasets/uploads/{uid}/pending", params={"after": "labels.txt"}, headers=alice
     )
     assert [p["path"] for p in r.json()] == ["train/x.bin"]
+
+
+def test_a_file_name_that_is_not_utf8_is_refused_by_the_push_naming_it(tmp_path: Path) -> None:
+    # Python holds a non-UTF-8 file name as lone surrogates: the push's scan died on it with a
+    # bare UnicodeEncodeError (in check_path's length check) that named no file.
+    (tmp_path / "d").mkdir()
+    with open(bytes(tmp_path / "d") + b"/bad-\xff.bin", "wb") as f:
+        f.write(b"1")
+    with pytest.raises(CorralError, match=r"udcff\.bin' is not UTF-8; rename the file"):
+        transfer.scan(tmp_path / "d")

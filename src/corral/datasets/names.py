@@ -65,6 +65,8 @@ def check_path(path: str) -> str:
     shown = path.encode("unicode_escape").decode()[:200]
     if not path:
         raise BadName("empty file path")
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in path):  # how Python holds a name's non-UTF-8 bytes
+        raise BadName(f"file path {shown!r} is not UTF-8; rename the file")
     if len(path.encode()) > MAX_PATH:
         raise BadName(f"file path {shown!r} is longer than {MAX_PATH} bytes")
     if any(ord(c) < 32 or ord(c) == 127 for c in path):
