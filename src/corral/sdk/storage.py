@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from corral.datasets.names import BadName, check_name
 from corral.sdk.base import KEEP, BaseClient, Keep
 from corral.sdk.errors import ApiError, CorralError
 from corral.storage.code import CHUNK_MAX as CODE_CHUNK
@@ -121,7 +122,7 @@ class StorageApi(BaseClient):
 
     def dataset(self, name: str) -> dict[str, Any]:
         """A dataset with its versions (sizes, files, digests)."""
-        return self.request("GET", f"/datasets/{name}")
+        return self.request("GET", f"/datasets/{dataset_name(name)}")
 
     def push_dataset(
         self,
@@ -150,11 +151,11 @@ class StorageApi(BaseClient):
         sha256; files already there and identical are kept. Returns {version, files, bytes}."""
         from corral.datasets.transfer import pull
 
-        return pull(self, name, Path(directory), version=version, progress=progress)
+        return pull(self, dataset_name(name), Path(directory), version=version, progress=progress)
 
     def delete_dataset(self, name: str, version: int | None = None) -> None:
         """Delete one version, or the dataset (refused while a job that has not ended uses it)."""
-        path = f"/datasets/{name}" + (f"/versions/{version}" if version is not None else "")
+        path = f"/datasets/{dataset_name(name)}" + (f"/versions/{version}" if version is not None else "")
         self.request("DELETE", path)
 
     def share_dataset(
@@ -166,7 +167,7 @@ class StorageApi(BaseClient):
         public: bool | None = None,
     ) -> dict[str, Any]:
         body = {"add_groups": add_groups or [], "remove_groups": remove_groups or [], "public": public}
-        return self.request("PUT", f"/datasets/{name}/share", json=body)
+        return self.request("PUT", f"/datasets/{dataset_name(name)}/share", json=body)
 
     def import_dataset(self, name: str, path: str, *, group: str | None = None) -> dict[str, Any]:
         """Admins: a new version copied from a server directory under CORRAL_DATASET_IMPORT_ROOTS."""
@@ -194,3 +195,13 @@ class StorageApi(BaseClient):
             if not isinstance(v, Keep)
         }
         return self.request("PUT", f"/storage/quota/{scope}/{name}", json=body)
+
+
+def dataset_name(name: str) -> str:
+    """`name` checked before it goes into a URL path: the HTTP client resolves '..' there, so
+    delete_dataset("../users/bob") sent DELETE /users/bob, and `corral data show ../users/bob`
+    printed a traceback from another route's answer."""
+    try:
+        return check_name(name)
+    except BadName as exc:
+        raise CorralError(str(exc)) from None
