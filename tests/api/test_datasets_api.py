@@ -449,3 +449,33 @@ def test_a_file_name_that_is_not_utf8_is_refused_by_the_push_naming_it(tmp_path:
         f.write(b"1")
     with pytest.raises(CorralError, match=r"udcff\.bin' is not UTF-8; rename the file"):
         transfer.scan(tmp_path / "d")
+
+
+def test_a_complete_repeated_while_the_first_runs_answers_the_same_version(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A client whose `complete` timed out sends it again while the first still runs: the second
+    # must answer the version the first published (docs: "Repeating it ... returns the same version").
+    alice, store = _principal(world, "alice"), store_of(world)
+    uid = protocol.start(world.client, world.as_("alice"), "twice", V1).json()["id"]
+    assert protocol.register(world.client, world.as_("alice"), uid, V1).status_code == 200
+    for path, data in V1.items():
+        assert protocol.chunk(world.client, world.as_("alice"), uid, path, 0, data).status_code == 200
+    real_get = uploads.get
+
+    def pause(hook: Callable[[], None]) -> None:
+        def got(*args: Any, **kwargs: Any) -> Any:
+            found = real_get(*args, **kwargs)
+            hook()  # this complete has read the upload; the other one runs to its end now
+            return found
+
+        monkeypatch.setattr(uploads, "get", got)
+
+    def complete() -> Any:
+        with world.session_factory() as db:
+            return uploads.complete(db, store, alice, uid, time.time()).version
+
+    assert _race(complete, complete, pause) == [1, 1]
+    with world.session_factory() as db:
+        assert [v.version for v in db.scalars(select(DatasetVersion))] == [1]
+    assert not store.manifest_file(1, 2).exists() and not any(store.data.glob("*/v2.manifest"))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -307,6 +307,16 @@ def complete(
     session: Session, store: Store, principal: Principal, upload_id: str, now: float
 ) -> DatasetVersion:
     upload = get(session, principal, upload_id)
+    # Locked and re-read first: a complete sent again while this one runs (a client retrying
+    # after a timeout) waits for it, then answers its version; unlocked, it read the rows the first
+    # was deleting and answered 409 "not complete: 0/N files registered", or 500 publishing a
+    # staging directory already gone.
+    locked = session.execute(
+        update(DatasetUpload).where(DatasetUpload.id == upload.id).values(updated_at=DatasetUpload.updated_at)
+    )
+    if locked.rowcount != 1:  # type: ignore[attr-defined]
+        raise NotFound(f"no upload {upload_id!r} (abandoned meanwhile)")
+    session.refresh(upload)
     if upload.state == "done":  # a client retrying after a lost answer
         ds = session.scalar(select(Dataset).where(Dataset.name == upload.dataset_name))
         found = ds and session.scalar(
