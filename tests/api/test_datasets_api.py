@@ -20,9 +20,10 @@ from corral.datasets import quotas, service, transfer, uploads
 from corral.datasets.models import DatasetUpload, DatasetVersion
 from corral.datasets.names import manifest_digest
 from corral.datasets.store import Store
-from corral.db.models import Group, Job, User
+from corral.db.models import Group, Job, Membership, User
 from corral.sdk.errors import CorralError
 from corral.services.auth import Principal, load_principal
+from corral.services.errors import Forbidden
 from corral.spec import JobSpecV1
 from tests.api.conftest import World
 from tests.datasets import protocol
@@ -479,3 +480,21 @@ def test_a_complete_repeated_while_the_first_runs_answers_the_same_version(
     with world.session_factory() as db:
         assert [v.version for v in db.scalars(select(DatasetVersion))] == [1]
     assert not store.manifest_file(1, 2).exists() and not any(store.data.glob("*/v2.manifest"))
+
+
+def test_a_member_removed_from_the_group_cannot_complete_its_upload(world: World) -> None:
+    # docs/datasets.md: members of the owning group push. alice starts a push for vision, is
+    # removed from vision, then completes: no version of vision's dataset may come of it.
+    uid = protocol.start(world.client, world.as_("alice"), "left", V1, group="vision").json()["id"]
+    assert protocol.register(world.client, world.as_("alice"), uid, V1).status_code == 200
+    for path, data in V1.items():
+        assert protocol.chunk(world.client, world.as_("alice"), uid, path, 0, data).status_code == 200
+    with world.session_factory() as db:
+        alice_id = db.query(User.id).filter(User.name == "alice").scalar()
+        vision = db.query(Group.id).filter(Group.name == "vision").scalar()
+        db.query(Membership).filter(Membership.user_id == alice_id, Membership.group_id == vision).delete()
+        db.commit()
+    with world.session_factory() as db, pytest.raises(Forbidden, match="no longer a member of the group"):
+        uploads.complete(db, store_of(world), _principal(world, "alice"), uid, time.time())
+    with world.session_factory() as db:
+        assert list(db.scalars(select(DatasetVersion))) == []

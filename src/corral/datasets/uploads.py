@@ -327,6 +327,10 @@ def complete(
         if found:
             return found
         raise Conflict(f"upload {upload_id} finished, but its version is gone (deleted)")
+    group = upload.owner_group_id
+    if group is not None and not (principal.is_admin or principal.is_member(group)):
+        # Checked at start only, a member removed from the group meanwhile still added its version.
+        raise Forbidden(f"you are no longer a member of the group that owns dataset {upload.dataset_name!r}")
     files = list(session.scalars(select(DatasetUploadFile).where(DatasetUploadFile.upload_id == upload.id)))
     missing = [f.path for f in files if f.received < f.size]
     if len(files) != upload.declared_files or missing:
