@@ -239,3 +239,14 @@ def test_doctor_checks_the_storage_root_and_id_ranges(tmp_path: Path) -> None:
     assert bad.status == "fail" and "outputs has mode 755, expected 711" in bad.detail
     overlap = Settings(home=tmp_path, storage_root=tmp_path / "st", uid_range="300000-400000")
     assert check_storage(overlap).status == "fail" and "overlap" in check_storage(overlap).detail
+
+
+def test_code_with_a_file_name_that_is_not_utf8_is_refused_naming_it(tmp_path: Path) -> None:
+    # Python holds such a name as lone surrogates: the scan took it, and `upload_code` then died
+    # with a bare UnicodeEncodeError encoding the manifest, naming no file.
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "ok.py").write_text("print(1)")
+    with open(bytes(tmp_path / "proj") + b"/bad-\xff.py", "wb") as f:
+        f.write(b"x")
+    with pytest.raises(CodeDirError, match=r"bad-\\udcff\.py.*not UTF-8"):
+        scan(tmp_path / "proj")

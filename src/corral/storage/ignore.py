@@ -126,6 +126,10 @@ def scan(top: Path) -> list[CodeFile]:
                     continue
                 if stat.S_ISLNK(st.st_mode):
                     raise CodeDirError(f"--code: {rel} is a symlink; snapshots hold plain files only")
+                # Python holds a name's non-UTF-8 bytes as lone surrogates: no manifest carries them.
+                if any(0xD800 <= ord(c) <= 0xDFFF for c in entry.name):
+                    shown = rel.encode("utf-8", "backslashreplace").decode()
+                    raise CodeDirError(f"--code: {shown} has a name that is not UTF-8; rename it")
                 if is_dir:
                     walk(rel)
                 elif stat.S_ISREG(st.st_mode):
