@@ -234,7 +234,8 @@ def _charge_owner(session: Session, model: RegisteredModel, nbytes: int, nfiles:
     owner = session.get(User, model.owner_user_id)
     if owner is None:  # the owner is gone (their models go with them): nothing to account
         return
-    row = quotas.account(session, "user", owner.name)
+    # locked and re-read before the check: two registrations at once must not both fit the room
+    row = quotas.lock_account(quotas.account(session, "user", owner.name))
     if check:
         quotas.check_room(row, nbytes, nfiles, what=f"model {model.name!r}'s new version")
     quotas.charge_dataset(row, nbytes, nfiles)
