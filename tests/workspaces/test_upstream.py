@@ -111,3 +111,42 @@ def test_upstream_client_against_tornado(tmp_path: Path) -> None:
             await pool.request("GET", "/small", host)
 
     asyncio.run(scenario())
+
+
+class Disconnected(Exception):
+    """What the body stream raises when the browser goes away mid-upload (starlette's
+    ClientDisconnect is a plain Exception, not an OSError)."""
+
+
+def test_an_upload_the_client_breaks_off_closes_its_upstream_connection(tmp_path: Path) -> None:
+    """A request body that fails half-way (the client left) must not leave the connection to
+    JupyterLab open: JupyterLab would wait for the rest of the body, and the server's socket
+    stayed open until the garbage collector found it, one per broken-off upload."""
+    sock = tmp_path / "jupyter.sock"
+
+    async def scenario() -> None:
+        ended = asyncio.Event()
+
+        async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while await reader.read(65536):  # reads the head and what comes of the body
+                pass
+            ended.set()  # the proxy closed its side
+            writer.close()
+
+        server = await asyncio.start_unix_server(upstream, str(sock))
+
+        async def broken_body() -> AsyncIterator[bytes]:
+            yield b"x" * 1000
+            raise Disconnected
+
+        pool = HttpPool(str(sock))
+        # The error is kept, as the server's error handling and log do for a while: what closes
+        # the connection must be the client itself, not the garbage collector.
+        with pytest.raises(Disconnected) as caught:
+            await pool.request("POST", "/upload", [("host", "localhost")], broken_body(), 1_000_000)
+        await asyncio.wait_for(ended.wait(), 2)
+        assert caught.value is not None
+        assert pool._idle == []
+        server.close()
+
+    asyncio.run(scenario())

@@ -210,6 +210,12 @@ class HttpPool:
         except OSError as exc:
             writer.close()
             raise UpstreamError(str(exc)) from exc
+        except BaseException:
+            # The request body broke off (the client left mid-upload: starlette's ClientDisconnect)
+            # or the request was cancelled: the connection is half-used, JupyterLab waits for the
+            # rest of the body; close it here, not whenever the garbage collector finds it.
+            writer.close()
+            raise
         state.status = parser.get_status_code()
         no_body = method == "HEAD" or state.status in NO_BODY_STATUS or state.status < 200
         return UpstreamResponse(self, reader, writer, parser, state, no_body)
