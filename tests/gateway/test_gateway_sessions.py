@@ -119,3 +119,26 @@ def test_a_short_command_leaves_its_close_time_as_the_jobs_last_use(
     assert gw.use.open_counts() == {}
     (job_id, used_at), *more = gw.use.last_use(now=time.time() + 3600).items()
     assert more == [] and job_id == JOB_ID and before <= used_at <= time.time()
+
+
+def test_a_failure_while_entering_ends_the_channel_with_a_message(
+    gateway: tuple[Gateway, asyncssh.SSHKey],
+) -> None:
+    """Entering fails with something other than a refusal (the database is down, PostgreSQL
+    refuses `alice+job-9999999999` as out of its integer range): the client is told and the
+    channel ends with status 1, instead of waiting forever for a process that never starts."""
+    gw, key = gateway
+
+    def enter(username: str, source: str, argv: Sequence[str], how: str) -> tuple[ExecCommand, int]:
+        raise RuntimeError("could not connect to the database")
+
+    gw.enter = enter  # type: ignore[method-assign]
+
+    async def client() -> tuple[int, str]:
+        async with connect(gw, key) as conn:
+            result = await asyncio.wait_for(conn.run("true"), 10)
+            return int(result.exit_status or 0), str(result.stderr)
+
+    code, stderr = asyncio.run(client())
+    assert code == 1 and "corral: " in stderr and "could not enter" in stderr
+    assert gw.use.open_counts() == {}

@@ -343,6 +343,12 @@ class SandboxSession(_Channel, asyncssh.SSHServerSession[bytes]):
             self.chan.write_stderr(f"corral: {exc}\r\n".encode())
             self.chan.exit(1)
             return
+        except Exception:  # not a refusal (the database is down, say): tell the client and end
+            # the channel, or it would wait forever for a process that never starts
+            log.exception("SSH gateway: %s could not enter its job", self.server.username)
+            self.chan.write_stderr(b"corral: could not enter the job (a server error, in its log)\r\n")
+            self.chan.exit(1)
+            return
         try:
             code = await self._pump_output(proc)
         finally:  # uncounted however the pump ends (an error, a cancel), not only at its exit
@@ -371,6 +377,10 @@ class RelaySession(_Channel, asyncssh.SSHTCPSession[bytes]):
             return
         except (EntryRefused, ServiceError, OSError) as exc:
             log.info("ssh -L to port %d refused: %s", self.port, exc)
+            self.chan.close()
+            return
+        except Exception:  # as for a session: the forward's channel must end, not hang
+            log.exception("SSH gateway: %s could not forward to port %d", self.server.username, self.port)
             self.chan.close()
             return
         try:
