@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from corral.db.models import SshKey, User
 from corral.services import workspaces
 from corral.services.auth import Principal, load_principal
-from corral.services.errors import Forbidden, Invalid, NotFound
+from corral.services.errors import Forbidden, Invalid, NotFound, Unauthenticated
 from corral.services.jobs import get_job
 from corral.services.sandbox_exec import ExecTarget, running_target
 
@@ -49,7 +49,9 @@ def parse_login(username: str) -> Login:
 def authorized_keys(session: Session, user_name: str) -> list[str]:
     """The public keys `user_name` registered (none for an unknown or disabled user)."""
     rows = session.scalars(
-        select(SshKey.public_key).join(User, User.id == SshKey.user_id).where(User.name == user_name)
+        select(SshKey.public_key)
+        .join(User, User.id == SshKey.user_id)
+        .where(User.name == user_name, User.active.is_(True))
     )
     return list(rows)
 
@@ -58,6 +60,8 @@ def principal_for(session: Session, user_name: str, source: str) -> Principal:
     user = session.scalar(select(User).where(User.name == user_name))
     if user is None:
         raise NotFound(f"no user {user_name!r}")
+    if not user.active:  # deactivated after this connection logged in: no more channels
+        raise Unauthenticated(f"user {user_name!r} is deactivated")
     return replace(load_principal(session, user, via="ssh", credential="ssh-key"), source=source)
 
 
