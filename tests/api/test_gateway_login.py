@@ -10,8 +10,9 @@ import sqlalchemy as sa
 
 from corral.db.models import User
 from corral.gateway import resolver
-from corral.services.errors import ServiceError
+from corral.services.errors import NotFound, ServiceError
 from tests.api.conftest import World
+from tests.server.fakes import FakeEngine
 
 
 def test_a_deactivated_users_keys_open_nothing(world: World) -> None:
@@ -30,3 +31,21 @@ def test_a_deactivated_users_keys_open_nothing(world: World) -> None:
         assert resolver.authorized_keys(db, "alice") == []
         with pytest.raises(ServiceError, match="deactivated"):
             resolver.principal_for(db, "alice", "127.0.0.1")
+
+
+def test_ids_beyond_the_databases_range_are_not_found(world: World) -> None:
+    """A workspace or job id no row can have (ids are 32-bit in PostgreSQL; SQLite takes 64
+    bits) answers 404 naming it, through the proxy, the exec WebSocket and the gateway, instead
+    of a database error (a 500, a WebSocket closed without a word, an SSH channel that hangs)."""
+    huge = 99_999_999_999_999_999_999
+    r = world.client.get(f"/ws/{huge}/lab", headers=world.as_("alice"))
+    assert r.status_code == 404 and f"no workspace {huge}" in r.json()["detail"]
+    world.client.app.state.engine = FakeEngine()  # type: ignore[attr-defined]  # exec needs one
+    with world.client.websocket_connect(f"/api/v1/jobs/{huge}/exec", headers=world.as_("alice")) as ws:
+        ws.send_json({"argv": ["true"]})
+        answer = ws.receive_json()
+    assert answer["status"] == 404 and str(huge) in answer["error"]
+    with world.session_factory() as db:
+        alice = resolver.principal_for(db, "alice", "127.0.0.1")
+        with pytest.raises(NotFound, match="9999999999"):
+            resolver.resolve(db, alice, resolver.parse_login("alice+job-9999999999"))

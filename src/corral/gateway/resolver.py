@@ -18,8 +18,7 @@ from corral.db.models import SshKey, User
 from corral.services import workspaces
 from corral.services.auth import Principal, load_principal
 from corral.services.errors import Forbidden, Invalid, NotFound, Unauthenticated
-from corral.services.jobs import get_job
-from corral.services.sandbox_exec import ExecTarget, running_target
+from corral.services.sandbox_exec import ExecTarget, find_job, running_target
 
 _LOGIN = re.compile(r"^(?P<user>[^+\s]{1,64})\+(?P<target>[A-Za-z0-9][A-Za-z0-9_.-]{0,63})$")
 _JOB = re.compile(r"^job-(?P<id>[0-9]{1,10})$")
@@ -72,7 +71,7 @@ def resolve(session: Session, principal: Principal, login: Login, rank: int = 0)
         job_id = _workspace_job(session, principal.name, login.target)
         if job_id is None:
             raise NotFound(f"workspace {login.target!r} is stopped: start it with `corral ws start`")
-    job = get_job(session, principal, job_id)
+    job = find_job(session, principal, job_id)
     if job.user_id != principal.user_id:
         raise Forbidden(f"job {job_id} is not {principal.name}'s: the gateway opens only your own jobs")
     return running_target(job, rank)

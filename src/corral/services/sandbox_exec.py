@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from corral.db.models import Job
 from corral.services import audit
 from corral.services.auth import Principal
-from corral.services.errors import Conflict, Forbidden, Invalid
+from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
 from corral.services.jobs import get_job
 from corral.services.lifecycle import JobState
 
@@ -44,6 +44,9 @@ while True:
 """
 
 
+MAX_JOB_ID = 2**31 - 1  # as corral.api.deps.MAX_ROW_ID: job ids are 32-bit in PostgreSQL
+
+
 @dataclass(frozen=True, slots=True)
 class ExecTarget:
     """A running job's instance to enter: the engine's attempt id and the rank."""
@@ -64,10 +67,18 @@ def relay_argv(port: int) -> list[str]:
 def exec_target(session: Session, principal: Principal, job_id: int, rank: int = 0) -> ExecTarget:
     """The running job `job_id` at `rank`, if `principal` may enter it: 404 unknown, 403 not the
     owner (nor an admin), 409 not running, 422 no such rank."""
-    job = get_job(session, principal, job_id)
+    job = find_job(session, principal, job_id)
     if job.user_id != principal.user_id and not principal.is_admin:
         raise Forbidden(f"job {job_id} belongs to {job.user.name}: only its owner (or an admin) may enter it")
     return running_target(job, rank)
+
+
+def find_job(session: Session, principal: Principal, job_id: int) -> Job:
+    """get_job, with an id no row can have refused as unknown (a WebSocket's path and an SSH
+    login are not bounded like the API's ids: PostgreSQL would fail the query, a server error)."""
+    if not 1 <= job_id <= MAX_JOB_ID:
+        raise NotFound(f"no job with id {job_id}")
+    return get_job(session, principal, job_id)
 
 
 def running_target(job: Job, rank: int) -> ExecTarget:

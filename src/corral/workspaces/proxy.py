@@ -36,7 +36,7 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocketDisconnect
 
-from corral.api.deps import SESSION_COOKIE
+from corral.api.deps import MAX_ROW_ID, SESSION_COOKIE
 from corral.services.auth import Principal, authenticate_session, authenticate_token, sha256_hex
 from corral.services.errors import ServiceError
 from corral.services.workspaces import ProxyTarget, proxy_target
@@ -94,7 +94,8 @@ def _decide(
             )
         except ServiceError:
             return Decision(302)
-        target: ProxyTarget | None = proxy_target(session, ws_id)
+        # An id no row can have is no workspace (PostgreSQL would fail the query: a 500).
+        target: ProxyTarget | None = proxy_target(session, ws_id) if ws_id <= MAX_ROW_ID else None
     if target is None:
         return Decision(404, f"there is no workspace {ws_id}")
     if target.owner_user_id != principal.user_id:
