@@ -31,6 +31,7 @@ class SandboxProcess:
         self.master = master  # the PTY's master side; None with pipes
         self._out: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue(maxsize=16)
         self._open_streams = 1 if master is not None else 2
+        self._killed = False
         self._tasks = self._readers()
 
     @classmethod
@@ -77,7 +78,7 @@ class SandboxProcess:
             while data := await stream.read(READ_CHUNK):
                 await self._out.put((channel, data))
         finally:
-            await self._out.put((channel, b""))
+            await self._mark_end(channel)
 
     async def _pump_pty(self, master: int) -> None:
         loop = asyncio.get_running_loop()
@@ -98,7 +99,22 @@ class SandboxProcess:
                 await self._out.put((STDOUT, data))
         finally:
             loop.remove_reader(master)
-            await self._out.put((STDOUT, b""))
+            await self._mark_end(STDOUT)
+
+    async def _mark_end(self, channel: int) -> None:
+        """The stream's end, which read() counts. After kill() nobody may read any more (the
+        client left): unread output is dropped to make room, where waiting for room in a full
+        queue left this reader pending for ever, holding the output."""
+        if not self._killed:
+            await self._out.put((channel, b""))
+            return
+        ends = []
+        while not self._out.empty():
+            item = self._out.get_nowait()
+            if not item[1]:
+                ends.append(item)  # the other stream's end: read() must still count it
+        for item in (*ends, (channel, b"")):
+            self._out.put_nowait(item)
 
     async def read(self) -> tuple[int, bytes] | None:
         """The next (channel, data) of output; None once all output has ended."""
@@ -145,6 +161,7 @@ class SandboxProcess:
 
     def kill(self) -> None:
         """Ends the process (the client went away): its whole host-side session, then the pty."""
+        self._killed = True
         if self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)

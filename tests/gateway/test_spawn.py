@@ -1,0 +1,33 @@
+"""corral.gateway.spawn.SandboxProcess on its own (a plain host process stands in for the
+engine's command into a sandbox)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from corral.engine.base import ExecCommand
+from corral.gateway.spawn import SandboxProcess
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_a_kill_while_output_waits_unread_ends_the_readers(tty: bool) -> None:
+    """The client went away while the process wrote faster than it was read (`corral exec`
+    of a `cat` of a big file, then Ctrl-C): kill() must end the reader tasks. Their end-of-stream
+    marker used to wait for room in the full output queue that nobody reads any more, so each
+    such session left its readers pending for ever, holding up to a megabyte of output."""
+
+    async def scenario() -> list[bool]:
+        proc = await SandboxProcess.start(ExecCommand(argv=("yes",), env={"PATH": "/usr/bin:/bin"}), tty=tty)
+        for _ in range(200):  # until the output queue is full: the readers wait on it
+            if proc._out.full():
+                break
+            await asyncio.sleep(0.01)
+        assert proc._out.full()
+        proc.kill()
+        await asyncio.wait(proc._tasks, timeout=2)
+        return [task.done() for task in proc._tasks]
+
+    done = asyncio.run(scenario())
+    assert all(done), done
