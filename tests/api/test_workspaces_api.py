@@ -82,3 +82,17 @@ def test_workspace_lifecycle_and_bad_input(world: World) -> None:
     assert c.get(f"{API}/nb", headers=alice).status_code == 404
     with world.session_factory() as db:
         assert db.get(Job, again["job_id"]).state == "cancelled"  # type: ignore[union-attr]
+
+
+def test_a_workspace_name_that_reads_as_a_job_login_is_refused(world: World) -> None:
+    """The SSH gateway reads `alice+job-5` as alice's job 5: a workspace named `job-5` (its
+    ssh_user `alice+job-5`) could never be reached by its name, and its SSH command, in the
+    portal and `corral ws show`, would enter another job of alice's."""
+    before = counts(world)
+    r = world.client.post(API, json={"name": "job-5", "start": False}, headers=world.as_("alice"))
+    assert r.status_code == 422 and "alice+job-5" in str(r.json()["detail"])
+    assert counts(world) == before
+    for fine in ("job-x", "job-5b", "myjob-5"):  # not a job login: a workspace like any other
+        made = world.client.post(API, json={"name": fine, "start": False}, headers=world.as_("alice"))
+        assert made.status_code == 201, made.text
+        assert made.json()["ssh_user"] == f"alice+{fine}"

@@ -21,7 +21,7 @@ from corral.services.errors import Forbidden, Invalid, NotFound, Unauthenticated
 from corral.services.sandbox_exec import ExecTarget, find_job, running_target
 
 _LOGIN = re.compile(r"^(?P<user>[^+\s]{1,64})\+(?P<target>[A-Za-z0-9][A-Za-z0-9_.-]{0,63})$")
-_JOB = re.compile(r"^job-(?P<id>[0-9]{1,10})$")
+_JOB = workspaces.JOB_LOGIN_RE  # which no workspace may be named
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,9 @@ from corral.spec import (
 )
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+# `<user>+job-<id>` is the SSH gateway's login for a job (corral.gateway.resolver), so a workspace
+# may not be named so: `<user>+<its name>` would enter that job instead.
+JOB_LOGIN_RE = re.compile(r"^job-(?P<id>[0-9]{1,10})$")
 LAUNCH_COMMAND = "exec python -m corral.workspaces.launch"
 TOKEN_ENV = "CORRAL_WORKSPACE_TOKEN"  # corral.workspaces.launch reads and removes it
 ACTIVE = frozenset(s.value for s in JobState if not s.terminal)
@@ -299,6 +302,12 @@ def create_workspace(
         raise Invalid(
             f"workspace name {name!r} must be up to 63 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit",
+            ("body", "name"),
+        )
+    if JOB_LOGIN_RE.match(name):
+        raise Invalid(
+            f"workspace name {name!r} reads as a job in SSH logins ({principal.name}+{name} enters "
+            "that job); pick another name",
             ("body", "name"),
         )
     taken = select(Workspace.id).where(Workspace.user_id == principal.user_id, Workspace.name == name)
