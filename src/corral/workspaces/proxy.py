@@ -225,8 +225,12 @@ async def proxy_websocket(websocket: WebSocket, ws_id: int, path: str) -> None:
         await websocket.close(code=1008)  # before accept: the client gets HTTP 403
         return
     assert decision.upstream is not None
-    query = websocket.url.query
-    uri = f"ws://{decision.upstream.authority}/ws/{ws_id}/{path}" + (f"?{query}" if query else "")
+    # The path as the browser sent it, as for HTTP: the decoded one turned an escaped `?` or `#`
+    # into a query or a fragment (websockets then refused the URI) and `%2F` into a `/`.
+    target = websocket.scope.get("raw_path") or quote(f"/ws/{ws_id}/{path}").encode()
+    query = websocket.scope.get("query_string", b"")
+    target = target + b"?" + query if query else target
+    uri = f"ws://{decision.upstream.authority}{target.decode('latin-1')}"
     protocols = [
         p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()
     ]
