@@ -16,7 +16,8 @@ def test_a_kill_while_output_waits_unread_ends_the_readers(tty: bool) -> None:
     """The client went away while the process wrote faster than it was read (`corral exec`
     of a `cat` of a big file, then Ctrl-C): kill() must end the reader tasks. Their end-of-stream
     marker used to wait for room in the full output queue that nobody reads any more, so each
-    such session left its readers pending for ever, holding up to a megabyte of output."""
+    such session left its readers pending for ever, holding up to a megabyte of output, and its
+    output pipe, paused with nobody reading, open: the fd leaked and wait() never returned."""
 
     async def scenario() -> list[bool]:
         proc = await SandboxProcess.start(ExecCommand(argv=("yes",), env={"PATH": "/usr/bin:/bin"}), tty=tty)
@@ -27,7 +28,10 @@ def test_a_kill_while_output_waits_unread_ends_the_readers(tty: bool) -> None:
         assert proc._out.full()
         proc.kill()
         await asyncio.wait(proc._tasks, timeout=2)
-        return [task.done() for task in proc._tasks]
+        done = [task.done() for task in proc._tasks]
+        # ... and its pipes closed: wait() returns (it waited for pipes that never ended).
+        await asyncio.wait_for(proc.wait(), 5)
+        return done
 
     done = asyncio.run(scenario())
     assert all(done), done

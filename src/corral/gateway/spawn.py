@@ -170,6 +170,12 @@ class SandboxProcess:
         for task in self._tasks:
             task.cancel()
         self._close_master()
+        # Nobody reads its pipes any more: close them. A pipe paused on unread output never saw
+        # its end, so its fd stayed open and (Python 3.11, which waits for the pipes) wait()
+        # never returned. (asyncio's Process has no public close; this is what its GC does.)
+        transport = getattr(self.proc, "_transport", None)
+        if transport is not None:
+            transport.close()
 
     def _close_master(self) -> None:
         if self.master is not None:
