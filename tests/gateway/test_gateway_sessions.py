@@ -142,3 +142,26 @@ def test_a_failure_while_entering_ends_the_channel_with_a_message(
     code, stderr = asyncio.run(client())
     assert code == 1 and "corral: " in stderr and "could not enter" in stderr
     assert gw.use.open_counts() == {}
+
+
+def test_a_key_removed_while_connected_opens_no_more_channels(
+    gateway: tuple[Gateway, asyncssh.SSHKey],
+) -> None:
+    """`corral key rm` stops the key at once (docs/workspaces.md): also on a connection it
+    opened before (VS Code Remote-SSH, an ssh ControlMaster), whose next shell, command, scp or
+    forward is a new channel; another registered key of the user's does not matter."""
+    gw, key = gateway
+    other = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode()
+    entered, release = threading.Event(), threading.Event()
+    release.set()
+    gw.enter = entering(["/bin/true"], entered, release)  # type: ignore[method-assign]
+
+    async def client() -> tuple[int, int, str]:
+        async with connect(gw, key) as conn:
+            first = await conn.run("true")
+            gw.keys_of = lambda user: [other]  # type: ignore[method-assign]  # this key removed
+            second = await asyncio.wait_for(conn.run("true"), 10)
+            return int(first.exit_status or 0), int(second.exit_status or 0), str(second.stderr)
+
+    first, second, stderr = asyncio.run(client())
+    assert first == 0 and second == 1 and "no longer registered" in stderr

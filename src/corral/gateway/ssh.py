@@ -4,7 +4,8 @@ workspaces, on asyncssh. It runs inside the server process, on a thread with its
 connections, and a new `ssh` connects as soon as the server is back.
 
 - Login `<user>+job-<id>` or `<user>+<workspace>` (resolver.py). Public-key authentication only,
-  against the keys that user registered (`corral key add`), read at each login; no passwords,
+  against the keys that user registered (`corral key add`), read at each login, and the key
+  that logged in checked again at each new channel (a removed key opens no more); no passwords,
   no keyboard-interactive. The host key is kept at <home>/ssh/gateway_host_ed25519_key.
 - Every session channel (shell with or without a PTY, exec command, the `sftp` subsystem, which
   scp uses too) and every local port forward (`ssh -L`) is one process inside the job's sandbox,
@@ -113,6 +114,14 @@ class Gateway:
         with self.session_factory() as db:
             return resolver.authorized_keys(db, user)
 
+    def still_registered(self, username: str, fingerprint: str) -> bool:
+        """Whether the key a connection logged in with is still one of its user's keys."""
+        try:
+            keys = self.keys_of(resolver.parse_login(username).user)
+        except ServiceError:
+            return False
+        return fingerprint in _fingerprints(keys)
+
     def enter(self, username: str, source: str, argv: Sequence[str], how: str) -> tuple[ExecCommand, int]:
         """The command entering the job `username` names (and that job's id), audited;
         EntryRefused saying why not."""
@@ -129,6 +138,17 @@ class Gateway:
             raise EntryRefused(exc.message)
         except ExecRefused as exc:
             raise EntryRefused(str(exc))
+
+
+def _fingerprints(keys: Sequence[str]) -> set[str]:
+    """The SHA256 fingerprints of registered public keys (one that does not parse: none)."""
+    out = set()
+    for text in keys:
+        try:
+            out.add(asyncssh.import_public_key(text).get_fingerprint("sha256"))
+        except (asyncssh.KeyImportError, ValueError):
+            continue
+    return out
 
 
 def load_host_key(path: Path) -> asyncssh.SSHKey:
@@ -151,6 +171,8 @@ class GatewayServer(asyncssh.SSHServer):
         self.gateway = gateway
         self.username = ""
         self.source = "unknown"
+        self._registered: set[str] = set()  # fingerprints of the keys that may log in
+        self.key_fingerprint = ""  # the key this connection logged in with
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
         self.conn = conn
@@ -165,12 +187,19 @@ class GatewayServer(asyncssh.SSHServer):
         except ServiceError:
             keys = []
         # No keys: nothing can authenticate (the client learns no more than "denied").
-        self.conn.set_authorized_keys(
-            asyncssh.import_authorized_keys("\n".join(keys) + "\n") if keys else None
-        )
+        self._registered = _fingerprints(keys)
         return True
 
     def public_key_auth_supported(self) -> bool:
+        return True
+
+    def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        """Whether `key` is one of the user's (asyncssh checks the signature). Which key logged
+        in is kept: each channel checks it is still registered (Gateway.still_registered)."""
+        fingerprint = key.get_fingerprint("sha256")
+        if fingerprint not in self._registered:
+            return False
+        self.key_fingerprint = fingerprint
         return True
 
     def password_auth_supported(self) -> bool:
@@ -191,6 +220,11 @@ class GatewayServer(asyncssh.SSHServer):
         return False  # no remote (-R) forwarding
 
     async def enter(self, argv: Sequence[str], how: str) -> tuple[ExecCommand, int]:
+        # Keys are read at login; a connection outlives that (VS Code, ssh ControlMaster) and
+        # opens a channel for each shell, command, scp or forward: a removed key opens no more.
+        still = self.gateway.still_registered
+        if not await asyncio.to_thread(still, self.username, self.key_fingerprint):
+            raise EntryRefused("the SSH key this connection logged in with is no longer registered")
         return await asyncio.to_thread(self.gateway.enter, self.username, self.source, argv, how)
 
 
