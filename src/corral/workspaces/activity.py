@@ -41,7 +41,12 @@ def jupyter_last_activity(upstream: Upstream, base_url: str, token: str, now: fl
             if kind == "terminals" and reply.status_code == 404:
                 continue  # a JupyterLab without terminals (no terminado): its kernels still count
             reply.raise_for_status()
-            for item in reply.json():
+            items = reply.json()
+            # Whatever listens on the socket is the owner's to run: an answer of another shape is
+            # no evidence (ValueError, skipped by the caller), not an error out of the idle pass.
+            if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+                raise ValueError(f"api/{kind} did not answer a list of objects")
+            for item in items:
                 if item.get("execution_state") == "busy":
                     return now
                 at = _parse(item.get("last_activity"))
