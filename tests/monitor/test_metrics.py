@@ -11,11 +11,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
+from corral.db.models import Gpu as GpuRow
 from corral.db.models import GpuClaim, Group, Job, User
 from corral.db.session import downgrade, upgrade
 from corral.monitor.collector import DbStateCollector
 from corral.monitor.metrics import record_scheduler_cycle
 from corral.monitor.middleware import install
+from corral.services.lifecycle import GpuHealth, move_gpu
+from corral.services.nodes import set_gpu_health as node_set_gpu_health
 from tests.monitor.conftest import Mon
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -97,6 +100,28 @@ def test_metrics_match_the_database(mon: Mon) -> None:
     assert 0 <= one(m, "corral_node_heartbeat_age_seconds", node="node0000") < 60
     assert one(m, "corral_state_dir_free_bytes", path=str(mon.home)) > 0
     assert one(m, "corral_scheduler_last_cycle_timestamp_seconds") >= 0
+
+
+def test_quarantined_and_lost_gpus_are_not_healthy_nor_free(mon: Mon) -> None:
+    """docs/metrics.md: corral_gpu_healthy is 1 when the scheduler may place work on the GPU, and
+    corral_node_gpus_free counts healthy free GPUs; a GPU Corral quarantined or declared lost is
+    neither, though the engine still reports it healthy."""
+    with mon.factory() as db:
+        claimed = {(node, index) for node, index in db.execute(select(GpuClaim.node, GpuClaim.gpu_index))}
+        free = db.execute(
+            select(GpuRow).where(GpuRow.healthy.is_(True)).order_by(GpuRow.node_name, GpuRow.index)
+        ).scalars()
+        quarantined, lost = [g for g in free if (g.node_name, g.index) not in claimed][:2]
+        node_set_gpu_health(db, quarantined.node_name, quarantined.index, "quarantine")
+        assert move_gpu(db, lost, GpuHealth.LOST)
+        db.commit()
+        out = [(quarantined.node_name, str(quarantined.index)), (lost.node_name, str(lost.index))]
+    with mon.app_client() as client:
+        m = scrape(client.get("/metrics").text)
+    for node, gpu in out:
+        assert one(m, "corral_gpu_healthy", node=node, gpu=gpu) == 0, (node, gpu)
+    assert sum(v for _, v in m["corral_gpu_healthy"]) == 8 - 2
+    assert sum(v for _, v in m["corral_node_gpus_free"]) == 4 - 2
 
 
 def test_collector_and_metrics_agree(mon: Mon) -> None:

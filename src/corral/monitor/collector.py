@@ -31,6 +31,7 @@ from corral.db.models import Gpu as GpuRow
 from corral.db.workspace_models import Workspace
 from corral.monitor.models import Alert, AlertNotification
 from corral.services.incidents import open_counts
+from corral.services.lifecycle import GpuHealth
 
 MIB = 1 << 20
 NODE_STATES = ("ready", "cordoned", "draining", "down", "unknown")
@@ -80,7 +81,7 @@ def read_families(session: Session, now: float, state_dir: Path | None = None) -
 
 _GPU_QUERY = text(
     """
-    SELECT g.node_name, g."index", g.uuid, g.model, g.memory_mib, g.healthy,
+    SELECT g.node_name, g."index", g.uuid, g.model, g.memory_mib, g.healthy, g.health,
            r.present, r.utilization_percent, r.memory_used_mib, r.memory_total_mib, r.temperature_c,
            r.power_w,
            r.ecc_volatile_corrected, r.ecc_volatile_uncorrected, r.ecc_aggregate_corrected,
@@ -105,8 +106,11 @@ def _gpu_families(session: Session, now: float, counts: GpuCounts) -> list[Famil
         fam.lines.append for fam in f
     )
     for row in session.execute(_GPU_QUERY):
-        (node, index, uuid, model, mem_mib, healthy, present, util, used, total, temp, power,
-         vc, vu, ac, au, xids, last_xid, sampled_at, job_id, user, group) = row  # fmt: skip
+        (node, index, uuid, model, mem_mib, reported_healthy, health, present, util, used, total, temp,
+         power, vc, vu, ac, au, xids, last_xid, sampled_at, job_id, user, group) = row  # fmt: skip
+        # What the scheduler may place on: the engine's flag and Corral's own verdict (a GPU
+        # quarantined or lost stays out of placement until an admin returns it).
+        healthy = reported_healthy and health == GpuHealth.HEALTHY.value
         base = f'node="{_esc(node)}",gpu="{index}",model="{_esc(model)}"'
         job = "" if job_id is None else job_id
         labels = f'{base},job_id="{job}",user="{_esc(user or "")}",group="{_esc(group or "")}"'
