@@ -123,6 +123,23 @@ def test_cli_admin_commands(world: World, server_url: str) -> None:
     assert json.loads(out)["user"] == "dave"
 
 
+def test_cli_node_ls_shows_gpus_out_of_service(world: World, server_url: str) -> None:
+    """docs/operations.md's walk-through: after a fault `corral node ls` shows the GPU
+    quarantined; the table said nothing of a GPU's health (only `-o json` did)."""
+    with world.session_factory() as db:
+        add_node(db, "n1", gpus=4)
+        db.commit()
+    code, out = run(world, server_url, "admin", "node", "ls")
+    assert code == 0 and "quarantined" not in out
+    code, out = run(world, server_url, "admin", "node", "gpu", "n1", "2", "quarantine")
+    assert code == 0 and "node n1 GPU 2: quarantined" in out
+    code, out = run(world, server_url, "admin", "node", "ls")
+    assert code == 0 and "2:quarantined" in out, out
+    assert run(world, server_url, "admin", "node", "gpu", "n1", "2", "return")[0] == 0
+    code, out = run(world, server_url, "admin", "node", "ls")
+    assert code == 0 and "quarantined" not in out, out
+
+
 def test_cli_clear_errors(world: World, server_url: str) -> None:
     code, out = run(world, server_url, "alice", "ls", token="crl_wrong")
     assert code == 1 and "authentication failed" in out and "Traceback" not in out

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -19,13 +19,15 @@ node_app = typer.Typer(
 @node_app.command("ls")
 @friendly_errors
 def node_ls(output: OutputOpt = Output.table) -> None:
-    """List nodes with their GPUs and the jobs holding them."""
+    """List nodes with their GPUs, the jobs holding them and the GPUs out of service."""
     with client() as c:
         nodes = c.nodes()
     if output is Output.json:
         print_json(nodes)
         return
-    table = Table("NODE", "STATE", "CPUS", "MEMORY", "GPUS", "IN USE", "HEARTBEAT", "FLAGS", box=None)
+    table = Table(
+        "NODE", "STATE", "CPUS", "MEMORY", "GPUS", "IN USE", "GPUS OUT", "HEARTBEAT", "FLAGS", box=None
+    )
     for n in nodes:
         models = sorted({g["model"] for g in n["gpus"]})
         used = [f"{g['index']}:job {g['job_id']}" for g in n["gpus"] if g["job_id"] is not None]
@@ -36,10 +38,24 @@ def node_ls(output: OutputOpt = Output.table) -> None:
             f"{n['memory_mib'] / 1024:.0f}GiB",
             f"{len(n['gpus'])} {'/'.join(models)}".strip(),
             ", ".join(used) or "-",
+            ", ".join(_out_of_service(n["gpus"])) or "-",
             ago(n["last_heartbeat"]),
             "; ".join(n.get("flags") or []) or "-",
         )
     out.print(table)
+
+
+def _out_of_service(gpus: list[dict[str, Any]]) -> list[str]:
+    """GPUs the scheduler does not place on: quarantined or lost (Corral's verdict, until an admin
+    returns them) or reported unhealthy by the engine, as 'INDEX:why'."""
+    out_gpus = []
+    for g in gpus:
+        health = g.get("health") or "healthy"
+        if health != "healthy":
+            out_gpus.append(f"{g['index']}:{health}")
+        elif not g.get("healthy", True):
+            out_gpus.append(f"{g['index']}:unhealthy")
+    return out_gpus
 
 
 def _node_action(action: str) -> Callable[[str, Output], None]:
