@@ -76,7 +76,11 @@ def set_gpu_health(session: Session, name: str, index: int, action: str) -> tupl
     GPU and its health before. Not committed: the caller records it with the change."""
     gpu = session.get(Gpu, (name, index))
     if gpu is None:
-        raise NotFound(f"node {name!r} has no GPU {index}")
+        if session.get(Node, name) is None:
+            raise NotFound(f"no node named {name!r}")
+        indexes = session.scalars(select(Gpu.index).where(Gpu.node_name == name).order_by(Gpu.index)).all()
+        has = "GPUs " + ", ".join(map(str, indexes)) if indexes else "no GPUs"
+        raise NotFound(f"node {name!r} has no GPU {index} (it has {has})")
     before = gpu.health
     target = GpuHealth.QUARANTINED if action == "quarantine" else GpuHealth.HEALTHY
     if before != target.value and not move_gpu(session, gpu, target):
