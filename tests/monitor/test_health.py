@@ -10,6 +10,7 @@ import time
 
 from sqlalchemy import select, update
 
+from corral.db.diag_models import AttemptFault
 from corral.db.models import Attempt, GpuClaim, JobEvent, Node
 from corral.monitor.config import HealthRules
 from corral.monitor.gpu import GpuSampler, read_faults, update_fault
@@ -127,7 +128,8 @@ def test_node_lost_by_heartbeat(mon: Mon) -> None:
     node, _index, job_id = held_gpu(mon)
     now = time.time()
     with mon.factory() as db:
-        db.execute(update(Node).where(Node.name == node).values(last_heartbeat=now - 300))
+        # silent for 5 minutes: the node loop marked it down after its heartbeat timeout
+        db.execute(update(Node).where(Node.name == node).values(last_heartbeat=now - 300, state="down"))
         db.commit()
         assert check_nodes(db, now, ["ops"], RULES) == [node]
         assert check_nodes(db, now + 1, ["ops"], RULES) == [node]
@@ -136,10 +138,32 @@ def test_node_lost_by_heartbeat(mon: Mon) -> None:
     assert [e for e in events(mon, job_id) if f"node {node} lost" in e] != []
     assert len(events(mon, job_id)) == 1  # an edge, not a level
     with mon.factory() as db:
-        db.execute(update(Node).where(Node.name == node).values(last_heartbeat=now + 2))
+        db.execute(update(Node).where(Node.name == node).values(last_heartbeat=now + 2, state="ready"))
         db.commit()
         assert check_nodes(db, now + 3, ["ops"], RULES) == []
     assert alerts(mon, "CorralNodeLost")[0].status == "resolved"
+
+
+def test_stale_heartbeats_of_nodes_the_node_loop_has_not_seen_yet_are_not_lost(mon: Mon) -> None:
+    """A server started after a few minutes down finds every node's last heartbeat old, and its
+    health loop may look before the node loop's first pass refreshes them: that must not declare
+    every node lost (the node-lost rule would stop all their jobs as hardware faults and page). A
+    node is lost once the node loop has marked it down or unknown (it does within its 6 s
+    timeout) and its heartbeat is older than `node_lost_after`."""
+    node, _index, job_id = held_gpu(mon)
+    now = time.time()
+    with mon.factory() as db:
+        db.execute(update(Node).values(last_heartbeat=now - 300))  # the server was down 5 minutes
+        db.commit()
+        assert check_nodes(db, now, ["ops"], RULES) == []
+        assert db.scalars(select(AttemptFault)).all() == []
+    assert alerts(mon, "CorralNodeLost") == []
+    assert events(mon, job_id) == []
+    with mon.factory() as db:
+        db.execute(update(Node).where(Node.name == node).values(state="down"))  # the node loop's verdict
+        db.commit()
+        assert check_nodes(db, now + 1, ["ops"], RULES) == [node]
+    assert [a.labels["node"] for a in alerts(mon, "CorralNodeLost")] == [node]
 
 
 def test_job_oom_becomes_an_event_and_an_alert_once(mon: Mon) -> None:
