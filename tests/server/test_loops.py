@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from corral.db.models import Attempt, GpuClaim, Job, Node, UsageLedger
+from corral.db.models import Attempt, Gpu, GpuClaim, Job, Node, UsageLedger
 from corral.db.session import make_engine
 from corral.engine.base import NodeReport
 from corral.scheduler import types as st
@@ -20,6 +20,7 @@ from corral.server.reconcile import reconcile_tick
 from corral.server.scheduling import apply_assignment, apply_preemption, schedule_tick
 from corral.server.snapshot import build_snapshot, read_cluster_state
 from corral.services.lifecycle import JobState
+from corral.services.nodes import set_gpu_health
 from tests.server.fakes import FakeEngine, add_job, gpu_node, make_context, run_dispatch, seed_tenant
 
 
@@ -71,6 +72,31 @@ def test_node_sync_stores_gpus_and_pushes_cordon(env: tuple[ServerContext, FakeE
         assert session.get(Node, "n1").state == "cordoned"  # type: ignore[union-attr]
     assert fake.node_states["n1"] is st.NodeState.CORDONED
     assert fake.node_states["n2"] is st.NodeState.READY
+
+
+def test_a_quarantined_gpu_that_drops_out_of_the_report_comes_back_quarantined(
+    env: tuple[ServerContext, FakeEngine],
+) -> None:
+    """Only an admin returns a quarantined or lost GPU to service. A GPU missing from one report
+    (a server restarted while it was off the bus, NVML not listing it) had its row deleted, and
+    came back as a new, healthy row the next time the engine listed it."""
+    ctx, fake = env
+    with ctx.session_factory() as session:
+        set_gpu_health(session, "n1", 3, "quarantine")
+        session.commit()
+    fake.reports = [gpu_node("n1", gpus=3, address="10.0.0.1"), gpu_node("n2", address="10.0.0.2")]
+    node_tick(ctx, time.time())
+    fake.reports = [gpu_node("n1", address="10.0.0.1"), gpu_node("n2", address="10.0.0.2")]
+    node_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        gpu = session.get(Gpu, ("n1", 3))
+        assert gpu is not None and gpu.health == "quarantined"
+        set_gpu_health(session, "n1", 3, "return")  # the admin's decision
+        session.commit()
+    fake.reports = [gpu_node("n1", gpus=3, address="10.0.0.1"), gpu_node("n2", address="10.0.0.2")]
+    node_tick(ctx, time.time())  # a healthy GPU the engine no longer has is removed, as before
+    with ctx.session_factory() as session:
+        assert session.get(Gpu, ("n1", 3)) is None
 
 
 def test_assignment_claims_gpus_once(env: tuple[ServerContext, FakeEngine]) -> None:

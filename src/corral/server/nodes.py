@@ -1,6 +1,7 @@
 """The node loop: engine.nodes() -> Node/Gpu rows, operator states pushed to the engine, heartbeats.
 
-- Every report refreshes the node's capacity, GPUs, address and `last_heartbeat`.
+- Every report refreshes the node's capacity, GPUs, address and `last_heartbeat`; a GPU no longer
+  reported is removed, unless quarantined or lost (kept until an admin returns it).
 - The effective `state` the scheduler sees merges the engine's view with the operator's
   `admin_state` (cordon/drain survive the engine's reports); changes of `admin_state` are pushed to
   the engine with `set_node_state`.
@@ -33,6 +34,7 @@ from corral.server.snapshot import LIVE_JOB_STATES, live_attempts
 from corral.services.lifecycle import (
     DEFAULT_LOST_REQUEUE_BUDGET,
     AttemptState,
+    GpuHealth,
     JobState,
     Loss,
     move_node,
@@ -73,6 +75,10 @@ def _sync_gpus(session: Session, row: Node, report: NodeReport) -> None:
         existing.uuid, existing.model, existing.memory_mib = gpu.uuid, gpu.model, gpu.memory_mib
         existing.topology_group, existing.healthy = gpu.topology_group, gpu.healthy
     for gone in have.values():
+        if gone.health != GpuHealth.HEALTHY.value:
+            # Quarantined or lost: kept (out of placement) until an admin returns it. Deleted, it
+            # would come back as a new healthy row the next time the engine lists it.
+            continue
         session.delete(gone)
 
 
