@@ -89,9 +89,10 @@ def test_cycle_reads_each_table_once_whatever_it_places(
         assert Counter(placing[:first]) == Counter(
             {"jobs": 2, "digest": 2, **dict.fromkeys(SNAPSHOT_TABLES - {"jobs"}, 1)}
         )
-        # then what the batch re-reads in its own transaction, each table once
+        # then what the batch re-reads in its own transaction, each table once, and after its
+        # first write the nodes and GPUs it placed on once more (scheduling.left_service)
         again = Counter(placing[first:])
-        assert all(n == 1 for n in again.values()), again
+        assert again == Counter({"jobs": 1, "nodes": 2, "gpu_claims": 1, "gpus": 1}), again
         counts[jobs] = len(placing)
     assert counts[20] == counts[50]  # not one more SELECT per placed job
 
@@ -243,6 +244,37 @@ def test_a_second_apply_in_the_same_session_sees_a_gpu_quarantined_after_the_fir
     with ctx.session_factory() as session:
         assert session.get(Job, second).state == "queued"  # type: ignore[union-attr]
         assert not session.scalars(select(GpuClaim).where(GpuClaim.job_id == second)).all()
+
+
+@pytest.mark.parametrize("change", ["cordon", "drain", "quarantine"])
+def test_a_cordon_or_quarantine_committed_after_the_applier_read_the_rows_places_nothing_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """Check-then-act: the applier reads nodes and GPUs first (still_fits) and writes later. An
+    admin's cordon, drain or quarantine committed in between must still keep the job off the
+    node (GPU): the write re-checks, under its write lock, what it placed on."""
+    ctx = cluster(tmp_path, 1, 1)
+    with ctx.session_factory() as session:
+        (job_id,) = session.scalars(select(Job.id)).all()
+    checked = scheduling.still_fits
+
+    def then_the_admin_acts(*args: Any) -> Any:
+        fit = checked(*args)
+        with ctx.session_factory() as operator:  # commits between the read and the write
+            if change == "quarantine":
+                node_service.set_gpu_health(operator, "n0", 0, "quarantine")
+            else:
+                node_service.set_admin_state(operator, "n0", change)
+            operator.commit()
+        return fit
+
+    monkeypatch.setattr(scheduling, "still_fits", then_the_admin_acts)
+    with ctx.session_factory() as session:
+        assert apply_assignments(session, [one_gpu(job_id, "n0", 0)], time.time()) == 0
+    with ctx.session_factory() as session:
+        assert session.get(Job, job_id).state == "queued"  # type: ignore[union-attr]
+        assert session.scalars(select(GpuClaim)).all() == []
+        assert session.scalars(select(Attempt)).all() == []
 
 
 def test_a_plan_naming_a_job_twice_places_it_once_in_the_batch(tmp_path: Path) -> None:

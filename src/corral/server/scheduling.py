@@ -20,12 +20,12 @@ import time
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import bindparam, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload
 
 from corral.db.base import table_of
-from corral.db.models import Attempt, GpuClaim, Job, Node
+from corral.db.models import Attempt, Gpu, GpuClaim, Job, Node
 from corral.domain import InstancePlacement, JobDiagnosis, PendingReason, Placement
 from corral.monitor.metrics import record_scheduler_cycle
 from corral.scheduler import PROFILES, Profile, Scheduler, apply_plan
@@ -155,16 +155,45 @@ INSERT_ATTEMPTS = insert(table_of(Attempt)).returning(table_of(Attempt).c.id, ta
 INSERT_CLAIMS = insert(table_of(GpuClaim))
 
 
+class PlacementChanged(Exception):
+    """A node the batch places on was cordoned, drained or lost, or one of its GPUs quarantined,
+    after still_fits read it: the batch is rolled back and its jobs applied one by one."""
+
+
+def left_service(session: Session, placed: Sequence[PlacementFit]) -> bool:
+    """still_fits' verdict again, after the batch's first write: still_fits reads before any write
+    (SQLite's write lock would make the API wait on those reads), so an operator's cordon, drain
+    or quarantine committed in between would otherwise be missed. Here SQLite holds its write
+    lock (no other commit can come between this read and the commit) and PostgreSQL share-locks
+    the rows (such a change waits for this commit, or is seen)."""
+    names = sorted({name for f in placed for name in f.nodes})
+    out = select(Node.name).where(Node.name.in_(names), Node.state != st.NodeState.READY.value)
+    if session.execute(out.with_for_update(read=True)).first() is not None:
+        return True
+    wanted = sorted({gpu for f in placed for gpu in f.gpus})
+    if not wanted:
+        return False
+    gpus = select(Gpu.node_name, Gpu.index, Gpu.healthy, Gpu.health).where(
+        tuple_(Gpu.node_name, Gpu.index).in_(wanted)
+    )
+    rows = session.execute(gpus.with_for_update(read=True)).all()
+    usable = {(n, i) for n, i, healthy, health in rows if healthy and health == GpuHealth.HEALTHY.value}
+    return not set(wanted) <= usable
+
+
 def write_batch(session: Session, fits: Sequence[PlacementFit], now: float) -> int:
     """The fitting assignments of a plan in four statements whatever their number (not three per
     job: the ORM inserts one row per statement on SQLite, which gives no order to RETURNING):
     QUEUED -> SCHEDULED by one compare-and-set and the events (lifecycle.schedule_jobs), the
     attempts of the jobs it moved, their GPU claims. Not committed; a claim taken meanwhile by
-    another server raises IntegrityError here."""
+    another server raises IntegrityError here, and a node or GPU that left service since
+    still_fits read it PlacementChanged (left_service: one or two more reads, whatever the number)."""
     won = schedule_jobs(session, [f.job for f in fits], now=now, messages={f.job.id: f.message for f in fits})
     placed = [f for f in fits if f.job.id in won]
     if not placed:
         return 0
+    if left_service(session, placed):
+        raise PlacementChanged("a node or GPU of the plan left service after it was read")
     connection = session.connection()
     rows = connection.execute(INSERT_ATTEMPTS, [f.attempt_columns(won[f.job.id], now) for f in placed])
     attempt_pk = {int(job_id): int(pk) for pk, job_id in rows}
@@ -184,7 +213,7 @@ def apply_assignment(session: Session, assignment: st.Assignment, now: float) ->
     fit = still_fits(session, assignment, claimed_gpus(session))
     try:
         placed = fit is not None and write_batch(session, [fit], now) == 1
-    except IntegrityError:
+    except (IntegrityError, PlacementChanged):
         placed = False
     if placed:
         session.commit()
@@ -233,7 +262,7 @@ def apply_assignments(session: Session, assignments: Sequence[st.Assignment], no
         session.commit()
         del preloaded
         return staged
-    except IntegrityError:
+    except (IntegrityError, PlacementChanged):
         session.rollback()
         return sum(apply_assignment(session, a, now) for a in assignments)
 
