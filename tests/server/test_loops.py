@@ -345,6 +345,27 @@ def test_node_reported_down_loses_its_jobs_once_and_engine_outage_marks_unknown(
         assert {n.name: n.state for n in session.scalars(select(Node))} == {"n1": "down", "n2": "unknown"}
 
 
+def test_a_down_node_reported_unknown_stays_down_and_the_tick_goes_on(
+    env: tuple[ServerContext, FakeEngine],
+) -> None:
+    """The Slurm engine answers an outage of slurmctld with its last nodes, each UNKNOWN (and a
+    node of slurmd restarting is NOT_RESPONDING: UNKNOWN too). A node Corral had down must stay
+    down ("down never -> unknown", as for EngineUnavailable): the DOWN -> UNKNOWN move raised
+    InvalidTransition and failed the whole node tick, every tick, for every node."""
+    ctx, fake = env
+    up = list(fake.reports)
+    fake.reports = [dataclasses.replace(r, state=st.NodeState.DOWN) if r.name == "n1" else r for r in up]
+    node_tick(ctx, time.time())
+    fake.reports = [dataclasses.replace(r, state=st.NodeState.UNKNOWN, message="slurmctld down") for r in up]
+    node_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        assert {n.name: n.state for n in session.scalars(select(Node))} == {"n1": "down", "n2": "unknown"}
+    fake.reports = up
+    node_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        assert {n.name: n.state for n in session.scalars(select(Node))} == {"n1": "ready", "n2": "ready"}
+
+
 def _raise_unavailable() -> list[NodeReport]:
     from corral.engine.base import EngineUnavailable
 

@@ -85,6 +85,10 @@ def _sync_gpus(session: Session, row: Node, report: NodeReport) -> None:
 def upsert_node(session: Session, report: NodeReport, engine_name: str, now: float) -> Node:
     row = session.get(Node, report.name, options=[selectinload(Node.gpus)])
     state = effective_state(report.state, row.admin_state or "none" if row is not None else "none")
+    if state is NodeState.UNKNOWN and row is not None and row.state == NodeState.DOWN.value:
+        # Down never -> unknown (as in mark_unknown): an engine that cannot tell (Slurm's cached
+        # nodes during an outage, a node not responding) leaves a down node down.
+        state = NodeState.DOWN
     if row is None:
         row = Node(
             name=report.name,
@@ -99,7 +103,7 @@ def upsert_node(session: Session, report: NodeReport, engine_name: str, now: flo
     row.cpus, row.memory_mib, row.address = report.cpus, report.memory_mib, report.address
     row.labels, row.engine = dict(report.labels), engine_name
     move_node(session, row, state, message=report.message)
-    if report.state is not NodeState.DOWN:
+    if state is not NodeState.DOWN:
         row.last_heartbeat = now
     _sync_gpus(session, row, report)
     return row
