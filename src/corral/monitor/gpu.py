@@ -256,6 +256,7 @@ class NvmlGpuProvider:
         self._nvml = pynvml
         pynvml.nvmlInit()
         self._xids: dict[str, list[int]] = {}
+        self._last: dict[str, GpuSample] = {}  # uuid -> its last answered sample
         self._events: Any = None
         try:
             self._events = pynvml.nvmlEventSetCreate()
@@ -301,14 +302,14 @@ class NvmlGpuProvider:
             power_mw = self._optional(nvml.nvmlDeviceGetPowerUsage, handle)
         except nvml.NVMLError as exc:  # GPU lost, fell off the bus, driver gone
             log.warning("GPU %s on %s does not answer NVML: %s", ref.index, ref.node, exc)
-            return GpuSample(node=ref.node, index=ref.index, uuid=ref.uuid, present=False)
+            return self._unanswered(ref)
         ecc = {
             (counter, kind): self._ecc(handle, counter, kind)
             for counter in ("volatile", "aggregate")
             for kind in ("corrected", "uncorrected")
         }
         xids = self._xids.get(ref.uuid, [])
-        return GpuSample(
+        sample = self._last[ref.uuid] = GpuSample(
             node=ref.node,
             index=ref.index,
             uuid=ref.uuid,
@@ -322,6 +323,26 @@ class NvmlGpuProvider:
             ecc_volatile_uncorrected=ecc[("volatile", "uncorrected")],
             ecc_aggregate_corrected=ecc[("aggregate", "corrected")],
             ecc_aggregate_uncorrected=ecc[("aggregate", "uncorrected")],
+            xid_events_total=len(xids),
+            last_xid=xids[-1] if xids else None,
+        )
+        return sample
+
+    def _unanswered(self, ref: GpuRef) -> GpuSample:
+        """A GPU that does not answer: no readings, but its ECC and Xid counts as last known.
+        Zeros would make the counters go backwards, and the GPU's return read as that many new
+        uncorrectable ECC errors and Xids (alerts, a GpuFault from the diagnosis watch)."""
+        xids = self._xids.get(ref.uuid, [])
+        last = self._last.get(ref.uuid)
+        return GpuSample(
+            node=ref.node,
+            index=ref.index,
+            uuid=ref.uuid,
+            present=False,
+            ecc_volatile_corrected=last.ecc_volatile_corrected if last else 0,
+            ecc_volatile_uncorrected=last.ecc_volatile_uncorrected if last else 0,
+            ecc_aggregate_corrected=last.ecc_aggregate_corrected if last else 0,
+            ecc_aggregate_uncorrected=last.ecc_aggregate_uncorrected if last else 0,
             xid_events_total=len(xids),
             last_xid=xids[-1] if xids else None,
         )

@@ -1,0 +1,80 @@
+"""The NVML provider (corral.monitor.gpu.NvmlGpuProvider) on a fake pynvml: no GPU needed."""
+
+from __future__ import annotations
+
+import sys
+import types
+from dataclasses import dataclass, field
+
+import pytest
+
+from corral.monitor.gpu import GpuRef, NvmlGpuProvider
+
+
+class NVMLError(Exception):
+    pass
+
+
+@dataclass
+class FakeNvml:
+    """Just what NvmlGpuProvider calls: one GPU whose ECC counts and Xid events the test sets, and
+    which stops answering while `lost`."""
+
+    uncorrected: int = 0
+    corrected: int = 0
+    xids: list[int] = field(default_factory=list)
+    lost: bool = False
+
+    def module(self) -> types.ModuleType:
+        m = types.ModuleType("pynvml")
+        values = {
+            "NVMLError": NVMLError, "NVML_TEMPERATURE_GPU": 0, "NVML_MEMORY_ERROR_TYPE_CORRECTED": 0,
+            "NVML_MEMORY_ERROR_TYPE_UNCORRECTED": 1, "NVML_VOLATILE_ECC": 0, "NVML_AGGREGATE_ECC": 1,
+            "nvmlEventTypeXidCriticalError": 8, "nvmlInit": lambda: None, "nvmlShutdown": lambda: None,
+            "nvmlEventSetCreate": lambda: "events", "nvmlDeviceGetCount": lambda: 1,
+            "nvmlDeviceGetHandleByIndex": lambda i: "gpu0", "nvmlDeviceRegisterEvents": lambda *a: None,
+            "nvmlEventSetWait_v2": self._wait, "nvmlDeviceGetUUID": lambda handle: b"GPU-real-0",
+            "nvmlDeviceGetHandleByUUID": self._handle, "nvmlDeviceGetPowerUsage": lambda h: 100_000,
+            "nvmlDeviceGetUtilizationRates": lambda h: types.SimpleNamespace(gpu=50),
+            "nvmlDeviceGetMemoryInfo": lambda h: types.SimpleNamespace(used=1 << 30, total=80 << 30),
+            "nvmlDeviceGetTemperature": lambda h, sensor: 40, "nvmlDeviceGetTotalEccErrors": self._ecc,
+        }  # fmt: skip
+        for name, value in values.items():
+            setattr(m, name, value)
+        return m
+
+    def _wait(self, events: str, timeout_ms: int) -> types.SimpleNamespace:
+        if not self.xids:
+            raise NVMLError("timeout")
+        return types.SimpleNamespace(device="gpu0", eventData=self.xids.pop(0))
+
+    def _handle(self, uuid: str) -> str:
+        if self.lost:
+            raise NVMLError("GPU is lost")
+        return "gpu0"
+
+    def _ecc(self, handle: str, error_type: int, counter: int) -> int:
+        return self.uncorrected if error_type == 1 else self.corrected
+
+
+def test_a_gpu_that_stops_answering_keeps_its_ecc_and_xid_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU that does not answer NVML was sampled with every counter at zero: the stored ECC
+    and Xid counts went backwards (corral_gpu_xid_events_total is a counter), and when the GPU
+    answered again its old errors read as new ones (CorralGpuXid, the diagnosis watch's
+    GpuFault). Now it is present=0 with its counts as last known."""
+    fake = FakeNvml(uncorrected=2, corrected=5, xids=[79])
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module())
+    provider = NvmlGpuProvider()
+    ref = GpuRef("n1", 0, "GPU-real-0", 81920)
+    (before,) = provider.sample([ref])
+    assert before.present and before.xid_events_total == 1 and before.ecc_volatile_uncorrected == 2
+    fake.lost = True
+    (lost,) = provider.sample([ref])
+    assert not lost.present
+    counts = ("ecc_volatile_uncorrected", "ecc_volatile_corrected", "ecc_aggregate_uncorrected",
+              "ecc_aggregate_corrected", "xid_events_total", "last_xid")  # fmt: skip
+    assert {c: getattr(lost, c) for c in counts} == {c: getattr(before, c) for c in counts}
+    assert lost.utilization_percent == 0.0 and lost.temperature_c == 0.0  # no readings
+    fake.lost = False
+    (back,) = provider.sample([ref])
+    assert back.present and back.xid_events_total == 1 and back.ecc_volatile_uncorrected == 2
