@@ -242,3 +242,23 @@ def test_readings_of_removed_gpus_are_dropped(mon: Mon) -> None:
     with mon.factory() as db:
         assert db.get(GpuReading, ("node0001", 3)) is None
         assert db.get(GpuReading, ("node0001", 2)) is not None
+
+
+def test_alerts_of_a_removed_gpu_resolve(mon: Mon) -> None:
+    """Readings of a GPU the cluster no longer has are dropped; its firing alerts were left
+    firing for ever (nothing samples it to resolve them): now they resolve with it."""
+    from corral.db.models import Gpu
+
+    update_fault(mon.home, "node0001", 3, temperature_c=97)
+    update_fault(mon.home, "node0001", 2, temperature_c=97)
+    tick(mon)
+    assert sorted(a.labels["gpu"] for a in alerts(mon, "CorralGpuOverheating") if a.status == "firing") == [
+        "2",
+        "3",
+    ]
+    with mon.factory() as db:
+        db.execute(Gpu.__table__.delete().where(Gpu.node_name == "node0001", Gpu.index == 3))
+        db.commit()
+    tick(mon)
+    status = {a.labels["gpu"]: a.status for a in alerts(mon, "CorralGpuOverheating")}
+    assert status == {"2": "firing", "3": "resolved"}

@@ -117,8 +117,23 @@ def sample_and_check_gpus(
     check = HealthPass.start(session, now, channels)
     for s in samples:
         _check_gpu(check, s, previous.get((s.node, s.index)), holders.get((s.node, s.index)), rules)
+    _resolve_removed(check, refs)
     session.commit()
     return samples
+
+
+GPU_ALERTS = ("CorralGpuLost", "CorralGpuEccErrors", "CorralGpuOverheating", "CorralGpuXid")
+
+
+def _resolve_removed(check: HealthPass, refs: Sequence[GpuRef]) -> None:
+    """Alerts of GPUs the cluster no longer has (removed from their node, or replaced: another
+    uuid) resolve: nothing samples those GPUs any more, so they would stay firing for ever."""
+    known = {(r.node, str(r.index), r.uuid) for r in refs}
+    for alert in list(check.firing.values()):
+        labels = alert.labels
+        where = (labels.get("node"), labels.get("gpu"), labels.get("uuid"))
+        if alert.name in GPU_ALERTS and where not in known:
+            check.set(dict(labels), False)
 
 
 def _check_gpu(
