@@ -6,6 +6,7 @@ evidence (it is left out)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -16,7 +17,7 @@ import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
 from corral.services.workspaces import proxy_target, workspace_job_ids
-from corral.workspaces.endpoint import Upstream, jupyter_upstream
+from corral.workspaces.endpoint import Upstream, jupyter_upstream, reachable_path
 from corral.workspaces.jupyter_auth import HEADER
 
 log = logging.getLogger("corral.workspaces.activity")
@@ -33,8 +34,16 @@ def _parse(stamp: Any) -> float | None:
 
 
 def jupyter_last_activity(upstream: Upstream, base_url: str, token: str, now: float) -> float | None:
+    with contextlib.ExitStack() as stack:
+        uds = None if upstream.socket is None else stack.enter_context(reachable_path(upstream.socket))
+        return _kernels_last_activity(upstream, uds, base_url, token, now)
+
+
+def _kernels_last_activity(
+    upstream: Upstream, uds: str | None, base_url: str, token: str, now: float
+) -> float | None:
     latest: float | None = None
-    transport = httpx.HTTPTransport(uds=upstream.socket)
+    transport = httpx.HTTPTransport(uds=uds)
     with httpx.Client(transport=transport, timeout=TIMEOUT_S, headers={HEADER: token}) as client:
         for kind in ("kernels", "terminals"):
             reply = client.get(f"http://{upstream.authority}{base_url}api/{kind}")

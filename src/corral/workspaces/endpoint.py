@@ -3,8 +3,12 @@
 Local engine: the Unix socket `jupyter.sock` in the attempt's rank-0 work dir
 (`<home>/engine/attempts/<attempt>/work/0/`, `/job` inside the sandbox), 0600 and owned by the
 job's uid: only the job and root (the server) can connect, whatever network namespace the job
-has. A socket path is limited to 107 bytes; a longer one is reached through a directory fd
-(`/proc/self/fd/<n>/jupyter.sock`), kept open while the attempt is looked up.
+has. A socket address is limited to 107 bytes; a longer path is reached through a directory fd
+(`/proc/self/fd/<n>/jupyter.sock`) that is open only while one connection is made
+(`reachable_path`, `open_unix_socket`). Everything else (the proxy's connection pools, its cached
+decisions) knows the socket by its real path: an fd number kept for longer, and closed in bulk,
+could be reused for another attempt's directory while a name made from it still stood for the
+first, and a request would reach another user's JupyterLab.
 
 Slurm engine: JupyterLab runs on a compute node and listens on that node's address and a free
 port (corral.workspaces.launch, `CORRAL_WORKSPACE_LISTEN=tcp`). The host is the node's address as
@@ -17,7 +21,11 @@ further: the proxy sends that port only the owner's own per-start credential.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +34,6 @@ from corral.engine.slurm.state import read_job_file
 from corral.workspaces.launch import ENDPOINT_NAME, SOCKET_NAME
 
 MAX_SOCKET_PATH = 100
-_dir_fds: dict[str, int] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,28 +75,37 @@ def _slurm_port(engine: Any, attempt_id: str) -> int | None:
 
 
 def jupyter_socket(engine: Any, attempt_id: str) -> str | None:
-    """The socket path to connect to, or None when this engine has no such place (Slurm, none)."""
+    """The socket's path, or None when this engine has no such place (Slurm, none). May be too
+    long for a socket address: connect through `reachable_path` / `open_unix_socket`."""
     attempts_dir = getattr(engine, "attempts_dir", None)
     if engine is None or getattr(engine, "name", "") != "local" or not isinstance(attempts_dir, Path):
         return None
-    work_dir = attempts_dir / attempt_id / "work" / "0"
-    path = str(work_dir / SOCKET_NAME)
+    return str(attempts_dir / attempt_id / "work" / "0" / SOCKET_NAME)
+
+
+@contextlib.contextmanager
+def reachable_path(path: str) -> Iterator[str]:
+    """`path` as a socket address for the `with`: itself, or when too long, the same socket through
+    its directory's fd, which is open for the `with` only (its number is not reused meanwhile)."""
     if len(os.fsencode(path)) < MAX_SOCKET_PATH:
-        return path
-    return f"/proc/self/fd/{_dir_fd(str(work_dir))}/{SOCKET_NAME}"
+        yield path
+        return
+    directory, name = os.path.split(path)
+    fd = os.open(directory, os.O_PATH | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{name}"
+    finally:
+        os.close(fd)
 
 
-def _dir_fd(directory: str) -> int:
-    fd = _dir_fds.get(directory)
-    if fd is not None:
-        try:
-            os.fstat(fd)
-            return fd
-        except OSError:
-            _dir_fds.pop(directory, None)
-    if len(_dir_fds) > 256:  # ended attempts: close them all, reopening is cheap
-        for old in _dir_fds.values():
-            os.close(old)
-        _dir_fds.clear()
-    fd = _dir_fds[directory] = os.open(directory, os.O_PATH | os.O_DIRECTORY)
-    return fd
+async def open_unix_socket(path: str) -> socket.socket:
+    """A socket connected to the Unix socket at `path`, however long the path (OSError if not)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        with reachable_path(path) as address:
+            await asyncio.get_running_loop().sock_connect(sock, address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

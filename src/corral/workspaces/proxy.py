@@ -40,7 +40,7 @@ from corral.api.deps import MAX_ROW_ID, SESSION_COOKIE
 from corral.services.auth import Principal, authenticate_session, authenticate_token, sha256_hex
 from corral.services.errors import ServiceError
 from corral.services.workspaces import ProxyTarget, proxy_target
-from corral.workspaces.endpoint import Upstream, jupyter_upstream
+from corral.workspaces.endpoint import Upstream, jupyter_upstream, open_unix_socket
 from corral.workspaces.jupyter_auth import HEADER
 from corral.workspaces.upstream import HttpPool, UpstreamError, UpstreamResponse, close_quietly
 
@@ -243,7 +243,8 @@ async def proxy_websocket(websocket: WebSocket, ws_id: int, path: str) -> None:
             "open_timeout": 10,
         }
         if decision.upstream.socket is not None:
-            upstream = await websockets.unix_connect(decision.upstream.socket, uri, **options)
+            sock = await open_unix_socket(decision.upstream.socket)
+            upstream = await websockets.unix_connect(None, uri, sock=sock, **options)
         else:
             upstream = await websockets.connect(uri, **options)
     except (OSError, websockets.InvalidHandshake, TimeoutError) as exc:

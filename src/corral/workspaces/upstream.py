@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import httptools
 
+from corral.workspaces.endpoint import open_unix_socket
+
 READ_BYTES = 256 * 1024
 MAX_IDLE_PER_SOCKET = 8  # kept-alive connections per upstream socket (a browser opens about 6)
 NO_BODY_STATUS = frozenset({204, 304})
@@ -161,7 +163,8 @@ class HttpPool:
                     raise UpstreamError("the upstream closed a kept-alive connection") from None
         try:
             if self.path is not None:
-                reader, writer = await asyncio.open_unix_connection(self.path, limit=READ_BYTES)
+                sock = await open_unix_socket(self.path)  # a path too long for an address too
+                reader, writer = await asyncio.open_unix_connection(sock=sock, limit=READ_BYTES)
             else:
                 reader, writer = await asyncio.open_connection(self.host, self.port, limit=READ_BYTES)
         except OSError as exc:
