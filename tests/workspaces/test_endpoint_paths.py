@@ -12,7 +12,9 @@ import socket
 from pathlib import Path
 from types import SimpleNamespace
 
-from corral.workspaces import proxy
+import pytest
+
+from corral.workspaces import proxy, upstream
 from corral.workspaces.endpoint import MAX_SOCKET_PATH, jupyter_upstream
 
 
@@ -81,3 +83,28 @@ def test_long_socket_paths_reach_their_own_jupyterlab_and_keep_no_fd(tmp_path: P
         return answers
 
     assert asyncio.run(scenario()) == ["alice's", "bob's", "alice's", "0 directories open"]
+
+
+def test_an_upstream_that_takes_no_connection_fails_after_the_connect_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A workspace's node that went dead (its port never answers the handshake; TCP's own retries
+    last about two minutes) fails the request with a reason after CONNECT_TIMEOUT_S."""
+    monkeypatch.setattr(upstream, "CONNECT_TIMEOUT_S", 0.3)
+    attempts: list[tuple[str, int]] = []
+
+    async def never_connects(host: str, port: int, **kwargs: object) -> None:
+        attempts.append((host, port))
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(upstream.asyncio, "open_connection", never_connects)
+
+    async def request() -> str:
+        try:
+            await upstream.HttpPool(None, "node7", 8888).request("GET", "/", [("host", "node7")])
+        except upstream.UpstreamError as exc:
+            return str(exc)
+        return "answered"
+
+    assert asyncio.run(asyncio.wait_for(request(), 5)) == "no connection within 0.3 s"
+    assert attempts == [("node7", 8888)]

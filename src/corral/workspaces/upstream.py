@@ -24,6 +24,9 @@ import httptools
 from corral.workspaces.endpoint import open_unix_socket
 
 READ_BYTES = 256 * 1024
+# A workspace on a Slurm node that went dead: TCP's own connect retries took about two minutes,
+# each holding a browser request. Alike for the WebSocket side (proxy.py's open_timeout).
+CONNECT_TIMEOUT_S = 10.0
 MAX_IDLE_PER_SOCKET = 8  # kept-alive connections per upstream socket (a browser opens about 6)
 NO_BODY_STATUS = frozenset({204, 304})
 
@@ -162,11 +165,14 @@ class HttpPool:
                 if body is not None:
                     raise UpstreamError("the upstream closed a kept-alive connection") from None
         try:
-            if self.path is not None:
-                sock = await open_unix_socket(self.path)  # a path too long for an address too
-                reader, writer = await asyncio.open_unix_connection(sock=sock, limit=READ_BYTES)
-            else:
-                reader, writer = await asyncio.open_connection(self.host, self.port, limit=READ_BYTES)
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                if self.path is not None:
+                    sock = await open_unix_socket(self.path)  # a path too long for an address too
+                    reader, writer = await asyncio.open_unix_connection(sock=sock, limit=READ_BYTES)
+                else:
+                    reader, writer = await asyncio.open_connection(self.host, self.port, limit=READ_BYTES)
+        except TimeoutError:
+            raise UpstreamError(f"no connection within {CONNECT_TIMEOUT_S:g} s") from None
         except OSError as exc:
             raise UpstreamError(str(exc)) from exc
         try:
