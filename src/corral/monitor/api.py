@@ -21,12 +21,11 @@ from fastapi import APIRouter, FastAPI, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import generate_latest
 from pydantic import ConfigDict, Field, ValidationError, model_validator
-from sqlalchemy import select
 
 from corral.api.deps import DB, Admin, CurrentUser
 from corral.api.schemas import BooleansApart
 from corral.config import Settings
-from corral.db.models import Gpu, Node
+from corral.db.models import Node
 from corral.monitor.alerts import WebhookPayload, alert_to_dict, ingest_webhook, list_alerts
 from corral.monitor.channels import channel_statuses
 from corral.monitor.chaos import inject_job_oom, set_node_silenced
@@ -36,6 +35,7 @@ from corral.monitor.gpu import update_fault
 from corral.monitor.loops import config_source
 from corral.monitor.metrics import METRICS_RENDER_SECONDS, REGISTRY
 from corral.services import audit
+from corral.services.nodes import gpu_or_not_found
 
 log = logging.getLogger("corral.monitor.api")
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -201,7 +201,9 @@ def inject_gpu_fault(
     changes = fault.model_dump(exclude_none=True)
     if not changes.get("clear"):
         changes.pop("clear", None)
-        _require_gpu(db, node, index)  # clearing stays open: a stale entry of a removed node
+        # a fault for a GPU the cluster does not have would be written, reported as injected and
+        # never read by any sample (404); clearing stays open: a removed node's stale entry
+        gpu_or_not_found(db, node, index)
     entry = update_fault(request.app.state.settings.home, node, index, **changes)
     # The fault file is not transactional: the record follows the write it describes.
     audit.record(
@@ -214,17 +216,6 @@ def inject_gpu_fault(
     )
     db.commit()
     return {"node": node, "index": index, "fault": entry}
-
-
-def _require_gpu(db: DB, node: str, index: int) -> None:
-    """A fault for a GPU the cluster does not have would be written, reported as injected, and
-    never read by any sample: refuse it, naming what exists."""
-    if db.get(Node, node) is None:
-        raise HTTPException(404, f"no node named {node!r}")
-    if db.get(Gpu, (node, index)) is None:
-        indexes = db.scalars(select(Gpu.index).where(Gpu.node_name == node).order_by(Gpu.index)).all()
-        has = "GPUs " + ", ".join(map(str, indexes)) if indexes else "no GPUs"
-        raise HTTPException(404, f"node {node!r} has no GPU {index} (it has {has})")
 
 
 @router.post("/api/v1/chaos/nodes/{node}/{action}")

@@ -69,11 +69,9 @@ class ClusterSummary(TypedDict):
     jobs: dict[str, int]
 
 
-def set_gpu_health(session: Session, name: str, index: int, action: str) -> tuple[Gpu, str]:
-    """An operator's verdict on one GPU: `quarantine` keeps it out of placement (the node's other
-    GPUs stay in use); `return` puts a quarantined or lost GPU back in service once examined (the
-    diagnosis watch quarantines on ECC/Xid faults and never returns one by itself). Returns the
-    GPU and its health before. Not committed: the caller records it with the change."""
+def gpu_or_not_found(session: Session, name: str, index: int) -> Gpu:
+    """GPU `index` of node `name`, or NotFound naming what is missing: the node, or the GPU with
+    the indexes the node has."""
     gpu = session.get(Gpu, (name, index))
     if gpu is None:
         if session.get(Node, name) is None:
@@ -81,6 +79,15 @@ def set_gpu_health(session: Session, name: str, index: int, action: str) -> tupl
         indexes = session.scalars(select(Gpu.index).where(Gpu.node_name == name).order_by(Gpu.index)).all()
         has = "GPUs " + ", ".join(map(str, indexes)) if indexes else "no GPUs"
         raise NotFound(f"node {name!r} has no GPU {index} (it has {has})")
+    return gpu
+
+
+def set_gpu_health(session: Session, name: str, index: int, action: str) -> tuple[Gpu, str]:
+    """An operator's verdict on one GPU: `quarantine` keeps it out of placement (the node's other
+    GPUs stay in use); `return` puts a quarantined or lost GPU back in service once examined (the
+    diagnosis watch quarantines on ECC/Xid faults and never returns one by itself). Returns the
+    GPU and its health before. Not committed: the caller records it with the change."""
+    gpu = gpu_or_not_found(session, name, index)
     before = gpu.health
     target = GpuHealth.QUARANTINED if action == "quarantine" else GpuHealth.HEALTHY
     if before != target.value and not move_gpu(session, gpu, target):
