@@ -42,7 +42,7 @@ from corral.services.lifecycle import (
 )
 
 log = logging.getLogger("corral.server.nodes")
-# Kubernetes waits 50 s and Slurm 300 s by default; Corral's bar is 10 s from the last heartbeat.
+# Kubernetes waits 50 s and Slurm 300 s by default; Corral's default is 6 s from the last heartbeat.
 HEARTBEAT_TIMEOUT_S = float(os.environ.get("CORRAL_NODE_HEARTBEAT_TIMEOUT_S", "6"))
 ADMIN_STATES = {"cordoned": NodeState.CORDONED, "draining": NodeState.DRAINING}
 
