@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy import func, select
 
+from corral.db.incident_models import RemediationRun
+from corral.monitor.alerts import record_alert
 from corral.monitor.models import Alert, AlertNotification
 from tests.monitor.conftest import WEBHOOK_TOKEN, Mon
 
@@ -155,3 +161,51 @@ def test_alerts_are_stored_deduplicated_and_resolved(mon: Mon) -> None:
         notes = db.execute(select(AlertNotification.alert_status, AlertNotification.state)).all()
     # One notification per status change per channel: gpu0 firing, gpu1 firing, gpu0 resolved.
     assert sorted(notes) == [("firing", "pending"), ("firing", "pending"), ("resolved", "pending")]
+
+
+@contextlib.contextmanager
+def _delivered_meanwhile(mon: Mon, other: Callable[[], None]) -> Iterator[None]:
+    """Run `other` (another delivery, committed) right after this transaction's first read of the
+    alerts table, i.e. between its read and its write."""
+    done: list[bool] = []
+
+    def after(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if not done and statement.lstrip().upper().startswith("SELECT") and " alerts" in statement:
+            done.append(True)
+            other()
+
+    sa.event.listen(mon.engine, "after_cursor_execute", after)
+    try:
+        yield
+    finally:
+        sa.event.remove(mon.engine, "after_cursor_execute", after)
+    assert done, "the other delivery did not run"
+
+
+@pytest.mark.parametrize("first", ["resolved", None])  # a stored alert changing, or a new one
+def test_one_change_delivered_twice_at_once_is_one_change(mon: Mon, first: str | None) -> None:
+    """An Alertmanager HA pair delivers the same change twice; two servers (or one's threads) may
+    record both at once. One change: one notification per channel, one remediation run."""
+    labels = {"alertname": "CorralGpuEccErrors", "severity": "critical", "node": "n1", "gpu": "0"}
+
+    def deliver(status: str) -> bool:
+        with mon.factory() as db:
+            change = record_alert(
+                db, labels=labels, status=status, now=time.time(), channels=["ops"], source="x"
+            )
+            db.commit()
+            return change.changed
+
+    if first is not None:
+        assert deliver(first)
+    with mon.factory() as db:
+        runs_before = len(db.scalars(select(RemediationRun.signal)).all())
+    changes: list[bool] = []
+    with _delivered_meanwhile(mon, lambda: changes.append(deliver("firing"))):
+        changes.append(deliver("firing"))
+    assert changes == [True, False]
+    with mon.factory() as db:
+        notes = db.scalars(select(AlertNotification.alert_status)).all()
+        runs = db.scalars(select(RemediationRun.signal)).all()
+    assert sorted(notes) == sorted([*([first] if first else []), "firing"])
+    assert runs.count("CorralGpuEccErrors") == runs_before + 1  # the ECC rule ran once for the firing

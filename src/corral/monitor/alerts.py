@@ -14,7 +14,8 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import ColumnElement, String, and_, cast, func, or_, select
+from sqlalchemy import ColumnElement, String, and_, cast, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from corral.db.models import Group, Job
@@ -91,7 +92,11 @@ def record_alert(
     generator_url: str = "",
 ) -> AlertChange:
     """Insert or update the alert with this fingerprint. Repeats of the same status only bump
-    counters; a stale `resolved` for an older episode than the stored one is ignored."""
+    counters; a stale `resolved` for an older episode than the stored one is ignored.
+
+    Two deliveries of one change at once (an Alertmanager HA pair sends both; two servers behind
+    one address, or a check and a webhook) make one change: the insert and the status change are
+    compare-and-set, so only one of them notifies and runs the remediation rules."""
     fingerprint = fingerprint or fingerprint_of(labels)
     starts = starts_at if starts_at is not None else now
     alert = session.scalars(select(Alert).where(Alert.fingerprint == fingerprint)).one_or_none()
@@ -102,15 +107,19 @@ def record_alert(
             starts_at=starts, ends_at=ends_at if status == "resolved" else None, first_received_at=now,
             last_received_at=now, receive_count=1, generator_url=generator_url,
         )  # fmt: skip
-        session.add(alert)
-        session.flush()
-        _queue_notifications(session, alert, channels, now)
-        _remediate(session, alert, now)
-        return AlertChange(alert.id, alert.name, status, True)
+        try:
+            with session.begin_nested():
+                session.add(alert)
+        except IntegrityError:  # the same alert inserted by another delivery meanwhile: update it
+            alert = session.scalars(select(Alert).where(Alert.fingerprint == fingerprint)).one()
+        else:
+            _queue_notifications(session, alert, channels, now)
+            _remediate(session, alert, now)
+            return AlertChange(alert.id, alert.name, status, True)
     alert.last_received_at = now
     alert.receive_count += 1
     stale = status == "resolved" and starts_at is not None and starts_at < alert.starts_at - 1e-3
-    if status == alert.status or stale:
+    if status == alert.status or stale or not _status_moved(session, alert, status):
         if annotations and not stale:
             alert.annotations = annotations
         return AlertChange(alert.id, alert.name, alert.status, False)
@@ -126,6 +135,21 @@ def record_alert(
     _queue_notifications(session, alert, channels, now)
     _remediate(session, alert, now)
     return AlertChange(alert.id, alert.name, status, True)
+
+
+def _status_moved(session: Session, alert: Alert, status: str) -> bool:
+    """Move the stored status from the one this delivery read to `status`; False (and `alert`
+    read again) when another delivery changed it meanwhile: this one is then a repeat of it."""
+    moved = session.execute(
+        update(Alert)
+        .where(Alert.id == alert.id, Alert.status == alert.status)
+        .values(status=status)
+        .execution_options(synchronize_session=False)
+    )
+    if moved.rowcount == 1:  # type: ignore[attr-defined]
+        return True
+    session.refresh(alert)
+    return False
 
 
 def _remediate(session: Session, alert: Alert, now: float) -> None:
