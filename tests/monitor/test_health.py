@@ -148,8 +148,9 @@ def test_stale_heartbeats_of_nodes_the_node_loop_has_not_seen_yet_are_not_lost(m
     """A server started after a few minutes down finds every node's last heartbeat old, and its
     health loop may look before the node loop's first pass refreshes them: that must not declare
     every node lost (the node-lost rule would stop all their jobs as hardware faults and page). A
-    node is lost once the node loop has marked it down or unknown (it does within its 6 s
-    timeout) and its heartbeat is older than `node_lost_after`."""
+    node is lost once the node loop has marked it down (it does within its 6 s timeout) and its
+    heartbeat is older than `node_lost_after`; `unknown`, what an engine outage leaves every node
+    in, is not a loss (nothing is failed because of an outage)."""
     node, _index, job_id = held_gpu(mon)
     now = time.time()
     with mon.factory() as db:
@@ -159,6 +160,11 @@ def test_stale_heartbeats_of_nodes_the_node_loop_has_not_seen_yet_are_not_lost(m
         assert db.scalars(select(AttemptFault)).all() == []
     assert alerts(mon, "CorralNodeLost") == []
     assert events(mon, job_id) == []
+    with mon.factory() as db:  # the engine unreachable for minutes: every node unknown
+        db.execute(update(Node).values(state="unknown"))
+        db.commit()
+        assert check_nodes(db, now + 1, ["ops"], RULES) == []
+    assert alerts(mon, "CorralNodeLost") == [] and events(mon, job_id) == []
     with mon.factory() as db:
         db.execute(update(Node).where(Node.name == node).values(state="down"))  # the node loop's verdict
         db.commit()

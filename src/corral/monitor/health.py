@@ -21,8 +21,8 @@ from corral.monitor.config import HealthRules
 from corral.monitor.gpu import GpuRef, GpuSample, GpuSampler
 from corral.monitor.models import Alert, GpuReading, MonitorState
 from corral.monitor.runbooks import runbook_url
+from corral.scheduler.types import NodeState
 from corral.services.lifecycle import record_event
-from corral.services.nodes import LIVE_NODE_STATES
 
 SOURCE = "corral"
 OOM_REASONS = ("oom", "cuda_oom")
@@ -176,20 +176,22 @@ def _labels(alertname: str, severity: str, where: dict[str, str]) -> dict[str, s
 
 def check_nodes(session: Session, now: float, channels: Sequence[str], rules: HealthRules) -> list[str]:
     """Nodes whose heartbeat is older than `node_lost_after` and that the node loop has marked
-    down or unknown: alert, and an event on each job holding GPUs there. Returns the names of
-    the nodes found lost.
+    down: alert, and an event on each job holding GPUs there. Returns the names of the nodes
+    found lost.
 
     An old heartbeat alone is not enough: a server that starts after a while down (or takes the
     node loop over from another) finds every node's heartbeat old until its node loop's first
     pass, and the node-lost rule would stop every job of every node. A node that really stopped
-    answering is marked down (or unknown) by the node loop within its heartbeat timeout."""
+    answering is marked down by the node loop within its heartbeat timeout (or by its engine:
+    Slurm's DOWN). Nor is `unknown` a loss: it is what an engine outage leaves every node in
+    (docs/slurm.md: nothing is failed because of the outage), and the rule would stop their jobs."""
     check = HealthPass.start(session, now, channels)
     lost = []
     for name, last_hb, state in session.execute(select(Node.name, Node.last_heartbeat, Node.state)):
         if last_hb is None:
             continue  # never reported: nothing to compare against
         age = now - last_hb
-        is_lost = age > rules.node_lost_after and state not in LIVE_NODE_STATES
+        is_lost = age > rules.node_lost_after and state == NodeState.DOWN.value
         labels = {"alertname": "CorralNodeLost", "severity": "critical", "node": name}
         changed = check.set(labels, is_lost, f"no heartbeat from {name} for {age:.0f} s")
         if is_lost:
