@@ -19,11 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, object_session
 
 from corral.datasets.models import DatasetUpload, StorageAccount
 from corral.datasets.names import human_bytes
+from corral.db.base import lock_row
 from corral.db.models import Group, User
 from corral.services.errors import Forbidden, NotFound
 
@@ -60,21 +61,17 @@ def lock_account(row: StorageAccount) -> StorageAccount:
     """`row`, locked until its transaction ends and re-read: what was committed by then. Without
     it two requests for one owner both read the same usage and act on it (two uploads started at
     once, each under the quota, together over it; two versions charged at once, one charge lost).
-    A no-op UPDATE takes PostgreSQL's row lock and SQLite's write lock alike. Take it before
-    touching other datasets' rows (one lock order: no deadlock)."""
+    Take it before touching other datasets' rows (one lock order: no deadlock)."""
     session = object_session(row)
     assert session is not None
-    session.execute(
-        update(StorageAccount)
-        .where(StorageAccount.scope == row.scope, StorageAccount.name == row.name)
-        .values(dataset_bytes=StorageAccount.dataset_bytes)
-    )
-    session.refresh(row)
+    if not lock_row(session, row):
+        raise RuntimeError(f"storage account {row.scope}/{row.name} is gone (accounts are never deleted)")
     return row
 
 
 def charge_dataset(row: StorageAccount, nbytes: int, nfiles: int) -> None:
-    lock_account(row)  # added to what is committed now, not to what this request read earlier
+    """Add a version's bytes and files to (or take them off) `row`, which `lock_account` returned
+    in this transaction: added to what is committed, not to what this request read earlier."""
     row.dataset_bytes = max(0, row.dataset_bytes + nbytes)
     row.dataset_files = max(0, row.dataset_files + nfiles)
 

@@ -236,7 +236,8 @@ def delete_version(session: Session, store: Store, ds: Dataset, version: int) ->
     which the stale-upload loop removes)."""
     row = version_of(session, ds, version)
     _refuse_in_use(session, ds, version)
-    charge_dataset(owner_account(session, ds.owner_user_id, ds.owner_group_id), -row.bytes, -row.files)
+    account = lock_account(owner_account(session, ds.owner_user_id, ds.owner_group_id))
+    charge_dataset(account, -row.bytes, -row.files)
     session.delete(row)
     session.commit()
     store.unpublish(ds.id, version)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -41,6 +41,7 @@ from corral.datasets.quotas import (
 )
 from corral.datasets.service import can_push, versions_of
 from corral.datasets.store import Store, file_sha256, walk_files
+from corral.db.base import lock_row
 from corral.db.models import Group
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
@@ -311,12 +312,8 @@ def complete(
     # after a timeout) waits for it, then answers its version; unlocked, it read the rows the first
     # was deleting and answered 409 "not complete: 0/N files registered", or 500 publishing a
     # staging directory already gone.
-    locked = session.execute(
-        update(DatasetUpload).where(DatasetUpload.id == upload.id).values(updated_at=DatasetUpload.updated_at)
-    )
-    if locked.rowcount != 1:  # type: ignore[attr-defined]
+    if not lock_row(session, upload):
         raise NotFound(f"no upload {upload_id!r} (abandoned meanwhile)")
-    session.refresh(upload)
     if upload.state == "done":  # a client retrying after a lost answer
         ds = session.scalar(select(Dataset).where(Dataset.name == upload.dataset_name))
         found = ds and session.scalar(

@@ -170,11 +170,9 @@ def describe() -> str:
     """One line for logs and version output: which scheduler this process runs, and why not the
     compiled one when it does not (a server started from a non-editable install, or before the
     build was made, runs pure Python, slower but with the same results)."""
-    if is_compiled():
+    if is_compiled():  # (the package's import, before this module's, made the decision)
         assert isinstance(_decision, Path)
         return f"compiled (mypyc, {_decision.name})"
-    if _decision is None:
-        return "not imported yet"
     return f"pure Python ({_why_pure or 'the chosen build was removed since'})"
 
 
