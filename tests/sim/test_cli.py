@@ -134,3 +134,14 @@ def test_compare_warns_when_policies_give_identical_results(tmp_path: Path) -> N
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "every policy gave identical results" in res.stderr
+
+
+def test_help_names_every_shipped_trace_and_cluster() -> None:
+    # The help strings are written out (the CLI does not import the simulator to start), so this
+    # keeps them in step with what load_trace / load_cluster accept.
+    from corral.cli.sim import CLUSTER_HELP, TRACE_HELP
+    from corral.sim.cluster import SHIPPED_CLUSTERS
+    from corral.sim.trace import SHIPPED_TRACES
+
+    assert [c for c in SHIPPED_CLUSTERS if c not in CLUSTER_HELP] == []
+    assert [t for t in SHIPPED_TRACES if t not in TRACE_HELP] == []

@@ -22,7 +22,7 @@ sim_app = typer.Typer(
 )
 
 TRACE_HELP = "philly, openb, openb-gpuspec33, or a CSV in the generic trace format (docs/simulator.md)"
-CLUSTER_HELP = "a CLUSTER.yaml, or a shipped example: philly, openb, openb-small"
+CLUSTER_HELP = "a CLUSTER.yaml, or a shipped example: philly, openb, openb-small, synth"
 
 
 ORACLE_HELP = (
