@@ -166,6 +166,74 @@ def test_a_submission_that_turns_up_after_its_stop_runs_nothing(
     assert not (runs / "ran").exists()
 
 
+def test_a_submission_that_turns_up_after_its_relaunch_runs_nothing(
+    engine: SlurmEngine, slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sbatch's answer timed out and the attempt is launched again (the dispatch's retry, or a
+    restarted server): Slurm knows no job of it yet, so the relaunch submits again. The first
+    request then reaches slurmctld (a busy one) after all: two Slurm jobs of one attempt, and the
+    late one must run nothing (before submission tokens both ran the ranks: two writers), while
+    the engine keeps following the current one."""
+    runs = slurm_cluster.scratch_dir()
+    held: list[tuple[tuple[str, ...], dict[str, object]]] = []
+    real = SlurmCli.run
+
+    def late_sbatch(self: SlurmCli, tool: str, *args: str, **kwargs: object) -> CliResult:
+        if tool == "sbatch" and not held:
+            held.append((args, kwargs))
+            raise EngineUnavailable("Slurm is unreachable: Socket timed out on send/recv operation")
+        return real(self, tool, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SlurmCli, "run", late_sbatch)
+    launch = attempt(
+        "204.1", instance("node1", f"echo $SLURM_JOB_ID >> {runs}/ran; sleep 2"), rw_mounts=[runs]
+    )
+    with pytest.raises(EngineUnavailable):
+        engine.launch(launch)
+    current = engine.launch(launch)  # the relaunch: nothing of the attempt in Slurm yet
+    args, kwargs = held[0]
+    late = real(engine.cli, "sbatch", *args, **kwargs)  # type: ignore[arg-type]
+    assert late.returncode == 0, late.message
+    late_id = late.stdout.strip().split(";")[0]
+    assert int(late_id) > int(current)  # the newest job of the attempt's name is the stale one
+    deadline = time.monotonic() + 30
+    while slurm_job_state(slurm_cluster, late_id) in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+        assert time.monotonic() < deadline, f"job {late_id} still {slurm_job_state(slurm_cluster, late_id)}"
+        time.sleep(0.1)
+    status = wait_for(engine, "204.1", FINISHED)
+    assert (status.phase, status.engine_ref) == (AttemptPhase.SUCCEEDED, current), status
+    assert (runs / "ran").read_text() == f"{current}\n"  # only the current submission ran
+    # found by name (as after a lost answer), the attempt's job is the current one, not the newest
+    assert engine._find_job_by_name("204.1", "") == current
+
+
+def test_a_superseded_submission_that_started_first_is_stopped(
+    engine: SlurmEngine, slurm_cluster: SlurmCluster
+) -> None:
+    """The stale submission may start before the later one exists (sbatch's answer lost, the job
+    found by no lookup yet): once the attempt's current submission is another, node.sh's watch
+    kills the stale one's ranks, as for the kill marker."""
+    runs = slurm_cluster.scratch_dir()
+    engine.launch(
+        attempt(
+            "205.1",
+            instance("node2", f"while true; do date +%s.%N >> {runs}/ticks; sleep 0.2; done"),
+            rw_mounts=[runs],
+        )
+    )
+    wait_for(engine, "205.1", {AttemptPhase.RUNNING})
+    deadline = time.monotonic() + 10
+    while not (runs / "ticks").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    engine.store.new_submission("205.1")  # what a relaunch writes before its sbatch
+    superseded_at = time.time()
+    time.sleep(KILL_CHECK_S + 3)
+    last = max(float(t) for t in (runs / "ticks").read_text().split())
+    assert last < superseded_at + KILL_CHECK_S + 1.5, (
+        f"ran on {last - superseded_at:.1f}s after it was superseded"
+    )
+
+
 def test_slurm_unreachable_then_back(engine: SlurmEngine, slurm_cluster: SlurmCluster) -> None:
     engine.launch(attempt("301.1", instance("node1", "sleep 3; echo survived")))
     wait_for(engine, "301.1", {AttemptPhase.RUNNING})

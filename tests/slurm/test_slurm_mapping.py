@@ -107,6 +107,13 @@ def test_squeue_format_gives_what_squeue_json_gives() -> None:
     assert running["end_time"] == 0 and mapping.live_status("x", running).started_at == when
 
 
+def test_squeue_lines_with_the_comment() -> None:
+    """With --name=corral-<id> (no "|" in the name), the comment comes last and may hold anything."""
+    out = "7|RUNNING|0|N/A|NONE|0|None|node1|corral-7.1|corral job=7 submission=ab|cd\n"
+    (job,) = parse_squeue(out, comment=True)
+    assert (job["name"], job["comment"]) == ("corral-7.1", "corral job=7 submission=ab|cd")
+
+
 def test_gres_parsing() -> None:
     assert mapping.parse_gpu_gres("gpu:4") == [(None, 4)]
     assert mapping.parse_gpu_gres("gpu:vgpu:4") == [("vgpu", 4)]
@@ -164,14 +171,19 @@ def test_sbatch_args_sum_what_is_placed_on_each_node() -> None:
         max_runtime_s=90,
     )
     account = UnixAccount("alice", 1234, 5678)
-    args = scripts.sbatch_args(a, scripts.validate(a), Path("/shared/9.1"), partition="gpu", account=account)
+    args = scripts.sbatch_args(
+        a, scripts.validate(a), Path("/shared/9.1"), partition="gpu", account=account, token="5ub"
+    )
     assert "--uid=1234" in args and "--gid=5678" in args  # the job runs as its user's account
     assert "--nodelist=n1,n2" in args and "--nodes=2" in args and "--ntasks-per-node=1" in args
     assert "--gres=gpu:4" in args  # the most GPUs placed on one node
     assert "--cpus-per-task=4" in args and "--mem=2000M" in args
     assert "--time=2" in args and "--partition=gpu" in args and "--no-requeue" in args
     assert "--job-name=corral-9.1" in args
-    assert args[-1] == "/shared/9.1/batch.sh"
+    # the submission's token: batch.sh's argument (it runs nothing unless it is the attempt's
+    # current one) and in the comment (how the engine tells the current submission by name)
+    assert args[-2:] == ["/shared/9.1/batch.sh", "5ub"]
+    assert any(a.startswith("--comment=") and a.endswith(" submission=5ub") for a in args)
 
 
 def test_scontrol_arguments() -> None:

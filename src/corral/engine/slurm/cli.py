@@ -60,12 +60,16 @@ class SlurmJob(TypedDict, total=False):
     restart_cnt: int
     state_reason: str
     nodes: str
+    comment: str  # only from SlurmCli.jobs(comment=True)
 
 
 # The job fields poll() reads, as `squeue --Format` prints them: "|" after each (no width, so no
 # truncation), the name last so that a "|" in another user's job name cannot shift the others.
 SQUEUE_FIELDS = ("JobID", "State", "exit_code", "StartTime", "EndTime", "RestartCnt", "Reason", "NodeList")
 SQUEUE_FORMAT = ",".join(f"{f}:|" for f in SQUEUE_FIELDS) + ",Name:"
+# The same, then the comment, last in its turn: only for `--name=corral-<attempt id>` (such a name
+# has no "|").
+SQUEUE_FORMAT_COMMENT = ",".join(f"{f}:|" for f in (*SQUEUE_FIELDS, "Name")) + ",Comment:"
 
 
 def _epoch(text: str) -> int:
@@ -76,28 +80,31 @@ def _epoch(text: str) -> int:
         return 0
 
 
-def parse_squeue(text: str) -> list[SlurmJob]:
+def parse_squeue(text: str, comment: bool = False) -> list[SlurmJob]:
     """`squeue --noheader --Format=SQUEUE_FORMAT` lines -> the same fields `squeue --json` gives
-    (exit_code is the raw wait status in both). Lines that are not such a line are skipped."""
+    (exit_code is the raw wait status in both). Lines that are not such a line are skipped.
+    `comment`: lines of SQUEUE_FORMAT_COMMENT."""
     jobs: list[SlurmJob] = []
+    n = len(SQUEUE_FIELDS) + comment
     for line in text.splitlines():
-        parts = line.split("|", len(SQUEUE_FIELDS))
-        if len(parts) != len(SQUEUE_FIELDS) + 1 or not parts[0].isdigit():
+        parts = line.split("|", n)
+        if len(parts) != n + 1 or not parts[0].isdigit():
             continue
-        job_id, state, code, start, end, restarts, reason, nodes, name = parts
-        jobs.append(
-            SlurmJob(
-                job_id=int(job_id),
-                name=name,
-                job_state=state,
-                exit_code=int(code) if code.isdigit() else 0,
-                start_time=_epoch(start),
-                end_time=_epoch(end),
-                restart_cnt=int(restarts) if restarts.isdigit() else 0,
-                state_reason=reason,
-                nodes=nodes,
-            )
+        job_id, state, code, start, end, restarts, reason, nodes, name = parts[:9]
+        job = SlurmJob(
+            job_id=int(job_id),
+            name=name,
+            job_state=state,
+            exit_code=int(code) if code.isdigit() else 0,
+            start_time=_epoch(start),
+            end_time=_epoch(end),
+            restart_cnt=int(restarts) if restarts.isdigit() else 0,
+            state_reason=reason,
+            nodes=nodes,
         )
+        if comment:
+            job["comment"] = parts[9]
+        jobs.append(job)
     return jobs
 
 
@@ -195,16 +202,18 @@ class SlurmCli:
             raise EngineUnavailable(f"Slurm is unreachable: {result.message}")
         return result
 
-    def jobs(self, *filters: str) -> list[SlurmJob]:
+    def jobs(self, *filters: str, comment: bool = False) -> list[SlurmJob]:
         """The jobs `squeue --states=all <filters>` lists. The plain format, not --json: with a few
         hundred jobs in MinJobAge, `squeue --json` took 170-220 ms and printed 1.5 MB here, this
         20-25 ms and 30 kB, and (unlike --json in Slurm 22.05) it honours --users and --name.
         Anything on stderr means the answer cannot be trusted to be complete (an unknown user in
-        --users prints an error and no jobs, exit 0): raised, never read as "no jobs"."""
-        result = self.run("squeue", "--noheader", "--states=all", f"--Format={SQUEUE_FORMAT}", *filters)
+        --users prints an error and no jobs, exit 0): raised, never read as "no jobs".
+        `comment`: with each job's comment too (SQUEUE_FORMAT_COMMENT: only with a --name filter)."""
+        fmt = SQUEUE_FORMAT_COMMENT if comment else SQUEUE_FORMAT
+        result = self.run("squeue", "--noheader", "--states=all", f"--Format={fmt}", *filters)
         if result.returncode != 0 or result.stderr.strip():
             raise EngineUnavailable(f"`squeue` failed: {result.message or f'exit {result.returncode}'}")
-        return parse_squeue(result.stdout)
+        return parse_squeue(result.stdout, comment)
 
     def jobs_by_id(self, job_ids: Sequence[str]) -> list[SlurmJob]:
         """The jobs of these ids that Slurm still knows (`squeue --states=all --jobs=...`): only

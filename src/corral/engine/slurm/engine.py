@@ -343,6 +343,9 @@ class SlurmEngine:
                 return self._reject(record, f"cannot prepare the job's storage: {exc}")
             attempt_dir = self.store.attempt_dir(aid)
             job_dir = self.store.job_dir(aid)
+            # before the new scripts: a lost earlier sbatch of this attempt turning up from now on
+            # runs nothing (scripts.SUBMISSION_FILE)
+            token = self.store.new_submission(aid)
             scripts.write_scripts(attempt_dir, job_dir, attempt, instances, account, self.sandbox)
             if attempt.log_dir:  # the ranks' logs, for the account to write, also at /logs
                 link_attempt_logs(
@@ -356,7 +359,7 @@ class SlurmEngine:
                     attempt_id=aid,
                 )
             self.store.save(record)  # before sbatch: a crash in between is found again by job name
-            args = scripts.sbatch_args(attempt, instances, job_dir, self.partition, account)
+            args = scripts.sbatch_args(attempt, instances, job_dir, self.partition, account, token)
             result = self.cli.run("sbatch", *args, env=self.cli.submit_env(scripts.DEFAULT_PATH))
             if result.returncode != 0:
                 return self._reject(record, f"Slurm rejected the job: {result.message}")
@@ -400,12 +403,16 @@ class SlurmEngine:
         return REJECTED_REF
 
     def _find_job_by_name(self, attempt_id: str, unix_user: str) -> str:
+        """The attempt's current submission in Slurm ("" if none): the job of its name whose
+        comment carries the current token (an older submission is superseded and runs nothing)."""
         name = scripts.job_name(attempt_id)
-        jobs = self._squeue({unix_user} if unix_user else None, f"--name={name}")
-        ids = [int(j["job_id"]) for j in jobs if j.get("name") == name]
+        token = self.store.submission(attempt_id)
+        jobs = self._squeue({unix_user} if unix_user else None, f"--name={name}", comment=bool(token))
+        mine = f"submission={token}"
+        ids = [int(j["job_id"]) for j in jobs if j.get("name") == name and mine in j.get("comment", mine)]
         return str(max(ids)) if ids else ""
 
-    def _squeue(self, users: set[str] | None, *filters: str) -> list[SlurmJob]:
+    def _squeue(self, users: set[str] | None, *filters: str, comment: bool = False) -> list[SlurmJob]:
         """squeue of the given accounts (None: all). An account that no longer exists makes
         squeue print an error and no jobs at all: such accounts are left out of the filter (an
         account found is looked up again after a minute; one not found, at every poll while it
@@ -414,13 +421,13 @@ class SlurmEngine:
         users = {u for u in users or () if _account_exists(u)}
         if users:
             try:
-                return self.cli.jobs(f"--users={','.join(sorted(users))}", *filters)
+                return self.cli.jobs(f"--users={','.join(sorted(users))}", *filters, comment=comment)
             except EngineUnavailable as exc:
                 if "invalid user" not in str(exc).lower():
                     raise
                 for name in users:  # one of them is gone: look them up again next time
                     _accounts_seen.pop(name, None)
-        return self.cli.jobs(*filters)
+        return self.cli.jobs(*filters, comment=comment)
 
     # ---- status -------------------------------------------------------------------------------
     def poll(self, attempt_ids: Iterable[str]) -> Mapping[str, AttemptStatus]:
@@ -527,6 +534,8 @@ class SlurmEngine:
         aid = record.attempt_id
         if not record.slurm_job_id:  # launched, but its job id was never learnt
             job = jobs.get(scripts.job_name(aid))
+            if job is not None:  # the newest of that name need not be the current submission
+                job = jobs.get(self._find_job_by_name(aid, record.unix_user))
             if job is None:
                 return AttemptStatus(aid, AttemptPhase.PENDING, message="submitting to Slurm")
             record.slurm_job_id = str(job["job_id"])

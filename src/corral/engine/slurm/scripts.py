@@ -46,6 +46,12 @@ DEFAULT_GPU_DEVICE = "/dev/nvidia{index}"  # CORRAL_SLURM_GPU_DEVICE: a GPU's de
 STOP_MARKER = "stop"
 KILL_MARKER = "kill"
 KILL_CHECK_S = 1
+# The attempt dir's token of its current submission (state.StateStore.new_submission, written before
+# each sbatch, which hands the same token to batch.sh as its argument and in --comment). An sbatch
+# whose answer timed out may reach a busy slurmctld after the attempt was submitted again: that
+# job's token is no longer the current one, so its scripts run nothing (and a superseded job that
+# started first has its ranks killed by node.sh's watch, as with KILL_MARKER).
+SUBMISSION_FILE = "submission"
 GPU_SIDE_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
@@ -119,7 +125,10 @@ def sbatch_args(
     job_dir: Path,
     partition: str | None,
     account: UnixAccount,
+    token: str,
 ) -> list[str]:
+    """`token`: this submission's (SUBMISSION_FILE), passed to batch.sh and kept in the comment,
+    where the engine finds which of an attempt's jobs is the current submission."""
     shares = node_shares(instances)
     n = len(shares)
     args = [
@@ -141,7 +150,7 @@ def sbatch_args(
         f"--cpus-per-task={max(1, math.ceil(max(s.cpus for s in shares)))}",
         f"--mem={max(1, max(s.memory_mib for s in shares))}M",
         f"--comment=corral job={attempt.job_id} attempt={attempt.attempt} user={attempt.user} "
-        f"group={attempt.group}",
+        f"group={attempt.group} submission={token}",
     ]
     gpus = max(s.gpus for s in shares)
     if gpus:
@@ -152,31 +161,50 @@ def sbatch_args(
         args.append(f"--time={max(1, math.ceil(attempt.max_runtime_s / 60))}")
     if partition:
         args.append(f"--partition={partition}")
-    args.append(str(job_dir / "batch.sh"))
+    args += [str(job_dir / "batch.sh"), token]
     return args
 
 
-def batch_script(attempt_id: str, job_dir: Path, n_nodes: int, secrets: bool = False) -> str:
+# Shell (batch.sh, node.sh) for "this job is the attempt's current submission": its token ($T, the
+# scripts' argument) is the one in the attempt dir ($D). `read` is a builtin: node.sh's watch runs it
+# every second.
+_CURRENT = f"""T="${{1:-}}"
+current() {{ t=""; read -r t 2>/dev/null <"$D/{SUBMISSION_FILE}"; [ "$t" = "$T" ]; }}
+"""
+
+
+def batch_script(
+    attempt_id: str, attempt_dir: Path, job_dir: Path, n_nodes: int, secrets: bool = False
+) -> str:
     d = shlex.quote(str(job_dir))
     if n_nodes == 1:
-        run = f"/bin/sh {d}/node.sh"
+        run = f'/bin/sh {d}/node.sh "$T"'
     else:
         # --export=ALL: should the job have been submitted with --export=NONE, srun would inherit
         # SLURM_EXPORT_ENV=NONE and start the tasks with an empty environment (no PATH).
         run = (
             f"srun --export=ALL --nodes={n_nodes} --ntasks={n_nodes} --ntasks-per-node=1 "
-            f"--kill-on-bad-exit=1 /bin/sh {d}/node.sh"
+            f'--kill-on-bad-exit=1 /bin/sh {d}/node.sh "$T"'
         )
     if secrets:
         # The job's secrets go when every instance has ended (the engine also removes them
         # once it sees the job end: a KILL leaves this script no time). A TERM is caught, so
         # the script waits for its child, which gets the TERM itself (scancel --full).
         s = shlex.quote(str(job_dir / "secrets"))
-        run = f"trap : TERM INT\n{run}\nrc=$?\nchmod -R u+w {s} 2>/dev/null; rm -rf {s}\nexit $rc"
+        # (not a superseded submission's: they are the current one's)
+        rm = f"if current; then chmod -R u+w {s} 2>/dev/null; rm -rf {s}; fi"
+        run = f"trap : TERM INT\n{run}\nrc=$?\n{rm}\nexit $rc"
     else:
         run = f"exec {run}"
     header = f"#!/bin/sh\n# Corral attempt {attempt_id} (generated)\n"
-    return f"{header}PATH=${{PATH:-{DEFAULT_PATH}}}\nexport PATH\n{run}\n"
+    superseded = (
+        'if ! current; then echo "corral: this submission ($T) was superseded by a later one'
+        ' of the attempt ($t): running nothing" >&2; exit 0; fi\n'
+    )
+    return (
+        f"{header}PATH=${{PATH:-{DEFAULT_PATH}}}\nexport PATH\nD={shlex.quote(str(attempt_dir))}\n"
+        f"{_CURRENT}{superseded}{run}\n"
+    )
 
 
 def node_script(attempt_dir: Path, job_dir: Path, shares: list[NodeShare]) -> str:
@@ -192,8 +220,10 @@ node="${{SLURMD_NODENAME:-$(hostname)}}"
 case "$node" in
 {cases}  *) echo "corral: no instance of this attempt is placed on node $node" >&2; exit 90 ;;
 esac
-# a stop Corral sent before this script existed (Slurm says RUNNING a little before it starts it)
+{_CURRENT}# a stop Corral sent before this script existed (Slurm says RUNNING a little before it starts it)
 if [ -e "$D/{STOP_MARKER}" ]; then exit 143; fi
+# superseded by a later submission of the attempt (batch.sh checked it too, a moment before)
+if ! current; then exit 0; fi
 pids=""
 for r in $ranks; do
   /bin/sh "$J/rank-$r.sh" >"$J/rank-$r.log" 2>&1 </dev/null &
@@ -201,16 +231,18 @@ for r in $ranks; do
 done
 trap 'kill -TERM $pids 2>/dev/null' TERM INT
 # Corral gave the attempt up and Slurm may not reach this node to kill it (its slurmd hung or cut
-# off: NODE_FAIL while these ranks run on): they end here, every process of theirs at once (a
-# sandbox whose rank-R.sh died first would be orphaned, out of Slurm's reach). Deaf to TERM, so
-# that a graceful stop does not end the watch.
+# off: NODE_FAIL while these ranks run on), or a later submission of the attempt superseded this
+# one: they end here, every process of theirs at once (a sandbox whose rank-R.sh died first would
+# be orphaned, out of Slurm's reach). Deaf to TERM, so that a graceful stop does not end the watch.
 tree() {{
   local c
   for c in $(command -p cat /proc/"$1"/task/*/children 2>/dev/null); do echo "$c"; tree "$c"; done
 }}
 (trap '' TERM INT
  while sleep {KILL_CHECK_S}; do
-  if [ -e "$D/{KILL_MARKER}" ]; then kill -KILL $pids $(for p in $pids; do tree "$p"; done); exit; fi
+  if [ -e "$D/{KILL_MARKER}" ] || ! current; then
+   kill -KILL $pids $(for p in $pids; do tree "$p"; done); exit
+  fi
  done
 ) >/dev/null 2>&1 </dev/null &
 watch=$!
@@ -404,7 +436,9 @@ def write_scripts(
         owner = (account.uid, account.gid)
         write_secrets(str(job_dir / "secrets"), attempt.secrets, owner, owner)
     files = {
-        "batch.sh": batch_script(attempt.attempt_id, job_dir, len(shares), bool(attempt.secrets)),
+        "batch.sh": batch_script(
+            attempt.attempt_id, attempt_dir, job_dir, len(shares), bool(attempt.secrets)
+        ),
         "node.sh": node_script(attempt_dir, job_dir, shares),
         **{
             f"rank-{i.rank}.sh": rank_script(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import secrets
 import stat
 import tempfile
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Required, TypedDict, cast
 
 from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason
 from corral.engine.slurm.cli import SlurmNode
+from corral.engine.slurm.scripts import SUBMISSION_FILE
 
 RECORD_CACHE_SIZE = 4096  # attempt records kept in memory (StateStore.load)
 
@@ -162,7 +164,8 @@ class StateStore:
     """Layout (docs/slurm.md, "Who runs the job"):
 
     <root>/                      server, 0711: jobs may pass, not list
-      attempts/<id>/             server, 0711: attempt.json (symlink to the record, 0600), stop, kill markers
+      attempts/<id>/             server, 0711: attempt.json (symlink to the record, 0600), stop, kill
+                                 markers, `submission` (the current submission's token, 0644)
       attempts/<id>/job/         the job's account, 0700: scripts, logs, exit codes, work dirs
     """
 
@@ -194,6 +197,29 @@ class StateStore:
         """The path of file `name` in the attempt's job dir, as a str (the poll checks one per live
         attempt many times a second; job_dir builds Paths)."""
         return f"{self._attempts_str}/{attempt_id}/job/{name}"
+
+    def new_submission(self, attempt_id: str) -> str:
+        """A fresh token for the attempt's next sbatch, made its current one (atomically; the job's
+        scripts read it as the job's account, see scripts.SUBMISSION_FILE). Written before each
+        sbatch: a submission whose answer was lost and that reaches slurmctld after a later one
+        carries an older token, and its scripts run nothing."""
+        token = secrets.token_hex(8)
+        directory = self.attempt_dir(attempt_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o644)
+            f.write(token + "\n")
+        os.replace(tmp, directory / SUBMISSION_FILE)
+        return token
+
+    def submission(self, attempt_id: str) -> str:
+        """The attempt's current submission token ("" before its first sbatch, or for an attempt
+        submitted by a version without tokens)."""
+        try:
+            return (self.attempt_dir(attempt_id) / SUBMISSION_FILE).read_text().strip()
+        except FileNotFoundError:
+            return ""
 
     def _record_path(self, attempt_id: str) -> str:
         """attempt.json's path as a str (load() builds it on every poll; Paths cost more)."""
