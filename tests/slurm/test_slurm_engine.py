@@ -5,12 +5,17 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
+from corral.db.models import Node
 from corral.engine.base import AttemptPhase, FailureReason
 from corral.engine.slurm import SlurmEngine
 from corral.scheduler.types import NodeState
+from corral.server.context import LoopMemory, ServerContext
+from corral.server.nodes import push_admin_states
 from tests.slurm.harness import SlurmCluster
 from tests.slurm.helpers import FINISHED, attempt, instance, slurm_engine, wait_for
 
@@ -182,6 +187,40 @@ def test_cordon_drain_resume_both_directions(engine: SlurmEngine, slurm_cluster:
         engine.set_node_state("node9", NodeState.CORDONED, "x")
     with pytest.raises(ValueError, match="unknown"):
         engine.set_node_state("node1", NodeState.UNKNOWN)
+
+
+def test_a_restarted_server_resumes_only_the_drains_corral_made(
+    engine: SlurmEngine, slurm_cluster: SlurmCluster
+) -> None:
+    """After a restart the node loop pushes every node's Corral state once (push_admin_states,
+    with an empty memory): "none" for a node an admin drained in Slurm itself must not resume it;
+    a node Corral cordoned and an admin uncordoned in Corral meanwhile is resumed. Nor does a
+    cordon take the admin's drain over (its uncordon would then resume it)."""
+
+    def sinfo(name: str) -> str:
+        return subprocess.run(
+            ["sinfo", "-h", "-n", name, "-o", "%T|%E"], env=slurm_cluster.env, capture_output=True, text=True
+        ).stdout.strip()
+
+    subprocess.run(
+        ["scontrol", "update", "nodename=node3", "state=drain", "reason=disk check"],
+        env=slurm_cluster.env,
+        check=True,
+    )
+    engine.set_node_state("node2", NodeState.CORDONED, "was cordoned")
+    restarted = SimpleNamespace(engine=engine, memory=LoopMemory())
+    rows = [Node(name=n, admin_state="none", message="") for n in ("node2", "node3")]
+    push_admin_states(cast(ServerContext, restarted), rows)
+    assert sinfo("node3") == "drained|disk check"  # the admin's drain stays, with its reason
+    node3 = {n.name: n for n in engine.nodes()}["node3"]
+    assert (node3.state, node3.message) == (NodeState.DRAINING, "disk check")
+    deadline = time.monotonic() + 10
+    while not sinfo("node2").startswith("idle|") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sinfo("node2").startswith("idle|")  # Corral's own cordon is undone
+    engine.set_node_state("node3", NodeState.CORDONED, "over the admin's drain")
+    engine.set_node_state("node3", NodeState.READY)
+    assert sinfo("node3") == "drained|disk check"
 
 
 RENDEZVOUS_PRINT = (

@@ -186,6 +186,16 @@ def test_sbatch_args_sum_what_is_placed_on_each_node() -> None:
     assert any(a.startswith("--comment=") and a.endswith(" submission=5ub") for a in args)
 
 
+def test_holds_made_in_slurm_are_left_alone() -> None:
+    held = mapping.held_in_slurm
+    assert not held(NodeState.READY, "drained", "corral cordon: disk")  # Corral's own: resumed
+    assert not held(NodeState.READY, "idle", "none")
+    assert held(NodeState.READY, "drained", "disk check") and held(NodeState.READY, "down*", "Not responding")
+    assert held(NodeState.CORDONED, "drained", "disk check")  # not relabelled as Corral's cordon
+    assert not held(NodeState.DRAINING, "down*", "Not responding")  # drained, to stay out once back
+    assert not held(NodeState.DRAINING, "drained", "corral cordon: x")
+
+
 def test_scontrol_arguments() -> None:
     assert mapping.scontrol_state_args("n1", NodeState.READY, "") == ["update", "nodename=n1", "state=resume"]
     cordon = mapping.scontrol_state_args("n1", NodeState.CORDONED, "")

@@ -145,7 +145,9 @@ def fail_jobs_on(
 
 
 def push_admin_states(ctx: ServerContext, rows: list[Node]) -> None:
-    """Tell the engine about cordon/drain/uncordon once per change (and once after a restart)."""
+    """Tell the engine about cordon/drain/uncordon once per change (and once after a restart:
+    "none" for most nodes, which an engine must not read as "undo holds Corral did not make";
+    the Slurm engine leaves an admin's drain in Slurm itself alone, docs/slurm.md "Nodes")."""
     pushed = ctx.memory.pushed_admin_state
     for row in rows:
         wanted = row.admin_state or "none"

@@ -232,6 +232,16 @@ class SlurmCli:
                 return []
             raise
 
+    def node_hold(self, node: str) -> tuple[str, str] | None:
+        """(state, reason) of a node as `sinfo` prints them (%T and %E: "drained", "disk check";
+        the reason is "none" when there is none); None when Slurm lists no such node."""
+        result = self.run("sinfo", "--noheader", "--Node", f"--nodes={node}", "--format=%T|%E")
+        lines = result.stdout.splitlines() if result.returncode == 0 else []
+        if not lines or "|" not in lines[0]:
+            return None
+        state, reason = lines[0].split("|", 1)
+        return state.strip(), reason.strip()
+
     def run_json(self, tool: str, *args: str) -> SlurmReply:
         """Run a `--json` query. Errors reported inside the JSON (slurmctld down) are raised."""
         result = self.run(tool, *args, "--json")

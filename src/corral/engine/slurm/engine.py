@@ -294,7 +294,14 @@ class SlurmEngine:
         return [mapping.node_report(n, self.gpu_model) for n in nodes]
 
     def set_node_state(self, node: str, state: NodeState, reason: str = "") -> None:
+        """Corral's cordon, drain and uncordon, as drains with Corral's reasons and a resume of
+        those; a hold made in Slurm itself is left alone (mapping.held_in_slurm): the node loop
+        pushes every node's state after a server restart, which resumed an admin's drain."""
         args = mapping.scontrol_state_args(node, state, reason)
+        held = self.cli.node_hold(node) if state is not NodeState.DOWN else None
+        if held is not None and mapping.held_in_slurm(state, *held):
+            log.info("node %s left %s in Slurm (reason %r), not set %s", node, held[0], held[1], state.value)
+            return
         result = self.cli.run("scontrol", *args)
         if result.returncode == 0:
             return

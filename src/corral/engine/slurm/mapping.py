@@ -19,6 +19,8 @@ RUNNING_STATES = frozenset(
 # Corral writes the kind of hold into the drain reason, so that a cordon and a drain come back apart
 CORDON_PREFIX = "corral cordon"
 DRAIN_PREFIX = "corral drain"
+DOWN_PREFIX = "corral down"
+CORRAL_REASONS = (CORDON_PREFIX, DRAIN_PREFIX, DOWN_PREFIX)
 
 
 def slurm_state(job: SlurmJob) -> str:
@@ -224,6 +226,20 @@ def node_report(node: SlurmNode, default_gpu_model: str) -> NodeReport:
     )
 
 
+def held_in_slurm(state: NodeState, sinfo_state: str, reason: str) -> bool:
+    """Whether setting a node to Corral's `state` would undo or take over a hold made in Slurm
+    itself (an admin's `scontrol update ... state=drain|down`, slurmctld's "Not responding"): the
+    node has a reason Corral did not write. Corral resumes only its own holds; nor does it relabel
+    another's drain as its cordon or drain, which its uncordon would then resume (a node that is
+    down is still drained, so that it stays out once back). `sinfo_state`, `reason`: sinfo's %T
+    and %E ("drained", "disk check"; "none" for no reason)."""
+    if reason in ("", "none") or reason.startswith(CORRAL_REASONS):
+        return False
+    if state is NodeState.READY:
+        return True
+    return state in (NodeState.CORDONED, NodeState.DRAINING) and sinfo_state.startswith("drain")
+
+
 def scontrol_state_args(node: str, state: NodeState, reason: str) -> list[str]:
     """`scontrol update` arguments for a Corral node state."""
     if state is NodeState.READY:
@@ -238,7 +254,7 @@ def scontrol_state_args(node: str, state: NodeState, reason: str) -> list[str]:
     if state is NodeState.DRAINING:
         return ["update", f"nodename={node}", "state=drain", f"reason={DRAIN_PREFIX}: {reason or 'drained'}"]
     if state is NodeState.DOWN:
-        return ["update", f"nodename={node}", "state=down", f"reason=corral down: {reason or 'down'}"]
+        return ["update", f"nodename={node}", "state=down", f"reason={DOWN_PREFIX}: {reason or 'down'}"]
     raise ValueError(
         f"cannot set node {node} to {state.value!r} in Slurm; use ready, cordoned, draining or down"
     )
