@@ -16,16 +16,17 @@ from sqlalchemy.orm import Session
 from corral.db.audit_models import AuditRecord
 from corral.db.diag_models import AttemptFault
 from corral.db.incident_models import Incident, RemediationRun
-from corral.db.models import Attempt, Gpu, Job, Node
+from corral.db.models import Attempt, Gpu, GpuClaim, Job, Node
 from corral.db.session import make_engine
 from corral.monitor.alerts import record_alert
 from corral.scheduler import types as st
 from corral.server.context import ServerContext
 from corral.server.nodes import node_tick
+from corral.server.reconcile import reconcile_tick
 from corral.server.scheduling import apply_assignments
 from corral.services import incidents, remediation
 from corral.services.errors import Conflict
-from corral.services.lifecycle import AttemptState, move_attempt
+from corral.services.lifecycle import AttemptState, JobState, move_attempt, transition
 from corral.services.remediation_rules import RulesError, parse_rules
 from tests.pg import PostgresServer
 from tests.server.fakes import FakeEngine, add_job, gpu_node, make_context, seed_tenant
@@ -183,6 +184,53 @@ def test_dry_run_records_what_it_would_do_and_changes_nothing(world: World) -> N
         ]
         assert session.scalar(select(func.count()).select_from(Incident)) == 0
         assert session.get(Job, job_id).cancel_requested is False  # type: ignore[union-attr]
+
+
+def placed_job(w: World, node: str, gpu: int, *moves: AttemptState) -> int:
+    """A job placed on `node`'s GPU `gpu`, its attempt (and job) moved through `moves`."""
+    with w.ctx.session_factory() as session:
+        job_id = add_job(session, w.group_id, w.user_id)
+    with w.ctx.session_factory() as session:
+        placed = st.Allocation(str(job_id), (st.InstancePlacement("worker", 0, node, (gpu,), 1.0, 1024),))
+        assert apply_assignments(session, [st.Assignment(str(job_id), placed)], time.time()) == 1
+        attempt = session.scalars(select(Attempt).where(Attempt.job_id == job_id)).one()
+        job = session.get(Job, job_id)
+        assert job is not None
+        for move in moves:
+            assert move_attempt(session, attempt, move)
+            assert transition(session, job, JobState(move.value), now=time.time())
+        session.commit()
+    return job_id
+
+
+def test_a_drain_also_stops_the_jobs_placed_or_starting_on_the_node(tmp_path: Path) -> None:
+    """A job placed on the node (not launched yet) and one being launched there would otherwise
+    start on the drained node: the first is requeued at once, the second preempted, and the
+    reconcile loop stops its attempt like a running one's."""
+    w = make_world(tmp_path)
+    apply(w, CORDON_ALL.replace("actions: [cordon,", "actions: [drain,"))
+    scheduled = placed_job(w, "n1", 0)
+    starting = placed_job(w, "n1", 1, AttemptState.STARTING)
+    running = placed_job(w, "n1", 2, AttemptState.STARTING, AttemptState.RUNNING)
+    sick(w, "n1", time.time())
+    with w.ctx.session_factory() as session:
+        states = {j: session.get(Job, j).state for j in (scheduled, starting, running)}  # type: ignore[union-attr]
+        assert states == {scheduled: "queued", starting: "preempted", running: "preempted"}
+        job = session.get(Job, scheduled)
+        assert job is not None and "node n1 drained by rule cordon-everything" in (job.reason or "")
+        attempt = session.scalars(select(Attempt).where(Attempt.job_id == scheduled)).one()
+        assert (attempt.state, attempt.reason) == ("cancelled", "stopped")
+        claimed = session.scalars(select(GpuClaim.job_id).order_by(GpuClaim.job_id)).all()
+        assert claimed == [starting, running]  # freed by the requeued job only
+        (run,) = session.scalars(select(RemediationRun)).all()
+        (drain,) = [a["result"] for a in run.actions if a["action"] == "drain"]
+        assert drain.endswith("2 job(s) preempted with their stop grace, 1 not yet started requeued")
+    fake = w.ctx.engine
+    assert isinstance(fake, FakeEngine)
+    fake.run(f"{starting}.1")
+    fake.run(f"{running}.1")
+    reconcile_tick(w.ctx, time.time())
+    assert sorted(a for a, _ in fake.stopped) == [f"{starting}.1", f"{running}.1"]
 
 
 def test_a_rule_over_its_rate_limit_acts_no_more_and_asks_a_human(tmp_path: Path) -> None:

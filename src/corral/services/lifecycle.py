@@ -16,7 +16,7 @@ flush does not write them again; after a lost race the object's state is expired
 tests/server/test_lifecycle_owner.py fails when any other module writes these columns.
 
 Jobs      QUEUED -> SCHEDULED -> STARTING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED
-          RUNNING -> PREEMPTED -> QUEUED;  ended attempt with a retry or loss budget left -> QUEUED
+          STARTING | RUNNING -> PREEMPTED -> QUEUED;  ended attempt with a retry or loss budget left -> QUEUED
 Attempts  SCHEDULED -> STARTING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED | PREEMPTED | LOST
 Nodes     ready | cordoned | draining | down | unknown (operator's admin_state merged with the
           engine's report; down and unknown return to service when the engine reports them again)
@@ -106,7 +106,9 @@ _J = JobState
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     _J.QUEUED: frozenset({_J.SCHEDULED, _J.CANCELLED, _J.FAILED}),
     _J.SCHEDULED: frozenset({_J.STARTING, _J.QUEUED, _J.FAILED, _J.CANCELLED}),
-    _J.STARTING: frozenset({_J.RUNNING, _J.SUCCEEDED, _J.FAILED, _J.CANCELLED, _J.QUEUED}),
+    # PREEMPTED: a node drained while the job was starting (services.remediation): the reconcile
+    # loop stops its attempt, whatever the engine reports it doing, and requeues it.
+    _J.STARTING: frozenset({_J.RUNNING, _J.SUCCEEDED, _J.FAILED, _J.CANCELLED, _J.QUEUED, _J.PREEMPTED}),
     _J.RUNNING: frozenset({_J.SUCCEEDED, _J.FAILED, _J.CANCELLED, _J.PREEMPTED, _J.QUEUED}),
     # SUCCEEDED: an attempt that exited 0 before its preemption stop was sent (rule 1 above).
     _J.PREEMPTED: frozenset({_J.QUEUED, _J.CANCELLED, _J.FAILED, _J.SUCCEEDED}),

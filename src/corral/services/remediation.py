@@ -37,8 +37,8 @@ from corral.services.errors import Conflict, NotFound
 from corral.services.lifecycle import (
     AttemptState,
     GpuHealth,
-    InvalidTransition,
     JobState,
+    move_attempt,
     move_gpu,
     record_event,
     transition,
@@ -336,14 +336,50 @@ def _drain(session: Session, run: _Run, node: str, gpu: str, job_id: str, now: f
     result = _admin_state(session, run, node, "drain", now)
     if run.dry_run or result.startswith("no node"):
         return result
-    preempted = 0
-    for job in _jobs_on(session, node, None):
-        try:
-            message = f"node {node} drained by rule {run.rule.name}; back in the queue"
-            preempted += transition(session, job, JobState.PREEMPTED, now=now, message=message)
-        except InvalidTransition:
-            continue
-    return f"{result}; {preempted} job(s) preempted with their stop grace"
+    preempted = requeued = 0
+    why = f"node {node} drained by rule {run.rule.name}"
+    for job, attempt in _live_on(session, node):
+        if job.state == JobState.SCHEDULED.value:
+            # Placed, not launched (or its launch under way): back in the queue now, the attempt
+            # cancelled and its GPUs freed. A launch in flight finds the job settled when it is
+            # recorded and stops its process (server.dispatch); one claimed by a server that died
+            # may have started one, so it is stopped too (a stop is idempotent).
+            requeued += _requeue_scheduled(session, job, attempt, why, now)
+        elif job.state in (JobState.STARTING.value, JobState.RUNNING.value):
+            # Starting too: the reconcile loop stops a preempted job's attempt with its stop
+            # grace and requeues the job when it ends (services.lifecycle).
+            preempted += transition(
+                session, job, JobState.PREEMPTED, now=now, message=f"{why}; back in the queue"
+            )
+    return (
+        f"{result}; {preempted} job(s) preempted with their stop grace, {requeued} not yet started requeued"
+    )
+
+
+def _live_on(session: Session, node: str) -> list[tuple[Job, Attempt]]:
+    """The jobs with a live attempt placed on `node` (GPU or not), with that attempt."""
+    live = (AttemptState.SCHEDULED.value, *LIVE_ATTEMPTS)
+    rows = session.execute(
+        select(Job, Attempt)
+        .join(Attempt, Attempt.job_id == Job.id)
+        .where(Attempt.state.in_(live))
+        .order_by(Job.id)
+    ).all()
+    return [(job, attempt) for job, attempt in rows if any(p.node == node for p in attempt.placement or ())]
+
+
+def _requeue_scheduled(session: Session, job: Job, attempt: Attempt, why: str, now: float) -> bool:
+    message = f"{why} before attempt {attempt.number} started; back in the queue"
+    if not transition(session, job, JobState.QUEUED, now=now, message=message, values={"reason": message}):
+        return False  # launched, cancelled or settled meanwhile: the next look decides
+    ended = {"ended_at": now, "reason": "stopped", "message": message}
+    if not move_attempt(session, attempt, AttemptState.CANCELLED, ended):
+        raise Conflict(f"attempt {attempt.attempt_id} changed while node drain requeued its job")
+    for claim in session.scalars(select(GpuClaim).where(GpuClaim.attempt_pk == attempt.id)):
+        session.delete(claim)
+    if job.lease_owner is not None:
+        session.info.setdefault(STOPS_KEY, []).append((attempt.attempt_id, 0.0))
+    return True
 
 
 def _admin_state(session: Session, run: _Run, node: str, action: str, now: float) -> str:
