@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from corral.monitor.gpu import GpuRef, NvmlGpuProvider
+from corral.monitor.gpu import LOST_AFTER_FAILED_READS, GpuRef, NvmlGpuProvider
 
 
 class NVMLError(Exception):
@@ -69,7 +69,8 @@ def test_a_gpu_that_stops_answering_keeps_its_ecc_and_xid_counts(monkeypatch: py
     (before,) = provider.sample([ref])
     assert before.present and before.xid_events_total == 1 and before.ecc_volatile_uncorrected == 2
     fake.lost = True
-    (lost,) = provider.sample([ref])
+    for _ in range(LOST_AFTER_FAILED_READS):
+        (lost,) = provider.sample([ref])
     assert not lost.present
     counts = ("ecc_volatile_uncorrected", "ecc_volatile_corrected", "ecc_aggregate_uncorrected",
               "ecc_aggregate_corrected", "xid_events_total", "last_xid")  # fmt: skip
@@ -78,3 +79,25 @@ def test_a_gpu_that_stops_answering_keeps_its_ecc_and_xid_counts(monkeypatch: py
     fake.lost = False
     (back,) = provider.sample([ref])
     assert back.present and back.xid_events_total == 1 and back.ecc_volatile_uncorrected == 2
+
+
+def test_a_gpu_is_lost_only_after_several_failed_reads_in_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One transient NVML error marked the GPU lost at once (CorralGpuLost, the diagnosis
+    watch's GpuFault, the remediation rules stopping its job). Now it reads as lost only after
+    LOST_AFTER_FAILED_READS failed reads in a row, and one good read starts the count again."""
+    assert LOST_AFTER_FAILED_READS == 3
+    fake = FakeNvml(uncorrected=1)
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module())
+    provider = NvmlGpuProvider()
+    ref = GpuRef("n1", 0, "GPU-real-0", 81920)
+    (good,) = provider.sample([ref])
+    present = []
+    for lost in (True, True, False, True, True, True, False):
+        fake.lost = lost
+        (sample,) = provider.sample([ref])
+        present.append(sample.present)
+    assert present == [True, True, True, True, True, False, True]
+    fake.lost, fake.xids = True, [48]  # while held: its last readings, with the Xids that came
+    (held,) = provider.sample([ref])
+    assert held.present and held.utilization_percent == good.utilization_percent == 50.0
+    assert (held.xid_events_total, held.last_xid, held.ecc_volatile_uncorrected) == (1, 48, 1)

@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,6 +47,10 @@ RATE_STARTS = {
     "flap_period_s": "flap_since",
 }
 NON_NEGATIVE = {*RATE_STARTS, "flap_down_s"}
+# A real GPU reads as lost (present=False) only after this many consecutive NVML reads failed
+# (10 s at the default 5 s sampling interval): one transient NVML error must not take a GPU out
+# (CorralGpuLost, the diagnosis watch's GpuFault, remediation). One good read resets the count.
+LOST_AFTER_FAILED_READS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +252,8 @@ class VirtualGpuProvider:
 
 class NvmlGpuProvider:
     """Readings of this machine's GPUs through NVML. Xid events are collected with an NVML event
-    set polled without waiting on every sample; counts are kept for the life of the process."""
+    set polled without waiting on every sample; counts are kept for the life of the process. A
+    GPU reads as lost after LOST_AFTER_FAILED_READS failed reads in a row, not at the first."""
 
     def __init__(self) -> None:
         import pynvml
@@ -257,6 +262,7 @@ class NvmlGpuProvider:
         pynvml.nvmlInit()
         self._xids: dict[str, list[int]] = {}
         self._last: dict[str, GpuSample] = {}  # uuid -> its last answered sample
+        self._failed_reads: dict[str, int] = {}  # uuid -> NVML reads failed in a row
         self._events: Any = None
         try:
             self._events = pynvml.nvmlEventSetCreate()
@@ -300,9 +306,15 @@ class NvmlGpuProvider:
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             temperature = nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
             power_mw = self._optional(nvml.nvmlDeviceGetPowerUsage, handle)
-        except nvml.NVMLError as exc:  # GPU lost, fell off the bus, driver gone
+        except nvml.NVMLError as exc:  # GPU lost, fell off the bus, driver gone, or a transient error
+            failed = self._failed_reads[ref.uuid] = self._failed_reads.get(ref.uuid, 0) + 1
+            if failed < LOST_AFTER_FAILED_READS:
+                log.info("GPU %s on %s did not answer NVML (%d of %d reads before it counts as lost): %s",
+                         ref.index, ref.node, failed, LOST_AFTER_FAILED_READS, exc)  # fmt: skip
+                return self._held(ref)
             log.warning("GPU %s on %s does not answer NVML: %s", ref.index, ref.node, exc)
             return self._unanswered(ref)
+        self._failed_reads.pop(ref.uuid, None)
         ecc = {
             (counter, kind): self._ecc(handle, counter, kind)
             for counter in ("volatile", "aggregate")
@@ -327,6 +339,15 @@ class NvmlGpuProvider:
             last_xid=xids[-1] if xids else None,
         )
         return sample
+
+    def _held(self, ref: GpuRef) -> GpuSample:
+        """A GPU whose read failed fewer than LOST_AFTER_FAILED_READS times in a row: still
+        present, with its last answered readings (none before its first) and its Xids so far."""
+        unanswered = self._unanswered(ref)
+        last = self._last.get(ref.uuid)
+        if last is None:
+            return replace(unanswered, present=True)
+        return replace(last, xid_events_total=unanswered.xid_events_total, last_xid=unanswered.last_xid)
 
     def _unanswered(self, ref: GpuRef) -> GpuSample:
         """A GPU that does not answer: no readings, but its ECC and Xid counts as last known.
