@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import sys
+import time
 import types
 from dataclasses import dataclass, field
 
 import pytest
+from sqlalchemy import select, update
 
-from corral.monitor.gpu import LOST_AFTER_FAILED_READS, GpuRef, NvmlGpuProvider
+from corral.db.models import Gpu
+from corral.monitor.config import HealthRules
+from corral.monitor.gpu import LOST_AFTER_FAILED_READS, GpuRef, GpuSampler, NvmlGpuProvider
+from corral.monitor.health import sample_and_check_gpus
+from corral.monitor.models import Alert, GpuReading
+from tests.monitor.conftest import Mon
 
 
 class NVMLError(Exception):
@@ -101,3 +108,36 @@ def test_a_gpu_is_lost_only_after_several_failed_reads_in_a_row(monkeypatch: pyt
     (held,) = provider.sample([ref])
     assert held.present and held.utilization_percent == good.utilization_percent == 50.0
     assert (held.xid_events_total, held.last_xid, held.ecc_volatile_uncorrected) == (1, 48, 1)
+
+
+def test_an_xid_before_the_first_sample_after_a_restart_is_not_missed(
+    mon: Mon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The NVML provider counted Xids from 0 in each process, while the health check and the
+    diagnosis watch compare with the stored count: after a restart, an Xid reported before (or
+    after) the first sample read as fewer events than before (2 stored, 1 counted) and raised
+    nothing until the new count passed the old one. Now the count goes on from the stored one."""
+    fake = FakeNvml(xids=[79, 79])
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module())
+    with mon.factory() as db:
+        gpu = db.scalars(select(Gpu).order_by(Gpu.node_name, Gpu.index)).first()
+        assert gpu is not None
+        node, index = gpu.node_name, gpu.index
+        db.execute(update(Gpu).where(Gpu.node_name == node, Gpu.index == index).values(uuid="GPU-real-0"))
+        db.commit()
+    rules = HealthRules(xid_alert_hold=60.0)
+
+    def tick(sampler: GpuSampler, at: float) -> tuple[int, list[str]]:
+        with mon.factory() as db:
+            sample_and_check_gpus(db, sampler, at, [], rules)
+            reading = db.get(GpuReading, (node, index))
+            assert reading is not None
+            xid = select(Alert.status).where(Alert.name == "CorralGpuXid", Alert.source == "corral")
+            return reading.xid_events_total, list(db.scalars(xid))
+
+    now = time.time()
+    before = GpuSampler(mon.home, node)
+    assert tick(before, now) == (2, ["firing"])
+    assert tick(before, now + 120) == (2, ["resolved"])  # held for 60 s
+    fake.xids = [48]  # the server restarts; the Xid comes before its first sample
+    assert tick(GpuSampler(mon.home, node), now + 130) == (3, ["firing"])

@@ -61,6 +61,10 @@ class GpuRef:
     index: int
     uuid: str
     memory_mib: int
+    # Its stored reading's Xid count and last Xid (same uuid): a restarted server's NVML provider
+    # counts on from there (its event set only knows the events since it started).
+    xid_events_total: int = 0
+    last_xid: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +265,7 @@ class NvmlGpuProvider:
         self._nvml = pynvml
         pynvml.nvmlInit()
         self._xids: dict[str, list[int]] = {}
+        self._xids_before: dict[str, tuple[int, int | None]] = {}  # uuid -> count, last at first sight
         self._last: dict[str, GpuSample] = {}  # uuid -> its last answered sample
         self._failed_reads: dict[str, int] = {}  # uuid -> NVML reads failed in a row
         self._events: Any = None
@@ -295,8 +300,19 @@ class NvmlGpuProvider:
             )
 
     def sample(self, gpus: Sequence[GpuRef]) -> list[GpuSample]:
+        for ref in gpus:
+            # The count stored before this process started: the Xid counter goes on from it, so
+            # that an Xid reported before (or at) this process's first sample reads as new to the
+            # health checks and the diagnosis watch, which compare with the stored count.
+            self._xids_before.setdefault(ref.uuid, (ref.xid_events_total, ref.last_xid))
         self._drain_xids()
         return [self._one(ref) for ref in gpus]
+
+    def _xid_counts(self, uuid: str) -> tuple[int, int | None]:
+        """(Xid events in all, the last one's code): the stored ones, then this process's."""
+        before, last = self._xids_before.get(uuid, (0, None))
+        xids = self._xids.get(uuid, [])
+        return before + len(xids), xids[-1] if xids else last
 
     def _one(self, ref: GpuRef) -> GpuSample:
         nvml = self._nvml
@@ -320,7 +336,7 @@ class NvmlGpuProvider:
             for counter in ("volatile", "aggregate")
             for kind in ("corrected", "uncorrected")
         }
-        xids = self._xids.get(ref.uuid, [])
+        xid_events_total, last_xid = self._xid_counts(ref.uuid)
         sample = self._last[ref.uuid] = GpuSample(
             node=ref.node,
             index=ref.index,
@@ -335,8 +351,8 @@ class NvmlGpuProvider:
             ecc_volatile_uncorrected=ecc[("volatile", "uncorrected")],
             ecc_aggregate_corrected=ecc[("aggregate", "corrected")],
             ecc_aggregate_uncorrected=ecc[("aggregate", "uncorrected")],
-            xid_events_total=len(xids),
-            last_xid=xids[-1] if xids else None,
+            xid_events_total=xid_events_total,
+            last_xid=last_xid,
         )
         return sample
 
@@ -353,7 +369,7 @@ class NvmlGpuProvider:
         """A GPU that does not answer: no readings, but its ECC and Xid counts as last known.
         Zeros would make the counters go backwards, and the GPU's return read as that many new
         uncorrectable ECC errors and Xids (alerts, a GpuFault from the diagnosis watch)."""
-        xids = self._xids.get(ref.uuid, [])
+        xid_events_total, last_xid = self._xid_counts(ref.uuid)
         last = self._last.get(ref.uuid)
         return GpuSample(
             node=ref.node,
@@ -364,8 +380,8 @@ class NvmlGpuProvider:
             ecc_volatile_uncorrected=last.ecc_volatile_uncorrected if last else 0,
             ecc_aggregate_corrected=last.ecc_aggregate_corrected if last else 0,
             ecc_aggregate_uncorrected=last.ecc_aggregate_uncorrected if last else 0,
-            xid_events_total=len(xids),
-            last_xid=xids[-1] if xids else None,
+            xid_events_total=xid_events_total,
+            last_xid=last_xid,
         )
 
     def _optional(self, fn: Any, *args: Any) -> Any:

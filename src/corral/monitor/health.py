@@ -61,8 +61,15 @@ def job_event(session: Session, job_id: int, now: float, message: str, kind: str
 
 
 def gpu_refs(session: Session) -> list[GpuRef]:
-    rows = session.execute(select(GpuRow.node_name, GpuRow.index, GpuRow.uuid, GpuRow.memory_mib))
-    return [GpuRef(node, index, uuid, mem) for node, index, uuid, mem in rows]
+    """The GPUs the database knows, each with the Xid count of its stored reading (same uuid):
+    where a restarted server's NVML provider counts on from (corral.monitor.gpu)."""
+    stored = (GpuReading.node == GpuRow.node_name) & (GpuReading.gpu_index == GpuRow.index)
+    stored &= GpuReading.uuid == GpuRow.uuid
+    rows = session.execute(
+        select(GpuRow.node_name, GpuRow.index, GpuRow.uuid, GpuRow.memory_mib,
+               GpuReading.xid_events_total, GpuReading.last_xid).outerjoin(GpuReading, stored)
+    )  # fmt: skip
+    return [GpuRef(node, index, uuid, mem, xids or 0, last) for node, index, uuid, mem, xids, last in rows]
 
 
 def store_samples(
