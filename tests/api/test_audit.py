@@ -128,6 +128,13 @@ def _node_action(w: World) -> tuple[str, str, dict[str, Any]]:
     return "POST", f"{API}/nodes/n1/cordon", {}
 
 
+def _node_remove(w: World) -> tuple[str, str, dict[str, Any]]:
+    with w.session_factory() as db:  # only a node out of service can be removed
+        add_node(db, "gone", state="down")
+        db.commit()
+    return "DELETE", f"{API}/nodes/gone", {}
+
+
 def _gpu_fault(w: World) -> tuple[str, str, dict[str, Any]]:
     with w.session_factory() as db:  # a fault is refused for a GPU the cluster does not have
         add_node(db, "n2")
@@ -313,6 +320,7 @@ CALLS: dict[tuple[str, str], tuple[Call, str]] = {
     ),
     ("DELETE", "/api/v1/jobs/{job_id}"): (_delete_job, "job.delete"),
     ("POST", "/api/v1/nodes/{name}/{action}"): (_node_action, "node.cordon"),
+    ("DELETE", "/api/v1/nodes/{name}"): (_node_remove, "node.remove"),
     ("POST", "/api/v1/groups"): (
         lambda w: ("POST", f"{API}/groups", {"json": {"name": "g2"}}),
         "group.create",

@@ -66,6 +66,15 @@ def _key_of_alice(world: World) -> int:
     return int(r.json()["id"])
 
 
+def _down_node(world: World) -> str:
+    """A fresh node that may be removed (down, nothing on it)."""
+    name = f"gone{next(_counter)}"
+    with world.session_factory() as db:
+        add_node(db, name, state="down")
+        db.commit()
+    return f"/api/v1/nodes/{name}"
+
+
 def everyone(status: int) -> dict[str, int]:
     return {"alice": status, "bob": status, "carol": status, "admin": status}
 
@@ -103,6 +112,12 @@ CASES = [
     Case("GET", "/api/v1/jobs/{job_id}/logs", JOB_OWNER_VIEW, path=lambda w: f"/api/v1/jobs/{_job(w)}/logs"),
     Case("GET", "/api/v1/nodes", everyone(200)),
     Case("POST", "/api/v1/nodes/{name}/{action}", ADMIN_ONLY_200, path=lambda w: "/api/v1/nodes/n1/cordon"),
+    Case(
+        "DELETE",
+        "/api/v1/nodes/{name}",
+        {"alice": 403, "bob": 403, "carol": 403, "admin": 204},
+        path=_down_node,
+    ),
     Case("GET", "/api/v1/groups", everyone(200)),
     Case(
         "POST",

@@ -121,6 +121,13 @@ def test_cli_admin_commands(world: World, server_url: str) -> None:
     assert dave["default_group"] == "speech" and len(dave["groups"]) == 2
     code, out = run(world, server_url, "dave", "token", "create", "-o", "json", token=dave_token)
     assert json.loads(out)["user"] == "dave"
+    assert run(world, server_url, "admin", "node", "uncordon", "n1")[0] == 0
+    code, out = run(world, server_url, "admin", "node", "remove", "n1")
+    assert code == 1 and "node 'n1' is ready: only a cordoned, drained or down node can be removed" in out
+    assert run(world, server_url, "admin", "node", "cordon", "n1")[0] == 0
+    code, out = run(world, server_url, "admin", "node", "remove", "n1")
+    assert code == 0 and "node n1: removed" in out, out
+    assert json.loads(run(world, server_url, "admin", "node", "ls", "-o", "json")[1]) == []
 
 
 def test_cli_node_ls_shows_gpus_out_of_service(world: World, server_url: str) -> None:

@@ -1,4 +1,4 @@
-"""Node commands: `corral node ls|cordon|uncordon|drain|gpu` (`node risk`: cli/monitor.py)."""
+"""Node commands: `corral node ls|cordon|uncordon|drain|remove|gpu` (`node risk`: cli/monitor.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rich.table import Table
 from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json
 
 node_app = typer.Typer(
-    help="Nodes: list, cordon, uncordon, drain, gpu quarantine|return, risk (failure risk).",
+    help="Nodes: list, cordon, uncordon, drain, remove, gpu quarantine|return, risk (failure risk).",
     no_args_is_help=True,
 )
 
@@ -80,6 +80,17 @@ def _node_action(action: str) -> Callable[[str, Output], None]:
 
 for _action in ("cordon", "uncordon", "drain"):
     node_app.command(_action)(_node_action(_action))
+
+
+@node_app.command("remove")
+@friendly_errors
+def node_remove(name: Annotated[str, typer.Argument(metavar="NODE")]) -> None:
+    """Remove a decommissioned NODE (admin): it must be cordoned, drained or down, with no job on
+    it. Jobs that ran there keep its name in their history. Remove it from the engine first (Slurm:
+    slurm.conf or `scontrol delete nodename=`): a node the engine still reports comes back."""
+    with client() as c:
+        c.remove_node(name)
+    out.print(f"node {name}: removed")
 
 
 @node_app.command("gpu")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from corral.sdk.base import BaseClient
 
@@ -21,6 +22,10 @@ class ClusterApi(BaseClient):
     def node_action(self, name: str, action: str) -> dict[str, Any]:
         """action: cordon | uncordon | drain (admin)."""
         return self.request("POST", f"/nodes/{name}/{action}")
+
+    def remove_node(self, name: str) -> None:
+        """Delete a cordoned, drained or down node with nothing on it (admin)."""
+        self.request("DELETE", f"/nodes/{quote(name, safe='')}")
 
     def cluster_summary(self) -> dict[str, Any]:
         return self.request("GET", "/cluster/summary")

@@ -12,11 +12,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 from typing_extensions import TypedDict  # the API's response model: pydantic takes only these on 3.11
 
-from corral.db.models import Gpu, GpuClaim, Job, Node
+from corral.db.models import Attempt, Gpu, GpuClaim, Job, Node
 from corral.scheduler import types as st
 from corral.services import notify
 from corral.services.errors import Conflict, NotFound
-from corral.services.lifecycle import GpuHealth, move_gpu, move_node
+from corral.services.lifecycle import AttemptState, GpuHealth, move_gpu, move_node
 
 ADMIN_ACTIONS = {"cordon": "cordoned", "drain": "draining", "uncordon": "none"}
 LIVE_NODE_STATES = ("ready", "cordoned", "draining")
@@ -42,6 +42,37 @@ def set_admin_state(session: Session, name: str, action: str) -> Node:
         # A lost race means the node loop just marked it down or unknown: that state stands, and
         # admin_state (written below) applies when the node reports ready again.
         move_node(session, node, target)
+    notify.changed(session, notify.Topic.NODES)
+    session.flush()
+    return node
+
+
+def remove_node(session: Session, name: str) -> Node:
+    """Delete a decommissioned node and its GPUs (not committed; returns the deleted row). Like
+    Slurm's `scontrol delete nodename=`: only a node out of service (cordoned, draining or down)
+    with nothing on it (no GPU claimed, no scheduled, starting or running attempt placed there);
+    Conflict naming what stands in the way otherwise. History keeps the name: attempts, events
+    and incidents record nodes by name, not by reference. A node the engine still reports comes
+    back at its next report, so it is removed from the engine first (docs/architecture.md)."""
+    node = session.get(Node, name)
+    if node is None:
+        raise NotFound(f"no node named {name!r}")
+    if node.state != "down" and node.admin_state not in ("cordoned", "draining"):
+        raise Conflict(
+            f"node {name!r} is {node.state}: only a cordoned, drained or down node can be removed "
+            f"(cordon or drain it first)"
+        )
+    live = (AttemptState.SCHEDULED.value, AttemptState.STARTING.value, AttemptState.RUNNING.value)
+    attempts = session.scalars(select(Attempt).where(Attempt.state.in_(live)))
+    jobs = {a.job_id for a in attempts if any(p.node == name for p in a.placement or ())}
+    jobs |= set(session.scalars(select(GpuClaim.job_id).where(GpuClaim.node == name)))
+    if jobs:
+        listed = ", ".join(str(j) for j in sorted(jobs))
+        raise Conflict(
+            f"node {name!r} still has job(s) {listed} placed on it: wait for them to end (drain "
+            f"preempts nothing by itself) or cancel them, then remove the node"
+        )
+    session.delete(node)
     notify.changed(session, notify.Topic.NODES)
     session.flush()
     return node

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Response
 
 from corral.api.deps import DB, Admin, CurrentUser
 from corral.api.schemas import NodeOut
@@ -45,6 +45,18 @@ def node_action(
     )
     db.commit()
     return node_view(node, svc.gpu_claims(db))
+
+
+@router.delete("/nodes/{name}", status_code=204)
+def remove_node(name: Annotated[str, Path(min_length=1, max_length=255)], db: DB, admin: Admin) -> Response:
+    """Remove a decommissioned node: cordoned, draining or down, with no job placed on it (409
+    naming what stands in the way otherwise)."""
+    found = db.get(Node, name)
+    before = None if found is None else node_state(found)
+    svc.remove_node(db, name)
+    audit.record(db, actor=admin, action="node.remove", target_kind="node", target_id=name, before=before)
+    db.commit()
+    return Response(status_code=204)
 
 
 @router.post("/nodes/{name}/gpus/{index}/{action}", response_model=NodeOut)
