@@ -4,12 +4,15 @@ the shift spanning the change lasts 25 hours; overrides and gaps on the same nig
 
 from __future__ import annotations
 
+import itertools
 from datetime import date, datetime, time
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from corral.services.rotation import Layer, Override, Rotation, RotationError
+from corral.services.rotation import Layer, OnCall, Override, Rotation, RotationError
 
 BERLIN = ZoneInfo("Europe/Berlin")
 H = 3600.0
@@ -89,3 +92,70 @@ def test_bad_definitions_are_named() -> None:
         daily(members=())
     with pytest.raises(RotationError, match="both restrict_from and restrict_to"):
         daily(restrict_from=time(9, 0))
+
+
+NEW_YORK = ZoneInfo("America/New_York")
+
+
+@pytest.mark.parametrize(
+    ("zone", "spring", "fall", "repeated"),
+    [(BERLIN, "2026-03-29", "2026-10-25", "02"), (NEW_YORK, "2026-03-08", "2026-11-01", "01")],
+)
+def test_a_handoff_in_the_skipped_or_repeated_hour_is_one_instant_for_every_answer(
+    zone: ZoneInfo, spring: str, fall: str, repeated: str
+) -> None:
+    # Both zones skip 02:00-03:00 in spring: 02:30 does not exist that day and is read with the
+    # offset before the change (03:30 new time, RFC 5545 3.3.5, zoneinfo fold=0). In autumn the
+    # hour `repeated`:00-:59 occurs twice and a handoff in it is its first occurrence. "Who is on
+    # call" must hand over at the instant the shift list and the iCal feed show.
+    def local(text: str, fold: int = 0) -> float:
+        return datetime.fromisoformat(text).replace(tzinfo=zone, fold=fold).timestamp()
+
+    def rotation(handoff: time) -> Rotation:
+        return Rotation(zone, (daily(start_date=date(2026, 1, 1), handoff=handoff, members=("ann", "bob")),))
+
+    spring_rotation = rotation(time(2, 30))
+    handover = local(f"{spring}T03:30")
+    assert handover == local(f"{spring}T02:30")  # the skipped time, moved forward by the gap
+    shifts = spring_rotation.shifts(handover - 6 * H, handover + 6 * H)
+    assert [s.start for s in shifts[1:]] == [handover]
+    before, after = shifts[0].user, shifts[1].user
+    assert before != after
+    answers = [spring_rotation.on_call(local(f"{spring}T{t}")).user for t in ("03:00", "03:29", "03:30")]
+    assert answers == [before, before, after]
+
+    fall_rotation = rotation(time(int(repeated), 30))
+    first = local(f"{fall}T{repeated}:30")  # the first (summer time) occurrence
+    shifts = fall_rotation.shifts(first - 6 * H, first + 6 * H)
+    assert [s.start for s in shifts[1:]] == [first]
+    before, after = shifts[0].user, shifts[1].user
+    # the second :00-:30 of the repeated hour comes after the hand-over: the new person stays
+    answers = [fall_rotation.on_call(local(f"{fall}T{repeated}:{m}", fold=1)).user for m in ("00", "15")]
+    assert answers == [after, after]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    zone=st.sampled_from([BERLIN, NEW_YORK, ZoneInfo("Australia/Lord_Howe")]),  # Lord Howe: 30 min
+    day=st.sampled_from(["2026-03-08", "2026-03-29", "2026-04-05", "2026-10-04", "2026-10-25", "2026-11-01"]),
+    handoff=st.builds(time, st.sampled_from([1, 2, 2, 3]) | st.integers(0, 23), st.integers(0, 59)),
+    window=st.none() | st.tuples(st.integers(0, 23 * 60 + 59), st.integers(1, 23 * 60 + 59)),
+    probe=st.floats(0.0, 1.0),
+)
+def test_shifts_tile_time_and_agree_with_who_is_on_call_across_clock_changes(
+    zone: ZoneInfo, day: str, handoff: time, window: tuple[int, int] | None, probe: float
+) -> None:
+    restrict: dict[str, object] = {}
+    if window is not None and window[1] % (24 * 60) != window[0]:
+        begin, end = window[0], (window[0] + window[1]) % (24 * 60)
+        restrict = {"restrict_from": time(begin // 60, begin % 60), "restrict_to": time(end // 60, end % 60)}
+    layer = daily(start_date=date(2026, 1, 1), handoff=handoff, members=("ann", "bob"), **restrict)
+    rotation = Rotation(zone, (daily(start_date=date(2026, 1, 1), members=("cy",)), layer))
+    start = datetime.fromisoformat(f"{day}T00:00").replace(tzinfo=zone).timestamp() - 12 * H
+    shifts = rotation.shifts(start, start + 48 * H)
+    assert shifts[0].start == start and shifts[-1].end == start + 48 * H
+    for previous, shift in itertools.pairwise(shifts):
+        assert previous.end == shift.start  # no gap, no overlap
+    for shift in shifts:
+        for inside in (shift.start, shift.start + probe * (shift.end - shift.start - 1), shift.end - 1):
+            assert rotation.on_call(inside) == OnCall(shift.user, shift.source)

@@ -3,7 +3,9 @@ call now", the shift list, the gap warning and the iCal feed (corral.services.on
 
 A layer rotates its ordered members at a wall-clock handoff time in the schedule's IANA time
 zone: shift n starts on `start_date + n * length` days at `handoff` local time, so a shift that
-spans a DST change is 23 or 25 hours long and every handoff stays at the same local hour. A layer
+spans a DST change is 23 or 25 hours long and every handoff stays at the same local hour (a
+local time the clocks skip moves forward by the gap: `instant`). Every answer compares instants,
+never wall-clock times of day, so "who is on call" changes exactly where the shifts do. A layer
 may cover only a daily window (`restrict_from`..`restrict_to`, local, may wrap midnight). Where
 several layers cover an instant the highest (last) wins; an override wins over every layer. An
 instant nobody covers is a gap: the schedule's fallback user (if any) is paged then.
@@ -18,6 +20,23 @@ from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 ROTATION_DAYS = {"daily": 1, "weekly": 7}
+
+
+def instant(day: date, moment: time, zone: ZoneInfo) -> float:
+    """The unix time of local `moment` on `day`, the one reading the shift list, the iCal feed and
+    "who is on call" share. A time the clocks skip that day (spring forward) is read with the
+    offset before the change, so it moves forward by the gap (02:30 on a day that jumps from 02:00
+    to 03:00 is 03:30), as RFC 5545 3.3.5 says and zoneinfo's fold=0 does; a time that occurs
+    twice (fall back) is its first occurrence. Comparing wall-clock times of day instead put the
+    hand-over at 03:00 for "who is on call" while the shifts said 03:30, and gave the shift back
+    to the previous person during the repeated hour."""
+    return datetime.combine(day, moment, tzinfo=zone).timestamp()
+
+
+def _zone(local: datetime) -> ZoneInfo:
+    if not isinstance(local.tzinfo, ZoneInfo):
+        raise TypeError("an aware datetime in the schedule's ZoneInfo is needed")
+    return local.tzinfo
 
 
 class RotationError(ValueError):
@@ -71,7 +90,10 @@ class Layer:
 
     def shift_index(self, local: datetime) -> int | None:
         """The shift covering the aware local time `local` (None: before the layer starts)."""
-        day = local.date() if local.time() >= self.handoff else local.date() - timedelta(1)
+        ts, zone = local.timestamp(), _zone(local)
+        day = local.date() + timedelta(1)  # the latest day whose handoff instant is not after ts
+        while instant(day, self.handoff, zone) > ts:
+            day -= timedelta(1)
         days = (day - self.start_date).days
         if days < 0:
             return None
@@ -80,10 +102,13 @@ class Layer:
     def in_window(self, local: datetime) -> bool:
         if self.restrict_from is None or self.restrict_to is None:
             return True
-        now = local.time()
-        if self.restrict_from < self.restrict_to:
-            return self.restrict_from <= now < self.restrict_to
-        return now >= self.restrict_from or now < self.restrict_to  # wraps midnight
+        ts, zone = local.timestamp(), _zone(local)
+        closes_next_day = self.restrict_to < self.restrict_from  # wraps midnight
+        for opened in (local.date() - timedelta(1), local.date()):
+            closed = opened + timedelta(1) if closes_next_day else opened
+            if instant(opened, self.restrict_from, zone) <= ts < instant(closed, self.restrict_to, zone):
+                return True
+        return False
 
     def who(self, local: datetime) -> str | None:
         n = self.shift_index(local)
@@ -148,7 +173,7 @@ class Rotation:
             for layer in self.layers:
                 for moment in (layer.handoff, layer.restrict_from, layer.restrict_to):
                     if moment is not None:
-                        yield datetime.combine(day, moment, tzinfo=self.zone).timestamp()
+                        yield instant(day, moment, self.zone)
             day += timedelta(days=1)
         for override in self.overrides:
             yield override.start
