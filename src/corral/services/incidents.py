@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from corral.db.incident_models import Incident, IncidentEvent, Postmortem
+from corral.db.models import User
 from corral.services.errors import Conflict, Invalid, NotFound
 
 
@@ -339,6 +340,8 @@ def edit(
 ) -> Incident:
     """An operator's correction of the severity or the owner."""
     incident = get(session, incident_id)
+    if owner and owner != incident.owner:  # "" clears it; checked before anything changes
+        _check_owner(session, owner)
     if severity is not None and severity_of(severity).value != incident.severity:
         sev = severity_of(severity).value
         add_timeline(
@@ -352,6 +355,17 @@ def edit(
         incident.owner = owner
     incident.updated_at = now
     return incident
+
+
+def _check_owner(session: Session, name: str) -> None:
+    """An owner is someone who can work on the incident: an active user of the platform."""
+    user = session.scalar(select(User).where(User.name == name))
+    if user is None:
+        raise Invalid(
+            f'owner: no user named {name!r} (give a user\'s name, or "" to clear it)', ("body", "owner")
+        )
+    if not user.active:
+        raise Invalid(f"owner: user {name!r} is deactivated", ("body", "owner"))
 
 
 def write_postmortem(
