@@ -42,7 +42,13 @@ from corral.services.errors import ServiceError
 from corral.services.workspaces import ProxyTarget, proxy_target
 from corral.workspaces.endpoint import Upstream, jupyter_upstream, open_unix_socket
 from corral.workspaces.jupyter_auth import HEADER
-from corral.workspaces.upstream import HttpPool, UpstreamError, UpstreamResponse, close_quietly
+from corral.workspaces.upstream import (
+    HttpPool,
+    UpstreamError,
+    UpstreamResponse,
+    UpstreamTimeout,
+    close_quietly,
+)
 
 log = logging.getLogger("corral.workspaces.proxy")
 router = APIRouter(include_in_schema=False)
@@ -190,7 +196,8 @@ async def proxy_http(request: Request, ws_id: int, path: str) -> Response:
         )
     except UpstreamError as exc:
         _decisions.clear()  # the workspace may have stopped: look again next time
-        return JSONResponse({"detail": f"workspace {ws_id}'s JupyterLab does not answer ({exc})"}, 502)
+        status = 504 if isinstance(exc, UpstreamTimeout) else 502
+        return JSONResponse({"detail": f"workspace {ws_id}'s JupyterLab does not answer ({exc})"}, status)
     answer: Response
     if _small(response):
         # Read whole and sent in one message: a StreamingResponse's task group (it watches for

@@ -27,12 +27,21 @@ READ_BYTES = 256 * 1024
 # A workspace on a Slurm node that went dead: TCP's own connect retries took about two minutes,
 # each holding a browser request. Alike for the WebSocket side (proxy.py's open_timeout).
 CONNECT_TIMEOUT_S = 10.0
+# From the request's last byte to the answer's headers: a JupyterLab that accepts and never
+# answers held the browser's request (and a proxy connection) forever. Generous, as a kernel
+# start or restart answers only once the kernel is up (jupyter_client waits up to 60 s); the body
+# that follows may stream for as long as it likes, and WebSockets are not HTTP requests here.
+RESPONSE_HEADERS_TIMEOUT_S = 120.0
 MAX_IDLE_PER_SOCKET = 8  # kept-alive connections per upstream socket (a browser opens about 6)
 NO_BODY_STATUS = frozenset({204, 304})
 
 
 class UpstreamError(Exception):
     """The upstream did not answer (refused, closed, or sent something that is not HTTP)."""
+
+
+class UpstreamTimeout(UpstreamError):
+    """The upstream took the request but sent no answer's headers within RESPONSE_HEADERS_TIMEOUT_S."""
 
 
 @dataclass
@@ -204,13 +213,11 @@ class HttpPool:
             await writer.drain()
             state = _Parsed()
             parser = httptools.HttpResponseParser(state)
-            received = False
-            while not state.headers_done:
-                data = await reader.read(READ_BYTES)
-                if not data:
-                    raise _StaleConnection() if not received else UpstreamError("the upstream hung up")
-                received = True
-                parser.feed_data(data)
+            async with asyncio.timeout(RESPONSE_HEADERS_TIMEOUT_S):
+                await _read_headers(reader, parser, state)
+        except TimeoutError:  # before OSError, of which it is one
+            writer.close()
+            raise UpstreamTimeout(f"no response headers within {RESPONSE_HEADERS_TIMEOUT_S:g} s") from None
         except httptools.HttpParserError as exc:
             writer.close()
             raise UpstreamError(f"the upstream's answer is not HTTP: {exc}") from exc
@@ -228,6 +235,18 @@ class HttpPool:
         state.status = parser.get_status_code()
         no_body = method == "HEAD" or state.status in NO_BODY_STATUS or state.status < 200
         return UpstreamResponse(self, reader, writer, parser, state, no_body)
+
+
+async def _read_headers(
+    reader: asyncio.StreamReader, parser: httptools.HttpResponseParser, state: _Parsed
+) -> None:
+    received = False
+    while not state.headers_done:
+        data = await reader.read(READ_BYTES)
+        if not data:
+            raise _StaleConnection() if not received else UpstreamError("the upstream hung up")
+        received = True
+        parser.feed_data(data)
 
 
 class _StaleConnection(Exception):
