@@ -17,6 +17,7 @@ import pytest
 
 from corral.config import Settings
 from corral.engine.base import ExecCommand
+from corral.gateway import ssh
 from corral.gateway.ssh import Gateway
 from tests.server.fakes import FakeEngine
 
@@ -165,3 +166,50 @@ def test_a_key_removed_while_connected_opens_no_more_channels(
 
     first, second, stderr = asyncio.run(client())
     assert first == 0 and second == 1 and "no longer registered" in stderr
+
+
+def test_one_connection_opens_at_most_max_sessions_and_max_forwards_at_once(
+    gateway: tuple[Gateway, asyncssh.SSHKey], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Like OpenSSH's MaxSessions: the 11th session channel on a connection is refused, saying
+    why, and one can be opened again once another closes; forwards have their own cap (2 here,
+    64 shipped). Without the cap one connection could start processes in the job without end."""
+    gw, key = gateway
+    monkeypatch.setattr(ssh, "MAX_FORWARDS", 2, raising=False)
+    entered, release = threading.Event(), threading.Event()
+    release.set()
+    gw.enter = entering(["/bin/sleep", "30"], entered, release)  # type: ignore[method-assign]
+
+    async def refused(opening: Any) -> str:
+        with pytest.raises(asyncssh.ChannelOpenError) as refusal:
+            await asyncio.wait_for(opening, 10)
+        return str(refusal.value.reason)
+
+    async def client() -> tuple[str, str]:
+        async with connect(gw, key) as conn:
+            sessions = [
+                (await conn.create_session(asyncssh.SSHClientSession, "sleep 30"))[0] for _ in range(10)
+            ]
+            refused_session = await refused(conn.create_session(asyncssh.SSHClientSession, "sleep 30"))
+            sessions[0].close()
+            await sessions[0].wait_closed()
+            for _ in range(50):  # the gateway's side of the close may trail the client's
+                try:
+                    chan, _ = await conn.create_session(asyncssh.SSHClientSession, "sleep 30")
+                    break
+                except asyncssh.ChannelOpenError:
+                    await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("no session could be opened after one closed")
+            sessions[0] = chan
+            for _ in range(2):
+                await conn.create_connection(asyncssh.SSHTCPSession, "localhost", 8888)
+            refused_forward = await refused(conn.create_connection(asyncssh.SSHTCPSession, "localhost", 8888))
+            return refused_session, refused_forward
+
+    session, forward = asyncio.run(client())
+    assert session == (
+        "this connection already has 10 sessions open, the gateway's limit per connection: close one,"
+        " or open another connection"
+    )
+    assert forward.startswith("this connection already has 2 forwards open")

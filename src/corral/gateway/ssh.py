@@ -11,7 +11,9 @@ connections, and a new `ssh` connects as soon as the server is back.
   scp uses too) and every local port forward (`ssh -L`) is one process inside the job's sandbox,
   started through the engine's exec_command: the job's namespaces, cgroup, mounts, uid and GPUs.
   SFTP is OpenSSH's own sftp-server run in the sandbox; a forward is a relay to 127.0.0.1:<port>
-  in the job's network namespace. No agent, X11 or remote (-R) forwarding.
+  in the job's network namespace. No agent, X11 or remote (-R) forwarding. One connection
+  holds at most MAX_SESSIONS (10) session channels and MAX_FORWARDS (64) forwards open at once;
+  one more is refused as "administratively prohibited", with a message saying why.
 - Each channel is resolved afresh (a restarted workspace is found on the next channel) and is in
   the audit log as job.ssh or job.port_forward.
 - Each channel open into a job is counted in the server's SessionUse, open and then closed (its
@@ -51,6 +53,12 @@ LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "ip6-localhost")
 # where AES-GCM is one call into OpenSSL per packet.
 ENCRYPTION_ALGS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes256-ctr")
 INBOX_HIGH_WATER = 64  # chunks of client input queued before the channel stops reading
+# Channels open at once on one connection, each a process in the job's sandbox: without a cap one
+# connection could start them without end. Sessions (shell, command, sftp) as OpenSSH's
+# MaxSessions default; forwards (`ssh -L`, one per TCP connection: a browser or VS Code opens
+# several at once) more.
+MAX_SESSIONS = 10
+MAX_FORWARDS = 64
 
 
 class EntryRefused(Exception):
@@ -173,6 +181,7 @@ class GatewayServer(asyncssh.SSHServer):
         self.source = "unknown"
         self._registered: set[str] = set()  # fingerprints of the keys that may log in
         self.key_fingerprint = ""  # the key this connection logged in with
+        self.open_channels = {"session": 0, "forward": 0}  # counted until each one's connection_lost
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
         self.conn = conn
@@ -206,6 +215,7 @@ class GatewayServer(asyncssh.SSHServer):
         return False
 
     def session_requested(self) -> SandboxSession:
+        self._admit("session", MAX_SESSIONS)
         return SandboxSession(self)
 
     def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int) -> Any:
@@ -214,7 +224,20 @@ class GatewayServer(asyncssh.SSHServer):
                 asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
                 f"only localhost inside the job can be forwarded to, not {dest_host}",
             )
+        self._admit("forward", MAX_FORWARDS)
         return RelaySession(self, dest_port)
+
+    def _admit(self, kind: str, limit: int) -> None:
+        if self.open_channels[kind] >= limit:
+            raise asyncssh.ChannelOpenError(
+                asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
+                f"this connection already has {limit} {kind}s open, the gateway's limit per"
+                " connection: close one, or open another connection",
+            )
+        self.open_channels[kind] += 1
+
+    def channel_closed(self, kind: str) -> None:
+        self.open_channels[kind] -= 1
 
     def server_requested(self, listen_host: str, listen_port: int) -> bool:
         return False  # no remote (-R) forwarding
@@ -240,6 +263,7 @@ class _Channel:
     server: GatewayServer
     job_id: int | None = None  # counted in the gateway's open sessions while set
     closed = False  # set by connection_lost, which may come while _start awaits
+    kind = "session"  # which of the connection's channel limits it counts against
 
     async def _start(
         self,
@@ -290,6 +314,8 @@ class _Channel:
         self._writable.set()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed:
+            self.server.channel_closed(self.kind)
         self.closed = True
         self._untrack()
         if self.proc is not None:
@@ -392,6 +418,8 @@ class SandboxSession(_Channel, asyncssh.SSHServerSession[bytes]):
 
 class RelaySession(_Channel, asyncssh.SSHTCPSession[bytes]):
     """`ssh -L`: one connection to 127.0.0.1:<port> in the job's network namespace."""
+
+    kind = "forward"
 
     def __init__(self, server: GatewayServer, port: int) -> None:
         self.server = server
