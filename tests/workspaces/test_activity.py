@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -68,3 +70,35 @@ def test_an_answer_that_is_not_a_kernel_list_is_no_evidence_for_that_workspace_a
     factory: Any = lambda: contextlib.nullcontext(None)  # noqa: E731
     found = activity.last_activity(factory, None, [11, 12, 13], now=1e10)
     assert found == {13: 1767323045.0}
+
+
+def test_hung_jupyterlabs_are_asked_at_once_so_a_pass_takes_about_one_timeout(
+    jupyters: str, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Eight JupyterLabs that take the connection and never answer (listening sockets nobody
+    accepts on) and one that answers: the pass waits about one timeout, not eight in turn (30
+    hung labs made one idle pass take a minute), and the answering one still counts."""
+    hung = []
+    for ws in range(20, 28):
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(tmp_path / f"hung{ws}.sock"))
+        listener.listen(4)
+        hung.append(listener)
+    sockets = {13: jupyters} | {10 + ws: str(tmp_path / f"hung{ws}.sock") for ws in range(20, 28)}
+    monkeypatch.setattr(activity, "TIMEOUT_S", 1.0)
+    monkeypatch.setattr(activity, "workspace_job_ids", lambda session: {job: job - 10 for job in sockets})
+    target = lambda session, ws: ProxyTarget(ws, 1, 10 + ws, f"{10 + ws}.1", "t")  # noqa: E731
+    monkeypatch.setattr(activity, "proxy_target", target)
+    upstream = lambda engine, attempt, node: Upstream(socket=sockets[int(attempt.split(".")[0])])  # noqa: E731
+    monkeypatch.setattr(activity, "jupyter_upstream", upstream)
+    factory: Any = lambda: contextlib.nullcontext(None)  # noqa: E731
+    try:
+        began = time.monotonic()
+        found = activity.last_activity(factory, None, list(sockets), now=1e10)
+        took = time.monotonic() - began
+    finally:
+        for listener in hung:
+            listener.close()
+    assert found == {13: 1767323045.0}
+    # in turn: 8 s at least; at once: one timeout and the clients' set-up (about 1.5 s here)
+    assert took < 4.0, f"{took:.1f} s: the hung JupyterLabs were asked in turn"

@@ -10,18 +10,20 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
-from corral.services.workspaces import proxy_target, workspace_job_ids
+from corral.services.workspaces import ProxyTarget, proxy_target, workspace_job_ids
 from corral.workspaces.endpoint import Upstream, jupyter_upstream, reachable_path
 from corral.workspaces.jupyter_auth import HEADER
 
 log = logging.getLogger("corral.workspaces.activity")
 TIMEOUT_S = 2.0
+CONCURRENT_ASKS = 16  # JupyterLabs asked at once in an idle pass (threads, for the pass only)
 
 
 def _parse(stamp: Any) -> float | None:
@@ -67,23 +69,34 @@ def _kernels_last_activity(
 def last_activity(
     factory: sessionmaker[Session], engine: Any, job_ids: Sequence[int], now: float | None = None
 ) -> Mapping[int, float]:
-    """{job id: last activity} of the workspace jobs among `job_ids` that answered."""
+    """{job id: last activity} of the workspace jobs among `job_ids` that answered. The
+    JupyterLabs are asked at once, CONCURRENT_ASKS at a time: asked in turn, each hung one cost
+    its timeouts, and 30 of them made one idle pass take a minute."""
     now = time.time() if now is None else now
     with factory() as session:
         workspace_of = workspace_job_ids(session)
         targets = [proxy_target(session, workspace_of[j]) for j in job_ids if j in workspace_of]
-    out: dict[int, float] = {}
+    asks: list[tuple[ProxyTarget, Upstream]] = []
     for target in targets:
         if target is None or target.attempt_id is None or target.job_id is None:
             continue
         upstream = jupyter_upstream(engine, target.attempt_id, target.node_address)
-        if upstream is None:
-            continue
-        try:
-            at = jupyter_last_activity(upstream, f"/ws/{target.workspace_id}/", target.token, now)
-        except (httpx.HTTPError, OSError, ValueError) as exc:
-            log.debug("workspace %s: no activity reading (%s)", target.workspace_id, exc)
-            continue
-        if at is not None:
-            out[target.job_id] = at
-    return out
+        if upstream is not None:
+            asks.append((target, upstream))
+    if not asks:
+        return {}
+    with ThreadPoolExecutor(min(CONCURRENT_ASKS, len(asks)), "jupyter-activity") as pool:
+        found = list(pool.map(lambda ask: _ask(ask[0], ask[1], now), asks))
+    return {
+        target.job_id: at
+        for (target, _), at in zip(asks, found, strict=True)
+        if at is not None and target.job_id is not None
+    }
+
+
+def _ask(target: ProxyTarget, upstream: Upstream, now: float) -> float | None:
+    try:
+        return jupyter_last_activity(upstream, f"/ws/{target.workspace_id}/", target.token, now)
+    except (httpx.HTTPError, OSError, ValueError) as exc:
+        log.debug("workspace %s: no activity reading (%s)", target.workspace_id, exc)
+        return None
