@@ -19,7 +19,11 @@ from typer.testing import CliRunner
 from corral.cli import common
 from corral.cli.main import app as cli
 from corral.db.models import Attempt, Job
+from corral.diagnosis.exitspec import Facts, load_exit_spec
+from corral.diagnosis.record import record, retry_rule
 from corral.sdk import Client, load_cli_config, write_cli_config
+from corral.server.finish import end_attempt
+from corral.services.lifecycle import AttemptState, settle_failure
 from tests.api.conftest import ALICE_PASSWORD, World
 from tests.api.helpers import add_node, make_running
 from tests.support import free_port
@@ -92,6 +96,43 @@ def test_cli_job_commands(world: World, server_url: str, tmp_path: Path) -> None
     assert code == 1 and "tasks.main.resources.memory" in out and "is not a size" in out
     code, out = run(world, server_url, "alice", "submit", str(tmp_path / "missing.yaml"))
     assert code == 1 and "cannot read" in out
+
+
+def test_show_counts_a_launch_failure_against_the_cap_the_server_applies(
+    world: World, server_url: str, tmp_path: Path
+) -> None:
+    """A launch failure is requeued on the platform-loss budget AND the exit-spec's launch_failed
+    cap (2), the lower wins (services.lifecycle.settle_failure): the header counted it against
+    the budget (3) while the reason line said 2. Settled as the dispatch loop settles it."""
+    with world.session_factory() as db:
+        add_node(db, "n1")
+        db.commit()
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: launch-fails\ncommand: echo hi\nresources: {memory: 256MiB}\n")
+    code, out = run(world, server_url, "alice", "submit", str(spec), "-o", "json")
+    job_id = json.loads(out)["id"]
+    with world.session_factory() as db:
+        attempt = make_running(db, job_id)
+        db.expire_all()  # the placement read back as the loops see it
+        job = db.get(Job, job_id)
+        assert job is not None
+        now = time.time()
+        verdict = load_exit_spec().classify(Facts(frozenset({"launch_failed"}), log_tail="no such image"))
+        assert verdict.reason == "launch_failed"
+        settle_failure(
+            db, job, why="launch failed: no such image", now=now, rule=retry_rule(verdict), budget=3
+        )
+        record(db, job, attempt, verdict, "n1", now, retried=True)
+        end_attempt(
+            db, job, attempt, AttemptState.FAILED, now, reason=verdict.reason, message="no such image"
+        )
+        db.commit()
+    code, out = run(world, server_url, "alice", "show", str(job_id))
+    assert code == 0, out
+    assert "requeued (platform loss 1 of 2)" in out
+    assert "platform losses 1 of 2 requeues" in out
+    shown = json.loads(run(world, server_url, "alice", "show", str(job_id), "-o", "json")[1])
+    assert (shown["platform_loss_cap"], shown["lost_requeue_budget"]) == (2, 3)
 
 
 def test_cli_admin_commands(world: World, server_url: str) -> None:

@@ -173,6 +173,9 @@ class JobOut(BaseModel):
     own_failures: int = 0  # failures of the job's own, counted against `retries`
     platform_losses: int = 0  # attempts the platform lost, counted against lost_requeue_budget
     lost_requeue_budget: int | None = None  # the server's CORRAL_LOST_REQUEUE_BUDGET
+    # GET /jobs/{id}: what the next platform loss like the latest is counted against: the budget,
+    # or the lower cap of the latest failure's exit-spec rule (launch_failed: 2)
+    platform_loss_cap: int | None = None
     preemptions: int = 0  # requeues by preemption (free)
     attempts: list[AttemptOut]
     diagnosis: DiagnosisOut | None

@@ -129,8 +129,11 @@ def ls(
 
 def budgets_line(job: dict[str, Any]) -> str:
     """What the retry rules have counted: own failures against `retries`, platform losses
-    against the server's lost-requeue budget; preemptions cost neither."""
-    budget = job.get("lost_requeue_budget")
+    against the cap the server applies to the next one like the latest (its lost-requeue budget,
+    or a failure category's own lower cap: launch_failed's 2, as the reason line says); preemptions
+    cost neither."""
+    budget = job.get("platform_loss_cap")
+    budget = job.get("lost_requeue_budget") if budget is None else budget
     losses = f"{job.get('platform_losses', 0)}" + (f" of {budget}" if budget is not None else "")
     return (
         f"failures {job.get('own_failures', 0)} of {job['retries']} retries  "

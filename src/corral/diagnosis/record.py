@@ -9,7 +9,9 @@ event, the retry's node/GPU exclusions and backoff (`JobAvoid`), and counts the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.orm import Session
@@ -62,6 +64,22 @@ def retry_rule(verdict: Verdict, fault: AttemptFault | None = None) -> RetryRule
     if fault is not None and fault.event == "hang" and fault.detail.startswith("kill"):
         cap = 0  # on_hang: kill ends the job; requeue lets the exit-spec's policy retry it
     return RetryRule(own_fault=verdict.category.own_fault, cap=cap, label=verdict.reason)
+
+
+def platform_loss_cap(spec: ExitSpec, latest: Mapping[str, Any] | None, budget: int) -> int:
+    """What the next platform loss of the job is counted against, as settle_failure would count
+    one like its latest ending: a failure the exit-spec put in a platform, hardware or transient
+    category with a retry cap of its own (launch_failed: 2) is held to the lower of that cap and
+    the budget; anything else (a lost attempt, whose loss uses the budget alone) to the budget.
+    `latest`: the latest ended attempt as the job view shows it (its state and failure)."""
+    failure = (latest or {}).get("failure")
+    if latest is None or latest.get("state") != "failed" or not failure:
+        return budget
+    category, rule = failure.get("category"), spec.by_reason(str(failure.get("reason")))
+    if category in (None, Category.USER.value, Category.PREEMPTED.value) or rule is None:
+        return budget
+    cap = rule.retry.cap
+    return budget if cap is None else min(cap, budget)
 
 
 def failing_node(attempt: Attempt, rank: int) -> str:

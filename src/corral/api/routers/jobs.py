@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Annotated, Any, Literal
 
@@ -12,6 +13,9 @@ from pydantic import ValidationError
 from corral import spec as job_spec
 from corral.api.deps import DB, MAX_ROW_ID, CurrentUser, Offset, RowId, UserFilter, fast_json
 from corral.api.schemas import EventOut, JobListOut, JobOut, LogsOut
+from corral.diagnosis.exitspec import ExitSpecCache
+from corral.diagnosis.record import platform_loss_cap
+from corral.diagnosis.settings import DiagnosisSettings
 from corral.engine.base import EngineUnavailable
 from corral.environments.service import NAME_RE, check_job_environment
 from corral.services import cleanup, storage
@@ -123,6 +127,22 @@ def budget(request: Request) -> int:
     return int(request.app.state.settings.lost_requeue_budget)
 
 
+@functools.cache
+def _exit_spec() -> ExitSpecCache:
+    """The exit-spec the server's loops use (the same admin file, re-read when it changes)."""
+    return ExitSpecCache(DiagnosisSettings().exit_spec_file)
+
+
+def detail(request: Request, job: Any, events: Any) -> dict[str, Any]:
+    """A job's detail view with `platform_loss_cap`: the budget, or the lower cap of its latest
+    failure's exit-spec rule, as the retry rules apply them (`corral show` prints it)."""
+    view: dict[str, Any] = dict(job_view(job, events, lost_budget=budget(request)))
+    ended = [a for a in view["attempts"] if a.get("ended_at") is not None]
+    latest = max(ended, key=lambda a: a["number"], default=None)
+    view["platform_loss_cap"] = platform_loss_cap(_exit_spec().get(), latest, budget(request))
+    return view
+
+
 def _body_error(msg: str) -> RequestValidationError:
     return RequestValidationError([{"loc": ("body",), "msg": msg, "type": "value_error"}])
 
@@ -216,7 +236,7 @@ def list_jobs(
 @router.get("/jobs/{job_id}", response_model=JobOut)
 def show(job_id: RowId, db: DB, principal: CurrentUser, request: Request) -> Any:
     job = svc.get_job(db, principal, job_id)
-    return fast_json(job_view(job, svc.job_events(db, job.id), lost_budget=budget(request)))
+    return fast_json(detail(request, job, svc.job_events(db, job.id)))
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobOut)
