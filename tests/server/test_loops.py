@@ -202,6 +202,28 @@ def test_launch_failure_fails_the_attempt_with_its_message(env: tuple[ServerCont
     assert job_state(ctx, job_id) == "failed"
 
 
+@pytest.mark.parametrize(("budget", "expected"), [(3, "queued"), (0, "failed")])
+def test_a_platform_launch_failure_is_held_to_the_configured_loss_budget(
+    env: tuple[ServerContext, FakeEngine], budget: int, expected: str
+) -> None:
+    """launch_failed (platform, up_to 2) is requeued within the lower of its cap and the server's
+    CORRAL_LOST_REQUEUE_BUDGET, like every other platform failure: the dispatch loop used the
+    default budget (3) whatever was configured, so a budget of 0 still requeued it."""
+    ctx, fake = env
+    ctx.settings.lost_requeue_budget = budget
+    fake.fail_launch = "the engine is out of slots"
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        job_id = add_job(session, gid, uid)
+    assert assign(ctx, job_id, ("worker", "n1", 0, (0,)))
+    run_dispatch(ctx)
+    assert job_state(ctx, job_id) == expected
+    with ctx.session_factory() as session:
+        job = session.get(Job, job_id)
+        assert job is not None and job.platform_losses == 1
+        assert ("platform loss 1 of 2" if budget else "over the limit of 0") in job.reason, job.reason
+
+
 @pytest.mark.parametrize(
     ("preemptible", "budget", "expected"), [(True, 3, "queued"), (False, 3, "queued"), (True, 0, "failed")]
 )

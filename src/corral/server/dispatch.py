@@ -340,7 +340,8 @@ def _record_launch(
         # The exit-spec decides the retry (launch_failed: platform, a few tries with backoff).
         verdict = active_exit_spec(ctx).classify(Facts(frozenset({"launch_failed"}), log_tail=error))
         why = f"launch failed: {error}"
-        if settle_failure(session, job, why=why, now=now, rule=retry_rule(verdict)) is None:
+        budget = ctx.settings.lost_requeue_budget
+        if settle_failure(session, job, why=why, now=now, rule=retry_rule(verdict), budget=budget) is None:
             return
         node = failing_node(attempt, 0)
         record(session, job, attempt, verdict, node, now, retried=job.state == JobState.QUEUED.value)
