@@ -498,3 +498,35 @@ def test_a_member_removed_from_the_group_cannot_complete_its_upload(world: World
         uploads.complete(db, store_of(world), _principal(world, "alice"), uid, time.time())
     with world.session_factory() as db:
         assert list(db.scalars(select(DatasetVersion))) == []
+
+
+def test_the_same_files_registered_twice_at_once_are_registered_once(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A client retrying `register_files` while the first call still runs: the second committed the
+    # same rows between the first's read of the files registered and its insert, whose commit then
+    # failed on the primary key (500). Both must answer, the files counted once.
+    files = {**V1, "empty.txt": b""}  # an empty file: staged in the call, where the first pauses
+    alice, store = _principal(world, "alice"), store_of(world)
+    uid = protocol.start(world.client, world.as_("alice"), "regtwice", files).json()["id"]
+    real_write = store.write_chunk
+
+    def pause(hook: Callable[[], None]) -> None:
+        def written(*args: Any, **kwargs: Any) -> None:
+            hook()  # this call has read the files registered and added its rows, not committed
+            real_write(*args, **kwargs)
+
+        monkeypatch.setattr(store, "write_chunk", written)
+
+    def register() -> Any:
+        with world.session_factory() as db:
+            upload = uploads.register_files(db, store, alice, uid, protocol.entries(files), time.time())
+            return upload.registered_files
+
+    assert _race(register, register, pause) == [3, 3]
+    with world.session_factory() as db:
+        upload = db.get(DatasetUpload, uid)
+        assert upload is not None and (upload.registered_files, upload.registered_bytes) == (
+            3,
+            sum(len(b) for b in files.values()),
+        )

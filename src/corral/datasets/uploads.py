@@ -182,6 +182,12 @@ def register_files(
             check_path(path)
         except BadName as exc:
             raise Invalid(str(exc), ("body", "files", i, "path"))
+    # Locked and re-read before the files registered are read: the same batch sent twice at once
+    # (a client retrying) waits for the first, then finds its files there (idempotent); unlocked,
+    # both inserted the same rows and the second commit failed on the primary key (500).
+    if not lock_row(session, upload) or upload.state != "open":
+        session.rollback()
+        raise Conflict(f"upload {upload_id} was aborted or finished meanwhile")
     paths = [f[0] for f in files]
     known = {
         r.path: r
