@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from corral.datasets.store import Store
 from corral.db.models import Group, Job, Membership, User
 from corral.sdk.errors import CorralError
 from corral.services.auth import Principal, load_principal
-from corral.services.errors import Forbidden
+from corral.services.errors import Conflict, Forbidden
 from corral.spec import JobSpecV1
 from tests.api.conftest import World
 from tests.datasets import protocol
@@ -530,3 +531,49 @@ def test_the_same_files_registered_twice_at_once_are_registered_once(
             3,
             sum(len(b) for b in files.values()),
         )
+
+
+def test_a_chunk_sent_twice_at_once_leaves_the_file_whole(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same chunk in flight twice (a client's retry; two pushes resuming one upload): the later
+    # request had passed its offset check before the first recorded the chunk, then wrote it again
+    # and cut the file at its end, over the next chunk written meanwhile (the file's checksum had
+    # been checked already: the bytes were gone, and the database went back to half the file).
+    first, second = b"a" * 1000, b"b" * 1000
+    files = {"big.bin": first + second}
+    alice, store = _principal(world, "alice"), store_of(world)
+    uid = protocol.start(world.client, world.as_("alice"), "dupchunk", files).json()["id"]
+    assert protocol.register(world.client, world.as_("alice"), uid, files).status_code == 200
+    real_check = uploads.check_room
+
+    def pause(hook: Callable[[], None]) -> None:
+        def checked(*args: Any, **kwargs: Any) -> None:
+            hook()  # this request has read the offset received, not written yet
+            real_check(*args, **kwargs)
+
+        monkeypatch.setattr(uploads, "check_room", checked)
+
+    def chunk(offset: int, data: bytes) -> Any:
+        with world.session_factory() as db:
+            try:
+                return uploads.write_chunk(
+                    db, store, alice, uid, "big.bin", offset, data, time.time()
+                ).received
+            except Conflict as exc:
+                return exc.message
+
+    def retry_then_next() -> Any:
+        return [chunk(0, first), chunk(1000, second)]
+
+    results = _race(lambda: chunk(0, first), retry_then_next, pause)
+    staged = (store.staging_dir(uid) / "big.bin").read_bytes()
+    assert (len(staged), staged == first + second) == (2000, True), results
+    answers = [results[0], results[1][0]]  # the two requests for the first chunk
+    assert sorted(answers, key=str)[1] == 1000, results  # one of them wrote it, the other was told
+    refused = str(min(answers, key=str))
+    assert re.fullmatch(r"'big.bin': expected a chunk at offset [12]000, got 0", refused), results
+    with world.session_factory() as db:
+        upload = db.get(DatasetUpload, uid)
+        assert upload is not None and upload.received_bytes == 2000
+    assert protocol.complete(world.client, world.as_("alice"), uid).status_code == 201

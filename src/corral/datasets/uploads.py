@@ -40,7 +40,7 @@ from corral.datasets.quotas import (
     reserved_by_uploads,
 )
 from corral.datasets.service import can_push, versions_of
-from corral.datasets.store import Store, file_sha256, walk_files
+from corral.datasets.store import Store, file_sha256, walk_files, write_at
 from corral.db.base import lock_row
 from corral.db.models import Group
 from corral.services.auth import Principal
@@ -279,10 +279,7 @@ def write_chunk(
     row = session.get(DatasetUploadFile, (upload.id, path))
     if row is None:
         raise NotFound(f"{path!r} is not a registered file of upload {upload_id}")
-    if offset != row.received:
-        raise Conflict(f"{path!r}: expected a chunk at offset {row.received}, got {offset}")
-    if row.received + len(data) > row.size:
-        raise Invalid(f"{path!r}: more bytes than its declared size {row.size}", ("body",))
+    _check_offset(row, offset, data)
     # Re-checked per chunk: the quota may have been lowered since the upload started.
     check_room(
         owner_account(session, upload.owner_user_id, upload.owner_group_id),
@@ -290,24 +287,57 @@ def write_chunk(
         upload.declared_files,
     )
     try:
-        store.write_chunk(upload.id, path, offset, data)
+        with store.staged_file(upload.id, path) as fd:
+            # Under the file's lock, read again: a request for the same chunk sent twice at once (a
+            # retry, or two pushes resuming one upload) waits for the first, then finds its bytes
+            # recorded and writes nothing; unlocked, both passed the offset check and the later one
+            # cut the file back over a chunk recorded meanwhile.
+            session.rollback()
+            locked = session.get(DatasetUploadFile, (upload.id, path))
+            if locked is None:
+                raise NotFound(f"{path!r} is not a registered file of upload {upload_id}")
+            _check_offset(locked, offset, data)
+            _write_locked(session, store, upload, locked, fd, offset, data, now)
     except BadName as exc:
         raise Invalid(str(exc), ("query", "path"))
-    row.received += len(data)
-    upload.received_bytes += len(data)
+    return locked
+
+
+def _check_offset(row: DatasetUploadFile, offset: int, data: bytes) -> None:
+    if offset != row.received:
+        raise Conflict(f"{row.path!r}: expected a chunk at offset {row.received}, got {offset}")
+    if row.received + len(data) > row.size:
+        raise Invalid(f"{row.path!r}: more bytes than its declared size {row.size}", ("body",))
+
+
+def _write_locked(
+    session: Session,
+    store: Store,
+    upload: DatasetUpload,
+    row: DatasetUploadFile,
+    fd: int,
+    offset: int,
+    data: bytes,
+    now: float,
+) -> None:
+    """Write the chunk and record it (the caller holds the file's lock); a file whose last byte
+    came is checked against its sha256, and started again when it differs."""
+    write_at(fd, offset, data)
+    row.received += len(data)  # the file's lock makes this read-and-write one
+    # In SQL: chunks of the upload's other files are written at the same time.
+    upload.received_bytes = DatasetUpload.received_bytes + len(data)
     upload.updated_at = now
     if row.received == row.size:
-        actual = store.staged_sha256(upload.id, path)
+        actual = store.staged_sha256(upload.id, row.path)
         if actual != row.sha256:
-            upload.received_bytes -= row.received
+            upload.received_bytes = DatasetUpload.received_bytes + len(data) - row.received
             row.received = 0
             session.commit()
-            store.truncate(upload.id, path)
+            os.ftruncate(fd, 0)
             raise Invalid(
-                f"{path!r}: sha256 of the bytes received is {actual}, not {row.sha256}; send it again"
+                f"{row.path!r}: sha256 of the bytes received is {actual}, not {row.sha256}; send it again"
             )
     session.commit()
-    return row
 
 
 def complete(
