@@ -577,3 +577,38 @@ def test_a_chunk_sent_twice_at_once_leaves_the_file_whole(
         upload = db.get(DatasetUpload, uid)
         assert upload is not None and upload.received_bytes == 2000
     assert protocol.complete(world.client, world.as_("alice"), uid).status_code == 201
+
+
+@pytest.mark.parametrize("step", ["check_room", "write_at"])
+def test_a_chunk_sent_while_its_upload_is_aborted_is_refused_and_leaves_nothing(
+    world: World, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    # The abort commits while the chunk is on its way: before the file is opened (check_room), the
+    # write made the staging directory again and its commit matched no row (500, half a file left
+    # in a staging directory no upload names); after it (write_at), the commit matched no row (500).
+    alice, store = _principal(world, "alice"), store_of(world)
+    uid = protocol.start(world.client, world.as_("alice"), "aborted", V1).json()["id"]
+    assert protocol.register(world.client, world.as_("alice"), uid, V1).status_code == 200
+    real_step = getattr(uploads, step)
+
+    def pause(hook: Callable[[], None]) -> None:
+        def paused(*args: Any, **kwargs: Any) -> Any:
+            hook()  # the abort runs to its end now
+            return real_step(*args, **kwargs)
+
+        monkeypatch.setattr(uploads, step, paused)
+
+    def chunk() -> Any:
+        with world.session_factory() as db:
+            uploads.write_chunk(db, store, alice, uid, "train/x.bin", 0, V1["train/x.bin"], time.time())
+
+    def abort() -> Any:
+        with world.session_factory() as db:
+            uploads.abort(db, store, alice, uid)
+
+    results = _race(chunk, abort, pause)
+    assert isinstance(results[0], Conflict) and results[1] is None, results
+    assert f"upload {uid} was aborted" in results[0].message
+    assert staged_entries(world) == [] and not any(store.trash.iterdir())
+    r = protocol.chunk(world.client, world.as_("alice"), uid, "labels.txt", 0, V1["labels.txt"])
+    assert r.status_code == 404 and "(aborted, finished long ago" in r.text, r.text  # one sent after

@@ -74,7 +74,7 @@ class Store:
 
     @contextmanager
     def staged_file(self, upload_id: str, rel: str) -> Iterator[int]:
-        """The staged file `rel` of an upload, open for writing and locked (flock, exclusive)
+        """The staged file `rel` of an upload, open for reading and writing and locked (flock, exclusive)
         until the block ends: two requests writing one file take turns, so the second can read
         what the first recorded before it writes. Parents are created here and nowhere else, and
         the staging tree never holds a link, so nothing written can land outside it. The staging
@@ -89,7 +89,7 @@ class Store:
                 parent.mkdir(exist_ok=True, mode=0o700)  # one level at a time: not `top` again
             if target.is_dir():
                 raise BadName(f"file path {rel!r} is also a directory of the upload")
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except (FileExistsError, NotADirectoryError):
             raise BadName(f"file path {rel!r}: one of its parent directories is also a file of the upload")
         except FileNotFoundError:
@@ -99,9 +99,6 @@ class Store:
             yield fd
         finally:
             os.close(fd)  # and the lock with it
-
-    def staged_sha256(self, upload_id: str, rel: str) -> str:
-        return file_sha256(self.file_in(self.staging_dir(upload_id), rel))
 
     def publish(
         self, source: Path, dataset_id: int, version: int, manifest: Iterable[tuple[str, int, str]]
@@ -154,6 +151,15 @@ def write_at(fd: int, offset: int, data: bytes) -> None:
     while done < len(data):  # pwrite may write less than asked
         done += os.pwrite(fd, view[done : done + WRITE_PIECE], offset + done)
     os.ftruncate(fd, offset + len(data))
+
+
+def fd_sha256(fd: int) -> str:
+    """sha256 of the open file `fd` (the staged file as locked, wherever its name is now)."""
+    h, offset = hashlib.sha256(), 0
+    while block := os.pread(fd, HASH_BLOCK, offset):
+        h.update(block)
+        offset += len(block)
+    return h.hexdigest()
 
 
 def file_sha256(path: Path) -> str:

@@ -29,6 +29,7 @@ from typing import Any
 from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.exc import StaleDataError
 
 from corral.datasets.models import Dataset, DatasetUpload, DatasetUploadFile, DatasetVersion
 from corral.datasets.names import BadName, check_name, check_path, check_plain, manifest_digest
@@ -40,7 +41,7 @@ from corral.datasets.quotas import (
     reserved_by_uploads,
 )
 from corral.datasets.service import can_push, versions_of
-from corral.datasets.store import Store, file_sha256, walk_files, write_at
+from corral.datasets.store import Store, UploadGone, fd_sha256, file_sha256, walk_files, write_at
 from corral.db.base import lock_row
 from corral.db.models import Group
 from corral.services.auth import Principal
@@ -148,7 +149,7 @@ def start(
 def get(session: Session, principal: Principal, upload_id: str) -> DatasetUpload:
     upload = session.get(DatasetUpload, upload_id) if UPLOAD_ID.fullmatch(upload_id) else None
     if upload is None or (upload.created_by != principal.name and not principal.is_admin):
-        raise NotFound(f"no upload {upload_id!r} (finished long ago, or removed after its timeout)")
+        raise NotFound(f"no upload {upload_id!r} (aborted, finished long ago, or removed after its timeout)")
     return upload
 
 
@@ -294,13 +295,27 @@ def write_chunk(
             # cut the file back over a chunk recorded meanwhile.
             session.rollback()
             locked = session.get(DatasetUploadFile, (upload.id, path))
-            if locked is None:
-                raise NotFound(f"{path!r} is not a registered file of upload {upload_id}")
+            if locked is None:  # the upload was aborted (or completed) since it was read
+                raise _gone(session, upload_id)
             _check_offset(locked, offset, data)
             _write_locked(session, store, upload, locked, fd, offset, data, now)
     except BadName as exc:
         raise Invalid(str(exc), ("query", "path"))
+    except (UploadGone, StaleDataError):
+        # Aborted meanwhile: before the file was opened (its staging directory is gone and is not
+        # made again), or before the chunk was recorded (its rows were gone: the bytes went to a
+        # file the abort removes). Either way nothing of it is left.
+        raise _gone(session, upload_id)
     return locked
+
+
+def _gone(session: Session, upload_id: str) -> Conflict:
+    """The answer to a request on an upload that was open when it came and is not any more."""
+    session.rollback()
+    upload = session.get(DatasetUpload, upload_id)
+    if upload is not None and upload.state == "done":
+        return Conflict(f"upload {upload_id} is finished (dataset {upload.dataset_name!r} v{upload.version})")
+    return Conflict(f"upload {upload_id} was aborted (or removed after its timeout); this chunk was not kept")
 
 
 def _check_offset(row: DatasetUploadFile, offset: int, data: bytes) -> None:
@@ -328,7 +343,7 @@ def _write_locked(
     upload.received_bytes = DatasetUpload.received_bytes + len(data)
     upload.updated_at = now
     if row.received == row.size:
-        actual = store.staged_sha256(upload.id, row.path)
+        actual = fd_sha256(fd)
         if actual != row.sha256:
             upload.received_bytes = DatasetUpload.received_bytes + len(data) - row.received
             row.received = 0
@@ -460,9 +475,16 @@ def publish(
 
 
 def abort(session: Session, store: Store, principal: Principal, upload_id: str) -> None:
+    """Remove the upload with its staged bytes. A chunk being written meanwhile is refused (409,
+    write_chunk) and leaves nothing: its rows are gone, its staging directory is not made again."""
     upload = _open(session, principal, upload_id)
-    session.delete(upload)
+    # A statement, not session.delete: removed meanwhile (aborted twice at once, the timeout) is done.
+    removed = session.execute(
+        delete(DatasetUpload).where(DatasetUpload.id == upload.id, DatasetUpload.state == "open")
+    )
     session.commit()
+    if removed.rowcount == 0 and session.get(DatasetUpload, upload_id, populate_existing=True):  # type: ignore[attr-defined]
+        raise Conflict(f"upload {upload_id} was completed meanwhile; delete the version instead")
     store.remove(store.staging_dir(upload_id))
 
 
