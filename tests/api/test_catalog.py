@@ -227,3 +227,21 @@ def test_retention_removes_the_job_and_keeps_the_model(world: World, settings: A
         f"{API}/models/kept/versions/1/file", params={"path": "w.bin"}, headers=world.as_("alice")
     )
     assert r.status_code == 200 and r.content == b"kept"
+
+
+def test_a_deleted_model_versions_number_is_never_given_again(world: World, settings: Any) -> None:
+    # v2 (the latest) deleted, the next registration became v2 again: `model/name@2` as a job
+    # pinned it then meant other weights.
+    alice, root = world.as_("alice"), settings.storage_path
+    for version, weights in ((1, b"one"), (2, b"two")):
+        job = finished_job(world, "alice", {"w.bin": weights}, root)
+        r = world.client.post(f"{API}/models/renum/versions", json={"job_id": job}, headers=alice)
+        assert r.status_code == 201 and r.json()["version"] == version, r.text
+    assert world.client.delete(f"{API}/models/renum/versions/2", headers=alice).status_code == 204
+    job = finished_job(world, "alice", {"w.bin": b"three"}, root)
+    r = world.client.post(f"{API}/models/renum/versions", json={"job_id": job}, headers=alice)
+    assert r.status_code == 201 and r.json()["version"] == 3, r.text
+    assert world.client.get(f"{API}/models/renum/versions/2", headers=alice).status_code == 404
+    assert [
+        v["version"] for v in world.client.get(f"{API}/models/renum", headers=alice).json()["versions"]
+    ] == [1, 3]

@@ -612,3 +612,21 @@ def test_a_chunk_sent_while_its_upload_is_aborted_is_refused_and_leaves_nothing(
     assert staged_entries(world) == [] and not any(store.trash.iterdir())
     r = protocol.chunk(world.client, world.as_("alice"), uid, "labels.txt", 0, V1["labels.txt"])
     assert r.status_code == 404 and "(aborted, finished long ago" in r.text, r.text  # one sent after
+
+
+def test_a_deleted_versions_number_is_never_given_again(world: World) -> None:
+    # v2 (the latest) deleted, the next push became v2 again: `data/name@2`, as jobs and lineage
+    # recorded it, then meant other data.
+    alice = world.as_("alice")
+    assert protocol.push(world.client, alice, "renum", V1).json()["version"] == 1
+    assert protocol.push(world.client, alice, "renum", V2).json()["version"] == 2
+    assert world.client.delete(f"{API}/datasets/renum/versions/2", headers=alice).status_code == 204
+    third = {"other.txt": b"something else"}
+    assert protocol.push(world.client, alice, "renum", third).json()["version"] == 3
+    shown = world.client.get(f"{API}/datasets/renum", headers=alice).json()
+    assert [v["version"] for v in shown["versions"]] == [1, 3] and shown["latest"] == 3
+    with (
+        world.session_factory() as db,
+        pytest.raises(service.DatasetRefError, match=r"has no version v2 \(it has v1, v3\)"),
+    ):
+        service.resolve_dataset_ref(db, "alice", {"vision"}, "data/renum@2", store=store_of(world))

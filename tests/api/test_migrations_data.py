@@ -245,3 +245,34 @@ def test_every_migration_keeps_the_data_up_down_and_up(url: str) -> None:
         assert {"jobs", "attempts", "users", "groups"} <= set(sa.inspect(engine).get_table_names())
     finally:
         engine.dispose()
+
+
+def test_version_counters_start_above_every_number_given(url: str) -> None:
+    # 0020: a dataset's and a model's next version comes after every number given so far: those
+    # of the versions there and those jobs recorded (lineage outlives a deleted latest version).
+    upgrade(url, "0019_workspace_last_used")
+    engine = make_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        insert(engine, rows(0))
+        ds = {"owner_user_id": 1, "public": False, "description": "", "created_at": T0, "created_by": "u"}
+        made = {"bytes": 1, "files": 1, "digest": "d", "created_at": T0, "created_by": "u"}
+        model = {"owner_user_id": 1, "visibility": "private", "description": "", "created_at": T0}
+        insert(engine, {
+            "datasets": [{"id": i, "name": n, **ds} for i, n in enumerate(["kept", "used", "new"], 1)],
+            "dataset_versions": [{"id": i, "dataset_id": d, "version": v, "source": "upload", **made}
+                                 for i, (d, v) in enumerate([(1, 1), (1, 2), (2, 1)], 1)],
+            "job_datasets": [{"job_id": 10, "dataset_id": 2, "version": 3, "dataset_name": "used"}],
+            "registered_models": [{"id": 1, "name": "m", "created_by": "u", **model}],
+            "model_versions": [{"id": 1, "model_id": 1, "version": 1, "stage": "none", "framework": "",
+                                "metrics": "{}", "card": "", "source_path": "", "lineage": "{}",
+                                "source_job_id": 10, **made}],
+            "job_models": [{"job_id": 10, "model_version_id": 9, "model_name": "m", "version": 4}],
+        })  # fmt: skip
+        upgrade(url, "0020_version_counters")
+        with engine.connect() as conn:
+            datasets = conn.execute(sa.text("SELECT name, last_version FROM datasets ORDER BY id")).all()
+            models = conn.execute(sa.text("SELECT name, last_version FROM registered_models")).all()
+        assert [tuple(r) for r in datasets] == [("kept", 2), ("used", 3), ("new", 0)]
+        assert [tuple(r) for r in models] == [("m", 4)]
+    finally:
+        engine.dispose()

@@ -205,9 +205,11 @@ def register(
     try:
         model = _model_for_register(session, principal, name, group, description, now)
         last = session.scalar(select(func.max(ModelVersion.version)).where(ModelVersion.model_id == model.id))
+        # Never a number given before: the latest version deleted, its number is not used again.
+        model.last_version = max(int(last or 0), model.last_version or 0) + 1
         row = ModelVersion(
             model_id=model.id,
-            version=int(last or 0) + 1,
+            version=model.last_version,
             stage="none",
             framework=framework,
             metrics={**model_files.read_metrics(copied.path), **(metrics or {})},

@@ -25,6 +25,9 @@ class Dataset(Base):
     description: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[float] = mapped_column(Float)
     created_by: Mapped[str] = mapped_column(String(64))
+    # The highest version number ever given (migration 0020): a deleted version's number is
+    # never given again, so `name@3` means one content for good.
+    last_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class DatasetVersion(Base):

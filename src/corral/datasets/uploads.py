@@ -447,10 +447,14 @@ def publish(
         session.add(ds)
     try:
         session.flush()
+        # Never a number given before (the counter, read after the owner's lock, which every
+        # publish and delete of this dataset takes): v3 deleted, the next version is v4, not v3 again.
+        given = session.scalar(select(Dataset.last_version).where(Dataset.id == ds.id))
         latest = session.scalar(
             select(func.max(DatasetVersion.version)).where(DatasetVersion.dataset_id == ds.id)
         )
-        version = (latest or 0) + 1
+        version = max(given or 0, latest or 0) + 1
+        ds.last_version = version
         row = DatasetVersion(
             dataset_id=ds.id, version=version, bytes=sum(e[1] for e in entries), files=len(entries),
             digest=manifest_digest(entries), source=kind, created_at=now, created_by=owner.by,

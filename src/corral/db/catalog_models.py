@@ -60,6 +60,8 @@ class RegisteredModel(Base):
     description: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[float] = mapped_column(Float)
     created_by: Mapped[str] = mapped_column(String(64))
+    # The highest version number ever given (migration 0020): never given again after a delete.
+    last_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class ModelVersion(Base):
