@@ -279,9 +279,15 @@ def _commit_version(
     return view
 
 
-def show_version(session: Session, principal: Principal, name: str, version: int) -> dict[str, Any]:
+def show_version(session: Session, principal: Principal, name: str, ref: str) -> dict[str, Any]:
+    """The version `ref` names: a number (`3`, `v3`) or a stage (the newest version in it), as
+    the mount source resolves `model/NAME@ref`; 404 naming what the model lacks."""
     model = readable(session, name, principal)
-    return {"name": model.name, **version_view(version_of(session, model, version))}
+    try:
+        row = pick_version(session, model, ref)
+    except ModelRefError as exc:
+        raise NotFound(str(exc)) from None
+    return {"name": model.name, **version_view(row)}
 
 
 def promote(session: Session, principal: Principal, name: str, version: int, stage: str) -> dict[str, Any]:

@@ -187,6 +187,21 @@ def _ref(ref: str) -> tuple[str, int]:
     return name, int(version.lstrip("vV"))
 
 
+STAGES = ("none", "staging", "production", "archived")  # corral.catalog.model_mounts.STAGES
+
+
+def _version_ref(ref: str) -> tuple[str, str]:
+    """NAME@VERSION or NAME@STAGE (as `model finetune` and the `model/` mount source take)."""
+    name, _, at = ref.partition("@")
+    if not (at.lstrip("vV").isdigit() or at in STAGES):
+        raise CorralError(
+            f"{ref!r}: write NAME@VERSION or NAME@STAGE, e.g. digits@2 or digits@production "
+            f"(stages: {', '.join(STAGES)})"
+        )
+    number = at.lstrip("vV")
+    return name, number if number.isdigit() else at
+
+
 def _metrics(items: list[str] | None) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
     for key, value in parse_sets(items, "--metric", "f1=0.8").items():
@@ -243,12 +258,14 @@ def model_versions(name: str, output: OutputOpt = Output.table) -> None:
 @model_app.command("show")
 @friendly_errors
 def model_show(
-    ref: Annotated[str, typer.Argument(help="NAME (the model) or NAME@VERSION (card and lineage)")],
+    ref: Annotated[
+        str, typer.Argument(help="NAME (the model), NAME@VERSION or NAME@STAGE (card and lineage)")
+    ],
     output: OutputOpt = Output.table,
 ) -> None:
     """A model, or one version's card and lineage (job, datasets, environment, code)."""
     with client() as c:
-        data = c.model_version(*_ref(ref)) if "@" in ref else c.model(ref)
+        data = c.model_version(*_version_ref(ref)) if "@" in ref else c.model(ref)
     if output is Output.json:
         print_json(data)
         return
@@ -346,10 +363,12 @@ def model_compare(name: str, a: int, b: int, output: OutputOpt = Output.table) -
 
 @model_app.command("pull")
 @friendly_errors
-def model_pull(ref: Annotated[str, typer.Argument(help="NAME@VERSION")], directory: Path) -> None:
+def model_pull(
+    ref: Annotated[str, typer.Argument(help="NAME@VERSION or NAME@STAGE")], directory: Path
+) -> None:
     """Download a version's files."""
     with client() as c:
-        files = c.pull_model(*_ref(ref), directory)
+        files = c.pull_model(*_version_ref(ref), directory)
     err.print(f"{len(files)} files of {ref} pulled into {directory}")
 
 

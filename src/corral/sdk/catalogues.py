@@ -120,9 +120,10 @@ class CataloguesApi(BaseClient):
         """A model with its versions (stage, metrics, size)."""
         return self.request("GET", f"/models/{quote(name)}")
 
-    def model_version(self, name: str, version: int) -> dict[str, Any]:
-        """One version with its card and lineage."""
-        return self.request("GET", f"/models/{quote(name)}/versions/{version}")
+    def model_version(self, name: str, version: int | str) -> dict[str, Any]:
+        """One version with its card and lineage: a number, or a stage ("production": the newest
+        version in it)."""
+        return self.request("GET", f"/models/{quote(name)}/versions/{quote(str(version))}")
 
     def register_model(
         self,
@@ -168,8 +169,11 @@ class CataloguesApi(BaseClient):
             "DELETE", f"/models/{quote(name)}" + (f"/versions/{version}" if version is not None else "")
         )
 
-    def pull_model(self, name: str, version: int, directory: Path) -> list[Path]:
-        """Download a version's files into `directory`."""
+    def pull_model(self, name: str, version: int | str, directory: Path) -> list[Path]:
+        """Download a version's files into `directory`; `version` a number, or a stage (resolved
+        to its number first, so every file comes from that one version)."""
+        if not isinstance(version, int):
+            version = int(self.model_version(name, version)["version"])
         items = self.request("GET", f"/models/{quote(name)}/versions/{version}/files")["items"]
         pulled = []
         for item in items:

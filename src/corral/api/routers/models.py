@@ -19,6 +19,8 @@ from corral.services.errors import Invalid, NotFound
 router = APIRouter(tags=["models"])
 ModelName = Annotated[str, Path(pattern=NAME_PATTERN)]
 VersionNumber = Annotated[int, Path(ge=1, le=1_000_000_000)]
+# A version as a model reference names one: a number (3, v3) or a stage (the newest version in it).
+VersionRef = Annotated[str, Path(pattern=r"^([vV]?0*[1-9][0-9]{0,8}|none|staging|production|archived)$")]
 Metric = float | int | str | bool
 
 
@@ -93,7 +95,9 @@ def register(name: ModelName, body: RegisterIn, request: Request, db: DB, princi
 
 
 @router.get("/models/{name}/versions/{version}")
-def show_version(name: ModelName, version: VersionNumber, db: DB, principal: CurrentUser) -> Any:
+def show_version(name: ModelName, version: VersionRef, db: DB, principal: CurrentUser) -> Any:
+    """One version with its card and lineage: `3`, `v3`, or a stage (`production`: the newest
+    version in it, as `model/NAME@production` mounts)."""
     return fast_json(svc.show_version(db, principal, name, version))
 
 

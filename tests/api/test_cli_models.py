@@ -1,0 +1,47 @@
+"""`corral model show` and `model pull` with the references the other model commands take."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from corral.sdk import Client
+from tests.api.conftest import World
+from tests.api.test_catalog import finished_job
+from tests.api.test_cli import run, server_url
+
+__all__ = ["server_url"]  # the fixture
+API = "/api/v1"
+
+
+def test_model_show_and_pull_take_a_stage_like_finetune_and_mounts(
+    world: World, server_url: str, settings: Any, tmp_path: Path
+) -> None:
+    # docs/catalogues.md: a version is named NAME@VERSION or NAME@STAGE (`model finetune
+    # digits@production`, `model/digits@production`); show and pull refused the stage ("write
+    # NAME@VERSION").
+    alice = world.as_("alice")
+    for weights in (b"one", b"two"):
+        job = finished_job(world, "alice", {"w.bin": weights}, settings.storage_path)
+        r = world.client.post(f"{API}/models/digits/versions", json={"job_id": job}, headers=alice)
+        assert r.status_code == 201, r.text
+    for stage in ("staging", "production"):
+        r = world.client.post(f"{API}/models/digits/versions/1/stage", json={"stage": stage}, headers=alice)
+        assert r.status_code == 200, r.text
+    code, out = run(world, server_url, "alice", "model", "show", "digits@production", "-o", "json")
+    assert code == 0 and json.loads(out)["version"] == 1, out
+    code, out = run(world, server_url, "alice", "model", "show", "digits@v2")
+    assert code == 0 and "digits@2" in out, out
+    code, out = run(world, server_url, "alice", "model", "pull", "digits@production", str(tmp_path / "p"))
+    assert code == 0 and (tmp_path / "p" / "w.bin").read_bytes() == b"one", out
+    code, out = run(world, server_url, "alice", "model", "pull", "digits@2", str(tmp_path / "two"))
+    assert code == 0 and (tmp_path / "two" / "w.bin").read_bytes() == b"two", out
+    code, out = run(world, server_url, "alice", "model", "show", "digits@prod")
+    assert code == 1 and "write NAME@VERSION or NAME@STAGE" in out and "production" in out, out
+    code, out = run(world, server_url, "alice", "model", "pull", "digits@staging", str(tmp_path / "s"))
+    assert code == 1 and "has no version in stage 'staging'" in out and not (tmp_path / "s").exists(), out
+    code, out = run(world, server_url, "alice", "model", "show", "digits@7")
+    assert code == 1 and "has no version v7 (it has v1, v2)" in out, out
+    with Client(server_url, alice["Authorization"].split()[1]) as c:
+        assert c.model_version("digits", "production")["version"] == 1
