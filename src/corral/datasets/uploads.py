@@ -298,7 +298,7 @@ def write_chunk(
             if locked is None:  # the upload was aborted (or completed) since it was read
                 raise _gone(session, upload_id)
             _check_offset(locked, offset, data)
-            _write_locked(session, store, upload, locked, fd, offset, data, now)
+            _write_locked(session, upload, locked, fd, offset, data, now)
     except BadName as exc:
         raise Invalid(str(exc), ("query", "path"))
     except (UploadGone, StaleDataError):
@@ -327,7 +327,6 @@ def _check_offset(row: DatasetUploadFile, offset: int, data: bytes) -> None:
 
 def _write_locked(
     session: Session,
-    store: Store,
     upload: DatasetUpload,
     row: DatasetUploadFile,
     fd: int,
