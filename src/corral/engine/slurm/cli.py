@@ -215,18 +215,19 @@ class SlurmCli:
             raise EngineUnavailable(f"`squeue` failed: {result.message or f'exit {result.returncode}'}")
         return parse_squeue(result.stdout, comment)
 
-    def jobs_by_id(self, job_ids: Sequence[str]) -> list[SlurmJob]:
+    def jobs_by_id(self, job_ids: Sequence[str], comment: bool = False) -> list[SlurmJob]:
         """The jobs of these ids that Slurm still knows (`squeue --states=all --jobs=...`): only
         their lines, where `jobs(--users=...)` prints every job of the accounts within MinJobAge
         (hundreds in a burst, each parsed in Python at every poll). A job Slurm no longer knows is
         left out, as in `jobs`; asked alone, Slurm answers "Invalid job id specified" for it.
         Only the output is smaller: for two ids or more, squeue loads every job of the cluster
         from slurmctld and filters them itself (Slurm 22.05's squeue), where `--users` of one
-        account was filtered in slurmctld."""
+        account was filtered in slurmctld. `comment`: as in `jobs` (only for ids of Corral's jobs,
+        whose names have no "|")."""
         if not job_ids:
             return []
         try:
-            return self.jobs(f"--jobs={','.join(job_ids)}")
+            return self.jobs(f"--jobs={','.join(job_ids)}", comment=comment)
         except EngineUnavailable as exc:
             if len(job_ids) == 1 and UNKNOWN_JOB in str(exc).lower():
                 return []

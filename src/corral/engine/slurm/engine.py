@@ -540,9 +540,7 @@ class SlurmEngine:
     def _status(self, record: AttemptRecord, jobs: Mapping[str, SlurmJob]) -> AttemptStatus:
         aid = record.attempt_id
         if not record.slurm_job_id:  # launched, but its job id was never learnt
-            job = jobs.get(scripts.job_name(aid))
-            if job is not None:  # the newest of that name need not be the current submission
-                job = jobs.get(self._find_job_by_name(aid, record.unix_user))
+            job = self._current_of(aid, jobs)
             if job is None:
                 return AttemptStatus(aid, AttemptPhase.PENDING, message="submitting to Slurm")
             record.slurm_job_id = str(job["job_id"])
@@ -586,6 +584,21 @@ class SlurmEngine:
             return None
         end = int(job.get("end_time") or 0)
         return record.stop.kind if not end or end >= int(record.stop.requested_at) else None
+
+    def _current_of(self, aid: str, jobs: Mapping[str, SlurmJob]) -> SlurmJob | None:
+        """The attempt's current submission among the poll's answer, for a record whose job id
+        was never learnt. The newest job of its name may be a superseded submission (it runs
+        nothing and ends 0), so the jobs of that name are asked for their comments by id: by id,
+        not by account, which the poll has already filtered (an account just removed is not looked
+        up again; see _squeue)."""
+        name = scripts.job_name(aid)
+        token = self.store.submission(aid)
+        if not token or name not in jobs:
+            return jobs.get(name)
+        ids = sorted({str(j["job_id"]) for j in jobs.values() if j.get("name") == name})
+        mine = f"submission={token}"
+        current = [j for j in self.cli.jobs_by_id(ids, comment=True) if mine in j.get("comment", "")]
+        return max(current, key=lambda j: int(j["job_id"]), default=None)
 
     def _status_without_slurm(self, record: AttemptRecord) -> AttemptStatus:
         """Slurm purged the job (older than MinJobAge) before Corral saw it end: the exit codes the
