@@ -47,6 +47,23 @@ def test_user_cap() -> None:
     assert huge.diagnoses["h"].unschedulable
 
 
+def test_no_work_is_preempted_for_a_job_its_user_cap_holds_back() -> None:
+    """A job within its group's guarantee but over its user's cap stops nobody: the cap would
+    still hold it back once the victims are gone. Work of the same user of lower priority still
+    makes room under the cap."""
+    groups = [group("g", guaranteed={ANY_MODEL: 4}, user_max_gpus=2), group("b")]
+    mine = running(job("mine", gpus=2, group="g", user="ann"), "n", (0, 1))
+    lent = running(job("lent", gpus=2, group="b", user="bob"), "n", (2, 3), borrowed=True)
+    queued = [job("w", gpus=2, group="g", user="ann", submit=10)]
+    plan = plan_for(snap([gpu_node("n", gpus=4)], queued, groups, run=[mine, lent]), DEFAULT)
+    assert plan.preemptions == ()
+    low = running(job("low", gpus=2, group="g", user="ann", priority=Priority.LOW), "n", (0, 1))
+    high = [job("high", gpus=2, group="g", user="ann", submit=10, priority=Priority.HIGH)]
+    bob = running(job("bob", gpus=2, group="g", user="bob"), "n", (2, 3))
+    plan = plan_for(snap([gpu_node("n", gpus=4)], high, groups, run=[low, bob]), DEFAULT)
+    assert [(p.job_id, p.for_job) for p in plan.preemptions] == [("low", "high")]
+
+
 def test_priority_within_group_goes_first() -> None:
     queued = [job("low", priority=Priority.LOW, submit=0), job("high", priority=Priority.HIGH, submit=5)]
     plan = plan_for(snap([gpu_node("n", gpus=1)], queued, [group("g")]), DEFAULT)

@@ -124,7 +124,8 @@ class KnownOutcomes:
             return  # it reserved, or found victims: the next job of its kind must look again
         if self.preemptor.attempts_left == attempts_before:
             self.short[self.fail_key(job, info)] = token
-        else:  # a preemption search that found no room
+        elif self.cycle.ledger.group(job.group).user_max_gpus is None:  # a search that found no room
+            # (not under a per-user cap: the search reads the user's GPUs then, which its key omits)
             self.searched[self.search_key(job, info)] = token
 
     # -- replaying ------------------------------------------------------------------------------

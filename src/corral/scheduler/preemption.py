@@ -310,6 +310,10 @@ class Preemptor:
             allowed = ledger.allowed_models(job, models, borrow)
             if not allowed:
                 return None
+            # the per-user cap too (the victims' GPUs released: a user's own lower-priority work
+            # makes room under it): else work is stopped for a job that would still wait on the cap
+            if not ledger.user_fits(job):
+                return None
         placed = self.placer.place(job, allowed)
         if placed is None:
             return None
