@@ -453,3 +453,32 @@ def test_job_waiting_on_cordoned_nodes_is_told_so(env: tuple[ServerContext, Fake
         assert job is not None and job.state == "queued" and job.diagnosis is not None
         (reason,) = job.diagnosis.reasons
         assert reason.code == "node_not_ready" and "2 nodes cordoned" in reason.message
+
+
+def test_a_lender_reclaims_a_borrowing_job_that_is_still_starting(
+    env: tuple[ServerContext, FakeEngine],
+) -> None:
+    """A group's guarantee takes back GPUs from a borrowing job that is launched but not yet
+    reported running (STARTING: an image pulled, a Slurm job pending): the scheduler picks it (the
+    youngest borrowed work goes first) and the schedule loop preempts it, as a node drain does
+    (the lifecycle allows STARTING -> PREEMPTED). It was refused as "no longer running", so the
+    lender waited "for preemption" every cycle while nothing was being stopped."""
+    ctx, fake = env
+    with ctx.session_factory() as session:
+        lender, owner = seed_tenant(session, group="owner", user="o", guaranteed=8)
+        borrower_group, borrower = seed_tenant(session, group="borrower", user="b", guaranteed=0)
+        borrowing = add_job(session, borrower_group, borrower, gpus=4, instances=2)
+    schedule_tick(ctx, time.time())
+    run_dispatch(ctx)
+    assert job_state(ctx, borrowing) == "starting"  # launched; the engine reports it pending
+    with ctx.session_factory() as session:
+        owned = add_job(session, lender, owner, gpus=4)
+    schedule_tick(ctx, time.time())
+    assert job_state(ctx, borrowing) == "preempted"
+    reconcile_tick(ctx, time.time())
+    assert fake.stopped == [(f"{borrowing}.1", 30.0)]  # the profile's grace: the spec names none
+    fake.finish(f"{borrowing}.1", 143)
+    reconcile_tick(ctx, time.time())
+    assert job_state(ctx, borrowing) == "queued"  # requeued, not failed
+    schedule_tick(ctx, time.time())
+    assert job_state(ctx, owned) in ("scheduled", "starting")

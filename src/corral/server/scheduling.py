@@ -267,11 +267,18 @@ def apply_assignments(session: Session, assignments: Sequence[st.Assignment], no
         return sum(apply_assignment(session, a, now) for a in assignments)
 
 
+# A launched job is stopped whether or not the engine has reported it running yet (as a node
+# drain does): the scheduler sees both as running work, and refusing a STARTING victim left its
+# waiting job "waiting for preemption" cycle after cycle while nothing was being stopped.
+PREEMPTABLE_STATES = (JobState.STARTING.value, JobState.RUNNING.value)
+
+
 def apply_preemption(session: Session, preemption: st.Preemption, now: float) -> bool:
-    """RUNNING -> PREEMPTED by compare-and-set: False (nothing written) when the job is no longer
-    running in the database, whatever the session's copy of it says (e.g. it just succeeded)."""
+    """STARTING | RUNNING -> PREEMPTED by compare-and-set: False (nothing written) when the job is
+    no longer running in the database, whatever the session's copy of it says (e.g. it just
+    succeeded); the reconcile loop stops its attempt with the grace given here."""
     job = session.get(Job, int(preemption.job_id))
-    if job is None or job.state != JobState.RUNNING.value:
+    if job is None or job.state not in PREEMPTABLE_STATES:
         session.rollback()
         return False
     if not transition(session, job, JobState.PREEMPTED, now=now, message=preemption.reason):
