@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from corral.db.models import Attempt, Gpu, GpuClaim, Job, Node, UsageLedger
+from corral.db.models import Attempt, Gpu, GpuClaim, Group, Job, Node, UsageLedger
 from corral.db.session import make_engine
 from corral.engine.base import NodeReport
 from corral.scheduler import types as st
@@ -482,3 +482,43 @@ def test_a_lender_reclaims_a_borrowing_job_that_is_still_starting(
     assert job_state(ctx, borrowing) == "queued"  # requeued, not failed
     schedule_tick(ctx, time.time())
     assert job_state(ctx, owned) in ("scheduled", "starting")
+
+
+def _set_guarantee(ctx: ServerContext, gpus: int) -> None:
+    with ctx.session_factory() as session:
+        group = session.scalars(select(Group)).one()
+        group.borrowing = False
+        group.quotas[0].guaranteed = gpus
+        session.commit()
+
+
+def test_a_job_back_in_the_queue_is_told_why_it_waits_again(env: tuple[ServerContext, FakeEngine]) -> None:
+    """The schedule loop writes a waiting job's diagnosis only when it changed since it last wrote
+    it; placing the job clears the stored one. A job requeued (a retry, a preemption, a lost node)
+    that waited for the same reason as before it was placed kept no diagnosis at all ("the
+    scheduler has not looked at it yet"), as long as the reason stayed the same."""
+    ctx, fake = env
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session, guaranteed=1)
+        add_job(session, gid, uid, gpus=1, command="sleep 600")
+        second = add_job(session, gid, uid, gpus=1, retries=1)
+    _set_guarantee(ctx, 1)
+    schedule_tick(ctx, time.time())
+
+    def stored_code() -> str | None:
+        with ctx.session_factory() as session:
+            job = session.get(Job, second)
+            assert job is not None and job.state == "queued"
+            return job.diagnosis.reasons[0].code if job.diagnosis is not None else None
+
+    assert stored_code() == "quota_exhausted"
+    _set_guarantee(ctx, 2)
+    schedule_tick(ctx, time.time())
+    run_dispatch(ctx)
+    fake.run(f"{second}.1")
+    reconcile_tick(ctx, time.time())
+    fake.finish(f"{second}.1", 1)
+    reconcile_tick(ctx, time.time())  # its retry: back in the queue
+    _set_guarantee(ctx, 1)
+    schedule_tick(ctx, time.time())
+    assert stored_code() == "quota_exhausted"

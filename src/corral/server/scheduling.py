@@ -9,7 +9,8 @@ still ready, create the Attempt (placement with GPU uuids and ranks) and its Gpu
 primary key makes a double allocation fail instead of happen), then QUEUED -> SCHEDULED.
 Preemptions mark the victim PREEMPTED with its grace period; the reconcile loop sends the stop and
 requeues it once the engine reports it ended. Diagnoses of waiting jobs are written to
-`Job.diagnosis` only when they change, so an idle queue costs no writes.
+`Job.diagnosis` only when they change (since this loop last wrote them while the job waited: placing
+a job clears its diagnosis), so an idle queue costs no writes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Collection, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 
 from sqlalchemy import bindparam, insert, select, tuple_, update
@@ -333,9 +334,16 @@ def write_diagnoses(ctx: ServerContext, session: Session, diagnoses: Mapping[str
     )
     session.execute(stmt, [{"job_pk": int(j), "new_diagnosis": d} for j, d in changed.items()])
     session.commit()
-    if len(cache) > 10_000:  # forget jobs long gone; the next cycle rewrites what is still waiting
-        cache.clear()
     cache.update(changed)
+
+
+def forget_diagnoses(ctx: ServerContext, waiting: Collection[str]) -> None:
+    """Keep the written diagnoses of the jobs still waiting only. Placing a job clears its stored
+    diagnosis (lifecycle.schedule_jobs), so a job that comes back to the queue (a retry, a
+    preemption, a lost node) must be written again even when its reason is the same as before."""
+    cache = ctx.memory.diagnoses
+    for job_id in [j for j in cache if j not in waiting]:
+        del cache[job_id]
 
 
 class DbPlanSink:
@@ -351,7 +359,9 @@ class DbPlanSink:
         return apply_preemption(self.session, preemption, self.now)
 
     def diagnose(self, diagnoses: Mapping[str, st.Diagnosis], planned: Set[str]) -> None:
-        write_diagnoses(self.ctx, self.session, {k: v for k, v in diagnoses.items() if k not in planned})
+        waiting = {k: v for k, v in diagnoses.items() if k not in planned}
+        forget_diagnoses(self.ctx, waiting.keys())
+        write_diagnoses(self.ctx, self.session, waiting)
 
 
 ANY_QUEUED = select(Job.id).where(Job.state == JobState.QUEUED.value).limit(1)  # built once
