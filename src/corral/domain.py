@@ -71,10 +71,10 @@ class PendingReason:
     message: str  # plain sentence for the user
 
 
-# Reason codes of a job held back by its group's quota or its user's cap whatever GPUs are free:
-# its diagnosis gives no estimated start (the scheduler cannot tell when the group's or the user's
-# own running jobs will free enough), only that reason.
-HELD_CODES = frozenset({"user_cap", "quota_exhausted", "quota_max"})
+# Reason codes of a job held back by its group's quota (GPUs or storage) or its user's cap whatever
+# GPUs are free: its diagnosis gives no estimated start (the scheduler cannot tell when the group's
+# or the user's own running jobs will free enough, or the group free storage), only that reason.
+HELD_CODES = frozenset({"user_cap", "quota_exhausted", "quota_max", "storage_quota"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +90,8 @@ class JobDiagnosis:
 
     @property
     def held(self) -> bool:
-        """Held back by its group's quota or its user's cap (no estimated start, by design)."""
+        """Held back by its group's quota (GPUs or storage) or its user's cap (no estimated start,
+        by design)."""
         return any(r.code in HELD_CODES for r in self.reasons)
 
 

@@ -67,6 +67,19 @@ def test_a_job_held_by_its_user_cap_says_so_and_gets_no_time() -> None:
     assert estimated_starts(plan.diagnoses, ["q"]) == {"q": None}  # what the simulator reads
 
 
+def test_a_job_held_by_its_groups_storage_quota_gets_no_time() -> None:
+    """A job of a group over its storage quota waits whatever GPUs are free, until the group frees
+    storage, which nothing here can foresee: like a job held by its GPU quota or user cap, a reason
+    and no estimated start (it was told it would start now, the GPUs being free)."""
+    over = replace(group("g"), storage_over="group g holds 2.0 KiB of storage, over its quota of 1.0 KiB")
+    plan = plan_for(snap([gpu_node("n", gpus=8)], [job("q", gpus=2)], [over]), PROFILES["default"], now=10.0)
+    d = plan.diagnoses["q"]
+    assert (d.estimated_start, d.start_range, d.unschedulable) == (None, None, False)
+    (reason,) = d.reasons
+    assert reason.code == "storage_quota" and "over its quota of 1.0 KiB" in reason.message
+    assert estimated_starts(plan.diagnoses, ["q"]) == {"q": None}  # what the simulator reads
+
+
 def test_a_job_held_by_its_groups_quota_says_how_much_is_free() -> None:
     run = [running(job("r", gpus=4, runtime=500.0, preemptible=False), "n", (0, 1, 2, 3), start=0.0)]
     queued = [job("q", gpus=8, preemptible=False)]

@@ -19,7 +19,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from corral.domain import HELD_CODES  # quota-stage reasons whose diagnosis gives no time
-from corral.scheduler.admission import FairShareQueue, split_by_user
+from corral.scheduler.admission import STORAGE_SOURCE, FairShareQueue, split_by_user
 from corral.scheduler.backfill import Event
 from corral.scheduler.cluster import ClusterState, Request, ShapeKey, shape_key
 from corral.scheduler.eta import backfill_starts, running_events, through_last
@@ -638,6 +638,8 @@ class DiagnosisView:
     def held_reason(self, job: Job, why: Reason, info: JobInfo | None) -> Reason:
         """The quota stage's reason said with the numbers: what the group or user may hold, what
         it holds, what the job needs."""
+        if why.source == STORAGE_SOURCE:  # it names the storage held and the quota already
+            return why
         ledger = self.cycle.ledger
         group = ledger.group(job.group)
         need = job.total_gpus
