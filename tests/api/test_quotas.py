@@ -3,11 +3,15 @@ limits can be cleared, CPU and memory quotas, overcommitted guarantees warn, gro
 
 from __future__ import annotations
 
+import random
+import time
 from typing import Any
 
 import sqlalchemy as sa
 
 from corral.db.models import Attempt, Job
+from corral.scheduler import PROFILES, Scheduler
+from corral.server.snapshot import build_snapshot, read_cluster_state
 from corral.services import jobs
 from tests.api.conftest import World
 from tests.api.helpers import add_node, make_running
@@ -63,6 +67,28 @@ def test_a_group_max_is_checked_even_before_any_node_registers(world: World) -> 
     put_quota(world, "vision", {"gpu_model": "*", "guaranteed": 0, "max": 1})
     assert "may hold at most 1 GPUs of any model" in refusal(submit(world, {"gpus": 2}))
     assert submit(world, {"gpus": 1}).status_code == 201
+
+
+def test_a_model_listed_without_a_max_is_not_held_to_the_any_model_max(world: World) -> None:
+    """`*` covers the models a group lists no quota for: a model listed with no max (shown as
+    such) may borrow up to the cluster, not up to `*`'s max. It was refused at submit ("may hold
+    at most 4 A100 (its max)") and would have waited in the schedule cycle with quota_max."""
+    jobs._nodes_cache.clear()
+    with world.session_factory() as db:
+        add_node(db, "n1", gpus=8, model="A100")
+        add_node(db, "n2", gpus=8, model="V100")
+        db.commit()
+    put_quota(world, "vision", {"gpu_model": "*", "guaranteed": 0, "max": 4})
+    group = put_quota(world, "vision", {"gpu_model": "A100", "guaranteed": 2})
+    assert {"gpu_model": "A100", "guaranteed": 2, "max": None} in group["quotas"]
+    assert "may hold at most 4 V100 (its max)" in refusal(submit(world, {"gpus": 6, "gpu_model": "V100"}))
+    created = submit(world, {"gpus": 6, "gpu_model": "A100"})
+    assert created.status_code == 201, created.text
+    now = time.time()
+    with world.session_factory() as db:
+        snapshot = build_snapshot(read_cluster_state(db), now)
+    plan = Scheduler(PROFILES["default"]).schedule(snapshot, now, random.Random(0))
+    assert [a.job_id for a in plan.assignments] == [str(created.json()["id"])]
 
 
 def test_the_per_user_cap_can_be_removed_and_a_partial_update_keeps_the_rest(world: World) -> None:

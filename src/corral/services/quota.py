@@ -56,10 +56,27 @@ class GroupSource(Protocol):
     def memory_max_mib(self) -> int | None: ...
 
 
+# The max given to a GPU model whose quota sets none while the group's "*" quota sets one (more
+# GPUs than any cluster or quota has: the API takes at most 100,000).
+NO_GPU_MAX = 1_000_000_000
+
+
+def gpu_limits(quotas: Iterable[QuotaSource]) -> dict[str, int]:
+    """The groups' `max` per quota key as the scheduler reads it. A row without a max means no
+    limit for its model ("*" covers only the models the group lists no quota for), but in the
+    scheduler's Group a key missing from `max` falls back to `max["*"]`: such a model gets
+    NO_GPU_MAX when "*" has a max."""
+    quotas = list(quotas)
+    limits = {q.gpu_model: q.max for q in quotas if q.max is not None}
+    if ANY_MODEL in limits:
+        limits.update({q.gpu_model: NO_GPU_MAX for q in quotas if q.max is None})
+    return limits
+
+
 def scheduler_group(group: GroupSource) -> st.Group:
     """The scheduler's view of a group (its `quotas` loaded): the one conversion the submit check,
     group usage and the schedule loop's snapshot share."""
-    limits = {q.gpu_model: q.max for q in group.quotas if q.max is not None}
+    limits = gpu_limits(group.quotas)
     return st.Group(
         name=group.name,
         guaranteed={q.gpu_model: q.guaranteed for q in group.quotas},

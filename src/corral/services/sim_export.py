@@ -32,6 +32,7 @@ from corral.scheduler import Profile
 from corral.scheduler.types import ANY_MODEL, Priority
 from corral.services.errors import Invalid
 from corral.services.lifecycle import JobState
+from corral.services.quota import gpu_limits
 
 CPU_POOL_MODEL = "CPU"  # the gpu_model of a pool of GPU-less nodes (the simulator ignores it there)
 
@@ -193,7 +194,7 @@ def _groups(groups: Iterable[Group], names: _Names) -> list[dict[str, Any]]:
     out = []
     for group in groups:
         guaranteed = {q.gpu_model: q.guaranteed for q in group.quotas}
-        limits = {q.gpu_model: q.max for q in group.quotas if q.max is not None}
+        limits = gpu_limits(group.quotas)  # as the live scheduler reads them
         entry: dict[str, Any] = {
             "name": names.groups(group.name),
             "guaranteed": _quota_value(guaranteed) if guaranteed else 0,
