@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import sqlalchemy as sa
 
+from corral.api.routers import tokens as tokens_router
 from corral.config import Settings
 from corral.db.models import ApiToken, User
 from corral.services import accounts, auth
@@ -77,6 +79,33 @@ def test_token_lifecycle(world: World) -> None:
         db.commit()
     r = c.get(f"{API}/me", headers={"Authorization": f"Bearer {r.json()['token']}"})
     assert r.status_code == 401 and "expired" in r.json()["detail"]
+
+
+def test_a_token_used_while_its_revoke_commits_is_not_cached_past_it(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request with the token between the revoke's change and its commit still reads it as
+    valid (the change is not committed yet): that principal must not stay in the cache, or the
+    revoked token kept working for up to PRINCIPAL_CACHE_S after the revoke was answered."""
+    c = world.client
+    token = c.post(f"{API}/tokens", json={"name": "leaked"}, headers=world.as_("carol")).json()
+    leaked = {"Authorization": f"Bearer {token['token']}"}
+    # Used once before: the lookup below then writes nothing (last_used_at is recent), which on
+    # the revoke's locked row would wait for its commit.
+    assert c.get(f"{API}/me", headers=leaked).status_code == 200
+    seen: list[int] = []
+    record = tokens_router.audit.record
+
+    def record_then_use(*args: object, **kwargs: object) -> None:
+        record(*args, **kwargs)  # type: ignore[arg-type]
+        if not seen:  # the revoke's own transaction is still open: a request comes in now
+            seen.append(c.get(f"{API}/me", headers=leaked).status_code)
+
+    monkeypatch.setattr(tokens_router.audit, "record", record_then_use)
+    assert c.delete(f"{API}/tokens/{token['id']}", headers=world.as_("carol")).status_code == 204
+    assert seen == [200]  # before the commit: still valid, as the database says
+    r = c.get(f"{API}/me", headers=leaked)
+    assert r.status_code == 401 and "revoked" in r.json()["detail"], r.text
 
 
 def test_bootstrap_admin_only_once(world: World) -> None:

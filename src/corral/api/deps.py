@@ -18,6 +18,7 @@ from corral.services.auth import (
     authenticate_token,
     cached_principal,
     csrf_matches,
+    principal_generation,
     remember_principal,
     sha256_hex,
 )
@@ -59,8 +60,9 @@ async def get_principal(request: Request, db: DB) -> Principal:
         key, now = sha256_hex(token), time.time()
         principal = cached_principal(key, now)
         if principal is None:
+            generation = principal_generation()
             principal = await run_in_threadpool(_authenticate_released, request, db)
-            remember_principal(key, principal, now)
+            remember_principal(key, principal, now, generation)
     else:
         principal = await run_in_threadpool(_authenticate_released, request, db)
     # Where this request came from, for the audit log (the cached principal may be another's).

@@ -186,7 +186,7 @@ def add_member(session: Session, group: Group, user: User, role: str = "member")
     if user.default_group_id is None:
         user.default_group_id = group.id
     session.flush()
-    forget_principals()
+    forget_principals(session)
     return membership
 
 
@@ -258,7 +258,7 @@ def set_default_group(session: Session, principal: Principal, user: User, group:
         raise Conflict(f"user {user.name!r} is not a member of group {group.name!r}")
     user.default_group_id = group.id
     session.flush()
-    forget_principals()
+    forget_principals(session)
 
 
 def set_password(session: Session, user: User, password: str) -> None:

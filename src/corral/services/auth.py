@@ -6,12 +6,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -103,11 +104,15 @@ def load_principal(
 # --- principal cache --------------------------------------------------------------------------
 # Token -> Principal for a few seconds, so a request usually needs no auth queries and no worker
 # thread to authenticate. Changes made through this process (revoke, membership, default group)
-# clear it at once; another server process sees them within PRINCIPAL_CACHE_S.
+# clear it at once, and again when they commit; another server process sees them within
+# PRINCIPAL_CACHE_S. Each clear starts a new generation: a lookup that began in an older one read
+# rows from before the change and is not remembered.
 
 PRINCIPAL_CACHE_S = 5.0
 PRINCIPAL_CACHE_MAX = 10_000
 _principals: dict[str, tuple[float, Principal]] = {}
+_generation = 0
+_cache_lock = threading.Lock()
 
 
 def cached_principal(token_hash: str, now: float) -> Principal | None:
@@ -123,15 +128,42 @@ def cached_principal(token_hash: str, now: float) -> Principal | None:
     return principal
 
 
-def remember_principal(token_hash: str, principal: Principal, now: float) -> None:
-    if len(_principals) >= PRINCIPAL_CACHE_MAX:
+def principal_generation() -> int:
+    """Taken before a lookup whose result is then remembered (remember_principal)."""
+    return _generation
+
+
+def remember_principal(token_hash: str, principal: Principal, now: float, generation: int) -> None:
+    """Cache `principal`, unless the cache was cleared since `generation` was taken: the lookup
+    may have read a token or membership that a change has replaced since."""
+    with _cache_lock:
+        if generation != _generation:
+            return
+        if len(_principals) >= PRINCIPAL_CACHE_MAX:
+            _principals.clear()
+        _principals[token_hash] = (now, principal)
+
+
+def forget_principals(session: Session | None = None) -> None:
+    """Drop every cached principal (after a change to tokens, users or memberships). With the
+    `session` that makes the change: again when it commits. Until then other requests still read
+    the old rows (the revoked token as valid), and one that did so between this call and the
+    commit would otherwise cache them for PRINCIPAL_CACHE_S after the change."""
+    global _generation
+    with _cache_lock:
+        _generation += 1
         _principals.clear()
-    _principals[token_hash] = (now, principal)
+    if session is not None:
+        session.info[_FORGET_ON_COMMIT] = True
 
 
-def forget_principals() -> None:
-    """Drop every cached principal (after a change to tokens, users or memberships)."""
-    _principals.clear()
+_FORGET_ON_COMMIT = "corral.forget_principals"
+
+
+@event.listens_for(Session, "after_commit")
+def _forget_after_commit(session: Session) -> None:
+    if session.info.pop(_FORGET_ON_COMMIT, False):
+        forget_principals()
 
 
 # --- API tokens -------------------------------------------------------------------------------
@@ -229,7 +261,7 @@ def revoke_token(session: Session, principal: Principal, token_id: int, *, now: 
         raise NotFound(f"no API token with id {token_id}")
     if token.revoked_at is None:
         token.revoked_at = time.time() if now is None else now
-    forget_principals()
+    forget_principals(session)
 
 
 # --- portal sessions --------------------------------------------------------------------------
