@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import delete
@@ -20,7 +22,14 @@ from corral.spec import JobSpecV1
 from corral.storage import code
 from corral.storage.identities import IdRange, ensure_ids
 from corral.storage.ignore import CodeDirError, scan
-from corral.storage.layout import MARKER, StorageDir, ensure_layout, layout_problems, prepare_dirs
+from corral.storage.layout import (
+    MARKER,
+    StorageDir,
+    StorageError,
+    ensure_layout,
+    layout_problems,
+    prepare_dirs,
+)
 from corral.storage.mounts import Bind, MountContext, MountRefused, MountRequest, register_source, resolve
 
 
@@ -250,3 +259,31 @@ def test_code_with_a_file_name_that_is_not_utf8_is_refused_naming_it(tmp_path: P
         f.write(b"x")
     with pytest.raises(CodeDirError, match=r"bad-\\udcff\.py.*not UTF-8"):
         scan(tmp_path / "proj")
+
+
+def test_prepare_dirs_never_changes_a_host_path_a_symlink_put_in_its_place_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's subdir of a group's storage lies in a dir every member may rename in: another
+    member's job can swap it for a symlink after prepare_dirs looked at it. The mode it then sets
+    (as root) must not land on the path the symlink names (a host file, or `/`)."""
+    victim = tmp_path / "victim"
+    victim.write_text("the server's")
+    os.chmod(victim, 0o600)
+    sub = tmp_path / "vision" / "alice"
+    sub.mkdir(parents=True)
+    os.chmod(sub, 0o700)
+    real_lstat = os.lstat
+
+    def lstat_then_swap(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        st = real_lstat(path, *args, **kwargs)
+        if str(path) == str(sub) and sub.is_dir() and not sub.is_symlink():
+            sub.rename(sub.with_name("moved"))  # the other member's job, right after the look
+            sub.symlink_to(victim)
+        return st
+
+    monkeypatch.setattr(os, "lstat", lstat_then_swap)
+    with pytest.raises(StorageError, match="not a directory"):
+        prepare_dirs([StorageDir(str(sub), "user", None, 0o2770)], os.geteuid(), os.getegid())
+    monkeypatch.undo()
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600

@@ -22,6 +22,7 @@ Standard library only: both engines import it.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import secrets
@@ -184,11 +185,30 @@ def prepare_dirs(dirs: list[StorageDir] | tuple[StorageDir, ...], uid: int, gid:
                 os.mkdir(path, 0o700)
             except FileExistsError:
                 pass  # made by a concurrent launch of the same user
-            st = os.lstat(path)
-        if as_root and (st.st_uid, st.st_gid) != (want_uid, want_gid):
-            os.lchown(path, want_uid, want_gid)
-        if stat.S_IMODE(st.st_mode) != d.mode or (as_root and st.st_gid != want_gid):
-            os.chmod(path, d.mode)  # after chown: chown clears the setgid bit
+        _set_owner_and_mode(path, d, want_uid, want_gid, as_root)
+
+
+def _set_owner_and_mode(path: Path, d: StorageDir, uid: int, gid: int, as_root: bool) -> None:
+    """Through a descriptor of the dir itself, never by its name: any member of a group may
+    rename entries in the group's dir (2770), so between the checks above and here another
+    member's job can put a symlink where a user's subdir was, and a chmod by name (as root) would
+    change the mode of whatever host path it names."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise StorageError(f"{path} exists and is not a directory") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if as_root and _taken_over(d, st, uid, gid):  # replaced since it was looked at
+            raise StorageError(f"{path} was replaced while it was being prepared; launch again")
+        if as_root and (st.st_uid, st.st_gid) != (uid, gid):
+            os.fchown(fd, uid, gid)
+        if stat.S_IMODE(st.st_mode) != d.mode or (as_root and st.st_gid != gid):
+            os.fchmod(fd, d.mode)  # after chown: chown clears the setgid bit
+    finally:
+        os.close(fd)
 
 
 def _taken_over(d: StorageDir, st: os.stat_result, uid: int, gid: int) -> bool:
