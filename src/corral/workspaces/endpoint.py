@@ -3,7 +3,8 @@
 Local engine: the Unix socket `jupyter.sock` in the attempt's rank-0 work dir
 (`<home>/engine/attempts/<attempt>/work/0/`, `/job` inside the sandbox), 0600 and owned by the
 job's uid: only the job and root (the server) can connect, whatever network namespace the job
-has. A socket address is limited to 107 bytes; a longer path is reached through a directory fd
+has; and the server talks only to a socket served by the job's uid (`check_peer`). A socket
+address is limited to 107 bytes; a longer path is reached through a directory fd
 (`/proc/self/fd/<n>/jupyter.sock`) that is open only while one connection is made
 (`reachable_path`, `open_unix_socket`). Everything else (the proxy's connection pools, its cached
 decisions) knows the socket by its real path: an fd number kept for longer, and closed in bulk,
@@ -23,8 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import socket
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,13 +102,30 @@ def reachable_path(path: str) -> Iterator[str]:
 
 
 async def open_unix_socket(path: str) -> socket.socket:
-    """A socket connected to the Unix socket at `path`, however long the path (OSError if not)."""
+    """A socket connected to the Unix socket at `path`, however long the path, and answered by
+    the owner of the socket's directory (OSError if not: check_peer)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
     try:
         with reachable_path(path) as address:
             await asyncio.get_running_loop().sock_connect(sock, address)
+        check_peer(sock, path)
     except BaseException:
         sock.close()
         raise
     return sock
+
+
+def check_peer(sock: socket.socket, path: str) -> None:
+    """OSError unless the process listening on the connected `sock` runs as the owner of the
+    socket's directory: the job's uid, which owns its work dir and so may put a symlink where its
+    socket was, to any socket of the host (root's included); connect() follows it, as root. The
+    peer's credentials are those of the socket actually reached, whatever the path named."""
+    owner = os.lstat(os.path.dirname(path)).st_uid
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    if uid != owner:
+        raise ConnectionRefusedError(
+            errno.ECONNREFUSED,
+            f"{path} is answered by uid {uid}, not by its job's ({owner}): not the job's JupyterLab",
+        )
