@@ -108,6 +108,34 @@ def test_a_token_used_while_its_revoke_commits_is_not_cached_past_it(
     assert r.status_code == 401 and "revoked" in r.json()["detail"], r.text
 
 
+def test_a_login_costs_one_password_check_whether_the_name_exists_or_not(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answer does not say which names exist (docs/security.md), and neither may its speed:
+    an unknown name, or an account without a password (bob), was refused without the argon2
+    check a wrong password costs, so a fast refusal named a free name."""
+    checks: list[str] = []
+    hasher = auth._hasher
+
+    class Counted:
+        def hash(self, password: str) -> str:
+            return hasher.hash(password)
+
+        def verify(self, stored: str, password: str) -> bool:
+            checks.append(password)
+            return hasher.verify(stored, password)
+
+    monkeypatch.setattr(auth, "_hasher", Counted())
+    with world.session_factory() as db:
+        for name in ("alice", "bob", "nobody"):
+            with pytest.raises(auth.WrongPassword):
+                auth.login(db, name, f"{name}-guess")
+    assert checks == ["alice-guess", "bob-guess", "nobody-guess"]
+    with world.session_factory() as db:
+        secret, user, _csrf = auth.login(db, "alice", ALICE_PASSWORD)
+        assert user.name == "alice" and secret
+
+
 def test_bootstrap_admin_only_once(world: World) -> None:
     with world.session_factory() as db:
         assert auth.bootstrap_admin(db, Settings()) is None  # users exist already

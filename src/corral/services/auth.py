@@ -3,6 +3,7 @@ the `Principal` every request acts as, and bootstrapping the first admin."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import secrets
@@ -282,7 +283,11 @@ def login(
     """Check the password and open a session; returns (cookie secret, user, csrf token)."""
     now = time.time() if now is None else now
     user = session.scalar(select(User).where(User.name == username))
-    if user is None or not user.active or not verify_password(user.password_hash, password):
+    stored = user.password_hash if user is not None and user.active else None
+    # An unknown name (or an account without a password) is checked against a hash too: answered
+    # at once, it told by its speed which names exist, which the answer itself does not say.
+    matches = verify_password(stored or _stand_in_hash(), password)
+    if user is None or stored is None or not matches:
         raise WrongPassword("wrong user name or password")
     secret = secrets.token_urlsafe(32)
     csrf = secrets.token_urlsafe(32)
@@ -296,6 +301,12 @@ def login(
         )
     )
     return secret, user, csrf
+
+
+@functools.cache
+def _stand_in_hash() -> str:
+    """An argon2 hash of a random secret nobody knows, verified where there is no account's own."""
+    return hash_password(secrets.token_urlsafe(32))
 
 
 def authenticate_session(session: Session, secret: str, *, now: float | None = None) -> Principal:
