@@ -52,3 +52,30 @@ def test_gc_removes_only_old_unreferenced_copies(tmp_path: Path) -> None:
     removed = store.gc(root, {keep}, min_age_s=600, now=now + 3600)
     assert sorted(removed) == sorted([drop, leftover.name])
     assert store.copy_dir(root, keep).is_dir() and not store.copy_dir(root, drop).exists()
+
+
+def test_ingest_leaves_a_file_hard_linked_into_the_venv_alone(tmp_path: Path) -> None:
+    """The owner can enter the build job and hard-link into its venv a file they may write but do
+    not own (another member's, in a group dir). Ingesting made that file root's and read-only:
+    the same inode. The build copies every file, so such a link is dropped from the copy."""
+    root = tmp_path / "root"
+    (root / "env").mkdir(parents=True)
+    venv = fake_venv(tmp_path / "v1")
+    victim = tmp_path / "group" / "alice-notes.txt"
+    victim.parent.mkdir()
+    victim.write_text("alice's")
+    os.chmod(victim, 0o660)
+    if os.geteuid() == 0:
+        os.chown(victim, 300_123, 300_123)  # alice's, not the server's
+    os.link(victim, venv / "notes.txt")
+    before = os.stat(victim)
+    key = cache_key("3.11.7", "a==1\n")
+    assert store.ingest(root, key, venv)
+    after = os.stat(victim)
+    assert (after.st_uid, after.st_gid, stat.S_IMODE(after.st_mode)) == (
+        before.st_uid,
+        before.st_gid,
+        0o660,
+    )
+    copy = store.copy_dir(root, key)
+    assert not (copy / "notes.txt").exists() and (copy / "lib.py").read_text() == "X = 1\n"

@@ -57,21 +57,36 @@ def _make_read_only(top: Path) -> None:
     as_root = os.geteuid() == 0
     for dirpath, dirnames, filenames in os.walk(top):
         for name in [*dirnames, *filenames]:
-            path = os.path.join(dirpath, name)
-            st = os.lstat(path)
-            if as_root:
-                os.lchown(path, 0, 0)
-            if stat.S_ISLNK(st.st_mode):
-                continue
-            if stat.S_ISDIR(st.st_mode) or st.st_mode & 0o111:
-                os.chmod(path, 0o555)
-            elif stat.S_ISREG(st.st_mode):
-                os.chmod(path, 0o444)
-            else:  # a fifo, socket or device has no place in an environment
-                os.unlink(path)
-    if as_root:
-        os.lchown(top, 0, 0)
-    os.chmod(top, 0o555)
+            _settle_entry(os.path.join(dirpath, name), as_root)
+    _settle_entry(str(top), as_root)
+
+
+def _settle_entry(path: str, as_root: bool) -> None:
+    """One entry of a build's venv, made root's and read-only through a descriptor of its own,
+    never by name (the job's uid owned the tree: a name may have been swapped for a symlink). A
+    file with other hard links is removed: the build copies every file (UV_LINK_MODE=copy), so a
+    link was made on purpose (the owner can enter the build job) to a file elsewhere, another
+    member's in a group dir say, which would have become root's and read-only."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        if as_root:
+            os.lchown(path, 0, 0)
+        return
+    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)) or (
+        stat.S_ISREG(st.st_mode) and st.st_nlink > 1
+    ):  # a fifo, socket or device has no place in an environment; nor a shared file
+        os.unlink(path)
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        now = os.fstat(fd)
+        if (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev) or now.st_nlink != st.st_nlink:
+            raise OSError(f"{path} changed while the environment was being settled")
+        if as_root:
+            os.fchown(fd, 0, 0)
+        os.fchmod(fd, 0o555 if stat.S_ISDIR(st.st_mode) or st.st_mode & 0o111 else 0o444)
+    finally:
+        os.close(fd)
 
 
 def ingest(root: Path, key: str, venv: Path) -> bool:
