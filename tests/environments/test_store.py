@@ -9,6 +9,8 @@ import stat
 import time
 from pathlib import Path
 
+import pytest
+
 from corral.environments import store
 from corral.environments.buildstep import cache_key
 
@@ -79,3 +81,24 @@ def test_ingest_leaves_a_file_hard_linked_into_the_venv_alone(tmp_path: Path) ->
     )
     copy = store.copy_dir(root, key)
     assert not (copy / "notes.txt").exists() and (copy / "lib.py").read_text() == "X = 1\n"
+
+
+def test_ingest_of_a_venv_swapped_for_a_symlink_touches_nothing_it_names(tmp_path: Path) -> None:
+    """On Slurm the user's login shell can write their build's outputs dir and swap the venv for
+    a symlink after the server looked at it: ingest walked where it pointed, making each file
+    there root's and read-only."""
+    root = tmp_path / "root"
+    (root / "env").mkdir(parents=True)
+    elsewhere = tmp_path / "etc"
+    elsewhere.mkdir()
+    (elsewhere / "config").write_text("the host's")
+    os.chmod(elsewhere / "config", 0o640)
+    outputs = tmp_path / "outputs" / "7"
+    outputs.mkdir(parents=True)
+    (outputs / "venv").symlink_to(elsewhere)
+    key = cache_key("3.11.7", "a==1\n")
+    with pytest.raises(NotADirectoryError):
+        store.ingest(root, key, outputs / "venv")
+    assert stat.S_IMODE(os.stat(elsewhere / "config").st_mode) == 0o640
+    assert stat.S_IMODE(os.stat(elsewhere).st_mode) != 0o555
+    assert not store.copy_dir(root, key).exists() and os.listdir(store.store_dir(root)) == []

@@ -97,7 +97,11 @@ def _settle_success(version: EnvironmentVersion, job: Job, root: Path, now: floa
             claimed = "a cache hit" if (out / HIT_MARKER).exists() else "no environment"
             _fail(version, f"build job {job.id} found {claimed}, and the store has no {key} now", now)
             return
-        hit = not store.ingest(root, key, venv)
+        try:
+            hit = not store.ingest(root, key, venv)
+        except NotADirectoryError:
+            _fail(version, f"build job {job.id} left no environment: its venv is not a directory", now)
+            return
     version.state, version.lock, version.cache_key, version.cache_hit = READY, lock, key, hit
     version.built_at = now
 

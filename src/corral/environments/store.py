@@ -91,7 +91,8 @@ def _settle_entry(path: str, as_root: bool) -> None:
 
 def ingest(root: Path, key: str, venv: Path) -> bool:
     """Move a build's venv into the store under `key`; False when the key was there already (the
-    venv is removed: the earlier copy is the one shared)."""
+    venv is removed: the earlier copy is the one shared). NotADirectoryError when `venv` is no
+    directory (a symlink: nothing it names is touched)."""
     final = copy_dir(root, key)
     store = ensure_store(root)
     if final.is_dir():
@@ -99,6 +100,11 @@ def ingest(root: Path, key: str, venv: Path) -> bool:
         return False
     staging = store / f"{INCOMING}{key}-{os.getpid()}-{time.monotonic_ns()}"
     os.rename(venv, staging)  # same filesystem: the storage root
+    if not stat.S_ISDIR(os.lstat(staging).st_mode):
+        # Swapped for a symlink since the caller looked (on Slurm the user's login shell may
+        # write their outputs dir): os.walk would go where it points, as root.
+        os.unlink(staging)
+        raise NotADirectoryError(f"{venv} is not a directory")
     _make_read_only(staging)
     try:
         os.rename(staging, final)
