@@ -534,11 +534,14 @@ def take_stops(session: Session) -> list[tuple[str, float]]:
 
 def faulted_live_attempts(session: Session, since: float, before: float) -> list[str]:
     """Attempts with a fault recorded between `since` and `before` that still run: stops not
-    delivered (the engine's stop is idempotent)."""
+    delivered (the engine's stop is idempotent). Hang faults too: the diagnosis watch records one
+    only when its policy stops the attempt (kill, requeue), and acts once per suspicion, so a stop
+    of its that did not go out (server killed after the commit, engine unreachable) has no other
+    second chance."""
     rows = session.execute(
         select(Attempt.job_id, Attempt.number)
         .join(AttemptFault, AttemptFault.attempt_pk == Attempt.id)
-        .where(Attempt.state.in_(LIVE_ATTEMPTS), AttemptFault.event != "hang")
+        .where(Attempt.state.in_(LIVE_ATTEMPTS))
         .where(AttemptFault.at >= since, AttemptFault.at <= before)
     )
     return [f"{job_id}.{number}" for job_id, number in rows]
