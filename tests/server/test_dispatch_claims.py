@@ -9,13 +9,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event, update
+from sqlalchemy import event, select, update
 
-from corral.db.models import Job
+from corral.db.models import Attempt, Job
 from corral.db.session import make_engine
 from corral.engine.base import AttemptLaunch
 from corral.server.context import ServerContext
-from corral.server.dispatch import FRESH_CLAIM_S, _launch, prepare_launches
+from corral.server.dispatch import FRESH_CLAIM_S, _launch, _record_all, prepare_launches
+from corral.server.leases import JOB_LEASE_TTL_S
 from corral.server.nodes import node_tick
 from tests.server.fakes import FakeEngine, add_job, gpu_node, make_context, seed_tenant
 from tests.server.test_loops import assign
@@ -70,3 +71,31 @@ def test_an_old_claim_is_renewed_first_and_a_lost_one_starts_nothing(tmp_path: P
     result = _launch(ctx, launch, claimed_at=old)
     assert result is not None and launch.attempt_id in fake.launched
     assert len(updates) == 1
+
+
+def test_a_stalled_servers_late_record_does_not_stop_the_launch_another_server_recorded(
+    tmp_path: Path,
+) -> None:
+    """Server A launches a job, then stalls before recording it; its claim runs out, server B
+    claims the job, launches the same attempt (the engine's launch is idempotent: the same
+    process) and records it STARTING. A's late record found the job no longer scheduled and
+    stopped the attempt as an orphan: the job's one live attempt, which the engine then ended as
+    `stopped` by Corral, and the job failed (not retryable) though nothing was wrong with it."""
+    ctx_a, fake, launch, _ = claimed_launch(tmp_path)
+    launched_by_a = _launch(ctx_a, launch, claimed_at=time.time())
+    assert launched_by_a is not None and launched_by_a[3] is None
+    ctx_b = ServerContext(ctx_a.settings, ctx_a.session_factory, fake, "other:2:bb")
+    later = time.time() + JOB_LEASE_TTL_S + 1.0  # A's claim has run out
+    with ctx_b.session_factory() as session:
+        (again,) = prepare_launches(ctx_b, session, later)
+    assert again.attempt_id == launch.attempt_id
+    launched_by_b = _launch(ctx_b, again, claimed_at=later)
+    assert launched_by_b is not None and launched_by_b[2] == launched_by_a[2]  # the same process
+    with ctx_b.session_factory() as session:
+        _record_all(ctx_b, session, [launched_by_b])
+    with ctx_a.session_factory() as session:  # A wakes up and records its launch
+        _record_all(ctx_a, session, [launched_by_a])
+    assert fake.stopped == []
+    with ctx_a.session_factory() as session:
+        (attempt,) = session.scalars(select(Attempt)).all()
+        assert attempt.state == "starting" and attempt.engine_ref == launched_by_a[2]

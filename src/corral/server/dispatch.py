@@ -323,6 +323,19 @@ def attach_workspace_tokens(launches: dict[int, AttemptLaunch], tokens: Mapping[
         launches[job_id] = replace(launches[job_id], secrets=(*launches[job_id].secrets, grant))
 
 
+def _stop_orphan(ctx: ServerContext, session: Session, attempt: Attempt | None, attempt_id: str) -> None:
+    """Stop a launch whose job was settled meanwhile (e.g. its node went down): no orphan process.
+    Not when the attempt is recorded STARTING or RUNNING: then another server, whose claim came
+    after this one's ran out (a stalled server, a launch slower than the lease), launched the
+    same attempt (launches are idempotent) and recorded it first; the process is the job's live
+    attempt, and stopping it would end it as `stopped` by Corral, which fails the job."""
+    if attempt is not None and attempt.attempt_id == attempt_id:
+        now_state = session.scalar(select(Attempt.state).where(Attempt.id == attempt.id))
+        if now_state in (AttemptState.STARTING.value, AttemptState.RUNNING.value):
+            return
+    ctx.engine.stop(attempt_id, 0.0)
+
+
 def _record_launch(
     ctx: ServerContext, session: Session, launched: Launched, job: Job | None, attempt: Attempt | None
 ) -> None:
@@ -331,9 +344,8 @@ def _record_launch(
     now = time.time()
     current = job is not None and attempt is not None and attempt.attempt_id == attempt_id
     if job is None or attempt is None or not current or job.state != JobState.SCHEDULED.value:
-        # Settled meanwhile (e.g. its node went down): do not leave an orphan process running.
         if ref is not None:
-            ctx.engine.stop(attempt_id, 0.0)
+            _stop_orphan(ctx, session, attempt, attempt_id)
         return
     job.lease_owner = None
     if error is not None:
@@ -352,8 +364,8 @@ def _record_launch(
             session, attempt, AttemptState.STARTING, {"engine_ref": ref, "engine": ctx.engine.name}
         ):
             raise AttemptChangedMeanwhile(f"attempt {attempt_id} ended in another session")
-    elif ref is not None:  # settled in another session since it was read: no orphan process
-        ctx.engine.stop(attempt_id, 0.0)
+    elif ref is not None:  # changed in another session since it was read
+        _stop_orphan(ctx, session, attempt, attempt_id)
 
 
 def renew_claim(ctx: ServerContext, job_id: int, now: float) -> bool:
@@ -421,11 +433,11 @@ def _record_started(
         now=now,
         values={job.id: {"lease_owner": None} for job, _, _ in started},
     )
-    for job, _, (_, attempt_id, ref, _) in started:
+    for job, attempt, (_, attempt_id, ref, _) in started:
         if job.id not in won:
             job.lease_owner = None
             if ref is not None:
-                ctx.engine.stop(attempt_id, 0.0)
+                _stop_orphan(ctx, session, attempt, attempt_id)
     values = {a.id: {"engine_ref": r[2], "engine": ctx.engine.name} for j, a, r in started if j.id in won}
     moved = move_attempts(session, [a for j, a, _ in started if j.id in won], AttemptState.STARTING, values)
     if len(moved) < len(values):
