@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from corral.db.models import Attempt, Gpu, GpuClaim, Group, Job, Node, UsageLedger
 from corral.db.session import make_engine
-from corral.engine.base import NodeReport
+from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason, NodeReport
 from corral.scheduler import types as st
 from corral.server.context import ServerContext
 from corral.server.leases import claim_job, claim_lease
@@ -250,6 +250,54 @@ def test_silent_node_goes_down_and_its_jobs_are_requeued_or_failed(
         assert attempt.state == "lost" and attempt.reason == "node_lost"
         assert session.scalars(select(GpuClaim)).all() == []
     assert job_state(ctx, job_id) == expected
+
+
+class ServerKilled(BaseException):
+    """The server process dying at this very point (nothing after it runs, nothing is committed)."""
+
+
+class DiesAtStop(FakeEngine):
+    """An engine whose first stop is delivered, and the server dies right after sending it."""
+
+    def stop(self, attempt_id: str, grace_s: float) -> None:
+        super().stop(attempt_id, grace_s)
+        self.statuses[attempt_id] = AttemptStatus(
+            attempt_id,
+            AttemptPhase.FAILED,
+            exit_code=143,
+            reason=FailureReason.STOPPED,
+            message="stopped by Corral",
+            finished_at=time.time(),
+        )
+        raise ServerKilled
+
+
+def test_a_server_killed_while_stopping_a_lost_nodes_jobs_still_requeues_them(tmp_path: Path) -> None:
+    """The node loop records the loss (job requeued, attempt LOST) before it stops the attempt
+    through the engine: a stop sent first, then the server killed before its commit, left the
+    attempt ended as `stopped` by Corral with no loss on record, and the restarted server failed
+    the job (stopped: not retryable) instead of requeueing it within its platform-loss budget."""
+    fake = DiesAtStop([gpu_node("n1", address="10.0.0.1"), gpu_node("n2", address="10.0.0.2")])
+    ctx = make_context(make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}"), fake, str(tmp_path))
+    node_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        job_id = add_job(session, gid, uid)
+    assert assign(ctx, job_id, ("worker", "n2", 0, (0,)))
+    run_dispatch(ctx)
+    fake.run(f"{job_id}.1")
+    reconcile_tick(ctx, time.time())
+    fake.reports = [r for r in fake.reports if r.name != "n2"]  # n2 stops reporting
+    with pytest.raises(ServerKilled):
+        node_tick(ctx, time.time() + HEARTBEAT_TIMEOUT_S + 0.5)
+    assert fake.stopped == [(f"{job_id}.1", 0.0)]
+    restarted = ServerContext(ctx.settings, ctx.session_factory, fake, "test:2:bb")
+    reconcile_tick(restarted, time.time())
+    with ctx.session_factory() as session:
+        job = session.get(Job, job_id)
+        assert job is not None and (job.state, job.platform_losses) == ("queued", 1), job.reason
+        attempt = session.scalars(select(Attempt).where(Attempt.job_id == job_id)).one()
+        assert (attempt.state, attempt.reason) == ("lost", "node_lost")
 
 
 def test_restart_adopts_running_attempts(env: tuple[ServerContext, FakeEngine]) -> None:

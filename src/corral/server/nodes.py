@@ -114,15 +114,16 @@ def fail_jobs_on(
     node: str,
     now: float,
     why: str,
-    engine: Engine | None = None,
     budget: int = DEFAULT_LOST_REQUEUE_BUDGET,
     spec: ExitSpec | None = None,
-) -> int:
+) -> list[str]:
     """End the live attempts placed on `node` as LOST and settle their jobs by the one rule for
-    lost work (a job changed meanwhile by another session is left to it). Not committed."""
+    lost work (a job changed meanwhile by another session is left to it). Not committed. Returns
+    the ids of the attempts it ended, for the caller to stop through the engine once this is
+    committed (stop_lost)."""
     jobs = session.scalars(select(Job).where(Job.state.in_([s.value for s in LIVE_JOB_STATES]))).all()
     attempts = live_attempts(session, [j.id for j in jobs])
-    count = 0
+    ended: list[str] = []
     for job in jobs:
         attempt = attempts.get(job.id)
         if attempt is None or all(p.node != node for p in attempt.placement or ()):
@@ -135,13 +136,20 @@ def fail_jobs_on(
         if spec is not None:  # the exit-spec's node_lost verdict: failure counts and node flags
             verdict = spec.classify(Facts(frozenset({"node_lost"}), log_tail=why))
             record(session, job, attempt, verdict, node, now, retried=job.state == JobState.QUEUED.value)
-        if engine is not None:  # best effort: should the node come back, its processes must not run on
-            try:
-                engine.stop(attempt.attempt_id, 0.0)
-            except Exception as exc:
-                log.info("could not stop %s on lost node %s: %s", attempt.attempt_id, node, exc)
-        count += 1
-    return count
+        ended.append(attempt.attempt_id)
+    return ended
+
+
+def stop_lost(engine: Engine, attempt_ids: list[str]) -> None:
+    """Best effort, after the commit that recorded the losses: should the node come back, its
+    processes must not run on beside the retries. Never before that commit: a stop delivered for
+    a loss that was then not recorded (the commit failed, the server died) ends the attempt as
+    `stopped` by Corral, which fails the job (not retryable) instead of requeueing it."""
+    for attempt_id in attempt_ids:
+        try:
+            engine.stop(attempt_id, 0.0)
+        except Exception as exc:
+            log.info("could not stop %s on a lost node: %s", attempt_id, exc)
 
 
 def push_admin_states(ctx: ServerContext, rows: list[Node]) -> None:
@@ -176,7 +184,7 @@ def node_tick(ctx: ServerContext, now: float) -> None:
         return
     silenced = silenced_nodes(ctx.settings.home)  # `corral chaos node down`: heartbeats lost
     reports = [r for r in reports if r.name not in silenced]
-    requeued = 0
+    lost: list[str] = []
     budget = ctx.settings.lost_requeue_budget
     with ctx.session_factory() as session:
         # Every node with its GPUs in one query: upsert_node's session.get then finds them in the
@@ -192,17 +200,14 @@ def node_tick(ctx: ServerContext, now: float) -> None:
             if row.state != NodeState.DOWN.value and silent > HEARTBEAT_TIMEOUT_S:
                 why = f"node {row.name} stopped sending heartbeats ({silent:.0f} s)"
                 if move_node(session, row, NodeState.DOWN, message=why):
-                    requeued += fail_jobs_on(
-                        session, row.name, now, why, ctx.engine, budget, active_exit_spec(ctx)
-                    )
+                    lost += fail_jobs_on(session, row.name, now, why, budget, active_exit_spec(ctx))
                 log.warning(why)
         for row in rows:  # reported down just now: its jobs are lost once, not every tick
             if row.state == NodeState.DOWN.value and before.get(row.name) != NodeState.DOWN.value:
                 why = row.message or f"node {row.name} is down"
-                requeued += fail_jobs_on(
-                    session, row.name, now, why, ctx.engine, budget, active_exit_spec(ctx)
-                )
+                lost += fail_jobs_on(session, row.name, now, why, budget, active_exit_spec(ctx))
         session.commit()
         push_admin_states(ctx, rows)
-    if requeued:
+    stop_lost(ctx.engine, lost)
+    if lost:
         ctx.wake("schedule")
