@@ -11,7 +11,15 @@ from sqlalchemy import select
 
 from corral.db.models import Attempt, Gpu, GpuClaim, Group, Job, Node, UsageLedger
 from corral.db.session import make_engine
-from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason, NodeReport
+from corral.engine.base import (
+    AttemptLaunch,
+    AttemptPhase,
+    AttemptStatus,
+    FailureReason,
+    InstanceLaunch,
+    NodeReport,
+)
+from corral.engine.local import LocalEngine
 from corral.scheduler import types as st
 from corral.server.context import ServerContext
 from corral.server.leases import claim_job, claim_lease
@@ -200,6 +208,40 @@ def test_launch_failure_fails_the_attempt_with_its_message(env: tuple[ServerCont
         assert attempt.reason == "environment_missing" and "no such environment" in attempt.message
         assert session.scalars(select(GpuClaim)).all() == []
     assert job_state(ctx, job_id) == "failed"
+
+
+@pytest.mark.parametrize(
+    ("refused", "reason"),
+    [("storage: code snapshot abc is gone", "storage_refused"), ("", "environment_missing")],
+)
+def test_a_launch_the_local_engine_refuses_for_the_jobs_own_fault_is_not_retried(
+    env: tuple[ServerContext, FakeEngine], tmp_path: Path, refused: str, reason: str
+) -> None:
+    """The local engine does not raise when it refuses a launch (its storage refused, an
+    environment it does not have): it records the attempt failed, `launch_failed` with the
+    refusal as its message, and the reconcile loop classifies it. The exit-spec read only the
+    rank's log, empty since nothing ran, so storage_refused and environment_missing (user, never
+    retried) could never match: it was launch_failed (platform), retried twice with backoff,
+    failing the same way, and charged to the platform-loss budget."""
+    ctx, fake = env
+    local = LocalEngine(tmp_path / "engine", "n1", virtual_gpus=0, isolation=False, use_launcher=False)
+    inst = InstanceLaunch("worker", 0, 0, "n1", (), 1.0, 128, "true", {})
+    environment = "default" if refused else "no-such-env"
+    local.launch(AttemptLaunch("9.1", "9", 1, "u", "g", (inst,), environment=environment, refused=refused))
+    engine_says = local.poll(["9.1"])["9.1"]
+    assert engine_says.phase is AttemptPhase.FAILED and engine_says.reason is FailureReason.LAUNCH_FAILED
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        job_id = add_job(session, gid, uid, retries=3)
+    assert assign(ctx, job_id, ("worker", "n1", 0, (0,)))
+    run_dispatch(ctx)
+    fake.statuses[f"{job_id}.1"] = dataclasses.replace(engine_says, attempt_id=f"{job_id}.1")
+    reconcile_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        attempt = session.scalars(select(Attempt).where(Attempt.job_id == job_id)).one()
+        assert attempt.reason == reason, attempt.message
+        job = session.get(Job, job_id)
+        assert job is not None and (job.state, job.platform_losses) == ("failed", 0), job.reason
 
 
 @pytest.mark.parametrize(("budget", "expected"), [(3, "queued"), (0, "failed")])

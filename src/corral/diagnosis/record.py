@@ -56,6 +56,10 @@ def facts_of(status: AttemptStatus, fault: AttemptFault | None, tail: str) -> Fa
     signal = None
     if status.reason is FailureReason.SIGNAL and status.exit_code is not None and status.exit_code > 128:
         signal = status.exit_code - 128
+    if status.reason is FailureReason.LAUNCH_FAILED and status.message:
+        # Nothing ran, so the log says nothing: the engine's refusal is the text to read, first
+        # (`^storage: `), as the dispatch loop reads an engine's raised one (dispatch._record_launch).
+        tail = f"{status.message}\n{tail}" if tail else status.message
     return Facts(frozenset(events), status.exit_code, signal, tail)
 
 
