@@ -190,6 +190,51 @@ def test_a_child_whose_supervisor_died_before_it_began_runs_nothing(tmp_path: Pa
         assert (tmp_path / "ran").exists() and (tmp_path / "rank-0.log").read_text() == "ran\n"
 
 
+# A supervisor whose clean-up after the job takes a while (cgroups, network, secrets): the engine
+# reports the attempt running until status.json is written, so the reconcile loop may send a stop
+# meanwhile. The attempt's end time must be when its processes ended, before that clean-up.
+SLOW_CLEANUP = """
+import marshal, os, sys, time
+from corral.engine.local import supervisor
+adir = sys.argv[1]
+inst = {"rank": 0, "argv": ["/bin/sh", "-c", "exit 0"], "env": {"PATH": "/usr/bin:/bin"}, "cwd": adir,
+        "log": adir + "/rank-0.log", "work_dir": "", "cgroup": None, "sandboxed": False, "memory_mib": 128}
+spec = {"attempt_id": "1.1", "max_runtime_s": None, "gang_grace_s": 1.0, "uid_lock": None, "uid": 0,
+        "instances": [inst], "network": None}
+with open(adir + "/spec.marshal", "wb") as f:
+    f.write(marshal.dumps(spec))
+remove_secrets = supervisor.secret_files.remove_secrets
+def slow_cleanup(path):
+    with open(adir + "/cleanup_began", "w") as f:
+        f.write(repr(time.time()))
+    time.sleep(0.3)
+    remove_secrets(path)
+supervisor.secret_files.remove_secrets = slow_cleanup
+supervisor.Supervisor(adir).run()
+"""
+
+
+def test_an_attempts_end_time_is_when_its_processes_ended_not_after_the_clean_up(tmp_path: Path) -> None:
+    """An exit 0 before Corral's stop settles the job SUCCEEDED (services.lifecycle, rule 1),
+    judged by the engine's end time against the stop's time. The supervisor stamped the end when
+    it wrote status.json, after its clean-up: a stop sent during the clean-up (the attempt still
+    reported running) then read as answered by the exit, and a job that had finished was
+    requeued by its preemption (run twice) or cancelled."""
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    done = subprocess.run(
+        [sys.executable, "-c", SLOW_CLEANUP, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONPATH": src},
+    )
+    assert done.returncode == 0, done.stderr
+    status = json.loads((tmp_path / "status.json").read_text())
+    cleanup_began = float((tmp_path / "cleanup_began").read_text())
+    assert status["phase"] == "succeeded"
+    assert status["started_at"] <= status["finished_at"] <= cleanup_began
+
+
 def test_state_files_are_valid_json() -> None:
     text = to_json({"message": 'say "hi"\n\tback\\slash é', "n": [1, 2.5, None, True]})
     assert json.loads(text) == {"message": 'say "hi"\n\tback\\slash é', "n": [1, 2.5, None, True]}

@@ -293,6 +293,8 @@ class Supervisor:
         self.grace_s = float(spec["gang_grace_s"])
         self.network_error: str | None = None  # the attempt's network could not be set up
         self.slirp: tuple[int, int] | None = None  # (pid, exit pipe) of slirp4netns
+        # When the attempt's processes were all gone, before the clean-up (finish): its end time.
+        self.ended_at: float | None = None
 
     def path(self, name: str) -> str:
         return os.path.join(self.dir, name)
@@ -312,6 +314,11 @@ class Supervisor:
             self.loop()
         elif self.network_error is None:
             self.stop_reason = "stopped"
+        # The end is when the last instance was reaped, not when status.json is written after
+        # the clean-up (cgroups, network, secrets: up to seconds): the engine reports the attempt
+        # running until then, so a stop may go out meanwhile, and an exit 0 that came before it
+        # must read as before the stop (services.lifecycle, rule 1), not as the job answering it.
+        self.ended_at = time.time()
         self.finish()
 
     def enter_network(self) -> bool:
@@ -448,7 +455,7 @@ class Supervisor:
         status: FinalStatus = {
             **self.outcome(),
             "started_at": self.started_at,
-            "finished_at": time.time(),
+            "finished_at": self.ended_at if self.ended_at is not None else time.time(),
             "instances": {str(i.rank): {"exit_code": i.exit_code, "oom": i.oom} for i in self.instances},
         }
         write_json(self.path("status.json"), status)
