@@ -19,6 +19,8 @@ from corral.config import Settings
 from corral.engine.base import AttemptLaunch, AttemptPhase, FailureReason, InstanceLaunch
 from corral.engine.factory import make_engine
 from corral.engine.local import LocalEngine
+from corral.engine.local.engine import SUPERVISOR_BOOT
+from corral.engine.local.process_files import spawn_detached
 from corral.engine.local.supervisor import ORPHANED_EXIT, proc_start, to_json
 from corral.scheduler.types import NodeState
 from tests.engine.contract import make_attempt, new_attempt_id, wait_finished, wait_log
@@ -233,6 +235,40 @@ def test_an_attempts_end_time_is_when_its_processes_ended_not_after_the_clean_up
     cleanup_began = float((tmp_path / "cleanup_began").read_text())
     assert status["phase"] == "succeeded"
     assert status["started_at"] <= status["finished_at"] <= cleanup_began
+
+
+def test_a_launcher_answer_lost_after_its_fork_still_runs_the_attempt_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher forks the supervisor, then its answer is lost (the launcher killed before it
+    answered, or slower than the engine's 2 s wait): the engine starts a supervisor directly, as
+    for a launcher that is not there. Both ran the attempt, side by side, into one log; now the
+    first to write supervisor.json runs it and the other does nothing, and the engine, whose own
+    child ended at once, follows the one that runs: not LOST (with its cgroups killed) when asked
+    before a poll has reaped that child (exec_command, stop)."""
+    engine = LocalEngine(tmp_path / "home", "n", virtual_gpus=0, isolation=False, use_launcher=False)
+    forked: list[int] = []
+
+    def forked_but_never_answered(adir: Path) -> None:
+        argv = [sys.executable, "-I", "-S", "-c", SUPERVISOR_BOOT, str(adir)]
+        forked.append(spawn_detached(argv, adir / "supervisor.err"))
+        deadline = time.monotonic() + 20
+        while not (adir / "supervisor.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)  # the forked one has started: the engine's own start comes second
+        return None
+
+    monkeypatch.setattr(engine, "_via_launcher", forked_but_never_answered)
+    ran = tmp_path / "ran"
+    attempt = one(engine, f"echo once >> {ran}; sleep 1")
+    direct = int(engine.launch(attempt))
+    deadline = time.monotonic() + 20
+    while (proc_start(direct) is not None or not ran.exists()) and time.monotonic() < deadline:
+        time.sleep(0.01)  # the engine's own start found the attempt taken and ended (not reaped yet)
+    engine.exec_command(attempt.attempt_id, 0, ["true"])  # running: not declared lost
+    status = wait_finished(engine, attempt.attempt_id)
+    os.waitpid(forked[0], 0)
+    assert status.phase is AttemptPhase.SUCCEEDED, status
+    assert ran.read_text() == "once\n"
 
 
 def test_state_files_are_valid_json() -> None:

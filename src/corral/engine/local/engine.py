@@ -648,8 +648,9 @@ class LocalEngine:
         if pid is not None:
             if child_running(pid):
                 return True
-            self._children.pop(attempt_id, None)
-            return False
+            self._children.pop(attempt_id, None)  # ended; or it left the attempt to one the
+            sup = read_file(adir / "supervisor.json", SUPERVISOR_INFO)  # launcher forked first
+            return sup is not None and sup["pid"] != pid and same_process(sup["pid"], sup)
         pid = sup["pid"] if sup else (int(ref) if ref.isdigit() else None)
         if pid is None:
             # Launched, but neither a pid nor a ref yet: a concurrent launch is mid-way.

@@ -62,7 +62,8 @@ class AttemptSpec(TypedDict):
 
 
 class SupervisorInfo(TypedDict):
-    """supervisor.json: written once the supervisor's signals are blocked."""
+    """supervisor.json: written once the supervisor's signals are blocked, by the attempt's first
+    supervisor only (a second one finds it and runs nothing)."""
 
     pid: int
     proc_start: str | None  # with the pid, names the process for good (pids are reused)

@@ -7,7 +7,9 @@ runtime limit, stops the gang when one instance fails, reads OOM counters, and w
 atomically into the attempt dir, where a (re)started engine reads it:
 
   spec.marshal     written by the engine before the start: what to run, where, with which limits
-  supervisor.json  {pid, proc_start, started_at}  written once its signals are blocked
+  supervisor.json  {pid, proc_start, started_at}  written once its signals are blocked, by the
+                   first supervisor of the attempt only: a second one started for the same dir
+                   finds it and exits without running anything
   state.json       {phase: running, pids, started_at} once every instance is started
   status.json      {phase, exit_code, reason, message, started_at, finished_at, instances}  final
 
@@ -86,6 +88,21 @@ def write_json(path: str, data: Mapping[str, object]) -> None:
     with open(tmp, "wb") as f:
         f.write(to_json(data).encode("utf-8"))
     os.replace(tmp, path)
+
+
+def write_json_once(path: str, data: Mapping[str, object]) -> bool:
+    """Atomic and exclusive: the whole file appears for the first writer only (a hard link does
+    not replace); False, with nothing written, when the file is there already."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(to_json(data).encode("utf-8"))
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        os.remove(tmp)
+    return True
 
 
 def read_spec(path: str) -> AttemptSpec | None:
@@ -303,7 +320,11 @@ class Supervisor:
         old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, HANDLED)
         become_subreaper()
         me = {"pid": os.getpid(), "proc_start": proc_start(os.getpid()), "started_at": self.started_at}
-        write_json(self.path("supervisor.json"), me)
+        if not write_json_once(self.path("supervisor.json"), me):
+            # Another supervisor of this attempt claimed it first: the launcher forked one but its
+            # answer was lost (killed before it answered, or slower than the engine's wait), and
+            # the engine started one directly. That one runs the attempt; this one does nothing.
+            return
         if self.stop_requested() is None and self.enter_network():
             for inst in self.instances:
                 inst.spawn(old_mask)
