@@ -244,6 +244,35 @@ def test_a_launch_the_local_engine_refuses_for_the_jobs_own_fault_is_not_retried
         assert job is not None and (job.state, job.platform_losses) == ("failed", 0), job.reason
 
 
+def test_a_server_started_with_a_bad_exit_spec_file_still_records_how_attempts_end(
+    env: tuple[ServerContext, FakeEngine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An admin exit-spec file that does not parse is refused with its line and the previous
+    table stays active (docs/diagnosis.md). A server started with one had no previous table: the
+    exit-spec raised on every use, so each reconcile tick that saw an attempt fail raised before
+    recording anything, that failure and every other change of the tick alike (jobs never
+    reached RUNNING, ended attempts kept their GPUs), until the file was fixed. The shipped
+    table is used meanwhile."""
+    ctx, fake = env
+    bad = tmp_path / "exit_spec.yaml"
+    bad.write_text("version: 1\nrules: [oops\n")
+    monkeypatch.setenv("CORRAL_DIAG_EXIT_SPEC_FILE", str(bad))
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        failing = add_job(session, gid, uid, name="fails")
+        starting = add_job(session, gid, uid, name="starts")
+    assert assign(ctx, failing, ("worker", "n1", 0, (0,)))
+    assert assign(ctx, starting, ("worker", "n1", 0, (1,)))
+    run_dispatch(ctx)
+    fake.finish(f"{failing}.1", 1)
+    fake.run(f"{starting}.1")
+    reconcile_tick(ctx, time.time())
+    assert (job_state(ctx, failing), job_state(ctx, starting)) == ("failed", "running")
+    with ctx.session_factory() as session:
+        attempt = session.scalars(select(Attempt).where(Attempt.job_id == failing)).one()
+        assert attempt.reason == "exit_code"  # the shipped table's verdict
+
+
 @pytest.mark.parametrize(("budget", "expected"), [(3, "queued"), (0, "failed")])
 def test_a_platform_launch_failure_is_held_to_the_configured_loss_budget(
     env: tuple[ServerContext, FakeEngine], budget: int, expected: str

@@ -260,7 +260,8 @@ def load_exit_spec(admin_file: Path | None = None) -> ExitSpec:
 
 class ExitSpecCache:
     """The active table, reloaded when the admin file changes; a file that does not parse is
-    logged and the previous table stays active (the first load raises instead)."""
+    logged and the previous table stays active: the shipped one when no table of the file ever
+    was (a server started with a bad file)."""
 
     def __init__(self, admin_file: Path | None) -> None:
         self.admin_file = admin_file
@@ -275,9 +276,14 @@ class ExitSpecCache:
         try:
             spec = load_exit_spec(self.admin_file)
         except ExitSpecError as exc:
-            if self._spec is None:
-                raise
             self.last_error, self._stamp = str(exc), stamp  # logged once per change of the file
+            if self._spec is None:
+                # Raising here left every caller without a table: the reconcile loop could then
+                # record no attempt's end at all (any failure in a tick failed the whole tick),
+                # and GET /jobs/{id} answered 500, until the file was fixed.
+                log.error("using the shipped exit-spec: %s", exc)
+                self._spec = load_exit_spec(None)
+                return self._spec
             log.error("keeping the previous exit-spec: %s", exc)
             return self._spec
         self._spec, self._stamp, self.last_error = spec, stamp, None
