@@ -17,6 +17,7 @@ from corral.engine.base import (
     AttemptStatus,
     FailureReason,
     InstanceLaunch,
+    LogChunk,
     NodeReport,
 )
 from corral.engine.local import LocalEngine
@@ -441,6 +442,42 @@ def test_preemption_stops_with_grace_and_requeues(env: tuple[ServerContext, Fake
         assert attempt.state == "preempted" and attempt.exit_code == 143
         assert session.scalars(select(GpuClaim)).all() == []
     assert assign(ctx, job_id, ("worker", "n2", 0, (0, 1)))  # it can be placed again, as attempt 2
+
+
+class LoggingEngine(FakeEngine):
+    """The fake engine, with every rank's log holding `text`."""
+
+    def __init__(self, nodes: list[NodeReport], text: bytes) -> None:
+        super().__init__(nodes)
+        self.text = text
+
+    def logs(self, attempt_id: str, instance: int = 0, offset: int = 0, limit: int = 1 << 20) -> LogChunk:
+        data = self.text[offset : offset + limit]
+        return LogChunk(data, offset + len(data), True)
+
+
+def test_a_hardware_failure_found_in_the_log_on_the_only_node_is_retried_there(tmp_path: Path) -> None:
+    """A hardware failure (gpu_error) is retried away from the GPU that failed, or from the node
+    when the log alone told it (no fault on record names the GPU). On the only node (the local
+    engine has one) the retry was told to avoid every node: it was never placed again, neither
+    run nor failed, with its platform-loss budget left. It is retried where it can run."""
+    log_text = b"RuntimeError: CUDA error: uncorrectable ECC error encountered\n"
+    fake = LoggingEngine([gpu_node("n1")], log_text)
+    ctx = make_context(make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}"), fake, str(tmp_path))
+    node_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        job_id = add_job(session, gid, uid)
+    assert assign(ctx, job_id, ("worker", "n1", 0, (0,)))
+    run_dispatch(ctx)
+    fake.finish(f"{job_id}.1", 1)
+    reconcile_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        attempt = session.scalars(select(Attempt).where(Attempt.job_id == job_id)).one()
+        assert attempt.reason == "gpu_error"
+    assert job_state(ctx, job_id) == "queued"
+    schedule_tick(ctx, time.time())
+    assert job_state(ctx, job_id) == "scheduled"
 
 
 def test_schedule_tick_places_waiting_jobs_and_diagnoses_the_rest(
