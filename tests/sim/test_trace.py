@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,17 @@ def test_speed_up_arrivals_divides_submit_times() -> None:
     assert [j.submit_time for j in fast.jobs] == [0, 25] and [j.duration for j in fast.jobs] == [5, 5]
     with pytest.raises(TraceError, match="must be positive"):
         speed_up_arrivals(tr, 0)
+
+
+@pytest.mark.parametrize("factor", [math.nan, math.inf])
+def test_speed_up_arrivals_refuses_nan_and_inf(factor: float) -> None:
+    """`--arrival-speedup nan` made every submit time nan: the replay never reached them and ran
+    for ever (inf put every job at time 0). Refused with the option's value instead."""
+    from corral.sim.trace import Trace, speed_up_arrivals
+
+    tr = Trace("t", (TraceJob("a", 0, 5, 1, "g"), TraceJob("b", 100, 5, 1, "g")))
+    with pytest.raises(TraceError, match="must be positive and finite"):
+        speed_up_arrivals(tr, factor)
 
 
 def test_duplicate_job_id_names_both_lines(tmp_path: Path) -> None:

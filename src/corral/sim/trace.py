@@ -320,8 +320,8 @@ def first_jobs(trace: Trace, count: int) -> Trace:
 
 def speed_up_arrivals(trace: Trace, factor: float) -> Trace:
     """Submit times divided by `factor` (durations unchanged): `factor` times the offered load."""
-    if factor <= 0:
-        raise TraceError(f"arrival speed-up must be positive, got {factor:g}")
+    if not (factor > 0 and math.isfinite(factor)):  # nan submit times would never be reached
+        raise TraceError(f"arrival speed-up must be positive and finite, got {factor:g}")
     if factor == 1:
         return trace
     jobs = tuple(dataclasses.replace(j, submit_time=j.submit_time / factor) for j in trace.jobs)
