@@ -87,6 +87,17 @@ def test_bad_inputs_give_clear_errors(tmp_path: Path) -> None:
         assert res.exit_code == 2 and f"{option} must be a finite number >= 0" in res.output, res.output
 
 
+def test_nan_and_inf_knobs_are_refused_by_name(tmp_path: Path) -> None:
+    """`--knob default_runtime_s=nan` ended in a traceback at the first cycle (cannot convert float
+    NaN to integer); `starvation_s=nan`, `grace_s=inf` and `las_thresholds=nan` were taken
+    silently (a nan passes `< 0`), turning the guard off or never stopping a victim."""
+    csv, yaml = _files(tmp_path)
+    for knob in ("default_runtime_s=nan", "starvation_s=nan", "grace_s=inf", "las_thresholds=3600,nan"):
+        res = CliRunner().invoke(app, ["sim", "--trace", str(csv), "--cluster", str(yaml), "--knob", knob])
+        name = knob.partition("=")[0]
+        assert res.exit_code == 2 and f"{name} must be >= 0 and finite" in res.output, (knob, res.output)
+
+
 def test_options_of_the_other_mode_are_refused_by_name(tmp_path: Path) -> None:
     """A trace's replay and --from-cluster each refuse the other's options, before any work."""
     cases = [

@@ -4,6 +4,7 @@ which placement plugins with which weights, and the knobs that bound per-cycle w
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from corral.scheduler.plugins import DEFAULT_FILTERS, FILTERS, PLACEMENTS, SCORERS
@@ -85,9 +86,14 @@ class Profile:
                 raise ValueError(
                     f"profile {self.name}: unknown scorer {scorer!r}; use one of {tuple(SCORERS)}"
                 )
-        for knob in NUMERIC_KNOBS:
-            if getattr(self, knob) < 0:
-                raise ValueError(f"profile {self.name}: {knob} must be >= 0, got {getattr(self, knob)}")
+        for knob in NUMERIC_KNOBS:  # (`not >= 0`: a nan compares False both ways)
+            value = getattr(self, knob)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"profile {self.name}: {knob} must be >= 0 and finite, got {value}")
+        if not all(t >= 0 and math.isfinite(t) for t in self.las_thresholds):
+            raise ValueError(
+                f"profile {self.name}: las_thresholds must be >= 0 and finite, got {self.las_thresholds}"
+            )
         for f in self.filters:
             if f not in FILTERS:
                 raise ValueError(f"profile {self.name}: unknown filter {f!r}; use one of {tuple(FILTERS)}")
