@@ -52,6 +52,41 @@ def test_bad_cluster_files_say_what_is_wrong(tmp_path: Path, text: str, expected
         load_cluster(str(path))
 
 
+POOL = "pools: [{name: a, count: 1, gpus_per_node: 4}]\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # text or nan where a number goes: a traceback (float('abc')) or taken silently before
+        ("pools: [{name: a, count: 1, cpus: abc}]\n", "pools\\[0\\] 'a'.cpus: expected a positive number"),
+        ("pools: [{name: a, count: 1, cpus: .nan}]\n", "'a'.cpus: expected a positive number"),
+        ("pools: [{name: a, count: 1, cpus: -4}]\n", "'a'.cpus: expected a positive number"),
+        (POOL + "groups: [{name: x, weight: heavy}]\n", "'x'.weight: expected a positive number"),
+        (POOL + "groups: [{name: x, weight: -1}]\n", "'x'.weight: expected a positive number"),
+        (POOL + "groups: [{name: x, weight: .nan}]\n", "'x'.weight: expected a positive number"),
+        # bool("no") is True: a quoted no lent the group's GPUs
+        (POOL + "groups: [{name: x, borrowing: 'no'}]\n", "'x'.borrowing: expected true or false"),
+        # the second entry silently replaced the first's quotas
+        (POOL + "groups: [{name: x, guaranteed: 4}, {name: x}]\n", "group 'x' is listed more than once"),
+        # the live platform refuses a max below the guarantee
+        (POOL + "groups: [{name: x, guaranteed: 4, max: 2}]\n", "'x'.max: 2 GPUs of '\\*' is below"),
+        # a misspelt key was a default silently taken (no guarantee at all)
+        (POOL + "groups: [{name: x, guarenteed: 4}]\n", "'x': unknown key\\(s\\) guarenteed"),
+        ("pools: [{name: a, count: 1, gpu: A100}]\n", "'a': unknown key\\(s\\) gpu;"),
+        (POOL + "group: [{name: x}]\n", "unknown key\\(s\\) group;"),
+        ("pools: [{name: a, count: 1, gpu_model: [A100]}]\n", "'a'.gpu_model: expected a GPU model name"),
+        # read only when a trace group needed it: a traceback without the file's name, mid-replay
+        (POOL + "default_group: {guaranteed: lots}\n", "c.yaml: default_group 'default_group'.guaranteed"),
+    ],
+)
+def test_bad_values_in_cluster_files_are_named(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ClusterError, match=expected):
+        load_cluster(str(path))
+
+
 def test_a_fraction_for_a_whole_number_knob_is_refused_by_name() -> None:
     """`backfill_depth` is an int field of the Profile: 2.5 is an error naming the knob (the compiled
     scheduler would raise a bare TypeError at the first cycle), while a float knob takes 2.5."""

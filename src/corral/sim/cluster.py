@@ -14,6 +14,7 @@ default_group: {guaranteed: 0}   # for trace groups not listed (optional; defaul
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -84,15 +85,41 @@ class ClusterSpec:
         return ClusterSpec(name=f"{self.name}-private-{group.name}", pools=tuple(pools), groups=(private,))
 
 
+POOL_KEYS = ("name", "count", "gpus_per_node", "gpu_model", "cpus", "memory_mib")
+GROUP_KEYS = ("name", "guaranteed", "max", "user_max_gpus", "weight", "borrowing")
+CLUSTER_KEYS = ("name", "pools", "groups", "default_group")
+
+
 def _require(entry: Mapping[str, Any], key: str, where: str) -> Any:
     if key not in entry:
         raise ClusterError(f"{where}: missing key {key!r}")
     return entry[key]
 
 
+def _known_keys(entry: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
+    """A misspelt key (`guarenteed: 64`) is an error, not a default silently taken."""
+    unknown = [str(k) for k in entry if k not in allowed]
+    if unknown:
+        raise ClusterError(f"{where}: unknown key(s) {', '.join(unknown)}; use {', '.join(allowed)}")
+
+
 def _positive_int(value: Any, where: str, allow_zero: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
         raise ClusterError(f"{where}: expected a {'non-negative' if allow_zero else 'positive'} whole number")
+    return value
+
+
+def _positive_number(value: Any, where: str) -> float:
+    """A finite number > 0 (CPUs, a weight): text, nan or a negative is an error naming the field."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (0 < value < math.inf):
+        raise ClusterError(f"{where}: expected a positive number, got {value!r}")
+    return float(value)
+
+
+def _flag(value: Any, where: str) -> bool:
+    """true or false; a quoted "no" or "false" would otherwise be taken as true (bool of text)."""
+    if not isinstance(value, bool):
+        raise ClusterError(f"{where}: expected true or false, got {value!r}")
     return value
 
 
@@ -111,16 +138,22 @@ def _group(entry: Mapping[str, Any], where: str) -> Group:
         raise ClusterError(f"{where}: expected a mapping")
     name = str(_require(entry, "name", where))
     at = f"{where} {name!r}"
+    _known_keys(entry, GROUP_KEYS, at)
     max_quota = entry.get("max")
+    guaranteed = _quota(entry.get("guaranteed", 0), f"{at}.guaranteed")
+    limits = None if max_quota is None else _quota(max_quota, f"{at}.max")
+    for key, most in (limits or {}).items():  # the live platform's rule (services/accounts.py)
+        if most < guaranteed.get(key, 0):
+            raise ClusterError(f"{at}.max: {most} GPUs of {key!r} is below the guarantee {guaranteed[key]}")
     return Group(
         name=name,
-        guaranteed=_quota(entry.get("guaranteed", 0), f"{at}.guaranteed"),
-        max=None if max_quota is None else _quota(max_quota, f"{at}.max"),
+        guaranteed=guaranteed,
+        max=limits,
         user_max_gpus=None
         if entry.get("user_max_gpus") is None
         else _positive_int(entry["user_max_gpus"], f"{at}.user_max_gpus", allow_zero=True),
-        weight=float(entry.get("weight", 1.0)),
-        borrowing=bool(entry.get("borrowing", True)),
+        weight=_positive_number(entry.get("weight", 1.0), f"{at}.weight"),
+        borrowing=_flag(entry.get("borrowing", True), f"{at}.borrowing"),
     )
 
 
@@ -129,12 +162,16 @@ def _pool(entry: Any, where: str) -> Pool:
         raise ClusterError(f"{where}: expected a mapping")
     name = str(_require(entry, "name", where))
     at = f"{where} {name!r}"
+    _known_keys(entry, POOL_KEYS, at)
+    model = entry.get("gpu_model", "GPU")
+    if not isinstance(model, str | int) or isinstance(model, bool) or not str(model).strip():
+        raise ClusterError(f"{at}.gpu_model: expected a GPU model name, got {model!r}")
     return Pool(
         name=name,
         count=_positive_int(_require(entry, "count", at), f"{at}.count"),
         gpus_per_node=_positive_int(entry.get("gpus_per_node", 0), f"{at}.gpus_per_node", allow_zero=True),
-        gpu_model=str(entry.get("gpu_model", "GPU")),
-        cpus=float(entry.get("cpus", 64)),
+        gpu_model=str(model),
+        cpus=_positive_number(entry.get("cpus", 64), f"{at}.cpus"),
         memory_mib=_positive_int(entry.get("memory_mib", 262144), f"{at}.memory_mib"),
     )
 
@@ -142,6 +179,7 @@ def _pool(entry: Any, where: str) -> Pool:
 def parse_cluster(data: Any, source: str) -> ClusterSpec:
     if not isinstance(data, Mapping):
         raise ClusterError(f"{source}: expected a mapping with 'pools' and 'groups'")
+    _known_keys(data, CLUSTER_KEYS, source)
     pools_raw = _require(data, "pools", source)
     if not isinstance(pools_raw, list) or not pools_raw:
         raise ClusterError(f"{source}: 'pools' must be a non-empty list")
@@ -152,9 +190,17 @@ def parse_cluster(data: Any, source: str) -> ClusterSpec:
     if not isinstance(groups_raw, list):
         raise ClusterError(f"{source}: 'groups' must be a list")
     groups = tuple(_group(g, f"{source}: groups[{i}]") for i, g in enumerate(groups_raw))
+    seen: set[str] = set()
+    for g in groups:  # a second entry would silently replace the first's quotas in the replay
+        if g.name in seen:
+            raise ClusterError(f"{source}: group {g.name!r} is listed more than once")
+        seen.add(g.name)
     default = data.get("default_group")
-    if default is not None and not isinstance(default, Mapping):
-        raise ClusterError(f"{source}: 'default_group' must be a mapping")
+    if default is not None:
+        if not isinstance(default, Mapping):
+            raise ClusterError(f"{source}: 'default_group' must be a mapping")
+        # checked now, naming the file: it is otherwise read only when a trace group needs it
+        _group({**default, "name": "default_group"}, f"{source}: default_group")
     return ClusterSpec(
         name=str(data.get("name", Path(source).stem)), pools=pools, groups=groups, default_group=default
     )
