@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from corral.scheduler import PROFILES, schedule
+from corral.sim.metrics import summarize
 from corral.sim.replay import SimConfig, Simulator
 from corral.sim.runner import PolicyError, resolve_policy
 from corral.sim.trace import load_generic_csv, write_generic_csv
@@ -130,6 +131,18 @@ def test_node_failures_requeue_and_every_job_still_finishes() -> None:
     assert result.node_failures > 0
     assert all(not math.isnan(j.end) for j in jobs.values())
     assert any(j.attempt > 1 for j in jobs.values())
+
+
+def test_a_job_waiting_for_a_node_repair_is_run_not_left_unfinished() -> None:
+    """One node: it fails under the only job (seed 0: at 3,349 s), which goes back to the
+    queue. Node events did not keep the replay going, so it ended when the stopped attempt's
+    stale completion came up (t = 3,600) and reported the job unfinished (censored), although
+    the node was back 2 h after failing and the job then ran to its end."""
+    tr = trace(("a", 0.0, 3600.0, 1))
+    result, jobs = run(tr, cluster(1, 4), "default", node_mtbf_s=1800.0, node_repair_s=7200.0, seed=0)
+    assert result.node_failures >= 1 and jobs["a"].attempt > 1
+    assert not math.isnan(jobs["a"].end) and jobs["a"].end > 7200.0
+    assert summarize(result)["jobs_unfinished"] == 0
 
 
 def test_unknown_policy_and_placement_are_named() -> None:

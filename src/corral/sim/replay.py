@@ -228,6 +228,9 @@ class Simulator:
         self.diagnosis_s = 0.0
         self._deferred_cycle: float | None = None
         self.job_events = 0  # pending job events; node events alone do not keep the replay going
+        # pending node repairs: they do while jobs wait (the job a failure stopped, or one that
+        # needs the node, would run once it is back; ending first left it "unfinished")
+        self.repairs = 0
         self.history = RuntimeHistory(legacy=self.config.legacy_estimates)
         self.log: list[JobEvent] = []
         self.now = 0.0
@@ -238,6 +241,8 @@ class Simulator:
         self._seq += 1
         if kind < _Ev.NODE_FAIL or kind >= _Ev.ARRIVAL:
             self.job_events += 1
+        elif kind == _Ev.NODE_REPAIR:
+            self.repairs += 1
         heapq.heappush(self.events, (at, int(kind), self._seq, key))
 
     def _cluster_notes(self) -> tuple[str, ...]:
@@ -538,13 +543,15 @@ class Simulator:
         next_frag = first
         now = first
         max_queued = 0
-        while events and self.job_events:
+        while events and (self.job_events or (self.repairs and self.queued)):
             now = events[0][0]
             changed = False
             while events and events[0][0] == now:
                 _, kind, _, key = heapq.heappop(events)
                 if kind < _Ev.NODE_FAIL or kind >= _Ev.ARRIVAL:
                     self.job_events -= 1
+                elif kind == _Ev.NODE_REPAIR:
+                    self.repairs -= 1
                 self._advance_usage(now)
                 changed = handle(now, kind, key) or changed
             if changed and self.queued:
