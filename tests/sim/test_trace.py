@@ -114,3 +114,16 @@ def test_duplicate_job_id_names_both_lines(tmp_path: Path) -> None:
     expected = r"t.csv: line 4: column 'job_id': 'a' is already the job_id of line 2"
     with pytest.raises(TraceError, match=expected):
         load_generic_csv(path)
+
+
+def test_a_header_with_a_byte_order_mark_or_a_column_twice(tmp_path: Path) -> None:
+    """A CSV saved by a spreadsheet starts with a byte-order mark: it was read as part of the first
+    column's name ('missing required column(s) submit_time' while the header has it). A column
+    named twice took the row's later value without a word."""
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbfsubmit_time,duration,num_gpus,group\n0,10,1,g\n")
+    assert [j.num_gpus for j in load_generic_csv(bom).jobs] == [1]
+    twice = tmp_path / "twice.csv"
+    twice.write_text("submit_time,duration,num_gpus,group,num_gpus\n0,10,1,g,2\n")
+    with pytest.raises(TraceError, match=r"twice.csv: line 1: column\(s\) num_gpus appear more than once"):
+        load_generic_csv(twice)

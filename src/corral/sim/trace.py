@@ -81,9 +81,10 @@ def _data_file(name: str) -> Path:
 
 
 def _open_text(path: Path) -> IO[str]:
+    # utf-8-sig: a byte-order mark (a CSV saved by a spreadsheet) is not part of the first column
     if path.suffix == ".xz":
-        return io.TextIOWrapper(lzma.open(path, "rb"), encoding="utf-8", newline="")
-    return path.open("r", encoding="utf-8", newline="")
+        return io.TextIOWrapper(lzma.open(path, "rb"), encoding="utf-8-sig", newline="")
+    return path.open("r", encoding="utf-8-sig", newline="")
 
 
 class _Row:
@@ -139,6 +140,9 @@ def _rows(handle: IO[str], source: str, required: Iterable[str]) -> Iterator[_Ro
     if header is None:
         raise TraceError(f"{source}: the trace is empty (no header row)")
     header = [h.strip() for h in header]
+    twice = sorted({h for h in header if h and header.count(h) > 1})
+    if twice:  # the row's later value would silently win
+        raise TraceError(f"{source}: line 1: column(s) {', '.join(twice)} appear more than once")
     missing = [c for c in required if c not in header]
     if missing:
         raise TraceError(f"{source}: line 1: missing required column(s) {', '.join(missing)}")
