@@ -98,6 +98,27 @@ def test_nan_and_inf_knobs_are_refused_by_name(tmp_path: Path) -> None:
         assert res.exit_code == 2 and f"{name} must be >= 0 and finite" in res.output, (knob, res.output)
 
 
+def test_output_paths_are_checked_before_the_replay(tmp_path: Path) -> None:
+    """`--jobs-out` in a folder that did not exist, or `--out` where a file is, ended the command
+    with a traceback (FileNotFoundError, FileExistsError) after the whole replay, losing it."""
+    csv, yaml = _files(tmp_path)
+    (tmp_path / "taken").write_text("")
+    base = ["sim", "--trace", str(csv), "--cluster", str(yaml)]
+    res = CliRunner().invoke(app, [*base, "--jobs-out", str(tmp_path / "new" / "jobs.csv"), "-o", "json"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "new" / "jobs.csv").read_text().startswith("time,job_id,event")
+    cases = [
+        [*base, "--out", str(tmp_path / "taken")],
+        ["sim", "compare", "--trace", str(csv), "--cluster", str(yaml), "--out", str(tmp_path / "taken")],
+        ["sim", "synth", "--out", str(tmp_path / "taken" / "t.csv"), "--jobs", "5"],
+    ]
+    for args in cases:
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2 and "a file of that name is there" in res.output, (args, res.output)
+    res = CliRunner().invoke(app, [*base, "--jobs-out", str(tmp_path)])
+    assert res.exit_code == 2 and "is a folder; give a file name" in res.output, res.output
+
+
 def test_options_of_the_other_mode_are_refused_by_name(tmp_path: Path) -> None:
     """A trace's replay and --from-cluster each refuse the other's options, before any work."""
     cases = [

@@ -255,6 +255,7 @@ def sim(
     replay_only = bool(private or max_jobs or speedup != 1.0 or jobs_out)
     live_only = bool(quota or save_trace or unfinished or anonymise)
     _check_mode(from_cluster, bool(trace or cluster), replay_only, live_only)
+    _writable({"--jobs-out": jobs_out, "--save-trace": save_trace}, {"--out": out})
     if from_cluster:
         from corral.cli.sim_live import LiveRequest
 
@@ -267,6 +268,26 @@ def sim(
     spec = f"{policy}:{placement}" if placement else policy
     result, summary = _replay_trace(trace, cluster, spec, config, knob, max_jobs, speedup, private)
     _write_results(result, summary, jobs_out, out, output)
+
+
+def _writable(files: dict[str, Path | None], folders: dict[str, Path | None]) -> None:
+    """Make where the results go before a replay that may take minutes: a path that cannot be
+    written (a file where a folder goes, no permission) fails now with one line, not after the
+    replay with a traceback and the replay lost."""
+    for option, path in (*files.items(), *folders.items()):
+        if path is None:
+            continue
+        try:
+            if option in folders:
+                path.mkdir(parents=True, exist_ok=True)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if path.is_dir():
+                    _fail(f"{option} {path}: is a folder; give a file name")
+        except FileExistsError as exc:
+            _fail(f"{option} {path}: cannot make the folder {exc.filename}: a file of that name is there")
+        except OSError as exc:
+            _fail(f"{option} {path}: cannot write there ({exc.strerror or exc})")
 
 
 def _check_mode(from_cluster: bool, trace_given: bool, replay_only: bool, live_only: bool) -> None:
@@ -369,6 +390,7 @@ def compare(
     from corral.sim.report import compare_markdown, compare_table, compare_warnings, write_plots
     from corral.sim.runner import PolicyError, simulate
 
+    _writable({}, {"--out": out})
     loaded_trace, loaded_cluster = _load(trace, cluster, max_jobs, speedup)
     config = _config(
         checkpoint_interval,
@@ -447,7 +469,7 @@ def synth(
         made = generate(spec, load_cluster(cluster))
     except (SynthError, ClusterError) as exc:
         _fail(str(exc))
-    out.parent.mkdir(parents=True, exist_ok=True)
+    _writable({"--out": out}, {})
     write_generic_csv(made.jobs, out)
     for note in made.notes:
         typer.echo(f"wrote {out}: {note}")
