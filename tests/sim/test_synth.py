@@ -49,6 +49,19 @@ def test_bad_synth_specs_name_the_parameter() -> None:
         parse_mix("1:x", "--size-mix")
 
 
+def test_nan_and_inf_in_a_synth_spec_are_refused_by_name(tmp_path: Path) -> None:
+    """`--size-mix 1:nan` (or a weight inf) ended in a traceback from random.choices ('Total of
+    weights must be finite'); `--load inf` wrote a trace with every job submitted at time 0."""
+    out = tmp_path / "t.csv"
+    for option, value, error in (
+        ("--size-mix", "1:nan,2:1", "size_mix needs positive sizes"),
+        ("--gang-instances", "2:inf", "gang_instances needs positive sizes"),
+        ("--load", "inf", "load must be > 0 and finite"),
+    ):
+        res = CliRunner().invoke(app, ["sim", "synth", "--out", str(out), "--jobs", "20", option, value])
+        assert res.exit_code == 2 and error in res.output, (option, value, res.output)
+
+
 def test_cli_writes_a_trace_the_simulator_reads(tmp_path: Path) -> None:
     out = tmp_path / "t.csv"
     args = ["sim", "synth", "--out", str(out), "--jobs", "300", "--load", "1.5", "--seed", "1"]

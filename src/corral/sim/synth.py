@@ -63,8 +63,8 @@ class SynthSpec:
     def check(self) -> None:
         if self.jobs < 1:
             raise SynthError(f"jobs must be >= 1, got {self.jobs}")
-        if not self.load > 0:
-            raise SynthError(f"load must be > 0, got {self.load:g}")
+        if not 0 < self.load < math.inf:  # inf put every arrival at time 0
+            raise SynthError(f"load must be > 0 and finite, got {self.load:g}")
         for name in ("gang_share", "constrained_share", "burst_share", "estimate_share"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
@@ -73,7 +73,8 @@ class SynthSpec:
             raise SynthError(f"diurnal must be in [0, 1), got {self.diurnal:g}")
         for name in ("size_mix", "gang_instances"):
             mix = getattr(self, name)
-            if not mix or any(k < 1 or w < 0 for k, w in mix.items()) or sum(mix.values()) <= 0:
+            weights_ok = all(0 <= w < math.inf for w in mix.values())  # (nan fails both ways)
+            if not mix or not weights_ok or any(k < 1 for k in mix) or sum(mix.values()) <= 0:
                 raise SynthError(f"{name} needs positive sizes with non-negative weights, got {dict(mix)}")
         low, high = self.burst_size
         if not 1 <= low <= high:
