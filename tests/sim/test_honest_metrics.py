@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from corral.sim.cluster import parse_cluster
 from corral.sim.metrics import summarize, write_jobs_csv
 from corral.sim.replay import SimConfig
 
@@ -173,3 +174,22 @@ def test_trace_input_gpu_models_cpu_jobs_and_overcommitted_guarantees() -> None:
     assert any("add up to 12; the cluster has 8" in n for n in result.notes)
     fitting, _ = run(tr, cluster(2, 4, [{"name": "g", "guaranteed": 8}]), "default")
     assert not any("add up to" in n for n in fitting.notes)
+
+
+def test_a_guarantee_over_one_gpu_models_capacity_is_noted_as_live() -> None:
+    """The live platform warns per GPU model too (services/quota.py overcommit_warnings); the
+    replay noted only the all-model sum, so 12 A100 guaranteed on 8 A100 GPUs (16 GPUs in all),
+    or a quota naming a model the cluster lacks (`a100` for `A100`: it holds nothing), passed
+    without a word."""
+    data = {
+        "pools": [
+            {"name": "a", "count": 1, "gpus_per_node": 8, "gpu_model": "A100"},
+            {"name": "v", "count": 1, "gpus_per_node": 8, "gpu_model": "V100"},
+        ],
+        "groups": [{"name": "g", "guaranteed": {"A100": 12}}, {"name": "h", "guaranteed": {"a100": 2}}],
+    }
+    result, _ = run(trace(("j", 0, 10, 1)), parse_cluster(data, "two.yaml"), "default")
+    notes = " | ".join(result.notes)
+    assert "guaranteed A100 GPUs of all groups add up to 12; the cluster has 8" in notes
+    assert "guaranteed a100 GPUs of all groups add up to 2; the cluster has 0" in notes
+    assert not any("GPUs of all groups add up to 14" in n for n in result.notes)  # 14 <= 16 in all

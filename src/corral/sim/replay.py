@@ -25,6 +25,7 @@ from corral.scheduler.admission import quota_refusals
 from corral.scheduler.apply import estimated_starts
 from corral.scheduler.runtimes import estimate_from
 from corral.scheduler.types import (
+    ANY_MODEL,
     Allocation,
     Assignment,
     Diagnosis,
@@ -247,15 +248,32 @@ class Simulator:
 
     def _cluster_notes(self) -> tuple[str, ...]:
         """Guarantees that add up to more than the cluster are accepted, as on the live platform
-        (services/quota.py: nodes come and go), with a note saying so."""
+        (services/quota.py: nodes come and go), with a note saying so: per GPU model (a quota
+        naming a model the cluster lacks, `a100` for `A100`, holds nothing), and all together."""
+        notes = []
+        have: dict[str, int] = {}
+        for node in self.nodes:
+            for gpu in node.gpus:
+                have[gpu.model] = have.get(gpu.model, 0) + 1
+        per_model: dict[str, int] = {}
+        for group in self.groups:
+            for model, n in group.guaranteed.items():
+                if model != ANY_MODEL and n > 0:
+                    per_model[model] = per_model.get(model, 0) + n
+        for model, promised in sorted(per_model.items()):
+            if promised > have.get(model, 0):
+                notes.append(
+                    f"guaranteed {model} GPUs of all groups add up to {promised}; the cluster has "
+                    f"{have.get(model, 0)} (accepted, as the live platform accepts it)"
+                )
         promised = sum(self.guarantee.values())
         if promised > self.total_gpus:
-            return (
+            notes.append(
                 f"guaranteed GPUs of all groups add up to {promised}; the cluster has {self.total_gpus} "
                 "(accepted, as the live platform accepts it: guarantees are honoured by reclaiming "
                 "borrowed GPUs as far as the cluster allows)",
             )
-        return ()
+        return tuple(notes)
 
     def _canonical_model(self, tj: TraceJob) -> TraceJob:
         """The trace's GPU-model names in the cluster's spelling: names match case-insensitively
