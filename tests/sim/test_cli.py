@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from typer.testing import CliRunner
 
@@ -117,6 +118,28 @@ def test_output_paths_are_checked_before_the_replay(tmp_path: Path) -> None:
         assert res.exit_code == 2 and "a file of that name is there" in res.output, (args, res.output)
     res = CliRunner().invoke(app, [*base, "--jobs-out", str(tmp_path)])
     assert res.exit_code == 2 and "is a folder; give a file name" in res.output, res.output
+
+
+def test_compare_checks_its_policies_and_output_before_any_replay(tmp_path: Path, monkeypatch: Any) -> None:
+    """A typo in the last of `--policies` failed only after every replay before it (minutes each
+    on a whole trace); `--policies ''` printed an empty table and `-o xml` the table, exit 0."""
+    import corral.sim.runner
+
+    csv, yaml = _files(tmp_path)
+    replays: list[str] = []
+    real = corral.sim.runner.simulate
+    monkeypatch.setattr(
+        corral.sim.runner, "simulate", lambda tr, cl, spec, *a: replays.append(spec) or real(tr, cl, spec, *a)
+    )
+    base = ["sim", "compare", "--trace", str(csv), "--cluster", str(yaml)]
+    for extra, error in (
+        (["--policies", "default,fifo,sjff"], "unknown policy 'sjff'"),
+        (["--policies", " , "], "--policies: give at least one policy"),
+        (["-o", "xml"], "unknown output 'xml'; use table, markdown or json"),
+    ):
+        res = CliRunner().invoke(app, [*base, *extra])
+        assert res.exit_code == 2 and error in res.output, (extra, res.output)
+    assert replays == []
 
 
 def test_options_of_the_other_mode_are_refused_by_name(tmp_path: Path) -> None:

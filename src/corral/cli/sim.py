@@ -364,6 +364,24 @@ def _write_results(
         typer.echo(f"scheduler: {describe()}")
 
 
+def _compare_specs(policies: str, output: str) -> list[str]:
+    """`compare`'s policies, each checked before the first replay (a typo in the last one used to
+    fail only after the replays before it, minutes on a whole trace), and its output format."""
+    from corral.sim.runner import PolicyError, resolve_policy
+
+    if output not in ("table", "markdown", "json"):
+        _fail(f"unknown output {output!r}; use table, markdown or json")
+    specs = [p.strip() for p in policies.split(",") if p.strip()]
+    if not specs:
+        _fail("--policies: give at least one policy, e.g. default,fifo")
+    try:
+        for spec in specs:
+            resolve_policy(spec)
+    except PolicyError as exc:
+        _fail(str(exc))
+    return specs
+
+
 @sim_app.command()
 def compare(
     trace: str = typer.Option(..., "--trace", "-t", help=TRACE_HELP),
@@ -390,6 +408,7 @@ def compare(
     from corral.sim.report import compare_markdown, compare_table, compare_warnings, write_plots
     from corral.sim.runner import PolicyError, simulate
 
+    specs = _compare_specs(policies, output)
     _writable({}, {"--out": out})
     loaded_trace, loaded_cluster = _load(trace, cluster, max_jobs, speedup)
     config = _config(
@@ -402,7 +421,7 @@ def compare(
         eta_interval_s=eta_interval,
     )
     results, summaries = [], []
-    for spec in [p.strip() for p in policies.split(",") if p.strip()]:
+    for spec in specs:
         try:
             result = simulate(loaded_trace, loaded_cluster, spec, config)
         except PolicyError as exc:
