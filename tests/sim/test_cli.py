@@ -142,6 +142,24 @@ def test_compare_checks_its_policies_and_output_before_any_replay(tmp_path: Path
     assert replays == []
 
 
+def test_from_cluster_checks_policy_and_knobs_before_fetching(monkeypatch: Any) -> None:
+    """`--from-cluster --policy sjff` (or a bad --placement or knob value) fetched the whole
+    history and replayed it under the current settings before failing on the changed policy."""
+    import corral.cli.sim_live
+
+    def fetch(request: Any) -> Any:
+        raise AssertionError("fetched")
+
+    monkeypatch.setattr(corral.cli.sim_live, "_fetch", fetch)
+    for extra, error in (
+        (["--policy", "sjff"], "unknown policy 'sjff'"),
+        (["--placement", "diagonal"], "unknown placement 'diagonal'"),
+        (["--knob", "grace_s=nan"], "grace_s must be >= 0 and finite"),
+    ):
+        res = CliRunner().invoke(app, ["sim", "--from-cluster", *extra])
+        assert res.exit_code == 2 and error in res.output, (extra, res.output)
+
+
 def test_options_of_the_other_mode_are_refused_by_name(tmp_path: Path) -> None:
     """A trace's replay and --from-cluster each refuse the other's options, before any work."""
     cases = [

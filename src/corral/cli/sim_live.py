@@ -111,7 +111,7 @@ def run_from_cluster(request: LiveRequest, config: Any, knobs: dict[str, Any], c
     with one line; a refusal by the server (not an admin, bad --since) exits 1."""
     from corral.sim.metrics import summarize
     from corral.sim.report import compare_table, write_plots
-    from corral.sim.runner import PolicyError, simulate
+    from corral.sim.runner import PolicyError, resolve_policy, simulate
     from corral.sim.whatif import (
         WhatIfError,
         apply_quota_changes,
@@ -123,7 +123,9 @@ def run_from_cluster(request: LiveRequest, config: Any, knobs: dict[str, Any], c
 
     try:
         changes = [parse_quota_change(q) for q in request.quotas]  # bad syntax: before any request
-    except WhatIfError as exc:
+        # a policy, placement or knob that does not exist: before the request and the first replay
+        resolve_policy(f"{request.policy or 'default'}:{request.placement or ''}".rstrip(":"), knobs)
+    except (WhatIfError, PolicyError) as exc:
         _fail(str(exc))
     export = _fetch(request)
     try:
