@@ -115,6 +115,19 @@ def test_jobs_out_lists_every_event(tmp_path: Path) -> None:
     assert "lost" in rows[5]["reason"]
 
 
+def test_jobs_out_names_the_nodes_and_gpus_of_every_start_and_stop(tmp_path: Path) -> None:
+    """Only start rows named the nodes and GPUs: a preempt row said 0 GPUs, and the stop and finish
+    rows named no node, so the CSV could not say where a preempted or finished job had run."""
+    tr = trace(("a", 0, 10_000, 1), ("b", 5_000, 100, 1), ("huge", 1, 10, 8))
+    result, _ = run(tr, cluster(1, 1), "las", record_events=True)
+    path = tmp_path / "jobs.csv"
+    write_jobs_csv(result, path)
+    rows = {(r["job_id"], r["event"]): r for r in csv.DictReader(path.open())}  # a's last start, finish
+    for key in (("a", "preempt"), ("a", "stop"), ("b", "finish"), ("a", "finish")):
+        assert (rows[key]["nodes"], rows[key]["gpus"]) == ("n-0000:0", "1"), key
+    assert rows[("huge", "reject")]["gpus"] == "8"
+
+
 def test_policy_knobs_from_the_cli(tmp_path: Path) -> None:
     # As in the preemption test: with LAS's first level at 10,000 GPU-s instead of 3,600, a (5,000
     # GPU-s attained at b's arrival) stays in b's queue, so nothing is preempted.

@@ -157,9 +157,14 @@ class JobEvent:
     time: float
     job_id: str
     event: str  # submit | start | preempt | stop | finish | reject
-    nodes: str = ""  # "node-a:0,1;node-b:0,1" (start)
+    nodes: str = ""  # "node-a:0,1;node-b:0,1": where it starts, runs when preempted, stops, ends
     gpus: int = 0
     reason: str = ""
+
+
+def _where(allocation: Allocation) -> str:
+    """ "node-a:0,1;node-b:0,1": the nodes and GPU indices a job holds (the CSV's nodes column)."""
+    return ";".join(f"{i.node}:{','.join(map(str, i.gpu_indices))}" for i in allocation.instances)
 
 
 def _tasks_for(job: TraceJob) -> tuple[TaskSpec, ...]:
@@ -313,7 +318,9 @@ class Simulator:
             if why:
                 self.rejected.append((tj, why))
                 if self.config.record_events:
-                    self.log.append(JobEvent(tj.submit_time, tj.job_id, "reject", reason=why))
+                    self.log.append(
+                        JobEvent(tj.submit_time, tj.job_id, "reject", gpus=tj.num_gpus, reason=why)
+                    )
                 continue
             self.jobs[tj.job_id] = SimJob(trace=tj, tasks=_tasks_for(tj), remaining=tj.duration)
             self._push(tj.submit_time, _Ev.ARRIVAL, tj.job_id)
@@ -414,9 +421,8 @@ class Simulator:
         if math.isnan(sj.first_start):
             sj.first_start = now
         if self.config.record_events:
-            where = ";".join(f"{i.node}:{','.join(map(str, i.gpu_indices))}" for i in allocation.instances)
             why = "borrowed quota" if borrowed else ""
-            self.log.append(JobEvent(now, job.id, "start", where, gpus, why))
+            self.log.append(JobEvent(now, job.id, "start", _where(allocation), gpus, why))
         self.running[job.id] = RunningJob(job=job, allocation=allocation, start_time=now, borrowed=borrowed)
         self._push(now + sj.remaining, _Ev.COMPLETE, f"{job.id}\0{sj.attempt}")
 
@@ -452,7 +458,8 @@ class Simulator:
         sj.attempt += 1  # invalidates the pending completion event
         if self.config.record_events:
             lost = f"; lost {ran - kept:.0f} s of work" if ran > kept else ""
-            self.log.append(JobEvent(now, job_id, "stop", gpus=rj.job.total_gpus, reason=why + lost))
+            where = _where(rj.allocation)
+            self.log.append(JobEvent(now, job_id, "stop", where, rj.job.total_gpus, why + lost))
         self._queue(sj, now)
 
     def _apply(self, now: float, plan: Plan) -> None:
@@ -486,12 +493,13 @@ class Simulator:
             if int(attempt) != sj.attempt or job_id not in self.running:
                 return False  # stale: the attempt was already stopped or finished
             if kind == _Ev.COMPLETE:
-                self._release(job_id)
+                rj = self._release(job_id)
                 sj.remaining = 0.0
                 sj.end = now
                 self.history.record(sj.trace, sj.trace.duration)
                 if self.config.record_events:
-                    self.log.append(JobEvent(now, job_id, "finish", gpus=sj.trace.num_gpus))
+                    where = _where(rj.allocation)
+                    self.log.append(JobEvent(now, job_id, "finish", where, sj.trace.num_gpus))
             else:
                 self._interrupt(now, job_id, "preempted")
             return True
@@ -632,7 +640,10 @@ class _SimSink:
         sj.preemptions += 1
         sim.preemption_count += 1
         if sim.config.record_events:
-            sim.log.append(JobEvent(self.now, p.job_id, "preempt", reason=p.reason))
+            rj = sim.running[p.job_id]
+            sim.log.append(
+                JobEvent(self.now, p.job_id, "preempt", _where(rj.allocation), rj.job.total_gpus, p.reason)
+            )
         stops_by = self.now + max(0.0, p.grace_s)  # the victim's own grace
         # Still running until its grace ends; the scheduler must not pick it as a victim again.
         sim.running[p.job_id] = replace(sim.running[p.job_id], stopping=True, stops_by=stops_by)
