@@ -79,3 +79,20 @@ def test_jobs_a_changed_quota_can_never_admit_are_rejected_not_zero_waits() -> N
     assert row["rejected_current"] == 0 and row["rejected_changed"] == 3
     assert row["avg_queue_s_current"] == pytest.approx((0 + 99 + 198) / 3)
     assert row["avg_queue_s_changed"] is None and row["avg_queue_s_delta"] is None
+
+
+def test_a_group_the_current_quota_refuses_still_counts_its_jobs() -> None:
+    """The row's jobs were the current replay's replayed jobs: 0 for a group whose jobs the
+    current quota refuses and the change admits, though the export has 3 of them."""
+    jobs = [
+        {"submit_time": i, "duration": 100, "num_gpus": 4, "group": "g", "job_id": f"j{i}"} for i in range(3)
+    ]
+    data = export(jobs, guaranteed=2, borrowing=False)
+    trace, cluster = from_export(data)
+    now = simulate(trace, cluster, "default")
+    then = simulate(trace, apply_quota_changes(cluster, [parse_quota_change("g=4")]), "default")
+    (row,) = compare_groups(now, then, data)
+    assert row["rejected_current"] == 3 and row["rejected_changed"] == 0
+    assert row["jobs"] == 3
+    (same,) = compare_groups(then, now, data)
+    assert same["jobs"] == 3

@@ -169,7 +169,11 @@ def compare_groups(
     for group in sorted(set(now) | set(then)):
         a = now.get(group, {})
         b = then.get(group, {})
-        row: dict[str, Any] = {"group": group, "jobs": int(a.get("jobs", b.get("jobs", 0)))}
+        # the group's jobs in the trace: those replayed and those its quotas refused (the same in
+        # both replays; taking the replayed ones alone said 0 for a group the current quota refused)
+        replayed = a if a else b
+        jobs = int(replayed.get("jobs", 0) + replayed.get("rejected", 0))
+        row: dict[str, Any] = {"group": group, "jobs": jobs}
         for key in ("avg_queue_s", "p99_queue_s", "avg_jct_s"):
             row[f"{key}_current"] = a.get(key)
             row[f"{key}_changed"] = b.get(key)
