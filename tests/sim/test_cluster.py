@@ -97,3 +97,48 @@ def test_a_fraction_for_a_whole_number_knob_is_refused_by_name() -> None:
     with pytest.raises(PolicyError, match="eta_limit is a whole number"):
         parse_knobs(["eta_limit=2.5"])
     assert parse_knobs(["backfill_depth=7", "starvation_s=2.5"]) == {"backfill_depth": 7, "starvation_s": 2.5}
+
+
+def test_a_cluster_file_sets_policy_knobs_and_a_saved_export_keeps_the_servers(tmp_path: Path) -> None:
+    """`--save-trace` wrote the cluster without the server's policy_knobs, and a cluster file could
+    not set any: a CPU-only job that `--from-cluster` replays (the local engine places CPU-only
+    work on GPU nodes) was rejected when the saved trace was replayed on the saved cluster."""
+    from corral.cli.sim_live import _save
+    from corral.sim.runner import simulate
+    from corral.sim.trace import load_generic_csv, trace_from_rows
+
+    rows = [{"submit_time": 0, "duration": 10, "num_gpus": 0, "group": "g", "job_id": "cpu"}]
+    export = {
+        "cluster": {"name": "live", "pools": [{"name": "a", "count": 1, "gpus_per_node": 4}], "groups": []},
+        "policy_knobs": {"cpu_jobs_on_gpu_nodes": True},
+    }
+    trace_path, cluster_path = tmp_path / "live.csv", tmp_path / "live.cluster.yaml"
+    _save(export, trace_from_rows("live", rows), trace_path, cluster_path)
+    cluster = load_cluster(str(cluster_path))
+    assert cluster.policy_knobs == {"cpu_jobs_on_gpu_nodes": True}
+    result = simulate(load_generic_csv(trace_path), cluster, "default")
+    assert result.rejected == [] and result.jobs[0].end == 10.0
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "pools: [{name: a, count: 1}]\npolicy_knobs: {las_thresholds: [10, 20], starvation_s: 60}\n"
+    )
+    assert load_cluster(str(path)).policy_knobs == {"las_thresholds": (10.0, 20.0), "starvation_s": 60}
+    for bad, error in (
+        ("{nope: 1}", "policy_knobs: --knob 'nope=1'"),
+        ("{grace_s: .nan}", "grace_s must be"),
+    ):
+        path.write_text(f"pools: [{{name: a, count: 1}}]\npolicy_knobs: {bad}\n")
+        with pytest.raises(ClusterError, match=error):
+            load_cluster(str(path))
+
+
+def test_the_private_baseline_replays_with_the_same_knobs() -> None:
+    """`--private-baseline --knob ...` replayed each group's private cluster without the knobs."""
+    from corral.sim.runner import private_baseline
+
+    from .helpers import cluster, trace
+
+    tr = trace(("cpu", 0, 10, 0))
+    plain = private_baseline(tr, cluster(1, 4), "default")
+    knobbed = private_baseline(tr, cluster(1, 4), "default", None, {"cpu_jobs_on_gpu_nodes": True})
+    assert plain["g"]["private_rejected"] == 1 and knobbed["g"]["private_rejected"] == 0

@@ -331,10 +331,11 @@ def _replay_trace(
 
     loaded_trace, loaded_cluster = _load(trace, cluster, max_jobs, speedup)
     try:
-        result = simulate(loaded_trace, loaded_cluster, spec, config, parse_knobs(knob))
+        knobs = parse_knobs(knob)
+        result = simulate(loaded_trace, loaded_cluster, spec, config, knobs)
         summary = summarize(result)
-        if private:
-            for group, figures in private_baseline(loaded_trace, loaded_cluster, spec, config).items():
+        if private:  # the same policy, knobs included, on each group's private cluster
+            for group, figures in private_baseline(loaded_trace, loaded_cluster, spec, config, knobs).items():
                 summary["per_group"].setdefault(group, {}).update(figures)
     except PolicyError as exc:
         _fail(str(exc))

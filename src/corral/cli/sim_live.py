@@ -50,7 +50,9 @@ def _save(export: dict[str, Any], trace: Any, trace_path: Path, cluster_path: Pa
 
     trace_path.parent.mkdir(parents=True, exist_ok=True)
     write_generic_csv(trace.jobs, trace_path)
-    cluster_path.write_text(yaml.safe_dump(export["cluster"], sort_keys=False), encoding="utf-8")
+    # the server's knobs go with the cluster, so that the saved trace replays as --from-cluster does
+    cluster = {**export["cluster"], "policy_knobs": dict(export.get("policy_knobs") or {})}
+    cluster_path.write_text(yaml.safe_dump(cluster, sort_keys=False), encoding="utf-8")
 
 
 def _seconds(value: float | None) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from corral.scheduler.profiles import Profile
 from corral.scheduler.types import ANY_MODEL, GPU, Group, Node
 from corral.sim.errors import ClusterError
 
@@ -45,6 +46,9 @@ class ClusterSpec:
     pools: tuple[Pool, ...]
     groups: tuple[Group, ...]
     default_group: Mapping[str, Any] | None = None
+    # Profile fields the file sets (`policy_knobs:`, as `--knob`; a `--save-trace` export's
+    # cpu_jobs_on_gpu_nodes): every replay on this cluster uses them, `--knob` wins
+    policy_knobs: Mapping[str, Any] | None = None
 
     @property
     def total_gpus(self) -> int:
@@ -82,12 +86,17 @@ class ClusterSpec:
                 count = -(-quota // pool.gpus_per_node)
                 pools.append(dataclasses.replace(pool, count=count))
         private = Group(name=group.name, guaranteed=dict(group.guaranteed), borrowing=False)
-        return ClusterSpec(name=f"{self.name}-private-{group.name}", pools=tuple(pools), groups=(private,))
+        return ClusterSpec(
+            name=f"{self.name}-private-{group.name}",
+            pools=tuple(pools),
+            groups=(private,),
+            policy_knobs=self.policy_knobs,
+        )
 
 
 POOL_KEYS = ("name", "count", "gpus_per_node", "gpu_model", "cpus", "memory_mib")
 GROUP_KEYS = ("name", "guaranteed", "max", "user_max_gpus", "weight", "borrowing")
-CLUSTER_KEYS = ("name", "pools", "groups", "default_group")
+CLUSTER_KEYS = ("name", "pools", "groups", "default_group", "policy_knobs")
 
 
 def _require(entry: Mapping[str, Any], key: str, where: str) -> Any:
@@ -202,8 +211,37 @@ def parse_cluster(data: Any, source: str) -> ClusterSpec:
         # checked now, naming the file: it is otherwise read only when a trace group needs it
         _group({**default, "name": "default_group"}, f"{source}: default_group")
     return ClusterSpec(
-        name=str(data.get("name", Path(source).stem)), pools=pools, groups=groups, default_group=default
+        name=str(data.get("name", Path(source).stem)),
+        pools=pools,
+        groups=groups,
+        default_group=default,
+        policy_knobs=_policy_knobs(data.get("policy_knobs"), f"{source}: policy_knobs"),
     )
+
+
+def _policy_knobs(value: Any, where: str) -> dict[str, Any] | None:
+    """`policy_knobs: {las_thresholds: [3600, 36000], starvation_s: 0, cpu_jobs_on_gpu_nodes: true}`:
+    the same names and checks as `--knob NAME=VALUE`."""
+    from corral.sim.runner import PolicyError, parse_knobs
+
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ClusterError(f"{where}: expected a mapping knob -> value")
+    items = []
+    for name, raw in value.items():
+        if isinstance(raw, bool):
+            raw = int(raw)
+        elif isinstance(raw, list | tuple):
+            raw = ",".join(str(x) for x in raw)
+        items.append(f"{name}={raw}")
+    try:
+        knobs = parse_knobs(items)
+        if knobs:  # a value the profile refuses (nan, below 0): named now, not at the replay
+            dataclasses.replace(Profile(), **knobs)
+    except (PolicyError, ValueError) as exc:
+        raise ClusterError(f"{where}: {exc}")
+    return knobs
 
 
 def load_cluster(name_or_path: str) -> ClusterSpec:

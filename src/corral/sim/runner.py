@@ -29,7 +29,9 @@ def parse_knobs(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
     naming a knob that does not exist or a value that is not a number."""
     from corral.scheduler.profiles import BOOL_KNOBS, ETA_ROLLS, NUMERIC_KNOBS
 
-    allowed = (*NUMERIC_KNOBS, *BOOL_KNOBS, "las_thresholds", "eta_roll")
+    # cpu_jobs_on_gpu_nodes: what the live server sets beyond its profile (the local engine's rule)
+    bools = (*BOOL_KNOBS, "cpu_jobs_on_gpu_nodes")
+    allowed = (*NUMERIC_KNOBS, *bools, "las_thresholds", "eta_roll")
     out: dict[str, Any] = {}
     for item in items:
         name, sep, raw = item.partition("=")
@@ -44,7 +46,7 @@ def parse_knobs(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
         try:
             if name == "las_thresholds":
                 out[name] = tuple(float(x) for x in raw.split(",") if x.strip())
-            elif name in BOOL_KNOBS:
+            elif name in bools:
                 if raw.strip() not in ("0", "1"):
                     raise ValueError(raw)
                 out[name] = raw.strip() == "1"
@@ -97,12 +99,16 @@ def simulate(
     config = config or SimConfig()
     if policy.partition(":")[0].endswith(ORACLE_SUFFIX):
         config = dataclasses.replace(config, oracle_runtime=True)
-    scheduler = resolve_policy(policy, knobs)
+    scheduler = resolve_policy(policy, {**(cluster.policy_knobs or {}), **(knobs or {})})
     return Simulator(trace, cluster, scheduler, policy_name=policy, config=config).run()
 
 
 def private_baseline(
-    trace: Trace, cluster: ClusterSpec, policy: str, config: SimConfig | None = None
+    trace: Trace,
+    cluster: ClusterSpec,
+    policy: str,
+    config: SimConfig | None = None,
+    knobs: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Each group alone on a private cluster of its guaranteed quota (rounded up to whole nodes):
     its average queueing delay there, to compare with the shared cluster."""
@@ -116,7 +122,7 @@ def private_baseline(
             out[group.name] = {"private_gpus": 0, "private_avg_queue_s": None, "private_rejected": len(jobs)}
             continue
         sub = Trace(name=f"{trace.name}-{group.name}", jobs=jobs)
-        result = simulate(sub, private, policy, config)
+        result = simulate(sub, private, policy, config, knobs)
         waits = [j.waited_s for j in result.jobs if not math.isnan(j.end)]
         out[group.name] = {
             "private_gpus": private.total_gpus,
