@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import base64
 from typing import Any
-from urllib.parse import quote
 
-from corral.sdk.base import KEEP, BaseClient, Keep
+from corral.sdk.base import KEEP, BaseClient, Keep, seg
 
 
 class AccountsApi(BaseClient):
@@ -19,7 +18,7 @@ class AccountsApi(BaseClient):
         return self.request("POST", "/groups", json={"name": name, **fields})
 
     def group(self, name: str) -> dict[str, Any]:
-        return self.request("GET", f"/groups/{name}")
+        return self.request("GET", f"/groups/{seg(name)}")
 
     def set_quota(
         self,
@@ -41,10 +40,10 @@ class AccountsApi(BaseClient):
                 body["guaranteed"] = guaranteed
             if not isinstance(max_gpus, Keep):
                 body["max"] = max_gpus
-        return self.request("PUT", f"/groups/{group}/quota", json=body)
+        return self.request("PUT", f"/groups/{seg(group)}/quota", json=body)
 
     def add_member(self, group: str, user: str, role: str = "member") -> dict[str, Any]:
-        return self.request("POST", f"/groups/{group}/members", json={"user": user, "role": role})
+        return self.request("POST", f"/groups/{seg(group)}/members", json={"user": user, "role": role})
 
     # users and tokens
     def users(self) -> list[dict[str, Any]]:
@@ -69,11 +68,11 @@ class AccountsApi(BaseClient):
         return self.request("POST", "/users", json=body)
 
     def set_default_group(self, user: str, group: str) -> dict[str, Any]:
-        return self.request("PUT", f"/users/{user}/default-group", json={"group": group})
+        return self.request("PUT", f"/users/{seg(user)}/default-group", json={"group": group})
 
     def set_password(self, user: str, password: str, *, current_password: str | None = None) -> None:
         body = {"password": password, "current_password": current_password}
-        self.request("PUT", f"/users/{user}/password", json=body)
+        self.request("PUT", f"/users/{seg(user)}/password", json=body)
 
     def tokens(self) -> list[dict[str, Any]]:
         return self.request("GET", "/tokens")
@@ -86,7 +85,7 @@ class AccountsApi(BaseClient):
         )
 
     def revoke_token(self, token_id: int) -> None:
-        self.request("DELETE", f"/tokens/{token_id}")
+        self.request("DELETE", f"/tokens/{seg(token_id)}")
 
     # --- admin audit log (admins) ---------------------------------------------------------------
 
@@ -125,8 +124,8 @@ class AccountsApi(BaseClient):
         else:
             body = {"value": value}
         params = {"group": group} if group else None
-        return self.request("PUT", f"/secrets/{quote(name, safe='')}", json=body, params=params)
+        return self.request("PUT", f"/secrets/{seg(name)}", json=body, params=params)
 
     def delete_secret(self, name: str, *, group: str | None = None) -> None:
         params = {"group": group} if group else None
-        self.request("DELETE", f"/secrets/{quote(name, safe='')}", params=params)
+        self.request("DELETE", f"/secrets/{seg(name)}", params=params)

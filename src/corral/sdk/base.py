@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Self
+from urllib.parse import quote
 
 import httpx
 
@@ -23,6 +24,15 @@ class Keep:
 
 
 KEEP = Keep()
+
+
+def seg(value: object) -> str:
+    """`value` as one segment of a URL path. Everything but letters, digits and `_.-~` is escaped
+    ('/', '?', '#', '%', control characters), and so are the dots of '.' and '..', which the HTTP
+    client would otherwise resolve: `delete_model("../templates/x")` sent DELETE /templates/x and
+    `group("vision#x")` read the group vision. The server then names the value it was given."""
+    text = quote(str(value), safe="")
+    return text.replace(".", "%2E") if text in (".", "..") else text
 
 
 class BaseClient:

@@ -6,9 +6,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
-from corral.sdk.base import BaseClient
+from corral.sdk.base import BaseClient, seg
 from corral.storage.code import check_path as check_code_path
 
 
@@ -21,10 +20,10 @@ class CataloguesApi(BaseClient):
 
     def environment(self, name: str) -> dict[str, Any]:
         """An environment with its versions (state, lock, cache key, build job)."""
-        return self.request("GET", f"/environments/{quote(name, safe='')}")
+        return self.request("GET", f"/environments/{seg(name)}")
 
     def environment_version(self, name: str, version: int) -> dict[str, Any]:
-        return self.request("GET", f"/environments/{quote(name, safe='')}/versions/{int(version)}")
+        return self.request("GET", f"/environments/{seg(name)}/versions/{int(version)}")
 
     def create_environment(
         self,
@@ -65,7 +64,7 @@ class CataloguesApi(BaseClient):
     def delete_environment(self, name: str, version: int | None = None) -> None:
         """Delete one version, or the environment (refused while an active job uses it)."""
         params = {"version": version} if version is not None else None
-        self.request("DELETE", f"/environments/{quote(name, safe='')}", params=params)
+        self.request("DELETE", f"/environments/{seg(name)}", params=params)
 
     # --- catalogues: job templates and the model registry (corral.catalog) -----------------------
     def templates(self) -> list[dict[str, Any]]:
@@ -74,7 +73,7 @@ class CataloguesApi(BaseClient):
     def template(self, name: str, version: int | None = None) -> dict[str, Any]:
         """A template with its parameters and (the latest or the given version's) spec."""
         params = {"version": version} if version is not None else None
-        return self.request("GET", f"/templates/{quote(name)}", params=params)
+        return self.request("GET", f"/templates/{seg(name)}", params=params)
 
     def publish_template(
         self,
@@ -104,26 +103,26 @@ class CataloguesApi(BaseClient):
         """Submit a job from a template; `models` ("name", "name@3", "name@production") are mounted
         read-only at /models/<name> (fine-tune from). Returns the job."""
         body = {"values": dict(values or {}), "version": version, "models": models or []}
-        return self.request("POST", f"/templates/{quote(name)}/use", json=body)
+        return self.request("POST", f"/templates/{seg(name)}/use", json=body)
 
     def share_template(self, name: str, visibility: str, group: str | None = None) -> dict[str, Any]:
         body = {"visibility": visibility, "group": group}
-        return self.request("POST", f"/templates/{quote(name)}/share", json=body)
+        return self.request("POST", f"/templates/{seg(name)}/share", json=body)
 
     def delete_template(self, name: str) -> None:
-        self.request("DELETE", f"/templates/{quote(name)}")
+        self.request("DELETE", f"/templates/{seg(name)}")
 
     def models(self) -> list[dict[str, Any]]:
         return self.request("GET", "/models")
 
     def model(self, name: str) -> dict[str, Any]:
         """A model with its versions (stage, metrics, size)."""
-        return self.request("GET", f"/models/{quote(name)}")
+        return self.request("GET", f"/models/{seg(name)}")
 
     def model_version(self, name: str, version: int | str) -> dict[str, Any]:
         """One version with its card and lineage: a number, or a stage ("production": the newest
         version in it)."""
-        return self.request("GET", f"/models/{quote(name)}/versions/{quote(str(version))}")
+        return self.request("GET", f"/models/{seg(name)}/versions/{seg(version)}")
 
     def register_model(
         self,
@@ -150,23 +149,24 @@ class CataloguesApi(BaseClient):
             "description": description,
         }
         body = {k: v for k, v in body.items() if v is not None}
-        return self.request("POST", f"/models/{quote(name)}/versions", json=body)
+        return self.request("POST", f"/models/{seg(name)}/versions", json=body)
 
     def promote_model(self, name: str, version: int, stage: str) -> dict[str, Any]:
-        return self.request("POST", f"/models/{quote(name)}/versions/{version}/stage", json={"stage": stage})
+        path = f"/models/{seg(name)}/versions/{seg(version)}/stage"
+        return self.request("POST", path, json={"stage": stage})
 
     def compare_models(self, name: str, a: int, b: int) -> dict[str, Any]:
-        return self.request("GET", f"/models/{quote(name)}/compare", params={"a": a, "b": b})
+        return self.request("GET", f"/models/{seg(name)}/compare", params={"a": a, "b": b})
 
     def share_model(self, name: str, visibility: str, group: str | None = None) -> dict[str, Any]:
         return self.request(
-            "POST", f"/models/{quote(name)}/share", json={"visibility": visibility, "group": group}
+            "POST", f"/models/{seg(name)}/share", json={"visibility": visibility, "group": group}
         )
 
     def delete_model(self, name: str, version: int | None = None) -> None:
         """Delete one version, or the model (refused while a job not yet ended mounts it)."""
         self.request(
-            "DELETE", f"/models/{quote(name)}" + (f"/versions/{version}" if version is not None else "")
+            "DELETE", f"/models/{seg(name)}" + (f"/versions/{seg(version)}" if version is not None else "")
         )
 
     def pull_model(self, name: str, version: int | str, directory: Path) -> list[Path]:
@@ -174,13 +174,13 @@ class CataloguesApi(BaseClient):
         to its number first, so every file comes from that one version)."""
         if not isinstance(version, int):
             version = int(self.model_version(name, version)["version"])
-        items = self.request("GET", f"/models/{quote(name)}/versions/{version}/files")["items"]
+        items = self.request("GET", f"/models/{seg(name)}/versions/{seg(version)}/files")["items"]
         pulled = []
         for item in items:
             dest = directory / check_code_path(item["path"])
             dest.parent.mkdir(parents=True, exist_ok=True)
-            query = f"/models/{quote(name)}/versions/{version}/file?path={quote(item['path'])}"
-            with self.download(query) as response, dest.open("wb") as fh:
+            where = f"/models/{seg(name)}/versions/{seg(version)}/file"
+            with self.download(where, {"path": item["path"]}) as response, dest.open("wb") as fh:
                 for block in response.iter_bytes():
                     fh.write(block)
             pulled.append(dest)

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
 
-from corral.sdk.base import BaseClient
+from corral.sdk.base import BaseClient, seg
 
 
 class ClusterApi(BaseClient):
@@ -21,11 +20,11 @@ class ClusterApi(BaseClient):
 
     def node_action(self, name: str, action: str) -> dict[str, Any]:
         """action: cordon | uncordon | drain (admin)."""
-        return self.request("POST", f"/nodes/{name}/{action}")
+        return self.request("POST", f"/nodes/{seg(name)}/{seg(action)}")
 
     def remove_node(self, name: str) -> None:
         """Delete a cordoned, drained or down node with nothing on it (admin)."""
-        self.request("DELETE", f"/nodes/{quote(name, safe='')}")
+        self.request("DELETE", f"/nodes/{seg(name)}")
 
     def cluster_summary(self) -> dict[str, Any]:
         return self.request("GET", "/cluster/summary")

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from corral.sdk.base import BaseClient
+from corral.sdk.base import BaseClient, seg
 from corral.sdk.errors import CorralError
 from corral.spec import SpecError, load_spec_text
 
@@ -52,17 +52,17 @@ class JobsApi(BaseClient):
         return self.request("GET", "/jobs", params=params)
 
     def job(self, job_id: int) -> dict[str, Any]:
-        return self.request("GET", f"/jobs/{job_id}")
+        return self.request("GET", f"/jobs/{seg(job_id)}")
 
     def cancel(self, job_id: int) -> dict[str, Any]:
-        return self.request("POST", f"/jobs/{job_id}/cancel")
+        return self.request("POST", f"/jobs/{seg(job_id)}/cancel")
 
     def delete(self, job_id: int) -> None:
         """Delete a finished job and its logs (owner or admin)."""
-        self.request("DELETE", f"/jobs/{job_id}")
+        self.request("DELETE", f"/jobs/{seg(job_id)}")
 
     def events(self, job_id: int) -> list[dict[str, Any]]:
-        return self.request("GET", f"/jobs/{job_id}/events")
+        return self.request("GET", f"/jobs/{seg(job_id)}/events")
 
     def logs(
         self, job_id: int, *, attempt: int | None = None, rank: int = 0, offset: int = 0
@@ -70,7 +70,7 @@ class JobsApi(BaseClient):
         params: dict[str, Any] = {"rank": rank, "offset": offset}
         if attempt is not None:
             params["attempt"] = attempt
-        return self.request("GET", f"/jobs/{job_id}/logs", params=params)
+        return self.request("GET", f"/jobs/{seg(job_id)}/logs", params=params)
 
     def follow_logs(self, job_id: int, *, rank: int = 0, poll_s: float = 0.5) -> Iterator[str]:
         """Yield log text as it arrives until the job has ended and everything was read. Follows

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote
 
-from corral.sdk.base import BaseClient
+from corral.sdk.base import BaseClient, seg
 from corral.sdk.errors import ApiError
 
 
@@ -22,28 +21,28 @@ class OperationsApi(BaseClient):
         return self.request("GET", "/oncall/schedules")
 
     def schedule(self, name: str, *, days: float = 7.0) -> dict[str, Any]:
-        return self.request("GET", f"/oncall/schedules/{quote(name, safe='')}", params={"days": days})
+        return self.request("GET", f"/oncall/schedules/{seg(name)}", params={"days": days})
 
     def put_schedule(self, name: str, definition: Mapping[str, Any]) -> dict[str, Any]:
         """Create or replace a schedule: {time_zone, description, fallback_user, layers: [...]}.
         The answer's `warnings` name its gaps in the next 14 days."""
-        return self.request("PUT", f"/oncall/schedules/{quote(name, safe='')}", json=dict(definition))
+        return self.request("PUT", f"/oncall/schedules/{seg(name)}", json=dict(definition))
 
     def delete_schedule(self, name: str) -> None:
-        self.request("DELETE", f"/oncall/schedules/{quote(name, safe='')}")
+        self.request("DELETE", f"/oncall/schedules/{seg(name)}")
 
     def add_override(self, schedule: str, user: str, start: float, end: float) -> dict[str, Any]:
         body = {"user": user, "start": start, "end": end}
-        return self.request("POST", f"/oncall/schedules/{quote(schedule, safe='')}/overrides", json=body)
+        return self.request("POST", f"/oncall/schedules/{seg(schedule)}/overrides", json=body)
 
     def remove_override(self, schedule: str, override_id: int) -> None:
-        self.request("DELETE", f"/oncall/schedules/{quote(schedule, safe='')}/overrides/{override_id}")
+        self.request("DELETE", f"/oncall/schedules/{seg(schedule)}/overrides/{seg(override_id)}")
 
     def schedule_ical(self, name: str) -> str:
         """The schedule's iCalendar feed (text)."""
-        response = self._http.get(f"/oncall/schedules/{quote(name, safe='')}/ical")
+        response = self._http.get(f"/oncall/schedules/{seg(name)}/ical")
         if not response.is_success:
-            self.request("GET", f"/oncall/schedules/{quote(name, safe='')}")  # raises the named error
+            self.request("GET", f"/oncall/schedules/{seg(name)}")  # raises the named error
             raise ApiError(response.text, response.status_code, response.text)
         return response.text
 
@@ -52,10 +51,10 @@ class OperationsApi(BaseClient):
 
     def put_policy(self, name: str, definition: Mapping[str, Any]) -> dict[str, Any]:
         """Create or replace an escalation policy: {steps: [{schedule|user, wait_minutes}], repeat}."""
-        return self.request("PUT", f"/oncall/policies/{quote(name, safe='')}", json=dict(definition))
+        return self.request("PUT", f"/oncall/policies/{seg(name)}", json=dict(definition))
 
     def delete_policy(self, name: str) -> None:
-        self.request("DELETE", f"/oncall/policies/{quote(name, safe='')}")
+        self.request("DELETE", f"/oncall/policies/{seg(name)}")
 
     def pages(self, *, state: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         params: dict[str, Any] = {"limit": limit} | ({"state": state} if state else {})
@@ -67,25 +66,23 @@ class OperationsApi(BaseClient):
         return self.request("POST", "/oncall/pages", json=data)
 
     def ack_page(self, page_id: int) -> dict[str, Any]:
-        return self.request("POST", f"/oncall/pages/{page_id}/ack")
+        return self.request("POST", f"/oncall/pages/{seg(page_id)}/ack")
 
     def cancel_page(self, page_id: int) -> dict[str, Any]:
-        return self.request("POST", f"/oncall/pages/{page_id}/cancel")
+        return self.request("POST", f"/oncall/pages/{seg(page_id)}/cancel")
 
     def contacts(self, user: str) -> dict[str, Any]:
-        return self.request("GET", f"/users/{quote(user, safe='')}/contacts")
+        return self.request("GET", f"/users/{seg(user)}/contacts")
 
     def set_email(self, user: str, email: str | None) -> dict[str, Any]:
-        return self.request("PUT", f"/users/{quote(user, safe='')}/email", json={"email": email})
+        return self.request("PUT", f"/users/{seg(user)}/email", json={"email": email})
 
     def add_contact(self, user: str, kind: str, address: str) -> dict[str, Any]:
         """kind: email | webhook (generic JSON) | slack (Slack/Mattermost incoming webhook)."""
-        return self.request(
-            "POST", f"/users/{quote(user, safe='')}/contacts", json={"kind": kind, "address": address}
-        )
+        return self.request("POST", f"/users/{seg(user)}/contacts", json={"kind": kind, "address": address})
 
     def remove_contact(self, user: str, contact_id: int) -> None:
-        self.request("DELETE", f"/users/{quote(user, safe='')}/contacts/{contact_id}")
+        self.request("DELETE", f"/users/{seg(user)}/contacts/{seg(contact_id)}")
 
     # --- incidents and remediation rules (admins; corral.services.incidents / .remediation) ------
     def incidents(self, **filters: Any) -> dict[str, Any]:
@@ -94,22 +91,22 @@ class OperationsApi(BaseClient):
         return self.request("GET", "/incidents", params=params)
 
     def incident(self, incident_id: int) -> dict[str, Any]:
-        return self.request("GET", f"/incidents/{incident_id}")
+        return self.request("GET", f"/incidents/{seg(incident_id)}")
 
     def incident_action(self, incident_id: int, action: str, **body: Any) -> dict[str, Any]:
         """ack | comment (text=) | mitigate (note=) | resolve (note=) | close."""
-        return self.request("POST", f"/incidents/{incident_id}/{action}", json=body)
+        return self.request("POST", f"/incidents/{seg(incident_id)}/{seg(action)}", json=body)
 
     def edit_incident(self, incident_id: int, **changes: Any) -> dict[str, Any]:
-        return self.request("PATCH", f"/incidents/{incident_id}", json=changes)
+        return self.request("PATCH", f"/incidents/{seg(incident_id)}", json=changes)
 
     def write_postmortem(self, incident_id: int, **postmortem: Any) -> dict[str, Any]:
         """summary, impact, root_cause, action_items=[{what, owner, due: YYYY-MM-DD}]."""
-        path = f"/incidents/{incident_id}/postmortem"
+        path = f"/incidents/{seg(incident_id)}/postmortem"
         return self.request("PUT", path, json=postmortem)
 
     def remediation_rules(self, version: int | None = None) -> dict[str, Any]:
-        path = "/remediation/rules" if version is None else f"/remediation/rules/{version}"
+        path = "/remediation/rules" if version is None else f"/remediation/rules/{seg(version)}"
         return self.request("GET", path)
 
     def apply_remediation_rules(self, text: str) -> dict[str, Any]:

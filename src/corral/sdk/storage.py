@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.datasets.names import BadName, check_name
-from corral.sdk.base import KEEP, BaseClient, Keep
+from corral.sdk.base import KEEP, BaseClient, Keep, seg
 from corral.sdk.errors import ApiError, CorralError
 from corral.storage.code import CHUNK_MAX as CODE_CHUNK
 from corral.storage.code import check_path as check_code_path
@@ -90,14 +90,15 @@ class StorageApi(BaseClient):
 
     def job_outputs(self, job_id: int) -> list[dict[str, Any]]:
         """The files the job wrote under /outputs: [{path, size, modified_at}]."""
-        items: list[dict[str, Any]] = self.request("GET", f"/jobs/{job_id}/outputs")["items"]
+        items: list[dict[str, Any]] = self.request("GET", f"/jobs/{seg(job_id)}/outputs")["items"]
         return items
 
     def download_output(self, job_id: int, path: str, dest: Path) -> int:
         """One output file to `dest` (written to a temp name, renamed when complete)."""
         tmp = dest.with_name(f".{dest.name}.part")
         dest.parent.mkdir(parents=True, exist_ok=True)
-        with self.download(f"/jobs/{job_id}/outputs/file", {"path": path}) as response, open(tmp, "wb") as f:
+        where = f"/jobs/{seg(job_id)}/outputs/file"
+        with self.download(where, {"path": path}) as response, open(tmp, "wb") as f:
             for block in response.iter_bytes():
                 f.write(block)
         os.replace(tmp, dest)
@@ -155,7 +156,8 @@ class StorageApi(BaseClient):
 
     def delete_dataset(self, name: str, version: int | None = None) -> None:
         """Delete one version, or the dataset (refused while a job that has not ended uses it)."""
-        path = f"/datasets/{dataset_name(name)}" + (f"/versions/{version}" if version is not None else "")
+        version_path = f"/versions/{seg(version)}" if version is not None else ""
+        path = f"/datasets/{dataset_name(name)}{version_path}"
         self.request("DELETE", path)
 
     def share_dataset(
@@ -194,7 +196,7 @@ class StorageApi(BaseClient):
             for k, v in {"max_bytes": max_bytes, "max_files": max_files}.items()
             if not isinstance(v, Keep)
         }
-        return self.request("PUT", f"/storage/quota/{scope}/{name}", json=body)
+        return self.request("PUT", f"/storage/quota/{seg(scope)}/{seg(name)}", json=body)
 
 
 def dataset_name(name: str) -> str:

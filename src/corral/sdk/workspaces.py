@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import quote
 
 from corral.exec_client import ExecResult, ExecSession, run_collect
-from corral.sdk.base import BaseClient
+from corral.sdk.base import BaseClient, seg
 
 
 class WorkspacesApi(BaseClient):
@@ -29,21 +28,19 @@ class WorkspacesApi(BaseClient):
         return self.request("POST", "/workspaces", json=body)
 
     def workspace(self, name: str, *, user: str | None = None) -> dict[str, Any]:
-        return self.request(
-            "GET", f"/workspaces/{quote(name, safe='')}", params={"user": user} if user else None
-        )
+        return self.request("GET", f"/workspaces/{seg(name)}", params={"user": user} if user else None)
 
     def start_workspace(self, name: str, *, user: str | None = None) -> dict[str, Any]:
         params = {"user": user} if user else None
-        return self.request("POST", f"/workspaces/{quote(name, safe='')}/start", params=params)
+        return self.request("POST", f"/workspaces/{seg(name)}/start", params=params)
 
     def stop_workspace(self, name: str, *, user: str | None = None) -> dict[str, Any]:
         params = {"user": user} if user else None
-        return self.request("POST", f"/workspaces/{quote(name, safe='')}/stop", params=params)
+        return self.request("POST", f"/workspaces/{seg(name)}/stop", params=params)
 
     def remove_workspace(self, name: str, *, user: str | None = None) -> None:
         params = {"user": user} if user else None
-        self.request("DELETE", f"/workspaces/{quote(name, safe='')}", params=params)
+        self.request("DELETE", f"/workspaces/{seg(name)}", params=params)
 
     def workspace_policies(self) -> list[dict[str, Any]]:
         return self.request("GET", "/workspaces/policies")
@@ -52,7 +49,7 @@ class WorkspacesApi(BaseClient):
         self, group: str, *, default_idle_timeout: str | None = None, max_idle_timeout: str | None = None
     ) -> dict[str, Any]:
         body = {"default_idle_timeout": default_idle_timeout, "max_idle_timeout": max_idle_timeout}
-        return self.request("PUT", f"/workspaces/policies/{quote(group, safe='')}", json=body)
+        return self.request("PUT", f"/workspaces/policies/{seg(group)}", json=body)
 
     # --- sandbox entry and SSH keys (corral.exec_client; docs/workspaces.md) ---------------------
 
@@ -63,7 +60,7 @@ class WorkspacesApi(BaseClient):
         return self.request("POST", "/ssh-keys", json={"name": name, "public_key": public_key})
 
     def remove_ssh_key(self, key_id: int) -> None:
-        self.request("DELETE", f"/ssh-keys/{key_id}")
+        self.request("DELETE", f"/ssh-keys/{seg(key_id)}")
 
     def exec_session(
         self,

@@ -1,0 +1,68 @@
+"""Every name the SDK puts into a URL path stays one segment of the route it was meant for: '/',
+'?', '#', '%' and the dot segments '.' and '..' are escaped, so the server answers about the name
+as given (no server needed: the requests are caught by a mock transport)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from corral.sdk import Client
+
+CALLS: list[tuple[Callable[[Client, str], Any], str]] = [
+    (lambda c, n: c.delete_model(n), "DELETE /api/v1/models/{}"),
+    (lambda c, n: c.delete_template(n), "DELETE /api/v1/templates/{}"),
+    (lambda c, n: c.template(n), "GET /api/v1/templates/{}"),
+    (lambda c, n: c.model_version("digits", n), "GET /api/v1/models/digits/versions/{}"),
+    (lambda c, n: c.group(n), "GET /api/v1/groups/{}"),
+    (lambda c, n: c.set_quota(n, guaranteed=1), "PUT /api/v1/groups/{}/quota"),
+    (lambda c, n: c.add_member(n, "alice"), "POST /api/v1/groups/{}/members"),
+    (lambda c, n: c.set_default_group(n, "vision"), "PUT /api/v1/users/{}/default-group"),
+    (lambda c, n: c.set_password(n, "secret-password"), "PUT /api/v1/users/{}/password"),
+    (lambda c, n: c.node_action(n, "cordon"), "POST /api/v1/nodes/{}/cordon"),
+    (lambda c, n: c.set_storage_quota("group", n, max_bytes=1), "PUT /api/v1/storage/quota/group/{}"),
+    (lambda c, n: c.environment(n), "GET /api/v1/environments/{}"),
+]
+NAMES = {
+    "../templates/x": "..%2Ftemplates%2Fx",
+    "..": "%2E%2E",
+    ".": "%2E",
+    "vision#x": "vision%23x",
+    "vision?user=bob": "vision%3Fuser%3Dbob",
+    "a%2Fb": "a%252Fb",
+}
+
+
+@pytest.mark.parametrize("name", list(NAMES))
+@pytest.mark.parametrize(("call", "route"), CALLS)
+def test_a_name_is_one_path_segment_of_its_own_route(
+    call: Callable[[Client, str], Any], route: str, name: str
+) -> None:
+    sent: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(f"{request.method} {request.url.raw_path.decode()}")
+        return httpx.Response(200, json={"items": []})
+
+    client = Client("http://corral.test", "token", transport=httpx.MockTransport(answer))
+    call(client, name)
+    assert sent == [route.format(NAMES[name])]
+
+
+def test_a_model_files_path_travels_as_a_query_parameter(tmp_path: Path) -> None:
+    sent: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.params.get("path", ""))
+        if request.url.path.endswith("/files"):
+            return httpx.Response(200, json={"items": [{"path": "a b#1?.txt"}]})
+        return httpx.Response(200, content=b"x")
+
+    client = Client("http://corral.test", "token", transport=httpx.MockTransport(answer))
+    client.pull_model("digits", 2, tmp_path)
+    assert sent == ["", "a b#1?.txt"]
+    assert (tmp_path / "a b#1?.txt").read_bytes() == b"x"
