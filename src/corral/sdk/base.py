@@ -13,7 +13,7 @@ from urllib.parse import quote
 import httpx
 
 from corral.sdk.config import DEFAULT_URL, config_path, load_cli_config
-from corral.sdk.errors import ApiError, AuthenticationFailed, ServerUnreachable, describe_detail
+from corral.sdk.errors import ApiError, AuthenticationFailed, CorralError, ServerUnreachable, describe_detail
 
 
 class Keep:
@@ -48,10 +48,20 @@ class BaseClient:
     ) -> None:
         self.url = url.rstrip("/")
         self._token = token
+        if token and not (token.isascii() and token.isprintable()):
+            # A header holds printable ASCII only: httpx raised UnicodeEncodeError for a pasted
+            # "é", and a newline was refused by the HTTP layer on every request.
+            raise CorralError(
+                f"the API token (CORRAL_TOKEN or {config_path()}) holds a character a token never "
+                "has (a space or line break copied with it?); set it again"
+            )
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(
-            base_url=f"{self.url}/api/v1", headers=headers, timeout=timeout, transport=transport
-        )
+        try:
+            self._http = httpx.Client(
+                base_url=f"{self.url}/api/v1", headers=headers, timeout=timeout, transport=transport
+            )
+        except httpx.InvalidURL as exc:  # "http://[::1", "http://host:x"
+            raise CorralError(f"bad Corral server URL {url!r} (CORRAL_URL or {config_path()}): {exc}")
 
     @classmethod
     def from_config(cls, home: Path | None = None, **kwargs: Any) -> Self:
@@ -79,6 +89,8 @@ class BaseClient:
             raise ServerUnreachable(f"the Corral server at {self.url} did not answer in time")
         except httpx.TransportError as exc:
             raise ServerUnreachable(f"cannot talk to the Corral server at {self.url}: {exc}")
+        except httpx.InvalidURL as exc:
+            raise CorralError(f"cannot make a request of {path!r}: {exc}")
         if response.status_code == 204:
             return None
         try:

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from corral.config import default_home
+from corral.sdk.errors import CorralError
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 CONFIG_FILE = "config.yaml"
@@ -45,7 +46,10 @@ def load_cli_config(home: Path | None = None, env: Mapping[str, str] | None = No
     data: dict[str, Any] = {}
     path = config_path(home)
     if path.exists():
-        loaded = yaml.safe_load(path.read_text()) or {}
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise CorralError(f"{path} is not valid YAML (write `url:` and `token:` lines): {exc}")
         if isinstance(loaded, dict):
             data = loaded
     url = env.get("CORRAL_URL") or data.get("url") or DEFAULT_URL
