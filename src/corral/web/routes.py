@@ -85,10 +85,14 @@ def favicon() -> Response:
 @router.get(ASSET_PREFIX + "/{asset_path:path}")
 def portal_asset(asset_path: str) -> Response:
     root = STATIC_DIR.resolve()
-    target = (root / asset_path).resolve()
-    # Refuse anything that escapes the static folder (`..`, absolute paths, symlinks out).
-    if not target.is_relative_to(root) or not target.is_file():
-        raise HTTPException(status_code=404, detail=f"no portal asset {asset_path!r}")
+    try:
+        target = (root / asset_path).resolve()
+        # Refuse anything that escapes the static folder (`..`, absolute paths, symlinks out).
+        found = target.is_relative_to(root) and target.is_file()
+    except (ValueError, OSError):  # a NUL in the path, a name too long for the file system
+        found = False
+    if not found:
+        raise HTTPException(status_code=404, detail=f"no portal asset {asset_path[:200]!r}")
     media_type = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
     return FileResponse(target, media_type=media_type, headers=_ASSET_HEADERS)
 
