@@ -79,6 +79,7 @@ function taskFieldset(role, task, onRemove) {
     h("button", { type: "button", class: "button subtle remove-task", onclick: () => onRemove(fs) }, "Remove this task"),
   );
   fs.inputs = inputs;
+  fs.original = task || {}; // a cloned task's fields the form does not show (its env) are kept
   return fs;
 }
 
@@ -177,7 +178,7 @@ export async function render(ctx) {
 
   form.addEventListener("submit", (event) => {
     event.preventDefault();
-    submitForm(form, inputs, tasksBox, general);
+    submitForm(form, inputs, tasksBox, general, spec);
   });
   yamlForm.addEventListener("submit", (event) => {
     event.preventDefault();
@@ -211,11 +212,22 @@ function tabBar(tabs) {
   return h("div", { class: "tabs", role: "tablist", "aria-label": "How to give the spec" }, buttons);
 }
 
-// Build the spec from the form; returns {spec, fields: Map(loc -> input), errors: [[input, msg]]}.
-function collect(inputs, tasksBox) {
+// What the form itself sets; the rest of a cloned spec (code, mounts, secrets, stop_grace, idle_gpu,
+// on_hang ...) is submitted as it was, so a clone by form is the job again, not a job without its
+// code or data. `kind` is left out: the form submits a batch job.
+const FORM_KEYS = new Set(["name", "group", "priority", "environment", "retries", "max_runtime", "preemptible", "env", "tasks", "kind"]);
+const TASK_FORM_KEYS = new Set(["instances", "resources", "command"]);
+
+function keptFrom(original, formKeys) {
+  return Object.fromEntries(Object.entries(original || {}).filter(([key]) => !formKeys.has(key)));
+}
+
+// Build the spec from the form over `base` (the cloned spec, or {}); returns {spec, fields: Map(loc
+// -> input), errors: [[input, msg]]}.
+function collect(inputs, tasksBox, base) {
   const errors = [];
   const fields = new Map();
-  const spec = { name: inputs.name.value.trim(), priority: inputs.priority.value, tasks: {} };
+  const spec = { ...keptFrom(base, FORM_KEYS), name: inputs.name.value.trim(), priority: inputs.priority.value, tasks: {} };
   for (const key of ["name", "group", "priority", "environment", "retries", "max_runtime", "preemptible", "env"]) {
     fields.set(key, inputs[key]);
   }
@@ -233,6 +245,7 @@ function collect(inputs, tasksBox) {
     if (!role || !NAME_RE.test(role)) errors.push([t.role, "Use letters, digits, '.', '_' or '-'."]);
     else if (spec.tasks[role]) errors.push([t.role, `Another task is already named ${role}.`]);
     const task = {
+      ...keptFrom(fs.original, TASK_FORM_KEYS),
       instances: intValue(t.instances, 1, 64, errors),
       resources: {
         gpus: intValue(t.gpus, 0, 64, errors),
@@ -324,9 +337,9 @@ function showErrors(pairs, general) {
   (first || general).focus();
 }
 
-async function submitForm(form, inputs, tasksBox, general) {
+async function submitForm(form, inputs, tasksBox, general, base) {
   clearErrors(form, general);
-  const { spec, fields, errors } = collect(inputs, tasksBox);
+  const { spec, fields, errors } = collect(inputs, tasksBox, base);
   if (errors.length) {
     showErrors(errors, general);
     return;
