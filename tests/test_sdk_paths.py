@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from corral.sdk import Client
+from corral.sdk import Client, CorralError
 
 CALLS: list[tuple[Callable[[Client, str], Any], str]] = [
     (lambda c, n: c.delete_model(n), "DELETE /api/v1/models/{}"),
@@ -51,6 +51,20 @@ def test_a_name_is_one_path_segment_of_its_own_route(
     client = Client("http://corral.test", "token", transport=httpx.MockTransport(answer))
     call(client, name)
     assert sent == [route.format(NAMES[name])]
+
+
+@pytest.mark.parametrize(("call", "route"), CALLS)
+def test_an_empty_name_is_refused_naming_it(call: Callable[[Client, str], Any], route: str) -> None:
+    sent: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.path)
+        return httpx.Response(405, json={"detail": "Method Not Allowed"})
+
+    client = Client("http://corral.test", "token", transport=httpx.MockTransport(answer))
+    with pytest.raises(CorralError, match="an empty name"):
+        call(client, "")
+    assert sent == []
 
 
 def test_a_model_files_path_travels_as_a_query_parameter(tmp_path: Path) -> None:

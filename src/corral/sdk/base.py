@@ -30,8 +30,12 @@ def seg(value: object) -> str:
     """`value` as one segment of a URL path. Everything but letters, digits and `_.-~` is escaped
     ('/', '?', '#', '%', control characters), and so are the dots of '.' and '..', which the HTTP
     client would otherwise resolve: `delete_model("../templates/x")` sent DELETE /templates/x and
-    `group("vision#x")` read the group vision. The server then names the value it was given."""
+    `group("vision#x")` read the group vision. The server then names the value it was given. An
+    empty value is refused here: "/models/" is another route, answered "Not Found" or "Method Not
+    Allowed" without a word about the empty name."""
     text = quote(str(value), safe="")
+    if not text:
+        raise CorralError("an empty name (or id) was given: name what to act on")
     return text.replace(".", "%2E") if text in (".", "..") else text
 
 
