@@ -680,6 +680,17 @@ def waiting_status(job: Job) -> WaitingStatus | None:
     }
 
 
+def _complete_utf8_length(data: bytes) -> int:
+    """How much of `data` holds no UTF-8 character cut at its end: its length less the first
+    bytes (at most 3) of a character whose other bytes have not been read yet."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # not a continuation byte: ASCII or a character's first byte
+            size = 1 if byte < 0xC0 else 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return len(data) - back if size > back else len(data)
+    return len(data)
+
+
 def read_logs(
     engine: ExecutionEngine | None, job: Job, *, attempt: int | None, rank: int, offset: int, limit: int
 ) -> LogsPage:
@@ -709,10 +720,19 @@ def read_logs(
     if engine is None:
         raise EngineMissing("logs are unavailable: this server has no execution engine running")
     chunk: LogChunk = engine.logs(chosen.attempt_id, instance=rank, offset=offset, limit=limit)
+    data, next_offset = chunk.data, chunk.next_offset
+    if not chunk.eof:
+        # A chunk may end inside a multi-byte character (the page's limit, or a process's buffer
+        # flushed mid-character): its first bytes are left for the next read, which then decodes
+        # the whole character. Decoded as it was, each half became U+FFFD: `corral logs` and the
+        # portal showed "��" for a "é" or a progress bar's "█" at every such boundary.
+        # (Never down to nothing: a `limit` under a character's size must still make progress.)
+        keep = _complete_utf8_length(data) or len(data)
+        data, next_offset = data[:keep], next_offset - (len(data) - keep)
     return {
-        # Decoded leniently: a chunk may end inside a multi-byte character; offsets stay in bytes.
-        "data": chunk.data.decode("utf-8", errors="replace"),
-        "next_offset": chunk.next_offset,
+        # Decoded leniently all the same: a log is what the job wrote, valid UTF-8 or not.
+        "data": data.decode("utf-8", errors="replace"),
+        "next_offset": next_offset,
         "eof": chunk.eof,
         "attempt": chosen.number,
         "rank": rank,
