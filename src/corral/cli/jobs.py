@@ -289,7 +289,7 @@ def logs(
     with client() as c:
         if follow:
             _print_waiting(c.logs(job_id, attempt=attempt, rank=rank, offset=0).get("waiting"))
-            for text in c.follow_logs(job_id, rank=rank):
+            for text in c.follow_logs(job_id, attempt=attempt, rank=rank):
                 sys.stdout.write(text)
                 sys.stdout.flush()
             return

@@ -72,10 +72,12 @@ class JobsApi(BaseClient):
             params["attempt"] = attempt
         return self.request("GET", f"/jobs/{seg(job_id)}/logs", params=params)
 
-    def follow_logs(self, job_id: int, *, rank: int = 0, poll_s: float = 0.5) -> Iterator[str]:
+    def follow_logs(
+        self, job_id: int, *, attempt: int | None = None, rank: int = 0, poll_s: float = 0.5
+    ) -> Iterator[str]:
         """Yield log text as it arrives until the job has ended and everything was read. Follows
-        a retried job onto its newest attempt."""
-        attempt: int | None = None
+        a retried job onto its newest attempt; with `attempt`, that attempt's log until it ended."""
+        pinned = attempt is not None
         offset = 0
         while True:
             chunk = self.logs(job_id, attempt=attempt, rank=rank, offset=offset)
@@ -87,10 +89,15 @@ class JobsApi(BaseClient):
             if chunk["eof"]:
                 job = self.job(job_id)
                 newest = job["attempts"][-1]["number"] if job["attempts"] else None
-                if newest is not None and attempt is not None and newest != attempt:
+                if pinned:  # that attempt only: done once it has ended and all of it was read
+                    if job["state"] in TERMINAL_STATES or any(
+                        a["number"] == attempt and a["ended_at"] for a in job["attempts"]
+                    ):
+                        return
+                elif newest is not None and attempt is not None and newest != attempt:
                     attempt, offset = newest, 0
                     continue
-                if job["state"] in TERMINAL_STATES:
+                elif job["state"] in TERMINAL_STATES:
                     return
             if not chunk["data"]:
                 time.sleep(poll_s)
