@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from corral.cli.common import Output, OutputOpt, client, err, friendly_errors, out, print_json, when
+from corral.cli.common import Output, OutputOpt, client, err, friendly_errors, out, plain, print_json, when
 from corral.sdk import CorralError
 
 template_app = typer.Typer(
@@ -66,7 +66,7 @@ def template_ls(output: OutputOpt = Output.table) -> None:
         shared = t["visibility"] + (f" ({t['group']})" if t["visibility"] == "group" else "")
         params = ", ".join(p["name"] for p in t["parameters"]) or "-"
         table.add_row(
-            t["name"], f"v{t['latest']}", params, shared, str(t["uses"]), t["owner"], t["description"]
+            t["name"], f"v{t['latest']}", params, shared, str(t["uses"]), t["owner"], plain(t["description"])
         )
     out.print(table)
 
@@ -89,7 +89,7 @@ def template_show(
         f"used {t['uses']} times"
     )
     if t["description"]:
-        out.print(t["description"])
+        out.print(plain(t["description"]))
     table = Table("PARAMETER", "TYPE", "DEFAULT", "RANGE / CHOICES", "DESCRIPTION")
     for p in t["parameters"]:
         span = ", ".join(str(c) for c in p.get("choices", [])) or _range_text(p.get("min"), p.get("max"))
@@ -240,7 +240,7 @@ def _versions_table(model: dict[str, Any]) -> Table:
     for v in model["versions"]:
         metrics = ", ".join(f"{k}={v['metrics'][k]}" for k in sorted(v["metrics"]))
         table.add_row(
-            f"v{v['version']}", v["stage"], v["framework"] or "-", metrics or "-",
+            f"v{v['version']}", v["stage"], plain(v["framework"] or "-"), plain(metrics or "-"),
             str(v["source_job_id"]), str(v["files"]), when(v["created_at"]),
         )  # fmt: skip
     return table
@@ -270,9 +270,8 @@ def model_show(
         print_json(data)
         return
     if "@" not in ref:
-        out.print(
-            f"[bold]{data['name']}[/bold] ({data['visibility']}) by {data['owner']}: {data['description']}"
-        )
+        about = plain(data["description"])
+        out.print(f"[bold]{data['name']}[/bold] ({data['visibility']}) by {data['owner']}: {about}")
         out.print(_versions_table(data))
         return
     lin = data["lineage"]

@@ -13,6 +13,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from corral.sdk import Client, CorralError
 
@@ -53,6 +54,14 @@ def friendly_errors(fn: F) -> F:
             raise typer.Exit(1)
 
     return wrapper  # type: ignore[return-value]
+
+
+def plain(value: Any) -> str:
+    """Text from the server (what users wrote: descriptions, titles, comments, reasons) as it is in
+    a Rich table cell or markup line: "[/x]" raised MarkupError (a traceback, and for a public
+    template's description in everyone's `corral template ls`), "[bold]" vanished, "[link=...]"
+    made a hyperlink."""
+    return escape(str(value))
 
 
 def print_json(data: Any) -> None:

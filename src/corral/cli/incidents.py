@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json
+from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, plain, print_json
 from corral.sdk import CorralError
 
 incident_app = typer.Typer(help="Incidents: one per fault, with a timeline, SLAs and postmortems.",
@@ -50,9 +50,8 @@ def list_incidents(
         sla = i["sla"]
         ack_in, mitigate_in = _countdown(sla["ack_remaining_s"]), _countdown(sla["mitigate_remaining_s"])
         opened = ago(i["opened_at"])
-        table.add_row(
-            str(i["id"]), i["severity"], i["state"], i["title"][:60], opened, ack_in, mitigate_in, i["owner"]
-        )
+        title = plain(i["title"][:60])
+        table.add_row(str(i["id"]), i["severity"], i["state"], title, opened, ack_in, mitigate_in, i["owner"])
     out.print(table)
 
 
@@ -65,7 +64,7 @@ def show_incident(incident_id: IncidentArg, output: OutputOpt = Output.table) ->
     if output is Output.json:
         print_json(i)
         return
-    out.print(f"[bold]incident {i['id']}[/bold] {i['severity']} {i['state']}: {i['title']}")
+    out.print(f"[bold]incident {i['id']}[/bold] {i['severity']} {i['state']}: {plain(i['title'])}")
     out.print(f"  source {i['source']}, owner {i['owner'] or '-'}, fired {i['fire_count']} time(s)")
     for kind, values in (i["links"] or {}).items():
         if values:
@@ -75,7 +74,7 @@ def show_incident(incident_id: IncidentArg, output: OutputOpt = Output.table) ->
     out.print(f"  ack in {ack_in}, mitigate in {mitigate_in}")
     for e in i["timeline"]:
         who = f" ({e['actor']})" if e["actor"] else ""
-        out.print(f"  {ago(e['at']):>10}  {e['kind']:<15} {e['text']}{who}")
+        out.print(f"  {ago(e['at']):>10}  {e['kind']:<15} {plain(e['text'])}{who}")
     pm = i["postmortem"]
     if pm:
         out.print(f"postmortem by {pm['author']}: {pm['summary']}\n  impact: {pm['impact']}")

@@ -13,7 +13,18 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from corral.cli.common import Output, OutputOpt, ago, client, err, friendly_errors, out, print_json, when
+from corral.cli.common import (
+    Output,
+    OutputOpt,
+    ago,
+    client,
+    err,
+    friendly_errors,
+    out,
+    plain,
+    print_json,
+    when,
+)
 from corral.domain import span_text, start_text
 from corral.sdk import CorralError
 
@@ -163,7 +174,7 @@ def show(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOp
     )
     out.print(budgets_line(job))
     if job.get("reason"):
-        out.print(f"reason: {job['reason']}")
+        out.print(f"reason: {plain(job['reason'])}")
     _print_diagnosis(job.get("diagnosis"))
     if job["attempts"]:
         table = Table("#", "STATE", "NODES", "GPUS", "STARTED", "ENDED", "EXIT", "REASON", box=None)
@@ -177,7 +188,7 @@ def show(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOp
                 when(a["started_at"]),
                 when(a["ended_at"]),
                 "-" if a["exit_code"] is None else str(a["exit_code"]),
-                (a["reason"] or "") + (f": {a['message']}" if a["message"] else ""),
+                plain((a["reason"] or "") + (f": {a['message']}" if a["message"] else "")),
             )
         out.print(table)
         _print_failures(job)
@@ -192,7 +203,8 @@ def _print_failures(job: dict[str, Any]) -> None:
         f = a.get("failure")
         if not f:
             continue
-        out.print(f"attempt {a['number']}: [bold]{f['reason']}[/bold] ({f['category']}) {f['message']}")
+        message = plain(f["message"])
+        out.print(f"attempt {a['number']}: [bold]{f['reason']}[/bold] ({f['category']}) {message}")
         if f.get("evidence"):
             out.print(f"  log: {f['evidence']}", markup=False)
         out.print(f"  fix: {f['fix']}")
@@ -215,7 +227,8 @@ def _print_diagnosis(diag: dict[str, Any] | None) -> None:
         out.print("[red]this job cannot run on the cluster as it stands[/red]")
     for reason in diag.get("reasons", []):
         out.print(
-            f"why pending: {reason.get('message')} [dim]({reason.get('code')}, {reason.get('source')})[/dim]",
+            f"why pending: {plain(reason.get('message'))} "
+            f"[dim]({reason.get('code')}, {reason.get('source')})[/dim]",
             highlight=False,
         )
     if diag.get("queue_position") is not None:

@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from corral.cli import nodes as node_commands
-from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json
+from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, plain, print_json
 
 alert_app = typer.Typer(
     help="Alerts Corral holds (from Alertmanager and its own health checks).", no_args_is_help=True
@@ -65,7 +65,8 @@ def alert_ls(
         )
         color = "red" if a["status"] == "firing" else "green"
         table.add_row(
-            str(a["id"]), f"[{color}]{a['status']}[/{color}]", a["severity"], a["name"], where, a["source"],
+            str(a["id"]), f"[{color}]{a['status']}[/{color}]", plain(a["severity"]), plain(a["name"]),
+            plain(where), a["source"],
             ago(a["starts_at"]), str(a["receive_count"]),
         )  # fmt: skip
     out.print(table)

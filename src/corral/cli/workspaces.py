@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import typer
 from rich.table import Table
 
-from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json
+from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, plain, print_json
 from corral.sdk import CorralError
 
 ws_app = typer.Typer(
@@ -36,7 +36,7 @@ def _print_one(ws: dict[str, Any], server: str) -> None:
     if ws["job_id"] is not None:
         out.print(f"  job          {ws['job_id']} ({ws['job_state']})")
     if ws["waiting"]:
-        out.print(f"  waiting      {ws['waiting']['message']}")
+        out.print(f"  waiting      {plain(ws['waiting']['message'])}")
     out.print(f"  JupyterLab   {server}{ws['url']}")
     host = urlsplit(server).hostname or "localhost"
     out.print(f"  ssh          ssh -p {ws['ssh_port']} {ws['ssh_user']}@{host}")
@@ -195,7 +195,7 @@ def start(name: NameArg, user: UserOpt = None) -> None:
         ws = c.start_workspace(name, user=user)
     out.print(f"workspace {name}: {ws['state']} (job {ws['job_id']})")
     if ws["waiting"]:
-        out.print(f"  {ws['waiting']['message']}")
+        out.print(f"  {plain(ws['waiting']['message'])}")
 
 
 @ws_app.command("rm")
