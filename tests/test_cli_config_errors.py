@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
+from corral.cli import jobs as cli_jobs
 from corral.cli.main import app
+from corral.sdk import Client
 
 
 @pytest.mark.parametrize(
@@ -31,3 +34,27 @@ def test_a_bad_url_token_or_config_is_one_line_naming_it(
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert result.exit_code == 1
     assert "error:" in result.output and expected in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(("status", "kind"), [(200, "text/html"), (404, "text/html"), (200, "text/plain")])
+def test_a_server_that_is_not_the_api_is_named(
+    monkeypatch: pytest.MonkeyPatch, status: int, kind: str
+) -> None:
+    # CORRAL_URL=http://host:8080/jobs (the portal's address): the portal answered its HTML shell
+    # with 200 and `corral ls` died in a KeyError; a proxy's HTML error page was printed whole.
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            status, text="<!doctype html><html>portal</html>", headers={"content-type": kind}
+        )
+
+    transport = httpx.MockTransport(answer)
+    monkeypatch.setattr(
+        cli_jobs, "client", lambda: Client("http://corral.test/jobs", "t", transport=transport)
+    )
+    result = CliRunner().invoke(app, ["ls"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    text = " ".join(result.output.split())
+    assert (
+        result.exit_code == 1 and "not the Corral API's JSON: is CORRAL_URL (http://corral.test/jobs)" in text
+    )
+    assert "<html>" not in text

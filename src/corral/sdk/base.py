@@ -100,6 +100,17 @@ class BaseClient:
         try:
             body = response.json()
         except ValueError:
+            kind = response.headers.get("content-type", "no content type").split(";")[0]
+            if response.is_success or kind == "text/html":
+                # Not the API: CORRAL_URL with a path (the portal's /jobs answers its HTML page
+                # with 200, which the commands then read as JSON: a KeyError traceback) or a
+                # proxy's error page (printed whole as the error).
+                raise CorralError(
+                    f"{method} {response.url} answered HTTP {response.status_code} with {kind}, not "
+                    f"the Corral API's JSON: is CORRAL_URL ({self.url}) the server's address, with "
+                    "no path after it?",
+                    response.status_code,
+                ) from None
             body = {"detail": response.text}
         if response.is_success:
             return body
