@@ -80,3 +80,36 @@ def test_a_model_files_path_travels_as_a_query_parameter(tmp_path: Path) -> None
     client.pull_model("digits", 2, tmp_path)
     assert sent == ["", "a b#1?.txt"]
     assert (tmp_path / "a b#1?.txt").read_bytes() == b"x"
+
+
+@pytest.mark.parametrize(
+    ("args", "module", "route"),
+    [
+        (
+            ["node", "gpu", "../jobs/1", "0", "return"],
+            "nodes",
+            "POST /api/v1/nodes/..%2Fjobs%2F1/gpus/0/return",
+        ),
+        (["chaos", "gpu", "xid", "../jobs/1", "0"], "monitor", "POST /api/v1/chaos/gpus/..%2Fjobs%2F1/0"),
+        (["chaos", "node", "down", "a#b"], "monitor", "POST /api/v1/chaos/nodes/a%23b/down"),
+    ],
+)
+def test_the_cli_paths_it_builds_keep_a_node_name_one_segment(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], module: str, route: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from corral.cli import monitor, nodes
+    from corral.cli.main import app
+
+    sent: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(f"{request.method} {request.url.raw_path.decode()}")
+        return httpx.Response(404, json={"detail": "no node named that"})
+
+    transport = httpx.MockTransport(answer)
+    commands = {"nodes": nodes, "monitor": monitor}[module]
+    monkeypatch.setattr(commands, "client", lambda: Client("http://corral.test", "t", transport=transport))
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1 and sent == [route], (result.output, sent)

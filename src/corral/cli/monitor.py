@@ -13,6 +13,7 @@ from rich.table import Table
 
 from corral.cli import nodes as node_commands
 from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, plain, print_json
+from corral.sdk.base import seg
 
 alert_app = typer.Typer(
     help="Alerts Corral holds (from Alertmanager and its own health checks).", no_args_is_help=True
@@ -104,7 +105,7 @@ def _inject(node: str, index: int, home: Path | None, **fault: Any) -> None:
             raise typer.BadParameter(str(exc))
     else:
         with client() as c:
-            entry = c.request("POST", f"/chaos/gpus/{node}/{index}", json=fault)["fault"]
+            entry = c.request("POST", f"/chaos/gpus/{seg(node)}/{index}", json=fault)["fault"]
     out.print(f"GPU {index} on {node}: {entry or 'no faults'}")
 
 
@@ -221,7 +222,8 @@ def _silence(node: str, down: bool, home: Path | None) -> None:
         flowing = "stopped" if node in silenced else "flowing"
     else:
         with client() as c:
-            flowing = c.request("POST", f"/chaos/nodes/{node}/{'down' if down else 'up'}")["heartbeats"]
+            path = f"/chaos/nodes/{seg(node)}/{'down' if down else 'up'}"
+            flowing = c.request("POST", path)["heartbeats"]
     out.print(f"heartbeats of {node}: {flowing}")
 
 

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json
+from corral.sdk.base import seg
 
 node_app = typer.Typer(
     help="Nodes: list, cordon, uncordon, drain, remove, gpu quarantine|return, risk (failure risk).",
@@ -105,7 +106,7 @@ def node_gpu(
     if action not in ("quarantine", "return"):
         raise typer.BadParameter(f"{action!r}: give quarantine or return")
     with client() as c:
-        node = c.request("POST", f"/nodes/{name}/gpus/{index}/{action}")
+        node = c.request("POST", f"/nodes/{seg(name)}/gpus/{index}/{action}")
     health = next(g["health"] for g in node["gpus"] if g["index"] == index)
     out.print(f"node {name} GPU {index}: {health}")
 
