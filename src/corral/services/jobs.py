@@ -374,6 +374,27 @@ class JobInsert(TypedDict):
     attained_gpu_seconds: float
 
 
+def check_no_nul(spec: JobSpecV1) -> None:
+    """No command line or environment variable a process gets can hold a NUL: such a job (a NUL
+    typed in a spec, or a template's string parameter) was stored and then every attempt failed
+    to start, diagnosed `command_not_found`. Checked at submit, not in the spec model, which also
+    reads the specs already stored."""
+    envs: list[tuple[tuple[str | int, ...], dict[str, str]]] = [(("body", "env"), spec.env)]
+    for role, task in spec.tasks.items():
+        if "\x00" in task.command:
+            raise Invalid(
+                f"task {role!r}: its command holds a NUL character (\\x00), which no command line can",
+                ("body", "tasks", role, "command"),
+            )
+        envs.append((("body", "tasks", role, "env"), task.env))
+    for loc, env in envs:
+        for key, value in env.items():
+            if "\x00" in value:
+                raise Invalid(
+                    f"env {key!r} holds a NUL character (\\x00), which no variable can", (*loc, key)
+                )
+
+
 def submit_job(
     session: Session,
     principal: Principal,
@@ -397,6 +418,7 @@ def submit_job(
         raise Invalid(
             "a job of kind 'workspace' is started by `corral ws start`, not submitted", ("body", "kind")
         )
+    check_no_nul(spec)
     group = resolve_group(session, principal, spec.group)
     check_fits(session, spec, group, principal.name, profile)
     if spec.secrets:  # names only: the values are read at dispatch

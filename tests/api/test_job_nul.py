@@ -1,0 +1,42 @@
+"""A NUL in a job's command or environment is refused at submit (422 naming the field), not
+stored to fail every attempt as `command_not_found`: typed in a spec, or through a template's
+string parameter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.api.conftest import World
+
+API = "/api/v1"
+TASK = {"command": "echo hi", "resources": {"cpus": 1, "memory": "256MiB"}}
+
+
+@pytest.mark.parametrize(
+    ("spec", "loc"),
+    [
+        ({"tasks": {"main": {**TASK, "command": "echo a\x00b"}}}, ["body", "tasks", "main", "command"]),
+        ({"tasks": {"main": TASK}, "env": {"A": "x\x00"}}, ["body", "env", "A"]),
+        ({"tasks": {"w": {**TASK, "env": {"B": "\x00"}}}}, ["body", "tasks", "w", "env", "B"]),
+    ],
+)
+def test_a_nul_in_a_command_or_env_is_refused_naming_it(
+    world: World, spec: dict[str, Any], loc: list[str]
+) -> None:
+    r = world.client.post(f"{API}/jobs", json={"name": "nul", **spec}, headers=world.as_("alice"))
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == loc and "NUL" in r.json()["detail"][0]["msg"]
+    assert world.client.get(f"{API}/jobs", headers=world.as_("alice")).json()["total"] == 0
+
+
+def test_a_template_value_with_a_nul_is_refused(world: World) -> None:
+    spec = "parameters:\n  msg: {type: string, default: hi}\nname: t\ncommand: echo ${msg}\n"
+    r = world.client.post(f"{API}/templates", json={"name": "t", "spec": spec}, headers=world.as_("alice"))
+    assert r.status_code == 201, r.text
+    r = world.client.post(
+        f"{API}/templates/t/use", json={"values": {"msg": "a\x00b"}}, headers=world.as_("alice")
+    )
+    assert r.status_code == 422 and "NUL" in r.text, r.text
+    assert world.client.get(f"{API}/jobs", headers=world.as_("alice")).json()["total"] == 0
