@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -188,6 +189,38 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": plain_errors(exc.errors())}, status_code=422)
+
+    @app.exception_handler(sa.exc.DataError)
+    async def nul_in_text(request: Request, exc: sa.exc.DataError) -> JSONResponse:
+        # PostgreSQL stores no NUL in text (psycopg refuses it before sending), SQLite does: a
+        # NUL in a free-text field (a description, a token's or key's name, a quota's GPU model,
+        # an email) was a 500 on PostgreSQL only. The statement's parameters name the column.
+        if "NUL" not in str(exc.orig):
+            raise exc
+        rows = exc.params if isinstance(exc.params, (list, tuple)) else [exc.params]
+        names = sorted(
+            {
+                re.sub(r"_\d+$", "", k)
+                for row in rows
+                if isinstance(row, dict)
+                for k, v in row.items()
+                if _has_nul(v)
+            }
+        )
+        what = f"{', '.join(repr(n) for n in names)} holds" if names else "a value holds"
+        where = "body" if request.method in ("POST", "PUT", "PATCH") else "query"
+        msg = f"{what} a NUL character (\\x00), which the database cannot store or search for"
+        return JSONResponse(
+            {"detail": [{"loc": [where], "msg": msg, "type": "value_error"}]}, status_code=422
+        )
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, (list, tuple)):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 def plain_errors(errors: Any) -> list[dict[str, Any]]:
