@@ -1,6 +1,7 @@
-"""Cloning a job from its page and submitting the form (real server, Chromium) submits the job
-again: what the form does not show (mounts, stop_grace, on_hang, idle_gpu, a task's env) is kept,
-what it shows is taken from the form."""
+"""Job and usage pages in a real browser (real server, Chromium). Cloning a job from its page and
+submitting the form submits the job again: what the form does not show (mounts, stop_grace,
+on_hang, idle_gpu, a task's env) is kept, what it shows is taken from the form. An id no job can
+have gets the 404 page; a period the usage page does not offer, its default."""
 
 from __future__ import annotations
 
@@ -51,4 +52,20 @@ def test_a_clone_by_form_keeps_what_the_form_does_not_show(portal: Portal) -> No
     assert copy["tasks"]["main"]["env"] == {"ROLE_ONLY": "yes"}
     assert copy["tasks"]["main"]["command"] == "echo the-copy"
     assert copy["name"] == "clone-me-copy"
+    assert page.js_errors == []
+
+
+def test_an_id_no_job_can_have_gets_the_404_page_and_a_bad_period_the_default(portal: Portal) -> None:
+    # /jobs/0 and /jobs/99999999999 got the generic "Error" page with the API's 422 about the
+    # path parameter; docs/portal.md: a missing job gets the 404 page.
+    page = portal.login("ann")
+    for job_id in ("0", "99999999999"):
+        page.goto(f"{portal.url}/jobs/{job_id}")
+        expect(page.locator(".error-page")).to_have_attribute("data-status", "404")
+        expect(page.locator(".error-page")).to_contain_text(f"no job with id {job_id}")
+    # /usage?days=abc matched no period: the select was blank and the API refused a 0-day period.
+    page.goto(f"{portal.url}/usage?days=abc")
+    expect(page.locator("#usage-period")).to_have_value("30")
+    expect(page.locator("#usage-body .error-box")).to_have_count(0)
+    expect(page.locator("#usage-body")).not_to_be_empty()
     assert page.js_errors == []

@@ -28,7 +28,7 @@ const MAX_LOG_CHARS = 256 * 1024; // keep the tail: a chatty job must not slow t
 
 export async function render(ctx) {
   const id = ctx.params[0];
-  let job = await get(`/jobs/${id}`); // 403/404 become the error pages (app.js)
+  let job = await firstLoad(id); // 403/404 become the error pages (app.js)
   const head = h("div", { class: "page-head" });
   const summary = h("div", {});
   const pending = h("div", {});
@@ -58,6 +58,17 @@ export async function render(ctx) {
   });
   ctx.every(1500, () => (isTerminal(job.state) && logs.done() ? null : logs.poll()));
   ctx.every(3000, () => (isTerminal(job.state) ? null : chart.sample()));
+}
+
+// An id no job can have (0, or past the API's 32-bit ids) is a missing job: the 404 page, not the
+// API's 422 about the path parameter on the generic error page.
+async function firstLoad(id) {
+  try {
+    return await get(`/jobs/${id}`);
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 422) throw new ApiError(404, `no job with id ${id}`, err.path);
+    throw err;
+  }
 }
 
 function drawHead(head, job, ctx) {

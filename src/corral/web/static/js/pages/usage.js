@@ -74,6 +74,7 @@ export function toCsv(report) {
 export async function render(ctx) {
   const period = h("select", { id: "usage-period" }, PERIODS.map(([v, label]) => h("option", { value: v }, label)));
   period.value = ctx.query.get("days") || "30";
+  if (!period.value) period.value = "30"; // ?days=abc matched no option: the period was 0 days
   const by = h("select", { id: "usage-by" }, h("option", { value: "user" }, "Users"), h("option", { value: "group" }, "Groups"));
   by.value = ctx.query.get("by") === "group" ? "group" : "user";
   const csvButton = h("button", { type: "button", class: "button subtle", id: "usage-csv", disabled: true }, "Download CSV");
