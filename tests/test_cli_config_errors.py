@@ -58,3 +58,25 @@ def test_a_server_that_is_not_the_api_is_named(
         result.exit_code == 1 and "not the Corral API's JSON: is CORRAL_URL (http://corral.test/jobs)" in text
     )
     assert "<html>" not in text
+
+
+@pytest.mark.parametrize(
+    "args", [["group", "quota", "vision", "--cpus-max", "nan"], ["group", "create", "g", "--weight", "inf"]]
+)
+def test_a_number_json_cannot_carry_is_one_line(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
+    from corral.cli import groups as cli_groups
+
+    sent: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.path)
+        return httpx.Response(200, json={})
+
+    transport = httpx.MockTransport(answer)
+    monkeypatch.setattr(cli_groups, "client", lambda: Client("http://corral.test", "t", transport=transport))
+    result = CliRunner().invoke(app, args)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert result.exit_code == 1 and "nan or infinity, which JSON cannot carry" in " ".join(
+        result.output.split()
+    )
+    assert sent == []

@@ -95,6 +95,14 @@ class BaseClient:
             raise ServerUnreachable(f"cannot talk to the Corral server at {self.url}: {exc}")
         except httpx.InvalidURL as exc:
             raise CorralError(f"cannot make a request of {path!r}: {exc}")
+        except ValueError as exc:
+            # json= holding nan or infinity (`corral group quota g --cpus-max nan`): httpx encodes
+            # with allow_nan=False, and the ValueError was a traceback.
+            if "JSON" not in str(exc):
+                raise
+            raise CorralError(
+                f"cannot send {method} {path}: a number in it is nan or infinity, which JSON cannot carry"
+            ) from None
         if response.status_code == 204:
             return None
         try:
