@@ -188,6 +188,16 @@ SEQUENCES: dict[str, list[tuple[str, tuple[object, ...]]]] = {
         ("advance", (11.0,)),
         ("cycle", (1,)),
     ],
+    # an attempt exits 0 and its node is lost before the exit is recorded: the engine still
+    # knows how it ended, so the job succeeded and is not requeued to run again (found by
+    # test_lifecycle_invariants_on_sqlite)
+    "exit0_then_node_lost": [
+        ("restart", (0,)),
+        ("engine_step", ("exit0", 1)),
+        ("advance", (11.0,)),
+        ("node", ("lost", "n2")),
+        ("cycle", (0,)),
+    ],
     # a live but stalled server's launch waits in its pool past the job's row lease; the job is
     # cancelled and the other server settles it and frees its GPUs; the stale launch then starts
     # the process on GPUs the scheduler gives to the next job (found by the bench, seed 11)

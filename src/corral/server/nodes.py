@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, selectinload
 from corral.db.models import Gpu, Job, Node
 from corral.diagnosis.exitspec import ExitSpec, Facts
 from corral.diagnosis.record import record
-from corral.engine.base import Engine, EngineUnavailable, FailureReason, NodeReport
+from corral.engine.base import AttemptPhase, Engine, EngineUnavailable, FailureReason, NodeReport
 from corral.monitor.chaos import silenced_nodes
 from corral.scheduler.types import GPU, NodeState
 from corral.server.context import ServerContext
@@ -116,17 +116,26 @@ def fail_jobs_on(
     why: str,
     budget: int = DEFAULT_LOST_REQUEUE_BUDGET,
     spec: ExitSpec | None = None,
+    engine: Engine | None = None,
 ) -> list[str]:
     """End the live attempts placed on `node` as LOST and settle their jobs by the one rule for
     lost work (a job changed meanwhile by another session is left to it). Not committed. Returns
     the ids of the attempts it ended, for the caller to stop through the engine once this is
-    committed (stop_lost)."""
+    committed (stop_lost). An attempt the engine (asked, when given) reports succeeded is left to
+    the reconcile loop, which records its end: it exited 0 before the node was lost, and requeueing
+    its job would run finished work again."""
     jobs = session.scalars(select(Job).where(Job.state.in_([s.value for s in LIVE_JOB_STATES]))).all()
     attempts = live_attempts(session, [j.id for j in jobs])
+    on_node = [
+        (job, attempt)
+        for job in jobs
+        if (attempt := attempts.get(job.id)) is not None
+        and any(p.node == node for p in attempt.placement or ())
+    ]
+    succeeded = _succeeded_in_engine(engine, [attempt.attempt_id for _, attempt in on_node])
     ended: list[str] = []
-    for job in jobs:
-        attempt = attempts.get(job.id)
-        if attempt is None or all(p.node != node for p in attempt.placement or ()):
+    for job, attempt in on_node:
+        if attempt.attempt_id in succeeded:
             continue
         if settle_lost_work(session, job, loss=Loss.NODE, why=why, now=now, budget=budget) is None:
             continue
@@ -138,6 +147,20 @@ def fail_jobs_on(
             record(session, job, attempt, verdict, node, now, retried=job.state == JobState.QUEUED.value)
         ended.append(attempt.attempt_id)
     return ended
+
+
+def _succeeded_in_engine(engine: Engine | None, attempt_ids: list[str]) -> set[str]:
+    """The attempts among `attempt_ids` the engine reports succeeded (none when it cannot say: a
+    lost node's attempts are then settled as lost, as without the engine's word). A read only:
+    nothing is asked of the engine that a crash before the commit could leave half-done."""
+    if engine is None or not attempt_ids:
+        return set()
+    try:
+        statuses = engine.poll(attempt_ids)
+    except Exception as exc:  # any engine failure: settle by the node's loss alone
+        log.info("could not ask the engine how %s ended: %s", ", ".join(attempt_ids), exc)
+        return set()
+    return {aid for aid, status in statuses.items() if status.phase is AttemptPhase.SUCCEEDED}
 
 
 def stop_lost(engine: Engine, attempt_ids: list[str]) -> None:
@@ -200,12 +223,14 @@ def node_tick(ctx: ServerContext, now: float) -> None:
             if row.state != NodeState.DOWN.value and silent > HEARTBEAT_TIMEOUT_S:
                 why = f"node {row.name} stopped sending heartbeats ({silent:.0f} s)"
                 if move_node(session, row, NodeState.DOWN, message=why):
-                    lost += fail_jobs_on(session, row.name, now, why, budget, active_exit_spec(ctx))
+                    lost += fail_jobs_on(
+                        session, row.name, now, why, budget, active_exit_spec(ctx), ctx.engine
+                    )
                 log.warning(why)
         for row in rows:  # reported down just now: its jobs are lost once, not every tick
             if row.state == NodeState.DOWN.value and before.get(row.name) != NodeState.DOWN.value:
                 why = row.message or f"node {row.name} is down"
-                lost += fail_jobs_on(session, row.name, now, why, budget, active_exit_spec(ctx))
+                lost += fail_jobs_on(session, row.name, now, why, budget, active_exit_spec(ctx), ctx.engine)
         session.commit()
         push_admin_states(ctx, rows)
     stop_lost(ctx.engine, lost)
