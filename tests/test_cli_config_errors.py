@@ -80,3 +80,21 @@ def test_a_number_json_cannot_carry_is_one_line(monkeypatch: pytest.MonkeyPatch,
         result.output.split()
     )
     assert sent == []
+
+
+def test_an_error_is_printed_as_written_on_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The server's message quotes what the user wrote ("[/oops]" is Rich's closing-tag syntax,
+    # which raised MarkupError: a traceback) and a path longer than the terminal (which Rich
+    # wrapped mid-word, so it could not be copied whole).
+    long_path = "/tmp/" + "x" * 150 + "/config.yaml"
+    message = f"template 'a[/oops]b' cannot read {long_path}"
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(422, json={"detail": message})
+
+    transport = httpx.MockTransport(answer)
+    monkeypatch.setattr(cli_jobs, "client", lambda: Client("http://corral.test", "t", transport=transport))
+    result = CliRunner().invoke(app, ["ls"], env={"COLUMNS": "60"})
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [f"error: {message}"]

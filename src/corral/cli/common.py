@@ -34,6 +34,13 @@ def client() -> Client:
     return Client.from_config()
 
 
+def error_line(message: str) -> None:
+    """`error: <message>` on stderr as one line: the message as written (the server's and the
+    user's text: a `[/x]` in it is not Rich markup), never wrapped (a long path stays whole, to be
+    copied)."""
+    err.print(f"[red]error:[/red] {escape(message)}", markup=True, highlight=False, soft_wrap=True)
+
+
 def friendly_errors(fn: F) -> F:
     """Turn SDK errors, and errors of the local files a command reads or writes, into one plain
     line on stderr and exit code 1 (no tracebacks)."""
@@ -43,15 +50,12 @@ def friendly_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except CorralError as exc:
-            err.print(f"[red]error:[/red] {exc.message}", markup=True, highlight=False)
-            raise typer.Exit(1)
+            error_line(exc.message)
         except TimeoutError as exc:
-            err.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(1)
+            error_line(str(exc))
         except OSError as exc:  # a local path: pulling into a file, an unwritable directory
-            what = f"{exc.filename}: {exc.strerror}" if exc.filename is not None else str(exc)
-            err.print(f"[red]error:[/red] {what}", markup=True, highlight=False)
-            raise typer.Exit(1)
+            error_line(f"{exc.filename}: {exc.strerror}" if exc.filename is not None else str(exc))
+        raise typer.Exit(1)
 
     return wrapper  # type: ignore[return-value]
 

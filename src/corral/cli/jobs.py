@@ -19,6 +19,7 @@ from corral.cli.common import (
     ago,
     client,
     err,
+    error_line,
     friendly_errors,
     out,
     plain,
@@ -356,7 +357,7 @@ def rm(job_ids: Annotated[list[int], typer.Argument(metavar="JOB...", help="fini
                 if exc.status_code in (None, 401):  # unreachable server, bad credentials: stop at once
                     raise
                 failed += 1
-                err.print(f"[red]error:[/red] job {job_id}: {exc.message}", highlight=False)
+                error_line(f"job {job_id}: {exc.message}")
     if failed:
         raise typer.Exit(1)
 

@@ -19,7 +19,16 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from corral.cli.common import Output, OutputOpt, ago, client, err, friendly_errors, out, print_json
+from corral.cli.common import (
+    Output,
+    OutputOpt,
+    ago,
+    client,
+    error_line,
+    friendly_errors,
+    out,
+    print_json,
+)
 from corral.exec_client import STDERR, ExecError, ExecSession
 from corral.sdk import CorralError
 
@@ -76,7 +85,7 @@ def _drain(session: ExecSession) -> int:
         try:
             item = session.recv()
         except ExecError as exc:
-            err.print(f"[red]error:[/red] {exc.message}")
+            error_line(exc.message)
             return 255
         if isinstance(item, int):
             return item
@@ -147,7 +156,7 @@ def _relay(c: Any, job_id: int, port: int, rank: int, conn: socket.socket) -> No
     try:
         session: ExecSession = c.port_relay(job_id, port, rank=rank)
     except (ExecError, OSError) as exc:
-        err.print(f"[red]error:[/red] connection to port {port} refused: {exc}")
+        error_line(f"connection to port {port} refused: {exc}")
         conn.close()
         return
 
