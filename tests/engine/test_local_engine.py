@@ -3,6 +3,7 @@ a dead supervisor."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -322,3 +323,76 @@ def test_isolation_can_be_switched_off_from_the_environment(
     monkeypatch.setenv("CORRAL_ISOLATION", "maybe")
     with pytest.raises(ValueError, match=r"(?i)isolation"):  # ours, or pydantic once Settings has it
         LocalEngine.from_settings(Settings(home=tmp_path, node_name="n", virtual_gpus=0))
+
+
+# A supervisor killed (SIGKILL, the OOM killer) at a chosen point: "cleanup" as its clean-up
+# begins, every instance reaped; "running" as soon as it has reaped one instance while another
+# still runs.
+KILLED_SUPERVISOR = """
+import os, signal, sys
+from corral.engine.local import supervisor
+Supervisor = supervisor.Supervisor
+def killed(*args):
+    os.kill(os.getpid(), signal.SIGKILL)
+if sys.argv[2] == "cleanup":
+    Supervisor.finish = killed
+else:
+    reap = Supervisor.reap
+    def reap_then_die(self):
+        reap(self)
+        if any(i.exit_code is not None for i in self.instances) and any(i.running for i in self.instances):
+            killed()
+    Supervisor.reap = reap_then_die
+Supervisor(sys.argv[1]).run()
+"""
+
+
+@pytest.mark.parametrize(
+    ("commands", "killed_in", "phase", "exit_code"),
+    [
+        (("exit 0",), "cleanup", AttemptPhase.SUCCEEDED, 0),
+        (("exit 0", "exit 3"), "cleanup", AttemptPhase.FAILED, 3),
+        (("exit 0", "sleep 30"), "running", AttemptPhase.LOST, None),
+    ],
+)
+def test_a_supervisor_killed_in_its_clean_up_leaves_the_attempts_real_end(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    commands: tuple[str, ...],
+    killed_in: str,
+    phase: AttemptPhase,
+    exit_code: int | None,
+) -> None:
+    """Every instance had ended (exit 0, or a failure) and the supervisor was killed while it
+    cleaned up, before status.json: the engine declared the attempt LOST and the server requeued
+    the job, so finished work ran again. The supervisor now records the end (ended.json) before
+    its clean-up, and the engine publishes it; an attempt whose instances' ends are not all known
+    stays LOST."""
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    engine = LocalEngine(tmp_path / "home", "n", virtual_gpus=0, isolation=False, use_launcher=False)
+    spawned: list[subprocess.Popen[bytes]] = []
+
+    def spawn_killed_supervisor(attempt_id: str, adir: Path) -> int:
+        argv = [sys.executable, "-c", KILLED_SUPERVISOR, str(adir), killed_in]
+        spawned.append(subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": src}, cwd=adir))
+        return spawned[-1].pid
+
+    monkeypatch.setattr(engine, "_spawn_supervisor", spawn_killed_supervisor)
+    attempt = make_attempt(["n"], *commands)
+    engine.launch(attempt)
+    assert spawned[0].wait(timeout=20) == -signal.SIGKILL  # killed where the test said
+    try:
+        status = engine.poll([attempt.attempt_id])[attempt.attempt_id]
+    finally:  # an instance still running (no cgroup to kill it by): its process group
+        state = json.loads((engine.attempts_dir / attempt.attempt_id / "state.json").read_text())
+        for pid in state["pids"].values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+    assert (status.phase, status.exit_code) == (phase, exit_code), status
+    if phase is AttemptPhase.LOST:
+        assert status.reason is FailureReason.NODE_LOST
+    else:
+        assert status.finished_at is not None and status.started_at is not None
+        assert status.started_at <= status.finished_at <= time.time()
+    again = LocalEngine(tmp_path / "home", "n", virtual_gpus=0, isolation=False, use_launcher=False)
+    assert again.poll([attempt.attempt_id])[attempt.attempt_id].phase is phase  # the verdict stays

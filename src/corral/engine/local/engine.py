@@ -72,10 +72,12 @@ from corral.engine.local.files import (
 from corral.engine.local.process_files import (
     ask_launcher,
     child_running,
+    clean_up_dead_attempt,
     final_status,
     has_subdirs,
     home_tag,
     host_path,
+    lost_status,
     read_text,
     running_launcher,
     same_process,
@@ -641,7 +643,7 @@ class LocalEngine:
         final = read_file(adir / "status.json", FINAL_STATUS)  # it may have finished while we looked
         if final is not None:
             return final_status(attempt_id, final, ref), None
-        return self._declare_lost(attempt_id, adir, ref), None
+        return self._settle_dead(attempt_id, adir, ref), None
 
     def _supervisor_alive(self, attempt_id: str, adir: Path, sup: SupervisorInfo | None, ref: str) -> bool:
         pid = self._children.get(attempt_id)
@@ -657,25 +659,12 @@ class LocalEngine:
             return time.time() - adir.stat().st_mtime < 10
         return same_process(pid, sup)
 
-    def _declare_lost(self, attempt_id: str, adir: Path, ref: str) -> AttemptStatus:
+    def _settle_dead(self, attempt_id: str, adir: Path, ref: str) -> AttemptStatus:
         """The supervisor died without a final word (killed, machine rebooted): make sure nothing
-        of the attempt survives, and remember the verdict."""
-        spec = self.attempt_spec(attempt_id)
-        remove_secrets(str(adir / "secrets"))
-        for inst in spec["instances"] if spec is not None else ():
-            cgroup = inst["cgroup"]
-            if cgroup:
-                cgroupfs.kill_all(cgroup, timeout_s=2.0)
-                cgroupfs.remove(cgroup, attempts=5)
-                cgroupfs.remove_attempt_dirs(cgroup)
-        status: FinalStatus = {
-            "phase": "lost",
-            "exit_code": None,
-            "reason": FailureReason.NODE_LOST.value,
-            "message": "the attempt's supervisor ended without recording an outcome",
-            "started_at": None,
-            "finished_at": time.time(),
-        }
+        of the attempt survives, and remember the verdict: the end it recorded before its
+        clean-up (ended.json: every instance reaped) or, without one, LOST."""
+        status = read_file(adir / "ended.json", FINAL_STATUS) or lost_status()
+        clean_up_dead_attempt(adir, self.attempt_spec(attempt_id))
         write_json(adir / "status.json", status)
         return final_status(attempt_id, status, ref)
 
@@ -739,7 +728,7 @@ class LocalEngine:
         if same_process(pid, sup):
             os.kill(pid, signal.SIGUSR1)
         else:
-            self._status(attempt_id)  # dead supervisor: declare lost, kill what is left
+            self._status(attempt_id)  # dead supervisor: settle it, kill what is left
 
     def close(self) -> None:
         """Jobs keep running (their supervisors are detached); the launcher, which owns no

@@ -100,7 +100,9 @@ class Outcome(TypedDict):
 
 class FinalStatus(Outcome):
     """status.json: written last, by the supervisor (or by the engine for a refused launch or a
-    supervisor that died without a word)."""
+    supervisor that died without a word). ended.json, of the same shape, is what the supervisor
+    will write there, recorded before its clean-up: the engine publishes it as status.json when
+    the supervisor died during that clean-up."""
 
     started_at: float | None
     finished_at: float

@@ -9,11 +9,21 @@ import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason, MountSpec
-from corral.engine.local.files import LAUNCHER_INFO, FinalStatus, LauncherInfo, SupervisorInfo, read_file
+from corral.engine.isolation import cgroupfs
+from corral.engine.isolation.secret_files import remove_secrets
+from corral.engine.local.files import (
+    LAUNCHER_INFO,
+    AttemptSpec,
+    FinalStatus,
+    LauncherInfo,
+    SupervisorInfo,
+    read_file,
+)
 from corral.engine.local.supervisor import proc_start
 
 log = logging.getLogger("corral.engine.local.engine")
@@ -79,6 +89,31 @@ def final_status(attempt_id: str, data: FinalStatus, ref: str) -> AttemptStatus:
         finished_at=data["finished_at"],
         engine_ref=ref,
     )
+
+
+def lost_status() -> FinalStatus:
+    """An attempt whose supervisor died before every instance's end was on record."""
+    return {
+        "phase": "lost",
+        "exit_code": None,
+        "reason": FailureReason.NODE_LOST.value,
+        "message": "the attempt's supervisor ended without recording an outcome",
+        "started_at": None,
+        "finished_at": time.time(),
+    }
+
+
+def clean_up_dead_attempt(adir: Path, spec: AttemptSpec | None) -> None:
+    """What a dead supervisor's clean-up would have done that matters once it is gone: its
+    secrets removed, whatever its cgroups still hold killed and the cgroups removed. (Its uid
+    lock stays: the uid is never given again, so the job's files cannot reach a later job.)"""
+    remove_secrets(str(adir / "secrets"))
+    for inst in spec["instances"] if spec is not None else ():
+        cgroup = inst["cgroup"]
+        if cgroup:
+            cgroupfs.kill_all(cgroup, timeout_s=2.0)
+            cgroupfs.remove(cgroup, attempts=5)
+            cgroupfs.remove_attempt_dirs(cgroup)
 
 
 def write_atomic(path: Path, data: bytes) -> None:

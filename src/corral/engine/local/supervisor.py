@@ -11,6 +11,10 @@ atomically into the attempt dir, where a (re)started engine reads it:
                    first supervisor of the attempt only: a second one started for the same dir
                    finds it and exits without running anything
   state.json       {phase: running, pids, started_at} once every instance is started
+  ended.json       what status.json will say, written once every instance has been reaped and
+                   before the clean-up: a supervisor killed during the clean-up (SIGKILL, the OOM
+                   killer) leaves the attempt's real end on record, which the engine then
+                   publishes as status.json instead of declaring the attempt lost
   status.json      {phase, exit_code, reason, message, started_at, finished_at, instances}  final
 
 (Their shapes are the TypedDicts of corral.engine.local.files.)
@@ -340,7 +344,10 @@ class Supervisor:
         # running until then, so a stop may go out meanwhile, and an exit 0 that came before it
         # must read as before the stop (services.lifecycle, rule 1), not as the job answering it.
         self.ended_at = time.time()
+        status = self.final_status()
+        write_json(self.path("ended.json"), status)
         self.finish()
+        write_json(self.path("status.json"), status)
 
     def enter_network(self) -> bool:
         """Into the attempt's own network namespace, which every instance then inherits (none in
@@ -448,6 +455,7 @@ class Supervisor:
         return {"phase": "succeeded", "exit_code": 0, "reason": None, "message": ""}
 
     def finish(self) -> None:
+        """The clean-up once every instance has been reaped (status.json is written after it)."""
         for inst in self.instances:
             if inst.cgroup:
                 cgroupfs.kill_all(inst.cgroup, timeout_s=5.0)
@@ -473,13 +481,14 @@ class Supervisor:
                 os.rmdir(uid_lock)
             except OSError:
                 pass
-        status: FinalStatus = {
+
+    def final_status(self) -> FinalStatus:
+        return {
             **self.outcome(),
             "started_at": self.started_at,
             "finished_at": self.ended_at if self.ended_at is not None else time.time(),
             "instances": {str(i.rank): {"exit_code": i.exit_code, "oom": i.oom} for i in self.instances},
         }
-        write_json(self.path("status.json"), status)
 
 
 def main() -> None:
