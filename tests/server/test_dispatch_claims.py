@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import event, select, update
 
 from corral.db.models import Attempt, Job
@@ -99,3 +100,76 @@ def test_a_stalled_servers_late_record_does_not_stop_the_launch_another_server_r
     with ctx_a.session_factory() as session:
         (attempt,) = session.scalars(select(Attempt)).all()
         assert attempt.state == "starting" and attempt.engine_ref == launched_by_a[2]
+
+
+def started_then_raised(fake: FakeEngine, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """The fake's launch starts the attempt, then raises (the local engine's write of engine_ref
+    after its supervisor was spawned, on a full disk) while the returned flag's item is True."""
+    raising = [True]
+    launch = fake.launch
+
+    def launch_then_raise(attempt: AttemptLaunch) -> str:
+        ref = launch(attempt)
+        if raising[0]:
+            raise OSError(28, "No space left on device", "engine_ref")
+        return ref
+
+    monkeypatch.setattr(fake, "launch", launch_then_raise)
+    return raising
+
+
+def test_a_launch_that_raised_after_starting_its_attempt_is_stopped_once_recorded_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine started the attempt, then raised: the dispatch loop recorded the attempt FAILED
+    (launch_failed) and requeued the job without stopping what had started, so the job could run
+    twice (the requeued attempt beside the first, which nobody watched any more). It is stopped
+    now, and only after the failure is committed (a stop of an attempt still live in the database
+    could fail its job as `stopped`)."""
+    ctx, fake, launch, _ = claimed_launch(tmp_path)
+    started_then_raised(fake, monkeypatch)
+    launched = _launch(ctx, launch, claimed_at=time.time())
+    assert launched is not None and launched[3] is not None and launch.attempt_id in fake.launched
+    states_at_stop: list[str] = []
+    stop = fake.stop
+
+    def stop_seeing_the_database(attempt_id: str, grace_s: float) -> None:
+        with ctx.session_factory() as session:  # what another server would read then
+            states_at_stop.append(session.scalars(select(Attempt.state)).one())
+        stop(attempt_id, grace_s)
+
+    monkeypatch.setattr(fake, "stop", stop_seeing_the_database)
+    with ctx.session_factory() as session:
+        _record_all(ctx, session, [launched])
+    assert fake.stopped == [(launch.attempt_id, 0.0)]
+    assert states_at_stop == ["failed"]
+    with ctx.session_factory() as session:
+        job = session.scalars(select(Job)).one()
+        assert job.state == "queued" and "No space left on device" in (job.reason or ""), job.reason
+
+
+def test_a_stalled_servers_raised_launch_does_not_stop_the_launch_another_server_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, but server A stalled after its launch raised; its claim ran out and server B
+    launched the same attempt (the same process) and recorded it STARTING: A's late record of its
+    failure must neither fail the job nor stop its one live attempt."""
+    ctx_a, fake, launch, _ = claimed_launch(tmp_path)
+    raising = started_then_raised(fake, monkeypatch)
+    launched_by_a = _launch(ctx_a, launch, claimed_at=time.time())
+    assert launched_by_a is not None and launched_by_a[3] is not None
+    raising[0] = False
+    ctx_b = ServerContext(ctx_a.settings, ctx_a.session_factory, fake, "other:2:bb")
+    later = time.time() + JOB_LEASE_TTL_S + 1.0  # A's claim has run out
+    with ctx_b.session_factory() as session:
+        (again,) = prepare_launches(ctx_b, session, later)
+    launched_by_b = _launch(ctx_b, again, claimed_at=later)
+    assert launched_by_b is not None and launched_by_b[3] is None
+    with ctx_b.session_factory() as session:
+        _record_all(ctx_b, session, [launched_by_b])
+    with ctx_a.session_factory() as session:
+        _record_all(ctx_a, session, [launched_by_a])
+    assert fake.stopped == []
+    with ctx_a.session_factory() as session:
+        (attempt,) = session.scalars(select(Attempt)).all()
+        assert attempt.state == "starting" and session.scalars(select(Job.state)).one() == "starting"

@@ -7,7 +7,8 @@ attempt id again, which the engine treats as the same launch (idempotent), so no
 If such a job is cancelled meanwhile, its attempt is stopped through the engine before the job is
 settled CANCELLED; and a launch that waited more than FRESH_CLAIM_S since its claim renews the
 job's lease right before the engine call, so a launch that outlived its lease on a stalled server
-does not start anything.
+does not start anything. A launch the engine raised from may have started the attempt all the
+same: it is stopped once its failure is committed (_stop_failed_launches).
 """
 
 from __future__ import annotations
@@ -338,15 +339,17 @@ def _stop_orphan(ctx: ServerContext, session: Session, attempt: Attempt | None, 
 
 def _record_launch(
     ctx: ServerContext, session: Session, launched: Launched, job: Job | None, attempt: Attempt | None
-) -> None:
-    """STARTING with the engine's ref, or FAILED (launch_failed) with the engine's message."""
+) -> str | None:
+    """STARTING with the engine's ref, or FAILED (launch_failed) with the engine's message.
+    Returns the attempt id when it recorded the attempt FAILED: the caller stops it through the
+    engine once that is committed (_stop_failed_launches)."""
     _job_id, attempt_id, ref, error = launched
     now = time.time()
     current = job is not None and attempt is not None and attempt.attempt_id == attempt_id
     if job is None or attempt is None or not current or job.state != JobState.SCHEDULED.value:
-        if ref is not None:
+        if ref is not None or error is not None:  # an engine that raised may have started it too
             _stop_orphan(ctx, session, attempt, attempt_id)
-        return
+        return None
     job.lease_owner = None
     if error is not None:
         # The exit-spec decides the retry (launch_failed: platform, a few tries with backoff).
@@ -354,11 +357,12 @@ def _record_launch(
         why = f"launch failed: {error}"
         budget = ctx.settings.lost_requeue_budget
         if settle_failure(session, job, why=why, now=now, rule=retry_rule(verdict), budget=budget) is None:
-            return
+            return None
         node = failing_node(attempt, 0)
         record(session, job, attempt, verdict, node, now, retried=job.state == JobState.QUEUED.value)
         end_attempt(session, job, attempt, AttemptState.FAILED, now, reason=verdict.reason, message=error)
         ctx.wake("schedule")
+        return attempt_id
     elif transition(session, job, JobState.STARTING, now=now):
         if not move_attempt(
             session, attempt, AttemptState.STARTING, {"engine_ref": ref, "engine": ctx.engine.name}
@@ -366,6 +370,22 @@ def _record_launch(
             raise AttemptChangedMeanwhile(f"attempt {attempt_id} ended in another session")
     elif ref is not None:  # changed in another session since it was read
         _stop_orphan(ctx, session, attempt, attempt_id)
+    return None
+
+
+def _stop_failed_launches(ctx: ServerContext, attempt_ids: Iterable[str]) -> None:
+    """Stop what the engine may have started of these attempts before its launch raised (the
+    local engine's supervisor spawned, then the write of its ref failed; a Slurm job submitted,
+    then its record not saved): their jobs are requeued, and the retry must not run beside them.
+    Only once the attempts' FAILED is committed: until then another server that took the job over
+    (our claim run out) may record the same attempt (idempotent launch, the same process)
+    STARTING, and stopping that live attempt would fail its job as `stopped`. A stop that fails
+    is logged: the attempt then runs on unwatched, as it did before."""
+    for attempt_id in attempt_ids:
+        try:
+            ctx.engine.stop(attempt_id, 0.0)
+        except Exception:
+            log.exception("could not stop attempt %s after its failed launch", attempt_id)
 
 
 def renew_claim(ctx: ServerContext, job_id: int, now: float) -> bool:
@@ -449,6 +469,7 @@ def _record_all(ctx: ServerContext, session: Session, results: list[Launched]) -
     try:
         jobs, attempts = jobs_with_live_attempts(session, [r[0] for r in results])
         started = []
+        failed: list[str] = []
         with session.no_autoflush:
             for launched in results:
                 job, attempt = jobs.get(launched[0]), attempts.get(launched[0])
@@ -461,9 +482,11 @@ def _record_all(ctx: ServerContext, session: Session, results: list[Launched]) -
                 ):
                     started.append((job, attempt, launched))
                 else:  # failed, or settled meanwhile: one by one, as the rules for each need
-                    _record_launch(ctx, session, launched, job, attempt)
+                    if (stop := _record_launch(ctx, session, launched, job, attempt)) is not None:
+                        failed.append(stop)
             _record_started(ctx, session, started)
         session.commit()
+        _stop_failed_launches(ctx, failed)
         return
     except Exception:
         session.rollback()
@@ -471,8 +494,9 @@ def _record_all(ctx: ServerContext, session: Session, results: list[Launched]) -
     for launched in results:
         try:
             jobs, attempts = jobs_with_live_attempts(session, [launched[0]])
-            _record_launch(ctx, session, launched, jobs.get(launched[0]), attempts.get(launched[0]))
+            stop = _record_launch(ctx, session, launched, jobs.get(launched[0]), attempts.get(launched[0]))
             session.commit()
+            _stop_failed_launches(ctx, [stop] if stop is not None else [])
         except Exception:
             session.rollback()
             log.exception("could not record the launch of job %s", launched[0])
