@@ -5,13 +5,16 @@ symlink there instead, naming any socket of the host, which connect() would foll
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
+import threading
 from pathlib import Path
 
 import pytest
 
-from corral.workspaces.endpoint import open_unix_socket
+from corral.workspaces import activity
+from corral.workspaces.endpoint import Upstream, open_unix_socket
 
 JOB_UID = 300_123
 
@@ -70,3 +73,36 @@ def test_the_jobs_own_jupyterlab_is_reached(tmp_path: Path) -> None:
         sock.close()
     finally:
         os.waitpid(pid, 0)
+
+
+def test_the_idle_check_sends_no_request_through_a_symlink_to_roots_socket(tmp_path: Path) -> None:
+    """The idle policy's JupyterLab activity check (corral.workspaces.activity) connects as root
+    too: through a symlink the job put in place of its socket, root's own HTTP socket would get
+    the request (and the workspace's credential). It is refused before anything is sent."""
+    work = job_work_dir(tmp_path)
+    host = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # e.g. a root daemon's HTTP socket
+    host.bind(str(tmp_path / "root-daemon.sock"))
+    host.listen(1)
+    host.settimeout(5)
+    (work / "jupyter.sock").symlink_to(tmp_path / "root-daemon.sock")
+    received: list[bytes] = []
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = host.accept()
+            with conn:
+                conn.settimeout(2)
+                while request := conn.recv(4096):  # answers what it is asked, as a daemon would
+                    received.append(request)
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n[]")
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        upstream = Upstream(socket=str(work / "jupyter.sock"))
+        with pytest.raises(OSError, match="not by its job's"):
+            activity.jupyter_last_activity(upstream, "/ws/1/", "the-workspace-credential", now=1e10)
+    finally:
+        thread.join(10)
+        host.close()
+    assert received == [], f"root's socket was sent {received!r}"

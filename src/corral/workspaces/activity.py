@@ -2,11 +2,18 @@
 and terminals (a kernel busy right now counts as now), asked where the proxy reaches it (its
 socket, or its Slurm node's address). The idle-GPU policy (corral.monitor.idle) uses it as
 evidence of use beside GPU readings. A workspace whose JupyterLab does not answer gives no
-evidence (it is left out)."""
+evidence (it is left out).
+
+The server asks as root, and the job owns the directory its socket lies in: the socket reached
+must be answered by the job's uid (`endpoint.check_peer`, as the proxy checks), or a symlink put
+in its place would have root send the request (with the workspace's credential) to any socket of
+the host. httpx's `uds` transport cannot check that, so this talks through httpcore (httpx's
+own engine) with a network backend that checks the peer of every connection it opens."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -14,16 +21,37 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
-import httpx
+import httpcore
 from sqlalchemy.orm import Session, sessionmaker
 
 from corral.services.workspaces import ProxyTarget, proxy_target, workspace_job_ids
-from corral.workspaces.endpoint import Upstream, jupyter_upstream, reachable_path
+from corral.workspaces.endpoint import Upstream, check_peer, jupyter_upstream, reachable_path
 from corral.workspaces.jupyter_auth import HEADER
 
 log = logging.getLogger("corral.workspaces.activity")
 TIMEOUT_S = 2.0
 CONCURRENT_ASKS = 16  # JupyterLabs asked at once in an idle pass (threads, for the pass only)
+# A JupyterLab that does not answer, or not HTTP, or not the job's own: no reading for it.
+NO_ANSWER = (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError, OSError, ValueError)
+
+
+class PeerCheckedBackend(httpcore.SyncBackend):
+    """httpcore's own sockets, connected to a job's Unix socket only when the job's uid listens
+    on it (`check_peer` against `path`, the socket's real path, whatever address reached it)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Any = None
+    ) -> httpcore.NetworkStream:
+        stream = super().connect_unix_socket(path, timeout, socket_options)
+        try:
+            check_peer(stream.get_extra_info("socket"), self.path)
+        except BaseException:
+            stream.close()
+            raise
+        return stream
 
 
 def _parse(stamp: Any) -> float | None:
@@ -45,14 +73,17 @@ def _kernels_last_activity(
     upstream: Upstream, uds: str | None, base_url: str, token: str, now: float
 ) -> float | None:
     latest: float | None = None
-    transport = httpx.HTTPTransport(uds=uds)
-    with httpx.Client(transport=transport, timeout=TIMEOUT_S, headers={HEADER: token}) as client:
+    backend = None if upstream.socket is None else PeerCheckedBackend(upstream.socket)
+    timeouts = dict.fromkeys(("connect", "read", "write", "pool"), TIMEOUT_S)
+    with httpcore.ConnectionPool(uds=uds, network_backend=backend) as pool:
         for kind in ("kernels", "terminals"):
-            reply = client.get(f"http://{upstream.authority}{base_url}api/{kind}")
-            if kind == "terminals" and reply.status_code == 404:
+            url = f"http://{upstream.authority}{base_url}api/{kind}"
+            reply = pool.request("GET", url, headers=[(HEADER, token)], extensions={"timeout": timeouts})
+            if kind == "terminals" and reply.status == 404:
                 continue  # a JupyterLab without terminals (no terminado): its kernels still count
-            reply.raise_for_status()
-            items = reply.json()
+            if not 200 <= reply.status < 300:
+                raise ValueError(f"api/{kind} answered HTTP {reply.status}")
+            items = json.loads(reply.content)
             # Whatever listens on the socket is the owner's to run: an answer of another shape is
             # no evidence (ValueError, skipped by the caller), not an error out of the idle pass.
             if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
@@ -97,6 +128,6 @@ def last_activity(
 def _ask(target: ProxyTarget, upstream: Upstream, now: float) -> float | None:
     try:
         return jupyter_last_activity(upstream, f"/ws/{target.workspace_id}/", target.token, now)
-    except (httpx.HTTPError, OSError, ValueError) as exc:
+    except NO_ANSWER as exc:
         log.debug("workspace %s: no activity reading (%s)", target.workspace_id, exc)
         return None
