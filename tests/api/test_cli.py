@@ -195,6 +195,20 @@ def test_cli_clear_errors(world: World, server_url: str) -> None:
     assert code == 1 and "cannot reach the Corral server" in out and "Traceback" not in out
 
 
+def test_ls_with_an_unknown_state_lists_the_states(world: World, server_url: str) -> None:
+    """`corral ls --state bogus` printed the API's regex ("does not match pattern ^\\s*(queued|...");
+    the 422 now names the unknown state and the states there are, for the CLI, SDK and portal."""
+    code, out = run(world, server_url, "alice", "ls", "--state", "running, bogus")
+    assert code == 1 and "Traceback" not in out, out
+    assert "unknown job state 'bogus': states are queued, scheduled, starting, running" in out, out
+    assert "pattern" not in out and "\\s" not in out, out
+    r = world.client.get(
+        "/api/v1/jobs", params={"state": ["queued", "running,bogus"]}, headers=world.as_("alice")
+    )
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "state", 1], r.text
+    assert run(world, server_url, "alice", "ls", "--state", " queued , ,running")[0] == 0
+
+
 def test_cli_model_register_bad_card_and_metric_name_the_option(
     world: World, server_url: str, tmp_path: Path
 ) -> None:

@@ -170,9 +170,10 @@ def test_visibility_filters_sorting_and_pagination(world: World) -> None:
     world.client.post(f"{JOBS}/{first}/cancel", headers=world.as_("admin"))
     assert page("admin", state="cancelled")["total"] == 1
     assert page("admin", state="queued,cancelled")["total"] == 10
-    # The schema names the states and sort keys (a pattern, an enum), so the models refuse others.
+    # The schema names the states and sort keys (a pattern, an enum), so the models refuse others;
+    # an unknown state is named, with the states (not the pattern: `corral ls --state` prints it).
     r = world.client.get(JOBS, params={"state": "sleeping"}, headers=world.as_("admin"))
-    assert "queued|scheduled" in errors_of(r)[("query", "state", 0)]
+    assert "'sleeping': states are queued, scheduled" in errors_of(r)[("query", "state", 0)]
     r = world.client.get(JOBS, params={"sort": "password"}, headers=world.as_("admin"))
     assert "'created_at'" in errors_of(r)[("query", "sort")]
     r = world.client.get(JOBS, params={"limit": 5000}, headers=world.as_("admin"))

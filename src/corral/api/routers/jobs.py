@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
+from pydantic import AfterValidator, ValidationError, WithJsonSchema
 
 from corral import spec as job_spec
 from corral.api.deps import DB, MAX_ROW_ID, CurrentUser, Offset, RowId, UserFilter, fast_json
@@ -35,6 +35,25 @@ SortBy = Literal["created_at", "submitted_at", "updated_at", "id", "priority", "
 # A comma-separated list of job states (blanks around the commas allowed, empty items skipped).
 _STATE = "(" + "|".join(s.value for s in JobState) + ")?"
 STATE_LIST = rf"^\s*{_STATE}\s*(,\s*{_STATE}\s*)*$"
+
+
+def _known_states(value: str) -> str:
+    """The list as given, when every item is a job state; else a sentence naming the first
+    unknown one and the states there are (the pattern's own message showed the regex)."""
+    states = [s.value for s in JobState]
+    unknown = next(
+        (item for item in (s.strip() for s in value.split(",")) if item and item not in states), None
+    )
+    if unknown is not None:
+        raise ValueError(f"unknown job state {unknown!r}: states are {', '.join(states)}")
+    return value
+
+
+# The pattern stays in the schema (clients and tests/api/test_fuzz.py read it); the validator
+# checks the same and says what is wrong in words.
+StateList = Annotated[
+    str, AfterValidator(_known_states), WithJsonSchema({"type": "string", "pattern": STATE_LIST})
+]
 
 # "90s", "1h30m": numbers with units, at least one of them not zero (the sum must be > 0).
 _NUMBER = r"[0-9]+(?:\.[0-9]+)?[dhmsDHMS]"
@@ -208,7 +227,7 @@ def list_jobs(
     principal: CurrentUser,
     request: Request,
     state: Annotated[
-        list[Annotated[str, Query(pattern=STATE_LIST)]] | None,
+        list[StateList] | None,
         Query(description="job states; repeat or comma-separate"),
     ] = None,
     user: UserFilter = None,
