@@ -4,15 +4,17 @@ limits can be cleared, CPU and memory quotas, overcommitted guarantees warn, gro
 from __future__ import annotations
 
 import random
+import threading
 import time
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from corral.db.models import Attempt, Job
 from corral.scheduler import PROFILES, Scheduler
 from corral.server.snapshot import build_snapshot, read_cluster_state
-from corral.services import jobs
+from corral.services import accounts, jobs
 from tests.api.conftest import World
 from tests.api.helpers import add_node, make_running
 
@@ -179,3 +181,44 @@ def test_groups_show_gpus_used_guaranteed_and_borrowed_and_cpu_memory_used(world
         g for g in world.client.get(f"{API}/groups", headers=world.as_("admin")).json() if g["name"] == "nlp"
     )
     assert nlp["usage"]["gpus"] == [] and nlp["usage"]["cpus"]["used"] == 0
+
+
+def test_two_admins_setting_a_new_models_quota_at_once_take_turns(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second request commits the group's first a100 quota between the first's read (none
+    yet) and its insert: the first's insert broke the unique constraint, a 500 (IntegrityError on
+    either database). With the group's row locked the second waits for the first, reads its
+    quota and changes it: both answer 200, the later one's numbers stand."""
+    real, paused, second_done = accounts.set_quota, threading.Event(), threading.Event()
+
+    def set_quota(*args: Any, **kwargs: Any) -> Any:
+        if not paused.is_set():  # the first request, after its read, before its write
+            paused.set()
+            second_done.wait(2)  # with the lock, the second waits for us: go on after 2 s
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(accounts, "set_quota", set_quota)
+    results: dict[int, Any] = {}
+
+    def put(i: int, guaranteed: int) -> None:
+        body = {"gpu_model": "a100", "guaranteed": guaranteed}
+        try:
+            results[i] = world.client.put(f"{API}/groups/vision/quota", json=body, headers=world.as_("admin"))
+        except Exception as exc:  # the server's own error (the test client raises it)
+            results[i] = exc
+        finally:
+            if i == 2:
+                second_done.set()
+
+    first = threading.Thread(target=put, args=(1, 2))
+    first.start()
+    assert paused.wait(10)
+    second = threading.Thread(target=put, args=(2, 3))
+    second.start()
+    first.join(30)
+    second.join(30)
+    assert [getattr(results[i], "status_code", results[i]) for i in (1, 2)] == [200, 200], results
+    group = world.client.get(f"{API}/groups/vision", headers=world.as_("admin")).json()
+    (quota,) = [q for q in group["quotas"] if q["gpu_model"] == "a100"]
+    assert quota["guaranteed"] == 3, quota

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
+from corral.db.base import lock_row
 from corral.db.models import Group, GroupQuota, Membership, SshKey, User
 from corral.services import notify
 from corral.services.auth import Principal, forget_principals, hash_password, verify_password
@@ -49,6 +50,16 @@ def group_by_name(session: Session, name: str) -> Group:
     if group is None:
         raise NotFound(f"no group named {name!r}")
     return group
+
+
+def lock_group(session: Session, group: Group) -> None:
+    """Lock `group` until the transaction ends and read it again with its quotas, as committed by
+    then: two admins setting the group's quotas at once take turns, and the second sees the
+    first's. Without it both read "no quota for this model yet" and both inserted one: the second
+    insert broke the unique constraint (a 500)."""
+    if not lock_row(session, group):
+        raise NotFound(f"no group named {group.name!r}")
+    session.refresh(group, ["quotas"])
 
 
 def user_by_name(session: Session, name: str) -> User:

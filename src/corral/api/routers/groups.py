@@ -79,6 +79,7 @@ def set_quota(name: NameInPath, body: QuotaIn, db: DB, admin: Admin) -> Any:
     or `max` is given; a field left out keeps its value) and group-wide settings; `null` clears a
     limit (e.g. the per-user cap)."""
     group = svc.group_by_name(db, name)
+    svc.lock_group(db, group)  # before reading what it changes: one quota change at a time
     before = group_state(group)
     given = body.model_fields_set
     if body.sets_gpu_quota:
