@@ -48,7 +48,12 @@ def test_node_crash_is_lost_once_and_never_runs_twice(
 ) -> None:
     runs = slurm_cluster.scratch_dir()  # mounted into the jobs' sandboxes
     token = "60.2011"  # a unique sleep argument, to find the job's processes in /proc
-    command = f'echo "$SLURMD_NODENAME" >> {runs}/rank-$RANK; sleep {token}; echo end >> {runs}/rank-$RANK'
+    # "end" only when the sleep ran out (`&&`): Slurm ends the surviving node's step by signalling
+    # its processes one after another, so the sleep can die a moment before the shell around it,
+    # which with `;` then ran its next command (the job's own shell code ending, not a second run;
+    # the failure this test had now and then, docs/slurm.md)
+    out = f"{runs}/rank-$RANK"
+    command = f'echo "$SLURMD_NODENAME" >> {out} && sleep {token} && echo end >> {out}'
     ref = engine.launch(
         attempt(
             "201.1",
