@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +32,28 @@ def processes_with(token: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def start_ticking(engine: SlurmEngine, cluster: SlurmCluster, attempt_id: str, node: str) -> Path:
+    """Launch an attempt on `node` that appends a timestamp to <scratch>/ticks every 0.2 s, and
+    wait until it has; the ticks file, to see when the attempt's ranks stopped running."""
+    runs = cluster.scratch_dir()
+    engine.launch(
+        attempt(
+            attempt_id,
+            instance(node, f"while true; do date +%s.%N >> {runs}/ticks; sleep 0.2; done"),
+            rw_mounts=[runs],
+        )
+    )
+    wait_for(engine, attempt_id, {AttemptPhase.RUNNING})
+    deadline = time.monotonic() + 10
+    while not (runs / "ticks").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return runs / "ticks"
+
+
+def last_tick(ticks: Path) -> float:
+    return max(float(t) for t in ticks.read_text().split())
 
 
 def slurm_job_state(cluster: SlurmCluster, job_id: str) -> str:
@@ -113,18 +136,7 @@ def test_a_node_slurm_cannot_reach_kills_the_attempt_declared_lost_there(
     job as NODE_FAIL, the attempt is LOST and Corral retries it elsewhere, while slurmstepd and the
     ranks run on where Slurm cannot kill them (until slurmd answers again). The engine marks the
     attempt given up, and node.sh's watch kills the ranks itself."""
-    runs = slurm_cluster.scratch_dir()
-    engine.launch(
-        attempt(
-            "202.1",
-            instance("node3", f"while true; do date +%s.%N >> {runs}/ticks; sleep 0.2; done"),
-            rw_mounts=[runs],
-        )
-    )
-    wait_for(engine, "202.1", {AttemptPhase.RUNNING})
-    deadline = time.monotonic() + 10
-    while not (runs / "ticks").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    ticks = start_ticking(engine, slurm_cluster, "202.1", "node3")
     slurmd = slurm_cluster.slurmd_pid("node3")
     assert slurmd is not None
     os.kill(slurmd, signal.SIGSTOP)
@@ -134,7 +146,7 @@ def test_a_node_slurm_cannot_reach_kills_the_attempt_declared_lost_there(
         assert (lost.phase, lost.reason) == (AttemptPhase.LOST, FailureReason.NODE_LOST), lost
         assert "NODE_FAIL" in lost.message
         time.sleep(KILL_CHECK_S + 4)
-        last = max(float(t) for t in (runs / "ticks").read_text().split())
+        last = last_tick(ticks)
         assert last < lost_at + KILL_CHECK_S + 2, f"the LOST attempt ran on {last - lost_at:.1f}s after it"
     finally:
         os.kill(slurmd, signal.SIGCONT)
@@ -218,22 +230,11 @@ def test_a_superseded_submission_that_started_first_is_stopped(
     """The stale submission may start before the later one exists (sbatch's answer lost, the job
     found by no lookup yet): once the attempt's current submission is another, node.sh's watch
     kills the stale one's ranks, as for the kill marker."""
-    runs = slurm_cluster.scratch_dir()
-    engine.launch(
-        attempt(
-            "205.1",
-            instance("node2", f"while true; do date +%s.%N >> {runs}/ticks; sleep 0.2; done"),
-            rw_mounts=[runs],
-        )
-    )
-    wait_for(engine, "205.1", {AttemptPhase.RUNNING})
-    deadline = time.monotonic() + 10
-    while not (runs / "ticks").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    ticks = start_ticking(engine, slurm_cluster, "205.1", "node2")
     engine.store.new_submission("205.1")  # what a relaunch writes before its sbatch
     superseded_at = time.time()
     time.sleep(KILL_CHECK_S + 3)
-    last = max(float(t) for t in (runs / "ticks").read_text().split())
+    last = last_tick(ticks)
     assert last < superseded_at + KILL_CHECK_S + 1.5, (
         f"ran on {last - superseded_at:.1f}s after it was superseded"
     )

@@ -13,16 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import event, select
+from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from corral.db.diag_models import AttemptDiagnosis, AttemptFault, JobAvoid
-from corral.db.models import Attempt, Job, Node
+from corral.db.models import Attempt, Job
 from corral.diagnosis.exitspec import Category, ExitSpec, Facts, RetryPolicy, Verdict
 from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason
 from corral.monitor.metrics import JOB_FAILURES_TOTAL
-from corral.scheduler.types import NodeState
 from corral.services.lifecycle import RetryRule, record_event
+from corral.services.nodes import ready_node_outside
 
 _PENDING_COUNTS = "diag_failure_counts"
 
@@ -131,17 +131,9 @@ def _avoid_for_retry(
             pair = [fault.node, fault.gpu_index]
             if pair not in avoid.gpus:
                 avoid.gpus = [*avoid.gpus, pair]
-        elif node and node not in avoid.nodes and _ready_beyond(session, [*avoid.nodes, node]):
+        elif node and node not in avoid.nodes and ready_node_outside(session, [*avoid.nodes, node]):
             avoid.nodes = [*avoid.nodes, node]
     avoid.not_before = now + backoff if backoff > 0 else None
-
-
-def _ready_beyond(session: Session, nodes: list[str]) -> bool:
-    """Whether a ready node is left outside `nodes`. A retry told to avoid every node could never
-    be placed: it waited forever, neither run nor failed (on the local engine, one node, after any
-    hardware failure found in the log alone); it is retried where it can run instead."""
-    other = select(Node.name).where(Node.state == NodeState.READY.value, Node.name.not_in(nodes)).limit(1)
-    return session.scalar(other) is not None
 
 
 def _backoff(policy: RetryPolicy, job: Job) -> float:

@@ -7,6 +7,7 @@ keeps admin_state over the engine's ready/down and mirrors it into the engine.""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
@@ -45,6 +46,13 @@ def set_admin_state(session: Session, name: str, action: str) -> Node:
     notify.changed(session, notify.Topic.NODES)
     session.flush()
     return node
+
+
+def ready_node_outside(session: Session, nodes: Collection[str]) -> bool:
+    """Whether a ready node is left outside `nodes`: where work told to avoid them can still run
+    (a retry avoiding every node would wait forever, neither run nor failed)."""
+    other = select(Node.name).where(Node.state == "ready", Node.name.not_in(list(nodes))).limit(1)
+    return session.scalar(other) is not None
 
 
 def remove_node(session: Session, name: str) -> Node:

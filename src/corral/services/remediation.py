@@ -442,16 +442,11 @@ def _jobs_on(session: Session, node: str, gpu: int | None) -> list[Job]:
     return list(session.scalars(select(Job).where(Job.id.in_(ids)).order_by(Job.id))) if ids else []
 
 
-def _another_ready_node(session: Session, node: str) -> bool:
-    stmt = select(func.count()).select_from(Node).where(Node.name != node, Node.state == "ready")
-    return int(session.scalar(stmt) or 0) > 0
-
-
 def _requeue(session: Session, run: _Run, node: str, gpu: str, job_id: str, now: float) -> str:
     """Stop the attempts on the GPU (or the whole node) with a hardware fault on record: their end
     is diagnosed gpu_error, retried on the platform's budget, and the retry avoids the GPU (node)."""
     index = int(gpu) if gpu.isdigit() else None
-    if index is None and not _another_ready_node(session, node):
+    if index is None and not node_svc.ready_node_outside(session, [node]):
         # The retry would have to avoid the only node and could never run: a lost node's work
         # is settled by the node loop (requeued), and placed there again once it is back.
         return f"left to the node loop: no other ready node than {node}"

@@ -67,8 +67,8 @@ class SlurmJob(TypedDict, total=False):
 # truncation), the name last so that a "|" in another user's job name cannot shift the others.
 SQUEUE_FIELDS = ("JobID", "State", "exit_code", "StartTime", "EndTime", "RestartCnt", "Reason", "NodeList")
 SQUEUE_FORMAT = ",".join(f"{f}:|" for f in SQUEUE_FIELDS) + ",Name:"
-# The same, then the comment, last in its turn: only for `--name=corral-<attempt id>` (such a name
-# has no "|").
+# The same, then the comment, last in its turn: only where every job listed is one of Corral's
+# (`--name=corral-<attempt id>`, or `--jobs=` of such jobs' ids), whose names have no "|".
 SQUEUE_FORMAT_COMMENT = ",".join(f"{f}:|" for f in (*SQUEUE_FIELDS, "Name")) + ",Comment:"
 
 
