@@ -90,3 +90,41 @@ def test_policy_by_severity_acks_both_ways_once_and_resolve_cancels(bridged: Env
     cancelled = page_of(env, sev2b)
     assert cancelled is not None and cancelled["state"] == "cancelled", cancelled
     assert "page cancelled: the incident resolved" in texts(env, sev2b, "paging")
+
+
+def test_a_reopened_incident_is_paged_again_on_a_page_of_its_own(bridged: Env) -> None:
+    """An incident that fires again within the flap window goes back to triggered: its first page
+    was cancelled when it resolved, so without a new page a triggered incident paged nobody."""
+    env = bridged
+    env.put("/oncall/policies/incidents", {"steps": [{"user": "alice", "wait_minutes": 5}]})
+    first = open_incident(env, "flap", "SEV2")
+    r = env.client.post(f"/api/v1/incidents/{first}/resolve", json={}, headers=env.admin)
+    assert r.status_code == 200, r.text
+    assert open_incident(env, "flap", "SEV2") == first  # within the flap window: the same incident
+    assert detail(env, first)["state"] == "triggered"
+
+    pages = env.client.get("/api/v1/oncall/pages", headers=env.admin).json()
+    ours = {p["key"]: p["state"] for p in pages if p["key"].startswith(f"incident:{first}")}
+    assert ours == {f"incident:{first}": "cancelled", f"incident:{first}/reopen-1": "triggered"}, ours
+    assert texts(env, first, "paging")[-1] == "reopened: paged again via policy incidents"
+
+    # Firing again while it is triggered starts no further page.
+    assert open_incident(env, "flap", "SEV2") == first
+    pages = env.client.get("/api/v1/oncall/pages", headers=env.admin).json()
+    assert len([p for p in pages if p["key"].startswith(f"incident:{first}")]) == 2
+
+    # The new page's ack acknowledges the incident; resolving it again cancels nothing more.
+    again = next(p for p in pages if p["key"] == f"incident:{first}/reopen-1")
+    r = env.client.post(f"/api/v1/oncall/pages/{again['id']}/ack", headers=env.admin)
+    assert r.status_code == 200, r.text
+    assert detail(env, first)["state"] == "acknowledged"
+
+    # A second reopen pages on a third key; resolving cancels that one.
+    assert env.client.post(f"/api/v1/incidents/{first}/resolve", json={}, headers=env.admin).status_code == 200
+    assert open_incident(env, "flap", "SEV2") == first
+    r = env.client.post(f"/api/v1/incidents/{first}/resolve", json={}, headers=env.admin)
+    assert r.status_code == 200, r.text
+    pages = env.client.get("/api/v1/oncall/pages", headers=env.admin).json()
+    ours = {p["key"]: p["state"] for p in pages if p["key"].startswith(f"incident:{first}")}
+    assert ours[f"incident:{first}/reopen-2"] == "cancelled", ours
+    assert ours[f"incident:{first}/reopen-1"] == "acknowledged", ours

@@ -9,6 +9,9 @@
   acknowledged, which stops the escalation. Both acks are idempotent, so each side's listener
   calling the other ends after one hop.
 - The incident resolves (by hand, or its alerts resolved) -> its page is cancelled if still open.
+- The incident reopens (it fired again within the flap window, so it is triggered and nobody's
+  again) -> a new page starts, key `incident:<id>/reopen-<n>`: a page key is used once, and a
+  triggered incident always has someone being paged.
 
 Everything happens in the transaction of the change that caused it: an incident is never left
 open without its page, nor a page acked without its incident. `install()` registers the
@@ -22,7 +25,7 @@ import os
 import threading
 import time
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
 from corral.db.incident_models import Incident
@@ -38,7 +41,14 @@ _install_lock = threading.Lock()
 
 
 def page_key(incident_id: int) -> str:
+    """The key of the incident's first page; a reopen's page is `<that>/reopen-<n>`."""
     return f"{KEY_PREFIX}{incident_id}"
+
+
+def incident_of_key(key: str) -> int | None:
+    """The incident id of one of its pages' keys (None: not an incident's page)."""
+    head = key.removeprefix(KEY_PREFIX).split("/", 1)[0]
+    return int(head) if key.startswith(KEY_PREFIX) and head.isdigit() else None
 
 
 def policy_names(severity: str) -> list[str]:
@@ -65,9 +75,21 @@ def page_body(incident: Incident) -> str:
 
 
 def _page_opened(session: Session, incident: Incident) -> None:
-    if not _enabled:
+    if _enabled:
+        _start_page(session, incident, page_key(incident.id), incident.opened_at, "paged")
+
+
+def _page_reopened(session: Session, incident: Incident, by: str) -> None:
+    """A reopened incident is triggered again: page again, on a page of its own (the first one
+    was cancelled when the incident resolved, or acknowledged for the fault as it was then)."""
+    if not _enabled or _open_page(session, incident.id) is not None:
         return
-    now = incident.opened_at
+    earlier = session.scalar(select(func.count()).select_from(Page).where(_pages_of(incident.id)))
+    key = f"{page_key(incident.id)}/reopen-{earlier or 0}"
+    _start_page(session, incident, key, incident.updated_at, "reopened: paged again")
+
+
+def _start_page(session: Session, incident: Incident, key: str, now: float, verb: str) -> None:
     tried = policy_names(incident.severity)
     policy = session.scalar(
         select(EscalationPolicy.name).where(EscalationPolicy.name.in_(tried))
@@ -79,25 +101,33 @@ def _page_opened(session: Session, incident: Incident) -> None:
         incidents.add_timeline(session, incident.id, "paging", text, now=now)
         return
     paging.start(
-        session, key=page_key(incident.id), policy=policy,
+        session, key=key, policy=policy,
         subject=f"[{incident.severity}] {incident.title}", body=page_body(incident), now=now,
     )  # fmt: skip
-    text = f"paged via policy {policy}"
-    incidents.add_timeline(session, incident.id, "paging", text, {"policy": policy}, now=now)
+    text = f"{verb} via policy {policy}"
+    incidents.add_timeline(session, incident.id, "paging", text, {"policy": policy, "page": key}, now=now)
+
+
+def _pages_of(incident_id: int) -> ColumnElement[bool]:
+    first = page_key(incident_id)
+    # "/" and the digits are no LIKE wildcards, so this matches this incident's pages only
+    return or_(Page.key == first, Page.key.like(f"{first}/%"))
 
 
 def _open_page(session: Session, incident_id: int) -> Page | None:
-    page = session.scalar(select(Page).where(Page.key == page_key(incident_id)))
-    return page if page is not None and page.state in paging.OPEN_STATES else None
+    """The incident's page still under way (at most one: a reopen pages only when none is)."""
+    return session.scalar(
+        select(Page).where(_pages_of(incident_id), Page.state.in_(paging.OPEN_STATES))
+        .order_by(Page.id.desc()).limit(1)
+    )  # fmt: skip
 
 
 def _page_acked(session: Session, key: str, by: str) -> None:
     """The page was acknowledged: so is its incident (unless it is already closed or gone)."""
     if not _enabled:
         return
-    try:
-        incident_id = int(key.removeprefix(KEY_PREFIX))
-    except ValueError:
+    incident_id = incident_of_key(key)
+    if incident_id is None:
         return  # not one of ours (a hand-made page whose key merely starts alike)
     incident = session.get(Incident, incident_id)
     if incident is None or incident.state == incidents.IncidentState.CLOSED.value:
@@ -109,17 +139,17 @@ def _incident_acked(session: Session, incident: Incident, by: str) -> None:
     """The incident was acknowledged: its page stops escalating."""
     if not _enabled:
         return
-    if _open_page(session, incident.id) is not None:
-        paging.ack(session, page_key(incident.id), by, time.time())
+    if (page := _open_page(session, incident.id)) is not None:
+        paging.ack(session, page.key, by, time.time())
 
 
 def _incident_resolved(session: Session, incident: Incident, by: str) -> None:
     """Nobody needs to answer a page about a fault that is over."""
     if not _enabled:
         return
-    if _open_page(session, incident.id) is not None:
+    if (page := _open_page(session, incident.id)) is not None:
         now = time.time()
-        if paging.cancel(session, page_key(incident.id), now).state == "cancelled":  # not acked meanwhile
+        if paging.cancel(session, page.key, now).state == "cancelled":  # not acked meanwhile
             text = "page cancelled: the incident resolved"
             incidents.add_timeline(session, incident.id, "paging", text, now=now)
 
@@ -132,6 +162,7 @@ def install() -> None:
             incidents.on_opened(_page_opened)
             incidents.on_acknowledged(_incident_acked)
             incidents.on_resolved(_incident_resolved)
+            incidents.on_reopened(_page_reopened)
             paging.register_ack_listener(KEY_PREFIX, _page_acked)
             _registered = True
         _enabled = True

@@ -74,6 +74,7 @@ _OPENED_LISTENERS: list[OpenedListener] = []
 ChangeListener = Callable[[Session, Incident, str], None]  # (session, incident, by)
 _ACKED_LISTENERS: list[ChangeListener] = []
 _RESOLVED_LISTENERS: list[ChangeListener] = []
+_REOPENED_LISTENERS: list[ChangeListener] = []
 
 
 def on_opened(listener: OpenedListener) -> None:
@@ -89,6 +90,12 @@ def on_acknowledged(listener: ChangeListener) -> None:
 def on_resolved(listener: ChangeListener) -> None:
     """Call `listener(session, incident, by)` when an incident resolves (by hand or its alerts)."""
     _RESOLVED_LISTENERS.append(listener)
+
+
+def on_reopened(listener: ChangeListener) -> None:
+    """Call `listener(session, incident, by)` when a resolved incident fires again within
+    FLAP_WINDOW_S and goes back to triggered (`by`: the source that fired it)."""
+    _REOPENED_LISTENERS.append(listener)
 
 
 def _tell(listeners: list[ChangeListener], session: Session, incident: Incident, by: str) -> None:
@@ -191,11 +198,13 @@ def open_or_update(
     fingerprint = fingerprint[:255]  # as stored (the column's size): a longer key must still match
     _lock_fingerprint(session, fingerprint)
     incident = _current(session, fingerprint)
+    reopened = False
     if incident is not None and incident.state == _S.RESOLVED.value:
         if now - (incident.resolved_at or now) > FLAP_WINDOW_S:
             incident = None  # long over: this is a new fault
         elif _move(session, incident, _S.TRIGGERED, now, {"resolved_at": None}):
             add_timeline(session, incident.id, "reopened", f"fired again: {why or title}", now=now)
+            reopened = True
         else:
             incident = _current(session, fingerprint)
     if incident is None:
@@ -209,6 +218,8 @@ def open_or_update(
         add_timeline(session, incident.id, "severity", f"raised {incident.severity} -> {sev}: {why}", now=now)
         incident.severity = sev.value
     add_timeline(session, incident.id, "fired", why or title, {"alert": alert} if alert else None, now=now)
+    if reopened:  # after the links and severity are merged: a page names what fires now
+        _tell(_REOPENED_LISTENERS, session, incident, source)
     return incident
 
 
