@@ -37,6 +37,7 @@ def core_loops(reconcile_interval_s: float = DEFAULT_POLL_INTERVAL_S) -> list[Ba
     from corral.server.reconcile import reconcile_tick
     from corral.server.retention import RETENTION_LOOP_INTERVAL_S, retention_tick
     from corral.server.scheduling import schedule_tick
+    from corral.server.sweep import SWEEP_INTERVAL_S, sweep_loop_tick
 
     return [
         BackgroundLoop("nodes", 1.0, node_tick),
@@ -44,6 +45,7 @@ def core_loops(reconcile_interval_s: float = DEFAULT_POLL_INTERVAL_S) -> list[Ba
         BackgroundLoop("dispatch", DISPATCH_INTERVAL_S, dispatch_tick),
         BackgroundLoop("reconcile", reconcile_interval_s, reconcile_tick),
         BackgroundLoop("retention", RETENTION_LOOP_INTERVAL_S, retention_tick),
+        BackgroundLoop("sweep", SWEEP_INTERVAL_S, sweep_loop_tick),
     ]
 
 
