@@ -22,7 +22,7 @@ from corral.engine.factory import make_engine
 from corral.engine.local import LocalEngine
 from corral.engine.local.engine import SUPERVISOR_BOOT
 from corral.engine.local.process_files import spawn_detached
-from corral.engine.local.supervisor import ORPHANED_EXIT, proc_start, to_json
+from corral.engine.local.supervisor import ORPHANED_EXIT, descendants, proc_start, to_json
 from corral.scheduler.types import NodeState
 from tests.engine.contract import make_attempt, new_attempt_id, wait_finished, wait_log
 from tests.engine.local_support import local_engine_factory
@@ -396,3 +396,28 @@ def test_a_supervisor_killed_in_its_clean_up_leaves_the_attempts_real_end(
         assert status.started_at <= status.finished_at <= time.time()
     again = LocalEngine(tmp_path / "home", "n", virtual_gpus=0, isolation=False, use_launcher=False)
     assert again.poll([attempt.attempt_id])[attempt.attempt_id].phase is phase  # the verdict stays
+
+
+def test_a_sigkilled_supervisor_of_a_plain_job_leaves_none_of_its_processes(tmp_path: Path) -> None:
+    """No sandbox and no cgroups (isolation off): the engine found the supervisor dead and
+    declared the attempt lost, but killed only what cgroups held, so the job's shell and its
+    children ran on, beside the retry. The engine now kills each instance's process group (it
+    did setsid(): group id = its pid, checked against the pid's start time in state.json)."""
+    engine = LocalEngine(tmp_path / "home", "n", virtual_gpus=0, isolation=False, use_launcher=False)
+    attempt = one(engine, "sleep 60 & echo ready; wait")
+    engine.launch(attempt)
+    wait_log(engine, attempt.attempt_id, b"ready")
+    adir = engine.attempts_dir / attempt.attempt_id
+    shell = json.loads((adir / "state.json").read_text())["pids"]["0"]
+    job = [shell, *descendants(shell)]
+    assert len(job) == 2, job  # the shell and its sleep
+    os.kill(json.loads((adir / "supervisor.json").read_text())["pid"], signal.SIGKILL)
+    try:
+        assert wait_finished(engine, attempt.attempt_id, timeout=10).phase is AttemptPhase.LOST
+        deadline = time.monotonic() + 3
+        while any(proc_start(p) is not None for p in job) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [p for p in job if proc_start(p) is not None] == [], "the job's processes outlived it"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shell, signal.SIGKILL)

@@ -81,6 +81,9 @@ class RunningState(TypedDict):
 
     phase: Literal["running"]
     pids: dict[str, int | None]  # rank -> pid
+    # rank -> that pid's kernel start time (supervisor.proc_start): the engine kills an instance's
+    # process group after its supervisor died only while the pid is still that process (or gone)
+    starts: NotRequired[dict[str, str | None]]
     started_at: float
 
 

@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import socket
 import time
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from corral.engine.isolation import cgroupfs
 from corral.engine.isolation.secret_files import remove_secrets
 from corral.engine.local.files import (
     LAUNCHER_INFO,
+    RUNNING_STATE,
     AttemptSpec,
     FinalStatus,
     LauncherInfo,
@@ -105,15 +107,42 @@ def lost_status() -> FinalStatus:
 
 def clean_up_dead_attempt(adir: Path, spec: AttemptSpec | None) -> None:
     """What a dead supervisor's clean-up would have done that matters once it is gone: its
-    secrets removed, whatever its cgroups still hold killed and the cgroups removed. (Its uid
-    lock stays: the uid is never given again, so the job's files cannot reach a later job.)"""
+    secrets removed, its instances' process groups and whatever its cgroups still hold killed and
+    the cgroups removed. (Its uid lock stays: the uid is never given again, so the job's files
+    cannot reach a later job.)"""
     remove_secrets(str(adir / "secrets"))
+    kill_instance_groups(adir)
     for inst in spec["instances"] if spec is not None else ():
         cgroup = inst["cgroup"]
         if cgroup:
             cgroupfs.kill_all(cgroup, timeout_s=2.0)
             cgroupfs.remove(cgroup, attempts=5)
             cgroupfs.remove_attempt_dirs(cgroup)
+
+
+def kill_instance_groups(adir: Path) -> None:
+    """SIGKILL to each instance's process group (its child did setsid(): group id = its pid).
+    Without cgroups this is all that finds an unsandboxed job's processes once its supervisor is
+    dead (a sandbox dies with its supervisor: bwrap's --die-with-parent). A pid is never reused
+    while it names a live group, so the group is ours when no process has the pid any more (its
+    members, if any, are the job's) or when the process that has it started when the instance
+    did (state.json's starts); another start time means the pid was reused: left alone. An
+    instance whose supervisor died before state.json had checked its parent and exited
+    (supervisor.ORPHANED_EXIT) or is in the cgroups killed next."""
+    state = read_file(adir / "state.json", RUNNING_STATE)
+    if state is None:
+        return
+    starts = state.get("starts") or {}
+    for rank, pid in state["pids"].items():
+        if not pid:
+            continue
+        now = proc_start(pid)
+        if now is not None and (starts.get(rank) is None or starts[rank] != now):
+            continue  # unknown start (a file from before starts were kept), or the pid was reused
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def write_atomic(path: Path, data: bytes) -> None:

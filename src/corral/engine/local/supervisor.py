@@ -10,7 +10,9 @@ atomically into the attempt dir, where a (re)started engine reads it:
   supervisor.json  {pid, proc_start, started_at}  written once its signals are blocked, by the
                    first supervisor of the attempt only: a second one started for the same dir
                    finds it and exits without running anything
-  state.json       {phase: running, pids, started_at} once every instance is started
+  state.json       {phase: running, pids, starts, started_at} once every instance is started
+                   (starts: each pid's /proc start time, so that the engine can kill an
+                   instance's process group once this supervisor is dead, never another's)
   ended.json       what status.json will say, written once every instance has been reaped and
                    before the clean-up: a supervisor killed during the clean-up (SIGKILL, the OOM
                    killer) leaves the attempt's real end on record, which the engine then
@@ -333,9 +335,9 @@ class Supervisor:
             for inst in self.instances:
                 inst.spawn(old_mask)
             pids = {str(i.rank): i.pid for i in self.instances}
-            write_json(
-                self.path("state.json"), {"phase": "running", "pids": pids, "started_at": self.started_at}
-            )
+            starts = {r: proc_start(pid) if pid else None for r, pid in pids.items()}
+            state = {"phase": "running", "pids": pids, "starts": starts, "started_at": self.started_at}
+            write_json(self.path("state.json"), state)
             self.loop()
         elif self.network_error is None:
             self.stop_reason = "stopped"
