@@ -188,8 +188,14 @@ def place_ahead(ctx: ServerContext, session: Session, now: float, read: ClusterS
     state = ahead_state(real, queue_depth(ctx))
     if state is None:
         return 0
-    snapshot = build_snapshot(state, now, max_stop_grace_s=ctx.settings.max_stop_grace_s)
-    scheduler = scheduler_for(ctx, ahead_profile(active_profile(ctx.settings)), slot="ahead_scheduler")
+    profile = ahead_profile(active_profile(ctx.settings))
+    snapshot = build_snapshot(
+        state,
+        now,
+        max_stop_grace_s=ctx.settings.max_stop_grace_s,
+        cpu_jobs_on_gpu_nodes=profile.cpu_jobs_on_gpu_nodes,
+    )
+    scheduler = scheduler_for(ctx, profile, slot="ahead_scheduler")
     plan = scheduler.schedule(snapshot, now, random.Random(int(now)))
     # Each job must fit its nodes' turnover part, not the scaled nodes (the engine would refuse
     # it) nor the whole real ones (it would wait behind a job that keeps its slot).

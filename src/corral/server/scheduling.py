@@ -383,8 +383,14 @@ def schedule_tick(ctx: ServerContext, now: float) -> None:
             return
         started = time.perf_counter()
         settings = ctx.settings
-        snapshot = build_snapshot(state, now, max_stop_grace_s=settings.max_stop_grace_s)
-        scheduler = scheduler_for(ctx, active_profile(settings))
+        profile = active_profile(settings)
+        snapshot = build_snapshot(
+            state,
+            now,
+            max_stop_grace_s=settings.max_stop_grace_s,
+            cpu_jobs_on_gpu_nodes=profile.cpu_jobs_on_gpu_nodes,
+        )
+        scheduler = scheduler_for(ctx, profile)
         plan = scheduler.schedule(snapshot, now, random.Random(int(now)))
         done = apply_plan(plan, DbPlanSink(ctx, session, now))
         applied, preempted = done.assigned, done.preempted
