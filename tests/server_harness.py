@@ -160,6 +160,11 @@ class CorralServer:
                 self.proc.kill()
                 self.proc.wait(10)
         _kill_job_processes(self.home)
+        # The home's cgroups: the server's close() keeps them while jobs run, and the jobs were
+        # killed only now (one empty corral-<hometag> per home in each controller otherwise).
+        from corral.engine.local.process_files import home_tag, remove_empty_cgroups
+
+        remove_empty_cgroups(Path("/sys/fs/cgroup"), f"corral-{home_tag(self.home)}", wait_s=2.0, deep=True)
         if self._own_home:
             shutil.rmtree(self.home, ignore_errors=True)
 

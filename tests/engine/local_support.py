@@ -3,7 +3,6 @@ and a teardown that stops every attempt and removes the cgroups it made."""
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -11,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from corral.engine.local import LocalEngine
+from corral.engine.local.process_files import remove_empty_cgroups
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -59,14 +59,4 @@ def cleanup(engine: LocalEngine, cgroup_parent: str) -> None:
     while engine.active_attempts() and time.monotonic() < deadline:
         engine.poll(active)
         time.sleep(0.02)
-    tops = [CGROUP_ROOT / c / cgroup_parent for c in ("memory", "cpu", "pids", "devices")]
-    for _ in range(40):  # the kernel may need a moment after the last child went away
-        for top in tops:
-            for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda w: -len(w[0])):
-                try:
-                    os.rmdir(dirpath)
-                except OSError:
-                    pass
-        if not any(top.exists() for top in tops):
-            return
-        time.sleep(0.05)
+    remove_empty_cgroups(CGROUP_ROOT, cgroup_parent, wait_s=2.0, deep=True)

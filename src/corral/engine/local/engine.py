@@ -74,11 +74,12 @@ from corral.engine.local.process_files import (
     child_running,
     clean_up_dead_attempt,
     final_status,
-    has_subdirs,
     home_tag,
     host_path,
     lost_status,
     read_text,
+    release_uid_lock,
+    remove_empty_cgroups,
     running_launcher,
     same_process,
     spawn_detached,
@@ -203,6 +204,10 @@ class LocalEngine:
         self.found_at_start = self.active_attempts()
         if self.found_at_start:
             log.info("local engine: %d attempts still active from before", len(self.found_at_start))
+            # The dead among them (a supervisor killed while no server ran, a crash between a
+            # launch's mkdir and its first file) get their verdict now: a dir without status.json
+            # counted as active for good, and retention (remove_attempt) never removed it.
+            self.poll(self.found_at_start)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LocalEngine:
@@ -391,7 +396,8 @@ class LocalEngine:
         (adir / "engine_ref").write_text("refused")
         return "refused"
 
-    def _prepare(self, attempt: AttemptLaunch, adir: Path) -> AttemptSpec:
+    def _refuse_unfit(self, attempt: AttemptLaunch) -> None:
+        """LaunchRefused naming why this node cannot run the attempt as given."""
         if self.refusing:
             raise LaunchRefused(
                 f"job isolation unavailable on {self.node_name}: "
@@ -410,12 +416,9 @@ class LocalEngine:
                 )
         if attempt.refused:
             raise LaunchRefused(attempt.refused)
-        sandboxed = self.isolation_requested and self.status.sandbox
-        use_cgroups = self.isolation_requested and self.status.cgroups
-        if attempt.uid is not None:
-            # The user's stable uid (corral.storage.identities) with a private gid of the same
-            # number; its home, group and outputs dirs are made and handed over first.
-            prepare_dirs(attempt.storage_dirs, attempt.uid, attempt.uid)
+
+    @staticmethod
+    def _refuse_bad_mounts(attempt: AttemptLaunch) -> None:
         for m in attempt.mounts:
             if not os.path.isabs(m.source) or not os.path.isabs(m.target) or not os.path.exists(m.source):
                 raise LaunchRefused(
@@ -423,6 +426,16 @@ class LocalEngine:
                 )
             if through_symlink(m.source):
                 raise LaunchRefused(f"mount {m.source} -> {m.target}: the source goes through a symlink")
+
+    def _prepare(self, attempt: AttemptLaunch, adir: Path) -> AttemptSpec:
+        self._refuse_unfit(attempt)
+        sandboxed = self.isolation_requested and self.status.sandbox
+        use_cgroups = self.isolation_requested and self.status.cgroups
+        if attempt.uid is not None:
+            # The user's stable uid (corral.storage.identities) with a private gid of the same
+            # number; its home, group and outputs dirs are made and handed over first.
+            prepare_dirs(attempt.storage_dirs, attempt.uid, attempt.uid)
+        self._refuse_bad_mounts(attempt)
         network = self._network_for(attempt)
         uid_lock: Path | None = None
         uid = 0
@@ -433,14 +446,22 @@ class LocalEngine:
             else:
                 uid = allocate_uid(self.uid_locks, attempt.attempt_id)
                 uid_lock = self.uid_locks / str(uid)
-            etc_files = write_etc(adir / "etc", attempt.user, uid, home=attempt.home)
-            etc_files.update(write_nsswitch(self.home / "engine" / "etc"))
-            etc_files.update(network.etc_files(adir / "etc"))
-        secrets = self._write_secrets(attempt, adir, uid if sandboxed else None)
-        instances = [
-            self._prepare_instance(attempt, inst, adir, sandboxed, use_cgroups, uid, etc_files, secrets)
-            for inst in attempt.instances
-        ]
+        try:
+            if sandboxed:
+                etc_files = write_etc(adir / "etc", attempt.user, uid, home=attempt.home)
+                etc_files.update(write_nsswitch(self.home / "engine" / "etc"))
+                etc_files.update(network.etc_files(adir / "etc"))
+            secrets = self._write_secrets(attempt, adir, uid if sandboxed else None)
+            instances = [
+                self._prepare_instance(attempt, inst, adir, sandboxed, use_cgroups, uid, etc_files, secrets)
+                for inst in attempt.instances
+            ]
+        except BaseException:
+            # No supervisor can run this attempt (spec.marshal is not written): the uid it was
+            # given goes back at once, or the failed launch held it for good.
+            if uid_lock is not None:
+                release_uid_lock(uid_lock, adir)
+            raise
         if sandboxed and attempt.log_dir and attempt.uid is not None:
             link_attempt_logs(
                 Path(attempt.log_dir),
@@ -720,10 +741,12 @@ class LocalEngine:
         adir = self._dir(attempt_id)
         if not adir.exists() or (adir / "status.json").exists():
             return
+        if not (adir / "supervisor.json").exists() and self._status(attempt_id).phase.finished:
+            return  # never to start (a launch cut short after its mkdir, now stale): settled LOST
         write_atomic(adir / "stop", str(max(0.0, grace_s)).encode())
         sup = read_file(adir / "supervisor.json", SUPERVISOR_INFO)
         if sup is None:
-            return  # not yet started: it reads `stop` before spawning anything
+            return  # not yet started: it reads `stop` (written first) before spawning anything
         pid = sup["pid"]
         if same_process(pid, sup):
             os.kill(pid, signal.SIGUSR1)
@@ -738,24 +761,8 @@ class LocalEngine:
         self.remove_cgroup_parent(wait_s=1.0)
 
     def remove_cgroup_parent(self, wait_s: float) -> None:
-        """rmdir of this home's cgroup parent where it is empty (no attempt still running). The
-        kernel may refuse for a moment after the last child cgroup went away: retried for up to
-        `wait_s`, but not while attempt cgroups remain (running jobs keep the parent)."""
-        parents = [self.cgroup_root / c / self.cgroup_parent for c in ("memory", "cpu", "pids", "devices")]
-        parents.append(self.cgroup_root / self.cgroup_parent)  # v2
-        deadline = time.monotonic() + wait_s
-        while True:
-            for parent in list(parents):
-                try:
-                    os.rmdir(parent)
-                    parents.remove(parent)
-                except FileNotFoundError:
-                    parents.remove(parent)
-                except OSError:
-                    pass
-            if not parents or time.monotonic() >= deadline or any(has_subdirs(p) for p in parents):
-                return
-            time.sleep(0.05)
+        """This home's cgroup subtree where it is empty (process_files.remove_empty_cgroups)."""
+        remove_empty_cgroups(self.cgroup_root, self.cgroup_parent, wait_s)
 
     def remove_attempt(self, attempt_id: str) -> None:
         """Deletes a finished attempt's dir (logs included): job deletion and retention."""

@@ -108,8 +108,7 @@ def lost_status() -> FinalStatus:
 def clean_up_dead_attempt(adir: Path, spec: AttemptSpec | None) -> None:
     """What a dead supervisor's clean-up would have done that matters once it is gone: its
     secrets removed, its instances' process groups and whatever its cgroups still hold killed and
-    the cgroups removed. (Its uid lock stays: the uid is never given again, so the job's files
-    cannot reach a later job.)"""
+    the cgroups removed, its work dirs closed and its uid lock released (supervisor.finish)."""
     remove_secrets(str(adir / "secrets"))
     kill_instance_groups(adir)
     for inst in spec["instances"] if spec is not None else ():
@@ -118,6 +117,29 @@ def clean_up_dead_attempt(adir: Path, spec: AttemptSpec | None) -> None:
             cgroupfs.kill_all(cgroup, timeout_s=2.0)
             cgroupfs.remove(cgroup, attempts=5)
             cgroupfs.remove_attempt_dirs(cgroup)
+    if spec is not None and spec["uid_lock"]:
+        release_uid_lock(Path(spec["uid_lock"]), adir)
+
+
+def release_uid_lock(lock: Path, adir: Path) -> None:
+    """Gives a per-attempt uid back, once nothing of the attempt runs: its work dirs are first
+    closed (root's, 0700), as the supervisor's clean-up does, so a later job given the same uid
+    cannot reach the files this one left. Its lock dir is removed only while it is this
+    attempt's (`attempt` names it)."""
+    work = adir / "work"
+    for d in [work, *work.iterdir()] if work.is_dir() else ():
+        try:
+            os.chown(d, 0, 0)
+            os.chmod(d, 0o700)
+        except OSError:
+            return  # not closed: the uid stays held rather than reach its files
+    if read_text(lock / "attempt") != adir.name:
+        return
+    try:
+        os.remove(lock / "attempt")
+        os.rmdir(lock)
+    except OSError:
+        pass
 
 
 def kill_instance_groups(adir: Path) -> None:
@@ -162,11 +184,46 @@ def read_text(path: Path) -> str:
         return ""
 
 
-def has_subdirs(path: Path) -> bool:
-    try:
-        return any(entry.is_dir() for entry in os.scandir(path))
-    except OSError:
-        return False
+CGROUP_CONTROLLERS = ("memory", "cpu", "pids", "devices")  # v1; v2 has the parent at the root
+
+
+def remove_empty_cgroups(cgroup_root: Path, parent: str, wait_s: float, deep: bool = False) -> None:
+    """rmdir of a home's cgroup parent (each controller, v1 and v2) where it is empty; `deep`:
+    first every empty cgroup below it, deepest first, for a caller that knows no launch is under
+    way (an instance cgroup is empty between its launch and its process's join). Those of running
+    attempts refuse and stay, with the parent above them. The kernel may refuse for a moment
+    after a cgroup's last process exits: retried for up to `wait_s`, but not while processes
+    remain (running jobs keep their cgroups and the parent)."""
+    tops = [cgroup_root / c / parent for c in CGROUP_CONTROLLERS]
+    tops.append(cgroup_root / parent)
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = []
+        for top in tops:
+            below = sorted(os.walk(top), key=lambda w: -len(w[0])) if deep else [(str(top), [], [])]
+            for dirpath, _dirs, _files in below:
+                try:
+                    os.rmdir(dirpath)
+                except OSError:
+                    pass
+            if top.exists():
+                left.append(top)
+        if not left or time.monotonic() >= deadline or any(_populated(top, deep) for top in left):
+            return
+        time.sleep(0.05)
+
+
+def _populated(top: Path, deep: bool) -> bool:
+    """Whether any cgroup in this subtree holds a process (not `deep`: whether it has cgroups)."""
+    if not deep:
+        try:
+            return any(entry.is_dir() for entry in os.scandir(top))
+        except OSError:
+            return False
+    for dirpath, _dirs, files in os.walk(top):
+        if "cgroup.procs" in files and read_text(Path(dirpath) / "cgroup.procs").strip():
+            return True
+    return False
 
 
 def ask_launcher(sock: Path, adir: Path) -> int | None:
