@@ -4,6 +4,7 @@ processes) under a real SQLite database."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -30,8 +31,8 @@ def _job_pid(engine: LocalEngine, attempt_id: str) -> int:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if engine.poll([attempt_id])[attempt_id].phase is AttemptPhase.RUNNING:
-            state = (engine.attempts_dir / attempt_id / "state.json").read_text()
-            return int(state.split('"0":')[1].split("}")[0].split(",")[0])
+            state = json.loads((engine.attempts_dir / attempt_id / "state.json").read_text())
+            return int(state["pids"]["0"])
         time.sleep(0.02)
     raise AssertionError(f"{attempt_id} never ran")
 

@@ -35,6 +35,9 @@ from corral.services.lifecycle import AttemptState
 log = logging.getLogger("corral.server.sweep")
 SWEEP_INTERVAL_S = 5.0
 SWEEP_BATCH = 500  # attempt ids per read of their rows
+# A stopped attempt still listed (its supervisor killing a stubborn process, a grace-0 stop of
+# an engine that is slow to end it) is stopped and audited again only after this long.
+SWEEP_AGAIN_S = 60.0
 ACTOR = "system:sweep"
 LIVE_STATES = frozenset(
     {AttemptState.SCHEDULED.value, AttemptState.STARTING.value, AttemptState.RUNNING.value}
@@ -70,7 +73,12 @@ def sweep_tick(ctx: ServerContext, now: float) -> list[str]:
     engine = ctx.engine
     if not isinstance(engine, ListsAttempts):
         return []
-    running = engine.active_attempts()  # before the rows are read: see the module's docstring
+    swept = ctx.memory.swept
+    for attempt_id, at in list(swept.items()):
+        if now - at >= SWEEP_AGAIN_S:
+            del swept[attempt_id]
+    # Listed before the rows are read: see the module's docstring.
+    running = [a for a in engine.active_attempts() if a not in swept]
     if not running:
         return []
     with ctx.session_factory() as session:
@@ -86,6 +94,7 @@ def sweep_tick(ctx: ServerContext, now: float) -> list[str]:
                 )
                 continue
             stopped.append(attempt_id)
+            swept[attempt_id] = now
             log.warning(
                 "sweep: stopped attempt %s, still running in the engine but ended %s (%s) in the database",
                 attempt_id,
