@@ -120,7 +120,8 @@ def test_a_reopened_incident_is_paged_again_on_a_page_of_its_own(bridged: Env) -
     assert detail(env, first)["state"] == "acknowledged"
 
     # A second reopen pages on a third key; resolving cancels that one.
-    assert env.client.post(f"/api/v1/incidents/{first}/resolve", json={}, headers=env.admin).status_code == 200
+    r = env.client.post(f"/api/v1/incidents/{first}/resolve", json={}, headers=env.admin)
+    assert r.status_code == 200, r.text
     assert open_incident(env, "flap", "SEV2") == first
     r = env.client.post(f"/api/v1/incidents/{first}/resolve", json={}, headers=env.admin)
     assert r.status_code == 200, r.text
