@@ -52,6 +52,16 @@ def group_by_name(session: Session, name: str) -> Group:
     return group
 
 
+def visible_group(session: Session, principal: Principal, name: str) -> Group:
+    """The group `name` as the caller may know it: to anyone but an admin or a member, a group
+    that exists reads as one that does not (404 either way), so an answer does not tell which
+    group names exist."""
+    group = session.scalar(select(Group).where(Group.name == name).options(selectinload(Group.quotas)))
+    if group is None or not (principal.is_admin or principal.is_member(group.id)):
+        raise NotFound(f"no group named {name!r}")
+    return group
+
+
 def lock_group(session: Session, group: Group) -> None:
     """Lock `group` until the transaction ends and read it again with its quotas, as committed by
     then: two admins setting the group's quotas at once take turns, and the second sees the
@@ -265,6 +275,8 @@ def list_user_views(session: Session) -> list[UserView]:
 def set_default_group(session: Session, principal: Principal, user: User, group: Group) -> None:
     if not principal.is_admin and principal.user_id != user.id:
         raise Forbidden("only an administrator may change another user's default group")
+    if not principal.is_admin and not principal.is_member(group.id):
+        raise NotFound(f"no group named {group.name!r}")  # as for a name no group has
     if session.get(Membership, (user.id, group.id)) is None:
         raise Conflict(f"user {user.name!r} is not a member of group {group.name!r}")
     user.default_group_id = group.id

@@ -101,7 +101,7 @@ def set_quota(name: NameInPath, body: QuotaIn, db: DB, admin: Admin) -> Any:
 @router.post("/groups/{name}/members", status_code=status.HTTP_201_CREATED, response_model=MemberOut)
 def add_member(name: NameInPath, body: MemberIn, db: DB, principal: CurrentUser) -> Any:
     """Admins, and admins of this group, add members (or change a member's role)."""
-    group = svc.group_by_name(db, name)
+    group = svc.visible_group(db, principal, name)
     svc.require_group_admin(principal, group)
     user = svc.user_by_name(db, body.user)
     old_role = dict(svc.members_of(db, group.id)).get(user.name)
