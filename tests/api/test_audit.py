@@ -121,6 +121,12 @@ def _revoke_token(w: World) -> tuple[str, str, dict[str, Any]]:
     return "DELETE", f"{API}/tokens/{r.json()['id']}", {}
 
 
+def _remove_member(w: World) -> tuple[str, str, dict[str, Any]]:
+    r = w.client.post(f"{API}/groups/vision/members", json={"user": "carol"}, headers=w.as_("admin"))
+    assert r.status_code == 201, r.text
+    return "DELETE", f"{API}/groups/vision/members/carol", {}
+
+
 def _node_action(w: World) -> tuple[str, str, dict[str, Any]]:
     with w.session_factory() as db:
         add_node(db, "n1")
@@ -332,6 +338,10 @@ CALLS: dict[tuple[str, str], tuple[Call, str]] = {
     ("POST", "/api/v1/groups/{name}/members"): (
         lambda w: ("POST", f"{API}/groups/vision/members", {"json": {"user": "carol"}}),
         "group.member.add",
+    ),
+    ("DELETE", "/api/v1/groups/{name}/members/{user}"): (
+        _remove_member,
+        "group.member.remove",
     ),
     ("POST", "/api/v1/users"): (
         lambda w: ("POST", f"{API}/users", {"json": {"name": "dave"}}),

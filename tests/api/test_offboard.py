@@ -1,10 +1,72 @@
-"""What a non-member learns about group names (corral.services.accounts.visible_group)."""
+"""Taking access away: removing a group member (corral.services.offboard), and what a
+non-member learns about group names."""
 
 from __future__ import annotations
 
-from tests.api.conftest import World
+from typing import Any
+
+from corral.db.models import Job
+from corral.services.lifecycle import JobState
+from tests.api.conftest import SIMPLE_JOB, World
 
 API = "/api/v1"
+
+
+def _submit(w: World, user: str = "alice", **extra: Any) -> int:
+    r = w.client.post(f"{API}/jobs", json={**SIMPLE_JOB, **extra}, headers=w.as_(user))
+    assert r.status_code == 201, r.text
+    return int(r.json()["id"])
+
+
+def _state(w: World, job_id: int) -> str:
+    with w.session_factory() as db:
+        job = db.get(Job, job_id)
+        assert job is not None
+        return job.state
+
+
+def _actions(w: World) -> list[str]:
+    r = w.client.get(f"{API}/audit", headers=w.as_("admin"))
+    assert r.status_code == 200, r.text
+    return [item["action"] for item in r.json()["items"]]
+
+
+def test_a_member_with_live_jobs_is_removed_only_with_them_cancelled(world: World) -> None:
+    w = world
+    job = _submit(w)
+    elsewhere = None
+    r = w.client.post(f"{API}/groups/nlp/members", json={"user": "alice"}, headers=w.as_("admin"))
+    assert r.status_code == 201, r.text
+    elsewhere = _submit(w, group="nlp")
+    r = w.client.delete(f"{API}/groups/vision/members/alice", headers=w.as_("bob"))  # the group's admin
+    assert r.status_code == 409, r.text
+    assert f"job {job}" in r.json()["detail"] and "--cancel-jobs" in r.json()["detail"], r.text
+    assert f"job {elsewhere}" not in r.json()["detail"]  # only the group's jobs count
+    assert _state(w, job) == JobState.QUEUED
+    assert "group.member.remove" not in _actions(w)
+
+    r = w.client.delete(f"{API}/groups/vision/members/alice?cancel_jobs=true", headers=w.as_("bob"))
+    assert r.status_code == 204, r.text
+    assert _state(w, job) == JobState.CANCELLED  # through the cancel path: audited as job.cancel
+    assert _state(w, elsewhere) == JobState.QUEUED
+    assert _actions(w)[:2] == ["group.member.remove", "job.cancel"]
+    me = w.client.get(f"{API}/me", headers=w.as_("alice")).json()
+    assert [g["name"] for g in me["groups"]] == ["nlp"] and me["default_group"] == "nlp", me
+    # No longer a member: nothing more is submitted to the group.
+    r = w.client.post(f"{API}/jobs", json={**SIMPLE_JOB, "group": "vision"}, headers=w.as_("alice"))
+    assert r.status_code in (403, 404), r.text
+
+
+def test_removing_a_non_member_or_the_last_admin_is_refused(world: World) -> None:
+    w = world
+    r = w.client.delete(f"{API}/groups/vision/members/carol", headers=w.as_("admin"))
+    assert r.status_code == 404 and r.json()["detail"] == "user 'carol' is not a member of group 'vision'"
+    r = w.client.delete(f"{API}/groups/vision/members/bob", headers=w.as_("admin"))
+    assert r.status_code == 409 and "last admin" in r.json()["detail"], r.text
+    r = w.client.delete(f"{API}/groups/vision/members/bob", headers=w.as_("alice"))  # a plain member
+    assert r.status_code == 403, r.text
+    r = w.client.delete(f"{API}/groups/vision/members/nobody", headers=w.as_("admin"))
+    assert r.status_code == 404 and "nobody" in r.json()["detail"]
 
 
 def test_a_non_member_cannot_tell_which_group_names_exist(world: World) -> None:
@@ -12,6 +74,7 @@ def test_a_non_member_cannot_tell_which_group_names_exist(world: World) -> None:
     w = world
     for path, kwargs in (
         ("POST /groups/{}/members", {"json": {"user": "carol"}}),
+        ("DELETE /groups/{}/members/alice", {}),
         ("GET /groups/{}", {}),
     ):
         method, template = path.split(" ")

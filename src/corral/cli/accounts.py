@@ -73,6 +73,20 @@ def user_add_to_group(
     print_json(member) if output is Output.json else out.print(f"{name} is now {member['role']} of {group}")
 
 
+CancelJobsOpt = Annotated[
+    bool, typer.Option("--cancel-jobs", help="cancel the user's live jobs first (else refused while any run)")
+]
+
+
+@user_app.command("remove-from-group")
+@friendly_errors
+def user_remove_from_group(name: str, group: str, cancel_jobs: CancelJobsOpt = False) -> None:
+    """Take user NAME out of GROUP (admin, or an admin of GROUP)."""
+    with client() as c:
+        c.remove_member(group, name, cancel_jobs=cancel_jobs)
+    out.print(f"{name} is no longer a member of {group}")
+
+
 @user_app.command("default-group")
 @friendly_errors
 def user_default_group(name: str, group: str, output: OutputOpt = Output.table) -> None:

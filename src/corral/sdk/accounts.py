@@ -45,6 +45,12 @@ class AccountsApi(BaseClient):
     def add_member(self, group: str, user: str, role: str = "member") -> dict[str, Any]:
         return self.request("POST", f"/groups/{seg(group)}/members", json={"user": user, "role": role})
 
+    def remove_member(self, group: str, user: str, *, cancel_jobs: bool = False) -> None:
+        """Take `user` out of `group`; refused (409, naming them) while they have live jobs in
+        it, unless `cancel_jobs` cancels those first."""
+        params = {"cancel_jobs": "true"} if cancel_jobs else None
+        self.request("DELETE", f"/groups/{seg(group)}/members/{seg(user)}", params=params)
+
     # users and tokens
     def users(self) -> list[dict[str, Any]]:
         return self.request("GET", "/users")

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Response, status
 from sqlalchemy.orm import Session
 
 from corral.api.deps import DB, Admin, CurrentUser, NameInPath
 from corral.api.schemas import GroupIn, GroupOut, MemberIn, MemberOut, QuotaIn
 from corral.db.models import Group
 from corral.services import accounts as svc
-from corral.services import audit, quota
+from corral.services import audit, offboard, quota
 from corral.services.audit_state import group_state
 from corral.services.auth import Principal
 from corral.services.errors import NotFound
@@ -117,3 +117,27 @@ def add_member(name: NameInPath, body: MemberIn, db: DB, principal: CurrentUser)
     )
     db.commit()
     return {"user": user.name, "role": membership.role}
+
+
+@router.delete("/groups/{name}/members/{user}", status_code=204)
+def remove_member(
+    name: NameInPath, user: NameInPath, db: DB, principal: CurrentUser, cancel_jobs: bool = False
+) -> Response:
+    """Admins, and admins of this group, remove a member: 404 when not a member, 409 for the
+    group's last admin, and 409 naming the member's live jobs in the group unless `cancel_jobs`
+    (then they are cancelled first, each audited as job.cancel)."""
+    group = svc.visible_group(db, principal, name)
+    svc.require_group_admin(principal, group)
+    member = svc.user_by_name(db, user)
+    role = offboard.remove_member(db, principal, group, member, cancel_jobs=cancel_jobs)
+    audit.record(
+        db,
+        actor=principal,
+        action="group.member.remove",
+        target_kind="group",
+        target_id=group.name,
+        before={"member": member.name, "role": role},
+        detail="cancel_jobs=true" if cancel_jobs else None,
+    )
+    db.commit()
+    return Response(status_code=204)
