@@ -343,6 +343,14 @@ CALLS: dict[tuple[str, str], tuple[Call, str]] = {
         _remove_member,
         "group.member.remove",
     ),
+    ("POST", "/api/v1/users/{name}/deactivate"): (
+        lambda w: ("POST", f"{API}/users/carol/deactivate", {}),
+        "user.deactivate",
+    ),
+    ("POST", "/api/v1/users/{name}/activate"): (
+        lambda w: ("POST", f"{API}/users/carol/activate", {}),
+        "user.activate",
+    ),
     ("POST", "/api/v1/users"): (
         lambda w: ("POST", f"{API}/users", {"json": {"name": "dave"}}),
         "user.create",

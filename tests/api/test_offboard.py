@@ -1,5 +1,5 @@
-"""Taking access away: removing a group member (corral.services.offboard), and what a
-non-member learns about group names."""
+"""Taking access away: removing a group member, deactivating and reactivating a user
+(corral.services.offboard), and what a non-member learns about group names."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from corral.db.models import Job
 from corral.services.lifecycle import JobState
-from tests.api.conftest import SIMPLE_JOB, World
+from tests.api.conftest import ALICE_PASSWORD, SIMPLE_JOB, World
 
 API = "/api/v1"
 
@@ -88,3 +88,44 @@ def test_a_non_member_cannot_tell_which_group_names_exist(world: World) -> None:
         r = w.client.put(f"{API}/users/carol/default-group", json={"group": name}, headers=w.as_("carol"))
         answers.append((r.status_code, r.json()["detail"].replace(name, "NAME")))
     assert answers[0] == answers[1] and answers[0][0] == 404, answers
+
+
+def test_a_deactivated_user_is_locked_out_at_once_and_back_when_reactivated(world: World) -> None:
+    w = world
+    assert w.client.get(f"{API}/me", headers=w.as_("alice")).status_code == 200  # cached now
+    login = w.client.post(f"{API}/auth/login", json={"username": "alice", "password": ALICE_PASSWORD})
+    assert login.status_code == 200, login.text
+    cookie = dict(w.client.cookies)
+    w.client.cookies.clear()
+    job = _submit(w)
+    r = w.client.post(f"{API}/users/alice/deactivate", headers=w.as_("admin"))
+    assert r.status_code == 409 and f"job {job}" in r.json()["detail"], r.text
+    assert w.client.get(f"{API}/me", headers=w.as_("alice")).status_code == 200
+
+    r = w.client.post(f"{API}/users/alice/deactivate?cancel_jobs=true", headers=w.as_("admin"))
+    assert r.status_code == 200 and r.json()["active"] is False, r.text
+    assert _state(w, job) == JobState.CANCELLED
+    # The token (cached a moment ago), the portal session and a new login all fail at once.
+    r = w.client.get(f"{API}/me", headers=w.as_("alice"))
+    assert r.status_code == 401 and "deactivated" in r.json()["detail"], r.text
+    assert w.client.get(f"{API}/me", cookies=cookie).status_code == 401
+    r = w.client.post(f"{API}/auth/login", json={"username": "alice", "password": ALICE_PASSWORD})
+    assert r.status_code == 401, r.text
+    w.client.cookies.clear()
+    assert _actions(w)[:2] == ["user.deactivate", "job.cancel"]
+
+    r = w.client.post(f"{API}/users/alice/activate", headers=w.as_("admin"))
+    assert r.status_code == 200 and r.json()["active"] is True, r.text
+    assert w.client.get(f"{API}/me", headers=w.as_("alice")).status_code == 200
+    assert w.client.get(f"{API}/me", cookies=cookie).status_code == 401  # sessions stay ended
+    assert _actions(w)[0] == "user.activate"
+
+
+def test_an_admin_cannot_deactivate_themself(world: World) -> None:
+    w = world
+    r = w.client.post(f"{API}/users/admin/deactivate", headers=w.as_("admin"))
+    assert r.status_code == 409 and "themself" in r.json()["detail"], r.text
+    r = w.client.post(f"{API}/users/alice/deactivate", headers=w.as_("bob"))  # a group admin only
+    assert r.status_code == 403, r.text
+    r = w.client.post(f"{API}/users/nobody/deactivate", headers=w.as_("admin"))
+    assert r.status_code == 404, r.text

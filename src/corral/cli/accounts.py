@@ -26,7 +26,8 @@ def user_ls(output: OutputOpt = Output.table) -> None:
     table = Table("USER", "ROLE", "DEFAULT GROUP", "GROUPS", box=None)
     for u in users:
         groups = ", ".join(g["name"] + (" (admin)" if g["role"] == "admin" else "") for g in u["groups"])
-        table.add_row(u["name"], u["role"], u["default_group"] or "-", groups or "-")
+        role = u["role"] if u.get("active", True) else f"{u['role']} (deactivated)"
+        table.add_row(u["name"], role, u["default_group"] or "-", groups or "-")
     out.print(table)
 
 
@@ -85,6 +86,24 @@ def user_remove_from_group(name: str, group: str, cancel_jobs: CancelJobsOpt = F
     with client() as c:
         c.remove_member(group, name, cancel_jobs=cancel_jobs)
     out.print(f"{name} is no longer a member of {group}")
+
+
+@user_app.command("deactivate")
+@friendly_errors
+def user_deactivate(name: str, cancel_jobs: CancelJobsOpt = False, output: OutputOpt = Output.table) -> None:
+    """Deactivate user NAME (admin): no login, token or SSH key works, open sessions end."""
+    with client() as c:
+        user = c.deactivate_user(name, cancel_jobs=cancel_jobs)
+    print_json(user) if output is Output.json else out.print(f"user {name} deactivated")
+
+
+@user_app.command("activate")
+@friendly_errors
+def user_activate(name: str, output: OutputOpt = Output.table) -> None:
+    """Reactivate user NAME (admin): their tokens and SSH keys work again."""
+    with client() as c:
+        user = c.activate_user(name)
+    print_json(user) if output is Output.json else out.print(f"user {name} activated")
 
 
 @user_app.command("default-group")

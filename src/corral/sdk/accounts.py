@@ -73,6 +73,15 @@ class AccountsApi(BaseClient):
         }
         return self.request("POST", "/users", json=body)
 
+    def deactivate_user(self, name: str, *, cancel_jobs: bool = False) -> dict[str, Any]:
+        """No more logins, tokens or SSH keys for `name`, and their open sessions end; refused
+        (409, naming them) while they have live jobs, unless `cancel_jobs` cancels those first."""
+        params = {"cancel_jobs": "true"} if cancel_jobs else None
+        return self.request("POST", f"/users/{seg(name)}/deactivate", params=params)
+
+    def activate_user(self, name: str) -> dict[str, Any]:
+        return self.request("POST", f"/users/{seg(name)}/activate")
+
     def set_default_group(self, user: str, group: str) -> dict[str, Any]:
         return self.request("PUT", f"/users/{seg(user)}/default-group", json={"group": group})
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from corral.db.models import Group, Job, Membership, User
+from corral.db.models import Group, Job, Membership, User, WebSession
 from corral.db.workspace_models import Workspace
 from corral.services.auth import Principal, forget_principals
 from corral.services.errors import Conflict, NotFound
@@ -102,4 +102,31 @@ def _membership(session: Session, group: Group, user: User) -> Membership:
 
 def _group_admins(session: Session, group_id: int) -> int:
     stmt = select(func.count()).where(Membership.group_id == group_id, Membership.role == "admin")
+    return int(session.scalar(stmt) or 0)
+
+
+def set_active(
+    session: Session, principal: Principal, user: User, active: bool, *, cancel_jobs: bool = False
+) -> None:
+    """Deactivate (no login, no token, no SSH key; open sessions end) or reactivate `user`
+    (admins). An admin cannot deactivate themself nor the last active admin (409). Portal
+    sessions are deleted on deactivation: reactivating does not bring them back. Commits only
+    the cancels; the change is flushed for the caller to audit and commit."""
+    if not active:
+        what = f"user {user.name!r} cannot be deactivated"
+        if user.id == principal.user_id:
+            raise Conflict(f"{what}: an administrator cannot deactivate themself")
+        if user.is_admin and _active_admins(session) <= 1:
+            raise Conflict(f"{what}: they are the last active administrator")
+        _settle_jobs(session, principal, live_jobs(session, user.id), what, cancel_jobs)
+        session.refresh(user)
+        _settle_jobs(session, principal, live_jobs(session, user.id), what, False)
+        session.execute(delete(WebSession).where(WebSession.user_id == user.id))
+    user.active = active
+    session.flush()
+    forget_principals(session)
+
+
+def _active_admins(session: Session) -> int:
+    stmt = select(func.count()).select_from(User).where(User.is_admin.is_(True), User.active.is_(True))
     return int(session.scalar(stmt) or 0)

@@ -10,8 +10,9 @@ from corral.api.deps import DB, Admin, CurrentUser, NameInPath, RowId
 from corral.api.schemas import DefaultGroupIn, PasswordIn, SshKeyIn, SshKeyOut, UserIn, UserOut
 from corral.db.models import SshKey, User
 from corral.services import accounts as svc
-from corral.services import audit
+from corral.services import audit, offboard
 from corral.services.audit_state import ssh_key_state, user_state
+from corral.services.auth import Principal
 from corral.services.errors import Forbidden
 
 router = APIRouter(tags=["users"])
@@ -86,6 +87,38 @@ def set_password(name: NameInPath, body: PasswordIn, db: DB, principal: CurrentU
     )
     db.commit()
     return Response(status_code=204)
+
+
+@router.post("/users/{name}/deactivate", response_model=UserOut)
+def deactivate_user(name: NameInPath, db: DB, admin: Admin, cancel_jobs: bool = False) -> Any:
+    """At once: no login, no API token, no SSH key, and the user's open sessions end. 409 for
+    oneself, the last active administrator, or while the user has live jobs (named) unless
+    `cancel_jobs` (then they are cancelled first, each audited as job.cancel)."""
+    return _set_active(db, admin, name, False, cancel_jobs)
+
+
+@router.post("/users/{name}/activate", response_model=UserOut)
+def activate_user(name: NameInPath, db: DB, admin: Admin) -> Any:
+    """Undo a deactivation: the user's tokens and SSH keys work again (portal sessions do not)."""
+    return _set_active(db, admin, name, True, False)
+
+
+def _set_active(db: DB, admin: Principal, name: str, active: bool, cancel_jobs: bool) -> Any:
+    user = svc.user_by_name(db, name)
+    before = {"active": user.active}
+    offboard.set_active(db, admin, user, active, cancel_jobs=cancel_jobs)
+    audit.record(
+        db,
+        actor=admin,
+        action="user.activate" if active else "user.deactivate",
+        target_kind="user",
+        target_id=user.name,
+        before=before,
+        after={"active": user.active},
+        detail="cancel_jobs=true" if cancel_jobs else None,
+    )
+    db.commit()
+    return svc.user_out(db, user)
 
 
 def _name_of(db: DB, user_id: int) -> str:
