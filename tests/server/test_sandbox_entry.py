@@ -344,3 +344,59 @@ def test_ssh_into_a_workspace_by_its_name_and_refused_once_stopped(world: World)
         wait_for(stopped_state, timeout_s=60, what="the workspace to stop")
     stopped = world.ssh("alice", "alice+nb", "true")
     assert stopped.returncode == 1 and "workspace 'nb' is stopped" in stopped.stderr, stopped.stderr
+
+
+def test_revoking_a_credential_ends_the_sessions_it_holds_open(world: World) -> None:
+    """An exec WebSocket ends within seconds of its token's revoke, and an SSH connection within
+    seconds of the removal of the key it logged in with; neither is ended by the other's change."""
+    from corral.exec_client import ExecError, ExecSession
+
+    key = _keygen(world.tmp / "alice_key2")
+    admin = world.server.client()
+    r = admin.post("/api/v1/tokens", json={"name": "exec", "user": "alice"})
+    assert r.status_code == 201, r.text
+    token, token_id = r.json()["token"], r.json()["id"]
+    pub = (world.tmp / "alice_key2.pub").read_text()
+    r = admin.post(
+        "/api/v1/ssh-keys",
+        json={"name": "second", "public_key": pub},
+        headers={"Authorization": f"Bearer {world.tokens['alice']}"},
+    )
+    assert r.status_code == 201, r.text
+    key_id = r.json()["id"]
+
+    async def scenario() -> tuple[float, float, BaseException | None]:
+        conn = await asyncssh.connect(
+            "127.0.0.1", world.ssh_port, username=f"alice+job-{world.job_id}",
+            client_keys=[str(key)], known_hosts=None,
+        )  # fmt: skip
+        ssh_proc = await conn.create_process("sleep 60")
+        session = await asyncio.to_thread(
+            ExecSession.open, world.server.url, token, world.job_id, {"argv": ["sleep", "60"]}
+        )
+
+        def exec_outcome() -> BaseException | None:
+            try:
+                session.recv()
+            except ExecError as exc:
+                return exc
+            return None
+
+        outcome = asyncio.ensure_future(asyncio.to_thread(exec_outcome))
+        revoked = time.monotonic()
+        assert (await asyncio.to_thread(admin.delete, f"/api/v1/tokens/{token_id}")).status_code == 204
+        error = await asyncio.wait_for(outcome, 10)
+        exec_s = time.monotonic() - revoked
+        await asyncio.sleep(3)  # the SSH connection, held by a key still registered, lives on
+        assert not conn.is_closed() and ssh_proc.exit_status is None
+        removed = time.monotonic()
+        assert (await asyncio.to_thread(admin.delete, f"/api/v1/ssh-keys/{key_id}")).status_code == 204
+        await asyncio.wait_for(conn.wait_closed(), 10)
+        return exec_s, time.monotonic() - removed, error
+
+    try:
+        exec_s, ssh_s, error = asyncio.run(scenario())
+    finally:
+        admin.close()
+    assert isinstance(error, ExecError) and error.status_code == 401 and "revoked" in error.message, error
+    assert exec_s < 3 and ssh_s < 3, (exec_s, ssh_s)

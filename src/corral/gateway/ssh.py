@@ -16,6 +16,8 @@ connections, and a new `ssh` connects as soon as the server is back.
   one more is refused as "administratively prohibited", with a message saying why.
 - Each channel is resolved afresh (a restarted workspace is found on the next channel) and is in
   the audit log as job.ssh or job.port_forward.
+- A connection ends (the client is disconnected, its processes killed) within seconds of its key
+  being removed or its user deactivated: it is held in the server's OpenSessions by that key.
 - Each channel open into a job is counted in the server's SessionUse, open and then closed (its
   close time): idle reclamation counts it as the workspace's use (corral.services.session_use).
 """
@@ -41,6 +43,7 @@ from corral.engine.base import Engine, ExecCommand, ExecRefused
 from corral.gateway import resolver
 from corral.gateway.spawn import STDERR, SandboxProcess
 from corral.services.errors import ServiceError
+from corral.services.open_sessions import ENDED_MESSAGE, Holder, OpenSessions
 from corral.services.sandbox_exec import record_entry, relay_argv
 from corral.services.session_use import SessionUse
 
@@ -72,6 +75,7 @@ class Gateway:
         session_factory: sessionmaker[Session],
         engine: Engine,
         use: SessionUse | None = None,
+        sessions: OpenSessions | None = None,
     ) -> None:
         self.host = settings.ssh_gateway_host or settings.host
         self.port = settings.ssh_gateway_port
@@ -83,6 +87,9 @@ class Gateway:
         self.loop = uvloop.new_event_loop()
         self._server: asyncssh.SSHAcceptor | None = None
         self.use = use if use is not None else SessionUse()  # the server's, shared with exec
+        # The server's open sessions by credential: a connection ends when its key is removed or
+        # its user deactivated (corral.services.open_sessions), not only its next channel refused.
+        self.sessions = sessions if sessions is not None else OpenSessions()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -182,11 +189,25 @@ class GatewayServer(asyncssh.SSHServer):
         self._registered: set[str] = set()  # fingerprints of the keys that may log in
         self.key_fingerprint = ""  # the key this connection logged in with
         self.open_channels = {"session": 0, "forward": 0}  # counted until each one's connection_lost
+        self._held: int | None = None  # its entry in the gateway's open sessions, once logged in
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
         self.conn = conn
         peer = conn.get_extra_info("peername")
         self.source = str(peer[0]) if peer else "unknown"
+
+    def auth_completed(self) -> None:
+        """Logged in: held open by this user's key until either loses access."""
+        holder = Holder(resolver.parse_login(self.username).user, f"ssh-key:{self.key_fingerprint}")
+        loop = self.gateway.loop
+        self._held = self.gateway.sessions.add(holder, lambda: loop.call_soon_threadsafe(self._end))
+
+    def _end(self) -> None:
+        self.conn.disconnect(asyncssh.DISC_BY_APPLICATION, ENDED_MESSAGE)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._held is not None:
+            self.gateway.sessions.discard(self._held)
 
     async def begin_auth(self, username: str) -> bool:
         self.username = username
@@ -454,13 +475,17 @@ class RelaySession(_Channel, asyncssh.SSHTCPSession[bytes]):
 
 
 def start_gateway(
-    settings: Settings, session_factory: sessionmaker[Session], engine: Engine, use: SessionUse | None = None
+    settings: Settings,
+    session_factory: sessionmaker[Session],
+    engine: Engine,
+    use: SessionUse | None = None,
+    sessions: OpenSessions | None = None,
 ) -> Gateway | None:
     """The running gateway, or None when it is off (port 0) or its port cannot be bound (logged:
     the API keeps serving without it)."""
     if not settings.ssh_gateway_port:
         return None
-    gateway = Gateway(settings, session_factory, engine, use)
+    gateway = Gateway(settings, session_factory, engine, use, sessions)
     try:
         gateway.start()
     except OSError as exc:

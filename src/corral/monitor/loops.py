@@ -20,6 +20,7 @@ from corral.monitor.idle import enforce_idle_policy
 from corral.monitor.risk import detector_config, update_risk
 from corral.server.context import BackgroundLoop, ServerContext
 from corral.services import incidents, remediation
+from corral.services.open_sessions import CHECK_INTERVAL_S as OPEN_SESSIONS_INTERVAL_S
 from corral.services.session_use import persisted_use
 from corral.workspaces.activity import last_activity
 
@@ -111,6 +112,14 @@ def session_use_tick(ctx: ServerContext, now: float) -> None:
             ctx.memory.session_use.persist(session, now)
 
 
+def open_sessions_tick(ctx: ServerContext, now: float) -> None:
+    """Every server ends the sessions it holds whose credential or user lost access (not a
+    singleton: each checks its own; woken at once by a change committed in this process)."""
+    if ctx.memory.open_sessions is not None and ctx.memory.open_sessions.holders():
+        with ctx.session_factory() as session:
+            ctx.memory.open_sessions.check(session, now)
+
+
 def idle_tick(ctx: ServerContext, now: float) -> None:
     def activity(job_ids: Sequence[int]) -> Mapping[int, float]:
         return workspace_use(ctx, job_ids, now)
@@ -173,6 +182,7 @@ def _loops() -> list[BackgroundLoop]:
         BackgroundLoop("monitor-idle", settings.idle_interval_s, idle_tick),
         BackgroundLoop("incidents", INCIDENT_INTERVAL_S, incident_tick),
         BackgroundLoop("session-use", SESSION_USE_INTERVAL_S, session_use_tick, singleton=False),
+        BackgroundLoop("open-sessions", OPEN_SESSIONS_INTERVAL_S, open_sessions_tick, singleton=False),
     ]
 
 

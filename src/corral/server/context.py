@@ -18,6 +18,7 @@ from corral.domain import JobDiagnosis
 from corral.engine.base import Engine
 from corral.scheduler import Scheduler
 from corral.services.notify import Topic
+from corral.services.open_sessions import OpenSessions
 from corral.services.session_use import SessionUse
 
 # The loops that act on a committed change, by the topic the service told (corral.services.notify).
@@ -72,6 +73,9 @@ class LoopMemory:
     # Sessions into jobs through this server (SSH gateway, exec, port-forward), open and last
     # closed: the idle loop counts them as a workspace's use, the session-use loop persists them.
     session_use: SessionUse | None = None
+    # Sessions held open through this server, by credential: the open-sessions loop ends those
+    # whose token, portal session, SSH key or user lost access (corral.services.open_sessions).
+    open_sessions: OpenSessions | None = None
     # singleton loop -> until when this process holds its lease (the runner's; 0: another server
     # does). No entry: no runner (a test driving ticks itself), so this process does everything.
     lease_until: dict[str, float] = field(default_factory=dict)

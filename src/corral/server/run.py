@@ -36,6 +36,8 @@ from corral.server.dispatch import shutdown_launches
 from corral.server.reconcile import adopt_once
 from corral.server.runner import LoopRunner, collect_loops
 from corral.server.sampler import StackSampler
+from corral.services.auth import on_credentials_changed
+from corral.services.open_sessions import OpenSessions
 from corral.services.session_use import SessionUse
 
 if TYPE_CHECKING:
@@ -200,7 +202,10 @@ def serve(settings: Settings, demo: bool = False) -> None:
     from corral.gateway.ssh import start_gateway
 
     session_use = SessionUse()  # sessions into jobs, the gateway's and exec's: idle reclamation
-    gateway = start_gateway(settings, session_factory, engine, session_use)  # docs/workspaces.md
+    # Exec, SSH and proxy sessions by credential: ended when it loses access (a revoke, ...).
+    ctx.memory.open_sessions = OpenSessions()
+    on_credentials_changed(lambda: ctx.wake("open-sessions"))
+    gateway = start_gateway(settings, session_factory, engine, session_use, ctx.memory.open_sessions)
     runner = LoopRunner(ctx, collect_loops(engine))
     from corral.scheduler.compiled_build import describe as describe_scheduler_build
 
@@ -288,6 +293,7 @@ def _api_server(
     app.state.server_context = ctx
     app.state.ssh_gateway = gateway  # None when off
     app.state.session_use = ctx.memory.session_use = session_use
+    app.state.open_sessions = ctx.memory.open_sessions
     session_use.on_close = lambda: ctx.wake("session-use")  # a close is persisted at once
     app.state.loop_health = lambda: runner.health(settings.ready_loop_stall_s)  # for /readyz
     config = uvicorn.Config(

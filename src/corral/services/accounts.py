@@ -359,3 +359,4 @@ def delete_ssh_key(session: Session, principal: Principal, key_id: int) -> None:
         raise NotFound(f"no SSH key with id {key_id}")
     session.delete(key)
     session.flush()
+    forget_principals(session)  # SSH connections it logged in end (corral.services.open_sessions)

@@ -9,6 +9,7 @@ import hmac
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from argon2 import PasswordHasher
@@ -159,12 +160,22 @@ def forget_principals(session: Session | None = None) -> None:
 
 
 _FORGET_ON_COMMIT = "corral.forget_principals"
+# Called after such a change commits: what else holds on to a credential checked earlier (the
+# server's open sessions, corral.services.open_sessions; the workspace proxy's decisions).
+_on_committed_change: list[Callable[[], None]] = []
+
+
+def on_credentials_changed(callback: Callable[[], None]) -> None:
+    """Call `callback` (quick, thread-safe) after each committed change that forgets principals."""
+    _on_committed_change.append(callback)
 
 
 @event.listens_for(Session, "after_commit")
 def _forget_after_commit(session: Session) -> None:
     if session.info.pop(_FORGET_ON_COMMIT, False):
         forget_principals()
+        for callback in list(_on_committed_change):
+            callback()
 
 
 # --- API tokens -------------------------------------------------------------------------------
@@ -343,6 +354,7 @@ def logout(session: Session, secret: str) -> None:
     web = session.get(WebSession, sha256_hex(secret))
     if web is not None:
         session.delete(web)
+        forget_principals(session)  # its open sessions end (corral.services.open_sessions)
 
 
 def session_id(web: WebSession) -> str:
@@ -380,6 +392,7 @@ def revoke_session(session: Session, principal: Principal, public_id: str) -> We
     if web is None or (web.user_id != principal.user_id and not principal.is_admin):
         raise NotFound(f"no session with id {public_id!r}")
     session.delete(web)
+    forget_principals(session)  # its open sessions end (corral.services.open_sessions)
     return web
 
 

@@ -13,8 +13,11 @@ Upstream, JupyterLab listens only on a Unix socket in the attempt's work dir (lo
 on its Slurm node's address and a port the job reports (corral.workspaces.endpoint), and trusts
 one header, the per-start credential the proxy adds
 (corral.workspaces.jupyter_auth); Corral's cookie and token are not passed on. The decision for
-a (credential, workspace) pair is cached for AUTH_CACHE_S, so a revoked session or a stopped
-workspace is refused within that time; a request costs no database query in between.
+a (credential, workspace) pair is cached for AUTH_CACHE_S, so a stopped workspace (or a session
+revoked through another server) is refused within that time; a request costs no database query
+in between. A revoke or deactivation committed in this process clears the cache at once, and a
+WebSocket already open ends within seconds of its credential losing access (the server's
+OpenSessions).
 """
 
 from __future__ import annotations
@@ -37,8 +40,15 @@ from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocketDisconnect
 
 from corral.api.deps import MAX_ROW_ID, SESSION_COOKIE
-from corral.services.auth import Principal, authenticate_session, authenticate_token, sha256_hex
+from corral.services.auth import (
+    Principal,
+    authenticate_session,
+    authenticate_token,
+    on_credentials_changed,
+    sha256_hex,
+)
 from corral.services.errors import ServiceError
+from corral.services.open_sessions import Holder, OpenSessions
 from corral.services.workspaces import ProxyTarget, proxy_target
 from corral.workspaces.endpoint import Upstream, jupyter_upstream, open_unix_socket
 from corral.workspaces.jupyter_auth import HEADER
@@ -75,10 +85,14 @@ class Decision:
     upstream: Upstream | None = None
     token: str = ""
     via_cookie: bool = False
+    holder: Holder | None = None  # whose credential let it in (a WebSocket is held open by it)
 
 
 _decisions: dict[tuple[str, int], tuple[float, Decision]] = {}
 _pools: dict[Upstream, HttpPool] = {}  # kept-alive upstream connections
+# A revoke, logout or deactivation committed in this process is refused at once, not after the
+# decision's AUTH_CACHE_S.
+on_credentials_changed(_decisions.clear)
 
 
 def _credential(headers: Any, cookies: Any) -> tuple[str, bool] | None:
@@ -111,7 +125,8 @@ def _decide(
     upstream = jupyter_upstream(engine, target.attempt_id, target.node_address)
     if upstream is None:
         return Decision(503, f"workspace {ws_id}: JupyterLab has not said where it listens yet; try again")
-    return Decision(200, upstream=upstream, token=target.token, via_cookie=via_cookie)
+    holder = Holder(principal.name, principal.credential)
+    return Decision(200, upstream=upstream, token=target.token, via_cookie=via_cookie, holder=holder)
 
 
 async def authorize(app: Any, headers: Any, cookies: Any, ws_id: int) -> Decision:
@@ -260,12 +275,24 @@ async def proxy_websocket(websocket: WebSocket, ws_id: int, path: str) -> None:
         await websocket.close(code=1011)
         return
     await websocket.accept(subprotocol=upstream.subprotocol)
-    async with upstream:
-        await _pump(websocket, upstream)
+    # Held open by its credential (a kernel's WebSocket lives for hours): closed when that
+    # loses access (corral.services.open_sessions).
+    sessions: OpenSessions | None = getattr(websocket.app.state, "open_sessions", None)
+    ended = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    held = None
+    if sessions is not None and decision.holder is not None:
+        held = sessions.add(decision.holder, lambda: loop.call_soon_threadsafe(ended.set))
+    try:
+        async with upstream:
+            await _pump(websocket, upstream, ended)
+    finally:
+        if held is not None and sessions is not None:
+            sessions.discard(held)
 
 
-async def _pump(client: WebSocket, upstream: Any) -> None:
-    """Copy frames both ways until either side closes; then close the other."""
+async def _pump(client: WebSocket, upstream: Any, ended: asyncio.Event | None = None) -> None:
+    """Copy frames both ways until either side closes, or `ended` is set; then close the other."""
 
     async def client_to_upstream() -> None:
         while True:
@@ -282,7 +309,12 @@ async def _pump(client: WebSocket, upstream: Any) -> None:
             else:
                 await client.send_text(data)
 
-    tasks = [asyncio.create_task(client_to_upstream()), asyncio.create_task(upstream_to_client())]
+    tasks: list[asyncio.Task[Any]] = [
+        asyncio.create_task(client_to_upstream()),
+        asyncio.create_task(upstream_to_client()),
+    ]
+    if ended is not None:
+        tasks.append(asyncio.create_task(ended.wait()))
     done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     for task in pending:
         task.cancel()

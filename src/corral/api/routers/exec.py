@@ -11,7 +11,9 @@ The server answers {"started": true} or {"error": "...", "status": 4xx} and clos
 (stdin); server -> client 1 (stdout) and 2 (stderr; with a TTY everything comes on 1). Text
 frames: client -> server {"eof": true} (close stdin), {"resize": [rows, cols]}; server -> client
 {"exit": code} last, then a normal close. Only the job's owner and admins get in; each entry is
-in the audit log (action job.exec or job.port_forward). A session is counted, open and then
+in the audit log (action job.exec or job.port_forward). A session whose token or portal session
+is revoked or expires, or whose user is deactivated, ends within seconds: the process is killed
+and the client gets {"error": ..., "status": 401} and close code 4401. A session is counted, open and then
 closed, in the server's SessionUse (app.state.session_use): a workspace's use for idle reclamation.
 """
 
@@ -33,6 +35,7 @@ from corral.engine.base import Engine, ExecRefused
 from corral.gateway.spawn import SandboxProcess
 from corral.services.auth import Principal, authenticate_session, authenticate_token
 from corral.services.errors import Forbidden, ServiceError, Unauthenticated
+from corral.services.open_sessions import ENDED_MESSAGE, Holder, OpenSessions
 from corral.services.sandbox_exec import exec_target, record_entry, relay_argv
 from corral.services.session_use import SessionUse
 
@@ -52,7 +55,7 @@ async def exec_in_job(websocket: WebSocket, job_id: int) -> None:
     await websocket.accept()
     try:
         request = json.loads(await websocket.receive_text())
-        proc = await _start(websocket, job_id, request)
+        proc, principal = await _start(websocket, job_id, request)
     except Refused as exc:
         await _refuse(websocket, exc.status, str(exc))
         return
@@ -64,16 +67,44 @@ async def exec_in_job(websocket: WebSocket, job_id: int) -> None:
     use: SessionUse | None = getattr(websocket.app.state, "session_use", None)  # None: not counted
     if use is not None:
         use.opened(job_id)
+    # Held open by its credential: ended when that loses access (corral.services.open_sessions).
+    sessions: OpenSessions | None = getattr(websocket.app.state, "open_sessions", None)
+    ended = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    held = None
+    if sessions is not None:
+        holder = Holder(principal.name, principal.credential)
+        held = sessions.add(holder, lambda: loop.call_soon_threadsafe(ended.set))
     try:
         await websocket.send_text(json.dumps({"started": True}))
-        await _stream(websocket, proc)
+        await _stream_until(websocket, proc, ended)
     finally:
         proc.kill()  # idempotent; a send failing before _stream must not leave it running
+        if held is not None and sessions is not None:
+            sessions.discard(held)
         if use is not None:
             use.closed(job_id, time.time())
 
 
-async def _start(websocket: WebSocket, job_id: int, request: Any) -> SandboxProcess:
+async def _stream_until(websocket: WebSocket, proc: SandboxProcess, ended: asyncio.Event) -> None:
+    """_stream, unless `ended` is set first: then the process is killed and the client told why
+    (code 4401, as a refusal for an unauthenticated request)."""
+    stream = asyncio.ensure_future(_stream(websocket, proc))
+    waiter = asyncio.ensure_future(ended.wait())
+    try:
+        await asyncio.wait({stream, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if stream.done():
+        return stream.result()
+    proc.kill()
+    stream.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await stream
+    await _refuse(websocket, 401, ENDED_MESSAGE)
+
+
+async def _start(websocket: WebSocket, job_id: int, request: Any) -> tuple[SandboxProcess, Principal]:
     if not isinstance(request, dict):
         raise Refused(400, "the first message must be a JSON object")
     rank, tty = request.get("rank", 0), bool(request.get("tty", False))
@@ -104,7 +135,7 @@ async def _start(websocket: WebSocket, job_id: int, request: Any) -> SandboxProc
         raise Refused(exc.status_code, exc.message)
     except ExecRefused as exc:
         raise Refused(409, str(exc))
-    return await SandboxProcess.start(cmd, tty=tty, rows=rows, cols=cols)
+    return await SandboxProcess.start(cmd, tty=tty, rows=rows, cols=cols), principal
 
 
 def _enter(
