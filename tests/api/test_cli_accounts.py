@@ -85,3 +85,25 @@ def test_cli_token_ls_and_revoke(world: World, server_url: str) -> None:
     assert world.client.get(f"{API}/me", headers={"Authorization": f"Bearer {secret}"}).status_code == 401
     code, out = run(world, server_url, "alice", "token", "ls", "-o", "json")
     assert next(t for t in json.loads(out) if t["name"] == "laptop")["revoked_at"] is not None
+
+
+def test_cli_remove_from_group_and_deactivate(world: World, server_url: str) -> None:
+    r = world.client.post(
+        f"{API}/jobs",
+        json={"name": "j", "command": "true", "resources": {"cpus": 1}},
+        headers=world.as_("alice"),
+    )
+    assert r.status_code == 201, r.text
+    job = r.json()["id"]
+    code, out = run(world, server_url, "bob", "user", "remove-from-group", "alice", "vision")
+    assert code == 1 and f"job {job}" in out and "--cancel-jobs" in out and "Traceback" not in out, out
+    code, out = run(world, server_url, "bob", "user", "remove-from-group", "alice", "vision", "--cancel-jobs")
+    assert code == 0 and "alice is no longer a member of vision" in out, out
+    code, out = run(world, server_url, "admin", "user", "deactivate", "alice")
+    assert code == 0 and "user alice deactivated" in out, out
+    code, out = run(world, server_url, "admin", "user", "ls")
+    assert "member (deactivated)" in out, out
+    code, out = run(world, server_url, "alice", "user", "default-group", "alice", "nlp")
+    assert code == 1 and "deactivated" in out, out
+    code, out = run(world, server_url, "admin", "user", "activate", "alice")
+    assert code == 0 and "user alice activated" in out, out
