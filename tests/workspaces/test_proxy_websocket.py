@@ -23,12 +23,25 @@ from corral.workspaces.endpoint import Upstream
 def jupyter(tmp_path: Path) -> Iterator[str]:
     """A WebSocket server on a Unix socket that answers each connection with the request
     target it was asked for."""
+    yield from _jupyter(tmp_path, keep_open=False)
+
+
+@pytest.fixture
+def kernel(tmp_path: Path) -> Iterator[str]:
+    """The same, then echoing what it is sent until the other side closes (a kernel's channels)."""
+    yield from _jupyter(tmp_path, keep_open=True)
+
+
+def _jupyter(tmp_path: Path, keep_open: bool) -> Iterator[str]:
     sock = str(tmp_path / "jupyter.sock")
     loop = asyncio.new_event_loop()
     ready, stop = threading.Event(), asyncio.Event()
 
     async def answer(connection: ServerConnection) -> None:
         await connection.send(connection.request.path if connection.request else "")
+        if keep_open:
+            async for message in connection:
+                await connection.send(message)
 
     async def serve() -> None:
         async with unix_serve(answer, sock):
@@ -58,3 +71,38 @@ def test_the_upstream_gets_the_path_as_the_browser_sent_it(jupyter: str, monkeyp
         for path in ("api/kernels/k1/channels", "api/x%3Fy/z", "api/a%23b", "files/a%20b/c%2Fd"):
             with client.websocket_connect(f"/ws/5/{path}?session_id=s", headers=origin) as ws:
                 assert ws.receive_text() == f"/ws/5/{path}?session_id=s"
+
+
+def test_a_kernel_websocket_ends_when_its_holder_loses_access(kernel: str, monkeypatch: Any) -> None:
+    """The proxy registers each WebSocket under the credential that let it in; ending that holder
+    (what OpenSessions.check does for a revoked token) closes the browser's side, while another
+    holder's WebSocket stays open."""
+    from starlette.websockets import WebSocketDisconnect
+
+    from corral.services.open_sessions import Holder, OpenSessions
+
+    async def allowed(_app: Any, _headers: Any, _cookies: Any, ws_id: int) -> proxy.Decision:
+        holder = Holder("alice" if ws_id == 5 else "bob", f"token:{ws_id}")
+        return proxy.Decision(200, upstream=Upstream(socket=kernel), token="t", holder=holder)
+
+    monkeypatch.setattr(proxy, "authorize", allowed)
+    app = FastAPI()
+    app.include_router(proxy.router)
+    sessions = OpenSessions()
+    app.state.open_sessions = sessions
+    origin = {"origin": "http://testserver"}
+    with TestClient(app) as client:
+        with (
+            client.websocket_connect("/ws/5/api/kernels/k1/channels", headers=origin) as mine,
+            client.websocket_connect("/ws/6/api/kernels/k2/channels", headers=origin) as other,
+        ):
+            assert mine.receive_text() == "/ws/5/api/kernels/k1/channels"
+            assert other.receive_text() == "/ws/6/api/kernels/k2/channels"
+            assert sessions.holders() == {Holder("alice", "token:5"), Holder("bob", "token:6")}
+            assert sessions.end([Holder("alice", "token:5")]) == 1
+            with pytest.raises(WebSocketDisconnect):
+                mine.receive_text()
+            assert sessions.holders() == {Holder("bob", "token:6")}
+            other.send_text("still here")  # the other holder's WebSocket is untouched
+            assert other.receive_text() == "still here"
+        assert sessions.holders() == set()  # each one discarded when it closed
