@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.scheduler import ANY_MODEL, PROFILES, Plan, Priority, Profile, Scheduler, Snapshot, Usage
+from corral.scheduler import ANY_MODEL, PROFILES, Job, Plan, Priority, Profile, Scheduler, Snapshot, Usage
 from tests.scheduler.builders import apply_plan, gpu_node, group, job, plan_for, running
 
 PROFILE_NAMES = sorted(PROFILES)
@@ -272,3 +273,73 @@ def test_keys_read_off_the_job_info_equal_the_key_methods(s: Snapshot, name: str
             assert known.fail_key(j, info) == info.rank_id
             assert known.search_key(j, info) == info.search_id
             assert known.admit_key(j, info) == 2 * info.admit_id + borrowing
+
+
+@st.composite
+def crowded_capped(draw: st.DrawFn) -> Snapshot:
+    """`crowded_many_users` with per-user GPU caps on the groups: a preemption search then reads
+    the user's GPUs, with their own victims released (KnownOutcomes.search_key holds the user)."""
+    s = draw(crowded_many_users())
+    caps = [draw(st.sampled_from([None, 1, 2, 4, 8])) for _ in s.groups]
+    groups = tuple(dataclasses.replace(g, user_max_gpus=cap) for g, cap in zip(s.groups, caps, strict=True))
+    users = ("x", "y", "z", "w")
+    run = tuple(  # the running work spread over the same users: some victims are the user's own
+        dataclasses.replace(r, job=dataclasses.replace(r.job, user=draw(st.sampled_from(users))))
+        for r in s.running
+    )
+    return dataclasses.replace(s, groups=groups, running=run)
+
+
+@settings(max_examples=60, deadline=None)
+@given(crowded_capped(), st.sampled_from(["default", "las"]), st.integers(1, 16))
+def test_replayed_outcomes_under_per_user_caps(s: Snapshot, name: str, attempts: int) -> None:
+    # quotas on for las too: without them no search reads a cap
+    profile = dataclasses.replace(PROFILES[name], max_preemption_attempts=attempts, quotas=True)
+    fresh = fresh_plan(s, profile)
+    first, second = twice(s, profile)
+    assert_same(first, fresh)
+    assert_same(second, fresh)
+
+
+@pytest.mark.pure_scheduler  # it counts searches by wrapping Preemptor.try_for (conftest.py)
+@pytest.mark.parametrize("name", ["default", "las"])
+def test_a_capped_groups_failed_search_is_replayed_per_user(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Group a caps each user at 4 GPUs. User x holds 2 GPUs that may not be preempted and queues
+    five 4-GPU jobs: each search finds the GPUs (user y's low-priority work) but not the cap, so
+    it fails. The first search is real; the other four are answered from the cache. User z's job
+    of the same kind is searched afresh and preempts: a key without the user would replay x's
+    failure for it."""
+    from corral.scheduler.preemption import Preemptor
+
+    real = Preemptor.try_for
+    searches: list[str] = []
+
+    def counting(self: Preemptor, j: Job, *args: object, **kwargs: object) -> object:
+        before = self.attempts_left
+        room = real(self, j, *args, **kwargs)  # type: ignore[arg-type]
+        if self.attempts_left < before:
+            searches.append(j.id)
+        return room
+
+    monkeypatch.setattr(Preemptor, "try_for", counting)
+    capped = group("a", guaranteed={ANY_MODEL: 8}, user_max_gpus=4)
+    held = job("held", gpus=2, group="a", user="x", preemptible=False, runtime=9000.0)
+    run = [running(held, "n0", (0, 1))]
+    for g in range(2, 8):
+        low = job(f"low{g}", group="a", user="y", priority=Priority.LOW, runtime=9000.0, attained=50000.0)
+        run.append(running(low, "n0", (g,), start=float(g)))
+    queued = [
+        job(f"x{k}", gpus=4, group="a", user="x", priority=Priority.HIGH, submit=float(k)) for k in range(5)
+    ]
+    queued.append(job("z", gpus=4, group="a", user="z", priority=Priority.HIGH, submit=9.0))
+    s = Snapshot((gpu_node("n0"),), (capped,), tuple(queued), tuple(run), Usage())
+    profile = dataclasses.replace(PROFILES[name], quotas=True)  # (las has none: no cap either)
+    fresh = fresh_plan(s, profile)
+    assert len(searches) == 6  # every job searched
+    searches.clear()
+    plan = Scheduler(profile).schedule(s, 1000.0, random.Random(0))
+    assert_same(plan, fresh)
+    assert {p.for_job for p in plan.preemptions} == {"z"}
+    assert sorted(searches) == ["x0", "z"]  # x1..x4: the cached failed search

@@ -69,8 +69,13 @@ class KnownOutcomes:
         self.deferred: dict[int, Token] = {}
         self.deferred_jobs = cycle.quota.deferred
         # quota_priority preemption with quotas (the default policy): fail_key is rank_id,
-        # search_key search_id and admit_key 2 * admit_id + the pass
+        # search_key search_id (outside capped groups) and admit_key 2 * admit_id + the pass
         self.plain = cycle.profile.quotas and cycle.profile.preemption not in ("none", "las")
+        # groups with a per-user GPU cap: their search key holds the user (see search_key); none
+        # without quotas (the search then reads no ledger)
+        self.capped: set[str] = set()
+        if cycle.profile.quotas:
+            self.capped = {n for n, g in cycle.ledger.groups.items() if g.user_max_gpus is not None}
 
     # -- keys -----------------------------------------------------------------------------------
     def token(self) -> Token:
@@ -94,11 +99,18 @@ class KnownOutcomes:
 
     def search_key(self, job: Job, info: JobInfo) -> object:
         """Jobs with equal keys get the same preemption search: the same candidates, and the same
-        placement on the room they would leave (it reads the tasks, group, priority, may-borrow)."""
+        placement on the room they would leave (it reads the tasks, group, priority, may-borrow).
+        Under a per-user cap the search reads the user's GPUs too (`Preemptor._fits_now`): with
+        the victims released, so their owners count, not the user's usage alone. The key holds
+        the user then; the state token fixes their usage (only commits and found victims change
+        it for good)."""
         p = self.profile
+        key: object = info.search_id
         if p.preemption == "las":
-            return (info.search_id, las_queue(job.attained_gpu_seconds, p.las_thresholds))
-        return info.search_id
+            key = (info.search_id, las_queue(job.attained_gpu_seconds, p.las_thresholds))
+        if job.group in self.capped:
+            return (key, job.user)
+        return key
 
     def admit_key(self, job: Job, info: JobInfo) -> int:
         """Jobs with equal keys pass or fail the capacity test and quota admission alike in an
@@ -124,8 +136,7 @@ class KnownOutcomes:
             return  # it reserved, or found victims: the next job of its kind must look again
         if self.preemptor.attempts_left == attempts_before:
             self.short[self.fail_key(job, info)] = token
-        elif self.cycle.ledger.group(job.group).user_max_gpus is None:  # a search that found no room
-            # (not under a per-user cap: the search reads the user's GPUs then, which its key omits)
+        else:  # a search that found no room
             self.searched[self.search_key(job, info)] = token
 
     # -- replaying ------------------------------------------------------------------------------
@@ -143,7 +154,8 @@ class KnownOutcomes:
                 self.no_fit.add(job.id)
                 return True
         if self.searched:
-            rec = self.searched.get(info.search_id if plain else self.search_key(job, info))
+            plain_search = plain and job.group not in self.capped
+            rec = self.searched.get(info.search_id if plain_search else self.search_key(job, info))
             if rec is not None and (rec == token or _holds(rec, token)):
                 self.no_fit.add(job.id)
                 self._spend_attempt()
@@ -200,7 +212,8 @@ class KnownOutcomes:
         if c.backfill.reservations:  # each of them would count against the backfill depth
             limit = max(0, min(limit, c.profile.backfill_depth - c.behind_head))
         parking = c.profile.quotas and not borrowing
-        memo, las = c.infos.memo, c.profile.preemption == "las"
+        memo = c.infos.memo
+        keyed = c.profile.preemption == "las" or bool(self.capped)  # else the key is search_id
         no_fit_add, search_key = c.no_fit.add, self.search_key
         now, default_s, why = c.now, c.profile.default_runtime_s, c.verdicts.why
         full: dict[str, bool] = {}  # group -> no guaranteed quota left (unchanged while skipping)
@@ -219,7 +232,7 @@ class KnownOutcomes:
                     no_room = full[job.group] = not ledger.headroom(job.group)
                 if no_room and ledger.may_borrow(job):
                     break  # it would be parked for the borrowing pass
-            kind = search_key(job, info) if las else info.search_id
+            kind = search_key(job, info) if keyed else info.search_id
             outcome = decided.get(kind)
             if outcome is None:
                 outcome = decided[kind] = self._decide(job, info, token)
