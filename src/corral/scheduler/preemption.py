@@ -305,14 +305,16 @@ class Preemptor:
         allowed = None
         borrow = False
         if ledger is not None and job.total_gpus > 0:
+            # the per-user cap (the victims' GPUs released: a user's own lower-priority work makes
+            # room under it): else work is stopped for a job that would still wait on the cap.
+            # First: one look-up, where the models' test below builds a key and walks the memo
+            # (both only read the ledger, so their order changes no answer)
+            if not ledger.user_fits(job):
+                return None
             # taking back lent GPUs must leave this job within its own guarantee, not borrowing
             borrow = ledger.may_borrow(job) and all(c.rj.job.group == job.group for c in chosen)
             allowed = ledger.allowed_models(job, models, borrow)
             if not allowed:
-                return None
-            # the per-user cap too (the victims' GPUs released: a user's own lower-priority work
-            # makes room under it): else work is stopped for a job that would still wait on the cap
-            if not ledger.user_fits(job):
                 return None
         placed = self.placer.place(job, allowed)
         if placed is None:
