@@ -15,6 +15,7 @@ from threading import Event
 from typing import Any
 
 import pytest
+from sqlalchemy import event as sa_event
 from sqlalchemy import select
 
 from corral.datasets import quotas, service, transfer, uploads
@@ -630,3 +631,28 @@ def test_a_deleted_versions_number_is_never_given_again(world: World) -> None:
         pytest.raises(service.DatasetRefError, match=r"has no version v2 \(it has v1, v3\)"),
     ):
         service.resolve_dataset_ref(db, "alice", {"vision"}, "data/renum@2", store=store_of(world))
+
+
+def test_a_chunk_reads_its_upload_row_once(world: World, db_engine: Any) -> None:
+    """The upload's row is read once, before the file's lock (owner, state, quota); after the lock
+    only the file's row is read again (the one that counts), and the upload's bytes are added in
+    SQL by its id."""
+    alice = world.as_("alice")
+    files = {"a.bin": b"y" * 100}
+    uid = protocol.start(world.client, alice, "once", files).json()["id"]
+    assert protocol.register(world.client, alice, uid, files).status_code == 200
+    seen: list[str] = []
+
+    def log(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement)
+
+    sa_event.listen(db_engine, "before_cursor_execute", log)
+    try:
+        r = protocol.chunk(world.client, alice, uid, "a.bin", 0, files["a.bin"][:50])
+    finally:
+        sa_event.remove(db_engine, "before_cursor_execute", log)
+    assert r.status_code == 200 and r.json()["received"] == 50
+    reads = [s for s in seen if s.lstrip().upper().startswith("SELECT") and "FROM dataset_uploads" in s]
+    assert len(reads) == 1, reads
+    assert protocol.chunk(world.client, alice, uid, "a.bin", 50, files["a.bin"][50:]).status_code == 200
+    assert protocol.complete(world.client, alice, uid).status_code == 201

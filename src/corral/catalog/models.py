@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from corral.catalog import access, model_files
@@ -204,9 +204,9 @@ def register(
         raise Conflict(str(exc)) from None
     try:
         model = _model_for_register(session, principal, name, group, description, now)
-        last = session.scalar(select(func.max(ModelVersion.version)).where(ModelVersion.model_id == model.id))
-        # Never a number given before: the latest version deleted, its number is not used again.
-        model.last_version = max(int(last or 0), model.last_version or 0) + 1
+        # Never a number given before: the latest version deleted, its number is not used again
+        # (`last_version`, read under the row's lock, is at least every version's: migration 0020)
+        model.last_version = (model.last_version or 0) + 1
         row = ModelVersion(
             model_id=model.id,
             version=model.last_version,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
@@ -292,13 +292,14 @@ def write_chunk(
             # Under the file's lock, read again: a request for the same chunk sent twice at once (a
             # retry, or two pushes resuming one upload) waits for the first, then finds its bytes
             # recorded and writes nothing; unlocked, both passed the offset check and the later one
-            # cut the file back over a chunk recorded meanwhile.
+            # cut the file back over a chunk recorded meanwhile. The file's row is what counts
+            # here; the upload's (expired by the rollback) is not read again: by `upload_id`.
             session.rollback()
-            locked = session.get(DatasetUploadFile, (upload.id, path))
+            locked = session.get(DatasetUploadFile, (upload_id, path))
             if locked is None:  # the upload was aborted (or completed) since it was read
                 raise _gone(session, upload_id)
             _check_offset(locked, offset, data)
-            _write_locked(session, upload, locked, fd, offset, data, now)
+            _write_locked(session, upload_id, locked, fd, offset, data, now)
     except BadName as exc:
         raise Invalid(str(exc), ("query", "path"))
     except (UploadGone, StaleDataError):
@@ -327,7 +328,7 @@ def _check_offset(row: DatasetUploadFile, offset: int, data: bytes) -> None:
 
 def _write_locked(
     session: Session,
-    upload: DatasetUpload,
+    upload_id: str,
     row: DatasetUploadFile,
     fd: int,
     offset: int,
@@ -338,20 +339,32 @@ def _write_locked(
     came is checked against its sha256, and started again when it differs."""
     write_at(fd, offset, data)
     row.received += len(data)  # the file's lock makes this read-and-write one
-    # In SQL: chunks of the upload's other files are written at the same time.
-    upload.received_bytes = DatasetUpload.received_bytes + len(data)
-    upload.updated_at = now
     if row.received == row.size:
         actual = fd_sha256(fd)
         if actual != row.sha256:
-            upload.received_bytes = DatasetUpload.received_bytes + len(data) - row.received
+            _count_received(session, upload_id, len(data) - row.received, now)  # the file's bytes off
             row.received = 0
             session.commit()
             os.ftruncate(fd, 0)
             raise Invalid(
                 f"{row.path!r}: sha256 of the bytes received is {actual}, not {row.sha256}; send it again"
             )
+    _count_received(session, upload_id, len(data), now)
     session.commit()
+
+
+def _count_received(session: Session, upload_id: str, delta: int, now: float) -> None:
+    """Add `delta` to the upload's bytes received, in SQL (chunks of its other files are written
+    at the same time), by its id: the row is not read for it. StaleDataError when it matched no
+    row (the upload was aborted meanwhile), as the ORM's flush of the row raised."""
+    done = session.execute(
+        update(DatasetUpload)
+        .where(DatasetUpload.id == upload_id)
+        .values(received_bytes=DatasetUpload.received_bytes + delta, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    if done.rowcount != 1:  # type: ignore[attr-defined]
+        raise StaleDataError(f"upload {upload_id} is gone")
 
 
 def complete(
@@ -448,11 +461,9 @@ def publish(
         session.flush()
         # Never a number given before (the counter, read after the owner's lock, which every
         # publish and delete of this dataset takes): v3 deleted, the next version is v4, not v3 again.
+        # (at least every version's number: migration 0020 set it so, and only this sets it since)
         given = session.scalar(select(Dataset.last_version).where(Dataset.id == ds.id))
-        latest = session.scalar(
-            select(func.max(DatasetVersion.version)).where(DatasetVersion.dataset_id == ds.id)
-        )
-        version = max(given or 0, latest or 0) + 1
+        version = (given or 0) + 1
         ds.last_version = version
         row = DatasetVersion(
             dataset_id=ds.id, version=version, bytes=sum(e[1] for e in entries), files=len(entries),
