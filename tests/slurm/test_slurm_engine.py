@@ -13,6 +13,7 @@ import pytest
 from corral.db.models import Node
 from corral.engine.base import AttemptPhase, FailureReason
 from corral.engine.slurm import SlurmEngine
+from corral.engine.slurm.cli import CliResult, SlurmCli
 from corral.scheduler.types import NodeState
 from corral.server.context import LoopMemory, ServerContext
 from corral.server.nodes import push_admin_states
@@ -221,6 +222,54 @@ def test_a_restarted_server_resumes_only_the_drains_corral_made(
     engine.set_node_state("node3", NodeState.CORDONED, "over the admin's drain")
     engine.set_node_state("node3", NodeState.READY)
     assert sinfo("node3") == "drained|disk check"
+
+
+def test_a_restarts_push_reads_the_holds_from_the_nodes_report(
+    engine: SlurmEngine, slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node loop pushes every node's state after a restart right after its report: whether a
+    node is held in Slurm is read from that `sinfo --json` (what sinfo's %T and %E print for it),
+    not asked of `sinfo` once per node. A node Corral has set since is asked of sinfo again."""
+
+    def sinfo(name: str) -> str:
+        return subprocess.run(
+            ["sinfo", "-h", "-n", name, "-o", "%T|%E"], env=slurm_cluster.env, capture_output=True, text=True
+        ).stdout.strip()
+
+    subprocess.run(
+        ["scontrol", "update", "nodename=node3", "state=drain", "reason=disk check"],
+        env=slurm_cluster.env,
+        check=True,
+    )
+    engine.set_node_state("node2", NodeState.CORDONED, "was cordoned")
+    calls: list[tuple[str, ...]] = []
+    real = SlurmCli.run
+
+    def recording(self: SlurmCli, tool: str, *args: str, **kwargs: object) -> CliResult:
+        if tool == "sinfo":
+            calls.append(args)
+        return real(self, tool, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SlurmCli, "run", recording)
+    engine.nodes()  # the node loop's report, then its push
+    calls.clear()
+    restarted = SimpleNamespace(engine=engine, memory=LoopMemory())
+    rows = [Node(name=n, admin_state="none", message="") for n in ("node1", "node2", "node3")]
+    push_admin_states(cast(ServerContext, restarted), rows)
+    assert calls == []  # no sinfo per node
+    assert sinfo("node3") == "drained|disk check"  # the admin's drain stays, with its reason
+    deadline = time.monotonic() + 10
+    while not sinfo("node2").startswith("idle|") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sinfo("node2").startswith("idle|")  # Corral's own cordon is undone
+    engine.set_node_state("node2", NodeState.READY)  # set since the report: asked of sinfo
+    assert calls == [("--noheader", "--Node", "--nodes=node2", "--format=%T|%E")]
+    engine.set_node_state("node1", NodeState.CORDONED, "x")
+    engine.nodes()
+    for name in ("node1", "node2", "node3"):  # the report says what sinfo says, as the check reads it
+        state, reason = engine.cli.node_hold(name) or ("", "")
+        held = engine._node_hold(name) or ("", "")
+        assert (held[0].startswith("drain"), held[1]) == (state.startswith("drain"), reason), name
 
 
 RENDEZVOUS_PRINT = (

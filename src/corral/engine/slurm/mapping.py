@@ -192,6 +192,20 @@ def node_state(node: SlurmNode) -> tuple[NodeState, str]:
     return NodeState.READY, ""
 
 
+def node_hold(node: SlurmNode) -> tuple[str, str]:
+    """(state, reason) of a `sinfo --json` node in the terms of sinfo's %T and %E, as far as
+    `held_in_slurm` reads them: "drained" or "draining" when it has the DRAIN flag (whatever its
+    base state, as %T prints it), else its base state; the reason, "none" when there is none."""
+    base = str(node.get("state", "")).lower()
+    flags = {str(f).upper() for f in node.get("state_flags") or []}
+    state = base
+    if "DRAIN" in flags or base in ("drain", "drained", "draining"):
+        state = (
+            "draining" if base in ("allocated", "mixed", "draining") or "COMPLETING" in flags else "drained"
+        )
+    return state, str(node.get("reason") or "") or "none"
+
+
 def gpu_uuid(node: str, index: int) -> str:
     """Slurm does not tell GPU UUIDs: a stable stand-in (the devices a job gets are Slurm's choice,
     see scripts.py, so the stand-in is never translated back)."""
