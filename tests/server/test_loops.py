@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from sqlalchemy import select
 
 from corral.db.models import Attempt, Gpu, GpuClaim, Group, Job, Node, UsageLedger
 from corral.db.session import make_engine
+from corral.db.sqlite_writes import write_lock_for
 from corral.engine.base import (
     AttemptLaunch,
     AttemptPhase,
@@ -322,6 +324,43 @@ def test_silent_node_goes_down_and_its_jobs_are_requeued_or_failed(
         assert attempt.state == "lost" and attempt.reason == "node_lost"
         assert session.scalars(select(GpuClaim)).all() == []
     assert job_state(ctx, job_id) == expected
+
+
+def test_down_nodes_are_polled_once_before_the_tick_writes(
+    env: tuple[ServerContext, FakeEngine], tmp_path: Path
+) -> None:
+    """Two nodes lost in one tick (one reported down, one silent): the engine is asked how their
+    attempts ended once, for both, before the tick writes anything (SQLite's write lock free: an
+    engine call inside the write transaction held it as long as the engine took). The attempt
+    the engine reports succeeded is left to the reconcile loop; the other is lost and requeued."""
+    ctx, fake = env
+    ctx.settings.lost_requeue_budget = 1
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        on_n1, on_n2 = add_job(session, gid, uid), add_job(session, gid, uid)
+    assert assign(ctx, on_n1, ("worker", "n1", 0, (0,)))
+    assert assign(ctx, on_n2, ("worker", "n2", 0, (0,)))
+    run_dispatch(ctx)
+    fake.statuses[f"{on_n2}.1"] = AttemptStatus(f"{on_n2}.1", AttemptPhase.SUCCEEDED, exit_code=0)
+    polls: list[tuple[list[str], bool]] = []
+    real_poll = fake.poll
+    write_lock = write_lock_for(str((tmp_path / "db.sqlite").resolve()))
+
+    def poll(attempt_ids: Iterable[str]) -> Mapping[str, AttemptStatus]:
+        ids = sorted(attempt_ids)
+        polls.append((ids, write_lock.locked()))
+        return real_poll(ids)
+
+    fake.poll = poll  # type: ignore[method-assign]
+    fake.reports = [  # n1 reported down, n2 silent
+        dataclasses.replace(r, state=st.NodeState.DOWN, message="kernel panic")
+        for r in fake.reports
+        if r.name == "n1"
+    ]
+    node_tick(ctx, time.time() + HEARTBEAT_TIMEOUT_S + 0.5)
+    assert polls == [(sorted([f"{on_n1}.1", f"{on_n2}.1"]), False)]
+    assert job_state(ctx, on_n1) == "queued"  # lost, requeued
+    assert job_state(ctx, on_n2) == "starting"  # exited 0: left to the reconcile loop to record
 
 
 class ServerKilled(BaseException):

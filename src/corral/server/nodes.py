@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Collection
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from corral.db.models import Gpu, Job, Node
+from corral.db.models import Attempt, Gpu, Job, Node
 from corral.diagnosis.exitspec import ExitSpec, Facts
 from corral.diagnosis.record import record
 from corral.engine.base import AttemptPhase, Engine, EngineUnavailable, FailureReason, NodeReport
@@ -116,24 +117,16 @@ def fail_jobs_on(
     why: str,
     budget: int = DEFAULT_LOST_REQUEUE_BUDGET,
     spec: ExitSpec | None = None,
-    engine: Engine | None = None,
+    succeeded: Collection[str] = frozenset(),
 ) -> list[str]:
     """End the live attempts placed on `node` as LOST and settle their jobs by the one rule for
     lost work (a job changed meanwhile by another session is left to it). Not committed. Returns
     the ids of the attempts it ended, for the caller to stop through the engine once this is
-    committed (stop_lost). An attempt the engine (asked, when given) reports succeeded is left to
-    the reconcile loop, which records its end: it exited 0 before the node was lost, and requeueing
-    its job would run finished work again."""
-    jobs = session.scalars(select(Job).where(Job.state.in_([s.value for s in LIVE_JOB_STATES]))).all()
-    attempts = live_attempts(session, [j.id for j in jobs])
-    on_node = [
-        (job, attempt)
-        for job in jobs
-        if (attempt := attempts.get(job.id)) is not None
-        and any(p.node == node for p in attempt.placement or ())
-    ]
-    succeeded = _succeeded_in_engine(engine, [attempt.attempt_id for _, attempt in on_node])
+    committed (stop_lost). An attempt in `succeeded` (the engine reported it so: the caller asked
+    before writing anything, `succeeded_on`) is left to the reconcile loop, which records its end:
+    it exited 0 before the node was lost, and requeueing its job would run finished work again."""
     ended: list[str] = []
+    on_node = _live_on_nodes(session, {node})
     for job, attempt in on_node:
         if attempt.attempt_id in succeeded:
             continue
@@ -147,6 +140,44 @@ def fail_jobs_on(
             record(session, job, attempt, verdict, node, now, retried=job.state == JobState.QUEUED.value)
         ended.append(attempt.attempt_id)
     return ended
+
+
+def _live_on_nodes(session: Session, nodes: set[str]) -> list[tuple[Job, Attempt]]:
+    """The live jobs with their live attempt placed (in part) on one of `nodes`."""
+    jobs = session.scalars(select(Job).where(Job.state.in_([s.value for s in LIVE_JOB_STATES]))).all()
+    attempts = live_attempts(session, [j.id for j in jobs])
+    return [
+        (job, attempt)
+        for job in jobs
+        if (attempt := attempts.get(job.id)) is not None
+        and any(p.node in nodes for p in attempt.placement or ())
+    ]
+
+
+def _going_down(known: list[Node], reports: list[NodeReport], now: float) -> set[str]:
+    """The nodes this tick will mark down (node_tick's two cases, before it writes anything):
+    reported down and not down before, or silent past HEARTBEAT_TIMEOUT_S and not down yet."""
+    before = {row.name: row.state for row in known}
+    down = NodeState.DOWN.value
+    out = {r.name for r in reports if r.state is NodeState.DOWN and before.get(r.name) != down}
+    seen = {r.name for r in reports}
+    for row in known:
+        if (
+            row.name not in seen
+            and row.state != down
+            and now - (row.last_heartbeat or 0.0) > HEARTBEAT_TIMEOUT_S
+        ):
+            out.add(row.name)
+    return out
+
+
+def succeeded_on(session: Session, engine: Engine, nodes: set[str]) -> set[str]:
+    """The live attempts on `nodes` that the engine reports succeeded: one poll for all of them,
+    asked before the tick writes anything (an engine call inside the write transaction held
+    SQLite's write lock, and PostgreSQL's row locks, for as long as the engine took)."""
+    if not nodes:
+        return set()
+    return _succeeded_in_engine(engine, [a.attempt_id for _, a in _live_on_nodes(session, nodes)])
 
 
 def _succeeded_in_engine(engine: Engine | None, attempt_ids: list[str]) -> set[str]:
@@ -214,6 +245,8 @@ def node_tick(ctx: ServerContext, now: float) -> None:
         # session instead of reading each reported node again.
         known = session.scalars(select(Node).options(selectinload(Node.gpus))).all()
         before = {row.name: row.state for row in known}
+        # the engine asked first, once, while nothing is written yet
+        succeeded = succeeded_on(session, ctx.engine, _going_down(list(known), reports, now))
         rows = [upsert_node(session, r, ctx.engine.name, now) for r in reports]
         seen = {r.name for r in reports}
         for row in known:
@@ -224,13 +257,13 @@ def node_tick(ctx: ServerContext, now: float) -> None:
                 why = f"node {row.name} stopped sending heartbeats ({silent:.0f} s)"
                 if move_node(session, row, NodeState.DOWN, message=why):
                     lost += fail_jobs_on(
-                        session, row.name, now, why, budget, active_exit_spec(ctx), ctx.engine
+                        session, row.name, now, why, budget, active_exit_spec(ctx), succeeded
                     )
                 log.warning(why)
         for row in rows:  # reported down just now: its jobs are lost once, not every tick
             if row.state == NodeState.DOWN.value and before.get(row.name) != NodeState.DOWN.value:
                 why = row.message or f"node {row.name} is down"
-                lost += fail_jobs_on(session, row.name, now, why, budget, active_exit_spec(ctx), ctx.engine)
+                lost += fail_jobs_on(session, row.name, now, why, budget, active_exit_spec(ctx), succeeded)
         session.commit()
         push_admin_states(ctx, rows)
     stop_lost(ctx.engine, lost)
