@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from corral.db.models import Attempt, Gpu, GpuClaim, Group, Job, Node, UsageLedger
+from corral.db.models import Attempt, Gpu, GpuClaim, Group, Job, Node, RemovedNode, UsageLedger
 from corral.db.session import make_engine
 from corral.db.sqlite_writes import write_lock_for
 from corral.engine.base import (
@@ -31,7 +31,7 @@ from corral.server.reconcile import reconcile_tick
 from corral.server.scheduling import apply_assignment, apply_preemption, schedule_tick
 from corral.server.snapshot import build_snapshot, read_cluster_state
 from corral.services.lifecycle import JobState
-from corral.services.nodes import set_gpu_health
+from corral.services.nodes import remove_node, set_admin_state, set_gpu_health
 from tests.server.fakes import FakeEngine, add_job, gpu_node, make_context, run_dispatch, seed_tenant
 
 
@@ -361,6 +361,34 @@ def test_down_nodes_are_polled_once_before_the_tick_writes(
     assert polls == [(sorted([f"{on_n1}.1", f"{on_n2}.1"]), False)]
     assert job_state(ctx, on_n1) == "queued"  # lost, requeued
     assert job_state(ctx, on_n2) == "starting"  # exited 0: left to the reconcile loop to record
+
+
+def test_a_removed_node_the_engine_still_reports_comes_back_cordoned(
+    env: tuple[ServerContext, FakeEngine],
+) -> None:
+    """`corral node remove` of a node the engine still reports (not taken out of it first): the
+    next report brought it back ready, and work was placed on a decommissioned machine. It comes
+    back cordoned (pushed to the engine so), saying why; an admin's uncordon makes it ready."""
+    ctx, fake = env
+    with ctx.session_factory() as session:
+        set_admin_state(session, "n2", "cordon")
+        remove_node(session, "n2", by="root", now=0.0)
+        session.commit()
+        assert session.get(Node, "n2") is None
+    node_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        node = session.get(Node, "n2")
+        assert node is not None and (node.state, node.admin_state) == ("cordoned", "cordoned")
+        assert node.message.startswith("removed by root at 1970-01-01 00:00:00 UTC, reported again")
+        assert session.get(RemovedNode, "n2") is None  # a node again: the cordon holds it out
+        assert session.get(Node, "n1").state == "ready"  # type: ignore[union-attr]
+    assert fake.node_states["n2"] is st.NodeState.CORDONED
+    with ctx.session_factory() as session:
+        set_admin_state(session, "n2", "uncordon")
+        session.commit()
+    node_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        assert session.get(Node, "n2").state == "ready"  # type: ignore[union-attr]
 
 
 class ServerKilled(BaseException):

@@ -88,7 +88,8 @@ for _action in ("cordon", "uncordon", "drain"):
 def node_remove(name: Annotated[str, typer.Argument(metavar="NODE")]) -> None:
     """Remove a decommissioned NODE (admin): it must be cordoned, drained or down, with no job on
     it. Jobs that ran there keep its name in their history. Remove it from the engine first (Slurm:
-    slurm.conf or `scontrol delete nodename=`): a node the engine still reports comes back."""
+    slurm.conf or `scontrol delete nodename=`): a node the engine still reports comes back
+    cordoned."""
     with client() as c:
         c.remove_node(name)
     out.print(f"node {name}: removed")

@@ -289,6 +289,18 @@ class Gpu(Base):
     node: Mapped[Node] = relationship(back_populates="gpus")
 
 
+class RemovedNode(Base):
+    """A node name an admin removed (`corral node remove`): should the engine report it again (it
+    was not taken out of the engine first), it comes back cordoned, and this row goes
+    (server.nodes.upsert_node; docs/architecture.md)."""
+
+    __tablename__ = "removed_nodes"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    removed_at: Mapped[float] = mapped_column(Float)
+    removed_by: Mapped[str] = mapped_column(String(128))
+
+
 class UsageLedger(Base):
     """Decayed GPU-seconds per (group, user) for fair share; decayed to `updated_at`."""
 

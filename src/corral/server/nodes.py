@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Collection
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from corral.db.models import Attempt, Gpu, Job, Node
+from corral.db.models import Attempt, Gpu, Job, Node, RemovedNode
 from corral.diagnosis.exitspec import ExitSpec, Facts
 from corral.diagnosis.record import record
 from corral.engine.base import AttemptPhase, Engine, EngineUnavailable, FailureReason, NodeReport
@@ -83,9 +84,29 @@ def _sync_gpus(session: Session, row: Node, report: NodeReport) -> None:
         session.delete(gone)
 
 
+def _returned(session: Session, name: str) -> str | None:
+    """Why a node reported now comes back cordoned: an admin removed it and the engine reports it
+    again (it was not taken out of the engine first). Its RemovedNode row goes: it is a node
+    again, held out of placement by the cordon until an admin uncordons it (or removes it again,
+    once out of the engine). None for a node never removed."""
+    removed = session.get(RemovedNode, name)
+    if removed is None:
+        return None
+    session.delete(removed)
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(removed.removed_at))
+    why = (
+        f"removed by {removed.removed_by or 'an admin'} at {when}, reported again by the engine: "
+        "cordoned until an admin uncordons it (or takes it out of the engine and removes it again)"
+    )
+    log.warning("node %s %s", name, why)
+    return why
+
+
 def upsert_node(session: Session, report: NodeReport, engine_name: str, now: float) -> Node:
     row = session.get(Node, report.name, options=[selectinload(Node.gpus)])
-    state = effective_state(report.state, row.admin_state or "none" if row is not None else "none")
+    returned = _returned(session, report.name) if row is None else None
+    admin_state = row.admin_state or "none" if row is not None else "cordoned" if returned else "none"
+    state = effective_state(report.state, admin_state)
     if state is NodeState.UNKNOWN and row is not None and row.state == NodeState.DOWN.value:
         # Down never -> unknown (as in mark_unknown): an engine that cannot tell (Slurm's cached
         # nodes during an outage, a node not responding) leaves a down node down.
@@ -95,15 +116,15 @@ def upsert_node(session: Session, report: NodeReport, engine_name: str, now: flo
             name=report.name,
             cpus=report.cpus,
             memory_mib=report.memory_mib,
-            admin_state="none",
+            admin_state=admin_state,
             state=state.value,
-            message=report.message,
+            message=returned or report.message,
         )
         session.add(row)
         row.gpus = []
     row.cpus, row.memory_mib, row.address = report.cpus, report.memory_mib, report.address
     row.labels, row.engine = dict(report.labels), engine_name
-    move_node(session, row, state, message=report.message)
+    move_node(session, row, state, message=returned or report.message)
     if state is not NodeState.DOWN:
         row.last_heartbeat = now
     _sync_gpus(session, row, report)

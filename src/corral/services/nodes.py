@@ -6,6 +6,7 @@ keeps admin_state over the engine's ready/down and mirrors it into the engine.""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Collection
 
@@ -13,7 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 from typing_extensions import TypedDict  # the API's response model: pydantic takes only these on 3.11
 
-from corral.db.models import Attempt, Gpu, GpuClaim, Job, Node
+from corral.db.models import Attempt, Gpu, GpuClaim, Job, Node, RemovedNode
 from corral.scheduler import types as st
 from corral.services import notify
 from corral.services.errors import Conflict, NotFound
@@ -55,13 +56,14 @@ def ready_node_outside(session: Session, nodes: Collection[str]) -> bool:
     return session.scalar(other) is not None
 
 
-def remove_node(session: Session, name: str) -> Node:
+def remove_node(session: Session, name: str, by: str = "", now: float | None = None) -> Node:
     """Delete a decommissioned node and its GPUs (not committed; returns the deleted row). Like
     Slurm's `scontrol delete nodename=`: only a node out of service (cordoned, draining or down)
     with nothing on it (no GPU claimed, no scheduled, starting or running attempt placed there);
     Conflict naming what stands in the way otherwise. History keeps the name: attempts, events
-    and incidents record nodes by name, not by reference. A node the engine still reports comes
-    back at its next report, so it is removed from the engine first (docs/architecture.md)."""
+    and incidents record nodes by name, not by reference. The name is kept (`RemovedNode`): a
+    node the engine still reports comes back at its next report cordoned, not ready for work,
+    until an admin uncordons it; so it is removed from the engine first (docs/architecture.md)."""
     node = session.get(Node, name)
     if node is None:
         raise NotFound(f"no node named {name!r}")
@@ -81,6 +83,7 @@ def remove_node(session: Session, name: str) -> Node:
             f"preempts nothing by itself) or cancel them, then remove the node"
         )
     session.delete(node)
+    session.merge(RemovedNode(name=name, removed_at=time.time() if now is None else now, removed_by=by))
     notify.changed(session, notify.Topic.NODES)
     session.flush()
     return node

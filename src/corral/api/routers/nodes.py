@@ -53,7 +53,7 @@ def remove_node(name: Annotated[str, Path(min_length=1, max_length=255)], db: DB
     naming what stands in the way otherwise)."""
     found = db.get(Node, name)
     before = None if found is None else node_state(found)
-    svc.remove_node(db, name)
+    svc.remove_node(db, name, by=admin.name)
     audit.record(db, actor=admin, action="node.remove", target_kind="node", target_id=name, before=before)
     db.commit()
     return Response(status_code=204)
