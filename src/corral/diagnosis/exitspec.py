@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.resources
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -297,6 +298,22 @@ class ExitSpecCache:
         except OSError:
             return None
         return (st.st_mtime, st.st_size)
+
+
+_CACHES: dict[Path | None, ExitSpecCache] = {}
+_CACHES_LOCK = threading.Lock()
+
+
+def exit_spec_cache(admin_file: Path | None) -> ExitSpecCache:
+    """The process's one cache of the table of `admin_file` (None: the shipped table alone), shared
+    by the reconcile, dispatch and node loops (server.reconcile.active_exit_spec) and GET /jobs/{id}
+    (its platform-loss cap): one load per change of the file, one log of a file that does not
+    parse."""
+    with _CACHES_LOCK:
+        found = _CACHES.get(admin_file)
+        if found is None:
+            found = _CACHES[admin_file] = ExitSpecCache(admin_file)
+        return found
 
 
 def markdown_table(rules: Sequence[ExitRule]) -> str:

@@ -18,7 +18,7 @@ from sqlalchemy import Float, Integer, String, cast, null, select, union_all
 from sqlalchemy.orm import Session
 
 from corral.db.models import Attempt, Job, UsageLedger
-from corral.diagnosis.exitspec import ExitSpec, ExitSpecCache
+from corral.diagnosis.exitspec import ExitSpec, exit_spec_cache
 from corral.diagnosis.logtail import failing_rank, read_tail
 from corral.diagnosis.record import Diagnoser, failing_node, record, retry_rule
 from corral.diagnosis.settings import DiagnosisSettings
@@ -413,7 +413,7 @@ def active_exit_spec(ctx: ServerContext) -> ExitSpec:
     """The exit-spec the loops use: loaded once per process, re-read when the admin file changes."""
     if ctx.memory.exit_spec is None:
         settings = DiagnosisSettings()
-        ctx.memory.exit_spec = ExitSpecCache(settings.exit_spec_file)
+        ctx.memory.exit_spec = exit_spec_cache(settings.exit_spec_file)
         ctx.memory.log_tail_bytes = settings.log_tail_kib * 1024
     return ctx.memory.exit_spec.get()
 

@@ -13,7 +13,7 @@ from pydantic import AfterValidator, ValidationError, WithJsonSchema
 from corral import spec as job_spec
 from corral.api.deps import DB, MAX_ROW_ID, CurrentUser, Offset, RowId, UserFilter, fast_json
 from corral.api.schemas import EventOut, JobListOut, JobOut, LogsOut
-from corral.diagnosis.exitspec import ExitSpecCache
+from corral.diagnosis.exitspec import ExitSpecCache, exit_spec_cache
 from corral.diagnosis.record import platform_loss_cap
 from corral.diagnosis.settings import DiagnosisSettings
 from corral.engine.base import EngineUnavailable
@@ -148,8 +148,8 @@ def budget(request: Request) -> int:
 
 @functools.cache
 def _exit_spec() -> ExitSpecCache:
-    """The exit-spec the server's loops use (the same admin file, re-read when it changes)."""
-    return ExitSpecCache(DiagnosisSettings().exit_spec_file)
+    """The exit-spec the server's loops use: the same cache of the same admin file."""
+    return exit_spec_cache(DiagnosisSettings().exit_spec_file)
 
 
 def detail(request: Request, job: Any, events: Any) -> dict[str, Any]:
