@@ -17,15 +17,12 @@ from corral.db.models import Attempt, GpuClaim, Job, UsageLedger
 from corral.engine.base import FailureReason
 from corral.server.snapshot import USAGE_HALF_LIFE_S, decayed
 from corral.services.lifecycle import AttemptState, move_attempt, move_attempts
+from corral.services.nodes import attempt_gpus, release_claims
 
 
 class AttemptChangedMeanwhile(RuntimeError):
     """The attempt's row was no longer live when its end was written, after its job was settled:
     the caller's transaction must be rolled back (the loops then retry one job at a time)."""
-
-
-def attempt_gpus(attempt: Attempt) -> int:
-    return sum(len(p.gpu_indices) for p in attempt.placement or ())
 
 
 def charge_usage(session: Session, group: str, user: str, gpu_seconds: float, now: float) -> None:
@@ -110,13 +107,7 @@ def end_attempts(
 
 def _release(session: Session, ended: Sequence[tuple[Job, Attempt]], now: float) -> None:
     """Free the ended attempts' GPUs and charge their usage (in the caller's transaction)."""
-    # ORM deletes, written at commit with the rest of the batch (one executemany, not one each).
-    # The claims are exactly the placement's GPUs (scheduling.write_batch): an attempt
-    # placed without GPUs has none, and skips the query (a SELECT per ended CPU job).
-    with_gpus = [attempt.id for _, attempt in ended if attempt_gpus(attempt) > 0]
-    if with_gpus:
-        for claim in session.scalars(select(GpuClaim).where(GpuClaim.attempt_pk.in_(with_gpus))):
-            session.delete(claim)
+    release_claims(session, [attempt for _, attempt in ended])
     for job, attempt in ended:
         if attempt.started_at is not None and attempt.ended_at is not None:
             gpu_seconds = attempt_gpus(attempt) * max(0.0, attempt.ended_at - attempt.started_at)

@@ -32,7 +32,7 @@ from corral.scheduler.types import GPU, NodeState
 from corral.server.context import ServerContext
 from corral.server.finish import end_attempt
 from corral.server.reconcile import active_exit_spec
-from corral.server.snapshot import LIVE_JOB_STATES, live_attempts
+from corral.server.snapshot import LIVE_JOB_STATES
 from corral.services.lifecycle import (
     DEFAULT_LOST_REQUEUE_BUDGET,
     AttemptState,
@@ -42,6 +42,7 @@ from corral.services.lifecycle import (
     move_node,
     settle_lost_work,
 )
+from corral.services.nodes import live_on
 
 log = logging.getLogger("corral.server.nodes")
 # Kubernetes waits 50 s and Slurm 300 s by default; Corral's default is 6 s from the last heartbeat.
@@ -165,14 +166,8 @@ def fail_jobs_on(
 
 def _live_on_nodes(session: Session, nodes: set[str]) -> list[tuple[Job, Attempt]]:
     """The live jobs with their live attempt placed (in part) on one of `nodes`."""
-    jobs = session.scalars(select(Job).where(Job.state.in_([s.value for s in LIVE_JOB_STATES]))).all()
-    attempts = live_attempts(session, [j.id for j in jobs])
-    return [
-        (job, attempt)
-        for job in jobs
-        if (attempt := attempts.get(job.id)) is not None
-        and any(p.node in nodes for p in attempt.placement or ())
-    ]
+    live = {s.value for s in LIVE_JOB_STATES}
+    return [(job, attempt) for job, attempt in live_on(session, nodes) if job.state in live]
 
 
 def _going_down(known: list[Node], reports: list[NodeReport], now: float) -> set[str]:

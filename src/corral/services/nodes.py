@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
@@ -56,6 +56,36 @@ def ready_node_outside(session: Session, nodes: Collection[str]) -> bool:
     return session.scalar(other) is not None
 
 
+def attempt_gpus(attempt: Attempt) -> int:
+    return sum(len(p.gpu_indices) for p in attempt.placement or ())
+
+
+def release_claims(session: Session, attempts: Sequence[Attempt]) -> None:
+    """Free the GPUs the attempts hold, in the caller's transaction (as each ends: server.finish,
+    or a drain's requeue, services.remediation). ORM deletes, written at commit with the rest of
+    the batch (one executemany, not one each). The claims are exactly the placement's GPUs
+    (scheduling.write_batch): an attempt placed without GPUs has none, and skips the query."""
+    with_gpus = [attempt.id for attempt in attempts if attempt_gpus(attempt) > 0]
+    if with_gpus:
+        for claim in session.scalars(select(GpuClaim).where(GpuClaim.attempt_pk.in_(with_gpus))):
+            session.delete(claim)
+
+
+def live_on(session: Session, nodes: Collection[str]) -> list[tuple[Job, Attempt]]:
+    """The jobs with a scheduled, starting or running attempt placed (in part, GPU or not) on one
+    of `nodes`, with that attempt, by job id: what a node's removal waits for, a drain requeues or
+    preempts (services.remediation) and a lost node loses (server.nodes.fail_jobs_on)."""
+    live = (AttemptState.SCHEDULED.value, AttemptState.STARTING.value, AttemptState.RUNNING.value)
+    rows = session.execute(
+        select(Job, Attempt)
+        .join(Attempt, Attempt.job_id == Job.id)
+        .where(Attempt.state.in_(live))
+        .order_by(Job.id)
+    ).all()
+    wanted = set(nodes)
+    return [(job, attempt) for job, attempt in rows if any(p.node in wanted for p in attempt.placement or ())]
+
+
 def remove_node(session: Session, name: str, by: str = "", now: float | None = None) -> Node:
     """Delete a decommissioned node and its GPUs (not committed; returns the deleted row). Like
     Slurm's `scontrol delete nodename=`: only a node out of service (cordoned, draining or down)
@@ -72,9 +102,7 @@ def remove_node(session: Session, name: str, by: str = "", now: float | None = N
             f"node {name!r} is {node.state}: only a cordoned, drained or down node can be removed "
             f"(cordon or drain it first)"
         )
-    live = (AttemptState.SCHEDULED.value, AttemptState.STARTING.value, AttemptState.RUNNING.value)
-    attempts = session.scalars(select(Attempt).where(Attempt.state.in_(live)))
-    jobs = {a.job_id for a in attempts if any(p.node == name for p in a.placement or ())}
+    jobs = {job.id for job, _ in live_on(session, (name,))}
     jobs |= set(session.scalars(select(GpuClaim.job_id).where(GpuClaim.node == name)))
     if jobs:
         listed = ", ".join(str(j) for j in sorted(jobs))

@@ -338,7 +338,7 @@ def _drain(session: Session, run: _Run, node: str, gpu: str, job_id: str, now: f
         return result
     preempted = requeued = 0
     why = f"node {node} drained by rule {run.rule.name}"
-    for job, attempt in _live_on(session, node):
+    for job, attempt in node_svc.live_on(session, (node,)):
         if job.state == JobState.SCHEDULED.value:
             # Placed, not launched (or its launch under way): back in the queue now, the attempt
             # cancelled and its GPUs freed. A launch in flight finds the job settled when it is
@@ -356,18 +356,6 @@ def _drain(session: Session, run: _Run, node: str, gpu: str, job_id: str, now: f
     )
 
 
-def _live_on(session: Session, node: str) -> list[tuple[Job, Attempt]]:
-    """The jobs with a live attempt placed on `node` (GPU or not), with that attempt."""
-    live = (AttemptState.SCHEDULED.value, *LIVE_ATTEMPTS)
-    rows = session.execute(
-        select(Job, Attempt)
-        .join(Attempt, Attempt.job_id == Job.id)
-        .where(Attempt.state.in_(live))
-        .order_by(Job.id)
-    ).all()
-    return [(job, attempt) for job, attempt in rows if any(p.node == node for p in attempt.placement or ())]
-
-
 def _requeue_scheduled(session: Session, job: Job, attempt: Attempt, why: str, now: float) -> bool:
     message = f"{why} before attempt {attempt.number} started; back in the queue"
     if not transition(session, job, JobState.QUEUED, now=now, message=message, values={"reason": message}):
@@ -375,8 +363,7 @@ def _requeue_scheduled(session: Session, job: Job, attempt: Attempt, why: str, n
     ended = {"ended_at": now, "reason": "stopped", "message": message}
     if not move_attempt(session, attempt, AttemptState.CANCELLED, ended):
         raise Conflict(f"attempt {attempt.attempt_id} changed while node drain requeued its job")
-    for claim in session.scalars(select(GpuClaim).where(GpuClaim.attempt_pk == attempt.id)):
-        session.delete(claim)
+    node_svc.release_claims(session, [attempt])
     if job.lease_owner is not None:
         session.info.setdefault(STOPS_KEY, []).append((attempt.attempt_id, 0.0))
     return True
