@@ -268,7 +268,8 @@ def test_a_restarts_push_reads_the_holds_from_the_nodes_report(
     engine.nodes()
     for name in ("node1", "node2", "node3"):  # the report says what sinfo says, as the check reads it
         state, reason = engine.cli.node_hold(name) or ("", "")
-        held = engine._node_hold(name) or ("", "")
+        held = engine._holds.get(name)
+        assert held is not None, name
         assert (held[0].startswith("drain"), held[1]) == (state.startswith("drain"), reason), name
 
 

@@ -69,9 +69,6 @@ MAX_LAUNCH_WORKERS = 64
 # account removed meanwhile makes squeue answer "invalid user", and the engine then asks for every
 # user's jobs, see _squeue).
 ACCOUNT_CACHE_S = 60.0
-# How long the last `sinfo --json` answers set_node_state's "is this node held in Slurm?" (the node
-# loop pushes right after its report); older, or for a node it did not list, one `sinfo` per node.
-NODE_HOLDS_FRESH_S = 2.0
 # While Slurm holds every live attempt's job pending, nothing Corral could record changes until
 # one starts (22.05 starts jobs on its scheduler's tick, about once a second, or when a job
 # ends): a poll then asks squeue again only when a job shows it started (slurmstepd made its
@@ -184,10 +181,7 @@ class SlurmEngine:
         self._pending: dict[str, AttemptStatus] = {}
         self._all_pending_at = float("-inf")
         self._noted_at = float("-inf")  # when the squeue whose answer _note_pending kept was asked
-        # node -> (state, reason) in sinfo's %T/%E terms, from the last `sinfo --json` (nodes());
-        # when it ran (monotonic); a node Corral sets is dropped from it (set_node_state)
-        self._holds: dict[str, tuple[str, str]] = {}
-        self._holds_at = float("-inf")
+        self._holds = mapping.NodeHolds()  # each node's hold, from the last `sinfo --json`
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SlurmEngine:
@@ -285,7 +279,7 @@ class SlurmEngine:
         try:
             raw = self.cli.run_json("sinfo").get("nodes") or []
         except EngineUnavailable as exc:
-            self._holds = {}
+            self._holds.forget()
             cached = self.store.load_nodes()
             if not cached:
                 raise
@@ -300,30 +294,20 @@ class SlurmEngine:
             seen.setdefault(str(node.get("name")), node)
         nodes = list(seen.values())
         self.store.save_nodes(nodes)
-        self._holds = {name: mapping.node_hold(n) for name, n in seen.items()}
-        self._holds_at = asked
+        self._holds.keep(seen, asked)
         return [mapping.node_report(n, self.gpu_model) for n in nodes]
-
-    def _node_hold(self, node: str) -> tuple[str, str] | None:
-        """The node's (state, reason) as sinfo's %T/%E give them: from the last report when it is
-        fresh and lists the node (a restart's push asks for every node: one `sinfo --json`, not
-        one `sinfo` each), else from `sinfo` itself; None when Slurm lists no such node."""
-        if time.monotonic() - self._holds_at <= NODE_HOLDS_FRESH_S:
-            found = self._holds.get(node)
-            if found is not None:
-                return found
-        return self.cli.node_hold(node)
 
     def set_node_state(self, node: str, state: NodeState, reason: str = "") -> None:
         """Corral's cordon, drain and uncordon, as drains with Corral's reasons and a resume of
         those; a hold made in Slurm itself is left alone (mapping.held_in_slurm): the node loop
         pushes every node's state after a server restart, which resumed an admin's drain."""
         args = mapping.scontrol_state_args(node, state, reason)
-        held = self._node_hold(node) if state is not NodeState.DOWN else None
+        # from the node loop's report just before (a restart's push: no `sinfo` per node)
+        held = (self._holds.get(node) or self.cli.node_hold(node)) if state is not NodeState.DOWN else None
         if held is not None and mapping.held_in_slurm(state, *held):
             log.info("node %s left %s in Slurm (reason %r), not set %s", node, held[0], held[1], state.value)
             return
-        self._holds.pop(node, None)  # set now: the last report no longer says how it stands
+        self._holds.forget(node)  # set now: the last report no longer says how it stands
         result = self.cli.run("scontrol", *args)
         if result.returncode == 0:
             return

@@ -4,6 +4,7 @@ NodeReport, Corral node states -> `scontrol update` arguments."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping
 
 from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason, NodeReport
@@ -204,6 +205,35 @@ def node_hold(node: SlurmNode) -> tuple[str, str]:
             "draining" if base in ("allocated", "mixed", "draining") or "COMPLETING" in flags else "drained"
         )
     return state, str(node.get("reason") or "") or "none"
+
+
+class NodeHolds:
+    """Each node's `node_hold` from the engine's last `sinfo --json` (nodes()), for set_node_state's
+    "is this node held in Slurm?": the node loop pushes right after its report. None for a node
+    it did not list, one Corral set since (`forget`), or when it is older than FRESH_S: then the
+    engine asks `sinfo` for that node."""
+
+    FRESH_S = 2.0
+
+    def __init__(self) -> None:
+        self._holds: dict[str, tuple[str, str]] = {}
+        self._at = float("-inf")
+
+    def keep(self, nodes: Mapping[str, SlurmNode], at: float) -> None:
+        self._holds = {name: node_hold(n) for name, n in nodes.items()}
+        self._at = at
+
+    def get(self, node: str) -> tuple[str, str] | None:
+        if time.monotonic() - self._at > self.FRESH_S:
+            return None
+        return self._holds.get(node)
+
+    def forget(self, node: str | None = None) -> None:
+        """One node (set since the report), or all (Slurm unreachable)."""
+        if node is None:
+            self._holds = {}
+        else:
+            self._holds.pop(node, None)
 
 
 def gpu_uuid(node: str, index: int) -> str:
