@@ -124,7 +124,9 @@ def test_a_cluster_file_sets_policy_knobs_and_a_saved_export_keeps_the_servers(t
     )
     assert load_cluster(str(path)).policy_knobs == {"las_thresholds": (10.0, 20.0), "starvation_s": 60}
     for bad, error in (
-        ("{nope: 1}", "policy_knobs: --knob 'nope=1'"),
+        ("{nope: 1}", "c.yaml: policy_knobs: 'nope' is not a knob: use one of"),
+        ("{starvation_s: [1, 2]}", r"c.yaml: policy_knobs: starvation_s: \[1, 2\]: \[1, 2\] is not a number"),
+        ("{size_order: 2}", "c.yaml: policy_knobs: size_order: 2: 2 is not a number"),
         ("{grace_s: .nan}", "grace_s must be"),
     ):
         path.write_text(f"pools: [{{name: a, count: 1}}]\npolicy_knobs: {bad}\n")

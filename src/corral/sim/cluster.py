@@ -222,21 +222,14 @@ def parse_cluster(data: Any, source: str) -> ClusterSpec:
 def _policy_knobs(value: Any, where: str) -> dict[str, Any] | None:
     """`policy_knobs: {las_thresholds: [3600, 36000], starvation_s: 0, cpu_jobs_on_gpu_nodes: true}`:
     the same names and checks as `--knob NAME=VALUE`."""
-    from corral.sim.runner import PolicyError, parse_knobs
+    from corral.sim.runner import PolicyError, knob_values
 
     if value is None:
         return None
     if not isinstance(value, Mapping):
         raise ClusterError(f"{where}: expected a mapping knob -> value")
-    items = []
-    for name, raw in value.items():
-        if isinstance(raw, bool):
-            raw = int(raw)
-        elif isinstance(raw, list | tuple):
-            raw = ",".join(str(x) for x in raw)
-        items.append(f"{name}={raw}")
     try:
-        knobs = parse_knobs(items)
+        knobs = knob_values(value)
         if knobs:  # a value the profile refuses (nan, below 0): named now, not at the replay
             dataclasses.replace(Profile(), **knobs)
     except (PolicyError, ValueError) as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from corral.scheduler import Scheduler
@@ -27,37 +28,63 @@ ORACLE_SUFFIX = "-oracle"
 def parse_knobs(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """`["backfill_depth=500", "las_thresholds=3600,36000"]` -> Profile fields; a clear error
     naming a knob that does not exist or a value that is not a number."""
-    from corral.scheduler.profiles import BOOL_KNOBS, ETA_ROLLS, NUMERIC_KNOBS
-
-    # cpu_jobs_on_gpu_nodes: what the live server sets beyond its profile (the local engine's rule)
-    bools = (*BOOL_KNOBS, "cpu_jobs_on_gpu_nodes")
-    allowed = (*NUMERIC_KNOBS, *bools, "las_thresholds", "eta_roll")
     out: dict[str, Any] = {}
     for item in items:
         name, sep, raw = item.partition("=")
         name = name.strip()
-        if not sep or name not in allowed:
-            raise PolicyError(f"--knob {item!r}: use NAME=VALUE with NAME one of {', '.join(allowed)}")
-        if name == "eta_roll":
-            if raw.strip() not in ETA_ROLLS:
-                raise PolicyError(f"--knob {item!r}: eta_roll is one of {', '.join(ETA_ROLLS)}")
-            out[name] = raw.strip()
-            continue
-        try:
-            if name == "las_thresholds":
-                out[name] = tuple(float(x) for x in raw.split(",") if x.strip())
-            elif name in bools:
-                if raw.strip() not in ("0", "1"):
-                    raise ValueError(raw)
-                out[name] = raw.strip() == "1"
-            else:
-                value = float(raw)
-                out[name] = int(value) if value.is_integer() and name not in ("grace_s",) else value
-        except ValueError:
-            raise PolicyError(f"--knob {item!r}: {raw!r} is not a number (list: 3600,36000; on/off: 1 or 0)")
-        if name in _whole_number_knobs() and not isinstance(out[name], int):
-            raise PolicyError(f"--knob {item!r}: {name} is a whole number")
+        if not sep or name not in _knob_names():
+            raise PolicyError(f"--knob {item!r}: use NAME=VALUE with NAME one of {', '.join(_knob_names())}")
+        out[name] = knob_value(name, raw, f"--knob {item!r}")
     return out
+
+
+def knob_values(values: Mapping[str, object]) -> dict[str, Any]:
+    """A cluster file's `policy_knobs:` as YAML gives them (`{las_thresholds: [3600, 36000],
+    starvation_s: 0, cpu_jobs_on_gpu_nodes: true}`) -> Profile fields: the names and checks of
+    `--knob`, on the values themselves; an error names the knob."""
+    out: dict[str, Any] = {}
+    for name, raw in values.items():
+        if name not in _knob_names():
+            raise PolicyError(f"{name!r} is not a knob: use one of {', '.join(_knob_names())}")
+        out[name] = knob_value(name, raw, f"{name}: {raw!r}")
+    return out
+
+
+def _knob_names() -> tuple[str, ...]:
+    from corral.scheduler.profiles import BOOL_KNOBS, NUMERIC_KNOBS
+
+    # cpu_jobs_on_gpu_nodes: what the live server sets beyond its profile (the local engine's rule)
+    return (*NUMERIC_KNOBS, *BOOL_KNOBS, "cpu_jobs_on_gpu_nodes", "las_thresholds", "eta_roll")
+
+
+def knob_value(name: str, raw: object, shown: str) -> Any:
+    """One knob's value from a `--knob` string or a YAML value (a number, true/false, a list of
+    numbers, a word); `shown` names it in the error."""
+    from corral.scheduler.profiles import BOOL_KNOBS, ETA_ROLLS
+
+    if name == "eta_roll":
+        if str(raw).strip() not in ETA_ROLLS:
+            raise PolicyError(f"{shown}: eta_roll is one of {', '.join(ETA_ROLLS)}")
+        return str(raw).strip()
+    try:
+        if name == "las_thresholds":
+            parts: Any = raw.split(",") if isinstance(raw, str) else raw
+            if not isinstance(parts, list | tuple):
+                parts = (parts,)  # one threshold
+            value: Any = tuple(float(x) for x in parts if not isinstance(x, str) or x.strip())
+        elif name in (*BOOL_KNOBS, "cpu_jobs_on_gpu_nodes"):
+            flag = str(int(raw)) if isinstance(raw, bool | int) else str(raw).strip()
+            if flag not in ("0", "1"):
+                raise ValueError(raw)
+            value = flag == "1"
+        else:
+            number = float(raw)  # type: ignore[arg-type]
+            value = int(number) if number.is_integer() and name not in ("grace_s",) else number
+    except (ValueError, TypeError):
+        raise PolicyError(f"{shown}: {raw!r} is not a number (list: 3600,36000; on/off: 1 or 0)")
+    if name in _whole_number_knobs() and not isinstance(value, int):
+        raise PolicyError(f"{shown}: {name} is a whole number")
+    return value
 
 
 def _whole_number_knobs() -> frozenset[str]:
