@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from sqlalchemy import ColumnElement, String, and_, cast, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from corral.api.schemas import RequestBody
 from corral.db.models import Group, Job
 from corral.monitor.models import Alert, AlertNotification
 from corral.services import remediation
@@ -41,7 +42,7 @@ def parse_time(value: str | None) -> float | None:
     return datetime.fromisoformat(f"{base}{frac}{zone}").timestamp()
 
 
-class WebhookAlert(BaseModel):
+class WebhookAlert(RequestBody):
     model_config = ConfigDict(extra="ignore")
 
     status: Literal["firing", "resolved"]
@@ -53,7 +54,7 @@ class WebhookAlert(BaseModel):
     fingerprint: str = Field(default="", max_length=64)
 
 
-class WebhookPayload(BaseModel):
+class WebhookPayload(RequestBody):
     """Alertmanager's webhook body (version 4)."""
 
     model_config = ConfigDict(extra="ignore")

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Path, Query, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral.api.deps import DB, CurrentUser, fast_json
+from corral.api.schemas import RequestBody
 from corral.environments import service as svc
 from corral.services.policy import active_profile
 
@@ -16,7 +17,7 @@ router = APIRouter(tags=["environments"])
 EnvName = Annotated[str, Path(pattern=svc.NAME_RE.pattern, max_length=64)]
 
 
-class EnvironmentIn(BaseModel):
+class EnvironmentIn(RequestBody):
     """A new version of environment `name` (created when new) from a requirements.txt or a
     pyproject.toml text, built by a build job queued as you."""
 

@@ -7,9 +7,10 @@ import time
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from corral.api.deps import DB, Admin
+from corral.api.schemas import RequestBody
 from corral.services import audit, remediation
 from corral.services import incidents as svc
 from corral.services.remediation_rules import parse_or_invalid
@@ -63,12 +64,12 @@ def ack_incident(incident_id: IncidentId, db: DB, admin: Admin) -> dict[str, Any
     return _after(db, incident_id, "ack", admin, before)
 
 
-class Note(BaseModel):
+class Note(RequestBody):
     model_config = ConfigDict(extra="forbid")
     note: str = Field("", max_length=10_000)
 
 
-class Comment(BaseModel):
+class Comment(RequestBody):
     model_config = ConfigDict(extra="forbid")
     text: Text
 
@@ -102,7 +103,7 @@ def close_incident(incident_id: IncidentId, db: DB, admin: Admin) -> dict[str, A
     return _after(db, incident_id, "close", admin, before)
 
 
-class IncidentEdit(BaseModel):
+class IncidentEdit(RequestBody):
     model_config = ConfigDict(extra="forbid")
     severity: Literal["SEV1", "SEV2", "SEV3", "SEV4"] | None = None
     owner: str | None = Field(None, max_length=64)
@@ -116,14 +117,14 @@ def edit_incident(incident_id: IncidentId, body: IncidentEdit, db: DB, admin: Ad
     return _after(db, incident_id, "edit", admin, before, **body.model_dump(exclude_none=True))
 
 
-class ActionItem(BaseModel):
+class ActionItem(RequestBody):
     model_config = ConfigDict(extra="forbid")
     what: Text
     owner: str = Field(min_length=1, max_length=64)
     due: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$", description="YYYY-MM-DD")
 
 
-class PostmortemIn(BaseModel):
+class PostmortemIn(RequestBody):
     model_config = ConfigDict(extra="forbid")
     summary: Text
     impact: Text
@@ -151,7 +152,7 @@ def get_rules(db: DB, _admin: Admin) -> dict[str, Any]:
     return {"version": version, "text": text}
 
 
-class RulesIn(BaseModel):
+class RulesIn(RequestBody):
     model_config = ConfigDict(extra="forbid")
     text: str = Field(max_length=256 * 1024)
 

@@ -8,9 +8,10 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response, status
 from fastapi.responses import FileResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from corral.api.deps import DB, MAX_ROW_ID, CurrentUser, fast_json
+from corral.api.schemas import RequestBody
 from corral.catalog import model_files
 from corral.catalog import models as svc
 from corral.catalog.access import NAME_PATTERN
@@ -24,7 +25,7 @@ VersionRef = Annotated[str, Path(pattern=r"^([vV]?0*[1-9][0-9]{0,8}|none|staging
 Metric = float | int | str | bool
 
 
-class _In(BaseModel):
+class _In(RequestBody):
     model_config = ConfigDict(extra="forbid")
 
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from corral.api.deps import DB, CurrentUser, fast_json
+from corral.api.schemas import RequestBody
 from corral.services import secrets as svc
 from corral.services.errors import Invalid
 from corral.spec import SECRET_NAME_RE
@@ -29,9 +30,10 @@ BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=
 SecretName = Annotated[str, Path(pattern=SECRET_NAME_RE)]
 
 
-class SecretIn(BaseModel):
+class SecretIn(RequestBody):
     """The value as text (`value`) or as base64 (`value_base64`, for bytes that are not UTF-8)."""
 
+    NUL_ALLOWED = frozenset({"value"})  # stored encrypted: a file secret may hold any bytes
     # Exactly one of the two, as the schema says too.
     model_config = ConfigDict(
         extra="forbid",

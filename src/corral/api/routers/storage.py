@@ -10,9 +10,10 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from corral.api.deps import DB, Admin, CurrentUser, RowId, fast_json
+from corral.api.schemas import RequestBody
 from corral.services import jobs as jobs_svc
 from corral.services import storage as svc
 from corral.services.errors import Invalid
@@ -24,7 +25,7 @@ READ_BLOCK = 1 << 20
 PATH_IN_SCHEMA: dict[str, Any] = {"pattern": code.RELATIVE_PATH_PATTERN}
 
 
-class MissingIn(BaseModel):
+class MissingIn(RequestBody):
     hashes: list[Annotated[str, Field(pattern=code.SHA_RE.pattern)]] = Field(max_length=svc.MAX_MISSING_QUERY)
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response, status
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from corral.api.deps import DB, MAX_ROW_ID, CurrentUser, fast_json
+from corral.api.schemas import RequestBody
 from corral.catalog import templates as svc
 from corral.catalog.access import NAME_PATTERN
 from corral.catalog.model_mounts import SANDBOX_MODELS
@@ -22,7 +23,7 @@ Value = str | int | float | bool
 MODEL_REF = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(@[A-Za-z0-9]{1,16})?$"
 
 
-class _In(BaseModel):
+class _In(RequestBody):
     model_config = ConfigDict(extra="forbid")
 
 

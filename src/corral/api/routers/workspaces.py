@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validat
 
 from corral.api.deps import DB, Admin, CurrentUser, NameInPath, UserFilter, fast_json
 from corral.api.routers.jobs import _DURATION_PATTERN, ENVIRONMENT_REF_PATTERN, MEMORY_PATTERN
+from corral.api.schemas import RequestBody
 from corral.services import workspaces as svc
 from corral.services.policy import active_profile
 from corral.services.workspaces import WorkspaceRequest
@@ -55,7 +56,7 @@ def _duration(value: Any) -> float | None:
     return seconds
 
 
-class WorkspaceIn(BaseModel):
+class WorkspaceIn(RequestBody):
     model_config = ConfigDict(
         extra="forbid",
         str_strip_whitespace=True,
@@ -117,7 +118,7 @@ class WorkspaceOut(BaseModel):
     updated_at: float
 
 
-class PolicyIn(BaseModel):
+class PolicyIn(RequestBody):
     model_config = ConfigDict(extra="forbid")
 
     default_idle_timeout: Duration = Field(None, description="e.g. '2h'; null: the server's")
