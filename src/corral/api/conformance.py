@@ -19,6 +19,9 @@ Installed once by the app factory; a new router gets all of this without doing a
   route's), also where the portal's catch-all GET route would otherwise answer 404. A path that
   routes serve literally (`/datasets/import`) belongs to them alone: a templated route that also
   matches it (`/datasets/{name}`) neither adds to its `Allow` nor answers it (`LiteralPaths`).
+  An `/api/` path no route serves is 404, not the catch-all's 405.
+- **Path segments**: an `/api/` path segment with an encoded '/' or a dot segment is a 422 naming
+  it (`PathSegments`), not another route's answer.
 - **Links** (`LINKS`): which operation's response feeds which operation's parameters, so that a
   stateful fuzzer chains them (POST /jobs → GET /jobs/{job_id} ...). Routers add their own
   with `links=` in `responses` or by extending `LINKS`.
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+from urllib.parse import unquote
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -68,6 +72,7 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     429: "too many requests (rate limit or login lockout); retry after `Retry-After` seconds",
     503: "a component the request needs is not available right now",
 }
+API_PATHS = "/api/"  # the REST API's (corral.api.app.API_PREFIX, /api/v1) and any later version's
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 SECURITY_SCHEME = "bearer"
 
@@ -503,6 +508,58 @@ def method_not_allowed(method: str, path: str, allowed: set[str]) -> JSONRespons
     )
 
 
+def bad_segment(raw_path: str) -> tuple[str, str, str] | None:
+    """(segment as sent, as decoded, the segment before it) of the first segment of a raw
+    (percent-encoded) path that no name can be: one holding an encoded '/', or '.' or '..'."""
+    parts = raw_path.split("/")
+    for before, part in zip(["", *parts], parts, strict=False):
+        decoded = unquote(part)
+        if decoded in (".", "..") or "/" in decoded:
+            return part, decoded, before
+    return None
+
+
+def path_routes(app: Any) -> list[Any]:
+    """The compiled patterns of the routes with a `{x:path}` parameter (computed once per app)."""
+    cached: list[Any] | None = getattr(app.state, "path_routes", None)
+    if cached is None:
+        cached = [
+            compile_path(route.path)[0]
+            for route in iter_route_contexts(app.router.routes)
+            if route.path and ":path}" in route.path and route.path.startswith(API_PATHS)
+        ]
+        app.state.path_routes = cached
+    return cached
+
+
+class PathSegments:
+    """ASGI middleware: an API path with a segment no name can be, an encoded '/' (`%2F`) or a
+    dot segment, is a 422 naming it. Starlette routes the decoded path, so the model name "../x"
+    (sent by the SDK as `..%2Fx`) became extra segments: `DELETE /models/..%2Fx` matched no API
+    route and the portal's catch-all GET route answered a bare 405, and `a%2Fversions%2F1` would
+    have reached the route of another object. A route whose last parameter is a path (a
+    dataset's file) takes such a path as given; its service checks it."""
+
+    def __init__(self, app: ASGIApp, owner: FastAPI) -> None:
+        self.app, self.owner = app, owner
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(API_PATHS):
+            raw = scope.get("raw_path") or scope["path"].encode()
+            found = bad_segment(raw.decode("latin-1"))
+            if found is not None and not any(r.match(scope["path"]) for r in path_routes(self.owner)):
+                part, decoded, before = found
+                where = f" after '{before}/'" if before else ""
+                msg = (
+                    f"the path segment {part!r}{where} is {decoded!r} once decoded: a name may not "
+                    "contain '/' nor be '.' or '..'"
+                )
+                detail = [{"loc": ["path"], "msg": msg, "type": "value_error"}]
+                await JSONResponse({"detail": detail}, status_code=422)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def install(app: FastAPI, settings: Settings) -> None:
     """Document every route's errors and links, and answer wrong methods with 405 + Allow."""
 
@@ -513,6 +570,7 @@ def install(app: FastAPI, settings: Settings) -> None:
 
     app.openapi = openapi  # type: ignore[method-assign]
     app.add_middleware(LiteralPaths, owner=app)
+    app.add_middleware(PathSegments, owner=app)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -520,4 +578,7 @@ def install(app: FastAPI, settings: Settings) -> None:
             allowed = allowed_methods(request.app, request.url.path)
             if allowed and request.method not in allowed:
                 return method_not_allowed(request.method, request.url.path, allowed)
+            if not allowed and request.url.path.startswith(API_PATHS) and exc.status_code == 405:
+                # No API route serves this path: the 405 ("Allow: GET") was the portal's.
+                return JSONResponse({"detail": f"no API route serves {request.url.path}"}, status_code=404)
         return await http_exception_handler(request, exc)
