@@ -9,7 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from corral.cli.main import app
-from corral.sim.cluster import load_cluster
+from corral.scheduler import check_fits_anywhere
+from corral.sim.cluster import load_cluster, parse_cluster
+from corral.sim.replay import _probe_job
 from corral.sim.synth import SynthError, SynthSpec, generate, parse_mix
 from corral.sim.trace import load_generic_csv
 
@@ -72,3 +74,46 @@ def test_cli_writes_a_trace_the_simulator_reads(tmp_path: Path) -> None:
     assert loaded.jobs == generate(SynthSpec(jobs=300, load=1.5, seed=1), load_cluster("synth")).jobs
     bad = CliRunner().invoke(app, ["sim", "synth", "--out", str(out), "--burst-size", "9"])
     assert bad.exit_code == 2 and "--burst-size" in bad.output
+
+
+def test_a_size_no_node_can_place_is_refused_at_generation(tmp_path: Path) -> None:
+    """`--size-mix 16:1` on 8-GPU nodes wrote 8-GPU jobs without a word (the size was cut to the
+    widest node's width), and a gang of more whole nodes than the cluster has was written for the
+    replay to reject every one: both are refused at generation, naming the size and the nodes."""
+    out = tmp_path / "t.csv"
+    res = CliRunner().invoke(
+        app, ["sim", "synth", "--out", str(out), "--jobs", "20", "--size-mix", "8:1,16:1"]
+    )
+    assert res.exit_code == 2, res.output
+    assert "size_mix: 16 GPUs is more than a node of cluster synth has (the largest: 8 GPUs" in res.output
+    assert "multi-node gangs" in res.output and not out.exists()
+    with pytest.raises(
+        SynthError, match="a gang of 100 whole 8-GPU nodes cannot be placed: cluster synth has 72"
+    ):
+        generate(SynthSpec(jobs=20, gang_instances={2: 1, 100: 1}), load_cluster("synth"))
+    # No gangs asked for: gang_instances is not used, so not checked.
+    assert (
+        len(generate(SynthSpec(jobs=20, gang_share=0, gang_instances={100: 1}), load_cluster("synth")).jobs)
+        == 20
+    )
+
+
+def test_a_constrained_gang_is_pinned_only_to_a_model_with_nodes_enough() -> None:
+    """A gang naming a GPU model was pinned to any model whose nodes were wide enough, however
+    few: 4-node gangs on a model of 2 nodes, which the replay rejects ('needs 32 GPUs in all')."""
+    cluster = parse_cluster(
+        {
+            "pools": [
+                {"name": "h", "count": 2, "gpus_per_node": 8, "gpu_model": "H100"},
+                {"name": "a", "count": 8, "gpus_per_node": 8, "gpu_model": "A100"},
+            ],
+            "groups": [{"name": "g", "guaranteed": 16}],
+        },
+        "small.yaml",
+    )
+    spec = SynthSpec(jobs=200, gang_share=1.0, gang_instances={4: 1}, constrained_share=1.0, bursty=())
+    jobs = generate(spec, cluster).jobs
+    assert all(j.instances == 4 for j in jobs)
+    assert {j.gpu_model for j in jobs} == {"A100"}
+    nodes = cluster.build_nodes()
+    assert all(not check_fits_anywhere(_probe_job(j), nodes) for j in jobs)

@@ -124,10 +124,39 @@ class _Generator:
         if not self.model_gpus:
             raise SynthError(f"cluster {cluster.name}: no GPU nodes to size a GPU workload against")
         self.widest = max(self.model_width.values())
+        # Nodes a gang instance (a whole widest node) can take, per model and in all.
+        self.wide_nodes = dict.fromkeys(self.model_gpus, 0)
+        for p in cluster.pools:
+            if p.gpus_per_node >= self.widest:
+                self.wide_nodes[p.gpu_model] += p.count
+        self._check_sizes()
         self.groups = list(cluster.groups)
         if not self.groups:
             raise SynthError(f"cluster {cluster.name}: no groups; the generator draws jobs per group")
         self.templates = {g.name: self._templates(g.name) for g in self.groups}
+
+    def _check_sizes(self) -> None:
+        """Refuse sizes no node of the cluster could place as generated: a single-node size wider
+        than every node (it was silently cut to the widest node's width: `--size-mix 16:1` on
+        8-GPU nodes gave 8-GPU jobs), and a gang of more whole nodes than the cluster has (the
+        replay rejected every one)."""
+        s, models = self.spec, sorted(self.model_width, key=lambda m: (-self.model_width[m], m))
+        wide = [m for m in models if self.model_width[m] == self.widest]
+        too_wide = sorted(k for k, w in s.size_mix.items() if k > self.widest and w > 0)
+        if too_wide:
+            raise SynthError(
+                f"size_mix: {too_wide[0]} GPUs is more than a node of cluster {self.cluster.name} has "
+                f"(the largest: {self.widest} GPUs, {'/'.join(wide)}); a single-node job cannot be "
+                f"wider than a node: give jobs over {self.widest} GPUs as multi-node gangs of whole "
+                f"{self.widest}-GPU nodes (gang_share, gang_instances), or drop {too_wide[0]}"
+            )
+        nodes = sum(self.wide_nodes.values())
+        too_many = sorted(k for k, w in s.gang_instances.items() if k > nodes and w > 0 and s.gang_share > 0)
+        if too_many:
+            raise SynthError(
+                f"gang_instances: a gang of {too_many[0]} whole {self.widest}-GPU nodes cannot be "
+                f"placed: cluster {self.cluster.name} has {nodes} such nodes"
+            )
 
     def _templates(self, group: str) -> list[_Template]:
         s, rng = self.spec, self.rng
@@ -155,8 +184,16 @@ class _Generator:
             instances, per = _pick(rng, s.gang_instances), self.widest
         else:
             instances, per = 1, _pick(rng, s.size_mix)
-        fitting = [m for m in (only or self.model_gpus) if self.model_width[m] >= per]
-        if not fitting:  # a size wider than any allowed node: the widest allowed node's width
+        # Models whose nodes can hold it (a gang: enough whole nodes of one model to pin it there).
+        fitting = [
+            m
+            for m in (only or self.model_gpus)
+            if self.model_width[m] >= per and (instances == 1 or self.wide_nodes[m] >= instances)
+        ]
+        if gang and not fitting:  # no one model has nodes enough: the gang runs on any
+            return instances, per, None
+        if not fitting:  # wider than the nodes of the group's models (_check_sizes refused wider
+            # than every node): the widest of the group's nodes' width
             fitting = only or list(self.model_gpus)
             per = max(self.model_width[m] for m in fitting)
         if only is None and rng.random() >= s.constrained_share:
