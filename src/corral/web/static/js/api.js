@@ -35,9 +35,15 @@ function describeDetail(status, detail) {
 }
 
 let unauthorizedHandler = () => {};
+let forbiddenHandler = () => {};
 
 export function onUnauthorized(handler) {
   unauthorizedHandler = handler;
+}
+
+// A 403 may mean the user's rights changed since the portal last read them (app.js re-reads /me).
+export function onForbidden(handler) {
+  forbiddenHandler = handler;
 }
 
 export function setCsrfToken(token) {
@@ -84,6 +90,7 @@ export async function api(method, path, options = {}) {
   if (response.status === 401 && !quiet401) {
     unauthorizedHandler();
   }
+  if (response.status === 403 && path !== "/me") forbiddenHandler();
   if (!response.ok) {
     throw new ApiError(response.status, isJson && payload ? payload.detail : payload, path);
   }

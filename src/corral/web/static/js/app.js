@@ -1,7 +1,7 @@
 // The portal shell: session, navigation bar, client-side router and page lifecycle (polling timers
 // are owned by the page and stopped when the user navigates away, so nothing polls in the background).
 
-import { ApiError, api, get, onUnauthorized, setCsrfToken } from "./api.js";
+import { ApiError, api, get, onForbidden, onUnauthorized, setCsrfToken } from "./api.js";
 import { clear, errorBox, fill, h, toast } from "./ui.js";
 
 const ROUTES = [
@@ -45,7 +45,10 @@ const NAV = [
   ["/incidents", "Incidents", { adminOnly: true }],
 ];
 
-const state = { me: null, cleanups: [], renderToken: 0 };
+const state = { me: null, meLoading: null, cleanups: [], renderToken: 0 };
+// While the tab is shown, /me is read again this often (besides every navigation, every return
+// to the tab and every 403), so a role or group changed meanwhile shows without a reload.
+const ME_RECHECK_MS = 5 * 60 * 1000;
 
 export function currentUser() {
   return state.me;
@@ -138,16 +141,63 @@ function stopPage() {
   }
 }
 
+// What of /me decides what the portal shows: the role, the groups with their roles.
+function rightsOf(me) {
+  if (!me) return "";
+  return JSON.stringify([me.name, me.role, me.is_admin, me.default_group, me.groups]);
+}
+
+// Read /me (one request at a time); resolves to whether the rights changed.
+function readMe({ quiet401 = true } = {}) {
+  if (!state.meLoading) {
+    const before = rightsOf(state.me);
+    state.meLoading = get("/me", undefined, { quiet401 })
+      .then((me) => {
+        state.me = me;
+        return rightsOf(me) !== before;
+      })
+      .finally(() => {
+        state.meLoading = null;
+      });
+  }
+  return state.meLoading;
+}
+
+// Every navigation reads /me again (one small request): the page drawn then shows the rights the
+// user has now, not those of the login (a group added, a role changed by an admin meanwhile).
 async function ensureSession() {
-  if (state.me) return true;
   try {
-    state.me = await get("/me", undefined, { quiet401: true });
+    await readMe();
     return true;
   } catch (err) {
     if (err instanceof ApiError && err.status === 401) return false;
+    if (state.me) return true; // the server unreachable: the page shows its own error
     throw err;
   }
 }
+
+// In the background (back to the tab, a 403, the periodic check): when the rights changed, the
+// top bar and the page are drawn again with them.
+async function recheckMe() {
+  if (!state.me || window.location.pathname === "/login") return;
+  try {
+    if (await readMe({ quiet401: false })) {
+      toast("Your roles or groups have changed; the page now shows what you may do.");
+      render();
+    }
+  } catch (err) {
+    if (!(err instanceof ApiError && err.status === 401)) console.warn("cannot read /me", err);
+  }
+}
+
+onForbidden(recheckMe);
+window.addEventListener("focus", recheckMe);
+document.addEventListener("visibilitychange", () => {
+  if (!document.hidden) recheckMe();
+});
+setInterval(() => {
+  if (!document.hidden) recheckMe();
+}, ME_RECHECK_MS);
 
 export async function render() {
   stopPage();
