@@ -58,3 +58,25 @@ def test_a_secret_value_may_hold_a_nul(world: World) -> None:
     # Stored encrypted (never as text), and a file secret may hold any bytes.
     r = world.client.put(API + "/secrets/blob", json={"value": "a\x00b"}, headers=world.as_("alice"))
     assert r.status_code < 300, r.text
+
+
+@pytest.mark.parametrize(
+    ("extra", "loc"),
+    [
+        ({"group": "a\x00"}, ["body", "group"]),
+        ({"mounts": [{"source": "data/x\x00"}]}, ["body", "mounts", 0, "source"]),
+    ],
+)
+def test_a_nul_anywhere_in_a_job_spec_is_a_422_naming_it(
+    world: World, extra: dict[str, Any], loc: list[Any]
+) -> None:
+    # The spec (corral.spec, no RequestBody): a NUL in a group's name was a 404 'there is no group
+    # named' on SQLite and the backstop's 422 (loc ['body'], "'name' holds ...") on PostgreSQL.
+    task = {"command": "true", "resources": {"cpus": 1, "memory": "256MiB"}}
+    r = world.client.post(
+        API + "/jobs", json={"name": "n", "tasks": {"main": task}, **extra}, headers=world.as_("alice")
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == loc and "holds a NUL character" in r.json()["detail"][0]["msg"], (
+        r.text
+    )

@@ -7,15 +7,27 @@ from typing import Any, ClassVar, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
-def holds_nul(value: Any) -> bool:
-    """Whether a string anywhere in this (parsed JSON) value holds a NUL, in keys too."""
+def nul_at(value: Any) -> tuple[str | int, ...] | None:
+    """Where a string in this (parsed JSON) value holds a NUL (keys too): () for the value
+    itself, ("env", "A") for one inside; None when none does."""
     if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return any(holds_nul(v) for v in value)
-    if isinstance(value, dict):
-        return any(holds_nul(k) or holds_nul(v) for k, v in value.items())
-    return False  # numbers, booleans, None; a nested model checked its own fields
+        return () if "\x00" in value else None
+    items: Any = ()
+    if isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    elif isinstance(value, dict):
+        items = value.items()
+    for key, item in items:
+        if isinstance(key, str) and "\x00" in key:
+            return (key,)
+        inner = nul_at(item)
+        if inner is not None:
+            return (key, *inner)
+    return None  # numbers, booleans, None; a nested model checked its own fields
+
+
+def holds_nul(value: Any) -> bool:
+    return nul_at(value) is not None
 
 
 class RequestBody(BaseModel):

@@ -12,7 +12,7 @@ from pydantic import AfterValidator, ValidationError, WithJsonSchema
 
 from corral import spec as job_spec
 from corral.api.deps import DB, MAX_ROW_ID, CurrentUser, Offset, RowId, UserFilter, fast_json
-from corral.api.schemas import EventOut, JobListOut, JobOut, LogsOut
+from corral.api.schemas import EventOut, JobListOut, JobOut, LogsOut, nul_at
 from corral.diagnosis.exitspec import ExitSpecCache, exit_spec_cache
 from corral.diagnosis.record import platform_loss_cap
 from corral.diagnosis.settings import DiagnosisSettings
@@ -190,10 +190,17 @@ async def read_spec(request: Request) -> JobSpecV1:
         if not isinstance(data, dict):
             raise _body_error("the spec must be a JSON object with fields such as 'name' and 'tasks'")
     try:
-        return JobSpecV1.model_validate(data)
+        spec = JobSpecV1.model_validate(data)
     except ValidationError as exc:
         errors = [{**err, "loc": ("body", *err["loc"])} for err in exc.errors()]
         raise RequestValidationError(errors)
+    # The spec is no RequestBody (corral.spec is below the API): its NUL check, naming the field
+    # (a group named with one was a 404 on SQLite and the DataError backstop's 422 on PostgreSQL).
+    where = nul_at(data)
+    if where:
+        msg = f"{where[-1]!r} holds a NUL character (\\x00), which no command line or stored text can"
+        raise RequestValidationError([{"loc": ("body", *where), "msg": msg, "type": "value_error"}])
+    return spec
 
 
 @router.post(
