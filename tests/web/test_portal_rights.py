@@ -38,3 +38,29 @@ def test_a_group_given_meanwhile_shows_on_navigation_and_on_return_to_the_tab(po
     )
     assert page.evaluate("window.notReloaded") is True
     assert page.js_errors == []
+
+
+def test_a_group_admin_adds_members_to_their_groups_only(portal: Any) -> None:
+    """A group's admin may add users to it (or change a member's role) by API and CLI; the portal
+    gave the member form to platform admins only."""
+    _api_post(portal, "/users", {"name": "dee", "password": PASSWORD, "groups": ["team-a"]})
+    _api_post(portal, "/groups/team-b/members", {"user": "dee", "role": "admin"})
+    page = portal.login("dee", path="/groups")
+    form = page.locator("form#add-member")
+    form.wait_for(timeout=5_000)
+    options = form.locator("#member-group option").evaluate_all("(os) => os.map((o) => o.value)")
+    assert options == ["team-b"]  # not team-a, where dee is a member only
+    assert page.locator("form#set-quota, form#create-group, form#set-default-group").count() == 0
+    card = page.locator("section.group[data-group='team-b']")
+    assert "dee (admin)" in card.locator(".members").inner_text()
+    assert card.locator("table.quotas").count() == 1  # the quota, to see (an admin sets it)
+
+    page.fill("#member-user", "ann")
+    page.select_option("#member-role", "member")
+    form.locator("button[type=submit]").click()
+    page.wait_for_selector(".toast-success:has-text('ann added to team-b as member')", timeout=5_000)
+    page.wait_for_selector("section.group[data-group='team-b'] .members:has-text('ann')", timeout=5_000)
+    with portal.api() as api:
+        members = {m["user"]: m["role"] for m in api.get("/api/v1/groups/team-b").json()["members"]}
+    assert members["ann"] == "member"
+    assert page.js_errors == []

@@ -1,9 +1,10 @@
 // Groups and quotas: per group and GPU model, usage (and borrowed GPUs) against guaranteed and
 // max; CPUs and memory; warnings when guarantees add up to more than the cluster. Admins create
-// groups, set quotas, add users to groups and set a user's default group.
+// groups, set quotas, add users to groups and set a user's default group; a group's admins add
+// users to their groups (or change a member's role), as the API lets them.
 
 import { ApiError, get, itemsOf, post, put } from "../api.js";
-import { isAdmin } from "../app.js";
+import { currentUser, isAdmin } from "../app.js";
 import { gpusInUseByGroup } from "../metrics.js";
 import { fill, emptyState, errorBox, h, section, table, toast, usageBar } from "../ui.js";
 
@@ -69,8 +70,11 @@ export async function render(ctx) {
       ]);
       if (!ctx.alive()) return;
       drawGroups(list, groups, usage);
-      if (isAdmin() && !adminBox.firstChild) adminBox.append(adminForms(groups, refresh));
-      else if (isAdmin()) updateGroupOptions(adminBox, groups);
+      // Admins get every form; a group's admins the member form for the groups they administer.
+      const mine = isAdmin() ? groups : groups.filter((g) => administered().has(g.name));
+      if (!adminBox.firstChild && isAdmin()) adminBox.append(adminForms(groups, refresh));
+      else if (!adminBox.firstChild && mine.length) adminBox.append(groupAdminForms(mine, refresh));
+      else if (adminBox.firstChild) updateGroupOptions(adminBox, mine);
     } catch (err) {
       if (ctx.alive()) fill(list, errorBox(err, "Cannot load groups"));
     }
@@ -124,6 +128,12 @@ function drawGroups(root, groups, usage) {
   );
 }
 
+// The groups the user is an admin of (from /me, which the portal reads again on navigation).
+function administered() {
+  const groups = (currentUser() || {}).groups || [];
+  return new Set(groups.filter((g) => typeof g === "object" && g.role === "admin").map((g) => g.name));
+}
+
 function groupSelect(id, groups) {
   return h("select", { id, required: true, class: "group-select" }, groups.map((g) => h("option", { value: g.name }, g.name)));
 }
@@ -171,15 +181,43 @@ function adminForm(id, title, fields, buttonLabel, action) {
   return form;
 }
 
+// Add a user to a group, or change a member's role (POST /groups/{name}/members).
+function memberForm(groups, refresh) {
+  const mGroup = groupSelect("member-group", groups);
+  const mUser = h("input", { id: "member-user", required: true, autocomplete: "off", list: "known-users" });
+  const mRole = h("select", { id: "member-role" }, h("option", { value: "member" }, "member"), h("option", { value: "admin" }, "group admin"));
+  return adminForm(
+    "add-member",
+    "Add a user to a group",
+    [
+      ["Group", mGroup],
+      ["User", mUser],
+      ["Role", mRole],
+    ],
+    "Add user",
+    async () => {
+      await post(`/groups/${encodeURIComponent(mGroup.value)}/members`, { user: mUser.value.trim(), role: mRole.value });
+      await refresh();
+      return `${mUser.value.trim()} added to ${mGroup.value} as ${mRole.value === "admin" ? "group admin" : "member"}.`;
+    },
+  );
+}
+
+// A group admin's part: members of the groups they administer (their quotas show above).
+function groupAdminForms(groups, refresh) {
+  return section(
+    "Your groups' members",
+    h("p", { class: "muted" }, "As a group admin you add users to your groups or change a member's role; quotas are set by an administrator."),
+    h("div", { class: "admin-grid" }, memberForm(groups, refresh)),
+  );
+}
+
 function adminForms(groups, refresh) {
   const newName = h("input", { id: "new-group-name", required: true, autocomplete: "off" });
   const qGroup = groupSelect("quota-group", groups);
   const qModel = h("input", { id: "quota-model", value: "*", required: true });
   const qGuaranteed = h("input", { id: "quota-guaranteed", type: "number", min: 0, value: 0, required: true });
   const qMax = h("input", { id: "quota-max", type: "number", min: 0, placeholder: "unlimited" });
-  const mGroup = groupSelect("member-group", groups);
-  const mUser = h("input", { id: "member-user", required: true, autocomplete: "off", list: "known-users" });
-  const mRole = h("select", { id: "member-role" }, h("option", { value: "member" }, "member"), h("option", { value: "admin" }, "group admin"));
   const dUser = h("input", { id: "default-user", required: true, autocomplete: "off", list: "known-users" });
   const dGroup = groupSelect("default-group", groups);
   const users = h("datalist", { id: "known-users" });
@@ -226,21 +264,7 @@ function adminForms(groups, refresh) {
           return `Quota of ${qGroup.value} for ${body.gpu_model} set.`;
         },
       ),
-      adminForm(
-        "add-member",
-        "Add a user to a group",
-        [
-          ["Group", mGroup],
-          ["User", mUser],
-          ["Role", mRole],
-        ],
-        "Add user",
-        async () => {
-          await post(`/groups/${encodeURIComponent(mGroup.value)}/members`, { user: mUser.value.trim(), role: mRole.value });
-          await refresh();
-          return `${mUser.value.trim()} added to ${mGroup.value}.`;
-        },
-      ),
+      memberForm(groups, refresh),
       adminForm(
         "set-default-group",
         "Set a user's default group",
