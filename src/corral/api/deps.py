@@ -115,7 +115,10 @@ MAX_ROW_ID = 2**31 - 1
 MAX_OFFSET = 2**31 - 1
 NAME_MAX = 64
 RowId = Annotated[int, Path(ge=1, le=MAX_ROW_ID)]
-NameInPath = Annotated[str, Path(min_length=1, max_length=NAME_MAX)]
+# One path segment that can be a name: no '/' (an encoded one is refused before routing,
+# corral.api.conformance.PathSegments, as are the dot segments '.' and '..'), said in the schema.
+SEGMENT_NAME = r"^([^/.][^/]*|\.[^/.][^/]*|\.\.[^/]+)$"
+NameInPath = Annotated[str, Path(min_length=1, max_length=NAME_MAX, pattern=SEGMENT_NAME)]
 Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET)]
 UserFilter = Annotated[str | None, Query(min_length=1, max_length=NAME_MAX)]
 

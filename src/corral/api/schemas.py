@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, ValidationInfo, field_validator
+from pydantic.json_schema import JsonSchemaValue
 
 
 def nul_at(value: Any) -> tuple[str | int, ...] | None:
@@ -30,6 +31,28 @@ def holds_nul(value: Any) -> bool:
     return nul_at(value) is not None
 
 
+NO_NUL_PATTERN = r"^[^\x00]*$"
+
+
+def _no_nul_in_schema(schema: Any) -> None:
+    """Give every string in this JSON schema (through anyOf/oneOf, items, map values) that has no
+    pattern NO_NUL_PATTERN. Nested models ($ref) say it in their own schema."""
+    if not isinstance(schema, dict):
+        return
+    if (
+        schema.get("type") == "string"
+        and "pattern" not in schema
+        and "enum" not in schema
+        and "const" not in schema
+    ):
+        schema["pattern"] = NO_NUL_PATTERN
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+        for sub in schema.get(key, ()):
+            _no_nul_in_schema(sub)
+    for key in ("items", "additionalProperties"):
+        _no_nul_in_schema(schema.get(key))
+
+
 class RequestBody(BaseModel):
     """The base of every request body: no string in it holds a NUL (a 422 naming the field).
     PostgreSQL stores no NUL in text and SQLite does, so without this one database answered 422
@@ -38,6 +61,17 @@ class RequestBody(BaseModel):
     `NUL_ALLOWED`."""
 
     NUL_ALLOWED: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        # The schema says it too (clients and fuzzers generate no NUL): every string without a
+        # pattern of its own gets NO_NUL_PATTERN (name patterns already leave NUL out).
+        schema = handler(core_schema)
+        target = handler.resolve_ref_schema(schema)
+        for name, prop in target.get("properties", {}).items():
+            if name not in cls.NUL_ALLOWED:
+                _no_nul_in_schema(prop)
+        return schema
 
     @field_validator("*", mode="after")
     @classmethod
@@ -77,7 +111,7 @@ PASSWORD_MIN = 8
 _BASE64 = r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{4}|[A-Za-z0-9+/]{3}=|[A-Za-z0-9+/]{2}==)"
 SSH_PUBLIC_KEY = (
     r"^\s*(?:ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp256|ecdsa-sha2-nistp384|ecdsa-sha2-nistp521)"
-    rf"\s+{_BASE64}(?:\s[\s\S]*)?$"
+    rf"\s+{_BASE64}(?:\s[^\x00]*)?$"  # a comment, no NUL
 )
 
 

@@ -9,7 +9,16 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel
 
-from corral.api.deps import DB, NAME_MAX, SESSION_COOKIE, Admin, CurrentUser, RowId, client_address
+from corral.api.deps import (
+    DB,
+    NAME_MAX,
+    SEGMENT_NAME,
+    SESSION_COOKIE,
+    Admin,
+    CurrentUser,
+    RowId,
+    client_address,
+)
 from corral.api.schemas import LoginIn, LoginOut, MeOut
 from corral.config import Settings
 from corral.db.models import LoginFailure, User, WebSession
@@ -19,6 +28,7 @@ from corral.services.accounts import user_out
 from corral.services.audit_state import lockout_state
 from corral.services.views import UserView
 
+SessionId = Annotated[str, Path(min_length=1, max_length=128, pattern=SEGMENT_NAME)]
 router = APIRouter(tags=["auth"])
 
 
@@ -146,7 +156,9 @@ def list_sessions(
 
 @router.delete("/sessions/{session_id}", status_code=204)
 def revoke_session(
-    session_id: Annotated[str, Path(min_length=1, max_length=128)], db: DB, principal: CurrentUser
+    session_id: SessionId,
+    db: DB,
+    principal: CurrentUser,
 ) -> Response:
     web = svc.revoke_session(db, principal, session_id)
     owner = db.get(User, web.user_id)

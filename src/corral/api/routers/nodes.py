@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Response
 
-from corral.api.deps import DB, Admin, CurrentUser
+from corral.api.deps import DB, SEGMENT_NAME, Admin, CurrentUser
 from corral.api.schemas import NodeOut
 from corral.db.models import Node
 from corral.services import audit
@@ -14,6 +14,7 @@ from corral.services import nodes as svc
 from corral.services.audit_state import node_state
 from corral.services.views import node_view
 
+NodeName = Annotated[str, Path(min_length=1, max_length=255, pattern=SEGMENT_NAME)]
 router = APIRouter(tags=["nodes"])
 
 
@@ -25,7 +26,7 @@ def list_nodes(db: DB, _principal: CurrentUser) -> Any:
 
 @router.post("/nodes/{name}/{action}", response_model=NodeOut)
 def node_action(
-    name: Annotated[str, Path(min_length=1, max_length=255)],
+    name: NodeName,
     action: Literal["cordon", "uncordon", "drain"],
     db: DB,
     admin: Admin,
@@ -48,7 +49,7 @@ def node_action(
 
 
 @router.delete("/nodes/{name}", status_code=204)
-def remove_node(name: Annotated[str, Path(min_length=1, max_length=255)], db: DB, admin: Admin) -> Response:
+def remove_node(name: NodeName, db: DB, admin: Admin) -> Response:
     """Remove a decommissioned node: cordoned, draining or down, with no job placed on it (409
     naming what stands in the way otherwise)."""
     found = db.get(Node, name)
@@ -61,7 +62,7 @@ def remove_node(name: Annotated[str, Path(min_length=1, max_length=255)], db: DB
 
 @router.post("/nodes/{name}/gpus/{index}/{action}", response_model=NodeOut)
 def gpu_action(
-    name: Annotated[str, Path(min_length=1, max_length=255)],
+    name: NodeName,
     index: Annotated[int, Path(ge=0, le=1023)],
     action: Literal["quarantine", "return"],
     db: DB,
