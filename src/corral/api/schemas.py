@@ -34,7 +34,7 @@ def holds_nul(value: Any) -> bool:
 NO_NUL_PATTERN = r"^[^\x00]*$"
 
 
-def _no_nul_in_schema(schema: Any) -> None:
+def no_nul_in_schema(schema: Any) -> None:
     """Give every string in this JSON schema (through anyOf/oneOf, items, map values) that has no
     pattern NO_NUL_PATTERN. Nested models ($ref) say it in their own schema."""
     if not isinstance(schema, dict):
@@ -48,9 +48,9 @@ def _no_nul_in_schema(schema: Any) -> None:
         schema["pattern"] = NO_NUL_PATTERN
     for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
         for sub in schema.get(key, ()):
-            _no_nul_in_schema(sub)
+            no_nul_in_schema(sub)
     for key in ("items", "additionalProperties"):
-        _no_nul_in_schema(schema.get(key))
+        no_nul_in_schema(schema.get(key))
 
 
 class RequestBody(BaseModel):
@@ -70,7 +70,7 @@ class RequestBody(BaseModel):
         target = handler.resolve_ref_schema(schema)
         for name, prop in target.get("properties", {}).items():
             if name not in cls.NUL_ALLOWED:
-                _no_nul_in_schema(prop)
+                no_nul_in_schema(prop)
         return schema
 
     @field_validator("*", mode="after")

@@ -12,7 +12,7 @@ from pydantic import AfterValidator, ValidationError, WithJsonSchema
 
 from corral import spec as job_spec
 from corral.api.deps import DB, MAX_ROW_ID, CurrentUser, Offset, RowId, UserFilter, fast_json
-from corral.api.schemas import EventOut, JobListOut, JobOut, LogsOut, nul_at
+from corral.api.schemas import NO_NUL_PATTERN, EventOut, JobListOut, JobOut, LogsOut, no_nul_in_schema, nul_at
 from corral.diagnosis.exitspec import ExitSpecCache, exit_spec_cache
 from corral.diagnosis.record import platform_loss_cap
 from corral.diagnosis.settings import DiagnosisSettings
@@ -88,12 +88,12 @@ def spec_body_schema() -> dict[str, Any]:
         "type": "object",
         "maxProperties": job_spec.MAX_ENV_VARS,
         "propertyNames": {"pattern": job_spec.ENV_NAME_RE.pattern},
-        "additionalProperties": {"type": "string"},
+        "additionalProperties": {"type": "string", "pattern": NO_NUL_PATTERN},
     }
     props["env"] = {**props["env"], **env}
     defs["TaskV1"]["properties"]["env"] = {**defs["TaskV1"]["properties"]["env"], **env}
     # Blanks around the command are stripped (`str_strip_whitespace`): a blank one is empty
-    defs["TaskV1"]["properties"]["command"]["pattern"] = r"\S"
+    defs["TaskV1"]["properties"]["command"]["pattern"] = r"^[^\x00]*\S[^\x00]*$"  # and no NUL
     props["tasks"]["propertyNames"] = {"pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"}
     props["environment"] = {**props["environment"], "pattern": ENVIRONMENT_REF_PATTERN}
     # "workspace" jobs are made by POST /workspaces (and .../start); this route refuses them
@@ -135,6 +135,11 @@ def spec_body_schema() -> dict[str, Any]:
             "tasks": {"main": {"command": "sleep 30", "resources": {"cpus": 0.1, "memory": 64}}},
         }
     ]
+    # No string holds a NUL (read_spec refuses one anywhere, 422 naming its path): said for every
+    # string without a pattern of its own, as RequestBody's models say it
+    for properties in (props, *(d.get("properties", {}) for d in defs.values())):
+        for field in properties.values():
+            no_nul_in_schema(field)
     return schema
 
 
