@@ -72,7 +72,7 @@ def knob_value(name: str, raw: object, shown: str) -> Any:
             if not isinstance(parts, list | tuple):
                 parts = (parts,)  # one threshold
             value: Any = tuple(float(x) for x in parts if not isinstance(x, str) or x.strip())
-        elif name in (*BOOL_KNOBS, "cpu_jobs_on_gpu_nodes"):
+        elif name in BOOL_KNOBS or name == "cpu_jobs_on_gpu_nodes":  # (no starred tuple: mypyc)
             flag = str(int(raw)) if isinstance(raw, bool | int) else str(raw).strip()
             if flag not in ("0", "1"):
                 raise ValueError(raw)
