@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from corral.scheduler import ANY_MODEL, PROFILES, Priority, Usage, decay_usage
 from tests.scheduler.builders import apply_plan, gpu_node, group, job, plan_for, running, snap
 
@@ -200,3 +202,33 @@ def test_guaranteed_work_goes_before_borrowing() -> None:
     queued = [job("b0", group="b", submit=0), job("a0", group="a", submit=5)]
     plan = plan_for(snap([gpu_node("n", gpus=1)], queued, groups, usage=usage), DEFAULT)
     assert [(a.job_id, a.borrowed) for a in plan.assignments] == [("a0", False)]
+
+
+HELD = {  # a group whose quota or cap holds its 4-GPU job while it runs 4 GPUs: (group, code)
+    "borrowing off": (group("a", guaranteed={ANY_MODEL: 4}, borrowing=False), "quota_exhausted"),
+    "at its max": (group("a", guaranteed={ANY_MODEL: 2}, max={ANY_MODEL: 4}), "quota_max"),
+    "user cap": (group("a", user_max_gpus=4), "user_cap"),
+    # below its guarantee (so not parked for the borrowing pass) but too close to its max for it
+    "deferred, at its max": (group("a", guaranteed={ANY_MODEL: 6}, max={ANY_MODEL: 6}), "quota_max"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HELD))
+def test_a_job_its_quota_holds_reserves_nothing_and_gets_its_quota_reason(case: str) -> None:
+    """A full cluster: group a's job waits for a's quota (or its user's cap), which it would wait
+    for even with every GPU free. It gets that reason and no time, and holds no backfill reservation
+    (Kueue and Slurm check the quota first): group b's 1-GPU job, which ends after the GPUs a
+    reservation would wait for come back, starts on the one free GPU."""
+    held_group, code = HELD[case]
+    run = [
+        running(job("ra", gpus=4, group="a", runtime=5000.0, preemptible=False), "n", (0, 1, 2, 3)),
+        running(job("rb", gpus=3, group="b", runtime=1100.0, preemptible=False), "n", (4, 5, 6)),
+    ]
+    queued = [job("held", gpus=4, group="a", submit=1), job("small", group="b", submit=2, runtime=500.0)]
+    usage = Usage(by_group={"b": 1e9})  # group a's turn comes first
+    s = snap([gpu_node("n", gpus=8)], queued, [held_group, group("b")], run=run, usage=usage)
+    plan = plan_for(s, PROFILES["default"], now=1000.0)
+    assert [a.job_id for a in plan.assignments] == ["small"]
+    d = plan.diagnoses["held"]
+    assert [r.code for r in d.reasons] == [code]
+    assert d.estimated_start is None and not d.unschedulable

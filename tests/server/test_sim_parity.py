@@ -267,3 +267,45 @@ def test_live_snapshot_carries_the_overload_policy_state(tmp_path: Path) -> None
         assert canonical(run_scheduler(live, record.now, random.Random(0))) == expected, f"cycle {record.now}"
         db.dispose()
     assert changed >= 2  # the aged and marked state changed plans: the round trip carries it
+
+
+def test_a_job_its_quota_holds_is_diagnosed_alike_live_and_simulated(tmp_path: Path) -> None:
+    """On a full cluster, jobs their group's quota (borrowing off) or their user's cap holds: the
+    live loop's snapshot (from the database) gives the plan and the diagnoses the simulator's
+    scheduler gives on the same state, the quota or cap reason with no time (what the API shows as
+    `diagnosis.held`), and no reservation for them: the other group's 1-GPU job starts."""
+    from tests.scheduler.builders import gpu_node, job, running
+
+    groups = (
+        st.Group("a", guaranteed={"*": 4}, borrowing=False),
+        st.Group("b"),
+        st.Group("c", user_max_gpus=2),
+    )
+    run = (
+        running(job("1", gpus=4, group="a", runtime=5000.0, preemptible=False), "n1", (0, 1, 2, 3)),
+        running(job("2", gpus=2, group="c", user="cat", runtime=5000.0, preemptible=False), "n1", (4, 5)),
+        running(job("3", gpus=1, group="b", user="bob", runtime=1100.0, preemptible=False), "n1", (6,)),
+    )
+    queued = (
+        job("4", gpus=2, group="a", submit=1.0),
+        job("5", gpus=2, group="c", user="cat", submit=2.0),
+        job("6", gpus=1, group="b", user="bob", submit=3.0, runtime=500.0),
+    )
+    usage = st.Usage(by_group={"b": 1e9}, by_user={("b", "bob"): 1e9})  # a and c take their turns first
+    snap = st.Snapshot((gpu_node("n1", gpus=8),), groups, queued, run, usage)
+    now = 1000.0
+    simulated = Scheduler(resolve_policy("default").profile).schedule(snap, now, random.Random(0))
+    db = make_engine(f"sqlite:///{tmp_path / 'held.db'}")
+    ctx = make_context(db, FakeEngine(), str(tmp_path))
+    with ctx.session_factory() as session:
+        write_state(session, snap, now)
+        live_plan = run_scheduler(build_snapshot(read_cluster_state(session), now), now, random.Random(0))
+    db.dispose()
+    assert canonical(live_plan) == canonical(simulated)
+    assert [a.job_id for a in live_plan.assignments] == ["6"]
+
+    def shown(plan: st.Plan) -> dict[str, tuple[tuple[str, ...], float | None]]:
+        return {j: (tuple(r.code for r in d.reasons), d.estimated_start) for j, d in plan.diagnoses.items()}
+
+    assert shown(live_plan) == shown(simulated)
+    assert shown(live_plan) == {"4": (("quota_exhausted",), None), "5": (("user_cap",), None)}

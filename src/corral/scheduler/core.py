@@ -217,7 +217,7 @@ class Cycle:
                 break
 
     def consider(self, job: Job, borrowing: bool, info: JobInfo) -> None:
-        """The ordinary path of one job (`info`: its JobInfo): fit ever, fit now, quota,
+        """The ordinary path of one job (`info`: its JobInfo): fit ever, quota, fit now,
         backfill, place, commit."""
         if info.never:
             self.verdicts.unschedulable[job.id] = info.never
@@ -226,20 +226,37 @@ class Cycle:
         if refusal is not None:  # its group is at its CPU or memory limit
             self.verdicts.wait_or_never(job, *refusal)
             return
-        if info.total > 0:
-            hit = self.small.get(info.fit_id)  # the remembered answer, read inline: most jobs ask it
-            if hit[1] if hit is not None and hit[0] == self.st.version else self.learn_too_small(info):
-                self.short(job, info)  # cheap test: too few free GPUs, or no block as large as one
-                return
         allowed: frozenset[str] | None = None
         quota = self.profile.quotas and info.total > 0
         may_borrow = quota and self.ledger.may_borrow(job)
         if quota:
+            # Quota and the per-user cap decide before the free GPUs do (as in Kueue and Slurm): a
+            # job they hold could not start on free GPUs either, so it keeps their reason (and no
+            # estimated start) and opens no backfill reservation.
             allowed = self.quota.admit(job, borrowing, may_borrow, info)
             if allowed is None:
                 deferred = self.quota.deferred
-                if self.replay and deferred and deferred[-1] is job and self.same_admission(job):
-                    self.known.record_deferred(job, info)
+                if deferred and deferred[-1] is job:  # to the borrowing pass: borrowing may admit it
+                    borrow = self.ledger.allowed_models
+                    if self.too_small(info) and borrow(job, info.models, True, info.total):
+                        # it would be admitted there and does not fit the free GPUs: its
+                        # reservation and preemption turn now, as before quota came first (moved
+                        # to the borrowing pass, it cost up to 2.2x the preemptions on the synth
+                        # traces: docs/scheduler.md)
+                        deferred.pop()
+                        self.short(job, info)
+                    elif self.replay and self.same_admission(job):
+                        self.known.record_deferred(job, info)
+                elif job.id in self.verdicts.why and self.too_small(info):
+                    # held: it may still stop work whose end would admit it (lower-priority work
+                    # of its group or user: the preemptor checks quota and cap with its victims
+                    # gone), as a job that is short of GPUs may
+                    self.no_fit_once(job, info, reserve=False)
+                return
+        if info.total > 0:
+            hit = self.small.get(info.fit_id)  # the remembered answer, read inline: most jobs ask it
+            if hit[1] if hit is not None and hit[0] == self.st.version else self.learn_too_small(info):
+                self.short(job, info)  # cheap test: too few free GPUs, or no block as large as one
                 return
         if self.replay and (not quota or self.ledger.group(job.group).user_max_gpus is None):
             self.known.record_admitted(job, info, allowed)
@@ -280,6 +297,11 @@ class Cycle:
         if self.ledger.group(job.group).user_max_gpus is not None:
             return False
         return self.resources is None or job.group not in self.resources.groups
+
+    def too_small(self, info: JobInfo) -> bool:
+        """Whether the job does not fit the free GPUs at all (`consider` reads `small` inline)."""
+        hit = self.small.get(info.fit_id)
+        return hit[1] if hit is not None and hit[0] == self.st.version else self.learn_too_small(info)
 
     def learn_too_small(self, info: JobInfo) -> bool:
         """`ClusterState.too_small` for the job's (models, GPUs, widest instance), remembered per
@@ -323,18 +345,19 @@ class Cycle:
         self.no_fit_once(job, info)
         self.known.record_short(job, info, token, attempts)
 
-    def no_fit_once(self, job: Job, info: JobInfo) -> None:
+    def no_fit_once(self, job: Job, info: JobInfo, reserve: bool = True) -> None:
         if job.id not in self.no_fit:
             self.no_fit.add(job.id)
-            self.no_fit_turn(job, info)
+            self.no_fit_turn(job, info, reserve)
 
-    def no_fit_turn(self, job: Job, info: JobInfo) -> None:
-        """Strict FIFO stops here; otherwise the job may reserve (backfill) and look for victims."""
+    def no_fit_turn(self, job: Job, info: JobInfo, reserve: bool = True) -> None:
+        """Strict FIFO stops here; otherwise the job may reserve (backfill; not a job its quota or
+        cap holds: `reserve` False) and look for victims."""
         p = self.profile
         if p.head_of_line_blocking:
             self.blocker = job
         backfill = self.backfill
-        if p.backfill and info.total > 0 and len(backfill.reservations) < p.max_reservations:
+        if reserve and p.backfill and info.total > 0 and len(backfill.reservations) < p.max_reservations:
             models = info.model_set
             if not any(r.models == models for r in backfill.reservations):
                 backfill.reserve(job, models)

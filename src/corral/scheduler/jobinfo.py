@@ -39,7 +39,7 @@ class JobInfo:
     # Small ints standing for tuples of fields (equal tuples, equal ints; see JobKinds.kind_id):
     # cheap keys
     fit_id: int  # (total, widest, models): what the cheap capacity test reads
-    rank_id: int  # the same with group and priority: what the preemption pre-check reads too
+    rank_id: int  # the same with group, priority, preemptible: the preemption pre-check and quota admission
     admit_id: int  # the same with group and preemptible: what quota admission reads too
     search_id: int  # (sig, group, priority, preemptible): what a preemption search reads
     eta: Waiting  # what the estimated start reads (its models equal job_models(st, job))
@@ -99,7 +99,7 @@ class JobKinds:
             priority = int(job.priority)
             found = self._kinds[kind] = (
                 fit_id,
-                kind_id((fit_id, job.group, priority)),
+                kind_id((fit_id, job.group, priority, job.preemptible)),
                 kind_id((fit_id, job.group, job.preemptible)),
                 kind_id((sig, job.group, priority, job.preemptible)),
             )

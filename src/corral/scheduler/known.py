@@ -88,13 +88,16 @@ class KnownOutcomes:
         return (len(self.assignments), len(self.backfill.reservations), len(pre.victims), pre.claimed)
 
     def fail_key(self, job: Job, info: JobInfo) -> object:
-        """Jobs with equal keys get the same capacity test, reservation and preemption outcome in
-        an unchanged state (the preemption search reads the group and priority, or the LAS queue)."""
+        """Jobs with equal keys get the same quota admission, capacity test, reservation and
+        preemption outcome in an unchanged state (the preemption search reads the group and
+        priority, or the LAS queue; quota admission the group and preemptible, see
+        `record_short`)."""
         p = self.profile
+        fit = info.admit_id if p.quotas else info.fit_id  # (admit_id: fit_id, group, preemptible)
         if p.preemption == "none":
-            return info.fit_id
+            return fit
         if p.preemption == "las":
-            return (info.fit_id, las_queue(job.attained_gpu_seconds, p.las_thresholds))
+            return (fit, las_queue(job.attained_gpu_seconds, p.las_thresholds))
         return info.rank_id
 
     def search_key(self, job: Job, info: JobInfo) -> object:
@@ -129,11 +132,18 @@ class KnownOutcomes:
         self.deferred[self.admit_key(job, info)] = self.token()
 
     def record_short(self, job: Job, info: JobInfo, token: Token, attempts_before: int) -> None:
-        """After a job found too few free GPUs and had its reservation and preemption turn: when
-        that changed nothing, later jobs of its failure key fail the same way until the state
-        changes (about nine in ten jobs of a busy cycle)."""
+        """After a job passed quota admission (or was sent to the borrowing pass, which would
+        admit it), found too few free GPUs and had its reservation and preemption turn: when that
+        changed nothing, later jobs of its failure key fail the same way until the state changes
+        (about nine in ten jobs of a busy cycle). Their quota admission is the same then (the same
+        group, GPUs, models and preemptible against the same ledger, or a looser one in the
+        borrowing pass) unless it reads more than that: not recorded then."""
         if self.token() != token:
             return  # it reserved, or found victims: the next job of its kind must look again
+        if self.profile.quotas and not self.cycle.same_admission(job):
+            # quota admission, which let it this far, read its user (a per-user cap; the search
+            # reads the user's GPUs then too) or its CPUs and memory: the keys omit them
+            return
         if self.preemptor.attempts_left == attempts_before:
             self.short[self.fail_key(job, info)] = token
         else:  # a search that found no room
