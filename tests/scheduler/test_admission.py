@@ -232,3 +232,21 @@ def test_a_job_its_quota_holds_reserves_nothing_and_gets_its_quota_reason(case: 
     d = plan.diagnoses["held"]
     assert [r.code for r in d.reasons] == [code]
     assert d.estimated_start is None and not d.unschedulable
+
+
+def test_a_guarantee_cut_after_placement_lets_the_lender_reclaim_the_work_it_no_longer_covers() -> None:
+    """Group a's two 4-GPU jobs were placed within its guarantee (not marked borrowed); the
+    guarantee has since been cut to 4. Its younger job now runs beyond it: group b, below its own
+    guarantee, reclaims that one (as any borrowed work) and not the older one, which a still
+    covers. Without the cut nothing is reclaimed."""
+    old = running(job("old", gpus=4, group="a"), "n", (0, 1, 2, 3), start=0.0)
+    young = running(job("young", gpus=4, group="a"), "n", (4, 5, 6, 7), start=500.0)
+    queued = [job("wb", gpus=4, group="b", submit=600)]
+    b = group("b", guaranteed={ANY_MODEL: 4})
+    for guarantee, victims in ((8, []), (4, ["young"])):
+        groups = [group("a", guaranteed={ANY_MODEL: guarantee}), b]
+        plan = plan_for(snap([gpu_node("n", gpus=8)], queued, groups, run=[old, young]), DEFAULT)
+        assert [p.job_id for p in plan.preemptions] == victims
+        assert plan.diagnoses["wb"].reasons[0].code == (
+            "waiting_for_preemption" if victims else "insufficient_gpus"
+        )

@@ -15,6 +15,7 @@ why a job alone can never be admitted under its group's quotas (the API refuses 
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections import deque
@@ -164,6 +165,54 @@ class QuotaLedger:
             self.user_used[uk] = self.user_used.get(uk, 0) + n
         self._memo.clear()
         self._headroom.clear()
+
+    def unmarked_excess(self, totals: RunningTotals) -> dict[tuple[str, str], int]:
+        """(group, quota key) -> GPUs that running work (charged by `charge_running`) holds beyond
+        the group's guarantee and that no job marked borrowed accounts for. Empty while guarantees
+        stand: placement marks borrowed whatever goes beyond the guarantee, and the excess only
+        shrinks as work ends. Not after a guarantee was cut: the work it no longer covers was
+        placed as owned."""
+        marked: dict[tuple[str, str], int] = {}
+        for (name, m), n in totals.borrowed.items():
+            k = (name, self.key(self.group(name), m))
+            marked[k] = marked.get(k, 0) + n
+        out = {}
+        for (name, key), used in self.used.items():
+            excess = used - self.guaranteed(self.group(name), key) - marked.get((name, key), 0)
+            if excess > 0:
+                out[(name, key)] = excess
+        return out
+
+    def mark_borrowed(
+        self, running: list[tuple[RunningJob, dict[str, int]]], totals: RunningTotals
+    ) -> list[tuple[RunningJob, dict[str, int]]]:
+        """`running` with the work its groups' guarantees no longer cover marked borrowed (so that a
+        group below its guarantee may reclaim it, as it may any borrowed work): per group and quota
+        key, the youngest jobs not marked yet, until they hold the `unmarked_excess`. `totals` (the
+        cycle's copy) follows. Nothing changes while guarantees stand (no excess is unmarked)."""
+        excess = self.unmarked_excess(totals)
+        if not excess:
+            return running
+        out = list(running)
+        youngest_first = sorted(range(len(out)), key=lambda i: (-out[i][0].start_time, out[i][0].job.id))
+        for i in youngest_first:
+            rj, per_model = out[i]
+            if rj.borrowed:
+                continue
+            group = self.group(rj.job.group)
+            keys = {(group.name, self.key(group, m)) for m in per_model}
+            if not any(excess.get(k, 0) > 0 for k in keys):
+                continue
+            for m, n in per_model.items():
+                k = (group.name, self.key(group, m))
+                excess[k] = excess.get(k, 0) - n
+            marked = dataclasses.replace(rj, borrowed=True)
+            totals.add(rj, per_model, -1)
+            totals.add(marked, per_model, 1)
+            out[i] = (marked, per_model)
+            if all(n <= 0 for n in excess.values()):
+                break
+        return out
 
     def allowed_models(
         self, job: Job, models: tuple[str, ...], borrow: bool, need: int | None = None

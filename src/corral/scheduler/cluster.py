@@ -183,6 +183,7 @@ class RunningTotals:
         self.ranks: dict[tuple[str, int], int] = {}  # (group, priority) -> preemptible jobs
         self.lenders: dict[str, int] = {}  # group -> preemptible jobs on borrowed quota
         self.stopping = 0  # jobs marked stopping
+        self.borrowed: dict[tuple[str, str], int] = {}  # GPUs per (group, model) of work marked borrowed
 
     def add(self, rj: RunningJob, per_model: dict[str, int], sign: int) -> None:
         job = rj.job
@@ -191,6 +192,8 @@ class RunningTotals:
         for m, n in per_model.items():
             _bump(self.by_group_model, (group, m), sign * n)
             total += n
+            if rj.borrowed:
+                _bump(self.borrowed, (group, m), sign * n)
         _bump(self.by_user, (group, job.user), sign * total)
         if rj.stopping:
             self.stopping += sign
@@ -208,6 +211,7 @@ class RunningTotals:
         out.ranks = dict(self.ranks)
         out.lenders = dict(self.lenders)
         out.stopping = self.stopping
+        out.borrowed = dict(self.borrowed)
         return out
 
 

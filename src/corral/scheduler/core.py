@@ -105,6 +105,8 @@ class Cycle:
         held, totals = st.occupy_running(snapshot.running)
         running = list(zip(snapshot.running, held, strict=True))
         self.ledger.charge_running(totals)
+        if profile.quotas:  # work a guarantee cut since its placement no longer covers is borrowed
+            running = self.ledger.mark_borrowed(running, totals)
         # CPU and memory limits per group (GPU quotas are the ledger's); None without quotas or
         # when no group has such a limit (then it would refuse and charge nothing).
         resources = ResourceQuota(snapshot.groups, snapshot.running) if profile.quotas else None
