@@ -301,16 +301,8 @@ def test_replayed_outcomes_under_per_user_caps(s: Snapshot, name: str, attempts:
     assert_same(second, fresh)
 
 
-@pytest.mark.pure_scheduler  # it counts searches by wrapping Preemptor.try_for (conftest.py)
-@pytest.mark.parametrize("name", ["default", "las"])
-def test_a_capped_groups_failed_search_is_replayed_per_user(
-    name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Group a caps each user at 4 GPUs. User x holds 2 GPUs that may not be preempted and queues
-    five 4-GPU jobs: each search finds the GPUs (user y's low-priority work) but not the cap, so
-    it fails. The first search is real; the other four are answered from the cache. User z's job
-    of the same kind is searched afresh and preempts: a key without the user would replay x's
-    failure for it."""
+def counted_searches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ids of the jobs whose preemption search ran (spent an attempt), in order."""
     from corral.scheduler.preemption import Preemptor
 
     real = Preemptor.try_for
@@ -324,6 +316,64 @@ def test_a_capped_groups_failed_search_is_replayed_per_user(
         return room
 
     monkeypatch.setattr(Preemptor, "try_for", counting)
+    return searches
+
+
+@pytest.mark.pure_scheduler  # it counts searches by wrapping Preemptor.try_for (conftest.py)
+@pytest.mark.parametrize("name", ["default", "las"])
+def test_a_capped_groups_failed_search_is_replayed_per_user(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Group a caps each user at 4 GPUs. Its node is full: 5 GPUs of work that may not be
+    preempted (3 of user y, 2 of user w) and 3 of low-priority work. User x, holding nothing,
+    queues five 4-GPU jobs: its cap admits each, the free GPUs do not, and each search finds 3
+    GPUs where 4 are needed. The first search in a state is real (x0's, and x1's after x0's
+    reservation where the profile backfills); x's other jobs are answered from the cache (the key
+    holds the user: the cap's admission read them). User w's two jobs of the same kind are
+    held by w's cap (2 + 4 > 4): they keep the cap's reason, and each has its own search (the
+    held path caches nothing); a key without the user would replay x's failure for them
+    (insufficient_gpus with a time, where a fresh search says user_cap)."""
+    searches = counted_searches(monkeypatch)
+    capped = group("a", guaranteed={ANY_MODEL: 8}, user_max_gpus=4)
+    pin = job("pin", gpus=3, group="a", user="y", preemptible=False, runtime=9000.0)
+    wpin = job("wpin", gpus=2, group="a", user="w", preemptible=False, runtime=9000.0)
+    run = [running(pin, "n0", (0, 1, 2)), running(wpin, "n0", (3, 4))]
+    for g in range(5, 8):
+        low = job(f"low{g}", group="a", user="v", priority=Priority.LOW, runtime=9000.0, attained=50000.0)
+        run.append(running(low, "n0", (g,), start=float(g)))
+    queued = [
+        job(f"x{k}", gpus=4, group="a", user="x", priority=Priority.HIGH, submit=float(k)) for k in range(5)
+    ]
+    queued += [
+        job(f"w{k}", gpus=4, group="a", user="w", priority=Priority.HIGH, submit=10.0 + k) for k in range(2)
+    ]
+    s = Snapshot((gpu_node("n0"),), (capped,), tuple(queued), tuple(run), Usage())
+    # (las has no quotas: no cap either); attempts enough for every search
+    profile = dataclasses.replace(PROFILES[name], quotas=True, max_preemption_attempts=16)
+    fresh = fresh_plan(s, profile)
+    assert sorted(searches) == ["w0", "w1", "x0", "x1", "x2", "x3", "x4"]  # every job searched
+    assert {fresh.diagnoses[f"w{k}"].reasons[0].code for k in range(2)} == {"user_cap"}
+    assert fresh.diagnoses["x1"].reasons[0].code == "insufficient_gpus"
+    searches.clear()
+    plan = Scheduler(profile).schedule(s, 1000.0, random.Random(0))
+    assert_same(plan, fresh)
+    assert plan.preemptions == ()
+    # x0 opens the backfill reservation (a new state: nothing recorded), x1 searches in the state
+    # that follows; the rest of x's jobs get the cached failed search
+    real = ["x0", "x1"] if profile.backfill else ["x0"]
+    assert sorted(searches) == ["w0", "w1", *real]
+
+
+@pytest.mark.pure_scheduler  # it counts searches by wrapping Preemptor.try_for (conftest.py)
+@pytest.mark.parametrize("name", ["default", "las"])
+def test_jobs_their_user_cap_holds_search_afresh_each(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Group a caps each user at 4 GPUs. User x holds 2 GPUs that may not be preempted and queues
+    five 4-GPU jobs: its cap holds each (quota comes before the free GPUs), and each still looks
+    for victims whose end would admit it (the search checks the cap with them gone; user y's
+    low-priority work is not x's, so it fails). Nothing of the held path is cached: every x job
+    searches, and keeps the cap's reason. User z's job of the same kind passes its cap, searches
+    and preempts: no failure of x's is replayed for it."""
+    searches = counted_searches(monkeypatch)
     capped = group("a", guaranteed={ANY_MODEL: 8}, user_max_gpus=4)
     held = job("held", gpus=2, group="a", user="x", preemptible=False, runtime=9000.0)
     run = [running(held, "n0", (0, 1))]
@@ -335,11 +385,65 @@ def test_a_capped_groups_failed_search_is_replayed_per_user(
     ]
     queued.append(job("z", gpus=4, group="a", user="z", priority=Priority.HIGH, submit=9.0))
     s = Snapshot((gpu_node("n0"),), (capped,), tuple(queued), tuple(run), Usage())
-    profile = dataclasses.replace(PROFILES[name], quotas=True)  # (las has none: no cap either)
+    profile = dataclasses.replace(PROFILES[name], quotas=True, max_preemption_attempts=16)
     fresh = fresh_plan(s, profile)
     assert len(searches) == 6  # every job searched
+    assert {fresh.diagnoses[f"x{k}"].reasons[0].code for k in range(5)} == {"user_cap"}
     searches.clear()
     plan = Scheduler(profile).schedule(s, 1000.0, random.Random(0))
     assert_same(plan, fresh)
     assert {p.for_job for p in plan.preemptions} == {"z"}
-    assert sorted(searches) == ["x0", "z"]  # x1..x4: the cached failed search
+    assert sorted(searches) == ["x0", "x1", "x2", "x3", "x4", "z"]  # the held path caches nothing
+
+
+def test_a_job_held_in_the_borrowing_pass_is_no_deferral() -> None:
+    """Group b (guarantee 7, maximum 12) holds 5 GPUs and starts two 1-GPU jobs (7). Its three
+    8-GPU jobs need borrowed quota: the first pass sends them to the borrowing pass, where its
+    maximum holds each (quota_max, no time). The deferred list still holds the first pass's
+    deferrals there: the last of them, held in the borrowing pass, was taken for a job just
+    deferred (no preemption turn, and a 'deferred' outcome recorded for the borrowing pass that
+    the next 8-GPU job replayed: insufficient_gpus with an estimated start)."""
+    nodes = tuple(gpu_node(f"n{i}", gpus=4) for i in range(4))
+    groups = (
+        group("a", guaranteed={ANY_MODEL: 0}, borrowing=False),
+        group("b", guaranteed={ANY_MODEL: 7}, max={ANY_MODEL: 12}),
+    )
+    a_work = [
+        ("n0", (0,)),
+        ("n0", (1,)),
+        ("n1", (0,)),
+        ("n1", (1,)),
+        ("n1", (2,)),
+        ("n1", (3,)),
+        ("n2", (2, 3)),
+    ]
+    run = [
+        running(
+            job(f"ra{k}", gpus=len(g), group="a", priority=Priority.LOW, preemptible=False, runtime=None),
+            n,
+            g,
+        )
+        for k, (n, g) in enumerate(a_work)
+    ]
+    b_work = [("n3", (0, 1)), ("n3", (2, 3)), ("n0", (2,))]
+    run += [
+        running(
+            job(f"rb{k}", gpus=len(g), group="b", priority=Priority.LOW, preemptible=False, runtime=None),
+            n,
+            g,
+        )
+        for k, (n, g) in enumerate(b_work)
+    ]
+    queued = [job("small0", group="b", submit=1.0), job("small1", group="b", submit=1001.0)]
+    queued += [
+        job(f"big{k}", gpus=4, instances=2, group="b", submit=3.0 + k, runtime=r)
+        for k, r in enumerate([None, 10.0, 10.0])
+    ]
+    s = Snapshot(nodes, groups, tuple(queued), tuple(run), Usage(by_group={"a": 0.0, "b": 500.0}))
+    profile = dataclasses.replace(PROFILES["default"], max_preemption_attempts=1)
+    fresh = fresh_plan(s, profile)
+    assert sorted(a.job_id for a in fresh.assignments) == ["small0", "small1"]
+    assert {fresh.diagnoses[f"big{k}"].reasons[0].code for k in range(3)} == {"quota_max"}
+    first, second = twice(s, profile)
+    assert_same(first, fresh)
+    assert_same(second, fresh)

@@ -157,6 +157,8 @@ class Cycle:
             if self.profile.quotas and self.queue.aged:  # the starvation guard holds their quota
                 self.quota.pledge_aged(self.queue.aged, self.infos)
             self.run_pass(borrowing=False)
+            if self.quota.pledges:
+                self.known.ledger_loosened()
             self.quota.release_pledges()
             if self.profile.quotas and self.blocker is None:
                 # second pass: borrowed-quota work goes after every group's guaranteed work
@@ -235,10 +237,14 @@ class Cycle:
             # Quota and the per-user cap decide before the free GPUs do (as in Kueue and Slurm): a
             # job they hold could not start on free GPUs either, so it keeps their reason (and no
             # estimated start) and opens no backfill reservation.
+            deferred = self.quota.deferred
+            before = len(deferred)
             allowed = self.quota.admit(job, borrowing, may_borrow, info)
             if allowed is None:
-                deferred = self.quota.deferred
-                if deferred and deferred[-1] is job:  # to the borrowing pass: borrowing may admit it
+                # Sent to the borrowing pass now (first pass only): borrowing may admit it. (Not
+                # `deferred[-1] is job`: the list still holds the first pass's deferrals in the
+                # borrowing pass, where the last of them, held there, is no deferral.)
+                if len(deferred) > before:
                     borrow = self.ledger.allowed_models
                     if self.too_small(info) and borrow(job, info.models, True, info.total):
                         # it would be admitted there and does not fit the free GPUs: its

@@ -140,14 +140,23 @@ class KnownOutcomes:
         borrowing pass) unless it reads more than that: not recorded then."""
         if self.token() != token:
             return  # it reserved, or found victims: the next job of its kind must look again
-        if self.profile.quotas and not self.cycle.same_admission(job):
-            # quota admission, which let it this far, read its user (a per-user cap; the search
-            # reads the user's GPUs then too) or its CPUs and memory: the keys omit them
-            return
+        if job.group in self.limited:
+            return  # its group's CPU or memory limit let it this far: the keys omit its CPUs and memory
         if self.preemptor.attempts_left == attempts_before:
+            if job.group in self.capped:
+                return  # the per-user cap let it this far: the failure key omits the user
             self.short[self.fail_key(job, info)] = token
-        else:  # a search that found no room
+        else:  # a search that found no room (in a capped group the search key holds the user, so
+            # it fixes the cap's admission too: the state token fixes what the user holds)
             self.searched[self.search_key(job, info)] = token
+
+    def ledger_loosened(self) -> None:
+        """The starvation guard's pledges were released before the borrowing pass: the ledger
+        changed with no new state token, so the failures recorded in the first pass (which may
+        have read the pledged quota: admission, the victims' pre-check, the search) are forgotten.
+        The other records hold the pass in their key."""
+        self.short.clear()
+        self.searched.clear()
 
     # -- replaying ------------------------------------------------------------------------------
     def replay(self, job: Job, info: JobInfo, token: Token) -> bool:
