@@ -44,21 +44,29 @@ def db_engine(
 
 def wipe(engine: sa.Engine) -> None:
     tables = [t for t in sa.inspect(engine).get_table_names() if t != "alembic_version"]
-    with engine.begin() as conn:
-        if engine.dialect.name == "postgresql":
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as conn:
             # TRUNCATE fires no row triggers, so the audit log's guard does not refuse it.
             tables = [t for t in tables if t != "audit_purge_gate"]
             conn.execute(sa.text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
-        else:
-            conn.execute(sa.text("PRAGMA foreign_keys=OFF"))
-            # The audit log refuses deletes unless its purge gate is open (corral.db.audit_models):
-            # open it for this transaction, keep the gate's row, close it again.
-            conn.execute(sa.text("UPDATE audit_purge_gate SET cutoff = 9e999"))
-            for table in tables:
-                if table != "audit_purge_gate":
-                    conn.execute(sa.text(f'DELETE FROM "{table}"'))
-            conn.execute(sa.text("UPDATE audit_purge_gate SET cutoff = NULL"))
-            conn.execute(sa.text("PRAGMA foreign_keys=ON"))
+        return
+    with engine.connect() as conn:
+        # SQLite changes foreign_keys outside a transaction only (inside one the PRAGMA does
+        # nothing): turned ON inside the deletes' transaction, it stayed OFF on this pooled
+        # connection, and later requests on it deleted no rows by ON DELETE CASCADE (a deleted
+        # dataset's versions stayed, and a new dataset given its id collided with them).
+        conn.execute(sa.text("PRAGMA foreign_keys=OFF"))
+        # The audit log refuses deletes unless its purge gate is open (corral.db.audit_models):
+        # open it for this transaction, keep the gate's row, close it again.
+        conn.execute(sa.text("UPDATE audit_purge_gate SET cutoff = 9e999"))
+        for table in tables:
+            if table != "audit_purge_gate":
+                conn.execute(sa.text(f'DELETE FROM "{table}"'))
+        conn.execute(sa.text("UPDATE audit_purge_gate SET cutoff = NULL"))
+        conn.commit()
+        conn.execute(sa.text("PRAGMA foreign_keys=ON"))
+        assert conn.execute(sa.text("PRAGMA foreign_keys")).scalar() == 1
+        conn.commit()
 
 
 ALICE_PASSWORD = "alice-password"
