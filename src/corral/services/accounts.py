@@ -56,8 +56,8 @@ def visible_group(session: Session, principal: Principal, name: str) -> Group:
     """The group `name` as the caller may know it: to anyone but an admin or a member, a group
     that exists reads as one that does not (404 either way), so an answer does not tell which
     group names exist."""
-    group = session.scalar(select(Group).where(Group.name == name).options(selectinload(Group.quotas)))
-    if group is None or not (principal.is_admin or principal.is_member(group.id)):
+    group = group_by_name(session, name)
+    if not (principal.is_admin or principal.is_member(group.id)):
         raise NotFound(f"no group named {name!r}")
     return group
 

@@ -15,7 +15,6 @@ from corral.services import accounts as svc
 from corral.services import audit, offboard, quota
 from corral.services.audit_state import group_state
 from corral.services.auth import Principal
-from corral.services.errors import NotFound
 from corral.services.views import GroupView, group_view
 
 router = APIRouter(tags=["groups"])
@@ -67,9 +66,7 @@ def create_group(body: GroupIn, db: DB, admin: Admin) -> Any:
 
 @router.get("/groups/{name}", response_model=GroupOut)
 def show_group(name: NameInPath, db: DB, principal: CurrentUser) -> Any:
-    group = svc.group_by_name(db, name)
-    if not principal.is_admin and not principal.is_member(group.id):
-        raise NotFound(f"no group named {name!r}")
+    group = svc.visible_group(db, principal, name)
     return _views(db, principal, [group])[0]
 
 
