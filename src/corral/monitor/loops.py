@@ -115,7 +115,7 @@ def session_use_tick(ctx: ServerContext, now: float) -> None:
 def open_sessions_tick(ctx: ServerContext, now: float) -> None:
     """Every server ends the sessions it holds whose credential or user lost access (not a
     singleton: each checks its own; woken at once by a change committed in this process)."""
-    if ctx.memory.open_sessions is not None and ctx.memory.open_sessions.holders():
+    if ctx.memory.open_sessions:  # None or no session open: nothing to read
         with ctx.session_factory() as session:
             ctx.memory.open_sessions.check(session, now)
 

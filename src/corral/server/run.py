@@ -204,7 +204,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
     session_use = SessionUse()  # sessions into jobs, the gateway's and exec's: idle reclamation
     # Exec, SSH and proxy sessions by credential: ended when it loses access (a revoke, ...).
     ctx.memory.open_sessions = OpenSessions()
-    on_credentials_changed(lambda: ctx.wake("open-sessions"))
+    stop_waking = on_credentials_changed(lambda: ctx.wake("open-sessions"))
     gateway = start_gateway(settings, session_factory, engine, session_use, ctx.memory.open_sessions)
     runner = LoopRunner(ctx, collect_loops(engine))
     from corral.scheduler.compiled_build import describe as describe_scheduler_build
@@ -232,6 +232,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
         print(f"Corral is up at {url}  (API docs: {url}/docs, portal: {url}/)", flush=True)
         server.run(sockets=[listen_socket])
     finally:
+        stop_waking()
         if gateway is not None:
             gateway.stop()
         runner.stop()

@@ -3,6 +3,7 @@ the `Principal` every request acts as, and bootstrapping the first admin."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import hmac
@@ -165,9 +166,16 @@ _FORGET_ON_COMMIT = "corral.forget_principals"
 _on_committed_change: list[Callable[[], None]] = []
 
 
-def on_credentials_changed(callback: Callable[[], None]) -> None:
-    """Call `callback` (quick, thread-safe) after each committed change that forgets principals."""
+def on_credentials_changed(callback: Callable[[], None]) -> Callable[[], None]:
+    """Call `callback` (quick, thread-safe) after each committed change that forgets principals.
+    Returns what stops that (a server registers one per run; a process may run several)."""
     _on_committed_change.append(callback)
+
+    def unregister() -> None:
+        with contextlib.suppress(ValueError):  # already removed
+            _on_committed_change.remove(callback)
+
+    return unregister
 
 
 @event.listens_for(Session, "after_commit")

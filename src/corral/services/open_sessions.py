@@ -14,10 +14,12 @@ sharing the database waits at most), and at once when a change commits in this p
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from sqlalchemy import or_, select
@@ -61,6 +63,11 @@ class OpenSessions:
         with self._lock:
             self._open.pop(handle, None)
 
+    def __len__(self) -> int:
+        """How many sessions are open (a cheap "any?" for the loop: no set built)."""
+        with self._lock:
+            return len(self._open)
+
     def holders(self) -> set[Holder]:
         with self._lock:
             return {holder for holder, _close in self._open.values()}
@@ -88,6 +95,24 @@ class OpenSessions:
         if bad:
             log.info("ending sessions of %s: access revoked", ", ".join(sorted({h.user for h in bad})))
         return self.end(bad)
+
+
+@contextlib.contextmanager
+def held_open(state: object, holder: Holder | None) -> Iterator[asyncio.Event]:
+    """Hold a session open in the server's OpenSessions (`state.open_sessions`, if any) for the
+    `with` block, by `holder`: the event it yields is set, on the running event loop, when the
+    holder's credential loses access. No OpenSessions or no holder: an event never set."""
+    ended = asyncio.Event()
+    sessions: OpenSessions | None = getattr(state, "open_sessions", None)
+    if sessions is None or holder is None:
+        yield ended
+        return
+    loop = asyncio.get_running_loop()
+    handle = sessions.add(holder, lambda: loop.call_soon_threadsafe(ended.set))
+    try:
+        yield ended
+    finally:
+        sessions.discard(handle)
 
 
 def good_holders(session: Session, holders: set[Holder], now: float) -> set[Holder]:

@@ -48,7 +48,7 @@ from corral.services.auth import (
     sha256_hex,
 )
 from corral.services.errors import ServiceError
-from corral.services.open_sessions import Holder, OpenSessions
+from corral.services.open_sessions import Holder, held_open
 from corral.services.workspaces import ProxyTarget, proxy_target
 from corral.workspaces.endpoint import Upstream, jupyter_upstream, open_unix_socket
 from corral.workspaces.jupyter_auth import HEADER
@@ -277,18 +277,9 @@ async def proxy_websocket(websocket: WebSocket, ws_id: int, path: str) -> None:
     await websocket.accept(subprotocol=upstream.subprotocol)
     # Held open by its credential (a kernel's WebSocket lives for hours): closed when that
     # loses access (corral.services.open_sessions).
-    sessions: OpenSessions | None = getattr(websocket.app.state, "open_sessions", None)
-    ended = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    held = None
-    if sessions is not None and decision.holder is not None:
-        held = sessions.add(decision.holder, lambda: loop.call_soon_threadsafe(ended.set))
-    try:
+    with held_open(websocket.app.state, decision.holder) as ended:
         async with upstream:
             await _pump(websocket, upstream, ended)
-    finally:
-        if held is not None and sessions is not None:
-            sessions.discard(held)
 
 
 async def _pump(client: WebSocket, upstream: Any, ended: asyncio.Event | None = None) -> None:

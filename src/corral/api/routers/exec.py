@@ -35,7 +35,7 @@ from corral.engine.base import Engine, ExecRefused
 from corral.gateway.spawn import SandboxProcess
 from corral.services.auth import Principal, authenticate_session, authenticate_token
 from corral.services.errors import Forbidden, ServiceError, Unauthenticated
-from corral.services.open_sessions import ENDED_MESSAGE, Holder, OpenSessions
+from corral.services.open_sessions import ENDED_MESSAGE, Holder, held_open
 from corral.services.sandbox_exec import exec_target, record_entry, relay_argv
 from corral.services.session_use import SessionUse
 
@@ -67,21 +67,13 @@ async def exec_in_job(websocket: WebSocket, job_id: int) -> None:
     use: SessionUse | None = getattr(websocket.app.state, "session_use", None)  # None: not counted
     if use is not None:
         use.opened(job_id)
-    # Held open by its credential: ended when that loses access (corral.services.open_sessions).
-    sessions: OpenSessions | None = getattr(websocket.app.state, "open_sessions", None)
-    ended = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    held = None
-    if sessions is not None:
-        holder = Holder(principal.name, principal.credential)
-        held = sessions.add(holder, lambda: loop.call_soon_threadsafe(ended.set))
     try:
-        await websocket.send_text(json.dumps({"started": True}))
-        await _stream_until(websocket, proc, ended)
+        # Held open by its credential: ended when that loses access (corral.services.open_sessions).
+        with held_open(websocket.app.state, Holder(principal.name, principal.credential)) as ended:
+            await websocket.send_text(json.dumps({"started": True}))
+            await _stream_until(websocket, proc, ended)
     finally:
         proc.kill()  # idempotent; a send failing before _stream must not leave it running
-        if held is not None and sessions is not None:
-            sessions.discard(held)
         if use is not None:
             use.closed(job_id, time.time())
 
@@ -97,8 +89,7 @@ async def _stream_until(websocket: WebSocket, proc: SandboxProcess, ended: async
         waiter.cancel()
     if stream.done():
         return stream.result()
-    proc.kill()
-    stream.cancel()
+    stream.cancel()  # _stream's finally kills the process (and exec_in_job's, if it never ran)
     with contextlib.suppress(asyncio.CancelledError):
         await stream
     await _refuse(websocket, 401, ENDED_MESSAGE)
