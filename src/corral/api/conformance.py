@@ -546,7 +546,8 @@ class PathSegments:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(API_PATHS):
             raw = scope.get("raw_path") or scope["path"].encode()
-            found = bad_segment(raw.decode("latin-1"))
+            # Only an encoded character ('%2F') or a dot segment can be refused: most paths skip it.
+            found = bad_segment(raw.decode("latin-1")) if b"%" in raw or b"/." in raw else None
             if found is not None and not any(r.match(scope["path"]) for r in path_routes(self.owner)):
                 part, decoded, before = found
                 where = f" after '{before}/'" if before else ""

@@ -53,6 +53,13 @@ def no_nul_in_schema(schema: Any) -> None:
         no_nul_in_schema(schema.get(key))
 
 
+def no_nul_in_properties(schema: dict[str, Any], allowed: frozenset[str] = frozenset()) -> None:
+    """no_nul_in_schema for each property of this object schema but those named in `allowed`."""
+    for name, prop in schema.get("properties", {}).items():
+        if name not in allowed:
+            no_nul_in_schema(prop)
+
+
 class RequestBody(BaseModel):
     """The base of every request body: no string in it holds a NUL (a 422 naming the field).
     PostgreSQL stores no NUL in text and SQLite does, so without this one database answered 422
@@ -67,10 +74,7 @@ class RequestBody(BaseModel):
         # The schema says it too (clients and fuzzers generate no NUL): every string without a
         # pattern of its own gets NO_NUL_PATTERN (name patterns already leave NUL out).
         schema = handler(core_schema)
-        target = handler.resolve_ref_schema(schema)
-        for name, prop in target.get("properties", {}).items():
-            if name not in cls.NUL_ALLOWED:
-                no_nul_in_schema(prop)
+        no_nul_in_properties(handler.resolve_ref_schema(schema), cls.NUL_ALLOWED)
         return schema
 
     @field_validator("*", mode="after")

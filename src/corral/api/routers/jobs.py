@@ -12,7 +12,7 @@ from pydantic import AfterValidator, ValidationError, WithJsonSchema
 
 from corral import spec as job_spec
 from corral.api.deps import DB, MAX_ROW_ID, CurrentUser, Offset, RowId, UserFilter, fast_json
-from corral.api.schemas import NO_NUL_PATTERN, EventOut, JobListOut, JobOut, LogsOut, no_nul_in_schema, nul_at
+from corral.api.schemas import EventOut, JobListOut, JobOut, LogsOut, no_nul_in_properties, nul_at
 from corral.diagnosis.exitspec import ExitSpecCache, exit_spec_cache
 from corral.diagnosis.record import platform_loss_cap
 from corral.diagnosis.settings import DiagnosisSettings
@@ -88,7 +88,7 @@ def spec_body_schema() -> dict[str, Any]:
         "type": "object",
         "maxProperties": job_spec.MAX_ENV_VARS,
         "propertyNames": {"pattern": job_spec.ENV_NAME_RE.pattern},
-        "additionalProperties": {"type": "string", "pattern": NO_NUL_PATTERN},
+        "additionalProperties": {"type": "string"},  # no NUL: said below, as for every string
     }
     props["env"] = {**props["env"], **env}
     defs["TaskV1"]["properties"]["env"] = {**defs["TaskV1"]["properties"]["env"], **env}
@@ -137,9 +137,8 @@ def spec_body_schema() -> dict[str, Any]:
     ]
     # No string holds a NUL (read_spec refuses one anywhere, 422 naming its path): said for every
     # string without a pattern of its own, as RequestBody's models say it
-    for properties in (props, *(d.get("properties", {}) for d in defs.values())):
-        for field in properties.values():
-            no_nul_in_schema(field)
+    for model in (schema, *defs.values()):
+        no_nul_in_properties(model)
     return schema
 
 
@@ -202,7 +201,7 @@ async def read_spec(request: Request) -> JobSpecV1:
     # The spec is no RequestBody (corral.spec is below the API): its NUL check, naming the field
     # (a group named with one was a 404 on SQLite and the DataError backstop's 422 on PostgreSQL).
     where = nul_at(data)
-    if where:
+    if where is not None:
         msg = f"{where[-1]!r} holds a NUL character (\\x00), which no command line or stored text can"
         raise RequestValidationError([{"loc": ("body", *where), "msg": msg, "type": "value_error"}])
     return spec
