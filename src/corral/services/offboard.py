@@ -52,10 +52,11 @@ def _named(jobs: Sequence[tuple[int, str | None]]) -> str:
 
 def _settle_jobs(
     session: Session, principal: Principal, jobs: Sequence[tuple[int, str | None]], what: str, cancel: bool
-) -> None:
-    """Refuse `what` while `jobs` are live, or cancel them (each commits) when asked."""
+) -> bool:
+    """Refuse `what` while `jobs` are live, or cancel them (each commits) when asked; returns
+    whether it cancelled (committed) any."""
     if not jobs:
-        return
+        return False
     if not cancel:
         raise Conflict(
             f"{what}: live jobs {_named(jobs)}; cancel them first, or ask to cancel them "
@@ -63,6 +64,7 @@ def _settle_jobs(
         )
     for job_id, _ws in jobs:
         cancel_job(session, principal, job_id)
+    return True
 
 
 def remove_member(
@@ -75,10 +77,10 @@ def remove_member(
     membership = _membership(session, group, user)
     if membership.role == "admin" and _group_admins(session, group.id) <= 1:
         raise Conflict(f"{what}: they are its last admin; make another member its admin first")
-    _settle_jobs(session, principal, live_jobs(session, user.id, group.id), what, cancel_jobs)
-    # Looked up again: the cancels committed, and a job submitted meanwhile must refuse the removal.
-    membership = _membership(session, group, user)
-    _settle_jobs(session, principal, live_jobs(session, user.id, group.id), what, False)
+    if _settle_jobs(session, principal, live_jobs(session, user.id, group.id), what, cancel_jobs):
+        # Looked up again: the cancels committed, and a job submitted meanwhile must refuse the removal.
+        membership = _membership(session, group, user)
+        _settle_jobs(session, principal, live_jobs(session, user.id, group.id), what, False)
     role = membership.role
     session.delete(membership)
     if user.default_group_id == group.id:  # their jobs' default: another group of theirs, if any
@@ -118,9 +120,10 @@ def set_active(
             raise Conflict(f"{what}: an administrator cannot deactivate themself")
         if user.is_admin and _active_admins(session) <= 1:
             raise Conflict(f"{what}: they are the last active administrator")
-        _settle_jobs(session, principal, live_jobs(session, user.id), what, cancel_jobs)
-        session.refresh(user)
-        _settle_jobs(session, principal, live_jobs(session, user.id), what, False)
+        if _settle_jobs(session, principal, live_jobs(session, user.id), what, cancel_jobs):
+            # Read again: the cancels committed, and a job submitted meanwhile must refuse it.
+            session.refresh(user)
+            _settle_jobs(session, principal, live_jobs(session, user.id), what, False)
         session.execute(delete(WebSession).where(WebSession.user_id == user.id))
     user.active = active
     session.flush()
