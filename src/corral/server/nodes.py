@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
@@ -45,6 +45,7 @@ from corral.services.lifecycle import (
 from corral.services.nodes import live_on
 
 log = logging.getLogger("corral.server.nodes")
+LIVE_ATTEMPT_STATES = frozenset(s.value for s in AttemptState if not s.finished)
 # Kubernetes waits 50 s and Slurm 300 s by default; Corral's default is 6 s from the last heartbeat.
 HEARTBEAT_TIMEOUT_S = float(os.environ.get("CORRAL_NODE_HEARTBEAT_TIMEOUT_S", "6"))
 ADMIN_STATES = {"cordoned": NodeState.CORDONED, "draining": NodeState.DRAINING}
@@ -140,15 +141,17 @@ def fail_jobs_on(
     budget: int = DEFAULT_LOST_REQUEUE_BUDGET,
     spec: ExitSpec | None = None,
     succeeded: Collection[str] = frozenset(),
+    live: Sequence[tuple[Job, Attempt]] | None = None,
 ) -> list[str]:
     """End the live attempts placed on `node` as LOST and settle their jobs by the one rule for
     lost work (a job changed meanwhile by another session is left to it). Not committed. Returns
     the ids of the attempts it ended, for the caller to stop through the engine once this is
     committed (stop_lost). An attempt in `succeeded` (the engine reported it so: the caller asked
-    before writing anything, `succeeded_on`) is left to the reconcile loop, which records its end:
-    it exited 0 before the node was lost, and requeueing its job would run finished work again."""
+    before writing anything) is left to the reconcile loop, which records its end: it exited 0
+    before the node was lost, and requeueing its job would run finished work again. `live`: the
+    live attempts on a set of nodes holding `node`, read by the caller (None: read here)."""
     ended: list[str] = []
-    on_node = _live_on_nodes(session, {node})
+    on_node = _live_on_nodes(session, {node}) if live is None else _still_live_on(live, node)
     for job, attempt in on_node:
         if attempt.attempt_id in succeeded:
             continue
@@ -170,30 +173,17 @@ def _live_on_nodes(session: Session, nodes: set[str]) -> list[tuple[Job, Attempt
     return [(job, attempt) for job, attempt in live_on(session, nodes) if job.state in live]
 
 
-def _going_down(known: list[Node], reports: list[NodeReport], now: float) -> set[str]:
-    """The nodes this tick will mark down (node_tick's two cases, before it writes anything):
-    reported down and not down before, or silent past HEARTBEAT_TIMEOUT_S and not down yet."""
-    before = {row.name: row.state for row in known}
-    down = NodeState.DOWN.value
-    out = {r.name for r in reports if r.state is NodeState.DOWN and before.get(r.name) != down}
-    seen = {r.name for r in reports}
-    for row in known:
-        if (
-            row.name not in seen
-            and row.state != down
-            and now - (row.last_heartbeat or 0.0) > HEARTBEAT_TIMEOUT_S
-        ):
-            out.add(row.name)
-    return out
-
-
-def succeeded_on(session: Session, engine: Engine, nodes: set[str]) -> set[str]:
-    """The live attempts on `nodes` that the engine reports succeeded: one poll for all of them,
-    asked before the tick writes anything (an engine call inside the write transaction held
-    SQLite's write lock, and PostgreSQL's row locks, for as long as the engine took)."""
-    if not nodes:
-        return set()
-    return _succeeded_in_engine(engine, [a.attempt_id for _, a in _live_on_nodes(session, nodes)])
+def _still_live_on(live: Sequence[tuple[Job, Attempt]], node: str) -> list[tuple[Job, Attempt]]:
+    """Those of `live` placed (in part) on `node` and live still: a node settled earlier in the
+    same tick may have ended the attempt (a job placed across two lost nodes) or requeued its job."""
+    jobs = {s.value for s in LIVE_JOB_STATES}
+    return [
+        (job, attempt)
+        for job, attempt in live
+        if job.state in jobs
+        and attempt.state in LIVE_ATTEMPT_STATES
+        and any(p.node == node for p in attempt.placement or ())
+    ]
 
 
 def _succeeded_in_engine(engine: Engine | None, attempt_ids: list[str]) -> set[str]:
@@ -260,26 +250,40 @@ def node_tick(ctx: ServerContext, now: float) -> None:
         # Every node with its GPUs in one query: upsert_node's session.get then finds them in the
         # session instead of reading each reported node again.
         known = session.scalars(select(Node).options(selectinload(Node.gpus))).all()
+        down = NodeState.DOWN.value
         before = {row.name: row.state for row in known}
-        # the engine asked first, once, while nothing is written yet
-        succeeded = succeeded_on(session, ctx.engine, _going_down(list(known), reports, now))
-        rows = [upsert_node(session, r, ctx.engine.name, now) for r in reports]
         seen = {r.name for r in reports}
-        for row in known:
-            if row.name in seen:
-                continue
-            silent = now - (row.last_heartbeat or 0.0)
-            if row.state != NodeState.DOWN.value and silent > HEARTBEAT_TIMEOUT_S:
-                why = f"node {row.name} stopped sending heartbeats ({silent:.0f} s)"
-                if move_node(session, row, NodeState.DOWN, message=why):
-                    lost += fail_jobs_on(
-                        session, row.name, now, why, budget, active_exit_spec(ctx), succeeded
-                    )
-                log.warning(why)
+        # The nodes this tick marks down, found before it writes anything: reported down and not
+        # down before, or silent past HEARTBEAT_TIMEOUT_S (with why) and not down yet.
+        reported_down = {r.name for r in reports if r.state is NodeState.DOWN and before.get(r.name) != down}
+        silent = [
+            (row, f"node {row.name} stopped sending heartbeats ({now - (row.last_heartbeat or 0.0):.0f} s)")
+            for row in known
+            if row.name not in seen
+            and row.state != down
+            and now - (row.last_heartbeat or 0.0) > HEARTBEAT_TIMEOUT_S
+        ]
+        # Their live attempts, read once; the engine asked once how they went, while nothing is
+        # written yet (an engine call inside the write transaction held SQLite's write lock, and
+        # PostgreSQL's row locks, for as long as the engine took).
+        scanned = reported_down | {row.name for row, _why in silent}
+        live = _live_on_nodes(session, scanned) if scanned else []
+        succeeded = _succeeded_in_engine(ctx.engine, [a.attempt_id for _, a in live])
+        rows = [upsert_node(session, r, ctx.engine.name, now) for r in reports]
+        for row, why in silent:
+            if move_node(session, row, NodeState.DOWN, message=why):
+                lost += fail_jobs_on(
+                    session, row.name, now, why, budget, active_exit_spec(ctx), succeeded, live
+                )
+            log.warning(why)
         for row in rows:  # reported down just now: its jobs are lost once, not every tick
-            if row.state == NodeState.DOWN.value and before.get(row.name) != NodeState.DOWN.value:
+            if row.state == down and before.get(row.name) != down:
                 why = row.message or f"node {row.name} is down"
-                lost += fail_jobs_on(session, row.name, now, why, budget, active_exit_spec(ctx), succeeded)
+                # (not scanned: made down by another server meanwhile; read here)
+                on = live if row.name in scanned else None
+                lost += fail_jobs_on(
+                    session, row.name, now, why, budget, active_exit_spec(ctx), succeeded, on
+                )
         session.commit()
         push_admin_states(ctx, rows)
     stop_lost(ctx.engine, lost)

@@ -25,7 +25,7 @@ from corral.diagnosis.settings import DiagnosisSettings
 from corral.engine.base import AttemptPhase, AttemptStatus, EngineUnavailable, FailureReason
 from corral.server.ahead import queues_ahead
 from corral.server.context import ServerContext
-from corral.server.finish import attempt_gpus, end_attempt, end_attempts, end_values
+from corral.server.finish import end_attempt, end_attempts, end_values
 from corral.server.snapshot import jobs_with_live_attempts, live_attempts
 from corral.server.specview import read_spec
 from corral.services.lifecycle import (
@@ -43,6 +43,7 @@ from corral.services.lifecycle import (
     transition,
     transition_jobs,
 )
+from corral.services.nodes import attempt_gpus
 
 log = logging.getLogger("corral.server.reconcile")
 

@@ -39,9 +39,7 @@ SWEEP_BATCH = 500  # attempt ids per read of their rows
 # an engine that is slow to end it) is stopped and audited again only after this long.
 SWEEP_AGAIN_S = 60.0
 ACTOR = "system:sweep"
-LIVE_STATES = frozenset(
-    {AttemptState.SCHEDULED.value, AttemptState.STARTING.value, AttemptState.RUNNING.value}
-)
+LIVE_STATES = frozenset(s.value for s in AttemptState if not s.finished)
 
 
 def _parse(attempt_id: str) -> tuple[int, int] | None:
@@ -82,7 +80,7 @@ def sweep_tick(ctx: ServerContext, now: float) -> list[str]:
     if not running:
         return []
     with ctx.session_factory() as session:
-        ended = ended_rows(session, list(running))
+        ended = ended_rows(session, running)
         session.rollback()  # end the read before the engine calls
         stopped: list[str] = []
         for attempt_id, (state, reason) in sorted(ended.items()):
@@ -117,4 +115,4 @@ def sweep_tick(ctx: ServerContext, now: float) -> list[str]:
 
 
 def sweep_loop_tick(ctx: ServerContext, now: float) -> None:
-    sweep_tick(ctx, now)
+    sweep_tick(ctx, now)  # the loop reads a tick's return as when to tick next: not this list

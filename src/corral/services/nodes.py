@@ -75,7 +75,7 @@ def live_on(session: Session, nodes: Collection[str]) -> list[tuple[Job, Attempt
     """The jobs with a scheduled, starting or running attempt placed (in part, GPU or not) on one
     of `nodes`, with that attempt, by job id: what a node's removal waits for, a drain requeues or
     preempts (services.remediation) and a lost node loses (server.nodes.fail_jobs_on)."""
-    live = (AttemptState.SCHEDULED.value, AttemptState.STARTING.value, AttemptState.RUNNING.value)
+    live = [s.value for s in AttemptState if not s.finished]
     rows = session.execute(
         select(Job, Attempt)
         .join(Attempt, Attempt.job_id == Job.id)
