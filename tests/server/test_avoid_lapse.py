@@ -1,5 +1,5 @@
 """A retry's avoid (the GPU or node of a hardware failure, diagnosis.record) lapses while the job
-could not fit anywhere outside it, and holds while it can (server/snapshot.avoid_that_can_wait)."""
+could not fit anywhere outside it, and holds while it can (server/snapshot.AvoidLapse)."""
 
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ from corral.db.models import Attempt, Gpu, Group, GroupQuota, Job, Node, UsageLe
 from corral.domain import Placement
 from corral.scheduler import check_fits_anywhere
 from corral.scheduler import types as st
+from corral.scheduler.cluster import ShapeKey, shape_key
 from corral.server.specview import read_spec
 from corral.services.jobs import GROUP_POLICY_COLUMNS
 from corral.services.lifecycle import AttemptState, GpuHealth, JobState
@@ -151,31 +152,42 @@ def _submission(record: JobRecord) -> tuple[float, int]:
     return (record.submitted_at, record.id)
 
 
-def avoid_that_can_wait(
-    record: JobRecord, nodes: Sequence[st.Node], cpu_jobs_on_gpu_nodes: bool
-) -> JobRecord:
-    """The job as the scheduler should see it: its retry's avoid (diagnosis.record: the GPU or
+class AvoidLapse:
+    """A job as the scheduler should see it: its retry's avoid (diagnosis.record: the GPU or
     node of a hardware failure) lapses while the job could not fit outside it even on an empty
     cluster of the nodes and GPUs usable now (ready, healthy). Kept, such a job would wait for
     as long as nothing else can hold it: forever on a cluster with nowhere else to go (one node,
     a job that needs every GPU of the only nodes of its model, the other nodes gone). Lapsed, it
     is retried where it failed, which is safe: a GPU still faulty is quarantined (unhealthy, out
     of placement) apart from the avoid, which is a preference for the first retry. Checked again
-    every cycle, so the avoid holds once another place can take the job."""
-    if not record.avoid:
-        return record
-    nodes_out = {n for n, gpu in record.avoid if gpu is None}
-    gpus_out = {(n, gpu) for n, gpu in record.avoid if gpu is not None}
-    elsewhere = [
-        replace(n, gpus=tuple(g for g in n.gpus if g.healthy and (n.name, g.index) not in gpus_out))
-        for n in nodes
-        if n.schedulable and n.name not in nodes_out
-    ]
-    bare = replace(record, avoid=())
-    fits = not check_fits_anywhere(
-        scheduler_job(bare), elsewhere, cpu_jobs_on_gpu_nodes=cpu_jobs_on_gpu_nodes
-    )
-    return record if fits else bare
+    every cycle, so the avoid holds once another place can take the job.
+
+    One per snapshot (build_snapshot, every scheduling cycle): the usable nodes are filtered
+    once, and the answer kept per (job shape, avoid), all it depends on."""
+
+    def __init__(self, nodes: Sequence[st.Node], cpu_jobs_on_gpu_nodes: bool) -> None:
+        self.usable = [replace(n, gpus=tuple(g for g in n.gpus if g.healthy)) for n in nodes if n.schedulable]
+        self.cpu_jobs_on_gpu_nodes = cpu_jobs_on_gpu_nodes
+        self._fits: dict[tuple[ShapeKey, tuple[tuple[str, int | None], ...]], bool] = {}
+
+    def __call__(self, record: JobRecord) -> JobRecord:
+        if not record.avoid:
+            return record
+        bare = replace(record, avoid=())
+        job = scheduler_job(bare)
+        key = (shape_key(job), record.avoid)
+        fits = self._fits.get(key)
+        if fits is None:
+            nodes_out = {n for n, gpu in record.avoid if gpu is None}
+            gpus_out = {(n, gpu) for n, gpu in record.avoid if gpu is not None}
+            elsewhere = [
+                replace(n, gpus=tuple(g for g in n.gpus if (n.name, g.index) not in gpus_out))
+                for n in self.usable
+                if n.name not in nodes_out
+            ]
+            fits = not check_fits_anywhere(job, elsewhere, cpu_jobs_on_gpu_nodes=self.cpu_jobs_on_gpu_nodes)
+            self._fits[key] = fits
+        return record if fits else bare
 
 
 def build_snapshot(
@@ -187,13 +199,14 @@ def build_snapshot(
 ) -> st.Snapshot:
     """Pure: records -> Snapshot. Queued jobs keep submission order (the scheduler sorts anyway).
     `cpu_jobs_on_gpu_nodes`: the profile's, for whether a retry's avoid can wait
-    (`avoid_that_can_wait`)."""
+    (`AvoidLapse`)."""
     by_group: dict[str, float] = {}
     by_user: dict[tuple[str, str], float] = {}
     for row in state.ledger:
         value = decayed(row.gpu_seconds, row.updated_at, now, half_life_s)
         by_group[row.group] = by_group.get(row.group, 0.0) + value
         by_user[(row.group, row.user)] = by_user.get((row.group, row.user), 0.0) + value
+    lapse = AvoidLapse(state.nodes, cpu_jobs_on_gpu_nodes)
     running = tuple(
         st.RunningJob(
             job=scheduler_job(r, max_stop_grace_s),
@@ -209,7 +222,7 @@ def build_snapshot(
         nodes=state.nodes,
         groups=tuple(replace(scheduler_group(g), storage_over=g.storage_over) for g in state.groups),
         queued=tuple(
-            scheduler_job(avoid_that_can_wait(r, state.nodes, cpu_jobs_on_gpu_nodes), max_stop_grace_s)
+            scheduler_job(lapse(r), max_stop_grace_s)
             for r in sorted(state.queued, key=_submission)
             if r.not_before is None or r.not_before <= now  # a retry's backoff keeps it out until then
         ),
