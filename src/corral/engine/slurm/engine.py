@@ -580,16 +580,8 @@ class SlurmEngine:
             self._enforce_limits(record, job)
             return mapping.live_status(aid, job)
         exits = self.store.rank_exits(aid, record.uid)
-        status = mapping.terminal_status(aid, job, exits, self._stop_kind(record, job))
+        status = mapping.terminal_status(aid, job, exits, mapping.stop_kind(record.stop, job))
         return self._finish(record, status)
-
-    @staticmethod
-    def _stop_kind(record: AttemptRecord, job: SlurmJob) -> str | None:
-        """The stop Corral requested, unless the job had ended before (Slurm times are whole s)."""
-        if record.stop is None:
-            return None
-        end = int(job.get("end_time") or 0)
-        return record.stop.kind if not end or end >= int(record.stop.requested_at) else None
 
     def _current_of(self, aid: str, jobs: Mapping[str, SlurmJob]) -> SlurmJob | None:
         """The attempt's current submission among the poll's answer, for a record whose job id
@@ -624,7 +616,7 @@ class SlurmEngine:
             "job_id": ref,
             "job_state": "COMPLETED" if not any(exits.values()) else "FAILED",
         }
-        return mapping.terminal_status(aid, fake_job, exits, self._stop_kind(record, fake_job))
+        return mapping.terminal_status(aid, fake_job, exits, mapping.stop_kind(record.stop, fake_job))
 
     def _finish(self, record: AttemptRecord, status: AttemptStatus) -> AttemptStatus:
         # The job's secrets live no longer than the job (batch.sh removes them too, unless killed).

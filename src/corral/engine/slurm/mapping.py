@@ -6,10 +6,14 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason, NodeReport
 from corral.engine.slurm.cli import SlurmJob, SlurmNode
 from corral.scheduler.types import GPU, NodeState
+
+if TYPE_CHECKING:
+    from corral.engine.slurm.state import StopRequest
 
 PENDING_STATES = frozenset(
     {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
@@ -137,6 +141,15 @@ def terminal_status(
     return failed_status(attempt_id, ref, code, sig, rank, started, finished)
 
 
+def stop_kind(stop: StopRequest | None, job: SlurmJob) -> str | None:
+    """terminal_status's `stop_kind`: the stop Corral requested, unless the job had ended before
+    it (Slurm times are whole seconds)."""
+    if stop is None:
+        return None
+    end = int(job.get("end_time") or 0)
+    return stop.kind if not end or end >= int(stop.requested_at) else None
+
+
 def live_status(attempt_id: str, job: SlurmJob) -> AttemptStatus:
     started, _ = _times(job)
     state = slurm_state(job)
@@ -178,15 +191,23 @@ def parse_gpu_gres(gres: str) -> list[tuple[str | None, int]]:
     return out
 
 
-def node_state(node: SlurmNode) -> tuple[NodeState, str]:
-    base = str(node.get("state", "")).lower()
+def _state_parts(node: SlurmNode) -> tuple[str, set[str], str]:
+    """A `sinfo --json` node's base state (lower case), state flags (upper case) and reason."""
     flags = {str(f).upper() for f in node.get("state_flags") or []}
-    reason = str(node.get("reason") or "")
+    return str(node.get("state", "")).lower(), flags, str(node.get("reason") or "")
+
+
+def _drained(base: str, flags: set[str]) -> bool:
+    return "DRAIN" in flags or base in ("drained", "draining", "drain")
+
+
+def node_state(node: SlurmNode) -> tuple[NodeState, str]:
+    base, flags, reason = _state_parts(node)
     if base in ("down", "future") or "FAIL" in flags:
         return NodeState.DOWN, reason or f"Slurm: {base}"
     if base == "unknown" or "NOT_RESPONDING" in flags:
         return NodeState.UNKNOWN, reason or "Slurm: node not responding"
-    if "DRAIN" in flags or base in ("drained", "draining", "drain"):
+    if _drained(base, flags):
         if reason.startswith(CORDON_PREFIX):
             return NodeState.CORDONED, reason
         return NodeState.DRAINING, reason or "Slurm: drain"
@@ -195,16 +216,11 @@ def node_state(node: SlurmNode) -> tuple[NodeState, str]:
 
 def node_hold(node: SlurmNode) -> tuple[str, str]:
     """(state, reason) of a `sinfo --json` node in the terms of sinfo's %T and %E, as far as
-    `held_in_slurm` reads them: "drained" or "draining" when it has the DRAIN flag (whatever its
-    base state, as %T prints it), else its base state; the reason, "none" when there is none."""
-    base = str(node.get("state", "")).lower()
-    flags = {str(f).upper() for f in node.get("state_flags") or []}
-    state = base
-    if "DRAIN" in flags or base in ("drain", "drained", "draining"):
-        state = (
-            "draining" if base in ("allocated", "mixed", "draining") or "COMPLETING" in flags else "drained"
-        )
-    return state, str(node.get("reason") or "") or "none"
+    `held_in_slurm` reads them (does the state start with "drain"): "drained" when it is drained
+    or draining (whatever its base state, as %T prints it), else its base state; the reason,
+    "none" when there is none."""
+    base, flags, reason = _state_parts(node)
+    return ("drained" if _drained(base, flags) else base), reason or "none"
 
 
 class NodeHolds:
