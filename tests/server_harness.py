@@ -162,9 +162,10 @@ class CorralServer:
         _kill_job_processes(self.home)
         # The home's cgroups: the server's close() keeps them while jobs run, and the jobs were
         # killed only now (one empty corral-<hometag> per home in each controller otherwise).
-        from corral.engine.local.process_files import home_tag, remove_empty_cgroups
+        from corral.engine.local.process_files import home_tag
+        from tests.engine.local_support import remove_cgroup_tree
 
-        remove_empty_cgroups(Path("/sys/fs/cgroup"), f"corral-{home_tag(self.home)}", wait_s=2.0, deep=True)
+        remove_cgroup_tree(Path("/sys/fs/cgroup"), f"corral-{home_tag(self.home)}", wait_s=2.0)
         if self._own_home:
             shutil.rmtree(self.home, ignore_errors=True)
 

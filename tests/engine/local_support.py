@@ -3,6 +3,7 @@ and a teardown that stops every attempt and removes the cgroups it made."""
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -10,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from corral.engine.local import LocalEngine
-from corral.engine.local.process_files import remove_empty_cgroups
+from corral.engine.local.process_files import CGROUP_CONTROLLERS, read_text
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -59,4 +60,38 @@ def cleanup(engine: LocalEngine, cgroup_parent: str) -> None:
     while engine.active_attempts() and time.monotonic() < deadline:
         engine.poll(active)
         time.sleep(0.02)
-    remove_empty_cgroups(CGROUP_ROOT, cgroup_parent, wait_s=2.0, deep=True)
+    remove_cgroup_tree(CGROUP_ROOT, cgroup_parent, wait_s=2.0)
+
+
+def remove_cgroup_tree(cgroup_root: Path, parent: str, wait_s: float) -> None:
+    """rmdir of every empty cgroup of a home's parent (each controller, v1 and v2), deepest
+    first, the parent last: for the harness once it has killed the jobs. No server does this
+    (its close removes the parent only, process_files.remove_empty_cgroups): an instance cgroup
+    is empty between its launch and its process's join, which a server cannot rule out (another
+    engine on the home, a supervisor a killed server had started). Those of running attempts
+    refuse and stay, with the parent above them. The kernel may refuse for a moment after a
+    cgroup's last process exits: retried for up to `wait_s`, but not while processes remain."""
+    tops = [cgroup_root / c / parent for c in CGROUP_CONTROLLERS]
+    tops.append(cgroup_root / parent)
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = []
+        for top in tops:
+            for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda w: -len(w[0])):
+                try:
+                    os.rmdir(dirpath)
+                except OSError:
+                    pass
+            if top.exists():
+                left.append(top)
+        if not left or time.monotonic() >= deadline or any(_populated(top) for top in left):
+            return
+        time.sleep(0.05)
+
+
+def _populated(top: Path) -> bool:
+    """Whether any cgroup in this subtree holds a process."""
+    for dirpath, _dirs, files in os.walk(top):
+        if "cgroup.procs" in files and read_text(Path(dirpath) / "cgroup.procs").strip():
+            return True
+    return False

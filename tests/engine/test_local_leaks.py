@@ -17,7 +17,7 @@ from corral.engine.isolation import cgroupfs
 from corral.engine.local import LocalEngine
 from corral.engine.local.process_files import remove_empty_cgroups
 from tests.engine.contract import wait_finished
-from tests.engine.local_support import CGROUP_ROOT, local_engine_factory
+from tests.engine.local_support import CGROUP_ROOT, local_engine_factory, remove_cgroup_tree
 from tests.engine.test_local_engine import one, started_in_sandbox
 from tests.support import require, require_binary
 
@@ -83,16 +83,16 @@ def test_an_attempt_dir_a_launch_left_without_any_file_is_settled(tmp_path: Path
 def test_a_homes_empty_cgroup_subtree_is_removed_and_a_populated_one_kept(tmp_path: Path) -> None:
     """Test and bench servers stopped with jobs running left their home's cgroup parent (and,
     for SIGKILLed supervisors, attempt-level dirs) in every controller, one per home: 208 of
-    them on a box up 12 h. remove_empty_cgroups(deep=True) removes the empty subtree (the
-    harness calls it once it has killed the jobs); not deep (a server's close), only the
-    parent, and only where it has no cgroups below it."""
+    them on a box up 12 h. local_support.remove_cgroup_tree removes the empty subtree (the
+    harness calls it once it has killed the jobs); remove_empty_cgroups (a server's close) only
+    the parent, and only where it has no cgroups below it."""
     require(os.access(CGROUP_ROOT / "memory", os.W_OK), "cgroup v1 (memory) writable")
     parent = f"corral-test-{uuid.uuid4().hex[:8]}"
     cgroup = cgroupfs.create_instance_cgroup(CGROUP_ROOT, 1, parent, "3.1/0", 64, 1.0, 64)
     try:
         remove_empty_cgroups(CGROUP_ROOT, parent, wait_s=0.2)
         assert all(os.path.isdir(d) for d in cgroup["dirs"]), "not deep: the cgroups below stay"
-        remove_empty_cgroups(CGROUP_ROOT, parent, wait_s=2.0, deep=True)
+        remove_cgroup_tree(CGROUP_ROOT, parent, wait_s=2.0)
         assert [c for c in ("memory", "cpu", "pids", "devices") if (CGROUP_ROOT / c / parent).exists()] == []
     finally:
-        remove_empty_cgroups(CGROUP_ROOT, parent, wait_s=2.0, deep=True)
+        remove_cgroup_tree(CGROUP_ROOT, parent, wait_s=2.0)

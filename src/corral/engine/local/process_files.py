@@ -187,43 +187,33 @@ def read_text(path: Path) -> str:
 CGROUP_CONTROLLERS = ("memory", "cpu", "pids", "devices")  # v1; v2 has the parent at the root
 
 
-def remove_empty_cgroups(cgroup_root: Path, parent: str, wait_s: float, deep: bool = False) -> None:
-    """rmdir of a home's cgroup parent (each controller, v1 and v2) where it is empty; `deep`:
-    first every empty cgroup below it, deepest first, for a caller that knows no launch is under
-    way (an instance cgroup is empty between its launch and its process's join). Those of running
-    attempts refuse and stay, with the parent above them. The kernel may refuse for a moment
-    after a cgroup's last process exits: retried for up to `wait_s`, but not while processes
-    remain (running jobs keep their cgroups and the parent)."""
+def remove_empty_cgroups(cgroup_root: Path, parent: str, wait_s: float) -> None:
+    """rmdir of a home's cgroup parent (each controller, v1 and v2) where it is empty: not where
+    it has cgroups below it (running attempts', or an instance's made for a launch whose process
+    has not joined it yet). The kernel may refuse for a moment after a cgroup's last process
+    exits: retried for up to `wait_s`, but not while cgroups remain below it."""
     tops = [cgroup_root / c / parent for c in CGROUP_CONTROLLERS]
     tops.append(cgroup_root / parent)
     deadline = time.monotonic() + wait_s
     while True:
         left = []
         for top in tops:
-            below = sorted(os.walk(top), key=lambda w: -len(w[0])) if deep else [(str(top), [], [])]
-            for dirpath, _dirs, _files in below:
-                try:
-                    os.rmdir(dirpath)
-                except OSError:
-                    pass
+            try:
+                os.rmdir(top)
+            except OSError:
+                pass
             if top.exists():
                 left.append(top)
-        if not left or time.monotonic() >= deadline or any(_populated(top, deep) for top in left):
+        if not left or time.monotonic() >= deadline or any(_has_cgroups(top) for top in left):
             return
         time.sleep(0.05)
 
 
-def _populated(top: Path, deep: bool) -> bool:
-    """Whether any cgroup in this subtree holds a process (not `deep`: whether it has cgroups)."""
-    if not deep:
-        try:
-            return any(entry.is_dir() for entry in os.scandir(top))
-        except OSError:
-            return False
-    for dirpath, _dirs, files in os.walk(top):
-        if "cgroup.procs" in files and read_text(Path(dirpath) / "cgroup.procs").strip():
-            return True
-    return False
+def _has_cgroups(top: Path) -> bool:
+    try:
+        return any(entry.is_dir() for entry in os.scandir(top))
+    except OSError:
+        return False
 
 
 def ask_launcher(sock: Path, adir: Path) -> int | None:
