@@ -45,10 +45,13 @@ const NAV = [
   ["/incidents", "Incidents", { adminOnly: true }],
 ];
 
-const state = { me: null, meLoading: null, cleanups: [], renderToken: 0 };
+const state = { me: null, meLoading: null, recheckedAt: -Infinity, cleanups: [], renderToken: 0 };
 // While the tab is shown, /me is read again this often (besides every navigation, every return
 // to the tab and every 403), so a role or group changed meanwhile shows without a reload.
 const ME_RECHECK_MS = 5 * 60 * 1000;
+// Those background reads (not a navigation's) at most this often: a page polling an endpoint
+// that answers 403 read /me once per poll, and a return to the tab (focus, visibilitychange) twice.
+const ME_RECHECK_MIN_MS = 10 * 1000;
 
 export function currentUser() {
   return state.me;
@@ -180,6 +183,9 @@ async function ensureSession() {
 // top bar and the page are drawn again with them.
 async function recheckMe() {
   if (!state.me || window.location.pathname === "/login") return;
+  const now = Date.now();
+  if (now - state.recheckedAt < ME_RECHECK_MIN_MS) return;
+  state.recheckedAt = now;
   try {
     if (await readMe({ quiet401: false })) {
       toast("Your roles or groups have changed; the page now shows what you may do.");
