@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from corral.engine.local import LocalEngine
-from corral.engine.local.process_files import CGROUP_CONTROLLERS, read_text
+from corral.engine.local.process_files import cgroup_tops, read_text, rmdir_cgroup_tops
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -71,22 +71,15 @@ def remove_cgroup_tree(cgroup_root: Path, parent: str, wait_s: float) -> None:
     engine on the home, a supervisor a killed server had started). Those of running attempts
     refuse and stay, with the parent above them. The kernel may refuse for a moment after a
     cgroup's last process exits: retried for up to `wait_s`, but not while processes remain."""
-    tops = [cgroup_root / c / parent for c in CGROUP_CONTROLLERS]
-    tops.append(cgroup_root / parent)
-    deadline = time.monotonic() + wait_s
-    while True:
-        left = []
-        for top in tops:
-            for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda w: -len(w[0])):
-                try:
-                    os.rmdir(dirpath)
-                except OSError:
-                    pass
-            if top.exists():
-                left.append(top)
-        if not left or time.monotonic() >= deadline or any(_populated(top) for top in left):
-            return
-        time.sleep(0.05)
+    rmdir_cgroup_tops(cgroup_tops(cgroup_root, parent), _remove_tree, _populated, wait_s)
+
+
+def _remove_tree(top: Path) -> None:
+    for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda w: -len(w[0])):
+        try:
+            os.rmdir(dirpath)
+        except OSError:
+            pass
 
 
 def _populated(top: Path) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
@@ -190,13 +191,11 @@ def test_cordon_drain_resume_both_directions(engine: SlurmEngine, slurm_cluster:
         engine.set_node_state("node1", NodeState.UNKNOWN)
 
 
-def test_a_restarted_server_resumes_only_the_drains_corral_made(
+def _admin_drained_node3_and_corral_cordoned_node2(
     engine: SlurmEngine, slurm_cluster: SlurmCluster
-) -> None:
-    """After a restart the node loop pushes every node's Corral state once (push_admin_states,
-    with an empty memory): "none" for a node an admin drained in Slurm itself must not resume it;
-    a node Corral cordoned and an admin uncordoned in Corral meanwhile is resumed. Nor does a
-    cordon take the admin's drain over (its uncordon would then resume it)."""
+) -> Callable[[str], str]:
+    """node3 drained by an admin in Slurm itself ("disk check"), node2 cordoned by Corral; returns
+    sinfo(name): the node's state and reason as sinfo prints them (%T|%E)."""
 
     def sinfo(name: str) -> str:
         return subprocess.run(
@@ -209,6 +208,18 @@ def test_a_restarted_server_resumes_only_the_drains_corral_made(
         check=True,
     )
     engine.set_node_state("node2", NodeState.CORDONED, "was cordoned")
+    return sinfo
+
+
+def test_a_restarted_server_resumes_only_the_drains_corral_made(
+    engine: SlurmEngine, slurm_cluster: SlurmCluster
+) -> None:
+    """After a restart the node loop pushes every node's Corral state once (push_admin_states,
+    with an empty memory): "none" for a node an admin drained in Slurm itself must not resume it;
+    a node Corral cordoned and an admin uncordoned in Corral meanwhile is resumed. Nor does a
+    cordon take the admin's drain over (its uncordon would then resume it)."""
+
+    sinfo = _admin_drained_node3_and_corral_cordoned_node2(engine, slurm_cluster)
     restarted = SimpleNamespace(engine=engine, memory=LoopMemory())
     rows = [Node(name=n, admin_state="none", message="") for n in ("node2", "node3")]
     push_admin_states(cast(ServerContext, restarted), rows)
@@ -231,17 +242,7 @@ def test_a_restarts_push_reads_the_holds_from_the_nodes_report(
     node is held in Slurm is read from that `sinfo --json` (what sinfo's %T and %E print for it),
     not asked of `sinfo` once per node. A node Corral has set since is asked of sinfo again."""
 
-    def sinfo(name: str) -> str:
-        return subprocess.run(
-            ["sinfo", "-h", "-n", name, "-o", "%T|%E"], env=slurm_cluster.env, capture_output=True, text=True
-        ).stdout.strip()
-
-    subprocess.run(
-        ["scontrol", "update", "nodename=node3", "state=drain", "reason=disk check"],
-        env=slurm_cluster.env,
-        check=True,
-    )
-    engine.set_node_state("node2", NodeState.CORDONED, "was cordoned")
+    sinfo = _admin_drained_node3_and_corral_cordoned_node2(engine, slurm_cluster)
     calls: list[tuple[str, ...]] = []
     real = SlurmCli.run
 

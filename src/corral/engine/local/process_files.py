@@ -11,7 +11,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason, MountSpec
@@ -190,23 +190,36 @@ CGROUP_CONTROLLERS = ("memory", "cpu", "pids", "devices")  # v1; v2 has the pare
 def remove_empty_cgroups(cgroup_root: Path, parent: str, wait_s: float) -> None:
     """rmdir of a home's cgroup parent (each controller, v1 and v2) where it is empty: not where
     it has cgroups below it (running attempts', or an instance's made for a launch whose process
-    has not joined it yet). The kernel may refuse for a moment after a cgroup's last process
-    exits: retried for up to `wait_s`, but not while cgroups remain below it."""
-    tops = [cgroup_root / c / parent for c in CGROUP_CONTROLLERS]
-    tops.append(cgroup_root / parent)
+    has not joined it yet)."""
+    rmdir_cgroup_tops(cgroup_tops(cgroup_root, parent), _rmdir_quietly, _has_cgroups, wait_s)
+
+
+def cgroup_tops(cgroup_root: Path, parent: str) -> list[Path]:
+    """A home's cgroup parent in each controller (v1) and in the unified tree (v2)."""
+    return [*(cgroup_root / c / parent for c in CGROUP_CONTROLLERS), cgroup_root / parent]
+
+
+def rmdir_cgroup_tops(
+    tops: list[Path], remove: Callable[[Path], None], busy: Callable[[Path], bool], wait_s: float
+) -> None:
+    """`remove(top)` for each top until none is left. The kernel may refuse an rmdir for a moment
+    after a cgroup's last process exits: retried for up to `wait_s`, but not while `busy(top)`
+    says something below it stays."""
     deadline = time.monotonic() + wait_s
     while True:
-        left = []
         for top in tops:
-            try:
-                os.rmdir(top)
-            except OSError:
-                pass
-            if top.exists():
-                left.append(top)
-        if not left or time.monotonic() >= deadline or any(_has_cgroups(top) for top in left):
+            remove(top)
+        left = [top for top in tops if top.exists()]
+        if not left or time.monotonic() >= deadline or any(busy(top) for top in left):
             return
         time.sleep(0.05)
+
+
+def _rmdir_quietly(path: Path) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def _has_cgroups(top: Path) -> bool:
