@@ -15,8 +15,8 @@ import pytest
 from corral.engine.base import AttemptPhase
 from corral.engine.isolation import cgroupfs
 from corral.engine.local import LocalEngine
-from corral.engine.local.process_files import remove_empty_cgroups
-from tests.engine.contract import wait_finished
+from corral.engine.local.process_files import cgroup_tops, remove_empty_cgroups
+from tests.engine.contract import make_attempt, wait_finished
 from tests.engine.local_support import CGROUP_ROOT, local_engine_factory, remove_cgroup_tree
 from tests.engine.test_local_engine import one, started_in_sandbox
 from tests.support import require, require_binary
@@ -96,3 +96,31 @@ def test_a_homes_empty_cgroup_subtree_is_removed_and_a_populated_one_kept(tmp_pa
         assert [c for c in ("memory", "cpu", "pids", "devices") if (CGROUP_ROOT / c / parent).exists()] == []
     finally:
         remove_cgroup_tree(CGROUP_ROOT, parent, wait_s=2.0)
+
+
+def test_a_launch_that_fails_after_some_cgroups_were_made_removes_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launch whose second instance's cgroup could not be set up (its dirs made, a limit not
+    written) failed with rank 0's cgroups and rank 1's half-made ones left for good: no
+    supervisor ran to remove them, and nothing else looks under the attempt's name."""
+    require_binary("bwrap")
+    with local_engine_factory(tmp_path / "home") as factory:
+        engine = factory()
+        require(engine.capabilities().cgroups, "cgroups")
+        real = cgroupfs.create_instance_cgroup
+
+        def fails_for_rank_1(*args: object, **kwargs: object) -> cgroupfs.CgroupHandle:
+            handle = real(*args, **kwargs)  # type: ignore[arg-type]
+            if str(args[3]).endswith("/1"):
+                raise OSError(28, "No space left on device")
+            return handle
+
+        monkeypatch.setattr(cgroupfs, "create_instance_cgroup", fails_for_rank_1)
+        attempt = make_attempt([engine.node_name], "true", "true")
+        assert engine.launch(attempt) == "refused"
+        assert engine.poll([attempt.attempt_id])[attempt.attempt_id].phase is AttemptPhase.FAILED
+        tops = cgroup_tops(CGROUP_ROOT, engine.cgroup_parent)
+        left = [str(top / attempt.attempt_id) for top in tops if (top / attempt.attempt_id).exists()]
+        assert left == [], f"the failed launch left its cgroups: {left}"
+        assert sorted(os.listdir(engine.uid_locks)) == [], "the failed launch still holds its uid"

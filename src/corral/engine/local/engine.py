@@ -80,6 +80,7 @@ from corral.engine.local.process_files import (
     read_text,
     release_uid_lock,
     remove_empty_cgroups,
+    remove_unjoined_cgroups,
     running_launcher,
     same_process,
     spawn_detached,
@@ -456,22 +457,26 @@ class LocalEngine:
                 self._prepare_instance(attempt, inst, adir, sandboxed, use_cgroups, uid, etc_files, secrets)
                 for inst in attempt.instances
             ]
+            if sandboxed and attempt.log_dir and attempt.uid is not None:
+                link_attempt_logs(
+                    Path(attempt.log_dir),
+                    attempt.attempt,
+                    [i.rank for i in attempt.instances],
+                    adir,
+                    uid=attempt.uid,
+                    gid=attempt.uid,  # the user's private gid
+                    attempt_id=attempt.attempt_id,
+                )
         except BaseException:
-            # No supervisor can run this attempt (spec.marshal is not written): the uid it was
-            # given goes back at once, or the failed launch held it for good.
+            # No supervisor can run this attempt (spec.marshal is not written), so nothing joined
+            # the cgroups made for its instances, and nobody else would remove them: they go now
+            # (those of every rank, a half-made one included), and the uid it was given goes back
+            # at once, or the failed launch held it for good.
+            if use_cgroups:
+                remove_unjoined_cgroups(self.cgroup_root, self.cgroup_parent, attempt.attempt_id)
             if uid_lock is not None:
                 release_uid_lock(uid_lock, adir)
             raise
-        if sandboxed and attempt.log_dir and attempt.uid is not None:
-            link_attempt_logs(
-                Path(attempt.log_dir),
-                attempt.attempt,
-                [i.rank for i in attempt.instances],
-                adir,
-                uid=attempt.uid,
-                gid=attempt.uid,  # the user's private gid
-                attempt_id=attempt.attempt_id,
-            )
         return {
             "attempt_id": attempt.attempt_id,
             "max_runtime_s": attempt.max_runtime_s,

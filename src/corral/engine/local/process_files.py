@@ -194,6 +194,24 @@ def remove_empty_cgroups(cgroup_root: Path, parent: str, wait_s: float) -> None:
     rmdir_cgroup_tops(cgroup_tops(cgroup_root, parent), _rmdir_quietly, _has_cgroups, wait_s)
 
 
+def remove_unjoined_cgroups(cgroup_root: Path, parent: str, attempt_id: str) -> None:
+    """rmdir of an attempt's cgroups (`<parent>/<attempt_id>/<rank>`, each controller) and of
+    its level, for a launch that failed before any supervisor could run it: no process ever
+    joined them, so they are empty. Made by rank from the attempt's name, not from handles, so a
+    cgroup whose limits could not be written (made, but no handle returned) goes too."""
+    for top in cgroup_tops(cgroup_root, parent):
+        level = top / attempt_id
+        try:
+            ranks = [entry.path for entry in os.scandir(level) if entry.is_dir()]
+        except OSError:
+            continue
+        for path in [*ranks, str(level)]:
+            try:
+                os.rmdir(path)
+            except OSError as exc:
+                log.warning("could not remove the cgroup %s of a failed launch: %s", path, exc)
+
+
 def cgroup_tops(cgroup_root: Path, parent: str) -> list[Path]:
     """A home's cgroup parent in each controller (v1) and in the unified tree (v2)."""
     return [*(cgroup_root / c / parent for c in CGROUP_CONTROLLERS), cgroup_root / parent]
