@@ -68,6 +68,7 @@ def test_an_attempt_dir_a_launch_left_without_any_file_is_settled(tmp_path: Path
     first = LocalEngine(home, "n", virtual_gpus=0, isolation=False, use_launcher=False)
     stale = time.time() - 60
     for aid in ("7.1", "8.1"):
+        first.live_index.add(aid)  # a launch marks the attempt live before its mkdir
         (first.attempts_dir / aid).mkdir()
         os.utime(first.attempts_dir / aid, (stale, stale))
     first.stop("8.1", 0)  # the sweep's stop of an attempt its database ended

@@ -245,10 +245,10 @@ class Engine(Protocol):
 
 @runtime_checkable
 class ListsAttempts(Protocol):
-    """An engine that can say which attempts it still runs (the local engine: its attempt dirs
-    without a final status). The server's sweep (server/sweep.py) stops those whose database row
-    has ended: a server killed between that commit and its stop left them running. Slurm's own
-    node-loss handling ends its jobs, so it does not offer this."""
+    """An engine that can say which attempts it still runs (the local engine: its attempts
+    without a final status, from its live index). The server's sweep (server/sweep.py) stops
+    those whose database row has ended: a server killed between that commit and its stop left
+    them running. Slurm's own node-loss handling ends its jobs, so it does not offer this."""
 
     def active_attempts(self) -> list[str]:
         """Ids of the attempts launched here that have not finished (cheap enough every 5 s)."""

@@ -6,8 +6,9 @@ launch, a cancel of a launch never recorded) commits first and stops the engine'
 architecture.md). A server killed between the two leaves the attempt running with its row ended:
 on a node that comes back, or a supervisor that never noticed, it runs beside the retry and nobody
 stops it. This leased singleton loop asks the engine which attempts it still runs
-(`ListsAttempts`: the local engine's attempt dirs without a final status) and stops, with grace 0,
-each whose row is ended, logging and auditing it (`attempt.stop_ended`, actor `system:sweep`).
+(`ListsAttempts`: the local engine's attempts without a final status, from its live index) and
+stops, with grace 0, each whose row is ended, logging and auditing it (`attempt.stop_ended`,
+actor `system:sweep`).
 
 Never stopped: an attempt whose row is live (starting or running: the reconcile loop's), and one
 without a row. The engine is listed before the rows are read, in a transaction of its own begun

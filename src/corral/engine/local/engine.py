@@ -69,6 +69,7 @@ from corral.engine.local.files import (
     SupervisorInfo,
     read_file,
 )
+from corral.engine.local.live_index import LiveIndex
 from corral.engine.local.process_files import (
     ask_launcher,
     child_running,
@@ -178,6 +179,8 @@ class LocalEngine:
         self.node_name = node_name
         self.attempts_dir = self.home / "engine" / "attempts"
         self.attempts_dir.mkdir(parents=True, exist_ok=True)
+        # Which attempts may still run, without listing every dir kept here (live_index.py).
+        self.live_index = LiveIndex(self.attempts_dir, self.home / "engine" / "live")
         self.uid_locks = self.home / "engine" / "uids"
         self.launcher_sock = self.home / "engine" / "launcher.sock"
         # A unix socket path holds at most 107 bytes; a deeper home starts supervisors directly.
@@ -306,10 +309,12 @@ class LocalEngine:
 
     def launch(self, attempt: AttemptLaunch) -> str:
         adir = self._dir(attempt.attempt_id)
+        self.live_index.add(attempt.attempt_id)  # before the dir: no live attempt is ever unlisted
         try:
             adir.mkdir()  # the atomic claim that makes launch idempotent
         except FileExistsError:
             return self._existing_ref(adir)
+        self.live_index.ensure(attempt.attempt_id)  # a listing may have cleared a stale marker
         try:
             spec = self._prepare(attempt, adir)
         except LaunchRefused as exc:
@@ -727,10 +732,9 @@ class LocalEngine:
             return None
 
     def active_attempts(self) -> list[str]:
-        """Attempts launched on this node (by any engine object) that have not finished."""
-        return sorted(
-            d.name for d in self.attempts_dir.iterdir() if d.is_dir() and not (d / "status.json").exists()
-        )
+        """Attempts launched on this node (by any engine object) that have not finished: read
+        from the live index, so finished attempts' dirs are not even listed."""
+        return self.live_index.live()
 
     def exec_command(self, attempt_id: str, rank: int, argv: Sequence[str]) -> ExecCommand:
         """Enters rank `rank` of a running attempt (how: corral.engine.local.enter)."""
@@ -774,6 +778,7 @@ class LocalEngine:
         adir = self._dir(attempt_id)
         if (adir / "status.json").exists():
             shutil.rmtree(adir, ignore_errors=True)
+            self.live_index.discard(attempt_id)  # most often cleared already, when its end was seen
 
 
 class LaunchRefused(Exception):
