@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import pwd
-import shlex
 import shutil
 import threading
 import time
@@ -23,7 +22,6 @@ from pathlib import Path
 
 from corral.config import Settings
 from corral.engine.base import (
-    AttemptLaunch,
     AttemptPhase,
     AttemptStatus,
     Engine,
@@ -35,17 +33,15 @@ from corral.engine.base import (
     NodeReport,
 )
 from corral.engine.isolation.secret_files import remove_secrets
-from corral.engine.log_links import link_attempt_logs
 from corral.engine.slurm import enter, mapping, scripts
 from corral.engine.slurm.cli import SlurmCli, SlurmJob, SlurmNode
 from corral.engine.slurm.state import AttemptRecord, StateStore, StopRequest, read_job_file
-from corral.engine.slurm.users import UnixAccount, UnmappedUser, UserMap
+from corral.engine.slurm.submission import REJECTED_REF, Submission
+from corral.engine.slurm.users import UserMap
 from corral.scheduler.types import NodeState
-from corral.storage.layout import MARKER, prepare_dirs, through_symlink
 
 log = logging.getLogger(__name__)
 
-REJECTED_REF = "rejected"  # launch() ref of an attempt Slurm refused (its status says why)
 TIMEOUT_GRACE_S = 10.0  # grace given to an attempt that ran past max_runtime
 ATTEMPT_LOCK_STRIPES = 64
 GANG_GRACE_S = 10.0  # after one instance failed, how long the others get to end on SIGTERM
@@ -77,10 +73,6 @@ ACCOUNT_CACHE_S = 60.0
 # an admin or failed at launch on its node). docs/slurm.md, ninth round: 2 of 3 polls under the
 # bench's loads found only pending jobs, ~7 ms of CPU each (squeue, slurmctld, the parse).
 PENDING_RECHECK_S = 1.0
-# How long a state dir or storage root found passable by the job accounts is taken to stay so
-# (launch checks both, walking every parent with stat(), for each attempt); one found blocked is
-# checked again at every launch, so an admin's fix shows at once.
-PASSABLE_CACHE_S = 60.0
 # The most live attempts polled by job id in one squeue call: one argument holds at most 128 kB
 # (MAX_ARG_STRLEN); beyond this many, the poll asks for the accounts' jobs instead.
 MAX_JOBS_BY_ID = 5000
@@ -122,7 +114,7 @@ def _account_exists(name: str) -> bool:
     return True
 
 
-class SlurmEngine:
+class SlurmEngine(Submission):
     name = "slurm"
 
     def __init__(
@@ -209,69 +201,6 @@ class SlurmEngine:
             launch_workers=_env_int("CORRAL_SLURM_LAUNCH_WORKERS", DEFAULT_LAUNCH_WORKERS),
         )
 
-    # ---- storage ------------------------------------------------------------------------------
-    def check_storage(self) -> list[str]:
-        """Does every node see this storage root? One `srun` task per ready node reads the root's
-        marker (a random id the server wrote); a node that reads another id, or none, does not
-        share the root, and jobs there would write their homes and outputs to the wrong disk.
-        Also: the root's parents must be passable by the job accounts (bwrap runs as them)."""
-        root = self.storage_root
-        if root is None:
-            return []
-        unreachable = self._storage_unreachable()
-        problems = [unreachable] if unreachable else []
-        expected = (root / MARKER).read_text().strip()
-        ready = [n.name for n in self.nodes() if n.state is NodeState.READY]
-        if not ready:
-            return [*problems, "storage root: no ready Slurm node to check it on"]
-        args = [f"--nodelist={','.join(ready)}", f"--nodes={len(ready)}", "--ntasks-per-node=1"]
-        if self.partition:
-            args.append(f"--partition={self.partition}")
-        script = f'echo "$SLURMD_NODENAME $(cat {shlex.quote(str(root / MARKER))} 2>&1)"'
-        result = self.cli.run("srun", "--immediate=10", "--time=1", *args, "/bin/sh", "-c", script)
-        if result.returncode != 0:
-            return [*problems, f"storage root: could not check it on the nodes: {result.message}"]
-        seen = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
-        for node in ready:
-            if seen.get(node, "").strip() != expected:
-                problems.append(
-                    f"storage root {root} is not shared with node {node} "
-                    f"(it reads {seen.get(node, 'nothing')!r} at {root / MARKER}): mount it there"
-                )
-        return problems
-
-    def _passable_lately(self, what: str) -> bool:
-        return time.monotonic() < self._passable_until.get(what, 0.0)
-
-    def _found_passable(self, what: str) -> None:
-        self._passable_until[what] = time.monotonic() + PASSABLE_CACHE_S
-
-    def _storage_unreachable(self, cached: bool = False) -> str | None:
-        """Why the job accounts cannot reach the storage root (bwrap binds it as them), or None.
-        `cached`: a root found passable in the last PASSABLE_CACHE_S is not walked again."""
-        root = self.storage_root
-        if root is None or (cached and self._passable_lately("storage")):
-            return None
-        blocked = next((p for p in [root, *root.parents] if not os.stat(p).st_mode & 0o001), None)
-        if blocked is None:
-            self._found_passable("storage")
-            return None
-        return (
-            f"cannot bind the job's storage: CORRAL_STORAGE_ROOT {root} lies below {blocked}, which "
-            "job accounts cannot pass (no o+x); put the storage root on shared storage outside CORRAL_HOME"
-        )
-
-    def log_storage_check(self) -> None:
-        """At start-up (in a thread: srun waits for the nodes): say clearly what is wrong."""
-        try:
-            problems = self.check_storage()
-        except (OSError, EngineUnavailable) as exc:
-            problems = [f"storage root: could not check it on the nodes: {exc}"]
-        for problem in problems:
-            log.error("slurm engine: %s", problem)
-        if not problems:
-            log.info("slurm engine: every ready node sees the storage root %s", self.storage_root)
-
     # ---- nodes --------------------------------------------------------------------------------
     def nodes(self) -> Sequence[NodeReport]:
         """Nodes as Slurm sees them. Slurm unreachable: the last known nodes, state UNKNOWN."""
@@ -318,112 +247,6 @@ class SlurmEngine:
     # ---- launch -------------------------------------------------------------------------------
     def _attempt_lock(self, attempt_id: str) -> threading.RLock:
         return self._attempt_locks[zlib.crc32(attempt_id.encode()) % ATTEMPT_LOCK_STRIPES]
-
-    def launch(self, attempt: AttemptLaunch) -> str:
-        instances = scripts.validate(attempt)
-        aid = attempt.attempt_id
-        with self._attempt_lock(aid):
-            record = self.store.load(aid)
-            if record is not None and (record.slurm_job_id or record.final is not None):
-                return record.ref or REJECTED_REF
-            if record is not None:  # submitted before, answer lost (crash or Slurm unreachable)
-                found = self._find_job_by_name(aid, record.unix_user)
-                if found:
-                    record.slurm_job_id = found
-                    self.store.save(record)
-                    return found
-            record = AttemptRecord(
-                aid, submitted_at=time.time(), n_ranks=len(instances), max_runtime_s=attempt.max_runtime_s
-            )
-            try:
-                account = self._account_for(attempt.user)
-            except UnmappedUser as exc:  # refused before anything is written or submitted
-                return self._reject(record, str(exc))
-            record.unix_user, record.uid = account.name, account.uid
-            if attempt.refused:
-                return self._reject(record, attempt.refused)
-            blocked = self._storage_unreachable(cached=True) if attempt.storage_dirs else None
-            if blocked is not None:
-                return self._reject(record, blocked)
-            linked = next((m for m in attempt.mounts if through_symlink(m.source)), None)
-            if linked is not None:
-                return self._reject(
-                    record, f"mount {linked.source} -> {linked.target} goes through a symlink"
-                )
-            try:  # home, group and outputs dirs on the shared storage root, owned by the account
-                prepare_dirs(attempt.storage_dirs, account.uid, account.gid)
-            except (OSError, ValueError) as exc:
-                return self._reject(record, f"cannot prepare the job's storage: {exc}")
-            attempt_dir = self.store.attempt_dir(aid)
-            job_dir = self.store.job_dir(aid)
-            # before the new scripts: a lost earlier sbatch of this attempt turning up from now on
-            # runs nothing (scripts.SUBMISSION_FILE)
-            token = self.store.new_submission(aid)
-            scripts.write_scripts(attempt_dir, job_dir, attempt, instances, account, self.sandbox)
-            if attempt.log_dir:  # the ranks' logs, for the account to write, also at /logs
-                link_attempt_logs(
-                    Path(attempt.log_dir),
-                    attempt.attempt,
-                    [i.rank for i in instances],
-                    job_dir,
-                    uid=account.uid,
-                    gid=account.gid,
-                    writer=account.uid,
-                    attempt_id=aid,
-                )
-            self.store.save(record)  # before sbatch: a crash in between is found again by job name
-            args = scripts.sbatch_args(attempt, instances, job_dir, self.partition, account, token)
-            result = self.cli.run("sbatch", *args, env=self.cli.submit_env(scripts.DEFAULT_PATH))
-            if result.returncode != 0:
-                return self._reject(record, f"Slurm rejected the job: {result.message}")
-            record.slurm_job_id = result.stdout.strip().split(";")[0]
-            self.store.save(record)
-            self._note_launched(aid, record.slurm_job_id)
-            return record.slurm_job_id
-
-    def _account_for(self, corral_user: str) -> UnixAccount:
-        """The job's Unix account, or UnmappedUser saying why the job may not run at all."""
-        account = self.user_map.account(corral_user)
-        if os.geteuid() != 0:
-            raise UnmappedUser(
-                f"cannot run Corral user {corral_user!r}'s job as Unix account {account.name!r}: the "
-                "Slurm engine must run as root (sbatch --uid, and handing the job its own directory)"
-            )
-        if self._passable_lately("state"):
-            return account
-        blocked = self.store.unreachable_parent()
-        if blocked is None:
-            self._found_passable("state")
-        else:
-            raise UnmappedUser(
-                f"cannot run Corral user {corral_user!r}'s job as {account.name!r}: its files live under "
-                f"{self.store.root} (CORRAL_SLURM_STATE_DIR), but {blocked} is not passable by other "
-                "accounts (no o+x); put the state dir on shared storage outside CORRAL_HOME"
-            )
-        return account
-
-    def _reject(self, record: AttemptRecord, message: str) -> str:
-        record.set_final(
-            AttemptStatus(
-                record.attempt_id,
-                AttemptPhase.FAILED,
-                reason=FailureReason.LAUNCH_FAILED,
-                message=message,
-                finished_at=time.time(),
-            )
-        )
-        self.store.save(record)
-        return REJECTED_REF
-
-    def _find_job_by_name(self, attempt_id: str, unix_user: str) -> str:
-        """The attempt's current submission in Slurm ("" if none): the job of its name whose
-        comment carries the current token (an older submission is superseded and runs nothing)."""
-        name = scripts.job_name(attempt_id)
-        token = self.store.submission(attempt_id)
-        jobs = self._squeue({unix_user} if unix_user else None, f"--name={name}", comment=bool(token))
-        mine = f"submission={token}"
-        ids = [int(j["job_id"]) for j in jobs if j.get("name") == name and mine in j.get("comment", mine)]
-        return str(max(ids)) if ids else ""
 
     def _squeue(self, users: set[str] | None, *filters: str, comment: bool = False) -> list[SlurmJob]:
         """squeue of the given accounts (None: all). An account that no longer exists makes
