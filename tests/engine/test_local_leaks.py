@@ -8,13 +8,14 @@ import os
 import signal
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from corral.engine.base import AttemptPhase
 from corral.engine.isolation import cgroupfs
-from corral.engine.local import LocalEngine
+from corral.engine.local import LocalEngine, prepare
 from corral.engine.local.process_files import cgroup_tops, remove_empty_cgroups
 from tests.engine.contract import make_attempt, wait_finished
 from tests.engine.local_support import CGROUP_ROOT, local_engine_factory, remove_cgroup_tree
@@ -125,3 +126,26 @@ def test_a_launch_that_fails_after_some_cgroups_were_made_removes_them(
         left = [str(top / attempt.attempt_id) for top in tops if (top / attempt.attempt_id).exists()]
         assert left == [], f"the failed launch left its cgroups: {left}"
         assert sorted(os.listdir(engine.uid_locks)) == [], "the failed launch still holds its uid"
+
+
+def test_a_launch_whose_log_links_fail_removes_its_cgroups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ranks' log links (under the storage root's logs/<user>/) are made after every cgroup:
+    their failure, outside the block that cleaned up after a failed preparation, left them all."""
+    require_binary("bwrap")
+    with local_engine_factory(tmp_path / "home") as factory:
+        engine = factory()
+        require(engine.capabilities().cgroups, "cgroups")
+
+        def no_space(*_args: object, **_kwargs: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(prepare, "link_attempt_logs", no_space)
+        attempt = replace(
+            make_attempt([engine.node_name], "true"), uid=200777, log_dir=str(tmp_path / "logs")
+        )
+        assert engine.launch(attempt) == "refused"
+        tops = cgroup_tops(CGROUP_ROOT, engine.cgroup_parent)
+        left = [str(top / attempt.attempt_id) for top in tops if (top / attempt.attempt_id).exists()]
+        assert left == [], f"the failed launch left its cgroups: {left}"
