@@ -53,6 +53,7 @@ from corral.services.lifecycle import AttemptState, JobState, record_event, tran
 from corral.services.nodes import scheduler_node
 from corral.services.quota import check_quota
 from corral.services.secrets import check_job_secrets
+from corral.services.submit_guard import hold_access
 from corral.services.views import JobView, job_view
 from corral.spec import JobSpecV1
 
@@ -448,6 +449,7 @@ def submit_job(
     }
     message = f"submitted by {principal.name} to group {group.name}"
     job_id = session.connection().execute(INSERT_JOB, columns).scalar_one()
+    hold_access(session, principal, group.id, group.name)  # after the INSERT: see submit_guard
     record_event(session, job_id, now, message, to_state=JobState.QUEUED.value, immediate=True)
     record_lineage(session, job_id, spec.mounts)  # dataset versions it mounts (pinned at submit)
     record_model_uses(session, job_id, spec.mounts)  # model versions likewise (corral.catalog)

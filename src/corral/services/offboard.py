@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from corral.db.base import lock_row
 from corral.db.models import Group, Job, Membership, User, WebSession
 from corral.db.workspace_models import Workspace
 from corral.services.auth import Principal, forget_principals
@@ -74,11 +75,15 @@ def remove_member(
     they had. 404 when not a member, 409 for the group's last admin or while live jobs remain.
     Commits only the cancels; the removal is flushed for the caller to audit and commit."""
     what = f"user {user.name!r} cannot be removed from group {group.name!r}"
+    # The user locked before the live-jobs check until the commit: a submission waits for it and
+    # then finds no membership, or the check waits for the submission's job (submit_guard).
+    _lock_user(session, user)
     membership = _membership(session, group, user)
     if membership.role == "admin" and _group_admins(session, group.id) <= 1:
         raise Conflict(f"{what}: they are its last admin; make another member its admin first")
     if _settle_jobs(session, principal, live_jobs(session, user.id, group.id), what, cancel_jobs):
-        # Looked up again: the cancels committed, and a job submitted meanwhile must refuse the removal.
+        # Locked again: the cancels committed, and a job submitted meanwhile must refuse the removal.
+        _lock_user(session, user)
         membership = _membership(session, group, user)
         _settle_jobs(session, principal, live_jobs(session, user.id, group.id), what, False)
     role = membership.role
@@ -120,14 +125,24 @@ def set_active(
             raise Conflict(f"{what}: an administrator cannot deactivate themself")
         if user.is_admin and _active_admins(session) <= 1:
             raise Conflict(f"{what}: they are the last active administrator")
+        # Locked before the live-jobs check until the commit: a submission waits for it and then
+        # reads the user inactive, or the check waits for the submission's job (submit_guard).
+        _lock_user(session, user)
         if _settle_jobs(session, principal, live_jobs(session, user.id), what, cancel_jobs):
-            # Read again: the cancels committed, and a job submitted meanwhile must refuse it.
-            session.refresh(user)
+            # Locked again: the cancels committed, and a job submitted meanwhile must refuse it.
+            _lock_user(session, user)
             _settle_jobs(session, principal, live_jobs(session, user.id), what, False)
         session.execute(delete(WebSession).where(WebSession.user_id == user.id))
     user.active = active
     session.flush()
     forget_principals(session)
+
+
+def _lock_user(session: Session, user: User) -> None:
+    """Lock the user's row until the transaction ends, read again as committed by then: what a
+    submission's corral.services.submit_guard waits for."""
+    if not lock_row(session, user):
+        raise NotFound(f"no user named {user.name!r}")
 
 
 def _active_admins(session: Session) -> int:
