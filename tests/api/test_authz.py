@@ -89,7 +89,7 @@ CASES = [
     Case(
         "POST",
         "/api/v1/jobs",
-        {"alice": 201, "bob": 201, "carol": 403, "admin": 201},
+        {"alice": 201, "bob": 201, "carol": 404, "admin": 201},
         body=lambda w: {**SIMPLE_JOB, "group": "vision"},
     ),
     Case("GET", "/api/v1/jobs/{job_id}", JOB_OWNER_VIEW, path=lambda w: f"/api/v1/jobs/{_job(w)}"),

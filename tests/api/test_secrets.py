@@ -60,13 +60,13 @@ def test_own_secrets_are_write_only_and_stored_encrypted(world: World) -> None:
 
 def test_group_secrets_are_set_by_group_admins_and_listed_by_members(world: World) -> None:
     assert put(world, "alice", "hub", VALUE, group="vision") == 403  # a member may not set
-    assert put(world, "carol", "hub", VALUE, group="vision") == 403
+    assert put(world, "carol", "hub", VALUE, group="vision") == 404  # a non-member: as if no such group
     assert put(world, "bob", "hub", VALUE, group="vision") == 201  # vision's group admin
     assert put(world, "admin", "corp", VALUE, group="nlp") == 201  # a Corral admin, any group
     assert names(world, "alice") == [("hub", "group", "vision")]
     assert names(world, "carol") == [("corp", "group", "nlp")]
     r = world.client.get("/api/v1/secrets", params={"group": "vision"}, headers=world.as_("carol"))
-    assert r.status_code == 403
+    assert r.status_code == 404 and r.json()["detail"] == "no group named 'vision'"  # as if none existed
     r = world.client.delete("/api/v1/secrets/hub", params={"group": "vision"}, headers=world.as_("alice"))
     assert r.status_code == 403 and "admins" in r.json()["detail"]
     r = world.client.delete("/api/v1/secrets/hub", params={"group": "vision"}, headers=world.as_("bob"))

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from corral.db.models import Group
 from corral.services import audit
+from corral.services.accounts import visible_group_id
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
 
@@ -86,12 +87,7 @@ def group_id_of(session: Session, principal: Principal, name: str | None) -> int
     """The id of group `name`, which the caller must be a member of (None: no group)."""
     if name is None:
         return None
-    gid = session.scalar(select(Group.id).where(Group.name == name))
-    if gid is None:
-        raise NotFound(f"there is no group named {name!r}")
-    if not principal.is_member(gid) and not principal.is_admin:
-        raise Forbidden(f"you are not a member of group {name!r}")
-    return gid
+    return visible_group_id(session, principal, name)
 
 
 def group_name(session: Session, group_id: int | None) -> str | None:

@@ -44,6 +44,7 @@ from corral.datasets.service import can_push, versions_of
 from corral.datasets.store import Store, UploadGone, fd_sha256, file_sha256, walk_files, write_at
 from corral.db.base import lock_row
 from corral.db.models import Group
+from corral.services.accounts import visible_group_id
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
 
@@ -68,12 +69,7 @@ def _owner(
         return existing.owner_user_id, existing.owner_group_id
     if group is None:
         return principal.user_id, None
-    found = session.scalar(select(Group).where(Group.name == group))
-    if found is None:
-        raise NotFound(f"no group named {group!r}")
-    if not principal.is_admin and not principal.is_member(found.id):
-        raise Forbidden(f"you are not a member of group {group!r}")
-    return None, found.id
+    return None, visible_group_id(session, principal, group)
 
 
 def start(

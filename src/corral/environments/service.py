@@ -25,6 +25,7 @@ from corral.environments import interpreter, tools
 from corral.environments.store import DEFAULT_ENVIRONMENT
 from corral.scheduler import Profile
 from corral.services import audit
+from corral.services.accounts import visible_group_id
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
 from corral.services.lifecycle import JobState
@@ -230,12 +231,7 @@ def _group_id(session: Session, principal: Principal, req: CreateRequest) -> int
         if req.visibility == "group":
             raise Invalid("visibility 'group' needs the group it is shared with", ("body", "group"))
         return None
-    gid = session.scalar(select(Group.id).where(Group.name == req.group))
-    if gid is None:
-        raise NotFound(f"there is no group named {req.group!r}")
-    if not principal.is_member(gid) and not principal.is_admin:
-        raise Forbidden(f"you are not a member of group {req.group!r}")
-    return gid
+    return visible_group_id(session, principal, req.group)
 
 
 def _build_prerequisites(settings: Settings) -> tuple[str, str, tools.BuildTools]:

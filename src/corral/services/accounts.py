@@ -62,6 +62,16 @@ def visible_group(session: Session, principal: Principal, name: str) -> Group:
     return group
 
 
+def visible_group_id(session: Session, principal: Principal, name: str) -> int:
+    """`visible_group`'s id, for every parameter that names a group the caller must belong to
+    (a job's, a workspace's, a secret's, a catalogue entry's, a dataset upload's): a non-member
+    gets the 404 of a name no group has, never a 403 that confirms the group exists."""
+    gid = session.scalar(select(Group.id).where(Group.name == name))
+    if gid is None or not (principal.is_admin or principal.is_member(gid)):
+        raise NotFound(f"no group named {name!r}")
+    return int(gid)
+
+
 def lock_group(session: Session, group: Group) -> None:
     """Lock `group` until the transaction ends and read it again with its quotas, as committed by
     then: two admins setting the group's quotas at once take turns, and the second sees the

@@ -277,11 +277,10 @@ def resolve_group(session: Session, principal: Principal, name: str | None) -> G
         # FK: the default group exists
         return _group_ref(session.execute(GROUP_BY_ID, {"group_id": principal.default_group_id}).all())
     rows = session.execute(GROUP_BY_NAME, {"name": name}).all()
-    if not rows:
-        raise NotFound(f"there is no group named {name!r}")
-    group = _group_ref(rows)
-    if not principal.is_member(group.id) and not principal.is_admin:
-        raise Forbidden(f"you are not a member of group {name!r}, so you cannot submit jobs to it")
+    group = _group_ref(rows) if rows else None
+    if group is None or not (principal.is_member(group.id) or principal.is_admin):
+        # A non-member gets a missing group's answer (accounts.visible_group_id's rule).
+        raise NotFound(f"no group named {name!r}")
     return group
 
 

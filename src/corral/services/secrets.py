@@ -41,6 +41,7 @@ from corral.db.models import Group, Job, Membership, User
 from corral.db.secrets_models import JobSecret
 from corral.engine.base import SecretGrant
 from corral.services import audit
+from corral.services.accounts import visible_group_id
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
 from corral.spec import SECRET_NAME_RE, SecretUseV1
@@ -175,13 +176,6 @@ def check_name(name: str) -> str:
     return name
 
 
-def _group_id(session: Session, name: str) -> int:
-    gid = session.scalar(select(Group.id).where(Group.name == name))
-    if gid is None:
-        raise NotFound(f"there is no group named {name!r}")
-    return int(gid)
-
-
 def _admin_of(principal: Principal, group_id: int, group: str) -> None:
     if not principal.is_group_admin(group_id):
         raise Forbidden(f"only group {group!r}'s admins and Corral admins may change its secrets")
@@ -214,7 +208,7 @@ def set_secret(
     user_id: int | None = principal.user_id
     group_id: int | None = None
     if group is not None:
-        group_id, user_id = _group_id(session, group), None
+        group_id, user_id = visible_group_id(session, principal, group), None
         _admin_of(principal, group_id, group)
     row = _row(session, name, user_id, group_id)
     created = row is None
@@ -245,10 +239,7 @@ def list_secrets(session: Session, principal: Principal, group: str | None = Non
     """The caller's own secrets and those of the groups they belong to (or only `group`'s: a
     member's, or any group's for an admin). Names and times only."""
     if group is not None:
-        gid = _group_id(session, group)
-        if not principal.is_member(gid) and not principal.is_admin:
-            raise Forbidden(f"you are not a member of group {group!r}")
-        scope = JobSecret.group_id == gid
+        scope = JobSecret.group_id == visible_group_id(session, principal, group)
     else:
         groups = list(principal.group_roles)
         scope = or_(JobSecret.user_id == principal.user_id, JobSecret.group_id.in_(groups))
@@ -269,7 +260,7 @@ def delete_secret(session: Session, principal: Principal, name: str, group: str 
         row = _row(session, name, principal.user_id, None)
         where = "you have no secret"
     else:
-        gid = _group_id(session, group)
+        gid = visible_group_id(session, principal, group)
         _admin_of(principal, gid, group)
         row = _row(session, name, None, gid)
         where = f"group {group!r} has no secret"

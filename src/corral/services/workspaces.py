@@ -439,8 +439,13 @@ class PolicyView(TypedDict):
     max_idle_timeout_s: float
 
 
-def list_policies(session: Session, settings: Settings) -> list[PolicyView]:
-    groups = session.execute(select(Group.id, Group.name).order_by(Group.name)).all()
+def list_policies(session: Session, settings: Settings, principal: Principal) -> list[PolicyView]:
+    """Every group's for an admin; the caller's groups' otherwise (names of the others are not
+    disclosed: accounts.visible_group)."""
+    stmt = select(Group.id, Group.name).order_by(Group.name)
+    if not principal.is_admin:
+        stmt = stmt.where(Group.id.in_(list(principal.group_roles)))
+    groups = session.execute(stmt).all()
     out: list[PolicyView] = []
     for group_id, group in groups:
         default, maximum = group_limits(session, settings, group_id)

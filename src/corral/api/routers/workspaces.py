@@ -169,9 +169,10 @@ def create_workspace(request: Request, db: DB, principal: CurrentUser, body: Wor
 
 
 @router.get("/workspaces/policies", response_model=list[PolicyOut])
-def list_policies(request: Request, db: DB, _principal: CurrentUser) -> Any:
-    """Each group's default and maximum idle timeout for workspaces."""
-    return fast_json(svc.list_policies(db, request.app.state.settings))
+def list_policies(request: Request, db: DB, principal: CurrentUser) -> Any:
+    """Each group's default and maximum idle timeout for workspaces: an admin's every group, others
+    their own groups only."""
+    return fast_json(svc.list_policies(db, request.app.state.settings, principal))
 
 
 @router.put("/workspaces/policies/{group}", response_model=PolicyOut)
