@@ -276,3 +276,45 @@ def test_version_counters_start_above_every_number_given(url: str) -> None:
         assert [tuple(r) for r in models] == [("m", 4)]
     finally:
         engine.dispose()
+
+
+def test_retired_names_keep_the_numbers_jobs_recorded(url: str) -> None:
+    # 0022: a name whose dataset or model was deleted keeps the highest number jobs recorded for
+    # it, for one made again with that name; an environment's counter starts at its highest.
+    upgrade(url, "0021_removed_nodes")
+    engine = make_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        insert(engine, rows(0))
+        ds = {"owner_user_id": 1, "public": False, "description": "", "created_at": T0, "created_by": "u"}
+        built = {
+            "state": "failed",
+            "source_kind": "requirements",
+            "source": "x",
+            "python": "3",
+            "interpreter": "",
+            "cache_hit": False,
+            "error": "",
+            "created_by": "u",
+            "created_at": T0,
+        }
+        insert(engine, {
+            "datasets": [{"id": 1, "name": "kept", "last_version": 1, **ds}],
+            "job_datasets": [{"job_id": 10, "dataset_id": 1, "version": 1, "dataset_name": "kept"},
+                             {"job_id": 10, "dataset_id": 7, "version": 5, "dataset_name": "gone"},
+                             {"job_id": 11, "dataset_id": 7, "version": 2, "dataset_name": "gone"}],
+            "job_models": [{"job_id": 10, "model_version_id": 9, "model_name": "old", "version": 2}],
+            "environments": [{"id": 1, "name": "e", "owner_id": 1, "visibility": "private",
+                              "official": False, "description": "", "created_at": T0}],
+            "environment_versions": [{"id": i, "environment_id": 1, "version": v, **built}
+                                     for i, v in ((1, 1), (2, 3))],
+        })  # fmt: skip
+        upgrade(url, "0022_retired_names")
+        with engine.connect() as conn:
+            retired = conn.execute(
+                sa.text("SELECT kind, name, last_version FROM retired_names ORDER BY kind")
+            )
+            envs = conn.execute(sa.text("SELECT name, last_version FROM environments")).all()
+            assert [tuple(r) for r in retired] == [("dataset", "gone", 5), ("model", "old", 2)]
+        assert [tuple(r) for r in envs] == [("e", 3)]
+    finally:
+        engine.dispose()

@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from corral.catalog import access, model_files
+from corral.catalog import access, model_files, retired
 from corral.catalog.model_files import MissingOutputs, OutsideOutputs, UnusableOutputs
 from corral.catalog.model_mounts import STAGES, ModelRefError, jobs_using, pick_version, split_ref
 from corral.datasets import quotas
@@ -159,6 +159,7 @@ def _model_for_register(
         description=description or "",
         created_at=now,
         created_by=principal.name,
+        last_version=retired.carried_over(session, "model", name),  # a deleted one's, if any
     )
     session.add(row)
     access.flush_or_conflict(session, f"model {name!r}")
@@ -371,6 +372,8 @@ def delete_model(session: Session, principal: Principal, root: Path, name: str) 
     _charge_owner(session, model, -sum(r.bytes for r in rows), -sum(r.files for r in rows), check=False)
     session.execute(delete(ModelVersion).where(ModelVersion.model_id == model.id))
     session.execute(delete(RegisteredModel).where(RegisteredModel.id == model.id))
+    last = max([model.last_version or 0, *(r.version for r in rows)])
+    retired.retire(session, "model", name, last)  # a new model of this name goes on from there
     audit.record(
         session,
         actor=principal,

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from corral.catalog.retired import retire
 from corral.datasets.models import Dataset, DatasetShare, DatasetVersion, JobDataset
 from corral.datasets.names import BadName, check_name, check_plain, parse_ref
 from corral.datasets.quotas import charge_dataset, lock_account, owner_account
@@ -249,6 +250,8 @@ def delete_dataset(session: Session, store: Store, ds: Dataset) -> None:
     account = lock_account(owner_account(session, ds.owner_user_id, ds.owner_group_id))
     rows = versions_of(session, ds.id)
     charge_dataset(account, -sum(r.bytes for r in rows), -sum(r.files for r in rows))
+    session.refresh(ds, ["last_version"])  # after the lock, as every publish sets it
+    retire(session, "dataset", ds.name, ds.last_version)  # a new `ds.name` goes on from there
     session.delete(ds)
     session.commit()
     store.remove(store.dataset_dir(ds.id))

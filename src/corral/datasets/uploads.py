@@ -31,6 +31,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
+from corral.catalog.retired import carried_over
 from corral.datasets.models import Dataset, DatasetUpload, DatasetUploadFile, DatasetVersion
 from corral.datasets.names import BadName, check_name, check_path, check_plain, manifest_digest
 from corral.datasets.quotas import (
@@ -451,6 +452,7 @@ def publish(
         ds = Dataset(
             name=owner.name, owner_user_id=owner.user_id, owner_group_id=owner.group_id, public=False,
             description="", created_at=now, created_by=owner.by,
+            last_version=carried_over(session, "dataset", owner.name),  # a deleted one's, if any
         )  # fmt: skip
         session.add(ds)
     try:

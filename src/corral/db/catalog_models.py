@@ -97,3 +97,15 @@ class JobModel(Base):
     model_version_id: Mapped[int] = mapped_column(Integer, primary_key=True, index=True)
     model_name: Mapped[str] = mapped_column(String(64))
     version: Mapped[int] = mapped_column(Integer)
+
+
+class RetiredName(Base):
+    """The highest version number a deleted dataset, model or environment (`kind`) had given, kept
+    under its name (migration 0022): one created again with that name goes on from there, so a
+    version number is never given twice for a name (corral.catalog.retired)."""
+
+    __tablename__ = "retired_names"
+
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)  # dataset | model | environment
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    last_version: Mapped[int] = mapped_column(Integer)

@@ -24,6 +24,9 @@ class Environment(Base):
     official: Mapped[bool] = mapped_column(Boolean, default=False)
     description: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[float] = mapped_column(Float)
+    # The highest version number ever given (migration 0022): a deleted version's number, the
+    # latest's included, is never given again, so `environment: name@2` means one build for good.
+    last_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class EnvironmentVersion(Base):

@@ -18,6 +18,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from corral.catalog.access import flush_or_conflict
+from corral.catalog.retired import carried_over, retire
 from corral.config import Settings
 from corral.db.environment_models import Environment, EnvironmentVersion
 from corral.db.models import Group, Job, User
@@ -184,6 +185,7 @@ def _upsert_environment(
             official=req.official,
             description=req.description,
             created_at=time.time(),
+            last_version=carried_over(session, "environment", req.name),  # a deleted one's, if any
         )
         session.add(env)
         flush_or_conflict(session, f"environment {req.name!r}")
@@ -204,13 +206,16 @@ def _new_version(
     interpreter: str,
     python_version: str,
 ) -> EnvironmentVersion:
-    """The environment's next version, in state `building` (flushed, not committed)."""
+    """The environment's next version, in state `building` (flushed, not committed): above every
+    number given before (`last_version`), so a deleted latest version's is not given again. Two
+    creations at once may pick the same one: the version's unique key makes the second a 409."""
     latest = session.scalar(
         select(func.max(EnvironmentVersion.version)).where(EnvironmentVersion.environment_id == env.id)
     )
+    env.last_version = max(env.last_version or 0, latest or 0) + 1
     version = EnvironmentVersion(
         environment_id=env.id,
-        version=(latest or 0) + 1,
+        version=env.last_version,
         state=BUILDING,
         source_kind=req.source_kind,
         source=req.source,
@@ -381,7 +386,9 @@ def delete(session: Session, principal: Principal, name: str, number: int | None
     ids = [v.id for v in versions]
     session.execute(sa_delete(EnvironmentVersion).where(EnvironmentVersion.id.in_(ids)))
     if number is None:
+        last = max([env.last_version or 0, *(v.version for v in versions)])
         session.execute(sa_delete(Environment).where(Environment.name == name))
+        retire(session, "environment", name, last)  # a new environment of this name goes on from there
     audit.record(
         session,
         actor=principal,
