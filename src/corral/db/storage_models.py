@@ -8,7 +8,7 @@ same name is a new subject with a new id (SQLite may reuse the row id, never the
 
 from __future__ import annotations
 
-from sqlalchemy import Float, Integer, String, UniqueConstraint
+from sqlalchemy import Float, ForeignKey, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from corral.db.base import Base
@@ -27,4 +27,20 @@ class StorageIdentity(Base):
     subject_created_at: Mapped[float] = mapped_column(Float)
     subject_name: Mapped[str] = mapped_column(String(64))  # for `corral storage ids` and audits
     number: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class CodeClaim(Base):
+    """A `--code` blob a user has shown they hold: they uploaded its bytes, which hashed to its
+    sha256 (migration 0023). The blob on disk is one for everyone (deduplicated); whether it
+    counts as present for a caller (`POST /code/missing`, a manifest) is whether they or a
+    member of one of their groups has a claim, so nobody learns whether another user stored a
+    file by asking for its hash (corral.services.storage, docs/security.md)."""
+
+    __tablename__ = "code_claims"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_id: Mapped[int] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
     created_at: Mapped[float] = mapped_column(Float)

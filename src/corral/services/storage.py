@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import os
 import stat
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from corral.catalog import model_mounts as _model_mounts  # noqa: F401  (registers the model/ source)
 from corral.config import Settings
 from corral.datasets import mounts as _dataset_mounts  # noqa: F401  (registers the data/ source)
-from corral.db.models import Group, Job, User
-from corral.db.storage_models import StorageIdentity
+from corral.db.models import Group, Job, Membership, User
+from corral.db.storage_models import CodeClaim, StorageIdentity
 from corral.services import audit
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
@@ -100,22 +103,77 @@ def _is_current(session: Session, row: StorageIdentity) -> bool:
 # -- code uploads ------------------------------------------------------------------------------
 
 
-def missing_blobs(settings: Settings, hashes: list[str]) -> list[str]:
+# Blobs are stored once for everyone, but a blob counts as present for a caller only when they,
+# or a member of one of their groups, uploaded it (a CodeClaim): otherwise the answer is "send
+# it", and its bytes, checked against the hash, are dropped for the copy already there. Without
+# that, `missing` told anyone whether another user had stored a file of a given hash (a guess
+# of its content confirmed), and a manifest naming that hash got them a copy of the file.
+CLAIM_BATCH = 500  # hashes per IN (...) of the claims query
+
+
+def claimed_blobs(session: Session, principal: Principal, hashes: Iterable[str]) -> set[str]:
+    """Those of `hashes` the caller or a member of one of their groups has uploaded."""
+    mates = select(Membership.user_id).where(Membership.group_id.in_(list(principal.group_roles)))
+    who = or_(CodeClaim.user_id == principal.user_id, CodeClaim.user_id.in_(mates))
+    wanted, found = sorted(set(hashes)), set[str]()
+    for start in range(0, len(wanted), CLAIM_BATCH):
+        batch = wanted[start : start + CLAIM_BATCH]
+        found.update(session.scalars(select(CodeClaim.sha256).where(CodeClaim.sha256.in_(batch), who)))
+    return found
+
+
+def _missing_for(session: Session, settings: Settings, principal: Principal, hashes: list[str]) -> list[str]:
+    absent = set(code.missing(settings.storage_path, hashes))  # also checks each is a sha256
+    return sorted(set(hashes) - claimed_blobs(session, principal, set(hashes) - absent))
+
+
+def missing_blobs(session: Session, settings: Settings, principal: Principal, hashes: list[str]) -> list[str]:
+    """The hashes the caller must upload: not stored, or stored but not theirs (nor their
+    groups'), which reads the same."""
     if len(hashes) > MAX_MISSING_QUERY:
         raise Invalid(f"at most {MAX_MISSING_QUERY} hashes per query", ("body", "hashes"))
     try:
-        return code.missing(settings.storage_path, hashes)
+        return _missing_for(session, settings, principal, hashes)
     except code.CodeError as exc:
         raise Invalid(str(exc), ("body", "hashes")) from exc
 
 
-def upload_chunk(settings: Settings, sha: str, offset: int, data: bytes, final: bool) -> int:
+def upload_chunk(
+    session: Session,
+    settings: Settings,
+    principal: Principal,
+    sha: str,
+    offset: int,
+    data: bytes,
+    final: bool,
+) -> int:
+    """One chunk of the caller's upload of blob `sha`; the whole blob, checked, is then theirs.
+    A blob they (or their groups) hold already is not received again."""
+    uploader = str(principal.user_id)
     try:
-        return code.receive_chunk(settings.storage_path, sha, offset, data, final, settings.code_max_bytes)
+        blob = code.blob_path(settings.storage_path, sha)
+        if blob.exists() and claimed_blobs(session, principal, [sha]):
+            return blob.stat().st_size
+        size = code.receive_chunk(
+            settings.storage_path, sha, offset, data, final, settings.code_max_bytes, uploader=uploader
+        )
     except code.ChunkOutOfOrder as exc:
         raise Conflict(f"{exc}; resume at offset {exc.have}") from exc
     except code.CodeError as exc:
         raise Invalid(str(exc), ("body",)) from exc
+    if final:
+        _claim(session, principal, sha)
+    return size
+
+
+def _claim(session: Session, principal: Principal, sha: str) -> None:
+    if session.get(CodeClaim, (sha, principal.user_id)) is not None:
+        return
+    session.add(CodeClaim(sha256=sha, user_id=principal.user_id, created_at=time.time()))
+    try:
+        session.commit()
+    except IntegrityError:  # the same upload finished by another request of theirs just now
+        session.rollback()
 
 
 def parse_manifest(text: str) -> dict[str, dict[str, object]]:
@@ -135,12 +193,15 @@ def parse_manifest(text: str) -> dict[str, dict[str, object]]:
     return manifest
 
 
-def create_snapshot(settings: Settings, text: str) -> str:
+def create_snapshot(session: Session, settings: Settings, principal: Principal, text: str) -> str:
+    """The snapshot of the manifest; every blob it names must be the caller's (or their
+    groups'): one stored by someone else is "not uploaded yet" as for `missing_blobs`."""
     manifest = parse_manifest(text)
     try:
         for path in manifest:  # a malformed request (422) before the state of the upload (409)
             code.check_path(path)
-        absent = code.missing(settings.storage_path, sorted({str(f["sha256"]) for f in manifest.values()}))
+        hashes = sorted({str(f["sha256"]) for f in manifest.values()})
+        absent = _missing_for(session, settings, principal, hashes)
     except code.CodeError as exc:
         raise Invalid(str(exc), ("body",)) from exc
     if absent:  # the state of the upload, not a malformed request: upload them, then send it again

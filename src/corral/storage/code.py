@@ -76,20 +76,23 @@ def sweep_incoming(root: Path, now: float) -> int:
     return removed
 
 
-def _incoming(root: Path, sha: str) -> Path:
-    return root / "code" / "incoming" / f"{check_sha(sha)}.part"
+def _incoming(root: Path, sha: str, uploader: str) -> Path:
+    return root / "code" / "incoming" / f"{check_sha(sha)}{'.' + uploader if uploader else ''}.part"
 
 
-def receive_chunk(root: Path, sha: str, offset: int, data: bytes, final: bool, max_bytes: int) -> int:
-    """Append `data` at `offset` of the blob's partial upload (resumable: a chunk sent twice or
-    out of order is answered with how much is there); on `final`, check the hash and publish the
-    blob. Returns the bytes held."""
+def receive_chunk(
+    root: Path, sha: str, offset: int, data: bytes, final: bool, max_bytes: int, *, uploader: str = ""
+) -> int:
+    """Append `data` at `offset` of `uploader`'s partial upload of the blob (resumable: a chunk
+    sent twice or out of order is answered with how much is there; each uploader has their own,
+    so nobody learns how far another's got); on `final`, check the hash and publish the blob, or
+    drop the bytes when it is stored already (one copy on disk). Returns the bytes held. A blob
+    stored already is received all the same: its bytes are what shows the uploader holds the
+    file (corral.services.storage decides who need not send them)."""
     blob = blob_path(root, sha)
-    if blob.exists():
-        return blob.stat().st_size
     if len(data) > CHUNK_MAX:
         raise CodeError(f"blob {sha}: chunks are at most {CHUNK_MAX} bytes")
-    part = _incoming(root, sha)
+    part = _incoming(root, sha, uploader)
     have = part.stat().st_size if part.exists() else 0
     if offset != have:
         raise ChunkOutOfOrder(sha, have, offset)
@@ -107,6 +110,9 @@ def receive_chunk(root: Path, sha: str, offset: int, data: bytes, final: bool, m
     if digest.hexdigest() != sha:
         part.unlink(missing_ok=True)
         raise CodeError(f"blob {sha}: the uploaded bytes hash to {digest.hexdigest()}; send it again")
+    if blob.exists():  # deduplicated: the stored copy stays, these bytes go
+        part.unlink(missing_ok=True)
+        return blob.stat().st_size
     os.chmod(part, 0o444)
     blob.parent.mkdir(mode=0o700, exist_ok=True)
     os.replace(part, blob)

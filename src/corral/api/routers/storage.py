@@ -11,6 +11,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
+from starlette.concurrency import run_in_threadpool
 
 from corral.api.deps import DB, Admin, CurrentUser, RowId, fast_json
 from corral.api.schemas import RequestBody
@@ -30,10 +31,10 @@ class MissingIn(RequestBody):
 
 
 @router.post("/code/missing")
-def code_missing(body: MissingIn, request: Request, principal: CurrentUser) -> Any:
-    """Which of these sha256 hashes the server does not hold yet (upload only those)."""
-    del principal
-    return fast_json({"missing": svc.missing_blobs(request.app.state.settings, body.hashes)})
+def code_missing(body: MissingIn, request: Request, db: DB, principal: CurrentUser) -> Any:
+    """Which of these sha256 hashes the caller must upload (those the server does not hold for
+    them or their groups: another user's file reads as missing, and is stored once all the same)."""
+    return fast_json({"missing": svc.missing_blobs(db, request.app.state.settings, principal, body.hashes)})
 
 
 @router.put(
@@ -48,15 +49,16 @@ def code_missing(body: MissingIn, request: Request, principal: CurrentUser) -> A
 async def code_blob(
     sha: Annotated[str, Path(pattern=r"^[0-9a-f]{64}$")],
     request: Request,
+    db: DB,
     principal: CurrentUser,
     offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
     final: bool = False,
 ) -> Any:
     """One chunk of a blob at `offset` (409 with the offset to resume at when it does not fit);
     `final=true` checks the whole blob's hash and publishes it."""
-    del principal
     data = await request.body()
-    size = svc.upload_chunk(request.app.state.settings, sha, offset, data, final)
+    settings = request.app.state.settings
+    size = await run_in_threadpool(svc.upload_chunk, db, settings, principal, sha, offset, data, final)
     return fast_json({"sha256": sha, "size": size})
 
 
@@ -72,14 +74,13 @@ async def code_blob(
         }
     },
 )
-async def code_snapshot(request: Request, principal: CurrentUser) -> Any:
+async def code_snapshot(request: Request, db: DB, principal: CurrentUser) -> Any:
     """The snapshot of a manifest (text: `<sha256> <x|-> <path>` per line) -> its id."""
-    del principal
     try:
         text = (await request.body()).decode("utf-8")
     except UnicodeDecodeError:
         raise Invalid("the manifest is not UTF-8 text", ("body",))
-    snap_id = svc.create_snapshot(request.app.state.settings, text)
+    snap_id = await run_in_threadpool(svc.create_snapshot, db, request.app.state.settings, principal, text)
     return fast_json({"id": snap_id}, 201)
 
 
