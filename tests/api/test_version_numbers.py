@@ -94,3 +94,18 @@ def test_an_environment_never_gives_a_number_twice(world: World) -> None:
     assert r.status_code == 204, r.text
     assert _next_version(w, "e") == 4  # was 1: `environment: e@1` named another build
     assert _versions(w, "environments", "e") == [4]
+
+
+def test_a_template_published_again_goes_on_from_the_deleted_ones_number(world: World) -> None:
+    w, alice = world, world.as_("alice")
+    spec = {
+        "name": "t",
+        "command": "echo ${word}",
+        "parameters": {"word": {"type": "string", "default": "hi"}},
+    }
+    for version in (1, 2):
+        r = w.client.post(f"{API}/templates", json={"name": "t", "spec": spec}, headers=alice)
+        assert r.status_code == 201 and r.json()["version"] == version, r.text
+    assert w.client.delete(f"{API}/templates/t", headers=alice).status_code == 204
+    r = w.client.post(f"{API}/templates", json={"name": "t", "spec": spec}, headers=w.as_("carol"))
+    assert r.status_code == 201 and r.json()["version"] == 3, r.text  # was 1: `--version 1` changed

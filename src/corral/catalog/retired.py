@@ -1,6 +1,7 @@
 """Version numbers outlive a deleted name (docs/datasets.md, docs/catalogues.md).
 
-A dataset, model or environment keeps the highest version number it gave (`last_version`).
+A dataset, model or environment keeps the highest version number it gave (`last_version`; a
+template's versions are never deleted one by one, so its highest is its latest).
 Deleting it keeps that number under its name (`retire`, table `retired_names`); one created
 again with the name starts from it (`carried_over`), so `NAME@3`, as a job's spec or a model's
 lineage recorded it, never names other content: the new entry's first version is v4. The name
@@ -16,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from corral.db.catalog_models import RetiredName
 
-Kind = Literal["dataset", "model", "environment"]
+Kind = Literal["dataset", "model", "environment", "template"]
 
 
 def retire(session: Session, kind: Kind, name: str, last_version: int) -> None:

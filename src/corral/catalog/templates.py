@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from corral.catalog import access
+from corral.catalog import access, retired
 from corral.catalog.params import ParameterError, describe, render, sample_values, split_body
 from corral.config import Settings
 from corral.db.catalog_models import JobTemplate, TemplateVersion
@@ -174,7 +174,7 @@ def publish(
         )
         session.add(row)
         access.flush_or_conflict(session, f"template {name!r}")
-        number = 1
+        number = retired.carried_over(session, "template", name) + 1  # a deleted one's go on
     else:
         if not access.can_read(row, principal):
             raise Forbidden(f"template name {name!r} is taken by another user")
@@ -224,8 +224,12 @@ def share(
 def delete_template(session: Session, principal: Principal, name: str) -> None:
     """The template and all its versions (jobs made from it keep their own specs). Commits."""
     row = managed(session, name, principal)
+    last = session.scalar(
+        select(func.max(TemplateVersion.version)).where(TemplateVersion.template_id == row.id)
+    )
     session.execute(delete(TemplateVersion).where(TemplateVersion.template_id == row.id))
     session.execute(delete(JobTemplate).where(JobTemplate.id == row.id))
+    retired.retire(session, "template", name, int(last or 0))  # `use NAME --version N` stays one spec
     audit.record(session, actor=principal, action="template.delete", target_kind="template", target_id=name)
     session.commit()
 

@@ -100,12 +100,12 @@ class JobModel(Base):
 
 
 class RetiredName(Base):
-    """The highest version number a deleted dataset, model or environment (`kind`) had given, kept
+    """The highest version number a deleted dataset, model, environment or template (`kind`) had given, kept
     under its name (migration 0022): one created again with that name goes on from there, so a
     version number is never given twice for a name (corral.catalog.retired)."""
 
     __tablename__ = "retired_names"
 
-    kind: Mapped[str] = mapped_column(String(16), primary_key=True)  # dataset | model | environment
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)  # dataset|model|environment|template
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     last_version: Mapped[int] = mapped_column(Integer)
