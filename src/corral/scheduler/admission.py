@@ -25,6 +25,7 @@ from operator import attrgetter
 from typing import Protocol
 
 from corral.scheduler.cluster import RunningTotals
+from corral.scheduler.quota_memo import KeptAllowed
 from corral.scheduler.types import ANY_MODEL, Group, Job, Reason, RunningJob, Usage
 
 
@@ -96,8 +97,9 @@ def attained_now(rj: RunningJob, now: float, gpus: int | None = None) -> float:
 class QuotaLedger:
     """GPUs in use per (group, quota key) and per (group, user), with the limits that apply."""
 
-    def __init__(self, groups: Iterable[Group]) -> None:
+    def __init__(self, groups: Iterable[Group], kept: KeptAllowed | None = None) -> None:
         self.groups: dict[str, Group] = {g.name: g for g in groups}
+        self._kept = kept  # the Scheduler's answers from earlier cycles (quota_memo.py), if any
         self.used: dict[tuple[str, str], int] = {}
         self.user_used: dict[tuple[str, str], int] = {}
         self._keys: dict[tuple[str, str], tuple[str, str]] = {}  # (group, model) -> (group, quota key)
@@ -221,7 +223,9 @@ class QuotaLedger:
         need = job.total_gpus if need is None else need
         memo = self._memo.get(job.group)
         if memo is None:
-            memo = self._memo[job.group] = {}
+            kept = self._kept
+            fresh = {} if kept is None else kept.answers(self.group(job.group), self.used)
+            memo = self._memo[job.group] = fresh
         memo_key = (models, need, borrow)
         hit = memo.get(memo_key)
         if hit is None:
@@ -473,6 +477,9 @@ class FairShareQueue:
         self.horizon = horizon_s
         self.weights = weights
         self.size_of = size_of
+        # the classes themselves when `size_of` keeps them (build_queue's): a look-up instead of a
+        # call in every user key (one per pop, the queue's most frequent step)
+        self._sizes = size_of.sizes if isinstance(size_of, KeptSizeClasses) else None
         self.group_share = {g: group_usage.get(g, 0.0) / max(weights.get(g, 1.0), 1e-9) for g in by_user}
         self.user_share = dict(user_usage)
         self.users: dict[str, dict[str, deque[Job]]] = {}
@@ -514,9 +521,12 @@ class FairShareQueue:
         return (-int(job.priority), size, job.submit_time, job.id)
 
     def _user_key(self, g: str, user: str, head: Job) -> UserKey:
-        size = self.size_of(head) if self.size_of is not None else 0
+        sizes = self._sizes
+        size = sizes.get(head.id) if sizes is not None else None
+        if size is None:
+            size = self.size_of(head) if self.size_of is not None else 0
         share = self.user_share.get((g, user), 0.0)
-        return (-int(head.priority), size, share, head.submit_time, head.id, user)
+        return (-head.priority, size, share, head.submit_time, head.id, user)  # (-IntEnum: an int)
 
     def pop(self) -> Job | None:
         pending = self._pending

@@ -28,6 +28,7 @@ from corral.scheduler.preemption import Preemptor
 from corral.scheduler.profiles import PROFILES, Profile
 from corral.scheduler.queue_index import QueueIndex
 from corral.scheduler.quota_check import QuotaCheck
+from corral.scheduler.quota_memo import KeptAllowed
 from corral.scheduler.types import Allocation, Assignment, Job, Plan, Preemption, Reason, Snapshot
 
 
@@ -47,6 +48,7 @@ class Scheduler:
         self.replay_known = replay_known
         self.cluster_memo = ClusterMemo()
         self.job_kinds = JobKinds()
+        self.kept_allowed = KeptAllowed()  # quota admission's model answers per group's holdings
         self._queue_index: tuple[tuple[bool, float], QueueIndex] | None = None
 
     @property
@@ -101,7 +103,7 @@ class Cycle:
         profile = scheduler.profile
         self.snapshot, self.now, self.profile = snapshot, now, profile
         st = self.st = ClusterState(snapshot.nodes, scheduler.cluster_memo)
-        self.ledger = QuotaLedger(snapshot.groups)
+        self.ledger = QuotaLedger(snapshot.groups, scheduler.kept_allowed)
         held, totals = st.occupy_running(snapshot.running)
         running = list(zip(snapshot.running, held, strict=True))
         self.ledger.charge_running(totals)

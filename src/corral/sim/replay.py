@@ -207,6 +207,8 @@ class Simulator:
         self.allocated = 0
         self.jobs: dict[str, SimJob] = {}
         self.queued: dict[str, Job] = {}
+        # waiting GPU jobs per (first task's GPU models, GPUs): what the fragmentation samples read
+        self.queued_shapes: dict[tuple[frozenset[str] | None, int], int] = {}
         self.running: dict[str, RunningJob] = {}
         self.events: list[tuple[float, int, int, str]] = []
         self._seq = 0
@@ -378,7 +380,7 @@ class Simulator:
         sj.queued_at = now
         self.queued_gpus[tj.group] += tj.num_gpus
         estimate, spread = self._estimate(sj)
-        self.queued[tj.job_id] = Job(
+        job = self.queued[tj.job_id] = Job(
             id=tj.job_id,
             group=tj.group,
             user=tj.user,
@@ -391,6 +393,19 @@ class Simulator:
             stop_grace_s=self._stop_grace(tj),
             preemptions=sj.preemptions,
         )
+        self._count_shape(job, 1)
+
+    def _count_shape(self, job: Job, sign: int) -> None:
+        """Keep `queued_shapes` in step with `queued` (a job joining: 1, leaving: -1)."""
+        res = job.tasks[0].resources
+        if not res.gpus:
+            return
+        key = (res.gpu_models, res.gpus)
+        n = self.queued_shapes.get(key, 0) + sign
+        if n:
+            self.queued_shapes[key] = n
+        else:
+            del self.queued_shapes[key]
 
     def _stop_grace(self, tj: TraceJob) -> float | None:
         """The job's own stop grace (the trace's, else the configured default), bounded by the
@@ -543,11 +558,8 @@ class Simulator:
     def _sample_fragmentation(self, now: float) -> None:
         """Free GPUs on ready nodes that no waiting job's instance could use (size and model)."""
         need: dict[frozenset[str] | None, int] = {}
-        for job in self.queued.values():
-            res = job.tasks[0].resources
-            if res.gpus:
-                key = res.gpu_models
-                need[key] = min(need.get(key, res.gpus), res.gpus)
+        for key, gpus in self.queued_shapes:  # per shape, not per waiting job (thousands when deep)
+            need[key] = min(need.get(key, gpus), gpus)
         free = unusable = 0
         for ni, node in enumerate(self.nodes):
             f = self.free_gpus[ni]
@@ -628,6 +640,7 @@ class _SimSink:
             if job is None:
                 raise SimulationError(f"plan assigns {a.job_id}, which is not waiting")
             sim.queued_gpus[job.group] -= job.total_gpus
+            sim._count_shape(job, -1)
             sim._start(self.now, job, a.allocation, a.borrowed)
         return len(assignments)
 
