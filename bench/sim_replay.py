@@ -12,11 +12,14 @@ replayed under the same policy and under fifo in the same run. Target: >= 1,000 
 Load average of the machine is printed with every figure (a shared machine skews wall times).
 
     .venv/bin/python bench/sim_replay.py [--jobs N] [--policy default] [--baseline-jobs N]
-        [--deep-jobs 9000] [--deep-load 1.3] [--deep-seed 0] [--eta-interval S]
+        [--deep-jobs 9000] [--deep-load 1.3] [--deep-seed 0] [--eta-interval S] [--eta-reuse S]
 
 `--eta-interval S` (default 0: every new job's estimate read in its first cycle, as scored) reads
 new jobs' estimated starts at most once per S simulated seconds (`SimConfig.eta_interval_s`, a
 speed option that changes what the ETA figure scores); the Philly replay prints that figure.
+`--eta-reuse S` (default 0: off) sets the policy knob `eta_reuse_s` (scheduler/eta_kept.py: a new
+job's estimate continues the roll kept from a cycle at most S s earlier while nothing started or
+ended; not exact, so it moves the ETA figure a little).
 """
 
 from __future__ import annotations
@@ -48,14 +51,16 @@ def _percent(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
-def deep_case(jobs: int, load: float, seed: int, policy: str, config: SimConfig) -> dict[str, Any]:
+def deep_case(
+    jobs: int, load: float, seed: int, policy: str, config: SimConfig, knobs: dict[str, float]
+) -> dict[str, Any]:
     """The synthetic deep-queue replay under `policy` and fifo, same trace, same run."""
     cluster = load_cluster("synth")
     trace: Trace = generate(SynthSpec(jobs=jobs, load=load, seed=seed), cluster)
     out: dict[str, Any] = {"jobs": jobs, "load": load, "seed": seed}
     for name in (policy, "fifo"):
         started, cpu = time.perf_counter(), time.process_time()
-        result = simulate(trace, cluster, name, config)
+        result = simulate(trace, cluster, name, config, knobs)
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
         depth = result.max_queued
         s = summarize(result)
@@ -74,7 +79,7 @@ def deep_case(jobs: int, load: float, seed: int, policy: str, config: SimConfig)
 
 
 def replay(
-    jobs: int | None, policy: str, config: SimConfig | None = None
+    jobs: int | None, policy: str, config: SimConfig | None = None, knobs: dict[str, float] | None = None
 ) -> tuple[SimResult, int, float, float]:
     """The result, jobs replayed, wall seconds and CPU seconds of one replay."""
     trace = load_trace("philly")
@@ -82,7 +87,7 @@ def replay(
         trace = first_jobs(trace, jobs)
     cluster = load_cluster("philly")
     started, cpu = time.perf_counter(), time.process_time()
-    result = simulate(trace, cluster, policy, config)
+    result = simulate(trace, cluster, policy, config, knobs)
     return result, len(trace.jobs), time.perf_counter() - started, time.process_time() - cpu
 
 
@@ -106,7 +111,15 @@ def parse_args() -> argparse.Namespace:
         default=0.0,
         help="read new jobs' ETAs at most once per S simulated seconds (0: in each job's first cycle)",
     )
+    parser.add_argument(
+        "--eta-reuse",
+        type=float,
+        default=0.0,
+        help="the eta_reuse_s knob: continue a kept estimated-start roll for S s (0: off, exact)",
+    )
     args = parser.parse_args()
+    if not math.isfinite(args.eta_reuse) or args.eta_reuse < 0:
+        parser.error(f"--eta-reuse must be a finite number >= 0 of seconds, got {args.eta_reuse}")
     if not math.isfinite(args.eta_interval) or args.eta_interval < 0:
         parser.error(f"--eta-interval must be a finite number >= 0 of seconds, got {args.eta_interval}")
     if args.baseline_jobs is None:
@@ -117,9 +130,10 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     config = SimConfig(eta_interval_s=args.eta_interval)
+    knobs = {"eta_reuse_s": args.eta_reuse}
     deep = None
     if args.deep_jobs:
-        deep = deep_case(args.deep_jobs, args.deep_load, args.deep_seed, args.policy, config)
+        deep = deep_case(args.deep_jobs, args.deep_load, args.deep_seed, args.policy, config, knobs)
     if args.skip_philly:
         line = {"bench": "sim_replay", "deep": deep, "compiled": is_compiled(), "load_avg": os.getloadavg()}
         print(json.dumps(line))
@@ -127,13 +141,13 @@ def main() -> None:
 
     base_rate = base_cpu = None
     if args.baseline_jobs:
-        base, base_jobs, base_wall, base_cpu = replay(args.baseline_jobs, "fifo", config)
+        base, base_jobs, base_wall, base_cpu = replay(args.baseline_jobs, "fifo", config, knobs)
         base_rate = base_jobs / base_wall
         print(
             f"baseline fifo: {base_jobs:,} jobs in {base_wall:.1f} s (CPU {base_cpu:.1f} s) = "
             f"{base_rate:,.0f} jobs/s, {base.cycles:,} cycles ({load_text()})"
         )
-    result, jobs, wall, cpu = replay(args.jobs, args.policy, config)
+    result, jobs, wall, cpu = replay(args.jobs, args.policy, config, knobs)
     report(args, result, jobs, wall, cpu, base_rate, base_cpu, deep)
 
 
@@ -196,6 +210,7 @@ def report(
                 "baseline_fifo_cpu_s": None if base_cpu is None else round(base_cpu, 2),
                 "ratio_vs_fifo": None if base_rate is None else round(rate / base_rate, 3),
                 "eta_interval_s": args.eta_interval,
+                "eta_reuse_s": args.eta_reuse,
                 "eta_rel_err_median": eta_rel,
                 "eta_rel_jobs": summary["eta_rel_jobs"],
                 "eta_none_jobs": summary["eta_none_jobs"],

@@ -20,6 +20,7 @@ from corral.scheduler.admission import QuotaLedger, ResourceQuota, build_queue, 
 from corral.scheduler.backfill import Backfill
 from corral.scheduler.cluster import ClusterMemo, ClusterState
 from corral.scheduler.diagnosis import DiagnosisView, LazyDiagnoses
+from corral.scheduler.eta_kept import KeptRolls
 from corral.scheduler.jobinfo import JobInfo, JobInfos, JobKinds
 from corral.scheduler.known import KnownOutcomes
 from corral.scheduler.outcomes import Verdicts
@@ -50,6 +51,7 @@ class Scheduler:
         self.job_kinds = JobKinds()
         self.kept_allowed = KeptAllowed()  # quota admission's model answers per group's holdings
         self._queue_index: tuple[tuple[bool, float], QueueIndex] | None = None
+        self.kept_rolls = KeptRolls()  # the last targeted estimated-start roll (eta_kept.py)
 
     @property
     def queue_index(self) -> QueueIndex:
@@ -102,6 +104,7 @@ class Cycle:
     def __init__(self, scheduler: Scheduler, snapshot: Snapshot, now: float, rng: random.Random) -> None:
         profile = scheduler.profile
         self.snapshot, self.now, self.profile = snapshot, now, profile
+        self.kept_rolls = scheduler.kept_rolls
         st = self.st = ClusterState(snapshot.nodes, scheduler.cluster_memo)
         self.ledger = QuotaLedger(snapshot.groups, scheduler.kept_allowed)
         held, totals = st.occupy_running(snapshot.running)

@@ -438,13 +438,17 @@ class DiagnosisView:
             return {j: self.etas.get(j) for j in job_ids}
         assigned = self.cycle.assigned_ids
         wanted = {j for j in job_ids if j not in assigned}
-        found = self._roll(self._eta_order(wanted), wanted) if wanted else {}
+        found = self._roll(self._eta_order(wanted), wanted, keep=True) if wanted else {}
         return {j: found.get(j) for j in job_ids}
 
-    def _roll(self, order: list[Job], targets: set[str] | None, q: float = 0.5) -> dict[str, float | None]:
+    def _roll(
+        self, order: list[Job], targets: set[str] | None, q: float = 0.5, keep: bool = False
+    ) -> dict[str, float | None]:
         """Estimated starts of `order` (as far as `targets`), every runtime at its quantile `q`;
-        a job held by its quota or user cap keeps its place in the roll but gets no time."""
-        found = self._roll_all(order, targets, q)
+        a job held by its quota or user cap keeps its place in the roll but gets no time. `keep`
+        (a targeted roll): continue the roll kept from an earlier cycle where it holds, and keep
+        this one (eta_kept.py)."""
+        found = self._roll_all(order, targets, q, keep)
         why = self.cycle.verdicts.why
         for job_id in found:
             reason = why.get(job_id)
@@ -452,7 +456,9 @@ class DiagnosisView:
                 found[job_id] = None
         return found
 
-    def _roll_all(self, order: list[Job], targets: set[str] | None, q: float) -> dict[str, float | None]:
+    def _roll_all(
+        self, order: list[Job], targets: set[str] | None, q: float, keep: bool = False
+    ) -> dict[str, float | None]:
         cycle = self.cycle
         unschedulable = cycle.verdicts.unschedulable
         if unschedulable:
@@ -460,7 +466,8 @@ class DiagnosisView:
         st, info_of, profile = cycle.st, cycle.infos, cycle.profile
         memo = info_of.memo  # JobInfos.__call__'s own look-up, inlined: this runs for every job
         waiting = []
-        for job in order[: profile.eta_limit]:
+        order = order[: profile.eta_limit]
+        for job in order:
             hit = memo.get(id(job))
             eta = hit[1].eta if hit is not None and hit[0] is job else info_of(job).eta
             if q != 0.5 and job.runtime_spread is not None:  # the early or late end of the range
@@ -474,8 +481,10 @@ class DiagnosisView:
             if cycle.now not in found.values():
                 return found
             return _not_now(found, cycle.now, cycle.backfill.sorted_events(), waiting)
-        events = self._events(q)
         waiting = list(through_last(waiting, targets))
+        if keep and q == 0.5 and profile.eta_reuse_s > 0:
+            return self._continued(order[: len(waiting)], waiting)
+        events = self._events(q)
         found = backfill_starts(
             cycle.now,
             st.free_total,
@@ -488,6 +497,28 @@ class DiagnosisView:
         if cycle.now not in found.values():
             return found
         return _not_now(found, cycle.now, sorted(events, key=itemgetter(0)), waiting)
+
+    def _continued(self, jobs: list[Job], waiting: list[Waiting]) -> dict[str, float | None]:
+        """`_roll_all`'s backfill roll through `jobs` (their etas `waiting`), continuing the roll
+        the Scheduler kept from an earlier cycle where it holds (eta_kept.py): the starts of the
+        jobs placed past the kept ones."""
+        now = self.cycle.now
+        found, placed, roll, since = self.cycle.kept_rolls.place(
+            self.cycle, jobs, waiting, self._median_events
+        )
+        events = roll.events
+        if since > 0.0:  # continued: the kept roll seen `since` s later (eta_kept.py)
+            for job_id, at in found.items():
+                if at is not None:
+                    found[job_id] = at + since
+            if now in found.values():
+                events = [(end + since, per_model) for end, per_model in events]
+        if now not in found.values():
+            return found
+        return _not_now(found, now, events, placed)
+
+    def _median_events(self) -> list[Event]:
+        return self._events(0.5)
 
     def _events(self, q: float) -> list[Event]:
         """When running GPUs come back, for the backfill roll (computed once per cycle and q)."""

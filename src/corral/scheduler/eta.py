@@ -283,65 +283,119 @@ def backfill_starts(
     """Each waiting job's estimated start: the earliest time one of its models has room for it for
     its runtime, after the jobs before it took theirs. `events` in any order. `in_order` (strict
     FIFO, where nothing passes a job that does not fit): never before the job ahead of it."""
-    wanted = {m for w in waiting if w[1] > 0 for m in w[2]}
-    returns: dict[str, list[tuple[float, int]]] = {m: [] for m in wanted}
-    for end, per_model in sorted(events, key=itemgetter(0)):
-        for m, n in per_model.items():
-            found = returns.get(m)
-            if found is not None and n:
-                found.append((end, n))
-    lines = {m: Timeline(now, free_by_model.get(m, 0), returns[m]) for m in wanted}
-    # per model set (few sets, many jobs): its timelines with their capacity
-    choices: dict[tuple[str, ...], list[tuple[int, Timeline]]] = {}
-    out: dict[str, float | None] = {}
-    floor = now
-    count = len(waiting)
-    index = 0
-    while index < count:
-        job_id, need, models, runtime = waiting[index]
-        index += 1
-        if need <= 0:
-            out[job_id] = floor
-            continue
-        options = choices.get(models)
-        if options is None:
-            options = choices[models] = [(capacity_by_model.get(m, 0), lines[m]) for m in models]
-        hold = default_runtime_s if runtime is None else max(runtime, 1.0)
-        if len(options) == 1:  # one model (most jobs, and every job of a one-model cluster)
-            capacity, line = options[0]
-            at = None if need > capacity else line.hold_earliest(need, hold, floor)
-            out[job_id] = at
-            if in_order and at is not None:
-                floor = at
-            if index < count and _alike(waiting[index], need, models, runtime):
-                if at is not None and line.in_last_run(need):
-                    index, last = _place_along_last_run(waiting, index, line, at, hold, out)
-                    if in_order:
-                        floor = last
-                else:
-                    index = _place_alike(waiting, index, line, at, out)
-            continue
-        best_at: float | None = None
-        best_line: Timeline | None = None
-        for capacity, line in options:
-            if need > capacity:
+    roll = BackfillRoll(now, free_by_model, capacity_by_model, events, default_runtime_s, in_order)
+    return roll.place(waiting)
+
+
+class BackfillRoll:
+    """`backfill_starts` as an object that can be continued: `place` puts waiting jobs on the
+    timelines after those an earlier `place` put there, as if both lists had been one (the
+    estimated-start roll kept across cycles, diagnosis.py's `KeptRoll`). A model's timeline is
+    built the first time a job that may use it is placed."""
+
+    __slots__ = (
+        "capacity",
+        "choices",
+        "default_runtime_s",
+        "events",
+        "floor",
+        "free_by_model",
+        "in_order",
+        "lines",
+        "now",
+    )
+
+    def __init__(
+        self,
+        now: float,
+        free_by_model: Mapping[str, int],
+        capacity_by_model: Mapping[str, int],
+        events: Sequence[Event],
+        default_runtime_s: float,
+        in_order: bool = False,
+    ) -> None:
+        self.now = now
+        self.free_by_model = dict(free_by_model)
+        self.capacity = capacity_by_model
+        self.events = sorted(events, key=itemgetter(0))  # (stable: as backfill_starts sorted them)
+        self.default_runtime_s = default_runtime_s
+        self.in_order = in_order
+        self.floor = now  # strict FIFO: no job before the last one placed
+        self.lines: dict[str, Timeline] = {}
+        # per model set (few sets, many jobs): its timelines with their capacity
+        self.choices: dict[tuple[str, ...], list[tuple[int, Timeline]]] = {}
+
+    def _add_lines(self, waiting: Sequence[Waiting]) -> None:
+        """Timelines for the models `waiting` may use that have none yet (one pass over the
+        returns for all of them)."""
+        lines = self.lines
+        wanted = {m for w in waiting if w[1] > 0 for m in w[2] if m not in lines}
+        if not wanted:
+            return
+        returns: dict[str, list[tuple[float, int]]] = {m: [] for m in wanted}
+        for end, per_model in self.events:
+            for m, n in per_model.items():
+                found = returns.get(m)
+                if found is not None and n:
+                    found.append((end, n))
+        for m in wanted:
+            lines[m] = Timeline(self.now, self.free_by_model.get(m, 0), returns[m])
+
+    def place(self, waiting: Sequence[Waiting]) -> dict[str, float | None]:
+        """The estimated starts of `waiting`, placed in order after every job placed before."""
+        self._add_lines(waiting)
+        lines, choices, capacity_by_model = self.lines, self.choices, self.capacity
+        default_runtime_s, in_order = self.default_runtime_s, self.in_order
+        out: dict[str, float | None] = {}
+        floor = self.floor
+        count = len(waiting)
+        index = 0
+        while index < count:
+            job_id, need, models, runtime = waiting[index]
+            index += 1
+            if need <= 0:
+                out[job_id] = floor
                 continue
-            at = line.earliest(need, hold, floor, math.inf if best_at is None else best_at)
-            if at is not None and (best_at is None or at < best_at):
-                best_at, best_line = at, line
-                if at <= floor:  # no model can offer an earlier start: skip the others' searches
-                    break
-        if best_line is not None:
-            assert best_at is not None
-            best_line.take(best_at, need, hold)
-            if in_order:
-                floor = best_at
-        out[job_id] = best_at  # None: no single model ever holds it, cannot tell
-        if index < count and _alike(waiting[index], need, models, runtime):
-            # (the other models' timelines are as they were, and none offered best_at or earlier
-            # before best_line in the order: the same model wins while it has room at best_at)
-            index = _place_alike(waiting, index, best_line, best_at, out)
-    return out
+            options = choices.get(models)
+            if options is None:
+                options = choices[models] = [(capacity_by_model.get(m, 0), lines[m]) for m in models]
+            hold = default_runtime_s if runtime is None else max(runtime, 1.0)
+            if len(options) == 1:  # one model (most jobs, and every job of a one-model cluster)
+                capacity, line = options[0]
+                at = None if need > capacity else line.hold_earliest(need, hold, floor)
+                out[job_id] = at
+                if in_order and at is not None:
+                    floor = at
+                if index < count and _alike(waiting[index], need, models, runtime):
+                    if at is not None and line.in_last_run(need):
+                        index, last = _place_along_last_run(waiting, index, line, at, hold, out)
+                        if in_order:
+                            floor = last
+                    else:
+                        index = _place_alike(waiting, index, line, at, out)
+                continue
+            best_at: float | None = None
+            best_line: Timeline | None = None
+            for capacity, line in options:
+                if need > capacity:
+                    continue
+                at = line.earliest(need, hold, floor, math.inf if best_at is None else best_at)
+                if at is not None and (best_at is None or at < best_at):
+                    best_at, best_line = at, line
+                    if at <= floor:  # no model can offer an earlier start: skip the others' searches
+                        break
+            if best_line is not None:
+                assert best_at is not None
+                best_line.take(best_at, need, hold)
+                if in_order:
+                    floor = best_at
+            out[job_id] = best_at  # None: no single model ever holds it, cannot tell
+            if index < count and _alike(waiting[index], need, models, runtime):
+                # (the other models' timelines are as they were, and none offered best_at or earlier
+                # before best_line in the order: the same model wins while it has room at best_at)
+                index = _place_alike(waiting, index, best_line, best_at, out)
+        self.floor = floor
+        return out
 
 
 def _place_alike(
