@@ -370,9 +370,9 @@ def delete_model(session: Session, principal: Principal, root: Path, name: str) 
     if rows:
         _refuse_in_use(session, name, rows)
     _charge_owner(session, model, -sum(r.bytes for r in rows), -sum(r.files for r in rows), check=False)
+    last = model.last_version or 0  # every number it gave (migration 0020), read before the delete
     session.execute(delete(ModelVersion).where(ModelVersion.model_id == model.id))
     session.execute(delete(RegisteredModel).where(RegisteredModel.id == model.id))
-    last = max([model.last_version or 0, *(r.version for r in rows)])
     retired.retire(session, "model", name, last)  # a new model of this name goes on from there
     audit.record(
         session,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from sqlalchemy import delete as sa_delete
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from corral.catalog.access import flush_or_conflict
@@ -209,10 +209,7 @@ def _new_version(
     """The environment's next version, in state `building` (flushed, not committed): above every
     number given before (`last_version`), so a deleted latest version's is not given again. Two
     creations at once may pick the same one: the version's unique key makes the second a 409."""
-    latest = session.scalar(
-        select(func.max(EnvironmentVersion.version)).where(EnvironmentVersion.environment_id == env.id)
-    )
-    env.last_version = max(env.last_version or 0, latest or 0) + 1
+    env.last_version = (env.last_version or 0) + 1  # every number given is counted (migration 0022)
     version = EnvironmentVersion(
         environment_id=env.id,
         version=env.last_version,
@@ -386,7 +383,7 @@ def delete(session: Session, principal: Principal, name: str, number: int | None
     ids = [v.id for v in versions]
     session.execute(sa_delete(EnvironmentVersion).where(EnvironmentVersion.id.in_(ids)))
     if number is None:
-        last = max([env.last_version or 0, *(v.version for v in versions)])
+        last = env.last_version or 0  # every number it gave (migration 0022), read before the delete
         session.execute(sa_delete(Environment).where(Environment.name == name))
         retire(session, "environment", name, last)  # a new environment of this name goes on from there
     audit.record(

@@ -47,12 +47,11 @@ if TYPE_CHECKING:
 class KeptRoll:
     """A targeted roll and what it was built from."""
 
-    roll: BackfillRoll
-    now: float  # the cycle that built it: the timelines' origin
+    roll: BackfillRoll  # its `now` is the building cycle's (the timelines' origin), its
+    # `free_by_model` that cycle's free GPUs (copied; placing only reads it)
     profile: Profile
     nodes: tuple[Node, ...]
     running: tuple[RunningJob, ...]
-    free: dict[str, int]
     placed: list[Job]  # the jobs it placed, in the order placed
 
 
@@ -93,19 +92,17 @@ class KeptRolls:
                 profile.head_of_line_blocking,
             )
             snapshot = cycle.snapshot
-            kept = self.kept = KeptRoll(
-                roll, cycle.now, profile, snapshot.nodes, snapshot.running, dict(st.free_total), []
-            )
+            kept = self.kept = KeptRoll(roll, profile, snapshot.nodes, snapshot.running, [])
         new = waiting[done:]
         found = kept.roll.place(new)
         kept.placed.extend(jobs[done:])
-        return found, new, kept.roll, cycle.now - kept.now if done else 0.0
+        return found, new, kept.roll, cycle.now - kept.roll.now if done else 0.0
 
     @staticmethod
     def _holds(kept: KeptRoll, cycle: Cycle, jobs: Sequence[Job]) -> bool:
         """Whether `cycle` may continue `kept` (the rules in the module's docstring)."""
         profile, now, snapshot = cycle.profile, cycle.now, cycle.snapshot
-        if kept.profile is not profile or not 0.0 <= now - kept.now <= profile.eta_reuse_s:
+        if kept.profile is not profile or not 0.0 <= now - kept.roll.now <= profile.eta_reuse_s:
             return False
         if cycle.assigned_ids or cycle.preemptions or snapshot.nodes is not kept.nodes:
             return False
@@ -114,4 +111,4 @@ class KeptRolls:
             return False
         if len(jobs) <= len(placed) or not all(map(is_, jobs, placed)):  # (map stops at placed's end)
             return False
-        return cycle.st.free_total == kept.free
+        return cycle.st.free_total == kept.roll.free_by_model

@@ -57,8 +57,7 @@ def visible_group(session: Session, principal: Principal, name: str) -> Group:
     that exists reads as one that does not (404 either way), so an answer does not tell which
     group names exist."""
     group = group_by_name(session, name)
-    if not (principal.is_admin or principal.is_member(group.id)):
-        raise NotFound(f"no group named {name!r}")
+    _refuse_unless_visible(principal, group.id, name)
     return group
 
 
@@ -67,9 +66,15 @@ def visible_group_id(session: Session, principal: Principal, name: str) -> int:
     (a job's, a workspace's, a secret's, a catalogue entry's, a dataset upload's): a non-member
     gets the 404 of a name no group has, never a 403 that confirms the group exists."""
     gid = session.scalar(select(Group.id).where(Group.name == name))
-    if gid is None or not (principal.is_admin or principal.is_member(gid)):
+    if gid is None:
         raise NotFound(f"no group named {name!r}")
+    _refuse_unless_visible(principal, gid, name)
     return int(gid)
+
+
+def _refuse_unless_visible(principal: Principal, gid: int, name: str) -> None:
+    if not (principal.is_admin or principal.is_member(gid)):
+        raise NotFound(f"no group named {name!r}")  # as for a name no group has
 
 
 def lock_group(session: Session, group: Group) -> None:

@@ -558,8 +558,10 @@ class Simulator:
     def _sample_fragmentation(self, now: float) -> None:
         """Free GPUs on ready nodes that no waiting job's instance could use (size and model)."""
         need: dict[frozenset[str] | None, int] = {}
-        for key, gpus in self.queued_shapes:  # per shape, not per waiting job (thousands when deep)
-            need[key] = min(need.get(key, gpus), gpus)
+        # the keys, (GPU models, GPUs): per shape, not per waiting job (thousands when deep); the
+        # counts only keep a shape listed while a job of it waits
+        for models, gpus in self.queued_shapes:
+            need[models] = min(need.get(models, gpus), gpus)
         free = unusable = 0
         for ni, node in enumerate(self.nodes):
             f = self.free_gpus[ni]

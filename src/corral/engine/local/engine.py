@@ -345,6 +345,7 @@ class LocalEngine(AttemptPreparation):
             "finished_at": time.time(),
         }
         write_json(adir / "status.json", status)
+        self.live_index.discard(adir.name)  # final now: no listing need stat it to find so
         (adir / "engine_ref").write_text("refused")
         return "refused"
 
