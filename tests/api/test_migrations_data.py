@@ -23,6 +23,8 @@ from corral.db.session import alembic_config, downgrade, make_engine, upgrade
 from tests.pg import sqlite_or_postgres_url
 
 T0 = 1_700_000_000.0
+# a dataset row's columns other than its id and name (migration tests 0020 and 0022)
+DATASET_ROW = {"owner_user_id": 1, "public": False, "description": "", "created_at": T0, "created_by": "u"}
 SPEC = {"name": "train", "tasks": {"main": {"command": "python train.py", "resources": {"gpus": 2}}}}
 
 
@@ -254,11 +256,11 @@ def test_version_counters_start_above_every_number_given(url: str) -> None:
     engine = make_engine(url, poolclass=sa.pool.NullPool)
     try:
         insert(engine, rows(0))
-        ds = {"owner_user_id": 1, "public": False, "description": "", "created_at": T0, "created_by": "u"}
         made = {"bytes": 1, "files": 1, "digest": "d", "created_at": T0, "created_by": "u"}
         model = {"owner_user_id": 1, "visibility": "private", "description": "", "created_at": T0}
         insert(engine, {
-            "datasets": [{"id": i, "name": n, **ds} for i, n in enumerate(["kept", "used", "new"], 1)],
+            "datasets": [{"id": i, "name": n, **DATASET_ROW}
+                         for i, n in enumerate(["kept", "used", "new"], 1)],
             "dataset_versions": [{"id": i, "dataset_id": d, "version": v, "source": "upload", **made}
                                  for i, (d, v) in enumerate([(1, 1), (1, 2), (2, 1)], 1)],
             "job_datasets": [{"job_id": 10, "dataset_id": 2, "version": 3, "dataset_name": "used"}],
@@ -285,7 +287,6 @@ def test_retired_names_keep_the_numbers_jobs_recorded(url: str) -> None:
     engine = make_engine(url, poolclass=sa.pool.NullPool)
     try:
         insert(engine, rows(0))
-        ds = {"owner_user_id": 1, "public": False, "description": "", "created_at": T0, "created_by": "u"}
         built = {
             "state": "failed",
             "source_kind": "requirements",
@@ -298,7 +299,7 @@ def test_retired_names_keep_the_numbers_jobs_recorded(url: str) -> None:
             "created_at": T0,
         }
         insert(engine, {
-            "datasets": [{"id": 1, "name": "kept", "last_version": 1, **ds}],
+            "datasets": [{"id": 1, "name": "kept", "last_version": 1, **DATASET_ROW}],
             "job_datasets": [{"job_id": 10, "dataset_id": 1, "version": 1, "dataset_name": "kept"},
                              {"job_id": 10, "dataset_id": 7, "version": 5, "dataset_name": "gone"},
                              {"job_id": 11, "dataset_id": 7, "version": 2, "dataset_name": "gone"}],

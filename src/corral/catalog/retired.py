@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
 from corral.db.catalog_models import RetiredName
@@ -34,9 +34,8 @@ def carried_over(session: Session, kind: Kind, name: str) -> int:
     `last_version`; the record goes, the new entry keeps the count from now on. In the
     transaction creating it: the name's uniqueness makes one creation win."""
     last = session.scalar(
-        select(RetiredName.last_version).where(RetiredName.kind == kind, RetiredName.name == name)
+        delete(RetiredName)
+        .where(RetiredName.kind == kind, RetiredName.name == name)
+        .returning(RetiredName.last_version)
     )
-    if last is None:
-        return 0
-    session.execute(delete(RetiredName).where(RetiredName.kind == kind, RetiredName.name == name))
-    return int(last)
+    return int(last or 0)

@@ -32,20 +32,22 @@ class KeptAllowed:
     (and held, so its id is never reused); a group rebuilt each cycle simply never matches."""
 
     def __init__(self) -> None:
-        self._keys: dict[str, tuple[Group, tuple[str, ...]]] = {}
-        self._answers: dict[str, tuple[Group, tuple[int, ...], dict[AllowedKey, frozenset[str]]]] = {}
+        # per group name: (the Group, its quota keys, GPUs held per key, the answers for those)
+        self._kept: dict[
+            str, tuple[Group, tuple[str, ...], tuple[int, ...], dict[AllowedKey, frozenset[str]]]
+        ] = {}
 
     def answers(self, group: Group, used: Mapping[tuple[str, str], int]) -> dict[AllowedKey, frozenset[str]]:
         """The answers dict for the group as it holds now (`used`: the ledger's GPUs in use per
         (group, quota key)); the caller adds what it works out, which stays valid for that state."""
         name = group.name
-        keys = self._keys.get(name)
-        if keys is None or keys[0] is not group:
-            keys = self._keys[name] = (group, quota_keys(group))
-        held = tuple([used.get((name, k), 0) for k in keys[1]])
-        kept = self._answers.get(name)
-        if kept is not None and kept[0] is group and kept[1] == held:
-            return kept[2]
+        kept = self._kept.get(name)
+        if kept is not None and kept[0] is not group:
+            kept = None  # the group was read again: its keys may differ
+        keys = quota_keys(group) if kept is None else kept[1]
+        held = tuple([used.get((name, k), 0) for k in keys])
+        if kept is not None and kept[2] == held:
+            return kept[3]
         fresh: dict[AllowedKey, frozenset[str]] = {}
-        self._answers[name] = (group, held, fresh)
+        self._kept[name] = (group, keys, held, fresh)
         return fresh
