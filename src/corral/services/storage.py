@@ -152,9 +152,9 @@ def upload_chunk(
     uploader = str(principal.user_id)
     try:
         blob = code.blob_path(settings.storage_path, sha)
-        # only a first chunk can skip the upload: one already under way goes on (the stored copy
-        # wins at the end), so its other chunks cost no claims query
-        if offset == 0 and blob.exists() and claimed_blobs(session, principal, [sha]):
+        # at any offset: an upload of the caller's own blob that another upload of theirs has
+        # finished meanwhile is answered as done (a chunk past 0 would otherwise be out of order)
+        if blob.exists() and claimed_blobs(session, principal, [sha]):
             return blob.stat().st_size
         size = code.receive_chunk(
             settings.storage_path, sha, offset, data, final, settings.code_max_bytes, uploader=uploader
