@@ -33,3 +33,30 @@ def test_a_dataset_name_with_a_path_in_it_never_reaches_another_route(call: Call
     with pytest.raises(CorralError, match="bad dataset name"):
         call(client)
     assert sent == []
+
+
+@pytest.mark.parametrize("name", ["x.", ".x", "bad name", "uploads"])
+def test_push_and_import_refuse_a_bad_name_before_reading_or_sending_anything(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`corral data push x. DIR` hashed all of DIR, then printed the server's schema error ("field
+    'name' 'x.' does not match pattern ^[A-Za-z0-9](?:...)?$"); it now says what a name may be,
+    as the other dataset commands do, with nothing hashed or sent."""
+    sent: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(f"{request.method} {request.url.path}")
+        detail = [{"loc": ["body", "name"], "msg": "does not match pattern", "type": "pattern"}]
+        return httpx.Response(422, json={"detail": detail})  # what the server answers
+
+    import corral.datasets.transfer as transfer
+
+    hashed: list[Path] = []
+    monkeypatch.setattr(transfer, "file_sha256", lambda p: hashed.append(p) or "0" * 64)
+    (tmp_path / "f.txt").write_text("x")
+    client = Client("http://corral.test", "token", transport=httpx.MockTransport(answer))
+    with pytest.raises(CorralError, match=r"dataset name|reserved word"):
+        client.push_dataset(name, tmp_path)
+    with pytest.raises(CorralError, match=r"dataset name|reserved word"):
+        client.import_dataset(name, "/srv/data/x")
+    assert sent == [] and hashed == []

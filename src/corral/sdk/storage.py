@@ -138,7 +138,7 @@ class StorageApi(BaseClient):
         new version."""
         from corral.datasets.transfer import push
 
-        return push(self, name, Path(directory), group=group, progress=progress)
+        return push(self, dataset_name(name), Path(directory), group=group, progress=progress)
 
     def pull_dataset(
         self,
@@ -173,7 +173,8 @@ class StorageApi(BaseClient):
 
     def import_dataset(self, name: str, path: str, *, group: str | None = None) -> dict[str, Any]:
         """Admins: a new version copied from a server directory under CORRAL_DATASET_IMPORT_ROOTS."""
-        return self.request("POST", "/datasets/import", json={"name": name, "path": path, "group": group})
+        body = {"name": dataset_name(name), "path": path, "group": group}
+        return self.request("POST", "/datasets/import", json=body)
 
     def uploads(self) -> list[dict[str, Any]]:
         """The caller's dataset uploads still open (interrupted pushes)."""
