@@ -4,8 +4,12 @@ e.g. a Slurm cluster of GPU nodes only with CPU jobs kept off them (CORRAL_CPU_J
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from corral.db.environment_models import Environment, EnvironmentVersion
+from corral.db.models import Group, Job, User
+from corral.spec import JobSpecV1
 from tests.api.conftest import World
 from tests.api.helpers import add_node
 
@@ -48,3 +52,34 @@ def test_a_build_job_that_fits_no_node_is_refused(world: World) -> None:
     detail = r.json()["detail"]
     assert "their build job (1 CPU, 2 GiB, no GPU) fits no node" in detail, detail
     _nothing_registered(world)
+
+
+def test_deleting_a_version_a_job_mounts_through_env_is_refused(world: World) -> None:
+    """A spec's `mounts: [{source: env/tools}]` is pinned to `env/tools@1` at submit; deleting
+    tools@1 (or tools) while that job had not ended was allowed (204): only `environment:` was
+    looked at, so the version's store copy went to gc under the running job."""
+    now = time.time()
+    with world.session_factory() as db:
+        alice = db.query(User).filter(User.name == "alice").one()
+        vision = db.query(Group).filter(Group.name == "vision").one()
+        env = Environment(
+            name="tools", owner_id=alice.id, visibility="private", created_at=now, last_version=1
+        )
+        db.add(env)
+        db.flush()
+        db.add(EnvironmentVersion(
+            environment_id=env.id, version=1, state="ready", source_kind="requirements", source="numpy\n",
+            python="3.11.7", created_by="alice", created_at=now,
+        ))  # fmt: skip
+        spec = JobSpecV1.model_validate(
+            {"name": "mounts-env", "command": "true", "mounts": [{"source": "env/tools@1"}]}
+        )
+        job = Job(name="mounts-env", user_id=alice.id, group_id=vision.id, state="running", spec=spec,
+                  submitted_at=now, updated_at=now)  # fmt: skip
+        db.add(job)
+        db.commit()
+        job_id = job.id
+    for path in (f"{API}/environments/tools?version=1", f"{API}/environments/tools"):
+        r = world.client.delete(path, headers=world.as_("alice"))
+        assert r.status_code == 409, r.text
+        assert f"in use by active job {job_id}" in r.json()["detail"], r.text

@@ -362,10 +362,16 @@ def _version_row(session: Session, env: Environment, number: int) -> Environment
 
 
 def jobs_using(session: Session, refs: set[str]) -> list[int]:
-    """Active jobs pinned to any of `refs` ("name@3"), which keep their environment."""
+    """Active jobs pinned to any of `refs` ("name@3"), which keep their environment: as their
+    `environment:`, or as a mount of the `env/` source (pinned to `env/name@3` at submit)."""
     active = [s.value for s in JobState if not s.terminal]
     rows = session.execute(select(Job.id, Job.spec).where(Job.state.in_(active)))
-    return sorted(job_id for job_id, spec in rows if spec.environment in refs)
+    sources = {f"env/{ref}" for ref in refs}
+    return sorted(
+        job_id
+        for job_id, spec in rows
+        if spec.environment in refs or any(m.source in sources for m in spec.mounts)
+    )
 
 
 def delete(session: Session, principal: Principal, name: str, number: int | None) -> None:
