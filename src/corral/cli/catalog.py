@@ -284,8 +284,9 @@ def model_show(
         f"path /outputs/{data['source_path']}"
     )
     datasets = ", ".join(f"{d['name']}@{d['version']}" for d in lin["datasets"]) or "none"
+    models = ", ".join(m.removeprefix("model/") for m in lin.get("models") or []) or "none"
     out.print(
-        f"datasets: {datasets}; environment: {lin['environment']}; "
+        f"datasets: {datasets}; models: {models}; environment: {lin['environment']}; "
         f"code: {lin['code_snapshot'] or '-'}; checksum: {lin['code_checksum'] or '-'}"
     )
     out.print(f"metrics: {json.dumps(data['metrics'])}", highlight=False)
