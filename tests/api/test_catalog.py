@@ -245,3 +245,22 @@ def test_a_deleted_model_versions_number_is_never_given_again(world: World, sett
     assert [
         v["version"] for v in world.client.get(f"{API}/models/renum", headers=alice).json()["versions"]
     ] == [1, 3]
+
+
+def test_deleting_a_model_a_job_mounts_names_the_versions_in_use(world: World, settings: Any) -> None:
+    # `corral model rm digits` (two versions, v1 mounted) answered "model 'digits' its versions
+    # is mounted by jobs not yet ended: 14", naming neither version.
+    alice, root = world.as_("alice"), settings.storage_path
+    for weights in (b"one", b"two"):
+        job = finished_job(world, "alice", {"w.bin": weights}, root)
+        r = world.client.post(f"{API}/models/inuse/versions", json={"job_id": job}, headers=alice)
+        assert r.status_code == 201, r.text
+    spec = {"name": "reads", "command": "true", "mounts": [{"source": "model/inuse@1"}]}
+    r = world.client.post(f"{API}/jobs", json=spec, headers=alice)
+    assert r.status_code == 201, r.text
+    reader = r.json()["id"]
+    r = world.client.delete(f"{API}/models/inuse", headers=alice)
+    assert r.status_code == 409, r.text
+    assert r.json()["detail"] == f"model 'inuse' v1 is mounted by jobs not yet ended: {reader}", r.text
+    r = world.client.delete(f"{API}/models/inuse/versions/1", headers=alice)
+    assert r.status_code == 409 and "model 'inuse' v1 is mounted by" in r.json()["detail"], r.text

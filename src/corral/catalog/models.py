@@ -340,8 +340,9 @@ def _refuse_in_use(session: Session, name: str, rows: list[ModelVersion]) -> Non
     jobs = jobs_using(session, [r.id for r in rows])
     if jobs:
         which = ", ".join(str(j) for j in jobs[:10]) + (" ..." if len(jobs) > 10 else "")
-        what = f"v{rows[0].version}" if len(rows) == 1 else "its versions"
-        raise Conflict(f"model {name!r} {what} is mounted by jobs not yet ended: {which}")
+        used = [r for r in rows if len(rows) == 1 or jobs_using(session, [r.id])]  # which ones
+        what = ", ".join(f"v{r.version}" for r in used) + (" is" if len(used) == 1 else " are")
+        raise Conflict(f"model {name!r} {what} mounted by jobs not yet ended: {which}")
 
 
 def delete_version(session: Session, principal: Principal, root: Path, name: str, version: int) -> None:
