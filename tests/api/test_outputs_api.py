@@ -56,3 +56,14 @@ def test_an_output_whose_name_is_not_utf8_does_not_break_the_listing(world: Worl
     r = world.client.get(f"{API}/jobs/{job_id}/outputs", headers=world.as_("alice"))
     assert r.status_code == 200, r.text
     assert [item["path"] for item in r.json()["items"]] == ["ok.bin"]
+
+
+def test_a_bad_output_path_is_named_as_an_output_path(world: World) -> None:
+    # `corral job outputs`/SDK download_output(13, "../x") answered "code path '../x': ...": the
+    # check shared with code snapshots named the wrong thing.
+    job_id = _job_with_outputs(world, {"ok.bin": b"1"})
+    r = world.client.get(
+        f"{API}/jobs/{job_id}/outputs/file", params={"path": "../x"}, headers=world.as_("alice")
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["msg"].startswith("output path '../x': no empty"), r.text

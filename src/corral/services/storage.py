@@ -262,7 +262,7 @@ def open_output(settings: Settings, job: Job, path: str) -> int:
     """An fd of one output file, opened without following any symlink on the way (a job's uid
     owns that tree and may have planted links to the server's files)."""
     try:
-        code.check_path(path)
+        code.check_path(path, "output path")
     except code.CodeError as exc:
         raise Invalid(str(exc), ("query", "path")) from exc
     top = outputs_dir(settings.storage_path, job.id)

@@ -119,12 +119,14 @@ def receive_chunk(
     return blob.stat().st_size
 
 
-def check_path(path: str) -> str:
+def check_path(path: str, what: str = "code path") -> str:
+    """A relative '/'-separated path with no empty, '.', '..' or control-character parts; `what`
+    names it in the error (a snapshot's "code path", a job's "output path")."""
     if not path or len(path) > MAX_PATH or path.startswith("/") or "\\" in path:
-        raise CodeError(f"code path {path!r} must be a relative path (at most {MAX_PATH} characters)")
+        raise CodeError(f"{what} {path!r} must be a relative path (at most {MAX_PATH} characters)")
     for part in path.split("/"):
         if part in ("", ".", "..") or any(ord(c) < 32 or ord(c) == 127 for c in part):
-            raise CodeError(f"code path {path!r}: no empty, '.', '..' or control-character parts")
+            raise CodeError(f"{what} {path!r}: no empty, '.', '..' or control-character parts")
     return path
 
 
