@@ -83,3 +83,37 @@ def test_deleting_a_version_a_job_mounts_through_env_is_refused(world: World) ->
         r = world.client.delete(path, headers=world.as_("alice"))
         assert r.status_code == 409, r.text
         assert f"in use by active job {job_id}" in r.json()["detail"], r.text
+
+
+def test_a_build_job_is_kept_until_its_version_is_settled(world: World) -> None:
+    """`corral rm` of a build job that had ended before the env-builds loop settled its version
+    went through (204): the version then waited to fail as orphaned, or, with the job's id given
+    again to the next job (SQLite), was settled from that other job's outputs."""
+    now = time.time()
+    with world.session_factory() as db:
+        alice = db.query(User).filter(User.name == "alice").one()
+        vision = db.query(Group).filter(Group.name == "vision").one()
+        spec = JobSpecV1.model_validate({"name": "env-build-tools-v1", "command": "true"})
+        job = Job(name="env-build-tools-v1", user_id=alice.id, group_id=vision.id, state="succeeded",
+                  spec=spec, submitted_at=now, updated_at=now, finished_at=now)  # fmt: skip
+        db.add(job)
+        env = Environment(
+            name="tools", owner_id=alice.id, visibility="private", created_at=now, last_version=1
+        )
+        db.add(env)
+        db.flush()
+        version = EnvironmentVersion(
+            environment_id=env.id, version=1, state="building", source_kind="requirements", source="numpy\n",
+            python="3.11.7", created_by="alice", created_at=now, build_job_id=job.id,
+        )  # fmt: skip
+        db.add(version)
+        db.commit()
+        job_id, version_id = job.id, version.id
+    r = world.client.delete(f"{API}/jobs/{job_id}", headers=world.as_("alice"))
+    assert r.status_code == 409, r.text
+    assert "it builds environment tools@1, not settled yet" in r.json()["detail"], r.text
+    with world.session_factory() as db:  # settled (the loop's write): the job may go
+        db.query(EnvironmentVersion).filter(EnvironmentVersion.id == version_id).update({"state": "ready"})
+        db.commit()
+    r = world.client.delete(f"{API}/jobs/{job_id}", headers=world.as_("alice"))
+    assert r.status_code == 204, r.text

@@ -10,8 +10,8 @@ What registered models need is kept: a model version (corral.catalog) owns a rea
 its files under `<storage root>/model/`, made when it is registered, and its lineage is stored as
 values, not as references to the job. So deleting a job or its outputs (here, by a user or by
 retention) never removes a model's files or lineage, and no job has to stay for a model.
-`kept_by_registry` remains the one place that would say which jobs must stay (deletion refuses
-them with 409, retention skips them) should a catalogue ever point into a job's outputs.
+`kept_by_registry` is the one place that says which jobs must stay (deletion refuses them with
+409, retention skips them): today an environment build job until its version is settled.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from pathlib import Path
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, selectinload
 
+from corral.db.environment_models import Environment, EnvironmentVersion
 from corral.db.models import Attempt, Job, JobEvent
 from corral.engine.base import Engine
+from corral.environments.service import BUILDING
 from corral.services import audit
 from corral.services.audit_state import job_state
 from corral.services.auth import Principal
@@ -40,9 +42,24 @@ RETENTION_BATCH = 200  # jobs deleted per retention pass; a longer backlog goes 
 
 def kept_by_registry(session: Session, job_ids: Sequence[int]) -> dict[int, str]:
     """{job id: why it must be kept} for jobs something registered depends on. Model versions
-    own copies of their files (corral.catalog.model_files), so none depends on its job: empty."""
-    del session, job_ids
-    return {}
+    own copies of their files (corral.catalog.model_files), so none depends on its job. An
+    environment version still `building` does until the env-builds loop has settled it: the loop
+    reads its build job's outputs (lock, venv), and a job deleted first left the version waiting
+    to fail as orphaned, or, with the id given again (SQLite gives the highest one again), read
+    another job's outputs as its build."""
+    if not job_ids:
+        return {}
+    rows = session.execute(
+        select(EnvironmentVersion.build_job_id, Environment.name, EnvironmentVersion.version)
+        .join(Environment, Environment.id == EnvironmentVersion.environment_id)
+        .where(EnvironmentVersion.build_job_id.in_(list(job_ids)), EnvironmentVersion.state == BUILDING)
+    )
+    return {
+        job_id: f"it builds environment {name}@{version}, not settled yet; delete it once "
+        f"`corral env show {name}@{version}` says ready or failed"
+        for job_id, name, version in rows
+        if job_id is not None
+    }
 
 
 def delete_job(
