@@ -264,3 +264,23 @@ def test_deleting_a_model_a_job_mounts_names_the_versions_in_use(world: World, s
     assert r.json()["detail"] == f"model 'inuse' v1 is mounted by jobs not yet ended: {reader}", r.text
     r = world.client.delete(f"{API}/models/inuse/versions/1", headers=alice)
     assert r.status_code == 409 and "model 'inuse' v1 is mounted by" in r.json()["detail"], r.text
+
+
+def test_a_metrics_json_nested_too_deeply_is_skipped_like_an_unreadable_one(
+    world: World, settings: Any
+) -> None:
+    # A job's metrics.json of 2,000 nested objects made `corral model register` answer 400 "the
+    # request body is nested too deeply to parse": the parser's RecursionError escaped
+    # read_metrics, whose metrics are optional ({} when unreadable).
+    deep = ('{"x":' * 2000 + "1" + "}" * 2000).encode()
+    shallow = json.dumps({"a": {"b": {"c": 0.5}}}).encode()
+    alice = world.as_("alice")
+    for name, metrics_json in (("deep", deep), ("shallow", shallow)):
+        job = finished_job(
+            world, "alice", {"m/w.bin": b"w", "m/metrics.json": metrics_json}, settings.storage_path
+        )
+        body = {"job_id": job, "path": "m", "metrics": {"f1": 0.8}}
+        r = world.client.post(f"{API}/models/{name}/versions", json=body, headers=alice)
+        assert r.status_code == 201, r.text
+        expected = {"f1": 0.8} if name == "deep" else {"a.b.c": 0.5, "f1": 0.8}
+        assert r.json()["metrics"] == expected, r.text

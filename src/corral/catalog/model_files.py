@@ -24,6 +24,7 @@ from corral.storage.layout import StorageError, check_subpath, outputs_dir
 
 STAGING = ".staging"
 METRICS_FILE = "metrics.json"
+MAX_METRICS_DEPTH = 32  # nested mappings in metrics.json flattened this deep at most
 MAX_METRICS = 256
 BLOCK = 1 << 20
 _PART = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
@@ -164,17 +165,21 @@ def stage_copy(root: Path, job_id: int, sub: str) -> Copied:
 
 def read_metrics(path: Path) -> dict[str, Any]:
     """Numbers and short texts from a `metrics.json` at the top of a copied version ({} if none
-    or unreadable: metrics are optional). Nested mappings are flattened with '.'."""
+    or unreadable: metrics are optional). Nested mappings are flattened with '.', down to
+    MAX_METRICS_DEPTH levels. The job wrote the file: one nested too deeply for the parser is
+    unreadable too (its RecursionError was answered as "the request body is nested too deeply")."""
     try:
         data = json.loads((path / METRICS_FILE).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     out: dict[str, Any] = {}
 
-    def walk(prefix: str, node: Any) -> None:
+    def walk(prefix: str, node: Any, depth: int = 0) -> None:
         if isinstance(node, dict):
+            if depth >= MAX_METRICS_DEPTH:
+                return
             for key, value in node.items():
-                walk(f"{prefix}.{key}" if prefix else str(key), value)
+                walk(f"{prefix}.{key}" if prefix else str(key), value, depth + 1)
         elif len(out) < MAX_METRICS and (
             isinstance(node, bool | int | float) or (isinstance(node, str) and len(node) <= 256)
         ):
