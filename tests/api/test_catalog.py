@@ -284,3 +284,27 @@ def test_a_metrics_json_nested_too_deeply_is_skipped_like_an_unreadable_one(
         assert r.status_code == 201, r.text
         expected = {"f1": 0.8} if name == "deep" else {"a.b.c": 0.5, "f1": 0.8}
         assert r.json()["metrics"] == expected, r.text
+
+
+@pytest.mark.parametrize(
+    ("odd", "words"),
+    [
+        (b"bad-\xff.bin", "'bad-\\\\xff.bin' is not a UTF-8 file name"),
+        (b"a\tb", "holds a control character"),
+    ],
+)
+def test_an_output_name_a_manifest_cannot_carry_is_refused_leaving_nothing(
+    world: World, settings: Any, odd: bytes, words: str
+) -> None:
+    # A job's file named b"bad-\xff.bin" made `corral model register` a 500 (UnicodeEncodeError
+    # hashing the manifest) and left its copy in model/.staging; a tab in a name would split a
+    # "path<TAB>size<TAB>sha256" line.
+    root = settings.storage_path
+    job = finished_job(world, "alice", {"m/ok.bin": b"w"}, root)
+    with open(bytes(outputs_dir(root, job)) + b"/m/" + odd, "wb") as f:  # a job may name files anything
+        f.write(b"x")
+    body = {"job_id": job, "path": "m"}
+    r = world.client.post(f"{API}/models/odd/versions", json=body, headers=world.as_("alice"))
+    assert r.status_code == 409 and words in r.json()["detail"], r.text
+    assert list((root / "model" / ".staging").iterdir()) == []
+    assert world.client.get(f"{API}/models/odd", headers=world.as_("alice")).status_code == 404

@@ -101,11 +101,28 @@ def _copy_fd(src_fd: int, dest: Path) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
+def _check_name(path: str) -> None:
+    """A name the manifest ("path<TAB>size<TAB>sha256" lines), JSON and URLs can carry: UTF-8,
+    no control characters (a job names its files as it likes)."""
+    shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UnusableOutputs(
+            f"{shown!r} is not a UTF-8 file name; a model's names must be (rename it)"
+        ) from None
+    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+        raise UnusableOutputs(
+            f"{shown!r} holds a control character; a model's file names may not (rename it)"
+        )
+
+
 def _copy_tree(dir_fd: int, dest: Path, rel: str, copied: Copied) -> None:
     for name in sorted(os.listdir(dir_fd)):
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         path = f"{rel}/{name}" if rel else name
+        _check_name(path)
         if stat.S_ISLNK(st.st_mode):
             raise UnusableOutputs(f"{path} is a symlink; a model holds plain files and directories")
         if stat.S_ISDIR(st.st_mode):
@@ -151,15 +168,15 @@ def stage_copy(root: Path, job_id: int, sub: str) -> Copied:
             os.close(fd)
         if not copied.manifest:
             raise UnusableOutputs(f"/outputs/{sub or ''} of job {job_id} holds no files".replace("//", "/"))
+        copied.manifest.sort()
+        text = "".join(f"{p}\t{s}\t{h}\n" for p, s, h in copied.manifest)
+        copied.digest = hashlib.sha256(text.encode()).hexdigest()
+        copied.files = len(copied.manifest)
+        copied.bytes = sum(s for _, s, _ in copied.manifest)
+        make_read_only(copied.path)
     except BaseException:
         remove_tree(copied.path)
         raise
-    copied.manifest.sort()
-    text = "".join(f"{p}\t{s}\t{h}\n" for p, s, h in copied.manifest)
-    copied.digest = hashlib.sha256(text.encode()).hexdigest()
-    copied.files = len(copied.manifest)
-    copied.bytes = sum(s for _, s, _ in copied.manifest)
-    make_read_only(copied.path)
     return copied
 
 
