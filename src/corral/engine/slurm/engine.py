@@ -3,8 +3,9 @@
 One attempt = one Slurm batch job named `corral-<attempt_id>`, pinned with --nodelist and
 --gres=gpu:N, submitted with --no-requeue as the Unix account of the job's Corral user (users.py)
 and run inside bubblewrap on the node (scripts.py). Status comes from one `squeue --states=all` per
-poll (cli.SlurmCli.jobs; none while every live job pends and none shows it started, see
-_still_pending); what Slurm forgets (or never knew) lives in a JSON file per attempt (state.py).
+poll (cli.SlurmCli.jobs; none while every live job pends or runs and none shows it started or an
+instance ended, see _still_pending and _still_quiet); what Slurm forgets (or never knew) lives
+in a JSON file per attempt (state.py).
 """
 
 from __future__ import annotations
@@ -73,6 +74,13 @@ ACCOUNT_CACHE_S = 60.0
 # an admin or failed at launch on its node). docs/slurm.md, ninth round: 2 of 3 polls under the
 # bench's loads found only pending jobs, ~7 ms of CPU each (squeue, slurmctld, the parse).
 PENDING_RECHECK_S = 1.0
+# The same while some live attempts run and the others pend (docs/slurm.md, 2026-11-29 round):
+# squeue was asked at every poll (25 a second) for as long as any job ran. A running job's
+# instances each write rank-R.exit as they end (scripts.rank_script), so a poll asks again once one
+# of them shows, or a pending one shows it started, or this long has passed: an end that writes no
+# exit file (scancel by an admin, the whole step killed, a node lost) or Corral's max_runtime
+# (checked at squeue polls, _enforce_limits) is seen at most this much later than at every poll.
+RUNNING_RECHECK_S = 0.25
 # The most live attempts polled by job id in one squeue call: one argument holds at most 128 kB
 # (MAX_ARG_STRLEN); beyond this many, the poll asks for the accounts' jobs instead.
 MAX_JOBS_BY_ID = 5000
@@ -173,6 +181,10 @@ class SlurmEngine(Submission):
         self._pending: dict[str, AttemptStatus] = {}
         self._all_pending_at = float("-inf")
         self._noted_at = float("-inf")  # when the squeue whose answer _note_pending kept was asked
+        # (when, statuses): the same from the last squeue that found every live attempt pending
+        # or running and some running (_still_quiet); one tuple, replaced whole (polls run on two
+        # threads), its dict changed after only by launches joining it
+        self._quiet: tuple[float, dict[str, AttemptStatus]] = (float("-inf"), {})
         self._holds = mapping.NodeHolds()  # each node's hold, from the last `sinfo --json`
 
     @classmethod
@@ -280,6 +292,8 @@ class SlurmEngine(Submission):
                 live.append(record)
         if live:
             still = self._still_pending(live)
+            if still is None:
+                still = self._still_quiet(live)
             if still is not None:
                 out.update(still)
                 return out
@@ -309,26 +323,54 @@ class SlurmEngine(Submission):
             out[record.attempt_id] = status
         return out
 
+    def _still_quiet(self, live: list[AttemptRecord]) -> dict[str, AttemptStatus] | None:
+        """The live attempts' statuses without asking squeue, when at the last squeue (less than
+        RUNNING_RECHECK_S ago) each was pending or running (or was launched since), none has a
+        stop requested, no pending one shows it started and no running one has an instance that
+        ended (its rank-R.exit); else None (ask squeue)."""
+        quiet_at, quiet = self._quiet
+        if time.monotonic() - quiet_at >= RUNNING_RECHECK_S:
+            return None
+        out = {}
+        for record in live:
+            status = quiet.get(record.attempt_id)
+            if status is None or record.stop is not None or not record.slurm_job_id:
+                return None
+            if status.phase is AttemptPhase.PENDING:
+                names = [scripts.BATCH_OUTPUT.format(job_id=record.slurm_job_id)]
+            else:
+                names = [f"rank-{rank}.exit" for rank in range(max(1, record.n_ranks))]
+            if any(os.path.exists(self.store.job_file(record.attempt_id, n)) for n in names):
+                return None
+            out[record.attempt_id] = status
+        return out
+
     def _note_launched(self, aid: str, slurm_job_id: str) -> None:
         """A job just submitted pends in Slurm's answer until its scheduler allocates it, which
-        its output file shows (_still_pending). Noted only while the "all pending" memory is fresh:
-        else the next poll asks squeue anyway, and a server that launches but does not poll (its
-        reconcile lease held elsewhere) would keep an entry per job it ever launched."""
+        its output file shows (_still_pending, _still_quiet). Noted only while a poll's memory is
+        fresh: else the next poll asks squeue anyway, and a server that launches but does not poll
+        (its reconcile lease held elsewhere) would keep an entry per job it ever launched."""
+        status = AttemptStatus(
+            aid, AttemptPhase.PENDING, message="submitted to Slurm", engine_ref=slurm_job_id
+        )
         if time.monotonic() - self._all_pending_at < PENDING_RECHECK_S:
-            self._pending[aid] = AttemptStatus(
-                aid, AttemptPhase.PENDING, message="submitted to Slurm", engine_ref=slurm_job_id
-            )
+            self._pending[aid] = status
+        quiet_at, quiet = self._quiet
+        if time.monotonic() - quiet_at < RUNNING_RECHECK_S:
+            quiet[aid] = status
 
     def _note_pending(
         self, live: list[AttemptRecord], statuses: Mapping[str, AttemptStatus], asked_at: float
     ) -> None:
-        """After a squeue: remember whether every live attempt was pending (see _still_pending).
+        """After a squeue: remember whether every live attempt was pending (see _still_pending),
+        or pending or running (see _still_quiet).
         An answer older than the last one noted is dropped: `corral exec` polls from an API thread
         beside the reconcile loop, and the squeue that ends last need not be the one asked last."""
         if asked_at < self._noted_at:
             return
         self._noted_at = asked_at
         pending = {r.attempt_id: statuses[r.attempt_id] for r in live}
+        phases = {s.phase for s in pending.values()}
         if all(s.phase is AttemptPhase.PENDING for s in pending.values()):
             self._pending.clear()  # an attempt launched meanwhile is asked about next time
             self._pending.update(pending)
@@ -336,6 +378,8 @@ class SlurmEngine(Submission):
         else:
             self._pending.clear()
             self._all_pending_at = float("-inf")
+        quiet = AttemptPhase.RUNNING in phases and phases <= {AttemptPhase.PENDING, AttemptPhase.RUNNING}
+        self._quiet = (asked_at, pending) if quiet else (float("-inf"), {})
 
     def _load(self, attempt_id: str) -> AttemptRecord | None:
         if not scripts.ATTEMPT_ID_RE.match(attempt_id):
