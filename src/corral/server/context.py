@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # both modules import this one
     from corral.monitor.config import MonitorConfigSource
     from corral.monitor.gpu import GpuSampler
     from corral.server.dispatch import LaunchQueue
+    from corral.server.reconcile import LiveRow
     from corral.server.snapshot import ShapeCache
 
 
@@ -58,6 +59,9 @@ class LoopMemory:
     ahead_scheduler: Scheduler | None = None  # its pass placing jobs ahead of freed slots (ahead.py)
     shape_cache: ShapeCache | None = None  # the schedule loop's nodes, groups, users (snapshot.py)
     queue_seen: bool = False  # the schedule loop's last cycle left jobs waiting (schedule_tick)
+    # The reconcile loop's live rows and when it read them (monotonic; reconcile.tick_live_rows):
+    # acted on again while nothing asked for a read, for at most reconcile.ROWS_KEPT_S.
+    reconcile_rows: tuple[float, list[LiveRow]] | None = None
     # The loops woken by `ServerContext.wake` (work asked for: a committed change, another
     # loop) since they last took it; a loop's own machinery nudges it without asking
     # (`ServerContext.nudge`). The dispatch loop reads it: its launch pool nudges it to record

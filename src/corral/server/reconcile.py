@@ -130,6 +130,36 @@ def tick_rows(session: Session) -> tuple[list[LiveRow], list[int]]:
     return live, cancelled
 
 
+# How long the reconcile loop acts on live rows read at an earlier tick (docs/slurm.md, 2026-11-29
+# round). Each tick read them (one SELECT and a rollback, ~1 ms of the server's CPU) although they
+# change only when something asks this loop to look: a cancel or preemption committed (the
+# services wake it), launches recorded (dispatch wakes it), its own writes (it reads again after
+# any). A change that wakes nothing (another server's launches, a remediation's cancel) is seen
+# at most this much later. Job ends are unaffected: the engine is polled at every tick.
+ROWS_KEPT_S = 0.25
+
+
+def tick_live_rows(ctx: ServerContext, now: float) -> list[LiveRow]:
+    """The live attempts for this tick: those read at an earlier tick while no wake asked for a
+    read and they are younger than ROWS_KEPT_S (only under a runner, whose loops are woken; a test
+    driving ticks itself reads at every tick); else read (cancelling waiting jobs asked to)."""
+    memory = ctx.memory
+    asked = "reconcile" in memory.asked
+    memory.asked.discard("reconcile")  # before the read: a wake after it is a read next tick
+    kept = memory.reconcile_rows
+    runner = "reconcile" in memory.lease_until
+    if kept is not None and not asked and runner and time.monotonic() - kept[0] < ROWS_KEPT_S:
+        return list(kept[1])
+    read_at = time.monotonic()
+    with ctx.session_factory() as session:
+        rows, cancelled = tick_rows(session)
+        if cancelled:
+            cancel_queued(session, cancelled, now)
+        session.rollback()
+    memory.reconcile_rows = None if cancelled else (read_at, rows)
+    return list(rows)
+
+
 def adopt_once(ctx: ServerContext) -> None:
     """After a restart the engine is told which attempts it launched before (idempotent)."""
     if ctx.memory.adopted:
@@ -155,10 +185,11 @@ def cancel_queued(session: Session, job_ids: list[int], now: float) -> None:
     session.commit()
 
 
-def send_stops(ctx: ServerContext, rows: list[LiveRow]) -> None:
+def send_stops(ctx: ServerContext, rows: list[LiveRow]) -> bool:
+    """Stop the attempts a cancel or preemption asked to stop; whether any was asked."""
     wanted = [r for r in rows if not r.stop_requested and (r.cancel_requested or r.job_state == "preempted")]
     if not wanted:
-        return
+        return False
     with ctx.session_factory() as session:
         jobs, attempts = jobs_with_live_attempts(session, [r.job_id for r in wanted])
         for row in wanted:
@@ -172,6 +203,7 @@ def send_stops(ctx: ServerContext, rows: list[LiveRow]) -> None:
             ctx.engine.stop(row.attempt_id, grace)
             attempt.stop_grace_s = grace
         session.commit()
+    return True
 
 
 def _still_runs(status: AttemptStatus | None) -> bool:
@@ -421,11 +453,7 @@ def active_exit_spec(ctx: ServerContext) -> ExitSpec:
 
 def reconcile_tick(ctx: ServerContext, now: float) -> None:
     adopt_once(ctx)
-    with ctx.session_factory() as session:
-        rows, cancelled = tick_rows(session)
-        if cancelled:
-            cancel_queued(session, cancelled, now)
-        session.rollback()
+    rows = tick_live_rows(ctx, now)
     if not rows:
         return
     try:
@@ -433,13 +461,16 @@ def reconcile_tick(ctx: ServerContext, now: float) -> None:
         # exited would stamp `stop_requested_at` after its end, and an exit 0 that came before any
         # stop would be read as the job answering the stop (requeued, run twice) instead of SUCCEEDED.
         statuses = ctx.engine.poll([r.attempt_id for r in rows])
-        send_stops(ctx, [r for r in rows if _still_runs(statuses.get(r.attempt_id))])
+        if send_stops(ctx, [r for r in rows if _still_runs(statuses.get(r.attempt_id))]):
+            ctx.memory.reconcile_rows = None  # their stop_requested_at is written: read again
     except EngineUnavailable as exc:
+        ctx.memory.reconcile_rows = None
         log.warning("engine unavailable; keeping job states as they are: %s", exc)
         return
     changed = [(row, statuses[row.attempt_id]) for row in rows if _changes(row, statuses.get(row.attempt_id))]
     if not changed:
         return
+    ctx.memory.reconcile_rows = None  # what is recorded below changes the rows: read again
     budget = ctx.settings.lost_requeue_budget
     diagnoser = make_diagnoser(ctx, [status for _, status in changed])
     with ctx.session_factory() as session:
