@@ -42,6 +42,7 @@ from pydantic import (
 from pydantic.config import JsonValue
 
 from corral.scheduler.types import Priority, Resources, TaskSpec
+from corral.yaml_lines import safe_load
 
 MAX_NAME_LEN = 128
 MAX_COMMAND_LEN = 16_384
@@ -466,7 +467,7 @@ def load_spec_text(text: str) -> dict[str, Any]:
     if len(text.encode()) > MAX_SPEC_BYTES:
         raise SpecError(f"the spec is larger than {MAX_SPEC_BYTES // 1024} KiB")
     try:
-        data = yaml.safe_load(text)
+        data = safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

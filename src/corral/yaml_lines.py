@@ -1,11 +1,36 @@
-"""Where in a YAML text a pydantic error points: the config files Corral validates (monitor config,
-remediation rules, exit-spec) name the line of what they refuse."""
+"""YAML as Corral reads what people write: `safe_load` (PyYAML's safe loader, but a date it cannot
+make is a YAMLError naming its line, like any other error), and `line_of`, where in a YAML text a
+pydantic error points: the config files Corral validates (monitor config, remediation rules,
+exit-spec) name the line of what they refuse."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import yaml
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a timestamp it cannot construct (`2026-13-02`, hour 25)
+    raises a ConstructorError with the node's position instead of a bare ValueError, which every
+    caller catching `yaml.YAMLError` missed (a 500, or a traceback in the CLI)."""
+
+    def construct_yaml_timestamp(self, node: yaml.Node) -> Any:
+        try:
+            return super().construct_yaml_timestamp(node)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{node.value!r} is not a valid date or time ({exc})", node.start_mark
+            ) from None
+
+
+_Loader.add_constructor("tag:yaml.org,2002:timestamp", _Loader.construct_yaml_timestamp)
+
+
+def safe_load(text: str) -> Any:
+    """`yaml.safe_load`, raising only `yaml.YAMLError` for a text it cannot read."""
+    return yaml.load(text, Loader=_Loader)
 
 
 def line_of(node: yaml.Node | None, loc: Sequence[int | str]) -> int:

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json
 from corral.sdk import CorralError
+from corral.yaml_lines import safe_load
 
 oncall_app = typer.Typer(
     help="On-call: who is on call, schedules, escalation policies, pages.", no_args_is_help=True
@@ -50,7 +51,7 @@ def parse_time(text: str) -> float:
 
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = safe_load(path.read_text())
     except OSError as exc:
         raise CorralError(f"cannot read {path}: {exc.strerror}")
     except yaml.YAMLError as exc:

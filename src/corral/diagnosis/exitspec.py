@@ -25,7 +25,7 @@ import re2
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from corral.yaml_lines import line_of
+from corral.yaml_lines import line_of, safe_load
 
 log = logging.getLogger("corral.diagnosis")
 MAX_PATTERN_CHARS = 1000
@@ -220,7 +220,7 @@ def parse_exit_spec(text: str, source: str) -> ExitSpecFile:
     """Validate one file's text; ExitSpecError names `source` and the line of what is wrong."""
     try:
         root = yaml.compose(text)
-        data = yaml.safe_load(text)
+        data = safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark is not None else source

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from corral.config import Settings
-from corral.yaml_lines import line_of
+from corral.yaml_lines import line_of, safe_load
 
 log = logging.getLogger("corral.monitor.config")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -211,7 +211,7 @@ def load_monitor_config(path: Path) -> MonitorConfig:
         raise MonitorConfigError(f"{path}: cannot read the monitor config: {exc}") from exc
     try:
         root = yaml.compose(text)
-        data = yaml.safe_load(text)
+        data = safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)

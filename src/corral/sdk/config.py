@@ -13,6 +13,7 @@ import yaml
 
 from corral.config import default_home
 from corral.sdk.errors import CorralError
+from corral.yaml_lines import safe_load
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 CONFIG_FILE = "config.yaml"
@@ -47,7 +48,7 @@ def load_cli_config(home: Path | None = None, env: Mapping[str, str] | None = No
     path = config_path(home)
     if path.exists():
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            loaded = safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:
             raise CorralError(f"{path} is not valid YAML (write `url:` and `token:` lines): {exc}")
         if isinstance(loaded, dict):

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from corral.services.errors import Invalid
-from corral.yaml_lines import line_of
+from corral.yaml_lines import line_of, safe_load
 
 ACTIONS = (
     "incident",  # open or join an incident: {severity, title, key}
@@ -181,7 +181,7 @@ def parse_rules(text: str) -> RuleSet:
     """Parse and validate a rules file; RulesError names the line and the reason."""
     try:
         root = yaml.compose(text)
-        data = yaml.safe_load(text)
+        data = safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise RulesError(mark.line + 1 if mark else 1, f"not valid YAML: {getattr(exc, 'problem', exc)}")

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from corral.yaml_lines import safe_load
+
 USER_MAP_SETTING = "CORRAL_SLURM_USER_MAP"
 MIN_UID_SETTING = "CORRAL_SLURM_MIN_UID"
 SAME_NAME = "same"
@@ -106,7 +108,7 @@ class UserMap:
             if self._loaded is not None and self._loaded[0] == mtime:
                 return self._loaded[1]
             try:
-                data = yaml.safe_load(path.read_text()) or {}
+                data = safe_load(path.read_text()) or {}
             except (OSError, yaml.YAMLError) as exc:
                 raise UnmappedUser(f"{USER_MAP_SETTING}={self.source}: not a readable YAML file ({exc})")
             if not isinstance(data, dict) or not all(
