@@ -37,7 +37,7 @@ RankOpt = Annotated[int, typer.Option("--rank", "-r", min=0, help="which instanc
 
 
 def register(app: typer.Typer) -> None:
-    app.command("exec", context_settings={"allow_interspersed_args": False})(exec_command)
+    app.command("exec")(exec_command)  # options anywhere before `--`: `corral exec 42 --rank 1 -- bash`
     app.command("port-forward")(port_forward)
     app.add_typer(key_app, name="key")
 
@@ -55,8 +55,6 @@ def exec_command(
     mounts, uid and GPUs. Interactive with a terminal when stdin is one. Exits with its code.
 
     Example: corral exec 42 -- nvidia-smi ; corral exec 42 -- bash"""
-    if command[:1] == ["--"]:  # typer keeps the separator when options come first
-        command = command[1:]
     if not command:
         raise CorralError("name the command to run after --, e.g. corral exec 42 -- nvidia-smi")
     use_tty = sys.stdin.isatty() and sys.stdout.isatty() if tty_mode is None else tty_mode
