@@ -205,6 +205,13 @@ ACCEPTED: tuple[Accepted, ...] = (
     ),
     Accepted(
         "ST202",
+        "POST /api/v1/ssh-keys",
+        "the SSH public key is damaged",
+        "whether a key's bytes are a whole key of the type it names is found by parsing them, which "
+        "no JSON schema can describe (the pattern checks the type and that the rest is base64)",
+    ),
+    Accepted(
+        "ST202",
         "GET /api/v1/jobs/{job_id}/logs",
         "for this attempt",
         "which ranks and attempts a job has depends on the job, not on the request's shape",

@@ -65,7 +65,8 @@ def audit_rows(world: World) -> list[AuditRecord]:
 
 
 def ssh_key() -> str:
-    return "ssh-ed25519 " + base64.b64encode(b"\0\0\0\x0bssh-ed25519" + bytes(36)).decode() + " me@host"
+    blob = b"\0\0\0\x0bssh-ed25519\0\0\0\x20" + bytes(32)  # a whole ed25519 key (all zeros)
+    return "ssh-ed25519 " + base64.b64encode(blob).decode() + " me@host"
 
 
 def login(world: World) -> tuple[str, str]:

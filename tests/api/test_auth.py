@@ -226,6 +226,26 @@ def test_ssh_keys(world: World) -> None:
     assert c.get(f"{API}/ssh-keys", headers=world.as_("bob")).json() == []
 
 
+@pytest.mark.parametrize(
+    "damaged",
+    [
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAA me@x",  # the type's name and nothing of the key
+        "ssh-rsa AAAAC3NzaC1lZDI1NTE5AAAAIGq0xQh4sLrXGzV3bP9yKo6e0mmXo0e1n8z9F3N0bQn+ me@x",  # not RSA
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGq0xQh4sLrXGzV3bP9yKo6e0mmXo0e1n8z9 me@x",  # cut short
+    ],
+)
+def test_a_key_whose_bytes_are_not_a_whole_key_of_its_type_is_refused(world: World, damaged: str) -> None:
+    """docs/workspaces.md: a malformed key is refused (422). One whose base64 was valid but whose
+    bytes were not a key of the type it names was registered, and the gateway never matched it."""
+    r = world.client.post(
+        f"{API}/ssh-keys", json={"name": "bad", "public_key": damaged}, headers=world.as_("alice")
+    )
+    assert r.status_code == 422, r.text
+    assert "the SSH public key is damaged" in r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "public_key"]
+    assert world.client.get(f"{API}/ssh-keys", headers=world.as_("alice")).json() == []
+
+
 def test_user_list_matches_each_users_view(world: World) -> None:
     """GET /users builds every view from three queries; each must equal the one-user view."""
     c, admin = world.client, world.as_("admin")

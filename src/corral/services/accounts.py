@@ -334,6 +334,16 @@ def ssh_fingerprint(public_key: str) -> str:
         blob = base64.b64decode(parts[1], validate=True)
     except ValueError:
         raise Invalid("the SSH public key's base64 part is damaged", ("body", "public_key"))
+    import asyncssh  # here: only a key being added needs it (the gateway reads keys with it)
+
+    try:  # its bytes must be a key of the type it names, or the gateway never matches it
+        asyncssh.import_public_key(f"{parts[0]} {parts[1]}")
+    except (asyncssh.KeyImportError, ValueError) as exc:
+        raise Invalid(
+            f"the SSH public key is damaged (its base64 part is not a whole {parts[0]} key: {exc});"
+            " copy the whole line of the .pub file",
+            ("body", "public_key"),
+        ) from None
     digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
     return f"SHA256:{digest}"
 
