@@ -110,7 +110,7 @@ def template_use(
     version: Annotated[int | None, typer.Option("--version", help="default: the latest")] = None,
     model: Annotated[
         list[str] | None,
-        typer.Option("--model", help="mount a model version read-only at /models/NAME (NAME[@V])"),
+        typer.Option("--model", help="mount a model version read-only at /models/NAME (NAME\\[@V])"),
     ] = None,
     output: OutputOpt = Output.table,
 ) -> None:

@@ -84,7 +84,8 @@ def create_env(
         Path | None, typer.Option("--requirements", "-r", help="a requirements.txt ('-': stdin)")
     ] = None,
     pyproject: Annotated[
-        Path | None, typer.Option("--pyproject", help="a pyproject.toml whose [project] dependencies to use")
+        Path | None,
+        typer.Option("--pyproject", help="a pyproject.toml whose \\[project] dependencies to use"),
     ] = None,
     visibility: Annotated[str, typer.Option(help="private | group | public")] = "private",
     group: Annotated[str | None, typer.Option("--group", "-g", help="the group it is shared with")] = None,

@@ -163,7 +163,7 @@ def set_schedule(
         rotation: weekly         # or daily
         start_date: 2026-11-02   # the first member's first shift
         handoff: "09:00"
-        members: [alice, bob]
+        members: \\[alice, bob]
     """
     with client() as c:
         view = c.put_schedule(name, read_yaml(from_file))

@@ -1,0 +1,39 @@
+"""Every `--help` text shows what its docstring and option helps say. Typer renders them as Rich
+markup, where a bracket that starts with a lower-case letter is a tag: it vanished from the help
+instead of being printed (`corral oncall schedule set --help` showed `members:` without
+`[alice, bob]`, `corral env create --help` "a pyproject.toml whose dependencies to use" without
+`[project]`, `corral template use --help` "(NAME)" for `NAME[@V]`). Such brackets are written
+`\\[` in the source."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import typer
+from rich.markup import render
+from typer.testing import CliRunner
+
+from corral.cli.main import app
+
+
+def _helps(command: Any, path: tuple[str, ...]) -> Iterator[tuple[str, str]]:
+    yield " ".join(path), command.help or ""
+    for param in getattr(command, "params", []):
+        yield f"{' '.join(path)} {param.name}", getattr(param, "help", None) or ""
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _helps(sub, (*path, name))
+
+
+def test_no_help_text_loses_a_bracket_to_rich_markup() -> None:
+    lost = {}
+    for where, text in _helps(typer.main.get_command(app), ("corral",)):
+        shown = render(text).plain  # (Rich drops Click's \b "keep this paragraph" mark too)
+        if shown != text.replace("\\[", "[").replace("\b", ""):
+            lost[where] = (text, shown)
+    assert lost == {}
+
+
+def test_the_schedule_example_shows_its_members() -> None:
+    result = CliRunner().invoke(app, ["oncall", "schedule", "set", "--help"], env={"COLUMNS": "120"})
+    assert result.exit_code == 0 and "members: [alice, bob]" in result.output, result.output
