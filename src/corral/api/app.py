@@ -233,7 +233,7 @@ def plain_errors(errors: Any) -> list[dict[str, Any]]:
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
         if kind == "extra_forbidden" and loc:
-            msg = f"unknown field {loc[-1]!r}; check its spelling against the job spec"
+            msg = f"unknown field {loc[-1]!r}; check its spelling"  # (any body: not only a job spec)
         elif kind == "missing" and loc:
             msg = f"the field {loc[-1]!r} is required"
         elif kind == "string_pattern_mismatch" and loc:
