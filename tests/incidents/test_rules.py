@@ -289,6 +289,22 @@ def test_closing_a_sev2_needs_its_postmortem_and_a_sev4_does_not(world: World) -
         session.commit()
 
 
+def test_closing_a_closed_incident_says_so(world: World) -> None:
+    """`corral incident close 1` twice answered "incident 1 is closed; resolve it before closing
+    it", sending the second admin to resolve what was already done."""
+    now = time.time()
+    with world.ctx.session_factory() as session:
+        sev4 = incidents.open_or_update(session, fingerprint="z", title="z", severity="SEV4", source="manual",
+                                        labels={}, links={}, now=now)  # fmt: skip
+        with pytest.raises(Conflict, match="is triggered; resolve it before closing it"):
+            incidents.close(session, sev4.id, "alice", now + 1)
+        incidents.resolve(session, sev4.id, "alice", now + 2)
+        incidents.close(session, sev4.id, "alice", now + 3)
+        with pytest.raises(Conflict) as caught:
+            incidents.close(session, sev4.id, "bob", now + 4)
+        assert str(caught.value) == f"incident {sev4.id} is already closed"
+
+
 def test_slas_count_down_and_a_breach_is_marked_once(world: World) -> None:
     now = time.time()
     with world.ctx.session_factory() as session:

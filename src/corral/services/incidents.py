@@ -326,6 +326,8 @@ def _settle(
 def close(session: Session, incident_id: int, by: str, now: float) -> Incident:
     """Resolved -> closed; a SEV1 or SEV2 incident needs its postmortem first."""
     incident = get(session, incident_id)
+    if incident.state == _S.CLOSED.value:
+        raise Conflict(f"incident {incident_id} is already closed")
     if Severity(incident.severity) in NEEDS_POSTMORTEM and session.get(Postmortem, incident_id) is None:
         raise Conflict(
             f"incident {incident_id} is {incident.severity}: write its postmortem before closing it "
