@@ -196,6 +196,8 @@ def test_a_gap_is_warned_and_its_step_falls_through_to_the_next(env: Env, smtp: 
     assert smtp.inbox.wait_for(1, 5) and smtp.inbox.to() == ["bob@example.org"]
     log = page(env, "test:gap").log
     assert "office: nobody on call (gap, no fallback): 0 notification(s)" in log[0]
+    # a user step names the user, as a schedule step does (it said "user #2")
+    assert any("step 2: user bob: 1 notification(s)" in line for line in log), log
     spec = {"time_zone": "Europe/Berlin", "layers": [layer], "fallback_user": "carol"}
     with_fallback = env.put("/oncall/schedules/office", spec)
     assert "the fallback user carol is paged" in with_fallback["warnings"][0]

@@ -160,7 +160,8 @@ class _Resolver:
 
     def _resolve(self, kind: str, target: int) -> tuple[list[int], str]:
         if kind == "user":
-            return [target], f"user #{target}"
+            user = self.session.get(User, target)
+            return [target], f"user {user.name}" if user is not None else f"user #{target}"
         schedule = self.session.get(OncallSchedule, target)
         if schedule is None:
             return [], f"schedule #{target} no longer exists"
