@@ -87,6 +87,23 @@ def test_cli_token_ls_and_revoke(world: World, server_url: str) -> None:
     assert next(t for t in json.loads(out) if t["name"] == "laptop")["revoked_at"] is not None
 
 
+def test_cli_token_ls_of_another_user_for_an_admin(world: World, server_url: str) -> None:
+    """`corral token revoke ID` revokes anyone's token for an admin, but `corral token ls` listed
+    only the admin's own, so the id of a user's lost laptop token was nowhere in the CLI (the API
+    has `?user=` and `?all=true`)."""
+    code, out = run(world, server_url, "alice", "token", "create", "--name", "laptop", "-o", "json")
+    created = json.loads(out)
+    code, out = run(world, server_url, "admin", "token", "ls", "--user", "alice", "-o", "json")
+    assert code == 0, out
+    assert {(t["user"], t["name"]) for t in json.loads(out)} == {("alice", "test"), ("alice", "laptop")}
+    code, out = run(world, server_url, "admin", "token", "ls", "--all")
+    assert code == 0 and "laptop" in out and "alice" in out and "admin" in out, out
+    code, out = run(world, server_url, "carol", "token", "ls", "--user", "alice")
+    assert code == 1 and "laptop" not in out, out
+    code, out = run(world, server_url, "admin", "token", "revoke", str(created["id"]))
+    assert code == 0 and f"token {created['id']} revoked" in out
+
+
 def test_cli_remove_from_group_and_deactivate(world: World, server_url: str) -> None:
     r = world.client.post(
         f"{API}/jobs",

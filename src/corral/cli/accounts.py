@@ -171,17 +171,23 @@ def token_create(
 
 @token_app.command("ls")
 @friendly_errors
-def token_ls(output: OutputOpt = Output.table) -> None:
-    """List your API tokens (prefixes only)."""
+def token_ls(
+    user: Annotated[str | None, typer.Option("--user", "-u", help="admins: this user's tokens")] = None,
+    all_users: Annotated[bool, typer.Option("--all", help="admins: everyone's tokens")] = False,
+    output: OutputOpt = Output.table,
+) -> None:
+    """List your API tokens (prefixes only); admins: another user's (--user) or everyone's (--all),
+    to revoke one by its id."""
     with client() as c:
-        tokens = c.tokens()
+        tokens = c.tokens(user=user, all_users=all_users)
     if output is Output.json:
         print_json(tokens)
         return
-    table = Table("ID", "NAME", "PREFIX", "CREATED", "LAST USED", "REVOKED", box=None)
+    table = Table("ID", "USER", "NAME", "PREFIX", "CREATED", "LAST USED", "REVOKED", box=None)
     for t in tokens:
         table.add_row(
             str(t["id"]),
+            t["user"],
             t["name"],
             t["prefix"],
             when(t["created_at"]),

@@ -89,8 +89,12 @@ class AccountsApi(BaseClient):
         body = {"password": password, "current_password": current_password}
         self.request("PUT", f"/users/{seg(user)}/password", json=body)
 
-    def tokens(self) -> list[dict[str, Any]]:
-        return self.request("GET", "/tokens")
+    def tokens(self, *, user: str | None = None, all_users: bool = False) -> list[dict[str, Any]]:
+        """Your tokens; admins: `user`'s, or everyone's with `all_users`."""
+        params: dict[str, Any] = {"user": user} if user else {}
+        if all_users:
+            params["all"] = "true"
+        return self.request("GET", "/tokens", params=params or None)
 
     def create_token(
         self, name: str = "cli", *, user: str | None = None, expires_in_days: float | None = None
