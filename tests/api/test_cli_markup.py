@@ -4,8 +4,13 @@ whose description held "[/x]" made `corral template ls` a MarkupError traceback 
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
+import asyncssh
+
+from corral.services import incidents
 from tests.api.conftest import World
 from tests.api.test_catalog import TEMPLATE, finished_job, publish
 from tests.api.test_cli import run, server_url
@@ -28,3 +33,43 @@ def test_text_users_wrote_is_printed_as_it_is(world: World, server_url: str, set
         assert "[/oops]" in out and "[bold]" in out, (args, out)  # (a narrow table wraps the rest)
     code, out = run(world, server_url, "alice", "model", "versions", "digits")
     assert code == 0 and "[/fw]" in out and "[/m]=1" in out, out
+
+
+def test_keys_tokens_pages_contacts_and_postmortems_are_printed_as_written(
+    world: World, server_url: str, tmp_path: Path
+) -> None:
+    """The same for what the walk through workspaces and operations met: an SSH key whose comment
+    was "[/oops]" was registered and then `corral key add` ended in a MarkupError traceback, and so
+    did `corral key ls` from then on (the id to remove it with was in no table); likewise a token's
+    name in `corral token ls`, a page's subject in `corral oncall pages` (incident titles come from
+    alerts), a contact's address in `corral oncall contact ls`, and a postmortem in `corral
+    incident show`."""
+    key = tmp_path / "id.pub"
+    key.write_text(
+        asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip() + " [/oops]\n"
+    )
+    code, out = run(world, server_url, "alice", "key", "add", str(key))
+    assert code == 0 and "[/oops]" in out, out
+    for user, args in [
+        ("alice", ["key", "ls"]),
+        ("alice", ["token", "create", "--name", "[/tk]"]),
+        ("alice", ["token", "ls"]),
+        ("admin", ["oncall", "contact", "add", "bob", "webhook", "http://hook.test/[/x]"]),
+        ("admin", ["oncall", "contact", "ls", "bob"]),
+        ("admin", ["oncall", "policy", "set", "p", "--step", "user:bob:1"]),
+        ("admin", ["oncall", "page", "p", "[/subject]"]),
+        ("admin", ["oncall", "pages"]),
+    ]:
+        code, out = run(world, server_url, user, *args)
+        assert code == 0, (args, out)
+    assert "[/tk]" in run(world, server_url, "alice", "token", "ls")[1]
+    assert "http://hook.test/[/x]" in run(world, server_url, "admin", "oncall", "contact", "ls", "bob")[1]
+    assert "[/subject]" in run(world, server_url, "admin", "oncall", "pages")[1]
+    with world.session_factory() as db:
+        incident = incidents.open_or_update(db, fingerprint="f", title="t", severity="SEV2", source="manual",
+                                            labels={}, links={}, now=time.time())  # fmt: skip
+        db.commit()
+    pm = ["--summary", "[/s]", "--impact", "[/i]", "--root-cause", "[/r]", "--action", "[/a];bob;2026-12-31"]
+    assert run(world, server_url, "admin", "incident", "postmortem", str(incident.id), *pm)[0] == 0
+    code, out = run(world, server_url, "admin", "incident", "show", str(incident.id))
+    assert code == 0 and all(t in out for t in ("[/s]", "[/i]", "[/r]", "[/a]")), out

@@ -77,10 +77,10 @@ def show_incident(incident_id: IncidentArg, output: OutputOpt = Output.table) ->
         out.print(f"  {ago(e['at']):>10}  {e['kind']:<15} {plain(e['text'])}{who}")
     pm = i["postmortem"]
     if pm:
-        out.print(f"postmortem by {pm['author']}: {pm['summary']}\n  impact: {pm['impact']}")
-        out.print(f"  root cause: {pm['root_cause']}")
+        out.print(f"postmortem by {pm['author']}: {plain(pm['summary'])}\n  impact: {plain(pm['impact'])}")
+        out.print(f"  root cause: {plain(pm['root_cause'])}")
         for item in pm["action_items"]:
-            out.print(f"  - {item['what']} ({item['owner']}, due {item['due']})")
+            out.print(f"  - {plain(item['what'])} ({plain(item['owner'])}, due {item['due']})")
     elif i["postmortem_required"]:
         out.print("postmortem: required before closing (corral incident postmortem)")
 
@@ -201,7 +201,12 @@ def rules_runs(
     for r in rows:
         actions = "; ".join(f"{a['action']}: {a['result']}" for a in r["actions"])
         table.add_row(
-            ago(r["at"]), r["rule"], r["signal"], r["outcome"], str(r["incident_id"] or "-"), actions
+            ago(r["at"]),
+            r["rule"],
+            plain(r["signal"]),
+            r["outcome"],
+            str(r["incident_id"] or "-"),
+            plain(actions),
         )
     out.print(table)
 

@@ -11,7 +11,7 @@ import typer
 import yaml
 from rich.table import Table
 
-from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json
+from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, plain, print_json
 from corral.sdk import CorralError
 from corral.yaml_lines import safe_load
 
@@ -287,7 +287,12 @@ def pages(
     table = Table("ID", "STATE", "POLICY", "SUBJECT", "STARTED", "ACKED BY", box=None)
     for p in rows:
         table.add_row(
-            str(p["id"]), p["state"], p["policy"], p["subject"], ago(p["created_at"]), p["acked_by"] or "-"
+            str(p["id"]),
+            p["state"],
+            p["policy"],
+            plain(p["subject"]),
+            ago(p["created_at"]),
+            p["acked_by"] or "-",
         )
     out.print(table)
 
@@ -309,9 +314,9 @@ def list_contacts(user: str, output: OutputOpt = Output.table) -> None:
     if output is Output.json:
         print_json(view)
         return
-    out.print(f"{view['user']}: email {view['email'] or '(none)'}")
+    out.print(f"{view['user']}: email {plain(view['email'] or '(none)')}")
     for m in view["methods"]:
-        out.print(f"  {m['id']}: {m['kind']} {m['address']}")
+        out.print(f"  {m['id']}: {m['kind']} {plain(m['address'])}")
 
 
 @contact_app.command("email")
