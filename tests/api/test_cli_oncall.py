@@ -82,3 +82,31 @@ def test_cli_schedule_policy_page_and_ack(world: World, server_url: str, tmp_pat
     assert code == 1 and "no page 1" in out  # alice was not paged for it
     code, out = run(world, server_url, "carol", "oncall", "ack", "1")
     assert code == 0 and "acknowledged by carol" in out, out
+
+
+@pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
+def test_schedule_show_lists_overrides_by_the_id_rm_override_takes(
+    world: World, server_url: str, tmp_path: Path
+) -> None:
+    """`corral oncall schedule rm-override NAME ID` takes an override's id, but `schedule show`
+    printed overrides only as shifts ("override" in SOURCE), without it (only -o json had it)."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "time_zone: UTC\nlayers:\n  - {name: d, rotation: daily, start_date: '2026-01-05', handoff: '09:00',"
+        " members: [alice]}\n"
+    )
+    assert run(world, server_url, "admin", "oncall", "schedule", "set", "s", "-f", str(spec))[0] == 0
+    start, end = time.time() + 3600, time.time() + 7200
+    code, out = run(
+        world, server_url, "admin", "oncall", "schedule", "override", "s", "bob", str(start), str(end)
+    )
+    assert code == 0 and out.startswith("override "), out
+    made = int(out.split()[1].rstrip(":"))
+    code, out = run(world, server_url, "alice", "oncall", "schedule", "show", "s")
+    assert code == 0 and f"override {made}: bob " in out, out
+    code, out = run(world, server_url, "admin", "oncall", "schedule", "rm-override", "s", str(made))
+    assert code == 0 and f"override {made} removed" in out
+    assert (
+        "override "
+        not in run(world, server_url, "alice", "oncall", "schedule", "show", "s")[1].split("FROM")[0]
+    )

@@ -137,6 +137,8 @@ def show_schedule(
         window = f", {layer['restrict_from']}-{layer['restrict_to']}" if layer["restrict_from"] else ""
         when_text = f"{layer['rotation']} at {layer['handoff']} from {layer['start_date']}{window}"
         out.print(f"  layer {layer['name']}: {when_text}: {', '.join(layer['members'])}")
+    for o in view["overrides"]:  # by id: what `schedule rm-override NAME ID` takes
+        out.print(f"  override {o['id']}: {o['user']} {when(o['start'])} - {when(o['end'])}")
     table = Table("FROM", "TO", "ON CALL", "SOURCE", box=None)
     for s in view["shifts"]:
         table.add_row(when(s["start"]), when(s["end"]), s["user"] or "(nobody)", s["source"])
