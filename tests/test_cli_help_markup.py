@@ -37,3 +37,20 @@ def test_no_help_text_loses_a_bracket_to_rich_markup() -> None:
 def test_the_schedule_example_shows_its_members() -> None:
     result = CliRunner().invoke(app, ["oncall", "schedule", "set", "--help"], env={"COLUMNS": "120"})
     assert result.exit_code == 0 and "members: [alice, bob]" in result.output, result.output
+
+
+def _commands(command: Any, path: tuple[str, ...]) -> Iterator[tuple[str, Any]]:
+    yield " ".join(path), command
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _commands(sub, (*path, name))
+
+
+def test_every_command_says_what_it_does() -> None:
+    """`corral oncall schedule --help` listed ls, rm and rm-override with no word of what they do
+    (likewise `oncall policy ls|rm`, `oncall contact ls|email|add|rm`, `model share`)."""
+    silent = [
+        where
+        for where, c in _commands(typer.main.get_command(app), ("corral",))
+        if not (c.help or "").strip()
+    ]
+    assert silent == []

@@ -379,6 +379,7 @@ def model_share(
     visibility: Annotated[str, typer.Argument(help="private, group or public")],
     group: Annotated[str | None, typer.Option("--group")] = None,
 ) -> None:
+    """Share a model with your group, everyone, or nobody."""
     with client() as c:
         m = c.share_model(name, visibility, group)
     out.print(f"model {m['name']} is {m['visibility']}")

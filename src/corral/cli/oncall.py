@@ -100,6 +100,7 @@ def now(
 @schedule_app.command("ls")
 @friendly_errors
 def list_schedules(output: OutputOpt = Output.table) -> None:
+    """Every schedule: its time zone, layers, who is on call now and how many gap warnings."""
     with client() as c:
         rows = c.schedules()
     if output is Output.json:
@@ -177,6 +178,7 @@ def set_schedule(
 @schedule_app.command("rm")
 @friendly_errors
 def remove_schedule(name: str) -> None:
+    """Delete a schedule (admins)."""
     with client() as c:
         c.delete_schedule(name)
     out.print(f"schedule {name} deleted")
@@ -199,6 +201,7 @@ def override(
 @schedule_app.command("rm-override")
 @friendly_errors
 def remove_override(name: str, override_id: int) -> None:
+    """Remove an override by its id (`schedule show` lists them)."""
     with client() as c:
         c.remove_override(name, override_id)
     out.print(f"override {override_id} removed")
@@ -243,6 +246,7 @@ def set_policy(
 @policy_app.command("ls")
 @friendly_errors
 def list_policies(output: OutputOpt = Output.table) -> None:
+    """Every escalation policy: its steps (who, then the wait) and repeats."""
     with client() as c:
         rows = c.policies()
     if output is Output.json:
@@ -260,6 +264,7 @@ def list_policies(output: OutputOpt = Output.table) -> None:
 @policy_app.command("rm")
 @friendly_errors
 def remove_policy(name: str) -> None:
+    """Delete an escalation policy (admins)."""
     with client() as c:
         c.delete_policy(name)
     out.print(f"policy {name} deleted")
@@ -311,6 +316,7 @@ def ack(page_id: int) -> None:
 @contact_app.command("ls")
 @friendly_errors
 def list_contacts(user: str, output: OutputOpt = Output.table) -> None:
+    """USER's email and contact methods with their ids (yours, or anyone's as admin)."""
     with client() as c:
         view = c.contacts(user)
     if output is Output.json:
@@ -324,6 +330,7 @@ def list_contacts(user: str, output: OutputOpt = Output.table) -> None:
 @contact_app.command("email")
 @friendly_errors
 def set_email(user: str, email: Annotated[str, typer.Argument(help="'' removes it")]) -> None:
+    """Set USER's account email, where pages reach them."""
     with client() as c:
         c.set_email(user, email or None)
     out.print(f"{user}'s email set to {email or '(none)'}")
@@ -334,6 +341,8 @@ def set_email(user: str, email: Annotated[str, typer.Argument(help="'' removes i
 def add_contact(
     user: str, kind: Annotated[str, typer.Argument(help="email | webhook | slack")], address: str
 ) -> None:
+    """Add a contact method: another email address, a webhook URL (a JSON POST) or a Slack or
+    Mattermost incoming-webhook URL."""
     with client() as c:
         view = c.add_contact(user, kind, address)
     out.print(f"{user}: contact {view['methods'][-1]['id']} added ({kind})")
@@ -342,6 +351,7 @@ def add_contact(
 @contact_app.command("rm")
 @friendly_errors
 def remove_contact(user: str, contact_id: int) -> None:
+    """Remove one of USER's contact methods by its id (`contact ls` lists them)."""
     with client() as c:
         c.remove_contact(user, contact_id)
     out.print(f"{user}: contact {contact_id} removed")
