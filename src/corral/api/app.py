@@ -27,7 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from corral import __version__
-from corral.api import conformance, limits
+from corral.api import conformance, limits, pattern_words
 from corral.api.metrics_auth import MetricsGuard, metrics_token
 from corral.config import Settings
 from corral.db.session import make_engine, make_session_factory
@@ -238,7 +238,8 @@ def plain_errors(errors: Any) -> list[dict[str, Any]]:
             msg = f"the field {loc[-1]!r} is required"
         elif kind == "string_pattern_mismatch" and loc:
             pattern = (err.get("ctx") or {}).get("pattern", "")
-            msg = f"{_where(loc)} {err.get('input')!r} does not match pattern {pattern}"
+            words = pattern_words.WORDS.get(pattern, f"does not match pattern {pattern}")
+            msg = f"{_where(loc)} {err.get('input')!r} {words}"
         elif kind in ("string_too_short", "too_short") and loc and not err.get("input"):
             msg = f"{_where(loc)} is empty"
         out.append({"loc": loc, "msg": msg, "type": kind})

@@ -7,6 +7,8 @@ from typing import Any, ClassVar, get_args
 from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, ValidationInfo, field_validator
 from pydantic.json_schema import JsonSchemaValue
 
+from corral.api.pattern_words import worded
+
 
 def nul_at(value: Any) -> tuple[str | int, ...] | None:
     """Where a string in this (parsed JSON) value holds a NUL (keys too): () for the value
@@ -116,6 +118,12 @@ _BASE64 = r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{4}|[A-Za-z0-9+/]{3}=|[A-Za-z0-
 SSH_PUBLIC_KEY = (
     r"^\s*(?:ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp256|ecdsa-sha2-nistp384|ecdsa-sha2-nistp521)"
     rf"\s+{_BASE64}(?:\s[^\x00]*)?$"  # a comment, no NUL
+)
+
+
+SSH_KEY_WORDS = (
+    "is not an SSH public key: give the line of a .pub file, its type (ssh-ed25519, ssh-rsa, "
+    "ecdsa-sha2-nistp256, -nistp384 or -nistp521), its base64 and an optional comment"
 )
 
 
@@ -465,7 +473,7 @@ class TokenOut(BaseModel):
 
 class SshKeyIn(_In):
     name: str = Field(min_length=1, max_length=64)
-    public_key: str = Field(min_length=1, max_length=16_384, pattern=SSH_PUBLIC_KEY)
+    public_key: str = Field(min_length=1, max_length=16_384, pattern=worded(SSH_PUBLIC_KEY, SSH_KEY_WORDS))
 
 
 class SshKeyOut(BaseModel):

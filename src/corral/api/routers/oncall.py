@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from corral.api.deps import DB, CurrentUser, NameInPath, RowId, fast_json
+from corral.api.pattern_words import worded
 from corral.api.schemas import BooleansApart
 from corral.services import oncall as svc
 from corral.services import paging
@@ -193,13 +194,21 @@ class ContactIn(_In):
     address: str = Field(
         min_length=3,
         max_length=1024,
-        pattern=rf"^(https?://[^\s/]+\S*|{EMAIL_PATTERN[1:-1]})$",
+        pattern=worded(
+            rf"^(https?://[^\s/]+\S*|{EMAIL_PATTERN[1:-1]})$",
+            "is neither an email address nor an http(s):// URL",
+        ),
         description="an email address (kind email) or an http(s):// URL (webhook, slack)",
     )
 
 
 class EmailIn(_In):
-    email: str | None = Field(None, max_length=254, pattern=EMAIL_PATTERN, description="null removes it")
+    email: str | None = Field(
+        None,
+        max_length=254,
+        pattern=worded(EMAIL_PATTERN, "is not an email address"),
+        description="null removes it",
+    )
 
 
 class ContactsOut(BaseModel):

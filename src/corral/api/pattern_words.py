@@ -1,0 +1,13 @@
+"""Plain words for the regular expressions some request fields must match: a 422 for such a field
+says what was expected in these words instead of printing the expression (an email address's was
+260 characters of character classes). `worded(pattern, words)` returns the pattern for `Field(...,
+pattern=)` and records its words for `corral.api.app.plain_errors`."""
+
+from __future__ import annotations
+
+WORDS: dict[str, str] = {}
+
+
+def worded(pattern: str, words: str) -> str:
+    WORDS[pattern] = words
+    return pattern
