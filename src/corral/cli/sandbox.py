@@ -171,6 +171,9 @@ def _relay(c: Any, job_id: int, port: int, rank: int, conn: socket.socket) -> No
             item = session.recv()
             if isinstance(item, int):
                 break
+            if item[0] == STDERR:  # the relay's own word (nothing listens there): not the service's data
+                error_line(f"job {job_id}: {item[1].decode(errors='replace').strip()}")
+                continue
             conn.sendall(item[1])
     except (ExecError, OSError):
         pass

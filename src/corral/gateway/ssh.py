@@ -370,6 +370,10 @@ class _Channel:
             channel, data = item
             if channel == STDERR and hasattr(self.chan, "write_stderr"):
                 self.chan.write_stderr(data)
+            elif channel == STDERR:  # a forward's channel has no stderr: it is not the service's data
+                log.info(
+                    "ssh -L to port %s: %s", getattr(self, "port", "?"), data.decode(errors="replace").strip()
+                )
             else:
                 self.chan.write(data)
         return await proc.wait()

@@ -22,9 +22,17 @@ from corral.services.lifecycle import JobState
 
 # Runs inside the sandbox for a port forward: relays stdin/stdout to 127.0.0.1:<port> in the job's
 # network namespace. Standard library only (`python3 -I -S`), so any Python environment has it.
-RELAY_SOURCE = """
+# When nothing listens on the port it says so in one line on stderr, which is for the person
+# forwarding (`corral port-forward` prints it, the SSH gateway logs it), never data of the
+# forwarded connection, and exits RELAY_NO_LISTENER.
+RELAY_NO_LISTENER = 3
+RELAY_SOURCE = f"""
 import os, socket, sys, threading
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+try:
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+except OSError as e:
+    sys.stderr.write("nothing answers on port %s in the job (%s)\\n" % (sys.argv[1], e.strerror or e))
+    sys.exit({RELAY_NO_LISTENER})
 def up():
     while True:
         b = os.read(0, 65536)
