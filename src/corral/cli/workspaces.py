@@ -214,7 +214,9 @@ def policy(
     default: Annotated[str | None, typer.Option("--default", help="default idle timeout, e.g. 2h")] = None,
     maximum: Annotated[str | None, typer.Option("--max", help="maximum idle timeout, e.g. 1d")] = None,
 ) -> None:
-    """Admin: a group's default and maximum workspace idle timeout (unset: the server's)."""
+    """Admin: set a group's default and maximum workspace idle timeout, both at once: one left
+    out goes back to the server's (CORRAL_WORKSPACE_IDLE_TIMEOUT_S, _MAX_IDLE_TIMEOUT_S), so
+    `--max 8h` alone also drops a default set before."""
     with client() as c:
         p = c.set_workspace_policy(group, default_idle_timeout=default, max_idle_timeout=maximum)
     out.print(
