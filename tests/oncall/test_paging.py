@@ -168,6 +168,8 @@ def test_webhook_and_slack_payloads_reach_a_real_server(env: Env, smtp: Smtp, ho
     )
     other = contact(env, "alice", "email", "x@y.org", as_user="bob")
     assert other.status_code == 403
+    seen = env.client.get("/api/v1/users/alice/contacts", headers=env.people["bob"])  # a read says "see"
+    assert seen.status_code == 403 and "only alice and admins may see alice's contact methods" in seen.text
     t0 = time.time()
     start(env, "test:hooks", t0)
     assert tick(env, smtp, t0) == 3  # alice's email, her Slack and her generic webhook

@@ -63,9 +63,9 @@ def _admin(principal: Principal, what: str) -> None:
 # --- contacts -----------------------------------------------------------------------------------
 
 
-def _may_manage(principal: Principal, user: User) -> None:
+def _may_manage(principal: Principal, user: User, verb: str = "change") -> None:
     if principal.user_id != user.id and not principal.is_admin:
-        raise Forbidden(f"only {user.name} and admins may change {user.name}'s contact methods")
+        raise Forbidden(f"only {user.name} and admins may {verb} {user.name}'s contact methods")
 
 
 def check_address(kind: str, address: str) -> str:
@@ -92,7 +92,7 @@ def contacts_view(session: Session, user: User) -> dict[str, Any]:
 
 def get_contacts(session: Session, principal: Principal, name: str) -> dict[str, Any]:
     user = user_by_name(session, name)
-    _may_manage(principal, user)
+    _may_manage(principal, user, "see")
     return contacts_view(session, user)
 
 
