@@ -204,7 +204,8 @@ def remove(name: NameArg, user: UserOpt = None) -> None:
     """Stop it if it runs and remove it; the files in your home stay."""
     with client() as c:
         c.remove_workspace(name, user=user)
-    out.print(f"workspace {name} removed (your files stay in your home)")
+    whose = f"{user}'s files stay in their home" if user else "your files stay in your home"
+    out.print(f"workspace {name} removed ({whose})")
 
 
 @ws_app.command("policy")
