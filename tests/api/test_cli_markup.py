@@ -73,3 +73,18 @@ def test_keys_tokens_pages_contacts_and_postmortems_are_printed_as_written(
     assert run(world, server_url, "admin", "incident", "postmortem", str(incident.id), *pm)[0] == 0
     code, out = run(world, server_url, "admin", "incident", "show", str(incident.id))
     assert code == 0 and all(t in out for t in ("[/s]", "[/i]", "[/r]", "[/a]")), out
+
+
+def test_an_on_call_layers_name_is_printed_as_written(world: World, server_url: str, tmp_path: Path) -> None:
+    """A layer named "[/l]" made `corral oncall now` (which everyone logged in may run) and
+    `corral oncall schedule show` end in a MarkupError traceback."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "time_zone: UTC\nlayers:\n  - {name: '[/l]', rotation: daily, start_date: '2026-01-05',"
+        " handoff: '09:00', members: [alice], restrict_from: '00:00', restrict_to: '23:00'}\n"
+    )
+    code, out = run(world, server_url, "admin", "oncall", "schedule", "set", "s", "-f", str(spec))
+    assert code == 0 and "warning:" in out, out  # the gap 23:00-24:00
+    for args in (["oncall", "now"], ["oncall", "schedule", "show", "s"]):
+        code, out = run(world, server_url, "bob", *args)
+        assert code == 0 and "[/l]" in out, (args, out)

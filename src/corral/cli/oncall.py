@@ -93,7 +93,7 @@ def now(
     table = Table("SCHEDULE", "ON CALL", "SOURCE", "UNTIL", "NEXT", box=None)
     for r in rows:
         nxt = r["next"]["user"] or "(gap)" if r["next"] else "-"
-        table.add_row(r["schedule"], r["user"] or "(nobody: gap)", r["source"], when(r["until"]), nxt)
+        table.add_row(r["schedule"], r["user"] or "(nobody: gap)", plain(r["source"]), when(r["until"]), nxt)
     out.print(table)
 
 
@@ -137,15 +137,15 @@ def show_schedule(
     for layer in view["layers"]:
         window = f", {layer['restrict_from']}-{layer['restrict_to']}" if layer["restrict_from"] else ""
         when_text = f"{layer['rotation']} at {layer['handoff']} from {layer['start_date']}{window}"
-        out.print(f"  layer {layer['name']}: {when_text}: {', '.join(layer['members'])}")
+        out.print(f"  layer {plain(layer['name'])}: {when_text}: {', '.join(layer['members'])}")
     for o in view["overrides"]:  # by id: what `schedule rm-override NAME ID` takes
         out.print(f"  override {o['id']}: {o['user']} {when(o['start'])} - {when(o['end'])}")
     table = Table("FROM", "TO", "ON CALL", "SOURCE", box=None)
     for s in view["shifts"]:
-        table.add_row(when(s["start"]), when(s["end"]), s["user"] or "(nobody)", s["source"])
+        table.add_row(when(s["start"]), when(s["end"]), s["user"] or "(nobody)", plain(s["source"]))
     out.print(table)
     for warning in view["warnings"]:
-        out.print(f"[yellow]warning:[/yellow] {warning}")
+        out.print(f"[yellow]warning:[/yellow] {plain(warning)}")
     if view.get("ical_feed"):
         out.print(f"calendar (no login): {c.url}{view['ical_feed']}")
 
@@ -172,7 +172,7 @@ def set_schedule(
         view = c.put_schedule(name, read_yaml(from_file))
     out.print(f"schedule {name} saved; on call now: {view['on_call']['user'] or '(nobody)'}")
     for warning in view["warnings"]:
-        out.print(f"[yellow]warning:[/yellow] {warning}")
+        out.print(f"[yellow]warning:[/yellow] {plain(warning)}")
 
 
 @schedule_app.command("rm")
