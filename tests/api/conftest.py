@@ -63,6 +63,10 @@ def wipe(engine: sa.Engine) -> None:
             if table != "audit_purge_gate":
                 conn.execute(sa.text(f'DELETE FROM "{table}"'))
         conn.execute(sa.text("UPDATE audit_purge_gate SET cutoff = NULL"))
+        # AUTOINCREMENT tables (jobs) go on from their highest id ever: start again at 1, as
+        # PostgreSQL's RESTART IDENTITY above does
+        if sa.inspect(conn).has_table("sqlite_sequence"):
+            conn.execute(sa.text("DELETE FROM sqlite_sequence"))
         conn.commit()
         conn.execute(sa.text("PRAGMA foreign_keys=ON"))
         assert conn.execute(sa.text("PRAGMA foreign_keys")).scalar() == 1

@@ -319,3 +319,68 @@ def test_retired_names_keep_the_numbers_jobs_recorded(url: str) -> None:
         assert [tuple(r) for r in envs] == [("e", 3)]
     finally:
         engine.dispose()
+
+
+def test_job_ids_are_never_given_again_after_0024(url: str) -> None:
+    # 0024: jobs rebuilt with AUTOINCREMENT on SQLite (a no-op on PostgreSQL): every job and the
+    # rows that reference it survive with their cascades, and the next job's id comes after every
+    # job id still recorded, jobs deleted before the upgrade included (lineage, audit).
+    upgrade(url, "0023_code_claims")
+    engine = make_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        data = rows(0)  # jobs 10..13, their attempts and events
+        insert(engine, data)
+        made = {"bytes": 1, "files": 1, "digest": "d", "created_at": T0, "created_by": "u"}
+        model = {"owner_user_id": 1, "visibility": "private", "description": "", "created_at": T0}
+        children = {
+            "job_avoid": [{"job_id": 11, "nodes": "[]", "gpus": "[]", "not_before": None}],
+            "datasets": [{"id": 1, "name": "d", "last_version": 1, **DATASET_ROW}],
+            "job_datasets": [{"job_id": 10, "dataset_id": 1, "version": 1, "dataset_name": "d"}],
+            "job_models": [{"job_id": 12, "model_version_id": 1, "model_name": "m", "version": 1}],
+            "registered_models": [{"id": 1, "name": "m", "created_by": "u", "last_version": 1, **model}],
+            # a job deleted before the upgrade, still named by a model's lineage (job 30) and
+            # by the audit of its deletion (job 31)
+            "model_versions": [{"id": 1, "model_id": 1, "version": 1, "stage": "none", "framework": "",
+                                "metrics": "{}", "card": "", "source_path": "", "lineage": "{}",
+                                "source_job_id": 30, **made}],
+            "audit_log": [{"id": 1, "at": T0, "actor": "u", "action": "job.delete", "target_kind": "job",
+                           "target_id": "31"}],
+        }  # fmt: skip
+        insert(engine, children)
+        every = {**data, **children}
+        with engine.connect() as conn:
+            columns = {t: sorted(c["name"] for c in sa.inspect(conn).get_columns(t)) for t in every}
+        expected = snapshot(engine, every, columns)
+
+        upgrade(url, "0024_job_ids")
+        assert snapshot(engine, every, columns) == expected
+        with engine.begin() as conn:
+            if conn.dialect.name == "sqlite":
+                assert conn.execute(sa.text("PRAGMA foreign_key_check")).all() == []
+            new_id = conn.execute(
+                sa.text(
+                    "INSERT INTO jobs (name, user_id, group_id, state, priority, preemptible, spec,"
+                    " max_retries, attempt_count, submitted_at, updated_at, cancel_requested, reason,"
+                    " attained_gpu_seconds) VALUES ('next', 1, 1, 'queued', 1, false, '{}', 0, 0, 0, 0,"
+                    " false, '', 0) RETURNING id"
+                )
+            ).scalar_one()
+        if engine.dialect.name == "sqlite":
+            assert new_id > 31, f"job {new_id} after jobs up to 13 and deleted jobs 30, 31"
+        else:  # the rows above were inserted with explicit ids: PostgreSQL's sequence was not used
+            assert new_id not in (10, 11, 12, 13)
+
+        with engine.begin() as conn:  # cascades still hold: deleting a job takes its rows with it
+            conn.execute(sa.text("DELETE FROM jobs WHERE id IN (10, 11, 12)"))
+            for table in ("attempts", "job_events", "job_avoid", "job_datasets", "job_models"):
+                left = conn.execute(sa.text(f"SELECT COUNT(*) FROM {table} WHERE job_id IN (10, 11, 12)"))
+                assert left.scalar_one() == 0, table
+            kept = conn.execute(sa.text("SELECT COUNT(*) FROM job_events WHERE job_id = 13"))
+            assert kept.scalar_one() == 1
+
+        downgrade(url, "0023_code_claims")
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM jobs")).scalar_one() == 2
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM job_events")).scalar_one() == 1
+    finally:
+        engine.dispose()

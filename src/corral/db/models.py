@@ -152,6 +152,11 @@ class Job(Base):
         # a submission's runtime estimate reads the user's earlier runs of the same name: without
         # it, every submit scanned all of its user's jobs (services.jobs.runtime_estimate)
         Index("ix_jobs_user_name", "user_id", "name"),
+        # SQLite: AUTOINCREMENT, so a deleted job's id is never given again (without it SQLite
+        # hands out max(rowid)+1: deleting the newest jobs gave their ids to the next submits,
+        # and lineage, build jobs, audit, engine attempt dirs "<id>.<n>" and users' notes then
+        # named another job). Migration 0024_job_ids. PostgreSQL's sequence never reuses ids.
+        {"sqlite_autoincrement": True},
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
