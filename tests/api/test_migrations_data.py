@@ -384,3 +384,24 @@ def test_job_ids_are_never_given_again_after_0024(url: str) -> None:
             assert conn.execute(sa.text("SELECT COUNT(*) FROM job_events")).scalar_one() == 1
     finally:
         engine.dispose()
+
+
+def test_0024_refuses_to_rebuild_populated_jobs_with_foreign_keys_on(tmp_path: Path) -> None:
+    # A connection handed in with `engine=` has SQLite's foreign keys on, and the pragma cannot
+    # change inside the migration's transaction: the DROP of the old jobs table would then delete
+    # every attempt and event by ON DELETE CASCADE. 0024 refuses instead; nothing is lost.
+    url = f"sqlite:///{tmp_path / 'fk.db'}"
+    upgrade(url, "0023_code_claims")
+    engine = make_engine(url)  # foreign keys on, as the server's engine
+    try:
+        insert(engine, rows(0))
+        with pytest.raises(RuntimeError, match="foreign keys off"):
+            upgrade(url, "0024_job_ids", engine=engine)
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM attempts")).scalar_one() == 4
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM job_events")).scalar_one() == 4
+        upgrade(url, "0024_job_ids")  # as `corral admin migrate` and the server's start run it
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM attempts")).scalar_one() == 4
+    finally:
+        engine.dispose()

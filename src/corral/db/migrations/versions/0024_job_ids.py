@@ -38,10 +38,14 @@ JOB_IDS_RECORDED = (
 
 def _rebuild_jobs(autoincrement: bool) -> None:
     bind = op.get_bind()
-    if bind.execute(sa.text("PRAGMA foreign_keys")).scalar():
+    foreign_keys = bind.execute(sa.text("PRAGMA foreign_keys")).scalar()
+    if foreign_keys and bind.execute(sa.text("SELECT 1 FROM jobs LIMIT 1")).first():
         # The DROP in the rebuild would run ON DELETE CASCADE (attempts, events...) or fail; the
-        # pragma cannot be changed inside the migration's transaction (env.py sets it before).
-        raise RuntimeError("0024_job_ids must run with SQLite foreign keys off (corral admin migrate)")
+        # pragma cannot be changed inside the migration's transaction (env.py sets it before,
+        # when it opens the connection; one handed in by `engine=` has it on). Empty: harmless.
+        raise RuntimeError(
+            "0024_job_ids rebuilds jobs: run it with SQLite foreign keys off (corral admin migrate)"
+        )
     with op.batch_alter_table(
         "jobs", recreate="always", table_kwargs={"sqlite_autoincrement": autoincrement}
     ) as batch:
