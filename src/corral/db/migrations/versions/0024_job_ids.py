@@ -58,7 +58,7 @@ def upgrade() -> None:
         return
     _rebuild_jobs(autoincrement=True)
     highest = max((bind.execute(sa.text(q)).scalar() or 0 for q in JOB_IDS_RECORDED), default=0)
-    # The copy's explicit ids set the sequence to max(jobs.id) already (no row if jobs is empty).
+    # The copy's explicit ids set the sequence to max(jobs.id) already (0, or no row, when empty).
     updated = bind.execute(
         sa.text("UPDATE sqlite_sequence SET seq = MAX(seq, :n) WHERE name = 'jobs'"), {"n": highest}
     )
