@@ -405,3 +405,62 @@ def test_0024_refuses_to_rebuild_populated_jobs_with_foreign_keys_on(tmp_path: P
             assert conn.execute(sa.text("SELECT COUNT(*) FROM attempts")).scalar_one() == 4
     finally:
         engine.dispose()
+
+
+def test_key_and_override_ids_are_never_given_again_after_0025(url: str) -> None:
+    # 0025: ssh_keys and oncall_overrides rebuilt with AUTOINCREMENT on SQLite (a no-op on
+    # PostgreSQL): their rows survive, and the next id of each comes after every id still
+    # recorded, ones removed before the upgrade included (the audit log names them).
+    upgrade(url, "0024_job_ids")
+    engine = make_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        data = {k: v for k, v in rows(0).items() if k in ("groups", "users", "memberships")}
+        audit = {"at": T0, "actor": "u"}
+        data |= {
+            "ssh_keys": [{"id": i, "user_id": 1, "name": f"k{i}", "public_key": "ssh-ed25519 AAAA",
+                          "fingerprint": f"SHA256:{i}", "created_at": T0} for i in (10, 11)],
+            "oncall_schedules": [{"id": 1, "name": "s", "time_zone": "UTC", "description": "",
+                                  "fallback_user_id": None, "created_at": T0, "updated_at": T0}],
+            "oncall_overrides": [{"id": i, "schedule_id": 1, "user_id": 2, "start": T0, "end": T0 + 60,
+                                  "created_by": "u", "created_at": T0} for i in (10, 11)],
+            # key 19 and override 17 removed before the upgrade: only the audit log names them
+            "audit_log": [
+                {"id": 1, **audit, "action": "ssh_key.delete", "target_kind": "ssh_key", "target_id": "19"},
+                {"id": 2, **audit, "action": "oncall.override.remove", "target_kind": "oncall_schedule",
+                 "target_id": "s", "before": json.dumps({"id": 17, "start": T0, "end": T0 + 60})},
+            ],
+        }  # fmt: skip
+        insert(engine, data)
+        with engine.connect() as conn:
+            columns = {t: sorted(c["name"] for c in sa.inspect(conn).get_columns(t)) for t in data}
+        expected = snapshot(engine, data, columns)
+
+        upgrade(url, "0025_row_ids")
+        assert snapshot(engine, data, columns) == expected
+        with engine.begin() as conn:
+            if conn.dialect.name == "sqlite":
+                assert conn.execute(sa.text("PRAGMA foreign_key_check")).all() == []
+            key = conn.execute(
+                sa.text(
+                    "INSERT INTO ssh_keys (user_id, name, public_key, fingerprint, created_at)"
+                    " VALUES (1, 'n', 'ssh-ed25519 B', 'SHA256:n', 0) RETURNING id"
+                )
+            ).scalar_one()
+            override = conn.execute(
+                sa.text(
+                    'INSERT INTO oncall_overrides (schedule_id, user_id, start, "end", created_by,'
+                    " created_at) VALUES (1, 1, 0, 1, 'u', 0) RETURNING id"
+                )
+            ).scalar_one()
+        if engine.dialect.name == "sqlite":
+            assert key > 19, f"key {key} after keys 10, 11 and removed key 19"
+            assert override > 17, f"override {override} after overrides 10, 11 and removed override 17"
+        else:  # the rows above were inserted with explicit ids: PostgreSQL's sequence was not used
+            assert key not in (10, 11) and override not in (10, 11)
+
+        downgrade(url, "0024_job_ids")
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM ssh_keys")).scalar_one() == 3
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM oncall_overrides")).scalar_one() == 3
+    finally:
+        engine.dispose()

@@ -132,7 +132,13 @@ class LoginFailure(Base):
 
 class SshKey(Base):
     __tablename__ = "ssh_keys"
-    __table_args__ = (UniqueConstraint("user_id", "fingerprint"),)
+    __table_args__ = (
+        UniqueConstraint("user_id", "fingerprint"),
+        # SQLite: AUTOINCREMENT, so a removed key's id is never given again: keys are removed by
+        # id (`corral key rm ID`), and a retried removal must not find another key under it.
+        # Migration 0025_row_ids. PostgreSQL's sequence never reuses ids.
+        {"sqlite_autoincrement": True},
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)

@@ -74,6 +74,10 @@ class OncallLayer(Base):
 
 class OncallOverride(Base):
     __tablename__ = "oncall_overrides"
+    # SQLite: AUTOINCREMENT, so a removed override's id is never given again: overrides are
+    # removed by id (`corral oncall schedule rm-override NAME ID`), and a retried removal must not
+    # find another override under it. Migration 0025_row_ids. PostgreSQL never reuses ids.
+    __table_args__ = {"sqlite_autoincrement": True}
 
     id: Mapped[int] = mapped_column(primary_key=True)
     schedule_id: Mapped[int] = mapped_column(ForeignKey("oncall_schedules.id", ondelete="CASCADE"))
