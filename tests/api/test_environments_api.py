@@ -117,3 +117,24 @@ def test_a_build_job_is_kept_until_its_version_is_settled(world: World) -> None:
         db.commit()
     r = world.client.delete(f"{API}/jobs/{job_id}", headers=world.as_("alice"))
     assert r.status_code == 204, r.text
+
+
+def test_a_copy_of_a_build_job_is_refused_at_submit(world: World) -> None:
+    """`corral submit --from-job N` of an environment's build job was queued, and then failed in
+    the job ("can't open file '/corral/tools/buildstep-....py'"): the build tools are bound only
+    into the build job the environments service submits. The copy is refused at submit (422)."""
+    _settings(world)
+    with world.session_factory() as db:
+        add_node(db, "cpu1", gpus=0)
+        db.commit()
+    made = world.client.post(
+        f"{API}/environments", json={"name": "tpkg", "source": "numpy\n"}, headers=world.as_("alice")
+    )
+    assert made.status_code == 201, made.text
+    build = world.client.get(f"{API}/jobs/{made.json()['build_job_id']}", headers=world.as_("alice")).json()
+    copy = world.client.post(f"{API}/jobs", json=build["spec"], headers=world.as_("alice"))
+    assert copy.status_code == 422, f"a copy of build job {build['id']} was accepted: {copy.text}"
+    assert "a copy of an environment build job" in copy.text, copy.text
+    assert copy.json()["detail"][0]["loc"] == ["body", "env", "CORRAL_ENV_TOOLS"]
+    jobs = world.client.get(f"{API}/jobs", headers=world.as_("alice")).json()["items"]
+    assert [j["id"] for j in jobs] == [build["id"]]

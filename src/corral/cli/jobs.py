@@ -55,7 +55,11 @@ def submit(
         ),
     ] = None,
     from_job: Annotated[
-        int | None, typer.Option("--from-job", help="submit a copy of this job's spec (a clone)")
+        int | None,
+        typer.Option(
+            "--from-job",
+            help="submit a copy of this job's spec (a clone; not of an environment's build job)",
+        ),
     ] = None,
 ) -> None:
     """Submit a job spec, or a copy of an earlier job's (`--from-job 42`)."""

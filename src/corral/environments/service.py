@@ -158,7 +158,7 @@ def create(
     )
     spec = build_spec(settings, env.name, number, req, req.group, python, build_tools)
     try:
-        job = submit_job(session, principal, spec, profile)  # commits the rows above with the job
+        job = submit_job(session, principal, spec, profile, build=True)  # commits the rows above too
     except Invalid as exc:
         if exc.loc != ("body", "tasks"):
             raise
@@ -268,7 +268,7 @@ def build_spec(
             "CORRAL_ENV_SOURCE_KIND": req.source_kind,
             "CORRAL_ENV_SOURCE": req.source,
             "CORRAL_ENV_PYTHON": python,
-            "CORRAL_ENV_TOOLS": tools.BUILD_TOOLS,
+            tools.BUILD_TOOLS_ENV: tools.BUILD_TOOLS,
             "CORRAL_ENV_UV": build_tools.uv,
             "CORRAL_ENV_INDEX_URL": settings.env_index_url,
             "CORRAL_ENV_FIND_LINKS": BUILD_FIND_LINKS if settings.env_find_links is not None else "",

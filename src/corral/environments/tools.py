@@ -29,6 +29,10 @@ from corral.environments import buildstep
 from corral.environments.store import INCOMING
 
 BUILD_TOOLS = "/corral/tools"  # the tools dir, read-only, in a build job
+# The variable naming that dir, set in a build job's spec only: it marks one. A copy of the spec
+# (`corral submit --from-job`, a template saved from it) is refused at submit (services/jobs.py):
+# the tools are bound only into the build the environments service starts itself.
+BUILD_TOOLS_ENV = "CORRAL_ENV_TOOLS"
 HASH_LEN = 16
 _digests: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256 hex
 _lock = threading.Lock()

@@ -42,6 +42,7 @@ from corral.datasets.mounts import record_lineage
 from corral.db.base import table_of
 from corral.db.models import Attempt, Gpu, Group, GroupQuota, Job, JobEvent, Node, User
 from corral.domain import start_text
+from corral.environments.tools import BUILD_TOOLS_ENV
 from corral.scheduler import Profile, check_fits_anywhere
 from corral.scheduler import types as st
 from corral.scheduler.runtimes import KEEP_RUNS, LEVELS, MIN_RUNS, RuntimeEstimate, estimate_from
@@ -404,11 +405,13 @@ def submit_job(
     now: float | None = None,
     commit: bool = True,
     workspace: bool = False,
+    build: bool = False,
 ) -> JobView:
     """Validate access and fit, then store the job as QUEUED with a "submitted" event. Commits and
     returns the job's view (the API's JSON shape). `commit=False`: the caller commits (a workspace
     and its job in one transaction); `workspace`: the caller is corral.services.workspaces, the
-    only one that may submit a job of kind `workspace`.
+    only one that may submit a job of kind `workspace`; `build`: the caller is
+    corral.environments.service, the only one that may submit an environment's build job.
 
     The job and its event are written with two INSERT statements, not through the ORM's unit of
     work: submitting is the hottest write path (bench/api_load.py) and the ORM flush was the
@@ -417,6 +420,12 @@ def submit_job(
     if spec.kind == "workspace" and not workspace:
         raise Invalid(
             "a job of kind 'workspace' is started by `corral ws start`, not submitted", ("body", "kind")
+        )
+    if not build and any(BUILD_TOOLS_ENV in env for env in (spec.env, *(t.env for t in spec.tasks.values()))):
+        raise Invalid(
+            "this is a copy of an environment build job: its build step runs only in the build "
+            "`corral env create` starts (a new version of the environment), not as a job of its own",
+            ("body", "env", BUILD_TOOLS_ENV),
         )
     check_no_nul(spec)
     group = resolve_group(session, principal, spec.group)
