@@ -212,17 +212,29 @@ def remove(name: NameArg, user: UserOpt = None) -> None:
 @friendly_errors
 def policy(
     group: Annotated[str, typer.Argument(help="the group")],
-    default: Annotated[str | None, typer.Option("--default", help="default idle timeout, e.g. 2h")] = None,
-    maximum: Annotated[str | None, typer.Option("--max", help="maximum idle timeout, e.g. 1d")] = None,
+    default: Annotated[
+        str | None, typer.Option("--default", help="default idle timeout, e.g. 2h; 'server': the server's")
+    ] = None,
+    maximum: Annotated[
+        str | None, typer.Option("--max", help="maximum idle timeout, e.g. 1d; 'server': the server's")
+    ] = None,
 ) -> None:
-    """Admin: set a group's default and maximum workspace idle timeout, both at once: one left
-    out goes back to the server's (CORRAL_WORKSPACE_IDLE_TIMEOUT_S, _MAX_IDLE_TIMEOUT_S), so
-    `--max 8h` alone also drops a default set before."""
+    """Admin: set a group's default or maximum workspace idle timeout, or both: one left out
+    stays as it is (`--max 8h` alone keeps the group's default); 'server' sets one back to the
+    server's (CORRAL_WORKSPACE_IDLE_TIMEOUT_S, _MAX_IDLE_TIMEOUT_S)."""
+    if default is None and maximum is None:
+        raise CorralError("give --default, --max or both")
+    given = {"default_idle_timeout": default, "max_idle_timeout": maximum}
+    body: dict[str, Any] = {k: None if v == "server" else v for k, v in given.items() if v is not None}
     with client() as c:
-        p = c.set_workspace_policy(group, default_idle_timeout=default, max_idle_timeout=maximum)
-    out.print(
-        f"group {group}: default {p['default_idle_timeout_s']:.0f} s, max {p['max_idle_timeout_s']:.0f} s"
-    )
+        p = c.set_workspace_policy(group, **body)
+    out.print(f"group {group}: default {_limit(p, 'default')}, max {_limit(p, 'max')}")
+
+
+def _limit(policy: dict[str, Any], which: str) -> str:
+    """'7200 s (the group's)' or '... (the server's)'."""
+    whose = "the group's" if policy.get(f"{which}_idle_timeout_source") == "group" else "the server's"
+    return f"{policy[f'{which}_idle_timeout_s']:.0f} s ({whose})"
 
 
 @ws_app.command("policies")
@@ -236,7 +248,7 @@ def policies(output: OutputOpt = Output.table) -> None:
         return
     table = Table("GROUP", "DEFAULT", "MAX", box=None)
     for p in rows:
-        table.add_row(p["group"], f"{p['default_idle_timeout_s']:.0f} s", f"{p['max_idle_timeout_s']:.0f} s")
+        table.add_row(p["group"], _limit(p, "default"), _limit(p, "max"))
     out.print(table)
 
 

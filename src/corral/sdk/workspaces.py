@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import EllipsisType
 from typing import Any
 
 from corral.exec_client import ExecResult, ExecSession, run_collect
@@ -46,9 +47,16 @@ class WorkspacesApi(BaseClient):
         return self.request("GET", "/workspaces/policies")
 
     def set_workspace_policy(
-        self, group: str, *, default_idle_timeout: str | None = None, max_idle_timeout: str | None = None
+        self,
+        group: str,
+        *,
+        default_idle_timeout: str | EllipsisType | None = ...,
+        max_idle_timeout: str | EllipsisType | None = ...,
     ) -> dict[str, Any]:
-        body = {"default_idle_timeout": default_idle_timeout, "max_idle_timeout": max_idle_timeout}
+        """Each value given replaces the group's (None: back to the server's); one left out keeps
+        the group's. The answer's `*_source` says whose each value is ("group" or "server")."""
+        given = {"default_idle_timeout": default_idle_timeout, "max_idle_timeout": max_idle_timeout}
+        body = {k: v for k, v in given.items() if not isinstance(v, EllipsisType)}
         return self.request("PUT", f"/workspaces/policies/{seg(group)}", json=body)
 
     # --- sandbox entry and SSH keys (corral.exec_client; docs/workspaces.md) ---------------------

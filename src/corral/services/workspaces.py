@@ -17,6 +17,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
+from types import EllipsisType
 from typing import TypedDict
 
 from sqlalchemy import select, update
@@ -437,6 +438,27 @@ class PolicyView(TypedDict):
     group: str
     default_idle_timeout_s: float
     max_idle_timeout_s: float
+    # whose each value is: "group" (set for the group) or "server" (CORRAL_WORKSPACE_*)
+    default_idle_timeout_source: str
+    max_idle_timeout_source: str
+
+
+# set_policy's "leave this value as it is" (an API body that omits the field)
+KEEP = ...
+
+
+def _policy_view(session: Session, settings: Settings, group: str, group_id: int) -> PolicyView:
+    default, maximum = group_limits(session, settings, group_id)
+    policy = session.get(WorkspaceGroupPolicy, group_id)
+    own_default = policy is not None and bool(policy.default_idle_timeout_s)
+    own_max = policy is not None and bool(policy.max_idle_timeout_s)
+    return {
+        "group": group,
+        "default_idle_timeout_s": default,
+        "max_idle_timeout_s": maximum,
+        "default_idle_timeout_source": "group" if own_default else "server",
+        "max_idle_timeout_source": "group" if own_max else "server",
+    }
 
 
 def list_policies(session: Session, settings: Settings, principal: Principal) -> list[PolicyView]:
@@ -446,11 +468,7 @@ def list_policies(session: Session, settings: Settings, principal: Principal) ->
     if not principal.is_admin:
         stmt = stmt.where(Group.id.in_(list(principal.group_roles)))
     groups = session.execute(stmt).all()
-    out: list[PolicyView] = []
-    for group_id, group in groups:
-        default, maximum = group_limits(session, settings, group_id)
-        out.append({"group": group, "default_idle_timeout_s": default, "max_idle_timeout_s": maximum})
-    return out
+    return [_policy_view(session, settings, group, group_id) for group_id, group in groups]
 
 
 def set_policy(
@@ -458,16 +476,16 @@ def set_policy(
     principal: Principal,
     settings: Settings,
     group: str,
-    default_s: float | None,
-    max_s: float | None,
+    default_s: float | EllipsisType | None = KEEP,
+    max_s: float | EllipsisType | None = KEEP,
 ) -> PolicyView:
+    """Each value given replaces the group's (None: back to the server's); one left at KEEP stays
+    as it is, so changing the default keeps the group's maximum and the other way round."""
     if not principal.is_admin:
         raise Forbidden("only an administrator may set workspace idle timeouts")
     group_id = session.scalar(select(Group.id).where(Group.name == group))
     if group_id is None:
         raise NotFound(f"there is no group named {group!r}")
-    if default_s is not None and max_s is not None and default_s > max_s:
-        raise Invalid("default_idle_timeout is more than max_idle_timeout", ("body", "default_idle_timeout"))
     policy = session.get(WorkspaceGroupPolicy, group_id)
     before = None
     if policy is None:
@@ -475,6 +493,10 @@ def set_policy(
         session.add(policy)
     else:
         before = {"default": policy.default_idle_timeout_s, "max": policy.max_idle_timeout_s}
+    default_s = policy.default_idle_timeout_s if isinstance(default_s, EllipsisType) else default_s
+    max_s = policy.max_idle_timeout_s if isinstance(max_s, EllipsisType) else max_s
+    if default_s is not None and max_s is not None and default_s > max_s:
+        raise Invalid("default_idle_timeout is more than max_idle_timeout", ("body", "default_idle_timeout"))
     policy.default_idle_timeout_s = default_s
     policy.max_idle_timeout_s = max_s
     audit.record(
@@ -487,8 +509,7 @@ def set_policy(
         after={"default": default_s, "max": max_s},
     )
     session.commit()
-    default, maximum = group_limits(session, settings, group_id)
-    return {"group": group, "default_idle_timeout_s": default, "max_idle_timeout_s": maximum}
+    return _policy_view(session, settings, group, group_id)
 
 
 def parse_timeout(text: str | None, field: str) -> float | None:

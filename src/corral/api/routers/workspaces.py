@@ -4,7 +4,7 @@ and the admins' idle timeouts per group. JupyterLab itself is served by the prox
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
@@ -121,8 +121,12 @@ class WorkspaceOut(BaseModel):
 class PolicyIn(RequestBody):
     model_config = ConfigDict(extra="forbid")
 
-    default_idle_timeout: Duration = Field(None, description="e.g. '2h'; null: the server's")
-    max_idle_timeout: Duration = Field(None, description="e.g. '1d'; null: the server's")
+    default_idle_timeout: Duration = Field(
+        None, description="e.g. '2h'; null: the server's; left out: the group's stays as it is"
+    )
+    max_idle_timeout: Duration = Field(
+        None, description="e.g. '1d'; null: the server's; left out: the group's stays as it is"
+    )
 
     @field_validator("default_idle_timeout", "max_idle_timeout")
     @classmethod
@@ -134,6 +138,12 @@ class PolicyOut(BaseModel):
     group: str
     default_idle_timeout_s: float
     max_idle_timeout_s: float
+    default_idle_timeout_source: Literal["group", "server"] = Field(
+        description="group: set for this group; server: CORRAL_WORKSPACE_IDLE_TIMEOUT_S"
+    )
+    max_idle_timeout_source: Literal["group", "server"] = Field(
+        description="group: set for this group; server: CORRAL_WORKSPACE_MAX_IDLE_TIMEOUT_S"
+    )
 
 
 AllUsers = Annotated[bool, Query(description="every user's (admins)")]
@@ -177,10 +187,23 @@ def list_policies(request: Request, db: DB, principal: CurrentUser) -> Any:
 
 @router.put("/workspaces/policies/{group}", response_model=PolicyOut)
 def set_policy(request: Request, group: NameInPath, body: PolicyIn, db: DB, principal: Admin) -> Any:
-    """Admin: a group's default and maximum idle timeout (null: the server's)."""
+    """Admin: a group's default and maximum idle timeout (null: the server's). A field left out
+    keeps the group's value: `{"default_idle_timeout": "2h"}` keeps its maximum. The answer says
+    whose each value is (`*_source`: the group's own or the server's)."""
+    given = body.model_fields_set
     default = body.default_idle_timeout if isinstance(body.default_idle_timeout, float) else None
     maximum = body.max_idle_timeout if isinstance(body.max_idle_timeout, float) else None
-    return fast_json(svc.set_policy(db, principal, request.app.state.settings, group, default, maximum))
+    settings = request.app.state.settings
+    return fast_json(
+        svc.set_policy(
+            db,
+            principal,
+            settings,
+            group,
+            default if "default_idle_timeout" in given else svc.KEEP,
+            maximum if "max_idle_timeout" in given else svc.KEEP,
+        )
+    )
 
 
 @router.get("/workspaces/{name}", response_model=WorkspaceOut)
