@@ -88,3 +88,28 @@ def test_an_on_call_layers_name_is_printed_as_written(world: World, server_url: 
     for args in (["oncall", "now"], ["oncall", "schedule", "show", "s"]):
         code, out = run(world, server_url, "bob", *args)
         assert code == 0 and "[/l]" in out, (args, out)
+
+
+def test_specs_metrics_and_output_paths_are_printed_as_written(
+    world: World, server_url: str, settings: Any
+) -> None:
+    """The CLI's consoles print text, not markup, unless a line asks for it: a template whose
+    command held "[/c]" made `corral template show` a MarkupError (the spec is printed as JSON), and
+    so did a metric named "[/m]" in `corral model show NAME@VERSION` and `corral model compare`, and
+    an output file named "[/p].bin" in `corral job outputs`."""
+    spec = TEMPLATE.replace("--amp ${amp}", "--amp ${amp} '[/c]'")
+    assert publish(world, "alice", "t", spec).status_code == 201
+    job = finished_job(world, "alice", {"[/p].bin": b"w", "[bold]b[/bold].bin": b"b"}, settings.storage_path)
+    for value in (1, 2):
+        body = {"job_id": job, "metrics": {"[/m]": value}}
+        r = world.client.post(f"{API}/models/digits/versions", json=body, headers=world.as_("alice"))
+        assert r.status_code == 201, r.text
+    for args, written in [
+        (["template", "show", "t"], "'[/c]'"),
+        (["model", "show", "digits@1"], '{"[/m]": 1}'),
+        (["model", "compare", "digits", "1", "2"], "[/m]"),
+        (["job", "outputs", str(job)], "[bold]b[/bold].bin"),
+        (["job", "outputs", str(job)], "[/p].bin"),
+    ]:
+        code, out = run(world, server_url, "alice", *args)
+        assert code == 0 and written in out, (args, out)

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, plain, print_json, when
+from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json, when
 from corral.sdk import CorralError
 
 user_app = typer.Typer(help="Users (admin), default groups and passwords.", no_args_is_help=True)
@@ -188,7 +188,7 @@ def token_ls(
         table.add_row(
             str(t["id"]),
             t["user"],
-            plain(t["name"]),
+            t["name"],
             t["prefix"],
             when(t["created_at"]),
             ago(t["last_used_at"]),

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from corral.cli.common import Output, OutputOpt
+from corral.cli.common import Output, OutputOpt, error_line
 
 if TYPE_CHECKING:
     from corral.config import Settings
@@ -24,8 +25,7 @@ if TYPE_CHECKING:
 admin_app = typer.Typer(
     help="Database backup, restore and migration (run on the server host).", no_args_is_help=True
 )
-out = Console()
-err = Console(stderr=True)
+out = Console(markup=False)  # paths and checks' details as they are (see corral.cli.common)
 
 DatabaseOpt = Annotated[
     str | None,
@@ -40,7 +40,7 @@ def _settings() -> Settings:
     try:
         return Settings()
     except ValueError as exc:
-        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
+        error_line(str(exc))
         raise typer.Exit(2) from None
 
 
@@ -49,7 +49,7 @@ def _database_url(database_url: str | None) -> str:
 
 
 def _fail(message: str) -> None:
-    err.print(f"[red]error:[/red] {message}", markup=True, highlight=False, soft_wrap=True)
+    error_line(message)
     raise typer.Exit(1)
 
 
@@ -108,7 +108,7 @@ def doctor(output: OutputOpt = Output.table) -> None:
         table = Table("CHECK", "STATUS", "DETAIL", "FIX")
         colour = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
         for c in checks:
-            table.add_row(c.name, f"[{colour[c.status]}]{c.status}[/]", c.detail, c.fix or "")
+            table.add_row(c.name, Text(c.status, style=colour[c.status]), c.detail, c.fix or "")
         out.print(table)
     if any(c.status == "fail" for c in checks):
         raise typer.Exit(1)

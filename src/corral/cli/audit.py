@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from corral.cli.common import Output, OutputOpt, client, friendly_errors, out, plain, print_json, when
+from corral.cli.common import Output, OutputOpt, client, friendly_errors, out, print_json, when
 
 audit_app = typer.Typer(help="The admin audit log: who changed what, when, from where.", no_args_is_help=True)
 CHANGE_WIDTH = 60
@@ -62,7 +62,7 @@ def ls(
     for r in page["items"]:
         cells = [str(r["id"]), when(r["at"]), r["actor"], r["source"] or "-", r["action"]]
         cells.append(f"{r['target_kind']}:{r['target_id']}")
-        table.add_row(*cells, *([plain(change_cell(r))] if wide else []))
+        table.add_row(*cells, *([change_cell(r)] if wide else []))
     out.print(table)
     out.print(f"{len(page['items'])} of {page['total']} records")
 

@@ -49,7 +49,9 @@ def parse_sets(items: list[str] | None, option: str = "--set", example: str = "l
 
 
 def _job_line(job: dict[str, Any]) -> None:
-    out.print(f"job [bold]{job['id']}[/bold] ({job['name']}) {job['state']} in group {job['group']}")
+    out.print(
+        f"job [bold]{job['id']}[/bold] ({job['name']}) {job['state']} in group {job['group']}", markup=True
+    )
 
 
 @template_app.command("ls")
@@ -66,7 +68,7 @@ def template_ls(output: OutputOpt = Output.table) -> None:
         shared = t["visibility"] + (f" ({t['group']})" if t["visibility"] == "group" else "")
         params = ", ".join(p["name"] for p in t["parameters"]) or "-"
         table.add_row(
-            t["name"], f"v{t['latest']}", params, shared, str(t["uses"]), t["owner"], plain(t["description"])
+            t["name"], f"v{t['latest']}", params, shared, str(t["uses"]), t["owner"], t["description"]
         )
     out.print(table)
 
@@ -86,10 +88,11 @@ def template_show(
         return
     out.print(
         f"[bold]{t['name']}[/bold] v{t['version']} (latest v{t['latest']}) by {t['owner']}, "
-        f"used {t['uses']} times"
+        f"used {t['uses']} times",
+        markup=True,
     )
     if t["description"]:
-        out.print(plain(t["description"]))
+        out.print(t["description"])
     table = Table("PARAMETER", "TYPE", "DEFAULT", "RANGE / CHOICES", "DESCRIPTION")
     for p in t["parameters"]:
         span = ", ".join(str(c) for c in p.get("choices", [])) or _range_text(p.get("min"), p.get("max"))
@@ -98,7 +101,9 @@ def template_show(
         )
     out.print(table)
     out.print(
-        json.dumps({k: v for k, v in t["spec"].items() if k != "parameters"}, indent=2), highlight=False
+        json.dumps({k: v for k, v in t["spec"].items() if k != "parameters"}, indent=2),
+        markup=False,
+        highlight=False,
     )
 
 
@@ -152,7 +157,10 @@ def template_publish(
     if output is Output.json:
         print_json(t)
     else:
-        out.print(f"template [bold]{t['name']}[/bold] v{t['version']} ({len(t['parameters'])} parameters)")
+        out.print(
+            f"template [bold]{t['name']}[/bold] v{t['version']} ({len(t['parameters'])} parameters)",
+            markup=True,
+        )
 
 
 @template_app.command("share")
@@ -240,7 +248,7 @@ def _versions_table(model: dict[str, Any]) -> Table:
     for v in model["versions"]:
         metrics = ", ".join(f"{k}={v['metrics'][k]}" for k in sorted(v["metrics"]))
         table.add_row(
-            f"v{v['version']}", v["stage"], plain(v["framework"] or "-"), plain(metrics or "-"),
+            f"v{v['version']}", v["stage"], v["framework"] or "-", metrics or "-",
             str(v["source_job_id"]), str(v["files"]), when(v["created_at"]),
         )  # fmt: skip
     return table
@@ -271,25 +279,30 @@ def model_show(
         return
     if "@" not in ref:
         about = plain(data["description"])
-        out.print(f"[bold]{data['name']}[/bold] ({data['visibility']}) by {data['owner']}: {about}")
+        out.print(
+            f"[bold]{data['name']}[/bold] ({data['visibility']}) by {data['owner']}: {about}", markup=True
+        )
         out.print(_versions_table(data))
         return
     lin = data["lineage"]
     out.print(
         f"[bold]{data['name']}@{data['version']}[/bold] stage {data['stage']}, {data['files']} files, "
-        f"{data['bytes']} bytes, digest {data['digest'][:16]}"
+        f"{data['bytes']} bytes, digest {data['digest'][:16]}",
+        markup=True,
     )
     out.print(
         f"lineage: job {lin['job_id']} ({lin['job_name']}) by {lin['user']} in {lin['group']}; "
-        f"path /outputs/{data['source_path']}"
+        f"path /outputs/{data['source_path']}",
+        markup=False,
     )
     datasets = ", ".join(f"{d['name']}@{d['version']}" for d in lin["datasets"]) or "none"
     models = ", ".join(m.removeprefix("model/") for m in lin.get("models") or []) or "none"
     out.print(
         f"datasets: {datasets}; models: {models}; environment: {lin['environment']}; "
-        f"code: {lin['code_snapshot'] or '-'}; checksum: {lin['code_checksum'] or '-'}"
+        f"code: {lin['code_snapshot'] or '-'}; checksum: {lin['code_checksum'] or '-'}",
+        markup=False,
     )
-    out.print(f"metrics: {json.dumps(data['metrics'])}", highlight=False)
+    out.print(f"metrics: {json.dumps(data['metrics'])}", markup=False, highlight=False)
     if data["card"]:
         out.print(data["card"], markup=False, highlight=False)
 
@@ -329,7 +342,9 @@ def model_register(
     if output is Output.json:
         print_json(v)
     else:
-        out.print(f"model [bold]{name}[/bold] v{v['version']}: {v['files']} files from job {job}")
+        out.print(
+            f"model [bold]{name}[/bold] v{v['version']}: {v['files']} files from job {job}", markup=True
+        )
 
 
 @model_app.command("promote")
@@ -369,7 +384,7 @@ def model_pull(
     """Download a version's files."""
     with client() as c:
         files = c.pull_model(*_version_ref(ref), directory)
-    err.print(f"{len(files)} files of {ref} pulled into {directory}")
+    err.print(f"{len(files)} files of {ref} pulled into {directory}", markup=False)
 
 
 @model_app.command("share")

@@ -18,8 +18,8 @@ from rich.markup import escape
 from corral.sdk import Client, CorralError
 
 F = TypeVar("F", bound=Callable[..., Any])
-out = Console()
-err = Console(stderr=True)
+out = Console(markup=False)  # what is printed is text (see `plain`); markup is asked for per call
+err = Console(stderr=True, markup=False)
 
 
 class Output(StrEnum):
@@ -64,7 +64,8 @@ def plain(value: Any) -> str:
     """Text from the server (what users wrote: descriptions, titles, comments, reasons) as it is in
     a Rich table cell or markup line: "[/x]" raised MarkupError (a traceback, and for a public
     template's description in everyone's `corral template ls`), "[bold]" vanished, "[link=...]"
-    made a hyperlink."""
+    made a hyperlink. `out` and `err` print text (markup=False): this is for the lines that ask for
+    markup=True (a bold name, a yellow "warning:") around what users wrote."""
     return escape(str(value))
 
 

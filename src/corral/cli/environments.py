@@ -62,7 +62,8 @@ def show_env(
     if version is None:
         out.print(
             f"[bold]{found['name']}[/bold]  owner {found['owner']}, {found['visibility']}"
-            + (", official" if found["official"] else "")
+            + (", official" if found["official"] else ""),
+            markup=True,
         )
     for v in versions:
         hit = " (cache hit)" if v["cache_hit"] else ""

@@ -8,7 +8,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.table import Table
 
-from corral.cli.common import Output, OutputOpt, client, friendly_errors, out, print_json
+from corral.cli.common import Output, OutputOpt, client, friendly_errors, out, plain, print_json
 from corral.cli.data import limit_text, storage_limits
 from corral.datasets.names import human_bytes
 from corral.sdk import KEEP, Keep
@@ -92,7 +92,7 @@ def group_ls(output: OutputOpt = Output.table) -> None:
         warnings.update(dict.fromkeys(g.get("warnings") or ()))
     out.print(table)
     for text in warnings:
-        out.print(f"[yellow]warning:[/yellow] {text}", highlight=False)
+        out.print(f"[yellow]warning:[/yellow] {plain(text)}", markup=True, highlight=False)
 
 
 @group_app.command("create")
@@ -202,7 +202,7 @@ def group_quota(
         return
     out.print(f"group {name}: quotas set")
     for text in group.get("warnings") or ():
-        out.print(f"[yellow]warning:[/yellow] {text}", highlight=False)
+        out.print(f"[yellow]warning:[/yellow] {plain(text)}", markup=True, highlight=False)
 
 
 def register(app: typer.Typer) -> None:

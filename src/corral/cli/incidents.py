@@ -50,7 +50,7 @@ def list_incidents(
         sla = i["sla"]
         ack_in, mitigate_in = _countdown(sla["ack_remaining_s"]), _countdown(sla["mitigate_remaining_s"])
         opened = ago(i["opened_at"])
-        title = plain(i["title"][:60])
+        title = i["title"][:60]
         table.add_row(str(i["id"]), i["severity"], i["state"], title, opened, ack_in, mitigate_in, i["owner"])
     out.print(table)
 
@@ -64,7 +64,9 @@ def show_incident(incident_id: IncidentArg, output: OutputOpt = Output.table) ->
     if output is Output.json:
         print_json(i)
         return
-    out.print(f"[bold]incident {i['id']}[/bold] {i['severity']} {i['state']}: {plain(i['title'])}")
+    out.print(
+        f"[bold]incident {i['id']}[/bold] {i['severity']} {i['state']}: {plain(i['title'])}", markup=True
+    )
     out.print(f"  source {i['source']}, owner {i['owner'] or '-'}, fired {i['fire_count']} time(s)")
     for kind, values in (i["links"] or {}).items():
         if values:
@@ -74,13 +76,13 @@ def show_incident(incident_id: IncidentArg, output: OutputOpt = Output.table) ->
     out.print(f"  ack in {ack_in}, mitigate in {mitigate_in}")
     for e in i["timeline"]:
         who = f" ({e['actor']})" if e["actor"] else ""
-        out.print(f"  {ago(e['at']):>10}  {e['kind']:<15} {plain(e['text'])}{who}")
+        out.print(f"  {ago(e['at']):>10}  {e['kind']:<15} {e['text']}{who}")
     pm = i["postmortem"]
     if pm:
-        out.print(f"postmortem by {pm['author']}: {plain(pm['summary'])}\n  impact: {plain(pm['impact'])}")
-        out.print(f"  root cause: {plain(pm['root_cause'])}")
+        out.print(f"postmortem by {pm['author']}: {pm['summary']}\n  impact: {pm['impact']}")
+        out.print(f"  root cause: {pm['root_cause']}")
         for item in pm["action_items"]:
-            out.print(f"  - {plain(item['what'])} ({plain(item['owner'])}, due {item['due']})")
+            out.print(f"  - {item['what']} ({item['owner']}, due {item['due']})")
     elif i["postmortem_required"]:
         out.print("postmortem: required before closing (corral incident postmortem)")
 
@@ -203,10 +205,10 @@ def rules_runs(
         table.add_row(
             ago(r["at"]),
             r["rule"],
-            plain(r["signal"]),
+            r["signal"],
             r["outcome"],
             str(r["incident_id"] or "-"),
-            plain(actions),
+            actions,
         )
     out.print(table)
 

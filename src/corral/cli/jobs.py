@@ -87,7 +87,10 @@ def submit(
     if output is Output.json:
         print_json(job)
     else:
-        out.print(f"job [bold]{job['id']}[/bold] ({job['name']}) {job['state']} in group {job['group']}")
+        out.print(
+            f"job [bold]{job['id']}[/bold] ({job['name']}) {job['state']} in group {job['group']}",
+            markup=True,
+        )
     if wait and job["state"] != "succeeded":
         raise typer.Exit(1)
 
@@ -171,7 +174,8 @@ def show(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOp
             "  (cancel requested)"
             if job["cancel_requested"] and job["state"] not in ("cancelled", "failed", "succeeded")
             else ""
-        )
+        ),
+        markup=True,
     )
     out.print(
         f"user {job['user']}  group {job['group']}  priority {job['priority']}  GPUs {gpus_of(job)}  "
@@ -179,7 +183,7 @@ def show(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOp
     )
     out.print(budgets_line(job))
     if job.get("reason"):
-        out.print(f"reason: {plain(job['reason'])}")
+        out.print(f"reason: {job['reason']}")
     _print_diagnosis(job.get("diagnosis"))
     if job["attempts"]:
         table = Table("#", "STATE", "NODES", "GPUS", "STARTED", "ENDED", "EXIT", "REASON", box=None)
@@ -193,7 +197,7 @@ def show(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOp
                 when(a["started_at"]),
                 when(a["ended_at"]),
                 "-" if a["exit_code"] is None else str(a["exit_code"]),
-                plain((a["reason"] or "") + (f": {a['message']}" if a["message"] else "")),
+                (a["reason"] or "") + (f": {a['message']}" if a["message"] else ""),
             )
         out.print(table)
         _print_failures(job)
@@ -209,9 +213,12 @@ def _print_failures(job: dict[str, Any]) -> None:
         if not f:
             continue
         message = plain(f["message"])
-        out.print(f"attempt {a['number']}: [bold]{f['reason']}[/bold] ({f['category']}) {message}")
+        out.print(
+            f"attempt {a['number']}: [bold]{plain(f['reason'])}[/bold] ({plain(f['category'])}) {message}",
+            markup=True,
+        )
         if f.get("evidence"):
-            out.print(f"  log: {f['evidence']}", markup=False)
+            out.print(f"  log: {f['evidence']}")
         out.print(f"  fix: {f['fix']}")
 
 
@@ -220,7 +227,7 @@ def _print_watch(watch: dict[str, Any] | None) -> None:
         return
     if watch.get("suspected_hang"):
         done = f"; action: {watch['action']}" if watch.get("action") else ""
-        out.print(f"[red]suspected hang[/red]: {watch['suspected_hang']}{done}")
+        out.print(f"[red]suspected hang[/red]: {plain(watch['suspected_hang'])}{plain(done)}", markup=True)
     if watch.get("stragglers"):
         out.print(f"stragglers: {watch['stragglers']}")
 
@@ -229,11 +236,12 @@ def _print_diagnosis(diag: dict[str, Any] | None) -> None:
     if not diag:
         return
     if diag.get("unschedulable"):
-        out.print("[red]this job cannot run on the cluster as it stands[/red]")
+        out.print("[red]this job cannot run on the cluster as it stands[/red]", markup=True)
     for reason in diag.get("reasons", []):
         out.print(
             f"why pending: {plain(reason.get('message'))} "
-            f"[dim]({reason.get('code')}, {reason.get('source')})[/dim]",
+            f"[dim]({plain(reason.get('code'))}, {plain(reason.get('source'))})[/dim]",
+            markup=True,
             highlight=False,
         )
     if diag.get("queue_position") is not None:
@@ -272,7 +280,7 @@ def why(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOpt
     if job["state"] not in ("queued", "scheduled", "starting"):
         out.print(f"job {job['id']} is {job['state']}: it is not waiting")
         return
-    out.print(f"[bold]job {job['id']}[/bold] {job['name']} is {job['state']}")
+    out.print(f"[bold]job {job['id']}[/bold] {job['name']} is {job['state']}", markup=True)
     if not job.get("diagnosis"):
         out.print("the scheduler has not looked at it yet")
     _print_diagnosis(job.get("diagnosis"))

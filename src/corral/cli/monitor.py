@@ -10,9 +10,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from corral.cli import nodes as node_commands
-from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, plain, print_json
+from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json
 from corral.sdk.base import seg
 
 alert_app = typer.Typer(
@@ -66,8 +67,8 @@ def alert_ls(
         )
         color = "red" if a["status"] == "firing" else "green"
         table.add_row(
-            str(a["id"]), f"[{color}]{a['status']}[/{color}]", plain(a["severity"]), plain(a["name"]),
-            plain(where), a["source"],
+            str(a["id"]), Text(a["status"], style=color), a["severity"], a["name"],
+            where, a["source"],
             ago(a["starts_at"]), str(a["receive_count"]),
         )  # fmt: skip
     out.print(table)
@@ -89,7 +90,7 @@ def alert_channels(output: OutputOpt = Output.table) -> None:
     for ch in data["items"]:
         color = "red" if ch["state"] == "failing" else "green"
         table.add_row(
-            ch["name"], ch["type"], f"[{color}]{ch['state']}[/{color}]", str(ch["sent"]), str(ch["pending"]),
+            ch["name"], ch["type"], Text(ch["state"], style=color), str(ch["sent"]), str(ch["pending"]),
             str(ch["failing"]), str(ch["given_up"]), ago(ch["last_sent_at"]), ch["last_error"][:80],
         )  # fmt: skip
     out.print(table)
@@ -272,7 +273,7 @@ def node_risk(
         color = "red" if n["risk"] >= 0.6 else "yellow" if n["risk"] >= 0.3 else "green"
         worst = n["gpus"][0] if n["gpus"] else None
         table.add_row(
-            n["node"], f"[{color}]{n['risk']:.2f}[/{color}]",
+            n["node"], Text(f"{n['risk']:.2f}", style=color),
             f"{worst['index']} ({worst['score']:.2f})" if worst else "-", "; ".join(n["reasons"][:2]) or "-",
         )  # fmt: skip
     out.print(table)

@@ -93,7 +93,7 @@ def now(
     table = Table("SCHEDULE", "ON CALL", "SOURCE", "UNTIL", "NEXT", box=None)
     for r in rows:
         nxt = r["next"]["user"] or "(gap)" if r["next"] else "-"
-        table.add_row(r["schedule"], r["user"] or "(nobody: gap)", plain(r["source"]), when(r["until"]), nxt)
+        table.add_row(r["schedule"], r["user"] or "(nobody: gap)", r["source"], when(r["until"]), nxt)
     out.print(table)
 
 
@@ -132,20 +132,21 @@ def show_schedule(
         print_json(view)
         return
     out.print(
-        f"[bold]{view['name']}[/bold] ({view['time_zone']}); fallback: {view['fallback_user'] or 'none'}"
+        f"[bold]{view['name']}[/bold] ({view['time_zone']}); fallback: {view['fallback_user'] or 'none'}",
+        markup=True,
     )
     for layer in view["layers"]:
         window = f", {layer['restrict_from']}-{layer['restrict_to']}" if layer["restrict_from"] else ""
         when_text = f"{layer['rotation']} at {layer['handoff']} from {layer['start_date']}{window}"
-        out.print(f"  layer {plain(layer['name'])}: {when_text}: {', '.join(layer['members'])}")
+        out.print(f"  layer {layer['name']}: {when_text}: {', '.join(layer['members'])}")
     for o in view["overrides"]:  # by id: what `schedule rm-override NAME ID` takes
         out.print(f"  override {o['id']}: {o['user']} {when(o['start'])} - {when(o['end'])}")
     table = Table("FROM", "TO", "ON CALL", "SOURCE", box=None)
     for s in view["shifts"]:
-        table.add_row(when(s["start"]), when(s["end"]), s["user"] or "(nobody)", plain(s["source"]))
+        table.add_row(when(s["start"]), when(s["end"]), s["user"] or "(nobody)", s["source"])
     out.print(table)
     for warning in view["warnings"]:
-        out.print(f"[yellow]warning:[/yellow] {plain(warning)}")
+        out.print(f"[yellow]warning:[/yellow] {plain(warning)}", markup=True)
     if view.get("ical_feed"):
         out.print(f"calendar (no login): {c.url}{view['ical_feed']}")
 
@@ -172,7 +173,7 @@ def set_schedule(
         view = c.put_schedule(name, read_yaml(from_file))
     out.print(f"schedule {name} saved; on call now: {view['on_call']['user'] or '(nobody)'}")
     for warning in view["warnings"]:
-        out.print(f"[yellow]warning:[/yellow] {plain(warning)}")
+        out.print(f"[yellow]warning:[/yellow] {plain(warning)}", markup=True)
 
 
 @schedule_app.command("rm")
@@ -297,7 +298,7 @@ def pages(
             str(p["id"]),
             p["state"],
             p["policy"],
-            plain(p["subject"]),
+            p["subject"],
             ago(p["created_at"]),
             p["acked_by"] or "-",
         )
@@ -322,9 +323,9 @@ def list_contacts(user: str, output: OutputOpt = Output.table) -> None:
     if output is Output.json:
         print_json(view)
         return
-    out.print(f"{view['user']}: email {plain(view['email'] or '(none)')}")
+    out.print(f"{view['user']}: email {view['email'] or '(none)'}")
     for m in view["methods"]:
-        out.print(f"  {m['id']}: {m['kind']} {plain(m['address'])}")
+        out.print(f"  {m['id']}: {m['kind']} {m['address']}")
 
 
 @contact_app.command("email")

@@ -15,7 +15,18 @@ from typing import Annotated, Any
 import typer
 
 from corral.cli import accounts, groups, jobs, nodes
-from corral.cli.common import Output, OutputOpt, ago, client, err, friendly_errors, out, print_json, when
+from corral.cli.common import (
+    Output,
+    OutputOpt,
+    ago,
+    client,
+    err,
+    error_line,
+    friendly_errors,
+    out,
+    print_json,
+    when,
+)
 
 __all__ = [
     "Output",
@@ -63,7 +74,7 @@ def up(
     try:
         settings = Settings(**overrides)
     except ValueError as exc:  # pydantic's ValidationError: name the setting, no traceback
-        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
+        error_line(str(exc))
         raise typer.Exit(2) from None
     from corral.server.run import serve  # lazy: the CLI must not import the server to run `ls`
 

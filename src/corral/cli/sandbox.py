@@ -203,7 +203,9 @@ def add_key(
     label = name or (parts[2] if len(parts) > 2 else path.name)[:64]
     with client() as c:
         key = c.add_ssh_key(text, label)
-    out.print(f"added SSH key {key['id']} [bold]{plain(key['name'])}[/bold] {key['fingerprint']}")
+    out.print(
+        f"added SSH key {key['id']} [bold]{plain(key['name'])}[/bold] {key['fingerprint']}", markup=True
+    )
 
 
 @key_app.command("ls")
@@ -217,7 +219,7 @@ def list_keys(output: OutputOpt = Output.table) -> None:
         return
     table = Table("ID", "NAME", "FINGERPRINT", "ADDED", box=None)
     for k in keys:
-        table.add_row(str(k["id"]), plain(k["name"]), k["fingerprint"], ago(k["created_at"]))
+        table.add_row(str(k["id"]), k["name"], k["fingerprint"], ago(k["created_at"]))
     out.print(table)
 
 

@@ -54,7 +54,7 @@ def set_secret(
     with client() as c:
         c.set_secret(name, value, group=group)
     where = f"group {group}'s" if group else "your"
-    out.print(f"{where} secret [bold]{name}[/bold] set ({len(value)} bytes)")
+    out.print(f"{where} secret [bold]{name}[/bold] set ({len(value)} bytes)", markup=True)
 
 
 @secret_app.command("ls")

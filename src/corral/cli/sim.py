@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 if TYPE_CHECKING:
@@ -193,9 +194,9 @@ def _print_summary(summary: dict[str, Any], console: Console) -> None:
         )
     console.print(table)
     for note in summary["notes"]:
-        console.print(f"note: {note}")
+        console.print(f"note: {note}", markup=False)
     for r in summary["rejected"]:
-        console.print(f"[yellow]rejected[/yellow] {r['job_id']}: {r['why']}")
+        console.print(f"[yellow]rejected[/yellow] {escape(str(r['job_id']))}: {escape(r['why'])}")
     if summary["jobs_rejected"] > len(summary["rejected"]):
         console.print(f"... {summary['jobs_rejected']} jobs rejected in all")
     if summary["jobs_unfinished"]:

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import typer
 from rich.table import Table
 
-from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, plain, print_json
+from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json
 from corral.sdk import CorralError
 
 ws_app = typer.Typer(
@@ -30,13 +30,13 @@ def _describe(ws: dict[str, Any]) -> str:
 
 
 def _print_one(ws: dict[str, Any], server: str) -> None:
-    out.print(f"[bold]{ws['name']}[/bold] ({ws['user']}, group {ws['group']}): {ws['state']}")
+    out.print(f"[bold]{ws['name']}[/bold] ({ws['user']}, group {ws['group']}): {ws['state']}", markup=True)
     out.print(f"  resources    {_describe(ws)}; environment {ws['environment']}")
     out.print(f"  idle timeout {ws['idle_timeout_s']:.0f} s")
     if ws["job_id"] is not None:
         out.print(f"  job          {ws['job_id']} ({ws['job_state']})")
     if ws["waiting"]:
-        out.print(f"  waiting      {plain(ws['waiting']['message'])}")
+        out.print(f"  waiting      {ws['waiting']['message']}")
     out.print(f"  JupyterLab   {server}{ws['url']}")
     host = urlsplit(server).hostname or "localhost"
     out.print(f"  ssh          ssh -p {ws['ssh_port']} {ws['ssh_user']}@{host}")
@@ -129,7 +129,9 @@ def open_lab(
         ws = c.workspace(name)
         url = f"{c.url}{ws['url']}"
     if ws["state"] != "running":
-        out.print(f"[yellow]workspace {name} is {ws['state']}[/yellow]; the page answers once it runs")
+        out.print(
+            f"[yellow]workspace {name} is {ws['state']}[/yellow]; the page answers once it runs", markup=True
+        )
     typer.echo(url)
     if browser:
         webbrowser.open(url)
@@ -195,7 +197,7 @@ def start(name: NameArg, user: UserOpt = None) -> None:
         ws = c.start_workspace(name, user=user)
     out.print(f"workspace {name}: {ws['state']} (job {ws['job_id']})")
     if ws["waiting"]:
-        out.print(f"  {plain(ws['waiting']['message'])}")
+        out.print(f"  {ws['waiting']['message']}")
 
 
 @ws_app.command("rm")
