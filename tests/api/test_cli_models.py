@@ -45,3 +45,21 @@ def test_model_show_and_pull_take_a_stage_like_finetune_and_mounts(
     assert code == 1 and "has no version v7 (it has v1, v2)" in out, out
     with Client(server_url, alice["Authorization"].split()[1]) as c:
         assert c.model_version("digits", "production")["version"] == 1
+
+
+def _two_versions(world: World, settings: Any) -> None:
+    for metrics in ({"acc": 0.9, "loss": 0.3}, {"acc": 0.95}):
+        job = finished_job(world, "alice", {"w.bin": b"w"}, settings.storage_path)
+        body = {"job_id": job, "metrics": metrics}
+        r = world.client.post(f"{API}/models/digits/versions", json=body, headers=world.as_("alice"))
+        assert r.status_code == 201, r.text
+
+
+def test_model_share_says_with_whom(world: World, server_url: str, settings: Any) -> None:
+    """`corral model share digits group --group vision` printed "model digits is group"."""
+    _two_versions(world, settings)
+    code, out = run(world, server_url, "alice", "model", "share", "digits", "group", "--group", "vision")
+    assert code == 0 and "model digits is shared with group vision" in out, out
+    code, out = run(world, server_url, "alice", "model", "share", "digits", "public")
+    assert code == 0 and "model digits is public" in out, out
+

@@ -163,6 +163,16 @@ def template_publish(
         )
 
 
+def shared_text(kind: str, view: dict[str, Any]) -> str:
+    """What `share` did, in words: "model digits is group" said neither with whom nor as what."""
+    name, visibility = f"{kind} {view['name']}", view["visibility"]
+    if visibility == "group":
+        return f"{name} is shared with group {view['group']}"
+    if visibility == "public":
+        return f"{name} is public: everyone can see and use it"
+    return f"{name} is private: shared with no one"
+
+
 @template_app.command("share")
 @friendly_errors
 def template_share(
@@ -173,7 +183,7 @@ def template_share(
     """Share a template with your group, everyone, or nobody."""
     with client() as c:
         t = c.share_template(name, visibility, group)
-    out.print(f"template {t['name']} is {t['visibility']}")
+    out.print(shared_text("template", t))
 
 
 @template_app.command("rm")
@@ -397,7 +407,7 @@ def model_share(
     """Share a model with your group, everyone, or nobody."""
     with client() as c:
         m = c.share_model(name, visibility, group)
-    out.print(f"model {m['name']} is {m['visibility']}")
+    out.print(shared_text("model", m))
 
 
 @model_app.command("rm")
