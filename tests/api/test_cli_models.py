@@ -63,3 +63,14 @@ def test_model_share_says_with_whom(world: World, server_url: str, settings: Any
     code, out = run(world, server_url, "alice", "model", "share", "digits", "public")
     assert code == 0 and "model digits is public" in out, out
 
+
+def test_model_compare_prints_a_dash_for_a_metric_one_version_lacks(
+    world: World, server_url: str, settings: Any
+) -> None:
+    """It printed "None"."""
+    _two_versions(world, settings)
+    code, out = run(world, server_url, "alice", "model", "compare", "digits", "1", "2")
+    assert code == 0 and "None" not in out, out
+    loss = next(line for line in out.splitlines() if "loss" in line)
+    assert loss.replace("│", " ").split() == ["loss", "0.3", "-", "-"], out
+

@@ -382,7 +382,8 @@ def model_compare(name: str, a: int, b: int, output: OutputOpt = Output.table) -
     table = Table("METRIC", f"v{a}", f"v{b}", "DELTA")
     for m in data["metrics"]:
         delta = "-" if m["delta"] is None else f"{m['delta']:+.6g}"
-        table.add_row(m["metric"], str(m["a"]), str(m["b"]), delta)
+        a_text, b_text = ("-" if x is None else str(x) for x in (m["a"], m["b"]))  # a metric one lacks
+        table.add_row(m["metric"], a_text, b_text, delta)
     out.print(table)
 
 
