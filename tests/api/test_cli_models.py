@@ -74,3 +74,13 @@ def test_model_compare_prints_a_dash_for_a_metric_one_version_lacks(
     loss = next(line for line in out.splitlines() if "loss" in line)
     assert loss.replace("│", " ").split() == ["loss", "0.3", "-", "-"], out
 
+
+def test_a_quota_refusal_names_the_models_new_version(world: World, settings: Any) -> None:
+    """A registration over the owner's storage quota read "model 'digits''s new version"."""
+    _two_versions(world, settings)
+    r = world.client.put(f"{API}/storage/quota/user/alice", json={"max_bytes": 1}, headers=world.as_("admin"))
+    assert r.status_code == 200, r.text
+    job = finished_job(world, "alice", {"w.bin": b"big"}, settings.storage_path)
+    r = world.client.post(f"{API}/models/digits/versions", json={"job_id": job}, headers=world.as_("alice"))
+    assert r.status_code == 403 and "the new version of model 'digits'" in r.text, r.text
+    assert "''s" not in r.text, r.text

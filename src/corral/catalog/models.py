@@ -240,7 +240,7 @@ def _charge_owner(session: Session, model: RegisteredModel, nbytes: int, nfiles:
     # locked and re-read before the check: two registrations at once must not both fit the room
     row = quotas.lock_account(quotas.account(session, "user", owner.name))
     if check:
-        quotas.check_room(row, nbytes, nfiles, what=f"model {model.name!r}'s new version")
+        quotas.check_room(row, nbytes, nfiles, what=f"the new version of model {model.name!r}")
     quotas.charge_dataset(row, nbytes, nfiles)
 
 
