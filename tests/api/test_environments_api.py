@@ -79,10 +79,12 @@ def test_deleting_a_version_a_job_mounts_through_env_is_refused(world: World) ->
         db.add(job)
         db.commit()
         job_id = job.id
-    for path in (f"{API}/environments/tools?version=1", f"{API}/environments/tools"):
+    for path, named in ((f"{API}/environments/tools?version=1", "version 'tools@1'"),
+                        (f"{API}/environments/tools", "'tools'")):  # fmt: skip
         r = world.client.delete(path, headers=world.as_("alice"))
         assert r.status_code == 409, r.text
         assert f"in use by active job {job_id}" in r.json()["detail"], r.text
+        assert r.json()["detail"].startswith(f"environment {named} is"), r.text  # the version asked for
 
 
 def test_a_build_job_is_kept_until_its_version_is_settled(world: World) -> None:

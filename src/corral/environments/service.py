@@ -383,8 +383,9 @@ def delete(session: Session, principal: Principal, name: str, number: int | None
     if building:
         raise Conflict(f"environment {name!r} version {building[0]} is still building")
     using = jobs_using(session, {f"{name}@{v.version}" for v in versions})
-    if using:
-        raise Conflict(f"environment {name!r} is in use by active job {using[0]}; delete it when that ends")
+    if using:  # the version asked for, not the environment (its other versions may be unused)
+        what = f"environment {name!r}" if number is None else f"environment version '{name}@{number}'"
+        raise Conflict(f"{what} is in use by active job {using[0]}; delete it when that ends")
     before = {"versions": [v.version for v in versions]}
     ids = [v.id for v in versions]
     session.execute(sa_delete(EnvironmentVersion).where(EnvironmentVersion.id.in_(ids)))
