@@ -361,7 +361,7 @@ def rm(job_ids: Annotated[list[int], typer.Argument(metavar="JOB...", help="fini
     """Delete finished jobs and their logs (yours; admins: anyone's). Exit 1 if any was refused."""
     failed = 0
     with client() as c:
-        for job_id in job_ids:
+        for job_id in dict.fromkeys(job_ids):  # `rm 5 5`: once (the second found no job 5 and exited 1)
             try:
                 c.delete(job_id)
                 out.print(f"job {job_id} deleted")
