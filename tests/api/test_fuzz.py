@@ -32,7 +32,8 @@ def server() -> Iterator[CorralServer]:
 
 
 def _explain(result: FuzzResult) -> str:
-    return f"{result.who}: {result.failing_operations}\n{result.output[-6000:]}"
+    failures = [line for line in result.output.splitlines() if line.startswith("FUZZ FAILURE")]
+    return f"{result.who}: {result.failing_operations}\n" + "\n".join(failures) + f"\n{result.output[-6000:]}"
 
 
 def test_schemathesis_finds_nothing_as_member_and_admin(server: CorralServer) -> None:
