@@ -115,13 +115,13 @@ def record_model_uses(session: Session, job_id: int, mounts: Sequence[MountV1]) 
             )
 
 
-def jobs_using(session: Session, version_ids: Sequence[int]) -> list[int]:
-    """Ids of jobs not yet ended that mount any of these model versions."""
+def active_mounts(session: Session, version_ids: Sequence[int]) -> list[tuple[int, int]]:
+    """(model version id, job id) for each job not yet ended that mounts one of these versions."""
     if not version_ids:
         return []
     query = (
-        select(JobModel.job_id)
+        select(JobModel.model_version_id, JobModel.job_id)
         .join(Job, Job.id == JobModel.job_id)
         .where(JobModel.model_version_id.in_(list(version_ids)), Job.state.in_(ACTIVE_JOB_STATES))
     )
-    return sorted(set(session.scalars(query)))
+    return [(version_id, job_id) for version_id, job_id in session.execute(query)]

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from corral.catalog import access, model_files, retired
 from corral.catalog.model_files import MissingOutputs, OutsideOutputs, UnusableOutputs
-from corral.catalog.model_mounts import STAGES, ModelRefError, jobs_using, pick_version, split_ref
+from corral.catalog.model_mounts import STAGES, ModelRefError, active_mounts, pick_version, split_ref
 from corral.datasets import quotas
 from corral.datasets.models import JobDataset
 from corral.db.catalog_models import ModelVersion, RegisteredModel
@@ -337,10 +337,12 @@ def share(
 
 
 def _refuse_in_use(session: Session, name: str, rows: list[ModelVersion]) -> None:
-    jobs = jobs_using(session, [r.id for r in rows])
-    if jobs:
+    mounts = active_mounts(session, [r.id for r in rows])
+    if mounts:
+        jobs = sorted({job_id for _, job_id in mounts})
         which = ", ".join(str(j) for j in jobs[:10]) + (" ..." if len(jobs) > 10 else "")
-        used = [r for r in rows if len(rows) == 1 or jobs_using(session, [r.id])]  # which ones
+        mounted = {version_id for version_id, _ in mounts}
+        used = [r for r in rows if r.id in mounted]  # the versions named, from the same read
         what = ", ".join(f"v{r.version}" for r in used) + (" is" if len(used) == 1 else " are")
         raise Conflict(f"model {name!r} {what} mounted by jobs not yet ended: {which}")
 
