@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from corral.db.audit_models import AuditRecord
 from corral.db.diag_models import AttemptFault
-from corral.db.incident_models import Incident, RemediationRun
+from corral.db.incident_models import Incident, Postmortem, RemediationRun
 from corral.db.models import Attempt, Gpu, GpuClaim, Job, Node
 from corral.db.session import make_engine
 from corral.monitor.alerts import record_alert
@@ -25,7 +25,7 @@ from corral.server.nodes import node_tick
 from corral.server.reconcile import reconcile_tick
 from corral.server.scheduling import apply_assignments
 from corral.services import incidents, remediation
-from corral.services.errors import Conflict
+from corral.services.errors import Conflict, Invalid
 from corral.services.lifecycle import AttemptState, JobState, move_attempt, transition
 from corral.services.remediation_rules import RulesError, parse_rules
 from tests.pg import PostgresServer
@@ -280,13 +280,32 @@ def test_closing_a_sev2_needs_its_postmortem_and_a_sev4_does_not(world: World) -
         with pytest.raises(Conflict, match="SEV2: write its postmortem before closing it"):
             incidents.close(session, sev2.id, "alice", now + 4)
         incidents.close(session, sev4.id, "alice", now + 4)
-        item = {"what": "burn-in new GPUs", "owner": "bob", "due": "2026-12-31"}
+        item = {"what": "burn-in new GPUs", "owner": "u", "due": "2026-12-31"}
         incidents.write_postmortem(session, sev2.id, "alice", now + 5, summary="ECC", impact="1 job",
                                    root_cause="bad HBM", action_items=[item])  # fmt: skip
         assert incidents.close(session, sev2.id, "alice", now + 6).state == "closed"
         with pytest.raises(Conflict, match="cannot become"):
             incidents.mitigate(session, sev2.id, "alice", now + 7)
         session.commit()
+
+
+def test_a_postmortem_action_items_owner_must_be_a_user(world: World) -> None:
+    """An action item's owner was stored as written: "zed", whom the platform does not know, owned
+    the follow-up work of a closed SEV2 and nobody would ever do it."""
+    now = time.time()
+    with world.ctx.session_factory() as session:
+        sev2 = incidents.open_or_update(session, fingerprint="x", title="x", severity="SEV2", source="manual",
+                                        labels={}, links={}, now=now)  # fmt: skip
+        items = [
+            {"what": "a", "owner": "u", "due": "2026-12-31"},
+            {"what": "b", "owner": "zed", "due": "2026-12-31"},
+        ]
+        with pytest.raises(Invalid) as caught:
+            incidents.write_postmortem(session, sev2.id, "alice", now + 1, summary="s", impact="i",
+                                       root_cause="r", action_items=items)  # fmt: skip
+        assert str(caught.value) == "action item 2's owner: no user named 'zed' (give a user's name)"
+        assert caught.value.loc == ("body", "action_items", "1", "owner")
+        assert session.get(Postmortem, sev2.id) is None
 
 
 def test_closing_a_closed_incident_says_so(world: World) -> None:

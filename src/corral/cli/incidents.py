@@ -136,7 +136,8 @@ def postmortem(
     impact: Annotated[str, typer.Option("--impact")],
     root_cause: Annotated[str, typer.Option("--root-cause")],
     action: Annotated[
-        list[str] | None, typer.Option("--action", help="WHAT;OWNER;YYYY-MM-DD (repeat for several)")
+        list[str] | None,
+        typer.Option("--action", help="WHAT;OWNER;YYYY-MM-DD, OWNER an active user (repeat for several)"),
     ] = None,
 ) -> None:
     """Write the postmortem: summary, impact, root cause and action items."""

@@ -370,15 +370,17 @@ def edit(
     return incident
 
 
-def _check_owner(session: Session, name: str) -> None:
-    """An owner is someone who can work on the incident: an active user of the platform."""
+def _check_owner(
+    session: Session, name: str, what: str = "owner", loc: tuple[str, ...] = ("body", "owner")
+) -> None:
+    """An owner is someone who can work on the incident (or an action item): an active user of the
+    platform."""
     user = session.scalar(select(User).where(User.name == name))
     if user is None:
-        raise Invalid(
-            f'owner: no user named {name!r} (give a user\'s name, or "" to clear it)', ("body", "owner")
-        )
+        clear = ', or "" to clear it' if what == "owner" else ""
+        raise Invalid(f"{what}: no user named {name!r} (give a user's name{clear})", loc)
     if not user.active:
-        raise Invalid(f"owner: user {name!r} is deactivated", ("body", "owner"))
+        raise Invalid(f"{what}: user {name!r} is deactivated", loc)
 
 
 def write_postmortem(
@@ -398,6 +400,9 @@ def write_postmortem(
         if not value.strip():
             raise Invalid(f"the postmortem's {name} is empty", ("body", name))
     items = [_action_item(i, item) for i, item in enumerate(action_items)]
+    for i, item in enumerate(items):
+        loc = ("body", "action_items", str(i), "owner")
+        _check_owner(session, item["owner"], f"action item {i + 1}'s owner", loc)
     row = session.get(Postmortem, incident_id)
     if row is None:
         row = Postmortem(incident_id=incident_id)
