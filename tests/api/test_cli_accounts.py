@@ -124,3 +124,28 @@ def test_cli_remove_from_group_and_deactivate(world: World, server_url: str) -> 
     assert code == 1 and "deactivated" in out, out
     code, out = run(world, server_url, "admin", "user", "activate", "alice")
     assert code == 0 and "user alice activated" in out, out
+
+
+def test_activating_an_active_user_or_adding_a_member_again_says_nothing_changed(
+    world: World, server_url: str
+) -> None:
+    """`corral user activate alice` of an active alice printed "user alice activated", and `corral
+    user add-to-group alice vision` of a member "alice is now member of vision", as though either
+    had changed something; the API's answers could not tell either."""
+    code, out = run(world, server_url, "admin", "user", "activate", "alice")
+    assert code == 0 and "user alice is already active" in out and "activated" not in out, out
+    r = world.client.post(f"{API}/users/alice/activate", headers=world.as_("admin"))
+    assert r.status_code == 200 and r.json()["changed"] is False, r.text
+    code, out = run(world, server_url, "admin", "user", "add-to-group", "alice", "vision")
+    assert code == 0 and "alice is already member of vision" in out and "now" not in out, out
+    r = world.client.post(f"{API}/groups/vision/members", json={"user": "alice"}, headers=world.as_("admin"))
+    assert r.json() == {"user": "alice", "role": "member", "changed": False}, r.text
+    # a change still says what it did
+    code, out = run(world, server_url, "admin", "user", "add-to-group", "alice", "vision", "--admin")
+    assert code == 0 and "alice is now admin of vision" in out, out
+    code, out = run(world, server_url, "admin", "user", "deactivate", "carol")
+    assert code == 0 and "user carol deactivated" in out, out
+    code, out = run(world, server_url, "admin", "user", "deactivate", "carol")
+    assert code == 0 and "user carol is already deactivated" in out, out
+    r = world.client.post(f"{API}/users/carol/activate", headers=world.as_("admin"))
+    assert r.json()["changed"] is True and r.json()["active"] is True, r.text

@@ -381,6 +381,10 @@ class MemberOut(BaseModel):
     role: str
 
 
+class MemberAddedOut(MemberOut):
+    changed: bool  # false: the user was already a member with this role
+
+
 class GpuUsageOut(BaseModel):
     gpu_model: str  # a quota key: a GPU model, or "*" for models the group lists no quota for
     used: int
@@ -438,6 +442,10 @@ class UserOut(BaseModel):
     groups: list[GroupRole]
     default_group: str | None
     created_at: float
+
+
+class UserActiveOut(UserOut):
+    changed: bool  # false: the user was already active (activate) or deactivated (deactivate)
 
 
 class DefaultGroupIn(_In):

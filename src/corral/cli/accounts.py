@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -68,10 +68,16 @@ def user_add_to_group(
     group_admin: Annotated[bool, typer.Option("--admin", help="as an admin of the group")] = False,
     output: OutputOpt = Output.table,
 ) -> None:
-    """Add user NAME to GROUP (admin, or an admin of GROUP)."""
+    """Add user NAME to GROUP, or set their role there (admin, or an admin of GROUP). Says so when
+    they already were a member with that role (nothing changed)."""
     with client() as c:
         member = c.add_member(group, name, "admin" if group_admin else "member")
-    print_json(member) if output is Output.json else out.print(f"{name} is now {member['role']} of {group}")
+    if output is Output.json:
+        print_json(member)
+    elif member.get("changed", True):
+        out.print(f"{name} is now {member['role']} of {group}")
+    else:
+        out.print(f"{name} is already {member['role']} of {group}")
 
 
 CancelJobsOpt = Annotated[
@@ -94,7 +100,7 @@ def user_deactivate(name: str, cancel_jobs: CancelJobsOpt = False, output: Outpu
     """Deactivate user NAME (admin): no login, token or SSH key works, open sessions end."""
     with client() as c:
         user = c.deactivate_user(name, cancel_jobs=cancel_jobs)
-    print_json(user) if output is Output.json else out.print(f"user {name} deactivated")
+    _say_active(user, name, "deactivated", output)
 
 
 @user_app.command("activate")
@@ -103,7 +109,17 @@ def user_activate(name: str, output: OutputOpt = Output.table) -> None:
     """Reactivate user NAME (admin): their tokens and SSH keys work again."""
     with client() as c:
         user = c.activate_user(name)
-    print_json(user) if output is Output.json else out.print(f"user {name} activated")
+    _say_active(user, name, "activated", output)
+
+
+def _say_active(user: dict[str, Any], name: str, done: str, output: Output) -> None:
+    """What (de)activating did: "user bob activated", or "user bob is already active"."""
+    if output is Output.json:
+        print_json(user)
+    elif user.get("changed", True):
+        out.print(f"user {name} {done}")
+    else:
+        out.print(f"user {name} is already {'active' if user['active'] else 'deactivated'}")
 
 
 @user_app.command("default-group")

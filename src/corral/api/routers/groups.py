@@ -9,7 +9,7 @@ from fastapi import APIRouter, Response, status
 from sqlalchemy.orm import Session
 
 from corral.api.deps import DB, Admin, CurrentUser, NameInPath
-from corral.api.schemas import GroupIn, GroupOut, MemberIn, MemberOut, QuotaIn
+from corral.api.schemas import GroupIn, GroupOut, MemberAddedOut, MemberIn, QuotaIn
 from corral.db.models import Group
 from corral.services import accounts as svc
 from corral.services import audit, offboard, quota
@@ -95,9 +95,10 @@ def set_quota(name: NameInPath, body: QuotaIn, db: DB, admin: Admin) -> Any:
     return _views(db, admin, [group])[0]
 
 
-@router.post("/groups/{name}/members", status_code=status.HTTP_201_CREATED, response_model=MemberOut)
+@router.post("/groups/{name}/members", status_code=status.HTTP_201_CREATED, response_model=MemberAddedOut)
 def add_member(name: NameInPath, body: MemberIn, db: DB, principal: CurrentUser) -> Any:
-    """Admins, and admins of this group, add members (or change a member's role)."""
+    """Admins, and admins of this group, add members (or change a member's role); `changed` is
+    false when the user was already a member with that role."""
     group = svc.visible_group(db, principal, name)
     svc.require_group_admin(principal, group)
     user = svc.user_by_name(db, body.user)
@@ -113,7 +114,7 @@ def add_member(name: NameInPath, body: MemberIn, db: DB, principal: CurrentUser)
         after={"member": user.name, "role": membership.role},
     )
     db.commit()
-    return {"user": user.name, "role": membership.role}
+    return {"user": user.name, "role": membership.role, "changed": old_role != membership.role}
 
 
 @router.delete("/groups/{name}/members/{user}", status_code=204)

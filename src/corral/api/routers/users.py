@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Response, status
 
 from corral.api.deps import DB, Admin, CurrentUser, NameInPath, RowId
-from corral.api.schemas import DefaultGroupIn, PasswordIn, SshKeyIn, SshKeyOut, UserIn, UserOut
+from corral.api.schemas import DefaultGroupIn, PasswordIn, SshKeyIn, SshKeyOut, UserActiveOut, UserIn, UserOut
 from corral.db.models import SshKey, User
 from corral.services import accounts as svc
 from corral.services import audit, offboard
@@ -89,17 +89,19 @@ def set_password(name: NameInPath, body: PasswordIn, db: DB, principal: CurrentU
     return Response(status_code=204)
 
 
-@router.post("/users/{name}/deactivate", response_model=UserOut)
+@router.post("/users/{name}/deactivate", response_model=UserActiveOut)
 def deactivate_user(name: NameInPath, db: DB, admin: Admin, cancel_jobs: bool = False) -> Any:
     """At once: no login, no API token, no SSH key, and the user's open sessions end. 409 for
     oneself, the last active administrator, or while the user has live jobs (named) unless
-    `cancel_jobs` (then they are cancelled first, each audited as job.cancel)."""
+    `cancel_jobs` (then they are cancelled first, each audited as job.cancel). `changed` is false
+    when the user was deactivated already."""
     return _set_active(db, admin, name, False, cancel_jobs)
 
 
-@router.post("/users/{name}/activate", response_model=UserOut)
+@router.post("/users/{name}/activate", response_model=UserActiveOut)
 def activate_user(name: NameInPath, db: DB, admin: Admin) -> Any:
-    """Undo a deactivation: the user's tokens and SSH keys work again (portal sessions do not)."""
+    """Undo a deactivation: the user's tokens and SSH keys work again (portal sessions do not).
+    `changed` is false when the user was active already."""
     return _set_active(db, admin, name, True, False)
 
 
@@ -118,7 +120,7 @@ def _set_active(db: DB, admin: Principal, name: str, active: bool, cancel_jobs: 
         detail="cancel_jobs=true" if cancel_jobs else None,
     )
     db.commit()
-    return svc.user_out(db, user)
+    return {**svc.user_out(db, user), "changed": before["active"] != user.active}
 
 
 def _name_of(db: DB, user_id: int) -> str:
