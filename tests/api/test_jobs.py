@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from corral.api.schemas import JobListOut, JobOut
+from corral.config import Settings
 from corral.db.models import Job
 from corral.spec import JobSpecV1
 from tests.api.conftest import SIMPLE_JOB, World
@@ -378,3 +379,21 @@ def test_job_detail_has_attempts_events_and_diagnosis(world: World) -> None:
     summary = world.client.get("/api/v1/cluster/summary", headers=world.as_("carol")).json()
     assert summary["gpus"]["by_model"]["A100"] == {"total": 2, "allocated": 2, "free": 0, "unavailable": 0}
     assert summary["jobs"] == {"running": 1}
+
+
+def test_a_mount_of_a_missing_group_path_is_refused_at_submit(world: World, settings: Settings) -> None:
+    """A job mounting `group/vision/checkpoints`, which nobody had made, was queued and every
+    attempt then failed to launch ("the source must exist", retried twice). The server sees the
+    group's storage (the local engine's root; Slurm's is the same shared root): refused at submit,
+    naming the path and how to make it. The user's own subdir is made on first use: accepted."""
+    spec = {**SIMPLE_JOB, "mounts": [{"source": "group/vision/checkpoints", "target": "/mnt/ck"}]}
+    r = submit(world, "alice", spec)
+    assert r.status_code == 422, r.text
+    assert (
+        "mount source 'group/vision/checkpoints' does not exist yet; make it first, e.g. from a job "
+        "of yours: mkdir -p /group/vision/checkpoints"
+    ) in r.text
+    (settings.storage_path / "group/vision/checkpoints").mkdir(parents=True)
+    assert submit(world, "alice", spec).status_code == 201
+    own = {**SIMPLE_JOB, "mounts": [{"source": "group/vision/alice", "target": "/mnt/mine"}]}
+    assert submit(world, "alice", own).status_code == 201

@@ -65,6 +65,7 @@ def test_registry_serves_a_new_prefix_through_the_same_resolve(root: Path) -> No
 
 
 def test_group_rights_names_and_targets(root: Path) -> None:
+    (root / "group/vision/a/b").mkdir(parents=True)
     assert resolve(ctx(root), "group/vision/a/b", "/mnt/x", False).host_path == str(root / "group/vision/a/b")
     with pytest.raises(MountRefused) as refused:
         resolve(ctx(root, "carol", ("nlp",)), "group/vision")

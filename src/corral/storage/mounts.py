@@ -22,6 +22,7 @@ and the dirs to make on first use.
 
 from __future__ import annotations
 
+import os
 import posixpath
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -179,8 +180,25 @@ def _group(ctx: MountContext, req: MountRequest) -> Bind:
     path = group_dir(ctx.root, name)
     if sub:
         path = path / check_subpath("group path", sub)
+        if sub != ctx.user and _missing(path):  # the user's own subdir is made on first use
+            raise MountRefused(
+                f"mount source {req.source!r} does not exist yet; make it first, e.g. from a job "
+                f"of yours: mkdir -p {SANDBOX_GROUP}/{req.ref}"
+            )
     target = req.target or f"{SANDBOX_GROUP}/{req.ref}"
     return Bind(str(path), target, req.readonly, req.source)
+
+
+def _missing(path: Path) -> bool:
+    """Is `path` known not to exist? A path the server may not look into (no rights to list the
+    group's dir) is not: the launch, which prepares it as root, tells then."""
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _logs(ctx: MountContext, req: MountRequest) -> Bind:
