@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import yaml
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 
 class _Loader(yaml.SafeLoader):
@@ -48,3 +49,24 @@ def line_of(node: yaml.Node | None, loc: Sequence[int | str]) -> int:
             continue
         node, line = child, child.start_mark.line + 1
     return line
+
+
+def check_unique_names(names: Sequence[str], what: str) -> None:
+    """Raise a pydantic error for the first name seen twice, carrying its index, so that
+    `error_loc` points at that item's `name:` line rather than at the list's."""
+    seen: set[str] = set()
+    for index, name in enumerate(names):
+        if name in seen:
+            raise PydanticCustomError(
+                "duplicate_name", f"two {what} are named {{name}}", {"name": repr(name), "index": index}
+            )
+        seen.add(name)
+
+
+def error_loc(err: ErrorDetails) -> tuple[int | str, ...]:
+    """Pydantic's error path, down to the duplicate's own `name` for `check_unique_names`."""
+    loc = tuple(err["loc"])
+    ctx = err.get("ctx") or {}
+    if err["type"] == "duplicate_name" and "index" in ctx:
+        loc += (int(ctx["index"]), "name")
+    return loc

@@ -354,6 +354,12 @@ rules:
         ("version: 1\nrules:\n  - name: a\n    match: {name: [X\n", 5, "not valid YAML"),
         ("version: 1\nrules:\n  - name: a\n    match: {nam: X}\n    actions: [cordon]\n", 4, "nam"),
         ("version: 1\nguard: {window: soon}\n", 2, "not a duration"),
+        # the duplicate's own line, not the line of `rules:` (or of the first rule)
+        (
+            CORDON_ALL + "  - name: cordon-everything\n    match: {name: Y}\n    actions: [cordon]\n",
+            CORDON_ALL.count("\n") + 1,
+            "rules.1.name: two rules are named 'cordon-everything'",
+        ),
         # refused when applied: accepted, it failed every alert the rule matched (in their transaction)
         (BAD_SEVERITY, 6, "rules.0.actions.0.severity: unknown severity 'SEV9'"),
     ],

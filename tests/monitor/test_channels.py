@@ -160,8 +160,8 @@ def test_smtp_down_gives_up_after_max_attempts(mon: Mon, hook: WebhookServer) ->
         ("health:\n  node_lost_after: 1m\n  surprise: 1\n", ":3:", "health.surprise"),
         (
             "channels:\n  - {name: a, type: webhook, url: 'http://x'}\n  - {name: a, type: webhook, url: 'http://y'}\n",
-            ":2:",
-            "two channels are named 'a'",
+            ":3:",  # the duplicate's line
+            "channels.1.name: two channels are named 'a'",
         ),
     ],
 )

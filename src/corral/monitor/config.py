@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from corral.config import Settings
-from corral.yaml_lines import line_of, safe_load
+from corral.yaml_lines import check_unique_names, error_loc, line_of, safe_load
 
 log = logging.getLogger("corral.monitor.config")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -184,11 +184,7 @@ class MonitorConfig(_Strict):
     def _unique_names(
         cls, channels: list[EmailChannel | WebhookChannel]
     ) -> list[EmailChannel | WebhookChannel]:
-        seen: set[str] = set()
-        for channel in channels:
-            if channel.name in seen:
-                raise ValueError(f"two channels are named {channel.name!r}; names must be unique")
-            seen.add(channel.name)
+        check_unique_names([channel.name for channel in channels], "channels")
         return channels
 
 
@@ -224,7 +220,7 @@ def load_monitor_config(path: Path) -> MonitorConfig:
         return MonitorConfig.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        loc = tuple(err["loc"])
+        loc = error_loc(err)
         if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
             loc += ("type",)  # point at the `type:` line, the value that chose no model
         line = line_of(root, loc)

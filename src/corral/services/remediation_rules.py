@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from corral.services.errors import Invalid
-from corral.yaml_lines import line_of, safe_load
+from corral.yaml_lines import check_unique_names, error_loc, line_of, safe_load
 
 ACTIONS = (
     "incident",  # open or join an incident: {severity, title, key}
@@ -163,11 +163,7 @@ class RuleSet(_Strict):
     @field_validator("rules")
     @classmethod
     def _unique(cls, rules: tuple[Rule, ...]) -> tuple[Rule, ...]:
-        seen: set[str] = set()
-        for rule in rules:
-            if rule.name in seen:
-                raise ValueError(f"two rules are named {rule.name!r}")
-            seen.add(rule.name)
+        check_unique_names([rule.name for rule in rules], "rules")
         return rules
 
     def severity_for(self, labels: dict[str, str]) -> str:
@@ -193,7 +189,7 @@ def parse_rules(text: str) -> RuleSet:
         return RuleSet.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        loc = tuple(err["loc"])
+        loc = error_loc(err)
         where = ".".join(str(p) for p in loc) or "(top level)"
         message = str(err["msg"]).removeprefix("Value error, ")
         raise RulesError(line_of(root, loc), f"{where}: {message}") from None
