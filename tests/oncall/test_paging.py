@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from corral.db.oncall_models import Page, PageNotification
 from corral.monitor.pager import PagingSettings, deliver_pages
-from corral.services import paging
+from corral.services import oncall, paging
 from corral.services.errors import Conflict
 from tests.oncall.conftest import Env, Smtp
 from tests.webhook_server import WebhookServer
@@ -235,6 +235,23 @@ def test_calendar_feed_works_without_login_and_refuses_an_altered_url(env: Env) 
     assert "DTSTART:" in text and text.count("BEGIN:VEVENT") >= 28  # four weeks of daily shifts
     altered = view["ical_feed"].replace("/primary.", "/other.")
     assert env.client.get(altered).status_code == 403
+
+
+def test_the_calendar_feeds_first_and_last_events_are_whole_shifts(env: Env) -> None:
+    """The feed's first event began exactly a day before the request ("from a day ago": the shift
+    cut there) and its last ended four weeks after it, so both had a start or end no handoff has
+    and a UID made of it that changed on every fetch: a subscribed calendar replaced them each
+    time, or kept each fetch's as another event. They are the whole shifts now."""
+    layer = {"rotation": "daily", "start_date": "2026-01-05", "handoff": "09:00", "members": ["alice", "bob"]}
+    env.put("/oncall/schedules/primary", {"time_zone": "UTC", "layers": [layer]})
+    now = 1_795_000_000.0  # 2026-11-18 11:06:40Z
+    with env.factory() as db:
+        feeds = [oncall.ical_feed(db, "primary", t) for t in (now, now + 60.0, now + 3600.0)]
+    events = [re.findall(r"UID:(.*?)\r\nDTSTAMP:.*?\r\nDTSTART:(.*?)\r\nDTEND:(.*?)\r\n", f) for f in feeds]
+    assert events[0][0] == ("primary-1794906000-1794992400@corral", "20261117T090000Z", "20261118T090000Z")
+    assert events[0][-1][2] == "20261217T090000Z"  # the shift under way four weeks ahead, whole
+    assert events[0] == events[1] == events[2]
+    assert all(start.endswith("T090000Z") and end.endswith("T090000Z") for _, start, end in events[0])
 
 
 @pytest.mark.parametrize("env", ["sqlite", "postgres"], indirect=True)

@@ -580,9 +580,24 @@ def schedule_of_feed(key: bytes, token: str) -> str:
     return name
 
 
+ICAL_REACH_S = 35 * 86400.0  # how far past its window the feed looks for its first and last shift
+
+
+def _feed_shifts(rotation: Rotation, start: float, end: float) -> list[Shift]:
+    """The shifts that overlap [start, end), whole: the first from its handoff before `start` and
+    the last to its handoff after `end` (cut at either, the event's start or end and so its UID
+    would change with every fetch). A shift longer than ICAL_REACH_S is cut at a UTC midnight."""
+    day = 86400.0
+    reach_start = (start - ICAL_REACH_S) // day * day
+    reach_end = -((-(end + ICAL_REACH_S)) // day) * day
+    shifts = rotation.shifts(reach_start, reach_end, with_fallback=False)
+    return [s for s in shifts if s.end > start and s.start < end]
+
+
 def ical_feed(session: Session, name: str, now: float, days: float = 28.0) -> str:
-    """The schedule's shifts from a day ago to `days` ahead as an iCalendar (RFC 5545) feed; gaps
-    appear as "nobody on call" events so that they show in the calendar too."""
+    """The schedule's shifts from a day ago to `days` ahead as an iCalendar (RFC 5545) feed, each
+    whole (the first and last too); gaps appear as "nobody on call" events so that they show in
+    the calendar too."""
     row = schedule_by_name(session, name)
     rotation = rotation_of(session, row)
     stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -594,7 +609,7 @@ def ical_feed(session: Session, name: str, now: float, days: float = 28.0) -> st
         "BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//Corral//On-call//EN", "CALSCALE:GREGORIAN",
         f"X-WR-CALNAME:{_ical_text(f'On call: {name}')}", f"X-WR-TIMEZONE:{row.time_zone}",
     ]  # fmt: skip
-    for shift in rotation.shifts(now - 86400.0, now + days * 86400.0, with_fallback=False):
+    for shift in _feed_shifts(rotation, now - 86400.0, now + days * 86400.0):
         who = shift.user or (f"gap (fallback {rotation.fallback})" if rotation.fallback else "gap: nobody")
         lines += [
             "BEGIN:VEVENT", f"UID:{name}-{int(shift.start)}-{int(shift.end)}@corral", f"DTSTAMP:{stamp}",
