@@ -74,8 +74,9 @@ HOP_BY_HOP = frozenset(
     | {"transfer-encoding", "upgrade", "host", "authorization", "content-length", "expect"}
 )
 # Of the upstream's answer: hop-by-hop ones; Content-Length stays (the bytes pass as they came,
-# still compressed if they were; a chunked body is framed again by the server).
-RESPONSE_DROPPED = frozenset(h.encode("latin-1") for h in HOP_BY_HOP - {"content-length"})
+# still compressed if they were; a chunked body is framed again by the server). And JupyterLab's
+# `Server` (the serving uvicorn adds its own: two would arrive).
+RESPONSE_DROPPED = frozenset(h.encode("latin-1") for h in HOP_BY_HOP - {"content-length"} | {"server"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,8 +231,21 @@ async def proxy_http(request: Request, ws_id: int, path: str) -> Response:
         )
     # Raw, not a dict: several Set-Cookie headers must all arrive. Content-Length stays (the bytes
     # are passed on as they came, still compressed if they were).
-    answer.raw_headers = [(k.lower(), v) for k, v in response.headers if k.lower() not in RESPONSE_DROPPED]
+    answer.raw_headers = _answer_headers(response.headers)
     return answer
+
+
+def _answer_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The upstream's headers passed on: not RESPONSE_DROPPED, and not an empty
+    Access-Control-Allow-Origin (JupyterLab echoes a token-authenticated request's Origin, the
+    empty string when it sent none: that allows no origin, it only confuses)."""
+    out = []
+    for key, value in headers:
+        name = key.lower()
+        if name in RESPONSE_DROPPED or (name == b"access-control-allow-origin" and not value.strip()):
+            continue
+        out.append((name, value))
+    return out
 
 
 def _small(response: UpstreamResponse) -> bool:
