@@ -4,10 +4,12 @@ requeues the job; utilization coming back clears it."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 from sqlalchemy import delete, select, update
 
+from corral.cli import workspaces as cli_workspaces
 from corral.db.models import Gpu, GpuClaim, Job, JobEvent
 from corral.db.workspace_models import Workspace
 from corral.monitor.config import IdleGpuRule
@@ -15,6 +17,8 @@ from corral.monitor.idle import enforce_idle_policy, job_policy
 from corral.monitor.loops import idle_tick, session_use_tick
 from corral.monitor.models import Alert, AlertNotification, GpuReading, IdleGpuWatch
 from corral.server.context import ServerContext
+from corral.services import workspaces
+from corral.services.auth import load_principal
 from corral.services.lifecycle import JobState, transition
 from corral.services.session_use import SessionUse
 from corral.spec import JobSpecV1, ValidationError
@@ -325,3 +329,33 @@ def test_a_session_held_by_another_server_counts_through_the_database(mon: Mon) 
     assert idle_events(mon, workspace) == []
     idle_tick(ctx_a, now + 74 * 60)
     assert len(idle_events(mon, workspace)) == 1
+
+
+def test_an_idle_stopped_workspace_says_so_and_when(mon: Mon) -> None:
+    """`corral ws ls/show` of a workspace the idle policy stopped showed only "job N (cancelled)":
+    nothing said it was stopped for being idle, nor when."""
+    workspace, ctx = unsampled_workspace(mon)
+    ctx.memory.session_use = SessionUse()
+    now = time.time()
+
+    def view() -> dict[str, Any]:
+        with mon.factory() as db:
+            job = db.get(Job, workspace)
+            assert job is not None
+            principal = load_principal(db, job.user, via="token")
+            (one,) = workspaces.list_workspaces(db, principal, mon.settings)
+            return dict(one)
+
+    idle_tick(ctx, now)
+    idle_tick(ctx, now + 31 * 60)  # warned
+    assert view()["idle_stopped_at"] is None
+    idle_tick(ctx, now + 42 * 60)  # stopped
+    stopped = view()
+    assert stopped["idle_stopped_at"] == pytest.approx(now + 42 * 60)
+    assert cli_workspaces._state(stopped).startswith("stopping (idle, ")  # then "stopped (idle, 2h ago)"
+    with mon.factory() as db:  # a cancel by hand is not an idle stop
+        job = db.get(Job, workspace)
+        assert job is not None
+        db.execute(delete(JobEvent).where(JobEvent.job_id == workspace, JobEvent.kind == "idle_gpu"))
+        db.commit()
+    assert view()["idle_stopped_at"] is None

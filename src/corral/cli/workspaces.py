@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import typer
 from rich.table import Table
 
-from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json
+from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json, when
 from corral.sdk import CorralError
 
 ws_app = typer.Typer(
@@ -29,12 +29,23 @@ def _describe(ws: dict[str, Any]) -> str:
     return f"{gpus}, {ws['cpus']:g} CPUs, {ws['memory_mib']} MiB"
 
 
+def _state(ws: dict[str, Any]) -> str:
+    """The workspace's state, and when the idle policy stopped it: "stopped (idle, 2h ago)"."""
+    at = ws.get("idle_stopped_at")
+    return ws["state"] if at is None else f"{ws['state']} (idle, {ago(at)})"
+
+
 def _print_one(ws: dict[str, Any], server: str) -> None:
     out.print(f"[bold]{ws['name']}[/bold] ({ws['user']}, group {ws['group']}): {ws['state']}", markup=True)
     out.print(f"  resources    {_describe(ws)}; environment {ws['environment']}")
     out.print(f"  idle timeout {ws['idle_timeout_s']:.0f} s")
     if ws["job_id"] is not None:
         out.print(f"  job          {ws['job_id']} ({ws['job_state']})")
+    if ws.get("idle_stopped_at") is not None:
+        out.print(
+            f"  stopped      for being idle, at {when(ws['idle_stopped_at'])}"
+            " (`corral ws start` brings it back)"
+        )
     if ws["waiting"]:
         out.print(f"  waiting      {ws['waiting']['message']}")
     out.print(f"  JupyterLab   {server}{ws['url']}")
@@ -101,7 +112,7 @@ def list_workspaces(
     table = Table("NAME", "USER", "STATE", "RESOURCES", "JOB", "CREATED", box=None)
     for ws in rows:
         job = str(ws["job_id"]) if ws["job_id"] is not None else "-"
-        table.add_row(ws["name"], ws["user"], ws["state"], _describe(ws), job, ago(ws["created_at"]))
+        table.add_row(ws["name"], ws["user"], _state(ws), _describe(ws), job, ago(ws["created_at"]))
     out.print(table)
 
 

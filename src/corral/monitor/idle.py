@@ -198,6 +198,7 @@ def _advance(
     if policy.action == "warn" or watch.acted_at is not None or now - watch.warned_at < policy.grace:
         return None
     watch.acted_at = now
+    # a stop's ends as workspaces.IDLE_STOP_EVENT_END, which `corral ws ls/show` look for
     message = f"GPUs still idle ({util:.1f}%) {policy.grace:.0f} s after the warning: {_verb(policy.action)}"
     if policy.action == "stop":
         job.cancel_requested = True

@@ -24,7 +24,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from corral.config import Settings
-from corral.db.models import Attempt, Group, Job, Node, User
+from corral.db.models import Attempt, Group, Job, JobEvent, Node, User
 from corral.db.workspace_models import Workspace, WorkspaceGroupPolicy
 from corral.environments.service import check_job_environment
 from corral.scheduler import Profile
@@ -87,6 +87,7 @@ class WorkspaceView(TypedDict):
     ssh_port: int
     waiting: WaitingStatus | None
     reclaimed_gpu_hours: float
+    idle_stopped_at: float | None  # when the idle policy stopped its current job (else None)
     created_at: float
     updated_at: float
 
@@ -151,9 +152,25 @@ def _view(session: Session, settings: Settings, ws: Workspace, owner: str, group
         "ssh_port": settings.ssh_gateway_port,
         "waiting": job_service.waiting_status(job) if job is not None else None,
         "reclaimed_gpu_hours": ws.reclaimed_gpu_hours,
+        "idle_stopped_at": _idle_stopped_at(session, job),
         "created_at": ws.created_at,
         "updated_at": ws.updated_at,
     }
+
+
+# How corral.monitor.idle's event for a stop ends ("GPUs still idle (0.0%) 600 s after the
+# warning: stopped"), kind "idle_gpu".
+IDLE_STOP_EVENT_END = ": stopped"
+
+
+def _idle_stopped_at(session: Session, job: Job | None) -> float | None:
+    """When the idle policy stopped `job` (its idle timeout passed unused), or None: `corral ws
+    ls/show` say so rather than just "job N (cancelled)"."""
+    if job is None or not job.cancel_requested:
+        return None
+    stop = (JobEvent.job_id == job.id) & (JobEvent.kind == "idle_gpu")
+    stop &= JobEvent.message.endswith(IDLE_STOP_EVENT_END, autoescape=True)
+    return session.scalar(select(JobEvent.at).where(stop).order_by(JobEvent.id.desc()).limit(1))
 
 
 def _state_for_audit(ws: Workspace) -> dict[str, object]:

@@ -114,6 +114,9 @@ class WorkspaceOut(BaseModel):
     ssh_port: int
     waiting: WaitingOut | None
     reclaimed_gpu_hours: float
+    idle_stopped_at: float | None = Field(
+        description="when the idle policy stopped its current job (its idle timeout passed unused)"
+    )
     created_at: float
     updated_at: float
 
