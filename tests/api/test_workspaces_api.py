@@ -4,10 +4,14 @@ behind; POST /jobs refuses the kind; the JupyterLab credential is never in an an
 
 from __future__ import annotations
 
+import time
+
 import sqlalchemy as sa
 
-from corral.db.models import Job
+from corral.db.environment_models import Environment, EnvironmentVersion
+from corral.db.models import Job, User
 from corral.db.workspace_models import Workspace
+from corral.environments.service import lock_packages
 from corral.services import workspaces
 from tests.api.conftest import World
 from tests.api.helpers import add_node
@@ -96,3 +100,44 @@ def test_a_workspace_name_that_reads_as_a_job_login_is_refused(world: World) -> 
         made = world.client.post(API, json={"name": fine, "start": False}, headers=world.as_("alice"))
         assert made.status_code == 201, made.text
         assert made.json()["ssh_user"] == f"alice+{fine}"
+
+
+def test_an_environment_without_jupyterlab_is_refused_at_create(world: World) -> None:
+    """A workspace in an environment whose lock holds neither JupyterLab nor Corral (the demo's
+    `sklearn`) was accepted, and its job then failed at start (`No module named 'corral'`). The
+    version's lock is recorded when it is built: refused at create, naming what is missing."""
+    now = time.time()
+    with world.session_factory() as db:
+        add_node(db, gpus=0)
+        alice = db.scalars(sa.select(User).where(User.name == "alice")).one()
+        env = Environment(
+            name="tools", owner_id=alice.id, visibility="private", created_at=now, last_version=2
+        )
+        db.add(env)
+        db.flush()
+        locks = {
+            1: "numpy==2.1.0\n    # via -r requirements.in\nscikit-learn==1.5.2\n",
+            2: "corral==0.1.0\njupyterlab==4.2.5\n    # via -r requirements.in\nnumpy==2.1.0\n",
+        }
+        for version, lock in locks.items():
+            db.add(EnvironmentVersion(
+                environment_id=env.id, version=version, state="ready", source_kind="requirements",
+                source="x\n", python="3.11.7", created_by="alice", created_at=now, lock=lock,
+            ))  # fmt: skip
+        db.commit()
+    c, alice_h = world.client, world.as_("alice")
+    before = counts(world)
+    r = c.post(API, json={"name": "nb", "environment": "tools@1"}, headers=alice_h)
+    assert r.status_code == 422, r.text
+    assert "environment 'tools@1' cannot run a workspace: its packages lack jupyterlab and corral" in r.text
+    assert "corral env create tools -r FILE" in r.text and "pick another environment" in r.text
+    assert counts(world) == before
+    r = c.post(API, json={"name": "nb", "environment": "tools"}, headers=alice_h)  # its newest: @2
+    assert r.status_code == 201, r.text
+    with world.session_factory() as db:
+        job = db.get(Job, r.json()["job_id"])
+        assert job is not None and job.spec.environment == "tools@2"
+    assert lock_packages("Jupyter_Lab[all]==4\n# c\n--index-url x\nfoo @ https://x/foo.whl\n") == {
+        "jupyter-lab",
+        "foo",
+    }

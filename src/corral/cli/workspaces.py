@@ -66,7 +66,7 @@ def create(
         typer.Option(
             "--environment",
             help="'default' (the node's) or a catalogue environment, NAME or NAME@VERSION "
-            "(corral env ls); it must contain jupyterlab",
+            "(corral env ls); it must contain jupyterlab and corral (refused otherwise)",
         ),
     ] = "default",
     idle_timeout: Annotated[

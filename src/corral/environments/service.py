@@ -23,6 +23,7 @@ from corral.config import Settings
 from corral.db.environment_models import Environment, EnvironmentVersion
 from corral.db.models import Group, Job, User
 from corral.environments import interpreter, tools
+from corral.environments.buildstep import lock_pins
 from corral.environments.store import DEFAULT_ENVIRONMENT
 from corral.scheduler import Profile
 from corral.services import audit
@@ -445,3 +446,46 @@ def check_job_environment(session: Session, principal: Principal, spec: JobSpecV
     except EnvRefError as exc:
         raise Invalid(str(exc), ("body", "environment")) from exc
     return spec.model_copy(update={"environment": f"{env.name}@{v.version}"})
+
+
+# What a workspace's environment must hold: JupyterLab, and Corral, whose launcher
+# (`python -m corral.workspaces.launch`) the environment's python runs.
+WORKSPACE_PACKAGES = ("jupyterlab", "corral")
+
+
+def lock_packages(lock: str) -> set[str]:
+    """The normalized names (PEP 503) pinned in a `uv pip compile` lock: `name==1.2`, `name @ url`
+    (its pins as the store's key reads them: buildstep.lock_pins); options and hashes skipped."""
+    names = set()
+    for line in lock_pins(lock):
+        match = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*(?:==|===|@)", line)
+        if match:
+            names.add(re.sub(r"[-_.]+", "-", match[1]).lower())
+    return names
+
+
+def check_workspace_environment(session: Session, ref: str) -> None:
+    """Refuse (422) a pinned catalogue environment (`NAME@V`) whose lock lacks what a workspace
+    runs (WORKSPACE_PACKAGES): it would be accepted, then fail at start. `default` has both; a
+    version without a recorded lock cannot be judged here (its start says what is missing)."""
+    if ref == DEFAULT_ENVIRONMENT:
+        return
+    name, number = parse_ref(ref)
+    lock = session.scalar(
+        select(EnvironmentVersion.lock)
+        .join(Environment, Environment.id == EnvironmentVersion.environment_id)
+        .where(Environment.name == name, EnvironmentVersion.version == number)
+    )
+    if not lock:
+        return
+    have = lock_packages(lock)
+    missing = [p for p in WORKSPACE_PACKAGES if p not in have]
+    if missing:
+        names = " and ".join(missing)
+        raise Invalid(
+            f"environment {ref!r} cannot run a workspace: its packages lack {names} (JupyterLab runs "
+            f"in it, started by Corral's launcher); add {names} to its requirements and build a new "
+            f"version (corral env create {name} -r FILE), or pick another environment (default "
+            "has both)",
+            ("body", "environment"),
+        )

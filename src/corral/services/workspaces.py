@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from corral.config import Settings
 from corral.db.models import Attempt, Group, Job, JobEvent, Node, User
 from corral.db.workspace_models import Workspace, WorkspaceGroupPolicy
-from corral.environments.service import check_job_environment
+from corral.environments.service import check_job_environment, check_workspace_environment
 from corral.scheduler import Profile
 from corral.services import audit
 from corral.services import jobs as job_service
@@ -285,6 +285,7 @@ def _submit(
     # As `POST /jobs` does: an unknown environment is refused here (422), not left to fail at
     # every launch as a platform loss; a catalogue one is pinned (`sklearn` -> `sklearn@2`).
     spec = check_job_environment(session, owner, spec)
+    check_workspace_environment(session, spec.environment)
     view = job_service.submit_job(session, owner, spec, profile, now=now, commit=False, workspace=True)
     ws.current_job_id = view["id"]
     ws.jupyter_token = secrets.token_urlsafe(32)
