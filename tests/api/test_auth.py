@@ -188,7 +188,7 @@ def test_users_groups_and_quotas(world: World) -> None:
     r = c.post(
         f"{API}/groups/vision/members", json={"user": "carol", "role": "admin"}, headers=world.as_("bob")
     )
-    assert r.json() == {"user": "carol", "role": "admin"}
+    assert r.status_code == 201 and r.json() == {"user": "carol", "role": "admin", "changed": True}
     me = c.get(f"{API}/me", headers=world.as_("carol")).json()
     assert me["role"] == "group_admin" and {"name": "vision", "role": "admin"} in me["groups"]
     assert me["default_group"] == "nlp"

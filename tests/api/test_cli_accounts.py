@@ -149,3 +149,27 @@ def test_activating_an_active_user_or_adding_a_member_again_says_nothing_changed
     assert code == 0 and "user carol is already deactivated" in out, out
     r = world.client.post(f"{API}/users/carol/activate", headers=world.as_("admin"))
     assert r.json()["changed"] is True and r.json()["active"] is True, r.text
+
+
+def test_adding_a_group_admin_again_keeps_their_role_unless_one_is_asked_for(
+    world: World, server_url: str
+) -> None:
+    """`corral user add-to-group bob vision` without `--admin` silently demoted vision's admin bob
+    to member (audited admin -> member), and POST /groups/{name}/members answered 201 for a member
+    it did not create."""
+    code, out = run(world, server_url, "admin", "user", "add-to-group", "bob", "vision")
+    assert code == 0 and "bob is already admin of vision (role kept; --member changes it)" in out, out
+    r = world.client.post(f"{API}/groups/vision/members", json={"user": "bob"}, headers=world.as_("admin"))
+    assert r.status_code == 200 and r.json() == {"user": "bob", "role": "admin", "changed": False}, r.text
+    r = world.client.post(f"{API}/groups/nlp/members", json={"user": "bob"}, headers=world.as_("admin"))
+    assert r.status_code == 201 and r.json() == {"user": "bob", "role": "member", "changed": True}, r.text
+    # an explicit demotion stays possible, and says it changed something
+    code, out = run(world, server_url, "admin", "user", "add-to-group", "bob", "vision", "--member")
+    assert code == 0 and "bob is now member of vision" in out, out
+    both = ("add-to-group", "bob", "vision", "--admin", "--member")
+    code, out = run(world, server_url, "admin", "user", *both)
+    assert code == 2 and "not both" in out, out
+    role_set = {"action": "group.member.role.set"}
+    r = world.client.get(f"{API}/audit", params=role_set, headers=world.as_("admin"))
+    roles = [(e["before"]["role"], e["after"]["role"]) for e in reversed(r.json()["items"])]
+    assert roles == [("admin", "admin"), ("admin", "admin"), ("admin", "member")], roles

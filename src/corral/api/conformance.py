@@ -151,11 +151,12 @@ def _account_links() -> None:
             "AddGroupMember": (f"POST {API}/groups/{{name}}/members", group),
         },
     )
-    add_links(
-        f"POST {API}/groups/{{name}}/members",
-        "201",
-        {"GetGroupOfMember": (f"GET {API}/groups/{{name}}", {"name": "$request.path.name"})},
-    )
+    for answer in ("201", "200"):  # added, or already a member
+        add_links(
+            f"POST {API}/groups/{{name}}/members",
+            answer,
+            {"GetGroupOfMember": (f"GET {API}/groups/{{name}}", {"name": "$request.path.name"})},
+        )
     add_links(
         f"POST {API}/tokens",
         "201",

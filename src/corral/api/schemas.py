@@ -373,7 +373,8 @@ class GroupIn(_In):
 
 class MemberIn(_In):
     user: str = Field(min_length=1, max_length=64)
-    role: str = Field("member", pattern="^(admin|member)$")
+    # None: a new member joins as "member", an existing one keeps their role
+    role: str | None = Field(None, pattern="^(admin|member)$")
 
 
 class MemberOut(BaseModel):
@@ -382,7 +383,7 @@ class MemberOut(BaseModel):
 
 
 class MemberAddedOut(MemberOut):
-    changed: bool  # false: the user was already a member with this role
+    changed: bool  # false: the user was already a member with this role (or kept theirs)
 
 
 class GpuUsageOut(BaseModel):

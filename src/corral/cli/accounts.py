@@ -8,7 +8,17 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json, when
+from corral.cli.common import (
+    Output,
+    OutputOpt,
+    ago,
+    client,
+    error_line,
+    friendly_errors,
+    out,
+    print_json,
+    when,
+)
 from corral.sdk import CorralError
 
 user_app = typer.Typer(help="Users (admin), default groups and passwords.", no_args_is_help=True)
@@ -66,18 +76,29 @@ def user_add_to_group(
     name: str,
     group: str,
     group_admin: Annotated[bool, typer.Option("--admin", help="as an admin of the group")] = False,
+    member: Annotated[
+        bool, typer.Option("--member", help="as a plain member (demotes a group admin)")
+    ] = False,
     output: OutputOpt = Output.table,
 ) -> None:
-    """Add user NAME to GROUP, or set their role there (admin, or an admin of GROUP). Says so when
-    they already were a member with that role (nothing changed)."""
+    """Add user NAME to GROUP, or set their role there (admin, or an admin of GROUP). Without
+    --admin or --member a new member joins as member and an existing one keeps their role; says so
+    when nothing changed."""
+    if group_admin and member:
+        error_line("give --admin or --member, not both")
+        raise typer.Exit(2)
+    role = "admin" if group_admin else "member" if member else None
     with client() as c:
-        member = c.add_member(group, name, "admin" if group_admin else "member")
+        added = c.add_member(group, name, role)
     if output is Output.json:
-        print_json(member)
-    elif member.get("changed", True):
-        out.print(f"{name} is now {member['role']} of {group}")
+        print_json(added)
+    elif added.get("changed", True):
+        out.print(f"{name} is now {added['role']} of {group}")
+    elif role is None:
+        other = "--member" if added["role"] == "admin" else "--admin"
+        out.print(f"{name} is already {added['role']} of {group} (role kept; {other} changes it)")
     else:
-        out.print(f"{name} is already {member['role']} of {group}")
+        out.print(f"{name} is already {added['role']} of {group}")
 
 
 CancelJobsOpt = Annotated[

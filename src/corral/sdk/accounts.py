@@ -42,8 +42,11 @@ class AccountsApi(BaseClient):
                 body["max"] = max_gpus
         return self.request("PUT", f"/groups/{seg(group)}/quota", json=body)
 
-    def add_member(self, group: str, user: str, role: str = "member") -> dict[str, Any]:
-        return self.request("POST", f"/groups/{seg(group)}/members", json={"user": user, "role": role})
+    def add_member(self, group: str, user: str, role: str | None = None) -> dict[str, Any]:
+        """Add `user` to `group` (as a member unless `role`), or set their role there; without
+        `role` an existing member keeps theirs."""
+        body = {"user": user} if role is None else {"user": user, "role": role}
+        return self.request("POST", f"/groups/{seg(group)}/members", json=body)
 
     def remove_member(self, group: str, user: str, *, cancel_jobs: bool = False) -> None:
         """Take `user` out of `group`; refused (409, naming them) while they have live jobs in

@@ -209,15 +209,16 @@ def update_group(session: Session, group: Group, changes: Mapping[str, float | b
     session.flush()
 
 
-def add_member(session: Session, group: Group, user: User, role: str = "member") -> Membership:
-    """Add (or change the role of) a member; a user with no default group gets this one."""
-    if role not in ROLES:
+def add_member(session: Session, group: Group, user: User, role: str | None = "member") -> Membership:
+    """Add (or change the role of) a member; a user with no default group gets this one. Role
+    None: a new member joins as "member", an existing one keeps their role."""
+    if role is not None and role not in ROLES:
         raise Invalid(f"role must be one of {', '.join(ROLES)}", ("body", "role"))
     membership = session.get(Membership, (user.id, group.id))
     if membership is None:
-        membership = Membership(user_id=user.id, group_id=group.id, role=role)
+        membership = Membership(user_id=user.id, group_id=group.id, role=role or "member")
         session.add(membership)
-    else:
+    elif role is not None:
         membership.role = role
     if user.default_group_id is None:
         user.default_group_id = group.id

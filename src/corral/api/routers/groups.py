@@ -95,10 +95,16 @@ def set_quota(name: NameInPath, body: QuotaIn, db: DB, admin: Admin) -> Any:
     return _views(db, admin, [group])[0]
 
 
-@router.post("/groups/{name}/members", status_code=status.HTTP_201_CREATED, response_model=MemberAddedOut)
-def add_member(name: NameInPath, body: MemberIn, db: DB, principal: CurrentUser) -> Any:
-    """Admins, and admins of this group, add members (or change a member's role); `changed` is
-    false when the user was already a member with that role."""
+@router.post(
+    "/groups/{name}/members",
+    status_code=status.HTTP_201_CREATED,
+    response_model=MemberAddedOut,
+    responses={200: {"model": MemberAddedOut, "description": "already a member: role set or kept"}},
+)
+def add_member(name: NameInPath, body: MemberIn, db: DB, principal: CurrentUser, response: Response) -> Any:
+    """Admins, and admins of this group, add members (201) or change a member's role (200);
+    without `role` a new member joins as `member` and an existing one keeps their role. `changed`
+    is false when the user was already a member with that role (or kept theirs)."""
     group = svc.visible_group(db, principal, name)
     svc.require_group_admin(principal, group)
     user = svc.user_by_name(db, body.user)
@@ -114,6 +120,8 @@ def add_member(name: NameInPath, body: MemberIn, db: DB, principal: CurrentUser)
         after={"member": user.name, "role": membership.role},
     )
     db.commit()
+    if old_role is not None:
+        response.status_code = status.HTTP_200_OK
     return {"user": user.name, "role": membership.role, "changed": old_role != membership.role}
 
 
