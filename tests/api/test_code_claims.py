@@ -11,7 +11,7 @@ from typing import Any
 
 from corral.storage import code
 from corral.storage.layout import ensure_layout
-from tests.api.conftest import World
+from tests.api.conftest import SIMPLE_JOB, World
 
 API = "/api/v1"
 SECRET = b"alice's private notes: the launch is on Tuesday\n"
@@ -69,3 +69,29 @@ def test_another_users_blob_reads_as_missing_and_is_stored_once(world: World, se
     assert list((root / "code" / "incoming").iterdir()) == []
     assert _missing(w, "carol") == []
     assert _snapshot(w, "carol").status_code == 201
+
+
+def _submit(w: World, user: str, snapshot: str) -> Any:
+    return w.client.post(f"{API}/jobs", json={**SIMPLE_JOB, "code": snapshot}, headers=w.as_(user))
+
+
+def test_a_snapshot_runs_only_for_its_uploaders_and_their_groups(world: World, settings: Any) -> None:
+    """A snapshot id (`code:` in a spec) was not per caller: a job naming another user's snapshot
+    was accepted (201), so anyone told the id ran that user's code. Now it reads as missing to
+    them, as a snapshot nobody made does, until they post its manifest with its blobs theirs."""
+    w = world
+    ensure_layout(Path(settings.storage_path))
+    assert _put(w, "alice", SECRET).status_code == 200
+    r = _snapshot(w, "alice")
+    assert r.status_code == 201, r.text
+    snap = r.json()["id"]
+    assert _submit(w, "alice", snap).status_code == 201
+    assert _submit(w, "bob", snap).status_code == 201  # her group's (vision) member
+    r = _submit(w, "carol", snap)  # another group: told the id, she ran alice's code (was 201)
+    assert r.status_code == 404 and f"code snapshot {snap} does not exist" in r.json()["detail"], r.text
+    nobodys = _submit(w, "carol", "cd" * 32).json()["detail"]
+    assert nobodys == r.json()["detail"].replace(snap, "cd" * 32)  # the same answer: no probing
+    # carol holds the files too: she sends them and posts the same manifest; it is hers then
+    assert _put(w, "carol", SECRET).status_code == 200
+    assert _snapshot(w, "carol").json() == {"id": snap}
+    assert _submit(w, "carol", snap).status_code == 201

@@ -464,3 +464,26 @@ def test_key_and_override_ids_are_never_given_again_after_0025(url: str) -> None
             assert conn.execute(sa.text("SELECT COUNT(*) FROM oncall_overrides")).scalar_one() == 3
     finally:
         engine.dispose()
+
+
+def test_snapshots_jobs_named_are_claimed_by_their_users_after_0026(url: str) -> None:
+    # 0026: a snapshot made before is claimed by each user whose job (still in the table) named
+    # it, once however many jobs did; a job without `code` claims nothing.
+    upgrade(url, "0025_row_ids")
+    engine = make_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        data = rows(0)
+        snap = "ab" * 32
+        for job, code in zip(data["jobs"], (snap, snap, None, snap), strict=True):  # users 1, 2, 3, 1
+            job["spec"] = json.dumps(SPEC if code is None else {**SPEC, "code": code})
+        insert(engine, data)
+        upgrade(url, "0026_code_snapshot_claims")
+        with engine.connect() as conn:
+            claims = conn.execute(
+                sa.text("SELECT snapshot, user_id FROM code_snapshot_claims ORDER BY user_id")
+            )
+            assert [tuple(r) for r in claims] == [(snap, 1), (snap, 2)]
+        downgrade(url, "0025_row_ids")
+        assert "code_snapshot_claims" not in sa.inspect(engine).get_table_names()
+    finally:
+        engine.dispose()

@@ -44,3 +44,18 @@ class CodeClaim(Base):
         ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, index=True
     )
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class CodeSnapshotClaim(Base):
+    """A `--code` snapshot a user may run: they posted its manifest with every blob theirs (or
+    their groups'), or (migration 0026) a job of theirs named it before snapshots were claimed. A
+    job's `code:` counts only when its submitter or a member of one of their groups has a claim,
+    so an id told to (or guessed by) anyone else runs nobody's code (docs/security.md)."""
+
+    __tablename__ = "code_snapshot_claims"
+
+    snapshot: Mapped[str] = mapped_column(String(64), primary_key=True)  # the snapshot id
+    user_id: Mapped[int] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    created_at: Mapped[float] = mapped_column(Float)

@@ -11,15 +11,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import or_, select
+from sqlalchemy import ColumnElement, or_, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from corral.catalog import model_mounts as _model_mounts  # noqa: F401  (registers the model/ source)
 from corral.config import Settings
 from corral.datasets import mounts as _dataset_mounts  # noqa: F401  (registers the data/ source)
 from corral.db.models import Group, Job, Membership, User
-from corral.db.storage_models import CodeClaim, StorageIdentity
+from corral.db.storage_models import CodeClaim, CodeSnapshotClaim, StorageIdentity
 from corral.services import audit
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
@@ -47,9 +47,13 @@ def check_job_storage(
     resolvable (422), its code snapshot present; returns the spec with each mount's exact source
     (e.g. a dataset's version: the job's lineage)."""
     root = settings.storage_path
-    if spec.code is not None and not code.snapshot_dir(root, spec.code).is_dir():
-        # 404 as for any other object a request names that does not exist (a job's group ...)
-        raise NotFound(f"code snapshot {spec.code} does not exist; upload it with `corral submit --code DIR`")
+    if spec.code is not None and not _may_run(session, principal, root, spec.code):
+        # 404 as for any other object a request names that does not exist (a job's group ...);
+        # another user's snapshot reads the same, so an id told to someone runs nobody's code
+        raise NotFound(
+            f"code snapshot {spec.code} does not exist (none uploaded by you or your groups' members);"
+            " upload it with `corral submit --code DIR`"
+        )
     if not spec.mounts:
         return spec
     ctx = mount_context(session, principal, root)
@@ -111,10 +115,16 @@ def _is_current(session: Session, row: StorageIdentity) -> bool:
 CLAIM_BATCH = 500  # hashes per IN (...) of the claims query
 
 
+def _claimed_by_caller_or_mates(
+    principal: Principal, user_id: InstrumentedAttribute[int]
+) -> ColumnElement[bool]:
+    mates = select(Membership.user_id).where(Membership.group_id.in_(list(principal.group_roles)))
+    return or_(user_id == principal.user_id, user_id.in_(mates))
+
+
 def claimed_blobs(session: Session, principal: Principal, hashes: Iterable[str]) -> set[str]:
     """Those of `hashes` the caller or a member of one of their groups has uploaded."""
-    mates = select(Membership.user_id).where(Membership.group_id.in_(list(principal.group_roles)))
-    who = or_(CodeClaim.user_id == principal.user_id, CodeClaim.user_id.in_(mates))
+    who = _claimed_by_caller_or_mates(principal, CodeClaim.user_id)
     wanted, found = sorted(set(hashes)), set[str]()
     for start in range(0, len(wanted), CLAIM_BATCH):
         batch = wanted[start : start + CLAIM_BATCH]
@@ -164,14 +174,16 @@ def upload_chunk(
     except code.CodeError as exc:
         raise Invalid(str(exc), ("body",)) from exc
     if final:
-        _claim(session, principal, sha)
+        _claim(session, CodeClaim(sha256=sha, user_id=principal.user_id, created_at=time.time()))
     return size
 
 
-def _claim(session: Session, principal: Principal, sha: str) -> None:
-    if session.get(CodeClaim, (sha, principal.user_id)) is not None:
+def _claim(session: Session, claim: CodeClaim | CodeSnapshotClaim) -> None:
+    """Record the caller's claim on a blob or a snapshot (commits; kept if they hold it already)."""
+    key = (claim.sha256 if isinstance(claim, CodeClaim) else claim.snapshot, claim.user_id)
+    if session.get(type(claim), key) is not None:
         return
-    session.add(CodeClaim(sha256=sha, user_id=principal.user_id, created_at=time.time()))
+    session.add(claim)
     try:
         session.commit()
     except IntegrityError:  # the same upload finished by another request of theirs just now
@@ -195,9 +207,20 @@ def parse_manifest(text: str) -> dict[str, dict[str, object]]:
     return manifest
 
 
+def _may_run(session: Session, principal: Principal, root: Path, snapshot: str) -> bool:
+    """Whether the snapshot exists and the caller or a member of one of their groups claimed it
+    (posted its manifest with every blob theirs; migration 0026: named it in a job before)."""
+    if not code.snapshot_dir(root, snapshot).is_dir():
+        return False
+    who = _claimed_by_caller_or_mates(principal, CodeSnapshotClaim.user_id)
+    claim = select(CodeSnapshotClaim.snapshot).where(CodeSnapshotClaim.snapshot == snapshot, who).limit(1)
+    return session.scalar(claim) is not None
+
+
 def create_snapshot(session: Session, settings: Settings, principal: Principal, text: str) -> str:
     """The snapshot of the manifest; every blob it names must be the caller's (or their
-    groups'): one stored by someone else is "not uploaded yet" as for `missing_blobs`."""
+    groups'): one stored by someone else is "not uploaded yet" as for `missing_blobs`. The
+    snapshot is then the caller's to run (and their groups' members'), whoever made it first."""
     manifest = parse_manifest(text)
     try:
         for path in manifest:  # a malformed request (422) before the state of the upload (409)
@@ -209,11 +232,13 @@ def create_snapshot(session: Session, settings: Settings, principal: Principal, 
     if absent:  # the state of the upload, not a malformed request: upload them, then send it again
         raise Conflict(f"{len(absent)} files were not uploaded yet, e.g. blob {absent[0]}; upload them first")
     try:
-        return code.make_snapshot(
+        snap_id = code.make_snapshot(
             settings.storage_path, manifest, settings.code_max_bytes, settings.code_max_files
         )
     except code.CodeError as exc:
         raise Invalid(str(exc), ("body",)) from exc
+    _claim(session, CodeSnapshotClaim(snapshot=snap_id, user_id=principal.user_id, created_at=time.time()))
+    return snap_id
 
 
 # -- outputs -----------------------------------------------------------------------------------
