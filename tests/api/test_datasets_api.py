@@ -74,6 +74,10 @@ def test_group_dataset_shared_read_only_with_versions_pinned(world: World) -> No
     r = world.client.put(f"{API}/datasets/cifar/share", json={"add_groups": ["nlp"]}, headers=alice)
     assert r.status_code == 403, r.text  # alice is a member of vision, not its admin
     r = world.client.put(f"{API}/datasets/cifar/share", json={"add_groups": ["nlp"]}, headers=bob)
+    assert r.status_code == 404, r.text  # bob administers vision, is not in nlp: an admin shares
+    r = world.client.put(
+        f"{API}/datasets/cifar/share", json={"add_groups": ["nlp"]}, headers=world.as_("admin")
+    )
     assert r.status_code == 200 and r.json()["shared_with"] == ["nlp"], r.text
     shown = world.client.get(f"{API}/datasets/cifar", headers=carol).json()
     assert [v["version"] for v in shown["versions"]] == [1, 2] and shown["latest"] == 2
@@ -665,3 +669,28 @@ def test_a_chunk_reads_its_upload_row_once(world: World, db_engine: Any) -> None
     assert len(reads) == 1, reads
     assert protocol.chunk(world.client, alice, uid, "a.bin", 50, files["a.bin"][50:]).status_code == 200
     assert protocol.complete(world.client, alice, uid).status_code == 201
+
+
+def test_a_share_to_a_group_not_yours_reads_the_same_whether_it_exists_or_not(world: World) -> None:
+    """bob (vision's admin) sharing vision's dataset with nlp, a group he is not in, was done
+    (200) while a share with 'nosuch' answered 404 "no group named 'nosuch'": the answers told
+    which group names exist. Both are now the same 404, naming what he may do."""
+    bob, admin = world.as_("bob"), world.as_("admin")
+    assert protocol.push(world.client, bob, "cifar", V1, group="vision").status_code == 201
+
+    def share(group: str, headers: dict[str, str], key: str = "add_groups") -> Any:
+        return world.client.put(f"{API}/datasets/cifar/share", json={key: [group]}, headers=headers)
+
+    answers = {g: share(g, bob) for g in ("nlp", "nosuch")}
+    assert {g: r.status_code for g, r in answers.items()} == {"nlp": 404, "nosuch": 404}
+    detail = answers["nlp"].json()["detail"]
+    assert detail == answers["nosuch"].json()["detail"].replace("nosuch", "nlp"), detail
+    assert "share with a group you belong to (vision) or make the dataset public" in detail, detail
+    assert share("vision", bob).json()["shared_with"] == ["vision"]  # his own group: shared
+    # a platform admin shares with any group (and learns a missing one is missing)
+    assert share("nlp", admin).json()["shared_with"] == ["nlp", "vision"]
+    assert share("nosuch", admin).json()["detail"] == "no group named 'nosuch'"
+    # a group it is shared with already is named in the view: bob may keep or remove it
+    assert share("nlp", bob).json()["shared_with"] == ["nlp", "vision"]
+    assert share("nlp", bob, "remove_groups").json()["shared_with"] == ["vision"]
+    assert share("nosuch", bob, "remove_groups").json()["shared_with"] == ["vision"]  # nothing to remove

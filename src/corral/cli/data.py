@@ -173,7 +173,8 @@ def data_rm(ref: Annotated[str, typer.Argument(help="NAME (every version) or NAM
 def data_share(
     name: str,
     group: Annotated[
-        list[str] | None, typer.Option("--group", "-g", help="give this group read access")
+        list[str] | None,
+        typer.Option("--group", "-g", help="give this group read access (one of yours; an admin: any)"),
     ] = None,
     remove: Annotated[
         list[str] | None, typer.Option("--remove", help="take this group's read access away")

@@ -176,35 +176,54 @@ def list_readable(session: Session, principal: Principal) -> list[dict[str, Any]
 def share(
     session: Session,
     ds: Dataset,
+    principal: Principal,
     *,
     add_groups: Iterable[str] = (),
     remove_groups: Iterable[str] = (),
     public: bool | None = None,
 ) -> None:
     """Read access for more groups (or fewer), or for everyone. Read-only: a share never lets
-    anyone push or delete."""
+    anyone push or delete. A platform admin shares with any group; anyone else with the groups
+    they belong to (and keeps those it is shared with already): another group, existing or not,
+    is refused with the same 404, so a share does not tell which group names exist. A share is
+    removed by name; a name it is not shared with changes nothing."""
+    shared = shared_group_ids(session, ds.id)
     for gname in add_groups:
-        group = _group(session, gname)
-        if session.get(DatasetShare, (ds.id, group.id)) is None:
+        group = _share_target(session, principal, gname, shared)
+        if group.id not in shared:
             session.add(DatasetShare(dataset_id=ds.id, group_id=group.id))
+            shared.add(group.id)
     for gname in remove_groups:
-        group = _group(session, gname)
+        _check_group_name(gname)
+        gone = select(Group.id).where(Group.name == gname).scalar_subquery()
         session.execute(
-            delete(DatasetShare).where(DatasetShare.dataset_id == ds.id, DatasetShare.group_id == group.id)
+            delete(DatasetShare).where(DatasetShare.dataset_id == ds.id, DatasetShare.group_id == gone)
         )
     if public is not None:
         ds.public = public
 
 
-def _group(session: Session, name: str) -> Group:
+def _check_group_name(name: str) -> None:
     try:
         check_plain(name, "group name")
     except BadName as exc:
         raise Invalid(str(exc), ("body", "groups"))
+
+
+def _share_target(session: Session, principal: Principal, name: str, shared: set[int]) -> Group:
+    """The group `name` to share with, as the caller may name it (docstring of `share`)."""
+    _check_group_name(name)
     group = session.scalar(select(Group).where(Group.name == name))
-    if group is None:
+    if group is not None and (principal.is_admin or principal.is_member(group.id) or group.id in shared):
+        return group
+    if principal.is_admin:
         raise NotFound(f"no group named {name!r}")
-    return group
+    mine = session.scalars(select(Group.name).where(Group.id.in_(list(principal.group_roles)))).all()
+    raise NotFound(
+        f"no group named {name!r} among yours: share with a group you belong to"
+        f" ({', '.join(sorted(mine)) or 'none'}) or make the dataset public (--public);"
+        " a platform admin shares with any group"
+    )
 
 
 def jobs_using(session: Session, dataset_id: int, version: int | None) -> list[int]:

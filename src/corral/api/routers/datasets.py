@@ -180,10 +180,13 @@ def delete_version(
 
 @router.put("/datasets/{name}/share")
 def share_dataset(name: DatasetName, body: ShareIn, db: DB, principal: CurrentUser) -> Any:
-    """Read-only access for groups, or everyone (`public`); owners and admins."""
+    """Read-only access for groups, or everyone (`public`); owners and admins. A group is one the
+    caller belongs to (a platform admin: any): another, existing or not, is the same 404."""
     ds = svc.managed(db, name, principal)
     before = svc.dataset_view(db, ds)
-    svc.share(db, ds, add_groups=body.add_groups, remove_groups=body.remove_groups, public=body.public)
+    svc.share(
+        db, ds, principal, add_groups=body.add_groups, remove_groups=body.remove_groups, public=body.public
+    )
     after = svc.dataset_view(db, ds)
     audit.record(
         db,
