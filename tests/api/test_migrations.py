@@ -9,10 +9,13 @@ import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from sqlalchemy.orm import Session
 
 from corral.db import audit_models, models
 from corral.db.base import Base
 from corral.db.session import downgrade, init_db, make_engine
+from corral.services.auth import Principal
+from corral.services.jobs import JobFilter, list_jobs
 from tests.pg import sqlite_or_postgres_url
 
 CORE_TABLES = {
@@ -74,3 +77,31 @@ def test_core_models_match_the_migrations(fresh_url: str) -> None:
 
     core = [d for d in diffs if table_of(d) in CORE_TABLES or table_of(d) is None]
     assert core == [], f"models and migrations differ: {core}"
+
+
+def test_the_job_list_sorted_by_updated_at_walks_its_index(tmp_path: Path) -> None:
+    """`corral ls --sort updated_at` (GET /jobs?sort=updated_at) ordered by a column no index
+    held: an admin's page scanned every job and sorted them all ("USE TEMP B-TREE FOR ORDER BY")
+    to return 50. Migration 0027's ix_jobs_updated serves it in order, stopping at the page."""
+    url = f"sqlite:///{tmp_path / 'plan.db'}"
+    init_db(url)
+    engine = make_engine(url)
+    statements: list[tuple[str, object]] = []
+
+    def seen(conn: object, cursor: object, sql: str, params: object, context: object, many: bool) -> None:
+        if sql.lstrip().startswith("SELECT jobs.id") and "ORDER BY" in sql:
+            statements.append((sql, params))
+
+    sa.event.listen(engine, "before_cursor_execute", seen)
+    try:
+        with Session(engine) as db:
+            admin = Principal(user_id=1, name="admin", is_admin=True, default_group_id=None)
+            for order in ("desc", "asc"):
+                list_jobs(db, admin, JobFilter(sort="updated_at", order=order))
+        assert len(statements) == 2, statements
+        with engine.connect() as conn:
+            for sql, params in statements:
+                plan = " | ".join(r[3] for r in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params))
+                assert "INDEX ix_jobs_updated" in plan and "TEMP B-TREE" not in plan, plan
+    finally:
+        engine.dispose()

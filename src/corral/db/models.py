@@ -155,6 +155,8 @@ class Job(Base):
         Index("ix_jobs_user_submitted", "user_id", "submitted_at"),
         Index("ix_jobs_group_submitted", "group_id", "submitted_at"),
         Index("ix_jobs_submitted", "submitted_at"),  # admins' unfiltered, newest-first pages
+        # the same pages sorted by updated_at (`corral ls --sort updated_at`); migration 0027
+        Index("ix_jobs_updated", "updated_at"),
         # a submission's runtime estimate reads the user's earlier runs of the same name: without
         # it, every submit scanned all of its user's jobs (services.jobs.runtime_estimate)
         Index("ix_jobs_user_name", "user_id", "name"),
