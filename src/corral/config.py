@@ -53,8 +53,9 @@ class EnvFileSecrets(PydanticBaseSettingsSource):
         return values
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CORRAL_", extra="ignore")
+class FileVariablesSettings(BaseSettings):
+    """Settings that also read `<PREFIX><FIELD>_FILE` (EnvFileSecrets): `Settings`, and the
+    monitoring loops' CORRAL_MONITOR_* (whose webhook token is a secret)."""
 
     @classmethod
     def settings_customise_sources(
@@ -67,6 +68,10 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         file_variables = EnvFileSecrets(settings_cls)
         return (init_settings, env_settings, file_variables, dotenv_settings, file_secret_settings)
+
+
+class Settings(FileVariablesSettings):
+    model_config = SettingsConfigDict(env_prefix="CORRAL_", extra="ignore")
 
     home: Path = Field(default_factory=default_home)
     database_url: str | None = None  # default: sqlite under home

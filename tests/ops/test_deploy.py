@@ -109,6 +109,22 @@ def test_settings_read_secrets_from_files(tmp_path: Path, monkeypatch: pytest.Mo
         Settings()
 
 
+def test_the_webhook_token_reads_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CORRAL_MONITOR_WEBHOOK_TOKEN_FILE, like every CORRAL_<NAME>_FILE (docs/deploy.md step 4),
+    was silently ignored: the webhook then refused Alertmanager's every post."""
+    from corral.monitor.config import MonitorSettings, webhook_token
+
+    for var in [v for v in os.environ if v.startswith("CORRAL_")]:
+        monkeypatch.delenv(var)
+    secret = tmp_path / "webhook"
+    secret.write_text("am-s3cret\n")
+    monkeypatch.setenv("CORRAL_MONITOR_WEBHOOK_TOKEN_FILE", str(secret))
+    assert webhook_token(Settings(home=tmp_path), MonitorSettings()) == "am-s3cret"
+    monkeypatch.setenv("CORRAL_MONITOR_WEBHOOK_TOKEN", "other")
+    with pytest.raises(SecretFileError, match="both CORRAL_MONITOR_WEBHOOK_TOKEN and"):
+        MonitorSettings()
+
+
 def doctor(env: dict[str, str]) -> tuple[int, dict[str, dict[str, Any]]]:
     r = subprocess.run(
         [sys.executable, "-m", "corral.cli.main", "doctor", "-o", "json"],

@@ -16,9 +16,9 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from corral.config import Settings
+from corral.config import FileVariablesSettings, Settings
 from corral.yaml_lines import check_unique_names, error_loc, line_of, safe_load
 
 log = logging.getLogger("corral.monitor.config")
@@ -40,8 +40,9 @@ def parse_duration(value: Any) -> float:
     return float(match.group(1)) * _UNIT_S[match.group(2)]
 
 
-class MonitorSettings(BaseSettings):
-    """Tunables of the monitoring loops; shorter values are for tests."""
+class MonitorSettings(FileVariablesSettings):
+    """Tunables of the monitoring loops; shorter values are for tests. Like every setting, each
+    can be read from a file: CORRAL_MONITOR_WEBHOOK_TOKEN_FILE=/path."""
 
     model_config = SettingsConfigDict(env_prefix="CORRAL_MONITOR_", extra="ignore")
 
