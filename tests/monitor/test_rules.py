@@ -193,3 +193,28 @@ def test_corral_own_alerts_link_to_the_public_address(monkeypatch: pytest.Monkey
     assert runbook_url("CorralNodeLost") == "https://corral.lab.test/runbooks/CorralNodeLost"
     monkeypatch.delenv("CORRAL_PUBLIC_URL")
     assert runbook_url("CorralNodeLost") == "/runbooks/CorralNodeLost"
+
+
+def test_the_deploy_guide_puts_rules_and_secrets_where_the_shipped_configs_read_them() -> None:
+    """docs/deploy.md copied the rules to /etc/prometheus/rules/ while prometheus.yml loads
+    /etc/prometheus/corral/rules/*.yml (no rules, and no error), and left the scrape token and the
+    webhook secret under the 0700 CORRAL_HOME, which Prometheus and Alertmanager cannot read."""
+    guide = (DEPLOY.parent / "docs" / "deploy.md").read_text()
+    prometheus = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    (rules_glob,) = prometheus["rule_files"]
+    assert f"install -m 644 deploy/prometheus/rules/*.yml {rules_glob.rsplit('/', 1)[0]}/" in guide
+    (scrape,) = prometheus["scrape_configs"]
+    token = scrape["authorization"]["credentials_file"]
+    alertmanager = yaml.safe_load((DEPLOY / "alertmanager" / "alertmanager.yml").read_text())
+    secrets = {
+        w["http_config"]["authorization"]["credentials_file"]
+        for r in alertmanager["receivers"]
+        for w in r.get("webhook_configs", [])
+    }
+    assert len(secrets) == 1
+    for variable, path in [
+        ("CORRAL_METRICS_TOKEN_FILE", token),
+        ("CORRAL_MONITOR_WEBHOOK_TOKEN_FILE", *secrets),
+    ]:
+        assert not path.startswith("/var/lib/corral/"), path  # CORRAL_HOME: 0700
+        assert f"{variable}={path}" in guide, variable
