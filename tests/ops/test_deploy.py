@@ -125,6 +125,43 @@ def test_the_webhook_token_reads_from_a_file(tmp_path: Path, monkeypatch: pytest
         MonitorSettings()
 
 
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("foo", "database URL 'foo' is not a URL: use sqlite:////PATH or postgresql://"),
+        (
+            "mysql://corral:pw@db/corral",
+            "database URL mysql://corral:***@db/corral: Corral runs on SQLite or PostgreSQL",
+        ),
+        (
+            "postgresql://corral:pw@127.0.0.1:{port}/corral",
+            "database postgresql://corral:***@127.0.0.1:{port}/corral: cannot connect: ",
+        ),
+    ],
+)
+def test_a_database_url_that_cannot_be_used_is_one_line(
+    url: str, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`corral admin migrate` (the unit's ExecStartPre) and `corral up` printed SQLAlchemy's
+    traceback for a URL that is not one, another database's, or a PostgreSQL that does not answer."""
+    from typer.testing import CliRunner
+
+    from corral.cli.main import app
+    from corral.server.run import _prepare_home_and_database
+
+    port = free_port()  # nothing listens there
+    url, says = url.format(port=port), says.format(port=port)
+    result = CliRunner().invoke(app, ["admin", "migrate", "--database-url", url])
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == 1, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith(f"error: {says}") and ":pw@" not in line, line
+    settings = Settings(home=tmp_path / "home", database_url=url)
+    with pytest.raises(SystemExit) as stopped:
+        _prepare_home_and_database(settings)
+    assert stopped.value.code == 1
+
+
 def doctor(env: dict[str, str]) -> tuple[int, dict[str, dict[str, Any]]]:
     r = subprocess.run(
         [sys.executable, "-m", "corral.cli.main", "doctor", "-o", "json"],

@@ -88,10 +88,14 @@ def restore(
 @admin_app.command("migrate")
 def migrate(database_url: DatabaseOpt = None) -> None:
     """Bring the database schema to the newest revision (the server also does this on start)."""
-    from corral.db.session import init_db
+    from corral.db.session import DatabaseUnavailable, check_database, init_db
     from corral.ops.files import secure_sqlite_file
 
     url = _database_url(database_url)
+    try:
+        check_database(url)
+    except DatabaseUnavailable as exc:
+        _fail(str(exc))
     secure_sqlite_file(url)
     init_db(url)
     out.print("database schema is up to date")

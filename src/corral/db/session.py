@@ -34,6 +34,41 @@ def is_sqlite(url: str) -> bool:
     return make_url(normalize_url(url)).get_backend_name() == "sqlite"
 
 
+class DatabaseUnavailable(RuntimeError):
+    """The database URL cannot be used; the message names it (password hidden) and why."""
+
+
+def check_database(url: str) -> None:
+    """Refuse, in one line, a URL that is not SQLite's or PostgreSQL's, or a PostgreSQL server that
+    does not answer: what `corral up` and `corral admin migrate` check before migrating, instead of
+    SQLAlchemy's traceback. A SQLite file is only parsed (connecting would create it)."""
+    import sqlalchemy as sa
+    from sqlalchemy import exc as sa_exc
+
+    try:
+        parsed = make_url(normalize_url(url))
+    except sa_exc.ArgumentError:
+        raise DatabaseUnavailable(
+            f"database URL {url!r} is not a URL: use sqlite:////PATH or "
+            "postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+        ) from None
+    shown = make_url(url).render_as_string(hide_password=True)  # as given: postgresql://...
+    backend = parsed.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise DatabaseUnavailable(f"database URL {shown}: Corral runs on SQLite or PostgreSQL, not {backend}")
+    if backend == "sqlite":
+        return
+    engine = make_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect():
+            pass
+    except sa_exc.DBAPIError as exc:
+        lines = str(exc.orig or exc).strip().splitlines()
+        raise DatabaseUnavailable(f"database {shown}: cannot connect: {lines[0] if lines else exc}") from None
+    finally:
+        engine.dispose()
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """Create an Engine for `url`; makes the parent directory of a SQLite file."""
     url = normalize_url(url)

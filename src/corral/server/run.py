@@ -265,11 +265,22 @@ def _listen_or_exit(settings: Settings) -> socket.socket:
 def _prepare_home_and_database(settings: Settings) -> tuple[DatabaseEngine, sessionmaker[Session]]:
     """The home and its files secured, the configuration checked, the database migrated: a bad
     monitor.yml or secrets key refuses start-up (naming file and line) before any loop or job runs."""
-    from corral.db.session import init_db, make_engine, make_session_factory
+    from corral.db.session import (
+        DatabaseUnavailable,
+        check_database,
+        init_db,
+        make_engine,
+        make_session_factory,
+    )
     from corral.monitor.config import config_path, load_monitor_config
     from corral.ops.files import secure_home, secure_sqlite_file
 
     secure_home(settings.home)  # 0700: it holds the admin token and (SQLite) the database
+    try:
+        check_database(settings.db_url)
+    except DatabaseUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     secure_sqlite_file(settings.db_url)
     load_monitor_config(config_path(settings))
     _secrets_key_or_exit(settings)
