@@ -110,6 +110,18 @@ def test_restore_rejects_files_that_are_not_backups(tmp_path: Path) -> None:
     assert not (tmp_path / "home" / "corral.db").exists()  # nothing half-done
 
 
+def test_a_refused_restore_hides_the_database_password(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    """`corral admin restore notes.txt` on PostgreSQL printed the URL with its password."""
+    url = postgres_server.create_database().replace("corral@", "corral:hunter2@")  # trust: accepted
+    bogus = tmp_path / "notes.txt"
+    bogus.write_text("not a database\n")
+    with pytest.raises(BackupError, match="is not a pg_dump custom-format backup") as refused:
+        restore(url, bogus)
+    assert "hunter2" not in str(refused.value) and "corral:***@" in str(refused.value)
+
+
 def test_postgres_restore_replaces_everything_or_nothing(
     postgres_server: PostgresServer, tmp_path: Path
 ) -> None:

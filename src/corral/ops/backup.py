@@ -110,14 +110,15 @@ def restore(url: str, source: Path) -> None:
         )
     with source.open("rb") as fh:
         head = fh.read(16)
+    shown = make_url(url).render_as_string(hide_password=True)  # an error must not print it
     if is_sqlite(url):
         if not head.startswith(SQLITE_MAGIC):
-            raise BackupError(f"{source} is not a SQLite backup (the database at {url} is SQLite)")
+            raise BackupError(f"{source} is not a SQLite backup (the database at {shown} is SQLite)")
         _sqlite_restore(source, sqlite_path(url))
     else:
         if not head.startswith(PGDUMP_MAGIC):
             raise BackupError(
-                f"{source} is not a pg_dump custom-format backup (the database at {url} is PostgreSQL)"
+                f"{source} is not a pg_dump custom-format backup (the database at {shown} is PostgreSQL)"
             )
         _pg_restore(url, source)
     release_leases(url)
