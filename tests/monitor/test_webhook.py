@@ -80,6 +80,7 @@ def test_no_token_configured_refuses_everyone(mon: Mon, monkeypatch: pytest.Monk
         response = client.post(URL, json=payload(), headers=AUTH)
         assert response.status_code == 401
         assert "no token configured" in response.json()["detail"]
+        assert "alert_webhook_token in CORRAL_HOME" in response.json()["detail"]  # where it may be put
         # The token file under CORRAL_HOME works as well (Alertmanager's credentials_file).
         (mon.home / "alert_webhook_token").write_text("from-file\n")
         assert (

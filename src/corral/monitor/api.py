@@ -30,7 +30,13 @@ from corral.monitor.alerts import WebhookPayload, alert_to_dict, ingest_webhook,
 from corral.monitor.channels import channel_statuses
 from corral.monitor.chaos import inject_job_oom, set_node_silenced
 from corral.monitor.collector import read_families, render_text
-from corral.monitor.config import MonitorConfig, MonitorConfigSource, config_path, webhook_token
+from corral.monitor.config import (
+    MonitorConfig,
+    MonitorConfigSource,
+    config_path,
+    webhook_token,
+    webhook_token_path,
+)
 from corral.monitor.gpu import update_fault
 from corral.monitor.loops import config_source
 from corral.monitor.metrics import METRICS_RENDER_SECONDS, REGISTRY
@@ -48,7 +54,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         _config_source(app).current()  # raises: start-up refused
         if webhook_token(settings) is None:
             log.warning(
-                "no alert webhook token configured: POST /api/v1/alerts/webhook refuses every request"
+                "no alert webhook token configured: POST /api/v1/alerts/webhook refuses every request "
+                "(set CORRAL_MONITOR_WEBHOOK_TOKEN_FILE, or write %s)",
+                webhook_token_path(settings),
             )
     yield
 
@@ -120,7 +128,10 @@ async def alert_webhook(request: Request) -> Response:
     expected = webhook_token(request.app.state.settings)
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
     if expected is None:
-        return _unauthorized("the alert webhook has no token configured (CORRAL_MONITOR_WEBHOOK_TOKEN)")
+        return _unauthorized(
+            "the alert webhook has no token configured (CORRAL_MONITOR_WEBHOOK_TOKEN, "
+            "CORRAL_MONITOR_WEBHOOK_TOKEN_FILE, or the file alert_webhook_token in CORRAL_HOME)"
+        )
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
         return _unauthorized("missing or wrong bearer token for the alert webhook")
     raw = await request.body()
