@@ -126,12 +126,32 @@ def test_a_cluster_file_sets_policy_knobs_and_a_saved_export_keeps_the_servers(t
     for bad, error in (
         ("{nope: 1}", "c.yaml: policy_knobs: 'nope' is not a knob: use one of"),
         ("{starvation_s: [1, 2]}", r"c.yaml: policy_knobs: starvation_s: \[1, 2\]: \[1, 2\] is not a number"),
-        ("{size_order: 2}", "c.yaml: policy_knobs: size_order: 2: 2 is not a number"),
+        ("{size_order: 2}", "c.yaml: policy_knobs: size_order: 2: size_order is on or off: 1 or 0"),
         ("{grace_s: .nan}", "grace_s must be"),
     ):
         path.write_text(f"pools: [{{name: a, count: 1}}]\npolicy_knobs: {bad}\n")
         with pytest.raises(ClusterError, match=error):
             load_cluster(str(path))
+
+
+def test_a_bad_knob_value_says_what_the_knob_takes() -> None:
+    """`--knob size_order=2` said "'2' is not a number (list: 3600,36000; on/off: 1 or 0)": 2 is a
+    number; an on/off knob, a list and a number now each say what they take."""
+    import re
+
+    from corral.sim.errors import PolicyError
+    from corral.sim.runner import parse_knobs
+
+    for item, error in (
+        ("size_order=2", "--knob 'size_order=2': size_order is on or off: 1 or 0"),
+        ("cpu_jobs_on_gpu_nodes=yes", "cpu_jobs_on_gpu_nodes is on or off: 1 or 0"),
+        ("las_thresholds=1h,10h", "--knob 'las_thresholds=1h,10h': las_thresholds is a list of numbers"),
+        ("backfill_depth=lots", "--knob 'backfill_depth=lots': 'lots' is not a number"),
+    ):
+        with pytest.raises(
+            PolicyError, match=re.escape(error) + "$" if "is not a number" in error else re.escape(error)
+        ):
+            parse_knobs([item])
 
 
 def test_the_private_baseline_replays_with_the_same_knobs() -> None:

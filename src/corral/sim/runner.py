@@ -81,7 +81,11 @@ def knob_value(name: str, raw: object, shown: str) -> Any:
             number = float(raw)  # type: ignore[arg-type]
             value = int(number) if number.is_integer() and name not in ("grace_s",) else number
     except (ValueError, TypeError):
-        raise PolicyError(f"{shown}: {raw!r} is not a number (list: 3600,36000; on/off: 1 or 0)")
+        if name == "las_thresholds":
+            raise PolicyError(f"{shown}: las_thresholds is a list of numbers, e.g. 3600,36000")
+        if name in BOOL_KNOBS or name == "cpu_jobs_on_gpu_nodes":
+            raise PolicyError(f"{shown}: {name} is on or off: 1 or 0 (true or false in a cluster file)")
+        raise PolicyError(f"{shown}: {raw!r} is not a number")
     if name in _whole_number_knobs() and not isinstance(value, int):
         raise PolicyError(f"{shown}: {name} is a whole number")
     return value
