@@ -117,3 +117,19 @@ def test_a_constrained_gang_is_pinned_only_to_a_model_with_nodes_enough() -> Non
     assert {j.gpu_model for j in jobs} == {"A100"}
     nodes = cluster.build_nodes()
     assert all(not check_fits_anywhere(_probe_job(j), nodes) for j in jobs)
+
+
+def test_a_bursty_group_the_cluster_lacks_is_refused(tmp_path: Path) -> None:
+    """`corral sim synth --bursty brust` (a typo) wrote a trace without a single burst and said
+    nothing; a group named with --bursty must be the cluster's. The default, `burst`, is still
+    skipped on a cluster without it, and `--bursty ''` means no bursts."""
+    out = tmp_path / "t.csv"
+    base = ["sim", "synth", "--out", str(out), "--jobs", "20"]
+    res = CliRunner().invoke(app, [*base, "--bursty", "brust"])
+    assert res.exit_code == 2, res.output
+    assert "--bursty: cluster synth has no group 'brust'; its groups: burst, infer" in res.output
+    assert not out.exists()
+    assert CliRunner().invoke(app, [*base, "--cluster", "philly"]).exit_code == 0
+    assert CliRunner().invoke(app, [*base, "--bursty", ""]).exit_code == 0
+    quiet = load_generic_csv(out).jobs
+    assert quiet == generate(SynthSpec(jobs=20, bursty=()), load_cluster("synth")).jobs

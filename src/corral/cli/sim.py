@@ -456,7 +456,11 @@ def synth(
     gang_share: float = typer.Option(0.25, "--gang-share", help="share of multi-node gang jobs"),
     gang_instances: str = typer.Option("2:50,4:35,8:15", "--gang-instances", help="NODES:WEIGHT,..."),
     constrained_share: float = typer.Option(0.33, "--constrained-share", help="share naming GPU models"),
-    bursty: str = typer.Option("burst", "--bursty", help="comma-separated groups that submit in bursts"),
+    bursty: str | None = typer.Option(
+        None,
+        "--bursty",
+        help="comma-separated groups that submit in bursts [default: burst, if the cluster has it]",
+    ),
     burst_share: float = typer.Option(0.15, "--burst-share", help="share of jobs submitted in bursts"),
     burst_size: str = typer.Option("20-60", "--burst-size", help="jobs per burst, LOW-HIGH"),
     diurnal: float = typer.Option(0.5, "--diurnal", help="day/night swing of the arrival rate, 0-<1"),
@@ -480,14 +484,22 @@ def synth(
             gang_share=gang_share,
             gang_instances=parse_mix(gang_instances, "--gang-instances"),
             constrained_share=constrained_share,
-            bursty=tuple(g.strip() for g in bursty.split(",") if g.strip()),
+            bursty=tuple(g.strip() for g in ("burst" if bursty is None else bursty).split(",") if g.strip()),
             burst_share=burst_share,
             burst_size=(int(low), int(high)),
             diurnal=diurnal,
             estimate_share=estimate_share,
             seed=seed,
         )
-        made = generate(spec, load_cluster(cluster))
+        loaded = load_cluster(cluster)
+        named = {g.name for g in loaded.groups}
+        unknown = [g for g in spec.bursty if g not in named] if bursty is not None else []
+        if unknown:  # the default `burst` is skipped on a cluster without it; a named group is not
+            groups = ", ".join(sorted(named))
+            raise SynthError(
+                f"--bursty: cluster {loaded.name} has no group {unknown[0]!r}; its groups: {groups}"
+            )
+        made = generate(spec, loaded)
     except (SynthError, ClusterError) as exc:
         _fail(str(exc))
     _writable({"--out": out}, {})
