@@ -120,6 +120,20 @@ def test_output_paths_are_checked_before_the_replay(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "is a folder; give a file name" in res.output, res.output
 
 
+def test_a_result_is_not_written_over_the_trace_or_cluster_it_reads(tmp_path: Path) -> None:
+    """`corral sim --trace t.csv --jobs-out t.csv` replaced the trace with the job events, and
+    `corral sim synth --cluster c.yaml --out c.yaml` the cluster file with the trace, silently."""
+    csv, yaml = _files(tmp_path)
+    trace_text, cluster_text = csv.read_text(), yaml.read_text()
+    res = CliRunner().invoke(
+        app, ["sim", "--trace", str(csv), "--cluster", str(yaml), "--jobs-out", str(csv)]
+    )
+    assert res.exit_code == 2 and "is the --trace file, which it would overwrite" in res.output, res.output
+    res = CliRunner().invoke(app, ["sim", "synth", "--cluster", str(yaml), "--out", str(yaml), "--jobs", "5"])
+    assert res.exit_code == 2 and "is the --cluster file, which it would overwrite" in res.output, res.output
+    assert csv.read_text() == trace_text and yaml.read_text() == cluster_text
+
+
 def test_compare_checks_its_policies_and_output_before_any_replay(tmp_path: Path, monkeypatch: Any) -> None:
     """A typo in the last of `--policies` failed only after every replay before it (minutes each
     on a whole trace); `--policies ''` printed an empty table and `-o xml` the table, exit 0."""

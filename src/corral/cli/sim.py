@@ -256,6 +256,7 @@ def sim(
     replay_only = bool(private or max_jobs or speedup != 1.0 or jobs_out)
     live_only = bool(quota or save_trace or unfinished or anonymise)
     _check_mode(from_cluster, bool(trace or cluster), replay_only, live_only)
+    _not_an_input({"--jobs-out": jobs_out}, {"--trace": trace, "--cluster": cluster})
     _writable({"--jobs-out": jobs_out, "--save-trace": save_trace}, {"--out": out})
     if from_cluster:
         from corral.cli.sim_live import LiveRequest
@@ -269,6 +270,19 @@ def sim(
     spec = f"{policy}:{placement}" if placement else policy
     result, summary = _replay_trace(trace, cluster, spec, config, knob, max_jobs, speedup, private)
     _write_results(result, summary, jobs_out, out, output)
+
+
+def _not_an_input(files: dict[str, Path | None], inputs: dict[str, str | None]) -> None:
+    """A result written over the trace or cluster file it was read from: the input would be lost."""
+    for option, path in files.items():
+        for name, given in inputs.items():
+            if (
+                path is not None
+                and given
+                and Path(given).is_file()
+                and path.resolve() == Path(given).resolve()
+            ):
+                _fail(f"{option} {path}: is the {name} file, which it would overwrite; give another name")
 
 
 def _writable(files: dict[str, Path | None], folders: dict[str, Path | None]) -> None:
@@ -473,6 +487,7 @@ def synth(
     from corral.sim.synth import SynthError, SynthSpec, generate, parse_mix
     from corral.sim.trace import write_generic_csv
 
+    _not_an_input({"--out": out}, {"--cluster": cluster})
     try:
         low, sep, high = burst_size.partition("-")
         if not sep or not low.strip().isdigit() or not high.strip().isdigit():
