@@ -162,6 +162,22 @@ def test_a_database_url_that_cannot_be_used_is_one_line(
     assert stopped.value.code == 1
 
 
+def test_doctor_names_the_alertmanager_unit_debian_installs(tmp_path: Path) -> None:
+    """An Alertmanager that did not answer got the fix `systemctl start alertmanager`, a unit
+    Debian's prometheus-alertmanager (docs/deploy.md step 1) does not have."""
+    from corral.ops.doctor import run_checks
+
+    settings = Settings(
+        home=tmp_path,
+        database_url=f"sqlite:///{tmp_path}/c.db",
+        alertmanager_url=f"http://127.0.0.1:{free_port()}",
+    )
+    checks = {c.name: c for c in run_checks(settings)}
+    assert (
+        checks["alertmanager"].fix == "systemctl start prometheus-alertmanager; check CORRAL_ALERTMANAGER_URL"
+    )
+
+
 def doctor(env: dict[str, str]) -> tuple[int, dict[str, dict[str, Any]]]:
     r = subprocess.run(
         [sys.executable, "-m", "corral.cli.main", "doctor", "-o", "json"],

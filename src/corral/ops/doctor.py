@@ -41,7 +41,13 @@ def run_checks(settings: Settings, cgroup_root: Path = CGROUP_ROOT) -> list[Chec
         lambda: check_gpus(settings),
         lambda: check_tls(settings),
         lambda: check_http("prometheus", settings.prometheus_url, "CORRAL_PROMETHEUS_URL"),
-        lambda: check_http("alertmanager", settings.alertmanager_url, "CORRAL_ALERTMANAGER_URL"),
+        # Debian's package (docs/deploy.md step 1) names its unit prometheus-alertmanager
+        lambda: check_http(
+            "alertmanager",
+            settings.alertmanager_url,
+            "CORRAL_ALERTMANAGER_URL",
+            unit="prometheus-alertmanager",
+        ),
         lambda: check_slurm(settings),
         lambda: check_storage(settings),
     ]
@@ -251,8 +257,11 @@ def check_tls(settings: Settings) -> Check:
     return Check("tls", "ok", f"uvicorn serves TLS with {settings.ssl_certfile}")
 
 
-def check_http(name: str, url: str | None, variable: str) -> Check:
+def check_http(name: str, url: str | None, variable: str, unit: str | None = None) -> Check:
+    """`<url>/-/ready` of Prometheus or Alertmanager; a fix names the systemd `unit` (default: name)."""
     import httpx
+
+    unit = unit or name
 
     if not url:
         return Check(name, "skip", f"not configured ({variable})")
@@ -260,9 +269,9 @@ def check_http(name: str, url: str | None, variable: str) -> Check:
     try:
         r = httpx.get(probe, timeout=5.0)
     except httpx.HTTPError as exc:
-        return Check(name, "fail", f"{probe} unreachable: {exc}", f"systemctl start {name}; check {variable}")
+        return Check(name, "fail", f"{probe} unreachable: {exc}", f"systemctl start {unit}; check {variable}")
     if r.status_code != 200:
-        return Check(name, "fail", f"{probe} answered {r.status_code}", f"journalctl -u {name}")
+        return Check(name, "fail", f"{probe} answered {r.status_code}", f"journalctl -u {unit}")
     return Check(name, "ok", f"{probe} ready")
 
 
