@@ -162,6 +162,23 @@ def test_a_database_url_that_cannot_be_used_is_one_line(
     assert stopped.value.code == 1
 
 
+def test_a_bad_monitor_config_refuses_start_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`corral up` with a monitor.yml it cannot use ended in a MonitorConfigError traceback; the
+    refusal is one line naming the file, line and field (docs/metrics.md), exit 1."""
+    from corral.server.run import _prepare_home_and_database
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (home / "monitor.yml").write_text("retry:\n  max_attempts: 0\n")
+    with pytest.raises(SystemExit) as stopped:
+        _prepare_home_and_database(Settings(home=home, database_url=f"sqlite:///{home}/c.db"))
+    assert stopped.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {home}/monitor.yml:2: retry.max_attempts: ") and err.count("\n") == 1, err
+
+
 def test_doctor_names_the_alertmanager_unit_debian_installs(tmp_path: Path) -> None:
     """An Alertmanager that did not answer got the fix `systemctl start alertmanager`, a unit
     Debian's prometheus-alertmanager (docs/deploy.md step 1) does not have."""

@@ -272,17 +272,17 @@ def _prepare_home_and_database(settings: Settings) -> tuple[DatabaseEngine, sess
         make_engine,
         make_session_factory,
     )
-    from corral.monitor.config import config_path, load_monitor_config
+    from corral.monitor.config import MonitorConfigError, config_path, load_monitor_config
     from corral.ops.files import secure_home, secure_sqlite_file
 
     secure_home(settings.home)  # 0700: it holds the admin token and (SQLite) the database
     try:
         check_database(settings.db_url)
-    except DatabaseUnavailable as exc:
+        secure_sqlite_file(settings.db_url)
+        load_monitor_config(config_path(settings))
+    except (DatabaseUnavailable, MonitorConfigError) as exc:  # one line, naming the URL or file:line
         print(f"error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
-    secure_sqlite_file(settings.db_url)
-    load_monitor_config(config_path(settings))
     _secrets_key_or_exit(settings)
     init_db(settings.db_url)
     db_engine = make_engine(settings.db_url)
