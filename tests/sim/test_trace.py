@@ -127,3 +127,15 @@ def test_a_header_with_a_byte_order_mark_or_a_column_twice(tmp_path: Path) -> No
     twice.write_text("submit_time,duration,num_gpus,group,num_gpus\n0,10,1,g,2\n")
     with pytest.raises(TraceError, match=r"twice.csv: line 1: column\(s\) num_gpus appear more than once"):
         load_generic_csv(twice)
+
+
+def test_a_column_the_format_does_not_have_is_named_in_the_notes(tmp_path: Path) -> None:
+    """A misspelt optional column (`gpu_modle`) was dropped without a word: the jobs replayed with no
+    GPU-model constraint. It is named in the trace's notes (printed with the run); sim-export's
+    observed columns are known, and a trace of the format's own columns has no such note."""
+    path = tmp_path / "t.csv"
+    path.write_text("submit_time,duration,num_gpus,group,gpu_modle,wait_s\n0,10,1,g,A100,3\n")
+    (note,) = load_generic_csv(path).notes
+    assert note.startswith("column(s) not read: gpu_modle (the format's optional columns: job_id,"), note
+    path.write_text("submit_time,duration,num_gpus,group,gpu_model\n0,10,1,g,A100\n")
+    assert load_generic_csv(path).notes == ()

@@ -41,6 +41,8 @@ OPTIONAL_COLUMNS = (
     "name",
     "max_runtime_s",
 )
+# What GET /admin/sim-export observed besides the format's columns: known, not read by the replay.
+OBSERVED_COLUMNS = ("wait_s", "first_wait_s", "attempts", "state", "censored")
 SHIPPED_TRACES = ("philly", "openb", "openb-gpuspec33")
 PHILLY_GPUS_PER_NODE = 8  # Philly servers had 8 GPUs; larger jobs ran as several 8-GPU instances
 
@@ -199,14 +201,20 @@ def load_generic_csv(path: str | Path) -> Trace:
         raise TraceError(f"{path}: no such trace file")
     jobs: list[TraceJob] = []
     line_of: dict[str, int] = {}  # job_id -> the line that first used it
+    header: list[str] = []
     with _open_text(path) as handle:
         for i, row in enumerate(_rows(handle, str(path), REQUIRED_COLUMNS)):
+            header = header or list(row.fields)
             job = _generic_job(row, i)
             first = line_of.setdefault(job.job_id, row.line)
             if first != row.line:
                 raise row.fail("job_id", f"{job.job_id!r} is already the job_id of line {first}")
             jobs.append(job)
-    return _finish(path.name, jobs, str(path))
+    known = REQUIRED_COLUMNS + OPTIONAL_COLUMNS + OBSERVED_COLUMNS
+    unread = [c for c in header if c not in known]  # a misspelt optional column was silently lost
+    optional = ", ".join(OPTIONAL_COLUMNS)
+    notes = (f"column(s) not read: {', '.join(unread)} (the format's optional columns: {optional})",)
+    return _finish(path.name, jobs, str(path), notes if unread else ())
 
 
 def trace_from_rows(name: str, rows: Iterable[Mapping[str, Any]]) -> Trace:
