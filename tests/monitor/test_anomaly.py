@@ -230,3 +230,20 @@ def test_gradual_faults_through_the_admin_chaos_endpoint(mon: Mon) -> None:
         GpuRef("node0001", 1, "GPU-virt-x", 81920), fault, fault["temperature_ramp_since"] + 20
     )
     assert later.temperature_c == 50 and later.ecc_aggregate_corrected == 20
+
+
+def test_chaos_with_a_home_that_does_not_exist_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`corral chaos gpu ecc NODE 0 --home /typo` made /typo, wrote a fault file there and said the
+    fault was injected: no server reads it. A --home that is not a folder is refused, nothing made."""
+    from typer.testing import CliRunner
+
+    from corral.cli.main import app
+
+    monkeypatch.chdir(tmp_path)  # a short path: Rich wraps the usage error at 80 columns
+    typo = Path("typo")
+    for args in (["gpu", "temp", "n1", "0", "--ramp", "1/s"], ["node", "down", "n1"]):
+        res = CliRunner().invoke(app, ["chaos", *args, "--home", str(typo)])
+        assert res.exit_code == 2 and "does not exist" in res.output, res.output
+        assert not typo.exists()

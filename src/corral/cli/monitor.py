@@ -37,7 +37,11 @@ Index = Annotated[int, typer.Argument(metavar="GPU", min=0, help="GPU index on t
 HomeOpt = Annotated[
     Path | None,
     typer.Option(
-        "--home", help="write the fault file of the server with this CORRAL_HOME instead of the API"
+        "--home",
+        help="write the fault file of the server with this CORRAL_HOME instead of the API",
+        # a typo'd home was created and written to, reported as injected, and read by no server
+        exists=True,
+        file_okay=False,
     ),
 ]
 
