@@ -179,6 +179,23 @@ def test_a_bad_monitor_config_refuses_start_in_one_line(
     assert err.startswith(f"error: {home}/monitor.yml:2: retry.max_attempts: ") and err.count("\n") == 1, err
 
 
+def test_an_unreadable_monitor_secret_file_refuses_start_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """CORRAL_MONITOR_WEBHOOK_TOKEN_FILE naming a missing file refuses start-up like any
+    CORRAL_<NAME>_FILE: one line naming the variable and file, not a SecretFileError traceback."""
+    from corral.server.run import _prepare_home_and_database
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    monkeypatch.setenv("CORRAL_MONITOR_WEBHOOK_TOKEN_FILE", str(tmp_path / "missing"))
+    with pytest.raises(SystemExit) as stopped:
+        _prepare_home_and_database(Settings(home=home, database_url=f"sqlite:///{home}/c.db"))
+    assert stopped.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: CORRAL_MONITOR_WEBHOOK_TOKEN_FILE=") and "cannot read it" in err, err
+
+
 def test_doctor_names_the_alertmanager_unit_debian_installs(tmp_path: Path) -> None:
     """An Alertmanager that did not answer got the fix `systemctl start alertmanager`, a unit
     Debian's prometheus-alertmanager (docs/deploy.md step 1) does not have."""

@@ -265,6 +265,7 @@ def _listen_or_exit(settings: Settings) -> socket.socket:
 def _prepare_home_and_database(settings: Settings) -> tuple[DatabaseEngine, sessionmaker[Session]]:
     """The home and its files secured, the configuration checked, the database migrated: a bad
     monitor.yml or secrets key refuses start-up (naming file and line) before any loop or job runs."""
+    from corral.config import SecretFileError
     from corral.db.session import (
         DatabaseUnavailable,
         check_database,
@@ -280,7 +281,7 @@ def _prepare_home_and_database(settings: Settings) -> tuple[DatabaseEngine, sess
         check_database(settings.db_url)
         secure_sqlite_file(settings.db_url)
         load_monitor_config(config_path(settings))
-    except (DatabaseUnavailable, MonitorConfigError) as exc:  # one line, naming the URL or file:line
+    except (DatabaseUnavailable, MonitorConfigError, SecretFileError) as exc:  # one line naming what
         print(f"error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     _secrets_key_or_exit(settings)
