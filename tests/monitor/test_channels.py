@@ -215,3 +215,25 @@ def test_old_delivered_notifications_are_pruned(mon: Mon, hook: WebhookServer) -
     assert len(notes(mon, "chat")) == 1
     deliver_due(mon.factory, config, now + KEEP_DONE_S + 10)
     assert notes(mon, "chat") == []
+
+
+def test_a_failing_webhook_does_not_show_its_url_path() -> None:
+    """A chat webhook's URL path is its credential, and a failed delivery's error, which
+    `GET /api/v1/alerts/channels` shows every logged-in member, held the whole URL."""
+    from corral.monitor.channels import ChannelError, send_webhook
+    from corral.monitor.config import WebhookChannel
+    from corral.monitor.models import Alert
+
+    port = free_port()  # nothing listens there
+    url = f"http://u:pw@127.0.0.1:{port}/services/T0/B0/s3cret?k=v"
+    channel = WebhookChannel(name="chat", type="webhook", url=url)
+    alert = Alert(
+        id=1, fingerprint="f", source="corral", name="CorralGpuLost", status="firing", severity="critical",
+        labels={"alertname": "CorralGpuLost"}, annotations={}, starts_at=0.0, ends_at=None,
+        first_received_at=0.0, last_received_at=0.0, receive_count=1, generator_url="",
+    )  # fmt: skip
+    with pytest.raises(ChannelError) as failed:
+        send_webhook(channel, alert, "firing")
+    error = str(failed.value)
+    assert error.startswith(f"POST http://127.0.0.1:{port}/...: "), error
+    assert "s3cret" not in error and ":pw@" not in error, error

@@ -68,14 +68,25 @@ def send_email(channel: EmailChannel, alert: Alert, status: str) -> None:
         raise ChannelError(f"SMTP {channel.smtp_host}:{channel.smtp_port}: {exc}") from exc
 
 
+def shown_url(url: str) -> str:
+    """A webhook channel's URL as errors show it (`corral alert channels`, which every member may
+    read, and the log): scheme, host and port. The path of a chat webhook is its credential
+    (https://hooks.slack.com/services/T000/B000/XXXX), and a user:password may precede the host."""
+    parsed = httpx.URL(url)
+    port = f":{parsed.port}" if parsed.port is not None else ""
+    return f"{parsed.scheme}://{parsed.host}{port}/..."
+
+
 def send_webhook(channel: WebhookChannel, alert: Alert, status: str) -> None:
     body = {"text": message_text(alert, status), "status": status, "alert": alert_to_dict(alert)}
     try:
         response = httpx.post(channel.url, json=body, headers=channel.headers, timeout=channel.timeout)
     except httpx.HTTPError as exc:
-        raise ChannelError(f"POST {channel.url}: {exc}") from exc
+        raise ChannelError(f"POST {shown_url(channel.url)}: {exc}") from exc
     if response.status_code >= 300:
-        raise ChannelError(f"POST {channel.url}: HTTP {response.status_code} {response.text[:200]}")
+        raise ChannelError(
+            f"POST {shown_url(channel.url)}: HTTP {response.status_code} {response.text[:200]}"
+        )
 
 
 def send(channel: EmailChannel | WebhookChannel, alert: Alert, status: str) -> None:
