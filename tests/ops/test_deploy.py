@@ -196,6 +196,28 @@ def test_an_unreadable_monitor_secret_file_refuses_start_in_one_line(
     assert err.startswith("error: CORRAL_MONITOR_WEBHOOK_TOKEN_FILE=") and "cannot read it" in err, err
 
 
+def test_a_certificate_that_cannot_be_loaded_refuses_start_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`corral up --ssl-certfile C --ssl-keyfile K` with a missing file printed the banner ("Corral
+    is up at https://..."), wrote the first admin token and started the loops, then uvicorn's load
+    ended it in a FileNotFoundError traceback. The pair is loaded first: one line, exit 1."""
+    from corral.server.run import _tls_or_exit
+
+    home = tmp_path / "home"
+    missing = Settings(home=home, ssl_certfile=tmp_path / "cert.pem", ssl_keyfile=tmp_path / "key.pem")
+    with pytest.raises(SystemExit) as stopped:
+        _tls_or_exit(missing)
+    assert stopped.value.code == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert (
+        line.startswith(f"error: CORRAL_SSL_CERTFILE={tmp_path}/cert.pem, CORRAL_SSL_KEYFILE=")
+        and "No such file" in line
+    )
+    cert, key = self_signed_cert(tmp_path)
+    _tls_or_exit(Settings(home=home, ssl_certfile=cert, ssl_keyfile=key))  # a good pair passes
+
+
 def test_doctor_names_the_alertmanager_unit_debian_installs(tmp_path: Path) -> None:
     """An Alertmanager that did not answer got the fix `systemctl start alertmanager`, a unit
     Debian's prometheus-alertmanager (docs/deploy.md step 1) does not have."""

@@ -162,6 +162,22 @@ def prepare_storage(settings: Settings) -> None:
     ensure_layout(settings.storage_path)
 
 
+def _tls_or_exit(settings: Settings) -> None:
+    """Load the certificate and key uvicorn will serve now: a missing or bad file refuses start-up in
+    one line, before anything is written (uvicorn's own load came after the banner, the first
+    admin token and the loops' start, as a traceback)."""
+    if settings.ssl_certfile is None or settings.ssl_keyfile is None:
+        return
+    import ssl
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(settings.ssl_certfile, settings.ssl_keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        files = f"CORRAL_SSL_CERTFILE={settings.ssl_certfile}, CORRAL_SSL_KEYFILE={settings.ssl_keyfile}"
+        print(f"error: {files}: cannot load them: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
 def _secrets_key_or_exit(settings: Settings) -> None:
     """The job secrets' key (corral.services.secrets): generated into the home at first start
     when none is configured; a bad one refuses start-up, naming the setting or file."""
@@ -182,6 +198,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
         from corral.server.demo import demo_settings
 
         settings = demo_settings(settings)
+    _tls_or_exit(settings)
     listen_socket = _listen_or_exit(settings)
     db_engine, session_factory = _prepare_home_and_database(settings)
     url = local_url(settings)
