@@ -76,7 +76,7 @@ class Settings(FileVariablesSettings):
     home: Path = Field(default_factory=default_home)
     database_url: str | None = None  # default: sqlite under home
     host: str = "127.0.0.1"
-    port: int = 8080
+    port: int = Field(default=8080, ge=0, le=65535)  # `--port 99999` was bind()'s OverflowError
     # The SSH gateway into job and workspace sandboxes (corral.gateway; docs/workspaces.md): its
     # TCP port on `host`, 0 = off. It runs inside the server process, on its own thread.
     ssh_gateway_port: int = Field(default=2222, ge=0, le=65535)

@@ -218,6 +218,30 @@ def test_a_certificate_that_cannot_be_loaded_refuses_start_before_anything_is_wr
     _tls_or_exit(Settings(home=home, ssl_certfile=cert, ssl_keyfile=key))  # a good pair passes
 
 
+def test_corral_up_refuses_bad_settings_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`corral up --ssl-certfile C` alone printed pydantic's three lines, with every input repeated
+    (a --database-url's password too); `--port 99999` ended in bind()'s OverflowError traceback."""
+    from typer.testing import CliRunner
+
+    from corral.cli.main import app
+
+    for var in [v for v in os.environ if v.startswith("CORRAL_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("CORRAL_HOME", str(tmp_path / "home"))
+    for args, says in (
+        (
+            ["--ssl-certfile", "c.pem", "--database-url", "postgresql://u:pw@db/c"],
+            "error: CORRAL_SSL_CERTFILE and ",
+        ),
+        (["--port", "99999"], "error: CORRAL_PORT: Input should be less than or equal to 65535"),
+    ):
+        res = CliRunner().invoke(app, ["up", *args])
+        assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
+        assert res.exit_code == 2, res.output
+        (line,) = res.output.strip().splitlines()
+        assert line.startswith(says) and ":pw@" not in line, line
+
+
 def test_doctor_names_the_alertmanager_unit_debian_installs(tmp_path: Path) -> None:
     """An Alertmanager that did not answer got the fix `systemctl start alertmanager`, a unit
     Debian's prometheus-alertmanager (docs/deploy.md step 1) does not have."""

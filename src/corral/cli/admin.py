@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from corral.cli.common import Output, OutputOpt, error_line
+from corral.cli.common import Output, OutputOpt, error_line, settings_error
 
 if TYPE_CHECKING:
     from corral.config import Settings
@@ -40,7 +40,7 @@ def _settings() -> Settings:
     try:
         return Settings()
     except ValueError as exc:
-        error_line(str(exc))
+        error_line(settings_error(exc))
         raise typer.Exit(2) from None
 
 

@@ -25,6 +25,7 @@ from corral.cli.common import (
     friendly_errors,
     out,
     print_json,
+    settings_error,
     when,
 )
 
@@ -74,7 +75,7 @@ def up(
     try:
         settings = Settings(**overrides)
     except ValueError as exc:  # pydantic's ValidationError: name the setting, no traceback
-        error_line(str(exc))
+        error_line(settings_error(exc))
         raise typer.Exit(2) from None
     from corral.server.run import serve  # lazy: the CLI must not import the server to run `ls`
 
