@@ -111,6 +111,47 @@ def test_attempt_that_exits_0_before_the_preemption_stop_succeeds_and_is_not_run
     assert fake.launch_calls == 1  # never launched a second time
 
 
+def job_reason(ctx: ServerContext, job_id: int) -> str | None:
+    with ctx.session_factory() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        return job.reason
+
+
+RECLAIM = "reclaimed by group nlp for job 9: this job ran on borrowed quota"
+
+
+def test_a_preempted_job_says_why_while_it_stops_and_once_back_in_the_queue(
+    env: tuple[ServerContext, FakeEngine],
+) -> None:
+    """`corral show` prints the job's reason: it said "preempted; back in the queue" and only the
+    events (which no CLI command prints) named the job or group it made room for."""
+    ctx, fake = env
+    job_id = running_job(ctx, fake)
+    with ctx.session_factory() as session:
+        assert apply_preemption(session, st.Preemption(str(job_id), 5.0, RECLAIM), time.time())
+    assert job_reason(ctx, job_id) == RECLAIM
+    reconcile_tick(ctx, time.time())  # sends the stop
+    fake.finish(f"{job_id}.1", 143)
+    reconcile_tick(ctx, time.time())
+    assert job_state(ctx, job_id) == "queued"
+    assert job_reason(ctx, job_id) == f"{RECLAIM}; back in the queue"
+
+
+def test_a_preempted_job_whose_work_ended_before_the_stop_does_not_read_as_stopped(
+    env: tuple[ServerContext, FakeEngine],
+) -> None:
+    ctx, fake = env
+    job_id = running_job(ctx, fake)
+    with ctx.session_factory() as session:
+        assert apply_preemption(session, st.Preemption(str(job_id), 5.0, RECLAIM), time.time())
+    fake.finish(f"{job_id}.1", 0)
+    time.sleep(0.01)
+    reconcile_tick(ctx, time.time())
+    assert job_state(ctx, job_id) == "succeeded"
+    assert job_reason(ctx, job_id) == "its work ended (exit 0) before the preemption stopped it"
+
+
 def test_cancel_committed_while_the_schedule_cycle_applies_its_plan_stays_cancelled(
     env: tuple[ServerContext, FakeEngine],
 ) -> None:

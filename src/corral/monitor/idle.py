@@ -8,7 +8,8 @@ running job's GPUs stays below `below_percent` for `for`, its owner is warned (a
 - `stop`: sets `Job.cancel_requested` (with an event), the documented cancel contract that the
   reconcile loop turns into an engine stop and CANCELLED;
 - `requeue`: moves the job to PREEMPTED through `transition()`; the reconcile loop stops the
-  attempt and puts the job back in the queue ("preempted; back in the queue");
+  attempt and puts the job back in the queue (its reason: "GPUs still idle ...: requeued; back in
+  the queue");
 - `warn`: nothing more.
 Utilization recovering clears the watch and resolves the alert; so does the job leaving the watch
 for any reason (it ended or was requeued, released its GPUs, or no policy applies any more).

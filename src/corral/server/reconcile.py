@@ -40,6 +40,7 @@ from corral.services.lifecycle import (
     move_attempts,
     settle_attempt_end,
     succeeded_before_stop,
+    success_values,
     transition,
     transition_jobs,
 )
@@ -336,7 +337,9 @@ def record_successes(session: Session, succeeded: list[Change], now: float) -> i
     compare-and-set per state they were in, their attempts ended in one, their claims read in
     one SELECT (and deleted at the commit). A job changed meanwhile is left alone (the next tick
     reads it again); how many attempts ended."""
-    won = transition_jobs(session, [job for job, _, _ in succeeded], JobState.SUCCEEDED, now=now)
+    jobs = [job for job, _, _ in succeeded]
+    columns = {job.id: success_values(job) for job in jobs}
+    won = transition_jobs(session, jobs, JobState.SUCCEEDED, now=now, values=columns)
     ends = []
     for job, attempt, status in succeeded:
         if job.id not in won:

@@ -225,8 +225,8 @@ def transition(
     if target.terminal:
         columns["finished_at"] = now
         columns.update(_no_diagnosis(job))
-        if message:
-            columns["reason"] = message
+    if message and (target.terminal or target is JobState.PREEMPTED):
+        columns["reason"] = message  # why it is being preempted: the requeue repeats it
     keys = {"id": job.id}
     if not _compare_and_set(session, job, JOBS, keys, "state", current.value, columns, not_cancelled):
         return False
@@ -416,6 +416,14 @@ def succeeded_before_stop(attempt: Attempt, end: AttemptEnd) -> bool:
     return end.ending is Ending.SUCCEEDED and before_stop
 
 
+def success_values(job: Job) -> dict[str, object]:
+    """Rule 1's columns besides the state: a preempted job's reason is its preemption's (written
+    when it was preempted, for `corral show`); one whose work ended before the stop says so."""
+    if job.state == JobState.PREEMPTED.value:
+        return {"reason": "its work ended (exit 0) before the preemption stopped it"}
+    return {}
+
+
 def settle_attempt_end(
     session: Session,
     job: Job,
@@ -429,13 +437,15 @@ def settle_attempt_end(
     the state the attempt must end in (`end_attempt`); None: the job changed meanwhile, nothing
     was written and the next look at the attempt decides again."""
     if succeeded_before_stop(attempt, end):
-        done = transition(session, job, JobState.SUCCEEDED, now=now)
+        done = transition(session, job, JobState.SUCCEEDED, now=now, values=success_values(job))
         return AttemptState.SUCCEEDED if done else None
     if job.cancel_requested:
         done = transition(session, job, JobState.CANCELLED, now=now, message="cancelled by request")
         return AttemptState.CANCELLED if done else None
     if job.state == JobState.PREEMPTED.value:
-        message = "preempted; back in the queue"
+        # The preemption wrote why ("reclaimed by group nlp for job 14: ..."); say it again here,
+        # since it is the job's reason from now on (`corral show`) and the one line users read.
+        message = f"{job.reason or 'preempted'}; back in the queue"
         values = {"preemptions": job.preemptions + 1, "reason": message}
         done = transition(session, job, JobState.QUEUED, now=now, message=message, values=values)
         return AttemptState.PREEMPTED if done else None

@@ -348,9 +348,7 @@ def _drain(session: Session, run: _Run, node: str, gpu: str, job_id: str, now: f
         elif job.state in (JobState.STARTING.value, JobState.RUNNING.value):
             # Starting too: the reconcile loop stops a preempted job's attempt with its stop
             # grace and requeues the job when it ends (services.lifecycle).
-            preempted += transition(
-                session, job, JobState.PREEMPTED, now=now, message=f"{why}; back in the queue"
-            )
+            preempted += transition(session, job, JobState.PREEMPTED, now=now, message=why)
     return (
         f"{result}; {preempted} job(s) preempted with their stop grace, {requeued} not yet started requeued"
     )
