@@ -4,9 +4,11 @@ by id, through the SDK against a real uvicorn server."""
 from __future__ import annotations
 
 import json
+import time
 
 from typer.testing import CliRunner
 
+from corral.cli.common import when
 from corral.cli.main import app as cli
 from tests.api.conftest import ALICE_PASSWORD, World
 from tests.api.test_cli import run, server_url
@@ -85,6 +87,27 @@ def test_cli_token_ls_and_revoke(world: World, server_url: str) -> None:
     assert world.client.get(f"{API}/me", headers={"Authorization": f"Bearer {secret}"}).status_code == 401
     code, out = run(world, server_url, "alice", "token", "ls", "-o", "json")
     assert next(t for t in json.loads(out) if t["name"] == "laptop")["revoked_at"] is not None
+
+
+def test_cli_token_create_and_ls_say_when_a_token_expires(world: World, server_url: str) -> None:
+    """A token stops working at its expiry (90 days by default, --expires-in-days), but neither
+    `corral token create` nor `corral token ls` said when: a token about to lapse looked like any
+    other until a request failed with 401."""
+    code, out = run(world, server_url, "alice", "token", "create", "--name", "ci", "--expires-in-days", "0.5")
+    assert code == 0, out
+    (listed,) = [
+        t
+        for t in json.loads(run(world, server_url, "alice", "token", "ls", "-o", "json")[1])
+        if t["name"] == "ci"
+    ]
+    stamp = when(listed["expires_at"])
+    assert f"token {listed['id']} (ci) expires {stamp}" in out, out
+    code, out = run(world, server_url, "alice", "token", "ls")
+    assert "EXPIRES" in out and all(part in out for part in stamp.split()), out  # a narrow table wraps
+    run(world, server_url, "alice", "token", "create", "--name", "brief", "--expires-in-days", "0.00001")
+    time.sleep(1)  # 0.86 s
+    code, out = run(world, server_url, "alice", "token", "ls")
+    assert "expired" in out, out
 
 
 def test_cli_token_ls_of_another_user_for_an_admin(world: World, server_url: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import Annotated, Any
 
 import typer
@@ -13,6 +14,7 @@ from corral.cli.common import (
     OutputOpt,
     ago,
     client,
+    err,
     error_line,
     friendly_errors,
     out,
@@ -203,7 +205,11 @@ def token_create(
     """Create an API token; the secret is printed once."""
     with client() as c:
         token = c.create_token(name, user=user, expires_in_days=expires_in_days)
-    print_json(token) if output is Output.json else out.print(token["token"])
+    if output is Output.json:
+        print_json(token)
+        return
+    out.print(token["token"])  # alone on stdout, for scripts; the rest on stderr
+    err.print(f"token {token['id']} ({token['name']}) expires {expires(token['expires_at'])}")
 
 
 @token_app.command("ls")
@@ -220,7 +226,7 @@ def token_ls(
     if output is Output.json:
         print_json(tokens)
         return
-    table = Table("ID", "USER", "NAME", "PREFIX", "CREATED", "LAST USED", "REVOKED", box=None)
+    table = Table("ID", "USER", "NAME", "PREFIX", "CREATED", "LAST USED", "EXPIRES", "REVOKED", box=None)
     for t in tokens:
         table.add_row(
             str(t["id"]),
@@ -229,9 +235,17 @@ def token_ls(
             t["prefix"],
             when(t["created_at"]),
             ago(t["last_used_at"]),
+            expires(t["expires_at"]),
             "yes" if t["revoked_at"] else "",
         )
     out.print(table)
+
+
+def expires(at: float | None) -> str:
+    """When a token stops working: never (the bootstrap admin's), a time, or that it has."""
+    if at is None:
+        return "never"
+    return when(at) if at > time.time() else f"expired {when(at)}"
 
 
 @token_app.command("revoke")
