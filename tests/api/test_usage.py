@@ -114,6 +114,8 @@ def test_usage_api_refuses_bad_periods_and_groupings(world: World) -> None:
     assert r.status_code == 422 and "'user' or 'group'" in r.json()["detail"][0]["msg"]  # the schema's enum
     r = world.client.get(f"{API}/usage", params={"since": 200, "until": 100}, headers=world.as_("alice"))
     assert r.status_code == 422 and "must be before" in r.json()["detail"][0]["msg"]
+    # the times as dates, not the unix seconds the CLI made of '--since 2026-12-01'
+    assert "'since' (1970-01-01 00:03:20 UTC) must be before 'until' (1970-01-01 00:01:40 UTC)" in r.text
 
 
 def test_cli_usage_table_csv_and_json(world: World, server_url: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 
 from sqlalchemy import and_, or_, select
@@ -78,11 +79,16 @@ def placed_resources(placement: Iterable[InstancePlacement]) -> tuple[int, float
     return sum(len(p.gpu_indices) for p in placement), sum(p.cpus for p in placement)
 
 
+def _utc(ts: float) -> str:
+    """A time as people read it: `corral usage --since 2026-12-01` was told '(1796083200)'."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def check_period(since: float | None, until: float | None, now: float) -> tuple[float, float]:
     until = now if until is None else until
     since = until - DEFAULT_PERIOD_S if since is None else since
     if since >= until:
-        raise Invalid(f"'since' ({since:.0f}) must be before 'until' ({until:.0f})", ("query", "since"))
+        raise Invalid(f"'since' ({_utc(since)}) must be before 'until' ({_utc(until)})", ("query", "since"))
     return since, until
 
 
