@@ -1,4 +1,4 @@
-"""`corral rm` with an id given twice."""
+"""`corral rm` with an id given twice, and the errors it prints."""
 
 from __future__ import annotations
 
@@ -18,3 +18,13 @@ def test_rm_of_a_repeated_id_deletes_it_once_and_succeeds(
     job = finished_job(world, "alice", {}, settings.storage_path)
     code, out = run(world, server_url, "alice", "rm", str(job), str(job))
     assert code == 0 and out.count(f"job {job} deleted") == 1 and "error" not in out, out
+
+
+def test_rm_names_each_refused_job_once(world: World, server_url: str, settings: Any) -> None:
+    """The server's answers name the job already: "error: job 9999: no job with id 9999"."""
+    job = finished_job(world, "alice", {}, settings.storage_path)
+    code, out = run(world, server_url, "carol", "rm", "9999", str(job), "0")
+    assert code == 1, out
+    assert "error: no job with id 9999" in out, out
+    assert f"error: job {job}: job {job}" not in out and f"job {job}" in out, out
+    assert "error: job 0: " in out, out  # a refusal that does not name it keeps the prefix

@@ -5,6 +5,7 @@ Read commands and `submit` take `-o json` and then print exactly the JSON the AP
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
@@ -369,7 +370,9 @@ def rm(job_ids: Annotated[list[int], typer.Argument(metavar="JOB...", help="fini
                 if exc.status_code in (None, 401):  # unreachable server, bad credentials: stop at once
                     raise
                 failed += 1
-                error_line(f"job {job_id}: {exc.message}")
+                # "job 7: no job with id 7" said it twice: the id only where the answer lacks it
+                named = re.search(rf"\b{job_id}\b", exc.message)
+                error_line(exc.message if named else f"job {job_id}: {exc.message}")
     if failed:
         raise typer.Exit(1)
 
