@@ -37,7 +37,7 @@ def test_cli_sets_lists_and_removes_secrets(world: World, server_url: str, tmp_p
     )
     assert code == 0, out
     code, out = secret_cli(world, server_url, "alice", "set", "deploy", "-g", "vision", stdin="x")
-    assert code == 1 and "only group 'vision''s admins" in out
+    assert code == 1 and "only the admins of group 'vision' and Corral admins may change its secrets" in out
     code, out = secret_cli(world, server_url, "alice", "ls", "-o", "json")
     assert [(s["name"], s["scope"]) for s in json.loads(out)] == [("wandb", "user"), ("deploy", "group")]
     code, out = secret_cli(world, server_url, "alice", "ls")

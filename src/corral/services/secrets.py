@@ -178,7 +178,7 @@ def check_name(name: str) -> str:
 
 def _admin_of(principal: Principal, group_id: int, group: str) -> None:
     if not principal.is_group_admin(group_id):
-        raise Forbidden(f"only group {group!r}'s admins and Corral admins may change its secrets")
+        raise Forbidden(f"only the admins of group {group!r} and Corral admins may change its secrets")
 
 
 def _row(session: Session, name: str, user_id: int | None, group_id: int | None) -> JobSecret | None:

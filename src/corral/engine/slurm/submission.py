@@ -198,7 +198,7 @@ class Submission:
         account = self.user_map.account(corral_user)
         if os.geteuid() != 0:
             raise UnmappedUser(
-                f"cannot run Corral user {corral_user!r}'s job as Unix account {account.name!r}: the "
+                f"cannot run the job of Corral user {corral_user!r} as Unix account {account.name!r}: the "
                 "Slurm engine must run as root (sbatch --uid, and handing the job its own directory)"
             )
         if self._passable_lately("state"):
@@ -208,8 +208,8 @@ class Submission:
             self._found_passable("state")
         else:
             raise UnmappedUser(
-                f"cannot run Corral user {corral_user!r}'s job as {account.name!r}: its files live under "
-                f"{self.store.root} (CORRAL_SLURM_STATE_DIR), but {blocked} is not passable by other "
+                f"cannot run the job of Corral user {corral_user!r} as {account.name!r}: its files live "
+                f"under {self.store.root} (CORRAL_SLURM_STATE_DIR), but {blocked} is not passable by other "
                 "accounts (no o+x); put the state dir on shared storage outside CORRAL_HOME"
             )
         return account
