@@ -93,6 +93,8 @@ def submit(
             markup=True,
         )
     if wait and job["state"] != "succeeded":
+        if output is Output.table and job.get("reason"):
+            err.print(f"reason: {job['reason']}")  # as `corral show` says it: why it failed
         raise typer.Exit(1)
 
 
