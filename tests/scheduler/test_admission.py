@@ -167,6 +167,29 @@ def test_high_priority_preempts_low_priority_of_own_group_only() -> None:
     assert [p.job_id for p in plan.preemptions] == ["low"]
 
 
+@pytest.mark.parametrize("free", [0, 2])
+def test_a_job_its_quota_holds_displaces_lower_priority_work_of_its_group_free_gpus_or_not(free: int) -> None:
+    """Held by its group's quota (not preemptible, so no borrowing) behind two low-priority jobs
+    of its group: on a full node it stopped one of them, but with 2 GPUs free it looked for no
+    victim and waited (quota_exhausted) until they ended, free GPUs making it wait longer."""
+    groups = [group("g", guaranteed={ANY_MODEL: 2})]
+    lows = [job(f"low{i}", priority=Priority.LOW, user="d") for i in range(2)]
+    run = [running(j, "n", (i,)) for i, j in enumerate(lows)]
+    hi = job("hi", preemptible=False, user="f")
+    plan = plan_for(snap([gpu_node("n", gpus=2 + free)], [hi], groups, run), DEFAULT, now=100.0)
+    assert [p.job_id for p in plan.preemptions] == ["low0"]  # one is enough (same start: by id)
+    assert plan.diagnoses["hi"].reasons[0].code == "waiting_for_preemption"
+
+
+@pytest.mark.parametrize("free", [0, 1])
+def test_a_job_its_user_cap_holds_displaces_the_users_lower_priority_work_free_gpus_or_not(free: int) -> None:
+    groups = [group("g", user_max_gpus=1)]
+    run = [running(job("low", priority=Priority.LOW, user="d"), "n", (0,))]
+    s = snap([gpu_node("n", gpus=1 + free)], [job("hi", priority=Priority.HIGH, user="d")], groups, run)
+    plan = plan_for(s, DEFAULT, now=100.0)
+    assert [p.job_id for p in plan.preemptions] == ["low"]
+
+
 def test_no_preemption_without_reason() -> None:
     groups = [group("a", guaranteed={ANY_MODEL: 1}), group("b", guaranteed={ANY_MODEL: 1})]
     run = [running(job("b0", group="b"), "n", (0,)), running(job("a0", group="a"), "n", (1,))]

@@ -262,10 +262,11 @@ class Cycle:
                         self.short(job, info)
                     elif self.replay and self.same_admission(job):
                         self.known.record_deferred(job, info)
-                elif job.id in self.verdicts.why and self.too_small(info):
+                elif job.id in self.verdicts.why:
                     # held: it may still stop work whose end would admit it (lower-priority work
                     # of its group or user: the preemptor checks quota and cap with its victims
-                    # gone), as a job that is short of GPUs may
+                    # gone), as a job that is short of GPUs may; on free GPUs too, since what
+                    # holds it is the quota or cap, which free GPUs do not lift
                     self.no_fit_once(job, info, reserve=False)
                 return
         if info.total > 0:
