@@ -152,6 +152,23 @@ def test_a_preempted_job_whose_work_ended_before_the_stop_does_not_read_as_stopp
     assert job_reason(ctx, job_id) == "its work ended (exit 0) before the preemption stopped it"
 
 
+def test_a_running_job_cancelled_by_someone_else_says_who(env: tuple[ServerContext, FakeEngine]) -> None:
+    """A group admin (or an admin, an offboarding, a rule, an idle policy) cancelling a user's
+    running job left it 'reason: cancelled by request' in `corral show`; who asked was only in
+    the events."""
+    ctx, fake = env
+    job_id = running_job(ctx, fake)
+    admin = Principal(user_id=0, name="alice", is_admin=True, default_group_id=None)
+    with ctx.session_factory() as session:
+        cancel_job(session, admin, job_id)
+    assert job_reason(ctx, job_id) == "cancel requested by alice"
+    reconcile_tick(ctx, time.time())  # sends the stop
+    fake.finish(f"{job_id}.1", 143)
+    reconcile_tick(ctx, time.time())
+    assert job_state(ctx, job_id) == "cancelled"
+    assert job_reason(ctx, job_id) == "cancel requested by alice"
+
+
 def test_cancel_committed_while_the_schedule_cycle_applies_its_plan_stays_cancelled(
     env: tuple[ServerContext, FakeEngine],
 ) -> None:

@@ -44,7 +44,7 @@ from corral.monitor.gpu import sampled_by_server
 from corral.monitor.health import HealthPass, job_event
 from corral.monitor.models import GpuReading, IdleGpuWatch
 from corral.services import workspaces
-from corral.services.lifecycle import InvalidTransition, JobState, transition
+from corral.services.lifecycle import InvalidTransition, JobState, request_cancel, transition
 from corral.spec import JobSpecV1
 
 log = logging.getLogger(__name__)
@@ -202,9 +202,7 @@ def _advance(
     # a stop's ends as workspaces.IDLE_STOP_EVENT_END, which `corral ws ls/show` look for
     message = f"GPUs still idle ({util:.1f}%) {policy.grace:.0f} s after the warning: {_verb(policy.action)}"
     if policy.action == "stop":
-        job.cancel_requested = True
-        job.updated_at = now
-        job_event(session, job.id, now, message, kind="idle_gpu")
+        request_cancel(session, job, now=now, why=message, kind="idle_gpu")
         if job.spec.kind == "workspace":  # its files stay; `corral ws start` brings it back
             workspaces.record_reclaimed(session, job.id, job.spec.total_gpus * idle_for / 3600.0)
         return "stopped"

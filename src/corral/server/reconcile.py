@@ -36,6 +36,7 @@ from corral.services.lifecycle import (
     JobState,
     Loss,
     RetryRule,
+    cancelled_message,
     move_attempt,
     move_attempts,
     settle_attempt_end,
@@ -182,7 +183,7 @@ def cancel_queued(session: Session, job_ids: list[int], now: float) -> None:
     for job in jobs:
         if job.state == JobState.PREEMPTED.value and live_attempts(session, [job.id]):
             continue
-        transition(session, job, JobState.CANCELLED, now=now, message="cancelled by request")
+        transition(session, job, JobState.CANCELLED, now=now, message=cancelled_message(job))
     session.commit()
 
 

@@ -50,7 +50,7 @@ from corral.services import audit, notify
 from corral.services.audit_state import job_state
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound, ServiceError
-from corral.services.lifecycle import AttemptState, JobState, record_event, transition
+from corral.services.lifecycle import AttemptState, JobState, record_event, request_cancel, transition
 from corral.services.nodes import scheduler_node
 from corral.services.quota import check_quota
 from corral.services.secrets import check_job_secrets
@@ -618,10 +618,7 @@ def cancel_job(session: Session, principal: Principal, job_id: int, *, now: floa
     if state.terminal:
         raise Conflict(f"job {job_id} has already ended ({state.value}); there is nothing to cancel")
     if not job.cancel_requested:
-        job.cancel_requested = True
-        job.updated_at = now
-        message = f"cancel requested by {principal.name}"
-        record_event(session, job.id, now, message, kind="cancel_requested", from_state=state.value)
+        request_cancel(session, job, now=now, why=f"cancel requested by {principal.name}")
     notify.changed(session, notify.Topic.CANCEL)
     _audit_cancel(session, principal, job, before)
     session.commit()

@@ -440,7 +440,7 @@ def settle_attempt_end(
         done = transition(session, job, JobState.SUCCEEDED, now=now, values=success_values(job))
         return AttemptState.SUCCEEDED if done else None
     if job.cancel_requested:
-        done = transition(session, job, JobState.CANCELLED, now=now, message="cancelled by request")
+        done = transition(session, job, JobState.CANCELLED, now=now, message=cancelled_message(job))
         return AttemptState.CANCELLED if done else None
     if job.state == JobState.PREEMPTED.value:
         # The preemption wrote why ("reclaimed by group nlp for job 14: ..."); say it again here,
@@ -655,6 +655,23 @@ def move_attempts(
 # -- events --------------------------------------------------------------------------------------
 
 INSERT_EVENT = insert(table_of(JobEvent))
+
+
+def request_cancel(
+    session: Session, job: Job, *, now: float, why: str, kind: str = "cancel_requested"
+) -> None:
+    """Ask the control loops to stop an active `job` (`cancel_requested`; they settle it CANCELLED):
+    `why` ("cancel requested by alice", "stopped by rule ...") is its event and its reason from
+    now on, which the CANCELLED end repeats, so `corral show` says who or what stopped it."""
+    job.cancel_requested = True
+    job.updated_at = now
+    job.reason = why
+    record_event(session, job.id, now, why, kind=kind, from_state=job.state)
+
+
+def cancelled_message(job: Job) -> str:
+    """The CANCELLED end of a job whose cancel was requested: the request's words."""
+    return job.reason if job.cancel_requested and job.reason else "cancelled by request"
 
 
 def record_event(

@@ -41,6 +41,7 @@ from corral.services.lifecycle import (
     move_attempt,
     move_gpu,
     record_event,
+    request_cancel,
     transition,
 )
 from corral.services.remediation_rules import DEFAULT_RULES, REMOVING, Action, Rule, RuleSet, parse_rules
@@ -474,10 +475,12 @@ def _stop_job(session: Session, run: _Run, node: str, gpu: str, job_id: str, now
         return f"job {job_id} already being stopped"
     if run.dry_run:
         return f"would stop job {job_id}"
-    job.cancel_requested = True
-    job.updated_at = now
-    record_event(
-        session, job.id, now, f"stopped by rule {run.rule.name}: {run.signal.summary}", kind="remediation"
+    request_cancel(
+        session,
+        job,
+        now=now,
+        why=f"stopped by rule {run.rule.name}: {run.signal.summary}",
+        kind="remediation",
     )
     return f"job {job_id} stopped"
 
