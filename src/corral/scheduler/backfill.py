@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from operator import itemgetter
 
+from corral.domain import span_text
 from corral.scheduler.admission import runtime_of
 from corral.scheduler.cluster import ClusterState
 from corral.scheduler.jobinfo import JobInfo
@@ -116,13 +117,14 @@ class Backfill:
                 first = first or r
         return models, first
 
-    @staticmethod
-    def reason(r: Reservation) -> Reason:
+    def reason(self, r: Reservation) -> Reason:
         if r.reason is None:  # one per reservation: many jobs wait behind the same one
+            # how long from now, as `corral why` says a start (it printed unix seconds: "at 1795988498")
             r.reason = Reason(
                 "backfill_would_delay",
                 "admission:backfill",
-                f"starting now would delay job {r.job_id}, reserved to start at {r.start:.0f}",
+                f"starting now would delay job {r.job_id}, reserved to start in "
+                f"~{span_text(r.start - self.now)}",
             )
         return r.reason
 
