@@ -28,7 +28,7 @@ from corral.cli.common import (
     when,
 )
 from corral.domain import span_text, start_text
-from corral.sdk import CorralError
+from corral.sdk import TERMINAL_STATES, CorralError
 
 
 def gpus_of(job: dict[str, Any]) -> int:
@@ -280,8 +280,15 @@ def why(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOpt
             }
         )
         return
+    if job["state"] == "preempted":  # stopping within its grace, then back in the queue
+        why = job.get("reason") or "preempted"
+        out.print(
+            f"job {job['id']} is being preempted ({why}): it goes back to the queue once it has stopped"
+        )
+        return
     if job["state"] not in ("queued", "scheduled", "starting"):
-        out.print(f"job {job['id']} is {job['state']}: it is not waiting")
+        state = f"has ended ({job['state']})" if job["state"] in TERMINAL_STATES else f"is {job['state']}"
+        out.print(f"job {job['id']} {state}: it is not waiting")  # not "job 3 is succeeded"
         return
     out.print(f"[bold]job {job['id']}[/bold] {job['name']} is {job['state']}", markup=True)
     if not job.get("diagnosis"):

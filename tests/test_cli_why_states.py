@@ -1,0 +1,41 @@
+"""`corral why` of a job that does not wait: one being preempted goes back to the queue (it said
+"job 7 is preempted: it is not waiting"), one that ended says so ("job 3 is succeeded"). The
+server is a mock transport answering GET /jobs/{id}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from corral.cli import jobs as cli_jobs
+from corral.cli.main import app
+from corral.sdk import Client
+
+REASON = "reclaimed by group nlp for job 14: this job ran on borrowed quota"
+
+
+@pytest.mark.parametrize(
+    ("state", "said"),
+    [
+        ("preempted", f"job 7 is being preempted ({REASON}): it goes back to the queue once it has stopped"),
+        ("succeeded", "job 7 has ended (succeeded): it is not waiting"),
+        ("running", "job 7 is running: it is not waiting"),
+    ],
+)
+def test_why_of_a_job_that_does_not_wait(monkeypatch: pytest.MonkeyPatch, state: str, said: str) -> None:
+    job = {"id": 7, "name": "low", "state": state, "reason": REASON, "diagnosis": None}
+
+    def client() -> Any:
+        return Client(
+            "http://corral.test",
+            "token",
+            transport=httpx.MockTransport(lambda r: httpx.Response(200, json=job)),
+        )
+
+    monkeypatch.setattr(cli_jobs, "client", client)
+    result = CliRunner().invoke(app, ["why", "7"])
+    assert result.exit_code == 0, result.output
+    assert said in " ".join(result.output.split()), result.output  # as one line: Rich wraps
