@@ -321,6 +321,16 @@ def test_cli_group_quotas_usage_warnings_and_clearing_limits(
     assert code == 0 and [u["max_bytes"] for u in json.loads(out) if u["name"] == "vision"] in ([], [None])
     code, out = run(world, server_url, "admin", "group", "quota", "vision")
     assert code == 2 and "give at least one quota option" in out
+    # ... nor behind the server's refusal of the rest (it was sent first, and stayed set)
+    args = ("group", "quota", "vision", "--storage", "5GiB", "--model", "A100", "--gpus", "2", "--max", "1")
+    code, out = run(world, server_url, "admin", *args)
+    assert code == 1 and "max (1) must not be less than guaranteed (2)" in out, out
+    code, out = run(world, server_url, "admin", "storage", "usage", "-o", "json")
+    assert code == 0 and [u["max_bytes"] for u in json.loads(out) if u["name"] == "vision"] in ([], [None])
+    code, out = run(world, server_url, "admin", "group", "quota", "vision", "--storage", "5GiB")
+    assert code == 0 and "group vision: storage quota set" in out, out
+    code, out = run(world, server_url, "admin", "storage", "usage", "-o", "json")
+    assert [u["max_bytes"] for u in json.loads(out) if u["name"] == "vision"] == [5 << 30]
 
 
 def test_cli_auth_lockouts_and_sessions(world: World, server_url: str) -> None:

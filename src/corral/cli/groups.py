@@ -186,17 +186,24 @@ def group_quota(
         guaranteed_mib = _limit(memory, "--memory", _memory)
         fields["memory_guaranteed_mib"] = guaranteed_mib if isinstance(guaranteed_mib, int) else 0
     max_value = _limit(max_gpus, "--max", _count)
-    if storage is not None or files is not None:  # storage quotas: corral.cli.data
-        limits = storage_limits(storage, files)
-        with client() as c:
-            c.set_storage_quota("group", name, **limits)
-        if gpus is None and isinstance(max_value, Keep) and not fields:
-            out.print(f"group {name}: storage quota set")
-            return
-    if gpus is None and isinstance(max_value, Keep) and not fields:
+    limits = None if storage is None and files is None else storage_limits(storage, files)  # corral.cli.data
+    quota = gpus is not None or not isinstance(max_value, Keep) or bool(fields)
+    if not quota and limits is None:
         raise typer.BadParameter("give at least one quota option (see --help)")
     with client() as c:
-        group = c.set_quota(name, gpu_model=model, guaranteed=gpus, max_gpus=max_value, **fields)
+        # The group's quotas first: the server checks them (a max below the guarantee, say), and a
+        # refusal must not leave the storage quota set behind it, which only a missing group
+        # refuses (caught by the first request already).
+        group = (
+            c.set_quota(name, gpu_model=model, guaranteed=gpus, max_gpus=max_value, **fields)
+            if quota
+            else None
+        )
+        if limits is not None:
+            c.set_storage_quota("group", name, **limits)
+    if group is None:
+        out.print(f"group {name}: storage quota set")
+        return
     if output is Output.json:
         print_json(group)
         return
