@@ -186,7 +186,8 @@ def test_adding_a_group_admin_again_keeps_their_role_unless_one_is_asked_for(
     assert r.status_code == 200 and r.json() == {"user": "bob", "role": "admin", "changed": False}, r.text
     r = world.client.post(f"{API}/groups/nlp/members", json={"user": "bob"}, headers=world.as_("admin"))
     assert r.status_code == 201 and r.json() == {"user": "bob", "role": "member", "changed": True}, r.text
-    # an explicit demotion stays possible, and says it changed something
+    # an explicit demotion stays possible (vision keeps an admin: alice), and says it changed something
+    assert run(world, server_url, "admin", "user", "add-to-group", "alice", "vision", "--admin")[0] == 0
     code, out = run(world, server_url, "admin", "user", "add-to-group", "bob", "vision", "--member")
     assert code == 0 and "bob is now member of vision" in out, out
     both = ("add-to-group", "bob", "vision", "--admin", "--member")
@@ -194,5 +195,20 @@ def test_adding_a_group_admin_again_keeps_their_role_unless_one_is_asked_for(
     assert code == 2 and "not both" in out, out
     role_set = {"action": "group.member.role.set"}
     r = world.client.get(f"{API}/audit", params=role_set, headers=world.as_("admin"))
-    roles = [(e["before"]["role"], e["after"]["role"]) for e in reversed(r.json()["items"])]
+    bobs = [e for e in reversed(r.json()["items"]) if e["after"]["member"] == "bob"]
+    roles = [(e["before"]["role"], e["after"]["role"]) for e in bobs]
     assert roles == [("admin", "admin"), ("admin", "admin"), ("admin", "member")], roles
+
+
+def test_the_last_admin_of_a_group_is_not_demoted_either(world: World, server_url: str) -> None:
+    """Removing a group's last admin is refused (409), but `corral user add-to-group bob vision`
+    (role member; now `--member`) turned vision's only admin into a member, leaving the group with none."""
+    code, out = run(world, server_url, "bob", "user", "add-to-group", "bob", "vision", "--member")
+    assert code == 1 and "'bob' cannot stop being an admin of group 'vision': they are its last admin" in out
+    code, out = run(world, server_url, "admin", "user", "ls", "-o", "json")
+    bob = next(u for u in json.loads(out) if u["name"] == "bob")
+    assert {"name": "vision", "role": "admin"} in bob["groups"], bob
+    # with another admin, either may step down
+    assert run(world, server_url, "bob", "user", "add-to-group", "alice", "vision", "--admin")[0] == 0
+    code, out = run(world, server_url, "bob", "user", "add-to-group", "bob", "vision", "--member")
+    assert code == 0 and "bob is now member of vision" in out, out

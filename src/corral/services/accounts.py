@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from corral.db.base import lock_row
@@ -219,12 +219,24 @@ def add_member(session: Session, group: Group, user: User, role: str | None = "m
         membership = Membership(user_id=user.id, group_id=group.id, role=role or "member")
         session.add(membership)
     elif role is not None:
+        if membership.role == "admin" and role != "admin" and admin_count(session, group.id) <= 1:
+            # as its removal is (services.offboard): the group would be left without an admin
+            raise Conflict(
+                f"user {user.name!r} cannot stop being an admin of group {group.name!r}: they are its "
+                "last admin; make another member its admin first"
+            )
         membership.role = role
     if user.default_group_id is None:
         user.default_group_id = group.id
     session.flush()
     forget_principals(session)
     return membership
+
+
+def admin_count(session: Session, group_id: int) -> int:
+    """How many admins `group` has (its last one is neither removed nor demoted)."""
+    stmt = select(func.count()).where(Membership.group_id == group_id, Membership.role == "admin")
+    return int(session.scalar(stmt) or 0)
 
 
 def require_group_admin(principal: Principal, group: Group) -> None:

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from corral.db.base import lock_row
 from corral.db.models import Group, Job, Membership, User, WebSession
 from corral.db.workspace_models import Workspace
+from corral.services.accounts import admin_count
 from corral.services.auth import Principal, forget_principals
 from corral.services.errors import Conflict, NotFound
 from corral.services.jobs import cancel_job
@@ -79,7 +80,7 @@ def remove_member(
     # then finds no membership, or the check waits for the submission's job (submit_guard).
     _lock_user(session, user)
     membership = _membership(session, group, user)
-    if membership.role == "admin" and _group_admins(session, group.id) <= 1:
+    if membership.role == "admin" and admin_count(session, group.id) <= 1:
         raise Conflict(f"{what}: they are its last admin; make another member its admin first")
     if _settle_jobs(session, principal, live_jobs(session, user.id, group.id), what, cancel_jobs):
         # Locked again: the cancels committed, and a job submitted meanwhile must refuse the removal.
@@ -105,11 +106,6 @@ def _membership(session: Session, group: Group, user: User) -> Membership:
     if membership is None:
         raise NotFound(f"user {user.name!r} is not a member of group {group.name!r}")
     return membership
-
-
-def _group_admins(session: Session, group_id: int) -> int:
-    stmt = select(func.count()).where(Membership.group_id == group_id, Membership.role == "admin")
-    return int(session.scalar(stmt) or 0)
 
 
 def set_active(
