@@ -137,6 +137,7 @@ def test_cli_remove_from_group_and_deactivate(world: World, server_url: str) -> 
     job = r.json()["id"]
     code, out = run(world, server_url, "bob", "user", "remove-from-group", "alice", "vision")
     assert code == 1 and f"job {job}" in out and "--cancel-jobs" in out and "Traceback" not in out, out
+    assert f"vision': they have live jobs (job {job}); cancel them first" in out, out  # not "live jobs job 1"
     code, out = run(world, server_url, "bob", "user", "remove-from-group", "alice", "vision", "--cancel-jobs")
     assert code == 0 and "alice is no longer a member of vision" in out, out
     code, out = run(world, server_url, "admin", "user", "deactivate", "alice")

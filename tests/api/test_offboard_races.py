@@ -98,7 +98,7 @@ def test_a_change_during_a_submission_is_refused_naming_its_job(
     submitted, changed = _race(lambda: _submit(w), pause, _offboard(w, change))
     assert submitted.status_code == 201, submitted.text
     job = submitted.json()["id"]
-    assert changed.status_code == 409 and f"live jobs job {job}" in changed.json()["detail"], changed.text
+    assert changed.status_code == 409 and f"live jobs (job {job})" in changed.json()["detail"], changed.text
     assert _alice(w) == (True, True, [job])
 
 

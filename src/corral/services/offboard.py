@@ -61,7 +61,7 @@ def _settle_jobs(
         return False
     if not cancel:
         raise Conflict(
-            f"{what}: live jobs {_named(jobs)}; cancel them first, or ask to cancel them "
+            f"{what}: they have live jobs ({_named(jobs)}); cancel them first, or ask to cancel them "
             "(--cancel-jobs, cancel_jobs=true)"
         )
     for job_id, _ws in jobs:
