@@ -169,6 +169,23 @@ def test_a_running_job_cancelled_by_someone_else_says_who(env: tuple[ServerConte
     assert job_reason(ctx, job_id) == "cancel requested by alice"
 
 
+def test_a_job_being_cancelled_and_then_preempted_still_says_who_cancelled_it(
+    env: tuple[ServerContext, FakeEngine],
+) -> None:
+    ctx, fake = env
+    job_id = running_job(ctx, fake)
+    admin = Principal(user_id=0, name="alice", is_admin=True, default_group_id=None)
+    with ctx.session_factory() as session:
+        cancel_job(session, admin, job_id)
+    with ctx.session_factory() as session:  # a running job being cancelled is still a victim
+        assert apply_preemption(session, st.Preemption(str(job_id), 5.0, RECLAIM), time.time())
+    reconcile_tick(ctx, time.time())
+    fake.finish(f"{job_id}.1", 143)
+    reconcile_tick(ctx, time.time())
+    assert job_state(ctx, job_id) == "cancelled"
+    assert job_reason(ctx, job_id) == "cancel requested by alice"
+
+
 def test_cancel_committed_while_the_schedule_cycle_applies_its_plan_stays_cancelled(
     env: tuple[ServerContext, FakeEngine],
 ) -> None:

@@ -225,8 +225,10 @@ def transition(
     if target.terminal:
         columns["finished_at"] = now
         columns.update(_no_diagnosis(job))
-    if message and (target.terminal or target is JobState.PREEMPTED):
-        columns["reason"] = message  # why it is being preempted: the requeue repeats it
+    if message and (target.terminal or (target is JobState.PREEMPTED and not job.cancel_requested)):
+        # why it is being preempted: the requeue repeats it (not over a cancel's words, which its
+        # CANCELLED end repeats: `cancelled_message`)
+        columns["reason"] = message
     keys = {"id": job.id}
     if not _compare_and_set(session, job, JOBS, keys, "state", current.value, columns, not_cancelled):
         return False
