@@ -62,6 +62,11 @@ def test_model_share_says_with_whom(world: World, server_url: str, settings: Any
     assert code == 0 and "model digits is shared with group vision" in out, out
     code, out = run(world, server_url, "alice", "model", "share", "digits", "public")
     assert code == 0 and "model digits is public" in out, out
+    # without a group the refusal says how to name one in the CLI, not only the API's field
+    code, out = run(world, server_url, "alice", "template", "publish", "t", "--from-job", "1")
+    assert code == 0, out
+    code, out = run(world, server_url, "alice", "template", "share", "t", "group")
+    assert code == 1 and "needs a group: name one with 'group' (`--group` in the CLI)" in out, out
 
 
 def test_model_compare_prints_a_dash_for_a_metric_one_version_lacks(

@@ -108,7 +108,10 @@ def check_sharing(visibility: str, group_id: int | None) -> None:
     if visibility not in VISIBILITIES:
         raise Invalid(f"visibility must be one of {', '.join(VISIBILITIES)}", ("body", "visibility"))
     if visibility == "group" and group_id is None:
-        raise Invalid("visibility 'group' needs a group: name one with 'group'", ("body", "group"))
+        raise Invalid(
+            "visibility 'group' needs a group: name one with 'group' (`--group` in the CLI)",
+            ("body", "group"),
+        )
 
 
 def share_entry(
