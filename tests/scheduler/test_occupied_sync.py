@@ -54,3 +54,29 @@ def test_kept_free_capacity_equals_a_fresh_build(rounds: list[list[tuple]], data
         for field in ("ranks", "lenders"):  # counters: a key counted down to 0 may stay
             got, want = getattr(totals, field), getattr(want_totals, field)
             assert {k: v for k, v in got.items() if v} == {k: v for k, v in want.items() if v}
+
+
+def test_the_same_running_tuple_again_is_answered_without_a_difference() -> None:
+    """A caller that hands the very same tuple again (the simulator, when nothing started, ended or
+    stopped since) gets the kept answer; another tuple, or a list changed in place under the same
+    identity, is brought up to date by the difference. Every answer equals a fresh build."""
+    memo = ClusterMemo()
+    a = tuple(running(job(f"r{i}", gpus=1), NODES[i].name, (i,), start=0.0) for i in range(3))
+    b = a[1:]
+    for current in (a, a, b, a, a):
+        kept = ClusterState(NODES, memo)
+        held, _ = kept.occupy_running(current)
+        fresh = ClusterState(NODES, ClusterMemo())
+        assert held == fresh.occupy_running(current)[0]
+        assert state_of(kept) == state_of(fresh)
+    (occ,) = memo.occupied
+    assert occ.last is a  # kept for the next call: the short cut (no difference) is taken then
+    assert occ.sync(a) == held and occ.sync(a) is not occ.last_held  # a copy: callers may keep it
+    changing = list(a)
+    occ.sync(changing)
+    changing.pop()  # the same list, one job fewer: never taken for the kept answer
+    kept = ClusterState(NODES, memo)
+    held, _ = kept.occupy_running(changing)
+    fresh = ClusterState(NODES, ClusterMemo())
+    assert held == fresh.occupy_running(changing)[0]
+    assert state_of(kept) == state_of(fresh)

@@ -69,3 +69,24 @@ def test_index_equals_the_queue_sorted_afresh(rounds: list[list[tuple]], data: s
         }
         assert index.per_user_sized() == in_size_order
         assert index.sizes == {j.id: size_of(j) for j in want}
+
+
+def test_the_same_queued_tuple_again_skips_the_difference_but_not_the_running_check() -> None:
+    """The very same queued tuple again (the simulator's, when no job joined or left) is answered
+    from the index as it is; with another running tuple the check that no waiting job also runs
+    is still made; a list changed in place under the same identity is diffed afresh."""
+    index = QueueIndex(partial(size_class, default_runtime_s=3600.0))
+    queued = tuple(make((i, "g", "u", Priority.NORMAL, n, n % 3)) for n, i in enumerate("abc"))
+    want = waiting_jobs(snap([], queued))
+    assert index.sync(queued, ()) == want
+    assert index.last_queued is queued  # kept: the next call with it takes the short cut
+    version = index.version
+    assert index.sync(queued, ()) == want
+    also_running = (running(job("b"), "n", (0,)),)
+    assert index.sync(queued, also_running) is None  # "b" waits and runs: sorted afresh
+    assert index.sync(queued, (running(job("z"), "n", (0,)),)) == want
+    assert index.version == version  # the queue did not change
+    changing = list(queued)
+    assert index.sync(changing, ()) == want
+    changing.pop()  # the same list, one job fewer
+    assert index.sync(changing, ()) == waiting_jobs(snap([], tuple(changing)))

@@ -445,25 +445,23 @@ def _place_along_last_run(
     _, need, models, runtime = waiting[index - 1]
     count = len(waiting)
     i, j = line.taken
+    stretch = line.free[i:j]  # a view: every step below reads and holds through it (one slice)
     while True:
-        free = line.free
-        most = int(_min(free[i:j])) // need
+        most = int(_min(stretch)) // need
         same = index
         while same < count and same - index < most and _alike(waiting[same], need, models, runtime):
             out[waiting[same][0]] = at
             same += 1
         if same > index:
-            free[i:j] -= (same - index) * need
+            stretch -= (same - index) * need
         index = same
         if index >= count or not _alike(waiting[index], need, models, runtime):
             return index, at
-        i += int((free[i:j] < need).nonzero()[0][-1]) + 1  # the stretch is full: past its last short
+        i += int((stretch < need).nonzero()[0][-1]) + 1  # the stretch is full: past its last short
         at = float(line.times[i])  # (i <= j: a breakpoint, the stretch's end at the latest)
-        j = line.split(at + hold)
-        line.free[i:j] -= need
-        line.taken = (i, j)
-        out[waiting[index][0]] = at
-        index += 1
+        j = line.split(at + hold)  # (may move the arrays: the view is taken after it)
+        stretch = line.free[i:j]  # room for the next job at least: the loop places it with the
+        line.taken = (i, j)  # others that fit there, in one hold
 
 
 def _alike(w: Waiting, need: int, models: tuple[str, ...], runtime: float | None) -> bool:

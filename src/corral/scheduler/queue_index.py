@@ -70,6 +70,11 @@ class QueueIndex:
     def __init__(self, size_of: Callable[[Job], int] | None = None) -> None:
         self.size_of = size_of
         self.version = 0  # bumped by every sync that changed the queue: lists read later check it
+        # The tuples the last sync that gave a list was handed: the very same queued tuple again
+        # (the simulator's, when no job joined or left the queue since) needs no difference, and
+        # the same running tuple no check against the running ids either.
+        self.last_queued: tuple[Job, ...] | None = None
+        self.last_running: tuple[RunningJob, ...] | None = None
         self._clear()
 
     def _clear(self) -> None:
@@ -88,6 +93,13 @@ class QueueIndex:
     def sync(self, queued: Sequence[Job], running: Sequence[RunningJob]) -> list[Job] | None:
         """The waiting jobs in (group, priority desc, submit time, id) order, equal to
         `core.waiting_jobs` (None when the caller must work it out afresh)."""
+        if queued is self.last_queued:  # unchanged since a sync that gave a list
+            if running is not self.last_running:
+                if not self.ids.keys().isdisjoint(map(_running_id, running)):
+                    return None
+                self._seen(queued, running)
+            return list(self.all.jobs)
+        self.last_queued = self.last_running = None
         # A set of ids, not an id -> job dict: the few new jobs are picked out of `queued` at C
         # speed (as Occupied.sync does); the dict only for a rebuild.
         keys = list(map(id, queued))
@@ -113,7 +125,13 @@ class QueueIndex:
             self.sizes_stale = False
         if not self.ids.keys().isdisjoint(map(_running_id, running)):  # at C speed
             return None
+        self._seen(queued, running)
         return list(self.all.jobs)
+
+    def _seen(self, queued: Sequence[Job], running: Sequence[RunningJob]) -> None:
+        """Keep the tuples a sync gave a list for (lists could change under the same identity)."""
+        self.last_queued = queued if isinstance(queued, tuple) else None
+        self.last_running = running if isinstance(running, tuple) else None
 
     def per_user(self) -> dict[str, dict[str, list[Job]]]:
         """Waiting jobs per group and user, each list in (priority desc, submit time, id) order

@@ -210,6 +210,11 @@ class Simulator:
         # waiting GPU jobs per (first task's GPU models, GPUs): what the fragmentation samples read
         self.queued_shapes: dict[tuple[frozenset[str] | None, int], int] = {}
         self.running: dict[str, RunningJob] = {}
+        # `queued` and `running` as the tuples the last snapshot handed over, while neither changed:
+        # the same tuple again lets the scheduler skip its difference over every job (its memos
+        # compare by identity); None once a job joined, left, started, ended or was asked to stop
+        self._queued_tuple: tuple[Job, ...] | None = None
+        self._running_tuple: tuple[RunningJob, ...] | None = None
         self.events: list[tuple[float, int, int, str]] = []
         self._seq = 0
         self.usage: dict[str, float] = {g.name: 0.0 for g in self.groups}
@@ -350,11 +355,16 @@ class Simulator:
 
     def snapshot(self) -> Snapshot:
         """The simulator's state as the Snapshot the live loop would hand to schedule()."""
+        queued, running = self._queued_tuple, self._running_tuple
+        if queued is None:
+            queued = self._queued_tuple = tuple(self.queued.values())
+        if running is None:
+            running = self._running_tuple = tuple(self.running.values())
         return Snapshot(
             nodes=self.nodes,
             groups=self.groups,
-            queued=tuple(self.queued.values()),
-            running=tuple(self.running.values()),
+            queued=queued,
+            running=running,
             usage=Usage(by_group=dict(self.usage), by_user=dict(self.user_usage)),
         )
 
@@ -380,6 +390,7 @@ class Simulator:
         sj.queued_at = now
         self.queued_gpus[tj.group] += tj.num_gpus
         estimate, spread = self._estimate(sj)
+        self._queued_tuple = None
         job = self.queued[tj.job_id] = Job(
             id=tj.job_id,
             group=tj.group,
@@ -439,10 +450,12 @@ class Simulator:
             why = "borrowed quota" if borrowed else ""
             self.log.append(JobEvent(now, job.id, "start", _where(allocation), gpus, why))
         self.running[job.id] = RunningJob(job=job, allocation=allocation, start_time=now, borrowed=borrowed)
+        self._running_tuple = None
         self._push(now + sj.remaining, _Ev.COMPLETE, f"{job.id}\0{sj.attempt}")
 
     def _release(self, job_id: str) -> RunningJob:
         rj = self.running.pop(job_id)
+        self._running_tuple = None
         for inst in rj.allocation.instances:
             ni = self.node_index[inst.node]
             owners = self.gpu_owner[ni]
@@ -639,6 +652,7 @@ class _SimSink:
         sim = self.sim
         for a in assignments:
             job = sim.queued.pop(a.job_id, None)
+            sim._queued_tuple = None
             if job is None:
                 raise SimulationError(f"plan assigns {a.job_id}, which is not waiting")
             sim.queued_gpus[job.group] -= job.total_gpus
@@ -662,6 +676,7 @@ class _SimSink:
         stops_by = self.now + max(0.0, p.grace_s)  # the victim's own grace
         # Still running until its grace ends; the scheduler must not pick it as a victim again.
         sim.running[p.job_id] = replace(sim.running[p.job_id], stopping=True, stops_by=stops_by)
+        sim._running_tuple = None
         sim._push(stops_by, _Ev.STOP, f"{p.job_id}\0{sj.attempt}")
         return True
 
