@@ -48,7 +48,7 @@ def test_unchanged_queue_and_running_are_handed_over_as_the_same_tuples() -> Non
     # that started and ended in between)
     quiet = [
         (s, t)
-        for s, t, plan in zip(snaps, snaps[1:], recording.plans)
+        for s, t, plan in zip(snaps[:-1], snaps[1:], recording.plans[:-1], strict=True)
         if not plan.assignments and not plan.preemptions
     ]
     same_running = [(s, t) for s, t in quiet if s.running == t.running]

@@ -460,8 +460,10 @@ def _place_along_last_run(
         i += int((stretch < need).nonzero()[0][-1]) + 1  # the stretch is full: past its last short
         at = float(line.times[i])  # (i <= j: a breakpoint, the stretch's end at the latest)
         j = line.split(at + hold)  # (may move the arrays: the view is taken after it)
-        stretch = line.free[i:j]  # room for the next job at least: the loop places it with the
-        line.taken = (i, j)  # others that fit there, in one hold
+        # room for the next job at least: the loop's next turn places it there together with the
+        # others that fit (one subtraction for all of them)
+        stretch = line.free[i:j]
+        line.taken = (i, j)
 
 
 def _alike(w: Waiting, need: int, models: tuple[str, ...], runtime: float | None) -> bool:
