@@ -80,3 +80,17 @@ def test_the_same_running_tuple_again_is_answered_without_a_difference() -> None
     fresh = ClusterState(NODES, ClusterMemo())
     assert held == fresh.occupy_running(changing)[0]
     assert state_of(kept) == state_of(fresh)
+
+
+def test_a_list_in_between_is_not_answered_for_the_tuple_kept_before_it() -> None:
+    """The tuple kept for the short cut is forgotten once a sync is given anything else: a tuple,
+    then a list (not kept), then the first tuple again must be brought up to date by the
+    difference, not answered from what was kept for it while the state held the list's jobs."""
+    memo = ClusterMemo()
+    a = tuple(running(job(f"r{i}", gpus=1), NODES[i].name, (i,), start=0.0) for i in range(3))
+    for current in (a, list(a[1:]), a):
+        kept = ClusterState(NODES, memo)
+        held, _ = kept.occupy_running(current)
+        fresh = ClusterState(NODES, ClusterMemo())
+        assert held == fresh.occupy_running(current)[0]
+        assert state_of(kept) == state_of(fresh)

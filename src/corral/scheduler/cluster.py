@@ -246,6 +246,7 @@ class Occupied:
         """Make the running set exactly `running`; GPUs per model of each, or None if unusable."""
         if running is self.last and self.ok:
             return list(self.last_held)
+        self.last = None  # the state moves off the kept tuple's (a list is not kept: see below)
         # A set of ids, not an id -> job dict: the new jobs are picked out of `running` (at C
         # speed), so a cycle with a few changes among hundreds of running jobs builds one
         # container of them instead of two (about half the cost of this difference).
