@@ -129,6 +129,8 @@ def test_the_webhook_token_reads_from_a_file(tmp_path: Path, monkeypatch: pytest
     ("url", "says"),
     [
         ("foo", "database URL 'foo' is not a URL: use sqlite:////PATH or postgresql://"),
+        # its scheme forgotten: not parsed, and echoed as given but for its password
+        ("corral:pw@db/corral", "database URL 'corral:***@db/corral' is not a URL: use sqlite:"),
         (
             "mysql://corral:pw@db/corral",
             "database URL mysql://corral:***@db/corral: Corral runs on SQLite or PostgreSQL",

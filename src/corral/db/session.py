@@ -7,6 +7,7 @@ writers within one process take turns on a lock instead of polling (corral.db.sq
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,8 +49,10 @@ def check_database(url: str) -> None:
     try:
         parsed = make_url(normalize_url(url))
     except sa_exc.ArgumentError:
+        # as given, but for a password ("corral:pw@db/corral", its scheme forgotten): hidden too
+        unparsed = re.sub(r"(?<=:)[^:/@]*(?=@)", "***", url)
         raise DatabaseUnavailable(
-            f"database URL {url!r} is not a URL: use sqlite:////PATH or "
+            f"database URL {unparsed!r} is not a URL: use sqlite:////PATH or "
             "postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
         ) from None
     shown = make_url(url).render_as_string(hide_password=True)  # as given: postgresql://...
