@@ -28,9 +28,11 @@ from corral.services.lifecycle import (
     GpuHealth,
     InvalidTransition,
     JobState,
+    Loss,
     move_attempt,
     move_gpu,
     settle_failure,
+    settle_lost_work,
     transition,
 )
 from corral.services.nodes import cluster_summary
@@ -184,6 +186,41 @@ def test_a_job_being_cancelled_and_then_preempted_still_says_who_cancelled_it(
     reconcile_tick(ctx, time.time())
     assert job_state(ctx, job_id) == "cancelled"
     assert job_reason(ctx, job_id) == "cancel requested by alice"
+
+
+@pytest.mark.parametrize(
+    ("asked", "end", "state", "says"),
+    [
+        ("cancel", "lost", "cancelled", "cancel requested by alice; node lost: n1 silent"),
+        ("cancel", "failed", "cancelled", "cancel requested by alice; launch failed"),
+        ("preempt", "lost", "queued", f"{RECLAIM}; node lost (n1 silent); back in the queue"),
+    ],
+)
+def test_a_cancelled_or_preempted_job_whose_work_is_lost_or_fails_still_says_who_or_what(
+    env: tuple[ServerContext, FakeEngine], asked: str, end: str, state: str, says: str
+) -> None:
+    """The CANCELLED end of lost or failed work (a node lost: server/nodes.py; a launch failed:
+    server/dispatch.py) and the requeue of a preempted job whose node was lost repeat the words of
+    the request or the preemption, as an attempt's ordinary end does: they said 'cancelled; node
+    lost: ...', 'cancelled; launch failed' and 'preempted; node lost (...); back in the queue'."""
+    ctx, fake = env
+    job_id = running_job(ctx, fake)
+    with ctx.session_factory() as session:
+        if asked == "cancel":
+            admin = Principal(user_id=0, name="alice", is_admin=True, default_group_id=None)
+            cancel_job(session, admin, job_id)
+        else:
+            assert apply_preemption(session, st.Preemption(str(job_id), 5.0, RECLAIM), time.time())
+    with ctx.session_factory() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        if end == "lost":
+            assert settle_lost_work(session, job, loss=Loss.NODE, why="n1 silent", now=time.time())
+        else:
+            assert settle_failure(session, job, why="launch failed", now=time.time())
+        session.commit()
+    assert job_state(ctx, job_id) == state
+    assert job_reason(ctx, job_id) == says
 
 
 def test_cancel_committed_while_the_schedule_cycle_applies_its_plan_stays_cancelled(

@@ -320,10 +320,11 @@ def settle_lost_work(
     goes back to the queue (it was being stopped anyway), any other is requeued while its
     platform losses stay within `budget` (losses are not the job's fault and do not use up
     `retries:`), else FAILED. Returns the state entered, None after a lost race."""
-    if job.cancel_requested:
-        target, message, values = JobState.CANCELLED, f"cancelled; {loss.value}: {why}", {}
-    elif job.state == JobState.PREEMPTED.value:
-        target, message = JobState.QUEUED, f"preempted; {loss.value} ({why}); back in the queue"
+    if job.cancel_requested:  # who or what asked, as the other CANCELLED ends say it
+        target, message, values = JobState.CANCELLED, f"{cancelled_message(job)}; {loss.value}: {why}", {}
+    elif job.state == JobState.PREEMPTED.value:  # what preempted it, as rule 3's requeue says it
+        message = f"{job.reason or 'preempted'}; {loss.value} ({why}); back in the queue"
+        target = JobState.QUEUED
         values = {"preemptions": job.preemptions + 1, "reason": message}
     else:
         losses = job.platform_losses + 1
@@ -363,7 +364,8 @@ def settle_failure(
     on the platform-loss `budget` and never uses up `retries:`; `cap` bounds either count.
     Returns the state entered, None after a lost race."""
     if job.cancel_requested:
-        done = transition(session, job, JobState.CANCELLED, now=now, message=f"cancelled; {why}")
+        message = f"{cancelled_message(job)}; {why}"  # who or what asked, as the other ends say it
+        done = transition(session, job, JobState.CANCELLED, now=now, message=message)
         return JobState.CANCELLED if done else None
     values: dict[str, object]
     if rule is not None and not rule.own_fault:
