@@ -223,6 +223,33 @@ def test_a_cancelled_or_preempted_job_whose_work_is_lost_or_fails_still_says_who
     assert job_reason(ctx, job_id) == says
 
 
+def test_a_cancel_committed_after_the_preemptions_read_keeps_its_words(
+    env: tuple[ServerContext, FakeEngine],
+) -> None:
+    """The PREEMPTED transition keeps a cancel's words (d0def6d) by its copy of the job; a cancel
+    committed after that copy was read (the schedule loop read the job, then a group admin's cancel
+    committed, then the loop's compare-and-set on the state alone) was written over all the same,
+    and the job ended CANCELLED 'reclaimed by group nlp ...'. The UPDATE itself keeps them."""
+    ctx, fake = env
+    job_id = running_job(ctx, fake)
+    admin = Principal(user_id=0, name="alice", is_admin=True, default_group_id=None)
+    with ctx.session_factory() as session:
+        job = session.get(Job, job_id)  # the preemption's copy: no cancel asked for yet
+        assert job is not None and not job.cancel_requested
+        with ctx.session_factory() as other:
+            cancel_job(other, admin, job_id)
+        _stale(job, "running")  # (SQLite: the copy as PostgreSQL's READ COMMITTED leaves it)
+        set_committed_value(job, "cancel_requested", False)
+        assert transition(session, job, JobState.PREEMPTED, now=time.time(), message=RECLAIM)
+        session.commit()
+    assert job_reason(ctx, job_id) == "cancel requested by alice"
+    reconcile_tick(ctx, time.time())
+    fake.finish(f"{job_id}.1", 143)
+    reconcile_tick(ctx, time.time())
+    assert job_state(ctx, job_id) == "cancelled"
+    assert job_reason(ctx, job_id) == "cancel requested by alice"
+
+
 def test_cancel_committed_while_the_schedule_cycle_applies_its_plan_stays_cancelled(
     env: tuple[ServerContext, FakeEngine],
 ) -> None:

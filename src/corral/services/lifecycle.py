@@ -164,17 +164,26 @@ GPUS = table_of(Gpu)
 # functions that take one are the module's only `--disallow-any-explicit` findings.
 @functools.cache
 def _cas_statement(
-    table: Table, keys: tuple[str, ...], column: str, columns: tuple[str, ...], not_cancelled: bool
+    table: Table,
+    keys: tuple[str, ...],
+    column: str,
+    columns: tuple[str, ...],
+    not_cancelled: bool,
+    keep_cancel_reason: bool = False,
 ) -> Update:
     """One compiled-once UPDATE per (table, columns written) with every value a bound parameter:
     the loops run it for each job of a batch, and building and caching a new statement each time
-    cost more than the write itself."""
+    cost more than the write itself. `keep_cancel_reason`: the `reason` is written only where no
+    cancel was requested, as the row reads at the UPDATE (not the caller's copy)."""
     stmt = update(table).where(
         *(table.c[k] == bindparam(f"key_{k}") for k in keys), table.c[column] == bindparam("expected")
     )
     if not_cancelled:
         stmt = stmt.where(~table.c.cancel_requested)
-    return stmt.values({c: bindparam(f"new_{c}") for c in columns})
+    values: dict[str, ColumnElement[object]] = {c: bindparam(f"new_{c}") for c in columns}
+    if keep_cancel_reason and "reason" in values:
+        values["reason"] = case((table.c.cancel_requested, table.c.reason), else_=values["reason"])
+    return stmt.values(values)
 
 
 def _compare_and_set(
@@ -186,15 +195,18 @@ def _compare_and_set(
     expected: str,
     values: Mapping[str, object],
     not_cancelled: bool = False,
+    keep_cancel_reason: bool = False,
 ) -> bool:
     """The one UPDATE ... WHERE key AND <column> = :expected. True when the row was written."""
-    stmt = _cas_statement(table, tuple(keys), column, tuple(values), not_cancelled)
+    stmt = _cas_statement(table, tuple(keys), column, tuple(values), not_cancelled, keep_cancel_reason)
     params = {"expected": expected, **{f"key_{k}": v for k, v in keys.items()}}
     params.update({f"new_{c}": v for c, v in values.items()})
     won = session.connection().execute(stmt, params).rowcount == 1
     if won:
         for name, value in values.items():
             set_committed_value(obj, name, value)
+        if keep_cancel_reason and "reason" in values:  # the row decided which reason stands
+            session.expire(obj, ["reason", "cancel_requested"])
     else:
         session.expire(obj, [column])
     return won
@@ -225,12 +237,16 @@ def transition(
     if target.terminal:
         columns["finished_at"] = now
         columns.update(_no_diagnosis(job))
-    if message and (target.terminal or (target is JobState.PREEMPTED and not job.cancel_requested)):
+    preempted = target is JobState.PREEMPTED and bool(message)
+    if message and (target.terminal or (preempted and not job.cancel_requested)):
         # why it is being preempted: the requeue repeats it (not over a cancel's words, which its
-        # CANCELLED end repeats: `cancelled_message`)
+        # CANCELLED end repeats: `cancelled_message`; nor over those of a cancel committed since
+        # this copy was read: the UPDATE itself looks)
         columns["reason"] = message
     keys = {"id": job.id}
-    if not _compare_and_set(session, job, JOBS, keys, "state", current.value, columns, not_cancelled):
+    if not _compare_and_set(
+        session, job, JOBS, keys, "state", current.value, columns, not_cancelled, keep_cancel_reason=preempted
+    ):
         return False
     record_event(session, job.id, now, message, from_state=current.value, to_state=target.value)
     return True
