@@ -31,6 +31,7 @@ from corral.services.lifecycle import (
     Loss,
     move_attempt,
     move_gpu,
+    request_cancel,
     settle_failure,
     settle_lost_work,
     transition,
@@ -248,6 +249,30 @@ def test_a_cancel_committed_after_the_preemptions_read_keeps_its_words(
     reconcile_tick(ctx, time.time())
     assert job_state(ctx, job_id) == "cancelled"
     assert job_reason(ctx, job_id) == "cancel requested by alice"
+
+
+def test_a_stop_asked_for_a_job_that_ended_meanwhile_leaves_its_end_alone(
+    env: tuple[ServerContext, FakeEngine],
+) -> None:
+    """request_cancel (an idle policy's or a remediation rule's stop, a cancel) wrote the flag and
+    its words through the caller's copy, whatever the row said by then: a job that failed after
+    the idle loop read it read 'GPUs still idle ...: stopped' in `corral show`, its failure's words
+    gone. The write now needs the job not ended, as the row reads at the UPDATE."""
+    ctx, fake = env
+    job_id = running_job(ctx, fake)
+    with ctx.session_factory() as session:
+        job = session.get(Job, job_id)  # the idle loop's copy: running
+        assert job is not None
+        fake.finish(f"{job_id}.1", 3)
+        reconcile_tick(ctx, time.time())  # the job fails meanwhile
+        _stale(job, "running")
+        assert not request_cancel(session, job, now=time.time(), why="GPUs still idle: stopped")
+        session.commit()
+    assert job_state(ctx, job_id) == "failed"
+    assert job_reason(ctx, job_id) == "attempt 1 failed (exit code 3)"
+    with ctx.session_factory() as session:
+        job = session.get(Job, job_id)
+        assert job is not None and not job.cancel_requested
 
 
 def test_cancel_committed_while_the_schedule_cycle_applies_its_plan_stays_cancelled(

@@ -202,7 +202,8 @@ def _advance(
     # a stop's ends as workspaces.IDLE_STOP_EVENT_END, which `corral ws ls/show` look for
     message = f"GPUs still idle ({util:.1f}%) {policy.grace:.0f} s after the warning: {_verb(policy.action)}"
     if policy.action == "stop":
-        request_cancel(session, job, now=now, why=message, kind="idle_gpu")
+        if not request_cancel(session, job, now=now, why=message, kind="idle_gpu"):
+            return None  # it ended since it was read
         if job.spec.kind == "workspace":  # its files stay; `corral ws start` brings it back
             workspaces.record_reclaimed(session, job.id, job.spec.total_gpus * idle_for / 3600.0)
         return "stopped"

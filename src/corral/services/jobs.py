@@ -617,8 +617,10 @@ def cancel_job(session: Session, principal: Principal, job_id: int, *, now: floa
         state = JobState(job.state)  # placed meanwhile (re-read): ask the loops to stop it instead
     if state.terminal:
         raise Conflict(f"job {job_id} has already ended ({state.value}); there is nothing to cancel")
-    if not job.cancel_requested:
-        request_cancel(session, job, now=now, why=f"cancel requested by {principal.name}")
+    if not job.cancel_requested and not request_cancel(
+        session, job, now=now, why=f"cancel requested by {principal.name}"
+    ):  # ended since it was read (its row is locked on PostgreSQL: only SQLite gets here)
+        raise Conflict(f"job {job_id} has already ended ({job.state}); there is nothing to cancel")
     notify.changed(session, notify.Topic.CANCEL)
     _audit_cancel(session, principal, job, before)
     session.commit()

@@ -677,16 +677,32 @@ def move_attempts(
 INSERT_EVENT = insert(table_of(JobEvent))
 
 
+# The cancel request's write: only while the job has not ended, as the row reads at the UPDATE.
+REQUEST_CANCEL = (
+    update(JOBS)
+    .where(
+        JOBS.c.id == bindparam("job_id"),
+        JOBS.c.state.notin_([state.value for state in TERMINAL_STATES]),
+    )
+    .values(cancel_requested=True, updated_at=bindparam("now"), reason=bindparam("why"))
+)
+
+
 def request_cancel(
     session: Session, job: Job, *, now: float, why: str, kind: str = "cancel_requested"
-) -> None:
+) -> bool:
     """Ask the control loops to stop an active `job` (`cancel_requested`; they settle it CANCELLED):
     `why` ("cancel requested by alice", "stopped by rule ...") is its event and its reason from
-    now on, which the CANCELLED end repeats, so `corral show` says who or what stopped it."""
-    job.cancel_requested = True
-    job.updated_at = now
-    job.reason = why
+    now on, which the CANCELLED end repeats, so `corral show` says who or what stopped it. False
+    (nothing written) when the job ended since the caller's copy was read: its own reason stands."""
+    params = {"job_id": job.id, "now": now, "why": why}
+    if session.connection().execute(REQUEST_CANCEL, params).rowcount != 1:
+        session.expire(job, ["state"])
+        return False
+    for name, value in (("cancel_requested", True), ("updated_at", now), ("reason", why)):
+        set_committed_value(job, name, value)
     record_event(session, job.id, now, why, kind=kind, from_state=job.state)
+    return True
 
 
 def cancelled_message(job: Job) -> str:

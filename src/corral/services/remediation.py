@@ -475,13 +475,9 @@ def _stop_job(session: Session, run: _Run, node: str, gpu: str, job_id: str, now
         return f"job {job_id} already being stopped"
     if run.dry_run:
         return f"would stop job {job_id}"
-    request_cancel(
-        session,
-        job,
-        now=now,
-        why=f"stopped by rule {run.rule.name}: {run.signal.summary}",
-        kind="remediation",
-    )
+    why = f"stopped by rule {run.rule.name}: {run.signal.summary}"
+    if not request_cancel(session, job, now=now, why=why, kind="remediation"):
+        return f"job {job_id} is not running"  # it ended since it was read
     return f"job {job_id} stopped"
 
 
