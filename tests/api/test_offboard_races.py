@@ -108,3 +108,29 @@ def _alice(w: World) -> tuple[bool, bool, list[int]]:
         user = accounts.user_by_name(db, "alice")
         member = db.get(Membership, (user.id, accounts.group_by_name(db, "vision").id)) is not None
         return user.active, member, [job for job, _ws in LIVE_JOBS(db, user.id)]
+
+
+def test_two_admins_stepping_down_at_once_leave_the_group_one(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group's last admin is neither removed nor made a member (93af9b6), by a count of its
+    admins: two demotions at once (alice and bob, vision's two admins, each made a member) both
+    counted two and both went through, leaving vision with none. The group's row is locked
+    before the count, so the second waits for the first and counts one."""
+    w = world
+    made = w.client.post(
+        f"{API}/groups/vision/members", json={"user": "alice", "role": "admin"}, headers=w.as_("admin")
+    )
+    assert made.status_code == 200, made.text
+    pause = Pause(accounts.admin_count)
+    monkeypatch.setattr(accounts, "admin_count", pause)
+
+    def demote(name: str) -> Callable[[], httpx.Response]:
+        body = {"user": name, "role": "member"}
+        return lambda: w.client.post(f"{API}/groups/vision/members", json=body, headers=w.as_("admin"))
+
+    first, second = _race(demote("alice"), pause, demote("bob"))
+    assert sorted([first.status_code, second.status_code]) == [200, 409], (first.text, second.text)
+    assert "they are its last admin" in (first if first.status_code == 409 else second).json()["detail"]
+    with w.session_factory() as db:
+        assert accounts.admin_count(db, accounts.group_by_name(db, "vision").id) == 1

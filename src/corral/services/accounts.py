@@ -219,12 +219,9 @@ def add_member(session: Session, group: Group, user: User, role: str | None = "m
         membership = Membership(user_id=user.id, group_id=group.id, role=role or "member")
         session.add(membership)
     elif role is not None:
-        if membership.role == "admin" and role != "admin" and admin_count(session, group.id) <= 1:
-            # as its removal is (services.offboard): the group would be left without an admin
-            raise Conflict(
-                f"user {user.name!r} cannot stop being an admin of group {group.name!r}: they are its "
-                "last admin; make another member its admin first"
-            )
+        if role != "admin":  # as its removal is (services.offboard): never leave it without an admin
+            what = f"user {user.name!r} cannot stop being an admin of group {group.name!r}"
+            refuse_last_admin(session, group, membership, what)
         membership.role = role
     if user.default_group_id is None:
         user.default_group_id = group.id
@@ -237,6 +234,18 @@ def admin_count(session: Session, group_id: int) -> int:
     """How many admins `group` has (its last one is neither removed nor demoted)."""
     stmt = select(func.count()).where(Membership.group_id == group_id, Membership.role == "admin")
     return int(session.scalar(stmt) or 0)
+
+
+def refuse_last_admin(session: Session, group: Group, membership: Membership, what: str) -> None:
+    """409 `what` when `membership` is the group's last admin (before its removal or demotion).
+    The group's row is locked first, to the commit: two admins stepping down at once both counted
+    two and both went, leaving the group none; the second now counts after the first."""
+    if membership.role != "admin":
+        return
+    lock_row(session, group)
+    session.refresh(membership, ["role"])  # as committed by then
+    if membership.role == "admin" and admin_count(session, group.id) <= 1:
+        raise Conflict(f"{what}: they are its last admin; make another member its admin first")
 
 
 def require_group_admin(principal: Principal, group: Group) -> None:

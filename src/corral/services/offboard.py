@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from corral.db.base import lock_row
 from corral.db.models import Group, Job, Membership, User, WebSession
 from corral.db.workspace_models import Workspace
-from corral.services.accounts import admin_count
+from corral.services.accounts import refuse_last_admin
 from corral.services.auth import Principal, forget_principals
 from corral.services.errors import Conflict, NotFound
 from corral.services.jobs import cancel_job
@@ -80,12 +80,12 @@ def remove_member(
     # then finds no membership, or the check waits for the submission's job (submit_guard).
     _lock_user(session, user)
     membership = _membership(session, group, user)
-    if membership.role == "admin" and admin_count(session, group.id) <= 1:
-        raise Conflict(f"{what}: they are its last admin; make another member its admin first")
+    refuse_last_admin(session, group, membership, what)
     if _settle_jobs(session, principal, live_jobs(session, user.id, group.id), what, cancel_jobs):
         # Locked again: the cancels committed, and a job submitted meanwhile must refuse the removal.
         _lock_user(session, user)
         membership = _membership(session, group, user)
+        refuse_last_admin(session, group, membership, what)  # (its lock went with the commit too)
         _settle_jobs(session, principal, live_jobs(session, user.id, group.id), what, False)
     role = membership.role
     session.delete(membership)
