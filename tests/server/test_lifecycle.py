@@ -122,6 +122,15 @@ def job_reason(ctx: ServerContext, job_id: int) -> str | None:
 
 
 RECLAIM = "reclaimed by group nlp for job 9: this job ran on borrowed quota"
+ALICE = Principal(user_id=0, name="alice", is_admin=True, default_group_id=None)  # an admin
+
+
+def stop_and_settle(ctx: ServerContext, fake: FakeEngine, job_id: int) -> None:
+    """The reconcile loop sends the stop a cancel or a preemption asked for, the attempt ends on
+    SIGTERM (143), and the next tick settles the job."""
+    reconcile_tick(ctx, time.time())
+    fake.finish(f"{job_id}.1", 143)
+    reconcile_tick(ctx, time.time())
 
 
 def test_a_preempted_job_says_why_while_it_stops_and_once_back_in_the_queue(
@@ -134,9 +143,7 @@ def test_a_preempted_job_says_why_while_it_stops_and_once_back_in_the_queue(
     with ctx.session_factory() as session:
         assert apply_preemption(session, st.Preemption(str(job_id), 5.0, RECLAIM), time.time())
     assert job_reason(ctx, job_id) == RECLAIM
-    reconcile_tick(ctx, time.time())  # sends the stop
-    fake.finish(f"{job_id}.1", 143)
-    reconcile_tick(ctx, time.time())
+    stop_and_settle(ctx, fake, job_id)
     assert job_state(ctx, job_id) == "queued"
     assert job_reason(ctx, job_id) == f"{RECLAIM}; back in the queue"
 
@@ -161,13 +168,10 @@ def test_a_running_job_cancelled_by_someone_else_says_who(env: tuple[ServerConte
     the events."""
     ctx, fake = env
     job_id = running_job(ctx, fake)
-    admin = Principal(user_id=0, name="alice", is_admin=True, default_group_id=None)
     with ctx.session_factory() as session:
-        cancel_job(session, admin, job_id)
+        cancel_job(session, ALICE, job_id)
     assert job_reason(ctx, job_id) == "cancel requested by alice"
-    reconcile_tick(ctx, time.time())  # sends the stop
-    fake.finish(f"{job_id}.1", 143)
-    reconcile_tick(ctx, time.time())
+    stop_and_settle(ctx, fake, job_id)
     assert job_state(ctx, job_id) == "cancelled"
     assert job_reason(ctx, job_id) == "cancel requested by alice"
 
@@ -177,14 +181,11 @@ def test_a_job_being_cancelled_and_then_preempted_still_says_who_cancelled_it(
 ) -> None:
     ctx, fake = env
     job_id = running_job(ctx, fake)
-    admin = Principal(user_id=0, name="alice", is_admin=True, default_group_id=None)
     with ctx.session_factory() as session:
-        cancel_job(session, admin, job_id)
+        cancel_job(session, ALICE, job_id)
     with ctx.session_factory() as session:  # a running job being cancelled is still a victim
         assert apply_preemption(session, st.Preemption(str(job_id), 5.0, RECLAIM), time.time())
-    reconcile_tick(ctx, time.time())
-    fake.finish(f"{job_id}.1", 143)
-    reconcile_tick(ctx, time.time())
+    stop_and_settle(ctx, fake, job_id)
     assert job_state(ctx, job_id) == "cancelled"
     assert job_reason(ctx, job_id) == "cancel requested by alice"
 
@@ -208,8 +209,7 @@ def test_a_cancelled_or_preempted_job_whose_work_is_lost_or_fails_still_says_who
     job_id = running_job(ctx, fake)
     with ctx.session_factory() as session:
         if asked == "cancel":
-            admin = Principal(user_id=0, name="alice", is_admin=True, default_group_id=None)
-            cancel_job(session, admin, job_id)
+            cancel_job(session, ALICE, job_id)
         else:
             assert apply_preemption(session, st.Preemption(str(job_id), 5.0, RECLAIM), time.time())
     with ctx.session_factory() as session:
@@ -233,20 +233,17 @@ def test_a_cancel_committed_after_the_preemptions_read_keeps_its_words(
     and the job ended CANCELLED 'reclaimed by group nlp ...'. The UPDATE itself keeps them."""
     ctx, fake = env
     job_id = running_job(ctx, fake)
-    admin = Principal(user_id=0, name="alice", is_admin=True, default_group_id=None)
     with ctx.session_factory() as session:
         job = session.get(Job, job_id)  # the preemption's copy: no cancel asked for yet
         assert job is not None and not job.cancel_requested
         with ctx.session_factory() as other:
-            cancel_job(other, admin, job_id)
+            cancel_job(other, ALICE, job_id)
         _stale(job, "running")  # (SQLite: the copy as PostgreSQL's READ COMMITTED leaves it)
         set_committed_value(job, "cancel_requested", False)
         assert transition(session, job, JobState.PREEMPTED, now=time.time(), message=RECLAIM)
         session.commit()
     assert job_reason(ctx, job_id) == "cancel requested by alice"
-    reconcile_tick(ctx, time.time())
-    fake.finish(f"{job_id}.1", 143)
-    reconcile_tick(ctx, time.time())
+    stop_and_settle(ctx, fake, job_id)
     assert job_state(ctx, job_id) == "cancelled"
     assert job_reason(ctx, job_id) == "cancel requested by alice"
 
