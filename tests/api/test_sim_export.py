@@ -7,6 +7,7 @@ tests run on SQLite and PostgreSQL (tests/api/conftest.py); the CLI's on SQLite.
 
 from __future__ import annotations
 
+import csv
 import json
 import time
 from pathlib import Path
@@ -130,6 +131,22 @@ def test_export_has_the_jobs_that_ran_with_their_sizes_groups_and_times(world: W
     running = next(j for j in data["jobs"] if j["job_id"] == f"job-{ids['running']}")
     assert running["censored"] is True and 239.0 <= running["duration"] <= 260.0
     assert data["counts"]["censored"] == 1
+
+
+def test_the_exports_rows_written_as_a_csv_replay_without_a_note(world: World, tmp_path: Path) -> None:
+    """A trace's columns the format does not have are named in its notes (7bd7305), the export's
+    observed ones known: every column of its rows was, but `mixed_tasks`, so a CSV of the rows
+    (every key a column) said 'column(s) not read: mixed_tasks', as if misspelt."""
+    from corral.sim.trace import load_generic_csv
+
+    history(world)
+    rows = export(world, unfinished=True).json()["jobs"]
+    path = tmp_path / "export.csv"
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows({k: "" if v is None else v for k, v in row.items()} for row in rows)
+    assert load_generic_csv(path).notes == ()
 
 
 def test_since_filters_and_a_bad_since_is_a_422_naming_it(world: World) -> None:

@@ -42,7 +42,7 @@ OPTIONAL_COLUMNS = (
     "max_runtime_s",
 )
 # What GET /admin/sim-export observed besides the format's columns: known, not read by the replay.
-OBSERVED_COLUMNS = ("wait_s", "first_wait_s", "attempts", "state", "censored")
+OBSERVED_COLUMNS = ("wait_s", "first_wait_s", "attempts", "state", "censored", "mixed_tasks")
 SHIPPED_TRACES = ("philly", "openb", "openb-gpuspec33")
 PHILLY_GPUS_PER_NODE = 8  # Philly servers had 8 GPUs; larger jobs ran as several 8-GPU instances
 
