@@ -27,6 +27,22 @@ REASON = "reclaimed by group nlp for job 14: this job ran on borrowed quota"
 )
 def test_why_of_a_job_that_does_not_wait(monkeypatch: pytest.MonkeyPatch, state: str, said: str) -> None:
     job = {"id": 7, "name": "low", "state": state, "reason": REASON, "diagnosis": None}
+    assert said in why(monkeypatch, job)
+
+
+def test_why_of_a_preempted_job_whose_cancel_was_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job being stopped for a preemption and a cancel at once ends CANCELLED, not back in the
+    queue (settle rule 2 before rule 3), its reason the cancel's words (d0def6d): `corral why` said
+    'job 7 is being preempted (cancel requested by alice): it goes back to the queue ...'."""
+    job = {"id": 7, "name": "low", "state": "preempted", "diagnosis": None}
+    job |= {"reason": "cancel requested by alice", "cancel_requested": True}
+    said = why(monkeypatch, job)
+    assert "job 7 is being stopped (cancel requested by alice): it ends cancelled once it has stopped" in said
+    assert "back to the queue" not in said
+
+
+def why(monkeypatch: pytest.MonkeyPatch, job: dict[str, Any]) -> str:
+    """What `corral why 7` prints, as one line (Rich wraps), the server answering `job`."""
 
     def client() -> Any:
         return Client(
@@ -38,4 +54,4 @@ def test_why_of_a_job_that_does_not_wait(monkeypatch: pytest.MonkeyPatch, state:
     monkeypatch.setattr(cli_jobs, "client", client)
     result = CliRunner().invoke(app, ["why", "7"])
     assert result.exit_code == 0, result.output
-    assert said in " ".join(result.output.split()), result.output  # as one line: Rich wraps
+    return " ".join(result.output.split())

@@ -280,6 +280,10 @@ def why(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOpt
             }
         )
         return
+    if job["state"] == "preempted" and job.get("cancel_requested"):  # stopping, then cancelled
+        why = job.get("reason") or "cancel requested"
+        out.print(f"job {job['id']} is being stopped ({why}): it ends cancelled once it has stopped")
+        return
     if job["state"] == "preempted":  # stopping within its grace, then back in the queue
         why = job.get("reason") or "preempted"
         out.print(
