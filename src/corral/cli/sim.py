@@ -473,7 +473,7 @@ def synth(
     bursty: str | None = typer.Option(
         None,
         "--bursty",
-        help="comma-separated groups that submit in bursts [default: burst, if the cluster has it]",
+        help="comma-separated groups that submit in bursts (default: burst, if the cluster has it)",
     ),
     burst_share: float = typer.Option(0.15, "--burst-share", help="share of jobs submitted in bursts"),
     burst_size: str = typer.Option("20-60", "--burst-size", help="jobs per burst, LOW-HIGH"),

@@ -4,11 +4,11 @@ Also the cycle's timeline of when GPUs come back (`events`), which estimated sta
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from operator import itemgetter
 
-from corral.domain import span_text
 from corral.scheduler.admission import runtime_of
 from corral.scheduler.cluster import ClusterState
 from corral.scheduler.jobinfo import JobInfo
@@ -119,12 +119,14 @@ class Backfill:
 
     def reason(self, r: Reservation) -> Reason:
         if r.reason is None:  # one per reservation: many jobs wait behind the same one
-            # how long from now, as `corral why` says a start (it printed unix seconds: "at 1795988498")
+            # a clock time (it printed unix seconds: "at 1795988498"), not "in ~10 min": the text is
+            # stored with the diagnosis, which is rewritten whenever its text changes, so a relative
+            # time would rewrite every held job's row each minute and read stale in between
+            start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(r.start))
             r.reason = Reason(
                 "backfill_would_delay",
                 "admission:backfill",
-                f"starting now would delay job {r.job_id}, reserved to start in "
-                f"~{span_text(r.start - self.now)}",
+                f"starting now would delay job {r.job_id}, reserved to start at about {start}",
             )
         return r.reason
 
