@@ -19,6 +19,7 @@ from corral.monitor.pager import PagingSettings, deliver_pages
 from corral.services import oncall, paging
 from corral.services.errors import Conflict
 from tests.oncall.conftest import Env, Smtp
+from tests.support import free_port
 from tests.webhook_server import WebhookServer
 
 LINK = re.compile(r"http://corral\.test/api/v1/ack/(\S+)")
@@ -184,6 +185,24 @@ def test_webhook_and_slack_payloads_reach_a_real_server(env: Env, smtp: Smtp, ho
     assert generic["page"]["key"] == "test:hooks" and generic["page"]["step"] == 1
     token = generic["ack_url"].rsplit("/", 1)[1]
     assert env.client.post(f"/api/v1/ack/{token}").json()["acked_by"] == "alice"
+
+
+def test_a_failing_webhook_contact_does_not_show_its_url_path(env: Env, smtp: Smtp) -> None:
+    """A Slack webhook's URL path is its credential; a failed page delivery's error is kept on the
+    notification and shown in the page's views, to admins and to everyone the page notified, and
+    it held the whole URL (only alice and admins may see alice's contact methods)."""
+    set_up(env)
+    port = free_port()  # nothing listens there
+    added = contact(env, "alice", "slack", f"http://u:pw@127.0.0.1:{port}/services/T0/B0/s3cret?k=v", "alice")
+    assert added.status_code == 201, added.text
+    t0 = time.time()
+    start(env, "test:failing-hook", t0)
+    assert tick(env, smtp, t0) == 2  # alice's email and her Slack webhook, which fails
+    shown = env.client.get(f"/api/v1/oncall/pages/{page(env, 'test:failing-hook').id}", headers=env.admin)
+    (failed,) = [n for n in shown.json()["notifications"] if n["kind"] == "slack"]
+    assert failed["state"] == "failing"
+    assert failed["last_error"].startswith(f"POST http://127.0.0.1:{port}/...: "), failed["last_error"]
+    assert "s3cret" not in failed["last_error"] and ":pw@" not in failed["last_error"]
 
 
 def test_a_gap_is_warned_and_its_step_falls_through_to_the_next(env: Env, smtp: Smtp) -> None:

@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from corral.db.models import User
 from corral.db.oncall_models import Page, PageNotification
-from corral.monitor.channels import ChannelError, record_failure
+from corral.monitor.channels import ChannelError, record_failure, shown_url
 from corral.monitor.config import EmailChannel, MonitorConfig
 from corral.monitor.loops import monitor_config
 from corral.server.context import BackgroundLoop, ServerContext
@@ -149,12 +149,16 @@ def webhook_body(out: Outgoing) -> dict[str, Any]:
 
 
 def post_webhook(out: Outgoing) -> None:
+    """POST the page to a person's webhook. Its errors, kept as the notification's last_error and
+    shown in page views (to admins and to everyone the page notified), name the URL as
+    scheme://host:port/... only: a Slack/Mattermost webhook's path is its credential."""
     try:
         response = httpx.post(out.note.address, json=webhook_body(out), timeout=10.0)
     except httpx.HTTPError as exc:
-        raise ChannelError(f"POST {out.note.address}: {exc}") from exc
+        raise ChannelError(f"POST {shown_url(out.note.address)}: {exc}") from exc
     if response.status_code >= 300:
-        raise ChannelError(f"POST {out.note.address}: HTTP {response.status_code} {response.text[:200]}")
+        status = f"HTTP {response.status_code} {response.text[:200]}"
+        raise ChannelError(f"POST {shown_url(out.note.address)}: {status}")
 
 
 def _due(session: Session, now: float) -> list[PageNotification]:
