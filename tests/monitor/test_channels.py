@@ -148,6 +148,45 @@ def test_smtp_down_gives_up_after_max_attempts(mon: Mon, hook: WebhookServer) ->
     assert f"SMTP 127.0.0.1:{closed_port}" in note.last_error
 
 
+def test_a_channel_whose_notifications_were_given_up_is_failing_until_one_is_sent(
+    mon: Mon, hook: WebhookServer
+) -> None:
+    """docs/metrics.md: a channel is `failing` while a notification of its is retried or the last
+    to settle was given up; it read `ok` (and the metric 0) once all its notifications were given
+    up, the moment nothing reached anyone."""
+    from tests.monitor.test_metrics import one, scrape
+
+    write_config(mon, free_port(), hook.url + "/hook")  # the webhook answers 500
+    config = load_monitor_config(mon.home / "monitor.yml")
+    now = time.time()
+
+    def alert(name: str) -> None:
+        with mon.factory() as db:
+            record_alert(
+                db, labels={"alertname": name}, status="firing", now=now, channels=["chat"], source="corral"
+            )
+            db.commit()
+
+    def chat_state(at: float) -> tuple[str, float]:
+        deliver_due(mon.factory, config, at)
+        with mon.app_client() as client:
+            items = client.get("/api/v1/alerts/channels", headers=mon.admin).json()["items"]
+            metric = one(
+                scrape(client.get("/metrics").text), "corral_notification_channel_failing", channel="chat"
+            )
+        return next(c["state"] for c in items if c["name"] == "chat"), metric
+
+    alert("X")
+    assert chat_state(now) == ("failing", 1.0)  # retried
+    for step in range(1, 3):
+        chat_state(now + step * 120)
+    assert [n.state for n in notes(mon, "chat")] == ["given_up"]
+    assert chat_state(now + 400) == ("failing", 1.0)  # nothing retried any more, nothing delivered
+    hook.status = 200
+    alert("Y")
+    assert chat_state(now + 500) == ("ok", 0.0)  # the next one went out
+
+
 @pytest.mark.parametrize(
     ("text", "where", "what"),
     [

@@ -82,7 +82,10 @@ def alert_ls(
 @alert_app.command("channels")
 @friendly_errors
 def alert_channels(output: OutputOpt = Output.table) -> None:
-    """Notification channels and whether they deliver."""
+    """Notification channels and whether they deliver.
+
+    STATE is failing while a notification is being retried or the last one was given up
+    (retry.max_attempts), ok once the next one is sent."""
     with client() as c:
         data = c.request("GET", "/alerts/channels")
     if output is Output.json:

@@ -108,6 +108,8 @@ def get_alerts(
 
 @router.get("/api/v1/alerts/channels")
 def get_channels(request: Request, db: DB, _user: CurrentUser) -> dict[str, Any]:
+    """Each channel's counts and state: `failing` while a notification is being retried or the
+    last to settle was given up, else `ok` (docs/metrics.md)."""
     return {"items": [s.as_dict() for s in channel_statuses(db, _config(request))]}
 
 

@@ -15,7 +15,7 @@ from email.message import EmailMessage
 from typing import Any
 
 import httpx
-from sqlalchemy import delete, func, select
+from sqlalchemy import case, delete, func, select
 from sqlalchemy.orm import Session
 
 from corral.db.oncall_models import PageNotification
@@ -122,7 +122,7 @@ def deliver_due(session_factory: Callable[[], Session], config: MonitorConfig, n
             alert = session.get(Alert, note.alert_id)
             note.attempts += 1
             if channel is None or alert is None:
-                note.state = "given_up"
+                note.state, note.next_attempt_at = "given_up", now
                 note.last_error = (
                     "the channel is no longer configured" if channel is None else "alert deleted"
                 )
@@ -149,17 +149,48 @@ def record_failure(
     after `retry.max_attempts`."""
     note.last_error = error[:2000]
     if note.attempts >= config.retry.max_attempts:
-        note.state = "given_up"
+        note.state, note.next_attempt_at = "given_up", now  # never due again: when it was given up
         return
     note.state = "failing"
     note.next_attempt_at = now + config.retry.backoff_s(note.attempts)
+
+
+def failing_channels(session: Session) -> set[str]:
+    """The channels whose state is `failing`: a notification of theirs is being retried, or the
+    last of their notifications to settle was given up (a channel whose every notification was
+    given up is not `ok`). The next one sent makes the channel `ok` again. A given-up row's
+    `next_attempt_at` is when it was given up (record_failure); settled rows are pruned after
+    KEEP_DONE_S."""
+    latest: dict[tuple[str, str], float | None] = {
+        (channel, state): at
+        for channel, state, at in session.execute(
+            select(
+                AlertNotification.channel,
+                AlertNotification.state,
+                func.max(
+                    case(
+                        (AlertNotification.state == "sent", AlertNotification.sent_at),
+                        else_=AlertNotification.next_attempt_at,
+                    )
+                ),
+            )
+            .where(AlertNotification.state.in_(("failing", "sent", "given_up")))
+            .group_by(AlertNotification.channel, AlertNotification.state)
+        )
+    }
+    failing = {channel for channel, state in latest if state == "failing"}
+    for (channel, state), given_up_at in latest.items():
+        sent_at = latest.get((channel, "sent"))
+        if state == "given_up" and (sent_at is None or (given_up_at or 0.0) > sent_at):
+            failing.add(channel)
+    return failing
 
 
 @dataclass(frozen=True)
 class ChannelStatus:
     name: str
     type: str
-    state: str  # ok | failing
+    state: str  # ok | failing (failing_channels)
     pending: int
     failing: int
     given_up: int
@@ -180,6 +211,7 @@ def channel_statuses(session: Session, config: MonitorConfig) -> list[ChannelSta
             )
         )
     }
+    failing_now = failing_channels(session)
     out = []
     for channel in config.channels:
         last_sent = session.scalar(
@@ -194,7 +226,8 @@ def channel_statuses(session: Session, config: MonitorConfig) -> list[ChannelSta
         failing = counts.get((channel.name, "failing"), 0)
         out.append(
             ChannelStatus(
-                name=channel.name, type=channel.type, state="failing" if failing else "ok",
+                name=channel.name, type=channel.type,
+                state="failing" if channel.name in failing_now else "ok",
                 pending=counts.get((channel.name, "pending"), 0), failing=failing,
                 given_up=counts.get((channel.name, "given_up"), 0),
                 sent=counts.get((channel.name, "sent"), 0),

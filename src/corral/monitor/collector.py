@@ -29,6 +29,7 @@ from corral.datasets.quotas import metric_samples
 from corral.db.models import Attempt, GpuClaim, Group, GroupQuota, Job, Node
 from corral.db.models import Gpu as GpuRow
 from corral.db.workspace_models import Workspace
+from corral.monitor.channels import failing_channels
 from corral.monitor.models import Alert, AlertNotification
 from corral.services.incidents import open_counts
 from corral.services.lifecycle import GpuHealth
@@ -346,7 +347,15 @@ def _alert_families(session: Session) -> list[Family]:
         .group_by(AlertNotification.channel, AlertNotification.state)
     ):
         backlog.add(f'channel="{_esc(channel)}",state="{_esc(state)}"', n)
-    return [firing, backlog]
+    failing = Family(
+        "corral_notification_channel_failing",
+        "gauge",
+        "1 while a channel's notifications are being retried or its last one was given up, else 0.",
+    )
+    failing_now = failing_channels(session)
+    for (channel,) in session.execute(select(AlertNotification.channel).distinct()):
+        failing.add(f'channel="{_esc(channel)}"', 1 if channel in failing_now else 0)
+    return [firing, backlog, failing]
 
 
 def _risk_families(session: Session) -> list[Family]:
