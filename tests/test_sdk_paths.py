@@ -20,6 +20,7 @@ CALLS: list[tuple[Callable[[Client, str], Any], str]] = [
     (lambda c, n: c.model_version("digits", n), "GET /api/v1/models/digits/versions/{}"),
     (lambda c, n: c.group(n), "GET /api/v1/groups/{}"),
     (lambda c, n: c.set_quota(n, guaranteed=1), "PUT /api/v1/groups/{}/quota"),
+    (lambda c, n: c.remove_quota(n, "A100"), "DELETE /api/v1/groups/{}/quota?gpu_model=A100"),
     (lambda c, n: c.add_member(n, "alice"), "POST /api/v1/groups/{}/members"),
     (lambda c, n: c.set_default_group(n, "vision"), "PUT /api/v1/users/{}/default-group"),
     (lambda c, n: c.set_password(n, "secret-password"), "PUT /api/v1/users/{}/password"),

@@ -128,6 +128,13 @@ def _remove_member(w: World) -> tuple[str, str, dict[str, Any]]:
     return "DELETE", f"{API}/groups/vision/members/carol", {}
 
 
+def _remove_quota(w: World) -> tuple[str, str, dict[str, Any]]:
+    body = {"gpu_model": "A100", "guaranteed": 1}
+    r = w.client.put(f"{API}/groups/vision/quota", json=body, headers=w.as_("admin"))
+    assert r.status_code == 200, r.text
+    return "DELETE", f"{API}/groups/vision/quota", {"params": {"gpu_model": "A100"}}
+
+
 def _node_action(w: World) -> tuple[str, str, dict[str, Any]]:
     with w.session_factory() as db:
         add_node(db, "n1")
@@ -336,6 +343,7 @@ CALLS: dict[tuple[str, str], tuple[Call, str]] = {
         lambda w: ("PUT", f"{API}/groups/vision/quota", {"json": {"gpu_model": "*", "guaranteed": 2}}),
         "group.quota.set",
     ),
+    ("DELETE", "/api/v1/groups/{name}/quota"): (_remove_quota, "group.quota.remove"),
     ("POST", "/api/v1/groups/{name}/members"): (
         lambda w: ("POST", f"{API}/groups/vision/members", {"json": {"user": "carol"}}),
         "group.member.add",

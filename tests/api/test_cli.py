@@ -333,6 +333,37 @@ def test_cli_group_quotas_usage_warnings_and_clearing_limits(
     assert [u["max_bytes"] for u in json.loads(out) if u["name"] == "vision"] == [5 << 30]
 
 
+def test_cli_group_quota_sets_weight_and_borrowing_and_clears_a_model_row(
+    world: World, server_url: str
+) -> None:
+    """`corral group quota` could not change what `group create` set (weight, borrowing), which
+    PUT /groups/{name}/quota can; and no way removed a per-model quota row, so a mistyped model's
+    row kept its warning forever."""
+    with world.session_factory() as db:
+        add_node(db, "n1", gpus=2, model="A100")
+        db.commit()
+    args = ("group", "quota", "vision", "--weight", "2.5", "--no-borrowing", "-o", "json")
+    code, out = run(world, server_url, "admin", *args)
+    assert code == 0, out
+    vision = json.loads(out)
+    assert (vision["weight"], vision["borrowing"]) == (2.5, False)
+    code, out = run(world, server_url, "admin", "group", "quota", "vision", "--borrowing", "-o", "json")
+    assert code == 0 and json.loads(out)["borrowing"] is True and json.loads(out)["weight"] == 2.5, out
+    code, out = run(world, server_url, "admin", "group", "quota", "vision", "--model", "A10O", "--gpus", "2")
+    assert code == 0 and "guaranteed A10O GPUs of all groups add up to 2; the cluster has 0" in out, out
+    code, out = run(world, server_url, "admin", "group", "quota", "vision", "--model", "A10O", "--clear")
+    assert code == 0 and "group vision: GPU quota of A10O removed" in out, out
+    assert "warning" not in out  # the warning went with the row
+    vision = world.client.get("/api/v1/groups/vision", headers=world.as_("admin")).json()
+    assert all(q["gpu_model"] != "A10O" for q in vision["quotas"]) and vision["weight"] == 2.5
+    code, out = run(world, server_url, "admin", "group", "quota", "vision", "--model", "A10O", "--clear")
+    assert code == 1 and "group 'vision' has no quota for GPU model 'A10O'" in out, out
+    code, out = run(world, server_url, "admin", "group", "quota", "vision", "--clear", "--gpus", "1")
+    assert code == 2 and "--clear takes no other quota option than --model" in out, out
+    code, out = run(world, server_url, "alice", "group", "quota", "vision", "--model", "A100", "--clear")
+    assert code == 1, out
+
+
 def test_cli_auth_lockouts_and_sessions(world: World, server_url: str) -> None:
     for _ in range(5):  # the default threshold
         r = world.client.post("/api/v1/auth/login", json={"username": "carol", "password": "guess"})

@@ -167,27 +167,30 @@ def group_quota(
     memory_max: LimitOpt = None,
     storage: Annotated[str | None, typer.Option(help="storage quota, e.g. 2TiB; 'none' = no limit")] = None,
     files: Annotated[str | None, typer.Option(help="quota of files stored; 'none' = no limit")] = None,
+    weight: Annotated[float | None, typer.Option(help="fair-share weight")] = None,
+    borrowing: Annotated[
+        bool | None, typer.Option("--borrowing/--no-borrowing", help="may (not) borrow idle quota")
+    ] = None,
+    clear: Annotated[
+        bool, typer.Option("--clear", help="remove the GPU quota of --model (alone, with --model)")
+    ] = False,
     output: OutputOpt = Output.table,
 ) -> None:
-    """Set a group's quotas (admin): only the options given change."""
+    """Set a group's quotas (admin): only the options given change.
+
+    --clear removes the group's GPU quota of --model instead (the model then falls under the
+    group's '*' quota, if any)."""
     # Every option is read before anything is sent: a bad one must not leave the storage quota
     # (a request of its own) changed behind its error.
-    fields: dict[str, float | None] = {}
-    for key, value in (
-        ("user_max_gpus", _limit(user_max, "--user-max", _count)),
-        ("cpus_max", _limit(cpus_max, "--cpus-max", _cpus)),
-        ("memory_max_mib", _limit(memory_max, "--memory-max", _memory)),
-    ):
-        if not isinstance(value, Keep):
-            fields[key] = value
-    if cpus is not None:
-        fields["cpus_guaranteed"] = cpus
-    if memory is not None:
-        guaranteed_mib = _limit(memory, "--memory", _memory)
-        fields["memory_guaranteed_mib"] = guaranteed_mib if isinstance(guaranteed_mib, int) else 0
+    fields = _group_fields(user_max, cpus, cpus_max, memory, memory_max, weight, borrowing)
     max_value = _limit(max_gpus, "--max", _count)
     limits = None if storage is None and files is None else storage_limits(storage, files)  # corral.cli.data
     quota = gpus is not None or not isinstance(max_value, Keep) or bool(fields)
+    if clear:
+        if quota or limits is not None:
+            raise typer.BadParameter("--clear takes no other quota option than --model")
+        _clear_quota(name, model, output)
+        return
     if not quota and limits is None:
         raise typer.BadParameter("give at least one quota option (see --help)")
     with client() as c:
@@ -208,6 +211,40 @@ def group_quota(
         print_json(group)
         return
     out.print(f"group {name}: quotas set")
+    for text in group.get("warnings") or ():
+        out.print(f"[yellow]warning:[/yellow] {plain(text)}", markup=True, highlight=False)
+
+
+def _group_fields(
+    user_max: str | None, cpus: float | None, cpus_max: str | None, memory: str | None,
+    memory_max: str | None, weight: float | None, borrowing: bool | None,
+) -> dict[str, float | None]:  # fmt: skip
+    """The group-wide settings `corral group quota` was given, as PUT /groups/{name}/quota names them."""
+    fields: dict[str, float | None] = {}
+    for key, value in (
+        ("user_max_gpus", _limit(user_max, "--user-max", _count)),
+        ("cpus_max", _limit(cpus_max, "--cpus-max", _cpus)),
+        ("memory_max_mib", _limit(memory_max, "--memory-max", _memory)),
+    ):
+        if not isinstance(value, Keep):
+            fields[key] = value
+    for key, given in (("cpus_guaranteed", cpus), ("weight", weight), ("borrowing", borrowing)):
+        if given is not None:
+            fields[key] = given
+    if memory is not None:
+        guaranteed_mib = _limit(memory, "--memory", _memory)
+        fields["memory_guaranteed_mib"] = guaranteed_mib if isinstance(guaranteed_mib, int) else 0
+    return fields
+
+
+def _clear_quota(name: str, model: str, output: Output) -> None:
+    """`corral group quota G --model M --clear`: DELETE /groups/{name}/quota?gpu_model=M."""
+    with client() as c:
+        group = c.remove_quota(name, model)
+    if output is Output.json:
+        print_json(group)
+        return
+    out.print(f"group {name}: GPU quota of {model} removed")
     for text in group.get("warnings") or ():
         out.print(f"[yellow]warning:[/yellow] {plain(text)}", markup=True, highlight=False)
 

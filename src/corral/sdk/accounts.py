@@ -42,6 +42,11 @@ class AccountsApi(BaseClient):
                 body["max"] = max_gpus
         return self.request("PUT", f"/groups/{seg(group)}/quota", json=body)
 
+    def remove_quota(self, group: str, gpu_model: str) -> dict[str, Any]:
+        """Remove the group's GPU quota row of `gpu_model` ("*" included; 404 when it has none);
+        returns the group."""
+        return self.request("DELETE", f"/groups/{seg(group)}/quota", params={"gpu_model": gpu_model})
+
     def add_member(self, group: str, user: str, role: str | None = None) -> dict[str, Any]:
         """Add `user` to `group` (as a member unless `role`), or set their role there; without
         `role` an existing member keeps theirs."""

@@ -187,6 +187,17 @@ def patch_quota(
     return set_quota(session, group, gpu_model=gpu_model, guaranteed=guaranteed or 0, max_gpus=max_gpus)
 
 
+def remove_quota(session: Session, group: Group, gpu_model: str) -> None:
+    """Delete the group's quota row for one GPU model (a mistyped model's row warned forever);
+    404 when it has none. Without a row of its own the model falls under the `*` quota, if any."""
+    current = next((q for q in group.quotas if q.gpu_model == gpu_model), None)
+    if current is None:
+        raise NotFound(f"group {group.name!r} has no quota for GPU model {gpu_model!r}")
+    group.quotas.remove(current)
+    notify.changed(session, notify.Topic.QUOTAS)
+    session.flush()
+
+
 # Group-wide settings `update_group` changes; None clears the nullable ones (the limits) and
 # leaves the others as they are.
 NULLABLE_SETTINGS = ("user_max_gpus", "cpus_max", "memory_max_mib")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Response, status
+from fastapi import APIRouter, Query, Response, status
 from sqlalchemy.orm import Session
 
 from corral.api.deps import DB, Admin, CurrentUser, NameInPath
@@ -86,6 +86,30 @@ def set_quota(name: NameInPath, body: QuotaIn, db: DB, admin: Admin) -> Any:
         db,
         actor=admin,
         action="group.quota.set",
+        target_kind="group",
+        target_id=group.name,
+        before=before,
+        after=group_state(group),
+    )
+    db.commit()
+    return _views(db, admin, [group])[0]
+
+
+GpuModelQuery = Annotated[str, Query(min_length=1, max_length=64, description="GPU model; '*' = any model")]
+
+
+@router.delete("/groups/{name}/quota", response_model=GroupOut)
+def remove_quota(name: NameInPath, gpu_model: GpuModelQuery, db: DB, admin: Admin) -> Any:
+    """Remove the group's GPU quota row of `gpu_model` (`*` included): 404 when it has none. The
+    model then falls under the group's `*` quota, if any."""
+    group = svc.group_by_name(db, name)
+    svc.lock_group(db, group)
+    before = group_state(group)
+    svc.remove_quota(db, group, gpu_model)
+    audit.record(
+        db,
+        actor=admin,
+        action="group.quota.remove",
         target_kind="group",
         target_id=group.name,
         before=before,
