@@ -9,6 +9,7 @@ the offending value (`MonitorConfigError`), so a typo never silently disables no
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 from pathlib import Path
@@ -27,17 +28,23 @@ _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.
 
 
 def parse_duration(value: Any) -> float:
-    """Seconds from `90`, `"90s"`, `"15m"`, `"1h"`, `"1.5d"`."""
+    """Seconds from `90`, `"90s"`, `"15m"`, `"1h"`, `"1.5d"`. Not YAML's `.inf` or `.nan` (nor
+    digits past a float's range): an endless window or hold would never end, and NaN compares
+    false with everything."""
     if isinstance(value, bool):
         raise ValueError(f"expected a duration such as '15m' or '1h', got {value!r}")
     if isinstance(value, int | float):
-        if value < 0:
+        seconds = float(value)
+        if seconds < 0:
             raise ValueError(f"a duration cannot be negative, got {value}")
-        return float(value)
-    match = _DURATION.match(str(value))
-    if not match:
-        raise ValueError(f"expected a duration such as '30s', '15m' or '1h', got {value!r}")
-    return float(match.group(1)) * _UNIT_S[match.group(2)]
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ValueError(f"expected a duration such as '30s', '15m' or '1h', got {value!r}")
+        seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
+    if not math.isfinite(seconds):
+        raise ValueError(f"a duration must be a finite number of seconds, got {value!r}")
+    return seconds
 
 
 class MonitorSettings(FileVariablesSettings):
