@@ -87,6 +87,31 @@ def test_bad_values_in_cluster_files_are_named(tmp_path: Path, text: str, expect
         load_cluster(str(path))
 
 
+def test_a_cluster_past_the_size_limit_is_refused_at_once_naming_the_line(tmp_path: Path) -> None:
+    """`count: 100000000` built nodes for minutes before `corral sim` printed anything."""
+    path = tmp_path / "c.yaml"
+    path.write_text("pools:\n  - name: big\n    gpus_per_node: 8\n    count: 100000000\ngroups: []\n")
+    with pytest.raises(ClusterError) as refused:
+        load_cluster(str(path))
+    assert str(refused.value) == (
+        f"{path}:4: pools[0] 'big'.count: 100,000,000 brings the cluster to 100,000,000 nodes; "
+        "the simulator takes at most 100,000 nodes and 1,000,000 GPUs in all (it builds and scans every one)"
+    )
+    # the limit is over all pools, and over GPUs: the pool that goes past is named
+    path.write_text(
+        "pools:\n  - {name: a, count: 100000, gpus_per_node: 0}\n  - {name: b, count: 1, gpus_per_node: 1}\n"
+    )
+    with pytest.raises(
+        ClusterError, match=r"c\.yaml:3: pools\[1\] 'b'\.count: 1 brings the cluster to 100,001 nodes"
+    ):
+        load_cluster(str(path))
+    path.write_text("pools: [{name: a, count: 100000, gpus_per_node: 16}]\n")
+    with pytest.raises(ClusterError, match=r"c\.yaml:1: .* brings the cluster to 1,600,000 GPUs"):
+        load_cluster(str(path))
+    path.write_text("pools: [{name: a, count: 100000, gpus_per_node: 8}]\n")
+    assert load_cluster(str(path)).total_gpus == 800_000  # at the limits: taken
+
+
 def test_a_fraction_for_a_whole_number_knob_is_refused_by_name() -> None:
     """`backfill_depth` is an int field of the Profile: 2.5 is an error naming the knob (the compiled
     scheduler would raise a bare TypeError at the first cycle), while a float knob takes 2.5."""

@@ -26,6 +26,7 @@ import yaml
 from corral.scheduler.profiles import Profile
 from corral.scheduler.types import ANY_MODEL, GPU, Group, Node
 from corral.sim.errors import ClusterError
+from corral.yaml_lines import line_of
 
 SHIPPED_CLUSTERS = ("philly", "openb", "openb-small", "synth")
 
@@ -93,6 +94,12 @@ class ClusterSpec:
             policy_knobs=self.policy_knobs,
         )
 
+
+# The replay builds every node and GPU as an object and its cycles scan them: 100,000 nodes of 8
+# GPUs take seconds to build, and the largest shipped cluster (openb) has 1,213 nodes. A
+# mistyped count (100000000) ran for minutes, building, before printing anything.
+MAX_NODES = 100_000
+MAX_GPUS = 1_000_000
 
 POOL_KEYS = ("name", "count", "gpus_per_node", "gpu_model", "cpus", "memory_mib")
 GROUP_KEYS = ("name", "guaranteed", "max", "user_max_gpus", "weight", "borrowing")
@@ -185,7 +192,27 @@ def _pool(entry: Any, where: str) -> Pool:
     )
 
 
-def parse_cluster(data: Any, source: str) -> ClusterSpec:
+def _check_size(pools: tuple[Pool, ...], source: str, node: yaml.Node | None) -> None:
+    """At most MAX_NODES nodes and MAX_GPUS GPUs in all, refused naming the line of the pool's
+    `count` that goes past (`node`: the file's YAML node tree, when there is a file)."""
+    nodes = gpus = 0
+    for i, pool in enumerate(pools):
+        nodes += pool.count
+        gpus += pool.count * pool.gpus_per_node
+        if nodes <= MAX_NODES and gpus <= MAX_GPUS:
+            continue
+        line = "" if node is None else f":{line_of(node, ('pools', i, 'count'))}"
+        what = f"{nodes:,} nodes" if nodes > MAX_NODES else f"{gpus:,} GPUs"
+        raise ClusterError(
+            f"{source}{line}: pools[{i}] {pool.name!r}.count: {pool.count:,} brings the cluster to {what}; "
+            f"the simulator takes at most {MAX_NODES:,} nodes and {MAX_GPUS:,} GPUs in all "
+            "(it builds and scans every one)"
+        )
+
+
+def parse_cluster(data: Any, source: str, node: yaml.Node | None = None) -> ClusterSpec:
+    """A ClusterSpec from CLUSTER.yaml's data; `node` (yaml.compose of the same text) lets an
+    error name its line."""
     if not isinstance(data, Mapping):
         raise ClusterError(f"{source}: expected a mapping with 'pools' and 'groups'")
     _known_keys(data, CLUSTER_KEYS, source)
@@ -195,6 +222,7 @@ def parse_cluster(data: Any, source: str) -> ClusterSpec:
     pools = tuple(_pool(p, f"{source}: pools[{i}]") for i, p in enumerate(pools_raw))
     if len({p.name for p in pools}) != len(pools):
         raise ClusterError(f"{source}: pool names must be unique")
+    _check_size(pools, source, node)
     groups_raw = data.get("groups") or []
     if not isinstance(groups_raw, list):
         raise ClusterError(f"{source}: 'groups' must be a list")
@@ -249,7 +277,8 @@ def load_cluster(name_or_path: str) -> ClusterSpec:
                 f"cluster {name_or_path!r}: not a shipped example ({shipped}) and no such file"
             )
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        data, node = yaml.safe_load(text), yaml.compose(text)
     except yaml.YAMLError as exc:
         raise ClusterError(f"{path}: not valid YAML: {exc}")
-    return parse_cluster(data, str(path))
+    return parse_cluster(data, str(path), node)
