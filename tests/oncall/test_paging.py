@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from corral.db.oncall_models import Page, PageNotification
@@ -203,6 +204,25 @@ def test_a_failing_webhook_contact_does_not_show_its_url_path(env: Env, smtp: Sm
     assert failed["state"] == "failing"
     assert failed["last_error"].startswith(f"POST http://127.0.0.1:{port}/...: "), failed["last_error"]
     assert "s3cret" not in failed["last_error"] and ":pw@" not in failed["last_error"]
+    # The page views showed the contact's URL itself too (GET /oncall/pages: to everyone the page
+    # notified), and an error kept before errors were shown so.
+    url = f"http://u:pw@127.0.0.1:{port}/services/T0/B0/s3cret?k=v"
+    with env.factory() as db:
+        db.execute(
+            sa.update(PageNotification)
+            .where(PageNotification.kind == "slack")
+            .values(last_error=f"POST {url}: old")
+        )
+        db.commit()
+    for who in (env.admin, env.people["alice"]):
+        (seen,) = [
+            p
+            for p in env.client.get("/api/v1/oncall/pages", headers=who).json()
+            if p["key"] == "test:failing-hook"
+        ]
+        (failed,) = [n for n in seen["notifications"] if n["kind"] == "slack"]
+        assert failed["address"] == f"http://127.0.0.1:{port}/..."
+        assert failed["last_error"] == f"POST http://127.0.0.1:{port}/...: old"
 
 
 def test_a_gap_is_warned_and_its_step_falls_through_to_the_next(env: Env, smtp: Smtp) -> None:

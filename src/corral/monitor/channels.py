@@ -22,6 +22,7 @@ from corral.db.oncall_models import PageNotification
 from corral.monitor.alerts import alert_to_dict
 from corral.monitor.config import EmailChannel, MonitorConfig, WebhookChannel
 from corral.monitor.models import Alert, AlertNotification
+from corral.services.oncall import shown_url
 
 log = logging.getLogger(__name__)
 DELIVERY_BATCH = 50
@@ -66,15 +67,6 @@ def send_email(channel: EmailChannel, alert: Alert, status: str) -> None:
             smtp.send_message(msg)
     except (OSError, smtplib.SMTPException) as exc:
         raise ChannelError(f"SMTP {channel.smtp_host}:{channel.smtp_port}: {exc}") from exc
-
-
-def shown_url(url: str) -> str:
-    """A webhook channel's URL as errors show it (`corral alert channels`, which every member may
-    read, and the log): scheme, host and port. The path of a chat webhook is its credential
-    (https://hooks.slack.com/services/T000/B000/XXXX), and a user:password may precede the host."""
-    parsed = httpx.URL(url)
-    port = f":{parsed.port}" if parsed.port is not None else ""
-    return f"{parsed.scheme}://{parsed.host}{port}/..."
 
 
 def send_webhook(channel: WebhookChannel, alert: Alert, status: str) -> None:

@@ -30,10 +30,11 @@ from sqlalchemy.orm import Session
 
 from corral.db.models import User
 from corral.db.oncall_models import Page, PageNotification
-from corral.monitor.channels import ChannelError, record_failure, shown_url
+from corral.monitor.channels import ChannelError, record_failure
 from corral.monitor.config import EmailChannel, MonitorConfig
 from corral.monitor.loops import monitor_config
 from corral.server.context import BackgroundLoop, ServerContext
+from corral.services.oncall import shown_url
 from corral.services.paging import ESCALATE_BATCH, OPEN_STATES, ack_token, escalate_due, link_key, purge_ended
 from corral.services.rotation import utc_text
 

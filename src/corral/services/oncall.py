@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from datetime import UTC, date, datetime
 from typing import Any
 
+import httpx
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
@@ -66,6 +67,16 @@ def _admin(principal: Principal, what: str) -> None:
 def _may_manage(principal: Principal, user: User, verb: str = "change") -> None:
     if principal.user_id != user.id and not principal.is_admin:
         raise Forbidden(f"only {user.name} and admins may {verb} {user.name}'s contact methods")
+
+
+def shown_url(url: str) -> str:
+    """A webhook's URL (an alert channel's or a person's contact) as errors and page views show it
+    (`corral alert channels`, which every member may read, the pages every person they notified
+    may read, and the log): scheme, host and port. The path of a chat webhook is its credential
+    (https://hooks.slack.com/services/T000/B000/XXXX), and a user:password may precede the host."""
+    parsed = httpx.URL(url)
+    port = f":{parsed.port}" if parsed.port is not None else ""
+    return f"{parsed.scheme}://{parsed.host}{port}/..."
 
 
 def check_address(kind: str, address: str) -> str:

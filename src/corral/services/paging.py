@@ -42,7 +42,7 @@ from corral.services import audit, notify
 from corral.services.accounts import user_by_name
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound, ServiceError
-from corral.services.oncall import addresses_of, policy_by_name, rotation_of, schedule_by_name
+from corral.services.oncall import addresses_of, policy_by_name, rotation_of, schedule_by_name, shown_url
 from corral.services.rotation import utc_text
 
 log = logging.getLogger(__name__)
@@ -337,13 +337,22 @@ def page_view(session: Session, page: Page) -> dict[str, Any]:
         "body": page.body, "state": page.state, "round": page.round + 1, "next_step": page.step + 1,
         "next_at": page.next_at, "created_at": page.created_at, "acked_at": page.acked_at,
         "acked_by": page.acked_by, "ended_at": page.ended_at, "log": list(page.log),
-        "notifications": [
-            {
-                "user": name, "kind": n.kind, "address": n.address, "round": n.round + 1, "step": n.step + 1,
-                "state": n.state, "attempts": n.attempts, "sent_at": n.sent_at, "last_error": n.last_error,
-            }
-            for n, name in rows
-        ],
+        "notifications": [{"user": name, **_notification_view(n)} for n, name in rows],
+    }  # fmt: skip
+
+
+def _notification_view(n: PageNotification) -> dict[str, Any]:
+    """One notification as a page view shows it to admins and to everyone the page notified (and
+    to the holder of an acknowledge link): a webhook or Slack contact's URL as scheme://host:port/...
+    only, in its address and in an error kept before errors named it so (the URL path is the
+    webhook's credential; only the person and admins may see their contact methods)."""
+    address, error = n.address, n.last_error
+    if n.kind != "email":
+        address = shown_url(n.address)
+        error = error.replace(n.address, address)
+    return {
+        "kind": n.kind, "address": address, "round": n.round + 1, "step": n.step + 1, "state": n.state,
+        "attempts": n.attempts, "sent_at": n.sent_at, "last_error": error,
     }  # fmt: skip
 
 
