@@ -207,12 +207,7 @@ def group_quota(
     if group is None:
         out.print(f"group {name}: storage quota set")
         return
-    if output is Output.json:
-        print_json(group)
-        return
-    out.print(f"group {name}: quotas set")
-    for text in group.get("warnings") or ():
-        out.print(f"[yellow]warning:[/yellow] {plain(text)}", markup=True, highlight=False)
+    _print_quota_change(group, output, f"group {name}: quotas set")
 
 
 def _group_fields(
@@ -241,10 +236,15 @@ def _clear_quota(name: str, model: str, output: Output) -> None:
     """`corral group quota G --model M --clear`: DELETE /groups/{name}/quota?gpu_model=M."""
     with client() as c:
         group = c.remove_quota(name, model)
+    _print_quota_change(group, output, f"group {name}: GPU quota of {model} removed")
+
+
+def _print_quota_change(group: dict[str, Any], output: Output, done: str) -> None:
+    """The group as changed (-o json), or what was done and the quota warnings it now has."""
     if output is Output.json:
         print_json(group)
         return
-    out.print(f"group {name}: GPU quota of {model} removed")
+    out.print(done)
     for text in group.get("warnings") or ():
         out.print(f"[yellow]warning:[/yellow] {plain(text)}", markup=True, highlight=False)
 

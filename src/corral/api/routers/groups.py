@@ -82,17 +82,7 @@ def set_quota(name: NameInPath, body: QuotaIn, db: DB, admin: Admin) -> Any:
     if body.sets_gpu_quota:
         svc.patch_quota(db, group, body.gpu_model, body.model_dump(include={"guaranteed", "max"} & given))
     svc.update_group(db, group, body.model_dump(include=set(svc.GROUP_SETTINGS) & given))
-    audit.record(
-        db,
-        actor=admin,
-        action="group.quota.set",
-        target_kind="group",
-        target_id=group.name,
-        before=before,
-        after=group_state(group),
-    )
-    db.commit()
-    return _views(db, admin, [group])[0]
+    return _audited_quota_change(db, admin, group, "group.quota.set", before)
 
 
 GpuModelQuery = Annotated[str, Query(min_length=1, max_length=64, description="GPU model; '*' = any model")]
@@ -106,10 +96,17 @@ def remove_quota(name: NameInPath, gpu_model: GpuModelQuery, db: DB, admin: Admi
     svc.lock_group(db, group)
     before = group_state(group)
     svc.remove_quota(db, group, gpu_model)
+    return _audited_quota_change(db, admin, group, "group.quota.remove", before)
+
+
+def _audited_quota_change(
+    db: Session, admin: Principal, group: Group, action: str, before: dict[str, Any]
+) -> Any:
+    """Audit a quota change (before and after), commit it, and answer the group as changed."""
     audit.record(
         db,
         actor=admin,
-        action="group.quota.remove",
+        action=action,
         target_kind="group",
         target_id=group.name,
         before=before,
