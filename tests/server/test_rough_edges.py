@@ -98,7 +98,7 @@ def test_rm_deletes_a_finished_job_and_its_logs(server: CorralServer) -> None:
         result = CliRunner().invoke(cli, ["rm", str(job_id), str(running)], env=env)
         assert result.exit_code == 1, result.output
         assert f"job {job_id} deleted" in result.stdout
-        assert f"job {running}: job {running} is running; only finished jobs" in result.stderr
+        assert f"error: job {running} is running; only finished jobs" in result.stderr  # the id once
         assert c.get(f"/api/v1/jobs/{job_id}").status_code == 404
         assert attempt_dirs(server, job_id) == []  # the logs went with it
         assert c.get(f"/api/v1/jobs/{running}").json()["state"] == "running"
