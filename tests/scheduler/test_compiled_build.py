@@ -73,17 +73,17 @@ def require_current_build() -> Path:
 
 
 def copy_of_compiled_packages(tmp_path: Path) -> Path:
-    """The scheduler and simulator packages (and the two modules they import from outside them) in
-    a fresh tree."""
+    """The scheduler and simulator packages (and the modules they import from outside them:
+    compiled_build.DEPENDENCIES) in a fresh tree."""
     package = tmp_path / "src" / "corral"
     for name in ("scheduler", "sim"):
         shutil.copytree(SRC / name, package / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("__init__.py", "domain.py"):
+    for name in ("__init__.py", *compiled_build.DEPENDENCIES):
         shutil.copy(SRC / name, package / name)
     return tmp_path / "src"
 
 
-@pytest.mark.parametrize("edited", ["scheduler/core.py", "sim/replay.py", "domain.py"])
+@pytest.mark.parametrize("edited", ["scheduler/core.py", "sim/replay.py", "domain.py", "yaml_lines.py"])
 def test_an_edited_source_runs_pure_python_not_the_old_build(tmp_path: Path, edited: str) -> None:
     build = require_current_build()
     src = copy_of_compiled_packages(tmp_path)
