@@ -220,6 +220,12 @@ def update_group(session: Session, group: Group, changes: Mapping[str, float | b
     session.flush()
 
 
+def member_role(session: Session, group: Group, user: User) -> str | None:
+    """`user`'s role in `group`, None when not a member (one row by its key, not the member list)."""
+    membership = session.get(Membership, (user.id, group.id))
+    return None if membership is None else membership.role
+
+
 def add_member(session: Session, group: Group, user: User, role: str | None = "member") -> Membership:
     """Add (or change the role of) a member; a user with no default group gets this one. Role
     None: a new member joins as "member", an existing one keeps their role."""

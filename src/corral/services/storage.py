@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sqlalchemy import ColumnElement, or_, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import InstrumentedAttribute, Session
+from sqlalchemy.orm import InstrumentedAttribute, Session, class_mapper
 
 from corral.catalog import model_mounts as _model_mounts  # noqa: F401  (registers the model/ source)
 from corral.config import Settings
@@ -180,7 +180,7 @@ def upload_chunk(
 
 def _claim(session: Session, claim: CodeClaim | CodeSnapshotClaim) -> None:
     """Record the caller's claim on a blob or a snapshot (commits; kept if they hold it already)."""
-    key = (claim.sha256 if isinstance(claim, CodeClaim) else claim.snapshot, claim.user_id)
+    key = class_mapper(type(claim)).primary_key_from_instance(claim)
     if session.get(type(claim), key) is not None:
         return
     session.add(claim)

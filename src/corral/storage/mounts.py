@@ -196,8 +196,8 @@ def _missing(path: Path) -> bool:
         os.lstat(path)
     except (FileNotFoundError, NotADirectoryError):
         return True
-    except OSError:
-        return False
+    except OSError:  # e.g. no rights to look
+        pass
     return False
 
 

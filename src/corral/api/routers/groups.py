@@ -129,7 +129,7 @@ def add_member(name: NameInPath, body: MemberIn, db: DB, principal: CurrentUser,
     group = svc.visible_group(db, principal, name)
     svc.require_group_admin(principal, group)
     user = svc.user_by_name(db, body.user)
-    old_role = dict(svc.members_of(db, group.id)).get(user.name)
+    old_role = svc.member_role(db, group, user)
     membership = svc.add_member(db, group, user, body.role)
     audit.record(
         db,
