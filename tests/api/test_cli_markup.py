@@ -79,8 +79,12 @@ def test_an_on_call_layers_name_is_printed_as_written(world: World, server_url: 
     """A layer named "[/l]" made `corral oncall now` (which everyone logged in may run) and
     `corral oncall schedule show` end in a MarkupError traceback."""
     spec = tmp_path / "s.yaml"
+    # A fixed-offset zone where it is about 11:00 now, so that the gap (local 23:00-24:00) is never
+    # now: in UTC the test failed between 23:00 and 24:00 (`oncall now` said "nobody: gap")
+    offset = (11 - time.gmtime().tm_hour + 12) % 24 - 12
+    zone = "UTC" if offset == 0 else f"Etc/GMT{-offset:+d}"
     spec.write_text(
-        "time_zone: UTC\nlayers:\n  - {name: '[/l]', rotation: daily, start_date: '2026-01-05',"
+        f"time_zone: {zone}\nlayers:\n  - {{name: '[/l]', rotation: daily, start_date: '2026-01-05',"
         " handoff: '09:00', members: [alice], restrict_from: '00:00', restrict_to: '23:00'}\n"
     )
     code, out = run(world, server_url, "admin", "oncall", "schedule", "set", "s", "-f", str(spec))
