@@ -487,3 +487,46 @@ def test_snapshots_jobs_named_are_claimed_by_their_users_after_0026(url: str) ->
         assert "code_snapshot_claims" not in sa.inspect(engine).get_table_names()
     finally:
         engine.dispose()
+
+
+def test_idle_stops_recorded_only_as_job_events_are_filled_in_by_0028(url: str) -> None:
+    # 0028: `corral ws ls/show` read workspaces.idle_stopped_at, no longer the job's events. A
+    # workspace the idle policy had stopped before the upgrade (its current job's cancel was
+    # requested and its latest idle_gpu event ending ": stopped") shows the same after it.
+    upgrade(url, "0027_jobs_updated_index")
+    engine = make_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        data = rows(0)
+        for job in data["jobs"]:  # 10 succeeded, 11 failed, 12 running, 13 queued
+            job["cancel_requested"] = job["id"] in (10, 12, 13)
+        stop = "GPUs still idle (0.0%) 600 s after the warning: stopped"
+        warn = "GPUs idle: mean utilization 0.0% < 10% for 1860 s; it will be stopped in 600 s"
+        data["job_events"] += [
+            {"id": 300 + i, "job_id": job_id, "at": T0 + at, "kind": kind, "from_state": None,
+             "to_state": None, "message": message}
+            for i, (job_id, at, kind, message) in enumerate([
+                (10, 50, "idle_gpu", stop), (10, 90, "idle_gpu", stop),  # stopped twice: the latest
+                (11, 60, "idle_gpu", stop),  # its cancel was not requested (it failed on its own)
+                (12, 70, "idle_gpu", warn),  # warned, then cancelled by hand
+                (13, 80, "transition", stop),  # another kind's message
+            ])
+        ]  # fmt: skip
+        workspace = {"user_id": 1, "group_id": 1, "gpus": 1, "gpu_model": None, "cpus": 1.0,
+                     "memory_mib": 1024, "environment": "default", "idle_timeout_s": None,
+                     "jupyter_token": "t", "reclaimed_gpu_hours": 0.0, "last_used_at": None,
+                     "created_at": T0, "updated_at": T0}  # fmt: skip
+        current = {1: 10, 2: 11, 3: 12, 4: 13, 5: None}
+        data["workspaces"] = [
+            {"id": i, "name": f"w{i}", "current_job_id": j, **workspace} for i, j in current.items()
+        ]
+        insert(engine, data)
+        upgrade(url, "0028_workspace_idle_stopped")
+        with engine.connect() as conn:
+            found = conn.execute(sa.text("SELECT id, idle_stopped_at FROM workspaces ORDER BY id"))
+            assert [tuple(r) for r in found] == [(1, T0 + 90), (2, None), (3, None), (4, None), (5, None)]
+        downgrade(url, "0027_jobs_updated_index")
+        with engine.connect() as conn:
+            assert "idle_stopped_at" not in {c["name"] for c in sa.inspect(conn).get_columns("workspaces")}
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM workspaces")).scalar_one() == 5
+    finally:
+        engine.dispose()

@@ -39,6 +39,10 @@ class Workspace(Base):
     # When a session (SSH gateway, exec, port-forward) into the current job was last open, as the
     # server holding it wrote (corral.services.session_use, migration 0019); idle reclamation reads it.
     last_used_at: Mapped[float | None] = mapped_column(Float)
+    # When the idle policy stopped the current job (corral.monitor.idle, in the transaction that
+    # requested its cancel); cleared by the next start. `corral ws ls/show` read it (migration
+    # 0028_workspace_idle_stopped, which filled it from the idle stops' job events).
+    idle_stopped_at: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
 
