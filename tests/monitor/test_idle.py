@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import delete, select, update
+from sqlalchemy.orm import Session
 
 from corral.cli import workspaces as cli_workspaces
 from corral.db.models import Gpu, GpuClaim, Job, JobEvent
@@ -17,9 +18,10 @@ from corral.monitor.idle import enforce_idle_policy, job_policy
 from corral.monitor.loops import idle_tick, session_use_tick
 from corral.monitor.models import Alert, AlertNotification, GpuReading, IdleGpuWatch
 from corral.server.context import ServerContext
-from corral.services import workspaces
-from corral.services.auth import load_principal
+from corral.services import accounts, workspaces
+from corral.services.auth import Principal, load_principal
 from corral.services.lifecycle import JobState, transition
+from corral.services.policy import active_profile
 from corral.services.session_use import SessionUse
 from corral.spec import JobSpecV1, ValidationError
 from tests.monitor.conftest import Mon
@@ -353,9 +355,50 @@ def test_an_idle_stopped_workspace_says_so_and_when(mon: Mon) -> None:
     stopped = view()
     assert stopped["idle_stopped_at"] == pytest.approx(now + 42 * 60)
     assert cli_workspaces._state(stopped).startswith("stopping (idle, ")  # then "stopped (idle, 2h ago)"
-    with mon.factory() as db:  # a cancel by hand is not an idle stop
+    with mon.factory() as db:  # recorded on the workspace with the cancel, not found in an event
+        row = db.scalars(select(Workspace).where(Workspace.current_job_id == workspace)).one()
         job = db.get(Job, workspace)
-        assert job is not None
-        db.execute(delete(JobEvent).where(JobEvent.job_id == workspace, JobEvent.kind == "idle_gpu"))
+        assert job is not None and job.cancel_requested
+        assert row.idle_stopped_at == pytest.approx(now + 42 * 60)
+        db.execute(update(JobEvent).where(JobEvent.job_id == workspace).values(message="reworded"))
         db.commit()
-    assert view()["idle_stopped_at"] is None
+    assert view()["idle_stopped_at"] == pytest.approx(now + 42 * 60)  # the message's words do not matter
+
+
+def principal_and_workspace(db: Session, job_id: int) -> tuple[Principal, Workspace]:
+    job = db.get(Job, job_id)
+    assert job is not None
+    ws = db.scalars(select(Workspace).where(Workspace.current_job_id == job_id)).one()
+    return load_principal(db, job.user, via="token"), ws
+
+
+def test_a_restart_clears_the_idle_stop_and_a_stop_by_hand_is_not_one(mon: Mon) -> None:
+    """`corral ws start` after an idle stop: the new job was not stopped for being idle, nor is
+    it when its owner stops it."""
+    workspace, ctx = unsampled_workspace(mon)
+    ctx.memory.session_use = SessionUse()
+    now = time.time()
+    for minute in (0, 31, 42):  # idle since now, warned, stopped
+        idle_tick(ctx, now + minute * 60)
+    with mon.factory() as db:
+        job = db.get(Job, workspace)
+        assert job is not None and job.cancel_requested
+        assert transition(db, job, JobState.CANCELLED, now=now + 43 * 60, message="stopped")  # reconcile's
+        accounts.add_member(db, job.group, job.user)  # the synthetic owner may submit to its group
+        db.commit()
+        principal, ws = principal_and_workspace(db, workspace)
+        assert ws.idle_stopped_at == pytest.approx(now + 42 * 60)
+        assert workspaces.get_workspace(db, principal, mon.settings, "nb")["idle_stopped_at"] is not None
+        started = workspaces.start_workspace(
+            db, principal, mon.settings, active_profile(mon.settings), "nb", None
+        )
+        assert started["job_id"] != workspace and started["state"] == "pending"
+        assert started["idle_stopped_at"] is None
+        assert cli_workspaces._state(dict(started)) == "pending"
+    with mon.factory() as db:
+        principal, ws = principal_and_workspace(db, started["job_id"])
+        assert ws.idle_stopped_at is None  # committed with the start
+        stopped = workspaces.stop_workspace(db, principal, mon.settings, "nb", None)
+        assert stopped["idle_stopped_at"] is None  # a cancel by hand is not an idle stop
+        (listed,) = workspaces.list_workspaces(db, principal, mon.settings)
+        assert listed["job_id"] == started["job_id"] and listed["idle_stopped_at"] is None

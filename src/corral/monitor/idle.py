@@ -24,7 +24,8 @@ Use is evidence beside GPU readings: `activity` gives each workspace job's last 
 kernel or terminal activity (corral.workspaces.activity) or an SSH/exec/port-forward session
 (corral.services.session_use); use after the watch began restarts it, as a GPU busy again does.
 A batch job without fresh readings is never acted on (no evidence either way). An idle stop of
-a workspace adds the GPU-hours it had held idle to the workspace
+a workspace records on the workspace, in the same transaction, when it was stopped
+(`idle_stopped_at`, which `corral ws ls/show` read) and the GPU-hours it had held idle
 (`corral_workspace_gpu_hours_reclaimed_total`).
 """
 
@@ -199,13 +200,13 @@ def _advance(
     if policy.action == "warn" or watch.acted_at is not None or now - watch.warned_at < policy.grace:
         return None
     watch.acted_at = now
-    # a stop's ends as workspaces.IDLE_STOP_EVENT_END, which `corral ws ls/show` look for
     message = f"GPUs still idle ({util:.1f}%) {policy.grace:.0f} s after the warning: {_verb(policy.action)}"
     if policy.action == "stop":
         if not request_cancel(session, job, now=now, why=message, kind="idle_gpu"):
             return None  # it ended since it was read
-        if job.spec.kind == "workspace":  # its files stay; `corral ws start` brings it back
-            workspaces.record_reclaimed(session, job.id, job.spec.total_gpus * idle_for / 3600.0)
+        # a workspace's job (the workspace row says so, whatever the spec): its files stay and it
+        # says it was stopped for being idle until `corral ws start` brings it back
+        workspaces.record_idle_stop(session, job.id, job.spec.total_gpus * idle_for / 3600.0, now)
         return "stopped"
     try:
         moved = transition(session, job, JobState.PREEMPTED, now=now, message=message)

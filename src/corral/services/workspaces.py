@@ -24,7 +24,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from corral.config import Settings
-from corral.db.models import Attempt, Group, Job, JobEvent, Node, User
+from corral.db.models import Attempt, Group, Job, Node, User
 from corral.db.workspace_models import Workspace, WorkspaceGroupPolicy
 from corral.environments.service import check_job_environment, check_workspace_environment
 from corral.scheduler import Profile
@@ -152,25 +152,10 @@ def _view(session: Session, settings: Settings, ws: Workspace, owner: str, group
         "ssh_port": settings.ssh_gateway_port,
         "waiting": job_service.waiting_status(job) if job is not None else None,
         "reclaimed_gpu_hours": ws.reclaimed_gpu_hours,
-        "idle_stopped_at": _idle_stopped_at(session, job),
+        "idle_stopped_at": ws.idle_stopped_at,
         "created_at": ws.created_at,
         "updated_at": ws.updated_at,
     }
-
-
-# How corral.monitor.idle's event for a stop ends ("GPUs still idle (0.0%) 600 s after the
-# warning: stopped"), kind "idle_gpu".
-IDLE_STOP_EVENT_END = ": stopped"
-
-
-def _idle_stopped_at(session: Session, job: Job | None) -> float | None:
-    """When the idle policy stopped `job` (its idle timeout passed unused), or None: `corral ws
-    ls/show` say so rather than just "job N (cancelled)"."""
-    if job is None or not job.cancel_requested:
-        return None
-    stop = (JobEvent.job_id == job.id) & (JobEvent.kind == "idle_gpu")
-    stop &= JobEvent.message.endswith(IDLE_STOP_EVENT_END, autoescape=True)
-    return session.scalar(select(JobEvent.at).where(stop).order_by(JobEvent.id.desc()).limit(1))
 
 
 def _state_for_audit(ws: Workspace) -> dict[str, object]:
@@ -289,6 +274,7 @@ def _submit(
     view = job_service.submit_job(session, owner, spec, profile, now=now, commit=False, workspace=True)
     ws.current_job_id = view["id"]
     ws.jupyter_token = secrets.token_urlsafe(32)
+    ws.idle_stopped_at = None  # the idle stop was the previous job's
     ws.updated_at = now
 
 
@@ -597,11 +583,15 @@ LAUNCH_TOKEN = (
 )
 
 
-def record_reclaimed(session: Session, job_id: int, gpu_hours: float) -> None:
-    """Add the GPU-hours an idle stop gave back to the workspace of `job_id` (the caller commits)."""
+def record_idle_stop(session: Session, job_id: int, gpu_hours: float, now: float) -> None:
+    """The idle policy stopped `job_id`: the workspace whose current job it is (none: a batch job,
+    nothing to do) records when (`corral ws ls/show` say so until the next start) and adds the
+    GPU-hours it gave back. In the transaction that requests the cancel (corral.monitor.idle);
+    the caller commits."""
     ws = session.scalar(select(Workspace).where(Workspace.current_job_id == job_id))
     if ws is not None:
         ws.reclaimed_gpu_hours += gpu_hours
+        ws.idle_stopped_at = now
 
 
 def workspace_job_ids(session: Session) -> dict[int, int]:

@@ -115,7 +115,8 @@ class WorkspaceOut(BaseModel):
     waiting: WaitingOut | None
     reclaimed_gpu_hours: float
     idle_stopped_at: float | None = Field(
-        description="when the idle policy stopped its current job (its idle timeout passed unused)"
+        description="when the idle policy stopped its current job (its idle timeout passed unused); "
+        "null after a start, and for a stop by hand"
     )
     created_at: float
     updated_at: float
