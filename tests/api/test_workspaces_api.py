@@ -8,13 +8,18 @@ import time
 
 import sqlalchemy as sa
 
+from corral.config import Settings
 from corral.db.environment_models import Environment, EnvironmentVersion
 from corral.db.models import Job, User
 from corral.db.workspace_models import Workspace
 from corral.environments.service import lock_packages
-from corral.services import workspaces
+from corral.server.context import ServerContext
+from corral.services import accounts, workspaces
+from corral.services.auth import load_principal
 from tests.api.conftest import World
 from tests.api.helpers import add_node
+from tests.server.fakes import FakeEngine
+from tests.server.test_snapshot_queries import statements
 
 API = "/api/v1/workspaces"
 
@@ -141,3 +146,73 @@ def test_an_environment_without_jupyterlab_is_refused_at_create(world: World) ->
         "jupyter-lab",
         "foo",
     }
+
+
+def test_listing_workspaces_reads_as_many_statements_for_many_as_for_one(
+    world: World, settings: Settings
+) -> None:
+    """`corral ws ls` read each workspace's job, its group's idle policy and (for a cancelled job)
+    its idle stop one query at a time: one read now, with each row's answer as before."""
+    with world.session_factory() as db:
+        add_node(db, gpus=0)
+        db.commit()
+    c, admin = world.client, world.as_("admin")
+    ctx = ServerContext(
+        settings=settings, session_factory=world.session_factory, engine=FakeEngine(), owner_id="t"
+    )
+
+    def listed(user: str, **which: bool) -> tuple[dict[str, workspaces.WorkspaceView], list[str]]:
+        with world.session_factory() as db:
+            principal = load_principal(db, accounts.user_by_name(db, user), via="token")
+            with statements(ctx) as seen:
+                views = workspaces.list_workspaces(db, principal, settings, **which)
+        return {f"{v['user']}/{v['name']}": v for v in views}, seen
+
+    assert c.post(API, json={"name": "first"}, headers=world.as_("alice")).status_code == 201
+    one, one_read = listed("admin", all_users=True)
+    assert list(one) == ["alice/first"] and one["alice/first"]["state"] == "pending"
+    assert len(one_read) == 1 and one_read[0].startswith("SELECT"), one_read
+
+    # Two groups (vision with an idle policy, nlp without), a workspace never started, one stopped
+    # by hand and one the idle policy stopped.
+    assert (
+        c.put(f"{API}/policies/vision", json={"default_idle_timeout": "45m"}, headers=admin).status_code
+        == 200
+    )
+    for user, name, start in (("alice", "cold", False), ("alice", "idle", True), ("bob", "nb", True),
+                              ("carol", "nb", True), ("carol", "by-hand", True)):  # fmt: skip
+        made = c.post(API, json={"name": name, "start": start}, headers=world.as_(user))
+        assert made.status_code == 201, made.text
+    assert c.post(f"{API}/by-hand/stop", headers=world.as_("carol")).status_code == 200
+    idle = c.post(f"{API}/idle/stop", headers=world.as_("alice")).json()
+    with world.session_factory() as db:  # as corral.monitor.idle records its stop
+        workspaces.record_idle_stop(db, idle["job_id"], 0.5, 1_800_000_000.0)
+        db.commit()
+
+    many, many_read = listed("admin", all_users=True)
+    assert len(many) == 6 and len(many_read) == len(one_read), many_read
+    assert [many[k]["idle_stopped_at"] for k in sorted(many)] == [
+        None,
+        None,
+        1_800_000_000.0,
+        None,
+        None,
+        None,
+    ]
+    assert many["alice/idle"]["state"] == "stopped" and many["alice/idle"]["reclaimed_gpu_hours"] == 0.5
+    assert many["alice/cold"]["job_id"] is None and many["alice/cold"]["state"] == "stopped"
+    assert many["carol/by-hand"]["job_state"] == "cancelled" and many["bob/nb"]["state"] == "pending"
+    assert {k: v["idle_timeout_s"] for k, v in many.items() if k != "alice/first"} == {
+        "alice/cold": 2700, "alice/idle": 2700, "bob/nb": 2700,
+        "carol/by-hand": settings.workspace_idle_timeout_s, "carol/nb": settings.workspace_idle_timeout_s,
+    }  # fmt: skip
+    own, own_read = listed("alice")  # a member's own: the same one read
+    assert sorted(own) == ["alice/cold", "alice/first", "alice/idle"] and len(own_read) == 1
+    # Each answer as the one workspace's (GET /workspaces/{name}) gives it, and the API says so.
+    for key, view in many.items():
+        user, name = key.split("/")
+        alone = c.get(f"{API}/{name}", params={"user": user}, headers=admin).json()
+        assert {k: alone[k] for k in ("state", "job_id", "idle_timeout_s", "idle_stopped_at")} == {
+            k: view[k] for k in ("state", "job_id", "idle_timeout_s", "idle_stopped_at")
+        }, key
+    assert c.get(API, headers=world.as_("alice")).json()[2]["idle_stopped_at"] == 1_800_000_000.0

@@ -115,14 +115,22 @@ def workspace_state(job: Job | None) -> str:
 
 
 def idle_timeout_s(session: Session, settings: Settings, ws: Workspace) -> float:
+    """`ws`'s idle timeout, its group's policy read here (by key)."""
+    return _idle_timeout_s(settings, ws, session.get(WorkspaceGroupPolicy, ws.group_id))
+
+
+def _idle_timeout_s(settings: Settings, ws: Workspace, policy: WorkspaceGroupPolicy | None) -> float:
     """The workspace's own timeout, else its group's default, else the server's; at most the
-    group's (else the server's) maximum."""
-    default, maximum = group_limits(session, settings, ws.group_id)
+    group's (else the server's) maximum. `policy`: its group's (None: the group has none)."""
+    default, maximum = _limits(settings, policy)
     return min(ws.idle_timeout_s or default, maximum)
 
 
 def group_limits(session: Session, settings: Settings, group_id: int) -> tuple[float, float]:
-    policy = session.get(WorkspaceGroupPolicy, group_id)
+    return _limits(settings, session.get(WorkspaceGroupPolicy, group_id))
+
+
+def _limits(settings: Settings, policy: WorkspaceGroupPolicy | None) -> tuple[float, float]:
     default = settings.workspace_idle_timeout_s
     maximum = settings.workspace_max_idle_timeout_s
     if policy is not None:
@@ -132,7 +140,20 @@ def group_limits(session: Session, settings: Settings, group_id: int) -> tuple[f
 
 
 def _view(session: Session, settings: Settings, ws: Workspace, owner: str, group: str) -> WorkspaceView:
+    """One workspace's view; its job and its group's policy read here (by key)."""
     job = session.get(Job, ws.current_job_id) if ws.current_job_id is not None else None
+    return _view_of(settings, ws, owner, group, job, session.get(WorkspaceGroupPolicy, ws.group_id))
+
+
+def _view_of(
+    settings: Settings,
+    ws: Workspace,
+    owner: str,
+    group: str,
+    job: Job | None,
+    policy: WorkspaceGroupPolicy | None,
+) -> WorkspaceView:
+    """The view from rows already read: `job` (its current job) and `policy` (its group's)."""
     return {
         "id": ws.id,
         "name": ws.name,
@@ -146,7 +167,7 @@ def _view(session: Session, settings: Settings, ws: Workspace, owner: str, group
         "cpus": ws.cpus,
         "memory_mib": ws.memory_mib,
         "environment": ws.environment,
-        "idle_timeout_s": idle_timeout_s(session, settings, ws),
+        "idle_timeout_s": _idle_timeout_s(settings, ws, policy),
         "url": f"/ws/{ws.id}/lab",
         "ssh_user": f"{owner}+{ws.name}",
         "ssh_port": settings.ssh_gateway_port,
@@ -194,10 +215,14 @@ def list_workspaces(
     user: str | None = None,
     all_users: bool = False,
 ) -> list[WorkspaceView]:
+    """The workspaces with their owners, groups, current jobs and group policies in one read,
+    however many there are (before, each workspace read its job, policy and idle stop apart)."""
     stmt = (
-        select(Workspace, User.name, Group.name)
+        select(Workspace, User.name, Group.name, Job, WorkspaceGroupPolicy)
         .join(User, User.id == Workspace.user_id)
         .join(Group, Group.id == Workspace.group_id)
+        .outerjoin(Job, Job.id == Workspace.current_job_id)
+        .outerjoin(WorkspaceGroupPolicy, WorkspaceGroupPolicy.group_id == Workspace.group_id)
         .order_by(User.name, Workspace.name)
     )
     if all_users:
@@ -206,7 +231,8 @@ def list_workspaces(
     else:
         user_id, _ = _owner_id(session, principal, user)
         stmt = stmt.where(Workspace.user_id == user_id)
-    return [_view(session, settings, ws, owner, group) for ws, owner, group in session.execute(stmt)]
+    rows = session.execute(stmt)
+    return [_view_of(settings, ws, owner, group, job, policy) for ws, owner, group, job, policy in rows]
 
 
 def get_workspace(
