@@ -106,6 +106,12 @@ def _queued_job(w: World) -> int:
     return int(r.json()["id"])
 
 
+def _release_job(w: World) -> tuple[str, str, dict[str, Any]]:
+    job_id = _queued_job(w)
+    assert w.client.post(f"{API}/jobs/{job_id}/hold", headers=w.as_("alice")).status_code == 200
+    return "POST", f"{API}/jobs/{job_id}/release", {}
+
+
 def _delete_job(w: World) -> tuple[str, str, dict[str, Any]]:
     job_id = _queued_job(w)
     assert w.client.post(f"{API}/jobs/{job_id}/cancel", headers=w.as_("alice")).status_code == 200
@@ -332,6 +338,11 @@ CALLS: dict[tuple[str, str], tuple[Call, str]] = {
         lambda w: ("POST", f"{API}/jobs/{_queued_job(w)}/cancel", {}),
         "job.cancel",
     ),
+    ("POST", "/api/v1/jobs/{job_id}/hold"): (
+        lambda w: ("POST", f"{API}/jobs/{_queued_job(w)}/hold", {}),
+        "job.hold",
+    ),
+    ("POST", "/api/v1/jobs/{job_id}/release"): (_release_job, "job.release"),
     ("DELETE", "/api/v1/jobs/{job_id}"): (_delete_job, "job.delete"),
     ("POST", "/api/v1/nodes/{name}/{action}"): (_node_action, "node.cordon"),
     ("DELETE", "/api/v1/nodes/{name}"): (_node_remove, "node.remove"),

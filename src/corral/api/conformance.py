@@ -120,6 +120,8 @@ def _job_links() -> None:
             "GetJobEvents": (f"GET {API}/jobs/{{job_id}}/events", job),
             "GetJobLogs": (f"GET {API}/jobs/{{job_id}}/logs", job),
             "CancelJob": (f"POST {API}/jobs/{{job_id}}/cancel", job),
+            "HoldJob": (f"POST {API}/jobs/{{job_id}}/hold", job),
+            "ReleaseJob": (f"POST {API}/jobs/{{job_id}}/release", job),
             "DeleteJob": (f"DELETE {API}/jobs/{{job_id}}", job),
         },
     )

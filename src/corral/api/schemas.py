@@ -233,6 +233,14 @@ class WatchOut(BaseModel):
     action: str
 
 
+class HoldOut(BaseModel):
+    """A queued job's hold (`corral hold`): it is never scheduled until it is released."""
+
+    by: str  # who held it
+    at: float
+    admin: bool  # an admin's hold: only an admin can release it
+
+
 class EventOut(BaseModel):
     at: float
     kind: str
@@ -268,8 +276,18 @@ class JobOut(BaseModel):
     attempts: list[AttemptOut]
     diagnosis: DiagnosisOut | None
     runtime_estimate: RuntimeEstimateOut | None = None  # what the scheduler assumes it runs
+    hold: HoldOut | None = None  # set while it is queued and held (POST /jobs/{id}/hold)
     events: list[EventOut] | None = None
     watch: WatchOut | None = None  # GET /jobs/{id}
+
+
+class HoldOutcomeOut(BaseModel):
+    """POST /jobs/{id}/hold and /release: what was done (`changed` false: it already was held, or
+    was not held) and the job as it is now."""
+
+    changed: bool
+    message: str
+    job: JobOut
 
 
 class JobListOut(BaseModel):

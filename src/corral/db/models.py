@@ -200,11 +200,21 @@ class Job(Base):
     # Lease for background work on this row (dispatch/stop), so two servers never act twice.
     lease_owner: Mapped[str | None] = mapped_column(String(64))
     lease_until: Mapped[float | None] = mapped_column(Float)
+    # A hold (`corral hold`, `submit --hold`): who held the QUEUED job back, when, and whether as
+    # an admin (then only an admin releases it). The schedule loop never reads a held job;
+    # written only by services/lifecycle.py (hold_job/release_job). Migration 0028.
+    # No foreign key: adding one rebuilds the jobs table on SQLite (see migration 0024)
+    held_by: Mapped[int | None] = mapped_column(Integer)
+    held_at: Mapped[float | None] = mapped_column(Float)
+    held_as_admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
 
     attempts: Mapped[list[Attempt]] = relationship(
         back_populates="job", cascade="all, delete-orphan", order_by="Attempt.number"
     )
     user: Mapped[User] = relationship()
+    holder: Mapped[User | None] = relationship(
+        primaryjoin="foreign(Job.held_by) == User.id", viewonly=True, lazy="select"
+    )
     group: Mapped[Group] = relationship()
 
 

@@ -125,11 +125,11 @@ class PlacementFit:
 def still_fits(
     session: Session, assignment: st.Assignment, claimed: Set[tuple[str, int]]
 ) -> PlacementFit | None:
-    """Re-check the fit in fresh rows: job still queued, nodes ready, its GPUs healthy and not in
+    """Re-check the fit in fresh rows: job still queued and not held, nodes ready, its GPUs healthy and not in
     `claimed`. The plan came from a snapshot whose nodes may be cached (snapshot.cached_shape): a
     GPU reported unhealthy, quarantined or removed since is refused here."""
     job = session.get(Job, int(assignment.job_id))
-    if job is None or job.state != JobState.QUEUED.value or job.cancel_requested:
+    if job is None or job.state != JobState.QUEUED.value or job.cancel_requested or job.held_by is not None:
         return None
     names = set(assignment.allocation.nodes)
     nodes = {name: node for name in names if (node := session.get(Node, name)) is not None}
@@ -317,7 +317,7 @@ def _same_diagnosis(old: JobDiagnosis | None, new: JobDiagnosis) -> bool:
 
 
 def write_diagnoses(ctx: ServerContext, session: Session, diagnoses: Mapping[str, st.Diagnosis]) -> None:
-    """One executemany UPDATE for the diagnoses that changed, only on jobs still queued."""
+    """One executemany UPDATE for the diagnoses that changed, only on jobs still queued, not held."""
     cache = ctx.memory.diagnoses
     changed = {}
     for job_id, diagnosis in diagnoses.items():
@@ -329,7 +329,11 @@ def write_diagnoses(ctx: ServerContext, session: Session, diagnoses: Mapping[str
     jobs = table_of(Job)  # Core UPDATE: executemany over plain parameters
     stmt = (
         update(jobs)
-        .where(jobs.c.id == bindparam("job_pk"), jobs.c.state == JobState.QUEUED.value)
+        .where(
+            jobs.c.id == bindparam("job_pk"),
+            jobs.c.state == JobState.QUEUED.value,
+            jobs.c.held_by.is_(None),  # held since the snapshot: its hold is its diagnosis
+        )
         .values(diagnosis=bindparam("new_diagnosis"))
     )
     session.execute(stmt, [{"job_pk": int(j), "new_diagnosis": d} for j, d in changed.items()])

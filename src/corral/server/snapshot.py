@@ -515,7 +515,14 @@ CLUSTER_JOBS = (
             Attempt.state.in_([s.value for s in LIVE_ATTEMPT_STATES]),
         ),
     )
-    .where(or_(and_(Job.state == JobState.QUEUED.value, Job.cancel_requested.is_(False)), _LIVE_JOB))
+    # A held job (`corral hold`) is no input at all: never placed, not counted ahead of anyone in
+    # queue positions and estimated starts; the scheduler library knows nothing of holds.
+    .where(
+        or_(
+            and_(Job.state == JobState.QUEUED.value, Job.cancel_requested.is_(False), Job.held_by.is_(None)),
+            _LIVE_JOB,
+        )
+    )
 )
 LEDGER_ROWS = select(UsageLedger)
 AVOID_ROWS = select(JobAvoid)

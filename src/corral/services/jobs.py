@@ -51,11 +51,12 @@ from corral.services.audit_state import job_state
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound, ServiceError
 from corral.services.lifecycle import AttemptState, JobState, record_event, request_cancel, transition
+from corral.services.lifecycle import hold as hold_queued
 from corral.services.nodes import scheduler_node
 from corral.services.quota import check_quota
 from corral.services.secrets import check_job_secrets
 from corral.services.submit_guard import hold_access
-from corral.services.views import JobView, job_view
+from corral.services.views import JobView, effective_diagnosis, job_view
 from corral.spec import JobSpecV1
 
 if TYPE_CHECKING:
@@ -373,6 +374,9 @@ class JobInsert(TypedDict):
     cancel_requested: bool
     reason: str
     attained_gpu_seconds: float
+    held_by: int | None  # not held (a held submit is held after its INSERT, by lifecycle.hold)
+    held_at: float | None
+    held_as_admin: bool
 
 
 def check_no_nul(spec: JobSpecV1) -> None:
@@ -406,12 +410,15 @@ def submit_job(
     commit: bool = True,
     workspace: bool = False,
     build: bool = False,
+    hold: bool = False,
 ) -> JobView:
     """Validate access and fit, then store the job as QUEUED with a "submitted" event. Commits and
     returns the job's view (the API's JSON shape). `commit=False`: the caller commits (a workspace
     and its job in one transaction); `workspace`: the caller is corral.services.workspaces, the
     only one that may submit a job of kind `workspace`; `build`: the caller is
-    corral.environments.service, the only one that may submit an environment's build job.
+    corral.environments.service, the only one that may submit an environment's build job;
+    `hold`: the job is held at once (`corral submit --hold`), in the same transaction, so the
+    schedule loop never sees it until it is released.
 
     The job and its event are written with two INSERT statements, not through the ORM's unit of
     work: submitting is the hottest write path (bench/api_load.py) and the ORM flush was the
@@ -454,6 +461,9 @@ def submit_job(
         "cancel_requested": False,
         "reason": "",
         "attained_gpu_seconds": 0.0,
+        "held_by": None,
+        "held_at": None,
+        "held_as_admin": False,
     }
     message = f"submitted by {principal.name} to group {group.name}"
     job_id = session.connection().execute(INSERT_JOB, columns).scalar_one()
@@ -461,10 +471,12 @@ def submit_job(
     record_event(session, job_id, now, message, to_state=JobState.QUEUED.value, immediate=True)
     record_lineage(session, job_id, spec.mounts)  # dataset versions it mounts (pinned at submit)
     record_model_uses(session, job_id, spec.mounts)  # model versions likewise (corral.catalog)
+    job = Job(id=job_id, attempts=[], **columns)  # transient: only read by the view (and the hold)
+    if hold:  # a row this transaction just wrote: no other can have placed or held it
+        hold_queued(session, job, user_id=principal.user_id, as_admin=principal.is_admin, now=now)
     notify.changed(session, notify.Topic.JOBS)
     if commit:
         session.commit()
-    job = Job(id=job_id, attempts=[], **columns)  # transient: only read by the view
     return job_view(job, group_name=group.name, user_name=principal.name)
 
 
@@ -678,7 +690,7 @@ def waiting_status(job: Job) -> WaitingStatus | None:
     state = JobState(job.state)
     if state not in WAITING_STATES:
         return None
-    diagnosis = job.diagnosis
+    diagnosis = effective_diagnosis(job)  # a held job's: its hold, with no position or time
     reasons = list(diagnosis.reasons) if diagnosis is not None else []
     position = diagnosis.queue_position if diagnosis is not None else None
     estimate = diagnosis.estimated_start if diagnosis is not None else None

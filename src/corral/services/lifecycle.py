@@ -17,6 +17,8 @@ tests/server/test_lifecycle_owner.py fails when any other module writes these co
 
 Jobs      QUEUED -> SCHEDULED -> STARTING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED
           STARTING | RUNNING -> PREEMPTED -> QUEUED;  ended attempt with a retry or loss budget left -> QUEUED
+          a QUEUED job may be held (`hold`: held_by/held_at set, state unchanged, never scheduled)
+          and released (`release`), each by compare-and-set on (state = QUEUED, its hold)
 Attempts  SCHEDULED -> STARTING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED | PREEMPTED | LOST
 Nodes     ready | cordoned | draining | down | unknown (operator's admin_state merged with the
           engine's report; down and unknown return to service when the engine reports them again)
@@ -265,6 +267,7 @@ SCHEDULE_BATCH = (
         JOBS.c.id.in_(bindparam("ids", expanding=True)),
         JOBS.c.state == JobState.QUEUED.value,
         ~JOBS.c.cancel_requested,
+        JOBS.c.held_by.is_(None),  # a hold committed since the snapshot wins: the job stays queued
     )
     .values(
         state=JobState.SCHEDULED.value,
@@ -280,7 +283,7 @@ def schedule_jobs(
     session: Session, jobs: Sequence[Job], *, now: float, messages: Mapping[int, str]
 ) -> dict[int, int]:
     """QUEUED -> SCHEDULED for a batch (one job or many) by one compare-and-set UPDATE ... RETURNING for
-    all of them (each row only while still QUEUED with no cancel requested), then one INSERT of
+    all of them (each row only while still QUEUED, not held, with no cancel requested), then one INSERT of
     their events. Returns {job id: its new attempt count} for the rows written (the caller adds
     attempt number that count); the others lost their race, nothing of theirs was written."""
     for job in jobs:
@@ -670,6 +673,75 @@ def move_attempts(
         columns = {a.id: {"state": target.value, **((values or {}).get(a.id, {}))} for a in group}
         won |= _cas_batch(session, ATTEMPTS, group, current, columns)
     return won
+
+
+# -- holds ---------------------------------------------------------------------------------------
+
+# A hold's write: only while the job is QUEUED and not held, as the row reads at the UPDATE. The
+# schedule loop's own write (SCHEDULE_BATCH) moves only a job that is not held: whichever commits
+# first wins, and the other matches no row. Its stale "why pending" goes (it is held instead).
+HOLD_QUEUED = (
+    update(JOBS)
+    .where(
+        JOBS.c.id == bindparam("job_id"),
+        JOBS.c.state == JobState.QUEUED.value,
+        JOBS.c.held_by.is_(None),
+    )
+    .values(
+        held_by=bindparam("holder"),
+        held_at=bindparam("now"),
+        held_as_admin=bindparam("as_admin"),
+        updated_at=bindparam("now"),
+        diagnosis=null(),
+    )
+)
+# A release's write: only the hold the caller's copy shows (its held_at), while still queued.
+RELEASE_HELD = (
+    update(JOBS)
+    .where(
+        JOBS.c.id == bindparam("job_id"),
+        JOBS.c.state == JobState.QUEUED.value,
+        JOBS.c.held_by.is_not(None),
+        JOBS.c.held_at == bindparam("expected_held_at"),
+    )
+    .values(held_by=None, held_at=None, held_as_admin=False, updated_at=bindparam("now"))
+)
+HOLD_COLUMNS = ("state", "held_by", "held_at", "held_as_admin")
+
+
+def hold(session: Session, job: Job, *, user_id: int, as_admin: bool, now: float) -> bool:
+    """Hold a QUEUED job back from the scheduler by compare-and-set on (state = QUEUED, not held),
+    with a "hold" event (the view names the holder). False (nothing written, the copy's state and
+    hold expired so that they are read again): the job was placed or ended meanwhile, or someone
+    else held it first. `as_admin`: an admin's hold, which only an admin releases."""
+    params = {"job_id": job.id, "holder": user_id, "as_admin": as_admin, "now": now}
+    if session.connection().execute(HOLD_QUEUED, params).rowcount != 1:
+        session.expire(job, list(HOLD_COLUMNS))
+        return False
+    for name, value in (
+        ("held_by", user_id),
+        ("held_at", now),
+        ("held_as_admin", as_admin),
+        ("updated_at", now),
+        ("diagnosis", None),
+    ):
+        set_committed_value(job, name, value)
+    message = "held" + (" by an admin: only an admin can release it" if as_admin else "")
+    record_event(session, job.id, now, message, kind="hold", from_state=job.state, to_state=job.state)
+    return True
+
+
+def release(session: Session, job: Job, *, now: float, message: str) -> bool:
+    """Release the hold the copy of `job` shows, by compare-and-set on (state = QUEUED, that hold),
+    with a "release" event. False (nothing written, the copy expired): it changed meanwhile."""
+    params = {"job_id": job.id, "expected_held_at": job.held_at, "now": now}
+    if job.held_by is None or session.connection().execute(RELEASE_HELD, params).rowcount != 1:
+        session.expire(job, list(HOLD_COLUMNS))
+        return False
+    for name, value in (("held_by", None), ("held_at", None), ("held_as_admin", False), ("updated_at", now)):
+        set_committed_value(job, name, value)
+    record_event(session, job.id, now, message, kind="release", from_state=job.state, to_state=job.state)
+    return True
 
 
 # -- events --------------------------------------------------------------------------------------

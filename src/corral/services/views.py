@@ -4,6 +4,7 @@ renamed here and not in corral.api.schemas fails the type check. Typed values fr
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import NotRequired, TypedDict
 
@@ -14,12 +15,15 @@ from corral.db.diag_models import AttemptDiagnosis, HangWatch, NodeFlag
 from corral.db.models import Attempt, Group, Job, JobEvent, Node, User
 from corral.domain import (
     InstancePlacementJSON,
+    JobDiagnosis,
     JobDiagnosisJSON,
+    PendingReason,
     diagnosis_to_json,
     placement_nodes,
     placement_to_json,
 )
 from corral.scheduler.types import Priority
+from corral.services.lifecycle import JobState
 
 
 class AttemptGpuView(TypedDict):
@@ -97,8 +101,60 @@ class JobView(TypedDict):
     attempts: list[AttemptView]
     diagnosis: JobDiagnosisJSON | None
     runtime_estimate: RuntimeEstimateView | None
+    hold: HoldView | None
     events: NotRequired[list[EventView]]
     watch: NotRequired[WatchView | None]
+
+
+class HoldView(TypedDict):
+    """A queued job's hold (`corral hold`): who held it back, when, and whether as an admin."""
+
+    by: str
+    at: float
+    admin: bool  # an admin's hold: only an admin releases it
+
+
+ON_HOLD_CODE = "on_hold"  # the reason of a held job's diagnosis (the scheduler never sees it)
+
+
+def is_held(job: Job) -> bool:
+    """Held back from the scheduler: a hold stands on a job only while it is queued."""
+    return job.held_by is not None and job.state == JobState.QUEUED.value
+
+
+def holder_name(job: Job, user_name: str | None = None) -> str:
+    """Who holds `job` (`user_name`: its owner's, known to a caller whose job is transient)."""
+    if job.held_by == job.user_id:
+        return user_name if user_name is not None else job.user.name
+    holder = job.holder
+    return holder.name if holder is not None else f"user #{job.held_by}"
+
+
+def utc_text(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
+
+
+def hold_text(job: Job, user_name: str | None = None) -> str:
+    """ "held by alice since 2026-11-30 00:20:05 UTC: corral release 7": what `corral show`, `why`
+    and `logs` print as a held job's "why pending"."""
+    return (
+        f"held by {holder_name(job, user_name)} since {utc_text(job.held_at or 0.0)}: corral release {job.id}"
+    )
+
+
+def effective_diagnosis(job: Job, user_name: str | None = None) -> JobDiagnosis | None:
+    """Why a job waits: its hold while it is held (no queue position, no estimated start: it is
+    in no queue the scheduler reads), else the schedule loop's last diagnosis."""
+    if not is_held(job):
+        return job.diagnosis
+    reason = PendingReason(ON_HOLD_CODE, "hold", hold_text(job, user_name))
+    return JobDiagnosis(reasons=(reason,), queue_position=None, estimated_start=None)
+
+
+def hold_view(job: Job, user_name: str | None = None) -> HoldView | None:
+    if not is_held(job) or job.held_at is None:
+        return None
+    return {"by": holder_name(job, user_name), "at": job.held_at, "admin": bool(job.held_as_admin)}
 
 
 class RuntimeEstimateView(TypedDict):
@@ -228,6 +284,7 @@ def job_view(
     """`group_name`/`user_name`: given by a caller that already knows them (a just-submitted job
     is a transient object without its group and user loaded). `lost_budget`: the server's
     platform-loss requeue budget (Settings.lost_requeue_budget), shown next to the losses."""
+    diagnosis = effective_diagnosis(job, user_name)
     out: JobView = {
         "id": job.id,
         "name": job.name,
@@ -252,8 +309,9 @@ def job_view(
         "lost_requeue_budget": lost_budget,
         "preemptions": job.preemptions or 0,
         "attempts": [attempt_view(a) for a in job.attempts],
-        "diagnosis": None if job.diagnosis is None else diagnosis_to_json(job.diagnosis),
+        "diagnosis": None if diagnosis is None else diagnosis_to_json(diagnosis),
         "runtime_estimate": runtime_estimate_view(job),
+        "hold": hold_view(job, user_name),
     }
     if events is not None:
         out["events"] = [event_view(e) for e in events]

@@ -1,4 +1,5 @@
-"""Jobs: submit (JSON or YAML), list, show, cancel, events, logs. Logic is in corral.services.jobs."""
+"""Jobs: submit (JSON or YAML), list, show, cancel, hold, release, events, logs. Logic is in
+corral.services.jobs (holds: corral.services.holds)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,21 @@ from pydantic import AfterValidator, ValidationError, WithJsonSchema
 
 from corral import spec as job_spec
 from corral.api.deps import DB, MAX_ROW_ID, CurrentUser, Offset, RowId, UserFilter, fast_json
-from corral.api.schemas import EventOut, JobListOut, JobOut, LogsOut, no_nul_in_properties, nul_at
+from corral.api.schemas import (
+    EventOut,
+    HoldOutcomeOut,
+    JobListOut,
+    JobOut,
+    LogsOut,
+    no_nul_in_properties,
+    nul_at,
+)
 from corral.diagnosis.exitspec import ExitSpecCache, exit_spec_cache
 from corral.diagnosis.record import platform_loss_cap
 from corral.diagnosis.settings import DiagnosisSettings
 from corral.engine.base import EngineUnavailable
 from corral.environments.service import NAME_RE, check_job_environment
-from corral.services import cleanup, storage
+from corral.services import cleanup, holds, storage
 from corral.services import jobs as svc
 from corral.services.lifecycle import JobState
 from corral.services.policy import active_profile
@@ -221,7 +230,13 @@ async def read_spec(request: Request) -> JobSpecV1:
     },
 )
 def submit(
-    request: Request, principal: CurrentUser, spec: Annotated[JobSpecV1, Depends(read_spec)], db: DB
+    request: Request,
+    principal: CurrentUser,
+    spec: Annotated[JobSpecV1, Depends(read_spec)],
+    db: DB,
+    hold: Annotated[
+        bool, Query(description="queue it held: never scheduled until POST /jobs/{id}/release")
+    ] = False,
 ) -> Any:
     # `principal` before `spec`: dependencies resolve in this order, and a request without
     # credentials must get its 401 before anything is said about its body.
@@ -229,7 +244,7 @@ def submit(
     profile = active_profile(request.app.state.settings)
     spec = storage.check_job_storage(db, principal, spec, request.app.state.settings)
     spec = check_job_environment(db, principal, spec)  # pinned: `environment: digits@2`
-    return fast_json(svc.submit_job(db, principal, spec, profile), status.HTTP_201_CREATED)
+    return fast_json(svc.submit_job(db, principal, spec, profile, hold=hold), status.HTTP_201_CREATED)
 
 
 @router.get("/jobs", response_model=JobListOut)
@@ -274,6 +289,20 @@ def cancel(job_id: RowId, db: DB, principal: CurrentUser, request: Request) -> A
     """Queued jobs end at once; active jobs get cancel_requested and the control loops stop them."""
     job = svc.cancel_job(db, principal, job_id)
     return job_view(job, svc.job_events(db, job.id), lost_budget=budget(request))
+
+
+@router.post("/jobs/{job_id}/hold", response_model=HoldOutcomeOut)
+def hold(job_id: RowId, db: DB, principal: CurrentUser) -> Any:
+    """Hold a queued job back from the scheduler (owner, group admin, admin); 409 once it left
+    the queue. Holding a held job changes nothing (`changed` false)."""
+    return fast_json(holds.hold_job(db, principal, job_id))
+
+
+@router.post("/jobs/{job_id}/release", response_model=HoldOutcomeOut)
+def release(job_id: RowId, db: DB, principal: CurrentUser) -> Any:
+    """Release a held job: schedulable again at once. An admin's hold only an admin releases (403).
+    Releasing a job that is not held changes nothing (`changed` false)."""
+    return fast_json(holds.release_job(db, principal, job_id))
 
 
 @router.delete("/jobs/{job_id}", status_code=status.HTTP_204_NO_CONTENT, responses=NEEDS_ENGINE)
