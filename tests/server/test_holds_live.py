@@ -102,7 +102,9 @@ def test_a_hold_committed_before_the_placement_wins(ctx: ServerContext) -> None:
     scheduler.commit()
     with ctx.session_factory() as session:  # the hold commits in between
         job = session.get(Job, job_id)
-        assert job is not None and hold(session, job, user_id=uid, as_admin=False, now=time.time())
+        assert job is not None and hold(
+            session, job, user_id=uid, as_admin=False, now=time.time(), message="held"
+        )
         session.commit()
     assert schedule_jobs(scheduler, [stale], now=time.time(), messages={}) == {}  # lost: nothing written
     scheduler.commit()
@@ -124,7 +126,9 @@ def test_a_placement_committed_before_the_hold_wins(ctx: ServerContext) -> None:
         assert job is not None
         assert schedule_jobs(session, [job], now=time.time(), messages={}) == {job_id: 1}
         session.commit()
-    assert hold(holder, stale, user_id=uid, as_admin=False, now=time.time()) is False  # nothing written
+    assert (
+        hold(holder, stale, user_id=uid, as_admin=False, now=time.time(), message="held") is False
+    )  # nothing written
     holder.rollback()
     assert stale.state == "scheduled" and stale.held_by is None  # expired by the lost race: re-read
     holder.close()

@@ -1,4 +1,4 @@
-"""Job commands: submit, ls, show, why, logs, cancel, rm.
+"""Job commands: submit, ls, show, why, logs, events, cancel, hold, release, rm.
 
 Read commands and `submit` take `-o json` and then print exactly the JSON the API returned.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -62,6 +63,10 @@ def submit(
             help="submit a copy of this job's spec (a clone; not of an environment's build job)",
         ),
     ] = None,
+    hold: Annotated[
+        bool,
+        typer.Option("--hold", help="queue it held: it is never scheduled until `corral release JOB`"),
+    ] = False,
 ) -> None:
     """Submit a job spec, or a copy of an earlier job's (`--from-job 42`)."""
     if (file is None) == (from_job is None):
@@ -80,7 +85,7 @@ def submit(
                 f"code: {upload.files} files, {upload.total_bytes} bytes; "
                 f"uploaded {upload.uploaded_bytes} bytes (snapshot {upload.id[:12]})"
             )
-        job = c.submit(text, code=snapshot)
+        job = c.submit(text, code=snapshot, hold=hold)
         if wait:
             if output is Output.table:
                 err.print(f"job {job['id']} submitted; waiting for it to end ...")
@@ -89,13 +94,18 @@ def submit(
         print_json(job)
     else:
         out.print(
-            f"job [bold]{job['id']}[/bold] ({job['name']}) {job['state']} in group {job['group']}",
+            f"job [bold]{job['id']}[/bold] ({job['name']}) {state_text(job)} in group {job['group']}",
             markup=True,
         )
     if wait and job["state"] != "succeeded":
         if output is Output.table and job.get("reason"):
             err.print(f"reason: {job['reason']}")  # as `corral show` says it: why it failed
         raise typer.Exit(1)
+
+
+def state_text(job: dict[str, Any]) -> str:
+    """A job's state as `ls` and `submit` print it: "queued (held)" while it is held."""
+    return f"{job['state']} (held)" if job.get("hold") else job["state"]
 
 
 def _read(file: Path) -> str:
@@ -137,7 +147,7 @@ def ls(
         table.add_row(
             str(job["id"]),
             job["name"],
-            job["state"],
+            state_text(job),
             job["user"],
             job["group"],
             str(gpus_of(job)),
@@ -185,6 +195,8 @@ def show(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOp
         f"retries {job['retries']}  submitted {when(job['created_at'])}"
     )
     out.print(budgets_line(job))
+    if job.get("hold") and job["hold"].get("admin"):
+        out.print("held by an admin: only an admin can release it")
     if job.get("reason"):
         out.print(f"reason: {job['reason']}")
     _print_diagnosis(job.get("diagnosis"))
@@ -256,6 +268,8 @@ def start_line(diag: dict[str, Any]) -> str:
     """ "2026-11-28 03:10 (in ~2 h 10 min (likely 1 h 30 min to 3 h))", or why there is none."""
     if diag.get("unschedulable"):
         return "never, as the cluster stands"
+    if any(r.get("code") == "on_hold" for r in diag.get("reasons", [])):
+        return "none while it is held (see why pending)"
     if diag.get("held"):
         return "none while it is held back by its quota or cap (see why pending)"
     est = diag.get("estimated_start")
@@ -373,21 +387,65 @@ def cancel(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: Output
 @friendly_errors
 def rm(job_ids: Annotated[list[int], typer.Argument(metavar="JOB...", help="finished jobs")]) -> None:
     """Delete finished jobs and their logs (yours; admins: anyone's). Exit 1 if any was refused."""
-    failed = 0
     with client() as c:
-        for job_id in dict.fromkeys(job_ids):  # `rm 5 5`: once (the second found no job 5 and exited 1)
-            try:
-                c.delete(job_id)
-                out.print(f"job {job_id} deleted")
-            except CorralError as exc:
-                if exc.status_code in (None, 401):  # unreachable server, bad credentials: stop at once
-                    raise
-                failed += 1
-                # "job 7: no job with id 7" said it twice: the id only where the answer lacks it
-                named = re.search(rf"\b{job_id}\b", exc.message)
-                error_line(exc.message if named else f"job {job_id}: {exc.message}")
-    if failed:
-        raise typer.Exit(1)
+
+        def delete(job_id: int) -> str:
+            c.delete(job_id)
+            return f"job {job_id} deleted"
+
+        if _each_job(job_ids, delete):
+            raise typer.Exit(1)
+
+
+@friendly_errors
+def events(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOpt = Output.table) -> None:
+    """A job's history: when it was submitted, held, released, placed, started, requeued, ended."""
+    with client() as c:
+        rows = c.events(job_id)
+    if output is Output.json:
+        print_json(rows)
+        return
+    table = Table("TIME", "KIND", "STATE", "MESSAGE", box=None)
+    for event in rows:
+        moved = [s for s in (event.get("from_state"), event.get("to_state")) if s]
+        state = " -> ".join(moved) if len(set(moved)) > 1 else (moved[0] if moved else "")
+        table.add_row(when(event["at"]), event["kind"], state, plain(event["message"]))
+    out.print(table, highlight=False)
+    out.print(f"{len(rows)} events")
+
+
+def _each_job(job_ids: list[int], act: Callable[[int], str]) -> int:
+    """`act` on each job once (`rm 5 5`: once; the second found no job 5 and exited 1), printing
+    the line it returns, or its refusal on a line of its own. Returns how many were refused."""
+    failed = 0
+    for job_id in dict.fromkeys(job_ids):
+        try:
+            out.print(act(job_id), highlight=False, markup=False, soft_wrap=True)
+        except CorralError as exc:
+            if exc.status_code in (None, 401):  # unreachable server, bad credentials: stop at once
+                raise
+            failed += 1
+            # "job 7: no job with id 7" said it twice: the id only where the answer lacks it
+            named = re.search(rf"\b{job_id}\b", exc.message)
+            error_line(exc.message if named else f"job {job_id}: {exc.message}")
+    return failed
+
+
+@friendly_errors
+def hold(job_ids: Annotated[list[int], typer.Argument(metavar="JOB...", help="queued jobs")]) -> None:
+    """Hold queued jobs back: they keep their place and history but are never scheduled until
+    `corral release`. An admin's hold only an admin releases. Exit 1 if any was refused."""
+    with client() as c:
+        if _each_job(job_ids, lambda job_id: str(c.hold_job(job_id)["message"])):
+            raise typer.Exit(1)
+
+
+@friendly_errors
+def release(job_ids: Annotated[list[int], typer.Argument(metavar="JOB...", help="held jobs")]) -> None:
+    """Release held jobs: they are schedulable again at once. Exit 1 if any was refused."""
+    with client() as c:
+        if _each_job(job_ids, lambda job_id: str(c.release_job(job_id)["message"])):
+            raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
@@ -397,5 +455,8 @@ def register(app: typer.Typer) -> None:
     app.command()(show)
     app.command()(why)
     app.command()(logs)
+    app.command()(events)
     app.command()(cancel)
+    app.command()(hold)
+    app.command()(release)
     app.command()(rm)

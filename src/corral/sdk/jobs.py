@@ -1,4 +1,5 @@
-"""Jobs: submit, list, logs, wait, cancel (`corral submit/ls/show/logs/cancel/rm`)."""
+"""Jobs: submit, list, logs, wait, cancel, hold, release, events (`corral submit/ls/show/logs/
+cancel/rm/hold/release/events`)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,15 @@ TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 class JobsApi(BaseClient):
     """Submitting, reading and ending jobs."""
 
-    def submit(self, spec: Mapping[str, Any] | str | Path, *, code: str | None = None) -> dict[str, Any]:
+    def submit(
+        self, spec: Mapping[str, Any] | str | Path, *, code: str | None = None, hold: bool = False
+    ) -> dict[str, Any]:
         """Submit a spec given as a mapping, YAML text, or a path to a YAML file. `code`: a code
-        snapshot id (upload_code) the job runs in, mounted read-only at /code."""
+        snapshot id (upload_code) the job runs in, mounted read-only at /code. `hold`: queue it
+        held, never scheduled until `release_job`."""
         if isinstance(spec, Path):
             spec = spec.read_text()
+        params = {"hold": "true"} if hold else {}
         if code is not None:
             try:
                 data = load_spec_text(spec) if isinstance(spec, str) else dict(spec)
@@ -29,12 +34,16 @@ class JobsApi(BaseClient):
                 raise CorralError(str(exc))
             if not isinstance(data, dict):
                 raise CorralError("the spec must be a mapping with fields such as 'name' and 'tasks'")
-            return self.request("POST", "/jobs", json={**data, "code": code})
+            return self.request("POST", "/jobs", json={**data, "code": code}, params=params)
         if isinstance(spec, str):
             return self.request(
-                "POST", "/jobs", content=spec.encode(), headers={"Content-Type": "application/yaml"}
+                "POST",
+                "/jobs",
+                content=spec.encode(),
+                headers={"Content-Type": "application/yaml"},
+                params=params,
             )
-        return self.request("POST", "/jobs", json=dict(spec))
+        return self.request("POST", "/jobs", json=dict(spec), params=params)
 
     def jobs(
         self,
@@ -56,6 +65,16 @@ class JobsApi(BaseClient):
 
     def cancel(self, job_id: int) -> dict[str, Any]:
         return self.request("POST", f"/jobs/{seg(job_id)}/cancel")
+
+    def hold_job(self, job_id: int) -> dict[str, Any]:
+        """Hold a queued job back from the scheduler: {"changed", "message", "job"} (`changed`
+        false: it already was held). A job that is not queued: ApiError 409."""
+        return self.request("POST", f"/jobs/{seg(job_id)}/hold")
+
+    def release_job(self, job_id: int) -> dict[str, Any]:
+        """Release a held job (schedulable again at once): {"changed", "message", "job"}
+        (`changed` false: it was not held). An admin's hold, by someone else: ApiError 403."""
+        return self.request("POST", f"/jobs/{seg(job_id)}/release")
 
     def delete(self, job_id: int) -> None:
         """Delete a finished job and its logs (owner or admin)."""

@@ -28,7 +28,7 @@ from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden
 from corral.services.jobs import get_job
 from corral.services.lifecycle import JobState, hold, release
-from corral.services.views import JobView, hold_text, holder_name, is_held, job_view, utc_text
+from corral.services.views import JobView, hold_event_text, hold_text, holder_name, is_held, job_view
 
 
 class HoldOutcome(TypedDict):
@@ -59,7 +59,10 @@ def hold_job(session: Session, principal: Principal, job_id: int, *, now: float 
     if job.state != JobState.QUEUED.value:
         raise _refusal(job)
     before = _hold_state(job)
-    if not hold(session, job, user_id=principal.user_id, as_admin=principal.is_admin, now=now):
+    message = hold_event_text(principal.name, principal.is_admin)
+    if not hold(
+        session, job, user_id=principal.user_id, as_admin=principal.is_admin, now=now, message=message
+    ):
         session.rollback()  # placed, ended or held since it was read: say which, as it is now
         session.refresh(job)
         if is_held(job):
@@ -83,8 +86,7 @@ def release_job(
             f"job {job.id} is held by {holder_name(job)} as an admin: only an admin can release it"
         )
     before = _hold_state(job)
-    message = f"released by {principal.name} (held since {utc_text(job.held_at or now)})"
-    if not release(session, job, now=now, message=message):
+    if not release(session, job, now=now, message=f"released by {principal.name}"):
         session.rollback()  # released (or cancelled) since it was read
         session.refresh(job)
         return {"changed": False, "message": f"job {job.id} is not held", "job": job_view(job)}

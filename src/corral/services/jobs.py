@@ -56,7 +56,7 @@ from corral.services.nodes import scheduler_node
 from corral.services.quota import check_quota
 from corral.services.secrets import check_job_secrets
 from corral.services.submit_guard import hold_access
-from corral.services.views import JobView, effective_diagnosis, job_view
+from corral.services.views import JobView, effective_diagnosis, hold_event_text, job_view
 from corral.spec import JobSpecV1
 
 if TYPE_CHECKING:
@@ -473,7 +473,10 @@ def submit_job(
     record_model_uses(session, job_id, spec.mounts)  # model versions likewise (corral.catalog)
     job = Job(id=job_id, attempts=[], **columns)  # transient: only read by the view (and the hold)
     if hold:  # a row this transaction just wrote: no other can have placed or held it
-        hold_queued(session, job, user_id=principal.user_id, as_admin=principal.is_admin, now=now)
+        message = hold_event_text(principal.name, principal.is_admin)
+        hold_queued(
+            session, job, user_id=principal.user_id, as_admin=principal.is_admin, now=now, message=message
+        )
     notify.changed(session, notify.Topic.JOBS)
     if commit:
         session.commit()

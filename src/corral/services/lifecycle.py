@@ -709,11 +709,11 @@ RELEASE_HELD = (
 HOLD_COLUMNS = ("state", "held_by", "held_at", "held_as_admin")
 
 
-def hold(session: Session, job: Job, *, user_id: int, as_admin: bool, now: float) -> bool:
+def hold(session: Session, job: Job, *, user_id: int, as_admin: bool, now: float, message: str) -> bool:
     """Hold a QUEUED job back from the scheduler by compare-and-set on (state = QUEUED, not held),
-    with a "hold" event (the view names the holder). False (nothing written, the copy's state and
-    hold expired so that they are read again): the job was placed or ended meanwhile, or someone
-    else held it first. `as_admin`: an admin's hold, which only an admin releases."""
+    with a "hold" event saying `message`. False (nothing written, the copy's state and hold
+    expired so that they are read again): the job was placed or ended meanwhile, or someone else
+    held it first. `as_admin`: an admin's hold, which only an admin releases."""
     params = {"job_id": job.id, "holder": user_id, "as_admin": as_admin, "now": now}
     if session.connection().execute(HOLD_QUEUED, params).rowcount != 1:
         session.expire(job, list(HOLD_COLUMNS))
@@ -726,7 +726,6 @@ def hold(session: Session, job: Job, *, user_id: int, as_admin: bool, now: float
         ("diagnosis", None),
     ):
         set_committed_value(job, name, value)
-    message = "held" + (" by an admin: only an admin can release it" if as_admin else "")
     record_event(session, job.id, now, message, kind="hold", from_state=job.state, to_state=job.state)
     return True
 

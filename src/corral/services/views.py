@@ -130,6 +130,11 @@ def holder_name(job: Job, user_name: str | None = None) -> str:
     return holder.name if holder is not None else f"user #{job.held_by}"
 
 
+def hold_event_text(principal_name: str, as_admin: bool) -> str:
+    """A hold's job event: "held by bob", "held by root (an admin hold)"."""
+    return f"held by {principal_name}" + (" (an admin hold)" if as_admin else "")
+
+
 def utc_text(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
 
