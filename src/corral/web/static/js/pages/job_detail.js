@@ -1,5 +1,6 @@
 // Job detail: state timeline (events), attempts, why pending, live log tail (polling the logs
-// endpoint with offsets), GPU utilization chart where metrics exist, and cancel / clone / download.
+// endpoint with offsets), GPU utilization chart where metrics exist, and cancel / hold / release /
+// clone / download.
 // A missing job shows the 404 page, someone else's job the 403 page (raised by the first GET).
 
 import { ApiError, api, get } from "../api.js";
@@ -87,18 +88,46 @@ function drawHead(head, job, ctx) {
       cancel.disabled = false;
     }
   });
+  const holding = job.state === "queued" && !job.cancel_requested ? holdButton(head, job, ctx) : null;
   const download = h("button", { type: "button", class: "button", id: "download-spec" }, "Download spec");
   download.addEventListener("click", () => downloadText(`job-${job.id}.yaml`, toYaml(job.spec || {}) + "\n"));
   fill(head, 
-    h("h1", {}, `#${job.id} ${job.name || ""} `, stateBadge(job.state)),
+    h("h1", {}, `#${job.id} ${job.name || ""} `, stateBadge(job.state), job.hold ? h("span", { class: "badge held", id: "held-badge", title: holdTitle(job.hold) }, "held") : null),
     h(
       "div",
       { class: "actions" },
       isTerminal(job.state) || job.cancel_requested ? null : cancel,
+      holding,
       h("a", { href: `/submit?clone=${job.id}`, class: "button", id: "clone-job" }, "Clone"),
       download,
     ),
   );
+}
+
+// Hold / Release of a queued job (POST /jobs/{id}/hold|release), as Cancel: the answer's message
+// says what was done (or that it already was), and the head is drawn again from a fresh read.
+function holdButton(head, job, ctx) {
+  const release = Boolean(job.hold);
+  const label = release ? "Release" : "Hold";
+  const button = h("button", { type: "button", class: "button", id: release ? "release-job" : "hold-job" }, label);
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    try {
+      const done = await api("POST", `/jobs/${job.id}/${release ? "release" : "hold"}`, { json: {} });
+      toast(done.message, "success");
+      const fresh = await get(`/jobs/${job.id}`);
+      if (ctx.alive()) Object.assign(job, fresh);
+      drawHead(head, job, ctx);
+    } catch (err) {
+      toast(err.message, "error");
+      button.disabled = false;
+    }
+  });
+  return button;
+}
+
+function holdTitle(hold) {
+  return `held by ${hold.by} since ${fmtTime(hold.at)}` + (hold.admin ? " (an admin hold: only an admin can release it)" : "");
 }
 
 function drawSummary(root, job) {
@@ -141,9 +170,10 @@ function drawPending(root, job) {
   );
 }
 
-// The estimated start with its uncertainty, or why there is none (held by quota or cap).
+// The estimated start with its uncertainty, or why there is none (on hold, or held by quota or cap).
 function startCell(d) {
   if (d.unschedulable) return "never, as the cluster stands";
+  if ((d.reasons || []).some((r) => r.code === "on_hold")) return h("span", { class: "muted" }, "none while it is held (see below)");
   if (d.held) return h("span", { class: "muted" }, "none while it is held back by its quota or cap (see below)");
   if (d.estimated_start == null) return "unknown";
   const r = d.start_range;
