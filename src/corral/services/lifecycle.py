@@ -682,11 +682,7 @@ def move_attempts(
 # first wins, and the other matches no row. Its stale "why pending" goes (it is held instead).
 HOLD_QUEUED = (
     update(JOBS)
-    .where(
-        JOBS.c.id == bindparam("job_id"),
-        JOBS.c.state == JobState.QUEUED.value,
-        JOBS.c.held_by.is_(None),
-    )
+    .where(JOBS.c.id == bindparam("job_id"), JOBS.c.state == JobState.QUEUED.value, JOBS.c.held_by.is_(None))
     .values(
         held_by=bindparam("holder"),
         held_at=bindparam("now"),
@@ -718,14 +714,14 @@ def hold(session: Session, job: Job, *, user_id: int, as_admin: bool, now: float
     if session.connection().execute(HOLD_QUEUED, params).rowcount != 1:
         session.expire(job, list(HOLD_COLUMNS))
         return False
-    for name, value in (
-        ("held_by", user_id),
-        ("held_at", now),
-        ("held_as_admin", as_admin),
-        ("updated_at", now),
-        ("diagnosis", None),
-    ):
+    for name, value in {
+        "held_by": user_id,
+        "held_at": now,
+        "held_as_admin": as_admin,
+        "updated_at": now,
+    }.items():
         set_committed_value(job, name, value)
+    set_committed_value(job, "diagnosis", None)
     record_event(session, job.id, now, message, kind="hold", from_state=job.state, to_state=job.state)
     return True
 
