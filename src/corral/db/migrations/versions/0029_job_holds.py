@@ -5,8 +5,8 @@ held job out of its input (server/snapshot.py); services/lifecycle.py writes the
 held_by has no foreign key: adding one would rebuild the jobs table on SQLite (0024_job_ids says
 what that takes); columns only, added in place.
 
-Revision ID: 0028_job_holds
-Revises: 0027_jobs_updated_index
+Revision ID: 0029_job_holds
+Revises: 0028_workspace_idle_stopped
 Create Date: 2026-11-30 00:30:00.000000
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0028_job_holds"
-down_revision = "0027_jobs_updated_index"
+revision = "0029_job_holds"
+down_revision = "0028_workspace_idle_stopped"
 branch_labels = None
 depends_on = None
 
