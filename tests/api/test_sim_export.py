@@ -260,3 +260,34 @@ def test_cli_errors_are_clear(world: World, server_url: str, tmp_path: Path) -> 
     assert "gpus_per_node: 2" in saved.with_suffix(".cluster.yaml").read_text()
     code, text = run(world, server_url, "admin", "sim", "--trace", "x.csv", "--quota", "a=1")
     assert code == 2 and "go with --from-cluster" in text
+
+
+@SQLITE_ONLY
+def test_a_failed_from_cluster_run_leaves_no_out_folder_behind(
+    world: World, server_url: str, tmp_path: Path
+) -> None:
+    """`--out DIR` was made before the export was asked for, so no jobs, a bad --since or a
+    refusal by the server left an empty DIR behind; a DIR that was there before is kept."""
+    out = tmp_path / "whatif"
+    code, text = run(world, server_url, "admin", "sim", "--from-cluster", "--since", "1h", "--out", str(out))
+    assert code == 2 and "no finished jobs since" in text
+    assert not out.exists()
+    history(world)
+    code, text = run(
+        world, server_url, "admin", "sim", "--from-cluster", "--since", "soon", "--out", str(out)
+    )
+    assert code == 1 and "since 'soon' is not a time" in text
+    assert not out.exists()
+    code, text = run(world, server_url, "alice", "sim", "--from-cluster", "--out", str(out / "deeper"))
+    assert code == 1 and "administrator" in text
+    assert not out.exists()
+    saved = tmp_path / "traces" / "live.csv"
+    code, text = run(world, server_url, "alice", "sim", "--from-cluster", "--save-trace", str(saved))
+    assert code == 1 and not saved.parent.exists()
+    out.mkdir()
+    code, text = run(world, server_url, "alice", "sim", "--from-cluster", "--out", str(out))
+    assert code == 1 and out.is_dir()  # there before: kept
+    code, text = run(
+        world, server_url, "admin", "sim", "--from-cluster", "--out", str(out / "run1"), "-o", "json"
+    )
+    assert code == 0 and (out / "run1" / "whatif.json").is_file(), text

@@ -120,6 +120,64 @@ def test_output_paths_are_checked_before_the_replay(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "is a folder; give a file name" in res.output, res.output
 
 
+def test_a_failed_run_removes_the_folders_it_made_and_keeps_those_that_were_there(tmp_path: Path) -> None:
+    """A replay that failed (a missing trace, a bad knob) left the `--out` folder it had made
+    before the replay behind, empty, and so `--jobs-out`'s and `synth --out`'s new folders."""
+    csv, yaml = _files(tmp_path)
+    base = ["sim", "--trace", str(csv), "--cluster", str(yaml)]
+    failing = [
+        [
+            "sim",
+            "--trace",
+            str(tmp_path / "missing.csv"),
+            "--cluster",
+            str(yaml),
+            "--out",
+            str(tmp_path / "a" / "b"),
+        ],
+        [
+            *base,
+            "--knob",
+            "no_such_knob=1",
+            "--out",
+            str(tmp_path / "a"),
+            "--jobs-out",
+            str(tmp_path / "ev" / "j.csv"),
+        ],
+        [
+            "sim",
+            "compare",
+            "--trace",
+            str(tmp_path / "missing.csv"),
+            "--cluster",
+            str(yaml),
+            "--out",
+            str(tmp_path / "a"),
+        ],
+        [
+            "sim",
+            "synth",
+            "--cluster",
+            "no-such-cluster",
+            "--out",
+            str(tmp_path / "a" / "t.csv"),
+            "--jobs",
+            "5",
+        ],
+    ]
+    for args in failing:
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2 and "error:" in res.output, (args, res.output)
+        assert not (tmp_path / "a").exists() and not (tmp_path / "ev").exists(), args
+    kept = tmp_path / "kept"
+    (kept / "inner").mkdir(parents=True)
+    (kept / "notes.txt").write_text("mine")
+    res = CliRunner().invoke(app, [*base, "--knob", "no_such_knob=1", "--out", str(kept / "inner")])
+    assert res.exit_code == 2 and (kept / "inner").is_dir() and (kept / "notes.txt").read_text() == "mine"
+    res = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "a" / "b"), "-o", "json"])
+    assert res.exit_code == 0 and (tmp_path / "a" / "b" / "summary.json").is_file(), res.output
+
+
 def test_a_result_is_not_written_over_the_trace_or_cluster_it_reads(tmp_path: Path) -> None:
     """`corral sim --trace t.csv --jobs-out t.csv` replaced the trace with the job events, and
     `corral sim synth --cluster c.yaml --out c.yaml` the cluster file with the trace, silently."""

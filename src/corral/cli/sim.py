@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -257,19 +261,21 @@ def sim(
     live_only = bool(quota or save_trace or unfinished or anonymise)
     _check_mode(from_cluster, bool(trace or cluster), replay_only, live_only)
     _not_an_input({"--jobs-out": jobs_out}, {"--trace": trace, "--cluster": cluster})
-    _writable({"--jobs-out": jobs_out, "--save-trace": save_trace}, {"--out": out})
-    if from_cluster:
-        from corral.cli.sim_live import LiveRequest
-
-        request = LiveRequest(since, anonymise, unfinished, policy, placement, quota, save_trace, out, output)
-        _replay_cluster(request, config, knob)
-        return
-    if not trace or not cluster:
+    if not from_cluster and (not trace or not cluster):
         _fail("--trace and --cluster are required (see corral sim --help)")
-    policy = policy or "default"
-    spec = f"{policy}:{placement}" if placement else policy
-    result, summary = _replay_trace(trace, cluster, spec, config, knob, max_jobs, speedup, private)
-    _write_results(result, summary, jobs_out, out, output)
+    with _results_where({"--jobs-out": jobs_out, "--save-trace": save_trace}, {"--out": out}):
+        if from_cluster:
+            from corral.cli.sim_live import LiveRequest
+
+            live = LiveRequest(
+                since, anonymise, unfinished, policy, placement, quota, save_trace, out, output
+            )
+            _replay_cluster(live, config, knob)
+            return
+        policy_name = policy or "default"
+        spec = f"{policy_name}:{placement}" if placement else policy_name
+        result, summary = _replay_trace(trace, cluster, spec, config, knob, max_jobs, speedup, private)
+        _write_results(result, summary, jobs_out, out, output)
 
 
 def _not_an_input(files: dict[str, Path | None], inputs: dict[str, str | None]) -> None:
@@ -285,20 +291,54 @@ def _not_an_input(files: dict[str, Path | None], inputs: dict[str, str | None]) 
                 _fail(f"{option} {path}: is the {name} file, which it would overwrite; give another name")
 
 
-def _writable(files: dict[str, Path | None], folders: dict[str, Path | None]) -> None:
+@contextmanager
+def _results_where(files: dict[str, Path | None], folders: dict[str, Path | None]) -> Iterator[None]:
+    """Make where the results go (`_writable`) for the run inside the block. A run that fails
+    (bad input, a refusal by the server, no jobs, Ctrl-C) leaves nothing half-done: the folders
+    this run made are removed with what it wrote into them; a folder that was there is kept."""
+    made: list[Path] = []
+    try:
+        _writable(files, folders, made)
+        yield
+    except (typer.Exit, click.exceptions.Exit) as exc:
+        if exc.exit_code:
+            _remove_made(made)
+        raise
+    except BaseException:
+        _remove_made(made)
+        raise
+
+
+def _remove_made(made: list[Path]) -> None:
+    for folder in reversed(made):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _outermost_missing(folder: Path) -> Path | None:
+    """The outermost folder of `folder`'s path not there yet: what mkdir(parents=True) makes."""
+    missing = None
+    for step in (folder, *folder.parents):
+        if step.exists() or step.is_symlink():
+            break
+        missing = step
+    return missing
+
+
+def _writable(files: dict[str, Path | None], folders: dict[str, Path | None], made: list[Path]) -> None:
     """Make where the results go before a replay that may take minutes: a path that cannot be
     written (a file where a folder goes, no permission) fails now with one line, not after the
-    replay with a traceback and the replay lost."""
+    replay with a traceback and the replay lost. `made` gets each folder this made."""
     for option, path in (*files.items(), *folders.items()):
         if path is None:
             continue
+        folder = path if option in folders else path.parent
+        missing = _outermost_missing(folder)
         try:
-            if option in folders:
-                path.mkdir(parents=True, exist_ok=True)
-            else:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                if path.is_dir():
-                    _fail(f"{option} {path}: is a folder; give a file name")
+            folder.mkdir(parents=True, exist_ok=True)
+            if missing is not None:
+                made.append(missing)
+            if option not in folders and path.is_dir():
+                _fail(f"{option} {path}: is a folder; give a file name")
         except FileExistsError as exc:
             _fail(f"{option} {path}: cannot make the folder {exc.filename}: a file of that name is there")
         except OSError as exc:
@@ -425,8 +465,6 @@ def compare(
     from corral.sim.runner import PolicyError, simulate
 
     specs = _compare_specs(policies, output)
-    _writable({}, {"--out": out})
-    loaded_trace, loaded_cluster = _load(trace, cluster, max_jobs, speedup)
     config = _config(
         checkpoint_interval,
         oracle,
@@ -436,19 +474,20 @@ def compare(
         cycle_interval_s=cycle_interval,
         eta_interval_s=eta_interval,
     )
-    results, summaries = [], []
-    for spec in specs:
-        try:
-            result = simulate(loaded_trace, loaded_cluster, spec, config)
-        except PolicyError as exc:
-            _fail(str(exc))
-        results.append(result)
-        summaries.append(summarize(result))
-    if out:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "summaries.json").write_text(json.dumps(summaries, indent=2))
-        for path in write_plots(results, out):
-            Console(stderr=True).print(f"wrote {path}")
+    with _results_where({}, {"--out": out}):
+        loaded_trace, loaded_cluster = _load(trace, cluster, max_jobs, speedup)
+        results, summaries = [], []
+        for spec in specs:
+            try:
+                result = simulate(loaded_trace, loaded_cluster, spec, config)
+            except PolicyError as exc:
+                _fail(str(exc))
+            results.append(result)
+            summaries.append(summarize(result))
+        if out:
+            (out / "summaries.json").write_text(json.dumps(summaries, indent=2))
+            for path in write_plots(results, out):
+                Console(stderr=True).print(f"wrote {path}")
     if output == "json":
         typer.echo(json.dumps([{k: v for k, v in s.items() if k != "per_group"} for s in summaries]))
     elif output == "markdown":
@@ -517,8 +556,8 @@ def synth(
         made = generate(spec, loaded)
     except (SynthError, ClusterError) as exc:
         _fail(str(exc))
-    _writable({"--out": out}, {})
-    write_generic_csv(made.jobs, out)
+    with _results_where({"--out": out}, {}):
+        write_generic_csv(made.jobs, out)
     for note in made.notes:
         typer.echo(f"wrote {out}: {note}")
 
