@@ -313,6 +313,49 @@ def test_doctor_names_each_missing_piece_and_its_fix(tmp_path: Path) -> None:
     assert checks["sandbox"]["status"] == "ok"  # CI machines run jobs sandboxed
 
 
+def test_doctor_loads_the_monitor_config_as_the_server_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`corral doctor` said nothing of monitor.yml: a file `corral up` refuses (a bad field) passed
+    doctor, and the server then would not start. Now it is loaded with the server's loader."""
+    from corral.ops.doctor import check_monitor_config
+
+    for var in [v for v in os.environ if v.startswith("CORRAL_MONITOR_")]:
+        monkeypatch.delenv(var)
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    settings = Settings(home=home, database_url=f"sqlite:///{home}/c.db")
+    check = check_monitor_config(settings)
+    assert check.status == "skip" and check.detail.startswith(f"no {home}/monitor.yml"), check
+    channel = "channels:\n  - name: ops\n    type: email\n    smtp_host: mail\n    from: corral@example.org\n"
+    (home / "monitor.yml").write_text(channel + "    to: [ops@example.org]\nretry:\n  max_attempts: 0\n")
+    env = clean_env(home)
+    code, checks = doctor(env)
+    assert code == 1
+    bad = checks["monitor config"]
+    assert bad["status"] == "fail" and bad["detail"].startswith(f"{home}/monitor.yml:8: retry.max_attempts: ")
+    assert (
+        bad["fix"].startswith(f"correct that line of {home}/monitor.yml")
+        and "corral up refuses" in bad["fix"]
+    )
+    (home / "monitor.yml").write_text(channel + "    to: [ops@example.org]\n")
+    assert (
+        check_monitor_config(settings).status == "ok"
+        and "channels: ops" in check_monitor_config(settings).detail
+    )
+    elsewhere = tmp_path / "etc" / "monitor.yml"
+    monkeypatch.setenv("CORRAL_MONITOR_CONFIG_FILE", str(elsewhere))
+    missing = check_monitor_config(settings)  # the server's file, not the home's, and it is not there
+    assert (
+        missing.status == "warn"
+        and f"CORRAL_MONITOR_CONFIG_FILE={elsewhere} does not exist" in missing.detail
+    )
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("channels: [{name: x, type: pager}]\n")
+    wrong = check_monitor_config(settings)
+    assert wrong.status == "fail" and wrong.detail.startswith(f"{elsewhere}:1: channels.0.type: "), wrong
+
+
 REPO = Path(__file__).resolve().parents[2]
 
 

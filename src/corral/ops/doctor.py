@@ -40,6 +40,7 @@ def run_checks(settings: Settings, cgroup_root: Path = CGROUP_ROOT) -> list[Chec
         lambda: check_cgroups(settings, cgroup_root),
         lambda: check_gpus(settings),
         lambda: check_tls(settings),
+        lambda: check_monitor_config(settings),
         lambda: check_http("prometheus", settings.prometheus_url, "CORRAL_PROMETHEUS_URL"),
         # Debian's package (docs/deploy.md step 1) names its unit prometheus-alertmanager
         lambda: check_http(
@@ -255,6 +256,43 @@ def check_tls(settings: Settings) -> Check:
     if unreadable:
         return Check("tls", "fail", f"cannot read {', '.join(unreadable)}", "check the paths and modes")
     return Check("tls", "ok", f"uvicorn serves TLS with {settings.ssl_certfile}")
+
+
+def check_monitor_config(settings: Settings) -> Check:
+    """The monitor config (CORRAL_MONITOR_CONFIG_FILE, else <home>/monitor.yml) through the loader
+    `corral up` starts with, so a file the server would refuse fails here with its file, line and
+    field; a named file that is missing, which the server would run without, is a warning."""
+    from corral.config import SecretFileError
+    from corral.monitor.config import MonitorConfigError, MonitorSettings, config_path, load_monitor_config
+
+    try:
+        monitor = MonitorSettings()
+    except SecretFileError as exc:  # a CORRAL_MONITOR_*_FILE the server cannot read either
+        return Check("monitor config", "fail", str(exc), "fix the path or the file's mode")
+    path = config_path(settings, monitor)
+    if not path.exists():
+        if monitor.config_file is not None:
+            return Check(
+                "monitor config",
+                "warn",
+                f"CORRAL_MONITOR_CONFIG_FILE={path} does not exist: the server runs with no channels",
+                "create it (docs/metrics.md, 'Notification channels') or unset the variable",
+            )
+        return Check(
+            "monitor config", "skip", f"no {path}: no notification channels (CORRAL_MONITOR_CONFIG_FILE)"
+        )
+    try:
+        config = load_monitor_config(path)
+    except MonitorConfigError as exc:
+        return Check(
+            "monitor config",
+            "fail",
+            str(exc),
+            f"correct that line of {path} (docs/metrics.md, 'Notification channels'); "
+            "corral up refuses to start until it loads",
+        )
+    names = ", ".join(c.name for c in config.channels) or "none"
+    return Check("monitor config", "ok", f"{path}: loads; channels: {names}")
 
 
 def check_http(name: str, url: str | None, variable: str, unit: str | None = None) -> Check:
