@@ -11,10 +11,12 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 
 from corral.config import Settings
 from corral.engine.local.engine import LocalEngine
+from corral.monitor.config import generate_webhook_token, webhook_token
 from corral.server.demo import demo_settings, isolation_line
 from tests.server.test_e2e import TERMINAL, logs, wait_state
 from tests.server_fixture import start_server, wait_for
@@ -29,6 +31,13 @@ def test_corral_up_demo_trains_the_example_and_survives_a_restart(tmp_path: Path
         config = srv.home / "config.yaml"
         assert stat.S_IMODE(config.stat().st_mode) == 0o600
         assert yaml.safe_load(config.read_text())["token"] == srv.token
+        # The demo made its own webhook secret: no start-up warning, and the webhook takes it.
+        assert "no alert webhook token configured" not in banner, banner
+        webhook_token = (srv.home / "alert_webhook_token").read_text().strip()
+        assert stat.S_IMODE((srv.home / "alert_webhook_token").stat().st_mode) == 0o600
+        with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {webhook_token}"}) as am:
+            r = am.post("/api/v1/alerts/webhook", json={"alerts": []})  # past the token: the body's 400
+            assert r.status_code == 400 and "malformed alert payload" in r.text, r.text
         with srv.client() as c:
             # The example runs in the demo's own environment, submitted once its build is done.
             demo = wait_for(
@@ -103,3 +112,23 @@ def test_corral_up_on_a_port_in_use_fails_first_and_writes_nothing(tmp_path: Pat
     assert f"cannot listen on 127.0.0.1:{port}: the address is already in use" in proc.stderr
     assert "Traceback" not in proc.stderr and "Admin token" not in proc.stdout
     assert not home.exists() or not any(home.iterdir()), list(home.iterdir())
+
+
+def test_the_demos_webhook_secret_is_made_once_and_never_over_a_configured_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CORRAL_MONITOR_WEBHOOK_TOKEN", raising=False)
+    monkeypatch.delenv("CORRAL_MONITOR_WEBHOOK_TOKEN_FILE", raising=False)
+    settings = Settings(home=tmp_path, database_url="sqlite:///unused")
+    assert webhook_token(settings) is None
+    path = generate_webhook_token(settings)
+    assert path == tmp_path / "alert_webhook_token"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    made = webhook_token(settings)
+    assert made is not None and len(made) >= 40
+    assert generate_webhook_token(settings) is None and webhook_token(settings) == made  # a restart keeps it
+    other = Settings(home=tmp_path / "other", database_url="sqlite:///unused")
+    (tmp_path / "other").mkdir()
+    monkeypatch.setenv("CORRAL_MONITOR_WEBHOOK_TOKEN", "operators-own")
+    assert generate_webhook_token(other) is None
+    assert not (tmp_path / "other" / "alert_webhook_token").exists()

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
+import secrets
 import threading
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -79,6 +81,23 @@ def webhook_token(settings: Settings, monitor: MonitorSettings | None = None) ->
     except OSError:
         return None
     return token or None
+
+
+def generate_webhook_token(settings: Settings) -> Path | None:
+    """`corral up --demo`: a random webhook secret in `<home>/alert_webhook_token` (0600, made
+    once with O_EXCL) when none is configured, so the demo starts with a working webhook and
+    without the start-up warning. A production server never calls this: there a missing secret
+    stays a warning and a webhook that refuses everyone. Returns the file written, else None."""
+    if webhook_token(settings) is not None:
+        return None
+    path = webhook_token_path(settings)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # an empty file someone made: theirs to fill; the warning says so
+        return None
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
+    return path
 
 
 class _Strict(BaseModel):

@@ -132,6 +132,10 @@ def _submit_demo_job(ctx: ServerContext) -> None:
 
 
 def seed_demo(ctx: ServerContext, url: str) -> None:
+    """Called before the API serves: the webhook secret is in place when its router starts."""
+    from corral.monitor.config import generate_webhook_token
+
+    generate_webhook_token(ctx.settings)
     now = time.time()
     with ctx.session_factory() as session:
         groups = _ensure_groups(session, ctx.settings.gpu_model, now)
