@@ -17,6 +17,9 @@ from corral.server.snapshot import build_snapshot, read_cluster_state
 from corral.services import accounts, jobs
 from tests.api.conftest import World
 from tests.api.helpers import add_node, make_running
+from tests.api.test_cli import run, server_url
+
+__all__ = ["server_url"]
 
 API = "/api/v1"
 
@@ -91,6 +94,42 @@ def test_a_model_listed_without_a_max_is_not_held_to_the_any_model_max(world: Wo
         snapshot = build_snapshot(read_cluster_state(db), now)
     plan = Scheduler(PROFILES["default"]).schedule(snapshot, now, random.Random(0))
     assert [a.job_id for a in plan.assignments] == [str(created.json()["id"])]
+
+
+def test_a_star_max_beside_a_models_own_quota_is_said_not_to_cap_that_model(
+    world: World, server_url: str
+) -> None:
+    """docs/scheduler.md ("Quota keys"): `*` covers only the models a group lists no quota for, so
+    a `*` max is no cap on the group's total. The quota answers said nothing of it: an admin who
+    set `*` max 4 and then an A100 guarantee read nothing that A100 was now uncapped."""
+    put_quota(world, "vision", {"gpu_model": "*", "guaranteed": 0, "max": 4})
+    assert world.client.get(f"{API}/groups/vision", headers=world.as_("admin")).json()["warnings"] == []
+    group = put_quota(world, "vision", {"gpu_model": "A100", "guaranteed": 2})
+    says = (
+        "group vision: the '*' max of 4 GPUs does not cap A100 (no max of its own): '*' covers only "
+        "the models without a quota of their own (give such a model its own max, or remove its quota "
+        "to put it under '*')"
+    )
+    assert group["warnings"] == [says]
+    group = put_quota(world, "vision", {"gpu_model": "V100", "guaranteed": 0, "max": 8})
+    assert group["warnings"] == [
+        says.replace("A100 (no max of its own)", "A100 (no max of its own), V100 (max 8 of its own)")
+    ]
+    mine = world.client.get(f"{API}/groups", headers=world.as_("alice")).json()  # a member sees it too
+    assert [g["warnings"] for g in mine if g["name"] == "vision"] == [group["warnings"]]
+    code, out = run(world, server_url, "admin", "group", "quota", "vision", "--model", "A100", "--max", "4")
+    assert code == 0 and "quotas set" in out, out
+    shown = " ".join(out.split())  # Rich wraps the line at the terminal's width
+    assert "warning: group vision: the '*' max of 4 GPUs does not cap A100 (max 4 of its own), V100" in shown
+    code, out = run(world, server_url, "admin", "group", "ls")
+    assert code == 0 and "does not cap A100 (max 4 of its own)" in " ".join(out.split()), out
+    for model in ("A100", "V100"):
+        code, out = run(world, server_url, "admin", "group", "quota", "vision", "--model", model, "--clear")
+        assert code == 0, out
+    assert "warning" not in out  # only `*` left: it caps every model
+    put_quota(world, "vision", {"gpu_model": "A100", "guaranteed": 1})
+    group = put_quota(world, "vision", {"gpu_model": "*", "max": None})
+    assert group["warnings"] == []  # no `*` max: nothing it could be thought to cap
 
 
 def test_the_per_user_cap_can_be_removed_and_a_partial_update_keeps_the_rest(world: World) -> None:

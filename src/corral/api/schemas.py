@@ -438,7 +438,7 @@ class GroupOut(BaseModel):
     created_at: float
     members: list[MemberOut] | None = None
     usage: GroupUsageOut | None = None
-    warnings: list[str] = Field(default_factory=list)  # guarantees that add up to more than the cluster
+    warnings: list[str] = Field(default_factory=list)  # overcommitted guarantees; a `*` max that caps less
 
 
 class UserIn(_In):

@@ -156,7 +156,9 @@ LimitOpt = Annotated[str | None, typer.Option(help="'none' = no limit")]
 def group_quota(
     name: str,
     gpus: Annotated[int | None, typer.Option("--gpus", min=0, help="guaranteed GPUs of --model")] = None,
-    model: Annotated[str, typer.Option("--model", help="GPU model; '*' = any model")] = "*",
+    model: Annotated[
+        str, typer.Option("--model", help="GPU model; '*' = the models without a quota of their own")
+    ] = "*",
     max_gpus: Annotated[
         str | None, typer.Option("--max", help="most GPUs of --model; 'none' = no limit")
     ] = None,
@@ -179,7 +181,8 @@ def group_quota(
     """Set a group's quotas (admin): only the options given change.
 
     --clear removes the group's GPU quota of --model instead (the model then falls under the
-    group's '*' quota, if any)."""
+    group's '*' quota, if any). A '*' --max does not cap a model with a quota of its own (that
+    quota's --max does; none: no limit): a warning names such models."""
     # Every option is read before anything is sent: a bad one must not leave the storage quota
     # (a request of its own) changed behind its error.
     fields = _group_fields(user_max, cpus, cpus_max, memory, memory_max, weight, borrowing)

@@ -230,6 +230,24 @@ def usage_view(group: Group, usage: GroupUsage) -> dict[str, object]:
     }
 
 
+def any_model_max_warnings(group: GroupSource) -> list[str]:
+    """A `*` max caps only the models the group lists no quota for (docs/scheduler.md, "Quota
+    keys"): beside a `*` row with a max, a model with a row of its own is capped by that row alone
+    (no max: no limit). Say so, naming those models, where the group's quotas are shown."""
+    star = next((q for q in group.quotas if q.gpu_model == ANY_MODEL), None)
+    own = sorted((q for q in group.quotas if q.gpu_model != ANY_MODEL), key=lambda q: q.gpu_model)
+    if star is None or star.max is None or not own:
+        return []
+    caps = ", ".join(
+        f"{q.gpu_model} ({'no max' if q.max is None else f'max {q.max}'} of its own)" for q in own
+    )
+    return [
+        f"group {group.name}: the '*' max of {star.max} GPUs does not cap {caps}: '*' covers only the "
+        "models without a quota of their own (give such a model its own max, or remove its quota to "
+        "put it under '*')"
+    ]
+
+
 def overcommit_warnings(session: Session, cluster: Cluster) -> dict[str, list[str]]:
     """Group name -> warnings about guarantees (its own among them) that add up to more than the
     cluster has: per GPU model, all GPUs together, CPUs, memory. Reads every group (the sums are

@@ -399,7 +399,8 @@ def group_view(
     usage: dict[str, object] | None = None,
     warnings: list[str] | None = None,
 ) -> GroupView:
-    """`usage`: `corral.services.quota.usage_view`; `warnings`: overcommitted guarantees."""
+    """`usage`: `corral.services.quota.usage_view`; `warnings`: overcommitted guarantees and a `*`
+    max that does not cap the models with a quota of their own."""
     out: GroupView = {
         "name": group.name,
         "weight": group.weight,

@@ -21,7 +21,8 @@ router = APIRouter(tags=["groups"])
 
 
 def _views(db: Session, principal: Principal, groups: Sequence[Group]) -> list[GroupView]:
-    """Groups with their usage and quota warnings (members where the caller administers it)."""
+    """Groups with their usage and quota warnings: guarantees over the cluster, and a `*` max that
+    does not cap the models with a quota of their own (members where the caller administers it)."""
     cluster = quota.read_cluster(db)
     usage = quota.group_usage(db, groups, cluster)
     warnings = quota.overcommit_warnings(db, cluster)
@@ -30,7 +31,7 @@ def _views(db: Session, principal: Principal, groups: Sequence[Group]) -> list[G
             g,
             svc.members_of(db, g.id) if principal.is_group_admin(g.id) else None,
             usage=quota.usage_view(g, usage[g.id]),
-            warnings=warnings.get(g.name),
+            warnings=[*warnings.get(g.name, ()), *quota.any_model_max_warnings(g)],
         )
         for g in groups
     ]
