@@ -225,6 +225,49 @@ def test_a_failing_webhook_contact_does_not_show_its_url_path(env: Env, smtp: Sm
         assert failed["last_error"] == f"POST http://127.0.0.1:{port}/...: old"
 
 
+def test_a_persons_contact_addresses_show_only_to_them_and_admins(env: Env, smtp: Smtp) -> None:
+    """A page's views (GET /oncall/pages, /oncall/pages/{id}, the link's JSON answer) showed every
+    paged person's address to everyone the page notified: bob read alice's email and she his.
+    Others now see the kind and the delivery, the address and an error naming it hidden."""
+    set_up(env)
+    t0 = time.time()
+    start(env, "test:addresses", t0)
+    assert tick(env, smtp, t0) == 1 and tick(env, smtp, t0 + 301) == 1  # alice, then bob
+    assert smtp.inbox.wait_for(2, 5)
+    with env.factory() as db:  # an error kept on bob's notification that names his address
+        db.execute(
+            sa.update(PageNotification)
+            .where(PageNotification.address == "bob@example.org")
+            .values(last_error="550 <bob@example.org>: mailbox full")
+        )
+        db.commit()
+    page_id = page(env, "test:addresses").id
+
+    def notes(view: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        return {n["user"]: n for n in view["notifications"]}
+
+    as_admin = notes(env.client.get(f"/api/v1/oncall/pages/{page_id}", headers=env.admin).json())
+    assert as_admin["alice"]["address"] == "alice@example.org"
+    assert as_admin["bob"]["address"] == "bob@example.org"
+    assert as_admin["bob"]["last_error"] == "550 <bob@example.org>: mailbox full"
+    for viewer, other in (("alice", "bob"), ("bob", "alice")):
+        listed = env.client.get("/api/v1/oncall/pages", headers=env.people[viewer]).json()
+        (mine,) = [notes(p) for p in listed if p["id"] == page_id]
+        shown = notes(env.client.get(f"/api/v1/oncall/pages/{page_id}", headers=env.people[viewer]).json())
+        for seen in (mine, shown):
+            assert seen[viewer]["address"] == f"{viewer}@example.org"
+            assert seen[other]["address"] is None, seen[other]
+            assert seen[other]["kind"] == "email" and seen[other]["state"] == "sent"
+            assert "example.org" not in str(seen[other])
+    assert shown["bob"]["last_error"] == "550 <bob@example.org>: mailbox full"  # bob's own
+    as_alice = notes(env.client.get(f"/api/v1/oncall/pages/{page_id}", headers=env.people["alice"]).json())
+    assert as_alice["bob"]["last_error"] == "550 <(email address hidden)>: mailbox full"
+    link = LINK.search(smtp.inbox.messages[0].get_payload(decode=True).decode())  # type: ignore[union-attr]
+    assert link is not None
+    acked = notes(env.client.post(f"/api/v1/ack/{link.group(1)}").json())  # alice's link
+    assert acked["alice"]["address"] == "alice@example.org" and acked["bob"]["address"] is None
+
+
 def test_a_gap_is_warned_and_its_step_falls_through_to_the_next(env: Env, smtp: Smtp) -> None:
     layer = {
         "rotation": "daily", "start_date": "2026-01-05", "members": ["alice"],

@@ -325,7 +325,9 @@ def read_ack_token(key: bytes, token: str, now: float) -> AckClaim:
 # --- what the API and the portal show and do ------------------------------------------------------
 
 
-def page_view(session: Session, page: Page) -> dict[str, Any]:
+def page_view(session: Session, page: Page, *, viewer_id: int, viewer_is_admin: bool) -> dict[str, Any]:
+    """A page as `viewer_id` may see it: every notification's person, kind and delivery, and the
+    address it went to only on the viewer's own notifications, or on all of them for an admin."""
     rows = session.execute(
         select(PageNotification, User.name)
         .join(User, User.id == PageNotification.user_id)
@@ -337,17 +339,28 @@ def page_view(session: Session, page: Page) -> dict[str, Any]:
         "body": page.body, "state": page.state, "round": page.round + 1, "next_step": page.step + 1,
         "next_at": page.next_at, "created_at": page.created_at, "acked_at": page.acked_at,
         "acked_by": page.acked_by, "ended_at": page.ended_at, "log": list(page.log),
-        "notifications": [{"user": name, **_notification_view(n)} for n, name in rows],
+        "notifications": [
+            {"user": name, **_notification_view(n, shows_address=viewer_is_admin or n.user_id == viewer_id)}
+            for n, name in rows
+        ],
     }  # fmt: skip
 
 
-def _notification_view(n: PageNotification) -> dict[str, Any]:
-    """One notification as a page view shows it to admins and to everyone the page notified (and
-    to the holder of an acknowledge link): a webhook or Slack contact's URL as scheme://host:port/...
-    only, in its address and in an error kept before errors named it so (the URL path is the
-    webhook's credential; only the person and admins may see their contact methods)."""
-    address, error = n.address, n.last_error
-    if n.kind != "email":
+def view_for(session: Session, page: Page, principal: Principal) -> dict[str, Any]:
+    return page_view(session, page, viewer_id=principal.user_id, viewer_is_admin=principal.is_admin)
+
+
+def _notification_view(n: PageNotification, *, shows_address: bool) -> dict[str, Any]:
+    """One notification as a page view shows it. Its address (and an error that names it) only to
+    its person and admins, like their contact methods; everyone else the page notified reads
+    `address: null` with the kind and the delivery. Even then a webhook or Slack contact's URL
+    shows as scheme://host:port/... only (its path is the webhook's credential), in its address and
+    in an error kept before errors named it so."""
+    address: str | None = n.address
+    error = n.last_error
+    if not shows_address:
+        address, error = None, error.replace(n.address, f"({n.kind} address hidden)")
+    elif n.kind != "email":
         address = shown_url(n.address)
         error = error.replace(n.address, address)
     return {
@@ -373,7 +386,7 @@ def list_pages(session: Session, principal: Principal, state: str | None, limit:
     if not principal.is_admin:
         mine = select(PageNotification.page_id).where(PageNotification.user_id == principal.user_id)
         query = query.where(Page.id.in_(mine))
-    return [page_view(session, p) for p in session.scalars(query)]
+    return [view_for(session, p, principal) for p in session.scalars(query)]
 
 
 def _visible_page(session: Session, principal: Principal, page_id: int) -> Page:
@@ -384,7 +397,7 @@ def _visible_page(session: Session, principal: Principal, page_id: int) -> Page:
 
 
 def get_page(session: Session, principal: Principal, page_id: int) -> dict[str, Any]:
-    return page_view(session, _visible_page(session, principal, page_id))
+    return view_for(session, _visible_page(session, principal, page_id), principal)
 
 
 def open_page(
@@ -409,7 +422,7 @@ def open_page(
             after={"policy": policy, "subject": subject},
         )  # fmt: skip
     session.commit()
-    return page_view(session, page), not existed
+    return view_for(session, page, principal), not existed
 
 
 def ack_as(session: Session, principal: Principal, page_id: int, now: float) -> dict[str, Any]:
@@ -428,7 +441,7 @@ def cancel_as(session: Session, principal: Principal, page_id: int, now: float) 
         before={"state": before}, after={"state": page.state},
     )  # fmt: skip
     session.commit()
-    return page_view(session, page)
+    return view_for(session, page, principal)
 
 
 def page_for_link(session: Session, key: bytes, token: str, now: float) -> tuple[Page, User]:
@@ -462,4 +475,4 @@ def _ack_audited(session: Session, actor: Principal, page: Page, now: float) -> 
         before={"state": before}, after={"state": page.state, "acked_by": page.acked_by},
     )  # fmt: skip
     session.commit()
-    return page_view(session, page)
+    return view_for(session, page, actor)

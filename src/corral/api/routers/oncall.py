@@ -440,8 +440,8 @@ def _page_html(view: dict[str, Any], action: str | None) -> str:
 def ack_link_page(token: Token, request: Request, db: DB) -> HTMLResponse:
     """What the link shows: the page and an Acknowledge button (a POST). Opening the link does
     not acknowledge, since mail scanners and chat previews open links by themselves."""
-    page, _ = paging.page_for_link(db, paging.link_key(request.app.state.settings), token, time.time())
-    view = paging.page_view(db, page)
+    page, user = paging.page_for_link(db, paging.link_key(request.app.state.settings), token, time.time())
+    view = paging.page_view(db, page, viewer_id=user.id, viewer_is_admin=False)  # a link is no admin login
     return HTMLResponse(_page_html(view, str(request.url.path) if page.state in paging.OPEN_STATES else None))
 
 
