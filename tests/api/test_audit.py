@@ -141,6 +141,13 @@ def _remove_quota(w: World) -> tuple[str, str, dict[str, Any]]:
     return "DELETE", f"{API}/groups/vision/quota", {"params": {"gpu_model": "A100"}}
 
 
+def _activate(w: World) -> tuple[str, str, dict[str, Any]]:
+    """Activating an active user changes nothing and records nothing: deactivate carol first."""
+    r = w.client.post(f"{API}/users/carol/deactivate", headers=w.as_("admin"))
+    assert r.status_code == 200 and r.json()["changed"] is True, r.text
+    return "POST", f"{API}/users/carol/activate", {}
+
+
 def _node_action(w: World) -> tuple[str, str, dict[str, Any]]:
     with w.session_factory() as db:
         add_node(db, "n1")
@@ -367,10 +374,7 @@ CALLS: dict[tuple[str, str], tuple[Call, str]] = {
         lambda w: ("POST", f"{API}/users/carol/deactivate", {}),
         "user.deactivate",
     ),
-    ("POST", "/api/v1/users/{name}/activate"): (
-        lambda w: ("POST", f"{API}/users/carol/activate", {}),
-        "user.activate",
-    ),
+    ("POST", "/api/v1/users/{name}/activate"): (_activate, "user.activate"),
     ("POST", "/api/v1/users"): (
         lambda w: ("POST", f"{API}/users", {"json": {"name": "dave"}}),
         "user.create",

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import time
 
+import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from corral.cli.common import when
 from corral.cli.main import app as cli
+from corral.db.audit_models import AuditRecord
 from tests.api.conftest import ALICE_PASSWORD, World
 from tests.api.test_cli import run, server_url
 
@@ -160,6 +162,7 @@ def test_activating_an_active_user_or_adding_a_member_again_says_nothing_changed
     assert code == 0 and "user alice is already active" in out and "activated" not in out, out
     r = world.client.post(f"{API}/users/alice/activate", headers=world.as_("admin"))
     assert r.status_code == 200 and r.json()["changed"] is False, r.text
+    assert _user_activity_audited(world) == []  # no change, no audit entry (there were two)
     code, out = run(world, server_url, "admin", "user", "add-to-group", "alice", "vision")
     assert code == 0 and "alice is already member of vision" in out and "now" not in out, out
     r = world.client.post(f"{API}/groups/vision/members", json={"user": "alice"}, headers=world.as_("admin"))
@@ -173,6 +176,18 @@ def test_activating_an_active_user_or_adding_a_member_again_says_nothing_changed
     assert code == 0 and "user carol is already deactivated" in out, out
     r = world.client.post(f"{API}/users/carol/activate", headers=world.as_("admin"))
     assert r.json()["changed"] is True and r.json()["active"] is True, r.text
+    assert _user_activity_audited(world) == [("user.deactivate", "carol"), ("user.activate", "carol")]
+
+
+def _user_activity_audited(world: World) -> list[tuple[str, str]]:
+    """The user.activate / user.deactivate audit entries, oldest first: (action, user)."""
+    with world.session_factory() as db:
+        rows = db.scalars(
+            sa.select(AuditRecord)
+            .where(AuditRecord.action.in_(["user.activate", "user.deactivate"]))
+            .order_by(AuditRecord.id)
+        ).all()
+        return [(r.action, r.target_id) for r in rows]
 
 
 def test_adding_a_group_admin_again_keeps_their_role_unless_one_is_asked_for(

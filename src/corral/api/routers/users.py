@@ -109,18 +109,20 @@ def _set_active(db: DB, admin: Principal, name: str, active: bool, cancel_jobs: 
     user = svc.user_by_name(db, name)
     before = {"active": user.active}
     offboard.set_active(db, admin, user, active, cancel_jobs=cancel_jobs)
-    audit.record(
-        db,
-        actor=admin,
-        action="user.activate" if active else "user.deactivate",
-        target_kind="user",
-        target_id=user.name,
-        before=before,
-        after={"active": user.active},
-        detail="cancel_jobs=true" if cancel_jobs else None,
-    )
+    changed = before["active"] != user.active
+    if changed:  # already active (or deactivated): nothing changed, nothing to record
+        audit.record(
+            db,
+            actor=admin,
+            action="user.activate" if active else "user.deactivate",
+            target_kind="user",
+            target_id=user.name,
+            before=before,
+            after={"active": user.active},
+            detail="cancel_jobs=true" if cancel_jobs else None,
+        )
     db.commit()
-    return {**svc.user_out(db, user), "changed": before["active"] != user.active}
+    return {**svc.user_out(db, user), "changed": changed}
 
 
 def _name_of(db: DB, user_id: int) -> str:
