@@ -19,6 +19,12 @@ def default_home() -> Path:
     return Path(os.environ.get("CORRAL_HOME", str(Path.home() / ".corral"))).expanduser()
 
 
+def url_host(host: str) -> str:
+    """`host` as a URL or a host:port writes it: an IPv6 literal in brackets (`http://[::1]:8080`;
+    `http://::1:8080` is no URL a client can parse, nor a port anyone can read off it)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
 class SecretFileError(ValueError):
     """A CORRAL_*_FILE variable that cannot be used; the message names the variable and file."""
 

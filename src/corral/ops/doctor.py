@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from corral.config import Settings
+from corral.config import Settings, url_host
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_CONTROLLERS = ("cpu", "memory", "pids")
@@ -248,7 +248,7 @@ def check_tls(settings: Settings) -> Check:
         return Check(
             "tls",
             "warn" if exposed else "ok",
-            f"plain HTTP on {settings.host}:{settings.port}"
+            f"plain HTTP on {url_host(settings.host)}:{settings.port}"
             + (": tokens cross the network in clear" if exposed else " (loopback; TLS at the proxy)"),
             "set CORRAL_SSL_CERTFILE/CORRAL_SSL_KEYFILE or bind 127.0.0.1 behind nginx" if exposed else None,
         )

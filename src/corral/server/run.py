@@ -29,7 +29,7 @@ import uvicorn
 from sqlalchemy import Engine as DatabaseEngine
 from sqlalchemy.orm import Session, sessionmaker
 
-from corral.config import Settings
+from corral.config import Settings, url_host
 from corral.server import profiling
 from corral.server.context import ServerContext
 from corral.server.dispatch import shutdown_launches
@@ -117,7 +117,7 @@ def bind_listen_socket(host: str, port: int) -> socket.socket:
         sock.close()
         why = "the address is already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
         raise PortInUse(
-            f"cannot listen on {host}:{port}: {why}. Is another Corral server (or another program) "
+            f"cannot listen on {url_host(host)}:{port}: {why}. Is another Corral server (or another program) "
             "using it? Stop it or pick another port with --port / CORRAL_PORT. Nothing was written."
         ) from exc
     sock.listen(2048)
@@ -128,7 +128,7 @@ def bind_listen_socket(host: str, port: int) -> socket.socket:
 
 def local_url(settings: Settings) -> str:
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
-    return f"{settings.scheme}://{host}:{settings.port}"
+    return f"{settings.scheme}://{url_host(host)}:{settings.port}"
 
 
 def _note_signal(signum: int, _frame: object) -> None:

@@ -22,6 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 from sqlalchemy.orm.exc import StaleDataError
 
+from corral.config import url_host
 from corral.db.models import User
 from corral.db.oncall_models import (
     ContactMethod,
@@ -76,7 +77,7 @@ def shown_url(url: str) -> str:
     (https://hooks.slack.com/services/T000/B000/XXXX), and a user:password may precede the host."""
     parsed = httpx.URL(url)
     port = f":{parsed.port}" if parsed.port is not None else ""
-    return f"{parsed.scheme}://{parsed.host}{port}/..."
+    return f"{parsed.scheme}://{url_host(parsed.host)}{port}/..."
 
 
 def check_address(kind: str, address: str) -> str:
