@@ -11,7 +11,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
-import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -300,7 +299,7 @@ def _results_where(files: dict[str, Path | None], folders: dict[str, Path | None
     try:
         _writable(files, folders, made)
         yield
-    except (typer.Exit, click.exceptions.Exit) as exc:
+    except typer.Exit as exc:
         if exc.exit_code:
             _remove_made(made)
         raise
