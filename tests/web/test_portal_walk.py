@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from tests.server_fixture import submit_spec
-from tests.web.conftest import Portal, screenshot
+from tests.server_fixture import get_job, submit_spec, wait_for
+from tests.web.conftest import PASSWORD, Portal, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -65,3 +65,88 @@ def test_a_long_job_name_wraps_in_the_jobs_list(portal: Portal) -> None:
     # Only the name breaks anywhere: the id link stays on one line (one box, not one per line).
     id_link = row.locator("td[data-label='ID'] a")
     assert id_link.evaluate("(el) => el.getClientRects().length") == 1
+
+
+def _login_api(portal: Portal, user: str) -> Any:
+    """An httpx client logged in as `user` (cookie session and CSRF header, as the portal)."""
+    client = portal.server.client()
+    client.headers.pop("Authorization")
+    r = client.post("/api/v1/auth/login", json={"username": user, "password": PASSWORD})
+    assert r.status_code == 200, r.text
+    client.headers["X-CSRF-Token"] = r.json()["csrf_token"]
+    return client
+
+
+def _members(portal: Portal, group: str) -> dict[str, str]:
+    with portal.api() as api:
+        r = api.get(f"/api/v1/groups/{group}")
+        assert r.status_code == 200, r.text
+        return {m["user"]: m["role"] for m in r.json()["members"]}
+
+
+def test_a_member_is_not_told_their_group_has_no_members(portal: Portal) -> None:
+    assert set(_members(portal, "team-a")) >= {"ann", "root"}
+    page = portal.login("ann", path="/groups")  # a member of team-a, not its admin
+    card = page.locator("section.group[data-group='team-a']")
+    expect(card.locator("td.quota-guaranteed")).to_have_text("2")
+    expect(card).not_to_contain_text("No members")
+    expect(card.locator(".members")).to_have_count(0)
+    expect(card.locator(".remove-member")).to_have_count(0)
+
+
+def test_a_group_admin_removes_a_member_cancelling_their_live_jobs(portal: Portal) -> None:
+    with portal.api() as api:
+        assert api.post("/api/v1/groups", json={"name": "team-w"}).status_code == 201
+        for user, role in (("ann", "admin"), ("ben", "member")):
+            r = api.post("/api/v1/groups/team-w/members", json={"user": user, "role": role})
+            assert r.status_code == 201, r.text
+    ben = _login_api(portal, "ben")
+    try:
+        job_id = submit_spec(
+            ben,
+            {
+                "name": "bens-run",
+                "group": "team-w",
+                "tasks": {"main": {"command": "sleep 300", "resources": {"cpus": 0.25, "memory": "64MiB"}}},
+            },
+        )
+    finally:
+        ben.close()
+    page = portal.login("ann", path="/groups")
+    card = page.locator("section.group[data-group='team-w']")
+    expect(card.locator(".members")).to_contain_text("ann (admin)")
+    dialogs: list[str] = []
+    answers = [True, False]  # remove ben? yes; cancel his live job? not now
+
+    def answer(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        if answers.pop(0):
+            dialog.accept()
+        else:
+            dialog.dismiss()
+
+    page.on("dialog", answer)
+    card.locator("[data-member='ben'] .remove-member").click()
+    for _ in range(200):  # the page's waits let Playwright deliver the dialogs (a sleep would not)
+        if len(dialogs) == 2:
+            break
+        page.wait_for_timeout(50)
+    assert len(dialogs) == 2, dialogs
+    assert dialogs[0] == "Remove ben from team-w?"
+    assert f"job {job_id}" in dialogs[1] and "Cancel those jobs and remove ben?" in dialogs[1]
+    # Declined: nothing changed, and the button works again.
+    expect(card.locator("[data-member='ben'] .remove-member")).to_be_enabled()
+    assert _members(portal, "team-w") == {"ann": "admin", "ben": "member"}
+    with portal.api() as api:
+        assert get_job(api, job_id)["state"] not in ("cancelled", "failed", "succeeded")
+
+    answers.extend([True, True])
+    card.locator("[data-member='ben'] .remove-member").click()
+    expect(page.locator("#toasts")).to_contain_text("ben removed from team-w.")
+    expect(card.locator("[data-member='ben']")).to_have_count(0)
+    expect(card.locator("[data-member='ann']")).to_contain_text("ann (admin)")
+    screenshot(page, "walk-group-member-removed")
+    assert _members(portal, "team-w") == {"ann": "admin"}
+    with portal.api() as api:
+        wait_for(lambda: get_job(api, job_id)["state"] == "cancelled", what=f"job {job_id} cancelled")
+    assert page.js_errors == []

@@ -1,9 +1,9 @@
 // Groups and quotas: per group and GPU model, usage (and borrowed GPUs) against guaranteed and
 // max; CPUs and memory; warnings when guarantees add up to more than the cluster. Admins create
 // groups, set quotas, add users to groups and set a user's default group; a group's admins add
-// users to their groups (or change a member's role), as the API lets them.
+// users to their groups (or change a member's role) and remove members, as the API lets them.
 
-import { ApiError, get, itemsOf, post, put } from "../api.js";
+import { ApiError, api, get, itemsOf, post, put } from "../api.js";
 import { currentUser, isAdmin } from "../app.js";
 import { gpusInUseByGroup } from "../metrics.js";
 import { fill, emptyState, errorBox, h, section, table, toast, usageBar } from "../ui.js";
@@ -49,8 +49,55 @@ function cpuMemoryLine(usage) {
   return `CPUs ${cu} used / ${cg} guaranteed / ${cm} max · memory ${mu} / ${mg} / ${mm} GiB`;
 }
 
-function memberNames(group) {
-  return (group.members || []).map((m) => (typeof m === "string" ? m : `${m.name ?? m.user}${m.role === "admin" ? " (admin)" : ""}`));
+// The API lists a group's members only to its admins and to administrators, who may also remove
+// them; to anyone else it sends none, which is not "no members" (so nothing is shown).
+function membersBlock(group, refresh) {
+  if (!Array.isArray(group.members)) return null;
+  if (!group.members.length) return h("p", { class: "muted members" }, "No members.");
+  return h(
+    "div",
+    { class: "muted members" },
+    "Members:",
+    h(
+      "ul",
+      { class: "member-list" },
+      group.members.map((m) => {
+        const name = typeof m === "string" ? m : m.name ?? m.user;
+        const button = h(
+          "button",
+          { type: "button", class: "button small subtle remove-member", "aria-label": `Remove ${name} from ${group.name}` },
+          "Remove",
+        );
+        button.addEventListener("click", () => removeMember(group.name, name, button, refresh));
+        return h("li", { "data-member": name }, h("span", {}, `${name}${m.role === "admin" ? " (admin)" : ""}`), " ", button);
+      }),
+    ),
+  );
+}
+
+// DELETE /groups/{name}/members/{user}, after a confirmation. The member's live jobs in the group
+// refuse it (409 naming them and the way out, cancel_jobs=true): the user is asked whether to
+// cancel them, as `corral user remove-from-group --cancel-jobs` does.
+async function removeMember(group, user, button, refresh) {
+  if (!window.confirm(`Remove ${user} from ${group}?`)) return;
+  const path = `/groups/${encodeURIComponent(group)}/members/${encodeURIComponent(user)}`;
+  button.disabled = true;
+  try {
+    try {
+      await api("DELETE", path);
+    } catch (err) {
+      const liveJobs = err instanceof ApiError && err.status === 409 && err.message.includes("cancel_jobs");
+      if (!liveJobs) throw err;
+      if (!window.confirm(`${err.message}\n\nCancel those jobs and remove ${user}?`)) return;
+      await api("DELETE", path, { query: { cancel_jobs: true } });
+    }
+    toast(`${user} removed from ${group}.`, "success");
+    await refresh();
+  } catch (err) {
+    toast(`${user} was not removed from ${group}: ${err.message}`, "error");
+  } finally {
+    button.disabled = false;
+  }
 }
 
 export async function render(ctx) {
@@ -69,7 +116,7 @@ export async function render(ctx) {
         gpusInUseByGroup().catch(() => new Map()),
       ]);
       if (!ctx.alive()) return;
-      drawGroups(list, groups, usage);
+      drawGroups(list, groups, usage, refresh);
       // Admins get every form; a group's admins the member form for the groups they administer.
       const mine = isAdmin() ? groups : groups.filter((g) => administered().has(g.name));
       if (!adminBox.firstChild && isAdmin()) adminBox.append(adminForms(groups, refresh));
@@ -83,7 +130,7 @@ export async function render(ctx) {
   ctx.every(10000, refresh);
 }
 
-function drawGroups(root, groups, usage) {
+function drawGroups(root, groups, usage, refresh) {
   if (!groups.length) {
     fill(root, emptyState("No groups yet."));
     return;
@@ -94,7 +141,6 @@ function drawGroups(root, groups, usage) {
       { class: "grid-2" },
       groups.map((g) => {
         const rows = quotaRows(g, usage.get(g.name) || {});
-        const members = memberNames(g);
         return h(
           "section",
           { class: "card group", "data-group": g.name },
@@ -121,7 +167,7 @@ function drawGroups(root, groups, usage) {
             : emptyState("No quota: this group can only borrow idle GPUs."),
           g.usage ? h("p", { class: "muted cpu-memory" }, cpuMemoryLine(g.usage)) : null,
           (g.warnings || []).map((w) => h("p", { class: "quota-warning sev-warning", role: "note" }, `Warning: ${w}`)),
-          h("p", { class: "muted members" }, members.length ? `Members: ${members.join(", ")}` : "No members."),
+          membersBlock(g, refresh),
         );
       }),
     ),
@@ -207,7 +253,7 @@ function memberForm(groups, refresh) {
 function groupAdminForms(groups, refresh) {
   return section(
     "Your groups' members",
-    h("p", { class: "muted" }, "As a group admin you add users to your groups or change a member's role; quotas are set by an administrator."),
+    h("p", { class: "muted" }, "As a group admin you add users to your groups, change a member's role or remove a member (Remove, next to their name above); quotas are set by an administrator."),
     h("div", { class: "admin-grid" }, memberForm(groups, refresh)),
   );
 }
