@@ -1,5 +1,6 @@
 // Incidents (admins): the list with filters (state, severity, open only) and SLA countdowns, and one
-// incident's detail with its links, timeline, postmortem and the ack/mitigate/resolve buttons.
+// incident's detail with its links, timeline, postmortem, the ack/mitigate/resolve/close buttons
+// its state allows and a note or comment.
 
 import { get, post } from "../api.js";
 import { emptyState, errorBox, fill, fmtDuration, h, section, table, timeEl, toast } from "../ui.js";
@@ -100,37 +101,101 @@ function postmortem(incident) {
   );
 }
 
+// What the API lets each state become (services/incidents.py TRANSITIONS); ack only until someone
+// has acknowledged it. A button for a move the API refuses (close while triggered) is not shown.
+function actionsFor(incident) {
+  const open = ["triggered", "acknowledged", "mitigated"].includes(incident.state);
+  return {
+    ack: incident.state !== "closed" && !incident.acknowledged_at,
+    mitigate: incident.state === "triggered" || incident.state === "acknowledged",
+    resolve: open,
+    close: incident.state === "resolved",
+  };
+}
+
+// The note box and the buttons are drawn once: the 5 s refresh redraws only what is below them,
+// so a note being typed is not wiped. Mitigate and resolve send the note (the timeline shows it
+// instead of "resolved by ..."); "Add comment" needs one.
+function actionsBar(id, refresh) {
+  const note = h("textarea", { id: "incident-note", rows: 2, "aria-describedby": "incident-note-error" });
+  const error = h("p", { class: "field-error", id: "incident-note-error", role: "alert", hidden: true });
+  const run = async (button, action, body) => {
+    error.hidden = true;
+    note.setAttribute("aria-invalid", "false");
+    button.disabled = true;
+    try {
+      await post(`/incidents/${id}/${action}`, body);
+      toast(`incident ${id}: ${action} done`, "success");
+      if (body.note || body.text) note.value = ""; // sent: it is in the timeline now
+    } catch (err) {
+      error.textContent = err.message;
+      error.hidden = false;
+    } finally {
+      button.disabled = false;
+    }
+    await refresh();
+  };
+  const buttons = {};
+  for (const action of ["ack", "mitigate", "resolve", "close"]) {
+    const button = h("button", { type: "button", class: "button", "data-action": action }, action);
+    button.addEventListener("click", () => {
+      const text = note.value.trim();
+      run(button, action, action === "mitigate" || action === "resolve" ? { note: text } : {});
+    });
+    buttons[action] = button;
+  }
+  const comment = h("button", { type: "button", class: "button subtle", "data-action": "comment" }, "Add comment");
+  comment.addEventListener("click", () => {
+    if (!note.value.trim()) {
+      error.textContent = "Write the comment first.";
+      error.hidden = false;
+      note.setAttribute("aria-invalid", "true");
+      note.focus();
+      return;
+    }
+    run(comment, "comment", { text: note.value.trim() });
+  });
+  const toolbar = h("div", { class: "toolbar" });
+  const bar = h(
+    "div",
+    { class: "incident-actions" },
+    h("div", { class: "field" }, h("label", { for: note.id }, "Note (with mitigate or resolve) or comment"), note, error),
+    toolbar,
+  );
+  bar.update = (incident) => {
+    const allowed = actionsFor(incident);
+    fill(toolbar, Object.entries(buttons).filter(([action]) => allowed[action]).map(([, button]) => button), comment);
+  };
+  return bar;
+}
+
 async function renderDetail(ctx, id) {
+  const head = h("div", {});
   const body = h("div", {});
-  ctx.main.append(body);
+  // The first read may throw: a missing incident gets the portal's 404 page.
+  let incident = await get(`/incidents/${id}`);
   const refresh = async () => {
-    let incident;
     try {
       incident = await get(`/incidents/${id}`);
     } catch (err) {
-      fill(body, errorBox(err, `Cannot load incident ${id}`));
+      if (ctx.alive()) fill(body, errorBox(err, `Cannot load incident ${id}`));
       return;
     }
-    const act = (action) =>
-      h("button", {
-        type: "button",
-        onclick: async () => {
-          try {
-            await post(`/incidents/${id}/${action}`, {});
-            toast(`incident ${id}: ${action} done`);
-          } catch (err) {
-            toast(err.message, "error");
-          }
-          refresh();
-        },
-      }, action);
+    if (ctx.alive()) draw();
+  };
+  const bar = actionsBar(id, refresh);
+  ctx.main.append(head, bar, body);
+  const draw = () => {
     const sla = incident.sla;
+    bar.update(incident);
     fill(
-      body,
+      head,
       h("h1", {}, `Incident #${incident.id} `, h("span", { class: `badge sev-${incident.severity.toLowerCase()}` }, incident.severity), " ",
         h("span", { class: `badge incident-${incident.state}` }, incident.state)),
       h("p", { class: "incident-title" }, incident.title),
-      h("div", { class: "toolbar" }, act("ack"), act("mitigate"), act("resolve"), act("close")),
+    );
+    fill(
+      body,
       section(
         "Summary",
         h("dl", { class: "facts" },
@@ -158,7 +223,7 @@ async function renderDetail(ctx, id) {
       postmortem(incident),
     );
   };
-  await refresh();
+  draw();
   ctx.every(5000, refresh);
 }
 
