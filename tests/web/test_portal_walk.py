@@ -3,10 +3,12 @@ top bar can be seen and clicked at 1280 and 800 px (they used to scroll out of s
 bar); a long job name without spaces wraps in the jobs list instead of pushing its state off the
 page; a plain member is not told that their group has no members; a group's admin removes a
 member from the Groups page, and is offered to cancel the member's live jobs when those refuse
-the removal."""
+the removal; a quarantined GPU is not drawn free on the Nodes page, and an admin quarantines a
+GPU and returns it to service from there."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -150,3 +152,44 @@ def test_a_group_admin_removes_a_member_cancelling_their_live_jobs(portal: Porta
     with portal.api() as api:
         wait_for(lambda: get_job(api, job_id)["state"] == "cancelled", what=f"job {job_id} cancelled")
     assert page.js_errors == []
+
+
+def _gpu_health(portal: Portal) -> dict[int, str]:
+    with portal.api() as api:
+        (node,) = api.get("/api/v1/nodes").json()
+        return {g["index"]: g["health"] for g in node["gpus"]}
+
+
+def test_a_quarantined_gpu_is_not_shown_free_and_admins_quarantine_and_return_gpus(portal: Portal) -> None:
+    with portal.api() as api:
+        node = api.get("/api/v1/nodes").json()[0]["name"]
+        r = api.post(f"/api/v1/nodes/{node}/gpus/3/quarantine")
+        assert r.status_code == 200, r.text
+    try:
+        page = portal.login("root", path="/nodes")
+        card = page.locator(f"article.node[data-node='{node}']")
+        gpu1, gpu3 = (card.locator("ul.gpus li").nth(i).locator(".gpu") for i in (1, 3))
+        expect(gpu3).to_have_class(re.compile(r"\bgpu-unhealthy\b"))
+        expect(gpu3).to_have_attribute("aria-label", re.compile(r"GPU 3 .*: quarantined"))
+        expect(card.locator(".node-facts")).to_contain_text("3 of 4 GPUs free · 1 unhealthy")
+
+        card.locator("button:has-text('Return GPU 3')").click()
+        expect(page.locator("#toasts")).to_contain_text("GPU 3 back in service")
+        expect(gpu3).to_have_class(re.compile(r"\bgpu-free\b"))
+        assert _gpu_health(portal)[3] == "healthy"
+
+        answers = ["9", "1"]  # no such GPU (refused here, nothing sent), then GPU 1
+        page.on("dialog", lambda dialog: dialog.accept(answers.pop(0)))
+        card.locator("button:has-text('Quarantine GPU')").click()
+        expect(page.locator("#toasts")).to_contain_text(f"{node} has no GPU '9': give one of 0, 1, 2, 3.")
+        assert set(_gpu_health(portal).values()) == {"healthy"}
+        card.locator("button:has-text('Quarantine GPU')").click()
+        expect(page.locator("#toasts")).to_contain_text("GPU 1 quarantined")
+        expect(gpu1).to_have_class(re.compile(r"\bgpu-unhealthy\b"))
+        assert _gpu_health(portal) == {0: "healthy", 1: "quarantined", 2: "healthy", 3: "healthy"}
+        screenshot(page, "walk-gpu-quarantined")
+        assert page.js_errors == []
+    finally:
+        with portal.api() as api:
+            for index in (1, 3):
+                api.post(f"/api/v1/nodes/{node}/gpus/{index}/return")

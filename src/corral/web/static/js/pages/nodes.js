@@ -1,5 +1,6 @@
-// Nodes grid: each node with its GPUs shown free, allocated (linked to the job) or unhealthy;
-// admins cordon, uncordon and drain from here. Polled so allocations appear without reloads.
+// Nodes grid: each node with its GPUs shown free, allocated (linked to the job) or unhealthy
+// (failing, quarantined or lost); admins cordon, uncordon and drain from here, and quarantine a
+// GPU or return it to service. Polled so allocations appear without reloads.
 // Each card shows the anomaly detector's failure risk (GET /nodes/risk), and nodes at risk are
 // listed above the grid with the reasons, worst first.
 
@@ -17,7 +18,7 @@ export async function render(ctx) {
       { class: "legend gpu-legend", "aria-label": "Legend" },
       h("li", {}, h("span", { class: "gpu gpu-free", "aria-hidden": "true" }), "free"),
       h("li", {}, h("span", { class: "gpu gpu-allocated", "aria-hidden": "true" }), "allocated"),
-      h("li", {}, h("span", { class: "gpu gpu-unhealthy", "aria-hidden": "true" }), "unhealthy"),
+      h("li", {}, h("span", { class: "gpu gpu-unhealthy", "aria-hidden": "true" }), "unhealthy or quarantined"),
     ),
     risky,
     grid,
@@ -37,15 +38,22 @@ export async function render(ctx) {
   ctx.every(5000, refresh);
 }
 
+// `healthy` is the monitor's reading, `health` the placement verdict: a GPU quarantined (by an
+// admin or on ECC/Xid faults) or lost takes no job even while it reads healthy.
+function outOfService(gpu) {
+  return Boolean(gpu.health) && gpu.health !== "healthy";
+}
+
 function gpuState(gpu) {
-  if (gpu.healthy === false || gpu.state === "unhealthy") return "unhealthy";
+  if (gpu.healthy === false || gpu.state === "unhealthy" || outOfService(gpu)) return "unhealthy";
   if (gpu.job_id !== null && gpu.job_id !== undefined) return "allocated";
   return "free";
 }
 
 function gpuCell(node, gpu) {
   const st = gpuState(gpu);
-  const label = `GPU ${gpu.index} ${gpu.model || ""}: ${st}${st === "allocated" ? ` to job ${gpu.job_id}` : ""}`;
+  const why = outOfService(gpu) ? gpu.health : st;
+  const label = `GPU ${gpu.index} ${gpu.model || ""}: ${why}${st === "allocated" ? ` to job ${gpu.job_id}` : ""}`;
   const inner = [h("span", { class: "gpu-index" }, String(gpu.index)), h("span", { class: "gpu-model" }, gpu.model || "")];
   if (st === "allocated") {
     return h("li", {}, h("a", { href: `/jobs/${gpu.job_id}`, class: "gpu gpu-allocated", title: label, "aria-label": label }, inner, h("span", { class: "gpu-job" }, `#${gpu.job_id}`)));
@@ -136,18 +144,40 @@ function nodeCard(node, refresh, risk) {
 
 function adminActions(node, refresh) {
   const admin = String(node.admin_state || (["cordoned", "draining"].includes(node.state) ? node.state : "none"));
-  const act = (verb, question) => async (event) => {
-    if (question && !window.confirm(question)) return;
-    event.target.disabled = true;
+  const send = async (button, path, done) => {
+    button.disabled = true;
     try {
-      await post(`/nodes/${encodeURIComponent(node.name)}/${verb}`);
-      toast(`${node.name}: ${verb} done.`, "success");
+      await post(`/nodes/${encodeURIComponent(node.name)}/${path}`);
+      toast(`${node.name}: ${done}.`, "success");
       await refresh();
     } catch (err) {
       toast(`${node.name}: ${err.message}`, "error");
-      event.target.disabled = false;
+      button.disabled = false;
     }
   };
+  const act = (verb, question) => (event) => {
+    if (question && !window.confirm(question)) return;
+    send(event.target, verb, `${verb} done`);
+  };
+  // The index is asked for when clicked (not a select in the card): the card is redrawn every 5 s,
+  // which would put a select back on its first GPU between choosing and clicking.
+  const quarantine = (event) => {
+    const answer = window.prompt(`Quarantine which GPU of ${node.name}? Its index (0 to ${node.gpus.length - 1}):`);
+    if (answer === null) return;
+    const index = Number(answer.trim());
+    if (answer.trim() === "" || !node.gpus.some((g) => g.index === index)) {
+      toast(`${node.name} has no GPU '${answer.trim()}': give one of ${node.gpus.map((g) => g.index).join(", ")}.`, "error");
+      return;
+    }
+    send(event.target, `gpus/${index}/quarantine`, `GPU ${index} quarantined`);
+  };
+  const returns = (node.gpus || []).filter(outOfService).map((g) =>
+    h(
+      "button",
+      { type: "button", class: "button", "data-gpu": g.index, onclick: (event) => send(event.target, `gpus/${g.index}/return`, `GPU ${g.index} back in service`) },
+      `Return GPU ${g.index}`,
+    ),
+  );
   return h(
     "div",
     { class: "actions" },
@@ -161,5 +191,7 @@ function adminActions(node, refresh) {
           "Drain",
         )
       : null,
+    (node.gpus || []).length ? h("button", { type: "button", class: "button", onclick: quarantine }, "Quarantine GPU…") : null,
+    returns,
   );
 }
