@@ -4,7 +4,8 @@ bar); a long job name without spaces wraps in the jobs list instead of pushing i
 page; a plain member is not told that their group has no members; a group's admin removes a
 member from the Groups page, and is offered to cancel the member's live jobs when those refuse
 the removal; a quarantined GPU is not drawn free on the Nodes page, and an admin quarantines a
-GPU and returns it to service from there."""
+GPU and returns it to service from there; a workspace that is not running offers no JupyterLab
+link to a page that is not there."""
 
 from __future__ import annotations
 
@@ -193,3 +194,24 @@ def test_a_quarantined_gpu_is_not_shown_free_and_admins_quarantine_and_return_gp
         with portal.api() as api:
             for index in (1, 3):
                 api.post(f"/api/v1/nodes/{node}/gpus/{index}/return")
+
+
+def test_a_workspace_not_running_has_no_jupyterlab_link(portal: Portal) -> None:
+    ann = _login_api(portal, "ann")
+    try:
+        r = ann.post("/api/v1/workspaces", json={"name": "nb-stopped", "cpus": 0.25, "memory": "128MiB"})
+        assert r.status_code == 201, r.text
+        r = ann.post("/api/v1/workspaces/nb-stopped/stop")
+        assert r.status_code == 200, r.text
+        state = r.json()["state"]
+    finally:
+        ann.close()
+    assert state != "running"
+    page = portal.login("ann", path="/workspaces")
+    row = page.locator("#ws-list tr", has_text="nb-stopped")
+    expect(row.locator("td[data-label='State']")).not_to_have_text("running")
+    link = row.locator("a.ws-open")
+    expect(link).to_have_attribute("aria-disabled", "true")
+    expect(link).to_have_attribute("title", re.compile("once the workspace is running"))
+    assert link.get_attribute("href") is None
+    assert page.js_errors == []

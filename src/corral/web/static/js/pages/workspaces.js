@@ -78,9 +78,19 @@ function actions(ws, refresh) {
     return button;
   };
   const base = `/workspaces/${encodeURIComponent(ws.name)}`;
+  // A link only while it is running: before that (or once stopped or failed) the proxy has no
+  // JupyterLab to reach, and a link that looks live opened a tab with an error page.
+  const up = ws.state === "running";
   const open = h(
     "a",
-    { class: "button primary ws-open", href: ws.url, target: "_blank", rel: "noopener", "aria-disabled": ws.state !== "running" },
+    {
+      class: "button primary ws-open",
+      href: up ? ws.url : undefined,
+      target: up ? "_blank" : undefined,
+      rel: up ? "noopener" : undefined,
+      "aria-disabled": up ? undefined : "true",
+      title: up ? undefined : `JupyterLab opens once the workspace is running (it is ${ws.state})`,
+    },
     "Open JupyterLab",
   );
   const running = ["pending", "starting", "running"].includes(ws.state);
