@@ -5,7 +5,9 @@ page; a plain member is not told that their group has no members; a group's admi
 member from the Groups page, and is offered to cancel the member's live jobs when those refuse
 the removal; a quarantined GPU is not drawn free on the Nodes page, and an admin quarantines a
 GPU and returns it to service from there; a workspace that is not running offers no JupyterLab
-link to a page that is not there."""
+link to a page that is not there; the Environments form checks a name in the browser (its
+pattern used to be an invalid regular expression, ignored with a console error) and shows the
+server's refusal as an error."""
 
 from __future__ import annotations
 
@@ -214,4 +216,28 @@ def test_a_workspace_not_running_has_no_jupyterlab_link(portal: Portal) -> None:
     expect(link).to_have_attribute("aria-disabled", "true")
     expect(link).to_have_attribute("title", re.compile("once the workspace is running"))
     assert link.get_attribute("href") is None
+    assert page.js_errors == []
+
+
+def test_the_environment_form_checks_the_name_and_shows_a_refusal_as_an_error(portal: Portal) -> None:
+    page = portal.login("ann", path="/environments")
+    console_errors: list[str] = []
+    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+    page.reload()  # the page again, now with the console watched
+    name = page.locator("#env-form input[name=name]")
+    page.fill("#env-form textarea[name=source]", "numpy\n")
+    name.fill("bad name!")
+    page.click("#env-form button[type=submit]")
+    assert name.evaluate("(el) => el.validity.patternMismatch") is True
+    expect(page.locator("#env-status")).to_have_text("")  # nothing was sent
+    # This server has no package index: the API refuses (409), and the page says so as an error.
+    name.fill("okenv")
+    page.click("#env-form button[type=submit]")
+    status = page.locator("#env-status")
+    expect(status).to_contain_text("refused: ")
+    expect(status).to_contain_text("no package index")
+    expect(status).to_have_class("field-error")
+    expect(status).to_have_attribute("role", "alert")
+    # The refusal's HTTP status is logged by Chromium itself; anything else is the page's.
+    assert [m for m in console_errors if not m.startswith("Failed to load resource")] == []
     assert page.js_errors == []

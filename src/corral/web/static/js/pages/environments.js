@@ -52,11 +52,24 @@ function versionsTable(env, refresh) {
 function createForm(onDone) {
   const me = currentUser() || {};
   const groups = (me.groups || []).map((g) => g.name);
-  const status = h("span", { class: "muted", id: "env-status" });
+  const status = h("p", { class: "muted", id: "env-status", role: "status" });
+  // A refusal is shown as an error (and announced), not in the grey of a progress note.
+  const setStatus = (text, failed) => {
+    status.textContent = text;
+    status.className = failed ? "field-error" : "muted";
+    status.setAttribute("role", failed ? "alert" : "status");
+  };
   const form = h(
     "form",
     { class: "form", id: "env-form" },
-    h("label", {}, "Name ", h("input", { name: "name", required: true, pattern: "[A-Za-z0-9][A-Za-z0-9._-]{0,63}" })),
+    // The "-" escaped: Chromium compiles a pattern with the v flag, where a bare "-" at a class's
+    // end is a syntax error and the whole pattern was ignored (with a console error).
+    h("label", {}, "Name ", h("input", {
+      name: "name",
+      required: true,
+      pattern: "[A-Za-z0-9][A-Za-z0-9._\\-]{0,63}",
+      title: "Letters, digits, '.', '_' or '-', starting with a letter or digit (64 at most)",
+    })),
     h("label", {}, "requirements.txt ", h("textarea", { name: "source", required: true, rows: 4, placeholder: "numpy==2.4.6\nscikit-learn" })),
     h(
       "label",
@@ -78,11 +91,11 @@ function createForm(onDone) {
         visibility: String(data.get("visibility")),
         group: String(data.get("group")) || null,
       });
-      status.textContent = `${v.ref}: building (job #${v.build_job_id})`;
+      setStatus(`${v.ref}: building (job #${v.build_job_id})`, false);
       toast(`Building ${v.ref}`);
       onDone();
     } catch (err) {
-      status.textContent = `refused: ${err.message}`;
+      setStatus(`refused: ${err.message}`, true);
     }
   });
   return section(
