@@ -7,7 +7,7 @@ the removal; a quarantined GPU is not drawn free on the Nodes page, and an admin
 GPU and returns it to service from there; a workspace that is not running offers no JupyterLab
 link to a page that is not there; the Environments form checks a name in the browser (its
 pattern used to be an invalid regular expression, ignored with a console error) and shows the
-server's refusal as an error."""
+server's refusal as an error; the login page shows no empty top bar."""
 
 from __future__ import annotations
 
@@ -240,4 +240,18 @@ def test_the_environment_form_checks_the_name_and_shows_a_refusal_as_an_error(po
     expect(status).to_have_attribute("role", "alert")
     # The refusal's HTTP status is logged by Chromium itself; anything else is the page's.
     assert [m for m in console_errors if not m.startswith("Failed to load resource")] == []
+    assert page.js_errors == []
+
+
+def test_the_login_page_has_no_empty_top_bar(portal: Portal) -> None:
+    page = portal.new_page()
+    page.goto(portal.url + "/login")
+    page.wait_for_selector("form.login-form")
+    assert page.locator("#topbar").get_attribute("hidden") is not None
+    expect(page.locator("#topbar")).to_be_hidden()
+    page.fill("#username", "ann")
+    page.fill("#password", "not-the-password")
+    page.click("form.login-form button[type=submit]")
+    expect(page.locator("form.login-form")).to_contain_text("Wrong username or password.")
+    expect(page.locator("#topbar")).to_be_hidden()
     assert page.js_errors == []
