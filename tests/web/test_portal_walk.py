@@ -7,7 +7,8 @@ the removal; a quarantined GPU is not drawn free on the Nodes page, and an admin
 GPU and returns it to service from there; a workspace that is not running offers no JupyterLab
 link to a page that is not there; the Environments form checks a name in the browser (its
 pattern used to be an invalid regular expression, ignored with a console error) and shows the
-server's refusal as an error; the login page shows no empty top bar."""
+server's refusal as an error; the login page shows no empty top bar; the Alerts and Incidents
+filters are kept in the address, so reload and back keep them."""
 
 from __future__ import annotations
 
@@ -254,4 +255,31 @@ def test_the_login_page_has_no_empty_top_bar(portal: Portal) -> None:
     page.click("form.login-form button[type=submit]")
     expect(page.locator("form.login-form")).to_contain_text("Wrong username or password.")
     expect(page.locator("#topbar")).to_be_hidden()
+    assert page.js_errors == []
+
+
+def test_alert_and_incident_filters_survive_reload_and_back(portal: Portal) -> None:
+    page = portal.login("root", path="/alerts")
+    page.select_option("#alert-filter", "all")
+    page.wait_for_url("**/alerts?show=all")
+    page.reload()
+    expect(page.locator("#alert-filter")).to_have_value("all")
+    page.go_back()
+    page.wait_for_url(re.compile(r"/alerts$"))
+    expect(page.locator("#alert-filter")).to_have_value("firing")
+
+    page.goto(portal.url + "/incidents")
+    expect(page.locator("main")).to_contain_text("No open incidents.")
+    page.select_option("#incident-state", "closed")
+    page.wait_for_url("**/incidents?state=closed")
+    page.select_option("#incident-severity", "SEV1")
+    page.wait_for_url("**/incidents?state=closed&severity=SEV1")
+    page.reload()
+    expect(page.locator("#incident-state")).to_have_value("closed")
+    expect(page.locator("#incident-severity")).to_have_value("SEV1")
+    expect(page.locator("main")).to_contain_text("No closed incidents.")
+    page.go_back()
+    page.wait_for_url("**/incidents?state=closed")
+    expect(page.locator("#incident-severity")).to_have_value("")
+    expect(page.locator("#incident-state")).to_have_value("closed")
     assert page.js_errors == []

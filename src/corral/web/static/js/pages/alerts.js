@@ -1,6 +1,8 @@
-// Alerts list (from monitoring's GET /alerts), firing first; refreshed by polling.
+// Alerts list (from monitoring's GET /alerts), firing first; refreshed by polling. `?show=all`
+// lists resolved ones too.
 
 import { get, itemsOf } from "../api.js";
+import { navigate } from "../app.js";
 import { fill, emptyState, errorBox, h, table, timeEl } from "../ui.js";
 
 const pick = (obj, ...keys) => {
@@ -56,11 +58,13 @@ export function alertRows(alerts) {
 }
 
 export async function render(ctx) {
+  // The choice lives in the address (/alerts?show=all), so reload, back and a shared link keep it.
+  const shown = ctx.query.get("show") === "all" ? "all" : "firing";
   const filter = h(
     "select",
     { id: "alert-filter" },
-    h("option", { value: "firing" }, "Firing"),
-    h("option", { value: "all" }, "All"),
+    h("option", { value: "firing", selected: shown === "firing" }, "Firing"),
+    h("option", { value: "all", selected: shown === "all" }, "All"),
   );
   const body = h("div", {});
   ctx.main.append(
@@ -82,7 +86,7 @@ export async function render(ctx) {
       shown.length ? alertRows(shown) : emptyState(filter.value === "firing" ? "No alerts are firing." : "No alerts."),
     );
   };
-  filter.addEventListener("change", refresh);
+  filter.addEventListener("change", () => navigate(filter.value === "all" ? "/alerts?show=all" : "/alerts"));
   await refresh();
   ctx.every(10000, refresh);
 }

@@ -3,6 +3,7 @@
 // its state allows and a note or comment.
 
 import { get, post } from "../api.js";
+import { navigate } from "../app.js";
 import { emptyState, errorBox, fill, fmtDuration, h, section, table, timeEl, toast } from "../ui.js";
 
 const STATES = ["triggered", "acknowledged", "mitigated", "resolved", "closed"];
@@ -15,13 +16,22 @@ function countdown(seconds) {
   return h("span", { class: "sla-running" }, fmtDuration(seconds));
 }
 
-function select(id, label, values) {
-  return h("select", { id }, h("option", { value: "" }, label), ...values.map((v) => h("option", { value: v }, v)));
+function select(id, label, values, current) {
+  return h(
+    "select",
+    { id },
+    h("option", { value: "" }, label),
+    ...values.map((v) => h("option", { value: v, selected: v === current }, v)),
+  );
 }
 
+// The filters live in the address (/incidents?state=resolved&severity=SEV2), so reload, back and
+// a shared link keep them.
 async function renderList(ctx) {
-  const state = select("incident-state", "Open", STATES);
-  const severity = select("incident-severity", "Any severity", SEVERITIES);
+  const state = select("incident-state", "Open", STATES, ctx.query.get("state"));
+  const severity = select("incident-severity", "Any severity", SEVERITIES, ctx.query.get("severity"));
+  state.setAttribute("aria-label", "State");
+  severity.setAttribute("aria-label", "Severity");
   const body = h("div", {});
   ctx.main.append(h("h1", {}, "Incidents"), h("div", { class: "toolbar" }, state, severity), body);
   const load = () =>
@@ -65,8 +75,15 @@ async function renderList(ctx) {
         : emptyState(state.value ? `No ${state.value} incidents.` : "No open incidents."),
     );
   };
-  state.addEventListener("change", refresh);
-  severity.addEventListener("change", refresh);
+  const filtered = () => {
+    const q = new URLSearchParams();
+    if (state.value) q.set("state", state.value);
+    if (severity.value) q.set("severity", severity.value);
+    const query = q.toString();
+    navigate(query ? `/incidents?${query}` : "/incidents");
+  };
+  state.addEventListener("change", filtered);
+  severity.addEventListener("change", filtered);
   await refresh();
   ctx.every(10000, refresh);
 }
