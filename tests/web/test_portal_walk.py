@@ -8,7 +8,8 @@ GPU and returns it to service from there; a workspace that is not running offers
 link to a page that is not there; the Environments form checks a name in the browser (its
 pattern used to be an invalid regular expression, ignored with a console error) and shows the
 server's refusal as an error; the login page shows no empty top bar; the Alerts and Incidents
-filters are kept in the address, so reload and back keep them."""
+filters are kept in the address, so reload and back keep them; an admin removes a group's GPU
+quota from the Groups page."""
 
 from __future__ import annotations
 
@@ -282,4 +283,30 @@ def test_alert_and_incident_filters_survive_reload_and_back(portal: Portal) -> N
     page.wait_for_url("**/incidents?state=closed")
     expect(page.locator("#incident-severity")).to_have_value("")
     expect(page.locator("#incident-state")).to_have_value("closed")
+    assert page.js_errors == []
+
+
+def test_an_admin_removes_a_groups_quota(portal: Portal) -> None:
+    with portal.api() as api:
+        r = api.put("/api/v1/groups/team-b/quota", json={"gpu_model": "*", "guaranteed": 1})
+        assert r.status_code == 200, r.text
+    page = portal.login("root", path="/groups")
+    page.on("dialog", lambda dialog: dialog.accept())
+    card = page.locator("section.group[data-group='team-b']")
+    expect(card.locator("table.quotas tbody tr")).to_have_count(2)  # VGPU and any model
+    page.select_option("#remove-quota-group", "team-b")
+    page.fill("#remove-quota-model", "VGPU")
+    page.click("#remove-quota button[type=submit]")
+    expect(page.locator("#toasts")).to_contain_text("Quota of team-b for VGPU removed.")
+    with portal.api() as api:
+        assert api.get("/api/v1/groups/team-b").json()["quotas"] == [
+            {"gpu_model": "*", "guaranteed": 1, "max": None}
+        ]
+    expect(card.locator("table.quotas tbody tr")).to_have_count(1)
+    expect(card.locator("table.quotas")).not_to_contain_text("VGPU")
+    # A quota the group does not have: the API's 404 next to the form, nothing else changes.
+    page.click("#remove-quota button[type=submit]")
+    expect(page.locator("#remove-quota .field-error")).to_contain_text("VGPU")
+    with portal.api() as api:
+        assert len(api.get("/api/v1/groups/team-b").json()["quotas"]) == 1
     assert page.js_errors == []

@@ -1,6 +1,6 @@
 // Groups and quotas: per group and GPU model, usage (and borrowed GPUs) against guaranteed and
 // max; CPUs and memory; warnings when guarantees add up to more than the cluster. Admins create
-// groups, set quotas, add users to groups and set a user's default group; a group's admins add
+// groups, set and remove quotas, add users to groups and set a user's default group; a group's admins add
 // users to their groups (or change a member's role) and remove members, as the API lets them.
 
 import { ApiError, api, get, itemsOf, post, put } from "../api.js";
@@ -217,7 +217,7 @@ function adminForm(id, title, fields, buttonLabel, action) {
     }
     try {
       const message = await action();
-      toast(message, "success");
+      if (message) toast(message, "success"); // null: the user thought better of it
     } catch (err) {
       error.textContent =
         err instanceof ApiError && err.fieldErrors.length ? err.fieldErrors.map((e) => `${e.loc.join(".")}: ${e.msg}`).join("; ") : err.message;
@@ -255,6 +255,29 @@ function groupAdminForms(groups, refresh) {
     "Your groups' members",
     h("p", { class: "muted" }, "As a group admin you add users to your groups, change a member's role or remove a member (Remove, next to their name above); quotas are set by an administrator."),
     h("div", { class: "admin-grid" }, memberForm(groups, refresh)),
+  );
+}
+
+// DELETE /groups/{name}/quota?gpu_model= (corral group quota --clear): the model then falls under
+// the group's "*" quota, if any (a quota set to 0 would still be a row of its own).
+function removeQuotaForm(groups, refresh) {
+  const group = groupSelect("remove-quota-group", groups);
+  const model = h("input", { id: "remove-quota-model", value: "*", required: true });
+  return adminForm(
+    "remove-quota",
+    "Remove a quota",
+    [
+      ["Group", group],
+      ["GPU model (* = any)", model],
+    ],
+    "Remove quota",
+    async () => {
+      const gpuModel = model.value.trim();
+      if (!window.confirm(`Remove the ${gpuModel} GPU quota of ${group.value}?`)) return null;
+      await api("DELETE", `/groups/${encodeURIComponent(group.value)}/quota`, { query: { gpu_model: gpuModel } });
+      await refresh();
+      return `Quota of ${group.value} for ${gpuModel} removed.`;
+    },
   );
 }
 
@@ -310,6 +333,7 @@ function adminForms(groups, refresh) {
           return `Quota of ${qGroup.value} for ${body.gpu_model} set.`;
         },
       ),
+      removeQuotaForm(groups, refresh),
       memberForm(groups, refresh),
       adminForm(
         "set-default-group",
