@@ -6,10 +6,10 @@ member from the Groups page, and is offered to cancel the member's live jobs whe
 the removal; a quarantined GPU is not drawn free on the Nodes page, and an admin quarantines a
 GPU and returns it to service from there; a workspace that is not running offers no JupyterLab
 link to a page that is not there; the Environments form checks a name in the browser (its
-pattern used to be an invalid regular expression, ignored with a console error) and shows the
-server's refusal as an error; the login page shows no empty top bar; the Alerts and Incidents
-filters are kept in the address, so reload and back keep them; an admin removes a group's GPU
-quota from the Groups page."""
+pattern used to be an invalid regular expression, ignored with a console error), shows the
+server's refusal as an error, and a link to an environment that is not there says so; the login
+page shows no empty top bar; the Alerts and Incidents filters are kept in the address, so reload
+and back keep them; an admin removes a group's GPU quota from the Groups page."""
 
 from __future__ import annotations
 
@@ -221,7 +221,7 @@ def test_a_workspace_not_running_has_no_jupyterlab_link(portal: Portal) -> None:
     assert page.js_errors == []
 
 
-def test_the_environment_form_checks_the_name_and_shows_a_refusal_as_an_error(portal: Portal) -> None:
+def test_the_environment_page_checks_names_and_shows_refusals_and_missing_ones(portal: Portal) -> None:
     page = portal.login("ann", path="/environments")
     console_errors: list[str] = []
     page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
@@ -240,6 +240,10 @@ def test_the_environment_form_checks_the_name_and_shows_a_refusal_as_an_error(po
     expect(status).to_contain_text("no package index")
     expect(status).to_have_class("field-error")
     expect(status).to_have_attribute("role", "alert")
+    # A link to an environment there is none of says so (it showed nothing).
+    page.goto(portal.url + "/environments?name=gone-env")
+    missing = page.locator("#environment-detail [role=alert]")
+    expect(missing).to_contain_text("no environment named 'gone-env'")
     # The refusal's HTTP status is logged by Chromium itself; anything else is the page's.
     assert [m for m in console_errors if not m.startswith("Failed to load resource")] == []
     assert page.js_errors == []

@@ -123,7 +123,8 @@ export async function render(ctx) {
         { label: "Description", cell: (e) => e.description },
       ];
       fill(list, rows.length ? table(columns, rows) : emptyState("No environments yet: jobs run in the server's own (default)."));
-      const env = rows.find((e) => e.name === selected());
+      const name = selected();
+      const env = rows.find((e) => e.name === name);
       fill(
         detail,
         env
@@ -132,7 +133,10 @@ export async function render(ctx) {
               h("p", { class: "muted" }, `In a job: environment: ${env.name} (newest ready) or ${env.name}@N`),
               versionsTable(env, refresh),
             )
-          : "",
+          : // A link to one that is gone (or not shared with the user) says so, not nothing.
+            name
+            ? errorBox(new Error(`no environment named '${name}' that you may use`), `Cannot show environment ${name}`)
+            : "",
       );
     } catch (err) {
       if (ctx.alive()) fill(list, errorBox(err, "Cannot load environments"));
