@@ -9,7 +9,8 @@ link to a page that is not there; the Environments form checks a name in the bro
 pattern used to be an invalid regular expression, ignored with a console error), shows the
 server's refusal as an error, and a link to an environment that is not there says so; the login
 page shows no empty top bar; the Alerts and Incidents filters are kept in the address, so reload
-and back keep them; an admin removes a group's GPU quota from the Groups page."""
+and back keep them; an admin removes a group's GPU quota from the Groups page, and is told a
+group name's rule in words."""
 
 from __future__ import annotations
 
@@ -290,7 +291,7 @@ def test_alert_and_incident_filters_survive_reload_and_back(portal: Portal) -> N
     assert page.js_errors == []
 
 
-def test_an_admin_removes_a_groups_quota(portal: Portal) -> None:
+def test_an_admin_removes_a_groups_quota_and_is_told_the_group_name_rule(portal: Portal) -> None:
     with portal.api() as api:
         r = api.put("/api/v1/groups/team-b/quota", json={"gpu_model": "*", "guaranteed": 1})
         assert r.status_code == 200, r.text
@@ -308,6 +309,12 @@ def test_an_admin_removes_a_groups_quota(portal: Portal) -> None:
         ]
     expect(card.locator("table.quotas tbody tr")).to_have_count(1)
     expect(card.locator("table.quotas")).not_to_contain_text("VGPU")
+    # A group name the API would refuse is explained in words (the API's 422 quotes its regex).
+    page.fill("#new-group-name", "Team B!")
+    page.click("#create-group button[type=submit]")
+    expect(page.locator("#create-group .field-error")).to_have_text(
+        "Use lowercase letters, digits, '.', '_' or '-', starting with a letter or digit (64 at most)."
+    )
     # A quota the group does not have: the API's 404 next to the form, nothing else changes.
     page.click("#remove-quota button[type=submit]")
     expect(page.locator("#remove-quota .field-error")).to_contain_text("VGPU")

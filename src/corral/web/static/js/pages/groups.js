@@ -281,6 +281,8 @@ function removeQuotaForm(groups, refresh) {
   );
 }
 
+const GROUP_NAME_RE = /^[a-z0-9][a-z0-9._-]{0,63}$/;
+
 function adminForms(groups, refresh) {
   const newName = h("input", { id: "new-group-name", required: true, autocomplete: "off" });
   const qGroup = groupSelect("quota-group", groups);
@@ -306,6 +308,10 @@ function adminForms(groups, refresh) {
       "div",
       { class: "admin-grid" },
       adminForm("create-group", "Create a group", [["Group name", newName]], "Create group", async () => {
+        // The API's rule (services/accounts.py NAME_RE), said in words: its 422 quotes the regex.
+        if (!GROUP_NAME_RE.test(newName.value.trim())) {
+          throw new Error("Use lowercase letters, digits, '.', '_' or '-', starting with a letter or digit (64 at most).");
+        }
         await post("/groups", { name: newName.value.trim() });
         const created = newName.value.trim();
         newName.value = "";
