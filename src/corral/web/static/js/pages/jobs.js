@@ -9,7 +9,7 @@ import { ALL_STATES, fill, emptyState, errorBox, h, jobGpus, link, stateBadge, t
 const PAGE_SIZES = [25, 50, 100];
 const COLUMNS = [
   { key: "id", label: "ID", sortable: true, cell: (j) => link(`/jobs/${j.id}`, `#${j.id}`) },
-  { key: "name", label: "Name", sortable: true, cell: (j) => link(`/jobs/${j.id}`, j.name || "(unnamed)") },
+  { key: "name", label: "Name", sortable: true, class: "name", cell: (j) => link(`/jobs/${j.id}`, j.name || "(unnamed)") },
   { key: "state", label: "State", sortable: true, cell: (j) => (j.hold ? [stateBadge(j.state), " ", h("span", { class: "badge held" }, "held")] : stateBadge(j.state)) },
   { key: "user", label: "User", sortable: false, cell: (j) => j.user || "—" },
   { key: "group", label: "Group", sortable: false, cell: (j) => j.group || "—" },
@@ -141,7 +141,7 @@ function drawResults(root, view, payload) {
       "tbody",
       {},
       jobs.map((j) =>
-        h("tr", { "data-job-id": j.id }, COLUMNS.map((c) => h("td", { class: c.key === "name" ? "name" : undefined, "data-label": c.label }, c.cell(j)))),
+        h("tr", { "data-job-id": j.id }, COLUMNS.map((c) => h("td", { class: c.class, "data-label": c.label }, c.cell(j)))),
       ),
     ),
   );
