@@ -314,3 +314,18 @@ def test_a_claim_taken_meanwhile_fails_the_batch_and_the_others_are_placed_one_b
     assert states == {first: "scheduled", clashing: "queued", other: "scheduled"}
     assert attempts == {(first, 1), (other, 1)}
     assert claims == {(first, "n0", 0), (other, "n0", 1)}
+
+
+def test_a_queue_of_only_held_jobs_costs_one_probe_per_tick(tmp_path: Path) -> None:
+    """A held job is left out of the scheduler's input, so a queue holding nothing else is idle:
+    the "anything queued?" probe alone, not the state read of a cycle that can place nothing."""
+    ctx = cluster(tmp_path, 1, 2)
+    with ctx.session_factory() as session:
+        session.execute(update(Job).values(held_by=1, held_at=time.time()))
+        session.commit()
+    schedule_tick(ctx, time.time())  # the first tick after the holds
+    with selects(ctx) as seen:
+        schedule_tick(ctx, time.time())
+    assert seen == ["jobs"], seen  # before: the probe found the held jobs and the state was read
+    with ctx.session_factory() as session:
+        assert session.scalar(select(Attempt.id)) is None  # and nothing was placed

@@ -368,7 +368,9 @@ class DbPlanSink:
         write_diagnoses(self.ctx, self.session, waiting)
 
 
-ANY_QUEUED = select(Job.id).where(Job.state == JobState.QUEUED.value).limit(1)  # built once
+# Built once. A held job (`corral hold`) is no input (snapshot.CLUSTER_JOBS), so a queue of only
+# held jobs is an idle one: the tick ends here instead of reading the whole state to place nothing.
+ANY_QUEUED = select(Job.id).where(Job.state == JobState.QUEUED.value, Job.held_by.is_(None)).limit(1)
 
 
 def schedule_tick(ctx: ServerContext, now: float) -> None:
