@@ -339,7 +339,6 @@ def rank_script(
     secrets: tuple[SecretGrant, ...] = (),
     env_bin: str = "",
     env_paths: tuple[str, ...] = (),
-    notes: tuple[str, ...] = (),
 ) -> str:
     """One instance: its environment, its command under bubblewrap, its exit code to a file.
     `env_bin`/`env_paths`: a catalogue environment's bin dir (first on PATH; the environment
@@ -364,14 +363,12 @@ def rank_script(
     d, j, r = shlex.quote(str(attempt_dir)), shlex.quote(str(job_dir)), inst.rank
     bwrap = shlex.quote(sandbox.bwrap)
     secret_env = _secret_env(secrets, inst.rank)
-    # printf, not echo: dash's echo would read a backslash in a path as an escape
-    note_lines = "".join(f"printf '%s\\n' {shlex.quote(note)} >&2\n" for note in notes)
     return f"""#!/bin/sh
 # rank {r}: role {inst.role} index {inst.index} on {inst.node}
 D={d}
 J={j}
 cd "$J"
-{note_lines}if [ ! -x {bwrap} ]; then
+if [ ! -x {bwrap} ]; then
   echo "corral: bubblewrap is not installed at {sandbox.bwrap} on $(hostname):" \\
     "the job cannot be sandboxed" >&2
   echo 127 >"$J/rank-{r}.exit"; exit 127
@@ -415,11 +412,9 @@ def write_scripts(
     instances: list[InstanceLaunch],
     account: UnixAccount,
     sandbox: NodeSandbox,
-    notes: tuple[str, ...] = (),
 ) -> None:
     """The job dir with its scripts, /etc files and work dirs, all owned by the job's account
-    and closed to everyone else (0700): other users' jobs cannot read a job's command or logs.
-    `notes`: lines each rank prints first to its log (what the engine knows the job will miss)."""
+    and closed to everyone else (0700): other users' jobs cannot read a job's command or logs."""
     shares = node_shares(instances)
     attempt_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(attempt_dir, 0o711)
@@ -459,7 +454,6 @@ def write_scripts(
                 secrets=attempt.secrets,
                 env_bin=attempt.environment_bin,
                 env_paths=attempt.environment_paths,
-                notes=notes,
             )
             for i in instances
         },

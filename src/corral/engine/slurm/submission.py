@@ -167,13 +167,13 @@ class Submission:
                 prepare_dirs(attempt.storage_dirs, account.uid, account.gid)
             except (OSError, ValueError) as exc:
                 return self._reject(record, f"cannot prepare the job's storage: {exc}")
-            notes = self._closed_group_notes(account, attempt)
+            self._warn_closed_groups(account, attempt)
             attempt_dir = self.store.attempt_dir(aid)
             job_dir = self.store.job_dir(aid)
             # before the new scripts: a lost earlier sbatch of this attempt turning up from now on
             # runs nothing (scripts.SUBMISSION_FILE)
             token = self.store.new_submission(aid)
-            scripts.write_scripts(attempt_dir, job_dir, attempt, instances, account, self.sandbox, notes)
+            scripts.write_scripts(attempt_dir, job_dir, attempt, instances, account, self.sandbox)
             if attempt.log_dir:  # the ranks' logs, for the account to write, also at /logs
                 link_attempt_logs(
                     Path(attempt.log_dir),
@@ -195,27 +195,20 @@ class Submission:
             self._note_launched(aid, record.slurm_job_id)
             return record.slurm_job_id
 
-    def _closed_group_notes(self, account: UnixAccount, attempt: AttemptLaunch) -> tuple[str, ...]:
-        """A line for the job's log per group dir the job's account cannot enter (its bind is
-        there, its files are not: "Permission denied" alone said nothing of why), and a server
-        warning the first time an account meets a gid."""
-        notes = []
+    def _warn_closed_groups(self, account: UnixAccount, attempt: AttemptLaunch) -> None:
+        """Say in the server log, once per account and gid, that a group dir this job binds is
+        closed to its account: the job still runs, and only "Permission denied" in it said why."""
         targets = {m.source: m.target for m in attempt.mounts}  # where the job sees the dir
         for d in closed_group_dirs(account, attempt.storage_dirs):
-            notes.append(
-                f"corral: group storage {targets.get(d.path, d.path)} is closed to this job: its Unix "
-                f"account {account.name} is not in the Unix group of gid {d.gid} that owns it "
-                "(ask an admin to add it)"
-            )
-            if (account.name, d.gid) not in self._warned_groups:
-                self._warned_groups.add((account.name, d.gid))
-                log.warning(
-                    "slurm engine: account %s is not in gid %s, which owns %s: its jobs cannot use that "
-                    "group storage; give gid %s to a Unix group of the group members' accounts on every "
-                    "node (docs/storage.md, Identities; `corral storage ids` lists the gids)",
-                    account.name, d.gid, d.path, d.gid,
-                )  # fmt: skip
-        return tuple(notes)
+            if (account.name, d.gid) in self._warned_groups:
+                continue
+            self._warned_groups.add((account.name, d.gid))
+            log.warning(
+                "slurm engine: account %s is not in gid %s, which owns %s (%s in its jobs): its jobs "
+                "get 'Permission denied' there; give gid %s to a Unix group of the group members' "
+                "accounts on every node (docs/storage.md, Identities; `corral storage ids` lists the gids)",
+                account.name, d.gid, d.path, targets.get(d.path, d.path), d.gid,
+            )  # fmt: skip
 
     def _account_for(self, corral_user: str) -> UnixAccount:
         """The job's Unix account, or UnmappedUser saying why the job may not run at all."""
