@@ -672,6 +672,30 @@ def move_attempts(
     return won
 
 
+# The engine's words on an attempt it holds before starting it, written only while it starts: an
+# attempt that started or ended meanwhile keeps what its move wrote.
+NOTE_WAITING = (
+    update(ATTEMPTS)
+    .where(
+        ATTEMPTS.c.job_id == bindparam("b_job_id"),
+        ATTEMPTS.c.number == bindparam("b_number"),
+        ATTEMPTS.c.state == AttemptState.STARTING.value,
+    )
+    .values(message=bindparam("b_text"))
+)
+
+
+def note_attempts_waiting(session: Session, messages: Mapping[str, str]) -> None:
+    """{attempt id "job.number": why the engine has not started it yet} on those attempts still
+    STARTING (not a state change: their state is untouched; RUNNING clears the message)."""
+    rows = []
+    for attempt_id, text in messages.items():
+        job_id, _, number = attempt_id.partition(".")
+        rows.append({"b_job_id": int(job_id), "b_number": int(number), "b_text": text})
+    if rows:
+        session.connection().execute(NOTE_WAITING, rows)
+
+
 # -- events --------------------------------------------------------------------------------------
 
 INSERT_EVENT = insert(table_of(JobEvent))
