@@ -594,7 +594,8 @@ class ClusterShapes:
                             "no_cpu_nodes",
                             "filter:cpu_memory",
                             f"task {t.role} asks for no GPU; this cluster has no node that takes "
-                            "CPU-only work (no CPU nodes, and CPU-only work is not placed on GPU nodes)",
+                            "CPU-only work (no CPU nodes, and CPU-only work is not placed on GPU nodes "
+                            "unless an admin sets CORRAL_CPU_JOBS_ON_GPU_NODES=true)",
                         )
                     )
                     continue
