@@ -52,6 +52,7 @@ def run_checks(settings: Settings, cgroup_root: Path = CGROUP_ROOT) -> list[Chec
             unit="prometheus-alertmanager",
         ),
         lambda: check_slurm(settings),
+        lambda: check_slurm_users(settings),
         lambda: check_storage(settings),
     ]
     results = []
@@ -324,6 +325,23 @@ def check_slurm(settings: Settings) -> Check:
             "set CORRAL_SLURM_PARTITION to one of them, or unset it for the default partition",
         )
     return Check("slurm", "ok", f"partitions: {' '.join(partitions)}")
+
+
+def check_slurm_users(settings: Settings) -> Check:
+    """CORRAL_SLURM_USER_MAP: unset, every job is refused at launch (engine/slurm/users.py); a
+    file the engine cannot read or parse stops the server at start-up."""
+    from corral.engine.slurm.users import USER_MAP_SETTING, UnmappedUser, UserMap
+
+    if settings.engine != "slurm":
+        return Check("slurm users", "skip", "local engine")
+    fix = f"{USER_MAP_SETTING}=same (Corral user = Unix account) or a YAML file of corral_user: unix_account"
+    try:
+        users = UserMap.from_env()
+    except (UnmappedUser, ValueError) as exc:
+        return Check("slurm users", "fail", str(exc), fix)
+    if users.source is None:
+        return Check("slurm users", "fail", f"{USER_MAP_SETTING} is unset: every job is refused", fix)
+    return Check("slurm users", "ok", f"jobs run as mapped Unix accounts ({users.describe()})")
 
 
 # What the local engine's cgroups enforce and Slurm enforces only when told to (slurm.conf's
