@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import Float, Integer, String, cast, null, select, union_all
@@ -456,7 +457,7 @@ def active_exit_spec(ctx: ServerContext) -> ExitSpec:
     return ctx.memory.exit_spec.get()
 
 
-def note_engine_waits(ctx: ServerContext, rows: list[LiveRow], statuses: dict[str, AttemptStatus]) -> None:
+def note_engine_waits(ctx: ServerContext, rows: list[LiveRow], statuses: Mapping[str, AttemptStatus]) -> None:
     """Why the engine holds an attempt it was handed (Slurm's pending reason: Resources, Priority,
     ReqNodeNotAvail...) on the attempt while it starts, for `corral show`, `why` and `logs`; without
     it a job Slurm held read "starting" with no word of why. Written when it changes, not at every
