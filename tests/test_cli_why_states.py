@@ -41,6 +41,25 @@ def test_why_of_a_preempted_job_whose_cancel_was_asked_for(monkeypatch: pytest.M
     assert "back to the queue" not in said
 
 
+@pytest.mark.parametrize(
+    ("message", "said"),
+    [
+        ("Slurm holds it pending: Resources", "placed on node1; Slurm holds it pending: Resources"),
+        ("", "placed on node1; its processes are being started"),
+    ],
+)
+def test_why_of_a_placed_job_says_where_and_what_the_engine_says(
+    monkeypatch: pytest.MonkeyPatch, message: str, said: str
+) -> None:
+    """A starting job (Slurm may hold it pending for a long time): it said "the scheduler has not
+    looked at it yet" of a job the scheduler had placed, and nothing of Slurm's reason."""
+    attempt = {"number": 1, "nodes": ["node1"], "message": message}
+    out = why(
+        monkeypatch, {"id": 7, "name": "next", "state": "starting", "diagnosis": None, "attempts": [attempt]}
+    )
+    assert said in out and "has not looked" not in out, out
+
+
 def why(monkeypatch: pytest.MonkeyPatch, job: dict[str, Any]) -> str:
     """What `corral why 7` prints, as one line (Rich wraps), the server answering `job`."""
 

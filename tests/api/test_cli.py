@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from corral.cli import common
 from corral.cli.main import app as cli
+from corral.cli.nodes import memory_text
 from corral.db.models import Attempt, Job
 from corral.diagnosis.exitspec import Facts, load_exit_spec
 from corral.diagnosis.record import record, retry_rule
@@ -179,6 +180,8 @@ def test_cli_node_ls_shows_gpus_out_of_service(world: World, server_url: str) ->
         db.commit()
     code, out = run(world, server_url, "admin", "node", "ls")
     assert code == 0 and "quarantined" not in out
+    assert " 64GiB " in out, out  # add_node's 65536 MiB
+    assert [memory_text(m) for m in (4000, 4095, 4096, 1536)] == ["3.9GiB", "3.9GiB", "4GiB", "1.5GiB"]
     code, out = run(world, server_url, "admin", "node", "gpu", "n1", "2", "quarantine")
     assert code == 0 and "node n1 GPU 2: quarantined" in out
     code, out = run(world, server_url, "admin", "node", "ls")

@@ -125,6 +125,12 @@ def test_job_that_can_never_fit_is_refused(world: World) -> None:
     assert "this cluster has A100" in errors_of(submit(world, "alice", wrong_model))[("body", "tasks")]
     ok = {"name": "ok", "command": "x", "resources": {"gpus": 2, "gpu_model": "V100|A100"}}
     assert submit(world, "alice", ok).status_code == 201
+    # GPUs that fit, memory that does not: said so (it said "the largest node has 2 such GPUs")
+    too_much = {"name": "mem", "command": "x", "resources": {"gpus": 1, "memory": "80GiB"}}
+    assert errors_of(submit(world, "alice", too_much))[("body", "tasks")].endswith(
+        "task main needs 1 A100 GPUs, 1 CPUs and 81920 MiB on one node; "
+        "nodes with 1 such GPUs have at most 16 CPUs and 65536 MiB"
+    )
 
 
 def test_a_node_registered_a_moment_ago_counts_for_the_fit_check(world: World) -> None:

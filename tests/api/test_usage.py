@@ -38,6 +38,11 @@ def test_summarize_clips_to_the_period_and_counts_running_attempts_up_to_now() -
     assert report.total.gpu_hours == pytest.approx(7.0) and report.total.jobs == 2
     groups = summarize(records, UsageBy.GROUP, since=2 * H, until=10 * H, now=8 * H)
     assert [(r.name, round(r.gpu_hours, 6)) for r in groups.rows] == [("vision", 7.0)]
+    # a job that ran under a second by Slurm's whole-second clock (started == ended) still ran
+    instant = AttemptRecord(4, "carol", "nlp", started_at=3 * H, ended_at=3 * H, gpus=1, cpus=1.0)
+    report = summarize([*records, instant], UsageBy.USER, since=2 * H, until=10 * H, now=8 * H)
+    carol = {r.name: r for r in report.rows}["carol"]
+    assert (carol.gpu_hours, carol.jobs, carol.attempts, report.total.jobs) == (0.0, 1, 1, 3)
 
 
 def add_attempt(world: World, user: str, *, start: float, end: float | None, gpus: int, cpus: float) -> int:

@@ -222,10 +222,18 @@ def test_an_unsampled_gpu_workspace_is_judged_by_its_use_and_an_unsampled_batch_
     use.closed(workspace, now + 94 * 60)  # closed (and JupyterLab, not reachable here, gives no evidence)
     idle_tick(ctx, now + 100 * 60)  # idle since
     idle_tick(ctx, now + 131 * 60)
+    # its use alone was judged: said so, not a GPU utilization of 0.0% that nobody measured
     assert idle_events(mon, workspace) == [
-        "GPUs idle: mean utilization 0.0% < 10% for 1860 s; it will be stopped in 600 s"
+        "unused for 1860 s (no JupyterLab, SSH or exec; no GPU utilization is measured for it); "
+        "it will be stopped in 600 s"
     ]
+    alert = idle_alerts(mon)[str(workspace)]
+    assert (alert.status, alert.annotations["summary"]) == (
+        "firing",
+        f"job {workspace} unused for 1860 s (no GPU utilization is measured for it)",
+    )
     idle_tick(ctx, now + 142 * 60)
+    assert idle_events(mon, workspace)[1:] == ["still unused 600 s after the warning: stopped"]
     with mon.factory() as db:
         assert db.get(Job, workspace).cancel_requested  # type: ignore[union-attr]
         assert not db.get(Job, batch).cancel_requested  # type: ignore[union-attr]
@@ -298,7 +306,8 @@ def test_a_session_opened_and_closed_between_two_checks_counts_as_use(mon: Mon) 
     assert idle_events(mon, workspace) == []
     idle_tick(ctx, now + 63 * 60)
     assert idle_events(mon, workspace) == [
-        "GPUs idle: mean utilization 0.0% < 10% for 1860 s; it will be stopped in 600 s"
+        "unused for 1860 s (no JupyterLab, SSH or exec; no GPU utilization is measured for it); "
+        "it will be stopped in 600 s"
     ]
 
 

@@ -171,3 +171,4 @@ def test_cpu_job_on_cluster_without_cpu_nodes_gets_the_true_reason() -> None:
     assert plan.diagnoses["cpu"].unschedulable
     assert reason.code == "no_cpu_nodes"
     assert "no node that takes CPU-only work" in reason.message
+    assert reason.message.endswith("unless an admin sets CORRAL_CPU_JOBS_ON_GPU_NODES=true)")  # the way out

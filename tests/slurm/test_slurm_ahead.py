@@ -100,6 +100,12 @@ def test_a_job_waits_in_slurm_behind_a_running_one_and_starts_when_its_slot_free
     reason = lambda: scontrol_job(slurm_cluster, slurm_job[0]["id"])["Reason"]  # noqa: E731
     wait_for(lambda: reason() == "Resources", 15, what="Slurm to hold it for Resources")
     assert job(api, waiting)["state"] == "starting"
+    # and Corral says why (it said nothing: `why` even answered "the scheduler has not looked at
+    # it yet"): Slurm's reason on the attempt, for `corral show` and `why`, and in `corral logs`
+    held = "Slurm holds it pending: Resources"
+    wait_for(lambda: job(api, waiting)["attempts"][-1]["message"] == held, 10, what="Slurm's reason")
+    page = api.get(f"/api/v1/jobs/{waiting}/logs", params={"rank": 0}).json()
+    assert page["waiting"]["message"] == f"job {waiting} is starting: {held}; no output yet", page
 
     # A job cancelled while it waits in Slurm is cancelled there and never runs.
     cancelled = submit(api, cpu_job("cancelled", "echo must not run"))

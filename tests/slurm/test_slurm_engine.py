@@ -417,3 +417,38 @@ def test_factory_builds_the_slurm_engine(
     monkeypatch.setenv("CORRAL_SLURM_TIMEOUT_S", "soon")
     with pytest.raises(ValueError, match="CORRAL_SLURM_TIMEOUT_S"):
         make_engine(Settings(engine="slurm", home=tmp_path / "home"))
+
+
+def test_doctor_asks_the_cluster_the_engine_uses(
+    slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`corral doctor` on Slurm: CORRAL_SLURM_CONF, as the engine (not the shell's SLURM_CONF,
+    which it used to read, so it said "slurmctld not answering" of a working cluster), the
+    partition the engine submits to, whether Slurm enforces memory and GPUs as the local engine's
+    cgroups do (the shared cluster constrains devices, not RAM), and the user map."""
+    from corral.config import Settings
+    from corral.ops.doctor import check_cgroups, check_slurm, check_slurm_users
+
+    settings = Settings(engine="slurm", home=tmp_path / "home")
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    monkeypatch.delenv("CORRAL_SLURM_CONF", raising=False)
+    unset = check_slurm(settings)
+    assert unset.status == "fail" and "set CORRAL_SLURM_CONF" in (unset.fix or ""), unset
+    monkeypatch.setenv("CORRAL_SLURM_CONF", str(slurm_cluster.conf))
+    assert check_slurm(settings).detail == "partitions: debug*"
+    monkeypatch.setenv("CORRAL_SLURM_PARTITION", "gpu-big")
+    wrong = check_slurm(settings)
+    assert (wrong.status, wrong.detail) == (
+        "fail",
+        "CORRAL_SLURM_PARTITION=gpu-big: Slurm has no such partition (it has debug*)",
+    )
+    confined = check_cgroups(settings, tmp_path)
+    assert confined.status == "warn" and confined.fix == "ConstrainRAMSpace=yes in cgroup.conf", confined
+    assert confined.detail.startswith("ConstrainRAMSpace=no: a job over its memory runs on"), confined
+    monkeypatch.delenv("CORRAL_SLURM_USER_MAP", raising=False)
+    users = check_slurm_users(settings)  # unset: every job refused at launch, said only then
+    assert (users.status, users.detail) == ("fail", "CORRAL_SLURM_USER_MAP is unset: every job is refused")
+    monkeypatch.setenv("CORRAL_SLURM_USER_MAP", str(tmp_path / "missing.yaml"))
+    assert "cannot read the user map" in check_slurm_users(settings).detail
+    monkeypatch.setenv("CORRAL_SLURM_USER_MAP", str(slurm_cluster.user_map))
+    assert check_slurm_users(settings).status == "ok"

@@ -103,7 +103,10 @@ def test_squeue_format_gives_what_squeue_json_gives() -> None:
     assert killed["name"] == "sig|pipe name" and killed["restart_cnt"] == 1  # the name is last
     assert mapping.terminal_status("7.1", failed, {}, None).exit_code == 3
     assert mapping.terminal_status("9.1", killed, {}, None).reason is FailureReason.SIGNAL
-    assert pending["start_time"] == 0 and mapping.live_status("8.1", pending).message == "Resources"
+    assert (
+        pending["start_time"] == 0
+        and mapping.live_status("8.1", pending).message == "Slurm holds it pending: Resources"
+    )
     assert running["end_time"] == 0 and mapping.live_status("x", running).started_at == when
 
 

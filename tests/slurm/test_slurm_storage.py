@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import grp
 import hashlib
+import logging
 import os
 import subprocess
 from dataclasses import replace
+
+import pytest
 
 from corral.datasets.store import Store, make_read_only
 from corral.engine.base import AttemptPhase, MountSpec
@@ -109,5 +112,41 @@ def test_members_share_the_group_dir_on_slurm(slurm_cluster: SlurmCluster) -> No
             assert status.phase is AttemptPhase.FAILED and "no o+x" in status.message, status
         finally:
             hidden.close()
+    finally:
+        engine.close()
+
+
+def test_a_group_dir_the_account_cannot_enter_is_said_in_the_server_log(
+    slurm_cluster: SlurmCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Corral group whose gid no Unix group of the job's account has (the site's admin step of
+    docs/storage.md, "Identities", not done): the job still runs and gets "Permission denied" at
+    /group/<g>, and the server log says why and what to do, once per account and gid (nothing
+    said it anywhere)."""
+    root = slurm_cluster.new_state_dir() / "storage"
+    ensure_layout(root)
+    os.chmod(root.parent, 0o755)
+    gid = 4_100_000 + os.getpid() % 1000  # far above every Unix group of the machine
+    account = TEST_ACCOUNTS["alice"]
+    assert gid not in os.getgrouplist(account, 0)
+    engine: SlurmEngine = slurm_engine(slurm_cluster, storage_root=root)
+    try:
+        binds = default_binds(MountContext("alice", frozenset({"physics"}), root), {"physics": gid})
+        base = attempt("705.1", instance("node1", "ls /group/physics"), user="alice")
+        mounts = tuple(MountSpec(b.host_path, b.target, b.readonly) for b in binds)
+        launch = replace(base, mounts=mounts, storage_dirs=tuple(d for b in binds for d in b.prepare))
+        with caplog.at_level(logging.WARNING, "corral.engine.slurm.engine"):
+            engine.launch(launch)
+            engine.launch(replace(launch, attempt_id="705.2"))
+        status = wait_for(engine, "705.1", FINISHED, timeout_s=30)
+        assert status.phase is AttemptPhase.FAILED, status
+        assert "Permission denied" in engine.logs("705.1", 0).data.decode()
+        said = [r.getMessage() for r in caplog.records if f"not in gid {gid}" in r.getMessage()]
+        assert said == [
+            f"slurm engine: account {account} is not in gid {gid}, which owns {root / 'group' / 'physics'} "
+            "(/group/physics in its jobs): its jobs get 'Permission denied' there; give gid "
+            f"{gid} to a Unix group of the group members' accounts on every node (docs/storage.md, "
+            "Identities; `corral storage ids` lists the gids)"
+        ], said  # once for both launches
     finally:
         engine.close()

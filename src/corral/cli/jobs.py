@@ -212,7 +212,7 @@ def show(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOp
                 when(a["started_at"]),
                 when(a["ended_at"]),
                 "-" if a["exit_code"] is None else str(a["exit_code"]),
-                (a["reason"] or "") + (f": {a['message']}" if a["message"] else ""),
+                ": ".join(part for part in (a["reason"], a["message"]) if part),
             )
         out.print(table)
         _print_failures(job)
@@ -309,7 +309,11 @@ def why(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOpt
         out.print(f"job {job['id']} {state}: it is not waiting")  # not "job 3 is succeeded"
         return
     out.print(f"[bold]job {job['id']}[/bold] {job['name']} is {job['state']}", markup=True)
-    if not job.get("diagnosis"):
+    live = job["attempts"][-1] if job["state"] != "queued" and job.get("attempts") else None
+    if live is not None:  # placed: what the engine says of it (Slurm's pending reason), if anything
+        nodes = ", ".join(live.get("nodes") or []) or "its nodes"
+        out.print(f"placed on {nodes}; {plain(live.get('message') or 'its processes are being started')}")
+    elif not job.get("diagnosis"):
         out.print("the scheduler has not looked at it yet")
     _print_diagnosis(job.get("diagnosis"))
     estimate = job.get("runtime_estimate")

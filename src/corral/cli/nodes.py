@@ -36,7 +36,7 @@ def node_ls(output: OutputOpt = Output.table) -> None:
             n["name"],
             n["state"],
             f"{n['cpus']:g}",
-            f"{n['memory_mib'] / 1024:.0f}GiB",
+            memory_text(int(n["memory_mib"])),
             f"{len(n['gpus'])} {'/'.join(models)}".strip(),
             ", ".join(used) or "-",
             ", ".join(_out_of_service(n["gpus"])) or "-",
@@ -44,6 +44,14 @@ def node_ls(output: OutputOpt = Output.table) -> None:
             "; ".join(n.get("flags") or []) or "-",
         )
     out.print(table)
+
+
+def memory_text(mib: int) -> str:
+    """A node's memory, never more than it has: 4000 MiB is "3.9GiB" (it read "4GiB", and a
+    workspace's default 4GiB, 4096 MiB, was refused as too large for it)."""
+    if mib % 1024 == 0:
+        return f"{mib // 1024}GiB"
+    return f"{mib * 10 // 1024 / 10:.1f}GiB"  # rounded down
 
 
 def _out_of_service(gpus: list[dict[str, Any]]) -> list[str]:

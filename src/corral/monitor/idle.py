@@ -50,6 +50,8 @@ from corral.spec import JobSpecV1
 
 log = logging.getLogger(__name__)
 STALE_READING_S = 300.0  # readings older than this do not count as evidence of idleness
+# A workspace judged by its use alone: said in its warning, so that nobody reads a 0.0% nobody measured
+UNMEASURED = "no GPU utilization is measured for it"
 
 
 def job_policy(spec: JobSpecV1 | None, admin_rule: IdleGpuRule | None) -> IdleGpuRule | None:
@@ -133,6 +135,7 @@ def enforce_idle_policy(
             continue  # no policy (any more): its watch and alert are dropped below
         watched.add(job.id)
         util = utilization.get(job.id)
+        measured = util is not None
         if util is None and job.id in workspace_jobs and job.id not in sampled:
             # a workspace holding no GPU any sampler covers (none, or a Slurm node's): use alone counts
             util = 0.0
@@ -151,7 +154,7 @@ def enforce_idle_policy(
             watch.idle_since = watch.warned_at = watch.acted_at = None
             check.set(labels, False)
             continue
-        outcome = _advance(session, check, job, watch, policy, util, labels, now)
+        outcome = _advance(session, check, job, watch, policy, util if measured else None, labels, now)
         if outcome:
             done.append((job.id, outcome))
     for job_id, watch in watches.items():
@@ -177,10 +180,12 @@ def _advance(
     job: Job,
     watch: IdleGpuWatch,
     policy: IdleGpuRule,
-    util: float,
+    util: float | None,
     labels: dict[str, str],
     now: float,
 ) -> str | None:
+    """`util` None: a workspace whose GPUs nothing samples (or that holds none), idle by its use
+    alone; its words say so rather than a utilization of 0.0% that nobody measured."""
     if watch.idle_since is None:
         watch.idle_since = now
     idle_for = now - watch.idle_since
@@ -191,16 +196,23 @@ def _advance(
         then = (
             "" if policy.action == "warn" else f"; it will be {_verb(policy.action)} in {policy.grace:.0f} s"
         )
-        message = (
-            f"GPUs idle: mean utilization {util:.1f}% < {policy.below_percent:g}% for {idle_for:.0f} s{then}"
-        )
+        if util is None:
+            message = f"unused for {idle_for:.0f} s (no JupyterLab, SSH or exec; {UNMEASURED}){then}"
+            summary = f"job {job.id} unused for {idle_for:.0f} s ({UNMEASURED})"
+        else:
+            message = (
+                f"GPUs idle: mean utilization {util:.1f}% < {policy.below_percent:g}% "
+                f"for {idle_for:.0f} s{then}"
+            )
+            summary = f"job {job.id} holds GPUs it does not use ({util:.1f}%)"
         job_event(session, job.id, now, message, kind="idle_gpu")
-        check.set(labels, True, f"job {job.id} holds GPUs it does not use ({util:.1f}%)")
+        check.set(labels, True, summary)
         return "warned"
     if policy.action == "warn" or watch.acted_at is not None or now - watch.warned_at < policy.grace:
         return None
     watch.acted_at = now
-    message = f"GPUs still idle ({util:.1f}%) {policy.grace:.0f} s after the warning: {_verb(policy.action)}"
+    idle = "still unused" if util is None else f"GPUs still idle ({util:.1f}%)"
+    message = f"{idle} {policy.grace:.0f} s after the warning: {_verb(policy.action)}"
     if policy.action == "stop":
         if not request_cancel(session, job, now=now, why=message, kind="idle_gpu"):
             return None  # it ended since it was read

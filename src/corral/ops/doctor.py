@@ -9,12 +9,15 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import subprocess
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from corral.config import Settings, url_host
+
+if TYPE_CHECKING:
+    from corral.engine.slurm.cli import SlurmCli
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_CONTROLLERS = ("cpu", "memory", "pids")
@@ -50,6 +53,7 @@ def run_checks(settings: Settings, cgroup_root: Path = CGROUP_ROOT) -> list[Chec
             unit="prometheus-alertmanager",
         ),
         lambda: check_slurm(settings),
+        lambda: check_slurm_users(settings),
         lambda: check_storage(settings),
     ]
     results = []
@@ -194,8 +198,8 @@ def check_sandbox(settings: Settings) -> Check:
 
 
 def check_cgroups(settings: Settings, root: Path) -> Check:
-    if settings.engine != "local":
-        return Check("cgroups", "skip", "Slurm engine: Slurm's cgroup plugin confines jobs")
+    if settings.engine == "slurm":
+        return check_slurm_confinement()
     required = settings.isolation and not settings.allow_unisolated
     controllers_file = root / "cgroup.controllers"
     if controllers_file.exists():
@@ -313,22 +317,113 @@ def check_http(name: str, url: str | None, variable: str, unit: str | None = Non
     return Check(name, "ok", f"{probe} ready")
 
 
+def slurm_cli() -> SlurmCli:
+    """The Slurm client tools as the engine runs them: CORRAL_SLURM_CONF (as SLURM_CONF) and
+    CORRAL_SLURM_TIMEOUT_S (engine/slurm/engine.py `from_settings`), not this shell's SLURM_CONF."""
+    from corral.engine.slurm.cli import SlurmCli
+
+    try:
+        timeout_s = float(os.environ.get("CORRAL_SLURM_TIMEOUT_S") or 20.0)
+    except ValueError:
+        timeout_s = 20.0  # the server refuses it at start-up; the probe still runs
+    return SlurmCli(os.environ.get("CORRAL_SLURM_CONF") or None, timeout_s=timeout_s)
+
+
+def _conf_hint() -> str:
+    conf = os.environ.get("CORRAL_SLURM_CONF")
+    return (
+        f"check CORRAL_SLURM_CONF ({conf})" if conf else "set CORRAL_SLURM_CONF to the cluster's slurm.conf"
+    )
+
+
 def check_slurm(settings: Settings) -> Check:
+    from corral.engine.base import EngineUnavailable
+
     if settings.engine != "slurm":
         return Check("slurm", "skip", "local engine")
     missing = [t for t in ("sbatch", "squeue", "sinfo", "scancel", "scontrol") if shutil.which(t) is None]
     if missing:
         return Check("slurm", "fail", f"{', '.join(missing)} not on PATH", "apt-get install slurm-client")
+    fix = f"systemctl status slurmctld; {_conf_hint()}"
     try:
-        r = subprocess.run(["sinfo", "--noheader", "-o", "%P"], capture_output=True, text=True, timeout=20)
-    except subprocess.TimeoutExpired:
-        return Check("slurm", "fail", "sinfo timed out", "systemctl status slurmctld")
+        r = slurm_cli().run("sinfo", "--noheader", "-o", "%P")
+    except EngineUnavailable as exc:
+        return Check("slurm", "fail", str(exc), fix)
     if r.returncode != 0 or not r.stdout.strip():
-        detail = r.stderr.strip() or "sinfo lists no partition"
+        return Check(
+            "slurm", "fail", f"slurmctld not answering: {r.message or 'sinfo lists no partition'}", fix
+        )
+    partitions = r.stdout.split()
+    wanted = os.environ.get("CORRAL_SLURM_PARTITION")
+    if wanted and wanted not in {p.rstrip("*") for p in partitions}:
         return Check(
             "slurm",
             "fail",
-            f"slurmctld not answering: {detail}",
-            "systemctl status slurmctld; check SLURM_CONF",
+            f"CORRAL_SLURM_PARTITION={wanted}: Slurm has no such partition (it has {' '.join(partitions)})",
+            "set CORRAL_SLURM_PARTITION to one of them, or unset it for the default partition",
         )
-    return Check("slurm", "ok", f"partitions: {' '.join(r.stdout.split())}")
+    return Check("slurm", "ok", f"partitions: {' '.join(partitions)}")
+
+
+def check_slurm_users(settings: Settings) -> Check:
+    """CORRAL_SLURM_USER_MAP: unset, every job is refused at launch (engine/slurm/users.py); a
+    file the engine cannot read or parse stops the server at start-up."""
+    from corral.engine.slurm.users import USER_MAP_SETTING, UnmappedUser, UserMap
+
+    if settings.engine != "slurm":
+        return Check("slurm users", "skip", "local engine")
+    fix = f"{USER_MAP_SETTING}=same (Corral user = Unix account) or a YAML file of corral_user: unix_account"
+    try:
+        users = UserMap.from_env()
+    except (UnmappedUser, ValueError) as exc:
+        return Check("slurm users", "fail", str(exc), fix)
+    if users.source is None:
+        return Check("slurm users", "fail", f"{USER_MAP_SETTING} is unset: every job is refused", fix)
+    return Check("slurm users", "ok", f"jobs run as mapped Unix accounts ({users.describe()})")
+
+
+# What the local engine's cgroups enforce and Slurm enforces only when told to (slurm.conf's
+# TaskPlugin, cgroup.conf): the setting, the value needed, and what goes unenforced without it.
+SLURM_CONFINEMENT = (
+    ("ConstrainRAMSpace", "yes", "a job over its memory runs on (the local engine OOM-kills it)"),
+    ("ConstrainDevices", "yes", "a job can open every GPU of its node, not only its own"),
+)
+
+
+def check_slurm_confinement() -> Check:
+    """Whether Slurm confines jobs as the local engine does: task/cgroup with RAM and devices
+    constrained (`scontrol show config` prints cgroup.conf's settings too)."""
+    from corral.engine.base import EngineUnavailable
+
+    try:
+        r = slurm_cli().run("scontrol", "show", "config")
+    except EngineUnavailable as exc:
+        return Check("cgroups", "warn", f"cannot read Slurm's configuration: {exc}", _conf_hint())
+    if r.returncode != 0:
+        return Check("cgroups", "warn", f"`scontrol show config` failed: {r.message}", _conf_hint())
+    config = {}
+    for line in r.stdout.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            config[key.strip()] = value.strip()
+    task_plugin = config.get("TaskPlugin", "")
+    if "task/cgroup" not in task_plugin:
+        return Check(
+            "cgroups",
+            "warn",
+            f"Slurm confines no job (TaskPlugin={task_plugin or 'unset'}): "
+            "neither memory nor GPUs are enforced",
+            "TaskPlugin=task/cgroup in slurm.conf, "
+            "ConstrainRAMSpace=yes and ConstrainDevices=yes in cgroup.conf",
+        )
+    unset = [
+        (key, want, what) for key, want, what in SLURM_CONFINEMENT if config.get(key, "").lower() != want
+    ]
+    if unset:
+        return Check(
+            "cgroups",
+            "warn",
+            "; ".join(f"{key}={config.get(key) or 'unset'}: {what}" for key, _, what in unset),
+            " and ".join(f"{key}={want}" for key, want, _ in unset) + " in cgroup.conf",
+        )
+    return Check("cgroups", "ok", "Slurm's task/cgroup constrains jobs' memory and devices")

@@ -594,7 +594,8 @@ class ClusterShapes:
                             "no_cpu_nodes",
                             "filter:cpu_memory",
                             f"task {t.role} asks for no GPU; this cluster has no node that takes "
-                            "CPU-only work (no CPU nodes, and CPU-only work is not placed on GPU nodes)",
+                            "CPU-only work (no CPU nodes, and CPU-only work is not placed on GPU nodes "
+                            "unless an admin sets CORRAL_CPU_JOBS_ON_GPU_NODES=true)",
                         )
                     )
                     continue
@@ -626,13 +627,22 @@ class ClusterShapes:
                 for g, c, mem in self.gpu_shapes[m]
             )
             if not fits:
-                biggest = max(g for m in known for g, _, _ in self.gpu_shapes[m])
+                # the GPUs fit somewhere: name what falls short there (CPUs or memory), not the GPUs
+                enough = [(c, mem) for m in known for g, c, mem in self.gpu_shapes[m] if g >= r.gpus]
+                if enough:
+                    have = (
+                        f"nodes with {r.gpus} such GPUs have at most {max(c for c, _ in enough):g} CPUs "
+                        f"and {max(mem for _, mem in enough)} MiB"
+                    )
+                else:
+                    biggest = max(g for m in known for g, _, _ in self.gpu_shapes[m])
+                    have = f"the largest node has {biggest} such GPUs"
                 out.append(
                     Reason(
                         "instance_too_large",
                         "filter:gpu_free",
                         f"task {t.role} needs {r.gpus} {'|'.join(sorted(known))} GPUs, {r.cpus:g} CPUs and "
-                        f"{r.memory_mib} MiB on one node; the largest node has {biggest} such GPUs",
+                        f"{r.memory_mib} MiB on one node; {have}",
                     )
                 )
                 continue

@@ -62,6 +62,8 @@ class LoopMemory:
     # The reconcile loop's live rows and when it read them (monotonic; reconcile.tick_live_rows):
     # acted on again while nothing asked for a read, for at most reconcile.ROWS_KEPT_S.
     reconcile_rows: tuple[float, list[LiveRow]] | None = None
+    # attempt id -> the engine's reason for holding it pending, as last written (reconcile.note_engine_waits)
+    engine_waits: dict[str, str] = field(default_factory=dict)
     # The loops woken by `ServerContext.wake` (work asked for: a committed change, another
     # loop) since they last took it; a loop's own machinery nudges it without asking
     # (`ServerContext.nudge`). The dispatch loop reads it: its launch pool nudges it to record

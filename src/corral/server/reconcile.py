@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import Float, Integer, String, cast, null, select, union_all
@@ -39,6 +40,7 @@ from corral.services.lifecycle import (
     cancelled_message,
     move_attempt,
     move_attempts,
+    note_attempts_waiting,
     settle_attempt_end,
     succeeded_before_stop,
     success_values,
@@ -249,7 +251,7 @@ def _record_running(session: Session, job: Job, attempt: Attempt, status: Attemp
     if attempt.state == AttemptState.RUNNING.value:
         return
     started = attempt.started_at or status.started_at or now
-    moved = move_attempt(session, attempt, AttemptState.RUNNING, {"started_at": started})
+    moved = move_attempt(session, attempt, AttemptState.RUNNING, {"started_at": started, "message": ""})
     if moved and job.state == JobState.STARTING.value:
         transition(session, job, JobState.RUNNING, now=now)
 
@@ -327,7 +329,7 @@ def record_running(session: Session, started: list[Change], now: float) -> None:
         session,
         [a for _, a, _ in moving],
         AttemptState.RUNNING,
-        {a.id: {"started_at": t} for _, a, t in moving},
+        {a.id: {"started_at": t, "message": ""} for _, a, t in moving},  # no engine wait any more
     )
     jobs = [job for job, attempt, _ in moving if attempt.id in won and job.state == JobState.STARTING.value]
     transition_jobs(session, jobs, JobState.RUNNING, now=now)
@@ -455,6 +457,28 @@ def active_exit_spec(ctx: ServerContext) -> ExitSpec:
     return ctx.memory.exit_spec.get()
 
 
+def note_engine_waits(ctx: ServerContext, rows: list[LiveRow], statuses: Mapping[str, AttemptStatus]) -> None:
+    """Why the engine holds an attempt it was handed (Slurm's pending reason: Resources, Priority,
+    ReqNodeNotAvail...) on the attempt while it starts, for `corral show`, `why` and `logs`; without
+    it a job Slurm held read "starting" with no word of why. Written when it changes, not at every
+    tick (a pending attempt is polled ten times a second); RUNNING clears it (record_running)."""
+    said = ctx.memory.engine_waits
+    waits = {
+        row.attempt_id: status.message
+        for row in rows
+        if row.attempt_state == AttemptState.STARTING.value
+        and (status := statuses.get(row.attempt_id)) is not None
+        and status.phase is AttemptPhase.PENDING
+    }
+    new = {aid: text for aid, text in waits.items() if said.get(aid, "") != text}
+    ctx.memory.engine_waits = waits  # attempts no longer pending drop out
+    if not new:
+        return
+    with ctx.session_factory() as session:
+        note_attempts_waiting(session, new)
+        session.commit()
+
+
 def reconcile_tick(ctx: ServerContext, now: float) -> None:
     adopt_once(ctx)
     rows = tick_live_rows(ctx, now)
@@ -471,6 +495,7 @@ def reconcile_tick(ctx: ServerContext, now: float) -> None:
         ctx.memory.reconcile_rows = None
         log.warning("engine unavailable; keeping job states as they are: %s", exc)
         return
+    note_engine_waits(ctx, rows, statuses)
     changed = [(row, statuses[row.attempt_id]) for row in rows if _changes(row, statuses.get(row.attempt_id))]
     if not changed:
         return

@@ -713,7 +713,10 @@ def waiting_status(job: Job) -> WaitingStatus | None:
             parts.append(f"estimated start {start_text(estimate, start_range, time.time())}")
         message = "; ".join(parts)
     else:
-        message = f"job {job.id} is {state.value}: its processes are being started; no output yet"
+        live = max(job.attempts, key=lambda a: a.number, default=None)
+        # the engine's words on a job it holds (Slurm's pending reason), else the usual wait
+        says = live.message if live is not None and live.message else "its processes are being started"
+        message = f"job {job.id} is {state.value}: {says}; no output yet"
     return {
         "state": state.value,
         "message": message,

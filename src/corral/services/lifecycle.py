@@ -499,6 +499,30 @@ def move_attempt(
     return _compare_and_set(session, attempt, ATTEMPTS, {"id": attempt.id}, "state", current.value, columns)
 
 
+# The engine's words on an attempt it holds before starting it, written only while it starts: an
+# attempt that started or ended meanwhile keeps what its move wrote.
+NOTE_WAITING = (
+    update(ATTEMPTS)
+    .where(
+        ATTEMPTS.c.job_id == bindparam("b_job_id"),
+        ATTEMPTS.c.number == bindparam("b_number"),
+        ATTEMPTS.c.state == AttemptState.STARTING.value,
+    )
+    .values(message=bindparam("b_text"))
+)
+
+
+def note_attempts_waiting(session: Session, messages: Mapping[str, str]) -> None:
+    """{attempt id "job.number": why the engine has not started it yet} on those attempts still
+    STARTING (not a state change: their state is untouched; RUNNING clears the message)."""
+    rows = []
+    for attempt_id, text in messages.items():
+        job_id, _, number = attempt_id.partition(".")
+        rows.append({"b_job_id": int(job_id), "b_number": int(number), "b_text": text})
+    if rows:
+        session.connection().execute(NOTE_WAITING, rows)
+
+
 def move_node(session: Session, node: Node, target: NodeState, *, message: str | None = None) -> bool:
     """Compare-and-set of `node`'s effective state (and message). A node already in `target` is
     left as it is (True, no write): the node loop recomputes every node's state every tick."""

@@ -129,7 +129,9 @@ def summarize(
     attempts: dict[str, int] = {}
     for r in records:
         seconds = overlap_s(r.started_at, now if r.ended_at is None else r.ended_at, since, until)
-        if seconds <= 0.0:
+        # an attempt that started in the period ran even when its times say 0 s: Slurm's are
+        # whole seconds, and a job of under a second was left out of the jobs and attempts counts
+        if seconds <= 0.0 and not since <= r.started_at < until:
             continue
         key = r.user if by is UsageBy.USER else r.group
         gpu_s[key] = gpu_s.get(key, 0.0) + r.gpus * seconds

@@ -176,6 +176,7 @@ class SlurmEngine(Submission):
         self._attempt_locks = [threading.RLock() for _ in range(ATTEMPT_LOCK_STRIPES)]
         # "state" / "storage" -> until when (monotonic) it counts as passable without a new walk
         self._passable_until: dict[str, float] = {}
+        self._warned_groups: set[tuple[str, int | None]] = set()  # (account, gid) said once in the log
         # attempt id -> its PENDING status, from the last squeue that found every live attempt
         # pending (or from its launch since); when that squeue ran (monotonic): see poll()
         self._pending: dict[str, AttemptStatus] = {}

@@ -154,9 +154,9 @@ def live_status(attempt_id: str, job: SlurmJob) -> AttemptStatus:
     started, _ = _times(job)
     state = slurm_state(job)
     phase = AttemptPhase.PENDING if state in PENDING_STATES else AttemptPhase.RUNNING
-    message = str(job.get("state_reason") or "") if phase is AttemptPhase.PENDING else ""
-    if message == "None":
-        message = ""
+    reason = str(job.get("state_reason") or "") if phase is AttemptPhase.PENDING else ""
+    # what users read while Corral says "starting" (reconcile.note_engine_waits)
+    message = f"Slurm holds it pending: {reason}" if reason and reason != "None" else ""
     return AttemptStatus(
         attempt_id,
         phase,

@@ -31,7 +31,7 @@ from corral.engine.log_links import link_attempt_logs
 from corral.engine.slurm import scripts
 from corral.engine.slurm.cli import SlurmCli, SlurmJob
 from corral.engine.slurm.state import AttemptRecord, StateStore
-from corral.engine.slurm.users import UnixAccount, UnmappedUser, UserMap
+from corral.engine.slurm.users import UnixAccount, UnmappedUser, UserMap, closed_group_dirs
 from corral.scheduler.types import NodeState
 from corral.storage.layout import MARKER, prepare_dirs, through_symlink
 
@@ -56,6 +56,7 @@ class Submission:
     cli: SlurmCli
     partition: str | None
     _passable_until: dict[str, float]
+    _warned_groups: set[tuple[str, int | None]]
 
     if TYPE_CHECKING:  # SlurmEngine's
 
@@ -166,6 +167,7 @@ class Submission:
                 prepare_dirs(attempt.storage_dirs, account.uid, account.gid)
             except (OSError, ValueError) as exc:
                 return self._reject(record, f"cannot prepare the job's storage: {exc}")
+            self._warn_closed_groups(account, attempt)
             attempt_dir = self.store.attempt_dir(aid)
             job_dir = self.store.job_dir(aid)
             # before the new scripts: a lost earlier sbatch of this attempt turning up from now on
@@ -192,6 +194,21 @@ class Submission:
             self.store.save(record)
             self._note_launched(aid, record.slurm_job_id)
             return record.slurm_job_id
+
+    def _warn_closed_groups(self, account: UnixAccount, attempt: AttemptLaunch) -> None:
+        """Say in the server log, once per account and gid, that a group dir this job binds is
+        closed to its account: the job still runs, and only "Permission denied" in it said why."""
+        targets = {m.source: m.target for m in attempt.mounts}  # where the job sees the dir
+        for d in closed_group_dirs(account, attempt.storage_dirs):
+            if (account.name, d.gid) in self._warned_groups:
+                continue
+            self._warned_groups.add((account.name, d.gid))
+            log.warning(
+                "slurm engine: account %s is not in gid %s, which owns %s (%s in its jobs): its jobs "
+                "get 'Permission denied' there; give gid %s to a Unix group of the group members' "
+                "accounts on every node (docs/storage.md, Identities; `corral storage ids` lists the gids)",
+                account.name, d.gid, d.path, targets.get(d.path, d.path), d.gid,
+            )  # fmt: skip
 
     def _account_for(self, corral_user: str) -> UnixAccount:
         """The job's Unix account, or UnmappedUser saying why the job may not run at all."""

@@ -14,11 +14,13 @@ from __future__ import annotations
 import os
 import pwd
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from corral.storage.layout import StorageDir
 from corral.yaml_lines import safe_load
 
 USER_MAP_SETTING = "CORRAL_SLURM_USER_MAP"
@@ -36,6 +38,20 @@ class UnixAccount:
     name: str
     uid: int
     gid: int
+
+
+def closed_group_dirs(account: UnixAccount, dirs: Sequence[StorageDir]) -> list[StorageDir]:
+    """The group dirs (root-owned, of a Corral group's gid) that a job of `account` cannot enter:
+    Slurm gives a job its account's own Unix groups (initgroups), not the gids Corral records for
+    its groups, so the site must give each such gid to a Unix group of the members' accounts
+    (docs/storage.md, "Identities"). One per gid, in order; the groups as the server's host
+    sees them, which shares the nodes' accounts."""
+    groups = set(os.getgrouplist(account.name, account.gid))
+    closed: dict[int, StorageDir] = {}
+    for d in dirs:
+        if d.owner == "root" and d.gid is not None and d.gid not in groups:
+            closed.setdefault(d.gid, d)
+    return list(closed.values())
 
 
 class UserMap:
