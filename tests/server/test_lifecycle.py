@@ -21,13 +21,6 @@ from corral.server.snapshot import read_cluster_state
 from corral.services.auth import Principal
 from corral.services.jobs import cancel_job
 from corral.services.lifecycle import (
-    ATTEMPT_TRANSITIONS,
-    JOB_TRANSITIONS,
-    TERMINAL_STATES,
-    AttemptState,
-    GpuHealth,
-    InvalidTransition,
-    JobState,
     Loss,
     move_attempt,
     move_gpu,
@@ -37,6 +30,15 @@ from corral.services.lifecycle import (
     transition,
 )
 from corral.services.nodes import cluster_summary
+from corral.services.states import (
+    ATTEMPT_TRANSITIONS,
+    JOB_TRANSITIONS,
+    TERMINAL_STATES,
+    AttemptState,
+    GpuHealth,
+    InvalidTransition,
+    JobState,
+)
 from tests.server.fakes import FakeEngine, add_job, gpu_node, make_context, run_dispatch, seed_tenant
 
 
