@@ -61,3 +61,58 @@ def test_a_finished_job_is_deleted_from_its_page_and_a_live_one_refused(portal: 
         assert api.get(f"/api/v1/jobs/{done['id']}").status_code == 404
         assert api.get(f"/api/v1/jobs/{live['id']}").status_code == 200
     assert page.js_errors == []
+
+
+def test_an_admin_manages_users_and_refusals_show_next_to_the_field(portal: Portal) -> None:
+    page = portal.login("root", path="/users")
+    expect(page.locator("#topbar nav a[href='/users']")).to_have_count(1)
+    page.fill("#new-user-name", "Carl")  # the API's rule, said in words
+    page.click("#create-user button[type=submit]")
+    expect(page.locator("#new-user-name-error")).to_contain_text("lowercase letters")
+    expect(page.locator("#new-user-name")).to_have_attribute("aria-invalid", "true")
+    page.fill("#new-user-name", "ann")
+    page.click("#create-user button[type=submit]")
+    expect(page.locator("#new-user-name-error")).to_contain_text("a user named 'ann' already exists")
+    page.fill("#new-user-name", "carl")
+    page.fill("#new-user-password", "carl-pass-1")
+    page.select_option("#new-user-group", "team-b")
+    page.click("#create-user button[type=submit]")
+    row = page.locator("table.users tr", has_text="carl")
+    expect(row.locator("td[data-label=Groups]")).to_have_text("team-b")
+    expect(page.locator("#new-user-name-error")).to_be_hidden()
+    with portal.api() as api:
+        carl = next(u for u in api.get("/api/v1/users").json() if u["name"] == "carl")
+    assert carl["default_group"] == "team-b" and carl["active"] and not carl["is_admin"]
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.get_by_role("button", name="Deactivate carl").click()
+    expect(row.locator("td[data-label=State]")).to_have_text("deactivated")
+    row.get_by_role("button", name="Activate carl").click()
+    expect(row.locator("td[data-label=State]")).to_have_text("active")
+    page.once("dialog", lambda dialog: dialog.accept())  # an admin cannot deactivate themself
+    page.get_by_role("button", name="Deactivate root").click()
+    expect(page.locator(".user-actions[data-user=root] .field-error")).to_contain_text("cannot deactivate themself")
+
+    page.fill("#passwd-user", "nobody")
+    page.fill("#passwd-password", "whatever-123")
+    page.click("#set-password button[type=submit]")
+    expect(page.locator("#passwd-user-error")).to_contain_text("nobody")
+    page.fill("#passwd-user", "carl")
+    page.fill("#passwd-password", "short")
+    page.click("#set-password button[type=submit]")
+    expect(page.locator("#passwd-password-error")).to_contain_text("At least 8")
+    page.fill("#passwd-password", "carl-new-pass")
+    page.click("#set-password button[type=submit]")
+    expect(page.locator(".toast-success", has_text="carl's password set")).to_have_count(1)
+    with portal.api() as api:
+        r = api.post("/api/v1/auth/login", json={"username": "carl", "password": "carl-new-pass"})
+        assert r.status_code == 200, r.text
+        assert next(u for u in api.get("/api/v1/users").json() if u["name"] == "root")["active"]
+    assert page.js_errors == []
+
+
+def test_a_plain_user_gets_no_users_page(portal: Portal) -> None:
+    page = portal.login("ann", path="/users")
+    expect(page.locator(".error-page")).to_have_attribute("data-status", "403")
+    expect(page.locator("#topbar nav a[href='/users']")).to_have_count(0)
+    assert page.js_errors == []

@@ -43,6 +43,7 @@ AUDIT_SECTION = "audit"  # the admin audit log (apart from the tuple: several ar
 ONCALL_SECTION = "oncall"  # on-call, pages (docs/operations.md)
 WORKSPACES_SECTION = "workspaces"  # interactive workspaces (corral.services.workspaces)
 INCIDENTS_SECTION = "incidents"  # incidents (admins)
+USERS_SECTION = "users"  # user management (admins)
 
 # Assets are small and change only with a release; "no-cache" makes browsers revalidate (cheap
 # 304s) so an upgraded server never serves a stale mix of old and new modules.
@@ -108,7 +109,14 @@ def _client_route(section: str) -> None:
     router.add_api_route(f"/{section}/{{rest:path}}", subpage, methods=["GET"], response_class=HTMLResponse)
 
 
-for _section in (*CLIENT_SECTIONS, AUDIT_SECTION, ONCALL_SECTION, WORKSPACES_SECTION, INCIDENTS_SECTION):
+for _section in (
+    *CLIENT_SECTIONS,
+    AUDIT_SECTION,
+    ONCALL_SECTION,
+    WORKSPACES_SECTION,
+    INCIDENTS_SECTION,
+    USERS_SECTION,
+):
     _client_route(_section)
 
 

@@ -21,6 +21,7 @@ const ROUTES = [
   { pattern: /^\/usage$/, module: "usage", title: "Usage" },
   { pattern: /^\/profile$/, module: "profile", title: "Profile" },
   { pattern: /^\/audit$/, module: "audit", title: "Audit log" },
+  { pattern: /^\/users$/, module: "users", title: "Users" },
   { pattern: /^\/workspaces$/, module: "workspaces", title: "Workspaces" },
   { pattern: /^\/incidents$/, module: "incidents", title: "Incidents" },
   { pattern: /^\/incidents\/(\d+)$/, module: "incidents", title: "Incident" },
@@ -42,6 +43,7 @@ const NAV = [
   ["/usage", "Usage"],
   ["/profile", "Profile"],
   ["/audit", "Audit", { adminOnly: true }],
+  ["/users", "Users", { adminOnly: true }],
   ["/incidents", "Incidents", { adminOnly: true }],
 ];
 
