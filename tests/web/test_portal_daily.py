@@ -10,6 +10,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
+from tests.server_fixture import wait_for
 from tests.web.conftest import Portal
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
@@ -116,3 +117,28 @@ def test_a_plain_user_gets_no_users_page(portal: Portal) -> None:
     expect(page.locator(".error-page")).to_have_attribute("data-status", "403")
     expect(page.locator("#topbar nav a[href='/users']")).to_have_count(0)
     assert page.js_errors == []
+
+
+def test_an_admin_removes_a_cordoned_node_and_a_ready_one_is_refused(portal: Portal) -> None:
+    with portal.api() as api:
+        node = api.get("/api/v1/nodes").json()[0]["name"]
+    page = portal.login("root", path="/nodes")
+    card = page.locator(f"article.node[data-node='{node}']")
+    page.once("dialog", lambda dialog: dialog.accept())
+    card.locator("button.remove-node").click()
+    expect(page.locator(".toast-error")).to_contain_text("only a cordoned, drained or down node can be removed")
+    try:
+        with portal.api() as api:
+            assert api.post(f"/api/v1/nodes/{node}/cordon").status_code == 200
+        page.reload()
+        page.once("dialog", lambda dialog: dialog.accept())
+        card.locator("button.remove-node").click()
+        expect(page.locator(".toast-success")).to_contain_text(f"{node} removed")
+        with portal.api() as api:
+            removed = api.get("/api/v1/audit", params={"action": "node.remove"}).json()
+        assert [e["target_id"] for e in removed["items"]] == [node]
+        assert page.js_errors == []
+    finally:  # the local agent still reports it: it comes back cordoned; put it back in service
+        with portal.api() as api:
+            wait_for(lambda: api.get("/api/v1/nodes").json(), 60, 0.5, f"{node} back")
+            assert api.post(f"/api/v1/nodes/{node}/uncordon").status_code == 200

@@ -1,10 +1,10 @@
 // Nodes grid: each node with its GPUs shown free, allocated (linked to the job) or unhealthy
-// (failing, quarantined or lost); admins cordon, uncordon and drain from here, and quarantine a
-// GPU or return it to service. Polled so allocations appear without reloads.
+// (failing, quarantined or lost); admins cordon, uncordon and drain from here, quarantine a
+// GPU or return it to service, and remove a decommissioned node. Polled so allocations appear without reloads.
 // Each card shows the anomaly detector's failure risk (GET /nodes/risk), and nodes at risk are
 // listed above the grid with the reasons, worst first.
 
-import { get, itemsOf, post } from "../api.js";
+import { del, get, itemsOf, post } from "../api.js";
 import { isAdmin } from "../app.js";
 import { fill, emptyState, errorBox, h, timeEl, toast } from "../ui.js";
 
@@ -193,5 +193,22 @@ function adminActions(node, refresh) {
       : null,
     (node.gpus || []).length ? h("button", { type: "button", class: "button", onclick: quarantine }, "Quarantine GPU…") : null,
     returns,
+    h("button", { type: "button", class: "button danger remove-node", onclick: (event) => removeNode(node, event.target, refresh) }, "Remove"),
   );
+}
+
+// DELETE /nodes/{name} (corral node remove), after a confirmation. Offered on every node: the
+// API's refusal (not cordoned, drained or down; jobs still placed there) says what to do first.
+async function removeNode(node, button, refresh) {
+  const question = `Remove ${node.name} from the cluster? Only a cordoned, drained or down node with no jobs on it can be removed; if its agent still reports, it comes back cordoned.`;
+  if (!window.confirm(question)) return;
+  button.disabled = true;
+  try {
+    await del(`/nodes/${encodeURIComponent(node.name)}`);
+    toast(`${node.name} removed.`, "success");
+    await refresh();
+  } catch (err) {
+    toast(`${node.name} was not removed: ${err.message}`, "error");
+    button.disabled = false;
+  }
 }
