@@ -142,3 +142,21 @@ def test_an_admin_removes_a_cordoned_node_and_a_ready_one_is_refused(portal: Por
         with portal.api() as api:
             wait_for(lambda: api.get("/api/v1/nodes").json(), 60, 0.5, f"{node} back")
             assert api.post(f"/api/v1/nodes/{node}/uncordon").status_code == 200
+
+
+def test_the_submit_tab_survives_a_reload(portal: Portal) -> None:
+    job = submit(portal, "tab-clone", hold=True)
+    page = portal.login("root", path=f"/submit?clone={job['id']}")
+    expect(page.locator("#job-name")).to_have_value("tab-clone-copy")
+    page.click("#tab-yaml")
+    page.wait_for_url(re.compile(rf"/submit\?clone={job['id']}&tab=yaml$"))
+    page.reload()
+    expect(page.locator("#yaml-form")).to_be_visible()
+    expect(page.locator("#tab-yaml")).to_have_attribute("aria-selected", "true")
+    expect(page.locator("#job-yaml")).to_have_value(re.compile("tab-clone"))
+    page.click("#tab-form")
+    page.wait_for_url(re.compile(rf"/submit\?clone={job['id']}$"))
+    page.reload()
+    expect(page.locator("#submit-form")).to_be_visible()
+    expect(page.locator("#yaml-form")).to_be_hidden()
+    assert page.js_errors == []

@@ -170,10 +170,13 @@ export async function render(ctx) {
     h("div", { class: "actions" }, h("button", { type: "submit", class: "button primary", id: "submit-yaml" }, "Submit YAML")),
   );
 
-  const tabs = tabBar([
-    ["Form", form],
-    ["YAML", yamlForm],
-  ]);
+  const tabs = tabBar(
+    [
+      ["Form", form],
+      ["YAML", yamlForm],
+    ],
+    ctx.query.get("tab") === "yaml" ? 1 : 0,
+  );
   ctx.main.append(h("h1", {}, cloneId ? `Clone job #${cloneId}` : "Submit a job"), tabs, form, yamlForm);
 
   form.addEventListener("submit", (event) => {
@@ -186,7 +189,16 @@ export async function render(ctx) {
   });
 }
 
-function tabBar(tabs) {
+// The chosen tab is kept in the address (?tab=yaml, next to ?clone=), so a reload shows it again.
+// Replaced, not pushed: Back leaves the page rather than stepping through the tabs, and nothing is
+// drawn again (a push would re-render the page and lose what was typed).
+function tabBar(tabs, initial) {
+  const select = (i) => {
+    tabs.forEach(([, p], j) => {
+      p.hidden = j !== i;
+      buttons[j].setAttribute("aria-selected", j === i ? "true" : "false");
+    });
+  };
   const buttons = tabs.map(([label, panel], i) => {
     panel.setAttribute("role", "tabpanel");
     panel.setAttribute("aria-labelledby", `tab-${label.toLowerCase()}`);
@@ -198,17 +210,18 @@ function tabBar(tabs) {
         class: "tab",
         id: `tab-${label.toLowerCase()}`,
         "aria-controls": panel.id,
-        "aria-selected": i === 0 ? "true" : "false",
         onclick: () => {
-          tabs.forEach(([, p], j) => {
-            p.hidden = j !== i;
-            buttons[j].setAttribute("aria-selected", j === i ? "true" : "false");
-          });
+          select(i);
+          const url = new URL(window.location.href);
+          if (i === 0) url.searchParams.delete("tab");
+          else url.searchParams.set("tab", label.toLowerCase());
+          history.replaceState(history.state, "", url.pathname + url.search);
         },
       },
       label,
     );
   });
+  select(initial);
   return h("div", { class: "tabs", role: "tablist", "aria-label": "How to give the spec" }, buttons);
 }
 
