@@ -6,6 +6,7 @@ user ...`), removing a node (`corral node remove`), an incident's severity, owne
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from playwright.sync_api import expect
@@ -117,6 +118,54 @@ def test_a_plain_user_gets_no_users_page(portal: Portal) -> None:
     expect(page.locator(".error-page")).to_have_attribute("data-status", "403")
     expect(page.locator("#topbar nav a[href='/users']")).to_have_count(0)
     assert page.js_errors == []
+
+
+def test_an_admin_edits_an_incidents_severity_owner_and_postmortem(portal: Portal) -> None:
+    with portal.api() as api:
+        node = api.get("/api/v1/nodes").json()[0]["name"]
+        assert api.post(f"/api/v1/chaos/gpus/{node}/2", json={"temperature_c": 97}).status_code == 200
+        try:
+
+            def opened() -> list[dict[str, Any]]:
+                items = api.get("/api/v1/incidents").json()["items"]
+                return [i for i in items if f"GPU 2 on {node}" in i["title"]]
+
+            (incident,) = wait_for(opened, 20, what="the GPU 2 incident")
+            assert incident["severity"] == "SEV3" and not incident["owner"]
+            page = portal.login("root", path=f"/incidents/{incident['id']}")
+            page.fill("#incident-edit-owner", "nobody")
+            page.click("#incident-edit button[type=submit]")
+            expect(page.locator("#incident-edit-owner-error")).to_contain_text("no user named 'nobody'")
+            page.fill("#incident-edit-owner", "ann")
+            page.select_option("#incident-edit-severity", "SEV2")
+            page.click("#incident-edit button[type=submit]")
+            expect(page.locator("h1")).to_contain_text("SEV2")
+            expect(page.locator("#incident-edit-owner-error")).to_be_hidden()
+            got = api.get(f"/api/v1/incidents/{incident['id']}").json()
+            assert (got["severity"], got["owner"]) == ("SEV2", "ann")
+
+            page.fill("#postmortem-summary", "GPU 2 overheated")
+            page.fill("#postmortem-impact", "one GPU out for an hour")
+            page.fill("#postmortem-root-cause", "a failed fan")
+            page.fill("#postmortem-actions", "replace the fans")  # not WHAT;OWNER;DUE: said in the page
+            page.click("#postmortem-form button[type=submit]")
+            expect(page.locator("#postmortem-actions-error")).to_contain_text("line 1: expected WHAT;OWNER;YYYY-MM-DD")
+            page.fill("#postmortem-actions", "replace the fans;nobody;2026-12-31")  # the API's refusal
+            page.click("#postmortem-form button[type=submit]")
+            expect(page.locator("#postmortem-actions-error")).to_contain_text("no user named 'nobody'")
+            page.fill("#postmortem-actions", "replace the fans;ann;2026-12-31")
+            page.click("#postmortem-form button[type=submit]")
+            expect(page.locator("section", has_text="Root cause: a failed fan")).to_have_count(1)
+            got = api.get(f"/api/v1/incidents/{incident['id']}").json()["postmortem"]
+            assert got["root_cause"] == "a failed fan"
+            assert got["action_items"] == [{"what": "replace the fans", "owner": "ann", "due": "2026-12-31"}]
+            page.reload()  # the form is the postmortem's, to edit
+            expect(page.locator("h2", has_text="Edit the postmortem")).to_have_count(1)
+            expect(page.locator("#postmortem-actions")).to_have_value("replace the fans;ann;2026-12-31")
+            expect(page.locator("#incident-edit-owner")).to_have_value("ann")
+            assert page.js_errors == []
+        finally:
+            api.post(f"/api/v1/chaos/gpus/{node}/2", json={"clear": True})
 
 
 def test_an_admin_removes_a_cordoned_node_and_a_ready_one_is_refused(portal: Portal) -> None:

@@ -128,6 +128,28 @@ export function errorBox(err, title = "Something went wrong") {
   return h("div", { class: "error-box", role: "alert" }, h("strong", {}, title + ": "), String(err.message || err));
 }
 
+// An input with its label and its own error line (aria-describedby, aria-invalid), as the submit
+// form's fields: {wrap, input, show(message), clear()}.
+export function field(label, input) {
+  const error = h("p", { class: "field-error", id: `${input.id}-error`, role: "alert", hidden: true });
+  const wrap = h("div", { class: input.type === "checkbox" ? "field checkbox" : "field" }, h("label", { for: input.id }, label), input, error);
+  return {
+    wrap,
+    input,
+    show(message) {
+      error.textContent = message;
+      error.hidden = false;
+      input.setAttribute("aria-invalid", "true");
+      input.setAttribute("aria-describedby", error.id);
+    },
+    clear() {
+      error.hidden = true;
+      input.removeAttribute("aria-invalid");
+      input.removeAttribute("aria-describedby");
+    },
+  };
+}
+
 export function emptyState(text) {
   return h("p", { class: "empty" }, text);
 }

@@ -1,10 +1,11 @@
 // Incidents (admins): the list with filters (state, severity, open only) and SLA countdowns, and one
 // incident's detail with its links, timeline, postmortem, the ack/mitigate/resolve/close buttons
-// its state allows and a note or comment.
+// its state allows and a note or comment; there admins correct the severity, set the owner and
+// write or edit the postmortem, as `corral incident edit|postmortem` do.
 
-import { get, post } from "../api.js";
+import { ApiError, api, get, itemsOf, post } from "../api.js";
 import { navigate } from "../app.js";
-import { emptyState, errorBox, fill, fmtDuration, h, section, table, timeEl, toast } from "../ui.js";
+import { emptyState, errorBox, field, fill, fmtDuration, h, section, table, timeEl, toast } from "../ui.js";
 
 const STATES = ["triggered", "acknowledged", "mitigated", "resolved", "closed"];
 const SEVERITIES = ["SEV1", "SEV2", "SEV3", "SEV4"];
@@ -201,7 +202,19 @@ async function renderDetail(ctx, id) {
     if (ctx.alive()) draw();
   };
   const bar = actionsBar(id, refresh);
-  ctx.main.append(head, bar, body);
+  const known = h("datalist", { id: "incident-users" });
+  get("/users")
+    .then((users) => fill(known, ...itemsOf(users, "users").filter((u) => u.active).map((u) => h("option", { value: u.name }))))
+    .catch(() => {}); // only suggestions: the API checks the owner in any case
+  // Drawn once, from the first read, like the note box: the 5 s redraws do not wipe an edit.
+  ctx.main.append(
+    head,
+    bar,
+    known,
+    section("Severity and owner", editForm(incident, refresh)),
+    body,
+    section(incident.postmortem ? "Edit the postmortem" : "Write the postmortem", postmortemForm(incident, refresh)),
+  );
   const draw = () => {
     const sla = incident.sla;
     bar.update(incident);
@@ -242,6 +255,105 @@ async function renderDetail(ctx, id) {
   };
   draw();
   ctx.every(5000, refresh);
+}
+
+// A refusal next to the field its 422 `loc` names (action_items.2.owner: the action items), else
+// on the form's own line.
+function showRefusal(err, fields, formError) {
+  const placed = err instanceof ApiError ? err.fieldErrors.filter((e) => fields[e.loc[0]]) : [];
+  for (const e of placed) fields[e.loc[0]].show(e.loc.length > 1 ? `${e.loc.slice(1).join(".")}: ${e.msg}` : e.msg);
+  if (placed.length) return;
+  formError.textContent = err.message;
+  formError.hidden = false;
+}
+
+function submitButton(label) {
+  return h("button", { type: "submit", class: "button primary" }, label);
+}
+
+// PATCH /incidents/{id} (corral incident edit --severity --owner): an empty owner clears it.
+function editForm(incident, refresh) {
+  const severity = field(
+    "Severity",
+    h("select", { id: "incident-edit-severity" }, SEVERITIES.map((v) => h("option", { value: v, selected: v === incident.severity }, v))),
+  );
+  const owner = field(
+    "Owner (a user's name; empty: none)",
+    h("input", { id: "incident-edit-owner", value: incident.owner || "", autocomplete: "off", list: "incident-users" }),
+  );
+  const formError = h("p", { class: "field-error", role: "alert", hidden: true });
+  const form = h("form", { id: "incident-edit", class: "inline-form", novalidate: true }, severity.wrap, owner.wrap, formError, submitButton("Save"));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    severity.clear();
+    owner.clear();
+    formError.hidden = true;
+    try {
+      await api("PATCH", `/incidents/${incident.id}`, { json: { severity: severity.input.value, owner: owner.input.value.trim() } });
+    } catch (err) {
+      showRefusal(err, { severity, owner }, formError);
+      return;
+    }
+    toast(`incident ${incident.id}: severity and owner saved`, "success");
+    await refresh();
+  });
+  return form;
+}
+
+// "WHAT;OWNER;YYYY-MM-DD" per line, as `corral incident postmortem --action` takes them.
+function actionItemsText(items) {
+  return (items || []).map((a) => `${a.what};${a.owner};${a.due}`).join("\n");
+}
+
+function parseActionItems(text) {
+  const items = [];
+  const lines = text.split("\n").map((l) => l.trim());
+  for (const [i, line] of lines.entries()) {
+    if (!line) continue;
+    const parts = line.split(";").map((p) => p.trim());
+    if (parts.length !== 3 || parts.some((p) => !p)) throw new Error(`line ${i + 1}: expected WHAT;OWNER;YYYY-MM-DD`);
+    if (!/^\d{4}-\d{2}-\d{2}$/.test(parts[2])) throw new Error(`line ${i + 1}: the due date must be YYYY-MM-DD`);
+    items.push({ what: parts[0], owner: parts[1], due: parts[2] });
+  }
+  return items;
+}
+
+// PUT /incidents/{id}/postmortem (corral incident postmortem): written, or replaced when edited.
+function postmortemForm(incident, refresh) {
+  const pm = incident.postmortem || {};
+  const area = (id, value) => h("textarea", { id, rows: 3 }, value || "");
+  const fields = {
+    summary: field("Summary", area("postmortem-summary", pm.summary)),
+    impact: field("Impact", area("postmortem-impact", pm.impact)),
+    root_cause: field("Root cause", area("postmortem-root-cause", pm.root_cause)),
+    action_items: field("Action items, one per line: WHAT;OWNER;YYYY-MM-DD", area("postmortem-actions", actionItemsText(pm.action_items))),
+  };
+  const formError = h("p", { class: "field-error", role: "alert", hidden: true });
+  const form = h("form", { id: "postmortem-form", novalidate: true }, Object.values(fields).map((f) => f.wrap), formError, submitButton("Save postmortem"));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    for (const f of Object.values(fields)) f.clear();
+    formError.hidden = true;
+    const body = {};
+    for (const key of ["summary", "impact", "root_cause"]) {
+      body[key] = fields[key].input.value.trim();
+      if (!body[key]) return fields[key].show("Required.");
+    }
+    try {
+      body.action_items = parseActionItems(fields.action_items.input.value);
+    } catch (err) {
+      return fields.action_items.show(err.message);
+    }
+    try {
+      await api("PUT", `/incidents/${incident.id}/postmortem`, { json: body });
+    } catch (err) {
+      showRefusal(err, fields, formError);
+      return;
+    }
+    toast(`incident ${incident.id}: postmortem saved`, "success");
+    await refresh();
+  });
+  return form;
 }
 
 export async function render(ctx) {

@@ -6,7 +6,7 @@
 
 import { ApiError, api, get, itemsOf, post, put } from "../api.js";
 import { isAdmin } from "../app.js";
-import { emptyState, errorBox, fill, h, section, table, timeEl, toast } from "../ui.js";
+import { emptyState, errorBox, field, fill, h, section, table, timeEl, toast } from "../ui.js";
 
 // The API's rules (api/schemas.py ACCOUNT_NAME, PASSWORD_MIN), said in words: its 422 quotes the regex.
 const USER_NAME_RE = /^[a-z0-9][a-z0-9._-]{0,63}$/;
@@ -102,27 +102,6 @@ function activeToggle(user, refresh) {
     }
   });
   return h("div", { class: "user-actions", "data-user": user.name }, button, error);
-}
-
-// An input with its label and its own error line (aria-describedby), as the submit form's fields.
-function field(label, input) {
-  const error = h("p", { class: "field-error", id: `${input.id}-error`, role: "alert", hidden: true });
-  const wrap = h("div", { class: input.type === "checkbox" ? "field checkbox" : "field" }, h("label", { for: input.id }, label), input, error);
-  return {
-    wrap,
-    input,
-    show(message) {
-      error.textContent = message;
-      error.hidden = false;
-      input.setAttribute("aria-invalid", "true");
-      input.setAttribute("aria-describedby", error.id);
-    },
-    clear() {
-      error.hidden = true;
-      input.removeAttribute("aria-invalid");
-      input.removeAttribute("aria-describedby");
-    },
-  };
 }
 
 // A refusal goes next to the field it is about: a 422's `loc`, a duplicate name's 409 or an
