@@ -93,7 +93,8 @@ def test_an_admin_manages_users_and_refusals_show_next_to_the_field(portal: Port
     expect(row.locator("td[data-label=State]")).to_have_text("active")
     page.once("dialog", lambda dialog: dialog.accept())  # an admin cannot deactivate themself
     page.get_by_role("button", name="Deactivate root").click()
-    expect(page.locator(".user-actions[data-user=root] .field-error")).to_contain_text("cannot deactivate themself")
+    refused = page.locator(".user-actions[data-user=root] .field-error")
+    expect(refused).to_contain_text("cannot deactivate themself")
 
     page.fill("#passwd-user", "nobody")
     page.fill("#passwd-password", "whatever-123")
@@ -149,7 +150,9 @@ def test_an_admin_edits_an_incidents_severity_owner_and_postmortem(portal: Porta
             page.fill("#postmortem-root-cause", "a failed fan")
             page.fill("#postmortem-actions", "replace the fans")  # not WHAT;OWNER;DUE: said in the page
             page.click("#postmortem-form button[type=submit]")
-            expect(page.locator("#postmortem-actions-error")).to_contain_text("line 1: expected WHAT;OWNER;YYYY-MM-DD")
+            expect(page.locator("#postmortem-actions-error")).to_contain_text(
+                "line 1: expected WHAT;OWNER;YYYY-MM-DD"
+            )
             page.fill("#postmortem-actions", "replace the fans;nobody;2026-12-31")  # the API's refusal
             page.click("#postmortem-form button[type=submit]")
             expect(page.locator("#postmortem-actions-error")).to_contain_text("no user named 'nobody'")
@@ -175,7 +178,8 @@ def test_an_admin_removes_a_cordoned_node_and_a_ready_one_is_refused(portal: Por
     card = page.locator(f"article.node[data-node='{node}']")
     page.once("dialog", lambda dialog: dialog.accept())
     card.locator("button.remove-node").click()
-    expect(page.locator(".toast-error")).to_contain_text("only a cordoned, drained or down node can be removed")
+    refused = page.locator(".toast-error")
+    expect(refused).to_contain_text("only a cordoned, drained or down node can be removed")
     try:
         with portal.api() as api:
             assert api.post(f"/api/v1/nodes/{node}/cordon").status_code == 200
