@@ -12,7 +12,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.server_fixture import wait_for
-from tests.web.conftest import Portal
+from tests.web.conftest import Portal, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -95,6 +95,7 @@ def test_an_admin_manages_users_and_refusals_show_next_to_the_field(portal: Port
     page.get_by_role("button", name="Deactivate root").click()
     refused = page.locator(".user-actions[data-user=root] .field-error")
     expect(refused).to_contain_text("cannot deactivate themself")
+    screenshot(page, "users")
 
     page.fill("#passwd-user", "nobody")
     page.fill("#passwd-password", "whatever-123")
@@ -166,6 +167,7 @@ def test_an_admin_edits_an_incidents_severity_owner_and_postmortem(portal: Porta
             expect(page.locator("h2", has_text="Edit the postmortem")).to_have_count(1)
             expect(page.locator("#postmortem-actions")).to_have_value("replace the fans;ann;2026-12-31")
             expect(page.locator("#incident-edit-owner")).to_have_value("ann")
+            screenshot(page, "incident_postmortem")
             assert page.js_errors == []
         finally:
             api.post(f"/api/v1/chaos/gpus/{node}/2", json={"clear": True})

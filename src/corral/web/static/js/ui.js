@@ -132,7 +132,11 @@ export function errorBox(err, title = "Something went wrong") {
 // form's fields: {wrap, input, show(message), clear()}.
 export function field(label, input) {
   const error = h("p", { class: "field-error", id: `${input.id}-error`, role: "alert", hidden: true });
-  const wrap = h("div", { class: input.type === "checkbox" ? "field checkbox" : "field" }, h("label", { for: input.id }, label), input, error);
+  const labelEl = h("label", { for: input.id }, label);
+  const wrap =
+    input.type === "checkbox" // the box before its label, as the portal's other checkboxes
+      ? h("div", { class: "field checkbox" }, input, labelEl, error)
+      : h("div", { class: "field" }, labelEl, input, error);
   return {
     wrap,
     input,

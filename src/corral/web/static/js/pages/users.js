@@ -129,7 +129,7 @@ function showRefusal(err, fields, fallback, formError) {
 function createForm(groups, refresh) {
   const name = field("Name", h("input", { id: "new-user-name", required: true, autocomplete: "off" }));
   const password = field(
-    `Password (${PASSWORD_MIN} characters or more; empty: none, the user logs in with a token)`,
+    `Password (${PASSWORD_MIN} characters or more; empty: none yet, set one later here)`,
     h("input", { id: "new-user-password", type: "password", autocomplete: "new-password" }),
   );
   const group = field(
@@ -146,7 +146,7 @@ function createForm(groups, refresh) {
     group.wrap,
     admin.wrap,
     formError,
-    h("button", { type: "submit", class: "button primary" }, "Create user"),
+    h("div", { class: "actions" }, h("button", { type: "submit", class: "button primary" }, "Create user")),
   );
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -182,7 +182,7 @@ function passwordForm() {
     user.wrap,
     password.wrap,
     formError,
-    h("button", { type: "submit", class: "button primary" }, "Set password"),
+    h("div", { class: "actions" }, h("button", { type: "submit", class: "button primary" }, "Set password")),
   );
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
