@@ -135,16 +135,22 @@ def test_an_admin_edits_an_incidents_severity_owner_and_postmortem(portal: Porta
             (incident,) = wait_for(opened, 20, what="the GPU 2 incident")
             assert incident["severity"] == "SEV3" and not incident["owner"]
             page = portal.login("root", path=f"/incidents/{incident['id']}")
+            page.select_option("#incident-edit-severity", "SEV2")  # the owner left empty: not sent
+            page.click("#incident-edit button[type=submit]")
+            expect(page.locator("h1")).to_contain_text("SEV2")
+            page.click("#incident-edit button[type=submit]")
+            expect(page.locator("#incident-edit-error")).to_contain_text("Nothing to save")
             page.fill("#incident-edit-owner", "nobody")
             page.click("#incident-edit button[type=submit]")
             expect(page.locator("#incident-edit-owner-error")).to_contain_text("no user named 'nobody'")
             page.fill("#incident-edit-owner", "ann")
-            page.select_option("#incident-edit-severity", "SEV2")
             page.click("#incident-edit button[type=submit]")
-            expect(page.locator("h1")).to_contain_text("SEV2")
+            expect(page.locator("table.incident-timeline")).to_contain_text("owner ann set by root")
             expect(page.locator("#incident-edit-owner-error")).to_be_hidden()
             got = api.get(f"/api/v1/incidents/{incident['id']}").json()
             assert (got["severity"], got["owner"]) == ("SEV2", "ann")
+            edits = [e["text"] for e in got["timeline"] if e["kind"] in ("severity", "owner")]
+            assert edits == ["SEV3 -> SEV2 by root", "owner ann set by root"]
 
             page.fill("#postmortem-summary", "GPU 2 overheated")
             page.fill("#postmortem-impact", "one GPU out for an hour")

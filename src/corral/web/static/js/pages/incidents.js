@@ -271,8 +271,11 @@ function submitButton(label) {
   return h("button", { type: "submit", class: "button primary" }, label);
 }
 
-// PATCH /incidents/{id} (corral incident edit --severity --owner): an empty owner clears it.
+// PATCH /incidents/{id} (corral incident edit --severity --owner): an empty owner clears it. Only
+// what was changed is sent: the API records each field it is given as a change (an empty owner
+// sent for an incident without one would read "owner (none) set" in the timeline).
 function editForm(incident, refresh) {
+  const saved = { severity: incident.severity, owner: incident.owner || "" };
   const severity = field(
     "Severity",
     h("select", { id: "incident-edit-severity" }, SEVERITIES.map((v) => h("option", { value: v, selected: v === incident.severity }, v))),
@@ -281,20 +284,29 @@ function editForm(incident, refresh) {
     "Owner (a user's name; empty: none)",
     h("input", { id: "incident-edit-owner", value: incident.owner || "", autocomplete: "off", list: "incident-users" }),
   );
-  const formError = h("p", { class: "field-error", role: "alert", hidden: true });
+  const formError = h("p", { class: "field-error", id: "incident-edit-error", role: "alert", hidden: true });
   const form = h("form", { id: "incident-edit", class: "inline-form", novalidate: true }, severity.wrap, owner.wrap, formError, submitButton("Save"));
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     severity.clear();
     owner.clear();
     formError.hidden = true;
+    const changes = {};
+    if (severity.input.value !== saved.severity) changes.severity = severity.input.value;
+    if (owner.input.value.trim() !== saved.owner) changes.owner = owner.input.value.trim();
+    if (!Object.keys(changes).length) {
+      formError.textContent = "Nothing to save: the severity and the owner are as they were.";
+      formError.hidden = false;
+      return;
+    }
     try {
-      await api("PATCH", `/incidents/${incident.id}`, { json: { severity: severity.input.value, owner: owner.input.value.trim() } });
+      await api("PATCH", `/incidents/${incident.id}`, { json: changes });
     } catch (err) {
       showRefusal(err, { severity, owner }, formError);
       return;
     }
-    toast(`incident ${incident.id}: severity and owner saved`, "success");
+    Object.assign(saved, changes);
+    toast(`incident ${incident.id}: ${Object.keys(changes).join(" and ")} saved`, "success");
     await refresh();
   });
   return form;
@@ -328,7 +340,7 @@ function postmortemForm(incident, refresh) {
     root_cause: field("Root cause", area("postmortem-root-cause", pm.root_cause)),
     action_items: field("Action items, one per line: WHAT;OWNER;YYYY-MM-DD", area("postmortem-actions", actionItemsText(pm.action_items))),
   };
-  const formError = h("p", { class: "field-error", role: "alert", hidden: true });
+  const formError = h("p", { class: "field-error", id: "postmortem-error", role: "alert", hidden: true });
   const form = h("form", { id: "postmortem-form", novalidate: true }, Object.values(fields).map((f) => f.wrap), formError, submitButton("Save postmortem"));
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
