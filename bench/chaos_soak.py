@@ -5,7 +5,9 @@ sleeps; some exit non-zero, some with retries) to real server processes (tests/s
 local engine, virtual GPUs, jobs sandboxed) on loopback, while a chaos driver at random:
 SIGKILLs a server and starts it again, SIGKILLs attempt supervisors, SIGKILLs job processes,
 stops the node's heartbeats (`corral chaos node down`, then `up`) and injects GPU faults (ECC,
-Xid, lost GPU, then clear). Two configurations: SQLite with one server, PostgreSQL (a real one,
+Xid, lost GPU, then clear). Beside the faults, a holder holds queued jobs at random
+(`POST /jobs/{id}/hold`) and releases each a few seconds later (`/release`; every hold is
+released before the drain's end). Two configurations: SQLite with one server, PostgreSQL (a real one,
 tests/pg.py) with two servers on one database and one home (their loops are leased).
 
 Invariants, checked on a read-only snapshot of the database every `--poll` seconds and at the end:
@@ -24,6 +26,8 @@ Invariants, checked on a read-only snapshot of the database every `--poll` secon
                       nor queued whose latest attempt runs nowhere on the engine (stuck); jobs
                       still running at the bound are reported as `unfinished`
   log_incomplete      a succeeded job's log (every rank) lacks its last line
+  held_placed         an attempt of a job was created while the job was held (its created time
+                      after a "hold" job event and before the "release" that ended it)
 
 Every planned job is submitted, however long the restarts make it take: a submit is retried
 until a server answers it, and one whose answer was lost (the server killed, or slow past the
@@ -38,8 +42,9 @@ GPU would wait for ever.
                                [--chaos-every 2.0] [--duration 1800] [--gpus 4]
                                [--submitters 4] [--sleep 0.1,1.5]
 
-Prints the seed, faults injected by kind, violations by invariant (target: 0 each), jobs by final
-state, wall time and load average; the last line is one JSON object. Exit status 1 on violations.
+Prints the seed, faults injected by kind, holds (placed, refused, released), violations by
+invariant (target: 0 each), jobs by final state, wall time and load average; the last line is
+one JSON object. Exit status 1 on violations.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ from bench.soak_records import (  # noqa: E402
     Snapshot,
     attempt_dirs,
     engine_overlaps,
+    held_placements,
     open_jobs,
     supervisor_alive,
 )
@@ -92,6 +98,7 @@ INVARIANTS = (
     "engine_overlap",
     "not_settled",
     "log_incomplete",
+    "held_placed",
 )
 FAULTS = ("server_kill", "supervisor_kill", "job_kill", "node_down", "gpu_ecc", "gpu_xid", "gpu_lose")
 LOST_ANSWER_WAIT_S = 60.0  # a live server that took a submit commits it well within this
@@ -99,6 +106,8 @@ RESTART_TIMEOUT_S = 240.0  # a killed server's start-up on a loaded 2-core machi
 GPU_FAULT_S = (2.0, 6.0)  # a GPU fault lasts this long at least (a uniform draw)
 GPU_UNSEEN_S = 20.0  # ... and ends this much later if the diagnosis watch never took the GPU out
 SETTLE_CONFIRM_S = 5.0  # a job open at the end must stay unchanged this long to count as stuck
+HOLD_EVERY_S = 2.0  # mean time between the holder's holds of a queued job
+HOLD_S = (1.0, 8.0)  # a hold lasts this long (a uniform draw), or until the holder stops
 HEARTBEAT_TIMEOUT_S = 3.0  # servers' CORRAL_NODE_HEARTBEAT_TIMEOUT_S: node losses come quickly
 # (gpus per instance, instances) -> weight: mostly small, some whole-node and gang jobs
 SHAPES = {(0, 1): 30, (1, 1): 30, (2, 1): 15, (4, 1): 8, (1, 2): 10, (2, 2): 7}
@@ -201,6 +210,9 @@ class Soak:
         self.began = time.monotonic()  # reset once the servers are up
         self.opened: list[str] = []  # faults injected so far, in order
         self.gpu_faults: dict[int, float] = {}  # GPU index -> when its fault may end (chaos thread)
+        self.hold_rng = random.Random(cfg.seed + 3)  # the holder's draws (its thread only)
+        self.held: dict[int, float] = {}  # job id -> when the holder releases it (holder thread)
+        self.holds: Counter[str] = Counter()  # held, refused (not queued any more), released
 
     # -- servers ----------------------------------------------------------------------------
 
@@ -444,6 +456,65 @@ class Soak:
         self.gpu_faults.clear()
         self.tend_gpus(time.monotonic())
 
+    # -- holds --------------------------------------------------------------------------------
+
+    def hold_loop(self) -> None:
+        """Hold a queued job every HOLD_EVERY_S on average and release it HOLD_S later; when
+        chaos stops, release every job still held (retried until a server answers: a job left
+        held would never run)."""
+        next_hold = time.monotonic() + self.hold_rng.expovariate(1.0 / HOLD_EVERY_S)
+        while not self.stop_chaos.wait(0.5):
+            now = time.monotonic()
+            for jid, release_at in list(self.held.items()):
+                if now >= release_at and self.hold_call(jid, "release") is not False:
+                    del self.held[jid]
+            if now >= next_hold:
+                self.hold_one()
+                next_hold = now + self.hold_rng.expovariate(1.0 / HOLD_EVERY_S)
+        deadline = time.monotonic() + RESTART_TIMEOUT_S * 2
+        while self.held and time.monotonic() < deadline:
+            for jid in list(self.held):
+                if self.hold_call(jid, "release") is not False:
+                    del self.held[jid]
+            if self.held:
+                time.sleep(1.0)
+        if self.held:
+            print(f"  (jobs left held: {sorted(self.held)})", flush=True)
+
+    def hold_one(self) -> None:
+        try:
+            snap = self.reader.snapshot()
+        except Exception:  # the database held a moment by a server's start-up: next time
+            return
+        with self.lock:
+            submitted = set(self.ids.values())
+        queued = sorted(j for j, (_n, s) in snap.jobs.items() if s == "queued" and j in submitted)
+        queued = [j for j in queued if j not in self.held]
+        if queued:
+            jid = self.hold_rng.choice(queued)
+            # Held unless refused: an answer lost on the way may have held it, and the release of
+            # a job that is not held changes nothing.
+            if self.hold_call(jid, "hold") is not None:
+                self.held[jid] = time.monotonic() + self.hold_rng.uniform(*HOLD_S)
+
+    def hold_call(self, jid: int, action: str) -> bool | None:
+        """POST /jobs/{jid}/{action} (hold or release). True: done (or nothing to do); False: no
+        answer or a server error (it may have been done: try again); None: refused (409, the job
+        is no longer queued)."""
+        try:
+            with self.live_server().client(timeout=10.0) as c:
+                r = c.post(f"/api/v1/jobs/{jid}/{action}")
+        except httpx.HTTPError:
+            return False
+        if r.status_code == 409:
+            self.holds[f"{action}_refused"] += 1
+            return None
+        if r.status_code != 200:
+            return False
+        if r.json().get("changed"):
+            self.holds["held" if action == "hold" else "released"] += 1
+        return True
+
     # -- invariants ---------------------------------------------------------------------------
 
     def violate(self, invariant: str, detail: str, key: str | None = None) -> None:
@@ -498,6 +569,13 @@ class Soak:
         for gpu, pks in holders.items():
             if len(pks) > 1:
                 self.violate("gpu_overallocated", f"GPU {gpu} held by attempts {sorted(pks)}")
+        for jid, number, held_at, released_at in held_placements(snap):
+            self.violate(
+                "held_placed",
+                f"job {jid}: attempt {number} created while held (hold at {held_at:.3f}, "
+                f"release at {released_at:.3f})",
+                f"{jid}:{number}",
+            )
         self.check_engine(final)
         return snap
 
@@ -535,8 +613,10 @@ class Soak:
         self.start_servers()
         watcher = threading.Thread(target=self.watch_loop, daemon=True)
         chaos = threading.Thread(target=self.chaos_loop, daemon=True)
+        self.holder = threading.Thread(target=self.hold_loop, daemon=True)
         watcher.start()
         chaos.start()
+        self.holder.start()
         try:
             self.began = time.monotonic()
             self.submit_all()
@@ -546,6 +626,7 @@ class Soak:
             self.stop_chaos.set()
             self.stop_watch.set()
             chaos.join()
+            self.holder.join()
             watcher.join()
         snap = self.check(final=True)
         self.check_logs(snap)
@@ -569,6 +650,7 @@ class Soak:
             if self.restart_s
             else None,
             "faults": {name: self.faults.get(name, 0) for name in FAULTS},
+            "holds": {k: self.holds.get(k, 0) for k in ("held", "hold_refused", "released")},
             "violations": {name: self.violations.get(name, 0) for name in INVARIANTS},
             "examples": dict(self.examples),
             "final_states": dict(sorted(states.items())),
@@ -596,6 +678,7 @@ class Soak:
             if enough or time.monotonic() >= calm_at or settled:
                 self.stop_chaos.set()
                 chaos.join()
+                self.holder.join()  # every hold released
                 if settled or self.settled():  # again only when chaos was running until now
                     break
                 self.tend_gpus(time.monotonic())  # one the watch took out after the last clear
@@ -656,6 +739,11 @@ def report(result: dict[str, Any]) -> None:
         f"mean server restart {result['server_restart_s']} s)"
     )
     print("faults injected: " + ", ".join(f"{k} {v}" for k, v in result["faults"].items()))
+    holds = result["holds"]
+    print(
+        f"holds:           held {holds['held']}, refused {holds['hold_refused']}, "
+        f"released {holds['released']}"
+    )
     print("violations:      " + ", ".join(f"{k} {v}" for k, v in result["violations"].items()))
     for name, example in result["examples"].items():
         print(f"  first {name}: {example}")

@@ -29,6 +29,8 @@ class Snapshot:
     attempts: list[tuple[int, int, int, str, list[dict[str, Any]]]]  # pk, job, number, state, placement
     claims: list[tuple[str, int, int]]  # node, gpu index, attempt pk
     gpu_health: dict[tuple[str, int], str]  # (node, index) -> healthy | quarantined | lost
+    created: dict[tuple[int, int], float]  # (job, attempt number) -> when the attempt was created
+    holds: dict[int, list[tuple[float, str]]]  # job -> its "hold" and "release" events (at, kind)
 
 
 class DbReader:
@@ -74,7 +76,15 @@ class DbReader:
             claims = [(str(r[0]), int(r[1]), int(r[2])) for r in cur.fetchall()]
             cur.execute('SELECT node_name, "index", health FROM gpus')
             health = {(str(r[0]), int(r[1])): str(r[2]) for r in cur.fetchall()}
-        return Snapshot(jobs, attempts, claims, health)
+            cur.execute("SELECT job_id, number, created_at FROM attempts")
+            created = {(int(r[0]), int(r[1])): float(r[2]) for r in cur.fetchall()}
+            cur.execute(
+                "SELECT job_id, at, kind FROM job_events WHERE kind IN ('hold', 'release') ORDER BY at, id"
+            )
+            holds: dict[int, list[tuple[float, str]]] = {}
+            for r in cur.fetchall():
+                holds.setdefault(int(r[0]), []).append((float(r[1]), str(r[2])))
+        return Snapshot(jobs, attempts, claims, health, created, holds)
 
 
 def open_jobs(snap: Snapshot) -> dict[int, tuple[str, int]]:
@@ -87,6 +97,28 @@ def open_jobs(snap: Snapshot) -> dict[int, tuple[str, int]]:
         for jid, (_name, state) in snap.jobs.items()
         if state not in TERMINAL and state != "queued"
     }
+
+
+def held_placements(snap: Snapshot) -> list[tuple[int, int, float, float]]:
+    """(job, attempt number, hold at, release at) of each attempt created while its job was held:
+    after a "hold" event and before the "release" that ended it (or with no release yet)."""
+    found: list[tuple[int, int, float, float]] = []
+    created_of: dict[int, list[tuple[int, float]]] = {}
+    for (job, number), created in snap.created.items():
+        created_of.setdefault(job, []).append((number, created))
+    for jid, events in snap.holds.items():
+        spans, held_at = [], None
+        for at, kind in events:
+            if kind == "hold" and held_at is None:
+                held_at = at
+            elif kind == "release" and held_at is not None:
+                spans.append((held_at, at))
+                held_at = None
+        if held_at is not None:
+            spans.append((held_at, float("inf")))
+        for number, created in created_of.get(jid, ()):
+            found += [(jid, number, lo, hi) for lo, hi in spans if lo < created < hi]
+    return found
 
 
 def _json(value: Any) -> list[dict[str, Any]]:
