@@ -349,6 +349,16 @@ SlurmdParameters=config_overrides
             _stop_process(self._ctld)
             self._ctld = None
 
+    def pause_controller(self) -> None:
+        """SIGSTOP slurmctld: every Slurm command then waits on it (a controller too busy to
+        answer), and a request sent meanwhile is taken once it is resumed."""
+        assert self._ctld is not None, "slurmctld is not running"
+        os.kill(self._ctld.pid, signal.SIGSTOP)
+
+    def resume_controller(self) -> None:
+        if self._ctld is not None:
+            os.kill(self._ctld.pid, signal.SIGCONT)
+
     def controller_up(self) -> bool:
         r = subprocess.run(["scontrol", "ping"], env=self.env, capture_output=True, text=True, timeout=15)
         return "is UP" in r.stdout
