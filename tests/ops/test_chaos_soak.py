@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from bench.chaos_soak import FAULTS, INVARIANTS, SoakConfig, run_soak
+from bench.soak_records import Snapshot, held_placements
 from tests.pg import PostgresServer
 from tests.server_fixture import get_job, start_server, submit_spec, wait_for
 
@@ -112,3 +113,17 @@ def test_chaos_node_down_stops_heartbeats_and_up_brings_the_node_back(tmp_path: 
         assert c.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 200
         bad = chaos_cli(srv.home, "down", "x" * 200)
         assert bad.returncode != 0 and "1 to 128 characters" in bad.stdout + bad.stderr, bad
+
+
+def test_held_placed_finds_an_attempt_created_between_hold_and_release() -> None:
+    """The soak's held_placed invariant: an attempt created while its job was held (after a hold
+    event, before the release that ended it, or with none yet) is found; one created before the
+    hold or after the release is not."""
+    holds = {
+        1: [(10.0, "hold"), (20.0, "release")],
+        2: [(10.0, "hold"), (20.0, "release"), (30.0, "hold")],
+        3: [(10.0, "hold"), (20.0, "release")],
+    }
+    created = {(1, 1): 5.0, (1, 2): 15.0, (2, 1): 25.0, (2, 2): 35.0, (3, 1): 21.0, (4, 1): 15.0}
+    snap = Snapshot({}, [], [], {}, created, holds)
+    assert sorted(held_placements(snap)) == [(1, 2, 10.0, 20.0), (2, 2, 30.0, float("inf"))]
