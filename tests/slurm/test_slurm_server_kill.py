@@ -7,7 +7,9 @@ session's REAL Slurm cluster, killed at three moments:
   (it takes the orphaned request: Slurm has a job Corral never recorded), the server restarted;
 - while jobs run (a two-rank gang and a single): each prints before and after the restart;
 - while a cancel is in flight: the server's scancel waits on the paused slurmctld when it is
-  killed; the restarted server must still stop the job, and run it no more.
+  killed; the restarted server must still stop the job, and run it no more; and, for a job that
+  ignores SIGTERM, after the TERM went out and before the grace's KILL (whose timer dies with
+  the server): the restarted server sends the KILL.
 
 Each instance appends one line (node, rank, Slurm job) to its /job/runs.txt, so a second run of
 it shows as a second line, and prints what it did to its log."""
@@ -110,6 +112,16 @@ def slurm_ids_in(runs: list[str]) -> list[str]:
     return [line.split()[2] for line in runs]
 
 
+def wait_slurm_job_ended(cluster: SlurmCluster, state_dir: Path, job_id: int) -> dict[str, str]:
+    """The one Slurm job of the job's first attempt, once Slurm says it ended."""
+
+    def ended() -> dict[str, str] | None:
+        (slurm_job,) = slurm_jobs_of(cluster, state_dir, job_id, 1)  # one submission
+        return slurm_job if slurm_job["state"] not in ("PENDING", "RUNNING", "COMPLETING") else None
+
+    return dict(wait_for(ended, 30, what=f"the Slurm job of job {job_id} ended"))
+
+
 def test_server_killed_between_sbatch_and_recording_runs_the_job_once(
     api: httpx.Client, server: CorralServer, slurm_cluster: SlurmCluster, state_dir: Path
 ) -> None:
@@ -178,13 +190,32 @@ def test_server_killed_with_a_cancel_in_flight_still_cancels(
     done: dict[str, Any] = wait_state(api, job_id, TERMINAL, timeout_s=60)
     assert done["state"] == "cancelled" and len(done["attempts"]) == 1, done
 
-    def slurm_job_ended() -> dict[str, str] | None:
-        (slurm_job,) = slurm_jobs_of(slurm_cluster, state_dir, job_id, 1)  # one submission
-        return slurm_job if slurm_job["state"] not in ("RUNNING", "COMPLETING") else None
-
-    slurm_job = wait_for(slurm_job_ended, 30, what="the Slurm job ended")
+    slurm_job = wait_slurm_job_ended(slurm_cluster, state_dir, job_id)
     runs = runs_of(state_dir, job_id, 1)
     assert len(runs) == 1 and slurm_ids_in(runs) == [slurm_job["id"]], runs
     assert log_lines(api, job_id, 0)[:1] == ["begin rank 0"]  # what it printed before the cancel
     time.sleep(2)
     assert len(runs_of(state_dir, job_id, 1)) == 1  # not run again after the restart
+
+
+def test_server_killed_within_a_stops_grace_still_kills_the_job(
+    api: httpx.Client, server: CorralServer, slurm_cluster: SlurmCluster, state_dir: Path
+) -> None:
+    """The job ignores SIGTERM; the server sent the cancel's TERM and is killed before the grace
+    ran out (its kill timer dies with it): the restarted server must still send the KILL once
+    the deadline in attempt.json has passed."""
+    command = "trap 'echo \"TERM ignored\"' TERM; " + RUN_LOGGED
+    job_id = submit(api, gang_spec("grace", command, instances=1, gpus=1, stop_grace="6s"))
+    wait_state(api, job_id, ("running", *TERMINAL), timeout_s=60)
+    wait_for(lambda: runs_of(state_dir, job_id, 1), 30, what="the job's run")
+    assert api.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 200
+    wait_for(lambda: "TERM ignored" in log_lines(api, job_id, 0), 30, what="the TERM delivered")
+    server.kill()
+    (slurm_job,) = slurm_jobs_of(slurm_cluster, state_dir, job_id, 1)
+    assert slurm_job["state"] == "RUNNING", slurm_job  # alive past the TERM: only a KILL ends it
+    server.start()
+    done = wait_state(api, job_id, TERMINAL, timeout_s=60)
+    assert done["state"] == "cancelled" and len(done["attempts"]) == 1, done
+    wait_slurm_job_ended(slurm_cluster, state_dir, job_id)
+    assert len(runs_of(state_dir, job_id, 1)) == 1
+    assert log_lines(api, job_id, 0)[0] == "begin rank 0"
