@@ -68,7 +68,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-examples", type=int, default=30, help="per operation and phase")
     parser.add_argument("--stateful-steps", type=int, default=12, help="steps per stateful scenario")
     parser.add_argument(
-        "--stateful-examples", type=int, default=150, help="stateful scenarios per suite (52 links)"
+        "--stateful-examples", type=int, default=150, help="stateful scenarios per suite (60 links)"
     )
     parser.add_argument(
         "--stateful-time",

@@ -194,3 +194,42 @@ def test_tiny_idle_timeouts_are_refused_not_a_500(server: CorralServer) -> None:
             assert r.status_code == 422 and "at least 1s" in r.text, (value, r.text)
         r = c.put(f"{API}/workspaces/policies/default", json={"default_idle_timeout": 5e-324})
         assert r.status_code == 422 and "at least 1s" in r.text, r.text
+
+
+def test_holds_and_quota_removal_are_linked_and_the_links_resolve(server: CorralServer) -> None:
+    """The stateful phase reaches today's endpoints only through declared links: hold → release
+    (and cancel), release → hold, and a group's quota row → DELETE /groups/{name}/quota. Each
+    link's JSON pointer must name a value the source's real answer holds."""
+    with httpx.Client(base_url=server.url) as c:
+        paths = c.get("/openapi.json").json()["paths"]
+
+    def links(method: str, path: str, status: str) -> dict[str, dict[str, object]]:
+        return paths[f"{API}{path}"][method]["responses"][status]["links"]
+
+    hold = links("post", "/jobs/{job_id}/hold", "200")
+    assert {"ReleaseHeldJob", "CancelHeldJob"} <= set(hold)
+    assert set(links("post", "/jobs/{job_id}/release", "200")) == {"HoldReleasedJob"}
+    assert {"HoldJob", "ReleaseJob"} <= set(links("post", "/jobs", "201"))
+    for source in (links("post", "/groups", "201"), links("put", "/groups/{name}/quota", "200")):
+        assert source["RemoveGroupQuota"]["parameters"] == {
+            "name": source["RemoveGroupQuota"]["parameters"]["name"],
+            "gpu_model": "$response.body#/quotas/0/gpu_model",
+        }
+    assert hold["ReleaseHeldJob"]["parameters"] == {"job_id": "$response.body#/job/id"}
+
+    with server.client() as c:
+        r = c.post(f"{API}/jobs", params={"hold": "true"}, json={"name": "held", "command": "true"})
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+        held = c.post(f"{API}/jobs/{job_id}/hold")
+        assert held.status_code == 200 and held.json()["job"]["id"] == job_id, held.text
+        released = c.post(f"{API}/jobs/{job_id}/release")
+        assert released.status_code == 200 and released.json()["job"]["id"] == job_id, released.text
+        c.post(f"{API}/jobs/{job_id}/cancel")
+        quota = {"gpu_model": "*", "guaranteed": 0, "max": 1}
+        r = c.post(f"{API}/groups", json={"name": "linked-quota", "quotas": [quota]})
+        assert r.status_code == 201 and r.json()["quotas"][0]["gpu_model"] == "*", r.text
+        r = c.put(f"{API}/groups/linked-quota/quota", json={"gpu_model": "A100", "max": 2})
+        model = r.json()["quotas"][0]["gpu_model"]
+        removed = c.delete(f"{API}/groups/linked-quota/quota", params={"gpu_model": model})
+        assert removed.status_code == 200 and model not in {q["gpu_model"] for q in removed.json()["quotas"]}

@@ -130,6 +130,21 @@ def _job_links() -> None:
         "200",
         {"DeleteCancelledJob": (f"DELETE {API}/jobs/{{job_id}}", job)},
     )
+    # A hold's answer is {changed, message, job}: the job's id is under `job`.
+    held = {"job_id": "$response.body#/job/id"}
+    add_links(
+        f"POST {API}/jobs/{{job_id}}/hold",
+        "200",
+        {
+            "ReleaseHeldJob": (f"POST {API}/jobs/{{job_id}}/release", held),
+            "CancelHeldJob": (f"POST {API}/jobs/{{job_id}}/cancel", held),
+        },
+    )
+    add_links(
+        f"POST {API}/jobs/{{job_id}}/release",
+        "200",
+        {"HoldReleasedJob": (f"POST {API}/jobs/{{job_id}}/hold", held)},
+    )
 
 
 def _account_links() -> None:
@@ -153,6 +168,18 @@ def _account_links() -> None:
             "AddGroupMember": (f"POST {API}/groups/{{name}}/members", group),
         },
     )
+    # A quota row the answer lists (the group's first), removed again; a group without one
+    # leaves the link's gpu_model to the fuzzer (mostly a 404 naming the model).
+    first_quota = {"gpu_model": "$response.body#/quotas/0/gpu_model"}
+    for source, status, group_param in (
+        (f"POST {API}/groups", "201", group),
+        (f"PUT {API}/groups/{{name}}/quota", "200", {"name": "$request.path.name"}),
+    ):
+        add_links(
+            source,
+            status,
+            {"RemoveGroupQuota": (f"DELETE {API}/groups/{{name}}/quota", {**group_param, **first_quota})},
+        )
     for answer in ("201", "200"):  # added, or already a member
         add_links(
             f"POST {API}/groups/{{name}}/members",
