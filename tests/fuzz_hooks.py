@@ -283,12 +283,28 @@ ACCEPTED: tuple[Accepted, ...] = (
         "a file path's limits are the filesystem's, in bytes of UTF-8 (1024 a path, 255 a part); "
         "JSON Schema counts characters (the schema bounds the path at 1024 of them)",
     ),
+    *(
+        Accepted(
+            "ST202",
+            operation,
+            "is not a time",
+            "since/until take an age, unix seconds or an ISO time; a pattern for all three in the "
+            "schema would replace this message, which says what to write, with a regex",
+        )
+        for operation in ("GET /api/v1/audit", "GET /api/v1/admin/sim-export")
+    ),
     Accepted(
         "ST202",
-        "GET /api/v1/audit",
-        "is not a time",
-        "since/until take an age, unix seconds or an ISO time; a pattern for all three in the schema "
-        "would replace this message, which says what to write, with a regex",
+        "GET /api/v1/admin/sim-export",
+        "is not a finite time",
+        "unix seconds past a float's range ('1e999') have the shape of a number; as for 'is not a "
+        "time', the forms `since` takes are a grammar the refusal names, not a pattern",
+    ),
+    Accepted(
+        "ST202",
+        "GET /api/v1/admin/sim-export",
+        "is not in the past",
+        "`since` must be before the server's clock at the request: a relation to the time, not a shape",
     ),
     Accepted(
         "ST202",
