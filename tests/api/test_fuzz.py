@@ -233,3 +233,22 @@ def test_holds_and_quota_removal_are_linked_and_the_links_resolve(server: Corral
         model = r.json()["quotas"][0]["gpu_model"]
         removed = c.delete(f"{API}/groups/linked-quota/quota", params={"gpu_model": model})
         assert removed.status_code == 200 and model not in {q["gpu_model"] for q in removed.json()["quotas"]}
+
+
+def test_a_job_asking_for_a_vanishing_cpu_share_is_scheduled(server: CorralServer) -> None:
+    """Found by bench/fuzz_api.py (server log): a job with cpus 5e-324 (positive, as the spec
+    asks) made the schedule loop fail on every tick (free CPUs / cpus is infinite, and int() of
+    it an OverflowError), so nothing queued was placed any more. Now it is placed like any job
+    (its cgroup gets the smallest CPU limit, 0.001 of a CPU)."""
+    import time
+
+    with server.client() as c:
+        r = c.post(f"{API}/jobs", json={"name": "tiny-cpu", "command": "true", "resources": {"cpus": 5e-324}})
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+        deadline = time.monotonic() + 30
+        while (state := c.get(f"{API}/jobs/{job_id}").json()["state"]) == "queued":
+            assert time.monotonic() < deadline, c.get(f"{API}/jobs/{job_id}").text
+            time.sleep(0.3)
+        assert state in ("scheduled", "starting", "running", "succeeded"), state
+        c.post(f"{API}/jobs/{job_id}/cancel")

@@ -61,7 +61,10 @@ def fit_instances(free_gpus: int, free_cpus: float, free_mem: int, req: Request)
     """How many instances of `req` fit into the given free amounts."""
     k = free_gpus // req.gpus if req.gpus > 0 else MANY
     if req.cpus > 0:
-        k = min(k, int((free_cpus + EPS) // req.cpus))
+        # Capped before int(): a CPU request the spec takes (any positive float) can be so small
+        # (5e-324) that the quotient is infinite, which int() refuses (the schedule loop failed
+        # on every tick while such a job was queued).
+        k = min(k, int(min((free_cpus + EPS) // req.cpus, MANY)))
     if req.memory_mib > 0:
         k = min(k, free_mem // req.memory_mib)
     return max(k, 0)
