@@ -261,3 +261,18 @@ def test_two_admins_setting_a_new_models_quota_at_once_take_turns(
     group = world.client.get(f"{API}/groups/vision", headers=world.as_("admin")).json()
     (quota,) = [q for q in group["quotas"] if q["gpu_model"] == "a100"]
     assert quota["guaranteed"] == 3, quota
+
+
+def test_memory_quotas_up_to_the_apis_bound_are_stored_on_either_database(world: World) -> None:
+    """bench/fuzz_api.py --postgres: a memory quota over 2**31 - 1 MiB (which the API takes, up to
+    2**40) was a 500 on PostgreSQL ("integer out of range"); the columns are 64-bit now (0030)."""
+    c, admin = world.client, world.as_("admin")
+    big = 2**40
+    r = c.post("/api/v1/groups", json={"name": "huge", "memory_guaranteed_mib": 84810021741}, headers=admin)
+    assert r.status_code == 201 and r.json()["memory_guaranteed_mib"] == 84810021741, r.text
+    r = c.put("/api/v1/groups/huge/quota", json={"memory_max_mib": big}, headers=admin)
+    assert r.status_code == 200 and r.json()["memory_max_mib"] == big, r.text
+    shown = c.get("/api/v1/groups/huge", headers=admin).json()
+    assert (shown["memory_guaranteed_mib"], shown["memory_max_mib"]) == (84810021741, big)
+    r = c.put("/api/v1/groups/huge/quota", json={"memory_max_mib": big + 1}, headers=admin)
+    assert r.status_code == 422 and "memory_max_mib" in r.text, r.text

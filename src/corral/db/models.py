@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Float,
     ForeignKey,
@@ -24,6 +25,10 @@ from corral.db.base import Base
 from corral.db.jsontypes import DiagnosisColumn, JobSpecColumn, PlacementColumn
 from corral.domain import JobDiagnosis, Placement
 from corral.spec import JobSpecV1
+
+# A 64-bit integer column: BIGINT on PostgreSQL; on SQLite, whose INTEGER is 64-bit already, the
+# INTEGER the migrations made (so that models and migrations compare equal there).
+INT64 = BigInteger().with_variant(Integer(), "sqlite")
 
 
 class User(Base):
@@ -54,8 +59,9 @@ class Group(Base):
     # limit); the guarantee is a promise, checked against the cluster and shown with the usage.
     cpus_guaranteed: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     cpus_max: Mapped[float | None] = mapped_column(Float)
-    memory_guaranteed_mib: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    memory_max_mib: Mapped[int | None] = mapped_column(Integer)
+    # 64-bit: the API takes up to 2**40 MiB, past PostgreSQL's 32-bit integer (0030).
+    memory_guaranteed_mib: Mapped[int] = mapped_column(INT64, default=0, server_default="0")
+    memory_max_mib: Mapped[int | None] = mapped_column(INT64)
 
     quotas: Mapped[list[GroupQuota]] = relationship(back_populates="group", cascade="all, delete-orphan")
     memberships: Mapped[list[Membership]] = relationship(back_populates="group", cascade="all, delete-orphan")
