@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from corral.api.pattern_words import worded
 from corral.services.auth import (
     Principal,
     authenticate_session,
@@ -120,7 +121,12 @@ RowId = Annotated[int, Path(ge=1, le=MAX_ROW_ID)]
 SEGMENT_NAME = r"^([^/.][^/]*|\.[^/.][^/]*|\.\.[^/]+)$"
 NameInPath = Annotated[str, Path(min_length=1, max_length=NAME_MAX, pattern=SEGMENT_NAME)]
 Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET)]
-UserFilter = Annotated[str | None, Query(min_length=1, max_length=NAME_MAX)]
+# A user or group filter holds no NUL, said in the schema: PostgreSQL's text cannot hold one, and
+# the database's refusal (corral.api.app's DataError handler) could name only the column, 'name'.
+NO_NUL_TEXT = worded(
+    r"^[^\x00]*$", "holds a NUL character (\\x00), which the database cannot store or search for"
+)
+UserFilter = Annotated[str | None, Query(min_length=1, max_length=NAME_MAX, pattern=NO_NUL_TEXT)]
 
 
 def fast_json(data: Any, status_code: int = 200) -> JSONResponse:
