@@ -56,3 +56,19 @@ def test_a_nul_in_a_user_or_group_filter_is_a_422_naming_that_parameter(
     (error,) = r.json()["detail"]
     assert error["loc"] == ["query", param]
     assert error["msg"].startswith(f"query parameter {param!r}") and "NUL character" in error["msg"]
+
+
+def test_the_schema_of_a_tasks_command_admits_no_nul_at_all(world: World) -> None:
+    """bench/fuzz_api.py --postgres (stateful, ST202): a command of 'Þ"' and one NUL was valid by
+    the schema and refused by the server. The pattern's non-blank character was `\\S`, which a NUL
+    is; now neither it nor the text around it may be a NUL."""
+    import re
+
+    schemas = world.client.get("/openapi.json").json()["components"]["schemas"]
+    command = re.compile(schemas["TaskV1"]["properties"]["command"]["pattern"])
+    assert [v for v in ('Þ\x98"\x00', "\x00", " \x00 ", "a\x00b", "\x00a") if command.search(v)] == []
+    assert [v for v in ("echo hi", " x ", "Þ", "sleep\t30") if not command.search(v)] == []
+    r = world.client.post(
+        f"{API}/jobs", json={"name": "n", "tasks": {"t": {"command": "\x00"}}}, headers=world.as_("alice")
+    )
+    assert r.status_code == 422 and "NUL" in r.text, r.text

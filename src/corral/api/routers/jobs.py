@@ -101,8 +101,9 @@ def spec_body_schema() -> dict[str, Any]:
     }
     props["env"] = {**props["env"], **env}
     defs["TaskV1"]["properties"]["env"] = {**defs["TaskV1"]["properties"]["env"], **env}
-    # Blanks around the command are stripped (`str_strip_whitespace`): a blank one is empty
-    defs["TaskV1"]["properties"]["command"]["pattern"] = r"^[^\x00]*\S[^\x00]*$"  # and no NUL
+    # Blanks around the command are stripped (`str_strip_whitespace`): a blank one is empty. No
+    # NUL either, not even as the one non-blank character (\S alone matches a NUL).
+    defs["TaskV1"]["properties"]["command"]["pattern"] = r"^[^\x00]*[^\s\x00][^\x00]*$"
     props["tasks"]["propertyNames"] = {"pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"}
     props["environment"] = {**props["environment"], "pattern": ENVIRONMENT_REF_PATTERN}
     # "workspace" jobs are made by POST /workspaces (and .../start); this route refuses them
