@@ -72,6 +72,14 @@ ACCEPTED: tuple[Accepted, ...] = (
         "the 404 names a model the generated body asks to mount (`models`), not the template just "
         "published: that one exists (the link feeds its name and version)",
     ),
+    Accepted(
+        "ST302",
+        "POST /api/v1/templates/{name}/use",
+        "has no version",
+        "the 404 names the version the body asks for, not the template just published (which exists, "
+        "and whose name the link fed): schemathesis applies a link's body (UseTemplate's `version`) "
+        "only on some draws and generates it on the others",
+    ),
     # The request size limit (corral.api.limits), before any route.
     Accepted(
         "ST202",
