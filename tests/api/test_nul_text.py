@@ -80,3 +80,30 @@ def test_a_nul_anywhere_in_a_job_spec_is_a_422_naming_it(
     assert r.json()["detail"][0]["loc"] == loc and "holds a NUL character" in r.json()["detail"][0]["msg"], (
         r.text
     )
+
+
+def test_a_webhook_address_with_a_control_character_is_refused_and_never_breaks_paging(
+    world: World,
+) -> None:
+    """bench/fuzz_api.py (stateful, admin): a webhook contact 'https://\\x10...' matched the
+    address pattern (a control character is no blank) and was stored; httpx refuses such a URL,
+    so every page view showing it was a 500 and the paging loop failed on every tick. Now the
+    schema's pattern and the service refuse it (422 naming the field), and an address stored
+    before is shown as not a URL and fails its delivery only."""
+    from corral.db.oncall_models import Page, PageNotification
+    from corral.monitor.pager import ChannelError, Outgoing, post_webhook
+    from corral.services.oncall import shown_url
+
+    for address in ("https://a\x10b/hook", "http://host/p\x7fq"):
+        r = world.client.post(
+            "/api/v1/users/alice/contacts",
+            json={"kind": "webhook", "address": address},
+            headers=world.as_("alice"),
+        )
+        assert r.status_code == 422, r.text
+        assert [e["loc"] for e in r.json()["detail"]] == [["body", "address"]]
+    stored = "https://a\x10b/hook"
+    assert shown_url(stored) == "(not a valid URL)"
+    note = PageNotification(kind="webhook", address=stored, round=0, step=0)
+    with pytest.raises(ChannelError, match=r"POST \(not a valid URL\): Invalid non-printable"):
+        post_webhook(Outgoing(note, Page(), "alice", "http://ack", 0.0))

@@ -155,7 +155,7 @@ def post_webhook(out: Outgoing) -> None:
     scheme://host:port/... only: a Slack/Mattermost webhook's path is its credential."""
     try:
         response = httpx.post(out.note.address, json=webhook_body(out), timeout=10.0)
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL: not an HTTPError
         raise ChannelError(f"POST {shown_url(out.note.address)}: {exc}") from exc
     if response.status_code >= 300:
         status = f"HTTP {response.status_code} {response.text[:200]}"

@@ -75,7 +75,10 @@ def shown_url(url: str) -> str:
     (`corral alert channels`, which every member may read, the pages every person they notified
     may read, and the log): scheme, host and port. The path of a chat webhook is its credential
     (https://hooks.slack.com/services/T000/B000/XXXX), and a user:password may precede the host."""
-    parsed = httpx.URL(url)
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:  # one stored before check_address refused such URLs
+        return "(not a valid URL)"
     port = f":{parsed.port}" if parsed.port is not None else ""
     return f"{parsed.scheme}://{url_host(parsed.host)}{port}/..."
 
@@ -88,6 +91,11 @@ def check_address(kind: str, address: str) -> str:
         raise Invalid(f"{address!r} is not an email address", ("body", "address"))
     if kind != "email" and not re.match(r"^https?://[^\s/]+", address):
         raise Invalid(f"a {kind} contact needs an http(s):// URL, not {address!r}", ("body", "address"))
+    if kind != "email":
+        try:  # what the paging loop will POST to: a control character is no URL
+            httpx.URL(address)
+        except httpx.InvalidURL as exc:
+            raise Invalid(f"{address!r} is not a URL a {kind} can be sent to: {exc}", ("body", "address"))
     return address
 
 

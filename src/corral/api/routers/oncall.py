@@ -194,8 +194,9 @@ class ContactIn(_In):
     address: str = Field(
         min_length=3,
         max_length=1024,
+        # A URL holds no control character (httpx, which the paging loop POSTs with, refuses one).
         pattern=worded(
-            rf"^(https?://[^\s/]+\S*|{EMAIL_PATTERN[1:-1]})$",
+            rf"^(https?://[^\s/\x00-\x1f\x7f]+[^\s\x00-\x1f\x7f]*|{EMAIL_PATTERN[1:-1]})$",
             "is neither an email address nor an http(s):// URL",
         ),
         description="an email address (kind email) or an http(s):// URL (webhook, slack)",
