@@ -72,3 +72,23 @@ def test_the_schema_of_a_tasks_command_admits_no_nul_at_all(world: World) -> Non
         f"{API}/jobs", json={"name": "n", "tasks": {"t": {"command": "\x00"}}}, headers=world.as_("alice")
     )
     assert r.status_code == 422 and "NUL" in r.text, r.text
+
+
+@pytest.mark.parametrize(
+    ("path", "param"),
+    [
+        (f"{API}/secrets", "group"),
+        (f"{API}/oncall/now", "schedule"),
+        (f"{API}/audit", "actor"),
+        (f"{API}/audit", "action"),
+        (f"{API}/audit", "target"),
+    ],
+)
+def test_a_nul_in_any_other_text_filter_is_a_422_naming_it(world: World, path: str, param: str) -> None:
+    """bench/fuzz_api.py --postgres, after the user/group filters: GET /secrets?group=<a NUL> was
+    the database's refusal naming the column 'name'. Every text filter that reaches a query now
+    says no NUL in the schema, and the 422 names the parameter."""
+    r = world.client.get(path, params={param: "vi\x00sion"}, headers=world.as_("admin"))
+    assert r.status_code == 422, r.text
+    (error,) = r.json()["detail"]
+    assert error["loc"] == ["query", param] and "NUL character" in error["msg"]

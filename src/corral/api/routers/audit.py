@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
-from corral.api.deps import DB, Admin, fast_json
+from corral.api.deps import DB, NO_NUL_TEXT, Admin, fast_json
 from corral.services import audit as svc
 
 router = APIRouter(tags=["audit"])
@@ -48,11 +48,16 @@ def split_target(target: str | None) -> tuple[str | None, str | None]:
 def list_audit(
     db: DB,
     _admin: Admin,
-    actor: Annotated[str | None, Query(description="exact user name, or system:<loop>")] = None,
-    action: Annotated[
-        str | None, Query(description="action or dotted prefix, e.g. 'group' or 'token.create'")
+    actor: Annotated[
+        str | None, Query(description="exact user name, or system:<loop>", pattern=NO_NUL_TEXT)
     ] = None,
-    target: Annotated[str | None, Query(description="KIND or KIND:ID, e.g. 'node' or 'group:vision'")] = None,
+    action: Annotated[
+        str | None,
+        Query(description="action or dotted prefix, e.g. 'group' or 'token.create'", pattern=NO_NUL_TEXT),
+    ] = None,
+    target: Annotated[
+        str | None, Query(description="KIND or KIND:ID, e.g. 'node' or 'group:vision'", pattern=NO_NUL_TEXT)
+    ] = None,
     since: Annotated[
         str | None,
         Query(description="age such as '7d' or '12h', unix seconds, or ISO time", max_length=64),

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from corral.api.deps import DB, CurrentUser, NameInPath, RowId, fast_json
+from corral.api.deps import DB, NO_NUL_TEXT, CurrentUser, NameInPath, RowId, fast_json
 from corral.api.pattern_words import worded
 from corral.api.schemas import BooleansApart
 from corral.services import oncall as svc
@@ -223,7 +223,9 @@ class ContactsOut(BaseModel):
 
 @router.get("/oncall/now", response_model=list[WhoOut])
 def on_call_now(
-    db: DB, _: CurrentUser, schedule: Annotated[str | None, Query(min_length=1, max_length=64)] = None
+    db: DB,
+    _: CurrentUser,
+    schedule: Annotated[str | None, Query(min_length=1, max_length=64, pattern=NO_NUL_TEXT)] = None,
 ) -> Any:
     """Who is on call now, per schedule (or for one), until when, and who is next."""
     return fast_json(svc.who_is_on_call(db, schedule, time.time()))

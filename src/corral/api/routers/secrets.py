@@ -11,7 +11,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from corral.api.deps import DB, CurrentUser, fast_json
+from corral.api.deps import DB, NO_NUL_TEXT, CurrentUser, fast_json
 from corral.api.schemas import RequestBody
 from corral.services import secrets as svc
 from corral.services.errors import Invalid
@@ -22,6 +22,7 @@ GroupQuery = Query(
     None,
     min_length=1,
     max_length=64,
+    pattern=NO_NUL_TEXT,
     description="a group's secret instead of your own (set/delete: its admins)",
 )
 
