@@ -107,3 +107,21 @@ def test_a_webhook_address_with_a_control_character_is_refused_and_never_breaks_
     note = PageNotification(kind="webhook", address=stored, round=0, step=0)
     with pytest.raises(ChannelError, match=r"POST \(not a valid URL\): Invalid non-printable"):
         post_webhook(Outgoing(note, Page(), "alice", "http://ack", 0.0))
+
+
+def test_a_template_values_key_with_a_nul_is_outside_the_schema_and_refused(world: World) -> None:
+    """bench/fuzz_api.py --postgres (stateful, ST202): POST /templates/{name}/use with a NUL in a
+    key of `values` was schema-valid (the no-NUL pattern covered the values only) and refused.
+    The schema's propertyNames now say it; the refusal names 'values'."""
+    import re
+
+    schemas = world.client.get("/openapi.json").json()["components"]["schemas"]
+    names = re.compile(schemas["UseIn"]["properties"]["values"]["propertyNames"]["pattern"])
+    assert names.search("msg") and not names.search("m\x00sg")
+    spec = "name: x\ncommand: echo ${msg}\nparameters:\n  msg: {type: string, default: hi}\n"
+    r = world.client.post("/api/v1/templates", json={"name": "t", "spec": spec}, headers=world.as_("alice"))
+    assert r.status_code == 201, r.text
+    r = world.client.post(
+        "/api/v1/templates/t/use", json={"values": {"m\x00sg": "x"}}, headers=world.as_("alice")
+    )
+    assert r.status_code == 422 and "'values' holds a NUL" in r.text, r.text

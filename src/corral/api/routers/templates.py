@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Query, Request, Response, status
 from pydantic import ConfigDict, Field
 
 from corral.api.deps import DB, MAX_ROW_ID, CurrentUser, fast_json
-from corral.api.schemas import RequestBody
+from corral.api.schemas import NO_NUL_PATTERN, RequestBody
 from corral.catalog import templates as svc
 from corral.catalog.access import NAME_PATTERN
 from corral.catalog.model_mounts import SANDBOX_MODELS
@@ -55,7 +55,11 @@ class PublishIn(_In):
 
 
 class UseIn(_In):
-    values: dict[str, Value] = Field(default_factory=dict, max_length=64)
+    # A parameter's name holds no NUL (refused, 422 naming 'values'), said in the schema: the
+    # no-NUL pattern RequestBody gives strings covers the values, not the keys.
+    values: dict[str, Value] = Field(
+        default_factory=dict, max_length=64, json_schema_extra={"propertyNames": {"pattern": NO_NUL_PATTERN}}
+    )
     version: int | None = Field(None, ge=1, le=1_000_000_000)
     models: list[Annotated[str, Field(pattern=MODEL_REF)]] = Field(
         default_factory=list,
