@@ -27,6 +27,22 @@ def slurm_engine(cluster: SlurmCluster, state_dir: Path | None = None, **kwargs:
     )
 
 
+def server_env(cluster: SlurmCluster, state_dir: Path, storage_root: Path | None = None) -> dict[str, str]:
+    """A Corral server's settings on `cluster`, as a deployment would set it up (the same user map,
+    GPU device files and command timeout as `slurm_engine`); a test adds its own to them.
+    `storage_root`: default a fresh dir the job accounts can reach."""
+    storage = storage_root or cluster.new_state_dir() / "storage"
+    return {
+        "CORRAL_ENGINE": "slurm",
+        "CORRAL_SLURM_CONF": str(cluster.conf),
+        "CORRAL_SLURM_TIMEOUT_S": "15",
+        "CORRAL_SLURM_STATE_DIR": str(state_dir),
+        "CORRAL_STORAGE_ROOT": str(storage),
+        "CORRAL_SLURM_USER_MAP": str(cluster.user_map),
+        "CORRAL_SLURM_GPU_DEVICE": cluster.gpu_device,
+    }
+
+
 def instance(
     node: str,
     command: str,

@@ -18,6 +18,7 @@ from tests.server_fixture import get_job as job
 from tests.server_fixture import submit_spec as submit
 from tests.slurm.conftest import cleanup_cluster
 from tests.slurm.harness import SlurmCluster
+from tests.slurm.helpers import server_env
 from tests.slurm.test_slurm_e2e import (
     RUN_THEN_WAIT,
     live_jobs,
@@ -43,12 +44,7 @@ def server(
     srv: CorralServer = start_server(
         tmp_path_factory.mktemp("slurm-ahead") / "home",
         extra_env={
-            "CORRAL_ENGINE": "slurm",
-            "CORRAL_SLURM_CONF": str(slurm_cluster.conf),
-            "CORRAL_SLURM_STATE_DIR": str(state_dir),
-            "CORRAL_STORAGE_ROOT": str(slurm_cluster.new_state_dir() / "storage"),
-            "CORRAL_SLURM_USER_MAP": str(slurm_cluster.user_map),
-            "CORRAL_SLURM_GPU_DEVICE": slurm_cluster.gpu_device,
+            **server_env(slurm_cluster, state_dir),
             "CORRAL_CPU_JOBS_ON_GPU_NODES": "true",  # the harness's nodes all have GPUs
             "CORRAL_SLURM_QUEUE_AHEAD": "1",
         },

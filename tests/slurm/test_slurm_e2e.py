@@ -30,6 +30,7 @@ from tests.server_fixture import get_job as job
 from tests.server_fixture import submit_spec as submit
 from tests.slurm.conftest import cleanup_cluster
 from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster
+from tests.slurm.helpers import server_env
 
 pytestmark = pytest.mark.slurm
 
@@ -59,13 +60,7 @@ def server(
     srv = start_server(
         tmp_path_factory.mktemp("slurm-e2e") / "home",
         extra_env={
-            "CORRAL_ENGINE": "slurm",
-            "CORRAL_SLURM_CONF": str(slurm_cluster.conf),
-            "CORRAL_SLURM_TIMEOUT_S": "15",
-            "CORRAL_SLURM_STATE_DIR": str(state_dir),
-            "CORRAL_STORAGE_ROOT": str(slurm_cluster.new_state_dir() / "storage"),  # shared, passable
-            "CORRAL_SLURM_USER_MAP": str(slurm_cluster.user_map),
-            "CORRAL_SLURM_GPU_DEVICE": slurm_cluster.gpu_device,
+            **server_env(slurm_cluster, state_dir),
             "PGPASSWORD": DB_PASSWORD,  # a database password in the server's environment
         },
     )

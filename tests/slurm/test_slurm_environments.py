@@ -26,6 +26,7 @@ from tests.environments.wheels import make_wheel
 from tests.server_fixture import CorralServer, group_member_clients, start_server
 from tests.slurm.conftest import cleanup_cluster
 from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster
+from tests.slurm.helpers import server_env
 
 pytestmark = pytest.mark.slurm
 PKG = "corraltestpkg"
@@ -40,13 +41,7 @@ def server(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
     srv = start_server(
         tmp_path_factory.mktemp("slurm-envs") / "home",
         extra_env={
-            "CORRAL_ENGINE": "slurm",
-            "CORRAL_SLURM_CONF": str(slurm_cluster.conf),
-            "CORRAL_SLURM_TIMEOUT_S": "15",
-            "CORRAL_SLURM_STATE_DIR": str(slurm_cluster.new_state_dir()),
-            "CORRAL_STORAGE_ROOT": str(slurm_cluster.new_state_dir() / "storage"),
-            "CORRAL_SLURM_USER_MAP": str(slurm_cluster.user_map),
-            "CORRAL_SLURM_GPU_DEVICE": slurm_cluster.gpu_device,
+            **server_env(slurm_cluster, slurm_cluster.new_state_dir()),
             "CORRAL_ENV_FIND_LINKS": str(wheels),
             # Build jobs are CPU jobs and every node of the test cluster has GPUs (on Slurm CPU
             # jobs keep off GPU nodes by default): a site without CPU nodes sets this too.

@@ -30,6 +30,7 @@ from tests.server_fixture import get_job as job
 from tests.server_fixture import submit_spec as submit
 from tests.slurm.conftest import cleanup_cluster
 from tests.slurm.harness import SlurmCluster
+from tests.slurm.helpers import server_env
 from tests.slurm.test_slurm_e2e import LIVE, TERMINAL, gang_spec, logs, release, runs_of, slurm_jobs_of
 
 pytestmark = pytest.mark.slurm
@@ -54,13 +55,7 @@ def server(
     srv = start_server(
         tmp_path_factory.mktemp("slurm-kill") / "home",
         extra_env={
-            "CORRAL_ENGINE": "slurm",
-            "CORRAL_SLURM_CONF": str(slurm_cluster.conf),
-            "CORRAL_SLURM_TIMEOUT_S": "15",
-            "CORRAL_SLURM_STATE_DIR": str(state_dir),
-            "CORRAL_STORAGE_ROOT": str(slurm_cluster.new_state_dir() / "storage"),
-            "CORRAL_SLURM_USER_MAP": str(slurm_cluster.user_map),
-            "CORRAL_SLURM_GPU_DEVICE": slurm_cluster.gpu_device,
+            **server_env(slurm_cluster, state_dir),
         },
     )
     try:

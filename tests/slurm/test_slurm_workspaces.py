@@ -42,7 +42,7 @@ from corral.workspaces.activity import last_activity
 from tests.server_fixture import CorralServer, start_server, submit_spec, wait_for, wait_state
 from tests.slurm.conftest import cleanup_cluster
 from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster, free_port
-from tests.slurm.helpers import slurm_engine
+from tests.slurm.helpers import server_env, slurm_engine
 from tests.support import require_binary
 from tests.workspaces.kernel_client import run_in_kernel
 
@@ -100,13 +100,7 @@ def world(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory)
     server = start_server(
         tmp / "home",
         extra_env={
-            "CORRAL_ENGINE": "slurm",
-            "CORRAL_SLURM_CONF": str(slurm_cluster.conf),
-            "CORRAL_SLURM_TIMEOUT_S": "15",
-            "CORRAL_SLURM_STATE_DIR": str(shared / "state"),
-            "CORRAL_STORAGE_ROOT": str(shared / "storage"),
-            "CORRAL_SLURM_USER_MAP": str(slurm_cluster.user_map),
-            "CORRAL_SLURM_GPU_DEVICE": slurm_cluster.gpu_device,
+            **server_env(slurm_cluster, shared / "state", shared / "storage"),
             "CORRAL_SSH_GATEWAY_PORT": str(ssh_port),
             "CORRAL_WORKSPACE_VENV": str(workspace_venv(shared)),
             # the idle test's short timeout takes effect within seconds (a workspace with no GPU
