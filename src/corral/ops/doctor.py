@@ -318,15 +318,11 @@ def check_http(name: str, url: str | None, variable: str, unit: str | None = Non
 
 
 def slurm_cli() -> SlurmCli:
-    """The Slurm client tools as the engine runs them: CORRAL_SLURM_CONF (as SLURM_CONF) and
-    CORRAL_SLURM_TIMEOUT_S (engine/slurm/engine.py `from_settings`), not this shell's SLURM_CONF."""
-    from corral.engine.slurm.cli import SlurmCli
+    """The Slurm client tools as the engine runs them (CORRAL_SLURM_CONF, not this shell's
+    SLURM_CONF); a timeout that is no number gives the default here (the server refuses it)."""
+    from corral.engine.slurm.engine import cli_from_env
 
-    try:
-        timeout_s = float(os.environ.get("CORRAL_SLURM_TIMEOUT_S") or 20.0)
-    except ValueError:
-        timeout_s = 20.0  # the server refuses it at start-up; the probe still runs
-    return SlurmCli(os.environ.get("CORRAL_SLURM_CONF") or None, timeout_s=timeout_s)
+    return cli_from_env(strict=False)
 
 
 def _conf_hint() -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Collection, Sequence
 
 from sqlalchemy import select
@@ -43,6 +42,7 @@ from corral.services.lifecycle import (
     settle_lost_work,
 )
 from corral.services.nodes import live_on
+from corral.services.views import utc_text
 
 log = logging.getLogger("corral.server.nodes")
 LIVE_ATTEMPT_STATES = frozenset(s.value for s in AttemptState if not s.finished)
@@ -95,7 +95,7 @@ def _returned(session: Session, name: str) -> str | None:
     if removed is None:
         return None
     session.delete(removed)
-    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(removed.removed_at))
+    when = utc_text(removed.removed_at)
     why = (
         f"removed by {removed.removed_by or 'an admin'} at {when}, reported again by the engine: "
         "cordoned until an admin uncordons it (or takes it out of the engine and removes it again)"

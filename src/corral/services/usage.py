@@ -17,7 +17,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from enum import StrEnum
 
 from sqlalchemy import and_, or_, select
@@ -29,6 +28,7 @@ from corral.services.auth import Principal
 from corral.services.errors import Invalid
 from corral.services.jobs import visibility
 from corral.services.lifecycle import AttemptState
+from corral.services.views import utc_text
 
 DEFAULT_PERIOD_S = 30 * 86400.0
 LIVE_ATTEMPT_STATES = tuple(s.value for s in AttemptState if not s.finished)
@@ -79,16 +79,13 @@ def placed_resources(placement: Iterable[InstancePlacement]) -> tuple[int, float
     return sum(len(p.gpu_indices) for p in placement), sum(p.cpus for p in placement)
 
 
-def _utc(ts: float) -> str:
-    """A time as people read it: `corral usage --since 2026-12-01` was told '(1796083200)'."""
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
 def check_period(since: float | None, until: float | None, now: float) -> tuple[float, float]:
     until = now if until is None else until
     since = until - DEFAULT_PERIOD_S if since is None else since
     if since >= until:
-        raise Invalid(f"'since' ({_utc(since)}) must be before 'until' ({_utc(until)})", ("query", "since"))
+        raise Invalid(
+            f"'since' ({utc_text(since)}) must be before 'until' ({utc_text(until)})", ("query", "since")
+        )
     return since, until
 
 

@@ -136,6 +136,8 @@ def hold_event_text(principal_name: str, as_admin: bool) -> str:
 
 
 def utc_text(at: float) -> str:
+    """A time as people read it in messages: "2026-11-30 00:20:05 UTC" (`corral usage --since
+    2026-12-01` was once told '(1796083200)')."""
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
 
 

@@ -49,6 +49,7 @@ GANG_GRACE_S = 10.0  # after one instance failed, how long the others get to end
 # How often the server's reconcile loop polls this engine (one squeue for all live attempts, about
 # 25 ms): Corral frees a job's resources only once squeue says it ended, so at 20 jobs/s on 12
 # slots the default 0.1 s of the local engine kept slots idle in Corral's view (docs/slurm.md).
+DEFAULT_TIMEOUT_S = 20.0  # per Slurm command (CORRAL_SLURM_TIMEOUT_S)
 DEFAULT_POLL_INTERVAL_S = 0.04
 # How many node-fulls of CPU jobs may wait in Slurm's queue behind the running ones (server/ahead.py):
 # Slurm starts a waiting job the moment a slot frees. Corral counts a job against this from its
@@ -94,6 +95,20 @@ def _env_float(name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not a number")
+
+
+def cli_from_env(*, strict: bool = True) -> SlurmCli:
+    """The Slurm client tools as `from_settings`'s engine runs them: CORRAL_SLURM_CONF as their
+    SLURM_CONF, CORRAL_SLURM_TIMEOUT_S per command (`corral doctor`'s probes). A timeout that is no
+    number: ValueError naming the variable, or with `strict` False the default (doctor still
+    probes; the server refuses it at start-up)."""
+    try:
+        timeout_s = _env_float("CORRAL_SLURM_TIMEOUT_S", DEFAULT_TIMEOUT_S)
+    except ValueError:
+        if strict:
+            raise
+        timeout_s = DEFAULT_TIMEOUT_S
+    return SlurmCli(os.environ.get("CORRAL_SLURM_CONF") or None, timeout_s=timeout_s)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -205,7 +220,7 @@ class SlurmEngine(Submission):
             slurm_conf=env.get("CORRAL_SLURM_CONF") or None,
             partition=env.get("CORRAL_SLURM_PARTITION") or None,
             gpu_model=settings.gpu_model,
-            timeout_s=_env_float("CORRAL_SLURM_TIMEOUT_S", 20.0),
+            timeout_s=_env_float("CORRAL_SLURM_TIMEOUT_S", DEFAULT_TIMEOUT_S),
             user_map=UserMap.from_env(),
             gpu_device=env.get("CORRAL_SLURM_GPU_DEVICE") or scripts.DEFAULT_GPU_DEVICE,
             storage_root=settings.storage_path,
