@@ -75,6 +75,10 @@ class PendingReason:
 # GPUs are free: its diagnosis gives no estimated start (the scheduler cannot tell when the group's
 # or the user's own running jobs will free enough, or the group free storage), only that reason.
 HELD_CODES = frozenset({"user_cap", "quota_exhausted", "quota_max", "storage_quota"})
+# The reason of a job on hold (`corral hold`, services.views.effective_diagnosis): its only reason,
+# never the scheduler's (a held job is no input to it). Held too, as Slurm's and Kueue's users read
+# "held": no time by design, until someone releases it.
+ON_HOLD_CODE = "on_hold"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +94,15 @@ class JobDiagnosis:
 
     @property
     def held(self) -> bool:
-        """Held back by its group's quota (GPUs or storage) or its user's cap (no estimated start,
-        by design)."""
-        return any(r.code in HELD_CODES for r in self.reasons)
+        """No estimated start, by design: on hold (`corral hold`: reason `on_hold`, until it is
+        released) or held back by its group's quota (GPUs or storage) or its user's cap (a
+        HELD_CODES reason, until its group's or user's own jobs free enough). The reasons say which."""
+        return any(r.code in HELD_CODES or r.code == ON_HOLD_CODE for r in self.reasons)
+
+    @property
+    def on_hold(self) -> bool:
+        """Held by someone (`corral hold`), not by a quota or cap."""
+        return any(r.code == ON_HOLD_CODE for r in self.reasons)
 
 
 class PendingReasonJSON(TypedDict):

@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+from corral.cli.jobs import start_line
 from corral.sdk import Client
 from tests.api.conftest import World
 from tests.api.helpers import add_node, make_running
@@ -39,7 +40,10 @@ def test_submit_hold_and_what_ls_show_why_logs_say(world: World, server_url: str
     for command in ("show", "why"):
         code, out = run(world, server_url, "alice", command, str(job))
         assert code == 0 and re.search(rf"why pending: {held}\s+\(on_hold, hold\)", out), out
-        assert "estimated start: none while it is held" in out and "queue position" not in out, out
+        assert "estimated start: none while it is held (see why pending)" in out, out
+        assert "queue position" not in out and "quota or cap" not in out, out
+    code, out = run(world, server_url, "alice", "why", str(job), "-o", "json")
+    assert code == 0 and json.loads(out)["diagnosis"]["held"] is True, out
     code, out = run(world, server_url, "alice", "logs", str(job))
     assert code == 0 and re.search(rf"job {job} is queued: {held}", out), out
     assert "estimated start" not in out
@@ -114,3 +118,12 @@ def test_events_lists_a_jobs_history(world: World, server_url: str, tmp_path: Pa
     assert [e["kind"] for e in json.loads(out)] == ["transition", "hold", "release"]
     code, out = run(world, server_url, "carol", "events", str(job))
     assert code == 1 and "belongs to another user" in out, out
+
+
+def test_the_start_line_tells_a_hold_from_a_quota_or_cap() -> None:
+    """`held` is true for both (no time by design): the reason's code says which kind."""
+    on_hold = {"held": True, "reasons": [{"code": "on_hold", "source": "hold", "message": "held by ann"}]}
+    by_quota = {"held": True, "reasons": [{"code": "quota_max", "source": "quota", "message": "waits"}]}
+    assert start_line(on_hold) == "none while it is held (see why pending)"
+    assert start_line(by_quota) == "none while it is held back by its quota or cap (see why pending)"
+    assert start_line({"held": False, "reasons": [], "estimated_start": None}) == "unknown"

@@ -62,14 +62,18 @@ def test_the_owner_holds_and_releases_with_events_and_no_audit_entry(world: Worl
         HELD_TEXT.format(user="alice", job=job), reason["message"]
     )
     assert diagnosis["queue_position"] is None and diagnosis["estimated_start"] is None
+    assert diagnosis["held"] is True  # "held" as Slurm's users read it: the reason says by whom
+    assert body["job"]["diagnosis"]["held"] is True
     assert shown["created_at"] == body["job"]["created_at"]  # its submit time is kept
     logs = world.client.get(f"{JOBS}/{job}/logs", headers=world.as_("alice")).json()
     assert re.fullmatch(
         f"job {job} is queued: " + HELD_TEXT.format(user="alice", job=job), logs["waiting"]["message"]
     )
     assert logs["waiting"]["queue_position"] is None and logs["waiting"]["estimated_start"] is None
+    assert logs["waiting"]["held"] is True
     listed = world.client.get(JOBS, headers=world.as_("alice")).json()["items"]
     assert [j["hold"]["by"] for j in listed] == ["alice"]
+    assert [j["diagnosis"]["held"] for j in listed] == [True]
 
     again = hold(world, job, "alice")  # a repeat: 200, says so, writes nothing
     assert again.status_code == 200 and again.json()["changed"] is False
@@ -80,6 +84,8 @@ def test_the_owner_holds_and_releases_with_events_and_no_audit_entry(world: Worl
     assert r.status_code == 200 and r.json()["changed"] is True, r.text
     assert r.json()["message"] == f"job {job} released: it is queued again"
     assert r.json()["job"]["hold"] is None and r.json()["job"]["diagnosis"] is None
+    waiting = world.client.get(f"{JOBS}/{job}/logs", headers=world.as_("alice")).json()["waiting"]
+    assert waiting["held"] is False and waiting["reasons"] == []  # released: not held any more
     r = release(world, job, "alice")  # not held: 200, nothing changed
     assert r.status_code == 200 and r.json() == {
         **r.json(),
@@ -162,3 +168,13 @@ def test_submit_held(world: World) -> None:
     assert r.json()["hold"] is None
     r = world.client.post(JOBS, json=SIMPLE_JOB, headers=world.as_("alice"), params={"hold": "maybe"})
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "hold"], r.text
+
+
+def test_the_openapi_says_what_held_means(world: World) -> None:
+    """`held` in a diagnosis and a log's waiting status: on hold or held back by a quota or cap,
+    told apart by the reasons: what an API user reads, in both places."""
+    schemas = world.client.get("/openapi.json").json()["components"]["schemas"]
+    for name in ("DiagnosisOut", "corral__api__schemas__WaitingOut"):  # (the workspaces have one too)
+        described = schemas[name]["properties"]["held"]["description"]
+        assert "on hold" in described and "`on_hold`" in described, (name, described)
+        assert "quota" in described and "`user_cap`" in described, (name, described)

@@ -175,6 +175,14 @@ class PendingReasonOut(BaseModel):
     message: str
 
 
+# `held` as Slurm's and Kueue's users read it: no time by design. The reasons say which kind.
+HELD_DESCRIPTION = (
+    "no estimated start by design: on hold (`corral hold`; reason `on_hold`, until it is released) "
+    "or held back by its group's quota or its user's cap (reason `quota_exhausted`, `quota_max`, "
+    "`storage_quota` or `user_cap`, until the group's or user's own jobs free enough)"
+)
+
+
 class DiagnosisOut(BaseModel):
     """Why a queued job waits (corral.domain.JobDiagnosis)."""
 
@@ -183,7 +191,7 @@ class DiagnosisOut(BaseModel):
     estimated_start: float | None  # None: cannot tell, or held (see `held`)
     unschedulable: bool
     start_range: list[float] | None = None  # [early, late]: runtimes at their 25th/75th percentile
-    held: bool = False  # waits for its group's quota or its user's cap: no time by design
+    held: bool = Field(False, description=HELD_DESCRIPTION)
 
 
 class RuntimeEstimateOut(BaseModel):
@@ -305,7 +313,7 @@ class WaitingOut(BaseModel):
     estimated_start: float | None
     unschedulable: bool
     start_range: list[float] | None = None
-    held: bool = False
+    held: bool = Field(False, description=HELD_DESCRIPTION)
 
 
 class LogsOut(BaseModel):

@@ -268,9 +268,9 @@ def start_line(diag: dict[str, Any]) -> str:
     """ "2026-11-28 03:10 (in ~2 h 10 min (likely 1 h 30 min to 3 h))", or why there is none."""
     if diag.get("unschedulable"):
         return "never, as the cluster stands"
-    if any(r.get("code") == "on_hold" for r in diag.get("reasons", [])):
-        return "none while it is held (see why pending)"
-    if diag.get("held"):
+    if diag.get("held"):  # on hold, or held back by its quota or cap: the reasons say which
+        if any(r.get("code") == "on_hold" for r in diag.get("reasons", [])):
+            return "none while it is held (see why pending)"
         return "none while it is held back by its quota or cap (see why pending)"
     est = diag.get("estimated_start")
     if est is None:

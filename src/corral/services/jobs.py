@@ -699,7 +699,8 @@ def waiting_status(job: Job) -> WaitingStatus | None:
     estimate = diagnosis.estimated_start if diagnosis is not None else None
     unschedulable = diagnosis is not None and diagnosis.unschedulable
     start_range = diagnosis.start_range if diagnosis is not None else None
-    held = diagnosis is not None and diagnosis.held
+    held = diagnosis is not None and diagnosis.held  # on hold, or held back by its quota or cap
+    on_hold = diagnosis is not None and diagnosis.on_hold
     if state is JobState.QUEUED:
         why = "; ".join(r.message for r in reasons) or "the scheduler has not looked at it yet"
         parts = [f"job {job.id} is queued: {why}"]
@@ -707,7 +708,7 @@ def waiting_status(job: Job) -> WaitingStatus | None:
             parts.append(f"position {position} in the queue")
         if unschedulable:
             parts.append("it cannot run on the cluster as it stands")
-        elif held:
+        elif held and not on_hold:  # a hold's own reason says so, naming its release
             parts.append("no estimated start while it is held back")
         elif estimate is not None:
             parts.append(f"estimated start {start_text(estimate, start_range, time.time())}")

@@ -14,6 +14,7 @@ from sqlalchemy.orm import object_session
 from corral.db.diag_models import AttemptDiagnosis, HangWatch, NodeFlag
 from corral.db.models import Attempt, Group, Job, JobEvent, Node, User
 from corral.domain import (
+    ON_HOLD_CODE,
     InstancePlacementJSON,
     JobDiagnosis,
     JobDiagnosisJSON,
@@ -112,9 +113,6 @@ class HoldView(TypedDict):
     by: str
     at: float
     admin: bool  # an admin's hold: only an admin releases it
-
-
-ON_HOLD_CODE = "on_hold"  # the reason of a held job's diagnosis (the scheduler never sees it)
 
 
 def is_held(job: Job) -> bool:

@@ -199,10 +199,11 @@ function reasonItem(r) {
   return h("li", { title: code || undefined, "data-code": r.code }, r.message || r.code || "reason");
 }
 
-// The estimated start with its uncertainty, or why there is none (on hold, or held by quota or cap).
+// The estimated start with its uncertainty, or why there is none: `held` (no time by design) is a job
+// on hold (reason on_hold) or one held back by its quota or cap; its reasons say which.
 function startCell(d) {
   if (d.unschedulable) return "never, as the cluster stands";
-  if ((d.reasons || []).some((r) => r.code === "on_hold")) return h("span", { class: "muted" }, "none while it is held (see below)");
+  if (d.held && (d.reasons || []).some((r) => r.code === "on_hold")) return h("span", { class: "muted" }, "none while it is held (see below)");
   if (d.held) return h("span", { class: "muted" }, "none while it is held back by its quota or cap (see below)");
   if (d.estimated_start == null) return "unknown";
   const r = d.start_range;
