@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from corral.db.audit_models import AuditRecord
 from corral.db.models import Job
+from corral.services import accounts, auth
 from tests.api.conftest import SIMPLE_JOB, World
 from tests.api.helpers import add_node, make_running
 
@@ -178,3 +179,43 @@ def test_the_openapi_says_what_held_means(world: World) -> None:
         described = schemas[name]["properties"]["held"]["description"]
         assert "on hold" in described and "`on_hold`" in described, (name, described)
         assert "quota" in described and "`user_cap`" in described, (name, described)
+
+
+def test_a_job_list_loads_its_holders_in_one_query(world: World) -> None:
+    """alice's jobs held by five people (herself, bob her group admin, three admins) and one not
+    held: the list names each holder, read in one query for the whole page (not one per job)."""
+    with world.session_factory() as db:
+        for name in ("dora", "erin", "fay"):
+            user = accounts.create_user(db, accounts.NewUser(name, is_admin=True))
+            _row, secret = auth.create_token(db, user, "test")
+            world.headers[name] = {"Authorization": f"Bearer {secret}"}
+        db.commit()
+    holders = ["alice", "bob", "dora", "erin", "fay"]
+    jobs = {queued(world): holder for holder in holders}
+    for job, holder in jobs.items():
+        assert hold(world, job, holder).status_code == 200
+    free = queued(world)
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    def user_reads(**params: str) -> tuple[list[dict[str, Any]], list[str]]:
+        """One page as the admin, and the statements that read users to show it."""
+        seen.clear()
+        bind = world.session_factory.kw["bind"]
+        sa.event.listen(bind, "before_cursor_execute", record)
+        try:
+            r = world.client.get(JOBS, headers=world.as_("admin"), params=params)
+        finally:
+            sa.event.remove(bind, "before_cursor_execute", record)
+        assert r.status_code == 200, r.text
+        return r.json()["items"], [s for s in seen if re.search(r'\bFROM\s+"?users"?(\s|$)', s, re.I)]
+
+    items, reads = user_reads()
+    listed = {j["id"]: j["hold"] for j in items}
+    assert {job: listed[job]["by"] for job in jobs} == jobs and listed[free] is None
+    assert all(listed[job]["admin"] is (holder in ("dora", "erin", "fay")) for job, holder in jobs.items())
+    assert len(reads) == 1, reads  # the holders, all at once (owners come joined with the jobs)
+    items, reads = user_reads(limit="1")  # the newest only: not held, no holder to read
+    assert [j["id"] for j in items] == [free] and reads == []

@@ -581,7 +581,12 @@ def list_jobs(session: Session, principal: Principal, flt: JobFilter) -> tuple[l
     rows = session.scalars(
         select(Job)
         .where(Job.id.in_(ids))
-        .options(joinedload(Job.user), joinedload(Job.group), selectinload(Job.attempts))
+        .options(
+            joinedload(Job.user),
+            joinedload(Job.group),
+            selectinload(Job.attempts),
+            selectinload(Job.holder),  # the page's holders in one query, not one per held job
+        )
     ).unique()
     by_id = {job.id: job for job in rows}
     return [by_id[i] for i in ids if i in by_id], total
