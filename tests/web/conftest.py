@@ -70,6 +70,28 @@ class Portal:
         return page
 
 
+def api_as(portal: Portal, user: str) -> Any:
+    """An httpx client logged in as `user` through the same login the portal uses."""
+    client = portal.server.client()
+    client.headers.pop("Authorization")
+    r = client.post("/api/v1/auth/login", json={"username": user, "password": PASSWORD})
+    assert r.status_code == 200, r.text
+    client.headers["X-CSRF-Token"] = r.json()["csrf_token"]
+    return client
+
+
+def after_redraw(page: Any, selector: str) -> None:
+    """Wait until the page's timer has drawn `selector` again: a new element in its place (the
+    job page redraws its head every 2 s, the nodes page its grid every 5 s)."""
+    page.evaluate("(s) => { window.__beforeRedraw = document.querySelector(s); }", selector)
+    page.wait_for_function(
+        "(s) => { const now = document.querySelector(s); "
+        "return now !== null && now !== window.__beforeRedraw; }",
+        arg=selector,
+        timeout=15_000,
+    )
+
+
 def setup_accounts(server: CorralServer) -> None:
     with server.client() as api:
         for group in ("team-a", "team-b"):

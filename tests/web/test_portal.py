@@ -14,19 +14,9 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.server_fixture import wait_for
-from tests.web.conftest import PASSWORD, Portal, screenshot
+from tests.web.conftest import PASSWORD, Portal, api_as, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
-
-
-def api_as(portal: Portal, user: str) -> Any:
-    """An httpx client logged in as `user` through the same login the portal uses."""
-    client = portal.server.client()
-    client.headers.pop("Authorization")
-    r = client.post("/api/v1/auth/login", json={"username": user, "password": PASSWORD})
-    assert r.status_code == 200, r.text
-    client.headers["X-CSRF-Token"] = r.json()["csrf_token"]
-    return client
 
 
 def job_total(portal: Portal) -> int:

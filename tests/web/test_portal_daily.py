@@ -12,7 +12,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.server_fixture import wait_for
-from tests.web.conftest import Portal, screenshot
+from tests.web.conftest import Portal, after_redraw, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -48,7 +48,14 @@ def test_a_finished_job_is_deleted_from_its_page_and_a_live_one_refused(portal: 
     page = portal.login("root", path=f"/jobs/{live['id']}")
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("#delete-job")
-    expect(page.locator(".toast-error")).to_contain_text("only finished jobs can be deleted")
+    refused = page.locator("#job-message")
+    expect(refused).to_contain_text(f"Job #{live['id']} was not deleted: ")
+    expect(refused).to_contain_text("only finished jobs can be deleted")
+    after_redraw(page, ".page-head h1")  # the head is drawn again every 2 s: the refusal stays
+    expect(refused).to_contain_text("only finished jobs can be deleted")
+    expect(refused).to_be_visible()
+    page.click("#job-message .message-close")  # until it is dismissed
+    expect(refused).to_be_hidden()
     page.goto(f"{portal.url}/jobs/{done['id']}")
     dialogs: list[str] = []
     page.once("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
@@ -186,7 +193,10 @@ def test_an_admin_removes_a_cordoned_node_and_a_ready_one_is_refused(portal: Por
     card = page.locator(f"article.node[data-node='{node}']")
     page.once("dialog", lambda dialog: dialog.accept())
     card.locator("button.remove-node").click()
-    refused = page.locator(".toast-error")
+    refused = page.locator("#nodes-message")
+    expect(refused).to_contain_text(f"{node} was not removed: ")
+    expect(refused).to_contain_text("only a cordoned, drained or down node can be removed")
+    after_redraw(page, f"article.node[data-node='{node}']")  # the grid is drawn again every 5 s
     expect(refused).to_contain_text("only a cordoned, drained or down node can be removed")
     try:
         with portal.api() as api:

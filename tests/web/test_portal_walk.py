@@ -187,10 +187,12 @@ def test_a_quarantined_gpu_is_not_shown_free_and_admins_quarantine_and_return_gp
         answers = ["9", "1"]  # no such GPU (refused here, nothing sent), then GPU 1
         page.on("dialog", lambda dialog: dialog.accept(answers.pop(0)))
         card.locator("button:has-text('Quarantine GPU')").click()
-        expect(page.locator("#toasts")).to_contain_text(f"{node} has no GPU '9': give one of 0, 1, 2, 3.")
+        refused = page.locator("#nodes-message")
+        expect(refused).to_contain_text(f"{node} has no GPU '9': give one of 0, 1, 2, 3.")
         assert set(_gpu_health(portal).values()) == {"healthy"}
         card.locator("button:has-text('Quarantine GPU')").click()
         expect(page.locator("#toasts")).to_contain_text("GPU 1 quarantined")
+        expect(refused).to_be_hidden()  # the next action cleared the refusal
         expect(gpu1).to_have_class(re.compile(r"\bgpu-unhealthy\b"))
         assert _gpu_health(portal) == {0: "healthy", 1: "quarantined", 2: "healthy", 3: "healthy"}
         screenshot(page, "walk-gpu-quarantined")

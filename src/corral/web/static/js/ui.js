@@ -128,6 +128,29 @@ export function errorBox(err, title = "Something went wrong") {
   return h("div", { class: "error-box", role: "alert" }, h("strong", {}, title + ": "), String(err.message || err));
 }
 
+// A page's own line for a refused action (the API's words), as the login, submit and workspace
+// forms show theirs: an error box kept outside what the page redraws on its timer, so the refusal
+// stays until the next action or its close button, where a toast was gone in seconds (and a
+// redraw would have wiped a message drawn inside it): {element, show(message), clear()}.
+export function messageBox(id) {
+  const text = h("span", { class: "message-text" });
+  const close = h("button", { type: "button", class: "button subtle message-close", "aria-label": "Dismiss this message" }, "×");
+  const element = h("div", { id, class: "error-box message-box", role: "alert", hidden: true }, text, close);
+  const clearBox = () => {
+    text.textContent = "";
+    element.hidden = true;
+  };
+  close.addEventListener("click", clearBox);
+  return {
+    element,
+    show(message) {
+      text.textContent = message;
+      element.hidden = false;
+    },
+    clear: clearBox,
+  };
+}
+
 // An input with its label and its own error line (aria-describedby, aria-invalid), as the submit
 // form's fields: {wrap, input, show(message), clear()}.
 export function field(label, input) {

@@ -18,6 +18,7 @@ import {
   h,
   isTerminal,
   lineChart,
+  messageBox,
   section,
   stateBadge,
   table,
@@ -32,6 +33,8 @@ export async function render(ctx) {
   const id = ctx.params[0];
   let job = await firstLoad(id); // 403/404 become the error pages (app.js)
   const head = h("div", { class: "page-head" });
+  // A refused cancel, hold, release or delete: under the head, which is redrawn every 2 s.
+  const message = messageBox("job-message");
   const summary = h("div", {});
   const pending = h("div", {});
   const timeline = h("div", {});
@@ -39,10 +42,10 @@ export async function render(ctx) {
   const chart = utilizationChart(id);
   const logs = logPanel(ctx, id);
   const outputs = outputsPanel(id);
-  ctx.main.append(head, summary, pending, h("div", { class: "grid-2" }, timeline, attempts), logs.element, outputs.element, chart.element);
+  ctx.main.append(head, message.element, summary, pending, h("div", { class: "grid-2" }, timeline, attempts), logs.element, outputs.element, chart.element);
 
   const draw = () => {
-    drawHead(head, job, ctx);
+    drawHead(head, job, ctx, message);
     drawSummary(summary, job);
     drawPending(pending, job);
     drawTimeline(timeline, job);
@@ -73,23 +76,25 @@ async function firstLoad(id) {
   }
 }
 
-function drawHead(head, job, ctx) {
+// The head's actions report a refusal in `message` (ui.js messageBox), which the redraw leaves be.
+function drawHead(head, job, ctx, message) {
   const cancel = h("button", { type: "button", class: "button danger", id: "cancel-job" }, "Cancel job");
   cancel.addEventListener("click", async () => {
     if (!window.confirm(`Cancel job #${job.id} (${job.name})?`)) return;
     cancel.disabled = true;
+    message.clear();
     try {
       await api("POST", `/jobs/${job.id}/cancel`, { json: {} });
       toast(`Job #${job.id} is being cancelled.`, "success");
       const fresh = await get(`/jobs/${job.id}`);
       if (ctx.alive()) Object.assign(job, fresh);
-      drawHead(head, job, ctx);
+      drawHead(head, job, ctx, message);
     } catch (err) {
-      toast(err.message, "error");
+      message.show(`Job #${job.id} was not cancelled: ${err.message}`);
       cancel.disabled = false;
     }
   });
-  const holding = job.state === "queued" && !job.cancel_requested ? holdButton(head, job, ctx) : null;
+  const holding = job.state === "queued" && !job.cancel_requested ? holdButton(head, job, ctx, message) : null;
   const download = h("button", { type: "button", class: "button", id: "download-spec" }, "Download spec");
   download.addEventListener("click", () => downloadText(`job-${job.id}.yaml`, toYaml(job.spec || {}) + "\n"));
   fill(head, 
@@ -101,27 +106,29 @@ function drawHead(head, job, ctx) {
       holding,
       h("a", { href: `/submit?clone=${job.id}`, class: "button", id: "clone-job" }, "Clone"),
       download,
-      deleteButton(job, ctx),
+      deleteButton(job, ctx, message),
     ),
   );
 }
 
 // Hold / Release of a queued job (POST /jobs/{id}/hold|release), as Cancel: the answer's message
-// says what was done (or that it already was), and the head is drawn again from a fresh read.
-function holdButton(head, job, ctx) {
+// says what was done (or that it already was), and the head is drawn again from a fresh read; a
+// refusal (an admin's hold released by its owner, a job placed meanwhile) stays in `message`.
+function holdButton(head, job, ctx, message) {
   const release = Boolean(job.hold);
   const label = release ? "Release" : "Hold";
   const button = h("button", { type: "button", class: "button", id: release ? "release-job" : "hold-job" }, label);
   button.addEventListener("click", async () => {
     button.disabled = true;
+    message.clear();
     try {
       const done = await api("POST", `/jobs/${job.id}/${release ? "release" : "hold"}`, { json: {} });
       toast(done.message, "success");
       const fresh = await get(`/jobs/${job.id}`);
       if (ctx.alive()) Object.assign(job, fresh);
-      drawHead(head, job, ctx);
+      drawHead(head, job, ctx, message);
     } catch (err) {
-      toast(err.message, "error");
+      message.show(`Job #${job.id} was not ${release ? "released" : "held"}: ${err.message}`);
       button.disabled = false;
     }
   });
@@ -131,17 +138,18 @@ function holdButton(head, job, ctx) {
 // Delete the job and its logs (DELETE /jobs/{id}, as `corral rm`), after a confirmation. Shown for
 // live jobs too: the API's refusal (a job that has not ended, one kept for a model, someone else's
 // job seen by a group admin) says what to do instead, rather than a button that is just missing.
-function deleteButton(job, ctx) {
+function deleteButton(job, ctx, message) {
   const button = h("button", { type: "button", class: "button danger", id: "delete-job" }, "Delete");
   button.addEventListener("click", async () => {
     if (!window.confirm(`Delete job #${job.id} (${job.name}) and its logs and outputs? This cannot be undone.`)) return;
     button.disabled = true;
+    message.clear();
     try {
       await api("DELETE", `/jobs/${job.id}`);
       toast(`Job #${job.id} deleted.`, "success");
       if (ctx.alive()) navigate("/jobs");
     } catch (err) {
-      toast(`Job #${job.id} was not deleted: ${err.message}`, "error");
+      message.show(`Job #${job.id} was not deleted: ${err.message}`);
       button.disabled = false;
     }
   });

@@ -6,13 +6,16 @@
 
 import { del, get, itemsOf, post } from "../api.js";
 import { isAdmin } from "../app.js";
-import { fill, emptyState, errorBox, h, timeEl, toast } from "../ui.js";
+import { fill, emptyState, errorBox, h, messageBox, timeEl, toast } from "../ui.js";
 
 export async function render(ctx) {
   const grid = h("div", { id: "nodes-grid" });
   const risky = h("section", { id: "risky-nodes", "aria-label": "Risky nodes" });
+  // An admin action's refusal: above the grid, which is redrawn every 5 s (ui.js messageBox).
+  const message = messageBox("nodes-message");
   ctx.main.append(
     h("h1", {}, "Nodes"),
+    message.element,
     h(
       "ul",
       { class: "legend gpu-legend", "aria-label": "Legend" },
@@ -29,7 +32,7 @@ export async function render(ctx) {
       const byNode = new Map((risk.nodes || []).map((r) => [r.node, r]));
       if (!ctx.alive()) return;
       drawRisky(risky, risk.nodes || []);
-      drawGrid(grid, itemsOf(nodes, "nodes"), refresh, byNode);
+      drawGrid(grid, itemsOf(nodes, "nodes"), { refresh, message }, byNode);
     } catch (err) {
       if (ctx.alive()) fill(grid, errorBox(err, "Cannot load nodes"));
     }
@@ -98,15 +101,16 @@ function drawRisky(section, risks) {
   );
 }
 
-function drawGrid(grid, nodes, refresh, risks) {
+// `page`: {refresh, message}: the grid's reload, and the line an admin action's refusal goes to.
+function drawGrid(grid, nodes, page, risks) {
   if (!nodes.length) {
     fill(grid, emptyState("No nodes have registered yet."));
     return;
   }
-  fill(grid, h("div", { class: "node-grid" }, nodes.map((n) => nodeCard(n, refresh, risks.get(n.name)))));
+  fill(grid, h("div", { class: "node-grid" }, nodes.map((n) => nodeCard(n, page, risks.get(n.name)))));
 }
 
-function nodeCard(node, refresh, risk) {
+function nodeCard(node, page, risk) {
   const gpus = node.gpus || [];
   const counts = { free: 0, allocated: 0, unhealthy: 0 };
   for (const g of gpus) counts[gpuState(g)]++;
@@ -138,20 +142,22 @@ function nodeCard(node, refresh, risk) {
     node.message ? h("p", { class: "node-message" }, node.message) : null,
     ...(node.flags || []).map((f) => h("p", { class: "node-flag" }, h("strong", {}, "Flagged: "), f)),
     node.last_heartbeat ? h("p", { class: "muted small" }, "heartbeat ", timeEl(node.last_heartbeat)) : null,
-    isAdmin() ? adminActions(node, refresh) : null,
+    isAdmin() ? adminActions(node, page) : null,
   );
 }
 
-function adminActions(node, refresh) {
+function adminActions(node, page) {
+  const { refresh, message } = page;
   const admin = String(node.admin_state || (["cordoned", "draining"].includes(node.state) ? node.state : "none"));
   const send = async (button, path, done) => {
     button.disabled = true;
+    message.clear();
     try {
       await post(`/nodes/${encodeURIComponent(node.name)}/${path}`);
       toast(`${node.name}: ${done}.`, "success");
       await refresh();
     } catch (err) {
-      toast(`${node.name}: ${err.message}`, "error");
+      message.show(`${node.name}: ${err.message}`);
       button.disabled = false;
     }
   };
@@ -166,7 +172,7 @@ function adminActions(node, refresh) {
     if (answer === null) return;
     const index = Number(answer.trim());
     if (answer.trim() === "" || !node.gpus.some((g) => g.index === index)) {
-      toast(`${node.name} has no GPU '${answer.trim()}': give one of ${node.gpus.map((g) => g.index).join(", ")}.`, "error");
+      message.show(`${node.name} has no GPU '${answer.trim()}': give one of ${node.gpus.map((g) => g.index).join(", ")}.`);
       return;
     }
     send(event.target, `gpus/${index}/quarantine`, `GPU ${index} quarantined`);
@@ -193,22 +199,23 @@ function adminActions(node, refresh) {
       : null,
     (node.gpus || []).length ? h("button", { type: "button", class: "button", onclick: quarantine }, "Quarantine GPU…") : null,
     returns,
-    h("button", { type: "button", class: "button danger remove-node", onclick: (event) => removeNode(node, event.target, refresh) }, "Remove"),
+    h("button", { type: "button", class: "button danger remove-node", onclick: (event) => removeNode(node, event.target, page) }, "Remove"),
   );
 }
 
 // DELETE /nodes/{name} (corral node remove), after a confirmation. Offered on every node: the
 // API's refusal (not cordoned, drained or down; jobs still placed there) says what to do first.
-async function removeNode(node, button, refresh) {
+async function removeNode(node, button, page) {
   const question = `Remove ${node.name} from the cluster? Only a cordoned, drained or down node with no jobs on it can be removed; if its agent still reports, it comes back cordoned.`;
   if (!window.confirm(question)) return;
   button.disabled = true;
+  page.message.clear();
   try {
     await del(`/nodes/${encodeURIComponent(node.name)}`);
     toast(`${node.name} removed.`, "success");
-    await refresh();
+    await page.refresh();
   } catch (err) {
-    toast(`${node.name} was not removed: ${err.message}`, "error");
+    page.message.show(`${node.name} was not removed: ${err.message}`);
     button.disabled = false;
   }
 }
