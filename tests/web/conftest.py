@@ -59,8 +59,8 @@ class Portal:
         page.js_errors = errors  # checked by tests: an uncaught exception is a bug
         return page
 
-    def login(self, user: str, width: int = 1280, path: str = "/") -> Any:
-        page = self.new_page(width)
+    def login(self, user: str, width: int = 1280, path: str = "/", height: int = 900) -> Any:
+        page = self.new_page(width, height)
         page.goto(self.url + path)
         page.wait_for_url("**/login**")
         page.fill("#username", user)

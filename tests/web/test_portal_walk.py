@@ -10,7 +10,7 @@ pattern used to be an invalid regular expression, ignored with a console error),
 server's refusal as an error, and a link to an environment that is not there says so; the login
 page shows no empty top bar; the Alerts and Incidents filters are kept in the address, so reload
 and back keep them; an admin removes a group's GPU quota from the Groups page, and is told a
-group name's rule in words."""
+group name's rule in words; the audit log's table fits an 800 px window."""
 
 from __future__ import annotations
 
@@ -322,4 +322,37 @@ def test_an_admin_removes_a_groups_quota_and_is_told_the_group_name_rule(portal:
     expect(page.locator("#remove-quota .field-error")).to_contain_text("VGPU")
     with portal.api() as api:
         assert len(api.get("/api/v1/groups/team-b").json()["quotas"]) == 1
+    assert page.js_errors == []
+
+
+# The audit table's width against its container's, and the page's against the window's.
+AUDIT_WIDTHS = """() => {
+  const table = document.querySelector('table.audit');
+  const columns = Array.from(table.querySelectorAll('thead th'))
+    .filter((th) => getComputedStyle(th).display !== 'none').map((th) => th.textContent);
+  return {table: table.scrollWidth, box: table.parentElement.clientWidth, columns,
+          page: document.documentElement.scrollWidth, window: document.documentElement.clientWidth};
+}"""
+
+
+def test_the_audit_table_fits_an_800_px_window(portal: Portal) -> None:
+    """At 800x600 the audit log's table fits its box, long cells and all (a quota change's JSON
+    with no spaces, a 64-character user name as the target): they wrap, nothing scrolls sideways.
+    At 1280 px every column shows; at 800 the least useful one (From) gives way."""
+    long_name = "audit-" + "w" * 58
+    with portal.api() as api:
+        r = api.post("/api/v1/users", json={"name": long_name, "password": PASSWORD, "groups": ["team-b"]})
+        assert r.status_code == 201, r.text
+        r = api.put("/api/v1/groups/team-b/quota", json={"gpu_model": "VGPU", "guaranteed": 2, "max": 4})
+        assert r.status_code == 200, r.text
+    wide = portal.login("root", path="/audit")
+    expect(wide.locator("table.audit td.audit-target", has_text=long_name)).to_have_count(1)
+    assert wide.evaluate(AUDIT_WIDTHS)["columns"] == ["When", "Actor", "From", "Action", "Target", "Change"]
+    page = portal.login("root", width=800, height=600, path="/audit")
+    expect(page.locator("table.audit td.audit-target", has_text=long_name)).to_have_count(1)
+    widths = page.evaluate(AUDIT_WIDTHS)
+    screenshot(page, "walk-audit-800")
+    assert widths["table"] <= widths["box"], widths
+    assert widths["page"] <= widths["window"], widths
+    assert widths["columns"] == ["When", "Actor", "Action", "Target", "Change"], widths
     assert page.js_errors == []

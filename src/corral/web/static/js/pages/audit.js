@@ -70,9 +70,11 @@ export async function render(ctx) {
       page.items.length
         ? table(
             [
-              { label: "When", cell: (r) => h("time", { datetime: new Date(r.at * 1000).toISOString() }, fmtTime(r.at)) },
+              // The columns' widths and wrapping are style.css's (table.audit): it fits an 800 px
+              // window, From (the least telling column) giving way under 900 px.
+              { label: "When", cell: (r) => h("time", { datetime: new Date(r.at * 1000).toISOString() }, fmtTime(r.at)), class: "audit-when" },
               { label: "Actor", cell: (r) => r.actor, class: "audit-actor" },
-              { label: "From", cell: (r) => r.source || "—" },
+              { label: "From", cell: (r) => r.source || "—", class: "audit-from" },
               { label: "Action", cell: (r) => h("code", {}, r.action), class: "audit-action" },
               { label: "Target", cell: (r) => `${r.target_kind}:${r.target_id}`, class: "audit-target" },
               { label: "Change", cell: changeText, class: "audit-change" },
