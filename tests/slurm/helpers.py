@@ -1,11 +1,16 @@
-"""Builders and waits shared by the Slurm tests and the benchmark."""
+"""Builders and waits shared by the Slurm tests and the benchmark: for the engine (an engine on the
+test cluster, launches, waits) and for a Corral server on it (its settings, REST calls, Slurm's view
+of its jobs, the marker files its test jobs write)."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from corral.engine.base import AttemptLaunch, AttemptPhase, AttemptStatus, Engine, InstanceLaunch, MountSpec
 from corral.engine.slurm import SlurmEngine
@@ -102,3 +107,87 @@ def wait_for(
 
 
 FINISHED = {AttemptPhase.SUCCEEDED, AttemptPhase.FAILED, AttemptPhase.LOST}
+
+
+# ---- a Corral server on the cluster: its jobs through the REST API, Slurm's view of them ----------
+TERMINAL = ("succeeded", "failed", "cancelled")
+LIVE = ("queued", "scheduled", "starting", "running", "preempted")
+
+
+def live_jobs(c: httpx.Client) -> list[int]:
+    items = c.get("/api/v1/jobs", params={"limit": 500}).json()["items"]
+    return [int(i["id"]) for i in items if i["state"] in LIVE]
+
+
+def logs(c: httpx.Client, job_id: int, rank: int, attempt: int | None = None) -> str:
+    params: dict[str, Any] = {"rank": rank}
+    if attempt is not None:
+        params["attempt"] = attempt
+    r = c.get(f"/api/v1/jobs/{job_id}/logs", params=params)
+    assert r.status_code == 200, r.text
+    return str(r.json()["data"])
+
+
+def gang_spec(
+    name: str, command: str, *, instances: int, gpus: int, cpus: float = 1, **extra: Any
+) -> dict[str, Any]:
+    resources = {"gpus": gpus, "cpus": cpus, "memory": "256MiB"}
+    return {
+        "name": name,
+        "tasks": {"main": {"instances": instances, "command": command, "resources": resources}},
+        **extra,
+    }
+
+
+def slurm(cluster: SlurmCluster, *argv: str) -> str:
+    r = subprocess.run(list(argv), env=cluster.env, capture_output=True, text=True, timeout=15)
+    assert r.returncode == 0, f"{argv}: {r.stderr}"
+    return r.stdout
+
+
+def slurm_jobs_of(cluster: SlurmCluster, state_dir: Path, job_id: int, attempt: int) -> list[dict[str, str]]:
+    """The Slurm jobs submitted for one Corral attempt (by job name, and by a working directory
+    under this server's state dir: the session's cluster also runs the engine tests' jobs)."""
+    out = slurm(
+        cluster, "squeue", "-h", "--states=all", f"--name=corral-{job_id}.{attempt}", "-o", "%i|%T|%N|%Z"
+    )
+    jobs = []
+    for line in out.splitlines():
+        slurm_id, state, nodelist, workdir = line.split("|", 3)
+        if workdir.startswith(str(state_dir)):
+            hosts = slurm(cluster, "scontrol", "show", "hostnames", nodelist).split() if nodelist else []
+            jobs.append({"id": slurm_id, "state": state, "nodes": ",".join(hosts)})
+    return jobs
+
+
+def scontrol_job(cluster: SlurmCluster, slurm_id: str) -> dict[str, str]:
+    out = slurm(cluster, "scontrol", "show", "job", "-o", slurm_id)
+    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
+def work_file(state_dir: Path, job_id: int, attempt: int, rank: int, name: str) -> Path:
+    """A file in an instance's private work dir (/job inside its sandbox), seen from the host."""
+    return state_dir / "attempts" / f"{job_id}.{attempt}" / "job" / "work" / str(rank) / name
+
+
+# Each instance appends one line (node, rank, Slurm job) to /job/runs.txt (its own work dir, so a
+# run that happened twice shows as a second line), then waits until the test puts /job/release.
+RUN_THEN_WAIT = (
+    'echo "$(hostname) $RANK $SLURM_JOB_ID" >> /job/runs.txt; '
+    "while [ ! -e /job/release ]; do sleep 0.1; done; echo released on $(hostname)"
+)
+
+
+def release(state_dir: Path, job_id: int, attempt: int, ranks: int = 1) -> None:
+    for rank in range(ranks):
+        path = work_file(state_dir, job_id, attempt, rank, "release")
+        if path.parent.is_dir():
+            path.touch()
+
+
+def runs_of(state_dir: Path, job_id: int, attempt: int, ranks: int = 1) -> list[str]:
+    lines = []
+    for rank in range(ranks):
+        path = work_file(state_dir, job_id, attempt, rank, "runs.txt")
+        lines += path.read_text().splitlines() if path.exists() else []
+    return lines

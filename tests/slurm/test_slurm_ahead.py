@@ -18,13 +18,13 @@ from tests.server_fixture import get_job as job
 from tests.server_fixture import submit_spec as submit
 from tests.slurm.conftest import cleanup_cluster
 from tests.slurm.harness import SlurmCluster
-from tests.slurm.helpers import server_env
-from tests.slurm.test_slurm_e2e import (
+from tests.slurm.helpers import (
     RUN_THEN_WAIT,
     live_jobs,
     logs,
     release,
     scontrol_job,
+    server_env,
     slurm_jobs_of,
 )
 

@@ -15,7 +15,6 @@ The crash and outage tests print their timings (`pytest -s`).
 from __future__ import annotations
 
 import pwd
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,13 +29,24 @@ from tests.server_fixture import get_job as job
 from tests.server_fixture import submit_spec as submit
 from tests.slurm.conftest import cleanup_cluster
 from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster
-from tests.slurm.helpers import server_env
+from tests.slurm.helpers import (
+    LIVE,
+    RUN_THEN_WAIT,
+    TERMINAL,
+    gang_spec,
+    live_jobs,
+    logs,
+    release,
+    runs_of,
+    scontrol_job,
+    server_env,
+    slurm,
+    slurm_jobs_of,
+)
 
 pytestmark = pytest.mark.slurm
 
-TERMINAL = ("succeeded", "failed", "cancelled")
 DB_PASSWORD = "pg-secret-5f1e9c"
-LIVE = ("queued", "scheduled", "starting", "running", "preempted")
 # Printed by every instance and read back through the logs API.
 SHOW_ENV = (
     "echo HOST=$(hostname); echo UID=$(id -u); "
@@ -88,11 +98,6 @@ def api(server: CorralServer, slurm_cluster: SlurmCluster) -> Iterator[httpx.Cli
 
 
 # ---- API helpers ---------------------------------------------------------------------------------
-def live_jobs(c: httpx.Client) -> list[int]:
-    items = c.get("/api/v1/jobs", params={"limit": 500}).json()["items"]
-    return [int(i["id"]) for i in items if i["state"] in LIVE]
-
-
 def nodes_by_name(c: httpx.Client) -> dict[str, dict[str, Any]]:
     r = c.get("/api/v1/nodes")
     assert r.status_code == 200, r.text
@@ -110,57 +115,11 @@ def wait_state_where(c: httpx.Client, job_id: int, check: Any, timeout_s: float)
     )
 
 
-def logs(c: httpx.Client, job_id: int, rank: int, attempt: int | None = None) -> str:
-    params: dict[str, Any] = {"rank": rank}
-    if attempt is not None:
-        params["attempt"] = attempt
-    r = c.get(f"/api/v1/jobs/{job_id}/logs", params=params)
-    assert r.status_code == 200, r.text
-    return str(r.json()["data"])
-
-
 def printed_vars(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
-def gang_spec(
-    name: str, command: str, *, instances: int, gpus: int, cpus: float = 1, **extra: Any
-) -> dict[str, Any]:
-    resources = {"gpus": gpus, "cpus": cpus, "memory": "256MiB"}
-    return {
-        "name": name,
-        "tasks": {"main": {"instances": instances, "command": command, "resources": resources}},
-        **extra,
-    }
-
-
 # ---- Slurm helpers -------------------------------------------------------------------------------
-def slurm(cluster: SlurmCluster, *argv: str) -> str:
-    r = subprocess.run(list(argv), env=cluster.env, capture_output=True, text=True, timeout=15)
-    assert r.returncode == 0, f"{argv}: {r.stderr}"
-    return r.stdout
-
-
-def slurm_jobs_of(cluster: SlurmCluster, state_dir: Path, job_id: int, attempt: int) -> list[dict[str, str]]:
-    """The Slurm jobs submitted for one Corral attempt (by job name, and by a working directory
-    under this server's state dir: the session's cluster also runs the engine tests' jobs)."""
-    out = slurm(
-        cluster, "squeue", "-h", "--states=all", f"--name=corral-{job_id}.{attempt}", "-o", "%i|%T|%N|%Z"
-    )
-    jobs = []
-    for line in out.splitlines():
-        slurm_id, state, nodelist, workdir = line.split("|", 3)
-        if workdir.startswith(str(state_dir)):
-            hosts = slurm(cluster, "scontrol", "show", "hostnames", nodelist).split() if nodelist else []
-            jobs.append({"id": slurm_id, "state": state, "nodes": ",".join(hosts)})
-    return jobs
-
-
-def scontrol_job(cluster: SlurmCluster, slurm_id: str) -> dict[str, str]:
-    out = slurm(cluster, "scontrol", "show", "job", "-o", slurm_id)
-    return dict(f.split("=", 1) for f in out.split() if "=" in f)
-
-
 def sinfo_state(cluster: SlurmCluster, node: str) -> str:
     return slurm(cluster, "sinfo", "-h", "-n", node, "-N", "-o", "%T").strip()
 
@@ -277,34 +236,6 @@ def test_drain_in_slurm_shows_as_draining_in_corral(api: httpx.Client, slurm_clu
 def rank_nodes(attempt: dict[str, Any]) -> list[str]:
     """The node of each rank, in rank order."""
     return [p["node"] for p in sorted(attempt["placement"], key=lambda p: p["rank"])]
-
-
-def work_file(state_dir: Path, job_id: int, attempt: int, rank: int, name: str) -> Path:
-    """A file in an instance's private work dir (/job inside its sandbox), seen from the host."""
-    return state_dir / "attempts" / f"{job_id}.{attempt}" / "job" / "work" / str(rank) / name
-
-
-# Each instance appends one line (node, rank, Slurm job) to /job/runs.txt (its own work dir, so a
-# run that happened twice shows as a second line), then waits until the test puts /job/release.
-RUN_THEN_WAIT = (
-    'echo "$(hostname) $RANK $SLURM_JOB_ID" >> /job/runs.txt; '
-    "while [ ! -e /job/release ]; do sleep 0.1; done; echo released on $(hostname)"
-)
-
-
-def release(state_dir: Path, job_id: int, attempt: int, ranks: int = 1) -> None:
-    for rank in range(ranks):
-        path = work_file(state_dir, job_id, attempt, rank, "release")
-        if path.parent.is_dir():
-            path.touch()
-
-
-def runs_of(state_dir: Path, job_id: int, attempt: int, ranks: int = 1) -> list[str]:
-    lines = []
-    for rank in range(ranks):
-        path = work_file(state_dir, job_id, attempt, rank, "runs.txt")
-        lines += path.read_text().splitlines() if path.exists() else []
-    return lines
 
 
 def processes_of_slurm_job(slurm_id: str) -> list[int]:

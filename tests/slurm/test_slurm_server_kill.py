@@ -30,8 +30,7 @@ from tests.server_fixture import get_job as job
 from tests.server_fixture import submit_spec as submit
 from tests.slurm.conftest import cleanup_cluster
 from tests.slurm.harness import SlurmCluster
-from tests.slurm.helpers import server_env
-from tests.slurm.test_slurm_e2e import LIVE, TERMINAL, gang_spec, logs, release, runs_of, slurm_jobs_of
+from tests.slurm.helpers import LIVE, TERMINAL, gang_spec, logs, release, runs_of, server_env, slurm_jobs_of
 
 pytestmark = pytest.mark.slurm
 
