@@ -1,6 +1,7 @@
 """SlurmEngine.exec_command on a real Slurm cluster: the command runs in a step of the job on the
 rank's node, as the job's account, inside the rank's sandbox (its /tmp, its pid namespace, its
-GPUs); unknown and finished attempts are refused."""
+GPUs); unknown and finished attempts are refused. A failing command's output and exit code come
+back without srun's own "task 0: Exited with exit code N" line; srun's real errors still show."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import pytest
 
 from corral.engine.base import AttemptPhase, ExecRefused
 from corral.engine.slurm import SlurmEngine
+from corral.engine.slurm.enter import without_srun_exit_line
 from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster
-from tests.slurm.helpers import FINISHED, attempt, instance
+from tests.slurm.helpers import FINISHED, attempt, instance, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -55,3 +57,25 @@ def test_exec_enters_the_ranks_sandbox_on_its_node(engine: SlurmEngine, slurm_cl
         time.sleep(0.2)
     with pytest.raises(ExecRefused, match="not running"):
         engine.exec_command("931.1", 0, ["true"])
+
+
+def test_a_failing_command_shows_its_output_and_exit_code_not_sruns_line(
+    engine: SlurmEngine, slurm_cluster: SlurmCluster
+) -> None:
+    engine.launch(attempt("932.1", instance("node1", JOB)))
+    _ready(engine, "932.1")
+    # "no newline" ends without one: srun's line would follow it on the same line
+    failing = ["/bin/sh", "-c", "echo out; echo err >&2; printf 'no newline' >&2; exit 3"]
+    cmd = engine.exec_command("932.1", 0, failing)
+    out = subprocess.run(cmd.argv, env=dict(cmd.env), cwd=cmd.cwd, capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout, out.stderr) == (3, "out\n", "err\nno newline")
+    engine.stop("932.1", 0)
+    wait_for(engine, "932.1", FINISHED, timeout_s=30)
+
+
+def test_sruns_real_errors_still_show(slurm_cluster: SlurmCluster) -> None:
+    """A step in a job that does not exist: srun's refusal reaches the user, with its exit code."""
+    argv = without_srun_exit_line(["srun", "--jobid=999999", "--overlap", "--quiet", "true"])
+    out = subprocess.run(argv, env=slurm_cluster.env, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "srun: error:" in out.stderr and "999999" in out.stderr, out.stderr

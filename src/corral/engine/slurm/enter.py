@@ -9,12 +9,14 @@ pid 1, then the job's first process), takes the rank's environment (rank-R.env: 
 rank script made, CUDA_VISIBLE_DEVICES included) and joins the job's mount, pid and ipc
 namespaces, root and working dir, then its own nested user namespace (JOIN_PY: the node needs a
 python3). The rank script empties both files when the rank ends (an empty pid: no sandbox).
-srun runs without --pty: a shell through it has no job control.
+srun runs without --pty: a shell through it has no job control. srun's stderr goes through
+SRUN_FILTER on the server, which drops the one line srun adds when the command fails.
 """
 
 from __future__ import annotations
 
 import pwd
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -65,6 +67,37 @@ py=$(command -v python3) || { echo "corral: python3 is missing on $(hostname)" >
 set -a; . "$J/rank-$r.env"; set +a
 exec "$py" -I -S -c "$JOIN_PY" "$t" "$@"
 """
+# srun reports a task's non-zero exit on its own stderr even under --quiet ("srun: error: node2:
+# task 0: Exited with exit code 3"): chatter to the user, whose exec already ends with that code.
+# SRUN_FILTER runs argv[2:] with its stderr on a pipe and passes on everything but that line
+# (the pattern argv[1]); srun's real errors (a node down, a step refused) pass. srun writes the
+# line with one write() (under PIPE_BUF: whole in one read), maybe after command output that had
+# no newline, so it is cut out wherever it starts. SIGINT and SIGQUIT from a terminal are srun's
+# (it has its own handlers); a Python handler here, unlike an ignore, does not pass on through
+# exec. It exits as srun did, 128+N for a signal.
+SRUN_EXIT_LINE = rb"srun: error: [^\n:]+: tasks? [0-9,-]+: Exited with exit code [0-9]+\n"
+SRUN_FILTER = r"""
+import os, re, signal, subprocess, sys
+exit_line = re.compile(sys.argv[1].encode())
+for sig in (signal.SIGINT, signal.SIGQUIT):
+    signal.signal(sig, lambda *_: None)
+proc = subprocess.Popen(sys.argv[2:], stderr=subprocess.PIPE)
+broken = False
+while data := os.read(proc.stderr.fileno(), 1 << 16):
+    data = exit_line.sub(b"", data)
+    while data and not broken:
+        try:
+            data = data[os.write(2, data):]
+        except OSError:
+            broken = True  # nobody reads our stderr: keep draining srun's until it ends
+code = proc.wait()
+sys.exit(128 - code if code < 0 else code)
+"""
+
+
+def without_srun_exit_line(argv: Sequence[str]) -> tuple[str, ...]:
+    """`argv` (an srun, maybe behind setpriv) under SRUN_FILTER, run by the server's own Python."""
+    return (sys.executable, "-I", "-S", "-c", SRUN_FILTER, SRUN_EXIT_LINE.decode(), *argv)
 
 
 def rank_node(job_dir: Path, rank: int) -> str:
@@ -94,4 +127,5 @@ def enter_argv(
     step += [f"--nodelist={node}", "--quiet", "--export=ALL", "--input=all"]
     drop = ["/usr/bin/setpriv", f"--reuid={record.uid}", f"--regid={gid}", "--clear-groups", "--"]
     inner = ["/bin/sh", "-c", ENTER_SCRIPT, "corral-enter", str(job_dir), str(rank), *argv]
-    return ExecCommand(argv=(*drop, *step, *inner), env={**env, "JOIN_PY": JOIN_PY}, cwd="/")
+    argv_out = without_srun_exit_line((*drop, *step, *inner))
+    return ExecCommand(argv=argv_out, env={**env, "JOIN_PY": JOIN_PY}, cwd="/")
