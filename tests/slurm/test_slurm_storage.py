@@ -1,7 +1,9 @@
 """Group storage on the Slurm engine: the same binds the dispatch builds (corral.storage.mounts),
 bound by the node's bubblewrap from the shared storage root; two members of a group share its dir,
 each job runs as its user's own Unix account, a dataset, a `--code` snapshot and the outputs dir
-are bound as on the local engine, and the engine checks that its nodes see the root."""
+are bound as on the local engine, and the engine checks that its nodes see the root. A group dir
+closed to a job's account is said in the job's log and the server log, and `corral doctor` names
+each Unix group missing and the commands that make it (which, run, put it right)."""
 
 from __future__ import annotations
 
@@ -10,13 +12,20 @@ import hashlib
 import logging
 import os
 import subprocess
+import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from corral.config import Settings
 from corral.datasets.store import Store, make_read_only
+from corral.db.models import Group, Membership, User
+from corral.db.session import init_db, make_engine, make_session_factory
+from corral.db.storage_models import StorageIdentity
 from corral.engine.base import AttemptPhase, MountSpec
 from corral.engine.slurm import SlurmEngine
+from corral.ops.doctor import check_slurm_groups
 from corral.storage import code
 from corral.storage.layout import StorageDir, ensure_layout, outputs_dir
 from corral.storage.mounts import SANDBOX_CODE, SANDBOX_OUTPUTS, Bind, MountContext, default_binds
@@ -55,7 +64,9 @@ def test_members_share_the_group_dir_on_slurm(slurm_cluster: SlurmCluster) -> No
             assert wait_for(engine, aid, FINISHED, timeout_s=30).phase is AttemptPhase.SUCCEEDED
             return engine.logs(aid, 0).data.decode(errors="replace")
 
-        launch("701.1", "alice", "echo from-alice > /group/vision/x && echo home > $HOME/h")
+        assert "corral:" not in launch(
+            "701.1", "alice", "echo from-alice > /group/vision/x && echo home > $HOME/h"
+        )
         assert (root / "group" / "vision" / "x").stat().st_gid == gid  # setgid dir: the group's file
         out = launch(
             "702.1", "bob", 'cat /group/vision/x; echo "ls=$(ls /home)"; cat /home/alice/h; echo rc=$?'
@@ -90,10 +101,10 @@ def test_members_share_the_group_dir_on_slurm(slurm_cluster: SlurmCluster) -> No
         command += "touch x 2>/dev/null || echo code-ro"  # x: in the working dir, /code
         base = attempt(aid, instance("node1", command), user="alice")
         dirs = tuple(d for b in binds for d in b.prepare)
-        launch = replace(
+        with_code = replace(
             base, mounts=(*mounts, data), storage_dirs=dirs, home="/home/alice", cwd=SANDBOX_CODE
         )
-        engine.launch(launch)
+        engine.launch(with_code)
         assert wait_for(engine, aid, FINISHED, timeout_s=30).phase is AttemptPhase.SUCCEEDED
         assert engine.logs(aid, 0).data.decode().split() == ["v1", "/code", "data-ro", "code-ro"]
         assert (outputs / "model.ckpt").read_text() == "ck\n"  # kept on the shared root
@@ -140,7 +151,14 @@ def test_a_group_dir_the_account_cannot_enter_is_said_in_the_server_log(
             engine.launch(replace(launch, attempt_id="705.2"))
         status = wait_for(engine, "705.1", FINISHED, timeout_s=30)
         assert status.phase is AttemptPhase.FAILED, status
-        assert "Permission denied" in engine.logs("705.1", 0).data.decode()
+        log = engine.logs("705.1", 0).data.decode()
+        assert "Permission denied" in log
+        # the job's own log says why, first, and what an admin does (it said nothing before)
+        assert log.splitlines()[0] == (
+            f"corral: /group/physics is closed to this job (Permission denied): its account {account} "
+            f"is not in gid {gid}, which owns it; no Unix group has gid {gid}; an admin gives it on every "
+            f"node: groupadd -g {gid} physics; usermod -aG physics {account} (`corral doctor` lists all)"
+        ), log
         said = [r.getMessage() for r in caplog.records if f"not in gid {gid}" in r.getMessage()]
         assert said == [
             f"slurm engine: account {account} is not in gid {gid}, which owns {root / 'group' / 'physics'} "
@@ -150,3 +168,83 @@ def test_a_group_dir_the_account_cannot_enter_is_said_in_the_server_log(
         ], said  # once for both launches
     finally:
         engine.close()
+
+
+def corral_groups(url: str, groups: dict[str, tuple[int, list[str]]]) -> None:
+    """Corral groups {name: (gid, member user names)} in a fresh database, the gids as given."""
+    init_db(url)
+    engine = make_engine(url)
+    now = time.time()
+    with make_session_factory(engine)() as s:
+        users = {
+            n: User(name=n, created_at=now) for n in sorted({m for _, ms in groups.values() for m in ms})
+        }
+        s.add_all(users.values())
+        for name, (gid, members) in groups.items():
+            group = Group(name=name, created_at=now)
+            s.add(group)
+            s.flush()
+            s.add_all(Membership(user_id=users[m].id, group_id=group.id) for m in members)
+            s.add(StorageIdentity(kind="group", subject_id=group.id, subject_created_at=now,
+                                  subject_name=name, number=gid, created_at=now))  # fmt: skip
+        s.commit()
+    engine.dispose()
+
+
+def test_doctor_names_each_missing_unix_group_and_the_commands_that_fix_it(
+    slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three Corral groups with gids: vision, whose gid is a Unix group listing both accounts
+    (fine); corralt-physics, whose gid no Unix group has; corralt-nlp, whose Unix group lacks
+    bob's account. Doctor names the two and the commands; run as printed, they put it right."""
+    alice, bob = TEST_ACCOUNTS["alice"], TEST_ACCOUNTS["bob"]
+    vision = unix_group([alice, bob])
+    physics = 4_200_000 + os.getpid() % 1000  # far above every Unix group of the machine
+    nlp_name = "corralt-nlp"
+    subprocess.run(["groupdel", nlp_name], capture_output=True)
+    subprocess.run(["groupadd", nlp_name], check=True, capture_output=True)
+    nlp = grp.getgrnam(nlp_name).gr_gid
+    subprocess.run(["gpasswd", "-a", alice, nlp_name], check=True, capture_output=True)
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    corral_groups(
+        url,
+        {
+            "vision": (vision, ["alice", "bob"]),
+            "corralt-physics": (physics, ["alice", "carol"]),  # carol: in no user map, not checked
+            "corralt-nlp": (nlp, ["alice", "bob"]),
+        },
+    )
+    settings = Settings(engine="slurm", home=tmp_path / "home", database_url=url)
+    monkeypatch.setenv("CORRAL_SLURM_USER_MAP", str(slurm_cluster.user_map))
+    try:
+        assert check_slurm_groups(Settings(engine="local", home=tmp_path / "home")).status == "skip"
+        no_db = f"sqlite:///{tmp_path / 'no.db'}"
+        none = Settings(engine="slurm", home=tmp_path / "home", database_url=no_db)
+        assert check_slurm_groups(none).detail == "no database yet: no Corral group has a gid"
+        assert not (tmp_path / "no.db").exists()  # checking created nothing
+        found = check_slurm_groups(settings)
+        gaps = {
+            nlp: f"group corralt-nlp (gid {nlp}): Unix group {nlp_name} (gid {nlp}) does not list {bob}",
+            physics: f"group corralt-physics (gid {physics}): no Unix group has gid {physics}",
+        }
+        fixes = {
+            nlp: f"usermod -aG {nlp_name} {bob}",
+            physics: f"groupadd -g {physics} corralt-physics; usermod -aG corralt-physics {alice}",
+        }
+        in_order = sorted(gaps)  # by gid
+        assert (found.status, found.detail, found.fix) == (
+            "warn",
+            "; ".join(gaps[g] for g in in_order) + ": their jobs get 'Permission denied' in /group/<name>",
+            "; ".join(fixes[g] for g in in_order) + " (as root, here and on every node; or the same in LDAP)",
+        ), found
+        assert found.fix is not None
+        commands = found.fix.split(" (as root")[0]
+        subprocess.run(["/bin/sh", "-c", commands], check=True, capture_output=True)
+        fixed = check_slurm_groups(settings)
+        assert (fixed.status, fixed.detail) == (
+            "ok",
+            "3 groups: each gid is a Unix group of its members' accounts",
+        ), fixed
+    finally:
+        for name in ("corralt-physics", nlp_name):
+            subprocess.run(["groupdel", name], capture_output=True)

@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 from sqlalchemy import delete
 
-from corral.db.models import Group, User
+from corral.db.models import Group, Membership, User
 from corral.db.session import init_db, make_engine, make_session_factory
 from corral.engine.isolation.sandbox import SandboxSpec, bwrap_argv
 from corral.engine.log_links import link_rank_logs, prepare_log_dirs
+from corral.engine.slurm.users import unix_group_fix
 from corral.spec import JobSpecV1
 from corral.storage import code
-from corral.storage.identities import IdRange, ensure_ids
+from corral.storage.identities import GroupGid, IdRange, ensure_ids, groups_with_gids
 from corral.storage.ignore import CodeDirError, scan
 from corral.storage.layout import (
     MARKER,
@@ -159,6 +160,49 @@ def test_ids_are_stable_and_never_reused(tmp_path: Path) -> None:
     engine.dispose()
     with pytest.raises(ValueError, match="LOW-HIGH"):
         IdRange.parse("CORRAL_UID_RANGE", "300000")
+
+
+def test_groups_with_gids_are_those_given_one_with_their_active_members(tmp_path: Path) -> None:
+    """What `corral doctor` checks on Slurm: each group that has a gid (not one without), by
+    gid, with its active members (not a disabled one)."""
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    init_db(url)
+    engine = make_engine(url)
+    rng_u, rng_g = IdRange.parse("U", "300000-300009"), IdRange.parse("G", "400000-400009")
+    with make_session_factory(engine)() as s:
+        now = time.time()
+        groups = [Group(name=n, created_at=now) for n in ("vision", "nlp", "no-gid-yet", "empty")]
+        users = [User(name=n, created_at=now, active=n != "dave") for n in ("bob", "alice", "dave")]
+        s.add_all([*groups, *users])
+        s.flush()
+        vision, nlp, later, empty = groups
+        s.add_all(Membership(user_id=u.id, group_id=vision.id) for u in users)
+        s.add_all(Membership(user_id=u.id, group_id=g.id) for u in users[:1] for g in (nlp, later))
+        _, gids = ensure_ids(s, [], [nlp, vision, empty], rng_u, rng_g)
+        assert groups_with_gids(s) == [
+            GroupGid("nlp", gids[nlp.id], ("bob",)),
+            GroupGid("vision", gids[vision.id], ("alice", "bob")),
+            GroupGid("empty", gids[empty.id], ()),
+        ]
+    engine.dispose()
+
+
+def test_the_fix_for_a_missing_unix_group_names_the_commands() -> None:
+    """`corral doctor`'s and the job log's fix, from this host's group database (gid 0 is root's
+    everywhere; 4,199,999 no host has): a name a Unix group of another gid holds gets corral-."""
+    free = 4_199_999
+    assert unix_group_fix("vision", free, ["corralt-alice", "corralt-bob"]) == (
+        f"no Unix group has gid {free}",
+        f"groupadd -g {free} vision; usermod -aG vision corralt-alice; usermod -aG vision corralt-bob",
+    )
+    assert unix_group_fix("root", free, []) == (
+        f"no Unix group has gid {free}",
+        f"groupadd -g {free} corral-root",
+    )
+    assert unix_group_fix("vision", 0, ["corralt-alice"]) == (
+        "Unix group root (gid 0) does not list corralt-alice",
+        "usermod -aG root corralt-alice",
+    )
 
 
 def test_logs_source_is_the_users_own_logs_dir_and_read_only(root: Path) -> None:

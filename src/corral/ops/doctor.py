@@ -6,6 +6,7 @@ is missing: the server would refuse to start or to run jobs); skip (not configur
 
 from __future__ import annotations
 
+import grp
 import os
 import shutil
 import stat
@@ -18,6 +19,8 @@ from corral.config import Settings, url_host
 
 if TYPE_CHECKING:
     from corral.engine.slurm.cli import SlurmCli
+    from corral.engine.slurm.users import UserMap
+    from corral.storage.identities import GroupGid
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_CONTROLLERS = ("cpu", "memory", "pids")
@@ -54,6 +57,7 @@ def run_checks(settings: Settings, cgroup_root: Path = CGROUP_ROOT) -> list[Chec
         ),
         lambda: check_slurm(settings),
         lambda: check_slurm_users(settings),
+        lambda: check_slurm_groups(settings),
         lambda: check_storage(settings),
     ]
     results = []
@@ -376,6 +380,88 @@ def check_slurm_users(settings: Settings) -> Check:
     if users.source is None:
         return Check("slurm users", "fail", f"{USER_MAP_SETTING} is unset: every job is refused", fix)
     return Check("slurm users", "ok", f"jobs run as mapped Unix accounts ({users.describe()})")
+
+
+def check_slurm_groups(settings: Settings) -> Check:
+    """Slurm gives a job its account's own Unix groups, not the gids Corral gave its groups' dirs
+    (docs/storage.md, "Identities"): each Corral group with a gid needs a Unix group of that gid
+    that lists its members' mapped accounts. Checked in this host's group database (the engine's
+    view at launch); the nodes need the same."""
+    from corral.engine.slurm.users import UserMap, unix_group_fix
+
+    if settings.engine != "slurm":
+        return Check("slurm groups", "skip", "local engine: it gives jobs their groups' gids itself")
+    from corral.db.session import is_sqlite
+    from corral.ops.backup import sqlite_path
+
+    if is_sqlite(settings.db_url) and not sqlite_path(settings.db_url).exists():  # connecting makes it
+        return Check("slurm groups", "skip", "no database yet: no Corral group has a gid")
+    try:
+        groups = _groups_with_gids(settings)
+    except Exception as exc:  # the database check says what is wrong with it
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return Check("slurm groups", "skip", f"cannot read Corral's groups: {first_line}")
+    if not groups:
+        return Check("slurm groups", "ok", "no Corral group has a gid yet (given at its first job)")
+    try:
+        users: UserMap | None = UserMap.from_env()
+    except ValueError:  # a bad map: the "slurm users" check says so
+        users = None
+    gaps, fixes = [], []
+    for group in groups:
+        lacking = _accounts_lacking(users, group) if users is not None else []
+        if lacking or not _gid_exists(group.gid):
+            missing, fix = unix_group_fix(group.name, group.gid, lacking)
+            gaps.append(f"group {group.name} (gid {group.gid}): {missing}")
+            fixes.append(fix)
+    if not gaps:
+        return Check(
+            "slurm groups", "ok", f"{len(groups)} groups: each gid is a Unix group of its members' accounts"
+        )
+    return Check(
+        "slurm groups",
+        "warn",
+        "; ".join(gaps) + ": their jobs get 'Permission denied' in /group/<name>",
+        "; ".join(fixes) + " (as root, here and on every node; or the same in LDAP)",
+    )
+
+
+def _accounts_lacking(users: UserMap, group: GroupGid) -> list[str]:
+    """The Unix accounts of `group`'s members that are not in its gid."""
+    from corral.engine.slurm.users import UnmappedUser, lacks_gid
+
+    lacking = []
+    for member in group.members:
+        try:
+            account = users.account(member)
+        except UnmappedUser:  # its jobs are refused at launch ("slurm users" says why)
+            continue
+        if lacks_gid(account, group.gid):
+            lacking.append(account.name)
+    return lacking
+
+
+def _groups_with_gids(settings: Settings) -> list[GroupGid]:
+    import sqlalchemy as sa
+    from sqlalchemy.orm import Session
+
+    from corral.db.session import make_engine
+    from corral.storage.identities import groups_with_gids
+
+    engine = make_engine(settings.db_url, poolclass=sa.pool.NullPool)
+    try:
+        with Session(engine) as session:
+            return groups_with_gids(session)
+    finally:
+        engine.dispose()
+
+
+def _gid_exists(gid: int) -> bool:
+    try:
+        grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return True
 
 
 # What the local engine's cgroups enforce and Slurm enforces only when told to (slurm.conf's

@@ -13,11 +13,11 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from corral.db.models import Group, User
+from corral.db.models import Group, Membership, User
 from corral.db.storage_models import StorageIdentity
 
 ALLOCATE_TRIES = 8  # concurrent allocations collide on the unique number; each retry takes the next
@@ -140,3 +140,37 @@ def list_ids(session: Session) -> list[StorageIdentity]:
     return list(
         session.scalars(select(StorageIdentity).order_by(StorageIdentity.kind, StorageIdentity.number))
     )
+
+
+@dataclass(frozen=True, slots=True)
+class GroupGid:
+    """A Corral group given a gid (its dir on the storage root is of that gid) and its active
+    members' user names."""
+
+    name: str
+    gid: int
+    members: tuple[str, ...]
+
+
+def groups_with_gids(session: Session) -> list[GroupGid]:
+    """Every group that has a gid, by gid: those a job has bound, or `corral storage ids` gave."""
+    rows = session.execute(
+        select(Group.name, StorageIdentity.number, User.name)
+        .join(
+            StorageIdentity,
+            and_(
+                StorageIdentity.kind == "group",
+                StorageIdentity.subject_id == Group.id,
+                StorageIdentity.subject_created_at == Group.created_at,
+            ),
+        )
+        .outerjoin(Membership, Membership.group_id == Group.id)
+        .outerjoin(User, and_(User.id == Membership.user_id, User.active.is_(True)))
+        .order_by(StorageIdentity.number, User.name)
+    ).all()
+    found: dict[tuple[str, int], list[str]] = {}
+    for group, gid, member in rows:
+        members = found.setdefault((group, gid), [])
+        if member is not None:
+            members.append(member)
+    return [GroupGid(name, gid, tuple(members)) for (name, gid), members in found.items()]

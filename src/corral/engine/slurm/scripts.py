@@ -21,6 +21,7 @@ import os
 import re
 import shlex
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -289,6 +290,13 @@ for x in {side}; do if [ -e "$x" ]; then set -- "$@" --dev-bind "$x" "$x"; fi; d
 """
 
 
+def _dir_checks(checks: Sequence[tuple[str, str]]) -> str:
+    return "".join(
+        f"[ -x {shlex.quote(path)} ] || [ ! -d {shlex.quote(path)} ] || echo {shlex.quote(line)} >&2\n"
+        for path, line in checks
+    )
+
+
 def _secret_env(secrets: tuple[SecretGrant, ...], rank: int) -> str:
     """Shell that sets each env secret from its file (0400, the job's own): the values are never
     in this script, in sbatch's environment or in `scontrol show job`. The `printf x` keeps
@@ -339,10 +347,13 @@ def rank_script(
     secrets: tuple[SecretGrant, ...] = (),
     env_bin: str = "",
     env_paths: tuple[str, ...] = (),
+    dir_checks: Sequence[tuple[str, str]] = (),
 ) -> str:
     """One instance: its environment, its command under bubblewrap, its exit code to a file.
     `env_bin`/`env_paths`: a catalogue environment's bin dir (first on PATH; the environment
-    itself is one of `mounts`) and its interpreter's dirs, bound read-only at their paths."""
+    itself is one of `mounts`) and its interpreter's dirs, bound read-only at their paths.
+    `dir_checks`: (dir, line): the line goes to the rank's log when the dir is there but closed
+    to the job's account on this node (a builtin test each, as the account)."""
     has_files = any(g.file is not None for g in secrets)
     exports = _rank_exports(inst, account, home, env_bin, has_files)
     spec = SandboxSpec(
@@ -373,7 +384,7 @@ if [ ! -x {bwrap} ]; then
     "the job cannot be sandboxed" >&2
   echo 127 >"$J/rank-{r}.exit"; exit 127
 fi
-{_gpu_binds(inst, gpu_offset, sandbox)}{exports}{secret_env}\
+{_dir_checks(dir_checks)}{_gpu_binds(inst, gpu_offset, sandbox)}{exports}{secret_env}\
 export CUDA_VISIBLE_DEVICES="$cvd" CORRAL_SLURM_GPUS="$mine"
 descendants() {{
   local c
@@ -412,9 +423,11 @@ def write_scripts(
     instances: list[InstanceLaunch],
     account: UnixAccount,
     sandbox: NodeSandbox,
+    dir_checks: Sequence[tuple[str, str]] = (),
 ) -> None:
     """The job dir with its scripts, /etc files and work dirs, all owned by the job's account
-    and closed to everyone else (0700): other users' jobs cannot read a job's command or logs."""
+    and closed to everyone else (0700): other users' jobs cannot read a job's command or logs.
+    `dir_checks`: (dir, line) that each rank prints to its log when the dir is closed to it."""
     shares = node_shares(instances)
     attempt_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(attempt_dir, 0o711)
@@ -454,6 +467,7 @@ def write_scripts(
                 secrets=attempt.secrets,
                 env_bin=attempt.environment_bin,
                 env_paths=attempt.environment_paths,
+                dir_checks=dir_checks,
             )
             for i in instances
         },

@@ -31,7 +31,7 @@ from corral.engine.log_links import link_attempt_logs
 from corral.engine.slurm import scripts
 from corral.engine.slurm.cli import SlurmCli, SlurmJob
 from corral.engine.slurm.state import AttemptRecord, StateStore
-from corral.engine.slurm.users import UnixAccount, UnmappedUser, UserMap, closed_group_dirs
+from corral.engine.slurm.users import UnixAccount, UnmappedUser, UserMap, closed_group_dirs, unix_group_fix
 from corral.scheduler.types import NodeState
 from corral.storage.layout import MARKER, prepare_dirs, through_symlink
 
@@ -167,13 +167,13 @@ class Submission:
                 prepare_dirs(attempt.storage_dirs, account.uid, account.gid)
             except (OSError, ValueError) as exc:
                 return self._reject(record, f"cannot prepare the job's storage: {exc}")
-            self._warn_closed_groups(account, attempt)
+            dir_checks = self._group_dir_checks(account, attempt)
             attempt_dir = self.store.attempt_dir(aid)
             job_dir = self.store.job_dir(aid)
             # before the new scripts: a lost earlier sbatch of this attempt turning up from now on
             # runs nothing (scripts.SUBMISSION_FILE)
             token = self.store.new_submission(aid)
-            scripts.write_scripts(attempt_dir, job_dir, attempt, instances, account, self.sandbox)
+            scripts.write_scripts(attempt_dir, job_dir, attempt, instances, account, self.sandbox, dir_checks)
             if attempt.log_dir:  # the ranks' logs, for the account to write, also at /logs
                 link_attempt_logs(
                     Path(attempt.log_dir),
@@ -195,20 +195,41 @@ class Submission:
             self._note_launched(aid, record.slurm_job_id)
             return record.slurm_job_id
 
-    def _warn_closed_groups(self, account: UnixAccount, attempt: AttemptLaunch) -> None:
-        """Say in the server log, once per account and gid, that a group dir this job binds is
-        closed to its account: the job still runs, and only "Permission denied" in it said why."""
+    def _group_dir_checks(self, account: UnixAccount, attempt: AttemptLaunch) -> list[tuple[str, str]]:
+        """(dir, line) for each group dir this job binds (root-owned, of a Corral group's gid):
+        its rank scripts print the line to the job's log when the dir is closed to the account
+        on its node, where the job otherwise met only "Permission denied". Slurm gives a job its
+        account's own Unix groups, not the gids Corral gave its groups; a gid this host's
+        groups lack is also said in the server log, once per account and gid."""
         targets = {m.source: m.target for m in attempt.mounts}  # where the job sees the dir
-        for d in closed_group_dirs(account, attempt.storage_dirs):
-            if (account.name, d.gid) in self._warned_groups:
+        closed = {d.gid for d in closed_group_dirs(account, attempt.storage_dirs)}
+        checks: dict[str, str] = {}
+        for d in attempt.storage_dirs:
+            if d.owner != "root" or d.gid is None or d.path in checks:
                 continue
-            self._warned_groups.add((account.name, d.gid))
-            log.warning(
-                "slurm engine: account %s is not in gid %s, which owns %s (%s in its jobs): its jobs "
-                "get 'Permission denied' there; give gid %s to a Unix group of the group members' "
-                "accounts on every node (docs/storage.md, Identities; `corral storage ids` lists the gids)",
-                account.name, d.gid, d.path, targets.get(d.path, d.path), d.gid,
-            )  # fmt: skip
+            where = targets.get(d.path, d.path)
+            if d.gid in closed:
+                self._warn_closed_group(account, d.gid, d.path, where)
+                missing, fix = unix_group_fix(Path(d.path).name, d.gid, [account.name])
+                why = f"{missing}; an admin gives it on every node: {fix} (`corral doctor` lists all)"
+            else:
+                why = "on the Corral server's host it is: give this node the same Unix groups"
+            checks[d.path] = (
+                f"corral: {where} is closed to this job (Permission denied): its account {account.name} is "
+                f"not in gid {d.gid}, which owns it; {why}"
+            )
+        return list(checks.items())
+
+    def _warn_closed_group(self, account: UnixAccount, gid: int, path: str, where: str) -> None:
+        if (account.name, gid) in self._warned_groups:
+            return
+        self._warned_groups.add((account.name, gid))
+        log.warning(
+            "slurm engine: account %s is not in gid %s, which owns %s (%s in its jobs): its jobs "
+            "get 'Permission denied' there; give gid %s to a Unix group of the group members' "
+            "accounts on every node (docs/storage.md, Identities; `corral storage ids` lists the gids)",
+            account.name, gid, path, where, gid,
+        )  # fmt: skip
 
     def _account_for(self, corral_user: str) -> UnixAccount:
         """The job's Unix account, or UnmappedUser saying why the job may not run at all."""

@@ -11,8 +11,10 @@ launch is refused with a message naming the user and the setting. A job never ru
 
 from __future__ import annotations
 
+import grp
 import os
 import pwd
+import shlex
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,6 +54,37 @@ def closed_group_dirs(account: UnixAccount, dirs: Sequence[StorageDir]) -> list[
         if d.owner == "root" and d.gid is not None and d.gid not in groups:
             closed.setdefault(d.gid, d)
     return list(closed.values())
+
+
+def unix_group_fix(group: str, gid: int, accounts: Sequence[str]) -> tuple[str, str]:
+    """(what is missing, the commands that give it) for the gid `gid` of Corral group `group`,
+    which the Unix `accounts` (its members') lack, as this host's group database says: no Unix
+    group has the gid (`groupadd -g`, under the Corral group's name unless a Unix group of another
+    gid holds that name), or the one that has it does not list them (`usermod -aG`)."""
+    commands = []
+    try:
+        name = grp.getgrgid(gid).gr_name
+    except KeyError:
+        name = group if _group_name_free(group) else f"corral-{group}"
+        missing = f"no Unix group has gid {gid}"
+        commands.append(f"groupadd -g {gid} {shlex.quote(name)}")
+    else:
+        missing = f"Unix group {name} (gid {gid}) does not list {', '.join(accounts)}"
+    commands += [f"usermod -aG {shlex.quote(name)} {shlex.quote(a)}" for a in accounts]
+    return missing, "; ".join(commands)
+
+
+def _group_name_free(name: str) -> bool:
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return True
+    return False
+
+
+def lacks_gid(account: UnixAccount, gid: int) -> bool:
+    """Is `account` outside `gid` (its own groups as this host sees them, as Slurm's initgroups)?"""
+    return gid not in os.getgrouplist(account.name, account.gid)
 
 
 class UserMap:
