@@ -17,6 +17,7 @@ Usage:
 from __future__ import annotations
 
 import contextlib
+import grp
 import itertools
 import os
 import pwd
@@ -51,6 +52,27 @@ def ensure_accounts(names: list[str]) -> None:
                 timeout=30,
             )
             pwd.getpwnam(name)  # KeyError here: useradd failed (not root?)
+
+
+# The group gids a test server gives out (CORRAL_GID_RANGE, helpers.server_env), each the gid of a
+# Unix group listing every test account: the admin step of docs/storage.md, "Identities", done as a
+# site would, so that a server's jobs can enter their /group/<g> (and their logs do not open with
+# the line saying that they cannot). A server test makes a handful of groups.
+TEST_GIDS = range(4_300_000, 4_300_016)
+
+
+def ensure_group_gids(gids: range, accounts: list[str]) -> None:
+    """A Unix group `corralt-g<gid>` for each gid, listing `accounts` (made if missing)."""
+    for gid in gids:
+        try:
+            grp.getgrgid(gid)
+        except KeyError:  # (another session's harness may make it at the same time: checked below)
+            subprocess.run(["groupadd", "-g", str(gid), f"corralt-g{gid}"], capture_output=True, timeout=30)
+        group = grp.getgrgid(gid)  # KeyError here: groupadd failed (not root?)
+        for account in sorted(set(accounts) - set(group.gr_mem)):
+            subprocess.run(["usermod", "-aG", group.gr_name, account], capture_output=True, timeout=30)
+        missing = set(accounts) - set(grp.getgrgid(gid).gr_mem)
+        assert not missing, f"usermod could not add {sorted(missing)} to Unix group {group.gr_name}"
 
 
 def free_port() -> int:
@@ -231,6 +253,7 @@ class SlurmCluster:
         os.chmod(self.base / "out", 0o1777)
         (self.base / "corral").mkdir(mode=0o711, exist_ok=True)
         ensure_accounts(list(TEST_ACCOUNTS.values()))
+        ensure_group_gids(TEST_GIDS, list(TEST_ACCOUNTS.values()))
         self.user_map.write_text("".join(f"{user}: {account}\n" for user, account in TEST_ACCOUNTS.items()))
         key = self.base / "etc" / "munge.key"
         key.write_bytes(os.urandom(128))

@@ -16,7 +16,7 @@ from corral.engine.base import AttemptLaunch, AttemptPhase, AttemptStatus, Engin
 from corral.engine.slurm import SlurmEngine
 from corral.engine.slurm.users import UserMap
 from corral.scheduler.types import GPU
-from tests.slurm.harness import SlurmCluster
+from tests.slurm.harness import TEST_GIDS, SlurmCluster
 
 
 def slurm_engine(cluster: SlurmCluster, state_dir: Path | None = None, **kwargs: Any) -> SlurmEngine:
@@ -45,6 +45,8 @@ def server_env(cluster: SlurmCluster, state_dir: Path, storage_root: Path | None
         "CORRAL_STORAGE_ROOT": str(storage),
         "CORRAL_SLURM_USER_MAP": str(cluster.user_map),
         "CORRAL_SLURM_GPU_DEVICE": cluster.gpu_device,
+        # groups' gids that Unix groups of the test accounts have (harness.TEST_GIDS)
+        "CORRAL_GID_RANGE": f"{TEST_GIDS[0]}-{TEST_GIDS[-1]}",
     }
 
 
