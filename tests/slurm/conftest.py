@@ -10,9 +10,11 @@ from collections.abc import Iterator
 import pytest
 
 from corral.engine.slurm import SlurmEngine
+from corral.engine.slurm import engine as slurm_engine_module
 from corral.engine.slurm.cli import CliResult, SlurmCli
+from corral.scheduler.types import NodeState
 from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster, missing_binaries
-from tests.slurm.helpers import slurm_engine
+from tests.slurm.helpers import HeldClock, slurm_engine
 from tests.support import require
 
 pytestmark = pytest.mark.slurm
@@ -76,3 +78,19 @@ def cleanup_cluster(cluster: SlurmCluster) -> None:
         if not busy and all(s == "idle" for s in cluster.node_states().values()):
             return
         time.sleep(0.1)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> HeldClock:
+    """The Slurm engine module's clock, held still until the test moves it (helpers.HeldClock)."""
+    held = HeldClock()
+    monkeypatch.setattr(slurm_engine_module, "time", held)
+    return held
+
+
+@pytest.fixture
+def drained_node3(engine: SlurmEngine) -> str:
+    """A node where a job pinned to it pends (ReqNodeNotAvail) until it is resumed (the engine
+    fixture's clean-up resumes it)."""
+    engine.set_node_state("node3", NodeState.CORDONED, "pending-poll test")
+    return "node3"

@@ -111,6 +111,21 @@ def wait_for(
 FINISHED = {AttemptPhase.SUCCEEDED, AttemptPhase.FAILED, AttemptPhase.LOST}
 
 
+class HeldClock:
+    """The Slurm engine module's `time`, with a monotonic clock that moves only when the test
+    moves it: how long squeue or sbatch takes on a loaded machine cannot age the engine's "every
+    job pending" memory past PENDING_RECHECK_S in the middle of a test."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    def monotonic(self) -> float:
+        return self.now
+
+
 # ---- a Corral server on the cluster: its jobs through the REST API, Slurm's view of them ----------
 TERMINAL = ("succeeded", "failed", "cancelled")
 LIVE = ("queued", "scheduled", "starting", "running", "preempted")

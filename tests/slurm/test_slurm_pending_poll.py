@@ -7,50 +7,18 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
 
 import pytest
 
 from corral.engine.base import AttemptPhase, AttemptStatus
 from corral.engine.slurm import SlurmEngine
-from corral.engine.slurm import engine as slurm_engine_module
 from corral.engine.slurm.engine import PENDING_RECHECK_S
 from corral.engine.slurm.scripts import BATCH_OUTPUT
 from corral.engine.slurm.state import AttemptRecord, StateStore
 from corral.scheduler.types import NodeState
-from tests.slurm.helpers import FINISHED, attempt, instance, wait_for
+from tests.slurm.helpers import FINISHED, HeldClock, attempt, instance, wait_for
 
 pytestmark = pytest.mark.slurm
-
-
-class HeldClock:
-    """The Slurm engine module's `time`, with a monotonic clock that moves only when the test
-    moves it: how long squeue or sbatch takes on a loaded machine cannot age the engine's "every
-    job pending" memory past PENDING_RECHECK_S in the middle of a test."""
-
-    def __init__(self) -> None:
-        self.now = time.monotonic()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(time, name)
-
-    def monotonic(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> HeldClock:
-    held = HeldClock()
-    monkeypatch.setattr(slurm_engine_module, "time", held)
-    return held
-
-
-@pytest.fixture
-def drained_node3(engine: SlurmEngine) -> str:
-    """A node where a job pinned to it pends (ReqNodeNotAvail) until it is resumed (the engine
-    fixture's clean-up resumes it)."""
-    engine.set_node_state("node3", NodeState.CORDONED, "pending-poll test")
-    return "node3"
 
 
 def polls_pending(engine: SlurmEngine, aid: str, times: int) -> None:

@@ -13,8 +13,7 @@ import pytest
 from corral.engine.base import AttemptPhase
 from corral.engine.slurm import SlurmEngine
 from corral.engine.slurm.engine import RUNNING_RECHECK_S
-from tests.slurm.helpers import FINISHED, attempt, instance, wait_for
-from tests.slurm.test_slurm_pending_poll import HeldClock, clock, drained_node3  # noqa: F401 (fixtures)
+from tests.slurm.helpers import FINISHED, HeldClock, attempt, instance, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -29,8 +28,8 @@ def polls(engine: SlurmEngine, ids: list[str], times: int) -> dict[str, AttemptP
 def test_polls_while_a_job_runs_ask_squeue_again_only_when_an_instance_ends(
     engine: SlurmEngine,
     squeue_calls: list[tuple[str, ...]],
-    drained_node3: str,  # noqa: F811 (the fixture)
-    clock: HeldClock,  # noqa: F811 (the fixture)
+    drained_node3: str,
+    clock: HeldClock,
 ) -> None:
     """A running job beside a pending one: five polls ask squeue none (before: five). A rank's exit
     file appearing makes the next poll ask; so does RUNNING_RECHECK_S passing; the job's own end is
@@ -65,8 +64,8 @@ def test_polls_while_a_job_runs_ask_squeue_again_only_when_an_instance_ends(
 def test_a_running_job_that_ends_is_seen_at_the_next_poll(
     engine: SlurmEngine,
     squeue_calls: list[tuple[str, ...]],
-    drained_node3: str,  # noqa: F811 (the fixture)
-    clock: HeldClock,  # noqa: F811 (the fixture)
+    drained_node3: str,
+    clock: HeldClock,
 ) -> None:
     """With the clock held (no recheck by age), a job's own end is still seen: its exit file makes
     the polls ask squeue until Slurm says it ended."""
