@@ -19,6 +19,7 @@ from corral.db.incident_models import Incident, Postmortem, RemediationRun
 from corral.db.models import Attempt, Gpu, GpuClaim, Job, Node
 from corral.db.session import make_engine
 from corral.monitor.alerts import record_alert
+from corral.monitor.loops import incident_tick
 from corral.scheduler import types as st
 from corral.server.context import ServerContext
 from corral.server.nodes import node_tick
@@ -373,6 +374,69 @@ def test_a_bad_rules_file_is_refused_with_its_line_and_the_old_version_stays(
     assert caught.value.line == line and reason in caught.value.reason
     with world.ctx.session_factory() as session:
         assert remediation.active_text(session) == (1, CORDON_ALL)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "reason"),
+    [
+        (
+            "incidents:\n  flapping: {reopens: 0}\n",
+            2,
+            "incidents.flapping.reopens: Input should be greater than or equal to 1",
+        ),
+        (
+            "incidents:\n  reopen_window: 15m\n  flapping:\n    quiet: 0s\n",
+            4,
+            "incidents.flapping.quiet: Input should be greater than 0",
+        ),
+        (
+            "incidents: {reopen_window: soon}\n",
+            1,
+            "incidents.reopen_window: 'soon' is not a duration (e.g. 90, 30s, 10m, 1h)",
+        ),
+        (
+            "incidents:\n  flapping: {reopen: 3}\n",
+            2,
+            "incidents.flapping.reopen: Extra inputs are not permitted",
+        ),
+    ],
+)
+def test_the_incident_settings_are_checked_with_their_line(text: str, line: int, reason: str) -> None:
+    with pytest.raises(RulesError) as caught:
+        parse_rules(text)
+    assert (caught.value.line, caught.value.reason) == (line, reason)
+
+
+FLAPPY_RULES = remediation.DEFAULT_RULES.replace("reopen_window: 15m", "reopen_window: 2m").replace(
+    "{reopens: 3, within: 1h, quiet: 30m}", "{reopens: 2, within: 10m, quiet: 5m}"
+)
+
+
+def test_the_rules_files_incident_settings_govern_reopening_and_flapping(world: World) -> None:
+    assert parse_rules(remediation.DEFAULT_RULES).incidents.flap_policy() == incidents.DEFAULT_FLAP
+    assert FLAPPY_RULES != remediation.DEFAULT_RULES
+    apply(world, FLAPPY_RULES)
+    t = time.time()
+    ecc(world, True, t)
+    for reopen_at in (t + 60, t + 120):  # the 2nd reopen within 10 min: flapping
+        ecc(world, False, reopen_at - 30)
+        ecc(world, True, reopen_at)
+    (incident,) = all_incidents(world)
+    assert incident.flapping_since == t + 120 and incident.state == "triggered"
+    incident_tick(world.ctx, t + 120 + 299)  # the incidents loop: not quiet for 5 min yet
+    assert all_incidents(world)[0].flapping_since == t + 120
+    incident_tick(world.ctx, t + 120 + 300)
+    assert all_incidents(world)[0].flapping_since is None
+    with world.ctx.session_factory() as session:
+        ended = [
+            e for e in incidents.detail(session, incident.id, t)["timeline"] if e["kind"] == "flapping_ended"
+        ]
+        assert [e["text"] for e in ended] == [
+            "stopped flapping: stayed open (firing) for 5 min; a reopen pages again"
+        ]
+    ecc(world, False, t + 500)
+    ecc(world, True, t + 500 + 121)  # past the 2 min reopen window: a new incident
+    assert [i.state for i in all_incidents(world)] == ["resolved", "triggered"]
 
 
 def test_the_shipped_rules_parse() -> None:

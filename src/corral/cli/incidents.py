@@ -39,7 +39,8 @@ def list_incidents(
     all_: Annotated[bool, typer.Option("--all", help="closed and resolved ones too")] = False,
     output: OutputOpt = Output.table,
 ) -> None:
-    """Incidents, newest first (open ones unless --all or --state), with SLA countdowns."""
+    """Incidents, newest first (open ones unless --all or --state), with SLA countdowns; STATE
+    says `flapping` for one that reopens too often (paged once, not at each reopen)."""
     with client() as c:
         page = c.incidents(state=state, severity=severity, node=node, open=not (all_ or state))
     if output is Output.json:
@@ -51,7 +52,8 @@ def list_incidents(
         ack_in, mitigate_in = _countdown(sla["ack_remaining_s"]), _countdown(sla["mitigate_remaining_s"])
         opened = ago(i["opened_at"])
         title = i["title"][:60]
-        table.add_row(str(i["id"]), i["severity"], i["state"], title, opened, ack_in, mitigate_in, i["owner"])
+        state = f"{i['state']}, flapping" if i.get("flapping") else i["state"]
+        table.add_row(str(i["id"]), i["severity"], state, title, opened, ack_in, mitigate_in, i["owner"])
     out.print(table)
 
 
@@ -68,6 +70,8 @@ def show_incident(incident_id: IncidentArg, output: OutputOpt = Output.table) ->
         f"[bold]incident {i['id']}[/bold] {i['severity']} {i['state']}: {plain(i['title'])}", markup=True
     )
     out.print(f"  source {i['source']}, owner {i['owner'] or '-'}, fired {i['fire_count']} time(s)")
+    if i.get("flapping"):
+        out.print(f"  flapping (began {ago(i['flapping_since'])}): its reopens page nobody until it is quiet")
     for kind, values in (i["links"] or {}).items():
         if values:
             out.print(f"  {kind}: {', '.join(values)}")

@@ -1,6 +1,7 @@
 """Monitoring's background loops, collected by the server runner (corral.server.runner):
 GPU sampling + GPU health, node/OOM health, notification delivery, idle-GPU policy, incidents
-(SLA breaches, and stops the remediation rules asked for that were not delivered yet).
+(SLA breaches, the end of flapping after its quiet period, and stops the remediation rules
+asked for that were not delivered yet).
 Intervals come from CORRAL_MONITOR_* (MonitorSettings), read when this module is imported."""
 
 from __future__ import annotations
@@ -156,11 +157,15 @@ _RESENT: dict[str, float] = {}  # attempt id -> when this process last re-sent i
 def incident_tick(ctx: ServerContext, now: float) -> None:
     with ctx.session_factory() as session:
         breaches = incidents.check_slas(session, now)
+        flap = remediation.active_rules(session)[1].incidents.flap_policy()
+        calmed = incidents.end_quiet_flapping(session, now, flap)
         session.commit()
         pending = remediation.faulted_live_attempts(session, now - 3600.0, now - STOP_RETRY_AFTER_S)
         session.rollback()
     for incident_id, which in breaches:
         log.warning("incident %s: %s SLA breached", incident_id, which)
+    for incident_id in calmed:
+        log.info("incident %s stopped flapping", incident_id)
     kept = {a: t for a, t in _RESENT.items() if a in pending}  # only those still pending
     due = [a for a in pending if now - kept.get(a, 0.0) >= STOP_RESEND_EVERY_S]
     kept.update(dict.fromkeys(due, now))

@@ -9,9 +9,14 @@
   acknowledged, which stops the escalation. Both acks are idempotent, so each side's listener
   calling the other ends after one hop.
 - The incident resolves (by hand, or its alerts resolved) -> its page is cancelled if still open.
-- The incident reopens (it fired again within the flap window, so it is triggered and nobody's
-  again) -> a new page starts, key `incident:<id>/reopen-<n>`: a page key is used once, and a
-  triggered incident always has someone being paged.
+- The incident reopens (it fired again within the reopen window, so it is triggered again) -> a
+  new page starts, key `incident:<id>/reopen-<n>` (a page key is used once). If someone had
+  acknowledged the incident, the page goes to that person first (and names them), then to the
+  policy from its top: they know the fault.
+- Flapping (corral.services.incidents.FlapPolicy): the reopen that makes the incident flapping
+  pages once, saying so; the reopens while it flaps page nobody (the timeline says each), and
+  resolving does not cancel that page, which stays until someone acknowledges it: the flapping
+  itself is the fault to look at. Once the flapping has ended, a reopen pages again.
 
 Everything happens in the transaction of the change that caused it: an incident is never left
 open without its page, nor a page acked without its incident. `install()` registers the
@@ -24,13 +29,16 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 
 from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
 from corral.db.incident_models import Incident
+from corral.db.models import User
 from corral.db.oncall_models import EscalationPolicy, Page
 from corral.services import incidents, paging
+from corral.services.incidents import FlapNews, Reopen
 
 log = logging.getLogger(__name__)
 KEY_PREFIX = "incident:"
@@ -60,10 +68,11 @@ def _portal_url() -> str:
     return os.environ.get("CORRAL_PUBLIC_URL", "http://127.0.0.1:8080").rstrip("/")
 
 
-def page_body(incident: Incident) -> str:
+def page_body(incident: Incident, preface: Sequence[str] = ()) -> str:
     links = incident.links or {}
     lines = [
         f"{incident.severity} incident #{incident.id}: {incident.title}",
+        *preface,
         f"Opened by {incident.source}.",
     ]
     for kind in incidents.LINK_KINDS:
@@ -79,17 +88,46 @@ def _page_opened(session: Session, incident: Incident) -> None:
         _start_page(session, incident, page_key(incident.id), incident.opened_at, "paged")
 
 
-def _page_reopened(session: Session, incident: Incident, by: str) -> None:
+def _page_reopened(session: Session, incident: Incident, reopen: Reopen) -> None:
     """A reopened incident is triggered again: page again, on a page of its own (the first one
-    was cancelled when the incident resolved, or acknowledged for the fault as it was then)."""
-    if not _enabled or _open_page(session, incident.id) is not None:
+    was cancelled when the incident resolved, or acknowledged for the fault as it was then) and
+    to whoever acknowledged it before first; once only when it began flapping, not while it flaps."""
+    if not _enabled:
+        return
+    now = incident.updated_at
+    if reopen.flap is FlapNews.ONGOING:
+        text = (
+            f"not paged: the incident is flapping (until quiet for {incidents.duration_text(reopen.quiet_s)})"
+        )
+        incidents.add_timeline(session, incident.id, "paging", text, now=now)
+        return
+    if _open_page(session, incident.id) is not None:
         return
     earlier = session.scalar(select(func.count()).select_from(Page).where(_pages_of(incident.id)))
     key = f"{page_key(incident.id)}/reopen-{earlier or 0}"
-    _start_page(session, incident, key, incident.updated_at, "reopened: paged again")
+    preface, verb = [], "reopened: paged again"
+    if reopen.flap is FlapNews.STARTED:
+        quiet = incidents.duration_text(reopen.quiet_s)
+        preface.append(f"{reopen.text}; its further reopens page nobody until it is quiet for {quiet}.")
+        verb = f"{reopen.text}: paged once"
+    first = _earlier_acknowledger(session, incident)
+    if first is not None:
+        preface.append(f"Reopened after {first.name} acknowledged it: paged to {first.name} first.")
+    _start_page(session, incident, key, now, verb, preface, first)
 
 
-def _start_page(session: Session, incident: Incident, key: str, now: float, verb: str) -> None:
+def _earlier_acknowledger(session: Session, incident: Incident) -> User | None:
+    """Who acknowledged the incident before it reopened, while they can still answer a page."""
+    if not incident.acknowledged_by:
+        return None
+    user = session.scalar(select(User).where(User.name == incident.acknowledged_by))
+    return user if user is not None and user.active else None
+
+
+def _start_page(
+    session: Session, incident: Incident, key: str, now: float, verb: str,
+    preface: Sequence[str] = (), first: User | None = None,
+) -> None:  # fmt: skip
     tried = policy_names(incident.severity)
     policy = session.scalar(
         select(EscalationPolicy.name).where(EscalationPolicy.name.in_(tried))
@@ -100,11 +138,12 @@ def _start_page(session: Session, incident: Incident, key: str, now: float, verb
         text = f"nobody paged: no escalation policy named {' or '.join(repr(n) for n in tried)}"
         incidents.add_timeline(session, incident.id, "paging", text, now=now)
         return
+    flapping = "flapping: " if incident.flapping_since is not None else ""
     paging.start(
-        session, key=key, policy=policy,
-        subject=f"[{incident.severity}] {incident.title}", body=page_body(incident), now=now,
+        session, key=key, policy=policy, subject=f"[{incident.severity}] {flapping}{incident.title}",
+        body=page_body(incident, preface), now=now, first_user_id=None if first is None else first.id,
     )  # fmt: skip
-    text = f"{verb} via policy {policy}"
+    text = f"{verb} via policy {policy}" + (f", to {first.name} first" if first is not None else "")
     incidents.add_timeline(session, incident.id, "paging", text, {"policy": policy, "page": key}, now=now)
 
 
@@ -144,13 +183,24 @@ def _incident_acked(session: Session, incident: Incident, by: str) -> None:
 
 
 def _incident_resolved(session: Session, incident: Incident, by: str) -> None:
-    """Nobody needs to answer a page about a fault that is over."""
-    if not _enabled:
-        return
+    """Nobody needs to answer a page about a fault that is over; but a flapping one is not over
+    when it resolves (it comes back): its page stays while it flaps."""
+    if _enabled and incident.flapping_since is None:
+        _cancel_open_page(session, incident, "page cancelled: the incident resolved")
+
+
+def _flapping_ended(session: Session, incident: Incident, by: str) -> None:
+    """A flapping incident that stayed resolved for its quiet period is over after all: its page
+    is cancelled now, as it would have been when it resolved. One that stayed open keeps it."""
+    resolved = (incidents.IncidentState.RESOLVED.value, incidents.IncidentState.CLOSED.value)
+    if _enabled and incident.state in resolved:
+        _cancel_open_page(session, incident, "page cancelled: the incident stopped flapping, resolved")
+
+
+def _cancel_open_page(session: Session, incident: Incident, text: str) -> None:
     if (page := _open_page(session, incident.id)) is not None:
         now = time.time()
         if paging.cancel(session, page.key, now).state == "cancelled":  # not acked meanwhile
-            text = "page cancelled: the incident resolved"
             incidents.add_timeline(session, incident.id, "paging", text, now=now)
 
 
@@ -163,6 +213,7 @@ def install() -> None:
             incidents.on_acknowledged(_incident_acked)
             incidents.on_resolved(_incident_resolved)
             incidents.on_reopened(_page_reopened)
+            incidents.on_flapping_ended(_flapping_ended)
             paging.register_ack_listener(KEY_PREFIX, _page_acked)
             _registered = True
         _enabled = True

@@ -3,7 +3,11 @@
 Alerts and platform events reach here through the remediation rules (corral.services.remediation),
 whose `incident` action calls `open_or_update` with a grouping key (`fingerprint`): a repeat joins
 the open incident, and a fault that comes back within `FLAP_WINDOW_S` of its incident resolving
-reopens that incident instead of opening a new one (a flapping GPU is one incident).
+reopens that incident instead of opening a new one (a flapping GPU is one incident). An incident
+reopened `FlapPolicy.reopens` times within `FlapPolicy.within_s` is *flapping* (`flapping_since`)
+until it has neither reopened nor resolved for `FlapPolicy.quiet_s` (the rules file's `incidents:`
+section sets these; docs/operations.md, "Flapping"). The reopened listeners hear whether a reopen
+is plain, begins the flapping or happens while it lasts (`Reopen`), so paging can page once.
 
 States move by compare-and-set, like jobs' (services.lifecycle): triggered -> acknowledged ->
 mitigated -> resolved -> closed, where resolved may go back to triggered (it fired again) and
@@ -11,8 +15,9 @@ closing a SEV1 or SEV2 incident requires its postmortem. Every change adds a tim
 
 Entry points for other areas (the paging engine, at merge): `open_or_update`, `acknowledge`,
 `add_timeline`; listeners registered with `on_opened` hear of each new incident, and those
-registered with `on_acknowledged` / `on_resolved` of each first acknowledgement and each
-resolution, in the same transaction (corral.services.incident_paging pages and un-pages with them).
+registered with `on_acknowledged` / `on_resolved` / `on_reopened` / `on_flapping_ended` of each
+first acknowledgement, resolution, reopen and end of flapping, in the same transaction
+(corral.services.incident_paging pages and un-pages with them).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -56,8 +62,45 @@ TRANSITIONS: dict[IncidentState, frozenset[IncidentState]] = {
     _S.CLOSED: frozenset(),
 }
 OPEN_STATES = (_S.TRIGGERED.value, _S.ACKNOWLEDGED.value, _S.MITIGATED.value)
-# A fault that fires again within this long after its incident resolved reopens that incident.
+# A fault that fires again within this long after its incident resolved reopens that incident
+# (the default of the rules file's `incidents.reopen_window`, FlapPolicy.reopen_window_s).
 FLAP_WINDOW_S = 15 * 60.0
+
+
+@dataclass(frozen=True)
+class FlapPolicy:
+    """When reopens count as flapping. Defaults: the 3rd reopen within an hour (one reopen is a
+    fix that did not hold, two may be chance; three in an hour means the fault comes and goes at
+    least every 20 minutes), over after 30 minutes with no reopen and no resolve (twice the
+    reopen window: a fault that stays put, firing or resolved, for that long has settled)."""
+
+    reopen_window_s: float = FLAP_WINDOW_S  # fires again within this long after resolving: reopens
+    reopens: int = 3  # this many reopens ...
+    within_s: float = 3600.0  # ... within this long: flapping
+    quiet_s: float = 1800.0  # no reopen and no resolve for this long: flapping ends
+
+
+DEFAULT_FLAP = FlapPolicy()
+
+
+class FlapNews(StrEnum):
+    """What a reopen means for flapping."""
+
+    NONE = "none"  # not flapping
+    STARTED = "started"  # this reopen made it flapping
+    ONGOING = "ongoing"  # it was flapping already
+
+
+@dataclass(frozen=True)
+class Reopen:
+    """A reopen, as the reopened listeners hear of it."""
+
+    by: str  # the source that fired it
+    flap: FlapNews
+    text: str  # when STARTED: "flapping: reopened 3 times in 40 min"
+    quiet_s: float  # how long without a reopen or resolve ends the flapping
+
+
 # Time to acknowledge and time to mitigate, per severity (seconds).
 SLA_S: dict[Severity, tuple[float, float]] = {
     Severity.SEV1: (5 * 60.0, 60 * 60.0),
@@ -74,7 +117,9 @@ _OPENED_LISTENERS: list[OpenedListener] = []
 ChangeListener = Callable[[Session, Incident, str], None]  # (session, incident, by)
 _ACKED_LISTENERS: list[ChangeListener] = []
 _RESOLVED_LISTENERS: list[ChangeListener] = []
-_REOPENED_LISTENERS: list[ChangeListener] = []
+ReopenedListener = Callable[[Session, Incident, Reopen], None]
+_REOPENED_LISTENERS: list[ReopenedListener] = []
+_FLAPPING_ENDED_LISTENERS: list[ChangeListener] = []
 
 
 def on_opened(listener: OpenedListener) -> None:
@@ -92,10 +137,15 @@ def on_resolved(listener: ChangeListener) -> None:
     _RESOLVED_LISTENERS.append(listener)
 
 
-def on_reopened(listener: ChangeListener) -> None:
-    """Call `listener(session, incident, by)` when a resolved incident fires again within
-    FLAP_WINDOW_S and goes back to triggered (`by`: the source that fired it)."""
+def on_reopened(listener: ReopenedListener) -> None:
+    """Call `listener(session, incident, reopen)` when a resolved incident fires again within
+    the reopen window and goes back to triggered (`reopen`: who fired it, and its flapping news)."""
     _REOPENED_LISTENERS.append(listener)
+
+
+def on_flapping_ended(listener: ChangeListener) -> None:
+    """Call `listener(session, incident, "corral")` when an incident's flapping ends (quiet)."""
+    _FLAPPING_ENDED_LISTENERS.append(listener)
 
 
 def _tell(listeners: list[ChangeListener], session: Session, incident: Incident, by: str) -> None:
@@ -190,21 +240,24 @@ def open_or_update(
     now: float,
     alert: str = "",
     why: str = "",
+    flap: FlapPolicy = DEFAULT_FLAP,
 ) -> Incident:
     """The incident of this fault: the open one with `fingerprint`, one that resolved less than
-    FLAP_WINDOW_S ago (reopened), or a new one. `alert`: the fingerprint of the firing alert it
-    came from (resolving that alert may resolve the incident; '' for an event)."""
+    `flap.reopen_window_s` ago (reopened), or a new one. `alert`: the fingerprint of the firing
+    alert it came from (resolving that alert may resolve the incident; '' for an event)."""
     sev = severity if isinstance(severity, Severity) else severity_of(severity)
     fingerprint = fingerprint[:255]  # as stored (the column's size): a longer key must still match
     _lock_fingerprint(session, fingerprint)
     incident = _current(session, fingerprint)
-    reopened = False
+    reopened: Reopen | None = None
     if incident is not None and incident.state == _S.RESOLVED.value:
-        if now - (incident.resolved_at or now) > FLAP_WINDOW_S:
+        _end_flapping_if_quiet(session, incident, now, flap)  # before the reopen clears resolved_at
+        if now - (incident.resolved_at or now) > flap.reopen_window_s:
             incident = None  # long over: this is a new fault
         elif _move(session, incident, _S.TRIGGERED, now, {"resolved_at": None}):
             add_timeline(session, incident.id, "reopened", f"fired again: {why or title}", now=now)
-            reopened = True
+            news, text = _flapping_after_reopen(session, incident, now, flap)
+            reopened = Reopen(source, news, text, flap.quiet_s)
         else:
             incident = _current(session, fingerprint)
     if incident is None:
@@ -218,9 +271,106 @@ def open_or_update(
         add_timeline(session, incident.id, "severity", f"raised {incident.severity} -> {sev}: {why}", now=now)
         incident.severity = sev.value
     add_timeline(session, incident.id, "fired", why or title, {"alert": alert} if alert else None, now=now)
-    if reopened:  # after the links and severity are merged: a page names what fires now
-        _tell(_REOPENED_LISTENERS, session, incident, source)
+    if reopened is not None:  # after the links and severity are merged: a page names what fires now
+        for listener in list(_REOPENED_LISTENERS):
+            listener(session, incident, reopened)
     return incident
+
+
+# -- flapping ------------------------------------------------------------------------------------
+
+
+def _set_flapping(session: Session, incident: Incident, expected: float | None, value: float | None) -> bool:
+    """Compare-and-set of `flapping_since`: False when another writer changed it first."""
+    stmt = (
+        update(Incident)
+        .where(Incident.id == incident.id)
+        .where(Incident.flapping_since.is_(None) if expected is None else Incident.flapping_since == expected)
+        .values(flapping_since=value)
+    )
+    won = session.connection().execute(stmt).rowcount == 1
+    if won:
+        set_committed_value(incident, "flapping_since", value)
+    return won
+
+
+def _event_times(session: Session, incident_id: int, kind: str, since: float) -> list[float]:
+    return list(
+        session.scalars(
+            select(IncidentEvent.at)
+            .where(
+                IncidentEvent.incident_id == incident_id,
+                IncidentEvent.kind == kind,
+                IncidentEvent.at >= since,
+            )
+            .order_by(IncidentEvent.at)
+        )
+    )
+
+
+def duration_text(seconds: float) -> str:
+    """`40 min`, `45 s`, `2.5 h`: a span as the timeline and pages say it."""
+    if seconds < 90:
+        return f"{max(0, round(seconds))} s"
+    if seconds < 2 * 3600:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _flapping_after_reopen(
+    session: Session, incident: Incident, now: float, flap: FlapPolicy
+) -> tuple[FlapNews, str]:
+    """Count this reopen: the `flap.reopens`-th within `flap.within_s` (counting only reopens
+    since its last flapping ended) makes the incident flapping, with a timeline line."""
+    if incident.flapping_since is not None:
+        return FlapNews.ONGOING, ""
+    session.flush()  # the reopen's own timeline line counts
+    ended = _event_times(session, incident.id, "flapping_ended", now - flap.within_s)
+    since = max([now - flap.within_s, *ended])
+    reopens = [at for at in _event_times(session, incident.id, "reopened", since) if at <= now]
+    if len(reopens) < flap.reopens or not _set_flapping(session, incident, None, now):
+        return FlapNews.NONE, ""
+    text = f"flapping: reopened {len(reopens)} times in {duration_text(now - reopens[0])}"
+    data = {"reopens": len(reopens), "span_s": round(now - reopens[0], 1), "quiet_s": flap.quiet_s}
+    add_timeline(session, incident.id, "flapping", text, data, now=now)
+    return FlapNews.STARTED, text
+
+
+def _last_flip(session: Session, incident: Incident) -> float:
+    """When the incident last began flapping, reopened or resolved: its quiet period runs from it."""
+    since = incident.flapping_since or 0.0
+    reopens = _event_times(session, incident.id, "reopened", since)
+    return max([since, *reopens, incident.resolved_at or 0.0])
+
+
+def _end_flapping_if_quiet(session: Session, incident: Incident, now: float, flap: FlapPolicy) -> bool:
+    """End the incident's flapping when it has neither reopened nor resolved for `flap.quiet_s`;
+    the timeline says how it stayed (resolved, or open)."""
+    since = incident.flapping_since
+    if since is None:
+        return False
+    quiet = now - _last_flip(session, incident)
+    if quiet < flap.quiet_s or not _set_flapping(session, incident, since, None):
+        return False
+    stayed = "resolved" if incident.state in (_S.RESOLVED.value, _S.CLOSED.value) else "open (firing)"
+    text = f"stopped flapping: stayed {stayed} for {duration_text(quiet)}; a reopen pages again"
+    add_timeline(session, incident.id, "flapping_ended", text, {"flapping_since": since}, now=now)
+    _tell(_FLAPPING_ENDED_LISTENERS, session, incident, "corral")
+    return True
+
+
+def end_quiet_flapping(session: Session, now: float, flap: FlapPolicy = DEFAULT_FLAP) -> list[int]:
+    """The incidents loop's pass: end the flapping of every incident quiet for `flap.quiet_s`
+    (each under its grouping key's lock, so a reopen at the same time is counted first). Returns
+    the ids; commits nothing."""
+    ended = []
+    flapping = select(Incident.id, Incident.fingerprint).where(Incident.flapping_since.is_not(None))
+    for incident_id, fingerprint in session.execute(flapping).all():
+        _lock_fingerprint(session, fingerprint)
+        incident = session.get(Incident, incident_id, populate_existing=True)
+        if incident is not None and _end_flapping_if_quiet(session, incident, now, flap):
+            ended.append(incident_id)
+    return ended
 
 
 def _open(
@@ -465,6 +615,8 @@ def view(incident: Incident, now: float) -> dict[str, Any]:
         "mitigated_at": incident.mitigated_at,
         "resolved_at": incident.resolved_at,
         "closed_at": incident.closed_at,
+        "flapping": incident.flapping_since is not None,
+        "flapping_since": incident.flapping_since,
         "sla": sla_view(incident, now),
     }
 

@@ -65,17 +65,25 @@ def _trigger_loop(session: Session) -> None:
 # --- starting, acknowledging, cancelling ---------------------------------------------------------
 
 
-def start(session: Session, *, key: str, policy: str, subject: str, body: str, now: float) -> Page:
+def start(
+    session: Session, *, key: str, policy: str, subject: str, body: str, now: float,
+    first_user_id: int | None = None,
+) -> Page:  # fmt: skip
     """Open the page `key` on `policy` (idempotent per key); its first step runs on the paging
-    loop's next tick, which this wakes once the caller commits. Commits nothing itself."""
+    loop's next tick, which this wakes once the caller commits. Commits nothing itself.
+    `first_user_id`: a person paged before the policy's steps (for as long as its first step
+    waits), e.g. who answered the same incident before; the policy follows from its top."""
     if not 0 < len(key) <= MAX_KEY:
         raise Invalid(f"a page key is 1 to {MAX_KEY} characters, not {len(key)}", ("body", "key"))
     existing = session.scalar(select(Page).where(Page.key == key))
     if existing is not None:
         return existing
     row = policy_by_name(session, policy)
+    steps = list(row.steps)
+    if first_user_id is not None and steps and steps[0].get("user_id") != first_user_id:
+        steps.insert(0, {"user_id": first_user_id, "wait_s": float(steps[0].get("wait_s", 0.0))})
     page = Page(
-        key=key, policy_name=row.name, steps=list(row.steps), repeat=row.repeat,
+        key=key, policy_name=row.name, steps=steps, repeat=row.repeat,
         subject=subject[:300], body=body, state="triggered", step=0, round=0, next_at=now,
         created_at=now, log=[],
     )  # fmt: skip

@@ -185,7 +185,7 @@ def _run_rule(
             result = f"would open or join SEV2 incident guard/{rule.name}: {why}"
             run.results.append({"action": "escalate", "result": result})
         else:
-            _page_a_human(session, run, why, now)
+            _page_a_human(session, ruleset, run, why, now)
     row = RemediationRun(
         rule=rule.name, rules_version=version, signal=signal.name, at=now, dry_run=run.dry_run,
         outcome="dry_run" if run.dry_run and run.outcome == "ran" else run.outcome, actions=run.results,
@@ -255,19 +255,20 @@ def _incident(session: Session, ruleset: RuleSet, run: _Run, action: Action, now
     run.incident = inc.open_or_update(
         session, fingerprint=key, title=title, severity=severity, source=f"rule:{run.rule.name}",
         labels=dict(signal.labels), links=_links(signal), now=now, alert=signal.fingerprint,
-        why=signal.summary or signal.name,
+        why=signal.summary or signal.name, flap=ruleset.incidents.flap_policy(),
     )  # fmt: skip
     run.results.append(
         {"action": "incident", "result": f"incident {run.incident.id} ({run.incident.severity})"}
     )
 
 
-def _page_a_human(session: Session, run: _Run, why: str, now: float) -> None:
+def _page_a_human(session: Session, ruleset: RuleSet, run: _Run, why: str, now: float) -> None:
     """A guard stopped an automatic action: a human decides (an incident, raised to SEV2)."""
     labels = dict(run.signal.labels)
     incident = inc.open_or_update(
         session, fingerprint=f"guard/{run.rule.name}", title=f"remediation held back: {why}", severity="SEV2",
         source="remediation-guard", labels=labels, links=_links(run.signal), now=now, why=why,
+        flap=ruleset.incidents.flap_policy(),
     )  # fmt: skip
     run.results.append({"action": "escalate", "result": f"incident {incident.id}: {why}"})
 
@@ -287,7 +288,7 @@ def _act(session: Session, ruleset: RuleSet, run: _Run, action: Action, now: flo
     if removes and not run.dry_run and not _within_guard(session, ruleset, run, kind, now):
         run.outcome = "guarded"
         run.results.append({"action": kind, "result": "held back by the blast-radius guard"})
-        _page_a_human(session, run, f"blast-radius guard: {kind} {node} refused", now)
+        _page_a_human(session, ruleset, run, f"blast-radius guard: {kind} {node} refused", now)
         return
     run.message = action.message
     result = _ACTIONS[kind](session, run, node, gpu, job_id, now)

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from corral.services.errors import Invalid
+from corral.services.incidents import DEFAULT_FLAP, FlapPolicy
 from corral.yaml_lines import check_unique_names, error_loc, line_of, safe_load
 
 ACTIONS = (
@@ -153,10 +154,43 @@ class Guard(_Strict):
         return duration_s(value)
 
 
+class Flapping(_Strict):
+    """An incident reopened `reopens` times within `within` is flapping: it pages once, and its
+    further reopens page nobody until it stays resolved, or open, for `quiet`."""
+
+    reopens: int = Field(DEFAULT_FLAP.reopens, ge=1)
+    within: Duration = DEFAULT_FLAP.within_s
+    quiet: Duration = DEFAULT_FLAP.quiet_s
+
+    @field_validator("within", "quiet", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float:
+        return duration_s(value)
+
+
+class IncidentRules(_Strict):
+    """How incidents reopen and when that is flapping (corral.services.incidents.FlapPolicy)."""
+
+    reopen_window: Duration = DEFAULT_FLAP.reopen_window_s  # fires again within it: reopens
+    flapping: Flapping = Flapping()
+
+    @field_validator("reopen_window", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float:
+        return duration_s(value)
+
+    def flap_policy(self) -> FlapPolicy:
+        return FlapPolicy(
+            reopen_window_s=self.reopen_window, reopens=self.flapping.reopens,
+            within_s=self.flapping.within, quiet_s=self.flapping.quiet,
+        )  # fmt: skip
+
+
 class RuleSet(_Strict):
     version: Literal[1] = 1  # the file format
     dry_run: bool = False  # every rule only records what it would do
     guard: Guard = Guard()
+    incidents: IncidentRules = IncidentRules()
     severity_map: tuple[SeverityMap, ...] = ()
     rules: tuple[Rule, ...] = ()
 
@@ -207,6 +241,9 @@ DEFAULT_RULES = """\
 version: 1
 dry_run: false
 guard: {max_fraction: 0.10, window: 1h, min_removals: 1}
+incidents:
+  reopen_window: 15m     # a fault firing again within this long after resolving reopens its incident
+  flapping: {reopens: 3, within: 1h, quiet: 30m}  # page once, then not until quiet for 30m
 severity_map:            # alerts whose rule gives no severity
   - {labels: {severity: critical}, sev: SEV2}
   - {labels: {severity: warning}, sev: SEV3}
