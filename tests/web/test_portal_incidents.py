@@ -1,14 +1,18 @@
 """The Incidents page (admins): an overheating GPU (injected through the chaos API) becomes a SEV3
 incident; the list shows it with its SLA countdowns, the detail its timeline, and Ack works. An
 incident's page offers only the moves its state allows (no close before resolve), keeps a note
-being typed across its redraws, adds a comment and resolves with a note."""
+being typed across its redraws, adds a comment and resolves with a note. A flapping incident shows
+its badge in the list and on its page."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from playwright.sync_api import expect
 
+from corral.db.session import make_engine, make_session_factory
+from corral.services import incidents
 from tests.server_fixture import wait_for
 from tests.web.conftest import Portal, screenshot
 
@@ -90,3 +94,41 @@ def test_an_incident_offers_the_moves_its_state_allows_and_keeps_notes(portal: P
             assert page.js_errors == []
         finally:
             api.post(f"/api/v1/chaos/gpus/{node}/1", json={"clear": True})
+
+
+def test_a_flapping_incident_shows_its_badge_in_the_list_and_on_its_page(portal: Portal) -> None:
+    """Made in the server's own database as the remediation rules would make it (an alert that
+    resolved and fired again 3 times within the hour), which is quicker than toggling a GPU."""
+    engine = make_engine(f"sqlite:///{portal.server.home / 'corral.db'}")
+    t0, key, alert = time.time() - 300, "flap/portal", "portal-flap-alert"
+    try:
+        with make_session_factory(engine)() as db:
+
+            def fire(now: float, title: str = "GPU 2 flapping") -> int:
+                flapping = title == "GPU 2 flapping"
+                return incidents.open_or_update(
+                    db, fingerprint=key if flapping else title, title=title, severity="SEV3",
+                    source="test", labels={}, links={}, now=now, alert=alert if flapping else "",
+                ).id  # fmt: skip
+
+            fire(t0, "GPU 3 steady")  # opened once, still firing: no badge
+            incident_id = fire(t0)
+            for n in (1, 2, 3):
+                incidents.alert_resolved(db, alert, t0 + n * 60 - 30)
+                assert fire(t0 + n * 60) == incident_id
+            db.commit()
+    finally:
+        engine.dispose()
+    page = portal.login("root", path="/incidents")
+    row = page.locator("table.incidents tbody tr", has_text="GPU 2 flapping")
+    expect(row.locator(".incident-flapping")).to_have_text("flapping")
+    steady = page.locator("table.incidents tbody tr", has_text="GPU 3 steady")
+    expect(steady).to_contain_text("triggered")
+    expect(steady.locator(".incident-flapping")).to_have_count(0)
+    row.locator("a").click()
+    page.wait_for_url(f"**/incidents/{incident_id}")
+    expect(page.locator("h1 .incident-flapping")).to_have_text("flapping")
+    expect(page.locator("dl.facts")).to_contain_text("its reopens page nobody until it is quiet")
+    expect(page.locator("table.incident-timeline")).to_contain_text("flapping: reopened 3 times in 2 min")
+    screenshot(page, "incident_flapping")
+    assert page.js_errors == []

@@ -17,6 +17,13 @@ function countdown(seconds) {
   return h("span", { class: "sla-running" }, fmtDuration(seconds));
 }
 
+// An incident that reopens too often is flapping: paged once, its further reopens page nobody
+// until it is quiet (services/incidents.py FlapPolicy). Null when it is not flapping.
+function flappingBadge(incident) {
+  if (!incident.flapping) return null;
+  return h("span", { class: "badge incident-flapping", title: "reopens page nobody until it is quiet" }, "flapping");
+}
+
 function select(id, label, values, current) {
   return h(
     "select",
@@ -63,7 +70,7 @@ async function renderList(ctx) {
             [
               { label: "ID", cell: (i) => h("a", { href: `/incidents/${i.id}` }, `#${i.id}`) },
               { label: "Severity", cell: (i) => h("span", { class: `badge sev-${i.severity.toLowerCase()}` }, i.severity) },
-              { label: "State", cell: (i) => h("span", { class: `badge incident-${i.state}` }, i.state) },
+              { label: "State", cell: (i) => [h("span", { class: `badge incident-${i.state}` }, i.state), flappingBadge(i)] },
               { label: "Title", cell: (i) => i.title },
               { label: "Opened", cell: (i) => timeEl(i.opened_at) },
               { label: "Ack in", cell: (i) => countdown(i.sla.ack_remaining_s) },
@@ -221,7 +228,7 @@ async function renderDetail(ctx, id) {
     fill(
       head,
       h("h1", {}, `Incident #${incident.id} `, h("span", { class: `badge sev-${incident.severity.toLowerCase()}` }, incident.severity), " ",
-        h("span", { class: `badge incident-${incident.state}` }, incident.state)),
+        h("span", { class: `badge incident-${incident.state}` }, incident.state), " ", flappingBadge(incident)),
       h("p", { class: "incident-title" }, incident.title),
     );
     fill(
@@ -234,6 +241,9 @@ async function renderDetail(ctx, id) {
           h("dt", {}, "Affects"), h("dd", {}, links(incident)),
           h("dt", {}, "Opened"), h("dd", {}, timeEl(incident.opened_at)),
           h("dt", {}, "Fired"), h("dd", {}, `${incident.fire_count} time(s)`),
+          ...(incident.flapping
+            ? [h("dt", {}, "Flapping"), h("dd", {}, "began ", timeEl(incident.flapping_since), ": its reopens page nobody until it is quiet")]
+            : []),
           h("dt", {}, "Ack in"), h("dd", {}, countdown(sla.ack_remaining_s)),
           h("dt", {}, "Mitigate in"), h("dd", {}, countdown(sla.mitigate_remaining_s))),
       ),
