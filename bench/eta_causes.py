@@ -11,11 +11,23 @@ Modes (`--modes`, comma-separated; parts joined by `+`):
   0.5), `wqX` waiting jobs held for the X quantile of their log-normal, `rmean` / `wmean` the
   log-normal's (conditional) mean instead of its median, `sigX` every log-spread times X, `sigwX`
   the log-spread measured from the quartiles times X (the floor SIGMA_MIN kept);
+- `nocal`: the roll's own ETA, without the calibration by past outcomes (scheduler/
+  eta_calibration.py; `none` has it, as shipped);
 - variants that depend on the estimate's basis (runtimes.LEVELS: which level of the chain it came
   from): `usfX` the user+size estimates' log-spread at least X (their range widened around the
   median; the other levels as shipped), `uempN` a running user+size job's remaining time at least
   what that level's own runs say (the median of run - elapsed over the runs longer than it has run,
   when N or more are), else as shipped.
+
+`--calibrate KEY:STAT:WINDOW:A,...` scores calibrations by the replay's own record offline, on the
+rows of the `nocal` mode (which must be run): each job's shown wait is the roll's, corrected from
+the outcomes (predicted wait, actual wait) of the jobs shown an ETA that started before it was
+submitted, the last WINDOW per KEY (`cluster`; `group`, `gsize` group and size 1/2-4/5-8/9+,
+`size2` GPUs rounded up to a power of two, `pred` the predicted wait's class, each falling back to
+the cluster below 30 outcomes) with A seconds added to both waits; STAT: `median` (of the ratios
+(actual + A) / (predicted + A)), `best` (the window's own best multiplier for the median relative
+error, waits > 5 min), `loglin` (least-squares line of log(actual + A) on log(predicted + A)),
+`loglin1` (its slope held in [0, 1]: the shipped one is `size2:loglin1:500:300`).
 
 `--knob NAME=VALUE` changes the policy (a what-if: e.g. `max_preemption_attempts=0`, no
 preemptions). Within one case the policy's own estimates are untouched, so every mode replays the
@@ -27,6 +39,7 @@ GPUs, instances, group, user, model, duration, passers) as JSON for further anal
 
     CORRAL_PURE_PYTHON=1 .venv/bin/python bench/eta_causes.py [--jobs 20000] [--seeds 0,1,2,3,4]
         [--synth-jobs 3000] [--modes none,running,waiting,both] [--knob NAME=VALUE]
+        [--calibrate KEY:STAT:WINDOW:A,...]
 """
 
 from __future__ import annotations
@@ -34,13 +47,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 import corral.scheduler.diagnosis as diagnosis
-from corral.scheduler import eta, runtimes
+from corral.scheduler import eta, eta_calibration, runtimes
 from corral.scheduler.compiled_build import is_compiled
 from corral.sim.cluster import ClusterSpec, load_cluster
 from corral.sim.metrics import ETA_MIN_WAIT_S
@@ -222,7 +236,7 @@ def one_run(trace: Trace, cluster: ClusterSpec, mode: str) -> tuple[SimResult, d
         cluster,
         resolve_policy(_state["policy"], _state.get("knobs")),
         policy_name=_state["policy"],
-        config=SimConfig(),
+        config=SimConfig(eta_calibration="nocal" not in mode.split("+")),
     )
     _state["sim"] = sim
     if is_compiled():  # calls inside compiled code would not see the replaced functions
@@ -293,7 +307,111 @@ def one_run(trace: Trace, cluster: ClusterSpec, mode: str) -> tuple[SimResult, d
     }
 
 
-def one_case(label: str, trace: Trace, cluster: ClusterSpec, modes: Sequence[str]) -> dict[str, Any]:
+CAL_KEYS = ("cluster", "group", "gsize", "size2", "pred")
+CAL_STATS = ("median", "best", "loglin", "loglin1")
+CAL_MIN_OUTCOMES = 30
+_BEST_GRID = np.exp(np.linspace(math.log(0.1), math.log(30), 120))
+
+
+def parse_variant(variant: str) -> tuple[str, str, int, float]:
+    parts = variant.split(":")
+    if len(parts) != 4 or parts[0] not in CAL_KEYS or parts[1] not in CAL_STATS:
+        raise SystemExit(
+            f"--calibrate {variant!r}: want KEY:STAT:WINDOW:A, KEY in {CAL_KEYS}, STAT in {CAL_STATS}"
+        )
+    return parts[0], parts[1], int(parts[2]), float(parts[3])
+
+
+def _cal_keys(key: str, gpus: int, group: str, predicted: float) -> list[tuple[Any, ...]]:
+    if key == "cluster":
+        return [("*",)]
+    if key == "group":
+        return [("g", group), ("*",)]
+    if key == "gsize":
+        size = "1" if gpus <= 1 else "2-4" if gpus <= 4 else "5-8" if gpus <= 8 else "9+"
+        return [("gs", group, size), ("g", group), ("*",)]
+    if key == "size2":
+        return [("s", eta_calibration.size_class(gpus)), ("*",)]
+    wait_class = 0 if predicted < 600 else 1 if predicted < 3600 else 2 if predicted < 21600 else 3
+    return [("p", wait_class), ("*",)]
+
+
+def _cal_factor(stat: str, window: Sequence[tuple[float, float]], a: float, predicted: float) -> float:
+    """The multiplier of (predicted + a) the window's outcomes (predicted, actual) give."""
+    p = np.array([x for x, _ in window])
+    w = np.array([y for _, y in window])
+    if stat == "median":
+        return float(np.median((w + a) / (p + a)))
+    if stat == "best":  # minimises the median |m (p + a) - a - w| / w over the waits > 5 min
+        long = w > ETA_MIN_WAIT_S
+        if long.sum() < 10:
+            return 1.0
+        est = np.maximum(0.0, _BEST_GRID[:, None] * (p[long][None, :] + a) - a)
+        cost = np.median(np.abs(est - w[long][None, :]) / w[long][None, :], axis=1)
+        return float(_BEST_GRID[int(np.argmin(cost))])
+    x, y = np.log(p + a), np.log(w + a)
+    var = float(x.var())
+    beta = float(((x - x.mean()) * (y - y.mean())).mean()) / var if var > 1e-9 else 1.0
+    if stat == "loglin1":
+        beta = min(1.0, max(0.0, beta))
+    return math.exp(float(y.mean()) - beta * float(x.mean()) + beta * math.log(predicted + a)) / (
+        predicted + a
+    )
+
+
+def score_calibration(rows: Sequence[Sequence[Any]], variant: str) -> dict[str, Any]:
+    """The issue's figure for the roll's ETAs (rows of a `nocal` run) corrected by `variant` from
+    the outcomes known at each submit (the jobs shown an ETA that had started by then)."""
+    key, stat, size, a = parse_variant(variant)
+    events = []
+    for r in rows:  # (id, submit, eta, first start, gpus, instances, group, ...)
+        if math.isnan(r[2]):
+            continue
+        events.append((r[1], 1, r))
+        if not math.isnan(r[3]):
+            events.append((r[3], 0, r))  # an outcome is known to a submit at the same instant
+    events.sort(key=lambda e: (e[0], e[1]))
+    windows: dict[tuple[Any, ...], deque[tuple[float, float]]] = {}
+    added: dict[tuple[Any, ...], int] = {}
+    best: dict[tuple[Any, ...], tuple[int, float]] = {}  # `best` is refit every 25 outcomes (cost)
+    rel: list[float] = []
+    early = corrected = 0
+    for _, is_query, r in events:
+        predicted = max(0.0, r[2] - r[1])
+        keys = _cal_keys(key, r[4], r[6], predicted)
+        if not is_query:
+            for k in keys:
+                windows.setdefault(k, deque(maxlen=size)).append((predicted, r[3] - r[1]))
+                added[k] = added.get(k, 0) + 1
+            continue
+        shown = r[2]
+        for k in keys:
+            found = windows.get(k)
+            if found is not None and len(found) >= CAL_MIN_OUTCOMES:
+                if stat == "best":
+                    fit = best.get(k)
+                    if fit is None or added[k] - fit[0] >= 25:
+                        fit = best[k] = (added[k], _cal_factor(stat, found, a, predicted))
+                    m = fit[1]
+                else:
+                    m = _cal_factor(stat, found, a, predicted)
+                shown, corrected = r[1] + max(0.0, m * (predicted + a) - a), corrected + 1
+                break
+        wait = r[3] - r[1]
+        if not math.isnan(r[3]) and wait > ETA_MIN_WAIT_S:
+            rel.append(abs(shown - r[3]) / wait)
+            early += shown < r[3]
+    return {
+        "rel": round(float(np.median(rel)), 3) if rel else None,
+        "jobs": len(rel),
+        "too_early": round(early / len(rel), 3) if rel else None,
+        "corrected_share": round(corrected / max(1, sum(e[1] for e in events)), 3),
+    }
+
+
+def one_case(
+    label: str, trace: Trace, cluster: ClusterSpec, modes: Sequence[str], calibrations: Sequence[str] = ()
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     first: list[float] | None = None
     for mode in modes:
@@ -308,6 +426,10 @@ def one_case(label: str, trace: Trace, cluster: ClusterSpec, modes: Sequence[str
                 json.dump(rows, f)
         out[mode] = fig
         print(label, mode, fig, flush=True)
+        if mode == "nocal":
+            for variant in calibrations:
+                out[f"cal:{variant}"] = score_calibration(rows, variant)
+                print(label, f"cal:{variant}", out[f"cal:{variant}"], flush=True)
     return out
 
 
@@ -320,21 +442,27 @@ def main() -> None:
     parser.add_argument("--policy", default="default", help="another policy (a what-if)")
     parser.add_argument("--gang-share", type=float, default=SynthSpec().gang_share)
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--calibrate", default="", help="KEY:STAT:WINDOW:A variants, scored on `nocal`")
     parser.add_argument("--knob", action="append", default=[], help="policy knob NAME=VALUE (a what-if)")
     args = parser.parse_args()
     _state["knobs"] = parse_knobs(args.knob)
     _state["policy"] = args.policy
     modes = [m for m in args.modes.split(",") if m]
+    calibrations = [c for c in args.calibrate.split(",") if c]
+    for variant in calibrations:
+        parse_variant(variant)  # a bad one is refused before any replay
+    if calibrations and "nocal" not in modes:
+        parser.error("--calibrate scores on the rows of the `nocal` mode: add it to --modes")
     results: dict[str, Any] = {}
     synth = load_cluster("synth")
     for seed in [int(s) for s in args.seeds.split(",") if s.strip()]:
         trace = generate(
             SynthSpec(jobs=args.synth_jobs, load=args.load, gang_share=args.gang_share, seed=seed), synth
         )
-        results[f"synth_{seed}"] = one_case(f"synth {seed}", trace, synth, modes)
+        results[f"synth_{seed}"] = one_case(f"synth {seed}", trace, synth, modes, calibrations)
     if args.jobs:
         philly = first_jobs(load_trace("philly"), args.jobs)
-        results["philly"] = one_case("philly", philly, load_cluster("philly"), modes)
+        results["philly"] = one_case("philly", philly, load_cluster("philly"), modes, calibrations)
     print(json.dumps(results))
 
 

@@ -1,10 +1,12 @@
 """Accuracy of the estimated start shown at submit, without true durations: the default policy's
-replay on the Philly trace (a prefix with --jobs) and on synthetic overloaded traces, each run twice
-in the same process: with the current estimator (runtime-history chain with spread, backfill roll
-over per-model timelines, remaining times of running jobs from what they ran) and with the previous
-round's (`--baseline`: name/shape history only, the pooled roll; `SimConfig.legacy_estimates` and
-`eta_roll="pooled"`). The baseline changes the runtime estimates the policy itself reads too, so
-each run's schedule is its own; every figure is measured on its own run.
+replay on the Philly trace (a prefix with --jobs) and on synthetic overloaded traces, each run three
+times in the same process: with the current estimator (runtime-history chain with spread, backfill
+roll over per-model timelines, remaining times of running jobs from what they ran, the roll's wait
+calibrated by the replay's own past outcomes: scheduler/eta_calibration.py), with the same roll
+uncalibrated (`uncalibrated`: `SimConfig(eta_calibration=False)`, the same schedule) and with the
+previous round's (`baseline`: name/shape history only, the pooled roll, uncalibrated;
+`SimConfig.legacy_estimates` and `eta_roll="pooled"`). The baseline changes the runtime estimates
+the policy itself reads too, so its schedule is its own; every figure is measured on its own run.
 
 Figure (issue 19): the median over jobs that waited > 5 min of |ETA - actual start| / actual wait.
 Target <= 25% on Philly and on the synthetic traces, and below the baseline's in the same run.
@@ -32,7 +34,8 @@ from corral.sim.trace import Trace, first_jobs, load_trace
 TARGET = 0.25
 ESTIMATORS = {
     "current": (SimConfig(), {"eta_roll": "backfill"}),
-    "baseline": (SimConfig(legacy_estimates=True), {"eta_roll": "pooled"}),
+    "uncalibrated": (SimConfig(eta_calibration=False), {"eta_roll": "backfill"}),
+    "baseline": (SimConfig(legacy_estimates=True, eta_calibration=False), {"eta_roll": "pooled"}),
 }
 
 
@@ -63,10 +66,13 @@ def one_case(label: str, trace: Trace, cluster: ClusterSpec) -> dict[str, Any]:
             flush=True,
         )
     cur, base = out["current"]["eta_rel_err_median"], out["baseline"]["eta_rel_err_median"]
+    raw = out["uncalibrated"]["eta_rel_err_median"]
     out["met_target"] = cur is not None and cur <= TARGET
     out["better_than_baseline"] = cur is not None and base is not None and cur < base
+    out["better_than_uncalibrated"] = cur is not None and raw is not None and cur < raw
     print(
-        f"  {label}: {cur or 0:.1%} vs baseline {base or 0:.1%} (target <= {TARGET:.0%}: "
+        f"  {label}: {cur or 0:.1%} vs uncalibrated {raw or 0:.1%}, baseline {base or 0:.1%} "
+        f"(target <= {TARGET:.0%}: "
         f"{'met' if out['met_target'] else 'not met'})",
         flush=True,
     )

@@ -66,3 +66,23 @@ def test_basis_modes_change_only_user_size_estimates_and_restore_the_chain() -> 
     assert out["uemp1"]["rel"] != out["none"]["rel"]
     assert runtimes.estimate_from is causes._plain_estimate_from
     assert diagnosis.running_events is eta.running_events
+
+
+@pytest.mark.pure_scheduler  # the bench replaces scheduler functions (conftest.py)
+def test_calibration_scored_offline_matches_the_shipped_calibration_in_the_replay() -> None:
+    """`--calibrate` scores a calibration on the `nocal` rows without replaying; its shipped
+    variant (size2:loglin1:500:300) gives the figure the calibrated replay (`none`) records, on
+    the same schedule."""
+    causes = _load()
+    cluster = load_cluster("synth")
+    trace = generate(SynthSpec(jobs=500, load=1.3, seed=0), cluster)
+    out = causes.one_case(
+        "synth", trace, cluster, ("nocal", "none"), ("size2:loglin1:500:300", "cluster:median:500:300")
+    )
+    assert out["none"]["same_schedule"]
+    shipped = out["cal:size2:loglin1:500:300"]
+    assert shipped["rel"] == out["none"]["rel"] and shipped["jobs"] == out["none"]["jobs"]
+    assert shipped["rel"] != out["nocal"]["rel"]  # the calibration changed what was shown
+    assert out["cal:cluster:median:500:300"]["rel"] != shipped["rel"]
+    with pytest.raises(SystemExit, match="want KEY:STAT:WINDOW:A"):
+        causes.parse_variant("size2:mode:500:300")

@@ -233,3 +233,39 @@ def test_relative_eta_error_counts_only_jobs_that_waited_over_5_minutes() -> Non
     assert summary["eta_rel_jobs"] == 1 and summary["eta_rel_err_median"] == pytest.approx(1000 / 990)
     assert summary["eta_jobs"] == 2 and summary["eta_median_abs_err_s"] == pytest.approx((1000 + 3100) / 2)
     assert summary["eta_none_jobs"] == 0
+
+
+def test_the_eta_shown_is_the_roll_corrected_by_the_replays_own_past_outcomes() -> None:
+    """A synthetic overloaded trace, replayed with and without the ETA calibration: the schedule
+    is the same (the policy never reads a shown ETA), and every ETA the calibrated replay records
+    is the roll's (the uncalibrated replay's) corrected by an EtaCalibration fed, in time order,
+    the (predicted, actual) waits of the jobs that had started by the moment it was shown."""
+    from corral.scheduler.eta_calibration import EtaCalibration
+    from corral.sim.cluster import load_cluster
+    from corral.sim.synth import SynthSpec, generate
+
+    synth = load_cluster("synth")
+    tr = generate(SynthSpec(jobs=400, load=1.3, seed=0), synth)
+    policy = resolve_policy("default")
+    shown = Simulator(tr, synth, policy, config=SimConfig()).run()
+    raw = Simulator(tr, synth, resolve_policy("default"), config=SimConfig(eta_calibration=False)).run()
+    by_id = {j.trace.job_id: j for j in shown.jobs}
+    assert [j.first_start for j in raw.jobs] == [by_id[j.trace.job_id].first_start for j in raw.jobs]
+    events = []
+    for j in raw.jobs:
+        if math.isnan(j.eta):
+            continue
+        assert j.eta_read_at == j.trace.submit_time and j.eta == j.eta_read_at + j.eta_predicted_wait_s
+        events.append((j.eta_read_at, 1, j))
+        if not math.isnan(j.first_start):
+            events.append((j.first_start, 0, j))  # a start is known to a read at the same instant
+    events.sort(key=lambda e: (e[0], e[1]))
+    cal, corrected = EtaCalibration(), 0
+    for at, is_read, j in events:
+        if not is_read:
+            cal.record(j.trace.num_gpus, j.eta_predicted_wait_s, at - j.eta_read_at)
+            continue
+        expected = cal.corrected_start(at, j.trace.num_gpus, j.eta)
+        assert by_id[j.trace.job_id].eta == pytest.approx(expected, abs=1e-6), j.trace.job_id
+        corrected += expected != j.eta
+    assert corrected > 50  # the calibration did change what was shown, once it had 30 outcomes

@@ -16,7 +16,8 @@ Definitions (also in docs/simulator.md):
   group's (`worst_group_slowdown`, the group named); and each guaranteed group's share held =
   GPU-seconds given within its guarantee / GPU-seconds owed (min(guarantee, what it asked for),
   over time); `worst_guarantee_held` (1.0 = every group got its share whenever it asked).
-- ETA error: |first estimated_start the scheduler gave a waiting job - its actual first start|;
+- ETA error: |first estimated_start shown for a waiting job (the roll's, calibrated by the replay's
+  own past outcomes unless `SimConfig.eta_calibration` is off) - its actual first start|;
   `eta_rel_err_median`: the median of that / the actual wait over jobs that waited > 5 minutes
   and were shown an ETA; `eta_none_jobs`: jobs that waited that long but were shown none (held
   by their quota or user cap, which the diagnosis says instead of a time).

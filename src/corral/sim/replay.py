@@ -23,6 +23,7 @@ from typing import Protocol
 from corral.scheduler import apply_plan, check_fits_anywhere
 from corral.scheduler.admission import quota_refusals
 from corral.scheduler.apply import estimated_starts
+from corral.scheduler.eta_calibration import EtaCalibration
 from corral.scheduler.runtimes import estimate_from
 from corral.scheduler.types import (
     ANY_MODEL,
@@ -88,6 +89,9 @@ class SimConfig:
     # ETA is the one shown at the first read after it arrived (up to this much later, so closer to
     # its start), and a job that starts before that read is shown none (docs/simulator.md, Speed)
     eta_interval_s: float = 0.0
+    # True: the ETA shown (and scored) is the roll's corrected by the replay's own record of how
+    # its past ETAs turned out (scheduler/eta_calibration.py, as the live loop); False: the roll's
+    eta_calibration: bool = True
     record_cycles: bool = False  # keep (snapshot, now, plan) of every cycle
     record_events: bool = False  # keep every submit, start, stop and end (SimResult.events)
     cycle_interval_s: float = 0.0  # 0: a cycle at every event time; >0: cycles only on this grid, like
@@ -116,7 +120,11 @@ class SimJob:
     end: float = math.nan
     last_start: float = math.nan
     attempt: int = 0
-    eta: float = math.nan  # estimated_start of the first diagnosis that gave one
+    eta: float = math.nan  # estimated_start of the first diagnosis that gave one (as shown)
+    # the roll's own predicted wait at that diagnosis, before calibration, and when it was read:
+    # what the calibration records once the job starts
+    eta_predicted_wait_s: float = math.nan
+    eta_read_at: float = math.nan
     preemptions: int = 0
     lost_work_s: float = 0.0
     stopping: bool = False
@@ -245,6 +253,7 @@ class Simulator:
         # needs the node, would run once it is back; ending first left it "unfinished")
         self.repairs = 0
         self.history = RuntimeHistory(legacy=self.config.legacy_estimates)
+        self.eta_calibration = EtaCalibration() if self.config.eta_calibration else None
         self.log: list[JobEvent] = []
         self.now = 0.0
         self._load_jobs()
@@ -446,6 +455,8 @@ class Simulator:
         sj.waited_s += now - sj.queued_at
         if math.isnan(sj.first_start):
             sj.first_start = now
+            if self.eta_calibration is not None and not math.isnan(sj.eta_read_at):
+                self.eta_calibration.record(gpus, sj.eta_predicted_wait_s, now - sj.eta_read_at)
         if self.config.record_events:
             why = "borrowed quota" if borrowed else ""
             self.log.append(JobEvent(now, job.id, "start", _where(allocation), gpus, why))
@@ -695,9 +706,13 @@ class _SimSink:
         else:
             return
         started = time.perf_counter()
+        calibration, now = sim.eta_calibration, self.now
         for job_id, eta in estimated_starts(diagnoses, due).items():
             if eta is not None:
-                sim.jobs[job_id].eta = eta
+                sj = sim.jobs[job_id]
+                sj.eta_predicted_wait_s, sj.eta_read_at = eta - now, now
+                size = sj.trace.num_gpus
+                sj.eta = eta if calibration is None else calibration.corrected_start(now, size, eta)
         sim.diagnosis_s += time.perf_counter() - started
 
     def _due_for_eta(self, planned: Set[str]) -> list[str]:
