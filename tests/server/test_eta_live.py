@@ -1,7 +1,8 @@
 """Estimated starts in the live loop, on a real SQLite database with a fake engine: a job held by
 its user's cap says so and gets no time (it used to get a time in the past); a job behind running
 work whose runtimes have a spread gets a start range; the API view, the logs' waiting status and
-the CLI's line all say the same."""
+the CLI's line all say the same; after jobs started later than they were told, the next estimate
+shown is corrected by those outcomes (scheduler/eta_calibration.py, server/eta_record.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ import pytest
 from corral.cli.jobs import start_line
 from corral.db.models import Group, Job
 from corral.db.session import make_engine
+from corral.scheduler.eta_calibration import EtaCalibration
 from corral.server.context import ServerContext
+from corral.server.eta_record import load_outcomes
 from corral.server.nodes import node_tick
+from corral.server.reconcile import reconcile_tick
 from corral.server.scheduling import schedule_tick
 from corral.services.jobs import waiting_status
 from corral.services.views import job_view
-from tests.server.fakes import FakeEngine, add_job, gpu_node, make_context, seed_tenant
+from tests.server.fakes import FakeEngine, add_job, gpu_node, make_context, run_dispatch, seed_tenant
 
 
 @pytest.fixture
@@ -90,3 +94,69 @@ def test_a_job_behind_work_with_a_runtime_spread_gets_a_start_range(ctx: ServerC
         assert view["diagnosis"] is not None
         line = start_line(dict(view["diagnosis"]))
         assert "(in ~" in line and "(likely " in line
+
+
+def _run_to_end(ctx: ServerContext, fake: FakeEngine, job_id: int) -> None:
+    """The placed job through the real dispatch and reconcile loops: launched, running, succeeded."""
+    run_dispatch(ctx)
+    fake.run(f"{job_id}.1")
+    reconcile_tick(ctx, time.time())
+    fake.finish(f"{job_id}.1", 0)
+    reconcile_tick(ctx, time.time())
+
+
+def _shown(ctx: ServerContext, job_id: int) -> Job:
+    with ctx.session_factory() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        return job
+
+
+def test_after_jobs_started_later_than_predicted_the_next_estimate_shown_is_corrected(tmp_path: Path) -> None:
+    fake = FakeEngine([gpu_node("n1", gpus=4)])
+    ctx = make_context(make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}"), fake, str(tmp_path))
+    node_tick(ctx, time.time())
+    # the real calibration, trusted from 3 outcomes instead of MIN_OUTCOMES (30) to keep the test short
+    ctx.memory.eta_calibration = EtaCalibration(min_outcomes=3)
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session, guaranteed=4)
+        blocker = add_job(session, gid, uid, gpus=4, name="blocker")
+    t0 = time.time()
+    schedule_tick(ctx, t0)  # `blocker` takes the node's 4 GPUs
+    with ctx.session_factory() as session:
+        waiting = [add_job(session, gid, uid, gpus=4, name=f"w{i}") for i in range(3)]
+    schedule_tick(ctx, t0 + 1)  # each is shown an estimate; too little history: the roll's own
+    for job_id in waiting:
+        job = _shown(ctx, job_id)
+        assert job.eta_shown_at == t0 + 1 and job.eta_shown_wait_s is not None
+        assert job.diagnosis is not None and job.diagnosis.estimated_start is not None
+        assert job.diagnosis.estimated_start == pytest.approx(t0 + 1 + job.eta_shown_wait_s, abs=1e-3)
+    # each starts 50,000 s after it was shown its estimate: far later than any of them was told
+    previous = blocker
+    for job_id in waiting:
+        _run_to_end(ctx, fake, previous)
+        schedule_tick(ctx, t0 + 1 + 50_000)
+        assert _shown(ctx, job_id).state == "scheduled"
+        previous = job_id
+    run_dispatch(ctx)
+    fake.run(f"{previous}.1")
+    reconcile_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        probe = add_job(session, gid, uid, gpus=4, name="probe")
+    now = t0 + 50_002
+    schedule_tick(ctx, now)
+    job = _shown(ctx, probe)
+    assert job.eta_shown_at == now and job.eta_shown_wait_s is not None
+    raw = now + job.eta_shown_wait_s
+    # the same correction from the outcomes in the database (what a restarted server rebuilds)
+    rebuilt = EtaCalibration(min_outcomes=3)
+    with ctx.session_factory() as session:
+        assert load_outcomes(session, rebuilt) == 3
+    expected = rebuilt.corrected_start(now, 4, raw)
+    assert job.diagnosis is not None and job.diagnosis.estimated_start is not None
+    assert job.diagnosis.estimated_start == pytest.approx(expected, abs=1.0)
+    assert job.diagnosis.estimated_start > raw + 10_000  # later than the roll says, as they all were
+    with ctx.session_factory() as session:
+        view = job_view(session.get(Job, probe))  # type: ignore[arg-type]  # what GET /jobs/{id} returns
+        assert view["diagnosis"] is not None
+        assert view["diagnosis"]["estimated_start"] == job.diagnosis.estimated_start

@@ -195,6 +195,10 @@ class Job(Base):
     runtime_estimate_high_s: Mapped[float | None] = mapped_column(Float)
     runtime_estimate_basis: Mapped[str | None] = mapped_column(String(16))
     gpus: Mapped[int | None] = mapped_column(Integer)  # GPUs over all tasks (NULL: before 0017)
+    # The first estimated wait the scheduler showed (its roll's, before the calibration) and when:
+    # with the first attempt's start, one outcome of the ETA calibration (server/eta_record.py)
+    eta_shown_at: Mapped[float | None] = mapped_column(Float)
+    eta_shown_wait_s: Mapped[float | None] = mapped_column(Float)
     submitted_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float)

@@ -57,6 +57,7 @@ from sqlalchemy.orm import Session
 from corral.scheduler import Profile
 from corral.scheduler import types as st
 from corral.server.context import ServerContext
+from corral.server.eta_record import note_started
 from corral.server.snapshot import ClusterState, GroupRecord, JobRecord, build_snapshot, read_cluster_state
 from corral.services.lifecycle import JobState
 from corral.services.policy import active_profile
@@ -209,5 +210,6 @@ def place_ahead(ctx: ServerContext, session: Session, now: float, read: ClusterS
         fitting = [a for a in plan.assignments if fits_nodes(a, nodes)]
     placed = apply_assignments(session, fitting, now) if fitting else 0
     if placed:
+        note_started(ctx, session, [a.job_id for a in fitting], now)
         log.debug("schedule: %d placed ahead of a freed slot", placed)
     return placed

@@ -17,6 +17,7 @@ from corral.config import Settings
 from corral.domain import JobDiagnosis
 from corral.engine.base import Engine
 from corral.scheduler import Scheduler
+from corral.scheduler.eta_calibration import EtaCalibration
 from corral.services.notify import Topic
 from corral.services.open_sessions import OpenSessions
 from corral.services.session_use import SessionUse
@@ -58,6 +59,8 @@ class LoopMemory:
     scheduler: Scheduler | None = None  # the schedule loop's (scheduling.scheduler_for)
     ahead_scheduler: Scheduler | None = None  # its pass placing jobs ahead of freed slots (ahead.py)
     shape_cache: ShapeCache | None = None  # the schedule loop's nodes, groups, users (snapshot.py)
+    # past (predicted, actual) waits that correct the estimated starts shown (server/eta_record.py)
+    eta_calibration: EtaCalibration | None = None
     queue_seen: bool = False  # the schedule loop's last cycle left jobs waiting (schedule_tick)
     # The reconcile loop's live rows and when it read them (monotonic; reconcile.tick_live_rows):
     # acted on again while nothing asked for a read, for at most reconcile.ROWS_KEPT_S.

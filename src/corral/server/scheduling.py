@@ -34,6 +34,7 @@ from corral.scheduler import types as st
 from corral.server.ahead import place_ahead, queues_ahead
 from corral.server.context import ServerContext
 from corral.server.dispatch import launch_placed
+from corral.server.eta_record import calibrated, calibration_of, note_shown, note_started
 from corral.server.finish import claimed_gpus
 from corral.server.snapshot import ShapeCache, build_snapshot, live_attempts, read_cluster_state
 from corral.server.specview import read_spec
@@ -316,16 +317,32 @@ def _same_diagnosis(old: JobDiagnosis | None, new: JobDiagnosis) -> bool:
     return True
 
 
-def write_diagnoses(ctx: ServerContext, session: Session, diagnoses: Mapping[str, st.Diagnosis]) -> None:
-    """One executemany UPDATE for the diagnoses that changed, only on jobs still queued, not held."""
+def write_diagnoses(
+    ctx: ServerContext,
+    session: Session,
+    diagnoses: Mapping[str, st.Diagnosis],
+    now: float,
+    gpus: Mapping[str, int],
+) -> None:
+    """One executemany UPDATE for the diagnoses that changed, only on jobs still queued, not held.
+    Each estimated start is the roll's corrected by the platform's past outcomes (eta_record); a
+    job's first estimate, the roll's own, is recorded for the calibration (`gpus`: job id -> its
+    GPUs, the size class the correction reads)."""
     cache = ctx.memory.diagnoses
+    calibration = calibration_of(ctx, session)
     changed = {}
+    first_shown = {}
     for job_id, diagnosis in diagnoses.items():
-        stored = stored_diagnosis(diagnosis)
-        if not _same_diagnosis(cache.get(job_id), stored):
+        size = gpus.get(job_id, 0)
+        stored = stored_diagnosis(calibrated(calibration, diagnosis, size, now))
+        old = cache.get(job_id)
+        if not _same_diagnosis(old, stored):
             changed[job_id] = stored
+            if diagnosis.estimated_start is not None and (old is None or old.estimated_start is None):
+                first_shown[job_id] = diagnosis.estimated_start - now
     if not changed:
         return
+    note_shown(session, first_shown, now)
     jobs = table_of(Job)  # Core UPDATE: executemany over plain parameters
     stmt = (
         update(jobs)
@@ -353,11 +370,17 @@ def forget_diagnoses(ctx: ServerContext, waiting: Collection[str]) -> None:
 class DbPlanSink:
     """The live loop's side of `apply_plan`: each step is one of the transactions above."""
 
-    def __init__(self, ctx: ServerContext, session: Session, now: float) -> None:
+    def __init__(
+        self, ctx: ServerContext, session: Session, now: float, queued: Sequence[st.Job] = ()
+    ) -> None:
         self.ctx, self.session, self.now = ctx, session, now
+        self.queued = queued  # the snapshot's waiting jobs: their sizes, for the ETA calibration
 
     def assign(self, assignments: Sequence[st.Assignment]) -> int:
-        return apply_assignments(self.session, assignments, self.now)
+        placed = apply_assignments(self.session, assignments, self.now)
+        if placed:
+            note_started(self.ctx, self.session, [a.job_id for a in assignments], self.now)
+        return placed
 
     def preempt(self, preemption: st.Preemption) -> bool:
         return apply_preemption(self.session, preemption, self.now)
@@ -365,7 +388,8 @@ class DbPlanSink:
     def diagnose(self, diagnoses: Mapping[str, st.Diagnosis], planned: Set[str]) -> None:
         waiting = {k: v for k, v in diagnoses.items() if k not in planned}
         forget_diagnoses(self.ctx, waiting.keys())
-        write_diagnoses(self.ctx, self.session, waiting)
+        gpus = {j.id: j.total_gpus for j in self.queued} if waiting else {}
+        write_diagnoses(self.ctx, self.session, waiting, self.now, gpus)
 
 
 # Built once. A held job (`corral hold`) is no input (snapshot.CLUSTER_JOBS), so a queue of only
@@ -398,7 +422,7 @@ def schedule_tick(ctx: ServerContext, now: float) -> None:
         )
         scheduler = scheduler_for(ctx, profile)
         plan = scheduler.schedule(snapshot, now, random.Random(int(now)))
-        done = apply_plan(plan, DbPlanSink(ctx, session, now))
+        done = apply_plan(plan, DbPlanSink(ctx, session, now, snapshot.queued))
         applied, preempted = done.assigned, done.preempted
         # An engine with its own queue (Slurm) gets the next jobs while the current ones still
         # run (server/ahead.py); not in a cycle that preempted: those jobs wait for the victims.
