@@ -3,8 +3,8 @@ calibration) and when it showed it. Once the job starts, that pair and its first
 are one outcome of the estimated-start calibration (corral.scheduler.eta_calibration), which
 corrects the next estimates shown.
 
-Revision ID: 0031_eta_shown
-Revises: 0030_group_memory_bigint
+Revision ID: 0032_eta_shown
+Revises: 0031_incident_flapping
 Create Date: 2026-11-30 03:00:00.000000
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0031_eta_shown"
-down_revision = "0030_group_memory_bigint"
+revision = "0032_eta_shown"
+down_revision = "0031_incident_flapping"
 branch_labels = None
 depends_on = None
 
