@@ -13,7 +13,7 @@ roll's estimate is shown as it is. `a` (ADDITIVE_S) keeps a predicted wait near 
 ratio meaningless (a job predicted to start in 1 s that waited 10 min).
 
 Only information a real scheduler has: the simulator records the outcomes of its own replay, the
-live loop those of its jobs (migration 0031: the first estimated wait and when it was shown). The
+live loop those of its jobs (migration 0032: the first estimated wait and when it was shown). The
 policy never reads the corrected time; only what is shown changes. Measured in docs/simulator.md,
 "Round 3".
 """

@@ -1,6 +1,6 @@
 """The live side of the estimated-start calibration (corral.scheduler.eta_calibration, the same
 code the simulator uses): the schedule loop records the first wait its roll predicted for a job
-(`jobs.eta_shown_at`, `jobs.eta_shown_wait_s`, migration 0031), and once the job's first attempt
+(`jobs.eta_shown_at`, `jobs.eta_shown_wait_s`, migration 0032), and once the job's first attempt
 is placed, (predicted, actual) is one outcome; the estimates it writes to `Job.diagnosis` (what
 `GET /jobs/{id}`, `corral why` and the job page show) are the roll's with their waits from now
 corrected by those outcomes. A job whose size class and cluster have too few outcomes
