@@ -6,7 +6,6 @@ is missing: the server would refuse to start or to run jobs); skip (not configur
 
 from __future__ import annotations
 
-import grp
 import os
 import shutil
 import stat
@@ -387,7 +386,7 @@ def check_slurm_groups(settings: Settings) -> Check:
     (docs/storage.md, "Identities"): each Corral group with a gid needs a Unix group of that gid
     that lists its members' mapped accounts. Checked in this host's group database (the engine's
     view at launch); the nodes need the same."""
-    from corral.engine.slurm.users import UserMap, unix_group_fix
+    from corral.engine.slurm.users import UserMap, gid_name, unix_group_fix
 
     if settings.engine != "slurm":
         return Check("slurm groups", "skip", "local engine: it gives jobs their groups' gids itself")
@@ -410,7 +409,7 @@ def check_slurm_groups(settings: Settings) -> Check:
     gaps, fixes = [], []
     for group in groups:
         lacking = _accounts_lacking(users, group) if users is not None else []
-        if lacking or not _gid_exists(group.gid):
+        if lacking or gid_name(group.gid) is None:
             missing, fix = unix_group_fix(group.name, group.gid, lacking)
             gaps.append(f"group {group.name} (gid {group.gid}): {missing}")
             fixes.append(fix)
@@ -454,14 +453,6 @@ def _groups_with_gids(settings: Settings) -> list[GroupGid]:
             return groups_with_gids(session)
     finally:
         engine.dispose()
-
-
-def _gid_exists(gid: int) -> bool:
-    try:
-        grp.getgrgid(gid)
-    except KeyError:
-        return False
-    return True
 
 
 # What the local engine's cgroups enforce and Slurm enforces only when told to (slurm.conf's

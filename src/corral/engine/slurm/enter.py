@@ -70,11 +70,12 @@ exec "$py" -I -S -c "$JOIN_PY" "$t" "$@"
 # srun reports a task's non-zero exit on its own stderr even under --quiet ("srun: error: node2:
 # task 0: Exited with exit code 3"): chatter to the user, whose exec already ends with that code.
 # SRUN_FILTER runs argv[2:] with its stderr on a pipe and passes on everything but that line
-# (the pattern argv[1]); srun's real errors (a node down, a step refused) pass. srun writes the
-# line with one write() (under PIPE_BUF: whole in one read), maybe after command output that had
-# no newline, so it is cut out wherever it starts. SIGINT and SIGQUIT from a terminal are srun's
-# (it has its own handlers); a Python handler here, unlike an ignore, does not pass on through
-# exec. It exits as srun did, 128+N for a signal.
+# (the pattern argv[1]); srun's real errors (a node down, a step refused) pass. The line may
+# follow command output that had no newline, so it is cut out wherever it starts, and a full
+# pipe may split it across reads, so an unfinished "srun: error: " line waits for its end
+# (everything else passes at once: prompts and partial lines too). SIGINT and SIGQUIT from a
+# terminal are srun's (it has its own handlers); a Python handler here, unlike an ignore, does not
+# pass on through exec. It exits as srun did, 128+N for a signal.
 SRUN_EXIT_LINE = rb"srun: error: [^\n:]+: tasks? [0-9,-]+: Exited with exit code [0-9]+\n"
 SRUN_FILTER = r"""
 import os, re, signal, subprocess, sys
@@ -82,14 +83,22 @@ exit_line = re.compile(sys.argv[1].encode())
 for sig in (signal.SIGINT, signal.SIGQUIT):
     signal.signal(sig, lambda *_: None)
 proc = subprocess.Popen(sys.argv[2:], stderr=subprocess.PIPE)
-broken = False
-while data := os.read(proc.stderr.fileno(), 1 << 16):
-    data = exit_line.sub(b"", data)
+broken, held = False, b""
+def put(data):
+    global broken
     while data and not broken:
         try:
             data = data[os.write(2, data):]
         except OSError:
             broken = True  # nobody reads our stderr: keep draining srun's until it ends
+while chunk := os.read(proc.stderr.fileno(), 1 << 16):
+    data = exit_line.sub(b"", held + chunk)
+    # a line that may be srun's, cut by a full pipe: held back until its end is read
+    start = data.rfind(b"srun: error: ")
+    cut = start if start >= 0 and b"\n" not in data[start:] else len(data)
+    held = data[cut:]
+    put(data[:cut])
+put(held)
 code = proc.wait()
 sys.exit(128 - code if code < 0 else code)
 """

@@ -48,12 +48,26 @@ def closed_group_dirs(account: UnixAccount, dirs: Sequence[StorageDir]) -> list[
     its groups, so the site must give each such gid to a Unix group of the members' accounts
     (docs/storage.md, "Identities"). One per gid, in order; the groups as the server's host
     sees them, which shares the nodes' accounts."""
-    groups = set(os.getgrouplist(account.name, account.gid))
+    groups = account_gids(account)
     closed: dict[int, StorageDir] = {}
     for d in dirs:
         if d.owner == "root" and d.gid is not None and d.gid not in groups:
             closed.setdefault(d.gid, d)
     return list(closed.values())
+
+
+def account_gids(account: UnixAccount) -> set[int]:
+    """The gids a job of `account` runs with: its own Unix groups as this host sees them (Slurm's
+    initgroups on a node that shares the host's group database)."""
+    return set(os.getgrouplist(account.name, account.gid))
+
+
+def gid_name(gid: int) -> str | None:
+    """The name of the Unix group of `gid` on this host, or None: no Unix group has it."""
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return None
 
 
 def unix_group_fix(group: str, gid: int, accounts: Sequence[str]) -> tuple[str, str]:
@@ -62,9 +76,8 @@ def unix_group_fix(group: str, gid: int, accounts: Sequence[str]) -> tuple[str, 
     group has the gid (`groupadd -g`, under the Corral group's name unless a Unix group of another
     gid holds that name), or the one that has it does not list them (`usermod -aG`)."""
     commands = []
-    try:
-        name = grp.getgrgid(gid).gr_name
-    except KeyError:
+    name = gid_name(gid)
+    if name is None:
         name = group if _group_name_free(group) else f"corral-{group}"
         missing = f"no Unix group has gid {gid}"
         commands.append(f"groupadd -g {gid} {shlex.quote(name)}")
@@ -84,7 +97,7 @@ def _group_name_free(name: str) -> bool:
 
 def lacks_gid(account: UnixAccount, gid: int) -> bool:
     """Is `account` outside `gid` (its own groups as this host sees them, as Slurm's initgroups)?"""
-    return gid not in os.getgrouplist(account.name, account.gid)
+    return gid not in account_gids(account)
 
 
 class UserMap:
