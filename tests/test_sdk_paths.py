@@ -4,6 +4,7 @@ as given (no server needed: the requests are caught by a mock transport)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -114,3 +115,27 @@ def test_the_cli_paths_it_builds_keep_a_node_name_one_segment(
     monkeypatch.setattr(commands, "client", lambda: Client("http://corral.test", "t", transport=transport))
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 1 and sent == [route], (result.output, sent)
+
+
+def test_a_spec_file_name_given_as_a_str_is_refused_naming_the_path_to_give(tmp_path: Path) -> None:
+    """`submit("train.yaml")` sent the text "train.yaml" (YAML for a string) and the server's
+    answer, "the spec must be a mapping", did not say that a str is the spec's text: nothing is
+    sent, and the error names `submit(Path('train.yaml'))`."""
+    sent: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(201, json={"id": 1, "state": "queued"})
+
+    client = Client("http://corral.test", "crl_x", transport=httpx.MockTransport(handler))
+    for name in ("train.yaml", "specs/train.yml"):
+        with pytest.raises(CorralError, match=re.escape(f"pass a Path: submit(Path('{name}'))")):
+            client.submit(name)
+    existing = tmp_path / "spec"
+    existing.write_text("name: x\ncommand: 'true'\n")
+    with pytest.raises(CorralError, match="pass a Path"):
+        client.submit(str(existing))
+    assert sent == []
+    assert client.submit(existing)["id"] == 1  # a Path is read
+    assert client.submit("{name: x, command: 'true'}")["id"] == 1  # one line of YAML text is sent
+    assert [r.headers["Content-Type"] for r in sent] == ["application/yaml"] * 2

@@ -8,11 +8,40 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from corral.sdk.base import BaseClient, seg
 from corral.sdk.errors import CorralError
 from corral.spec import SpecError, load_spec_text
+from corral.yaml_lines import safe_load
 
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+def _refuse_a_file_name(text: str) -> None:
+    """`submit("train.yaml")` sends the text "train.yaml", which is YAML for a string, and the
+    server's answer ("the spec must be a mapping ...") does not say why: a one-line str that is
+    no mapping and reads as a file name (a .yaml/.yml/.json one, or an existing file) is refused
+    here, naming the Path that reads the file."""
+    name = text.strip()
+    if "\n" in name or not name:
+        return
+    try:
+        named = Path(name).suffix.lower() in (".yaml", ".yml", ".json") or Path(name).is_file()
+    except (OSError, ValueError):  # too long for a file name, or a NUL: text, not a file name
+        return
+    if not named:
+        return
+    try:
+        data = safe_load(text)
+    except yaml.YAMLError:
+        return  # not YAML: the server's answer names the line and column
+    if not isinstance(data, dict):
+        raise CorralError(
+            f"the spec {text!r} is one line of text, not a mapping of fields such as 'name' and "
+            f"'tasks' (a str is the spec's YAML text); to submit a file, pass a Path: "
+            f"submit(Path({text!r}))"
+        )
 
 
 class JobsApi(BaseClient):
@@ -21,11 +50,14 @@ class JobsApi(BaseClient):
     def submit(
         self, spec: Mapping[str, Any] | str | Path, *, code: str | None = None, hold: bool = False
     ) -> dict[str, Any]:
-        """Submit a spec given as a mapping, YAML text, or a path to a YAML file. `code`: a code
-        snapshot id (upload_code) the job runs in, mounted read-only at /code. `hold`: queue it
-        held, never scheduled until `release_job`."""
+        """Submit a spec given as a mapping, YAML text (a str), or a YAML file (a `pathlib.Path`;
+        a str is never read as a file name). `code`: a code snapshot id (upload_code) the job runs
+        in, mounted read-only at /code. `hold`: queue it held, never scheduled until
+        `release_job`."""
         if isinstance(spec, Path):
             spec = spec.read_text()
+        elif isinstance(spec, str):
+            _refuse_a_file_name(spec)
         params = {"hold": "true"} if hold else {}
         if code is not None:
             try:
