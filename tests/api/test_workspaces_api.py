@@ -31,6 +31,27 @@ def counts(world: World) -> tuple[int, int]:
         ) or 0
 
 
+def test_a_workspace_over_its_groups_guarantee_is_refused_saying_what_to_change(world: World) -> None:
+    """A workspace in a group that guarantees no GPUs was refused with the quota check's words
+    for jobs: "this job can never run ... the job is not preemptible", naming no workspace and
+    no way out (the README's `corral ws create nb --gpus 1` did this for the demo's admin)."""
+    with world.session_factory() as db:
+        add_node(db, gpus=2, model="A100")
+        db.commit()
+    before = counts(world)
+    r = world.client.post(API, json={"name": "nb", "gpus": 1}, headers=world.as_("alice"))
+    assert r.status_code == 422, r.text
+    [error] = r.json()["detail"]
+    assert error["loc"] == ["body", "tasks"]
+    assert error["msg"].startswith("workspace 'nb' can never run under group vision's quota: it needs 1 GPUs")
+    assert "not preemptible" in error["msg"]
+    assert error["msg"].endswith(
+        "A workspace is never preemptible: its GPUs must be ones its group guarantees. "
+        "Pick a group that guarantees them (--group) or ask for fewer (--gpus)"
+    )
+    assert counts(world) == before
+
+
 def test_workspace_lifecycle_and_bad_input(world: World) -> None:
     with world.session_factory() as db:
         add_node(db, gpus=2, model="A100")

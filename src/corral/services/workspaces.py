@@ -297,11 +297,29 @@ def _submit(
     # every launch as a platform loss; a catalogue one is pinned (`sklearn` -> `sklearn@2`).
     spec = check_job_environment(session, owner, spec)
     check_workspace_environment(session, spec.environment)
-    view = job_service.submit_job(session, owner, spec, profile, now=now, commit=False, workspace=True)
+    try:
+        view = job_service.submit_job(session, owner, spec, profile, now=now, commit=False, workspace=True)
+    except Invalid as exc:
+        raise _never_fits(exc, ws.name) from None
     ws.current_job_id = view["id"]
     ws.jupyter_token = secrets.token_urlsafe(32)
     ws.idle_stopped_at = None  # the idle stop was the previous job's
     ws.updated_at = now
+
+
+def _never_fits(exc: Invalid, name: str) -> Invalid:
+    """The quota check's refusal speaks of "this job" and of it being "not preemptible": to a
+    workspace's user (who never wrote a job spec, and whose workspace is never preemptible) it
+    says which workspace, and what to change. Other refusals pass as they are."""
+    if exc.loc != ("body", "tasks") or not exc.message.startswith("this job can never run"):
+        return exc
+    text = f"workspace {name!r} {exc.message.removeprefix('this job ')}"
+    if "not preemptible" in exc.message:
+        text += (
+            ". A workspace is never preemptible: its GPUs must be ones its group guarantees. "
+            "Pick a group that guarantees them (--group) or ask for fewer (--gpus)"
+        )
+    return Invalid(text, exc.loc)
 
 
 def _principal_of(session: Session, user_id: int) -> Principal:
