@@ -38,3 +38,22 @@ def test_model_show_names_the_model_versions_the_job_mounted(monkeypatch: pytest
     result = CliRunner().invoke(app, ["model", "show", "lin@1"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "datasets: cifar@2; models: digits@1; environment: sklearn@1" in result.output, result.output
+
+
+def test_model_show_prints_the_code_snapshot_id_whole_at_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 64-digit snapshot id came at the end of the lineage's prose line, and Rich folded it
+    at 80 columns: copied from the terminal it was two pieces."""
+    snapshot = "7cca3ae4af65267e18ef01864113138ca0a9af58998007fb6e9f3fbe39352873"
+    version = {**VERSION, "lineage": {**LINEAGE, "code_snapshot": snapshot, "code_checksum": "sha256:ab"}}
+
+    def client() -> Any:
+        return Client(
+            "http://corral.test",
+            "token",
+            transport=httpx.MockTransport(lambda r: httpx.Response(200, json=version)),
+        )
+
+    monkeypatch.setattr(cli_catalog, "client", client)
+    result = CliRunner().invoke(app, ["model", "show", "lin@1"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert f"code: {snapshot}; checksum: sha256:ab" in result.output.splitlines(), result.output

@@ -110,3 +110,28 @@ def test_schedule_show_lists_overrides_by_the_id_rm_override_takes(
         "override "
         not in run(world, server_url, "alice", "oncall", "schedule", "show", "s")[1].split("FROM")[0]
     )
+
+
+@pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
+def test_schedule_show_prints_the_calendar_url_whole_on_one_line(
+    world: World, server_url: str, tmp_path: Path
+) -> None:
+    """At 80 columns Rich folded the subscription URL after its first 80 characters, so what a
+    user copied from the terminal was two pieces of it."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "time_zone: UTC\nlayers:\n  - {name: d, rotation: daily, start_date: '2026-01-05', handoff: '09:00',"
+        " members: [alice]}\n"
+    )
+    assert (
+        run(world, server_url, "admin", "oncall", "schedule", "set", "primary-schedule", "-f", str(spec))[0]
+        == 0
+    )
+    code, out = run(
+        world, server_url, "alice", "oncall", "schedule", "show", "primary-schedule", "-o", "json"
+    )
+    assert code == 0, out
+    url = server_url + json.loads(out)["ical_feed"]
+    code, out = run(world, server_url, "alice", "oncall", "schedule", "show", "primary-schedule")
+    line = f"calendar (no login): {url}"
+    assert code == 0 and len(line) > 80 and line in out.splitlines(), out

@@ -307,10 +307,12 @@ def model_show(
     )
     datasets = ", ".join(f"{d['name']}@{d['version']}" for d in lin["datasets"]) or "none"
     models = ", ".join(m.removeprefix("model/") for m in lin.get("models") or []) or "none"
+    out.print(f"datasets: {datasets}; models: {models}; environment: {lin['environment']}", markup=False)
+    # The ids whole on one line (soft_wrap): Rich folded the 64-digit snapshot id at 80 columns.
     out.print(
-        f"datasets: {datasets}; models: {models}; environment: {lin['environment']}; "
         f"code: {lin['code_snapshot'] or '-'}; checksum: {lin['code_checksum'] or '-'}",
         markup=False,
+        soft_wrap=True,
     )
     out.print(f"metrics: {json.dumps(data['metrics'])}", markup=False, highlight=False)
     if data["card"]:

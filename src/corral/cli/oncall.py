@@ -148,7 +148,9 @@ def show_schedule(
     for warning in view["warnings"]:
         out.print(f"[yellow]warning:[/yellow] {plain(warning)}", markup=True)
     if view.get("ical_feed"):
-        out.print(f"calendar (no login): {c.url}{view['ical_feed']}")
+        # One line however wide the terminal: Rich folded the URL at 80 columns, and a copy of
+        # the folded lines was not the URL.
+        out.print(f"calendar (no login): {c.url}{view['ical_feed']}", soft_wrap=True)
 
 
 @schedule_app.command("set")
