@@ -336,6 +336,40 @@ def test_cli_group_quotas_usage_warnings_and_clearing_limits(
     assert [u["max_bytes"] for u in json.loads(out) if u["name"] == "vision"] == [5 << 30]
 
 
+def test_cli_group_ls_fits_80_columns_without_cutting_a_word(
+    world: World, server_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nine columns with headers such as "GPUS used/guaranteed/max" did not fit 80 columns: Rich
+    cut headers and cells ("used/gu…", "(1 borrowe…", "0G/0G/…"). Every value is shown whole."""
+    monkeypatch.setattr(common.out, "width", 80)
+    with world.session_factory() as db:
+        add_node(db, "n1", gpus=2, model="A100")
+        db.commit()
+    args = ("group", "quota", "vision", "--model", "A100", "--gpus", "1", "--max", "2", "--user-max", "2")
+    args += ("--cpus-max", "64", "--memory-max", "256GiB", "--storage", "2TiB", "--files", "1000000")
+    code, out = run(world, server_url, "admin", *args)
+    assert code == 0, out
+    job = world.client.post(
+        "/api/v1/jobs",
+        json={"name": "t", "command": "x", "resources": {"gpus": 2, "cpus": 2, "memory": "1GiB"}},
+        headers=world.as_("alice"),
+    ).json()
+    with world.session_factory() as db:
+        make_running(db, job["id"], "n1", (0, 1))
+        db.execute(sa.update(Attempt).values(borrowed=True))
+        db.commit()
+    code, out = run(world, server_url, "admin", "group", "ls")
+    assert code == 0, out
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80, out
+    headers = ["GROUP", "GPUS", "CPUS", "MEMORY", "STORAGE", "SETTINGS", "MEMBERS"]
+    assert out.splitlines()[0].split() == headers
+    cells = out.split("GPUS (per GPU model)")[0].split()
+    for value in ("A100:", "2/1/2", "(2", "borrowed)", "1/0/64", "0.2G/0G/256G", "2.0", "TiB", "1000000"):
+        assert value in cells, (value, out.splitlines())
+    assert "2 GPUs/user" in out and "no borrowing" not in out
+    assert "GPUS (per GPU model), CPUS, MEMORY: used/guaranteed/max" in out
+
+
 def test_cli_group_quota_sets_weight_and_borrowing_and_clears_a_model_row(
     world: World, server_url: str
 ) -> None:

@@ -51,46 +51,49 @@ def _storage_cell(row: dict[str, Any] | None) -> str:
     return f"{used}\n{limit_text(row['used_files'], row['max_files'])} files"
 
 
+def _settings_cell(group: dict[str, Any]) -> str:
+    """The group-wide settings, one a line: "weight 2", "borrowing" (or "no borrowing"), and
+    "8 GPUs/user" when each user is capped."""
+    lines = [f"weight {group['weight']:g}", "borrowing" if group["borrowing"] else "no borrowing"]
+    if group.get("user_max_gpus") is not None:
+        lines.append(f"{group['user_max_gpus']} GPUs/user")
+    return "\n".join(lines)
+
+
 @group_app.command("ls")
 @friendly_errors
 def group_ls(output: OutputOpt = Output.table) -> None:
     """List groups (all for admins, yours otherwise): per GPU model used/guaranteed/max and how
-    many of the used GPUs are borrowed; CPUs and memory used/guaranteed/max; warnings."""
+    many of the used GPUs are borrowed; CPUs and memory used/guaranteed/max; storage used/max;
+    weight, borrowing and per-user GPU cap; warnings."""
     with client() as c:
         groups = c.groups()
         storage = {r["name"]: r for r in c.storage_usage() if r["scope"] == "group"}
     if output is Output.json:
         print_json(groups)
         return
-    table = Table(
-        "GROUP",
-        "GPUS used/guaranteed/max",
-        "CPUS",
-        "MEMORY",
-        "STORAGE used/max",
-        "USER CAP",
-        "WEIGHT",
-        "BORROWING",
-        "MEMBERS",
-        box=None,
-    )
+    # Seven columns with short headers, the group-wide settings in one, the legend below: nine
+    # columns with long headers did not fit 80, and Rich cut headers and cells ("used/gu…",
+    # "(4 borrowe…").
+    table = Table("GROUP", "GPUS", "CPUS", "MEMORY", "STORAGE", "SETTINGS", "MEMBERS", box=None)
     warnings: dict[str, None] = {}
     for g in groups:
         members = "-" if g.get("members") is None else str(len(g["members"]))
-        cap = "-" if g.get("user_max_gpus") is None else f"{g['user_max_gpus']} GPUs"
         table.add_row(
             g["name"],
             _gpu_cell(g),
             _resource_cell(g["usage"]["cpus"]),
             _resource_cell(g["usage"]["memory_mib"], 1 / 1024, "G"),
             _storage_cell(storage.get(g["name"])),
-            cap,
-            f"{g['weight']:g}",
-            "yes" if g["borrowing"] else "no",
+            _settings_cell(g),
             members,
         )
         warnings.update(dict.fromkeys(g.get("warnings") or ()))
     out.print(table)
+    out.print(
+        "GPUS (per GPU model), CPUS, MEMORY: used/guaranteed/max; borrowed: GPUs used beyond the "
+        "guarantee. STORAGE: used / max. SETTINGS: fair-share weight, borrowing, GPUs per user"
+    )
     for text in warnings:
         out.print(f"[yellow]warning:[/yellow] {plain(text)}", markup=True, highlight=False)
 
