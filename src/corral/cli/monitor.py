@@ -63,10 +63,14 @@ def alert_ls(
     if output is Output.json:
         print_json(data)
         return
-    table = Table("ID", "STATUS", "SEVERITY", "NAME", "WHERE", "SOURCE", "SINCE", "SEEN")
+    # No box, the alert's name never cut, one label a line: at 80 columns the boxed table cut the
+    # name itself ("CorralGpuE…") and the labels ("uuid=GPU-v…").
+    table = Table("ID", "STATUS", "SEVERITY", "NAME", "WHERE", "SOURCE", "SINCE", "SEEN", box=None)
+    table.columns[3].no_wrap = True
+    table.columns[4].overflow = "fold"
     for a in data["items"]:
         labels = a.get("labels", {})
-        where = " ".join(
+        where = "\n".join(
             f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("alertname", "severity") and v
         )
         color = "red" if a["status"] == "firing" else "green"

@@ -1,0 +1,35 @@
+"""What `corral alert ls` and `corral incident ls` print at 80 columns, against a real uvicorn
+server: nothing a user needs is cut without saying so."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from corral.cli import common
+from corral.monitor.alerts import record_alert
+from tests.api.conftest import World
+from tests.api.test_cli import run, server_url
+
+__all__ = ["server_url"]  # the fixture
+
+
+@pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
+def test_alert_ls_shows_the_alert_name_and_labels_whole_at_80_columns(
+    world: World, server_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The boxed table cut the alert's name ("CorralGpuE…") and its labels ("uuid=GPU-v…")."""
+    monkeypatch.setattr(common.out, "width", 80)
+    labels = {"alertname": "CorralGpuEccErrors", "severity": "critical", "node": "node-a17", "gpu": "3",
+              "uuid": "GPU-5b1f0c2e-9a4d-4c61-8f3e-2d7a9b0c1e44"}  # fmt: skip
+    with world.session_factory() as db:
+        record_alert(db, labels=labels, status="firing", now=time.time(), channels=[], source="corral")
+        db.commit()
+    code, out = run(world, server_url, "admin", "alert", "ls")
+    assert code == 0, out
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80, out
+    assert "CorralGpuEccErrors" in out.split(), out
+    assert "node=node-a17" in out.split() and "gpu=3" in out.split(), out
+    # the uuid folded over lines of its own (the row's other cells are on its first line)
+    assert "uuid=GPU-5b1f0c2e-9a4d-4c61-8f3e-2d7a9b0c1e44" in "".join(out.split()), out
