@@ -9,6 +9,7 @@ import pytest
 
 from corral.cli import common
 from corral.monitor.alerts import record_alert
+from corral.services import incidents
 from tests.api.conftest import World
 from tests.api.test_cli import run, server_url
 
@@ -33,3 +34,21 @@ def test_alert_ls_shows_the_alert_name_and_labels_whole_at_80_columns(
     assert "node=node-a17" in out.split() and "gpu=3" in out.split(), out
     # the uuid folded over lines of its own (the row's other cells are on its first line)
     assert "uuid=GPU-5b1f0c2e-9a4d-4c61-8f3e-2d7a9b0c1e44" in "".join(out.split()), out
+
+
+@pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
+def test_incident_ls_marks_a_title_it_cuts(
+    world: World, server_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Titles over 60 characters were cut with nothing to say so ("... ECC error(s) si")."""
+    monkeypatch.setattr(common.out, "width", 200)  # one line per row
+    long_title = "GPU 0 on vm: GPU 0 on vm has 1 uncorrectable ECC error(s) since its last reset"
+    with world.session_factory() as db:
+        for key, title in (("long", long_title), ("short", "node n7 lost")):
+            incidents.open_or_update(db, fingerprint=key, title=title, severity="SEV2", source="manual",
+                                     labels={}, links={}, now=time.time())  # fmt: skip
+        db.commit()
+    code, out = run(world, server_url, "admin", "incident", "ls")
+    assert code == 0, out
+    assert f"{long_title[:59]}…" in out and long_title not in out, out
+    assert "node n7 lost" in out and "node n7 lost…" not in out, out

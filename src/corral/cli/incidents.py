@@ -51,7 +51,7 @@ def list_incidents(
         sla = i["sla"]
         ack_in, mitigate_in = _countdown(sla["ack_remaining_s"]), _countdown(sla["mitigate_remaining_s"])
         opened = ago(i["opened_at"])
-        title = i["title"][:60]
+        title = i["title"] if len(i["title"]) <= 60 else i["title"][:59] + "…"  # cut, and says so
         state = f"{i['state']}, flapping" if i.get("flapping") else i["state"]
         table.add_row(str(i["id"]), i["severity"], state, title, opened, ack_in, mitigate_in, i["owner"])
     out.print(table)
