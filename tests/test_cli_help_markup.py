@@ -54,3 +54,25 @@ def test_every_command_says_what_it_does() -> None:
         if not (c.help or "").strip()
     ]
     assert silent == []
+
+
+def test_help_breaks_lines_where_the_terminal_ends_not_where_the_docstring_did() -> None:
+    """Typer's Rich help kept a docstring's line breaks inside a paragraph: `corral --help`
+    broke "why" after "its place in the scheduler's order, its" and `corral secret set --help`
+    after "(one trailing newline dropped),". Paragraphs are one line each now (those marked \\b,
+    printed as written, excepted)."""
+    broken = [
+        where
+        for where, c in _commands(typer.main.get_command(app), ("corral",))
+        for paragraph in (c.help or "").split("\n\n")
+        if "\n" in paragraph and not paragraph.startswith("\b")
+    ]
+    assert broken == []
+    wide = {"COLUMNS": "200"}
+    shown = CliRunner().invoke(app, ["--help"], env=wide).output
+    assert "its place in the scheduler's order, its estimated start with its uncertainty" in shown, shown
+    shown = CliRunner().invoke(app, ["secret", "set", "--help"], env=wide).output
+    assert "stdin (one trailing newline dropped), else a hidden prompt." in shown, shown
+    shown = CliRunner().invoke(app, ["oncall", "schedule", "set", "--help"], env=wide).output
+    lines = [line.strip() for line in shown.splitlines()]  # the \b example keeps its lines
+    assert "time_zone: Europe/Berlin" in lines and "- name: primary" in lines, shown

@@ -4,6 +4,7 @@ their own module so no one file grows with every feature."""
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import typer
 
@@ -43,8 +44,31 @@ def version() -> None:
     typer.echo(__version__)
 
 
+def one_line_paragraphs(text: str) -> str:
+    """A docstring's paragraphs each as one line. Typer's Rich help keeps a docstring's line
+    breaks inside a paragraph, so `--help` broke sentences where the source did ("its place in the
+    scheduler's order, its" / "estimated start ..."); the terminal's width now decides. A
+    paragraph marked with Click's \\b (printed as written: an example) keeps its lines."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(
+        p if p.startswith("\b") else " ".join(line.strip() for line in p.split("\n")) for p in paragraphs
+    )
+
+
+def _reflow_helps(typer_app: typer.Typer) -> None:
+    """Every command's help (given, or its docstring) through one_line_paragraphs."""
+    for info in typer_app.registered_commands:
+        text = info.help if info.help is not None else inspect.getdoc(info.callback)
+        if text:
+            info.help = one_line_paragraphs(text)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _reflow_helps(group.typer_instance)
+
+
 for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
+_reflow_helps(app)
 
 
 def main() -> None:
