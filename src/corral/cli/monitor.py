@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from corral.cli import nodes as node_commands
-from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json
+from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json, when
 from corral.sdk.base import seg
 
 alert_app = typer.Typer(
@@ -118,7 +118,29 @@ def _inject(node: str, index: int, home: Path | None, **fault: Any) -> None:
     else:
         with client() as c:
             entry = c.request("POST", f"/chaos/gpus/{seg(node)}/{index}", json=fault)["fault"]
-    out.print(f"GPU {index} on {node}: {entry or 'no faults'}")
+    out.print(f"GPU {index} on {node}: {fault_text(entry)}")
+
+
+def fault_text(entry: dict[str, Any]) -> str:
+    """A GPU's injected faults as `key=value` pairs: the entry was printed as a Python dict, with
+    unix times and floats to 16 digits ("'ecc_corrected_per_s': 0.03333333333333333,
+    'ecc_corrected_since': 1796007442.055609"). Times (`*_since`) as local times, Xids by code."""
+    if not entry:
+        return "no faults"
+    parts = []
+    for key, value in entry.items():
+        if key == "xids":
+            text = ",".join(str(x["xid"]) for x in value)
+        elif key.endswith("_since"):
+            text = when(value)
+        elif isinstance(value, bool):
+            text = "yes" if value else "no"
+        elif isinstance(value, float):
+            text = f"{value:.4g}"
+        else:
+            text = str(value)
+        parts.append(f"{key}={text}")
+    return ", ".join(parts)
 
 
 @gpu_app.command("ecc")
