@@ -89,6 +89,20 @@ def test_push_pull_identical_and_version_pin(server: CorralServer, tmp_path: Pat
     assert "v2 already holds exactly this content" in out
 
 
+def test_a_transfer_refused_before_any_byte_prints_the_error_alone(
+    server: CorralServer, tmp_path: Path
+) -> None:
+    """The progress bar started before the transfer: a refusal before any byte moved printed an
+    empty bar ("pull nosuch ━━━ 0/? bytes ?") above the error."""
+    out = run_cli(server, "data", "pull", "nosuch", str(tmp_path / "x"), code=1)
+    assert out.strip() == "error: no dataset named 'nosuch'", out
+    out = run_cli(server, "data", "push", "x", str(tmp_path / "missing"), code=1)
+    assert out.strip() == f"error: {tmp_path / 'missing'} is not a directory", out
+    make_tree(tmp_path / "small", 2, 4096, seed=3)
+    out = run_cli(server, "data", "push", "small", str(tmp_path / "small"))
+    assert "push small ━" in out and "dataset small v1: 2 files" in out, out  # a transfer still shows it
+
+
 def test_push_killed_mid_way_with_the_server_resumes_to_identical_checksums(
     server: CorralServer, tmp_path: Path
 ) -> None:

@@ -11,6 +11,7 @@ from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeRemainingColumn,
     TransferSpeedColumn,
@@ -35,14 +36,34 @@ def _ref(text: str) -> tuple[str, int | None]:
         raise typer.BadParameter(str(exc))
 
 
-def _bar() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-    )
+class _TransferBar:
+    """A transfer's progress bar, started at its first progress report: one started before the
+    transfer left an empty bar ("push x ━━━ 0/? bytes ?") above the error of a refusal that came
+    before any byte moved (no such dataset or version, not a directory)."""
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+        )
+        self.task: TaskID | None = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.task is None:
+            self.bar.start()
+            self.task = self.bar.add_task(self.description, total=total)
+        self.bar.update(self.task, completed=done, total=total)
+
+    def __enter__(self) -> _TransferBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.task is not None:
+            self.bar.stop()
 
 
 @data_app.command("push")
@@ -58,11 +79,8 @@ def data_push(
     """Upload DIRECTORY as the next version of dataset NAME: chunked, checksummed (sha256 per
     file), atomic (the version appears only when complete). Interrupted? Run it again: it
     resumes where it stopped."""
-    with client() as c, _bar() as bar:
-        task = bar.add_task(f"push {name}", total=None)
-        version = c.push_dataset(
-            name, directory, group=group, progress=lambda d, t: bar.update(task, completed=d, total=t)
-        )
+    with client() as c, _TransferBar(f"push {name}") as bar:
+        version = c.push_dataset(name, directory, group=group, progress=bar)
     if output is Output.json:
         print_json(version)
         return
@@ -79,11 +97,8 @@ def data_pull(
 ) -> None:
     """Download a version's files into DIRECTORY, each checked against its sha256."""
     name, version = _ref(ref)
-    with client() as c, _bar() as bar:
-        task = bar.add_task(f"pull {ref}", total=None)
-        got = c.pull_dataset(
-            name, directory, version=version, progress=lambda d, t: bar.update(task, completed=d, total=t)
-        )
+    with client() as c, _TransferBar(f"pull {ref}") as bar:
+        got = c.pull_dataset(name, directory, version=version, progress=bar)
     out.print(
         f"dataset {name} v{got['version']}: {got['files']} files, {human_bytes(got['bytes'])} in {directory}"
     )
