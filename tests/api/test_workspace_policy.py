@@ -32,7 +32,19 @@ def test_a_field_left_out_keeps_the_groups_value(world: World) -> None:
     assert (r["default_idle_timeout_s"], r["max_idle_timeout_s"]) == (7200, 4 * 3600), r
     # checked against the kept value too
     r2 = c.put(f"{API}/vision", json={"default_idle_timeout": "5h"}, headers=admin)
-    assert r2.status_code == 422 and "more than max_idle_timeout" in r2.text
+    assert r2.status_code == 422, r2.text
+    [error] = r2.json()["detail"]  # the values, and whose the maximum is (it was "... is more than
+    # max_idle_timeout", with neither value, when the maximum was one the caller had not given)
+    assert (
+        error["msg"]
+        == "default_idle_timeout 18000s is more than max_idle_timeout 14400s (group vision's, kept)"
+    )
+    both = {"default_idle_timeout": "9h", "max_idle_timeout": "8h"}
+    r2 = c.put(f"{API}/vision", json=both, headers=admin)
+    assert (
+        r2.json()["detail"][0]["msg"]
+        == "default_idle_timeout 32400s is more than max_idle_timeout 28800s (given)"
+    )
 
     # null: back to the server's, said so; the other stays the group's
     settings = c.app.state.settings  # type: ignore[attr-defined]

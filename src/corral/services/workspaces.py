@@ -541,10 +541,16 @@ def set_policy(
         session.add(policy)
     else:
         before = {"default": policy.default_idle_timeout_s, "max": policy.max_idle_timeout_s}
+    max_kept = isinstance(max_s, EllipsisType)
     default_s = policy.default_idle_timeout_s if isinstance(default_s, EllipsisType) else default_s
     max_s = policy.max_idle_timeout_s if isinstance(max_s, EllipsisType) else max_s
     if default_s is not None and max_s is not None and default_s > max_s:
-        raise Invalid("default_idle_timeout is more than max_idle_timeout", ("body", "default_idle_timeout"))
+        whose = f"group {group}'s, kept" if max_kept else "given"
+        raise Invalid(  # both values: the maximum may be the one kept, not one the caller gave
+            f"default_idle_timeout {format_seconds(default_s)} is more than max_idle_timeout "
+            f"{format_seconds(max_s)} ({whose})",
+            ("body", "default_idle_timeout"),
+        )
     policy.default_idle_timeout_s = default_s
     policy.max_idle_timeout_s = max_s
     audit.record(
