@@ -103,6 +103,16 @@ def test_a_transfer_refused_before_any_byte_prints_the_error_alone(
     assert "push small ━" in out and "dataset small v1: 2 files" in out, out  # a transfer still shows it
 
 
+def test_share_says_who_may_read_when_nobody_but_the_owner_may(server: CorralServer, tmp_path: Path) -> None:
+    """Taking the last reader away printed "readable by - (and its owner)"."""
+    make_tree(tmp_path / "d", 1, 64, seed=4)
+    run_cli(server, "data", "push", "shy", str(tmp_path / "d"))
+    out = run_cli(server, "data", "share", "shy", "--public")
+    assert out.strip() == "dataset shy: readable by everyone (and its owner)", out
+    out = run_cli(server, "data", "share", "shy", "--private")
+    assert out.strip() == "dataset shy: readable only by its owner (user admin)", out
+
+
 def test_push_killed_mid_way_with_the_server_resumes_to_identical_checksums(
     server: CorralServer, tmp_path: Path
 ) -> None:

@@ -204,9 +204,12 @@ def data_share(
         raise typer.BadParameter("give --group, --remove, --public or --private")
     with client() as c:
         ds = c.share_dataset(name, add_groups=group, remove_groups=remove, public=public)
-    print_json(ds) if output is Output.json else out.print(
-        f"dataset {name}: readable by {_access(ds)} (and its owner)"
-    )
+    if output is Output.json:
+        print_json(ds)
+    elif ds["public"] or ds["shared_with"]:
+        out.print(f"dataset {name}: readable by {_access(ds)} (and its owner)")
+    else:  # was "readable by - (and its owner)"
+        out.print(f"dataset {name}: readable only by its owner ({_owner(ds)})")
 
 
 @data_app.command("import")
