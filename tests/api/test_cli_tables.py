@@ -52,3 +52,18 @@ def test_incident_ls_marks_a_title_it_cuts(
     assert code == 0, out
     assert f"{long_title[:59]}…" in out and long_title not in out, out
     assert "node n7 lost" in out and "node n7 lost…" not in out, out
+
+
+@pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
+def test_incident_comment_says_the_comment_was_added(world: World, server_url: str) -> None:
+    """`corral incident comment 1 "text"` printed only the state ("incident 1: triggered"), as if
+    the incident had been acted on rather than commented."""
+    with world.session_factory() as db:
+        made = incidents.open_or_update(db, fingerprint="c", title="node n7 lost", severity="SEV3",
+                                        source="manual", labels={}, links={}, now=time.time())  # fmt: skip
+        db.commit()
+        number = made.id
+    code, out = run(world, server_url, "admin", "incident", "comment", str(number), "looking at it")
+    assert code == 0 and out.strip() == f"incident {number}: comment added (triggered)", out
+    code, out = run(world, server_url, "admin", "incident", "ack", str(number))
+    assert code == 0 and out.strip() == f"incident {number}: acknowledged", out

@@ -91,10 +91,12 @@ def show_incident(incident_id: IncidentArg, output: OutputOpt = Output.table) ->
         out.print("postmortem: required before closing (corral incident postmortem)")
 
 
-def _act(incident_id: int, action: str, **body: Any) -> None:
+def _act(incident_id: int, action: str, done: str = "", **body: Any) -> None:
+    """Print the incident's state after `action`; `done` says what happened first when the state
+    alone does not (a comment printed "incident 1: acknowledged")."""
     with client() as c:
         i = c.incident_action(incident_id, action, **body)
-    out.print(f"incident {i['id']}: {i['state']}")
+    out.print(f"incident {i['id']}: {done} ({i['state']})" if done else f"incident {i['id']}: {i['state']}")
 
 
 @incident_app.command("ack")
@@ -108,7 +110,7 @@ def ack(incident_id: IncidentArg) -> None:
 @friendly_errors
 def comment(incident_id: IncidentArg, text: Annotated[str, typer.Argument()]) -> None:
     """Add a comment to the timeline."""
-    _act(incident_id, "comment", text=text)
+    _act(incident_id, "comment", done="comment added", text=text)
 
 
 @incident_app.command("mitigate")
