@@ -137,4 +137,6 @@ def test_cli_usage_table_csv_and_json(world: World, server_url: str) -> None:
     code, out = run(world, server_url, "alice", "usage", "-o", "json")
     assert [r["name"] for r in json.loads(out)["rows"]] == ["alice"]
     code, out = run(world, server_url, "alice", "usage", "--since", "last week")
-    assert code == 1 and "cannot read 'last week' as a time" in out
+    assert code == 1 and "--since: cannot read 'last week' as a time" in out
+    code, out = run(world, server_url, "alice", "usage", "--since", "7d", "--until", "soon")
+    assert code == 1 and "--until: cannot read 'soon' as a time" in out  # which of the two

@@ -32,8 +32,9 @@ class By(StrEnum):
     group = "group"
 
 
-def parse_time(text: str, now: float) -> float:
-    """`7d` / `12h` / `30m` ago, an ISO date or date-time (local time), or unix seconds."""
+def parse_time(text: str, now: float, option: str) -> float:
+    """`7d` / `12h` / `30m` ago, an ISO date or date-time (local time), or unix seconds; a refusal
+    names the `option` it was given to (of --since and --until, which one was wrong)."""
     text = text.strip()
     match = RELATIVE.match(text)
     if match:
@@ -46,7 +47,7 @@ def parse_time(text: str, now: float) -> float:
         return datetime.fromisoformat(text).timestamp()
     except ValueError:
         raise CorralError(
-            f"cannot read {text!r} as a time: use e.g. 7d, 12h (ago), 2026-11-01, "
+            f"{option}: cannot read {text!r} as a time: use e.g. 7d, 12h (ago), 2026-11-01, "
             "2026-11-01T08:00 or unix seconds"
         ) from None
 
@@ -76,8 +77,8 @@ def usage(
     now = time.time()
     with client() as c:
         report = c.usage(
-            since=None if since is None else parse_time(since, now),
-            until=None if until is None else parse_time(until, now),
+            since=None if since is None else parse_time(since, now, "--since"),
+            until=None if until is None else parse_time(until, now, "--until"),
             by=by.value,
         )
     if output is UsageOutput.json:
