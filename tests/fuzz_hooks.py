@@ -198,6 +198,19 @@ ACCEPTED: tuple[Accepted, ...] = (
     ),
     Accepted(
         "ST202",
+        "GET /api/v1/jobs",
+        "no user named",
+        "whether a user name exists is stored state (an admin's filter on an unknown name is refused "
+        "naming it; others get no job, as for a name they may not see)",
+    ),
+    Accepted(
+        "ST202",
+        "GET /api/v1/jobs",
+        "no group named",
+        "whether a group name exists is stored state (refused for an admin, as for a user name)",
+    ),
+    Accepted(
+        "ST202",
         "POST /api/v1/tokens",
         "CORRAL_TOKEN_MAX_LIFETIME_DAYS",
         "the longest token lifetime is the server's setting; the schema gives the hard bound (10 years)",

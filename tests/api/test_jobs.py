@@ -166,6 +166,15 @@ def test_visibility_filters_sorting_and_pagination(world: World) -> None:
     assert page("carol", user="alice")["total"] == 0  # a filter never widens what one may see
     assert page("admin", group="nlp")["total"] == 3
     assert page("admin", user="alice", group="nlp")["total"] == 0
+    # A name that does not exist: an admin (who may see every name) is told, naming it; it listed
+    # no job, as if the name were right (`corral ls --user alcie`). Others get no job, as for a
+    # name they may not see, so that the answer does not say which names exist.
+    r = world.client.get(JOBS, params={"user": "alcie"}, headers=world.as_("admin"))
+    assert errors_of(r) == {("query", "user"): "no user named 'alcie'"}
+    r = world.client.get(JOBS, params={"group": "visoin"}, headers=world.as_("admin"))
+    assert errors_of(r) == {("query", "group"): "no group named 'visoin'"}
+    assert page("alice", user="alcie")["total"] == page("alice", group="visoin")["total"] == 0
+    assert page("carol", group="vision")["total"] == 0  # exists, not hers: the same answer
     names = [j["name"] for j in page("alice", sort="name", order="asc")["items"]]
     assert names == sorted(names)
     newest = page("admin", limit=4)
