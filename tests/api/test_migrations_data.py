@@ -530,3 +530,54 @@ def test_idle_stops_recorded_only_as_job_events_are_filled_in_by_0028(url: str) 
             assert conn.execute(sa.text("SELECT COUNT(*) FROM workspaces")).scalar_one() == 5
     finally:
         engine.dispose()
+
+
+def test_workspace_ids_are_never_given_again_after_0031(url: str) -> None:
+    # 0031: workspaces rebuilt with AUTOINCREMENT on SQLite (a no-op on PostgreSQL): its rows
+    # survive, and the next id comes after every id still recorded, removed workspaces' included:
+    # the audit log's workspace targets and the workspace jobs' base URLs (/ws/<id>/) name them.
+    # Before, `corral ws rm` then another user's `ws create` gave the new workspace the same id.
+    upgrade(url, "0030_group_memory_bigint")
+    engine = make_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        data = rows(0)
+        for job, base in zip(data["jobs"], ("/ws/3/", "/ws/21/", None, None), strict=True):
+            if base is not None:  # job 11 ran workspace 21, removed before the upgrade
+                job["spec"] = json.dumps({**SPEC, "env": {"CORRAL_WORKSPACE_BASE_URL": base}})
+        workspace = {"user_id": 1, "group_id": 1, "gpus": 0, "gpu_model": None, "cpus": 1.0,
+                     "memory_mib": 1024, "environment": "default", "idle_timeout_s": None,
+                     "jupyter_token": "t", "reclaimed_gpu_hours": 0.0, "last_used_at": None,
+                     "idle_stopped_at": None, "created_at": T0, "updated_at": T0}  # fmt: skip
+        data["workspaces"] = [{"id": 3, "name": "nb", "current_job_id": 10, **workspace}]
+        audit = {"at": T0, "actor": "u", "target_kind": "workspace"}
+        data["audit_log"] = [  # workspace 17 created and removed: only the audit log names it
+            {"id": 1, **audit, "action": "workspace.create", "target_id": "17"},
+            {"id": 2, **audit, "action": "workspace.remove", "target_id": "17"},
+        ]
+        insert(engine, data)
+        with engine.connect() as conn:
+            columns = {t: sorted(c["name"] for c in sa.inspect(conn).get_columns(t)) for t in data}
+        expected = snapshot(engine, data, columns)
+
+        upgrade(url, "0031_workspace_ids")
+        assert snapshot(engine, data, columns) == expected
+        with engine.begin() as conn:
+            if conn.dialect.name == "sqlite":
+                assert conn.execute(sa.text("PRAGMA foreign_key_check")).all() == []
+            made = conn.execute(
+                sa.text(
+                    "INSERT INTO workspaces (name, user_id, group_id, gpus, cpus, memory_mib, environment,"
+                    " jupyter_token, reclaimed_gpu_hours, created_at, updated_at)"
+                    " VALUES ('nb2', 2, 1, 0, 1, 1024, 'default', 't', 0, 0, 0) RETURNING id"
+                )
+            ).scalar_one()
+        if engine.dialect.name == "sqlite":
+            assert made > 21, f"workspace {made} after workspace 3, removed 17 (audit) and 21 (a job's URL)"
+        else:  # the row above was inserted with an explicit id: PostgreSQL's sequence was not used
+            assert made != 3
+
+        downgrade(url, "0030_group_memory_bigint")
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM workspaces")).scalar_one() == 2
+    finally:
+        engine.dispose()

@@ -52,6 +52,20 @@ def test_a_workspace_over_its_groups_guarantee_is_refused_saying_what_to_change(
     assert counts(world) == before
 
 
+def test_a_removed_workspaces_id_is_never_given_to_another(world: World) -> None:
+    """On SQLite the next workspace took max(id)+1, so after alice's `ws rm` bob's new workspace
+    had her old id: her JupyterLab URL (/ws/<id>/lab), her jobs' base URL and her audit entries
+    then named his (migration 0031_workspace_ids)."""
+    c = world.client
+    first = c.post(API, json={"name": "nb", "start": False}, headers=world.as_("alice"))
+    assert first.status_code == 201, first.text
+    assert c.delete(f"{API}/nb", headers=world.as_("alice")).status_code in (200, 204)
+    second = c.post(API, json={"name": "nb", "start": False}, headers=world.as_("carol"))
+    assert second.status_code == 201, second.text
+    assert second.json()["id"] > first.json()["id"]
+    assert second.json()["url"] != first.json()["url"]
+
+
 def test_workspace_lifecycle_and_bad_input(world: World) -> None:
     with world.session_factory() as db:
         add_node(db, gpus=2, model="A100")

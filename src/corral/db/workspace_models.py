@@ -15,7 +15,13 @@ from corral.db.base import Base
 
 class Workspace(Base):
     __tablename__ = "workspaces"
-    __table_args__ = (UniqueConstraint("user_id", "name"),)
+    __table_args__ = (
+        UniqueConstraint("user_id", "name"),
+        # SQLite: AUTOINCREMENT, so a removed workspace's id is never given again: it is in the
+        # JupyterLab URL (/ws/<id>/lab), its jobs' specs and the audit log. Migration
+        # 0031_workspace_ids. PostgreSQL's sequence never reuses ids.
+        {"sqlite_autoincrement": True},
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(64))
