@@ -1,8 +1,10 @@
-"""What `corral alert ls` and `corral incident ls` print at 80 columns, against a real uvicorn
-server: nothing a user needs is cut without saying so."""
+"""What the operations commands print, against a real uvicorn server: `corral alert ls` and
+`incident ls` at 80 columns cut nothing without saying so, `incident comment` says what it did,
+`rules show` takes `-o json` as every read command does."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -67,3 +69,15 @@ def test_incident_comment_says_the_comment_was_added(world: World, server_url: s
     assert code == 0 and out.strip() == f"incident {number}: comment added (triggered)", out
     code, out = run(world, server_url, "admin", "incident", "ack", str(number))
     assert code == 0 and out.strip() == f"incident {number}: acknowledged", out
+
+
+@pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
+def test_rules_show_takes_o_json_as_every_read_command(world: World, server_url: str) -> None:
+    """The README: "Every read command takes `-o json`"; `corral rules show -o json` was refused
+    ("No such option: -o")."""
+    code, out = run(world, server_url, "admin", "rules", "show", "--version", "0", "-o", "json")
+    assert code == 0, out
+    shipped = json.loads(out)
+    assert shipped["version"] == 0 and "name: gpu-fault" in shipped["text"]
+    code, out = run(world, server_url, "admin", "rules", "show", "--version", "0")
+    assert code == 0 and out == f"# version 0\n{shipped['text']}", out

@@ -162,10 +162,15 @@ def postmortem(
 
 @rules_app.command("show")
 @friendly_errors
-def show_rules(version: Annotated[int | None, typer.Option("--version", min=0)] = None) -> None:
+def show_rules(
+    version: Annotated[int | None, typer.Option("--version", min=0)] = None, output: OutputOpt = Output.table
+) -> None:
     """Print the active rules file (or an older --version; 0 is the shipped defaults)."""
     with client() as c:
         rules = c.remediation_rules(version)
+    if output is Output.json:  # as every read command (README): it had no -o
+        print_json(rules)
+        return
     out.print(f"# version {rules['version']}", highlight=False)
     print(rules["text"], end="")
 
