@@ -54,7 +54,12 @@ BAD_SPECS = [
     ({**SIMPLE_JOB, "env": {"1BAD": "x"}}, ("body", "env"), "must be letters, digits"),
     ({**SIMPLE_JOB, "retires": 2}, ("body", "retires"), "unknown field 'retires'"),
     ({**SIMPLE_JOB, "priority": "urgent"}, ("body", "priority"), "'low', 'normal' or 'high'"),
-    ({"name": "no-tasks"}, ("body", "tasks"), "the field 'tasks' is required"),
+    # both forms named: a spec of one task may give `command` at the top level instead
+    (
+        {"name": "no-tasks"},
+        ("body", "tasks"),
+        "the field 'tasks' is required (or, for a job of one task, 'command' at the top level)",
+    ),
     (
         {
             "name": "t",

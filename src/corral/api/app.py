@@ -234,6 +234,8 @@ def plain_errors(errors: Any) -> list[dict[str, Any]]:
             msg = msg[len("Value error, ") :]
         if kind == "extra_forbidden" and loc:
             msg = f"unknown field {loc[-1]!r}; check its spelling"  # (any body: not only a job spec)
+        elif kind == "missing" and loc and loc[-1] == "tasks":  # a job spec: its other form too
+            msg = "the field 'tasks' is required (or, for a job of one task, 'command' at the top level)"
         elif kind == "missing" and loc:
             msg = f"the field {loc[-1]!r} is required"
         elif kind == "string_pattern_mismatch" and loc:
