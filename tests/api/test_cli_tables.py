@@ -81,3 +81,18 @@ def test_rules_show_takes_o_json_as_every_read_command(world: World, server_url:
     assert shipped["version"] == 0 and "name: gpu-fault" in shipped["text"]
     code, out = run(world, server_url, "admin", "rules", "show", "--version", "0")
     assert code == 0 and out == f"# version 0\n{shipped['text']}", out
+
+
+@pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
+def test_an_empty_list_says_so_rather_than_print_a_header_alone(world: World, server_url: str) -> None:
+    """`corral incident ls`, `oncall now` and `ws ls` with nothing to list printed their header
+    row alone, which reads as a listing that failed half-way."""
+    expected = {
+        ("incident", "ls"): "no open incidents (--all: resolved and closed ones too)",
+        ("incident", "ls", "--all"): "no incidents",
+        ("oncall", "now"): "no on-call schedules (`corral oncall schedule set NAME -f FILE` defines one)",
+        ("ws", "ls"): "no workspaces (`corral ws create NAME` makes one)",
+    }
+    for args, line in expected.items():
+        code, out = run(world, server_url, "admin", *args)
+        assert code == 0 and out == line + "\n", (args, out)

@@ -52,8 +52,15 @@ def list_incidents(
         ack_in, mitigate_in = _countdown(sla["ack_remaining_s"]), _countdown(sla["mitigate_remaining_s"])
         opened = ago(i["opened_at"])
         title = i["title"] if len(i["title"]) <= 60 else i["title"][:59] + "…"  # cut, and says so
-        state = f"{i['state']}, flapping" if i.get("flapping") else i["state"]
-        table.add_row(str(i["id"]), i["severity"], state, title, opened, ack_in, mitigate_in, i["owner"])
+        shown = f"{i['state']}, flapping" if i.get("flapping") else i["state"]
+        table.add_row(str(i["id"]), i["severity"], shown, title, opened, ack_in, mitigate_in, i["owner"])
+    if not page["items"]:  # a header alone read as a listing that failed
+        out.print(
+            "no open incidents (--all: resolved and closed ones too)"
+            if not (all_ or state)
+            else "no incidents"
+        )
+        return
     out.print(table)
 
 

@@ -94,6 +94,9 @@ def now(
     for r in rows:
         nxt = r["next"]["user"] or "(gap)" if r["next"] else "-"
         table.add_row(r["schedule"], r["user"] or "(nobody: gap)", r["source"], when(r["until"]), nxt)
+    if not rows:  # a header alone read as a listing that failed
+        out.print("no on-call schedules (`corral oncall schedule set NAME -f FILE` defines one)")
+        return
     out.print(table)
 
 

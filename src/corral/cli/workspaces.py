@@ -113,6 +113,9 @@ def list_workspaces(
     for ws in rows:
         job = str(ws["job_id"]) if ws["job_id"] is not None else "-"
         table.add_row(ws["name"], ws["user"], _state(ws), _describe(ws), job, ago(ws["created_at"]))
+    if not rows:  # a header alone read as a listing that failed
+        out.print("no workspaces (`corral ws create NAME` makes one)")
+        return
     out.print(table)
 
 
