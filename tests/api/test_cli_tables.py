@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +97,16 @@ def test_an_empty_list_says_so_rather_than_print_a_header_alone(world: World, se
     for args, line in expected.items():
         code, out = run(world, server_url, "admin", *args)
         assert code == 0 and out == line + "\n", (args, out)
+
+
+@pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
+def test_key_add_of_a_missing_file_says_why_once(world: World, server_url: str, tmp_path: Path) -> None:
+    """`corral key add nokey.pub` said "cannot read nokey.pub: [Errno 2] No such file or
+    directory: 'nokey.pub'": the path twice and Python's errno."""
+    missing = tmp_path / "nokey.pub"
+    code, out = run(world, server_url, "alice", "key", "add", str(missing))
+    assert code == 1 and out.strip() == f"error: cannot read {missing}: No such file or directory", out
+    binary = tmp_path / "k.pub"
+    binary.write_bytes(b"\xff\xfe\x00")
+    code, out = run(world, server_url, "alice", "key", "add", str(binary))
+    assert code == 1 and "not text (a public key file is one line of text)" in out, out

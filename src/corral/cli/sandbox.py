@@ -195,8 +195,10 @@ def add_key(
     """Register an SSH public key for the SSH gateway (never the private key)."""
     try:
         text = path.expanduser().read_text().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CorralError(f"cannot read {path}: {exc}")
+    except OSError as exc:  # its reason alone, as the other commands' files: str(exc) repeated the path
+        raise CorralError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise CorralError(f"cannot read {path}: not text (a public key file is one line of text)") from None
     if "PRIVATE KEY" in text:
         raise CorralError(f"{path} is a private key: register the .pub file next to it")
     parts = text.split()
