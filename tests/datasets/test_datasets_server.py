@@ -97,7 +97,10 @@ def test_a_transfer_refused_before_any_byte_prints_the_error_alone(
     out = run_cli(server, "data", "pull", "nosuch", str(tmp_path / "x"), code=1)
     assert out.strip() == "error: no dataset named 'nosuch'", out
     out = run_cli(server, "data", "push", "x", str(tmp_path / "missing"), code=1)
-    assert out.strip() == f"error: {tmp_path / 'missing'} is not a directory", out
+    assert out.strip() == f"error: {tmp_path / 'missing'} does not exist", out  # not "is not a directory"
+    (tmp_path / "a-file").write_text("x")
+    out = run_cli(server, "data", "push", "x", str(tmp_path / "a-file"), code=1)
+    assert out.strip() == f"error: {tmp_path / 'a-file'} is not a directory", out
     make_tree(tmp_path / "small", 2, 4096, seed=3)
     out = run_cli(server, "data", "push", "small", str(tmp_path / "small"))
     assert "push small ━" in out and "dataset small v1: 2 files" in out, out  # a transfer still shows it

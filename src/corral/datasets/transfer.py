@@ -38,6 +38,8 @@ def scan(directory: Path) -> list[LocalFile]:
     """Every file below `directory` with its size and sha256 (links pointing outside refused)."""
     from corral.sdk.errors import CorralError
 
+    if not directory.exists():  # "is not a directory" for a path that is nothing at all misled
+        raise CorralError(f"{directory} does not exist")
     if not directory.is_dir():
         raise CorralError(f"{directory} is not a directory")
     try:
