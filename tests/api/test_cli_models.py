@@ -89,3 +89,16 @@ def test_a_quota_refusal_names_the_models_new_version(world: World, settings: An
     r = world.client.post(f"{API}/models/digits/versions", json={"job_id": job}, headers=world.as_("alice"))
     assert r.status_code == 403 and "the new version of model 'digits'" in r.text, r.text
     assert "''s" not in r.text, r.text
+
+
+def test_model_ls_names_the_group_a_model_is_shared_with(
+    world: World, server_url: str, settings: Any
+) -> None:
+    """SHARED said "group" without which one (`corral template ls` says "group (vision)")."""
+    job = finished_job(world, "alice", {"w.bin": b"w"}, settings.storage_path)
+    body = {"job_id": job, "group": "vision"}
+    r = world.client.post(f"{API}/models/digits/versions", json=body, headers=world.as_("alice"))
+    assert r.status_code == 201, r.text
+    code, out = run(world, server_url, "alice", "model", "ls")
+    row = next(line for line in out.splitlines() if "digits" in line)
+    assert code == 0 and "group (vision)" in row, out

@@ -247,7 +247,7 @@ def model_ls(output: OutputOpt = Output.table) -> None:
             f"v{m['latest']}" if m["latest"] else "-",
             prod,
             str(m["versions_count"]),
-            m["visibility"],
+            m["visibility"] + (f" ({m['group']})" if m["visibility"] == "group" else ""),  # as template ls
             m["owner"],
         )
     out.print(table)
