@@ -172,6 +172,16 @@ def test_an_environment_without_jupyterlab_is_refused_at_create(world: World) ->
     assert "environment 'tools@1' cannot run a workspace: its packages lack jupyterlab and corral" in r.text
     assert "corral env create tools -r FILE" in r.text and "pick another environment" in r.text
     assert counts(world) == before
+    # Created stopped (`corral ws create --stopped`), it was accepted, and refused only at its
+    # first start: the same checks now, with nothing created.
+    for environment, says in (
+        ("tools@1", "cannot run a workspace"),
+        ("nope", "environment 'nope' does not exist"),
+    ):
+        body = {"name": "nb", "environment": environment, "start": False}
+        r = c.post(API, json=body, headers=alice_h)
+        assert r.status_code == 422 and says in r.text, r.text
+    assert counts(world) == before
     r = c.post(API, json={"name": "nb", "environment": "tools"}, headers=alice_h)  # its newest: @2
     assert r.status_code == 201, r.text
     with world.session_factory() as db:

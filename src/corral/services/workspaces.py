@@ -288,6 +288,21 @@ def _submit(
     session: Session, principal: Principal, settings: Settings, profile: Profile, ws: Workspace, now: float
 ) -> None:
     """A new job for `ws` in the caller's transaction (not committed)."""
+    spec, owner = _checked_spec(session, principal, settings, ws)
+    try:
+        view = job_service.submit_job(session, owner, spec, profile, now=now, commit=False, workspace=True)
+    except Invalid as exc:
+        raise _never_fits(exc, ws.name) from None
+    ws.current_job_id = view["id"]
+    ws.jupyter_token = secrets.token_urlsafe(32)
+    ws.idle_stopped_at = None  # the idle stop was the previous job's
+    ws.updated_at = now
+
+
+def _checked_spec(
+    session: Session, principal: Principal, settings: Settings, ws: Workspace
+) -> tuple[JobSpecV1, Principal]:
+    """The job spec of a start of `ws`, its environment checked, and whom it runs as."""
     group = _group_name(session, ws.group_id)
     spec = _job_spec(ws, group, settings, idle_timeout_s(session, settings, ws))
     owner = principal
@@ -297,14 +312,7 @@ def _submit(
     # every launch as a platform loss; a catalogue one is pinned (`sklearn` -> `sklearn@2`).
     spec = check_job_environment(session, owner, spec)
     check_workspace_environment(session, spec.environment)
-    try:
-        view = job_service.submit_job(session, owner, spec, profile, now=now, commit=False, workspace=True)
-    except Invalid as exc:
-        raise _never_fits(exc, ws.name) from None
-    ws.current_job_id = view["id"]
-    ws.jupyter_token = secrets.token_urlsafe(32)
-    ws.idle_stopped_at = None  # the idle stop was the previous job's
-    ws.updated_at = now
+    return spec, owner
 
 
 def _never_fits(exc: Invalid, name: str) -> Invalid:
@@ -384,6 +392,8 @@ def create_workspace(
         session.flush()  # its id is in the job's base URL
         if req.start:
             _submit(session, principal, settings, profile, ws, now)
+        else:  # refused now as at a start: `ws create --stopped` kept an environment none could run
+            _checked_spec(session, principal, settings, ws)
         audit.record(
             session,
             actor=principal,
