@@ -532,8 +532,8 @@ def test_idle_stops_recorded_only_as_job_events_are_filled_in_by_0028(url: str) 
         engine.dispose()
 
 
-def test_workspace_ids_are_never_given_again_after_0031(url: str) -> None:
-    # 0031: workspaces rebuilt with AUTOINCREMENT on SQLite (a no-op on PostgreSQL): its rows
+def test_workspace_ids_are_never_given_again_after_0033(url: str) -> None:
+    # 0033: workspaces rebuilt with AUTOINCREMENT on SQLite (a no-op on PostgreSQL): its rows
     # survive, and the next id comes after every id still recorded, removed workspaces' included:
     # the audit log's workspace targets and the workspace jobs' base URLs (/ws/<id>/) name them.
     # Before, `corral ws rm` then another user's `ws create` gave the new workspace the same id.
@@ -559,7 +559,7 @@ def test_workspace_ids_are_never_given_again_after_0031(url: str) -> None:
             columns = {t: sorted(c["name"] for c in sa.inspect(conn).get_columns(t)) for t in data}
         expected = snapshot(engine, data, columns)
 
-        upgrade(url, "0031_workspace_ids")
+        upgrade(url, "0033_workspace_ids")
         assert snapshot(engine, data, columns) == expected
         with engine.begin() as conn:
             if conn.dialect.name == "sqlite":

@@ -55,7 +55,7 @@ def test_a_workspace_over_its_groups_guarantee_is_refused_saying_what_to_change(
 def test_a_removed_workspaces_id_is_never_given_to_another(world: World) -> None:
     """On SQLite the next workspace took max(id)+1, so after alice's `ws rm` bob's new workspace
     had her old id: her JupyterLab URL (/ws/<id>/lab), her jobs' base URL and her audit entries
-    then named his (migration 0031_workspace_ids)."""
+    then named his (migration 0033_workspace_ids)."""
     c = world.client
     first = c.post(API, json={"name": "nb", "start": False}, headers=world.as_("alice"))
     assert first.status_code == 201, first.text

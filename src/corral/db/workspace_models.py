@@ -19,7 +19,7 @@ class Workspace(Base):
         UniqueConstraint("user_id", "name"),
         # SQLite: AUTOINCREMENT, so a removed workspace's id is never given again: it is in the
         # JupyterLab URL (/ws/<id>/lab), its jobs' specs and the audit log. Migration
-        # 0031_workspace_ids. PostgreSQL's sequence never reuses ids.
+        # 0033_workspace_ids. PostgreSQL's sequence never reuses ids.
         {"sqlite_autoincrement": True},
     )
 

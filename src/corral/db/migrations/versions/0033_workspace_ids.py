@@ -10,8 +10,8 @@ and sqlite_sequence is seeded above every id still recorded (the rows, the audit
 targets, the workspace jobs' base URLs). No table references `workspaces.id`, so the DROP cascades
 to nothing whether foreign keys are on or off. PostgreSQL: nothing to do.
 
-Revision ID: 0031_workspace_ids
-Revises: 0030_group_memory_bigint
+Revision ID: 0033_workspace_ids
+Revises: 0032_eta_shown
 Create Date: 2026-11-30 03:20:00.000000
 """
 
@@ -20,8 +20,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0031_workspace_ids"
-down_revision = "0030_group_memory_bigint"
+revision = "0033_workspace_ids"
+down_revision = "0032_eta_shown"
 branch_labels = None
 depends_on = None
 
