@@ -770,7 +770,7 @@ def test_cli_audit_ls_against_a_real_server(
     code, out = run(world, server_url, "admin", "audit", "ls", "--target", "group:robotics", "--since", "1h")
     assert code == 0 and "group.quota.set" in out and "127.0.0.1" in out and "2 of 2 records" in out
     assert "quotas:" not in out  # 80 columns: no room for the CHANGE column
-    monkeypatch.setattr(audit_cli.out, "width", 200)
+    monkeypatch.setattr(audit_cli.out, "_width", 200)
     code, out = run(world, server_url, "admin", "audit", "ls", "--target", "group:robotics")
     assert code == 0 and 'quotas: {} -> {"*":{"guaranteed":4' in out
     code, out = run(world, server_url, "alice", "audit", "ls")

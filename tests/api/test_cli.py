@@ -268,7 +268,7 @@ def test_burst_of_concurrent_requests_does_not_exhaust_the_pool(world: World, se
 def test_cli_group_quotas_usage_warnings_and_clearing_limits(
     world: World, server_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(common.out, "width", 200)  # one line per table row
+    monkeypatch.setattr(common.out, "_width", 200)  # one line per table row
     with world.session_factory() as db:
         add_node(db, "n1", gpus=2, model="A100")  # 16 CPUs, 64 GiB
         db.commit()
@@ -341,7 +341,7 @@ def test_cli_group_ls_fits_80_columns_without_cutting_a_word(
 ) -> None:
     """Nine columns with headers such as "GPUS used/guaranteed/max" did not fit 80 columns: Rich
     cut headers and cells ("used/gu…", "(1 borrowe…", "0G/0G/…"). Every value is shown whole."""
-    monkeypatch.setattr(common.out, "width", 80)
+    monkeypatch.setattr(common.out, "_width", 80)
     with world.session_factory() as db:
         add_node(db, "n1", gpus=2, model="A100")
         db.commit()

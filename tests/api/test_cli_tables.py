@@ -24,7 +24,8 @@ def test_alert_ls_shows_the_alert_name_and_labels_whole_at_80_columns(
     world: World, server_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The boxed table cut the alert's name ("CorralGpuE…") and its labels ("uuid=GPU-v…")."""
-    monkeypatch.setattr(common.out, "width", 80)
+    # _width, not width: undone to None; the width setter would pin the old width for later tests
+    monkeypatch.setattr(common.out, "_width", 80)
     labels = {"alertname": "CorralGpuEccErrors", "severity": "critical", "node": "node-a17", "gpu": "3",
               "uuid": "GPU-5b1f0c2e-9a4d-4c61-8f3e-2d7a9b0c1e44"}  # fmt: skip
     with world.session_factory() as db:
@@ -44,7 +45,7 @@ def test_incident_ls_marks_a_title_it_cuts(
     world: World, server_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Titles over 60 characters were cut with nothing to say so ("... ECC error(s) si")."""
-    monkeypatch.setattr(common.out, "width", 200)  # one line per row
+    monkeypatch.setattr(common.out, "_width", 200)  # one line per row
     long_title = "GPU 0 on vm: GPU 0 on vm has 1 uncorrectable ECC error(s) since its last reset"
     with world.session_factory() as db:
         for key, title in (("long", long_title), ("short", "node n7 lost")):
