@@ -37,6 +37,7 @@ from sqlalchemy.orm import Session
 from corral.db.incident_models import Incident
 from corral.db.models import User
 from corral.db.oncall_models import EscalationPolicy, Page
+from corral.domain import span_text
 from corral.services import incidents, paging
 from corral.services.incidents import FlapNews, Reopen
 
@@ -97,7 +98,7 @@ def _page_reopened(session: Session, incident: Incident, reopen: Reopen) -> None
     now = incident.updated_at
     if reopen.flap is FlapNews.ONGOING:
         text = (
-            f"not paged: the incident is flapping (until quiet for {incidents.duration_text(reopen.quiet_s)})"
+            f"not paged: the incident is flapping (until quiet for {span_text(reopen.quiet_s)})"
         )
         incidents.add_timeline(session, incident.id, "paging", text, now=now)
         return
@@ -107,7 +108,7 @@ def _page_reopened(session: Session, incident: Incident, reopen: Reopen) -> None
     key = f"{page_key(incident.id)}/reopen-{earlier or 0}"
     preface, verb = [], "reopened: paged again"
     if reopen.flap is FlapNews.STARTED:
-        quiet = incidents.duration_text(reopen.quiet_s)
+        quiet = span_text(reopen.quiet_s)
         preface.append(f"{reopen.text}; its further reopens page nobody until it is quiet for {quiet}.")
         verb = f"{reopen.text}: paged once"
     first = _earlier_acknowledger(session, incident)

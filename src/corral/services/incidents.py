@@ -35,6 +35,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from corral.db.incident_models import Incident, IncidentEvent, Postmortem
 from corral.db.models import User
+from corral.domain import span_text
 from corral.services.errors import Conflict, Invalid, NotFound
 
 
@@ -308,15 +309,6 @@ def _event_times(session: Session, incident_id: int, kind: str, since: float) ->
     )
 
 
-def duration_text(seconds: float) -> str:
-    """`40 min`, `45 s`, `2.5 h`: a span as the timeline and pages say it."""
-    if seconds < 90:
-        return f"{max(0, round(seconds))} s"
-    if seconds < 2 * 3600:
-        return f"{round(seconds / 60)} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def _flapping_after_reopen(
     session: Session, incident: Incident, now: float, flap: FlapPolicy
 ) -> tuple[FlapNews, str]:
@@ -330,7 +322,7 @@ def _flapping_after_reopen(
     reopens = [at for at in _event_times(session, incident.id, "reopened", since) if at <= now]
     if len(reopens) < flap.reopens or not _set_flapping(session, incident, None, now):
         return FlapNews.NONE, ""
-    text = f"flapping: reopened {len(reopens)} times in {duration_text(now - reopens[0])}"
+    text = f"flapping: reopened {len(reopens)} times in {span_text(now - reopens[0])}"
     data = {"reopens": len(reopens), "span_s": round(now - reopens[0], 1), "quiet_s": flap.quiet_s}
     add_timeline(session, incident.id, "flapping", text, data, now=now)
     return FlapNews.STARTED, text
@@ -353,7 +345,7 @@ def _end_flapping_if_quiet(session: Session, incident: Incident, now: float, fla
     if quiet < flap.quiet_s or not _set_flapping(session, incident, since, None):
         return False
     stayed = "resolved" if incident.state in (_S.RESOLVED.value, _S.CLOSED.value) else "open (firing)"
-    text = f"stopped flapping: stayed {stayed} for {duration_text(quiet)}; a reopen pages again"
+    text = f"stopped flapping: stayed {stayed} for {span_text(quiet)}; a reopen pages again"
     add_timeline(session, incident.id, "flapping_ended", text, {"flapping_since": since}, now=now)
     _tell(_FLAPPING_ENDED_LISTENERS, session, incident, "corral")
     return True

@@ -3,8 +3,10 @@ rules file's `incidents.flapping.within`), NULL when it is not flapping. Written
 its quiet period, by corral.services.incidents by compare-and-set; incident_paging pages once when
 it begins and not at the reopens while it lasts (docs/operations.md, "Flapping").
 
-Incidents open at the upgrade are not flapping: their reopens before it counted for nothing, and
-the first reopens after it are paged as before until the threshold is reached.
+Incidents open at the upgrade are not flapping until they next reopen. That reopen counts every
+reopen on the incident's timeline within `within`, those from before the upgrade included (the
+timeline's `reopened` lines predate this revision): an incident that reopened twice in the hour
+before the upgrade begins flapping at its first reopen after it, and pages once, saying so.
 
 Revision ID: 0031_incident_flapping
 Revises: 0030_group_memory_bigint
