@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from corral.db.oncall_models import Page, PageNotification
 from corral.monitor.pager import PagingSettings, deliver_pages
 from corral.services import oncall, paging
+from corral.services.accounts import user_by_name
 from corral.services.errors import Conflict
 from tests.oncall.conftest import Env, Smtp
 from tests.support import free_port
@@ -111,6 +112,32 @@ def test_policy_repeats_k_times_then_is_exhausted(env: Env, smtp: Smtp) -> None:
     assert ack.status_code == 200 and ack.json()["acked_by"] == "bob"  # still acknowledgeable
     carol = env.client.post(f"/api/v1/oncall/pages/{final.id}/ack", headers=env.people["carol"])
     assert carol.status_code == 404  # never paged for it: not hers to see or ack
+
+
+def test_who_answered_before_is_paged_first_in_round_one_only_and_never_twice(env: Env) -> None:
+    set_up(env, repeat=1)
+    t0 = time.time()
+    with env.factory() as db:
+        alice, bob = (user_by_name(db, name).id for name in ("alice", "bob"))
+        for key, first in (("test:bob-first", bob), ("test:alice-first", alice)):
+            paging.start(db, key=key, policy="gpu", subject="s", body="b", now=t0, first_user_id=first)
+        db.commit()
+        for minute in (0, 5.1, 10.2, 15.3, 20.4, 40):
+            paging.escalate_due(db, t0 + minute * 60)
+
+        def paged(key: str) -> list[int]:
+            page_id = paging.page_by_key(db, key).id
+            rows = db.scalars(
+                sa.select(PageNotification.user_id).where(PageNotification.page_id == page_id)
+                .order_by(PageNotification.id)
+            )  # fmt: skip
+            return list(rows)
+
+        # bob first, then the policy (alice's schedule, bob's); its repeat starts at its top
+        assert paged("test:bob-first") == [bob, alice, bob, alice, bob]
+        # alice is the policy's first on call now: not paged twice in a row
+        assert len(paging.page_by_key(db, "test:alice-first").steps) == 2
+        assert paged("test:alice-first") == [alice, bob, alice, bob]
 
 
 def test_a_notification_queued_before_the_ack_is_skipped(env: Env, smtp: Smtp) -> None:

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 ESCALATE_BATCH = 500
 MAX_KEY = 200  # pages.key
 OPEN_STATES = ("triggered", "exhausted")  # a page someone may still acknowledge
+FIRST_ROUND_ONLY = "once"  # a page step's flag: run in its first round only (start's first_user_id)
 AckListener = Callable[[Session, str, str], None]
 _listeners: list[tuple[str, AckListener]] = []
 
@@ -72,7 +73,9 @@ def start(
     """Open the page `key` on `policy` (idempotent per key); its first step runs on the paging
     loop's next tick, which this wakes once the caller commits. Commits nothing itself.
     `first_user_id`: a person paged before the policy's steps (for as long as its first step
-    waits), e.g. who answered the same incident before; the policy follows from its top."""
+    waits), e.g. who answered the same incident before; the policy follows from its top. That
+    step is first-round only (a repeat starts at the policy's top), and left out when the
+    policy's first step reaches that person now anyway (their user, or their schedule's shift)."""
     if not 0 < len(key) <= MAX_KEY:
         raise Invalid(f"a page key is 1 to {MAX_KEY} characters, not {len(key)}", ("body", "key"))
     existing = session.scalar(select(Page).where(Page.key == key))
@@ -80,8 +83,9 @@ def start(
         return existing
     row = policy_by_name(session, policy)
     steps = list(row.steps)
-    if first_user_id is not None and steps and steps[0].get("user_id") != first_user_id:
-        steps.insert(0, {"user_id": first_user_id, "wait_s": float(steps[0].get("wait_s", 0.0))})
+    if first_user_id is not None and steps and first_user_id not in _first_reached(session, steps[0], now):
+        wait_s = float(steps[0].get("wait_s", 0.0))
+        steps.insert(0, {"user_id": first_user_id, "wait_s": wait_s, FIRST_ROUND_ONLY: True})
     page = Page(
         key=key, policy_name=row.name, steps=steps, repeat=row.repeat,
         subject=subject[:300], body=body, state="triggered", step=0, round=0, next_at=now,
@@ -97,6 +101,15 @@ def start(
         return found
     _trigger_loop(session)
     return page
+
+
+def _first_reached(session: Session, step: dict[str, Any], now: float) -> list[int]:
+    """Who a policy's first step reaches now; [] when that cannot be told (its schedule's person
+    is gone): then who answered before is paged first anyway, and the step finds out at its turn."""
+    try:
+        return _Resolver(session, now).targets(step)[0]
+    except ServiceError:
+        return []
 
 
 def page_by_key(session: Session, key: str) -> Page:
@@ -214,6 +227,9 @@ def _advance(session: Session, resolver: _Resolver, page: Page, now: float) -> N
                 break
             page.round, page.step = page.round + 1, 0
         step = page.steps[page.step]
+        if page.round > 0 and step.get(FIRST_ROUND_ONLY):
+            page.step += 1  # who answered before was asked in round 1; a repeat is the policy's
+            continue
         users, what = resolver.targets(step)
         queued = _queue(session, resolver, page, users, now)
         label = f"round {page.round + 1} step {page.step + 1}"
