@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from sqlalchemy.orm import Session
 from corral.db import audit_models, models
 from corral.db.base import Base
 from corral.db.session import downgrade, init_db, make_engine
+from corral.services import incidents
 from corral.services.auth import Principal
 from corral.services.jobs import JobFilter, list_jobs
 from tests.pg import sqlite_or_postgres_url
@@ -103,5 +105,31 @@ def test_the_job_list_sorted_by_updated_at_walks_its_index(tmp_path: Path) -> No
             for sql, params in statements:
                 plan = " | ".join(r[3] for r in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params))
                 assert "INDEX ix_jobs_updated" in plan and "TEMP B-TREE" not in plan, plan
+    finally:
+        engine.dispose()
+
+
+def test_the_flapping_pass_reads_only_its_partial_index(tmp_path: Path) -> None:
+    """The incidents loop looks for flapping incidents every 5 s: migration 0031's partial
+    ix_incidents_flapping (only rows with flapping_since set, by key) serves it, in the key order
+    it locks them in, instead of a scan of every incident ever opened."""
+    url = f"sqlite:///{tmp_path / 'plan.db'}"
+    init_db(url)
+    engine = make_engine(url)
+    statements: list[tuple[str, object]] = []
+
+    def seen(conn: object, cursor: object, sql: str, params: object, context: object, many: bool) -> None:
+        if sql.lstrip().startswith("SELECT incidents.id") and "flapping_since IS NOT NULL" in sql:
+            statements.append((sql, params))
+
+    sa.event.listen(engine, "before_cursor_execute", seen)
+    try:
+        with Session(engine) as db:
+            assert incidents.end_quiet_flapping(db, time.time()) == []
+        assert len(statements) == 1, statements
+        with engine.connect() as conn:
+            sql, params = statements[0]
+            plan = " | ".join(r[3] for r in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params))
+            assert "INDEX ix_incidents_flapping" in plan and "TEMP B-TREE" not in plan, plan
     finally:
         engine.dispose()

@@ -24,6 +24,8 @@ from corral.services.incidents import FlapPolicy
 from tests.oncall.conftest import Env
 from tests.support import free_port
 
+pytestmark = pytest.mark.parametrize("env", ["sqlite", "postgres"], indirect=True)  # tests/pg.py
+
 ALERT = "alert-gpu-n1-0"
 # Quiet shorter than the reopen window here, so that a reopen after the quiet period is still a
 # reopen of this incident (with the shipped 30 min quiet it would be a new incident, paged anyway).
@@ -32,7 +34,7 @@ QUICK = FlapPolicy(reopen_window_s=900.0, reopens=3, within_s=3600.0, quiet_s=60
 
 @pytest.fixture
 def bridged(env: Env) -> Iterator[Env]:
-    env.put("/oncall/policies/incidents", {"steps": [{"user": "bob", "wait_minutes": 5}]})
+    env.put("/oncall/policies/incidents", {"steps": [{"user": "bob", "wait_minutes": 5}], "repeat": 1})
     incident_paging.install()
     try:
         yield env
@@ -182,10 +184,112 @@ def test_staying_open_ends_flapping_and_a_reopen_goes_to_who_acknowledged_it(bri
         assert paging.escalate_due(db, t0 + 960) == 1
         notified = db.scalars(select(PageNotification.user_id).where(PageNotification.page_id == page.id))
         assert set(notified) == {alice.id}  # bob only if alice does not answer within 5 min
+        for minutes in (5.1, 10.2, 15.3):  # then bob; the policy's repeat round is bob's alone
+            paging.escalate_due(db, t0 + 960 + minutes * 60)
+        notified = db.scalars(
+            select(PageNotification.user_id).where(PageNotification.page_id == page.id)
+            .order_by(PageNotification.id)
+        )  # fmt: skip
+        assert list(notified) == [alice.id, bob.id, bob.id]
+        assert paging.page_by_key(db, key).state == "exhausted"
     assert (
         timeline(env, incident_id, "paging")[-1]
         == "reopened: paged again via policy incidents, to alice first"
     )
+
+
+def flapping_incident(env: Env, t0: float) -> int:
+    """Fired at t0 and reopened at t0 + 60, 120, 180: flapping since t0 + 180, page reopen-3 open."""
+    incident_id = fire(env, t0)
+    for n in (1, 2, 3):
+        clear(env, t0 + n * 60 - 30)
+        fire(env, t0 + n * 60)
+    assert shown(env, incident_id)["flapping"]
+    return incident_id
+
+
+def test_a_flap_that_settles_firing_unanswered_is_paged_again(bridged: Env) -> None:
+    """alice answers the flapping page; the fault then resolves and fires again while it flaps
+    (not paged: triggered, nobody holds it) and stays firing: when the flapping ends, the steady
+    fault is paged, to alice first."""
+    env, t0 = bridged, time.time()
+    incident_id = flapping_incident(env, t0)
+    with env.factory() as db:
+        incidents.acknowledge(db, incident_id, "alice", t0 + 200)
+        db.commit()
+    clear(env, t0 + 230)
+    assert fire(env, t0 + 260) == incident_id
+    assert shown(env, incident_id)["state"] == "triggered"
+    assert set(pages(env, incident_id).values()) == {"cancelled", "acknowledged"}  # none open
+
+    assert quiet_pass(env, t0 + 260 + 600) == [incident_id]
+    assert timeline(env, incident_id, "flapping_ended") == [
+        "stopped flapping: stayed open (firing) for 10 min; a reopen pages again"
+    ]
+    key = f"incident:{incident_id}/reopen-4"
+    assert pages(env, incident_id)[key] == "triggered"
+    assert timeline(env, incident_id, "paging")[-1] == (
+        "stopped flapping; still firing: paged again via policy incidents, to alice first"
+    )
+    with env.factory() as db:
+        alice = db.scalars(select(User).where(User.name == "alice")).one()
+        page = paging.page_by_key(db, key)
+        assert page.subject == "[SEV2] GPU 0 on n1: ECC" and page.steps[0]["user_id"] == alice.id
+        assert "It stopped flapping and is still firing" in page.body
+        assert page.created_at == t0 + 860
+
+
+def test_a_flap_that_settles_firing_with_its_page_still_open_starts_no_other(bridged: Env) -> None:
+    env, t0 = bridged, time.time()
+    incident_id = flapping_incident(env, t0)  # nobody answers its page
+    before = pages(env, incident_id)
+    assert quiet_pass(env, t0 + 180 + 600) == [incident_id]
+    assert pages(env, incident_id) == before  # reopen-3 still escalates; no second page
+    assert before[f"incident:{incident_id}/reopen-3"] == "triggered"
+
+
+def test_closing_a_flapping_incident_ends_the_flapping_and_cancels_its_page(bridged: Env) -> None:
+    env, t0 = bridged, time.time()
+    incident_id = flapping_incident(env, t0)
+    clear(env, t0 + 200)  # resolved: a flapping incident keeps its page
+    assert pages(env, incident_id)[f"incident:{incident_id}/reopen-3"] == "triggered"
+    with env.factory() as db:
+        incidents.write_postmortem(
+            db, incident_id, "admin", t0 + 250, summary="ECC", impact="none", root_cause="a bad DIMM",
+            action_items=[],
+        )  # fmt: skip
+        incidents.close(db, incident_id, "admin", t0 + 260)
+        db.commit()
+    view = shown(env, incident_id)
+    assert view["state"] == "closed" and view["flapping"] is False
+    assert timeline(env, incident_id, "flapping_ended") == ["stopped flapping: closed by admin"]
+    assert pages(env, incident_id)[f"incident:{incident_id}/reopen-3"] == "cancelled"
+    assert timeline(env, incident_id, "paging")[-1] == "page cancelled: the incident was closed"
+    with env.factory() as db:
+        assert paging.escalate_due(db, t0 + 3600) == 0  # nobody paged about a closed incident
+    assert quiet_pass(env, t0 + 3600) == []
+
+
+def test_the_quiet_pass_skips_a_key_another_transaction_holds(bridged: Env) -> None:
+    """PostgreSQL: the pass does not wait for a grouping key's lock (held here by a repeat firing
+    not yet committed); it leaves that incident to its next pass."""
+    env, t0 = bridged, time.time()
+    if env.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite has no lock per key: its one write lock lets one writer through at a time")
+    incident_id = flapping_incident(env, t0)
+    with env.factory() as holder:
+        incidents.open_or_update(
+            holder, fingerprint="gpu/n1/0", title="GPU 0 on n1: ECC", severity="SEV2",
+            source="rule:gpu-fault", labels={}, links={}, now=t0 + 700, alert=ALERT, flap=QUICK,
+        )  # fmt: skip
+        result: list[list[int]] = []
+        passing = threading.Thread(target=lambda: result.append(quiet_pass(env, t0 + 180 + 600)), daemon=True)
+        passing.start()
+        passing.join(timeout=20)
+        assert not passing.is_alive(), "the quiet pass waited for a lock another transaction holds"
+        assert result == [[]]
+        holder.rollback()
+    assert quiet_pass(env, t0 + 180 + 600) == [incident_id]
 
 
 def test_an_acknowledger_no_longer_active_is_not_paged_first(bridged: Env) -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from corral.db.base import Base
+
+_FLAPPING = text("flapping_since IS NOT NULL")
 
 
 class Incident(Base):
@@ -16,6 +18,10 @@ class Incident(Base):
     `fingerprint` (the rule's grouping key) join the open incident instead of opening another."""
 
     __tablename__ = "incidents"
+    __table_args__ = (
+        # the incidents loop's flapping pass reads only these, every 5 s (migration 0031)
+        Index("ix_incidents_flapping", "fingerprint", postgresql_where=_FLAPPING, sqlite_where=_FLAPPING),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     fingerprint: Mapped[str] = mapped_column(String(255), index=True)

@@ -12,11 +12,15 @@
 - The incident reopens (it fired again within the reopen window, so it is triggered again) -> a
   new page starts, key `incident:<id>/reopen-<n>` (a page key is used once). If someone had
   acknowledged the incident, the page goes to that person first (and names them), then to the
-  policy from its top: they know the fault.
+  policy from its top (first round only; not twice when the policy's first step is them): they
+  know the fault.
 - Flapping (corral.services.incidents.FlapPolicy): the reopen that makes the incident flapping
   pages once, saying so; the reopens while it flaps page nobody (the timeline says each), and
   resolving does not cancel that page, which stays until someone acknowledges it: the flapping
-  itself is the fault to look at. Once the flapping has ended, a reopen pages again.
+  itself is the fault to look at. Once the flapping has ended, a reopen pages again. When it ends
+  with the incident still firing and nobody holding it (triggered, no page open: its flapping page
+  was answered before it reopened), the steady fault is paged then, as a reopen is; when it ends
+  with the incident resolved, or because it was closed, its page is cancelled.
 
 Everything happens in the transaction of the change that caused it: an incident is never left
 open without its page, nor a page acked without its incident. `install()` registers the
@@ -97,20 +101,24 @@ def _page_reopened(session: Session, incident: Incident, reopen: Reopen) -> None
         return
     now = incident.updated_at
     if reopen.flap is FlapNews.ONGOING:
-        text = (
-            f"not paged: the incident is flapping (until quiet for {span_text(reopen.quiet_s)})"
-        )
+        text = f"not paged: the incident is flapping (until quiet for {span_text(reopen.quiet_s)})"
         incidents.add_timeline(session, incident.id, "paging", text, now=now)
         return
-    if _open_page(session, incident.id) is not None:
-        return
-    earlier = session.scalar(select(func.count()).select_from(Page).where(_pages_of(incident.id)))
-    key = f"{page_key(incident.id)}/reopen-{earlier or 0}"
     preface, verb = [], "reopened: paged again"
     if reopen.flap is FlapNews.STARTED:
         quiet = span_text(reopen.quiet_s)
         preface.append(f"{reopen.text}; its further reopens page nobody until it is quiet for {quiet}.")
         verb = f"{reopen.text}: paged once"
+    _page_again(session, incident, now, verb, preface)
+
+
+def _page_again(session: Session, incident: Incident, now: float, verb: str, preface: list[str]) -> None:
+    """A triggered incident needs someone again: a new page `incident:<id>/reopen-<n>` (unless one
+    is still open), to whoever acknowledged the incident before first."""
+    if _open_page(session, incident.id) is not None:
+        return
+    earlier = session.scalar(select(func.count()).select_from(Page).where(_pages_of(incident.id)))
+    key = f"{page_key(incident.id)}/reopen-{earlier or 0}"
     first = _earlier_acknowledger(session, incident)
     if first is not None:
         preface.append(f"Reopened after {first.name} acknowledged it: paged to {first.name} first.")
@@ -191,11 +199,21 @@ def _incident_resolved(session: Session, incident: Incident, by: str) -> None:
 
 
 def _flapping_ended(session: Session, incident: Incident, by: str) -> None:
-    """A flapping incident that stayed resolved for its quiet period is over after all: its page
-    is cancelled now, as it would have been when it resolved. One that stayed open keeps it."""
-    resolved = (incidents.IncidentState.RESOLVED.value, incidents.IncidentState.CLOSED.value)
-    if _enabled and incident.state in resolved:
+    """A flapping incident that stayed resolved for its quiet period, or was closed, is over after
+    all: its page is cancelled now, as it would have been when it resolved. One that stayed
+    firing is a steady fault: when nobody holds it (triggered, its last page answered or none),
+    it is paged again, as a reopen is. One acknowledged or mitigated keeps whoever has it."""
+    if not _enabled:
+        return
+    state = incidents.IncidentState(incident.state)
+    if state is incidents.IncidentState.CLOSED:
+        _cancel_open_page(session, incident, "page cancelled: the incident was closed")
+    elif state is incidents.IncidentState.RESOLVED:
         _cancel_open_page(session, incident, "page cancelled: the incident stopped flapping, resolved")
+    elif state is incidents.IncidentState.TRIGGERED:
+        preface = ["It stopped flapping and is still firing: the fault has settled."]
+        verb = "stopped flapping; still firing: paged again"
+        _page_again(session, incident, incident.updated_at, verb, preface)
 
 
 def _cancel_open_page(session: Session, incident: Incident, text: str) -> None:

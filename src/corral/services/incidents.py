@@ -6,8 +6,9 @@ the open incident, and a fault that comes back within `FLAP_WINDOW_S` of its inc
 reopens that incident instead of opening a new one (a flapping GPU is one incident). An incident
 reopened `FlapPolicy.reopens` times within `FlapPolicy.within_s` is *flapping* (`flapping_since`)
 until it has neither reopened nor resolved for `FlapPolicy.quiet_s` (the rules file's `incidents:`
-section sets these; docs/operations.md, "Flapping"). The reopened listeners hear whether a reopen
-is plain, begins the flapping or happens while it lasts (`Reopen`), so paging can page once.
+section sets these; docs/operations.md, "Flapping"), or until it is closed. The reopened
+listeners hear whether a reopen is plain, begins the flapping or happens while it lasts
+(`Reopen`), so paging can page once.
 
 States move by compare-and-set, like jobs' (services.lifecycle): triggered -> acknowledged ->
 mitigated -> resolved -> closed, where resolved may go back to triggered (it fired again) and
@@ -145,7 +146,8 @@ def on_reopened(listener: ReopenedListener) -> None:
 
 
 def on_flapping_ended(listener: ChangeListener) -> None:
-    """Call `listener(session, incident, "corral")` when an incident's flapping ends (quiet)."""
+    """Call `listener(session, incident, by)` when an incident's flapping ends: quiet for its
+    period (by "corral"), or closed (by whoever closed it)."""
     _FLAPPING_ENDED_LISTENERS.append(listener)
 
 
@@ -205,19 +207,23 @@ def _merge_links(old: Mapping[str, Any], new: Mapping[str, Sequence[str]]) -> di
     return merged
 
 
-def _lock_fingerprint(session: Session, fingerprint: str) -> None:
+def _lock_fingerprint(session: Session, fingerprint: str, *, wait: bool = True) -> bool:
     """Hold, to the end of the transaction, a lock on the grouping key before looking for its
     incident. Without it two transactions for one fault at once (the GPU sampling loop's ECC alert
     and the diagnosis watch's event, on two servers of one PostgreSQL) each found none and each
     opened one. PostgreSQL: an advisory lock per key; SQLite: the database's write lock, taken by
-    an UPDATE that changes no row (it then lets one writer at a time through anyway)."""
+    an UPDATE that changes no row (it then lets one writer at a time through anyway).
+    `wait=False`: on PostgreSQL, False at once when another transaction holds the key."""
     connection = session.connection()
     if connection.dialect.name == "postgresql":
         digest = hashlib.sha256(f"corral-incident:{fingerprint}".encode()).digest()
         key = int.from_bytes(digest[:8], "big", signed=True)
+        if not wait:
+            return bool(connection.execute(select(func.pg_try_advisory_xact_lock(key))).scalar())
         connection.execute(select(func.pg_advisory_xact_lock(key)))
     else:
         connection.execute(update(Incident).where(false()).values(fingerprint=Incident.fingerprint))
+    return True
 
 
 def _current(session: Session, fingerprint: str) -> Incident | None:
@@ -281,17 +287,21 @@ def open_or_update(
 # -- flapping ------------------------------------------------------------------------------------
 
 
-def _set_flapping(session: Session, incident: Incident, expected: float | None, value: float | None) -> bool:
-    """Compare-and-set of `flapping_since`: False when another writer changed it first."""
+def _set_flapping(
+    session: Session, incident: Incident, expected: float | None, value: float | None, now: float
+) -> bool:
+    """Compare-and-set of `flapping_since` (stamping `updated_at`): False when another writer
+    changed it first."""
     stmt = (
         update(Incident)
         .where(Incident.id == incident.id)
         .where(Incident.flapping_since.is_(None) if expected is None else Incident.flapping_since == expected)
-        .values(flapping_since=value)
+        .values(flapping_since=value, updated_at=now)
     )
     won = session.connection().execute(stmt).rowcount == 1
     if won:
         set_committed_value(incident, "flapping_since", value)
+        set_committed_value(incident, "updated_at", now)
     return won
 
 
@@ -320,7 +330,7 @@ def _flapping_after_reopen(
     ended = _event_times(session, incident.id, "flapping_ended", now - flap.within_s)
     since = max([now - flap.within_s, *ended])
     reopens = [at for at in _event_times(session, incident.id, "reopened", since) if at <= now]
-    if len(reopens) < flap.reopens or not _set_flapping(session, incident, None, now):
+    if len(reopens) < flap.reopens or not _set_flapping(session, incident, None, now, now):
         return FlapNews.NONE, ""
     text = f"flapping: reopened {len(reopens)} times in {span_text(now - reopens[0])}"
     data = {"reopens": len(reopens), "span_s": round(now - reopens[0], 1), "quiet_s": flap.quiet_s}
@@ -342,23 +352,39 @@ def _end_flapping_if_quiet(session: Session, incident: Incident, now: float, fla
     if since is None:
         return False
     quiet = now - _last_flip(session, incident)
-    if quiet < flap.quiet_s or not _set_flapping(session, incident, since, None):
+    if quiet < flap.quiet_s:
         return False
     stayed = "resolved" if incident.state in (_S.RESOLVED.value, _S.CLOSED.value) else "open (firing)"
     text = f"stopped flapping: stayed {stayed} for {span_text(quiet)}; a reopen pages again"
+    return _end_flapping(session, incident, now, text, "corral")
+
+
+def _end_flapping(session: Session, incident: Incident, now: float, text: str, by: str) -> bool:
+    """Clear `flapping_since` (compare-and-set), with its timeline line, and tell the listeners."""
+    since = incident.flapping_since
+    if since is None or not _set_flapping(session, incident, since, None, now):
+        return False
     add_timeline(session, incident.id, "flapping_ended", text, {"flapping_since": since}, now=now)
-    _tell(_FLAPPING_ENDED_LISTENERS, session, incident, "corral")
+    _tell(_FLAPPING_ENDED_LISTENERS, session, incident, by)
     return True
 
 
 def end_quiet_flapping(session: Session, now: float, flap: FlapPolicy = DEFAULT_FLAP) -> list[int]:
     """The incidents loop's pass: end the flapping of every incident quiet for `flap.quiet_s`
-    (each under its grouping key's lock, so a reopen at the same time is counted first). Returns
-    the ids; commits nothing."""
+    (each under its grouping key's lock, so a reopen at the same time is counted first). The
+    keys are locked in one order (by key) and never waited for: a key another transaction holds
+    (a remediation opening two incidents, say) is skipped until the next pass, so this pass can
+    neither deadlock with one nor stall behind it. Reads only the flapping incidents (a partial
+    index, ix_incidents_flapping). Returns the ids; commits nothing."""
     ended = []
-    flapping = select(Incident.id, Incident.fingerprint).where(Incident.flapping_since.is_not(None))
+    flapping = (
+        select(Incident.id, Incident.fingerprint)
+        .where(Incident.flapping_since.is_not(None))
+        .order_by(Incident.fingerprint, Incident.id)
+    )
     for incident_id, fingerprint in session.execute(flapping).all():
-        _lock_fingerprint(session, fingerprint)
+        if not _lock_fingerprint(session, fingerprint, wait=False):
+            continue
         incident = session.get(Incident, incident_id, populate_existing=True)
         if incident is not None and _end_flapping_if_quiet(session, incident, now, flap):
             ended.append(incident_id)
@@ -480,6 +506,7 @@ def close(session: Session, incident_id: int, by: str, now: float) -> Incident:
     if not _move(session, incident, _S.CLOSED, now, {"closed_at": now}):
         raise Conflict(f"incident {incident_id} changed meanwhile (now {incident.state}); try again")
     add_timeline(session, incident.id, "closed", f"closed by {by}", actor=by, now=now)
+    _end_flapping(session, incident, now, f"stopped flapping: closed by {by}", by)  # its page goes too
     return incident
 
 
