@@ -1,4 +1,4 @@
-"""Flapping incidents (corral.services.incidents FlapPolicy, corral.services.incident_paging): an
+"""Flapping incidents (corral.services.incident_flapping, corral.services.incident_paging): an
 incident that keeps resolving and firing again pages once when it begins flapping, not at every
 reopen; every reopen is still on its timeline; the quiet period ends the flapping and a later
 reopen pages again, to whoever acknowledged it first. On the real app and SQLite, with the
@@ -20,7 +20,7 @@ from corral.cli.main import app as cli
 from corral.db.models import User
 from corral.db.oncall_models import Page, PageNotification
 from corral.services import incident_paging, incidents, paging
-from corral.services.incidents import FlapPolicy
+from corral.services.incident_flapping import FlapPolicy
 from tests.oncall.conftest import Env
 from tests.support import free_port
 

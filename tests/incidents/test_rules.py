@@ -25,7 +25,7 @@ from corral.server.context import ServerContext
 from corral.server.nodes import node_tick
 from corral.server.reconcile import reconcile_tick
 from corral.server.scheduling import apply_assignments
-from corral.services import incidents, remediation
+from corral.services import incident_flapping, incidents, remediation
 from corral.services.errors import Conflict, Invalid
 from corral.services.lifecycle import AttemptState, JobState, move_attempt, transition
 from corral.services.remediation_rules import RulesError, parse_rules
@@ -132,7 +132,7 @@ def test_a_fault_toggled_20_times_in_a_minute_is_one_incident(world: World) -> N
     (incident,) = all_incidents(world)
     assert incident.fire_count == 20 and incident.state == "resolved"
     # long after it resolved, the same fault is a new incident
-    ecc(world, True, start + 60 + incidents.FLAP_WINDOW_S + 1)
+    ecc(world, True, start + 60 + incident_flapping.FLAP_WINDOW_S + 1)
     assert [i.state for i in all_incidents(world)] == ["resolved", "triggered"]
 
 
@@ -413,7 +413,7 @@ FLAPPY_RULES = remediation.DEFAULT_RULES.replace("reopen_window: 15m", "reopen_w
 
 
 def test_the_rules_files_incident_settings_govern_reopening_and_flapping(world: World) -> None:
-    assert parse_rules(remediation.DEFAULT_RULES).incidents.flap_policy() == incidents.DEFAULT_FLAP
+    assert parse_rules(remediation.DEFAULT_RULES).incidents.flap_policy() == incident_flapping.DEFAULT_FLAP
     assert FLAPPY_RULES != remediation.DEFAULT_RULES
     apply(world, FLAPPY_RULES)
     t = time.time()

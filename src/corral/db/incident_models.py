@@ -46,7 +46,7 @@ class Incident(Base):
     closed_at: Mapped[float | None] = mapped_column(Float)
     ack_breached: Mapped[bool] = mapped_column(Boolean, default=False)
     mitigate_breached: Mapped[bool] = mapped_column(Boolean, default=False)
-    # When it began flapping (reopened too often, services.incidents.FlapPolicy); None: it is not.
+    # When it began flapping (reopened too often, services.incident_flapping.FlapPolicy); None: it is not.
     flapping_since: Mapped[float | None] = mapped_column(Float)
 
 

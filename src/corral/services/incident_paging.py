@@ -14,7 +14,7 @@
   acknowledged the incident, the page goes to that person first (and names them), then to the
   policy from its top (first round only; not twice when the policy's first step is them): they
   know the fault.
-- Flapping (corral.services.incidents.FlapPolicy): the reopen that makes the incident flapping
+- Flapping (corral.services.incident_flapping): the reopen that makes the incident flapping
   pages once, saying so; the reopens while it flaps page nobody (the timeline says each), and
   resolving does not cancel that page, which stays until someone acknowledges it: the flapping
   itself is the fault to look at. Once the flapping has ended, a reopen pages again. When it ends
@@ -42,8 +42,8 @@ from corral.db.incident_models import Incident
 from corral.db.models import User
 from corral.db.oncall_models import EscalationPolicy, Page
 from corral.domain import span_text
-from corral.services import incidents, paging
-from corral.services.incidents import FlapNews, Reopen
+from corral.services import incident_flapping, incidents, paging
+from corral.services.incident_flapping import FlapNews, Reopen
 
 log = logging.getLogger(__name__)
 KEY_PREFIX = "incident:"
@@ -232,7 +232,7 @@ def install() -> None:
             incidents.on_acknowledged(_incident_acked)
             incidents.on_resolved(_incident_resolved)
             incidents.on_reopened(_page_reopened)
-            incidents.on_flapping_ended(_flapping_ended)
+            incident_flapping.on_flapping_ended(_flapping_ended)
             paging.register_ack_listener(KEY_PREFIX, _page_acked)
             _registered = True
         _enabled = True

@@ -2,13 +2,12 @@
 
 Alerts and platform events reach here through the remediation rules (corral.services.remediation),
 whose `incident` action calls `open_or_update` with a grouping key (`fingerprint`): a repeat joins
-the open incident, and a fault that comes back within `FLAP_WINDOW_S` of its incident resolving
-reopens that incident instead of opening a new one (a flapping GPU is one incident). An incident
-reopened `FlapPolicy.reopens` times within `FlapPolicy.within_s` is *flapping* (`flapping_since`)
-until it has neither reopened nor resolved for `FlapPolicy.quiet_s` (the rules file's `incidents:`
-section sets these; docs/operations.md, "Flapping"), or until it is closed. The reopened
-listeners hear whether a reopen is plain, begins the flapping or happens while it lasts
-(`Reopen`), so paging can page once.
+the open incident, and a fault that comes back within `FlapPolicy.reopen_window_s` of its incident
+resolving reopens that incident instead of opening a new one (a flapping GPU is one incident).
+Whether a reopen makes the incident *flapping*, and when that ends, is
+corral.services.incident_flapping's (docs/operations.md, "Flapping"); it ends at the latest when
+the incident is closed. The reopened listeners hear whether a reopen is plain, begins the flapping
+or happens while it lasts (`Reopen`), so paging can page once.
 
 States move by compare-and-set, like jobs' (services.lifecycle): triggered -> acknowledged ->
 mitigated -> resolved -> closed, where resolved may go back to triggered (it fired again) and
@@ -16,9 +15,9 @@ closing a SEV1 or SEV2 incident requires its postmortem. Every change adds a tim
 
 Entry points for other areas (the paging engine, at merge): `open_or_update`, `acknowledge`,
 `add_timeline`; listeners registered with `on_opened` hear of each new incident, and those
-registered with `on_acknowledged` / `on_resolved` / `on_reopened` / `on_flapping_ended` of each
-first acknowledgement, resolution, reopen and end of flapping, in the same transaction
-(corral.services.incident_paging pages and un-pages with them).
+registered with `on_acknowledged` / `on_resolved` / `on_reopened` (and
+incident_flapping.on_flapping_ended) of each first acknowledgement, resolution, reopen and end of
+flapping, in the same transaction (corral.services.incident_paging pages and un-pages with them).
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -36,8 +34,9 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from corral.db.incident_models import Incident, IncidentEvent, Postmortem
 from corral.db.models import User
-from corral.domain import span_text
+from corral.services import incident_flapping as flapping
 from corral.services.errors import Conflict, Invalid, NotFound
+from corral.services.incident_flapping import DEFAULT_FLAP, FlapPolicy, Reopen
 
 
 class Severity(StrEnum):
@@ -64,43 +63,6 @@ TRANSITIONS: dict[IncidentState, frozenset[IncidentState]] = {
     _S.CLOSED: frozenset(),
 }
 OPEN_STATES = (_S.TRIGGERED.value, _S.ACKNOWLEDGED.value, _S.MITIGATED.value)
-# A fault that fires again within this long after its incident resolved reopens that incident
-# (the default of the rules file's `incidents.reopen_window`, FlapPolicy.reopen_window_s).
-FLAP_WINDOW_S = 15 * 60.0
-
-
-@dataclass(frozen=True)
-class FlapPolicy:
-    """When reopens count as flapping. Defaults: the 3rd reopen within an hour (one reopen is a
-    fix that did not hold, two may be chance; three in an hour means the fault comes and goes at
-    least every 20 minutes), over after 30 minutes with no reopen and no resolve (twice the
-    reopen window: a fault that stays put, firing or resolved, for that long has settled)."""
-
-    reopen_window_s: float = FLAP_WINDOW_S  # fires again within this long after resolving: reopens
-    reopens: int = 3  # this many reopens ...
-    within_s: float = 3600.0  # ... within this long: flapping
-    quiet_s: float = 1800.0  # no reopen and no resolve for this long: flapping ends
-
-
-DEFAULT_FLAP = FlapPolicy()
-
-
-class FlapNews(StrEnum):
-    """What a reopen means for flapping."""
-
-    NONE = "none"  # not flapping
-    STARTED = "started"  # this reopen made it flapping
-    ONGOING = "ongoing"  # it was flapping already
-
-
-@dataclass(frozen=True)
-class Reopen:
-    """A reopen, as the reopened listeners hear of it."""
-
-    by: str  # the source that fired it
-    flap: FlapNews
-    text: str  # when STARTED: "flapping: reopened 3 times in 40 min"
-    quiet_s: float  # how long without a reopen or resolve ends the flapping
 
 
 # Time to acknowledge and time to mitigate, per severity (seconds).
@@ -121,7 +83,6 @@ _ACKED_LISTENERS: list[ChangeListener] = []
 _RESOLVED_LISTENERS: list[ChangeListener] = []
 ReopenedListener = Callable[[Session, Incident, Reopen], None]
 _REOPENED_LISTENERS: list[ReopenedListener] = []
-_FLAPPING_ENDED_LISTENERS: list[ChangeListener] = []
 
 
 def on_opened(listener: OpenedListener) -> None:
@@ -143,12 +104,6 @@ def on_reopened(listener: ReopenedListener) -> None:
     """Call `listener(session, incident, reopen)` when a resolved incident fires again within
     the reopen window and goes back to triggered (`reopen`: who fired it, and its flapping news)."""
     _REOPENED_LISTENERS.append(listener)
-
-
-def on_flapping_ended(listener: ChangeListener) -> None:
-    """Call `listener(session, incident, by)` when an incident's flapping ends: quiet for its
-    period (by "corral"), or closed (by whoever closed it)."""
-    _FLAPPING_ENDED_LISTENERS.append(listener)
 
 
 def _tell(listeners: list[ChangeListener], session: Session, incident: Incident, by: str) -> None:
@@ -258,12 +213,12 @@ def open_or_update(
     incident = _current(session, fingerprint)
     reopened: Reopen | None = None
     if incident is not None and incident.state == _S.RESOLVED.value:
-        _end_flapping_if_quiet(session, incident, now, flap)  # before the reopen clears resolved_at
+        flapping.end_if_quiet(session, incident, now, flap)  # before the reopen clears resolved_at
         if now - (incident.resolved_at or now) > flap.reopen_window_s:
             incident = None  # long over: this is a new fault
         elif _move(session, incident, _S.TRIGGERED, now, {"resolved_at": None}):
             add_timeline(session, incident.id, "reopened", f"fired again: {why or title}", now=now)
-            news, text = _flapping_after_reopen(session, incident, now, flap)
+            news, text = flapping.after_reopen(session, incident, now, flap)
             reopened = Reopen(source, news, text, flap.quiet_s)
         else:
             incident = _current(session, fingerprint)
@@ -284,89 +239,7 @@ def open_or_update(
     return incident
 
 
-# -- flapping ------------------------------------------------------------------------------------
-
-
-def _set_flapping(
-    session: Session, incident: Incident, expected: float | None, value: float | None, now: float
-) -> bool:
-    """Compare-and-set of `flapping_since` (stamping `updated_at`): False when another writer
-    changed it first."""
-    stmt = (
-        update(Incident)
-        .where(Incident.id == incident.id)
-        .where(Incident.flapping_since.is_(None) if expected is None else Incident.flapping_since == expected)
-        .values(flapping_since=value, updated_at=now)
-    )
-    won = session.connection().execute(stmt).rowcount == 1
-    if won:
-        set_committed_value(incident, "flapping_since", value)
-        set_committed_value(incident, "updated_at", now)
-    return won
-
-
-def _event_times(session: Session, incident_id: int, kind: str, since: float) -> list[float]:
-    return list(
-        session.scalars(
-            select(IncidentEvent.at)
-            .where(
-                IncidentEvent.incident_id == incident_id,
-                IncidentEvent.kind == kind,
-                IncidentEvent.at >= since,
-            )
-            .order_by(IncidentEvent.at)
-        )
-    )
-
-
-def _flapping_after_reopen(
-    session: Session, incident: Incident, now: float, flap: FlapPolicy
-) -> tuple[FlapNews, str]:
-    """Count this reopen: the `flap.reopens`-th within `flap.within_s` (counting only reopens
-    since its last flapping ended) makes the incident flapping, with a timeline line."""
-    if incident.flapping_since is not None:
-        return FlapNews.ONGOING, ""
-    session.flush()  # the reopen's own timeline line counts
-    ended = _event_times(session, incident.id, "flapping_ended", now - flap.within_s)
-    since = max([now - flap.within_s, *ended])
-    reopens = [at for at in _event_times(session, incident.id, "reopened", since) if at <= now]
-    if len(reopens) < flap.reopens or not _set_flapping(session, incident, None, now, now):
-        return FlapNews.NONE, ""
-    text = f"flapping: reopened {len(reopens)} times in {span_text(now - reopens[0])}"
-    data = {"reopens": len(reopens), "span_s": round(now - reopens[0], 1), "quiet_s": flap.quiet_s}
-    add_timeline(session, incident.id, "flapping", text, data, now=now)
-    return FlapNews.STARTED, text
-
-
-def _last_flip(session: Session, incident: Incident) -> float:
-    """When the incident last began flapping, reopened or resolved: its quiet period runs from it."""
-    since = incident.flapping_since or 0.0
-    reopens = _event_times(session, incident.id, "reopened", since)
-    return max([since, *reopens, incident.resolved_at or 0.0])
-
-
-def _end_flapping_if_quiet(session: Session, incident: Incident, now: float, flap: FlapPolicy) -> bool:
-    """End the incident's flapping when it has neither reopened nor resolved for `flap.quiet_s`;
-    the timeline says how it stayed (resolved, or open)."""
-    since = incident.flapping_since
-    if since is None:
-        return False
-    quiet = now - _last_flip(session, incident)
-    if quiet < flap.quiet_s:
-        return False
-    stayed = "resolved" if incident.state in (_S.RESOLVED.value, _S.CLOSED.value) else "open (firing)"
-    text = f"stopped flapping: stayed {stayed} for {span_text(quiet)}; a reopen pages again"
-    return _end_flapping(session, incident, now, text, "corral")
-
-
-def _end_flapping(session: Session, incident: Incident, now: float, text: str, by: str) -> bool:
-    """Clear `flapping_since` (compare-and-set), with its timeline line, and tell the listeners."""
-    since = incident.flapping_since
-    if since is None or not _set_flapping(session, incident, since, None, now):
-        return False
-    add_timeline(session, incident.id, "flapping_ended", text, {"flapping_since": since}, now=now)
-    _tell(_FLAPPING_ENDED_LISTENERS, session, incident, by)
-    return True
+# -- flapping: the loop's pass (the rest is corral.services.incident_flapping) -----------------------
 
 
 def end_quiet_flapping(session: Session, now: float, flap: FlapPolicy = DEFAULT_FLAP) -> list[int]:
@@ -375,18 +248,19 @@ def end_quiet_flapping(session: Session, now: float, flap: FlapPolicy = DEFAULT_
     keys are locked in one order (by key) and never waited for: a key another transaction holds
     (a remediation opening two incidents, say) is skipped until the next pass, so this pass can
     neither deadlock with one nor stall behind it. Reads only the flapping incidents (a partial
-    index, ix_incidents_flapping). Returns the ids; commits nothing."""
+    index, ix_incidents_flapping). Returns the ids; commits nothing. Here, not in incident_flapping,
+    because the grouping key's lock is this module's."""
     ended = []
-    flapping = (
+    flapping_now = (
         select(Incident.id, Incident.fingerprint)
         .where(Incident.flapping_since.is_not(None))
         .order_by(Incident.fingerprint, Incident.id)
     )
-    for incident_id, fingerprint in session.execute(flapping).all():
+    for incident_id, fingerprint in session.execute(flapping_now).all():
         if not _lock_fingerprint(session, fingerprint, wait=False):
             continue
         incident = session.get(Incident, incident_id, populate_existing=True)
-        if incident is not None and _end_flapping_if_quiet(session, incident, now, flap):
+        if incident is not None and flapping.end_if_quiet(session, incident, now, flap):
             ended.append(incident_id)
     return ended
 
@@ -506,7 +380,7 @@ def close(session: Session, incident_id: int, by: str, now: float) -> Incident:
     if not _move(session, incident, _S.CLOSED, now, {"closed_at": now}):
         raise Conflict(f"incident {incident_id} changed meanwhile (now {incident.state}); try again")
     add_timeline(session, incident.id, "closed", f"closed by {by}", actor=by, now=now)
-    _end_flapping(session, incident, now, f"stopped flapping: closed by {by}", by)  # its page goes too
+    flapping.end(session, incident, now, f"stopped flapping: closed by {by}", by)  # its page goes too
     return incident
 
 

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from corral.services.errors import Invalid
-from corral.services.incidents import DEFAULT_FLAP, FlapPolicy
+from corral.services.incident_flapping import DEFAULT_FLAP, FlapPolicy
 from corral.yaml_lines import check_unique_names, error_loc, line_of, safe_load
 
 ACTIONS = (
@@ -169,7 +169,7 @@ class Flapping(_Strict):
 
 
 class IncidentRules(_Strict):
-    """How incidents reopen and when that is flapping (corral.services.incidents.FlapPolicy)."""
+    """How incidents reopen and when that is flapping (corral.services.incident_flapping.FlapPolicy)."""
 
     reopen_window: Duration = DEFAULT_FLAP.reopen_window_s  # fires again within it: reopens
     flapping: Flapping = Flapping()

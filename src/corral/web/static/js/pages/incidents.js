@@ -18,7 +18,7 @@ function countdown(seconds) {
 }
 
 // An incident that reopens too often is flapping: paged once, its further reopens page nobody
-// until it is quiet (services/incidents.py FlapPolicy). Null when it is not flapping.
+// until it is quiet (services/incident_flapping.py FlapPolicy). Null when it is not flapping.
 function flappingBadge(incident) {
   if (!incident.flapping) return null;
   return h("span", { class: "badge incident-flapping", title: "reopens page nobody until it is quiet" }, "flapping");
