@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from corral.scheduler.eta_calibration import ADDITIVE_S, EtaCalibration, size_class
+from corral.scheduler.eta_calibration import ADDITIVE_S, EtaCalibration, faded, size_class
 
 A = ADDITIVE_S
 
 
-def test_size_classes_are_gpus_rounded_up_to_a_power_of_two() -> None:
-    assert [size_class(g) for g in (0, 1, 2, 3, 4, 5, 8, 9, 64)] == [1, 1, 2, 4, 4, 8, 8, 16, 64]
+def test_size_classes_are_gpus_rounded_up_to_a_power_of_two_and_cpu_jobs_their_own() -> None:
+    assert [size_class(g) for g in (0, 1, 2, 3, 4, 5, 8, 9, 64)] == [0, 1, 2, 4, 4, 8, 8, 16, 64]
 
 
 def test_too_little_history_leaves_the_estimate_as_the_roll_gave_it() -> None:
@@ -93,3 +93,34 @@ def test_a_negative_wait_counts_as_none_and_a_corrected_wait_is_never_negative()
 def test_bad_settings_are_refused_by_name(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         EtaCalibration(**kwargs)  # type: ignore[arg-type]
+
+
+def test_fits_taken_once_correct_as_the_calibration_does() -> None:
+    cal = EtaCalibration(min_outcomes=3)
+    assert not cal.fits().corrects() and cal.fits().corrected_wait(4, 600.0) is None
+    for predicted, actual in ((60.0, 600.0), (600.0, 3000.0), (1200.0, 9000.0)):
+        cal.record(4, predicted, actual)
+    cal.record(1, 60.0, 60.0)  # class 1 below min_outcomes: the cluster's line
+    fits = cal.fits()
+    assert fits.corrects()
+    for gpus in (1, 4, 8):
+        for predicted in (0.0, 30.0, 5000.0):
+            assert fits.corrected_wait(gpus, predicted) == cal.corrected_wait(gpus, predicted)
+    cal.record(4, 60.0, 60_000.0)  # taken before: unchanged by later outcomes
+    assert fits.corrected_wait(4, 600.0) != cal.corrected_wait(4, 600.0)
+
+
+def test_a_re_estimate_is_corrected_less_as_the_job_waits() -> None:
+    cal = EtaCalibration(min_outcomes=3)
+    for predicted, actual in ((60.0, 3000.0), (600.0, 6000.0), (1200.0, 9000.0)):
+        cal.record(4, predicted, actual)
+    fits = cal.fits()
+    fitted = cal.corrected_wait(4, 60.0)
+    assert fitted is not None and fitted > 1000.0
+    assert fits.corrected_wait(4, 60.0, elapsed_s=0.0) == fitted  # the first estimate: in full
+    # weight predicted / (elapsed + predicted): 60 s ahead after 540 s waited -> a tenth of the fit
+    assert fits.corrected_wait(4, 60.0, elapsed_s=540.0) == pytest.approx(60.0 + 0.1 * (fitted - 60.0))
+    # a job near its start after a long wait: close to the roll's own, not the fit's long wait
+    late = fits.corrected_wait(4, 60.0, elapsed_s=36_000.0)
+    assert late is not None and late < 70.0
+    assert faded(60.0, fitted, 0.0) == fitted and faded(0.0, fitted, 10.0) == 0.0
