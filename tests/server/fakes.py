@@ -164,6 +164,7 @@ def add_job(
         spec=spec,
         max_retries=retries,
         attempt_count=0,
+        gpus=gpus * instances,  # as a real submit sets it (services/jobs.py): the ETA size class reads it
         submitted_at=now,
         updated_at=now,
         cancel_requested=False,

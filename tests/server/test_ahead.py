@@ -12,9 +12,11 @@ from sqlalchemy import select
 from corral.db.models import Group, Job
 from corral.db.session import make_engine
 from corral.engine.base import NodeReport
+from corral.scheduler.eta_calibration import EtaCalibration
 from corral.scheduler.types import GPU
 from corral.server.ahead import ahead_state
 from corral.server.context import ServerContext
+from corral.server.eta_record import load_outcomes
 from corral.server.nodes import node_tick
 from corral.server.reconcile import reconcile_tick
 from corral.server.scheduling import schedule_tick
@@ -209,3 +211,31 @@ def test_waiting_jobs_spread_over_the_nodes_queues(tmp_path: Path) -> None:
         placed = live_attempts(session, waiting)
         nodes = sorted(p.node for a in placed.values() for p in a.placement)
     assert nodes == ["c1", "c1", "c2", "c2"]  # packed, all four would wait behind c1's two
+
+
+def test_a_job_placed_ahead_is_no_eta_outcome(tmp_path: Path) -> None:
+    """Such a job starts when the job before it ends, not when it is placed: the estimate it was
+    shown is forgotten with the placement, so neither the live calibration nor a rebuilt one
+    counts it (server/eta_record.py); the jobs still waiting keep theirs."""
+    fake = QueueingEngine([small_node("c1", cpus=2)], depth=1)
+    ctx, gid, uid = setup(tmp_path, fake)
+    ids = add_jobs(ctx, gid, uid, 6)
+    start_running(ctx, fake, ids)  # 2 run; the 4 waiting are shown an estimate
+    with ctx.session_factory() as session:
+        shown = dict(
+            session.execute(select(Job.id, Job.eta_shown_at).where(Job.eta_shown_at.is_not(None))).all()
+        )
+    assert len(shown) == 4 and set(states(ctx, list(shown))) == {JobState.QUEUED.value}
+    now = time.time()
+    schedule_tick(ctx, now)  # 2 of them placed ahead
+    with ctx.session_factory() as session:
+        rows = session.execute(select(Job.id, Job.state, Job.eta_shown_at).where(Job.id.in_(shown))).all()
+        assert load_outcomes(session, EtaCalibration(), now) == 0
+    assert sorted((state, at is None) for _, state, at in rows) == [
+        (JobState.QUEUED.value, False),
+        (JobState.QUEUED.value, False),
+        (JobState.SCHEDULED.value, True),
+        (JobState.SCHEDULED.value, True),
+    ]
+    live = ctx.memory.eta_calibration
+    assert live is not None and live.outcomes() == 0

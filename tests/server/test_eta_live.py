@@ -7,19 +7,24 @@ shown is corrected by those outcomes (scheduler/eta_calibration.py, server/eta_r
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from corral.cli.jobs import start_line
-from corral.db.models import Group, Job
+from corral.db.models import Group, Job, User
 from corral.db.session import make_engine
+from corral.domain import JobDiagnosis
 from corral.scheduler.eta_calibration import EtaCalibration
 from corral.server.context import ServerContext
 from corral.server.eta_record import load_outcomes
 from corral.server.nodes import node_tick
 from corral.server.reconcile import reconcile_tick
-from corral.server.scheduling import schedule_tick
+from corral.server.runner import core_loops
+from corral.server.scheduling import _same_diagnosis, schedule_tick
+from corral.services.auth import Principal
+from corral.services.holds import hold_job, release_job
 from corral.services.jobs import waiting_status
 from corral.services.views import job_view
 from tests.server.fakes import FakeEngine, add_job, gpu_node, make_context, run_dispatch, seed_tenant
@@ -148,15 +153,133 @@ def test_after_jobs_started_later_than_predicted_the_next_estimate_shown_is_corr
     job = _shown(ctx, probe)
     assert job.eta_shown_at == now and job.eta_shown_wait_s is not None
     raw = now + job.eta_shown_wait_s
-    # the same correction from the outcomes in the database (what a restarted server rebuilds)
+    # the same correction from the outcomes in the database (what a restarted server rebuilds),
+    # both made by the 4-GPU class's own fit: the outcomes' size (Job.gpus) is the probe's class
     rebuilt = EtaCalibration(min_outcomes=3)
     with ctx.session_factory() as session:
-        assert load_outcomes(session, rebuilt) == 3
+        assert load_outcomes(session, rebuilt, now) == 3
+    live = ctx.memory.eta_calibration
+    assert live is not None and live.outcomes(4) == rebuilt.outcomes(4) == 3
+    assert live.outcomes(1) == rebuilt.outcomes(1) == 0
     expected = rebuilt.corrected_start(now, 4, raw)
     assert job.diagnosis is not None and job.diagnosis.estimated_start is not None
     assert job.diagnosis.estimated_start == pytest.approx(expected, abs=1.0)
     assert job.diagnosis.estimated_start > raw + 10_000  # later than the roll says, as they all were
+    assert ctx.memory.eta_since[str(probe)] == now  # its later estimates fade from here
     with ctx.session_factory() as session:
         view = job_view(session.get(Job, probe))  # type: ignore[arg-type]  # what GET /jobs/{id} returns
         assert view["diagnosis"] is not None
         assert view["diagnosis"]["estimated_start"] == job.diagnosis.estimated_start
+
+
+def _outcomes_rebuilt(ctx: ServerContext, now: float) -> int:
+    with ctx.session_factory() as session:
+        return load_outcomes(session, EtaCalibration(), now)
+
+
+def test_a_job_back_in_the_queue_after_a_placement_is_no_outcome_live_or_rebuilt(tmp_path: Path) -> None:
+    """A job placed at once, then requeued (here: it failed, with a retry left) and waiting behind
+    another, is shown an estimate on its second wait; that wait followed no estimate shown before
+    its first placement, so neither the live calibration nor the one rebuilt counts it."""
+    fake = FakeEngine([gpu_node("n1", gpus=4)])
+    ctx = make_context(make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}"), fake, str(tmp_path))
+    node_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session, guaranteed=4)
+        retried = add_job(session, gid, uid, gpus=4, retries=1, name="retried")
+    t0 = time.time()
+    schedule_tick(ctx, t0)  # placed without waiting: never shown an estimate
+    with ctx.session_factory() as session:
+        waiting = add_job(session, gid, uid, gpus=4, name="waiting")
+        job = session.get(Job, waiting)
+        assert job is not None
+        job.priority = 2  # high: it goes before the retry
+        session.commit()
+    schedule_tick(ctx, t0 + 1)  # `waiting` is shown one
+    assert _shown(ctx, waiting).eta_shown_at == t0 + 1
+    run_dispatch(ctx)
+    fake.run(f"{retried}.1")
+    reconcile_tick(ctx, time.time())
+    fake.finish(f"{retried}.1", 1)  # fails: back in the queue for its retry
+    reconcile_tick(ctx, time.time())
+    assert _shown(ctx, retried).state == "queued"
+    schedule_tick(ctx, t0 + 100)  # `waiting` takes the node: one outcome
+    assert _shown(ctx, waiting).state == "scheduled"
+    schedule_tick(ctx, t0 + 101)  # `retried` waits behind it and gets an estimate, not recorded
+    job = _shown(ctx, retried)
+    assert job.state == "queued" and job.attempt_count == 1
+    assert job.diagnosis is not None and job.diagnosis.estimated_start is not None
+    assert job.eta_shown_at is None and job.eta_shown_wait_s is None
+    _run_to_end(ctx, fake, waiting)
+    schedule_tick(ctx, t0 + 5000)  # `retried` placed again: not its first placement
+    assert _shown(ctx, retried).state == "scheduled"
+    live = ctx.memory.eta_calibration
+    assert live is not None and live.outcomes() == 1
+    assert _outcomes_rebuilt(ctx, t0 + 5000) == 1
+
+
+def test_a_hold_forgets_the_shown_estimate_and_the_job_is_measured_from_its_next(tmp_path: Path) -> None:
+    fake = FakeEngine([gpu_node("n1", gpus=4)])
+    ctx = make_context(make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}"), fake, str(tmp_path))
+    node_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session, guaranteed=4)
+        blocker = add_job(session, gid, uid, gpus=4, name="blocker")
+    t0 = time.time()
+    schedule_tick(ctx, t0)
+    with ctx.session_factory() as session:
+        held = add_job(session, gid, uid, gpus=4, name="held")
+    schedule_tick(ctx, t0 + 1)
+    assert _shown(ctx, held).eta_shown_at == t0 + 1
+    with ctx.session_factory() as session:
+        user = session.get(User, uid)
+        assert user is not None
+        owner = Principal(uid, user.name, False, gid, {gid: "member"})
+        assert hold_job(session, owner, held, now=t0 + 2)["changed"]
+    job = _shown(ctx, held)
+    assert job.held_by == uid and job.eta_shown_at is None and job.eta_shown_wait_s is None
+    schedule_tick(ctx, t0 + 3)  # held: no input, nothing shown or recorded
+    assert _shown(ctx, held).eta_shown_at is None
+    with ctx.session_factory() as session:
+        assert release_job(session, owner, held, now=t0 + 86_400)["changed"]
+    schedule_tick(ctx, t0 + 86_401)  # measured again from its first estimate after the release
+    job = _shown(ctx, held)
+    assert job.eta_shown_at == t0 + 86_401 and job.eta_shown_wait_s is not None
+    shown_wait = job.eta_shown_wait_s
+    _run_to_end(ctx, fake, blocker)
+    schedule_tick(ctx, t0 + 86_500)
+    assert _shown(ctx, held).state == "scheduled"
+    # one outcome of 99 s (not the day on hold), the same live and rebuilt
+    live, rebuilt = ctx.memory.eta_calibration, EtaCalibration(min_outcomes=1)
+    assert live is not None and live.outcomes() == 1
+    with ctx.session_factory() as session:
+        assert load_outcomes(session, rebuilt, t0 + 86_500) == 1
+    # one outcome: the fit is the plain ratio, which maps the shown wait onto the wait that followed
+    fitted = rebuilt.corrected_wait(4, shown_wait)
+    assert fitted is not None and fitted == pytest.approx(99.0, abs=1e-6)
+
+
+def test_a_long_wait_is_rewritten_only_when_it_moved_by_more_than_a_hundredth() -> None:
+    now = 1_000_000.0
+    old = JobDiagnosis(reasons=(), queue_position=1, estimated_start=now + 36_000.0)
+
+    def moved(by: float) -> JobDiagnosis:
+        return replace(old, estimated_start=now + 36_000.0 + by)
+
+    assert _same_diagnosis(old, moved(359.0), now)  # under 1% of the 10 h it showed
+    assert not _same_diagnosis(old, moved(361.0), now)
+    near = replace(old, estimated_start=now + 60.0)
+    assert _same_diagnosis(near, replace(near, estimated_start=now + 64.0), now)  # 5 s at least
+    assert not _same_diagnosis(near, replace(near, estimated_start=now + 66.0), now)
+
+
+def test_getting_the_schedule_lease_back_rebuilds_the_calibration_and_rewrites_diagnoses(
+    ctx: ServerContext,
+) -> None:
+    (schedule,) = [loop for loop in core_loops() if loop.name == "schedule"]
+    ctx.memory.eta_calibration = EtaCalibration()
+    ctx.memory.diagnoses["7"] = JobDiagnosis(reasons=(), queue_position=1, estimated_start=1.0)
+    ctx.memory.eta_since["7"] = 1.0
+    assert schedule.on_lease is not None
+    schedule.on_lease(ctx)
+    assert ctx.memory.eta_calibration is None and not ctx.memory.diagnoses and not ctx.memory.eta_since

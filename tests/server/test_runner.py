@@ -59,8 +59,10 @@ def until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> 
 
 def test_only_one_of_two_runners_ticks_a_singleton(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """While one runner holds a singleton's lease the other only asks for it; when the holder
-    stops, the other takes the lease over at once, before the stopped one's lease would expire."""
+    stops, the other takes the lease over at once, before the stopped one's lease would expire.
+    Each is told once that it got the lease (`on_lease`), not on each renewal or refusal."""
     counts = {"a": 0, "b": 0}
+    leases_got = {"a": 0, "b": 0}
     claims: list[tuple[str, float, bool]] = []  # (owner, now, held) of every claim attempt
 
     def recorded_claim(session: Any, name: str, owner: str, now: float) -> bool:
@@ -74,7 +76,10 @@ def test_only_one_of_two_runners_ticks_a_singleton(tmp_path: Path, monkeypatch: 
         def tick(_ctx: ServerContext, _now: float) -> None:
             counts[name] += 1
 
-        return BackgroundLoop("work", 0.02, tick)
+        def got_lease(_ctx: ServerContext) -> None:
+            leases_got[name] += 1
+
+        return BackgroundLoop("work", 0.02, tick, on_lease=got_lease)
 
     def refused_b() -> int:
         return sum(1 for owner, _, held in claims if owner == "host:2:b" and not held)
@@ -93,6 +98,7 @@ def test_only_one_of_two_runners_ticks_a_singleton(tmp_path: Path, monkeypatch: 
         first.stop()
         second.stop()
     assert before == 0 and counts["a"] > 5 and counts["b"] > 5
+    assert leases_got == {"a": 1, "b": 1}
     a_held_until = max(now for owner, now, held in claims if owner == "host:1:a" and held) + LOOP_LEASE_TTL_S
     b_took_at = min(now for owner, now, held in claims if owner == "host:2:b" and held)
     assert b_took_at < a_held_until, (b_took_at, a_held_until)  # taken over, not expired

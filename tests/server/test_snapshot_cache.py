@@ -20,7 +20,7 @@ from corral.scheduler.types import Assignment, NodeState
 from corral.server import scheduling
 from corral.server.context import ServerContext
 from corral.server.nodes import node_tick
-from corral.server.scheduling import apply_assignments, schedule_tick
+from corral.server.scheduling import place_assignments, schedule_tick
 from corral.server.snapshot import ShapeCache, cached_shape, read_cluster_state, read_shape
 from corral.services import nodes as node_service
 from corral.services.lifecycle import JobState
@@ -219,12 +219,12 @@ def test_the_apply_refuses_a_gpu_that_went_unhealthy_even_with_a_stale_shape(
     ctx.memory.shape_cache = cache
     applied: list[tuple[list[str], int]] = []
 
-    def recording_apply(session: Session, assignments: Sequence[Assignment], now: float) -> int:
-        placed = apply_assignments(session, assignments, now)
-        applied.append(([a.job_id for a in assignments], placed))
+    def recording_place(session: Session, assignments: Sequence[Assignment], now: float) -> list[int]:
+        placed = place_assignments(session, assignments, now)
+        applied.append(([a.job_id for a in assignments], len(placed)))
         return placed
 
-    monkeypatch.setattr(scheduling, "apply_assignments", recording_apply)
+    monkeypatch.setattr(scheduling, "place_assignments", recording_place)
     schedule_tick(ctx, time.time())
     assert applied and applied[0] == ([str(job)], 0)  # proposed from the stale shape, refused
     with ctx.session_factory() as session:

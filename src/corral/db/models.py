@@ -232,7 +232,11 @@ class Attempt(Base):
     """One try of a job. Every attempt is kept: node(s), GPUs, start, end, exit code, reason."""
 
     __tablename__ = "attempts"
-    __table_args__ = (UniqueConstraint("job_id", "number"),)
+    __table_args__ = (
+        UniqueConstraint("job_id", "number"),
+        # first attempts by placement time: the ETA calibration's rebuild (server/eta_record.py)
+        Index("ix_attempts_number_created", "number", "created_at"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)

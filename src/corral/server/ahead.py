@@ -57,7 +57,6 @@ from sqlalchemy.orm import Session
 from corral.scheduler import Profile
 from corral.scheduler import types as st
 from corral.server.context import ServerContext
-from corral.server.eta_record import note_started
 from corral.server.snapshot import ClusterState, GroupRecord, JobRecord, build_snapshot, read_cluster_state
 from corral.services.lifecycle import JobState
 from corral.services.policy import active_profile
@@ -180,7 +179,7 @@ def place_ahead(ctx: ServerContext, session: Session, now: float, read: ClusterS
     """Place waiting jobs behind running ones (see the module's doc); how many were placed.
     `read`: the cluster as the normal pass read it, when that pass changed nothing (on a full
     cluster, most ticks); otherwise it is read again."""
-    from corral.server.scheduling import apply_assignments, scheduler_for  # it calls this module
+    from corral.server.scheduling import place_assignments, scheduler_for  # it calls this module
 
     real = read
     if real is None:
@@ -208,8 +207,9 @@ def place_ahead(ctx: ServerContext, session: Session, now: float, read: ClusterS
         snapshot = replace(snapshot, queued=tuple(j for j in snapshot.queued if j.id not in too_big))
         plan = scheduler.schedule(snapshot, now, random.Random(int(now)))
         fitting = [a for a in plan.assignments if fits_nodes(a, nodes)]
-    placed = apply_assignments(session, fitting, now) if fitting else 0
+    # No ETA outcome: such a job starts when the job before it ends, not now (its shown estimate
+    # is forgotten with the placement: lifecycle.SCHEDULE_AHEAD_BATCH)
+    placed = len(place_assignments(session, fitting, now, ahead=True)) if fitting else 0
     if placed:
-        note_started(ctx, session, [a.job_id for a in fitting], now)
         log.debug("schedule: %d placed ahead of a freed slot", placed)
     return placed

@@ -53,6 +53,9 @@ class LoopMemory:
     launch_queue: LaunchQueue | None = None  # made by the first dispatch tick
     pushed_admin_state: dict[str, str] = field(default_factory=dict)  # node -> cordon state told
     diagnoses: dict[str, JobDiagnosis] = field(default_factory=dict)  # job id -> as last written
+    # job id -> when the schedule loop first wrote it an estimated start in its current wait (kept
+    # with `diagnoses`): later estimates are corrected less as it waits (server/eta_record.py)
+    eta_since: dict[str, float] = field(default_factory=dict)
     monitor_config: MonitorConfigSource | None = None  # shared with the API (monitor.loops)
     gpu_sampler: GpuSampler | None = None
     anomaly_detector: AnomalyDetector | None = None  # baselines of the GPU readings (monitor.risk)
@@ -127,3 +130,6 @@ class BackgroundLoop:
     # when sooner than its interval (a tick that put off part of its work: dispatch_tick)
     tick: Callable[[ServerContext, float], float | None]
     singleton: bool = True  # hold the Lease named `name` while ticking, so one server does it
+    # Called when this server gets the singleton's lease (back): drops the loop's memory of what
+    # another server may have changed while it held the lease (runner.LoopRunner._run)
+    on_lease: Callable[[ServerContext], None] | None = None

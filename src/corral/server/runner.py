@@ -36,12 +36,12 @@ def core_loops(reconcile_interval_s: float = DEFAULT_POLL_INTERVAL_S) -> list[Ba
     from corral.server.nodes import node_tick
     from corral.server.reconcile import reconcile_tick
     from corral.server.retention import RETENTION_LOOP_INTERVAL_S, retention_tick
-    from corral.server.scheduling import schedule_tick
+    from corral.server.scheduling import forget_schedule_memory, schedule_tick
     from corral.server.sweep import SWEEP_INTERVAL_S, sweep_loop_tick
 
     return [
         BackgroundLoop("nodes", 1.0, node_tick),
-        BackgroundLoop("schedule", 0.2, schedule_tick),
+        BackgroundLoop("schedule", 0.2, schedule_tick, on_lease=forget_schedule_memory),
         BackgroundLoop("dispatch", DISPATCH_INTERVAL_S, dispatch_tick),
         BackgroundLoop("reconcile", reconcile_interval_s, reconcile_tick),
         BackgroundLoop("retention", RETENTION_LOOP_INTERVAL_S, retention_tick),
@@ -154,8 +154,11 @@ class LoopRunner:
             now, cpu_at_start = time.time(), time.thread_time()
             try:
                 if loop.singleton:
+                    held_before = held_until > now
                     held_until = self._holds_lease(loop, held_until, now)
                     self.ctx.memory.lease_until[loop.name] = held_until
+                    if not held_before and held_until > now and loop.on_lease is not None:
+                        loop.on_lease(self.ctx)
                 if not loop.singleton or held_until > now:
                     wall, cpu = time.perf_counter(), time.thread_time()
                     due = loop.tick(self.ctx, now)

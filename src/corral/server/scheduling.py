@@ -48,7 +48,10 @@ from corral.services.lifecycle import (
 from corral.services.policy import active_profile
 
 log = logging.getLogger("corral.server.schedule")
-ETA_SLACK_S = 5.0  # an estimated start that moved less than this is not rewritten
+# An estimated start that moved less than this is not rewritten: ETA_SLACK_S, or ETA_SLACK_SHARE
+# of the wait it showed when longer (each new outcome moves a many-hour corrected wait by minutes).
+ETA_SLACK_S = 5.0
+ETA_SLACK_SHARE = 0.01
 
 
 def scheduler_for(ctx: ServerContext, profile: Profile, slot: str = "scheduler") -> Scheduler:
@@ -183,17 +186,21 @@ def left_service(session: Session, placed: Sequence[PlacementFit]) -> bool:
     return not set(wanted) <= usable
 
 
-def write_batch(session: Session, fits: Sequence[PlacementFit], now: float) -> int:
+def write_batch(
+    session: Session, fits: Sequence[PlacementFit], now: float, *, ahead: bool = False
+) -> list[int]:
     """The fitting assignments of a plan in four statements whatever their number (not three per
     job: the ORM inserts one row per statement on SQLite, which gives no order to RETURNING):
     QUEUED -> SCHEDULED by one compare-and-set and the events (lifecycle.schedule_jobs), the
     attempts of the jobs it moved, their GPU claims. Not committed; a claim taken meanwhile by
     another server raises IntegrityError here, and a node or GPU that left service since
-    still_fits read it PlacementChanged (left_service: one or two more reads, whatever the number)."""
-    won = schedule_jobs(session, [f.job for f in fits], now=now, messages={f.job.id: f.message for f in fits})
+    still_fits read it PlacementChanged (left_service: one or two more reads, whatever the number).
+    Returns the ids of the jobs placed; `ahead`: lifecycle.schedule_jobs's."""
+    messages = {f.job.id: f.message for f in fits}
+    won = schedule_jobs(session, [f.job for f in fits], now=now, messages=messages, ahead=ahead)
     placed = [f for f in fits if f.job.id in won]
     if not placed:
-        return 0
+        return []
     if left_service(session, placed):
         raise PlacementChanged("a node or GPU of the plan left service after it was read")
     connection = session.connection()
@@ -206,15 +213,15 @@ def write_batch(session: Session, fits: Sequence[PlacementFit], now: float) -> i
     ]
     if claims:
         connection.execute(INSERT_CLAIMS, claims)
-    return len(placed)
+    return [f.job.id for f in placed]
 
 
-def apply_assignment(session: Session, assignment: st.Assignment, now: float) -> bool:
+def apply_assignment(session: Session, assignment: st.Assignment, now: float, *, ahead: bool = False) -> bool:
     """One transaction: the batch write (write_batch) of one assignment. False when it no longer
     fits, lost its compare-and-set, or a GPU was claimed meanwhile (the job stays queued)."""
     fit = still_fits(session, assignment, claimed_gpus(session))
     try:
-        placed = fit is not None and write_batch(session, [fit], now) == 1
+        placed = fit is not None and len(write_batch(session, [fit], now, ahead=ahead)) == 1
     except (IntegrityError, PlacementChanged):
         placed = False
     if placed:
@@ -225,10 +232,18 @@ def apply_assignment(session: Session, assignment: st.Assignment, now: float) ->
 
 
 def apply_assignments(session: Session, assignments: Sequence[st.Assignment], now: float) -> int:
+    """place_assignments; how many jobs were placed."""
+    return len(place_assignments(session, assignments, now))
+
+
+def place_assignments(
+    session: Session, assignments: Sequence[st.Assignment], now: float, *, ahead: bool = False
+) -> list[int]:
     """All of a plan's assignments in one transaction (one SQLite write, not one per job). If the
-    commit fails (another server claimed a GPU meanwhile), fall back to one transaction each."""
+    commit fails (another server claimed a GPU meanwhile), fall back to one transaction each.
+    Returns the ids of the jobs placed (`ahead`: ahead of a freed slot, lifecycle.schedule_jobs)."""
     if not assignments:
-        return 0
+        return []
     # Read everything first: SQLite takes its write lock at the first write, and every read done
     # after that would make the API's submits wait for it.
     ids = [int(a.job_id) for a in assignments]
@@ -260,13 +275,13 @@ def apply_assignments(session: Session, assignments: Sequence[st.Assignment], no
                 fits.append(fit)
                 claimed |= fit.gpus
     try:
-        staged = write_batch(session, fits, now)
+        staged = write_batch(session, fits, now, ahead=ahead)
         session.commit()
         del preloaded
         return staged
     except (IntegrityError, PlacementChanged):
         session.rollback()
-        return sum(apply_assignment(session, a, now) for a in assignments)
+        return [int(a.job_id) for a in assignments if apply_assignment(session, a, now, ahead=ahead)]
 
 
 # A launched job is stopped whether or not the engine has reported it running yet (as a node
@@ -293,9 +308,9 @@ def apply_preemption(session: Session, preemption: st.Preemption, now: float) ->
     return True
 
 
-def _same_diagnosis(old: JobDiagnosis | None, new: JobDiagnosis) -> bool:
-    """Equal but for an estimated start (and its range) that moved less than ETA_SLACK_S (they
-    drift every cycle)."""
+def _same_diagnosis(old: JobDiagnosis | None, new: JobDiagnosis, now: float) -> bool:
+    """Equal but for an estimated start (and its range) that moved less than the slack (they
+    drift every cycle): ETA_SLACK_S, or ETA_SLACK_SHARE of the old one's wait from `now`."""
     if old is None:
         return False
     if replace(old, estimated_start=None, start_range=None) != replace(
@@ -312,7 +327,7 @@ def _same_diagnosis(old: JobDiagnosis | None, new: JobDiagnosis) -> bool:
         if x is None or y is None:
             if x is not y:
                 return False
-        elif abs(x - y) >= ETA_SLACK_S:
+        elif abs(x - y) >= max(ETA_SLACK_S, ETA_SLACK_SHARE * (x - now)):
             return False
     return True
 
@@ -325,18 +340,22 @@ def write_diagnoses(
     gpus: Mapping[str, int],
 ) -> None:
     """One executemany UPDATE for the diagnoses that changed, only on jobs still queued, not held.
-    Each estimated start is the roll's corrected by the platform's past outcomes (eta_record); a
-    job's first estimate, the roll's own, is recorded for the calibration (`gpus`: job id -> its
-    GPUs, the size class the correction reads)."""
-    cache = ctx.memory.diagnoses
-    calibration = calibration_of(ctx, session)
+    Each estimated start is the roll's corrected by the platform's past outcomes (eta_record): the
+    first a job is shown in full, later ones less as it waits (`LoopMemory.eta_since`). A job's
+    first estimate, the roll's own, is recorded for the calibration (eta_record.note_shown; `gpus`:
+    job id -> its GPUs, the size class the correction reads)."""
+    cache, since = ctx.memory.diagnoses, ctx.memory.eta_since
+    fits = calibration_of(ctx, session, now).fits()  # each class's line once, not once per job
     changed = {}
     first_shown = {}
     for job_id, diagnosis in diagnoses.items():
-        size = gpus.get(job_id, 0)
-        stored = stored_diagnosis(calibrated(calibration, diagnosis, size, now))
+        shown = diagnosis
+        if fits.corrects():
+            elapsed = now - since.get(job_id, now)
+            shown = calibrated(fits, diagnosis, gpus.get(job_id, 0), now, elapsed)
+        stored = stored_diagnosis(shown)
         old = cache.get(job_id)
-        if not _same_diagnosis(old, stored):
+        if not _same_diagnosis(old, stored, now):
             changed[job_id] = stored
             if diagnosis.estimated_start is not None and (old is None or old.estimated_start is None):
                 first_shown[job_id] = diagnosis.estimated_start - now
@@ -356,15 +375,28 @@ def write_diagnoses(
     session.execute(stmt, [{"job_pk": int(j), "new_diagnosis": d} for j, d in changed.items()])
     session.commit()
     cache.update(changed)
+    for job_id in first_shown:
+        since.setdefault(job_id, now)
 
 
 def forget_diagnoses(ctx: ServerContext, waiting: Collection[str]) -> None:
-    """Keep the written diagnoses of the jobs still waiting only. Placing a job clears its stored
-    diagnosis (lifecycle.schedule_jobs), so a job that comes back to the queue (a retry, a
-    preemption, a lost node) must be written again even when its reason is the same as before."""
-    cache = ctx.memory.diagnoses
+    """Keep the written diagnoses (and `eta_since`) of the jobs still waiting only. Placing a job
+    clears its stored diagnosis (lifecycle.schedule_jobs), and so does a hold, so a job that comes
+    back to the queue (a retry, a preemption, a lost node, a release) must be written again even
+    when its reason is the same as before, and its next estimate is its first of this wait."""
+    cache, since = ctx.memory.diagnoses, ctx.memory.eta_since
     for job_id in [j for j in cache if j not in waiting]:
         del cache[job_id]
+    for job_id in [j for j in since if j not in waiting]:
+        del since[job_id]
+
+
+def forget_schedule_memory(ctx: ServerContext) -> None:
+    """The schedule lease came (back) to this server: another may have placed jobs and written
+    diagnoses meanwhile, so the ETA calibration is rebuilt from the database (eta_record) and every
+    waiting job's diagnosis written again."""
+    ctx.memory.eta_calibration = None
+    forget_diagnoses(ctx, ())
 
 
 class DbPlanSink:
@@ -377,10 +409,9 @@ class DbPlanSink:
         self.queued = queued  # the snapshot's waiting jobs: their sizes, for the ETA calibration
 
     def assign(self, assignments: Sequence[st.Assignment]) -> int:
-        placed = apply_assignments(self.session, assignments, self.now)
-        if placed:
-            note_started(self.ctx, self.session, [a.job_id for a in assignments], self.now)
-        return placed
+        placed = place_assignments(self.session, assignments, self.now)
+        note_started(self.ctx, self.session, placed, self.now)
+        return len(placed)
 
     def preempt(self, preemption: st.Preemption) -> bool:
         return apply_preemption(self.session, preemption, self.now)
@@ -402,7 +433,10 @@ def schedule_tick(ctx: ServerContext, now: float) -> None:
     with ctx.session_factory() as session:
         # An idle queue costs one indexed read per tick; while the last cycle left jobs waiting
         # (a burst larger than the free slots), that read is skipped and the snapshot says.
+        # No job waits: none keeps a written diagnosis either (one held meanwhile must be written,
+        # and shown its first estimate, again after its release: eta_record).
         if not memory.queue_seen and session.scalar(ANY_QUEUED) is None:
+            forget_diagnoses(ctx, ())
             return
         if memory.shape_cache is None:
             memory.shape_cache = ShapeCache()
@@ -410,6 +444,7 @@ def schedule_tick(ctx: ServerContext, now: float) -> None:
         session.rollback()
         memory.queue_seen = False
         if not state.queued:
+            forget_diagnoses(ctx, ())
             return
         started = time.perf_counter()
         settings = ctx.settings

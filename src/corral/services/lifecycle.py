@@ -192,15 +192,25 @@ SCHEDULE_BATCH = (
     )
     .returning(JOBS.c.id, JOBS.c.attempt_count)
 )
+# The same for jobs placed ahead of a freed slot (server/ahead.py): such a job starts when the job
+# before it ends, not now, so its placement is no measure of the estimated start it was shown
+# (eta_record): that estimate is forgotten with the placement, and it is no outcome.
+SCHEDULE_AHEAD_BATCH = SCHEDULE_BATCH.values(eta_shown_at=null(), eta_shown_wait_s=null())
 
 
 def schedule_jobs(
-    session: Session, jobs: Sequence[Job], *, now: float, messages: Mapping[int, str]
+    session: Session,
+    jobs: Sequence[Job],
+    *,
+    now: float,
+    messages: Mapping[int, str],
+    ahead: bool = False,
 ) -> dict[int, int]:
     """QUEUED -> SCHEDULED for a batch (one job or many) by one compare-and-set UPDATE ... RETURNING for
     all of them (each row only while still QUEUED, not held, with no cancel requested), then one INSERT of
     their events. Returns {job id: its new attempt count} for the rows written (the caller adds
-    attempt number that count); the others lost their race, nothing of theirs was written."""
+    attempt number that count); the others lost their race, nothing of theirs was written.
+    `ahead`: placed ahead of a freed slot, their shown estimates forgotten (SCHEDULE_AHEAD_BATCH)."""
     for job in jobs:
         if job.state != JobState.QUEUED.value:
             raise InvalidTransition(job.id, job.state, JobState.SCHEDULED.value)
@@ -209,7 +219,9 @@ def schedule_jobs(
     connection = session.connection()
     won = {
         int(row[0]): int(row[1])
-        for row in connection.execute(SCHEDULE_BATCH, {"ids": [j.id for j in jobs], "now": now})
+        for row in connection.execute(
+            SCHEDULE_AHEAD_BATCH if ahead else SCHEDULE_BATCH, {"ids": [j.id for j in jobs], "now": now}
+        )
     }
     events = []
     for job in jobs:
@@ -221,6 +233,7 @@ def schedule_jobs(
             ("updated_at", now),
             ("attempt_count", won[job.id]),
             ("diagnosis", None),
+            *((("eta_shown_at", None), ("eta_shown_wait_s", None)) if ahead else ()),
         ):
             set_committed_value(job, name, value)
         events.append(
@@ -628,6 +641,10 @@ HOLD_QUEUED = (
         held_as_admin=bindparam("as_admin"),
         updated_at=bindparam("now"),
         diagnosis=null(),
+        # The estimate shown before the hold is forgotten: the hold's time is no part of the wait it
+        # predicted, so after the release the job is measured from its next first estimate (eta_record).
+        eta_shown_at=null(),
+        eta_shown_wait_s=null(),
     )
 )
 # A release's write: only the hold the caller's copy shows (its held_at), while still queued.
@@ -660,7 +677,8 @@ def hold(session: Session, job: Job, *, user_id: int, as_admin: bool, now: float
         "updated_at": now,
     }.items():
         set_committed_value(job, name, value)
-    set_committed_value(job, "diagnosis", None)
+    for name in ("diagnosis", "eta_shown_at", "eta_shown_wait_s"):
+        set_committed_value(job, name, None)
     record_event(session, job.id, now, message, kind="hold", from_state=job.state, to_state=job.state)
     return True
 

@@ -1,7 +1,9 @@
 """jobs: the first estimated wait the scheduler showed for the job (its roll's own, before the
 calibration) and when it showed it. Once the job starts, that pair and its first attempt's start
 are one outcome of the estimated-start calibration (corral.scheduler.eta_calibration), which
-corrects the next estimates shown.
+corrects the next estimates shown. attempts: ix_attempts_number_created (number, created_at), so
+that a server rebuilding the calibration reads the last first attempts as an index range instead of
+scanning and sorting every attempt.
 
 Revision ID: 0032_eta_shown
 Revises: 0031_incident_flapping
@@ -24,9 +26,11 @@ def upgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
         batch.add_column(sa.Column("eta_shown_at", sa.Float(), nullable=True))
         batch.add_column(sa.Column("eta_shown_wait_s", sa.Float(), nullable=True))
+    op.create_index("ix_attempts_number_created", "attempts", ["number", "created_at"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_attempts_number_created", table_name="attempts")
     with op.batch_alter_table("jobs") as batch:
         batch.drop_column("eta_shown_wait_s")
         batch.drop_column("eta_shown_at")
