@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from corral.scheduler.apply import estimated_starts
+from corral.scheduler.compiled_build import is_compiled
 from corral.scheduler.eta_calibration import faded
 from corral.scheduler.types import Diagnosis
 from corral.sim import replay
@@ -94,6 +95,8 @@ def sampling_diagnose(every_s: float, sample: int, samples: list[tuple[str, floa
 
 
 def one_case(label: str, trace: Trace, cluster: ClusterSpec, every_s: float, sample: int) -> dict[str, Any]:
+    if is_compiled():  # a compiled _SimSink takes no patch
+        raise SystemExit("eta_reestimates replaces the replay's diagnose: run it with CORRAL_PURE_PYTHON=1")
     samples: list[tuple[str, float, dict[str, float]]] = []
     shipped = replay._SimSink.diagnose
     replay._SimSink.diagnose = sampling_diagnose(every_s, sample, samples)  # type: ignore[method-assign]
