@@ -117,9 +117,15 @@ def _shown(ctx: ServerContext, job_id: int) -> Job:
         return job
 
 
-def test_after_jobs_started_later_than_predicted_the_next_estimate_shown_is_corrected(tmp_path: Path) -> None:
+@pytest.mark.parametrize("profile", ["default", "fifo"])
+def test_after_jobs_started_later_than_predicted_the_next_estimate_shown_is_corrected(
+    tmp_path: Path, profile: str
+) -> None:
+    """Under `fifo` (Profile.eta_calibration False) the same outcomes are recorded, but the roll's
+    estimate is shown as it is."""
     fake = FakeEngine([gpu_node("n1", gpus=4)])
     ctx = make_context(make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}"), fake, str(tmp_path))
+    ctx.settings.scheduler_profile = profile
     node_tick(ctx, time.time())
     # the real calibration, trusted from 3 outcomes instead of MIN_OUTCOMES (30) to keep the test short
     ctx.memory.eta_calibration = EtaCalibration(min_outcomes=3)
@@ -161,8 +167,11 @@ def test_after_jobs_started_later_than_predicted_the_next_estimate_shown_is_corr
     live = ctx.memory.eta_calibration
     assert live is not None and live.outcomes(4) == rebuilt.outcomes(4) == 3
     assert live.outcomes(1) == rebuilt.outcomes(1) == 0
-    expected = rebuilt.corrected_start(now, 4, raw)
     assert job.diagnosis is not None and job.diagnosis.estimated_start is not None
+    if profile == "fifo":
+        assert job.diagnosis.estimated_start == pytest.approx(raw, abs=1e-3)
+        return
+    expected = rebuilt.corrected_start(now, 4, raw)
     assert job.diagnosis.estimated_start == pytest.approx(expected, abs=1.0)
     assert job.diagnosis.estimated_start > raw + 10_000  # later than the roll says, as they all were
     assert ctx.memory.eta_since[str(probe)] == now  # its later estimates fade from here

@@ -269,3 +269,20 @@ def test_the_eta_shown_is_the_roll_corrected_by_the_replays_own_past_outcomes() 
         assert by_id[j.trace.job_id].eta == pytest.approx(expected, abs=1e-6), j.trace.job_id
         corrected += expected != j.eta
     assert corrected > 50  # the calibration did change what was shown, once it had 30 outcomes
+
+
+def test_the_fifo_profiles_show_the_roll_as_it_is() -> None:
+    """Profile.eta_calibration is False for fifo and fifo-backfill: their start order is the
+    submit order, and a fit of past waits moved their ETAs away (docs/simulator.md, Round 3):
+    the replay shows the roll's own estimates, as with SimConfig(eta_calibration=False)."""
+    from corral.sim.cluster import load_cluster
+    from corral.sim.synth import SynthSpec, generate
+
+    synth = load_cluster("synth")
+    tr = generate(SynthSpec(jobs=400, load=1.3, seed=0), synth)
+    for name in ("fifo", "fifo-backfill"):
+        shown = Simulator(tr, synth, resolve_policy(name), config=SimConfig()).run()
+        raw = Simulator(tr, synth, resolve_policy(name), config=SimConfig(eta_calibration=False)).run()
+        etas = [j.eta for j in shown.jobs if not math.isnan(j.eta)]
+        assert len(etas) > 100
+        assert etas == [j.eta for j in raw.jobs if not math.isnan(j.eta)], name

@@ -338,19 +338,23 @@ def write_diagnoses(
     diagnoses: Mapping[str, st.Diagnosis],
     now: float,
     gpus: Mapping[str, int],
+    calibrates: bool = True,
 ) -> None:
     """One executemany UPDATE for the diagnoses that changed, only on jobs still queued, not held.
     Each estimated start is the roll's corrected by the platform's past outcomes (eta_record): the
-    first a job is shown in full, later ones less as it waits (`LoopMemory.eta_since`). A job's
+    first a job is shown in full, later ones less as it waits (`LoopMemory.eta_since`); not under a
+    profile that shows the roll as it is (`Profile.eta_calibration`: the FIFO ones). A job's
     first estimate, the roll's own, is recorded for the calibration (eta_record.note_shown; `gpus`:
     job id -> its GPUs, the size class the correction reads)."""
     cache, since = ctx.memory.diagnoses, ctx.memory.eta_since
-    fits = calibration_of(ctx, session, now).fits()  # each class's line once, not once per job
+    # each class's line once, not once per job; outcomes are recorded under every profile
+    fits = calibration_of(ctx, session, now).fits()
+    calibrates = calibrates and fits.corrects()
     changed = {}
     first_shown = {}
     for job_id, diagnosis in diagnoses.items():
         shown = diagnosis
-        if fits.corrects():
+        if calibrates:
             elapsed = now - since.get(job_id, now)
             shown = calibrated(fits, diagnosis, gpus.get(job_id, 0), now, elapsed)
         stored = stored_diagnosis(shown)
@@ -403,10 +407,16 @@ class DbPlanSink:
     """The live loop's side of `apply_plan`: each step is one of the transactions above."""
 
     def __init__(
-        self, ctx: ServerContext, session: Session, now: float, queued: Sequence[st.Job] = ()
+        self,
+        ctx: ServerContext,
+        session: Session,
+        now: float,
+        queued: Sequence[st.Job] = (),
+        calibrates: bool = True,
     ) -> None:
         self.ctx, self.session, self.now = ctx, session, now
         self.queued = queued  # the snapshot's waiting jobs: their sizes, for the ETA calibration
+        self.calibrates = calibrates  # the profile's eta_calibration
 
     def assign(self, assignments: Sequence[st.Assignment]) -> int:
         placed = place_assignments(self.session, assignments, self.now)
@@ -420,7 +430,7 @@ class DbPlanSink:
         waiting = {k: v for k, v in diagnoses.items() if k not in planned}
         forget_diagnoses(self.ctx, waiting.keys())
         gpus = {j.id: j.total_gpus for j in self.queued} if waiting else {}
-        write_diagnoses(self.ctx, self.session, waiting, self.now, gpus)
+        write_diagnoses(self.ctx, self.session, waiting, self.now, gpus, self.calibrates)
 
 
 # Built once. A held job (`corral hold`) is no input (snapshot.CLUSTER_JOBS), so a queue of only
@@ -457,7 +467,8 @@ def schedule_tick(ctx: ServerContext, now: float) -> None:
         )
         scheduler = scheduler_for(ctx, profile)
         plan = scheduler.schedule(snapshot, now, random.Random(int(now)))
-        done = apply_plan(plan, DbPlanSink(ctx, session, now, snapshot.queued))
+        sink = DbPlanSink(ctx, session, now, snapshot.queued, profile.eta_calibration)
+        done = apply_plan(plan, sink)
         applied, preempted = done.assigned, done.preempted
         # An engine with its own queue (Slurm) gets the next jobs while the current ones still
         # run (server/ahead.py); not in a cycle that preempted: those jobs wait for the victims.

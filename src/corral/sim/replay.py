@@ -253,7 +253,9 @@ class Simulator:
         # needs the node, would run once it is back; ending first left it "unfinished")
         self.repairs = 0
         self.history = RuntimeHistory(legacy=self.config.legacy_estimates)
-        self.eta_calibration = EtaCalibration() if self.config.eta_calibration else None
+        profile = getattr(self.scheduler, "profile", None)  # a plugin scheduler may have none
+        calibrates = self.config.eta_calibration and bool(getattr(profile, "eta_calibration", True))
+        self.eta_calibration = EtaCalibration() if calibrates else None
         self.log: list[JobEvent] = []
         self.now = 0.0
         self._load_jobs()
