@@ -125,6 +125,9 @@ def test_remaining_time_of_an_overdue_job_grows_with_what_it_ran() -> None:
     spread = (600.0, 2400.0)
     assert remaining_s(1200.0, spread, 0.0) == 1200.0
     assert remaining_s(1200.0, None, 5000.0) == 0.0  # no spread: the old rule, overdue ends now
+    assert remaining_s(0.0, (0.0, 0.0), 5000.0) == 5000.0  # runs of 0 s: as long again
+    assert remaining_s(0.0, None, 5000.0) == 5000.0
+    assert remaining_s(0.0, (0.0, 0.0), 0.0) == 0.0  # not started yet: its runs' 0 s
     overdue = [remaining_s(1200.0, spread, t) for t in (2400.0, 4800.0, 9600.0)]
     assert 0 < overdue[0] < overdue[1] < overdue[2]
 
@@ -186,6 +189,20 @@ def test_overdue_running_job_is_expected_to_end_now() -> None:
     run = [running(job("r", runtime=10.0), "n", (0,), start=0.0)]
     plan = plan_for(snap([gpu_node("n", gpus=1)], [job("q")], run=run), PROFILES["fifo"], now=500.0)
     assert plan.diagnoses["q"].estimated_start == 500.0
+
+
+def test_a_job_running_past_its_kinds_zero_second_runs_does_not_make_the_next_start_now() -> None:
+    """The demo's `sleep 600` behind a name whose runs all ended at once (estimate 0 s): the job
+    waiting for its GPU was told "now" at every cycle while it ran. A job that has run past every
+    run of its kind is expected to run about as long again: the ETA lies ahead and moves forward
+    with time."""
+    zero = replace(job("r", runtime=0.0), runtime_spread=(0.0, 0.0))
+    etas = []
+    for now in (300.0, 600.0):
+        run = [running(zero, "n", (0,), start=0.0)]
+        plan = plan_for(snap([gpu_node("n", gpus=1)], [job("q")], run=run), PROFILES["default"], now=now)
+        etas.append(plan.diagnoses["q"].estimated_start)
+    assert etas == [600.0, 1200.0]  # now + what it has run
 
 
 def test_eta_limit_bounds_estimates() -> None:

@@ -67,8 +67,12 @@ def remaining_s(estimate: float, spread: tuple[float, float] | None, elapsed: fl
     Runtimes are taken as log-normal with that median and spread: the answer is the median of
     (D - elapsed) given D > elapsed (its `q` quantile: 0.25 and 0.75 for an estimate's range).
     Without a spread (a user's limit, or no history) the old rule:
-    estimate - elapsed, at least 0."""
-    if spread is None or estimate <= 0:
+    estimate - elapsed, at least 0. An estimate <= 0 (its kind's runs all ended at once) of a job
+    that has run: past every run of its kind, about as long again (elapsed), not 0, which would
+    tell the jobs waiting for its GPUs "now" at every cycle for as long as it runs."""
+    if estimate <= 0:
+        return max(0.0, elapsed)
+    if spread is None:
         return max(0.0, estimate - elapsed)
     found = _LOG_NORMAL.get((estimate, spread))
     if found is None:  # few distinct estimates, many running jobs and cycles: log and spread once
