@@ -17,7 +17,11 @@ Modes (`--modes`, comma-separated; parts joined by `+`):
   from): `usfX` the user+size estimates' log-spread at least X (their range widened around the
   median; the other levels as shipped), `uempN` a running user+size job's remaining time at least
   what that level's own runs say (the median of run - elapsed over the runs longer than it has run,
-  when N or more are), else as shipped.
+  when N or more are), else as shipped;
+- the remaining time of running jobs far past their kind's runtimes (eta.remaining_s's tail rule,
+  round 4): `tailP:K` past the P quantile of its kind's log-normal a running job's remaining time
+  is at least K x what it has run (at an estimate's range ends, quantile q: K x elapsed x q /
+  (1 - q)); shipped: `tail0.99:0.5`; `notail` the log-normal alone, as before round 4.
 
 `--calibrate KEY:STAT:WINDOW:A,...` scores calibrations by the replay's own record offline, on the
 rows of the `nocal` mode (which must be run): each job's shown wait is the roll's, corrected from
@@ -139,6 +143,25 @@ def _empirical_events(now, running, started, gone_by, default_runtime_s, q, at_l
     return out
 
 
+_plain_tail = (eta.TAIL_SURVIVE, eta.TAIL_FACTOR)
+
+
+def _tail_rule(mode: str) -> tuple[float, float] | None:
+    """The mode's (eta.TAIL_SURVIVE, eta.TAIL_FACTOR): `tailP:K` (1 - P, K), `notail` the
+    log-normal alone (factor 0: before round 4); None: as shipped."""
+    rule = None
+    for part in mode.split("+"):
+        if part == "notail":
+            rule = (eta.TAIL_SURVIVE, 0.0)
+        elif part.startswith("tail"):
+            p, _, k = part[4:].partition(":")
+            try:
+                rule = (1.0 - float(p), float(k))
+            except ValueError:
+                raise SystemExit(f"mode {part!r}: want tailP:K, e.g. tail0.99:0.5") from None
+    return rule
+
+
 def _running_events(now, running, started, gone_by, default_runtime_s, q=0.5):  # type: ignore[no-untyped-def]
     emp = _knob("uemp")
     if emp is not None:
@@ -231,6 +254,7 @@ def one_run(trace: Trace, cluster: ClusterSpec, mode: str) -> tuple[SimResult, d
     scale = _knob("sig") or 1.0
     widen = _knob("sigw")  # the measured spread widened, the floor kept
     user_size_floor = _knob("usf")
+    tail = _tail_rule(mode)
     sim = Simulator(
         trace,
         cluster,
@@ -250,6 +274,8 @@ def one_run(trace: Trace, cluster: ClusterSpec, mode: str) -> tuple[SimResult, d
             eta._sigma = lambda spread: max(eta.SIGMA_MIN, widen * _iqr_sigma(spread))
         else:
             eta._sigma = lambda spread: _plain_sigma(spread) * scale
+        if tail is not None:
+            eta.TAIL_SURVIVE, eta.TAIL_FACTOR = tail
         diagnosis.running_events = _running_events
         diagnosis.backfill_starts = _backfill_starts  # type: ignore[assignment]
         result = sim.run()
@@ -257,6 +283,7 @@ def one_run(trace: Trace, cluster: ClusterSpec, mode: str) -> tuple[SimResult, d
         diagnosis.running_events = eta.running_events
         diagnosis.backfill_starts = eta.backfill_starts
         eta._sigma = _plain_sigma
+        eta.TAIL_SURVIVE, eta.TAIL_FACTOR = _plain_tail
         runtimes.estimate_from = _plain_estimate_from
         eta._LOG_NORMAL.clear()
         _state["sim"] = None

@@ -8,6 +8,7 @@ answer."""
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 from hypothesis import given, settings
@@ -105,6 +106,25 @@ def test_remaining_s_matches_the_log_normal_it_describes() -> None:
     assert math.isclose(at_median + estimate, p75, rel_tol=1e-9)
     assert remaining_s(estimate, spread, 0.0) == estimate
     assert remaining_s(estimate, None, 300.0) == 700.0
+
+
+def test_remaining_s_far_in_its_kinds_tail_is_at_least_half_what_it_ran() -> None:
+    """Past its kind's 99th percentile the log-normal's thin tail gives a job a small part of what
+    it ran (a 1 s kind's `sleep 600`: seconds); the tail rule keeps at least TAIL_FACTOR x
+    elapsed, x q / (1 - q) at a range's ends. Before that quantile the log-normal alone."""
+    estimate, spread = 1.0, (0.5, 2.0)  # a kind of ~1 s runs
+    sigma = (math.log(2.0) - math.log(0.5)) / 1.3489795
+    p99 = math.exp(sigma * 2.3263478740408408)
+    assert (eta.TAIL_SURVIVE, eta.TAIL_FACTOR) == (0.01, 0.5)
+    before = 0.9 * p99
+    survive = 1.0 - statistics.NormalDist().cdf(math.log(before) / sigma)
+    median_left = math.exp(sigma * statistics.NormalDist().inv_cdf(1.0 - survive / 2)) - before
+    assert math.isclose(remaining_s(estimate, spread, before), median_left, rel_tol=1e-9)
+    for elapsed in (1.1 * p99, 60.0, 600.0):
+        assert remaining_s(estimate, spread, elapsed) == 0.5 * elapsed
+        assert remaining_s(estimate, spread, elapsed, 0.75) == 1.5 * elapsed
+        assert remaining_s(estimate, spread, elapsed, 0.25) == pytest.approx(elapsed / 6)
+    assert remaining_s(estimate, spread, 1e9) == 1e9  # P(D > elapsed) <= 1e-12: as long again
 
 
 def test_inverse_normal_called_directly_is_the_method_bit_for_bit() -> None:

@@ -86,3 +86,24 @@ def test_calibration_scored_offline_matches_the_shipped_calibration_in_the_repla
     assert out["cal:cluster:median:500:300"]["rel"] != shipped["rel"]
     with pytest.raises(SystemExit, match="want KEY:STAT:WINDOW:A"):
         causes.parse_variant("size2:mode:500:300")
+
+
+@pytest.mark.pure_scheduler  # the bench replaces scheduler functions (conftest.py)
+def test_tail_modes_set_the_tail_rule_for_their_replay_and_restore_the_library() -> None:
+    """`tailP:K` sets eta.remaining_s's tail rule (past its kind's P quantile, at least K x what a
+    running job ran), `notail` turns it off; the replay keeps its schedule and the shipped rule
+    is put back."""
+    causes = _load()
+    shipped = (eta.TAIL_SURVIVE, eta.TAIL_FACTOR)
+    assert causes._tail_rule("tail0.9:1") == (pytest.approx(0.1), 1.0)
+    assert causes._tail_rule("notail") == (eta.TAIL_SURVIVE, 0.0)
+    assert causes._tail_rule("none") is None
+    with pytest.raises(SystemExit, match="tailP:K"):
+        causes._tail_rule("tail0.9")
+    cluster = load_cluster("synth")
+    trace = generate(SynthSpec(jobs=500, load=1.3, seed=0), cluster)
+    out = causes.one_case("synth", trace, cluster, ("notail", "tail0.9:1"))
+    assert out["tail0.9:1"]["same_schedule"]
+    assert out["tail0.9:1"]["jobs"] == out["notail"]["jobs"]
+    assert out["tail0.9:1"]["rel"] != out["notail"]["rel"]  # the rule did reach the roll
+    assert shipped == (eta.TAIL_SURVIVE, eta.TAIL_FACTOR)

@@ -49,6 +49,13 @@ _inv_cdf_at: Callable[[float, float, float], float] = getattr(
 _SQRT2 = math.sqrt(2.0)
 _LOG_NORMAL: dict[tuple[float, tuple[float, float]], tuple[float, float]] = {}  # (mu, sigma) memo
 _LOG_NORMAL_MAX = 1 << 16
+# Far past its kind's runs the log-normal's tail is too thin: a job that ran 10x its kind's median
+# is given a small part of that again (a 1 s kind's `sleep 600`: seconds), while real runtimes are
+# heavier-tailed. Past this quantile of its kind (P(D > elapsed) <= TAIL_SURVIVE) a running job's
+# remaining time is at least TAIL_FACTOR x elapsed (x q / (1 - q) at the q quantile of a range: a
+# tail in which running twice as long is as likely as ending; docs/simulator.md "Round 4")
+TAIL_SURVIVE = 0.01
+TAIL_FACTOR = 0.5
 FIRST_RUNS = 8  # runs of room a search checks one by one before checking all the rest at once
 
 
@@ -65,7 +72,8 @@ def remaining_s(estimate: float, spread: tuple[float, float] | None, elapsed: fl
     runs; `spread` their 25th and 75th percentiles) that has run `elapsed` s so far.
 
     Runtimes are taken as log-normal with that median and spread: the answer is the median of
-    (D - elapsed) given D > elapsed (its `q` quantile: 0.25 and 0.75 for an estimate's range).
+    (D - elapsed) given D > elapsed (its `q` quantile: 0.25 and 0.75 for an estimate's range),
+    at least TAIL_FACTOR x elapsed (x q / (1 - q)) once past its kind's 1 - TAIL_SURVIVE quantile.
     Without a spread (a user's limit, or no history) the old rule:
     estimate - elapsed, at least 0. An estimate <= 0 (its kind's runs all ended at once) of a job
     that has run: past every run of its kind, about as long again (elapsed), not 0, which would
@@ -85,9 +93,13 @@ def remaining_s(estimate: float, spread: tuple[float, float] | None, elapsed: fl
     # P(D > elapsed): NormalDist().cdf's own formula, without its method call (bit for bit the same)
     survive = 1.0 - 0.5 * (1.0 + math.erf(((math.log(elapsed) - mu) / sigma) / _SQRT2))
     if survive <= 1e-12:  # far past anything its kind ever ran: about as long again
-        return elapsed
-    end = math.exp(mu + sigma * _inv_cdf_at(1.0 - survive * (1.0 - q), 0.0, 1.0))
-    return max(0.0, end - elapsed)
+        left = elapsed
+    else:
+        end = math.exp(mu + sigma * _inv_cdf_at(1.0 - survive * (1.0 - q), 0.0, 1.0))
+        left = max(0.0, end - elapsed)
+    if survive <= TAIL_SURVIVE:  # in its kind's far tail: at least a part of what it ran again
+        return max(left, TAIL_FACTOR * elapsed * q / (1.0 - q))
+    return left
 
 
 class Timeline:
