@@ -95,3 +95,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return module
 
     return ByModuleSlurmTogether(config, log)
+
+
+@pytest.fixture(autouse=True)
+def _cli_consoles_as_made() -> None:
+    """Each test starts with the CLI's Rich consoles sized as made: by the COLUMNS a CliRunner's
+    env gives (else 80 off a terminal). A test that fixes a width (monkeypatch of `_width`) is
+    undone, but the CI run once saw `corral.cli.common.out` held at 80 in a worker, so two tests
+    that ask for COLUMNS=200 wrapped; whatever held it, no test inherits another's width."""
+    for name in ("corral.cli.common", "corral.cli.admin"):
+        module = sys.modules.get(name)
+        for console in (getattr(module, "out", None), getattr(module, "err", None)):
+            if console is not None:
+                console._width = None
