@@ -76,6 +76,16 @@ def get_job(c: httpx.Client, job_id: int) -> dict[str, Any]:
     return dict(r.json())
 
 
+def logs(c: httpx.Client, job_id: int, rank: int = 0, attempt: int | None = None) -> str:
+    """A rank's log of a job (its latest attempt unless `attempt`) as GET /jobs/{id}/logs gives it."""
+    params: dict[str, Any] = {"rank": rank}
+    if attempt is not None:
+        params["attempt"] = attempt
+    r = c.get(f"/api/v1/jobs/{job_id}/logs", params=params)
+    assert r.status_code == 200, r.text
+    return str(r.json()["data"])
+
+
 def wait_state(
     c: httpx.Client, job_id: int, states: tuple[str, ...], timeout_s: float = 30
 ) -> dict[str, Any]:

@@ -6,14 +6,12 @@ import json
 import os
 import re
 import stat
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-import uvicorn
 from typer.testing import CliRunner
 
 from corral.cli import common
@@ -27,24 +25,13 @@ from corral.server.finish import end_attempt
 from corral.services.lifecycle import AttemptState, settle_failure
 from tests.api.conftest import ALICE_PASSWORD, World
 from tests.api.helpers import add_node, make_running
-from tests.support import free_port
+from tests.support import free_port, served
 
 
 @pytest.fixture
 def server_url(world: World) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(world.client.app, host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with served(world.client.app) as url:
+        yield url
 
 
 def run(world: World, url: str, user: str, *args: str, token: str | None = None) -> tuple[int, str]:

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 from sqlalchemy import select
 from typer.testing import CliRunner
 
@@ -22,7 +21,7 @@ from corral.db.oncall_models import Page, PageNotification
 from corral.services import incident_paging, incidents, paging
 from corral.services.incident_flapping import FlapPolicy
 from tests.oncall.conftest import Env
-from tests.support import free_port
+from tests.support import served
 
 pytestmark = pytest.mark.parametrize("env", ["sqlite", "postgres"], indirect=True)  # tests/pg.py
 
@@ -309,19 +308,8 @@ def test_an_acknowledger_no_longer_active_is_not_paged_first(bridged: Env) -> No
 
 @pytest.fixture
 def server_url(bridged: Env) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(bridged.client.app, host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with served(bridged.client.app) as url:
+        yield url
 
 
 def test_the_api_and_the_cli_show_flapping(bridged: Env, server_url: str) -> None:

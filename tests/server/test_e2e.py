@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server_fixture import CorralServer, start_server, submit_spec, wait_for, wait_state
+from tests.server_fixture import CorralServer, logs, start_server, submit_spec, wait_for, wait_state
 from tests.server_fixture import get_job as job
 from tests.support import require
 
@@ -37,15 +37,6 @@ def submit(
         "tasks": {"main": {"instances": instances, "command": command, "resources": {"gpus": gpus}}},
     }
     return submit_spec(c, spec)
-
-
-def logs(c: httpx.Client, job_id: int, rank: int = 0, attempt: int | None = None) -> str:
-    params: dict[str, Any] = {"rank": rank}
-    if attempt is not None:
-        params["attempt"] = attempt
-    r = c.get(f"/api/v1/jobs/{job_id}/logs", params=params)
-    assert r.status_code == 200, r.text
-    return str(r.json()["data"])
 
 
 def test_job_runs_logs_and_succeeds(server: CorralServer) -> None:

@@ -16,6 +16,7 @@ from corral.engine.base import AttemptLaunch, AttemptPhase, AttemptStatus, Engin
 from corral.engine.slurm import SlurmEngine
 from corral.engine.slurm.users import UserMap
 from corral.scheduler.types import GPU
+from tests.server_fixture import logs as logs  # the REST log read, shared with tests/server
 from tests.slurm.harness import TEST_GIDS, SlurmCluster
 
 
@@ -134,15 +135,6 @@ LIVE = ("queued", "scheduled", "starting", "running", "preempted")
 def live_jobs(c: httpx.Client) -> list[int]:
     items = c.get("/api/v1/jobs", params={"limit": 500}).json()["items"]
     return [int(i["id"]) for i in items if i["state"] in LIVE]
-
-
-def logs(c: httpx.Client, job_id: int, rank: int, attempt: int | None = None) -> str:
-    params: dict[str, Any] = {"rank": rank}
-    if attempt is not None:
-        params["attempt"] = attempt
-    r = c.get(f"/api/v1/jobs/{job_id}/logs", params=params)
-    assert r.status_code == 200, r.text
-    return str(r.json()["data"])
 
 
 def gang_spec(

@@ -21,7 +21,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.server_fixture import get_job, submit_spec, wait_for
-from tests.web.conftest import PASSWORD, Portal, screenshot
+from tests.web.conftest import PASSWORD, Portal, api_as, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -75,16 +75,6 @@ def test_a_long_job_name_wraps_in_the_jobs_list(portal: Portal) -> None:
     assert id_link.evaluate("(el) => el.getClientRects().length") == 1
 
 
-def _login_api(portal: Portal, user: str) -> Any:
-    """An httpx client logged in as `user` (cookie session and CSRF header, as the portal)."""
-    client = portal.server.client()
-    client.headers.pop("Authorization")
-    r = client.post("/api/v1/auth/login", json={"username": user, "password": PASSWORD})
-    assert r.status_code == 200, r.text
-    client.headers["X-CSRF-Token"] = r.json()["csrf_token"]
-    return client
-
-
 def _members(portal: Portal, group: str) -> dict[str, str]:
     with portal.api() as api:
         r = api.get(f"/api/v1/groups/{group}")
@@ -108,7 +98,7 @@ def test_a_group_admin_removes_a_member_cancelling_their_live_jobs(portal: Porta
         for user, role in (("ann", "admin"), ("ben", "member")):
             r = api.post("/api/v1/groups/team-w/members", json={"user": user, "role": role})
             assert r.status_code == 201, r.text
-    ben = _login_api(portal, "ben")
+    ben = api_as(portal, "ben")
     try:
         job_id = submit_spec(
             ben,
@@ -204,7 +194,7 @@ def test_a_quarantined_gpu_is_not_shown_free_and_admins_quarantine_and_return_gp
 
 
 def test_a_workspace_not_running_has_no_jupyterlab_link(portal: Portal) -> None:
-    ann = _login_api(portal, "ann")
+    ann = api_as(portal, "ann")
     try:
         r = ann.post("/api/v1/workspaces", json={"name": "nb-stopped", "cpus": 0.25, "memory": "128MiB"})
         assert r.status_code == 201, r.text
