@@ -23,7 +23,7 @@ from corral.services.incident_flapping import FlapPolicy
 from tests.oncall.conftest import Env
 from tests.support import served
 
-pytestmark = pytest.mark.parametrize("env", ["sqlite", "postgres"], indirect=True)  # tests/pg.py
+BOTH_DATABASES = pytest.mark.parametrize("env", ["sqlite", "postgres"], indirect=True)  # tests/pg.py
 
 ALERT = "alert-gpu-n1-0"
 # Quiet shorter than the reopen window here, so that a reopen after the quiet period is still a
@@ -81,6 +81,7 @@ def pages(env: Env, incident_id: int) -> dict[str, str]:
         return {p.key: p.state for p in rows}
 
 
+@BOTH_DATABASES
 def test_a_flapping_incident_pages_once_then_quiet_ends_it_and_a_reopen_pages_again(bridged: Env) -> None:
     env, t0 = bridged, time.time()
     incident_id = fire(env, t0)
@@ -134,6 +135,7 @@ def test_a_flapping_incident_pages_once_then_quiet_ends_it_and_a_reopen_pages_ag
     assert not shown(env, incident_id)["flapping"]
 
 
+@BOTH_DATABASES
 def test_the_quiet_period_is_checked_at_the_reopen_too(bridged: Env) -> None:
     """A reopen that comes after the quiet period but before the loop noticed it ends the
     flapping first (its timeline line, then the reopen), and is paged."""
@@ -151,6 +153,7 @@ def test_the_quiet_period_is_checked_at_the_reopen_too(bridged: Env) -> None:
     assert pages(env, incident_id)[f"incident:{incident_id}/reopen-4"] == "triggered"
 
 
+@BOTH_DATABASES
 def test_staying_open_ends_flapping_and_a_reopen_goes_to_who_acknowledged_it(bridged: Env) -> None:
     env, t0 = bridged, time.time()
     incident_id = fire(env, t0)
@@ -207,6 +210,7 @@ def flapping_incident(env: Env, t0: float) -> int:
     return incident_id
 
 
+@BOTH_DATABASES
 def test_a_flap_that_settles_firing_unanswered_is_paged_again(bridged: Env) -> None:
     """alice answers the flapping page; the fault then resolves and fires again while it flaps
     (not paged: triggered, nobody holds it) and stays firing: when the flapping ends, the steady
@@ -238,6 +242,7 @@ def test_a_flap_that_settles_firing_unanswered_is_paged_again(bridged: Env) -> N
         assert page.created_at == t0 + 860
 
 
+@BOTH_DATABASES
 def test_a_flap_that_settles_firing_with_its_page_still_open_starts_no_other(bridged: Env) -> None:
     env, t0 = bridged, time.time()
     incident_id = flapping_incident(env, t0)  # nobody answers its page
@@ -247,6 +252,7 @@ def test_a_flap_that_settles_firing_with_its_page_still_open_starts_no_other(bri
     assert before[f"incident:{incident_id}/reopen-3"] == "triggered"
 
 
+@BOTH_DATABASES
 def test_closing_a_flapping_incident_ends_the_flapping_and_cancels_its_page(bridged: Env) -> None:
     env, t0 = bridged, time.time()
     incident_id = flapping_incident(env, t0)
@@ -269,12 +275,11 @@ def test_closing_a_flapping_incident_ends_the_flapping_and_cancels_its_page(brid
     assert quiet_pass(env, t0 + 3600) == []
 
 
+@pytest.mark.parametrize("env", ["postgres"], indirect=True)  # SQLite has no lock per key
 def test_the_quiet_pass_skips_a_key_another_transaction_holds(bridged: Env) -> None:
     """PostgreSQL: the pass does not wait for a grouping key's lock (held here by a repeat firing
     not yet committed); it leaves that incident to its next pass."""
     env, t0 = bridged, time.time()
-    if env.engine.dialect.name != "postgresql":
-        pytest.skip("SQLite has no lock per key: its one write lock lets one writer through at a time")
     incident_id = flapping_incident(env, t0)
     with env.factory() as holder:
         incidents.open_or_update(
@@ -291,6 +296,7 @@ def test_the_quiet_pass_skips_a_key_another_transaction_holds(bridged: Env) -> N
     assert quiet_pass(env, t0 + 180 + 600) == [incident_id]
 
 
+@BOTH_DATABASES
 def test_an_acknowledger_no_longer_active_is_not_paged_first(bridged: Env) -> None:
     env, t0 = bridged, time.time()
     incident_id = fire(env, t0)
@@ -312,6 +318,7 @@ def server_url(bridged: Env) -> Iterator[str]:
         yield url
 
 
+@BOTH_DATABASES
 def test_the_api_and_the_cli_show_flapping(bridged: Env, server_url: str) -> None:
     env, t0 = bridged, time.time() - 3600  # an hour ago, so the CLI's "ago" reads sensibly
     steady, flapping = fire(env, t0), None
