@@ -522,7 +522,7 @@ def run_sbatch(
 
 
 def run_slurm(args: argparse.Namespace) -> dict[str, Result]:
-    from tests.slurm.harness import SlurmCluster, missing_binaries
+    from tests.slurm.harness import TEST_GIDS, SlurmCluster, missing_binaries
 
     missing = missing_binaries()
     if missing:
@@ -548,6 +548,9 @@ def run_slurm(args: argparse.Namespace) -> dict[str, Result]:
             env["CORRAL_SLURM_STATE_DIR"] = str(cluster.new_state_dir())
             env["CORRAL_STORAGE_ROOT"] = str(cluster.new_state_dir() / "storage")  # shared, passable
             env["CORRAL_SLURM_GPU_DEVICE"] = cluster.gpu_device
+            # group gids the harness gave Unix groups of the test accounts (as tests/slurm's
+            # servers): a job's /group/<g> is open to it, so its log is its command's alone
+            env["CORRAL_GID_RANGE"] = f"{TEST_GIDS[0]}-{TEST_GIDS[-1]}"
             return env
 
         with squeue_watcher(cluster.env) as ended:
