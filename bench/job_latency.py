@@ -522,7 +522,8 @@ def run_sbatch(
 
 
 def run_slurm(args: argparse.Namespace) -> dict[str, Result]:
-    from tests.slurm.harness import TEST_GIDS, SlurmCluster, missing_binaries
+    from tests.slurm.harness import SlurmCluster, missing_binaries
+    from tests.slurm.helpers import server_env
 
     missing = missing_binaries()
     if missing:
@@ -535,22 +536,16 @@ def run_slurm(args: argparse.Namespace) -> dict[str, Result]:
         def corral_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
             """Each Corral server its own state dir: a new server numbers its jobs from 1 again,
             and the engine would take attempt 1.1 for the one it launched before (idempotence)."""
-            # the harness's nodes have GPUs; Corral on Slurm keeps GPU nodes for GPU work by default
-            env = {"CORRAL_ENGINE": "slurm", "CORRAL_SLURM_CONF": str(cluster.conf)}
+            # a deployment's settings on the harness, as tests/slurm's servers get them: user map,
+            # state and storage dirs, GPU device files, group gids with Unix groups, command timeout
+            env = server_env(cluster, cluster.new_state_dir())
             if args.slurm_queue_ahead is not None:
                 env["CORRAL_SLURM_QUEUE_AHEAD"] = str(args.slurm_queue_ahead)
             if args.slurm_launch_workers is not None:
                 env["CORRAL_SLURM_LAUNCH_WORKERS"] = str(args.slurm_launch_workers)
             env.update(extra or {})
+            # the harness's nodes have GPUs; Corral on Slurm keeps GPU nodes for GPU work by default
             env["CORRAL_CPU_JOBS_ON_GPU_NODES"] = "true"
-            # jobs run as the harness's test accounts, with their files where those accounts reach
-            env["CORRAL_SLURM_USER_MAP"] = str(cluster.user_map)
-            env["CORRAL_SLURM_STATE_DIR"] = str(cluster.new_state_dir())
-            env["CORRAL_STORAGE_ROOT"] = str(cluster.new_state_dir() / "storage")  # shared, passable
-            env["CORRAL_SLURM_GPU_DEVICE"] = cluster.gpu_device
-            # group gids the harness gave Unix groups of the test accounts (as tests/slurm's
-            # servers): a job's /group/<g> is open to it, so its log is its command's alone
-            env["CORRAL_GID_RANGE"] = f"{TEST_GIDS[0]}-{TEST_GIDS[-1]}"
             return env
 
         with squeue_watcher(cluster.env) as ended:
