@@ -312,7 +312,14 @@ ACCEPTED: tuple[Accepted, ...] = (
             "since/until take an age, unix seconds or an ISO time; a pattern for all three in the "
             "schema would replace this message, which says what to write, with a regex",
         )
-        for operation in ("GET /api/v1/audit", "GET /api/v1/admin/sim-export")
+        for operation in ("GET /api/v1/audit", "GET /api/v1/admin/sim-export", "GET /api/v1/usage")
+    ),
+    Accepted(
+        "ST202",
+        "GET /api/v1/usage",
+        "is out of range",
+        "unix seconds past 1e11 or below 0 ('1e999', '-5') have the shape of a number; as for 'is not a "
+        "time', the forms `since`/`until` take are a grammar the refusal names, not a pattern",
     ),
     Accepted(
         "ST202",

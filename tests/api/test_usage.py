@@ -123,6 +123,38 @@ def test_usage_api_refuses_bad_periods_and_groupings(world: World) -> None:
     assert "'since' (1970-01-01 00:03:20 UTC) must be before 'until' (1970-01-01 00:01:40 UTC)" in r.text
 
 
+def test_usage_api_takes_the_time_forms_audit_takes(world: World) -> None:
+    """`since`/`until` as ages ('7d', '12h', '30m'), unix seconds or ISO times, as for /audit."""
+    now = time.time()
+    add_attempt(world, "alice", start=now - 3 * H, end=now - H, gpus=2, cpus=4)  # 2 GPUs for 2 h
+    for since, until, hours in (("7d", None, 4.0), ("150m", "1h", 3.0), ("2h", "90m", 1.0)):
+        params = {"since": since} if until is None else {"since": since, "until": until}
+        r = world.client.get(f"{API}/usage", params=params, headers=world.as_("alice"))
+        assert r.status_code == 200, (since, until, r.text)
+        assert r.json()["total"]["gpu_hours"] == pytest.approx(hours, abs=0.01), (since, until)
+    body = world.client.get(f"{API}/usage", params={"since": "12h"}, headers=world.as_("alice")).json()
+    assert body["since"] == pytest.approx(now - 12 * H, abs=60)
+    iso = world.client.get(
+        f"{API}/usage",
+        params={"since": "2026-01-01T00:00Z", "until": "2026-01-02"},
+        headers=world.as_("alice"),
+    )
+    assert iso.status_code == 200 and iso.json()["until"] == 1767312000.0  # 2026-01-02 00:00 UTC
+    for field, bad, says in (
+        ("since", "last week", "since 'last week' is not a time: give an age such as '7d'"),
+        ("until", "soon", "until 'soon' is not a time"),
+        ("since", "1e999", "since '1e999' is out of range"),
+        ("until", "-5", "until '-5' is out of range"),
+    ):
+        r = world.client.get(f"{API}/usage", params={field: bad}, headers=world.as_("alice"))
+        assert r.status_code == 422, (field, bad, r.text)
+        detail = r.json()["detail"][0]
+        assert detail["loc"] == ["query", field] and says in detail["msg"], detail
+    spec = world.client.get("/openapi.json").json()["paths"][f"{API}/usage"]["get"]["parameters"]
+    since_doc = next(p for p in spec if p["name"] == "since")["description"]
+    assert "'7d', '12h' or '30m'" in since_doc and "unix seconds" in since_doc and "ISO" in since_doc
+
+
 def test_cli_usage_table_csv_and_json(world: World, server_url: str) -> None:
     now = time.time()
     add_attempt(world, "alice", start=now - 3 * H, end=now - H, gpus=2, cpus=4)

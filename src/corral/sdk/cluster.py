@@ -30,9 +30,11 @@ class ClusterApi(BaseClient):
         return self.request("GET", "/cluster/summary")
 
     def usage(
-        self, *, since: float | None = None, until: float | None = None, by: str = "user"
+        self, *, since: float | str | None = None, until: float | str | None = None, by: str = "user"
     ) -> dict[str, Any]:
-        """GPU-hours and CPU-hours per user or group over [since, until) (unix seconds)."""
+        """GPU-hours and CPU-hours per user or group over [since, until): each unix seconds, an
+        age such as "7d", "12h" or "30m" (that long before now) or an ISO time (UTC unless it
+        says otherwise)."""
         params: dict[str, Any] = {"by": by}
         params.update({k: v for k, v in {"since": since, "until": until}.items() if v is not None})
         return self.request("GET", "/usage", params=params)

@@ -14,6 +14,7 @@ the attempts' own records (started_at / ended_at and the placement's GPUs and CP
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from corral.db.models import Attempt, Group, Job, User
 from corral.domain import InstancePlacement
+from corral.services.audit import parse_time
 from corral.services.auth import Principal
 from corral.services.errors import Invalid
 from corral.services.jobs import visibility
@@ -31,6 +33,7 @@ from corral.services.lifecycle import AttemptState
 from corral.services.views import utc_text
 
 DEFAULT_PERIOD_S = 30 * 86400.0
+MAX_UNIX_S = 1e11  # the year 5138: bounds the period (no inf, no nan)
 LIVE_ATTEMPT_STATES = tuple(s.value for s in AttemptState if not s.finished)
 
 
@@ -77,6 +80,20 @@ def overlap_s(start: float, end: float, since: float, until: float) -> float:
 def placed_resources(placement: Iterable[InstancePlacement]) -> tuple[int, float]:
     """(GPUs, CPUs) an attempt's placement held across all its instances."""
     return sum(len(p.gpu_indices) for p in placement), sum(p.cpus for p in placement)
+
+
+def parse_bound(value: str | None, now: float, field: str) -> float | None:
+    """`since` or `until` as `GET /usage` takes it: the forms `GET /audit` takes (an age such as
+    "7d", "12h" or "30m" before now, unix seconds, or an ISO time), by the same parser; a 422
+    naming the field and the value when it is none of them or outside 1970 to the year 5138."""
+    if value is None or not value.strip():
+        return None
+    at = parse_time(value, now, field)
+    if not math.isfinite(at) or not 0 <= at <= MAX_UNIX_S:
+        raise Invalid(
+            f"{field} {value!r} is out of range: give a time from 1970 to the year 5138", ("query", field)
+        )
+    return at
 
 
 def check_period(since: float | None, until: float | None, now: float) -> tuple[float, float]:
