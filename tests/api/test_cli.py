@@ -123,6 +123,38 @@ def test_show_counts_a_launch_failure_against_the_cap_the_server_applies(
     assert (shown["platform_loss_cap"], shown["lost_requeue_budget"]) == (2, 3)
 
 
+def test_show_at_80_columns_splits_no_time_across_lines(
+    world: World, server_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attempts' table (eight columns, two of them full times) wrapped its STARTED and ENDED
+    values onto two lines at 80 columns: each time shows whole on one line."""
+    monkeypatch.setattr(common.out, "_width", 80)
+    with world.session_factory() as db:
+        add_node(db, "n1")
+        db.commit()
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: eighty\ncommand: echo hi\nresources: {gpus: 2, memory: 256MiB}\n")
+    job_id = json.loads(run(world, server_url, "alice", "submit", str(spec), "-o", "json")[1])["id"]
+    with world.session_factory() as db:
+        attempt = make_running(db, job_id, "n1", (0, 1))
+        db.expire_all()  # the placement read back as the loops see it
+        job = db.get(Job, job_id)
+        assert job is not None
+        end_attempt(db, job, attempt, AttemptState.FAILED, time.time(), reason="exit", message="exit code 3")
+        db.commit()
+    code, out = run(world, server_url, "alice", "show", str(job_id))
+    assert code == 0, out
+    shown = json.loads(run(world, server_url, "alice", "show", str(job_id), "-o", "json")[1])
+    (a,) = shown["attempts"]
+    times = [common.when(t) for t in (shown["created_at"], a["started_at"], a["ended_at"])]
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80, out
+    for text in times:
+        assert any(text in line for line in lines), (text, out)  # whole, on one line
+    assert f"  started {times[1]}  ended {times[2]}" in lines, out
+    assert "  nodes n1  GPUs n1:0,n1:1" in lines and "  reason: exit: exit code 3" in lines, out
+
+
 def test_cli_admin_commands(world: World, server_url: str) -> None:
     with world.session_factory() as db:
         add_node(db, "n1")

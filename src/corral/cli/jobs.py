@@ -192,8 +192,9 @@ def show(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOp
     )
     out.print(
         f"user {job['user']}  group {job['group']}  priority {job['priority']}  GPUs {gpus_of(job)}  "
-        f"retries {job['retries']}  submitted {when(job['created_at'])}"
+        f"retries {job['retries']}"
     )
+    out.print(f"submitted {when(job['created_at'])}")
     out.print(budgets_line(job))
     if job.get("hold") and job["hold"].get("admin"):
         out.print("held by an admin: only an admin can release it")
@@ -201,24 +202,25 @@ def show(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOp
         out.print(f"reason: {job['reason']}")
     _print_diagnosis(job.get("diagnosis"))
     if job["attempts"]:
-        table = Table("#", "STATE", "NODES", "GPUS", "STARTED", "ENDED", "EXIT", "REASON", box=None)
-        for a in job["attempts"]:
-            gpus = ",".join(f"{g['node']}:{g['index']}" for g in a["gpus"]) or "-"
-            table.add_row(
-                str(a["number"]),
-                a["state"],
-                ",".join(a["nodes"]) or "-",
-                gpus,
-                when(a["started_at"]),
-                when(a["ended_at"]),
-                "-" if a["exit_code"] is None else str(a["exit_code"]),
-                ": ".join(part for part in (a["reason"], a["message"]) if part),
-            )
-        out.print(table)
+        _print_attempts(job["attempts"])
         _print_failures(job)
     else:
         out.print("no attempts yet")
     _print_watch(job.get("watch"))
+
+
+def _print_attempts(attempts: list[dict[str, Any]]) -> None:
+    """Each attempt as a few key/value lines, its two times on one line of their own (56
+    characters): a table of eight columns with two full times wrapped them at 80 columns."""
+    for a in attempts:
+        code = "" if a["exit_code"] is None else f"  exit {a['exit_code']}"
+        out.print(f"attempt {a['number']}  {a['state']}{code}", highlight=False)
+        gpus = ",".join(f"{g['node']}:{g['index']}" for g in a["gpus"]) or "-"
+        out.print(f"  nodes {','.join(a['nodes']) or '-'}  GPUs {gpus}", highlight=False)
+        out.print(f"  started {when(a['started_at'])}  ended {when(a['ended_at'])}", highlight=False)
+        reason = ": ".join(part for part in (a["reason"], a["message"]) if part)
+        if reason:
+            out.print(f"  reason: {reason}", highlight=False)
 
 
 def _print_failures(job: dict[str, Any]) -> None:
