@@ -56,7 +56,7 @@ def test_cli_job_commands(world: World, server_url: str, tmp_path: Path) -> None
     listing = json.loads(out)
     assert listing["total"] == 1 and listing["items"][0]["id"] == job["id"]
     code, out = run(world, server_url, "alice", "ls")
-    assert "cli-job" in out and "1 of 1 jobs" in out
+    assert "cli-job" in out and "1 of 1 job\n" in out  # not "1 of 1 jobs"
     code, out = run(world, server_url, "alice", "show", str(job["id"]))
     assert code == 0 and "queued" in out and "no attempts yet" in out
     code, out = run(world, server_url, "alice", "show", str(job["id"]), "-o", "json")
@@ -78,6 +78,9 @@ def test_cli_job_commands(world: World, server_url: str, tmp_path: Path) -> None
     assert code == 0 and f"job {job['id']} is queued" in out
     code, out = run(world, server_url, "alice", "cancel", str(job["id"]))
     assert code == 0 and "cancelled" in out
+    assert run(world, server_url, "alice", "submit", str(spec))[0] == 0
+    code, out = run(world, server_url, "alice", "ls")
+    assert code == 0 and "2 of 2 jobs\n" in out, out
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\ncommand: y\nresources: {memory: lots}\n")
     code, out = run(world, server_url, "alice", "submit", str(bad))

@@ -61,7 +61,7 @@ def test_cli_schedule_policy_page_and_ack(world: World, server_url: str, tmp_pat
         "--repeat",
         "1",
     )
-    assert code == 0 and "2 step(s), repeat 1" in out, out
+    assert code == 0 and "policy gpu: 2 steps, repeat 1" in out, out
     code, out = run(world, server_url, "admin", "oncall", "policy", "set", "bad", "--step", "schedule:nosuch")
     assert code == 1 and "no on-call schedule named 'nosuch'" in out
     code, out = run(world, server_url, "admin", "oncall", "policy", "set", "bad", "--step", "team:x")

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from corral.cli.common import Output, OutputOpt, error_line, settings_error
+from corral.cli.words import plural
 
 if TYPE_CHECKING:
     from corral.config import Settings
@@ -66,7 +67,7 @@ def backup(
         written = take_backup(_database_url(database_url), file)
     except BackupError as exc:
         _fail(str(exc))
-    out.print(f"backup written to {written} ({written.stat().st_size} bytes)")
+    out.print(f"backup written to {written} ({plural(written.stat().st_size, 'byte')})")
 
 
 @admin_app.command("restore")

@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, client, friendly_errors, out, print_json, when
+from corral.cli.words import plural
 
 audit_app = typer.Typer(help="The admin audit log: who changed what, when, from where.", no_args_is_help=True)
 CHANGE_WIDTH = 60
@@ -64,7 +65,7 @@ def ls(
         cells.append(f"{r['target_kind']}:{r['target_id']}")
         table.add_row(*cells, *([change_cell(r)] if wide else []))
     out.print(table)
-    out.print(f"{len(page['items'])} of {page['total']} records")
+    out.print(f"{len(page['items'])} of {plural(page['total'], 'record')}")
 
 
 def register(app: typer.Typer) -> None:

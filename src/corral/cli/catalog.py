@@ -12,6 +12,7 @@ import typer
 from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, client, err, friendly_errors, out, plain, print_json, when
+from corral.cli.words import plural
 from corral.sdk import CorralError
 
 template_app = typer.Typer(
@@ -88,7 +89,7 @@ def template_show(
         return
     out.print(
         f"[bold]{t['name']}[/bold] v{t['version']} (latest v{t['latest']}) by {t['owner']}, "
-        f"used {t['uses']} times",
+        f"used {plural(t['uses'], 'time')}",
         markup=True,
     )
     if t["description"]:
@@ -158,7 +159,8 @@ def template_publish(
         print_json(t)
     else:
         out.print(
-            f"template [bold]{t['name']}[/bold] v{t['version']} ({len(t['parameters'])} parameters)",
+            f"template [bold]{t['name']}[/bold] v{t['version']} "
+            f"({plural(len(t['parameters']), 'parameter')})",
             markup=True,
         )
 
@@ -296,8 +298,9 @@ def model_show(
         return
     lin = data["lineage"]
     out.print(
-        f"[bold]{data['name']}@{data['version']}[/bold] stage {data['stage']}, {data['files']} files, "
-        f"{data['bytes']} bytes, digest {data['digest'][:16]}",
+        f"[bold]{data['name']}@{data['version']}[/bold] stage {data['stage']}, "
+        f"{plural(data['files'], 'file')}, "
+        f"{plural(data['bytes'], 'byte')}, digest {data['digest'][:16]}",
         markup=True,
     )
     out.print(
@@ -355,7 +358,8 @@ def model_register(
         print_json(v)
     else:
         out.print(
-            f"model [bold]{name}[/bold] v{v['version']}: {v['files']} files from job {job}", markup=True
+            f"model [bold]{name}[/bold] v{v['version']}: {plural(v['files'], 'file')} from job {job}",
+            markup=True,
         )
 
 
@@ -397,7 +401,7 @@ def model_pull(
     """Download a version's files."""
     with client() as c:
         files = c.pull_model(*_version_ref(ref), directory)
-    err.print(f"{len(files)} files of {ref} pulled into {directory}", markup=False)
+    err.print(f"{plural(len(files), 'file')} of {ref} pulled into {directory}", markup=False)
 
 
 @model_app.command("share")

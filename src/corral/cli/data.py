@@ -19,6 +19,7 @@ from rich.progress import (
 from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, client, friendly_errors, out, print_json, when
+from corral.cli.words import plural
 from corral.datasets.names import BadName, human_bytes, parse_bytes, parse_ref
 from corral.sdk import KEEP, Keep
 
@@ -86,7 +87,7 @@ def data_push(
         return
     resumed = " (resumed)" if version.get("resumed") else ""
     size = human_bytes(version["bytes"])
-    out.print(f"dataset {name} v{version['version']}: {version['files']} files, {size}{resumed}")
+    out.print(f"dataset {name} v{version['version']}: {plural(version['files'], 'file')}, {size}{resumed}")
 
 
 @data_app.command("pull")
@@ -100,7 +101,8 @@ def data_pull(
     with client() as c, _TransferBar(f"pull {ref}") as bar:
         got = c.pull_dataset(name, directory, version=version, progress=bar)
     out.print(
-        f"dataset {name} v{got['version']}: {got['files']} files, {human_bytes(got['bytes'])} in {directory}"
+        f"dataset {name} v{got['version']}: {plural(got['files'], 'file')}, "
+        f"{human_bytes(got['bytes'])} in {directory}"
     )
 
 
@@ -222,7 +224,7 @@ def data_import(
     """Admins: a new version copied from a server-side directory."""
     with client() as c:
         v = c.import_dataset(name, path, group=group)
-    out.print(f"dataset {name} v{v['version']}: {v['files']} files, {human_bytes(v['bytes'])}")
+    out.print(f"dataset {name} v{v['version']}: {plural(v['files'], 'file')}, {human_bytes(v['bytes'])}")
 
 
 # --- storage ------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, client, friendly_errors, out, plain, print_json
 from corral.cli.data import limit_text, storage_limits
+from corral.cli.words import plural
 from corral.datasets.names import human_bytes
 from corral.sdk import KEEP, Keep
 from corral.spec import parse_memory_mib
@@ -56,7 +57,7 @@ def _settings_cell(group: dict[str, Any]) -> str:
     "8 GPUs/user" when each user is capped."""
     lines = [f"weight {group['weight']:g}", "borrowing" if group["borrowing"] else "no borrowing"]
     if group.get("user_max_gpus") is not None:
-        lines.append(f"{group['user_max_gpus']} GPUs/user")
+        lines.append(f"{plural(group['user_max_gpus'], 'GPU')}/user")
     return "\n".join(lines)
 
 

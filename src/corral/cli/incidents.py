@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, plain, print_json
+from corral.cli.words import plural
 from corral.sdk import CorralError
 
 incident_app = typer.Typer(help="Incidents: one per fault, with a timeline, SLAs and postmortems.",
@@ -76,7 +77,7 @@ def show_incident(incident_id: IncidentArg, output: OutputOpt = Output.table) ->
     out.print(
         f"[bold]incident {i['id']}[/bold] {i['severity']} {i['state']}: {plain(i['title'])}", markup=True
     )
-    out.print(f"  source {i['source']}, owner {i['owner'] or '-'}, fired {i['fire_count']} time(s)")
+    out.print(f"  source {i['source']}, owner {i['owner'] or '-'}, fired {plural(i['fire_count'], 'time')}")
     if i.get("flapping"):
         out.print(f"  flapping (began {ago(i['flapping_since'])}): its reopens page nobody until it is quiet")
     for kind, values in (i["links"] or {}).items():

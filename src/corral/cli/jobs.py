@@ -28,6 +28,7 @@ from corral.cli.common import (
     print_json,
     when,
 )
+from corral.cli.words import plural
 from corral.domain import span_text, start_text
 from corral.sdk import TERMINAL_STATES, CorralError
 
@@ -82,8 +83,8 @@ def submit(
             upload = c.upload_code(code)
             snapshot = upload.id
             err.print(
-                f"code: {upload.files} files, {upload.total_bytes} bytes; "
-                f"uploaded {upload.uploaded_bytes} bytes (snapshot {upload.id[:12]})"
+                f"code: {plural(upload.files, 'file')}, {plural(upload.total_bytes, 'byte')}; "
+                f"uploaded {plural(upload.uploaded_bytes, 'byte')} (snapshot {upload.id[:12]})"
             )
         job = c.submit(text, code=snapshot, hold=hold)
         if wait:
@@ -156,7 +157,7 @@ def ls(
         )
     out.print(table)
     shown = len(page["items"])
-    out.print(f"{shown} of {page['total']} jobs" + (f" (from offset {offset})" if offset else ""))
+    out.print(f"{shown} of {plural(page['total'], 'job')}" + (f" (from offset {offset})" if offset else ""))
 
 
 def budgets_line(job: dict[str, Any]) -> str:
@@ -417,7 +418,7 @@ def events(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: Output
         state = " -> ".join(moved) if len(set(moved)) > 1 else (moved[0] if moved else "")
         table.add_row(when(event["at"]), event["kind"], state, plain(event["message"]))
     out.print(table, highlight=False)
-    out.print(f"{len(rows)} events")
+    out.print(f"{plural(len(rows), 'event')}")
 
 
 def _each_job(job_ids: list[int], act: Callable[[int], str]) -> int:

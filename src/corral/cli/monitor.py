@@ -14,6 +14,7 @@ from rich.text import Text
 
 from corral.cli import nodes as node_commands
 from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json, when
+from corral.cli.words import plural
 from corral.sdk.base import seg
 
 alert_app = typer.Typer(
@@ -80,7 +81,7 @@ def alert_ls(
             ago(a["starts_at"]), str(a["receive_count"]),
         )  # fmt: skip
     out.print(table)
-    out.print(f"{len(data['items'])} of {data['total']} alert(s)")
+    out.print(f"{len(data['items'])} of {plural(data['total'], 'alert')}")
 
 
 @alert_app.command("channels")
@@ -310,7 +311,7 @@ def node_risk(
             f"{worst['index']} ({worst['score']:.2f})" if worst else "-", "; ".join(n["reasons"][:2]) or "-",
         )  # fmt: skip
     out.print(table)
-    out.print(f"{len(data['nodes'])} node(s); scored {ago(data['updated_at'])}")
+    out.print(f"{plural(len(data['nodes']), 'node')}; scored {ago(data['updated_at'])}")
 
 
 def register(app: typer.Typer) -> None:

@@ -12,6 +12,7 @@ import yaml
 from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, plain, print_json
+from corral.cli.words import plural
 from corral.sdk import CorralError
 from corral.yaml_lines import safe_load
 
@@ -246,7 +247,7 @@ def set_policy(
     """Create or replace an escalation policy (admins): notify each step's target, wait, go on."""
     with client() as c:
         view = c.put_policy(name, {"steps": [parse_step(s) for s in step], "repeat": repeat})
-    out.print(f"policy {name}: {len(view['steps'])} step(s), repeat {view['repeat']}")
+    out.print(f"policy {name}: {plural(len(view['steps']), 'step')}, repeat {view['repeat']}")
 
 
 @policy_app.command("ls")

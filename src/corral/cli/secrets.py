@@ -12,6 +12,7 @@ import typer
 from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json
+from corral.cli.words import plural
 from corral.sdk import CorralError
 
 secret_app = typer.Typer(
@@ -54,7 +55,7 @@ def set_secret(
     with client() as c:
         c.set_secret(name, value, group=group)
     where = f"group {group}'s" if group else "your"
-    out.print(f"{where} secret [bold]{name}[/bold] set ({len(value)} bytes)", markup=True)
+    out.print(f"{where} secret [bold]{name}[/bold] set ({plural(len(value), 'byte')})", markup=True)
 
 
 @secret_app.command("ls")

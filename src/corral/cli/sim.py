@@ -16,6 +16,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from corral.cli.words import plural
+
 if TYPE_CHECKING:
     from corral.cli.sim_live import LiveRequest
 
@@ -166,7 +168,8 @@ def _print_summary(summary: dict[str, Any], console: Console) -> None:
 
     console.print(
         compare_table(
-            [summary], f"{summary['trace']} on {summary['cluster']} ({summary['cluster_gpus']} GPUs)"
+            [summary],
+            f"{summary['trace']} on {summary['cluster']} ({plural(summary['cluster_gpus'], 'GPU')})",
         )
     )
     table = Table(title="per group")
@@ -201,11 +204,11 @@ def _print_summary(summary: dict[str, Any], console: Console) -> None:
     for r in summary["rejected"]:
         console.print(f"[yellow]rejected[/yellow] {escape(str(r['job_id']))}: {escape(r['why'])}")
     if summary["jobs_rejected"] > len(summary["rejected"]):
-        console.print(f"... {summary['jobs_rejected']} jobs rejected in all")
+        console.print(f"... {plural(summary['jobs_rejected'], 'job')} rejected in all")
     if summary["jobs_unfinished"]:
         examples = ", ".join(summary["unfinished"][:5])
         console.print(
-            f"[yellow]{summary['jobs_unfinished']} jobs never finished[/yellow] (e.g. {examples}); "
+            f"[yellow]{plural(summary['jobs_unfinished'], 'job')} never finished[/yellow] (e.g. {examples}); "
             "counted in JCT and queueing up to the replay's end (censored)"
         )
 
@@ -492,7 +495,7 @@ def compare(
     elif output == "markdown":
         typer.echo(compare_markdown(summaries))
     else:
-        title = f"{loaded_trace.name} on {loaded_cluster.name} ({loaded_cluster.total_gpus} GPUs)"
+        title = f"{loaded_trace.name} on {loaded_cluster.name} ({plural(loaded_cluster.total_gpus, 'GPU')})"
         _console().print(compare_table(summaries, title))
     for warning in compare_warnings(summaries):  # on stderr: JSON and markdown on stdout stay clean
         typer.echo(f"warning: {warning}", err=True)

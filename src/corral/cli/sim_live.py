@@ -16,6 +16,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from corral.cli.words import plural
 from corral.sdk import CorralError
 
 
@@ -139,7 +140,7 @@ def run_from_cluster(request: LiveRequest, config: Any, knobs: dict[str, Any], c
     if request.save_trace:
         cluster_path = request.save_trace.with_suffix(".cluster.yaml")
         _save(export, trace, request.save_trace, cluster_path)
-        typer.echo(f"wrote {request.save_trace} ({len(trace.jobs)} jobs) and {cluster_path}")
+        typer.echo(f"wrote {request.save_trace} ({plural(len(trace.jobs), 'job')}) and {cluster_path}")
         typer.echo(f"replay: corral sim --trace {request.save_trace} --cluster {cluster_path}")
         return
     current_policy = str(export.get("policy") or "default")
@@ -176,7 +177,9 @@ def run_from_cluster(request: LiveRequest, config: Any, knobs: dict[str, Any], c
     if request.output == "json":
         typer.echo(json.dumps({"changes": described, "groups": rows, "summaries": summaries}))
         return
-    title = f"{len(trace.jobs)} jobs since {export_when(export)} on {cluster.total_gpus} GPUs"
+    title = (
+        f"{plural(len(trace.jobs), 'job')} since {export_when(export)} on {plural(cluster.total_gpus, 'GPU')}"
+    )
     console.print(f"changes: {'; '.join(described) or 'none'}", markup=False)
     console.print(
         compare_table([s | {"policy": label} for s, label in zip(summaries, short, strict=True)], title)

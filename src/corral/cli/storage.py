@@ -11,6 +11,7 @@ from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, client, err, friendly_errors, out, print_json, when
 from corral.cli.data import storage_app  # one `corral storage` group: a second one hid this one's `ids`
+from corral.cli.words import plural
 
 job_app = typer.Typer(help="A job's files: outputs.", no_args_is_help=True)
 
@@ -45,7 +46,7 @@ def outputs(
     with client() as c:
         if pull is not None:
             pulled = c.pull_outputs(job_id, pull)
-            err.print(f"{len(pulled)} files of job {job_id} pulled into {pull}")
+            err.print(f"{plural(len(pulled), 'file')} of job {job_id} pulled into {pull}")
             return
         items = c.job_outputs(job_id)
     if output is Output.json:

@@ -13,6 +13,7 @@ import typer
 from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json, when
+from corral.cli.words import plural
 from corral.sdk import CorralError
 
 ws_app = typer.Typer(
@@ -23,10 +24,10 @@ NameArg = Annotated[str, typer.Argument(help="the workspace's name")]
 
 
 def _describe(ws: dict[str, Any]) -> str:
-    gpus = f"{ws['gpus']} GPU" + ("s" if ws["gpus"] != 1 else "") if ws["gpus"] else "no GPU"
+    gpus = plural(ws["gpus"], "GPU") if ws["gpus"] else "no GPU"
     if ws["gpu_model"]:
         gpus += f" ({ws['gpu_model']})"
-    return f"{gpus}, {ws['cpus']:g} CPUs, {ws['memory_mib']} MiB"
+    return f"{gpus}, {plural(float(ws['cpus']), 'CPU')}, {ws['memory_mib']} MiB"
 
 
 def _state(ws: dict[str, Any]) -> str:

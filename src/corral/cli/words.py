@@ -1,0 +1,11 @@
+"""Counts in words for the CLI's messages: "1 file", "2 files", never "1 files" or "file(s)"."""
+
+from __future__ import annotations
+
+
+def plural(count: float, noun: str, many: str | None = None) -> str:
+    """`count` and `noun`, the noun plural unless the count is exactly one: plural(1, "file") is
+    "1 file", plural(0, "file") "0 files". `many` for a plural that is not noun + "s"
+    (plural(2, "is", "are")). A whole float shows without its ".0" (1.0 CPUs is "1 CPU")."""
+    text = f"{count:g}" if isinstance(count, float) else str(count)
+    return f"{text} {noun if count == 1 else (many or noun + 's')}"
