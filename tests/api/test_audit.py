@@ -588,9 +588,9 @@ def test_refused_or_failed_change_leaves_no_record(world: World) -> None:
     assert world.client.post(f"{API}/nodes/nope/cordon", headers=admin).status_code == 404
     assert audit_rows(world) == []
     with world.session_factory() as db:  # the service level: record, then the transaction rolls back
-        audit.record(db, actor="system:test", action="test.rollback", target_kind="x", target_id=1)
+        audit.record(db, actor="system:test", action="test.rollback", target_kind="job", target_id=1)
         db.rollback()
-        audit.record(db, actor="system:test", action="test.commit", target_kind="x", target_id=2)
+        audit.record(db, actor="system:test", action="test.commit", target_kind="job", target_id=2)
         db.commit()
     assert [r.action for r in audit_rows(world)] == ["test.commit"]
 
@@ -628,9 +628,9 @@ def test_no_secret_is_ever_recorded(world: World) -> None:
 def test_the_database_refuses_update_and_delete(world: World) -> None:
     with world.session_factory() as db:
         old = audit.record(
-            db, actor="system:test", action="test.old", target_kind="x", target_id=1, now=1000.0
+            db, actor="system:test", action="test.old", target_kind="job", target_id=1, now=1000.0
         )
-        new = audit.record(db, actor="system:test", action="test.new", target_kind="x", target_id=2)
+        new = audit.record(db, actor="system:test", action="test.new", target_kind="job", target_id=2)
         db.commit()
         old_id, new_id = old.id, new.id
     statements = [
@@ -687,6 +687,14 @@ def test_listing_filters_pages_and_rights(world: World) -> None:
     assert ids(until="1970-01-01T00:16:41") == ["group.quota.set@vision"]  # 1001 s, exclusive
     page = world.client.get(f"{API}/audit", params={"limit": 2, "offset": 2}, headers=admin).json()
     assert page["total"] == 4 and [i["target_id"] for i in page["items"]] == ["nlp", "vision"]
+    for bogus in ("bogus", "bogus:1", "nodes"):  # listed nothing; a kind no record can have is refused
+        r = world.client.get(f"{API}/audit", params={"target": bogus}, headers=admin)
+        assert r.status_code == 422, (bogus, r.text)
+        detail = r.json()["detail"][0]
+        assert detail["loc"] == ["query", "target"], detail
+        kind = bogus.partition(":")[0]
+        assert f"target kind {kind!r} is not one the audit log records; use one of attempt, " in detail["msg"]
+        assert ", node, " in detail["msg"] and detail["msg"].endswith(", workspace"), detail
     r = world.client.get(f"{API}/audit", params={"since": "last tuesday"}, headers=admin)
     assert r.status_code == 422 and "since 'last tuesday' is not a time" in r.text
     assert world.client.get(f"{API}/audit", headers=world.as_("bob")).status_code == 403
@@ -696,11 +704,13 @@ def test_listing_filters_pages_and_rights(world: World) -> None:
 def test_record_refuses_a_malformed_action_or_actor(world: World) -> None:
     with world.session_factory() as db:
         with pytest.raises(ValueError, match="dotted lower-case"):
-            audit.record(db, actor="system:test", action="Quota Set", target_kind="x", target_id=1)
+            audit.record(db, actor="system:test", action="Quota Set", target_kind="job", target_id=1)
         with pytest.raises(ValueError, match="system:<name>"):
-            audit.record(db, actor="alice", action="x.y", target_kind="x", target_id=1)
+            audit.record(db, actor="alice", action="x.y", target_kind="job", target_id=1)
+        with pytest.raises(ValueError, match="audit target kind 'jobs' is not one of TARGET_KINDS"):
+            audit.record(db, actor="system:test", action="x.y", target_kind="jobs", target_id=1)
         someone = Principal(user_id=1, name="alice", is_admin=False, default_group_id=None, source="10.0.0.9")
-        row = audit.record(db, actor=someone, action="x.y", target_kind="x", target_id=1)
+        row = audit.record(db, actor=someone, action="x.y", target_kind="job", target_id=1)
         assert (row.actor, row.actor_user_id, row.source, row.credential) == ("alice", 1, "10.0.0.9", None)
         db.rollback()
 
@@ -713,7 +723,7 @@ def test_retention_loop_purges_records_past_the_configured_age(world: World, tmp
                 db,
                 actor="system:test",
                 action=action,
-                target_kind="x",
+                target_kind="job",
                 target_id=1,
                 now=now - age_days * 86400,
             )
@@ -730,7 +740,7 @@ def test_retention_loop_purges_records_past_the_configured_age(world: World, tmp
     assert [r.action for r in audit_rows(world)] == ["test.new", "audit.purge"]
     with world.session_factory() as db:
         audit.record(
-            db, actor="system:test", action="test.old", target_kind="x", target_id=2, now=now - 40 * 86400
+            db, actor="system:test", action="test.old", target_kind="job", target_id=2, now=now - 40 * 86400
         )
         db.commit()
     purge_audit_log(ctx, now + 60)  # within CORRAL_JOB_RETENTION_CHECK_S of the last pass: not yet
@@ -746,7 +756,7 @@ def test_create_all_schema_gets_the_same_guard(tmp_path: Path) -> None:
     try:
         Base.metadata.create_all(engine)
         with Session(engine) as db:
-            audit.record(db, actor="system:test", action="test.one", target_kind="x", target_id=1, now=5.0)
+            audit.record(db, actor="system:test", action="test.one", target_kind="job", target_id=1, now=5.0)
             db.commit()
             with pytest.raises(DBAPIError, match="append-only"):
                 db.execute(sa.text("UPDATE audit_log SET actor = 'mallory'"))
@@ -770,6 +780,9 @@ def test_cli_audit_ls_against_a_real_server(
     code, out = run(world, server_url, "admin", "audit", "ls", "--target", "group:robotics", "--since", "1h")
     assert code == 0 and "group.quota.set" in out and "127.0.0.1" in out and "2 of 2 records" in out
     assert "quotas:" not in out  # 80 columns: no room for the CHANGE column
+    code, out = run(world, server_url, "admin", "audit", "ls", "--target", "bogus")
+    assert code == 1 and "target kind 'bogus' is not one the audit log records; use one of" in out, out
+    assert "0 of 0 records" not in out and "ACTION" not in out, out  # no empty listing
     monkeypatch.setattr(audit_cli.out, "_width", 200)
     code, out = run(world, server_url, "admin", "audit", "ls", "--target", "group:robotics")
     assert code == 0 and 'quotas: {} -> {"*":{"guaranteed":4' in out

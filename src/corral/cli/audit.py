@@ -41,7 +41,10 @@ def ls(
     action: Annotated[
         str | None, typer.Option(help="an action or dotted prefix, e.g. group or token.create")
     ] = None,
-    target: Annotated[str | None, typer.Option(help="KIND or KIND:ID, e.g. node or group:vision")] = None,
+    target: Annotated[
+        str | None,
+        typer.Option(help="KIND or KIND:ID, e.g. node or group:vision (an unknown KIND is refused)"),
+    ] = None,
     since: Annotated[str | None, typer.Option(help="age (7d, 12h, 30m), unix seconds or ISO time")] = None,
     until: Annotated[str | None, typer.Option(help="as --since; exclusive")] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="at most this many records")] = 50,

@@ -36,6 +36,37 @@ ACTION_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
 MAX_PAGE = 1000
 DETAIL_MAX = 2000
 SYSTEM_PREFIX = "system:"
+# What a record's target can be: `record` refuses any other kind, so a `GET /audit?target=` kind
+# outside this set can match nothing and is refused (422) instead of listing nothing.
+TARGET_KINDS = frozenset(
+    {
+        "attempt",
+        "audit",
+        "cluster",
+        "dataset",
+        "environment",
+        "escalation_policy",
+        "gpu",
+        "group",
+        "incident",
+        "job",
+        "lockout",
+        "model",
+        "node",
+        "oncall_schedule",
+        "page",
+        "rule",
+        "rules",
+        "secret",
+        "session",
+        "ssh_key",
+        "storage",
+        "template",
+        "token",
+        "user",
+        "workspace",
+    }
+)
 
 
 def redact(value: Any) -> Any:
@@ -76,6 +107,8 @@ def record(
     `before`/`after`: the target's relevant state (redacted here: no secret is ever stored)."""
     if not ACTION_RE.match(action):
         raise ValueError(f"audit action {action!r} must be dotted lower-case words, e.g. 'group.quota.set'")
+    if target_kind not in TARGET_KINDS:
+        raise ValueError(f"audit target kind {target_kind!r} is not one of TARGET_KINDS: add it there")
     if isinstance(actor, Principal):
         name, user_id, credential, where = actor.name, actor.user_id, actor.credential, actor.source
     else:
@@ -175,6 +208,17 @@ def record_view(row: AuditRecord) -> dict[str, Any]:
 
 DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+
+
+def check_target_kind(kind: str) -> str:
+    """`kind` of a `target` filter (KIND or KIND:ID), or a 422 naming it and the kinds recorded."""
+    if kind not in TARGET_KINDS:
+        raise Invalid(
+            f"target kind {kind!r} is not one the audit log records; "
+            f"use one of {', '.join(sorted(TARGET_KINDS))}",
+            ("query", "target"),
+        )
+    return kind
 
 
 def parse_time(value: str, now: float, field: str) -> float:

@@ -41,7 +41,7 @@ def split_target(target: str | None) -> tuple[str | None, str | None]:
     if target is None or not target.strip():
         return None, None
     kind, sep, ident = target.strip().partition(":")
-    return kind, (ident if sep else None)
+    return svc.check_target_kind(kind), (ident if sep else None)
 
 
 @router.get("/audit", response_model=AuditPageOut)
