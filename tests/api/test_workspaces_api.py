@@ -12,15 +12,21 @@ from corral.config import Settings
 from corral.db.environment_models import Environment, EnvironmentVersion
 from corral.db.models import Job, User
 from corral.db.workspace_models import Workspace
+from corral.diagnosis.exitspec import Facts, load_exit_spec
+from corral.diagnosis.record import record, retry_rule
 from corral.environments.service import lock_packages
 from corral.server.context import ServerContext
+from corral.server.finish import end_attempt
 from corral.services import accounts, workspaces
 from corral.services.auth import load_principal
+from corral.services.lifecycle import AttemptState, settle_failure
 from tests.api.conftest import World
-from tests.api.helpers import add_node
+from tests.api.helpers import add_node, make_running
+from tests.api.test_cli import run, server_url
 from tests.server.fakes import FakeEngine
 from tests.server.test_snapshot_queries import statements
 
+__all__ = ["server_url"]
 API = "/api/v1/workspaces"
 
 
@@ -261,3 +267,39 @@ def test_listing_workspaces_reads_as_many_statements_for_many_as_for_one(
             k: view[k] for k in ("state", "job_id", "idle_timeout_s", "idle_stopped_at")
         }, key
     assert c.get(API, headers=world.as_("alice")).json()[2]["idle_stopped_at"] == 1_800_000_000.0
+
+
+def test_a_failed_workspace_says_why_in_the_api_and_ws_show(world: World, server_url: str) -> None:
+    """`corral ws show` of a workspace whose job failed said `stopped` and `job N (failed)`, not
+    why: the job's reason is its `failure`, settled here as the dispatch loop settles a start
+    that did not launch."""
+    with world.session_factory() as db:
+        add_node(db)
+        db.commit()
+    created = world.client.post(API, json={"name": "nb"}, headers=world.as_("alice"))
+    assert created.status_code == 201, created.text
+    assert created.json()["failure"] is None
+    job_id = created.json()["job_id"]
+    with world.session_factory() as db:
+        attempt = make_running(db, job_id, "n1", ())
+        db.expire_all()
+        job = db.get(Job, job_id)
+        assert job is not None
+        verdict = load_exit_spec().classify(Facts(frozenset({"launch_failed"}), log_tail="no such image"))
+        now = time.time()
+        settle_failure(
+            db, job, why="launch failed: no such image", now=now, rule=retry_rule(verdict), budget=0
+        )
+        record(db, job, attempt, verdict, "n1", now, retried=False)
+        end_attempt(
+            db, job, attempt, AttemptState.FAILED, now, reason=verdict.reason, message="no such image"
+        )
+        db.commit()
+        reason = job.reason
+    assert job.state == "failed" and reason.startswith("launch failed: no such image"), reason
+    view = world.client.get(f"{API}/nb", headers=world.as_("alice")).json()
+    assert (view["state"], view["job_state"], view["failure"]) == ("stopped", "failed", reason)
+    code, out = run(world, server_url, "alice", "ws", "show", "nb")
+    assert code == 0, out
+    words = " ".join(out.split())  # the reason may wrap at 80 columns
+    assert f"job {job_id} (failed) failed {reason} `corral show {job_id}` has its attempts" in words, out

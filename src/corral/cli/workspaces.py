@@ -49,6 +49,9 @@ def _print_one(ws: dict[str, Any], server: str) -> None:
         )
     if ws["waiting"]:
         out.print(f"  waiting      {ws['waiting']['message']}")
+    if ws.get("failure"):
+        out.print(f"  failed       {ws['failure']}", highlight=False)
+        out.print(f"               `corral show {ws['job_id']}` has its attempts")
     out.print(f"  JupyterLab   {server}{ws['url']}")
     host = urlsplit(server).hostname or "localhost"
     out.print(f"  ssh          ssh -p {ws['ssh_port']} {ws['ssh_user']}@{host}")

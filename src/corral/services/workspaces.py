@@ -86,6 +86,7 @@ class WorkspaceView(TypedDict):
     ssh_user: str  # `<ssh_user>@host -p <ssh_port>` through the SSH gateway
     ssh_port: int
     waiting: WaitingStatus | None
+    failure: str | None  # why its current job failed (the job's reason); None unless it failed
     reclaimed_gpu_hours: float
     idle_stopped_at: float | None  # when the idle policy stopped its current job (else None)
     created_at: float
@@ -172,6 +173,9 @@ def _view_of(
         "ssh_user": f"{owner}+{ws.name}",
         "ssh_port": settings.ssh_gateway_port,
         "waiting": job_service.waiting_status(job) if job is not None else None,
+        "failure": (job.reason or "failed")
+        if job is not None and job.state == JobState.FAILED.value
+        else None,
         "reclaimed_gpu_hours": ws.reclaimed_gpu_hours,
         "idle_stopped_at": ws.idle_stopped_at,
         "created_at": ws.created_at,

@@ -113,6 +113,10 @@ class WorkspaceOut(BaseModel):
     ssh_user: str = Field(description="`ssh -p <ssh_port> <ssh_user>@<server>` through the SSH gateway")
     ssh_port: int
     waiting: WaitingOut | None
+    failure: str | None = Field(
+        description="why its current job failed (that job's reason, as `corral show` gives it); "
+        "null unless that job failed"
+    )
     reclaimed_gpu_hours: float
     idle_stopped_at: float | None = Field(
         description="when the idle policy stopped its current job (its idle timeout passed unused); "
