@@ -58,6 +58,31 @@ def test_a_workspace_over_its_groups_guarantee_is_refused_saying_what_to_change(
     assert counts(world) == before
 
 
+def test_a_stopped_workspace_that_could_never_start_is_refused_at_create(world: World) -> None:
+    """Created stopped (`corral ws create --stopped`), a workspace larger than its group's quota
+    could ever admit, or than any node, was accepted and refused only at each start: create
+    applies the submit-time fit check a start applies, with the same words."""
+    with world.session_factory() as db:
+        add_node(db, gpus=2, model="A100")
+        db.commit()
+    before = counts(world)
+    for body, says in (
+        ({"gpus": 1}, "workspace 'nb' can never run under group vision's quota: it needs 1 GPUs"),
+        ({"gpus": 4}, "workspace 'nb' can never run on this cluster: "),
+    ):
+        started = world.client.post(API, json={"name": "nb", **body}, headers=world.as_("alice"))
+        stopped = world.client.post(
+            API, json={"name": "nb", **body, "start": False}, headers=world.as_("alice")
+        )
+        assert stopped.status_code == 422, stopped.text
+        assert stopped.json()["detail"] == started.json()["detail"], (started.text, stopped.text)
+        [error] = stopped.json()["detail"]
+        assert error["loc"] == ["body", "tasks"] and error["msg"].startswith(says), error
+    assert counts(world) == before
+    ok = world.client.post(API, json={"name": "nb", "start": False}, headers=world.as_("alice"))
+    assert ok.status_code == 201 and ok.json()["state"] == "stopped", ok.text  # no GPU: fits
+
+
 def test_a_removed_workspaces_id_is_never_given_to_another(world: World) -> None:
     """On SQLite the next workspace took max(id)+1, so after alice's `ws rm` bob's new workspace
     had her old id: her JupyterLab URL (/ws/<id>/lab), her jobs' base URL and her audit entries

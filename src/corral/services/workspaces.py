@@ -319,6 +319,24 @@ def _checked_spec(
     return spec, owner
 
 
+def _check_startable(
+    session: Session,
+    principal: Principal,
+    settings: Settings,
+    profile: Profile,
+    ws: Workspace,
+    group: job_service.GroupRef,
+) -> None:
+    """What a start would check before it submits, for a workspace created stopped: its
+    environment, and the fit a job is checked for at submit (the cluster, its group's quota),
+    with the same words. A size no start could ever run was accepted and failed at every start."""
+    spec, owner = _checked_spec(session, principal, settings, ws)
+    try:
+        job_service.check_fits(session, spec, group, owner.name, profile)
+    except Invalid as exc:
+        raise _never_fits(exc, ws.name) from None
+
+
 def _never_fits(exc: Invalid, name: str) -> Invalid:
     """The quota check's refusal speaks of "this job" and of it being "not preemptible": to a
     workspace's user (who never wrote a job spec, and whose workspace is never preemptible) it
@@ -396,8 +414,8 @@ def create_workspace(
         session.flush()  # its id is in the job's base URL
         if req.start:
             _submit(session, principal, settings, profile, ws, now)
-        else:  # refused now as at a start: `ws create --stopped` kept an environment none could run
-            _checked_spec(session, principal, settings, ws)
+        else:  # refused now as at a start: `ws create --stopped` kept a workspace none could start
+            _check_startable(session, principal, settings, profile, ws, group)
         audit.record(
             session,
             actor=principal,
