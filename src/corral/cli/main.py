@@ -72,7 +72,8 @@ _reflow_helps(app)
 
 
 def main() -> None:
-    app()
+    """The `corral` console script and `python -m corral`: both say `corral` in their usage."""
+    app(prog_name="corral")
 
 
 if __name__ == "__main__":
