@@ -351,3 +351,21 @@ def test_the_api_and_the_cli_show_flapping(bridged: Env, server_url: str) -> Non
     assert "flapping: reopened 3 times in 2 min" in result.output
     result = CliRunner().invoke(cli, ["incident", "show", str(steady)], env=cli_env)
     assert result.exit_code == 0 and "flapping" not in result.output, result.output
+
+    def ids(**params: str) -> list[int]:
+        r = env.client.get("/api/v1/incidents", params=params, headers=env.admin)
+        assert r.status_code == 200, r.text
+        assert r.json()["total"] == len(r.json()["items"])
+        return [i["id"] for i in r.json()["items"]]
+
+    assert ids(flapping="true") == [flapping] and ids(flapping="false") == [steady]
+    assert ids() == [flapping, steady] and ids(flapping="true", severity="SEV1") == []
+    refused = env.client.get("/api/v1/incidents", params={"flapping": "often"}, headers=env.admin)
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["query", "flapping"]
+    for flag, shown in (("--flapping", flapping), ("--not-flapping", steady)):
+        result = CliRunner().invoke(cli, ["incident", "ls", flag], env=cli_env)
+        assert result.exit_code == 0, result.output
+        listed_ids = [line.split()[0] for line in result.output.splitlines()[1:] if line.strip()]
+        assert listed_ids == [str(shown)], (flag, result.output)
+    result = CliRunner().invoke(cli, ["incident", "ls", "--flapping", "--severity", "SEV1"], env=cli_env)
+    assert result.exit_code == 0 and "no open flapping incidents" in result.output, result.output

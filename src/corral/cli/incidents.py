@@ -38,12 +38,20 @@ def list_incidents(
     severity: Annotated[str | None, typer.Option(help="SEV1..SEV4")] = None,
     node: Annotated[str | None, typer.Option(help="incidents linked to this node")] = None,
     all_: Annotated[bool, typer.Option("--all", help="closed and resolved ones too")] = False,
+    flapping: Annotated[
+        bool | None,
+        typer.Option(
+            "--flapping/--not-flapping", help="only those that flap (reopen too often), or only the others"
+        ),
+    ] = None,
     output: OutputOpt = Output.table,
 ) -> None:
     """Incidents, newest first (open ones unless --all or --state), with SLA countdowns; STATE
     says `flapping` for one that reopens too often (paged once, not at each reopen)."""
     with client() as c:
-        page = c.incidents(state=state, severity=severity, node=node, open=not (all_ or state))
+        page = c.incidents(
+            state=state, severity=severity, node=node, open=not (all_ or state), flapping=flapping
+        )
     if output is Output.json:
         print_json(page)
         return
@@ -56,10 +64,11 @@ def list_incidents(
         shown = f"{i['state']}, flapping" if i.get("flapping") else i["state"]
         table.add_row(str(i["id"]), i["severity"], shown, title, opened, ack_in, mitigate_in, i["owner"])
     if not page["items"]:  # a header alone read as a listing that failed
+        which = {None: "", True: "flapping ", False: "non-flapping "}[flapping]
         out.print(
-            "no open incidents (--all: resolved and closed ones too)"
+            f"no open {which}incidents (--all: resolved and closed ones too)"
             if not (all_ or state)
-            else "no incidents"
+            else f"no {which}incidents"
         )
         return
     out.print(table)

@@ -86,7 +86,8 @@ class OperationsApi(BaseClient):
 
     # --- incidents and remediation rules (admins; corral.services.incidents / .remediation) ------
     def incidents(self, **filters: Any) -> dict[str, Any]:
-        """Incidents, newest first: filters state, severity, node, open, limit, offset."""
+        """Incidents, newest first: filters state, severity, node, open, flapping (True: only
+        flapping ones, False: only the others), limit, offset."""
         params = {k: v for k, v in filters.items() if v is not None}
         return self.request("GET", "/incidents", params=params)
 

@@ -548,14 +548,20 @@ def list_incidents(
     severity: str | None = None,
     node: str | None = None,
     open_only: bool = False,
+    flapping: bool | None = None,
     limit: int = 100,
     offset: int = 0,
 ) -> tuple[list[Incident], int]:
+    """Incidents, newest first, filtered; `flapping`: True only flapping ones, False only the
+    others, None both."""
     stmt = select(Incident)
     if state:
         stmt = stmt.where(Incident.state == state)
     if open_only:
         stmt = stmt.where(Incident.state.in_(OPEN_STATES))
+    if flapping is not None:
+        since = Incident.flapping_since
+        stmt = stmt.where(since.is_not(None) if flapping else since.is_(None))
     if severity:
         stmt = stmt.where(Incident.severity == severity_of(severity).value)
     stmt = stmt.order_by(Incident.id.desc())

@@ -40,12 +40,24 @@ def list_incidents(
     severity: Literal["SEV1", "SEV2", "SEV3", "SEV4"] | None = None,
     node: str | None = Query(None, min_length=1, max_length=128),
     open: bool = Query(False, description="only triggered, acknowledged or mitigated ones"),
+    flapping: bool | None = Query(
+        None,
+        description="true: only flapping ones (reopening too often: `flapping` in each item); "
+        "false: only those not flapping; left out: both",
+    ),
     limit: int = Query(100, ge=1, le=1000),
     offset: int = Query(0, ge=0, le=2**31 - 1),
 ) -> dict[str, Any]:
     """Incidents, newest first, with their SLA countdowns."""
     rows, total = svc.list_incidents(
-        db, state=state, severity=severity, node=node, open_only=open, limit=limit, offset=offset
+        db,
+        state=state,
+        severity=severity,
+        node=node,
+        open_only=open,
+        flapping=flapping,
+        limit=limit,
+        offset=offset,
     )
     now = time.time()
     return {"items": [svc.view(r, now) for r in rows], "total": total}
