@@ -494,3 +494,39 @@ def test_cli_why_says_held_or_a_start_with_its_range(world: World, server_url: s
     assert code == 0, out
     flat = " ".join(out.split())
     assert "estimated start:" in flat and "(in ~" in flat and "(likely " in flat and " to 3 h)" in flat
+
+
+def test_cli_422_messages_name_their_field_once(world: World, server_url: str, tmp_path: Path) -> None:
+    """A 422's message often names its field already ("field 'name' 'Bad Name' must ...", "since
+    'soon' is not a time"): the SDK put the field in front again ("name: field 'name' ...")."""
+    code, out = run(world, server_url, "admin", "group", "create", "Bad Name")
+    assert code == 1 and "error: field 'name' 'Bad Name' " in out and "name: field" not in out, out
+    assert out.count("name") == 1, out
+    with world.session_factory() as db:
+        add_node(db, "n1")
+        db.commit()
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: x\ncommand: y\nresources: {memory: lots}\nretires: 2\n")
+    code, out = run(world, server_url, "alice", "submit", str(spec))
+    assert code == 1 and "unknown field 'retires'; check its spelling" in out, out
+    assert "retires: unknown" not in out and out.count("retires") == 1, out
+    assert "tasks.main.resources.memory" in out and out.count("memory") == 1, out
+
+
+def test_describe_detail_names_each_field_once() -> None:
+    from corral.sdk import describe_detail
+
+    detail = [
+        {"loc": ["query", "since"], "msg": "since 'soon' is not a time"},
+        {"loc": ["body", "tasks", "main", "name"], "msg": "field 'name' 'A B' must be a name"},
+        {"loc": ["body", "tasks", "main", "resources", "memory"], "msg": "memory 'lots' is not a size"},
+        {"loc": ["body", "priority"], "msg": "must be low, normal or high"},
+        {"loc": ["body", "names"], "msg": "name lists must not be empty"},  # 'names', not 'name'
+    ]
+    assert describe_detail(detail).splitlines() == [
+        "since 'soon' is not a time",
+        "tasks.main: field 'name' 'A B' must be a name",
+        "tasks.main.resources.memory 'lots' is not a size",
+        "priority: must be low, normal or high",
+        "names: name lists must not be empty",
+    ]
