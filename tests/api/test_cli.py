@@ -530,3 +530,41 @@ def test_describe_detail_names_each_field_once() -> None:
         "priority: must be low, normal or high",
         "names: name lists must not be empty",
     ]
+
+
+def test_cli_retry_resubmits_an_ended_job_and_refuses_a_live_one(
+    world: World, server_url: str, tmp_path: Path
+) -> None:
+    """`corral retry JOB` (Slurm's `scontrol requeue`, OpenPAI's clone): a copy of an ended job,
+    as `submit --from-job` submits it; a job still queued or running is refused, naming its state."""
+    with world.session_factory() as db:
+        add_node(db, "n1")
+        db.commit()
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: again\ncommand: echo hi\nretries: 2\nresources: {memory: 256MiB}\n")
+    first = json.loads(run(world, server_url, "alice", "submit", str(spec), "-o", "json")[1])
+    code, out = run(world, server_url, "alice", "retry", str(first["id"]))
+    assert code == 1 and f"job {first['id']} is queued, not ended: only a succeeded, failed or" in out, out
+    with world.session_factory() as db:
+        make_running(db, first["id"])
+        db.commit()
+    code, out = run(world, server_url, "alice", "retry", str(first["id"]))
+    assert code == 1 and f"job {first['id']} is running, not ended" in out, out
+    assert run(world, server_url, "alice", "cancel", str(first["id"]))[0] == 0
+    with world.session_factory() as db:  # as the loops end a cancelled job
+        job = db.get(Job, first["id"])
+        assert job is not None
+        job.state = "cancelled"
+        db.commit()
+    code, out = run(world, server_url, "alice", "retry", str(first["id"]))
+    assert code == 0, out
+    match = re.fullmatch(rf"job (\d+) \(again\) queued in group vision, a copy of job {first['id']}\n", out)
+    assert match is not None, out
+    copy = json.loads(run(world, server_url, "alice", "show", match.group(1), "-o", "json")[1])
+    assert copy["id"] != first["id"] and copy["spec"] == first["spec"] and copy["state"] == "queued"
+    code, out = run(world, server_url, "alice", "retry", str(first["id"]), "--hold", "-o", "json")
+    held = json.loads(out)
+    assert code == 0 and held["hold"] and held["spec"] == first["spec"], out
+    code, out = run(world, server_url, "carol", "retry", str(first["id"]))
+    assert code == 1 and f"job {first['id']} belongs to another user" in out, out
+    assert world.client.get("/api/v1/jobs", headers=world.as_("alice")).json()["total"] == 3

@@ -1,4 +1,4 @@
-"""Job commands: submit, ls, show, why, logs, events, cancel, hold, release, rm.
+"""Job commands: submit, retry, ls, show, why, logs, events, cancel, hold, release, rm.
 
 Read commands and `submit` take `-o json` and then print exactly the JSON the API returned.
 """
@@ -30,7 +30,7 @@ from corral.cli.common import (
 )
 from corral.cli.words import plural
 from corral.domain import span_text, start_text
-from corral.sdk import TERMINAL_STATES, CorralError
+from corral.sdk import TERMINAL_STATES, Client, CorralError
 
 
 def gpus_of(job: dict[str, Any]) -> int:
@@ -74,28 +74,74 @@ def submit(
         raise CorralError("give a spec file (or '-') or --from-job JOB, one of them")
     with client() as c:
         if from_job is not None:
-            text: str | dict[str, Any] = dict(c.job(from_job)["spec"])
+            text: str | dict[str, Any] = spec_of(c.job(from_job))
         else:
             assert file is not None
             text = sys.stdin.read() if str(file) == "-" else _read(file)
-        snapshot = None
-        if code is not None:
-            upload = c.upload_code(code)
-            snapshot = upload.id
-            err.print(
-                f"code: {plural(upload.files, 'file')}, {plural(upload.total_bytes, 'byte')}; "
-                f"uploaded {plural(upload.uploaded_bytes, 'byte')} (snapshot {upload.id[:12]})"
+        job = _submit_and_wait(c, text, code=code, hold=hold, wait=wait, output=output)
+    _report_submitted(job, wait=wait, output=output)
+
+
+@friendly_errors
+def retry(
+    job_id: Annotated[int, typer.Argument(metavar="JOB")],
+    wait: Annotated[
+        bool, typer.Option("--wait", help="wait until the new job ends; exit 1 unless it succeeded")
+    ] = False,
+    hold: Annotated[
+        bool,
+        typer.Option("--hold", help="queue it held: it is never scheduled until `corral release JOB`"),
+    ] = False,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Submit a copy of a job that has ended (failed, cancelled or succeeded) as a new job, and
+    print its id: `corral submit --from-job JOB` for an ended job (Slurm's `scontrol requeue`).
+    A job still queued or running is refused: it has not ended, so there is nothing to retry."""
+    with client() as c:
+        source = c.job(job_id)
+        if source["state"] not in TERMINAL_STATES:
+            raise CorralError(
+                f"job {job_id} is {source['state']}, not ended: only a succeeded, failed or cancelled "
+                f"job is retried (`corral cancel {job_id}` first to start it over)"
             )
-        job = c.submit(text, code=snapshot, hold=hold)
-        if wait:
-            if output is Output.table:
-                err.print(f"job {job['id']} submitted; waiting for it to end ...")
-            job = c.wait(job["id"])
+        job = _submit_and_wait(c, spec_of(source), code=None, hold=hold, wait=wait, output=output)
+    _report_submitted(job, wait=wait, output=output, copy_of=job_id)
+
+
+def spec_of(job: dict[str, Any]) -> dict[str, Any]:
+    """The spec a copy of `job` is submitted with (`submit --from-job`, `retry`): its own, as
+    stored (pinned mounts and code included)."""
+    return dict(job["spec"])
+
+
+def _submit_and_wait(
+    c: Client, text: str | dict[str, Any], *, code: Path | None, hold: bool, wait: bool, output: Output
+) -> dict[str, Any]:
+    """Upload `code` (if given), submit `text`, and with `wait` wait for the job to end."""
+    snapshot = None
+    if code is not None:
+        upload = c.upload_code(code)
+        snapshot = upload.id
+        err.print(
+            f"code: {plural(upload.files, 'file')}, {plural(upload.total_bytes, 'byte')}; "
+            f"uploaded {plural(upload.uploaded_bytes, 'byte')} (snapshot {upload.id[:12]})"
+        )
+    job = c.submit(text, code=snapshot, hold=hold)
+    if wait:
+        if output is Output.table:
+            err.print(f"job {job['id']} submitted; waiting for it to end ...")
+        job = c.wait(job["id"])
+    return job
+
+
+def _report_submitted(job: dict[str, Any], *, wait: bool, output: Output, copy_of: int | None = None) -> None:
+    """The new job (its JSON with -o json), and with `wait` exit 1 unless it succeeded."""
     if output is Output.json:
         print_json(job)
     else:
+        copy = f", a copy of job {copy_of}" if copy_of is not None else ""
         out.print(
-            f"job [bold]{job['id']}[/bold] ({job['name']}) {state_text(job)} in group {job['group']}",
+            f"job [bold]{job['id']}[/bold] ({job['name']}) {state_text(job)} in group {job['group']}{copy}",
             markup=True,
         )
     if wait and job["state"] != "succeeded":
@@ -458,6 +504,7 @@ def release(job_ids: Annotated[list[int], typer.Argument(metavar="JOB...", help=
 def register(app: typer.Typer) -> None:
     """Add the job commands to the root `corral` app."""
     app.command()(submit)
+    app.command()(retry)
     app.command()(ls)
     app.command()(show)
     app.command()(why)
