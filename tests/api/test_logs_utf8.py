@@ -1,6 +1,6 @@
 """A job's log read in chunks (the logs endpoint's `limit`, or `corral logs -f` while the job writes)
 decodes to the text the job wrote: a character cut by a chunk's end is read whole with the next
-chunk, never shown as U+FFFD halves (services/jobs.read_logs over a stub engine and job)."""
+chunk, never shown as U+FFFD halves (services/job_logs.read_logs over a stub engine and job)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from corral.engine.base import LogChunk
-from corral.services.jobs import read_logs
+from corral.services.job_logs import read_logs
 
 TEXT = "épreuve █▉▊ 損失=0.5 🚀 done\n" * 3
 

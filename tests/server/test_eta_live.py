@@ -25,7 +25,7 @@ from corral.server.runner import core_loops
 from corral.server.scheduling import _same_diagnosis, schedule_tick
 from corral.services.auth import Principal
 from corral.services.holds import hold_job, release_job
-from corral.services.jobs import waiting_status
+from corral.services.job_logs import waiting_status
 from corral.services.views import job_view
 from tests.server.fakes import FakeEngine, add_job, gpu_node, make_context, run_dispatch, seed_tenant
 

@@ -32,7 +32,7 @@ from corral.services import audit
 from corral.services import jobs as job_service
 from corral.services.auth import Principal, load_principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
-from corral.services.jobs import WaitingStatus
+from corral.services.job_logs import WaitingStatus, waiting_status
 from corral.services.lifecycle import AttemptState, JobState
 from corral.spec import (
     IdleGpuV1,
@@ -172,7 +172,7 @@ def _view_of(
         "url": f"/ws/{ws.id}/lab",
         "ssh_user": f"{owner}+{ws.name}",
         "ssh_port": settings.ssh_gateway_port,
-        "waiting": job_service.waiting_status(job) if job is not None else None,
+        "waiting": waiting_status(job) if job is not None else None,
         "failure": (job.reason or "failed")
         if job is not None and job.state == JobState.FAILED.value
         else None,

@@ -29,6 +29,7 @@ from corral.engine.base import EngineUnavailable
 from corral.environments.service import NAME_RE, check_job_environment
 from corral.services import cleanup, holds, storage
 from corral.services import jobs as svc
+from corral.services.job_logs import read_logs
 from corral.services.lifecycle import JobState
 from corral.services.policy import active_profile
 from corral.services.views import event_view, job_view
@@ -336,6 +337,6 @@ def logs(
     job = svc.get_job(db, principal, job_id)
     engine = request.app.state.engine
     try:
-        return svc.read_logs(engine, job, attempt=attempt, rank=rank, offset=offset, limit=limit)
+        return read_logs(engine, job, attempt=attempt, rank=rank, offset=offset, limit=limit)
     except EngineUnavailable as exc:
         raise svc.EngineMissing(f"logs are unavailable right now: {exc}")
