@@ -9,7 +9,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 import yaml
@@ -18,6 +18,9 @@ from rich.table import Table
 
 from corral.cli.words import plural
 from corral.sdk import CorralError
+
+if TYPE_CHECKING:
+    from corral.sim.whatif import QuotaChange
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +116,7 @@ def run_from_cluster(request: LiveRequest, config: Any, knobs: dict[str, Any], c
     quotas, knobs: the changed replay only), print; once when nothing changes. Bad input exits 2
     with one line; a refusal by the server (not an admin, bad --since) exits 1."""
     from corral.sim.metrics import summarize
-    from corral.sim.report import compare_table, write_plots
+    from corral.sim.report import write_plots
     from corral.sim.runner import PolicyError, resolve_policy, simulate
     from corral.sim.whatif import (
         WhatIfError,
@@ -143,14 +146,7 @@ def run_from_cluster(request: LiveRequest, config: Any, knobs: dict[str, Any], c
         typer.echo(f"wrote {request.save_trace} ({plural(len(trace.jobs), 'job')}) and {cluster_path}")
         typer.echo(f"replay: corral sim --trace {request.save_trace} --cluster {cluster_path}")
         return
-    current_policy = str(export.get("policy") or "default")
-    new_policy = request.policy or current_policy
-    if request.placement:
-        new_policy = f"{new_policy}:{request.placement}"
-    described = [c.describe() for c in changes]
-    if new_policy != current_policy:
-        described.insert(0, f"policy {new_policy}")
-    described += [f"knob {name}={value}" for name, value in knobs.items()]
+    current_policy, new_policy, described = _what_changes(request, export, changes, knobs)
     try:
         live_knobs = dict(export.get("policy_knobs") or {})  # what the server sets beyond the profile
         current = simulate(trace, cluster, current_policy, config, live_knobs)
@@ -180,12 +176,41 @@ def run_from_cluster(request: LiveRequest, config: Any, knobs: dict[str, Any], c
     title = (
         f"{plural(len(trace.jobs), 'job')} since {export_when(export)} on {plural(cluster.total_gpus, 'GPU')}"
     )
+    tables = [s | {"policy": label} for s, label in zip(summaries, short, strict=True)]
+    _print_comparison(console, title, tables, rows, described, [*export["notes"], *current.notes])
+
+
+def _what_changes(
+    request: LiveRequest, export: dict[str, Any], changes: Sequence[QuotaChange], knobs: dict[str, Any]
+) -> tuple[str, str, list[str]]:
+    """The server's policy, the one the changed replay runs under (--policy, --placement), and
+    each change in words (policy, quotas, knobs; empty when nothing changes)."""
+    current_policy = str(export.get("policy") or "default")
+    new_policy = request.policy or current_policy
+    if request.placement:
+        new_policy = f"{new_policy}:{request.placement}"
+    described = [c.describe() for c in changes]
+    if new_policy != current_policy:
+        described.insert(0, f"policy {new_policy}")
+    described += [f"knob {name}={value}" for name, value in knobs.items()]
+    return current_policy, new_policy, described
+
+
+def _print_comparison(
+    console: Console,
+    title: str,
+    summaries: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    described: list[str],
+    notes: list[str],
+) -> None:
+    """The what-if as tables: the changes, current vs changed overall and per group, the notes."""
+    from corral.sim.report import compare_table
+
     console.print(f"changes: {'; '.join(described) or 'none'}", markup=False)
-    console.print(
-        compare_table([s | {"policy": label} for s, label in zip(summaries, short, strict=True)], title)
-    )
+    console.print(compare_table(summaries, title))
     console.print(group_table(rows, "per group: queueing and JCT, current settings vs changed"))
-    for note in (*export["notes"], *current.notes):
+    for note in notes:
         console.print(f"note: {note}", markup=False)
     if not described:
         console.print(
