@@ -516,16 +516,21 @@ def _filters(session: Session, flt: JobFilter, principal: Principal) -> list[Col
     conds: list[ColumnElement[bool]] = []
     if flt.state:
         conds.append(Job.state.in_(list(flt.state)))
+    unknown: list[tuple[str, str]] = []  # every unknown name at once: one round trip to fix them
     if flt.user:
         uid = session.scalar(select(User.id).where(User.name == flt.user))
-        if uid is None and principal.is_admin:
-            raise Invalid(f"no user named {flt.user!r}", ("query", "user"))
+        if uid is None:
+            unknown.append(("user", flt.user))
         conds.append(Job.user_id == uid if uid is not None else false())
     if flt.group:
         gid = session.scalar(select(Group.id).where(Group.name == flt.group))
-        if gid is None and principal.is_admin:
-            raise Invalid(f"no group named {flt.group!r}", ("query", "group"))
+        if gid is None:
+            unknown.append(("group", flt.group))
         conds.append(Job.group_id == gid if gid is not None else false())
+    if unknown and principal.is_admin:
+        raise Invalid(
+            "; ".join(f"no {kind} named {name!r}" for kind, name in unknown), ("query", unknown[0][0])
+        )
     return conds
 
 
