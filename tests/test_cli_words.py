@@ -1,4 +1,5 @@
-"""Counts in the CLI's messages read as English: "1 file", "2 files", never "1 files" or "file(s)"."""
+"""Counts in messages (the CLI's, the server's, the scheduler's, the portal's) read as English:
+"1 file", "2 files", never "1 files" or "file(s)"."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import re
 from pathlib import Path
 
 import corral.cli
-from corral.cli.words import plural
+from corral.words import plural
 
 
 def test_plural_is_singular_for_exactly_one() -> None:
@@ -18,12 +19,14 @@ def test_plural_is_singular_for_exactly_one() -> None:
     assert plural(1_000_000, "byte") == "1000000 bytes"  # an int as written, not 1e+06
 
 
-def test_no_cli_message_counts_with_a_parenthesised_plural() -> None:
-    """'1 node(s)', '1 alert(s)', '1 step(s)' and 'fired 1 time(s)' were printed: counts go
-    through `plural`, so no CLI source says "(s)" in a message."""
-    sources = Path(corral.cli.__file__).parent.glob("*.py")
+def test_no_message_counts_with_a_parenthesised_plural() -> None:
+    """'1 node(s)', '1 alert(s)', '1 step(s)' and 'fired 1 time(s)' were printed by the CLI, and
+    '1 job(s)', '2 round(s)', 'dropped out 1 time(s)' by the services, the monitor and the portal:
+    counts go through `plural` (the portal's JS by hand), so no source says "(s)" in a message."""
+    root = Path(corral.cli.__file__).parent.parent
+    sources = [*root.rglob("*.py"), *(root / "web").rglob("*.js")]
     offenders = [
-        f"{path.name}:{number}"
+        f"{path.relative_to(root)}:{number}"
         for path in sources
         if path.name != "words.py"
         for number, line in enumerate(path.read_text().splitlines(), 1)

@@ -39,7 +39,7 @@ HIGH = (
 )
 # The scheduler is a pure library shared by the live loop and the simulator: nothing of the
 # database, engines or services.
-PURE_SCHEDULER_MAY_IMPORT = ("corral.scheduler", "corral.domain")
+PURE_SCHEDULER_MAY_IMPORT = ("corral.scheduler", "corral.domain", "corral.words")
 
 
 def modules() -> dict[str, Path]:

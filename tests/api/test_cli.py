@@ -462,7 +462,7 @@ def test_cli_why_says_held_or_a_start_with_its_range(world: World, server_url: s
     code, out = run(world, server_url, "alice", "submit", str(spec), "-o", "json")
     assert code == 0, out
     job_id = json.loads(out)["id"]
-    cap = "waits for the per-user cap: alice may hold 1 GPUs in group vision and holds 1; this job needs 1"
+    cap = "waits for the per-user cap: alice may hold 1 GPU in group vision and holds 1; this job needs 1"
     with world.session_factory() as db:
         job = db.get(Job, job_id)
         assert job is not None

@@ -137,7 +137,7 @@ def test_delete_refused_while_a_job_uses_the_version(world: World) -> None:
         assert service.jobs_using(db, ds_id, 1) == [running] and service.jobs_using(db, ds_id, 2) == []
         assert service.job_datasets(db, running) == [{"dataset": "imagenet", "version": 1}]
     r = world.client.delete(f"{API}/datasets/imagenet/versions/1", headers=alice)
-    assert r.status_code == 409 and f"in use by 1 job(s) that have not ended: {running}" in r.json()["detail"]
+    assert r.status_code == 409 and f"in use by 1 job that has not ended: {running}" in r.json()["detail"]
     r = world.client.delete(f"{API}/datasets/imagenet", headers=alice)
     assert r.status_code == 409 and str(running) in r.json()["detail"]
     assert world.client.delete(f"{API}/datasets/imagenet/versions/2", headers=alice).status_code == 204
@@ -175,7 +175,7 @@ def test_quota_refuses_an_upload_before_any_byte_and_per_chunk(world: World) -> 
         f"{API}/storage/quota/group/vision", json={"max_bytes": None, "max_files": 1}, headers=admin
     )
     r = protocol.start(world.client, alice, "two", {"a": b"1", "b": b"2"}, group="vision")
-    assert r.status_code == 403 and "file quota exceeded: group vision may hold 1 files" in r.text
+    assert r.status_code == 403 and "file quota exceeded: group vision may hold 1 file" in r.text
     assert world.client.get(f"{API}/datasets", headers=alice).json() == []
 
 

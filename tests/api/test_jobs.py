@@ -133,8 +133,8 @@ def test_job_that_can_never_fit_is_refused(world: World) -> None:
     # GPUs that fit, memory that does not: said so (it said "the largest node has 2 such GPUs")
     too_much = {"name": "mem", "command": "x", "resources": {"gpus": 1, "memory": "80GiB"}}
     assert errors_of(submit(world, "alice", too_much))[("body", "tasks")].endswith(
-        "task main needs 1 A100 GPUs, 1 CPUs and 81920 MiB on one node; "
-        "nodes with 1 such GPUs have at most 16 CPUs and 65536 MiB"
+        "task main needs 1 A100 GPU, 1 CPU and 81920 MiB on one node; "
+        "nodes with 1 such GPU have at most 16 CPUs and 65536 MiB"
     )
 
 

@@ -56,7 +56,7 @@ def test_a_decommissioned_node_can_be_removed_and_its_jobs_history_still_names_i
     )
     assert world.client.post(f"{API}/nodes/n1/drain", headers=admin).status_code == 200
     r = world.client.delete(f"{API}/nodes/n1", headers=admin)
-    assert r.status_code == 409 and f"node 'n1' still has job(s) {job_id} placed on it" in r.json()["detail"]
+    assert r.status_code == 409 and f"node 'n1' still has job {job_id} placed on it" in r.json()["detail"]
     assert world.client.post(f"{API}/jobs/{job_id}/cancel", headers=admin).status_code == 200
     with world.session_factory() as db:  # the job ended, as the reconcile loop would record it
         db.execute(sa.delete(GpuClaim))

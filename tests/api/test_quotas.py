@@ -70,7 +70,7 @@ def test_jobs_over_the_user_cap_or_the_group_max_are_refused_with_the_numbers(wo
 def test_a_group_max_is_checked_even_before_any_node_registers(world: World) -> None:
     jobs._nodes_cache.clear()  # node shapes are cached per engine, which outlives one test's rows
     put_quota(world, "vision", {"gpu_model": "*", "guaranteed": 0, "max": 1})
-    assert "may hold at most 1 GPUs of any model" in refusal(submit(world, {"gpus": 2}))
+    assert "may hold at most 1 GPU of any model" in refusal(submit(world, {"gpus": 2}))
     assert submit(world, {"gpus": 1}).status_code == 201
 
 
@@ -136,7 +136,7 @@ def test_the_per_user_cap_can_be_removed_and_a_partial_update_keeps_the_rest(wor
     put_quota(world, "vision", {"gpu_model": "A100", "guaranteed": 2, "max": 4})
     group = put_quota(world, "vision", {"user_max_gpus": 1, "weight": 2})
     assert group["user_max_gpus"] == 1 and group["weight"] == 2
-    assert "caps each user at 1 GPUs" in refusal(submit(world, {"gpus": 2}))
+    assert "caps each user at 1 GPU" in refusal(submit(world, {"gpus": 2}))
     group = put_quota(world, "vision", {"user_max_gpus": None})
     assert group["user_max_gpus"] is None
     assert group["quotas"] == [{"gpu_model": "A100", "guaranteed": 2, "max": 4}]  # untouched

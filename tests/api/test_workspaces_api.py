@@ -49,7 +49,7 @@ def test_a_workspace_over_its_groups_guarantee_is_refused_saying_what_to_change(
     assert r.status_code == 422, r.text
     [error] = r.json()["detail"]
     assert error["loc"] == ["body", "tasks"]
-    assert error["msg"].startswith("workspace 'nb' can never run under group vision's quota: it needs 1 GPUs")
+    assert error["msg"].startswith("workspace 'nb' can never run under group vision's quota: it needs 1 GPU")
     assert "not preemptible" in error["msg"]
     assert error["msg"].endswith(
         "A workspace is never preemptible: its GPUs must be ones its group guarantees. "
@@ -67,7 +67,7 @@ def test_a_stopped_workspace_that_could_never_start_is_refused_at_create(world: 
         db.commit()
     before = counts(world)
     for body, says in (
-        ({"gpus": 1}, "workspace 'nb' can never run under group vision's quota: it needs 1 GPUs"),
+        ({"gpus": 1}, "workspace 'nb' can never run under group vision's quota: it needs 1 GPU"),
         ({"gpus": 4}, "workspace 'nb' can never run on this cluster: "),
     ):
         started = world.client.post(API, json={"name": "nb", **body}, headers=world.as_("alice"))

@@ -196,7 +196,7 @@ def test_rm_refused_while_a_submitted_job_uses_the_version(server: CorralServer,
     }
     job = submit_spec(admin, spec)
     out = " ".join(run_cli(server, "data", "rm", "inuse@1", code=1).split())  # Rich wraps lines
-    assert f"in use by 1 job(s) that have not ended: {job};" in out
+    assert f"in use by 1 job that has not ended: {job};" in out
     assert admin.post(f"/api/v1/jobs/{job}/cancel").status_code == 200
     wait_for(lambda: admin.get(f"/api/v1/jobs/{job}").json()["state"] == "cancelled", what="the cancel")
     assert "deleted dataset inuse v1" in run_cli(server, "data", "rm", "inuse@1")

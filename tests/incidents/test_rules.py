@@ -116,7 +116,10 @@ def test_an_ecc_alert_under_a_running_job_quarantines_requeues_and_opens_one_sev
         timeline = incidents.detail(session, incident.id, now)["timeline"]
         kinds = [e["kind"] for e in timeline]
         assert kinds[:2] == ["opened", "remedy"] and "fired" in kinds
-        assert "GPU 0 on n1 quarantined" in timeline[1]["text"] and f"job(s) {job_id}" in timeline[1]["text"]
+        assert (
+            "GPU 0 on n1 quarantined" in timeline[1]["text"]
+            and f"requeued job {job_id}" in timeline[1]["text"]
+        )
         audited = session.scalars(select(AuditRecord.action).where(AuditRecord.actor == "system:remediation"))
         assert {"gpu.quarantine", "remediation.run"} <= set(audited)
     ecc(world, False, now + 2)  # the fault cleared: the incident resolves by itself
@@ -225,7 +228,7 @@ def test_a_drain_also_stops_the_jobs_placed_or_starting_on_the_node(tmp_path: Pa
         assert claimed == [starting, running]  # freed by the requeued job only
         (run,) = session.scalars(select(RemediationRun)).all()
         (drain,) = [a["result"] for a in run.actions if a["action"] == "drain"]
-        assert drain.endswith("2 job(s) preempted with their stop grace, 1 not yet started requeued")
+        assert drain.endswith("2 jobs preempted with their stop grace, 1 not yet started requeued")
     fake = w.ctx.engine
     assert isinstance(fake, FakeEngine)
     fake.run(f"{starting}.1")

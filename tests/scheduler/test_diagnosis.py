@@ -252,7 +252,7 @@ def test_reason_comes_from_the_filter_that_refused_the_nodes_that_got_furthest()
     plan = plan_for(snap(nodes, [job("w", gpus=1)], run=run), FIFO_BF)
     (reason,) = plan.diagnoses["w"].reasons
     assert reason.code == "insufficient_gpus"
-    assert "needs 1 A100 GPUs; 0 are free now" in reason.message
+    assert "needs 1 A100 GPU; 0 are free now" in reason.message
     assert "1 node cordoned" in reason.message
 
 

@@ -72,7 +72,7 @@ def test_a_group_held_at_its_max_waits_with_the_reason_while_gpus_are_free(serve
         assert get_job(c, second)["state"] == "queued" and free_gpus(c) == 2
         shown = corral_show(server, second)
         flat = " ".join(shown.split())
-        assert "why pending: waits for group capped's maximum quota: needs 1 GPUs, 0 free in its" in flat
+        assert "why pending: waits for group capped's maximum quota: needs 1 GPU, 0 free in its" in flat
         assert "quota_max" in flat and "estimated start: none while it is held back" in flat
         group = c.get("/api/v1/groups/capped").json()
         assert group["usage"]["gpus"] == [

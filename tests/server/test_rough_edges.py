@@ -117,7 +117,7 @@ def test_retention_deletes_finished_jobs_once_they_are_old_enough(tmp_path: Path
         wait_for(lambda: c.get(f"/api/v1/jobs/{job_id}").status_code == 404, 20, what="retention")
         assert time.time() - done["finished_at"] >= 6
         assert attempt_dirs(srv, job_id) == []
-        assert "retention: deleted 1 jobs" in srv.log_text()
+        assert "retention: deleted 1 job " in srv.log_text()
 
 
 def test_logs_of_a_queued_job_say_why_it_waits_on_a_real_server(server: CorralServer) -> None:

@@ -266,7 +266,7 @@ def test_compare_warns_when_no_job_waited(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert len(json.loads(res.stdout)) == 2  # stdout stays valid JSON
     assert "no job waited under any policy: the cluster is larger than the load" in res.stderr
-    assert "1 jobs on 4 GPUs" in res.stderr and "--arrival-speedup" in res.stderr
+    assert "1 job on 4 GPUs" in res.stderr and "--arrival-speedup" in res.stderr
     res = CliRunner().invoke(app, args)  # jobs do wait here: no warning
     assert res.exit_code == 0 and "warning" not in res.stderr, res.stderr
 

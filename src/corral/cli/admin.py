@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from corral.cli.common import Output, OutputOpt, error_line, settings_error
-from corral.cli.words import plural
+from corral.words import plural
 
 if TYPE_CHECKING:
     from corral.config import Settings

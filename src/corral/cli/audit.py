@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, client, friendly_errors, out, print_json, when
-from corral.cli.words import plural
+from corral.words import plural
 
 audit_app = typer.Typer(help="The admin audit log: who changed what, when, from where.", no_args_is_help=True)
 CHANGE_WIDTH = 60

@@ -12,8 +12,8 @@ import typer
 from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, client, err, friendly_errors, out, plain, print_json, when
-from corral.cli.words import plural
 from corral.sdk import CorralError
+from corral.words import plural
 
 template_app = typer.Typer(
     help="Job templates: specs with typed parameters (docs/catalogues.md).", no_args_is_help=True

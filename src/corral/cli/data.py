@@ -19,9 +19,9 @@ from rich.progress import (
 from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, client, friendly_errors, out, print_json, when
-from corral.cli.words import plural
 from corral.datasets.names import BadName, human_bytes, parse_bytes, parse_ref
 from corral.sdk import KEEP, Keep
+from corral.words import plural
 
 data_app = typer.Typer(
     help="Datasets: named, versioned, shared read-only; jobs mount data/NAME or data/NAME@VERSION.",

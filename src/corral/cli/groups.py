@@ -10,10 +10,10 @@ from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, client, friendly_errors, out, plain, print_json
 from corral.cli.data import limit_text, storage_limits
-from corral.cli.words import plural
 from corral.datasets.names import human_bytes
 from corral.sdk import KEEP, Keep
 from corral.spec import parse_memory_mib
+from corral.words import plural
 
 group_app = typer.Typer(help="Groups and quotas.", no_args_is_help=True)
 

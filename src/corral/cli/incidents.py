@@ -10,8 +10,8 @@ import typer
 from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, plain, print_json
-from corral.cli.words import plural
 from corral.sdk import CorralError
+from corral.words import plural
 
 incident_app = typer.Typer(help="Incidents: one per fault, with a timeline, SLAs and postmortems.",
                            no_args_is_help=True)  # fmt: skip

@@ -28,9 +28,9 @@ from corral.cli.common import (
     print_json,
     when,
 )
-from corral.cli.words import plural
 from corral.domain import span_text, start_text
 from corral.sdk import TERMINAL_STATES, Client, CorralError
+from corral.words import plural
 
 
 def gpus_of(job: dict[str, Any]) -> int:

@@ -14,8 +14,8 @@ from rich.text import Text
 
 from corral.cli import nodes as node_commands
 from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json, when
-from corral.cli.words import plural
 from corral.sdk.base import seg
+from corral.words import plural
 
 alert_app = typer.Typer(
     help="Alerts Corral holds (from Alertmanager and its own health checks).", no_args_is_help=True

@@ -12,8 +12,8 @@ import yaml
 from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, plain, print_json
-from corral.cli.words import plural
 from corral.sdk import CorralError
+from corral.words import plural
 from corral.yaml_lines import safe_load
 
 oncall_app = typer.Typer(

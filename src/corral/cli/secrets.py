@@ -12,8 +12,8 @@ import typer
 from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json
-from corral.cli.words import plural
 from corral.sdk import CorralError
+from corral.words import plural
 
 secret_app = typer.Typer(
     help="Secrets for jobs: a job gets one only when its spec names it (`secrets:`).",

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from corral.cli.words import plural
+from corral.words import plural
 
 if TYPE_CHECKING:
     from corral.cli.sim_live import LiveRequest

@@ -16,8 +16,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from corral.cli.words import plural
 from corral.sdk import CorralError
+from corral.words import plural
 
 if TYPE_CHECKING:
     from corral.sim.whatif import QuotaChange

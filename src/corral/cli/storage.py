@@ -11,7 +11,7 @@ from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, client, err, friendly_errors, out, print_json, when
 from corral.cli.data import storage_app  # one `corral storage` group: a second one hid this one's `ids`
-from corral.cli.words import plural
+from corral.words import plural
 
 job_app = typer.Typer(help="A job's files: outputs.", no_args_is_help=True)
 

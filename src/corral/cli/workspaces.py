@@ -13,8 +13,8 @@ import typer
 from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json, when
-from corral.cli.words import plural
 from corral.sdk import CorralError
+from corral.words import plural
 
 ws_app = typer.Typer(
     help="Interactive workspaces: JupyterLab through Corral, SSH through its gateway.", no_args_is_help=True

@@ -27,6 +27,7 @@ from corral.datasets.names import human_bytes
 from corral.db.base import lock_row
 from corral.db.models import Group, User
 from corral.services.errors import Forbidden, NotFound
+from corral.words import plural
 
 SCOPES = ("user", "group")
 
@@ -113,7 +114,7 @@ def check_room(
         )
     if row.max_files is not None and row.used_files + reserved[1] + nfiles > row.max_files:
         raise QuotaExceeded(
-            f"file quota exceeded: {who} may hold {row.max_files} files; it holds {row.used_files}"
+            f"file quota exceeded: {who} may hold {plural(row.max_files, 'file')}; it holds {row.used_files}"
             + (f" (+{reserved[1]} in other uploads)" if reserved[1] else "")
             + f" and {what} has {nfiles}; nothing was written"
         )

@@ -23,6 +23,7 @@ from corral.datasets.store import Store
 from corral.db.models import Group, Job, Membership, User
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
+from corral.words import plural
 
 # Jobs in these states hold on to the dataset versions they use: deleting one is refused.
 ACTIVE_JOB_STATES = ("queued", "scheduled", "starting", "running", "preempted")
@@ -245,7 +246,8 @@ def _refuse_in_use(session: Session, ds: Dataset, version: int | None) -> None:
         what = f"version v{version} of dataset {ds.name!r}" if version else f"dataset {ds.name!r}"
         listed = ", ".join(str(j) for j in jobs[:20]) + (" ..." if len(jobs) > 20 else "")
         raise Conflict(
-            f"{what} is in use by {len(jobs)} job(s) that have not ended: {listed}; "
+            f"{what} is in use by {plural(len(jobs), 'job')} that {'has' if len(jobs) == 1 else 'have'} "
+            f"not ended: {listed}; "
             "delete it once they end (or cancel them)"
         )
 

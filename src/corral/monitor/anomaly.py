@@ -40,6 +40,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from corral.monitor.gpu import GpuSample
+from corral.words import plural
 
 # Xid codes that point at the hardware rather than the application (NVIDIA's Xid catalogue).
 HARDWARE_XIDS = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120})
@@ -357,7 +358,7 @@ def _presence_signal(readings: Sequence[_Reading], dropouts: int, cfg: DetectorC
     if readings and not readings[-1].present:
         lost = len(readings) >= 2 and not readings[-2].present
         return max(flapping, 1.0 if lost else 0.5), "GPU not answering"
-    return flapping, f"dropped out {dropouts} time(s) in the last {_span(readings)}"
+    return flapping, f"dropped out {plural(dropouts, 'time')} in the last {_span(readings)}"
 
 
 def _span(readings: Sequence[_Reading]) -> str:

@@ -27,6 +27,7 @@ from typing import Protocol
 from corral.scheduler.cluster import RunningTotals
 from corral.scheduler.quota_memo import KeptAllowed
 from corral.scheduler.types import ANY_MODEL, Group, Job, Reason, RunningJob, Usage
+from corral.words import plural
 
 
 class QueuePolicy(Protocol):
@@ -294,8 +295,9 @@ def _gpu_limit_text(group: Group, models: Iterable[str], borrow: bool) -> str:
         label = key
         if key == ANY_MODEL:  # named: the models it stands for here ("*" itself: any model)
             few = len(named) < 4 and ANY_MODEL not in named
-            label = "|".join(sorted(named)) if few else "GPUs of any model"
-        parts.append(f"{QuotaLedger.limit(group, key, borrow):g} {label}")
+            label = "|".join(sorted(named)) if few else ""
+        limit = QuotaLedger.limit(group, key, borrow)
+        parts.append(f"{limit:g} {label}" if label else f"{plural(limit, 'GPU')} of any model")
     return ", ".join(parts)
 
 
@@ -309,7 +311,10 @@ def quota_refusals(job: Job, group: Group, models: Iterable[str]) -> tuple[Reaso
     need = job.total_gpus
     cap = group.user_max_gpus
     if cap is not None and need > cap:
-        text = f"it needs {need} GPUs; group {group.name} caps each user at {cap} GPUs (user_max_gpus)"
+        text = (
+            f"it needs {plural(need, 'GPU')}; group {group.name} caps each user at "
+            f"{plural(cap, 'GPU')} (user_max_gpus)"
+        )
         out.append(Reason("user_cap", "quota:user", text))
     models = tuple(models)
     borrow = job.preemptible and group.borrowing
@@ -324,7 +329,7 @@ def quota_refusals(job: Job, group: Group, models: Iterable[str]) -> tuple[Reaso
                 f"group {group.name} guarantees {held} and {cause}, so it may not borrow beyond the guarantee"
             )
         code = "quota_max" if borrow else "quota_exhausted"
-        out.append(Reason(code, "quota", f"it needs {need} GPUs; {why}"))
+        out.append(Reason(code, "quota", f"it needs {plural(need, 'GPU')}; {why}"))
     out.extend(ResourceQuota.over_limit(job, group))
     return tuple(out)
 

@@ -18,6 +18,7 @@ from itertools import compress
 from typing import TypeVar
 
 from corral.scheduler.types import Allocation, Job, Node, NodeState, Reason, RunningJob
+from corral.words import plural
 
 EPS = 1e-9
 MANY = 1 << 30
@@ -607,7 +608,7 @@ class ClusterShapes:
                         Reason(
                             "instance_too_large",
                             "filter:cpu_memory",
-                            f"task {t.role} needs {r.cpus:g} CPUs and {r.memory_mib} MiB on one "
+                            f"task {t.role} needs {plural(r.cpus, 'CPU')} and {r.memory_mib} MiB on one "
                             "CPU node; no node that takes CPU-only work is that large",
                         )
                     )
@@ -634,18 +635,18 @@ class ClusterShapes:
                 enough = [(c, mem) for m in known for g, c, mem in self.gpu_shapes[m] if g >= r.gpus]
                 if enough:
                     have = (
-                        f"nodes with {r.gpus} such GPUs have at most {max(c for c, _ in enough):g} CPUs "
-                        f"and {max(mem for _, mem in enough)} MiB"
+                        f"nodes with {plural(r.gpus, 'such GPU')} have at most "
+                        f"{plural(max(c for c, _ in enough), 'CPU')} and {max(mem for _, mem in enough)} MiB"
                     )
                 else:
                     biggest = max(g for m in known for g, _, _ in self.gpu_shapes[m])
-                    have = f"the largest node has {biggest} such GPUs"
+                    have = f"the largest node has {plural(biggest, 'such GPU')}"
                 out.append(
                     Reason(
                         "instance_too_large",
                         "filter:gpu_free",
-                        f"task {t.role} needs {r.gpus} {'|'.join(sorted(known))} GPUs, {r.cpus:g} CPUs and "
-                        f"{r.memory_mib} MiB on one node; {have}",
+                        f"task {t.role} needs {plural(r.gpus, '|'.join(sorted(known)) + ' GPU')}, "
+                        f"{plural(r.cpus, 'CPU')} and {r.memory_mib} MiB on one node; {have}",
                     )
                 )
                 continue
@@ -655,7 +656,8 @@ class ClusterShapes:
                     Reason(
                         "cluster_too_small",
                         "filter:gpu_free",
-                        f"task {t.role} needs {t.instances * r.gpus} GPUs in all; the cluster has {total}",
+                        f"task {t.role} needs {plural(t.instances * r.gpus, 'GPU')} in all; "
+                        f"the cluster has {total}",
                     )
                 )
         return tuple(out)

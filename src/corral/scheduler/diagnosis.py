@@ -27,6 +27,7 @@ from corral.scheduler.jobinfo import JobInfo, Waiting, job_models
 from corral.scheduler.plugins import FILTERS
 from corral.scheduler.profiles import Profile, grace_of
 from corral.scheduler.types import Diagnosis, Job, Reason, TaskSpec
+from corral.words import plural
 
 if TYPE_CHECKING:
     from corral.scheduler.core import Cycle
@@ -195,19 +196,20 @@ class CapacityReasons:
             return Reason(
                 "gpu_fragmented",
                 "filter:gpu_free",
-                f"needs {r.gpus} {label} GPUs on one node; largest free block is {block}{suffix}",
+                f"needs {plural(r.gpus, label + ' GPU')} on one node; largest free block is {block}{suffix}",
             )
         if name == "cpu_memory":
-            where = "for CPU-only work" if r.gpus <= 0 else f"with {r.gpus} free GPUs"
+            where = "for CPU-only work" if r.gpus <= 0 else f"with {plural(r.gpus, 'free GPU')}"
             return Reason(
                 "insufficient_cpu_memory",
                 "filter:cpu_memory",
-                f"needs {r.cpus:g} CPUs and {r.memory_mib} MiB on a node {where}; none has it free{suffix}",
+                f"needs {plural(r.cpus, 'CPU')} and {r.memory_mib} MiB on a node {where}; "
+                f"none has it free{suffix}",
             )
         codes = refusals.by_filter[pos]
         code = max(codes, key=lambda c: (codes[c], c))
         return Reason(
-            code, f"filter:{name}", f"the {name} filter refused {sum(codes.values())} node(s){suffix}"
+            code, f"filter:{name}", f"the {name} filter refused {plural(sum(codes.values()), 'node')}{suffix}"
         )
 
     @staticmethod
@@ -215,7 +217,9 @@ class CapacityReasons:
         note = refusals.not_ready_note()
         suffix = f"; not ready: {note}" if note else ""
         return Reason(
-            "insufficient_gpus", "filter:gpu_free", f"needs {need} {label} GPUs; {free} are free now{suffix}"
+            "insufficient_gpus",
+            "filter:gpu_free",
+            f"needs {plural(need, label + ' GPU')}; {free} {'is' if free == 1 else 'are'} free now{suffix}",
         )
 
 
@@ -675,12 +679,13 @@ class DiagnosisView:
         group = ledger.group(job.group)
         need = job.total_gpus
         if why.code == "user_cap":
-            cap = group.user_max_gpus
+            cap = group.user_max_gpus  # set: the cap is why it waits
             held = ledger.user_used.get((group.name, job.user), 0)
+            may = plural(cap or 0, "GPU")
             return Reason(
                 why.code,
                 why.source,
-                f"waits for the per-user cap: {job.user} may hold {cap} GPUs in group {group.name} "
+                f"waits for the per-user cap: {job.user} may hold {may} in group {group.name} "
                 f"and holds {held}; this job needs {need}. It starts when {job.user}'s running jobs "
                 "free enough of them",
             )
@@ -694,7 +699,7 @@ class DiagnosisView:
         return Reason(
             why.code,
             why.source,
-            f"waits for group {group.name}'s {which} quota: needs {need} GPUs, {left} in its quota"
+            f"waits for group {group.name}'s {which} quota: needs {plural(need, 'GPU')}, {left} in its quota"
             f"{because}. It starts when the group's running jobs free enough of it",
         )
 

@@ -9,6 +9,7 @@ from corral.scheduler.admission import QuotaLedger
 from corral.scheduler.jobinfo import JobInfo
 from corral.scheduler.outcomes import Verdicts
 from corral.scheduler.types import Job, Reason
+from corral.words import plural
 
 
 class QuotaCheck:
@@ -62,7 +63,7 @@ class QuotaCheck:
             reason = Reason(
                 "user_cap",
                 "quota:user",
-                f"user {job.user} may hold {cap} GPUs in group {group.name}; "
+                f"user {job.user} may hold {plural(cap, 'GPU')} in group {group.name}; "
                 f"holds {ledger.user_used.get((group.name, job.user), 0)}; this job needs {job.total_gpus}",
             )
             self.verdicts.wait_or_never(job, reason, never=job.total_gpus > cap)

@@ -61,6 +61,7 @@ from corral.services.lifecycle import (
     transition_jobs,
 )
 from corral.storage.plan import JobStorage, plan_jobs
+from corral.words import plural
 
 log = logging.getLogger("corral.server.dispatch")
 LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
@@ -461,7 +462,9 @@ def _record_started(
     values = {a.id: {"engine_ref": r[2], "engine": ctx.engine.name} for j, a, r in started if j.id in won}
     moved = move_attempts(session, [a for j, a, _ in started if j.id in won], AttemptState.STARTING, values)
     if len(moved) < len(values):
-        raise AttemptChangedMeanwhile(f"{len(values) - len(moved)} attempt(s) ended in another session")
+        raise AttemptChangedMeanwhile(
+            f"{plural(len(values) - len(moved), 'attempt')} ended in another session"
+        )
 
 
 def _record_all(ctx: ServerContext, session: Session, results: list[Launched]) -> None:

@@ -13,6 +13,7 @@ import logging
 from corral.server.context import ServerContext
 from corral.services.audit import purge_before
 from corral.services.cleanup import RETENTION_BATCH, delete_expired_jobs
+from corral.words import plural
 
 log = logging.getLogger("corral.server.retention")
 RETENTION_LOOP_INTERVAL_S = 5.0
@@ -31,7 +32,7 @@ def purge_audit_log(ctx: ServerContext, now: float) -> None:
         deleted = purge_before(session, now - days * 86400.0)
     ctx.memory.audit_purged_at = now
     if deleted:
-        log.info("retention: deleted %d audit records written over %g days ago", deleted, days)
+        log.info("retention: deleted %s written over %g days ago", plural(deleted, "audit record"), days)
 
 
 def expire_jobs(ctx: ServerContext, now: float) -> None:
@@ -47,4 +48,6 @@ def expire_jobs(ctx: ServerContext, now: float) -> None:
     if len(deleted) < RETENTION_BATCH:  # a full batch: more may be waiting, look again next tick
         ctx.memory.retention_checked_at = now
     if deleted:
-        log.info("retention: deleted %d jobs finished over %g days ago: %s", len(deleted), days, deleted)
+        log.info(
+            "retention: deleted %s finished over %g days ago: %s", plural(len(deleted), "job"), days, deleted
+        )

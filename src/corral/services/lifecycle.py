@@ -67,6 +67,7 @@ from corral.services.states import (
     JobState,
     can_transition,
 )
+from corral.words import plural
 
 DEFAULT_LOST_REQUEUE_BUDGET = 3  # Settings.lost_requeue_budget (CORRAL_LOST_REQUEUE_BUDGET)
 
@@ -280,7 +281,8 @@ def settle_lost_work(
             message = f"{loss.value}: {why}; requeued (platform loss {losses} of {budget})"
         else:
             target = JobState.FAILED
-            message = f"{loss.value}: {why}; lost {losses} times, over the platform-loss budget of {budget}"
+            lost = plural(losses, "time")
+            message = f"{loss.value}: {why}; lost {lost}, over the platform-loss budget of {budget}"
         values = {"platform_losses": losses, "reason": message}
     return target if transition(session, job, target, now=now, message=message, values=values) else None
 
@@ -323,7 +325,10 @@ def settle_failure(
         elif rule.cap == 0:
             target, message = JobState.FAILED, f"{why} (not retryable: {rule.label})"
         else:
-            target, message = JobState.FAILED, f"{why}; failed {losses} times, over the limit of {cap}"
+            target, message = (
+                JobState.FAILED,
+                f"{why}; failed {plural(losses, 'time')}, over the limit of {cap}",
+            )
         values = {"platform_losses": losses, "reason": message}
         return target if transition(session, job, target, now=now, message=message, values=values) else None
     failures = job.own_failures + 1

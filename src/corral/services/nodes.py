@@ -105,9 +105,9 @@ def remove_node(session: Session, name: str, by: str = "", now: float | None = N
     jobs = {job.id for job, _ in live_on(session, (name,))}
     jobs |= set(session.scalars(select(GpuClaim.job_id).where(GpuClaim.node == name)))
     if jobs:
-        listed = ", ".join(str(j) for j in sorted(jobs))
+        listed = ("job " if len(jobs) == 1 else "jobs ") + ", ".join(str(j) for j in sorted(jobs))
         raise Conflict(
-            f"node {name!r} still has job(s) {listed} placed on it: wait for them to end (drain "
+            f"node {name!r} still has {listed} placed on it: wait for them to end (drain "
             f"preempts nothing by itself) or cancel them, then remove the node"
         )
     session.delete(node)

@@ -44,6 +44,7 @@ from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound, ServiceError
 from corral.services.oncall import addresses_of, policy_by_name, rotation_of, schedule_by_name, shown_url
 from corral.services.rotation import utc_text
+from corral.words import plural
 
 log = logging.getLogger(__name__)
 ESCALATE_BATCH = 500
@@ -222,7 +223,7 @@ def _advance(session: Session, resolver: _Resolver, page: Page, now: float) -> N
             if page.round >= page.repeat:
                 page.state, page.next_at, page.ended_at = "exhausted", None, now
                 entries.append(
-                    f"{utc_text(now)} exhausted: nobody acknowledged after {page.round + 1} round(s)"
+                    f"{utc_text(now)} exhausted: nobody acknowledged after {plural(page.round + 1, 'round')}"
                 )
                 break
             page.round, page.step = page.round + 1, 0
@@ -233,7 +234,7 @@ def _advance(session: Session, resolver: _Resolver, page: Page, now: float) -> N
         users, what = resolver.targets(step)
         queued = _queue(session, resolver, page, users, now)
         label = f"round {page.round + 1} step {page.step + 1}"
-        entries.append(f"{utc_text(now)} {label}: {what}: {queued} notification(s)")
+        entries.append(f"{utc_text(now)} {label}: {what}: {plural(queued, 'notification')}")
         page.step += 1
         if queued:
             page.next_at = now + float(step.get("wait_s", 0.0))

@@ -45,6 +45,7 @@ from corral.services.lifecycle import (
     transition,
 )
 from corral.services.remediation_rules import DEFAULT_RULES, REMOVING, Action, Rule, RuleSet, parse_rules
+from corral.words import plural
 
 log = logging.getLogger("corral.services.remediation")
 ACTOR = "system:remediation"
@@ -352,7 +353,8 @@ def _drain(session: Session, run: _Run, node: str, gpu: str, job_id: str, now: f
             # grace and requeues the job when it ends (services.lifecycle).
             preempted += transition(session, job, JobState.PREEMPTED, now=now, message=why)
     return (
-        f"{result}; {preempted} job(s) preempted with their stop grace, {requeued} not yet started requeued"
+        f"{result}; {plural(preempted, 'job')} preempted with their stop grace, "
+        f"{requeued} not yet started requeued"
     )
 
 
@@ -465,7 +467,8 @@ def _requeue(session: Session, run: _Run, node: str, gpu: str, job_id: str, now:
         session.info.setdefault(STOPS_KEY, []).append((attempt.attempt_id, 0.0))
     if not stopped:
         return "no running job there"
-    return f"{'would requeue' if run.dry_run else 'requeued'} job(s) {', '.join(stopped)}"
+    jobs = "job" if len(stopped) == 1 else "jobs"
+    return f"{'would requeue' if run.dry_run else 'requeued'} {jobs} {', '.join(stopped)}"
 
 
 def _stop_job(session: Session, run: _Run, node: str, gpu: str, job_id: str, now: float) -> str:

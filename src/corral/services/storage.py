@@ -29,6 +29,7 @@ from corral.storage.identities import ensure_ids, list_ids
 from corral.storage.layout import outputs_dir
 from corral.storage.mounts import MountContext, MountRefused, resolve_all
 from corral.storage.plan import id_ranges
+from corral.words import plural
 
 MAX_MISSING_QUERY = 50_000
 MAX_LISTED = 10_000  # outputs entries listed at once
@@ -230,7 +231,10 @@ def create_snapshot(session: Session, settings: Settings, principal: Principal, 
     except code.CodeError as exc:
         raise Invalid(str(exc), ("body",)) from exc
     if absent:  # the state of the upload, not a malformed request: upload them, then send it again
-        raise Conflict(f"{len(absent)} files were not uploaded yet, e.g. blob {absent[0]}; upload them first")
+        raise Conflict(
+            f"{plural(len(absent), 'file')} {'was' if len(absent) == 1 else 'were'} not uploaded yet, "
+            f"e.g. blob {absent[0]}; upload them first"
+        )
     try:
         snap_id = code.make_snapshot(
             settings.storage_path, manifest, settings.code_max_bytes, settings.code_max_files

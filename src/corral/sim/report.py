@@ -48,7 +48,8 @@ def compare_warnings(summaries: Sequence[dict[str, Any]]) -> list[str]:
         return []
     first = summaries[0]
     scale = (
-        f"{first['jobs']:,} jobs on {first['cluster_gpus']:,} GPUs; use --arrival-speedup (more load), "
+        f"{first['jobs']:,} job{'' if first['jobs'] == 1 else 's'} on {first['cluster_gpus']:,} GPUs; "
+        "use --arrival-speedup (more load), "
         "a smaller --cluster, or more of the trace (--max-jobs)"
     )
     if all(s["jobs"] and (s["p99_queue_s"] or 0.0) <= NO_WAIT_S for s in summaries):

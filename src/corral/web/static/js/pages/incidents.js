@@ -240,7 +240,7 @@ async function renderDetail(ctx, id) {
           h("dt", {}, "Owner"), h("dd", {}, incident.owner || "—"),
           h("dt", {}, "Affects"), h("dd", {}, links(incident)),
           h("dt", {}, "Opened"), h("dd", {}, timeEl(incident.opened_at)),
-          h("dt", {}, "Fired"), h("dd", {}, `${incident.fire_count} time(s)`),
+          h("dt", {}, "Fired"), h("dd", {}, `${incident.fire_count} time${incident.fire_count === 1 ? "" : "s"}`),
           ...(incident.flapping
             ? [h("dt", {}, "Flapping"), h("dd", {}, "began ", timeEl(incident.flapping_since), ": its reopens page nobody until it is quiet")]
             : []),

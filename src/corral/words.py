@@ -1,4 +1,5 @@
-"""Counts in words for the CLI's messages: "1 file", "2 files", never "1 files" or "file(s)"."""
+"""Counts in words for messages (the CLI's, the scheduler's reasons, the services' errors): "1 file",
+"2 files", never "1 files" or "file(s)". A leaf module, so that the pure scheduler may use it too."""
 
 from __future__ import annotations
 
