@@ -16,6 +16,7 @@ SRUN_FILTER on the server, which drops the one line srun adds when the command f
 from __future__ import annotations
 
 import pwd
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -69,20 +70,54 @@ exec "$py" -I -S -c "$JOIN_PY" "$t" "$@"
 """
 # srun reports a task's non-zero exit on its own stderr even under --quiet ("srun: error: node2:
 # task 0: Exited with exit code 3"): chatter to the user, whose exec already ends with that code.
-# SRUN_FILTER runs argv[2:] with its stderr on a pipe and passes on everything but that line
+# SRUN_FILTER runs argv[4:] with its stderr on a pipe and passes on everything but that line
 # (the pattern argv[1]); srun's real errors (a node down, a step refused) pass. The line may
 # follow command output that had no newline, so it is cut out wherever it starts, and a full
-# pipe may split it across reads, so an unfinished "srun: error: " line waits for its end
-# (everything else passes at once: prompts and partial lines too). SIGINT and SIGQUIT from a
-# terminal are srun's (it has its own handlers); a Python handler here, unlike an ignore, does not
-# pass on through exec. It exits as srun did, 128+N for a signal.
-SRUN_EXIT_LINE = rb"srun: error: [^\n:]+: tasks? [0-9,-]+: Exited with exit code [0-9]+\n"
+# pipe may split it across reads anywhere, even inside "srun: error: ": the end of a read that
+# could still grow into the line (argv[2], at most SRUN_HOLD_BYTES) waits for the next read.
+# srun writes the line in one write, so its rest is already on its way: what is held is passed
+# on after argv[3] seconds with nothing more read, so a prompt that happens to end like the
+# line's start ("...s") or a "\r" progress bar after an "srun: error: " is shown, not stalled.
+# SIGINT and SIGQUIT from a terminal are srun's (it has its own handlers); a Python handler here,
+# unlike an ignore, does not pass on through exec. It exits as srun did, 128+N for a signal.
+SRUN_EXIT_LINE_PARTS: tuple[tuple[bool, bytes], ...] = (  # (literal?, text); the line, in order
+    (True, b"srun: error: "),
+    (False, rb"[^\n:]+"),
+    (True, b": task"),
+    (False, rb"s?"),
+    (True, b" "),
+    (False, rb"[0-9,-]+"),
+    (True, b": Exited with exit code "),
+    (False, rb"[0-9]+"),
+)
+SRUN_EXIT_LINE = b"".join(re.escape(text) if lit else text for lit, text in SRUN_EXIT_LINE_PARTS) + rb"\n"
+SRUN_HOLD_BYTES = 512  # longer than any exit line a node name and task list give
+SRUN_HOLD_SECONDS = 1.0
+
+
+def _unfinished_line_pattern(parts: Sequence[tuple[bool, bytes]]) -> bytes:
+    """A pattern that matches, at the end of the data, any non-empty start of the line `parts`
+    make (without its newline): each part whole and the rest optional, or a literal cut short."""
+    rest = b""
+    for literal, text in reversed(parts):
+        tail = b"(?:" + rest + b")?" if rest else b""
+        if literal:
+            cut = b"|".join(re.escape(text[:n]) for n in range(len(text) - 1, 0, -1))
+            rest = b"(?:" + re.escape(text) + tail + (b"|" + cut if cut else b"") + b")"
+        else:
+            rest = text + tail
+    return rest + rb"\Z"
+
+
+SRUN_UNFINISHED_LINE = _unfinished_line_pattern(SRUN_EXIT_LINE_PARTS)
 SRUN_FILTER = r"""
-import os, re, signal, subprocess, sys
-exit_line = re.compile(sys.argv[1].encode())
+import os, re, select, signal, subprocess, sys
+exit_line, unfinished = re.compile(sys.argv[1].encode()), re.compile(sys.argv[2].encode())
+hold_bytes, hold_seconds = (float(n) for n in sys.argv[3].split(","))
 for sig in (signal.SIGINT, signal.SIGQUIT):
     signal.signal(sig, lambda *_: None)
-proc = subprocess.Popen(sys.argv[2:], stderr=subprocess.PIPE)
+proc = subprocess.Popen(sys.argv[4:], stderr=subprocess.PIPE)
+fd = proc.stderr.fileno()
 broken, held = False, b""
 def put(data):
     global broken
@@ -91,11 +126,19 @@ def put(data):
             data = data[os.write(2, data):]
         except OSError:
             broken = True  # nobody reads our stderr: keep draining srun's until it ends
-while chunk := os.read(proc.stderr.fileno(), 1 << 16):
+while True:
+    if held and not select.select([fd], [], [], hold_seconds)[0]:
+        put(held)  # its rest never came: not srun's line after all
+        held = b""
+        continue
+    chunk = os.read(fd, 1 << 16)
+    if not chunk:
+        break
     data = exit_line.sub(b"", held + chunk)
     # a line that may be srun's, cut by a full pipe: held back until its end is read
-    start = data.rfind(b"srun: error: ")
-    cut = start if start >= 0 and b"\n" not in data[start:] else len(data)
+    window = max(0, len(data) - int(hold_bytes))
+    start = unfinished.search(data, window)
+    cut = start.start() if start else len(data)
     held = data[cut:]
     put(data[:cut])
 put(held)
@@ -104,9 +147,11 @@ sys.exit(128 - code if code < 0 else code)
 """
 
 
-def without_srun_exit_line(argv: Sequence[str]) -> tuple[str, ...]:
+def without_srun_exit_line(argv: Sequence[str], hold_seconds: float = SRUN_HOLD_SECONDS) -> tuple[str, ...]:
     """`argv` (an srun, maybe behind setpriv) under SRUN_FILTER, run by the server's own Python."""
-    return (sys.executable, "-I", "-S", "-c", SRUN_FILTER, SRUN_EXIT_LINE.decode(), *argv)
+    patterns = (SRUN_EXIT_LINE.decode(), SRUN_UNFINISHED_LINE.decode())
+    hold = f"{SRUN_HOLD_BYTES},{hold_seconds}"
+    return (sys.executable, "-I", "-S", "-c", SRUN_FILTER, *patterns, hold, *argv)
 
 
 def rank_node(job_dir: Path, rank: int) -> str:
