@@ -194,9 +194,10 @@ def corral_groups(url: str, groups: dict[str, tuple[int, list[str]]]) -> None:
 def test_doctor_names_each_missing_unix_group_and_the_commands_that_fix_it(
     slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Three Corral groups with gids: vision, whose gid is a Unix group listing both accounts
-    (fine); corralt-physics, whose gid no Unix group has; corralt-nlp, whose Unix group lacks
-    bob's account. Doctor names the two and the commands; run as printed, they put it right."""
+    """Three Corral groups with gids: corralt-vision, whose gid is the Unix group of that name
+    listing both accounts (fine); corralt-physics, whose gid no Unix group has; corralt-nlp, whose
+    Unix group lacks bob's account. Doctor names the two and the commands; run as printed, they
+    put it right."""
     alice, bob = TEST_ACCOUNTS["alice"], TEST_ACCOUNTS["bob"]
     vision = unix_group([alice, bob])
     physics = 4_200_000 + os.getpid() % 1000  # far above every Unix group of the machine
@@ -209,7 +210,7 @@ def test_doctor_names_each_missing_unix_group_and_the_commands_that_fix_it(
     corral_groups(
         url,
         {
-            "vision": (vision, ["alice", "bob"]),
+            VISION: (vision, ["alice", "bob"]),
             "corralt-physics": (physics, ["alice", "carol"]),  # carol: in no user map, not checked
             "corralt-nlp": (nlp, ["alice", "bob"]),
         },
@@ -248,3 +249,24 @@ def test_doctor_names_each_missing_unix_group_and_the_commands_that_fix_it(
     finally:
         for name in ("corralt-physics", nlp_name):
             subprocess.run(["groupdel", name], capture_output=True)
+
+
+def test_doctor_refuses_a_gid_that_is_the_hosts_own_group(
+    slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CORRAL_GID_RANGE overlapping the host's groups: Corral group vision's gid is a Unix group
+    named otherwise (here corralt-vision), even one that lists the members' accounts. Doctor
+    names the overlap and gives no usermod: that would add vision's members to another's group."""
+    theirs = unix_group([TEST_ACCOUNTS["alice"], TEST_ACCOUNTS["bob"]])
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    corral_groups(url, {"vision": (theirs, ["alice", "bob"])})
+    settings = Settings(engine="slurm", home=tmp_path / "home", database_url=url)
+    monkeypatch.setenv("CORRAL_SLURM_USER_MAP", str(slurm_cluster.user_map))
+    found = check_slurm_groups(settings)
+    assert (found.status, found.detail) == (
+        "fail",
+        f"group vision (gid {theirs}): gid {theirs} is Unix group {VISION}, not Corral group vision's "
+        f"(named vision or corral-vision): CORRAL_GID_RANGE overlaps this host's groups, and the "
+        f"group's dir is open to {VISION}'s members",
+    ), found
+    assert found.fix is not None and "usermod" not in found.fix and "groupadd" not in found.fix

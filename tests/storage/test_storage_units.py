@@ -189,7 +189,8 @@ def test_groups_with_gids_are_those_given_one_with_their_active_members(tmp_path
 
 def test_the_fix_for_a_missing_unix_group_names_the_commands() -> None:
     """`corral doctor`'s and the job log's fix, from this host's group database (gid 0 is root's
-    everywhere; 4,199,999 no host has): a name a Unix group of another gid holds gets corral-."""
+    everywhere; 4,199,999 no host has): a name a Unix group of another gid holds gets corral-.
+    (A Unix group named for its Corral group that lacks members: tests/slurm/test_slurm_storage.)"""
     free = 4_199_999
     assert unix_group_fix("vision", free, ["corralt-alice", "corralt-bob"]) == (
         f"no Unix group has gid {free}",
@@ -199,9 +200,17 @@ def test_the_fix_for_a_missing_unix_group_names_the_commands() -> None:
         f"no Unix group has gid {free}",
         f"groupadd -g {free} corral-root",
     )
-    assert unix_group_fix("vision", 0, ["corralt-alice"]) == (
-        "Unix group root (gid 0) does not list corralt-alice",
-        "usermod -aG root corralt-alice",
+
+
+def test_a_gid_that_is_the_hosts_own_group_gets_no_command() -> None:
+    """CORRAL_GID_RANGE overlapping the host's groups: Corral group vision's gid is Unix group
+    root's (gid 0). Adding vision's members to root would give them root's files: no usermod,
+    the overlap is named instead."""
+    missing, fix = unix_group_fix("vision", 0, ["corralt-alice"])
+    assert fix is None
+    assert missing == (
+        "gid 0 is Unix group root, not Corral group vision's (named vision or corral-vision): "
+        "CORRAL_GID_RANGE overlaps this host's groups, and the group's dir is open to root's members"
     )
 
 

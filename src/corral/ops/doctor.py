@@ -386,7 +386,7 @@ def check_slurm_groups(settings: Settings) -> Check:
     (docs/storage.md, "Identities"): each Corral group with a gid needs a Unix group of that gid
     that lists its members' mapped accounts. Checked in this host's group database (the engine's
     view at launch); the nodes need the same."""
-    from corral.engine.slurm.users import UserMap, gid_name, unix_group_fix
+    from corral.engine.slurm.users import UserMap, corral_unix_names, foreign_gid, gid_name, unix_group_fix
 
     if settings.engine != "slurm":
         return Check("slurm groups", "skip", "local engine: it gives jobs their groups' gids itself")
@@ -406,13 +406,27 @@ def check_slurm_groups(settings: Settings) -> Check:
         users: UserMap | None = UserMap.from_env()
     except ValueError:  # a bad map: the "slurm users" check says so
         users = None
-    gaps, fixes = [], []
+    gaps, fixes, foreign = [], [], []
     for group in groups:
+        unix_name = gid_name(group.gid)
+        if unix_name is not None and unix_name not in corral_unix_names(group.name):
+            foreign.append(
+                f"group {group.name} (gid {group.gid}): {foreign_gid(group.name, group.gid, unix_name)}"
+            )
+            continue
         lacking = _accounts_lacking(users, group) if users is not None else []
-        if lacking or gid_name(group.gid) is None:
+        if lacking or unix_name is None:
             missing, fix = unix_group_fix(group.name, group.gid, lacking)
             gaps.append(f"group {group.name} (gid {group.gid}): {missing}")
-            fixes.append(fix)
+            fixes.append(fix or "")
+    if foreign:  # no command: adding accounts to the host's own group would give them its rights
+        return Check(
+            "slurm groups",
+            "fail",
+            "; ".join(foreign + gaps),
+            "give Corral a CORRAL_GID_RANGE that no Unix group of the host or the nodes uses, and "
+            "move the groups above off those gids (docs/storage.md, Identities)",
+        )
     if not gaps:
         return Check(
             "slurm groups", "ok", f"{len(groups)} groups: each gid is a Unix group of its members' accounts"

@@ -211,7 +211,10 @@ class Submission:
             if d.gid in closed:
                 self._warn_closed_group(account, d.gid, d.path, where)
                 missing, fix = unix_group_fix(Path(d.path).name, d.gid, [account.name])
-                why = f"{missing}; an admin gives it on every node: {fix} (`corral doctor` lists all)"
+                if fix is None:  # the host's own group: no command (`corral doctor` says what to do)
+                    why = f"{missing} (`corral doctor` lists all)"
+                else:
+                    why = f"{missing}; an admin gives it on every node: {fix} (`corral doctor` lists all)"
             else:
                 why = "on the Corral server's host it is: give this node the same Unix groups"
             checks[d.path] = (

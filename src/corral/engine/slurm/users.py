@@ -70,21 +70,40 @@ def gid_name(gid: int) -> str | None:
         return None
 
 
-def unix_group_fix(group: str, gid: int, accounts: Sequence[str]) -> tuple[str, str]:
+def corral_unix_names(group: str) -> tuple[str, ...]:
+    """The names a Unix group made for Corral group `group` has: the fix below gives one of them,
+    and a Unix group of the gid under any other name is the host's own, not Corral's."""
+    return (group, f"corral-{group}")
+
+
+def unix_group_fix(group: str, gid: int, accounts: Sequence[str]) -> tuple[str, str | None]:
     """(what is missing, the commands that give it) for the gid `gid` of Corral group `group`,
     which the Unix `accounts` (its members') lack, as this host's group database says: no Unix
     group has the gid (`groupadd -g`, under the Corral group's name unless a Unix group of another
-    gid holds that name), or the one that has it does not list them (`usermod -aG`)."""
+    gid holds that name), or the one that has it does not list them (`usermod -aG`). When the
+    gid is a Unix group named otherwise, it is the host's own group (CORRAL_GID_RANGE overlaps
+    the host's groups): no command, as adding accounts to it would give them that group's rights."""
     commands = []
     name = gid_name(gid)
     if name is None:
         name = group if _group_name_free(group) else f"corral-{group}"
         missing = f"no Unix group has gid {gid}"
         commands.append(f"groupadd -g {gid} {shlex.quote(name)}")
+    elif name not in corral_unix_names(group):
+        return foreign_gid(group, gid, name), None
     else:
         missing = f"Unix group {name} (gid {gid}) does not list {', '.join(accounts)}"
     commands += [f"usermod -aG {shlex.quote(name)} {shlex.quote(a)}" for a in accounts]
     return missing, "; ".join(commands)
+
+
+def foreign_gid(group: str, gid: int, unix_name: str) -> str:
+    """Corral group `group`'s gid is the host's own Unix group `unix_name`, not one made for it."""
+    names = " or ".join(corral_unix_names(group))
+    return (
+        f"gid {gid} is Unix group {unix_name}, not Corral group {group}'s (named {names}): "
+        f"CORRAL_GID_RANGE overlaps this host's groups, and the group's dir is open to {unix_name}'s members"
+    )
 
 
 def _group_name_free(name: str) -> bool:
