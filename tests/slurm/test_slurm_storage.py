@@ -233,9 +233,12 @@ def test_doctor_names_each_missing_unix_group_and_the_commands_that_fix_it(
             physics: f"groupadd -g {physics} corralt-physics; usermod -aG corralt-physics {alice}",
         }
         in_order = sorted(gaps)  # by gid
+        carol = "; not checked, no Unix account (refused at launch): carol"
         assert (found.status, found.detail, found.fix) == (
             "warn",
-            "; ".join(gaps[g] for g in in_order) + ": their jobs get 'Permission denied' in /group/<name>",
+            "; ".join(gaps[g] for g in in_order)
+            + ": their jobs get 'Permission denied' in /group/<name>"
+            + carol,
             "; ".join(fixes[g] for g in in_order) + " (as root, here and on every node; or the same in LDAP)",
         ), found
         assert found.fix is not None
@@ -244,8 +247,23 @@ def test_doctor_names_each_missing_unix_group_and_the_commands_that_fix_it(
         fixed = check_slurm_groups(settings)
         assert (fixed.status, fixed.detail) == (
             "ok",
-            "3 groups: each gid is a Unix group of its members' accounts",
+            "3 groups: each gid is a Unix group of its members' accounts" + carol,
         ), fixed
+        # without a user map no member's account is checked: not "ok", and said why
+        monkeypatch.delenv("CORRAL_SLURM_USER_MAP")
+        unset = check_slurm_groups(settings)
+        assert (unset.status, unset.detail) == (
+            "skip",
+            "3 groups: each gid is a Unix group; members' accounts not checked: "
+            "CORRAL_SLURM_USER_MAP is unset (see slurm users)",
+        ), unset
+        monkeypatch.setenv("CORRAL_SLURM_USER_MAP", str(tmp_path / "no-such-map.yaml"))
+        unreadable = check_slurm_groups(settings)
+        assert (unreadable.status, unreadable.detail) == (
+            "skip",
+            "3 groups: each gid is a Unix group; members' accounts not checked: "
+            "CORRAL_SLURM_USER_MAP cannot be read (see slurm users)",
+        ), unreadable
     finally:
         for name in ("corralt-physics", nlp_name):
             subprocess.run(["groupdel", name], capture_output=True)

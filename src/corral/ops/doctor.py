@@ -406,7 +406,8 @@ def check_slurm_groups(settings: Settings) -> Check:
         users: UserMap | None = UserMap.from_env()
     except ValueError:  # a bad map: the "slurm users" check says so
         users = None
-    gaps, fixes, foreign = [], [], []
+    mapped = users if users is not None and users.source is not None else None
+    gaps, fixes, foreign, unchecked = [], [], [], set()
     for group in groups:
         unix_name = gid_name(group.gid)
         if unix_name is not None and unix_name not in corral_unix_names(group.name):
@@ -414,7 +415,8 @@ def check_slurm_groups(settings: Settings) -> Check:
                 f"group {group.name} (gid {group.gid}): {foreign_gid(group.name, group.gid, unix_name)}"
             )
             continue
-        lacking = _accounts_lacking(users, group) if users is not None else []
+        lacking, skipped = _accounts_lacking(mapped, group) if mapped else ([], set(group.members))
+        unchecked |= skipped
         if lacking or unix_name is None:
             missing, fix = unix_group_fix(group.name, group.gid, lacking)
             gaps.append(f"group {group.name} (gid {group.gid}): {missing}")
@@ -427,31 +429,43 @@ def check_slurm_groups(settings: Settings) -> Check:
             "give Corral a CORRAL_GID_RANGE that no Unix group of the host or the nodes uses, and "
             "move the groups above off those gids (docs/storage.md, Identities)",
         )
+    if mapped is None:  # nothing to say of the members: "slurm users" fails beside this
+        why = "is unset" if users is not None else "cannot be read"
+        not_checked = f"members' accounts not checked: CORRAL_SLURM_USER_MAP {why} (see slurm users)"
+    else:
+        not_checked = f"not checked, no Unix account (refused at launch): {', '.join(sorted(unchecked))}"
     if not gaps:
-        return Check(
-            "slurm groups", "ok", f"{len(groups)} groups: each gid is a Unix group of its members' accounts"
-        )
+        if mapped is None:
+            return Check(
+                "slurm groups", "skip", f"{len(groups)} groups: each gid is a Unix group; {not_checked}"
+            )
+        detail = f"{len(groups)} groups: each gid is a Unix group of its members' accounts"
+        return Check("slurm groups", "ok", detail + (f"; {not_checked}" if unchecked else ""))
     return Check(
         "slurm groups",
         "warn",
-        "; ".join(gaps) + ": their jobs get 'Permission denied' in /group/<name>",
+        "; ".join(gaps)
+        + ": their jobs get 'Permission denied' in /group/<name>"
+        + (f"; {not_checked}" if unchecked else ""),
         "; ".join(fixes) + " (as root, here and on every node; or the same in LDAP)",
     )
 
 
-def _accounts_lacking(users: UserMap, group: GroupGid) -> list[str]:
-    """The Unix accounts of `group`'s members that are not in its gid."""
+def _accounts_lacking(users: UserMap, group: GroupGid) -> tuple[list[str], set[str]]:
+    """The Unix accounts of `group`'s members that are not in its gid, and the members that have
+    no Unix account to check (unmapped, or gone from this host)."""
     from corral.engine.slurm.users import UnmappedUser, lacks_gid
 
-    lacking = []
+    lacking, unchecked = [], set()
     for member in group.members:
         try:
             account = users.account(member)
         except UnmappedUser:  # its jobs are refused at launch ("slurm users" says why)
+            unchecked.add(member)
             continue
         if lacks_gid(account, group.gid):
             lacking.append(account.name)
-    return lacking
+    return lacking, unchecked
 
 
 def _groups_with_gids(settings: Settings) -> list[GroupGid]:
