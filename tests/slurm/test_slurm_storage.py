@@ -284,7 +284,7 @@ def test_doctor_refuses_a_gid_that_is_the_hosts_own_group(
     assert (found.status, found.detail) == (
         "fail",
         f"group vision (gid {theirs}): gid {theirs} is Unix group {VISION}, not Corral group vision's "
-        f"(named vision or corral-vision): CORRAL_GID_RANGE overlaps this host's groups, and the "
-        f"group's dir is open to {VISION}'s members",
+        f"(named vision, corral-vision or corral-g{theirs}): CORRAL_GID_RANGE overlaps this host's "
+        f"groups, and the group's dir is open to {VISION}'s members",
     ), found
     assert found.fix is not None and "usermod" not in found.fix and "groupadd" not in found.fix

@@ -209,8 +209,28 @@ def test_a_gid_that_is_the_hosts_own_group_gets_no_command() -> None:
     missing, fix = unix_group_fix("vision", 0, ["corralt-alice"])
     assert fix is None
     assert missing == (
-        "gid 0 is Unix group root, not Corral group vision's (named vision or corral-vision): "
+        "gid 0 is Unix group root, not Corral group vision's (named vision, corral-vision or corral-g0): "
         "CORRAL_GID_RANGE overlaps this host's groups, and the group's dir is open to root's members"
+    )
+
+
+def test_the_group_a_fix_makes_has_a_name_groupadd_takes() -> None:
+    """A Corral group's name may start with a digit, hold a "." or be 64 characters long, which
+    groupadd refuses (its default NAME_REGEX, 32 characters): the fix then names the Unix group
+    corral-<name>, or corral-g<gid> when that is no Unix name either."""
+    free = 4_199_999
+    assert unix_group_fix("9lab", free, ["corralt-alice"]) == (
+        f"no Unix group has gid {free}",
+        f"groupadd -g {free} corral-9lab; usermod -aG corral-9lab corralt-alice",
+    )
+    for name in ("ml.team", "x" * 33):  # corral-ml.team has a ".", corral-xxx... 40 characters
+        assert unix_group_fix(name, free, []) == (
+            f"no Unix group has gid {free}",
+            f"groupadd -g {free} corral-g{free}",
+        )
+    assert unix_group_fix("z" * 32, free, []) == (
+        f"no Unix group has gid {free}",
+        f"groupadd -g {free} {'z' * 32}",
     )
 
 

@@ -410,7 +410,7 @@ def check_slurm_groups(settings: Settings) -> Check:
     gaps, fixes, foreign, unchecked = [], [], [], set()
     for group in groups:
         unix_name = gid_name(group.gid)
-        if unix_name is not None and unix_name not in corral_unix_names(group.name):
+        if unix_name is not None and unix_name not in corral_unix_names(group.name, group.gid):
             foreign.append(
                 f"group {group.name} (gid {group.gid}): {foreign_gid(group.name, group.gid, unix_name)}"
             )

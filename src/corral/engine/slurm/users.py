@@ -14,6 +14,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import re
 import shlex
 import threading
 from collections.abc import Sequence
@@ -70,26 +71,39 @@ def gid_name(gid: int) -> str | None:
         return None
 
 
-def corral_unix_names(group: str) -> tuple[str, ...]:
-    """The names a Unix group made for Corral group `group` has: the fix below gives one of them,
-    and a Unix group of the gid under any other name is the host's own, not Corral's."""
-    return (group, f"corral-{group}")
+# A name groupadd takes everywhere (shadow-utils' default NAME_REGEX, 32 characters at most);
+# a Corral group's name may be longer, start with a digit or hold a "." (api/schemas.py).
+PORTABLE_GROUP_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+
+
+def corral_unix_names(group: str, gid: int) -> tuple[str, ...]:
+    """The names a Unix group made for Corral group `group` (of gid `gid`) may have, in the order
+    the fix below tries them; a Unix group of the gid under any other name is the host's own."""
+    return (group, f"corral-{group}", f"corral-g{gid}")
 
 
 def unix_group_fix(group: str, gid: int, accounts: Sequence[str]) -> tuple[str, str | None]:
     """(what is missing, the commands that give it) for the gid `gid` of Corral group `group`,
     which the Unix `accounts` (its members') lack, as this host's group database says: no Unix
-    group has the gid (`groupadd -g`, under the Corral group's name unless a Unix group of another
-    gid holds that name), or the one that has it does not list them (`usermod -aG`). When the
+    group has the gid (`groupadd -g`, under the first of corral_unix_names that groupadd takes
+    and no Unix group holds), or the one that has it does not list them (`usermod -aG`). When the
     gid is a Unix group named otherwise, it is the host's own group (CORRAL_GID_RANGE overlaps
     the host's groups): no command, as adding accounts to it would give them that group's rights."""
     commands = []
     name = gid_name(gid)
     if name is None:
-        name = group if _group_name_free(group) else f"corral-{group}"
         missing = f"no Unix group has gid {gid}"
+        free = [
+            n
+            for n in corral_unix_names(group, gid)
+            if PORTABLE_GROUP_NAME.fullmatch(n) and _group_name_free(n)
+        ]
+        if not free:
+            taken = " and ".join(n for n in corral_unix_names(group, gid) if PORTABLE_GROUP_NAME.fullmatch(n))
+            return f"{missing}, and Unix groups of other gids hold the names it could have ({taken})", None
+        name = free[0]
         commands.append(f"groupadd -g {gid} {shlex.quote(name)}")
-    elif name not in corral_unix_names(group):
+    elif name not in corral_unix_names(group, gid):
         return foreign_gid(group, gid, name), None
     else:
         missing = f"Unix group {name} (gid {gid}) does not list {', '.join(accounts)}"
@@ -99,10 +113,11 @@ def unix_group_fix(group: str, gid: int, accounts: Sequence[str]) -> tuple[str, 
 
 def foreign_gid(group: str, gid: int, unix_name: str) -> str:
     """Corral group `group`'s gid is the host's own Unix group `unix_name`, not one made for it."""
-    names = " or ".join(corral_unix_names(group))
+    *first, last = corral_unix_names(group, gid)
     return (
-        f"gid {gid} is Unix group {unix_name}, not Corral group {group}'s (named {names}): "
-        f"CORRAL_GID_RANGE overlaps this host's groups, and the group's dir is open to {unix_name}'s members"
+        f"gid {gid} is Unix group {unix_name}, not Corral group {group}'s (named {', '.join(first)} or "
+        f"{last}): CORRAL_GID_RANGE overlaps this host's groups, and the group's dir is open to "
+        f"{unix_name}'s members"
     )
 
 
