@@ -532,17 +532,20 @@ def test_idle_stops_recorded_only_as_job_events_are_filled_in_by_0028(url: str) 
         engine.dispose()
 
 
-def test_workspace_ids_are_never_given_again_after_0033(url: str) -> None:
+@pytest.mark.parametrize("highest_in", ["audit log", "job URL"])
+def test_workspace_ids_are_never_given_again_after_0033(url: str, highest_in: str) -> None:
     # 0033: workspaces rebuilt with AUTOINCREMENT on SQLite (a no-op on PostgreSQL): its rows
     # survive, and the next id comes after every id still recorded, removed workspaces' included:
     # the audit log's workspace targets and the workspace jobs' base URLs (/ws/<id>/) name them.
     # Before, `corral ws rm` then another user's `ws create` gave the new workspace the same id.
+    # Each case makes one of the two the highest, so each alone decides the next id in one case.
+    audit_only, url_only = (40, 21) if highest_in == "audit log" else (17, 40)
     upgrade(url, "0030_group_memory_bigint")
     engine = make_engine(url, poolclass=sa.pool.NullPool)
     try:
         data = rows(0)
-        for job, base in zip(data["jobs"], ("/ws/3/", "/ws/21/", None, None), strict=True):
-            if base is not None:  # job 11 ran workspace 21, removed before the upgrade
+        for job, base in zip(data["jobs"], ("/ws/3/", f"/ws/{url_only}/", None, None), strict=True):
+            if base is not None:  # job 11 ran workspace url_only, removed before the upgrade
                 job["spec"] = json.dumps({**SPEC, "env": {"CORRAL_WORKSPACE_BASE_URL": base}})
         workspace = {"user_id": 1, "group_id": 1, "gpus": 0, "gpu_model": None, "cpus": 1.0,
                      "memory_mib": 1024, "environment": "default", "idle_timeout_s": None,
@@ -550,9 +553,9 @@ def test_workspace_ids_are_never_given_again_after_0033(url: str) -> None:
                      "idle_stopped_at": None, "created_at": T0, "updated_at": T0}  # fmt: skip
         data["workspaces"] = [{"id": 3, "name": "nb", "current_job_id": 10, **workspace}]
         audit = {"at": T0, "actor": "u", "target_kind": "workspace"}
-        data["audit_log"] = [  # workspace 17 created and removed: only the audit log names it
-            {"id": 1, **audit, "action": "workspace.create", "target_id": "17"},
-            {"id": 2, **audit, "action": "workspace.remove", "target_id": "17"},
+        data["audit_log"] = [  # workspace audit_only created and removed: only the audit log names it
+            {"id": 1, **audit, "action": "workspace.create", "target_id": str(audit_only)},
+            {"id": 2, **audit, "action": "workspace.remove", "target_id": str(audit_only)},
         ]
         insert(engine, data)
         with engine.connect() as conn:
@@ -572,7 +575,9 @@ def test_workspace_ids_are_never_given_again_after_0033(url: str) -> None:
                 )
             ).scalar_one()
         if engine.dialect.name == "sqlite":
-            assert made > 21, f"workspace {made} after workspace 3, removed 17 (audit) and 21 (a job's URL)"
+            assert made == 41, (
+                f"workspace {made} after workspace 3, removed {audit_only} (audit log), {url_only} (job URL)"
+            )
         else:  # the row above was inserted with an explicit id: PostgreSQL's sequence was not used
             assert made != 3
 
