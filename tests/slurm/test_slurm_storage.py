@@ -11,6 +11,7 @@ import grp
 import hashlib
 import logging
 import os
+import pwd
 import subprocess
 import time
 from dataclasses import replace
@@ -154,10 +155,12 @@ def test_a_group_dir_the_account_cannot_enter_is_said_in_the_server_log(
         log = engine.logs("705.1", 0).data.decode()
         assert "Permission denied" in log
         # the job's own log says why, first, and what an admin does (it said nothing before)
+        own_gids = " ".join(str(g) for g in os.getgrouplist(account, pwd.getpwnam(account).pw_gid))
         assert log.splitlines()[0] == (
             f"corral: /group/physics is closed to this job (Permission denied): its account {account} "
             f"is not in gid {gid}, which owns it; no Unix group has gid {gid}; an admin gives it on every "
             f"node: groupadd -g {gid} physics; usermod -aG physics {account} (`corral doctor` lists all)"
+            f"; seen on node1: owner:gid mode 0:{gid} 2770, the job's gids {own_gids}"
         ), log
         said = [r.getMessage() for r in caplog.records if f"not in gid {gid}" in r.getMessage()]
         assert said == [
@@ -166,6 +169,40 @@ def test_a_group_dir_the_account_cannot_enter_is_said_in_the_server_log(
             f"{gid} to a Unix group of the group members' accounts on every node (docs/storage.md, "
             "Identities; `corral storage ids` lists the gids)"
         ], said  # once for both launches
+    finally:
+        engine.close()
+
+
+def test_a_group_dir_closed_on_the_node_alone_says_what_the_node_saw(slurm_cluster: SlurmCluster) -> None:
+    """The account is in the dir's gid as the server's host sees it, yet the dir is closed on
+    the node (here: its mode lets no group in, as storage mapping ownership otherwise would): the
+    job's log says it is closed on this node, not that the account lacks the gid, and shows the
+    owner, gid and mode and the job's gids the node gave."""
+    root = slurm_cluster.new_state_dir() / "storage"
+    ensure_layout(root)
+    os.chmod(root.parent, 0o755)
+    account = TEST_ACCOUNTS["alice"]
+    gid = unix_group([account])
+    engine: SlurmEngine = slurm_engine(slurm_cluster, storage_root=root)
+    try:
+        binds = default_binds(MountContext("alice", frozenset({"vision"}), root), {"vision": gid})
+        base = attempt("706.1", instance("node1", "ls /group/vision"), user="alice")
+        mounts = tuple(MountSpec(b.host_path, b.target, b.readonly) for b in binds)
+        group_dir = str(root / "group" / "vision")
+        dirs = tuple(
+            replace(d, mode=0o700) if d.path == group_dir else d for b in binds for d in b.prepare
+        )  # root's alone
+        engine.launch(replace(base, mounts=mounts, storage_dirs=dirs))
+        assert wait_for(engine, "706.1", FINISHED, timeout_s=30).phase is AttemptPhase.FAILED
+        log = engine.logs("706.1", 0).data.decode()
+        own_gids = " ".join(str(g) for g in os.getgrouplist(account, pwd.getpwnam(account).pw_gid))
+        assert log.splitlines()[0] == (
+            "corral: /group/vision is closed to this job on this node (Permission denied), though on "
+            f"the Corral server's host its account {account} is in gid {gid}, which owns it: this "
+            "node's Unix groups differ from the host's, or its storage shows the dir with another "
+            f"owner, gid or mode (e.g. NFS root_squash or idmap); seen on node1: owner:gid mode "
+            f"0:{gid} 700, the job's gids {own_gids}"
+        ), log
     finally:
         engine.close()
 

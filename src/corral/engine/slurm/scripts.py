@@ -291,10 +291,17 @@ for x in {side}; do if [ -e "$x" ]; then set -- "$@" --dev-bind "$x" "$x"; fi; d
 
 
 def _dir_checks(checks: Sequence[tuple[str, str]]) -> str:
-    return "".join(
-        f"[ -x {shlex.quote(path)} ] || [ ! -d {shlex.quote(path)} ] || echo {shlex.quote(line)} >&2\n"
-        for path, line in checks
-    )
+    """Each line ends with what the rank saw on its node, as the job's account: the dir's owner,
+    gid and mode and the job's own gids, so a dir closed for another reason than its groups
+    (storage that shows ownership otherwise, e.g. NFS root_squash or idmap) shows as such."""
+    out = []
+    for path, line in checks:
+        quoted = shlex.quote(path)
+        seen = (
+            f"; seen on $(hostname): owner:gid mode $(stat -c '%u:%g %a' {quoted}), the job's gids $(id -G)"
+        )
+        out.append(f'[ -x {quoted} ] || [ ! -d {quoted} ] || echo {shlex.quote(line)}"{seen}" >&2\n')
+    return "".join(out)
 
 
 def _secret_env(secrets: tuple[SecretGrant, ...], rank: int) -> str:

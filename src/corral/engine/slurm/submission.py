@@ -208,15 +208,20 @@ class Submission:
             if d.owner != "root" or d.gid is None or d.path in checks:
                 continue
             where = targets.get(d.path, d.path)
-            if d.gid in closed:
-                self._warn_closed_group(account, d.gid, d.path, where)
-                missing, fix = unix_group_fix(Path(d.path).name, d.gid, [account.name])
-                if fix is None:  # the host's own group: no command (`corral doctor` says what to do)
-                    why = f"{missing} (`corral doctor` lists all)"
-                else:
-                    why = f"{missing}; an admin gives it on every node: {fix} (`corral doctor` lists all)"
+            if d.gid not in closed:  # open as this host sees it: the node differs, groups or storage
+                checks[d.path] = (
+                    f"corral: {where} is closed to this job on this node (Permission denied), though on "
+                    f"the Corral server's host its account {account.name} is in gid {d.gid}, which owns "
+                    "it: this node's Unix groups differ from the host's, or its storage shows the dir "
+                    "with another owner, gid or mode (e.g. NFS root_squash or idmap)"
+                )
+                continue
+            self._warn_closed_group(account, d.gid, d.path, where)
+            missing, fix = unix_group_fix(Path(d.path).name, d.gid, [account.name])
+            if fix is None:  # the host's own group: no command (`corral doctor` says what to do)
+                why = f"{missing} (`corral doctor` lists all)"
             else:
-                why = "on the Corral server's host it is: give this node the same Unix groups"
+                why = f"{missing}; an admin gives it on every node: {fix} (`corral doctor` lists all)"
             checks[d.path] = (
                 f"corral: {where} is closed to this job (Permission denied): its account {account.name} is "
                 f"not in gid {d.gid}, which owns it; {why}"
