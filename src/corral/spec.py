@@ -129,6 +129,20 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds:.6f}".rstrip("0").rstrip(".") + "s"
 
 
+def duration_text(seconds: float) -> str:
+    """A duration exactly, as people write one and parse_duration_s reads it back: 18000 -> "5h",
+    5400 -> "1h30m", 90061 -> "1d1h1m1s"; a fraction stays on the seconds."""
+    whole, fraction = divmod(seconds, 1)
+    left, parts = int(whole), []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        count, left = divmod(left, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    if left or fraction or not parts:
+        parts.append(format_seconds(left + fraction))
+    return "".join(parts)
+
+
 def _check_gpu_model(value: str | None) -> str | None:
     if value is None:
         return None

@@ -33,18 +33,25 @@ def test_a_field_left_out_keeps_the_groups_value(world: World) -> None:
     # checked against the kept value too
     r2 = c.put(f"{API}/vision", json={"default_idle_timeout": "5h"}, headers=admin)
     assert r2.status_code == 422, r2.text
-    [error] = r2.json()["detail"]  # the values, and whose the maximum is (it was "... is more than
-    # max_idle_timeout", with neither value, when the maximum was one the caller had not given)
-    assert (
-        error["msg"]
-        == "default_idle_timeout 18000s is more than max_idle_timeout 14400s (group vision's, kept)"
+    [error] = r2.json()["detail"]  # the values, as people write them, and whose the maximum is (it
+    # was "... is more than max_idle_timeout", with neither value, when the maximum was kept)
+    assert (error["loc"], error["msg"]) == (
+        ["body", "default_idle_timeout"],
+        "default_idle_timeout 5h given is more than group vision's max_idle_timeout 4h, kept "
+        "(raise the maximum too)",
     )
-    both = {"default_idle_timeout": "9h", "max_idle_timeout": "8h"}
+    # the mirror case: the maximum given, the group's default kept: the field given is blamed
+    r2 = c.put(f"{API}/vision", json={"max_idle_timeout": "1h"}, headers=admin)
+    assert r2.status_code == 422, r2.text
+    [error] = r2.json()["detail"]  # (it was loc default_idle_timeout, a field not sent, "7200s")
+    assert (error["loc"], error["msg"]) == (
+        ["body", "max_idle_timeout"],
+        "max_idle_timeout 1h given is less than group vision's default_idle_timeout 2h, kept "
+        "(lower the default too)",
+    )
+    both = {"default_idle_timeout": "9h", "max_idle_timeout": "8h 30m"}
     r2 = c.put(f"{API}/vision", json=both, headers=admin)
-    assert (
-        r2.json()["detail"][0]["msg"]
-        == "default_idle_timeout 32400s is more than max_idle_timeout 28800s (given)"
-    )
+    assert r2.json()["detail"][0]["msg"] == "default_idle_timeout 9h is more than max_idle_timeout 8h30m"
 
     # null: back to the server's, said so; the other stays the group's
     settings = c.app.state.settings  # type: ignore[attr-defined]

@@ -40,6 +40,7 @@ from corral.spec import (
     MountV1,
     ResourcesV1,
     TaskV1,
+    duration_text,
     format_seconds,
     parse_duration_s,
 )
@@ -573,16 +574,11 @@ def set_policy(
         session.add(policy)
     else:
         before = {"default": policy.default_idle_timeout_s, "max": policy.max_idle_timeout_s}
-    max_kept = isinstance(max_s, EllipsisType)
+    default_kept, max_kept = isinstance(default_s, EllipsisType), isinstance(max_s, EllipsisType)
     default_s = policy.default_idle_timeout_s if isinstance(default_s, EllipsisType) else default_s
     max_s = policy.max_idle_timeout_s if isinstance(max_s, EllipsisType) else max_s
     if default_s is not None and max_s is not None and default_s > max_s:
-        whose = f"group {group}'s, kept" if max_kept else "given"
-        raise Invalid(  # both values: the maximum may be the one kept, not one the caller gave
-            f"default_idle_timeout {format_seconds(default_s)} is more than max_idle_timeout "
-            f"{format_seconds(max_s)} ({whose})",
-            ("body", "default_idle_timeout"),
-        )
+        _refuse_default_over_max(group, default_s, max_s, default_kept, max_kept)
     policy.default_idle_timeout_s = default_s
     policy.max_idle_timeout_s = max_s
     audit.record(
@@ -596,6 +592,30 @@ def set_policy(
     )
     session.commit()
     return _policy_view(session, settings, group, group_id)
+
+
+def _refuse_default_over_max(
+    group: str, default_s: float, max_s: float, default_kept: bool, max_kept: bool
+) -> None:
+    """The refusal names the field the caller gave (the other may be the group's, kept) and the
+    values as people write them ("5h", not "18000s")."""
+    default, maximum = duration_text(default_s), duration_text(max_s)
+    if default_kept and not max_kept:
+        raise Invalid(
+            f"max_idle_timeout {maximum} given is less than group {group}'s default_idle_timeout "
+            f"{default}, kept (lower the default too)",
+            ("body", "max_idle_timeout"),
+        )
+    if max_kept and not default_kept:
+        raise Invalid(
+            f"default_idle_timeout {default} given is more than group {group}'s max_idle_timeout "
+            f"{maximum}, kept (raise the maximum too)",
+            ("body", "default_idle_timeout"),
+        )
+    raise Invalid(
+        f"default_idle_timeout {default} is more than max_idle_timeout {maximum}",
+        ("body", "default_idle_timeout"),
+    )
 
 
 def parse_timeout(text: str | None, field: str) -> float | None:
