@@ -88,12 +88,16 @@ def test_rules_show_takes_o_json_as_every_read_command(world: World, server_url:
 @pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
 def test_an_empty_list_says_so_rather_than_print_a_header_alone(world: World, server_url: str) -> None:
     """`corral incident ls`, `oncall now` and `ws ls` with nothing to list printed their header
-    row alone, which reads as a listing that failed half-way."""
+    row alone, which reads as a listing that failed half-way; an admin's `ws ls --user alice` or
+    `--all` was then told how to make a workspace of their own."""
     expected = {
         ("incident", "ls"): "no open incidents (--all: resolved and closed ones too)",
         ("incident", "ls", "--all"): "no incidents",
         ("oncall", "now"): "no on-call schedules (`corral oncall schedule set NAME -f FILE` defines one)",
         ("ws", "ls"): "no workspaces (`corral ws create NAME` makes one)",
+        # another's list or everyone's: no hint to make one of one's own (it gave it)
+        ("ws", "ls", "--user", "alice"): "alice has no workspaces",
+        ("ws", "ls", "--all"): "no workspaces of any user",
     }
     for args, line in expected.items():
         code, out = run(world, server_url, "admin", *args)

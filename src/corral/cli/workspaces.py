@@ -118,9 +118,18 @@ def list_workspaces(
         job = str(ws["job_id"]) if ws["job_id"] is not None else "-"
         table.add_row(ws["name"], ws["user"], _state(ws), _describe(ws), job, ago(ws["created_at"]))
     if not rows:  # a header alone read as a listing that failed
-        out.print("no workspaces (`corral ws create NAME` makes one)")
+        out.print(_none_listed(user, all_users))
         return
     out.print(table)
+
+
+def _none_listed(user: str | None, all_users: bool) -> str:
+    """The line for an empty list: the hint to make one is for one's own list alone."""
+    if all_users:
+        return "no workspaces of any user"
+    if user is not None:
+        return f"{user} has no workspaces"
+    return "no workspaces (`corral ws create NAME` makes one)"
 
 
 @ws_app.command("show")
