@@ -45,13 +45,12 @@ def ensure_accounts(names: list[str]) -> None:
         try:
             pwd.getpwnam(name)
         except KeyError:
-            subprocess.run(
-                [*("useradd", "--no-create-home", "--home-dir", "/nonexistent"), "--user-group", name],
-                check=False,
-                capture_output=True,
-                timeout=30,
-            )
-            pwd.getpwnam(name)  # KeyError here: useradd failed (not root?)
+            command = [*("useradd", "--no-create-home", "--home-dir", "/nonexistent"), "--user-group", name]
+            done = _admin(command)
+            try:
+                pwd.getpwnam(name)
+            except KeyError:  # (not root?): say what useradd said, not a bare KeyError
+                raise AssertionError(f"{' '.join(command)} made no account {name}: {_said(done)}") from None
 
 
 # The group gids a test server gives out (CORRAL_GID_RANGE, helpers.server_env), each the gid of a
@@ -67,12 +66,31 @@ def ensure_group_gids(gids: range, accounts: list[str]) -> None:
         try:
             grp.getgrgid(gid)
         except KeyError:  # (another session's harness may make it at the same time: checked below)
-            subprocess.run(["groupadd", "-g", str(gid), f"corralt-g{gid}"], capture_output=True, timeout=30)
-        group = grp.getgrgid(gid)  # KeyError here: groupadd failed (not root?)
+            command = ["groupadd", "-g", str(gid), f"corralt-g{gid}"]
+            done = _admin(command)
+            try:
+                grp.getgrgid(gid)
+            except KeyError:  # (not root? the name taken by another gid?): say what groupadd said
+                raise AssertionError(
+                    f"{' '.join(command)} made no group of gid {gid}: {_said(done)}"
+                ) from None
+        group = grp.getgrgid(gid)
+        said = []
         for account in sorted(set(accounts) - set(group.gr_mem)):
-            subprocess.run(["usermod", "-aG", group.gr_name, account], capture_output=True, timeout=30)
+            said.append(_said(_admin(["usermod", "-aG", group.gr_name, account])))
         missing = set(accounts) - set(grp.getgrgid(gid).gr_mem)
-        assert not missing, f"usermod could not add {sorted(missing)} to Unix group {group.gr_name}"
+        assert not missing, (
+            f"usermod could not add {sorted(missing)} to Unix group {group.gr_name}: {'; '.join(said)}"
+        )
+
+
+def _admin(command: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, check=False, capture_output=True, text=True, timeout=30)
+
+
+def _said(done: subprocess.CompletedProcess[str]) -> str:
+    """What an admin command said, for the failure that follows it."""
+    return f"exit {done.returncode}: {(done.stderr or done.stdout).strip() or 'nothing said'}"
 
 
 def free_port() -> int:
