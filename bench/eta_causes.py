@@ -248,25 +248,15 @@ def _iqr_sigma(spread: tuple[float, float]) -> float:
     return (math.log(high) - math.log(low)) / eta.IQR_Z if low > 0 and high > low else 0.0
 
 
-def one_run(trace: Trace, cluster: ClusterSpec, mode: str) -> tuple[SimResult, dict[str, Any]]:
-    _state["mode"] = mode
-    eta._LOG_NORMAL.clear()
+def _replay_with_knobs(sim: Simulator, mode: str) -> SimResult:
+    """`sim` run with the scheduler functions the mode's knobs replace (sigma, tail rule,
+    user-size floor, the diagnosis' event readers), only for this replay: the library's own
+    functions are put back after it, whatever happens (another replay in the same process, a
+    test's, sees the shipped path)."""
     scale = _knob("sig") or 1.0
     widen = _knob("sigw")  # the measured spread widened, the floor kept
     user_size_floor = _knob("usf")
     tail = _tail_rule(mode)
-    sim = Simulator(
-        trace,
-        cluster,
-        resolve_policy(_state["policy"], _state.get("knobs")),
-        policy_name=_state["policy"],
-        config=SimConfig(eta_calibration="nocal" not in mode.split("+")),
-    )
-    _state["sim"] = sim
-    if is_compiled():  # calls inside compiled code would not see the replaced functions
-        raise SystemExit("eta_causes replaces scheduler functions: run it with CORRAL_PURE_PYTHON=1")
-    # only for this replay: the library's own functions are put back after it, whatever happens
-    # (another replay in the same process, a test's, sees the shipped path)
     try:
         if user_size_floor is not None:
             runtimes.estimate_from = _user_size_floor(user_size_floor)
@@ -287,6 +277,23 @@ def one_run(trace: Trace, cluster: ClusterSpec, mode: str) -> tuple[SimResult, d
         runtimes.estimate_from = _plain_estimate_from
         eta._LOG_NORMAL.clear()
         _state["sim"] = None
+    return result
+
+
+def one_run(trace: Trace, cluster: ClusterSpec, mode: str) -> tuple[SimResult, dict[str, Any]]:
+    _state["mode"] = mode
+    eta._LOG_NORMAL.clear()
+    sim = Simulator(
+        trace,
+        cluster,
+        resolve_policy(_state["policy"], _state.get("knobs")),
+        policy_name=_state["policy"],
+        config=SimConfig(eta_calibration="nocal" not in mode.split("+")),
+    )
+    _state["sim"] = sim
+    if is_compiled():  # calls inside compiled code would not see the replaced functions
+        raise SystemExit("eta_causes replaces scheduler functions: run it with CORRAL_PURE_PYTHON=1")
+    result = _replay_with_knobs(sim, mode)
     passed = passed_by_later(result)
     rel: list[float] = []
     rel_alone: list[float] = []
