@@ -260,6 +260,41 @@ def test_doctor_names_the_alertmanager_unit_debian_installs(tmp_path: Path) -> N
     )
 
 
+def test_doctor_warns_when_an_id_range_holds_the_hosts_own_accounts_or_groups(tmp_path: Path) -> None:
+    """CORRAL_UID_RANGE / CORRAL_GID_RANGE only had to be >= 1000: a range over the host's own
+    ids (here 65534, nobody's and nogroup's on every Debian-like host) would give a Corral user
+    or group an id a host account or group has, and with it that one's files."""
+    import grp
+    import pwd
+
+    from corral.ops.doctor import check_id_ranges
+
+    nobody, nogroup = pwd.getpwuid(65534).pw_name, grp.getgrgid(65534).gr_name
+    home, db = tmp_path / "home", f"sqlite:///{tmp_path}/c.db"
+    over = Settings(home=home, database_url=db, uid_range="65500-65599", gid_range="65400-65499")
+    found = check_id_ranges(over)
+    assert (found.status, found.detail) == (
+        "warn",
+        f"CORRAL_UID_RANGE 65500-65599 holds host accounts {nobody} (65534): a Corral user or group "
+        "given one of those ids shares its files with them",
+    ), found
+    over = Settings(home=home, database_url=db, uid_range="65400-65499", gid_range="65500-65599")
+    assert check_id_ranges(over).detail.startswith(
+        f"CORRAL_GID_RANGE 65500-65599 holds host groups {nogroup} (65534)"
+    )
+    # on Slurm the mapped accounts own users' files: the uid range owns nothing there
+    slurm = Settings(
+        home=home, database_url=db, engine="slurm", uid_range="65500-65599", gid_range="65400-65499"
+    )
+    assert check_id_ranges(slurm).status == "ok"
+    clear = Settings(home=home, database_url=db, uid_range="4210000-4219999", gid_range="4220000-4229999")
+    assert (check_id_ranges(clear).status, check_id_ranges(clear).detail) == (
+        "ok",
+        "no host account or group holds an id Corral gives (4210000-4219999, 4220000-4229999)",
+    )
+    assert not (tmp_path / "c.db").exists()  # checking created nothing
+
+
 def doctor(env: dict[str, str]) -> tuple[int, dict[str, dict[str, Any]]]:
     r = subprocess.run(
         [sys.executable, "-m", "corral.cli.main", "doctor", "-o", "json"],

@@ -58,6 +58,7 @@ def run_checks(settings: Settings, cgroup_root: Path = CGROUP_ROOT) -> list[Chec
         lambda: check_slurm_users(settings),
         lambda: check_slurm_groups(settings),
         lambda: check_storage(settings),
+        lambda: check_id_ranges(settings),
     ]
     results = []
     for check in checks:
@@ -93,6 +94,66 @@ def check_storage(settings: Settings) -> Check:
     if problems:
         return Check("storage", "fail", "; ".join(problems), "see docs/storage.md, 'Layout and permissions'")
     return Check("storage", "ok", f"{root}: layout and modes as documented")
+
+
+def check_id_ranges(settings: Settings) -> Check:
+    """CORRAL_UID_RANGE / CORRAL_GID_RANGE are Corral's to give out: a host account or group that
+    already holds an id in them would get what Corral gives that id (a user's home, a group's
+    dir). Corral's own Unix groups (on Slurm, made for its groups: corral_unix_names) are no
+    overlap; on Slurm the uid range owns nothing (the mapped accounts own users' files)."""
+    import grp
+    import pwd
+
+    from corral.storage.plan import id_ranges
+
+    try:
+        uids, gids = id_ranges(settings)
+    except ValueError:  # the storage check says what is wrong with them
+        return Check("id ranges", "skip", "the ranges cannot be read (see storage)")
+    held = []
+    if settings.engine != "slurm":
+        users = [f"{p.pw_name} ({p.pw_uid})" for p in pwd.getpwall() if uids.low <= p.pw_uid <= uids.high]
+        if users:
+            held.append(f"CORRAL_UID_RANGE {settings.uid_range} holds host accounts {_some(users)}")
+    own = _corral_unix_groups(settings)
+    groups = [
+        f"{g.gr_name} ({g.gr_gid})"
+        for g in grp.getgrall()
+        if gids.low <= g.gr_gid <= gids.high and g.gr_name not in own.get(g.gr_gid, ())
+    ]
+    if groups:
+        held.append(f"CORRAL_GID_RANGE {settings.gid_range} holds host groups {_some(groups)}")
+    if not held:
+        ranges = f"{settings.uid_range}, {settings.gid_range}"
+        return Check("id ranges", "ok", f"no host account or group holds an id Corral gives ({ranges})")
+    return Check(
+        "id ranges",
+        "warn",
+        "; ".join(held) + ": a Corral user or group given one of those ids shares its files with them",
+        "set the ranges to ids that no account or group of this host or the nodes has "
+        "(docs/storage.md, Identities)",
+    )
+
+
+def _corral_unix_groups(settings: Settings) -> dict[int, tuple[str, ...]]:
+    """{gid: the names a Unix group made for its Corral group may have}, from Corral's database
+    when there is one to read (none: no Corral group has a gid)."""
+    from corral.db.session import is_sqlite
+    from corral.engine.slurm.users import corral_unix_names
+    from corral.ops.backup import sqlite_path
+
+    if is_sqlite(settings.db_url) and not sqlite_path(settings.db_url).exists():  # connecting makes it
+        return {}
+    try:
+        groups = _groups_with_gids(settings)
+    except Exception:  # the database check says what is wrong with it
+        return {}
+    return {g.gid: corral_unix_names(g.name, g.gid) for g in groups}
+
+
+def _some(names: list[str], shown: int = 5) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def check_home(settings: Settings) -> Check:
