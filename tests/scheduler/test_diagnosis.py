@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from corral.scheduler import PROFILES, Scheduler, Snapshot, check_fits_anywhere
 from corral.scheduler.apply import estimated_starts
-from corral.scheduler.eta import remaining_s
+from corral.scheduler.eta import LIMIT_STOP_S, remaining_s
 from corral.scheduler.types import Usage
 from tests.scheduler.builders import gpu_node, group, job, plan_for, running, snap
 from tests.scheduler.strategies import snapshots
@@ -124,7 +124,9 @@ def test_estimate_range_comes_from_the_runtime_spread() -> None:
 def test_remaining_time_of_an_overdue_job_grows_with_what_it_ran() -> None:
     spread = (600.0, 2400.0)
     assert remaining_s(1200.0, spread, 0.0) == 1200.0
-    assert remaining_s(1200.0, None, 5000.0) == 0.0  # no spread: the old rule, overdue ends now
+    assert remaining_s(1200.0, None, 5000.0) == 0.0  # no spread, a point guess: the old rule, ends now
+    assert remaining_s(1200.0, None, 5000.0, is_limit=True) == LIMIT_STOP_S  # its limit: being stopped
+    assert remaining_s(1200.0, None, 200.0, is_limit=True) == 1000.0  # before it: stopped there
     assert remaining_s(0.0, (0.0, 0.0), 5000.0) == 5000.0  # runs of 0 s: as long again
     assert remaining_s(0.0, None, 5000.0) == 5000.0
     assert remaining_s(0.0, (0.0, 0.0), 0.0) == 0.0  # not started yet: its runs' 0 s
@@ -185,7 +187,22 @@ def test_cpu_job_and_gang_size_checked_against_cluster() -> None:
     assert reason.code == "cluster_too_small"
 
 
+def test_a_job_past_its_time_limit_is_expected_to_end_once_stopped() -> None:
+    """An estimate that is the job's own limit (max_runtime, no history): the platform stops the
+    job there, so past it the job is expected gone after the stop (LIMIT_STOP_S), not "now"."""
+    assert LIMIT_STOP_S == 30.0
+    limited = replace(job("r", runtime=100.0), runtime_is_limit=True)
+    etas = []
+    for now in (5.0, 90.0, 500.0):
+        run = [running(limited, "n", (0,), start=0.0)]
+        plan = plan_for(snap([gpu_node("n", gpus=1)], [job("q")], run=run), PROFILES["fifo"], now=now)
+        etas.append(plan.diagnoses["q"].estimated_start)
+    assert etas == [100.0, 120.0, 530.0]  # its limit; within the stop's 30 s of it; past it
+
+
 def test_overdue_running_job_is_expected_to_end_now() -> None:
+    """A point guess without a spread (here the job's own estimate; also a default): the old rule
+    (the tail rule for it was measured and not kept: docs/simulator.md "Round 5")."""
     run = [running(job("r", runtime=10.0), "n", (0,), start=0.0)]
     plan = plan_for(snap([gpu_node("n", gpus=1)], [job("q")], run=run), PROFILES["fifo"], now=500.0)
     assert plan.diagnoses["q"].estimated_start == 500.0

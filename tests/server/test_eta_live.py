@@ -16,6 +16,7 @@ from corral.cli.jobs import start_line
 from corral.db.models import Group, Job, User
 from corral.db.session import make_engine
 from corral.domain import JobDiagnosis
+from corral.scheduler.eta import LIMIT_STOP_S
 from corral.scheduler.eta_calibration import EtaCalibration
 from corral.server.context import ServerContext
 from corral.server.eta_record import load_outcomes
@@ -99,6 +100,32 @@ def test_a_job_behind_work_with_a_runtime_spread_gets_a_start_range(ctx: ServerC
         assert view["diagnosis"] is not None
         line = start_line(dict(view["diagnosis"]))
         assert "(in ~" in line and "(likely " in line
+
+
+@pytest.mark.parametrize(("basis", "left"), [("limit", LIMIT_STOP_S), ("cluster", 0.0), (None, 0.0)])
+def test_a_job_past_its_max_runtime_is_expected_gone_after_its_stop(
+    ctx: ServerContext, basis: str | None, left: float
+) -> None:
+    """A running job estimated at 600 s without a spread has run 1,000 s. When its estimate was
+    its own max_runtime (basis "limit", the column the snapshot reads), it is being stopped: the
+    GPUs come back after the stop, not "now", which the next job was shown at every cycle. A
+    point guess (a row from before the spread was recorded) keeps the old rule, "now" (the tail
+    rule for it was measured and not kept: docs/simulator.md "Round 5")."""
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session, guaranteed=4)
+        running = add_job(session, gid, uid, gpus=4, name="long")
+        job = session.get(Job, running)
+        assert job is not None
+        job.runtime_estimate_s, job.runtime_estimate_basis = 600.0, basis
+        session.commit()
+    now = time.time()
+    schedule_tick(ctx, now)  # `long` takes every GPU (placed at `now`: its start, to the loop)
+    with ctx.session_factory() as session:
+        waiting = add_job(session, gid, uid, gpus=4, name="next")
+    schedule_tick(ctx, now + 1000)
+    d = _shown(ctx, waiting).diagnosis
+    assert d is not None and d.estimated_start is not None
+    assert d.estimated_start == pytest.approx(now + 1000 + left, abs=1e-3)
 
 
 def _run_to_end(ctx: ServerContext, fake: FakeEngine, job_id: int) -> None:

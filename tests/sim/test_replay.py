@@ -286,3 +286,23 @@ def test_the_fifo_profiles_show_the_roll_as_it_is() -> None:
         etas = [j.eta for j in shown.jobs if not math.isnan(j.eta)]
         assert len(etas) > 100
         assert etas == [j.eta for j in raw.jobs if not math.isnan(j.eta)], name
+
+
+def test_an_estimate_that_is_the_users_limit_is_marked_so_for_the_estimated_starts() -> None:
+    """No history yet: a's estimate is its max_runtime (basis "limit"), marked as the limit it is
+    (eta.remaining_s: past it a stop under way, not "now"); b, without a limit, gets no estimate
+    (the profile's default applies); once a ran, c's estimate comes from history: no limit."""
+    tr = trace(
+        ("a", 0, 100, 4, {"max_runtime_s": 3600.0}),
+        ("b", 1, 50, 4),
+        ("c", 500, 50, 4, {"max_runtime_s": 3600.0}),
+    )
+    sim = Simulator(tr, cluster(1, 4), resolve_policy("fifo"), config=SimConfig(record_cycles=True))
+    sim.run()
+    seen = {
+        j.id: j for rec in sim.records for j in (*rec.snapshot.queued, *(r.job for r in rec.snapshot.running))
+    }
+    a, b, c = seen["a"], seen["b"], seen["c"]
+    assert (a.runtime_estimate, a.runtime_spread, a.runtime_is_limit) == (3600.0, None, True)
+    assert (b.runtime_estimate, b.runtime_is_limit) == (None, False)
+    assert c.runtime_estimate is not None and c.runtime_estimate < 3600.0 and not c.runtime_is_limit

@@ -56,6 +56,10 @@ _LOG_NORMAL_MAX = 1 << 16
 # tail in which running twice as long is as likely as ending; docs/simulator.md "Round 4")
 TAIL_SURVIVE = 0.01
 TAIL_FACTOR = 0.5
+# A job past its own time limit is being stopped: the engines give it a few seconds more (Slurm
+# 10 s, local 5 s) and the reconcile loop sees it end at its next poll. What is left is about this,
+# not 0, which would tell the jobs waiting for its GPUs "now" at every cycle until it is gone.
+LIMIT_STOP_S = 30.0
 FIRST_RUNS = 8  # runs of room a search checks one by one before checking all the rest at once
 
 
@@ -67,21 +71,31 @@ def _sigma(spread: tuple[float, float]) -> float:
     return SIGMA_MIN
 
 
-def remaining_s(estimate: float, spread: tuple[float, float] | None, elapsed: float, q: float = 0.5) -> float:
+def remaining_s(
+    estimate: float,
+    spread: tuple[float, float] | None,
+    elapsed: float,
+    q: float = 0.5,
+    is_limit: bool = False,
+) -> float:
     """The median remaining runtime of a job estimated at `estimate` s (the median of its kind's
     runs; `spread` their 25th and 75th percentiles) that has run `elapsed` s so far.
 
     Runtimes are taken as log-normal with that median and spread: the answer is the median of
     (D - elapsed) given D > elapsed (its `q` quantile: 0.25 and 0.75 for an estimate's range),
     at least TAIL_FACTOR x elapsed (x q / (1 - q)) once past its kind's 1 - TAIL_SURVIVE quantile.
-    Without a spread (a user's limit, or no history) the old rule:
-    estimate - elapsed, at least 0. An estimate <= 0 (its kind's runs all ended at once) of a job
-    that has run: past every run of its kind, about as long again (elapsed), not 0, which would
-    tell the jobs waiting for its GPUs "now" at every cycle for as long as it runs."""
+    Without a spread: estimate - elapsed, and past it, by what the estimate is (round 5): the
+    job's own time limit (`is_limit`) is where the platform stops it, so a stop under way,
+    LIMIT_STOP_S; a point guess (the profile's default runtime, a resumed job's history less its
+    kept work) 0, the old rule (the tail rule for it, in four forms, made whole Philly's ETAs
+    worse by 3.5-7 points: docs/simulator.md "Round 5"). An estimate <= 0 (its kind's runs all
+    ended at once) of a job that has run: past every run of its kind, about as long again
+    (elapsed), not 0, which would tell the jobs waiting for its GPUs "now" at every cycle for as
+    long as it runs."""
     if estimate <= 0:
         return max(0.0, elapsed)
     if spread is None:
-        return max(0.0, estimate - elapsed)
+        return max(LIMIT_STOP_S if is_limit else 0.0, estimate - elapsed)
     found = _LOG_NORMAL.get((estimate, spread))
     if found is None:  # few distinct estimates, many running jobs and cycles: log and spread once
         if len(_LOG_NORMAL) >= _LOG_NORMAL_MAX:
@@ -511,7 +525,8 @@ def running_events(
         if estimate is None:  # assumed, without a spread: remaining_s's old rule
             append((now + max(0.0, default_runtime_s - (now - rj.start_time)), per_model))
         else:
-            append((now + remaining_s(estimate, job.runtime_spread, now - rj.start_time, q), per_model))
+            left = remaining_s(estimate, job.runtime_spread, now - rj.start_time, q, job.runtime_is_limit)
+            append((now + left, per_model))
     out.extend(started)
     return out
 

@@ -112,6 +112,9 @@ class Job:
     # (25th, 75th percentile) of the past runs `runtime_estimate` is the median of (runtimes.py);
     # None: no spread known (a user's limit, or no estimate). Estimated starts read it.
     runtime_spread: tuple[float, float] | None = None
+    # `runtime_estimate` is the job's own time limit (max_runtime, no history: basis "limit"): the
+    # platform stops it there, so a running job's remaining time ends there (eta.remaining_s)
+    runtime_is_limit: bool = False
     attained_gpu_seconds: float = 0.0  # service received so far (for least-attained-service policies)
     # SIGTERM-to-kill time it asks for when preempted (the caller bounds it by its admin maximum);
     # None: the profile's grace_s

@@ -70,6 +70,7 @@ class JobRecord:
     submitted_at: float
     runtime_estimate_s: float | None = None
     runtime_spread: tuple[float, float] | None = None  # its 25th/75th percentile (runtimes.py)
+    runtime_is_limit: bool = False  # the estimate is the job's max_runtime (basis "limit")
     attained_gpu_seconds: float = 0.0
     preemptions: int = 0  # times the job was preempted (the default policy bounds it)
     # For live jobs: the current attempt's placement and when it started.
@@ -124,6 +125,7 @@ def scheduler_job(record: JobRecord, max_stop_grace_s: float = MAX_STOP_GRACE_S)
         submit_time=record.submitted_at,
         runtime_estimate=record.runtime_estimate_s,
         runtime_spread=record.runtime_spread,
+        runtime_is_limit=record.runtime_is_limit,
         attained_gpu_seconds=record.attained_gpu_seconds,
         preemptions=record.preemptions,
         stop_grace_s=grace,
@@ -246,6 +248,7 @@ _JOB_COLUMNS = (
     Job.state,
     Job.updated_at,
     Job.preemptions,
+    Job.runtime_estimate_basis,
 )
 _ATTEMPT_COLUMNS = (
     Attempt.placement,
@@ -274,6 +277,7 @@ class _JobRow(NamedTuple):
     state: str
     updated_at: float
     preemptions: int
+    runtime_estimate_basis: str | None
     placement: Placement | None
     started_at: float | None
     created_at: float | None
@@ -286,8 +290,8 @@ def _job_record(row: _JobRow, names: Mapping[int, str], groups: Mapping[int, str
     """From a row of _JOB_COLUMNS (+ _ATTEMPT_COLUMNS when `live`): plain columns, no ORM objects,
     because this runs every schedule cycle for every waiting and running job."""
     job_id, user_id, group_id, priority, preemptible, spec, submitted, estimate, attained = row[:9]
-    low, high, state, updated, preemptions = row[9:14]
-    placement, started, created, borrowed, grace = row[14:19] if live else ((), None, None, False, None)
+    low, high, state, updated, preemptions, basis = row[9:15]
+    placement, started, created, borrowed, grace = row[15:20] if live else ((), None, None, False, None)
     # PREEMPTED: the schedule loop entered it at `updated_at` and gave the attempt `stop_grace_s`.
     stopping = live and state == JobState.PREEMPTED.value
     stops_by = updated + (grace or 0.0) if stopping else None
@@ -301,6 +305,7 @@ def _job_record(row: _JobRow, names: Mapping[int, str], groups: Mapping[int, str
         submitted_at=submitted,
         runtime_estimate_s=estimate,
         runtime_spread=None if low is None or high is None else (low, high),
+        runtime_is_limit=basis == "limit",
         attained_gpu_seconds=attained,
         preemptions=preemptions,
         placement=tuple(placement or ()),
@@ -504,7 +509,7 @@ def cached_shape(session: Session, cache: ShapeCache) -> ClusterShape:
 _LIVE_JOB = Job.state.in_([s.value for s in LIVE_JOB_STATES])
 # The schedule cycle's reads of the queue and live jobs, the usage ledger and the retry
 # exclusions, built once (the jobs' select cost ~0.13 ms to build, every cycle). SQLAlchemy types
-# selects of up to 10 columns: the jobs' 19 are named by _JobRow instead.
+# selects of up to 10 columns: the jobs' 20 are named by _JobRow instead.
 CLUSTER_JOBS = (
     select(*_JOB_COLUMNS, *_ATTEMPT_COLUMNS, Attempt.id.label("attempt_id"))
     .outerjoin(

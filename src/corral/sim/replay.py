@@ -379,28 +379,30 @@ class Simulator:
             usage=Usage(by_group=dict(self.usage), by_user=dict(self.user_usage)),
         )
 
-    def _estimate(self, sj: SimJob) -> tuple[float | None, tuple[float, float] | None]:
-        """The runtime the scheduler is told and its spread (estimates.py): the true remaining time
-        with the oracle, else what history and the user's limit say, less the work already kept."""
+    def _estimate(self, sj: SimJob) -> tuple[float | None, tuple[float, float] | None, bool]:
+        """The runtime the scheduler is told, its spread (estimates.py) and whether it is the job's
+        own limit: the true remaining time with the oracle, else what history and the user's limit
+        say, less the work already kept (what is left of a resumed job's estimate is no limit)."""
         if self.config.oracle_runtime:
-            return sj.remaining, None
+            return sj.remaining, None, False
         if not self.config.runtime_history:
             found = estimate_from([], sj.trace.max_runtime_s)  # the user's limit, if any
         else:
             found = self.history.estimate(sj.trace)
         if found is None:
-            return None, None
+            return None, None, False
         done = sj.trace.duration - sj.remaining  # kept work: the platform saw it run and save
         if done <= 0:
-            spread = None if found.basis == "limit" or self.history.legacy else (found.low_s, found.high_s)
-            return found.seconds, spread
-        return max(found.seconds - done, min(found.seconds, 60.0)), None
+            is_limit = found.basis == "limit"
+            spread = None if is_limit or self.history.legacy else (found.low_s, found.high_s)
+            return found.seconds, spread, is_limit
+        return max(found.seconds - done, min(found.seconds, 60.0)), None, False
 
     def _queue(self, sj: SimJob, now: float) -> None:
         tj = sj.trace
         sj.queued_at = now
         self.queued_gpus[tj.group] += tj.num_gpus
-        estimate, spread = self._estimate(sj)
+        estimate, spread, is_limit = self._estimate(sj)
         self._queued_tuple = None
         job = self.queued[tj.job_id] = Job(
             id=tj.job_id,
@@ -411,6 +413,7 @@ class Simulator:
             submit_time=tj.submit_time,
             runtime_estimate=estimate,
             runtime_spread=spread,
+            runtime_is_limit=is_limit,
             attained_gpu_seconds=sj.attained_gpu_s,
             stop_grace_s=self._stop_grace(tj),
             preemptions=sj.preemptions,
