@@ -15,10 +15,12 @@ from sqlalchemy.orm import Session
 from corral.db import audit_models, models
 from corral.db.base import Base
 from corral.db.session import downgrade, init_db, make_engine
+from corral.server.eta_record import calibration_of, note_started
 from corral.services import incidents
 from corral.services.auth import Principal
 from corral.services.jobs import JobFilter, list_jobs
 from tests.pg import sqlite_or_postgres_url
+from tests.server.fakes import FakeEngine, add_job, make_context, seed_tenant
 
 CORE_TABLES = {
     t.name
@@ -131,5 +133,39 @@ def test_the_flapping_pass_reads_only_its_partial_index(tmp_path: Path) -> None:
             sql, params = statements[0]
             plan = " | ".join(r[3] for r in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params))
             assert "INDEX ix_incidents_flapping" in plan and "TEMP B-TREE" not in plan, plan
+    finally:
+        engine.dispose()
+
+
+def test_the_eta_outcome_reads_walk_the_first_attempts_by_start(tmp_path: Path) -> None:
+    """The ETA calibration's outcomes are the jobs' first attempts' starts: a rebuild reads the
+    last ones started, the schedule loop those started since it last looked, and the latest start.
+    Migration 0034's ix_attempts_number_started (number, started_at) serves all three as an index
+    range, in order, instead of a scan and a sort of every attempt."""
+    url = f"sqlite:///{tmp_path / 'plan.db'}"
+    init_db(url)
+    engine = make_engine(url)
+    statements: list[tuple[str, object]] = []
+
+    def seen(conn: object, cursor: object, sql: str, params: object, context: object, many: bool) -> None:
+        if sql.lstrip().startswith("SELECT") and "attempts.started_at" in sql:
+            statements.append((sql, params))
+
+    sa.event.listen(engine, "before_cursor_execute", seen)
+    try:
+        ctx = make_context(engine, FakeEngine(), str(tmp_path))
+        with Session(engine) as db:
+            gid, uid = seed_tenant(db)
+            job_id = add_job(db, gid, uid, gpus=1)
+            db.add(models.Attempt(job_id=job_id, number=1, state="running", created_at=1.0, started_at=5.0))
+            db.commit()
+            now = time.time()
+            calibration_of(ctx, db, now)  # the rebuild: the latest start, then the last outcomes
+            note_started(ctx, db, now)  # the latest start, then the outcomes since the last look
+        assert len(statements) == 4, statements
+        with engine.connect() as conn:
+            for sql, params in statements:
+                plan = " | ".join(r[3] for r in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params))
+                assert "INDEX ix_attempts_number_started" in plan and "TEMP B-TREE" not in plan, plan
     finally:
         engine.dispose()

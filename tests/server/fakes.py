@@ -90,10 +90,10 @@ class FakeEngine:
             attempt_id, phase, exit_code=exit_code, started_at=now - 1, finished_at=now
         )
 
-    def run(self, attempt_id: str) -> None:
-        self.statuses[attempt_id] = AttemptStatus(
-            attempt_id, AttemptPhase.RUNNING, started_at=time.time() - 1
-        )
+    def run(self, attempt_id: str, started_at: float | None = None) -> None:
+        """The attempt runs, started at `started_at` (None: a second ago)."""
+        at = time.time() - 1 if started_at is None else started_at
+        self.statuses[attempt_id] = AttemptStatus(attempt_id, AttemptPhase.RUNNING, started_at=at)
 
 
 def gpu_node(name: str = "n1", gpus: int = 4, model: str = "VGPU", address: str = "10.0.0.1") -> NodeReport:

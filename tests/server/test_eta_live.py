@@ -11,15 +11,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from corral.cli.jobs import start_line
-from corral.db.models import Group, Job, User
+from corral.db.models import Attempt, Group, Job, User
 from corral.db.session import make_engine
 from corral.domain import JobDiagnosis
 from corral.scheduler.eta import LIMIT_STOP_S
 from corral.scheduler.eta_calibration import EtaCalibration
 from corral.server.context import ServerContext
-from corral.server.eta_record import load_outcomes
+from corral.server.eta_record import calibration_of, load_outcomes
 from corral.server.nodes import node_tick
 from corral.server.reconcile import reconcile_tick
 from corral.server.runner import core_loops
@@ -128,10 +129,11 @@ def test_a_job_past_its_max_runtime_is_expected_gone_after_its_stop(
     assert d.estimated_start == pytest.approx(now + 1000 + left, abs=1e-3)
 
 
-def _run_to_end(ctx: ServerContext, fake: FakeEngine, job_id: int) -> None:
-    """The placed job through the real dispatch and reconcile loops: launched, running, succeeded."""
+def _run_to_end(ctx: ServerContext, fake: FakeEngine, job_id: int, started_at: float | None = None) -> None:
+    """The placed job through the real dispatch and reconcile loops: launched, running (the
+    engine's start: `started_at`, None a second ago), succeeded."""
     run_dispatch(ctx)
-    fake.run(f"{job_id}.1")
+    fake.run(f"{job_id}.1", started_at)
     reconcile_tick(ctx, time.time())
     fake.finish(f"{job_id}.1", 0)
     reconcile_tick(ctx, time.time())
@@ -170,14 +172,16 @@ def test_after_jobs_started_later_than_predicted_the_next_estimate_shown_is_corr
         assert job.diagnosis is not None and job.diagnosis.estimated_start is not None
         assert job.diagnosis.estimated_start == pytest.approx(t0 + 1 + job.eta_shown_wait_s, abs=1e-3)
     # each starts 50,000 s after it was shown its estimate: far later than any of them was told
+    # (placed at once when the one before ends; the engine's start is the outcome)
+    late = t0 + 1 + 50_000
     previous = blocker
     for job_id in waiting:
-        _run_to_end(ctx, fake, previous)
-        schedule_tick(ctx, t0 + 1 + 50_000)
+        _run_to_end(ctx, fake, previous, None if previous == blocker else late)
+        schedule_tick(ctx, late)
         assert _shown(ctx, job_id).state == "scheduled"
         previous = job_id
     run_dispatch(ctx)
-    fake.run(f"{previous}.1")
+    fake.run(f"{previous}.1", late)
     reconcile_tick(ctx, time.time())
     with ctx.session_factory() as session:
         probe = add_job(session, gid, uid, gpus=4, name="probe")
@@ -239,19 +243,63 @@ def test_a_job_back_in_the_queue_after_a_placement_is_no_outcome_live_or_rebuilt
     fake.finish(f"{retried}.1", 1)  # fails: back in the queue for its retry
     reconcile_tick(ctx, time.time())
     assert _shown(ctx, retried).state == "queued"
-    schedule_tick(ctx, t0 + 100)  # `waiting` takes the node: one outcome
+    schedule_tick(ctx, t0 + 100)  # `waiting` takes the node: an outcome once it starts
     assert _shown(ctx, waiting).state == "scheduled"
     schedule_tick(ctx, t0 + 101)  # `retried` waits behind it and gets an estimate, not recorded
     job = _shown(ctx, retried)
     assert job.state == "queued" and job.attempt_count == 1
     assert job.diagnosis is not None and job.diagnosis.estimated_start is not None
     assert job.eta_shown_at is None and job.eta_shown_wait_s is None
-    _run_to_end(ctx, fake, waiting)
+    _run_to_end(ctx, fake, waiting, t0 + 100)  # started as placed
     schedule_tick(ctx, t0 + 5000)  # `retried` placed again: not its first placement
     assert _shown(ctx, retried).state == "scheduled"
     live = ctx.memory.eta_calibration
     assert live is not None and live.outcomes() == 1
     assert _outcomes_rebuilt(ctx, t0 + 5000) == 1
+
+
+def test_the_outcome_is_the_engines_start_and_a_job_never_started_is_none(tmp_path: Path) -> None:
+    """Two jobs wait behind a blocker and are shown estimates. The first is placed 99 s later but
+    the engine starts it only 4,999 s after it was shown one (on Slurm a job may wait in the
+    engine's queue): the outcome is 4,999 s, what its user saw, live and rebuilt, not the
+    placement's 99 s. The second is placed once the first ends, and its launch fails: it never
+    started, so it is no outcome."""
+    fake = FakeEngine([gpu_node("n1", gpus=4)])
+    ctx = make_context(make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}"), fake, str(tmp_path))
+    node_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session, guaranteed=4)
+        blocker = add_job(session, gid, uid, gpus=4, name="blocker")
+    t0 = time.time()
+    schedule_tick(ctx, t0)
+    with ctx.session_factory() as session:
+        late, failed = (add_job(session, gid, uid, gpus=4, name=n) for n in ("late", "failed"))
+    schedule_tick(ctx, t0 + 1)
+    shown_wait = _shown(ctx, late).eta_shown_wait_s
+    assert _shown(ctx, late).eta_shown_at == _shown(ctx, failed).eta_shown_at == t0 + 1
+    _run_to_end(ctx, fake, blocker)
+    schedule_tick(ctx, t0 + 100)  # `late` placed; `failed` waits
+    assert _shown(ctx, late).state == "scheduled"
+    live = ctx.memory.eta_calibration
+    assert live is not None and live.outcomes() == 0  # placed, not started: no outcome yet
+    _run_to_end(ctx, fake, late, t0 + 5000)
+    fake.fail_launch = "no such image"
+    schedule_tick(ctx, t0 + 5001)  # `failed` placed (and `late`'s start read)
+    assert _shown(ctx, failed).state == "scheduled"
+    run_dispatch(ctx)
+    reconcile_tick(ctx, time.time())
+    job = _shown(ctx, failed)
+    assert job.state != "scheduled" and job.attempt_count == 1
+    with ctx.session_factory() as session:
+        (attempt,) = session.scalars(select(Attempt).where(Attempt.job_id == failed)).all()
+        assert attempt.started_at is None  # it never ran
+        live = calibration_of(ctx, session, t0 + 5002)
+        rebuilt = EtaCalibration(min_outcomes=1)
+        assert load_outcomes(session, rebuilt, t0 + 5002) == 1
+    assert live.outcomes() == 1
+    assert shown_wait is not None
+    fitted = rebuilt.corrected_wait(4, shown_wait)  # one outcome: shown wait -> the wait that followed
+    assert fitted is not None and fitted == pytest.approx(4999.0, abs=1e-6)
 
 
 def test_a_hold_forgets_the_shown_estimate_and_the_job_is_measured_from_its_next(tmp_path: Path) -> None:
@@ -285,11 +333,16 @@ def test_a_hold_forgets_the_shown_estimate_and_the_job_is_measured_from_its_next
     _run_to_end(ctx, fake, blocker)
     schedule_tick(ctx, t0 + 86_500)
     assert _shown(ctx, held).state == "scheduled"
-    # one outcome of 99 s (not the day on hold), the same live and rebuilt
-    live, rebuilt = ctx.memory.eta_calibration, EtaCalibration(min_outcomes=1)
-    assert live is not None and live.outcomes() == 1
+    run_dispatch(ctx)
+    fake.run(f"{held}.1", t0 + 86_500)  # the engine starts it at once
+    reconcile_tick(ctx, time.time())
+    # one outcome of 99 s (not the day on hold), the same live (brought up to date as the loop
+    # does before it shows an estimate) and rebuilt
+    rebuilt = EtaCalibration(min_outcomes=1)
     with ctx.session_factory() as session:
-        assert load_outcomes(session, rebuilt, t0 + 86_500) == 1
+        live = calibration_of(ctx, session, t0 + 86_501)
+        assert load_outcomes(session, rebuilt, t0 + 86_501) == 1
+    assert live.outcomes() == 1
     # one outcome: the fit is the plain ratio, which maps the shown wait onto the wait that followed
     fitted = rebuilt.corrected_wait(4, shown_wait)
     assert fitted is not None and fitted == pytest.approx(99.0, abs=1e-6)

@@ -79,9 +79,11 @@ def test_cycle_reads_each_table_once_whatever_it_places(
         with selects(ctx) as waiting:
             schedule_tick(ctx, time.time())
         # nothing placed, nodes and groups unchanged: the shape's digest, then each per-cycle
-        # table once; no "anything queued?" probe, since the last cycle saw jobs waiting
+        # table once; no "anything queued?" probe, since the last cycle saw jobs waiting; and the
+        # ETA calibration's look for jobs started since (eta_record.note_started): the latest
+        # first-attempt start, one index entry (none has started here, so nothing more)
         assert Counter(waiting) == Counter(
-            {"jobs": 1, "digest": 1, **dict.fromkeys(CYCLE_TABLES - {"jobs"}, 1)}
+            {"jobs": 1, "digest": 1, "attempts": 1, **dict.fromkeys(CYCLE_TABLES - {"jobs"}, 1)}
         )
         # the first cycle: the probe, the digest, each snapshot table once, the digest again
         # (the shape is kept only if it did not move meanwhile)
@@ -91,10 +93,10 @@ def test_cycle_reads_each_table_once_whatever_it_places(
         )
         # then what the batch re-reads in its own transaction, each table once, and after its
         # first write the nodes and GPUs it placed on once more (scheduling.left_service); and
-        # jobs once more: the ETA calibration rebuilt from the database, once per process (its
-        # first placement; eta_record.calibration_of), whatever the number placed
+        # the ETA calibration rebuilt from the database, once per process (eta_record.calibration_of:
+        # the latest first-attempt start, then the outcomes), whatever the number placed
         again = Counter(placing[first:])
-        assert again == Counter({"jobs": 2, "nodes": 2, "gpu_claims": 1, "gpus": 1}), again
+        assert again == Counter({"jobs": 2, "nodes": 2, "gpu_claims": 1, "gpus": 1, "attempts": 1}), again
         counts[jobs] = len(placing)
     assert counts[20] == counts[50]  # not one more SELECT per placed job
 

@@ -234,8 +234,8 @@ class Attempt(Base):
     __tablename__ = "attempts"
     __table_args__ = (
         UniqueConstraint("job_id", "number"),
-        # first attempts by placement time: the ETA calibration's rebuild (server/eta_record.py)
-        Index("ix_attempts_number_created", "number", "created_at"),
+        # first attempts by start time: the ETA calibration's outcomes (server/eta_record.py)
+        Index("ix_attempts_number_started", "number", "started_at"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)

@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # both modules import this one
     from corral.monitor.config import MonitorConfigSource
     from corral.monitor.gpu import GpuSampler
     from corral.server.dispatch import LaunchQueue
+    from corral.server.eta_record import OutcomesRead
     from corral.server.reconcile import LiveRow
     from corral.server.snapshot import ShapeCache
 
@@ -64,6 +65,8 @@ class LoopMemory:
     shape_cache: ShapeCache | None = None  # the schedule loop's nodes, groups, users (snapshot.py)
     # past (predicted, actual) waits that correct the estimated starts shown (server/eta_record.py)
     eta_calibration: EtaCalibration | None = None
+    # how far it has read the outcomes: the jobs whose first attempt started (eta_record.note_started)
+    eta_read: OutcomesRead | None = None
     queue_seen: bool = False  # the schedule loop's last cycle left jobs waiting (schedule_tick)
     # The reconcile loop's live rows and when it read them (monotonic; reconcile.tick_live_rows):
     # acted on again while nothing asked for a read, for at most reconcile.ROWS_KEPT_S.

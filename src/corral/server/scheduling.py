@@ -34,7 +34,7 @@ from corral.scheduler import types as st
 from corral.server.ahead import place_ahead, queues_ahead
 from corral.server.context import ServerContext
 from corral.server.dispatch import launch_placed
-from corral.server.eta_record import calibrated, calibration_of, note_shown, note_started
+from corral.server.eta_record import calibrated, calibration_of, note_shown
 from corral.server.finish import claimed_gpus
 from corral.server.snapshot import ShapeCache, build_snapshot, live_attempts, read_cluster_state
 from corral.server.specview import read_spec
@@ -419,9 +419,8 @@ class DbPlanSink:
         self.calibrates = calibrates  # the profile's eta_calibration
 
     def assign(self, assignments: Sequence[st.Assignment]) -> int:
-        placed = place_assignments(self.session, assignments, self.now)
-        note_started(self.ctx, self.session, placed, self.now)
-        return len(placed)
+        # (a placement is no ETA outcome: the job's start is, when the engine starts it, eta_record)
+        return len(place_assignments(self.session, assignments, self.now))
 
     def preempt(self, preemption: st.Preemption) -> bool:
         return apply_preemption(self.session, preemption, self.now)
