@@ -83,7 +83,9 @@ def copy_of_compiled_packages(tmp_path: Path) -> Path:
     return tmp_path / "src"
 
 
-@pytest.mark.parametrize("edited", ["scheduler/core.py", "sim/replay.py", "domain.py", "yaml_lines.py"])
+@pytest.mark.parametrize(
+    "edited", ["scheduler/core.py", "sim/replay.py", "domain.py", "words.py", "yaml_lines.py"]
+)
 def test_an_edited_source_runs_pure_python_not_the_old_build(tmp_path: Path, edited: str) -> None:
     build = require_current_build()
     src = copy_of_compiled_packages(tmp_path)

@@ -46,7 +46,8 @@ COMPILED: dict[str, frozenset[str]] = {
 # Modules outside the build that compiled code reads at import (its constants are typed there and
 # checked by the compiled code at run time): their contents count in the digest too. A test keeps
 # this list equal to what the compiled modules import from outside the build.
-DEPENDENCIES = ("domain.py", "yaml_lines.py")  # yaml_lines: sim/cluster.py names a file line in errors
+# yaml_lines: sim/cluster.py names a file line in errors; words: counts in the reasons' words
+DEPENDENCIES = ("domain.py", "words.py", "yaml_lines.py")
 # mypyc's shared library for the whole group (named by scripts/build_compiled.py's group_name); each
 # module's own extension is a small shim that imports it by this top-level name.
 GROUP_LIBRARY = "corral_compiled__mypyc"
