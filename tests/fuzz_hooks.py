@@ -153,6 +153,20 @@ ACCEPTED: tuple[Accepted, ...] = (
         "restrict_",
         "a layer's restrict_from and restrict_to come together and must differ: a relation of two fields",
     ),
+    *(
+        Accepted(
+            "ST202",
+            operation,
+            answer,
+            "a user or schedule the body names must exist (stored state): refused naming the field",
+        )
+        for operation in (
+            "PUT /api/v1/oncall/schedules/{name}",
+            "POST /api/v1/oncall/schedules/{name}/overrides",
+            "PUT /api/v1/oncall/policies/{name}",
+        )
+        for answer in ("no user named", "no on-call schedule named")
+    ),
     Accepted(
         "ST202",
         "POST /api/v1/oncall/schedules/{name}/overrides",

@@ -218,12 +218,25 @@ def rotation_of(session: Session, schedule: OncallSchedule) -> Rotation:
     return Rotation(parse_zone(schedule.time_zone), layers, overrides, fallback)
 
 
+def _named_user(session: Session, name: str, loc: tuple[str | int, ...]) -> int:
+    """The id of the user a schedule or policy body names: an unknown name is bad input at that
+    place of the body (422 naming the field), not a missing resource (404 reads as "no such
+    schedule")."""
+    user_id = session.scalar(select(User.id).where(User.name == name))
+    if user_id is None:
+        raise Invalid(f"no user named {name!r}", loc)
+    return user_id
+
+
 def _layers_from_spec(session: Session, specs: list[dict[str, Any]]) -> list[OncallLayer]:
     rows = []
     for i, spec in enumerate(specs):
         where = f"layers[{i}]"
         name = spec.get("name") or f"layer-{i + 1}"
-        members = [user_by_name(session, m).id for m in spec.get("members") or []]
+        members = [
+            _named_user(session, m, ("body", "layers", i, "members", j))
+            for j, m in enumerate(spec.get("members") or [])
+        ]
         try:  # the same checks rotation_of relies on, with the layer's place in the message
             start = date.fromisoformat(spec["start_date"])
         except (KeyError, TypeError, ValueError):
@@ -279,7 +292,7 @@ def put_schedule(
         raise Invalid(str(exc), ("body", "time_zone"))
     layers = _layers_from_spec(session, list(spec.get("layers") or []))
     fallback = spec.get("fallback_user")
-    fallback_id = user_by_name(session, fallback).id if fallback else None
+    fallback_id = _named_user(session, fallback, ("body", "fallback_user")) if fallback else None
     now = time.time()
     with _no_concurrent_change(session, f"schedule {name!r}"):
         row = session.scalar(select(OncallSchedule).where(OncallSchedule.name == name))
@@ -420,7 +433,7 @@ def add_override(
     session: Session, principal: Principal, name: str, user_name: str, start: float, end: float
 ) -> dict[str, Any]:
     row = schedule_by_name(session, name)
-    user = user_by_name(session, user_name)
+    user = session.get_one(User, _named_user(session, user_name, ("body", "user")))
     members = {m for layer in row.layers for m in layer.members}
     if not principal.is_admin and not (principal.user_id == user.id and user.id in members):
         raise Forbidden(
@@ -486,11 +499,13 @@ def _steps_from_spec(session: Session, specs: list[dict[str, Any]]) -> list[dict
         wait = float(spec.get("wait_minutes", 0)) * 60.0
         if not 0 <= wait <= 7 * 86400.0:
             raise Invalid(f"steps[{i}].wait_minutes must be 0 to 10080", ("body", "steps", i, "wait_minutes"))
-        target = (
-            {"schedule_id": schedule_by_name(session, schedule).id}
-            if schedule
-            else {"user_id": user_by_name(session, str(user)).id}
-        )
+        if schedule:
+            known = session.scalar(select(OncallSchedule.id).where(OncallSchedule.name == schedule))
+            if known is None:
+                raise Invalid(f"no on-call schedule named {schedule!r}", ("body", "steps", i, "schedule"))
+            target = {"schedule_id": known}
+        else:
+            target = {"user_id": _named_user(session, str(user), ("body", "steps", i, "user"))}
         out.append({**target, "wait_s": wait})
     return out
 
