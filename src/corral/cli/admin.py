@@ -111,6 +111,8 @@ def doctor(output: OutputOpt = Output.table) -> None:
         sys.stdout.write(json.dumps([c.as_dict() for c in checks], indent=2) + "\n")
     else:
         table = Table("CHECK", "STATUS", "DETAIL", "FIX")
+        for column in table.columns[2:]:  # paths, URLs, file:line: break them, never cut them
+            column.overflow = "fold"
         colour = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
         for c in checks:
             table.add_row(c.name, Text(c.status, style=colour[c.status]), c.detail, c.fix or "")
