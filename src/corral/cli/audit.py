@@ -59,8 +59,13 @@ def ls(
         return
     wide = out.width >= WIDE_TERMINAL
     table = Table(box=None)
-    for heading in ("ID", "WHEN", "ACTOR", "FROM", "ACTION", "TARGET"):
+    # The id and time kept whole (what one reads a record by); the rest fold where the terminal is
+    # narrow. All no_wrap, a long actor or target squeezed every column: at 80 columns the ID went
+    # and the time read "2026-11-30 0…".
+    for heading in ("ID", "WHEN"):
         table.add_column(heading, no_wrap=True)
+    for heading in ("ACTOR", "FROM", "ACTION", "TARGET"):
+        table.add_column(heading, overflow="fold")
     if wide:
         table.add_column("CHANGE", overflow="fold")
     for r in page["items"]:
