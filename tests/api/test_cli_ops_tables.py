@@ -1,25 +1,31 @@
 """Operator tables at 80 columns, against a real uvicorn server: what a new admin reads first
-(who did what when) is never squeezed out or cut with an ellipsis."""
+(who did what when, which rule did what, which channel) is never squeezed out or cut with an
+ellipsis, and an empty list says so."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
+import sqlalchemy as sa
 
 from corral.cli import common
 from corral.cli.common import when
+from corral.config import Settings
 from corral.db.audit_models import AuditRecord
-from corral.services import audit
+from corral.monitor.alerts import record_alert
+from corral.monitor.models import AlertNotification
+from corral.services import audit, remediation
+from corral.services.remediation import Signal
 from tests.api.conftest import World
 from tests.api.test_cli import run, server_url
 
 __all__ = ["server_url"]  # the fixture
 
 
-def column(out: str, heading: str) -> str:
-    """One column of a borderless table, its folded lines run together (the count line left out)."""
-    header, *rows = out.splitlines()[:-1]
+def column(out: str, heading: str, footer: bool = False) -> str:
+    """One column of a borderless table, its folded lines run together (a count line left out)."""
+    header, *rows = out.splitlines()[: -1 if footer else None]
     start = header.index(f" {heading} ")
     later = [header.find(f" {h} ", start + 1) for h in header.split()]
     end = min((i for i in later if i > start), default=len(header))
@@ -47,5 +53,75 @@ def test_audit_ls_keeps_each_records_id_and_time_whole_at_80_columns(
     rows = out.splitlines()[1:-1]  # between the header and the count
     starts = [line.split()[:3] for line in rows if line.split()[0].isdigit()]
     assert starts == [[str(number), *when(at).split()] for number, at in records], out
-    assert column(out, "TARGET") == "escalation_policy:sev1-weekendrule:gpu-overheating", out
-    assert column(out, "ACTOR") == "system:remediation" * 2, out
+    assert column(out, "TARGET", footer=True) == "escalation_policy:sev1-weekendrule:gpu-overheating", out
+    assert column(out, "ACTOR", footer=True) == "system:remediation" * 2, out
+
+
+@pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
+def test_rules_history_and_runs_say_when_there_is_nothing_yet(world: World, server_url: str) -> None:
+    """A fresh server's `rules history` and `rules runs` printed a header alone."""
+    code, out = run(world, server_url, "admin", "rules", "history")
+    assert code == 0 and out.strip() == "no rules applied yet: version 0 (the shipped defaults) is active", (
+        out
+    )
+    code, out = run(world, server_url, "admin", "rules", "runs")
+    assert code == 0, out
+    assert out.strip() == "no rule has run yet: rules run when an alert or event matches them", out
+
+
+@pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
+def test_rules_runs_gives_the_signal_and_every_action_whole_at_80_columns(
+    world: World, server_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The signal read "CorralGpuEccErro…" and the actions ran together, cut at the edge."""
+    monkeypatch.setattr(common.out, "_width", 80)
+    labels = {"node": "node-a17", "gpu": "3", "severity": "critical"}
+    with world.session_factory() as db:
+        signal = Signal(name="CorralGpuOverheating", labels=labels, source="corral", summary="GPU 3 hot")
+        remediation.on_signal(db, signal, time.time())
+        db.commit()
+    code, out = run(world, server_url, "admin", "rules", "runs")
+    assert code == 0, out
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80, out
+    assert column(out, "RULE") == "gpu-overheating" and column(out, "SIGNAL") == "CorralGpuOverheating", out
+    assert column(out, "ACTIONS").startswith("incident:incident1(SEV3)"), out
+
+
+@pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
+def test_alert_channels_gives_each_channel_name_and_error_whole_at_80_columns(
+    world: World, server_url: str, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The boxed table cut the channel's name ("ops-e…") and its headings ("CHANN…", "PENDI…"),
+    and the last error at 80 characters."""
+    monkeypatch.setattr(common.out, "_width", 80)
+    settings.home.mkdir(parents=True, exist_ok=True)
+    (settings.home / "monitor.yml").write_text(
+        "channels:\n"
+        "  - {name: ops-email-primary, type: email, smtp_host: 127.0.0.1, smtp_port: 2525,\n"
+        "     from: corral@example.org, to: [ops@example.org]}\n"
+    )
+    error = "SMTP 127.0.0.1:2525: [Errno 111] Connection refused; the next attempt in 40 s (attempt 4 of 12)"
+    with world.session_factory() as db:
+        labels = {"alertname": "CorralNodeLost", "severity": "critical", "node": "n1"}
+        record_alert(db, labels=labels, status="firing", now=time.time(), channels=["ops-email-primary"],
+                     source="corral")  # fmt: skip
+        db.execute(sa.update(AlertNotification).values(state="failing", last_error=error, attempts=4))
+        db.commit()
+    code, out = run(world, server_url, "admin", "alert", "channels")
+    assert code == 0, out
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80, out
+    header, row, *rest = out.splitlines()
+    assert header.split() == [
+        "CHANNEL",
+        "TYPE",
+        "STATE",
+        "SENT",
+        "PENDING",
+        "FAILING",
+        "GAVE",
+        "UP",
+        "LAST",
+        "SENT",
+    ]
+    assert row.split() == ["ops-email-primary", "email", "failing", "0", "0", "1", "0", "-"], out
+    assert " ".join(" ".join(rest).split()) == f"ops-email-primary: last error: {error}", out

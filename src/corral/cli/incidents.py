@@ -211,6 +211,9 @@ def rules_history(output: OutputOpt = Output.table) -> None:
     if output is Output.json:
         print_json(rows)
         return
+    if not rows:  # a header alone read as a listing that failed half-way
+        out.print("no rules applied yet: version 0 (the shipped defaults) is active")
+        return
     table = Table("VERSION", "BY", "APPLIED", box=None)
     for r in rows:
         table.add_row(str(r["version"]), r["author"], ago(r["created_at"]))
@@ -228,9 +231,15 @@ def rules_runs(
     if output is Output.json:
         print_json(rows)
         return
+    if not rows:
+        out.print("no rule has run yet: rules run when an alert or event matches them")
+        return
+    # The rule and signal never cut (the signal was "CorralGpuEccErro…" at 80 columns), one action a line.
     table = Table("WHEN", "RULE", "SIGNAL", "OUTCOME", "INCIDENT", "ACTIONS", box=None)
+    table.columns[1].no_wrap = table.columns[2].no_wrap = True
+    table.columns[5].overflow = "fold"
     for r in rows:
-        actions = "; ".join(f"{a['action']}: {a['result']}" for a in r["actions"])
+        actions = "\n".join(f"{a['action']}: {a['result']}" for a in r["actions"])
         table.add_row(
             ago(r["at"]),
             r["rule"],

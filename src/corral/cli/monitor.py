@@ -90,22 +90,29 @@ def alert_channels(output: OutputOpt = Output.table) -> None:
     """Notification channels and whether they deliver.
 
     STATE is failing while a notification is being retried or the last one was given up
-    (retry.max_attempts), ok once the next one is sent."""
+    (retry.max_attempts), ok once the next one is sent. Each channel's last error follows the
+    table, whole."""
     with client() as c:
         data = c.request("GET", "/alerts/channels")
     if output is Output.json:
         print_json(data)
         return
-    table = Table(
-        "CHANNEL", "TYPE", "STATE", "SENT", "PENDING", "FAILING", "GAVE UP", "LAST SENT", "LAST ERROR"
-    )
+    # No box, nothing cut: the channel's name and the counts in the table, each last error whole on
+    # a line of its own below it. At 80 columns the boxed table with a LAST ERROR column cut the
+    # name ("ops-e…") and the headings ("CHANN…", "PENDI…"), and the error was cut at 80 characters.
+    table = Table("CHANNEL", "TYPE", "STATE", "SENT", "PENDING", "FAILING", "GAVE UP", "LAST SENT", box=None)
+    for column in table.columns:
+        column.no_wrap = True
     for ch in data["items"]:
         color = "red" if ch["state"] == "failing" else "green"
         table.add_row(
             ch["name"], ch["type"], Text(ch["state"], style=color), str(ch["sent"]), str(ch["pending"]),
-            str(ch["failing"]), str(ch["given_up"]), ago(ch["last_sent_at"]), ch["last_error"][:80],
+            str(ch["failing"]), str(ch["given_up"]), ago(ch["last_sent_at"]),
         )  # fmt: skip
     out.print(table)
+    for ch in data["items"]:
+        if ch["last_error"]:
+            out.print(Text(f"{ch['name']}: last error: {ch['last_error']}"))
 
 
 def _inject(node: str, index: int, home: Path | None, **fault: Any) -> None:
