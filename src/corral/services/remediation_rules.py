@@ -256,7 +256,7 @@ rules:
     actions:
       - quarantine_gpu
       - requeue_jobs
-      - incident: {severity: SEV2, key: "gpu/{node}/{gpu}", title: "GPU {gpu} on {node}: {summary}"}
+      - incident: {severity: SEV2, key: "gpu/{node}/{gpu}", title: "{summary}"}  # it names the GPU
   - name: node-lost
     match: {name: CorralNodeLost}
     actions:
