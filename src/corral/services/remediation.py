@@ -80,6 +80,7 @@ class _Run:
     removed_gpus: int = 0
     outcome: str = "ran"
     message: str = ""  # the action being carried out's `message` (notify_owner)
+    held: tuple[Incident, str] | None = None  # the incident an earlier rule opened for this signal
 
 
 # -- the active rules ----------------------------------------------------------------------------
@@ -151,23 +152,35 @@ def matches(rule: Rule, signal: Signal) -> bool:
 
 
 def on_signal(session: Session, signal: Signal, now: float) -> list[RemediationRun]:
-    """Run every rule that matches a firing signal; a resolved alert may resolve its incidents."""
+    """Run every rule that matches a firing signal; a resolved alert may resolve its incidents.
+    The first rule whose incident action opens or joins an incident holds the signal's incident:
+    the incident actions of later matching rules join that one (one alert is one fault)."""
     if signal.status == "resolved":
         if signal.fingerprint:
             inc.alert_resolved(session, signal.fingerprint, now, f"{signal.name} resolved")
         return []
     version, ruleset = active_rules(session)
     runs = []
+    held: tuple[Incident, str] | None = None  # (incident, rule): one alert or event is one fault
     for rule in ruleset.rules:
         if matches(rule, signal):
-            runs.append(_run_rule(session, ruleset, version, rule, signal, now))
+            run = _run_rule(session, ruleset, version, rule, signal, now, held)
+            runs.append(run)
+            if held is None and run.incident_id is not None and not run.dry_run:
+                held = (session.get_one(Incident, run.incident_id), rule.name)
     return runs
 
 
 def _run_rule(
-    session: Session, ruleset: RuleSet, version: int, rule: Rule, signal: Signal, now: float
+    session: Session,
+    ruleset: RuleSet,
+    version: int,
+    rule: Rule,
+    signal: Signal,
+    now: float,
+    held: tuple[Incident, str] | None = None,
 ) -> RemediationRun:
-    run = _Run(rule, signal, dry_run=ruleset.dry_run or rule.dry_run)
+    run = _Run(rule, signal, dry_run=ruleset.dry_run or rule.dry_run, held=held)
     limited = rule.rate_limit is not None and _runs_within(session, rule.name, now - rule.rate_limit.per) >= (
         rule.rate_limit.max
     )
@@ -252,6 +265,11 @@ def _incident(session: Session, ruleset: RuleSet, run: _Run, action: Action, now
     title = render(action.title, signal) if action.title else (signal.summary or signal.name)
     if run.dry_run:
         run.results.append({"action": "incident", "result": f"would open or join {severity} incident {key}"})
+        return
+    if run.held is not None:  # a second incident for the same alert would page twice for one fault
+        run.incident, by = run.held
+        result = f"incident {run.incident.id} ({run.incident.severity}), opened for this alert by rule {by}"
+        run.results.append({"action": "incident", "result": result})
         return
     run.incident = inc.open_or_update(
         session, fingerprint=key, title=title, severity=severity, source=f"rule:{run.rule.name}",
