@@ -125,3 +125,19 @@ def test_alert_channels_gives_each_channel_name_and_error_whole_at_80_columns(
     ]
     assert row.split() == ["ops-email-primary", "email", "failing", "0", "0", "1", "0", "-"], out
     assert " ".join(" ".join(rest).split()) == f"ops-email-primary: last error: {error}", out
+
+
+@pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
+def test_oncall_now_says_over_14_days_for_a_shift_with_no_handoff_ahead(
+    world: World, server_url: str
+) -> None:
+    """A one-member layer's UNTIL read "2026-12-14 05:56 UTC": the end of the 14 days looked at,
+    not a handoff."""
+    layer = {"name": "solo", "rotation": "weekly", "start_date": "2026-01-05", "members": ["alice"]}
+    put = world.client.put(
+        "/api/v1/oncall/schedules/solo", json={"layers": [layer]}, headers=world.as_("admin")
+    )
+    assert put.status_code == 201, put.text
+    code, out = run(world, server_url, "admin", "oncall", "now")
+    assert code == 0, out
+    assert out.splitlines()[1].split() == ["solo", "alice", "layer", "solo", "over", "14", "days", "-"], out

@@ -94,7 +94,8 @@ def now(
     table = Table("SCHEDULE", "ON CALL", "SOURCE", "UNTIL", "NEXT", box=None)
     for r in rows:
         nxt = r["next"]["user"] or "(gap)" if r["next"] else "-"
-        table.add_row(r["schedule"], r["user"] or "(nobody: gap)", r["source"], when(r["until"]), nxt)
+        until = when(r["until"]) if r["until"] is not None else "over 14 days"
+        table.add_row(r["schedule"], r["user"] or "(nobody: gap)", r["source"], until, nxt)
     if not rows:  # a header alone read as a listing that failed
         out.print("no on-call schedules (`corral oncall schedule set NAME -f FILE` defines one)")
         return

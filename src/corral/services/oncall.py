@@ -418,11 +418,15 @@ def who_is_on_call(session: Session, name: str | None, now: float) -> list[dict[
     for row in rows:
         rotation = rotation_of(session, row)
         current: OnCall = rotation.on_call(now)
-        upcoming = rotation.shifts(now, now + GAP_HORIZON_S)
+        horizon = now + GAP_HORIZON_S
+        upcoming = rotation.shifts(now, horizon)
+        # A shift still going at the horizon has no end we know: None, not the horizon itself (it
+        # read as a handoff at this minute two weeks on).
+        ends = upcoming[0].end if upcoming and upcoming[0].end < horizon else None
         out.append(
             {
                 "schedule": row.name, "user": current.user, "source": current.source,
-                "until": upcoming[0].end if upcoming else None,
+                "until": ends,
                 "next": shift_dict(upcoming[1]) if len(upcoming) > 1 else None,
             }
         )  # fmt: skip

@@ -115,7 +115,7 @@ class WhoOut(BaseModel):
     schedule: str
     user: str | None
     source: str
-    until: float | None
+    until: float | None = Field(description="when this shift ends; null: not within the next 14 days")
     next: ShiftOut | None
 
 

@@ -1,0 +1,50 @@
+"""`GET /oncall/now` and `corral oncall now`: "until" is when the current shift hands over. A
+shift that runs past the 14 days looked at (a layer of one member) gave the end of that window,
+"2026-12-14 05:56 UTC", which read as a handoff at this minute two weeks on; it is null now."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+from tests.oncall.conftest import Env
+
+
+def now_of(env: Env, schedule: str) -> dict[str, object]:
+    response = env.client.get("/api/v1/oncall/now", params={"schedule": schedule}, headers=env.admin)
+    assert response.status_code == 200, response.text
+    (row,) = response.json()
+    return row
+
+
+def test_a_shift_past_the_horizon_has_no_until_and_a_rotation_ends_at_its_handoff(env: Env) -> None:
+    start = (datetime.now(UTC) - timedelta(days=7)).date().isoformat()
+    alone = {
+        "name": "solo",
+        "rotation": "weekly",
+        "start_date": start,
+        "handoff": "09:00",
+        "members": ["alice"],
+    }
+    env.put("/oncall/schedules/solo", {"time_zone": "UTC", "layers": [alone]})
+    assert now_of(env, "solo") == {
+        "schedule": "solo",
+        "user": "alice",
+        "source": "layer solo",
+        "until": None,
+        "next": None,
+    }
+
+    daily = {
+        "name": "day",
+        "rotation": "daily",
+        "start_date": start,
+        "handoff": "09:00",
+        "members": ["alice", "bob"],
+    }
+    env.put("/oncall/schedules/pair", {"time_zone": "UTC", "layers": [daily]})
+    row = now_of(env, "pair")
+    handoff = datetime.now(UTC).replace(hour=9, minute=0, second=0, microsecond=0)
+    if handoff.timestamp() <= time.time():
+        handoff += timedelta(days=1)
+    assert row["until"] == handoff.timestamp() and row["next"] is not None
