@@ -15,7 +15,7 @@ from corral.config import Settings
 from corral.db.audit_models import AuditRecord
 from corral.monitor.alerts import record_alert
 from corral.monitor.models import AlertNotification
-from corral.services import audit, remediation
+from corral.services import audit, incidents, remediation
 from corral.services.remediation import Signal
 from tests.api.conftest import World
 from tests.api.test_cli import run, server_url
@@ -141,3 +141,26 @@ def test_oncall_now_says_over_14_days_for_a_shift_with_no_handoff_ahead(
     code, out = run(world, server_url, "admin", "oncall", "now")
     assert code == 0, out
     assert out.splitlines()[1].split() == ["solo", "alice", "layer", "solo", "over", "14", "days", "-"], out
+
+
+@pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
+def test_incident_show_says_an_sla_is_overdue_or_met_and_names_the_actor_once(
+    world: World, server_url: str
+) -> None:
+    """It printed "ack in -5m00s", then "ack in met", and "acknowledged by admin (admin)"."""
+    opened = time.time() - 20 * 60  # a SEV2's time to acknowledge is 15 min
+    with world.session_factory() as db:
+        made = incidents.open_or_update(db, fingerprint="n7", title="node n7 lost", severity="SEV2",
+                                        source="manual", labels={}, links={}, now=opened)  # fmt: skip
+        db.commit()
+        number = made.id
+    code, out = run(world, server_url, "admin", "incident", "show", str(number))
+    assert code == 0, out
+    (sla,) = [line.strip() for line in out.splitlines() if line.strip().startswith("SLA:")]
+    assert sla.startswith("SLA: ack overdue by 5m0") and ", mitigate in 3h" in sla, out
+    assert run(world, server_url, "admin", "incident", "ack", str(number))[0] == 0
+    code, out = run(world, server_url, "admin", "incident", "show", str(number))
+    (sla,) = [line.strip() for line in out.splitlines() if line.strip().startswith("SLA:")]
+    assert sla.startswith("SLA: ack met, mitigate in 3h"), out
+    (acked,) = [line for line in out.splitlines() if " acknowledged " in line]
+    assert acked.endswith("acknowledged by admin"), out

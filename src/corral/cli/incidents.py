@@ -29,6 +29,12 @@ def _countdown(seconds: float | None) -> str:
     return f"{sign}{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{sign}{s // 60}m{s % 60:02d}s"
 
 
+def _due(what: str, seconds: float | None) -> str:
+    if seconds is None:
+        return f"{what} met"
+    return f"{what} overdue by {_countdown(-seconds)}" if seconds < 0 else f"{what} in {_countdown(seconds)}"
+
+
 @incident_app.command("ls")
 @friendly_errors
 def list_incidents(
@@ -92,11 +98,12 @@ def show_incident(incident_id: IncidentArg, output: OutputOpt = Output.table) ->
     for kind, values in (i["links"] or {}).items():
         if values:
             out.print(f"  {kind}: {', '.join(values)}")
-    sla = i["sla"]
-    ack_in, mitigate_in = _countdown(sla["ack_remaining_s"]), _countdown(sla["mitigate_remaining_s"])
-    out.print(f"  ack in {ack_in}, mitigate in {mitigate_in}")
-    for e in i["timeline"]:
-        who = f" ({e['actor']})" if e["actor"] else ""
+    sla = i["sla"]  # "ack in met" and "ack in -3m05s" read as typos
+    out.print(
+        f"  SLA: {_due('ack', sla['ack_remaining_s'])}, {_due('mitigate', sla['mitigate_remaining_s'])}"
+    )
+    for e in i["timeline"]:  # the actor once: not "acknowledged by bob (bob)"
+        who = f" ({e['actor']})" if e["actor"] and not e["text"].endswith(f"by {e['actor']}") else ""
         out.print(f"  {ago(e['at']):>10}  {e['kind']:<15} {e['text']}{who}")
     pm = i["postmortem"]
     if pm:
