@@ -48,3 +48,21 @@ def test_a_shift_past_the_horizon_has_no_until_and_a_rotation_ends_at_its_handof
     if handoff.timestamp() <= time.time():
         handoff += timedelta(days=1)
     assert row["until"] == handoff.timestamp() and row["next"] is not None
+
+
+def test_an_override_that_has_already_ended_is_refused(env: Env) -> None:
+    """The documented example (a night in November) was accepted after that night, silently: an
+    override that changes nothing, which the admin took for a swapped shift."""
+    layer = {"name": "day", "rotation": "daily", "start_date": "2026-01-05", "members": ["alice"]}
+    env.put("/oncall/schedules/primary", {"time_zone": "UTC", "layers": [layer]})
+    now = time.time()
+    ended = {"user": "bob", "start": now - 7200, "end": now - 3600}
+    response = env.client.post("/api/v1/oncall/schedules/primary/overrides", json=ended, headers=env.admin)
+    assert response.status_code == 422, response.text
+    [(loc, msg)] = [(e["loc"], e["msg"]) for e in response.json()["detail"]]
+    assert loc == ["body", "end"] and msg.startswith("the override ended at ") and "before now" in msg
+    assert env.client.get("/api/v1/oncall/schedules/primary", headers=env.admin).json()["overrides"] == []
+    going = {"user": "bob", "start": now - 3600, "end": now + 3600}  # begun, not ended: takes over now
+    made = env.client.post("/api/v1/oncall/schedules/primary/overrides", json=going, headers=env.admin)
+    assert made.status_code == 201, made.text
+    assert now_of(env, "primary")["user"] == "bob"

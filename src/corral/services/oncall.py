@@ -445,6 +445,10 @@ def add_override(
         )
     if end <= start:
         raise Invalid("end must be after start", ("body", "end"))
+    if end <= time.time():  # it would change nothing, and the admin thought it would
+        raise Invalid(
+            f"the override ended at {utc_text(end)}, before now: it would put nobody on call", ("body", "end")
+        )
     if end - start > 366 * 86400.0:
         raise Invalid("an override may last at most a year", ("body", "end"))
     override = OncallOverride(
