@@ -256,10 +256,24 @@ def storage_usage(output: OutputOpt = Output.table) -> None:
     out.print(table)
 
 
+def file_count(value: str) -> int:
+    """--files: a whole number >= 0 (Python's "invalid literal for int() with base 10" said
+    neither which option nor what to write, and a negative one was refused by its API name)."""
+    try:
+        count = int(value.strip())
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise ValueError(
+            f"--files {value!r} is not a number of files: write a whole number such as 1000000, or none"
+        )
+    return count
+
+
 def storage_limits(storage: str | None, files: str | None) -> dict[str, int | Keep | None]:
     """--storage / --files option values -> set_storage_quota keywords ('none' = no limit)."""
     fields: dict[str, int | Keep | None] = {"max_bytes": KEEP, "max_files": KEEP}
-    for key, value, parse in (("max_bytes", storage, parse_bytes), ("max_files", files, int)):
+    for key, value, parse in (("max_bytes", storage, parse_bytes), ("max_files", files, file_count)):
         if value is None:
             continue
         if value.strip().lower() in ("none", "unlimited", "-"):
