@@ -66,3 +66,17 @@ def test_an_override_that_has_already_ended_is_refused(env: Env) -> None:
     made = env.client.post("/api/v1/oncall/schedules/primary/overrides", json=going, headers=env.admin)
     assert made.status_code == 201, made.text
     assert now_of(env, "primary")["user"] == "bob"
+
+
+def test_every_gap_of_the_next_14_days_is_warned(env: Env) -> None:
+    """docs/operations.md: the answer names every gap of the next 14 days; it named the first 10,
+    so an office-hours schedule's nights from the eleventh on went unsaid (and `schedule ls`
+    counted 10)."""
+    office = {"name": "office", "rotation": "daily", "start_date": "2026-01-05", "members": ["alice"],
+              "restrict_from": "09:00", "restrict_to": "17:00"}  # fmt: skip
+    view = env.put("/oncall/schedules/office", {"time_zone": "UTC", "layers": [office]})
+    nights = [w for w in view["warnings"] if w.startswith("gap: nobody on call ")]
+    assert len(nights) == len(view["warnings"]) and len(nights) in (14, 15), view["warnings"]
+    assert all(w.split(" - ")[1].split()[1] == "09:00" for w in nights[1:-1]), (
+        nights
+    )  # the last ends at the horizon

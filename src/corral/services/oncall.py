@@ -342,7 +342,7 @@ def schedule_definition(session: Session, row: OncallSchedule) -> dict[str, Any]
 def gap_warnings(rotation: Rotation, zone_name: str, now: float) -> list[str]:
     zone = parse_zone(zone_name)
     out = []
-    for gap in rotation.gaps(now, now + GAP_HORIZON_S)[:10]:
+    for gap in rotation.gaps(now, now + GAP_HORIZON_S):  # every one, as docs/operations.md says
         begin = datetime.fromtimestamp(gap.start, zone).strftime("%Y-%m-%d %H:%M")
         end = datetime.fromtimestamp(gap.end, zone).strftime("%Y-%m-%d %H:%M")
         who = (
