@@ -164,11 +164,13 @@ def set_schedule(
     name: str,
     from_file: Annotated[Path, typer.Option("--file", "-f", help="YAML: time_zone, fallback_user, layers")],
 ) -> None:
-    """Create or replace a schedule (admins) from a YAML file, e.g.
+    """Create or replace a schedule (admins) from a YAML file (docs/operations.md, "On-call").
+
+    For example:
 
     \b
     time_zone: Europe/Berlin
-    fallback_user: root          # paged in gaps (optional)
+    fallback_user: admin         # paged in gaps (optional)
     layers:
       - name: primary
         rotation: weekly         # or daily

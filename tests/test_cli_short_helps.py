@@ -1,0 +1,36 @@
+"""What a command group's --help lists for each command (the first paragraph of its help) is a
+whole sentence: `corral oncall schedule --help` listed `set` as "Create or replace a schedule
+(admins) from a YAML file, e.g." and stopped there. And the example `oncall schedule set --help`
+gives is one a new server accepts: its fallback user was `root`, which no Corral server has."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import typer
+import yaml
+
+from corral.cli.main import app
+
+
+def _commands(command: Any, path: tuple[str, ...]) -> Iterator[tuple[str, Any]]:
+    yield " ".join(path), command
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _commands(sub, (*path, name))
+
+
+def test_every_listed_summary_is_a_whole_sentence() -> None:
+    cut = {}
+    for where, command in _commands(typer.main.get_command(app), ("corral",)):
+        first = " ".join((command.help or "").split("\n\n")[0].split())
+        if first.endswith(("e.g.", "e.g.,", ":", ",", " such as", " like")):
+            cut[where] = first
+    assert cut == {}
+
+
+def test_the_schedule_example_names_the_admin_a_server_has() -> None:
+    command = typer.main.get_command(app).commands["oncall"].commands["schedule"].commands["set"]
+    example = command.help.split("\b\n", 1)[1].replace("\\[", "[")
+    spec = yaml.safe_load(example)
+    assert spec["fallback_user"] == "admin" and spec["layers"][0]["members"] == ["alice", "bob"]
