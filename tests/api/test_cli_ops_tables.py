@@ -164,3 +164,14 @@ def test_incident_show_says_an_sla_is_overdue_or_met_and_names_the_actor_once(
     assert sla.startswith("SLA: ack met, mitigate in 3h"), out
     (acked,) = [line for line in out.splitlines() if " acknowledged " in line]
     assert acked.endswith("acknowledged by admin"), out
+
+
+@pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
+def test_alert_ls_with_nothing_to_list_says_so(world: World, server_url: str) -> None:
+    """It printed the header row alone and "0 of 0 alert(s)"."""
+    code, out = run(world, server_url, "admin", "alert", "ls")
+    assert (code, out.strip()) == (0, "no alerts"), out
+    code, out = run(
+        world, server_url, "admin", "alert", "ls", "--status", "firing", "--name", "CorralNodeLost"
+    )
+    assert (code, out.strip()) == (0, "no firing alerts named CorralNodeLost"), out

@@ -64,6 +64,9 @@ def alert_ls(
     if output is Output.json:
         print_json(data)
         return
+    if not data["items"]:  # a header alone read as a listing that failed half-way
+        out.print(f"no {status + ' ' if status else ''}alerts{f' named {name}' if name else ''}")
+        return
     # No box, the alert's name never cut, one label a line: at 80 columns the boxed table cut the
     # name itself ("CorralGpuE…") and the labels ("uuid=GPU-v…").
     table = Table("ID", "STATUS", "SEVERITY", "NAME", "WHERE", "SOURCE", "SINCE", "SEEN", box=None)
