@@ -19,7 +19,7 @@ from tests.incidents.test_rules import make_world
 # (corral.monitor.health._check_gpu), the diagnosis watch (corral.diagnosis.watch._act_on_fault)
 # and the shipped Prometheus rule (deploy/prometheus/rules/corral-hardware.yml) through Alertmanager.
 SIGNALS = [
-    ("CorralGpuEccErrors", "corral", "GPU 0 on n1 has 1 uncorrectable ECC error(s) since its last reset"),
+    ("CorralGpuEccErrors", "corral", "GPU 0 on n1 has 1 uncorrectable ECC error since its last reset"),
     ("CorralGpuLost", "corral", "GPU 0 on n1 fell off the bus"),
     ("GpuFault", "event", "GPU 0 on n1: Xid 79"),
     ("CorralGpuEccErrors", "alertmanager", "GPU 0 on n1 has 2 uncorrectable ECC error(s)"),

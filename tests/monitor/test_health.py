@@ -65,7 +65,7 @@ def test_ecc_injected_by_the_cli_fires_and_clears(mon: Mon) -> None:
     tick(mon)
     (alert,) = alerts(mon, "CorralGpuEccErrors")
     assert alert.status == "firing" and alert.labels["node"] == node and alert.labels["gpu"] == str(index)
-    assert any("3 new uncorrectable ECC error(s)" in e for e in events(mon, job_id))
+    assert any("3 new uncorrectable ECC errors" in e for e in events(mon, job_id))
     with mon.app_client() as client:
         m = scrape(client.get("/metrics").text)
     assert (

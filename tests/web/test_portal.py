@@ -201,7 +201,7 @@ def test_cancel_a_waiting_job_and_watch_gpus(portal: Portal) -> None:
         expect(page.locator("#gpu-utilization")).to_contain_text("5%")
         screenshot(page, "dashboard")
         page.goto(portal.url + f"/jobs/{blocker['id']}")
-        expect(page.locator("#gpu-util-now")).to_contain_text("5% mean over 4 GPU(s)")
+        expect(page.locator("#gpu-util-now")).to_contain_text("5% mean over 4 GPUs")
         expect(page.locator("svg.chart path.series")).to_have_count(4)
         expect(page.locator("svg.chart path.series[d*='L']")).to_have_count(4, timeout=10_000)  # 2+ samples
         screenshot(page, "job-detail-running")

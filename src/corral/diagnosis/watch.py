@@ -41,6 +41,7 @@ from corral.monitor.models import GpuReading, MonitorState
 from corral.server.context import BackgroundLoop, ServerContext
 from corral.services import remediation
 from corral.services.lifecycle import AttemptState, JobState, record_event
+from corral.words import plural
 
 log = logging.getLogger("corral.diagnosis.watch")
 SOURCE = "corral"
@@ -111,7 +112,7 @@ def _fault_of(r: GpuReading, seen: Sequence[int]) -> str:
     if not r.present and not seen[2]:
         return "fell off the bus"
     if r.ecc_volatile_uncorrected > seen[1]:
-        return f"{r.ecc_volatile_uncorrected - seen[1]} new uncorrectable ECC error(s)"
+        return plural(r.ecc_volatile_uncorrected - seen[1], "new uncorrectable ECC error")
     if r.xid_events_total > seen[0] and r.last_xid not in APPLICATION_XIDS:
         return f"Xid {r.last_xid}"
     return ""

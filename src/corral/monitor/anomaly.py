@@ -330,7 +330,7 @@ def _ecc_signal(recent: Sequence[_Reading], b: _Baseline | None, cfg: DetectorCo
     if not recent:
         return 0.0, ""
     if recent[-1].ecc_uncorrected > 0:
-        return 1.0, f"{recent[-1].ecc_uncorrected} uncorrectable ECC error(s)"
+        return 1.0, plural(recent[-1].ecc_uncorrected, "uncorrectable ECC error")
     new = max(0, recent[-1].ecc_corrected - recent[0].ecc_corrected)
     expected = (b.ecc_rate if b is not None else 0.0) * (recent[-1].t - recent[0].t)
     excess = new - expected
@@ -348,7 +348,7 @@ def _xid_signal(readings: Sequence[_Reading], cfg: DetectorConfig) -> tuple[floa
     # 13/31/43 and friends are often the application's own fault: they weigh less, and alone
     # they never reach the alarm threshold.
     score = min(1.0, new) if code in HARDWARE_XIDS else min(cfg.app_xid_max, 0.2 * new)
-    return score, f"{new} Xid event(s) in the last {_span(readings)}, last Xid {code}"
+    return score, f"{plural(new, 'Xid event')} in the last {_span(readings)}, last Xid {code}"
 
 
 def _presence_signal(readings: Sequence[_Reading], dropouts: int, cfg: DetectorConfig) -> tuple[float, str]:

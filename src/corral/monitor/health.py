@@ -23,6 +23,7 @@ from corral.monitor.models import Alert, GpuReading, MonitorState
 from corral.monitor.runbooks import runbook_url
 from corral.scheduler.types import NodeState
 from corral.services.lifecycle import record_event
+from corral.words import plural
 
 SOURCE = "corral"
 OOM_REASONS = ("oom", "cuda_oom")
@@ -153,11 +154,11 @@ def _check_gpu(
     if check.set(_labels("CorralGpuLost", "critical", where), lost, f"{name} fell off the bus") and lost:
         notes.append(f"{name} ({s.uuid}) was lost")
     ecc = s.ecc_volatile_uncorrected
-    summary = f"{name} has {ecc} uncorrectable ECC error(s) since its last reset"
+    summary = f"{name} has {plural(ecc, 'uncorrectable ECC error')} since its last reset"
     check.set(_labels("CorralGpuEccErrors", "critical", where), ecc > 0, summary)
     new_ecc = ecc - (prev.ecc_volatile_uncorrected or 0) if prev is not None else ecc
     if new_ecc > 0:
-        notes.append(f"{name}: {new_ecc} new uncorrectable ECC error(s)")
+        notes.append(f"{name}: {plural(new_ecc, 'new uncorrectable ECC error')}")
     hot = s.present and s.temperature_c >= rules.gpu_temperature_c
     summary = f"{name} at {s.temperature_c:.0f} C"
     if check.set(_labels("CorralGpuOverheating", "warning", where), hot, summary) and hot:

@@ -31,6 +31,7 @@ from corral.scheduler.queue_index import QueueIndex
 from corral.scheduler.quota_check import QuotaCheck
 from corral.scheduler.quota_memo import KeptAllowed
 from corral.scheduler.types import Allocation, Assignment, Job, Plan, Preemption, Reason, Snapshot
+from corral.words import plural
 
 
 class Scheduler:
@@ -386,6 +387,7 @@ class Cycle:
                 self.verdicts.why[job.id] = Reason(
                     "waiting_for_preemption",
                     "preemption",
-                    f"{room.waits_for} running job(s) are being stopped to make room; "
+                    f"{plural(room.waits_for, 'running job')} {'is' if room.waits_for == 1 else 'are'} "
+                    "being stopped to make room; "
                     "it starts once they exit",
                 )

@@ -101,7 +101,9 @@ def end_attempts(
     won = move_attempts(session, [a for _, a, _ in ends], state, {a.id: v for _, a, v in ends})
     lost = [a.attempt_id for _, a, _ in ends if a.id not in won]
     if lost:
-        raise AttemptChangedMeanwhile(f"attempt(s) {', '.join(lost)} ended in another session")
+        raise AttemptChangedMeanwhile(
+            f"{'attempt' if len(lost) == 1 else 'attempts'} {', '.join(lost)} ended in another session"
+        )
     _release(session, [(job, attempt) for job, attempt, _ in ends], now)
 
 

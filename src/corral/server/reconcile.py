@@ -48,6 +48,7 @@ from corral.services.lifecycle import (
     transition_jobs,
 )
 from corral.services.nodes import attempt_gpus
+from corral.words import plural
 
 log = logging.getLogger("corral.server.reconcile")
 
@@ -172,7 +173,7 @@ def adopt_once(ctx: ServerContext) -> None:
         refs = {r.attempt_id: r.engine_ref for r in _live_rows(session) if r.engine_ref}
     if refs:
         ctx.engine.adopt(refs)
-        log.info("re-adopted %d running attempt(s)", len(refs))
+        log.info("re-adopted %s", plural(len(refs), "running attempt"))
     ctx.memory.adopted = True
 
 

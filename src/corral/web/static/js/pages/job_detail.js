@@ -476,7 +476,7 @@ function utilizationChart(jobId) {
         "GPU utilization",
         lines.length
           ? [
-              h("p", { class: "muted", id: "gpu-util-now" }, latest === null ? "Not holding GPUs now." : `Now: ${latest.toFixed(0)}% mean over ${current.length} GPU(s); sampled while this page is open.`),
+              h("p", { class: "muted", id: "gpu-util-now" }, latest === null ? "Not holding GPUs now." : `Now: ${latest.toFixed(0)}% mean over ${current.length} GPU${current.length === 1 ? "" : "s"}; sampled while this page is open.`),
               lineChart(lines, { label: `GPU utilization of job ${jobId}` }),
               h("ul", { class: "legend" }, lines.map((s, i) => h("li", { class: `series-${i % 6}` }, s.name))),
             ]
