@@ -328,19 +328,15 @@ ACCEPTED: tuple[Accepted, ...] = (
         )
         for operation in ("GET /api/v1/audit", "GET /api/v1/admin/sim-export", "GET /api/v1/usage")
     ),
-    Accepted(
-        "ST202",
-        "GET /api/v1/usage",
-        "is out of range",
-        "unix seconds past 1e11 or below 0 ('1e999', '-5') have the shape of a number; as for 'is not a "
-        "time', the forms `since`/`until` take are a grammar the refusal names, not a pattern",
-    ),
-    Accepted(
-        "ST202",
-        "GET /api/v1/admin/sim-export",
-        "is not a finite time",
-        "unix seconds past a float's range ('1e999') have the shape of a number; as for 'is not a "
-        "time', the forms `since` takes are a grammar the refusal names, not a pattern",
+    *(
+        Accepted(
+            "ST202",
+            route,
+            "is out of range",
+            "unix seconds past 1e11 or below 0 ('1e999', '-5') have the shape of a number; as for 'is not "
+            "a time', the forms `since`/`until` take are a grammar the refusal names, not a pattern",
+        )
+        for route in ("GET /api/v1/usage", "GET /api/v1/audit", "GET /api/v1/admin/sim-export")
     ),
     Accepted(
         "ST202",

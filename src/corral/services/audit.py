@@ -221,9 +221,24 @@ def check_target_kind(kind: str) -> str:
     return kind
 
 
+# The latest time a bound may name (the year 5138): no inf, no nan, which SQLite binds as NULL
+# (matching nothing) while PostgreSQL compares them (`until=nan` matched every row).
+MAX_UNIX_S = 1e11
+
+
 def parse_time(value: str, now: float, field: str) -> float:
     """A time for --since/--until: an age ("90m", "7d", "2w": that long before now), unix
-    seconds, or an ISO 8601 date/time (UTC unless it says otherwise)."""
+    seconds, or an ISO 8601 date/time (UTC unless it says otherwise); a 422 naming the field and
+    the value when it is none of them or outside 1970 to the year 5138."""
+    at = _parse_time(value, now, field)
+    if not math.isfinite(at) or not 0 <= at <= MAX_UNIX_S:
+        raise Invalid(
+            f"{field} {value!r} is out of range: give a time from 1970 to the year 5138", ("query", field)
+        )
+    return at
+
+
+def _parse_time(value: str, now: float, field: str) -> float:
     text = value.strip()
     age = DURATION_RE.match(text)
     if age:
