@@ -14,7 +14,7 @@ from sqlalchemy import select
 from corral.db.incident_models import Incident, RemediationRun
 from corral.monitor.alerts import record_alert
 from corral.services import incidents
-from tests.incidents.test_rules import make_world
+from tests.incidents.test_rules import apply, make_world
 
 
 def test_an_alertmanager_gpu_alert_opens_one_incident_that_both_rules_act_in(tmp_path: Path) -> None:
@@ -58,3 +58,37 @@ def test_an_alert_only_the_alertmanager_rule_matches_still_opens_its_own(tmp_pat
         session.commit()
         titles = sorted(i.title for i in session.scalars(select(Incident)))
     assert titles == ["CorralGpuEccErrors", "DiskFull"]
+
+
+SEV3_THEN_SEV1 = """version: 1
+rules:
+  - name: ecc-note
+    match: {name: [CorralGpuEccErrors]}
+    actions:
+      - incident: {severity: SEV3, key: "gpu/{node}/{gpu}", title: "{summary}"}
+  - name: critical-alerts
+    match: {source: alertmanager}
+    actions:
+      - incident: {severity: SEV1}
+"""
+
+
+def test_a_later_rule_that_asks_for_a_more_severe_incident_raises_the_joined_one(tmp_path: Path) -> None:
+    """The joined incident keeps the first rule's key, but not a lower severity: a SEV1 rule that
+    matched the alert after a SEV3 one gave a SEV3 incident (an hour's ack SLA, no postmortem)."""
+    world = make_world(tmp_path)
+    apply(world, SEV3_THEN_SEV1)
+    labels = {"alertname": "CorralGpuEccErrors", "severity": "critical", "node": "n1", "gpu": "0"}
+    now = time.time()
+    with world.ctx.session_factory() as session:
+        record_alert(session, labels=labels, status="firing", now=now, channels=[], source="alertmanager",
+                     annotations={"summary": "ecc on n1/0"}, fingerprint="fp1")  # fmt: skip
+        session.commit()
+        (incident,) = session.scalars(select(Incident)).all()
+        assert (incident.fingerprint, incident.severity) == ("gpu/n1/0", "SEV1")
+        raised = [
+            e["text"]
+            for e in incidents.detail(session, incident.id, now)["timeline"]
+            if e["kind"] == "severity"
+        ]
+        assert raised == ["raised SEV3 -> SEV1: rule critical-alerts: ecc on n1/0"]

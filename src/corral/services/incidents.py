@@ -229,14 +229,25 @@ def open_or_update(
     incident.links = _merge_links(incident.links or {}, links)
     if alert and alert not in (incident.firing or []):
         incident.firing = [*(incident.firing or []), alert]
-    if _rank(sev) < _rank(Severity(incident.severity)):
-        add_timeline(session, incident.id, "severity", f"raised {incident.severity} -> {sev}: {why}", now=now)
-        incident.severity = sev.value
+    raise_severity(session, incident, sev, why, now)
     add_timeline(session, incident.id, "fired", why or title, {"alert": alert} if alert else None, now=now)
     if reopened is not None:  # after the links and severity are merged: a page names what fires now
         for listener in list(_REOPENED_LISTENERS):
             listener(session, incident, reopened)
     return incident
+
+
+def raise_severity(
+    session: Session, incident: Incident, severity: Severity | str, why: str, now: float
+) -> bool:
+    """Raise `incident` to `severity` if that is more severe (SEV1 over SEV2 ...), with a timeline
+    line saying so; never lowers it (a less severe signal of the same fault changes nothing)."""
+    sev = severity if isinstance(severity, Severity) else severity_of(severity)
+    if _rank(sev) >= _rank(Severity(incident.severity)):
+        return False
+    add_timeline(session, incident.id, "severity", f"raised {incident.severity} -> {sev}: {why}", now=now)
+    incident.severity = sev.value
+    return True
 
 
 # -- flapping: the loop's pass (the rest is corral.services.incident_flapping) -----------------------

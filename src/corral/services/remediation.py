@@ -268,6 +268,10 @@ def _incident(session: Session, ruleset: RuleSet, run: _Run, action: Action, now
         return
     if run.held is not None:  # a second incident for the same alert would page twice for one fault
         run.incident, by = run.held
+        # ... but the fault is as severe as the most severe rule it matches says
+        inc.raise_severity(
+            session, run.incident, severity, f"rule {run.rule.name}: {signal.summary or signal.name}", now
+        )
         result = f"incident {run.incident.id} ({run.incident.severity}), opened for this alert by rule {by}"
         run.results.append({"action": "incident", "result": result})
         return
