@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from corral.cli.jobs import start_line
 from corral.db.models import Attempt, Group, Job, User
@@ -300,6 +300,50 @@ def test_the_outcome_is_the_engines_start_and_a_job_never_started_is_none(tmp_pa
     assert shown_wait is not None
     fitted = rebuilt.corrected_wait(4, shown_wait)  # one outcome: shown wait -> the wait that followed
     assert fitted is not None and fitted == pytest.approx(4999.0, abs=1e-6)
+
+
+def test_a_tick_with_no_new_start_reads_only_the_window_count_and_a_late_commit_is_still_read(
+    tmp_path: Path,
+) -> None:
+    """note_started re-read and joined every first attempt started in its look back (LATE_START_S)
+    at every schedule tick, ~25 ms a tick with 2,000 there. With nothing new in the window (its
+    latest start and count unchanged) it reads the index's count alone; a start committed late,
+    earlier than the latest one but inside the window, still moves the count and is recorded."""
+    fake = FakeEngine([gpu_node("n1", gpus=4)])
+    ctx = make_context(make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}"), fake, str(tmp_path))
+    node_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session, guaranteed=4)
+        blocker = add_job(session, gid, uid, gpus=4, name="blocker")
+    t0 = time.time()
+    schedule_tick(ctx, t0)
+    with ctx.session_factory() as session:
+        first, second = (add_job(session, gid, uid, gpus=4, name=n) for n in ("first", "second"))
+    schedule_tick(ctx, t0 + 1)  # both shown an estimate
+    _run_to_end(ctx, fake, blocker)
+    schedule_tick(ctx, t0 + 2)
+    _run_to_end(ctx, fake, first, t0 + 60)
+    schedule_tick(ctx, t0 + 3)  # `second` placed; `first`'s start read
+    live = ctx.memory.eta_calibration
+    assert live is not None and live.outcomes() == 1
+    db = ctx.session_factory.kw["bind"]
+    seen: list[str] = []
+
+    def note(conn: object, cursor: object, statement: str, *args: object) -> None:
+        seen.append(statement)
+
+    with ctx.session_factory() as session:
+        event.listen(db, "before_cursor_execute", note)
+        try:
+            calibration_of(ctx, session, t0 + 4)
+        finally:
+            event.remove(db, "before_cursor_execute", note)
+    assert len(seen) == 1 and "count(" in seen[0].lower() and "jobs" not in seen[0].lower(), seen
+    # `second` starts before `first` did (t0 + 30 < t0 + 60): not a new latest start, but in the window
+    _run_to_end(ctx, fake, second, t0 + 30)
+    with ctx.session_factory() as session:
+        calibration_of(ctx, session, t0 + 5)
+    assert live.outcomes() == 2
 
 
 def test_a_hold_forgets_the_shown_estimate_and_the_job_is_measured_from_its_next(tmp_path: Path) -> None:
