@@ -142,7 +142,8 @@ def over_quota(row: StorageAccount) -> str | None:
             f"of {human_bytes(row.max_bytes)}; free some space (corral storage usage)"
         )
     if row.max_files is not None and row.used_files > row.max_files:
-        return f"{row.scope} {row.name} holds {row.used_files} files, over its quota of {row.max_files}"
+        holds = plural(row.used_files, "file")
+        return f"{row.scope} {row.name} holds {holds}, over its quota of {row.max_files}"
     return None
 
 

@@ -48,6 +48,7 @@ from corral.db.models import Group
 from corral.services.accounts import visible_group_id
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
+from corral.words import plural
 
 MAX_BATCH = 1000  # manifest entries per register_files call
 UPLOAD_ID = re.compile(r"[0-9a-f]{32}")
@@ -222,7 +223,7 @@ def register_files(
     if upload.registered_files > upload.declared_files or upload.registered_bytes > upload.declared_bytes:
         session.rollback()
         raise Invalid(
-            f"the files registered exceed what the upload declared ({upload.declared_files} files, "
+            f"the files registered exceed what the upload declared ({plural(upload.declared_files, 'file')}, "
             f"{upload.declared_bytes} bytes)"
         )
     for path in empty:

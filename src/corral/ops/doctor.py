@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corral.config import Settings, url_host
+from corral.words import plural
 
 if TYPE_CHECKING:
     from corral.engine.slurm.cli import SlurmCli
@@ -301,7 +302,7 @@ def check_gpus(settings: Settings) -> Check:
     inventory = discover_gpus(settings.node_name, settings.home, None)
     if inventory.gpus:
         models = sorted({g.model for g in inventory.gpus})
-        return Check("gpus", "ok", f"{len(inventory.gpus)} GPUs via NVML ({', '.join(models)})")
+        return Check("gpus", "ok", f"{plural(len(inventory.gpus), 'GPU')} via NVML ({', '.join(models)})")
     return Check(
         "gpus",
         "warn",
@@ -498,9 +499,11 @@ def check_slurm_groups(settings: Settings) -> Check:
     if not gaps:
         if mapped is None:
             return Check(
-                "slurm groups", "skip", f"{len(groups)} groups: each gid is a Unix group; {not_checked}"
+                "slurm groups",
+                "skip",
+                f"{plural(len(groups), 'group')}: each gid is a Unix group; {not_checked}",
             )
-        detail = f"{len(groups)} groups: each gid is a Unix group of its members' accounts"
+        detail = f"{plural(len(groups), 'group')}: each gid is a Unix group of its members' accounts"
         return Check("slurm groups", "ok", detail + (f"; {not_checked}" if unchecked else ""))
     return Check(
         "slurm groups",

@@ -377,7 +377,7 @@ class ResourceQuota:
             return never[0], True
         cpus, memory = self.cpus.get(group.name, 0.0), self.memory_mib.get(group.name, 0)
         if group.cpus_max is not None and cpus + job.total_cpus > group.cpus_max:
-            text = f"group {group.name} may hold {group.cpus_max:g} CPUs; it holds {cpus:g}"
+            text = f"group {group.name} may hold {plural(group.cpus_max, 'CPU')}; it holds {cpus:g}"
             return Reason("cpu_quota", SOURCE, f"{text}; this job needs {job.total_cpus:g}"), False
         if group.memory_max_mib is not None and memory + job.total_memory_mib > group.memory_max_mib:
             text = f"group {group.name} may hold {group.memory_max_mib} MiB of memory; it holds {memory} MiB"
@@ -389,8 +389,8 @@ class ResourceQuota:
         """The CPU and memory limits the job alone exceeds."""
         out = []
         if group.cpus_max is not None and job.total_cpus > group.cpus_max:
-            text = f"group {group.name} may hold at most {group.cpus_max:g} CPUs (its max)"
-            out.append(Reason("cpu_quota", SOURCE, f"it needs {job.total_cpus:g} CPUs; {text}"))
+            text = f"group {group.name} may hold at most {plural(group.cpus_max, 'CPU')} (its max)"
+            out.append(Reason("cpu_quota", SOURCE, f"it needs {plural(job.total_cpus, 'CPU')}; {text}"))
         if group.memory_max_mib is not None and job.total_memory_mib > group.memory_max_mib:
             text = f"group {group.name} may hold at most {group.memory_max_mib} MiB (its max)"
             out.append(

@@ -19,6 +19,8 @@ import shutil
 import time
 from pathlib import Path
 
+from corral.words import plural
+
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 CHUNK_MAX = 512 * 1024  # below the API's body limit
 MAX_PATH = 1024
@@ -150,7 +152,10 @@ def make_snapshot(root: Path, manifest: dict[str, dict[str, object]], max_bytes:
             parent = parent.rpartition("/")[0]
     absent = missing(root, [sha for sha, _ in entries.values()])
     if absent:
-        raise CodeError(f"{len(absent)} files were not uploaded, e.g. blob {absent[0]}")
+        raise CodeError(
+            f"{plural(len(absent), 'file')} {'was' if len(absent) == 1 else 'were'} not uploaded, "
+            f"e.g. blob {absent[0]}"
+        )
     total = sum(blob_path(root, sha).stat().st_size for sha, _ in set(entries.values()))
     if total > max_bytes:
         raise CodeError(f"the code is {total} bytes; at most {max_bytes} are allowed (use .corralignore)")
