@@ -21,17 +21,18 @@ rules_app = typer.Typer(
 IncidentArg = Annotated[int, typer.Argument(metavar="ID", min=1)]
 
 
-def _countdown(seconds: float | None) -> str:
+def _countdown(seconds: float | None, breached: bool = False) -> str:
+    """Time left (negative: overdue); once done (None), whether it was done in time."""
     if seconds is None:
-        return "met"
+        return "missed" if breached else "met"
     sign = "-" if seconds < 0 else ""
     s = abs(int(seconds))
     return f"{sign}{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{sign}{s // 60}m{s % 60:02d}s"
 
 
-def _due(what: str, seconds: float | None) -> str:
+def _due(what: str, seconds: float | None, breached: bool = False) -> str:
     if seconds is None:
-        return f"{what} met"
+        return f"{what} {'missed' if breached else 'met'}"
     return f"{what} overdue by {_countdown(-seconds)}" if seconds < 0 else f"{what} in {_countdown(seconds)}"
 
 
@@ -64,7 +65,10 @@ def list_incidents(
     table = Table("ID", "SEV", "STATE", "TITLE", "OPENED", "ACK IN", "MITIGATE IN", "OWNER", box=None)
     for i in page["items"]:
         sla = i["sla"]
-        ack_in, mitigate_in = _countdown(sla["ack_remaining_s"]), _countdown(sla["mitigate_remaining_s"])
+        ack_in, mitigate_in = (
+            _countdown(sla["ack_remaining_s"], sla["ack_breached"]),
+            _countdown(sla["mitigate_remaining_s"], sla["mitigate_breached"]),
+        )
         opened = ago(i["opened_at"])
         title = i["title"] if len(i["title"]) <= 60 else i["title"][:59] + "…"  # cut, and says so
         shown = f"{i['state']}, flapping" if i.get("flapping") else i["state"]
@@ -100,7 +104,8 @@ def show_incident(incident_id: IncidentArg, output: OutputOpt = Output.table) ->
             out.print(f"  {kind}: {', '.join(values)}")
     sla = i["sla"]  # "ack in met" and "ack in -3m05s" read as typos
     out.print(
-        f"  SLA: {_due('ack', sla['ack_remaining_s'])}, {_due('mitigate', sla['mitigate_remaining_s'])}"
+        f"  SLA: {_due('ack', sla['ack_remaining_s'], sla['ack_breached'])}, "
+        f"{_due('mitigate', sla['mitigate_remaining_s'], sla['mitigate_breached'])}"
     )
     for e in i["timeline"]:  # the actor once: not "acknowledged by bob (bob)"
         who = f" ({e['actor']})" if e["actor"] and not e["text"].endswith(f"by {e['actor']}") else ""

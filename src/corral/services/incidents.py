@@ -483,6 +483,15 @@ def _action_item(i: int, item: Mapping[str, str]) -> dict[str, str]:
 # -- reading -------------------------------------------------------------------------------------
 
 
+def _mitigated_at(incident: Incident) -> float | None:
+    """When the incident stopped hurting: mitigated, or resolved (or closed) without a mitigation."""
+    if incident.mitigated_at is not None:
+        return incident.mitigated_at
+    if incident.state in (_S.RESOLVED.value, _S.CLOSED.value):
+        return incident.resolved_at or incident.updated_at
+    return None
+
+
 def sla_view(incident: Incident, now: float) -> dict[str, Any]:
     """Due times and countdowns (negative: overdue) for acknowledging and mitigating."""
     ack_s, mitigate_s = SLA_S[Severity(incident.severity)]
@@ -492,10 +501,11 @@ def sla_view(incident: Incident, now: float) -> dict[str, Any]:
     return {
         "ack_due_at": ack_due,
         "ack_remaining_s": None if acked else round(ack_due - now, 1),
-        "ack_breached": incident.ack_breached or (not acked and now > ack_due),
+        # late is late, whether or not the loop's pass saw it before the acknowledgement
+        "ack_breached": incident.ack_breached or (incident.acknowledged_at or now) > ack_due,
         "mitigate_due_at": mitigate_due,
         "mitigate_remaining_s": None if mitigated else round(mitigate_due - now, 1),
-        "mitigate_breached": incident.mitigate_breached or (not mitigated and now > mitigate_due),
+        "mitigate_breached": incident.mitigate_breached or (_mitigated_at(incident) or now) > mitigate_due,
     }
 
 

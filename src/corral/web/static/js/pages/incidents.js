@@ -10,9 +10,12 @@ import { emptyState, errorBox, field, fill, fmtDuration, h, section, table, time
 const STATES = ["triggered", "acknowledged", "mitigated", "resolved", "closed"];
 const SEVERITIES = ["SEV1", "SEV2", "SEV3", "SEV4"];
 
-// "12m" left, or "overdue 3m" (red), or "met" once acknowledged / mitigated.
-function countdown(seconds) {
-  if (seconds === null || seconds === undefined) return h("span", { class: "sla-met" }, "met");
+// "12m" left, or "overdue 3m" (red); once acknowledged / mitigated, "met" or, if that came too
+// late, "missed" (red).
+function countdown(seconds, breached) {
+  if (seconds === null || seconds === undefined) {
+    return breached ? h("span", { class: "sla-breached badge sev-critical" }, "missed") : h("span", { class: "sla-met" }, "met");
+  }
   if (seconds < 0) return h("span", { class: "sla-breached badge sev-critical" }, `overdue ${fmtDuration(-seconds)}`);
   return h("span", { class: "sla-running" }, fmtDuration(seconds));
 }
@@ -73,8 +76,8 @@ async function renderList(ctx) {
               { label: "State", cell: (i) => [h("span", { class: `badge incident-${i.state}` }, i.state), flappingBadge(i)] },
               { label: "Title", cell: (i) => i.title },
               { label: "Opened", cell: (i) => timeEl(i.opened_at) },
-              { label: "Ack in", cell: (i) => countdown(i.sla.ack_remaining_s) },
-              { label: "Mitigate in", cell: (i) => countdown(i.sla.mitigate_remaining_s) },
+              { label: "Ack in", cell: (i) => countdown(i.sla.ack_remaining_s, i.sla.ack_breached) },
+              { label: "Mitigate in", cell: (i) => countdown(i.sla.mitigate_remaining_s, i.sla.mitigate_breached) },
               { label: "Owner", cell: (i) => i.owner || "—" },
             ],
             rows,
@@ -244,8 +247,8 @@ async function renderDetail(ctx, id) {
           ...(incident.flapping
             ? [h("dt", {}, "Flapping"), h("dd", {}, "began ", timeEl(incident.flapping_since), ": its reopens page nobody until it is quiet")]
             : []),
-          h("dt", {}, "Ack in"), h("dd", {}, countdown(sla.ack_remaining_s)),
-          h("dt", {}, "Mitigate in"), h("dd", {}, countdown(sla.mitigate_remaining_s))),
+          h("dt", {}, "Ack in"), h("dd", {}, countdown(sla.ack_remaining_s, sla.ack_breached)),
+          h("dt", {}, "Mitigate in"), h("dd", {}, countdown(sla.mitigate_remaining_s, sla.mitigate_breached))),
       ),
       section(
         "Timeline",
