@@ -191,3 +191,41 @@ def test_alert_ls_with_nothing_to_list_says_so(world: World, server_url: str) ->
         world, server_url, "admin", "alert", "ls", "--status", "firing", "--name", "CorralNodeLost"
     )
     assert (code, out.strip()) == (0, "no firing alerts named CorralNodeLost"), out
+
+
+ALERTMANAGER_LABELS = {
+    "alertname": "CorralGpuTemperatureHigh", "severity": "warning", "corral_url": "http://127.0.0.1:8080",
+    "instance": "127.0.0.1:8080", "job": "corral", "node": "node-a17", "gpu": "3", "job_id": "42",
+    "user": "alice", "uuid": "GPU-5c1e2f0a-9d3b-4e7a-8f61-2b9c0d4e7a13", "hostname": "rack4-node-a17",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
+def test_alert_ls_reads_at_80_columns_with_where_labels_under_the_name(
+    world: World, server_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An Alertmanager alert's nine labels, one a line, ran over ~20 lines of a narrow column and
+    SOURCE read "alertman…". Now the row is whole, the labels that say where (node, gpu, job_id)
+    follow the name on one line, and --labels gives them all."""
+    monkeypatch.setattr(common.out, "_width", 80)
+    with world.session_factory() as db:
+        record_alert(db, labels=ALERTMANAGER_LABELS, status="firing", now=time.time() - 300, channels=[],
+                     source="alertmanager")  # fmt: skip
+        db.commit()
+    code, out = run(world, server_url, "admin", "alert", "ls")
+    assert code == 0, out
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80, out
+    header, row, where, count = out.splitlines()
+    assert header.split() == ["ID", "STATUS", "SEVERITY", "NAME", "SOURCE", "SINCE", "SEEN"], out
+    assert row.split() == ["1", "firing", "warning", "CorralGpuTemperatureHigh", "alertmanager", "5m", "ago",
+                           "1"], out  # fmt: skip
+    assert where.split() == ["node=node-a17", "gpu=3", "job_id=42"], out
+    assert where.index("node=") == header.index("NAME"), out
+    assert count == "1 of 1 alert", out
+    code, out = run(world, server_url, "admin", "alert", "ls", "--labels")
+    assert code == 0, out
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80, out
+    shown = " ".join(line.strip() for line in out.splitlines()[2:-1])
+    labels = sorted(f"{k}={v}" for k, v in ALERTMANAGER_LABELS.items() if k not in ("alertname", "severity"))
+    assert "".join(shown.split()) == "".join(labels), out  # every label, folded, none cut
+    assert run(world, server_url, "admin", "alert", "ls", "-l")[1] == out

@@ -36,6 +36,9 @@ def test_alert_ls_shows_the_alert_name_and_labels_whole_at_80_columns(
     assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80, out
     assert "CorralGpuEccErrors" in out.split(), out
     assert "node=node-a17" in out.split() and "gpu=3" in out.split(), out
+    assert "uuid=" not in out, out  # node and gpu say where; --labels gives the rest
+    code, out = run(world, server_url, "admin", "alert", "ls", "--labels")
+    assert code == 0 and "…" not in out and max(len(line) for line in out.splitlines()) <= 80, out
     # the uuid folded over lines of its own (the row's other cells are on its first line)
     assert "uuid=GPU-5b1f0c2e-9a4d-4c61-8f3e-2d7a9b0c1e44" in "".join(out.split()), out
 

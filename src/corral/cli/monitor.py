@@ -47,16 +47,23 @@ HomeOpt = Annotated[
 ]
 
 
+WHERE_LABELS = ("node", "gpu", "job_id")  # what says where an alert is; --labels shows the rest
+
+
 @alert_app.command("ls")
 @friendly_errors
 def alert_ls(
     status: Annotated[str | None, typer.Option("--status", help="firing or resolved")] = None,
     name: Annotated[str | None, typer.Option("--name", help="alert name, e.g. CorralGpuEccErrors")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=1000)] = 100,
+    all_labels: Annotated[
+        bool, typer.Option("--labels", "-l", help="every label under the name, not only node, gpu and job_id")
+    ] = False,
     output: OutputOpt = Output.table,
 ) -> None:
     """List alerts, newest first: yours (your jobs' and cluster-wide ones), your groups' if you
-    administer them, all for an admin."""
+    administer them, all for an admin. Under each name, its node, gpu and job_id labels (all of
+    them with --labels)."""
     params: dict[str, Any] = {"limit": limit}
     params.update({k: v for k, v in {"status": status, "name": name}.items() if v})
     with client() as c:
@@ -67,20 +74,24 @@ def alert_ls(
     if not data["items"]:  # a header alone read as a listing that failed half-way
         out.print(f"no {status + ' ' if status else ''}alerts{f' named {name}' if name else ''}")
         return
-    # No box, the alert's name never cut, one label a line: at 80 columns the boxed table cut the
-    # name itself ("CorralGpuE…") and the labels ("uuid=GPU-v…").
-    table = Table("ID", "STATUS", "SEVERITY", "NAME", "WHERE", "SOURCE", "SINCE", "SEEN", box=None)
-    table.columns[3].no_wrap = True
-    table.columns[4].overflow = "fold"
+    # No box, nothing cut, the labels on a line of their own under the name: at 80 columns a
+    # WHERE column of one label a line ran an Alertmanager alert's nine labels (corral_url,
+    # instance, ...) over some 20 lines, and SOURCE read "alertman…".
+    table = Table("ID", "STATUS", "SEVERITY", "NAME", "SOURCE", "SINCE", "SEEN", box=None, pad_edge=False)
+    for column in table.columns:
+        column.no_wrap = True
+    table.columns[3].no_wrap, table.columns[3].overflow = False, "fold"
     for a in data["items"]:
-        labels = a.get("labels", {})
-        where = "\n".join(
-            f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("alertname", "severity") and v
-        )
+        labels = {
+            k: v for k, v in sorted(a.get("labels", {}).items()) if k not in ("alertname", "severity") and v
+        }
+        shown = labels if all_labels else {k: labels[k] for k in WHERE_LABELS if k in labels}
+        title = Text(a["name"])
+        if shown:
+            title.append("\n" + " ".join(f"{k}={v}" for k, v in shown.items()), style="dim")
         color = "red" if a["status"] == "firing" else "green"
         table.add_row(
-            str(a["id"]), Text(a["status"], style=color), a["severity"], a["name"],
-            where, a["source"],
+            str(a["id"]), Text(a["status"], style=color), a["severity"], title, a["source"],
             ago(a["starts_at"]), str(a["receive_count"]),
         )  # fmt: skip
     out.print(table)
