@@ -229,3 +229,14 @@ def test_alert_ls_reads_at_80_columns_with_where_labels_under_the_name(
     labels = sorted(f"{k}={v}" for k, v in ALERTMANAGER_LABELS.items() if k not in ("alertname", "severity"))
     assert "".join(shown.split()) == "".join(labels), out  # every label, folded, none cut
     assert run(world, server_url, "admin", "alert", "ls", "-l")[1] == out
+
+
+@pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
+def test_alert_ls_names_the_statuses_it_takes(world: World, server_url: str) -> None:
+    """`--status bogus` printed the API's regular expression, ^(firing|resolved)$."""
+    code, out = run(world, server_url, "admin", "alert", "ls", "--status", "bogus")
+    said = " ".join(out.replace("│", " ").split())  # the usage error's box, unwrapped
+    assert code == 2 and "'bogus' is not one of 'firing', 'resolved'" in said and "^(" not in out, out
+    response = world.client.get("/api/v1/alerts", params={"status": "bogus"}, headers=world.as_("admin"))
+    assert response.status_code == 422 and "^(" not in response.text, response.text
+    assert "'firing' or 'resolved'" in response.text, response.text

@@ -5,6 +5,7 @@ the admin API, or (gpu, node) straight into a server's chaos files with `--home`
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -47,13 +48,18 @@ HomeOpt = Annotated[
 ]
 
 
+class AlertStatus(StrEnum):
+    firing = "firing"
+    resolved = "resolved"
+
+
 WHERE_LABELS = ("node", "gpu", "job_id")  # what says where an alert is; --labels shows the rest
 
 
 @alert_app.command("ls")
 @friendly_errors
 def alert_ls(
-    status: Annotated[str | None, typer.Option("--status", help="firing or resolved")] = None,
+    status: Annotated[AlertStatus | None, typer.Option("--status", help="firing or resolved")] = None,
     name: Annotated[str | None, typer.Option("--name", help="alert name, e.g. CorralGpuEccErrors")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=1000)] = 100,
     all_labels: Annotated[
@@ -65,7 +71,7 @@ def alert_ls(
     administer them, all for an admin. Under each name, its node, gpu and job_id labels (all of
     them with --labels)."""
     params: dict[str, Any] = {"limit": limit}
-    params.update({k: v for k, v in {"status": status, "name": name}.items() if v})
+    params.update({k: v for k, v in {"status": status and status.value, "name": name}.items() if v})
     with client() as c:
         data = c.request("GET", "/alerts", params=params)
     if output is Output.json:
