@@ -240,3 +240,26 @@ def test_alert_ls_names_the_statuses_it_takes(world: World, server_url: str) -> 
     response = world.client.get("/api/v1/alerts", params={"status": "bogus"}, headers=world.as_("admin"))
     assert response.status_code == 422 and "^(" not in response.text, response.text
     assert "'firing' or 'resolved'" in response.text, response.text
+
+
+@pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
+def test_incident_ls_gives_the_title_the_room_at_80_columns(
+    world: World, server_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TITLE was some 18 columns wide, so a title ran over 3-4 lines beside "3h59m" countdowns."""
+    monkeypatch.setattr(common.out, "_width", 80)
+    title = "GPU 3 on node-a17 has 2 uncorrectable ECC errors"
+    with world.session_factory() as db:
+        made = incidents.open_or_update(db, fingerprint="ecc", title=title, severity="SEV2", source="alert",
+                                        labels={}, links={}, now=time.time() - 20 * 60)  # fmt: skip
+        db.commit()
+        number = made.id
+    assert run(world, server_url, "admin", "incident", "ack", str(number))[0] == 0
+    code, out = run(world, server_url, "admin", "incident", "ls")
+    assert code == 0, out
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80, out
+    header, *rows = out.splitlines()
+    assert header.split()[:4] == ["ID", "SEV", "STATE", "TITLE"], out
+    assert len(rows) <= 2, out  # the title on one line, or two
+    assert column(out, "TITLE") == "".join(title.split()), out
+    assert rows[0].split()[:3] == [str(number), "SEV2", "acknowledged"] and "admin" in rows[0].split(), out

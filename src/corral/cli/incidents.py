@@ -62,17 +62,23 @@ def list_incidents(
     if output is Output.json:
         print_json(page)
         return
-    table = Table("ID", "SEV", "STATE", "TITLE", "OPENED", "ACK IN", "MITIGATE IN", "OWNER", box=None)
+    # The title gets the room: the other columns are as narrow as their values (AGE "20m", not
+    # OPENED "20m ago"; ACK and MITIGATE, the time left, not "ACK IN" and "MITIGATE IN"), none cut;
+    # at 80 columns TITLE was some 18 wide and a title ran over 3-4 lines.
+    table = Table("ID", "SEV", "STATE", "TITLE", "AGE", "ACK", "MITIGATE", "OWNER", box=None, pad_edge=False)
+    for number in (0, 1, 4, 5, 6):
+        table.columns[number].no_wrap = True
+    table.columns[7].overflow = "fold"
     for i in page["items"]:
         sla = i["sla"]
         ack_in, mitigate_in = (
             _countdown(sla["ack_remaining_s"], sla["ack_breached"]),
             _countdown(sla["mitigate_remaining_s"], sla["mitigate_breached"]),
         )
-        opened = ago(i["opened_at"])
+        age = ago(i["opened_at"]).removesuffix(" ago")
         title = i["title"] if len(i["title"]) <= 60 else i["title"][:59] + "…"  # cut, and says so
         shown = f"{i['state']}, flapping" if i.get("flapping") else i["state"]
-        table.add_row(str(i["id"]), i["severity"], shown, title, opened, ack_in, mitigate_in, i["owner"])
+        table.add_row(str(i["id"]), i["severity"], shown, title, age, ack_in, mitigate_in, i["owner"] or "-")
     if not page["items"]:  # a header alone read as a listing that failed
         which = {None: "", True: "flapping ", False: "non-flapping "}[flapping]
         out.print(
