@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from corral.cli import common
 from corral.cli.common import when
 from corral.config import Settings
+from corral.datasets.models import StorageAccount
 from corral.db.audit_models import AuditRecord
 from corral.monitor.alerts import record_alert
 from corral.monitor.models import AlertNotification
@@ -263,3 +264,31 @@ def test_incident_ls_gives_the_title_the_room_at_80_columns(
     assert len(rows) <= 2, out  # the title on one line, or two
     assert column(out, "TITLE") == "".join(title.split()), out
     assert rows[0].split()[:3] == [str(number), "SEV2", "acknowledged"] and "admin" in rows[0].split(), out
+
+
+@pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
+def test_storage_usage_gives_each_account_one_line_at_80_columns(
+    world: World, server_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SCANNED, "2026-11-30 06:41:07", wrapped over two lines in every row, "703.0 GiB / 2.0 TiB"
+    broke after "2.0" and the group's name read "vision-rese…"."""
+    monkeypatch.setattr(common.out, "_width", 80)
+    now = time.time()
+    with world.session_factory() as db:
+        db.add(StorageAccount(scope="group", name="vision-research", max_bytes=2 << 40, max_files=1_000_000,
+                              dataset_bytes=3 << 30, dataset_files=1200, scanned_bytes=700 << 30,
+                              scanned_files=123_456, scanned_at=now - 600))  # fmt: skip
+        db.add(StorageAccount(scope="user", name="alice", max_bytes=None, max_files=None, dataset_bytes=0,
+                              dataset_files=0, scanned_bytes=5 << 20, scanned_files=40))  # fmt: skip
+        db.commit()
+    code, out = run(world, server_url, "admin", "storage", "usage")
+    assert code == 0, out
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80, out
+    header, *rows = out.splitlines()
+    assert header.split() == ["SCOPE", "NAME", "USED", "/", "QUOTA", "DATASETS", "SCANNED", "OVER"], out
+    assert [row.split() for row in rows] == [
+        ["group", "vision-research", "703.0", "GiB", "/", "2.0", "TiB", "3.0", "GiB", "10m", "ago"],
+        ["124656", "/", "1000000", "files"],
+        ["user", "alice", "5.0", "MiB", "/", "-", "0", "B", "-"],
+        ["40", "/", "-", "files"],
+    ], out  # bytes, then files, used / quota; an account not scanned yet: "-"

@@ -18,7 +18,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from corral.cli.common import Output, OutputOpt, client, friendly_errors, out, print_json, when
+from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json, when
 from corral.datasets.names import BadName, human_bytes, parse_bytes, parse_ref
 from corral.sdk import KEEP, Keep
 from corral.words import plural
@@ -234,6 +234,12 @@ def limit_text(used: float, limit: float | None, fmt: Any = str) -> str:
     return f"{fmt(used)} / {'-' if limit is None else fmt(limit)}"
 
 
+def usage_cell(row: dict[str, Any]) -> str:
+    """Bytes used / quota, and files used / quota on a second line ("-": no quota)."""
+    used = limit_text(row["used_bytes"], row["max_bytes"], human_bytes)
+    return f"{used}\n{limit_text(row['used_files'], row['max_files'])} files"
+
+
 @storage_app.command("usage")
 @friendly_errors
 def storage_usage(output: OutputOpt = Output.table) -> None:
@@ -244,14 +250,18 @@ def storage_usage(output: OutputOpt = Output.table) -> None:
     if output is Output.json:
         print_json(rows)
         return
-    table = Table(
-        "SCOPE", "NAME", "BYTES used/quota", "FILES used/quota", "DATASETS", "SCANNED", "OVER", box=None
-    )
+    # One column for bytes and files, used / quota (as `group ls` gives them), SCANNED as an age
+    # ("10m ago"), the short columns never wrapped and a name folded, not cut: at 80 columns the
+    # timestamp "2026-11-30 06:25:18" wrapped in every row, "703.0 GiB / 2.0 TiB" broke after
+    # "2.0" and a group's name read "vision-rese…".
+    table = Table("SCOPE", "NAME", "USED / QUOTA", "DATASETS", "SCANNED", "OVER", box=None, pad_edge=False)
+    for number in (0, 2, 3, 4, 5):
+        table.columns[number].no_wrap = True
+    table.columns[1].overflow = "fold"
     for r in rows:
         table.add_row(
-            r["scope"], r["name"], limit_text(r["used_bytes"], r["max_bytes"], human_bytes),
-            limit_text(r["used_files"], r["max_files"]), human_bytes(r["dataset_bytes"]),
-            when(r["scanned_at"]), "yes" if r["over_quota"] else "",
+            r["scope"], r["name"], usage_cell(r), human_bytes(r["dataset_bytes"]), ago(r["scanned_at"]),
+            "yes" if r["over_quota"] else "",
         )  # fmt: skip
     out.print(table)
 

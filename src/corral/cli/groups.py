@@ -9,8 +9,7 @@ import typer
 from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, client, friendly_errors, out, plain, print_json
-from corral.cli.data import limit_text, storage_limits
-from corral.datasets.names import human_bytes
+from corral.cli.data import storage_limits, usage_cell
 from corral.sdk import KEEP, Keep
 from corral.spec import parse_memory_mib
 from corral.words import plural
@@ -48,8 +47,7 @@ def _storage_cell(row: dict[str, Any] | None) -> str:
     """Bytes and files used/max (corral storage usage has the detail)."""
     if row is None:
         return "-"
-    used = limit_text(row["used_bytes"], row["max_bytes"], human_bytes)
-    return f"{used}\n{limit_text(row['used_files'], row['max_files'])} files"
+    return usage_cell(row)
 
 
 def _settings_cell(group: dict[str, Any]) -> str:
