@@ -6,10 +6,11 @@ is missing: the server would refuse to start or to run jobs); skip (not configur
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -311,13 +312,20 @@ def check_gpus(settings: Settings) -> Check:
     )
 
 
-def check_tls(settings: Settings) -> Check:
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+PROC_NET_TCP = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
+
+
+def check_tls(
+    settings: Settings, env: Mapping[str, str] | None = None, proc_net: Sequence[Path] = PROC_NET_TCP
+) -> Check:
     if settings.ssl_certfile is None or settings.ssl_keyfile is None:
-        exposed = settings.host not in ("127.0.0.1", "::1", "localhost")
+        host, port, source = server_address(settings, os.environ if env is None else env, proc_net)
+        exposed = host not in LOOPBACK_HOSTS
         return Check(
             "tls",
             "warn" if exposed else "ok",
-            f"plain HTTP on {url_host(settings.host)}:{settings.port}"
+            f"plain HTTP on {url_host(host)}:{port} ({source})"
             + (": tokens cross the network in clear" if exposed else " (loopback; TLS at the proxy)"),
             "set CORRAL_SSL_CERTFILE/CORRAL_SSL_KEYFILE or bind 127.0.0.1 behind nginx" if exposed else None,
         )
@@ -325,6 +333,60 @@ def check_tls(settings: Settings) -> Check:
     if unreadable:
         return Check("tls", "fail", f"cannot read {', '.join(unreadable)}", "check the paths and modes")
     return Check("tls", "ok", f"uvicorn serves TLS with {settings.ssl_certfile}")
+
+
+def server_address(
+    settings: Settings, env: Mapping[str, str], proc_net: Sequence[Path]
+) -> tuple[str, int, str]:
+    """Where the server listens (host, port) and how doctor knows. CORRAL_HOST/CORRAL_PORT are what
+    `corral up` reads; without them the port is the one the CLI is configured for (CORRAL_URL, or
+    the home's config.yaml, which `corral up` writes and rewrites when it starts on another port,
+    `--port` included), else 8080. Settings alone said 8080 of a server started with --port 9500.
+    A socket listening on that port now gives its real address (`--host 0.0.0.0` too: the CLI's URL
+    names 127.0.0.1 for it)."""
+    from urllib.parse import urlsplit
+
+    from corral.sdk import CorralError, config_path, load_cli_config
+
+    host, port, source = settings.host, settings.port, "the default address"
+    config = config_path(settings.home)
+    if "CORRAL_HOST" in env or "CORRAL_PORT" in env:
+        source = "CORRAL_HOST/CORRAL_PORT"
+    elif env.get("CORRAL_URL") or config.exists():
+        try:
+            parts = urlsplit(load_cli_config(settings.home, env).url)
+        except CorralError:  # a config.yaml that is not YAML: what the settings say
+            parts = urlsplit("")
+        if parts.scheme == "http" and parts.hostname:  # (https: a proxy's address, not the server's)
+            named = "CORRAL_URL" if env.get("CORRAL_URL") else str(config)
+            host, port, source = parts.hostname, parts.port or 80, f"the CLI's server, {named}"
+    listening = listening_hosts(port, proc_net)
+    if listening:
+        wide = [h for h in listening if h not in LOOPBACK_HOSTS]
+        return (wide or listening)[0], port, f"{source}; a socket listens there now"
+    return host, port, source
+
+
+def listening_hosts(port: int, proc_net: Sequence[Path] = PROC_NET_TCP) -> list[str]:
+    """The addresses a socket of this host listens on at `port`, from /proc/net/tcp{,6} (Linux;
+    none elsewhere): 0.0.0.0 or :: for every interface."""
+    found: list[str] = []
+    for table in proc_net:
+        try:
+            lines = table.read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 4 or fields[3] != "0A":  # 0A: LISTEN
+                continue
+            address, _, hex_port = fields[1].partition(":")
+            if int(hex_port, 16) != port:
+                continue
+            raw = bytes.fromhex(address)  # each 32-bit word in host (little-endian) order
+            packed = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            found.append(str(ipaddress.ip_address(packed)))
+    return found
 
 
 def check_monitor_config(settings: Settings) -> Check:
