@@ -131,6 +131,25 @@ def _submit_demo_job(ctx: ServerContext) -> None:
         print(f"  example:   job {job_id} (digits-demo) started in environment sklearn", flush=True)
 
 
+def example_line(session: Session, env_ready: bool | None) -> str:
+    """The banner's example line as things are (`env_ready`: the demo environment's build is done,
+    None while it runs, False when it failed). Restarted on a home whose example had run, the
+    banner said it "trains ... once it is built"."""
+    from corral.environments.demo import DEMO_ENV
+
+    name = parse_spec(resources.files("corral.examples").joinpath("digits.yaml").read_text()).name
+    job = session.scalars(select(Job).where(Job.name == name).order_by(Job.id.desc())).first()
+    if job is not None:
+        if job.state in ("succeeded", "failed", "cancelled"):
+            return f"job {job.id} ({name}) {job.state}; `corral show {job.id}`, `corral logs {job.id}`"
+        trains = f"it trains an MLP on CPU in environment {DEMO_ENV}"
+        return f"job {job.id} ({name}) {job.state}: {trains}; `corral logs {job.id}`"
+    if env_ready is False:
+        return f"{name} not started: environment {DEMO_ENV} failed to build; `corral env show {DEMO_ENV}`"
+    when = "once it is built" if env_ready is None else "starting now"
+    return f"{name} trains an MLP on CPU in environment {DEMO_ENV} {when}; `corral ls`"
+
+
 def seed_demo(ctx: ServerContext, url: str) -> None:
     """Called before the API serves: the webhook secret is in place when its router starts."""
     from corral.monitor.config import generate_webhook_token
@@ -141,7 +160,7 @@ def seed_demo(ctx: ServerContext, url: str) -> None:
         groups = _ensure_groups(session, ctx.settings.gpu_model, now)
         _ensure_users(session, groups, now)
         session.commit()
-    from corral.environments.demo import DEMO_ENV, ensure_demo_environment, submit_when_ready
+    from corral.environments.demo import DEMO_ENV, ensure_demo_environment, ready, submit_when_ready
 
     env_version = ensure_demo_environment(ctx, DEMO_JOB_OWNER)
     submit_when_ready(ctx, lambda: _submit_demo_job(ctx))
@@ -161,10 +180,7 @@ def seed_demo(ctx: ServerContext, url: str) -> None:
     )
     envs = f"default (the server's) and {DEMO_ENV}" + (" (building now)" if env_version else "")
     print(f"  envs:      {envs}; `corral env ls`", flush=True)
-    print(
-        f"  example:   digits-demo trains an MLP on CPU in environment {DEMO_ENV} once it is built; "
-        "`corral ls`",
-        flush=True,
-    )
+    with ctx.session_factory() as session:
+        print(f"  example:   {example_line(session, ready(ctx))}", flush=True)
     print(f"  look:      `corral ls`, `corral node ls`, portal {url}/, API {url}/docs", flush=True)
     print("", flush=True)
