@@ -9,8 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from corral.cli import common
+from corral.cli.main import app as cli
 from corral.monitor.alerts import record_alert
 from corral.services import incidents
 from tests.api.conftest import World
@@ -73,7 +75,9 @@ def test_incident_comment_says_the_comment_was_added(world: World, server_url: s
     code, out = run(world, server_url, "admin", "incident", "comment", str(number), "looking at it")
     assert code == 0 and out.strip() == f"incident {number}: comment added (triggered)", out
     code, out = run(world, server_url, "admin", "incident", "ack", str(number))
-    assert code == 0 and out.strip() == f"incident {number}: acknowledged", out
+    assert (
+        code == 0 and out.strip() == f"incident {number}: acknowledged by admin, owner admin (acknowledged)"
+    ), out
 
 
 @pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
@@ -118,3 +122,26 @@ def test_key_add_of_a_missing_file_says_why_once(world: World, server_url: str, 
     binary.write_bytes(b"\xff\xfe\x00")
     code, out = run(world, server_url, "alice", "key", "add", str(binary))
     assert code == 1 and "not text (a public key file is one line of text)" in out, out
+
+
+@pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
+def test_incident_ack_says_who_owns_it_when_someone_acknowledged_first(world: World, server_url: str) -> None:
+    """`incident ack --help` said "you own it now", and the ack printed "acknowledged" alone; but
+    only the first to acknowledge becomes the owner (services/incidents.acknowledge)."""
+    result = CliRunner().invoke(cli, ["incident", "ack", "--help"], env={"COLUMNS": "200"})
+    said = " ".join(result.output.replace("│", " ").split())
+    assert "you own it now" not in said, said
+    promise = (
+        "The first to acknowledge becomes its owner unless it has one; acknowledging it again, by anyone,"
+    )
+    assert f"{promise} changes nothing." in said, said
+    with world.session_factory() as db:
+        made = incidents.open_or_update(db, fingerprint="n7", title="node n7 lost", severity="SEV3",
+                                        source="manual", labels={}, links={}, now=time.time())  # fmt: skip
+        incidents.acknowledge(db, made.id, "bob", time.time())  # bob answered the page first
+        db.commit()
+        number = made.id
+    code, out = run(world, server_url, "admin", "incident", "ack", str(number))
+    assert code == 0 and out.strip() == f"incident {number}: acknowledged by bob, owner bob (acknowledged)", (
+        out
+    )

@@ -137,8 +137,14 @@ def _act(incident_id: int, action: str, done: str = "", **body: Any) -> None:
 @incident_app.command("ack")
 @friendly_errors
 def ack(incident_id: IncidentArg) -> None:
-    """Acknowledge: you own it now (stops escalation)."""
-    _act(incident_id, "ack")
+    """Acknowledge: stops escalation and meets the ack SLA. The first to acknowledge becomes its
+    owner unless it has one; acknowledging it again, by anyone, changes nothing. Prints who
+    acknowledged it and who owns it."""
+    with client() as c:
+        i = c.incident_action(incident_id, "ack")
+    # "you own it now" was not so when someone else had acknowledged it first: say who did
+    who = f"acknowledged by {i['acknowledged_by']}, owner {i['owner'] or '-'}"
+    out.print(f"incident {i['id']}: {who} ({i['state']})")
 
 
 @incident_app.command("comment")
