@@ -59,6 +59,10 @@ def test_cli_job_commands(world: World, server_url: str, tmp_path: Path) -> None
     assert "cli-job" in out and "1 of 1 job\n" in out  # not "1 of 1 jobs"
     code, out = run(world, server_url, "alice", "show", str(job["id"]))
     assert code == 0 and "queued" in out and "no attempts yet" in out
+    said = " ".join(out.split())  # (the line wraps at 80 columns, between words)
+    assert (
+        "no failure yet (no retry allowed), no platform loss yet (3 requeues allowed), no preemption" in said
+    )
     code, out = run(world, server_url, "alice", "show", str(job["id"]), "-o", "json")
     shown = json.loads(out)
     assert shown["events"][0]["to_state"] == "queued"
@@ -70,7 +74,9 @@ def test_cli_job_commands(world: World, server_url: str, tmp_path: Path) -> None
         row.reason = "node lost: attempt 3 (node n1 is down); requeued (platform loss 2 of 3)"
         db.commit()
     code, out = run(world, server_url, "alice", "show", str(job["id"]))
-    assert "failures 1 of 0 retries  platform losses 2 of 3 requeues  preemptions 1" in out
+    # in words: it read "failures 1 of 0 retries  platform losses 2 of 3 requeues  preemptions 1"
+    said = " ".join(out.split())
+    assert "1 failure (no retry allowed), 2 platform losses (3 requeues allowed), 1 preemption" in said
     assert "requeued (platform loss 2 of 3)" in out
     code, out = run(world, server_url, "carol", "show", str(job["id"]))
     assert code == 1 and f"job {job['id']} belongs to another user" in out
@@ -121,7 +127,8 @@ def test_show_counts_a_launch_failure_against_the_cap_the_server_applies(
     code, out = run(world, server_url, "alice", "show", str(job_id))
     assert code == 0, out
     assert "requeued (platform loss 1 of 2)" in out
-    assert "platform losses 1 of 2 requeues" in out
+    said = " ".join(out.split())
+    assert "no failure yet (no retry allowed), 1 platform loss (2 requeues allowed), no preemption" in said
     shown = json.loads(run(world, server_url, "alice", "show", str(job_id), "-o", "json")[1])
     assert (shown["platform_loss_cap"], shown["lost_requeue_budget"]) == (2, 3)
 

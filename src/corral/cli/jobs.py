@@ -207,17 +207,21 @@ def ls(
 
 
 def budgets_line(job: dict[str, Any]) -> str:
-    """What the retry rules have counted: own failures against `retries`, platform losses
-    against the cap the server applies to the next one like the latest (its lost-requeue budget,
-    or a failure category's own lower cap: launch_failed's 2, as the reason line says); preemptions
-    cost neither."""
-    budget = job.get("platform_loss_cap")
-    budget = job.get("lost_requeue_budget") if budget is None else budget
-    losses = f"{job.get('platform_losses', 0)}" + (f" of {budget}" if budget is not None else "")
-    return (
-        f"failures {job.get('own_failures', 0)} of {job['retries']} retries  "
-        f"platform losses {losses} requeues  preemptions {job.get('preemptions', 0)}"
-    )
+    """What the retry rules have counted, in words: own failures against `retries`, platform
+    losses against the cap the server applies to the next one like the latest (its lost-requeue
+    budget, or a failure category's own lower cap: launch_failed's 2, as the reason line says);
+    preemptions cost neither. It read "failures 0 of 1 retries  platform losses 0 of 3 requeues"."""
+    failures, losses = job.get("own_failures", 0), job.get("platform_losses", 0)
+    cap = job.get("platform_loss_cap")
+    cap = job.get("lost_requeue_budget") if cap is None else cap
+    said = [
+        f"{'no failure yet' if not failures else plural(failures, 'failure')}"
+        f" ({'no retry' if not job['retries'] else plural(job['retries'], 'retry', 'retries')} allowed)",
+        ("no platform loss yet" if not losses else plural(losses, "platform loss", "platform losses"))
+        + ("" if cap is None else f" ({'no requeue' if not cap else plural(cap, 'requeue')} allowed)"),
+        "no preemption" if not job.get("preemptions") else plural(job["preemptions"], "preemption"),
+    ]
+    return ", ".join(said)
 
 
 @friendly_errors
