@@ -103,6 +103,11 @@ function actions(ws, refresh) {
   );
 }
 
+function whyCell(ws) {
+  if (ws.failure) return h("span", { class: "ws-failure bad" }, `failed: ${ws.failure}`);
+  return ws.waiting ? ws.waiting.message : "";
+}
+
 function sshHelp(rows) {
   const host = window.location.hostname;
   const first = rows[0];
@@ -158,7 +163,9 @@ export async function render(ctx) {
           { label: "Name", cell: (w) => w.name },
           { label: "State", cell: (w) => stateBadge(w.state) },
           { label: "Resources", cell: (w) => `${w.gpus} GPU${w.gpus === 1 ? "" : "s"}${w.gpu_model ? ` (${w.gpu_model})` : ""}, ${w.cpus} CPUs, ${w.memory_mib} MiB` },
-          { label: "Why waiting", cell: (w) => (w.waiting ? w.waiting.message : "") },
+          // A failed one says why (its job's reason, as `corral ws show` prints it): the list
+          // said "stopped" and nothing else, and the job page was the only place to find out.
+          { label: "Why", cell: whyCell },
           { label: "Created", cell: (w) => fmtTime(w.created_at) },
           { label: "", cell: (w) => actions(w, refresh) },
         ],
