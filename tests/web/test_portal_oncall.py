@@ -18,6 +18,8 @@ def test_on_call_page_shows_who_and_acknowledges_a_page(portal: Portal) -> None:
             "layers": [{**layer, "restrict_from": "00:00", "restrict_to": "23:30"}],
         }
         assert api.put("/api/v1/oncall/schedules/primary", json=spec).status_code == 201
+        # one member every day: the shift runs past the 14 days looked at ('until' null)
+        assert api.put("/api/v1/oncall/schedules/solo", json={"layers": [layer]}).status_code == 201
         steps = [{"schedule": "primary", "wait_minutes": 5}, {"user": "root", "wait_minutes": 5}]
         assert api.put("/api/v1/oncall/policies/gpu", json={"steps": steps}).status_code == 201
         override = {"user": "ann", "start": time.time() - 60, "end": time.time() + 3600}  # covers any gap
@@ -32,6 +34,8 @@ def test_on_call_page_shows_who_and_acknowledges_a_page(portal: Portal) -> None:
     now_row = page.locator("table.oncall-now tbody tr", has_text="primary")
     assert "ann" in now_row.inner_text() and "override" in now_row.inner_text()
     assert "nobody on call" in page.locator("main").inner_text()  # 23:30-24:00 every night: warned
+    solo_row = page.locator("table.oncall-now tbody tr", has_text="solo")
+    assert "over 14 days" in solo_row.inner_text()  # it showed "—", as for no data
     page.wait_for_selector(
         "table.pages tbody tr:has-text('ECC errors')", timeout=30_000
     )  # the loop paged ann

@@ -14,7 +14,8 @@ function nowTable(rows) {
     [
       { label: "Schedule", cell: (r) => r.schedule },
       { label: "On call", cell: (r) => whoCell(r.user, r.source) },
-      { label: "Until", cell: (r) => timeEl(r.until) },
+      // null: the shift runs past the 14 days looked at (a one-member layer), not "unknown"
+      { label: "Until", cell: (r) => (r.until === null ? "over 14 days" : timeEl(r.until)) },
       { label: "Next", cell: (r) => (r.next ? whoCell(r.next.user, r.next.source) : "—") },
     ],
     rows,
