@@ -178,9 +178,13 @@ def test_visibility_filters_sorting_and_pagination(world: World) -> None:
     assert errors_of(r) == {("query", "user"): "no user named 'alcie'"}
     r = world.client.get(JOBS, params={"group": "visoin"}, headers=world.as_("admin"))
     assert errors_of(r) == {("query", "group"): "no group named 'visoin'"}
-    # Both wrong at once: both named in the one refusal, not the user first and the group after
+    # Both wrong at once: both named in the one refusal, each at its own field (not the user first
+    # and the group after, nor the group's message under the user's field)
     r = world.client.get(JOBS, params={"user": "alcie", "group": "visoin"}, headers=world.as_("admin"))
-    assert errors_of(r) == {("query", "user"): "no user named 'alcie'; no group named 'visoin'"}
+    assert errors_of(r) == {
+        ("query", "user"): "no user named 'alcie'",
+        ("query", "group"): "no group named 'visoin'",
+    }
     assert page("alice", user="alcie")["total"] == page("alice", group="visoin")["total"] == 0
     assert page("carol", group="vision")["total"] == 0  # exists, not hers: the same answer
     names = [j["name"] for j in page("alice", sort="name", order="asc")["items"]]

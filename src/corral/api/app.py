@@ -170,7 +170,7 @@ def _install_error_handlers(app: FastAPI) -> None:
             headers = {"Retry-After": str(retry_after)}
         detail: Any = exc.message
         if isinstance(exc, Invalid):
-            detail = [{"loc": list(exc.loc), "msg": exc.message, "type": "value_error"}]
+            detail = [{"loc": list(loc), "msg": message, "type": "value_error"} for loc, message in exc.items]
         return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(InvalidTransition)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class ServiceError(Exception):
     status_code = 400
@@ -35,3 +37,13 @@ class Invalid(ServiceError):
     def __init__(self, message: str, loc: tuple[str | int, ...] = ("body",)) -> None:
         super().__init__(message)
         self.loc = loc
+        # each wrong field with its own message (the 422's detail lists them all): `each`
+        self.items: tuple[tuple[tuple[str | int, ...], str], ...] = ((loc, message),)
+
+    @classmethod
+    def each(cls, items: Sequence[tuple[tuple[str | int, ...], str]]) -> Invalid:
+        """One refusal for several wrong fields at once, each at its own place (a client that
+        marks fields marks them all); its message names them all."""
+        made = cls("; ".join(message for _, message in items), items[0][0])
+        made.items = tuple(items)
+        return made

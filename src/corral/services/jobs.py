@@ -528,9 +528,7 @@ def _filters(session: Session, flt: JobFilter, principal: Principal) -> list[Col
             unknown.append(("group", flt.group))
         conds.append(Job.group_id == gid if gid is not None else false())
     if unknown and principal.is_admin:
-        raise Invalid(
-            "; ".join(f"no {kind} named {name!r}" for kind, name in unknown), ("query", unknown[0][0])
-        )
+        raise Invalid.each([(("query", kind), f"no {kind} named {name!r}") for kind, name in unknown])
     return conds
 
 
