@@ -346,6 +346,36 @@ def test_ssh_into_a_workspace_by_its_name_and_refused_once_stopped(world: World)
     assert stopped.returncode == 1 and "workspace 'nb' is stopped" in stopped.stderr, stopped.stderr
 
 
+def test_ssh_and_scp_into_a_workspace_start_in_the_home_and_what_they_write_outlives_a_stop(
+    world: World,
+) -> None:
+    """As under sshd, a shell, a command and scp's relative paths start in the user's home, not
+    in the job's working dir (/job, the attempt's own, gone at each stop): `scp notes.txt
+    alice+lab:` then `corral ws stop lab` and `start lab` finds notes.txt again."""
+    src = world.tmp / "notes.txt"
+    src.write_text("kept across a stop\n")
+    scp = ["scp", "-P", str(world.ssh_port), "-i", str(world.keys["alice"]), *SSH_OPTS]
+    with world.server.client(world.tokens["alice"]) as c:
+        r = c.post("/api/v1/workspaces", json={"name": "lab", "cpus": 0.5, "memory": "1GiB"})
+        assert r.status_code == 201, r.text
+        state = lambda: c.get("/api/v1/workspaces/lab").json()["state"]  # noqa: E731
+        wait_for(lambda: state() == "running", timeout_s=60, what="the workspace to run")
+        where = world.ssh("alice", "alice+lab", "pwd; echo from-ssh > ssh-notes.txt")
+        assert (where.returncode, where.stdout.split()) == (0, ["/home/alice"]), where.stderr
+        shell = world.ssh("alice", "-tt", "alice+lab", "pwd")  # a command with a terminal
+        assert shell.stdout.replace("\r", "").split() == ["/home/alice"], shell.stderr
+        to_home = [*scp, str(src), "alice+lab@127.0.0.1:"]
+        up = subprocess.run(to_home, capture_output=True, text=True, timeout=60)
+        assert up.returncode == 0, up.stderr
+        assert c.post("/api/v1/workspaces/lab/stop").status_code == 200
+        wait_for(lambda: state() == "stopped", timeout_s=60, what="the workspace to stop")
+        assert c.post("/api/v1/workspaces/lab/start").status_code == 200
+        wait_for(lambda: state() == "running", timeout_s=60, what="the workspace to run again")
+        again = world.ssh("alice", "alice+lab", "cat /home/alice/notes.txt ssh-notes.txt")
+        assert (again.returncode, again.stdout) == (0, "kept across a stop\nfrom-ssh\n"), again.stderr
+        assert c.delete("/api/v1/workspaces/lab").status_code in (200, 204)
+
+
 def test_revoking_a_credential_ends_the_sessions_it_holds_open(world: World) -> None:
     """An exec WebSocket ends within seconds of its token's revoke, and an SSH connection within
     seconds of the removal of the key it logged in with; neither is ended by the other's change."""

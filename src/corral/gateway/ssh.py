@@ -50,6 +50,10 @@ from corral.services.session_use import SessionUse
 log = logging.getLogger(__name__)
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"  # Debian's openssh-sftp-server, run in the sandbox
 LOGIN_SHELL = ["/bin/sh", "-c", "if [ -x /bin/bash ]; then exec /bin/bash -l; fi; exec /bin/sh -l"]
+# Every session channel (shell, command, sftp/scp) starts in the user's home, as under sshd: the
+# job's own working dir is the attempt's private /job, which a workspace loses at each stop, so
+# `scp f alice+nb:` or `echo x > notes` there would be gone after `corral ws stop`/`start`.
+IN_HOME = ["/bin/sh", "-c", 'cd "${HOME:-/}" 2>/dev/null || cd /; exec "$@"', "sh"]
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "ip6-localhost")
 # AES-GCM first and no chacha20-poly1305: a client's own preference wins the negotiation, and
 # asyncssh's chacha20 runs per packet in Python (scp downloads at a fraction of sshd's speed),
@@ -145,7 +149,8 @@ class Gateway:
             with self.session_factory() as db:
                 principal = resolver.principal_for(db, login.user, source)
                 target = resolver.resolve(db, principal, login)
-                cmd = self.engine.exec_command(target.attempt_id, target.rank, argv)
+                run = [*IN_HOME, *argv] if how == "ssh" else argv
+                cmd = self.engine.exec_command(target.attempt_id, target.rank, run)
                 shown = argv if how == "ssh" else [f"127.0.0.1:{argv[-1]}"]
                 record_entry(db, principal, target, how, shown)
                 return cmd, target.job_id
