@@ -20,6 +20,7 @@ from corral.server.finish import end_attempt
 from corral.services import accounts, workspaces
 from corral.services.auth import load_principal
 from corral.services.lifecycle import AttemptState, settle_failure
+from corral.workspaces import proxy
 from tests.api.conftest import World
 from tests.api.helpers import add_node, make_running
 from tests.api.test_cli import run, server_url
@@ -328,3 +329,30 @@ def test_a_failed_workspace_says_why_in_the_api_and_ws_show(world: World, server
     assert code == 0, out
     words = " ".join(out.split())  # the reason may wrap at 80 columns
     assert f"job {job_id} (failed) failed {reason} `corral show {job_id}` has its attempts" in words, out
+
+
+def test_the_lab_url_of_a_workspace_not_running_tells_its_owner_whether_it_starts_or_is_stopped(
+    world: World,
+) -> None:
+    """The proxy answered a queued workspace and a stopped one alike, `workspace 3 is not running;
+    start it with `corral ws start``: by an id the owner never typed, and telling one whose start
+    is under way to start it (a 409). Another user learns neither its name nor its state."""
+    with world.session_factory() as db:
+        add_node(db)
+        db.commit()
+    created = world.client.post(API, json={"name": "nb"}, headers=world.as_("alice"))
+    assert created.status_code == 201, created.text
+    lab, job_id = created.json()["url"], created.json()["job_id"]
+    queued = world.client.get(lab, headers=world.as_("alice"), follow_redirects=False)
+    assert queued.status_code == 503, queued.text
+    assert queued.json()["detail"] == (
+        f"workspace 'nb' is starting (job {job_id}): its JupyterLab answers here once it runs; "
+        "`corral ws show nb` says why it waits"
+    )
+    assert world.client.post(f"{API}/nb/stop", headers=world.as_("alice")).status_code == 200
+    time.sleep(proxy.NOT_RUNNING_CACHE_S)  # the 503 above is kept that long
+    stopped = world.client.get(lab, headers=world.as_("alice"), follow_redirects=False)
+    assert stopped.status_code == 503, stopped.text
+    assert stopped.json()["detail"] == "workspace 'nb' is stopped; start it with `corral ws start nb`"
+    other = world.client.get(lab, headers=world.as_("bob"), follow_redirects=False)
+    assert other.status_code == 403 and "'nb'" not in other.text, other.text

@@ -104,6 +104,8 @@ class ProxyTarget:
     attempt_id: str | None  # the running attempt ("42.1"), None while not running
     token: str
     node_address: str | None = None  # its rank-0 node's address (Slurm: JupyterLab listens there)
+    name: str = ""  # told to its owner only (the proxy's 503)
+    starting: bool = False  # its current job is queued or launching: no JupyterLab yet, but soon
 
 
 def workspace_state(job: Job | None) -> str:
@@ -675,7 +677,12 @@ def proxy_target(session: Session, workspace_id: int) -> ProxyTarget | None:
         )
         if rank0 is not None:
             address = session.scalar(select(Node.address).where(Node.name == rank0.node))
-    return ProxyTarget(ws.id, ws.user_id, ws.current_job_id, attempt_id, ws.jupyter_token, address)
+    # Not running: still starting (queued, launching) or stopped, which the owner is told apart.
+    job = session.get(Job, ws.current_job_id) if attempt_id is None and ws.current_job_id else None
+    starting = job is not None and not JobState(job.state).terminal
+    return ProxyTarget(
+        ws.id, ws.user_id, ws.current_job_id, attempt_id, ws.jupyter_token, address, ws.name, starting
+    )
 
 
 # A workspace job's credential (NULL for other jobs), as a column of a read of jobs: the launch

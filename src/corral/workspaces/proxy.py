@@ -121,8 +121,15 @@ def _decide(
         return Decision(404, f"there is no workspace {ws_id}")
     if target.owner_user_id != principal.user_id:
         return Decision(403, f"workspace {ws_id} belongs to another user; only its owner may open it")
+    if target.attempt_id is None and target.starting:
+        return Decision(
+            503,
+            f"workspace {target.name!r} is starting (job {target.job_id}): its JupyterLab answers here "
+            f"once it runs; `corral ws show {target.name}` says why it waits",
+        )
     if target.attempt_id is None:
-        return Decision(503, f"workspace {ws_id} is not running; start it with `corral ws start`")
+        start = f"corral ws start {target.name}"
+        return Decision(503, f"workspace {target.name!r} is stopped; start it with `{start}`")
     upstream = jupyter_upstream(engine, target.attempt_id, target.node_address)
     if upstream is None:
         return Decision(503, f"workspace {ws_id}: JupyterLab has not said where it listens yet; try again")
