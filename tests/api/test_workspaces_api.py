@@ -152,7 +152,10 @@ def test_workspace_lifecycle_and_bad_input(world: World) -> None:
     assert pol.status_code == 200 and pol.json()["max_idle_timeout_s"] == 3600
     assert c.put(f"{API}/policies/vision", json={"max_idle_timeout": "1h"}, headers=alice).status_code == 403
     long = c.post(API, json={"name": "long", "idle_timeout": "2h"}, headers=alice)
-    assert long.status_code == 422 and "maximum" in str(long.json()["detail"])
+    assert long.status_code == 422, long.text
+    assert long.json()["detail"][0]["msg"] == (
+        "idle_timeout 2h is more than group vision's maximum, 1h (the group's): ask for 1h or less"
+    )
 
     assert c.delete(f"{API}/nb", headers=alice).status_code == 204
     assert c.get(f"{API}/nb", headers=alice).status_code == 404
@@ -356,3 +359,15 @@ def test_the_lab_url_of_a_workspace_not_running_tells_its_owner_whether_it_start
     assert stopped.json()["detail"] == "workspace 'nb' is stopped; start it with `corral ws start nb`"
     other = world.client.get(lab, headers=world.as_("bob"), follow_redirects=False)
     assert other.status_code == 403 and "'nb'" not in other.text, other.text
+
+
+def test_an_idle_timeout_over_the_maximum_is_refused_naming_the_group_and_the_values(world: World) -> None:
+    """It said `idle_timeout 2592000s is more than this group's maximum 604800s`: seconds
+    nobody typed (`--idle-timeout 30d`), no group, no way out."""
+    r = world.client.post(API, json={"name": "nb", "idle_timeout": "30d"}, headers=world.as_("alice"))
+    assert r.status_code == 422, r.text
+    [error] = r.json()["detail"]
+    assert error["loc"] == ["body", "idle_timeout"]
+    assert error["msg"] == (
+        "idle_timeout 30d is more than group vision's maximum, 7d (the server's): ask for 7d or less"
+    )

@@ -365,11 +365,15 @@ def _principal_of(session: Session, user_id: int) -> Principal:
 def check_idle_timeout(session: Session, settings: Settings, group_id: int, seconds: float | None) -> None:
     if seconds is None:
         return
-    _, maximum = group_limits(session, settings, group_id)
+    policy = session.get(WorkspaceGroupPolicy, group_id)
+    _, maximum = _limits(settings, policy)
     if seconds > maximum:
+        group = session.get(Group, group_id)
+        name = group.name if group is not None else str(group_id)
+        whose = "the group's" if policy is not None and policy.max_idle_timeout_s else "the server's"
         raise Invalid(
-            f"idle_timeout {format_seconds(seconds)} is more than this group's maximum "
-            f"{format_seconds(maximum)}",
+            f"idle_timeout {duration_text(seconds)} is more than group {name}'s maximum, "
+            f"{duration_text(maximum)} ({whose}): ask for {duration_text(maximum)} or less",
             ("body", "idle_timeout"),
         )
 
