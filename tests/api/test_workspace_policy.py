@@ -71,11 +71,11 @@ def test_ws_policy_changes_only_the_value_given(world: World, server_url: str) -
     code, out = run(world, server_url, "admin", "ws", "policy", "vision", "--default", "1h", "--max", "8h")
     assert code == 0, out
     code, out = run(world, server_url, "admin", "ws", "policy", "vision", "--default", "2h")
-    assert code == 0 and "default 7200 s (the group's), max 28800 s (the group's)" in out, out
+    assert code == 0 and "default 2h (the group's), max 8h (the group's)" in out, out
     code, out = run(world, server_url, "admin", "ws", "policy", "vision", "--max", "4h")
-    assert code == 0 and "default 7200 s (the group's), max 14400 s (the group's)" in out, out
+    assert code == 0 and "default 2h (the group's), max 4h (the group's)" in out, out
     code, out = run(world, server_url, "admin", "ws", "policy", "vision", "--default", "server")
-    assert code == 0 and "(the server's), max 14400 s (the group's)" in out, out
+    assert code == 0 and "(the server's), max 4h (the group's)" in out, out
     code, out = run(world, server_url, "admin", "ws", "policy", "vision")
     assert code == 1 and "give --default, --max or both" in out, out
     code, out = run(world, server_url, "admin", "ws", "policies", "-o", "json")

@@ -371,3 +371,23 @@ def test_an_idle_timeout_over_the_maximum_is_refused_naming_the_group_and_the_va
     assert error["msg"] == (
         "idle_timeout 30d is more than group vision's maximum, 7d (the server's): ask for 7d or less"
     )
+
+
+def test_ws_show_and_ls_give_memory_and_idle_timeout_as_they_were_asked_for(
+    world: World, server_url: str
+) -> None:
+    """`corral ws create nb --memory 16GiB --idle-timeout 90m` showed `16384 MiB` and `idle
+    timeout 5400 s`: units the user never wrote."""
+    with world.session_factory() as db:
+        add_node(db)
+        db.commit()
+    body = {"name": "nb", "memory": "16GiB", "idle_timeout": "90m", "start": False}
+    assert world.client.post(API, json=body, headers=world.as_("alice")).status_code == 201
+    code, out = run(world, server_url, "alice", "ws", "show", "nb")
+    assert code == 0, out
+    lines = [line.strip() for line in out.splitlines()]
+    assert "resources    no GPU, 1 CPU, 16GiB; environment default" in lines, out
+    assert "idle timeout 1h30m" in lines, out
+    code, out = run(world, server_url, "alice", "ws", "ls")
+    assert code == 0 and out.splitlines()[1].split()[2:7] == ["stopped", "no", "GPU,", "1", "CPU,"], out
+    assert "16GiB" in out.splitlines()[1], out

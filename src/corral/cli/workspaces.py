@@ -14,6 +14,7 @@ from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json, when
 from corral.sdk import CorralError
+from corral.spec import duration_text
 from corral.words import plural
 
 ws_app = typer.Typer(
@@ -27,7 +28,12 @@ def _describe(ws: dict[str, Any]) -> str:
     gpus = plural(ws["gpus"], "GPU") if ws["gpus"] else "no GPU"
     if ws["gpu_model"]:
         gpus += f" ({ws['gpu_model']})"
-    return f"{gpus}, {plural(float(ws['cpus']), 'CPU')}, {ws['memory_mib']} MiB"
+    return f"{gpus}, {plural(float(ws['cpus']), 'CPU')}, {_memory(ws['memory_mib'])}"
+
+
+def _memory(mib: int) -> str:
+    """As it was asked for: `--memory 16GiB` shows as 16GiB, not 16384 MiB."""
+    return f"{mib // 1024}GiB" if mib % 1024 == 0 else f"{mib}MiB"
 
 
 def _state(ws: dict[str, Any]) -> str:
@@ -39,13 +45,13 @@ def _state(ws: dict[str, Any]) -> str:
 def _print_one(ws: dict[str, Any], server: str) -> None:
     out.print(f"[bold]{ws['name']}[/bold] ({ws['user']}, group {ws['group']}): {ws['state']}", markup=True)
     out.print(f"  resources    {_describe(ws)}; environment {ws['environment']}")
-    out.print(f"  idle timeout {ws['idle_timeout_s']:.0f} s")
+    out.print(f"  idle timeout {duration_text(ws['idle_timeout_s'])}")
     if ws["job_id"] is not None:
         out.print(f"  job          {ws['job_id']} ({ws['job_state']})")
     if ws.get("idle_stopped_at") is not None:
         out.print(
             f"  stopped      for being idle, at {when(ws['idle_stopped_at'])}"
-            " (`corral ws start` brings it back)"
+            f" (`corral ws start {ws['name']}` brings it back)"
         )
     if ws["waiting"]:
         out.print(f"  waiting      {ws['waiting']['message']}")
@@ -261,9 +267,9 @@ def policy(
 
 
 def _limit(policy: dict[str, Any], which: str) -> str:
-    """'7200 s (the group's)' or '... (the server's)'."""
+    """'2h (the group's)' or '... (the server's)': as `--default 2h` is written, not 7200 s."""
     whose = "the group's" if policy.get(f"{which}_idle_timeout_source") == "group" else "the server's"
-    return f"{policy[f'{which}_idle_timeout_s']:.0f} s ({whose})"
+    return f"{duration_text(policy[f'{which}_idle_timeout_s'])} ({whose})"
 
 
 @ws_app.command("policies")
