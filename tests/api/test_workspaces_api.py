@@ -391,3 +391,16 @@ def test_ws_show_and_ls_give_memory_and_idle_timeout_as_they_were_asked_for(
     code, out = run(world, server_url, "alice", "ws", "ls")
     assert code == 0 and out.splitlines()[1].split()[2:7] == ["stopped", "no", "GPU,", "1", "CPU,"], out
     assert "16GiB" in out.splitlines()[1], out
+
+
+def test_a_name_that_is_not_a_workspace_name_is_refused_in_words(world: World) -> None:
+    """`corral ws create Bad/Name` answered "field 'name' 'Bad/Name' does not match pattern
+    ^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"."""
+    before = counts(world)
+    r = world.client.post(API, json={"name": "Bad/Name"}, headers=world.as_("alice"))
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["msg"] == (
+        "field 'name' 'Bad/Name' is not a workspace name: up to 63 letters, digits, '.', '_' or '-', "
+        "starting with a letter or digit"
+    )
+    assert counts(world) == before

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 from corral.api.deps import DB, Admin, CurrentUser, NameInPath, UserFilter, fast_json
+from corral.api.pattern_words import worded
 from corral.api.routers.jobs import _DURATION_PATTERN, ENVIRONMENT_REF_PATTERN, MEMORY_PATTERN
 from corral.api.schemas import RequestBody
 from corral.services import workspaces as svc
@@ -56,6 +57,12 @@ def _duration(value: Any) -> float | None:
     return seconds
 
 
+# The pattern's refusal in words ("... does not match pattern ^[A-Za-z0-9]..." said nothing).
+NAME_WORDS = (
+    "is not a workspace name: up to 63 letters, digits, '.', '_' or '-', starting with a letter or digit"
+)
+
+
 class WorkspaceIn(RequestBody):
     model_config = ConfigDict(
         extra="forbid",
@@ -63,7 +70,9 @@ class WorkspaceIn(RequestBody):
         json_schema_extra={"examples": [{"name": "example-notebook", "cpus": 1, "memory": 512}]},
     )
 
-    name: str | None = Field(None, min_length=1, max_length=63, pattern=svc.NAME_RE.pattern)
+    name: str | None = Field(
+        None, min_length=1, max_length=63, pattern=worded(svc.NAME_RE.pattern, NAME_WORDS)
+    )
     gpus: int = Field(0, ge=0, le=MAX_GPUS_PER_INSTANCE)
     gpu_model: str | None = Field(None, max_length=256, pattern=GPU_MODEL)
     cpus: float = Field(1.0, gt=0, le=1024)
