@@ -404,3 +404,18 @@ def test_a_name_that_is_not_a_workspace_name_is_refused_in_words(world: World) -
         "starting with a letter or digit"
     )
     assert counts(world) == before
+
+
+def test_a_gpu_model_without_gpus_is_refused(world: World) -> None:
+    """`corral ws create nb --gpu-model H100` (no --gpus) made a workspace without a GPU, shown as
+    `no GPU (H100)`: the model meant nothing, and the user who forgot --gpus was not told."""
+    before = counts(world)
+    r = world.client.post(API, json={"name": "nb", "gpu_model": "H100"}, headers=world.as_("alice"))
+    assert r.status_code == 422, r.text
+    [error] = r.json()["detail"]
+    assert error["loc"] == ["body", "gpu_model"]
+    assert error["msg"] == (
+        "gpu_model 'H100' chooses the model of the workspace's GPUs, but it asks for none: "
+        "ask for some (--gpus N) or leave the model out"
+    )
+    assert counts(world) == before

@@ -396,6 +396,12 @@ def create_workspace(
             "that job); pick another name",
             ("body", "name"),
         )
+    if req.gpu_model and not req.gpus:  # it was kept, shown as "no GPU (H100)", and meant nothing
+        raise Invalid(
+            f"gpu_model {req.gpu_model!r} chooses the model of the workspace's GPUs, but it asks for "
+            "none: ask for some (--gpus N) or leave the model out",
+            ("body", "gpu_model"),
+        )
     taken = select(Workspace.id).where(Workspace.user_id == principal.user_id, Workspace.name == name)
     if session.scalar(taken) is not None:
         raise Conflict(f"you already have a workspace named {name!r}; pick another name or `corral ws rm` it")
