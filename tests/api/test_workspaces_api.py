@@ -49,7 +49,7 @@ def test_a_workspace_over_its_groups_guarantee_is_refused_saying_what_to_change(
     r = world.client.post(API, json={"name": "nb", "gpus": 1}, headers=world.as_("alice"))
     assert r.status_code == 422, r.text
     [error] = r.json()["detail"]
-    assert error["loc"] == ["body", "tasks"]
+    assert error["loc"] == ["body"]  # not the field `tasks` of a job spec nobody wrote
     assert error["msg"].startswith("workspace 'nb' can never run under group vision's quota: it needs 1 GPU")
     assert "not preemptible" in error["msg"]
     assert error["msg"].endswith(
@@ -78,7 +78,7 @@ def test_a_stopped_workspace_that_could_never_start_is_refused_at_create(world: 
         assert stopped.status_code == 422, stopped.text
         assert stopped.json()["detail"] == started.json()["detail"], (started.text, stopped.text)
         [error] = stopped.json()["detail"]
-        assert error["loc"] == ["body", "tasks"] and error["msg"].startswith(says), error
+        assert error["loc"] == ["body"] and error["msg"].startswith(says), error
     assert counts(world) == before
     ok = world.client.post(API, json={"name": "nb", "start": False}, headers=world.as_("alice"))
     assert ok.status_code == 201 and ok.json()["state"] == "stopped", ok.text  # no GPU: fits
@@ -419,3 +419,18 @@ def test_a_gpu_model_without_gpus_is_refused(world: World) -> None:
         "ask for some (--gpus N) or leave the model out"
     )
     assert counts(world) == before
+
+
+def test_a_workspace_larger_than_any_node_is_refused_in_a_workspaces_words(
+    world: World, server_url: str
+) -> None:
+    """`corral ws create nb --gpus 9` said "error: tasks: workspace 'nb' can never run on this
+    cluster: task main needs 9 A100 GPUs ...": a job spec's field and task nobody wrote."""
+    with world.session_factory() as db:
+        add_node(db, gpus=2, model="A100")
+        db.commit()
+    code, out = run(world, server_url, "alice", "ws", "create", "nb", "--gpus", "9")
+    assert code == 1, out
+    assert " ".join(out.split()).startswith(
+        "error: workspace 'nb' can never run on this cluster: it needs 9 A100 GPUs"
+    ), out

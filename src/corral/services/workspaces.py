@@ -346,13 +346,18 @@ def _never_fits(exc: Invalid, name: str) -> Invalid:
     says which workspace, and what to change. Other refusals pass as they are."""
     if exc.loc != ("body", "tasks") or not exc.message.startswith("this job can never run"):
         return exc
-    text = f"workspace {name!r} {exc.message.removeprefix('this job ')}"
+    # Its one task is the job's inside ("task main needs 9 GPUs"): the workspace itself needs them.
+    text = (
+        f"workspace {name!r} {exc.message.removeprefix('this job ').replace('task main needs', 'it needs')}"
+    )
     if "not preemptible" in exc.message:
         text += (
             ". A workspace is never preemptible: its GPUs must be ones its group guarantees. "
             "Pick a group that guarantees them (--group) or ask for fewer (--gpus)"
         )
-    return Invalid(text, exc.loc)
+    # The whole request, not the field `tasks` of a job spec the user never wrote ("error:
+    # tasks: workspace 'nb' can never run ...").
+    return Invalid(text, ("body",))
 
 
 def _principal_of(session: Session, user_id: int) -> Principal:
