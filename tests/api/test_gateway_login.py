@@ -12,6 +12,7 @@ from corral.db.models import User
 from corral.gateway import resolver
 from corral.services.errors import NotFound, ServiceError
 from tests.api.conftest import World
+from tests.api.helpers import add_node
 from tests.server.fakes import FakeEngine
 
 
@@ -49,3 +50,31 @@ def test_ids_beyond_the_databases_range_are_not_found(world: World) -> None:
         alice = resolver.principal_for(db, "alice", "127.0.0.1")
         with pytest.raises(NotFound, match="9999999999"):
             resolver.resolve(db, alice, resolver.parse_login("alice+job-9999999999"))
+
+
+def test_a_workspace_not_running_is_refused_saying_whether_it_starts_or_is_stopped(world: World) -> None:
+    """`ssh alice+nb@...` into a workspace whose job was still queued said "workspace 'nb' is
+    stopped: start it with `corral ws start`", and that start is refused (it is running)."""
+    with world.session_factory() as db:
+        add_node(db)
+        db.commit()
+    created = world.client.post("/api/v1/workspaces", json={"name": "nb"}, headers=world.as_("alice"))
+    assert created.status_code == 201, created.text
+    job_id = created.json()["job_id"]
+    login = resolver.parse_login("alice+nb")
+    with world.session_factory() as db:
+        alice = resolver.principal_for(db, "alice", "127.0.0.1")
+        with pytest.raises(NotFound) as starting:
+            resolver.resolve(db, alice, login)
+    assert starting.value.message == (
+        f"workspace 'nb' is starting (job {job_id}), not running yet: try again once "
+        "`corral ws show nb` says running"
+    )
+    assert world.client.post("/api/v1/workspaces/nb/stop", headers=world.as_("alice")).status_code == 200
+    with world.session_factory() as db:
+        with pytest.raises(NotFound) as stopped:
+            resolver.resolve(db, alice, login)
+        with pytest.raises(NotFound) as unknown:
+            resolver.resolve(db, alice, resolver.parse_login("alice+other"))
+    assert stopped.value.message == "workspace 'nb' is stopped: start it with `corral ws start nb`"
+    assert unknown.value.message == "unknown workspace 'other' of alice: `corral ws ls` lists yours"

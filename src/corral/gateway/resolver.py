@@ -69,17 +69,24 @@ def resolve(session: Session, principal: Principal, login: Login, rank: int = 0)
     job_id = login.job_id
     if job_id is None:
         job_id = _workspace_job(session, principal.name, login.target)
-        if job_id is None:
-            raise NotFound(f"workspace {login.target!r} is stopped: start it with `corral ws start`")
     job = find_job(session, principal, job_id)
     if job.user_id != principal.user_id:
         raise Forbidden(f"job {job_id} is not {principal.name}'s: the gateway opens only your own jobs")
     return running_target(job, rank)
 
 
-def _workspace_job(session: Session, owner: str, name: str) -> int | None:
-    """The running job of `owner`'s workspace `name` (None: the workspace is stopped)."""
+def _workspace_job(session: Session, owner: str, name: str) -> int:
+    """The running job of `owner`'s workspace `name`; NotFound saying why there is none: no
+    such workspace, one still starting (`corral ws start` would be refused: it is), or stopped."""
     job_id = workspaces.current_job_id(session, owner, name)
-    if job_id is None and not workspaces.workspace_exists(session, owner, name):
+    if job_id is not None:
+        return job_id
+    exists, starting = workspaces.not_running(session, owner, name)
+    if not exists:
         raise NotFound(f"unknown workspace {name!r} of {owner}: `corral ws ls` lists yours")
-    return job_id
+    if starting is not None:
+        raise NotFound(
+            f"workspace {name!r} is starting (job {starting}), not running yet: try again once "
+            f"`corral ws show {name}` says running"
+        )
+    raise NotFound(f"workspace {name!r} is stopped: start it with `corral ws start {name}`")

@@ -659,13 +659,19 @@ def current_job_id(session: Session, owner: str, name: str) -> int | None:
     return row[0] if row is not None else None
 
 
-def workspace_exists(session: Session, owner: str, name: str) -> bool:
+def not_running(session: Session, owner: str, name: str) -> tuple[bool, int | None]:
+    """Of a workspace that is not running: whether it exists, and its job while that is still
+    queued or launching (None: stopped). The SSH gateway says which."""
     found = session.execute(
-        select(Workspace.id)
+        select(Workspace.id, Job.id, Job.state)
         .join(User, User.id == Workspace.user_id)
+        .outerjoin(Job, Job.id == Workspace.current_job_id)
         .where(User.name == owner, Workspace.name == name)
     ).first()
-    return found is not None
+    if found is None:
+        return False, None
+    _, job_id, state = found
+    return True, job_id if job_id is not None and not JobState(state).terminal else None
 
 
 def proxy_target(session: Session, workspace_id: int) -> ProxyTarget | None:
