@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+import asyncssh
+import pytest
 import sqlalchemy as sa
 
 from corral.config import Settings
@@ -434,3 +436,31 @@ def test_a_workspace_larger_than_any_node_is_refused_in_a_workspaces_words(
     assert " ".join(out.split()).startswith(
         "error: workspace 'nb' can never run on this cluster: it needs 9 A100 GPUs"
     ), out
+
+
+def test_ws_ssh_says_what_is_missing_before_it_runs_ssh(
+    world: World, server_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`corral ws ssh nb` ran ssh whatever the state: a user with no key registered got only
+    OpenSSH's "Permission denied (publickey)", and a stopped workspace a gateway login first."""
+
+    def no_ssh(program: str, argv: list[str]) -> None:  # it would replace this process
+        raise SystemExit(f"ran {argv}")
+
+    monkeypatch.setattr("corral.cli.workspaces.os.execv", no_ssh)
+    body = {"name": "nb", "start": False}
+    assert world.client.post(API, json=body, headers=world.as_("alice")).status_code == 201
+    code, out = run(world, server_url, "alice", "ws", "ssh", "nb")
+    assert code == 1, out
+    assert " ".join(out.split()) == (
+        "error: you have no SSH key registered, so the gateway lets none of yours in: "
+        "`corral key add ~/.ssh/id_ed25519.pub` first (`corral key ls` lists them)"
+    )
+    key = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
+    added = world.client.post(
+        "/api/v1/ssh-keys", json={"name": "laptop", "public_key": key}, headers=world.as_("alice")
+    )
+    assert added.status_code == 201, added.text
+    code, out = run(world, server_url, "alice", "ws", "ssh", "nb")
+    assert code == 1, out
+    assert " ".join(out.split()) == "error: workspace 'nb' is stopped: start it with `corral ws start nb`"

@@ -179,6 +179,15 @@ def ssh(ctx: typer.Context, name: NameArg) -> None:
     with client() as c:
         ws = c.workspace(name)
         host = urlsplit(c.url).hostname or "localhost"
+        # Said here, before ssh runs: the gateway can only answer "Permission denied (publickey)"
+        # to a user with no key, and tells a stopped workspace apart only after a login.
+        if not c.ssh_keys():
+            raise CorralError(
+                "you have no SSH key registered, so the gateway lets none of yours in: "
+                "`corral key add ~/.ssh/id_ed25519.pub` first (`corral key ls` lists them)"
+            )
+    if ws["state"] == "stopped":
+        raise CorralError(f"workspace {name!r} is stopped: start it with `corral ws start {name}`")
     program = shutil.which("ssh")
     if program is None:
         raise CorralError("the OpenSSH client (ssh) is not installed")
