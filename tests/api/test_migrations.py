@@ -160,9 +160,15 @@ def test_the_eta_outcome_reads_walk_the_first_attempts_by_start(tmp_path: Path) 
             db.add(models.Attempt(job_id=job_id, number=1, state="running", created_at=1.0, started_at=5.0))
             db.commit()
             now = time.time()
-            calibration_of(ctx, db, now)  # the rebuild: the latest start, then the last outcomes
-            note_started(ctx, db, now)  # the latest start, then the outcomes since the last look
-        assert len(statements) == 4, statements
+            calibration_of(
+                ctx, db, now
+            )  # the rebuild: the latest start, its window's count, the last outcomes
+            note_started(ctx, db, now)  # nothing new: the window's latest start and count alone
+            second = add_job(db, gid, uid, gpus=1)
+            db.add(models.Attempt(job_id=second, number=1, state="running", created_at=6.0, started_at=7.0))
+            db.commit()
+            note_started(ctx, db, now)  # the window moved: its count from the new latest, the outcomes since
+        assert len(statements) == 3 + 1 + 3, statements
         with engine.connect() as conn:
             for sql, params in statements:
                 plan = " | ".join(r[3] for r in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params))

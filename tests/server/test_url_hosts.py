@@ -55,4 +55,5 @@ def test_a_webhook_contact_on_an_ipv6_host_shows_bracketed_without_its_path() ->
 
 def test_doctor_names_an_ipv6_listen_address_bracketed() -> None:
     check = check_tls(Settings(host="2001:db8::5", port=8080))
-    assert check.status == "warn" and check.detail.startswith("plain HTTP on [2001:db8::5]:8080: "), check
+    assert check.status == "warn" and check.detail.startswith("plain HTTP on [2001:db8::5]:8080 ("), check
+    assert check.detail.endswith(": tokens cross the network in clear"), check

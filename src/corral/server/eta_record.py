@@ -147,8 +147,9 @@ def calibration_of(ctx: ServerContext, session: Session, now: float) -> EtaCalib
     if found is None:
         found = memory.eta_calibration = EtaCalibration()
         latest = session.scalar(LATEST_FIRST_START)
+        counted = _counted_from(session, latest)
         rows = _load(session, found, now, LOADED_OUTCOMES)
-        memory.eta_read = OutcomesRead(latest, {row[0]: row[4] for row in rows})
+        memory.eta_read = OutcomesRead(latest, {row[0]: row[4] for row in rows}, counted)
         memory.eta_read.forget_before(latest)
         return found
     note_started(ctx, session, now)
@@ -179,12 +180,18 @@ def note_started(ctx: ServerContext, session: Session, now: float) -> None:
         latest, count = session.execute(_window(since)).one()
         if latest == read.latest and count == read.in_window:
             return  # the join below re-read every start of the window (~25 ms with 2,000 there)
+    counted = _counted_from(session, latest)  # before the read: a start committed after it is read next
     recorded = read.recorded
     new = [row for row in session.execute(_outcomes_started(since)).all() if row[0] not in recorded]
     for row in _record(calibration, new):
         recorded[row[0]] = row[4]
     read.forget_before(latest)
-    read.in_window = None if latest is None else session.execute(_window(latest - LATE_START_S)).one()[1]
+    read.in_window = counted
+
+
+def _counted_from(session: Session, latest: float | None) -> int | None:
+    """The count of the window the next look reads (from LATE_START_S before `latest`)."""
+    return None if latest is None else int(session.execute(_window(latest - LATE_START_S)).one()[1])
 
 
 def note_shown(session: Session, predicted_waits: Mapping[str, float], now: float) -> None:
