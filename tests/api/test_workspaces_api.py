@@ -360,7 +360,39 @@ def test_the_lab_url_of_a_workspace_not_running_tells_its_owner_whether_it_start
     assert stopped.status_code == 503, stopped.text
     assert stopped.json()["detail"] == "workspace 'nb' is stopped; start it with `corral ws start nb`"
     other = world.client.get(lab, headers=world.as_("bob"), follow_redirects=False)
-    assert other.status_code == 403 and "'nb'" not in other.text, other.text
+    assert other.status_code == 404 and "'nb'" not in other.text, other.text
+
+
+def lab_answers(world: World, url: str, user: str) -> list[tuple[int, str, str]]:
+    """Status, content type and body of `url` for `user`, as an API client and as a browser."""
+    proxy._decisions.clear()  # each answer decided afresh, not the cached one
+    out = []
+    for accept in ("application/json", "text/html,application/xhtml+xml,*/*;q=0.8"):
+        headers = {**world.as_(user), "Accept": accept}
+        r = world.client.get(url, headers=headers, follow_redirects=False)
+        out.append((r.status_code, r.headers["content-type"], r.text))
+    return out
+
+
+def test_someone_elses_workspace_is_answered_exactly_as_a_missing_one(world: World) -> None:
+    """Bob opening alice's lab URL got 403 "belongs to another user", and a missing id 404: ids
+    were probeable. A non-owner's answer is now the missing workspace's, byte for byte, as for
+    groups hidden from non-members (docs/security.md); an administrator is told whose it is."""
+    with world.session_factory() as db:
+        add_node(db)
+        db.commit()
+    created = world.client.post(API, json={"name": "nb", "start": False}, headers=world.as_("alice"))
+    assert created.status_code == 201, created.text
+    lab = created.json()["url"]
+    admin = world.client.get(lab, headers=world.as_("admin"), follow_redirects=False)
+    assert admin.status_code == 403 and "belongs to another user" in admin.text, admin.text
+    while_there = lab_answers(world, lab, "bob")
+    assert world.client.delete(f"{API}/nb", headers=world.as_("alice")).status_code == 204
+    once_gone = lab_answers(world, lab, "bob")
+    assert while_there == once_gone
+    assert [status for status, _, _ in once_gone] == [404, 404]
+    ws_id = created.json()["id"]
+    assert once_gone[0][2] == f'{{"detail":"there is no workspace {ws_id}"}}'
 
 
 def test_an_idle_timeout_over_the_maximum_is_refused_naming_the_group_and_the_values(world: World) -> None:

@@ -4,9 +4,9 @@ as the user's mapped Unix account inside the node's bubblewrap sandbox, listenin
 address; the server reaches it over that address:
 
 - through the proxy: /ws/<id>/api/status answers the owner (200), redirects nobody to the login
-  (302) and refuses another user (403); a kernel started through the proxy runs code over its
-  WebSocket (one round trip) and reports the account's uid and the Slurm node's hostname, and so
-  does a JupyterLab terminal;
+  (302) and answers another user as for a missing workspace (404); a kernel started through
+  the proxy runs code over its WebSocket (one round trip) and reports the account's uid and the
+  Slurm node's hostname, and so does a JupyterLab terminal;
 - straight to the node's port, without Corral's credential, JupyterLab refuses (403);
 - the idle policy's reader finds the kernel's activity there;
 - through the SSH gateway with OpenSSH: `id -u` and `hostname` inside the workspace are the
@@ -201,7 +201,7 @@ def test_workspace_on_slurm_through_the_proxy_and_the_gateway(
         anonymous = httpx.get(world.server.url + status, follow_redirects=False)
         assert anonymous.status_code == 302 and anonymous.headers["location"].startswith("/login"), anonymous
         other = bob.get(status)
-        assert other.status_code == 403 and "another user" in other.text, other.text
+        assert other.status_code == 404 and "there is no workspace" in other.text, other.text
 
         # JupyterLab listens on the node's address (NodeAddr 127.0.0.1 here) on the port it
         # reported; straight there, without Corral's credential, it lets nobody in.

@@ -2,9 +2,10 @@
 (kernels, terminals, events), on the Corral server itself.
 
 Every request is checked against Corral's own credentials (the portal's session cookie, or a
-bearer token): the workspace's owner gets in; anyone else, administrators included, gets 403 (a
-notebook runs code as its owner: entering someone's workspace would be acting as them; admins
-stop or remove it instead); no credential: a redirect to the portal's login (a WebSocket: 403).
+bearer token): the workspace's owner gets in; anyone else is refused (a notebook runs code as its
+owner: entering someone's workspace would be acting as them; admins stop or remove it instead):
+another user gets the very 404 of a missing workspace (ids are not probeable), an administrator
+a 403 saying whose it is; no credential: a redirect to the portal's login (a WebSocket: 403).
 Cookie-authenticated requests that change state, and every WebSocket, must come from the
 server's own origin (`Origin` equal to the request's host): the session cookie is SameSite=Lax,
 and this check keeps other sites from driving a kernel with it.
@@ -117,8 +118,9 @@ def _decide(
             return Decision(302)
         # An id no row can have is no workspace (PostgreSQL would fail the query: a 500).
         target: ProxyTarget | None = proxy_target(session, ws_id) if ws_id <= MAX_ROW_ID else None
-    if target is None:
-        return Decision(404, f"there is no workspace {ws_id}")
+    if target is None or (target.owner_user_id != principal.user_id and not principal.is_admin):
+        # Someone else's workspace is answered as a missing one: ids are not probeable.
+        return _missing(ws_id)
     if target.owner_user_id != principal.user_id:
         return Decision(403, f"workspace {ws_id} belongs to another user; only its owner may open it")
     if target.attempt_id is None and target.starting:
@@ -135,6 +137,10 @@ def _decide(
         return Decision(503, f"workspace {ws_id}: JupyterLab has not said where it listens yet; try again")
     holder = Holder(principal.name, principal.credential)
     return Decision(200, upstream=upstream, token=target.token, via_cookie=via_cookie, holder=holder)
+
+
+def _missing(ws_id: int) -> Decision:
+    return Decision(404, f"there is no workspace {ws_id}")
 
 
 async def authorize(app: Any, headers: Any, cookies: Any, ws_id: int) -> Decision:
