@@ -4,6 +4,7 @@ behind; POST /jobs refuses the kind; the JupyterLab credential is never in an an
 
 from __future__ import annotations
 
+import html
 import time
 
 import asyncssh
@@ -393,6 +394,24 @@ def test_someone_elses_workspace_is_answered_exactly_as_a_missing_one(world: Wor
     assert [status for status, _, _ in once_gone] == [404, 404]
     ws_id = created.json()["id"]
     assert once_gone[0][2] == f'{{"detail":"there is no workspace {ws_id}"}}'
+
+
+def test_a_browser_is_refused_with_a_page_linking_to_the_portal_and_an_api_client_with_json(
+    world: World,
+) -> None:
+    """A browser opening the lab URL of a stopped workspace got `{"detail": ...}`: it gets a small
+    page saying the same (escaped), with a link to the portal's workspaces."""
+    created = world.client.post(API, json={"name": "nb", "start": False}, headers=world.as_("alice"))
+    assert created.status_code == 201, created.text
+    [(api_status, api_type, api_body), (page_status, page_type, page)] = lab_answers(
+        world, created.json()["url"], "alice"
+    )
+    assert (api_status, api_type) == (503, "application/json")
+    message = "workspace 'nb' is stopped; start it with `corral ws start nb`"
+    assert api_body == f'{{"detail":"{message}"}}'
+    assert page_status == 503 and page_type.startswith("text/html"), page_type
+    assert f"<p>{html.escape(message)}</p>" in page and "&#x27;nb&#x27;" in page, page
+    assert '<a href="/workspaces">' in page, page
 
 
 def test_an_idle_timeout_over_the_maximum_is_refused_naming_the_group_and_the_values(world: World) -> None:

@@ -6,6 +6,8 @@ bearer token): the workspace's owner gets in; anyone else is refused (a notebook
 owner: entering someone's workspace would be acting as them; admins stop or remove it instead):
 another user gets the very 404 of a missing workspace (ids are not probeable), an administrator
 a 403 saying whose it is; no credential: a redirect to the portal's login (a WebSocket: 403).
+A browser (text/html in Accept) gets a refusal as a small page with a link to the portal's
+workspaces; an API client, as JSON (`{"detail": ...}`).
 Cookie-authenticated requests that change state, and every WebSocket, must come from the
 server's own origin (`Origin` equal to the request's host): the session cookie is SameSite=Lax,
 and this check keeps other sites from driving a kernel with it.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import logging
 import re
 import time
@@ -34,7 +37,7 @@ from urllib.parse import quote, urlsplit
 
 import websockets
 from fastapi import APIRouter, Request, WebSocket
-from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
@@ -78,6 +81,23 @@ HOP_BY_HOP = frozenset(
 # still compressed if they were; a chunked body is framed again by the server). And JupyterLab's
 # `Server` (the serving uvicorn adds its own: two would arrive).
 RESPONSE_DROPPED = frozenset(h.encode("latin-1") for h in HOP_BY_HOP - {"content-length"} | {"server"})
+
+
+PORTAL_WORKSPACES = "/workspaces"  # the portal's page of the user's workspaces
+ERROR_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Workspace: {status}</title></head>
+<body style="font-family: sans-serif; max-width: 40em; margin: 3em auto">
+<h1>Workspace unavailable ({status})</h1>
+<p>{message}</p>
+<p><a href="{portal}">Your workspaces</a></p>
+</body></html>
+"""
+ERROR_PAGE_HEADERS = {
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,19 +216,29 @@ def _corral_cookie(item: str) -> bool:
     return item.strip().startswith(SESSION_COOKIE + "=")
 
 
-def _refusal(request_path: str, decision: Decision) -> Response:
+def _refusal(request: Request, decision: Decision) -> Response:
     if decision.status == 302:
-        return RedirectResponse(f"/login?next={quote(request_path, safe='/')}", status_code=302)
-    return JSONResponse({"detail": decision.message}, status_code=decision.status)
+        return RedirectResponse(f"/login?next={quote(request.url.path, safe='/')}", status_code=302)
+    return refused(request, decision.status, decision.message)
+
+
+def refused(request: Request, status: int, message: str) -> Response:
+    """`message` as JSON (`{"detail": ...}`, as the API answers), or to a browser (text/html in
+    Accept: a page opened from the portal, or a bookmark) as a small page saying the same, with
+    a link to the portal's workspaces."""
+    if "text/html" not in request.headers.get("accept", ""):
+        return JSONResponse({"detail": message}, status_code=status)
+    page = ERROR_PAGE.format(status=status, message=html.escape(message), portal=PORTAL_WORKSPACES)
+    return HTMLResponse(page, status_code=status, headers=ERROR_PAGE_HEADERS)
 
 
 @router.api_route("/ws/{ws_id}/{path:path}", methods=HTTP_METHODS)
 async def proxy_http(request: Request, ws_id: int, path: str) -> Response:
     decision = await authorize(request.app, request.headers, request.cookies, ws_id)
     if decision.status != 200:
-        return _refusal(request.url.path, decision)
+        return _refusal(request, decision)
     if decision.via_cookie and request.method not in SAFE_METHODS and not same_origin(request.headers):
-        return JSONResponse({"detail": "cross-origin request to a workspace refused"}, status_code=403)
+        return refused(request, 403, "cross-origin request to a workspace refused")
     assert decision.upstream is not None
     target = request.scope.get("raw_path") or quote(f"/ws/{ws_id}/{path}").encode()
     query = request.scope.get("query_string", b"")
@@ -226,7 +256,7 @@ async def proxy_http(request: Request, ws_id: int, path: str) -> Response:
     except UpstreamError as exc:
         _decisions.clear()  # the workspace may have stopped: look again next time
         status = 504 if isinstance(exc, UpstreamTimeout) else 502
-        return JSONResponse({"detail": f"workspace {ws_id}'s JupyterLab does not answer ({exc})"}, status)
+        return refused(request, status, f"workspace {ws_id}'s JupyterLab does not answer ({exc})")
     answer: Response
     if _small(response):
         # Read whole and sent in one message: a StreamingResponse's task group (it watches for
@@ -234,7 +264,7 @@ async def proxy_http(request: Request, ws_id: int, path: str) -> Response:
         try:
             body = await response.read()
         except UpstreamError as exc:
-            return JSONResponse({"detail": f"workspace {ws_id}'s JupyterLab broke off ({exc})"}, 502)
+            return refused(request, 502, f"workspace {ws_id}'s JupyterLab broke off ({exc})")
         finally:
             await response.aclose()
         answer = Response(body, status_code=response.status_code)
