@@ -414,6 +414,20 @@ def test_a_browser_is_refused_with_a_page_linking_to_the_portal_and_an_api_clien
     assert '<a href="/workspaces">' in page, page
 
 
+@pytest.mark.parametrize("text", ["abc", "1.0", "+1", "01", "0", "-1", "99999999999999999999", "1e0"])
+def test_a_lab_url_whose_id_is_not_a_plain_positive_integer_names_no_workspace(
+    world: World, text: str
+) -> None:
+    """`/ws/abc/lab` answered Pydantic's raw 422, and `/ws/1.0/lab` and `/ws/+1/lab` were read as
+    workspace 1: they are answered as a missing workspace, a 404, whoever asks."""
+    created = world.client.post(API, json={"name": "nb", "start": False}, headers=world.as_("alice"))
+    assert created.status_code == 201 and created.json()["id"] == 1, created.text
+    [(status, kind, body), (page_status, _, page)] = lab_answers(world, f"/ws/{text}/lab", "alice")
+    assert (status, kind, page_status) == (404, "application/json", 404), body
+    assert body == f'{{"detail":"there is no workspace {text}"}}'
+    assert "stopped" not in page and "there is no workspace" in page, page
+
+
 def test_an_idle_timeout_over_the_maximum_is_refused_naming_the_group_and_the_values(world: World) -> None:
     """It said `idle_timeout 2592000s is more than this group's maximum 604800s`: seconds
     nobody typed (`--idle-timeout 30d`), no group, no way out."""

@@ -6,8 +6,9 @@ bearer token): the workspace's owner gets in; anyone else is refused (a notebook
 owner: entering someone's workspace would be acting as them; admins stop or remove it instead):
 another user gets the very 404 of a missing workspace (ids are not probeable), an administrator
 a 403 saying whose it is; no credential: a redirect to the portal's login (a WebSocket: 403).
-A browser (text/html in Accept) gets a refusal as a small page with a link to the portal's
-workspaces; an API client, as JSON (`{"detail": ...}`).
+The id is a plain positive decimal integer (`/ws/7/`); anything else (`abc`, `+7`, `7.0`) is
+answered as a missing workspace. A browser (text/html in Accept) gets a refusal as a small page
+with a link to the portal's workspaces; an API client, as JSON (`{"detail": ...}`).
 Cookie-authenticated requests that change state, and every WebSocket, must come from the
 server's own origin (`Origin` equal to the request's host): the session cookie is SameSite=Lax,
 and this check keeps other sites from driving a kernel with it.
@@ -70,6 +71,8 @@ router = APIRouter(include_in_schema=False)
 AUTH_CACHE_S = 2.0
 NOT_RUNNING_CACHE_S = 0.2
 SMALL_BODY_BYTES = 1 << 20  # answers up to this size are read whole, then sent (no streaming)
+# A workspace id as its URLs give it; anything else (`abc`, `+1`, `1.0`) names no workspace.
+PLAIN_ID = re.compile(r"[1-9][0-9]{0,18}")
 HTTP_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # Not forwarded either way: hop-by-hop headers, and Corral's own credentials.
@@ -136,8 +139,7 @@ def _decide(
             )
         except ServiceError:
             return Decision(302)
-        # An id no row can have is no workspace (PostgreSQL would fail the query: a 500).
-        target: ProxyTarget | None = proxy_target(session, ws_id) if ws_id <= MAX_ROW_ID else None
+        target: ProxyTarget | None = proxy_target(session, ws_id)
     if target is None or (target.owner_user_id != principal.user_id and not principal.is_admin):
         # Someone else's workspace is answered as a missing one: ids are not probeable.
         return _missing(ws_id)
@@ -159,8 +161,16 @@ def _decide(
     return Decision(200, upstream=upstream, token=target.token, via_cookie=via_cookie, holder=holder)
 
 
-def _missing(ws_id: int) -> Decision:
+def _missing(ws_id: int | str) -> Decision:
     return Decision(404, f"there is no workspace {ws_id}")
+
+
+def workspace_id(text: str) -> int | None:
+    """The id in `/ws/<id>/`: a plain positive decimal integer that a row can have (`1`, not `01`,
+    `+1`, `1.0` or `abc`); None otherwise, answered as a missing workspace."""
+    if PLAIN_ID.fullmatch(text) is None or int(text) > MAX_ROW_ID:
+        return None
+    return int(text)
 
 
 async def authorize(app: Any, headers: Any, cookies: Any, ws_id: int) -> Decision:
@@ -233,8 +243,11 @@ def refused(request: Request, status: int, message: str) -> Response:
 
 
 @router.api_route("/ws/{ws_id}/{path:path}", methods=HTTP_METHODS)
-async def proxy_http(request: Request, ws_id: int, path: str) -> Response:
-    decision = await authorize(request.app, request.headers, request.cookies, ws_id)
+async def proxy_http(request: Request, ws_id: str, path: str) -> Response:
+    number = workspace_id(ws_id)
+    if number is None:
+        return refused(request, 404, _missing(ws_id[:40]).message)
+    decision = await authorize(request.app, request.headers, request.cookies, number)
     if decision.status != 200:
         return _refusal(request, decision)
     if decision.via_cookie and request.method not in SAFE_METHODS and not same_origin(request.headers):
@@ -298,8 +311,12 @@ def _small(response: UpstreamResponse) -> bool:
 
 
 @router.websocket("/ws/{ws_id}/{path:path}")
-async def proxy_websocket(websocket: WebSocket, ws_id: int, path: str) -> None:
-    decision = await authorize(websocket.app, websocket.headers, websocket.cookies, ws_id)
+async def proxy_websocket(websocket: WebSocket, ws_id: str, path: str) -> None:
+    number = workspace_id(ws_id)
+    if number is None:
+        await websocket.close(code=1008)  # as for a missing workspace: HTTP 403
+        return
+    decision = await authorize(websocket.app, websocket.headers, websocket.cookies, number)
     if decision.status != 200 or not same_origin(websocket.headers):
         await websocket.close(code=1008)  # before accept: the client gets HTTP 403
         return
@@ -380,7 +397,7 @@ class _RouteLabel:
     path: str  # what the request metrics label the request with (corral.monitor.middleware)
 
 
-WORKSPACE_PATH = re.compile(r"^/ws/([0-9]+)/(.*)$", re.DOTALL)
+WORKSPACE_PATH = re.compile(r"^/ws/([^/]*)/(.*)$", re.DOTALL)
 ROUTE_LABEL = _RouteLabel("/ws/{ws_id}/{path:path}")
 
 
@@ -403,7 +420,7 @@ class ProxyDispatch:
             await self.app(scope, receive, send)
             return
         scope["route"] = ROUTE_LABEL
-        ws_id, path = int(found[1]), found[2]
+        ws_id, path = found[1], found[2]
         if kind == "websocket":
             await proxy_websocket(WebSocket(scope, receive, send), ws_id, path)
             return
