@@ -4,6 +4,7 @@ e.g. a Slurm cluster of GPU nodes only with CPU jobs kept off them (CORRAL_CPU_J
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -12,6 +13,9 @@ from corral.db.models import Group, Job, User
 from corral.spec import JobSpecV1
 from tests.api.conftest import World
 from tests.api.helpers import add_node
+from tests.api.test_cli import run, server_url
+
+__all__ = ["server_url"]
 
 API = "/api/v1"
 
@@ -140,3 +144,25 @@ def test_a_copy_of_a_build_job_is_refused_at_submit(world: World) -> None:
     assert copy.json()["detail"][0]["loc"] == ["body", "env", "CORRAL_ENV_TOOLS"]
     jobs = world.client.get(f"{API}/jobs", headers=world.as_("alice")).json()["items"]
     assert [j["id"] for j in jobs] == [build["id"]]
+
+
+def test_env_ls_lists_the_servers_own_default_that_jobs_and_workspaces_accept(
+    world: World, server_url: str
+) -> None:
+    """`corral env ls` never listed `default`, though the demo banner and `ws create --help`
+    point to it and submit / ws create take it: the table lists it first, marked as the
+    server's; `-o json` stays the catalogue's, as GET /environments answers."""
+    with world.session_factory() as db:
+        add_node(db)
+        db.commit()
+    created = world.client.post(
+        f"{API}/workspaces", json={"name": "nb", "environment": "default"}, headers=world.as_("alice")
+    )
+    assert created.status_code == 201 and created.json()["environment"] == "default", created.text
+    code, out = run(world, server_url, "alice", "env", "ls")
+    assert code == 0, out
+    header, first = out.splitlines()[:2]
+    assert header.split()[:2] == ["NAME", "READY"], out
+    assert first.split() == ["default", "(the", "server's)", "always", "-", "everyone", "-", "-"], out
+    code, out = run(world, server_url, "alice", "env", "ls", "-o", "json")
+    assert code == 0 and json.loads(out) == [], out

@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json
+from corral.environments.store import DEFAULT_ENVIRONMENT
 from corral.sdk import CorralError
 
 env_app = typer.Typer(
@@ -29,13 +30,17 @@ def _ref(name: str) -> tuple[str, int | None]:
 @env_app.command("ls")
 @friendly_errors
 def list_envs(output: OutputOpt = Output.table) -> None:
-    """The environments you may use (official first), with their newest ready version."""
+    """The environments you may use: `default` (the server's own, always there), then the
+    catalogue's (official first), with their newest ready version."""
     with client() as c:
         rows: list[dict[str, Any]] = c.environments()
     if output is Output.json:
-        print_json(rows)
+        print_json(rows)  # the catalogue's, as GET /environments answers
         return
     table = Table("NAME", "READY", "VERSIONS", "VISIBILITY", "OWNER", "CREATED", box=None)
+    # `default` is no catalogue entry (nothing to build or version), yet jobs and workspaces
+    # take `--env default` (their default): listed first, so the name the texts give is here.
+    table.add_row(f"{DEFAULT_ENVIRONMENT} (the server's)", "always", "-", "everyone", "-", "-")
     for e in rows:
         name = f"{e['name']} (official)" if e["official"] else e["name"]
         ready = f"@{e['latest_ready']}" if e["latest_ready"] else "-"
