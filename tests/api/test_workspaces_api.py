@@ -529,3 +529,27 @@ def test_ws_ssh_says_what_is_missing_before_it_runs_ssh(
     code, out = run(world, server_url, "alice", "ws", "ssh", "nb")
     assert code == 1, out
     assert " ".join(out.split()) == "error: workspace 'nb' is stopped: start it with `corral ws start nb`"
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("--gpus", "-1", "Invalid value for '--gpus': -1 is not a number of GPUs from 0 (none) to 64"),
+        ("--gpus", "65", "Invalid value for '--gpus': 65 is not a number of GPUs from 0 (none) to 64"),
+        ("--cpus", "0", "Invalid value for '--cpus': 0 is not a number of CPU cores over 0 and up to 1024"),
+        ("--cpus", "-2", "Invalid value for '--cpus': -2 is not a number of CPU cores over 0 and up to 1024"),
+        ("--cpus", "nan", "Invalid value for '--cpus': nan is not a number of CPU cores over 0 and up to"),
+    ],
+)
+def test_ws_create_refuses_gpus_and_cpus_out_of_range_naming_the_option(
+    world: World, server_url: str, option: str, value: str, says: str
+) -> None:
+    """`corral ws create --gpus -1` and `--cpus 0` answered Pydantic's "Input should be greater
+    than or equal to 0", naming no option: the CLI refuses them (usage error, exit 2) in words."""
+    before = counts(world)
+    code, out = run(world, server_url, "alice", "ws", "create", "nb", option, value)
+    words = " ".join(line.strip("│╭╰─ ") for line in out.splitlines())  # the box wraps at 80
+    assert code == 2 and says in " ".join(words.split()), out
+    assert counts(world) == before
+    code, out = run(world, server_url, "alice", "ws", "create", "nb", "--cpus", "0.5", "--stopped")
+    assert code == 0 and "1 CPU" not in out and "0.5 CPU" in out, out

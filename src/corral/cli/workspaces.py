@@ -14,7 +14,7 @@ from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json, when
 from corral.sdk import CorralError
-from corral.spec import duration_text
+from corral.spec import MAX_GPUS_PER_INSTANCE, duration_text
 from corral.words import plural
 
 ws_app = typer.Typer(
@@ -63,13 +63,35 @@ def _print_one(ws: dict[str, Any], server: str) -> None:
     out.print(f"  ssh          ssh -p {ws['ssh_port']} {ws['ssh_user']}@{host}")
 
 
+MAX_CPUS = 1024  # the API's limit (corral.api.routers.workspaces.WorkspaceIn)
+
+
+# --gpus and --cpus out of range are refused here, naming the option, in words: the API's refusal
+# was Pydantic's "Input should be greater than or equal to 0" (and Typer's `min=` says the same).
+def _gpu_count(value: int) -> int:
+    if not 0 <= value <= MAX_GPUS_PER_INSTANCE:
+        raise typer.BadParameter(f"{value} is not a number of GPUs from 0 (none) to {MAX_GPUS_PER_INSTANCE}")
+    return value
+
+
+def _cpu_count(value: float) -> float:
+    if not 0 < value <= MAX_CPUS:  # NaN too
+        raise typer.BadParameter(
+            f"{value:g} is not a number of CPU cores over 0 and up to {MAX_CPUS} "
+            "(a fraction of a core, e.g. 0.5, is fine)"
+        )
+    return value
+
+
 @ws_app.command("create")
 @friendly_errors
 def create(
     name: Annotated[str | None, typer.Argument(help="default: workspace, workspace-2, ...")] = None,
-    gpus: Annotated[int, typer.Option("--gpus", help="GPUs")] = 0,
+    gpus: Annotated[int, typer.Option("--gpus", callback=_gpu_count, help="GPUs")] = 0,
     gpu_model: Annotated[str | None, typer.Option("--gpu-model", help="e.g. A100 or 'A100|H100'")] = None,
-    cpus: Annotated[float, typer.Option("--cpus", help="CPU cores")] = 1.0,
+    cpus: Annotated[
+        float, typer.Option("--cpus", callback=_cpu_count, help="CPU cores, e.g. 0.5 or 8")
+    ] = 1.0,
     memory: Annotated[str, typer.Option("--memory", help="e.g. 16GiB")] = "4GiB",
     environment: Annotated[
         str,
