@@ -4,12 +4,16 @@ tests/gateway/ and tests/server/test_sandbox_entry.py."""
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncssh
 import pytest
 import sqlalchemy as sa
 
+from corral.config import Settings
 from corral.db.models import User
 from corral.gateway import resolver
+from corral.gateway.ssh import Gateway, GatewayServer
 from corral.services.errors import NotFound, ServiceError
 from tests.api.conftest import World
 from tests.api.helpers import add_node
@@ -78,3 +82,31 @@ def test_a_workspace_not_running_is_refused_saying_whether_it_starts_or_is_stopp
             resolver.resolve(db, alice, resolver.parse_login("alice+other"))
     assert stopped.value.message == "workspace 'nb' is stopped: start it with `corral ws start nb`"
     assert unknown.value.message == "unknown workspace 'other' of alice: `corral ws ls` lists yours"
+
+
+def test_another_users_key_learns_nothing_of_a_workspace_by_logging_in_to_it(
+    world: World, settings: Settings
+) -> None:
+    """`ssh alice+nb@...` with bob's key: refused at authentication, before any workspace is
+    looked up (the keys that may log in are the login's user's, alice's), so alice's `nb` and a
+    name she never used are refused alike: the gateway does not disclose which exist."""
+    bob_key = asyncssh.generate_private_key("ssh-ed25519")
+    public = bob_key.export_public_key().decode().strip()
+    added = world.client.post(
+        "/api/v1/ssh-keys", json={"name": "laptop", "public_key": public}, headers=world.as_("bob")
+    )
+    assert added.status_code == 201, added.text
+    created = world.client.post(
+        "/api/v1/workspaces", json={"name": "nb", "start": False}, headers=world.as_("alice")
+    )
+    assert created.status_code == 201, created.text
+    gateway = Gateway(settings, world.session_factory, FakeEngine())
+    try:
+        answers = []
+        for login in ("alice+nb", "alice+never-made", "bob+nb"):
+            server = GatewayServer(gateway)
+            asyncio.run(server.begin_auth(login))
+            answers.append(server.validate_public_key(login, bob_key))
+    finally:
+        gateway.loop.close()
+    assert answers == [False, False, True]  # bob's key opens only bob's logins
