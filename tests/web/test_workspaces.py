@@ -1,10 +1,10 @@
 """Workspaces end to end on a real server, local engine, sandboxed: JupyterLab started by a
 workspace job and reached only through Corral's proxy — by Chromium (open a notebook, run a cell
 that prints CUDA_VISIBLE_DEVICES and writes a file to the home dir), by a kernel WebSocket, and
-refused to another user (403) and to nobody (redirect to the login); stop/start keeps the file;
-a short idle timeout stops a workspace through the idle-GPU policy; the owner's training logs
-are readable (read-only) at /logs inside the workspace; a server SIGKILL and restart keeps the
-workspace, its kernel and a new ssh through the gateway working."""
+refused to another user (404, as a missing one) and to nobody (redirect to the login);
+stop/start keeps the file; a short idle timeout stops a workspace through the idle-GPU policy;
+the owner's training logs are readable (read-only) at /logs inside the workspace; a server
+SIGKILL and restart keeps the workspace, its kernel and a new ssh through the gateway working."""
 
 from __future__ import annotations
 
@@ -144,10 +144,11 @@ def test_jupyterlab_through_the_proxy(server: CorralServer, playwright_instance:
     assert len(gpu_uuids) == 1
 
     mark("nobody")
-    # Nobody: a redirect to the login; another user: 403 on HTTP and on the WebSocket.
+    # Nobody: a redirect to the login; another user: a missing workspace's 404 on HTTP, 403 on the
+    # WebSocket (a refused handshake, as for a missing one).
     anonymous = httpx.get(f"{server.url}/ws/{ws['id']}/lab", follow_redirects=False)
     assert anonymous.status_code == 302 and anonymous.headers["location"].startswith("/login?next=/ws/")
-    assert ben.get(f"/ws/{ws['id']}/lab").status_code == 403
+    assert ben.get(f"/ws/{ws['id']}/lab").status_code == 404
     ben_token = ben.headers["Authorization"].split()[1]
     with pytest.raises(InvalidStatus) as refused:
         connect(
