@@ -208,7 +208,10 @@ def test_jupyterlab_through_the_proxy(server: CorralServer, playwright_instance:
         other.click("form.login-form button[type=submit]")
         other.wait_for_selector("#topbar:not([hidden])")
         answer = other.goto(f"{server.url}/ws/{ws['id']}/lab")
-        assert answer is not None and answer.status == 403
+        assert answer is not None and answer.status == 404
+        # A browser gets a page, not JSON: the refusal's words and the way back to the portal.
+        assert other.inner_text("p") == f"there is no workspace {ws['id']}"
+        assert other.get_attribute("a", "href") == "/workspaces"
     finally:
         browser.close()
 
