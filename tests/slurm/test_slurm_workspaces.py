@@ -263,7 +263,7 @@ def test_workspace_on_slurm_through_the_proxy_and_the_gateway(
         wait_for(stopped, 60, interval_s=0.3, what="the workspace to stop")
         # within the proxy's 2 s decision cache a request may still go to the ended JupyterLab (502)
         gone = wait_for(lambda: (g := alice.get(status)).status_code == 503 and g, 5, what="503")
-        assert "not running" in gone.text, gone.text
+        assert "workspace 'nb' is stopped; start it with `corral ws start nb`" in gone.text, gone.text
     refused = ssh(world, "true")
     assert refused.returncode == 1 and "workspace 'nb' is stopped" in refused.stderr, refused.stderr
 
