@@ -258,12 +258,11 @@ def test_a_job_back_in_the_queue_after_a_placement_is_no_outcome_live_or_rebuilt
     assert _outcomes_rebuilt(ctx, t0 + 5000) == 1
 
 
-def test_the_outcome_is_the_engines_start_and_a_job_never_started_is_none(tmp_path: Path) -> None:
-    """Two jobs wait behind a blocker and are shown estimates. The first is placed 99 s later but
-    the engine starts it only 4,999 s after it was shown one (on Slurm a job may wait in the
-    engine's queue): the outcome is 4,999 s, what its user saw, live and rebuilt, not the
-    placement's 99 s. The second is placed once the first ends, and its launch fails: it never
-    started, so it is no outcome."""
+def _two_shown_behind_a_blocker(
+    tmp_path: Path, *names: str
+) -> tuple[ServerContext, FakeEngine, float, tuple[int, int, int]]:
+    """A 4-GPU node taken by `blocker` at t0, and two 4-GPU jobs behind it, each shown an estimate
+    at t0 + 1: (ctx, engine, t0, (blocker, first, second))."""
     fake = FakeEngine([gpu_node("n1", gpus=4)])
     ctx = make_context(make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}"), fake, str(tmp_path))
     node_tick(ctx, time.time())
@@ -273,8 +272,18 @@ def test_the_outcome_is_the_engines_start_and_a_job_never_started_is_none(tmp_pa
     t0 = time.time()
     schedule_tick(ctx, t0)
     with ctx.session_factory() as session:
-        late, failed = (add_job(session, gid, uid, gpus=4, name=n) for n in ("late", "failed"))
+        first, second = (add_job(session, gid, uid, gpus=4, name=n) for n in names)
     schedule_tick(ctx, t0 + 1)
+    return ctx, fake, t0, (blocker, first, second)
+
+
+def test_the_outcome_is_the_engines_start_and_a_job_never_started_is_none(tmp_path: Path) -> None:
+    """Two jobs wait behind a blocker and are shown estimates. The first is placed 99 s later but
+    the engine starts it only 4,999 s after it was shown one (on Slurm a job may wait in the
+    engine's queue): the outcome is 4,999 s, what its user saw, live and rebuilt, not the
+    placement's 99 s. The second is placed once the first ends, and its launch fails: it never
+    started, so it is no outcome."""
+    ctx, fake, t0, (blocker, late, failed) = _two_shown_behind_a_blocker(tmp_path, "late", "failed")
     shown_wait = _shown(ctx, late).eta_shown_wait_s
     assert _shown(ctx, late).eta_shown_at == _shown(ctx, failed).eta_shown_at == t0 + 1
     _run_to_end(ctx, fake, blocker)
@@ -309,17 +318,7 @@ def test_a_tick_with_no_new_start_reads_only_the_window_count_and_a_late_commit_
     at every schedule tick, ~25 ms a tick with 2,000 there. With nothing new in the window (its
     latest start and count unchanged) it reads the index's count alone; a start committed late,
     earlier than the latest one but inside the window, still moves the count and is recorded."""
-    fake = FakeEngine([gpu_node("n1", gpus=4)])
-    ctx = make_context(make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}"), fake, str(tmp_path))
-    node_tick(ctx, time.time())
-    with ctx.session_factory() as session:
-        gid, uid = seed_tenant(session, guaranteed=4)
-        blocker = add_job(session, gid, uid, gpus=4, name="blocker")
-    t0 = time.time()
-    schedule_tick(ctx, t0)
-    with ctx.session_factory() as session:
-        first, second = (add_job(session, gid, uid, gpus=4, name=n) for n in ("first", "second"))
-    schedule_tick(ctx, t0 + 1)  # both shown an estimate
+    ctx, fake, t0, (blocker, first, second) = _two_shown_behind_a_blocker(tmp_path, "first", "second")
     _run_to_end(ctx, fake, blocker)
     schedule_tick(ctx, t0 + 2)
     _run_to_end(ctx, fake, first, t0 + 60)
