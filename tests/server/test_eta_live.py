@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import event, select
+from sqlalchemy.orm import Session
 
 from corral.cli.jobs import start_line
 from corral.db.models import Attempt, Group, Job, User
 from corral.db.session import make_engine
 from corral.domain import JobDiagnosis
+from corral.engine.base import NodeReport
 from corral.scheduler.eta import LIMIT_STOP_S
 from corral.scheduler.eta_calibration import EtaCalibration
 from corral.server.context import ServerContext
@@ -415,3 +417,48 @@ def test_getting_the_schedule_lease_back_rebuilds_the_calibration_and_rewrites_d
     assert schedule.on_lease is not None
     schedule.on_lease(ctx)
     assert ctx.memory.eta_calibration is None and not ctx.memory.diagnoses and not ctx.memory.eta_since
+
+
+def _cpu_job(session: Session, gid: int, uid: int, name: str, cpus: float) -> int:
+    """A CPU-only job (a workspace's kind) asking for `cpus` CPUs."""
+    job_id = add_job(session, gid, uid, gpus=0, name=name)
+    job = session.get(Job, job_id)
+    assert job is not None
+    task = job.spec.tasks["worker"]
+    task = task.model_copy(update={"resources": task.resources.model_copy(update={"cpus": cpus})})
+    job.spec = job.spec.model_copy(update={"tasks": {"worker": task}})
+    session.commit()
+    return job_id
+
+
+def test_a_cpu_job_behind_a_cpu_hungry_running_job_is_not_told_now(tmp_path: Path) -> None:
+    """The walk's `corral ws show nb`: a CPU-only job on a node whose CPUs a running job holds
+    was shown "estimated start in ~0 s". Its start is the running job's expected end."""
+    fake = FakeEngine([NodeReport(name="c1", cpus=16, memory_mib=65536, address="10.0.0.9")])
+    ctx = make_context(make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}"), fake, str(tmp_path))
+    node_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session, guaranteed=4)
+        hog = _cpu_job(session, gid, uid, "hog", cpus=16)
+        job = session.get(Job, hog)
+        assert job is not None
+        job.runtime_estimate_s = 3600.0
+        session.commit()
+    now = time.time()
+    schedule_tick(ctx, now)  # `hog` takes every CPU
+    with ctx.session_factory() as session:
+        assert session.get(Job, hog).state == "scheduled"  # type: ignore[union-attr]
+        nb = _cpu_job(session, gid, uid, "nb", cpus=2)
+    schedule_tick(ctx, now + 1)
+    with ctx.session_factory() as session:
+        job = session.get(Job, nb)
+        assert job is not None and job.state == "queued" and job.diagnosis is not None
+        d = job.diagnosis
+        assert [r.code for r in d.reasons] == ["insufficient_cpu_memory"]
+        assert d.estimated_start is not None
+        # the hog's 3,600 s from its start (it has run about 1 s): not now + 1
+        assert now + 3000 < d.estimated_start < now + 3700
+        view = job_view(job)
+        assert view["diagnosis"] is not None
+        assert view["diagnosis"]["estimated_start"] == d.estimated_start
+        assert "(in ~0 s)" not in start_line(dict(view["diagnosis"]))

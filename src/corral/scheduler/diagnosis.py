@@ -6,7 +6,8 @@ The roll (`Profile.eta_roll`): "backfill" (eta.py: per-model timelines, conserva
 remaining times of running jobs from what they ran) or "pooled" (the earlier walk below, kept as
 a baseline: each GPU model one pool, waiting jobs in order, one clock for all of them). A job held
 by its group's quota or its user's cap keeps its place in the roll but gets no time; its reason
-says what it waits for. Bounded by Profile.eta_limit.
+says what it waits for. A job that waits for CPUs or memory starts no earlier than a node that
+could take it has them free (eta_cpu.py). Bounded by Profile.eta_limit.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from corral.scheduler.admission import STORAGE_SOURCE, FairShareQueue, split_by_
 from corral.scheduler.backfill import Event
 from corral.scheduler.cluster import ClusterState, Request, ShapeKey, shape_key
 from corral.scheduler.eta import backfill_starts, running_events, through_last
+from corral.scheduler.eta_cpu import CpuMemoryFloors, raise_to_floors
 from corral.scheduler.jobinfo import JobInfo, Waiting, job_models
 from corral.scheduler.plugins import FILTERS
 from corral.scheduler.profiles import Profile, grace_of
-from corral.scheduler.types import Diagnosis, Job, Reason, TaskSpec
+from corral.scheduler.types import Allocation, Diagnosis, Job, Reason, TaskSpec
 from corral.words import plural
 
 if TYPE_CHECKING:
@@ -375,6 +377,7 @@ class DiagnosisView:
         self.cycle = cycle
         self.etas: dict[str, float | None] | None = None
         self.events: dict[float, list[Event]] = {}  # the backfill roll's GPU returns, per quantile
+        self.floors: dict[float, CpuMemoryFloors] = {}  # CPU/memory floors of estimates, per quantile
         self.ranges: tuple[dict[str, float | None], dict[str, float | None]] | None = None
         self.order: list[Job] | None = None  # the roll-forward order, extended as far as asked
         self.order_ids: set[str] = set()
@@ -453,6 +456,7 @@ class DiagnosisView:
         (a targeted roll): continue the roll kept from an earlier cycle where it holds, and keep
         this one (eta_kept.py)."""
         found = self._roll_all(order, targets, q, keep)
+        raise_to_floors(found, order[: self.cycle.profile.eta_limit], self._floors(q))
         why = self.cycle.verdicts.why
         for job_id in found:
             reason = why.get(job_id)
@@ -521,25 +525,31 @@ class DiagnosisView:
             return found
         return _not_now(found, now, events, placed)
 
+    def _floors(self, q: float) -> CpuMemoryFloors:
+        """When nodes have the CPUs and memory for a job free (eta_cpu.py), from the same ends as
+        the GPU returns: running jobs', then those of the jobs started this cycle."""
+        found = self.floors.get(q)
+        if found is None:
+            cycle, cache = self.cycle, self.events
+
+            def ends() -> list[tuple[float, Allocation]]:  # (not through self: the view holds it)
+                allocations = [rj.allocation for rj, _ in cycle.backfill.running]
+                allocations += [a.allocation for a in cycle.assignments]
+                # running_events: one per running job, then one per job started this cycle
+                events = _cycle_events(cycle, cache, q)
+                return [(end, a) for (end, _), a in zip(events, allocations, strict=True)]
+
+            found = self.floors[q] = CpuMemoryFloors(
+                cycle.st, cycle.profile.cpu_jobs_on_gpu_nodes, cycle.now, ends
+            )
+        return found
+
     def _median_events(self) -> list[Event]:
         return self._events(0.5)
 
     def _events(self, q: float) -> list[Event]:
         """When running GPUs come back, for the backfill roll (computed once per cycle and q)."""
-        found = self.events.get(q)
-        if found is None:
-            cycle = self.cycle
-            backfill, profile, now = cycle.backfill, cycle.profile, cycle.now
-            gone_by = dict(backfill.victims)
-            for rj, _ in backfill.running:
-                if rj.stopping:
-                    gone_by[rj.job.id] = (
-                        now + grace_of(rj.job, profile) if rj.stops_by is None else rj.stops_by
-                    )
-            found = self.events[q] = running_events(
-                now, backfill.running, backfill.started, gone_by, profile.default_runtime_s, q
-            )
-        return found
+        return _cycle_events(self.cycle, self.events, q)
 
     def _eta_order(self, targets: set[str] | None) -> list[Job]:
         """Waiting jobs in the order they are expected to start, up to eta_limit: all of them, or
@@ -718,3 +728,19 @@ class DiagnosisView:
         mid = self._etas()[job_id]
         assert mid is not None
         return min(early, mid), max(late, mid)
+
+
+def _cycle_events(cycle: Cycle, cache: dict[float, list[Event]], q: float) -> list[Event]:
+    """When running GPUs come back, for the backfill roll (computed once per cycle and q, kept in
+    `cache`)."""
+    found = cache.get(q)
+    if found is None:
+        backfill, profile, now = cycle.backfill, cycle.profile, cycle.now
+        gone_by = dict(backfill.victims)
+        for rj, _ in backfill.running:
+            if rj.stopping:
+                gone_by[rj.job.id] = now + grace_of(rj.job, profile) if rj.stops_by is None else rj.stops_by
+        found = cache[q] = running_events(
+            now, backfill.running, backfill.started, gone_by, profile.default_runtime_s, q
+        )
+    return found

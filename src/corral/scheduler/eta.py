@@ -12,7 +12,8 @@ gang as late as the gang's), and never takes GPUs an earlier job holds (the sche
 reservations protect the jobs ahead of it).
 
 The timeline ignores how free GPUs are spread over nodes and the groups' quotas: a job that waits
-for its quota or its user's cap gets no time at all (diagnosis.py says why instead).
+for its quota or its user's cap gets no time at all (diagnosis.py says why instead). It holds no
+CPUs or memory: a job that waits for those is raised to when a node has them free (eta_cpu.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,55 @@
+"""Estimated starts of jobs that wait for CPUs or memory, not GPUs: never "now" while no node that
+could take them has the CPUs and memory free; the time running work on such a node is expected to
+give them back (eta_cpu.py)."""
+
+from __future__ import annotations
+
+from corral.scheduler import PROFILES
+from tests.scheduler.builders import cpu_node, gpu_node, group, job, plan_for, running, snap
+
+DEFAULT = PROFILES["default"]
+
+
+def test_a_cpu_job_behind_a_cpu_hungry_running_job_starts_when_that_job_is_expected_to_end() -> None:
+    """The reported walk: one node, all its CPUs held by a running job estimated at 1000 s that
+    has run 100 s; a 0-GPU job needing 4 CPUs waits. It was told "now"."""
+    hog = running(job("hog", gpus=0, cpus=32, runtime=1000.0), "c", (), start=0.0)
+    s = snap([cpu_node("c", cpus=32)], [job("nb", gpus=0, cpus=4)], [group("g")], run=[hog])
+    d = plan_for(s, DEFAULT, now=100.0).diagnoses["nb"]
+    assert [r.code for r in d.reasons] == ["insufficient_cpu_memory"]
+    assert d.estimated_start == 1000.0  # the hog's estimated end, not now (100.0)
+
+
+def test_a_gpu_job_whose_node_has_free_gpus_but_no_cpus_waits_for_the_cpus() -> None:
+    hog = running(job("hog", gpus=1, cpus=64, runtime=600.0), "n", (0,), start=0.0)
+    s = snap([gpu_node("n", gpus=8, cpus=64)], [job("w", gpus=1, cpus=8)], [group("g")], run=[hog])
+    d = plan_for(s, DEFAULT, now=100.0).diagnoses["w"]
+    assert [r.code for r in d.reasons] == ["insufficient_cpu_memory"]
+    assert d.estimated_start == 600.0
+
+
+def test_memory_binds_as_cpus_do() -> None:
+    hog = running(job("hog", gpus=0, cpus=1, memory_mib=128 * 1024, runtime=800.0), "c", (), start=0.0)
+    s = snap([cpu_node("c", cpus=32)], [job("nb", gpus=0, cpus=1, memory_mib=4096)], [group("g")], run=[hog])
+    d = plan_for(s, DEFAULT, now=100.0).diagnoses["nb"]
+    assert d.estimated_start == 800.0
+
+
+def test_the_earliest_node_that_frees_enough_wins_and_too_little_freed_does_not_count() -> None:
+    """Node a frees 2 CPUs at 300 s (too few for 4) and the rest at 2000 s; node b frees all at
+    900 s: the job's start is 900 s."""
+    run = [
+        running(job("a1", gpus=0, cpus=2, runtime=300.0), "a", (), start=0.0),
+        running(job("a2", gpus=0, cpus=30, runtime=2000.0), "a", (), start=0.0),
+        running(job("b1", gpus=0, cpus=32, runtime=900.0), "b", (), start=0.0),
+    ]
+    nodes = [cpu_node("a", cpus=32), cpu_node("b", cpus=32)]
+    s = snap(nodes, [job("nb", gpus=0, cpus=4)], [group("g")], run=run)
+    assert plan_for(s, DEFAULT, now=100.0).diagnoses["nb"].estimated_start == 900.0
+
+
+def test_a_job_that_fits_now_keeps_its_estimate() -> None:
+    hog = running(job("hog", gpus=0, cpus=16, runtime=1000.0), "c", (), start=0.0)
+    s = snap([cpu_node("c", cpus=32)], [job("nb", gpus=0, cpus=4)], [group("g")], run=[hog])
+    plan = plan_for(s, DEFAULT, now=100.0)
+    assert [a.job_id for a in plan.assignments] == ["nb"]  # it starts, nothing to diagnose
