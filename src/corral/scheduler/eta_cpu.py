@@ -13,6 +13,7 @@ the GPU-bound estimates do not change.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from corral.scheduler.cluster import EPS, ClusterState, Request
@@ -37,10 +38,12 @@ class CpuMemoryFloors:
         self.st, self.cpu_on_gpu, self.now = st, cpu_on_gpu, now
         self._ends = ends  # (expected end, allocation) of the running work: read when first needed
         self._returns: list[list[Return]] | None = None  # per node, by time: built when first needed
-        self._fits_now: dict[int, bool] = {}  # id(Resources) -> some node has it free now
-        self._floors: dict[int, float | None] = {}  # id(Resources) -> earliest time (None: never)
-        self._candidates_of: dict[int, list[int]] = {}  # id(Resources) -> `_candidates`
-        self._held: list[Resources] = []  # keeps the ids above meaning the same object
+        # id(Resources) -> some node has it free now: the per-job look-up (jobs share few shapes,
+        # not their Resources objects); `_held` keeps each id meaning the same object
+        self.fits_now_by_id: dict[int, bool] = {}
+        self._held: list[Resources] = []
+        self._fits_now: dict[Resources, bool] = {}  # by value: once per shape
+        self._floors: dict[Resources, float | None] = {}  # earliest time (None: never)
 
     def floor(self, job: Job) -> float | None:
         """`now` when every task fits some node's free CPUs and memory now; else the latest over
@@ -48,28 +51,24 @@ class CpuMemoryFloors:
         out = self.now
         for t in job.tasks:
             r = t.resources
-            key = id(r)
-            fits = self._fits_now.get(key)
+            fits = self.fits_now_by_id.get(id(r))
             if fits is None:
+                fits = self._fits_now.get(r)
+                if fits is None:
+                    fits = self._fits_now[r] = self._fits_anywhere_now(r)
                 self._held.append(r)
-                fits = self._fits_now[key] = self._fits_anywhere_now(r)
+                self.fits_now_by_id[id(r)] = fits
             if fits:
                 continue
-            if key not in self._floors:
-                self._floors[key] = self._earliest(r)
-            at = self._floors[key]
+            if r not in self._floors:
+                self._floors[r] = self._earliest(r)
+            at = self._floors[r]
             if at is None:
                 return None
             out = max(out, at)
         return out
 
     def _candidates(self, r: Resources) -> list[int]:
-        found = self._candidates_of.get(id(r))
-        if found is None:
-            found = self._candidates_of[id(r)] = self._capable_nodes(r)
-        return found
-
-    def _capable_nodes(self, r: Resources) -> list[int]:
         """Ready nodes that could ever take one instance: the right kind, with enough GPUs of an
         allowed model (healthy or not: a count, not what is free) and enough CPUs and memory."""
         st = self.st
@@ -125,20 +124,29 @@ class CpuMemoryFloors:
 
 def raise_to_floors(found: dict[str, float | None], jobs: Sequence[Job], floors: CpuMemoryFloors) -> None:
     """Each of `jobs` with an estimate in `found` starts no earlier than its CPU/memory floor
-    (none at all when no running work frees enough for it)."""
+    (none at all when no running work frees enough for it). Runs for every job of every roll: a
+    one-task job whose request fits some node now costs two look-ups."""
     now = floors.now
+    fits_now = floors.fits_now_by_id
+    get = found.get
     left = len(found)  # (a targeted roll's `found` ends well before `jobs` does)
     for job in jobs:
         if left <= 0:
             return
-        if job.id not in found:
+        at = get(job.id, _ABSENT)
+        if at is _ABSENT:
             continue
         left -= 1
-        at = found[job.id]
         if at is None:
+            continue
+        tasks = job.tasks
+        if len(tasks) == 1 and fits_now.get(id(tasks[0].resources)):
             continue
         floor = floors.floor(job)
         if floor is None:
             found[job.id] = None
         elif floor > at and floor > now:
             found[job.id] = floor
+
+
+_ABSENT = -math.inf  # (not a time `found` holds)
