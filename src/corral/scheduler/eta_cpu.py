@@ -13,7 +13,6 @@ the GPU-bound estimates do not change.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 from corral.scheduler.cluster import EPS, ClusterState, Request
@@ -128,14 +127,15 @@ def raise_to_floors(found: dict[str, float | None], jobs: Sequence[Job], floors:
     one-task job whose request fits some node now costs two look-ups."""
     now = floors.now
     fits_now = floors.fits_now_by_id
-    get = found.get
     left = len(found)  # (a targeted roll's `found` ends well before `jobs` does)
     for job in jobs:
         if left <= 0:
             return
-        at = get(job.id, _ABSENT)
-        if at is _ABSENT:
+        # membership, not a sentinel default: compiled (mypyc), a float default is unboxed and
+        # boxed again, so `at is SENTINEL` never held and every job counted as found
+        if job.id not in found:
             continue
+        at = found[job.id]
         left -= 1
         if at is None:
             continue
@@ -147,6 +147,3 @@ def raise_to_floors(found: dict[str, float | None], jobs: Sequence[Job], floors:
             found[job.id] = None
         elif floor > at and floor > now:
             found[job.id] = floor
-
-
-_ABSENT = -math.inf  # (not a time `found` holds)
