@@ -484,7 +484,7 @@ def test_cli_why_says_held_or_a_start_with_its_range(world: World, server_url: s
     assert code == 0, out
     assert cap in " ".join(out.split()) and "queue position: 2" in out
     assert "estimated start: none while it is held back" in out
-    assert "assumed runtime: ~2 h (from its max_runtime (no history yet))" in out
+    assert "assumed runtime: ~2 h (from its max_runtime; no history yet)" in out
     now = time.time()
     with world.session_factory() as db:
         job = db.get(Job, job_id)

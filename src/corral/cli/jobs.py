@@ -379,7 +379,7 @@ def why(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOpt
             "user_size": "the user's jobs of this size",
             "group": "the group's jobs",
             "cluster": "the cluster's jobs",
-            "limit": "its max_runtime (no history yet)",
+            "limit": "its max_runtime; no history yet",
         }.get(estimate.get("basis") or "", "history")
         out.print(
             f"assumed runtime: ~{span_text(estimate['seconds'])}{spread} (from {basis})", highlight=False

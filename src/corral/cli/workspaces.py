@@ -97,7 +97,7 @@ def create(
         str,
         typer.Option(
             "--environment",
-            help="'default' (the node's) or a catalogue environment, NAME or NAME@VERSION "
+            help="'default' (the server's own interpreter) or a catalogue environment, NAME or NAME@VERSION "
             "(corral env ls); it must contain jupyterlab and corral (refused otherwise)",
         ),
     ] = "default",

@@ -224,7 +224,7 @@ const BASIS = {
   user_size: "the user's jobs of this size",
   group: "the group's jobs",
   cluster: "the cluster's jobs",
-  limit: "its max_runtime (no history yet)",
+  limit: "its max_runtime; no history yet",
 };
 
 function runtimeText(e) {
