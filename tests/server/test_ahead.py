@@ -16,7 +16,7 @@ from corral.scheduler.eta_calibration import EtaCalibration
 from corral.scheduler.types import GPU
 from corral.server.ahead import ahead_state
 from corral.server.context import ServerContext
-from corral.server.eta_record import load_outcomes
+from corral.server.eta_record import calibration_of, load_outcomes
 from corral.server.nodes import node_tick
 from corral.server.reconcile import reconcile_tick
 from corral.server.scheduling import schedule_tick
@@ -213,10 +213,11 @@ def test_waiting_jobs_spread_over_the_nodes_queues(tmp_path: Path) -> None:
     assert nodes == ["c1", "c1", "c2", "c2"]  # packed, all four would wait behind c1's two
 
 
-def test_a_job_placed_ahead_is_no_eta_outcome(tmp_path: Path) -> None:
-    """Such a job starts when the job before it ends, not when it is placed: the estimate it was
-    shown is forgotten with the placement, so neither the live calibration nor a rebuilt one
-    counts it (server/eta_record.py); the jobs still waiting keep theirs."""
+def test_a_job_placed_ahead_is_an_eta_outcome_at_its_start_not_its_placement(tmp_path: Path) -> None:
+    """Such a job starts when the job before it ends, not when it is placed: its outcome is the
+    engine's start (server/eta_record.py), live and rebuilt, like any other job's. Its estimate was
+    forgotten with the placement while outcomes were placements; since they are starts, the ahead
+    jobs (most jobs on a busy Slurm cluster) are no longer left out of the calibration."""
     fake = QueueingEngine([small_node("c1", cpus=2)], depth=1)
     ctx, gid, uid = setup(tmp_path, fake)
     ids = add_jobs(ctx, gid, uid, 6)
@@ -227,15 +228,20 @@ def test_a_job_placed_ahead_is_no_eta_outcome(tmp_path: Path) -> None:
         )
     assert len(shown) == 4 and set(states(ctx, list(shown))) == {JobState.QUEUED.value}
     now = time.time()
-    schedule_tick(ctx, now)  # 2 of them placed ahead
+    schedule_tick(ctx, now)  # 2 of them placed ahead, their estimates kept
+    ahead = [i for i, state in zip(shown, states(ctx, list(shown)), strict=True) if state == "scheduled"]
+    assert len(ahead) == 2
     with ctx.session_factory() as session:
-        rows = session.execute(select(Job.id, Job.state, Job.eta_shown_at).where(Job.id.in_(shown))).all()
-        assert load_outcomes(session, EtaCalibration(), now) == 0
-    assert sorted((state, at is None) for _, state, at in rows) == [
-        (JobState.QUEUED.value, False),
-        (JobState.QUEUED.value, False),
-        (JobState.SCHEDULED.value, True),
-        (JobState.SCHEDULED.value, True),
-    ]
-    live = ctx.memory.eta_calibration
-    assert live is not None and live.outcomes() == 0
+        kept = dict(session.execute(select(Job.id, Job.eta_shown_at).where(Job.id.in_(ahead))).all())
+        assert kept == {i: shown[i] for i in ahead}
+        assert load_outcomes(session, EtaCalibration(), now) == 0  # placed, not started
+    run_dispatch(ctx)  # handed to the engine, which starts them once the jobs before them end
+    started = now + 500
+    for job_id in ahead:
+        fake.run(f"{job_id}.1", started)
+    reconcile_tick(ctx, time.time())
+    with ctx.session_factory() as session:
+        rebuilt = EtaCalibration()
+        assert load_outcomes(session, rebuilt, started + 1) == 2
+        live = calibration_of(ctx, session, started + 1)
+    assert live.outcomes() == rebuilt.outcomes() == 2

@@ -207,9 +207,9 @@ def place_ahead(ctx: ServerContext, session: Session, now: float, read: ClusterS
         snapshot = replace(snapshot, queued=tuple(j for j in snapshot.queued if j.id not in too_big))
         plan = scheduler.schedule(snapshot, now, random.Random(int(now)))
         fitting = [a for a in plan.assignments if fits_nodes(a, nodes)]
-    # No ETA outcome: such a job starts when the job before it ends, not now (its shown estimate
-    # is forgotten with the placement: lifecycle.SCHEDULE_AHEAD_BATCH)
-    placed = len(place_assignments(session, fitting, now, ahead=True)) if fitting else 0
+    # Such a job starts when the job before it ends, not now: its ETA outcome is that start
+    # (Attempt.started_at, server/eta_record.py), not this placement
+    placed = len(place_assignments(session, fitting, now)) if fitting else 0
     if placed:
         log.debug("schedule: %d placed ahead of a freed slot", placed)
     return placed

@@ -7,8 +7,8 @@ reconcile loop records; what the user sees, and in the simulator a placement is 
 engine's queue, and any launch takes a while. A first attempt that never started (its launch
 failed, the job was cancelled or preempted before the engine ran it) is no outcome. A hold
 forgets the shown estimate (lifecycle.hold: the job is measured from its first estimate after the
-release), and so does a placement ahead of a freed slot (server/ahead.py: such a job starts when
-the job before it ends; kept out as before the outcome was the start). The estimates the loop writes to
+release). A job placed ahead of a freed slot (Slurm, server/ahead.py) is an outcome like any
+other: it starts, and is measured, when the job before it ends. The estimates the loop writes to
 `Job.diagnosis` (what `GET /jobs/{id}`, `corral why` and the job page show) are the roll's with
 their waits from now corrected by those outcomes: the first in full, each later one less as the job waits
 (eta_calibration.faded, from when this server first showed it one: `LoopMemory.eta_since`). A job

@@ -186,18 +186,16 @@ def left_service(session: Session, placed: Sequence[PlacementFit]) -> bool:
     return not set(wanted) <= usable
 
 
-def write_batch(
-    session: Session, fits: Sequence[PlacementFit], now: float, *, ahead: bool = False
-) -> list[int]:
+def write_batch(session: Session, fits: Sequence[PlacementFit], now: float) -> list[int]:
     """The fitting assignments of a plan in four statements whatever their number (not three per
     job: the ORM inserts one row per statement on SQLite, which gives no order to RETURNING):
     QUEUED -> SCHEDULED by one compare-and-set and the events (lifecycle.schedule_jobs), the
     attempts of the jobs it moved, their GPU claims. Not committed; a claim taken meanwhile by
     another server raises IntegrityError here, and a node or GPU that left service since
     still_fits read it PlacementChanged (left_service: one or two more reads, whatever the number).
-    Returns the ids of the jobs placed; `ahead`: lifecycle.schedule_jobs's."""
+    Returns the ids of the jobs placed."""
     messages = {f.job.id: f.message for f in fits}
-    won = schedule_jobs(session, [f.job for f in fits], now=now, messages=messages, ahead=ahead)
+    won = schedule_jobs(session, [f.job for f in fits], now=now, messages=messages)
     placed = [f for f in fits if f.job.id in won]
     if not placed:
         return []
@@ -216,12 +214,12 @@ def write_batch(
     return [f.job.id for f in placed]
 
 
-def apply_assignment(session: Session, assignment: st.Assignment, now: float, *, ahead: bool = False) -> bool:
+def apply_assignment(session: Session, assignment: st.Assignment, now: float) -> bool:
     """One transaction: the batch write (write_batch) of one assignment. False when it no longer
     fits, lost its compare-and-set, or a GPU was claimed meanwhile (the job stays queued)."""
     fit = still_fits(session, assignment, claimed_gpus(session))
     try:
-        placed = fit is not None and len(write_batch(session, [fit], now, ahead=ahead)) == 1
+        placed = fit is not None and len(write_batch(session, [fit], now)) == 1
     except (IntegrityError, PlacementChanged):
         placed = False
     if placed:
@@ -236,12 +234,10 @@ def apply_assignments(session: Session, assignments: Sequence[st.Assignment], no
     return len(place_assignments(session, assignments, now))
 
 
-def place_assignments(
-    session: Session, assignments: Sequence[st.Assignment], now: float, *, ahead: bool = False
-) -> list[int]:
+def place_assignments(session: Session, assignments: Sequence[st.Assignment], now: float) -> list[int]:
     """All of a plan's assignments in one transaction (one SQLite write, not one per job). If the
     commit fails (another server claimed a GPU meanwhile), fall back to one transaction each.
-    Returns the ids of the jobs placed (`ahead`: ahead of a freed slot, lifecycle.schedule_jobs)."""
+    Returns the ids of the jobs placed."""
     if not assignments:
         return []
     # Read everything first: SQLite takes its write lock at the first write, and every read done
@@ -275,13 +271,13 @@ def place_assignments(
                 fits.append(fit)
                 claimed |= fit.gpus
     try:
-        staged = write_batch(session, fits, now, ahead=ahead)
+        staged = write_batch(session, fits, now)
         session.commit()
         del preloaded
         return staged
     except (IntegrityError, PlacementChanged):
         session.rollback()
-        return [int(a.job_id) for a in assignments if apply_assignment(session, a, now, ahead=ahead)]
+        return [int(a.job_id) for a in assignments if apply_assignment(session, a, now)]
 
 
 # A launched job is stopped whether or not the engine has reported it running yet (as a node

@@ -193,10 +193,6 @@ SCHEDULE_BATCH = (
     )
     .returning(JOBS.c.id, JOBS.c.attempt_count)
 )
-# The same for jobs placed ahead of a freed slot (server/ahead.py): such a job starts when the job
-# before it ends, not now, so its placement is no measure of the estimated start it was shown
-# (eta_record): that estimate is forgotten with the placement, and it is no outcome.
-SCHEDULE_AHEAD_BATCH = SCHEDULE_BATCH.values(eta_shown_at=null(), eta_shown_wait_s=null())
 
 
 def schedule_jobs(
@@ -205,13 +201,11 @@ def schedule_jobs(
     *,
     now: float,
     messages: Mapping[int, str],
-    ahead: bool = False,
 ) -> dict[int, int]:
     """QUEUED -> SCHEDULED for a batch (one job or many) by one compare-and-set UPDATE ... RETURNING for
     all of them (each row only while still QUEUED, not held, with no cancel requested), then one INSERT of
     their events. Returns {job id: its new attempt count} for the rows written (the caller adds
-    attempt number that count); the others lost their race, nothing of theirs was written.
-    `ahead`: placed ahead of a freed slot, their shown estimates forgotten (SCHEDULE_AHEAD_BATCH)."""
+    attempt number that count); the others lost their race, nothing of theirs was written."""
     for job in jobs:
         if job.state != JobState.QUEUED.value:
             raise InvalidTransition(job.id, job.state, JobState.SCHEDULED.value)
@@ -220,9 +214,7 @@ def schedule_jobs(
     connection = session.connection()
     won = {
         int(row[0]): int(row[1])
-        for row in connection.execute(
-            SCHEDULE_AHEAD_BATCH if ahead else SCHEDULE_BATCH, {"ids": [j.id for j in jobs], "now": now}
-        )
+        for row in connection.execute(SCHEDULE_BATCH, {"ids": [j.id for j in jobs], "now": now})
     }
     events = []
     for job in jobs:
@@ -234,7 +226,6 @@ def schedule_jobs(
             ("updated_at", now),
             ("attempt_count", won[job.id]),
             ("diagnosis", None),
-            *((("eta_shown_at", None), ("eta_shown_wait_s", None)) if ahead else ()),
         ):
             set_committed_value(job, name, value)
         events.append(
