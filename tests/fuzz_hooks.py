@@ -361,6 +361,13 @@ ACCEPTED: tuple[Accepted, ...] = (
     Accepted(
         "ST202",
         "POST /api/v1/workspaces",
+        "chooses the model of the workspace's GPUs, but it asks for none",
+        "a relation between two fields (a gpu_model needs gpus > 0), which a JSON schema's per-field "
+        "constraints cannot state",
+    ),
+    Accepted(
+        "ST202",
+        "POST /api/v1/workspaces",
         "can never run",
         "whether a workspace's job can ever fit depends on the cluster's nodes and the group's quota",
     ),
