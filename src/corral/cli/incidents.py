@@ -32,7 +32,7 @@ def _countdown(seconds: float | None, breached: bool = False) -> str:
 
 def _due(what: str, seconds: float | None, breached: bool = False) -> str:
     if seconds is None:
-        return f"{what} {'missed' if breached else 'met'}"
+        return f"{what} {_countdown(None, breached)}"
     return f"{what} overdue by {_countdown(-seconds)}" if seconds < 0 else f"{what} in {_countdown(seconds)}"
 
 

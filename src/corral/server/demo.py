@@ -100,13 +100,17 @@ def _ensure_users(session: Session, groups: dict[str, Group], now: float) -> Non
             session.add(Membership(user_id=user.id, group_id=groups[group].id, role=role))
 
 
+def _example_spec() -> JobSpecV1:
+    """The shipped example's spec (src/corral/examples/digits.yaml), as written."""
+    return parse_spec(resources.files("corral.examples").joinpath("digits.yaml").read_text())
+
+
 def demo_spec(settings: Settings) -> JobSpecV1:
     """The shipped example, run from a code snapshot of its script in the `sklearn` environment
     (corral.environments.demo), as `corral submit --code src/corral/examples digits.yaml` would."""
     from corral.environments.demo import example_snapshot
 
-    spec = parse_spec(resources.files("corral.examples").joinpath("digits.yaml").read_text())
-    return spec.model_copy(update={"code": example_snapshot(settings)})
+    return _example_spec().model_copy(update={"code": example_snapshot(settings)})
 
 
 def submit_demo_job(session: Session, settings: Settings) -> int | None:
@@ -115,7 +119,7 @@ def submit_demo_job(session: Session, settings: Settings) -> int | None:
     from corral.services.jobs import submit_job
     from corral.services.policy import active_profile
 
-    name = parse_spec(resources.files("corral.examples").joinpath("digits.yaml").read_text()).name
+    name = _example_spec().name
     if session.scalar(select(Job.id).where(Job.name == name)) is not None:
         return None
     owner = session.scalars(select(User).where(User.name == DEMO_JOB_OWNER)).one()  # _ensure_users made it
@@ -137,7 +141,7 @@ def example_line(session: Session, env_ready: bool | None) -> str:
     banner said it "trains ... once it is built"."""
     from corral.environments.demo import DEMO_ENV
 
-    name = parse_spec(resources.files("corral.examples").joinpath("digits.yaml").read_text()).name
+    name = _example_spec().name
     job = session.scalars(select(Job).where(Job.name == name).order_by(Job.id.desc())).first()
     if job is not None:
         if job.state in ("succeeded", "failed", "cancelled"):

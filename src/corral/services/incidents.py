@@ -497,7 +497,8 @@ def sla_view(incident: Incident, now: float) -> dict[str, Any]:
     ack_s, mitigate_s = SLA_S[Severity(incident.severity)]
     ack_due, mitigate_due = incident.opened_at + ack_s, incident.opened_at + mitigate_s
     acked = incident.acknowledged_at is not None
-    mitigated = incident.mitigated_at is not None or incident.state in (_S.RESOLVED.value, _S.CLOSED.value)
+    mitigated_at = _mitigated_at(incident)
+    mitigated = mitigated_at is not None
     return {
         "ack_due_at": ack_due,
         "ack_remaining_s": None if acked else round(ack_due - now, 1),
@@ -505,7 +506,7 @@ def sla_view(incident: Incident, now: float) -> dict[str, Any]:
         "ack_breached": incident.ack_breached or (incident.acknowledged_at or now) > ack_due,
         "mitigate_due_at": mitigate_due,
         "mitigate_remaining_s": None if mitigated else round(mitigate_due - now, 1),
-        "mitigate_breached": incident.mitigate_breached or (_mitigated_at(incident) or now) > mitigate_due,
+        "mitigate_breached": incident.mitigate_breached or (mitigated_at or now) > mitigate_due,
     }
 
 
