@@ -72,13 +72,17 @@ def submit(
     """Submit a job spec, or a copy of an earlier job's (`--from-job 42`)."""
     if (file is None) == (from_job is None):
         raise CorralError("give a spec file (or '-') or --from-job JOB, one of them")
+    text = None
+    if file is not None:
+        text = sys.stdin.read() if str(file) == "-" else _read(file)
     with client() as c:
-        if from_job is not None:
-            text: str | dict[str, Any] = spec_of(c.job(from_job))
+        snapshot = _upload(c, code)
+        if text is not None:
+            job = c.submit(text, code=snapshot, hold=hold)
         else:
-            assert file is not None
-            text = sys.stdin.read() if str(file) == "-" else _read(file)
-        job = _submit_and_wait(c, text, code=code, hold=hold, wait=wait, output=output)
+            assert from_job is not None
+            job = c.submit_from_job(from_job, code=snapshot, hold=hold)
+        job = _wait_for(c, job, wait=wait, output=output)
     _report_submitted(job, wait=wait, output=output)
 
 
@@ -98,40 +102,29 @@ def retry(
     print its id: `corral submit --from-job JOB` for an ended job (Slurm's `scontrol requeue`).
     A job still queued or running is refused: it has not ended, so there is nothing to retry."""
     with client() as c:
-        source = c.job(job_id)
-        if source["state"] not in TERMINAL_STATES:
-            raise CorralError(
-                f"job {job_id} is {source['state']}, not ended: only a succeeded, failed or cancelled "
-                f"job is retried (`corral cancel {job_id}` first to start it over)"
-            )
-        job = _submit_and_wait(c, spec_of(source), code=None, hold=hold, wait=wait, output=output)
+        job = _wait_for(c, c.retry(job_id, hold=hold), wait=wait, output=output)
     _report_submitted(job, wait=wait, output=output, copy_of=job_id)
 
 
-def spec_of(job: dict[str, Any]) -> dict[str, Any]:
-    """The spec a copy of `job` is submitted with (`submit --from-job`, `retry`): its own, as
-    stored (pinned mounts and code included)."""
-    return dict(job["spec"])
+def _upload(c: Client, code: Path | None) -> str | None:
+    """Upload `code` (if given) as a code snapshot, saying what was sent; its id."""
+    if code is None:
+        return None
+    upload = c.upload_code(code)
+    err.print(
+        f"code: {plural(upload.files, 'file')}, {plural(upload.total_bytes, 'byte')}; "
+        f"uploaded {plural(upload.uploaded_bytes, 'byte')} (snapshot {upload.id[:12]})"
+    )
+    return upload.id
 
 
-def _submit_and_wait(
-    c: Client, text: str | dict[str, Any], *, code: Path | None, hold: bool, wait: bool, output: Output
-) -> dict[str, Any]:
-    """Upload `code` (if given), submit `text`, and with `wait` wait for the job to end."""
-    snapshot = None
-    if code is not None:
-        upload = c.upload_code(code)
-        snapshot = upload.id
-        err.print(
-            f"code: {plural(upload.files, 'file')}, {plural(upload.total_bytes, 'byte')}; "
-            f"uploaded {plural(upload.uploaded_bytes, 'byte')} (snapshot {upload.id[:12]})"
-        )
-    job = c.submit(text, code=snapshot, hold=hold)
-    if wait:
-        if output is Output.table:
-            err.print(f"job {job['id']} submitted; waiting for it to end ...")
-        job = c.wait(job["id"])
-    return job
+def _wait_for(c: Client, job: dict[str, Any], *, wait: bool, output: Output) -> dict[str, Any]:
+    """The submitted `job`, and with `wait` the job once it has ended."""
+    if not wait:
+        return job
+    if output is Output.table:
+        err.print(f"job {job['id']} submitted; waiting for it to end ...")
+    return c.wait(job["id"])
 
 
 def _report_submitted(job: dict[str, Any], *, wait: bool, output: Output, copy_of: int | None = None) -> None:

@@ -1,5 +1,5 @@
-"""Jobs: submit, list, logs, wait, cancel, hold, release, events (`corral submit/ls/show/logs/
-cancel/rm/hold/release/events`)."""
+"""Jobs: submit, copy (from a job, retry), list, logs, wait, cancel, hold, release, events
+(`corral submit/retry/ls/show/logs/cancel/rm/hold/release/events`)."""
 
 from __future__ import annotations
 
@@ -76,6 +76,28 @@ class JobsApi(BaseClient):
                 params=params,
             )
         return self.request("POST", "/jobs", json=dict(spec), params=params)
+
+    def submit_from_job(self, job_id: int, *, code: str | None = None, hold: bool = False) -> dict[str, Any]:
+        """Submit a copy of job `job_id` as a new job and return it (`corral submit --from-job`):
+        its spec as stored (pinned mounts, its group and its code included), whatever the job's
+        state. `code`: a code snapshot id (upload_code) to run the copy in instead of the job's
+        own; `hold`: as for `submit`. Refusals raise ApiError with the server's message: no such
+        job (404), another user's job you may not see (403), a spec the server no longer accepts
+        (422: a copy of an environment's build job, a mount gone since)."""
+        return self.submit(self.job(job_id)["spec"], code=code, hold=hold)
+
+    def retry(self, job_id: int, *, hold: bool = False) -> dict[str, Any]:
+        """Submit a copy of job `job_id`, which has ended (succeeded, failed or cancelled), as a
+        new job and return it (`corral retry`, Slurm's `scontrol requeue`): `submit_from_job` for
+        an ended job. A job still queued or running has not ended, so there is nothing to retry:
+        CorralError naming its state. Otherwise refused as `submit_from_job` is."""
+        source = self.job(job_id)
+        if source["state"] not in TERMINAL_STATES:
+            raise CorralError(
+                f"job {job_id} is {source['state']}, not ended: only a succeeded, failed or cancelled "
+                f"job is retried (cancel it first to start it over: `corral cancel {job_id}`)"
+            )
+        return self.submit(source["spec"], hold=hold)
 
     def jobs(
         self,
