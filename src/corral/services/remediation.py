@@ -30,6 +30,7 @@ from corral.db.diag_models import AttemptFault
 from corral.db.incident_models import Incident, RemediationRun, RuleSetVersion
 from corral.db.models import Attempt, GpuClaim, Job, Node
 from corral.db.models import Gpu as GpuRow
+from corral.domain import span_text
 from corral.services import audit
 from corral.services import incidents as inc
 from corral.services import nodes as node_svc
@@ -285,15 +286,18 @@ def _incident(session: Session, ruleset: RuleSet, run: _Run, action: Action, now
     )
 
 
-def _page_a_human(session: Session, ruleset: RuleSet, run: _Run, why: str, now: float) -> None:
-    """A guard stopped an automatic action: a human decides (an incident, raised to SEV2)."""
+def _page_a_human(
+    session: Session, ruleset: RuleSet, run: _Run, why: str, now: float, *, detail: str = ""
+) -> None:
+    """A guard stopped an automatic action: a human decides (an incident, raised to SEV2).
+    `why` is the incident's title; `detail`, when given, what its timeline says instead."""
     labels = dict(run.signal.labels)
     incident = inc.open_or_update(
         session, fingerprint=f"guard/{run.rule.name}", title=f"remediation held back: {why}", severity="SEV2",
-        source="remediation-guard", labels=labels, links=_links(run.signal), now=now, why=why,
+        source="remediation-guard", labels=labels, links=_links(run.signal), now=now, why=detail or why,
         flap=ruleset.incidents.flap_policy(),
     )  # fmt: skip
-    run.results.append({"action": "escalate", "result": f"incident {incident.id}: {why}"})
+    run.results.append({"action": "escalate", "result": f"incident {incident.id}: {detail or why}"})
 
 
 # -- actions -------------------------------------------------------------------------------------
@@ -308,10 +312,14 @@ def _act(session: Session, ruleset: RuleSet, run: _Run, action: Action, now: flo
         run.results.append({"action": kind, "result": "skipped: the alert names no " + _needed(kind)})
         return
     removes = kind in REMOVING and not _nothing_to_remove(session, run, kind, node, gpu)
-    if removes and not run.dry_run and not _within_guard(session, ruleset, run, kind, now):
+    guarded = removes and not run.dry_run
+    refusal = _guard_refusal(session, ruleset, run, (kind, node, gpu), now) if guarded else None
+    if refusal is not None:
         run.outcome = "guarded"
         run.results.append({"action": kind, "result": "held back by the blast-radius guard"})
-        _page_a_human(session, ruleset, run, f"blast-radius guard: {kind} {node} refused", now)
+        target = f"GPU {gpu} on {node}" if kind == "quarantine_gpu" else f"node {node}"
+        title = f"blast-radius guard: {kind} {target} refused"
+        _page_a_human(session, ruleset, run, title, now, detail=f"{title}: {refusal}")
         return
     run.message = action.message
     result = _ACTIONS[kind](session, run, node, gpu, job_id, now)
@@ -335,22 +343,45 @@ def _needed(kind: str) -> str:
     )
 
 
-def _within_guard(session: Session, ruleset: RuleSet, run: _Run, kind: str, now: float) -> bool:
-    guard = ruleset.guard
-    since = now - guard.window
+def _guard_refusal(
+    session: Session, ruleset: RuleSet, run: _Run, removal: tuple[str, str, str], now: float
+) -> str | None:
+    """None while one more removal (kind, node, gpu) stays within the blast-radius guard; else
+    why not and what a human does about it, in words. Quarantines count against the cluster's
+    GPUs (floor `min_gpu_removals`), cordons and drains against its nodes (floor `min_removals`)."""
+    guard, (kind, node, gpu) = ruleset.guard, removal
     nodes_done, gpus_done = session.execute(
         select(func.coalesce(func.sum(RemediationRun.removed_nodes), 0),
                func.coalesce(func.sum(RemediationRun.removed_gpus), 0))
-        .where(RemediationRun.at >= since, RemediationRun.dry_run.is_(False))
+        .where(RemediationRun.at >= now - guard.window, RemediationRun.dry_run.is_(False))
     ).one()  # fmt: skip
     # this run's own earlier removals are counted in `run` (its row is written at the end)
     if kind == "quarantine_gpu":
+        unit, floor, floor_name = "GPU", guard.min_gpu_removals, "min_gpu_removals"
+        done = int(gpus_done) + run.removed_gpus
         total = int(session.scalar(select(func.count()).select_from(GpuRow)) or 0)
-        limit = max(guard.min_removals, int(guard.max_fraction * total))
-        return int(gpus_done) + run.removed_gpus + 1 <= limit
-    total = int(session.scalar(select(func.count()).select_from(Node)) or 0)
-    limit = max(guard.min_removals, int(guard.max_fraction * total))
-    return int(nodes_done) + run.removed_nodes + 1 <= limit
+    else:
+        unit, floor, floor_name = "node", guard.min_removals, "min_removals"
+        done = int(nodes_done) + run.removed_nodes
+        total = int(session.scalar(select(func.count()).select_from(Node)) or 0)
+    limit = guard.limit(total, floor)
+    if done + 1 <= limit:
+        return None
+    by_hand = f"corral node gpu {node} {gpu} quarantine" if unit == "GPU" else f"corral node {kind} {node}"
+    rule = f"max_fraction {guard.max_fraction:g} of the {unit}s, never below {floor_name} {floor}"
+    counted = (
+        f"rules took {done} of the cluster's {plural(total, unit)} out of service within "
+        f"{span_text(guard.window)}, the most the guard allows ({limit}: {rule}). So many at once "
+        "is more often a bad driver, a failing node or a false alarm than independent faults"
+        if limit
+        else f"the guard allows rules no removal on a cluster of {plural(total, unit)} ({rule})"
+    )
+    return (
+        f"{counted}: look at what the rule's alerts say (`corral incident ls`); if this {unit} is "
+        f"faulty, take it out by hand (`{by_hand}`); if such faults are usual on a cluster this "
+        f"size, raise guard.{floor_name} or guard.max_fraction in the rules file (`corral rules "
+        "show`, docs/operations.md)"
+    )
 
 
 def _cordon(session: Session, run: _Run, node: str, gpu: str, job_id: str, now: float) -> str:

@@ -12,7 +12,7 @@ import re
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from corral.services.errors import Invalid
 from corral.services.incident_flapping import DEFAULT_FLAP, FlapPolicy
@@ -141,17 +141,39 @@ class SeverityMap(_Strict):
 
 
 class Guard(_Strict):
-    """The blast-radius guard: automatic removals (cordon, drain, quarantine) within `window`
-    stop at `max_fraction` of the cluster's nodes (and of its GPUs), never below `min_removals`."""
+    """The blast-radius guard: automatic removals within `window` stop at `max_fraction` of the
+    cluster: cordons and drains of its nodes, never below `min_removals` nodes; quarantines of
+    its GPUs, never below `min_gpu_removals` GPUs. The GPU floor is 2 so that a small cluster
+    (the one-node demo's 4 GPUs, where 10 % is none) quarantines a second faulty GPU by itself;
+    a third within the window is held for a human; from 20 GPUs up the default 10 % is the
+    limit, as before."""
 
     max_fraction: float = Field(0.10, gt=0, le=1)
     window: Duration = 3600.0
     min_removals: int = Field(1, ge=0)
+    min_gpu_removals: int = Field(2, ge=0)
 
     @field_validator("window", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> float:
         return duration_s(value)
+
+    @field_validator("min_removals", "min_gpu_removals", mode="before")
+    @classmethod
+    def _count(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic took True for 1 and 2.0 for 2, and said of "two" only that it was no integer
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if not whole or value < 0:
+            unit = "GPUs" if info.field_name == "min_gpu_removals" else "nodes"
+            raise ValueError(
+                f"{value!r} is not a number of {unit}: give a whole number, 0 or more "
+                f"(0: no automatic removal beyond max_fraction of the cluster's {unit})"
+            )
+        return value
+
+    def limit(self, total: int, floor: int) -> int:
+        """How many of the cluster's `total` nodes (or GPUs) rules may remove within the window."""
+        return max(floor, int(self.max_fraction * total))
 
 
 class Flapping(_Strict):
@@ -240,7 +262,7 @@ DEFAULT_RULES = """\
 # Corral's shipped remediation rules (docs/operations.md#remediation-rules).
 version: 1
 dry_run: false
-guard: {max_fraction: 0.10, window: 1h, min_removals: 1}
+guard: {max_fraction: 0.10, window: 1h, min_removals: 1, min_gpu_removals: 2}
 incidents:
   reopen_window: 15m     # a fault firing again within this long after resolving reopens its incident
   flapping: {reopens: 3, within: 1h, quiet: 30m}  # page once, then not until quiet for 30m
