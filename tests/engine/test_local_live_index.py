@@ -38,14 +38,19 @@ def test_an_attempt_is_listed_from_its_launch_to_its_end_across_a_restart_and_a_
     tmp_path: Path,
 ) -> None:
     engine = plain_engine(tmp_path / "home")
+    # The quick job ends once the test lets it, after the listing was checked: a `true` could
+    # end (and be unlisted, rightly) before that check on a loaded machine.
+    gate = tmp_path / "quick-may-end"
+    quick_command = f"until [ -e '{gate}' ]; do sleep 0.02; done"
     try:
         killed, stopped, quick = (
-            one(engine, c) for c in ("echo ready; sleep 60", "echo ready; sleep 60", "true")
+            one(engine, c) for c in ("echo ready; sleep 60", "echo ready; sleep 60", quick_command)
         )
         for attempt in (killed, stopped, quick):
             engine.launch(attempt)
             assert attempt.attempt_id in engine.active_attempts(), "not listed once launched"
-        wait_finished(engine, quick.attempt_id)
+        gate.touch()
+        assert wait_finished(engine, quick.attempt_id).phase is AttemptPhase.SUCCEEDED
         assert engine.active_attempts() == sorted([killed.attempt_id, stopped.attempt_id])
         assert not (engine.live_index.live_dir / quick.attempt_id).exists(), "its marker stays"
         wait_log(engine, killed.attempt_id, b"ready")
