@@ -82,3 +82,41 @@ def test_exec_refuses_unknown_attempt_and_rank(tmp_path: Path) -> None:
         with pytest.raises(ExecRefused, match="no command"):
             engine.exec_command(attempt.attempt_id, 0, [])
         engine.stop(attempt.attempt_id, 0)
+
+
+def test_the_jobs_environment_reaches_no_root_program_on_the_way_into_its_sandbox(tmp_path: Path) -> None:
+    """bwrap and setpriv at the start, sh/nsenter/setpriv at `corral exec`, run as root on the
+    host. The dynamic loader honours LD_DEBUG_OUTPUT (like LD_PRELOAD) in any program that is not
+    setuid: had the job's environment reached one of them, it would have written its debug log
+    into `leak_dir` on the host, as root. Inside the sandbox that dir does not exist, so the job's
+    own processes (which must see every variable, values intact) write nothing there."""
+    leak_dir = tmp_path / "leak"
+    leak_dir.mkdir()
+    env = {
+        "LD_DEBUG": "files",
+        "LD_DEBUG_OUTPUT": str(leak_dir / "ld"),
+        "LANG": str(leak_dir / "locale"),
+        "ODD": "a b'c\"$HOME`x`\\\n ok",
+        "CORRAL_JOB_ENV_ODD": "its own",  # named like a stashed variable: kept apart
+    }
+    with local_engine_factory(tmp_path) as factory:
+        engine = factory()
+        require(engine.capabilities().sandbox, "sandbox")
+        aid = new_attempt_id()
+        job = "/usr/bin/env -0 > /job/env.start; echo ready; exec sleep 60"
+        inst = InstanceLaunch("w", 0, 0, engine.node_name, (), 1.0, 256, job, env)
+        engine.launch(AttemptLaunch(aid, aid.split(".")[0], 1, "bob", "team", (inst,)))
+        wait_log(engine, aid, b"ready")
+        entered = _run(engine, aid, ["/bin/sh", "-c", "/usr/bin/env -0 > /job/env.exec"])
+        assert entered.returncode == 0, entered.stderr
+        spec = engine.attempt_spec(aid)
+        assert spec is not None
+        work_dir = Path(spec["instances"][0]["work_dir"])
+        for dump in ("env.start", "env.exec"):
+            items = (work_dir / dump).read_text().split("\0")
+            seen = dict(item.split("=", 1) for item in items if item)
+            assert {k: seen.get(k) for k in env} == env, dump
+            assert [k for k in seen if k.startswith("CORRAL_JOB_ENV_")] == ["CORRAL_JOB_ENV_ODD"], dump
+        assert sorted(p.name for p in leak_dir.iterdir()) == [], "a root program read the job's env"
+        engine.stop(aid, 0)
+        wait_finished(engine, aid)

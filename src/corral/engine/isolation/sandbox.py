@@ -29,6 +29,7 @@ from pathlib import Path
 
 from corral.engine.gpus import DeviceNode
 from corral.engine.isolation import cgroupfs
+from corral.engine.isolation.root_env import restoring_argv
 from corral.engine.isolation.secret_files import SANDBOX_SECRETS_DIR
 
 SANDBOX_WORK_DIR = "/job"  # where the instance's private work dir appears inside the sandbox
@@ -200,6 +201,9 @@ class SandboxSpec:
     gids: Sequence[int] = ()  # supplementary groups (local engine: the gids of the user's groups)
     cwd: str = SANDBOX_WORK_DIR  # e.g. /code for a job with a code snapshot
     secrets_dir: str | None = None  # host dir of the job's file secrets: read-only at /run/secrets
+    # The names of the job's environment variables (local engine): they reach the sandbox stashed
+    # (root_env.py) and the first step as the job's uid puts them back
+    env_names: Sequence[str] = ()
 
 
 @functools.cache
@@ -297,5 +301,7 @@ def bwrap_argv_parts(bwrap: str, setpriv: str | None, spec: SandboxSpec) -> tupl
         groups = f"--groups={','.join(map(str, spec.gids))}" if spec.gids else "--clear-groups"
         tail += [setpriv, f"--reuid={spec.uid}", f"--regid={spec.uid}", groups]
         tail += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
+        # bwrap and setpriv run as root with the stashed environment: the job's comes back here
+        return args, tail + restoring_argv(spec.env_names, ["/bin/sh", "-c", spec.command])
     tail += ["/bin/sh", "-c", spec.command]
     return args, tail

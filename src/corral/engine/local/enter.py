@@ -12,8 +12,11 @@ The command it builds, run on the host as root (the server), does in order:
    dies with it; nsenter waits and passes the exit status on.
 3. The job's own `setpriv` line (read back from the instance's argv): the job's uid and groups,
    no capabilities, no_new_privs.
-4. `env --chdir=<job cwd> -- argv`: the job's working dir, then the command itself.
-The environment is the instance's own (CUDA_VISIBLE_DEVICES, PATH, HOME, CORRAL_*, its secrets).
+4. A shell, now as the job's uid, that puts the job's environment back (below).
+5. `env --chdir=<job cwd> -- argv`: the job's working dir, then the command itself.
+The environment is the instance's own (CUDA_VISIBLE_DEVICES, PATH, HOME, CORRAL_*, its secrets),
+stashed (isolation/root_env.py) while steps 1-3 run as root, so that none of it (LD_PRELOAD, a
+LANG naming a file) reaches a root program.
 
 Without a sandbox (isolation switched off) only steps 1 and 4 apply, as root like the job.
 """
@@ -27,6 +30,7 @@ from pathlib import Path
 
 from corral.engine.base import ExecCommand, ExecRefused
 from corral.engine.isolation import secret_files
+from corral.engine.isolation.root_env import restoring_argv, stash_env
 from corral.engine.local.files import RUNNING_STATE, AttemptSpec, InstanceSpec, read_file
 from corral.engine.local.supervisor import children
 
@@ -50,7 +54,10 @@ def enter_argv(adir: Path, spec: AttemptSpec, rank: int, argv: Sequence[str]) ->
     if inst["sandboxed"]:
         init = _sandbox_init(adir, spec["attempt_id"], rank)
         nsenter = [NSENTER, f"--target={init}", "--mount", "--pid", "--ipc", "--net", "--root", "--wd"]
-        inner = [*nsenter, "--", *_setpriv_part(inst), *inner]
+        # sh, nsenter, setpriv (and the gateway's setsid) run as root: the job's environment
+        # rides along stashed and comes back once setpriv has dropped root (isolation/root_env.py)
+        inner = [*nsenter, "--", *_setpriv_part(inst), *restoring_argv(env, inner)]
+        env = stash_env(env)
     cgroup = inst["cgroup"]
     dirs = cgroup["dirs"] if cgroup else []
     joins = "".join(f"echo $$ > {shlex.quote(os.path.join(d, 'cgroup.procs'))}; " for d in dirs)
@@ -74,7 +81,8 @@ def _setpriv_part(inst: InstanceSpec) -> list[str]:
         start = next(i for i, a in enumerate(argv) if os.path.basename(a) == "setpriv")
     except StopIteration:
         raise ExecRefused("this attempt's sandbox has no setpriv step: cannot enter it as the job's user")
-    return argv[start:-3]  # the tail is /bin/sh -c <command>
+    # the tail is the restoring shell (root_env.restoring_argv) and then /bin/sh -c <command>
+    return argv[start : argv.index("/bin/sh", start)]
 
 
 def _sandbox_init(adir: Path, attempt_id: str, rank: int) -> int:

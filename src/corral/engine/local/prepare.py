@@ -253,6 +253,7 @@ class AttemptPreparation:
                     gids=attempt.gids if attempt.uid is not None else (),
                     cwd=attempt.cwd or SANDBOX_WORK_DIR,
                     secrets_dir=secrets.files_dir,
+                    env_names=[*env, *secrets.env_files],
                 ),
             )
         else:

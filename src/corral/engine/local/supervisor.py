@@ -58,6 +58,7 @@ sys.path.insert(
 )
 
 from corral.engine.isolation import cgroupfs, netns, secret_files  # noqa: E402 - after the sys.path line
+from corral.engine.isolation.root_env import stash_env  # noqa: E402
 
 HANDLED = {_signal.SIGCHLD, _signal.SIGUSR1, _signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP}
 DEFAULT_STOP_GRACE_S = 10.0
@@ -230,6 +231,8 @@ class Instance:
             secret_env = self.spec.get("secret_env")
             if secret_env:  # read here, in the child, so the values live only in the job's env
                 env = {**env, **secret_files.read_env_secrets(secret_env)}
+            if self.sandboxed:  # bwrap and setpriv run as root: see isolation/root_env.py
+                env = stash_env(env)
             os.execve(self.spec["argv"][0], self.spec["argv"], env)
         except BaseException as exc:
             try:

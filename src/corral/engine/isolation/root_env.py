@@ -1,0 +1,51 @@
+"""Keeping a job's environment away from the root programs that build its sandbox.
+
+On the local engine the sandbox is set up by programs that run as root on the host: bwrap and
+setpriv at every start, and `/bin/sh`, nsenter and setsid at every `corral exec` or SSH entry.
+The job's environment is the user's to choose, and several variables make a root program load
+or read what they name: `LD_PRELOAD`/`LD_LIBRARY_PATH`/`LD_AUDIT` (the dynamic loader runs the
+user's library in the root process), `GCONV_PATH`, `LOCPATH` and a `LANG` that is a path
+(glibc's locale and iconv loaders), `TZ` naming a file. A deny-list of such names would have to
+know every one of them for every program on the way; instead none of the job's variables reach
+those programs:
+
+- they run with ROOT_ENV (a fixed PATH and nothing else of the user's), each of the job's
+  variables riding along under STASH_PREFIX + its name (inert to every program: no loader or
+  libc reads such a name);
+- the first process that runs as the job's uid, after setpriv has dropped root (no capabilities,
+  no_new_privs), puts them back under their own names (`restoring_argv`) and execs the job.
+
+The values stay in the environment, never on a command line (host users can read every process's
+command line; secrets are among the values). Slurm needs none of this: there the sandbox is built
+by the job's own account (`setpriv=None`)."""
+
+from __future__ import annotations
+
+# Imported by the supervisor, which starts for every job: no `re` (it imports enum) nor typing
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+
+STASH_PREFIX = "CORRAL_JOB_ENV_"
+ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+ROOT_ENV = {"PATH": ROOT_PATH}
+RESTORE_ARGV0 = "corral-env"  # $0 of the restoring shell: what `ps` shows for it
+
+
+def stash_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the root programs on the way into a sandbox: ROOT_ENV, and each of the
+    job's variables under STASH_PREFIX (put back by `restoring_argv`'s shell)."""
+    return {**ROOT_ENV, **{STASH_PREFIX + name: value for name, value in env.items()}}
+
+
+def restoring_argv(names: Iterable[str], argv: Sequence[str]) -> list[str]:
+    """`argv` run by a shell that first moves each stashed variable of `names` back to its own
+    name. Shorter names go first: a job variable that is itself named STASH_PREFIX + N is put
+    back after N, whose stash it would overwrite, and its own stash (a longer name) is still
+    there. Only names go on the command line, never values."""
+    steps = []
+    for name in sorted(set(names), key=lambda n: (len(n), n)):
+        if not (name.isascii() and name.isidentifier()):  # the spec allows no other; this is shell code
+            raise ValueError(f"environment variable name {name!r} is not a shell name")
+        steps.append(f'export {name}="${STASH_PREFIX}{name}"; unset {STASH_PREFIX}{name}; ')
+    return ["/bin/sh", "-c", "".join(steps) + 'exec "$@"', RESTORE_ARGV0, *argv]
