@@ -396,6 +396,12 @@ def check_no_nul(spec: JobSpecV1) -> None:
                 )
 
 
+def is_build_job(spec: JobSpecV1) -> bool:
+    """Whether `spec` is an environment's build job: it names the build tools (BUILD_TOOLS_ENV),
+    which only corral.environments.service may submit (check_caller_may_submit)."""
+    return any(BUILD_TOOLS_ENV in env for env in (spec.env, *(t.env for t in spec.tasks.values())))
+
+
 def check_caller_may_submit(spec: JobSpecV1, *, workspace: bool, build: bool) -> None:
     """A workspace's job is submitted by corral.services.workspaces alone (`workspace`), an
     environment's build job by corral.environments.service alone (`build`): a spec of either
@@ -404,7 +410,7 @@ def check_caller_may_submit(spec: JobSpecV1, *, workspace: bool, build: bool) ->
         raise Invalid(
             "a job of kind 'workspace' is started by `corral ws start`, not submitted", ("body", "kind")
         )
-    if not build and any(BUILD_TOOLS_ENV in env for env in (spec.env, *(t.env for t in spec.tasks.values()))):
+    if not build and is_build_job(spec):
         raise Invalid(
             "this is a copy of an environment build job: its build step runs only in the build "
             "`corral env create` starts (a new version of the environment), not as a job of its own",

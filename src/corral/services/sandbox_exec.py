@@ -3,7 +3,9 @@ exec WebSocket (`corral exec`, `corral port-forward`) and the SSH gateway (corra
 
 Only the job's owner and Corral admins may enter a job (a group admin may see and cancel a
 member's job, but not run code as that member). The job must be running: its newest attempt is
-the one entered, at one rank.
+the one entered, at one rank. Nobody enters an environment's build job: what it leaves in its
+outputs goes into the environment store, and on the local engine it has the outbound network
+its package index needs, which a shell in it would get around CORRAL_JOB_OUTBOUND with.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from corral.db.models import Job
 from corral.services import audit
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
-from corral.services.jobs import get_job
+from corral.services.jobs import get_job, is_build_job
 from corral.services.lifecycle import JobState
 
 # Runs inside the sandbox for a port forward: relays stdin/stdout to 127.0.0.1:<port> in the job's
@@ -74,7 +76,7 @@ def relay_argv(port: int) -> list[str]:
 
 def exec_target(session: Session, principal: Principal, job_id: int, rank: int = 0) -> ExecTarget:
     """The running job `job_id` at `rank`, if `principal` may enter it: 404 unknown, 403 not the
-    owner (nor an admin), 409 not running, 422 no such rank."""
+    owner (nor an admin) or a build job, 409 not running, 422 no such rank."""
     job = find_job(session, principal, job_id)
     if job.user_id != principal.user_id and not principal.is_admin:
         raise Forbidden(f"job {job_id} belongs to {job.user.name}: only its owner (or an admin) may enter it")
@@ -90,6 +92,13 @@ def find_job(session: Session, principal: Principal, job_id: int) -> Job:
 
 
 def running_target(job: Job, rank: int) -> ExecTarget:
+    """The job's instance at `rank` to enter: 403 a build job, 409 not running, 422 no such rank."""
+    if is_build_job(job.spec):
+        raise Forbidden(
+            f"job {job.id} is an environment's build job: nobody may enter it (exec, port forward, "
+            "SSH), not even its owner: what it builds goes into the store other jobs use, and it has "
+            "outbound network for the package index that other jobs do not"
+        )
     if JobState(job.state) is not JobState.RUNNING or not job.attempts:
         raise Conflict(f"job {job.id} is {job.state}, not running: there is no sandbox to enter")
     attempt = job.attempts[-1]
