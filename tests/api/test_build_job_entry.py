@@ -1,7 +1,9 @@
-"""Nobody enters an environment's build job (review104, finding 4): `corral exec`, a port forward
-and SSH (`alice+job-N`) into it are refused with 403 naming it a build job, for its owner and for
-an admin alike. A shell in it had the package index's outbound network (around
-CORRAL_JOB_OUTBOUND) and could edit the venv that goes into the shared store (finding 2)."""
+"""An environment's build job is closed to its submitter (review104, finding 4): `corral exec`, a
+port forward and SSH (`alice+job-N`) into it are refused with 403 naming it a build job, for its
+owner and for an admin alike (a shell in it had the package index's outbound network, around
+CORRAL_JOB_OUTBOUND, and could edit the venv that goes into the shared store: finding 2), and it
+gets neither the user's home nor their group dirs, whose files (a `.pth` in ~/.local, a uv cache)
+would run in it or feed its venv."""
 
 from __future__ import annotations
 
@@ -9,8 +11,11 @@ from typing import Any
 
 import pytest
 
+from corral.db.environment_models import EnvironmentVersion
+from corral.db.models import Job
 from corral.gateway import resolver
 from corral.services.errors import Forbidden
+from corral.storage.plan import plan_jobs
 from tests.api.conftest import World
 from tests.api.helpers import add_node, make_running
 from tests.server.fakes import FakeEngine
@@ -80,3 +85,27 @@ def test_ssh_into_a_build_job_is_refused_and_an_ordinary_job_is_not(world: World
         make_running(db, plain_id, gpu_indices=())
         target = resolver.resolve(db, alice, resolver.parse_login(f"alice+job-{plain_id}"))
     assert (target.job_id, target.owner, target.rank) == (plain_id, "alice", 0)
+
+
+def test_a_build_job_gets_no_home_nor_group_dirs(world: World) -> None:
+    build_id = _running_build_job(world)
+    plain = world.client.post(
+        f"{API}/jobs", json={"name": "plain", "command": "true"}, headers=world.as_("alice")
+    )
+    assert plain.status_code == 201, plain.text
+    plain_id = int(plain.json()["id"])
+    settings = world.client.app.state.settings  # type: ignore[attr-defined]
+    with world.session_factory() as db:
+        interpreter = db.query(EnvironmentVersion.interpreter).filter_by(build_job_id=build_id).scalar()
+        jobs = [db.get(Job, build_id), db.get(Job, plain_id)]
+        assert all(job is not None for job in jobs)
+        plans = plan_jobs(db, jobs, settings, {build_id: interpreter})  # type: ignore[arg-type]
+        build_spec = jobs[0].spec  # type: ignore[union-attr]
+    build, ordinary = plans[build_id], plans[plain_id]
+    assert not build.refused and not ordinary.refused, (build.refused, ordinary.refused)
+    assert {"home", "group/vision"} <= {b.source for b in ordinary.binds}  # the control
+    sources = {b.source for b in build.binds}
+    assert "home" not in sources and not any(s.startswith("group/") for s in sources), sources
+    assert {"outputs", "env/tools", "env/store"} <= sources, sources
+    assert build.home is None
+    assert '"$CORRAL_ENV_PYTHON" -I ' in build_spec.tasks["main"].command  # no user site, no PYTHON*

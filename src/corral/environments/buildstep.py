@@ -71,8 +71,9 @@ def _run(argv: list[str]) -> None:
 
 
 def _uv_env(work: Path) -> None:
-    home = os.environ.get("HOME") or str(work)
-    os.environ["UV_CACHE_DIR"] = os.path.join(home, ".cache", "uv")  # the submitter's own cache
+    # The job's own work dir: a build job has no home (storage/plan.py), and a cache the user
+    # could write would feed the venv that goes into the store.
+    os.environ["UV_CACHE_DIR"] = str(work / ".uv-cache")
     os.environ["UV_NO_CONFIG"] = "1"  # no uv.toml of the user's naming another index
     os.environ["UV_PYTHON_DOWNLOADS"] = "never"
     os.environ["UV_LINK_MODE"] = "copy"  # never hard links into the user's cache
@@ -104,7 +105,7 @@ def main() -> None:
     compile_args = ["--no-header", "--no-annotate", "--quiet", "-o", str(lock)]
     _run([uv, "pip", "compile", str(request), "--python", python, *_index_args(), *compile_args])
     version = subprocess.run(
-        [python, "-c", "import platform; print(platform.python_version())"],
+        [python, "-I", "-c", "import platform; print(platform.python_version())"],
         check=True,
         capture_output=True,
         text=True,

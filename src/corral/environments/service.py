@@ -262,7 +262,9 @@ def build_spec(
 
     spec: dict[str, Any] = {
         "name": f"env-build-{name}-v{number}"[:128],
-        "command": f'exec "$CORRAL_ENV_PYTHON" "$CORRAL_ENV_TOOLS/{build_tools.buildstep}"',
+        # -I: no PYTHON* variables, no user site dir, no script dir on sys.path (standard
+        # library only): nothing of the user's is imported by the build step.
+        "command": f'exec "$CORRAL_ENV_PYTHON" -I "$CORRAL_ENV_TOOLS/{build_tools.buildstep}"',
         "resources": {"cpus": 1, "memory": "2GiB"},
         "max_runtime": settings.env_build_timeout_s,
         "env": {

@@ -134,7 +134,7 @@ def plan_jobs(
         ctx = contexts[job.id] = MountContext(
             job.user.name, frozenset(group_gids), root, job.user.is_admin, session
         )
-        plans[job.id] = _plan_one(job, ctx, uids[job.user_id], group_gids)
+        plans[job.id] = _plan_one(job, ctx, uids[job.user_id], group_gids, build=job.id in builds)
     for job_id, env in plan_environments(jobs, contexts, settings, builds).items():
         plan = plans[job_id]
         if isinstance(env, str):
@@ -150,11 +150,17 @@ def plan_jobs(
     return plans
 
 
-def _plan_one(job: Job, ctx: MountContext, uid: int, group_gids: dict[str, int]) -> JobStorage:
+def _plan_one(
+    job: Job, ctx: MountContext, uid: int, group_gids: dict[str, int], *, build: bool
+) -> JobStorage:
+    """One job's binds and env. An environment's build job gets no home and no group dirs: it
+    needs neither (its uv cache is in its work dir), and a file the user left there (a `.pth`
+    in ~/.local, a poisoned uv cache) would run in, or feed, a job with the index's network
+    whose venv goes into the store (docs/catalogues.md, "Build jobs are closed")."""
     gids = tuple(sorted(group_gids.values()))
     try:
         spec_binds = resolve_all(ctx, [(m.source, m.target or "", m.mode == "ro") for m in job.spec.mounts])
-        binds = default_binds(ctx, group_gids)
+        binds = [] if build else default_binds(ctx, group_gids)
     except (MountRefused, StorageError) as exc:
         return JobStorage(uid, gids, refused=f"storage: {exc}")
     taken = {b.target for b in spec_binds}
