@@ -1,7 +1,8 @@
 """Environments end to end on a real server (local engine, bubblewrap, cgroups, SQLite): a build
 job resolves and installs a wheel the test made (offline: --no-index --find-links), a job runs
 in the environment and sees that package and none of the server's; a second build of the same
-lock is a cache hit; unknown, private and failed environments are refused at submit."""
+lock by the same user is a cache hit, by another user not (review104, finding 2); unknown,
+private and failed environments are refused at submit."""
 
 from __future__ import annotations
 
@@ -75,15 +76,22 @@ def test_build_run_in_it_and_cache_hit(server: CorralServer, clients: dict[str, 
     assert "yaml=1" in out  # the server's pyyaml is not there
     assert "/env/tpkg/bin/python" in out and "touch=0" not in out  # read-only
 
-    # The same lock again, by another user: the store's copy is shared, nothing is installed.
-    second = build(bob, "tpkg-again", f"{PKG}==1.0\n")
-    log2 = bob.logs(second["build_job_id"])["data"]
+    # The same lock again, by the same user: the store's copy is shared, nothing is installed.
+    second = build(alice, "tpkg-again", f"{PKG}==1.0\n")
+    log2 = alice.logs(second["build_job_id"])["data"]
     assert second["state"] == "ready", (second, log2)
     assert second["cache_hit"] is True and second["cache_key"] == first["cache_key"]
     assert "cache hit" in log2 and "uv venv" not in log2 and "pip install" not in log2
     cold = first["built_at"] - first["created_at"]
     warm = second["built_at"] - second["created_at"]
     print(f"environment build: cold {cold:.2f} s, cached {warm:.2f} s")
+
+    # By another user: alice's build job wrote that copy as alice, so bob's build makes its own.
+    third = build(bob, "tpkg-bob", f"{PKG}==1.0\n")
+    log3 = bob.logs(third["build_job_id"])["data"]
+    assert third["state"] == "ready", (third, log3)
+    assert third["cache_hit"] is False and third["cache_key"] != first["cache_key"]
+    assert "uv venv" in log3 and f"built {third['cache_key']}" in log3
 
 
 def test_unknown_private_and_failed_environments_are_refused(clients: dict[str, Client]) -> None:

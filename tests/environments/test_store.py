@@ -27,9 +27,10 @@ def fake_venv(path: Path) -> Path:
 def test_ingest_is_read_only_and_first_copy_wins(tmp_path: Path) -> None:
     root = tmp_path / "root"
     (root / "env").mkdir(parents=True)
-    key = cache_key("3.11.7", "b==2\na==1  # via x\n")
-    assert key == cache_key("3.11.7", "# header\na==1\nb==2\n")  # pins, not the text, make the key
-    assert key != cache_key("3.12.0", "a==1\nb==2\n")
+    key = cache_key("3.11.7", "b==2\na==1  # via x\n", "user-1")
+    assert key == cache_key("3.11.7", "# header\na==1\nb==2\n", "user-1")  # pins, not the text
+    assert key != cache_key("3.12.0", "a==1\nb==2\n", "user-1")
+    assert key != cache_key("3.11.7", "a==1\nb==2\n", "user-2")  # nor another user's build
     assert store.ingest(root, key, fake_venv(tmp_path / "v1"))
     copy = store.copy_dir(root, key)
     assert not (tmp_path / "v1").exists()
@@ -44,7 +45,7 @@ def test_ingest_is_read_only_and_first_copy_wins(tmp_path: Path) -> None:
 def test_gc_removes_only_old_unreferenced_copies(tmp_path: Path) -> None:
     root = tmp_path / "root"
     (root / "env").mkdir(parents=True)
-    keep, drop = cache_key("3", "a==1"), cache_key("3", "b==1")
+    keep, drop = cache_key("3", "a==1", "shared"), cache_key("3", "b==1", "shared")
     for key in (keep, drop):
         store.ingest(root, key, fake_venv(tmp_path / key))
     leftover = store.store_dir(root) / f"{store.INCOMING}{drop}-1-2"
@@ -71,7 +72,7 @@ def test_ingest_leaves_a_file_hard_linked_into_the_venv_alone(tmp_path: Path) ->
         os.chown(victim, 300_123, 300_123)  # alice's, not the server's
     os.link(victim, venv / "notes.txt")
     before = os.stat(victim)
-    key = cache_key("3.11.7", "a==1\n")
+    key = cache_key("3.11.7", "a==1\n", "user-1")
     assert store.ingest(root, key, venv)
     after = os.stat(victim)
     assert (after.st_uid, after.st_gid, stat.S_IMODE(after.st_mode)) == (
@@ -96,7 +97,7 @@ def test_ingest_of_a_venv_swapped_for_a_symlink_touches_nothing_it_names(tmp_pat
     outputs = tmp_path / "outputs" / "7"
     outputs.mkdir(parents=True)
     (outputs / "venv").symlink_to(elsewhere)
-    key = cache_key("3.11.7", "a==1\n")
+    key = cache_key("3.11.7", "a==1\n", "user-1")
     with pytest.raises(NotADirectoryError):
         store.ingest(root, key, outputs / "venv")
     assert stat.S_IMODE(os.stat(elsewhere / "config").st_mode) == 0o640

@@ -109,5 +109,6 @@ def test_a_build_on_another_python_fails_and_the_same_one_is_ingested(tmp_path: 
     session, version, root = _building_version(tmp_path / "same", "3.11.2")
     assert settle_builds(session, root, None, time.time()) == 1
     assert version.state == "ready", version.error
-    assert version.cache_key == buildstep.cache_key("3.11.2", "corraltestpkg==1.0\n")
+    # Its spec names no cache domain (a build queued before domains): its submitter's, alice's (id 1)
+    assert version.cache_key == buildstep.cache_key("3.11.2", "corraltestpkg==1.0\n", "user-1")
     assert (root / "env" / "store" / version.cache_key / "bin").is_dir()

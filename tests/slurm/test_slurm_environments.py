@@ -6,8 +6,9 @@ account (not root, not the server's), with the build step and uv the server publ
 storage root (`env/tools`) and the recorded interpreter `/usr/bin/python3` (the server's own venv
 lives under /root, which job accounts cannot enter). It resolves offline from a wheel the test
 builds (find-links), the env-builds loop moves its venv into the read-only store, and a job in the
-environment on Slurm imports that package and not the server's. The same request again is a cache
-hit (its build job installs nothing); malformed requirements fail with the build log shown and
+environment on Slurm imports that package and not the server's. The same request again by the
+same user is a cache hit (its build job installs nothing), by another user its own build;
+malformed requirements fail with the build log shown and
 nothing registered."""
 
 from __future__ import annotations
@@ -127,17 +128,28 @@ def test_build_job_on_slurm_then_a_job_in_the_environment(
     assert "/env/tpkg/bin/python" in out and "touch=0" not in out, out  # first on PATH; read-only
     assert f"uid={pwd.getpwnam(TEST_ACCOUNTS['alice']).pw_uid}" in out, out
 
-    # The same request by another user: the lock resolves to the same key, nothing is installed.
-    second = build(bob, "tpkg-again", f"{PKG}==1.0\n")
-    log2 = bob.logs(second["build_job_id"])["data"]
+    # The same request by the same user: the lock resolves to the same key, nothing is installed.
+    second = build(alice, "tpkg-again", f"{PKG}==1.0\n")
+    log2 = alice.logs(second["build_job_id"])["data"]
     assert second["state"] == "ready", (second, log2)
     assert second["cache_hit"] is True and second["cache_key"] == first["cache_key"], second
     assert "cache hit" in log2 and "uv venv" not in log2 and "pip install" not in log2, log2
-    assert slurm_user_of(slurm_cluster, server, second["build_job_id"]) == TEST_ACCOUNTS["bob"]
     assert sorted(os.listdir(storage(server) / "env" / "store")) == [first["cache_key"]]
     cold = first["built_at"] - first["created_at"]
     warm = second["built_at"] - second["created_at"]
     print(f"\n[slurm envs] build: cold {cold:.2f} s, cached {warm:.2f} s")
+
+    # By another user: alice's account (her login shell) could write that build's outputs, so
+    # bob's build makes its own copy under its own key (review104, finding 2).
+    third = build(bob, "tpkg-bob", f"{PKG}==1.0\n")
+    log3 = bob.logs(third["build_job_id"])["data"]
+    assert third["state"] == "ready", (third, log3)
+    assert third["cache_hit"] is False and third["cache_key"] != first["cache_key"], third
+    assert "uv venv" in log3 and f"built {third['cache_key']}" in log3, log3
+    assert slurm_user_of(slurm_cluster, server, third["build_job_id"]) == TEST_ACCOUNTS["bob"]
+    assert sorted(os.listdir(storage(server) / "env" / "store")) == sorted(
+        [first["cache_key"], third["cache_key"]]
+    )
 
 
 def test_malformed_requirements_fail_with_the_log_and_nothing_registered(

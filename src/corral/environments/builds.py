@@ -2,11 +2,14 @@
 corral.server.runner through EXTRA_LOOP_MODULES):
 
 - `env-builds` (every 1 s): each version still `building` whose build job has ended is settled.
-  A succeeded build's lock is read from the job's outputs and hashed (store.cache_key); when the
-  store holds that key the version shares it (a cache hit), else the job's venv is moved into the
-  store (store.ingest). A failed, cancelled or lost build fails the version with the tail of the
-  build log in `error` (the whole log stays with the job). Nothing is registered half: a version
-  is `ready` only with its copy in the store.
+  A succeeded build's lock is read from the job's outputs and hashed in the build's cache domain
+  (buildstep.cache_keys: the submitter's own, or `shared` for an admin's build); when the store
+  holds its own key, or for a user's build the shared one, the version shares that copy (a cache
+  hit), else the job's venv is moved into the store under its own key (store.ingest). What a
+  user's build job wrote is never another user's, nor an admin's, cache hit. A failed,
+  cancelled or lost build fails the version with the tail of the build log in `error` (the whole
+  log stays with the job). Nothing is registered half: a version is `ready` only with its copy
+  in the store.
 - `env-gc` (every 60 s): store copies no version names any more are removed (store.gc), never
   while a build is running (it may just have found its key there).
 """
@@ -26,7 +29,15 @@ from corral.db.environment_models import EnvironmentVersion
 from corral.db.models import Job
 from corral.engine.base import Engine
 from corral.environments import store
-from corral.environments.buildstep import HIT_MARKER, LOCK_FILE, PYTHON_FILE, VENV_DIR, cache_key
+from corral.environments.buildstep import (
+    CACHE_DOMAIN_ENV,
+    HIT_MARKER,
+    LOCK_FILE,
+    PYTHON_FILE,
+    VENV_DIR,
+    cache_domain,
+    cache_keys,
+)
 from corral.environments.service import BUILDING, FAILED, READY
 from corral.server.context import BackgroundLoop, ServerContext
 from corral.services.lifecycle import JobState
@@ -89,7 +100,8 @@ def _settle_success(version: EnvironmentVersion, job: Job, root: Path, now: floa
             now,
         )
         return
-    key = cache_key(version.python, lock)
+    keys = cache_keys(version.python, lock, build_domain(job))
+    key = next((k for k in keys if store.copy_dir(root, k).is_dir()), keys[0])
     venv = out / VENV_DIR
     hit = store.copy_dir(root, key).is_dir()
     if not hit:
@@ -104,6 +116,13 @@ def _settle_success(version: EnvironmentVersion, job: Job, root: Path, now: floa
             return
     version.state, version.lock, version.cache_key, version.cache_hit = READY, lock, key, hit
     version.built_at = now
+
+
+def build_domain(job: Job) -> str:
+    """The build's cache domain, as the server wrote it into the build job's spec at submit; a
+    build queued before domains existed gets its submitter's (by their admin role now)."""
+    domain = job.spec.env.get(CACHE_DOMAIN_ENV)
+    return domain or cache_domain(job.user_id, job.user.is_admin)
 
 
 def _read_plain(path: Path) -> str | None:

@@ -10,12 +10,15 @@ with the server's environment. The request comes in the job's env:
     CORRAL_ENV_INDEX_URL     the admin's package index, or ""
     CORRAL_ENV_FIND_LINKS    a dir of wheels bound read-only into the job, or ""
     CORRAL_ENV_STORE         the read-only view of `<storage root>/env/store` (cache check)
+    CORRAL_ENV_CACHE_DOMAIN  whose copies this build may share: `shared` (an admin's build) or
+                             `user-<id>` (the submitter's own); see cache_keys
 
 Steps: resolve the request to a lock (`uv pip compile`, wheels only: no package code runs during
-the build), write it to $CORRAL_OUTPUTS/lock.txt; if the store already holds that lock's key,
-stop there (a cache hit); else make a relocatable venv at $CORRAL_OUTPUTS/venv and install the
-lock into it. The interpreter's version goes to $CORRAL_OUTPUTS/python.txt: the server checks it
-is the one it recorded (a node with another Python at that path fails the build, not the jobs).
+the build), write it to $CORRAL_OUTPUTS/lock.txt; if the store already holds that lock's key
+(its own domain's copy, or an admin's), stop there (a cache hit); else make a relocatable venv at
+$CORRAL_OUTPUTS/venv and install the lock into it. The interpreter's version goes to
+$CORRAL_OUTPUTS/python.txt: the server checks it is the one it recorded (a node with another
+Python at that path fails the build, not the jobs).
 The server then moves the venv into the store (corral.environments.builds)."""
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ LOCK_FILE = "lock.txt"
 PYTHON_FILE = "python.txt"
 VENV_DIR = "venv"
 HIT_MARKER = "cache-hit"
+CACHE_DOMAIN_ENV = "CORRAL_ENV_CACHE_DOMAIN"
+# Copies built by admins, shared by every build. A user's build writes its venv as the user (who
+# may edit it: their Slurm login shell reaches the outputs dir), so its copy is keyed in that
+# user's own domain and never becomes another user's cache hit (review104, finding 2).
+SHARED_DOMAIN = "shared"
 
 
 def lock_pins(lock: str) -> list[str]:
@@ -43,10 +51,24 @@ def lock_pins(lock: str) -> list[str]:
     return sorted(pins)
 
 
-def cache_key(python_version: str, lock: str) -> str:
-    """The store's key of a lock: the same pins for the same interpreter are the same env."""
-    text = f"python {python_version}\n" + "\n".join(lock_pins(lock)) + "\n"
+def cache_domain(user_id: int, is_admin: bool) -> str:
+    """The cache domain of a build submitted by user `user_id`: admins' builds are shared."""
+    return SHARED_DOMAIN if is_admin else f"user-{user_id}"
+
+
+def cache_key(python_version: str, lock: str, domain: str) -> str:
+    """The store's key of a lock built in `domain`: the same pins for the same interpreter are
+    the same env, shared within the domain. Keys made before domains (no `domain` line) are
+    never computed again: those copies serve the versions that name them, and no new build."""
+    text = f"domain {domain}\npython {python_version}\n" + "\n".join(lock_pins(lock)) + "\n"
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def cache_keys(python_version: str, lock: str, domain: str) -> list[str]:
+    """The keys a build in `domain` may share, its own first: a user's build may use an admin's
+    copy, never the other way round, nor another user's."""
+    domains = [domain] if domain == SHARED_DOMAIN else [domain, SHARED_DOMAIN]
+    return [cache_key(python_version, lock, d) for d in domains]
 
 
 def _index_args() -> list[str]:
@@ -111,13 +133,15 @@ def main() -> None:
         text=True,
     ).stdout.strip()
     (outputs / PYTHON_FILE).write_text(version + "\n")
-    key = cache_key(version, lock.read_text())
+    keys = cache_keys(version, lock.read_text(), os.environ.get(CACHE_DOMAIN_ENV) or SHARED_DOMAIN)
+    key = keys[0]
     print(f"corral env build: lock {key} ({len(lock_pins(lock.read_text()))} packages)", flush=True)
     store = os.environ.get("CORRAL_ENV_STORE", "")
-    if store and os.path.isdir(os.path.join(store, key)):
-        (outputs / HIT_MARKER).write_text(key + "\n")
-        print(f"corral env build: cache hit, {key} is built already; nothing to install", flush=True)
-        return
+    for found in keys:
+        if store and os.path.isdir(os.path.join(store, found)):
+            (outputs / HIT_MARKER).write_text(found + "\n")
+            print(f"corral env build: cache hit, {found} is built already; nothing to install", flush=True)
+            return
     venv = outputs / VENV_DIR
     _run([uv, "venv", "--relocatable", "--python", python, "--no-config", str(venv)])
     install = [uv, "pip", "install", "--python", str(venv / "bin" / "python"), "--no-deps"]

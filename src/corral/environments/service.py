@@ -23,7 +23,7 @@ from corral.config import Settings
 from corral.db.environment_models import Environment, EnvironmentVersion
 from corral.db.models import Group, Job, User
 from corral.environments import interpreter, tools
-from corral.environments.buildstep import lock_pins
+from corral.environments.buildstep import CACHE_DOMAIN_ENV, cache_domain, lock_pins
 from corral.environments.store import DEFAULT_ENVIRONMENT
 from corral.scheduler import Profile
 from corral.services import audit
@@ -157,7 +157,8 @@ def create(
         target_id=f"{env.name}@{number}",
         after={"visibility": env.visibility, "official": env.official, "source_kind": req.source_kind},
     )
-    spec = build_spec(settings, env.name, number, req, req.group, python, build_tools)
+    domain = cache_domain(principal.user_id, principal.is_admin)
+    spec = build_spec(settings, env.name, number, req, req.group, python, build_tools, domain)
     try:
         job = submit_job(session, principal, spec, profile, build=True)  # commits the rows above too
     except Invalid as exc:
@@ -254,10 +255,12 @@ def build_spec(
     group_name: str | None,
     python: str,
     build_tools: tools.BuildTools,
+    domain: str,
 ) -> JobSpecV1:
     """The build job: the environment's interpreter running the published build step (with the
-    published uv; corral.environments.tools), the request in its env. The same on every engine;
-    its tools, store and find-links binds and its network are added at launch (mounts.py)."""
+    published uv; corral.environments.tools), the request and its cache domain (buildstep.
+    cache_domain) in its env. The same on every engine; its tools, store and find-links binds
+    and its network are added at launch (mounts.py)."""
     from corral.environments.store import BUILD_FIND_LINKS, BUILD_STORE
 
     spec: dict[str, Any] = {
@@ -276,6 +279,7 @@ def build_spec(
             "CORRAL_ENV_INDEX_URL": settings.env_index_url,
             "CORRAL_ENV_FIND_LINKS": BUILD_FIND_LINKS if settings.env_find_links is not None else "",
             "CORRAL_ENV_STORE": BUILD_STORE,
+            CACHE_DOMAIN_ENV: domain,
         },
     }
     if group_name is not None:

@@ -1,6 +1,7 @@
 """Where built environments live: `<storage root>/env/store/<cache key>/`, one read-only copy
-(root's, no write bit anywhere) per distinct lock, shared by every version whose build resolved
-to that lock. Standard library only below the storage layer; both engines read these paths.
+(root's, no write bit anywhere) per distinct lock and cache domain (buildstep.cache_key), shared
+by every version whose build resolved to that lock in that domain. Standard library only below
+the storage layer; both engines read these paths.
 
 A copy enters the store by `ingest`: the build job's venv (in its outputs dir, owned by the
 job's uid) is renamed to a temporary name inside the store, made root's and read-only, then
@@ -65,8 +66,9 @@ def _settle_entry(path: str, as_root: bool) -> None:
     """One entry of a build's venv, made root's and read-only through a descriptor of its own,
     never by name (the job's uid owned the tree: a name may have been swapped for a symlink). A
     file with other hard links is removed: the build copies every file (UV_LINK_MODE=copy), so a
-    link was made on purpose (the owner can enter the build job) to a file elsewhere, another
-    member's in a group dir say, which would have become root's and read-only."""
+    link was made on purpose (the owner can write the build's outputs: on Slurm from their login
+    shell) to a file elsewhere, another member's in a group dir say, which would have become
+    root's and read-only."""
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
         if as_root:
