@@ -10,12 +10,13 @@ import os
 import pwd
 import re
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason, MountSpec
+from corral.engine.base import AttemptPhase, AttemptStatus, ExecRefused, FailureReason, MountSpec
 from corral.engine.slurm import SlurmEngine
 from corral.engine.slurm.engine import REJECTED_REF
 from corral.engine.slurm.users import UnmappedUser, UserMap
@@ -240,6 +241,51 @@ def test_server_never_follows_what_the_user_puts_in_its_job_dir(
     assert engine.logs("510.1").data == b""
     assert engine.store.rank_exits("510.1", alice) == {}  # the FIFO is skipped, not waited on
     assert engine.store.first_failure_time("510.1", alice) is None
+
+
+def test_exec_never_follows_nor_waits_on_the_rank_script_the_user_swaps(
+    engine: SlurmEngine, slurm_cluster: SlurmCluster
+) -> None:
+    """`corral exec` finds a rank's node in its rank script, in the user's job dir. Swapped for a
+    FIFO, the root server's read blocked a worker thread (holding a database connection) for
+    good, and a few dozen such calls stalled the API; swapped for a symlink to a root-only file,
+    root read it and its text became srun's --nodelist (review104, finding 5). Both are refused
+    at once now, and nothing of the file is shown."""
+    engine.launch(attempt("512.1", instance("node1", "echo ready; exec sleep 60")))
+    wait_log(engine, "512.1", "ready")
+    cmd = engine.exec_command("512.1", 0, ["true"])  # the control: the script is the server's
+    assert "--nodelist=node1" in cmd.argv, cmd.argv
+    secret = slurm_cluster.base / "corral" / "root-only-rank"
+    secret.write_text("first\nroot-only-data on LEAKED-VALUE\n")
+    secret.chmod(0o600)
+    script = engine.store.job_dir("512.1") / "rank-0.sh"
+    alice = uid_of("alice")
+    as_alice = ["setpriv", f"--reuid={alice}", f"--regid={alice}", "--clear-groups", "sh", "-c"]
+    for swap in (f"rm {script} && mkfifo {script}", f"rm {script} && ln -s {secret} {script}"):
+        subprocess.run([*as_alice, swap], check=True, timeout=10)
+        answer: list[BaseException | object] = []
+
+        def enter(into: list[BaseException | object]) -> None:
+            try:
+                into.append(engine.exec_command("512.1", 0, ["true"]))
+            except BaseException as exc:  # the answer, whatever it is, for the assertions below
+                into.append(exc)
+
+        started = time.monotonic()
+        thread = threading.Thread(target=enter, args=(answer,), daemon=True)
+        thread.start()
+        thread.join(10)
+        try:
+            assert not thread.is_alive(), f"exec_command blocked on the swapped script ({swap})"
+        finally:
+            if script.is_fifo() and thread.is_alive():  # let a blocked read go: no thread stays
+                os.close(os.open(script, os.O_WRONLY | os.O_NONBLOCK))
+        assert time.monotonic() - started < 5
+        assert len(answer) == 1 and isinstance(answer[0], ExecRefused), answer
+        assert "rank 0: its script in the job dir is not a plain file of the job's" in str(answer[0])
+        assert "LEAKED" not in str(answer[0]) and "root-only" not in str(answer[0])
+    engine.stop("512.1", 0)
+    wait_for(engine, "512.1", FINISHED)
 
 
 def test_relaunch_does_not_write_through_links_the_user_planted(

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from corral.engine.base import ExecCommand, ExecRefused
-from corral.engine.slurm.state import AttemptRecord
+from corral.engine.slurm.state import AttemptRecord, read_job_file
 
 NO_SANDBOX = 125  # exit code of ENTER_SCRIPT when the rank's sandbox is not there
 # Joins the namespaces of pid argv[1] (host view) and execs argv[2:]. bwrap --disable-userns
@@ -154,13 +154,26 @@ def without_srun_exit_line(argv: Sequence[str], hold_seconds: float = SRUN_HOLD_
     return (sys.executable, "-I", "-S", "-c", SRUN_FILTER, *patterns, hold, *argv)
 
 
-def rank_node(job_dir: Path, rank: int) -> str:
-    """The node the rank was placed on, from its rank script's header line."""
+RANK_HEADER_BYTES = 4096  # the rank script's first two lines (shebang, header) are within it
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")  # a Slurm node's hostname
+
+
+def rank_node(job_dir: Path, rank: int, owner: int) -> str:
+    """The node the rank was placed on, from its rank script's header line ("" when it names
+    none). The job dir is the job account's, which may swap the script for a symlink or a FIFO:
+    it is read as read_job_file reads (no symlink followed, no FIFO waited on, only a plain file
+    of `owner`'s, a few KiB), ExecRefused otherwise; what it names must look like a node."""
+    path = job_dir / f"rank-{rank}.sh"
     try:
-        header = (job_dir / f"rank-{rank}.sh").read_text().splitlines()[1]
-    except (OSError, IndexError):
+        data, _, _ = read_job_file(path, owner, limit=RANK_HEADER_BYTES)
+    except FileNotFoundError:
         return ""
-    return header.rsplit(" on ", 1)[-1].strip() if " on " in header else ""
+    except OSError:  # UnsafeJobFile (a FIFO, a device, another uid's file) or ELOOP (a symlink)
+        raise ExecRefused(f"rank {rank}: its script in the job dir is not a plain file of the job's")
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    header = lines[1] if len(lines) > 1 else ""
+    node = header.rsplit(" on ", 1)[-1].strip() if " on " in header else ""
+    return node if NODE_NAME.match(node) else ""
 
 
 def enter_argv(
@@ -170,8 +183,10 @@ def enter_argv(
         raise ExecRefused("no command given: name the program to run inside the job")
     if not 0 <= rank < record.n_ranks:
         raise ExecRefused(f"attempt {record.attempt_id} has no rank {rank} (ranks 0..{record.n_ranks - 1})")
-    node = rank_node(job_dir, rank)
-    if not node or not record.slurm_job_id or record.uid is None:
+    if not record.slurm_job_id or record.uid is None:
+        raise ExecRefused(f"attempt {record.attempt_id} rank {rank}: not placed on a node by Slurm (yet)")
+    node = rank_node(job_dir, rank, record.uid)
+    if not node:
         raise ExecRefused(f"attempt {record.attempt_id} rank {rank}: not placed on a node by Slurm (yet)")
     try:
         gid = pwd.getpwuid(record.uid).pw_gid
