@@ -261,3 +261,22 @@ def test_user_list_matches_each_users_view(world: World) -> None:
     assert bob["role"] == "group_admin" and bob["groups"] == [{"name": "vision", "role": "admin"}]
     dave = next(u for u in listed if u["name"] == "dave")
     assert [g["name"] for g in dave["groups"]] == ["nlp", "vision"] and dave["default_group"] == "nlp"
+
+
+def test_session_csrf_is_read_again_with_the_cookie_only(world: World) -> None:
+    """The portal keeps its CSRF token in memory only (never localStorage, which any script of the
+    origin could read, docs/security.md); after a reload it reads it from GET /auth/csrf."""
+    c = world.client
+    r = c.post(f"{API}/auth/login", json={"username": "alice", "password": ALICE_PASSWORD})
+    assert r.status_code == 200, r.text
+    csrf = r.json()["csrf_token"]
+    r = c.get(f"{API}/auth/csrf")
+    assert r.status_code == 200 and r.json() == {"csrf_token": csrf}
+    assert (
+        c.post(f"{API}/jobs", json=SIMPLE_JOB, headers={"X-CSRF-Token": r.json()["csrf_token"]}).status_code
+        == 201
+    )
+    c.cookies.clear()
+    assert c.get(f"{API}/auth/csrf").status_code == 401
+    r = c.get(f"{API}/auth/csrf", headers=world.as_("alice"))
+    assert r.status_code == 409 and "only a portal session" in r.json()["detail"]

@@ -512,3 +512,25 @@ def test_nodes_page_shows_risky_nodes_with_the_reason(portal: Portal) -> None:
             assert page.js_errors == []
         finally:
             assert api.post("/api/v1/chaos/gpus/local/3", json={"clear": True}).status_code == 200
+
+
+STORED_VALUES = """() => [localStorage, sessionStorage].flatMap((s) =>
+  Object.keys(s).map((k) => `${k}=${s.getItem(k)}`))"""
+
+
+def test_csrf_token_is_kept_in_memory_only_and_read_again_after_a_reload(portal: Portal) -> None:
+    """A workspace's JupyterLab is served on the portal's origin: nothing its script could read
+    later (localStorage, sessionStorage) may hold the CSRF token (docs/security.md)."""
+    page = portal.login("ann", path="/profile")
+    page.wait_for_url("**/profile")
+    csrf = page.evaluate("async () => (await (await fetch('/api/v1/auth/csrf')).json()).csrf_token")
+    assert isinstance(csrf, str) and len(csrf) >= 32
+    assert not [v for v in page.evaluate(STORED_VALUES) if csrf in v or "csrf" in v.lower()]
+    page.reload()
+    expect(page.locator("h1")).to_have_text("Profile")
+    # A change after the reload: the portal read the token again with its cookie.
+    page.fill("#token-name", "after-reload")
+    page.click("#token-form button[type=submit]")
+    expect(page.locator("#new-token code")).to_contain_text(re.compile(r"\S{16,}"))
+    assert not [v for v in page.evaluate(STORED_VALUES) if csrf in v or "csrf" in v.lower()]
+    assert page.js_errors == []

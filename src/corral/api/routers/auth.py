@@ -26,6 +26,7 @@ from corral.services import audit, login_guard
 from corral.services import auth as svc
 from corral.services.accounts import user_out
 from corral.services.audit_state import lockout_state
+from corral.services.errors import Conflict
 from corral.services.views import UserView
 
 SessionId = Annotated[str, Path(min_length=1, max_length=128, pattern=SEGMENT_NAME)]
@@ -118,6 +119,24 @@ def logout(request: Request, response: Response, db: DB, principal: CurrentUser)
     out = Response(status_code=204)
     out.delete_cookie(SESSION_COOKIE, path="/")
     return out
+
+
+class CsrfOut(BaseModel):
+    csrf_token: str
+
+
+@router.get(
+    "/auth/csrf",
+    response_model=CsrfOut,
+    responses={409: {"description": "the caller is not a portal session (an API token needs none)"}},
+)
+def session_csrf(principal: CurrentUser) -> Any:
+    """The portal session's CSRF token again, for a page that was reloaded: the portal keeps the
+    token in memory only, never in localStorage, where any script of the origin (a workspace's
+    JupyterLab is served on it, docs/security.md) could read it at any later time."""
+    if principal.via != "session" or not principal.csrf_token:
+        raise Conflict("only a portal session (the session cookie) has a CSRF token; an API token needs none")
+    return {"csrf_token": principal.csrf_token}
 
 
 @router.get("/me", response_model=MeOut)

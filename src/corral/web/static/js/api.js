@@ -1,9 +1,12 @@
 // The only way the portal talks to Corral: the public REST API under /api/v1, like the CLI.
 // Cookie session + CSRF header for requests that change state; a 401 anywhere sends the user to
 // the login page and, after login, back to where they were.
+// The CSRF token lives in this module's memory only, never in localStorage: a workspace's
+// JupyterLab is served on this origin (/ws/<id>/), and script there could read any storage of the
+// origin at any later time. After a reload it is read again from GET /auth/csrf (session cookie).
 
 const BASE = "/api/v1";
-const CSRF_KEY = "corral.csrf";
+const LEGACY_CSRF_KEY = "corral.csrf"; // where portals before this one kept it: wiped on load
 const SAFE_METHODS = new Set(["GET", "HEAD", "OPTIONS"]);
 
 export class ApiError extends Error {
@@ -46,9 +49,36 @@ export function onForbidden(handler) {
   forbiddenHandler = handler;
 }
 
+let csrfToken = null;
+try {
+  localStorage.removeItem(LEGACY_CSRF_KEY);
+} catch {
+  // storage disabled: nothing was kept there either
+}
+
 export function setCsrfToken(token) {
-  if (token) localStorage.setItem(CSRF_KEY, token);
-  else localStorage.removeItem(CSRF_KEY);
+  csrfToken = token || null;
+}
+
+// The session's CSRF token, read from the server once per page load (or after a refusal).
+async function sessionCsrf(signal) {
+  if (csrfToken) return csrfToken;
+  try {
+    const response = await fetch(BASE + "/auth/csrf", {
+      headers: { Accept: "application/json" },
+      credentials: "same-origin",
+      signal,
+    });
+    if (response.ok) csrfToken = (await response.json()).csrf_token || null;
+  } catch (err) {
+    if (err && err.name === "AbortError") throw err;
+  }
+  return csrfToken || "";
+}
+
+function isCsrfRefusal(response, payload) {
+  const detail = payload && typeof payload === "object" ? payload.detail : payload;
+  return response.status === 403 && typeof detail === "string" && detail.includes("X-CSRF-Token");
 }
 
 export function buildUrl(path, query) {
@@ -71,22 +101,31 @@ export async function api(method, path, options = {}) {
     headers["Content-Type"] = contentType || "text/plain";
     body = text;
   }
-  if (!SAFE_METHODS.has(method)) headers["X-CSRF-Token"] = localStorage.getItem(CSRF_KEY) || "";
-  let response;
-  try {
-    response = await fetch(buildUrl(path, query), {
-      method,
-      headers,
-      body,
-      credentials: "same-origin",
-      signal,
-    });
-  } catch (err) {
-    if (err && err.name === "AbortError") throw err;
-    throw new ApiError(0, null, path);
+  const send = async () => {
+    if (!SAFE_METHODS.has(method)) headers["X-CSRF-Token"] = await sessionCsrf(signal);
+    let response;
+    try {
+      response = await fetch(buildUrl(path, query), {
+        method,
+        headers,
+        body,
+        credentials: "same-origin",
+        signal,
+      });
+    } catch (err) {
+      if (err && err.name === "AbortError") throw err;
+      throw new ApiError(0, null, path);
+    }
+    const isJson = (response.headers.get("content-type") || "").includes("json");
+    const payload = response.status === 204 ? null : isJson ? await response.json() : await response.text();
+    return { response, isJson, payload };
+  };
+  let { response, isJson, payload } = await send();
+  if (!SAFE_METHODS.has(method) && isCsrfRefusal(response, payload)) {
+    // The session changed since the token was read (a login in another tab): read it again, once.
+    csrfToken = null;
+    ({ response, isJson, payload } = await send());
   }
-  const isJson = (response.headers.get("content-type") || "").includes("json");
-  const payload = response.status === 204 ? null : isJson ? await response.json() : await response.text();
   if (response.status === 401 && !quiet401) {
     unauthorizedHandler();
   }
