@@ -244,12 +244,6 @@ ACCEPTED: tuple[Accepted, ...] = (
     Accepted(
         "ST202",
         "POST /api/v1/ssh-keys",
-        "registered to another user",
-        "one key belongs to one user (the SSH gateway tells users apart by it): stored state",
-    ),
-    Accepted(
-        "ST202",
-        "POST /api/v1/ssh-keys",
         "the SSH public key is damaged",
         "whether a key's bytes are a whole key of the type it names is found by parsing them, which "
         "no JSON schema can describe (the pattern checks the type and that the rest is base64)",

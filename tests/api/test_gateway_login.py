@@ -5,6 +5,7 @@ tests/gateway/ and tests/server/test_sandbox_entry.py."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import asyncssh
 import pytest
@@ -15,6 +16,7 @@ from corral.db.models import User
 from corral.gateway import resolver
 from corral.gateway.ssh import Gateway, GatewayServer
 from corral.services.errors import NotFound, ServiceError
+from corral.services.open_sessions import Holder, good_holders
 from tests.api.conftest import World
 from tests.api.helpers import add_node
 from tests.server.fakes import FakeEngine
@@ -110,3 +112,56 @@ def test_another_users_key_learns_nothing_of_a_workspace_by_logging_in_to_it(
     finally:
         gateway.loop.close()
     assert answers == [False, False, True]  # bob's key opens only bob's logins
+
+
+def test_two_users_may_register_one_public_key_and_each_logs_in_only_as_themself(
+    world: World, settings: Settings
+) -> None:
+    """Public keys are public (github.com/<user>.keys): bob registering alice's key first once
+    locked her out of it (review104 finding 8). The gateway takes the user from the login name
+    and checks that user's keys only, so a key opens only the accounts that registered it, and
+    removing one registration ends only that account's sessions."""
+    alice_key = asyncssh.generate_private_key("ssh-ed25519")
+    bob_key = asyncssh.generate_private_key("ssh-ed25519")
+    alice_public = alice_key.export_public_key().decode().strip()
+    bob_public = bob_key.export_public_key().decode().strip()
+    posts = [("bob", alice_public), ("alice", alice_public), ("bob", bob_public), ("carol", bob_public)]
+    ids = {}
+    for user, public in posts:
+        r = world.client.post(
+            "/api/v1/ssh-keys", json={"name": "laptop", "public_key": public}, headers=world.as_(user)
+        )
+        assert r.status_code == 201, (user, r.text)
+        ids[user, public] = r.json()["id"]
+    again = world.client.post(
+        "/api/v1/ssh-keys", json={"name": "again", "public_key": alice_public}, headers=world.as_("alice")
+    )
+    assert again.status_code == 409 and "already registered to your account" in again.json()["detail"]
+    gateway = Gateway(settings, world.session_factory, FakeEngine())
+    try:
+        answers = {}
+        for login in ("alice+nb", "carol+nb", "admin+nb"):
+            for who, key in (("alice", alice_key), ("bob", bob_key)):
+                server = GatewayServer(gateway)
+                asyncio.run(server.begin_auth(login))
+                answers[login, who] = server.validate_public_key(login, key)
+    finally:
+        gateway.loop.close()
+    # bob's key opens carol's account (she registered it) but never alice's; alice's key never
+    # carol's; an account that registered neither key opens to neither.
+    assert answers == {
+        ("alice+nb", "alice"): True,
+        ("alice+nb", "bob"): False,
+        ("carol+nb", "alice"): False,
+        ("carol+nb", "bob"): True,
+        ("admin+nb", "alice"): False,
+        ("admin+nb", "bob"): False,
+    }
+    fp = alice_key.get_fingerprint("sha256")
+    holders = {Holder("alice", f"ssh-key:{fp}"), Holder("bob", f"ssh-key:{fp}")}
+    removed = world.client.delete(f"/api/v1/ssh-keys/{ids['bob', alice_public]}", headers=world.as_("bob"))
+    assert removed.status_code == 204
+    with world.session_factory() as db:
+        assert good_holders(db, holders, time.time()) == {Holder("alice", f"ssh-key:{fp}")}
+        assert resolver.authorized_keys(db, "bob") == [bob_public]
+        assert resolver.authorized_keys(db, "alice") == [alice_public]

@@ -396,9 +396,9 @@ def add_ssh_key(
     )
     if exists is not None:
         raise Conflict(f"this SSH key ({fingerprint}) is already registered to your account")
-    # One key, one user: the SSH gateway must be able to tell whose a key is.
-    if session.scalar(select(SshKey.id).where(SshKey.fingerprint == fingerprint)) is not None:
-        raise Conflict(f"this SSH key ({fingerprint}) is registered to another user: use a key of your own")
+    # Another user may hold the same public key (public keys are public): the gateway takes the
+    # user from the login name (`alice+nb`) and checks only that user's keys, so a key opens only
+    # the accounts that registered it. Refusing it here let anyone squat another's key first.
     key = SshKey(
         user_id=principal.user_id,
         name=name,
