@@ -90,7 +90,7 @@ def test_group_dataset_shared_read_only_with_versions_pinned(world: World) -> No
         f"labels.txt\t{len(V2['labels.txt'])}\t{hashlib.sha256(V2['labels.txt']).hexdigest()}" in latest.text
     )
     r = protocol.start(world.client, carol, "cifar", {"x": b"1"})
-    assert r.status_code == 403 and "belongs to someone else" in r.text
+    assert r.status_code == 409 and "dataset name 'cifar' is taken by another user" in r.text, r.text
     assert world.client.delete(f"{API}/datasets/cifar/versions/1", headers=carol).status_code == 403
     # On disk: read-only files and directories.
     with world.session_factory() as db:

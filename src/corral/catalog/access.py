@@ -48,6 +48,14 @@ def check_name(what: str, name: str) -> str:
     return name
 
 
+def name_taken(kind: str, name: str) -> Conflict:
+    """The one answer of every catalogue's create path (templates, models, datasets, environments)
+    for a name another user holds, whether or not the caller may see that entry. Names are global,
+    so that a name is taken cannot be hidden; one status and one wording for all four keep it
+    to that, and say nothing of the entry (docs/security.md)."""
+    return Conflict(f"{kind} name {name!r} is taken by another user; choose another")
+
+
 def can_read(entry: Shared, principal: Principal) -> bool:
     if principal.is_admin or entry.owner_user_id == principal.user_id or entry.visibility == "public":
         return True

@@ -144,7 +144,7 @@ def _model_for_register(
     row = session.scalar(select(RegisteredModel).where(RegisteredModel.name == name).with_for_update())
     if row is not None:
         if not access.can_read(row, principal):
-            raise Forbidden(f"model name {name!r} is taken by another user")
+            raise access.name_taken("model", name)
         if not access.can_manage(row, principal):
             raise Forbidden(f"only the owner of model {name!r} (or an admin of its group) may add versions")
         if description is not None:

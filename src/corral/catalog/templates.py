@@ -177,7 +177,7 @@ def publish(
         number = retired.carried_over(session, "template", name) + 1  # a deleted one's go on
     else:
         if not access.can_read(row, principal):
-            raise Forbidden(f"template name {name!r} is taken by another user")
+            raise access.name_taken("template", name)
         if not access.can_manage(row, principal):
             raise Forbidden(f"only the owner of template {name!r} (or an admin of its group) may publish it")
         if description is not None:

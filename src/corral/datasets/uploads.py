@@ -31,6 +31,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
+from corral.catalog.access import name_taken
 from corral.catalog.retired import carried_over
 from corral.datasets.models import Dataset, DatasetUpload, DatasetUploadFile, DatasetVersion
 from corral.datasets.names import BadName, check_name, check_path, check_plain, manifest_digest
@@ -63,7 +64,7 @@ def _owner(
     existing = session.scalar(select(Dataset).where(Dataset.name == name))
     if existing is not None:
         if not can_push(existing, principal):
-            raise Forbidden(f"dataset {name!r} exists and belongs to someone else; pick another name")
+            raise name_taken("dataset", name)
         if group is not None:
             owner_group = session.get(Group, existing.owner_group_id) if existing.owner_group_id else None
             if owner_group is None or owner_group.name != group:
