@@ -201,6 +201,22 @@ def test_metrics_needs_the_scrape_token(world: World, db_engine: sa.Engine, tmp_
         assert c.get("/metrics").status_code == 200
 
 
+def test_metrics_needs_the_scrape_token_on_slurm_even_on_a_private_bind(
+    world: World, db_engine: sa.Engine, tmp_path: Path
+) -> None:
+    """A Slurm job shares its node's network: on a private bind it could still scrape /metrics,
+    whose GPU series name every running job's user and group (review104 finding 7)."""
+    with client_with(world, db_engine, tmp_path, host="127.0.0.1", engine="slurm") as c:
+        r = c.get("/metrics")
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert "Slurm engine's jobs share their node's network" in r.json()["detail"]
+        assert "CORRAL_METRICS_TOKEN" in r.json()["detail"]
+    with client_with(world, db_engine, tmp_path, host="127.0.0.1", engine="slurm", metrics_token="s3") as c:
+        assert c.get("/metrics").status_code == 401
+        r = c.get("/metrics", headers={"Authorization": "Bearer s3"})
+        assert r.status_code == 200 and "corral_" in r.text
+
+
 def test_unreadable_metrics_token_file_refuses_start(tmp_path: Path) -> None:
     settings = Settings(
         home=tmp_path, database_url="sqlite:///unused", metrics_token_file=tmp_path / "missing"

@@ -6,7 +6,10 @@ The rule (docs/security.md, "API and login"):
 - no token, and the server binds only a loopback or private address (127.0.0.1, ::1, 10/8, ...):
   anyone who can reach that address may scrape, as before;
 - no token, and the server binds a public or wildcard address (0.0.0.0, ::, a public IP or a
-  host name): every scrape is refused until a token is configured.
+  host name): every scrape is refused until a token is configured;
+- no token, and the Slurm engine (whatever the bind): refused as well. A Slurm job shares its
+  node's network, so any user's job could scrape a private address, and with it every running
+  job's user and group (which the API hides from non-members).
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ class MetricsGuard:
     def __init__(self, app: Any, settings: Settings) -> None:
         self.app = app
         self.token = metrics_token(settings)
-        self.open = self.token is None and binds_private_only(settings.host)
+        self.slurm = settings.engine == "slurm"
+        self.open = self.token is None and not self.slurm and binds_private_only(settings.host)
         self.host = settings.host
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -64,12 +68,16 @@ class MetricsGuard:
             await self.app(scope, receive, send)
             return
         if self.token is None:
+            why = (
+                "the Slurm engine's jobs share their node's network and could scrape it"
+                if self.slurm
+                else f"the server binds {self.host}, which is not a private address"
+            )
             await send_error(
                 send,
                 401,
-                f"/metrics is closed: the server binds {self.host}, which is not a private "
-                "address; set CORRAL_METRICS_TOKEN (or CORRAL_METRICS_TOKEN_FILE) and give "
-                "Prometheus that token",
+                f"/metrics is closed: {why}; set CORRAL_METRICS_TOKEN (or CORRAL_METRICS_TOKEN_FILE) "
+                "and give Prometheus that token",
                 {"www-authenticate": "Bearer"},
             )
             return
