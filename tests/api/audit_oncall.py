@@ -74,6 +74,10 @@ ONCALL_CALLS: dict[tuple[str, str], tuple[Call, str]] = {
         lambda w: ("DELETE", f"{API}/oncall/schedules/{_schedule(w)}", {}),
         "oncall.schedule.delete",
     ),
+    ("POST", "/api/v1/oncall/schedules/{name}/feed/rotate"): (
+        lambda w: ("POST", f"{API}/oncall/schedules/{_schedule(w)}/feed/rotate", {}),
+        "oncall.schedule.feed_rotate",
+    ),
     ("POST", "/api/v1/oncall/schedules/{name}/overrides"): (
         lambda w: (
             "POST",

@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.api.conftest import World
@@ -135,3 +136,28 @@ def test_schedule_show_prints_the_calendar_url_whole_on_one_line(
     code, out = run(world, server_url, "alice", "oncall", "schedule", "show", "primary-schedule")
     line = f"calendar (no login): {url}"
     assert code == 0 and len(line) > 80 and line in out.splitlines(), out
+
+
+@pytest.mark.parametrize("db_engine", ["sqlite"], indirect=True)
+def test_feed_rotate_prints_a_new_url_and_the_old_one_stops_working(
+    world: World, server_url: str, tmp_path: Path
+) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "time_zone: UTC\nlayers:\n"
+        "  - {name: d, rotation: daily, start_date: '2026-01-05', members: [alice]}\n"
+    )
+    assert run(world, server_url, "admin", "oncall", "schedule", "set", "primary", "-f", str(spec))[0] == 0
+    code, out = run(world, server_url, "alice", "oncall", "schedule", "show", "primary", "-o", "json")
+    old = server_url + json.loads(out)["ical_feed"]
+    code, out = run(world, server_url, "carol", "oncall", "schedule", "show", "primary")
+    assert code == 0 and "calendar (no login)" not in out, out  # not one of the schedule's people
+    code, out = run(world, server_url, "alice", "oncall", "feed", "rotate", "primary")
+    assert code == 1 and "only admins" in out, out
+    code, out = run(world, server_url, "admin", "oncall", "feed", "rotate", "primary")
+    assert code == 0 and "the old calendar URL is revoked" in out, out
+    new = out.split("calendar (no login): ")[1].split()[0]
+    assert new.startswith(f"{server_url}/api/v1/oncall/feeds/primary.") and new != old
+    with httpx.Client() as http:
+        assert http.get(old).status_code == 403
+        assert http.get(new).status_code == 200

@@ -586,3 +586,29 @@ def test_workspace_ids_are_never_given_again_after_0033(url: str, highest_in: st
             assert conn.execute(sa.text("SELECT COUNT(*) FROM workspaces")).scalar_one() == 2
     finally:
         engine.dispose()
+
+
+def test_each_schedule_gets_a_calendar_nonce_of_its_own_in_0035(url: str) -> None:
+    # 0035: the calendar URL's HMAC includes a per-schedule nonce; every schedule recorded before
+    # gets one of its own (a shared or empty one would let one schedule's URL survive another's
+    # rotation), and the column is NOT NULL afterwards.
+    upgrade(url, "0034_eta_outcome_start")
+    engine = make_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        schedule = {"time_zone": "UTC", "description": "", "fallback_user_id": None,
+                    "created_at": T0, "updated_at": T0}  # fmt: skip
+        insert(engine, {"oncall_schedules": [{"id": i, "name": f"s{i}", **schedule} for i in (1, 2)]})
+        upgrade(url, "0035_security_fixes")
+        with engine.connect() as conn:
+            nonces = (
+                conn.execute(sa.text("SELECT feed_nonce FROM oncall_schedules ORDER BY id")).scalars().all()
+            )
+            nullable = {c["name"]: c["nullable"] for c in sa.inspect(conn).get_columns("oncall_schedules")}
+        assert len(nonces) == 2 and len(set(nonces)) == 2, nonces
+        assert all(isinstance(n, str) and len(n) == 32 and int(n, 16) >= 0 for n in nonces), nonces
+        assert nullable["feed_nonce"] is False
+        downgrade(url, "0034_eta_outcome_start")
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM oncall_schedules")).scalar_one() == 2
+    finally:
+        engine.dispose()

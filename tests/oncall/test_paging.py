@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from corral.db.audit_models import AuditRecord
 from corral.db.oncall_models import Page, PageNotification
 from corral.monitor.pager import PagingSettings, deliver_pages
 from corral.services import oncall, paging
@@ -335,7 +336,7 @@ def test_ended_pages_are_purged_with_their_notifications(env: Env, smtp: Smtp) -
 def test_calendar_feed_works_without_login_and_refuses_an_altered_url(env: Env) -> None:
     layer = {"rotation": "daily", "start_date": "2026-01-05", "handoff": "09:00", "members": ["alice", "bob"]}
     env.put("/oncall/schedules/primary", {"time_zone": "Europe/Berlin", "layers": [layer]})
-    view = env.client.get("/api/v1/oncall/schedules/primary", headers=env.people["carol"]).json()
+    view = env.client.get("/api/v1/oncall/schedules/primary", headers=env.people["bob"]).json()
     feed = env.client.get(view["ical_feed"])  # no Authorization header
     assert feed.status_code == 200 and feed.headers["content-type"].startswith("text/calendar")
     text = feed.text
@@ -344,6 +345,47 @@ def test_calendar_feed_works_without_login_and_refuses_an_altered_url(env: Env) 
     assert "DTSTART:" in text and text.count("BEGIN:VEVENT") >= 28  # four weeks of daily shifts
     altered = view["ical_feed"].replace("/primary.", "/other.")
     assert env.client.get(altered).status_code == 403
+
+
+def test_only_admins_and_members_get_the_calendar_url_and_rotation_or_recreation_revokes_it(
+    env: Env,
+) -> None:
+    """The URL works without a login, so it went to every member of the platform and worked
+    forever, also for a new schedule of the same name (review104 finding 12). Now: admins and
+    the schedule's own people only, and a per-schedule nonce in its HMAC that a rotation or a
+    delete and re-create replaces."""
+    layer = {"rotation": "daily", "start_date": "2026-01-05", "handoff": "09:00", "members": ["alice"]}
+    env.put("/oncall/schedules/primary", {"time_zone": "UTC", "fallback_user": "bob", "layers": [layer]})
+    path = "/api/v1/oncall/schedules/primary"
+    seen = {who: env.client.get(path, headers=env.people[who]).json()["ical_feed"] for who in env.people}
+    admin_url = env.client.get(path, headers=env.admin).json()["ical_feed"]
+    assert seen["carol"] is None  # neither a layer member nor the fallback user
+    assert seen["alice"] == seen["bob"] == admin_url and admin_url.startswith("/api/v1/oncall/feeds/primary.")
+    assert env.client.get(admin_url).status_code == 200
+
+    r = env.client.post(f"{path}/feed/rotate", headers=env.people["alice"])
+    assert r.status_code == 403 and "only admins" in r.json()["detail"]
+    assert env.client.get(admin_url).status_code == 200  # a refused rotation changed nothing
+    r = env.client.post(f"{path}/feed/rotate", headers=env.admin)
+    assert r.status_code == 200, r.text
+    rotated = r.json()["ical_feed"]
+    assert (
+        rotated != admin_url
+        and env.client.get(path, headers=env.people["alice"]).json()["ical_feed"] == rotated
+    )
+    old = env.client.get(admin_url)
+    assert old.status_code == 403 and "revoked" in old.json()["detail"]
+    assert env.client.get(rotated).status_code == 200
+
+    assert env.client.delete(path, headers=env.admin).status_code == 204
+    assert env.client.get(rotated).status_code == 403  # deleted: refused like an altered URL
+    env.put("/oncall/schedules/primary", {"time_zone": "UTC", "layers": [layer]})
+    recreated = env.client.get(path, headers=env.admin).json()["ical_feed"]
+    assert recreated not in (admin_url, rotated) and env.client.get(rotated).status_code == 403
+    assert env.client.get(recreated).status_code == 200
+    with env.factory() as db:
+        actions = [r.action for r in db.scalars(sa.select(AuditRecord).order_by(AuditRecord.id))]
+    assert actions.count("oncall.schedule.feed_rotate") == 1
 
 
 def test_the_calendar_feeds_first_and_last_events_are_whole_shifts(env: Env) -> None:

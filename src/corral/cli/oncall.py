@@ -26,9 +26,14 @@ policy_app = typer.Typer(help="Escalation policies: ordered steps, wait, repeat.
 contact_app = typer.Typer(
     help="Where pages reach a person: email, webhook, Slack/Mattermost.", no_args_is_help=True
 )
+feed_app = typer.Typer(
+    help="A schedule's calendar subscription URL (no login): shown to admins and its members.",
+    no_args_is_help=True,
+)
 oncall_app.add_typer(schedule_app, name="schedule")
 oncall_app.add_typer(policy_app, name="policy")
 oncall_app.add_typer(contact_app, name="contact")
+oncall_app.add_typer(feed_app, name="feed")
 
 
 def when(ts: float | None) -> str:
@@ -215,6 +220,17 @@ def remove_override(name: str, override_id: int) -> None:
     with client() as c:
         c.remove_override(name, override_id)
     out.print(f"override {override_id} removed")
+
+
+@feed_app.command("rotate")
+@friendly_errors
+def rotate_feed(name: str) -> None:
+    """Replace a schedule's calendar subscription URL (admins): the old URL is refused from now
+    on; subscribed calendars need the new one, printed here (and by `schedule show`)."""
+    with client() as c:
+        view = c.rotate_schedule_feed(name)
+    out.print(f"schedule {name}: the old calendar URL is revoked")
+    out.print(f"calendar (no login): {c.url}{view['ical_feed']}", soft_wrap=True)
 
 
 @schedule_app.command("ical")

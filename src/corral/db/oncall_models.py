@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text, UniqueConstraint
@@ -32,6 +33,12 @@ class ContactMethod(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
+def new_feed_nonce() -> str:
+    """A schedule's calendar-URL nonce (corral.services.oncall_feed): new at creation and at each
+    rotation, so a URL signed with an earlier one is refused."""
+    return secrets.token_hex(16)
+
+
 class OncallSchedule(Base):
     __tablename__ = "oncall_schedules"
 
@@ -44,6 +51,9 @@ class OncallSchedule(Base):
     fallback_user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+    # In the HMAC of the calendar subscription URL: deleting the schedule (a new row, a new
+    # nonce) or rotating it revokes every URL given out. Migration 0035_security_fixes.
+    feed_nonce: Mapped[str] = mapped_column(String(32), default=new_feed_nonce)
 
     layers: Mapped[list[OncallLayer]] = relationship(
         back_populates="schedule", cascade="all, delete-orphan", order_by="OncallLayer.position"

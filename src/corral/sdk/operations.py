@@ -38,6 +38,11 @@ class OperationsApi(BaseClient):
     def remove_override(self, schedule: str, override_id: int) -> None:
         self.request("DELETE", f"/oncall/schedules/{seg(schedule)}/overrides/{seg(override_id)}")
 
+    def rotate_schedule_feed(self, name: str) -> dict[str, Any]:
+        """A new calendar subscription URL for the schedule (admins): `{ical_feed}`, a path; the
+        old URL is refused from now on."""
+        return self.request("POST", f"/oncall/schedules/{seg(name)}/feed/rotate")
+
     def schedule_ical(self, name: str) -> str:
         """The schedule's iCalendar feed (text)."""
         response = self._http.get(f"/oncall/schedules/{seg(name)}/ical")

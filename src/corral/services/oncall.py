@@ -7,8 +7,6 @@ own email and contact methods (admins anyone's). Every change is audited.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import re
 import time
 from collections.abc import Iterator
@@ -604,23 +602,6 @@ def _fold(line: str) -> str:
         parts.append(raw[start:end].decode())
         start = end
     return "\r\n ".join(parts)
-
-
-def feed_token(key: bytes, schedule: str) -> str:
-    """The path token of a schedule's calendar subscription URL, which works without logging in
-    (calendar apps send no token): the name and an HMAC of it. It does not expire; rotating the
-    secrets key revokes every such URL."""
-    signature = hmac.new(key, f"corral-ical-feed:{schedule}".encode(), hashlib.sha256).hexdigest()[:32]
-    return f"{schedule}.{signature}"
-
-
-def schedule_of_feed(key: bytes, token: str) -> str:
-    name = token.rpartition(".")[0]
-    if not name or not hmac.compare_digest(feed_token(key, name), token):
-        raise Forbidden(
-            "this calendar URL's signature does not match: it was altered, or made by another server key"
-        )
-    return name
 
 
 ICAL_REACH_S = 35 * 86400.0  # how far past its window the feed looks for its first and last shift

@@ -18,7 +18,7 @@ from corral.api.deps import DB, NO_NUL_TEXT, CurrentUser, NameInPath, RowId, fas
 from corral.api.pattern_words import worded
 from corral.api.schemas import BooleansApart
 from corral.services import oncall as svc
-from corral.services import paging
+from corral.services import oncall_feed, paging
 from corral.services.accounts import NAME_RE
 
 router = APIRouter(tags=["oncall"])
@@ -107,8 +107,14 @@ class ScheduleOut(BaseModel):
     overrides: list[OverrideOut]
     warnings: list[str] = Field(description="gaps in the next 14 days, and who is paged in them")
     ical_feed: str | None = Field(
-        None, description="calendar subscription path (no login; GET /schedules/{name})"
+        None,
+        description="calendar subscription path (no login; GET /schedules/{name}): shown to admins "
+        "and the schedule's own people only, else null",
     )
+
+
+class FeedOut(BaseModel):
+    ical_feed: str = Field(description="the new calendar subscription path; the old one is refused")
 
 
 class WhoOut(BaseModel):
@@ -241,14 +247,25 @@ def get_schedule(
     name: NameInPath,
     request: Request,
     db: DB,
-    _: CurrentUser,
+    principal: CurrentUser,
     days: Annotated[float, Query(gt=0, le=90)] = 7.0,
 ) -> Any:
-    """The definition, who is on call now, the shifts of the next `days`, gap warnings, and the
-    path of the calendar subscription URL (`ical_feed`, works without logging in)."""
-    view = svc.schedule_view(db, svc.schedule_by_name(db, name), time.time(), days)
-    token = svc.feed_token(paging.link_key(request.app.state.settings), name)
-    return fast_json({**view, "ical_feed": f"/api/v1/oncall/feeds/{token}"})
+    """The definition, who is on call now, the shifts of the next `days`, gap warnings, and, for
+    admins and the schedule's own people, the path of the calendar subscription URL (`ical_feed`,
+    works without logging in; null for anyone else)."""
+    row = svc.schedule_by_name(db, name)
+    view = svc.schedule_view(db, row, time.time(), days)
+    key = paging.link_key(request.app.state.settings)
+    feed = oncall_feed.feed_path(key, row) if oncall_feed.may_see_feed(principal, row) else None
+    return fast_json({**view, "ical_feed": feed})
+
+
+@router.post("/oncall/schedules/{name}/feed/rotate", response_model=FeedOut)
+def rotate_schedule_feed(name: NameInPath, request: Request, db: DB, principal: CurrentUser) -> Any:
+    """A new calendar subscription URL for the schedule (admins); the old one is refused from now."""
+    row = svc.schedule_by_name(db, name)
+    oncall_feed.rotate_feed(db, principal, row)
+    return {"ical_feed": oncall_feed.feed_path(paging.link_key(request.app.state.settings), row)}
 
 
 @router.put(
@@ -287,14 +304,17 @@ def schedule_ical(name: NameInPath, db: DB, _: CurrentUser) -> Response:
     response_class=Response,
     responses={
         200: {"content": {"text/calendar": {"schema": {"type": "string"}}}, "description": "iCalendar"},
-        403: {"description": "the URL was altered or made with another server key"},
-        404: {"description": "the schedule no longer exists"},
+        403: {
+            "description": "the URL was altered, revoked (schedule deleted or feed rotated) or made "
+            "with another server key"
+        },
     },
 )
 def schedule_feed(token: FeedToken, request: Request, db: DB) -> Response:
     """A schedule's iCalendar feed without logging in, for calendar apps: the URL (from the
-    schedule's `ical_feed`) carries its own signature."""
-    name = svc.schedule_of_feed(paging.link_key(request.app.state.settings), token)
+    schedule's `ical_feed`) carries its own signature, valid until the schedule is deleted or
+    its feed rotated."""
+    name = oncall_feed.schedule_of_feed(db, paging.link_key(request.app.state.settings), token)
     return Response(svc.ical_feed(db, name, time.time()), media_type="text/calendar; charset=utf-8")
 
 
