@@ -5,6 +5,7 @@ The platform issue owns this module; other parts add fields with defaults.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from pathlib import Path
@@ -23,6 +24,23 @@ def url_host(host: str) -> str:
     """`host` as a URL or a host:port writes it: an IPv6 literal in brackets (`http://[::1]:8080`;
     `http://::1:8080` is no URL a client can parse, nor a port anyone can read off it)."""
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def parse_networks(text: str | None) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """CORRAL_WEBHOOK_ALLOW_NETWORKS: comma-separated networks (CIDRs) or single addresses."""
+    networks = []
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(part, strict=False))
+        except ValueError:
+            raise ValueError(
+                f"CORRAL_WEBHOOK_ALLOW_NETWORKS: {part!r} is not a network: give CIDRs such as "
+                "10.20.0.0/16 or addresses such as 192.168.1.5, separated by commas"
+            ) from None
+    return tuple(networks)
 
 
 class SecretFileError(ValueError):
@@ -167,6 +185,10 @@ class Settings(FileVariablesSettings):
     session_lifetime_s: float = Field(default=12 * 3600.0, gt=0)  # portal sessions
     token_default_lifetime_days: float | None = Field(default=90.0, gt=0)  # None: never expire
     token_max_lifetime_days: float | None = Field(default=365.0, gt=0)  # None: no maximum
+    # --- people's webhook contacts (corral.services.webhook_guard) ------------------------------
+    # Networks (comma-separated CIDRs) a webhook contact may reach although they are loopback,
+    # link-local or private: none by default, so a user's webhook cannot aim at the cluster.
+    webhook_allow_networks: str = ""
     # --- /metrics (corral.api.metrics_auth) ------------------------------------------------------
     metrics_token: str | None = None  # bearer token Prometheus must send
     metrics_token_file: Path | None = None  # or read it from this file (first line)
@@ -205,6 +227,13 @@ class Settings(FileVariablesSettings):
         """CORRAL_AUDIT_RETENTION_DAYS="" (or "none", "never") keeps every audit record."""
         if isinstance(value, str) and value.strip().lower() in ("", "none", "never"):
             return None
+        return value
+
+    @field_validator("webhook_allow_networks")
+    @classmethod
+    def _networks(cls, value: str) -> str:
+        """Refused at start, naming the entry, rather than at the first contact or page."""
+        parse_networks(value)
         return value
 
     @model_validator(mode="after")

@@ -9,16 +9,18 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from corral.config import Settings
 from corral.db.audit_models import AuditRecord
-from corral.db.oncall_models import Page, PageNotification
+from corral.db.oncall_models import ContactMethod, Page, PageNotification
 from corral.monitor.pager import PagingSettings, deliver_pages
-from corral.services import oncall, paging
+from corral.services import oncall, paging, webhook_guard
 from corral.services.accounts import user_by_name
 from corral.services.errors import Conflict
 from tests.oncall.conftest import Env, Smtp
@@ -43,11 +45,20 @@ def start(env: Env, key: str, now: float) -> None:
 
 
 def tick(env: Env, smtp: Smtp, now: float) -> int:
-    """One pass of the paging loop at `now`; returns how many notifications it handled."""
+    """One pass of the paging loop at `now`; returns how many notifications it handled. Its
+    webhooks may reach what the server's CORRAL_WEBHOOK_ALLOW_NETWORKS allows, as in the server."""
     with env.factory() as db:
         paging.escalate_due(db, now)
     key = paging.link_key(env.settings)
-    return deliver_pages(env.factory, smtp.config(), PagingSettings(), key, now)
+    networks = webhook_guard.parse_networks(env.client.app.state.settings.webhook_allow_networks)
+    return deliver_pages(env.factory, smtp.config(), PagingSettings(), key, now, networks)
+
+
+def allow_loopback_webhooks(env: Env) -> None:
+    """The admin allows webhooks to loopback (CORRAL_WEBHOOK_ALLOW_NETWORKS), so that people's
+    contacts may point at the test's receiver on 127.0.0.1; without it they are refused."""
+    settings = env.client.app.state.settings
+    env.client.app.state.settings = settings.model_copy(update={"webhook_allow_networks": "127.0.0.0/8"})
 
 
 def page(env: Env, key: str) -> Page:
@@ -186,6 +197,7 @@ def contact(env: Env, user: str, kind: str, address: str, as_user: str) -> Any:
 
 def test_webhook_and_slack_payloads_reach_a_real_server(env: Env, smtp: Smtp, hook: WebhookServer) -> None:
     set_up(env)
+    allow_loopback_webhooks(env)
     for kind, path in (("slack", "/slack"), ("webhook", "/generic")):
         added = contact(env, "alice", kind, hook.url + path, as_user="alice")
         assert added.status_code == 201, added.text
@@ -216,11 +228,62 @@ def test_webhook_and_slack_payloads_reach_a_real_server(env: Env, smtp: Smtp, ho
     assert env.client.post(f"/api/v1/ack/{token}").json()["acked_by"] == "alice"
 
 
+def test_webhooks_to_the_clusters_own_networks_are_refused_when_added_and_when_sent(
+    env: Env, smtp: Smtp, hook: WebhookServer
+) -> None:
+    """Any user may add a webhook contact, and a page makes the server POST to it from inside the
+    cluster (review104 finding 13). Loopback, link-local and private hosts are refused when the
+    contact is added (422 naming the setting that allows them) and again at send time, where a
+    name is resolved anew (a contact stored before, or a name whose address changed)."""
+    set_up(env)
+    for address in (
+        hook.url + "/x",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://10.0.0.5:8080/hook",
+        "https://192.168.1.2/hook",
+        "http://[::1]:9820/api",
+        "http://[::ffff:127.0.0.1]/x",
+        "http://0.0.0.0:9820/x",
+        "http://localhost:9820/x",  # a name: what it resolves to counts
+    ):
+        refused = contact(env, "alice", "webhook", address, as_user="alice")
+        assert refused.status_code == 422, (address, refused.text)
+        assert "which contacts may not reach" in refused.text
+        assert "CORRAL_WEBHOOK_ALLOW_NETWORKS" in refused.text
+        assert refused.json()["detail"][0]["loc"] == ["body", "address"]
+    # A public address, and a name that does not resolve now, are accepted (checked when sent).
+    for address in ("https://8.8.8.8/hook", "https://hooks.invalid/services/T0/B0/x"):
+        assert contact(env, "alice", "slack", address, as_user="alice").status_code == 201, address
+    # Stored before this check (or pointing at a name that now resolves to loopback): refused
+    # at send time, and the receiver gets nothing.
+    with env.factory() as db:
+        alice = user_by_name(db, "alice")
+        db.query(ContactMethod).filter(ContactMethod.user_id == alice.id).delete()
+        port = hook.url.rsplit(":", 1)[1]
+        stored = f"http://localhost:{port}/y"
+        db.add(ContactMethod(user_id=alice.id, kind="webhook", address=stored, created_at=time.time()))
+        db.commit()
+    t0 = time.time()
+    start(env, "test:ssrf", t0)
+    assert tick(env, smtp, t0) == 2  # alice's email and her webhook, refused
+    shown = env.client.get(f"/api/v1/oncall/pages/{page(env, 'test:ssrf').id}", headers=env.admin)
+    (note,) = [n for n in shown.json()["notifications"] if n["kind"] == "webhook"]
+    assert note["state"] == "failing" and "is a loopback address" in note["last_error"], note
+    assert hook.posts == []
+    # The admin allows loopback: the same contact is added and its page delivered.
+    allow_loopback_webhooks(env)
+    assert contact(env, "alice", "webhook", hook.url + "/z", as_user="alice").status_code == 201
+    start(env, "test:allowed", t0)
+    tick(env, smtp, t0)
+    assert "/z" in dict(hook.posts) and "/y" in dict(hook.posts)
+
+
 def test_a_failing_webhook_contact_does_not_show_its_url_path(env: Env, smtp: Smtp) -> None:
     """A Slack webhook's URL path is its credential; a failed page delivery's error is kept on the
     notification and shown in the page's views, to admins and to everyone the page notified, and
     it held the whole URL (only alice and admins may see alice's contact methods)."""
     set_up(env)
+    allow_loopback_webhooks(env)
     port = free_port()  # nothing listens there
     added = contact(env, "alice", "slack", f"http://u:pw@127.0.0.1:{port}/services/T0/B0/s3cret?k=v", "alice")
     assert added.status_code == 201, added.text
@@ -437,3 +500,14 @@ def test_an_ack_and_a_cancel_at_once_the_first_stands(env: Env, monkeypatch: pyt
     with env.factory() as db, pytest.raises(Conflict, match="was cancelled"):
         paging.ack(db, "race:2", "alice", now + 2)
     assert page(env, "race:2").state == "cancelled"
+
+
+def test_a_bad_webhook_allow_list_refuses_start_naming_the_entry(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"CORRAL_WEBHOOK_ALLOW_NETWORKS: 'nope' is not a network"):
+        Settings(home=tmp_path, webhook_allow_networks="10.0.0.0/8, nope")
+    settings = Settings(home=tmp_path, webhook_allow_networks=" 10.20.0.0/16 ,192.168.1.5,fd00::/8 ")
+    assert [str(n) for n in webhook_guard.parse_networks(settings.webhook_allow_networks)] == [
+        "10.20.0.0/16",
+        "192.168.1.5/32",
+        "fd00::/8",
+    ]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import smtplib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from email.message import EmailMessage
 from typing import Any
@@ -34,6 +34,7 @@ from corral.monitor.channels import ChannelError, record_failure
 from corral.monitor.config import EmailChannel, MonitorConfig
 from corral.monitor.loops import monitor_config
 from corral.server.context import BackgroundLoop, ServerContext
+from corral.services import webhook_guard
 from corral.services.oncall import shown_url
 from corral.services.paging import ESCALATE_BATCH, OPEN_STATES, ack_token, escalate_due, link_key, purge_ended
 from corral.services.rotation import utc_text
@@ -149,14 +150,32 @@ def webhook_body(out: Outgoing) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def post_webhook(out: Outgoing) -> None:
+def post_webhook(out: Outgoing, allowed: Sequence[webhook_guard.Network] = ()) -> None:
     """POST the page to a person's webhook. Its errors, kept as the notification's last_error and
     shown in page views (to admins and to everyone the page notified), name the URL as
-    scheme://host:port/... only: a Slack/Mattermost webhook's path is its credential."""
+    scheme://host:port/... only: a Slack/Mattermost webhook's path is its credential.
+
+    The host is resolved and each address checked again now (corral.services.webhook_guard;
+    `allowed`: the admin's CORRAL_WEBHOOK_ALLOW_NETWORKS), and the request goes to the address
+    checked, the name kept for the Host header and TLS, so a DNS answer changed since (or
+    between the check and the connection) cannot turn it to the cluster's own network."""
+    shown = shown_url(out.note.address)
     try:
-        response = httpx.post(out.note.address, json=webhook_body(out), timeout=10.0)
+        url = httpx.URL(out.note.address)
+        addresses = webhook_guard.checked_addresses(url.host, webhook_guard.port_of(url), allowed)
+        with httpx.Client(timeout=10.0) as client:
+            request = client.build_request(
+                "POST",
+                url.copy_with(host=str(addresses[0])),
+                json=webhook_body(out),
+                headers={"Host": url.netloc.decode("ascii")},
+                extensions={"sni_hostname": url.host} if url.scheme == "https" else None,
+            )
+            response = client.send(request)
+    except webhook_guard.WebhookRefused as exc:
+        raise ChannelError(f"POST {shown}: {exc}") from exc
     except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL: not an HTTPError
-        raise ChannelError(f"POST {shown_url(out.note.address)}: {exc}") from exc
+        raise ChannelError(f"POST {shown}: {exc}") from exc
     if response.status_code >= 300:
         status = f"HTTP {response.status_code} {response.text[:200]}"
         raise ChannelError(f"POST {shown_url(out.note.address)}: {status}")
@@ -178,7 +197,8 @@ def _due(session: Session, now: float) -> list[PageNotification]:
 
 
 def _send_one(mailer: Mailer, note: PageNotification, page: Page | None, user: User | None, key: bytes,
-              config: MonitorConfig, settings: PagingSettings, now: float) -> None:  # fmt: skip
+              config: MonitorConfig, settings: PagingSettings, now: float,
+              allowed: Sequence[webhook_guard.Network]) -> None:  # fmt: skip
     """Send one claimed notification and record the outcome on its row (not committed)."""
     if page is None or user is None or page.state not in OPEN_STATES:
         note.state, note.last_error = "skipped", "the page was acknowledged or cancelled first"
@@ -187,7 +207,7 @@ def _send_one(mailer: Mailer, note: PageNotification, page: Page | None, user: U
     url = f"{public_url()}/api/v1/ack/{ack_token(key, page.id, user.id, expires)}"
     out = Outgoing(note, page, user.name, url, expires)
     try:
-        mailer.send(out) if note.kind == "email" else post_webhook(out)
+        mailer.send(out) if note.kind == "email" else post_webhook(out, allowed)
     except ChannelError as exc:
         record_failure(note, str(exc), config, now)
         log.warning("page %s to %s (%s) failed: %s", page.key, user.name, note.kind, exc)
@@ -201,8 +221,11 @@ def deliver_pages(
     settings: PagingSettings,
     key: bytes,
     now: float,
+    webhook_networks: Sequence[webhook_guard.Network] = (),
 ) -> int:
     """Send the due page notifications; returns how many were handled (sent, failed or skipped).
+    `webhook_networks`: the private networks people's webhooks may reach (the admin's
+    CORRAL_WEBHOOK_ALLOW_NETWORKS; none by default).
 
     Two commits per batch, not one per message: the batch is claimed (`sending`, retried after
     SENDING_RETRY_S if this process dies before the outcome is written), sent over one SMTP
@@ -225,9 +248,8 @@ def deliver_pages(
                 u.id: u for u in session.scalars(select(User).where(User.id.in_({n.user_id for n in due})))
             }
             for note in due:
-                _send_one(
-                    mailer, note, pages.get(note.page_id), users.get(note.user_id), key, config, settings, now
-                )
+                page, user = pages.get(note.page_id), users.get(note.user_id)
+                _send_one(mailer, note, page, user, key, config, settings, now, webhook_networks)
             session.commit()
             return len(due)
     finally:
@@ -244,7 +266,10 @@ def paging_tick(ctx: ServerContext, now: float) -> None:
         if now - _purged_at.get(ctx.owner_id, 0.0) >= PURGE_EVERY_S:
             purge_ended(session, now - SETTINGS.keep_days * 86400.0)
             _purged_at[ctx.owner_id] = now
-    handled = deliver_pages(ctx.session_factory, monitor_config(ctx), SETTINGS, link_key(ctx.settings), now)
+    networks = webhook_guard.parse_networks(ctx.settings.webhook_allow_networks)
+    handled = deliver_pages(
+        ctx.session_factory, monitor_config(ctx), SETTINGS, link_key(ctx.settings), now, networks
+    )
     if (
         handled >= DELIVERY_BATCH or advanced >= ESCALATE_BATCH
     ):  # more may be waiting: run again at once instead of next interval

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, date, datetime
 from typing import Any
@@ -29,7 +29,7 @@ from corral.db.oncall_models import (
     OncallOverride,
     OncallSchedule,
 )
-from corral.services import audit
+from corral.services import audit, webhook_guard
 from corral.services.accounts import check_name, user_by_name
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
@@ -81,7 +81,11 @@ def shown_url(url: str) -> str:
     return f"{parsed.scheme}://{url_host(parsed.host)}{port}/..."
 
 
-def check_address(kind: str, address: str) -> str:
+def check_address(kind: str, address: str, allowed: Sequence[webhook_guard.Network] = ()) -> str:
+    """The address, stripped, if a contact of `kind` may have it. A webhook's host must not be,
+    nor resolve to, an address inside the cluster's networks unless `allowed` (the admin's
+    CORRAL_WEBHOOK_ALLOW_NETWORKS) holds it (corral.services.webhook_guard); a name that does not
+    resolve now is let through, and checked again at every send."""
     address = address.strip()
     if kind not in CONTACT_KINDS:
         raise Invalid(f"kind must be one of {', '.join(CONTACT_KINDS)}, not {kind!r}", ("body", "kind"))
@@ -91,9 +95,15 @@ def check_address(kind: str, address: str) -> str:
         raise Invalid(f"a {kind} contact needs an http(s):// URL, not {address!r}", ("body", "address"))
     if kind != "email":
         try:  # what the paging loop will POST to: a control character is no URL
-            httpx.URL(address)
+            url = httpx.URL(address)
         except httpx.InvalidURL as exc:
             raise Invalid(f"{address!r} is not a URL a {kind} can be sent to: {exc}", ("body", "address"))
+        try:
+            webhook_guard.checked_addresses(url.host, webhook_guard.port_of(url), allowed)
+        except webhook_guard.Unresolved:
+            pass
+        except webhook_guard.WebhookRefused as exc:
+            raise Invalid(str(exc), ("body", "address")) from None
     return address
 
 
@@ -127,10 +137,19 @@ def set_email(session: Session, principal: Principal, name: str, email: str | No
     return contacts_view(session, user)
 
 
-def add_contact(session: Session, principal: Principal, name: str, kind: str, address: str) -> dict[str, Any]:
+def add_contact(
+    session: Session,
+    principal: Principal,
+    name: str,
+    kind: str,
+    address: str,
+    allowed: Sequence[webhook_guard.Network] = (),
+) -> dict[str, Any]:
+    """Add a contact method; `allowed`: the private networks a webhook may reach (the admin's
+    CORRAL_WEBHOOK_ALLOW_NETWORKS)."""
     user = user_by_name(session, name)
     _may_manage(principal, user)
-    address = check_address(kind, address)
+    address = check_address(kind, address, allowed)
     if session.scalar(
         select(ContactMethod.id).where(
             ContactMethod.user_id == user.id, ContactMethod.kind == kind, ContactMethod.address == address

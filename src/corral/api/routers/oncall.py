@@ -18,7 +18,7 @@ from corral.api.deps import DB, NO_NUL_TEXT, CurrentUser, NameInPath, RowId, fas
 from corral.api.pattern_words import worded
 from corral.api.schemas import BooleansApart
 from corral.services import oncall as svc
-from corral.services import oncall_feed, paging
+from corral.services import oncall_feed, paging, webhook_guard
 from corral.services.accounts import NAME_RE
 
 router = APIRouter(tags=["oncall"])
@@ -421,9 +421,13 @@ def set_email(name: NameInPath, body: EmailIn, db: DB, principal: CurrentUser) -
 
 
 @router.post("/users/{name}/contacts", response_model=ContactsOut, status_code=201)
-def add_contact(name: NameInPath, body: ContactIn, db: DB, principal: CurrentUser) -> Any:
-    """Add an email address, a webhook URL (generic JSON) or a Slack/Mattermost webhook URL."""
-    return fast_json(svc.add_contact(db, principal, name, body.kind, body.address), status_code=201)
+def add_contact(name: NameInPath, body: ContactIn, request: Request, db: DB, principal: CurrentUser) -> Any:
+    """Add an email address, a webhook URL (generic JSON) or a Slack/Mattermost webhook URL. A
+    webhook's host may not be a loopback, link-local or private address, unless the admin's
+    CORRAL_WEBHOOK_ALLOW_NETWORKS holds it (422 saying so)."""
+    allowed = webhook_guard.parse_networks(request.app.state.settings.webhook_allow_networks)
+    view = svc.add_contact(db, principal, name, body.kind, body.address, allowed)
+    return fast_json(view, status_code=201)
 
 
 @router.delete("/users/{name}/contacts/{contact_id}", status_code=204)
