@@ -1,0 +1,104 @@
+"""A person's webhook is POSTed to the very address the guard checked (corral.services.
+webhook_guard), not to whatever the name resolves to when httpx connects: the connection goes to
+the checked IP while the Host header and TLS (SNI and certificate check) keep the name. Against a
+real HTTPS receiver on 127.0.0.1 whose certificate names only `localhost`."""
+
+from __future__ import annotations
+
+import datetime
+import http.server
+import ipaddress
+import json
+import ssl
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from corral.db.oncall_models import Page, PageNotification
+from corral.monitor.pager import ChannelError, Outgoing, post_webhook
+
+LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"),)
+
+
+def _certificate(tmp_path: Path) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return cert_file, key_file
+
+
+@pytest.fixture
+def tls_receiver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[int, list[Any]]]:
+    cert_file, key_file = _certificate(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert_file))  # httpx trusts it (trust_env)
+    received: list[Any] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            received.append((self.headers["Host"], self.path, body["event"]))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _outgoing(address: str) -> Outgoing:
+    note = PageNotification(kind="webhook", address=address, round=0, step=0)
+    page = Page(id=1, key="k", subject="s", body="b", policy_name="p", state="triggered", created_at=0.0)
+    return Outgoing(note, page, "alice", "http://corral.test/api/v1/ack/x", 0.0)
+
+
+def test_an_https_webhook_goes_to_the_checked_address_with_its_name_for_host_and_tls(
+    tls_receiver: tuple[int, list[Any]],
+) -> None:
+    port, received = tls_receiver
+    post_webhook(_outgoing(f"https://localhost:{port}/hook"), LOOPBACK)
+    assert received == [(f"localhost:{port}", "/hook", "page")]
+    # Without the admin's allowance, loopback is refused before any connection.
+    with pytest.raises(ChannelError, match=r"localhost \(127\.0\.0\.1\) is a loopback address"):
+        post_webhook(_outgoing(f"https://localhost:{port}/again"), ())
+    # The certificate names localhost only: an address in the URL is checked against it (no name
+    # to send), and fails, so the name, not the address, is what TLS checked above.
+    with pytest.raises(ChannelError, match="CERTIFICATE_VERIFY_FAILED"):
+        post_webhook(_outgoing(f"https://127.0.0.1:{port}/by-address"), LOOPBACK)
+    assert len(received) == 1
