@@ -80,7 +80,8 @@ def everyone(status: int) -> dict[str, int]:
 
 
 ADMIN_ONLY_200 = {"alice": 403, "bob": 403, "carol": 403, "admin": 200}
-JOB_OWNER_VIEW = {"alice": 200, "bob": 200, "carol": 403, "admin": 200}
+# carol may not see alice's job: 404, as a missing job (test_job_ids_hidden.py)
+JOB_OWNER_VIEW = {"alice": 200, "bob": 200, "carol": 404, "admin": 200}
 
 CASES = [
     Case("POST", "/api/v1/auth/logout", everyone(204)),
@@ -96,7 +97,7 @@ CASES = [
     Case(
         "DELETE",
         "/api/v1/jobs/{job_id}",
-        {"alice": 204, "bob": 403, "carol": 403, "admin": 204},
+        {"alice": 204, "bob": 403, "carol": 404, "admin": 204},
         path=lambda w: f"/api/v1/jobs/{_finished_job(w)}",
     ),
     Case(
@@ -108,7 +109,7 @@ CASES = [
         JOB_OWNER_VIEW,
         path=lambda w: f"/api/v1/jobs/{_job(w)}/cancel",
     ),
-    # A queued job needs no engine for its logs (they say why it waits); others get 403.
+    # A queued job needs no engine for its logs (they say why it waits); others get 404.
     Case("GET", "/api/v1/jobs/{job_id}/logs", JOB_OWNER_VIEW, path=lambda w: f"/api/v1/jobs/{_job(w)}/logs"),
     Case("GET", "/api/v1/nodes", everyone(200)),
     Case("POST", "/api/v1/nodes/{name}/{action}", ADMIN_ONLY_200, path=lambda w: "/api/v1/nodes/n1/cordon"),

@@ -79,7 +79,7 @@ def test_cli_job_commands(world: World, server_url: str, tmp_path: Path) -> None
     assert "1 failure (no retry allowed), 2 platform losses (3 requeues allowed), 1 preemption" in said
     assert "requeued (platform loss 2 of 3)" in out
     code, out = run(world, server_url, "carol", "show", str(job["id"]))
-    assert code == 1 and f"job {job['id']} belongs to another user" in out
+    assert code == 1 and f"no job with id {job['id']}" in out, out  # as a missing job
     code, out = run(world, server_url, "alice", "logs", str(job["id"]))
     assert code == 0 and f"job {job['id']} is queued" in out
     code, out = run(world, server_url, "alice", "cancel", str(job["id"]))
@@ -573,5 +573,5 @@ def test_cli_retry_resubmits_an_ended_job_and_refuses_a_live_one(
     held = json.loads(out)
     assert code == 0 and held["hold"] and held["spec"] == first["spec"], out
     code, out = run(world, server_url, "carol", "retry", str(first["id"]))
-    assert code == 1 and f"job {first['id']} belongs to another user" in out, out
+    assert code == 1 and f"no job with id {first['id']}" in out, out  # as a missing job
     assert world.client.get("/api/v1/jobs", headers=world.as_("alice")).json()["total"] == 3

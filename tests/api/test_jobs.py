@@ -295,7 +295,7 @@ def test_cancel_in_every_state(world: World) -> None:
     assert cancel(running).status_code == 200  # repeating is harmless
     with world.session_factory() as db:
         assert job_state(db, running) == "running"
-    assert cancel(running, "carol").status_code == 403
+    assert cancel(running, "carol").status_code == 404  # may not see it: as a missing job
     assert world.client.post(f"{JOBS}/999999/cancel", headers=world.as_("admin")).status_code == 404
 
 

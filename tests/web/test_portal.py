@@ -316,7 +316,7 @@ def test_admin_changes_a_quota_and_cordons_a_node(portal: Portal) -> None:
     assert page.js_errors == []
 
 
-def test_forbidden_and_missing_jobs_get_error_pages(portal: Portal) -> None:
+def test_unseen_and_missing_jobs_get_the_not_found_page(portal: Portal) -> None:
     ann = api_as(portal, "ann")
     r = ann.post(
         "/api/v1/jobs",
@@ -328,13 +328,15 @@ def test_forbidden_and_missing_jobs_get_error_pages(portal: Portal) -> None:
     ben = api_as(portal, "ben")
     api_status = ben.get(f"/api/v1/jobs/{secret['id']}").status_code
     ben.close()
-    assert api_status == 403
+    assert api_status == 404  # as a missing job: ids are not probeable
 
     page = portal.login("ben", path=f"/jobs/{secret['id']}")
     error = page.locator(".error-page")
-    # A forbidden job gets the 403 page, not the job and not a stack trace.
-    expect(error).to_have_attribute("data-status", "403")
-    expect(error.locator("h1")).to_contain_text("403")
+    # Another user's job gets the not-found page a missing job gets, not the job and not a
+    # stack trace.
+    expect(error).to_have_attribute("data-status", "404")
+    expect(error.locator("h1")).to_contain_text("404")
+    expect(error).to_contain_text(f"no job with id {secret['id']}")
     expect(page.locator("body")).not_to_contain_text("anns-secret-job")
     expect(page.locator("body")).not_to_contain_text("Traceback")
 

@@ -2,7 +2,8 @@
 (`corral release`), as Slurm's `scontrol hold/release`.
 
 - Who: the job's owner, an admin of its group, or an admin (the ones who may see it: anyone else
-  gets get_job's 404/403). An admin's hold (`held_as_admin`) is released only by an admin.
+  gets get_job's 404, as for a missing job). An admin's hold (`held_as_admin`) is released only
+  by an admin.
 - What: the job stays QUEUED (submit time, priority, history kept); the schedule loop leaves it
   out of its input (server/snapshot.py), so it is never placed and counts in no one's queue
   position or estimated start. Its "why pending" is the hold (services.views.effective_diagnosis).

@@ -48,7 +48,7 @@ from corral.scheduler.runtimes import KEEP_RUNS, LEVELS, MIN_RUNS, RuntimeEstima
 from corral.services import audit, notify
 from corral.services.audit_state import job_state
 from corral.services.auth import Principal
-from corral.services.errors import Conflict, Forbidden, Invalid, NotFound, ServiceError
+from corral.services.errors import Conflict, Invalid, NotFound, ServiceError
 from corral.services.lifecycle import AttemptState, JobState, record_event, request_cancel, transition
 from corral.services.lifecycle import hold as hold_queued
 from corral.services.nodes import scheduler_node
@@ -617,8 +617,11 @@ def can_see(principal: Principal, job: Job) -> bool:
 
 
 def get_job(session: Session, principal: Principal, job_id: int, *, for_update: bool = False) -> Job:
-    """The job if the caller may see it: 404 when there is no such job, 403 when it belongs to
-    someone the caller may not see (the portal shows a "forbidden" page, as users expect)."""
+    """The job if the caller may see it, else 404 `no job with id N`: a job the caller may not
+    see (another user's, outside the groups they administer) answers exactly as a missing one, so
+    ids cannot be probed for which are live (as groups, datasets and workspaces). Callers who may
+    see a job but not act on it (a group admin deleting or entering a member's job) get 403 from
+    the action naming why."""
     stmt = (
         select(Job)
         .where(Job.id == job_id)
@@ -627,10 +630,8 @@ def get_job(session: Session, principal: Principal, job_id: int, *, for_update: 
     if for_update:
         stmt = stmt.with_for_update(of=Job)
     job = session.scalars(stmt).unique().first()
-    if job is None:
+    if job is None or not can_see(principal, job):
         raise NotFound(f"no job with id {job_id}")
-    if not can_see(principal, job):
-        raise Forbidden(f"job {job_id} belongs to another user; you may not see it")
     return job
 
 

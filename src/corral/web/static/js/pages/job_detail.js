@@ -1,7 +1,8 @@
 // Job detail: state timeline (events), attempts, why pending, live log tail (polling the logs
 // endpoint with offsets), GPU utilization chart where metrics exist, and cancel / hold / release /
 // clone / download / delete.
-// A missing job shows the 404 page, someone else's job the 403 page (raised by the first GET).
+// A missing job shows the 404 page, and so does a job the user may not see (the API answers it
+// exactly as a missing one), raised by the first GET.
 
 import { ApiError, api, get } from "../api.js";
 import { navigate } from "../app.js";
@@ -31,7 +32,7 @@ const MAX_LOG_CHARS = 256 * 1024; // keep the tail: a chatty job must not slow t
 
 export async function render(ctx) {
   const id = ctx.params[0];
-  let job = await firstLoad(id); // 403/404 become the error pages (app.js)
+  let job = await firstLoad(id); // a 404 becomes the error page (app.js)
   const head = h("div", { class: "page-head" });
   // A refused cancel, hold, release or delete: under the head, which is redrawn every 2 s.
   const message = messageBox("job-message");
