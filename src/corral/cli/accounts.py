@@ -85,7 +85,8 @@ def user_add_to_group(
 ) -> None:
     """Add user NAME to GROUP, or set their role there (admin, or an admin of GROUP). Without
     --admin or --member a new member joins as member and an existing one keeps their role; says so
-    when nothing changed."""
+    when nothing changed. An admin of GROUP may add any user without asking them: the group's
+    mounts, secrets and shared data become theirs to use (docs/security.md)."""
     if group_admin and member:
         error_line("give --admin or --member, not both")
         raise typer.Exit(2)

@@ -63,9 +63,12 @@ def _admin(principal: Principal, what: str) -> None:
 # --- contacts -----------------------------------------------------------------------------------
 
 
-def _may_manage(principal: Principal, user: User, verb: str = "change") -> None:
-    if principal.user_id != user.id and not principal.is_admin:
-        raise Forbidden(f"only {user.name} and admins may {verb} {user.name}'s contact methods")
+def _may_manage(principal: Principal, name: str, verb: str = "change") -> None:
+    """Checked before the user is looked up, on the name asked for: anyone else gets this 403
+    whether `name` is a user or not, so the contact routes tell no one which user names exist
+    (as the user routes' password and default-group changes)."""
+    if principal.name != name and not principal.is_admin:
+        raise Forbidden(f"only {name} and admins may {verb} {name}'s contact methods")
 
 
 def shown_url(url: str) -> str:
@@ -119,14 +122,14 @@ def contacts_view(session: Session, user: User) -> dict[str, Any]:
 
 
 def get_contacts(session: Session, principal: Principal, name: str) -> dict[str, Any]:
+    _may_manage(principal, name, "see")
     user = user_by_name(session, name)
-    _may_manage(principal, user, "see")
     return contacts_view(session, user)
 
 
 def set_email(session: Session, principal: Principal, name: str, email: str | None) -> dict[str, Any]:
+    _may_manage(principal, name)
     user = user_by_name(session, name)
-    _may_manage(principal, user)
     before = {"email": user.email}
     user.email = check_address("email", email) if email else None
     audit.record(
@@ -147,8 +150,8 @@ def add_contact(
 ) -> dict[str, Any]:
     """Add a contact method; `allowed`: the private networks a webhook may reach (the admin's
     CORRAL_WEBHOOK_ALLOW_NETWORKS)."""
+    _may_manage(principal, name)
     user = user_by_name(session, name)
-    _may_manage(principal, user)
     address = check_address(kind, address, allowed)
     if session.scalar(
         select(ContactMethod.id).where(
@@ -166,8 +169,8 @@ def add_contact(
 
 
 def remove_contact(session: Session, principal: Principal, name: str, contact_id: int) -> None:
+    _may_manage(principal, name)
     user = user_by_name(session, name)
-    _may_manage(principal, user)
     row = session.get(ContactMethod, contact_id)
     if row is None or row.user_id != user.id:
         raise NotFound(f"{user.name} has no contact method {contact_id}")
