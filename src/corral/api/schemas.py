@@ -504,6 +504,9 @@ class TokenOut(BaseModel):
     expires_at: float | None
     revoked_at: float | None
     token: str | None = Field(None, description="the secret; returned once, at creation")
+    note: str | None = Field(
+        None, description="at creation: why it expires sooner than asked (made with a shorter-lived token)"
+    )
 
 
 class SshKeyIn(_In):

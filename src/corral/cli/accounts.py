@@ -199,11 +199,17 @@ def token_create(
     name: Annotated[str, typer.Option(help="a label to recognise it")] = "cli",
     user: Annotated[str | None, typer.Option(help="admins: for another user")] = None,
     expires_in_days: Annotated[
-        float | None, typer.Option(help="default: the server's (CORRAL_TOKEN_DEFAULT_LIFETIME_DAYS)")
+        float | None,
+        typer.Option(
+            help="default: the server's (CORRAL_TOKEN_DEFAULT_LIFETIME_DAYS); never past your token's expiry"
+        ),
     ] = None,
     output: OutputOpt = Output.table,
 ) -> None:
-    """Create an API token; the secret is printed once."""
+    """Create an API token; the secret is printed once.
+
+    Made with a token that expires, it expires no later than that token; the portal's Profile
+    page makes longer ones."""
     with client() as c:
         token = c.create_token(name, user=user, expires_in_days=expires_in_days)
     if output is Output.json:
@@ -211,6 +217,8 @@ def token_create(
         return
     out.print(token["token"])  # alone on stdout, for scripts; the rest on stderr
     err.print(f"token {token['id']} ({token['name']}) expires {expires(token['expires_at'])}")
+    if token.get("note"):
+        err.print(token["note"])
 
 
 @token_app.command("ls")

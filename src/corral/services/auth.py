@@ -246,6 +246,26 @@ def token_lifetime_s(settings: Settings, expires_in_days: float | None) -> float
     return None if days is None else days * 86400.0
 
 
+def capped_to_maker(
+    principal: Principal, lifetime_s: float | None, now: float
+) -> tuple[float | None, str | None]:
+    """A new token's lifetime when `principal` makes it: a token made with an API token expires
+    no later than that token, so a stolen short-lived token cannot mint a long-lived one. Returns
+    the lifetime and, when it was cut, the note the answer carries saying why. A portal session
+    (a password login) and a token that never expires make tokens of the normal lifetime
+    (token_lifetime_s)."""
+    if principal.via != "token" or principal.expires_at is None:
+        return lifetime_s, None
+    left = max(0.0, principal.expires_at - now)
+    if lifetime_s is not None and lifetime_s <= left:
+        return lifetime_s, None
+    made_with = principal.credential or "token"
+    return left, (
+        f"expires with {made_with.replace(':', ' ')}, the token it was made with: a token made with "
+        "a token may not outlive it (the portal's Profile page makes a longer one)"
+    )
+
+
 def owner_filter(session: Session, principal: Principal, user: str | None, *, all_users: bool) -> int | None:
     """Whose tokens or sessions a listing shows: None for the caller's own, 0 for everyone's,
     else that user's id. Only admins may ask for more than their own."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response, status
@@ -18,7 +19,7 @@ from corral.services.errors import Forbidden
 router = APIRouter(tags=["tokens"])
 
 
-def _view(token: ApiToken, user: str, secret: str | None = None) -> dict[str, Any]:
+def _view(token: ApiToken, user: str, secret: str | None = None, note: str | None = None) -> dict[str, Any]:
     return {
         "id": token.id,
         "name": token.name,
@@ -29,6 +30,7 @@ def _view(token: ApiToken, user: str, secret: str | None = None) -> dict[str, An
         "expires_at": token.expires_at,
         "revoked_at": token.revoked_at,
         "token": secret,
+        "note": note,
     }
 
 
@@ -48,7 +50,8 @@ def list_tokens(
 @router.post("/tokens", status_code=status.HTTP_201_CREATED, response_model=TokenOut)
 def create_token(body: TokenIn, request: Request, db: DB, principal: CurrentUser) -> Any:
     """The secret is in the answer once; only its hash is stored. Without `expires_in_days` the
-    token gets the configured default lifetime; more than the configured maximum is refused."""
+    token gets the configured default lifetime; more than the configured maximum is refused.
+    Made with an API token, it expires no later than that token (`note` says so when cut)."""
     if body.user is not None and body.user != principal.name:
         if not principal.is_admin:
             raise Forbidden("only an administrator may create tokens for another user")
@@ -57,8 +60,10 @@ def create_token(body: TokenIn, request: Request, db: DB, principal: CurrentUser
         found = db.get(User, principal.user_id)
         assert found is not None
         user = found
-    expires = svc.token_lifetime_s(request.app.state.settings, body.expires_in_days)
-    token, secret = svc.create_token(db, user, body.name, expires_in_s=expires)
+    now = time.time()
+    asked = svc.token_lifetime_s(request.app.state.settings, body.expires_in_days)
+    expires, note = svc.capped_to_maker(principal, asked, now)
+    token, secret = svc.create_token(db, user, body.name, expires_in_s=expires, now=now)
     audit.record(
         db,
         actor=principal,
@@ -68,7 +73,7 @@ def create_token(body: TokenIn, request: Request, db: DB, principal: CurrentUser
         after=token_state(token, user.name),
     )
     db.commit()
-    return _view(token, user.name, secret)
+    return _view(token, user.name, secret, note)
 
 
 @router.delete("/tokens/{token_id}", status_code=204)
