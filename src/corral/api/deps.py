@@ -100,6 +100,16 @@ def _authenticate(request: Request, db: Session) -> Principal:
     raise Unauthenticated("not authenticated: send 'Authorization: Bearer <token>' or log in")
 
 
+def principal_or_none(request: Request, db: Session) -> Principal | None:
+    """The caller if the request carries a valid credential, else None: for a route open to
+    everyone that shows more to some (`/readyz`). A malformed Authorization header is no
+    credential here either."""
+    try:
+        return _authenticate(request, db)
+    except (Unauthenticated, Forbidden):
+        return None
+
+
 def require_admin(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
     if not principal.is_admin:
         raise Forbidden("only an administrator may do this")
