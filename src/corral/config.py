@@ -105,6 +105,11 @@ class Settings(FileVariablesSettings):
     # TCP port on `host`, 0 = off. It runs inside the server process, on its own thread.
     ssh_gateway_port: int = Field(default=2222, ge=0, le=65535)
     ssh_gateway_host: str | None = None  # its bind address; None: the API's `host`
+    # Behind a reverse proxy: the proxies whose X-Forwarded-For/-Proto are believed (uvicorn's
+    # forwarded_allow_ips: comma-separated addresses or networks, "*" any). None or empty: no
+    # proxy headers at all, the TCP peer is the source (audit, per-address lockout and rate
+    # limit): otherwise any local process could claim any address (docs/security.md).
+    forwarded_allow_ips: str | None = None
     engine: Literal["local", "slurm"] = "local"
     node_name: str = Field(default_factory=socket.gethostname)
     virtual_gpus: int | None = None  # None: discover with NVML, else declare N virtual GPUs

@@ -71,8 +71,9 @@ async def get_principal(request: Request, db: DB) -> Principal:
 
 
 def client_address(request: Request) -> str:
-    """The request's peer address (behind a reverse proxy: the proxy's, unless uvicorn is told
-    to trust its X-Forwarded-For with --forwarded-allow-ips; docs/security.md)."""
+    """The request's TCP peer address; behind a reverse proxy named in CORRAL_FORWARDED_ALLOW_IPS,
+    the client address it sends in X-Forwarded-For (uvicorn's proxy headers, off unless that is
+    set; docs/security.md)."""
     return request.client.host if request.client else "unknown"
 
 

@@ -337,5 +337,9 @@ def _api_server(
         timeout_keep_alive=settings.api_keep_alive_s,  # idle connections are closed (slow clients)
         ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
         ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
+        # Proxy headers only from the proxies an admin named (CORRAL_FORWARDED_ALLOW_IPS): with
+        # uvicorn's default (on, trusting 127.0.0.1) any local process set its own source address.
+        proxy_headers=bool(settings.forwarded_allow_ips),
+        forwarded_allow_ips=settings.forwarded_allow_ips or None,
     )
     return uvicorn.Server(config)
