@@ -82,7 +82,7 @@ class JobsApi(BaseClient):
         its spec as stored (pinned mounts, its group and its code included), whatever the job's
         state. `code`: a code snapshot id (upload_code) to run the copy in instead of the job's
         own; `hold`: as for `submit`. Refusals raise ApiError with the server's message: no such
-        job (404), another user's job you may not see (403), a spec the server no longer accepts
+        job or one you may not see (404, the same answer for both), a spec the server no longer accepts
         (422: a copy of an environment's build job, a mount gone since)."""
         return self.submit(self.job(job_id)["spec"], code=code, hold=hold)
 
