@@ -308,3 +308,30 @@ def test_an_output_name_a_manifest_cannot_carry_is_refused_leaving_nothing(
     assert r.status_code == 409 and words in r.json()["detail"], r.text
     assert list((root / "model" / ".staging").iterdir()) == []
     assert world.client.get(f"{API}/models/odd", headers=world.as_("alice")).status_code == 404
+
+
+def test_every_file_a_version_lists_downloads_whatever_its_name(world: World, settings: Any) -> None:
+    # A job's `/outputs/m/.hidden`, `my weights (1).bin`, a name of 80 characters or `ümlaut.txt`
+    # were registered (a version of them all) but `corral model pull` stopped at the first with
+    # "path component '.hidden' is not a valid name": GET .../file took the path for a user or
+    # group name (letters, digits, '_', '.', '-', at most 64), so those files could never be read.
+    alice = world.as_("alice")
+    names = {
+        ".hidden": b"h",
+        "my weights (1).bin": b"w",
+        f"sub dir/{'x' * 80}.pt": b"long",
+        "ümlaut.txt": b"u",
+    }
+    job = finished_job(world, "alice", {f"m/{k}": v for k, v in names.items()}, settings.storage_path)
+    r = world.client.post(f"{API}/models/odd/versions", json={"job_id": job, "path": "m"}, headers=alice)
+    assert r.status_code == 201, r.text
+    listed = world.client.get(f"{API}/models/odd/versions/1/files", headers=alice).json()["items"]
+    assert sorted(f["path"] for f in listed) == sorted(names)
+    for path, data in names.items():
+        r = world.client.get(f"{API}/models/odd/versions/1/file", params={"path": path}, headers=alice)
+        assert r.status_code == 200 and r.content == data, (path, r.text)
+    for bad in ("../1/w.bin", "sub dir/../.hidden", "/etc/passwd", "a//b", "./x", "a\x01b"):
+        r = world.client.get(f"{API}/models/odd/versions/1/file", params={"path": bad}, headers=alice)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "path"], (bad, r.text)
+    r = world.client.get(f"{API}/models/odd/versions/1/file", params={"path": "nope.bin"}, headers=alice)
+    assert r.status_code == 404 and "has no file 'nope.bin'" in r.text, r.text

@@ -231,11 +231,16 @@ def list_files(top: Path) -> list[dict[str, Any]]:
 
 
 def file_of(top: Path, rel: str) -> Path:
-    """A file of a version (which holds no links: it was copied without them)."""
-    try:
-        check_subpath("path", rel)
-    except StorageError as exc:
-        raise OutsideOutputs(str(exc)) from None
+    """A file of a version (which holds no links: it was copied without them). `rel` is checked
+    as the registration checked the job's names (`_check_name`), not as a user or group name:
+    `.hidden`, `my weights (1).bin`, a long or non-ASCII name were copied into the version and
+    must come out of it again."""
+    if "\x00" in rel or rel.startswith("/"):
+        raise OutsideOutputs(f"path {rel!r} must be relative to the version, e.g. weights/model.pt")
+    if any(part in ("", ".", "..") for part in rel.split("/")):
+        raise OutsideOutputs(f"path {rel!r} holds an empty, '.' or '..' part")
+    if any(ord(c) < 32 or ord(c) == 127 for c in rel):
+        raise OutsideOutputs(f"path {rel!r} holds a control character; no file of a version does")
     path = top / rel
     if not path.is_file():
         raise FileNotFoundError(rel)
