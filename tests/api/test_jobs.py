@@ -424,3 +424,35 @@ def test_a_mount_of_a_missing_group_path_is_refused_at_submit(world: World, sett
     assert submit(world, "alice", spec).status_code == 201
     own = {**SIMPLE_JOB, "mounts": [{"source": "group/vision/alice", "target": "/mnt/mine"}]}
     assert submit(world, "alice", own).status_code == 201
+
+
+def test_a_mount_inside_another_or_on_the_jobs_environment_is_refused_at_submit(world: World) -> None:
+    """`home` at /mnt/x with `group/vision/alice` at /mnt/x/g was queued, and its launch made the
+    mount point inside the first mount as root: a dir of root's left in the user's home, or, under
+    a read-only dataset, every attempt failed ("bwrap: Can't mkdir /mnt/x/g: Read-only file
+    system"). A mount at /env/<name> of a job whose environment is <name> ran, the environment's
+    bind hiding the mount without a word. Both are refused at submit, naming the two places."""
+    nested = [
+        {"source": "home", "target": "/mnt/x"},
+        {"source": "group/vision/alice", "target": "/mnt/x/g"},
+    ]
+    for mounts in (nested, nested[::-1]):
+        r = submit(world, "alice", {**SIMPLE_JOB, "mounts": mounts})
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["msg"] == (
+            "mount source 'group/vision/alice' at '/mnt/x/g' is inside mount source 'home' at '/mnt/x': "
+            "give each mount a place of its own, not one inside another"
+        ), r.text
+    for target in ("/env/tools", "/env/tools/data", "/env"):
+        spec = {**SIMPLE_JOB, "environment": "tools", "mounts": [{"source": "home", "target": target}]}
+        r = submit(world, "alice", spec)
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["msg"] == (
+            f"mount source 'home' at '{target}' overlaps '/env/tools', where the job's environment "
+            "'tools' is bound: mount it elsewhere"
+        ), r.text
+    # Beside each other, or beside the environment's place, they are fine.
+    side = [{"source": "home", "target": "/mnt/x"}, {"source": "group/vision/alice", "target": "/mnt/xg"}]
+    assert submit(world, "alice", {**SIMPLE_JOB, "mounts": side}).status_code == 201
+    spec = {**SIMPLE_JOB, "mounts": [{"source": "home", "target": "/env/tools"}]}  # the server's own env
+    assert submit(world, "alice", spec).status_code == 201

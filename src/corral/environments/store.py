@@ -25,6 +25,15 @@ INCOMING = ".incoming-"
 KEY_LEN = 64
 
 
+def environment_place(environment: str) -> dict[str, str]:
+    """{where the job's environment is bound: what it is} for a spec's `environment` ("name" or
+    "name@3"); none for the server's own. The spec's mounts may not go there (corral.storage.mounts)."""
+    name = environment.partition("@")[0]
+    if name == DEFAULT_ENVIRONMENT:
+        return {}
+    return {f"{SANDBOX_ENV}/{name}": f"the job's environment {name!r}"}
+
+
 def base_python() -> str:
     """The interpreter environments are built for: the server's base interpreter (a venv's
     `bin/python` is a symlink to it), which must exist at the same path on every node."""

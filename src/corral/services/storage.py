@@ -20,6 +20,7 @@ from corral.config import Settings
 from corral.datasets import mounts as _dataset_mounts  # noqa: F401  (registers the data/ source)
 from corral.db.models import Group, Job, Membership, User
 from corral.db.storage_models import CodeClaim, CodeSnapshotClaim, StorageIdentity
+from corral.environments.store import environment_place
 from corral.services import audit
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
@@ -59,7 +60,11 @@ def check_job_storage(
         return spec
     ctx = mount_context(session, principal, root)
     try:
-        binds = resolve_all(ctx, [(m.source, m.target or "", m.mode == "ro") for m in spec.mounts])
+        binds = resolve_all(
+            ctx,
+            [(m.source, m.target or "", m.mode == "ro") for m in spec.mounts],
+            environment_place(spec.environment),
+        )
     except MountRefused as exc:
         if exc.forbidden:
             raise Forbidden(str(exc)) from exc

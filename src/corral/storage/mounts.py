@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -143,8 +143,13 @@ def resolve(ctx: MountContext, source: str, target: str = "", readonly: bool = T
     return bind
 
 
-def resolve_all(ctx: MountContext, requests: Iterable[tuple[str, str, bool]]) -> list[Bind]:
-    """The spec's mounts (source, target, readonly), checked together: no two on one target."""
+def resolve_all(
+    ctx: MountContext, requests: Iterable[tuple[str, str, bool]], taken: Mapping[str, str] | None = None
+) -> list[Bind]:
+    """The spec's mounts (source, target, readonly), checked together: no two on one target, none
+    inside another, and none on or around `taken` ({target: what the job binds there itself}, e.g.
+    its environment at /env/<name>)."""
+    requests = list(requests)
     binds = [resolve(ctx, source, target, readonly) for source, target, readonly in requests]
     if len(binds) > MAX_MOUNTS:
         raise MountRefused(f"{len(binds)} mounts; at most {MAX_MOUNTS} are allowed")
@@ -153,7 +158,33 @@ def resolve_all(ctx: MountContext, requests: Iterable[tuple[str, str, bool]]) ->
         if b.target in seen:
             raise MountRefused(f"two mounts on {b.target}")
         seen.add(b.target)
+    placed = [(b.target, f"mount source {req[0]!r}") for b, req in zip(binds, requests, strict=True)]
+    _refuse_nested(placed, taken or {})
     return binds
+
+
+def _inside(inner: str, outer: str) -> bool:
+    return inner.startswith(outer.rstrip("/") + "/")
+
+
+def _refuse_nested(placed: list[tuple[str, str]], taken: Mapping[str, str]) -> None:
+    """One mount inside another made bwrap (root) create the inner one's mount point in the
+    outer one: a failed launch ("Can't mkdir /mnt/x/y: Read-only file system") inside a dataset,
+    a root-owned dir left in the user's home or group dir otherwise. A mount on the job's own
+    environment was hidden by it without a word. Both are refused at submit, naming the two."""
+    for target, what in placed:
+        for other, other_what in placed:
+            if _inside(target, other):
+                raise MountRefused(
+                    f"{what} at {target!r} is inside {other_what} at {other!r}: "
+                    "give each mount a place of its own, not one inside another"
+                )
+        for fixed, fixed_what in taken.items():
+            if target == fixed or _inside(target, fixed) or _inside(fixed, target):
+                raise MountRefused(
+                    f"{what} at {target!r} overlaps {fixed!r}, where {fixed_what} is bound: "
+                    "mount it elsewhere"
+                )
 
 
 # -- the built-in sources: home and group --------------------------------------------------------

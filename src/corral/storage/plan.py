@@ -15,6 +15,7 @@ from corral.config import Settings
 from corral.db.models import Group, Job, Membership, User
 from corral.db.storage_models import StorageIdentity
 from corral.environments.mounts import plan_environments
+from corral.environments.store import environment_place
 from corral.storage import code
 from corral.storage.identities import IdRange, IdsExhausted, allocate_missing
 from corral.storage.layout import StorageDir, StorageError, job_logs_dir, outputs_dir
@@ -159,7 +160,11 @@ def _plan_one(
     whose venv goes into the store (docs/catalogues.md, "Build jobs are closed")."""
     gids = tuple(sorted(group_gids.values()))
     try:
-        spec_binds = resolve_all(ctx, [(m.source, m.target or "", m.mode == "ro") for m in job.spec.mounts])
+        spec_binds = resolve_all(
+            ctx,
+            [(m.source, m.target or "", m.mode == "ro") for m in job.spec.mounts],
+            environment_place(job.spec.environment),
+        )
         binds = [] if build else default_binds(ctx, group_gids)
     except (MountRefused, StorageError) as exc:
         return JobStorage(uid, gids, refused=f"storage: {exc}")
