@@ -166,3 +166,25 @@ def test_env_ls_lists_the_servers_own_default_that_jobs_and_workspaces_accept(
     assert first.split() == ["default", "(the", "server's)", "always", "-", "everyone", "-", "-"], out
     code, out = run(world, server_url, "alice", "env", "ls", "-o", "json")
     assert code == 0 and json.loads(out) == [], out
+
+
+def test_the_servers_own_default_is_named_as_such_where_it_has_no_catalogue_entry(world: World) -> None:
+    """`corral env ls` lists `default` first, yet `env show default` answered "there is no
+    environment named 'default'" and a job's `environment: default@1` "environment 'default' does
+    not exist (see `corral env ls`)", which lists it. Each now says what `default` is."""
+    alice = world.as_("alice")
+    what = "'default' is the server's own interpreter and packages, not a catalogue environment"
+    for method, path in (
+        ("GET", f"{API}/environments/default"),
+        ("GET", f"{API}/environments/default/versions/1"),
+        ("DELETE", f"{API}/environments/default"),
+    ):
+        r = world.client.request(method, path, headers=alice)
+        assert r.status_code == 404 and what in r.json()["detail"], (method, path, r.text)
+    spec = {"name": "pinned", "command": "true", "environment": "default@1"}
+    r = world.client.post(f"{API}/jobs", json=spec, headers=alice)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["msg"].startswith(f"environment 'default@1': {what}"), r.text
+    spec = {"name": "mounted", "command": "true", "mounts": [{"source": "env/default"}]}
+    r = world.client.post(f"{API}/jobs", json=spec, headers=alice)
+    assert r.status_code == 422 and what in r.text, r.text

@@ -105,7 +105,18 @@ def can_read(env: Environment, user_id: int, group_ids: set[int], is_admin: bool
     return env.visibility == "group" and env.group_id is not None and env.group_id in group_ids
 
 
+# `corral env ls` lists the server's own environment first, so "there is no environment named
+# 'default'" (show, rm) and "does not exist" (a job's `default@1`) contradicted it.
+NOT_IN_CATALOGUE = (
+    f"{DEFAULT_ENVIRONMENT!r} is the server's own interpreter and packages, not a catalogue "
+    "environment: it has no versions to show, pin or delete (a job names it as "
+    f"`environment: {DEFAULT_ENVIRONMENT}`)"
+)
+
+
 def _readable(session: Session, principal: Principal, name: str) -> Environment:
+    if name == DEFAULT_ENVIRONMENT:
+        raise NotFound(NOT_IN_CATALOGUE)
     env = session.scalar(select(Environment).where(Environment.name == name))
     if env is None or not can_read(env, principal.user_id, set(principal.group_roles), principal.is_admin):
         raise NotFound(f"there is no environment named {name!r}")
@@ -419,6 +430,8 @@ def resolve_ready(
 ) -> tuple[Environment, EnvironmentVersion]:
     """`NAME` (its newest ready version) or `NAME@V` (that one, which must be ready)."""
     name, number = parse_ref(ref)
+    if name == DEFAULT_ENVIRONMENT:
+        raise EnvRefError(f"environment {ref!r}: {NOT_IN_CATALOGUE}")
     env = session.scalar(select(Environment).where(Environment.name == name))
     if env is None or not can_read(env, user_id, group_ids, is_admin):
         raise EnvRefError(f"environment {name!r} does not exist (see `corral env ls`)")
