@@ -124,6 +124,21 @@ def test_mount_source_resolves_latest_and_refuses_unknown_or_unreadable(world: W
                 )
 
 
+def test_a_job_mounting_an_unknown_dataset_or_version_is_told_it_once(world: World) -> None:
+    # `mounts: [{source: data/mnist@7}]` answered "mount source 'data/mnist@7': mnist@7: dataset
+    # 'mnist' has no version v7 ...": the ref said twice, the second time bare, as if a field.
+    assert protocol.push(world.client, world.as_("alice"), "mnist", V1).status_code == 201
+    for user, source, said in (
+        ("alice", "data/mnist@7", "dataset 'mnist' has no version v7 (it has v1)"),
+        ("alice", "data/nope", "no dataset named 'nope' that alice may read"),
+        ("carol", "data/mnist", "no dataset named 'mnist' that carol may read"),
+    ):
+        spec = {"name": "reads", "command": "true", "mounts": [{"source": source}]}
+        r = world.client.post(f"{API}/jobs", json=spec, headers=world.as_(user))
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["msg"] == f"mount source {source!r}: {said}", r.text
+
+
 def test_delete_refused_while_a_job_uses_the_version(world: World) -> None:
     alice = world.as_("alice")
     assert protocol.push(world.client, alice, "imagenet", V1).status_code == 201

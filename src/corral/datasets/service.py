@@ -295,15 +295,15 @@ def resolve_dataset_ref(
         raise DatasetRefError(str(exc))
     user = session.scalar(select(User).where(User.name == user_name))
     if user is None:
-        raise DatasetRefError(f"{ref}: no user named {user_name!r}")
+        raise DatasetRefError(f"no user named {user_name!r}")
     group_ids = frozenset(session.scalars(select(Group.id).where(Group.name.in_(group_names))))
     ds = session.scalar(select(Dataset).where(Dataset.name == name))
     if ds is None or not can_read(session, ds, Reader(user.id, user.is_admin, group_ids)):
-        raise DatasetRefError(f"{ref}: no dataset named {name!r} that {user_name} may read")
+        raise DatasetRefError(f"no dataset named {name!r} that {user_name} may read")
     try:
         row = version_of(session, ds, version)
     except NotFound as exc:
-        raise DatasetRefError(f"{ref}: {exc.message}")
+        raise DatasetRefError(exc.message)
     return str(store.version_dir(ds.id, row.version)), row.version
 
 
