@@ -335,3 +335,22 @@ def test_every_file_a_version_lists_downloads_whatever_its_name(world: World, se
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "path"], (bad, r.text)
     r = world.client.get(f"{API}/models/odd/versions/1/file", params={"path": "nope.bin"}, headers=alice)
     assert r.status_code == 404 and "has no file 'nope.bin'" in r.text, r.text
+
+
+def test_a_bad_catalogue_name_is_refused_in_words(world: World) -> None:
+    # `corral template publish 'bad name' t.yaml` (and model register, env create) answered
+    # "field 'name' 'bad name' does not match pattern ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$".
+    alice = world.as_("alice")
+    words = "is not a valid name: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+    for method, path, body, said in (
+        ("POST", f"{API}/templates", {"name": "bad name", "spec": "name: x"}, "field 'name'"),
+        ("GET", f"{API}/templates/odd~name", None, "path parameter 'name'"),
+        ("GET", f"{API}/models/odd~name", None, "path parameter 'name'"),
+        ("POST", f"{API}/models/odd~name/versions", {"job_id": 1}, "path parameter 'name'"),
+        ("POST", f"{API}/environments", {"name": "bad name", "source": "numpy\n"}, "field 'name'"),
+        ("GET", f"{API}/environments/odd~name", None, "path parameter 'name'"),
+    ):
+        r = world.client.request(method, path, json=body, headers=alice)
+        assert r.status_code == 422, (path, r.text)
+        value = "bad name" if body and "name" in body else "odd~name"
+        assert r.json()["detail"][0]["msg"] == f"{said} {value!r} {words}", (path, r.text)

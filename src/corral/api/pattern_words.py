@@ -11,3 +11,8 @@ WORDS: dict[str, str] = {}
 def worded(pattern: str, words: str) -> str:
     WORDS[pattern] = words
     return pattern
+
+
+# A catalogue entry's name (template, model, environment): "does not match pattern
+# ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$" was all `corral template publish 'my model'` said.
+NAME_WORDS = "is not a valid name: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"

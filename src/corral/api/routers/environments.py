@@ -9,12 +9,13 @@ from fastapi import APIRouter, Path, Query, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral.api.deps import DB, CurrentUser, fast_json
+from corral.api.pattern_words import NAME_WORDS, worded
 from corral.api.schemas import RequestBody
 from corral.environments import service as svc
 from corral.services.policy import active_profile
 
 router = APIRouter(tags=["environments"])
-EnvName = Annotated[str, Path(pattern=svc.NAME_RE.pattern, max_length=64)]
+EnvName = Annotated[str, Path(pattern=worded(svc.NAME_RE.pattern, NAME_WORDS), max_length=64)]
 
 
 class EnvironmentIn(RequestBody):
@@ -28,7 +29,9 @@ class EnvironmentIn(RequestBody):
 
     # "default" is the server's own environment: the schema says so too (`not`), as the service does
     name: str = Field(
-        pattern=svc.NAME_RE.pattern, max_length=64, json_schema_extra={"not": {"const": "default"}}
+        pattern=worded(svc.NAME_RE.pattern, NAME_WORDS),
+        max_length=64,
+        json_schema_extra={"not": {"const": "default"}},
     )
     source: str = Field(min_length=1, max_length=svc.MAX_SOURCE_BYTES)
     source_kind: Literal["requirements", "pyproject"] = "requirements"

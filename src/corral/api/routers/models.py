@@ -11,6 +11,7 @@ from fastapi.responses import FileResponse
 from pydantic import ConfigDict, Field
 
 from corral.api.deps import DB, MAX_ROW_ID, CurrentUser, fast_json
+from corral.api.pattern_words import NAME_WORDS, worded
 from corral.api.schemas import RequestBody
 from corral.catalog import model_files
 from corral.catalog import models as svc
@@ -18,7 +19,7 @@ from corral.catalog.access import NAME_PATTERN
 from corral.services.errors import Invalid, NotFound
 
 router = APIRouter(tags=["models"])
-ModelName = Annotated[str, Path(pattern=NAME_PATTERN)]
+ModelName = Annotated[str, Path(pattern=worded(NAME_PATTERN, NAME_WORDS))]
 VersionNumber = Annotated[int, Path(ge=1, le=1_000_000_000)]
 # A version as a model reference names one: a number (3, v3) or a stage (the newest version in it).
 VersionRef = Annotated[str, Path(pattern=r"^([vV]?0*[1-9][0-9]{0,8}|none|staging|production|archived)$")]

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Path, Query, Request, Response, status
 from pydantic import ConfigDict, Field
 
 from corral.api.deps import DB, MAX_ROW_ID, CurrentUser, fast_json
+from corral.api.pattern_words import NAME_WORDS, worded
 from corral.api.schemas import NO_NUL_PATTERN, RequestBody
 from corral.catalog import templates as svc
 from corral.catalog.access import NAME_PATTERN
@@ -18,7 +19,7 @@ from corral.services.policy import active_profile
 from corral.spec import MountV1
 
 router = APIRouter(tags=["templates"])
-TemplateName = Annotated[str, Path(pattern=NAME_PATTERN)]
+TemplateName = Annotated[str, Path(pattern=worded(NAME_PATTERN, NAME_WORDS))]
 Value = str | int | float | bool
 MODEL_REF = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(@[A-Za-z0-9]{1,16})?$"
 
@@ -44,7 +45,7 @@ class PublishIn(_In):
             ],
         },
     )
-    name: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=worded(NAME_PATTERN, NAME_WORDS))
     spec: str | dict[str, Any] | None = Field(
         None, description="the template: a job spec (YAML text or an object) with `parameters:`"
     )
