@@ -60,3 +60,20 @@ def test_push_and_import_refuse_a_bad_name_before_reading_or_sending_anything(
     with pytest.raises(CorralError, match=r"dataset name|reserved word"):
         client.import_dataset(name, "/srv/data/x")
     assert sent == [] and hashed == []
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [("é", "'é'"), ("a\x01b", "'a\\x01b'"), ("x y", "'x y'")],
+)
+def test_a_bad_name_is_shown_as_written_control_characters_escaped_once(name: str, shown: str) -> None:
+    # `corral data push é DIR` said "bad dataset name '\\xe9'": the name escaped (unicode_escape),
+    # then quoted with repr, which escaped the escape's backslash again.
+    from corral.datasets.names import BadName, check_name, check_path
+
+    with pytest.raises(BadName) as refused:
+        check_name(name)
+    assert str(refused.value).startswith(f"bad dataset name {shown}: use 1-64 letters"), refused.value
+    with pytest.raises(BadName) as refused:
+        check_path(f"{name}/../x")
+    assert str(refused.value).startswith(f"file path '{name}/../x'".replace("\x01", "\\x01")), refused.value

@@ -22,7 +22,7 @@ def check_name(name: str) -> str:
     """A dataset name: 1-64 letters, digits, '.', '_', '-', starting with a letter or digit (so no
     slashes, no control characters, never '.' or '..')."""
     if not NAME.match(name) or name.endswith("."):
-        shown = name.encode("unicode_escape").decode()[:80]
+        shown = name[:80]  # !r escapes what is not printable; unicode_escape and !r escaped twice
         raise BadName(
             f"bad dataset name {shown!r}: use 1-64 letters, digits, '.', '_' or '-', starting with "
             "a letter or digit and not ending with '.' (no slashes or control characters)"
@@ -36,9 +36,7 @@ def check_plain(text: str, what: str) -> str:
     """A name of something else (a group, a user) as given: no NUL or control characters (the
     databases store text; PostgreSQL refuses NUL outright)."""
     if any(ord(c) < 32 or ord(c) == 127 for c in text):
-        raise BadName(
-            f"bad {what} {text.encode('unicode_escape').decode()[:80]!r}: it holds a control character"
-        )
+        raise BadName(f"bad {what} {text[:80]!r}: it holds a control character")
     return text
 
 
@@ -62,7 +60,7 @@ def parse_ref(ref: str) -> tuple[str, int | None]:
 def check_path(path: str) -> str:
     """A file's path inside a dataset: relative, '/'-separated, no '.', '..' or empty parts, no
     NUL or control characters. Returns it unchanged; raises BadName naming the problem."""
-    shown = path.encode("unicode_escape").decode()[:200]
+    shown = path[:200]
     if not path:
         raise BadName("empty file path")
     if any(0xD800 <= ord(c) <= 0xDFFF for c in path):  # how Python holds a name's non-UTF-8 bytes
