@@ -71,8 +71,18 @@ def test_group_dataset_shared_read_only_with_versions_pinned(world: World) -> No
     # carol (nlp) sees nothing until it is shared with nlp; then reads but cannot change it.
     assert world.client.get(f"{API}/datasets/cifar", headers=carol).status_code == 404
     assert world.client.get(f"{API}/datasets", headers=carol).json() == []
+    r = protocol.start(world.client, carol, "cifar", {"x": b"1"})  # the name is taken: no owner told
+    assert r.status_code == 403, r.text
+    assert r.json()["detail"] == "dataset 'cifar' exists and belongs to someone else; pick another name"
     r = world.client.put(f"{API}/datasets/cifar/share", json={"add_groups": ["nlp"]}, headers=alice)
     assert r.status_code == 403, r.text  # alice is a member of vision, not its admin
+    # "only the owner of dataset 'cifar' (or an admin of its group) may do this": a member of the
+    # owning group read herself as its owner, and "this" named nothing.
+    assert r.json()["detail"] == (
+        "only an admin of group vision, which owns dataset 'cifar', or a platform admin may share it"
+    ), r.text
+    r = world.client.delete(f"{API}/datasets/cifar/versions/1", headers=alice)
+    assert r.status_code == 403 and r.json()["detail"].endswith("may delete its versions"), r.text
     r = world.client.put(f"{API}/datasets/cifar/share", json={"add_groups": ["nlp"]}, headers=bob)
     assert r.status_code == 404, r.text  # bob administers vision, is not in nlp: an admin shares
     r = world.client.put(
@@ -90,7 +100,12 @@ def test_group_dataset_shared_read_only_with_versions_pinned(world: World) -> No
         f"labels.txt\t{len(V2['labels.txt'])}\t{hashlib.sha256(V2['labels.txt']).hexdigest()}" in latest.text
     )
     r = protocol.start(world.client, carol, "cifar", {"x": b"1"})
-    assert r.status_code == 409 and "dataset name 'cifar' is taken by another user" in r.text, r.text
+    # carol reads cifar: "exists and belongs to someone else; pick another name" hid that she may
+    # read it but not add to it, and whose it is.
+    assert r.status_code == 403 and r.json()["detail"] == (
+        "dataset 'cifar' is shared with you to read only: new versions come from its owner "
+        "(group vision); push yours under another name"
+    ), r.text
     assert world.client.delete(f"{API}/datasets/cifar/versions/1", headers=carol).status_code == 403
     # On disk: read-only files and directories.
     with world.session_factory() as db:

@@ -89,11 +89,27 @@ def readable(session: Session, name: str, principal: Principal) -> Dataset:
     return ds
 
 
-def managed(session: Session, name: str, principal: Principal) -> Dataset:
+def managed(session: Session, name: str, principal: Principal, action: str) -> Dataset:
+    """The dataset, which the caller may read, when they may also do `action` to it ("delete it",
+    "share it"): the refusal names it ("may do this" named nothing) and who may."""
     ds = readable(session, name, principal)
     if not can_manage(ds, principal):
-        raise Forbidden(f"only the owner of dataset {name!r} (or an admin of its group) may do this")
+        who = (
+            f"an admin of {owner_words(session, ds)}, which owns dataset {name!r},"
+            if ds.owner_group_id is not None
+            else f"its owner, {owner_words(session, ds)},"
+        )
+        raise Forbidden(f"only {who} or a platform admin may {action}")
     return ds
+
+
+def owner_words(session: Session, ds: Dataset) -> str:
+    """ "group vision" or "user alice": the owner as `corral data ls` shows it to any reader."""
+    if ds.owner_group_id is not None:
+        group = session.get(Group, ds.owner_group_id)
+        return f"group {group.name}" if group is not None else "a group"
+    user = session.get(User, ds.owner_user_id)
+    return f"user {user.name}" if user is not None else "a user"
 
 
 def versions_of(session: Session, dataset_id: int) -> list[DatasetVersion]:

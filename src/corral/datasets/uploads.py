@@ -42,7 +42,7 @@ from corral.datasets.quotas import (
     owner_account,
     reserved_by_uploads,
 )
-from corral.datasets.service import can_push, versions_of
+from corral.datasets.service import Reader, can_push, can_read, owner_words, versions_of
 from corral.datasets.store import Store, UploadGone, fd_sha256, file_sha256, walk_files, write_at
 from corral.db.base import lock_row
 from corral.db.models import Group
@@ -64,6 +64,11 @@ def _owner(
     existing = session.scalar(select(Dataset).where(Dataset.name == name))
     if existing is not None:
         if not can_push(existing, principal):
+            if can_read(session, existing, Reader.of(principal)):  # shared with the caller
+                raise Forbidden(
+                    f"dataset {name!r} is shared with you to read only: new versions come from its "
+                    f"owner ({owner_words(session, existing)}); push yours under another name"
+                )
             raise name_taken("dataset", name)
         if group is not None:
             owner_group = session.get(Group, existing.owner_group_id) if existing.owner_group_id else None

@@ -160,7 +160,7 @@ def show_dataset(name: DatasetName, db: DB, principal: CurrentUser) -> Any:
 @router.delete("/datasets/{name}", status_code=status.HTTP_204_NO_CONTENT)
 def delete_dataset(name: DatasetName, request: Request, db: DB, principal: CurrentUser) -> Response:
     """Delete every version (refused with 409 naming the jobs while one not yet ended uses it)."""
-    svc.delete_dataset(db, store_of(request), svc.managed(db, name, principal))
+    svc.delete_dataset(db, store_of(request), svc.managed(db, name, principal, "delete it"))
     _record_after(db, principal, "dataset.delete", name)
     return Response(status_code=204)
 
@@ -169,7 +169,7 @@ def delete_dataset(name: DatasetName, request: Request, db: DB, principal: Curre
 def delete_version(
     name: DatasetName, version: VersionNumber, request: Request, db: DB, principal: CurrentUser
 ) -> Response:
-    ds = svc.managed(db, name, principal)
+    ds = svc.managed(db, name, principal, "delete its versions")
     number = _version(version)
     if number is None:
         raise Invalid("name the version to delete (e.g. v2), not 'latest'", ("path", "version"))
@@ -182,7 +182,7 @@ def delete_version(
 def share_dataset(name: DatasetName, body: ShareIn, db: DB, principal: CurrentUser) -> Any:
     """Read-only access for groups, or everyone (`public`); owners and admins. A group is one the
     caller belongs to (a platform admin: any): another, existing or not, is the same 404."""
-    ds = svc.managed(db, name, principal)
+    ds = svc.managed(db, name, principal, "share it")
     before = svc.dataset_view(db, ds)
     svc.share(
         db, ds, principal, add_groups=body.add_groups, remove_groups=body.remove_groups, public=body.public
