@@ -175,12 +175,16 @@ def shared_text(kind: str, view: dict[str, Any]) -> str:
     return f"{name} is private: shared with no one"
 
 
+# --group of `template share` / `model share`: without it, `group` keeps the group it has.
+SHARE_GROUP_HELP = "the group it is shared with (one of yours; default: the group it has)"
+
+
 @template_app.command("share")
 @friendly_errors
 def template_share(
     name: str,
     visibility: Annotated[str, typer.Argument(help="private, group or public")],
-    group: Annotated[str | None, typer.Option("--group")] = None,
+    group: Annotated[str | None, typer.Option("--group", help=SHARE_GROUP_HELP)] = None,
 ) -> None:
     """Share a template with your group, everyone, or nobody."""
     with client() as c:
@@ -396,7 +400,8 @@ def model_compare(name: str, a: int, b: int, output: OutputOpt = Output.table) -
 @model_app.command("pull")
 @friendly_errors
 def model_pull(
-    ref: Annotated[str, typer.Argument(help="NAME@VERSION or NAME@STAGE")], directory: Path
+    ref: Annotated[str, typer.Argument(help="NAME@VERSION or NAME@STAGE")],
+    directory: Annotated[Path, typer.Argument(help="where to put the files (made if missing)")],
 ) -> None:
     """Download a version's files."""
     with client() as c:
@@ -409,7 +414,7 @@ def model_pull(
 def model_share(
     name: str,
     visibility: Annotated[str, typer.Argument(help="private, group or public")],
-    group: Annotated[str | None, typer.Option("--group")] = None,
+    group: Annotated[str | None, typer.Option("--group", help=SHARE_GROUP_HELP)] = None,
 ) -> None:
     """Share a model with your group, everyone, or nobody."""
     with client() as c:

@@ -219,7 +219,9 @@ def data_share(
 def data_import(
     name: str,
     path: Annotated[str, typer.Argument(help="a directory on the server under CORRAL_DATASET_IMPORT_ROOTS")],
-    group: Annotated[str | None, typer.Option("--group", "-g")] = None,
+    group: Annotated[
+        str | None, typer.Option("--group", "-g", help="owned by this group (default: you)")
+    ] = None,
 ) -> None:
     """Admins: a new version copied from a server-side directory."""
     with client() as c:
