@@ -34,3 +34,18 @@ def test_the_schedule_example_names_the_admin_a_server_has() -> None:
     example = command.help.split("\b\n", 1)[1].replace("\\[", "[")
     spec = yaml.safe_load(example)
     assert spec["fallback_user"] == "admin" and spec["layers"][0]["members"] == ["alice", "bob"]
+
+
+def test_every_option_of_the_data_and_catalogue_commands_says_what_it_is() -> None:
+    # `corral model share --help` listed `--group <str>` and nothing more (whose group? its
+    # default?); so did template share, data import, model register's --framework and
+    # --code-checksum, template publish --description, and model pull's DIRECTORY.
+    root = typer.main.get_command(app)
+    silent = [
+        f"{group} {name} {param.name}"
+        for group in ("data", "storage", "template", "model", "env", "job")
+        for name, command in root.commands[group].commands.items()  # type: ignore[attr-defined]
+        for param in command.params
+        if param.name not in ("help", "name") and not getattr(param, "help", None)
+    ]
+    assert silent == []

@@ -134,7 +134,7 @@ def template_publish(
     from_job: Annotated[
         int | None, typer.Option("--from-job", help="save this job's spec as a template")
     ] = None,
-    description: Annotated[str | None, typer.Option("--description")] = None,
+    description: Annotated[str | None, typer.Option("--description", help="one line about it")] = None,
     group: Annotated[str | None, typer.Option("--group", help="share with this group")] = None,
     public: Annotated[bool, typer.Option("--public", help="share with everyone")] = False,
     output: OutputOpt = Output.table,
@@ -332,7 +332,7 @@ def model_register(
     name: str,
     job: Annotated[int, typer.Option("--job", help="a job that succeeded")],
     path: Annotated[str, typer.Option("--path", help="under the job's /outputs (default: all of it)")] = "",
-    framework: Annotated[str, typer.Option("--framework")] = "",
+    framework: Annotated[str, typer.Option("--framework", help="what it was made with, e.g. pytorch")] = "",
     metric: Annotated[
         list[str] | None, typer.Option("--metric", help="KEY=VALUE (repeat); adds to metrics.json")
     ] = None,
@@ -342,7 +342,9 @@ def model_register(
             "--card", exists=True, dir_okay=False, readable=True, help="a markdown file: the model card"
         ),
     ] = None,
-    code_checksum: Annotated[str | None, typer.Option("--code-checksum")] = None,
+    code_checksum: Annotated[
+        str | None, typer.Option("--code-checksum", help="the code's checksum, kept in its lineage")
+    ] = None,
     group: Annotated[str | None, typer.Option("--group", help="owning group of a new model")] = None,
     output: OutputOpt = Output.table,
 ) -> None:
@@ -382,7 +384,12 @@ def model_promote(
 
 @model_app.command("compare")
 @friendly_errors
-def model_compare(name: str, a: int, b: int, output: OutputOpt = Output.table) -> None:
+def model_compare(
+    name: str,
+    a: Annotated[int, typer.Argument(help="a version number")],
+    b: Annotated[int, typer.Argument(help="the version to compare it with (DELTA: b - a)")],
+    output: OutputOpt = Output.table,
+) -> None:
     """Two versions' metrics side by side."""
     with client() as c:
         data = c.compare_models(name, a, b)
