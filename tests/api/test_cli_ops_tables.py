@@ -292,3 +292,13 @@ def test_storage_usage_gives_each_account_one_line_at_80_columns(
         ["user", "alice", "5.0", "MiB", "/", "-", "0", "B", "-"],
         ["40", "/", "-", "files"],
     ], out  # bytes, then files, used / quota; an account not scanned yet: "-"
+
+
+def test_storage_usage_and_data_ls_with_nothing_yet_say_so(world: World, server_url: str) -> None:
+    """On a fresh server both printed a bare header: a researcher could not tell an empty listing
+    from a failed one, nor when their home's usage would show."""
+    code, out = run(world, server_url, "alice", "storage", "usage")
+    assert code == 0 and out.startswith("nothing counted yet: a dataset or model version counts"), out
+    assert "SCOPE" not in out
+    code, out = run(world, server_url, "alice", "data", "ls")
+    assert code == 0 and out == "no datasets you may read yet: `corral data push NAME DIR` makes one\n", out

@@ -126,6 +126,9 @@ def data_ls(output: OutputOpt = Output.table) -> None:
     if output is Output.json:
         print_json(rows)
         return
+    if not rows:  # a bare header read as a failed listing
+        out.print("no datasets you may read yet: `corral data push NAME DIR` makes one")
+        return
     table = Table("NAME", "OWNER", "LATEST", "VERSIONS", "SIZE", "FILES", "SHARED WITH", box=None)
     for ds in rows:
         latest = f"v{ds['latest']}" if ds["latest"] else "-"
@@ -256,6 +259,13 @@ def storage_usage(output: OutputOpt = Output.table) -> None:
     # ("10m ago"), the short columns never wrapped and a name folded, not cut: at 80 columns the
     # timestamp "2026-11-30 06:25:18" wrapped in every row, "703.0 GiB / 2.0 TiB" broke after
     # "2.0" and a group's name read "vision-rese…".
+    if not rows:  # a fresh server: a bare header said neither why nor when figures come
+        out.print(
+            "nothing counted yet: a dataset or model version counts once pushed or registered, homes "
+            "and group dirs once the background scan has walked them (every "
+            "CORRAL_STORAGE_SCAN_INTERVAL_S, 600 s by default, from the first job that made them)"
+        )
+        return
     table = Table("SCOPE", "NAME", "USED / QUOTA", "DATASETS", "SCANNED", "OVER", box=None, pad_edge=False)
     for number in (0, 2, 3, 4, 5):
         table.columns[number].no_wrap = True
