@@ -295,6 +295,11 @@ def test_import_from_an_allowed_root_only(world: World, tmp_path: Path) -> None:
         f"{API}/datasets/import", json={"name": "imp", "path": str(tmp_path)}, headers=admin
     )
     assert r.status_code == 403 and "not under an allowed import root" in r.text
+    # A relative path (`corral data import imp imports/ds`) was refused with the schema's regex.
+    r = world.client.post(f"{API}/datasets/import", json={"name": "imp", "path": "imports/ds"}, headers=admin)
+    assert r.status_code == 422 and r.json()["detail"][0]["msg"] == (
+        "field 'path' 'imports/ds' is not an absolute path on the server (e.g. /srv/imports/cifar)"
+    ), r.text
     r = world.client.post(
         f"{API}/datasets/import", json={"name": "imp", "path": str(root / "ds")}, headers=admin
     )

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from corral.api.deps import DB, Admin, CurrentUser, NameInPath
+from corral.api.pattern_words import worded
 from corral.api.schemas import ACCOUNT_NAME, BooleansApart
 from corral.datasets import quotas, uploads
 from corral.datasets import service as svc
@@ -71,7 +72,11 @@ class ShareIn(_In):
 class ImportIn(_In):
     name: str = Field(pattern=NAME.pattern)
     group: GroupName | None = None
-    path: str = Field(min_length=2, max_length=4096, pattern=r"^/[^\x00]*$")  # absolute, on the server
+    path: str = Field(  # absolute, on the server: "does not match pattern ^/[^\x00]*$" said neither
+        min_length=2,
+        max_length=4096,
+        pattern=worded(r"^/[^\x00]*$", "is not an absolute path on the server (e.g. /srv/imports/cifar)"),
+    )
 
 
 class StorageQuotaIn(_In):
