@@ -729,3 +729,25 @@ def test_a_share_to_a_group_not_yours_reads_the_same_whether_it_exists_or_not(wo
     assert share("nlp", bob).json()["shared_with"] == ["nlp", "vision"]
     assert share("nlp", bob, "remove_groups").json()["shared_with"] == ["vision"]
     assert share("nosuch", bob, "remove_groups").json()["shared_with"] == ["vision"]  # nothing to remove
+
+
+def test_the_rest_api_refuses_a_bad_dataset_name_or_version_in_words(world: World) -> None:
+    # The SDK checks a name before sending it, in words; the REST API itself answered with its
+    # regexes ("path parameter 'name' 'x.' does not match pattern ^[A-Za-z0-9](?:...)?$").
+    alice = world.as_("alice")
+    name_words = (
+        "is not a dataset name: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or "
+        "digit and not ending with '.'"
+    )
+    for method, path, body, said in (
+        ("GET", f"{API}/datasets/x.", None, f"path parameter 'name' 'x.' {name_words}"),
+        ("POST", f"{API}/datasets/uploads", {"name": "x.", "bytes": 1, "files": 1, "digest": "0" * 64},
+         f"field 'name' 'x.' {name_words}"),
+        ("DELETE", f"{API}/datasets/cifar/versions/0",  None,
+         "path parameter 'version' '0' is not a version: write a number such as 3 or v3"),
+        ("GET", f"{API}/datasets/cifar/versions/newest/manifest", None,
+         "path parameter 'version' 'newest' is not a version: write a number such as 3 or v3, or latest"),
+    ):  # fmt: skip
+        r = world.client.request(method, path, json=body, headers=alice)
+        assert r.status_code == 422, (path, r.text)
+        assert r.json()["detail"][0]["msg"] == said, (path, r.text)

@@ -27,6 +27,15 @@ from corral.storage.code import RELATIVE_PATH_PATTERN
 router = APIRouter(tags=["datasets"])
 
 
+# The REST API's refusals of a bad name or version in words, as the SDK's own check says them
+# ("does not match pattern ^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,62}[A-Za-z0-9_-])?$" said nothing).
+DATASET_NAME = worded(
+    NAME.pattern,
+    "is not a dataset name: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit "
+    "and not ending with '.'",
+)
+
+
 class _In(BooleansApart):  # `false` is no byte count, as the schema says
     model_config = ConfigDict(extra="forbid")
 
@@ -46,7 +55,7 @@ FILE_PATH = Field(min_length=1, max_length=MAX_PATH, json_schema_extra=PATH_IN_S
 
 
 class UploadIn(_In):
-    name: str = Field(pattern=NAME.pattern)
+    name: str = Field(pattern=DATASET_NAME)
     group: GroupName | None = Field(None, description="owning group; default: the caller")
     bytes: int = Field(ge=0, le=MAX_BYTES, description="total bytes of all files")
     files: int = Field(ge=1, le=100_000_000, description="number of files")
@@ -70,7 +79,7 @@ class ShareIn(_In):
 
 
 class ImportIn(_In):
-    name: str = Field(pattern=NAME.pattern)
+    name: str = Field(pattern=DATASET_NAME)
     group: GroupName | None = None
     path: str = Field(  # absolute, on the server: "does not match pattern ^/[^\x00]*$" said neither
         min_length=2,
@@ -128,9 +137,14 @@ def upload_view(upload: Any, request: Request, resumed: bool = False) -> dict[st
 
 # Path parameters as the schema states them (names.NAME; "v3", "3" or "latest"), so what the
 # schema allows is what the routes accept.
-DatasetName = Annotated[str, Path(pattern=NAME.pattern)]
-VersionNumber = Annotated[str, Path(pattern=r"^[vV]?0*[1-9][0-9]{0,8}$")]
-VersionRef = Annotated[str, Path(pattern=r"^(latest|[vV]?0*[1-9][0-9]{0,8})$")]
+DatasetName = Annotated[str, Path(pattern=DATASET_NAME)]
+VersionNumber = Annotated[
+    str, Path(pattern=worded(r"^[vV]?0*[1-9][0-9]{0,8}$", "is not a version: write a number such as 3 or v3"))
+]
+LATEST_OR_NUMBER = r"^(latest|[vV]?0*[1-9][0-9]{0,8})$"
+VersionRef = Annotated[
+    str, Path(pattern=worded(LATEST_OR_NUMBER, "is not a version: write a number such as 3 or v3, or latest"))
+]
 
 
 def _version(text: str) -> int | None:
