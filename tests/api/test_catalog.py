@@ -354,3 +354,12 @@ def test_a_bad_catalogue_name_is_refused_in_words(world: World) -> None:
         assert r.status_code == 422, (path, r.text)
         value = "bad name" if body and "name" in body else "odd~name"
         assert r.json()["detail"][0]["msg"] == f"{said} {value!r} {words}", (path, r.text)
+
+
+def test_a_bad_model_version_reference_is_refused_in_words(world: World) -> None:
+    # GET /models/NAME/versions/bogus answered "does not match pattern ^([vV]?0*[1-9][0-9]{0,8}|none|...".
+    r = world.client.get(f"{API}/models/digits/versions/bogus", headers=world.as_("alice"))
+    assert r.status_code == 422 and r.json()["detail"][0]["msg"] == (
+        "path parameter 'version' 'bogus' is not a version: write a number such as 3 or v3, or a stage "
+        "(none, staging, production, archived)"
+    ), r.text

@@ -22,7 +22,16 @@ router = APIRouter(tags=["models"])
 ModelName = Annotated[str, Path(pattern=worded(NAME_PATTERN, NAME_WORDS))]
 VersionNumber = Annotated[int, Path(ge=1, le=1_000_000_000)]
 # A version as a model reference names one: a number (3, v3) or a stage (the newest version in it).
-VersionRef = Annotated[str, Path(pattern=r"^([vV]?0*[1-9][0-9]{0,8}|none|staging|production|archived)$")]
+VersionRef = Annotated[
+    str,
+    Path(
+        pattern=worded(
+            r"^([vV]?0*[1-9][0-9]{0,8}|none|staging|production|archived)$",
+            "is not a version: write a number such as 3 or v3, or a stage (none, staging, production, "
+            "archived)",
+        )
+    ),
+]
 Metric = float | int | str | bool
 
 
