@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -12,6 +13,7 @@ from typing import Any, cast
 import pytest
 import sqlalchemy as sa
 
+from corral.catalog.model_files import PATH_PATTERN
 from corral.db.models import Job
 from corral.services import cleanup
 from corral.storage.layout import outputs_dir
@@ -363,3 +365,29 @@ def test_a_bad_model_version_reference_is_refused_in_words(world: World) -> None
         "path parameter 'version' 'bogus' is not a version: write a number such as 3 or v3, or a stage "
         "(none, staging, production, archived)"
     ), r.text
+
+
+def test_a_path_under_the_outputs_is_registered_whatever_its_name(world: World, settings: Any) -> None:
+    # `corral model register m --job J --path "my model"` answered "path 'my model' is outside the
+    # job's outputs or not a plain path: path component 'my model' is not a valid name": the path
+    # was checked as a user or group name, though the job's files in it are copied whatever theirs.
+    alice = world.as_("alice")
+    files = {"my model/w.bin": b"w", ".best/sub dir/w.bin": b"b", "ünï/w.bin": b"u"}
+    job = finished_job(world, "alice", files, settings.storage_path)
+    for number, path in enumerate(("my model", "/outputs/.best/sub dir/", "ünï"), start=1):
+        assert re.fullmatch(PATH_PATTERN, path), path  # the schema states it too
+        r = world.client.post(
+            f"{API}/models/spaced/versions", json={"job_id": job, "path": path}, headers=alice
+        )
+        assert r.status_code == 201 and r.json()["version"] == number, (path, r.text)
+        assert r.json()["files"] == 1, r.text
+        assert r.json()["source_path"] == path.strip("/").removeprefix("outputs/"), r.text
+    for path in ("../1/x", "my model/../..", "a//b", "./x"):
+        assert not re.fullmatch(PATH_PATTERN, path), path
+        r = world.client.post(
+            f"{API}/models/spaced/versions", json={"job_id": job, "path": path}, headers=alice
+        )
+        assert r.status_code == 422 and "outside the job's outputs or not a plain path" in r.text, (
+            path,
+            r.text,
+        )

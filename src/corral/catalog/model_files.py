@@ -20,16 +20,17 @@ from pathlib import Path
 from typing import Any
 
 from corral.datasets.store import make_read_only, remove_tree
-from corral.storage.layout import StorageError, check_subpath, outputs_dir
+from corral.storage.code import PATH_PART, CodeError, check_path
+from corral.storage.layout import outputs_dir
 
 STAGING = ".staging"
 METRICS_FILE = "metrics.json"
 MAX_METRICS_DEPTH = 32  # nested mappings in metrics.json flattened this deep at most
 MAX_METRICS = 256
 BLOCK = 1 << 20
-_PART = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
-# What `normalise_path` accepts, for the API schema (the service says why it refuses the rest).
-PATH_PATTERN = rf"^(/outputs/?|(/outputs/)?{_PART}(/{_PART})*/?)?$"
+# What `normalise_path` accepts, for the API schema (the service says why it refuses the rest):
+# parts as a job names its files (`my model`, `.best`), not as a user or group name.
+PATH_PATTERN = rf"^(/outputs/?|(/outputs/)?{PATH_PART}(/{PATH_PART})*/?)?$"
 
 
 class OutsideOutputs(ValueError):
@@ -68,8 +69,8 @@ def normalise_path(path: str) -> str:
         raise OutsideOutputs(f"path {path!r} is outside the job's outputs (/outputs)")
     text = text.removesuffix("/")
     try:
-        return check_subpath("path", text)
-    except StorageError as exc:
+        return check_path(text, "path")
+    except CodeError as exc:
         raise OutsideOutputs(
             f"path {path!r} is outside the job's outputs or not a plain path: {exc}"
         ) from None

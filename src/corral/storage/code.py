@@ -29,8 +29,8 @@ MAX_PATH = 1024
 # or two dots and more: no lookaround, so Rust's regex in pydantic reads it too).
 _C = r"[^/\\\x00-\x1f\x7f]"
 _NOT_DOT = r"[^/\\.\x00-\x1f\x7f]"
-_PART = rf"(?:{_NOT_DOT}{_C}*|\.{_NOT_DOT}{_C}*|\.\.{_C}+)"
-RELATIVE_PATH_PATTERN = rf"^{_PART}(?:/{_PART})*$"
+PATH_PART = rf"(?:{_NOT_DOT}{_C}*|\.{_NOT_DOT}{_C}*|\.\.{_C}+)"
+RELATIVE_PATH_PATTERN = rf"^{PATH_PART}(?:/{PATH_PART})*$"
 INCOMING_TTL_S = 24 * 3600.0  # a partial upload untouched this long is abandoned: deleted
 
 
