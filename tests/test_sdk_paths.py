@@ -139,3 +139,27 @@ def test_a_spec_file_name_given_as_a_str_is_refused_naming_the_path_to_give(tmp_
     assert client.submit(existing)["id"] == 1  # a Path is read
     assert client.submit("{name: x, command: 'true'}")["id"] == 1  # one line of YAML text is sent
     assert [r.headers["Content-Type"] for r in sent] == ["application/yaml"] * 2
+
+
+@pytest.mark.parametrize("failure", ["short", "refused"])
+def test_a_model_pull_cut_short_leaves_no_cut_file(tmp_path: Path, failure: str) -> None:
+    # pull_model wrote each file straight under its name: a download that broke off left a cut
+    # `w.bin` (or cut the good copy an earlier pull had put there), with nothing to tell it apart.
+    (tmp_path / "w.bin").write_bytes(b"earlier")
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/files"):
+            items = [{"path": "a.txt", "size": 1}, {"path": "w.bin", "size": 5}]
+            return httpx.Response(200, json={"items": items})
+        if request.url.params["path"] == "a.txt":
+            return httpx.Response(200, content=b"a")
+        if failure == "short":
+            return httpx.Response(200, content=b"wei")  # the connection dropped after 3 bytes
+        return httpx.Response(404, json={"detail": "model 'digits' v2 has no file 'w.bin'"})
+
+    client = Client("http://corral.test", "token", transport=httpx.MockTransport(answer))
+    with pytest.raises(CorralError, match="3 of its 5 bytes arrived" if failure == "short" else "no file"):
+        client.pull_model("digits", 2, tmp_path)
+    assert (tmp_path / "a.txt").read_bytes() == b"a"
+    assert (tmp_path / "w.bin").read_bytes() == b"earlier"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "w.bin"]

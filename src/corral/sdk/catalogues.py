@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from corral.sdk.base import BaseClient, seg
+from corral.sdk.errors import CorralError
 from corral.storage.code import check_path as check_code_path
 
 
@@ -175,13 +177,30 @@ class CataloguesApi(BaseClient):
         if not isinstance(version, int):
             version = int(self.model_version(name, version)["version"])
         items = self.request("GET", f"/models/{seg(name)}/versions/{seg(version)}/files")["items"]
+        where = f"/models/{seg(name)}/versions/{seg(version)}/file"
         pulled = []
         for item in items:
-            dest = directory / check_code_path(item["path"])
+            try:
+                dest = Path(directory) / check_code_path(item["path"])  # never outside `directory`
+            except ValueError as exc:
+                raise CorralError(f"model {name}@{version}: refusing file path: {exc}") from None
             dest.parent.mkdir(parents=True, exist_ok=True)
-            where = f"/models/{seg(name)}/versions/{seg(version)}/file"
-            with self.download(where, {"path": item["path"]}) as response, dest.open("wb") as fh:
-                for block in response.iter_bytes():
-                    fh.write(block)
+            self._pull_model_file(where, item, dest)
             pulled.append(dest)
         return pulled
+
+    def _pull_model_file(self, where: str, item: Mapping[str, Any], dest: Path) -> None:
+        """One file to a temporary name, renamed over `dest` only when all of it (its listed size)
+        arrived: an interrupted pull wrote straight into `dest`, leaving a cut file under its name
+        (or over the good copy of an earlier pull)."""
+        tmp = dest.with_name(f".{dest.name}.corral-part")
+        try:
+            with self.download(where, {"path": item["path"]}) as response, tmp.open("wb") as fh:
+                for block in response.iter_bytes():
+                    fh.write(block)
+            got, expected = tmp.stat().st_size, item.get("size")
+            if expected is not None and got != expected:
+                raise CorralError(f"{item['path']}: {got} of its {expected} bytes arrived; pull again")
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
