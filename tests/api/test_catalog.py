@@ -391,3 +391,17 @@ def test_a_path_under_the_outputs_is_registered_whatever_its_name(world: World, 
             path,
             r.text,
         )
+
+
+def test_every_data_and_catalogue_operation_is_described_in_the_api_docs(world: World) -> None:
+    # /docs listed 16 of these operations (GET /datasets/{name}, GET /models, the model file
+    # routes, template share and delete, ...) with their path and nothing about what they do.
+    spec = world.client.get("/openapi.json").json()
+    undescribed = [
+        f"{method.upper()} {path}"
+        for path, operations in spec["paths"].items()
+        if re.search(r"/(datasets|environments|templates|models|storage)\b", path)
+        for method, operation in operations.items()
+        if not operation.get("description", "").strip()
+    ]
+    assert undescribed == []

@@ -173,6 +173,8 @@ def list_uploads(request: Request, db: DB, principal: CurrentUser) -> Any:
 
 @router.get("/datasets/{name}")
 def show_dataset(name: DatasetName, db: DB, principal: CurrentUser) -> Any:
+    """A dataset the caller may read: owner, sharing and every version (404 as for none when they may not
+    read it)."""
     return svc.dataset_view(db, svc.readable(db, name, principal))
 
 
@@ -188,6 +190,8 @@ def delete_dataset(name: DatasetName, request: Request, db: DB, principal: Curre
 def delete_version(
     name: DatasetName, version: VersionNumber, request: Request, db: DB, principal: CurrentUser
 ) -> Response:
+    """Delete one version (owner, an admin of its group, admins); 409 naming the jobs while one not yet
+    ended uses it. Its number is never given again."""
     ds = svc.managed(db, name, principal, "delete its versions")
     number = _version(version)
     if number is None:
@@ -240,6 +244,7 @@ def version_manifest(
 def version_file(
     name: DatasetName, version: VersionRef, path: str, request: Request, db: DB, principal: CurrentUser
 ) -> Any:
+    """One file of a version (`latest` or a number), as raw bytes."""
     ds = svc.readable(db, name, principal)
     row = svc.version_of(db, ds, _version(version))
     store = store_of(request)
@@ -286,11 +291,13 @@ def start_upload(body: UploadIn, request: Request, db: DB, principal: CurrentUse
 
 @router.get("/datasets/uploads/{upload_id}")
 def show_upload(upload_id: str, request: Request, db: DB, principal: CurrentUser) -> Any:
+    """One of the caller's open uploads: its files registered and bytes received."""
     return upload_view(uploads.get(db, principal, upload_id), request)
 
 
 @router.post("/datasets/uploads/{upload_id}/files")
 def register_files(upload_id: str, body: FilesIn, request: Request, db: DB, principal: CurrentUser) -> Any:
+    """Register up to 1000 of the upload's files ({path, size, sha256}); idempotent."""
     files = [(f.path, f.size, f.sha256) for f in body.files]
     return upload_view(
         uploads.register_files(db, store_of(request), principal, upload_id, files, time.time()), request
@@ -341,6 +348,7 @@ def complete_upload(upload_id: str, request: Request, db: DB, principal: Current
 
 @router.delete("/datasets/uploads/{upload_id}", status_code=status.HTTP_204_NO_CONTENT)
 def abort_upload(upload_id: str, request: Request, db: DB, principal: CurrentUser) -> Response:
+    """Abandon an open upload: its rows, then its staged bytes."""
     uploads.abort(db, store_of(request), principal, upload_id)
     return Response(status_code=204)
 

@@ -89,6 +89,7 @@ def create_environment(body: EnvironmentIn, request: Request, db: DB, principal:
 
 @router.get("/environments/{name}", response_model=EnvironmentOut)
 def show_environment(name: EnvName, db: DB, principal: CurrentUser) -> Any:
+    """An environment the caller may read, with every version (state, lock hash, cache hit, build job)."""
     return fast_json(svc.show(db, principal, name))
 
 
@@ -96,6 +97,7 @@ def show_environment(name: EnvName, db: DB, principal: CurrentUser) -> Any:
 def show_version(
     name: EnvName, version: Annotated[int, Path(ge=1, le=999_999_999)], db: DB, principal: CurrentUser
 ) -> Any:
+    """One version with its lock, interpreter and build job (or why its build failed)."""
     return fast_json(svc.get_version(db, principal, name, version))
 
 

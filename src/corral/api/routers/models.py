@@ -70,11 +70,13 @@ def root_of(request: Request) -> Any:
 
 @router.get("/models")
 def list_models(db: DB, principal: CurrentUser) -> Any:
+    """The models the caller may read: their own, their groups' (shared), public ones."""
     return fast_json(svc.list_models(db, principal))
 
 
 @router.get("/models/{name}")
 def show(name: ModelName, db: DB, principal: CurrentUser) -> Any:
+    """A model with every version (stage, metrics, source job)."""
     return fast_json(svc.model_view(db, svc.readable(db, name, principal), detail=True))
 
 
@@ -130,6 +132,7 @@ def promote(name: ModelName, version: VersionNumber, body: PromoteIn, db: DB, pr
 
 @router.get("/models/{name}/versions/{version}/files")
 def files(name: ModelName, version: VersionNumber, request: Request, db: DB, principal: CurrentUser) -> Any:
+    """A version's files, {path, size} each."""
     top = svc.files_of(db, principal, root_of(request), name, version)
     return fast_json({"name": name, "version": version, "items": model_files.list_files(top)})
 
@@ -143,6 +146,7 @@ def file(
     principal: CurrentUser,
     path: Annotated[str, Query(min_length=1, max_length=1024)],
 ) -> FileResponse:
+    """One file of a version (`path` as GET .../files lists it), as raw bytes."""
     top = svc.files_of(db, principal, root_of(request), name, version)
     try:
         found = model_files.file_of(top, path)
@@ -167,4 +171,6 @@ def compare(
 
 @router.post("/models/{name}/share")
 def share(name: ModelName, body: ShareIn, db: DB, principal: CurrentUser) -> Any:
+    """Who may read it (`private`, `group` with `group`, `public`): its owner, an admin of its group or
+    an admin."""
     return fast_json(svc.share(db, principal, name, body.visibility, body.group))

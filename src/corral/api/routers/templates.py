@@ -103,6 +103,8 @@ def show(
     principal: CurrentUser,
     version: Annotated[int | None, Query(ge=1, le=1_000_000_000)] = None,
 ) -> Any:
+    """A template the caller may use: its parameters (type, default, range) and spec, the latest version
+    or `version`."""
     row = svc.readable(db, name, principal)
     return fast_json(svc.template_view(db, row, svc.version_of(db, row, version)))
 
@@ -137,10 +139,14 @@ def use(name: TemplateName, body: UseIn, request: Request, db: DB, principal: Cu
 
 @router.post("/templates/{name}/share")
 def share(name: TemplateName, body: ShareIn, db: DB, principal: CurrentUser) -> Any:
+    """Who may use it (`private`, `group` with `group`, `public`): its owner, an admin of its group or an
+    admin."""
     return fast_json(svc.share(db, principal, name, body.visibility, body.group))
 
 
 @router.delete("/templates/{name}", status_code=status.HTTP_204_NO_CONTENT)
 def delete(name: TemplateName, db: DB, principal: CurrentUser) -> Response:
+    """Delete the template and every version (its owner, an admin of its group or an admin); jobs made
+    from it stay."""
     svc.delete_template(db, principal, name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
