@@ -146,6 +146,31 @@ def test_a_copy_of_a_build_job_is_refused_at_submit(world: World) -> None:
     assert [j["id"] for j in jobs] == [build["id"]]
 
 
+def test_a_template_saved_from_a_build_job_is_refused_at_publish(world: World) -> None:
+    """`corral template publish bj --from-job N` of a build job made a template every use of
+    which was then refused ("this is a copy of an environment build job"); the publish is
+    refused, saying so, with nothing saved."""
+    _settings(world)
+    with world.session_factory() as db:
+        add_node(db, "cpu1", gpus=0)
+        db.commit()
+    made = world.client.post(
+        f"{API}/environments", json={"name": "tpkg", "source": "numpy\n"}, headers=world.as_("alice")
+    )
+    assert made.status_code == 201, made.text
+    build_job = made.json()["build_job_id"]
+    r = world.client.post(
+        f"{API}/templates", json={"name": "bj", "from_job": build_job}, headers=world.as_("alice")
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "from_job"], r.text
+    assert r.json()["detail"][0]["msg"].startswith(
+        f"job {build_job} cannot be a template (each job made from it would be refused): this is a copy "
+        "of an environment build job"
+    ), r.text
+    assert world.client.get(f"{API}/templates", headers=world.as_("alice")).json() == []
+
+
 def test_env_ls_lists_the_servers_own_default_that_jobs_and_workspaces_accept(
     world: World, server_url: str
 ) -> None:

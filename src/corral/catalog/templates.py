@@ -23,7 +23,7 @@ from corral.scheduler import Profile
 from corral.services import audit
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
-from corral.services.jobs import get_job, submit_job
+from corral.services.jobs import check_caller_may_submit, get_job, submit_job
 from corral.services.storage import check_job_storage
 from corral.services.views import JobView
 from corral.spec import JobSpecV1, MountV1, SpecError, load_spec_text
@@ -152,7 +152,16 @@ def publish(
     if (spec is None) == (from_job is None):
         raise Invalid(f"{SPEC_ERROR}give either 'spec' or 'from_job', one of them", ("body",))
     if from_job is not None:
-        body = dict(get_job(session, principal, from_job).spec.stored())
+        source = get_job(session, principal, from_job).spec
+        try:  # a build's or a workspace's job: every use of it would be refused at submit
+            check_caller_may_submit(source, workspace=False, build=False)
+        except Invalid as exc:
+            raise Invalid(
+                f"job {from_job} cannot be a template (each job made from it would be refused): "
+                + exc.message,
+                ("body", "from_job"),
+            ) from None
+        body = dict(source.stored())
     else:
         assert spec is not None
         body = body_of(spec)
