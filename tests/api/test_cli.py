@@ -360,7 +360,7 @@ def test_cli_group_quotas_usage_warnings_and_clearing_limits(
     code, out = run(world, server_url, "admin", "storage", "usage", "-o", "json")
     assert code == 0 and [u["max_bytes"] for u in json.loads(out) if u["name"] == "vision"] in ([], [None])
     code, out = run(world, server_url, "admin", "group", "quota", "vision", "--storage", "5GiB")
-    assert code == 0 and "group vision: storage quota set" in out, out
+    assert code == 0 and out == "group vision: storage 0 B / 5.0 GiB, files 0 / -\n", out
     code, out = run(world, server_url, "admin", "storage", "usage", "-o", "json")
     assert [u["max_bytes"] for u in json.loads(out) if u["name"] == "vision"] == [5 << 30]
 

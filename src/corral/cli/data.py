@@ -323,10 +323,14 @@ def storage_quota(
         raise typer.BadParameter("give --storage and/or --files")
     with client() as c:
         row = c.set_storage_quota(scope, name, **storage_limits(storage, files))
+    out.print(storage_quota_line(scope, name, row))
+
+
+def storage_quota_line(scope: str, name: str, row: dict[str, Any]) -> str:
+    """An account's quota as just set, beside its usage: "group vision: storage 21 B / 2.0 TiB,
+    files 14 / 1000000" (`corral storage quota` and `corral group quota --storage` alike)."""
     bytes_text = limit_text(row["used_bytes"], row["max_bytes"], human_bytes)
-    out.print(
-        f"{scope} {name}: storage {bytes_text}, files {limit_text(row['used_files'], row['max_files'])}"
-    )
+    return f"{scope} {name}: storage {bytes_text}, files {limit_text(row['used_files'], row['max_files'])}"
 
 
 def register(app: typer.Typer) -> None:

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, client, friendly_errors, out, plain, print_json
-from corral.cli.data import storage_limits, usage_cell
+from corral.cli.data import storage_limits, storage_quota_line, usage_cell
 from corral.sdk import KEEP, Keep
 from corral.spec import parse_memory_mib
 from corral.words import plural
@@ -207,11 +207,17 @@ def group_quota(
             if quota
             else None
         )
-        if limits is not None:
-            c.set_storage_quota("group", name, **limits)
+        account = c.set_storage_quota("group", name, **limits) if limits is not None else None
+    # "group vision: storage quota set" said neither the quota nor what the group holds.
     if group is None:
-        out.print(f"group {name}: storage quota set")
+        assert account is not None
+        if output is Output.json:
+            print_json(account)
+        else:
+            out.print(storage_quota_line("group", name, account))
         return
+    if account is not None and output is not Output.json:
+        out.print(storage_quota_line("group", name, account))
     _print_quota_change(group, output, f"group {name}: quotas set")
 
 
