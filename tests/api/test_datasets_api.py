@@ -72,8 +72,8 @@ def test_group_dataset_shared_read_only_with_versions_pinned(world: World) -> No
     assert world.client.get(f"{API}/datasets/cifar", headers=carol).status_code == 404
     assert world.client.get(f"{API}/datasets", headers=carol).json() == []
     r = protocol.start(world.client, carol, "cifar", {"x": b"1"})  # the name is taken: no owner told
-    assert r.status_code == 403, r.text
-    assert r.json()["detail"] == "dataset 'cifar' exists and belongs to someone else; pick another name"
+    assert r.status_code == 409, r.text
+    assert r.json()["detail"] == "dataset name 'cifar' is taken by another user; choose another"
     r = world.client.put(f"{API}/datasets/cifar/share", json={"add_groups": ["nlp"]}, headers=alice)
     assert r.status_code == 403, r.text  # alice is a member of vision, not its admin
     # "only the owner of dataset 'cifar' (or an admin of its group) may do this": a member of the
