@@ -8,6 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral.scheduler import PROFILES, Snapshot
+from corral.scheduler.apply import estimated_starts
+from corral.scheduler.cluster import ClusterMemo, ClusterState
+from corral.scheduler.eta_cpu import CpuMemoryFloors
+from corral.scheduler.types import NodeState, Resources
 from tests.scheduler.builders import cpu_node, gpu_node, group, job, plan_for, running, snap
 
 DEFAULT = PROFILES["default"]
@@ -105,3 +109,61 @@ def test_no_cpu_job_is_expected_before_a_node_could_have_its_cpus_free(
             continue
         assert free_by, f"{job_id} needs {need} CPUs, no node ever has them, yet it got a time"
         assert d.estimated_start >= min(free_by)
+
+
+@given(cpu_bound(), st.data())
+@settings(max_examples=100, deadline=None)
+def test_targeted_estimates_of_cpu_bound_jobs_equal_the_full_roll(
+    case: tuple[Snapshot, dict[str, list[tuple[float, float]]]], data: st.DataObject
+) -> None:
+    """A targeted roll (the simulator's read of its new jobs) raises only its targets to their CPU
+    and memory floors: each still gets exactly the estimate the full diagnoses give it."""
+    s, _ = case
+    ids = [j.id for j in s.queued]
+    wanted = data.draw(st.lists(st.sampled_from(ids), min_size=1, max_size=3, unique=True))
+    got = estimated_starts(plan_for(s, DEFAULT, now=NOW).diagnoses, wanted)
+    full = plan_for(s, DEFAULT, now=NOW).diagnoses
+    assert got == {j: full[j].estimated_start if j in full else None for j in wanted}
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> Resources:
+    return Resources(
+        gpus=draw(st.integers(0, 4)),
+        gpu_model=draw(st.sampled_from([None, "A100", "V100", "A100|V100", "H100"])),
+        cpus=float(draw(st.sampled_from([1, 4, 16, 48, 64]))),
+        memory_mib=draw(st.sampled_from([1024, 64 * 1024, 256 * 1024, 600 * 1024])),
+    )
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["A100", "V100", None]),
+            st.sampled_from([16, 64]),
+            st.sampled_from([128 * 1024, 512 * 1024]),
+            st.sampled_from([NodeState.READY, NodeState.DOWN]),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    st.lists(st.tuples(requests(), st.booleans()), min_size=1, max_size=12),
+)
+@settings(max_examples=150, deadline=None)
+def test_candidate_nodes_kept_with_the_node_table_equal_a_fresh_search(
+    shapes: list[tuple[str | None, int, int, NodeState]], asked: list[tuple[Resources, bool]]
+) -> None:
+    """The nodes that could ever take a request are kept on the node table (shared by the cycles of
+    one nodes tuple) per request shape and profile flag: each answer equals a search over a fresh
+    table, whichever requests came before (a key missing one field gives another shape's nodes)."""
+    nodes = tuple(
+        cpu_node(f"n{i}", cpus=cpus, memory_mib=mem, state=state)
+        if model is None
+        else gpu_node(f"n{i}", gpus=4, model=model, cpus=cpus, memory_mib=mem, state=state)
+        for i, (model, cpus, mem, state) in enumerate(shapes)
+    )
+    memo = ClusterMemo()
+    for r, cpu_on_gpu in asked:
+        kept = CpuMemoryFloors(ClusterState(nodes, memo), cpu_on_gpu, NOW, list)._candidates(r)
+        fresh = CpuMemoryFloors(ClusterState(nodes), cpu_on_gpu, NOW, list)._find_candidates(r)
+        assert list(kept) == fresh

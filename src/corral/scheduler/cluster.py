@@ -130,6 +130,10 @@ class NodeTable:
                     self.buckets[m][len(lst)].append(i)  # i ascends, so each bucket stays sorted
                     self.free_total[m] += len(lst)
         self.capacity = dict(self.free_total)  # healthy GPUs on ready nodes
+        # eta_cpu's nodes that could ever take one instance of a request, per (GPUs, GPU model
+        # constraint, CPUs, memory, CPU jobs on GPU nodes): read only from this table, so kept
+        # with it across the cycles that share it (a few shapes, hundreds of nodes each)
+        self.cpu_candidates: dict[tuple[int, str | None, float, int, bool], tuple[int, ...]] = {}
 
 
 MEMO_SIZE = 2  # node tables (and occupied states) remembered between calls

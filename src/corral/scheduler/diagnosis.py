@@ -456,7 +456,15 @@ class DiagnosisView:
         (a targeted roll): continue the roll kept from an earlier cycle where it holds, and keep
         this one (eta_kept.py)."""
         found = self._roll_all(order, targets, q, keep)
-        raise_to_floors(found, order[: self.cycle.profile.eta_limit], self._floors(q))
+        jobs = order[: self.cycle.profile.eta_limit]
+        if targets is not None:
+            # A targeted roll's caller reads only the targets' starts; every job ahead of them was
+            # placed for its effect on the timelines alone, which its floor and hold do not change
+            # (each adjusts only its own entry): the floors and holds of the targets alone (the
+            # roll places ~200 jobs to answer for one new job)
+            jobs = [j for j in jobs if j.id in targets]
+            found = {j: found[j] for j in targets if j in found}
+        raise_to_floors(found, jobs, self._floors(q))
         why = self.cycle.verdicts.why
         for job_id in found:
             reason = why.get(job_id)

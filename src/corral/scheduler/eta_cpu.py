@@ -20,6 +20,7 @@ from corral.scheduler.plugins import filter_node_kind
 from corral.scheduler.types import Allocation, Job, Resources
 
 Return = tuple[float, float, int]  # (time, CPUs, memory MiB) given back on one node
+CANDIDATES_KEPT = 4096  # request shapes whose candidate nodes a node table keeps
 
 
 class CpuMemoryFloors:
@@ -67,9 +68,20 @@ class CpuMemoryFloors:
             out = max(out, at)
         return out
 
-    def _candidates(self, r: Resources) -> list[int]:
+    def _candidates(self, r: Resources) -> tuple[int, ...]:
         """Ready nodes that could ever take one instance: the right kind, with enough GPUs of an
-        allowed model (healthy or not: a count, not what is free) and enough CPUs and memory."""
+        allowed model (healthy or not: a count, not what is free) and enough CPUs and memory.
+        Read only from the node table, so kept there (`NodeTable.cpu_candidates`)."""
+        key = (r.gpus, r.gpu_model, r.cpus, r.memory_mib, self.cpu_on_gpu)
+        kept = self.st.table.cpu_candidates
+        found = kept.get(key)
+        if found is None:
+            if len(kept) >= CANDIDATES_KEPT:  # a live cluster may see many shapes over its life
+                kept.clear()
+            found = kept[key] = tuple(self._find_candidates(r))
+        return found
+
+    def _find_candidates(self, r: Resources) -> list[int]:
         st = self.st
         req = Request(r.gpus, r.gpu_models, r.cpus, r.memory_mib)
         out = []
