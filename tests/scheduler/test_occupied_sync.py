@@ -94,3 +94,51 @@ def test_a_list_in_between_is_not_answered_for_the_tuple_kept_before_it() -> Non
         fresh = ClusterState(NODES, ClusterMemo())
         assert held == fresh.occupy_running(current)[0]
         assert state_of(kept) == state_of(fresh)
+
+
+def reshuffle(items: list[RunningJob], data: st.DataObject) -> list[RunningJob]:
+    """Another order of the same jobs, now and then: one moved to the end, or to the front."""
+    if len(items) > 1 and data.draw(st.booleans()):
+        i = data.draw(st.integers(0, len(items) - 1))
+        moved = items.pop(i)
+        if data.draw(st.booleans()):
+            items.append(moved)
+        else:
+            items.insert(0, moved)
+    return items
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(SLOTS, max_size=4), min_size=2, max_size=8), st.data())
+def test_kept_free_capacity_follows_tuples_in_any_order(
+    rounds: list[list[tuple]], data: st.DataObject
+) -> None:  # type: ignore[type-arg]
+    """Tuples that are the last with jobs removed and new ones appended take the short
+    difference (seqdiff.py); one held job moved to the end or the front, new jobs put anywhere, or
+    one appended twice must not: each answer equals a fresh build's."""
+    memo = ClusterMemo()
+    current: list[RunningJob] = []
+    for n, slots in enumerate(rounds):
+        keep = data.draw(st.lists(st.booleans(), min_size=len(current), max_size=len(current)))
+        current = reshuffle([rj for rj, k in zip(current, keep, strict=True) if k], data)
+        for k, (node, first, width, borrowed) in enumerate(slots):
+            gpus = tuple(range(first, min(first + width, 4)))
+            if data.draw(st.booleans()):  # CPU-only: nothing but the set difference sees it twice
+                gpus = ()
+            spec = job(f"r{n}-{k}", gpus=len(gpus), cpus=2.0)
+            rj = running(spec, NODES[node].name, gpus, start=float(n), borrowed=borrowed)
+            current.insert(
+                data.draw(st.integers(0, len(current))) if data.draw(st.booleans()) else len(current), rj
+            )
+        if current and data.draw(st.integers(0, 4)) == 0:
+            current.append(data.draw(st.sampled_from(current)))  # the same object twice
+        kept = ClusterState(NODES, memo)
+        held, totals = kept.occupy_running(tuple(current))
+        fresh = ClusterState(NODES, ClusterMemo())
+        want_held, want_totals = fresh.occupy_running(tuple(current))
+        assert held == want_held
+        assert state_of(kept) == state_of(fresh)
+        assert totals.by_group_model == want_totals.by_group_model
+        assert totals.by_user == want_totals.by_user
+        if len({id(rj) for rj in current}) < len(current):
+            current = list(dict.fromkeys(current))  # the next round from a clean set again

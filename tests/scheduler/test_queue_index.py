@@ -90,3 +90,35 @@ def test_the_same_queued_tuple_again_skips_the_difference_but_not_the_running_ch
     assert index.sync(changing, ()) == want
     changing.pop()  # the same list, one job fewer
     assert index.sync(changing, ()) == waiting_jobs(snap([], tuple(changing)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(JOBS, max_size=5), min_size=2, max_size=8), st.data())
+def test_index_follows_tuples_in_any_order(rounds: list[list[tuple]], data: st.DataObject) -> None:  # type: ignore[type-arg]
+    """Tuples that are the last with jobs removed and new ones appended take the short
+    difference (seqdiff.py); one waiting job moved to the end or the front, new jobs put anywhere,
+    or one appended twice must not: every answer equals the queue sorted afresh."""
+    index = QueueIndex(partial(size_class, default_runtime_s=3600.0))
+    queued: list[Job] = []
+    serial = 0
+    for new in rounds:
+        keep = data.draw(st.lists(st.booleans(), min_size=len(queued), max_size=len(queued)))
+        queued = [j for j, k in zip(queued, keep, strict=True) if k]
+        if len(queued) > 1 and data.draw(st.booleans()):
+            moved = queued.pop(data.draw(st.integers(0, len(queued) - 1)))
+            queued.insert(len(queued) if data.draw(st.booleans()) else 0, moved)
+        for spec in new:
+            serial += 1  # unique ids: a duplicate only as the same object twice
+            fresh = make((f"{spec[0]}{serial}", *spec[1:]))
+            at = data.draw(st.integers(0, len(queued))) if data.draw(st.booleans()) else len(queued)
+            queued.insert(at, fresh)
+        if queued and data.draw(st.integers(0, 4)) == 0:
+            queued.append(data.draw(st.sampled_from(queued)))  # the same object twice
+        s = snap([], tuple(queued), run=())
+        got = index.sync(s.queued, s.running)
+        if len({id(j) for j in queued}) < len(queued):
+            assert got is None
+            queued = list(dict.fromkeys(queued))  # the next round from a clean queue again
+            continue
+        assert got == waiting_jobs(s)
+        assert index.sizes == {j.id: size_class(j, 3600.0) for j in got}

@@ -21,6 +21,7 @@ from itertools import compress
 from operator import attrgetter
 from typing import Generic, TypeVar
 
+from corral.scheduler.seqdiff import appended_diff
 from corral.scheduler.types import Job, RunningJob
 
 OrderKey = tuple[str, int, float, str]  # (group, -priority, submit time, id)
@@ -99,7 +100,10 @@ class QueueIndex:
                     return None
                 self._seen(queued, running)
             return list(self.all.jobs)
+        last = self.last_queued
         self.last_queued = self.last_running = None
+        if last is not None and isinstance(queued, tuple) and self._sync_appended(last, queued):
+            return self._answer(queued, running, True)
         # A set of ids, not an id -> job dict: the few new jobs are picked out of `queued` at C
         # speed (as Occupied.sync does); the dict only for a rebuild.
         keys = list(map(id, queued))
@@ -118,7 +122,37 @@ class QueueIndex:
                 k = id(job)
                 if k not in held:  # (the same object twice is added once, as before)
                     self._add(k, job)
-        if len(current) != len(queued) or self.duplicates:
+        return self._answer(queued, running, len(current) == len(queued))
+
+    def _sync_appended(self, last: tuple[Job, ...], queued: tuple[Job, ...]) -> bool:
+        """The difference when `queued` is the last tuple with a few jobs gone and new ones
+        appended (the usual step: seqdiff.py), without a set over every waiting job: the same
+        removals and additions (and the same choice of a rebuild) as the set difference. False,
+        with nothing changed, when it is not that, or an appended job is one already held."""
+        diff = appended_diff(last, queued)
+        if diff is None:
+            return False
+        gone, tail = diff
+        added = queued[tail:]
+        held = self.held
+        ids = [id(job) for job in added]
+        if len(set(ids)) != len(ids) or any(k in held for k in ids):
+            return False  # the same object twice, or a held job moved: the set difference
+        if len(gone) + len(added) > max(64, len(queued) // 2):
+            return False  # the set difference rebuilds
+        if gone or added:
+            self.version += 1
+        for pos in gone:
+            self._remove(id(last[pos]))
+        for k, job in zip(ids, added, strict=True):
+            self._add(k, job)
+        return True
+
+    def _answer(
+        self, queued: Sequence[Job], running: Sequence[RunningJob], distinct: bool
+    ) -> list[Job] | None:
+        """The waiting jobs after a difference, or None (see `sync`); `distinct`: no object twice."""
+        if not distinct or self.duplicates:
             return None  # the same object twice, or one id on two objects
         if self.sizes_stale:  # rare: every id is on one object again
             self.sizes = {key[3]: key[1] for key in self.size_keys.values()}

@@ -1,0 +1,48 @@
+"""`seqdiff.appended_diff`: the removals and the appended tail that turn one tuple into the next."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from corral.scheduler.seqdiff import MAX_GONE, appended_diff
+
+
+class Item:  # compared by identity, as the schedulers' jobs are
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __repr__(self) -> str:
+        return f"Item({self.n})"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 30), st.data())
+def test_removals_and_an_appended_tail_are_found(size: int, data: st.DataObject) -> None:
+    old = tuple(Item(i) for i in range(size))
+    keep = data.draw(st.lists(st.booleans(), min_size=size, max_size=size))
+    tail = [Item(100 + i) for i in range(data.draw(st.integers(0, 5)))]
+    new = (*(x for x, k in zip(old, keep, strict=True) if k), *tail)
+    found = appended_diff(old, new)
+    removed = [i for i, k in enumerate(keep) if not k]
+    if len(removed) > MAX_GONE:
+        assert found is None
+        return
+    assert found == (removed, size - len(removed))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 12), st.data())
+def test_any_answer_rebuilds_the_new_tuple(size: int, data: st.DataObject) -> None:
+    """Whatever the new tuple is (reordered, items repeated, new ones anywhere), an answer is one
+    that rebuilds it: the old without the removed positions, then the tail."""
+    old = tuple(Item(i) for i in range(size))
+    pool = [*old, *(Item(100 + i) for i in range(3))]
+    new = tuple(data.draw(st.lists(st.sampled_from(pool), max_size=size + 3))) if pool else ()
+    found = appended_diff(old, new)
+    if found is None:
+        return
+    gone, start = found
+    assert gone == sorted(set(gone)) and all(0 <= i < size for i in gone)
+    kept = [x for i, x in enumerate(old) if i not in set(gone)]
+    assert len(kept) == start and all(a is b for a, b in zip(kept, new[:start], strict=True))
