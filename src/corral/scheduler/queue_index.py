@@ -34,6 +34,14 @@ def order_key(job: Job) -> OrderKey:
     return (job.group, -int(job.priority), job.submit_time, job.id)
 
 
+def _bump(counts: dict[str, int], key: str, delta: int) -> None:
+    left = counts.get(key, 0) + delta
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]
+
+
 def _cpu_only(job: Job) -> bool:
     return all(t.resources.gpus <= 0 for t in job.tasks)
 
@@ -76,6 +84,11 @@ class QueueIndex:
         # the same running tuple no check against the running ids either.
         self.last_queued: tuple[Job, ...] | None = None
         self.last_running: tuple[RunningJob, ...] | None = None
+        # The running tuple the last check against the waiting ids read, its jobs' ids counted,
+        # and whether that check held (`_running_disjoint`)
+        self.run_last: tuple[RunningJob, ...] | None = None
+        self.run_ids: dict[str, int] = {}
+        self.last_ok = False
         self._clear()
 
     def _clear(self) -> None:
@@ -96,14 +109,16 @@ class QueueIndex:
         `core.waiting_jobs` (None when the caller must work it out afresh)."""
         if queued is self.last_queued:  # unchanged since a sync that gave a list
             if running is not self.last_running:
-                if not self.ids.keys().isdisjoint(map(_running_id, running)):
+                if not self._running_disjoint(running, ()):
                     return None
                 self._seen(queued, running)
             return list(self.all.jobs)
         last = self.last_queued
         self.last_queued = self.last_running = None
-        if last is not None and isinstance(queued, tuple) and self._sync_appended(last, queued):
-            return self._answer(queued, running, True)
+        if last is not None and isinstance(queued, tuple):
+            added = self._sync_appended(last, queued)
+            if added is not None:
+                return self._answer(queued, running, True, added)
         # A set of ids, not an id -> job dict: the few new jobs are picked out of `queued` at C
         # speed (as Occupied.sync does); the dict only for a rebuild.
         keys = list(map(id, queued))
@@ -122,45 +137,81 @@ class QueueIndex:
                 k = id(job)
                 if k not in held:  # (the same object twice is added once, as before)
                     self._add(k, job)
-        return self._answer(queued, running, len(current) == len(queued))
+        return self._answer(queued, running, len(current) == len(queued), None)
 
-    def _sync_appended(self, last: tuple[Job, ...], queued: tuple[Job, ...]) -> bool:
+    def _sync_appended(self, last: tuple[Job, ...], queued: tuple[Job, ...]) -> tuple[Job, ...] | None:
         """The difference when `queued` is the last tuple with a few jobs gone and new ones
         appended (the usual step: seqdiff.py), without a set over every waiting job: the same
-        removals and additions (and the same choice of a rebuild) as the set difference. False,
-        with nothing changed, when it is not that, or an appended job is one already held."""
+        removals and additions (and the same choice of a rebuild) as the set difference; the
+        jobs added. None, with nothing changed, when it is not that, or an appended job is one
+        already held."""
         diff = appended_diff(last, queued)
         if diff is None:
-            return False
+            return None
         gone, tail = diff
         added = queued[tail:]
         held = self.held
         ids = [id(job) for job in added]
         if len(set(ids)) != len(ids) or any(k in held for k in ids):
-            return False  # the same object twice, or a held job moved: the set difference
+            return None  # the same object twice, or a held job moved: the set difference
         if len(gone) + len(added) > max(64, len(queued) // 2):
-            return False  # the set difference rebuilds
+            return None  # the set difference rebuilds
         if gone or added:
             self.version += 1
         for pos in gone:
             self._remove(id(last[pos]))
         for k, job in zip(ids, added, strict=True):
             self._add(k, job)
-        return True
+        return added
 
     def _answer(
-        self, queued: Sequence[Job], running: Sequence[RunningJob], distinct: bool
+        self,
+        queued: Sequence[Job],
+        running: Sequence[RunningJob],
+        distinct: bool,
+        added: Sequence[Job] | None,
     ) -> list[Job] | None:
-        """The waiting jobs after a difference, or None (see `sync`); `distinct`: no object twice."""
+        """The waiting jobs after a difference, or None (see `sync`); `distinct`: no object twice;
+        `added`: the jobs the short difference added (None after the set difference)."""
         if not distinct or self.duplicates:
             return None  # the same object twice, or one id on two objects
         if self.sizes_stale:  # rare: every id is on one object again
             self.sizes = {key[3]: key[1] for key in self.size_keys.values()}
             self.sizes_stale = False
-        if not self.ids.keys().isdisjoint(map(_running_id, running)):  # at C speed
+        if not self._running_disjoint(running, added):
             return None
         self._seen(queued, running)
         return list(self.all.jobs)
+
+    def _running_disjoint(self, running: Sequence[RunningJob], added: Sequence[Job] | None) -> bool:
+        """No waiting job's id is a running job's. The last check held it for the waiting jobs
+        then and the running tuple `run_last` (`last_ok`): when the waiting jobs changed since
+        only by removals and `added`, and the running tuple is `run_last` with jobs removed and
+        new ones appended (seqdiff.py), only the new ones on either side are looked up (the
+        running ids counted, kept with `run_last`); otherwise every running job's id."""
+        last, self.run_last = self.run_last, None
+        if added is not None and last is not None and isinstance(running, tuple) and self.last_ok:
+            run_ids = self.run_ids
+            diff = ([], len(running)) if running is last else appended_diff(last, running)
+            if diff is not None:
+                gone, tail = diff
+                for pos in gone:
+                    _bump(run_ids, last[pos].job.id, -1)
+                new_running = running[tail:]
+                for rj in new_running:
+                    _bump(run_ids, rj.job.id, 1)
+                self.run_last = running
+                ids = self.ids
+                self.last_ok = not any(j.id in run_ids for j in added) and not any(
+                    rj.job.id in ids for rj in new_running
+                )
+                return self.last_ok
+        run_ids = self.run_ids = {}
+        for job_id in map(_running_id, running):
+            run_ids[job_id] = run_ids.get(job_id, 0) + 1
+        self.run_last = running if isinstance(running, tuple) else None
+        self.last_ok = self.ids.keys().isdisjoint(run_ids)
+        return self.last_ok
 
     def _seen(self, queued: Sequence[Job], running: Sequence[RunningJob]) -> None:
         """Keep the tuples a sync gave a list for (lists could change under the same identity)."""
