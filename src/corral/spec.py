@@ -254,7 +254,7 @@ class SecretUseV1(_Strict):
         if self.env is None and self.file is None:
             raise ValueError(f"secret {self.name!r}: say how the job gets it: 'env', 'file' or both")
         if self.env is not None:
-            if not ENV_NAME_RE.match(self.env):
+            if not ENV_NAME_RE.fullmatch(self.env):
                 raise ValueError(
                     f"secret {self.name!r}: env {self.env!r} must be letters, digits and '_' "
                     "and not start with a digit"
@@ -273,7 +273,7 @@ def check_env(value: dict[str, str]) -> dict[str, str]:
     if len(value) > MAX_ENV_VARS:
         raise ValueError(f"env has {len(value)} variables; at most {MAX_ENV_VARS} are allowed")
     for key in value:
-        if not ENV_NAME_RE.match(key):
+        if not ENV_NAME_RE.fullmatch(key):
             raise ValueError(f"env name {key!r} must be letters, digits and '_' and not start with a digit")
     size = sum(len(k.encode()) + len(v.encode()) for k, v in value.items())
     if size > MAX_ENV_BYTES:

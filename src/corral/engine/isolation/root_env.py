@@ -40,12 +40,25 @@ def stash_env(env: Mapping[str, str]) -> dict[str, str]:
 
 def restoring_argv(names: Iterable[str], argv: Sequence[str]) -> list[str]:
     """`argv` run by a shell that first moves each stashed variable of `names` back to its own
-    name. Shorter names go first: a job variable that is itself named STASH_PREFIX + N is put
+    name. Each name is an argument of its own (a job may have 64 KiB of names: one script
+    holding them all could pass the kernel's 128 KiB limit on a single argument), then `--`, then
+    `argv`. Shorter names go first: a job variable that is itself named STASH_PREFIX + N is put
     back after N, whose stash it would overwrite, and its own stash (a longer name) is still
-    there. Only names go on the command line, never values."""
-    steps = []
-    for name in sorted(set(names), key=lambda n: (len(n), n)):
-        if not (name.isascii() and name.isidentifier()):  # the spec allows no other; this is shell code
+    there. Only names go on the command line, never values; `eval` sees only names checked here."""
+    ordered = sorted(set(names), key=lambda n: (len(n), n))
+    for name in ordered:
+        if not (name.isascii() and name.isidentifier()):  # the spec allows no other: shell code
             raise ValueError(f"environment variable name {name!r} is not a shell name")
-        steps.append(f'export {name}="${STASH_PREFIX}{name}"; unset {STASH_PREFIX}{name}; ')
-    return ["/bin/sh", "-c", "".join(steps) + 'exec "$@"', RESTORE_ARGV0, *argv]
+    return ["/bin/sh", "-c", RESTORE_SCRIPT, RESTORE_ARGV0, *ordered, "--", *argv]
+
+
+# For each name N up to `--`: eval runs `export N="${CORRAL_JOB_ENV_N}"; unset CORRAL_JOB_ENV_N`
+RESTORE_SCRIPT = (
+    'while [ "$1" != -- ]; do '
+    + r'eval "export $1=\"\${'
+    + STASH_PREFIX
+    + r"$1}\"; unset "
+    + STASH_PREFIX
+    + r'$1"; shift; '
+    + 'done; shift; exec "$@"'
+)

@@ -84,7 +84,7 @@ def validate(attempt: AttemptLaunch) -> list[InstanceLaunch]:
             raise ValueError(f"attempt {attempt.attempt_id} rank {inst.rank}: no node placed")
         if not inst.command.strip():
             raise ValueError(f"attempt {attempt.attempt_id} rank {inst.rank}: empty command")
-        bad = [k for k in inst.env if not _ENV_NAME_RE.match(k)]
+        bad = [k for k in inst.env if not _ENV_NAME_RE.fullmatch(k)]
         if bad:
             raise ValueError(f"attempt {attempt.attempt_id} rank {inst.rank}: invalid env names {bad}")
     if attempt.max_runtime_s is not None and attempt.max_runtime_s <= 0:

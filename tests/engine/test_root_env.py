@@ -1,0 +1,47 @@
+"""isolation/root_env.py: the job's variables ride past the root programs stashed and come back
+whole, in any number the spec allows (review105: one script holding every name could pass the
+kernel's 128 KiB limit on one argument), and a name the shell could misread is refused."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from corral.engine.isolation.root_env import ROOT_ENV, STASH_PREFIX, restoring_argv, stash_env
+from corral.spec import MAX_ENV_BYTES, MAX_ENV_VARS, check_env
+
+
+def _restored(env: dict[str, str]) -> dict[str, str]:
+    argv = restoring_argv(env, ["/usr/bin/env", "-0"])
+    out = subprocess.run(argv, env=stash_env(env), capture_output=True, check=True).stdout.decode()
+    return dict(item.split("=", 1) for item in out.split("\0") if item and not item.startswith("PWD="))
+
+
+def test_values_come_back_exactly_and_a_name_like_a_stash_is_kept_apart() -> None:
+    env = {
+        "PATH": "/opt/x/bin:/usr/bin:/bin",
+        "ODD": " a  b'c\"$HOME`id`\\\n*; exit 3",
+        "EMPTY": "",
+        "LD_PRELOAD": "/home/u/lib.so",
+        f"{STASH_PREFIX}ODD": "its own",
+    }
+    assert stash_env(env)["PATH"] == ROOT_ENV["PATH"]
+    assert not any(k in stash_env(env) for k in ("ODD", "LD_PRELOAD", "EMPTY"))
+    assert _restored(env) == env
+
+
+def test_as_many_long_names_as_the_spec_allows_fit_on_the_command_line() -> None:
+    width = MAX_ENV_BYTES // MAX_ENV_VARS - 2  # names fill the spec's byte budget
+    env = {f"V{i:03d}_" + "N" * (width - 5): "1" for i in range(MAX_ENV_VARS)}
+    assert sum(len(k) + len(v) for k, v in env.items()) <= MAX_ENV_BYTES
+    check_env(env)  # the spec takes it ...
+    assert _restored({**env, "PATH": "/usr/bin:/bin"}) == {**env, "PATH": "/usr/bin:/bin"}  # ... so must this
+
+
+@pytest.mark.parametrize("name", ["A\n", "A B", "1A", "A-B", "Ä"])
+def test_a_name_the_shell_could_misread_is_refused_by_the_spec_and_here(name: str) -> None:
+    with pytest.raises(ValueError, match="env name"):
+        check_env({name: "x"})  # the spec's check of a job's (and a task's) env
+    with pytest.raises(ValueError, match="not a shell name"):
+        restoring_argv([name], ["true"])
