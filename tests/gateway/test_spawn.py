@@ -35,3 +35,14 @@ def test_a_kill_while_output_waits_unread_ends_the_readers(tty: bool) -> None:
 
     done = asyncio.run(scenario())
     assert all(done), done
+
+
+def test_only_a_terminal_types_name_goes_in_as_term() -> None:
+    """The SSH client's TERM reaches the root programs on the way into a local sandbox (the job's
+    own env is stashed from them): a terminal type's name only (review105)."""
+    from corral.gateway.ssh import TERM_NAME
+
+    for name in ("xterm-256color", "screen.xterm-256color", "vt100", "rxvt-unicode+x"):
+        assert TERM_NAME.fullmatch(name), name
+    for name in ("", "/home/u/terminfo", "x\n", "../x", "a b", "x" * 65):
+        assert not TERM_NAME.fullmatch(name), name

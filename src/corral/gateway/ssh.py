@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -53,6 +54,7 @@ LOGIN_SHELL = ["/bin/sh", "-c", "if [ -x /bin/bash ]; then exec /bin/bash -l; fi
 # Every session channel (shell, command, sftp/scp) starts in the user's home, as under sshd: the
 # job's own working dir is the attempt's private /job, which a workspace loses at each stop, so
 # `scp f alice+nb:` or `echo x > notes` there would be gone after `corral ws stop`/`start`.
+TERM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")  # xterm-256color, screen.xterm
 IN_HOME = ["/bin/sh", "-c", 'cd "${HOME:-/}" 2>/dev/null || cd /; exec "$@"', "sh"]
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "ip6-localhost")
 # AES-GCM first and no chacha20-poly1305: a client's own preference wins the negotiation, and
@@ -303,7 +305,10 @@ class _Channel:
         cmd, job_id = await self.server.enter(argv, how)
         if self.closed:  # connection_lost came during enter: nothing to start, nothing to count
             raise ChannelClosed
-        if term is not None:
+        if term is not None and TERM_NAME.fullmatch(term):
+            # The one variable of the client's that goes in, beside the job's own: on the local
+            # engine the root programs on the way in see it (the job's env is stashed from them,
+            # isolation/root_env.py), so only a terminal type's name, which none of them reads
             cmd = replace(cmd, env={**cmd.env, "TERM": term})
         proc = await SandboxProcess.start(cmd, tty=tty, rows=rows, cols=cols)
         if self.closed:  # ... or during the spawn: connection_lost had no process to kill yet
