@@ -23,6 +23,7 @@ from cryptography.x509.oid import NameOID
 
 from corral.db.oncall_models import Page, PageNotification
 from corral.monitor.pager import ChannelError, Outgoing, post_webhook
+from corral.services import webhook_guard
 
 LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"),)
 
@@ -102,3 +103,36 @@ def test_an_https_webhook_goes_to_the_checked_address_with_its_name_for_host_and
     with pytest.raises(ChannelError, match="CERTIFICATE_VERIFY_FAILED"):
         post_webhook(_outgoing(f"https://127.0.0.1:{port}/by-address"), LOOPBACK)
     assert len(received) == 1
+
+
+def test_the_next_checked_address_is_tried_when_one_refuses_the_connection(
+    tls_receiver: tuple[int, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name with several addresses (one AAAA without a route, one A record down): the POST
+    goes to the first that takes the connection, as a connection to the name would (review105)."""
+    port, received = tls_receiver
+    closed = ipaddress.ip_address("127.0.0.2")  # nothing listens there on that port
+    monkeypatch.setattr(
+        webhook_guard, "resolve", lambda host, port: [closed, ipaddress.ip_address("127.0.0.1")]
+    )
+    post_webhook(_outgoing(f"https://localhost:{port}/hook"), LOOPBACK)
+    assert received == [(f"localhost:{port}", "/hook", "page")]
+
+
+@pytest.mark.parametrize(
+    ("address", "kind"),
+    [
+        ("64:ff9b::a00:5", "private or reserved"),  # NAT64 of 10.0.0.5
+        ("2002:a00:5::", "private or reserved"),  # 6to4 of 10.0.0.5
+        ("::7f00:1", "loopback"),  # IPv4-compatible 127.0.0.1
+        ("::ffff:169.254.169.254", "link-local"),  # IPv4-mapped metadata address
+        ("64:ff9b::808:808", None),  # NAT64 of a public address
+    ],
+)
+def test_an_ipv6_address_that_leads_to_an_ipv4_one_is_judged_by_it(address: str, kind: str | None) -> None:
+    ip = ipaddress.ip_address(address)
+    if kind is None:
+        webhook_guard.check_ip(address, ip, ())
+    else:
+        with pytest.raises(webhook_guard.WebhookRefused, match=f"is a {kind} address"):
+            webhook_guard.check_ip(address, ip, ())

@@ -164,14 +164,7 @@ def post_webhook(out: Outgoing, allowed: Sequence[webhook_guard.Network] = ()) -
         url = httpx.URL(out.note.address)
         addresses = webhook_guard.checked_addresses(url.host, webhook_guard.port_of(url), allowed)
         with httpx.Client(timeout=10.0) as client:
-            request = client.build_request(
-                "POST",
-                url.copy_with(host=str(addresses[0])),
-                json=webhook_body(out),
-                headers={"Host": url.netloc.decode("ascii")},
-                extensions={"sni_hostname": url.host} if url.scheme == "https" else None,
-            )
-            response = client.send(request)
+            response = _post_pinned(client, url, addresses, webhook_body(out))
     except webhook_guard.WebhookRefused as exc:
         raise ChannelError(f"POST {shown}: {exc}") from exc
     except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL: not an HTTPError
@@ -179,6 +172,32 @@ def post_webhook(out: Outgoing, allowed: Sequence[webhook_guard.Network] = ()) -
     if response.status_code >= 300:
         status = f"HTTP {response.status_code} {response.text[:200]}"
         raise ChannelError(f"POST {shown_url(out.note.address)}: {status}")
+
+
+def _post_pinned(
+    client: httpx.Client, url: httpx.URL, addresses: Sequence[webhook_guard.Address], body: dict[str, Any]
+) -> httpx.Response:
+    """POST `body` to `url` at the first of its checked `addresses` that takes the connection, as
+    a connection to the name tries each address the resolver gave (one AAAA without an IPv6
+    route, one of several A records down); the name kept for the Host header and TLS."""
+    for address in addresses[:-1]:
+        try:
+            return client.send(_pinned_request(client, url, address, body))
+        except (httpx.ConnectError, httpx.ConnectTimeout):
+            continue
+    return client.send(_pinned_request(client, url, addresses[-1], body))
+
+
+def _pinned_request(
+    client: httpx.Client, url: httpx.URL, address: webhook_guard.Address, body: dict[str, Any]
+) -> httpx.Request:
+    return client.build_request(
+        "POST",
+        url.copy_with(host=str(address)),
+        json=body,
+        headers={"Host": url.netloc.decode("ascii")},
+        extensions={"sni_hostname": url.host} if url.scheme == "https" else None,
+    )
 
 
 def _due(session: Session, now: float) -> list[PageNotification]:

@@ -37,10 +37,30 @@ class Unresolved(WebhookRefused):
     """The host name does not resolve (now)."""
 
 
+# IPv6 forms that carry an IPv4 address a router or the host may hand on to IPv4: NAT64's
+# well-known prefix (RFC 6052) and the deprecated IPv4-compatible form (::a.b.c.d)
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one leads to (mapped, 6to4, NAT64, IPv4-compatible), if any."""
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address in _NAT64 or address in _IPV4_COMPATIBLE:
+        return ipaddress.IPv4Address(int(address) & 0xFFFF_FFFF)
+    return None
+
+
 def _kind(address: Address) -> str | None:
-    """What makes `address` off limits, or None for a public one."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return _kind(address.ipv4_mapped)
+    """What makes `address` off limits, or None for a public one. An IPv6 address that leads to
+    an IPv4 one is judged by both (review105: NAT64 64:ff9b::a00:5 is 10.0.0.5)."""
+    if isinstance(address, ipaddress.IPv6Address):
+        inner = _embedded_ipv4(address)
+        if inner is not None and (kind := _kind(inner)) is not None:
+            return kind
     if address.is_loopback:
         return "loopback"
     if address.is_link_local:
