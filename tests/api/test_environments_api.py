@@ -169,6 +169,20 @@ def test_a_template_saved_from_a_build_job_is_refused_at_publish(world: World) -
         "of an environment build job"
     ), r.text
     assert world.client.get(f"{API}/templates", headers=world.as_("alice")).json() == []
+    # Written as one, not copied (review105): the same refusal, at the spec
+    for spec, words in (
+        ({"name": "w", "kind": "workspace", "command": "sleep 1"}, "a job of kind 'workspace'"),
+        ({"name": "b", "command": "true", "env": {"CORRAL_ENV_TOOLS": "/x"}}, "this is a copy of"),
+    ):
+        r = world.client.post(
+            f"{API}/templates", json={"name": "bj", "spec": spec}, headers=world.as_("alice")
+        )
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"] == ["body", "spec"], r.text
+        assert r.json()["detail"][0]["msg"].startswith(
+            f"this spec cannot be a template (each job made from it would be refused): {words}"
+        ), r.text
+    assert world.client.get(f"{API}/templates", headers=world.as_("alice")).json() == []
 
 
 def test_env_ls_lists_the_servers_own_default_that_jobs_and_workspaces_accept(

@@ -48,12 +48,13 @@ def parameter_invalid(exc: ParameterError, where: str = "values") -> Invalid:
     return Invalid(f"{prefix}{exc}", loc)
 
 
-def check_body(body: Mapping[str, Any]) -> None:
+def check_body(body: Mapping[str, Any]) -> JobSpecV1:
     """A template that can be used: parameters well declared, every `${name}` declared, and the
-    spec valid with the defaults (or, for parameters without one, the smallest valid value)."""
+    spec valid with the defaults (or, for parameters without one, the smallest valid value),
+    which it returns."""
     try:
         params, _ = split_body(body)
-        render(body, sample_values(params))
+        return render(body, sample_values(params))
     except ParameterError as exc:
         raise parameter_invalid(exc, "spec") from None
     except ValidationError as exc:
@@ -149,23 +150,7 @@ def publish(
     stored spec, without parameters) is given. Commits."""
     now = time.time() if now is None else now
     access.check_name("template", name)
-    if (spec is None) == (from_job is None):
-        raise Invalid(f"{SPEC_ERROR}give either 'spec' or 'from_job', one of them", ("body",))
-    if from_job is not None:
-        source = get_job(session, principal, from_job).spec
-        try:  # a build's or a workspace's job: every use of it would be refused at submit
-            check_caller_may_submit(source, workspace=False, build=False)
-        except Invalid as exc:
-            raise Invalid(
-                f"job {from_job} cannot be a template (each job made from it would be refused): "
-                + exc.message,
-                ("body", "from_job"),
-            ) from None
-        body = dict(source.stored())
-    else:
-        assert spec is not None
-        body = body_of(spec)
-    check_body(body)
+    body = _usable_body(session, principal, spec, from_job)
     row = session.scalar(select(JobTemplate).where(JobTemplate.name == name).with_for_update())
     group_id = access.group_id_of(session, principal, group)
     if row is None:
@@ -216,6 +201,31 @@ def publish(
     view = template_view(session, row, version)
     session.commit()
     return view
+
+
+def _usable_body(
+    session: Session, principal: Principal, spec: str | Mapping[str, Any] | None, from_job: int | None
+) -> dict[str, Any]:
+    """The body of a new template version from exactly one of `spec` and `from_job`, checked as
+    usable: a valid spec with its defaults, and not a build's or a workspace's job, every use of
+    which would be refused at submit (whether copied from such a job or written as one)."""
+    if (spec is None) == (from_job is None):
+        raise Invalid(f"{SPEC_ERROR}give either 'spec' or 'from_job', one of them", ("body",))
+    if from_job is not None:
+        body, source = dict(get_job(session, principal, from_job).spec.stored()), f"job {from_job}"
+    else:
+        assert spec is not None
+        body, source = body_of(spec), "this spec"
+    rendered = check_body(body)
+    try:
+        check_caller_may_submit(rendered, workspace=False, build=False)
+    except Invalid as exc:
+        field = "from_job" if from_job is not None else "spec"
+        raise Invalid(
+            f"{source} cannot be a template (each job made from it would be refused): {exc.message}",
+            ("body", field),
+        ) from None
+    return body
 
 
 def share(
