@@ -26,8 +26,10 @@ def url_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def parse_networks(text: str | None) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    """CORRAL_WEBHOOK_ALLOW_NETWORKS: comma-separated networks (CIDRs) or single addresses."""
+def parse_networks(
+    text: str | None, setting: str = "CORRAL_WEBHOOK_ALLOW_NETWORKS"
+) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """A `setting` of comma-separated networks (CIDRs) or single addresses."""
     networks = []
     for part in (text or "").split(","):
         part = part.strip()
@@ -37,7 +39,7 @@ def parse_networks(text: str | None) -> tuple[ipaddress.IPv4Network | ipaddress.
             networks.append(ipaddress.ip_network(part, strict=False))
         except ValueError:
             raise ValueError(
-                f"CORRAL_WEBHOOK_ALLOW_NETWORKS: {part!r} is not a network: give CIDRs such as "
+                f"{setting}: {part!r} is not a network: give CIDRs such as "
                 "10.20.0.0/16 or addresses such as 192.168.1.5, separated by commas"
             ) from None
     return tuple(networks)
@@ -239,6 +241,15 @@ class Settings(FileVariablesSettings):
     def _networks(cls, value: str) -> str:
         """Refused at start, naming the entry, rather than at the first contact or page."""
         parse_networks(value)
+        return value
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _proxies(cls, value: str | None) -> str | None:
+        """Refused at start, naming the entry: uvicorn ignores one it cannot parse, so a typo
+        would trust no proxy (every caller seen as the proxy) without a word (review105)."""
+        if value is not None and value.strip() != "*":
+            parse_networks(value, "CORRAL_FORWARDED_ALLOW_IPS")
         return value
 
     @model_validator(mode="after")

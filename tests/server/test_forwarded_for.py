@@ -8,7 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 
+from corral.config import Settings
 from tests.server_fixture import start_server
 
 SPOOFED = "6.6.6.6"
@@ -38,3 +40,12 @@ def test_x_forwarded_for_is_ignored_unless_the_proxy_is_named(tmp_path: Path) ->
 def test_a_named_proxy_is_believed(tmp_path: Path) -> None:
     env = {"CORRAL_FORWARDED_ALLOW_IPS": "127.0.0.1"}  # the shipped corral.env: nginx on the host
     assert _address_keys_after_a_spoofed_failure(tmp_path / "proxied", env) == {SPOOFED}
+
+
+def test_a_proxy_entry_that_is_no_address_refuses_start_naming_it() -> None:
+    """uvicorn drops an entry it cannot parse without a word: a typo would believe no proxy, and
+    every caller would be the proxy's address (one lockout for all). Refused at start instead."""
+    with pytest.raises(ValueError, match=r"CORRAL_FORWARDED_ALLOW_IPS: '127\.0\.0\.l' is not a network"):
+        Settings(forwarded_allow_ips="10.0.0.0/8, 127.0.0.l")
+    assert Settings(forwarded_allow_ips="*").forwarded_allow_ips == "*"
+    assert Settings(forwarded_allow_ips="127.0.0.1,::1").forwarded_allow_ips == "127.0.0.1,::1"
