@@ -64,3 +64,27 @@ def test_those_who_may_see_a_job_still_see_it_and_are_told_why_they_are_refused(
         assert r.status_code == 200 and r.json()["id"] == job_id, (who, r.text)
     r = world.client.delete(f"{API}/jobs/{job_id}", headers=world.as_("bob"))  # sees it, may not delete
     assert r.status_code == 403 and "only the owner" in r.json()["detail"], r.text
+
+
+def test_an_unseen_job_is_neither_read_nor_locked(world: World) -> None:
+    """get_job asks the database only for jobs the caller may see (review105): hold, release,
+    cancel and delete lock the job's row, and a row of another user's job read and locked before
+    the 404 let anyone hold other users' rows (and time the difference to a missing id). On
+    PostgreSQL a second transaction can still take alice's row at once while carol's is open."""
+    from sqlalchemy import select
+
+    from corral.db.models import Job
+    from corral.gateway import resolver
+    from corral.services.errors import NotFound
+    from corral.services.jobs import get_job
+
+    job_id = _alices_job(world)
+    with world.session_factory() as first, world.session_factory() as second:
+        carol = resolver.principal_for(first, "carol", "127.0.0.1")
+        with pytest.raises(NotFound, match=f"no job with id {job_id}"):
+            get_job(first, carol, job_id, for_update=True)
+        if second.get_bind().dialect.name == "postgresql":
+            stmt = select(Job.id).where(Job.id == job_id).with_for_update(nowait=True)
+            assert second.scalar(stmt) == job_id  # NOWAIT: it would raise were the row locked
+        alice = resolver.principal_for(second, "alice", "127.0.0.1")
+        assert get_job(second, alice, job_id).id == job_id

@@ -627,6 +627,10 @@ def get_job(session: Session, principal: Principal, job_id: int, *, for_update: 
         .where(Job.id == job_id)
         .options(joinedload(Job.user), joinedload(Job.group), selectinload(Job.attempts))
     )
+    if not principal.is_admin:  # an unseen job is not read (nor locked) at all: no timing tell
+        stmt = stmt.where(
+            or_(Job.user_id == principal.user_id, Job.group_id.in_(sorted(principal.admin_group_ids)))
+        )
     if for_update:
         stmt = stmt.with_for_update(of=Job)
     job = session.scalars(stmt).unique().first()
