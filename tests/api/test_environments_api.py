@@ -8,6 +8,8 @@ import json
 import time
 from typing import Any
 
+import httpx
+
 from corral.db.environment_models import Environment, EnvironmentVersion
 from corral.db.models import Group, Job, User
 from corral.spec import JobSpecV1
@@ -26,6 +28,24 @@ def _settings(w: World) -> Any:
     return settings
 
 
+def _create_tpkg(w: World) -> httpx.Response:
+    """alice asks for environment tpkg (numpy): its answer (201 with its build job, or refused)."""
+    return w.client.post(
+        f"{API}/environments", json={"name": "tpkg", "source": "numpy\n"}, headers=w.as_("alice")
+    )
+
+
+def _tpkg_building_on_a_cpu_node(w: World) -> int:
+    """tpkg created with a CPU node to build on: its build job's id."""
+    _settings(w)
+    with w.session_factory() as db:
+        add_node(db, "cpu1", gpus=0)
+        db.commit()
+    made = _create_tpkg(w)
+    assert made.status_code == 201, made.text
+    return int(made.json()["build_job_id"])
+
+
 def _nothing_registered(w: World) -> None:
     listed = w.client.get(f"{API}/environments", headers=w.as_("alice"))
     assert listed.status_code == 200 and listed.json() == [], listed.text
@@ -35,9 +55,7 @@ def _nothing_registered(w: World) -> None:
 
 def test_a_missing_interpreter_is_refused_by_name(world: World) -> None:
     _settings(world).env_python = "/nonexistent/bin/python3"
-    r = world.client.post(
-        f"{API}/environments", json={"name": "tpkg", "source": "numpy\n"}, headers=world.as_("alice")
-    )
+    r = _create_tpkg(world)
     assert r.status_code == 409, r.text
     assert "interpreter /nonexistent/bin/python3 is not there" in r.json()["detail"], r.text
     _nothing_registered(world)
@@ -49,9 +67,7 @@ def test_a_build_job_that_fits_no_node_is_refused(world: World) -> None:
     with world.session_factory() as db:
         add_node(db, "gpu1", gpus=2)
         db.commit()
-    r = world.client.post(
-        f"{API}/environments", json={"name": "tpkg", "source": "numpy\n"}, headers=world.as_("alice")
-    )
+    r = _create_tpkg(world)
     assert r.status_code == 409, r.text
     detail = r.json()["detail"]
     assert "their build job (1 CPU, 2 GiB, no GPU) fits no node" in detail, detail
@@ -129,15 +145,8 @@ def test_a_copy_of_a_build_job_is_refused_at_submit(world: World) -> None:
     """`corral submit --from-job N` of an environment's build job was queued, and then failed in
     the job ("can't open file '/corral/tools/buildstep-....py'"): the build tools are bound only
     into the build job the environments service submits. The copy is refused at submit (422)."""
-    _settings(world)
-    with world.session_factory() as db:
-        add_node(db, "cpu1", gpus=0)
-        db.commit()
-    made = world.client.post(
-        f"{API}/environments", json={"name": "tpkg", "source": "numpy\n"}, headers=world.as_("alice")
-    )
-    assert made.status_code == 201, made.text
-    build = world.client.get(f"{API}/jobs/{made.json()['build_job_id']}", headers=world.as_("alice")).json()
+    build_job = _tpkg_building_on_a_cpu_node(world)
+    build = world.client.get(f"{API}/jobs/{build_job}", headers=world.as_("alice")).json()
     copy = world.client.post(f"{API}/jobs", json=build["spec"], headers=world.as_("alice"))
     assert copy.status_code == 422, f"a copy of build job {build['id']} was accepted: {copy.text}"
     assert "a copy of an environment build job" in copy.text, copy.text
@@ -150,15 +159,7 @@ def test_a_template_saved_from_a_build_job_is_refused_at_publish(world: World) -
     """`corral template publish bj --from-job N` of a build job made a template every use of
     which was then refused ("this is a copy of an environment build job"); the publish is
     refused, saying so, with nothing saved."""
-    _settings(world)
-    with world.session_factory() as db:
-        add_node(db, "cpu1", gpus=0)
-        db.commit()
-    made = world.client.post(
-        f"{API}/environments", json={"name": "tpkg", "source": "numpy\n"}, headers=world.as_("alice")
-    )
-    assert made.status_code == 201, made.text
-    build_job = made.json()["build_job_id"]
+    build_job = _tpkg_building_on_a_cpu_node(world)
     r = world.client.post(
         f"{API}/templates", json={"name": "bj", "from_job": build_job}, headers=world.as_("alice")
     )

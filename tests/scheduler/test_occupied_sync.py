@@ -4,10 +4,11 @@ goes between calls: jobs that end, start, come back as new objects, or appear tw
 
 from __future__ import annotations
 
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.scheduler.cluster import ClusterMemo, ClusterState
+from corral.scheduler.cluster import ClusterMemo, ClusterState, RunningTotals
 from corral.scheduler.types import RunningJob
 from tests.scheduler.builders import gpu_node, job, running
 
@@ -28,6 +29,22 @@ def state_of(st_: ClusterState) -> tuple[object, ...]:
     )
 
 
+def assert_kept_equals_fresh(
+    memo: ClusterMemo, current: list[RunningJob]
+) -> tuple[RunningTotals, RunningTotals]:
+    """Occupy `current` with the state kept in `memo` and afresh: the same held jobs, free
+    capacity and totals by group and model and by user. Both totals, for more checks."""
+    kept = ClusterState(NODES, memo)
+    held, totals = kept.occupy_running(tuple(current))
+    fresh = ClusterState(NODES, ClusterMemo())
+    want_held, want_totals = fresh.occupy_running(tuple(current))
+    assert held == want_held
+    assert state_of(kept) == state_of(fresh)
+    assert totals.by_group_model == want_totals.by_group_model
+    assert totals.by_user == want_totals.by_user
+    return totals, want_totals
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.lists(SLOTS, max_size=6), min_size=1, max_size=6), st.data())
 def test_kept_free_capacity_equals_a_fresh_build(rounds: list[list[tuple]], data: st.DataObject) -> None:  # type: ignore[type-arg]
@@ -42,14 +59,7 @@ def test_kept_free_capacity_equals_a_fresh_build(rounds: list[list[tuple]], data
             current.append(running(rj, NODES[node].name, gpus, start=float(n), borrowed=borrowed))
         if current and data.draw(st.booleans()):
             current.append(current[0])  # the same object twice
-        kept = ClusterState(NODES, memo)
-        held, totals = kept.occupy_running(tuple(current))
-        fresh = ClusterState(NODES, ClusterMemo())
-        want_held, want_totals = fresh.occupy_running(tuple(current))
-        assert held == want_held
-        assert state_of(kept) == state_of(fresh)
-        assert totals.by_group_model == want_totals.by_group_model
-        assert totals.by_user == want_totals.by_user
+        totals, want_totals = assert_kept_equals_fresh(memo, current)
         assert totals.preemptible == want_totals.preemptible
         for field in ("ranks", "lenders"):  # counters: a key counted down to 0 may stay
             got, want = getattr(totals, field), getattr(want_totals, field)
@@ -132,13 +142,6 @@ def test_kept_free_capacity_follows_tuples_in_any_order(
             )
         if current and data.draw(st.integers(0, 4)) == 0:
             current.append(data.draw(st.sampled_from(current)))  # the same object twice
-        kept = ClusterState(NODES, memo)
-        held, totals = kept.occupy_running(tuple(current))
-        fresh = ClusterState(NODES, ClusterMemo())
-        want_held, want_totals = fresh.occupy_running(tuple(current))
-        assert held == want_held
-        assert state_of(kept) == state_of(fresh)
-        assert totals.by_group_model == want_totals.by_group_model
-        assert totals.by_user == want_totals.by_user
+        assert_kept_equals_fresh(memo, current)
         if len({id(rj) for rj in current}) < len(current):
             current = list(dict.fromkeys(current))  # the next round from a clean set again
