@@ -4,7 +4,6 @@ goes between calls: jobs that end, start, come back as new objects, or appear tw
 
 from __future__ import annotations
 
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
