@@ -9,7 +9,6 @@ and the client sends only what is missing.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,13 +157,8 @@ def pull(
 def _fetch(
     client: BaseClient, url: str, target: Path, done: int, total: int, progress: Progress | None
 ) -> int:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.corral-part")
-    with client.download(url) as response, tmp.open("wb") as fh:
-        for block in response.iter_bytes(1024 * 1024):
-            fh.write(block)
-            done += len(block)
-            if progress:
-                progress(done, total)
-    os.replace(tmp, target)
-    return done
+    def shown(so_far: int) -> None:
+        if progress:
+            progress(done + so_far, total)
+
+    return done + client.download_to(url, None, target, on_progress=shown)

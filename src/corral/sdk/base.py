@@ -4,7 +4,8 @@ accounts.py, ...) are mixins over BaseClient, put together as corral.sdk.Client.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Self
@@ -136,6 +137,40 @@ class BaseClient:
         """GET a raw (non-JSON) body as a streamed response (a context manager); errors raise
         like `request`."""
         return self._stream(path, params)
+
+    def download_to(
+        self,
+        path: str,
+        params: dict[str, Any] | None,
+        dest: Path,
+        *,
+        expected_size: int | None = None,
+        on_progress: Callable[[int], None] | None = None,
+        label: str | None = None,
+    ) -> int:
+        """Stream a raw body into `dest`, and return its size: it goes to a hidden temporary name
+        beside `dest` and is renamed over it only once all of it (with `expected_size`, that many
+        bytes) arrived, so an interrupted transfer leaves neither a cut file under the name (nor
+        over an earlier good copy) nor the temporary one. `on_progress(bytes so far)` per block;
+        `label`: the file as errors name it (default: its name)."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.corral-part")
+        size = 0
+        try:
+            with self.download(path, params) as response, tmp.open("wb") as fh:
+                for block in response.iter_bytes(1024 * 1024):
+                    fh.write(block)
+                    size += len(block)
+                    if on_progress:
+                        on_progress(size)
+            if expected_size is not None and size != expected_size:
+                raise CorralError(
+                    f"{label or dest.name}: {size} of its {expected_size} bytes arrived; pull again"
+                )
+            os.replace(tmp, dest)
+            return size
+        finally:
+            tmp.unlink(missing_ok=True)
 
     @contextmanager
     def _stream(self, path: str, params: dict[str, Any] | None) -> Iterator[httpx.Response]:

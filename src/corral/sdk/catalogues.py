@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -184,23 +183,8 @@ class CataloguesApi(BaseClient):
                 dest = Path(directory) / check_code_path(item["path"])  # never outside `directory`
             except ValueError as exc:
                 raise CorralError(f"model {name}@{version}: refusing file path: {exc}") from None
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            self._pull_model_file(where, item, dest)
+            self.download_to(
+                where, {"path": item["path"]}, dest, expected_size=item.get("size"), label=item["path"]
+            )
             pulled.append(dest)
         return pulled
-
-    def _pull_model_file(self, where: str, item: Mapping[str, Any], dest: Path) -> None:
-        """One file to a temporary name, renamed over `dest` only when all of it (its listed size)
-        arrived: an interrupted pull wrote straight into `dest`, leaving a cut file under its name
-        (or over the good copy of an earlier pull)."""
-        tmp = dest.with_name(f".{dest.name}.corral-part")
-        try:
-            with self.download(where, {"path": item["path"]}) as response, tmp.open("wb") as fh:
-                for block in response.iter_bytes():
-                    fh.write(block)
-            got, expected = tmp.stat().st_size, item.get("size")
-            if expected is not None and got != expected:
-                raise CorralError(f"{item['path']}: {got} of its {expected} bytes arrived; pull again")
-            os.replace(tmp, dest)
-        finally:
-            tmp.unlink(missing_ok=True)

@@ -95,14 +95,7 @@ class StorageApi(BaseClient):
 
     def download_output(self, job_id: int, path: str, dest: Path) -> int:
         """One output file to `dest` (written to a temp name, renamed when complete)."""
-        tmp = dest.with_name(f".{dest.name}.part")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        where = f"/jobs/{seg(job_id)}/outputs/file"
-        with self.download(where, {"path": path}) as response, open(tmp, "wb") as f:
-            for block in response.iter_bytes():
-                f.write(block)
-        os.replace(tmp, dest)
-        return dest.stat().st_size
+        return self.download_to(f"/jobs/{seg(job_id)}/outputs/file", {"path": path}, dest)
 
     def pull_outputs(self, job_id: int, directory: Path) -> list[Path]:
         """Every output file of the job into `directory`, keeping their relative paths."""
