@@ -30,6 +30,14 @@ UserKey = tuple[str, str]  # (group, user)
 _running_id = attrgetter("job.id")
 
 
+def _running_counts(running: Sequence[RunningJob]) -> dict[str, int]:
+    """How many of `running` carry each job id."""
+    counts: dict[str, int] = {}
+    for job_id in map(_running_id, running):
+        counts[job_id] = counts.get(job_id, 0) + 1
+    return counts
+
+
 def order_key(job: Job) -> OrderKey:
     return (job.group, -int(job.priority), job.submit_time, job.id)
 
@@ -87,7 +95,7 @@ class QueueIndex:
         # The running tuple the last check against the waiting ids read, its jobs' ids counted,
         # and whether that check held (`_running_disjoint`)
         self.run_last: tuple[RunningJob, ...] | None = None
-        self.run_ids: dict[str, int] = {}
+        self.run_ids: dict[str, int] | None = None  # run_last's ids counted, made when first needed
         self.last_ok = False
         self._clear()
 
@@ -191,9 +199,11 @@ class QueueIndex:
         running ids counted, kept with `run_last`); otherwise every running job's id."""
         last, self.run_last = self.run_last, None
         if added is not None and last is not None and isinstance(running, tuple) and self.last_ok:
-            run_ids = self.run_ids
             diff = ([], len(running)) if running is last else appended_diff(last, running)
             if diff is not None:
+                run_ids = self.run_ids
+                if run_ids is None:  # counted only now: the live loop's fresh tuples never get here
+                    run_ids = self.run_ids = _running_counts(last)
                 gone, tail = diff
                 for pos in gone:
                     _bump(run_ids, last[pos].job.id, -1)
@@ -206,11 +216,9 @@ class QueueIndex:
                     rj.job.id in ids for rj in new_running
                 )
                 return self.last_ok
-        run_ids = self.run_ids = {}
-        for job_id in map(_running_id, running):
-            run_ids[job_id] = run_ids.get(job_id, 0) + 1
+        self.run_ids = None
         self.run_last = running if isinstance(running, tuple) else None
-        self.last_ok = self.ids.keys().isdisjoint(run_ids)
+        self.last_ok = self.ids.keys().isdisjoint(map(_running_id, running))
         return self.last_ok
 
     def _seen(self, queued: Sequence[Job], running: Sequence[RunningJob]) -> None:

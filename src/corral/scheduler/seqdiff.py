@@ -26,16 +26,19 @@ def appended_diff(old: tuple[T, ...], new: tuple[T, ...]) -> tuple[list[int], in
     i = j = 0
     n_old, n_new = len(old), len(new)
     while i < n_old and j < n_new:
-        same = list(map(is_, old[i:], new[j:]))  # the common run from here, at C speed
-        same.append(False)  # (the run may reach the end of either)
-        k = same.index(False)
-        i += k
-        j += k
-        if i < n_old and j < n_new:  # old[i] is not new[j]: taken as removed
-            if len(gone) >= MAX_GONE:
-                return None
-            gone.append(i)
-            i += 1
+        if old[i] is new[j]:
+            same = list(map(is_, old[i:], new[j:]))  # the common run from here, at C speed
+            same.append(False)  # (the run may reach the end of either)
+            k = same.index(False)
+            i += k
+            j += k
+            continue
+        # old[i] is not new[j]: taken as removed. Checked before building a run: the live loop's
+        # tuples are new objects every tick, where each failed try scanned the whole tail
+        if len(gone) >= MAX_GONE:
+            return None
+        gone.append(i)
+        i += 1
     if n_old - i + len(gone) > MAX_GONE:
         return None
     gone.extend(range(i, n_old))  # `new` ran out: the rest of `old` was removed
