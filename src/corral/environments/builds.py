@@ -101,9 +101,9 @@ def _settle_success(version: EnvironmentVersion, job: Job, root: Path, now: floa
         )
         return
     keys = cache_keys(version.python, lock, build_domain(job))
-    key = next((k for k in keys if store.copy_dir(root, k).is_dir()), keys[0])
+    found = next((k for k in keys if store.copy_dir(root, k).is_dir()), None)
+    key, hit = (found, True) if found is not None else (keys[0], False)
     venv = out / VENV_DIR
-    hit = store.copy_dir(root, key).is_dir()
     if not hit:
         if not _plain_dir(venv):
             claimed = "a cache hit" if (out / HIT_MARKER).exists() else "no environment"

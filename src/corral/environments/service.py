@@ -17,7 +17,7 @@ from sqlalchemy import delete as sa_delete
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from corral.catalog.access import flush_or_conflict
+from corral.catalog.access import flush_or_conflict, name_taken
 from corral.catalog.retired import carried_over, retire
 from corral.config import Settings
 from corral.db.environment_models import Environment, EnvironmentVersion
@@ -204,7 +204,7 @@ def _upsert_environment(
         flush_or_conflict(session, f"environment {req.name!r}")
         return env
     if not principal.is_admin and env.owner_id != principal.user_id:
-        raise Conflict(f"environment name {req.name!r} is taken by another user; choose another")
+        raise name_taken("environment", req.name)
     env.visibility, env.group_id = req.visibility, group_id
     env.official = req.official or (env.official and not principal.is_admin)
     env.description = req.description or env.description

@@ -612,10 +612,6 @@ def list_jobs(session: Session, principal: Principal, flt: JobFilter) -> tuple[l
     return [by_id[i] for i in ids if i in by_id], total
 
 
-def can_see(principal: Principal, job: Job) -> bool:
-    return principal.is_admin or job.user_id == principal.user_id or principal.is_group_admin(job.group_id)
-
-
 def get_job(session: Session, principal: Principal, job_id: int, *, for_update: bool = False) -> Job:
     """The job if the caller may see it, else 404 `no job with id N`: a job the caller may not
     see (another user's, outside the groups they administer) answers exactly as a missing one, so
@@ -627,14 +623,13 @@ def get_job(session: Session, principal: Principal, job_id: int, *, for_update: 
         .where(Job.id == job_id)
         .options(joinedload(Job.user), joinedload(Job.group), selectinload(Job.attempts))
     )
-    if not principal.is_admin:  # an unseen job is not read (nor locked) at all: no timing tell
-        stmt = stmt.where(
-            or_(Job.user_id == principal.user_id, Job.group_id.in_(sorted(principal.admin_group_ids)))
-        )
+    seen = visibility(principal)
+    if seen is not None:  # an unseen job is not read (nor locked) at all: no timing tell
+        stmt = stmt.where(seen)
     if for_update:
         stmt = stmt.with_for_update(of=Job)
     job = session.scalars(stmt).unique().first()
-    if job is None or not can_see(principal, job):
+    if job is None:
         raise NotFound(f"no job with id {job_id}")
     return job
 
