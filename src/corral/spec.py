@@ -49,6 +49,7 @@ MAX_COMMAND_LEN = 16_384
 MAX_INSTANCES = 64  # per job, over all tasks
 MAX_TASKS = 16
 MAX_GPUS_PER_INSTANCE = 64
+MAX_CPUS_PER_INSTANCE = 1024  # a task's or a workspace's cores
 MAX_ENV_BYTES = 64 * 1024
 MAX_ENV_VARS = 256
 MAX_RETRIES = 20
@@ -164,7 +165,7 @@ class _Strict(BaseModel):
 class ResourcesV1(_Strict):
     gpus: int = Field(0, ge=0, le=MAX_GPUS_PER_INSTANCE)
     gpu_model: str | None = Field(None, max_length=256)
-    cpus: float = Field(1.0, gt=0, le=1024)
+    cpus: float = Field(1.0, gt=0, le=MAX_CPUS_PER_INSTANCE)
     memory: MemoryMiB = Field(1024, description="MiB; accepts '512MiB', '64GiB' on input")
 
     @field_validator("gpu_model")

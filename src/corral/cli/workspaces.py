@@ -14,7 +14,7 @@ from rich.table import Table
 
 from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, out, print_json, when
 from corral.sdk import CorralError
-from corral.spec import MAX_GPUS_PER_INSTANCE, duration_text
+from corral.spec import MAX_CPUS_PER_INSTANCE, MAX_GPUS_PER_INSTANCE, duration_text
 from corral.words import plural
 
 ws_app = typer.Typer(
@@ -63,9 +63,6 @@ def _print_one(ws: dict[str, Any], server: str) -> None:
     out.print(f"  ssh          ssh -p {ws['ssh_port']} {ws['ssh_user']}@{host}")
 
 
-MAX_CPUS = 1024  # the API's limit (corral.api.routers.workspaces.WorkspaceIn)
-
-
 # --gpus and --cpus out of range are refused here, naming the option, in words: the API's refusal
 # was Pydantic's "Input should be greater than or equal to 0" (and Typer's `min=` says the same).
 def _gpu_count(value: int) -> int:
@@ -75,9 +72,9 @@ def _gpu_count(value: int) -> int:
 
 
 def _cpu_count(value: float) -> float:
-    if not 0 < value <= MAX_CPUS:  # NaN too
+    if not 0 < value <= MAX_CPUS_PER_INSTANCE:  # NaN too
         raise typer.BadParameter(
-            f"{value:g} is not a number of CPU cores over 0 and up to {MAX_CPUS} "
+            f"{value:g} is not a number of CPU cores over 0 and up to {MAX_CPUS_PER_INSTANCE} "
             "(a fraction of a core, e.g. 0.5, is fine)"
         )
     return value

@@ -165,13 +165,14 @@ def post_webhook(out: Outgoing, allowed: Sequence[webhook_guard.Network] = ()) -
         addresses = webhook_guard.checked_addresses(url.host, webhook_guard.port_of(url), allowed)
         with httpx.Client(timeout=10.0) as client:
             response = _post_pinned(client, url, addresses, webhook_body(out))
-    except webhook_guard.WebhookRefused as exc:
-        raise ChannelError(f"POST {shown}: {exc}") from exc
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL: not an HTTPError
+    except (
+        webhook_guard.WebhookRefused,
+        httpx.HTTPError,
+        httpx.InvalidURL,
+    ) as exc:  # InvalidURL: not an HTTPError
         raise ChannelError(f"POST {shown}: {exc}") from exc
     if response.status_code >= 300:
-        status = f"HTTP {response.status_code} {response.text[:200]}"
-        raise ChannelError(f"POST {shown_url(out.note.address)}: {status}")
+        raise ChannelError(f"POST {shown}: HTTP {response.status_code} {response.text[:200]}")
 
 
 def _post_pinned(

@@ -4,6 +4,7 @@ restart with the same CORRAL_HOME reuses what is there and submits nothing twice
 
 from __future__ import annotations
 
+import functools
 import time
 from importlib import resources
 
@@ -100,8 +101,10 @@ def _ensure_users(session: Session, groups: dict[str, Group], now: float) -> Non
             session.add(Membership(user_id=user.id, group_id=groups[group].id, role=role))
 
 
+@functools.cache
 def _example_spec() -> JobSpecV1:
-    """The shipped example's spec (src/corral/examples/digits.yaml), as written."""
+    """The shipped example's spec (src/corral/examples/digits.yaml), as written: read and parsed
+    once (callers copy it, never change it)."""
     return parse_spec(resources.files("corral.examples").joinpath("digits.yaml").read_text())
 
 

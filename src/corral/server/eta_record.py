@@ -174,13 +174,15 @@ def note_started(ctx: ServerContext, session: Session, now: float) -> None:
         latest = session.scalar(LATEST_FIRST_START)
         if latest is None:  # no job has started yet
             return
-        since = now - LOADED_SPAN_S
+        since, counted = now - LOADED_SPAN_S, _counted_from(session, latest)
     else:
         since = read.latest - LATE_START_S
         latest, count = session.execute(_window(since)).one()
         if latest == read.latest and count == read.in_window:
             return  # the join below re-read every start of the window (~25 ms with 2,000 there)
-    counted = _counted_from(session, latest)  # before the read: a start committed after it is read next
+        # the next look's window starts LATE_START_S before `latest`: unmoved, that is this one
+        counted = int(count) if latest == read.latest else _counted_from(session, latest)
+    # (each count is taken before the read below: a start committed after it is read next time)
     recorded = read.recorded
     new = [row for row in session.execute(_outcomes_started(since)).all() if row[0] not in recorded]
     for row in _record(calibration, new):

@@ -15,7 +15,8 @@ from corral.environments import service as svc
 from corral.services.policy import active_profile
 
 router = APIRouter(tags=["environments"])
-EnvName = Annotated[str, Path(pattern=worded(svc.NAME_RE.pattern, NAME_WORDS), max_length=64)]
+ENV_NAME = worded(svc.NAME_RE.pattern, NAME_WORDS)  # refused in words, not with the regex
+EnvName = Annotated[str, Path(pattern=ENV_NAME, max_length=64)]
 
 
 class EnvironmentIn(RequestBody):
@@ -29,7 +30,7 @@ class EnvironmentIn(RequestBody):
 
     # "default" is the server's own environment: the schema says so too (`not`), as the service does
     name: str = Field(
-        pattern=worded(svc.NAME_RE.pattern, NAME_WORDS),
+        pattern=ENV_NAME,
         max_length=64,
         json_schema_extra={"not": {"const": "default"}},
     )

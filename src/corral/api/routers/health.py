@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from corral.api.deps import principal_or_none
+from corral.api.deps import SESSION_COOKIE, principal_or_none
 from corral.api.metrics_auth import metrics_token
 from corral.services.auth import cached_principal, sha256_hex
 from corral.services.errors import ServiceError
@@ -62,17 +62,17 @@ def may_see_errors(request: Request) -> bool:
     """Whether the caller is shown what failed: the metrics scrape token (which works while the
     database does not) or an admin's API token or portal session (only while it answers)."""
     scheme, _, value = request.headers.get("authorization", "").partition(" ")
-    try:
-        scrape = metrics_token(request.app.state.settings)
-    except ValueError:  # its file went away since start-up (which checked it): no scrape token
-        scrape = None
-    if (
-        scrape is not None
-        and scheme.lower() == "bearer"
-        and hmac.compare_digest(value.strip().encode(), scrape.encode())
-    ):
-        return True
-    if scheme.lower() == "bearer":  # a token seen in the last seconds: no database query
+    bearer = scheme.lower() == "bearer"
+    if not bearer and SESSION_COOKIE not in request.cookies:
+        return False  # an anonymous probe (most of them): no file read, no database
+    if bearer:
+        try:
+            scrape = metrics_token(request.app.state.settings)
+        except ValueError:  # its file went away since start-up (which checked it): no scrape token
+            scrape = None
+        if scrape is not None and hmac.compare_digest(value.strip().encode(), scrape.encode()):
+            return True
+        # a token seen in the last seconds: no database query
         cached = cached_principal(sha256_hex(value.strip()), time.time())
         if cached is not None:
             return cached.is_admin

@@ -19,7 +19,8 @@ from corral.services.policy import active_profile
 from corral.spec import MountV1
 
 router = APIRouter(tags=["templates"])
-TemplateName = Annotated[str, Path(pattern=worded(NAME_PATTERN, NAME_WORDS))]
+TEMPLATE_NAME = worded(NAME_PATTERN, NAME_WORDS)  # refused in words, not with the regex
+TemplateName = Annotated[str, Path(pattern=TEMPLATE_NAME)]
 Value = str | int | float | bool
 MODEL_REF = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(@[A-Za-z0-9]{1,16})?$"
 
@@ -45,7 +46,7 @@ class PublishIn(_In):
             ],
         },
     )
-    name: str = Field(pattern=worded(NAME_PATTERN, NAME_WORDS))
+    name: str = Field(pattern=TEMPLATE_NAME)
     spec: str | dict[str, Any] | None = Field(
         None, description="the template: a job spec (YAML text or an object) with `parameters:`"
     )

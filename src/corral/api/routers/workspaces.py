@@ -16,7 +16,14 @@ from corral.api.schemas import RequestBody
 from corral.services import workspaces as svc
 from corral.services.policy import active_profile
 from corral.services.workspaces import WorkspaceRequest
-from corral.spec import MAX_DURATION_S, MAX_GPUS_PER_INSTANCE, MemoryMiB, _check_gpu_model, parse_duration_s
+from corral.spec import (
+    MAX_CPUS_PER_INSTANCE,
+    MAX_DURATION_S,
+    MAX_GPUS_PER_INSTANCE,
+    MemoryMiB,
+    _check_gpu_model,
+    parse_duration_s,
+)
 
 router = APIRouter(tags=["workspaces"])
 # What the validators accept, said in the schema too (tests/api/test_fuzz.py), as for job specs.
@@ -75,7 +82,7 @@ class WorkspaceIn(RequestBody):
     )
     gpus: int = Field(0, ge=0, le=MAX_GPUS_PER_INSTANCE)
     gpu_model: str | None = Field(None, max_length=256, pattern=GPU_MODEL)
-    cpus: float = Field(1.0, gt=0, le=1024)
+    cpus: float = Field(1.0, gt=0, le=MAX_CPUS_PER_INSTANCE)
     memory: Annotated[MemoryMiB, MEMORY] = Field(4096, ge=1, le=64 * 1024 * 1024)
     environment: str = Field(
         "default", min_length=1, max_length=256, json_schema_extra={"pattern": ENVIRONMENT_REF_PATTERN}
