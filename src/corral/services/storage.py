@@ -20,7 +20,6 @@ from corral.config import Settings
 from corral.datasets import mounts as _dataset_mounts  # noqa: F401  (registers the data/ source)
 from corral.db.models import Group, Job, Membership, User
 from corral.db.storage_models import CodeClaim, CodeSnapshotClaim, StorageIdentity
-from corral.environments.store import environment_place
 from corral.services import audit
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
@@ -28,8 +27,8 @@ from corral.spec import JobSpecV1, MountV1
 from corral.storage import code
 from corral.storage.identities import ensure_ids, list_ids
 from corral.storage.layout import outputs_dir
-from corral.storage.mounts import MountContext, MountRefused, resolve_all
-from corral.storage.plan import id_ranges
+from corral.storage.mounts import MountContext, MountRefused
+from corral.storage.plan import id_ranges, resolve_spec_mounts
 from corral.words import plural
 
 MAX_MISSING_QUERY = 50_000
@@ -60,11 +59,7 @@ def check_job_storage(
         return spec
     ctx = mount_context(session, principal, root)
     try:
-        binds = resolve_all(
-            ctx,
-            [(m.source, m.target or "", m.mode == "ro") for m in spec.mounts],
-            environment_place(spec.environment),
-        )
+        binds = resolve_spec_mounts(ctx, spec)
     except MountRefused as exc:
         if exc.forbidden:
             raise Forbidden(str(exc)) from exc

@@ -16,6 +16,7 @@ from corral.db.models import Group, Job, Membership, User
 from corral.db.storage_models import StorageIdentity
 from corral.environments.mounts import plan_environments
 from corral.environments.store import environment_place
+from corral.spec import JobSpecV1
 from corral.storage import code
 from corral.storage.identities import IdRange, IdsExhausted, allocate_missing
 from corral.storage.layout import StorageDir, StorageError, job_logs_dir, outputs_dir
@@ -151,6 +152,16 @@ def plan_jobs(
     return plans
 
 
+def resolve_spec_mounts(ctx: MountContext, spec: JobSpecV1) -> list[Bind]:
+    """A spec's mounts resolved and checked together, none on or around the place its own
+    environment is bound (checked at submit by services.storage and again at launch here)."""
+    return resolve_all(
+        ctx,
+        [(m.source, m.target or "", m.mode == "ro") for m in spec.mounts],
+        environment_place(spec.environment),
+    )
+
+
 def _plan_one(
     job: Job, ctx: MountContext, uid: int, group_gids: dict[str, int], *, build: bool
 ) -> JobStorage:
@@ -160,11 +171,7 @@ def _plan_one(
     whose venv goes into the store (docs/catalogues.md, "Build jobs are closed")."""
     gids = tuple(sorted(group_gids.values()))
     try:
-        spec_binds = resolve_all(
-            ctx,
-            [(m.source, m.target or "", m.mode == "ro") for m in job.spec.mounts],
-            environment_place(job.spec.environment),
-        )
+        spec_binds = resolve_spec_mounts(ctx, job.spec)
         binds = [] if build else default_binds(ctx, group_gids)
     except (MountRefused, StorageError) as exc:
         return JobStorage(uid, gids, refused=f"storage: {exc}")
