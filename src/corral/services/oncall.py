@@ -33,6 +33,7 @@ from corral.services import audit, webhook_guard
 from corral.services.accounts import check_name, user_by_name
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
+from corral.services.oncall_feed import schedule_people
 from corral.services.rotation import (
     Layer,
     OnCall,
@@ -217,10 +218,7 @@ def _user_names(session: Session, ids: set[int]) -> dict[int, str]:
 
 
 def rotation_of(session: Session, schedule: OncallSchedule) -> Rotation:
-    ids = {m for layer in schedule.layers for m in layer.members} | {o.user_id for o in schedule.overrides}
-    if schedule.fallback_user_id is not None:
-        ids.add(schedule.fallback_user_id)
-    names = _user_names(session, ids)
+    names = _user_names(session, schedule_people(schedule))
     layers = tuple(
         Layer(
             name=layer.name, rotation=layer.rotation, start_date=date.fromisoformat(layer.start_date),
@@ -644,8 +642,12 @@ def ical_feed(session: Session, name: str, now: float, days: float = 28.0) -> st
     """The schedule's shifts from a day ago to `days` ahead as an iCalendar (RFC 5545) feed, each
     whole (the first and last too); gaps appear as "nobody on call" events so that they show in
     the calendar too."""
-    row = schedule_by_name(session, name)
-    rotation = rotation_of(session, row)
+    return ical_of(session, schedule_by_name(session, name), now, days)
+
+
+def ical_of(session: Session, row: OncallSchedule, now: float, days: float = 28.0) -> str:
+    """`ical_feed` of a schedule already loaded (the feed route's, found by its URL's token)."""
+    name, rotation = row.name, rotation_of(session, row)
     stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%SZ")
 
     def utc(ts: float) -> str:

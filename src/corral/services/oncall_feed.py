@@ -34,7 +34,7 @@ def feed_path(key: bytes, row: OncallSchedule) -> str:
     return FEEDS_PATH + feed_token(key, row.name, row.feed_nonce)
 
 
-def schedule_of_feed(session: Session, key: bytes, token: str) -> str:
+def schedule_of_feed(session: Session, key: bytes, token: str) -> OncallSchedule:
     """The schedule a subscription URL's token names, if its signature is that schedule's now.
     A missing schedule is refused alike, so the URL tells nothing it did not before."""
     name = token.rpartition(".")[0]
@@ -45,16 +45,21 @@ def schedule_of_feed(session: Session, key: bytes, token: str) -> str:
             "its feed rotated since), or made with another server key; ask an admin or a member of "
             "the schedule for its current URL (`corral oncall schedule show NAME`)"
         )
-    return name
+    return row
 
 
 def may_see_feed(principal: Principal, row: OncallSchedule) -> bool:
     """Admins and the schedule's own people; anyone else who could read the URL could hand it on
     to someone without a login, and it names who is on call when."""
-    if principal.is_admin:
-        return True
+    return principal.is_admin or principal.user_id in schedule_people(row)
+
+
+def schedule_people(row: OncallSchedule) -> set[int]:
+    """The user ids a schedule names: its layers' members, its overrides' and its fallback."""
     people = {m for layer in row.layers for m in layer.members} | {o.user_id for o in row.overrides}
-    return principal.user_id in people or principal.user_id == row.fallback_user_id
+    if row.fallback_user_id is not None:
+        people.add(row.fallback_user_id)
+    return people
 
 
 def rotate_feed(session: Session, principal: Principal, row: OncallSchedule) -> None:

@@ -314,8 +314,8 @@ def schedule_feed(token: FeedToken, request: Request, db: DB) -> Response:
     """A schedule's iCalendar feed without logging in, for calendar apps: the URL (from the
     schedule's `ical_feed`) carries its own signature, valid until the schedule is deleted or
     its feed rotated."""
-    name = oncall_feed.schedule_of_feed(db, paging.link_key(request.app.state.settings), token)
-    return Response(svc.ical_feed(db, name, time.time()), media_type="text/calendar; charset=utf-8")
+    row = oncall_feed.schedule_of_feed(db, paging.link_key(request.app.state.settings), token)
+    return Response(svc.ical_of(db, row, time.time()), media_type="text/calendar; charset=utf-8")
 
 
 @router.post("/oncall/schedules/{name}/overrides", response_model=OverrideOut, status_code=201)
