@@ -122,9 +122,15 @@ def playwright_instance() -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def portal(playwright_instance: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Portal]:
     home = tmp_path_factory.mktemp("portal") / "corral-home"
-    # GPU samples every second, so utilization shows up while a test watches.
+    # GPU samples every second, so utilization shows up while a test watches. A scrape token, as
+    # on Slurm or a public bind: the portal must draw utilization without reading /metrics.
     server = start_server(
-        home, extra_env={"CORRAL_MONITOR_SAMPLE_INTERVAL_S": "1", "CORRAL_MONITOR_HEALTH_INTERVAL_S": "1"}
+        home,
+        extra_env={
+            "CORRAL_MONITOR_SAMPLE_INTERVAL_S": "1",
+            "CORRAL_MONITOR_HEALTH_INTERVAL_S": "1",
+            "CORRAL_METRICS_TOKEN": "portal-tests-scrape-token",
+        },
     )
     with open_portal(playwright_instance, server, home) as portal:
         yield portal

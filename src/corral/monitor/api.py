@@ -1,5 +1,6 @@
-"""Monitoring's HTTP routes: `/metrics` (Prometheus), alerts (`/api/v1/alerts`, the Alertmanager
-webhook), notification channel status and the admin chaos endpoints (GPU faults, silenced nodes).
+"""Monitoring's HTTP routes: `/metrics` (Prometheus), each GPU's use for the portal
+(`/api/v1/gpus`), alerts (`/api/v1/alerts`, the Alertmanager webhook), notification channel status
+and the admin chaos endpoints (GPU faults, silenced nodes).
 
 The router's lifespan loads and validates the monitor config when the server starts, so a bad
 `monitor.yml` stops start-up with its file and line instead of failing later. Afterwards the
@@ -38,6 +39,7 @@ from corral.monitor.config import (
     webhook_token_path,
 )
 from corral.monitor.gpu import update_fault
+from corral.monitor.gpu_usage import GpuUsage, gpu_usage
 from corral.monitor.loops import config_source
 from corral.monitor.metrics import METRICS_RENDER_SECONDS, REGISTRY
 from corral.services import audit
@@ -104,6 +106,16 @@ def get_alerts(
     admin's groups' too, an admin all (corral.monitor.alerts.alert_visibility)."""
     rows, total = list_alerts(db, user, status=status, name=name, limit=limit, offset=offset)
     return {"items": [alert_to_dict(a) for a in rows], "total": total}
+
+
+@router.get("/api/v1/gpus")
+def get_gpu_usage(db: DB, user: CurrentUser) -> GpuUsage:
+    """Each GPU's holder and latest reading, cut to what the caller may see: a job id only for a
+    job the caller may see, a group only to its members (corral.monitor.gpu_usage). The portal's
+    utilization figures come from here, so they need no scrape token."""
+    usage = gpu_usage(db, user)
+    db.rollback()  # read-only
+    return usage
 
 
 @router.get("/api/v1/alerts/channels")

@@ -29,6 +29,12 @@ class ClusterApi(BaseClient):
     def cluster_summary(self) -> dict[str, Any]:
         return self.request("GET", "/cluster/summary")
 
+    def gpu_usage(self) -> dict[str, Any]:
+        """{"gpus": [{"node", "gpu", "model", "allocated", "job_id", "group", "present",
+        "utilization_percent", "memory_used_mib", "sampled_at"}], "workspace_gpu_hours_reclaimed"}:
+        every GPU's latest reading; `job_id` and `group` only where the caller may see them."""
+        return self.request("GET", "/gpus")
+
     def usage(
         self, *, since: float | str | None = None, until: float | str | None = None, by: str = "user"
     ) -> dict[str, Any]:

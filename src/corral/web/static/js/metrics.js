@@ -1,56 +1,49 @@
-// GPU utilization from Corral's Prometheus exposition (`GET /metrics`, a public endpoint of the
-// server): the GPU gauges carry node, gpu, model, job_id, user and group labels. The portal keeps
-// no history of its own beyond the samples it has seen while a page is open.
+// GPU use from the API (`GET /api/v1/gpus`, signed in): each GPU's latest reading, with the job
+// and group holding it where the caller may see them (a job id only for a job the caller may see,
+// a group only to its members). Not `/metrics`: that needs the scrape token where one is set
+// (always on Slurm). The portal keeps no history of its own beyond the samples it has seen while a
+// page is open. One request serves every caller of the same moment (the dashboard asks twice).
 
-const SAMPLE_RE = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\d+)?$/;
-const LABEL_RE = /([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g;
+import { get } from "./api.js";
 
-export function parseExposition(text, wanted) {
-  const samples = [];
-  for (const line of text.split("\n")) {
-    if (!line || line.startsWith("#") || !line.startsWith(wanted)) continue;
-    const m = SAMPLE_RE.exec(line.trim());
-    if (!m || m[1] !== wanted) continue;
-    const labels = {};
-    for (const lm of (m[3] || "").matchAll(LABEL_RE)) labels[lm[1]] = lm[2].replace(/\\(.)/g, "$1");
-    const value = Number(m[4]);
-    if (Number.isFinite(value)) samples.push({ labels, value });
+let pending = null;
+
+function usage() {
+  if (!pending) {
+    pending = get("/gpus").finally(() => {
+      pending = null;
+    });
   }
-  return samples;
+  return pending;
 }
 
-async function exposition() {
-  const response = await fetch("/metrics", { credentials: "same-origin", headers: { Accept: "text/plain" } });
-  return response.ok ? response.text() : "";
-}
-
-// GPUs held now per group and GPU model, from corral_gpu_allocated{group, model}: Map group -> {model: n}.
+// GPUs held now per group and GPU model: Map group -> {model: n}, for the groups the caller is in.
 export async function gpusInUseByGroup() {
-  const usage = new Map();
-  for (const s of parseExposition(await exposition(), "corral_gpu_allocated")) {
-    if (s.value <= 0 || !s.labels.group) continue;
-    if (!usage.has(s.labels.group)) usage.set(s.labels.group, {});
-    const byModel = usage.get(s.labels.group);
-    byModel[s.labels.model || "*"] = (byModel[s.labels.model || "*"] || 0) + 1;
+  const counts = new Map();
+  for (const g of (await usage()).gpus) {
+    if (!g.allocated || !g.group) continue;
+    if (!counts.has(g.group)) counts.set(g.group, {});
+    const byModel = counts.get(g.group);
+    byModel[g.model || "*"] = (byModel[g.model || "*"] || 0) + 1;
   }
-  return usage;
+  return counts;
 }
 
-// [{node, gpu, job_id, value}] of corral_gpu_utilization_percent, or [] when not exported.
+// [{node, gpu, job_id, value}]: every GPU with a reading; job_id "" when free or not the caller's to see.
 export async function gpuUtilization() {
-  return parseExposition(await exposition(), "corral_gpu_utilization_percent").map((s) => ({
-    node: s.labels.node,
-    gpu: s.labels.gpu,
-    job_id: s.labels.job_id || "",
-    value: s.value,
-  }));
+  return (await usage()).gpus
+    .filter((g) => g.utilization_percent !== null)
+    .map((g) => ({
+      node: g.node,
+      gpu: String(g.gpu),
+      job_id: g.job_id === null ? "" : String(g.job_id),
+      value: g.utilization_percent,
+    }));
 }
 
-// GPU-hours that idle stops reclaimed from workspaces (corral_workspace_gpu_hours_reclaimed_total,
-// one counter per group), summed over the groups; null when the server does not export it.
+// GPU-hours that idle stops reclaimed from workspaces, all groups.
 export async function gpuHoursReclaimed() {
-  const samples = parseExposition(await exposition(), "corral_workspace_gpu_hours_reclaimed_total");
-  return samples.length ? samples.reduce((a, s) => a + s.value, 0) : null;
+  return (await usage()).workspace_gpu_hours_reclaimed;
 }
 
 export function mean(values) {

@@ -444,7 +444,7 @@ function logPanel(ctx, jobId) {
 
 // ---- GPU utilization chart ----------------------------------------------------------------------
 
-// Samples the job's GPUs from /metrics while the page is open (the gauges carry job_id) and draws
+// Samples the job's GPUs from GET /api/v1/gpus while the page is open (each GPU names its job) and draws
 // one line per GPU. Monitoring keeps only the latest reading, so the chart starts with the page.
 const MAX_POINTS = 360;
 
