@@ -20,6 +20,7 @@ from corral.cli.nodes import memory_text
 from corral.db.models import Attempt, Job
 from corral.diagnosis.exitspec import Facts, load_exit_spec
 from corral.diagnosis.record import record, retry_rule
+from corral.monitor.models import GpuReading
 from corral.sdk import Client, load_cli_config, write_cli_config
 from corral.server.finish import end_attempt
 from corral.services.lifecycle import AttemptState, settle_failure
@@ -218,6 +219,50 @@ def test_cli_node_ls_shows_gpus_out_of_service(world: World, server_url: str) ->
     assert run(world, server_url, "admin", "node", "gpu", "n1", "2", "return")[0] == 0
     code, out = run(world, server_url, "admin", "node", "ls")
     assert code == 0 and "quarantined" not in out, out
+
+
+def test_cli_node_gpus_shows_readings_and_only_the_holders_the_caller_may_see(
+    world: World, server_url: str
+) -> None:
+    """`corral node gpus` (GET /api/v1/gpus): utilization and memory of every GPU; alice's job is
+    named to alice and bob (vision's admin), only "a job" to carol, who is not in vision."""
+    with world.session_factory() as db:
+        add_node(db, "n1", gpus=3)
+        db.commit()
+    job = world.client.post(
+        "/api/v1/jobs",
+        json={"name": "t", "command": "x", "resources": {"gpus": 1, "memory": "1GiB"}},
+        headers=world.as_("alice"),
+    ).json()
+    with world.session_factory() as db:
+        make_running(db, job["id"], "n1", (1,))
+        now = time.time()
+        for index, util in ((0, 12.0), (1, 87.4)):  # GPU 2 never sampled
+            db.add(
+                GpuReading(
+                    node="n1", gpu_index=index, uuid=f"GPU-n1-{index}", present=True,
+                    utilization_percent=util, memory_used_mib=2048.0, memory_total_mib=40960.0,
+                    sampled_at=now,
+                )
+            )  # fmt: skip
+        db.commit()
+
+    def rows(user: str) -> dict[str, list[str]]:
+        code, out = run(world, server_url, user, "node", "gpus")
+        assert code == 0, out
+        cells = [line.split() for line in out.splitlines()[1:]]
+        return {row[1]: row for row in cells if row and row[0] == "n1"}
+
+    for user in ("alice", "bob"):
+        held = rows(user)["1"]
+        assert held[3:8] == ["87%", "2GiB", "job", str(job["id"]), "vision"], held
+    carol = rows("carol")
+    assert carol["1"][3:7] == ["87%", "2GiB", "a", "job"] and "vision" not in carol["1"], carol
+    assert carol["0"][3:6] == ["12%", "2GiB", "-"] and carol["2"][3:5] == ["-", "-"], carol
+    code, out = run(world, server_url, "carol", "node", "gpus", "-o", "json")
+    assert code == 0, out
+    shown = json.loads(out)["gpus"][1]
+    assert (shown["allocated"], shown["job_id"], shown["group"]) == (True, None, None)
 
 
 def test_cli_clear_errors(world: World, server_url: str) -> None:

@@ -1,4 +1,4 @@
-"""Node commands: `corral node ls|cordon|uncordon|drain|remove|gpu` (`node risk`: cli/monitor.py)."""
+"""Node commands: `corral node ls|gpus|cordon|uncordon|drain|remove|gpu` (`node risk`: cli/monitor.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from corral.cli.common import Output, OutputOpt, ago, client, friendly_errors, o
 from corral.sdk.base import seg
 
 node_app = typer.Typer(
-    help="Nodes: list, cordon, uncordon, drain, remove, gpu quarantine|return, risk (failure risk).",
+    help="Nodes: list, GPU readings, cordon, uncordon, drain, remove, gpu quarantine|return, risk.",
     no_args_is_help=True,
 )
 
@@ -42,6 +42,35 @@ def node_ls(output: OutputOpt = Output.table) -> None:
             ", ".join(_out_of_service(n["gpus"])) or "-",
             ago(n["last_heartbeat"]),
             "; ".join(n.get("flags") or []) or "-",
+        )
+    out.print(table)
+
+
+@node_app.command("gpus")
+@friendly_errors
+def node_gpus(output: OutputOpt = Output.table) -> None:
+    """Each GPU's utilization and memory in use now, with the job and group holding it where you
+    may see them (your jobs; a group admin's groups' jobs; all for an admin)."""
+    with client() as c:
+        usage = c.gpu_usage()
+    if output is Output.json:
+        print_json(usage)
+        return
+    table = Table("NODE", "GPU", "MODEL", "UTIL", "MEMORY USED", "HELD BY", "GROUP", "SAMPLED", box=None)
+    for g in usage["gpus"]:
+        util, used = g["utilization_percent"], g["memory_used_mib"]
+        # a GPU that fell off the bus has no reading
+        util_text = "lost" if g["present"] is False else "-" if util is None else f"{util:.0f}%"
+        holder = "-" if not g["allocated"] else ("a job" if g["job_id"] is None else f"job {g['job_id']}")
+        table.add_row(
+            g["node"],
+            str(g["gpu"]),
+            g["model"],
+            util_text,
+            "-" if used is None else memory_text(int(used)),
+            holder,
+            g["group"] or "-",
+            ago(g["sampled_at"]),
         )
     out.print(table)
 
