@@ -101,7 +101,8 @@ def test_an_upstream_that_takes_no_connection_fails_after_the_connect_timeout(
 
     async def request() -> str:
         try:
-            await upstream.HttpPool(None, "node7", 8888).request("GET", "/", [("host", "node7")])
+            pool = upstream.HttpPool(None, "node7", 8888, fingerprint="0" * 64)
+            await pool.request("GET", "/", [("host", "node7")])
         except upstream.UpstreamError as exc:
             return str(exc)
         return "answered"

@@ -8,7 +8,9 @@ The server asks as root, and the job owns the directory its socket lies in: the 
 must be answered by the job's uid (`endpoint.check_peer`, as the proxy checks), or a symlink put
 in its place would have root send the request (with the workspace's credential) to any socket of
 the host. httpx's `uds` transport cannot check that, so this talks through httpcore (httpx's
-own engine) with a network backend that checks the peer of every connection it opens."""
+own engine) with a network backend that checks the peer of every connection it opens. A Slurm
+node's JupyterLab is asked over TLS pinned to its certificate, as the proxy asks it
+(corral.workspaces.labtls): whatever else holds its port gets no request and no credential."""
 
 from __future__ import annotations
 
@@ -25,8 +27,15 @@ import httpcore
 from sqlalchemy.orm import Session, sessionmaker
 
 from corral.services.workspaces import ProxyTarget, proxy_target, workspace_job_ids
-from corral.workspaces.endpoint import Upstream, check_peer, jupyter_upstream, reachable_path
+from corral.workspaces.endpoint import (
+    EndpointUnusable,
+    Upstream,
+    check_peer,
+    jupyter_upstream,
+    reachable_path,
+)
 from corral.workspaces.jupyter_auth import HEADER
+from corral.workspaces.labtls import pinned_context
 
 log = logging.getLogger("corral.workspaces.activity")
 TIMEOUT_S = 2.0
@@ -74,10 +83,15 @@ def _kernels_last_activity(
 ) -> float | None:
     latest: float | None = None
     backend = None if upstream.socket is None else PeerCheckedBackend(upstream.socket)
+    scheme, tls = "http", None
+    if upstream.socket is None:  # a node's port: TLS with the pinned certificate, never clear text
+        if upstream.fingerprint is None:
+            raise ValueError("a TCP upstream without its certificate's fingerprint")
+        scheme, tls = "https", pinned_context(upstream.fingerprint)
     timeouts = dict.fromkeys(("connect", "read", "write", "pool"), TIMEOUT_S)
-    with httpcore.ConnectionPool(uds=uds, network_backend=backend) as pool:
+    with httpcore.ConnectionPool(uds=uds, network_backend=backend, ssl_context=tls) as pool:
         for kind in ("kernels", "terminals"):
-            url = f"http://{upstream.authority}{base_url}api/{kind}"
+            url = f"{scheme}://{upstream.authority}{base_url}api/{kind}"
             reply = pool.request("GET", url, headers=[(HEADER, token)], extensions={"timeout": timeouts})
             if kind == "terminals" and reply.status == 404:
                 continue  # a JupyterLab without terminals (no terminado): its kernels still count
@@ -111,7 +125,11 @@ def last_activity(
     for target in targets:
         if target is None or target.attempt_id is None or target.job_id is None:
             continue
-        upstream = jupyter_upstream(engine, target.attempt_id, target.node_address)
+        try:
+            upstream = jupyter_upstream(engine, target.attempt_id, target.node_address)
+        except EndpointUnusable as exc:  # no evidence from it, the others still asked
+            log.debug("workspace %s: no activity reading (%s)", target.workspace_id, exc)
+            continue
         if upstream is not None:
             asks.append((target, upstream))
     if not asks:

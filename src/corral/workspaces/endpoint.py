@@ -12,12 +12,16 @@ could be reused for another attempt's directory while a name made from it still 
 first, and a request would reach another user's JupyterLab.
 
 Slurm engine: JupyterLab runs on a compute node and listens on that node's address and a free
-port (corral.workspaces.launch, `CORRAL_WORKSPACE_LISTEN=tcp`). The host is the node's address as
-Corral knows it (the Node row, from Slurm's NodeAddr), never something the job says; only the
-port comes from the job, from `jupyter.endpoint` in its rank-0 work dir on the shared storage,
-read like the job's logs (a plain file owned by the job's uid, no symlink followed) and accepted
-only as a port number >= 1024. The job owner can point it at another port of their own node, no
-further: the proxy sends that port only the owner's own per-start credential.
+port, with TLS under a certificate made at its start (corral.workspaces.launch,
+`CORRAL_WORKSPACE_LISTEN=tcp`). The host is the node's address as Corral knows it (the Node row,
+from Slurm's NodeAddr), never something the job says; the port and the certificate's SHA-256 come
+from the job, from `jupyter.endpoint` in its rank-0 work dir on the shared storage (`<port>
+<sha256>`), read like the job's logs (a plain file owned by the job's uid, no symlink followed:
+only the job's own account can have written it) and accepted only as a port number >= 1024 and
+64 hex digits. The server then talks to that port only over TLS pinned to that certificate
+(corral.workspaces.labtls): a process of another user holding the port (JupyterLab not yet
+listening, or gone while its job lives on) gets no request and no credential. The job owner can
+point the file at another port of their own node, no further.
 """
 
 from __future__ import annotations
@@ -34,18 +38,26 @@ from pathlib import Path
 from typing import Any
 
 from corral.engine.slurm.state import read_job_file
+from corral.workspaces.labtls import FINGERPRINT
 from corral.workspaces.launch import ENDPOINT_NAME, SOCKET_NAME
 
 MAX_SOCKET_PATH = 100
+MAX_ENDPOINT_BYTES = 128  # "<port> <64 hex digits>\n", with room to spare
+
+
+class EndpointUnusable(ValueError):
+    """The job's endpoint file is there but names no place the server may talk to."""
 
 
 @dataclass(frozen=True, slots=True)
 class Upstream:
-    """A Unix socket path (local engine), or a node's host and port (Slurm)."""
+    """A Unix socket path (local engine), or a node's host and port and the TLS certificate its
+    JupyterLab answers with (Slurm)."""
 
     socket: str | None = None
     host: str = "localhost"
     port: int | None = None  # None with a socket
+    fingerprint: str | None = None  # TCP: the SHA-256 of JupyterLab's certificate (labtls)
 
     @property
     def authority(self) -> str:
@@ -56,25 +68,48 @@ class Upstream:
 
 
 def jupyter_upstream(engine: Any, attempt_id: str, node_address: str | None) -> Upstream | None:
-    """Where the attempt's JupyterLab listens; None when there is no such place (yet)."""
+    """Where the attempt's JupyterLab listens; None when there is no such place (yet).
+    EndpointUnusable (saying why) for a Slurm endpoint file that names no usable place."""
     if getattr(engine, "name", "") == "slurm":
-        port = _slurm_port(engine, attempt_id)
-        return Upstream(host=node_address, port=port) if port is not None and node_address else None
+        found = _slurm_endpoint(engine, attempt_id)
+        if found is None or not node_address:
+            return None
+        return Upstream(host=node_address, port=found[0], fingerprint=found[1])
     socket = jupyter_socket(engine, attempt_id)
     return Upstream(socket=socket) if socket is not None else None
 
 
-def _slurm_port(engine: Any, attempt_id: str) -> int | None:
+def _slurm_endpoint(engine: Any, attempt_id: str) -> tuple[int, str] | None:
+    """(port, certificate fingerprint) from the job's endpoint file; None while it is not there
+    (JupyterLab starting) or is not a plain file of the job's uid (a symlink, or written by
+    anyone else: not the job's word)."""
     record = engine.store.load(attempt_id)
     if record is None or record.uid is None:
         return None
     path = engine.store.job_dir(attempt_id) / "work" / "0" / ENDPOINT_NAME
     try:
-        data, _, _ = read_job_file(path, record.uid, limit=16)
-        port = int(data.decode().strip())
-    except (OSError, ValueError):  # not written yet (JupyterLab starting), or not a number
+        data, _, _ = read_job_file(path, record.uid, limit=MAX_ENDPOINT_BYTES)
+    except OSError:
         return None
-    return port if 1024 <= port <= 65535 else None
+    return parse_endpoint(data)
+
+
+def parse_endpoint(data: bytes) -> tuple[int, str]:
+    """(port, fingerprint) from an endpoint file's bytes; EndpointUnusable naming what is wrong."""
+    fields = data.decode("ascii", "replace").split()
+    if len(fields) == 1 and fields[0].isdigit():
+        raise EndpointUnusable(
+            "its JupyterLab gave a port without a TLS certificate (a launcher older than this "
+            "server's): the server does not talk to it in clear text; restart the workspace"
+        )
+    if len(fields) != 2 or not fields[0].isdigit() or FINGERPRINT.fullmatch(fields[1]) is None:
+        raise EndpointUnusable(
+            f"its endpoint file says {data[:80]!r}, not '<port> <certificate sha256>': restart the workspace"
+        )
+    port = int(fields[0])
+    if not 1024 <= port <= 65535:
+        raise EndpointUnusable(f"its endpoint file names port {port}, outside 1024-65535")
+    return port, fields[1]
 
 
 def jupyter_socket(engine: Any, attempt_id: str) -> str | None:

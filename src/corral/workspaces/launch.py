@@ -5,8 +5,11 @@ reaches it and nowhere else:
 - local engine: only on a Unix socket in the attempt's work dir (`$CORRAL_WORK_DIR/jupyter.sock`,
   reached by the server on the same host);
 - `CORRAL_WORKSPACE_LISTEN=tcp` (the Slurm engine: the server is on another host): on the node's
-  own address (`CORRAL_HOST`, the address Slurm gives the node) and a free port, which it writes
-  to `$CORRAL_WORK_DIR/jupyter.endpoint` (the job dir on shared storage, read by the server).
+  own address (`CORRAL_HOST`, the address Slurm gives the node) and a free port, with TLS only,
+  under a key and self-signed certificate made fresh for this start (corral.workspaces.labtls);
+  the port and the certificate's SHA-256 go to `$CORRAL_WORK_DIR/jupyter.endpoint` (the job dir
+  on shared storage, read by the server, which talks to that port only over TLS with that
+  certificate: another process on the node holding the port gets no request).
 
 Jupyter's credential comes in `CORRAL_WORKSPACE_TOKEN` (given like a secret, at dispatch) and is
 taken out of the environment before anything else starts, so kernels and terminals do not
@@ -19,7 +22,7 @@ import socket
 import sys
 
 SOCKET_NAME = "jupyter.sock"
-ENDPOINT_NAME = "jupyter.endpoint"  # TCP listening: the port, written by the launcher
+ENDPOINT_NAME = "jupyter.endpoint"  # TCP listening: "<port> <certificate's sha256>", by the launcher
 TOKEN_ENV = "CORRAL_WORKSPACE_TOKEN"
 BASE_URL_ENV = "CORRAL_WORKSPACE_BASE_URL"
 LISTEN_ENV = "CORRAL_WORKSPACE_LISTEN"  # "tcp": on the node's address; else the Unix socket
@@ -32,18 +35,32 @@ def free_port(host: str) -> int:
 
 
 def listen_argv(work_dir: str) -> list[str]:
-    """Where JupyterLab listens. TCP: the port goes to the endpoint file first (written whole, by
-    rename); should another process take the port meanwhile, JupyterLab fails to start
-    (port_retries=0) and the workspace job ends, rather than listening somewhere unreported."""
+    """Where JupyterLab listens. TCP: with TLS under a fresh key (labtls.make_certificate), the port
+    and the certificate's fingerprint going to the endpoint file first (written whole, by rename).
+    Should another process take the port meanwhile, it cannot pass for JupyterLab (the server
+    checks the certificate before sending anything), and JupyterLab fails to start
+    (port_retries=0): the workspace job ends, rather than listening somewhere unreported."""
     if os.environ.get(LISTEN_ENV) != "tcp":
         return [f"--ServerApp.sock={work_dir}/{SOCKET_NAME}", "--ServerApp.sock_mode=0600"]
+    from corral.workspaces.labtls import make_certificate
+
     host = os.environ.get("CORRAL_HOST") or "127.0.0.1"
+    try:
+        cert, key, fingerprint = make_certificate()
+    except (RuntimeError, OSError) as exc:
+        sys.exit(f"workspace: {exc}")
     port = free_port(host)
     tmp = f"{work_dir}/.{ENDPOINT_NAME}.tmp"
     with open(tmp, "w") as f:
-        f.write(f"{port}\n")
+        f.write(f"{port} {fingerprint}\n")
     os.replace(tmp, f"{work_dir}/{ENDPOINT_NAME}")
-    return [f"--ServerApp.ip={host}", f"--ServerApp.port={port}", "--ServerApp.port_retries=0"]
+    return [
+        f"--ServerApp.ip={host}",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--ServerApp.certfile={cert}",
+        f"--ServerApp.keyfile={key}",
+    ]
 
 
 def jupyter_argv(listen: list[str], base_url: str, root_dir: str) -> list[str]:

@@ -14,7 +14,9 @@ server's own origin (`Origin` equal to the request's host): the session cookie i
 and this check keeps other sites from driving a kernel with it.
 
 Upstream, JupyterLab listens only on a Unix socket in the attempt's work dir (local engine), or
-on its Slurm node's address and a port the job reports (corral.workspaces.endpoint), and trusts
+on its Slurm node's address and a port the job reports, spoken to only over TLS pinned to the
+certificate the job reports with it (corral.workspaces.endpoint, corral.workspaces.labtls:
+whatever else holds that port gets no request and a 502 names why), and trusts
 one header, the per-start credential the proxy adds
 (corral.workspaces.jupyter_auth); Corral's cookie and token are not passed on. The decision for
 a (credential, workspace) pair is cached for AUTH_CACHE_S, so a stopped workspace (or a session
@@ -31,6 +33,7 @@ import contextlib
 import html
 import logging
 import re
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -55,11 +58,13 @@ from corral.services.auth import (
 from corral.services.errors import ServiceError
 from corral.services.open_sessions import Holder, held_open
 from corral.services.workspaces import ProxyTarget, proxy_target
-from corral.workspaces.endpoint import Upstream, jupyter_upstream, open_unix_socket
+from corral.workspaces.endpoint import EndpointUnusable, Upstream, jupyter_upstream, open_unix_socket
 from corral.workspaces.jupyter_auth import HEADER
+from corral.workspaces.labtls import pinned_context
 from corral.workspaces.upstream import (
     HttpPool,
     UpstreamError,
+    UpstreamImpostor,
     UpstreamResponse,
     UpstreamTimeout,
     close_quietly,
@@ -154,7 +159,10 @@ def _decide(
     if target.attempt_id is None:
         start = f"corral ws start {target.name}"
         return Decision(503, f"workspace {target.name!r} is stopped; start it with `{start}`")
-    upstream = jupyter_upstream(engine, target.attempt_id, target.node_address)
+    try:
+        upstream = jupyter_upstream(engine, target.attempt_id, target.node_address)
+    except EndpointUnusable as exc:
+        return Decision(503, f"workspace {ws_id}: {exc}")
     if upstream is None:
         return Decision(503, f"workspace {ws_id}: JupyterLab has not said where it listens yet; try again")
     holder = Holder(principal.name, principal.credential)
@@ -208,7 +216,9 @@ def _pool(upstream: Upstream) -> HttpPool:
             for old in _pools.values():
                 asyncio.get_running_loop().create_task(close_quietly(old))
             _pools.clear()
-        pool = _pools[upstream] = HttpPool(upstream.socket, upstream.host, upstream.port)
+        pool = _pools[upstream] = HttpPool(
+            upstream.socket, upstream.host, upstream.port, upstream.fingerprint
+        )
     return pool
 
 
@@ -266,6 +276,10 @@ async def proxy_http(request: Request, ws_id: str, path: str) -> Response:
             request.stream() if has_body else None,
             int(length) if length is not None and length.isdigit() else None,
         )
+    except UpstreamImpostor as exc:
+        _decisions.clear()  # JupyterLab may have restarted, with a new port and certificate
+        log.warning("workspace %s: %s", ws_id, exc)
+        return refused(request, 502, f"workspace {ws_id}'s JupyterLab is not there: {exc}")
     except UpstreamError as exc:
         _decisions.clear()  # the workspace may have stopped: look again next time
         status = 504 if isinstance(exc, UpstreamTimeout) else 502
@@ -326,27 +340,15 @@ async def proxy_websocket(websocket: WebSocket, ws_id: str, path: str) -> None:
     target = websocket.scope.get("raw_path") or quote(f"/ws/{ws_id}/{path}").encode()
     query = websocket.scope.get("query_string", b"")
     target = target + b"?" + query if query else target
-    uri = f"ws://{decision.upstream.authority}{target.decode('latin-1')}"
     protocols = [
         p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()
     ]
     try:
-        options: dict[str, Any] = {
-            "additional_headers": {HEADER: decision.token},
-            "subprotocols": protocols or None,
-            "max_size": None,
-            "compression": None,
-            "open_timeout": 10,
-        }
-        if decision.upstream.socket is not None:
-            sock = await open_unix_socket(decision.upstream.socket)
-            upstream = await websockets.unix_connect(None, uri, sock=sock, **options)
-        else:
-            upstream = await websockets.connect(uri, **options)
+        upstream = await _connect_upstream(decision, target.decode("latin-1"), protocols)
     except (OSError, websockets.InvalidHandshake, TimeoutError) as exc:
-        log.info("workspace %s: upstream WebSocket refused: %s", ws_id, exc)
         _decisions.clear()
-        await websocket.close(code=1011)
+        log.info("workspace %s: upstream WebSocket refused: %s", ws_id, exc)
+        await _deny(websocket, 502, _upstream_failure(ws_id, decision.upstream, exc))
         return
     await websocket.accept(subprotocol=upstream.subprotocol)
     # Held open by its credential (a kernel's WebSocket lives for hours): closed when that
@@ -354,6 +356,46 @@ async def proxy_websocket(websocket: WebSocket, ws_id: str, path: str) -> None:
     with held_open(websocket.app.state, decision.holder) as ended:
         async with upstream:
             await _pump(websocket, upstream, ended)
+
+
+async def _connect_upstream(decision: Decision, target: str, protocols: list[str]) -> Any:
+    """The WebSocket to JupyterLab: over its Unix socket (checked peer), or over TLS pinned to its
+    certificate (the pin is checked in the handshake, before the upgrade request and its
+    credential are sent). Never through an HTTP proxy named in the server's environment."""
+    upstream = decision.upstream
+    assert upstream is not None
+    options: dict[str, Any] = {
+        "additional_headers": {HEADER: decision.token},
+        "subprotocols": protocols or None,
+        "max_size": None,
+        "compression": None,
+        "open_timeout": 10,
+    }
+    if upstream.socket is not None:
+        sock = await open_unix_socket(upstream.socket)
+        return await websockets.unix_connect(None, f"ws://localhost{target}", sock=sock, **options)
+    if upstream.fingerprint is None:  # (jupyter_upstream never makes one): no clear text
+        raise ssl.SSLError("no certificate fingerprint for a TCP upstream")
+    tls = pinned_context(upstream.fingerprint)
+    return await websockets.connect(f"wss://{upstream.authority}{target}", ssl=tls, proxy=None, **options)
+
+
+def _upstream_failure(ws_id: str, upstream: Upstream, exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLError):  # the pin's PinMismatch included: a squatter, or no TLS
+        return (
+            f"workspace {ws_id}'s JupyterLab is not there: {upstream.authority} did not prove to be "
+            f"it ({exc}); nothing was sent to it"
+        )
+    return f"workspace {ws_id}'s JupyterLab does not answer ({exc})"
+
+
+async def _deny(websocket: WebSocket, status: int, message: str) -> None:
+    """Refuse a WebSocket before accepting it: an HTTP answer saying why where the server can send
+    one (uvicorn), else a close (the client sees a 403)."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(JSONResponse({"detail": message}, status_code=status))
+    else:
+        await websocket.close(code=1011)
 
 
 async def _pump(client: WebSocket, upstream: Any, ended: asyncio.Event | None = None) -> None:

@@ -1,6 +1,8 @@
 """A lean HTTP/1.1 client for the proxy's upstream: JupyterLab on a Unix socket or a node's port
 (corral.workspaces.proxy). Kept-alive connections per socket, requests written in one go,
-responses parsed by httptools (uvicorn's C parser, already a dependency).
+responses parsed by httptools (uvicorn's C parser, already a dependency). A node's port is
+spoken to only over TLS pinned to its JupyterLab's certificate (corral.workspaces.labtls): the
+pin is checked in the handshake, before the first byte of a request is written.
 
 Why not httpx: its connection pool and anyio layers cost more server CPU per proxied request
 than everything else on the path together (profiled: about 1 ms of the proxy's 2 ms per
@@ -16,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import httptools
 
 from corral.workspaces.endpoint import open_unix_socket
+from corral.workspaces.labtls import pinned_context
 
 READ_BYTES = 256 * 1024
 # A workspace on a Slurm node that went dead: TCP's own connect retries took about two minutes,
@@ -42,6 +46,11 @@ class UpstreamError(Exception):
 
 class UpstreamTimeout(UpstreamError):
     """The upstream took the request but sent no answer's headers within RESPONSE_HEADERS_TIMEOUT_S."""
+
+
+class UpstreamImpostor(UpstreamError):
+    """What answers on the node's port did not complete TLS with the pinned certificate: not the
+    workspace's JupyterLab (another process holds the port). Nothing was sent to it."""
 
 
 @dataclass
@@ -132,12 +141,22 @@ class UpstreamResponse:
 
 class HttpPool:
     """HTTP/1.1 to one upstream, with up to MAX_IDLE_PER_SOCKET idle connections kept: a Unix
-    socket (`path`, the local engine) or a host and port (a workspace on a Slurm node)."""
+    socket (`path`, the local engine) or a host and port (a workspace on a Slurm node), the
+    latter over TLS accepting only the certificate of SHA-256 `fingerprint`."""
 
-    def __init__(self, path: str | None, host: str = "localhost", port: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str | None,
+        host: str = "localhost",
+        port: int | None = None,
+        fingerprint: str | None = None,
+    ) -> None:
         if path is None and port is None:
             raise ValueError("an upstream needs a socket path or a port")
+        if path is None and fingerprint is None:
+            raise ValueError("a TCP upstream needs its JupyterLab's certificate fingerprint (no clear text)")
         self.path, self.host, self.port = path, host, port
+        self._tls = pinned_context(fingerprint) if path is None and fingerprint is not None else None
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
     def give_back(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -179,9 +198,16 @@ class HttpPool:
                     sock = await open_unix_socket(self.path)  # a path too long for an address too
                     reader, writer = await asyncio.open_unix_connection(sock=sock, limit=READ_BYTES)
                 else:
-                    reader, writer = await asyncio.open_connection(self.host, self.port, limit=READ_BYTES)
+                    reader, writer = await asyncio.open_connection(
+                        self.host, self.port, limit=READ_BYTES, ssl=self._tls
+                    )
         except TimeoutError:
             raise UpstreamError(f"no connection within {CONNECT_TIMEOUT_S:g} s") from None
+        except ssl.SSLError as exc:  # (the pin's PinMismatch included): before OSError, its base
+            raise UpstreamImpostor(
+                f"{self.host}:{self.port} did not prove to be the workspace's JupyterLab "
+                f"({exc}); nothing was sent to it"
+            ) from exc
         except OSError as exc:
             raise UpstreamError(str(exc)) from exc
         try:
