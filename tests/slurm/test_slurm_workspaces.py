@@ -7,7 +7,11 @@ address; the server reaches it over that address:
   (302) and answers another user as for a missing workspace (404); a kernel started through
   the proxy runs code over its WebSocket (one round trip) and reports the account's uid and the
   Slurm node's hostname, and so does a JupyterLab terminal;
-- straight to the node's port, without Corral's credential, JupyterLab refuses (403);
+- straight to the node's port, without Corral's credential, JupyterLab refuses (403); it speaks
+  TLS only, with the certificate whose SHA-256 the job reported beside the port;
+- another process holding the port the job reported (plain HTTP, or TLS with another
+  certificate) gets no request and no credential, and the owner a 502 saying why, for HTTP and
+  for a WebSocket; the owner's JupyterLab answers again once the port is its own;
 - the idle policy's reader finds the kernel's activity there;
 - through the SSH gateway with OpenSSH: `id -u` and `hostname` inside the workspace are the
   mapped account's uid and the Slurm node (the gateway enters through `srun --overlap`);
@@ -21,12 +25,16 @@ packages onto the system python3.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,10 +43,13 @@ from typing import Any
 
 import httpx
 import pytest
+from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from corral.db.session import make_engine, make_session_factory
 from corral.workspaces.activity import last_activity
+from corral.workspaces.endpoint import parse_endpoint
+from corral.workspaces.labtls import fingerprint_of_pem, make_certificate
 from tests.server_fixture import CorralServer, start_server, submit_spec, wait_for, wait_state
 from tests.slurm.conftest import cleanup_cluster
 from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster, free_port
@@ -139,6 +150,12 @@ def kernel_round_trip(world: World, ws_id: int, kernel: str, code: str) -> str:
     return run_in_kernel(world.server.url, ws_id, kernel, code, world.tokens["alice"], timeout_s=60)
 
 
+def attempt_work_dir(world: World, job: dict[str, Any]) -> Path:
+    """The rank-0 work dir of the job's latest attempt: where its JupyterLab's endpoint file is."""
+    attempt = f"{job['id']}.{job['attempts'][-1]['number']}"
+    return world.state_dir / "attempts" / attempt / "job" / "work" / "0"
+
+
 def wait_jupyter(alice: httpx.Client, ws_id: int, job_id: int) -> None:
     def answers() -> bool:
         job = alice.get(f"{API}/jobs/{job_id}").json()
@@ -204,12 +221,13 @@ def test_workspace_on_slurm_through_the_proxy_and_the_gateway(
         assert other.status_code == 404 and "there is no workspace" in other.text, other.text
 
         # JupyterLab listens on the node's address (NodeAddr 127.0.0.1 here) on the port it
-        # reported; straight there, without Corral's credential, it lets nobody in.
-        attempt_dir = world.state_dir / "attempts" / f"{job_id}.{job['attempts'][-1]['number']}"
-        work = attempt_dir / "job" / "work" / "0"
-        port = int((work / "jupyter.endpoint").read_text())
+        # reported, with TLS under the certificate it reported; straight there, without Corral's
+        # credential, it lets nobody in.
+        work = attempt_work_dir(world, job)
+        port, fingerprint = parse_endpoint((work / "jupyter.endpoint").read_bytes())
         assert not (work / "jupyter.sock").exists()
-        direct = httpx.get(f"http://127.0.0.1:{port}{status}", timeout=10)
+        assert fingerprint_of_pem(ssl.get_server_certificate(("127.0.0.1", port), timeout=10)) == fingerprint
+        direct = httpx.get(f"https://127.0.0.1:{port}{status}", timeout=10, verify=False)
         assert direct.status_code == 403, direct.text
 
         r = alice.post(f"/ws/{ws_id}/api/kernels", json={"name": "python3"})
@@ -266,6 +284,122 @@ def test_workspace_on_slurm_through_the_proxy_and_the_gateway(
         assert "workspace 'nb' is stopped; start it with `corral ws start nb`" in gone.text, gone.text
     refused = ssh(world, "true")
     assert refused.returncode == 1 and "workspace 'nb' is stopped" in refused.stderr, refused.stderr
+
+
+class Squatter:
+    """Another process on the node holding a port: it keeps every byte it is sent (after TLS,
+    when it has TLS) and answers anything with a 200 page of its own (which the proxy would
+    serve on the portal's origin)."""
+
+    def __init__(self, tls: ssl.SSLContext | None) -> None:
+        self.tls = tls
+        self.received: list[bytes] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.port = int(self.listener.getsockname()[1])
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError), conn:
+            conn.settimeout(15)
+            stream = conn if self.tls is None else self.tls.wrap_socket(conn, server_side=True)
+            while data := stream.recv(65536):
+                self.received.append(data)
+                stream.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\nsquatted")
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join(5)
+        self.listener.close()
+
+
+def replace_endpoint_port(endpoint: Path, uid: int, old: int, new: int) -> None:
+    """The job's endpoint file naming `new` where it named `old`, the rest as the launcher wrote
+    it, still the job's own file: the state a workspace is in when another process holds its
+    lab's port (the launcher's window before JupyterLab binds; JupyterLab gone, its job not)."""
+    text = endpoint.read_text()
+    assert text.startswith(f"{old}"), text
+    tmp = endpoint.with_name(".squat.tmp")
+    tmp.write_text(text.replace(f"{old}", f"{new}", 1))
+    os.chown(tmp, uid, uid)
+    os.replace(tmp, endpoint)
+
+
+def test_a_process_holding_the_labs_port_gets_nothing_of_the_owners(world: World) -> None:
+    """The proxy (HTTP and WebSocket) sends nothing to a process that is not the owner's
+    JupyterLab: before the pin, it sent the owner's requests and the workspace's token to
+    whatever listened on the port the job reported, and served its answers."""
+    uid = pwd.getpwnam(TEST_ACCOUNTS["alice"]).pw_uid
+    db = make_engine(f"sqlite:///{world.server.home / 'corral.db'}")
+    squatters: list[Squatter] = []
+    with world.client("alice") as alice:
+        r = alice.post(f"{API}/workspaces", json={"name": "squat", "gpus": 0, "cpus": 1, "memory": "1GiB"})
+        assert r.status_code == 201, r.text
+        ws_id, job_id = r.json()["id"], r.json()["job_id"]
+        status = f"/ws/{ws_id}/api/status"
+        try:
+            wait_jupyter(alice, ws_id, job_id)
+            endpoint = attempt_work_dir(world, alice.get(f"{API}/jobs/{job_id}").json()) / "jupyter.endpoint"
+            lab_port = int(endpoint.read_text().split()[0])
+            with db.connect() as conn:
+                token = conn.exec_driver_sql(
+                    f"SELECT jupyter_token FROM workspaces WHERE id = {ws_id}"
+                ).scalar()
+            assert isinstance(token, str) and len(token) >= 16, token
+            where = world.state_dir.parent / "squatter-tls"
+            where.mkdir(exist_ok=True)
+            cert, key, _ = make_certificate(str(where))
+            other_certificate = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            other_certificate.load_cert_chain(cert, key)
+            headers = {"Authorization": f"Bearer {world.tokens['alice']}", "Origin": world.server.url}
+            ws_url = f"ws://127.0.0.1:{world.server.port}/ws/{ws_id}/api/events/subscribe"
+            for tls in (None, other_certificate):
+                squatter = Squatter(tls)
+                squatters.append(squatter)
+                replace_endpoint_port(endpoint, uid, lab_port, squatter.port)
+                # (the proxy's decision, and the port in it, is cached for up to 2 s)
+                refused = wait_for(
+                    lambda: (g := alice.get(status)).status_code != 200 and g, 10, what="refusal"
+                )
+                assert refused.status_code == 502, refused.text
+                detail = refused.json()["detail"]
+                assert (
+                    f"127.0.0.1:{squatter.port} did not prove to be the workspace's JupyterLab" in detail
+                ), detail
+                assert detail.endswith("nothing was sent to it"), detail
+                with pytest.raises(InvalidStatus) as denied, connect(ws_url, additional_headers=headers):
+                    pass
+                assert denied.value.response.status_code == 502, denied.value.response
+                assert b"did not prove to be it" in denied.value.response.body, denied.value.response
+                replace_endpoint_port(endpoint, uid, squatter.port, lab_port)
+                wait_for(lambda: alice.get(status).status_code == 200, 10, what="the lab again")
+            time.sleep(0.5)  # the squatters' last reads
+            plain, other = (b"".join(s.received) for s in squatters)
+            assert other == b"", other  # TLS done with its own certificate; no request byte followed
+            assert all(chunk.startswith(b"\x16\x03") for chunk in squatters[0].received), plain  # hellos
+            for data in (plain, other):
+                assert token.encode() not in data, data
+                # (a ClientHello may name "http/1.1", as its ALPN; a request line ends " HTTP/1.1\r\n")
+                for leak in (b"x-corral-workspace-token", b"/ws/", b" http/1.1\r\n", b"upgrade:"):
+                    assert leak not in data.lower(), (leak, data)
+        finally:
+            for squatter in squatters:
+                squatter.close()
+            db.dispose()
+            assert alice.post(f"{API}/workspaces/squat/stop").status_code == 200
+            stopped = lambda: alice.get(f"{API}/workspaces/squat").json()["state"] == "stopped"  # noqa: E731
+            wait_for(stopped, 60, interval_s=0.3, what="the workspace to stop")
+            assert alice.delete(f"{API}/workspaces/squat").status_code == 204
 
 
 @pytest.mark.parametrize("gpus", [0, 1])
