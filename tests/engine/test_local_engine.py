@@ -169,7 +169,7 @@ supervisor = gone if sys.argv[2] == "dead" else os.getpid()
 mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, set())
 child = os.fork()
 if child == 0:
-    Instance(spec)._exec_child(mask, supervisor)
+    Instance(spec)._exec_child(mask, supervisor, {})
 print(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
 """
 

@@ -204,6 +204,9 @@ class SandboxSpec:
     # The names of the job's environment variables (local engine): they reach the sandbox stashed
     # (root_env.py) and the first step as the job's uid puts them back
     env_names: Sequence[str] = ()
+    # Local engine: the mounts' sources go to bwrap as fds the supervisor opens at the start
+    # (bind_sources.py), their host paths only placeholders here; Slurm binds them by name.
+    mounts_by_fd: bool = False
 
 
 @functools.cache
@@ -288,7 +291,10 @@ def bwrap_argv_parts(bwrap: str, setpriv: str | None, spec: SandboxSpec) -> tupl
     for parent in mount_parents:
         args += ["--perms", "0755", "--dir", parent]
     for source, target, read_only in spec.mounts:
-        args += ["--ro-bind" if read_only else "--bind", source, target]
+        if spec.mounts_by_fd:
+            args += ["--ro-bind-fd" if read_only else "--bind-fd", source, target]
+        else:
+            args += ["--ro-bind" if read_only else "--bind", source, target]
     if spec.secrets_dir is not None:  # corral.engine.isolation.secret_files
         args += ["--perms", "0755", "--dir", "/run", "--ro-bind", spec.secrets_dir, SANDBOX_SECRETS_DIR]
     tail = ["--chdir", spec.cwd, "--"]

@@ -40,6 +40,9 @@ class InstanceSpec(TypedDict):
     # env var -> file holding a secret's value (isolation/secret_files.py): read into the
     # instance's environment at exec, so the values are never in this file
     secret_env: NotRequired[dict[str, str]]
+    # where in argv the mounts' host paths stand, which the supervisor opens and replaces by
+    # the fds it hands bwrap (isolation/bind_sources.py)
+    bind_fds: NotRequired[list[int]]
 
 
 class NetworkSpec(TypedDict):

@@ -18,6 +18,7 @@ import corral
 from corral.engine.base import AttemptLaunch, InstanceLaunch
 from corral.engine.gpus import GpuInventory, device_paths
 from corral.engine.isolation import cgroupfs
+from corral.engine.isolation.bind_sources import fd_bind_indexes
 from corral.engine.isolation.netns import NetworkPolicy
 from corral.engine.isolation.sandbox import (
     SANDBOX_WORK_DIR,
@@ -125,6 +126,8 @@ class AttemptPreparation:
 
     @staticmethod
     def _refuse_bad_mounts(attempt: AttemptLaunch) -> None:
+        """The first look at the mounts; the supervisor opens their sources again, without
+        following a symlink, just before bwrap binds them (isolation/bind_sources.py)."""
         for m in attempt.mounts:
             if not os.path.isabs(m.source) or not os.path.isabs(m.target) or not os.path.exists(m.source):
                 raise LaunchRefused(
@@ -254,11 +257,12 @@ class AttemptPreparation:
                     cwd=attempt.cwd or SANDBOX_WORK_DIR,
                     secrets_dir=secrets.files_dir,
                     env_names=[*env, *secrets.env_files],
+                    mounts_by_fd=True,
                 ),
             )
         else:
             argv = ["/bin/sh", "-c", inst.command]
-        return {
+        spec: InstanceSpec = {
             "rank": inst.rank,
             "argv": argv,
             "env": env,
@@ -270,6 +274,9 @@ class AttemptPreparation:
             "memory_mib": inst.memory_mib,
             "secret_env": secrets.env_files,
         }
+        if sandboxed:
+            spec["bind_fds"] = fd_bind_indexes(argv)
+        return spec
 
     def _instance_env(
         self, attempt: AttemptLaunch, inst: InstanceLaunch, work_dir: Path, sandboxed: bool

@@ -167,9 +167,18 @@ def kill_instance_groups(adir: Path) -> None:
             pass
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Atomic: readers see the old file or the whole new one. `mode` is set at creation (umask
+    aside), so a file for root alone is never readable by others, not even for a moment."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
+    tmp.unlink(missing_ok=True)  # one a crash left (with whatever mode it had) is not reused
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 

@@ -57,7 +57,7 @@ sys.path.insert(
     0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 )
 
-from corral.engine.isolation import cgroupfs, netns, secret_files  # noqa: E402 - after the sys.path line
+from corral.engine.isolation import bind_sources, cgroupfs, netns, secret_files  # noqa: E402 - after the sys.path line
 from corral.engine.isolation.root_env import stash_env  # noqa: E402
 
 HANDLED = {_signal.SIGCHLD, _signal.SIGUSR1, _signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP}
@@ -193,14 +193,16 @@ class Instance:
     def running(self) -> bool:
         return self.pid is not None and self.exit_code is None
 
-    def spawn(self, old_mask: Iterable[int]) -> None:
+    def spawn(self, old_mask: Iterable[int], bind_fds: Mapping[str, int]) -> None:
+        """Forks the instance's child; `bind_fds`: the attempt's open mount sources by host path
+        (isolation/bind_sources.py), of which the child hands bwrap those its argv names."""
         supervisor = os.getpid()
         pid = os.fork()
         if pid == 0:
-            self._exec_child(old_mask, supervisor)
+            self._exec_child(old_mask, supervisor, bind_fds)
         self.pid = pid
 
-    def _exec_child(self, old_mask: Iterable[int], supervisor: int) -> None:
+    def _exec_child(self, old_mask: Iterable[int], supervisor: int, bind_fds: Mapping[str, int]) -> None:
         try:
             _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
             for sig in (_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGINT):  # Python changed these
@@ -221,7 +223,7 @@ class Instance:
             os.dup2(fd, 2)
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
-            os.closerange(3, 4096)
+            argv = bind_sources.hand_over(self.spec["argv"], self.spec.get("bind_fds", ()), bind_fds)
             os.chdir(self.spec["cwd"])
             if self.sandboxed:
                 # Files in shared group dirs come out rw for the group and closed to others: a
@@ -233,7 +235,7 @@ class Instance:
                 env = {**env, **secret_files.read_env_secrets(secret_env)}
             if self.sandboxed:  # bwrap and setpriv run as root: see isolation/root_env.py
                 env = stash_env(env)
-            os.execve(self.spec["argv"][0], self.spec["argv"], env)
+            os.execve(argv[0], argv, env)
         except BaseException as exc:
             try:
                 os.write(2, f"corral supervisor: cannot start instance: {exc}\n".encode())
@@ -317,7 +319,8 @@ class Supervisor:
         self.kill_at: float | None = None
         self.unterminated: list[Instance] = []  # stopping, but their processes were not there yet
         self.grace_s = float(spec["gang_grace_s"])
-        self.network_error: str | None = None  # the attempt's network could not be set up
+        # Why the attempt could not start (its network, a mount source): it fails, launch_failed
+        self.launch_error: str | None = None
         self.slirp: tuple[int, int] | None = None  # (pid, exit pipe) of slirp4netns
         # When the attempt's processes were all gone, before the clean-up (finish): its end time.
         self.ended_at: float | None = None
@@ -334,15 +337,21 @@ class Supervisor:
             # answer was lost (killed before it answered, or slower than the engine's wait), and
             # the engine started one directly. That one runs the attempt; this one does nothing.
             return
-        if self.stop_requested() is None and self.enter_network():
-            for inst in self.instances:
-                inst.spawn(old_mask)
+        bind_fds = (
+            self.open_bind_sources() if self.stop_requested() is None and self.enter_network() else None
+        )
+        if bind_fds is not None:
+            try:
+                for inst in self.instances:
+                    inst.spawn(old_mask, bind_fds)
+            finally:
+                bind_sources.close_all(bind_fds.values())  # each child has its own copies
             pids = {str(i.rank): i.pid for i in self.instances}
             starts = {r: proc_start(pid) if pid else None for r, pid in pids.items()}
             state = {"phase": "running", "pids": pids, "starts": starts, "started_at": self.started_at}
             write_json(self.path("state.json"), state)
             self.loop()
-        elif self.network_error is None:
+        elif self.launch_error is None:
             self.stop_reason = "stopped"
         # The end is when the last instance was reaped, not when status.json is written after
         # the clean-up (cgroups, network, secrets: up to seconds): the engine reports the attempt
@@ -356,16 +365,28 @@ class Supervisor:
 
     def enter_network(self) -> bool:
         """Into the attempt's own network namespace, which every instance then inherits (none in
-        the spec: the host's). False, with `network_error` set, when it cannot be made."""
+        the spec: the host's). False, with `launch_error` set, when it cannot be made."""
         network = self.spec.get("network")
         if not network:
             return True
         try:
             self.slirp = netns.setup(network, self.path("slirp4netns.log"))
         except (netns.NetworkSetupError, OSError) as exc:
-            self.network_error = f"could not set up the job's network: {exc}"
+            self.launch_error = f"could not set up the job's network: {exc}"
             return False
         return True
+
+    def open_bind_sources(self) -> dict[str, int] | None:
+        """The instances' mount sources, opened now, just before bwrap binds them, without
+        following a symlink (isolation/bind_sources.py): {host path: fd}. None, with
+        `launch_error` naming the mount, when one is a symlink, missing or not a directory."""
+        try:
+            return bind_sources.open_sources(
+                [i.spec["argv"] for i in self.instances], [i.spec.get("bind_fds", ()) for i in self.instances]
+            )
+        except bind_sources.BindSourceRefused as exc:
+            self.launch_error = f"could not start the job: {exc}"
+            return None
 
     def stop_requested(self) -> float | None:
         """The grace period of a stop the engine asked for (file `stop`), None when none."""
@@ -431,8 +452,8 @@ class Supervisor:
     def outcome(self) -> Outcome:
         codes = [i.exit_code for i in self.instances if i.exit_code is not None]
         first_code = codes[0] if codes else None
-        if self.network_error is not None:
-            message = self.network_error
+        if self.launch_error is not None:
+            message = self.launch_error
             return {"phase": "failed", "exit_code": None, "reason": "launch_failed", "message": message}
         if self.failed is not None:
             reason, message = describe_failure(self.failed)

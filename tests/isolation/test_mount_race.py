@@ -1,0 +1,184 @@
+"""A mount source a group member swaps for a symlink between the server's checks and bwrap's bind
+(docs/security.md, "Mount sources are bound as opened, not by name"): the supervisor opens each
+source without following symlinks just before bwrap runs and hands bwrap the fd, so the job never
+sees the symlink's target. Real bubblewrap, real cgroups, the job as its user's real uid and the
+group's gid, the group dir as the storage layer makes it (2770, no sticky bit: any member may
+rename or replace what is in it)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corral.engine.base import AttemptLaunch, AttemptPhase, FailureReason, InstanceLaunch, MountSpec
+from corral.engine.local import LocalEngine
+from corral.engine.local.process_files import cgroup_tops
+from tests.engine.contract import new_attempt_id, wait_finished
+from tests.engine.local_support import CGROUP_ROOT, local_engine_factory
+from tests.support import dir_for_job_accounts, require, require_binary
+
+pytestmark = pytest.mark.isolation
+UID = 230_001  # the member's uid
+GID = 240_001  # the group's gid
+SECRET = "a world-readable host file the job must never see"
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[LocalEngine]:
+    require_binary("bwrap")
+    with local_engine_factory(tmp_path / "home") as make:
+        eng = make()
+        caps = eng.capabilities()
+        require(caps.sandbox and caps.cgroups, "bwrap and cgroups")
+        yield eng
+
+
+@pytest.fixture
+def group_dir() -> Iterator[Path]:
+    """The group's dir with a member's subdir `sub` holding the member's own file."""
+    with dir_for_job_accounts("corral-mount-race-", 0o755) as top:
+        group = top / "vision"
+        group.mkdir()
+        os.chown(group, 0, GID)
+        os.chmod(group, 0o2770)
+        sub = group / "sub"
+        sub.mkdir()
+        (sub / "mine").write_text("the member's own file\n")
+        for path in (sub, sub / "mine"):
+            os.chown(path, UID, GID)
+        yield group
+
+
+@pytest.fixture
+def host_dir() -> Iterator[Path]:
+    """A host dir every account may read, as `$CORRAL_HOME/engine/attempts` is."""
+    with dir_for_job_accounts("corral-host-", 0o755) as path:
+        (path / "host-secret").write_text(SECRET)
+        os.chmod(path / "host-secret", 0o644)
+        yield path
+
+
+def member_job(command: str, mounts: tuple[MountSpec, ...]) -> AttemptLaunch:
+    aid = new_attempt_id()
+    inst = InstanceLaunch("worker", 0, 0, "node-a", (), 1.0, 256, command, {"RANK": "0"})
+    return AttemptLaunch(
+        aid, aid.split(".")[0], 1, "alice", "vision", (inst,), mounts=mounts, uid=UID, gids=(GID,)
+    )
+
+
+def group_mounts(group: Path) -> tuple[MountSpec, ...]:
+    """The group's own bind and a spec mount of its subdir, read-only, at a target of its own."""
+    return (MountSpec(str(group), "/group/vision", False), MountSpec(str(group / "sub"), "/data/sub", True))
+
+
+def attempt_cgroups(engine: LocalEngine, attempt_id: str) -> list[Path]:
+    return [
+        top / attempt_id
+        for top in cgroup_tops(CGROUP_ROOT, engine.cgroup_parent)
+        if (top / attempt_id).exists()
+    ]
+
+
+def test_a_source_swapped_for_a_symlink_after_the_checks_fails_the_launch_naming_it(
+    engine: LocalEngine, group_dir: Path, host_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The member's move lands after every check of the server (submit, the launch's prepare)
+    and before the supervisor runs bwrap. By name, bwrap (root) would bind the host dir."""
+    sub = group_dir / "sub"
+    spawn_supervisor = engine._spawn_supervisor
+
+    def swap_then_spawn(attempt_id: str, adir: Path) -> int:
+        sub.rename(group_dir / "sub.real")
+        sub.symlink_to(host_dir)
+        return spawn_supervisor(attempt_id, adir)
+
+    monkeypatch.setattr(engine, "_spawn_supervisor", swap_then_spawn)
+    launch = member_job("cat /data/sub/host-secret; ls /data/sub", group_mounts(group_dir))
+    engine.launch(launch)
+    status = wait_finished(engine, launch.attempt_id)
+    log = engine.logs(launch.attempt_id, 0).data.decode(errors="replace")
+    assert SECRET not in log and "host-secret" not in log, log
+    assert status.phase is AttemptPhase.FAILED and status.reason is FailureReason.LAUNCH_FAILED, status
+    assert status.message == (
+        f"could not start the job: mount {sub} -> /data/sub: {sub} is a symlink (never followed into a bind)"
+    )
+    # nothing half-done: no instance was started, its cgroups are gone, spec.marshal is root's
+    adir = engine.attempts_dir / launch.attempt_id
+    assert not (adir / "state.json").exists() and attempt_cgroups(engine, launch.attempt_id) == []
+    assert (adir / "spec.marshal").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_swap_loop_during_launches_never_shows_the_target(
+    engine: LocalEngine, group_dir: Path, host_dir: Path
+) -> None:
+    """A member's job flipping `sub` between its dir and a symlink while jobs start: each launch
+    sees the member's dir, or fails before the job runs (naming the mount, or bwrap's own check
+    of the fd it was given); none sees the host dir."""
+    sub, aside = group_dir / "sub", group_dir / "sub.real"
+    stop = threading.Event()
+
+    def flip() -> None:
+        while not stop.is_set():
+            sub.rename(aside)
+            sub.symlink_to(host_dir)
+            time.sleep(0.0005)
+            sub.unlink()
+            aside.rename(sub)
+            time.sleep(0.0005)
+
+    flipper = threading.Thread(target=flip)
+    flipper.start()
+    outcomes: list[str] = []
+    try:
+        for _ in range(8):
+            launch = member_job(
+                "cat /data/sub/mine /data/sub/host-secret 2>&1; true", group_mounts(group_dir)
+            )
+            engine.launch(launch)
+            status = wait_finished(engine, launch.attempt_id)
+            log = engine.logs(launch.attempt_id, 0).data.decode(errors="replace")
+            assert SECRET not in log, log
+            if status.reason is FailureReason.LAUNCH_FAILED:  # the server's check or the supervisor's
+                assert str(sub) in status.message, status.message
+                outcomes.append("refused")
+            elif log.startswith("bwrap: "):
+                # bwrap binds the fd's dir by the name the kernel gives it, then compares the
+                # mount with the fd and dies on a difference, before anything of the job runs
+                assert status.phase is AttemptPhase.FAILED and (str(group_dir) in log or "Race" in log), log
+                outcomes.append("bwrap refused")
+            else:
+                assert status.phase is AttemptPhase.SUCCEEDED and "the member's own file" in log, (
+                    status,
+                    log,
+                )
+                outcomes.append("ran")
+    finally:
+        stop.set()
+        flipper.join()
+    assert len(outcomes) == 8
+
+
+def test_group_mounts_read_write_and_read_only_work_and_no_fd_reaches_the_job(
+    engine: LocalEngine, group_dir: Path
+) -> None:
+    command = (
+        "cat /data/sub/mine; touch /group/vision/made && echo rw-ok; "
+        "touch /data/sub/no 2>/dev/null || echo ro-ok; ls /mnt/again; ls /proc/self/fd | tr '\\n' ' '; echo"
+    )
+    # the group's dir bound twice (the old `group_storage` form beside the group's own bind)
+    launch = member_job(command, (*group_mounts(group_dir), MountSpec(str(group_dir), "/mnt/again", True)))
+    engine.launch(launch)
+    status = wait_finished(engine, launch.attempt_id)
+    log = engine.logs(launch.attempt_id, 0).data.decode(errors="replace")
+    assert status.phase is AttemptPhase.SUCCEEDED, (status, log)
+    assert "the member's own file" in log and "rw-ok" in log and "ro-ok" in log and "sub\n" in log, log
+    assert (group_dir / "made").stat().st_uid == UID and not (group_dir / "sub" / "no").exists()
+    # ls's own listing is fd 3: bwrap kept none of the sources' fds for the job
+    assert log.splitlines()[-1].split() == ["0", "1", "2", "3"], log
+    argv = (engine.attempt_spec(launch.attempt_id) or {"instances": [{"argv": []}]})["instances"][0]["argv"]
+    assert "--ro-bind-fd" in argv and "--bind-fd" in argv
