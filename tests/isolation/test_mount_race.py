@@ -182,3 +182,18 @@ def test_group_mounts_read_write_and_read_only_work_and_no_fd_reaches_the_job(
     assert log.splitlines()[-1].split() == ["0", "1", "2", "3"], log
     argv = (engine.attempt_spec(launch.attempt_id) or {"instances": [{"argv": []}]})["instances"][0]["argv"]
     assert "--ro-bind-fd" in argv and "--bind-fd" in argv
+
+
+def test_a_mount_inside_another_is_refused_at_launch(engine: LocalEngine, group_dir: Path) -> None:
+    """bwrap would make the inner mount point through the outer bind's host dir, by name."""
+    mounts = (
+        MountSpec(str(group_dir), "/group/vision", False),
+        MountSpec(str(group_dir / "sub"), "/group/vision/sub"),
+    )
+    launch = member_job("true", mounts)
+    engine.launch(launch)
+    status = wait_finished(engine, launch.attempt_id)
+    assert status.reason is FailureReason.LAUNCH_FAILED
+    assert f"mount {group_dir / 'sub'} -> /group/vision/sub is inside mount {group_dir} -> /group/vision" in (
+        status.message
+    )

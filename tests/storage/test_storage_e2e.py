@@ -137,6 +137,18 @@ def test_spec_mounts_modes_and_bad_sources(clients: dict[str, Client]) -> None:
         assert refused.value.status_code == 422 and (
             "symlink" in refused.value.message or "/group" in refused.value.message
         )
+    # A group's subdir is never a mount point inside the group's own bind, which bwrap would make
+    # through a dir any member may change: read-only there is refused, read-write is the group's
+    # bind itself (no mount of its own).
+    with pytest.raises(ApiError) as refused:
+        alice.submit({"name": "m", "command": "true", "mounts": [{"source": "group/vision/alice"}]})
+    assert refused.value.status_code == 422 and "inside /group/vision" in refused.value.message
+    job, log = run_job(
+        alice,
+        "touch /group/vision/alice/via-rw && grep -c ' /group/vision' /proc/self/mountinfo",
+        mounts=[{"source": "group/vision/alice", "mode": "rw"}],
+    )
+    assert job["state"] == "succeeded" and log.split() == ["1"], log
     # The old form is read as the new one: group_storage: G is source group/G.
     job, log = run_job(
         alice,

@@ -31,7 +31,16 @@ from corral.storage.layout import (
     layout_problems,
     prepare_dirs,
 )
-from corral.storage.mounts import Bind, MountContext, MountRefused, MountRequest, register_source, resolve
+from corral.storage.mounts import (
+    Bind,
+    MountContext,
+    MountRefused,
+    MountRequest,
+    default_binds,
+    register_source,
+    resolve,
+    seen_through,
+)
 
 
 @pytest.fixture
@@ -78,6 +87,26 @@ def test_group_rights_names_and_targets(root: Path) -> None:
     for target in ("/proc/x", "/", "/a/../etc", "rel", "/code", "/tmp/x"):
         with pytest.raises(MountRefused, match="target"):
             resolve(ctx(root), "home", target)
+
+
+def test_a_group_subdir_is_never_a_mount_point_inside_the_groups_own_bind(root: Path) -> None:
+    """bwrap (root) would make that mount point through the group's dir, which any member may
+    change meanwhile (a part of the path swapped for a symlink puts the bind anywhere in the
+    sandbox): read-only there is refused, read-write is left to the group's bind."""
+    (root / "group/vision/ck").mkdir(parents=True)
+    with pytest.raises(MountRefused) as refused:
+        resolve(ctx(root), "group/vision/ck")  # read-only at its default target, /group/vision/ck
+    assert str(refused.value) == (
+        "mount source 'group/vision/ck': read-only at '/group/vision/ck' it would lie inside "
+        "/group/vision, which your jobs get read-write; give it a target of its own "
+        "(e.g. target: /mnt/ck) or use mode rw"
+    )
+    ro = resolve(ctx(root), "group/vision/ck", "/mnt/ck")
+    rw = resolve(ctx(root), "group/vision/ck", "", False)
+    assert (ro.target, ro.readonly, rw.target, rw.readonly) == ("/mnt/ck", True, "/group/vision/ck", False)
+    groups = default_binds(ctx(root), {"vision": 400001})
+    assert seen_through(rw, groups) and not seen_through(ro, groups)
+    assert not seen_through(rw, [])  # a build job gets no group binds: it is bound on its own
 
 
 def test_code_chunks_resume_and_hash_check(root: Path) -> None:

@@ -140,7 +140,25 @@ def resolve(ctx: MountContext, source: str, target: str = "", readonly: bool = T
         raise MountRefused(f"mount target {target!r}: /home and /group hold only their own sources")
     if through_symlink(bind.host_path):
         raise MountRefused(f"mount source {source!r} goes through a symlink")
+    if prefix == "group" and bind.readonly:
+        _refuse_read_only_in_group(source, ref, bind.target)
     return bind
+
+
+def _refuse_read_only_in_group(source: str, ref: str, target: str) -> None:
+    """A read-only `group/<g>/<sub>` inside /group/<g>, which every job of the user gets
+    read-write (default_binds), would be a mount point that bwrap (root) makes and mounts on
+    through the group's dir, by name, where any member may swap a part of the path for a symlink
+    in between: the bind would land wherever that points in the sandbox (over /usr/bin, before
+    root runs setpriv from there). A read-write one is what the group's bind shows there already
+    (plan leaves it out: seen_through)."""
+    name, _, sub = ref.partition("/")
+    if sub and _inside(target, f"{SANDBOX_GROUP}/{name}"):
+        raise MountRefused(
+            f"mount source {source!r}: read-only at {target!r} it would lie inside "
+            f"{SANDBOX_GROUP}/{name}, which your jobs get read-write; give it a target of its own "
+            f"(e.g. target: /mnt/{posixpath.basename(sub)}) or use mode rw"
+        )
 
 
 def resolve_all(
@@ -254,6 +272,18 @@ def _logs(ctx: MountContext, req: MountRequest) -> Bind:
 register_source("home", _home)
 register_source("group", _group)
 register_source("logs", _logs)
+
+
+def seen_through(bind: Bind, others: Iterable[Bind]) -> bool:
+    """Does one of `others` show `bind` already, at its target and with its rights (a read-write
+    `group/<g>/<sub>` at `/group/<g>/<sub>` within the group's own read-write bind)? Such a bind is
+    left out: bound on its own it would be a mount point inside a dir the user may change."""
+    for other in others:
+        if other.readonly or not _inside(bind.target, other.target):
+            continue
+        if bind.host_path == other.host_path + bind.target[len(other.target) :] and not bind.readonly:
+            return True
+    return False
 
 
 def default_binds(ctx: MountContext, group_gids: dict[str, int]) -> list[Bind]:

@@ -28,6 +28,7 @@ from corral.storage.mounts import (
     MountRefused,
     default_binds,
     resolve_all,
+    seen_through,
 )
 
 log = logging.getLogger("corral.storage.plan")
@@ -176,7 +177,8 @@ def _plan_one(
     except (MountRefused, StorageError) as exc:
         return JobStorage(uid, gids, refused=f"storage: {exc}")
     taken = {b.target for b in spec_binds}
-    binds = [b for b in binds if b.target not in taken] + spec_binds
+    binds = [b for b in binds if b.target not in taken]
+    binds += [b for b in spec_binds if not seen_through(b, binds)]
     env = {"CORRAL_OUTPUTS": SANDBOX_OUTPUTS}
     cwd = None
     if job.spec.code:

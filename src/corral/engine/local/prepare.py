@@ -135,6 +135,15 @@ class AttemptPreparation:
                 )
             if through_symlink(m.source):
                 raise LaunchRefused(f"mount {m.source} -> {m.target}: the source goes through a symlink")
+            outer = next((o for o in attempt.mounts if m.target.startswith(o.target.rstrip("/") + "/")), None)
+            if outer is not None:
+                # bwrap (root) would make and mount on m's mount point through outer's host dir,
+                # by name, following any symlink its user put there meanwhile (anywhere in the
+                # sandbox: over /usr/bin, which root runs setpriv from)
+                raise LaunchRefused(
+                    f"mount {m.source} -> {m.target} is inside mount {outer.source} -> {outer.target}: "
+                    "a mount point in a bound dir is never made"
+                )
 
     def _prepare(self, attempt: AttemptLaunch, adir: Path) -> AttemptSpec:
         self._refuse_unfit(attempt)
