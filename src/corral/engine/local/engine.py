@@ -271,7 +271,8 @@ class LocalEngine(AttemptPreparation):
             log.exception("cannot prepare attempt %s", attempt.attempt_id)
             return self._record_launch_failure(adir, f"could not prepare the attempt: {exc}")
         # marshal: the lean supervisor reads it; dict(): typeshed's marshal takes no TypedDict.
-        # Root's alone (0600): it holds the job's env values, and the attempt dir is world-readable.
+        # Root's alone (0600): it holds the job's env values (the attempt dir is 0755; only the home
+        # above it, 0700 unless an admin widened it, keeps other accounts out).
         write_atomic(adir / "spec.marshal", marshal.dumps(dict(spec)), mode=0o600)
         try:
             pid = self._spawn_supervisor(attempt.attempt_id, adir)

@@ -7,6 +7,7 @@ runtime limit, stops the gang when one instance fails, reads OOM counters, and w
 atomically into the attempt dir, where a (re)started engine reads it:
 
   spec.marshal     written by the engine before the start: what to run, where, with which limits
+                   (root's 0600: it holds the job's env values)
   supervisor.json  {pid, proc_start, started_at}  written once its signals are blocked, by the
                    first supervisor of the attempt only: a second one started for the same dir
                    finds it and exits without running anything
