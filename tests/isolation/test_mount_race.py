@@ -26,6 +26,7 @@ pytestmark = pytest.mark.isolation
 UID = 230_001  # the member's uid
 GID = 240_001  # the group's gid
 SECRET = "a world-readable host file the job must never see"
+LOOP_LAUNCHES = 12
 
 
 @pytest.fixture
@@ -126,16 +127,16 @@ def test_a_swap_loop_during_launches_never_shows_the_target(
         while not stop.is_set():
             sub.rename(aside)
             sub.symlink_to(host_dir)
-            time.sleep(0.0005)
+            time.sleep(0.0002)
             sub.unlink()
             aside.rename(sub)
-            time.sleep(0.0005)
+            time.sleep(0.002)  # mostly the dir: more launches get past the checks to bwrap
 
     flipper = threading.Thread(target=flip)
     flipper.start()
     outcomes: list[str] = []
     try:
-        for _ in range(8):
+        for _ in range(LOOP_LAUNCHES):
             launch = member_job(
                 "cat /data/sub/mine /data/sub/host-secret 2>&1; true", group_mounts(group_dir)
             )
@@ -160,7 +161,7 @@ def test_a_swap_loop_during_launches_never_shows_the_target(
     finally:
         stop.set()
         flipper.join()
-    assert len(outcomes) == 8
+    assert len(outcomes) == LOOP_LAUNCHES
 
 
 def test_group_mounts_read_write_and_read_only_work_and_no_fd_reaches_the_job(
