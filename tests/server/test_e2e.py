@@ -106,7 +106,7 @@ def test_cancel_while_queued_and_while_running(server: CorralServer) -> None:
         (attempt,) = done["attempts"]
         assert attempt["state"] == "cancelled" and attempt["ended_at"] is not None
         nodes = c.get("/api/v1/nodes").json()
-        assert all(g["job_id"] is None for n in nodes for g in n["gpus"])
+        assert not any(g["allocated"] or g["job_id"] is not None for n in nodes for g in n["gpus"])
 
 
 RENDEZVOUS = """

@@ -44,7 +44,7 @@ def diagnosis_code(c: httpx.Client, job_id: int) -> str | None:
 
 
 def free_gpus(c: httpx.Client) -> int:
-    return sum(g["job_id"] is None for n in c.get("/api/v1/nodes").json() for g in n["gpus"])
+    return sum(not g["allocated"] for n in c.get("/api/v1/nodes").json() for g in n["gpus"])
 
 
 def cancel_all(c: httpx.Client, *job_ids: int) -> None:

@@ -37,6 +37,7 @@ from corral.storage.mounts import (
     MountRefused,
     MountRequest,
     default_binds,
+    plain_path,
     register_source,
     resolve,
     seen_through,
@@ -87,6 +88,21 @@ def test_group_rights_names_and_targets(root: Path) -> None:
     for target in ("/proc/x", "/", "/a/../etc", "rel", "/code", "/tmp/x"):
         with pytest.raises(MountRefused, match="target"):
             resolve(ctx(root), "home", target)
+
+
+def test_a_target_the_kernel_reads_otherwise_than_written_is_refused(root: Path) -> None:
+    """'//usr/bin' is /usr/bin to the kernel, but posixpath.normpath keeps the '//' and no
+    reserved prefix matched it: the user's home went over /usr/bin, and root ran their setpriv
+    (review106 #1). Every such form is refused, so every later prefix test sees what bwrap binds."""
+    (root / "group/vision/ck").mkdir(parents=True)
+    for target in ("//usr/bin", "//etc", "/usr//bin", "//outputs/x", "//home/bob", "/mnt/./x", "//"):
+        with pytest.raises(MountRefused, match="must be a plain absolute path"):
+            resolve(ctx(root), "home", target, False)
+    with pytest.raises(MountRefused, match="must be a plain absolute path"):
+        resolve(ctx(root), "group/vision/ck", "//group/vision/ck")  # read-only, inside /group/vision
+    forms = ("/mnt/x/", "/mnt/x//", "//mnt/x", "/mnt//x")
+    assert [plain_path(t) for t in forms] == ["/mnt/x", "/mnt/x", "", ""]
+    assert resolve(ctx(root), "home", "/mnt/x/", False).target == "/mnt/x"
 
 
 def test_a_group_subdir_is_never_a_mount_point_inside_the_groups_own_bind(root: Path) -> None:

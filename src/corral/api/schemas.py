@@ -335,7 +335,8 @@ class GpuOut(BaseModel):
     topology_group: int | None
     healthy: bool
     health: str = "healthy"  # Corral's verdict: healthy | quarantined | lost
-    job_id: int | None
+    allocated: bool = False  # a job holds it
+    job_id: int | None = Field(None, description="the job holding it, where the caller may see that job")
 
 
 class NodeOut(BaseModel):

@@ -31,7 +31,7 @@ def node_ls(output: OutputOpt = Output.table) -> None:
     )
     for n in nodes:
         models = sorted({g["model"] for g in n["gpus"]})
-        used = [f"{g['index']}:job {g['job_id']}" for g in n["gpus"] if g["job_id"] is not None]
+        used = [_holder(g) for g in n["gpus"] if g.get("allocated") or g["job_id"] is not None]
         table.add_row(
             n["name"],
             n["state"],
@@ -73,6 +73,11 @@ def node_gpus(output: OutputOpt = Output.table) -> None:
             ago(g["sampled_at"]),
         )
     out.print(table)
+
+
+def _holder(gpu: dict[str, Any]) -> str:
+    """'INDEX:job N', or 'INDEX:a job' for a job the caller may not see (the API names none)."""
+    return f"{gpu['index']}:" + ("a job" if gpu["job_id"] is None else f"job {gpu['job_id']}")
 
 
 def memory_text(mib: int) -> str:

@@ -244,8 +244,19 @@ def check_sandbox(settings: Settings) -> Check:
     if settings.engine != "local":
         return Check("sandbox", "skip", "Slurm engine: jobs are sandboxed on the Slurm nodes")
     status = probe()
+    if status.sandbox and not status.bind_fd:
+        return Check(
+            "sandbox",
+            "warn",
+            f"bubblewrap {status.bwrap} usable, setpriv {status.setpriv}; " + "; ".join(status.warnings),
+            "install bubblewrap 0.10 or later, or your distribution's security update that adds --bind-fd",
+        )
     if status.sandbox:
-        return Check("sandbox", "ok", f"bubblewrap {status.bwrap} usable, setpriv {status.setpriv}")
+        return Check(
+            "sandbox",
+            "ok",
+            f"bubblewrap {status.bwrap} usable (mounts bound by fd), setpriv {status.setpriv}",
+        )
     problems = [p for p in status.problems if "cgroup" not in p]
     fixes = []
     if status.bwrap is None:

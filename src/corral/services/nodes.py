@@ -17,6 +17,7 @@ from typing_extensions import TypedDict  # the API's response model: pydantic ta
 from corral.db.models import Attempt, Gpu, GpuClaim, Job, Node, RemovedNode
 from corral.scheduler import types as st
 from corral.services import notify
+from corral.services.auth import Principal
 from corral.services.errors import Conflict, NotFound
 from corral.services.lifecycle import AttemptState, GpuHealth, move_gpu, move_node
 
@@ -26,6 +27,24 @@ LIVE_NODE_STATES = ("ready", "cordoned", "draining")
 
 def gpu_claims(session: Session) -> dict[tuple[str, int], int]:
     return {(c.node, c.gpu_index): c.job_id for c in session.scalars(select(GpuClaim))}
+
+
+def visible_gpu_claims(session: Session, principal: Principal) -> dict[tuple[str, int], int | None]:
+    """Every claimed GPU with its job's id where `principal` may see that job, else None (the GPU
+    is still shown held): another user's job id is not named, as `GET /jobs/{id}` answers 404 for
+    it (services.jobs.visibility's rule; GET /api/v1/gpus cuts the same way)."""
+    rows = session.execute(
+        select(GpuClaim.node, GpuClaim.gpu_index, GpuClaim.job_id, Job.user_id, Job.group_id).join(
+            Job, Job.id == GpuClaim.job_id
+        )
+    )
+    admin_groups = principal.admin_group_ids
+    return {
+        (node, index): job_id
+        if principal.is_admin or user_id == principal.user_id or group_id in admin_groups
+        else None
+        for node, index, job_id, user_id, group_id in rows
+    }
 
 
 def list_nodes(session: Session) -> list[Node]:

@@ -190,7 +190,8 @@ class GpuView(TypedDict):
     topology_group: int | None
     healthy: bool
     health: str  # healthy | quarantined | lost (services/lifecycle.py GpuHealth)
-    job_id: int | None
+    allocated: bool  # a job holds it
+    job_id: int | None  # that job, where the caller may see it
 
 
 class NodeView(TypedDict):
@@ -363,7 +364,8 @@ def _add_diagnosis(job: Job, out: JobView) -> None:
     )  # fmt: skip
 
 
-def node_view(node: Node, claims: dict[tuple[str, int], int]) -> NodeView:
+def node_view(node: Node, claims: Mapping[tuple[str, int], int | None]) -> NodeView:
+    """`claims`: each held GPU's job id, or None where the caller may not see the job."""
     return {
         "name": node.name,
         "state": node.state,
@@ -385,6 +387,7 @@ def node_view(node: Node, claims: dict[tuple[str, int], int]) -> NodeView:
                 "topology_group": g.topology_group,
                 "healthy": g.healthy,
                 "health": g.health,
+                "allocated": (node.name, g.index) in claims,
                 "job_id": claims.get((node.name, g.index)),
             }
             for g in node.gpus

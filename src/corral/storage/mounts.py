@@ -105,12 +105,27 @@ def sources() -> list[str]:
     return sorted(_SOURCES)
 
 
+def plain_path(path: str) -> str:
+    """`path` without a trailing '/', when that is how the kernel reads it: absolute, no NUL, no
+    empty, '.' or '..' part. Else ''. `posixpath.normpath` keeps a leading '//' (POSIX leaves its
+    meaning open), which the kernel reads as '/': '//usr/bin' passed every prefix test below as
+    something other than /usr/bin, and bwrap then bound a user's dir over /usr/bin."""
+    if "\x00" in path or not path.startswith("/"):
+        return ""
+    parts = path.rstrip("/").split("/")[1:]
+    if not parts or any(p in ("", ".", "..") for p in parts):
+        return ""
+    return "/" + "/".join(parts)
+
+
 def check_target(target: str) -> str:
     if "\x00" in target or not target.startswith("/"):
         raise MountRefused(f"mount target {target!r} must be an absolute path in the job")
-    norm = posixpath.normpath(target)
-    if norm != target.rstrip("/") or ".." in target.split("/") or norm == "/":
-        raise MountRefused(f"mount target {target!r} must be a plain absolute path (no '..', not '/')")
+    norm = plain_path(target)
+    if not norm:
+        raise MountRefused(
+            f"mount target {target!r} must be a plain absolute path (no '..', '.' or '//', not '/')"
+        )
     for reserved in RESERVED_TARGETS:
         if norm == reserved or norm.startswith(reserved + "/"):
             raise MountRefused(f"mount target {target!r} is reserved ({reserved} belongs to the sandbox)")

@@ -19,8 +19,9 @@ router = APIRouter(tags=["nodes"])
 
 
 @router.get("/nodes", response_model=list[NodeOut])
-def list_nodes(db: DB, _principal: CurrentUser) -> Any:
-    claims = svc.gpu_claims(db)
+def list_nodes(db: DB, principal: CurrentUser) -> Any:
+    """Every node with its GPUs: a held GPU names its job only to a caller who may see the job."""
+    claims = svc.visible_gpu_claims(db, principal)
     return [node_view(n, claims) for n in svc.list_nodes(db)]
 
 

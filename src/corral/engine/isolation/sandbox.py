@@ -69,6 +69,11 @@ class IsolationStatus:
     devices_cgroup: bool = False
     root: bool = False
     problems: list[str] = field(default_factory=list)
+    # bwrap takes `--bind-fd`/`--ro-bind-fd` (bubblewrap 0.10, or a distro's backport such as
+    # Debian 12's 0.8.0-2+deb12u1): mount sources are then bound as the supervisor opened them
+    # (bind_sources.py). Without it they are bound by name, and `warnings` says what that leaves.
+    bind_fd: bool = False
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def sandbox(self) -> bool:
@@ -85,7 +90,8 @@ class IsolationStatus:
     def summary(self) -> str:
         if self.complete:
             devices = "devices cgroup" if self.devices_cgroup else "device binding only (no devices cgroup)"
-            return f"isolated: bubblewrap + setpriv, cgroup v{self.cgroup_version}, {devices}"
+            text = f"isolated: bubblewrap + setpriv, cgroup v{self.cgroup_version}, {devices}"
+            return "; ".join([text, *self.warnings])
         return "NOT isolated: " + "; ".join(self.problems)
 
 
@@ -104,6 +110,13 @@ def probe(cgroup_root: Path = Path("/sys/fs/cgroup")) -> IsolationStatus:
         )
         if trial.returncode == 0:
             status.bwrap = bwrap
+            status.bind_fd = _bwrap_binds_fds(bwrap)
+            if not status.bind_fd:
+                status.warnings.append(
+                    "this bubblewrap has no --bind-fd (0.10+, or a distro's backport): mount sources "
+                    "are bound by name, so a group member who swaps a dir for a symlink at the moment "
+                    "a job starts may get another host dir bound into it (docs/isolation.md)"
+                )
         else:
             err = trial.stderr.decode(errors="replace").strip()
             status.problems.append(f"bubblewrap cannot create namespaces here: {err}")
@@ -115,6 +128,32 @@ def probe(cgroup_root: Path = Path("/sys/fs/cgroup")) -> IsolationStatus:
         status.problems.append(f"no usable cgroup v1 (memory, cpu, pids) or v2 hierarchy at {cgroup_root}")
     status.devices_cgroup = status.cgroup_version == 1 and cgroupfs.v1_has_devices(cgroup_root)
     return status
+
+
+def _bwrap_binds_fds(bwrap: str) -> bool:
+    """Whether `bwrap` binds a directory given as an open fd (`--ro-bind-fd`)."""
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY)
+    try:
+        trial = subprocess.run(
+            [
+                bwrap,
+                "--ro-bind-fd",
+                str(fd),
+                "/",
+                "--proc",
+                "/proc",
+                "--dev",
+                "/dev",
+                "--unshare-pid",
+                "true",
+            ],
+            capture_output=True,
+            timeout=10,
+            pass_fds=(fd,),
+        )
+    finally:
+        os.close(fd)
+    return trial.returncode == 0
 
 
 def allocate_uid(locks_dir: Path, attempt_id: str) -> int:

@@ -34,6 +34,7 @@ from corral.engine.local.files import AttemptSpec, InstanceSpec
 from corral.engine.local.process_files import host_path, release_uid_lock, remove_unjoined_cgroups
 from corral.engine.log_links import link_attempt_logs
 from corral.storage.layout import prepare_dirs, through_symlink
+from corral.storage.mounts import plain_path
 
 if TYPE_CHECKING:
     from corral.engine.isolation.cgroupfs import CgroupHandle
@@ -133,6 +134,10 @@ class AttemptPreparation:
                 raise LaunchRefused(
                     f"mount {m.source} -> {m.target}: both must be absolute and the source must exist"
                 )
+            if plain_path(m.target) != m.target:
+                # every test below is on the written form, which the kernel must read the same
+                # way ('//usr/bin' is /usr/bin to it, and starts with no reserved prefix)
+                raise LaunchRefused(f"mount {m.source} -> {m.target}: the target is not a plain path")
             if through_symlink(m.source):
                 raise LaunchRefused(f"mount {m.source} -> {m.target}: the source goes through a symlink")
             outer = next((o for o in attempt.mounts if m.target.startswith(o.target.rstrip("/") + "/")), None)
@@ -266,7 +271,7 @@ class AttemptPreparation:
                     cwd=attempt.cwd or SANDBOX_WORK_DIR,
                     secrets_dir=secrets.files_dir,
                     env_names=[*env, *secrets.env_files],
-                    mounts_by_fd=True,
+                    mounts_by_fd=self.status.bind_fd,
                 ),
             )
         else:

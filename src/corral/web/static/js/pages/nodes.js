@@ -49,16 +49,19 @@ function outOfService(gpu) {
 
 function gpuState(gpu) {
   if (gpu.healthy === false || gpu.state === "unhealthy" || outOfService(gpu)) return "unhealthy";
-  if (gpu.job_id !== null && gpu.job_id !== undefined) return "allocated";
+  if (gpu.allocated || (gpu.job_id !== null && gpu.job_id !== undefined)) return "allocated";
   return "free";
 }
 
 function gpuCell(node, gpu) {
   const st = gpuState(gpu);
   const why = outOfService(gpu) ? gpu.health : st;
-  const label = `GPU ${gpu.index} ${gpu.model || ""}: ${why}${st === "allocated" ? ` to job ${gpu.job_id}` : ""}`;
+  // A job the caller may not see is not named (job_id null): the GPU shows held, without a link.
+  const seen = gpu.job_id !== null && gpu.job_id !== undefined;
+  const holder = st === "allocated" ? (seen ? ` to job ${gpu.job_id}` : " to another user's job") : "";
+  const label = `GPU ${gpu.index} ${gpu.model || ""}: ${why}${holder}`;
   const inner = [h("span", { class: "gpu-index" }, String(gpu.index)), h("span", { class: "gpu-model" }, gpu.model || "")];
-  if (st === "allocated") {
+  if (st === "allocated" && seen) {
     return h("li", {}, h("a", { href: `/jobs/${gpu.job_id}`, class: "gpu gpu-allocated", title: label, "aria-label": label }, inner, h("span", { class: "gpu-job" }, `#${gpu.job_id}`)));
   }
   return h("li", {}, h("span", { class: `gpu gpu-${st}`, title: label, role: "img", "aria-label": label }, inner));
