@@ -15,6 +15,7 @@
     env: {EPOCHS: "10"}
     mounts: [{source: data/cifar10}, {source: group/vision/shared, target: /mnt/shared, mode: rw}]
     secrets: [{name: wandb, env: WANDB_API_KEY}, {name: ssh_key, file: id_rsa}]
+    labels: {experiment: lr-sweep, trial: "7"}   # find, wait for and cancel jobs by label
 
 A single-task job may put `command` and `resources` (and `instances`) at the top level instead of
 `tasks`; it becomes one task named `main`. Memory is given as "64GiB", "512MiB", "2G" or an integer
@@ -54,7 +55,10 @@ MAX_ENV_BYTES = 64 * 1024
 MAX_ENV_VARS = 256
 MAX_RETRIES = 20
 MAX_SPEC_BYTES = 256 * 1024
-MAX_DURATION_S = 3650 * 86400.0  # ten years; a longer one was stored as "1e+23s", then unreadable
+MAX_DURATION_S = 3650 * 86400.0
+MAX_LABELS = 16
+MAX_LABEL_KEY_LEN = 63
+MAX_LABEL_VALUE_LEN = 128  # ten years; a longer one was stored as "1e+23s", then unreadable
 
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -63,6 +67,13 @@ SECRET_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # A plain file name under /run/secrets: no '/', not '.', '..' or a hidden file.
 SECRET_FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 MAX_SECRETS = 32
+# Labels (`labels: {experiment: e1, trial: "7"}`): what a job is found by (`corral ls -l k=v`), so
+# keys and values are plain words that need no quoting in a URL query, a shell or `k=v` (no '=',
+# no ',', no blanks).
+LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
+LABEL_VALUE_RE = re.compile(r"^[A-Za-z0-9._/:@+-]{1,128}$")
+# A label selector as the API's schemas say it: NAME=VALUE, or NAME (the label with any value)
+LABEL_SELECTOR = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}(=[A-Za-z0-9._/:@+-]{1,128})?$"
 # Variables Corral sets itself: a secret may not silently replace them.
 RESERVED_ENV = frozenset(
     {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "CUDA_VISIBLE_DEVICES", "PATH", "HOME", "USER"}
@@ -270,6 +281,56 @@ class SecretUseV1(_Strict):
         return self
 
 
+def check_labels(value: Any) -> dict[str, str]:
+    """A spec's `labels`, each value as text: a whole number or a decimal is taken as its text
+    (`trial: 7` is "7", as a tool that numbers its trials sends it); anything else but text, a bad
+    key or value, or more than MAX_LABELS labels is refused naming the label and the rule."""
+    if not isinstance(value, dict):
+        raise ValueError("labels are a mapping of names to values, e.g. {experiment: e1, trial: '7'}")
+    if len(value) > MAX_LABELS:
+        raise ValueError(f"the job has {len(value)} labels; at most {MAX_LABELS} are allowed")
+    labels: dict[str, str] = {}
+    for key, raw in value.items():
+        if not isinstance(key, str) or not LABEL_KEY_RE.match(key):
+            raise ValueError(
+                f"label name {key!r} must be 1-{MAX_LABEL_KEY_LEN} letters, digits, '.', '_', '-' "
+                "or '/', starting with a letter or digit"
+            )
+        if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+            raise ValueError(
+                f'label {key!r}: its value {raw!r} must be text or a number (quote it: {key}: "...")'
+            )
+        text = raw if isinstance(raw, str) else str(raw)
+        if not LABEL_VALUE_RE.match(text):
+            raise ValueError(
+                f"label {key!r}: value {text!r} must be 1-{MAX_LABEL_VALUE_LEN} letters, digits or "
+                "'.', '_', '-', '/', ':', '@', '+' (no blanks, '=' or ',')"
+            )
+        labels[key] = text
+    return labels
+
+
+def parse_label_selector(text: str) -> tuple[str, str | None]:
+    """ "experiment=e1" -> ("experiment", "e1"); "experiment" -> ("experiment", None): any job
+    with that label. A bad name or value raises ValueError naming it."""
+    key, sep, value = text.strip().partition("=")
+    key = key.strip()
+    if not LABEL_KEY_RE.match(key):
+        raise ValueError(
+            f"label selector {text!r}: give NAME=VALUE or NAME, the name 1-{MAX_LABEL_KEY_LEN} "
+            "letters, digits, '.', '_', '-' or '/'"
+        )
+    if not sep:
+        return key, None
+    value = value.strip()
+    if not LABEL_VALUE_RE.match(value):
+        raise ValueError(
+            f"label selector {text!r}: the value must be 1-{MAX_LABEL_VALUE_LEN} letters, digits or "
+            "'.', '_', '-', '/', ':', '@', '+'"
+        )
+    return key, value
+
+
 def check_env(value: dict[str, str]) -> dict[str, str]:
     if len(value) > MAX_ENV_VARS:
         raise ValueError(f"env has {len(value)} variables; at most {MAX_ENV_VARS} are allowed")
@@ -351,6 +412,14 @@ class JobSpecV1(_Strict):
     # None: a batch job. "workspace": the job of an interactive workspace (corral.services.workspaces
     # builds it; POST /jobs refuses it). Unset in every stored spec but those, so nothing changes.
     kind: Literal["workspace"] | None = None
+    # What the job is found by (GET /jobs?label=k=v, `corral ls -l`, cancel and wait by label):
+    # stored here and, for the filters, in the job_labels table (services/jobs.py).
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _labels(cls, value: Any) -> dict[str, str]:
+        return check_labels({} if value is None else value)
 
     @property
     def environment_version(self) -> str | None:
@@ -509,8 +578,10 @@ __all__ = [
     "TaskV1",
     "TaskView",
     "ValidationError",
+    "check_labels",
     "load_spec_text",
     "parse_duration_s",
+    "parse_label_selector",
     "parse_memory_mib",
     "parse_spec",
 ]

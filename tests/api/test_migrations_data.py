@@ -612,3 +612,35 @@ def test_each_schedule_gets_a_calendar_nonce_of_its_own_in_0035(url: str) -> Non
             assert conn.execute(sa.text("SELECT COUNT(*) FROM oncall_schedules")).scalar_one() == 2
     finally:
         engine.dispose()
+
+
+def test_job_labels_arrive_empty_for_the_jobs_before_0036_and_go_with_their_job(url: str) -> None:
+    # 0036: job_labels, the label filters' rows. Jobs submitted before carry no labels (their
+    # specs hold none): they stay, with no label rows; a label row goes with its job (ON DELETE
+    # CASCADE, which SQLite enforces on the server's connections: PRAGMA foreign_keys=ON).
+    upgrade(url, "0035_security_fixes")
+    engine = make_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        insert(engine, rows(0))
+        upgrade(url, "0036_job_labels")
+        with engine.begin() as conn:
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM jobs")).scalar_one() == 4
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM job_labels")).scalar_one() == 0
+            conn.execute(
+                sa.text("INSERT INTO job_labels (job_id, key, value) VALUES (10, 'experiment', 'e1')")
+            )
+            indexes = {i["name"] for i in sa.inspect(conn).get_indexes("job_labels")}
+        assert "ix_job_labels_key_value" in indexes
+        with engine.begin() as conn:
+            if conn.dialect.name == "sqlite":
+                conn.execute(sa.text("PRAGMA foreign_keys=ON"))
+            conn.execute(sa.text("DELETE FROM attempts WHERE job_id = 10"))
+            conn.execute(sa.text("DELETE FROM job_events WHERE job_id = 10"))
+            conn.execute(sa.text("DELETE FROM jobs WHERE id = 10"))
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM job_labels")).scalar_one() == 0
+        downgrade(url, "0035_security_fixes")
+        with engine.connect() as conn:
+            assert "job_labels" not in sa.inspect(conn).get_table_names()
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM jobs")).scalar_one() == 3
+    finally:
+        engine.dispose()

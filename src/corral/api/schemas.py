@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, ValidationInfo, field_validator
 from pydantic.json_schema import JsonSchemaValue
 
 from corral.api.pattern_words import worded
+from corral.spec import LABEL_SELECTOR, MAX_LABELS
 
 
 def nul_at(value: Any) -> tuple[str | int, ...] | None:
@@ -267,6 +268,7 @@ class JobOut(BaseModel):
     preemptible: bool
     spec: dict[str, object]  # the spec as stored (corral.spec.JobSpecV1, no null fields)
     environment_version: str | None = None  # catalogue environment, pinned at submit: "name@3"
+    labels: dict[str, str] = {}  # the spec's labels (GET /jobs?label=k=v lists by them)
     created_at: float
     updated_at: float
     finished_at: float | None
@@ -296,6 +298,55 @@ class HoldOutcomeOut(BaseModel):
     changed: bool
     message: str
     job: JobOut
+
+
+LABEL_WORDS = (
+    "is not a label selector: NAME=VALUE or NAME, the name letters, digits, '.', '_', '-' or '/', "
+    "the value letters, digits or '.', '_', '-', '/', ':', '@', '+'"
+)
+
+
+LabelSelectorText = Annotated[
+    str, Field(min_length=1, max_length=200, pattern=worded(LABEL_SELECTOR, LABEL_WORDS))
+]
+
+
+class CancelByLabelsIn(RequestBody):
+    """POST /jobs/cancel: the labels (NAME=VALUE, or NAME for any value) every job cancelled
+    carries; at least one."""
+
+    labels: list[LabelSelectorText] = Field(min_length=1, max_length=MAX_LABELS)
+
+
+class CancelledJobOut(BaseModel):
+    id: int
+    outcome: Literal["cancelled", "stopping", "ended", "gone"]
+    state: str | None
+    message: str
+
+
+class CancelByLabelsOut(BaseModel):
+    """What POST /jobs/cancel did, per job it matched (live, visible, carrying every label)."""
+
+    matched: int
+    items: list[CancelledJobOut]
+
+
+class MetricPointOut(BaseModel):
+    step: int | None
+    values: dict[str, float]
+
+
+class JobMetricsOut(BaseModel):
+    """GET /jobs/{id}/metrics: what the job appended to $CORRAL_OUTPUTS/metrics.jsonl
+    (corral.services.job_metrics)."""
+
+    job_id: int
+    file: str
+    points: list[MetricPointOut]
+    latest: dict[str, float]
+    skipped: int
+    truncated: bool
 
 
 class JobListOut(BaseModel):

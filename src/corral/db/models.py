@@ -228,6 +228,20 @@ class Job(Base):
     group: Mapped[Group] = relationship()
 
 
+class JobLabel(Base):
+    """One of a job's labels (its spec's `labels`), for the filters: GET /jobs?label=k=v, cancel
+    and wait by label (services/jobs.py). Written once at submit, with the job; the spec keeps
+    them too. (key, value, job_id) is the filter's index; deleted with the job (ON DELETE CASCADE).
+    Migration 0036."""
+
+    __tablename__ = "job_labels"
+    __table_args__ = (Index("ix_job_labels_key_value", "key", "value", "job_id"),)
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(128))
+
+
 class Attempt(Base):
     """One try of a job. Every attempt is kept: node(s), GPUs, start, end, exit code, reason."""
 

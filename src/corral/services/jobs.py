@@ -40,7 +40,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session, joinedload, selectinl
 from corral.catalog.model_mounts import record_model_uses
 from corral.datasets.mounts import record_lineage
 from corral.db.base import table_of
-from corral.db.models import Attempt, Gpu, Group, GroupQuota, Job, JobEvent, Node, User
+from corral.db.models import Attempt, Gpu, Group, GroupQuota, Job, JobEvent, JobLabel, Node, User
 from corral.environments.tools import BUILD_TOOLS_ENV
 from corral.scheduler import Profile, check_fits_anywhere
 from corral.scheduler import types as st
@@ -77,11 +77,18 @@ class EngineMissing(ServiceError):
     status_code = 503
 
 
+# GET /jobs?id=...: the most ids one list names (a tool waiting on its trials, SDK wait_all).
+MAX_IDS = 1000
+
+
 @dataclass(frozen=True)
 class JobFilter:
     state: Sequence[str] = ()
     user: str | None = None
     group: str | None = None
+    # (key, value) pairs every job listed carries (AND); value None: the label with any value
+    labels: Sequence[tuple[str, str | None]] = ()
+    ids: Sequence[int] = ()  # only these jobs (at most MAX_IDS)
     sort: str = "created_at"
     order: str = "desc"
     limit: int = 50
@@ -346,6 +353,7 @@ def runtime_estimate(
 # SQLAlchemy's cache instead of being keyed and looked up again on every submission.
 JOB_TABLE = table_of(Job)
 INSERT_JOB = insert(JOB_TABLE).returning(JOB_TABLE.c.id)
+INSERT_LABELS = insert(table_of(JobLabel))
 
 
 class JobInsert(TypedDict):
@@ -478,6 +486,10 @@ def submit_job(
     job_id = session.connection().execute(INSERT_JOB, columns).scalar_one()
     hold_access(session, principal, group.id, group.name)  # after the INSERT: see submit_guard
     record_event(session, job_id, now, message, to_state=JobState.QUEUED.value, immediate=True)
+    if spec.labels:  # the filters' rows (GET /jobs?label=k=v); the spec keeps them too
+        session.connection().execute(
+            INSERT_LABELS, [{"job_id": job_id, "key": k, "value": v} for k, v in spec.labels.items()]
+        )
     record_lineage(session, job_id, spec.mounts)  # dataset versions it mounts (pinned at submit)
     record_model_uses(session, job_id, spec.mounts)  # model versions likewise (corral.catalog)
     job = Job(id=job_id, attempts=[], **columns)  # transient: only read by the view (and the hold)
@@ -533,6 +545,11 @@ def _filters(session: Session, flt: JobFilter, principal: Principal) -> list[Col
         if gid is None:
             unknown.append(("group", flt.group))
         conds.append(Job.group_id == gid if gid is not None else false())
+    for key, value in flt.labels:  # one indexed lookup per label, ANDed
+        has = select(JobLabel.job_id).where(JobLabel.key == key)
+        conds.append(Job.id.in_(has if value is None else has.where(JobLabel.value == value)))
+    if flt.ids:
+        conds.append(Job.id.in_(list(flt.ids)))
     if unknown and principal.is_admin:
         raise Invalid.each([(("query", kind), f"no {kind} named {name!r}") for kind, name in unknown])
     return conds
@@ -549,6 +566,8 @@ def check_filter(flt: JobFilter) -> None:
         raise Invalid(f"cannot sort by {flt.sort!r}; use one of {', '.join(SORT_COLUMNS)}", ("query", "sort"))
     if flt.order not in ("asc", "desc"):
         raise Invalid("order must be 'asc' or 'desc'", ("query", "order"))
+    if len(flt.ids) > MAX_IDS:
+        raise Invalid(f"{len(flt.ids)} job ids given; at most {MAX_IDS} at once", ("query", "id"))
 
 
 SortExpression = ColumnElement[float] | ColumnElement[int] | ColumnElement[str]
@@ -610,6 +629,15 @@ def list_jobs(session: Session, principal: Principal, flt: JobFilter) -> tuple[l
     ).unique()
     by_id = {job.id: job for job in rows}
     return [by_id[i] for i in ids if i in by_id], total
+
+
+def matching_ids(session: Session, principal: Principal, flt: JobFilter) -> list[int]:
+    """The ids of every visible job under `flt`'s filters (its paging and sort ignored), oldest
+    first: the set a bulk action acts on (services.job_sets)."""
+    check_filter(flt)
+    seen = visibility(principal)
+    conds = _filters(session, flt, principal) + ([] if seen is None else [seen])
+    return list(session.scalars(select(Job.id).where(*conds).order_by(Job.id)))
 
 
 def get_job(session: Session, principal: Principal, job_id: int, *, for_update: bool = False) -> Job:

@@ -88,6 +88,7 @@ class JobView(TypedDict):
     preemptible: bool
     spec: Mapping[str, object]  # shared with the spec's other rows: read-only
     environment_version: str | None  # the catalogue environment it runs in, pinned: "name@3"
+    labels: Mapping[str, str]  # the spec's labels (shared with the spec: read-only)
     created_at: float
     updated_at: float
     finished_at: float | None
@@ -301,6 +302,7 @@ def job_view(
         "preemptible": job.preemptible,
         "spec": job.spec.stored(),
         "environment_version": job.spec.environment_version,
+        "labels": job.spec.labels,
         "created_at": job.submitted_at,
         "updated_at": job.updated_at,
         "finished_at": job.finished_at,

@@ -13,10 +13,15 @@ from pydantic import AfterValidator, ValidationError, WithJsonSchema
 
 from corral import spec as job_spec
 from corral.api.deps import DB, MAX_ROW_ID, CurrentUser, Offset, RowId, UserFilter, fast_json
+from corral.api.pattern_words import worded
 from corral.api.schemas import (
+    LABEL_WORDS,
+    CancelByLabelsIn,
+    CancelByLabelsOut,
     EventOut,
     HoldOutcomeOut,
     JobListOut,
+    JobMetricsOut,
     JobOut,
     LogsOut,
     no_nul_in_properties,
@@ -27,9 +32,10 @@ from corral.diagnosis.record import platform_loss_cap
 from corral.diagnosis.settings import DiagnosisSettings
 from corral.engine.base import EngineUnavailable
 from corral.environments.service import NAME_RE, check_job_environment
-from corral.services import cleanup, holds, storage
+from corral.services import cleanup, holds, job_sets, storage
 from corral.services import jobs as svc
 from corral.services.job_logs import read_logs
+from corral.services.job_metrics import read_metrics
 from corral.services.lifecycle import JobState
 from corral.services.policy import active_profile
 from corral.services.views import event_view, job_view
@@ -64,6 +70,9 @@ def _known_states(value: str) -> str:
 StateList = Annotated[
     str, AfterValidator(_known_states), WithJsonSchema({"type": "string", "pattern": STATE_LIST})
 ]
+LabelSelector = Annotated[str, Query(max_length=200, pattern=worded(job_spec.LABEL_SELECTOR, LABEL_WORDS))]
+ID_LIST = r"^\s*[0-9]{1,10}\s*(,\s*[0-9]{1,10}\s*)*$"
+ID_WORDS = "is not a list of job ids: whole numbers, comma-separated"
 
 # "90s", "1h30m": numbers with units, at least one of them not zero (the sum must be > 0).
 _NUMBER = r"[0-9]+(?:\.[0-9]+)?[dhmsDHMS]"
@@ -107,6 +116,15 @@ def spec_body_schema() -> dict[str, Any]:
     defs["TaskV1"]["properties"]["command"]["pattern"] = r"^[^\x00]*[^\s\x00][^\x00]*$"
     props["tasks"]["propertyNames"] = {"pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"}
     props["environment"] = {**props["environment"], "pattern": ENVIRONMENT_REF_PATTERN}
+    props["labels"] = {  # text values, and numbers (read as their text: `trial: 7`)
+        "type": "object",
+        "default": {},
+        "maxProperties": job_spec.MAX_LABELS,
+        "propertyNames": {"pattern": job_spec.LABEL_KEY_RE.pattern},
+        "additionalProperties": {
+            "anyOf": [{"type": "string", "pattern": job_spec.LABEL_VALUE_RE.pattern}, {"type": "number"}]
+        },
+    }
     # "workspace" jobs are made by POST /workspaces (and .../start); this route refuses them
     props["kind"] = {"type": "null", "default": None}
     duration = {"type": "string", "pattern": _DURATION_PATTERN}
@@ -260,6 +278,14 @@ def list_jobs(
     ] = None,
     user: UserFilter = None,
     group: UserFilter = None,
+    label: Annotated[
+        list[LabelSelector] | None,
+        Query(description="NAME=VALUE (or NAME: any value) every job listed carries; repeat: all of them"),
+    ] = None,
+    ids: Annotated[
+        list[Annotated[str, Query(max_length=12_000, pattern=worded(ID_LIST, ID_WORDS))]] | None,
+        Query(alias="id", description=f"only these jobs; repeat or comma-separate, at most {svc.MAX_IDS}"),
+    ] = None,
     sort: SortBy = "created_at",
     order: Literal["asc", "desc"] = "desc",
     limit: Annotated[int, Query(ge=1, le=svc.MAX_PAGE)] = 50,
@@ -267,7 +293,15 @@ def list_jobs(
 ) -> Any:
     states = tuple(s.strip() for value in state or [] for s in value.split(",") if s.strip())
     flt = svc.JobFilter(
-        state=states, user=user, group=group, sort=sort, order=order, limit=limit, offset=offset
+        state=states,
+        user=user,
+        group=group,
+        labels=job_sets.label_selectors(label or [], ("query", "label")),
+        ids=job_sets.job_ids(ids or []),
+        sort=sort,
+        order=order,
+        limit=limit,
+        offset=offset,
     )
     items, total = svc.list_jobs(db, principal, flt)
     return fast_json(
@@ -278,6 +312,15 @@ def list_jobs(
             "offset": offset,
         }
     )
+
+
+@router.post("/jobs/cancel", response_model=CancelByLabelsOut)
+def cancel_by_labels(body: CancelByLabelsIn, db: DB, principal: CurrentUser) -> Any:
+    """Cancel every live job you may see that carries all the labels (an experiment's trials):
+    each as POST /jobs/{id}/cancel does it, in a transaction of its own; what happened to each."""
+    labels = job_sets.label_selectors(body.labels, ("body", "labels"))
+    items = job_sets.cancel_by_labels(db, principal, labels)
+    return fast_json({"matched": len(items), "items": items})
 
 
 @router.get("/jobs/{job_id}", response_model=JobOut)
@@ -320,6 +363,14 @@ def delete(job_id: RowId, request: Request, db: DB, principal: CurrentUser) -> R
 def events(job_id: RowId, db: DB, principal: CurrentUser) -> Any:
     job = svc.get_job(db, principal, job_id)
     return [event_view(e) for e in svc.job_events(db, job.id)]
+
+
+@router.get("/jobs/{job_id}/metrics", response_model=JobMetricsOut)
+def metrics(job_id: RowId, request: Request, db: DB, principal: CurrentUser) -> Any:
+    """The metrics the job reported: the lines it appended to $CORRAL_OUTPUTS/metrics.jsonl
+    ({"step": 3, "loss": 0.41}), read while it runs and after it ended; none yet: no points."""
+    job = svc.get_job(db, principal, job_id)
+    return fast_json(read_metrics(request.app.state.settings, job))
 
 
 @router.get("/jobs/{job_id}/logs", response_model=LogsOut, responses=NEEDS_ENGINE)

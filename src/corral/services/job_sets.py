@@ -1,0 +1,108 @@
+"""Sets of jobs picked by label or id, for tools that run many jobs at once (an AutoML search's
+trials, a sweep): reading the `label` and `id` filters of GET /jobs, and cancelling every visible
+live job that carries some labels (POST /jobs/cancel, `corral cancel -l experiment=e1`).
+
+A bulk cancel is one `services.jobs.cancel_job` per job, each in its own transaction through the
+lifecycle's compare-and-set (a queued job ends at once, a running one is asked to stop): a job that
+ended or was deleted meanwhile is reported as such and the others go on. Nothing is done for jobs
+the caller may not see, as for a single cancel."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Literal, TypedDict
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from corral.db.models import Job
+from corral.services.auth import Principal
+from corral.services.errors import Conflict, Invalid, NotFound
+from corral.services.jobs import MAX_IDS, JobFilter, cancel_job, matching_ids
+from corral.services.lifecycle import JobState
+from corral.spec import MAX_LABELS, parse_label_selector
+
+LIVE_STATES = tuple(s.value for s in JobState if not s.terminal)
+
+CancelOutcome = Literal["cancelled", "stopping", "ended", "gone"]
+
+
+class CancelledJob(TypedDict):
+    """What a bulk cancel did to one job."""
+
+    id: int
+    outcome: CancelOutcome  # cancelled (was queued) | stopping | ended (before) | gone (deleted)
+    state: str | None  # the job's state after it (None: deleted)
+    message: str
+
+
+def label_selectors(values: Iterable[str], loc: tuple[str | int, ...]) -> tuple[tuple[str, str | None], ...]:
+    """`["experiment=e1", "trial"]` -> (("experiment", "e1"), ("trial", None)); every bad one
+    named at once at `loc`."""
+    parsed: list[tuple[str, str | None]] = []
+    wrong: list[tuple[tuple[str | int, ...], str]] = []
+    for value in values:
+        try:
+            parsed.append(parse_label_selector(value))
+        except ValueError as exc:
+            wrong.append((loc, str(exc)))
+    if wrong:
+        raise Invalid.each(wrong)
+    if len(parsed) > MAX_LABELS:
+        raise Invalid(f"{len(parsed)} labels given; a job has at most {MAX_LABELS}", loc)
+    return tuple(parsed)
+
+
+def job_ids(values: Iterable[str]) -> tuple[int, ...]:
+    """`["3,4", "7"]` -> (3, 4, 7): GET /jobs?id=, repeated or comma-separated."""
+    ids: list[int] = []
+    for value in values:
+        for item in (part.strip() for part in value.split(",")):
+            if not item:
+                continue
+            if not item.isascii() or not item.isdigit() or not 1 <= int(item) <= 2**31 - 1:
+                raise Invalid(f"job id {item!r} is not a job id (a whole number from 1)", ("query", "id"))
+            ids.append(int(item))
+    if len(ids) > MAX_IDS:
+        raise Invalid(f"{len(ids)} job ids given; at most {MAX_IDS} at once", ("query", "id"))
+    return tuple(dict.fromkeys(ids))
+
+
+def cancel_by_labels(
+    session: Session,
+    principal: Principal,
+    labels: Sequence[tuple[str, str | None]],
+    *,
+    now: float | None = None,
+) -> list[CancelledJob]:
+    """Cancel every live job the caller may see that carries all of `labels`, oldest first, one
+    transaction per job; what happened to each. At least one label: an empty selector would
+    cancel everything the caller can see."""
+    if not labels:
+        raise Invalid("name at least one label (NAME=VALUE) whose jobs to cancel", ("body", "labels"))
+    now = time.time() if now is None else now
+    ids = matching_ids(session, principal, JobFilter(state=LIVE_STATES, labels=labels))
+    session.rollback()  # each cancel below is a transaction of its own
+    return [_cancel_one(session, principal, job_id, now) for job_id in ids]
+
+
+def _cancel_one(session: Session, principal: Principal, job_id: int, now: float) -> CancelledJob:
+    try:
+        job = cancel_job(session, principal, job_id, now=now)
+    except Conflict as exc:  # it ended between the listing and its cancel
+        session.rollback()
+        state = session.scalar(select(Job.state).where(Job.id == job_id))
+        return {"id": job_id, "outcome": "ended", "state": state, "message": exc.message}
+    except NotFound:  # deleted meanwhile
+        session.rollback()
+        return {"id": job_id, "outcome": "gone", "state": None, "message": f"job {job_id} is gone"}
+    if job.state == JobState.CANCELLED.value:
+        message = f"job {job_id} cancelled"
+        return {"id": job_id, "outcome": "cancelled", "state": job.state, "message": message}
+    return {
+        "id": job_id,
+        "outcome": "stopping",
+        "state": job.state,
+        "message": f"job {job_id} is {job.state}; it is being stopped",
+    }

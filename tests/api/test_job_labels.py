@@ -1,0 +1,163 @@
+"""Job labels over the API (what an AutoML tool tags its trials with): the spec's `labels`
+validated with errors naming the label, shown on the job, GET /jobs?label=k=v (AND, any value,
+visibility) and ?id=, and POST /jobs/cancel cancelling every visible live job carrying the labels,
+per job through the lifecycle (queued: at once; running: asked to stop; ended: left alone)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from corral.db.models import Job, JobLabel
+from tests.api.conftest import SIMPLE_JOB, World
+from tests.api.helpers import add_node, make_running
+
+JOBS = "/api/v1/jobs"
+
+
+def submit(world: World, user: str = "alice", **labels: Any) -> int:
+    r = world.client.post(JOBS, json={**SIMPLE_JOB, "labels": labels}, headers=world.as_(user))
+    assert r.status_code == 201, r.text
+    return int(r.json()["id"])
+
+
+def listed(world: World, user: str = "alice", **params: Any) -> list[int]:
+    r = world.client.get(JOBS, params={"sort": "id", "order": "asc", **params}, headers=world.as_(user))
+    assert r.status_code == 200, r.text
+    return [job["id"] for job in r.json()["items"]]
+
+
+def test_labels_are_stored_shown_and_numbers_read_as_text(world: World) -> None:
+    job = submit(world, experiment="e1", trial=7)
+    shown = world.client.get(f"{JOBS}/{job}", headers=world.as_("alice")).json()
+    assert shown["labels"] == {"experiment": "e1", "trial": "7"}
+    assert shown["spec"]["labels"] == {"experiment": "e1", "trial": "7"}
+    page = world.client.get(JOBS, headers=world.as_("alice")).json()
+    assert page["items"][0]["labels"] == {"experiment": "e1", "trial": "7"}
+    with world.session_factory() as db:
+        rows = db.execute(sa.select(JobLabel.key, JobLabel.value).where(JobLabel.job_id == job)).all()
+    assert sorted(rows) == [("experiment", "e1"), ("trial", "7")]
+
+
+def test_a_yaml_spec_with_labels(world: World) -> None:
+    text = "name: t\ncommand: 'true'\nlabels: {experiment: e9, trial: 3, lr: 0.01}\n"
+    r = world.client.post(
+        JOBS, content=text, headers={**world.as_("alice"), "Content-Type": "application/yaml"}
+    )
+    assert r.status_code == 201, r.text
+    assert r.json()["labels"] == {"experiment": "e9", "trial": "3", "lr": "0.01"}
+
+
+def test_bad_labels_are_refused_naming_the_label(world: World) -> None:
+    cases = {
+        "a b": ("x", "label name 'a b' must be"),
+        "flag": (True, "label 'flag': its value True must be text or a number"),
+        "eq": ("a=b", "label 'eq': value 'a=b' must be"),
+        "empty": ("", "label 'empty': value '' must be"),
+    }
+    for key, (value, said) in cases.items():
+        r = world.client.post(JOBS, json={**SIMPLE_JOB, "labels": {key: value}}, headers=world.as_("alice"))
+        assert r.status_code == 422, r.text
+        assert said in r.text, r.text
+    many = {f"k{i}": "v" for i in range(17)}
+    r = world.client.post(JOBS, json={**SIMPLE_JOB, "labels": many}, headers=world.as_("alice"))
+    assert r.status_code == 422 and "17 labels; at most 16" in r.text, r.text
+    with world.session_factory() as db:
+        assert db.scalar(sa.select(sa.func.count()).select_from(Job)) == 0
+
+
+def test_list_by_labels_ands_them_and_a_bare_name_matches_any_value(world: World) -> None:
+    a = submit(world, experiment="e1", trial="1")
+    b = submit(world, experiment="e1", trial="2")
+    c = submit(world, experiment="e2", trial="1")
+    plain = submit(world)
+    assert listed(world, label="experiment=e1") == [a, b]
+    assert listed(world, label=["experiment=e1", "trial=2"]) == [b]
+    assert listed(world, label=["trial=1"]) == [a, c]
+    assert listed(world, label="experiment") == [a, b, c]
+    assert listed(world, label="experiment=e3") == []
+    assert plain not in listed(world, label="trial")
+    r = world.client.get(JOBS, params={"label": "experiment=e1"}, headers=world.as_("alice"))
+    assert r.json()["total"] == 2
+
+
+def test_list_by_label_shows_only_jobs_the_caller_may_see(world: World) -> None:
+    mine = submit(world, "alice", experiment="shared")
+    carols = submit(world, "carol", experiment="shared")
+    assert listed(world, "alice", label="experiment=shared") == [mine]
+    assert listed(world, "carol", label="experiment=shared") == [carols]
+    assert listed(world, "admin", label="experiment=shared") == [mine, carols]
+    assert listed(world, "bob", label="experiment=shared") == [mine]  # vision's group admin
+
+
+def test_list_by_ids(world: World) -> None:
+    ids = [submit(world) for _ in range(4)]
+    assert listed(world, id=f"{ids[0]},{ids[2]}") == [ids[0], ids[2]]
+    assert listed(world, id=[str(ids[1]), str(ids[3])]) == [ids[1], ids[3]]
+    carols = submit(world, "carol")
+    assert listed(world, "alice", id=f"{ids[0]},{carols}") == [ids[0]]
+
+
+def test_bad_selectors_and_ids_are_refused_naming_them(world: World) -> None:
+    r = world.client.get(JOBS, params={"label": "a b=c"}, headers=world.as_("alice"))
+    assert r.status_code == 422 and "is not a label selector" in r.text, r.text
+    r = world.client.get(JOBS, params={"label": "k=a,b"}, headers=world.as_("alice"))
+    assert r.status_code == 422 and "is not a label selector" in r.text, r.text
+    r = world.client.get(JOBS, params={"id": "1,x"}, headers=world.as_("alice"))
+    assert r.status_code == 422 and "is not a list of job ids" in r.text, r.text
+    too_many = ",".join(str(i) for i in range(1, 1002))
+    r = world.client.get(JOBS, params={"id": too_many}, headers=world.as_("alice"))
+    assert r.status_code == 422 and "1001 job ids given; at most 1000" in r.text, r.text
+
+
+def test_cancel_by_labels_acts_per_job(world: World) -> None:
+    queued = submit(world, experiment="e1", trial="1")
+    running = submit(world, experiment="e1", trial="2")
+    ended = submit(world, experiment="e1", trial="3")
+    other = submit(world, experiment="e2", trial="1")
+    carols = submit(world, "carol", experiment="e1")
+    with world.session_factory() as db:
+        add_node(db)
+        make_running(db, running)
+        job = db.get(Job, ended)
+        assert job is not None
+        job.state = "succeeded"
+        db.commit()
+    r = world.client.post(f"{JOBS}/cancel", json={"labels": ["experiment=e1"]}, headers=world.as_("alice"))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["matched"] == 2
+    outcomes = {item["id"]: (item["outcome"], item["state"]) for item in body["items"]}
+    assert outcomes == {queued: ("cancelled", "cancelled"), running: ("stopping", "running")}
+
+    def state(job_id: int) -> tuple[str, bool]:
+        shown = world.client.get(f"{JOBS}/{job_id}", headers=world.as_("admin")).json()
+        return shown["state"], shown["cancel_requested"]
+
+    assert state(queued) == ("cancelled", True)
+    assert state(running) == ("running", True)  # the reconciler stops it
+    assert state(ended) == ("succeeded", False)
+    assert state(other) == ("queued", False)
+    assert state(carols) == ("queued", False)  # not alice's to see
+    again = world.client.post(
+        f"{JOBS}/cancel", json={"labels": ["experiment=e1", "trial=2"]}, headers=world.as_("alice")
+    ).json()
+    assert [(i["id"], i["outcome"]) for i in again["items"]] == [(running, "stopping")]
+
+
+def test_cancel_by_labels_needs_a_label(world: World) -> None:
+    submit(world, experiment="e1")
+    for body in ({"labels": []}, {}, {"labels": ["bad label"]}):
+        r = world.client.post(f"{JOBS}/cancel", json=body, headers=world.as_("alice"))
+        assert r.status_code == 422, r.text
+    assert listed(world, state="queued") != []
+
+
+def test_labels_go_with_the_deleted_job(world: World) -> None:
+    job = submit(world, experiment="gone")
+    world.client.post(f"{JOBS}/{job}/cancel", headers=world.as_("alice"))
+    r = world.client.delete(f"{JOBS}/{job}", headers=world.as_("alice"))
+    assert r.status_code == 204, r.text
+    with world.session_factory() as db:
+        assert db.scalar(sa.select(sa.func.count()).select_from(JobLabel)) == 0

@@ -1,0 +1,101 @@
+"""A job's reported metrics over the API (GET /jobs/{id}/metrics): the lines the job appends to
+$CORRAL_OUTPUTS/metrics.jsonl, written here where the job's /outputs is on the storage root;
+points in order with each name's latest value, a line still being written left out, bad lines
+skipped and counted, the tail of a long file, no file yet, and only for jobs the caller sees."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from corral.config import Settings
+from corral.services import job_metrics
+from corral.storage.layout import outputs_dir
+from tests.api.conftest import SIMPLE_JOB, World
+
+JOBS = "/api/v1/jobs"
+
+
+def submitted(world: World, user: str = "alice") -> int:
+    r = world.client.post(JOBS, json=SIMPLE_JOB, headers=world.as_(user))
+    assert r.status_code == 201, r.text
+    return int(r.json()["id"])
+
+
+def metrics_file(settings: Settings, job_id: int) -> Path:
+    top = outputs_dir(settings.storage_path, job_id)
+    top.mkdir(parents=True, exist_ok=True)
+    return top / "metrics.jsonl"
+
+
+def read(world: World, job_id: int, user: str = "alice") -> dict[str, object]:
+    r = world.client.get(f"{JOBS}/{job_id}/metrics", headers=world.as_(user))
+    assert r.status_code == 200, r.text
+    body: dict[str, object] = r.json()
+    return body
+
+
+def test_points_in_order_with_the_latest_of_each_name(world: World, settings: Settings) -> None:
+    job = submitted(world)
+    metrics_file(settings, job).write_text(
+        '{"step": 1, "loss": 0.9, "accuracy": 0.5}\n'
+        '{"step": 2, "loss": 0.7}\n'
+        "epoch 2 done\n"  # a stray print: skipped, counted
+        '{"step": 3, "loss": true}\n'  # a boolean is no number
+        '{"loss": 0.6, "lr": 1e-3}\n'
+        '{"step": 4, "loss": 0.5'  # still being written: no newline yet
+    )
+    body = read(world, job)
+    assert body["points"] == [
+        {"step": 1, "values": {"loss": 0.9, "accuracy": 0.5}},
+        {"step": 2, "values": {"loss": 0.7}},
+        {"step": None, "values": {"loss": 0.6, "lr": 0.001}},
+    ]
+    assert body["latest"] == {"loss": 0.6, "accuracy": 0.5, "lr": 0.001}
+    assert body["skipped"] == 2 and body["truncated"] is False
+    with metrics_file(settings, job).open("a") as fh:
+        fh.write("}\n")  # the line is complete now
+    assert read(world, job)["latest"] == {"loss": 0.5, "accuracy": 0.5, "lr": 0.001}
+
+
+def test_no_file_yet_is_no_points(world: World) -> None:
+    job = submitted(world)
+    body = read(world, job)
+    assert body == {
+        "job_id": job,
+        "file": "metrics.jsonl",
+        "points": [],
+        "latest": {},
+        "skipped": 0,
+        "truncated": False,
+    }
+
+
+def test_a_long_file_gives_its_latest_points(world: World, settings: Settings) -> None:
+    job = submitted(world)
+    line_count = 0
+    with metrics_file(settings, job).open("w") as fh:
+        while fh.tell() <= job_metrics.MAX_READ_BYTES + 1000:
+            fh.write(json.dumps({"step": line_count, "loss": 1.0 / (line_count + 1)}) + "\n")
+            line_count += 1
+    body = read(world, job)
+    points = body["points"]
+    assert isinstance(points, list) and body["truncated"] is True and body["skipped"] == 0
+    assert len(points) == job_metrics.MAX_POINTS
+    assert points[-1]["step"] == line_count - 1
+    assert [p["step"] for p in points] == list(range(line_count - len(points), line_count))
+
+
+def test_a_link_is_not_followed_and_others_jobs_are_not_read(world: World, settings: Settings) -> None:
+    job = submitted(world)
+    secret = settings.storage_path / "server-only.txt"
+    metrics_file(settings, job)  # makes the storage root
+    secret.write_text('{"leaked": 1}\n')
+    os.symlink(secret, metrics_file(settings, job))
+    assert read(world, job)["points"] == []
+    carols = submitted(world, "carol")
+    metrics_file(settings, carols).write_text('{"loss": 1}\n')
+    r = world.client.get(f"{JOBS}/{carols}/metrics", headers=world.as_("alice"))
+    assert r.status_code == 404 and f"no job with id {carols}" in r.text
+    assert read(world, carols, "carol")["latest"] == {"loss": 1.0}
