@@ -1,4 +1,4 @@
-"""Job commands: submit, retry, ls, show, why, logs, events, cancel, hold, release, rm.
+"""Job commands: submit, retry, ls, show, why, logs, events, cancel, metrics, hold, release, rm.
 
 Read commands and `submit` take `-o json` and then print exactly the JSON the API returned.
 """
@@ -155,11 +155,40 @@ def _read(file: Path) -> str:
         raise CorralError(f"cannot read {file}: {exc.strerror}")
 
 
+LabelOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--label",
+        "-l",
+        metavar="NAME=VALUE",
+        help="jobs carrying this label (NAME alone: any value); repeat for all of several",
+    ),
+]
+
+
+def label_filter(values: list[str] | None) -> dict[str, str | None]:
+    """`-l experiment=e1 -l trial` -> {"experiment": "e1", "trial": None}; the server checks the
+    names and values. One name twice is refused: no job carries two values of one label."""
+    labels: dict[str, str | None] = {}
+    for text in values or []:
+        key, sep, value = text.partition("=")
+        if key in labels:
+            raise CorralError(f"label {key!r} is given twice (-l): a job has one value per label")
+        labels[key] = value if sep else None
+    return labels
+
+
+def labels_text(job: dict[str, Any], leave_out: frozenset[str] = frozenset()) -> str:
+    """ "experiment=e1,trial=7": a job's labels on one line, but those named in `leave_out`."""
+    return ",".join(f"{k}={v}" for k, v in (job.get("labels") or {}).items() if k not in leave_out)
+
+
 @friendly_errors
 def ls(
     state: Annotated[str | None, typer.Option(help="e.g. queued,running")] = None,
     user: Annotated[str | None, typer.Option()] = None,
     group: Annotated[str | None, typer.Option()] = None,
+    label: LabelOpt = None,
     sort: Annotated[
         str, typer.Option(help="created_at, updated_at, id, priority, state, name")
     ] = "created_at",
@@ -174,6 +203,7 @@ def ls(
             state=state,
             user=user,
             group=group,
+            labels=label_filter(label),
             sort=sort,
             order="asc" if asc else "desc",
             limit=limit,
@@ -182,9 +212,15 @@ def ls(
     if output is Output.json:
         print_json(page)
         return
+    # The LABELS column only when some job has a label besides those filtered by with a value
+    # (the same on every row), folded rather than cut at the terminal's width.
+    same = frozenset(k for k, v in label_filter(label).items() if v is not None)
+    labelled = any(labels_text(job, same) for job in page["items"])
     table = Table("ID", "NAME", "STATE", "USER", "GROUP", "GPUS", "ATTEMPTS", "SUBMITTED", box=None)
+    if labelled:
+        table.add_column("LABELS", overflow="fold")
     for job in page["items"]:
-        table.add_row(
+        row = [
             str(job["id"]),
             job["name"],
             state_text(job),
@@ -193,7 +229,8 @@ def ls(
             str(gpus_of(job)),
             str(len(job["attempts"])),
             ago(job["created_at"]),
-        )
+        ]
+        table.add_row(*row, *([labels_text(job, same)] if labelled else []))
     out.print(table)
     shown = len(page["items"])
     out.print(f"{shown} of {plural(page['total'], 'job')}" + (f" (from offset {offset})" if offset else ""))
@@ -239,6 +276,8 @@ def show(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOp
         f"retries {job['retries']}"
     )
     out.print(f"submitted {when(job['created_at'])}")
+    if job.get("labels"):
+        out.print(f"labels {labels_text(job)}", highlight=False)
     out.print(budgets_line(job))
     if job.get("hold") and job["hold"].get("admin"):
         out.print("held by an admin: only an admin can release it")
@@ -422,8 +461,18 @@ def _print_waiting(waiting: dict[str, Any] | None) -> None:
 
 
 @friendly_errors
-def cancel(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOpt = Output.table) -> None:
-    """Cancel a job (queued jobs end at once; running ones are stopped)."""
+def cancel(
+    job_id: Annotated[int | None, typer.Argument(metavar="[JOB]")] = None,
+    label: LabelOpt = None,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Cancel a job (queued jobs end at once; running ones are stopped), or with `-l NAME=VALUE`
+    every live job you can see that carries the labels (an experiment's trials)."""
+    if (job_id is None) == (not label):
+        raise CorralError("give a job id or labels (-l NAME=VALUE), one of them")
+    if job_id is None:
+        _cancel_by_labels(label_filter(label), output)
+        return
     with client() as c:
         job = c.cancel(job_id)
     if output is Output.json:
@@ -432,6 +481,53 @@ def cancel(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: Output
         out.print(f"job {job_id} cancelled")
     else:
         out.print(f"job {job_id} is {job['state']}; it is being stopped")
+
+
+def _cancel_by_labels(labels: dict[str, str | None], output: Output) -> None:
+    with client() as c:
+        done = c.cancel_by_labels(labels)
+    if output is Output.json:
+        print_json(done)
+        return
+    for item in done["items"]:
+        out.print(item["message"], highlight=False, markup=False, soft_wrap=True)
+    selector = ",".join(k if v is None else f"{k}={v}" for k, v in labels.items())
+    out.print(f"{plural(done['matched'], 'live job')} with {selector}", highlight=False)
+
+
+@friendly_errors
+def metrics(
+    job_id: Annotated[int, typer.Argument(metavar="JOB")],
+    points: Annotated[bool, typer.Option("--points", help="every point, not only the latest values")] = False,
+    output: OutputOpt = Output.table,
+) -> None:
+    """The metrics a job reported (lines it appended to $CORRAL_OUTPUTS/metrics.jsonl, e.g. with
+    corral.sdk.report_metrics): each metric's latest value, or with --points every point."""
+    with client() as c:
+        body = c.metrics(job_id)
+    if output is Output.json:
+        print_json(body)
+        return
+    if not body["points"]:
+        out.print(f"job {job_id} has reported no metrics (none in $CORRAL_OUTPUTS/{body['file']})")
+        return
+    if points:
+        names = list(dict.fromkeys(n for p in body["points"] for n in p["values"]))
+        table = Table("STEP", *(n.upper() for n in names), box=None)
+        for p in body["points"]:
+            step = "" if p["step"] is None else str(p["step"])
+            table.add_row(step, *(f"{p['values'][n]:g}" if n in p["values"] else "" for n in names))
+    else:
+        table = Table("METRIC", "LATEST", box=None)
+        for name, value in body["latest"].items():
+            table.add_row(name, f"{value:g}")
+    out.print(table, highlight=False)
+    notes = [plural(len(body["points"]), "point")]
+    if body["skipped"]:
+        notes.append(f"{plural(body['skipped'], 'line')} skipped (not an object of names to numbers)")
+    if body["truncated"]:
+        notes.append("only the file's latest points")
+    out.print("; ".join(notes))
 
 
 @friendly_errors
@@ -508,6 +604,7 @@ def register(app: typer.Typer) -> None:
     app.command()(logs)
     app.command()(events)
     app.command()(cancel)
+    app.command()(metrics)
     app.command()(hold)
     app.command()(release)
     app.command()(rm)

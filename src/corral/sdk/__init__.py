@@ -6,6 +6,10 @@ exactly the same calls:
     job = client.submit({"name": "t", "command": "python train.py", "resources": {"gpus": 1}})
     job = client.wait(job["id"])
 
+Many jobs (an AutoML search's trials) carry labels and are listed, waited for and cancelled by
+them: `jobs(labels=...)`, `wait_any(ids)`, `wait_all(labels=...)`, `cancel_by_labels(...)`; a job
+reports metrics with `report_metrics(step=3, loss=0.4)`, which `metrics(job_id)` reads back.
+
 Also home of the CLI config file (`$CORRAL_HOME/config.yaml`, mode 0600: url + token) that the
 server writes for the bootstrapped admin (config.py).
 
@@ -28,6 +32,7 @@ from corral.sdk.config import (
     write_cli_config,
 )
 from corral.sdk.errors import ApiError, AuthenticationFailed, CorralError, ServerUnreachable, describe_detail
+from corral.sdk.job_sets import JobSetsApi, report_metrics
 from corral.sdk.jobs import TERMINAL_STATES, JobsApi
 from corral.sdk.operations import OperationsApi
 from corral.sdk.storage import CodeUpload, StorageApi
@@ -49,12 +54,14 @@ __all__ = [
     "config_path",
     "describe_detail",
     "load_cli_config",
+    "report_metrics",
     "write_cli_config",
 ]
 
 
 class Client(
     JobsApi,
+    JobSetsApi,
     ClusterApi,
     AccountsApi,
     StorageApi,

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,12 @@ def _refuse_a_file_name(text: str) -> None:
             f"'tasks' (a str is the spec's YAML text); to submit a file, pass a Path: "
             f"submit(Path({text!r}))"
         )
+
+
+def label_selectors(labels: Mapping[str, object]) -> list[str]:
+    """{"experiment": "e1", "trial": 7, "tag": None} -> ["experiment=e1", "trial=7", "tag"]: the
+    API's selectors (NAME=VALUE; NAME alone for any value)."""
+    return [key if value is None else f"{key}={value}" for key, value in labels.items()]
 
 
 class JobsApi(BaseClient):
@@ -105,13 +111,22 @@ class JobsApi(BaseClient):
         state: str | None = None,
         user: str | None = None,
         group: str | None = None,
+        labels: Mapping[str, object] | None = None,
+        ids: Iterable[int] | None = None,
         sort: str = "created_at",
         order: str = "desc",
         limit: int = 50,
         offset: int = 0,
     ) -> dict[str, Any]:
+        """One page of the jobs you can see: {"items", "total", "limit", "offset"}. `state`:
+        comma-separated states; `labels`: {"experiment": "e1"} for the jobs carrying all of them
+        (a value None: the label with any value); `ids`: only these jobs (at most 1000)."""
         params: dict[str, Any] = {"sort": sort, "order": order, "limit": limit, "offset": offset}
         params.update({k: v for k, v in {"state": state, "user": user, "group": group}.items() if v})
+        if labels:
+            params["label"] = label_selectors(labels)
+        if ids is not None:
+            params["id"] = ",".join(str(int(i)) for i in ids)
         return self.request("GET", "/jobs", params=params)
 
     def job(self, job_id: int) -> dict[str, Any]:
@@ -119,6 +134,20 @@ class JobsApi(BaseClient):
 
     def cancel(self, job_id: int) -> dict[str, Any]:
         return self.request("POST", f"/jobs/{seg(job_id)}/cancel")
+
+    def cancel_by_labels(self, labels: Mapping[str, object]) -> dict[str, Any]:
+        """Cancel every live job you can see that carries all of `labels` (`corral cancel -l`):
+        {"matched", "items": [{"id", "outcome", "state", "message"}]}, outcome `cancelled` (it
+        was queued), `stopping` (it runs and is being stopped), `ended` or `gone` (meanwhile)."""
+        if not labels:
+            raise CorralError("name at least one label whose jobs to cancel")
+        return self.request("POST", "/jobs/cancel", json={"labels": label_selectors(labels)})
+
+    def metrics(self, job_id: int) -> dict[str, Any]:
+        """What the job reported in $CORRAL_OUTPUTS/metrics.jsonl (`corral.sdk.report_metrics`
+        writes it): {"points": [{"step", "values"}], "latest": {name: value}, "skipped",
+        "truncated"}; while it runs and after it ended. Nothing reported yet: no points."""
+        return self.request("GET", f"/jobs/{seg(job_id)}/metrics")
 
     def hold_job(self, job_id: int) -> dict[str, Any]:
         """Hold a queued job back from the scheduler: {"changed", "message", "job"} (`changed`

@@ -1,0 +1,139 @@
+"""Waiting for many jobs at once (an AutoML search's trials, a sweep): `wait_any` and `wait_all`
+watch a set of jobs, given by id or by label, with one list request per poll (GET /jobs?id=... or
+?label=...), not one GET per job; and `report_metrics`, which a job calls to report a metric that
+the tool reads back with `Client.metrics`."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from corral.sdk.base import BaseClient
+from corral.sdk.errors import CorralError
+from corral.sdk.jobs import TERMINAL_STATES, label_selectors
+
+LIVE_STATES = ("queued", "scheduled", "starting", "running", "preempted")
+MAX_IDS = 1000  # ids per list request (the server's limit)
+PAGE = 100  # jobs per page read (a bigger page counts against the server's big-list rate limit)
+METRICS_FILE = "metrics.jsonl"
+
+
+def _chunks(ids: list[int]) -> list[list[int]]:
+    return [ids[i : i + MAX_IDS] for i in range(0, len(ids), MAX_IDS)]
+
+
+class JobSetsApi(BaseClient):
+    """Watching sets of jobs: by ids (`wait_any`, `wait_all`) or by labels (`wait_all`)."""
+
+    def _list(self, params: dict[str, Any]) -> dict[str, Any]:
+        return self.request("GET", "/jobs", params={"sort": "id", "order": "asc", **params})
+
+    def _all_of(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every job under `params`, page by page."""
+        found: list[dict[str, Any]] = []
+        while True:
+            page = self._list({**params, "limit": PAGE, "offset": len(found)})
+            found.extend(page["items"])
+            if not page["items"] or len(found) >= page["total"]:
+                return found
+
+    def _selections(
+        self, job_ids: Iterable[int] | None, labels: Mapping[str, object] | None
+    ) -> list[dict[str, Any]]:
+        """The list requests' filters that together name the set: ids in chunks, or labels."""
+        if (job_ids is None) == (labels is None):
+            raise CorralError("name the jobs to wait for by job_ids or by labels, one of them")
+        if labels is not None:
+            if not labels:
+                raise CorralError("name at least one label of the jobs to wait for")
+            return [{"label": label_selectors(labels)}]
+        ids = list(dict.fromkeys(int(i) for i in job_ids or ()))
+        if not ids:
+            raise CorralError("no job ids given to wait for")
+        return [{"id": ",".join(map(str, chunk))} for chunk in _chunks(ids)]
+
+    def _check_found(self, selections: list[dict[str, Any]], job_ids: Iterable[int] | None) -> None:
+        """Every id names a job you can see, and a label selection matches some job: a wrong id
+        or a misspelt label would otherwise wait for nothing, or forever."""
+        if job_ids is None:
+            if not self._list({**selections[0], "limit": 1})["total"]:
+                named = ", ".join(selections[0]["label"])
+                raise CorralError(f"no job you can see carries the labels {named}")
+            return
+        for selection in selections:
+            wanted = {int(i) for i in selection["id"].split(",")}
+            seen = {job["id"] for job in self._all_of(selection)}
+            missing = sorted(wanted - seen)
+            if missing:
+                raise CorralError(f"no job with id {', '.join(map(str, missing))} (or not one you can see)")
+
+    def wait_all(
+        self,
+        job_ids: Iterable[int] | None = None,
+        *,
+        labels: Mapping[str, object] | None = None,
+        timeout_s: float | None = None,
+        poll_s: float = 2.0,
+    ) -> list[dict[str, Any]]:
+        """Wait until every job given (by id, or every job carrying all of `labels`, including
+        those submitted meanwhile) has ended; the jobs, by id. Each poll is one request (per
+        1000 ids) that counts the jobs still live. TimeoutError naming how many are left."""
+        selections = self._selections(job_ids, labels)
+        self._check_found(selections, job_ids)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        live_states = ",".join(LIVE_STATES)
+        while True:
+            live = sum(self._list({**s, "state": live_states, "limit": 1})["total"] for s in selections)
+            if not live:
+                return [job for s in selections for job in self._all_of(s)]
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"{live} of the jobs are still queued or running after {timeout_s} s")
+            time.sleep(poll_s)
+
+    def wait_any(
+        self, job_ids: Iterable[int], *, timeout_s: float | None = None, poll_s: float = 2.0
+    ) -> list[dict[str, Any]]:
+        """Wait until at least one of the jobs has ended; every one of them that has, by id (an
+        AutoML loop: start a trial in each freed place, read the ended ones' metrics). One
+        request per poll (per 1000 ids). TimeoutError when none has ended in time."""
+        ids = list(job_ids)
+        selections = self._selections(ids, None)
+        self._check_found(selections, ids)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        ended_states = ",".join(sorted(TERMINAL_STATES))
+        while True:
+            ended = [job for s in selections for job in self._all_of({**s, "state": ended_states})]
+            if ended:
+                return ended
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"none of the {len(ids)} jobs has ended after {timeout_s} s")
+            time.sleep(poll_s)
+
+
+def report_metrics(step: int | None = None, **values: float) -> None:
+    """Inside a job: append one point to $CORRAL_OUTPUTS/metrics.jsonl, which `Client.metrics`
+    (GET /jobs/{id}/metrics) reads, e.g. `report_metrics(step=3, loss=0.41, accuracy=0.88)`.
+    Any program may write the same line itself: one JSON object of names to numbers per line."""
+    outputs = os.environ.get("CORRAL_OUTPUTS")
+    if not outputs:
+        raise CorralError("CORRAL_OUTPUTS is not set: report_metrics runs inside a Corral job")
+    if not values:
+        raise CorralError("report at least one metric, e.g. report_metrics(loss=0.41)")
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise CorralError(f"metric {name!r}: {value!r} is not a finite number")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise CorralError(f"step {step!r} is not a whole number from 0")
+    point = {"step": step, **values} if step is not None else dict(values)
+    # One write of one whole line (O_APPEND): a reader never sees half of it as a line of its own.
+    line = (json.dumps(point) + "\n").encode()
+    fd = os.open(Path(outputs) / METRICS_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)

@@ -1,0 +1,181 @@
+"""What an AutoML tool uses, through the SDK and the CLI against a real server: trials listed and
+cancelled by label, `wait_any`/`wait_all` with one list request per poll (ids or labels), a job's
+`report_metrics` read back by `metrics`, and `corral ls -l`, `show`, `cancel -l`, `metrics`."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from corral.config import Settings
+from corral.db.models import Job
+from corral.sdk import Client, CorralError, report_metrics
+from corral.storage.layout import outputs_dir
+from tests.api.conftest import SIMPLE_JOB, World
+from tests.api.helpers import add_node, make_running
+from tests.api.test_cli import run, server_url
+
+__all__ = ["server_url"]  # the fixture
+
+
+@pytest.fixture
+def alice(world: World, server_url: str) -> Iterator[Client]:
+    with Client(server_url, world.as_("alice")["Authorization"].split()[1]) as client:
+        yield client
+
+
+def trials(client: Client, count: int, experiment: str = "e1") -> list[int]:
+    return [
+        client.submit({**SIMPLE_JOB, "labels": {"experiment": experiment, "trial": n}})["id"]
+        for n in range(count)
+    ]
+
+
+def end(world: World, job_ids: list[int], state: str = "succeeded") -> None:
+    with world.session_factory() as db:
+        for job_id in job_ids:
+            job = db.get(Job, job_id)
+            assert job is not None
+            job.state, job.finished_at = state, time.time()
+        db.commit()
+
+
+def counted(client: Client) -> list[str]:
+    """The requests `client` sends from now on, as 'METHOD path?query'."""
+    sent: list[str] = []
+    client._http.event_hooks["request"].append(lambda r: sent.append(f"{r.method} {r.url.path}"))
+    return sent
+
+
+def test_list_and_cancel_by_labels(world: World, alice: Client) -> None:
+    e1, e2 = trials(alice, 3), trials(alice, 2, "e2")
+    page = alice.jobs(labels={"experiment": "e1"}, sort="id", order="asc")
+    assert [j["id"] for j in page["items"]] == e1 and page["items"][1]["labels"]["trial"] == "1"
+    assert [j["id"] for j in alice.jobs(labels={"experiment": None, "trial": 0})["items"]] == sorted(
+        [e1[0], e2[0]], reverse=True
+    )
+    assert [j["id"] for j in alice.jobs(ids=[e2[1], e1[0]], sort="id", order="asc")["items"]] == [
+        e1[0],
+        e2[1],
+    ]
+    done = alice.cancel_by_labels({"experiment": "e1"})
+    assert done["matched"] == 3 and {i["outcome"] for i in done["items"]} == {"cancelled"}
+    states = {j["id"]: j["state"] for j in alice.jobs(limit=10)["items"]}
+    assert [states[i] for i in e1] == ["cancelled"] * 3 and [states[i] for i in e2] == ["queued"] * 2
+    with pytest.raises(CorralError, match="at least one label"):
+        alice.cancel_by_labels({})
+
+
+def test_wait_any_and_wait_all_make_one_request_per_poll(world: World, alice: Client) -> None:
+    ids = trials(alice, 150)
+    sent = counted(alice)
+    with pytest.raises(TimeoutError, match="none of the 150 jobs has ended"):
+        alice.wait_any(ids, timeout_s=0)
+    assert len(sent) == 3, sent  # the check that all 150 exist (two pages of 100), then one poll
+    sent.clear()
+    with pytest.raises(TimeoutError, match="150 of the jobs are still queued or running"):
+        alice.wait_all(ids, timeout_s=0)
+    assert len(sent) == 3, sent
+    sent.clear()
+    with pytest.raises(TimeoutError, match="150 of the jobs"):
+        alice.wait_all(labels={"experiment": "e1"}, timeout_s=0)
+    assert len(sent) == 2, sent  # one count to see the labels match, then one poll
+
+
+def test_wait_any_returns_the_ended_and_wait_all_waits_for_every_one(world: World, alice: Client) -> None:
+    ids = trials(alice, 4)
+    end(world, [ids[2]], "failed")
+    ended = alice.wait_any(ids, timeout_s=5, poll_s=0.05)
+    assert [(j["id"], j["state"]) for j in ended] == [(ids[2], "failed")]
+    later = threading.Timer(0.3, end, (world, [ids[0], ids[1], ids[3]]))
+    later.start()
+    try:
+        every = alice.wait_all(labels={"experiment": "e1"}, timeout_s=10, poll_s=0.05)
+    finally:
+        later.join()
+    assert [j["id"] for j in every] == ids
+    assert [j["state"] for j in every] == ["succeeded", "succeeded", "failed", "succeeded"]
+
+
+def test_waiting_for_jobs_that_are_not_there_says_so(world: World, alice: Client) -> None:
+    carols = world.client.post("/api/v1/jobs", json=SIMPLE_JOB, headers=world.as_("carol")).json()["id"]
+    mine = trials(alice, 1)
+    with pytest.raises(CorralError, match=f"no job with id {carols}"):
+        alice.wait_all([*mine, carols], timeout_s=1)
+    with pytest.raises(CorralError, match="no job you can see carries the labels experiment=nope"):
+        alice.wait_all(labels={"experiment": "nope"}, timeout_s=1)
+    with pytest.raises(CorralError, match="by job_ids or by labels, one of them"):
+        alice.wait_all()
+
+
+def test_report_metrics_is_read_back(
+    world: World, alice: Client, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (job,) = trials(alice, 1)
+    outputs = outputs_dir(settings.storage_path, job)
+    outputs.mkdir(parents=True)
+    monkeypatch.setenv("CORRAL_OUTPUTS", str(outputs))  # as inside the job
+    assert alice.metrics(job)["points"] == []
+    report_metrics(step=1, loss=0.9)
+    report_metrics(step=2, loss=0.5, accuracy=0.75)
+    body = alice.metrics(job)
+    assert body["latest"] == {"loss": 0.5, "accuracy": 0.75} and len(body["points"]) == 2
+    with pytest.raises(CorralError, match="'loss': nan is not a finite number"):
+        report_metrics(loss=float("nan"))
+    with pytest.raises(CorralError, match="step -1 is not a whole number"):
+        report_metrics(step=-1, loss=1.0)
+    monkeypatch.delenv("CORRAL_OUTPUTS")
+    with pytest.raises(CorralError, match="CORRAL_OUTPUTS is not set"):
+        report_metrics(loss=1.0)
+
+
+def test_cli_lists_shows_cancels_by_label_and_prints_metrics(
+    world: World, server_url: str, alice: Client, settings: Settings
+) -> None:
+    ids = trials(alice, 2)
+    other = trials(alice, 1, "e2")
+    with world.session_factory() as db:
+        add_node(db)
+        make_running(db, ids[1])
+        db.commit()
+    code, out = run(world, server_url, "alice", "ls", "-l", "experiment=e1")
+    assert code == 0 and "2 of 2 jobs" in out, out
+    assert re.search(rf"^\s*{ids[0]}\s+hello\s+queued .* trial=0\s*$", out, re.M), out  # not experiment=
+    code, out = run(world, server_url, "alice", "ls")
+    assert re.search(rf"^\s*{other[0]}\s+hello\s+queued .*experiment=e2", out, re.M), out
+    assert "experiment=e2,trial=0" in "".join(out.split()), out  # folded at 80 columns, never cut
+    code, out = run(world, server_url, "alice", "ls", "-l", "experiment=e1", "-l", "trial=1", "-o", "json")
+    assert [j["id"] for j in json.loads(out)["items"]] == [ids[1]]
+    code, out = run(world, server_url, "alice", "ls", "-l", "trial=1", "-l", "trial=2")
+    assert code == 1 and "label 'trial' is given twice" in out, out
+    code, out = run(world, server_url, "alice", "ls", "-l", "bad label")
+    assert code == 1 and "is not a label selector" in out, out
+    code, out = run(world, server_url, "alice", "show", str(ids[0]))
+    assert "labels experiment=e1,trial=0" in out, out
+    (outputs := outputs_dir(settings.storage_path, ids[1])).mkdir(parents=True)
+    (outputs / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.25}\n')
+    code, out = run(world, server_url, "alice", "metrics", str(ids[1]))
+    assert code == 0 and "loss" in out and "0.25" in out and "2 points" in out, out
+    code, out = run(world, server_url, "alice", "metrics", str(ids[1]), "--points")
+    assert [line.split() for line in out.splitlines()[1:3]] == [["1", "0.5"], ["2", "0.25"]], out
+    code, out = run(world, server_url, "alice", "metrics", str(ids[0]))
+    assert code == 0 and f"job {ids[0]} has reported no metrics" in out, out
+    code, out = run(world, server_url, "alice", "cancel", "-l", "experiment=e1")
+    assert code == 0, out
+    assert f"job {ids[0]} cancelled" in out and f"job {ids[1]} is running; it is being stopped" in out
+    assert "2 live jobs with experiment=e1" in out, out
+    code, out = run(world, server_url, "alice", "cancel")
+    assert code == 1 and "give a job id or labels" in out, out
+    assert alice.job(other[0])["state"] == "queued"
+
+
+def test_the_sdk_refuses_bad_label_names_with_the_servers_words(alice: Client) -> None:
+    with pytest.raises(CorralError, match="is not a label selector"):
+        alice.jobs(labels={"a b": "c"})
+    with pytest.raises(CorralError, match="label name 'a b'"):
+        alice.submit({**SIMPLE_JOB, "labels": {"a b": "c"}})
