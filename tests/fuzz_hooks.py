@@ -105,6 +105,13 @@ ACCEPTED: tuple[Accepted, ...] = (
         "string; the query string cannot tell them apart",
         message="parameter `state` in query - violates `anyOf`",
     ),
+    Accepted(
+        "ST202",
+        "GET /api/v1/jobs",
+        "job ids given; at most",
+        "`id` is repeatable and each value holds up to 1000 ids (its pattern says so); the limit is "
+        "on all of them together (corral.services.jobs.MAX_IDS), a sum no JSON schema can state",
+    ),
     # Catalogues (corral.catalog, docs/catalogues.md).
     Accepted(
         "ST202",

@@ -97,6 +97,7 @@ def test_list_by_ids(world: World) -> None:
     assert listed(world, id=[str(ids[1]), str(ids[3])]) == [ids[1], ids[3]]
     carols = submit(world, "carol")
     assert listed(world, "alice", id=f"{ids[0]},{carols}") == [ids[0]]
+    assert listed(world, id="0,9999999999") == []  # no job has them: nothing, as for a deleted job
 
 
 def test_bad_selectors_and_ids_are_refused_naming_them(world: World) -> None:
@@ -106,9 +107,14 @@ def test_bad_selectors_and_ids_are_refused_naming_them(world: World) -> None:
     assert r.status_code == 422 and "is not a label selector" in r.text, r.text
     r = world.client.get(JOBS, params={"id": "1,x"}, headers=world.as_("alice"))
     assert r.status_code == 422 and "is not a list of job ids" in r.text, r.text
-    too_many = ",".join(str(i) for i in range(1, 1002))
-    r = world.client.get(JOBS, params={"id": too_many}, headers=world.as_("alice"))
+    one_value = ",".join(str(i) for i in range(1, 1002))  # the pattern's at most 1000 in one value
+    r = world.client.get(JOBS, params={"id": one_value}, headers=world.as_("alice"))
+    assert r.status_code == 422 and "is not a list of job ids" in r.text, r.text
+    values = [",".join(str(i) for i in range(1, 601)), ",".join(str(i) for i in range(601, 1002))]
+    r = world.client.get(JOBS, params={"id": values}, headers=world.as_("alice"))
     assert r.status_code == 422 and "1001 job ids given; at most 1000" in r.text, r.text
+    r = world.client.get(JOBS, params={"label": [f"k{i}=v" for i in range(17)]}, headers=world.as_("alice"))
+    assert r.status_code == 422, r.text
 
 
 def test_cancel_by_labels_acts_per_job(world: World) -> None:

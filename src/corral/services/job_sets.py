@@ -23,6 +23,7 @@ from corral.services.jobs import MAX_IDS, JobFilter, cancel_job, matching_ids
 from corral.services.lifecycle import JobState
 from corral.spec import MAX_LABELS, parse_label_selector
 
+MAX_JOB_ID = 2**31 - 1  # jobs.id is a 32-bit integer on PostgreSQL (corral.api.deps.MAX_ROW_ID)
 LIVE_STATES = tuple(s.value for s in JobState if not s.terminal)
 
 CancelOutcome = Literal["cancelled", "stopping", "ended", "gone"]
@@ -54,18 +55,25 @@ def label_selectors(values: Iterable[str], loc: tuple[str | int, ...]) -> tuple[
     return tuple(parsed)
 
 
-def job_ids(values: Iterable[str]) -> tuple[int, ...]:
-    """`["3,4", "7"]` -> (3, 4, 7): GET /jobs?id=, repeated or comma-separated."""
+def job_ids(values: Sequence[str] | None) -> tuple[int, ...] | None:
+    """`["3,4", "7"]` -> (3, 4, 7): GET /jobs?id=, repeated or comma-separated; None: no `id`
+    given (no filter). An id no job can have (0, or past MAX_ROW_ID) is left out: it matches
+    nothing, as a deleted job's id does (and the database's integer column cannot compare it)."""
+    if values is None:
+        return None
     ids: list[int] = []
+    count = 0
     for value in values:
         for item in (part.strip() for part in value.split(",")):
             if not item:
                 continue
-            if not item.isascii() or not item.isdigit() or not 1 <= int(item) <= 2**31 - 1:
-                raise Invalid(f"job id {item!r} is not a job id (a whole number from 1)", ("query", "id"))
-            ids.append(int(item))
-    if len(ids) > MAX_IDS:
-        raise Invalid(f"{len(ids)} job ids given; at most {MAX_IDS} at once", ("query", "id"))
+            if not item.isascii() or not item.isdigit() or len(item) > 10:
+                raise Invalid(f"{item!r} is not a job id (a whole number)", ("query", "id"))
+            count += 1
+            if 1 <= int(item) <= MAX_JOB_ID:
+                ids.append(int(item))
+    if count > MAX_IDS:
+        raise Invalid(f"{count} job ids given; at most {MAX_IDS} at once", ("query", "id"))
     return tuple(dict.fromkeys(ids))
 
 

@@ -88,7 +88,7 @@ class JobFilter:
     group: str | None = None
     # (key, value) pairs every job listed carries (AND); value None: the label with any value
     labels: Sequence[tuple[str, str | None]] = ()
-    ids: Sequence[int] = ()  # only these jobs (at most MAX_IDS)
+    ids: Sequence[int] | None = None  # only these jobs (at most MAX_IDS); (): none
     sort: str = "created_at"
     order: str = "desc"
     limit: int = 50
@@ -548,8 +548,8 @@ def _filters(session: Session, flt: JobFilter, principal: Principal) -> list[Col
     for key, value in flt.labels:  # one indexed lookup per label, ANDed
         has = select(JobLabel.job_id).where(JobLabel.key == key)
         conds.append(Job.id.in_(has if value is None else has.where(JobLabel.value == value)))
-    if flt.ids:
-        conds.append(Job.id.in_(list(flt.ids)))
+    if flt.ids is not None:
+        conds.append(Job.id.in_(list(flt.ids)) if flt.ids else false())
     if unknown and principal.is_admin:
         raise Invalid.each([(("query", kind), f"no {kind} named {name!r}") for kind, name in unknown])
     return conds
@@ -566,7 +566,7 @@ def check_filter(flt: JobFilter) -> None:
         raise Invalid(f"cannot sort by {flt.sort!r}; use one of {', '.join(SORT_COLUMNS)}", ("query", "sort"))
     if flt.order not in ("asc", "desc"):
         raise Invalid("order must be 'asc' or 'desc'", ("query", "order"))
-    if len(flt.ids) > MAX_IDS:
+    if flt.ids is not None and len(flt.ids) > MAX_IDS:
         raise Invalid(f"{len(flt.ids)} job ids given; at most {MAX_IDS} at once", ("query", "id"))
 
 

@@ -71,7 +71,8 @@ StateList = Annotated[
     str, AfterValidator(_known_states), WithJsonSchema({"type": "string", "pattern": STATE_LIST})
 ]
 LabelSelector = Annotated[str, Query(max_length=200, pattern=worded(job_spec.LABEL_SELECTOR, LABEL_WORDS))]
-ID_LIST = r"^\s*[0-9]{1,10}\s*(,\s*[0-9]{1,10}\s*)*$"
+# at most MAX_IDS (1000) ids in one value; more over repeated values are refused by the service
+ID_LIST = r"^\s*[0-9]{1,10}\s*(,\s*[0-9]{1,10}\s*){0,999}$"
 ID_WORDS = "is not a list of job ids: whole numbers, comma-separated"
 
 # "90s", "1h30m": numbers with units, at least one of them not zero (the sum must be > 0).
@@ -280,7 +281,10 @@ def list_jobs(
     group: UserFilter = None,
     label: Annotated[
         list[LabelSelector] | None,
-        Query(description="NAME=VALUE (or NAME: any value) every job listed carries; repeat: all of them"),
+        Query(
+            max_length=job_spec.MAX_LABELS,
+            description="NAME=VALUE (or NAME: any value) every job listed carries; repeat: all of them",
+        ),
     ] = None,
     ids: Annotated[
         list[Annotated[str, Query(max_length=12_000, pattern=worded(ID_LIST, ID_WORDS))]] | None,
@@ -297,7 +301,7 @@ def list_jobs(
         user=user,
         group=group,
         labels=job_sets.label_selectors(label or [], ("query", "label")),
-        ids=job_sets.job_ids(ids or []),
+        ids=job_sets.job_ids(ids),
         sort=sort,
         order=order,
         limit=limit,
