@@ -10,7 +10,7 @@ What it shows (README, "AutoML tools"):
 - at most --parallel trials are live at once; `wait_any` watches them all with one request per
   poll and returns the ones that ended;
 - each trial appends {"step": s, "loss": x} lines to $CORRAL_OUTPUTS/metrics.jsonl; the driver
-  reads them with `metrics(job_id)` while the trials run;
+  reads every live trial's with one `metrics_of(ids)` per round while they run;
 - median stopping: a running trial whose best loss at its latest step is worse than the median
   of the other trials' losses at that step is cancelled;
 - at the end (or on Ctrl-C) every trial still live is cancelled with one call,
@@ -89,10 +89,12 @@ def median_stop(
 ) -> None:
     """Cancel each live trial whose best loss at its latest step is worse than the median of the
     other trials' at that step (only once at least --min-peers others got there)."""
+    if not live:
+        return
+    for item in client.metrics_of(live, tail=1000):  # every live trial's curve in one request
+        curves[item["job_id"]] = losses_by_step(item)
     for job_id in live:
-        curves[job_id] = losses_by_step(client.metrics(job_id))
-    for job_id in live:
-        mine = curves[job_id]
+        mine = curves.get(job_id, {})
         if not mine or max(mine) < args.grace_steps:
             continue
         step = max(mine)
@@ -133,7 +135,7 @@ def run(client: Client, args: argparse.Namespace) -> int:
         except TimeoutError:
             pass
         median_stop(client, [i for i in live if trials[i]["state"] not in TERMINAL_STATES], curves, args)
-    finals = {i: losses_by_step(client.metrics(i)) for i in trials}
+    finals = {m["job_id"]: losses_by_step(m) for m in client.metrics_of(list(trials), tail=1000)}
     scored = {i: min(c.values()) for i, c in finals.items() if c}
     if not scored:
         print("no trial reported a loss", file=sys.stderr)

@@ -179,3 +179,24 @@ def test_the_sdk_refuses_bad_label_names_with_the_servers_words(alice: Client) -
         alice.jobs(labels={"a b": "c"})
     with pytest.raises(CorralError, match="label name 'a b'"):
         alice.submit({**SIMPLE_JOB, "labels": {"a b": "c"}})
+
+
+def test_metrics_of_many_trials_and_the_cli_table(
+    world: World, server_url: str, alice: Client, settings: Settings
+) -> None:
+    ids = trials(alice, 3)
+    for n, job in enumerate(ids[:2]):
+        (outputs := outputs_dir(settings.storage_path, job)).mkdir(parents=True)
+        (outputs / "metrics.jsonl").write_text(f'{{"step": 4, "loss": 0.{n + 1}}}\n')
+    sent = counted(alice)
+    items = alice.metrics_of(labels={"experiment": "e1"})
+    assert len(sent) == 1, sent
+    assert [(i["job_id"], i["latest"]) for i in items] == [
+        (ids[0], {"loss": 0.1}),
+        (ids[1], {"loss": 0.2}),
+        (ids[2], {}),
+    ]
+    assert [i["job_id"] for i in alice.metrics_of(ids[1:])] == ids[1:]
+    code, out = run(world, server_url, "alice", "metrics", "-l", "experiment=e1")
+    assert code == 0 and "3 jobs" in out, out
+    assert re.search(rf"^\s*{ids[1]}\s+queued\s+trial=1\s+4\s+0\.2\s*$", out, re.M), out

@@ -99,3 +99,43 @@ def test_a_link_is_not_followed_and_others_jobs_are_not_read(world: World, setti
     r = world.client.get(f"{JOBS}/{carols}/metrics", headers=world.as_("alice"))
     assert r.status_code == 404 and f"no job with id {carols}" in r.text
     assert read(world, carols, "carol")["latest"] == {"loss": 1.0}
+
+
+def test_many_jobs_metrics_by_label_in_one_request(world: World, settings: Settings) -> None:
+    def trial(n: int, user: str = "alice") -> int:
+        spec = {**SIMPLE_JOB, "labels": {"experiment": "e1", "trial": n}}
+        r = world.client.post(JOBS, json=spec, headers=world.as_(user))
+        assert r.status_code == 201, r.text
+        return int(r.json()["id"])
+
+    first, second, quiet = trial(0), trial(1), trial(2)
+    carols = trial(3, "carol")
+    for job, losses in ((first, [0.9, 0.8, 0.7]), (second, [0.5]), (carols, [0.1])):
+        lines = [json.dumps({"step": i + 1, "loss": loss}) for i, loss in enumerate(losses)]
+        metrics_file(settings, job).write_text("\n".join(lines) + "\n")
+    r = world.client.get(
+        f"{JOBS}/metrics", params={"label": "experiment=e1", "tail": 2}, headers=world.as_("alice")
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["total"] == 3 and [i["job_id"] for i in body["items"]] == [first, second, quiet]
+    by_id = {i["job_id"]: i for i in body["items"]}
+    assert by_id[first]["points"] == [
+        {"step": 2, "values": {"loss": 0.8}},
+        {"step": 3, "values": {"loss": 0.7}},
+    ]
+    assert by_id[first]["truncated"] is True and by_id[first]["latest"] == {"loss": 0.7}
+    assert by_id[second]["latest"] == {"loss": 0.5} and by_id[quiet]["points"] == []
+    assert by_id[first]["state"] == "queued" and by_id[first]["labels"] == {"experiment": "e1", "trial": "0"}
+    paged = world.client.get(
+        f"{JOBS}/metrics",
+        params={"id": f"{first},{second},{quiet}", "limit": 1, "offset": 1},
+        headers=world.as_("alice"),
+    ).json()
+    assert paged["total"] == 3 and [i["job_id"] for i in paged["items"]] == [second]
+
+
+def test_many_jobs_metrics_needs_labels_or_ids(world: World) -> None:
+    submitted(world)
+    r = world.client.get(f"{JOBS}/metrics", headers=world.as_("alice"))
+    assert r.status_code == 422 and "name the jobs by label" in r.text, r.text

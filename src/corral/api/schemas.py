@@ -349,6 +349,20 @@ class JobMetricsOut(BaseModel):
     truncated: bool
 
 
+class JobMetricsItemOut(JobMetricsOut):
+    state: str
+    labels: dict[str, str]
+
+
+class ManyMetricsOut(BaseModel):
+    """GET /jobs/metrics: a page of jobs' metrics, by id."""
+
+    items: list[JobMetricsItemOut]
+    total: int
+    limit: int
+    offset: int
+
+
 class JobListOut(BaseModel):
     items: list[JobOut]
     total: int

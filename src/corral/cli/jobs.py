@@ -497,12 +497,19 @@ def _cancel_by_labels(labels: dict[str, str | None], output: Output) -> None:
 
 @friendly_errors
 def metrics(
-    job_id: Annotated[int, typer.Argument(metavar="JOB")],
+    job_id: Annotated[int | None, typer.Argument(metavar="[JOB]")] = None,
+    label: LabelOpt = None,
     points: Annotated[bool, typer.Option("--points", help="every point, not only the latest values")] = False,
     output: OutputOpt = Output.table,
 ) -> None:
     """The metrics a job reported (lines it appended to $CORRAL_OUTPUTS/metrics.jsonl, e.g. with
-    corral.sdk.report_metrics): each metric's latest value, or with --points every point."""
+    corral.sdk.report_metrics): each metric's latest value, or with --points every point. With
+    `-l NAME=VALUE` instead of a job: the latest values of every job carrying the labels."""
+    if (job_id is None) == (not label):
+        raise CorralError("give a job id or labels (-l NAME=VALUE), one of them")
+    if job_id is None:
+        _metrics_by_labels(label_filter(label), output)
+        return
     with client() as c:
         body = c.metrics(job_id)
     if output is Output.json:
@@ -528,6 +535,30 @@ def metrics(
     if body["truncated"]:
         notes.append("only the file's latest points")
     out.print("; ".join(notes))
+
+
+def _metrics_by_labels(labels: dict[str, str | None], output: Output) -> None:
+    """One row per job: id, state, its last step and each metric's latest value."""
+    with client() as c:
+        items = c.metrics_of(labels=labels, tail=1)
+    if output is Output.json:
+        print_json(items)
+        return
+    names = list(dict.fromkeys(n for item in items for n in item["latest"]))
+    same = frozenset(k for k, v in labels.items() if v is not None)
+    table = Table("ID", "STATE", "LABELS", "STEP", *(n.upper() for n in names), box=None)
+    for item in items:
+        last = item["points"][-1]["step"] if item["points"] else None
+        latest = item["latest"]
+        table.add_row(
+            str(item["job_id"]),
+            item["state"],
+            labels_text(item, same),
+            "" if last is None else str(last),
+            *(f"{latest[n]:g}" if n in latest else "" for n in names),
+        )
+    out.print(table, highlight=False)
+    out.print(plural(len(items), "job"))
 
 
 @friendly_errors

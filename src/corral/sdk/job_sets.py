@@ -72,6 +72,30 @@ class JobSetsApi(BaseClient):
             if missing:
                 raise CorralError(f"no job with id {', '.join(map(str, missing))} (or not one you can see)")
 
+    def metrics_of(
+        self,
+        job_ids: Iterable[int] | None = None,
+        *,
+        labels: Mapping[str, object] | None = None,
+        state: str | None = None,
+        tail: int = 100,
+    ) -> list[dict[str, Any]]:
+        """Many jobs' metrics at once, by id (GET /jobs/metrics, 100 jobs a request): for each job
+        given (by id, or carrying all of `labels`; `state`: comma-separated states) its `state`,
+        `labels`, `latest` values and last `tail` points, as `metrics` gives one job's. What an
+        early-stopping rule compares each round, in one request instead of one per trial."""
+        found: list[dict[str, Any]] = []
+        for selection in self._selections(job_ids, labels):
+            params = {**selection, "tail": tail, "limit": PAGE, **({"state": state} if state else {})}
+            offset = 0
+            while True:
+                page = self.request("GET", "/jobs/metrics", params={**params, "offset": offset})
+                found.extend(page["items"])
+                offset += len(page["items"])
+                if not page["items"] or offset >= page["total"]:
+                    break
+        return found
+
     def wait_all(
         self,
         job_ids: Iterable[int] | None = None,

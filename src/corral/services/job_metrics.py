@@ -20,11 +20,17 @@ import json
 import math
 import os
 import re
+from collections.abc import Mapping
 from typing import TypedDict
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from corral.config import Settings
 from corral.db.models import Job
-from corral.services.errors import NotFound
+from corral.services.auth import Principal
+from corral.services.errors import Invalid, NotFound
+from corral.services.jobs import JobFilter, matching_ids
 from corral.services.storage import open_output
 
 METRICS_FILE = "metrics.jsonl"
@@ -49,17 +55,20 @@ class MetricsView(TypedDict):
     truncated: bool  # the file was longer than what was read: only its latest points
 
 
-def read_metrics(settings: Settings, job: Job) -> MetricsView:
-    """The job's reported points so far (none yet: an empty list, not an error)."""
+def read_metrics(
+    settings: Settings, job: Job, *, tail: int = MAX_POINTS, window: int = MAX_READ_BYTES
+) -> MetricsView:
+    """The job's reported points so far (none yet: an empty list, not an error): the last
+    `tail` points of the file's last `window` bytes; `latest` over those bytes."""
     try:
         fd = open_output(settings, job, METRICS_FILE)
     except NotFound:
         return _view(job.id, [], 0, truncated=False)
     with os.fdopen(fd, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
-        start = max(0, size - MAX_READ_BYTES)
+        start = max(0, size - window)
         fh.seek(start)
-        data = fh.read(MAX_READ_BYTES)
+        data = fh.read(window)
     lines = data.split(b"\n")
     lines.pop()  # after the last newline: empty, or a line still being written
     if start > 0 and lines:
@@ -74,8 +83,9 @@ def read_metrics(settings: Settings, job: Job) -> MetricsView:
             skipped += 1
         else:
             points.append(point)
-    truncated = start > 0 or len(points) > MAX_POINTS
-    return _view(job.id, points[-MAX_POINTS:], skipped, truncated=truncated)
+    latest = _latest(points)  # of every point read, also those before the tail
+    truncated = start > 0 or len(points) > tail
+    return _view(job.id, points[-tail:], skipped, truncated=truncated, latest=latest)
 
 
 def parse_point(line: bytes) -> MetricPoint | None:
@@ -103,15 +113,63 @@ def parse_point(line: bytes) -> MetricPoint | None:
     return {"step": step, "values": values}
 
 
-def _view(job_id: int, points: list[MetricPoint], skipped: int, *, truncated: bool) -> MetricsView:
+def _latest(points: list[MetricPoint]) -> dict[str, float]:
     latest: dict[str, float] = {}
     for point in points:
         latest.update(point["values"])
+    return latest
+
+
+def _view(
+    job_id: int,
+    points: list[MetricPoint],
+    skipped: int,
+    *,
+    truncated: bool,
+    latest: dict[str, float] | None = None,
+) -> MetricsView:
     return {
         "job_id": job_id,
         "file": METRICS_FILE,
         "points": points,
-        "latest": latest,
+        "latest": _latest(points) if latest is None else latest,
         "skipped": skipped,
         "truncated": truncated,
     }
+
+
+# Many jobs' metrics in one request (GET /jobs/metrics: the trials of an experiment, compared
+# by an early-stopping rule each round): a page of jobs, each read over a smaller window.
+MANY_MAX_JOBS = 500
+MANY_WINDOW_BYTES = 128 << 10
+MANY_DEFAULT_TAIL = 100
+
+
+class JobMetricsItem(MetricsView):
+    state: str
+    labels: Mapping[str, str]
+
+
+class ManyMetricsView(TypedDict):
+    items: list[JobMetricsItem]
+    total: int
+    limit: int
+    offset: int
+
+
+def read_many(
+    session: Session, principal: Principal, settings: Settings, flt: JobFilter, tail: int
+) -> ManyMetricsView:
+    """The metrics of a page of the visible jobs under `flt` (by id, oldest first), each its
+    last `tail` points from the last MANY_WINDOW_BYTES of its file. `flt` names labels or ids:
+    every visible job's files at once is no question a tool asks."""
+    if not flt.labels and flt.ids is None:
+        raise Invalid("name the jobs by label (label=NAME=VALUE) or by id (id=3,4)", ("query", "label"))
+    ids = matching_ids(session, principal, flt)
+    page = ids[flt.offset : flt.offset + flt.limit]
+    rows = session.scalars(select(Job).where(Job.id.in_(page)).order_by(Job.id)).all() if page else []
+    items: list[JobMetricsItem] = []
+    for job in rows:
+        read = read_metrics(settings, job, tail=tail, window=MANY_WINDOW_BYTES)
+        items.append({**read, "state": job.state, "labels": job.spec.labels})
+    return {"items": items, "total": len(ids), "limit": flt.limit, "offset": flt.offset}

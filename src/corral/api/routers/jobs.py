@@ -24,6 +24,7 @@ from corral.api.schemas import (
     JobMetricsOut,
     JobOut,
     LogsOut,
+    ManyMetricsOut,
     no_nul_in_properties,
     nul_at,
 )
@@ -32,7 +33,7 @@ from corral.diagnosis.record import platform_loss_cap
 from corral.diagnosis.settings import DiagnosisSettings
 from corral.engine.base import EngineUnavailable
 from corral.environments.service import NAME_RE, check_job_environment
-from corral.services import cleanup, holds, job_sets, storage
+from corral.services import cleanup, holds, job_metrics, job_sets, storage
 from corral.services import jobs as svc
 from corral.services.job_logs import read_logs
 from corral.services.job_metrics import read_metrics
@@ -74,6 +75,21 @@ LabelSelector = Annotated[str, Query(max_length=200, pattern=worded(job_spec.LAB
 # at most MAX_IDS (1000) ids in one value; more over repeated values are refused by the service
 ID_LIST = r"^\s*[0-9]{1,10}\s*(,\s*[0-9]{1,10}\s*){0,999}$"
 ID_WORDS = "is not a list of job ids: whole numbers, comma-separated"
+StatesParam = Annotated[list[StateList] | None, Query(description="job states; repeat or comma-separate")]
+TailParam = Annotated[
+    int, Query(ge=1, le=job_metrics.MAX_POINTS, description="points per job, the latest of them")
+]
+LabelsParam = Annotated[
+    list[LabelSelector] | None,
+    Query(
+        max_length=job_spec.MAX_LABELS,
+        description="NAME=VALUE (or NAME: any value) every job carries; repeat: all of them",
+    ),
+]
+IdsParam = Annotated[
+    list[Annotated[str, Query(max_length=12_000, pattern=worded(ID_LIST, ID_WORDS))]] | None,
+    Query(alias="id", description=f"only these jobs; repeat or comma-separate, at most {svc.MAX_IDS}"),
+]
 
 # "90s", "1h30m": numbers with units, at least one of them not zero (the sum must be > 0).
 _NUMBER = r"[0-9]+(?:\.[0-9]+)?[dhmsDHMS]"
@@ -273,23 +289,11 @@ def list_jobs(
     db: DB,
     principal: CurrentUser,
     request: Request,
-    state: Annotated[
-        list[StateList] | None,
-        Query(description="job states; repeat or comma-separate"),
-    ] = None,
+    state: StatesParam = None,
     user: UserFilter = None,
     group: UserFilter = None,
-    label: Annotated[
-        list[LabelSelector] | None,
-        Query(
-            max_length=job_spec.MAX_LABELS,
-            description="NAME=VALUE (or NAME: any value) every job listed carries; repeat: all of them",
-        ),
-    ] = None,
-    ids: Annotated[
-        list[Annotated[str, Query(max_length=12_000, pattern=worded(ID_LIST, ID_WORDS))]] | None,
-        Query(alias="id", description=f"only these jobs; repeat or comma-separate, at most {svc.MAX_IDS}"),
-    ] = None,
+    label: LabelsParam = None,
+    ids: IdsParam = None,
     sort: SortBy = "created_at",
     order: Literal["asc", "desc"] = "desc",
     limit: Annotated[int, Query(ge=1, le=svc.MAX_PAGE)] = 50,
@@ -325,6 +329,30 @@ def cancel_by_labels(body: CancelByLabelsIn, db: DB, principal: CurrentUser) -> 
     labels = job_sets.label_selectors(body.labels, ("body", "labels"))
     items = job_sets.cancel_by_labels(db, principal, labels)
     return fast_json({"matched": len(items), "items": items})
+
+
+@router.get("/jobs/metrics", response_model=ManyMetricsOut)
+def many_metrics(
+    db: DB,
+    principal: CurrentUser,
+    request: Request,
+    label: LabelsParam = None,
+    ids: IdsParam = None,
+    state: StatesParam = None,
+    tail: TailParam = job_metrics.MANY_DEFAULT_TAIL,
+    limit: Annotated[int, Query(ge=1, le=job_metrics.MANY_MAX_JOBS)] = 100,
+    offset: Offset = 0,
+) -> Any:
+    """The metrics of many jobs at once (an experiment's trials, by label or id), by id: each
+    job's latest `tail` points as GET /jobs/{id}/metrics gives them, with its state and labels."""
+    flt = svc.JobFilter(
+        state=tuple(s.strip() for value in state or [] for s in value.split(",") if s.strip()),
+        labels=job_sets.label_selectors(label or [], ("query", "label")),
+        ids=job_sets.job_ids(ids),
+        limit=limit,
+        offset=offset,
+    )
+    return fast_json(job_metrics.read_many(db, principal, request.app.state.settings, flt, tail))
 
 
 @router.get("/jobs/{job_id}", response_model=JobOut)
