@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from corral.config import Settings
 from corral.db.models import Job
 from corral.services.auth import Principal
-from corral.services.errors import Invalid, NotFound
+from corral.services.errors import NotFound
 from corral.services.jobs import JobFilter, matching_ids
 from corral.services.storage import open_output
 
@@ -160,11 +160,8 @@ class ManyMetricsView(TypedDict):
 def read_many(
     session: Session, principal: Principal, settings: Settings, flt: JobFilter, tail: int
 ) -> ManyMetricsView:
-    """The metrics of a page of the visible jobs under `flt` (by id, oldest first), each its
-    last `tail` points from the last MANY_WINDOW_BYTES of its file. `flt` names labels or ids:
-    every visible job's files at once is no question a tool asks."""
-    if not flt.labels and flt.ids is None:
-        raise Invalid("name the jobs by label (label=NAME=VALUE) or by id (id=3,4)", ("query", "label"))
+    """The metrics of a page of the visible jobs under `flt` (by id, oldest first; at most
+    MANY_MAX_JOBS), each its last `tail` points from the last MANY_WINDOW_BYTES of its file."""
     ids = matching_ids(session, principal, flt)
     page = ids[flt.offset : flt.offset + flt.limit]
     rows = session.scalars(select(Job).where(Job.id.in_(page)).order_by(Job.id)).all() if page else []
