@@ -6,7 +6,7 @@ every trial a CPU-only job, all through the Python SDK (corral.sdk.Client).
 What it shows (README, "AutoML tools"):
 - each trial is a job labelled {experiment: NAME, trial: N, lr: ..., momentum: ...}: its
   parameters are in its labels, so a driver that restarts with the same --experiment finds its
-  trials again (`jobs(labels=...)`) and goes on where it stopped;
+  trials again (`iter_jobs(labels=...)`) and goes on where it stopped;
 - at most --parallel trials are live at once; `wait_any` watches them all with one request per
   poll and returns the ones that ended;
 - each trial appends {"step": s, "loss": x} lines to $CORRAL_OUTPUTS/metrics.jsonl; the driver
@@ -103,7 +103,8 @@ def median_stop(
             median = statistics.median(peers)
             print(f"  stop trial job {job_id}: loss {mine[step]:.4f} at step {step} > median {median:.4f}")
             try:
-                client.cancel(job_id)
+                why = f"stopped early: loss {mine[step]:.4f} at step {step} > median {median:.4f}"
+                client.cancel(job_id, reason=why)
             except CorralError as exc:  # it ended meanwhile
                 print(f"  (not stopped: {exc})")
 
@@ -111,8 +112,7 @@ def median_stop(
 def run(client: Client, args: argparse.Namespace) -> int:
     experiment, rng = args.experiment, random.Random(args.seed)
     # Restarted? Its trials are found again by label, with their parameters.
-    found = client.jobs(labels={"experiment": experiment}, sort="id", order="asc", limit=1000)["items"]
-    trials = {job["id"]: job for job in found}
+    trials = {job["id"]: job for job in client.iter_jobs(labels={"experiment": experiment})}
     if trials:
         print(f"found {len(trials)} trials of experiment {experiment} (restarted)")
     for _ in range(len(trials)):

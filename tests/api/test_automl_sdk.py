@@ -165,8 +165,9 @@ def test_cli_lists_shows_cancels_by_label_and_prints_metrics(
     assert [line.split() for line in out.splitlines()[1:3]] == [["1", "0.5"], ["2", "0.25"]], out
     code, out = run(world, server_url, "alice", "metrics", str(ids[0]))
     assert code == 0 and f"job {ids[0]} has reported no metrics" in out, out
-    code, out = run(world, server_url, "alice", "cancel", "-l", "experiment=e1")
+    code, out = run(world, server_url, "alice", "cancel", "-l", "experiment=e1", "--reason", "search over")
     assert code == 0, out
+    assert alice.job(ids[0])["reason"] == "cancelled by alice: search over"
     assert f"job {ids[0]} cancelled" in out and f"job {ids[1]} is running; it is being stopped" in out
     assert "2 live jobs with experiment=e1" in out, out
     code, out = run(world, server_url, "alice", "cancel")
@@ -200,3 +201,12 @@ def test_metrics_of_many_trials_and_the_cli_table(
     code, out = run(world, server_url, "alice", "metrics", "-l", "experiment=e1")
     assert code == 0 and "3 jobs" in out, out
     assert re.search(rf"^\s*{ids[1]}\s+queued\s+trial=1\s+4\s+0\.2\s*$", out, re.M), out
+
+
+def test_iter_jobs_pages_through_every_trial(world: World, alice: Client) -> None:
+    ids = trials(alice, 105)
+    other = trials(alice, 2, "e2")
+    sent = counted(alice)
+    assert [j["id"] for j in alice.iter_jobs(labels={"experiment": "e1"})] == ids
+    assert len(sent) == 2, sent  # pages of 100
+    assert [j["id"] for j in alice.iter_jobs(labels={"experiment": "e2"}, state="queued")] == other

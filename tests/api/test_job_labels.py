@@ -167,3 +167,33 @@ def test_labels_go_with_the_deleted_job(world: World) -> None:
     assert r.status_code == 204, r.text
     with world.session_factory() as db:
         assert db.scalar(sa.select(sa.func.count()).select_from(JobLabel)) == 0
+
+
+def test_a_cancel_says_why_in_the_callers_words(world: World) -> None:
+    queued = submit(world, experiment="e1")
+    running = submit(world, experiment="e1")
+    alone = submit(world)
+    with world.session_factory() as db:
+        add_node(db)
+        make_running(db, running)
+        db.commit()
+    why = "stopped early: loss 0.9 at step 5 > median 0.4"
+    r = world.client.post(f"{JOBS}/{alone}/cancel", json={"reason": why}, headers=world.as_("alice"))
+    assert r.status_code == 200 and r.json()["reason"] == f"cancelled by alice: {why}", r.text
+    r = world.client.post(
+        f"{JOBS}/cancel",
+        json={"labels": ["experiment=e1"], "reason": "experiment over"},
+        headers=world.as_("alice"),
+    )
+    assert r.status_code == 200, r.text
+    shown = {j: world.client.get(f"{JOBS}/{j}", headers=world.as_("alice")).json() for j in (queued, running)}
+    assert shown[queued]["reason"] == "cancelled by alice: experiment over"
+    assert shown[running]["reason"] == "cancel requested by alice: experiment over"
+    assert shown[running]["events"][-1]["message"] == "cancel requested by alice: experiment over"
+    again = submit(world)
+    for bad in ("two\nlines", "", "x" * 201):
+        r = world.client.post(f"{JOBS}/{again}/cancel", json={"reason": bad}, headers=world.as_("alice"))
+        assert r.status_code == 422, r.text
+    r = world.client.post(f"{JOBS}/{again}/cancel", json={"reason": "a\tb"}, headers=world.as_("alice"))
+    assert r.status_code == 422 and "must be one line of text" in r.text, r.text
+    assert world.client.get(f"{JOBS}/{again}", headers=world.as_("alice")).json()["state"] == "queued"

@@ -40,6 +40,11 @@ def test_the_example_search_runs_stops_early_and_resumes(corral_server: CorralSe
         trials = client.jobs(labels={"experiment": "ex1"}, limit=100)["items"]
         assert len(trials) == 5 and {j["state"] for j in trials} <= {"succeeded", "cancelled"}, trials
         stopped = {j["id"] for j in trials if j["state"] == "cancelled"}
+        assert all(
+            j["reason"].startswith("cancel requested by admin: stopped early: loss ")
+            for j in trials
+            if j["id"] in stopped
+        ), trials
         # every cancelled trial was stopped by the rule (one it meant to stop may have ended first)
         assert stopped <= {int(i) for i in re.findall(r"stop trial job (\d+)", out)}, out
         finished = [j for j in trials if j["state"] == "succeeded"]

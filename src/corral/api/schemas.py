@@ -311,11 +311,25 @@ LabelSelectorText = Annotated[
 ]
 
 
+# Why a job was cancelled, in the caller's words: one line (it ends "cancelled by alice: ...")
+CANCEL_REASON = worded(
+    r"^[^\x00-\x1f\x7f]*$", "must be one line of text (no line break or control character)"
+)
+CancelReason = Annotated[str | None, Field(min_length=1, max_length=200, pattern=CANCEL_REASON)]
+
+
+class CancelIn(RequestBody):
+    """POST /jobs/{id}/cancel (optional body): why, in the caller's words."""
+
+    reason: CancelReason = None
+
+
 class CancelByLabelsIn(RequestBody):
     """POST /jobs/cancel: the labels (NAME=VALUE, or NAME for any value) every job cancelled
-    carries; at least one."""
+    carries (at least one), and why."""
 
     labels: list[LabelSelectorText] = Field(min_length=1, max_length=MAX_LABELS)
+    reason: CancelReason = None
 
 
 class CancelledJobOut(BaseModel):

@@ -464,6 +464,9 @@ def _print_waiting(waiting: dict[str, Any] | None) -> None:
 def cancel(
     job_id: Annotated[int | None, typer.Argument(metavar="[JOB]")] = None,
     label: LabelOpt = None,
+    reason: Annotated[
+        str | None, typer.Option("--reason", help="why, shown after who cancelled it (`corral show`)")
+    ] = None,
     output: OutputOpt = Output.table,
 ) -> None:
     """Cancel a job (queued jobs end at once; running ones are stopped), or with `-l NAME=VALUE`
@@ -471,10 +474,10 @@ def cancel(
     if (job_id is None) == (not label):
         raise CorralError("give a job id or labels (-l NAME=VALUE), one of them")
     if job_id is None:
-        _cancel_by_labels(label_filter(label), output)
+        _cancel_by_labels(label_filter(label), reason, output)
         return
     with client() as c:
-        job = c.cancel(job_id)
+        job = c.cancel(job_id, reason=reason)
     if output is Output.json:
         print_json(job)
     elif job["state"] == "cancelled":
@@ -483,9 +486,9 @@ def cancel(
         out.print(f"job {job_id} is {job['state']}; it is being stopped")
 
 
-def _cancel_by_labels(labels: dict[str, str | None], output: Output) -> None:
+def _cancel_by_labels(labels: dict[str, str | None], reason: str | None, output: Output) -> None:
     with client() as c:
-        done = c.cancel_by_labels(labels)
+        done = c.cancel_by_labels(labels, reason=reason)
     if output is Output.json:
         print_json(done)
         return

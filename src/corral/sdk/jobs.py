@@ -132,16 +132,23 @@ class JobsApi(BaseClient):
     def job(self, job_id: int) -> dict[str, Any]:
         return self.request("GET", f"/jobs/{seg(job_id)}")
 
-    def cancel(self, job_id: int) -> dict[str, Any]:
-        return self.request("POST", f"/jobs/{seg(job_id)}/cancel")
+    def cancel(self, job_id: int, *, reason: str | None = None) -> dict[str, Any]:
+        """Cancel a job; `reason` (one line) follows who cancelled it in the job's reason:
+        "cancel requested by alice: stopped early at step 5"."""
+        body = {"json": {"reason": reason}} if reason is not None else {}
+        return self.request("POST", f"/jobs/{seg(job_id)}/cancel", **body)
 
-    def cancel_by_labels(self, labels: Mapping[str, object]) -> dict[str, Any]:
+    def cancel_by_labels(self, labels: Mapping[str, object], *, reason: str | None = None) -> dict[str, Any]:
         """Cancel every live job you can see that carries all of `labels` (`corral cancel -l`):
         {"matched", "items": [{"id", "outcome", "state", "message"}]}, outcome `cancelled` (it
-        was queued), `stopping` (it runs and is being stopped), `ended` or `gone` (meanwhile)."""
+        was queued), `stopping` (it runs and is being stopped), `ended` or `gone` (meanwhile).
+        `reason`: as for `cancel`."""
         if not labels:
             raise CorralError("name at least one label whose jobs to cancel")
-        return self.request("POST", "/jobs/cancel", json={"labels": label_selectors(labels)})
+        body: dict[str, Any] = {"labels": label_selectors(labels)}
+        if reason is not None:
+            body["reason"] = reason
+        return self.request("POST", "/jobs/cancel", json=body)
 
     def metrics(self, job_id: int) -> dict[str, Any]:
         """What the job reported in $CORRAL_OUTPUTS/metrics.jsonl (`corral.sdk.report_metrics`

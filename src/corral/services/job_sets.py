@@ -83,21 +83,24 @@ def cancel_by_labels(
     labels: Sequence[tuple[str, str | None]],
     *,
     now: float | None = None,
+    reason: str | None = None,
 ) -> list[CancelledJob]:
     """Cancel every live job the caller may see that carries all of `labels`, oldest first, one
-    transaction per job; what happened to each. At least one label: an empty selector would
-    cancel everything the caller can see."""
+    transaction per job; what happened to each (`reason`: as for one cancel). At least one label:
+    an empty selector would cancel everything the caller can see."""
     if not labels:
         raise Invalid("name at least one label (NAME=VALUE) whose jobs to cancel", ("body", "labels"))
     now = time.time() if now is None else now
     ids = matching_ids(session, principal, JobFilter(state=LIVE_STATES, labels=labels))
     session.rollback()  # each cancel below is a transaction of its own
-    return [_cancel_one(session, principal, job_id, now) for job_id in ids]
+    return [_cancel_one(session, principal, job_id, now, reason) for job_id in ids]
 
 
-def _cancel_one(session: Session, principal: Principal, job_id: int, now: float) -> CancelledJob:
+def _cancel_one(
+    session: Session, principal: Principal, job_id: int, now: float, reason: str | None
+) -> CancelledJob:
     try:
-        job = cancel_job(session, principal, job_id, now=now)
+        job = cancel_job(session, principal, job_id, now=now, reason=reason)
     except Conflict as exc:  # it ended between the listing and its cancel
         session.rollback()
         state = session.scalar(select(Job.state).where(Job.id == job_id))

@@ -667,14 +667,24 @@ def job_events(session: Session, job_id: int, limit: int = 500) -> list[JobEvent
     return list(session.scalars(stmt))
 
 
-def cancel_job(session: Session, principal: Principal, job_id: int, *, now: float | None = None) -> Job:
-    """Cancel per the contract in this module's docstring. Commits."""
+def cancel_job(
+    session: Session,
+    principal: Principal,
+    job_id: int,
+    *,
+    now: float | None = None,
+    reason: str | None = None,
+) -> Job:
+    """Cancel per the contract in this module's docstring. Commits. `reason`: the caller's words
+    after who cancelled it ("cancelled by alice: stopped early, loss 0.9 > median 0.4"), in the
+    event and the job's reason, which `corral show` prints."""
     now = time.time() if now is None else now
     job = get_job(session, principal, job_id, for_update=True)
     before = job_state(job)
     state = JobState(job.state)
+    said = f": {reason}" if reason else ""
     if state is JobState.QUEUED:
-        message = f"cancelled by {principal.name}"
+        message = f"cancelled by {principal.name}{said}"
         if transition(
             session, job, JobState.CANCELLED, now=now, message=message, values={"cancel_requested": True}
         ):
@@ -686,7 +696,7 @@ def cancel_job(session: Session, principal: Principal, job_id: int, *, now: floa
     if state.terminal:
         raise Conflict(f"job {job_id} has already ended ({state.value}); there is nothing to cancel")
     if not job.cancel_requested and not request_cancel(
-        session, job, now=now, why=f"cancel requested by {principal.name}"
+        session, job, now=now, why=f"cancel requested by {principal.name}{said}"
     ):  # ended since it was read (its row is locked on PostgreSQL: only SQLite gets here)
         raise Conflict(f"job {job_id} has already ended ({job.state}); there is nothing to cancel")
     notify.changed(session, notify.Topic.CANCEL)

@@ -18,6 +18,7 @@ from corral.api.schemas import (
     LABEL_WORDS,
     CancelByLabelsIn,
     CancelByLabelsOut,
+    CancelIn,
     EventOut,
     HoldOutcomeOut,
     JobListOut,
@@ -327,7 +328,7 @@ def cancel_by_labels(body: CancelByLabelsIn, db: DB, principal: CurrentUser) -> 
     """Cancel every live job you may see that carries all the labels (an experiment's trials):
     each as POST /jobs/{id}/cancel does it, in a transaction of its own; what happened to each."""
     labels = job_sets.label_selectors(body.labels, ("body", "labels"))
-    items = job_sets.cancel_by_labels(db, principal, labels)
+    items = job_sets.cancel_by_labels(db, principal, labels, reason=body.reason)
     return fast_json({"matched": len(items), "items": items})
 
 
@@ -362,9 +363,12 @@ def show(job_id: RowId, db: DB, principal: CurrentUser, request: Request) -> Any
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobOut)
-def cancel(job_id: RowId, db: DB, principal: CurrentUser, request: Request) -> Any:
-    """Queued jobs end at once; active jobs get cancel_requested and the control loops stop them."""
-    job = svc.cancel_job(db, principal, job_id)
+def cancel(
+    job_id: RowId, db: DB, principal: CurrentUser, request: Request, body: CancelIn | None = None
+) -> Any:
+    """Queued jobs end at once; active jobs get cancel_requested and the control loops stop them.
+    An optional body's `reason` follows who cancelled it in the job's reason and event."""
+    job = svc.cancel_job(db, principal, job_id, reason=None if body is None else body.reason)
     return job_view(job, svc.job_events(db, job.id), lost_budget=budget(request))
 
 
