@@ -9,6 +9,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -210,3 +211,28 @@ def test_iter_jobs_pages_through_every_trial(world: World, alice: Client) -> Non
     assert [j["id"] for j in alice.iter_jobs(labels={"experiment": "e1"})] == ids
     assert len(sent) == 2, sent  # pages of 100
     assert [j["id"] for j in alice.iter_jobs(labels={"experiment": "e2"}, state="queued")] == other
+
+
+def test_labels_added_at_submit_by_the_sdk_and_the_cli(
+    world: World, server_url: str, alice: Client, tmp_path: Path
+) -> None:
+    job = alice.submit(
+        {**SIMPLE_JOB, "labels": {"experiment": "e1", "trial": 1}}, labels={"trial": 2, "lr": 0.1}
+    )
+    assert job["labels"] == {"experiment": "e1", "trial": "2", "lr": "0.1"}
+    copy = alice.submit_from_job(job["id"], labels={"trial": 3})
+    assert copy["labels"] == {"experiment": "e1", "trial": "3", "lr": "0.1"}
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text("name: sweep\ncommand: 'true'\nresources: {memory: 256MiB}\nlabels: {experiment: s1}\n")
+    code, out = run(
+        world, server_url, "alice", "submit", str(spec), "-l", "lr=0.01", "-l", "trial=4", "-o", "json"
+    )
+    assert code == 0 and json.loads(out)["labels"] == {"experiment": "s1", "lr": "0.01", "trial": "4"}, out
+    code, out = run(
+        world, server_url, "alice", "submit", "--from-job", str(job["id"]), "-l", "trial=5", "-o", "json"
+    )
+    assert code == 0 and json.loads(out)["labels"]["trial"] == "5", out
+    code, out = run(world, server_url, "alice", "submit", str(spec), "-l", "trial")
+    assert code == 1 and "label 'trial' has no value: give -l trial=VALUE" in out, out
+    code, out = run(world, server_url, "alice", "submit", str(spec), "-l", "lr=a b")
+    assert code == 1 and "label 'lr': value 'a b' must be" in out, out

@@ -175,3 +175,33 @@ def test_the_eta_outcome_reads_walk_the_first_attempts_by_start(tmp_path: Path) 
                 assert "INDEX ix_attempts_number_started" in plan and "TEMP B-TREE" not in plan, plan
     finally:
         engine.dispose()
+
+
+def test_the_label_filter_reads_the_label_index(tmp_path: Path) -> None:
+    """GET /jobs?label=experiment=e1 (an AutoML tool's trials): each label is one lookup on
+    migration 0036's ix_job_labels_key_value (key, value, job_id), never a scan of every label."""
+    url = f"sqlite:///{tmp_path / 'plan.db'}"
+    init_db(url)
+    engine = make_engine(url)
+    statements: list[tuple[str, object]] = []
+
+    def seen(conn: object, cursor: object, sql: str, params: object, context: object, many: bool) -> None:
+        if sql.lstrip().startswith("SELECT") and "job_labels" in sql:
+            statements.append((sql, params))
+
+    sa.event.listen(engine, "before_cursor_execute", seen)
+    try:
+        with Session(engine) as db:
+            admin = Principal(user_id=1, name="admin", is_admin=True, default_group_id=None)
+            member = Principal(user_id=2, name="alice", is_admin=False, default_group_id=None)
+            labels = (("experiment", "e1"), ("trial", None))
+            for who in (admin, member):
+                list_jobs(db, who, JobFilter(labels=labels))
+        assert len(statements) == 4, statements  # a page and its count, for each
+        with engine.connect() as conn:
+            for sql, params in statements:
+                plan = " | ".join(r[3] for r in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params))
+                assert plan.count("COVERING INDEX ix_job_labels_key_value") == 2, plan
+                assert "SCAN job_labels" not in plan, plan
+    finally:
+        engine.dispose()

@@ -68,20 +68,30 @@ def submit(
         bool,
         typer.Option("--hold", help="queue it held: it is never scheduled until `corral release JOB`"),
     ] = False,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label", "-l", metavar="NAME=VALUE", help="a label added to the spec's (repeat for more)"
+        ),
+    ] = None,
 ) -> None:
     """Submit a job spec, or a copy of an earlier job's (`--from-job 42`)."""
     if (file is None) == (from_job is None):
         raise CorralError("give a spec file (or '-') or --from-job JOB, one of them")
+    labels = label_filter(label)
+    bare = [name for name, value in labels.items() if value is None]
+    if bare:
+        raise CorralError(f"label {bare[0]!r} has no value: give -l {bare[0]}=VALUE")
     text = None
     if file is not None:
         text = sys.stdin.read() if str(file) == "-" else _read(file)
     with client() as c:
         snapshot = _upload(c, code)
         if text is not None:
-            job = c.submit(text, code=snapshot, hold=hold)
+            job = c.submit(text, code=snapshot, hold=hold, labels=labels)
         else:
             assert from_job is not None
-            job = c.submit_from_job(from_job, code=snapshot, hold=hold)
+            job = c.submit_from_job(from_job, code=snapshot, hold=hold, labels=labels)
         job = _wait_for(c, job, wait=wait, output=output)
     _report_submitted(job, wait=wait, output=output)
 

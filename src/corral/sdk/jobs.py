@@ -1,5 +1,6 @@
-"""Jobs: submit, copy (from a job, retry), list, logs, wait, cancel, hold, release, events
-(`corral submit/retry/ls/show/logs/cancel/rm/hold/release/events`)."""
+"""Jobs: submit, copy (from a job, retry), list (by label too), logs, wait, cancel (one, or by
+label), metrics, hold, release, events (`corral submit/retry/ls/show/logs/cancel/metrics/rm/hold/
+release/events`). Many jobs at once (wait_any, wait_all, metrics_of, iter_jobs): job_sets.py."""
 
 from __future__ import annotations
 
@@ -54,25 +55,37 @@ class JobsApi(BaseClient):
     """Submitting, reading and ending jobs."""
 
     def submit(
-        self, spec: Mapping[str, Any] | str | Path, *, code: str | None = None, hold: bool = False
+        self,
+        spec: Mapping[str, Any] | str | Path,
+        *,
+        code: str | None = None,
+        hold: bool = False,
+        labels: Mapping[str, object] | None = None,
     ) -> dict[str, Any]:
         """Submit a spec given as a mapping, YAML text (a str), or a YAML file (a `pathlib.Path`;
         a str is never read as a file name). `code`: a code snapshot id (upload_code) the job runs
         in, mounted read-only at /code. `hold`: queue it held, never scheduled until
-        `release_job`."""
+        `release_job`. `labels`: added to the spec's own (a name in both: this value)."""
         if isinstance(spec, Path):
             spec = spec.read_text()
         elif isinstance(spec, str):
             _refuse_a_file_name(spec)
         params = {"hold": "true"} if hold else {}
-        if code is not None:
+        if code is not None or labels:
             try:
                 data = load_spec_text(spec) if isinstance(spec, str) else dict(spec)
             except SpecError as exc:
                 raise CorralError(str(exc))
             if not isinstance(data, dict):
                 raise CorralError("the spec must be a mapping with fields such as 'name' and 'tasks'")
-            return self.request("POST", "/jobs", json={**data, "code": code}, params=params)
+            if labels:
+                own = data.get("labels") or {}
+                if not isinstance(own, Mapping):
+                    raise CorralError("the spec's 'labels' must be a mapping of names to values")
+                data["labels"] = {**own, **labels}
+            if code is not None:
+                data["code"] = code
+            return self.request("POST", "/jobs", json=data, params=params)
         if isinstance(spec, str):
             return self.request(
                 "POST",
@@ -83,14 +96,22 @@ class JobsApi(BaseClient):
             )
         return self.request("POST", "/jobs", json=dict(spec), params=params)
 
-    def submit_from_job(self, job_id: int, *, code: str | None = None, hold: bool = False) -> dict[str, Any]:
+    def submit_from_job(
+        self,
+        job_id: int,
+        *,
+        code: str | None = None,
+        hold: bool = False,
+        labels: Mapping[str, object] | None = None,
+    ) -> dict[str, Any]:
         """Submit a copy of job `job_id` as a new job and return it (`corral submit --from-job`):
         its spec as stored (pinned mounts, its group and its code included), whatever the job's
         state. `code`: a code snapshot id (upload_code) to run the copy in instead of the job's
         own; `hold`: as for `submit`. Refusals raise ApiError with the server's message: no such
         job or one you may not see (404, the same answer for both), a spec the server no longer accepts
-        (422: a copy of an environment's build job, a mount gone since)."""
-        return self.submit(self.job(job_id)["spec"], code=code, hold=hold)
+        (422: a copy of an environment's build job, a mount gone since). `labels`: as for
+        `submit`."""
+        return self.submit(self.job(job_id)["spec"], code=code, hold=hold, labels=labels)
 
     def retry(self, job_id: int, *, hold: bool = False) -> dict[str, Any]:
         """Submit a copy of job `job_id`, which has ended (succeeded, failed or cancelled), as a
