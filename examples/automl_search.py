@@ -117,7 +117,10 @@ def run(client: Client, args: argparse.Namespace) -> int:
         print(f"found {len(trials)} trials of experiment {experiment} (restarted)")
     for _ in range(len(trials)):
         sample(rng)  # the same seed goes on with the next parameters
-    curves: dict[int, dict[int, float]] = {}
+    # the earlier trials' curves are what the median rule compares the new ones with
+    curves = (
+        {m["job_id"]: losses_by_step(m) for m in client.metrics_of(list(trials), tail=1000)} if trials else {}
+    )
     while True:
         live = [i for i, job in trials.items() if job["state"] not in TERMINAL_STATES]
         while len(live) < args.parallel and len(trials) < args.trials:
