@@ -16,6 +16,7 @@
     mounts: [{source: data/cifar10}, {source: group/vision/shared, target: /mnt/shared, mode: rw}]
     secrets: [{name: wandb, env: WANDB_API_KEY}, {name: ssh_key, file: id_rsa}]
     labels: {experiment: lr-sweep, trial: "7"}   # find, wait for and cancel jobs by label
+    notify: {on: [failed, succeeded], to: [email]}   # the owner's own contacts only
 
 A single-task job may put `command` and `resources` (and `instances`) at the top level instead of
 `tasks`; it becomes one task named `main`. Memory is given as "64GiB", "512MiB", "2G" or an integer
@@ -362,6 +363,58 @@ class IdleGpuV1(_Strict):
         return value
 
 
+# Job notifications (corral.services.job_notify): the events a job may tell its owner of, and
+# the other words read (case-insensitively): groups, and Slurm's --mail-type words (BEGIN, END,
+# FAIL, REQUEUE, ALL), so a Slurm user's habit works as it reads.
+NOTIFY_EVENTS = ("started", "succeeded", "failed", "cancelled", "requeued")
+NOTIFY_GROUPS = {
+    "end": ("succeeded", "failed", "cancelled"),
+    "all": NOTIFY_EVENTS,
+    "begin": ("started",),
+    "fail": ("failed",),
+    "requeue": ("requeued",),
+}
+NOTIFY_KINDS = ("email", "webhook", "slack")  # the kinds of the owner's contacts (`corral contact`)
+
+
+class NotifyV1(_Strict):
+    """Tell the job's owner when it starts, ends or is requeued, at their own contacts only
+    (`to`: which kinds of them; empty: all). No addresses here: a spec cannot mail or POST to
+    anywhere its owner has not registered (corral.services.job_notify, docs/operations.md)."""
+
+    on: tuple[str, ...] = Field(("end",), min_length=1, max_length=len(NOTIFY_EVENTS) + len(NOTIFY_GROUPS))
+    to: tuple[Literal["email", "webhook", "slack"], ...] = Field((), max_length=len(NOTIFY_KINDS))
+
+    @field_validator("on", mode="before")
+    @classmethod
+    def _words(cls, value: Any) -> Any:
+        """A single word is a list of one; words are read in lower case ("FAIL" is "fail")."""
+        words = [value] if isinstance(value, str) else value
+        if not isinstance(words, list | tuple):
+            return value
+        return tuple(w.strip().lower() if isinstance(w, str) else w for w in words)
+
+    @field_validator("on")
+    @classmethod
+    def _events(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """Every event named, group words expanded, in one fixed order (the stored form)."""
+        wanted: set[str] = set()
+        for word in value:
+            if word in NOTIFY_GROUPS:
+                wanted.update(NOTIFY_GROUPS[word])
+            elif word in NOTIFY_EVENTS:
+                wanted.add(word)
+            else:
+                known = ", ".join([*NOTIFY_EVENTS, *NOTIFY_GROUPS])
+                raise ValueError(f"{word!r} is not a notification event; use some of {known}")
+        return tuple(e for e in NOTIFY_EVENTS if e in wanted)
+
+    @field_validator("to")
+    @classmethod
+    def _kinds(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(k for k in NOTIFY_KINDS if k in value)
+
+
 DEFAULT_STOP_GRACE_S = 10.0
 
 
@@ -420,6 +473,8 @@ class JobSpecV1(_Strict):
     @classmethod
     def _labels(cls, value: Any) -> dict[str, str]:
         return check_labels({} if value is None else value)
+    # Tell the owner when the job starts, ends or is requeued (NotifyV1); None: never.
+    notify: NotifyV1 | None = None
 
     @property
     def environment_version(self) -> str | None:

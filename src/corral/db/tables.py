@@ -18,6 +18,7 @@ TABLE_MODULES = (
     "corral.db.catalog_models",  # templates and the model registry
     "corral.db.oncall_models",  # on-call and paging (corral.services.paging)
     "corral.db.workspace_models",  # interactive workspaces
+    "corral.db.notify_models",  # job notifications' outbox and deliveries (services/job_notify.py)
 )
 OPTIONAL_TABLE_MODULES = ("corral.monitor.models",)  # monitoring may be left out of an install
 

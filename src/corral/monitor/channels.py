@@ -18,6 +18,7 @@ import httpx
 from sqlalchemy import case, delete, func, select
 from sqlalchemy.orm import Session
 
+from corral.db.notify_models import JobNotifyDelivery
 from corral.db.oncall_models import PageNotification
 from corral.monitor.alerts import alert_to_dict
 from corral.monitor.config import EmailChannel, MonitorConfig, WebhookChannel
@@ -135,10 +136,13 @@ def deliver_due(session_factory: Callable[[], Session], config: MonitorConfig, n
 
 
 def record_failure(
-    note: AlertNotification | PageNotification, error: str, config: MonitorConfig, now: float
+    note: AlertNotification | PageNotification | JobNotifyDelivery,
+    error: str,
+    config: MonitorConfig,
+    now: float,
 ) -> None:
-    """A delivery that failed (an alert's or a page's): try again after the backoff, or give up
-    after `retry.max_attempts`."""
+    """A delivery that failed (an alert's, a page's or a job notification's): try again after the
+    backoff, or give up after `retry.max_attempts`."""
     note.last_error = error[:2000]
     if note.attempts >= config.retry.max_attempts:
         note.state, note.next_attempt_at = "given_up", now  # never due again: when it was given up

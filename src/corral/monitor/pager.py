@@ -95,15 +95,21 @@ class Mailer:
         self.smtp: smtplib.SMTP | None = None
 
     def send(self, out: Outgoing) -> None:
+        headers = {"X-Corral-Page": out.page.key}
+        self.send_text(out.note.address, f"[Corral page] {out.page.subject}", out.text(), headers)
+
+    def send_text(self, to: str, subject: str, text: str, headers: dict[str, str]) -> None:
+        """One plain-text message to one address (a page's, a job notification's)."""
         channel = self.channel
         if channel is None:
-            raise ChannelError("no email channel in monitor.yml to send pages through (smtp_host, from)")
+            raise ChannelError("no email channel in monitor.yml to send through (smtp_host, from)")
         msg = EmailMessage()
-        msg["Subject"] = f"[Corral page] {out.page.subject}"
+        msg["Subject"] = subject
         msg["From"] = channel.sender
-        msg["To"] = out.note.address
-        msg["X-Corral-Page"] = out.page.key
-        msg.set_content(out.text())
+        msg["To"] = to
+        for name, value in headers.items():
+            msg[name] = value
+        msg.set_content(text)
         try:
             if self.smtp is None:
                 self.smtp = smtplib.SMTP(channel.smtp_host, channel.smtp_port, timeout=channel.timeout)
@@ -159,12 +165,18 @@ def post_webhook(out: Outgoing, allowed: Sequence[webhook_guard.Network] = ()) -
     `allowed`: the admin's CORRAL_WEBHOOK_ALLOW_NETWORKS), and the request goes to the address
     checked, the name kept for the Host header and TLS, so a DNS answer changed since (or
     between the check and the connection) cannot turn it to the cluster's own network."""
-    shown = shown_url(out.note.address)
+    post_json(out.note.address, webhook_body(out), allowed)
+
+
+def post_json(address: str, body: dict[str, Any], allowed: Sequence[webhook_guard.Network] = ()) -> None:
+    """POST `body` to a person's webhook URL, guarded and pinned as `post_webhook` says (a page's,
+    a job notification's); ChannelError naming the URL as scheme://host:port/... only."""
+    shown = shown_url(address)
     try:
-        url = httpx.URL(out.note.address)
+        url = httpx.URL(address)
         addresses = webhook_guard.checked_addresses(url.host, webhook_guard.port_of(url), allowed)
         with httpx.Client(timeout=10.0) as client:
-            response = _post_pinned(client, url, addresses, webhook_body(out))
+            response = _post_pinned(client, url, addresses, body)
     except (
         webhook_guard.WebhookRefused,
         httpx.HTTPError,

@@ -26,6 +26,7 @@ EXTRA_LOOP_MODULES = (
     "corral.datasets.loops",
     "corral.environments.builds",
     "corral.monitor.pager",  # on-call paging: escalation and per-person notifications
+    "corral.monitor.job_notifier",  # users' job notifications (services/job_notify.py)
 )
 MIN_TICK_GAP_S = 0.02
 ERROR_LOG_INTERVAL_S = 60.0

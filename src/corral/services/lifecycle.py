@@ -10,7 +10,8 @@ telling which rows were written). `expected` is the state the caller's (possibly
 another session changed the row meanwhile the UPDATE matches nothing and the function returns
 False: the caller sees a lost race and does nothing more, nothing is overwritten. A terminal state
 is never the `from` of an allowed transition, so the CAS makes it final in the database itself.
-The job's JobEvent is added to the same session (same transaction). After a successful write the
+The job's JobEvent is added to the same session (same transaction), and so is its notification
+outbox row when its spec's `notify` asks for the move (`queue_notifications`). After a successful write the
 ORM object gets the written values as *committed* values, so the session stays consistent and its
 flush does not write them again; after a lost race the object's state is expired (re-read on use).
 tests/server/test_lifecycle_owner.py fails when any other module writes these columns.
@@ -55,6 +56,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from corral.db.base import table_of
 from corral.db.models import Attempt, Gpu, Job, JobEvent, Node
+from corral.db.notify_models import JobNotification
 from corral.scheduler.types import NodeState
 from corral.services.states import (
     ATTEMPT_TRANSITIONS,
@@ -167,6 +169,7 @@ def transition(
     ):
         return False
     record_event(session, job.id, now, message, from_state=current.value, to_state=target.value)
+    queue_notifications(session, [job], current, target, now=now, messages={job.id: message})
     return True
 
 
@@ -589,6 +592,9 @@ def transition_jobs(
                 columns[job.id].update({"finished_at": now, "diagnosis": None})
         moved = _cas_batch(session, JOBS, group, current, columns)
         won |= moved
+        reasons = {job_id: str(columns[job_id].get("reason", "")) for job_id in moved}
+        moved_jobs = [job for job in group if job.id in moved]
+        queue_notifications(session, moved_jobs, JobState(current), target, now=now, messages=reasons)
         events += [
             {
                 "job_id": job_id,
@@ -695,6 +701,46 @@ def release(session: Session, job: Job, *, now: float, message: str) -> bool:
 # -- events --------------------------------------------------------------------------------------
 
 INSERT_EVENT = insert(table_of(JobEvent))
+INSERT_NOTIFICATION = insert(table_of(JobNotification))
+# The job events a spec's `notify` may ask for (corral.spec.NOTIFY_EVENTS), by the state entered;
+# QUEUED is "requeued" only from work that was under way (not a placement that fell through).
+NOTIFY_EVENT_OF = {
+    JobState.RUNNING: "started",
+    JobState.SUCCEEDED: "succeeded",
+    JobState.FAILED: "failed",
+    JobState.CANCELLED: "cancelled",
+}
+REQUEUED_FROM = frozenset({JobState.STARTING, JobState.RUNNING, JobState.PREEMPTED})
+
+
+def notify_event(current: JobState, target: JobState) -> str | None:
+    """The notification event of a move from `current` to `target`; None: not one."""
+    if target is JobState.QUEUED:
+        return "requeued" if current in REQUEUED_FROM else None
+    return NOTIFY_EVENT_OF.get(target)
+
+
+def queue_notifications(
+    session: Session, jobs: Sequence[Job], current: JobState, target: JobState, *, now: float,
+    messages: Mapping[int, str],
+) -> None:  # fmt: skip
+    """The outbox rows of `jobs` that just moved from `current` to `target` (their compare-and-set
+    won, in this transaction) and whose spec's `notify` asks for the move's event: one INSERT,
+    sent by the notification loop after the commit (corral.services.job_notify). Nothing else
+    is read or sent here: the transition stays as quick as it was."""
+    event = notify_event(current, target)
+    if event is None:
+        return
+    rows = [
+        {
+            "job_id": job.id, "user_id": job.user_id, "event": event, "attempt": job.attempt_count,
+            "at": now, "message": messages.get(job.id, ""), "state": "pending", "digest_id": None,
+        }
+        for job in jobs
+        if job.spec.notify is not None and event in job.spec.notify.on
+    ]  # fmt: skip
+    if rows:
+        session.connection().execute(INSERT_NOTIFICATION, rows)
 
 
 # The cancel request's write: only while the job has not ended, as the row reads at the UPDATE.
