@@ -258,6 +258,26 @@ class EventOut(BaseModel):
     message: str
 
 
+class NotifyDeliveryOut(BaseModel):
+    kind: str  # email | webhook | slack
+    address: str | None  # the owner's and admins' view only; a webhook's as scheme://host:port/...
+    state: str  # pending | sending | failing | sent | given_up
+    attempts: int
+    sent_at: float | None
+    last_error: str
+    events: int  # how many job events the message told of (more than 1: a digest)
+    subject: str
+
+
+class JobNotificationOut(BaseModel):
+    event: str  # started | succeeded | failed | cancelled | requeued
+    at: float
+    attempt: int
+    state: str  # pending | grouped | no_contact
+    message: str
+    deliveries: list[NotifyDeliveryOut]
+
+
 class JobOut(BaseModel):
     id: int
     name: str

@@ -266,9 +266,11 @@ def budgets_line(job: dict[str, Any]) -> str:
 
 @friendly_errors
 def show(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOpt = Output.table) -> None:
-    """Show a job: state, attempts, why it is pending, queue position and estimated start."""
+    """Show a job: state, attempts, why it is pending, queue position and estimated start, and
+    the notifications its spec's `notify` sent (each event, how and whether it went out)."""
     with client() as c:
         job = c.job(job_id)
+        notes = c.notifications(job_id) if job.get("spec", {}).get("notify") else []
     if output is Output.json:
         print_json(job)
         return
@@ -300,6 +302,24 @@ def show(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOp
     else:
         out.print("no attempts yet")
     _print_watch(job.get("watch"))
+    _print_notifications(job.get("spec", {}).get("notify"), notes)
+
+
+def _print_notifications(notify: dict[str, Any] | None, notes: list[dict[str, Any]]) -> None:
+    """The spec's `notify` and, for each event it sent, where it went and whether it arrived."""
+    if not notify:
+        return
+    to = ", ".join(notify.get("to") or []) or "all your contacts"
+    out.print(f"notify: {', '.join(notify.get('on', []))} to {to}", highlight=False)
+    for note in notes:
+        sent = "; ".join(
+            f"{d['kind']} {d['state']}" + (f" ({plain(d['last_error'])})" if d["last_error"] else "")
+            for d in note["deliveries"]
+        )
+        how = sent or (
+            "no contact of the kinds asked for" if note["state"] == "no_contact" else "waiting to go"
+        )
+        out.print(f"  {note['event']} {when(note['at'])}: {how}", highlight=False)
 
 
 def _print_attempts(attempts: list[dict[str, Any]]) -> None:

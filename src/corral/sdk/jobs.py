@@ -194,6 +194,11 @@ class JobsApi(BaseClient):
     def events(self, job_id: int) -> list[dict[str, Any]]:
         return self.request("GET", f"/jobs/{seg(job_id)}/events")
 
+    def notifications(self, job_id: int) -> list[dict[str, Any]]:
+        """What the job's spec `notify` sent its owner: each event (started, succeeded, failed,
+        cancelled, requeued), its state and its message's deliveries (kind, state, attempts, error)."""
+        return self.request("GET", f"/jobs/{seg(job_id)}/notifications")
+
     def logs(
         self, job_id: int, *, attempt: int | None = None, rank: int = 0, offset: int = 0
     ) -> dict[str, Any]:

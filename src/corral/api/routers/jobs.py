@@ -1,5 +1,6 @@
-"""Jobs: submit (JSON or YAML), list, show, cancel, hold, release, events, logs. Logic is in
-corral.services.jobs (holds: corral.services.holds)."""
+"""Jobs: submit (JSON or YAML), list, show, cancel, hold, release, events, notifications, logs.
+Logic is in corral.services.jobs (holds: corral.services.holds; notifications:
+corral.services.job_notify)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from corral.api.schemas import (
     HoldOutcomeOut,
     JobListOut,
     JobMetricsOut,
+    JobNotificationOut,
     JobOut,
     LogsOut,
     ManyMetricsOut,
@@ -34,7 +36,7 @@ from corral.diagnosis.record import platform_loss_cap
 from corral.diagnosis.settings import DiagnosisSettings
 from corral.engine.base import EngineUnavailable
 from corral.environments.service import NAME_RE, check_job_environment
-from corral.services import cleanup, holds, job_metrics, job_sets, storage
+from corral.services import cleanup, holds, job_metrics, job_notify, job_sets, storage
 from corral.services import jobs as svc
 from corral.services.job_logs import read_logs
 from corral.services.job_metrics import read_metrics
@@ -407,6 +409,12 @@ def metrics(job_id: RowId, request: Request, db: DB, principal: CurrentUser) -> 
     ({"step": 3, "loss": 0.41}), read while it runs and after it ended; none yet: no points."""
     job = svc.get_job(db, principal, job_id)
     return fast_json(read_metrics(request.app.state.settings, job))
+
+
+@router.get("/jobs/{job_id}/notifications", response_model=list[JobNotificationOut])
+def notifications(job_id: RowId, db: DB, principal: CurrentUser) -> Any:
+    """What the job's `notify` sent its owner, and how each delivery stands (services/job_notify.py)."""
+    return job_notify.notifications_of(db, principal, svc.get_job(db, principal, job_id))
 
 
 @router.get("/jobs/{job_id}/logs", response_model=LogsOut, responses=NEEDS_ENGINE)
