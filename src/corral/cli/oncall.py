@@ -24,7 +24,8 @@ schedule_app = typer.Typer(
 )
 policy_app = typer.Typer(help="Escalation policies: ordered steps, wait, repeat.", no_args_is_help=True)
 contact_app = typer.Typer(
-    help="Where pages reach a person: email, webhook, Slack/Mattermost.", no_args_is_help=True
+    help="Where pages and job notifications reach a person: email, webhook, Slack/Mattermost.",
+    no_args_is_help=True,
 )
 feed_app = typer.Typer(
     help="A schedule's calendar subscription URL (no login): shown to admins and its members.",
@@ -356,7 +357,7 @@ def list_contacts(user: str, output: OutputOpt = Output.table) -> None:
 @contact_app.command("email")
 @friendly_errors
 def set_email(user: str, email: Annotated[str, typer.Argument(help="'' removes it")]) -> None:
-    """Set USER's account email, where pages reach them."""
+    """Set USER's account email, where pages and job notifications reach them."""
     with client() as c:
         c.set_email(user, email or None)
     out.print(f"{user}'s email set to {email or '(none)'}")
