@@ -592,9 +592,10 @@ def transition_jobs(
                 columns[job.id].update({"finished_at": now, "diagnosis": None})
         moved = _cas_batch(session, JOBS, group, current, columns)
         won |= moved
-        reasons = {job_id: str(columns[job_id].get("reason", "")) for job_id in moved}
-        moved_jobs = [job for job in group if job.id in moved]
-        queue_notifications(session, moved_jobs, JobState(current), target, now=now, messages=reasons)
+        if moved and notify_event(JobState(current), target) is not None:
+            reasons = {job_id: str(columns[job_id].get("reason", "")) for job_id in moved}
+            moved_jobs = [job for job in group if job.id in moved]
+            queue_notifications(session, moved_jobs, JobState(current), target, now=now, messages=reasons)
         events += [
             {
                 "job_id": job_id,
