@@ -254,3 +254,31 @@ def test_a_bad_notify_field_is_a_422_naming_it(team: Team) -> None:
         assert any(field in map(str, d["loc"]) and "notify" in map(str, d["loc"]) for d in detail), detail
         assert words in response.text, response.text
     assert outbox(team) == []
+
+
+def test_started_and_requeued_each_attempt_but_not_a_placement_that_fell_through(
+    team: Team, smtp: Smtp
+) -> None:
+    """`started` at each attempt's start; `requeued` after work began (a preemption), not when a
+    placement goes back to the queue before it started. Pending together, they go as one digest."""
+    now = time.time()
+    job_id = submit(team, {"on": ["BEGIN", "requeue"]})
+    with team.factory() as db:
+        job = db.get(Job, job_id)
+        assert job is not None
+        assert lifecycle.schedule_jobs(db, [job], now=now, messages={})
+        assert lifecycle.transition(db, job, JobState.QUEUED, now=now, message="its node went away")
+        assert lifecycle.schedule_jobs(db, [job], now=now, messages={})
+        for state in (JobState.STARTING, JobState.RUNNING, JobState.PREEMPTED):
+            assert lifecycle.transition(db, job, state, now=now, message="reclaimed by group nlp")
+        assert lifecycle.transition(db, job, JobState.QUEUED, now=now, message="reclaimed; back in the queue")
+        assert lifecycle.schedule_jobs(db, [job], now=now, messages={})
+        assert lifecycle.transition(db, job, JobState.STARTING, now=now)
+        assert lifecycle.transition_jobs(db, [job], JobState.RUNNING, now=now) == {job_id}
+        db.commit()
+        attempts = [a for (a,) in db.execute(sa.select(JobNotification.attempt).order_by(JobNotification.id))]
+    assert outbox(team) == [(job_id, e, "pending") for e in ("started", "requeued", "started")]
+    assert attempts == [2, 2, 3]
+    assert notification_pass(team, smtp, now) == 1
+    assert smtp.inbox.messages[0]["Subject"] == "[Corral] 3 job notifications: 2 started, 1 requeued"
+    assert f"job {job_id} train requeued: reclaimed; back in the queue" in body_of(smtp, 0)
