@@ -514,6 +514,10 @@ CALLS: dict[tuple[str, str], tuple[Call, str]] = {
         lambda w: ("PUT", f"{API}/remediation/rules", {"json": {"text": "version: 1\nrules: []\n"}}),
         "remediation.rules.apply",
     ),
+    ("PUT", "/api/v1/users/{name}/job-notify"): (
+        lambda w: ("PUT", f"{API}/users/alice/job-notify", {"json": {"notify": {"on": ["failed"]}}}),
+        "job_notify.default",
+    ),
 }
 CALLS.update(ONCALL_CALLS)  # on-call, escalation and acknowledge links (tests/api/audit_oncall.py)
 

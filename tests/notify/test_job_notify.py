@@ -8,7 +8,9 @@ import time
 from typing import Any
 
 import sqlalchemy as sa
+from typer.testing import CliRunner
 
+from corral.cli.main import app as cli
 from corral.db.diag_models import AttemptDiagnosis
 from corral.db.models import Attempt, Job
 from corral.db.notify_models import JobNotification
@@ -18,6 +20,7 @@ from corral.services import job_notify, lifecycle, webhook_guard
 from corral.services.lifecycle import JobState
 from tests.notify.conftest import LOOPBACK, Team
 from tests.oncall.conftest import Smtp
+from tests.support import served
 from tests.webhook_server import WebhookServer
 
 JOB: dict[str, Any] = {
@@ -282,3 +285,38 @@ def test_started_and_requeued_each_attempt_but_not_a_placement_that_fell_through
     assert notification_pass(team, smtp, now) == 1
     assert smtp.inbox.messages[0]["Subject"] == "[Corral] 3 job notifications: 2 started, 1 requeued"
     assert f"job {job_id} train requeued: reclaimed; back in the queue" in body_of(smtp, 0)
+
+
+def test_a_users_default_applies_to_jobs_without_notify(team: Team, smtp: Smtp) -> None:
+    """`corral oncall contact notify alice --on failed`: her jobs without `notify` get it; a spec's
+    own `notify` wins; only she and admins may set it; `--off` clears it for jobs from then on."""
+    token = team.headers["alice"]["Authorization"].split()[1]
+    with served(team.client.app) as url:
+        env = {"CORRAL_URL": url, "CORRAL_TOKEN": token}
+        shown = CliRunner().invoke(cli, ["oncall", "contact", "notify", "alice", "--on", "fail"], env=env)
+        assert shown.exit_code == 0, shown.output
+        assert "alice: jobs without notify tell of failed to all contacts" in shown.output
+        refused = CliRunner().invoke(cli, ["oncall", "contact", "notify", "bob", "--on", "end"], env=env)
+        assert refused.exit_code != 0 and "only bob and admins" in refused.output, refused.output
+    bad = team.client.put(
+        "/api/v1/users/alice/job-notify", json={"notify": {"on": ["x"]}}, headers=team.headers["alice"]
+    )
+    assert bad.status_code == 422 and "'x' is not a notification event" in bad.text
+    defaulted = submit(team, None, name="plain")
+    own = submit(team, {"on": ["succeeded"]}, name="own")
+    assert team.get(f"/jobs/{defaulted}")["spec"]["notify"] == {"on": ["failed"], "to": []}
+    assert team.get(f"/jobs/{own}")["spec"]["notify"] == {"on": ["succeeded"], "to": []}
+    cleared = team.client.put(
+        "/api/v1/users/alice/job-notify", json={"notify": None}, headers=team.headers["alice"]
+    )
+    assert cleared.status_code == 200 and cleared.json() == {"user": "alice", "notify": None}
+    after = submit(team, None, name="after")
+    assert "notify" not in team.get(f"/jobs/{after}")["spec"]
+    now = time.time()
+    with team.factory() as db:
+        jobs = list(db.scalars(sa.select(Job).where(Job.id.in_([defaulted, own, after]))))
+        assert lifecycle.transition_jobs(db, jobs, JobState.FAILED, now=now) == {defaulted, own, after}
+        db.commit()
+    assert outbox(team) == [(defaulted, "failed", "pending")]
+    assert notification_pass(team, smtp, now) == 1
+    assert smtp.inbox.messages[0]["Subject"] == f"[Corral] job {defaulted} plain failed"

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, Validat
 from pydantic.json_schema import JsonSchemaValue
 
 from corral.api.pattern_words import worded
-from corral.spec import LABEL_SELECTOR, MAX_LABELS
+from corral.spec import LABEL_SELECTOR, MAX_LABELS, NotifyV1
 
 
 def nul_at(value: Any) -> tuple[str | int, ...] | None:
@@ -267,6 +267,17 @@ class NotifyDeliveryOut(BaseModel):
     last_error: str
     events: int  # how many job events the message told of (more than 1: a digest)
     subject: str
+
+
+class NotifyDefaultIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    notify: NotifyV1 | None  # null: none (jobs without their own `notify` tell nothing)
+
+
+class NotifyDefaultOut(BaseModel):
+    user: str
+    notify: dict[str, list[str]] | None
 
 
 class JobNotificationOut(BaseModel):

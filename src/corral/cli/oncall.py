@@ -384,5 +384,42 @@ def remove_contact(user: str, contact_id: int) -> None:
     out.print(f"{user}: contact {contact_id} removed")
 
 
+@contact_app.command("notify")
+@friendly_errors
+def notify_default(
+    user: str,
+    on: Annotated[
+        str | None,
+        typer.Option(
+            help="events, comma-separated: started, succeeded, failed, cancelled, requeued, end, all"
+        ),
+    ] = None,
+    to: Annotated[
+        str, typer.Option(help="contact kinds, comma-separated (email, webhook, slack); '' all")
+    ] = "",
+    off: Annotated[
+        bool, typer.Option("--off", help="no default: jobs without `notify` tell nothing")
+    ] = False,
+) -> None:
+    """USER's job notification default: the `notify` their jobs get when the spec has none
+    (`--on failed`: mail me when any of my jobs fails). Without options, shows it."""
+    with client() as c:
+        if off:
+            view = c.set_notify_default(user, None)
+        elif on is not None:
+            kinds = [k.strip() for k in to.split(",") if k.strip()]
+            view = c.set_notify_default(
+                user, {"on": [w.strip() for w in on.split(",") if w.strip()], "to": kinds}
+            )
+        else:
+            view = c.notify_default(user)
+    notify = view["notify"]
+    if notify is None:
+        out.print(f"{user}: no job notification default", highlight=False)
+        return
+    where = ", ".join(notify["to"]) or "all contacts"
+    out.print(f"{user}: jobs without notify tell of {', '.join(notify['on'])} to {where}", highlight=False)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(oncall_app, name="oncall")

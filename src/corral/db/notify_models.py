@@ -6,6 +6,7 @@
   a user's pending rows into one message (`digest_id`: the smallest row id of the group).
 - `job_notify_deliveries`: one message of a group to one of the owner's contacts, sent, retried
   with backoff and given up like a page's notifications.
+- `job_notify_defaults`: a user's own `notify` for the jobs they submit without one.
 """
 
 from __future__ import annotations
@@ -52,3 +53,12 @@ class JobNotifyDelivery(Base):
     last_error: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[float] = mapped_column(Float)
     sent_at: Mapped[float | None] = mapped_column(Float)
+
+
+class JobNotifyDefault(Base):
+    __tablename__ = "job_notify_defaults"
+
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    on: Mapped[list[str]] = mapped_column(JSON)  # corral.spec.NotifyV1's, as stored
+    to: Mapped[list[str]] = mapped_column(JSON)
+    updated_at: Mapped[float] = mapped_column(Float)

@@ -194,6 +194,14 @@ class JobsApi(BaseClient):
     def events(self, job_id: int) -> list[dict[str, Any]]:
         return self.request("GET", f"/jobs/{seg(job_id)}/events")
 
+    def notify_default(self, user: str) -> dict[str, Any]:
+        """{"user", "notify": {"on", "to"} | None}: what `user`'s jobs without `notify` get."""
+        return self.request("GET", f"/users/{seg(user)}/job-notify")
+
+    def set_notify_default(self, user: str, notify: dict[str, Any] | None) -> dict[str, Any]:
+        """Set `user`'s job notification default ({"on": [...], "to": [...]}), or clear it (None)."""
+        return self.request("PUT", f"/users/{seg(user)}/job-notify", json={"notify": notify})
+
     def notifications(self, job_id: int) -> list[dict[str, Any]]:
         """What the job's spec `notify` sent its owner: each event (started, succeeded, failed,
         cancelled, requeued), its state and its message's deliveries (kind, state, attempts, error)."""

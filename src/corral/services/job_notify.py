@@ -19,6 +19,9 @@ How a notification travels (docs/operations.md, "Job notifications"):
    a `notify` event on every job it told of (`corral show`), and `notifications_of` (GET
    /api/v1/jobs/{id}/notifications) says where each went and how its delivery stands.
 
+A user's default (`set_default`, `with_default`): the `notify` their jobs submitted without one
+get, written into the stored spec at submit (the lifecycle reads only the job's own spec).
+
 A failure's message carries the diagnosis (reason and fix) and the last lines of its log
 (bounded: LOG_TAIL_LINES lines, LOG_TAIL_CHARS characters); it only ever goes to the job owner's
 own contacts, which the spec can narrow by kind (`to`) but never add to.
@@ -27,6 +30,7 @@ own contacts, which the spec can narrow by kind (`to`) but never add to.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,11 +40,14 @@ from sqlalchemy.orm import Session
 
 from corral.db.diag_models import AttemptDiagnosis
 from corral.db.models import Attempt, Job, User
-from corral.db.notify_models import JobNotification, JobNotifyDelivery
+from corral.db.notify_models import JobNotification, JobNotifyDefault, JobNotifyDelivery
+from corral.services import audit
+from corral.services.accounts import user_by_name
 from corral.services.auth import Principal
+from corral.services.errors import Forbidden
 from corral.services.lifecycle import record_event
 from corral.services.oncall import addresses_of, shown_url
-from corral.spec import NOTIFY_EVENTS, format_seconds
+from corral.spec import NOTIFY_EVENTS, JobSpecV1, NotifyV1, format_seconds
 from corral.words import plural
 
 log = logging.getLogger(__name__)
@@ -277,6 +284,58 @@ def purge_settled(session: Session, before: float) -> int:
     )
     session.commit()
     return int(gone.rowcount or 0)  # type: ignore[attr-defined]
+
+
+# --- a user's default ---------------------------------------------------------------------------
+
+
+def _may_set(principal: Principal, name: str) -> None:
+    """Checked on the name asked for, before it is looked up (as the contact routes do): anyone
+    else gets this 403 whether `name` is a user or not."""
+    if principal.name != name and not principal.is_admin:
+        raise Forbidden(f"only {name} and admins may see or change {name}'s job notification default")
+
+
+def default_view(session: Session, principal: Principal, name: str) -> dict[str, Any]:
+    """A user's default `notify` ({"notify": {"on", "to"}}, or {"notify": null}: none)."""
+    _may_set(principal, name)
+    row = session.get(JobNotifyDefault, user_by_name(session, name).id)
+    return {"user": name, "notify": None if row is None else {"on": list(row.on), "to": list(row.to)}}
+
+
+def set_default(session: Session, principal: Principal, name: str, notify: NotifyV1 | None) -> dict[str, Any]:
+    """Set (or with None clear) the `notify` a user's jobs get when their spec has none; audited,
+    committed. Only for jobs submitted from now on: a stored spec is never changed."""
+    _may_set(principal, name)
+    user = user_by_name(session, name)
+    row = session.get(JobNotifyDefault, user.id)
+    before = None if row is None else {"on": list(row.on), "to": list(row.to)}
+    if notify is None:
+        if row is not None:
+            session.delete(row)
+    elif row is None:
+        session.add(
+            JobNotifyDefault(user_id=user.id, on=list(notify.on), to=list(notify.to), updated_at=time.time())
+        )
+    else:
+        row.on, row.to, row.updated_at = list(notify.on), list(notify.to), time.time()
+    after = None if notify is None else {"on": list(notify.on), "to": list(notify.to)}
+    audit.record(
+        session, actor=principal, action="job_notify.default", target_kind="user", target_id=user.name,
+        before=before, after=after,
+    )  # fmt: skip
+    session.commit()
+    return {"user": name, "notify": after}
+
+
+def with_default(session: Session, user_id: int, spec: JobSpecV1) -> JobSpecV1:
+    """The spec a batch job is stored with: its own `notify`, else its submitter's default."""
+    if spec.notify is not None or spec.kind is not None:
+        return spec
+    row = session.get(JobNotifyDefault, user_id)
+    if row is None:
+        return spec
+    return spec.model_copy(update={"notify": NotifyV1.model_validate({"on": row.on, "to": row.to})})
 
 
 # --- what the API shows --------------------------------------------------------------------------

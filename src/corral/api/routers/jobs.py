@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import AfterValidator, ValidationError, WithJsonSchema
 
 from corral import spec as job_spec
-from corral.api.deps import DB, MAX_ROW_ID, CurrentUser, Offset, RowId, UserFilter, fast_json
+from corral.api.deps import DB, MAX_ROW_ID, CurrentUser, NameInPath, Offset, RowId, UserFilter, fast_json
 from corral.api.pattern_words import worded
 from corral.api.schemas import (
     LABEL_WORDS,
@@ -28,6 +28,8 @@ from corral.api.schemas import (
     JobOut,
     LogsOut,
     ManyMetricsOut,
+    NotifyDefaultIn,
+    NotifyDefaultOut,
     no_nul_in_properties,
     nul_at,
 )
@@ -284,6 +286,7 @@ def submit(
     profile = active_profile(request.app.state.settings)
     spec = storage.check_job_storage(db, principal, spec, request.app.state.settings)
     spec = check_job_environment(db, principal, spec)  # pinned: `environment: digits@2`
+    spec = job_notify.with_default(db, principal.user_id, spec)  # no `notify`: the submitter's default
     return fast_json(svc.submit_job(db, principal, spec, profile, hold=hold), status.HTTP_201_CREATED)
 
 
@@ -415,6 +418,19 @@ def metrics(job_id: RowId, request: Request, db: DB, principal: CurrentUser) -> 
 def notifications(job_id: RowId, db: DB, principal: CurrentUser) -> Any:
     """What the job's `notify` sent its owner, and how each delivery stands (services/job_notify.py)."""
     return job_notify.notifications_of(db, principal, svc.get_job(db, principal, job_id))
+
+
+@router.get("/users/{name}/job-notify", response_model=NotifyDefaultOut)
+def get_notify_default(name: NameInPath, db: DB, principal: CurrentUser) -> Any:
+    """The `notify` a user's jobs get when their spec has none (themselves and admins)."""
+    return job_notify.default_view(db, principal, name)
+
+
+@router.put("/users/{name}/job-notify", response_model=NotifyDefaultOut)
+def set_notify_default(name: NameInPath, body: NotifyDefaultIn, db: DB, principal: CurrentUser) -> Any:
+    """Set it (`{"notify": {"on": ["failed"]}}`) or clear it (`{"notify": null}`): for jobs
+    submitted from now on."""
+    return job_notify.set_default(db, principal, name, body.notify)
 
 
 @router.get("/jobs/{job_id}/logs", response_model=LogsOut, responses=NEEDS_ENGINE)

@@ -1,6 +1,7 @@
 """Job notifications: `job_notifications`, the outbox the lifecycle writes in the transaction that
 moves a job (started, succeeded, failed, cancelled, requeued) when its spec's `notify` asks for
-it, and `job_notify_deliveries`, one message to one of the owner's contacts
+it, `job_notify_deliveries`, one message to one of the owner's contacts, and
+`job_notify_defaults`, a user's own `notify` for the jobs they submit without one
 (corral.services.job_notify, corral.monitor.job_notifier).
 
 Revision ID: 0037_job_notifications
@@ -69,8 +70,20 @@ def upgrade() -> None:
         batch_op.create_index(batch_op.f("ix_job_notify_deliveries_digest_id"), ["digest_id"], unique=False)
         batch_op.create_index(batch_op.f("ix_job_notify_deliveries_user_id"), ["user_id"], unique=False)
         batch_op.create_index(batch_op.f("ix_job_notify_deliveries_state"), ["state"], unique=False)
+    op.create_table(
+        "job_notify_defaults",
+        sa.Column("user_id", sa.Integer(), nullable=False),
+        sa.Column("on", sa.JSON(), nullable=False),
+        sa.Column("to", sa.JSON(), nullable=False),
+        sa.Column("updated_at", sa.Float(), nullable=False),
+        sa.ForeignKeyConstraint(
+            ["user_id"], ["users.id"], name=op.f("fk_job_notify_defaults_user_id_users"), ondelete="CASCADE"
+        ),
+        sa.PrimaryKeyConstraint("user_id", name=op.f("pk_job_notify_defaults")),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("job_notify_defaults")
     op.drop_table("job_notify_deliveries")
     op.drop_table("job_notifications")
