@@ -1,12 +1,13 @@
 """Job notifications: a job's owner hears when it starts, ends or is requeued, as its spec's
-`notify` asks (corral.spec.NotifyV1), at their own contacts (`corral contact`, their email).
+`notify` asks (corral.spec.NotifyV1), at their own contacts (their account's email and
+`corral oncall contact add`).
 
 How a notification travels (docs/operations.md, "Job notifications"):
 
-1. The compare-and-set that moves the job (corral.services.lifecycle.queue_notifications) inserts
-   a `JobNotification` outbox row in its own transaction: a crash after the commit loses nothing,
-   a lost race or a retried transition writes nothing twice, and the transition reads and sends
-   nothing more than before.
+1. The compare-and-set that moves the job (corral.services.lifecycle, with
+   corral.services.notify_outbox.queue_notifications) inserts a `JobNotification` outbox row in
+   its own transaction: a crash after the commit loses nothing, a lost race or a retried
+   transition writes nothing twice, and the transition reads and sends nothing more than before.
 2. The notification loop (corral.monitor.job_notifier, a leased singleton) groups each user's
    pending rows (`group_pending`) into one message per contact, and sends it with the paging
    loop's transports and retry policy (SMTP through the monitor config's email channel; webhooks

@@ -56,8 +56,8 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from corral.db.base import table_of
 from corral.db.models import Attempt, Gpu, Job, JobEvent, Node
-from corral.db.notify_models import JobNotification
 from corral.scheduler.types import NodeState
+from corral.services.notify_outbox import notify_event, queue_notifications
 from corral.services.states import (
     ATTEMPT_TRANSITIONS,
     GPU_TRANSITIONS,
@@ -702,46 +702,6 @@ def release(session: Session, job: Job, *, now: float, message: str) -> bool:
 # -- events --------------------------------------------------------------------------------------
 
 INSERT_EVENT = insert(table_of(JobEvent))
-INSERT_NOTIFICATION = insert(table_of(JobNotification))
-# The job events a spec's `notify` may ask for (corral.spec.NOTIFY_EVENTS), by the state entered;
-# QUEUED is "requeued" only from work that was under way (not a placement that fell through).
-NOTIFY_EVENT_OF = {
-    JobState.RUNNING: "started",
-    JobState.SUCCEEDED: "succeeded",
-    JobState.FAILED: "failed",
-    JobState.CANCELLED: "cancelled",
-}
-REQUEUED_FROM = frozenset({JobState.STARTING, JobState.RUNNING, JobState.PREEMPTED})
-
-
-def notify_event(current: JobState, target: JobState) -> str | None:
-    """The notification event of a move from `current` to `target`; None: not one."""
-    if target is JobState.QUEUED:
-        return "requeued" if current in REQUEUED_FROM else None
-    return NOTIFY_EVENT_OF.get(target)
-
-
-def queue_notifications(
-    session: Session, jobs: Sequence[Job], current: JobState, target: JobState, *, now: float,
-    messages: Mapping[int, str],
-) -> None:  # fmt: skip
-    """The outbox rows of `jobs` that just moved from `current` to `target` (their compare-and-set
-    won, in this transaction) and whose spec's `notify` asks for the move's event: one INSERT,
-    sent by the notification loop after the commit (corral.services.job_notify). Nothing else
-    is read or sent here: the transition stays as quick as it was."""
-    event = notify_event(current, target)
-    if event is None:
-        return
-    rows = [
-        {
-            "job_id": job.id, "user_id": job.user_id, "event": event, "attempt": job.attempt_count,
-            "at": now, "message": messages.get(job.id, ""), "state": "pending", "digest_id": None,
-        }
-        for job in jobs
-        if job.spec.notify is not None and event in job.spec.notify.on
-    ]  # fmt: skip
-    if rows:
-        session.connection().execute(INSERT_NOTIFICATION, rows)
 
 
 # The cancel request's write: only while the job has not ended, as the row reads at the UPDATE.
