@@ -110,8 +110,10 @@ def deliver(
                     log.warning("job notification %s (%s) failed: %s", delivery.id, delivery.kind, exc)
                 else:
                     delivery.state, delivery.sent_at, delivery.last_error = "sent", now, ""
-                if delivery.state in job_notify.SETTLED:
-                    job_notify.record_outcome(session, delivery, now)
+            # After every send: recording reads the outbox, and the flush that read makes would
+            # hold SQLite's write lock through the sends still to come.
+            for delivery in (d for d in due if d.state in job_notify.SETTLED):
+                job_notify.record_outcome(session, delivery, now)
             session.commit()
             return len(due)
     finally:

@@ -240,14 +240,17 @@ def group_pending(
         by_user.setdefault(event.user_id, []).append(event)
     last = _last_message_at(session, set(by_user))
     grouped = 0
-    for user_id, events in by_user.items():
-        if user_id in last and now < last[user_id] + window_s:
-            continue  # inside the window: these wait, and go with what else comes, as one digest
-        user = session.get(User, user_id)
-        if user is None:
-            continue  # the cascade removes their rows
-        _group_user(session, user, events, base_url, log_tail, now)
-        grouped += len(events)
+    # Nothing is flushed until the commit: one user's writes, flushed by the next one's reads,
+    # would hold SQLite's write lock through the log reads still to come.
+    with session.no_autoflush:
+        for user_id, events in by_user.items():
+            if user_id in last and now < last[user_id] + window_s:
+                continue  # inside the window: these wait, and go with what else comes, as one digest
+            user = session.get(User, user_id)
+            if user is None:
+                continue  # the cascade removes their rows
+            _group_user(session, user, events, base_url, log_tail, now)
+            grouped += len(events)
     session.commit()
     return grouped
 
