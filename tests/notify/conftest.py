@@ -20,9 +20,9 @@ from corral.api.app import create_app
 from corral.config import Settings
 from corral.db.session import init_db, make_engine, make_session_factory
 from corral.services import accounts, auth
-from tests.oncall.conftest import hook, smtp
+from tests.oncall.conftest import hook, postgres_server, smtp
 
-__all__ = ["hook", "smtp"]  # the fixtures, for this directory's tests
+__all__ = ["hook", "postgres_server", "smtp"]  # the fixtures, for this directory's tests
 LOOPBACK = "127.0.0.0/8"
 
 
@@ -45,11 +45,16 @@ class Team:
 
 
 @pytest.fixture
-def team(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Team]:
+def team(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Team]:
+    """SQLite, or PostgreSQL for a test parametrized `@pytest.mark.parametrize("team", ["sqlite",
+    "postgres"], indirect=True)`."""
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("CORRAL_PUBLIC_URL", "http://corral.test")
-    url = f"sqlite:///{home / 'corral.db'}"
+    if getattr(request, "param", "sqlite") == "postgres":
+        url = request.getfixturevalue("postgres_server").create_database()
+    else:
+        url = f"sqlite:///{home / 'corral.db'}"
     init_db(url)
     engine = make_engine(url)
     factory = make_session_factory(engine)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
@@ -86,6 +87,7 @@ def body_of(smtp: Smtp, index: int) -> str:
     return smtp.inbox.messages[index].get_payload(decode=True).decode()  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("team", ["sqlite", "postgres"], indirect=True)
 def test_a_failed_job_mails_its_owner_once_with_reason_fix_runtime_and_log(team: Team, smtp: Smtp) -> None:
     now = time.time()
     job_id = submit(team, {"on": ["fail"]})
@@ -160,6 +162,7 @@ def test_started_and_cancelled_through_the_api(team: Team, smtp: Smtp) -> None:
     assert smtp.inbox.messages[0]["Subject"] == f"[Corral] job {told} told cancelled"
 
 
+@pytest.mark.parametrize("team", ["sqlite", "postgres"], indirect=True)
 def test_a_restart_between_the_transition_and_the_send_still_sends_exactly_one(
     team: Team, smtp: Smtp
 ) -> None:
@@ -181,6 +184,7 @@ def test_a_restart_between_the_transition_and_the_send_still_sends_exactly_one(
     assert len(smtp.inbox.messages) == 1
 
 
+@pytest.mark.parametrize("team", ["sqlite", "postgres"], indirect=True)
 def test_a_burst_of_failures_is_one_message_a_minute(team: Team, smtp: Smtp) -> None:
     """The rate rule: at most one message per user per minute; what comes meanwhile waits and goes
     as one digest. 30 failures at once (one batch transition), then 10 more: two mails, not 40."""
@@ -259,6 +263,7 @@ def test_a_bad_notify_field_is_a_422_naming_it(team: Team) -> None:
     assert outbox(team) == []
 
 
+@pytest.mark.parametrize("team", ["sqlite", "postgres"], indirect=True)
 def test_started_and_requeued_each_attempt_but_not_a_placement_that_fell_through(
     team: Team, smtp: Smtp
 ) -> None:
@@ -320,3 +325,25 @@ def test_a_users_default_applies_to_jobs_without_notify(team: Team, smtp: Smtp) 
     assert outbox(team) == [(defaulted, "failed", "pending")]
     assert notification_pass(team, smtp, now) == 1
     assert smtp.inbox.messages[0]["Subject"] == f"[Corral] job {defaulted} plain failed"
+
+
+def test_settled_deliveries_are_purged_after_their_keep_time_and_pending_ones_kept(
+    team: Team, smtp: Smtp, hook: WebhookServer
+) -> None:
+    hook.status = 500
+    assert team.post("/users/alice/contacts", {"kind": "webhook", "address": hook.url}).status_code == 201
+    now = time.time()
+    job_id = submit(team, {"on": ["failed"]})  # to every contact: her email (sent) and the webhook (failing)
+    with team.factory() as db:
+        job = db.get(Job, job_id)
+        assert job is not None and lifecycle.transition(db, job, JobState.FAILED, now=now, message="x")
+        db.commit()
+    assert notification_pass(team, smtp, now) == 2
+    with team.factory() as db:
+        assert job_notify.purge_settled(db, now) == 0  # nothing made before the cutoff
+        assert job_notify.purge_settled(db, now + 1) == 1  # the sent mail; the failing webhook stays
+    (note,) = team.get(f"/jobs/{job_id}/notifications")
+    assert [(d["kind"], d["state"]) for d in note["deliveries"]] == [("webhook", "failing")]
+    assert [e["message"] for e in team.get(f"/jobs/{job_id}/events") if e["kind"] == "notify"] == [
+        "failed: notification sent by email"
+    ]
