@@ -171,6 +171,9 @@ function drawSummary(root, job) {
     ["Retries", `${job.retries ?? 0}`],
   ];
   if (job.reason) items.push(["Reason", job.reason]);
+  // The spec's `notify`: what was sent is in the timeline ("notify" events) and /notifications.
+  const notify = job.spec && job.spec.notify;
+  if (notify) items.push(["Notify", `${(notify.on || []).join(", ")} to ${(notify.to || []).join(", ") || "all the owner's contacts"}`]);
   fill(root, 
     h("dl", { class: "summary card" }, items.map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, String(v ?? "—"))))),
   );
