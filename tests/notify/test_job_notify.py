@@ -347,3 +347,38 @@ def test_settled_deliveries_are_purged_after_their_keep_time_and_pending_ones_ke
     assert [e["message"] for e in team.get(f"/jobs/{job_id}/events") if e["kind"] == "notify"] == [
         "failed: notification sent by email"
     ]
+
+
+def test_one_users_waiting_flood_never_holds_back_anothers_notification(
+    team: Team, smtp: Smtp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """alice is inside her minute with more waiting rows than a pass reads; bob's one failure still
+    goes out at once."""
+    monkeypatch.setattr(job_notify, "GROUP_BATCH", 2)
+    email = team.client.put(
+        "/api/v1/users/bob/email", json={"email": "bob@example.org"}, headers=team.headers["bob"]
+    )
+    assert email.status_code == 200, email.text
+    now = time.time()
+    first = submit(team, {"on": ["failed"]}, name="first")
+    flood = [submit(team, {"on": ["failed"]}, name=f"flood-{i}") for i in range(3)]
+    bobs = submit(team, {"on": ["failed"]}, name="bobs", user="bob")
+    with team.factory() as db:
+        job = db.get(Job, first)
+        assert job is not None and lifecycle.transition(db, job, JobState.FAILED, now=now, message="x")
+        db.commit()
+    assert notification_pass(team, smtp, now) == 1  # alice's first: her minute starts
+    with team.factory() as db:
+        jobs = list(db.scalars(sa.select(Job).where(Job.id.in_([*flood, bobs]))))
+        assert lifecycle.transition_jobs(db, jobs, JobState.FAILED, now=now + 1) == {*flood, bobs}
+        db.commit()
+    assert notification_pass(team, smtp, now + 2) == 1
+    assert smtp.inbox.to() == ["alice@example.org", "bob@example.org"]
+    assert notification_pass(team, smtp, now + job_notify.DIGEST_WINDOW_S + 1) == 1  # alice's, 2 of 3
+    assert notification_pass(team, smtp, now + 2 * job_notify.DIGEST_WINDOW_S + 2) == 1  # the last
+    assert smtp.inbox.to() == [
+        "alice@example.org",
+        "bob@example.org",
+        "alice@example.org",
+        "alice@example.org",
+    ]

@@ -226,26 +226,30 @@ def group_pending(
     window_s: float = DIGEST_WINDOW_S,
 ) -> int:  # fmt: skip
     """Turn pending outbox rows into messages, by the rate rule (module docstring, 3); commits.
-    Returns how many rows were grouped (a user still inside their window keeps theirs pending)."""
-    pending = list(
-        session.scalars(
-            select(JobNotification)
-            .where(JobNotification.state == "pending")
-            .order_by(JobNotification.id)
-            .limit(GROUP_BATCH)
-        )
+    Returns how many rows were grouped (a user still inside their window keeps theirs pending).
+    Only the rows of users past their window are read, so one user's flood never holds back the
+    others' rows behind it."""
+    waiting = set(
+        session.scalars(select(JobNotification.user_id).where(JobNotification.state == "pending").distinct())
+    )
+    last = _last_message_at(session, waiting)
+    due_users = {u for u in waiting if u not in last or now >= last[u] + window_s}
+    if not due_users:
+        return 0
+    pending = session.scalars(
+        select(JobNotification)
+        .where(JobNotification.state == "pending", JobNotification.user_id.in_(due_users))
+        .order_by(JobNotification.id)
+        .limit(GROUP_BATCH)
     )
     by_user: dict[int, list[JobNotification]] = {}
     for event in pending:
         by_user.setdefault(event.user_id, []).append(event)
-    last = _last_message_at(session, set(by_user))
     grouped = 0
     # Nothing is flushed until the commit: one user's writes, flushed by the next one's reads,
     # would hold SQLite's write lock through the log reads still to come.
     with session.no_autoflush:
         for user_id, events in by_user.items():
-            if user_id in last and now < last[user_id] + window_s:
-                continue  # inside the window: these wait, and go with what else comes, as one digest
             user = session.get(User, user_id)
             if user is None:
                 continue  # the cascade removes their rows
