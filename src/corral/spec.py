@@ -473,6 +473,7 @@ class JobSpecV1(_Strict):
     @classmethod
     def _labels(cls, value: Any) -> dict[str, str]:
         return check_labels({} if value is None else value)
+
     # Tell the owner when the job starts, ends or is requeued (NotifyV1); None: never.
     notify: NotifyV1 | None = None
 

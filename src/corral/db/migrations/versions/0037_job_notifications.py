@@ -5,7 +5,7 @@ it, `job_notify_deliveries`, one message to one of the owner's contacts, and
 (corral.services.job_notify, corral.monitor.job_notifier).
 
 Revision ID: 0037_job_notifications
-Revises: 0035_security_fixes
+Revises: 0036_job_labels
 Create Date: 2026-11-30 12:00:00.000000
 """
 
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0037_job_notifications"
-down_revision = "0035_security_fixes"
+down_revision = "0036_job_labels"
 branch_labels = None
 depends_on = None
 
