@@ -6,7 +6,11 @@ every submit, start, preemption, stop and end with the nodes and GPUs it held (t
 Floats are hashed by their exact bits (`float.hex`). Run it on the code before and after a change:
 equal hashes for every case, or the change is not exact.
 
-    .venv/bin/python bench/sim_equiv.py philly:8000:fifo deep:3000:default:2.0 ...
+    .venv/bin/python bench/sim_equiv.py [--eta-reuse S] philly:8000:fifo deep:3000:default:2.0 ...
+
+`--eta-reuse S` sets the knob `eta_reuse_s` for every case (default: each profile's own, `default`
+60 s since the sixteenth round, the others 0). The kept roll moves only the ETAs, so the `events`
+hash is the same at every value; the fifteenth round's `jobs` hashes of `default` cases are at 0.
 
 A case is `philly:JOBS:POLICY` (the first JOBS jobs of the Philly trace on the philly cluster) or
 `deep:JOBS:POLICY:LOAD[:SEED]` (a `corral sim synth` trace on the synth cluster, as
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import math
 import time
 
 from corral.scheduler.compiled_build import is_compiled
@@ -60,13 +65,19 @@ def fingerprints(result: SimResult) -> tuple[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cases", nargs="+", help="philly:JOBS:POLICY or deep:JOBS:POLICY:LOAD[:SEED]")
+    parser.add_argument(
+        "--eta-reuse", type=float, default=None, help="the eta_reuse_s knob in s (default: each profile's)"
+    )
     args = parser.parse_args()
+    if args.eta_reuse is not None and (not math.isfinite(args.eta_reuse) or args.eta_reuse < 0):
+        parser.error(f"--eta-reuse must be a finite number >= 0 of seconds, got {args.eta_reuse}")
+    knobs = {} if args.eta_reuse is None else {"eta_reuse_s": args.eta_reuse}
     config = SimConfig(record_events=True)
     print(f"compiled: {is_compiled()}")
     for case in args.cases:
         trace, cluster, policy = case_inputs(case)
         cpu = time.process_time()
-        result = simulate(trace, cluster, policy, config)
+        result = simulate(trace, cluster, policy, config, knobs)
         cpu = time.process_time() - cpu
         jobs_hash, events_hash = fingerprints(result)
         print(f"{case}: jobs {jobs_hash} events {events_hash} ({result.cycles:,} cycles, CPU {cpu:.1f} s)")

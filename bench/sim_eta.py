@@ -14,12 +14,19 @@ Also: jobs that waited > 5 min but were shown no ETA (held by a quota or cap: th
 instead), the median absolute error, and the time spent computing estimates. Last line: JSON.
 
     .venv/bin/python bench/sim_eta.py [--jobs 20000] [--seeds 0,1,2] [--synth-jobs 3000] [--load 1.3]
+        [--eta-reuse 0,60,300] [--estimators current]
+
+`--eta-reuse S1,S2,...` runs each estimator once per value of the policy knob `eta_reuse_s` (the
+estimated-start roll kept across cycles, scheduler/eta_kept.py; the schedule is the same at every
+value, only the estimates move) and names each result `NAME@S`; without it each estimator runs
+once with the profile's own value. `--estimators` runs only the named ones (default: all three).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from typing import Any
@@ -43,9 +50,19 @@ def load_text() -> str:
     return "load avg " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def one_case(label: str, trace: Trace, cluster: ClusterSpec) -> dict[str, Any]:
+def one_case(
+    label: str, trace: Trace, cluster: ClusterSpec, estimators: list[str], reuses: list[float] | None
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name, (config, knobs) in ESTIMATORS.items():
+    runs = (
+        [(name, None) for name in estimators]
+        if reuses is None
+        else [(n, s) for n in estimators for s in reuses]
+    )
+    for estimator, reuse in runs:
+        config, roll = ESTIMATORS[estimator]
+        name = estimator if reuse is None else f"{estimator}@{reuse:g}"
+        knobs: dict[str, Any] = dict(roll) if reuse is None else {**roll, "eta_reuse_s": reuse}
         started = time.perf_counter()
         result = simulate(trace, cluster, "default", config, knobs)
         s = summarize(result)
@@ -65,6 +82,8 @@ def one_case(label: str, trace: Trace, cluster: ClusterSpec) -> dict[str, Any]:
             f"replay {out[name]['wall_s']} s ({load_text()})",
             flush=True,
         )
+    if reuses is not None or set(estimators) != set(ESTIMATORS):
+        return out  # the comparisons below are of the three estimators at one setting
     cur, base = out["current"]["eta_rel_err_median"], out["baseline"]["eta_rel_err_median"]
     raw = out["uncalibrated"]["eta_rel_err_median"]
     out["met_target"] = cur is not None and cur <= TARGET
@@ -79,22 +98,50 @@ def one_case(label: str, trace: Trace, cluster: ClusterSpec) -> dict[str, Any]:
     return out
 
 
+def reuse_value(parser: argparse.ArgumentParser, text: str) -> float:
+    """One `--eta-reuse` value: a finite number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        parser.error(f"--eta-reuse: {text.strip()!r} is not a number of seconds")
+    if not math.isfinite(value) or value < 0:
+        parser.error(f"--eta-reuse: values must be finite numbers >= 0 of seconds, got {text.strip()}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=20000, help="Philly prefix (0: the whole trace)")
     parser.add_argument("--seeds", default="0,1,2", help="synthetic seeds ('' to skip)")
     parser.add_argument("--synth-jobs", type=int, default=3000)
     parser.add_argument("--load", type=float, default=1.3)
+    parser.add_argument(
+        "--eta-reuse",
+        default=None,
+        help="comma-separated eta_reuse_s values in s, each run (default: the profile's)",
+    )
+    parser.add_argument(
+        "--estimators", default=",".join(ESTIMATORS), help="comma-separated, of: " + ", ".join(ESTIMATORS)
+    )
     args = parser.parse_args()
+    estimators = [e.strip() for e in args.estimators.split(",") if e.strip()]
+    unknown = [e for e in estimators if e not in ESTIMATORS]
+    if unknown or not estimators:
+        parser.error(
+            f"--estimators: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(ESTIMATORS)}"
+        )
+    reuses = None if args.eta_reuse is None else [reuse_value(parser, v) for v in args.eta_reuse.split(",")]
     results: dict[str, Any] = {}
     philly = load_trace("philly")
     if args.jobs:
         philly = first_jobs(philly, args.jobs)
-    results["philly"] = one_case(f"philly ({len(philly.jobs):,} jobs)", philly, load_cluster("philly"))
+    results["philly"] = one_case(
+        f"philly ({len(philly.jobs):,} jobs)", philly, load_cluster("philly"), estimators, reuses
+    )
     synth = load_cluster("synth")
     for seed in [int(s) for s in args.seeds.split(",") if s.strip()]:
         trace = generate(SynthSpec(jobs=args.synth_jobs, load=args.load, seed=seed), synth)
-        results[f"synth_seed_{seed}"] = one_case(f"synth seed {seed}", trace, synth)
+        results[f"synth_seed_{seed}"] = one_case(f"synth seed {seed}", trace, synth, estimators, reuses)
     print(
         json.dumps(
             {
@@ -102,6 +149,7 @@ def main() -> None:
                 "philly_jobs": len(philly.jobs),
                 "synth_jobs": args.synth_jobs,
                 "load": args.load,
+                "eta_reuse_s": reuses,
                 "results": results,
                 "load_avg": os.getloadavg(),
             }

@@ -17,9 +17,10 @@ Load average of the machine is printed with every figure (a shared machine skews
 `--eta-interval S` (default 0: every new job's estimate read in its first cycle, as scored) reads
 new jobs' estimated starts at most once per S simulated seconds (`SimConfig.eta_interval_s`, a
 speed option that changes what the ETA figure scores); the Philly replay prints that figure.
-`--eta-reuse S` (default 0: off) sets the policy knob `eta_reuse_s` (scheduler/eta_kept.py: a new
-job's estimate continues the roll kept from a cycle at most S s earlier while nothing started or
-ended; not exact, so it moves the ETA figure a little).
+`--eta-reuse S` sets the policy knob `eta_reuse_s` for every replay of the run (scheduler/eta_kept.py:
+a new job's estimate continues the roll kept from a cycle at most S s earlier while nothing started
+or ended; not exact, so it moves the ETA figure a little; 0: every roll from scratch). Without it
+each profile keeps its own value (`default` 60 s, the others 0).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import os
 import time
 from typing import Any
 
+from corral.scheduler import PROFILES
 from corral.scheduler.compiled_build import is_compiled
 from corral.sim.cluster import load_cluster
 from corral.sim.metrics import summarize
@@ -114,11 +116,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--eta-reuse",
         type=float,
-        default=0.0,
-        help="the eta_reuse_s knob: continue a kept estimated-start roll for S s (0: off, exact)",
+        default=None,
+        help="the eta_reuse_s knob: continue a kept estimated-start roll for S s (0: off, exact; "
+        "default: each profile's own, default 60 s, the others 0)",
     )
     args = parser.parse_args()
-    if not math.isfinite(args.eta_reuse) or args.eta_reuse < 0:
+    if args.eta_reuse is not None and (not math.isfinite(args.eta_reuse) or args.eta_reuse < 0):
         parser.error(f"--eta-reuse must be a finite number >= 0 of seconds, got {args.eta_reuse}")
     if not math.isfinite(args.eta_interval) or args.eta_interval < 0:
         parser.error(f"--eta-interval must be a finite number >= 0 of seconds, got {args.eta_interval}")
@@ -130,7 +133,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     config = SimConfig(eta_interval_s=args.eta_interval)
-    knobs = {"eta_reuse_s": args.eta_reuse}
+    knobs = {} if args.eta_reuse is None else {"eta_reuse_s": args.eta_reuse}
     deep = None
     if args.deep_jobs:
         deep = deep_case(args.deep_jobs, args.deep_load, args.deep_seed, args.policy, config, knobs)
@@ -210,7 +213,9 @@ def report(
                 "baseline_fifo_cpu_s": None if base_cpu is None else round(base_cpu, 2),
                 "ratio_vs_fifo": None if base_rate is None else round(rate / base_rate, 3),
                 "eta_interval_s": args.eta_interval,
-                "eta_reuse_s": args.eta_reuse,
+                "eta_reuse_s": PROFILES[args.policy].eta_reuse_s
+                if args.eta_reuse is None
+                else args.eta_reuse,
                 "eta_rel_err_median": eta_rel,
                 "eta_rel_jobs": summary["eta_rel_jobs"],
                 "eta_none_jobs": summary["eta_none_jobs"],

@@ -146,3 +146,57 @@ def test_a_continued_roll_drifts_by_the_running_jobs_spread_only() -> None:
     assert scheduler.kept_rolls.reused == 1
     assert continued is not None and fresh is not None
     assert continued != fresh and abs(continued - fresh) < 10.0
+
+
+def test_the_default_profile_keeps_the_roll_and_the_others_do_not() -> None:
+    """The sixteenth round's decision (docs/simulator.md): `default` continues a kept roll for
+    60 s; the other profiles roll from scratch."""
+    assert PROFILES["default"].eta_reuse_s == 60.0
+    assert {name: p.eta_reuse_s for name, p in PROFILES.items() if name != "default"} == {
+        "fifo": 0.0,
+        "fifo-backfill": 0.0,
+        "sjf": 0.0,
+        "las": 0.0,
+    }
+
+
+def _shown(scheduler: Scheduler, s: Snapshot, now: float) -> dict[str, float | None]:
+    """Every waiting job's estimated start as the live loop reads them: the plan's diagnoses
+    iterated (server/scheduling.py writes them all, every tick)."""
+    plan = scheduler.schedule(s, now, random.Random(0))
+    return {job_id: d.estimated_start for job_id, d in plan.diagnoses.items()}
+
+
+def test_the_live_loops_full_diagnoses_never_continue_a_kept_roll() -> None:
+    """The live loop keeps one Scheduler of the `default` profile (knob on) tick after tick and
+    reads every diagnosis: each tick's estimates equal a fresh Scheduler's with the knob off, none
+    is before `now`, and each is rolled again after a start or an end, also while a targeted
+    read (the simulator's) holds a kept roll that a later targeted read continues."""
+    spread = (50.0, 400.0)  # r2's expected end moves with now: a continued roll would drift
+    run = (
+        running(job("r1", gpus=4, runtime=100.0), "n1", (0, 1, 2, 3)),
+        running(replace(job("r2", gpus=4, runtime=300.0), runtime_spread=spread), "n1", (4, 5, 6, 7)),
+    )
+    s1 = replace(_first(WAITING), running=run)
+    s2 = replace(s1, queued=(*s1.queued, W4))
+    live = Scheduler(PROFILE)
+    assert PROFILE.eta_reuse_s > 0
+    _eta(live, s1, 10.0, "w3")  # a targeted read keeps a roll
+    assert live.kept_rolls.kept is not None
+    for now, s in ((20.0, s2), (40.0, s2), (65.0, s2)):
+        shown = _shown(live, s, now)
+        fresh = _shown(Scheduler(replace(PROFILE, eta_reuse_s=0.0)), s, now)
+        assert shown == fresh
+        assert all(at is not None and at >= now for at in shown.values())
+    # the targeted read on the same Scheduler still continues the kept roll (it differs from the
+    # fresh one: the live view above did not take the kept roll's numbers)
+    continued = _eta(live, s2, 30.0, "w4")
+    assert live.kept_rolls.reused == 1
+    assert continued != _fresh(s2, 30.0, "w4")
+    # r1 ended: w1 starts on its GPUs; the jobs still waiting are rolled afresh from the new
+    # running set (w1's start and r2's end), as a fresh Scheduler's
+    ended = replace(s2, running=(run[1],))
+    shown = _shown(live, ended, 50.0)
+    assert "w1" not in shown
+    assert shown == _shown(Scheduler(replace(PROFILE, eta_reuse_s=0.0)), ended, 50.0)
+    assert all(at is not None and at >= 50.0 for at in shown.values())

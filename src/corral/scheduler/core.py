@@ -40,9 +40,10 @@ class Scheduler:
     needs from the cluster, and the waiting queue in order (queue_index.py). The caches never
     change a result (a fresh Scheduler gives the same plan); they only save work for a caller that
     passes the same nodes tuple and the same Job and RunningJob objects from cycle to cycle (the
-    live loop and the simulator do). The one exception is opt-in: with `Profile.eta_reuse_s` > 0
-    (default 0) targeted estimated starts may continue the last cycle's roll (eta_kept.py). Two
-    Schedulers share nothing. Not thread-safe: one caller at a time.
+    live loop and the simulator do). The one exception: with `Profile.eta_reuse_s` > 0 (the
+    `default` profile's 60 s, 0 for the others) targeted estimated starts (the simulator's reads of
+    its new jobs) may continue the last cycle's roll (eta_kept.py); the full diagnoses (what the
+    live loop writes) never do. Two Schedulers share nothing. Not thread-safe: one caller at a time.
 
     `replay_known=False` turns off the replay of outcomes known within a cycle (known.py), for
     tests that compare it with working every job out afresh."""
