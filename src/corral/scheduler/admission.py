@@ -19,7 +19,7 @@ import dataclasses
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from itertools import groupby
 from operator import attrgetter
 from typing import Protocol
@@ -694,6 +694,20 @@ class FairShareQueue:
             self.user_heaps[g] = heap
         self.group_heap = [(self.group_share[g], g) for g, heap in self.user_heaps.items() if heap]
         heapq.heapify(self.group_heap)
+
+    def taken(self, groups: Collection[str]) -> None:
+        """After a caller took jobs off the front of `groups`' user lists and set those groups' and
+        users' shares as pop() and charge() would have (eta_kept.KeptOrder): the heaps from the
+        lists and shares, so pop() goes on as after those pops (every entry's key is unique, so
+        the heaps' layout does not change what they give)."""
+        for g in groups:
+            heap = [self._user_key(g, u, q[0]) for u, q in self.users[g].items() if q]
+            heapq.heapify(heap)
+            self.user_heaps[g] = heap
+        self.group_heap = [(self.group_share[g], g) for g, heap in self.user_heaps.items() if heap]
+        heapq.heapify(self.group_heap)
+        self._pending = None
+        self._charged = False
 
     def charge(self, job: Job) -> None:
         """Count a placed job against its group's and user's share for the rest of the cycle."""

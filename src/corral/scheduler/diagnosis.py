@@ -25,6 +25,7 @@ from corral.scheduler.backfill import Event
 from corral.scheduler.cluster import ClusterState, Request, ShapeKey, shape_key
 from corral.scheduler.eta import backfill_starts, running_events, through_last
 from corral.scheduler.eta_cpu import CpuMemoryFloors, raise_to_floors
+from corral.scheduler.eta_kept import OrderRecorder
 from corral.scheduler.jobinfo import JobInfo, Waiting, job_models
 from corral.scheduler.plugins import FILTERS
 from corral.scheduler.profiles import Profile, grace_of
@@ -445,7 +446,7 @@ class DiagnosisView:
             return {j: self.etas.get(j) for j in job_ids}
         assigned = self.cycle.assigned_ids
         wanted = {j for j in job_ids if j not in assigned}
-        found = self._roll(self._eta_order(wanted), wanted, keep=True) if wanted else {}
+        found = self._roll(self._eta_order(wanted, keep=True), wanted, keep=True) if wanted else {}
         return {j: found.get(j) for j in job_ids}
 
     def _roll(
@@ -559,14 +560,18 @@ class DiagnosisView:
         """When running GPUs come back, for the backfill roll (computed once per cycle and q)."""
         return _cycle_events(self.cycle, self.events, q)
 
-    def _eta_order(self, targets: set[str] | None) -> list[Job]:
+    def _eta_order(self, targets: set[str] | None, keep: bool = False) -> list[Job]:
         """Waiting jobs in the order they are expected to start, up to eta_limit: all of them, or
         (`targets`) at least as far as every target; later calls extend what earlier ones popped.
         Fair share: `_start_queue`, each job charged to its group and user as it is taken, as the
         cycle that starts it will charge it. Other orders (fixed by submit time, estimate or
-        attained service): the order the cycle considered them, then the rest of its queue."""
+        attained service): the order the cycle considered them, then the rest of its queue.
+        `keep` (a targeted read with `eta_reuse_s` on, fair share, the first call of the cycle):
+        the last such read's order taken without popping where it provably comes first, and this
+        read's pops kept for the next (eta_kept.KeptOrder; the same order either way)."""
         cycle = self.cycle
         order, seen = self.order, self.order_ids
+        recorder = None
         if order is None:
             order = self.order = []
             self.start_queue = self._start_queue()
@@ -576,6 +581,10 @@ class DiagnosisView:
                     if job.id not in assigned and job.id not in seen:
                         seen.add(job.id)
                         order.append(job)
+            elif keep and cycle.profile.eta_reuse_s > 0:
+                recorder = OrderRecorder(self.start_queue, cycle.verdicts.unschedulable)
+                recorder.skip(cycle.kept_rolls.order, order, seen, cycle.profile.eta_limit)
+                cycle.kept_rolls.skipped += recorder.skipped
         missing = None if targets is None else len(targets - seen)
         limit = cycle.profile.eta_limit
         start_queue = self.start_queue
@@ -592,6 +601,8 @@ class DiagnosisView:
                 self.order_done = True
                 break
             rest_id = rest.id
+            if recorder is not None:
+                recorder.popped(rest)
             if charge is not None and rest_id not in never:
                 charge(rest)  # as the cycle that starts it will: its group's turn passes
             if rest_id not in seen:
@@ -599,6 +610,8 @@ class DiagnosisView:
                 order.append(rest)
                 if missing is not None and rest_id in targets:  # type: ignore[operator]
                     missing -= 1
+        if recorder is not None:  # (not where eta_limit cut the order: that is no pop sequence)
+            cycle.kept_rolls.order = None if len(order) >= limit else recorder.record(order)
         return order
 
     def _start_queue(self) -> FairShareQueue | None:

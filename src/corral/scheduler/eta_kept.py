@@ -26,15 +26,22 @@ points either way on every trace measured, so the `default` profile has it on at
 `eta_reuse_s = 0` (the other profiles) rolls from scratch every time (a fresh Scheduler's
 estimates). The full set of diagnoses (`LazyDiagnoses`
 iterated, `one`, `estimated_start`: what the live server shows) never uses a kept roll.
+
+The expected start order itself is exact either way: a targeted read (with `eta_reuse_s` > 0,
+fair share) takes the last such read's popped jobs as its own first pops without popping them
+only where `KeptOrder`'s rule shows they come first, and pops as before otherwise (`OrderRecorder`;
+docs/simulator.md, "Sixteenth round").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import is_
 from typing import TYPE_CHECKING
 
+from corral.scheduler.admission import FairShareQueue
 from corral.scheduler.backfill import Event
 from corral.scheduler.eta import BackfillRoll
 from corral.scheduler.jobinfo import Waiting
@@ -60,11 +67,13 @@ class KeptRoll:
 class KeptRolls:
     """The Scheduler's kept roll (at most one): continued by later cycles while it holds."""
 
-    __slots__ = ("kept", "reused")
+    __slots__ = ("kept", "order", "reused", "skipped")
 
     def __init__(self) -> None:
         self.kept: KeptRoll | None = None
+        self.order: KeptOrder | None = None  # the last targeted read's expected-start order
         self.reused = 0  # rolls continued rather than built (for tests and benches)
+        self.skipped = 0  # jobs of the expected-start order taken from `order` without popping
 
     def place(
         self,
@@ -114,3 +123,163 @@ class KeptRolls:
         if len(jobs) <= len(placed) or not all(map(is_, jobs, placed)):  # (map stops at placed's end)
             return False
         return cycle.st.free_total == kept.roll.free_by_model
+
+
+# Float slack of the order check, relative to the shares' size: a share is a sum of at most
+# eta_limit charges and one base, each rounded once (relative error ~1e-16 each), so a margin
+# that clears the check by 1e-7 of the shares' size clears it in exact arithmetic too.
+SLACK = 1e-7
+
+
+@dataclass(slots=True)
+class KeptOrder:
+    """The expected-start order a targeted read popped (`DiagnosisView._eta_order`), with what a
+    later cycle needs to show, without popping, that its own order begins with the same jobs.
+
+    Why that can be shown: the order is a fair-share queue; at each pop the group with the least
+    share goes first, then (alone in its group here) its user's next job, and the popped job's
+    cost is added to its group's share. A later cycle's queue starts from other shares (past usage
+    decays and running work accrues with `now`: each group's base moves by its own `d_g`), but
+    charges the same jobs the same amounts. So while every group the pops took from has a single
+    user whose list still begins with the jobs popped from it, each pop's winner still has the
+    least share if the least margin over the pops (`margin`: next share minus the winner's, at
+    each pop) exceeds the spread of the d_g; and a group that had no job left at some pop but has
+    one now (a new arrival) does not win there if its share exceeds every winner's (`top`) moved
+    by the largest d_g. Both with a float slack (SLACK)."""
+
+    jobs: list[Job]  # popped, in order
+    by_group: dict[str, list[Job]]  # the same per group, in order
+    base: dict[str, float]  # each group's share before the first pop
+    weights: Mapping[str, float]
+    horizon: float
+    counts: dict[str, int]  # waiting jobs per group in the queue before the first pop
+    margin: float  # at most the least (least other group's share - the popped group's) at a pop
+    top: float  # at least the greatest popped group's share at its pop
+    uncharged: bool  # a popped job was not charged (unschedulable)
+
+
+class OrderRecorder:
+    """One targeted read's pops of the expected-start queue: first the kept order's jobs taken
+    without popping where `KeptOrder` shows they come first (`skip`), then each pop recorded
+    (`popped`, before its charge), and the new KeptOrder (`record`)."""
+
+    __slots__ = ("base", "by_group", "margin", "never", "queue", "skipped", "top", "uncharged")
+
+    def __init__(self, queue: FairShareQueue, never: Mapping[str, object]) -> None:
+        self.queue = queue
+        self.never = never
+        self.base = dict(queue.group_share)
+        self.by_group: dict[str, list[Job]] = {}
+        self.margin = math.inf
+        self.top = -math.inf
+        self.uncharged = False
+        self.skipped = 0  # jobs taken from the kept order without popping (for tests and benches)
+
+    def popped(self, job: Job) -> None:
+        """Record a pop (before its charge): the margin to the next group, the winner's share."""
+        queue = self.queue
+        share = queue.group_share[job.group]
+        heap = queue.group_heap
+        if heap:
+            gap = heap[0][0] - share
+            if gap < self.margin:
+                self.margin = gap
+        if share > self.top:
+            self.top = share
+        jobs = self.by_group.get(job.group)
+        if jobs is None:
+            self.by_group[job.group] = [job]
+        else:
+            jobs.append(job)
+        if job.id in self.never:
+            self.uncharged = True
+
+    def record(self, order: list[Job]) -> KeptOrder:
+        queue = self.queue
+        counts = {g: sum(len(q) for q in users.values()) for g, users in queue.users.items()}
+        for g, jobs in self.by_group.items():  # (the lists hold what is left: add what was popped)
+            counts[g] = counts.get(g, 0) + len(jobs)
+        return KeptOrder(
+            list(order),
+            self.by_group,
+            self.base,
+            queue.weights,
+            queue.horizon,
+            counts,
+            self.margin,
+            self.top,
+            self.uncharged,
+        )
+
+    def skip(self, kept: KeptOrder | None, order: list[Job], seen: set[str], limit: int) -> None:
+        """Take `kept`'s jobs as this queue's first pops (into `order` and `seen`, charged, the
+        queue left as after those pops) where KeptOrder's rule shows they come first; else
+        nothing (the caller pops them)."""
+        if kept is None or kept.uncharged or len(kept.jobs) >= limit:
+            return
+        queue = self.queue
+        if queue.horizon != kept.horizon or queue.weights != kept.weights:
+            return
+        users = queue.users
+        for g, jobs in kept.by_group.items():  # one user per group popped, its list begins with them
+            per_user = users.get(g)
+            if per_user is None or len(per_user) != 1:
+                return
+            q = next(iter(per_user.values()))
+            if len(q) < len(jobs) or not all(map(is_, q, jobs)):
+                return
+        never = self.never
+        if never and any(j.id in never for j in kept.jobs):
+            return
+        shares = self._after(kept)
+        if shares is None:
+            return
+        for g, jobs in kept.by_group.items():
+            u, q = next(iter(users[g].items()))
+            for _ in jobs:
+                job = q.popleft()
+                if job.id in queue.cpu_ids:
+                    queue.cpu_only_left -= 1
+            queue.group_share[g], queue.user_share[(g, u)] = shares[g]
+        queue.taken(kept.by_group.keys())
+        order.extend(kept.jobs)
+        seen.update(j.id for j in kept.jobs)
+        self.by_group = kept.by_group  # (the kept record is done with: its lists go on here)
+        self.skipped = len(kept.jobs)
+
+    def _after(self, kept: KeptOrder) -> dict[str, tuple[float, float]] | None:
+        """Each popped group's (share, its user's share) after `kept`'s pops, charged as
+        FairShareQueue.charge would (the same operations in the same order, so the same floats),
+        where the rule holds; None where it does not. Sets this record's bounds in the new frame."""
+        queue = self.queue
+        base, old = self.base, kept.base
+        moved = [base[g] - old[g] for g in base if g in old]
+        spread = max(moved) - min(moved) if moved else 0.0
+        lift = max(base[g] - old[g] for g in kept.by_group)  # every popped group is in both
+        scale = max(abs(v) for v in base.values()) + max(abs(v) for v in old.values()) + abs(kept.top)
+        slack = SLACK * (1.0 + scale + spread)
+        if not kept.margin > spread + slack:
+            return None
+        shares: dict[str, tuple[float, float]] = {}
+        weights, horizon = queue.weights, queue.horizon
+        for g, jobs in kept.by_group.items():
+            u = next(iter(queue.users[g]))
+            share = queue.group_share.get(g, 0.0)
+            mine = queue.user_share.get((g, u), 0.0)
+            for job in jobs:
+                cost = max(job.total_gpus, 0) * horizon
+                share = share + cost / max(weights.get(g, 1.0), 1e-9)
+                mine = mine + cost
+            shares[g] = (share, mine)
+        bar = kept.top + lift + slack  # a share above it loses to every pop's winner
+        for g, per_user in queue.users.items():
+            count = sum(len(q) for q in per_user.values())
+            had = kept.counts.get(g)
+            popped = len(kept.by_group.get(g, ()))
+            if count == 0 or (had is not None and (count <= had or had > popped)):
+                continue  # present at no pop it was absent from
+            if not (shares[g][0] if g in shares else queue.group_share[g]) > bar:
+                return None
+        self.margin = kept.margin - spread - slack
+        self.top = bar
+        return shares
