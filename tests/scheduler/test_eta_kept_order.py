@@ -165,3 +165,13 @@ def test_a_record_made_on_a_skip_carries_the_moved_shares_over() -> None:
     assert recorder.skipped == 0
     assert [j.id for j in _pop(queue, 4)] == [j.id for j in _pop(_queue([*a, h], usage, weights), 4)]
     assert [j.id for j in _pop(_queue([*a, h], usage, weights), 4)] == ["a0", "a1", "h0", "a2"]
+
+
+def test_a_record_of_no_pops_takes_nothing() -> None:
+    jobs = [job("x", gpus=1, group="g")]
+    empty = _kept([], {}, {"g": 1.0}, 1)  # (the same weights: only the empty record differs)
+    assert empty.jobs == []
+    recorder = OrderRecorder(_queue(jobs, {"g": 0.0}, {"g": 1.0}), NEVER)
+    order: list[Job] = []
+    recorder.skip(empty, order, set(), 2000)
+    assert recorder.skipped == 0 and not order

@@ -215,7 +215,7 @@ class OrderRecorder:
         """Take `kept`'s jobs as this queue's first pops (into `order` and `seen`, charged, the
         queue left as after those pops) where KeptOrder's rule shows they come first; else
         nothing (the caller pops them)."""
-        if kept is None or kept.uncharged or len(kept.jobs) >= limit:
+        if kept is None or not kept.jobs or kept.uncharged or len(kept.jobs) >= limit:
             return
         queue = self.queue
         if queue.horizon != kept.horizon or queue.weights != kept.weights:
