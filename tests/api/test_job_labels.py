@@ -197,3 +197,62 @@ def test_a_cancel_says_why_in_the_callers_words(world: World) -> None:
     r = world.client.post(f"{JOBS}/{again}/cancel", json={"reason": "a\tb"}, headers=world.as_("alice"))
     assert r.status_code == 422 and "must be one line of text" in r.text, r.text
     assert world.client.get(f"{JOBS}/{again}", headers=world.as_("alice")).json()["state"] == "queued"
+
+
+def test_hold_and_release_by_labels_act_per_queued_job(world: World) -> None:
+    """POST /jobs/hold and /jobs/release: each visible queued job carrying the labels, through the
+    single hold/release (a repeat changes nothing; an admin's hold stays, refused for that job alone)."""
+    fresh = submit(world, experiment="e1", trial="1")
+    mine = submit(world, experiment="e1", trial="2")
+    admins = submit(world, experiment="e1", trial="3")
+    running = submit(world, experiment="e1", trial="4")
+    other = submit(world, experiment="e2")
+    carols = submit(world, "carol", experiment="e1")
+    with world.session_factory() as db:
+        add_node(db)
+        make_running(db, running)
+    assert world.client.post(f"{JOBS}/{mine}/hold", headers=world.as_("alice")).status_code == 200
+    assert world.client.post(f"{JOBS}/{admins}/hold", headers=world.as_("admin")).status_code == 200
+
+    r = world.client.post(f"{JOBS}/hold", json={"labels": ["experiment=e1"]}, headers=world.as_("alice"))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["matched"] == 3
+    assert [(i["id"], i["outcome"], i["state"], i["held"]) for i in body["items"]] == [
+        (fresh, "held", "queued", True),
+        (mine, "unchanged", "queued", True),
+        (admins, "unchanged", "queued", True),
+    ]
+
+    def hold_of(job_id: int) -> Any:
+        return world.client.get(f"{JOBS}/{job_id}", headers=world.as_("admin")).json()["hold"]
+
+    assert hold_of(fresh)["by"] == "alice" and hold_of(other) is None and hold_of(carols) is None
+    assert hold_of(running) is None
+
+    r = world.client.post(f"{JOBS}/release", json={"labels": ["experiment"]}, headers=world.as_("alice"))
+    assert r.status_code == 200, r.text
+    items = {i["id"]: i for i in r.json()["items"]}
+    assert {k: (v["outcome"], v["held"]) for k, v in items.items()} == {
+        fresh: ("released", False),
+        mine: ("released", False),
+        admins: ("refused", True),
+        other: ("unchanged", False),
+    }
+    assert "only an admin can release it" in items[admins]["message"]
+    assert hold_of(fresh) is None and hold_of(mine) is None and hold_of(admins)["by"] == "admin"
+    kinds = [e["kind"] for e in world.client.get(f"{JOBS}/{fresh}/events", headers=world.as_("alice")).json()]
+    assert kinds.count("hold") == 1 and kinds.count("release") == 1
+
+    r = world.client.post(f"{JOBS}/release", json={"labels": ["experiment=e1"]}, headers=world.as_("admin"))
+    assert [(i["id"], i["outcome"]) for i in r.json()["items"]] == [
+        (fresh, "unchanged"),
+        (mine, "unchanged"),
+        (admins, "released"),
+        (carols, "unchanged"),
+    ]
+    for path in ("hold", "release"):
+        for bad in ({"labels": []}, {}, {"labels": ["bad label"]}):
+            r = world.client.post(f"{JOBS}/{path}", json=bad, headers=world.as_("alice"))
+            assert r.status_code == 422, r.text
+    assert hold_of(fresh) is None

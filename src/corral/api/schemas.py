@@ -377,6 +377,31 @@ class CancelByLabelsOut(BaseModel):
     items: list[CancelledJobOut]
 
 
+class HoldByLabelsIn(RequestBody):
+    """POST /jobs/hold and /jobs/release: the labels (NAME=VALUE, or NAME for any value) every
+    queued job held or released carries (at least one)."""
+
+    labels: list[LabelSelectorText] = Field(min_length=1, max_length=MAX_LABELS)
+
+
+class HeldJobOut(BaseModel):
+    id: int
+    # held / released | unchanged (already held; not held) | refused (placed meanwhile; an admin's
+    # hold, for a non-admin) | gone (deleted meanwhile)
+    outcome: Literal["held", "released", "unchanged", "refused", "gone"]
+    state: str | None
+    held: bool | None
+    message: str
+
+
+class HoldByLabelsOut(BaseModel):
+    """What POST /jobs/hold or /jobs/release did, per job it matched (queued, visible, carrying
+    every label)."""
+
+    matched: int
+    items: list[HeldJobOut]
+
+
 class MetricPointOut(BaseModel):
     step: int | None
     values: dict[str, float]

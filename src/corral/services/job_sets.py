@@ -1,16 +1,19 @@
 """Sets of jobs picked by label or id, for tools that run many jobs at once (an AutoML search's
-trials, a sweep): reading the `label` and `id` filters of GET /jobs, and cancelling every visible
-live job that carries some labels (POST /jobs/cancel, `corral cancel -l experiment=e1`).
+trials, a sweep): reading the `label` and `id` filters of GET /jobs, cancelling every visible
+live job that carries some labels (POST /jobs/cancel, `corral cancel -l experiment=e1`), and
+holding or releasing every visible queued one (POST /jobs/hold, /jobs/release, `corral hold -l`).
 
 A bulk cancel is one `services.jobs.cancel_job` per job, each in its own transaction through the
 lifecycle's compare-and-set (a queued job ends at once, a running one is asked to stop): a job that
-ended or was deleted meanwhile is reported as such and the others go on. Nothing is done for jobs
-the caller may not see, as for a single cancel."""
+ended or was deleted meanwhile is reported as such and the others go on. A bulk hold or release is
+likewise one `services.holds.hold_job` / `release_job` per queued job (their rights, audit and
+repeat rules), a refusal (placed meanwhile; an admin's hold released by a non-admin) said for that
+job alone. Nothing is done for jobs the caller may not see, as for a single cancel or hold."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal, TypedDict
 
 from sqlalchemy import select
@@ -18,15 +21,18 @@ from sqlalchemy.orm import Session
 
 from corral.db.models import Job
 from corral.services.auth import Principal
-from corral.services.errors import Conflict, Invalid, NotFound
+from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
+from corral.services.holds import HoldOutcome, hold_job, release_job
 from corral.services.jobs import MAX_IDS, JobFilter, cancel_job, matching_ids
 from corral.services.lifecycle import JobState
+from corral.services.views import is_held
 from corral.spec import MAX_LABELS, parse_label_selector
 
 MAX_JOB_ID = 2**31 - 1  # jobs.id is a 32-bit integer on PostgreSQL (corral.api.deps.MAX_ROW_ID)
 LIVE_STATES = tuple(s.value for s in JobState if not s.terminal)
 
 CancelOutcome = Literal["cancelled", "stopping", "ended", "gone"]
+HoldSetOutcome = Literal["held", "released", "unchanged", "refused", "gone"]
 
 
 class CancelledJob(TypedDict):
@@ -35,6 +41,18 @@ class CancelledJob(TypedDict):
     id: int
     outcome: CancelOutcome  # cancelled (was queued) | stopping | ended (before) | gone (deleted)
     state: str | None  # the job's state after it (None: deleted)
+    message: str
+
+
+class HeldJob(TypedDict):
+    """What a bulk hold or release did to one job."""
+
+    id: int
+    # held / released | unchanged (already held; not held) | refused (placed meanwhile; an admin's
+    # hold, for a non-admin) | gone (deleted meanwhile)
+    outcome: HoldSetOutcome
+    state: str | None  # the job's state after it (None: deleted)
+    held: bool | None  # whether it is held now (None: deleted)
     message: str
 
 
@@ -117,3 +135,71 @@ def _cancel_one(
         "state": job.state,
         "message": f"job {job_id} is {job.state}; it is being stopped",
     }
+
+
+def hold_by_labels(
+    session: Session,
+    principal: Principal,
+    labels: Sequence[tuple[str, str | None]],
+    *,
+    now: float | None = None,
+) -> list[HeldJob]:
+    """Hold every queued job the caller may see that carries all of `labels`, oldest first, one
+    transaction per job (services.holds.hold_job); what happened to each."""
+    return _each_queued(session, principal, labels, "hold", hold_job, now)
+
+
+def release_by_labels(
+    session: Session,
+    principal: Principal,
+    labels: Sequence[tuple[str, str | None]],
+    *,
+    now: float | None = None,
+) -> list[HeldJob]:
+    """Release every queued job the caller may see that carries all of `labels` (a job that is not
+    held: `unchanged`), oldest first, one transaction per job (services.holds.release_job)."""
+    return _each_queued(session, principal, labels, "release", release_job, now)
+
+
+def _each_queued(
+    session: Session,
+    principal: Principal,
+    labels: Sequence[tuple[str, str | None]],
+    verb: Literal["hold", "release"],
+    act: Callable[..., HoldOutcome],
+    now: float | None,
+) -> list[HeldJob]:
+    if not labels:  # an empty selector would act on everything the caller can see
+        raise Invalid(f"name at least one label (NAME=VALUE) whose jobs to {verb}", ("body", "labels"))
+    now = time.time() if now is None else now
+    ids = matching_ids(session, principal, JobFilter(state=(JobState.QUEUED.value,), labels=labels))
+    session.rollback()  # each hold or release below is a transaction of its own
+    done: HoldSetOutcome = "held" if verb == "hold" else "released"
+    items: list[HeldJob] = []
+    for job_id in ids:
+        try:
+            outcome = act(session, principal, job_id, now=now)
+        except (Conflict, Forbidden) as exc:
+            session.rollback()
+            job = session.get(Job, job_id, populate_existing=True)
+            state, held = (None, None) if job is None else (job.state, is_held(job))
+            items.append(
+                {"id": job_id, "outcome": "refused", "state": state, "held": held, "message": exc.message}
+            )
+            continue
+        except NotFound:
+            session.rollback()
+            message = f"job {job_id} is gone"
+            items.append({"id": job_id, "outcome": "gone", "state": None, "held": None, "message": message})
+            continue
+        view = outcome["job"]
+        items.append(
+            {
+                "id": job_id,
+                "outcome": done if outcome["changed"] else "unchanged",
+                "state": view["state"],
+                "held": view["hold"] is not None,
+                "message": outcome["message"],
+            }
+        )
+    return items

@@ -21,6 +21,8 @@ from corral.api.schemas import (
     CancelByLabelsOut,
     CancelIn,
     EventOut,
+    HoldByLabelsIn,
+    HoldByLabelsOut,
     HoldOutcomeOut,
     JobListOut,
     JobMetricsOut,
@@ -334,6 +336,25 @@ def cancel_by_labels(body: CancelByLabelsIn, db: DB, principal: CurrentUser) -> 
     each as POST /jobs/{id}/cancel does it, in a transaction of its own; what happened to each."""
     labels = job_sets.label_selectors(body.labels, ("body", "labels"))
     items = job_sets.cancel_by_labels(db, principal, labels, reason=body.reason)
+    return fast_json({"matched": len(items), "items": items})
+
+
+@router.post("/jobs/hold", response_model=HoldByLabelsOut)
+def hold_by_labels(body: HoldByLabelsIn, db: DB, principal: CurrentUser) -> Any:
+    """Hold every queued job you may see that carries all the labels: each as POST
+    /jobs/{id}/hold does it, in a transaction of its own; what happened to each."""
+    labels = job_sets.label_selectors(body.labels, ("body", "labels"))
+    items = job_sets.hold_by_labels(db, principal, labels)
+    return fast_json({"matched": len(items), "items": items})
+
+
+@router.post("/jobs/release", response_model=HoldByLabelsOut)
+def release_by_labels(body: HoldByLabelsIn, db: DB, principal: CurrentUser) -> Any:
+    """Release every queued job you may see that carries all the labels: each as POST
+    /jobs/{id}/release does it (an admin's hold only an admin releases), in a transaction of its
+    own; what happened to each (`unchanged`: it was not held)."""
+    labels = job_sets.label_selectors(body.labels, ("body", "labels"))
+    items = job_sets.release_by_labels(db, principal, labels)
     return fast_json({"matched": len(items), "items": items})
 
 
