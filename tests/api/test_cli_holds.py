@@ -100,6 +100,45 @@ def test_an_admin_hold_refuses_the_owners_release(world: World, server_url: str,
     assert (code, out.strip()) == (0, f"job {job} released: it is queued again")
 
 
+def test_hold_and_release_by_label(world: World, server_url: str, tmp_path: Path) -> None:
+    """`corral hold -l` / `release -l` (SDK hold_by_labels / release_by_labels): a line per job
+    and the count; an admin's hold refused on stderr with exit 1, the others released."""
+    spec = spec_file(tmp_path)
+    trial, admins = (submitted(world, server_url, spec, "-l", "exp=e1") for _ in range(2))
+    other = submitted(world, server_url, spec, "-l", "exp=e2")
+    assert run(world, server_url, "admin", "hold", str(admins))[0] == 0
+    code, out = run(world, server_url, "alice", "hold", "-l", "exp=e1")
+    assert code == 0, out
+    lines = out.strip().splitlines()
+    assert re.fullmatch(rf"job {trial} held by alice {SINCE}: corral release {trial}", lines[0]), out
+    assert lines[1].startswith(f"job {admins} was already held by admin ") and lines[2:] == [
+        "2 queued jobs with exp=e1"
+    ], out
+    code, out = run(world, server_url, "alice", "release", "-l", "exp")
+    assert code == 1, out
+    assert out.strip().splitlines() == [
+        f"job {trial} released: it is queued again",
+        f"error: job {admins} is held by admin as an admin: only an admin can release it",
+        f"job {other} is not held",
+        "3 queued jobs with exp",
+    ], out
+    code, out = run(world, server_url, "alice", "hold", str(trial), "-l", "exp=e1")
+    assert code == 1 and "give job ids or labels (-l NAME=VALUE), one of them" in out, out
+    code, out = run(world, server_url, "alice", "release")
+    assert code == 1 and "give job ids or labels" in out, out
+    assert Client(server_url, world.as_("alice")["Authorization"].split()[1]).release_by_labels(
+        {"exp": "e2"}
+    )["items"] == [
+        {
+            "id": other,
+            "outcome": "unchanged",
+            "state": "queued",
+            "held": False,
+            "message": f"job {other} is not held",
+        }
+    ]
+
+
 def test_events_lists_a_jobs_history(world: World, server_url: str, tmp_path: Path) -> None:
     job = submitted(world, server_url, spec_file(tmp_path), "--hold")
     run(world, server_url, "bob", "release", str(job))

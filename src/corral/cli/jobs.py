@@ -641,21 +641,45 @@ def _each_job(job_ids: list[int], act: Callable[[int], str]) -> int:
     return failed
 
 
+JobsArg = Annotated[list[int] | None, typer.Argument(metavar="[JOB...]", show_default=False)]
+
+
 @friendly_errors
-def hold(job_ids: Annotated[list[int], typer.Argument(metavar="JOB...", help="queued jobs")]) -> None:
+def hold(job_ids: JobsArg = None, label: LabelOpt = None) -> None:
     """Hold queued jobs back: they keep their place and history but are never scheduled until
-    `corral release`. An admin's hold only an admin releases. Exit 1 if any was refused."""
-    with client() as c:
-        if _each_job(job_ids, lambda job_id: str(c.hold_job(job_id)["message"])):
-            raise typer.Exit(1)
+    `corral release`; or with `-l NAME=VALUE` every queued job you can see that carries the labels.
+    An admin's hold only an admin releases. Exit 1 if any was refused."""
+    _hold_or_release("hold", job_ids, label)
 
 
 @friendly_errors
-def release(job_ids: Annotated[list[int], typer.Argument(metavar="JOB...", help="held jobs")]) -> None:
-    """Release held jobs: they are schedulable again at once. Exit 1 if any was refused."""
+def release(job_ids: JobsArg = None, label: LabelOpt = None) -> None:
+    """Release held jobs: they are schedulable again at once; or with `-l NAME=VALUE` every queued
+    job you can see that carries the labels. Exit 1 if any was refused."""
+    _hold_or_release("release", job_ids, label)
+
+
+def _hold_or_release(verb: str, job_ids: list[int] | None, label: list[str] | None) -> None:
+    """Each job's answer on a line (a refusal on stderr); exit 1 if any was refused."""
+    if bool(job_ids) == bool(label):
+        raise CorralError("give job ids or labels (-l NAME=VALUE), one of them")
     with client() as c:
-        if _each_job(job_ids, lambda job_id: str(c.release_job(job_id)["message"])):
-            raise typer.Exit(1)
+        if job_ids:
+            act = c.hold_job if verb == "hold" else c.release_job
+            if _each_job(job_ids, lambda job_id: str(act(job_id)["message"])):
+                raise typer.Exit(1)
+            return
+        labels = label_filter(label)
+        done = c.hold_by_labels(labels) if verb == "hold" else c.release_by_labels(labels)
+    for item in done["items"]:
+        if item["outcome"] == "refused":
+            error_line(item["message"])
+        else:
+            out.print(item["message"], highlight=False, markup=False, soft_wrap=True)
+    selector = ",".join(k if v is None else f"{k}={v}" for k, v in labels.items())
+    out.print(f"{plural(done['matched'], 'queued job')} with {selector}", highlight=False)
+    if any(item["outcome"] == "refused" for item in done["items"]):
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

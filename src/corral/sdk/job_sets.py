@@ -1,6 +1,7 @@
 """Waiting for many jobs at once (an AutoML search's trials, a sweep): `wait_any` and `wait_all`
 watch a set of jobs, given by id or by label, with one list request per poll (GET /jobs?id=... or
-?label=...), not one GET per job; and `report_metrics`, which a job calls to report a metric that
+?label=...), not one GET per job; `hold_by_labels` / `release_by_labels` hold or release every
+queued one carrying some labels; and `report_metrics`, which a job calls to report a metric that
 the tool reads back with `Client.metrics`."""
 
 from __future__ import annotations
@@ -95,6 +96,23 @@ class JobSetsApi(BaseClient):
             missing = sorted(wanted - seen)
             if missing:
                 raise CorralError(f"no job with id {', '.join(map(str, missing))} (or not one you can see)")
+
+    def hold_by_labels(self, labels: Mapping[str, object]) -> dict[str, Any]:
+        """Hold every queued job you can see that carries all of `labels` (`corral hold -l`):
+        {"matched", "items": [{"id", "outcome", "state", "held", "message"}]}, outcome `held`,
+        `unchanged` (it already was), `refused` (placed meanwhile) or `gone` (deleted meanwhile)."""
+        return self._hold_set("hold", labels)
+
+    def release_by_labels(self, labels: Mapping[str, object]) -> dict[str, Any]:
+        """Release every queued job you can see that carries all of `labels` (`corral release
+        -l`): as `hold_by_labels`, outcome `released`, `unchanged` (it was not held), `refused`
+        (an admin's hold, released by someone else) or `gone`."""
+        return self._hold_set("release", labels)
+
+    def _hold_set(self, verb: str, labels: Mapping[str, object]) -> dict[str, Any]:
+        if not labels:  # the server refuses it too: said here before a request
+            raise CorralError(f"name at least one label whose jobs to {verb}")
+        return self.request("POST", f"/jobs/{verb}", json={"labels": label_selectors(labels)})
 
     def metrics_of(
         self,
