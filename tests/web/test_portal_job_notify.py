@@ -1,6 +1,8 @@
-"""A job's notifications in a real browser (real server, Chromium): the job page's summary shows
-its spec's `notify`, and its timeline the `notify` event the notification loop recorded (here: its
-owner has no contact of the kind asked for, so nothing was sent, and the page says so)."""
+"""A job's notifications, labels and metrics in a real browser (real server, Chromium): the job
+page's summary shows its spec's `notify`, and its timeline the `notify` event the notification loop
+recorded (here: its owner has no contact of the kind asked for, so nothing was sent, and the page
+says so). The jobs list shows labels as chips and filters by them (the text box, a chip); the job
+page shows its labels and draws the metrics the job wrote to $CORRAL_OUTPUTS/metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -9,6 +11,13 @@ from playwright.sync_api import expect
 
 from tests.server_fixture import wait_for
 from tests.web.conftest import Portal
+
+RESOURCES = {"cpus": 0.25, "memory": "128MiB"}
+# Three points of two metrics, the last with a name the others lack; a stray line skipped.
+REPORTS = (
+    '{"step": 10, "loss": 0.9, "acc": 0.5}\n{"step": 20, "loss": 0.6}\nnot json\n'
+    '{"step": 30, "loss": 0.25, "acc": 0.75}\n'
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -36,4 +45,68 @@ def test_the_job_page_shows_notify_and_what_it_sent(portal: Portal) -> None:
     expect(page.locator("ol.timeline")).to_contain_text(
         "no notification of 'failed' sent: admin has no contact of kind slack"
     )
+    assert page.js_errors == []
+
+
+def test_labels_are_shown_and_filtered_and_metrics_drawn(portal: Portal) -> None:
+    reporter = {
+        "name": "reporter",
+        "group": "team-a",
+        "labels": {"experiment": "pl1", "trial": 1},
+        "tasks": {
+            "main": {
+                "command": f"printf '{REPORTS}' >> $CORRAL_OUTPUTS/metrics.jsonl",
+                "resources": RESOURCES,
+            }
+        },
+    }
+    silent = {
+        "name": "silent",
+        "group": "team-a",
+        "labels": {"experiment": "pl2"},
+        "tasks": {"main": {"command": "true", "resources": RESOURCES}},
+    }
+    with portal.api() as api:
+        ids = []
+        for spec in (reporter, silent):
+            r = api.post("/api/v1/jobs", json=spec)
+            assert r.status_code == 201, r.text
+            ids.append(r.json()["id"])
+        wait_for(
+            lambda: all(api.get(f"/api/v1/jobs/{i}").json()["state"] == "succeeded" for i in ids),
+            60,
+            0.2,
+            "both jobs to succeed",
+        )
+    reporter_id, silent_id = ids
+    page = portal.login("root", path="/jobs")
+    row = page.locator(f"tr[data-job-id='{reporter_id}'] td.job-labels .chip")
+    expect(row).to_have_text(["experiment=pl1", "trial=1"])
+    page.fill("#filter-label", "experiment=pl1 trial=1")
+    page.click("form.filters button[type=submit]")
+    page.wait_for_url("**/jobs?label=experiment%3Dpl1&label=trial%3D1")
+    expect(page.locator("tbody tr")).to_have_count(1)
+    expect(page.locator(f"tr[data-job-id='{reporter_id}']")).to_be_visible()
+    page.goto(f"{portal.url}/jobs")
+    page.locator(f"tr[data-job-id='{silent_id}'] a.chip", has_text="experiment=pl2").click()
+    page.wait_for_url("**/jobs?label=experiment%3Dpl2")
+    expect(page.locator("#filter-label")).to_have_value("experiment=pl2")
+    expect(page.locator("tbody tr")).to_have_count(1)
+    expect(page.locator(f"tr[data-job-id='{silent_id}']")).to_be_visible()
+
+    page.goto(f"{portal.url}/jobs/{reporter_id}")
+    expect(page.locator("#job-labels .chip")).to_have_text(["experiment=pl1", "trial=1"])
+    charts = page.locator("#job-metrics figure.metric-chart")
+    expect(charts).to_have_count(2)
+    loss = page.locator("#job-metrics figure[data-metric='loss']")
+    expect(loss.locator("h3")).to_have_text("loss 0.25")
+    # three points: a path of three segments' ends (M, L, L) over steps 10 to 30
+    assert loss.locator("svg path.series").get_attribute("d").count("L") == 2
+    expect(loss.locator("svg text.axis").last).to_have_text("step 30")
+    acc = page.locator("#job-metrics figure[data-metric='acc']")
+    assert acc.locator("svg path.series").get_attribute("d").count("L") == 1
+    expect(page.locator("#metrics-notes")).to_have_text("1 line skipped (not an object of names to numbers).")
+    page.goto(f"{portal.url}/jobs/{silent_id}")
+    expect(page.locator("#job-metrics")).to_contain_text("No metrics reported.")
+    expect(page.locator("#job-metrics svg")).to_have_count(0)
     assert page.js_errors == []

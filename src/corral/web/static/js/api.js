@@ -84,7 +84,10 @@ function isCsrfRefusal(response, payload) {
 export function buildUrl(path, query) {
   const url = new URL(BASE + path, window.location.origin);
   for (const [key, value] of Object.entries(query || {})) {
-    if (value !== undefined && value !== null && value !== "") url.searchParams.set(key, String(value));
+    // A list is the parameter repeated (`?label=a=1&label=b=2`, ANDed by the API).
+    for (const item of Array.isArray(value) ? value : [value]) {
+      if (item !== undefined && item !== null && item !== "") url.searchParams.append(key, String(item));
+    }
   }
   return url.pathname + url.search;
 }

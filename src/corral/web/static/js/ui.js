@@ -230,11 +230,14 @@ export function usageBar(used, total, label, marker) {
 
 // ---- charts -------------------------------------------------------------------------------------
 
-// A small inline-SVG line chart. series: [{name, points: [[t, v], ...]}], values 0..100.
+// A small inline-SVG line chart. series: [{name, points: [[x, v], ...]}]. By default x is unix
+// seconds and v a percentage 0..100 (GPU utilization); `options.x: "steps"` makes x plain numbers
+// (a job's reported metrics over their step) and the v axis the values' own range, any sign.
 export function lineChart(series, options = {}) {
   const width = 900;
   const height = options.height || 200;
-  const pad = { l: 36, r: 8, t: 8, b: 22 };
+  const steps = options.x === "steps";
+  const pad = { l: steps ? 64 : 36, r: 8, t: 8, b: 22 };
   const all = series.flatMap((s) => s.points);
   const svg = svgEl("svg", {
     viewBox: `0 0 ${width} ${height}`,
@@ -244,18 +247,22 @@ export function lineChart(series, options = {}) {
   });
   if (!all.length) return svg;
   const t0 = Math.min(...all.map((p) => p[0]));
-  // At least a minute wide, so the first samples do not stretch across the whole chart.
-  const t1 = Math.max(...all.map((p) => p[0]), t0 + 60);
-  const vMax = options.max || 100;
+  // Time: at least a minute wide, so the first samples do not stretch across the whole chart.
+  // Steps: at least one step wide, so a single point sits at the left.
+  const t1 = Math.max(...all.map((p) => p[0]), t0 + (steps ? 1 : 60));
+  const [vMin, vMax] = steps ? valueRange(all.map((p) => p[1])) : [0, options.max || 100];
   const x = (t) => pad.l + ((t - t0) / (t1 - t0)) * (width - pad.l - pad.r);
-  const y = (v) => height - pad.b - (Math.max(0, Math.min(vMax, v)) / vMax) * (height - pad.t - pad.b);
+  const y = (v) => height - pad.b - ((Math.max(vMin, Math.min(vMax, v)) - vMin) / (vMax - vMin)) * (height - pad.t - pad.b);
+  const vText = steps ? fmtNumber : (v) => `${Number(v).toFixed(0)}%`;
   for (const tick of [0, 25, 50, 75, 100]) {
-    const ty = y((tick / 100) * vMax);
+    const value = vMin + (tick / 100) * (vMax - vMin);
+    const ty = y(value);
     svg.append(svgEl("line", { x1: pad.l, x2: width - pad.r, y1: ty, y2: ty, class: "grid" }));
-    svg.append(svgEl("text", { x: pad.l - 4, y: ty + 4, class: "axis", "text-anchor": "end" }, `${tick}%`));
+    svg.append(svgEl("text", { x: pad.l - 4, y: ty + 4, class: "axis", "text-anchor": "end" }, vText(value)));
   }
-  svg.append(svgEl("text", { x: pad.l, y: height - 6, class: "axis" }, fmtTime(t0).slice(11)));
-  svg.append(svgEl("text", { x: width - pad.r, y: height - 6, class: "axis", "text-anchor": "end" }, fmtTime(t1).slice(11)));
+  const tText = steps ? (t) => `${options.xLabel || "step"} ${fmtNumber(t)}` : (t) => fmtTime(t).slice(11);
+  svg.append(svgEl("text", { x: pad.l, y: height - 6, class: "axis" }, tText(t0)));
+  svg.append(svgEl("text", { x: width - pad.r, y: height - 6, class: "axis", "text-anchor": "end" }, tText(t1)));
   series.forEach((s, i) => {
     const d = s.points.map((p, j) => `${j ? "L" : "M"}${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" ");
     const path = svgEl("path", { d, class: `series series-${i % 6}` });
@@ -264,10 +271,44 @@ export function lineChart(series, options = {}) {
     // The latest sample as a dot: visible even while a series has a single point.
     const [lt, lv] = s.points[s.points.length - 1];
     const dot = svgEl("circle", { cx: x(lt).toFixed(1), cy: y(lv).toFixed(1), r: 3.5, class: `dot series-${i % 6}` });
-    dot.append(svgEl("title", {}, `${s.name}: ${Number(lv).toFixed(0)}%`));
+    dot.append(svgEl("title", {}, `${s.name}: ${vText(lv)}`));
     svg.append(dot);
   });
   return svg;
+}
+
+// [min, max] of values, widened where they are all equal (a flat line is drawn mid-chart).
+function valueRange(values) {
+  const lo = Math.min(...values);
+  const hi = Math.max(...values);
+  if (hi > lo) return [lo, hi];
+  const half = Math.abs(lo) / 2 || 1;
+  return [lo - half, hi + half];
+}
+
+// A metric's value in at most 4 significant digits (12345.6 -> "12350", 123456.7 -> "1.235e+5").
+export function fmtNumber(v) {
+  const n = Number(v);
+  if (!Number.isFinite(n)) return String(v);
+  if (Number.isInteger(n) && Math.abs(n) < 1e6) return String(n);
+  return Math.abs(n) >= 1e5 || (n !== 0 && Math.abs(n) < 1e-3) ? n.toPrecision(4).replace(/\.?0+e/, "e") : String(Number(n.toPrecision(4)));
+}
+
+// ---- labels ---------------------------------------------------------------------------------------
+
+// A job's labels as chips `name=value`, sorted by name; each a link to the jobs list filtered by it
+// where `href` is given (label -> address), plain text otherwise.
+export function labelChips(labels, href) {
+  const entries = Object.entries(labels || {}).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  if (!entries.length) return h("span", { class: "muted" }, "—");
+  return h(
+    "span",
+    { class: "labels" },
+    entries.map(([k, v]) => {
+      const text = `${k}=${v}`;
+      return href ? h("a", { class: "chip", href: href(text), title: `only jobs labelled ${text}` }, text) : h("span", { class: "chip" }, text);
+    }),
+  );
 }
 
 // ---- YAML ----------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-// Job detail: state timeline (events), attempts, why pending, live log tail (polling the logs
-// endpoint with offsets), GPU utilization chart where metrics exist, and cancel / hold / release /
-// clone / download / delete.
+// Job detail: labels, state timeline (events), attempts, why pending, live log tail (polling the
+// logs endpoint with offsets), the metrics the job reported (metrics.jsonl), GPU utilization chart
+// where monitoring has readings, and cancel / hold / release / clone / download / delete.
 // A missing job shows the 404 page, and so does a job the user may not see (the API answers it
 // exactly as a missing one), raised by the first GET.
 
@@ -14,10 +14,12 @@ import {
   emptyState,
   errorBox,
   fmtDuration,
+  fmtNumber,
   fmtRelative,
   fmtTime,
   h,
   isTerminal,
+  labelChips,
   lineChart,
   messageBox,
   section,
@@ -43,7 +45,8 @@ export async function render(ctx) {
   const chart = utilizationChart(id);
   const logs = logPanel(ctx, id);
   const outputs = outputsPanel(id);
-  ctx.main.append(head, message.element, summary, pending, h("div", { class: "grid-2" }, timeline, attempts), logs.element, outputs.element, chart.element);
+  const metrics = metricsPanel(id);
+  ctx.main.append(head, message.element, summary, pending, h("div", { class: "grid-2" }, timeline, attempts), logs.element, metrics.element, outputs.element, chart.element);
 
   const draw = () => {
     drawHead(head, job, ctx, message);
@@ -54,7 +57,7 @@ export async function render(ctx) {
     logs.setAttempts(job);
   };
   draw();
-  await Promise.all([logs.poll(), outputs.load(), isTerminal(job.state) ? null : chart.sample()]);
+  await Promise.all([logs.poll(), outputs.load(), metrics.load(job.updated_at), isTerminal(job.state) ? null : chart.sample()]);
   ctx.every(2000, async () => {
     const wasTerminal = isTerminal(job.state);
     job = await get(`/jobs/${id}`);
@@ -62,6 +65,8 @@ export async function render(ctx) {
     draw();
     if (!wasTerminal) await Promise.all([logs.poll(), outputs.load()]);
   });
+  // The metrics while it runs, and once more after it ended (its last lines).
+  ctx.every(5000, () => (isTerminal(job.state) && metrics.loadedAfter(job.updated_at) ? null : metrics.load(job.updated_at)));
   ctx.every(1500, () => (isTerminal(job.state) && logs.done() ? null : logs.poll()));
   ctx.every(3000, () => (isTerminal(job.state) ? null : chart.sample()));
 }
@@ -174,8 +179,13 @@ function drawSummary(root, job) {
   // The spec's `notify`: what was sent is in the timeline ("notify" events) and /notifications.
   const notify = job.spec && job.spec.notify;
   if (notify) items.push(["Notify", `${(notify.on || []).join(", ")} to ${(notify.to || []).join(", ") || "all the owner's contacts"}`]);
+  const labels = ["Labels", labelChips(job.labels, (text) => `/jobs?label=${encodeURIComponent(text)}`)];
   fill(root, 
-    h("dl", { class: "summary card" }, items.map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, String(v ?? "—"))))),
+    h(
+      "dl",
+      { class: "summary card" },
+      [...items, labels].map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", { id: k === "Labels" ? "job-labels" : undefined }, v instanceof Node ? v : String(v ?? "—")))),
+    ),
   );
 }
 
@@ -356,6 +366,68 @@ function outputsPanel(jobId) {
     );
   }
   return { element, load };
+}
+
+// ---- metrics: what the job appended to $CORRAL_OUTPUTS/metrics.jsonl (GET /jobs/{id}/metrics) ------
+
+// One chart per name, over the points' `step` (or, where some point has none, their order).
+function metricsPanel(jobId) {
+  const body = h("div", { id: "job-metrics" });
+  const element = section("Metrics", body);
+  let seenFor = null; // the job's updated_at when last read: one more read once it has ended
+  async function load(updatedAt) {
+    let view;
+    try {
+      view = await get(`/jobs/${jobId}/metrics`);
+    } catch (err) {
+      fill(body, errorBox(err, "Metrics unavailable"));
+      return;
+    }
+    seenFor = updatedAt ?? seenFor;
+    drawMetrics(body, view);
+  }
+  return { element, load, loadedAfter: (updatedAt) => seenFor !== null && seenFor === updatedAt };
+}
+
+function drawMetrics(body, view) {
+  const points = view.points || [];
+  if (!points.length) {
+    const how = `No metrics reported. A job reports them by appending lines such as {"step": 1, "loss": 0.42} to $CORRAL_OUTPUTS/${view.file || "metrics.jsonl"}.`;
+    fill(body, emptyState(how));
+    return;
+  }
+  const bySteps = points.every((p) => p.step !== null && p.step !== undefined);
+  const series = new Map(); // name -> [[x, value], ...]
+  points.forEach((p, i) => {
+    for (const [name, value] of Object.entries(p.values || {})) {
+      if (typeof value !== "number" || !Number.isFinite(value)) continue;
+      if (!series.has(name)) series.set(name, []);
+      series.get(name).push([bySteps ? p.step : i + 1, value]);
+    }
+  });
+  const names = Array.from(series.keys()).sort();
+  const notes = [
+    view.truncated ? `Only the latest ${points.length} points of a long file.` : null,
+    view.skipped ? `${view.skipped} line${view.skipped === 1 ? "" : "s"} skipped (not an object of names to numbers).` : null,
+  ].filter(Boolean);
+  fill(
+    body,
+    notes.length ? h("p", { class: "muted", id: "metrics-notes" }, notes.join(" ")) : null,
+    h(
+      "div",
+      { class: "metric-charts" },
+      names.map((name) => {
+        const line = series.get(name);
+        const latest = line[line.length - 1][1];
+        return h(
+          "figure",
+          { class: "metric-chart", "data-metric": name },
+          h("h3", {}, `${name} `, h("span", { class: "muted" }, fmtNumber(latest))),
+          lineChart([{ name, points: line }], { x: "steps", xLabel: bySteps ? "step" : "point", label: `${name} of job ${view.job_id}` }),
+        );
+      }),
+    ),
+  );
 }
 
 // ---- logs -----------------------------------------------------------------------------------------

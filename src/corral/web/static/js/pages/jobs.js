@@ -1,12 +1,15 @@
-// Jobs list: filters (state, user, group), sorting and pagination, all server-side through the
-// API's query parameters (limit/offset), so the page stays fast with 100,000 jobs. The address bar
-// holds the view (`/jobs?state=running&offset=50`) so it can be bookmarked and shared.
+// Jobs list: filters (state, user, group, labels), sorting and pagination, all server-side through
+// the API's query parameters (limit/offset), so the page stays fast with 100,000 jobs. The address
+// bar holds the view (`/jobs?state=running&label=experiment=e1&offset=50`) so it can be bookmarked
+// and shared. Labels: `name=value` (or a bare name: any value), several ANDed, as `corral ls -l`;
+// a label chip in the LABELS column adds that label to the filter.
 
 import { get, itemsOf } from "../api.js";
 import { navigate } from "../app.js";
-import { ALL_STATES, fill, emptyState, errorBox, h, jobGpus, link, stateBadge, timeEl } from "../ui.js";
+import { ALL_STATES, fill, emptyState, errorBox, h, jobGpus, labelChips, link, stateBadge, timeEl } from "../ui.js";
 
 const PAGE_SIZES = [25, 50, 100];
+// The columns; `view` is the page's filters (the label chips link to the view with one more label).
 const COLUMNS = [
   { key: "id", label: "ID", sortable: true, cell: (j) => link(`/jobs/${j.id}`, `#${j.id}`) },
   { key: "name", label: "Name", sortable: true, class: "name", cell: (j) => link(`/jobs/${j.id}`, j.name || "(unnamed)") },
@@ -15,6 +18,7 @@ const COLUMNS = [
   { key: "group", label: "Group", sortable: false, cell: (j) => j.group || "—" },
   { key: "priority", label: "Priority", sortable: false, cell: (j) => priorityName(j.priority) },
   { key: "gpus", label: "GPUs", sortable: false, cell: (j) => String(jobGpus(j) ?? "—") },
+  { key: "labels", label: "Labels", sortable: false, class: "job-labels", cell: (j, view) => labelChips(j.labels, (text) => withLabel(view, text)) },
   // Ids are handed out at submission, so "newest first" is the ID order (indexed, fast at any size).
   { key: "created_at", label: "Submitted", sortable: false, cell: (j) => timeEl(j.created_at ?? j.submitted_at) },
 ];
@@ -29,6 +33,7 @@ function readView(query) {
     state: query.get("state") || "",
     user: query.get("user") || "",
     group: query.get("group") || "",
+    label: query.getAll("label").filter(Boolean),
     // Newest first by id: ids grow with submission, and the primary key needs no sort step, so
     // the default page stays fast however many jobs there are.
     sort: query.get("sort") || "id",
@@ -41,6 +46,10 @@ function readView(query) {
 function viewUrl(view) {
   const q = new URLSearchParams();
   for (const [k, v] of Object.entries(view)) {
+    if (Array.isArray(v)) {
+      for (const item of v) q.append(k, item);
+      continue;
+    }
     const isDefault = (k === "sort" && v === "id") || (k === "order" && v === "desc") || (k === "limit" && v === 25);
     if (v !== "" && v !== 0 && !isDefault) q.set(k, String(v));
   }
@@ -68,6 +77,17 @@ export async function render(ctx) {
   ctx.every(5000, refresh);
 }
 
+// The view's address with one more label filter (none twice), from its first page.
+function withLabel(view, text) {
+  return viewUrl({ ...view, label: view.label.includes(text) ? view.label : [...view.label, text], offset: 0 });
+}
+
+// "experiment=e1, trial" -> ["experiment=e1", "trial"]: split on commas and spaces (no label name
+// or value holds either); the API names any that is no label.
+function labelsOf(text) {
+  return text.split(/[\s,]+/).filter(Boolean);
+}
+
 function filterForm(view) {
   const state = h(
     "select",
@@ -77,18 +97,27 @@ function filterForm(view) {
   );
   const user = h("input", { id: "filter-user", name: "user", value: view.user, placeholder: "any user" });
   const group = h("input", { id: "filter-group", name: "group", value: view.group, placeholder: "any group" });
+  const labels = h("input", {
+    id: "filter-label",
+    name: "label",
+    value: view.label.join(" "),
+    placeholder: "name=value …",
+    title: "jobs carrying every one of these labels: name=value, or a name for any value",
+  });
   const form = h(
     "form",
     { class: "filters", role: "search", "aria-label": "Filter jobs" },
     h("div", { class: "field" }, h("label", { for: "filter-state" }, "State"), state),
     h("div", { class: "field" }, h("label", { for: "filter-user" }, "User"), user),
     h("div", { class: "field" }, h("label", { for: "filter-group" }, "Group"), group),
+    h("div", { class: "field" }, h("label", { for: "filter-label" }, "Labels"), labels),
     h("button", { type: "submit", class: "button" }, "Filter"),
     h("a", { href: "/jobs", class: "button subtle" }, "Clear"),
   );
   const apply = (event) => {
     if (event) event.preventDefault();
-    navigate(viewUrl({ ...view, state: state.value, user: user.value.trim(), group: group.value.trim(), offset: 0 }));
+    const chosen = { state: state.value, user: user.value.trim(), group: group.value.trim(), label: labelsOf(labels.value) };
+    navigate(viewUrl({ ...view, ...chosen, offset: 0 }));
   };
   form.addEventListener("submit", apply);
   state.addEventListener("change", () => apply());
@@ -141,7 +170,7 @@ function drawResults(root, view, payload) {
       "tbody",
       {},
       jobs.map((j) =>
-        h("tr", { "data-job-id": j.id }, COLUMNS.map((c) => h("td", { class: c.class, "data-label": c.label }, c.cell(j)))),
+        h("tr", { "data-job-id": j.id }, COLUMNS.map((c) => h("td", { class: c.class, "data-label": c.label }, c.cell(j, view)))),
       ),
     ),
   );
