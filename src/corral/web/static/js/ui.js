@@ -234,7 +234,7 @@ export function usageBar(used, total, label, marker) {
 // seconds and v a percentage 0..100 (GPU utilization); `options.x: "steps"` makes x plain numbers
 // (a job's reported metrics over their step) and the v axis the values' own range, any sign.
 export function lineChart(series, options = {}) {
-  const width = 900;
+  const width = options.width || 900; // in the viewBox: a narrow chart's text stays readable
   const height = options.height || 200;
   const steps = options.x === "steps";
   const pad = { l: steps ? 64 : 36, r: 8, t: 8, b: 22 };

@@ -423,7 +423,7 @@ function drawMetrics(body, view) {
           "figure",
           { class: "metric-chart", "data-metric": name },
           h("h3", {}, `${name} `, h("span", { class: "muted" }, fmtNumber(latest))),
-          lineChart([{ name, points: line }], { x: "steps", xLabel: bySteps ? "step" : "point", label: `${name} of job ${view.job_id}` }),
+          lineChart([{ name, points: line }], { x: "steps", xLabel: bySteps ? "step" : "point", width: 440, height: 180, label: `${name} of job ${view.job_id}` }),
         );
       }),
     ),
