@@ -112,6 +112,18 @@ ACCEPTED: tuple[Accepted, ...] = (
         "`id` is repeatable and each value holds up to 1000 ids (its pattern says so); the limit is "
         "on all of them together (corral.services.jobs.MAX_IDS), a sum no JSON schema can state",
     ),
+    *(
+        Accepted(
+            "ST105",
+            operation,
+            "Invalid HTTP request received.",
+            "`id` values hold up to 1000 ids each (12,000 characters, repeatable): generated with "
+            "non-ASCII text, percent-encoded, the request line passes the HTTP server's limit "
+            "(h11's 16 KiB for an incomplete request), and uvicorn refuses it with its plain-text "
+            "400 before the app sees it; no schema of the app's can describe that limit",
+        )
+        for operation in ("GET /api/v1/jobs", "GET /api/v1/jobs/metrics")
+    ),
     # Catalogues (corral.catalog, docs/catalogues.md).
     Accepted(
         "ST202",
