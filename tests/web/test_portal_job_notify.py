@@ -48,18 +48,18 @@ def test_the_job_page_shows_notify_and_what_it_sent(portal: Portal) -> None:
     assert page.js_errors == []
 
 
-def test_labels_are_shown_and_filtered_and_metrics_drawn(portal: Portal) -> None:
-    reporter = {
-        "name": "reporter",
+def reporting(trial: int, lines: str) -> dict[str, object]:
+    """A job of experiment pl1 that appends `lines` to its metrics.jsonl."""
+    command = f"printf '{lines}' >> $CORRAL_OUTPUTS/metrics.jsonl"
+    return {
+        "name": f"reporter-{trial}",
         "group": "team-a",
-        "labels": {"experiment": "pl1", "trial": 1},
-        "tasks": {
-            "main": {
-                "command": f"printf '{REPORTS}' >> $CORRAL_OUTPUTS/metrics.jsonl",
-                "resources": RESOURCES,
-            }
-        },
+        "labels": {"experiment": "pl1", "trial": trial},
+        "tasks": {"main": {"command": command, "resources": RESOURCES}},
     }
+
+
+def test_labels_are_shown_and_filtered_and_metrics_drawn(portal: Portal) -> None:
     silent = {
         "name": "silent",
         "group": "team-a",
@@ -68,7 +68,7 @@ def test_labels_are_shown_and_filtered_and_metrics_drawn(portal: Portal) -> None
     }
     with portal.api() as api:
         ids = []
-        for spec in (reporter, silent):
+        for spec in (reporting(1, REPORTS), silent, reporting(2, '{"step": 5, "loss": 0.5}\\n')):
             r = api.post("/api/v1/jobs", json=spec)
             assert r.status_code == 201, r.text
             ids.append(r.json()["id"])
@@ -78,21 +78,21 @@ def test_labels_are_shown_and_filtered_and_metrics_drawn(portal: Portal) -> None
             0.2,
             "both jobs to succeed",
         )
-    reporter_id, silent_id = ids
+    reporter_id, silent_id, second_id = ids
     page = portal.login("root", path="/jobs")
-    row = page.locator(f"tr[data-job-id='{reporter_id}'] td.job-labels .chip")
+    row = page.locator(f"#jobs-results tr[data-job-id='{reporter_id}'] td.job-labels .chip")
     expect(row).to_have_text(["experiment=pl1", "trial=1"])
     page.fill("#filter-label", "experiment=pl1 trial=1")
     page.click("form.filters button[type=submit]")
     page.wait_for_url("**/jobs?label=experiment%3Dpl1&label=trial%3D1")
-    expect(page.locator("tbody tr")).to_have_count(1)
-    expect(page.locator(f"tr[data-job-id='{reporter_id}']")).to_be_visible()
+    expect(page.locator("#jobs-results tbody tr")).to_have_count(1)
+    expect(page.locator(f"#jobs-results tr[data-job-id='{reporter_id}']")).to_be_visible()
     page.goto(f"{portal.url}/jobs")
-    page.locator(f"tr[data-job-id='{silent_id}'] a.chip", has_text="experiment=pl2").click()
+    page.locator(f"#jobs-results tr[data-job-id='{silent_id}'] a.chip", has_text="experiment=pl2").click()
     page.wait_for_url("**/jobs?label=experiment%3Dpl2")
     expect(page.locator("#filter-label")).to_have_value("experiment=pl2")
-    expect(page.locator("tbody tr")).to_have_count(1)
-    expect(page.locator(f"tr[data-job-id='{silent_id}']")).to_be_visible()
+    expect(page.locator("#jobs-results tbody tr")).to_have_count(1)
+    expect(page.locator(f"#jobs-results tr[data-job-id='{silent_id}']")).to_be_visible()
 
     page.goto(f"{portal.url}/jobs/{reporter_id}")
     expect(page.locator("#job-labels .chip")).to_have_text(["experiment=pl1", "trial=1"])
@@ -109,4 +109,20 @@ def test_labels_are_shown_and_filtered_and_metrics_drawn(portal: Portal) -> None
     page.goto(f"{portal.url}/jobs/{silent_id}")
     expect(page.locator("#job-metrics")).to_contain_text("No metrics reported.")
     expect(page.locator("#job-metrics svg")).to_have_count(0)
+
+    # The experiment view: each trial's final loss, sorted (ascending first), then another metric.
+    page.goto(f"{portal.url}/jobs?label=experiment=pl1")
+    trials = page.locator("#experiment tbody tr")
+    expect(trials).to_have_count(2)
+    expect(page.locator("#experiment-metric")).to_have_value("acc")  # the first name
+    expect(trials.locator("td.metric-value")).to_have_text(["0.75", "—"])
+    page.select_option("#experiment-metric", "loss")
+    page.wait_for_url("**/jobs?label=experiment%3Dpl1&metric=loss")
+    expect(page.locator("#experiment tbody tr td.metric-value")).to_have_text(["0.25", "0.5"])
+    expect(page.locator("#experiment tbody tr").first).to_have_attribute("data-job-id", str(reporter_id))
+    expect(page.locator("#experiment tbody tr").first.locator(".chip")).to_have_text("trial=1")
+    page.click("#experiment-sort")
+    page.wait_for_url("**/jobs?label=experiment%3Dpl1&metric=loss&morder=desc")
+    expect(page.locator("#experiment tbody tr td.metric-value")).to_have_text(["0.5", "0.25"])
+    expect(page.locator("#experiment tbody tr").first).to_have_attribute("data-job-id", str(second_id))
     assert page.js_errors == []

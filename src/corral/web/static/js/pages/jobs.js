@@ -2,10 +2,12 @@
 // the API's query parameters (limit/offset), so the page stays fast with 100,000 jobs. The address
 // bar holds the view (`/jobs?state=running&label=experiment=e1&offset=50`) so it can be bookmarked
 // and shared. Labels: `name=value` (or a bare name: any value), several ANDed, as `corral ls -l`;
-// a label chip in the LABELS column adds that label to the filter.
+// a label chip in the LABELS column adds that label to the filter. Filtered by labels, the page
+// also shows the experiment view (pages/experiment.js): each job's final value of a metric.
 
 import { get, itemsOf } from "../api.js";
 import { navigate } from "../app.js";
+import { experimentPanel } from "./experiment.js";
 import { ALL_STATES, fill, emptyState, errorBox, h, jobGpus, labelChips, link, stateBadge, timeEl } from "../ui.js";
 
 const PAGE_SIZES = [25, 50, 100];
@@ -34,6 +36,8 @@ function readView(query) {
     user: query.get("user") || "",
     group: query.get("group") || "",
     label: query.getAll("label").filter(Boolean),
+    metric: query.get("metric") || "", // the experiment view's metric, and its order ("desc")
+    morder: query.get("morder") === "desc" ? "desc" : "",
     // Newest first by id: ids grow with submission, and the primary key needs no sort step, so
     // the default page stays fast however many jobs there are.
     sort: query.get("sort") || "id",
@@ -60,14 +64,17 @@ function viewUrl(view) {
 export async function render(ctx) {
   const view = readView(ctx.query);
   const results = h("div", { id: "jobs-results" });
-  ctx.main.append(
-    h("div", { class: "page-head" }, h("h1", {}, "Jobs"), link("/submit", "Submit a job")),
-    filterForm(view),
-    results,
-  );
+  const experiment = view.label.length ? experimentPanel(ctx, view, viewUrl) : null;
+  const parts = [h("div", { class: "page-head" }, h("h1", {}, "Jobs"), link("/submit", "Submit a job")), filterForm(view)];
+  ctx.main.append(...parts, ...(experiment ? [experiment.element] : []), results);
+  if (experiment) {
+    experiment.load();
+    ctx.every(15000, experiment.load);
+  }
+  const { metric, morder, ...listed } = view; // the experiment view's, not the list's
   const refresh = async () => {
     try {
-      const payload = await get("/jobs", view);
+      const payload = await get("/jobs", listed);
       if (ctx.alive()) drawResults(results, view, payload);
     } catch (err) {
       if (ctx.alive()) fill(results, errorBox(err, "Cannot load jobs"));
