@@ -7,8 +7,11 @@ exactly the same calls:
     job = client.wait(job["id"])
 
 Many jobs (an AutoML search's trials) carry labels and are listed, waited for and cancelled by
-them: `jobs(labels=...)`, `wait_any(ids)`, `wait_all(labels=...)`, `cancel_by_labels(...)`; a job
-reports metrics with `report_metrics(step=3, loss=0.4)`, which `metrics(job_id)` reads back.
+them: `jobs(labels=...)`, `iter_jobs(labels=...)`, `wait_any(ids)`, `wait_all(labels=...)`,
+`cancel_by_labels(...)`, `hold_by_labels(...)`, `release_by_labels(...)`; a job reports metrics
+with `report_metrics(step=3, loss=0.4)`, which `metrics(job_id)` (or `metrics_of(labels=...)` for
+many) reads back. `notifications(job_id)` says what a job's `notify` sent; `gpu_usage()` each
+GPU's latest reading.
 
 Also home of the CLI config file (`$CORRAL_HOME/config.yaml`, mode 0600: url + token) that the
 server writes for the bootstrapped admin (config.py).
