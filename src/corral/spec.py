@@ -380,9 +380,10 @@ NOTIFY_KINDS = ("email", "webhook", "slack")  # the kinds of the owner's contact
 class NotifyV1(_Strict):
     """Tell the job's owner when it starts, ends or is requeued, at their own contacts only
     (`to`: which kinds of them; empty: all). No addresses here: a spec cannot mail or POST to
-    anywhere its owner has not registered (corral.services.job_notify, docs/operations.md)."""
+    anywhere its owner has not registered (corral.services.job_notify, docs/operations.md).
+    `on: []` (or `notify: false` in a job spec): tell nothing, not even the owner's default."""
 
-    on: tuple[str, ...] = Field(("end",), min_length=1, max_length=len(NOTIFY_EVENTS) + len(NOTIFY_GROUPS))
+    on: tuple[str, ...] = Field(("end",), max_length=len(NOTIFY_EVENTS) + len(NOTIFY_GROUPS))
     to: tuple[Literal["email", "webhook", "slack"], ...] = Field((), max_length=len(NOTIFY_KINDS))
 
     @field_validator("on", mode="before")
@@ -474,8 +475,15 @@ class JobSpecV1(_Strict):
     def _labels(cls, value: Any) -> dict[str, str]:
         return check_labels({} if value is None else value)
 
-    # Tell the owner when the job starts, ends or is requeued (NotifyV1); None: never.
+    # Tell the owner when the job starts, ends or is requeued (NotifyV1); None: as the owner's
+    # default says (filled in at submit); `on: []`, which `notify: false` means: never.
     notify: NotifyV1 | None = None
+
+    @field_validator("notify", mode="before")
+    @classmethod
+    def _no_notify(cls, value: Any) -> Any:
+        """`notify: false`: an explicit "tell nothing", which the owner's default does not replace."""
+        return {"on": []} if value is False else value
 
     @property
     def environment_version(self) -> str | None:

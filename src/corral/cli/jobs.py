@@ -309,16 +309,21 @@ def _print_notifications(notify: dict[str, Any] | None, notes: list[dict[str, An
     """The spec's `notify` and, for each event it sent, where it went and whether it arrived."""
     if not notify:
         return
+    if not notify.get("on"):
+        out.print("notify: nothing (the spec opts out of its owner's default)", highlight=False)
+        return
     to = ", ".join(notify.get("to") or []) or "all your contacts"
     out.print(f"notify: {', '.join(notify.get('on', []))} to {to}", highlight=False)
+    unsent = {
+        "no_contact": "no contact of the kinds asked for",
+        "failed": "could not be prepared (its events say why)",
+    }
     for note in notes:
         sent = "; ".join(
             f"{d['kind']} {d['state']}" + (f" ({plain(d['last_error'])})" if d["last_error"] else "")
             for d in note["deliveries"]
         )
-        how = sent or (
-            "no contact of the kinds asked for" if note["state"] == "no_contact" else "waiting to go"
-        )
+        how = sent or unsent.get(note["state"], "waiting to go")
         out.print(f"  {note['event']} {when(note['at'])}: {how}", highlight=False)
 
 

@@ -395,19 +395,25 @@ def notify_default(
         ),
     ] = None,
     to: Annotated[
-        str, typer.Option(help="contact kinds, comma-separated (email, webhook, slack); '' all")
-    ] = "",
+        str | None,
+        typer.Option(help="with --on: contact kinds, comma-separated (email, webhook, slack); default all"),
+    ] = None,
     off: Annotated[
         bool, typer.Option("--off", help="no default: jobs without `notify` tell nothing")
     ] = False,
 ) -> None:
     """USER's job notification default: the `notify` their jobs get when the spec has none
-    (`--on failed`: mail me when any of my jobs fails). Without options, shows it."""
+    (`--on failed`: mail me when any of my jobs fails). Without options, shows it. A job opts
+    out of it with `notify: false` in its spec."""
+    if off and (on is not None or to is not None):
+        raise typer.BadParameter("--off takes no --on or --to")
+    if to is not None and on is None:
+        raise typer.BadParameter("give --on EVENTS with --to")
     with client() as c:
         if off:
             view = c.set_notify_default(user, None)
         elif on is not None:
-            kinds = [k.strip() for k in to.split(",") if k.strip()]
+            kinds = [k.strip() for k in (to or "").split(",") if k.strip()]
             view = c.set_notify_default(
                 user, {"on": [w.strip() for w in on.split(",") if w.strip()], "to": kinds}
             )
