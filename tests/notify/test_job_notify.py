@@ -352,9 +352,10 @@ def test_settled_deliveries_are_purged_after_their_keep_time_and_pending_ones_ke
 def test_one_users_waiting_flood_never_holds_back_anothers_notification(
     team: Team, smtp: Smtp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """alice is inside her minute with more waiting rows than a pass reads; bob's one failure still
-    goes out at once."""
-    monkeypatch.setattr(job_notify, "GROUP_BATCH", 2)
+    """alice is inside her minute with rows waiting; bob's one failure still goes out at once,
+    and at the end of her minute all of hers go as one digest. A pass groups at most
+    GROUP_USERS users: the others are grouped on the next pass."""
+    monkeypatch.setattr(job_notify, "GROUP_USERS", 1)
     email = team.client.put(
         "/api/v1/users/bob/email", json={"email": "bob@example.org"}, headers=team.headers["bob"]
     )
@@ -374,11 +375,7 @@ def test_one_users_waiting_flood_never_holds_back_anothers_notification(
         db.commit()
     assert notification_pass(team, smtp, now + 2) == 1
     assert smtp.inbox.to() == ["alice@example.org", "bob@example.org"]
-    assert notification_pass(team, smtp, now + job_notify.DIGEST_WINDOW_S + 1) == 1  # alice's, 2 of 3
-    assert notification_pass(team, smtp, now + 2 * job_notify.DIGEST_WINDOW_S + 2) == 1  # the last
-    assert smtp.inbox.to() == [
-        "alice@example.org",
-        "bob@example.org",
-        "alice@example.org",
-        "alice@example.org",
-    ]
+    assert notification_pass(team, smtp, now + job_notify.DIGEST_WINDOW_S + 1) == 1  # all 3 of alice's
+    assert smtp.inbox.messages[2]["Subject"] == "[Corral] 3 job notifications: 3 failed"
+    assert notification_pass(team, smtp, now + 2 * job_notify.DIGEST_WINDOW_S + 2) == 0
+    assert smtp.inbox.to() == ["alice@example.org", "bob@example.org", "alice@example.org"]

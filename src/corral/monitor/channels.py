@@ -23,6 +23,7 @@ from corral.db.oncall_models import PageNotification
 from corral.monitor.alerts import alert_to_dict
 from corral.monitor.config import EmailChannel, MonitorConfig, WebhookChannel
 from corral.monitor.models import Alert, AlertNotification
+from corral.services.job_notify import storable
 from corral.services.oncall import shown_url
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ def record_failure(
 ) -> None:
     """A delivery that failed (an alert's, a page's or a job notification's): try again after the
     backoff, or give up after `retry.max_attempts`."""
-    note.last_error = error[:2000]
+    note.last_error = storable(error)[:2000]  # a NUL from a webhook's answer: PostgreSQL refuses it
     if note.attempts >= config.retry.max_attempts:
         note.state, note.next_attempt_at = "given_up", now  # never due again: when it was given up
         return

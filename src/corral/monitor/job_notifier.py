@@ -3,21 +3,28 @@
 them, through the paging loop's transports (corral.monitor.pager: the SMTP server and sender of
 the email channel pages use, CORRAL_PAGING_EMAIL_CHANNEL; webhooks guarded and pinned against
 SSRF, CORRAL_WEBHOOK_ALLOW_NETWORKS) and the monitor config's retry policy (backoff, then
-`given_up`), claimed as the page deliveries are. A leased singleton, so two servers never send
-one message twice; delivery is at least once (a message sent just before a crash may go again
-after SENDING_RETRY_S, never silently dropped).
+`given_up`).
+
+A leased singleton, but the lease (renewed between ticks) does not cover a long tick, so
+nothing here relies on it: grouping moves the outbox rows and sending claims each message by
+compare-and-set, so two overlapping passes (two servers) never group one event twice nor send
+one claimed message twice. Delivery is at least once: each message's outcome is committed as
+soon as it is known, so a crash (or a lost database) between a send and its commit sends that
+one message again after SENDING_RETRY_S, never silently drops it; nothing else is repeated.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from sqlalchemy import select
+from sqlalchemy import select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from corral.db.models import Job
+from corral.db.models import Job, User
 from corral.db.notify_models import JobNotifyDelivery
 from corral.diagnosis.logtail import failing_rank, read_tail
 from corral.engine.base import Engine, EngineUnavailable
@@ -25,13 +32,14 @@ from corral.monitor.channels import ChannelError, record_failure
 from corral.monitor.config import MonitorConfig
 from corral.monitor.loops import monitor_config
 from corral.monitor.pager import SETTINGS as PAGING
-from corral.monitor.pager import Mailer, email_transport, post_json, public_url
+from corral.monitor.pager import Mailer, email_transport, post_json, public_url, slack_text
 from corral.server.context import BackgroundLoop, ServerContext
 from corral.services import job_notify, webhook_guard
 
 log = logging.getLogger("corral.monitor.job_notifier")
 DELIVERY_BATCH = 200
-SENDING_RETRY_S = 300.0  # a batch claimed by a process that died is sent again after this
+SENDING_RETRY_S = 300.0  # a message claimed by a process that died is sent again after this
+SEND_BUDGET_S = 60.0  # a pass claims no more messages after this long (each send has its own timeout)
 TAIL_BYTES = 16 * 1024  # read of a failed job's log; job_notify keeps its last lines
 
 
@@ -64,13 +72,101 @@ def _send(mailer: Mailer, delivery: JobNotifyDelivery, allowed: Sequence[webhook
         headers = {"X-Corral-Notification": str(delivery.digest_id)}
         mailer.send_text(delivery.address, delivery.subject, delivery.body, headers)
     elif delivery.kind == "slack":  # Slack and Mattermost incoming webhooks both read `text`
-        post_json(
-            delivery.address,
-            {"username": "Corral", "text": f"*{delivery.subject}*\n{delivery.body}"},
-            allowed,
-        )
+        text = slack_text(f"*{delivery.subject}*") + "\n" + slack_text(delivery.body)
+        post_json(delivery.address, {"username": "Corral", "text": text}, allowed)
     else:
         post_json(delivery.address, delivery.payload, allowed)
+
+
+def _due(session: Session, now: float) -> list[tuple[int, str, float]]:
+    """(id, state, next_attempt_at) of the due messages: pending, failing past their backoff, or
+    `sending` left by a pass that died (SENDING_RETRY_S after its claim)."""
+    rows = session.execute(
+        select(JobNotifyDelivery.id, JobNotifyDelivery.state, JobNotifyDelivery.next_attempt_at)
+        .where(
+            JobNotifyDelivery.state.in_(("pending", "failing", "sending")),
+            JobNotifyDelivery.next_attempt_at <= now,
+        )
+        .order_by(JobNotifyDelivery.next_attempt_at, JobNotifyDelivery.id)
+        .limit(DELIVERY_BATCH)
+    ).all()
+    session.commit()
+    return [(int(i), str(s), float(at)) for i, s, at in rows]
+
+
+def _claim(session: Session, seen: tuple[int, str, float], now: float) -> JobNotifyDelivery | None:
+    """Claim one message by compare-and-set on the state and due time read: the pass whose UPDATE
+    matches sends it, any other (another server's overlapping pass) matches no row and skips
+    it; committed. None: lost."""
+    delivery_id, state, due_at = seen
+    claimed = session.execute(
+        update(JobNotifyDelivery)
+        .where(
+            JobNotifyDelivery.id == delivery_id,
+            JobNotifyDelivery.state == state,
+            JobNotifyDelivery.next_attempt_at == due_at,
+        )
+        .values(
+            state="sending", next_attempt_at=now + SENDING_RETRY_S, attempts=JobNotifyDelivery.attempts + 1
+        )
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    if claimed.rowcount != 1:  # type: ignore[attr-defined]
+        return None
+    return session.get(JobNotifyDelivery, delivery_id)
+
+
+def _send_claimed(
+    session: Session, mailer: Mailer, delivery: JobNotifyDelivery, config: MonitorConfig, now: float,
+    allowed: Sequence[webhook_guard.Network],
+) -> None:  # fmt: skip
+    """Send one claimed message and set its outcome on the row (not committed). Any error is that
+    message's failure (retried, then given up), never the pass's."""
+    owner = session.get(User, delivery.user_id)
+    if owner is None or not owner.active:
+        whose = f"{owner.name}'s" if owner is not None else "its owner's"
+        delivery.state, delivery.last_error = "given_up", f"{whose} account is deactivated"
+        return
+    try:
+        _send(mailer, delivery, allowed)
+    except ChannelError as exc:
+        record_failure(delivery, str(exc), config, now)
+        log.warning("job notification %s (%s) failed: %s", delivery.id, delivery.kind, exc)
+    except Exception as exc:  # one message's unexpected error is its own failure
+        record_failure(delivery, f"{type(exc).__name__}: {exc}", config, now)
+        log.exception("job notification %s (%s) failed unexpectedly", delivery.id, delivery.kind)
+    else:
+        delivery.state, delivery.sent_at, delivery.last_error = "sent", now, ""
+
+
+def _store_outcome(session: Session, delivery: JobNotifyDelivery, now: float) -> None:
+    """Commit one message's outcome (and, settled, its jobs' events) on its own, so that it
+    stands whatever happens to the next. Should that commit fail, the outcome's state is still
+    written, without its words: a message sent is never sent again for want of a record."""
+    delivery_id, state, error = delivery.id, delivery.state, delivery.last_error
+    next_at, attempts = delivery.next_attempt_at, delivery.attempts
+    try:
+        if state in job_notify.SETTLED:
+            job_notify.record_outcome(session, delivery, now)
+        session.commit()
+    except SQLAlchemyError as exc:
+        session.rollback()
+        log.exception("job notification %s: outcome %s not stored in full", delivery_id, state)
+        words = f"the outcome's details could not be stored ({type(exc).__name__})" if error else ""
+        session.execute(
+            update(JobNotifyDelivery)
+            .where(JobNotifyDelivery.id == delivery_id, JobNotifyDelivery.state == "sending")
+            .values(
+                state=state,
+                last_error=words,
+                next_attempt_at=next_at,
+                attempts=attempts,
+                sent_at=now if state == "sent" else None,
+            )
+            .execution_options(synchronize_session=False)
+        )
+        session.commit()
 
 
 def deliver(
@@ -79,43 +175,26 @@ def deliver(
     now: float,
     webhook_networks: Sequence[webhook_guard.Network] = (),
 ) -> int:
-    """Send the due messages; returns how many were handled. Claimed as a batch (`sending`, due
-    again after SENDING_RETRY_S), sent over one SMTP connection, outcomes written together, and
-    each settled one (sent, given up) a `notify` event on the jobs it told of."""
+    """Send the due messages; returns how many this pass claimed. Each is claimed on its own by
+    compare-and-set (`sending`, due again after SENDING_RETRY_S), sent (over one SMTP connection
+    for the pass), and its outcome committed at once; each settled one (sent, given up) is a
+    `notify` event on the jobs it told of. No new claim after SEND_BUDGET_S of the pass, so a
+    claim is always sent (or settled) long before SENDING_RETRY_S lets another pass take it."""
     mailer = Mailer(email_transport(config, PAGING.email_channel))
+    started = time.monotonic()
+    handled = 0
     try:
         with session_factory() as session:
-            due = list(
-                session.scalars(
-                    select(JobNotifyDelivery)
-                    .where(
-                        JobNotifyDelivery.state.in_(("pending", "failing", "sending")),
-                        JobNotifyDelivery.next_attempt_at <= now,
-                    )
-                    .order_by(JobNotifyDelivery.next_attempt_at, JobNotifyDelivery.id)
-                    .limit(DELIVERY_BATCH)
-                )
-            )
-            if not due:
-                return 0
-            for delivery in due:
-                delivery.state, delivery.next_attempt_at = "sending", now + SENDING_RETRY_S
-                delivery.attempts += 1
-            session.commit()
-            for delivery in due:
-                try:
-                    _send(mailer, delivery, webhook_networks)
-                except ChannelError as exc:
-                    record_failure(delivery, str(exc), config, now)
-                    log.warning("job notification %s (%s) failed: %s", delivery.id, delivery.kind, exc)
-                else:
-                    delivery.state, delivery.sent_at, delivery.last_error = "sent", now, ""
-            # After every send: recording reads the outbox, and the flush that read makes would
-            # hold SQLite's write lock through the sends still to come.
-            for delivery in (d for d in due if d.state in job_notify.SETTLED):
-                job_notify.record_outcome(session, delivery, now)
-            session.commit()
-            return len(due)
+            for seen in _due(session, now):
+                if time.monotonic() - started > SEND_BUDGET_S:
+                    break
+                delivery = _claim(session, seen, now)
+                if delivery is None:
+                    continue
+                _send_claimed(session, mailer, delivery, config, now, webhook_networks)
+                _store_outcome(session, delivery, now)
+                handled += 1
+            return handled
     finally:
         mailer.close()
 
@@ -126,15 +205,13 @@ _purged_at: dict[str, float] = {}  # per server process (owner id): when it last
 
 def job_notify_tick(ctx: ServerContext, now: float) -> float | None:
     with ctx.session_factory() as session:
-        grouped = job_notify.group_pending(
-            session, now, base_url=public_url(), log_tail=log_tail_of(ctx.engine)
-        )
+        job_notify.group_pending(session, now, base_url=public_url(), log_tail=log_tail_of(ctx.engine))
         if now - _purged_at.get(ctx.owner_id, 0.0) >= PURGE_EVERY_S:
             job_notify.purge_settled(session, now - SETTINGS.keep_days * 86400.0)
             _purged_at[ctx.owner_id] = now
     networks = webhook_guard.parse_networks(ctx.settings.webhook_allow_networks)
     handled = deliver(ctx.session_factory, monitor_config(ctx), now, networks)
-    more = handled >= DELIVERY_BATCH or grouped >= job_notify.GROUP_BATCH
+    more = handled >= DELIVERY_BATCH
     return 0.0 if more else None  # more may be waiting: the next pass at once
 
 

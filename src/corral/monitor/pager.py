@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import smtplib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -131,15 +132,27 @@ class Mailer:
             self.smtp = None
 
 
+_SLACK_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
+_BROADCAST = re.compile(r"(?<![\w.])@(?=(channel|here|everyone|all)\b)", re.IGNORECASE)
+
+
+def slack_text(text: str) -> str:
+    """`text` as Slack/Mattermost show it literally: `&`, `<`, `>` escaped (Slack's own rule, so
+    no `<!channel>`, `<@U...>` or disguised `<url|text>` link), and a zero-width space after the
+    `@` of @channel/@here/@everyone/@all (Mattermost reads those bare) so nobody is pinged."""
+    return _BROADCAST.sub("@\u200b", text.translate(_SLACK_ESCAPES))
+
+
 def webhook_body(out: Outgoing) -> dict[str, Any]:
     if out.note.kind == "slack":  # Slack and Mattermost incoming webhooks both read these fields
+        subject, text = slack_text(out.page.subject), slack_text(out.text())
         return {
             "username": "Corral",
-            "text": f"*Page: {out.page.subject}* for {out.user} - acknowledge: {out.ack_url}",
+            "text": f"*Page: {subject}* for {out.user} - acknowledge: {out.ack_url}",
             "attachments": [
                 {
-                    "fallback": out.text(), "color": "#d00000", "title": out.page.subject,
-                    "title_link": out.ack_url, "text": out.text(),
+                    "fallback": text, "color": "#d00000", "title": subject,
+                    "title_link": out.ack_url, "text": text,
                 }
             ],
         }  # fmt: skip

@@ -31,12 +31,15 @@ own contacts, which the spec can narrow by kind (`to`) but never add to.
 from __future__ import annotations
 
 import logging
+import re
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, exists, func, select, update
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from corral.db.diag_models import AttemptDiagnosis
@@ -53,8 +56,9 @@ from corral.words import plural
 
 log = logging.getLogger(__name__)
 DIGEST_WINDOW_S = 60.0  # at most one message per user per window; later events wait, then go as one
-GROUP_BATCH = 2000  # pending outbox rows read per pass
-DIGEST_MAX_LINES = 50  # a digest lists this many events, then counts the rest
+GROUP_USERS = 200  # due users grouped per pass; each catches up on all their pending rows at once
+DIGEST_MAX_LINES = 50  # a digest lists (and its webhook JSON carries) this many events, then counts the rest
+IDS_PER_QUERY = 5000  # ids bound into one IN (...): SQLite and PostgreSQL cap a statement's parameters
 LOG_TAIL_LINES = 20
 LOG_TAIL_CHARS = 2000
 SETTLED = ("sent", "given_up")
@@ -63,6 +67,32 @@ LogTail = Callable[[Job], str]  # the last lines of a failed job's log ("" when 
 
 def _no_log_tail(job: Job) -> str:
     return ""
+
+
+class Pending(NamedTuple):
+    """One pending outbox row, as grouping reads it (a plain row: a flood of them stays cheap)."""
+
+    id: int
+    job_id: int
+    event: str
+    attempt: int
+    at: float
+    message: str
+
+
+# C0 controls but tab, newline and carriage return, and DEL: PostgreSQL refuses a NUL in a text or
+# JSON value (one such row failed every pass), and the others only garble a mail or a terminal.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def storable(text: str) -> str:
+    """`text` with control characters (NUL first of all) replaced by U+FFFD, safe to store."""
+    return _CONTROLS.sub("\ufffd", text)
+
+
+def _chunks(ids: Sequence[int]) -> Iterator[Sequence[int]]:
+    for start in range(0, len(ids), IDS_PER_QUERY):
+        yield ids[start : start + IDS_PER_QUERY]
 
 
 # --- what a message says -------------------------------------------------------------------------
@@ -82,16 +112,18 @@ def _diagnosis(session: Session, job_id: int) -> dict[str, str] | None:
 
 
 def _bounded_tail(text: str) -> str:
-    lines = text.rstrip("\n").splitlines()[-LOG_TAIL_LINES:]
+    lines = storable(text).rstrip("\n").splitlines()[-LOG_TAIL_LINES:]
     return "\n".join(lines)[-LOG_TAIL_CHARS:]
 
 
-def describe(session: Session, event: JobNotification, job: Job, base_url: str, now: float) -> dict[str, Any]:
-    """One event as a message tells it (the webhook's JSON item; the email's text is made of it)."""
+def describe(session: Session, event: Pending, job: Job, base_url: str, now: float) -> dict[str, Any]:
+    """One event as a message tells it (the webhook's JSON item; the email's text is made of it).
+    Its reason is the transition's own words, stored with the outbox row when it happened (a
+    start has none), never the job's reason now, which may be a later failure's."""
     attempts = list(job.attempts)
     item: dict[str, Any] = {
         "job_id": job.id, "name": job.name, "event": event.event, "state": job.state, "at": event.at,
-        "attempt": event.attempt, "reason": event.message or job.reason,
+        "attempt": event.attempt, "reason": storable(event.message),
         "runtime_s": round(_runtime_s(attempts, now), 1),
         "gpu_hours": round(job.attained_gpu_seconds / 3600.0, 3), "url": f"{base_url}/jobs/{job.id}",
         "diagnosis": _diagnosis(session, job.id) if event.event in ("failed", "requeued") else None,
@@ -125,30 +157,42 @@ class Message:
     payload: dict[str, Any]
 
 
-def compose(user: str, items: Sequence[dict[str, Any]]) -> Message:
-    """One message telling `items` (one event: all of it; several: a digest of one line each)."""
-    if len(items) == 1:
-        subject = f"[Corral] {_summary(items[0])}"
-        body = "\n".join(_detail_lines(items[0]))
+def compose(user: str, items: Sequence[dict[str, Any]], counts: Mapping[str, int] | None = None) -> Message:
+    """One message telling `items` (one event: all of it; several: a digest of one line each).
+    `counts` (event -> how many): all the events it tells of, of which `items` are the first
+    DIGEST_MAX_LINES or fewer (default: just `items`); the rest are counted, not listed, in the
+    text and in the webhook's JSON (`count`, `omitted`), however many there are."""
+    counts = Counter(i["event"] for i in items) if counts is None else counts
+    total = sum(counts.values())
+    listed = list(items[:DIGEST_MAX_LINES])
+    if total == 1:
+        subject = f"[Corral] {_summary(listed[0])}"
+        body = "\n".join(_detail_lines(listed[0]))
     else:
-        counts = {e: sum(1 for i in items if i["event"] == e) for e in NOTIFY_EVENTS}
-        what = ", ".join(f"{n} {e}" for e, n in counts.items() if n)
-        subject = f"[Corral] {plural(len(items), 'job notification')}: {what}"
+        what = ", ".join(f"{counts[e]} {e}" for e in NOTIFY_EVENTS if counts.get(e))
+        subject = f"[Corral] {plural(total, 'job notification')}: {what}"
         lines = [
-            f"{plural(len(items), 'job event')} in the last minute ({what}); one message per minute at most:",
+            f"{plural(total, 'job event')} since the last message ({what}); one message per minute at most:",
             "",
         ]
-        for item in items[:DIGEST_MAX_LINES]:
+        for item in listed:
             reason = f": {item['reason']}" if item["reason"] else ""
             lines.append(f"- {_summary(item)}{reason} ({item['url']})")
-        if len(items) > DIGEST_MAX_LINES:
-            lines.append(f"... and {len(items) - DIGEST_MAX_LINES} more (corral ls)")
+        if total > len(listed):
+            lines.append(f"... and {total - len(listed)} more (corral ls)")
         body = "\n".join(lines)
-    payload = {"event": "job_notification", "user": user, "count": len(items), "notifications": list(items)}
+    payload = {
+        "event": "job_notification", "user": user, "count": total, "omitted": total - len(listed),
+        "notifications": listed,
+    }  # fmt: skip
     return Message(subject[:300], body, payload)
 
 
 # --- grouping the outbox into messages -----------------------------------------------------------
+
+
+class _Taken(Exception):
+    """Another pass (another server) grouped some of these rows first: this one writes nothing."""
 
 
 def _last_message_at(session: Session, user_ids: set[int]) -> dict[int, float]:
@@ -165,44 +209,81 @@ def _wanted_kinds(job: Job) -> tuple[str, ...]:
     return () if notify is None else notify.to
 
 
+def kinds_of_jobs(session: Session, job_ids: set[int]) -> dict[int, tuple[str, ...]]:
+    """Each job's `notify.to` (the kinds of contact it asked for; empty: all)."""
+    out: dict[int, tuple[str, ...]] = {}
+    for chunk in _chunks(sorted(job_ids)):
+        for job_id, spec in session.execute(select(Job.id, Job.spec).where(Job.id.in_(chunk))):
+            out[int(job_id)] = () if spec.notify is None else spec.notify.to
+    return out
+
+
+def _reaches(kinds: tuple[str, ...], kind: str) -> bool:
+    return not kinds or kind in kinds
+
+
+def _pending_of(session: Session, user_id: int) -> list[Pending]:
+    rows = session.execute(
+        select(
+            JobNotification.id, JobNotification.job_id, JobNotification.event, JobNotification.attempt,
+            JobNotification.at, JobNotification.message,
+        )
+        .where(JobNotification.user_id == user_id, JobNotification.state == "pending")
+        .order_by(JobNotification.id)
+    )  # fmt: skip
+    return [Pending(*row) for row in rows]
+
+
 def _items_for(
-    session: Session,
-    events: Sequence[JobNotification],
-    jobs: dict[int, Job],
-    base_url: str,
-    log_tail: LogTail,
-    now: float,
+    session: Session, events: Sequence[Pending], single: bool, base_url: str, log_tail: LogTail, now: float
 ) -> dict[int, dict[str, Any]]:
+    """The listed events as messages tell them (a digest lists; a single failure shows its log)."""
+    jobs = {j.id: j for j in session.scalars(select(Job).where(Job.id.in_({e.job_id for e in events})))}
     items = {}
     for event in events:
         item = describe(session, event, jobs[event.job_id], base_url, now)
-        if len(events) == 1 and event.event == "failed":  # a digest lists; a single failure shows its log
+        if single and event.event == "failed":
             item["log_tail"] = _bounded_tail(log_tail(jobs[event.job_id]))
         items[event.id] = item
     return items
 
 
+def _settle_rows(session: Session, ids: Sequence[int], state: str, digest_id: int | None) -> None:
+    """Move pending outbox rows to `state`, by compare-and-set: raises _Taken when any of them was
+    no longer pending (another pass's), so that the caller rolls back and sends nothing twice."""
+    for chunk in _chunks(ids):
+        moved = session.execute(
+            update(JobNotification)
+            .where(JobNotification.id.in_(chunk), JobNotification.state == "pending")
+            .values(state=state, digest_id=digest_id)
+            .execution_options(synchronize_session=False)
+        )
+        if moved.rowcount != len(chunk):  # type: ignore[attr-defined]
+            raise _Taken
+
+
 def _group_user(
-    session: Session,
-    user: User,
-    events: Sequence[JobNotification],
-    base_url: str,
-    log_tail: LogTail,
-    now: float,
+    session: Session, user: User, events: Sequence[Pending], base_url: str, log_tail: LogTail, now: float
 ) -> None:
-    """One user's pending events: a message per contact (those of its kinds the jobs asked for),
-    all sharing one digest id; events no contact of theirs may carry are `no_contact`."""
-    jobs = {j.id: j for j in session.scalars(select(Job).where(Job.id.in_({e.job_id for e in events})))}
-    items = _items_for(session, events, jobs, base_url, log_tail, now)
-    digest_id = min(e.id for e in events)
-    reached: set[int] = set()
-    for kind, address in addresses_of(session, user.id):
-        mine = [
-            e for e in events if not _wanted_kinds(jobs[e.job_id]) or kind in _wanted_kinds(jobs[e.job_id])
-        ]
+    """One user's pending events (all of them, however many): a message per contact (those of its
+    kinds the jobs asked for), all sharing one digest id, listing the first DIGEST_MAX_LINES and
+    counting the rest; events no contact of theirs may carry are `no_contact`. Reads (and log
+    reads) first, then the writes, committed by the caller: no write lock across a log read."""
+    kinds = kinds_of_jobs(session, {e.job_id for e in events})
+    contacts = addresses_of(session, user.id)  # none for a deactivated account
+    told = {kind: [e for e in events if _reaches(kinds[e.job_id], kind)] for kind, _ in contacts}
+    listed = sorted({e for mine in told.values() for e in mine[:DIGEST_MAX_LINES]}, key=lambda e: e.id)
+    items = _items_for(session, listed, len(events) == 1, base_url, log_tail, now)
+    digest_id = events[0].id
+    reached = {e.id for mine in told.values() for e in mine}
+    _settle_rows(session, sorted(reached), "grouped", digest_id)
+    _settle_rows(session, [e.id for e in events if e.id not in reached], "no_contact", None)
+    for kind, address in contacts:
+        mine = told[kind]
         if not mine:
             continue
-        message = compose(user.name, [items[e.id] for e in mine])
+        counts = Counter(e.event for e in mine)
+        message = compose(user.name, [items[e.id] for e in mine[:DIGEST_MAX_LINES]], counts)
         session.add(
             JobNotifyDelivery(
                 digest_id=digest_id, user_id=user.id, kind=kind, address=address, subject=message.subject,
@@ -210,58 +291,75 @@ def _group_user(
                 next_attempt_at=now, last_error="", created_at=now,
             )
         )  # fmt: skip
-        reached.update(e.id for e in mine)
-    for event in events:
-        event.state = "grouped" if event.id in reached else "no_contact"
-        event.digest_id = digest_id if event.id in reached else None
-        if event.id not in reached:
-            what = f"no notification of {event.event!r} sent: {user.name} has no contact"
-            kinds = _wanted_kinds(jobs[event.job_id])
-            record_event(session, event.job_id, now, what + (f" of kind {'/'.join(kinds)}" if kinds else ""),
-                         kind="notify")  # fmt: skip
+    why = f"{user.name}'s account is deactivated" if not user.active else f"{user.name} has no contact"
+    for event in (e for e in events if e.id not in reached):
+        wanted = kinds[event.job_id]
+        of_kind = f" of kind {'/'.join(wanted)}" if wanted and user.active else ""
+        record_event(session, event.job_id, now, f"no notification of {event.event!r} sent: {why}{of_kind}",
+                     kind="notify")  # fmt: skip
+
+
+def _set_aside(session: Session, user: User, events: Sequence[Pending], exc: Exception, now: float) -> None:
+    """Rows that could not be grouped (an unexpected error): `failed`, each job told why, so that
+    they are not read again on every pass; committed. Compare-and-set, as grouping is."""
+    try:
+        _settle_rows(session, [e.id for e in events], "failed", None)
+        for event in events:
+            what = f"no notification of {event.event!r} sent: it could not be prepared ({type(exc).__name__})"
+            record_event(session, event.job_id, now, what, kind="notify")
+        session.commit()
+    except _Taken:
+        session.rollback()
+
+
+def group_user(session: Session, user_id: int, base_url: str, log_tail: LogTail, now: float) -> int:
+    """Group one due user's pending rows in a transaction of their own; returns how many. One
+    user's bad row (or a lost race with another server's pass) never holds back anyone else's."""
+    user = session.get(User, user_id)
+    events = _pending_of(session, user_id)
+    if user is None or not events:
+        return 0  # a deleted user's rows go with them (cascade)
+    try:
+        with session.no_autoflush:  # the writes are flushed together, after every read
+            _group_user(session, user, events, base_url, log_tail, now)
+        session.commit()
+        return len(events)
+    except _Taken:
+        session.rollback()
+        log.info("job notifications of user %s were grouped by another pass", user_id)
+        return 0
+    except OperationalError as exc:  # the database is away or busy: the rows stay pending
+        session.rollback()
+        log.warning("job notifications of user %s not grouped this pass: %s", user_id, exc)
+        return 0
+    except Exception as exc:
+        session.rollback()
+        log.exception("job notifications of user %s could not be grouped; set aside", user_id)
+        _set_aside(session, user, events, exc, now)
+        return 0
 
 
 def group_pending(
     session: Session, now: float, *, base_url: str, log_tail: LogTail = _no_log_tail,
     window_s: float = DIGEST_WINDOW_S,
 ) -> int:  # fmt: skip
-    """Turn pending outbox rows into messages, by the rate rule (module docstring, 3); commits.
-    Returns how many rows were grouped (a user still inside their window keeps theirs pending).
-    Only the rows of users past their window are read, so one user's flood never holds back the
-    others' rows behind it."""
+    """Turn pending outbox rows into messages, by the rate rule (module docstring, 3); commits,
+    one user at a time. Returns how many rows were grouped (a user still inside their window
+    keeps theirs pending). A due user's rows are grouped all at once, so a flood is caught up
+    in one digest; at most GROUP_USERS users a pass (the others are due on the next)."""
     waiting = set(
         session.scalars(select(JobNotification.user_id).where(JobNotification.state == "pending").distinct())
     )
     last = _last_message_at(session, waiting)
-    due_users = {u for u in waiting if u not in last or now >= last[u] + window_s}
-    if not due_users:
-        return 0
-    pending = session.scalars(
-        select(JobNotification)
-        .where(JobNotification.state == "pending", JobNotification.user_id.in_(due_users))
-        .order_by(JobNotification.id)
-        .limit(GROUP_BATCH)
-    )
-    by_user: dict[int, list[JobNotification]] = {}
-    for event in pending:
-        by_user.setdefault(event.user_id, []).append(event)
-    grouped = 0
-    # Nothing is flushed until the commit: one user's writes, flushed by the next one's reads,
-    # would hold SQLite's write lock through the log reads still to come.
-    with session.no_autoflush:
-        for user_id, events in by_user.items():
-            user = session.get(User, user_id)
-            if user is None:
-                continue  # the cascade removes their rows
-            _group_user(session, user, events, base_url, log_tail, now)
-            grouped += len(events)
-    session.commit()
-    return grouped
+    due_users = sorted(u for u in waiting if u not in last or now >= last[u] + window_s)
+    session.commit()  # the reads' transaction ends here, before any log read
+    return sum(group_user(session, user_id, base_url, log_tail, now) for user_id in due_users[:GROUP_USERS])
 
 
 def record_outcome(session: Session, delivery: JobNotifyDelivery, now: float) -> None:
     """A message that settled (sent or given up): a `notify` event on every job it told of. The
-    address is not named (job events are read by whoever may see the job), only its kind."""
+    address is not named (job events are read by whoever may see the job), only its kind. Its
+    text and log tail are no longer needed, and go (a job deleted later leaves none behind)."""
     if delivery.state == "sent":
         what = f"notification sent by {delivery.kind}"
     else:
@@ -270,24 +368,31 @@ def record_outcome(session: Session, delivery: JobNotifyDelivery, now: float) ->
             f"notification by {delivery.kind} given up after {plural(delivery.attempts, 'attempt')}: {error}"
         )
     digest = f" (one message for {delivery.events} events)" if delivery.events > 1 else ""
-    events = session.scalars(select(JobNotification).where(JobNotification.digest_id == delivery.digest_id))
-    for event in (e for e in events if tells_of(delivery, e)):
+    events = list(
+        session.scalars(select(JobNotification).where(JobNotification.digest_id == delivery.digest_id))
+    )
+    kinds = kinds_of_jobs(session, {e.job_id for e in events})
+    for event in (e for e in events if _reaches(kinds.get(e.job_id, ()), delivery.kind)):
         record_event(session, event.job_id, now, f"{event.event}: {what}{digest}", kind="notify")
+    delivery.body = ""
+    delivery.payload = {k: v for k, v in delivery.payload.items() if k != "notifications"}
 
 
-def tells_of(delivery: JobNotifyDelivery, event: JobNotification) -> bool:
-    """Whether the message tells of the event (a digest's contacts may carry different events of
-    it: a job's `to` narrows the kinds)."""
-    items = delivery.payload.get("notifications", [])
-    return any(i.get("job_id") == event.job_id and i.get("at") == event.at and i.get("event") == event.event
-               for i in items)  # fmt: skip
+def tells_of(delivery: JobNotifyDelivery, event: JobNotification, kinds: tuple[str, ...]) -> bool:
+    """Whether the message tells of the event: it is of the event's digest, and of a kind of
+    contact the event's job asked for (`kinds`: its `notify.to`; empty: all), as grouping chose."""
+    return event.digest_id == delivery.digest_id and _reaches(kinds, delivery.kind)
 
 
 def purge_settled(session: Session, before: float) -> int:
-    """Delete settled deliveries made before `before` (their jobs' events keep the outcome)."""
+    """Delete settled deliveries made before `before` (their jobs' events keep the outcome), and
+    any delivery not being sent right now whose jobs were all deleted meanwhile: nothing of a
+    deleted job (its log tail, its reason) is kept or sent after it."""
+    told_of = exists().where(JobNotification.digest_id == JobNotifyDelivery.digest_id)
+    orphan = ~told_of & (JobNotifyDelivery.state != "sending")
     gone = session.execute(
         delete(JobNotifyDelivery).where(
-            JobNotifyDelivery.state.in_(SETTLED), JobNotifyDelivery.created_at < before
+            (JobNotifyDelivery.state.in_(SETTLED) & (JobNotifyDelivery.created_at < before)) | orphan
         )
     )
     session.commit()
@@ -368,13 +473,14 @@ def notifications_of(session: Session, principal: Principal, job: Job) -> list[d
             .order_by(JobNotifyDelivery.id)
         ):
             deliveries.setdefault(d.digest_id, []).append(d)
+    kinds = _wanted_kinds(job)
     return [
         {
             "event": e.event, "at": e.at, "attempt": e.attempt, "state": e.state, "message": e.message,
             "deliveries": [
                 _delivery_view(d, shows_address)
                 for d in deliveries.get(e.digest_id or 0, [])
-                if tells_of(d, e)
+                if tells_of(d, e, kinds)
             ],
         }
         for e in events
