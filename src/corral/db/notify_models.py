@@ -30,7 +30,8 @@ class JobNotification(Base):
     at: Mapped[float] = mapped_column(Float)
     message: Mapped[str] = mapped_column(Text, default="")  # the transition's words (the reason)
     # pending (not yet in a message) | grouped (in the message digest_id) | no_contact (the owner
-    # has no contact of the kinds asked for)
+    # has no contact of the kinds asked for, or is deactivated) | failed (could not be grouped:
+    # an unexpected error, set aside so that it holds back nothing; its job's events say so)
     state: Mapped[str] = mapped_column(String(16), index=True)
     digest_id: Mapped[int | None] = mapped_column(Integer, index=True)
 

@@ -8,17 +8,21 @@ How a notification travels (docs/operations.md, "Job notifications"):
    corral.services.notify_outbox.queue_notifications) inserts a `JobNotification` outbox row in
    its own transaction: a crash after the commit loses nothing, a lost race or a retried
    transition writes nothing twice, and the transition reads and sends nothing more than before.
-2. The notification loop (corral.monitor.job_notifier, a leased singleton) groups each user's
-   pending rows (`group_pending`) into one message per contact, and sends it with the paging
-   loop's transports and retry policy (SMTP through the monitor config's email channel; webhooks
-   guarded against SSRF by corral.services.webhook_guard).
+2. The notification loop (corral.monitor.job_notifier) groups each user's pending rows
+   (`group_pending`, one user per transaction, the rows moved by compare-and-set so that two
+   servers' passes never both take them) into one message per contact, and sends it with the
+   paging loop's transports and retry policy (SMTP through the monitor config's email channel;
+   webhooks guarded against SSRF by corral.services.webhook_guard).
 3. The rate rule: at most one message per user every DIGEST_WINDOW_S (60 s). The first event goes
    out at once; the events of the next minute wait for its end and go together as one digest
    ("12 job notifications: 10 failed, 2 succeeded"), so a failing array of 500 trials sends a
-   handful of messages, not 500.
+   handful of messages, not 500. All of a due user's waiting rows go in that digest (the first
+   DIGEST_MAX_LINES listed, the rest counted), so a flood is caught up at once.
 4. Each message ends `sent` or, after the retry policy's attempts, `given_up`; either outcome is
    a `notify` event on every job it told of (`corral show`), and `notifications_of` (GET
-   /api/v1/jobs/{id}/notifications) says where each went and how its delivery stands.
+   /api/v1/jobs/{id}/notifications) says where each went and how its delivery stands. A settled
+   message keeps no text (a failure's log tail goes with it); a deleted job's messages are
+   purged (`purge_settled`).
 
 A user's default (`set_default`, `with_default`): the `notify` their jobs submitted without one
 get, written into the stored spec at submit (the lifecycle reads only the job's own spec).
