@@ -644,3 +644,64 @@ def test_job_labels_arrive_empty_for_the_jobs_before_0036_and_go_with_their_job(
             assert conn.execute(sa.text("SELECT COUNT(*) FROM jobs")).scalar_one() == 3
     finally:
         engine.dispose()
+
+
+def test_job_notification_tables_arrive_empty_in_0037_and_an_outbox_row_goes_with_its_job(url: str) -> None:
+    # 0037: the job notification outbox, its deliveries and the users' defaults. Jobs from before
+    # have no outbox rows (their specs ask for none) and stay as they were; an outbox row goes with
+    # its job (ON DELETE CASCADE), a delivery (no job key: a digest tells of several jobs) and a
+    # user's default stay; "on"/"to" are reserved words in PostgreSQL and work quoted.
+    upgrade(url, "0036_job_labels")
+    engine = make_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        insert(engine, rows(0))
+        upgrade(url, "0037_job_notifications")
+        with engine.begin() as conn:
+            for table in ("job_notifications", "job_notify_deliveries", "job_notify_defaults"):
+                assert conn.execute(sa.text(f"SELECT COUNT(*) FROM {table}")).scalar_one() == 0, table
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM jobs")).scalar_one() == 4
+            conn.execute(
+                sa.text(
+                    "INSERT INTO job_notifications (id, job_id, user_id, event, attempt, at, message, state,"
+                    " digest_id) VALUES (1, 10, 1, 'failed', 1, :t, 'exit 1', 'grouped', 1)"
+                ),
+                {"t": T0},
+            )
+            conn.execute(
+                sa.text(
+                    "INSERT INTO job_notify_deliveries (id, digest_id, user_id, kind, address, subject, body,"
+                    " payload, events, state, attempts, next_attempt_at, last_error, created_at, sent_at)"
+                    " VALUES (1, 1, 1, 'email', 'u1@example.org', 's', 'b', :p, 1, 'sent', 1, :t, '', :t, :t)"
+                ),
+                {"p": json.dumps({"count": 1}), "t": T0},
+            )
+            conn.execute(
+                sa.text(
+                    'INSERT INTO job_notify_defaults (user_id, "on", "to", updated_at)'
+                    " VALUES (1, :on, :to, :t)"
+                ),
+                {"on": json.dumps(["failed"]), "to": json.dumps([]), "t": T0},
+            )
+            indexes = {i["name"] for i in sa.inspect(conn).get_indexes("job_notifications")}
+            indexes |= {i["name"] for i in sa.inspect(conn).get_indexes("job_notify_deliveries")}
+        wanted = {"ix_job_notifications_state", "ix_job_notifications_digest_id",
+                  "ix_job_notify_deliveries_state", "ix_job_notify_deliveries_digest_id"}  # fmt: skip
+        assert wanted <= indexes, indexes
+        with engine.begin() as conn:
+            if conn.dialect.name == "sqlite":
+                conn.execute(sa.text("PRAGMA foreign_keys=ON"))
+            conn.execute(sa.text("DELETE FROM attempts WHERE job_id = 10"))
+            conn.execute(sa.text("DELETE FROM job_events WHERE job_id = 10"))
+            conn.execute(sa.text("DELETE FROM jobs WHERE id = 10"))
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM job_notifications")).scalar_one() == 0
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM job_notify_deliveries")).scalar_one() == 1
+            default = conn.execute(sa.text('SELECT "on", "to" FROM job_notify_defaults')).one()
+        assert [json.loads(v) if isinstance(v, str) else v for v in default] == [["failed"], []]
+        downgrade(url, "0036_job_labels")
+        with engine.connect() as conn:
+            names = set(sa.inspect(conn).get_table_names())
+            assert not names & {"job_notifications", "job_notify_deliveries", "job_notify_defaults"}
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM jobs")).scalar_one() == 3
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM job_labels")).scalar_one() == 0
+    finally:
+        engine.dispose()

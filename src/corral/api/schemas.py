@@ -284,7 +284,7 @@ class JobNotificationOut(BaseModel):
     event: str  # started | succeeded | failed | cancelled | requeued
     at: float
     attempt: int
-    state: str  # pending | grouped | no_contact
+    state: str  # pending | grouped | no_contact | failed
     message: str
     deliveries: list[NotifyDeliveryOut]
 
