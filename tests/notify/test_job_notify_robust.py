@@ -207,6 +207,7 @@ def test_a_started_item_shows_the_reason_of_its_own_moment(team: Team, smtp: Smt
     assert f"- job {job_id} train failed: attempt 1 failed (exit code 1)" in body
 
 
+@BOTH
 def test_a_settled_message_keeps_no_log_and_a_deleted_jobs_messages_go(team: Team, smtp: Smtp) -> None:
     """Finding 14: once sent, a message's text (with the log tail) is dropped; a message of a job
     deleted before it went is deleted by the next purge, whatever its age."""
@@ -311,3 +312,45 @@ def test_the_default_command_refuses_options_it_would_ignore(team: Team) -> None
             assert result.exit_code == 2 and words in result.output, result.output
         shown = CliRunner().invoke(cli, ["oncall", "contact", "notify", "alice"], env=env)
     assert shown.exit_code == 0 and "alice: no job notification default" in shown.output, shown.output
+
+
+@BOTH
+def test_a_crash_mid_pass_resends_only_the_message_in_flight(
+    team: Team, smtp: Smtp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding 6: each outcome is committed as it settles, so a process dying after the first of
+    two sends resends only the second (300 s later), not the whole batch; an unexpected error
+    in one send is that message's failure, not the pass's."""
+    give_bob_an_email(team)
+    now = time.time()
+    fail(team, [submit(team, {"on": ["failed"]}), submit(team, {"on": ["failed"]}, user="bob")], now)
+    with team.factory() as db:
+        assert job_notify.group_pending(db, now, base_url="http://corral.test") == 2
+    real_send, calls = job_notifier._send, []
+
+    def dies_at_the_second(mailer: Any, delivery: JobNotifyDelivery, allowed: Any) -> None:
+        calls.append(delivery.address)
+        if len(calls) == 2:
+            raise SystemExit("the server process goes away")
+        real_send(mailer, delivery, allowed)
+
+    monkeypatch.setattr(job_notifier, "_send", dies_at_the_second)
+    with pytest.raises(SystemExit):
+        deliver(team.factory, smtp.config(), now, NETWORKS)
+    monkeypatch.setattr(job_notifier, "_send", real_send)
+    assert smtp.inbox.to() == [calls[0]]
+    assert deliver(team.factory, smtp.config(), now + 10, NETWORKS) == 0  # still claimed
+    assert deliver(team.factory, smtp.config(), now + 301, NETWORKS) == 1
+    assert smtp.inbox.to() == calls  # each sent once
+
+    def unexpected(mailer: Any, delivery: JobNotifyDelivery, allowed: Any) -> None:
+        raise KeyError("a bug in one send")
+
+    fail(team, [submit(team, {"on": ["failed"]}, name="later")], now + 400)
+    monkeypatch.setattr(job_notifier, "_send", unexpected)
+    with team.factory() as db:
+        assert job_notify.group_pending(db, now + 400, base_url="http://corral.test") == 1
+    assert deliver(team.factory, smtp.config(), now + 400, NETWORKS) == 1
+    with team.factory() as db:
+        failing = db.scalar(sa.select(JobNotifyDelivery).where(JobNotifyDelivery.state == "failing"))
+        assert failing is not None and failing.last_error == "KeyError: 'a bug in one send'"
