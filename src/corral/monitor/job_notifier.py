@@ -114,7 +114,7 @@ def _claim(session: Session, seen: tuple[int, str, float], now: float) -> JobNot
     session.commit()
     if claimed.rowcount != 1:  # type: ignore[attr-defined]
         return None
-    return session.get(JobNotifyDelivery, delivery_id)
+    return session.get(JobNotifyDelivery, delivery_id, populate_existing=True)  # as the UPDATE left it
 
 
 def _send_claimed(
@@ -127,6 +127,7 @@ def _send_claimed(
     if owner is None or not owner.active:
         whose = f"{owner.name}'s" if owner is not None else "its owner's"
         delivery.state, delivery.last_error = "given_up", f"{whose} account is deactivated"
+        delivery.next_attempt_at = now  # when it was given up, as record_failure writes it
         return
     try:
         _send(mailer, delivery, allowed)
@@ -210,7 +211,9 @@ def job_notify_tick(ctx: ServerContext, now: float) -> float | None:
             job_notify.purge_settled(session, now - SETTINGS.keep_days * 86400.0)
             _purged_at[ctx.owner_id] = now
     networks = webhook_guard.parse_networks(ctx.settings.webhook_allow_networks)
-    handled = deliver(ctx.session_factory, monitor_config(ctx), now, networks)
+    # the clock read again: grouping may have read logs for a while, and a claim's expiry
+    # (SENDING_RETRY_S) must count from when it is made
+    handled = deliver(ctx.session_factory, monitor_config(ctx), max(now, time.time()), networks)
     more = handled >= DELIVERY_BATCH
     return 0.0 if more else None  # more may be waiting: the next pass at once
 
