@@ -56,10 +56,10 @@ MAX_ENV_BYTES = 64 * 1024
 MAX_ENV_VARS = 256
 MAX_RETRIES = 20
 MAX_SPEC_BYTES = 256 * 1024
-MAX_DURATION_S = 3650 * 86400.0
+MAX_DURATION_S = 3650 * 86400.0  # ten years; a longer one was stored as "1e+23s", then unreadable
 MAX_LABELS = 16
 MAX_LABEL_KEY_LEN = 63
-MAX_LABEL_VALUE_LEN = 128  # ten years; a longer one was stored as "1e+23s", then unreadable
+MAX_LABEL_VALUE_LEN = 128
 
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
