@@ -79,8 +79,9 @@ StateList = Annotated[
     str, AfterValidator(_known_states), WithJsonSchema({"type": "string", "pattern": STATE_LIST})
 ]
 LabelSelector = Annotated[str, Query(max_length=200, pattern=worded(job_spec.LABEL_SELECTOR, LABEL_WORDS))]
-# at most MAX_IDS (1000) ids in one value; more over repeated values are refused by the service
-ID_LIST = r"^\s*[0-9]{1,10}\s*(,\s*[0-9]{1,10}\s*){0,999}$"
+# Any count in one value: more than MAX_IDS (1000), in one value or over repeated ones, is
+# refused by the service in words that say so (a bound here said "not a list of job ids").
+ID_LIST = r"^\s*[0-9]{1,10}\s*(,\s*[0-9]{1,10}\s*)*$"
 ID_WORDS = "is not a list of job ids: whole numbers, comma-separated"
 StatesParam = Annotated[list[StateList] | None, Query(description="job states; repeat or comma-separate")]
 TailParam = Annotated[
