@@ -6,15 +6,16 @@ every trial a CPU-only job, all through the Python SDK (corral.sdk.Client).
 What it shows (README, "AutoML tools"):
 - each trial is a job labelled {experiment: NAME, trial: N, lr: ..., momentum: ...}: its
   parameters are in its labels, so a driver that restarts with the same --experiment finds its
-  trials again (`iter_jobs(labels=...)`) and goes on where it stopped;
+  trials again (`iter_jobs(labels=..., user=<you>)`: your own jobs only, as labels are free text
+  and another user's experiment may carry the same name) and goes on where it stopped;
 - at most --parallel trials are live at once; `wait_any` watches them all with one request per
   poll and returns the ones that ended;
 - each trial appends {"step": s, "loss": x} lines to $CORRAL_OUTPUTS/metrics.jsonl; the driver
   reads every live trial's with one `metrics_of(ids)` per round while they run;
 - median stopping: a running trial whose best loss at its latest step is worse than the median
   of the other trials' losses at that step is cancelled;
-- at the end (or on Ctrl-C) every trial still live is cancelled with one call,
-  `cancel_by_labels({"experiment": NAME})`.
+- on Ctrl-C every trial still live is cancelled with one call,
+  `cancel_by_labels({"experiment": NAME})` (your own jobs carrying the label, by default).
 
 CORRAL_URL and CORRAL_TOKEN (or $CORRAL_HOME/config.yaml) say which server; `--url`/`--token` too.
 """
@@ -111,8 +112,10 @@ def median_stop(
 
 def run(client: Client, args: argparse.Namespace) -> int:
     experiment, rng = args.experiment, random.Random(args.seed)
-    # Restarted? Its trials are found again by label, with their parameters.
-    trials = {job["id"]: job for job in client.iter_jobs(labels={"experiment": experiment})}
+    # Restarted? Its trials are found again by label, with their parameters: only this user's
+    # jobs (an admin's driver would otherwise adopt another user's experiment of the same name).
+    me = client.me()["name"]
+    trials = {job["id"]: job for job in client.iter_jobs(labels={"experiment": experiment}, user=me)}
     if trials:
         print(f"found {len(trials)} trials of experiment {experiment} (restarted)")
     for _ in range(len(trials)):

@@ -77,15 +77,17 @@ def test_wait_any_and_wait_all_make_one_request_per_poll(world: World, alice: Cl
     sent = counted(alice)
     with pytest.raises(TimeoutError, match="none of the 150 jobs has ended"):
         alice.wait_any(ids, timeout_s=0)
-    assert len(sent) == 3, sent  # the check that all 150 exist (two pages of 100), then one poll
+    # the count that all 150 are there, one poll, and (none ended) the count that none is gone
+    assert len(sent) == 3, sent
     sent.clear()
     with pytest.raises(TimeoutError, match="150 of the jobs are still queued or running"):
         alice.wait_all(ids, timeout_s=0)
-    assert len(sent) == 3, sent
+    assert len(sent) == 2, sent  # the count that all 150 are there, then one poll
     sent.clear()
     with pytest.raises(TimeoutError, match="150 of the jobs"):
         alice.wait_all(labels={"experiment": "e1"}, timeout_s=0)
-    assert len(sent) == 2, sent  # one count to see the labels match, then one poll
+    # who alice is (her jobs only: asked once per client), one count to see the labels match, one poll
+    assert len(sent) == 3, sent
 
 
 def test_wait_any_returns_the_ended_and_wait_all_waits_for_every_one(world: World, alice: Client) -> None:
@@ -108,7 +110,7 @@ def test_waiting_for_jobs_that_are_not_there_says_so(world: World, alice: Client
     mine = trials(alice, 1)
     with pytest.raises(CorralError, match=f"no job with id {carols}"):
         alice.wait_all([*mine, carols], timeout_s=1)
-    with pytest.raises(CorralError, match="no job you can see carries the labels experiment=nope"):
+    with pytest.raises(CorralError, match="no job of alice you can see carries the labels experiment=nope"):
         alice.wait_all(labels={"experiment": "nope"}, timeout_s=1)
     with pytest.raises(CorralError, match="by job_ids or by labels, one of them"):
         alice.wait_all()
@@ -130,6 +132,18 @@ def test_report_metrics_is_read_back(
         report_metrics(loss=float("nan"))
     with pytest.raises(CorralError, match="step -1 is not a whole number"):
         report_metrics(step=-1, loss=1.0)
+    # what the server would skip is refused where it is written, naming what is wrong
+    with pytest.raises(
+        CorralError, match=r"step 1152921504606846976 is not a whole number from 0 to 2\*\*53"
+    ):
+        report_metrics(step=2**60, loss=0.1)
+    with pytest.raises(CorralError, match="metric name 'val loss' must be 1 to 64 letters"):
+        report_metrics(**{"val loss": 0.2})
+    with pytest.raises(CorralError, match="metric name 'aaaa"):
+        report_metrics(**{"a" * 65: 0.2})
+    with pytest.raises(CorralError, match="70 metrics in one point; at most 64"):
+        report_metrics(**{f"m{i}": 1.0 for i in range(70)})
+    assert len(alice.metrics(job)["points"]) == 2 and alice.metrics(job)["skipped"] == 0
     monkeypatch.delenv("CORRAL_OUTPUTS")
     with pytest.raises(CorralError, match="CORRAL_OUTPUTS is not set"):
         report_metrics(loss=1.0)
@@ -170,7 +184,7 @@ def test_cli_lists_shows_cancels_by_label_and_prints_metrics(
     assert code == 0, out
     assert alice.job(ids[0])["reason"] == "cancelled by alice: search over"
     assert f"job {ids[0]} cancelled" in out and f"job {ids[1]} is running; it is being stopped" in out
-    assert "2 live jobs with experiment=e1" in out, out
+    assert "2 live jobs of yours with experiment=e1" in out, out
     code, out = run(world, server_url, "alice", "cancel")
     assert code == 1 and "give a job id or labels" in out, out
     assert alice.job(other[0])["state"] == "queued"
@@ -192,7 +206,7 @@ def test_metrics_of_many_trials_and_the_cli_table(
         (outputs / "metrics.jsonl").write_text(f'{{"step": 4, "loss": 0.{n + 1}}}\n')
     sent = counted(alice)
     items = alice.metrics_of(labels={"experiment": "e1"})
-    assert len(sent) == 1, sent
+    assert len(sent) == 2, sent  # who alice is (her jobs only), then one page
     assert [(i["job_id"], i["latest"]) for i in items] == [
         (ids[0], {"loss": 0.1}),
         (ids[1], {"loss": 0.2}),
@@ -236,3 +250,80 @@ def test_labels_added_at_submit_by_the_sdk_and_the_cli(
     assert code == 1 and "label 'trial' has no value: give -l trial=VALUE" in out, out
     code, out = run(world, server_url, "alice", "submit", str(spec), "-l", "lr=a b")
     assert code == 1 and "label 'lr': value 'a b' must be" in out, out
+
+
+def delete_row(world: World, job_id: int) -> None:
+    """The job gone as a purge leaves it (a deleted job's id lists nothing)."""
+    with world.session_factory() as db:
+        job = db.get(Job, job_id)
+        assert job is not None
+        db.delete(job)
+        db.commit()
+
+
+def test_waiting_on_a_job_deleted_meanwhile_says_so(world: World, alice: Client) -> None:
+    ids = trials(alice, 2)
+    later = threading.Timer(0.3, delete_row, (world, ids[0]))
+    later.start()
+    try:
+        with pytest.raises(CorralError, match=f"job {ids[0]} was deleted while waited on"):
+            alice.wait_any(ids, timeout_s=10, poll_s=0.05)  # was: waited on until the timeout
+    finally:
+        later.join()
+    end(world, [ids[1]])
+    more = trials(alice, 2, "e2")
+    end(world, more)
+    delete_row(world, more[0])
+    with pytest.raises(CorralError, match=f"no job with id {more[0]}"):
+        alice.wait_all(more, timeout_s=1)
+
+    def end_and_delete() -> None:
+        end(world, [third])
+        delete_row(world, third)
+
+    third, fourth = trials(alice, 2, "e3")
+    end(world, [fourth])
+    later = threading.Timer(0.3, end_and_delete)
+    later.start()
+    try:
+        with pytest.raises(CorralError, match=f"job {third} was deleted while waited on"):
+            alice.wait_all([third, fourth], timeout_s=10, poll_s=0.05)  # was: [fourth] alone
+    finally:
+        later.join()
+
+
+def test_sets_by_label_are_the_callers_own_unless_asked(
+    world: World, server_url: str, alice: Client, settings: Settings
+) -> None:
+    mine = trials(alice, 1)
+    with Client(server_url, world.as_("bob")["Authorization"].split()[1]) as bob:  # vision's admin
+        bobs = trials(bob, 1)
+        assert [i["job_id"] for i in bob.metrics_of(labels={"experiment": "e1"})] == bobs
+        assert [i["job_id"] for i in bob.metrics_of(labels={"experiment": "e1"}, user="alice")] == mine
+        every = bob.metrics_of(labels={"experiment": "e1"}, all_users=True)
+        assert [i["job_id"] for i in every] == [*mine, *bobs]
+        end(world, bobs)
+        assert [j["id"] for j in bob.wait_all(labels={"experiment": "e1"}, timeout_s=1)] == bobs
+        with pytest.raises(TimeoutError, match="1 of the jobs"):
+            bob.wait_all(labels={"experiment": "e1"}, all_users=True, timeout_s=0)
+        with pytest.raises(CorralError, match="user or all_users, not both"):
+            bob.metrics_of(labels={"experiment": "e1"}, user="alice", all_users=True)
+        with pytest.raises(CorralError, match="user and all_users go with labels"):
+            bob.wait_all(mine, user="alice")
+        assert bob.cancel_by_labels({"experiment": "e1"})["matched"] == 0  # his own has ended
+        assert alice.job(mine[0])["state"] == "queued"
+        done = bob.cancel_by_labels({"experiment": "e1"}, user="alice")
+        assert [i["id"] for i in done["items"]] == mine and done["more"] is False
+    code, out = run(world, server_url, "alice", "cancel", "-l", "experiment=e1", "--all-users")
+    assert code == 1 and "only admins and group admins act on other users' jobs" in out, out
+    code, out = run(world, server_url, "alice", "cancel", "1", "--user", "bob")
+    assert code == 1 and "--user and --all-users go with -l" in out, out
+    carols = world.client.post(
+        "/api/v1/jobs", json={**SIMPLE_JOB, "labels": {"experiment": "e1"}}, headers=world.as_("carol")
+    ).json()["id"]
+    code, out = run(world, server_url, "bob", "cancel", "-l", "experiment=e1", "--all-users")
+    assert code == 0 and "0 live jobs (every user's) with experiment=e1" in out, out
+    code, out = run(world, server_url, "admin", "cancel", "-l", "experiment=e1", "--user", "carol")
+    assert code == 0 and f"job {carols} cancelled" in out and "1 live job of carol" in out, out
+    code, out = run(world, server_url, "admin", "metrics", "-l", "experiment=e1", "--all-users")
+    assert code == 0 and "3 jobs" in out, out

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from corral.db.models import Job, JobLabel
+from corral.services import job_sets
 from tests.api.conftest import SIMPLE_JOB, World
 from tests.api.helpers import add_node, make_running
 
@@ -245,7 +247,12 @@ def test_hold_and_release_by_labels_act_per_queued_job(world: World) -> None:
     kinds = [e["kind"] for e in world.client.get(f"{JOBS}/{fresh}/events", headers=world.as_("alice")).json()]
     assert kinds.count("hold") == 1 and kinds.count("release") == 1
 
+    # the admin's own jobs only, unless all_users (as for a bulk cancel)
     r = world.client.post(f"{JOBS}/release", json={"labels": ["experiment=e1"]}, headers=world.as_("admin"))
+    assert (r.json()["matched"], r.json()["more"]) == (0, False), r.text
+    r = world.client.post(
+        f"{JOBS}/release", json={"labels": ["experiment=e1"], "all_users": True}, headers=world.as_("admin")
+    )
     assert [(i["id"], i["outcome"]) for i in r.json()["items"]] == [
         (fresh, "unchanged"),
         (mine, "unchanged"),
@@ -257,3 +264,70 @@ def test_hold_and_release_by_labels_act_per_queued_job(world: World) -> None:
             r = world.client.post(f"{JOBS}/{path}", json=bad, headers=world.as_("alice"))
             assert r.status_code == 422, r.text
     assert hold_of(fresh) is None
+
+
+def cancel(world: World, caller: str, **body: Any) -> Any:
+    return world.client.post(
+        f"{JOBS}/cancel", json={"labels": ["experiment=e1"], **body}, headers=world.as_(caller)
+    )
+
+
+def states(world: World, *job_ids: int) -> list[str]:
+    return [world.client.get(f"{JOBS}/{j}", headers=world.as_("admin")).json()["state"] for j in job_ids]
+
+
+def test_a_bulk_cancel_by_label_acts_on_the_callers_own_jobs_unless_asked(world: World) -> None:
+    # labels are free text: alice, bob (vision's group admin), carol and the admin all run an e1
+    alices, bobs, carols, admins = (
+        submit(world, u, experiment="e1") for u in ("alice", "bob", "carol", "admin")
+    )
+    r = cancel(world, "bob")
+    assert r.status_code == 200 and [i["id"] for i in r.json()["items"]] == [bobs], r.text
+    r = cancel(world, "admin")
+    assert r.status_code == 200 and [i["id"] for i in r.json()["items"]] == [admins], r.text
+    assert states(world, alices, carols) == ["queued", "queued"]  # nobody else's, by default
+    # others' only when asked for, and only by who may act on them
+    r = cancel(world, "alice", user="bob")
+    assert r.status_code == 403 and "only admins and group admins act on other users' jobs" in r.text, r.text
+    r = cancel(world, "alice", all_users=True)
+    assert r.status_code == 403 and "only admins and group admins" in r.text, r.text
+    for name in ("carol", "nobody"):  # outside bob's groups, or no such user: the same words
+        r = cancel(world, "bob", user=name)
+        assert r.status_code == 403, r.text
+        assert f"no user named '{name}' is a member of a group you administer" in r.text, r.text
+    r = cancel(world, "admin", user="nobody")
+    assert r.status_code == 422 and "no user named 'nobody'" in r.text, r.text
+    r = cancel(world, "admin", user="carol", all_users=True)
+    assert r.status_code == 422 and "user or all_users, not both" in r.text, r.text
+    r = cancel(world, "admin", all_users=1)
+    assert r.status_code == 422, r.text
+    assert states(world, alices, carols) == ["queued", "queued"]
+    r = cancel(world, "bob", user="alice", reason="sweep over")
+    assert r.status_code == 200 and [i["id"] for i in r.json()["items"]] == [alices], r.text
+    assert world.client.get(f"{JOBS}/{alices}", headers=world.as_("alice")).json()["reason"] == (
+        "cancelled by bob: sweep over"
+    )
+    r = cancel(world, "admin", all_users=True)
+    assert r.status_code == 200 and [i["id"] for i in r.json()["items"]] == [carols], r.text
+    assert r.json()["more"] is False
+
+
+def test_a_group_admins_all_users_stays_within_their_groups(world: World) -> None:
+    alices, bobs, carols = (submit(world, u, experiment="e1") for u in ("alice", "bob", "carol"))
+    r = cancel(world, "bob", all_users=True)
+    assert r.status_code == 200 and sorted(i["id"] for i in r.json()["items"]) == [alices, bobs], r.text
+    assert states(world, carols) == ["queued"]
+    r = cancel(world, "bob", user="bob")  # their own name: their own jobs, as by default
+    assert r.status_code == 200 and r.json()["matched"] == 0, r.text
+
+
+def test_a_bulk_cancel_acts_on_at_most_so_many_jobs_and_says_more(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(job_sets, "MAX_BULK_JOBS", 2)
+    jobs = [submit(world, experiment="e1") for _ in range(3)]
+    first = cancel(world, "alice").json()
+    assert (first["matched"], first["more"]) == (2, True)
+    assert [i["id"] for i in first["items"]] == jobs[:2]
+    second = cancel(world, "alice").json()
+    assert (second["matched"], second["more"], second["items"][0]["id"]) == (1, False, jobs[2])

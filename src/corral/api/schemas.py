@@ -355,12 +355,15 @@ class CancelIn(RequestBody):
     reason: CancelReason = None
 
 
-class CancelByLabelsIn(RequestBody):
+class CancelByLabelsIn(BooleansApart):
     """POST /jobs/cancel: the labels (NAME=VALUE, or NAME for any value) every job cancelled
-    carries (at least one), and why."""
+    carries (at least one), and why. Whose jobs: the caller's own, unless `user` (that user's:
+    admins, group admins within their groups) or `all_users` (every job the caller may act on)."""
 
     labels: list[LabelSelectorText] = Field(min_length=1, max_length=MAX_LABELS)
     reason: CancelReason = None
+    user: str | None = Field(None, min_length=1, max_length=64, description="only this user's jobs")
+    all_users: bool = Field(False, description="every user's jobs you may act on, not only yours")
 
 
 class CancelledJobOut(BaseModel):
@@ -371,17 +374,21 @@ class CancelledJobOut(BaseModel):
 
 
 class CancelByLabelsOut(BaseModel):
-    """What POST /jobs/cancel did, per job it matched (live, visible, carrying every label)."""
+    """What POST /jobs/cancel did, per job it matched (live, in its scope, carrying every
+    label; at most 1000, `more`: run it again for the rest)."""
 
     matched: int
+    more: bool
     items: list[CancelledJobOut]
 
 
-class HoldByLabelsIn(RequestBody):
+class HoldByLabelsIn(BooleansApart):
     """POST /jobs/hold and /jobs/release: the labels (NAME=VALUE, or NAME for any value) every
-    queued job held or released carries (at least one)."""
+    queued job held or released carries (at least one). Whose jobs: as for POST /jobs/cancel."""
 
     labels: list[LabelSelectorText] = Field(min_length=1, max_length=MAX_LABELS)
+    user: str | None = Field(None, min_length=1, max_length=64, description="only this user's jobs")
+    all_users: bool = Field(False, description="every user's jobs you may act on, not only yours")
 
 
 class HeldJobOut(BaseModel):
@@ -395,10 +402,11 @@ class HeldJobOut(BaseModel):
 
 
 class HoldByLabelsOut(BaseModel):
-    """What POST /jobs/hold or /jobs/release did, per job it matched (queued, visible, carrying
-    every label)."""
+    """What POST /jobs/hold or /jobs/release did, per job it matched (queued, in its scope,
+    carrying every label; at most 1000, `more`: run it again for the rest)."""
 
     matched: int
+    more: bool
     items: list[HeldJobOut]
 
 

@@ -495,6 +495,22 @@ def _print_waiting(waiting: dict[str, Any] | None) -> None:
         err.print(f"estimated start: {start_line(waiting)}", highlight=False, soft_wrap=True)
 
 
+# Whose jobs `-l` acts on: yours unless asked (labels are free text; another user's may match).
+WhoseUserOpt = Annotated[
+    str | None,
+    typer.Option("--user", help="with -l: that user's jobs, not yours (admins; group admins: members)"),
+]
+AllUsersOpt = Annotated[
+    bool,
+    typer.Option("--all-users", help="with -l: every user's jobs you may act on, not only yours"),
+]
+
+
+def _whose_only_with_labels(label: list[str] | None, user: str | None, all_users: bool) -> None:
+    if not label and (user is not None or all_users):
+        raise CorralError("--user and --all-users go with -l NAME=VALUE; a job id names the job itself")
+
+
 @friendly_errors
 def cancel(
     job_id: Annotated[int | None, typer.Argument(metavar="[JOB]")] = None,
@@ -502,14 +518,18 @@ def cancel(
     reason: Annotated[
         str | None, typer.Option("--reason", help="why, shown after who cancelled it (`corral show`)")
     ] = None,
+    user: WhoseUserOpt = None,
+    all_users: AllUsersOpt = False,
     output: OutputOpt = Output.table,
 ) -> None:
     """Cancel a job (queued jobs end at once; running ones are stopped), or with `-l NAME=VALUE`
-    every live job you can see that carries the labels (an experiment's trials)."""
+    every live job of yours that carries the labels (an experiment's trials; others' with
+    --user NAME or --all-users: admins, group admins for their groups' members)."""
     if (job_id is None) == (not label):
         raise CorralError("give a job id or labels (-l NAME=VALUE), one of them")
+    _whose_only_with_labels(label, user, all_users)
     if job_id is None:
-        _cancel_by_labels(label_filter(label), reason, output)
+        _cancel_by_labels(label_filter(label), reason, output, user, all_users)
         return
     with client() as c:
         job = c.cancel(job_id, reason=reason)
@@ -521,16 +541,21 @@ def cancel(
         out.print(f"job {job_id} is {job['state']}; it is being stopped")
 
 
-def _cancel_by_labels(labels: dict[str, str | None], reason: str | None, output: Output) -> None:
+def _cancel_by_labels(
+    labels: dict[str, str | None], reason: str | None, output: Output, user: str | None, all_users: bool
+) -> None:
     with client() as c:
-        done = c.cancel_by_labels(labels, reason=reason)
+        done = c.cancel_by_labels(labels, reason=reason, user=user, all_users=all_users)
     if output is Output.json:
         print_json(done)
         return
     for item in done["items"]:
         out.print(item["message"], highlight=False, markup=False, soft_wrap=True)
     selector = ",".join(k if v is None else f"{k}={v}" for k, v in labels.items())
-    out.print(f"{plural(done['matched'], 'live job')} with {selector}", highlight=False)
+    whose = " (every user's)" if all_users else f" of {user}" if user else " of yours"
+    out.print(f"{plural(done['matched'], 'live job')}{whose} with {selector}", highlight=False, markup=False)
+    if done.get("more"):
+        out.print("more jobs match than one request cancels: run it again for the rest", markup=False)
 
 
 @friendly_errors
@@ -538,21 +563,27 @@ def metrics(
     job_id: Annotated[int | None, typer.Argument(metavar="[JOB]")] = None,
     label: LabelOpt = None,
     points: Annotated[bool, typer.Option("--points", help="every point, not only the latest values")] = False,
+    user: WhoseUserOpt = None,
+    all_users: AllUsersOpt = False,
     output: OutputOpt = Output.table,
 ) -> None:
     """The metrics a job reported (lines it appended to $CORRAL_OUTPUTS/metrics.jsonl, e.g. with
     corral.sdk.report_metrics): each metric's latest value, or with --points every point. With
-    `-l NAME=VALUE` instead of a job: the latest values of every job carrying the labels."""
+    `-l NAME=VALUE` instead of a job: the latest values of every job of yours carrying the labels
+    (--user NAME: that user's; --all-users: every one you can see)."""
     if (job_id is None) == (not label):
         raise CorralError("give a job id or labels (-l NAME=VALUE), one of them")
+    _whose_only_with_labels(label, user, all_users)
     if job_id is None:
-        _metrics_by_labels(label_filter(label), output)
+        _metrics_by_labels(label_filter(label), output, user, all_users)
         return
     with client() as c:
         body = c.metrics(job_id)
     if output is Output.json:
         print_json(body)
         return
+    if body.get("error"):
+        raise CorralError(f"job {job_id}: {body['error']}")
     if not body["points"]:
         out.print(f"job {job_id} has reported no metrics (none in $CORRAL_OUTPUTS/{body['file']})")
         return
@@ -575,10 +606,12 @@ def metrics(
     out.print("; ".join(notes))
 
 
-def _metrics_by_labels(labels: dict[str, str | None], output: Output) -> None:
+def _metrics_by_labels(
+    labels: dict[str, str | None], output: Output, user: str | None, all_users: bool
+) -> None:
     """One row per job: id, state, its last step and each metric's latest value."""
     with client() as c:
-        items = c.metrics_of(labels=labels, tail=1)
+        items = c.metrics_of(labels=labels, tail=1, user=user, all_users=all_users)
     if output is Output.json:
         print_json(items)
         return

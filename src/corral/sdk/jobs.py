@@ -159,16 +159,29 @@ class JobsApi(BaseClient):
         body = {"json": {"reason": reason}} if reason is not None else {}
         return self.request("POST", f"/jobs/{seg(job_id)}/cancel", **body)
 
-    def cancel_by_labels(self, labels: Mapping[str, object], *, reason: str | None = None) -> dict[str, Any]:
-        """Cancel every live job you can see that carries all of `labels` (`corral cancel -l`):
-        {"matched", "items": [{"id", "outcome", "state", "message"}]}, outcome `cancelled` (it
-        was queued), `stopping` (it runs and is being stopped), `ended` or `gone` (meanwhile).
-        `reason`: as for `cancel`."""
+    def cancel_by_labels(
+        self,
+        labels: Mapping[str, object],
+        *,
+        reason: str | None = None,
+        user: str | None = None,
+        all_users: bool = False,
+    ) -> dict[str, Any]:
+        """Cancel every live job of yours that carries all of `labels` (`corral cancel -l`):
+        {"matched", "more", "items": [{"id", "outcome", "state", "message"}]}, outcome
+        `cancelled` (it was queued), `stopping` (it runs and is being stopped), `ended` or `gone`
+        (meanwhile); at most 1000 at once (`more`: call again). `reason`: as for `cancel`.
+        Others' jobs only when asked: `user` (that user's) or `all_users` (every job you may act
+        on), for admins and group admins (their groups' members)."""
         if not labels:
             raise CorralError("name at least one label whose jobs to cancel")
         body: dict[str, Any] = {"labels": label_selectors(labels)}
         if reason is not None:
             body["reason"] = reason
+        if user is not None:
+            body["user"] = user
+        if all_users:
+            body["all_users"] = True
         return self.request("POST", "/jobs/cancel", json=body)
 
     def metrics(self, job_id: int) -> dict[str, Any]:

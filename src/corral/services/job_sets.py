@@ -8,7 +8,12 @@ lifecycle's compare-and-set (a queued job ends at once, a running one is asked t
 ended or was deleted meanwhile is reported as such and the others go on. A bulk hold or release is
 likewise one `services.holds.hold_job` / `release_job` per queued job (their rights, audit and
 repeat rules), a refusal (placed meanwhile; an admin's hold released by a non-admin) said for that
-job alone. Nothing is done for jobs the caller may not see, as for a single cancel or hold."""
+job alone. Nothing is done for jobs the caller may not see, as for a single cancel or hold.
+
+Whose jobs a bulk action by label reaches is said explicitly (`scope_condition`): by default only
+the caller's own, as `scancel --name` for a user. Labels are free text each user picks, so two
+users' experiments may share `experiment=e1`; a group admin's or an admin's cancel must not reach
+a member's trials unless they ask for them (`user=NAME`, or `all_users`)."""
 
 from __future__ import annotations
 
@@ -16,10 +21,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Literal, TypedDict
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, and_, or_, select
 from sqlalchemy.orm import Session
 
-from corral.db.models import Job
+from corral.db.models import Job, Membership, User
 from corral.services.auth import Principal
 from corral.services.errors import Conflict, Forbidden, Invalid, NotFound
 from corral.services.holds import HoldOutcome, hold_job, release_job
@@ -31,8 +36,23 @@ from corral.spec import MAX_LABELS, parse_label_selector
 MAX_JOB_ID = 2**31 - 1  # jobs.id is a 32-bit integer on PostgreSQL (corral.api.deps.MAX_ROW_ID)
 LIVE_STATES = tuple(s.value for s in JobState if not s.terminal)
 
+# The most jobs one bulk action acts on; `more` in its answer says some were left (run it again).
+MAX_BULK_JOBS = 1000
+
 CancelOutcome = Literal["cancelled", "stopping", "ended", "gone"]
 HoldSetOutcome = Literal["held", "released", "unchanged", "refused", "gone"]
+
+
+class CancelledByLabels(TypedDict):
+    matched: int  # jobs acted on (at most MAX_BULK_JOBS)
+    more: bool  # more jobs matched than one request acts on: run it again for the rest
+    items: list[CancelledJob]
+
+
+class HeldByLabels(TypedDict):
+    matched: int  # jobs acted on (at most MAX_BULK_JOBS)
+    more: bool  # more jobs matched than one request acts on: run it again for the rest
+    items: list[HeldJob]
 
 
 class CancelledJob(TypedDict):
@@ -95,23 +115,59 @@ def job_ids(values: Sequence[str] | None) -> tuple[int, ...] | None:
     return tuple(dict.fromkeys(ids))
 
 
+def scope_condition(
+    session: Session, principal: Principal, user: str | None = None, all_users: bool = False
+) -> ColumnElement[bool] | None:
+    """Whose jobs a bulk action by label acts on, as an SQL condition (None: anyone's). By
+    default the caller's own; `user=NAME` that user's (admins: anyone's; group admins: within the
+    groups they administer; the caller's own name: their own); `all_users` every job the caller
+    may act on (admins: all; group admins: theirs and their groups'). Others than admins and
+    group admins are refused (403) naming why; a `user` outside a group admin's groups is refused
+    with the same words whether or not that name exists (no user enumeration)."""
+    if user is not None and all_users:
+        raise Invalid("give user or all_users, not both", ("body", "user"))
+    own = Job.user_id == principal.user_id
+    if (user is None and not all_users) or user == principal.name:
+        return own
+    admin_groups = sorted(principal.admin_group_ids)
+    if not principal.is_admin and not admin_groups:
+        raise Forbidden("only admins and group admins act on other users' jobs; leave out user/all_users")
+    if all_users:
+        return None if principal.is_admin else or_(own, Job.group_id.in_(admin_groups))
+    uid = session.scalar(select(User.id).where(User.name == user))
+    if principal.is_admin:
+        if uid is None:
+            raise Invalid(f"no user named {user!r}", ("body", "user"))
+        return Job.user_id == uid
+    member = uid is not None and session.scalar(
+        select(Membership.user_id).where(Membership.user_id == uid, Membership.group_id.in_(admin_groups))
+    )
+    if not member:
+        raise Forbidden(f"no user named {user!r} is a member of a group you administer")
+    return and_(Job.user_id == uid, Job.group_id.in_(admin_groups))
+
+
 def cancel_by_labels(
     session: Session,
     principal: Principal,
     labels: Sequence[tuple[str, str | None]],
     *,
+    scope: ColumnElement[bool] | None,
     now: float | None = None,
     reason: str | None = None,
-) -> list[CancelledJob]:
-    """Cancel every live job the caller may see that carries all of `labels`, oldest first, one
+) -> CancelledByLabels:
+    """Cancel every live job the caller may see, within `scope` (`scope_condition`: whose), that
+    carries all of `labels`, oldest first and at most MAX_BULK_JOBS (`more`: run it again), one
     transaction per job; what happened to each (`reason`: as for one cancel). At least one label:
     an empty selector would cancel everything the caller can see."""
     if not labels:
         raise Invalid("name at least one label (NAME=VALUE) whose jobs to cancel", ("body", "labels"))
     now = time.time() if now is None else now
-    ids = matching_ids(session, principal, JobFilter(state=LIVE_STATES, labels=labels))
+    flt = JobFilter(state=LIVE_STATES, labels=labels)
+    ids = matching_ids(session, principal, flt, scope=scope, limit=MAX_BULK_JOBS + 1)
     session.rollback()  # each cancel below is a transaction of its own
-    return [_cancel_one(session, principal, job_id, now, reason) for job_id in ids]
+    items = [_cancel_one(session, principal, job_id, now, reason) for job_id in ids[:MAX_BULK_JOBS]]
+    return {"matched": len(items), "more": len(ids) > MAX_BULK_JOBS, "items": items}
 
 
 def _cancel_one(
@@ -142,11 +198,13 @@ def hold_by_labels(
     principal: Principal,
     labels: Sequence[tuple[str, str | None]],
     *,
+    scope: ColumnElement[bool] | None,
     now: float | None = None,
-) -> list[HeldJob]:
-    """Hold every queued job the caller may see that carries all of `labels`, oldest first, one
+) -> HeldByLabels:
+    """Hold every queued job the caller may see, within `scope` (`scope_condition`: whose), that
+    carries all of `labels`, oldest first and at most MAX_BULK_JOBS (`more`: run it again), one
     transaction per job (services.holds.hold_job); what happened to each."""
-    return _each_queued(session, principal, labels, "hold", hold_job, now)
+    return _each_queued(session, principal, labels, scope, "hold", hold_job, now)
 
 
 def release_by_labels(
@@ -154,29 +212,33 @@ def release_by_labels(
     principal: Principal,
     labels: Sequence[tuple[str, str | None]],
     *,
+    scope: ColumnElement[bool] | None,
     now: float | None = None,
-) -> list[HeldJob]:
-    """Release every queued job the caller may see that carries all of `labels` (a job that is not
-    held: `unchanged`), oldest first, one transaction per job (services.holds.release_job)."""
-    return _each_queued(session, principal, labels, "release", release_job, now)
+) -> HeldByLabels:
+    """Release every queued job the caller may see, within `scope`, that carries all of `labels`
+    (a job that is not held: `unchanged`), oldest first and at most MAX_BULK_JOBS, one transaction
+    per job (services.holds.release_job)."""
+    return _each_queued(session, principal, labels, scope, "release", release_job, now)
 
 
 def _each_queued(
     session: Session,
     principal: Principal,
     labels: Sequence[tuple[str, str | None]],
+    scope: ColumnElement[bool] | None,
     verb: Literal["hold", "release"],
     act: Callable[..., HoldOutcome],
     now: float | None,
-) -> list[HeldJob]:
+) -> HeldByLabels:
     if not labels:  # an empty selector would act on everything the caller can see
         raise Invalid(f"name at least one label (NAME=VALUE) whose jobs to {verb}", ("body", "labels"))
     now = time.time() if now is None else now
-    ids = matching_ids(session, principal, JobFilter(state=(JobState.QUEUED.value,), labels=labels))
+    flt = JobFilter(state=(JobState.QUEUED.value,), labels=labels)
+    ids = matching_ids(session, principal, flt, scope=scope, limit=MAX_BULK_JOBS + 1)
     session.rollback()  # each hold or release below is a transaction of its own
     done: HoldSetOutcome = "held" if verb == "hold" else "released"
     items: list[HeldJob] = []
-    for job_id in ids:
+    for job_id in ids[:MAX_BULK_JOBS]:
         try:
             outcome = act(session, principal, job_id, now=now)
         except (Conflict, Forbidden) as exc:
@@ -202,4 +264,4 @@ def _each_queued(
                 "message": outcome["message"],
             }
         )
-    return items
+    return {"matched": len(items), "more": len(ids) > MAX_BULK_JOBS, "items": items}

@@ -631,13 +631,22 @@ def list_jobs(session: Session, principal: Principal, flt: JobFilter) -> tuple[l
     return [by_id[i] for i in ids if i in by_id], total
 
 
-def matching_ids(session: Session, principal: Principal, flt: JobFilter) -> list[int]:
-    """The ids of every visible job under `flt`'s filters (its paging and sort ignored), oldest
-    first: the set a bulk action acts on (services.job_sets)."""
+def matching_ids(
+    session: Session,
+    principal: Principal,
+    flt: JobFilter,
+    *,
+    scope: ColumnElement[bool] | None = None,
+    limit: int | None = None,
+) -> list[int]:
+    """The ids of the visible jobs under `flt`'s filters (its paging and sort ignored) and
+    `scope` (services.job_sets.scope_condition: whose jobs), oldest first, at most `limit`: the
+    set a bulk action acts on (services.job_sets)."""
     check_filter(flt)
     seen = visibility(principal)
-    conds = _filters(session, flt, principal) + ([] if seen is None else [seen])
-    return list(session.scalars(select(Job.id).where(*conds).order_by(Job.id)))
+    conds = _filters(session, flt, principal) + [c for c in (seen, scope) if c is not None]
+    stmt = select(Job.id).where(*conds).order_by(Job.id)
+    return list(session.scalars(stmt if limit is None else stmt.limit(limit)))
 
 
 def get_job(session: Session, principal: Principal, job_id: int, *, for_update: bool = False) -> Job:

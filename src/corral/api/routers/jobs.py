@@ -333,30 +333,32 @@ def list_jobs(
 
 @router.post("/jobs/cancel", response_model=CancelByLabelsOut)
 def cancel_by_labels(body: CancelByLabelsIn, db: DB, principal: CurrentUser) -> Any:
-    """Cancel every live job you may see that carries all the labels (an experiment's trials):
-    each as POST /jobs/{id}/cancel does it, in a transaction of its own; what happened to each."""
+    """Cancel every live job of yours (or of `user`, or `all_users`: admins, group admins) that
+    carries all the labels (an experiment's trials): each as POST /jobs/{id}/cancel does it, in a
+    transaction of its own; what happened to each."""
     labels = job_sets.label_selectors(body.labels, ("body", "labels"))
-    items = job_sets.cancel_by_labels(db, principal, labels, reason=body.reason)
-    return fast_json({"matched": len(items), "items": items})
+    scope = job_sets.scope_condition(db, principal, body.user, body.all_users)
+    return fast_json(job_sets.cancel_by_labels(db, principal, labels, scope=scope, reason=body.reason))
 
 
 @router.post("/jobs/hold", response_model=HoldByLabelsOut)
 def hold_by_labels(body: HoldByLabelsIn, db: DB, principal: CurrentUser) -> Any:
-    """Hold every queued job you may see that carries all the labels: each as POST
-    /jobs/{id}/hold does it, in a transaction of its own; what happened to each."""
+    """Hold every queued job of yours (or of `user`, or `all_users`: admins, group admins) that
+    carries all the labels: each as POST /jobs/{id}/hold does it, in a transaction of its own;
+    what happened to each."""
     labels = job_sets.label_selectors(body.labels, ("body", "labels"))
-    items = job_sets.hold_by_labels(db, principal, labels)
-    return fast_json({"matched": len(items), "items": items})
+    scope = job_sets.scope_condition(db, principal, body.user, body.all_users)
+    return fast_json(job_sets.hold_by_labels(db, principal, labels, scope=scope))
 
 
 @router.post("/jobs/release", response_model=HoldByLabelsOut)
 def release_by_labels(body: HoldByLabelsIn, db: DB, principal: CurrentUser) -> Any:
-    """Release every queued job you may see that carries all the labels: each as POST
-    /jobs/{id}/release does it (an admin's hold only an admin releases), in a transaction of its
-    own; what happened to each (`unchanged`: it was not held)."""
+    """Release every queued job of yours (or of `user`, or `all_users`) that carries all the
+    labels: each as POST /jobs/{id}/release does it (an admin's hold only an admin releases), in a
+    transaction of its own; what happened to each (`unchanged`: it was not held)."""
     labels = job_sets.label_selectors(body.labels, ("body", "labels"))
-    items = job_sets.release_by_labels(db, principal, labels)
-    return fast_json({"matched": len(items), "items": items})
+    scope = job_sets.scope_condition(db, principal, body.user, body.all_users)
+    return fast_json(job_sets.release_by_labels(db, principal, labels, scope=scope))
 
 
 @router.get("/jobs/metrics", response_model=ManyMetricsOut)
@@ -367,14 +369,17 @@ def many_metrics(
     label: LabelsParam = None,
     ids: IdsParam = None,
     state: StatesParam = None,
+    user: UserFilter = None,
     tail: TailParam = job_metrics.MANY_DEFAULT_TAIL,
     limit: Annotated[int, Query(ge=1, le=job_metrics.MANY_MAX_JOBS)] = 100,
     offset: Offset = 0,
 ) -> Any:
-    """The metrics of many jobs at once (an experiment's trials, by label or id), by id: each
-    job's latest `tail` points as GET /jobs/{id}/metrics gives them, with its state and labels."""
+    """The metrics of many jobs at once (an experiment's trials, by label or id; `user`: only
+    theirs), by id: each job's latest `tail` points as GET /jobs/{id}/metrics gives them, with
+    its state and labels; tail x limit at most 100,000 points."""
     flt = svc.JobFilter(
         state=tuple(s.strip() for value in state or [] for s in value.split(",") if s.strip()),
+        user=user,
         labels=job_sets.label_selectors(label or [], ("query", "label")),
         ids=job_sets.job_ids(ids),
         limit=limit,
