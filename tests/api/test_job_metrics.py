@@ -9,6 +9,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from corral.config import Settings
 from corral.services import job_metrics
 from corral.storage.layout import outputs_dir
@@ -69,6 +71,7 @@ def test_no_file_yet_is_no_points(world: World) -> None:
         "latest": {},
         "skipped": 0,
         "truncated": False,
+        "error": None,
     }
 
 
@@ -143,3 +146,85 @@ def test_many_jobs_metrics_without_a_filter_pages_the_visible_jobs(world: World)
     assert r.json()["total"] == 3 and [i["job_id"] for i in r.json()["items"]] == mine[:2]
     r = world.client.get(f"{JOBS}/metrics", params={"limit": 501}, headers=world.as_("alice"))
     assert r.status_code == 422, r.text
+
+
+def test_a_window_starting_at_a_line_start_keeps_that_line(world: World, settings: Settings) -> None:
+    job = submitted(world)
+    lines = [json.dumps({"step": i, "loss": 0.5}).ljust(28) + "\n" for i in range(10)]
+    assert {len(line) for line in lines} == {29}
+    metrics_file(settings, job).write_text("".join(lines))
+    with world.session_factory() as db:
+        from corral.db.models import Job
+
+        row = db.get(Job, job)
+        assert row is not None
+        view = job_metrics.read_metrics(settings, row, window=4 * 29)  # four whole lines
+        assert [p["step"] for p in view["points"]] == [6, 7, 8, 9] and view["truncated"] is True
+        view = job_metrics.read_metrics(settings, row, window=4 * 29 - 1)  # the first one cut
+        assert [p["step"] for p in view["points"]] == [7, 8, 9]
+
+
+def test_a_read_costs_what_tail_asks_not_what_the_file_holds(
+    world: World, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = submitted(world)
+    with metrics_file(settings, job).open("w") as fh:
+        for step in range(200_000):  # ~5 MiB
+            fh.write(f'{{"step": {step}, "loss": 0.5}}\n')
+    parsed: list[bytes] = []
+    parse = job_metrics.parse_point
+    monkeypatch.setattr(job_metrics, "parse_point", lambda line: parsed.append(line) or parse(line))
+    r = world.client.get(f"{JOBS}/metrics", params={"id": job, "tail": 3}, headers=world.as_("alice"))
+    assert r.status_code == 200, r.text
+    (item,) = r.json()["items"]
+    assert [p["step"] for p in item["points"]] == [199_997, 199_998, 199_999] and item["truncated"]
+    assert len(parsed) == job_metrics.LATEST_POINTS  # not every line of the window
+    parsed.clear()
+    assert read(world, job)["points"][-1]["step"] == 199_999
+    assert len(parsed) == job_metrics.MAX_POINTS
+
+
+def test_lines_that_are_no_points_are_read_past_only_so_far(world: World, settings: Settings) -> None:
+    job = submitted(world)
+    with metrics_file(settings, job).open("w") as fh:
+        fh.write('{"step": 1, "loss": 0.5}\n')
+        fh.write("{}\n" * 1_000_000)  # junk on purpose, 2 MB: a parse each was seconds
+        fh.write("x" * (job_metrics.MAX_LINE_BYTES + 1) + "\n")  # longer than any point
+        fh.write('{"step": 2, "loss": 0.25}\n')
+    body = read(world, job)
+    assert body["points"] == [{"step": 2, "values": {"loss": 0.25}}]
+    assert body["skipped"] == job_metrics.SKIP_LINES + 1 and body["truncated"] is True
+
+
+def test_tail_times_limit_is_bounded(world: World) -> None:
+    submitted(world)
+    r = world.client.get(f"{JOBS}/metrics", params={"tail": 1000, "limit": 101}, headers=world.as_("alice"))
+    assert r.status_code == 422 and "tail 1000 x limit 101 is 101000 points; at most 100000" in r.text
+    r = world.client.get(f"{JOBS}/metrics", params={"tail": 1000, "limit": 100}, headers=world.as_("alice"))
+    assert r.status_code == 200, r.text
+
+
+def test_an_unreadable_outputs_dir_is_that_jobs_error_not_the_pages(world: World, settings: Settings) -> None:
+    broken, fine = submitted(world), submitted(world)
+    metrics_file(settings, fine).write_text('{"loss": 0.5}\n')
+    top = outputs_dir(settings.storage_path, broken)
+    top.parent.mkdir(parents=True, exist_ok=True)
+    top.write_text("not a directory")  # as EACCES or a stale NFS handle: an OSError, not ENOENT
+    r = world.client.get(f"{JOBS}/metrics", params={"id": f"{broken},{fine}"}, headers=world.as_("alice"))
+    assert r.status_code == 200, r.text
+    items = {i["job_id"]: i for i in r.json()["items"]}
+    assert (
+        items[broken]["points"] == [] and "outputs are unreadable: Not a directory" in items[broken]["error"]
+    )
+    assert items[fine]["latest"] == {"loss": 0.5} and items[fine]["error"] is None
+    body = read(world, broken)
+    assert body["points"] == [] and "Not a directory" in str(body["error"])
+
+
+def test_many_metrics_of_one_user(world: World, settings: Settings) -> None:
+    bobs = submitted(world, "bob")
+    alices = submitted(world, "alice")
+    r = world.client.get(f"{JOBS}/metrics", params={"user": "alice"}, headers=world.as_("bob"))
+    assert r.status_code == 200 and [i["job_id"] for i in r.json()["items"]] == [alices], r.text
+    r = world.client.get(f"{JOBS}/metrics", headers=world.as_("bob"))
+    assert [i["job_id"] for i in r.json()["items"]] == [bobs, alices]

@@ -425,6 +425,7 @@ class JobMetricsOut(BaseModel):
     latest: dict[str, float]
     skipped: int
     truncated: bool
+    error: str | None = None  # the job's outputs could not be read (no points then)
 
 
 class JobMetricsItemOut(JobMetricsOut):
