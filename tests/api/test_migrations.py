@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from corral.server.eta_record import calibration_of, note_started
 from corral.services import incidents
 from corral.services.auth import Principal
 from corral.services.jobs import JobFilter, list_jobs
-from tests.pg import sqlite_or_postgres_url
+from tests.pg import PostgresServer, postgres_server, sqlite_or_postgres_url
 from tests.server.fakes import FakeEngine, add_job, make_context, seed_tenant
 
 CORE_TABLES = {
@@ -33,6 +34,8 @@ CORE_TABLES = {
         if isinstance(m, type) and hasattr(m, "__tablename__")
     }
 }
+
+__all__ = ["postgres_server"]  # the fixture
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -205,3 +208,57 @@ def test_the_label_filter_reads_the_label_index(tmp_path: Path) -> None:
                 assert "SCAN job_labels" not in plan, plan
     finally:
         engine.dispose()
+
+
+def test_the_label_filter_reads_the_label_index_on_postgres(postgres_server: PostgresServer) -> None:
+    """The same on PostgreSQL, whose planner weighs the table's statistics: with a few thousand
+    labels (ANALYZEd), the NAME=VALUE label is an Index (Only) Scan of ix_job_labels_key_value,
+    and no label is a Seq Scan of job_labels."""
+    url = postgres_server.create_database()
+    init_db(url)
+    engine = make_engine(url)
+    statements: list[tuple[str, object]] = []
+
+    def seen(conn: object, cursor: object, sql: str, params: object, context: object, many: bool) -> None:
+        if sql.lstrip().startswith("SELECT") and "job_labels" in sql:
+            statements.append((sql, params))
+
+    try:
+        with Session(engine) as db:
+            group_id, user_id = seed_tenant(db)
+            jobs = [add_job(db, group_id, user_id) for _ in range(400)]
+            db.execute(
+                sa.insert(models.JobLabel),
+                [
+                    {"job_id": job, "key": key, "value": f"{key}-{(n * 7 + k) % 50}"}
+                    for n, job in enumerate(jobs)
+                    for k, key in enumerate(
+                        ("experiment", "trial", "lr", "momentum", "seed", "run", "arch", "ds")
+                    )
+                ],
+            )
+            db.commit()
+        with engine.connect() as conn:
+            conn.execute(sa.text("ANALYZE job_labels"))
+            conn.execute(sa.text("ANALYZE jobs"))
+            conn.commit()
+        sa.event.listen(engine, "before_cursor_execute", seen)
+        with Session(engine) as db:
+            admin = Principal(user_id=1, name="admin", is_admin=True, default_group_id=None)
+            member = Principal(user_id=user_id, name="u", is_admin=False, default_group_id=group_id)
+            labels = (("experiment", "experiment-3"), ("trial", None))
+            for who in (admin, member):
+                assert list_jobs(db, who, JobFilter(labels=labels))[1] == 8
+        sa.event.remove(engine, "before_cursor_execute", seen)
+        assert len(statements) == 4, statements  # a page and its count, for each
+        with engine.connect() as conn:
+            for sql, params in statements:
+                plan = " | ".join(str(r[0]) for r in conn.exec_driver_sql(f"EXPLAIN {sql}", params))
+                # the NAME=VALUE label on the key/value index; the bare NAME may take the primary
+                # key (job_id, key) per job found instead: an index either way, no label scanned
+                used = r"Index (Only )?Scan (Backward )?(using|on) ix_job_labels_key_value"
+                assert re.search(used, plan), plan
+                assert "Seq Scan on job_labels" not in plan, plan
+    finally:
+        engine.dispose()
+        postgres_server.drop_database(url.rsplit("/", 1)[1])
