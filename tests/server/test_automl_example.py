@@ -33,7 +33,12 @@ def driver(server: CorralServer, *args: str) -> str:
 
 
 def test_the_example_search_runs_stops_early_and_resumes(corral_server: CorralServer) -> None:
-    common = ("--parallel", "3", "--steps", "10", "--step-s", "0.2", "--poll-s", "1", "--grace-steps", "3")
+    # seed 2: of the first three trials (run together), trial 1 is far worse (lr 1.5e-4: loss
+    # ~2.2 at step 3 against ~1.0 and ~0.5), so the median rule must stop it while it runs
+    common = (
+        *("--parallel", "3", "--steps", "10", "--step-s", "0.4", "--poll-s", "1", "--grace-steps", "3"),
+        *("--seed", "2"),
+    )
     out = driver(corral_server, "--trials", "5", *common)
     assert re.search(r"^best: job \d+ \(trial \d\) loss \d\.\d{4} lr=", out, re.M), out
     with Client(corral_server.url, corral_server.token) as client:
@@ -45,8 +50,11 @@ def test_the_example_search_runs_stops_early_and_resumes(corral_server: CorralSe
             for j in trials
             if j["id"] in stopped
         ), trials
-        # every cancelled trial was stopped by the rule (one it meant to stop may have ended first)
+        # every cancelled trial was stopped by the rule (one it meant to stop may have ended first),
+        # and the clearly bad one was
         assert stopped <= {int(i) for i in re.findall(r"stop trial job (\d+)", out)}, out
+        bad = next(j for j in trials if j["labels"]["trial"] == "1")
+        assert bad["id"] in stopped and float(bad["labels"]["lr"]) < 2e-4, (bad, out)
         finished = [j for j in trials if j["state"] == "succeeded"]
         assert finished and all(len(client.metrics(j["id"])["points"]) == 10 for j in finished)
     again = driver(corral_server, "--trials", "7", *common)
