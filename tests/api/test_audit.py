@@ -112,6 +112,25 @@ def _release_job(w: World) -> tuple[str, str, dict[str, Any]]:
     return "POST", f"{API}/jobs/{job_id}/release", {}
 
 
+def _by_labels(verb: str, held: bool = False) -> Call:
+    """POST /jobs/{verb} by label on one fresh job of alice's, acted on by the admin (user=alice):
+    each job it touches is recorded as the single-job route records it."""
+
+    def call(w: World) -> tuple[str, str, dict[str, Any]]:
+        label = f"audit-{verb}"
+        r = w.client.post(
+            f"{API}/jobs", json={**SIMPLE_JOB, "labels": {"set": label}}, headers=w.as_("alice")
+        )
+        assert r.status_code == 201, r.text
+        if held:
+            assert (
+                w.client.post(f"{API}/jobs/{r.json()['id']}/hold", headers=w.as_("alice")).status_code == 200
+            )
+        return "POST", f"{API}/jobs/{verb}", {"json": {"labels": [f"set={label}"], "user": "alice"}}
+
+    return call
+
+
 def _delete_job(w: World) -> tuple[str, str, dict[str, Any]]:
     job_id = _queued_job(w)
     assert w.client.post(f"{API}/jobs/{job_id}/cancel", headers=w.as_("alice")).status_code == 200
@@ -350,6 +369,9 @@ CALLS: dict[tuple[str, str], tuple[Call, str]] = {
         "job.hold",
     ),
     ("POST", "/api/v1/jobs/{job_id}/release"): (_release_job, "job.release"),
+    ("POST", "/api/v1/jobs/cancel"): (_by_labels("cancel"), "job.cancel"),
+    ("POST", "/api/v1/jobs/hold"): (_by_labels("hold"), "job.hold"),
+    ("POST", "/api/v1/jobs/release"): (_by_labels("release", held=True), "job.release"),
     ("DELETE", "/api/v1/jobs/{job_id}"): (_delete_job, "job.delete"),
     ("POST", "/api/v1/nodes/{name}/{action}"): (_node_action, "node.cordon"),
     ("DELETE", "/api/v1/nodes/{name}"): (_node_remove, "node.remove"),

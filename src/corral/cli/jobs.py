@@ -683,24 +683,33 @@ JobsArg = Annotated[list[int] | None, typer.Argument(metavar="[JOB...]", show_de
 
 
 @friendly_errors
-def hold(job_ids: JobsArg = None, label: LabelOpt = None) -> None:
+def hold(
+    job_ids: JobsArg = None, label: LabelOpt = None, user: WhoseUserOpt = None, all_users: AllUsersOpt = False
+) -> None:
     """Hold queued jobs back: they keep their place and history but are never scheduled until
-    `corral release`; or with `-l NAME=VALUE` every queued job you can see that carries the labels.
-    An admin's hold only an admin releases. Exit 1 if any was refused."""
-    _hold_or_release("hold", job_ids, label)
+    `corral release`; or with `-l NAME=VALUE` every queued job of yours that carries the labels
+    (others' with --user NAME or --all-users, as for `cancel -l`). An admin's hold only an admin
+    releases. Exit 1 if any was refused."""
+    _hold_or_release("hold", job_ids, label, user, all_users)
 
 
 @friendly_errors
-def release(job_ids: JobsArg = None, label: LabelOpt = None) -> None:
+def release(
+    job_ids: JobsArg = None, label: LabelOpt = None, user: WhoseUserOpt = None, all_users: AllUsersOpt = False
+) -> None:
     """Release held jobs: they are schedulable again at once; or with `-l NAME=VALUE` every queued
-    job you can see that carries the labels. Exit 1 if any was refused."""
-    _hold_or_release("release", job_ids, label)
+    job of yours that carries the labels (others' with --user NAME or --all-users). Exit 1 if any
+    was refused."""
+    _hold_or_release("release", job_ids, label, user, all_users)
 
 
-def _hold_or_release(verb: str, job_ids: list[int] | None, label: list[str] | None) -> None:
+def _hold_or_release(
+    verb: str, job_ids: list[int] | None, label: list[str] | None, user: str | None, all_users: bool
+) -> None:
     """Each job's answer on a line (a refusal on stderr); exit 1 if any was refused."""
     if bool(job_ids) == bool(label):
         raise CorralError("give job ids or labels (-l NAME=VALUE), one of them")
+    _whose_only_with_labels(label, user, all_users)
     with client() as c:
         if job_ids:
             act = c.hold_job if verb == "hold" else c.release_job
@@ -708,7 +717,8 @@ def _hold_or_release(verb: str, job_ids: list[int] | None, label: list[str] | No
                 raise typer.Exit(1)
             return
         labels = label_filter(label)
-        done = c.hold_by_labels(labels) if verb == "hold" else c.release_by_labels(labels)
+        act_set = c.hold_by_labels if verb == "hold" else c.release_by_labels
+        done = act_set(labels, user=user, all_users=all_users)
     for item in done["items"]:
         if item["outcome"] == "refused":
             error_line(item["message"])
@@ -716,6 +726,8 @@ def _hold_or_release(verb: str, job_ids: list[int] | None, label: list[str] | No
             out.print(item["message"], highlight=False, markup=False, soft_wrap=True)
     selector = ",".join(k if v is None else f"{k}={v}" for k, v in labels.items())
     out.print(f"{plural(done['matched'], 'queued job')} with {selector}", highlight=False)
+    if done.get("more"):
+        out.print(f"more jobs match than one request acts on: run `corral {verb} -l` again", highlight=False)
     if any(item["outcome"] == "refused" for item in done["items"]):
         raise typer.Exit(1)
 
