@@ -548,6 +548,8 @@ def after_call(context: Any, case: Any, response: Any) -> None:
 def _plain_accepted(label: str, response: Any) -> bool:
     """A plain-text 4xx that an accepted case names by its answer (uvicorn's own 400 for an
     over-long request line, given before the app can answer in JSON): known, and said why above."""
+    if response.status_code != 400:  # only the HTTP server's own refusal of a request line
+        return False
     text = response.text or ""
     return any(
         a.answer

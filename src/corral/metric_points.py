@@ -28,6 +28,16 @@ def point_problem(step: object, values: dict[str, object]) -> str | None:
     for name, value in values.items():
         if not METRIC_NAME_RE.fullmatch(name):
             return f"metric name {name!r} must be {METRIC_NAME_WORDS}"
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            return f"metric {name!r}: {value!r} is not a finite number"
+        if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
+            shown = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else "a whole number"
+            return f"metric {name!r}: {shown} is not a finite number a float can hold"
     return None
+
+
+def _finite(value: int | float) -> bool:
+    """A finite float, or a whole number a float holds: JSON's integers have no bound, and
+    math.isfinite(10**400) raises OverflowError (one such line failed a whole metrics page)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False

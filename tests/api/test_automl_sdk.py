@@ -141,6 +141,8 @@ def test_report_metrics_is_read_back(
         report_metrics(**{"val loss": 0.2})
     with pytest.raises(CorralError, match="metric name 'aaaa"):
         report_metrics(**{"a" * 65: 0.2})
+    with pytest.raises(CorralError, match="'loss': a whole number is not a finite number a float can hold"):
+        report_metrics(loss=10**400)  # math.isfinite raised OverflowError (review108 #1)
     with pytest.raises(CorralError, match="70 metrics in one point; at most 64"):
         report_metrics(**{f"m{i}": 1.0 for i in range(70)})
     assert len(alice.metrics(job)["points"]) == 2 and alice.metrics(job)["skipped"] == 0

@@ -253,10 +253,11 @@ def test_hold_and_release_by_labels_act_per_queued_job(world: World) -> None:
     r = world.client.post(
         f"{JOBS}/release", json={"labels": ["experiment=e1"], "all_users": True}, headers=world.as_("admin")
     )
+    # the jobs it changes first (oldest first), then those it leaves as they are
     assert [(i["id"], i["outcome"]) for i in r.json()["items"]] == [
+        (admins, "released"),
         (fresh, "unchanged"),
         (mine, "unchanged"),
-        (admins, "released"),
         (carols, "unchanged"),
     ]
     for path in ("hold", "release"):
@@ -331,3 +332,36 @@ def test_a_bulk_cancel_acts_on_at_most_so_many_jobs_and_says_more(
     assert [i["id"] for i in first["items"]] == jobs[:2]
     second = cancel(world, "alice").json()
     assert (second["matched"], second["more"], second["items"][0]["id"]) == (1, False, jobs[2])
+
+
+def test_a_repeated_bulk_action_gets_past_the_jobs_it_already_changed(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Oldest first alone picked the same held (or stopping) jobs at every call, with `more` true
+    for ever, and the jobs past the bound were never reached (review108 #2)."""
+    monkeypatch.setattr(job_sets, "MAX_BULK_JOBS", 2)
+    queued = [submit(world, experiment="e1") for _ in range(3)]
+
+    def bulk(verb: str) -> Any:
+        r = world.client.post(
+            f"{JOBS}/{verb}", json={"labels": ["experiment=e1"]}, headers=world.as_("alice")
+        )
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    first = bulk("hold")
+    assert [i["outcome"] for i in first["items"]] == ["held", "held"] and first["more"] is True
+    second = bulk("hold")
+    assert [(i["id"], i["outcome"]) for i in second["items"]] == [
+        (queued[2], "held"),
+        (queued[0], "unchanged"),
+    ]
+    assert second["more"] is False
+    assert [bulk("release")["more"], bulk("release")["more"]] == [True, False]
+    with world.session_factory() as db:
+        add_node(db, gpus=3)
+        for index, job_id in enumerate(queued):
+            make_running(db, job_id, gpu_indices=(index,))
+    stopping = bulk("cancel")
+    assert [i["outcome"] for i in stopping["items"]] == ["stopping", "stopping"] and stopping["more"] is True
+    assert bulk("cancel")["items"][0]["id"] == queued[2]  # the one not yet asked to stop

@@ -61,6 +61,21 @@ def test_points_in_order_with_the_latest_of_each_name(world: World, settings: Se
     assert read(world, job)["latest"] == {"loss": 0.5, "accuracy": 0.5, "lr": 0.001}
 
 
+def test_a_whole_number_no_float_holds_is_skipped_not_a_server_error(
+    world: World, settings: Settings
+) -> None:
+    """JSON's integers have no bound: math.isfinite(10**400) raised OverflowError, and one such
+    line failed the job's metrics and every page of GET /jobs/metrics it was on (review108 #1)."""
+    job = submitted(world)
+    metrics_file(settings, job).write_text(
+        '{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 1' + "0" * 400 + "}\n"
+    )
+    body = read(world, job)
+    assert body["points"] == [{"step": 1, "values": {"loss": 0.5}}] and body["skipped"] == 1
+    r = world.client.get(f"{JOBS}/metrics", params={"id": str(job)}, headers=world.as_("alice"))
+    assert r.status_code == 200 and r.json()["items"][0]["latest"] == {"loss": 0.5}, r.text
+
+
 def test_no_file_yet_is_no_points(world: World) -> None:
     job = submitted(world)
     body = read(world, job)

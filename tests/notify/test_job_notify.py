@@ -307,6 +307,10 @@ def test_a_users_default_applies_to_jobs_without_notify(team: Team, smtp: Smtp) 
         "/api/v1/users/alice/job-notify", json={"notify": {"on": ["x"]}}, headers=team.headers["alice"]
     )
     assert bad.status_code == 422 and "'x' is not a notification event" in bad.text
+    empty = team.client.put(  # a default hearing nothing: every job would "opt out" of it (review108 #10)
+        "/api/v1/users/alice/job-notify", json={"notify": {"on": []}}, headers=team.headers["alice"]
+    )
+    assert empty.status_code == 422 and "needs at least one event" in empty.text, empty.text
     defaulted = submit(team, None, name="plain")
     own = submit(team, {"on": ["succeeded"]}, name="own")
     assert team.get(f"/jobs/{defaulted}")["spec"]["notify"] == {"on": ["failed"], "to": []}

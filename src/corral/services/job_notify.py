@@ -52,7 +52,7 @@ from corral.db.notify_models import JobNotification, JobNotifyDefault, JobNotify
 from corral.services import audit
 from corral.services.accounts import user_by_name
 from corral.services.auth import Principal
-from corral.services.errors import Forbidden
+from corral.services.errors import Forbidden, Invalid
 from corral.services.lifecycle import record_event
 from corral.services.oncall import addresses_of, shown_url
 from corral.spec import NOTIFY_EVENTS, JobSpecV1, NotifyV1, format_seconds
@@ -424,6 +424,12 @@ def set_default(session: Session, principal: Principal, name: str, notify: Notif
     """Set (or with None clear) the `notify` a user's jobs get when their spec has none; audited,
     committed. Only for jobs submitted from now on: a stored spec is never changed."""
     _may_set(principal, name)
+    if notify is not None and not notify.on:
+        # a default that hears nothing would make every job say it "opts out of its owner's
+        # default" (review108 #10): no default is said by clearing it
+        raise Invalid(
+            "a default notify needs at least one event in 'on'; to have none, clear it", ("body", "on")
+        )
     user = user_by_name(session, name)
     row = session.get(JobNotifyDefault, user.id)
     before = None if row is None else {"on": list(row.on), "to": list(row.to)}

@@ -164,10 +164,30 @@ def cancel_by_labels(
         raise Invalid("name at least one label (NAME=VALUE) whose jobs to cancel", ("body", "labels"))
     now = time.time() if now is None else now
     flt = JobFilter(state=LIVE_STATES, labels=labels)
-    ids = matching_ids(session, principal, flt, scope=scope, limit=MAX_BULK_JOBS + 1)
-    session.rollback()  # each cancel below is a transaction of its own
-    items = [_cancel_one(session, principal, job_id, now, reason) for job_id in ids[:MAX_BULK_JOBS]]
-    return {"matched": len(items), "more": len(ids) > MAX_BULK_JOBS, "items": items}
+    ids, more = _pick(session, principal, flt, scope, Job.cancel_requested.is_(False))
+    items = [_cancel_one(session, principal, job_id, now, reason) for job_id in ids]
+    return {"matched": len(items), "more": more, "items": items}
+
+
+def _pick(
+    session: Session,
+    principal: Principal,
+    flt: JobFilter,
+    scope: ColumnElement[bool] | None,
+    pending: ColumnElement[bool],
+) -> tuple[list[int], bool]:
+    """At most MAX_BULK_JOBS of the matching jobs, those the action would still change
+    (`pending`: not yet asked to stop, not held, held) first, oldest first within each, and
+    whether one it would change is left over (`more`). Jobs it would not change go last, so each
+    repeated call gets further: oldest first alone picked the same 1000 stopping or held jobs
+    again and again, and job 1001 was never reached (review108 #2). The session's transaction
+    ends here: each action below is a transaction of its own."""
+    ids = matching_ids(session, principal, flt, scope=scope, limit=MAX_BULK_JOBS + 1, first=pending)
+    more = len(ids) > MAX_BULK_JOBS and bool(
+        session.scalar(select(Job.id).where(Job.id == ids[MAX_BULK_JOBS], pending))
+    )
+    session.rollback()
+    return ids[:MAX_BULK_JOBS], more
 
 
 def _cancel_one(
@@ -234,11 +254,11 @@ def _each_queued(
         raise Invalid(f"name at least one label (NAME=VALUE) whose jobs to {verb}", ("body", "labels"))
     now = time.time() if now is None else now
     flt = JobFilter(state=(JobState.QUEUED.value,), labels=labels)
-    ids = matching_ids(session, principal, flt, scope=scope, limit=MAX_BULK_JOBS + 1)
-    session.rollback()  # each hold or release below is a transaction of its own
+    pending = Job.held_by.is_(None) if verb == "hold" else Job.held_by.is_not(None)
+    ids, more = _pick(session, principal, flt, scope, pending)
     done: HoldSetOutcome = "held" if verb == "hold" else "released"
     items: list[HeldJob] = []
-    for job_id in ids[:MAX_BULK_JOBS]:
+    for job_id in ids:
         try:
             outcome = act(session, principal, job_id, now=now)
         except (Conflict, Forbidden) as exc:
@@ -264,4 +284,4 @@ def _each_queued(
                 "message": outcome["message"],
             }
         )
-    return {"matched": len(items), "more": len(ids) > MAX_BULK_JOBS, "items": items}
+    return {"matched": len(items), "more": more, "items": items}

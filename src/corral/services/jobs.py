@@ -638,14 +638,16 @@ def matching_ids(
     *,
     scope: ColumnElement[bool] | None = None,
     limit: int | None = None,
+    first: ColumnElement[bool] | None = None,
 ) -> list[int]:
     """The ids of the visible jobs under `flt`'s filters (its paging and sort ignored) and
-    `scope` (services.job_sets.scope_condition: whose jobs), oldest first, at most `limit`: the
-    set a bulk action acts on (services.job_sets)."""
+    `scope` (services.job_sets.scope_condition: whose jobs), oldest first (those `first` holds
+    for before the others), at most `limit`: the set a bulk action acts on (services.job_sets)."""
     check_filter(flt)
     seen = visibility(principal)
     conds = _filters(session, flt, principal) + [c for c in (seen, scope) if c is not None]
-    stmt = select(Job.id).where(*conds).order_by(Job.id)
+    order = (Job.id,) if first is None else (first.desc(), Job.id)
+    stmt = select(Job.id).where(*conds).order_by(*order)
     return list(session.scalars(stmt if limit is None else stmt.limit(limit)))
 
 

@@ -18,7 +18,9 @@ export function experimentPanel(ctx, view, urlOf) {
   async function load() {
     let page;
     try {
-      page = await get("/jobs/metrics", { label: view.label, tail: 1, limit: MAX_JOBS });
+      // the list's own filters too (an admin's `user=alice`): only the jobs the list shows
+      const filters = { user: view.user || undefined, state: view.state || undefined };
+      page = await get("/jobs/metrics", { label: view.label, tail: 1, limit: MAX_JOBS, ...filters });
     } catch (err) {
       if (ctx.alive()) fill(body, errorBox(err, "Cannot read the experiment's metrics"));
       return;
