@@ -157,9 +157,9 @@ def cancel_by_labels(
     reason: str | None = None,
 ) -> CancelledByLabels:
     """Cancel every live job the caller may see, within `scope` (`scope_condition`: whose), that
-    carries all of `labels`, oldest first and at most MAX_BULK_JOBS (`more`: run it again), one
-    transaction per job; what happened to each (`reason`: as for one cancel). At least one label:
-    an empty selector would cancel everything the caller can see."""
+    carries all of `labels`, those not yet asked to stop first (`_pick`), at most MAX_BULK_JOBS
+    (`more`: run it again), one transaction per job; what happened to each (`reason`: as for one
+    cancel). At least one label: an empty selector would cancel everything the caller can see."""
     if not labels:
         raise Invalid("name at least one label (NAME=VALUE) whose jobs to cancel", ("body", "labels"))
     now = time.time() if now is None else now
@@ -222,8 +222,8 @@ def hold_by_labels(
     now: float | None = None,
 ) -> HeldByLabels:
     """Hold every queued job the caller may see, within `scope` (`scope_condition`: whose), that
-    carries all of `labels`, oldest first and at most MAX_BULK_JOBS (`more`: run it again), one
-    transaction per job (services.holds.hold_job); what happened to each."""
+    carries all of `labels`, those not yet held first (`_pick`), at most MAX_BULK_JOBS (`more`:
+    run it again), one transaction per job (services.holds.hold_job); what happened to each."""
     return _each_queued(session, principal, labels, scope, "hold", hold_job, now)
 
 
@@ -236,8 +236,8 @@ def release_by_labels(
     now: float | None = None,
 ) -> HeldByLabels:
     """Release every queued job the caller may see, within `scope`, that carries all of `labels`
-    (a job that is not held: `unchanged`), oldest first and at most MAX_BULK_JOBS, one transaction
-    per job (services.holds.release_job)."""
+    (a job that is not held: `unchanged`), the held ones first (`_pick`), at most MAX_BULK_JOBS,
+    one transaction per job (services.holds.release_job)."""
     return _each_queued(session, principal, labels, scope, "release", release_job, now)
 
 
