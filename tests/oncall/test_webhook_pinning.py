@@ -9,8 +9,10 @@ import datetime
 import http.server
 import ipaddress
 import json
+import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from corral.db.oncall_models import Page, PageNotification
+from corral.monitor import pager
 from corral.monitor.pager import ChannelError, Outgoing, post_webhook
 from corral.services import webhook_guard
 
@@ -136,3 +139,37 @@ def test_an_ipv6_address_that_leads_to_an_ipv4_one_is_judged_by_it(address: str,
     else:
         with pytest.raises(webhook_guard.WebhookRefused, match=f"is a {kind} address"):
             webhook_guard.check_ip(address, ip, ())
+
+
+def test_a_receiver_that_drips_its_answer_is_given_up_at_the_whole_posts_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """httpx's timeout is per read: a receiver answering a byte a second (under the 10 s read
+    timeout) held a send open for ever, and every message behind it, past the message's claim
+    (review108 #3). The whole POST has a deadline (pager.WEBHOOK_DEADLINE_S)."""
+    monkeypatch.setattr(pager, "WEBHOOK_DEADLINE_S", 2.0)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    stop = threading.Event()
+
+    def drip() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"y" * 100:
+                if stop.wait(0.5):
+                    return
+                conn.sendall(bytes([byte]))
+
+    thread = threading.Thread(target=drip, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(ChannelError, match=r"no complete answer within 2 s"):
+            post_webhook(_outgoing(f"http://localhost:{listener.getsockname()[1]}/hook"), LOOPBACK)
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+    assert time.monotonic() - started < 5

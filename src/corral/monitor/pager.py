@@ -15,6 +15,7 @@ alert notifications; a notification of a page acknowledged or cancelled before i
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -169,6 +170,11 @@ def webhook_body(out: Outgoing) -> dict[str, Any]:
     }  # fmt: skip
 
 
+# The most one webhook POST may take, connection and answer included (its DNS lookup before it
+# has the resolver's own timeouts): well under a message's 300 s claim (job_notifier, pages).
+WEBHOOK_DEADLINE_S = 30.0
+
+
 def post_webhook(out: Outgoing, allowed: Sequence[webhook_guard.Network] = ()) -> None:
     """POST the page to a person's webhook. Its errors, kept as the notification's last_error and
     shown in page views (to admins and to everyone the page notified), name the URL as
@@ -188,8 +194,12 @@ def post_json(address: str, body: dict[str, Any], allowed: Sequence[webhook_guar
     try:
         url = httpx.URL(address)
         addresses = webhook_guard.checked_addresses(url.host, webhook_guard.port_of(url), allowed)
-        with httpx.Client(timeout=10.0) as client:
-            response = _post_pinned(client, url, addresses, body)
+        # The whole POST has a deadline, not only each read: a receiver that answers a byte every
+        # few seconds held a send open for ever, and with it every other message of the loop,
+        # past the message's claim, so that another server sent it again (review108 #3).
+        response = asyncio.run(asyncio.wait_for(_post_pinned(url, addresses, body), WEBHOOK_DEADLINE_S))
+    except TimeoutError as exc:
+        raise ChannelError(f"POST {shown}: no complete answer within {WEBHOOK_DEADLINE_S:g} s") from exc
     except (
         webhook_guard.WebhookRefused,
         httpx.HTTPError,
@@ -200,22 +210,24 @@ def post_json(address: str, body: dict[str, Any], allowed: Sequence[webhook_guar
         raise ChannelError(f"POST {shown}: HTTP {response.status_code} {response.text[:200]}")
 
 
-def _post_pinned(
-    client: httpx.Client, url: httpx.URL, addresses: Sequence[webhook_guard.Address], body: dict[str, Any]
+async def _post_pinned(
+    url: httpx.URL, addresses: Sequence[webhook_guard.Address], body: dict[str, Any]
 ) -> httpx.Response:
     """POST `body` to `url` at the first of its checked `addresses` that takes the connection, as
     a connection to the name tries each address the resolver gave (one AAAA without an IPv6
-    route, one of several A records down); the name kept for the Host header and TLS."""
-    for address in addresses[:-1]:
-        try:
-            return client.send(_pinned_request(client, url, address, body))
-        except (httpx.ConnectError, httpx.ConnectTimeout):
-            continue
-    return client.send(_pinned_request(client, url, addresses[-1], body))
+    route, one of several A records down); the name kept for the Host header and TLS. Async so
+    that the caller's deadline cancels it wherever it waits."""
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        for address in addresses[:-1]:
+            try:
+                return await client.send(_pinned_request(client, url, address, body))
+            except (httpx.ConnectError, httpx.ConnectTimeout):
+                continue
+        return await client.send(_pinned_request(client, url, addresses[-1], body))
 
 
 def _pinned_request(
-    client: httpx.Client, url: httpx.URL, address: webhook_guard.Address, body: dict[str, Any]
+    client: httpx.AsyncClient, url: httpx.URL, address: webhook_guard.Address, body: dict[str, Any]
 ) -> httpx.Request:
     return client.build_request(
         "POST",
