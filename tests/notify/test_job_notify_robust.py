@@ -268,12 +268,13 @@ def test_slack_text_mentions_and_links_are_shown_not_acted_on(
     assert team.post("/users/alice/contacts", {"kind": "slack", "address": hook.url}).status_code == 201
     now = time.time()
     job_id = submit(team, {"on": ["failed"], "to": ["slack"]})
-    fail(team, [job_id], now, message="<!channel> @here see <http://evil|docs> & more")
+    fail(team, [job_id], now, message="<!channel> @here see <http://evil|docs> & more x.@channel @here_ @bob")
     assert notification_pass(team, smtp, now) == 1
     (posted,) = hook.bodies
     text = posted["text"]
     assert "&lt;!channel&gt; @\u200bhere see &lt;http://evil|docs&gt; &amp; more" in text
     assert "<" not in text and "@here" not in text
+    assert "x.@\u200bchannel @\u200bhere_ @\u200bbob" in text and "@channel" not in text  # review108 #7
 
 
 def test_a_job_opts_out_of_its_owners_default(team: Team, smtp: Smtp) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import smtplib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -134,14 +133,15 @@ class Mailer:
 
 
 _SLACK_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
-_BROADCAST = re.compile(r"(?<![\w.])@(?=(channel|here|everyone|all)\b)", re.IGNORECASE)
 
 
 def slack_text(text: str) -> str:
     """`text` as Slack/Mattermost show it literally: `&`, `<`, `>` escaped (Slack's own rule, so
-    no `<!channel>`, `<@U...>` or disguised `<url|text>` link), and a zero-width space after the
-    `@` of @channel/@here/@everyone/@all (Mattermost reads those bare) so nobody is pinged."""
-    return _BROADCAST.sub("@\u200b", text.translate(_SLACK_ESCAPES))
+    no `<!channel>`, `<@U...>` or disguised `<url|text>` link), and a zero-width space after every
+    `@`, so nobody is pinged: Mattermost reads bare mentions, of a channel (@channel, @here, @all)
+    or of a person, and a pattern for the broadcast words missed `x.@channel` and `@here_`
+    (review108 #7)."""
+    return text.translate(_SLACK_ESCAPES).replace("@", "@\u200b")
 
 
 def webhook_body(out: Outgoing) -> dict[str, Any]:
