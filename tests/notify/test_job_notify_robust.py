@@ -355,3 +355,33 @@ def test_a_crash_mid_pass_resends_only_the_message_in_flight(
     with team.factory() as db:
         failing = db.scalar(sa.select(JobNotifyDelivery).where(JobNotifyDelivery.state == "failing"))
         assert failing is not None and failing.last_error == "KeyError: 'a bug in one send'"
+
+
+def test_a_message_whose_sender_dies_each_time_is_given_up_at_the_retry_limit(
+    team: Team, smtp: Smtp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review108 #6: a message left in `sending` by a process that died was claimed again after
+    SENDING_RETRY_S for ever; those claims count against the retry limit too."""
+    now = time.time()
+    fail(team, [submit(team, {"on": ["failed"]})], now)
+    with team.factory() as db:
+        assert job_notify.group_pending(db, now, base_url="http://corral.test") == 1
+
+    def dies(mailer: Any, delivery: JobNotifyDelivery, allowed: Any) -> None:
+        raise SystemExit("the server process goes away")
+
+    monkeypatch.setattr(job_notifier, "_send", dies)
+    limit = smtp.config().retry.max_attempts
+    at = now
+    for _ in range(limit):
+        with pytest.raises(SystemExit):
+            deliver(team.factory, smtp.config(), at, NETWORKS)
+        at += job_notifier.SENDING_RETRY_S + 1
+    assert deliver(team.factory, smtp.config(), at, NETWORKS) == 1  # claimed, and given up unsent
+    with team.factory() as db:
+        (row,) = db.scalars(sa.select(JobNotifyDelivery))
+        assert (
+            row.state == "given_up"
+            and row.last_error == f"the server stopped while sending it, {limit} times"
+        )
+    assert deliver(team.factory, smtp.config(), at + 1000, NETWORKS) == 0 and smtp.inbox.to() == []

@@ -192,7 +192,15 @@ def deliver(
                 delivery = _claim(session, seen, now)
                 if delivery is None:
                     continue
-                _send_claimed(session, mailer, delivery, config, now, webhook_networks)
+                if seen[1] == "sending" and delivery.attempts > config.retry.max_attempts:
+                    # left in `sending` by a process that died each time it sent it: the retry
+                    # limit holds for these too, or a message that kills its sender is tried for ever
+                    delivery.state, delivery.next_attempt_at = "given_up", now
+                    delivery.last_error = (
+                        f"the server stopped while sending it, {delivery.attempts - 1} times"
+                    )
+                else:
+                    _send_claimed(session, mailer, delivery, config, now, webhook_networks)
                 _store_outcome(session, delivery, now)
                 handled += 1
             return handled
