@@ -141,6 +141,14 @@ def _send_claimed(
         delivery.state, delivery.sent_at, delivery.last_error = "sent", now, ""
 
 
+def _give_up_reclaimed(delivery: JobNotifyDelivery, now: float) -> None:
+    """A message left in `sending` by a process that died each time it sent it: the retry limit
+    holds for these tries too, or a message that kills its sender is tried for ever (not
+    committed)."""
+    delivery.state, delivery.next_attempt_at = "given_up", now
+    delivery.last_error = f"the server stopped while sending it, {delivery.attempts - 1} times"
+
+
 def _store_outcome(session: Session, delivery: JobNotifyDelivery, now: float) -> None:
     """Commit one message's outcome (and, settled, its jobs' events) on its own, so that it
     stands whatever happens to the next. Should that commit fail, the outcome's state is still
@@ -193,12 +201,7 @@ def deliver(
                 if delivery is None:
                     continue
                 if seen[1] == "sending" and delivery.attempts > config.retry.max_attempts:
-                    # left in `sending` by a process that died each time it sent it: the retry
-                    # limit holds for these too, or a message that kills its sender is tried for ever
-                    delivery.state, delivery.next_attempt_at = "given_up", now
-                    delivery.last_error = (
-                        f"the server stopped while sending it, {delivery.attempts - 1} times"
-                    )
+                    _give_up_reclaimed(delivery, now)
                 else:
                     _send_claimed(session, mailer, delivery, config, now, webhook_networks)
                 _store_outcome(session, delivery, now)
