@@ -26,7 +26,7 @@ number of MiB, and is stored as MiB. `max_runtime` is "90s", "30m", "6h", "1d", 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Annotated, Any, Literal
@@ -377,13 +377,30 @@ NOTIFY_GROUPS = {
 NOTIFY_KINDS = ("email", "webhook", "slack")  # the kinds of the owner's contacts (`corral contact`)
 
 
+def _any_case_words(*groups: Iterable[str]) -> str:
+    """A JSON Schema pattern for one of the words, in any case, blanks around it allowed."""
+    words = [w for group in groups for w in group]
+    spelled = (
+        "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in w) for w in words
+    )
+    return r"^\s*(" + "|".join(spelled) + r")\s*$"
+
+
 class NotifyV1(_Strict):
     """Tell the job's owner when it starts, ends or is requeued, at their own contacts only
     (`to`: which kinds of them; empty: all). No addresses here: a spec cannot mail or POST to
     anywhere its owner has not registered (corral.services.job_notify, docs/operations.md).
     `on: []` (or `notify: false` in a job spec): tell nothing, not even the owner's default."""
 
-    on: tuple[str, ...] = Field(("end",), max_length=len(NOTIFY_EVENTS) + len(NOTIFY_GROUPS))
+    on: tuple[str, ...] = Field(
+        ("end",),
+        max_length=len(NOTIFY_EVENTS) + len(NOTIFY_GROUPS),
+        # in the schema only: the words, any case (a client's generator then sends words the
+        # validator takes); the validator below refuses others naming them
+        json_schema_extra={
+            "items": {"type": "string", "pattern": _any_case_words(NOTIFY_EVENTS, NOTIFY_GROUPS)}
+        },
+    )
     to: tuple[Literal["email", "webhook", "slack"], ...] = Field((), max_length=len(NOTIFY_KINDS))
 
     @field_validator("on", mode="before")

@@ -88,7 +88,9 @@ class WorkspaceIn(RequestBody):
         "default", min_length=1, max_length=256, json_schema_extra={"pattern": ENVIRONMENT_REF_PATTERN}
     )
     idle_timeout: Duration = Field(None, description="e.g. '2h'; default: the group's")
-    group: str | None = Field(None, min_length=1, max_length=64)
+    # `\S`: the name is taken stripped (str_strip_whitespace), so a value of only blanks ('\v')
+    # was schema-valid and then refused as empty (schemathesis, stateful phase)
+    group: str | None = Field(None, min_length=1, max_length=64, pattern=r"\S")
     start: bool = True
 
     @field_validator("gpu_model")
