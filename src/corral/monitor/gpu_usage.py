@@ -40,10 +40,6 @@ class GpuUsage(TypedDict):
     workspace_gpu_hours_reclaimed: float  # by idle stops, all groups (corral.monitor.idle)
 
 
-def _sees_job(principal: Principal, user_id: int, group_id: int) -> bool:
-    return principal.is_admin or user_id == principal.user_id or group_id in principal.admin_group_ids
-
-
 def gpu_usage(session: Session, principal: Principal) -> GpuUsage:
     """One read of every GPU with its claim and reading, in node and index order."""
     rows = session.execute(
@@ -76,7 +72,7 @@ def gpu_usage(session: Session, principal: Principal) -> GpuUsage:
                 "gpu": index,
                 "model": model,
                 "allocated": held,
-                "job_id": job_id if held and _sees_job(principal, user_id, group_id) else None,
+                "job_id": job_id if held and principal.sees_job(user_id, group_id) else None,
                 "group": group if held and (principal.is_admin or principal.is_member(group_id)) else None,
                 "present": bool(present) if sampled else None,
                 "utilization_percent": float(util) if sampled and present else None,

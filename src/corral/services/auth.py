@@ -78,6 +78,11 @@ class Principal:
     def is_member(self, group_id: int) -> bool:
         return group_id in self.group_roles
 
+    def sees_job(self, user_id: int, group_id: int) -> bool:
+        """A job of `user_id` in `group_id` is one this principal may see: services.jobs.visibility's
+        rule (own jobs, a group admin's groups' jobs, all for an admin) for a row already read."""
+        return self.is_admin or user_id == self.user_id or group_id in self.admin_group_ids
+
 
 def load_principal(
     session: Session,

@@ -38,11 +38,8 @@ def visible_gpu_claims(session: Session, principal: Principal) -> dict[tuple[str
             Job, Job.id == GpuClaim.job_id
         )
     )
-    admin_groups = principal.admin_group_ids
     return {
-        (node, index): job_id
-        if principal.is_admin or user_id == principal.user_id or group_id in admin_groups
-        else None
+        (node, index): job_id if principal.sees_job(user_id, group_id) else None
         for node, index, job_id, user_id, group_id in rows
     }
 
