@@ -133,6 +133,16 @@ U, T, H, P, PR = Category.USER, Category.TRANSIENT, Category.HARDWARE, Category.
             "environment_missing",
             U,
         ),
+        (  # a sandbox bwrap refused (local engine): the platform's, not missing_file's (user)
+            {"launch_failed"},
+            "rank 0: the sandbox did not start the job: bwrap: Can't find source path /proc/self/fd/7: "
+            "No such file or directory\n"
+            "bwrap: Can't find source path /proc/self/fd/7: No such file or directory",
+            None,
+            None,
+            "launch_failed",
+            P,
+        ),
         (
             {"launch_failed"},
             "sbatch: error: Batch job submission failed: Socket timed out",

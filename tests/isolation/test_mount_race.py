@@ -7,7 +7,9 @@ rename or replace what is in it)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import shutil
 import threading
 import time
@@ -29,6 +31,14 @@ UID = 230_001  # the member's uid
 GID = 240_001  # the group's gid
 SECRET = "a world-readable host file the job must never see"
 LOOP_LAUNCHES = 12
+# bwrap's refusals of a swapped fd source, as the attempt's launch_failed message gives them:
+# it binds the fd's dir by the name the kernel gives the fd, which the swap may take away
+# before bwrap reads it or stats it, or give to another dir before the mount
+BWRAP_FD_REFUSAL = re.compile(
+    r"rank 0: the sandbox did not start the job: bwrap: (Race condition binding dirfd"
+    r"|Can't find source path /proc/self/fd/\d+: No such file or directory"
+    r"|Can't get type of source /\S+: No such file or directory)"
+)
 
 
 @pytest.fixture
@@ -146,17 +156,19 @@ def test_a_swap_loop_during_launches_never_shows_the_target(
             status = wait_finished(engine, launch.attempt_id)
             log = engine.logs(launch.attempt_id, 0).data.decode(errors="replace")
             assert SECRET not in log, log
-            if status.reason is FailureReason.LAUNCH_FAILED:  # the server's check or the supervisor's
-                assert str(sub) in status.message, status.message
-                outcomes.append("refused")
-            elif log.startswith("bwrap: "):
+            if status.reason is FailureReason.LAUNCH_FAILED and log.startswith("bwrap: "):
                 # bwrap binds the fd's dir by the name the kernel gives it, then compares the
                 # mount with the fd and dies on a difference ("Race condition binding dirfd"), or
-                # finds that name gone meanwhile ("Can't find source path /proc/self/fd/N"):
-                # either way before anything of the job runs
-                assert status.phase is AttemptPhase.FAILED and log.count("\n") == 1, log
+                # finds that name gone meanwhile ("Can't find source path /proc/self/fd/N",
+                # "Can't get type of source <name>"): either way before anything of the job
+                # runs, which is the platform's failure
+                assert BWRAP_FD_REFUSAL.fullmatch(status.message), status.message
+                assert status.exit_code is None and log.count("\n") == 1, (status, log)
                 assert "the member's own file" not in log, log
                 outcomes.append("bwrap refused")
+            elif status.reason is FailureReason.LAUNCH_FAILED:  # the server's check or the supervisor's
+                assert str(sub) in status.message, status.message
+                outcomes.append("refused")
             else:
                 assert status.phase is AttemptPhase.SUCCEEDED and "the member's own file" in log, (
                     status,
@@ -170,6 +182,80 @@ def test_a_swap_loop_during_launches_never_shows_the_target(
     # occur depends on the box's timing (on a loaded one every launch may be refused), so their
     # mix is printed, not asserted.
     print("swap loop outcomes:", {o: outcomes.count(o) for o in set(outcomes)})
+
+
+def test_a_source_swapped_after_the_supervisor_opened_it_is_a_launch_failure_in_bwraps_words(
+    tmp_path: Path, group_dir: Path, host_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The member's swap lands after the supervisor opened `sub` and before bwrap binds its fd:
+    bwrap refuses the fd of a dir no longer there and exits 1 before the job's command. That is
+    the platform's launch failure with bwrap's words, not the job's exit 1 (charged to the user).
+    The swap is made deterministic by a bwrap that does it once, right before the real one."""
+    real = require_binary("bwrap")
+    fake, trigger = tmp_path / "bin", tmp_path / "swap-once"
+    fake.mkdir()
+    sub = group_dir / "sub"
+    (fake / "bwrap").write_text(
+        "#!/bin/sh\n"
+        f'if rm "{trigger}" 2>/dev/null; then rm -rf "{sub}" && ln -s "{host_dir}" "{sub}"; fi\n'
+        f'exec {real} "$@"\n'
+    )
+    (fake / "bwrap").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    with local_engine_factory(tmp_path / "home") as make:
+        eng = make()
+        assert eng.status.bwrap == str(fake / "bwrap") and eng.status.bind_fd and eng.status.json_status
+        trigger.touch()
+        launch = member_job("cat /data/sub/host-secret; ls /data/sub", group_mounts(group_dir))
+        eng.launch(launch)
+        status = wait_finished(eng, launch.attempt_id)
+        log = eng.logs(launch.attempt_id, 0).data.decode(errors="replace")
+        assert not trigger.exists() and sub.is_symlink()  # the swap happened
+        assert SECRET not in log and "host-secret" not in log, log
+        assert status.phase is AttemptPhase.FAILED and status.reason is FailureReason.LAUNCH_FAILED, status
+        assert BWRAP_FD_REFUSAL.fullmatch(status.message) and "Can't find" in status.message, status.message
+        assert status.exit_code is None
+        assert attempt_cgroups(eng, launch.attempt_id) == []
+
+
+def test_a_bound_dir_removed_before_bwrap_binds_it_is_a_launch_failure(
+    engine: LocalEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not only a swapped mount: any refusal of bwrap's (here the job's environment dir, bound by
+    name, removed between the launch's checks and the sandbox) ends as launch_failed naming it."""
+    with dir_for_job_accounts("corral-env-gone-", 0o755) as top:
+        env_dir = top / "env"
+        (env_dir / "bin").mkdir(parents=True)
+        spawn_supervisor = engine._spawn_supervisor
+
+        def remove_then_spawn(attempt_id: str, adir: Path) -> int:
+            shutil.rmtree(env_dir)
+            return spawn_supervisor(attempt_id, adir)
+
+        monkeypatch.setattr(engine, "_spawn_supervisor", remove_then_spawn)
+        launch = dataclasses.replace(
+            member_job("echo the job ran", ()),
+            environment_bin=str(env_dir / "bin"),
+            environment_paths=(str(env_dir),),
+        )
+        engine.launch(launch)
+        status = wait_finished(engine, launch.attempt_id)
+    log = engine.logs(launch.attempt_id, 0).data.decode(errors="replace")
+    assert "the job ran" not in log, log
+    assert status.phase is AttemptPhase.FAILED and status.reason is FailureReason.LAUNCH_FAILED, status
+    assert status.message == (
+        f"rank 0: the sandbox did not start the job: bwrap: Can't find source path {env_dir}: "
+        "No such file or directory"
+    )
+
+
+def test_a_job_that_exits_1_saying_bwrap_is_still_the_jobs_own_failure(engine: LocalEngine) -> None:
+    """bwrap's status, not the exit code or the log, tells whether the job's command ran."""
+    launch = member_job("echo 'bwrap: Race condition binding dirfd' >&2; exit 1", ())
+    engine.launch(launch)
+    status = wait_finished(engine, launch.attempt_id)
+    assert status.phase is AttemptPhase.FAILED and status.reason is FailureReason.EXIT_CODE, status
+    assert (status.exit_code, status.message) == (1, "rank 0 exited with code 1")
 
 
 def test_group_mounts_read_write_and_read_only_work_and_no_fd_reaches_the_job(

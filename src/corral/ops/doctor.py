@@ -244,12 +244,14 @@ def check_sandbox(settings: Settings) -> Check:
     if settings.engine != "local":
         return Check("sandbox", "skip", "Slurm engine: jobs are sandboxed on the Slurm nodes")
     status = probe()
-    if status.sandbox and not status.bind_fd:
+    if status.sandbox and status.warnings:
         return Check(
             "sandbox",
             "warn",
             f"bubblewrap {status.bwrap} usable, setpriv {status.setpriv}; " + "; ".join(status.warnings),
-            "install bubblewrap 0.10 or later, or your distribution's security update that adds --bind-fd",
+            "install bubblewrap 0.10 or later, or your distribution's security update that adds --bind-fd"
+            if not status.bind_fd
+            else "install a bubblewrap with --json-status-fd (0.8 and later have it)",
         )
     if status.sandbox:
         return Check(

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from corral.engine.gpus import DeviceNode
 from corral.engine.isolation import cgroupfs
+from corral.engine.isolation.bwrap_status import EXEC_MARK
 from corral.engine.isolation.root_env import restoring_argv
 from corral.engine.isolation.secret_files import SANDBOX_SECRETS_DIR
 
@@ -73,6 +74,10 @@ class IsolationStatus:
     # Debian 12's 0.8.0-2+deb12u1): mount sources are then bound as the supervisor opened them
     # (bind_sources.py). Without it they are bound by name, and `warnings` says what that leaves.
     bind_fd: bool = False
+    # bwrap reports through `--json-status-fd` whether it exec'd the job's command
+    # (bwrap_status.py): a sandbox that refused to start then fails the attempt as launch_failed.
+    # Without it such a refusal reads as the job's own exit 1, and `warnings` says so.
+    json_status: bool = False
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -117,6 +122,12 @@ def probe(cgroup_root: Path = Path("/sys/fs/cgroup")) -> IsolationStatus:
                     "are bound by name, so a group member who swaps a dir for a symlink at the moment "
                     "a job starts may get another host dir bound into it (docs/isolation.md)"
                 )
+            status.json_status = _bwrap_reports_exec(bwrap)
+            if not status.json_status:
+                status.warnings.append(
+                    "this bubblewrap has no --json-status-fd: a sandbox that refuses to start (a "
+                    "mount it cannot make) ends as the job's own exit 1, not launch_failed"
+                )
         else:
             err = trial.stderr.decode(errors="replace").strip()
             status.problems.append(f"bubblewrap cannot create namespaces here: {err}")
@@ -154,6 +165,28 @@ def _bwrap_binds_fds(bwrap: str) -> bool:
     finally:
         os.close(fd)
     return trial.returncode == 0
+
+
+def _bwrap_reports_exec(bwrap: str) -> bool:
+    """Whether `bwrap --json-status-fd` says that it exec'd the command (its exit-code line)."""
+    read_end, write_end = os.pipe()
+    try:
+        trial = subprocess.run(
+            [bwrap, "--json-status-fd", str(write_end), "--ro-bind", "/", "/", "--unshare-pid", "true"],
+            capture_output=True,
+            timeout=10,
+            pass_fds=(write_end,),
+        )
+        os.close(write_end)
+        write_end = -1
+        with os.fdopen(read_end, "rb") as f:
+            read_end = -1
+            said = f.read()
+    finally:
+        for fd in (read_end, write_end):
+            if fd != -1:
+                os.close(fd)
+    return trial.returncode == 0 and EXEC_MARK in said
 
 
 def allocate_uid(locks_dir: Path, attempt_id: str) -> int:

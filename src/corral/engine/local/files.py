@@ -43,6 +43,10 @@ class InstanceSpec(TypedDict):
     # where in argv the mounts' host paths stand, which the supervisor opens and replaces by
     # the fds it hands bwrap (isolation/bind_sources.py)
     bind_fds: NotRequired[list[int]]
+    # the file bwrap writes its --json-status-fd lines to (its host path stands in argv after
+    # the option until the supervisor's child opens it): whether the job's command ever ran
+    # (isolation/bwrap_status.py)
+    bwrap_status: NotRequired[str]
 
 
 class NetworkSpec(TypedDict):

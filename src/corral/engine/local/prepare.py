@@ -19,6 +19,7 @@ from corral.engine.base import AttemptLaunch, InstanceLaunch
 from corral.engine.gpus import GpuInventory, device_paths
 from corral.engine.isolation import cgroupfs
 from corral.engine.isolation.bind_sources import fd_bind_indexes
+from corral.engine.isolation.bwrap_status import with_status_fd
 from corral.engine.isolation.netns import NetworkPolicy
 from corral.engine.isolation.sandbox import (
     SANDBOX_WORK_DIR,
@@ -252,6 +253,10 @@ class AttemptPreparation:
                 self.pids_max,
                 allowed,
             )
+        # Where bwrap says whether the job's command ever ran (isolation/bwrap_status.py)
+        status_path = None
+        if sandboxed and self.status.json_status:
+            status_path = str(adir / f"bwrap-{inst.rank}.status")
         if sandboxed:
             os.chown(work_dir, uid, uid)
             os.chmod(work_dir, 0o700)
@@ -274,6 +279,8 @@ class AttemptPreparation:
                     mounts_by_fd=self.status.bind_fd,
                 ),
             )
+            if status_path is not None:
+                argv = with_status_fd(argv, status_path)
         else:
             argv = ["/bin/sh", "-c", inst.command]
         spec: InstanceSpec = {
@@ -290,6 +297,8 @@ class AttemptPreparation:
         }
         if sandboxed:
             spec["bind_fds"] = fd_bind_indexes(argv)
+            if status_path is not None:
+                spec["bwrap_status"] = status_path
         return spec
 
     def _instance_env(

@@ -23,6 +23,9 @@ atomically into the attempt dir, where a (re)started engine reads it:
 (Their shapes are the TypedDicts of corral.engine.local.files.)
   stop             written by the engine: the grace period in seconds; then it sends SIGUSR1
   rank-<r>.log     stdout+stderr of the instance with global rank r (kept after the job)
+  bwrap-<r>.status bwrap's --json-status-fd lines for rank r (sandboxed instances): whether the
+                   job's command ever ran (isolation/bwrap_status.py); when bwrap refused to set
+                   the sandbox up, the attempt fails as launch_failed with bwrap's message
   secrets/         the values of the secrets the job names (isolation/secret_files.py); removed
                    by `finish`
   slirp4netns.log  output of the attempt's slirp4netns (outbound policy `internet` only)
@@ -58,7 +61,13 @@ sys.path.insert(
     0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 )
 
-from corral.engine.isolation import bind_sources, cgroupfs, netns, secret_files  # noqa: E402 - after the sys.path line
+from corral.engine.isolation import (  # noqa: E402 - after the sys.path line
+    bind_sources,
+    bwrap_status,
+    cgroupfs,
+    netns,
+    secret_files,
+)
 from corral.engine.isolation.root_env import stash_env  # noqa: E402
 
 HANDLED = {_signal.SIGCHLD, _signal.SIGUSR1, _signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP}
@@ -189,6 +198,9 @@ class Instance:
         self.pid: int | None = None
         self.exit_code: int | None = None
         self.oom = False
+        # Why its sandbox did not start, when bwrap says the job's command never ran
+        # (isolation/bwrap_status.py): the attempt then fails as launch_failed, not the job's exit
+        self.refused: str | None = None
 
     @property
     def running(self) -> bool:
@@ -225,6 +237,9 @@ class Instance:
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
             argv = bind_sources.hand_over(self.spec["argv"], self.spec.get("bind_fds", ()), bind_fds)
+            status_path = self.spec.get("bwrap_status")
+            if status_path:  # after the hand-over above, which closes every fd it does not keep
+                argv = bwrap_status.hand_over(argv, status_path)
             os.chdir(self.spec["cwd"])
             if self.sandboxed:
                 # Files in shared group dirs come out rw for the group and closed to others: a
@@ -273,6 +288,9 @@ class Instance:
             self.exit_code = 128 + os.WTERMSIG(wait_status)
         else:
             self.exit_code = os.WEXITSTATUS(wait_status)
+            status_path = self.spec.get("bwrap_status")
+            if self.exit_code != 0 and status_path:
+                self.refused = bwrap_status.refusal(status_path, self.spec["log"], self.exit_code)
         if self.cgroup:
             self.oom = cgroupfs.oom_kills(self.cgroup) > 0
         if self.pid is not None and not self.sandboxed:
@@ -455,6 +473,10 @@ class Supervisor:
         first_code = codes[0] if codes else None
         if self.launch_error is not None:
             message = self.launch_error
+            return {"phase": "failed", "exit_code": None, "reason": "launch_failed", "message": message}
+        if self.failed is not None and self.failed.refused is not None:
+            # bwrap refused to set the sandbox up: the platform's failure, not the job's exit
+            message = f"rank {self.failed.rank}: the sandbox did not start the job: {self.failed.refused}"
             return {"phase": "failed", "exit_code": None, "reason": "launch_failed", "message": message}
         if self.failed is not None:
             reason, message = describe_failure(self.failed)
