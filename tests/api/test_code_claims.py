@@ -43,7 +43,7 @@ def _snapshot(w: World, user: str) -> Any:
 
 def test_another_users_blob_reads_as_missing_and_is_stored_once(world: World, settings: Any) -> None:
     w, root = world, Path(settings.storage_path)
-    ensure_layout(root)  # what the server does at start
+    ensure_layout(root, "local")  # what the server does at start
     assert _missing(w, "alice") == [SHA]
     assert _put(w, "alice", SECRET).json() == {"sha256": SHA, "size": len(SECRET)}
     assert _missing(w, "alice") == []  # hers now
@@ -80,7 +80,7 @@ def test_a_snapshot_runs_only_for_its_uploaders_and_their_groups(world: World, s
     was accepted (201), so anyone told the id ran that user's code. Now it reads as missing to
     them, as a snapshot nobody made does, until they post its manifest with its blobs theirs."""
     w = world
-    ensure_layout(Path(settings.storage_path))
+    ensure_layout(Path(settings.storage_path), settings.engine)
     assert _put(w, "alice", SECRET).status_code == 200
     r = _snapshot(w, "alice")
     assert r.status_code == 201, r.text

@@ -111,7 +111,7 @@ def test_submit_from_job_runs_the_copy_in_new_code(
 ) -> None:
     """`code` replaces the source's code snapshot (`corral submit --from-job 4 --code .`); the
     rest of the spec is the source's."""
-    ensure_layout(Path(settings.storage_path))  # what the server does at start
+    ensure_layout(Path(settings.storage_path), settings.engine)  # what the server does at start
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "train.py").write_text("print('v1')\n")
     v1 = alice.upload_code(tmp_path / "src").id

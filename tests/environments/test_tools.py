@@ -91,7 +91,7 @@ def _building_version(tmp_path: Path, seen_python: str) -> tuple[Session, Enviro
     session.add(version)
     session.commit()
     root = tmp_path / "storage"
-    ensure_layout(root)
+    ensure_layout(root, "local")
     out = outputs_dir(root, job.id)
     (out / buildstep.VENV_DIR / "bin").mkdir(parents=True)
     (out / buildstep.LOCK_FILE).write_text("corraltestpkg==1.0\n")

@@ -53,7 +53,7 @@ def test_the_sweep_stops_what_the_engine_runs_for_an_attempt_the_database_ended(
     has no row for, keep running."""
     engine = LocalEngine(tmp_path / "engine", "n1", virtual_gpus=4, isolation=False, use_launcher=False)
     ctx = make_context(make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}"), engine, str(tmp_path))
-    ensure_layout(ctx.settings.storage_path)
+    ensure_layout(ctx.settings.storage_path, ctx.settings.engine)
     try:
         node_tick(ctx, time.time())
         with ctx.session_factory() as session:

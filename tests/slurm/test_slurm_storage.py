@@ -49,7 +49,7 @@ def unix_group(members: list[str]) -> int:
 
 def test_members_share_the_group_dir_on_slurm(slurm_cluster: SlurmCluster) -> None:
     root = slurm_cluster.new_state_dir() / "storage"
-    ensure_layout(root)
+    ensure_layout(root, "slurm")
     os.chmod(root.parent, 0o755)
     gid = unix_group([TEST_ACCOUNTS["alice"], TEST_ACCOUNTS["bob"]])
     engine: SlurmEngine = slurm_engine(slurm_cluster, storage_root=root)
@@ -113,7 +113,7 @@ def test_members_share_the_group_dir_on_slurm(slurm_cluster: SlurmCluster) -> No
         # A root the job accounts cannot reach (below a 0700 dir, e.g. CORRAL_HOME): said clearly,
         # at start-up and at launch, instead of a bubblewrap error in the job's log.
         closed = slurm_cluster.new_state_dir()
-        ensure_layout(closed / "storage")
+        ensure_layout(closed / "storage", "slurm")
         os.chmod(closed, 0o700)
         hidden = slurm_engine(slurm_cluster, storage_root=closed / "storage")
         try:
@@ -136,7 +136,7 @@ def test_a_group_dir_the_account_cannot_enter_is_said_in_the_server_log(
     /group/<g>, and the server log says why and what to do, once per account and gid (nothing
     said it anywhere)."""
     root = slurm_cluster.new_state_dir() / "storage"
-    ensure_layout(root)
+    ensure_layout(root, "slurm")
     os.chmod(root.parent, 0o755)
     gid = 4_100_000 + os.getpid() % 1000  # far above every Unix group of the machine
     account = TEST_ACCOUNTS["alice"]
@@ -179,7 +179,7 @@ def test_a_group_dir_closed_on_the_node_alone_says_what_the_node_saw(slurm_clust
     job's log says it is closed on this node, not that the account lacks the gid, and shows the
     owner, gid and mode and the job's gids the node gave."""
     root = slurm_cluster.new_state_dir() / "storage"
-    ensure_layout(root)
+    ensure_layout(root, "slurm")
     os.chmod(root.parent, 0o755)
     account = TEST_ACCOUNTS["alice"]
     gid = unix_group([account])

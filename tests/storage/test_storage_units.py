@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -42,11 +43,12 @@ from corral.storage.mounts import (
     resolve,
     seen_through,
 )
+from tests.support import dir_for_job_accounts, require_binary
 
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    ensure_layout(tmp_path / "storage")
+    ensure_layout(tmp_path / "storage", "local")
     return tmp_path / "storage"
 
 
@@ -55,10 +57,38 @@ def ctx(root: Path, user: str = "alice", groups: tuple[str, ...] = ("vision",)) 
 
 
 def test_layout_modes_marker_and_doctor_problems(root: Path) -> None:
-    assert layout_problems(root) == []
+    assert layout_problems(root, "local") == []
     assert (root / MARKER).read_text().strip() and oct((root / "home").stat().st_mode & 0o7777) == "0o711"
     os.chmod(root / "group", 0o777)
-    assert layout_problems(root) == [f"{root / 'group'} has mode 777, expected 711"]
+    assert layout_problems(root, "local") == [f"{root / 'group'} has mode 777, expected 711"]
+    os.chmod(root / "group", 0o711)
+    assert layout_problems(root, "slurm") == [f"{root} has mode 700, expected 755"]
+    with pytest.raises(StorageError, match="engine 'k8s' is not one of: local, slurm"):
+        ensure_layout(root, "k8s")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to read as another account")
+def test_a_local_engines_catalogue_versions_are_closed_to_host_accounts_wherever_the_root_lies() -> None:
+    """A dataset version is 0555/0444 (every job that may mount it binds it): on Slurm the job
+    accounts bind as themselves, so every host account that can pass the root reads it; on the
+    local engine only root reaches into the root (supervisors, bwrap), which is 0700 even outside
+    $CORRAL_HOME. It was 0755 there too, and any host account read every private dataset."""
+    setpriv = require_binary("setpriv")
+    with dir_for_job_accounts("corral-root-", 0o755) as top:
+        readable = {}
+        for engine in ("local", "slurm"):
+            root = top / engine
+            ensure_layout(root, engine)
+            version = root / "data" / "secret-ds" / "v1"
+            version.mkdir(parents=True)
+            (version / "rows.csv").write_text("private,rows\n")
+            os.chmod(version / "rows.csv", 0o444)
+            for d in (version, version.parent):
+                os.chmod(d, 0o555)
+            host_account = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+            got = subprocess.run([*host_account, "cat", str(version / "rows.csv")], capture_output=True)
+            readable[engine] = got.returncode == 0 and got.stdout == b"private,rows\n"
+        assert readable == {"local": False, "slurm": True}
 
 
 def test_registry_serves_a_new_prefix_through_the_same_resolve(root: Path) -> None:
@@ -360,7 +390,7 @@ def test_doctor_checks_the_storage_root_and_id_ranges(tmp_path: Path) -> None:
 
     settings = Settings(home=tmp_path, storage_root=tmp_path / "st")
     assert check_storage(settings).status == "warn"  # not made yet: the server makes it
-    ensure_layout(tmp_path / "st")
+    ensure_layout(tmp_path / "st", "local")
     assert check_storage(settings).status == "ok"
     os.chmod(tmp_path / "st" / "outputs", 0o755)
     bad = check_storage(settings)

@@ -88,7 +88,7 @@ def check_storage(settings: Settings) -> Check:
         return Check(
             "storage", "warn", f"{root} not created yet", "the server creates it at start-up (corral up)"
         )
-    problems = layout_problems(root)
+    problems = layout_problems(root, settings.engine)
     if settings.engine == "slurm":
         blocked = next((p for p in [root, *root.parents] if not p.stat().st_mode & 0o001), None)
         if blocked is not None:

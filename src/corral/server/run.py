@@ -159,7 +159,7 @@ def prepare_storage(settings: Settings) -> None:
     from corral.storage.plan import id_ranges
 
     id_ranges(settings)
-    ensure_layout(settings.storage_path)
+    ensure_layout(settings.storage_path, settings.engine)
 
 
 def _tls_or_exit(settings: Settings) -> None:

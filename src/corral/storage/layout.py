@@ -17,6 +17,10 @@
 The top-level dirs are root's with 0711 where their entries are private (a job's uid may pass
 through to what is bound for it, nobody may list them) and 0755 where they are shared. Only the
 server (root) creates and hands over dirs here; jobs see nothing of the root but their binds.
+The root itself (ROOT_MODES): 0755 on Slurm, where the job accounts bind what is theirs as
+themselves and must pass it; 0700 on the local engine, where only root reaches into it (the
+server, the supervisors that open the mount sources, bwrap), so no host account reads a dataset,
+model or environment version, wherever the root lies.
 Standard library only: both engines import it.
 """
 
@@ -41,6 +45,8 @@ TOP_DIRS: dict[str, int] = {
     "env": 0o755,
     "model": 0o755,
 }
+# The root's own mode per engine (see above): only Slurm's job accounts need to pass it
+ROOT_MODES: dict[str, int] = {"local": 0o700, "slurm": 0o755}
 MARKER = ".corral-storage"  # holds a random id: a node that sees it sees this root (Slurm check)
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 
@@ -108,11 +114,21 @@ class StorageDir:
     mode: int
 
 
-def ensure_layout(root: Path) -> str:
-    """Create the root and its top dirs with their owners and modes (idempotent; as root the
-    owner is root:root). Returns the root's marker id."""
+def root_mode(engine: str) -> int:
+    """The storage root's mode for `engine` (ROOT_MODES); StorageError naming an unknown one."""
+    try:
+        return ROOT_MODES[engine]
+    except KeyError:
+        raise StorageError(f"engine {engine!r} is not one of: {', '.join(ROOT_MODES)}") from None
+
+
+def ensure_layout(root: Path, engine: str) -> str:
+    """Create the root and its top dirs with their owners and modes for `engine` (idempotent; as
+    root the owner is root:root; an existing root gets the engine's mode). Returns the root's
+    marker id."""
+    mode = root_mode(engine)
     root.mkdir(parents=True, exist_ok=True)
-    os.chmod(root, 0o755)
+    os.chmod(root, mode)
     for name, mode in TOP_DIRS.items():
         path = root / name
         path.mkdir(exist_ok=True)
@@ -129,11 +145,14 @@ def ensure_layout(root: Path) -> str:
     return marker.read_text().strip()
 
 
-def layout_problems(root: Path) -> list[str]:
-    """What is wrong with the root (for `corral doctor` and start-up): missing dirs, wrong modes."""
+def layout_problems(root: Path, engine: str) -> list[str]:
+    """What is wrong with the root for `engine` (for `corral doctor`): missing dirs, wrong modes."""
     if not root.is_dir():
         return [f"storage root {root} does not exist (the server creates it at start-up)"]
     problems = []
+    expected = root_mode(engine)
+    if stat.S_IMODE(root.stat().st_mode) != expected:
+        problems.append(f"{root} has mode {stat.S_IMODE(root.stat().st_mode):o}, expected {expected:o}")
     for name, mode in TOP_DIRS.items():
         path = root / name
         try:
