@@ -247,6 +247,33 @@ def test_a_launch_the_local_engine_refuses_for_the_jobs_own_fault_is_not_retried
         assert job is not None and (job.state, job.platform_losses) == ("failed", 0), job.reason
 
 
+def test_a_sandbox_bwrap_refused_is_the_platforms_loss_not_the_jobs_own_failure(
+    env: tuple[ServerContext, FakeEngine],
+) -> None:
+    """The local engine's launch_failed for a sandbox that bwrap refused to set up (docs/isolation.md,
+    "Sandboxes that do not start"; the rank ran and is reaped, so it comes through the reconcile
+    loop): requeued on the platform-loss budget, the job's own failures untouched, though bwrap's
+    words hold the 'No such file or directory' by which missing_file (user, never) knows a log."""
+    ctx, fake = env
+    with ctx.session_factory() as session:
+        gid, uid = seed_tenant(session)
+        job_id = add_job(session, gid, uid, retries=0)
+    assert assign(ctx, job_id, ("worker", "n1", 0, (0,)))
+    run_dispatch(ctx)
+    aid, now = f"{job_id}.1", time.time()
+    refused = "bwrap: Can't find source path /proc/self/fd/7: No such file or directory"
+    fake.statuses[aid] = AttemptStatus(
+        aid, AttemptPhase.FAILED, None, FailureReason.LAUNCH_FAILED,
+        f"rank 0: the sandbox did not start the job: {refused}", started_at=now - 1, finished_at=now,
+    )  # fmt: skip
+    reconcile_tick(ctx, now)
+    with ctx.session_factory() as session:
+        attempt = session.scalars(select(Attempt).where(Attempt.job_id == job_id)).one()
+        assert attempt.reason == "launch_failed" and refused in attempt.message, attempt.message
+        job = session.get(Job, job_id)
+        assert job is not None and (job.state, job.own_failures, job.platform_losses) == ("queued", 0, 1)
+
+
 def test_a_server_started_with_a_bad_exit_spec_file_still_records_how_attempts_end(
     env: tuple[ServerContext, FakeEngine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
