@@ -385,3 +385,40 @@ def test_a_message_whose_sender_dies_each_time_is_given_up_at_the_retry_limit(
             and row.last_error == f"the server stopped while sending it, {limit} times"
         )
     assert deliver(team.factory, smtp.config(), at + 1000, NETWORKS) == 0 and smtp.inbox.to() == []
+
+
+def refuse_job_events(team: Team) -> None:
+    """The database refuses every new job event from now on (a trigger): the commit of a message's
+    outcome, which writes its jobs' `notify` events, fails, as on a full disk or a lost lock."""
+    with team.engine.begin() as conn:
+        if team.engine.dialect.name == "sqlite":
+            conn.exec_driver_sql(
+                "CREATE TRIGGER no_events BEFORE INSERT ON job_events"
+                " BEGIN SELECT RAISE(ABORT, 'no room'); END"
+            )
+        else:
+            conn.exec_driver_sql(
+                "CREATE FUNCTION no_room() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'no room'; END $$"
+                " LANGUAGE plpgsql"
+            )
+            conn.exec_driver_sql(
+                "CREATE TRIGGER no_events BEFORE INSERT ON job_events FOR EACH ROW EXECUTE FUNCTION no_room()"
+            )
+
+
+@BOTH
+def test_a_settled_outcome_written_by_the_fallback_keeps_no_text(team: Team, smtp: Smtp) -> None:
+    """review #5: when the outcome's commit fails, the fallback write settles the message as the
+    normal path does: sent, never sent again, and its body (with the log tail) and items gone."""
+    now = time.time()
+    fail(team, [submit(team, {"on": ["failed"]})], now)
+    with team.factory() as db:
+        job_notify.group_pending(db, now, base_url="http://corral.test", log_tail=lambda job: "secret=1")
+    refuse_job_events(team)
+    assert deliver(team.factory, smtp.config(), now, NETWORKS) == 1
+    assert "secret=1" in body_of(smtp, 0)
+    with team.factory() as db:
+        (row,) = db.scalars(sa.select(JobNotifyDelivery))
+        assert (row.state, row.body, row.last_error) == ("sent", "", "")
+        assert "notifications" not in row.payload and row.payload["count"] == 1
+    assert deliver(team.factory, smtp.config(), now + 1000, NETWORKS) == 0 and len(smtp.inbox.messages) == 1

@@ -152,9 +152,11 @@ def _give_up_reclaimed(delivery: JobNotifyDelivery, now: float) -> None:
 def _store_outcome(session: Session, delivery: JobNotifyDelivery, now: float) -> None:
     """Commit one message's outcome (and, settled, its jobs' events) on its own, so that it
     stands whatever happens to the next. Should that commit fail, the outcome's state is still
-    written, without its words: a message sent is never sent again for want of a record."""
+    written, without its words: a message sent is never sent again for want of a record, and a
+    settled one keeps no text there either (job_notify.settled_text, as record_outcome)."""
     delivery_id, state, error = delivery.id, delivery.state, delivery.last_error
-    next_at, attempts = delivery.next_attempt_at, delivery.attempts
+    next_at, attempts, payload = delivery.next_attempt_at, delivery.attempts, dict(delivery.payload)
+    text = job_notify.settled_text(payload) if state in job_notify.SETTLED else {}
     try:
         if state in job_notify.SETTLED:
             job_notify.record_outcome(session, delivery, now)
@@ -172,6 +174,7 @@ def _store_outcome(session: Session, delivery: JobNotifyDelivery, now: float) ->
                 next_attempt_at=next_at,
                 attempts=attempts,
                 sent_at=now if state == "sent" else None,
+                **text,
             )
             .execution_options(synchronize_session=False)
         )

@@ -378,8 +378,16 @@ def record_outcome(session: Session, delivery: JobNotifyDelivery, now: float) ->
     kinds = kinds_of_jobs(session, {e.job_id for e in events})
     for event in (e for e in events if _reaches(kinds.get(e.job_id, ()), delivery.kind)):
         record_event(session, event.job_id, now, f"{event.event}: {what}{digest}", kind="notify")
-    delivery.body = ""
-    delivery.payload = {k: v for k, v in delivery.payload.items() if k != "notifications"}
+    for column, value in settled_text(delivery.payload).items():
+        setattr(delivery, column, value)
+
+
+def settled_text(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """What a settled message keeps of its text, as column values: no body, and its webhook JSON
+    without the items (reasons, diagnoses, a failure's log tail). The one rule for both ways a
+    settled outcome is written: `record_outcome`, and the notification loop's fallback write when
+    that commit fails (corral.monitor.job_notifier), so neither keeps a log line past its send."""
+    return {"body": "", "payload": {k: v for k, v in payload.items() if k != "notifications"}}
 
 
 def tells_of(delivery: JobNotifyDelivery, event: JobNotification, kinds: tuple[str, ...]) -> bool:
