@@ -295,7 +295,7 @@ def test_a_bulk_cancel_by_label_acts_on_the_callers_own_jobs_unless_asked(world:
     for name in ("carol", "nobody"):  # outside bob's groups, or no such user: the same words
         r = cancel(world, "bob", user=name)
         assert r.status_code == 403, r.text
-        assert f"no user named '{name}' is a member of a group you administer" in r.text, r.text
+        assert f"no user named '{name}' is a member of, or has jobs in, a group you administer" in r.text
     r = cancel(world, "admin", user="nobody")
     assert r.status_code == 422 and "no user named 'nobody'" in r.text, r.text
     r = cancel(world, "admin", user="carol", all_users=True)
@@ -320,6 +320,31 @@ def test_a_group_admins_all_users_stays_within_their_groups(world: World) -> Non
     assert states(world, carols) == ["queued"]
     r = cancel(world, "bob", user="bob")  # their own name: their own jobs, as by default
     assert r.status_code == 200 and r.json()["matched"] == 0, r.text
+
+
+def test_a_group_admin_reaches_a_former_members_jobs_in_the_group_one_job_or_many(world: World) -> None:
+    """review #9: a member who left the group (their running job asked to stop on the way out)
+    leaves that job in it; its group admin may cancel it alone, and so by labels both with
+    `all_users` and with `user=NAME` (refused before, while `all_users` reached it). Outside the
+    groups they administer, neither reaches anyone's."""
+    alices, carols = submit(world, "alice", experiment="e1"), submit(world, "carol", experiment="e1")
+    with world.session_factory() as db:
+        add_node(db)
+        make_running(db, alices)
+        db.commit()
+    removed = world.client.delete(
+        "/api/v1/groups/vision/members/alice", params={"cancel_jobs": True}, headers=world.as_("admin")
+    )
+    assert removed.status_code == 204, removed.text
+    for body in ({"user": "alice"}, {"all_users": True}):
+        r = cancel(world, "bob", **body)
+        assert r.status_code == 200, r.text
+        assert [(i["id"], i["outcome"]) for i in r.json()["items"]] == [(alices, "stopping")], r.text
+    one = world.client.post(f"{JOBS}/{alices}/cancel", json={}, headers=world.as_("bob"))
+    assert one.status_code == 200, one.text
+    r = cancel(world, "bob", user="carol")
+    assert r.status_code == 403 and "no user named 'carol' is a member of, or has jobs in" in r.text, r.text
+    assert states(world, carols) == ["queued"]
 
 
 def test_a_bulk_cancel_acts_on_at_most_so_many_jobs_and_says_more(

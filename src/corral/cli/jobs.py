@@ -498,7 +498,10 @@ def _print_waiting(waiting: dict[str, Any] | None) -> None:
 # Whose jobs `-l` acts on: yours unless asked (labels are free text; another user's may match).
 WhoseUserOpt = Annotated[
     str | None,
-    typer.Option("--user", help="with -l: that user's jobs, not yours (admins; group admins: members)"),
+    typer.Option(
+        "--user",
+        help="with -l: that user's jobs, not yours (admins; group admins: in their groups)",
+    ),
 ]
 AllUsersOpt = Annotated[
     bool,
@@ -524,7 +527,8 @@ def cancel(
 ) -> None:
     """Cancel a job (queued jobs end at once; running ones are stopped), or with `-l NAME=VALUE`
     every live job of yours that carries the labels (an experiment's trials; others' with
-    --user NAME or --all-users: admins, group admins for their groups' members)."""
+    --user NAME or --all-users: admins, group admins for every job in their groups, a former
+    member's included)."""
     if (job_id is None) == (not label):
         raise CorralError("give a job id or labels (-l NAME=VALUE), one of them")
     _whose_only_with_labels(label, user, all_users)

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Literal, TypedDict
 
-from sqlalchemy import ColumnElement, and_, or_, select
+from sqlalchemy import ColumnElement, and_, exists, or_, select
 from sqlalchemy.orm import Session
 
 from corral.db.models import Job, Membership, User
@@ -121,9 +121,12 @@ def scope_condition(
     """Whose jobs a bulk action by label acts on, as an SQL condition (None: anyone's). By
     default the caller's own; `user=NAME` that user's (admins: anyone's; group admins: within the
     groups they administer; the caller's own name: their own); `all_users` every job the caller
-    may act on (admins: all; group admins: theirs and their groups'). Others than admins and
-    group admins are refused (403) naming why; a `user` outside a group admin's groups is refused
-    with the same words whether or not that name exists (no user enumeration)."""
+    may act on (admins: all; group admins: theirs and their groups'). One rule with a single
+    job's cancel, hold and release: a group admin acts on every job in the groups they
+    administer, whoever's, a former member's included, so `user=NAME` names a member of those
+    groups or the owner of a job in them. Others than admins and group admins are refused (403)
+    naming why; any other `user` is refused by a group admin with the same words whether or not
+    that name exists (no user enumeration)."""
     if user is not None and all_users:
         raise Invalid("give user or all_users, not both", ("body", "user"))
     own = Job.user_id == principal.user_id
@@ -139,12 +142,20 @@ def scope_condition(
         if uid is None:
             raise Invalid(f"no user named {user!r}", ("body", "user"))
         return Job.user_id == uid
-    member = uid is not None and session.scalar(
-        select(Membership.user_id).where(Membership.user_id == uid, Membership.group_id.in_(admin_groups))
-    )
-    if not member:
-        raise Forbidden(f"no user named {user!r} is a member of a group you administer")
+    if uid is None or not _within_groups(session, uid, admin_groups):
+        raise Forbidden(f"no user named {user!r} is a member of, or has jobs in, a group you administer")
     return and_(Job.user_id == uid, Job.group_id.in_(admin_groups))
+
+
+def _within_groups(session: Session, user_id: int, group_ids: Sequence[int]) -> bool:
+    """Whether a group admin may name this user: a member of one of `group_ids`, or the owner of a
+    job in one (a former member's: the group admin sees and may cancel, hold or release each of
+    those jobs one at a time, services.jobs.visibility, so naming them tells nothing new)."""
+    member = select(Membership.user_id).where(
+        Membership.user_id == user_id, Membership.group_id.in_(group_ids)
+    )
+    owner = select(Job.id).where(Job.user_id == user_id, Job.group_id.in_(group_ids))
+    return session.scalar(select(exists(member) | exists(owner))) is True
 
 
 def cancel_by_labels(
