@@ -168,6 +168,31 @@ def test_a_notification_queued_before_the_ack_is_skipped(env: Env, smtp: Smtp) -
         assert [n.state for n in db.query(PageNotification)] == ["skipped"]
 
 
+def test_a_page_waiting_for_an_address_its_person_changed_is_not_sent_there(env: Env, smtp: Smtp) -> None:
+    """review #11: alice changes her email after a page was queued for the old one: nothing goes
+    there, the notification says why; her new address gets the next round."""
+    set_up(env, repeat=1)
+    t0 = time.time()
+    start(env, "test:moved", t0)
+    with env.factory() as db:
+        paging.escalate_due(db, t0)  # queued for alice@example.org
+    changed = env.client.put(
+        "/api/v1/users/alice/email", json={"email": "alice@new.example.org"}, headers=env.people["alice"]
+    )
+    assert changed.status_code == 200, changed.text
+    assert tick(env, smtp, t0 + 1) == 1
+    time.sleep(0.2)
+    assert smtp.inbox.messages == []
+    with env.factory() as db:
+        (note,) = db.query(PageNotification)
+        assert (note.state, note.last_error) == (
+            "skipped",
+            "the email address is no longer one of alice's contacts (removed or changed)",
+        )
+    assert tick(env, smtp, t0 + 301) == 1 and tick(env, smtp, t0 + 602) == 1  # bob, then alice again
+    assert smtp.inbox.wait_for(2, 5) and smtp.inbox.to() == ["bob@example.org", "alice@new.example.org"]
+
+
 def test_expired_altered_and_malformed_links_are_refused(env: Env, smtp: Smtp) -> None:
     set_up(env)
     now = time.time()

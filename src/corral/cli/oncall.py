@@ -357,7 +357,8 @@ def list_contacts(user: str, output: OutputOpt = Output.table) -> None:
 @contact_app.command("email")
 @friendly_errors
 def set_email(user: str, email: Annotated[str, typer.Argument(help="'' removes it")]) -> None:
-    """Set USER's account email, where pages and job notifications reach them."""
+    """Set USER's account email, where pages and job notifications reach them. Pages and job
+    notifications still waiting for the old address are not sent there."""
     with client() as c:
         c.set_email(user, email or None)
     out.print(f"{user}'s email set to {email or '(none)'}")
@@ -378,7 +379,8 @@ def add_contact(
 @contact_app.command("rm")
 @friendly_errors
 def remove_contact(user: str, contact_id: int) -> None:
-    """Remove one of USER's contact methods by its id (`contact ls` lists them)."""
+    """Remove one of USER's contact methods by its id (`contact ls` lists them). Pages and job
+    notifications still waiting for it are not sent there (`corral show JOB` says so)."""
     with client() as c:
         c.remove_contact(user, contact_id)
     out.print(f"{user}: contact {contact_id} removed")

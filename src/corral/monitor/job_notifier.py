@@ -34,7 +34,7 @@ from corral.monitor.loops import monitor_config
 from corral.monitor.pager import SETTINGS as PAGING
 from corral.monitor.pager import Mailer, email_transport, post_json, public_url, slack_text
 from corral.server.context import BackgroundLoop, ServerContext
-from corral.services import job_notify, webhook_guard
+from corral.services import job_notify, oncall, webhook_guard
 
 log = logging.getLogger("corral.monitor.job_notifier")
 DELIVERY_BATCH = 200
@@ -122,11 +122,16 @@ def _send_claimed(
     allowed: Sequence[webhook_guard.Network],
 ) -> None:  # fmt: skip
     """Send one claimed message and set its outcome on the row (not committed). Any error is that
-    message's failure (retried, then given up), never the pass's."""
+    message's failure (retried, then given up), never the pass's. A message whose owner was
+    deactivated, or whose address they removed or changed since it was grouped, is given up
+    unsent, saying why (services.oncall.no_longer_reaches)."""
     owner = session.get(User, delivery.user_id)
-    if owner is None or not owner.active:
-        whose = f"{owner.name}'s" if owner is not None else "its owner's"
-        delivery.state, delivery.last_error = "given_up", f"{whose} account is deactivated"
+    if owner is None:
+        why: str | None = "its owner's account is deactivated"
+    else:
+        why = oncall.no_longer_reaches(session, owner, delivery.kind, delivery.address)
+    if why is not None:
+        delivery.state, delivery.last_error = "given_up", why
         delivery.next_attempt_at = now  # when it was given up, as record_failure writes it
         return
     try:

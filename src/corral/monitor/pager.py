@@ -10,7 +10,9 @@ link (docs/operations.md, "Notifications").
 
 A failure is retried with the monitor config's retry policy (backoff, then `given_up`), like
 alert notifications; a notification of a page acknowledged or cancelled before it went out is
-`skipped`. A leased singleton, so two servers never send one notification twice.
+`skipped`, and so is one whose address its person removed (or whose email changed) since it was
+queued, or whose account was deactivated: its last_error says which. A leased singleton, so two
+servers never send one notification twice.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from corral.monitor.config import EmailChannel, MonitorConfig
 from corral.monitor.loops import monitor_config
 from corral.server.context import BackgroundLoop, ServerContext
 from corral.services import webhook_guard
-from corral.services.oncall import shown_url
+from corral.services.oncall import no_longer_reaches, shown_url
 from corral.services.paging import ESCALATE_BATCH, OPEN_STATES, ack_token, escalate_due, link_key, purge_ended
 from corral.services.rotation import utc_text
 
@@ -255,10 +257,14 @@ def _due(session: Session, now: float) -> list[PageNotification]:
 
 def _send_one(mailer: Mailer, note: PageNotification, page: Page | None, user: User | None, key: bytes,
               config: MonitorConfig, settings: PagingSettings, now: float,
-              allowed: Sequence[webhook_guard.Network]) -> None:  # fmt: skip
-    """Send one claimed notification and record the outcome on its row (not committed)."""
+              allowed: Sequence[webhook_guard.Network], gone: str | None) -> None:  # fmt: skip
+    """Send one claimed notification and record the outcome on its row (not committed). `gone`:
+    why its address no longer reaches the person (services.oncall.no_longer_reaches), if so."""
     if page is None or user is None or page.state not in OPEN_STATES:
         note.state, note.last_error = "skipped", "the page was acknowledged or cancelled first"
+        return
+    if gone is not None:  # removed or changed since it was queued: nothing more goes there
+        note.state, note.last_error = "skipped", gone
         return
     expires = now + settings.link_ttl_s
     url = f"{public_url()}/api/v1/ack/{ack_token(key, page.id, user.id, expires)}"
@@ -306,7 +312,8 @@ def deliver_pages(
             }
             for note in due:
                 page, user = pages.get(note.page_id), users.get(note.user_id)
-                _send_one(mailer, note, page, user, key, config, settings, now, webhook_networks)
+                gone = None if user is None else no_longer_reaches(session, user, note.kind, note.address)
+                _send_one(mailer, note, page, user, key, config, settings, now, webhook_networks, gone)
             session.commit()
             return len(due)
     finally:

@@ -22,7 +22,8 @@ How a notification travels (docs/operations.md, "Job notifications"):
    a `notify` event on every job it told of (`corral show`), and `notifications_of` (GET
    /api/v1/jobs/{id}/notifications) says where each went and how its delivery stands. A settled
    message keeps no text (a failure's log tail goes with it); a deleted job's messages are
-   purged (`purge_settled`).
+   purged (`purge_settled`). A message whose address its owner removed or changed since it was
+   grouped is given up unsent (corral.services.oncall.no_longer_reaches), not re-addressed.
 
 A user's default (`set_default`, `with_default`): the `notify` their jobs submitted without one
 get, written into the stored spec at submit (the lifecycle reads only the job's own spec).

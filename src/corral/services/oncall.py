@@ -15,19 +15,21 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 import httpx
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 from sqlalchemy.orm.exc import StaleDataError
 
 from corral.config import url_host
 from corral.db.models import User
+from corral.db.notify_models import JobNotifyDelivery
 from corral.db.oncall_models import (
     ContactMethod,
     EscalationPolicy,
     OncallLayer,
     OncallOverride,
     OncallSchedule,
+    PageNotification,
 )
 from corral.services import audit, webhook_guard
 from corral.services.accounts import check_name, user_by_name
@@ -137,6 +139,8 @@ def set_email(session: Session, principal: Principal, name: str, email: str | No
         session, actor=principal, action="user.set_email", target_kind="user", target_id=user.name,
         before=before, after={"email": user.email},
     )  # fmt: skip
+    if before["email"] and before["email"] != user.email:
+        _hurry_waiting(session, user.id, "email", before["email"], time.time())
     session.commit()
     return contacts_view(session, user)
 
@@ -180,7 +184,29 @@ def remove_contact(session: Session, principal: Principal, name: str, contact_id
         before={"kind": row.kind, "address": row.address},
     )  # fmt: skip
     session.delete(row)
+    session.flush()
+    _hurry_waiting(session, user.id, row.kind, row.address, time.time())
     session.commit()
+
+
+def _hurry_waiting(session: Session, user_id: int, kind: str, address: str, now: float) -> None:
+    """A contact removed (or an email changed): messages still waiting for that address (job
+    notifications, pages; not one being sent this moment) are made due now, unless the person
+    still has the address another way. Their loops, which check each message's address against
+    the person's contacts just before sending (`no_longer_reaches`), then give it up saying why, within a
+    pass, rather than when a backoff ends; nothing more is sent there."""
+    if (kind, address) in addresses_of(session, user_id):
+        return
+    for table in (JobNotifyDelivery, PageNotification):
+        session.execute(
+            update(table)
+            .where(
+                table.user_id == user_id, table.kind == kind, table.address == address,
+                table.state.in_(("pending", "failing")), table.next_attempt_at > now,
+            )
+            .values(next_attempt_at=now)
+            .execution_options(synchronize_session=False)
+        )  # fmt: skip
 
 
 def addresses_of(session: Session, user_id: int) -> list[tuple[str, str]]:
@@ -195,6 +221,18 @@ def addresses_of(session: Session, user_id: int) -> list[tuple[str, str]]:
         if (m.kind, m.address) not in out:
             out.append((m.kind, m.address))
     return out
+
+
+def no_longer_reaches(session: Session, user: User, kind: str, address: str) -> str | None:
+    """Why a message queued for `user` at (`kind`, `address`) must not go there now: their
+    account is deactivated, or the address is no longer one of their contacts (removed, or an
+    email changed, since it was queued; a mature platform sends nothing more to an address its
+    owner took away). None: it still reaches them. The words do not name the address."""
+    if not user.active:
+        return f"{user.name}'s account is deactivated"
+    if (kind, address) not in addresses_of(session, user.id):
+        return f"the {kind} address is no longer one of {user.name}'s contacts (removed or changed)"
+    return None
 
 
 # --- schedules ----------------------------------------------------------------------------------
