@@ -705,3 +705,41 @@ def test_job_notification_tables_arrive_empty_in_0037_and_an_outbox_row_goes_wit
             assert conn.execute(sa.text("SELECT COUNT(*) FROM job_labels")).scalar_one() == 0
     finally:
         engine.dispose()
+
+
+def test_page_notifications_keep_their_rows_unclaimed_through_0038(url: str) -> None:
+    # 0038: page_notifications.claimed_by, the claimer of one being sent (corral.monitor.pager).
+    # A notification from before has none (NULL, whatever its state); down again, it stays.
+    upgrade(url, "0037_job_notifications")
+    engine = make_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        insert(engine, rows(0))
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO pages (id, key, policy_name, steps, repeat, subject, body, state, step,"
+                    " round, next_at, created_at, log) VALUES (1, 'k', 'gpu', '[]', 0, 's', 'b', 'triggered',"
+                    " 0, 0, :t, :t, '[]')"
+                ),
+                {"t": T0},
+            )
+            conn.execute(
+                sa.text(
+                    "INSERT INTO page_notifications (id, page_id, round, step, user_id, kind, address, state,"
+                    " attempts, next_attempt_at, last_error, created_at) VALUES (1, 1, 0, 0, 1, 'email',"
+                    " 'u1@example.org', 'sending', 1, :t, '', :t)"
+                ),
+                {"t": T0},
+            )
+        upgrade(url, "0038_page_claims")
+        with engine.begin() as conn:
+            row = conn.execute(sa.text("SELECT state, claimed_by FROM page_notifications")).one()
+            assert tuple(row) == ("sending", None)
+            conn.execute(sa.text("UPDATE page_notifications SET claimed_by = 'host:1:ab'"))
+        downgrade(url, "0037_job_notifications")
+        with engine.connect() as conn:
+            columns = {c["name"] for c in sa.inspect(conn).get_columns("page_notifications")}
+            assert "claimed_by" not in columns
+            assert conn.execute(sa.text("SELECT state FROM page_notifications")).scalar_one() == "sending"
+    finally:
+        engine.dispose()

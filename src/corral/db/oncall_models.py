@@ -153,3 +153,6 @@ class PageNotification(Base):
     last_error: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[float] = mapped_column(Float)
     sent_at: Mapped[float | None] = mapped_column(Float)
+    # The server process (lease owner id) whose claim it is while `sending` (corral.monitor.pager);
+    # its claim expires at next_attempt_at. Migration 0038.
+    claimed_by: Mapped[str | None] = mapped_column(String(64))

@@ -11,8 +11,12 @@ link (docs/operations.md, "Notifications").
 A failure is retried with the monitor config's retry policy (backoff, then `given_up`), like
 alert notifications; a notification of a page acknowledged or cancelled before it went out is
 `skipped`, and so is one whose address its person removed (or whose email changed) since it was
-queued, or whose account was deactivated: its last_error says which. A leased singleton, so two
-servers never send one notification twice.
+queued, or whose account was deactivated: its last_error says which.
+
+A leased singleton, but the lease (renewed between ticks) does not cover a long tick, so nothing
+here relies on it: each notification is claimed by compare-and-set, with its claimer and expiry,
+just before it is sent (`deliver_pages`), as job notifications are (corral.monitor.job_notifier),
+so two servers' overlapping passes never send one notification twice.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import smtplib
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from email.message import EmailMessage
@@ -28,7 +34,7 @@ from typing import Any
 
 import httpx
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from corral.db.models import User
@@ -44,7 +50,10 @@ from corral.services.rotation import utc_text
 
 log = logging.getLogger("corral.monitor.pager")
 DELIVERY_BATCH = 200
-SENDING_RETRY_S = 300.0  # a batch claimed by a process that died is sent again after this
+SENDING_RETRY_S = 300.0  # a notification claimed by a process that died is sent again after this
+# The owner of this process's claims when the caller names none (the server passes its lease
+# owner id, ServerContext.owner_id): unique per process, as two servers' must differ.
+PROCESS_OWNER = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"[:64]
 
 
 class PagingSettings(BaseSettings):
@@ -240,19 +249,74 @@ def _pinned_request(
     )
 
 
-def _due(session: Session, now: float) -> list[PageNotification]:
-    """Due rows: pending, failing past their backoff, or `sending` left by a crashed pass."""
-    return list(
-        session.scalars(
-            select(PageNotification)
-            .where(
-                PageNotification.state.in_(("pending", "failing", "sending")),
-                PageNotification.next_attempt_at <= now,
-            )
-            .order_by(PageNotification.next_attempt_at, PageNotification.id)
-            .limit(DELIVERY_BATCH)
+def _due(session: Session, now: float) -> list[tuple[int, str, float]]:
+    """(id, state, next_attempt_at) of the due notifications: pending, failing past their
+    backoff, or `sending` under a claim that expired (its process died); the read's transaction
+    ends here."""
+    rows = session.execute(
+        select(PageNotification.id, PageNotification.state, PageNotification.next_attempt_at)
+        .where(
+            PageNotification.state.in_(("pending", "failing", "sending")),
+            PageNotification.next_attempt_at <= now,
         )
+        .order_by(PageNotification.next_attempt_at, PageNotification.id)
+        .limit(DELIVERY_BATCH)
+    ).all()
+    session.commit()
+    return [(int(i), str(state), float(at)) for i, state, at in rows]
+
+
+def _claim(session: Session, seen: tuple[int, str, float], owner: str, now: float) -> PageNotification | None:
+    """Claim one notification for `owner` (this server process) by compare-and-set on the state
+    and due time read: the pass whose UPDATE matches sends it; another server's overlapping pass
+    matches no row and skips it. The claim is a lease: `sending`, `claimed_by` owner, until
+    next_attempt_at (SENDING_RETRY_S), when another pass may take it if this one died. Committed;
+    None: lost."""
+    note_id, state, due_at = seen
+    claimed = session.execute(
+        update(PageNotification)
+        .where(
+            PageNotification.id == note_id,
+            PageNotification.state == state,
+            PageNotification.next_attempt_at == due_at,
+        )
+        .values(
+            state="sending", claimed_by=owner, next_attempt_at=now + SENDING_RETRY_S,
+            attempts=PageNotification.attempts + 1,
+        )
+        .execution_options(synchronize_session=False)
+    )  # fmt: skip
+    session.commit()
+    if claimed.rowcount != 1:  # type: ignore[attr-defined]
+        return None
+    return session.get(PageNotification, note_id, populate_existing=True)  # as the UPDATE left it
+
+
+def _store_outcome(session: Session, note: PageNotification, owner: str, claim_until: float) -> None:
+    """Commit one notification's outcome, set on `note` by _send_one, where this process's claim
+    still stands (`sending`, claimed by `owner`, expiring at `claim_until`): a pass so slow that
+    its claim expired and another server took the notification leaves that server's outcome be."""
+    outcome = {
+        "state": note.state, "last_error": note.last_error, "next_attempt_at": note.next_attempt_at,
+        "sent_at": note.sent_at,
+    }  # fmt: skip
+    session.expire(note)  # the outcome is written below, on this claim only, not by a flush
+    stored = session.execute(
+        update(PageNotification)
+        .where(
+            PageNotification.id == note.id,
+            PageNotification.state == "sending",
+            PageNotification.claimed_by == owner,
+            PageNotification.next_attempt_at == claim_until,
+        )
+        .values(**outcome)
+        .execution_options(synchronize_session=False)
     )
+    session.commit()
+    if stored.rowcount != 1:  # type: ignore[attr-defined]
+        log.warning(
+            "page notification %s: its claim expired before its outcome (%s)", note.id, outcome["state"]
+        )
 
 
 def _send_one(mailer: Mailer, note: PageNotification, page: Page | None, user: User | None, key: bytes,
@@ -278,6 +342,16 @@ def _send_one(mailer: Mailer, note: PageNotification, page: Page | None, user: U
         note.state, note.sent_at, note.last_error = "sent", now, ""
 
 
+def _handle(
+    session: Session, mailer: Mailer, note: PageNotification, key: bytes, config: MonitorConfig,
+    settings: PagingSettings, now: float, allowed: Sequence[webhook_guard.Network],
+) -> None:  # fmt: skip
+    """Send one claimed notification (or skip it), its page, person and their contacts read now."""
+    page, user = session.get(Page, note.page_id), session.get(User, note.user_id)
+    gone = None if user is None else no_longer_reaches(session, user, note.kind, note.address)
+    _send_one(mailer, note, page, user, key, config, settings, now, allowed, gone)
+
+
 def deliver_pages(
     session_factory: Callable[[], Session],
     config: MonitorConfig,
@@ -285,37 +359,33 @@ def deliver_pages(
     key: bytes,
     now: float,
     webhook_networks: Sequence[webhook_guard.Network] = (),
+    *,
+    owner: str = PROCESS_OWNER,
 ) -> int:
-    """Send the due page notifications; returns how many were handled (sent, failed or skipped).
-    `webhook_networks`: the private networks people's webhooks may reach (the admin's
-    CORRAL_WEBHOOK_ALLOW_NETWORKS; none by default).
+    """Send the due page notifications; returns how many this pass claimed (sent, failed or
+    skipped). `webhook_networks`: the private networks people's webhooks may reach (the admin's
+    CORRAL_WEBHOOK_ALLOW_NETWORKS; none by default); `owner`: this server process's lease owner
+    id (ServerContext.owner_id).
 
-    Two commits per batch, not one per message: the batch is claimed (`sending`, retried after
-    SENDING_RETRY_S if this process dies before the outcome is written), sent over one SMTP
-    connection, and the outcomes written together. Delivery is at least once: a message sent
-    just before a crash may go out again after the retry delay, never silently dropped."""
+    Each notification is claimed on its own by compare-and-set (`_claim`: `sending`, claimed by
+    `owner`, due again after SENDING_RETRY_S), just before it is sent (over one SMTP connection
+    for the pass), and its outcome committed at once where that claim still stands: two servers'
+    overlapping passes never send one notification twice, whatever the loop's lease. Delivery is
+    at least once: a process that dies between a send and its commit sends that one notification
+    again after SENDING_RETRY_S, never silently drops it; nothing else is repeated."""
     mailer = Mailer(email_transport(config, settings.email_channel))
+    handled = 0
     try:
         with session_factory() as session:
-            due: list[PageNotification] = _due(session, now)
-            if not due:
-                return 0
-            for note in due:
-                note.state, note.next_attempt_at = "sending", now + SENDING_RETRY_S
-                note.attempts += 1
-            session.commit()
-            pages = {
-                p.id: p for p in session.scalars(select(Page).where(Page.id.in_({n.page_id for n in due})))
-            }
-            users = {
-                u.id: u for u in session.scalars(select(User).where(User.id.in_({n.user_id for n in due})))
-            }
-            for note in due:
-                page, user = pages.get(note.page_id), users.get(note.user_id)
-                gone = None if user is None else no_longer_reaches(session, user, note.kind, note.address)
-                _send_one(mailer, note, page, user, key, config, settings, now, webhook_networks, gone)
-            session.commit()
-            return len(due)
+            for seen in _due(session, now):
+                note = _claim(session, seen, owner, now)
+                if note is None:
+                    continue
+                claim_until = note.next_attempt_at
+                _handle(session, mailer, note, key, config, settings, now, webhook_networks)
+                _store_outcome(session, note, owner, claim_until)
+                handled += 1
+            return handled
     finally:
         mailer.close()
 
@@ -332,7 +402,13 @@ def paging_tick(ctx: ServerContext, now: float) -> None:
             _purged_at[ctx.owner_id] = now
     networks = webhook_guard.parse_networks(ctx.settings.webhook_allow_networks)
     handled = deliver_pages(
-        ctx.session_factory, monitor_config(ctx), SETTINGS, link_key(ctx.settings), now, networks
+        ctx.session_factory,
+        monitor_config(ctx),
+        SETTINGS,
+        link_key(ctx.settings),
+        now,
+        networks,
+        owner=ctx.owner_id,
     )
     if (
         handled >= DELIVERY_BATCH or advanced >= ESCALATE_BATCH

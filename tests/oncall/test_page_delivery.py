@@ -1,0 +1,91 @@
+"""Page notifications claimed one at a time by compare-and-set, with a claimer and an expiry
+(corral.monitor.pager): two servers' overlapping delivery passes on one database send each
+notification once, and a pass whose claim expired (another server took the notification) does
+not overwrite that server's outcome. A real SMTP server (aiosmtpd); PostgreSQL where two
+connections race."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import sqlalchemy as sa
+
+from corral.db.oncall_models import PageNotification
+from corral.monitor import pager
+from corral.monitor.pager import PagingSettings, deliver_pages
+from corral.services import paging
+from tests.oncall.conftest import Env, Smtp
+from tests.oncall.test_paging import contact, set_up, start
+
+ADDRESSES = ["alice@example.org", "alice+1@example.org", "alice+2@example.org"]
+
+
+def queue_three(env: Env, key: str, now: float) -> None:
+    """A page whose first step reaches alice at her three addresses: three notifications due."""
+    set_up(env)
+    for address in ADDRESSES[1:]:
+        assert contact(env, "alice", "email", address, as_user="alice").status_code == 201
+    start(env, key, now)
+    with env.factory() as db:
+        paging.escalate_due(db, now)
+        assert db.scalar(sa.select(sa.func.count()).select_from(PageNotification)) == 3
+
+
+@pytest.mark.parametrize("env", ["postgres"], indirect=True)
+def test_two_servers_delivering_at_once_send_each_page_notification_once(
+    env: Env, smtp: Smtp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = time.time()
+    queue_three(env, "test:two", now)
+    both_read = threading.Barrier(2)
+    real_due = pager._due
+
+    def due_read_by_both(session: sa.orm.Session, at: float) -> list[tuple[int, str, float]]:
+        rows = real_due(session, at)
+        both_read.wait(timeout=10)  # each server has read all three due before either claims one
+        return rows
+
+    monkeypatch.setattr(pager, "_due", due_read_by_both)
+    handled: dict[str, int] = {}
+    key = paging.link_key(env.settings)
+
+    def server(owner: str) -> None:
+        handled[owner] = deliver_pages(env.factory, smtp.config(), PagingSettings(), key, now, owner=owner)
+
+    threads = [threading.Thread(target=server, args=(owner,)) for owner in ("server-a", "server-b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert sum(handled.values()) == 3, handled
+    assert smtp.inbox.wait_for(3, 5)
+    time.sleep(0.3)  # a duplicate, had there been one, would be in by now
+    assert sorted(smtp.inbox.to()) == sorted(ADDRESSES)
+    with env.factory() as db:
+        rows = db.execute(sa.select(PageNotification.state, PageNotification.claimed_by)).all()
+    assert [state for state, _ in rows] == ["sent"] * 3
+    assert {owner for _, owner in rows} <= {"server-a", "server-b"}
+
+
+def test_a_pass_whose_claim_expired_leaves_the_next_claimers_outcome(env: Env, smtp: Smtp) -> None:
+    now = time.time()
+    queue_three(env, "test:late", now)
+    with env.factory() as db:
+        seen = pager._due(db, now)[0]
+        slow = pager._claim(db, seen, "server-a", now)  # then stalls past its claim's expiry
+        assert slow is not None and slow.claimed_by == "server-a"
+        claim_until = slow.next_attempt_at
+        db.expunge(slow)
+    later = now + pager.SENDING_RETRY_S + 1
+    key = paging.link_key(env.settings)
+    assert deliver_pages(env.factory, smtp.config(), PagingSettings(), key, later, owner="server-b") == 3
+    assert smtp.inbox.wait_for(3, 5)
+    with env.factory() as db:
+        slow = db.get(PageNotification, seen[0])
+        assert slow is not None
+        slow.state, slow.last_error = "failing", "the slow server's failure"
+        pager._store_outcome(db, slow, "server-a", claim_until)
+        row = db.get(PageNotification, seen[0], populate_existing=True)
+        assert row is not None and (row.state, row.claimed_by, row.last_error) == ("sent", "server-b", "")
