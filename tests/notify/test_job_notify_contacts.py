@@ -2,14 +2,17 @@
 removed, or the account's email changed, after the message was grouped (pending, or failing and
 waiting out its backoff). Nothing more goes there: the message is given up at once, saying why,
 on the job's `notify` events and its notifications; the owner's contacts of now get what follows.
-The real app, a real SMTP server and a real webhook receiver; SQLite and PostgreSQL."""
+And a webhook whose host's lookup hangs: given up at the send's deadline, then retried. The real
+app, a real SMTP server and a real webhook receiver; SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
+from corral.monitor import pager
 from corral.monitor.config import RetryPolicy
 from corral.monitor.job_notifier import deliver
 from corral.services import job_notify, webhook_guard
@@ -79,3 +82,42 @@ def test_a_removed_or_changed_contact_gets_none_of_the_messages_waiting_for_it(
         assert job_notify.group_pending(db, now + 200, base_url="http://corral.test") == 1
     assert deliver(team.factory, config, now + 200, NETWORKS) == 1
     assert (smtp.inbox.to(), len(hook.posts)) == (["alice@example.org", "new@example.org"], 1)
+
+
+def test_a_webhook_whose_name_does_not_resolve_in_time_is_given_up_at_the_deadline_and_retried(
+    team: Team, smtp: Smtp, hook: WebhookServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SSRF guard's lookup of the webhook's host is inside the send's deadline
+    (pager.WEBHOOK_DEADLINE_S): a resolver that does not answer fails that try at the deadline
+    (not holding the pass), and the message goes on its retry once names resolve again."""
+    url = hook.url.replace("127.0.0.1", "localhost")
+    assert team.post("/users/alice/contacts", {"kind": "webhook", "address": url}).status_code == 201
+    monkeypatch.setattr(pager, "WEBHOOK_DEADLINE_S", 1.0)
+    answers = threading.Event()
+    real_resolve = webhook_guard.resolve
+
+    def hanging_resolver(host: str, port: int) -> list[webhook_guard.Address]:
+        answers.wait(10)  # a resolver that does not answer until the test lets it
+        return real_resolve(host, port)
+
+    monkeypatch.setattr(webhook_guard, "resolve", hanging_resolver)
+    now = time.time()
+    job_id = submit(team, {"on": ["failed"], "to": ["webhook"]})
+    fail(team, [job_id], now)
+    with team.factory() as db:
+        assert job_notify.group_pending(db, now, base_url="http://corral.test") == 1
+    started = time.monotonic()
+    try:
+        assert deliver(team.factory, smtp.config(), now, NETWORKS) == 1
+        took = time.monotonic() - started
+    finally:
+        answers.set()
+    assert 1.0 <= took < 3.0, took
+    (note,) = team.get(f"/jobs/{job_id}/notifications")
+    (shown,) = note["deliveries"]
+    assert (shown["state"], shown["attempts"]) == ("failing", 1), shown
+    assert shown["last_error"].endswith("no complete answer within 1 s"), shown
+    assert hook.posts == []
+    assert deliver(team.factory, smtp.config(), now + 5, NETWORKS) == 1  # after the 1 s backoff
+    assert len(hook.posts) == 1
+    assert notify_events(team, job_id) == ["failed: notification sent by webhook"]

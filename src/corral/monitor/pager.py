@@ -22,11 +22,13 @@ so two servers' overlapping passes never send one notification twice.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import secrets
 import smtplib
 import socket
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from email.message import EmailMessage
@@ -181,8 +183,8 @@ def webhook_body(out: Outgoing) -> dict[str, Any]:
     }  # fmt: skip
 
 
-# The most one webhook POST may take, connection and answer included (its DNS lookup before it
-# has the resolver's own timeouts): well under a message's 300 s claim (job_notifier, pages).
+# The most one webhook POST may take, its host's DNS lookup, connection and answer included: well
+# under a message's 300 s claim (job_notifier, pages).
 WEBHOOK_DEADLINE_S = 30.0
 
 
@@ -204,11 +206,11 @@ def post_json(address: str, body: dict[str, Any], allowed: Sequence[webhook_guar
     shown = shown_url(address)
     try:
         url = httpx.URL(address)
-        addresses = webhook_guard.checked_addresses(url.host, webhook_guard.port_of(url), allowed)
-        # The whole POST has a deadline, not only each read: a receiver that answers a byte every
-        # few seconds held a send open for ever, and with it every other message of the loop,
-        # past the message's claim, so that another server sent it again (review108 #3).
-        response = asyncio.run(asyncio.wait_for(_post_pinned(url, addresses, body), WEBHOOK_DEADLINE_S))
+        # The whole POST has a deadline, its host's lookup included, not only each read: a
+        # receiver that answers a byte every few seconds (review108 #3), or a resolver that does
+        # not answer, held a send open for ever, and with it every other message of the loop,
+        # past the message's claim, so that another server sent it again.
+        response = asyncio.run(asyncio.wait_for(_post_guarded(url, body, allowed), WEBHOOK_DEADLINE_S))
     except TimeoutError as exc:
         raise ChannelError(f"POST {shown}: no complete answer within {WEBHOOK_DEADLINE_S:g} s") from exc
     except (
@@ -219,6 +221,36 @@ def post_json(address: str, body: dict[str, Any], allowed: Sequence[webhook_guar
         raise ChannelError(f"POST {shown}: {exc}") from exc
     if response.status_code >= 300:
         raise ChannelError(f"POST {shown}: HTTP {response.status_code} {response.text[:200]}")
+
+
+async def _post_guarded(
+    url: httpx.URL, body: dict[str, Any], allowed: Sequence[webhook_guard.Network]
+) -> httpx.Response:
+    """Resolve and check `url`'s host (webhook_guard.checked_addresses), then POST to an address
+    checked; the lookup waited for here, so that the caller's deadline bounds it too."""
+    addresses = await _checked_addresses(url.host, webhook_guard.port_of(url), allowed)
+    return await _post_pinned(url, addresses, body)
+
+
+async def _checked_addresses(
+    host: str, port: int, allowed: Sequence[webhook_guard.Network]
+) -> list[webhook_guard.Address]:
+    """webhook_guard.checked_addresses in a daemon thread of its own, awaited: getaddrinfo blocks
+    and cannot be cancelled, so a deadline can only stop waiting for it. Not the event loop's
+    default executor, which asyncio.run joins on its way out (a hung lookup would hold the send
+    again); the abandoned thread ends when the resolver gives up, holding nothing."""
+    lookup: concurrent.futures.Future[list[webhook_guard.Address]] = concurrent.futures.Future()
+
+    def run() -> None:
+        if not lookup.set_running_or_notify_cancel():  # running: a cancelled wait leaves it alone
+            return  # the wait was given up before this thread began
+        try:
+            lookup.set_result(webhook_guard.checked_addresses(host, port, allowed))
+        except BaseException as exc:  # handed to the waiter, which raises it
+            lookup.set_exception(exc)
+
+    threading.Thread(target=run, name=f"webhook-lookup {host}", daemon=True).start()
+    return await asyncio.wrap_future(lookup)
 
 
 async def _post_pinned(
