@@ -172,7 +172,7 @@ class JobsApi(BaseClient):
         `cancelled` (it was queued), `stopping` (it runs and is being stopped), `ended` or `gone`
         (meanwhile); at most 1000 at once (`more`: call again). `reason`: as for `cancel`.
         Others' jobs only when asked: `user` (that user's) or `all_users` (every job you may act
-        on), for admins and group admins (their groups' members)."""
+        on), for admins and group admins (every job in their groups, a former member's too)."""
         if not labels:
             raise CorralError("name at least one label whose jobs to cancel")
         body: dict[str, Any] = {"labels": label_selectors(labels)}
