@@ -328,6 +328,7 @@ def _store_outcome(session: Session, note: PageNotification, owner: str, claim_u
     """Commit one notification's outcome, set on `note` by _send_one, where this process's claim
     still stands (`sending`, claimed by `owner`, expiring at `claim_until`): a pass so slow that
     its claim expired and another server took the notification leaves that server's outcome be."""
+    note_id = note.id
     outcome = {
         "state": note.state, "last_error": note.last_error, "next_attempt_at": note.next_attempt_at,
         "sent_at": note.sent_at,
@@ -336,7 +337,7 @@ def _store_outcome(session: Session, note: PageNotification, owner: str, claim_u
     stored = session.execute(
         update(PageNotification)
         .where(
-            PageNotification.id == note.id,
+            PageNotification.id == note_id,
             PageNotification.state == "sending",
             PageNotification.claimed_by == owner,
             PageNotification.next_attempt_at == claim_until,
@@ -347,7 +348,7 @@ def _store_outcome(session: Session, note: PageNotification, owner: str, claim_u
     session.commit()
     if stored.rowcount != 1:  # type: ignore[attr-defined]
         log.warning(
-            "page notification %s: its claim expired before its outcome (%s)", note.id, outcome["state"]
+            "page notification %s: its claim expired before its outcome (%s)", note_id, outcome["state"]
         )
 
 
