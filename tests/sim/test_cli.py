@@ -290,3 +290,40 @@ def test_help_names_every_shipped_trace_and_cluster() -> None:
 
     assert [c for c in SHIPPED_CLUSTERS if c not in CLUSTER_HELP] == []
     assert [t for t in SHIPPED_TRACES if t not in TRACE_HELP] == []
+
+
+def test_a_trace_none_of_whose_jobs_can_run_is_refused_with_the_reasons(tmp_path: Path) -> None:
+    """Every job too wide for every node: `sim` printed a table of zeros, exit 0, and `compare`
+    added that the policies were too alike to tell apart (use --arrival-speedup)."""
+    csv = tmp_path / "wide.csv"
+    write_generic_csv(trace(("a", 0, 100, 8), ("b", 1, 50, 16)).jobs, csv)
+    _, yaml = _files(tmp_path)
+    out = tmp_path / "plots"
+    for command in (["sim"], ["sim", "compare", "--policies", "fifo,sjf", "--out", str(out)]):
+        res = CliRunner().invoke(app, [*command, "--trace", str(csv), "--cluster", str(yaml)])
+        assert res.exit_code == 2, res.output
+        assert "none of the 2 jobs of trace wide.csv can run on cluster" in res.stderr
+        assert "e.g. a: task worker needs 8 " in res.stderr and "the largest node has 4" in res.stderr
+        assert "identical results" not in res.output
+    assert not out.exists()
+
+
+def test_compare_shows_rejected_jobs_and_warns_when_policies_replay_different_jobs(tmp_path: Path) -> None:
+    """A job over its group's quota with borrowing off is rejected by a policy with quotas and run
+    by one without: compare's `jobs` column quietly differed, with nothing saying why."""
+    csv = tmp_path / "t.csv"
+    write_generic_csv(trace(("big", 0, 100, 4), ("small", 5, 10, 1)).jobs, csv)
+    yaml = tmp_path / "c.yaml"
+    yaml.write_text(
+        "pools: [{name: n, count: 2, gpus_per_node: 4}]\n"
+        "groups: [{name: g, guaranteed: 2, borrowing: false}, {name: h, guaranteed: 6}]\n"
+    )
+    args = ["sim", "compare", "--trace", str(csv), "--cluster", str(yaml), "--policies", "default,fifo"]
+    res = CliRunner().invoke(app, [*args, "-o", "markdown"])
+    assert res.exit_code == 0, res.output
+    head, _, default, fifo = res.stdout.strip().splitlines()[:4]
+    assert head.startswith("| policy | jobs | rejected |")
+    assert default.startswith("| default | 1 | 1 |") and fifo.startswith("| fifo | 2 | 0 |")
+    assert "the policies replayed different jobs: rejected default 1, fifo 0" in res.stderr
+    res = CliRunner().invoke(app, [*args[:-1], "fifo,sjf", "-o", "json"])
+    assert res.exit_code == 0 and "different jobs" not in res.stderr, res.stderr

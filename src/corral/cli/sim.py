@@ -277,7 +277,24 @@ def sim(
         policy_name = policy or "default"
         spec = f"{policy_name}:{placement}" if placement else policy_name
         result, summary = _replay_trace(trace, cluster, spec, config, knob, max_jobs, speedup, private)
+        _refuse_if_nothing_ran([summary])
         _write_results(result, summary, jobs_out, out, output)
+
+
+def _refuse_if_nothing_ran(summaries: list[dict[str, Any]]) -> None:
+    """A trace none of whose jobs the cluster can ever run (too wide for every node, GPU models it
+    lacks, more than a group's quota) printed a table of zeros, exit 0, and `compare` added that
+    the policies were too alike to tell apart. Refused instead, with the rejections' reasons."""
+    if any(s["jobs"] for s in summaries):
+        return
+    first = summaries[0]
+    reasons = list(dict.fromkeys(r["why"] for r in first["rejected"]))
+    shown = "; ".join(f"{r['job_id']}: {r['why']}" for r in first["rejected"] if r["why"] in reasons[:3])
+    whose = "" if len(summaries) == 1 else " under any policy"
+    _fail(
+        f"none of the {plural(first['jobs_rejected'], 'job')} of trace {first['trace']} can run on "
+        f"cluster {first['cluster']} ({plural(first['cluster_gpus'], 'GPU')}){whose}; e.g. {shown}"
+    )
 
 
 def _not_an_input(files: dict[str, Path | None], inputs: dict[str, str | None]) -> None:
@@ -486,6 +503,7 @@ def compare(
                 _fail(str(exc))
             results.append(result)
             summaries.append(summarize(result))
+        _refuse_if_nothing_ran(summaries)
         if out:
             (out / "summaries.json").write_text(json.dumps(summaries, indent=2))
             for path in write_plots(results, out):

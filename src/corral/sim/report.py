@@ -15,6 +15,7 @@ from corral.sim.replay import SimResult
 TABLE_COLUMNS = (
     ("policy", "policy", "{}"),
     ("jobs", "jobs", "{:,}"),
+    ("rejected", "jobs_rejected", "{:,}"),
     ("avg JCT h", "avg_jct_s", "h"),
     ("p50 JCT h", "p50_jct_s", "h"),
     ("p99 JCT h", "p99_jct_s", "h"),
@@ -41,11 +42,22 @@ NO_WAIT_S = 1e-6
 
 
 def compare_warnings(summaries: Sequence[dict[str, Any]]) -> list[str]:
-    """Why a comparison says nothing, in words: no job ever waited (the cluster is larger than the
-    load: every policy starts every job at once, so they must all agree), or every policy gave the
-    same figures anyway. Policies only differ when jobs queue."""
+    """Why a comparison says less than it seems, in words: the policies replayed different jobs
+    (one with quotas rejects a job its group's quota can never admit, one without runs it, so the
+    rows cover different jobs); no job ever waited (the cluster is larger than the load: every
+    policy starts every job at once, so they must all agree); or every policy gave the same
+    figures anyway. Policies only differ when jobs queue."""
     if len(summaries) < 2:
         return []
+    warnings = []
+    rejected = {s["policy"]: s["jobs_rejected"] for s in summaries}
+    if len(set(rejected.values())) > 1:
+        counts = ", ".join(f"{policy} {n:,}" for policy, n in rejected.items())
+        warnings.append(
+            f"the policies replayed different jobs: rejected {counts} (a policy with quotas rejects "
+            "a job its group's quota can never admit; one without runs it), so their figures cover "
+            "different jobs (each policy's rejected jobs: corral sim --policy NAME)"
+        )
     first = summaries[0]
     scale = (
         f"{first['jobs']:,} job{'' if first['jobs'] == 1 else 's'} on {first['cluster_gpus']:,} GPUs; "
@@ -53,10 +65,12 @@ def compare_warnings(summaries: Sequence[dict[str, Any]]) -> list[str]:
         "a smaller --cluster, or more of the trace (--max-jobs)"
     )
     if all(s["jobs"] and (s["p99_queue_s"] or 0.0) <= NO_WAIT_S for s in summaries):
-        return [f"no job waited under any policy: the cluster is larger than the load ({scale})"]
-    if all(all(s.get(k) == first.get(k) for k in OUTCOME_KEYS) for s in summaries[1:]):
-        return [f"every policy gave identical results: too little contention to tell them apart ({scale})"]
-    return []
+        warnings.append(f"no job waited under any policy: the cluster is larger than the load ({scale})")
+    elif all(all(s.get(k) == first.get(k) for k in OUTCOME_KEYS) for s in summaries[1:]):
+        warnings.append(
+            f"every policy gave identical results: too little contention to tell them apart ({scale})"
+        )
+    return warnings
 
 
 def _cell(value: Any, fmt: str) -> str:
