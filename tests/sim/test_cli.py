@@ -327,3 +327,26 @@ def test_compare_shows_rejected_jobs_and_warns_when_policies_replay_different_jo
     assert "the policies replayed different jobs: rejected default 1, fifo 0" in res.stderr
     res = CliRunner().invoke(app, [*args[:-1], "fifo,sjf", "-o", "json"])
     assert res.exit_code == 0 and "different jobs" not in res.stderr, res.stderr
+
+
+def test_save_trace_refuses_the_options_of_a_replay_before_fetching(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """`--save-trace` only exports: a `--quota` change given with it was not in the saved cluster,
+    and `--out DIR` was made and left empty, both without a word."""
+    import corral.cli.sim_live
+
+    def fetch(request: Any) -> Any:
+        raise AssertionError("fetched")
+
+    monkeypatch.setattr(corral.cli.sim_live, "_fetch", fetch)
+    saved, out = tmp_path / "live.csv", tmp_path / "whatif"
+    for extra, named in (
+        (["--quota", "vision=2"], "--quota belong to a replay"),
+        (["--policy", "fifo", "--knob", "starvation_s=60"], "--policy, --knob belong to a replay"),
+        (["--out", str(out)], "--out belong to a replay"),
+    ):
+        res = CliRunner().invoke(app, ["sim", "--from-cluster", "--save-trace", str(saved), *extra])
+        assert res.exit_code == 2 and "--save-trace only writes the trace" in res.stderr, res.output
+        assert named in res.stderr, res.stderr
+    assert not out.exists() and not saved.exists()

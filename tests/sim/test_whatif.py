@@ -96,3 +96,30 @@ def test_a_group_the_current_quota_refuses_still_counts_its_jobs() -> None:
     assert row["jobs"] == 3
     (same,) = compare_groups(then, now, data)
     assert same["jobs"] == 3
+
+
+def test_a_group_with_some_jobs_newly_rejected_shows_no_change_and_a_note_says_why() -> None:
+    """Two of three jobs over the changed quota: the group's figures then covered the one job
+    left, and its average wait showed as 'shorter' (green), though most of its work was refused."""
+    from corral.sim.whatif import rejection_notes
+
+    jobs = [
+        {"submit_time": 0, "duration": 100, "num_gpus": 4, "group": "g", "job_id": "big0"},
+        {"submit_time": 1, "duration": 100, "num_gpus": 4, "group": "g", "job_id": "big1"},
+        {"submit_time": 2, "duration": 100, "num_gpus": 1, "group": "g", "job_id": "small"},
+    ]
+    data = export(jobs, borrowing=False)
+    trace, cluster = from_export(data)
+    now = simulate(trace, cluster, "default")
+    then = simulate(trace, apply_quota_changes(cluster, [parse_quota_change("g=2")]), "default")
+    (row,) = compare_groups(now, then, data)
+    assert (row["jobs"], row["rejected_current"], row["rejected_changed"]) == (3, 0, 2)
+    assert row["avg_queue_s_current"] > 0 and row["avg_queue_s_changed"] == 0.0  # one job, no wait
+    assert row["avg_queue_s_delta"] is None and row["p99_queue_s_delta"] is None
+    assert row["avg_jct_s_delta"] is None
+    assert rejection_notes([row]) == [
+        "g: 2 of 3 jobs rejected by the changed settings, 0 by the current ones: its figures cover "
+        "different jobs, so no change is shown"
+    ]
+    (same,) = compare_groups(now, now, data)
+    assert same["avg_queue_s_delta"] == 0.0 and rejection_notes([same]) == []

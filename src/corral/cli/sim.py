@@ -262,6 +262,7 @@ def sim(
     replay_only = bool(private or max_jobs or speedup != 1.0 or jobs_out)
     live_only = bool(quota or save_trace or unfinished or anonymise)
     _check_mode(from_cluster, bool(trace or cluster), replay_only, live_only)
+    _save_trace_alone(save_trace, {"--quota": quota, "--policy": policy, "--placement": placement}, knob, out)
     _not_an_input({"--jobs-out": jobs_out}, {"--trace": trace, "--cluster": cluster})
     if not from_cluster and (not trace or not cluster):
         _fail("--trace and --cluster are required (see corral sim --help)")
@@ -295,6 +296,23 @@ def _refuse_if_nothing_ran(summaries: list[dict[str, Any]]) -> None:
         f"none of the {plural(first['jobs_rejected'], 'job')} of trace {first['trace']} can run on "
         f"cluster {first['cluster']} ({plural(first['cluster_gpus'], 'GPU')}){whose}; e.g. {shown}"
     )
+
+
+def _save_trace_alone(
+    save_trace: Path | None, changes: dict[str, object], knob: list[str], out: Path | None
+) -> None:
+    """`--save-trace` only exports (the trace and the current cluster); the options of a replay
+    were read and dropped without a word: a `--quota` change was not in the saved cluster, and
+    `--out` was made and left empty."""
+    if save_trace is None:
+        return
+    given = [option for option, value in {**changes, "--knob": knob, "--out": out}.items() if value]
+    if given:
+        _fail(
+            f"--save-trace only writes the trace and the cluster as they are; {', '.join(given)} "
+            "belong to a replay: leave them out, or replay with --out DIR (which writes trace.csv "
+            "and cluster.yaml too)"
+        )
 
 
 def _not_an_input(files: dict[str, Path | None], inputs: dict[str, str | None]) -> None:

@@ -124,6 +124,7 @@ def run_from_cluster(request: LiveRequest, config: Any, knobs: dict[str, Any], c
         compare_groups,
         from_export,
         parse_quota_change,
+        rejection_notes,
         resolve_quota_changes,
     )
 
@@ -177,7 +178,8 @@ def run_from_cluster(request: LiveRequest, config: Any, knobs: dict[str, Any], c
         f"{plural(len(trace.jobs), 'job')} since {export_when(export)} on {plural(cluster.total_gpus, 'GPU')}"
     )
     tables = [s | {"policy": label} for s, label in zip(summaries, short, strict=True)]
-    _print_comparison(console, title, tables, rows, described, [*export["notes"], *current.notes])
+    notes = [*export["notes"], *current.notes, *rejection_notes(rows)]
+    _print_comparison(console, title, tables, rows, described, notes)
 
 
 def _what_changes(
