@@ -182,7 +182,9 @@ def test_trace_input_gpu_models_cpu_jobs_and_overcommitted_guarantees() -> None:
     assert jobs["lower"].trace.gpu_model == "V100" and jobs["alts"].trace.gpu_model == "h100|V100"
     why = {tj.job_id: reason for tj, reason in result.rejected}
     assert set(why) == {"cpu", "other"}
-    assert "no node that takes CPU-only work" in why["cpu"]
+    # the replay's remedy, not the live server's setting (CORRAL_CPU_JOBS_ON_GPU_NODES)
+    assert "this cluster has no CPU nodes" in why["cpu"] and "CORRAL_" not in why["cpu"]
+    assert "--knob cpu_jobs_on_gpu_nodes=1" in why["cpu"]
     assert "asks for GPU model a100; this cluster has V100" in why["other"]
     assert any("add up to 12; the cluster has 8" in n for n in result.notes)
     fitting, _ = run(tr, cluster(2, 4, [{"name": "g", "guaranteed": 8}]), "default")

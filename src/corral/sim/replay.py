@@ -182,6 +182,15 @@ def _tasks_for(job: TraceJob) -> tuple[TaskSpec, ...]:
     return (TaskSpec(role="worker", instances=job.instances, resources=res),)
 
 
+# The live reason for a CPU-only job on a cluster without CPU nodes names the server's setting
+# (CORRAL_CPU_JOBS_ON_GPU_NODES); a replay's is the knob.
+NO_CPU_NODES_IN_SIM = (
+    "task worker asks for no GPU; this cluster has no CPU nodes, and CPU-only work is not placed on "
+    "GPU nodes unless the policy knob cpu_jobs_on_gpu_nodes is on (--knob cpu_jobs_on_gpu_nodes=1, "
+    "or policy_knobs: {cpu_jobs_on_gpu_nodes: true} in the cluster file)"
+)
+
+
 def _probe_job(tj: TraceJob) -> Job:
     return Job(id=tj.job_id, group=tj.group, user=tj.user, tasks=_tasks_for(tj), priority=tj.priority)
 
@@ -321,7 +330,9 @@ class Simulator:
             why = verdicts.get(shape)
             if why is None:
                 reasons = check_fits_anywhere(_probe_job(tj), self.nodes, cpu_jobs_on_gpu_nodes=cpu_on_gpu)
-                why = verdicts[shape] = "; ".join(r.message for r in reasons)
+                why = verdicts[shape] = "; ".join(
+                    NO_CPU_NODES_IN_SIM if r.code == "no_cpu_nodes" else r.message for r in reasons
+                )
             if not why and quotas and tj.num_gpus:
                 qkey = ("quota", tj.group, tj.num_gpus, tj.gpu_model, tj.user)
                 why = verdicts.get(qkey)
