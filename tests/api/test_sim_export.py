@@ -118,6 +118,7 @@ def test_export_has_the_jobs_that_ran_with_their_sizes_groups_and_times(world: W
     assert vision["first_wait_s"] == 1190.0 and vision["wait_s"] == 1190.0 + 50.0  # every wait
     assert (vision["cpus"], vision["memory_mib"], vision["attempts"]) == (2.0, 512, 2)
     assert data["policy"] == "default" and data["counts"]["never_ran"] == 1
+    assert "1 job that ended without ever starting (cancelled, refused) left out" in data["notes"]  # not "1 jobs"
     assert data["policy_knobs"] == {"cpu_jobs_on_gpu_nodes": True}  # the local engine's rule
     cluster = data["cluster"]
     assert cluster["pools"] == [
@@ -131,6 +132,7 @@ def test_export_has_the_jobs_that_ran_with_their_sizes_groups_and_times(world: W
     running = next(j for j in data["jobs"] if j["job_id"] == f"job-{ids['running']}")
     assert running["censored"] is True and 239.0 <= running["duration"] <= 260.0
     assert data["counts"]["censored"] == 1
+    assert any(note.startswith("1 job still running or waiting:") for note in data["notes"])
 
 
 def test_the_exports_rows_written_as_a_csv_replay_without_a_note(world: World, tmp_path: Path) -> None:

@@ -56,9 +56,15 @@ def test_nan_and_inf_in_a_synth_spec_are_refused_by_name(tmp_path: Path) -> None
     weights must be finite'); `--load inf` wrote a trace with every job submitted at time 0."""
     out = tmp_path / "t.csv"
     for option, value, error in (
-        ("--size-mix", "1:nan,2:1", "size_mix needs positive sizes"),
-        ("--gang-instances", "2:inf", "gang_instances needs positive sizes"),
-        ("--load", "inf", "load must be > 0 and finite"),
+        ("--size-mix", "1:nan,2:1", "error: --size-mix needs positive sizes"),
+        ("--gang-instances", "2:inf", "error: --gang-instances needs positive sizes"),
+        ("--load", "inf", "error: --load must be > 0 and finite"),
+        # the option named as typed, not SynthSpec's field (`load must be`, `gang_share must be`)
+        ("--load", "-1", "error: --load must be > 0 and finite, got -1"),
+        ("--gang-share", "1.5", "error: --gang-share must be between 0 and 1, got 1.5"),
+        ("--estimate-share", "-0.1", "error: --estimate-share must be between 0 and 1"),
+        ("--diurnal", "1", "error: --diurnal must be in [0, 1), got 1"),
+        ("--burst-size", "60-20", "error: --burst-size must be LOW-HIGH with 1 <= LOW <= HIGH"),
     ):
         res = CliRunner().invoke(app, ["sim", "synth", "--out", str(out), "--jobs", "20", option, value])
         assert res.exit_code == 2 and error in res.output, (option, value, res.output)
@@ -85,7 +91,7 @@ def test_a_size_no_node_can_place_is_refused_at_generation(tmp_path: Path) -> No
         app, ["sim", "synth", "--out", str(out), "--jobs", "20", "--size-mix", "8:1,16:1"]
     )
     assert res.exit_code == 2, res.output
-    assert "size_mix: 16 GPUs is more than a node of cluster synth has (the largest: 8 GPUs" in res.output
+    assert "--size-mix: 16 GPUs is more than a node of cluster synth has (the largest: 8 GPUs" in res.output
     assert "multi-node gangs" in res.output and not out.exists()
     with pytest.raises(
         SynthError, match="a gang of 100 whole 8-GPU nodes cannot be placed: cluster synth has 72"
@@ -133,3 +139,9 @@ def test_a_bursty_group_the_cluster_lacks_is_refused(tmp_path: Path) -> None:
     assert CliRunner().invoke(app, [*base, "--bursty", ""]).exit_code == 0
     quiet = load_generic_csv(out).jobs
     assert quiet == generate(SynthSpec(jobs=20, bursty=()), load_cluster("synth")).jobs
+
+
+def test_cli_says_one_job_not_one_jobs(tmp_path: Path) -> None:
+    out = tmp_path / "t.csv"
+    res = CliRunner().invoke(app, ["sim", "synth", "--out", str(out), "--jobs", "1"])
+    assert res.exit_code == 0 and "synthetic: 1 job, load 1.3" in res.output, res.output

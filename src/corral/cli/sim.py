@@ -592,12 +592,28 @@ def synth(
                 f"--bursty: cluster {loaded.name} has no group {unknown[0]!r}; its groups: {groups}"
             )
         made = generate(spec, loaded)
-    except (SynthError, ClusterError) as exc:
+    except SynthError as exc:
+        _fail(_as_synth_option(str(exc)))
+    except ClusterError as exc:
         _fail(str(exc))
     with _results_where({"--out": out}, {}):
         write_generic_csv(made.jobs, out)
     for note in made.notes:
         typer.echo(f"wrote {out}: {note}")
+
+
+def _as_synth_option(message: str) -> str:
+    """A SynthSpec error names the field (`load must be > 0`, `size_mix: 16 GPUs is ...`), as the
+    benches that build one want; on the command line, the option (`--load`, `--size-mix`)."""
+    import dataclasses
+
+    from corral.sim.synth import SynthSpec
+
+    first, rest = message.split(" ", 1) if " " in message else (message, "")
+    field = first.rstrip(":")
+    if field in {f.name for f in dataclasses.fields(SynthSpec)}:
+        return f"--{field.replace('_', '-')}{first[len(field) :]} {rest}".rstrip()
+    return message
 
 
 def register(app: typer.Typer) -> None:

@@ -32,6 +32,7 @@ from corral.scheduler.types import ANY_MODEL, Priority
 from corral.services.errors import Invalid
 from corral.services.lifecycle import JobState
 from corral.services.quota import gpu_limits
+from corral.words import plural
 
 CPU_POOL_MODEL = "CPU"  # the gpu_model of a pool of GPU-less nodes (the simulator ignores it there)
 
@@ -212,18 +213,18 @@ def _notes(counts: _Counts, unfinished: bool) -> list[str]:
     notes = ["duration = the time each job actually ran, summed over its attempts"]
     if counts.never_ran:
         notes.append(
-            f"{counts.never_ran} jobs that ended without ever starting (cancelled, refused) left out"
+            f"{plural(counts.never_ran, 'job')} that ended without ever starting (cancelled, refused) left out"
         )
     if counts.censored:
         notes.append(
-            f"{counts.censored} jobs still running or waiting: running ones with their run time so far, "
+            f"{plural(counts.censored, 'job')} still running or waiting: running ones with their run time so far, "
             "waiting ones with their runtime estimate or limit (censored)"
         )
     if counts.no_duration:
-        notes.append(f"{counts.no_duration} waiting jobs without a runtime estimate or limit left out")
+        notes.append(f"{plural(counts.no_duration, 'waiting job')} without a runtime estimate or limit left out")
     if counts.mixed_tasks:
         notes.append(
-            f"{counts.mixed_tasks} jobs whose tasks ask for different GPUs per instance: "
+            f"{plural(counts.mixed_tasks, 'job')} whose tasks ask for different GPUs per instance: "
             "every instance given the largest"
         )
     if not unfinished:
