@@ -350,3 +350,25 @@ def test_save_trace_refuses_the_options_of_a_replay_before_fetching(
         assert res.exit_code == 2 and "--save-trace only writes the trace" in res.stderr, res.output
         assert named in res.stderr, res.stderr
     assert not out.exists() and not saved.exists()
+
+
+def test_compare_takes_knobs_and_checkpoint_on_preempt_for_every_policy(tmp_path: Path) -> None:
+    """`sim` had --knob and --checkpoint-on-preempt, `sim compare` neither: LAS levels or the
+    default policy's knobs could be compared only through a cluster file. A 4-GPU job arrives
+    while a 2-GPU job runs on the 4-GPU node: LAS (threshold 100 GPU-s) preempts it at 50 s."""
+    _, yaml = _files(tmp_path)
+    csv = tmp_path / "demote.csv"
+    write_generic_csv(trace(("long", 0, 1000, 2), ("wide", 100, 10, 4)).jobs, csv)
+    args = ["sim", "compare", "--trace", str(csv), "--cluster", str(yaml), "--policies", "las,fifo"]
+    figures = {}
+    for extra in ([], ["--knob", "las_thresholds=100"], ["--knob", "las_thresholds=100", "--checkpoint-on-preempt"]):
+        res = CliRunner().invoke(app, [*args, "--checkpoint-interval", "0", *extra, "-o", "json"])
+        assert res.exit_code == 0, res.output
+        las, fifo = json.loads(res.stdout)
+        assert fifo["preemptions"] == 0
+        figures[len(extra)] = (las["preemptions"], las["lost_work_gpu_h"])
+    assert figures[0] == (0, 0.0)  # the default thresholds (3,600 GPU-s and up): nothing to demote
+    assert figures[2][0] == 1 and figures[2][1] > 0  # demoted and preempted: no checkpoint, work lost
+    assert figures[3] == (1, 0.0)  # saved when signalled
+    res = CliRunner().invoke(app, [*args, "--knob", "las_thresholdz=1"])
+    assert res.exit_code == 2 and "--knob 'las_thresholdz=1': use NAME=VALUE" in res.stderr

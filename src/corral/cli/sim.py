@@ -78,6 +78,15 @@ JobsOutOption = Annotated[
         "--jobs-out", help="CSV of every job event: time, job, submit/start/preempt/stop/finish/reject"
     ),
 ]
+SEED_HELP = "seeds what is random in a replay: node failures (--node-mtbf-h), random placement"
+CompareKnobOption = Annotated[
+    list[str],
+    typer.Option(
+        "--knob",
+        help="NAME=VALUE: a policy knob for every policy compared (as the cluster file's "
+        "policy_knobs; las_thresholds=3600,36000, starvation_s=0, ...)",
+    ),
+]
 KnobOption = Annotated[
     list[str],
     typer.Option("--knob", help="NAME=VALUE: a policy knob (backfill_depth, las_thresholds=3600,36000, ...)"),
@@ -225,9 +234,11 @@ def sim(
     eta_interval: EtaIntervalOption = 0.0,
     checkpoint_on_preempt: CheckpointOnPreemptOption = False,
     oracle: bool = typer.Option(False, "--oracle-runtime/--no-oracle-runtime", help=ORACLE_HELP),
-    node_mtbf_h: float = typer.Option(None, "--node-mtbf-h", help="mean hours between failures of a node"),
+    node_mtbf_h: float = typer.Option(
+        None, "--node-mtbf-h", help="mean hours between failures of a node (default or 0: none)"
+    ),
     node_repair_h: float = typer.Option(1.0, "--node-repair-h", help="hours a failed node stays down"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help=SEED_HELP),
     private: PrivateBaselineOption = False,
     max_jobs: int = typer.Option(None, "--max-jobs", min=1, help="replay only the first N jobs"),
     speedup: float = typer.Option(1.0, "--arrival-speedup", help="divide submit times by this (more load)"),
@@ -457,10 +468,11 @@ def _write_results(
         typer.echo(f"scheduler: {describe()}")
 
 
-def _compare_specs(policies: str, output: str) -> list[str]:
-    """`compare`'s policies, each checked before the first replay (a typo in the last one used to
-    fail only after the replays before it, minutes on a whole trace), and its output format."""
-    from corral.sim.runner import PolicyError, resolve_policy
+def _compare_specs(policies: str, output: str, knob: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """`compare`'s policies and knobs, each checked before the first replay (a typo in the last
+    policy used to fail only after the replays before it, minutes on a whole trace), and its
+    output format."""
+    from corral.sim.runner import PolicyError, parse_knobs, resolve_policy
 
     if output not in ("table", "markdown", "json"):
         _fail(f"unknown output {output!r}; use table, markdown or json")
@@ -468,11 +480,31 @@ def _compare_specs(policies: str, output: str) -> list[str]:
     if not specs:
         _fail("--policies: give at least one policy, e.g. default,fifo")
     try:
+        knobs = parse_knobs(knob)
         for spec in specs:
-            resolve_policy(spec)
+            resolve_policy(spec, knobs)
     except PolicyError as exc:
         _fail(str(exc))
-    return specs
+    return specs, knobs
+
+
+def _replay_each(
+    trace: Any, cluster: Any, specs: list[str], config: Any, knobs: dict[str, Any]
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    """One replay per policy, with its summary; nothing to compare when no policy ran a job."""
+    from corral.sim.metrics import summarize
+    from corral.sim.runner import PolicyError, simulate
+
+    results, summaries = [], []
+    for spec in specs:
+        try:
+            result = simulate(trace, cluster, spec, config, knobs)
+        except PolicyError as exc:
+            _fail(str(exc))
+        results.append(result)
+        summaries.append(summarize(result))
+    _refuse_if_nothing_ran(summaries)
+    return results, summaries
 
 
 @sim_app.command()
@@ -484,24 +516,22 @@ def compare(
         "--policies",
         help="comma-separated; NAME, NAME:PLACEMENT, NAME-oracle (true durations: a bound)",
     ),
-    checkpoint_interval: float = typer.Option(
-        1800.0, "--checkpoint-interval", help="seconds between checkpoints; 0 = none"
-    ),
+    checkpoint_interval: CheckpointIntervalOption = 1800.0,
+    checkpoint_on_preempt: CheckpointOnPreemptOption = False,
     cycle_interval: CycleIntervalOption = 0.0,
     eta_interval: EtaIntervalOption = 0.0,
     oracle: bool = typer.Option(False, "--oracle-runtime/--no-oracle-runtime", help=ORACLE_HELP),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help=SEED_HELP),
     max_jobs: int = typer.Option(None, "--max-jobs", min=1, help="replay only the first N jobs"),
     speedup: float = typer.Option(1.0, "--arrival-speedup", help="divide submit times by this (more load)"),
+    knob: CompareKnobOption = [],  # noqa: B006 (typer copies it; never mutated)
     out: Path = typer.Option(None, "--out", help="directory for the PNG plots and summaries.json"),
     output: str = typer.Option("table", "--output", "-o", help="table, markdown or json"),
 ) -> None:
     """Replay the same trace and cluster under several policies; print one row per policy."""
-    from corral.sim.metrics import summarize
     from corral.sim.report import compare_markdown, compare_table, compare_warnings, write_plots
-    from corral.sim.runner import PolicyError, simulate
 
-    specs = _compare_specs(policies, output)
+    specs, knobs = _compare_specs(policies, output, knob)
     config = _config(
         checkpoint_interval,
         oracle,
@@ -510,18 +540,11 @@ def compare(
         seed,
         cycle_interval_s=cycle_interval,
         eta_interval_s=eta_interval,
+        checkpoint_on_preempt=checkpoint_on_preempt,
     )
     with _results_where({}, {"--out": out}):
         loaded_trace, loaded_cluster = _load(trace, cluster, max_jobs, speedup)
-        results, summaries = [], []
-        for spec in specs:
-            try:
-                result = simulate(loaded_trace, loaded_cluster, spec, config)
-            except PolicyError as exc:
-                _fail(str(exc))
-            results.append(result)
-            summaries.append(summarize(result))
-        _refuse_if_nothing_ran(summaries)
+        results, summaries = _replay_each(loaded_trace, loaded_cluster, specs, config, knobs)
         if out:
             (out / "summaries.json").write_text(json.dumps(summaries, indent=2))
             for path in write_plots(results, out):
