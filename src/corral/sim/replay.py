@@ -292,11 +292,14 @@ class Simulator:
             for model, n in group.guaranteed.items():
                 if model != ANY_MODEL and n > 0:
                     per_model[model] = per_model.get(model, 0) + n
+        spelled = {m.lower(): m for m in have}
         for model, promised in sorted(per_model.items()):
             if promised > have.get(model, 0):
+                near = spelled.get(model.lower(), model)  # `a100`: a quota's model is matched as spelt
+                hint = f"; a quota names GPU models as the pools spell them: {near}?" if near != model else ""
                 notes.append(
                     f"guaranteed {model} GPUs of all groups add up to {promised}; the cluster has "
-                    f"{have.get(model, 0)} (accepted, as the live platform accepts it)"
+                    f"{have.get(model, 0)} (accepted, as the live platform accepts it){hint}"
                 )
         promised = sum(self.guarantee.values())
         if promised > self.total_gpus:
