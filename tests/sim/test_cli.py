@@ -86,6 +86,8 @@ def test_bad_inputs_give_clear_errors(tmp_path: Path) -> None:
     for option, value in (("--eta-interval", "inf"), ("--cycle-interval", "nan"), ("--cycle-interval", "-5")):
         res = runner.invoke(app, ["sim", "--trace", str(csv), "--cluster", str(yaml), option, value])
         assert res.exit_code == 2 and f"{option} must be a finite number >= 0" in res.output, res.output
+    res = runner.invoke(app, ["sim", "--trace", str(csv), "--cluster", str(yaml), "--arrival-speedup", "-1"])
+    assert res.exit_code == 2 and "(--arrival-speedup) must be positive and finite, got -1" in res.output
 
 
 def test_nan_and_inf_knobs_are_refused_by_name(tmp_path: Path) -> None:

@@ -139,3 +139,15 @@ def test_a_column_the_format_does_not_have_is_named_in_the_notes(tmp_path: Path)
     assert note.startswith("column(s) not read: gpu_modle (the format's optional columns: job_id,"), note
     path.write_text("submit_time,duration,num_gpus,group,gpu_model\n0,10,1,g,A100\n")
     assert load_generic_csv(path).notes == ()
+
+
+def test_a_default_job_id_taken_by_another_row_says_it_was_not_given(tmp_path: Path) -> None:
+    """Row 2 has no job_id, so it is `job-1` (its row index), which row 1 named itself: the error
+    said 'job-1' is already the job_id of line 2, on a line whose job_id column is empty."""
+    path = write(tmp_path, "job_id,submit_time,duration,num_gpus,group\njob-1,0,1,1,g\n,1,1,1,g\n")
+    expected = (
+        r"t.csv: line 3: column 'job_id': no job_id given, and its default 'job-1' is already "
+        r"the job_id of line 2"
+    )
+    with pytest.raises(TraceError, match=expected):
+        load_generic_csv(path)

@@ -208,7 +208,9 @@ def load_generic_csv(path: str | Path) -> Trace:
             job = _generic_job(row, i)
             first = line_of.setdefault(job.job_id, row.line)
             if first != row.line:
-                raise row.fail("job_id", f"{job.job_id!r} is already the job_id of line {first}")
+                given = row.fields.get("job_id", "").strip()  # empty: the default job-<row index>
+                mine = repr(job.job_id) if given else f"no job_id given, and its default {job.job_id!r}"
+                raise row.fail("job_id", f"{mine} is already the job_id of line {first}")
             jobs.append(job)
     known = REQUIRED_COLUMNS + OPTIONAL_COLUMNS + OBSERVED_COLUMNS
     unread = [c for c in header if c not in known]  # a misspelt optional column was silently lost
@@ -333,7 +335,7 @@ def first_jobs(trace: Trace, count: int) -> Trace:
 def speed_up_arrivals(trace: Trace, factor: float) -> Trace:
     """Submit times divided by `factor` (durations unchanged): `factor` times the offered load."""
     if not (factor > 0 and math.isfinite(factor)):  # nan submit times would never be reached
-        raise TraceError(f"arrival speed-up must be positive and finite, got {factor:g}")
+        raise TraceError(f"arrival speed-up (--arrival-speedup) must be positive and finite, got {factor:g}")
     if factor == 1:
         return trace
     jobs = tuple(dataclasses.replace(j, submit_time=j.submit_time / factor) for j in trace.jobs)
