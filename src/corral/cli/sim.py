@@ -84,12 +84,16 @@ CompareKnobOption = Annotated[
     typer.Option(
         "--knob",
         help="NAME=VALUE: a policy knob for every policy compared (as the cluster file's "
-        "policy_knobs; las_thresholds=3600,36000, starvation_s=0, ...)",
+        "policy_knobs; las_thresholds=3600,36000, starvation_s=0, ...; defaults: docs/scheduler.md)",
     ),
 ]
 KnobOption = Annotated[
     list[str],
-    typer.Option("--knob", help="NAME=VALUE: a policy knob (backfill_depth, las_thresholds=3600,36000, ...)"),
+    typer.Option(
+        "--knob",
+        help="NAME=VALUE: a policy knob (backfill_depth, las_thresholds=3600,36000, starvation_s, "
+        "max_preemptions, ...; each with its default: docs/scheduler.md)",
+    ),
 ]
 FromClusterOption = Annotated[
     bool,
