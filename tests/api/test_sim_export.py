@@ -118,7 +118,7 @@ def test_export_has_the_jobs_that_ran_with_their_sizes_groups_and_times(world: W
     assert vision["first_wait_s"] == 1190.0 and vision["wait_s"] == 1190.0 + 50.0  # every wait
     assert (vision["cpus"], vision["memory_mib"], vision["attempts"]) == (2.0, 512, 2)
     assert data["policy"] == "default" and data["counts"]["never_ran"] == 1
-    assert "1 job that ended without ever starting (cancelled, refused) left out" in data["notes"]  # not "1 jobs"
+    assert "1 job that ended without ever starting (cancelled, refused) left out" in data["notes"]
     assert data["policy_knobs"] == {"cpu_jobs_on_gpu_nodes": True}  # the local engine's rule
     cluster = data["cluster"]
     assert cluster["pools"] == [

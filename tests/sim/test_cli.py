@@ -331,9 +331,7 @@ def test_compare_shows_rejected_jobs_and_warns_when_policies_replay_different_jo
     assert res.exit_code == 0 and "different jobs" not in res.stderr, res.stderr
 
 
-def test_save_trace_refuses_the_options_of_a_replay_before_fetching(
-    tmp_path: Path, monkeypatch: Any
-) -> None:
+def test_save_trace_refuses_the_options_of_a_replay_before_fetching(tmp_path: Path, monkeypatch: Any) -> None:
     """`--save-trace` only exports: a `--quota` change given with it was not in the saved cluster,
     and `--out DIR` was made and left empty, both without a word."""
     import corral.cli.sim_live
@@ -363,7 +361,8 @@ def test_compare_takes_knobs_and_checkpoint_on_preempt_for_every_policy(tmp_path
     write_generic_csv(trace(("long", 0, 1000, 2), ("wide", 100, 10, 4)).jobs, csv)
     args = ["sim", "compare", "--trace", str(csv), "--cluster", str(yaml), "--policies", "las,fifo"]
     figures = {}
-    for extra in ([], ["--knob", "las_thresholds=100"], ["--knob", "las_thresholds=100", "--checkpoint-on-preempt"]):
+    knob = ["--knob", "las_thresholds=100"]
+    for extra in ([], knob, [*knob, "--checkpoint-on-preempt"]):
         res = CliRunner().invoke(app, [*args, "--checkpoint-interval", "0", *extra, "-o", "json"])
         assert res.exit_code == 0, res.output
         las, fifo = json.loads(res.stdout)

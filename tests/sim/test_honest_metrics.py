@@ -208,6 +208,7 @@ def test_a_guarantee_over_one_gpu_models_capacity_is_noted_as_live() -> None:
     assert "guaranteed A100 GPUs of all groups add up to 12; the cluster has 8" in notes
     assert "guaranteed a100 GPUs of all groups add up to 2; the cluster has 0" in notes
     # the right case suggested (a trace's `a100` is matched; a quota's is not, as live)
-    assert "(accepted, as the live platform accepts it); a quota names GPU models as the pools spell them: A100?" in notes
-    assert "A100 GPUs of all groups add up to 12; the cluster has 8 (accepted, as the live platform accepts it) |" in notes + " |"
+    accepted = "(accepted, as the live platform accepts it)"
+    assert f"{accepted}; a quota names GPU models as the pools spell them: A100?" in notes
+    assert f"A100 GPUs of all groups add up to 12; the cluster has 8 {accepted} |" in notes + " |"
     assert not any("GPUs of all groups add up to 14" in n for n in result.notes)  # 14 <= 16 in all

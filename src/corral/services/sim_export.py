@@ -213,15 +213,18 @@ def _notes(counts: _Counts, unfinished: bool) -> list[str]:
     notes = ["duration = the time each job actually ran, summed over its attempts"]
     if counts.never_ran:
         notes.append(
-            f"{plural(counts.never_ran, 'job')} that ended without ever starting (cancelled, refused) left out"
+            f"{plural(counts.never_ran, 'job')} that ended without ever starting (cancelled, refused) "
+            "left out"
         )
     if counts.censored:
         notes.append(
-            f"{plural(counts.censored, 'job')} still running or waiting: running ones with their run time so far, "
-            "waiting ones with their runtime estimate or limit (censored)"
+            f"{plural(counts.censored, 'job')} still running or waiting: running ones with their run "
+            "time so far, waiting ones with their runtime estimate or limit (censored)"
         )
     if counts.no_duration:
-        notes.append(f"{plural(counts.no_duration, 'waiting job')} without a runtime estimate or limit left out")
+        notes.append(
+            f"{plural(counts.no_duration, 'waiting job')} without a runtime estimate or limit left out"
+        )
     if counts.mixed_tasks:
         notes.append(
             f"{plural(counts.mixed_tasks, 'job')} whose tasks ask for different GPUs per instance: "

@@ -285,7 +285,8 @@ class _Generator:
                 out.append(_with_submit(job, round(at + k, 1)))
         out.sort(key=lambda j: j.submit_time)
         notes = (
-            f"synthetic: {s.jobs:,} job{'' if s.jobs == 1 else 's'}, load {s.load:g} over {window / 3600:,.1f} h on "
+            f"synthetic: {s.jobs:,} job{'' if s.jobs == 1 else 's'}, load {s.load:g} over "
+            f"{window / 3600:,.1f} h on "
             f"{sum(self.model_gpus.values()):,} GPUs of {self.cluster.name}, seed {s.seed}",
         )
         return Trace(name=f"synth-s{s.seed}", jobs=tuple(out), notes=notes)
