@@ -227,7 +227,7 @@ def test_from_cluster_checks_policy_and_knobs_before_fetching(monkeypatch: Any) 
     monkeypatch.setattr(corral.cli.sim_live, "_fetch", fetch)
     for extra, error in (
         (["--policy", "sjff"], "unknown policy 'sjff'"),
-        (["--placement", "diagonal"], "unknown placement 'diagonal'"),
+        (["--placement", "diagonal"], "unknown placement 'diagonal'; use one of bestfit, spread, random"),
         (["--knob", "grace_s=nan"], "grace_s must be >= 0 and finite"),
     ):
         res = CliRunner().invoke(app, ["sim", "--from-cluster", *extra])

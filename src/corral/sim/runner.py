@@ -104,12 +104,17 @@ def resolve_policy(spec: str, knobs: dict[str, Any] | None = None) -> Scheduler:
     its caches for the replay's cycles and shares them with no other), with `knobs` (Profile
     fields: `parse_knobs`) changed."""
     from corral.scheduler import PROFILES
+    from corral.scheduler.plugins import PLACEMENTS
 
     name, _, placement = spec.partition(":")
     name = name.removesuffix(ORACLE_SUFFIX)
     profile = PROFILES.get(name)
     if profile is None:
         raise PolicyError(f"unknown policy {name!r}; use one of {', '.join(PROFILES)}")
+    if placement and placement not in PLACEMENTS:  # (the profile's own error shows a Python tuple)
+        raise PolicyError(
+            f"policy {spec!r}: unknown placement {placement!r}; use one of {', '.join(PLACEMENTS)}"
+        )
     try:
         if placement:
             profile = dataclasses.replace(profile, placement=placement)
