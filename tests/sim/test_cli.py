@@ -373,3 +373,37 @@ def test_compare_takes_knobs_and_checkpoint_on_preempt_for_every_policy(tmp_path
     assert figures[3] == (1, 0.0)  # saved when signalled
     res = CliRunner().invoke(app, [*args, "--knob", "las_thresholdz=1"])
     assert res.exit_code == 2 and "--knob 'las_thresholdz=1': use NAME=VALUE" in res.stderr
+
+
+def test_from_cluster_refuses_a_window_none_of_whose_jobs_fits_the_nodes_now(monkeypatch: Any) -> None:
+    """Every job of the window asks for a GPU model whose nodes are gone (replaced by others): the
+    what-if printed two tables of zeros and a per-group table of dashes, exit 0."""
+    import corral.cli.sim_live
+
+    jobs = [
+        {
+            "submit_time": i,
+            "duration": 60,
+            "num_gpus": 1,
+            "group": "g",
+            "gpu_model": "V100",
+            "job_id": f"j{i}",
+        }
+        for i in range(3)
+    ]
+    pools = [{"name": "a", "count": 1, "gpus_per_node": 4, "gpu_model": "A100"}]
+    export = {
+        "jobs": jobs,
+        "since": 0.0,
+        "notes": [],
+        "policy": "default",
+        "cluster": {"name": "live", "pools": pools, "groups": [{"name": "g", "guaranteed": 4}]},
+    }
+    monkeypatch.setattr(corral.cli.sim_live, "_fetch", lambda request: export)
+    res = CliRunner().invoke(app, ["sim", "--from-cluster", "--quota", "g=2"])
+    assert res.exit_code == 2, res.output
+    assert (
+        "none of the 3 jobs since 1970-01-01 00:00:00 UTC can run on the cluster as it is now" in res.stderr
+    )
+    assert "(4 GPUs); e.g. j0: task worker asks for GPU model V100; this cluster has A100" in res.stderr
+    assert "j1:" not in res.stderr  # one job per reason

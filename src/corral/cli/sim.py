@@ -304,8 +304,10 @@ def _refuse_if_nothing_ran(summaries: list[dict[str, Any]]) -> None:
     if any(s["jobs"] for s in summaries):
         return
     first = summaries[0]
-    reasons = list(dict.fromkeys(r["why"] for r in first["rejected"]))
-    shown = "; ".join(f"{r['job_id']}: {r['why']}" for r in first["rejected"] if r["why"] in reasons[:3])
+    example: dict[str, str] = {}  # the first job of each reason
+    for r in first["rejected"]:
+        example.setdefault(r["why"], str(r["job_id"]))
+    shown = "; ".join(f"{job}: {why}" for why, job in list(example.items())[:3])
     whose = "" if len(summaries) == 1 else " under any policy"
     _fail(
         f"none of the {plural(first['jobs_rejected'], 'job')} of trace {first['trace']} can run on "

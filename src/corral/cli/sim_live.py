@@ -151,6 +151,7 @@ def run_from_cluster(request: LiveRequest, config: Any, knobs: dict[str, Any], c
     try:
         live_knobs = dict(export.get("policy_knobs") or {})  # what the server sets beyond the profile
         current = simulate(trace, cluster, current_policy, config, live_knobs)
+        _refuse_if_nothing_ran(current, export)
         changed = (
             simulate(trace, changed_cluster, new_policy, config, live_knobs | knobs) if described else current
         )
@@ -180,6 +181,21 @@ def run_from_cluster(request: LiveRequest, config: Any, knobs: dict[str, Any], c
     tables = [s | {"policy": label} for s, label in zip(summaries, short, strict=True)]
     notes = [*export["notes"], *current.notes, *rejection_notes(rows)]
     _print_comparison(console, title, tables, rows, described, notes)
+
+
+def _refuse_if_nothing_ran(current: Any, export: dict[str, Any]) -> None:
+    """Every job of the window rejected under the current settings (the nodes they ran on gone or
+    replaced, say): the what-if compared two tables of zeros. Refused, with the first reasons."""
+    if current.jobs:
+        return
+    example: dict[str, str] = {}  # the first job of each reason
+    for job, why in current.rejected:
+        example.setdefault(why, job.job_id)
+    shown = "; ".join(f"{job}: {why}" for why, job in list(example.items())[:3])
+    _fail(
+        f"none of the {plural(len(current.rejected), 'job')} since {export_when(export)} can run on "
+        f"the cluster as it is now ({plural(current.total_gpus, 'GPU')}); e.g. {shown}"
+    )
 
 
 def _what_changes(
