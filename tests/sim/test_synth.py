@@ -145,3 +145,23 @@ def test_cli_says_one_job_not_one_jobs(tmp_path: Path) -> None:
     out = tmp_path / "t.csv"
     res = CliRunner().invoke(app, ["sim", "synth", "--out", str(out), "--jobs", "1"])
     assert res.exit_code == 0 and "synthetic: 1 job, load 1.3" in res.output, res.output
+
+
+def test_the_notes_give_the_shares_the_trace_has_not_those_asked_for(tmp_path: Path) -> None:
+    """`--constrained-share 0.33` wrote a trace in which about 40% of the jobs name a GPU model
+    (every job of `infer`, whose guarantee names only T4, does), with nothing saying so."""
+    out = tmp_path / "t.csv"
+    args = ["sim", "synth", "--out", str(out), "--jobs", "400", "--seed", "2", "--constrained-share", "0.33"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    jobs = load_generic_csv(out).jobs
+    named = sum(j.gpu_model is not None for j in jobs) / len(jobs)
+    gangs = sum(j.instances > 1 for j in jobs) / len(jobs)
+    assert named > 0.36  # more than asked for: infer's jobs all name T4
+    assert all(j.gpu_model == "T4" and j.instances == 1 for j in jobs if j.group == "infer")
+    said = " ".join(res.output.split())
+    assert (
+        f"as generated: {gangs:.1%} multi-node gangs, {named:.1%} naming a GPU model (infer: every job"
+        in said
+    )
+    assert "15.0% in bursts" in said

@@ -288,8 +288,23 @@ class _Generator:
             f"synthetic: {s.jobs:,} job{'' if s.jobs == 1 else 's'}, load {s.load:g} over "
             f"{window / 3600:,.1f} h on "
             f"{sum(self.model_gpus.values()):,} GPUs of {self.cluster.name}, seed {s.seed}",
+            self._as_generated(out, burst_jobs),
         )
         return Trace(name=f"synth-s{s.seed}", jobs=tuple(out), notes=notes)
+
+    def _as_generated(self, jobs: list[TraceJob], burst_jobs: int) -> str:
+        """The shares the trace has, which differ from those asked for: a group whose guarantee
+        names only some models (`infer`: T4) runs no gangs and names a model in every job."""
+        n = len(jobs)
+        gangs = sum(j.instances > 1 for j in jobs) / n
+        named = sum(j.gpu_model is not None for j in jobs) / n
+        limits = sum(j.max_runtime_s is not None for j in jobs) / n
+        pinned = [g.name for g in self.groups if self._group_models(g.name) is not None]
+        why = f" ({', '.join(pinned)}: every job, no gangs: its guarantee names only some models)"
+        return (
+            f"as generated: {gangs:.1%} multi-node gangs, {named:.1%} naming a GPU model"
+            f"{why if pinned else ''}, {burst_jobs / n:.1%} in bursts, {limits:.1%} with a user limit"
+        )
 
 
 def _with_submit(job: TraceJob, at: float) -> TraceJob:
