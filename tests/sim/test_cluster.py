@@ -70,7 +70,13 @@ POOL = "pools: [{name: a, count: 1, gpus_per_node: 4}]\n"
         # the second entry silently replaced the first's quotas
         (POOL + "groups: [{name: x, guaranteed: 4}, {name: x}]\n", "group 'x' is listed more than once"),
         # the live platform refuses a max below the guarantee
-        (POOL + "groups: [{name: x, guaranteed: 4, max: 2}]\n", "'x'.max: 2 GPUs of '\\*' is below"),
+        (POOL + "groups: [{name: x, guaranteed: 4, max: 2}]\n", "'x'.max: 2 GPUs of any model is below the"),
+        (
+            POOL + "groups: [{name: x, guaranteed: {A100: 4}, max: {A100: 2}}]\n",
+            "2 GPUs of A100 is below the",
+        ),
+        # the name was overwritten by each trace group's own without a word
+        (POOL + "default_group: {name: other, guaranteed: 1}\n", "c.yaml: default_group: no 'name' here"),
         # a misspelt key was a default silently taken (no guarantee at all)
         (POOL + "groups: [{name: x, guarenteed: 4}]\n", "'x': unknown key\\(s\\) guarenteed"),
         ("pools: [{name: a, count: 1, gpu: A100}]\n", "'a': unknown key\\(s\\) gpu;"),

@@ -160,7 +160,8 @@ def _group(entry: Mapping[str, Any], where: str) -> Group:
     limits = None if max_quota is None else _quota(max_quota, f"{at}.max")
     for key, most in (limits or {}).items():  # the live platform's rule (services/accounts.py)
         if most < guaranteed.get(key, 0):
-            raise ClusterError(f"{at}.max: {most} GPUs of {key!r} is below the guarantee {guaranteed[key]}")
+            of = "of any model" if key == ANY_MODEL else f"of {key}"
+            raise ClusterError(f"{at}.max: {most} GPUs {of} is below the guarantee {guaranteed[key]}")
     return Group(
         name=name,
         guaranteed=guaranteed,
@@ -236,6 +237,11 @@ def parse_cluster(data: Any, source: str, node: yaml.Node | None = None) -> Clus
     if default is not None:
         if not isinstance(default, Mapping):
             raise ClusterError(f"{source}: 'default_group' must be a mapping")
+        if "name" in default:  # it was overwritten by each trace group's name without a word
+            raise ClusterError(
+                f"{source}: default_group: no 'name' here: it is the quota of each trace group "
+                "that 'groups' does not list, under that group's own name"
+            )
         # checked now, naming the file: it is otherwise read only when a trace group needs it
         _group({**default, "name": "default_group"}, f"{source}: default_group")
     return ClusterSpec(
