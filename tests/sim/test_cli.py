@@ -342,9 +342,12 @@ def test_save_trace_refuses_the_options_of_a_replay_before_fetching(tmp_path: Pa
     monkeypatch.setattr(corral.cli.sim_live, "_fetch", fetch)
     saved, out = tmp_path / "live.csv", tmp_path / "whatif"
     for extra, named in (
-        (["--quota", "vision=2"], "--quota belong to a replay"),
-        (["--policy", "fifo", "--knob", "starvation_s=60"], "--policy, --knob belong to a replay"),
-        (["--out", str(out)], "--out belong to a replay"),
+        (["--quota", "vision=2"], "--quota belongs to a replay: leave it out"),
+        (
+            ["--policy", "fifo", "--knob", "starvation_s=60"],
+            "--policy, --knob belong to a replay: leave them out",
+        ),
+        (["--out", str(out)], "--out belongs to a replay"),
     ):
         res = CliRunner().invoke(app, ["sim", "--from-cluster", "--save-trace", str(saved), *extra])
         assert res.exit_code == 2 and "--save-trace only writes the trace" in res.stderr, res.output

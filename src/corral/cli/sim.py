@@ -327,8 +327,9 @@ def _save_trace_alone(
     if given:
         _fail(
             f"--save-trace only writes the trace and the cluster as they are; {', '.join(given)} "
-            "belong to a replay: leave them out, or replay with --out DIR (which writes trace.csv "
-            "and cluster.yaml too)"
+            f"{'belongs' if len(given) == 1 else 'belong'} to a replay: leave "
+            f"{'it' if len(given) == 1 else 'them'} out, or replay with --out DIR (which writes "
+            "trace.csv and cluster.yaml too)"
         )
 
 

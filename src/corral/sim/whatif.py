@@ -192,7 +192,8 @@ def rejection_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """A line per group whose quotas reject a different number of its jobs under the changed
     settings than under the current ones: why its row shows no change."""
     return [
-        f"{r['group']}: {r['rejected_changed']} of {r['jobs']} jobs rejected by the changed settings, "
+        f"{r['group']}: {r['rejected_changed']} of {r['jobs']} job{'' if r['jobs'] == 1 else 's'} "
+        "rejected by the changed settings, "
         f"{r['rejected_current']} by the current ones: its figures cover different jobs, so no "
         "change is shown"
         for r in rows
