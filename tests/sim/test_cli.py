@@ -308,6 +308,9 @@ def test_a_trace_none_of_whose_jobs_can_run_is_refused_with_the_reasons(tmp_path
         assert "e.g. a: task worker needs 8 " in res.stderr and "the largest node has 4" in res.stderr
         assert "identical results" not in res.output
     assert not out.exists()
+    write_generic_csv(trace(("a", 0, 100, 8)).jobs, csv)  # one job: not "none of the 1 job"
+    res = CliRunner().invoke(app, ["sim", "--trace", str(csv), "--cluster", str(yaml)])
+    assert res.exit_code == 2 and "the only job of trace wide.csv cannot run on cluster" in res.stderr
 
 
 def test_compare_shows_rejected_jobs_and_warns_when_policies_replay_different_jobs(tmp_path: Path) -> None:

@@ -309,9 +309,16 @@ def _refuse_if_nothing_ran(summaries: list[dict[str, Any]]) -> None:
         example.setdefault(r["why"], str(r["job_id"]))
     shown = "; ".join(f"{job}: {why}" for why, job in list(example.items())[:3])
     whose = "" if len(summaries) == 1 else " under any policy"
+    count = first["jobs_rejected"]
+    trace = first["trace"]
+    which = (
+        f"the only job of trace {trace} cannot"
+        if count == 1
+        else f"none of the {count:,} jobs of trace {trace} can"
+    )
     _fail(
-        f"none of the {plural(first['jobs_rejected'], 'job')} of trace {first['trace']} can run on "
-        f"cluster {first['cluster']} ({plural(first['cluster_gpus'], 'GPU')}){whose}; e.g. {shown}"
+        f"{which} run on cluster {first['cluster']} "
+        f"({plural(first['cluster_gpus'], 'GPU')}){whose}; e.g. {shown}"
     )
 
 

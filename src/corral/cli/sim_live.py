@@ -192,8 +192,10 @@ def _refuse_if_nothing_ran(current: Any, export: dict[str, Any]) -> None:
     for job, why in current.rejected:
         example.setdefault(why, job.job_id)
     shown = "; ".join(f"{job}: {why}" for why, job in list(example.items())[:3])
+    count = len(current.rejected)
+    which, verb = ("the only job", "cannot") if count == 1 else (f"none of the {count:,} jobs", "can")
     _fail(
-        f"none of the {plural(len(current.rejected), 'job')} since {export_when(export)} can run on "
+        f"{which} since {export_when(export)} {verb} run on "
         f"the cluster as it is now ({plural(current.total_gpus, 'GPU')}); e.g. {shown}"
     )
 
