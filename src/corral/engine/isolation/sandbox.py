@@ -122,7 +122,7 @@ def probe(cgroup_root: Path = Path("/sys/fs/cgroup")) -> IsolationStatus:
                     "are bound by name, so a group member who swaps a dir for a symlink at the moment "
                     "a job starts may get another host dir bound into it (docs/isolation.md)"
                 )
-            status.json_status = _bwrap_reports_exec(bwrap)
+            status.json_status = bwrap_reports_exec(bwrap)
             if not status.json_status:
                 status.warnings.append(
                     "this bubblewrap has no --json-status-fd: a sandbox that refuses to start (a "
@@ -167,8 +167,9 @@ def _bwrap_binds_fds(bwrap: str) -> bool:
     return trial.returncode == 0
 
 
-def _bwrap_reports_exec(bwrap: str) -> bool:
-    """Whether `bwrap --json-status-fd` says that it exec'd the command (its exit-code line)."""
+def bwrap_reports_exec(bwrap: str) -> bool:
+    """Whether `bwrap --json-status-fd` says that it exec'd the command (its exit-code line).
+    Also the Slurm engine's, at its start (slurm/scripts.NodeSandbox.json_status)."""
     read_end, write_end = os.pipe()
     try:
         trial = subprocess.run(

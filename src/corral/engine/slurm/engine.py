@@ -14,6 +14,7 @@ import logging
 import os
 import pwd
 import shutil
+import subprocess
 import threading
 import time
 import zlib
@@ -33,6 +34,7 @@ from corral.engine.base import (
     LogChunk,
     NodeReport,
 )
+from corral.engine.isolation.sandbox import bwrap_reports_exec
 from corral.engine.isolation.secret_files import remove_secrets
 from corral.engine.slurm import enter, mapping, scripts
 from corral.engine.slurm.cli import SlurmCli, SlurmJob, SlurmNode
@@ -121,6 +123,24 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r} is not a whole number")
 
 
+def _reports_exec(bwrap: str) -> bool:
+    """Whether the server host's bubblewrap (the nodes' is taken to be the same, as its path is)
+    says through --json-status-fd that it exec'd a command: the rank scripts then tell a sandbox
+    bwrap refused to set up from the job's own exit 1 (scripts.NodeSandbox.json_status)."""
+    try:
+        reports = bwrap_reports_exec(bwrap)
+    except (OSError, subprocess.SubprocessError) as exc:
+        reports = False
+        log.warning("bubblewrap %s could not be tried here: %s", bwrap, exc)
+    if not reports:
+        log.warning(
+            "bubblewrap %s here has no usable --json-status-fd: on the nodes, a sandbox that refuses "
+            "to start (a mount it cannot make) ends as the job's own exit 1, not launch_failed",
+            bwrap,
+        )
+    return reports
+
+
 _accounts_seen: dict[str, float] = {}  # account name -> when it was last found to exist
 
 
@@ -178,8 +198,9 @@ class SlurmEngine(Submission):
         self.store = StateStore(Path(state_dir))
         self.storage_root = storage_root
         self.user_map = user_map or UserMap(None)
+        bwrap = shutil.which("bwrap") or "/usr/bin/bwrap"
         self.sandbox = scripts.NodeSandbox(
-            bwrap=shutil.which("bwrap") or "/usr/bin/bwrap", gpu_device=gpu_device
+            bwrap=bwrap, gpu_device=gpu_device, json_status=_reports_exec(bwrap)
         )
         self.cli = SlurmCli(slurm_conf, timeout_s=timeout_s)
         self.partition = partition
@@ -463,7 +484,8 @@ class SlurmEngine(Submission):
             self._enforce_limits(record, job)
             return mapping.live_status(aid, job)
         exits = self.store.rank_exits(aid, record.uid)
-        status = mapping.terminal_status(aid, job, exits, mapping.stop_kind(record.stop, job))
+        refused = self._sandbox_refusal(record, exits)
+        status = mapping.terminal_status(aid, job, exits, mapping.stop_kind(record.stop, job), refused)
         return self._finish(record, status)
 
     def _current_of(self, aid: str, jobs: Mapping[str, SlurmJob]) -> SlurmJob | None:
@@ -499,7 +521,17 @@ class SlurmEngine(Submission):
             "job_id": ref,
             "job_state": "COMPLETED" if not any(exits.values()) else "FAILED",
         }
-        return mapping.terminal_status(aid, fake_job, exits, mapping.stop_kind(record.stop, fake_job))
+        refused = self._sandbox_refusal(record, exits)
+        return mapping.terminal_status(
+            aid, fake_job, exits, mapping.stop_kind(record.stop, fake_job), refused
+        )
+
+    def _sandbox_refusal(self, record: AttemptRecord, exits: dict[int, int]) -> tuple[int, str] | None:
+        """(rank, bwrap's words) when bwrap refused to set up the sandbox and no rank's command
+        ran (state.StateStore.sandbox_refusal); looked for only when an instance failed."""
+        if not any(exits.values()):
+            return None
+        return self.store.sandbox_refusal(record.attempt_id, record.n_ranks, exits, record.uid)
 
     def _finish(self, record: AttemptRecord, status: AttemptStatus) -> AttemptStatus:
         # The job's secrets live no longer than the job (batch.sh removes them too, unless killed).

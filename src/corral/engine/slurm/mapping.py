@@ -90,12 +90,15 @@ def terminal_status(
     job: SlurmJob,
     rank_exits: Mapping[int, int],
     stop_kind: str | None,
+    refused: tuple[int, str] | None = None,
 ) -> AttemptStatus:
     """Status of a job Slurm reports as finished. `rank_exits` are the exit codes the instances
     wrote themselves, in the order they ended (more precise than Slurm's single code: the first
     failure is the cause); `stop_kind` is "stopped" or "timeout" when Corral asked the job to stop
     before it ended (then it counts as stopped even if it exited 0 on SIGTERM: a preempted job
-    must not look done)."""
+    must not look done). `refused`: (rank, bwrap's words) when bwrap refused to set up a rank's
+    sandbox and no rank's command ran (state.StateStore.sandbox_refusal): launch_failed, the
+    platform's, not the rank's exit 1."""
     ref = str(job.get("job_id", ""))
     state = slurm_state(job)
     started, finished = _times(job)
@@ -122,6 +125,18 @@ def terminal_status(
         return status(AttemptPhase.FAILED, FailureReason.TIMEOUT, f"Slurm time limit ({state})")
     if state == "OUT_OF_MEMORY":
         return status(AttemptPhase.FAILED, FailureReason.OOM, "Slurm: OUT_OF_MEMORY")
+    if refused is not None:
+        message = f"rank {refused[0]}: the sandbox did not start the job: {refused[1]}"
+        return AttemptStatus(
+            attempt_id,
+            AttemptPhase.FAILED,
+            None,
+            FailureReason.LAUNCH_FAILED,
+            message,
+            started,
+            finished,
+            ref,
+        )
     if failing:  # an instance failed (and the engine may have cancelled the rest of the gang)
         return failed_status(attempt_id, ref, code, sig, rank, started, finished)
     if state == "COMPLETED" and code == 0:

@@ -5,7 +5,9 @@ account the job runs as; see state.py for the layout).
     batch.sh    the job script; on several nodes it runs `srun` with one task per node
     node.sh     per node: starts every instance Corral placed on this node ($SLURMD_NODENAME)
     rank-R.sh   per instance: its own environment; its command inside a bubblewrap sandbox with
-                only its share of the GPUs Slurm allocated; writes rank-R.log and rank-R.exit
+                only its share of the GPUs Slurm allocated; writes rank-R.log and rank-R.exit,
+                and bwrap's --json-status-fd lines to ../bwrap-R.status (in the attempt dir:
+                whether the job's command ever ran, see BWRAP_STATUS_FILE)
     secrets/    the values of the secrets the job names (isolation/secret_files.py), 0400 for
                 the job's account; removed by batch.sh at the end and by the engine
 
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.engine.base import AttemptLaunch, InstanceLaunch, SecretGrant
+from corral.engine.isolation.bwrap_status import with_status_fd
 from corral.engine.isolation.sandbox import SANDBOX_WORK_DIR, SandboxSpec, bwrap_argv_parts, write_etc
 from corral.engine.isolation.secret_files import SANDBOX_SECRETS_DIR, SECRETS_DIR_ENV, write_secrets
 from corral.engine.slurm.users import UnixAccount
@@ -54,6 +57,16 @@ KILL_CHECK_S = 1
 # started first has its ranks killed by node.sh's watch, as with KILL_MARKER).
 SUBMISSION_FILE = "submission"
 GPU_SIDE_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+# Where a rank's bwrap writes its --json-status-fd lines (isolation/bwrap_status.py): whether it
+# exec'd the job's command, so that a sandbox bwrap refused to set up ends as launch_failed and not
+# as the job's exit 1 (state.StateStore.sandbox_refusal). In the attempt dir, which is root's: the
+# engine makes the file at launch holding BWRAP_NOT_STARTED, owned by the job's account (whose rank
+# script opens it, truncating, right before it execs bwrap), and the account can neither replace
+# it nor make another there. Not reachable from the sandbox: the attempt dir is not bound into it,
+# and bwrap closes the fd in the sandbox's child.
+BWRAP_STATUS_FILE = "bwrap-{rank}.status"
+BWRAP_NOT_STARTED = b"corral: bwrap not started\n"
+BWRAP_STATUS_FD = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +75,10 @@ class NodeSandbox:
 
     bwrap: str = "/usr/bin/bwrap"  # the same path on every node
     gpu_device: str = DEFAULT_GPU_DEVICE  # with {index}: Slurm's GPU index (gres.conf File= order)
+    # bwrap reports through --json-status-fd whether it exec'd the job's command (probed on the
+    # server's host at the engine's start, the same bubblewrap as on the nodes): the rank scripts
+    # then give it BWRAP_STATUS_FILE. Without it a refused sandbox reads as the job's exit 1.
+    json_status: bool = False
 
 
 def job_name(attempt_id: str) -> str:
@@ -377,8 +394,13 @@ def rank_script(
         secrets_dir=str(job_dir / "secrets" / "files") if has_files else None,
     )
     head, tail = bwrap_argv_parts(sandbox.bwrap, None, spec)
-    sandboxed = " ".join(map(shlex.quote, head)) + ' "$@" ' + " ".join(map(shlex.quote, tail))
     d, j, r = shlex.quote(str(attempt_dir)), shlex.quote(str(job_dir)), inst.rank
+    status_open = ""
+    if sandbox.json_status:
+        # opened by the subshell that execs bwrap, so no other process of the rank holds it
+        head = with_status_fd(head, str(BWRAP_STATUS_FD))
+        status_open = f'exec {BWRAP_STATUS_FD}>"$D/{BWRAP_STATUS_FILE.format(rank=r)}"; '
+    sandboxed = " ".join(map(shlex.quote, head)) + ' "$@" ' + " ".join(map(shlex.quote, tail))
     bwrap = shlex.quote(sandbox.bwrap)
     secret_env = _secret_env(secrets, inst.rank)
     return f"""#!/bin/sh
@@ -406,7 +428,7 @@ trap 'term=1; if [ -n "$child" ]; then forward; fi' TERM INT
 if [ -e "$D/{STOP_MARKER}" ]; then echo 143 >"$J/rank-{r}.exit"; exit 143; fi
 # For `corral exec` (slurm/enter.py): the rank's environment and its bwrap's pid, while it runs
 (umask 077; export -p >"$J/rank-{r}.env")
-(trap '' TERM INT; umask 007; exec {sandboxed}) &
+(trap '' TERM INT; umask 007; {status_open}exec {sandboxed}) &
 child=$!
 echo "$child" >"$J/rank-{r}.pid"
 if [ -n "$term" ]; then kill -KILL "$child" 2>/dev/null; fi
@@ -485,8 +507,22 @@ def write_scripts(
         path.chmod(0o755)
     for i in instances:
         (job_dir / "work" / str(i.rank)).mkdir(parents=True, exist_ok=True)
+        if sandbox.json_status:
+            _new_bwrap_status(attempt_dir / BWRAP_STATUS_FILE.format(rank=i.rank), account)
     for dirpath, dirs, names in os.walk(job_dir):
         for name in [*dirs, *names]:
             os.lchown(os.path.join(dirpath, name), account.uid, account.gid)
     os.chown(job_dir, account.uid, account.gid)
     os.chmod(job_dir, 0o700)
+
+
+def _new_bwrap_status(path: Path, account: UnixAccount) -> None:
+    """A rank's BWRAP_STATUS_FILE as it stands before its bwrap starts: made afresh (a relaunch's
+    old one goes), the job's account's, 0600."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, BWRAP_NOT_STARTED)
+        os.fchown(fd, account.uid, account.gid)
+    finally:
+        os.close(fd)

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Required, TypedDict, cast
 
 from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason
+from corral.engine.isolation.bwrap_status import EXEC_MARK, LOG_TAIL_BYTES, MAX_MESSAGE_CHARS
 from corral.engine.slurm.cli import SlurmNode
-from corral.engine.slurm.scripts import SUBMISSION_FILE
+from corral.engine.slurm.scripts import BWRAP_NOT_STARTED, BWRAP_STATUS_FILE, SUBMISSION_FILE
 
 RECORD_CACHE_SIZE = 4096  # attempt records kept in memory (StateStore.load)
 
@@ -282,6 +283,49 @@ class StateStore:
         """When the first instance ended with a non-zero code (unix seconds), if one did."""
         times = [mtime for mtime, _, code in self._exit_files(attempt_id, owner) if code != 0]
         return min(times) if times else None
+
+    def sandbox_refusal(
+        self, attempt_id: str, n_ranks: int, exits: dict[int, int], owner: int | None = None
+    ) -> tuple[int, str] | None:
+        """(rank, why) when bwrap refused to set up a rank's sandbox and no rank's command ever
+        ran (the local engine's rule, isolation/bwrap_status.py). The rank is the first in `exits`
+        (rank_exits: in the order they ended) that exited by itself (code 1-127; 128 and up is a
+        signal: a stop's or the OOM killer's KILL writes nothing) and whose bwrap was started (its
+        rank script truncated scripts.BWRAP_NOT_STARTED away) and wrote no exit-code line. None
+        when any rank's bwrap wrote one, and where there are no status files (a bubblewrap without
+        --json-status-fd: the exit stays the job's)."""
+        ranks = range(max(n_ranks, max(exits, default=-1) + 1))
+        statuses = [self._bwrap_status(attempt_id, rank, owner) for rank in ranks]
+        if any(s is not None and EXEC_MARK in s for s in statuses):
+            return None  # a command ran: any failure is the job's own
+        for rank, code in exits.items():
+            status = statuses[rank]
+            if status is not None and 0 < code < 128 and not status.startswith(BWRAP_NOT_STARTED):
+                why = self._bwrap_said(attempt_id, rank, owner)
+                return rank, why or f"bwrap exited with code {code} before starting the job's command"
+        return None
+
+    def _bwrap_status(self, attempt_id: str, rank: int, owner: int | None) -> bytes | None:
+        """What rank's bwrap wrote to its status file (scripts.BWRAP_STATUS_FILE); None without one."""
+        path = self.attempt_dir(attempt_id) / BWRAP_STATUS_FILE.format(rank=rank)
+        try:
+            return read_job_file(path, owner, limit=LOG_TAIL_BYTES)[0]
+        except OSError:
+            return None
+
+    def _bwrap_said(self, attempt_id: str, rank: int, owner: int | None) -> str:
+        """The last `bwrap: ` line of the rank's log (bwrap's stderr), or ""."""
+        path = self.log_path(attempt_id, rank)
+        try:
+            size = read_job_file(path, owner, limit=0)[1]
+            tail = read_job_file(path, owner, max(0, size - LOG_TAIL_BYTES), LOG_TAIL_BYTES)[0]
+        except OSError:
+            return ""
+        for line in reversed(tail.decode("utf-8", errors="replace").splitlines()):
+            if line.startswith("bwrap: "):
+                line = line.strip()
+                return line if len(line) <= MAX_MESSAGE_CHARS else line[: MAX_MESSAGE_CHARS - 3] + "..."
+        return ""
 
     def log_path(self, attempt_id: str, rank: int) -> Path:
         return self.job_dir(attempt_id) / f"rank-{rank}.log"

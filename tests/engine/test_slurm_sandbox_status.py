@@ -1,0 +1,71 @@
+"""The Slurm engine's reading of bwrap's --json-status-fd files (state.StateStore.sandbox_refusal),
+without a cluster: an attempt is launch_failed only when no rank's command ran, a rank killed by a
+signal or stopped before its bwrap is never a refusal, and no status file keeps the exit the job's.
+The files are laid out as the rank scripts leave them; on real Slurm:
+tests/slurm/test_slurm_sandbox_refusal.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from corral.engine.slurm.scripts import BWRAP_NOT_STARTED, BWRAP_STATUS_FILE
+from corral.engine.slurm.state import StateStore
+
+UID = os.getuid()
+STARTED = b'{ "child-pid": 41, "mnt-namespace": 1, "pid-namespace": 2 }\n'
+RAN = STARTED + b'{ "exit-code": 1 }\n'
+WORDS = "bwrap: Can't find source path /data/x: No such file or directory"
+
+
+def store_with(tmp_path: Path, statuses: dict[int, bytes], logs: dict[int, str] | None = None) -> StateStore:
+    store = StateStore(tmp_path / "state")
+    store.job_dir("9.1").mkdir(parents=True)
+    for rank, text in statuses.items():
+        (store.attempt_dir("9.1") / BWRAP_STATUS_FILE.format(rank=rank)).write_bytes(text)
+    for rank, text in (logs or {}).items():
+        store.log_path("9.1", rank).write_text(text)
+    return store
+
+
+def test_a_rank_whose_bwrap_never_execd_its_command_is_the_refusal_with_bwraps_last_words(
+    tmp_path: Path,
+) -> None:
+    store = store_with(tmp_path, {0: STARTED}, {0: "corral: a dir line\nbwrap: earlier\n" + WORDS + "\n"})
+    assert store.sandbox_refusal("9.1", 1, {0: 1}, UID) == (0, WORDS)
+
+
+def test_without_bwraps_words_the_refusal_says_its_exit_code(tmp_path: Path) -> None:
+    store = store_with(tmp_path, {0: b""})  # bwrap died before it cloned: nothing written yet
+    assert store.sandbox_refusal("9.1", 1, {0: 1}, UID) == (
+        0,
+        "bwrap exited with code 1 before starting the job's command",
+    )
+
+
+def test_no_refusal_when_any_rank_ran_its_command(tmp_path: Path) -> None:
+    # rank 1 refused first, rank 0's command ran (and was failed with the gang): the job's exit
+    store = store_with(tmp_path, {0: RAN, 1: STARTED}, {1: WORDS})
+    assert store.sandbox_refusal("9.1", 2, {1: 1, 0: 143}, UID) is None
+    # a rank that left no exit code (killed) but whose bwrap said its command ran counts too
+    store = store_with(tmp_path / "b", {0: STARTED, 1: RAN}, {0: WORDS})
+    assert store.sandbox_refusal("9.1", 2, {0: 1}, UID) is None
+
+
+def test_signals_stops_before_bwrap_and_missing_files_are_never_refusals(tmp_path: Path) -> None:
+    store = store_with(tmp_path, {0: STARTED, 1: BWRAP_NOT_STARTED}, {0: WORDS, 1: WORDS})
+    assert store.sandbox_refusal("9.1", 2, {0: 137}, UID) is None  # bwrap killed (OOM, final kill)
+    assert store.sandbox_refusal("9.1", 2, {1: 90}, UID) is None  # the rank script's own refusal
+    assert store.sandbox_refusal("9.1", 3, {2: 1}, UID) is None  # no status file: an old bubblewrap
+    # the first refusal in the order the ranks ended is named
+    store = store_with(tmp_path / "b", {0: STARTED, 1: STARTED}, {0: WORDS, 1: "bwrap: other\n"})
+    assert store.sandbox_refusal("9.1", 2, {1: 1, 0: 1}, UID) == (1, "bwrap: other")
+
+
+def test_files_that_are_not_the_jobs_own_plain_files_are_not_read(tmp_path: Path) -> None:
+    store = store_with(tmp_path, {0: STARTED}, {0: WORDS})
+    assert store.sandbox_refusal("9.1", 1, {0: 1}, UID + 1) is None  # owned by another uid
+    status = store.attempt_dir("9.1") / BWRAP_STATUS_FILE.format(rank=0)
+    status.unlink()
+    os.mkfifo(status)  # never blocks the poll
+    assert store.sandbox_refusal("9.1", 1, {0: 1}, UID) is None

@@ -1,0 +1,75 @@
+"""A sandbox bwrap refused to set up, on Slurm (real Slurm, bubblewrap on the nodes as the job's
+account): the attempt ends launch_failed with bwrap's words, as on the local engine, and not as the
+job's exit 1; a job whose own command exits 1 (saying `bwrap: ...` to fool the reading) stays its
+own failure; bwrap's status fd never reaches the job, nor its file the sandbox.
+Without a cluster: tests/engine/test_slurm_sandbox_status.py."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+
+import pytest
+
+from corral.engine.base import AttemptPhase, FailureReason
+from corral.engine.slurm import SlurmEngine
+from corral.engine.slurm.scripts import BWRAP_STATUS_FILE
+from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster
+from tests.slurm.helpers import FINISHED, attempt, instance, wait_for
+
+pytestmark = pytest.mark.slurm
+
+
+def test_a_mount_source_removed_after_submit_ends_launch_failed_with_bwraps_words(
+    engine: SlurmEngine, slurm_cluster: SlurmCluster
+) -> None:
+    assert engine.sandbox.json_status, "the harness's bubblewrap has --json-status-fd (0.8)"
+    data = slurm_cluster.new_state_dir() / "data"
+    data.mkdir()
+    launch = attempt("531.1", instance("node1", "echo the job ran"), rw_mounts=[data])
+    data.rmdir()  # between the server's checks and bwrap's bind
+    engine.launch(launch)
+    status = wait_for(engine, "531.1", FINISHED, timeout_s=30)
+    assert (status.phase, status.reason, status.exit_code) == (
+        AttemptPhase.FAILED,
+        FailureReason.LAUNCH_FAILED,
+        None,
+    ), status
+    said = f"bwrap: Can't find source path {data}: No such file or directory"
+    assert status.message == f"rank 0: the sandbox did not start the job: {said}", status.message
+    assert b"the job ran" not in engine.logs("531.1").data
+    # the status file: in the root's attempt dir, the job's account's, 0600
+    path = engine.store.attempt_dir("531.1") / BWRAP_STATUS_FILE.format(rank=0)
+    st = path.stat()
+    alice = pwd.getpwnam(TEST_ACCOUNTS["alice"]).pw_uid
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (alice, 0o600)
+    assert os.stat(path.parent).st_uid == 0 and b'"child-pid"' in path.read_bytes()
+    # the same, seen again by a fresh poll after the record was written: it stays so
+    assert engine.poll(["531.1"])["531.1"].reason is FailureReason.LAUNCH_FAILED
+
+
+def test_a_job_that_exits_1_saying_bwrap_stays_its_own_failure(
+    engine: SlurmEngine, slurm_cluster: SlurmCluster
+) -> None:
+    data = slurm_cluster.new_state_dir() / "data"
+    data.mkdir()
+    data.chmod(0o777)
+    status_path = engine.store.attempt_dir("532.1") / BWRAP_STATUS_FILE.format(rank=0)
+    # what the job sees of its fds and of the status file's path, then bwrap's kind of words
+    command = (
+        "ls -l /proc/$$/fd/ | grep -c status; "
+        f"if [ -e {status_path} ]; then echo status file seen; fi; "
+        'echo "bwrap: Can\'t find source path /x: No such file or directory" >&2; exit 1'
+    )
+    engine.launch(attempt("532.1", instance("node1", command), rw_mounts=[data]))
+    status = wait_for(engine, "532.1", FINISHED, timeout_s=30)
+    assert (status.phase, status.reason, status.exit_code) == (
+        AttemptPhase.FAILED,
+        FailureReason.EXIT_CODE,
+        1,
+    ), status
+    log = engine.logs("532.1").data.decode()
+    assert log.splitlines()[0] == "0", log  # no fd of the job names the status file
+    assert "status file seen" not in log
+    assert b'"exit-code": 1' in status_path.read_bytes()  # bwrap's word that the command ran
