@@ -1,7 +1,8 @@
 """A sandbox bwrap refused to set up, on Slurm (real Slurm, bubblewrap on the nodes as the job's
 account): the attempt ends launch_failed with bwrap's words, as on the local engine, and not as the
 job's exit 1; a job whose own command exits 1 (saying `bwrap: ...` to fool the reading) stays its
-own failure; bwrap's status fd never reaches the job, nor its file the sandbox.
+own failure; bwrap's status fd never reaches the job, nor its file the sandbox; without
+--json-status-fd the scripts are as before.
 Without a cluster: tests/engine/test_slurm_sandbox_status.py."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import pwd
 import stat
+from dataclasses import replace
 
 import pytest
 
@@ -73,3 +75,22 @@ def test_a_job_that_exits_1_saying_bwrap_stays_its_own_failure(
     assert log.splitlines()[0] == "0", log  # no fd of the job names the status file
     assert "status file seen" not in log
     assert b'"exit-code": 1' in status_path.read_bytes()  # bwrap's word that the command ran
+
+
+def test_without_json_status_a_refusal_stays_the_ranks_exit_1_as_before(
+    engine: SlurmEngine, slurm_cluster: SlurmCluster
+) -> None:
+    engine.sandbox = replace(engine.sandbox, json_status=False)  # a bubblewrap without the option
+    data = slurm_cluster.new_state_dir() / "data"
+    data.mkdir()
+    launch = attempt("533.1", instance("node1", "echo the job ran"), rw_mounts=[data])
+    data.rmdir()
+    engine.launch(launch)
+    status = wait_for(engine, "533.1", FINISHED, timeout_s=30)
+    assert (status.phase, status.reason, status.exit_code) == (
+        AttemptPhase.FAILED,
+        FailureReason.EXIT_CODE,
+        1,
+    )
+    assert not (engine.store.attempt_dir("533.1") / BWRAP_STATUS_FILE.format(rank=0)).exists()
+    assert "--json-status-fd" not in (engine.store.job_dir("533.1") / "rank-0.sh").read_text()
