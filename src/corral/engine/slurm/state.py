@@ -166,7 +166,8 @@ class StateStore:
 
     <root>/                      server, 0711: jobs may pass, not list
       attempts/<id>/             server, 0711: attempt.json (symlink to the record, 0600), stop, kill
-                                 markers, `submission` (the current submission's token, 0644)
+                                 markers, `submission` (the current submission's token, 0644),
+                                 bwrap-R.status (the job's account's, 0600: scripts.BWRAP_STATUS_FILE)
       attempts/<id>/job/         the job's account, 0700: scripts, logs, exit codes, work dirs
     """
 
