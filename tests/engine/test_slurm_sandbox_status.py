@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from corral.engine.base import AttemptPhase, FailureReason
+from corral.engine.slurm.cli import SlurmJob
+from corral.engine.slurm.mapping import terminal_status
 from corral.engine.slurm.scripts import BWRAP_NOT_STARTED, BWRAP_STATUS_FILE
 from corral.engine.slurm.state import StateStore
 
@@ -69,3 +72,18 @@ def test_files_that_are_not_the_jobs_own_plain_files_are_not_read(tmp_path: Path
     status.unlink()
     os.mkfifo(status)  # never blocks the poll
     assert store.sandbox_refusal("9.1", 1, {0: 1}, UID) is None
+
+
+def test_the_refusal_is_launch_failed_unless_corral_stopped_it_or_slurm_saw_oom() -> None:
+    job: SlurmJob = {"job_id": 7, "job_state": "FAILED", "exit_code": 256}
+    status = terminal_status("9.1", job, {0: 1}, None, (0, WORDS))
+    assert (status.phase, status.reason, status.exit_code) == (
+        AttemptPhase.FAILED,
+        FailureReason.LAUNCH_FAILED,
+        None,
+    )
+    assert status.message == f"rank 0: the sandbox did not start the job: {WORDS}"
+    assert terminal_status("9.1", job, {0: 1}, "stopped", (0, WORDS)).reason is FailureReason.STOPPED
+    oom: SlurmJob = {**job, "job_state": "OUT_OF_MEMORY"}
+    assert terminal_status("9.1", oom, {0: 1}, None, (0, WORDS)).reason is FailureReason.OOM
+    assert terminal_status("9.1", job, {0: 1}, None).reason is FailureReason.EXIT_CODE  # no refusal
