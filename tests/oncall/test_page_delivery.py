@@ -6,8 +6,11 @@ connections race."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -16,8 +19,9 @@ from corral.db.oncall_models import PageNotification
 from corral.monitor import pager
 from corral.monitor.pager import PagingSettings, deliver_pages
 from corral.services import paging
-from tests.oncall.conftest import Env, Smtp
+from tests.oncall.conftest import Env, Inbox, Smtp
 from tests.oncall.test_paging import contact, set_up, start
+from tests.support import free_port
 
 ADDRESSES = ["alice@example.org", "alice+1@example.org", "alice+2@example.org"]
 
@@ -89,3 +93,51 @@ def test_a_pass_whose_claim_expired_leaves_the_next_claimers_outcome(env: Env, s
         pager._store_outcome(db, slow, "server-a", claim_until)
         row = db.get(PageNotification, seen[0], populate_existing=True)
         assert row is not None and (row.state, row.claimed_by, row.last_error) == ("sent", "server-b", "")
+
+
+class SlowInbox(Inbox):
+    """An SMTP server that takes SLOW_SEND_S over each message, as a loaded relay does."""
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        await asyncio.sleep(SLOW_SEND_S)
+        return await super().handle_DATA(server, session, envelope)
+
+
+SLOW_SEND_S = 1.0
+
+
+@pytest.fixture
+def slow_smtp() -> Iterator[Smtp]:
+    from aiosmtpd.controller import Controller
+
+    inbox = SlowInbox()
+    port = free_port()
+    controller = Controller(inbox, hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        yield Smtp(port, inbox)
+    finally:
+        controller.stop()
+
+
+def test_a_slow_pass_claims_each_notification_when_it_sends_it_and_stops_at_its_budget(
+    env: Env, slow_smtp: Smtp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review109 #1: a claim's expiry counts from when it is made, not from the pass's start,
+    and a pass makes no claim past its budget, so that no claim expires (and another server
+    sends the notification too) while the pass is still busy with the ones before it."""
+    monkeypatch.setattr(pager, "SEND_BUDGET_S", 1.5 * SLOW_SEND_S)
+    now = time.time()
+    queue_three(env, "test:slow", now)
+    key = paging.link_key(env.settings)
+    handled = deliver_pages(env.factory, slow_smtp.config(), PagingSettings(), key, now, owner="server-a")
+    assert handled == 2  # the third was due after the budget: left for the next pass
+    with env.factory() as db:
+        rows = db.execute(
+            sa.select(PageNotification.state, PageNotification.next_attempt_at).order_by(PageNotification.id)
+        ).all()
+    assert [state for state, _ in rows] == ["sent", "sent", "pending"]
+    first_claim_until, second_claim_until = rows[0][1], rows[1][1]
+    assert first_claim_until - now < pager.SENDING_RETRY_S + SLOW_SEND_S
+    assert second_claim_until - now >= pager.SENDING_RETRY_S + SLOW_SEND_S  # claimed after the first send
+    assert rows[2][1] == now  # not claimed: still due, as it was

@@ -29,6 +29,13 @@ from corral.db.notify_models import JobNotifyDelivery
 from corral.diagnosis.logtail import failing_rank, read_tail
 from corral.engine.base import Engine, EngineUnavailable
 from corral.monitor.channels import ChannelError, record_failure
+from corral.monitor.claiming import (
+    SEND_BUDGET_S,
+    SENDING_RETRY_S,
+    ClaimingPass,
+    give_up_reclaimed,
+    reclaimed_too_often,
+)
 from corral.monitor.config import MonitorConfig
 from corral.monitor.loops import monitor_config
 from corral.monitor.pager import SETTINGS as PAGING
@@ -38,8 +45,6 @@ from corral.services import job_notify, oncall, webhook_guard
 
 log = logging.getLogger("corral.monitor.job_notifier")
 DELIVERY_BATCH = 200
-SENDING_RETRY_S = 300.0  # a message claimed by a process that died is sent again after this
-SEND_BUDGET_S = 60.0  # a pass claims no more messages after this long (each send has its own timeout)
 TAIL_BYTES = 16 * 1024  # read of a failed job's log; job_notify keeps its last lines
 
 
@@ -146,14 +151,6 @@ def _send_claimed(
         delivery.state, delivery.sent_at, delivery.last_error = "sent", now, ""
 
 
-def _give_up_reclaimed(delivery: JobNotifyDelivery, now: float) -> None:
-    """A message left in `sending` by a process that died each time it sent it: the retry limit
-    holds for these tries too, or a message that kills its sender is tried for ever (not
-    committed)."""
-    delivery.state, delivery.next_attempt_at = "given_up", now
-    delivery.last_error = f"the server stopped while sending it, {delivery.attempts - 1} times"
-
-
 def _store_outcome(session: Session, delivery: JobNotifyDelivery, now: float) -> None:
     """Commit one message's outcome (and, settled, its jobs' events) on its own, so that it
     stands whatever happens to the next. Should that commit fail, the outcome's state is still
@@ -195,24 +192,26 @@ def deliver(
     """Send the due messages; returns how many this pass claimed. Each is claimed on its own by
     compare-and-set (`sending`, due again after SENDING_RETRY_S), sent (over one SMTP connection
     for the pass), and its outcome committed at once; each settled one (sent, given up) is a
-    `notify` event on the jobs it told of. No new claim after SEND_BUDGET_S of the pass, so a
-    claim is always sent (or settled) long before SENDING_RETRY_S lets another pass take it."""
+    `notify` event on the jobs it told of. Each claim's time is read when it is made, and no new
+    claim after SEND_BUDGET_S of the pass (corral.monitor.claiming), so a claim is always sent
+    (or settled) long before SENDING_RETRY_S lets another pass take it."""
     mailer = Mailer(email_transport(config, PAGING.email_channel))
-    started = time.monotonic()
+    claiming = ClaimingPass(now, SEND_BUDGET_S)
     handled = 0
     try:
         with session_factory() as session:
             for seen in _due(session, now):
-                if time.monotonic() - started > SEND_BUDGET_S:
+                at = claiming.claim_time()
+                if at is None:
                     break
-                delivery = _claim(session, seen, now)
+                delivery = _claim(session, seen, at)
                 if delivery is None:
                     continue
-                if seen[1] == "sending" and delivery.attempts > config.retry.max_attempts:
-                    _give_up_reclaimed(delivery, now)
+                if reclaimed_too_often(seen[1], delivery, config.retry.max_attempts):
+                    give_up_reclaimed(delivery, at)
                 else:
-                    _send_claimed(session, mailer, delivery, config, now, webhook_networks)
-                _store_outcome(session, delivery, now)
+                    _send_claimed(session, mailer, delivery, config, at, webhook_networks)
+                _store_outcome(session, delivery, at)
                 handled += 1
             return handled
     finally:

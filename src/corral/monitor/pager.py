@@ -16,7 +16,9 @@ queued, or whose account was deactivated: its last_error says which.
 A leased singleton, but the lease (renewed between ticks) does not cover a long tick, so nothing
 here relies on it: each notification is claimed by compare-and-set, with its claimer and expiry,
 just before it is sent (`deliver_pages`), as job notifications are (corral.monitor.job_notifier),
-so two servers' overlapping passes never send one notification twice.
+so two servers' overlapping passes never send one notification twice. The claim's expiry counts
+from when it is made, and a pass makes no claim after SEND_BUDGET_S (corral.monitor.claiming),
+so a slow pass's claims do not expire while it is still sending.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import secrets
 import smtplib
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from email.message import EmailMessage
@@ -42,6 +45,11 @@ from sqlalchemy.orm import Session
 from corral.db.models import User
 from corral.db.oncall_models import Page, PageNotification
 from corral.monitor.channels import ChannelError, record_failure
+from corral.monitor.claiming import (
+    SEND_BUDGET_S,
+    SENDING_RETRY_S,
+    ClaimingPass,
+)
 from corral.monitor.config import EmailChannel, MonitorConfig
 from corral.monitor.loops import monitor_config
 from corral.server.context import BackgroundLoop, ServerContext
@@ -52,7 +60,6 @@ from corral.services.rotation import utc_text
 
 log = logging.getLogger("corral.monitor.pager")
 DELIVERY_BATCH = 200
-SENDING_RETRY_S = 300.0  # a notification claimed by a process that died is sent again after this
 # The owner of this process's claims when the caller names none (the server passes its lease
 # owner id, ServerContext.owner_id): unique per process, as two servers' must differ.
 PROCESS_OWNER = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"[:64]
@@ -405,17 +412,23 @@ def deliver_pages(
     for the pass), and its outcome committed at once where that claim still stands: two servers'
     overlapping passes never send one notification twice, whatever the loop's lease. Delivery is
     at least once: a process that dies between a send and its commit sends that one notification
-    again after SENDING_RETRY_S, never silently drops it; nothing else is repeated."""
+    again after SENDING_RETRY_S, never silently drops it; nothing else is repeated. Each claim's
+    time is read when it is made, and no new claim after SEND_BUDGET_S of the pass
+    (corral.monitor.claiming), so a slow pass's claims never expire while it sends them."""
     mailer = Mailer(email_transport(config, settings.email_channel))
+    claiming = ClaimingPass(now, SEND_BUDGET_S)
     handled = 0
     try:
         with session_factory() as session:
             for seen in _due(session, now):
-                note = _claim(session, seen, owner, now)
+                at = claiming.claim_time()
+                if at is None:
+                    break
+                note = _claim(session, seen, owner, at)
                 if note is None:
                     continue
                 claim_until = note.next_attempt_at
-                _handle(session, mailer, note, key, config, settings, now, webhook_networks)
+                _handle(session, mailer, note, key, config, settings, at, webhook_networks)
                 _store_outcome(session, note, owner, claim_until)
                 handled += 1
             return handled
@@ -434,12 +447,14 @@ def paging_tick(ctx: ServerContext, now: float) -> None:
             purge_ended(session, now - SETTINGS.keep_days * 86400.0)
             _purged_at[ctx.owner_id] = now
     networks = webhook_guard.parse_networks(ctx.settings.webhook_allow_networks)
+    # the clock read again: escalating and purging take time, and a claim's expiry
+    # (SENDING_RETRY_S) must count from when it is made
     handled = deliver_pages(
         ctx.session_factory,
         monitor_config(ctx),
         SETTINGS,
         link_key(ctx.settings),
-        now,
+        max(now, time.time()),
         networks,
         owner=ctx.owner_id,
     )

@@ -1,0 +1,64 @@
+"""The rules a delivery pass follows when it claims its messages one at a time by compare-and-set
+(page notifications: corral.monitor.pager; job notifications: corral.monitor.job_notifier).
+
+A claim is a lease: the message is `sending` until SENDING_RETRY_S after the claim, when another
+server's pass may take it (its claimer is taken to have died). Two rules keep a live pass from
+having its claims taken while it still sends them:
+
+- **Each claim's time is read when it is made** (`ClaimingPass.claim_time`), not taken from the
+  pass's start: a pass that has sent for minutes would otherwise make claims that expired
+  before they were made, and another server would send those messages too.
+- **No new claim after SEND_BUDGET_S of the pass**: each send has its own deadline (a webhook's
+  30 s, SMTP's timeout per operation), so a claim made within the budget is settled long before
+  it expires. What is left waits for the next pass.
+
+A message reclaimed from `sending` (its sender died each time, maybe killed by the message
+itself) counts those tries against the retry limit and is then given up (`give_up_reclaimed`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+SENDING_RETRY_S = 300.0  # a message claimed by a process that died is sent again after this
+SEND_BUDGET_S = 60.0  # a pass claims no more messages after this long (each send has its own timeout)
+
+
+class ClaimingPass:
+    """The clock of one delivery pass. `now`: the pass's start on the caller's clock (the loop's
+    time, or a test's simulated one); each claim's time is that plus the time the pass has taken
+    so far, read from `clock` (monotonic) when the claim is made; `budget_s`: SEND_BUDGET_S, the
+    caller's own constant."""
+
+    def __init__(self, now: float, budget_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.now = now
+        self.budget_s = budget_s
+        self.clock = clock
+        self.started = clock()
+
+    def claim_time(self) -> float | None:
+        """The time of a claim made now, or None once the pass is past its budget: claim no more."""
+        elapsed = max(0.0, self.clock() - self.started)
+        return None if elapsed > self.budget_s else self.now + elapsed
+
+
+class Reclaimable(Protocol):
+    state: str
+    attempts: int
+    last_error: str
+    next_attempt_at: float
+
+
+def reclaimed_too_often(seen_state: str, row: Reclaimable, max_attempts: int) -> bool:
+    """Whether a row just claimed from `seen_state` was taken from a dead sender once too often."""
+    return seen_state == "sending" and row.attempts > max_attempts
+
+
+def give_up_reclaimed(row: Reclaimable, now: float) -> None:
+    """A message left in `sending` by a process that died each time it sent it: the retry limit
+    holds for these tries too, or a message that kills its sender is tried for ever (not
+    committed)."""
+    row.state, row.next_attempt_at = "given_up", now
+    row.last_error = f"the server stopped while sending it, {row.attempts - 1} times"
