@@ -141,3 +141,87 @@ def test_a_slow_pass_claims_each_notification_when_it_sends_it_and_stops_at_its_
     assert first_claim_until - now < pager.SENDING_RETRY_S + SLOW_SEND_S
     assert second_claim_until - now >= pager.SENDING_RETRY_S + SLOW_SEND_S  # claimed after the first send
     assert rows[2][1] == now  # not claimed: still due, as it was
+
+
+def test_a_subject_with_line_breaks_is_mailed_on_one_line(env: Env, smtp: Smtp) -> None:
+    """review109 #2: a page's subject may hold line breaks (an admin's, an alert rule's title);
+    EmailMessage refuses them in a header, which left the notification `sending` for good."""
+    now = time.time()
+    set_up(env)
+    with env.factory() as db:
+        paging.start(
+            db, key="test:lines", policy="gpu", subject="GPU 0 on node-a\r\nECC\nerrors", body="b", now=now
+        )
+        db.commit()
+        paging.escalate_due(db, now)
+    key = paging.link_key(env.settings)
+    assert deliver_pages(env.factory, smtp.config(), PagingSettings(), key, now) == 1
+    assert smtp.inbox.wait_for(1, 5)
+    assert smtp.inbox.messages[0]["Subject"] == "[Corral page] GPU 0 on node-a ECC errors"
+    with env.factory() as db:
+        assert db.scalars(sa.select(PageNotification.state)).all() == ["sent"]
+
+
+def test_an_unexpected_error_in_one_send_is_that_notifications_failure(
+    env: Env, smtp: Smtp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review109 #2: any error of one send is recorded as that notification's failure (retried,
+    then given up) and the pass goes on; it used to leave the row `sending` and end the pass."""
+    now = time.time()
+    queue_three(env, "test:bug", now)
+    real_send = pager.Mailer.send
+
+    def bug_for_one(mailer: pager.Mailer, out: pager.Outgoing) -> None:
+        if out.note.address == ADDRESSES[1]:
+            raise KeyError("a bug in one send")
+        real_send(mailer, out)
+
+    monkeypatch.setattr(pager.Mailer, "send", bug_for_one)
+    key = paging.link_key(env.settings)
+    assert deliver_pages(env.factory, smtp.config(), PagingSettings(), key, now) == 3
+    assert smtp.inbox.wait_for(2, 5)
+    with env.factory() as db:
+        rows = db.execute(
+            sa.select(PageNotification.address, PageNotification.state, PageNotification.last_error)
+        ).all()
+    assert sorted(rows) == sorted(
+        [
+            (ADDRESSES[0], "sent", ""),
+            (ADDRESSES[1], "failing", "KeyError: 'a bug in one send'"),
+            (ADDRESSES[2], "sent", ""),
+        ]
+    )
+
+
+def test_a_notification_whose_sender_dies_each_time_is_given_up_at_the_retry_limit(
+    env: Env, smtp: Smtp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review109 #2: a notification left `sending` by a process that died was claimed again
+    after SENDING_RETRY_S for ever; those claims count against the retry limit, as job
+    notifications' do."""
+    now = time.time()
+    set_up(env)
+    start(env, "test:dies", now)
+    with env.factory() as db:
+        paging.escalate_due(db, now)
+
+    def dies(mailer: pager.Mailer, out: pager.Outgoing) -> None:
+        raise SystemExit("the server process goes away")
+
+    monkeypatch.setattr(pager.Mailer, "send", dies)
+    key = paging.link_key(env.settings)
+    limit = smtp.config().retry.max_attempts
+    at = now
+    for _ in range(limit):
+        with pytest.raises(SystemExit):
+            deliver_pages(env.factory, smtp.config(), PagingSettings(), key, at)
+        at += pager.SENDING_RETRY_S + 1
+    assert deliver_pages(env.factory, smtp.config(), PagingSettings(), key, at) == 1  # given up unsent
+    with env.factory() as db:
+        (row,) = db.scalars(sa.select(PageNotification))
+        assert (row.state, row.last_error) == (
+            "given_up",
+            f"the server stopped while sending it, {limit} times",
+        )
+    assert deliver_pages(env.factory, smtp.config(), PagingSettings(), key, at + 1000) == 0
+    assert smtp.inbox.to() == []

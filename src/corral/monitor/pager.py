@@ -27,6 +27,7 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import re
 import secrets
 import smtplib
 import socket
@@ -49,6 +50,8 @@ from corral.monitor.claiming import (
     SEND_BUDGET_S,
     SENDING_RETRY_S,
     ClaimingPass,
+    give_up_reclaimed,
+    reclaimed_too_often,
 )
 from corral.monitor.config import EmailChannel, MonitorConfig
 from corral.monitor.loops import monitor_config
@@ -120,16 +123,18 @@ class Mailer:
         self.send_text(out.note.address, f"[Corral page] {out.page.subject}", out.text(), headers)
 
     def send_text(self, to: str, subject: str, text: str, headers: dict[str, str]) -> None:
-        """One plain-text message to one address (a page's, a job notification's)."""
+        """One plain-text message to one address (a page's, a job notification's). The subject
+        and headers on one line each: a page's subject may hold line breaks (an admin's, an
+        alert rule's title), which EmailMessage refuses in a header (review109 #2)."""
         channel = self.channel
         if channel is None:
             raise ChannelError("no email channel in monitor.yml to send through (smtp_host, from)")
         msg = EmailMessage()
-        msg["Subject"] = subject
+        msg["Subject"] = one_line(subject)
         msg["From"] = channel.sender
         msg["To"] = to
         for name, value in headers.items():
-            msg[name] = value
+            msg[name] = one_line(value)
         msg.set_content(text)
         try:
             if self.smtp is None:
@@ -150,6 +155,14 @@ class Mailer:
             except (OSError, smtplib.SMTPException):
                 pass
             self.smtp = None
+
+
+_LINE_BREAKS = re.compile(r"[\r\n]+")
+
+
+def one_line(text: str) -> str:
+    """`text` with each run of line breaks (CR, LF) made one space: an email header's value."""
+    return _LINE_BREAKS.sub(" ", text)
 
 
 _SLACK_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
@@ -362,8 +375,9 @@ def _store_outcome(session: Session, note: PageNotification, owner: str, claim_u
 def _send_one(mailer: Mailer, note: PageNotification, page: Page | None, user: User | None, key: bytes,
               config: MonitorConfig, settings: PagingSettings, now: float,
               allowed: Sequence[webhook_guard.Network], gone: str | None) -> None:  # fmt: skip
-    """Send one claimed notification and record the outcome on its row (not committed). `gone`:
-    why its address no longer reaches the person (services.oncall.no_longer_reaches), if so."""
+    """Send one claimed notification and record the outcome on its row (not committed). Any error
+    is that notification's failure (retried, then given up), never the pass's. `gone`: why its
+    address no longer reaches the person (services.oncall.no_longer_reaches), if so."""
     if page is None or user is None or page.state not in OPEN_STATES:
         note.state, note.last_error = "skipped", "the page was acknowledged or cancelled first"
         return
@@ -378,6 +392,9 @@ def _send_one(mailer: Mailer, note: PageNotification, page: Page | None, user: U
     except ChannelError as exc:
         record_failure(note, str(exc), config, now)
         log.warning("page %s to %s (%s) failed: %s", page.key, user.name, note.kind, exc)
+    except Exception as exc:  # one notification's unexpected error is its own failure, not the pass's
+        record_failure(note, f"{type(exc).__name__}: {exc}", config, now)
+        log.exception("page %s to %s (%s) failed unexpectedly", page.key, user.name, note.kind)
     else:
         note.state, note.sent_at, note.last_error = "sent", now, ""
 
@@ -428,7 +445,10 @@ def deliver_pages(
                 if note is None:
                     continue
                 claim_until = note.next_attempt_at
-                _handle(session, mailer, note, key, config, settings, at, webhook_networks)
+                if reclaimed_too_often(seen[1], note, config.retry.max_attempts):
+                    give_up_reclaimed(note, at)
+                else:
+                    _handle(session, mailer, note, key, config, settings, at, webhook_networks)
                 _store_outcome(session, note, owner, claim_until)
                 handled += 1
             return handled
