@@ -199,8 +199,15 @@ class Instance:
         self.exit_code: int | None = None
         self.oom = False
         # Why its sandbox did not start, when bwrap says the job's command never ran
-        # (isolation/bwrap_status.py): the attempt then fails as launch_failed, not the job's exit
+        # (isolation/bwrap_status.py): the attempt then fails as launch_failed, not the job's
+        # exit, when no other rank's command ran either (Supervisor.outcome)
         self.refused: str | None = None
+
+    def may_have_run(self) -> bool:
+        """Whether the job's command may have run in this instance: it was forked and its sandbox
+        did not refuse to start it. A bwrap killed by a signal (a stop, the OOM killer) says
+        nothing either way, so it may have."""
+        return self.pid is not None and self.refused is None
 
     @property
     def running(self) -> bool:
@@ -475,9 +482,7 @@ class Supervisor:
             message = self.launch_error
             return {"phase": "failed", "exit_code": None, "reason": "launch_failed", "message": message}
         if self.failed is not None and self.failed.refused is not None:
-            # bwrap refused to set the sandbox up: the platform's failure, not the job's exit
-            message = f"rank {self.failed.rank}: the sandbox did not start the job: {self.failed.refused}"
-            return {"phase": "failed", "exit_code": None, "reason": "launch_failed", "message": message}
+            return self.refusal_outcome(self.failed)
         if self.failed is not None:
             reason, message = describe_failure(self.failed)
             return {
@@ -502,6 +507,21 @@ class Supervisor:
                 "message": "stopped by Corral",
             }
         return {"phase": "succeeded", "exit_code": 0, "reason": None, "message": ""}
+
+    def refusal_outcome(self, refused: Instance) -> Outcome:
+        """A rank whose sandbox did not start the job's command (bwrap's refusal). The platform's
+        failure, launch_failed (retried on the platform's budget), only when no rank's command
+        ran: nothing of the job happened. Once another rank's may have run (its side effects,
+        partial outputs), the attempt is the job's own failure, with bwrap's words, so that a
+        re-run is charged to the job, and a job cannot turn its retries into the platform's by
+        removing a dir bound for a later rank (review109 #3)."""
+        message = f"rank {refused.rank}: the sandbox did not start the job: {refused.refused}"
+        ran = [str(i.rank) for i in self.instances if i.may_have_run()]
+        if not ran:
+            return {"phase": "failed", "exit_code": None, "reason": "launch_failed", "message": message}
+        ranks = f"rank{'s' if len(ran) > 1 else ''} {', '.join(ran)}"
+        message += f"; {ranks} may have run the job's command, so this is the job's own failure"
+        return {"phase": "failed", "exit_code": refused.exit_code, "reason": "exit_code", "message": message}
 
     def finish(self) -> None:
         """The clean-up once every instance has been reaped (status.json is written after it)."""
