@@ -107,3 +107,25 @@ def test_a_gang_whose_every_rank_was_refused_is_a_launch_failure(engine: LocalEn
     assert status.phase is AttemptPhase.FAILED and status.reason is FailureReason.LAUNCH_FAILED, status
     assert status.exit_code is None
     assert status.message in (f"rank {r}: the sandbox did not start the job: {REFUSED}" for r in (0, 1))
+
+
+def test_an_oom_kill_during_the_sandboxs_setup_is_oom_not_a_refusal(engine: LocalEngine, armed: Path) -> None:
+    """review109 #4: the rank's memory limit reached while its sandbox was being set up (the OOM
+    killer's SIGKILL in the rank's cgroup), then bwrap exits with no exit-code line: an OOM, as
+    the cgroup says, not a sandbox that refused."""
+    (armed / "setup-oom").touch()
+    status, logs = run(engine, gang("echo rank 0 ran", memory_mib=96))
+    assert "rank 0 ran" not in logs[0], logs
+    assert status.phase is AttemptPhase.FAILED and status.reason is FailureReason.OOM, status
+    assert status.message == "rank 0 was OOM-killed by the kernel inside its 96 MiB memory limit"
+
+
+def test_a_sandbox_killed_by_a_signal_during_setup_is_a_signal_not_a_refusal(
+    engine: LocalEngine, armed: Path
+) -> None:
+    """review109 #4: bwrap's monitor exits 128+N when a signal killed the sandbox before its exec;
+    bwrap's own refusals exit 1."""
+    (armed / "setup-137").touch()
+    status, _ = run(engine, gang("echo rank 0 ran"))
+    assert status.phase is AttemptPhase.FAILED and status.reason is FailureReason.SIGNAL, status
+    assert (status.exit_code, status.message) == (137, "rank 0 was killed by signal 9")

@@ -60,7 +60,9 @@ def hand_over(argv: Sequence[str], status_path: str) -> list[str]:
 def refusal(status_path: str, log_path: str, exit_code: int) -> str | None:
     """Why the sandbox did not start, for an instance whose bwrap exited by itself with a non-zero
     `exit_code` (not by a signal: a bwrap killed by a stop or the OOM killer writes nothing); None
-    when bwrap says that the command ran, i.e. the exit is the job's own."""
+    when bwrap says that the command ran, i.e. the exit is the job's own. Not asked (the
+    supervisor's Instance.finished) for an exit of 128+N, a signal that killed the sandbox before
+    its exec, nor after an OOM kill in the rank's cgroup: neither is a refusal."""
     try:
         with open(status_path, "rb") as f:
             if EXEC_MARK in f.read():

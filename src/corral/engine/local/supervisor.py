@@ -291,15 +291,18 @@ class Instance:
             cgroupfs.kill_all(self.cgroup, timeout_s=2.0)
 
     def finished(self, wait_status: int) -> None:
+        if self.cgroup:
+            self.oom = cgroupfs.oom_kills(self.cgroup) > 0
         if os.WIFSIGNALED(wait_status):
             self.exit_code = 128 + os.WTERMSIG(wait_status)
         else:
             self.exit_code = os.WEXITSTATUS(wait_status)
             status_path = self.spec.get("bwrap_status")
-            if self.exit_code != 0 and status_path:
+            # Never a refusal: an OOM kill in the rank's cgroup (during the setup too: the OOM
+            # check wins), nor a bwrap that exits 128+N because a signal killed its sandbox
+            # before the exec (bwrap's own refusals exit 1) (review109 #4)
+            if self.exit_code != 0 and status_path and not self.oom and not _by_signal(self.exit_code):
                 self.refused = bwrap_status.refusal(status_path, self.spec["log"], self.exit_code)
-        if self.cgroup:
-            self.oom = cgroupfs.oom_kills(self.cgroup) > 0
         if self.pid is not None and not self.sandboxed:
             _killpg(self.pid, _signal.SIGKILL)  # leftovers of the job's process group
 
@@ -320,12 +323,17 @@ def _killpg(pgid: int, sig: int) -> bool:
     return True
 
 
+def _by_signal(exit_code: int) -> bool:
+    """Whether an exit code is a shell's (or bwrap's monitor's) 128+N for a signal N."""
+    return 128 < exit_code < 128 + 65
+
+
 def describe_failure(inst: Instance) -> tuple[str, str]:
     code = inst.exit_code or 0
     limit = inst.spec["memory_mib"]
     if inst.oom:
         return "oom", f"rank {inst.rank} was OOM-killed by the kernel inside its {limit} MiB memory limit"
-    if 128 < code < 128 + 65:
+    if _by_signal(code):
         return "signal", f"rank {inst.rank} was killed by signal {code - 128}"
     hint = {126: " (command not executable)", 127: " (command not found)"}.get(code, "")
     return "exit_code", f"rank {inst.rank} exited with code {code}{hint}"
