@@ -81,3 +81,26 @@ def test_a_bubblewrap_without_json_status_fd_is_used_and_said_so(
     status = probe()
     assert status.bwrap == str(fake / "bwrap") and status.bind_fd and not status.json_status
     assert [w for w in status.warnings if "no --json-status-fd" in w and "exit 1, not launch_failed" in w]
+
+
+def test_a_bubblewrap_whose_status_says_exit_code_for_a_refusal_too_is_not_trusted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review109 #6: a bubblewrap that wrote the exit-code line without knowing whether the
+    command was exec'd would make every refusal read as the job's exit; the probe tries a
+    refusal too, expecting no such line, and falls back to the old reading, saying so."""
+    real = require_binary("bwrap")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "bwrap").write_text(
+        "#!/bin/sh\n"
+        '[ "$1" = --json-status-fd ] && fd=$2\n'
+        f'{real} "$@"; code=$?\n'
+        '[ -n "$fd" ] && echo "{ \\"exit-code\\": $code }" >"/proc/$$/fd/$fd"\n'  # dash: no >&N past 9
+        "exit $code\n"
+    )
+    (fake / "bwrap").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    status = probe()
+    assert status.bwrap == str(fake / "bwrap") and status.bind_fd and not status.json_status
+    assert [w for w in status.warnings if "does not tell whether the command ran" in w]

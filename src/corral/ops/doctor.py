@@ -251,7 +251,8 @@ def check_sandbox(settings: Settings) -> Check:
             f"bubblewrap {status.bwrap} usable, setpriv {status.setpriv}; " + "; ".join(status.warnings),
             "install bubblewrap 0.10 or later, or your distribution's security update that adds --bind-fd"
             if not status.bind_fd
-            else "install a bubblewrap with --json-status-fd (0.8 and later have it)",
+            else "install a bubblewrap with --json-status-fd (0.8 and later have it) that writes an "
+            "exit code only for a command it exec'd",
         )
     if status.sandbox:
         return Check(

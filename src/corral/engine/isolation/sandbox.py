@@ -125,8 +125,9 @@ def probe(cgroup_root: Path = Path("/sys/fs/cgroup")) -> IsolationStatus:
             status.json_status = bwrap_reports_exec(bwrap)
             if not status.json_status:
                 status.warnings.append(
-                    "this bubblewrap has no --json-status-fd: a sandbox that refuses to start (a "
-                    "mount it cannot make) ends as the job's own exit 1, not launch_failed"
+                    "this bubblewrap has no --json-status-fd, or one that does not tell whether the "
+                    "command ran: a sandbox that refuses to start (a mount it cannot make) ends as "
+                    "the job's own exit 1, not launch_failed"
                 )
         else:
             err = trial.stderr.decode(errors="replace").strip()
@@ -167,13 +168,30 @@ def _bwrap_binds_fds(bwrap: str) -> bool:
     return trial.returncode == 0
 
 
+# A mount source that never exists (procfs has no such entry): a sandbox bwrap refuses to set up
+PROBE_MISSING_SOURCE = "/proc/nonexistent-corral-probe"
+
+
 def bwrap_reports_exec(bwrap: str) -> bool:
-    """Whether `bwrap --json-status-fd` says that it exec'd the command (its exit-code line).
-    Also the Slurm engine's, at its start (slurm/scripts.NodeSandbox.json_status)."""
+    """Whether `bwrap --json-status-fd` says that it exec'd the command, and only then: `true`
+    gets its exit-code line, and a sandbox refused before its exec (a bind of a missing source)
+    gets none. A bubblewrap that wrote the line either way would make every refusal read as the
+    job's own exit: it is then used as one without the option (review109 #6). Also the Slurm
+    engine's, at its start (slurm/scripts.NodeSandbox.json_status)."""
+    code, said = _json_status_of(bwrap, ["true"])
+    if code != 0 or EXEC_MARK not in said:
+        return False
+    code, said = _json_status_of(bwrap, ["--ro-bind", PROBE_MISSING_SOURCE, "/mnt", "true"])
+    return code != 0 and EXEC_MARK not in said
+
+
+def _json_status_of(bwrap: str, args: list[str]) -> tuple[int, bytes]:
+    """bwrap's exit code and what it wrote to its --json-status-fd, for a sandbox of the host's
+    root read-only with `args` (options, then the command)."""
     read_end, write_end = os.pipe()
     try:
         trial = subprocess.run(
-            [bwrap, "--json-status-fd", str(write_end), "--ro-bind", "/", "/", "--unshare-pid", "true"],
+            [bwrap, "--json-status-fd", str(write_end), "--ro-bind", "/", "/", "--unshare-pid", *args],
             capture_output=True,
             timeout=10,
             pass_fds=(write_end,),
@@ -187,7 +205,7 @@ def bwrap_reports_exec(bwrap: str) -> bool:
         for fd in (read_end, write_end):
             if fd != -1:
                 os.close(fd)
-    return trial.returncode == 0 and EXEC_MARK in said
+    return trial.returncode, said
 
 
 def allocate_uid(locks_dir: Path, attempt_id: str) -> int:
