@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Protocol
+
+from corral.db.notify_models import JobNotifyDelivery
+from corral.db.oncall_models import PageNotification
 
 SENDING_RETRY_S = 300.0  # a message claimed by a process that died is sent again after this
 SEND_BUDGET_S = 60.0  # a pass claims no more messages after this long (each send has its own timeout)
@@ -44,19 +46,16 @@ class ClaimingPass:
         return None if elapsed > self.budget_s else self.now + elapsed
 
 
-class Reclaimable(Protocol):
-    state: str
-    attempts: int
-    last_error: str
-    next_attempt_at: float
-
-
-def reclaimed_too_often(seen_state: str, row: Reclaimable, max_attempts: int) -> bool:
+def reclaimed_too_often(
+    seen_state: str, row: JobNotifyDelivery | PageNotification, max_attempts: int
+) -> bool:
     """Whether a row just claimed from `seen_state` was taken from a dead sender once too often."""
     return seen_state == "sending" and row.attempts > max_attempts
 
 
-def give_up_reclaimed(row: Reclaimable, now: float) -> None:
+# The two kinds of message, named (not a Protocol): the static check of state writes
+# (tests/server/test_lifecycle_owner.py) then sees these are not a job's or a node's state
+def give_up_reclaimed(row: JobNotifyDelivery | PageNotification, now: float) -> None:
     """A message left in `sending` by a process that died each time it sent it: the retry limit
     holds for these tries too, or a message that kills its sender is tried for ever (not
     committed)."""
