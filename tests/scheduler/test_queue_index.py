@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from corral.scheduler.admission import size_class, split_by_user
 from corral.scheduler.core import waiting_jobs
 from corral.scheduler.queue_index import QueueIndex
+from corral.scheduler.seqdiff import DiffMemo
 from corral.scheduler.types import Job, Priority, RunningJob
 from tests.scheduler.builders import job, running, snap
 
@@ -100,12 +101,16 @@ def test_index_follows_tuples_in_any_order(rounds: list[list[tuple]], data: st.D
     either side; one waiting job moved to the end or the front, new jobs put anywhere, one
     appended twice, a waiting and a running job with one id (either side new, or kept from a
     round that already clashed), the same queued tuple again: every answer equals the queue
-    sorted afresh, or None where core.waiting_jobs must sort it."""
-    index = QueueIndex(partial(size_class, default_runtime_s=3600.0))
+    sorted afresh, or None where core.waiting_jobs must sort it. The running tuples' difference
+    is worked out in a memo shared with another user (as a Scheduler's free capacity shares it),
+    which now and then asks it for another pair of running tuples first."""
+    memo = DiffMemo()
+    index = QueueIndex(partial(size_class, default_runtime_s=3600.0), memo)
     queued: list[Job] = []
     queued_tuple: tuple[Job, ...] = ()
     run: list[RunningJob] = []
     run_tuple: tuple[RunningJob, ...] = ()
+    seen_runs: list[tuple[RunningJob, ...]] = [()]
     serial = 0
     for new in rounds:
         if not queued_tuple or data.draw(st.integers(0, 3)) > 0:  # else: the same queued tuple
@@ -134,6 +139,9 @@ def test_index_follows_tuples_in_any_order(rounds: list[list[tuple]], data: st.D
                 clash = data.draw(st.sampled_from(queued))
                 run.insert(data.draw(st.integers(0, len(run))), running(job(clash.id), "n", (0,)))
             run_tuple = tuple(run)
+            seen_runs.append(run_tuple)
+        if data.draw(st.booleans()):  # the other user of the memo diffs some other pair first
+            memo.diff(data.draw(st.sampled_from(seen_runs)), data.draw(st.sampled_from(seen_runs)))
         s = snap([], queued_tuple, run=run_tuple)
         got = index.sync(s.queued, s.running)
         ids = [j.id for j in queued_tuple]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.scheduler.seqdiff import MAX_GONE, appended_diff
+from corral.scheduler.seqdiff import MAX_GONE, DiffMemo, appended_diff
 
 
 class Item:  # compared by identity, as the schedulers' jobs are
@@ -46,3 +46,18 @@ def test_any_answer_rebuilds_the_new_tuple(size: int, data: st.DataObject) -> No
     assert gone == sorted(set(gone)) and all(0 <= i < size for i in gone)
     kept = [x for i, x in enumerate(old) if i not in set(gone)]
     assert len(kept) == start and all(a is b for a, b in zip(kept, new[:start], strict=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=12))
+def test_the_kept_difference_is_the_one_of_the_very_two_tuples_asked(pairs: list[tuple[int, int]]) -> None:
+    """`DiffMemo.diff` answers as `appended_diff` over any run of asks: the same two tuples again,
+    the same new tuple after another old one, the same old one before another new one (the free
+    capacity and the queue index share one memo and may each hold another last tuple)."""
+    base = tuple(Item(i) for i in range(6))
+    tuples = [base, base[1:], (*base[:2], *base[3:], Item(50)), (*base[2:], Item(60), Item(61))]
+    memo = DiffMemo()
+    for a, b in pairs:
+        old, new = tuples[a], tuples[b]
+        assert memo.diff(old, new) == appended_diff(old, new)
+        assert memo.old is old and memo.new is new

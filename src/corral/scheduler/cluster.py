@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from itertools import compress
 from typing import TypeVar
 
-from corral.scheduler.seqdiff import appended_diff
+from corral.scheduler.seqdiff import DiffMemo, appended_diff
 from corral.scheduler.types import Allocation, Job, Node, NodeState, Reason, RunningJob
 from corral.words import plural
 
@@ -149,6 +149,8 @@ class ClusterMemo:
         self.tables: list[NodeTable] = []  # most recent last
         self.occupied: list[Occupied] = []
         self.shapes: list[tuple[Sequence[Node], bool, ClusterShapes]] = []
+        # the last difference of two running tuples (seqdiff.py), shared with the queue index
+        self.running_diff = DiffMemo()
 
     def node_table(self, nodes: Sequence[Node]) -> NodeTable:
         """The NodeTable of `nodes`, reused while the caller passes the very same (immutable) tuple:
@@ -251,14 +253,18 @@ class Occupied:
         self.last: tuple[RunningJob, ...] | None = None
         self.last_held: list[dict[str, int]] = []
 
-    def sync(self, running: Sequence[RunningJob]) -> list[dict[str, int]] | None:
-        """Make the running set exactly `running`; GPUs per model of each, or None if unusable."""
+    def sync(
+        self, running: Sequence[RunningJob], diffs: DiffMemo | None = None
+    ) -> list[dict[str, int]] | None:
+        """Make the running set exactly `running`; GPUs per model of each, or None if unusable.
+        `diffs`: where the difference of the two running tuples is worked out (the Scheduler's,
+        shared with its queue index, which diffs the same two tuples)."""
         if running is self.last and self.ok:
             return list(self.last_held)
         last = self.last if self.ok else None
         self.last = None  # the state moves off the kept tuple's (a list is not kept: see below)
         if last is not None and isinstance(running, tuple):
-            diff = appended_diff(last, running)
+            diff = appended_diff(last, running) if diffs is None else diffs.diff(last, running)
             if diff is not None and self._all_new(running[diff[1] :]):
                 return self._sync_appended(last, running, diff[0], running[diff[1] :])
         # A set of ids, not an id -> job dict: the new jobs are picked out of `running` (at C
@@ -406,7 +412,7 @@ class ClusterState:
         found = [o for o in memo.occupied if o.table is self.table]
         occ = found[0] if found else Occupied(self.table)
         others = [o for o in memo.occupied if o is not occ]
-        held = occ.sync(running)
+        held = occ.sync(running, memo.running_diff)
         if held is None:
             memo.occupied[:] = others
             held = self.occupy_all([rj.allocation for rj in running])

@@ -65,7 +65,7 @@ class Scheduler:
         spec = (profile.order == "fair_share" and profile.size_order, profile.default_runtime_s)
         if self._queue_index is None or self._queue_index[0] != spec:
             size_of = partial(size_class, default_runtime_s=spec[1]) if spec[0] else None
-            self._queue_index = (spec, QueueIndex(size_of))
+            self._queue_index = (spec, QueueIndex(size_of, self.cluster_memo.running_diff))
         return self._queue_index[1]
 
     def schedule(self, snapshot: Snapshot, now: float, rng: random.Random) -> Plan:

@@ -21,7 +21,7 @@ from itertools import compress
 from operator import attrgetter
 from typing import Generic, TypeVar
 
-from corral.scheduler.seqdiff import appended_diff
+from corral.scheduler.seqdiff import DiffMemo, appended_diff
 from corral.scheduler.types import Job, RunningJob
 
 OrderKey = tuple[str, int, float, str]  # (group, -priority, submit time, id)
@@ -84,8 +84,13 @@ class QueueIndex:
     are also kept in the fair-share queue's in-user order (priority desc, size class, submit time,
     id), with every job's class, so that a cycle neither works the classes out nor sorts again."""
 
-    def __init__(self, size_of: Callable[[Job], int] | None = None) -> None:
+    def __init__(
+        self, size_of: Callable[[Job], int] | None = None, running_diff: DiffMemo | None = None
+    ) -> None:
         self.size_of = size_of
+        # where the running tuples' difference is worked out: the Scheduler's, shared with its free
+        # capacity (Occupied.sync diffs the same two tuples first in each cycle)
+        self.running_diff = running_diff if running_diff is not None else DiffMemo()
         self.version = 0  # bumped by every sync that changed the queue: lists read later check it
         # The tuples the last sync that gave a list was handed: the very same queued tuple again
         # (the simulator's, when no job joined or left the queue since) needs no difference, and
@@ -199,7 +204,7 @@ class QueueIndex:
         running ids counted, kept with `run_last`); otherwise every running job's id."""
         last, self.run_last = self.run_last, None
         if added is not None and last is not None and isinstance(running, tuple) and self.last_ok:
-            diff = ([], len(running)) if running is last else appended_diff(last, running)
+            diff = ([], len(running)) if running is last else self.running_diff.diff(last, running)
             if diff is not None:
                 run_ids = self.run_ids
                 if run_ids is None:  # counted only now: the live loop's fresh tuples never get here

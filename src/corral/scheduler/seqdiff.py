@@ -43,3 +43,26 @@ def appended_diff(old: tuple[T, ...], new: tuple[T, ...]) -> tuple[list[int], in
         return None
     gone.extend(range(i, n_old))  # `new` ran out: the rest of `old` was removed
     return gone, j
+
+
+class DiffMemo:
+    """The last `appended_diff` worked out, by the identity of its two tuples: a Scheduler's free
+    capacity (`Occupied.sync`) and its queue index's running-id check (`QueueIndex`) each diff the
+    same two running tuples (the last cycle's and this one's) every cycle; the second asks here and
+    gets the first's answer. Holds the two tuples (so their identities are not reused) and the
+    answer, which its callers only read."""
+
+    __slots__ = ("found", "new", "old")
+
+    def __init__(self) -> None:
+        self.old: tuple[object, ...] | None = None
+        self.new: tuple[object, ...] | None = None
+        self.found: tuple[list[int], int] | None = None
+
+    def diff(self, old: tuple[object, ...], new: tuple[object, ...]) -> tuple[list[int], int] | None:
+        """`appended_diff(old, new)`, the kept answer when both are the very tuples it was for."""
+        if old is self.old and new is self.new:
+            return self.found
+        found = appended_diff(old, new)
+        self.old, self.new, self.found = old, new, found
+        return found
