@@ -195,6 +195,34 @@ def _probe_job(tj: TraceJob) -> Job:
     return Job(id=tj.job_id, group=tj.group, user=tj.user, tasks=_tasks_for(tj), priority=tj.priority)
 
 
+class _GroupUse:
+    """One group's fair-share usage (decayed GPU-seconds) and the GPUs it runs, the GPUs its
+    waiting jobs ask for, and GPU-seconds of guarantee owed (min(guarantee, running + waiting))
+    and given (min(guarantee, running)), integrated. Fields rather than dicts keyed by group:
+    every group's are advanced at every event time (compiled, native floats)."""
+
+    __slots__ = ("given", "guarantee", "name", "owed", "queued", "rate", "usage")
+
+    def __init__(self, name: str, guarantee: int) -> None:
+        self.name, self.guarantee = name, guarantee
+        self.usage = 0.0
+        self.rate = 0.0
+        self.queued = 0
+        self.owed = 0.0
+        self.given = 0.0
+
+
+class _UserUse:
+    """One (group, user)'s fair-share usage and the GPUs it runs (as `_GroupUse`)."""
+
+    __slots__ = ("key", "rate", "usage")
+
+    def __init__(self, key: tuple[str, str]) -> None:
+        self.key = key
+        self.usage = 0.0
+        self.rate = 0.0
+
+
 class Simulator:
     """One replay. `run()` drives the event loop; `snapshot()` is what each cycle hands the
     scheduler."""
@@ -232,19 +260,22 @@ class Simulator:
         # compare by identity); None once a job joined, left, started, ended or was asked to stop
         self._queued_tuple: tuple[Job, ...] | None = None
         self._running_tuple: tuple[RunningJob, ...] | None = None
-        self.events: list[tuple[float, int, int, str]] = []
+        # (time, kind, sequence, job id or node name, the job's attempt for a completion or stop)
+        self.events: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
-        self.usage: dict[str, float] = {g.name: 0.0 for g in self.groups}
-        self.usage_rate: dict[str, float] = dict.fromkeys(self.usage, 0.0)
-        self.user_usage: dict[tuple[str, str], float] = {(j.group, j.user): 0.0 for j in trace.jobs}
-        self.user_rate: dict[tuple[str, str], float] = dict.fromkeys(self.user_usage, 0.0)
-        self.usage_time = 0.0
-        # per group: GPUs its waiting jobs ask for, and GPU-seconds of (owed, given) guarantee:
-        # owed = min(guarantee, running + waiting), given = min(guarantee, running), integrated
-        self.queued_gpus: dict[str, int] = dict.fromkeys(self.usage, 0)
+        # fair-share usage per group and per (group, user), and per group the GPUs its waiting jobs
+        # ask for and GPU-seconds of (owed, given) guarantee (`_GroupUse`), advanced at every event
         self.guarantee = {g.name: sum(g.guaranteed.values()) for g in self.groups}
-        self.owed_gpu_s: dict[str, float] = dict.fromkeys(self.usage, 0.0)
-        self.given_gpu_s: dict[str, float] = dict.fromkeys(self.usage, 0.0)
+        self.group_use: dict[str, _GroupUse] = {
+            g.name: _GroupUse(g.name, self.guarantee[g.name]) for g in self.groups
+        }
+        self.user_use: dict[tuple[str, str], _UserUse] = {}
+        for j in trace.jobs:
+            if (j.group, j.user) not in self.user_use:
+                self.user_use[j.group, j.user] = _UserUse((j.group, j.user))
+        self._group_uses = list(self.group_use.values())  # iterated at every event time
+        self._user_uses = list(self.user_use.values())
+        self.usage_time = 0.0
         self.rejected: list[tuple[TraceJob, str]] = []
         self.records: list[CycleRecord] = []
         self.alloc_t: array[float] = array("d")
@@ -270,13 +301,13 @@ class Simulator:
         self._load_jobs()
 
     # -- setup ---------------------------------------------------------------------------------
-    def _push(self, at: float, kind: _Ev, key: str) -> None:
+    def _push(self, at: float, kind: _Ev, key: str, attempt: int = 0) -> None:
         self._seq += 1
         if kind < _Ev.NODE_FAIL or kind >= _Ev.ARRIVAL:
             self.job_events += 1
         elif kind == _Ev.NODE_REPAIR:
             self.repairs += 1
-        heapq.heappush(self.events, (at, int(kind), self._seq, key))
+        heapq.heappush(self.events, (at, int(kind), self._seq, key, attempt))
 
     def _cluster_notes(self) -> tuple[str, ...]:
         """Guarantees that add up to more than the cluster are accepted, as on the live platform
@@ -366,16 +397,15 @@ class Simulator:
         if dt <= 0:
             return
         decay = 0.5 ** (dt / self.config.usage_half_life_s)
-        queued, guarantee, owed, given = self.queued_gpus, self.guarantee, self.owed_gpu_s, self.given_gpu_s
-        for name, value in self.usage.items():
-            rate = self.usage_rate[name]
-            self.usage[name] = value * decay + rate * dt
-            g = guarantee[name]
+        for group in self._group_uses:
+            rate = group.rate
+            group.usage = group.usage * decay + rate * dt
+            g = group.guarantee
             if g:
-                owed[name] += min(g, rate + queued[name]) * dt
-                given[name] += min(g, rate) * dt
-        for key, value in self.user_usage.items():
-            self.user_usage[key] = value * decay + self.user_rate[key] * dt
+                group.owed += min(g, rate + group.queued) * dt
+                group.given += min(g, rate) * dt
+        for user in self._user_uses:
+            user.usage = user.usage * decay + user.rate * dt
         self.usage_time = now
 
     def snapshot(self) -> Snapshot:
@@ -390,7 +420,10 @@ class Simulator:
             groups=self.groups,
             queued=queued,
             running=running,
-            usage=Usage(by_group=dict(self.usage), by_user=dict(self.user_usage)),
+            usage=Usage(
+                by_group={g.name: g.usage for g in self._group_uses},
+                by_user={u.key: u.usage for u in self._user_uses},
+            ),
         )
 
     def _estimate(self, sj: SimJob) -> tuple[float | None, tuple[float, float] | None, bool]:
@@ -415,7 +448,7 @@ class Simulator:
     def _queue(self, sj: SimJob, now: float) -> None:
         tj = sj.trace
         sj.queued_at = now
-        self.queued_gpus[tj.group] += tj.num_gpus
+        self.group_use[tj.group].queued += tj.num_gpus
         estimate, spread, is_limit = self._estimate(sj)
         self._queued_tuple = None
         job = self.queued[tj.job_id] = Job(
@@ -467,8 +500,8 @@ class Simulator:
         sj = self.jobs[job.id]
         gpus = job.total_gpus
         self.allocated += gpus
-        self.usage_rate[job.group] += gpus
-        self.user_rate[(job.group, job.user)] += gpus
+        self.group_use[job.group].rate += gpus
+        self.user_use[job.group, job.user].rate += gpus
         sj.attempt += 1
         sj.last_start = now
         sj.waited_s += now - sj.queued_at
@@ -481,7 +514,7 @@ class Simulator:
             self.log.append(JobEvent(now, job.id, "start", _where(allocation), gpus, why))
         self.running[job.id] = RunningJob(job=job, allocation=allocation, start_time=now, borrowed=borrowed)
         self._running_tuple = None
-        self._push(now + sj.remaining, _Ev.COMPLETE, f"{job.id}\0{sj.attempt}")
+        self._push(now + sj.remaining, _Ev.COMPLETE, job.id, sj.attempt)
 
     def _release(self, job_id: str) -> RunningJob:
         rj = self.running.pop(job_id)
@@ -494,8 +527,8 @@ class Simulator:
             self.free_gpus[ni] += len(inst.gpu_indices)
         gpus = rj.job.total_gpus
         self.allocated -= gpus
-        self.usage_rate[rj.job.group] -= gpus
-        self.user_rate[(rj.job.group, rj.job.user)] -= gpus
+        self.group_use[rj.job.group].rate -= gpus
+        self.user_use[rj.job.group, rj.job.user].rate -= gpus
         return rj
 
     def _interrupt(self, now: float, job_id: str, why: str) -> None:
@@ -534,7 +567,7 @@ class Simulator:
             self._deferred_cycle = tick
             self._push(tick, _Ev.CYCLE, "")
 
-    def _handle(self, now: float, kind: int, key: str) -> bool:
+    def _handle(self, now: float, kind: int, key: str, attempt: int) -> bool:
         """Apply one event; True when it changed what the scheduler would see."""
         if kind == _Ev.CYCLE:
             self._deferred_cycle = None
@@ -546,9 +579,9 @@ class Simulator:
                 self.log.append(JobEvent(now, key, "submit", gpus=self.jobs[key].trace.num_gpus))
             return True
         if kind in (_Ev.COMPLETE, _Ev.STOP):
-            job_id, attempt = key.split("\0")
+            job_id = key
             sj = self.jobs[job_id]
-            if int(attempt) != sj.attempt or job_id not in self.running:
+            if attempt != sj.attempt or job_id not in self.running:
                 return False  # stale: the attempt was already stopped or finished
             if kind == _Ev.COMPLETE:
                 rj = self._release(job_id)
@@ -630,13 +663,13 @@ class Simulator:
             now = events[0][0]
             changed = False
             while events and events[0][0] == now:
-                _, kind, _, key = heapq.heappop(events)
+                _, kind, _, key, attempt = heapq.heappop(events)
                 if kind < _Ev.NODE_FAIL or kind >= _Ev.ARRIVAL:
                     self.job_events -= 1
                 elif kind == _Ev.NODE_REPAIR:
                     self.repairs -= 1
                 self._advance_usage(now)
-                changed = handle(now, kind, key) or changed
+                changed = handle(now, kind, key, attempt) or changed
             if changed and self.queued:
                 self._cycle_or_defer(now)
                 if len(self.queued) > max_queued:
@@ -668,7 +701,7 @@ class Simulator:
             end_time=now,
             max_queued=max_queued,
             events=self.log,
-            guarantee_gpu_s={g: (self.owed_gpu_s[g], self.given_gpu_s[g]) for g in self.owed_gpu_s},
+            guarantee_gpu_s={g.name: (g.owed, g.given) for g in self._group_uses},
         )
 
 
@@ -685,7 +718,7 @@ class _SimSink:
             sim._queued_tuple = None
             if job is None:
                 raise SimulationError(f"plan assigns {a.job_id}, which is not waiting")
-            sim.queued_gpus[job.group] -= job.total_gpus
+            sim.group_use[job.group].queued -= job.total_gpus
             sim._count_shape(job, -1)
             sim._start(self.now, job, a.allocation, a.borrowed)
         return len(assignments)
@@ -707,7 +740,7 @@ class _SimSink:
         # Still running until its grace ends; the scheduler must not pick it as a victim again.
         sim.running[p.job_id] = replace(sim.running[p.job_id], stopping=True, stops_by=stops_by)
         sim._running_tuple = None
-        sim._push(stops_by, _Ev.STOP, f"{p.job_id}\0{sj.attempt}")
+        sim._push(stops_by, _Ev.STOP, p.job_id, sj.attempt)
         return True
 
     def diagnose(self, diagnoses: Mapping[str, Diagnosis], planned: Set[str]) -> None:
