@@ -8,12 +8,14 @@ QueueIndex.sync, whose answers must not depend on how the difference was found: 
 
 from __future__ import annotations
 
-from operator import is_
+from itertools import chain, islice
+from operator import indexOf, is_
 from typing import TypeVar
 
 T = TypeVar("T")
 
 MAX_GONE = 8  # more items removed than this: the caller's set difference is as cheap
+_END = (False,)  # ends every run of identity comparisons
 
 
 def appended_diff(old: tuple[T, ...], new: tuple[T, ...]) -> tuple[list[int], int] | None:
@@ -27,9 +29,9 @@ def appended_diff(old: tuple[T, ...], new: tuple[T, ...]) -> tuple[list[int], in
     n_old, n_new = len(old), len(new)
     while i < n_old and j < n_new:
         if old[i] is new[j]:
-            same = list(map(is_, old[i:], new[j:]))  # the common run from here, at C speed
-            same.append(False)  # (the run may reach the end of either)
-            k = same.index(False)
+            # the common run from here, at C speed, stopping at its end: no slices of the tails
+            # and no list of their comparisons (a run may reach the end of either: _END)
+            k = indexOf(chain(map(is_, islice(old, i, None), islice(new, j, None)), _END), False)
             i += k
             j += k
             continue
