@@ -10,8 +10,8 @@ from collections.abc import Mapping
 
 import pytest
 
-from corral.scheduler.admission import FairShareQueue
 from corral.scheduler.eta_kept import KeptOrder, OrderRecorder
+from corral.scheduler.queues import FairShareQueue
 from corral.scheduler.types import Job
 from tests.scheduler.builders import job
 

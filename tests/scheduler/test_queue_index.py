@@ -7,9 +7,10 @@ from functools import partial
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.scheduler.admission import size_class, split_by_user
+from corral.scheduler.admission import size_class
 from corral.scheduler.core import waiting_jobs
 from corral.scheduler.queue_index import QueueIndex
+from corral.scheduler.queues import split_by_user
 from corral.scheduler.seqdiff import DiffMemo
 from corral.scheduler.types import Job, Priority, RunningJob
 from tests.scheduler.builders import job, running, snap
@@ -60,7 +61,7 @@ def test_index_equals_the_queue_sorted_afresh(rounds: list[list[tuple]], data: s
         per_user, cpu_ids = split_by_user(by_group)
         assert index.per_user() == per_user
         assert index.cpu_ids == cpu_ids
-        # each user's fair-share order (admission.FairShareQueue._job_key) and every job's class
+        # each user's fair-share order (queues.FairShareQueue._job_key) and every job's class
         in_size_order = {
             g: {
                 u: sorted(js, key=lambda j: (-int(j.priority), size_of(j), j.submit_time, j.id))

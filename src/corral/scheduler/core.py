@@ -2,7 +2,7 @@
 no globals; what it keeps between cycles (a pure cache) belongs to the Scheduler object.
 
 Per cycle (`Cycle`): build free capacity from nodes minus running allocations, order the queue
-(admission.py), and for each job in order: reject if it can never fit, check quota and per-user
+(queues.py), and for each job in order: reject if it can never fit, check quota and per-user
 caps (quota_check.py), place it (placement.py: gang, all or nothing), re-check quota on the concrete
 placement, check backfill reservations (backfill.py), and commit. A job that does not fit may open
 an EASY reservation and may look for preemption victims (preemption.py). Outcomes already known in
@@ -16,7 +16,7 @@ import random
 from functools import partial
 from operator import attrgetter
 
-from corral.scheduler.admission import QuotaLedger, ResourceQuota, build_queue, size_class, storage_refusal
+from corral.scheduler.admission import QuotaLedger, ResourceQuota, size_class, storage_refusal
 from corral.scheduler.backfill import Backfill
 from corral.scheduler.cluster import ClusterMemo, ClusterState
 from corral.scheduler.diagnosis import DiagnosisView, LazyDiagnoses
@@ -28,6 +28,7 @@ from corral.scheduler.placement import Placed, Placer
 from corral.scheduler.preemption import Preemptor
 from corral.scheduler.profiles import PROFILES, Profile
 from corral.scheduler.queue_index import QueueIndex
+from corral.scheduler.queues import build_queue
 from corral.scheduler.quota_check import QuotaCheck
 from corral.scheduler.quota_memo import KeptAllowed
 from corral.scheduler.types import Allocation, Assignment, Job, Plan, Preemption, Reason, Snapshot

@@ -20,7 +20,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from corral.domain import HELD_CODES  # quota-stage reasons whose diagnosis gives no time
-from corral.scheduler.admission import STORAGE_SOURCE, FairShareQueue, split_by_user
+from corral.scheduler.admission import STORAGE_SOURCE
 from corral.scheduler.backfill import Event
 from corral.scheduler.cluster import ClusterState, Request, ShapeKey, shape_key
 from corral.scheduler.eta import backfill_starts, running_events, through_last
@@ -29,6 +29,7 @@ from corral.scheduler.eta_kept import OrderRecorder
 from corral.scheduler.jobinfo import JobInfo, Waiting, job_models
 from corral.scheduler.plugins import FILTERS
 from corral.scheduler.profiles import Profile, grace_of
+from corral.scheduler.queues import FairShareQueue, split_by_user
 from corral.scheduler.types import Allocation, Diagnosis, Job, Reason, TaskSpec
 from corral.words import plural
 

@@ -41,11 +41,11 @@ from dataclasses import dataclass
 from operator import is_
 from typing import TYPE_CHECKING
 
-from corral.scheduler.admission import FairShareQueue
 from corral.scheduler.backfill import Event
 from corral.scheduler.eta import BackfillRoll
 from corral.scheduler.jobinfo import Waiting
 from corral.scheduler.profiles import Profile
+from corral.scheduler.queues import FairShareQueue
 from corral.scheduler.types import Job, Node, RunningJob
 
 if TYPE_CHECKING:
