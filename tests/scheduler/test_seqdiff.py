@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.scheduler.seqdiff import MAX_GONE, DiffMemo, appended_diff
+from corral.scheduler.seqdiff import MAX_GONE, DiffMemo, appended_diff, common_run_iter, common_run_loop
 
 
 class Item:  # compared by identity, as the schedulers' jobs are
@@ -61,3 +61,20 @@ def test_the_kept_difference_is_the_one_of_the_very_two_tuples_asked(pairs: list
         old, new = tuples[a], tuples[b]
         assert memo.diff(old, new) == appended_diff(old, new)
         assert memo.old is old and memo.new is new
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 12), st.data())
+def test_the_common_run_is_counted_alike_compiled_or_not(size: int, data: st.DataObject) -> None:
+    """The loop (compiled builds) and the iterator chain (pure Python) count the same run of
+    identical items from any two positions: to the first pair that differs, or to either end."""
+    old = tuple(Item(i) for i in range(size))
+    pool = [*old, Item(100)]
+    new = tuple(data.draw(st.lists(st.sampled_from(pool), max_size=size + 2)))
+    i = data.draw(st.integers(0, size))
+    j = data.draw(st.integers(0, len(new)))
+    want = 0
+    while i + want < len(old) and j + want < len(new) and old[i + want] is new[j + want]:
+        want += 1
+    assert common_run_iter(old, new, i, j) == want
+    assert common_run_loop(old, new, i, j) == want

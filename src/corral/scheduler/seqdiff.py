@@ -16,6 +16,26 @@ T = TypeVar("T")
 
 MAX_GONE = 8  # more items removed than this: the caller's set difference is as cheap
 _END = (False,)  # ends every run of identity comparisons
+# Compiled (mypyc: this module is then an extension, not a .py file), a plain loop compares the
+# items' pointers natively, about 9x faster than the iterator chain, which is the faster one in
+# pure Python (about 3x). Both give the same length (tests/scheduler/test_seqdiff.py).
+NATIVE = not __file__.endswith(".py")
+
+
+def common_run_iter(old: tuple[T, ...], new: tuple[T, ...], i: int, j: int) -> int:
+    """How many items from old[i] and new[j] on are the same objects, pair by pair: at C speed
+    through iterators, stopping at the first difference (no slices of the tails and no list of
+    their comparisons; a run may reach the end of either: _END)."""
+    return indexOf(chain(map(is_, islice(old, i, None), islice(new, j, None)), _END), False)
+
+
+def common_run_loop(old: tuple[T, ...], new: tuple[T, ...], i: int, j: int) -> int:
+    """`common_run_iter` as a loop (the compiled build's)."""
+    n = min(len(old) - i, len(new) - j)
+    k = 0
+    while k < n and old[i + k] is new[j + k]:
+        k += 1
+    return k
 
 
 def appended_diff(old: tuple[T, ...], new: tuple[T, ...]) -> tuple[list[int], int] | None:
@@ -29,9 +49,7 @@ def appended_diff(old: tuple[T, ...], new: tuple[T, ...]) -> tuple[list[int], in
     n_old, n_new = len(old), len(new)
     while i < n_old and j < n_new:
         if old[i] is new[j]:
-            # the common run from here, at C speed, stopping at its end: no slices of the tails
-            # and no list of their comparisons (a run may reach the end of either: _END)
-            k = indexOf(chain(map(is_, islice(old, i, None), islice(new, j, None)), _END), False)
+            k = common_run_loop(old, new, i, j) if NATIVE else common_run_iter(old, new, i, j)
             i += k
             j += k
             continue
