@@ -31,13 +31,15 @@ def state_of(st_: ClusterState) -> tuple[object, ...]:
 def assert_kept_equals_fresh(
     memo: ClusterMemo, current: list[RunningJob]
 ) -> tuple[RunningTotals, RunningTotals]:
-    """Occupy `current` with the state kept in `memo` and afresh: the same held jobs, free
-    capacity and totals by group and model and by user. Both totals, for more checks."""
+    """Occupy `current` with the state kept in `memo` and afresh: the same (job, GPUs per model)
+    pairs, free capacity and totals by group and model and by user. Both totals, for more checks."""
     kept = ClusterState(NODES, memo)
     held, totals = kept.occupy_running(tuple(current))
     fresh = ClusterState(NODES, ClusterMemo())
     want_held, want_totals = fresh.occupy_running(tuple(current))
     assert held == want_held
+    # each pair carries the very job of `current` at its place (the kept pairs are not stale)
+    assert len(held) == len(current) and all(rj is want for (rj, _), want in zip(held, current, strict=True))
     assert state_of(kept) == state_of(fresh)
     assert totals.by_group_model == want_totals.by_group_model
     assert totals.by_user == want_totals.by_user
@@ -80,7 +82,7 @@ def test_the_same_running_tuple_again_is_answered_without_a_difference() -> None
         assert state_of(kept) == state_of(fresh)
     (occ,) = memo.occupied
     assert occ.last is a  # kept for the next call: the short cut (no difference) is taken then
-    assert occ.sync(a) == held and occ.sync(a) is not occ.last_held  # a copy: callers may keep it
+    assert occ.sync(a) == held and occ.sync(a) is not occ.last_pairs  # a copy: callers may keep it
     changing = list(a)
     occ.sync(changing)
     changing.pop()  # the same list, one job fewer: never taken for the kept answer

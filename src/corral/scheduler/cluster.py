@@ -249,18 +249,21 @@ class Occupied:
         self.ok = True
         # The tuple the last usable sync was given and its answer: a caller that hands the very
         # same tuple again (the simulator, when nothing started, ended or stopped since: a tuple
-        # cannot change) gets the answer without the difference over every running job.
+        # cannot change) gets the answer without the difference over every running job. The
+        # answer's (job, GPUs per model) pairs are kept from call to call, so that a cycle does
+        # not make one new pair per running job (a copy of the list is handed out).
         self.last: tuple[RunningJob, ...] | None = None
-        self.last_held: list[dict[str, int]] = []
+        self.last_pairs: list[tuple[RunningJob, dict[str, int]]] = []
 
     def sync(
         self, running: Sequence[RunningJob], diffs: DiffMemo | None = None
-    ) -> list[dict[str, int]] | None:
-        """Make the running set exactly `running`; GPUs per model of each, or None if unusable.
+    ) -> list[tuple[RunningJob, dict[str, int]]] | None:
+        """Make the running set exactly `running`; each job with its GPUs per model (a new list,
+        in `running`'s order), or None if unusable.
         `diffs`: where the difference of the two running tuples is worked out (the Scheduler's,
         shared with its queue index, which diffs the same two tuples)."""
         if running is self.last and self.ok:
-            return list(self.last_held)
+            return list(self.last_pairs)
         last = self.last if self.ok else None
         self.last = None  # the state moves off the kept tuple's (a list is not kept: see below)
         if last is not None and isinstance(running, tuple):
@@ -291,9 +294,9 @@ class Occupied:
             self.totals.add(rj, per_model, 1)
         if not self.ok:
             return None
-        found = list(map(held.__getitem__, keys))
+        found = list(zip(running, map(held.__getitem__, keys), strict=True))
         if isinstance(running, tuple):  # (a list could change under the same identity)
-            self.last, self.last_held = running, found
+            self.last, self.last_pairs = running, found
             return list(found)
         return found
 
@@ -308,13 +311,13 @@ class Occupied:
         running: tuple[RunningJob, ...],
         gone: list[int],
         added: tuple[RunningJob, ...],
-    ) -> list[dict[str, int]] | None:
+    ) -> list[tuple[RunningJob, dict[str, int]]] | None:
         """`sync` when `running` is the last tuple without the jobs at positions `gone` and with
         `added` appended (the usual step: seqdiff.py), without a set difference over every
         running job. The same state and answer as that difference."""
         jobs, held = self.jobs, self.held
         touched: set[int] = set()
-        found = list(self.last_held)
+        found = list(self.last_pairs)
         for pos in reversed(gone):
             rj = last[pos]
             key = id(rj)
@@ -328,10 +331,10 @@ class Occupied:
             jobs[key] = rj
             per_model = held[key] = self._apply(rj, 1, touched)
             self.totals.add(rj, per_model, 1)
-            found.append(per_model)
+            found.append((rj, per_model))
         if not self.ok:
             return None
-        self.last, self.last_held = running, found
+        self.last, self.last_pairs = running, found
         return list(found)
 
     def _apply(self, rj: RunningJob, sign: int, touched: set[int]) -> dict[str, int]:
@@ -403,24 +406,27 @@ class ClusterState:
             self._owned.add(i)
         return self.free[i]
 
-    def occupy_running(self, running: Sequence[RunningJob]) -> tuple[list[dict[str, int]], RunningTotals]:
-        """Subtract the running jobs and build the index; GPUs per model of each running job, and
-        totals per group and user.
+    def occupy_running(
+        self, running: Sequence[RunningJob]
+    ) -> tuple[list[tuple[RunningJob, dict[str, int]]], RunningTotals]:
+        """Subtract the running jobs and build the index; each running job with its GPUs per
+        model (in `running`'s order), and totals per group and user.
 
         Reuses the previous call's Occupied (same NodeTable) and applies only the difference."""
         memo = self.memo
         found = [o for o in memo.occupied if o.table is self.table]
         occ = found[0] if found else Occupied(self.table)
         others = [o for o in memo.occupied if o is not occ]
-        held = occ.sync(running, memo.running_diff)
-        if held is None:
+        pairs = occ.sync(running, memo.running_diff)
+        if pairs is None:
             memo.occupied[:] = others
             held = self.occupy_all([rj.allocation for rj in running])
             self.build_index()
             totals = RunningTotals()
-            for rj, per_model in zip(running, held, strict=True):
+            pairs = list(zip(running, held, strict=True))
+            for rj, per_model in pairs:
                 totals.add(rj, per_model, 1)
-            return held, totals
+            return pairs, totals
         memo.occupied[:] = [*others[-(MEMO_SIZE - 1) :], occ]
         self.free_cpus = list(occ.free_cpus)
         self.free_mem = list(occ.free_mem)
@@ -430,7 +436,7 @@ class ClusterState:
         self.free_total = dict(occ.free_total)
         self.free_sum = sum(self.free_total.values())
         self.version += 1
-        return held, occ.totals.copy()
+        return pairs, occ.totals.copy()
 
     def build_index(self) -> None:
         """Index ready nodes by (model, free count): the empty cluster's index, with the nodes that

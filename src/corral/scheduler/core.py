@@ -112,8 +112,7 @@ class Cycle:
         self.kept_rolls = scheduler.kept_rolls
         st = self.st = ClusterState(snapshot.nodes, scheduler.cluster_memo)
         self.ledger = QuotaLedger(snapshot.groups, scheduler.kept_allowed)
-        held, totals = st.occupy_running(snapshot.running)
-        running = list(zip(snapshot.running, held, strict=True))
+        running, totals = st.occupy_running(snapshot.running)  # (job, GPUs per model), a new list
         self.ledger.charge_running(totals)
         if profile.quotas:  # work a guarantee cut since its placement no longer covers is borrowed
             running = self.ledger.mark_borrowed(running, totals)
