@@ -118,7 +118,9 @@ class KeptRolls:
         if cycle.assigned_ids or cycle.preemptions or snapshot.nodes is not kept.nodes:
             return False
         running, placed = snapshot.running, kept.placed
-        if len(running) != len(kept.running) or not all(map(is_, running, kept.running)):
+        if running is not kept.running and (
+            len(running) != len(kept.running) or not all(map(is_, running, kept.running))
+        ):
             return False
         if len(jobs) <= len(placed) or not all(map(is_, jobs, placed)):  # (map stops at placed's end)
             return False
