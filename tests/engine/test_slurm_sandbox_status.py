@@ -1,6 +1,7 @@
 """The Slurm engine's reading of bwrap's --json-status-fd files (state.StateStore.sandbox_refusal),
-without a cluster: an attempt is launch_failed only when no rank's command ran, a rank killed by a
-signal or stopped before its bwrap is never a refusal, and no status file keeps the exit the job's.
+without a cluster: an attempt is launch_failed only when no rank's command may have run (a rank
+killed by a signal after its bwrap started may have: review110 #1), a rank killed by a signal or
+stopped before its bwrap is never a refusal, and no status file keeps the exit the job's.
 The files are laid out as the rank scripts leave them; on real Slurm:
 tests/slurm/test_slurm_sandbox_refusal.py."""
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from corral.engine.base import AttemptPhase, FailureReason
 from corral.engine.slurm.cli import SlurmJob
-from corral.engine.slurm.mapping import terminal_status
+from corral.engine.slurm.mapping import SandboxRefusal, terminal_status
 from corral.engine.slurm.scripts import BWRAP_NOT_STARTED, BWRAP_STATUS_FILE
 from corral.engine.slurm.state import StateStore
 
@@ -35,24 +36,52 @@ def test_a_rank_whose_bwrap_never_execd_its_command_is_the_refusal_with_bwraps_l
     tmp_path: Path,
 ) -> None:
     store = store_with(tmp_path, {0: STARTED}, {0: "corral: a dir line\nbwrap: earlier\n" + WORDS + "\n"})
-    assert store.sandbox_refusal("9.1", 1, {0: 1}, UID) == (0, WORDS)
+    assert store.sandbox_refusal("9.1", 1, {0: 1}, UID) == SandboxRefusal(0, 1, WORDS, ())
 
 
 def test_without_bwraps_words_the_refusal_says_its_exit_code(tmp_path: Path) -> None:
     store = store_with(tmp_path, {0: b""})  # bwrap died before it cloned: nothing written yet
-    assert store.sandbox_refusal("9.1", 1, {0: 1}, UID) == (
-        0,
-        "bwrap exited with code 1 before starting the job's command",
+    assert store.sandbox_refusal("9.1", 1, {0: 1}, UID) == SandboxRefusal(
+        0, 1, "bwrap exited with code 1 before starting the job's command", ()
     )
 
 
-def test_no_refusal_when_any_rank_ran_its_command(tmp_path: Path) -> None:
+def test_a_refusal_after_another_ranks_command_ran_names_that_rank(tmp_path: Path) -> None:
     # rank 1 refused first, rank 0's command ran (and was failed with the gang): the job's exit
     store = store_with(tmp_path, {0: RAN, 1: STARTED}, {1: WORDS})
-    assert store.sandbox_refusal("9.1", 2, {1: 1, 0: 143}, UID) is None
+    assert store.sandbox_refusal("9.1", 2, {1: 1, 0: 143}, UID) == SandboxRefusal(1, 1, WORDS, (0,))
     # a rank that left no exit code (killed) but whose bwrap said its command ran counts too
     store = store_with(tmp_path / "b", {0: STARTED, 1: RAN}, {0: WORDS})
-    assert store.sandbox_refusal("9.1", 2, {0: 1}, UID) is None
+    assert store.sandbox_refusal("9.1", 2, {0: 1}, UID) == SandboxRefusal(0, 1, WORDS, (1,))
+
+
+def test_a_rank_killed_after_its_bwrap_started_may_have_run(tmp_path: Path) -> None:
+    # review110 #1: rank 0 ignored TERM and was KILLed at the gang's grace; a killed bwrap writes
+    # no exit-code line even after its command ran, with an exit of 137 or none at all
+    store = store_with(tmp_path, {0: STARTED, 1: STARTED}, {1: WORDS})
+    assert store.sandbox_refusal("9.1", 2, {1: 1, 0: 137}, UID) == SandboxRefusal(1, 1, WORDS, (0,))
+    assert store.sandbox_refusal("9.1", 2, {1: 1}, UID) == SandboxRefusal(1, 1, WORDS, (0,))
+    # even before its child-pid line: it cannot tell how far its bwrap got
+    store = store_with(tmp_path / "b", {0: b"", 1: STARTED}, {1: WORDS})
+    assert store.sandbox_refusal("9.1", 2, {1: 1}, UID) == SandboxRefusal(1, 1, WORDS, (0,))
+    # stopped before its bwrap started, or refused by itself: nothing of the job ran
+    store = store_with(tmp_path / "c", {0: BWRAP_NOT_STARTED, 1: STARTED, 2: STARTED}, {1: WORDS})
+    assert store.sandbox_refusal("9.1", 3, {1: 1, 2: 1}, UID) == SandboxRefusal(1, 1, WORDS, ())
+    job: SlurmJob = {"job_id": 7, "job_state": "FAILED", "exit_code": 256}
+    status = terminal_status("9.1", job, {1: 1}, None, SandboxRefusal(1, 1, WORDS, (0,)))
+    assert (status.phase, status.reason, status.exit_code) == (
+        AttemptPhase.FAILED,
+        FailureReason.EXIT_CODE,
+        1,
+    )
+    assert status.message == (
+        f"rank 1: the sandbox did not start the job: {WORDS}; "
+        "rank 0 may have run the job's command, so this is the job's own failure"
+    )
+    two = terminal_status("9.1", job, {1: 1}, None, SandboxRefusal(1, 1, WORDS, (0, 2)))
+    assert two.message.endswith(
+        "; ranks 0, 2 may have run the job's command, so this is the job's own failure"
+    )
 
 
 def test_signals_stops_before_bwrap_and_missing_files_are_never_refusals(tmp_path: Path) -> None:
@@ -62,7 +91,9 @@ def test_signals_stops_before_bwrap_and_missing_files_are_never_refusals(tmp_pat
     assert store.sandbox_refusal("9.1", 3, {2: 1}, UID) is None  # no status file: an old bubblewrap
     # the first refusal in the order the ranks ended is named
     store = store_with(tmp_path / "b", {0: STARTED, 1: STARTED}, {0: WORDS, 1: "bwrap: other\n"})
-    assert store.sandbox_refusal("9.1", 2, {1: 1, 0: 1}, UID) == (1, "bwrap: other")
+    assert store.sandbox_refusal("9.1", 2, {1: 1, 0: 1}, UID) == SandboxRefusal(1, 1, "bwrap: other", ())
+    # a refusal after the first failure (a signal) is not its cause
+    assert store.sandbox_refusal("9.1", 2, {0: 137, 1: 1}, UID) is None
 
 
 def test_files_that_are_not_the_jobs_own_plain_files_are_not_read(tmp_path: Path) -> None:
@@ -76,14 +107,15 @@ def test_files_that_are_not_the_jobs_own_plain_files_are_not_read(tmp_path: Path
 
 def test_the_refusal_is_launch_failed_unless_corral_stopped_it_or_slurm_saw_oom() -> None:
     job: SlurmJob = {"job_id": 7, "job_state": "FAILED", "exit_code": 256}
-    status = terminal_status("9.1", job, {0: 1}, None, (0, WORDS))
+    status = terminal_status("9.1", job, {0: 1}, None, SandboxRefusal(0, 1, WORDS))
     assert (status.phase, status.reason, status.exit_code) == (
         AttemptPhase.FAILED,
         FailureReason.LAUNCH_FAILED,
         None,
     )
     assert status.message == f"rank 0: the sandbox did not start the job: {WORDS}"
-    assert terminal_status("9.1", job, {0: 1}, "stopped", (0, WORDS)).reason is FailureReason.STOPPED
+    refused = SandboxRefusal(0, 1, WORDS)
+    assert terminal_status("9.1", job, {0: 1}, "stopped", refused).reason is FailureReason.STOPPED
     oom: SlurmJob = {**job, "job_state": "OUT_OF_MEMORY"}
-    assert terminal_status("9.1", oom, {0: 1}, None, (0, WORDS)).reason is FailureReason.OOM
+    assert terminal_status("9.1", oom, {0: 1}, None, refused).reason is FailureReason.OOM
     assert terminal_status("9.1", job, {0: 1}, None).reason is FailureReason.EXIT_CODE  # no refusal

@@ -526,9 +526,9 @@ class SlurmEngine(Submission):
             aid, fake_job, exits, mapping.stop_kind(record.stop, fake_job), refused
         )
 
-    def _sandbox_refusal(self, record: AttemptRecord, exits: dict[int, int]) -> tuple[int, str] | None:
-        """(rank, bwrap's words) when bwrap refused to set up the sandbox and no rank's command
-        ran (state.StateStore.sandbox_refusal); looked for only when an instance failed."""
+    def _sandbox_refusal(self, record: AttemptRecord, exits: dict[int, int]) -> mapping.SandboxRefusal | None:
+        """The first failing rank's refusal when bwrap refused to set up its sandbox
+        (state.StateStore.sandbox_refusal); looked for only when an instance failed."""
         if not any(exits.values()):
             return None
         return self.store.sandbox_refusal(record.attempt_id, record.n_ranks, exits, record.uid)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason, NodeReport
 from corral.engine.slurm.cli import SlurmJob, SlurmNode
@@ -85,20 +85,31 @@ def failed_status(
     )
 
 
+class SandboxRefusal(NamedTuple):
+    """A rank whose bwrap refused to set up its sandbox (state.StateStore.sandbox_refusal)."""
+
+    rank: int
+    code: int  # the rank's exit: bwrap's own (1-127)
+    why: str  # bwrap's words
+    ran: tuple[int, ...] = ()  # the ranks whose command may have run (then it is the job's failure)
+
+
 def terminal_status(
     attempt_id: str,
     job: SlurmJob,
     rank_exits: Mapping[int, int],
     stop_kind: str | None,
-    refused: tuple[int, str] | None = None,
+    refused: SandboxRefusal | None = None,
 ) -> AttemptStatus:
     """Status of a job Slurm reports as finished. `rank_exits` are the exit codes the instances
     wrote themselves, in the order they ended (more precise than Slurm's single code: the first
     failure is the cause); `stop_kind` is "stopped" or "timeout" when Corral asked the job to stop
     before it ended (then it counts as stopped even if it exited 0 on SIGTERM: a preempted job
-    must not look done). `refused`: (rank, bwrap's words) when bwrap refused to set up a rank's
-    sandbox and no rank's command ran (state.StateStore.sandbox_refusal): launch_failed, the
-    platform's, not the rank's exit 1."""
+    must not look done). `refused`: when the first rank to fail was bwrap refusing to set up its
+    sandbox (state.StateStore.sandbox_refusal): launch_failed, the platform's, not the rank's exit
+    1, only when no rank's command may have run; once one may have (its side effects, partial
+    outputs), the job's own failure with bwrap's words, so that a re-run is charged to the job
+    (the local engine's rule, local/supervisor.py Supervisor.refusal_outcome)."""
     ref = str(job.get("job_id", ""))
     state = slurm_state(job)
     started, finished = _times(job)
@@ -125,8 +136,15 @@ def terminal_status(
         return status(AttemptPhase.FAILED, FailureReason.TIMEOUT, f"Slurm time limit ({state})")
     if state == "OUT_OF_MEMORY":
         return status(AttemptPhase.FAILED, FailureReason.OOM, "Slurm: OUT_OF_MEMORY")
+    if refused is not None and refused.ran:
+        ranks = f"rank{'s' if len(refused.ran) > 1 else ''} {', '.join(map(str, refused.ran))}"
+        message = (
+            f"rank {refused.rank}: the sandbox did not start the job: {refused.why}; "
+            f"{ranks} may have run the job's command, so this is the job's own failure"
+        )
+        return status(AttemptPhase.FAILED, FailureReason.EXIT_CODE, message)  # code: refused.code
     if refused is not None:
-        message = f"rank {refused[0]}: the sandbox did not start the job: {refused[1]}"
+        message = f"rank {refused.rank}: the sandbox did not start the job: {refused.why}"
         return AttemptStatus(
             attempt_id,
             AttemptPhase.FAILED,

@@ -21,6 +21,7 @@ from typing import Required, TypedDict, cast
 from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason
 from corral.engine.isolation.bwrap_status import EXEC_MARK, LOG_TAIL_BYTES, MAX_MESSAGE_CHARS
 from corral.engine.slurm.cli import SlurmNode
+from corral.engine.slurm.mapping import SandboxRefusal
 from corral.engine.slurm.scripts import BWRAP_NOT_STARTED, BWRAP_STATUS_FILE, SUBMISSION_FILE
 
 RECORD_CACHE_SIZE = 4096  # attempt records kept in memory (StateStore.load)
@@ -287,24 +288,30 @@ class StateStore:
 
     def sandbox_refusal(
         self, attempt_id: str, n_ranks: int, exits: dict[int, int], owner: int | None = None
-    ) -> tuple[int, str] | None:
-        """(rank, why) when bwrap refused to set up a rank's sandbox and no rank's command ever
-        ran (the local engine's rule, isolation/bwrap_status.py). The rank is the first in `exits`
-        (rank_exits: in the order they ended) that exited by itself (code 1-127; 128 and up is a
-        signal: a stop's or the OOM killer's KILL writes nothing) and whose bwrap was started (its
-        rank script truncated scripts.BWRAP_NOT_STARTED away) and wrote no exit-code line. None
-        when any rank's bwrap wrote one, and where there are no status files (a bubblewrap without
-        --json-status-fd: the exit stays the job's)."""
+    ) -> SandboxRefusal | None:
+        """The refusal when the first rank to fail (the first non-zero code in `exits`, which
+        rank_exits orders as the ranks ended: the cause) was bwrap refusing to set up its sandbox:
+        it exited by itself (code 1-127; 128 and up is a signal: a stop's or the OOM killer's KILL
+        writes nothing), its bwrap was started (its rank script truncated scripts.BWRAP_NOT_STARTED
+        away) and wrote no exit-code line. Its `ran` names the ranks whose command may have run
+        (_may_have_run), which make it the job's own failure (mapping.terminal_status). None
+        otherwise, and where there are no status files (a bubblewrap without --json-status-fd:
+        the exit stays the job's)."""
+        failing = [(rank, code) for rank, code in exits.items() if code != 0]
+        if not failing:
+            return None
+        rank, code = failing[0]
         ranks = range(max(n_ranks, max(exits, default=-1) + 1))
-        statuses = [self._bwrap_status(attempt_id, rank, owner) for rank in ranks]
-        if any(s is not None and EXEC_MARK in s for s in statuses):
-            return None  # a command ran: any failure is the job's own
-        for rank, code in exits.items():
-            status = statuses[rank]
-            if status is not None and 0 < code < 128 and not status.startswith(BWRAP_NOT_STARTED):
-                why = self._bwrap_said(attempt_id, rank, owner)
-                return rank, why or f"bwrap exited with code {code} before starting the job's command"
-        return None
+        statuses = [self._bwrap_status(attempt_id, r, owner) for r in ranks]
+        status = statuses[rank]
+        if status is None or not 0 < code < 128 or EXEC_MARK in status:
+            return None
+        if status.startswith(BWRAP_NOT_STARTED):
+            return None  # the rank script's own refusal (before bwrap): its exit stands
+        why = self._bwrap_said(attempt_id, rank, owner)
+        why = why or f"bwrap exited with code {code} before starting the job's command"
+        ran = tuple(r for r in ranks if _may_have_run(statuses[r], exits.get(r)))
+        return SandboxRefusal(rank, code, why, ran)
 
     def _bwrap_status(self, attempt_id: str, rank: int, owner: int | None) -> bytes | None:
         """What rank's bwrap wrote to its status file (scripts.BWRAP_STATUS_FILE); None without one."""
@@ -392,3 +399,17 @@ def _new_record_file(directory: Path, data: bytes) -> str:
             os.unlink(path)  # a full disk: no stray part-record left
             raise
         return path
+
+
+def _may_have_run(status: bytes | None, code: int | None) -> bool:
+    """Whether a rank's command may have run, from what its bwrap wrote (`status`) and its exit
+    code (None: it wrote none, its rank script was killed). Only a rank stopped before its bwrap
+    started (BWRAP_NOT_STARTED) or whose bwrap refused by itself (code 1-127 with no exit-code
+    line) did not: a bwrap killed by a signal (the gang's grace, Slurm's KillWait, the rank
+    script's own kill) writes no exit-code line even after its command ran (the local engine's
+    Instance.may_have_run), and a rank without a readable status file cannot tell."""
+    if status is None or EXEC_MARK in status:
+        return True
+    if status.startswith(BWRAP_NOT_STARTED):
+        return False
+    return code is None or not 0 < code < 128
