@@ -162,6 +162,27 @@ def test_a_subject_with_line_breaks_is_mailed_on_one_line(env: Env, smtp: Smtp) 
         assert db.scalars(sa.select(PageNotification.state)).all() == ["sent"]
 
 
+@pytest.mark.parametrize(
+    "brk", ["\r", "\n", "\r\n", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+)
+def test_every_line_break_the_email_policy_refuses_is_made_a_space(smtp: Smtp, brk: str) -> None:
+    """review110 #3: EmailMessage refuses a header value that str.splitlines() splits, which is
+    more than CR and LF; each such break in the subject and a header is mailed as a space."""
+    assert len(f"a{brk}b".splitlines()) == 2  # the policy's own test: it would refuse this value
+    mailer = pager.Mailer(pager.email_transport(smtp.config(), None))
+    try:
+        mailer.send_text("oncall@example.org", f"GPU 0{brk}Bcc: evil@x", "b", {"X-Corral-Page": f"k{brk}2"})
+    finally:
+        mailer.close()
+    assert smtp.inbox.wait_for(1, 5)
+    message = smtp.inbox.messages[0]
+    assert (message["Subject"], message["X-Corral-Page"], message["Bcc"]) == (
+        "GPU 0 Bcc: evil@x",
+        "k 2",
+        None,
+    )
+
+
 def test_an_unexpected_error_in_one_send_is_that_notifications_failure(
     env: Env, smtp: Smtp, monkeypatch: pytest.MonkeyPatch
 ) -> None:

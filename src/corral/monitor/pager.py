@@ -157,11 +157,14 @@ class Mailer:
             self.smtp = None
 
 
-_LINE_BREAKS = re.compile(r"[\r\n]+")
+# Every character str.splitlines() breaks at, which is what Python's email policy refuses in a
+# header value (`len(value.splitlines()) > 1`), not only CR and LF (review110 #3).
+_LINE_BREAKS = re.compile("[\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]+")
 
 
 def one_line(text: str) -> str:
-    """`text` with each run of line breaks (CR, LF) made one space: an email header's value."""
+    """`text` with each run of line breaks made one space: an email header's value. The line
+    breaks are str.splitlines()'s (CR, LF, VT, FF, FS, GS, RS, NEL, U+2028, U+2029)."""
     return _LINE_BREAKS.sub(" ", text)
 
 
