@@ -96,6 +96,11 @@ def test_a_group_the_current_quota_refuses_still_counts_its_jobs() -> None:
     assert row["jobs"] == 3
     (same,) = compare_groups(then, now, data)
     assert same["jobs"] == 3
+    # review110 #7: every job of the shape with the one wording (the first was prefixed, the
+    # others, from the shape's cached verdict, were not)
+    whys = {why for _, why in now.rejected}
+    assert len(now.rejected) == 3 and len(whys) == 1, whys
+    assert whys.pop().startswith("its group's quota can never admit it: ")
 
 
 def test_a_group_with_some_jobs_newly_rejected_shows_no_change_and_a_note_says_why() -> None:

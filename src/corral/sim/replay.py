@@ -375,9 +375,9 @@ class Simulator:
                     allowed = probe.tasks[0].resources.gpu_models
                     usable = [m for m in models if allowed is None or m in allowed]
                     found = quota_refusals(probe, groups[tj.group], usable)
-                    why = verdicts[qkey] = "; ".join(r.message for r in found)
-                    if why:
-                        why = f"its group's quota can never admit it: {why}"
+                    why = "; ".join(r.message for r in found)
+                    # cached with its prefix: every job of the shape gets the one wording (review110 #7)
+                    why = verdicts[qkey] = f"its group's quota can never admit it: {why}" if why else ""
             if why:
                 self.rejected.append((tj, why))
                 if self.config.record_events:
