@@ -167,6 +167,34 @@ def test_a_claimed_message_is_sent_by_one_pass_only(team: Team, smtp: Smtp) -> N
     assert smtp.inbox.messages == []
 
 
+def test_a_pass_whose_claim_expired_leaves_the_next_claimers_outcome(team: Team, smtp: Smtp) -> None:
+    """review110 #5: a pass so slow that its claim expired and another pass took the message
+    over (and sent it) stores neither its outcome nor its jobs' events over that pass's."""
+    now = time.time()
+    (job_id,) = [submit(team, {"on": ["failed"]})]
+    fail(team, [job_id], now)
+    with team.factory() as db:
+        job_notify.group_pending(db, now, base_url="http://corral.test")
+        (seen,) = job_notifier._due(db, now)
+        slow = job_notifier._claim(db, seen, now)  # then stalls past its claim's expiry
+        assert slow is not None
+        claim_until = slow.next_attempt_at
+        db.expunge(slow)
+    assert deliver(team.factory, smtp.config(), now + job_notifier.SENDING_RETRY_S + 1, NETWORKS) == 1
+    assert smtp.inbox.wait_for(1, 5)
+    sent_events = notify_events(team, job_id)
+    assert len(sent_events) == 1
+    for state in ("failing", "given_up"):
+        with team.factory() as db:
+            late = db.get(JobNotifyDelivery, seen[0])
+            assert late is not None
+            late.state, late.last_error = state, "the slow pass's failure"
+            job_notifier._store_outcome(db, late, claim_until, now)
+            row = db.get(JobNotifyDelivery, seen[0], populate_existing=True)
+            assert row is not None and (row.state, row.last_error, row.attempts) == ("sent", "", 2)
+    assert notify_events(team, job_id) == sent_events
+
+
 @BOTH
 def test_a_flood_is_caught_up_in_one_digest_listing_some_and_counting_all(
     team: Team, smtp: Smtp, hook: WebhookServer, monkeypatch: pytest.MonkeyPatch

@@ -151,15 +151,36 @@ def _send_claimed(
         delivery.state, delivery.sent_at, delivery.last_error = "sent", now, ""
 
 
-def _store_outcome(session: Session, delivery: JobNotifyDelivery, now: float) -> None:
+def _store_outcome(session: Session, delivery: JobNotifyDelivery, claim_until: float, now: float) -> None:
     """Commit one message's outcome (and, settled, its jobs' events) on its own, so that it
-    stands whatever happens to the next. Should that commit fail, the outcome's state is still
-    written, without its words: a message sent is never sent again for want of a record, and a
-    settled one keeps no text there either (job_notify.settled_text, as record_outcome)."""
+    stands whatever happens to the next, where this pass's claim still stands (`sending`, due
+    again at `claim_until`, as _claim left it; a later claim, made only once this one expired,
+    is due later): a pass so slow that another took the message over leaves that pass's outcome
+    and events be, as the pager's _store_outcome (review110 #5). Should the commit fail, the
+    outcome's state is still written, without its words: a message sent is never sent again for
+    want of a record, and a settled one keeps no text there either (job_notify.settled_text, as
+    record_outcome)."""
     delivery_id, state, error = delivery.id, delivery.state, delivery.last_error
-    next_at, attempts, payload = delivery.next_attempt_at, delivery.attempts, dict(delivery.payload)
-    text = job_notify.settled_text(payload) if state in job_notify.SETTLED else {}
+    outcome = {
+        "state": state, "next_attempt_at": delivery.next_attempt_at, "attempts": delivery.attempts,
+        "sent_at": now if state == "sent" else None,
+    }  # fmt: skip
+    text = job_notify.settled_text(dict(delivery.payload)) if state in job_notify.SETTLED else {}
+    ours = (
+        JobNotifyDelivery.id == delivery_id,
+        JobNotifyDelivery.state == "sending",
+        JobNotifyDelivery.next_attempt_at == claim_until,
+    )
     try:
+        with session.no_autoflush:  # the outcome is written by the claim's compare-and-set first
+            stored = session.execute(
+                update(JobNotifyDelivery).where(*ours).values(**outcome, last_error=error, **text)
+                .execution_options(synchronize_session=False)
+            )  # fmt: skip
+        if stored.rowcount != 1:  # type: ignore[attr-defined]
+            session.rollback()
+            log.warning("job notification %s: its claim expired before its outcome (%s)", delivery_id, state)
+            return
         if state in job_notify.SETTLED:
             job_notify.record_outcome(session, delivery, now)
         session.commit()
@@ -168,18 +189,9 @@ def _store_outcome(session: Session, delivery: JobNotifyDelivery, now: float) ->
         log.exception("job notification %s: outcome %s not stored in full", delivery_id, state)
         words = f"the outcome's details could not be stored ({type(exc).__name__})" if error else ""
         session.execute(
-            update(JobNotifyDelivery)
-            .where(JobNotifyDelivery.id == delivery_id, JobNotifyDelivery.state == "sending")
-            .values(
-                state=state,
-                last_error=words,
-                next_attempt_at=next_at,
-                attempts=attempts,
-                sent_at=now if state == "sent" else None,
-                **text,
-            )
+            update(JobNotifyDelivery).where(*ours).values(**outcome, last_error=words, **text)
             .execution_options(synchronize_session=False)
-        )
+        )  # fmt: skip
         session.commit()
 
 
@@ -207,11 +219,12 @@ def deliver(
                 delivery = _claim(session, seen, at)
                 if delivery is None:
                     continue
+                claim_until = delivery.next_attempt_at
                 if reclaimed_too_often(seen[1], delivery, config.retry.max_attempts):
                     give_up_reclaimed(delivery, at)
                 else:
                     _send_claimed(session, mailer, delivery, config, at, webhook_networks)
-                _store_outcome(session, delivery, at)
+                _store_outcome(session, delivery, claim_until, at)
                 handled += 1
             return handled
     finally:
