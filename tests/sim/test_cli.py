@@ -411,5 +411,43 @@ def test_from_cluster_refuses_a_window_none_of_whose_jobs_fits_the_nodes_now(mon
     assert (
         "none of the 3 jobs since 1970-01-01 00:00:00 UTC can run on the cluster as it is now" in res.stderr
     )
-    assert "(4 GPUs); e.g. j0: task worker asks for GPU model V100; this cluster has A100" in res.stderr
+    assert (
+        "(4 GPUs), nor with the changes asked for (g: guaranteed 2); with them, "
+        "e.g. j0: task worker asks for GPU model V100; this cluster has A100"
+    ) in " ".join(res.stderr.split())
     assert "j1:" not in res.stderr  # one job per reason
+    plain = CliRunner().invoke(app, ["sim", "--from-cluster"])  # nothing changed: the current replay's
+    assert plain.exit_code == 2, plain.output
+    assert "(4 GPUs); e.g. j0: task worker asks" in plain.stderr
+
+
+def test_from_cluster_shows_a_what_if_whose_changes_let_jobs_the_current_settings_reject_run(
+    monkeypatch: Any,
+) -> None:
+    """review110 #4: group g guarantees 2 GPUs without borrowing and its jobs ask for 4: the
+    current settings reject every job, and asking what a quota of 4 or fifo would do is exactly
+    the question; it was refused as a window whose jobs cannot run."""
+    import corral.cli.sim_live
+
+    jobs = [
+        {"submit_time": i, "duration": 60, "num_gpus": 4, "group": "g", "job_id": f"j{i}"} for i in range(3)
+    ]
+    pools = [{"name": "a", "count": 2, "gpus_per_node": 4, "gpu_model": "A100"}]
+    groups = [{"name": "g", "guaranteed": 2, "borrowing": False}]
+    export = {
+        "jobs": jobs,
+        "since": 0.0,
+        "notes": [],
+        "policy": "default",
+        "cluster": {"name": "live", "pools": pools, "groups": groups},
+    }
+    monkeypatch.setattr(corral.cli.sim_live, "_fetch", lambda request: export)
+    for change in (["--quota", "g=4"], ["--policy", "fifo"]):
+        res = CliRunner().invoke(app, ["sim", "--from-cluster", *change, "-o", "json"])
+        assert res.exit_code == 0, res.output
+        report = json.loads(res.stdout)
+        current, changed = report["summaries"]
+        assert (current["jobs"], changed["jobs"]) == (0, 3), report["summaries"]
+    res = CliRunner().invoke(app, ["sim", "--from-cluster"])  # the current settings alone: refused
+    assert res.exit_code == 2
+    assert "none of the 3 jobs" in res.stderr and "its group's quota can never admit it" in res.stderr

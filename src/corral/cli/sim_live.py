@@ -151,10 +151,10 @@ def run_from_cluster(request: LiveRequest, config: Any, knobs: dict[str, Any], c
     try:
         live_knobs = dict(export.get("policy_knobs") or {})  # what the server sets beyond the profile
         current = simulate(trace, cluster, current_policy, config, live_knobs)
-        _refuse_if_nothing_ran(current, export)
         changed = (
             simulate(trace, changed_cluster, new_policy, config, live_knobs | knobs) if described else current
         )
+        _refuse_if_nothing_ran(current, changed, described, export)
     except PolicyError as exc:
         _fail(str(exc))
     label_now = f"current ({current_policy})"
@@ -183,21 +183,28 @@ def run_from_cluster(request: LiveRequest, config: Any, knobs: dict[str, Any], c
     _print_comparison(console, title, tables, rows, described, notes)
 
 
-def _refuse_if_nothing_ran(current: Any, export: dict[str, Any]) -> None:
-    """Every job of the window rejected under the current settings (the nodes they ran on gone or
-    replaced, say): the what-if compared two tables of zeros. Refused, with the first reasons."""
-    if current.jobs:
+def _refuse_if_nothing_ran(
+    current: Any, changed: Any, described: Sequence[str], export: dict[str, Any]
+) -> None:
+    """Every job of the window rejected in the replay asked about (the nodes they ran on gone or
+    replaced, say): the what-if compared two tables of zeros. Refused, with the first reasons of
+    that replay: the changed one when something changes, which may run jobs the current settings
+    reject (a quota raised, another policy: exactly the question asked; review110 #4), so a
+    what-if is refused only when neither replay runs a job."""
+    if current.jobs or changed.jobs:
         return
     example: dict[str, str] = {}  # the first job of each reason
-    for job, why in current.rejected:
+    for job, why in changed.rejected:
         example.setdefault(why, job.job_id)
     shown = "; ".join(f"{job}: {why}" for why, job in list(example.items())[:3])
-    count = len(current.rejected)
+    count = len(changed.rejected)
     which, verb = ("the only job", "cannot") if count == 1 else (f"none of the {count:,} jobs", "can")
-    _fail(
-        f"{which} since {export_when(export)} {verb} run on "
-        f"the cluster as it is now ({plural(current.total_gpus, 'GPU')}); e.g. {shown}"
-    )
+    where = f"the cluster as it is now ({plural(current.total_gpus, 'GPU')})"
+    if described:
+        where += f", nor with the changes asked for ({'; '.join(described)}); with them, e.g."
+    else:
+        where += "; e.g."
+    _fail(f"{which} since {export_when(export)} {verb} run on {where} {shown}")
 
 
 def _what_changes(
