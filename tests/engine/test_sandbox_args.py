@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from corral.engine.gpus import DeviceNode
+from corral.engine.isolation.root_env import restoring_argv
 from corral.engine.isolation.sandbox import (
     SANDBOX_WORK_DIR,
     UID_BASE,
@@ -92,6 +93,14 @@ def test_user_namespace_mode_for_jobs_already_running_as_their_user(tmp_path: Pa
         "echo hi",
     ]
     assert not any("setpriv" in a for a in head + tail)
+    # the job's variables, stashed by the rank script, are put back inside (review110 #2)
+    named = SandboxSpec("echo hi", str(tmp_path / "w"), 1001, etc, env_names=["PATH", "LD_PRELOAD"])
+    _, tail = bwrap_argv_parts("/usr/bin/bwrap", None, named)
+    assert tail[tail.index("--") + 1 :] == [
+        "/usr/bin/env",
+        "--default-signal=TERM,INT",
+        *restoring_argv(["LD_PRELOAD", "PATH"], ["/bin/sh", "-c", "echo hi"]),
+    ]
     # the local engine's command line is the two parts of the setpriv mode, joined
     local = SandboxSpec("echo hi", str(tmp_path / "w"), 200001, etc)
     head, tail = bwrap_argv_parts("bwrap", "setpriv", local)

@@ -6,12 +6,14 @@ back without srun's own "task 0: Exited with exit code N" line; srun's real erro
 from __future__ import annotations
 
 import pwd
+import re
+import shutil
 import subprocess
 import time
 
 import pytest
 
-from corral.engine.base import AttemptPhase, ExecRefused
+from corral.engine.base import AttemptPhase, ExecRefused, MountSpec
 from corral.engine.slurm import SlurmEngine
 from corral.engine.slurm.enter import without_srun_exit_line
 from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster
@@ -79,3 +81,51 @@ def test_sruns_real_errors_still_show(slurm_cluster: SlurmCluster) -> None:
     out = subprocess.run(argv, env=slurm_cluster.env, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert "srun: error:" in out.stderr and "999999" in out.stderr, out.stderr
+
+
+# A library that says, on stderr, in which program the loader ran it
+PRELOAD_C = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((constructor)) static void said(void) {
+    char comm[64] = {0};
+    int fd = open("/proc/self/comm", O_RDONLY);
+    if (fd >= 0) { read(fd, comm, sizeof comm - 1); close(fd); }
+    dprintf(2, "preloaded in %s", comm);
+}
+"""
+PRELOADED = re.compile(r"^preloaded in (\S+)$", re.M)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler for the preloaded library")
+def test_the_jobs_environment_reaches_only_its_sandbox_not_bwrap_nor_execs_helpers(
+    engine: SlurmEngine, slurm_cluster: SlurmCluster
+) -> None:
+    """review110 #2: the rank script exported the job's environment before it ran bwrap, so an
+    LD_PRELOAD of the job's ran its code outside the sandbox, in bwrap (which could then forge
+    the bwrap status file), and `corral exec` ran it in its python3. Now the library is loaded
+    only in the job's own programs, inside the sandbox, and the job and an exec get their env."""
+    lib_dir = slurm_cluster.new_state_dir() / "lib"
+    lib_dir.mkdir()
+    (lib_dir / "mark.c").write_text(PRELOAD_C)
+    lib = lib_dir / "mark.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(lib_dir / "mark.c")], check=True)
+    lib_dir.chmod(0o755)
+    env = {"LD_PRELOAD": str(lib), "GREETING": "hello there"}
+    job = "echo GREETING=$GREETING; echo STASHED=$(env | grep -c CORRAL_JOB_ENV_); echo ready; exec sleep 60"
+    launch = attempt("933.1", instance("node1", job, env=env), mounts=[MountSpec(str(lib_dir), str(lib_dir))])
+    engine.launch(launch)
+    log = _ready(engine, "933.1")
+    assert "GREETING=hello there" in log and "STASHED=0" in log, log
+    # the job's shell, its `env` and `grep` and then its sleep: never bwrap, /usr/bin/env, cat...
+    assert set(PRELOADED.findall(log)) == {"sh", "env", "grep", "sleep"}, log
+    leftovers = "env | grep -c -e CORRAL_JOB_ENV_ -e ^CORRAL_ENV_NAMES= -e ^RESTORE= -e ^JOIN_PY= || :"
+    probe = ["/bin/sh", "-c", f"echo GREETING=$GREETING; echo LD=$LD_PRELOAD; {leftovers}"]
+    cmd = engine.exec_command("933.1", 0, probe)
+    out = subprocess.run(cmd.argv, env=dict(cmd.env), cwd=cmd.cwd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["GREETING=hello there", f"LD={lib}", "0"], out.stdout
+    assert set(PRELOADED.findall(out.stderr)) == {"sh", "env", "grep"}, out.stderr  # not python3, cat
+    engine.stop("933.1", 0)
+    wait_for(engine, "933.1", FINISHED, timeout_s=30)

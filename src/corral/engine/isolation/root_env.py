@@ -16,8 +16,10 @@ those programs:
   no_new_privs), puts them back under their own names (`restoring_argv`) and execs the job.
 
 The values stay in the environment, never on a command line (host users can read every process's
-command line; secrets are among the values). Slurm needs none of this: there the sandbox is built
-by the job's own account (`setpriv=None`)."""
+command line; secrets are among the values). On Slurm the sandbox is built by the job's own
+account (`setpriv=None`), no privilege, but its rank script stashes the job's variables too
+(slurm/scripts.py): code a job's LD_PRELOAD ran in bwrap, outside the sandbox, could write the
+bwrap status file there."""
 
 from __future__ import annotations
 

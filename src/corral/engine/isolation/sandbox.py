@@ -394,6 +394,10 @@ def bwrap_argv_parts(bwrap: str, setpriv: str | None, spec: SandboxSpec) -> tupl
         # job must not kill bwrap, which would SIGKILL the job without its grace); the job's own
         # shell gets the default action back.
         tail += ["/usr/bin/env", "--default-signal=TERM,INT"]
+        if spec.env_names:
+            # the rank script and bwrap ran with the job's variables stashed (scripts.py): the
+            # job's come back here, inside the sandbox, as on the local engine
+            return args, tail + restoring_argv(spec.env_names, ["/bin/sh", "-c", spec.command])
     else:
         groups = f"--groups={','.join(map(str, spec.gids))}" if spec.gids else "--clear-groups"
         tail += [setpriv, f"--reuid={spec.uid}", f"--regid={spec.uid}", groups]

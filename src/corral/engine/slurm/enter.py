@@ -6,9 +6,12 @@ itself, so Slurm places it in the job's cgroup on the rank's node (its CPU, memo
 limits), as the job's user, and kills it with the job. On the node, ENTER_SCRIPT finds the rank's
 sandbox from the pid its rank script recorded (rank-R.pid in the job dir: bwrap, then bwrap's
 pid 1, then the job's first process), takes the rank's environment (rank-R.env: the exports the
-rank script made, CUDA_VISIBLE_DEVICES included) and joins the job's mount, pid and ipc
-namespaces, root and working dir, then its own nested user namespace (JOIN_PY: the node needs a
-python3). The rank script empties both files when the rank ends (an empty pid: no sandbox).
+rank script made, CUDA_VISIBLE_DEVICES included, each stashed under root_env.STASH_PREFIX, and
+the list of their names) and joins the job's mount, pid and ipc namespaces, root and working
+dir, then its own nested user namespace (JOIN_PY: the node needs a python3), where a shell puts
+the job's variables back under their own names (root_env.RESTORE_SCRIPT) and execs the command:
+the programs on the way, outside the sandbox, never see them (an LD_PRELOAD of the job's). The
+rank script empties both files when the rank ends (an empty pid: no sandbox).
 srun runs without --pty: a shell through it has no job control. srun's stderr goes through
 SRUN_FILTER on the server, which drops the one line srun adds when the command fails.
 """
@@ -22,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from corral.engine.base import ExecCommand, ExecRefused
+from corral.engine.isolation.root_env import RESTORE_SCRIPT
 from corral.engine.slurm.state import AttemptRecord, read_job_file
 
 NO_SANDBOX = 125  # exit code of ENTER_SCRIPT when the rank's sandbox is not there
@@ -66,7 +70,8 @@ if [ -z "$b" ] || [ -z "$t" ]; then
 fi
 py=$(command -v python3) || { echo "corral: python3 is missing on $(hostname)" >&2; exit 125; }
 set -a; . "$J/rank-$r.env"; set +a
-exec "$py" -I -S -c "$JOIN_PY" "$t" "$@"
+n=$CORRAL_ENV_NAMES; rs=$RESTORE; unset CORRAL_ENV_NAMES RESTORE
+exec "$py" -I -S -c "$JOIN_PY" "$t" /bin/sh -c "$rs" corral-env $n -- "$@"
 """
 # srun reports a task's non-zero exit on its own stderr even under --quiet ("srun: error: node2:
 # task 0: Exited with exit code 3"): chatter to the user, whose exec already ends with that code.
@@ -197,4 +202,4 @@ def enter_argv(
     drop = ["/usr/bin/setpriv", f"--reuid={record.uid}", f"--regid={gid}", "--clear-groups", "--"]
     inner = ["/bin/sh", "-c", ENTER_SCRIPT, "corral-enter", str(job_dir), str(rank), *argv]
     argv_out = without_srun_exit_line((*drop, *step, *inner))
-    return ExecCommand(argv=argv_out, env={**env, "JOIN_PY": JOIN_PY}, cwd="/")
+    return ExecCommand(argv=argv_out, env={**env, "JOIN_PY": JOIN_PY, "RESTORE": RESTORE_SCRIPT}, cwd="/")

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from corral.engine.base import AttemptLaunch, InstanceLaunch, SecretGrant
 from corral.engine.isolation.bwrap_status import with_status_fd
+from corral.engine.isolation.root_env import STASH_PREFIX
 from corral.engine.isolation.sandbox import SANDBOX_WORK_DIR, SandboxSpec, bwrap_argv_parts, write_etc
 from corral.engine.isolation.secret_files import SANDBOX_SECRETS_DIR, SECRETS_DIR_ENV, write_secrets
 from corral.engine.slurm.users import UnixAccount
@@ -322,28 +323,40 @@ def _dir_checks(checks: Sequence[tuple[str, str]]) -> str:
 
 
 def _secret_env(secrets: tuple[SecretGrant, ...], rank: int) -> str:
-    """Shell that sets each env secret from its file (0400, the job's own): the values are never
-    in this script, in sbatch's environment or in `scontrol show job`. The `printf x` keeps
-    trailing newlines, which $(...) would strip."""
+    """Shell that sets each env secret, stashed (_rank_exports), from its file (0400, the job's
+    own): the values are never in this script, in sbatch's environment, in `scontrol show job` or
+    on a command line. The `printf x` keeps trailing newlines, which $(...) would strip."""
     lines = []
     for grant in secrets:
         if grant.env is None:
             continue
-        var = grant.env
+        var, stash = grant.env, STASH_PREFIX + grant.env
         lines.append(
             f'if [ ! -r "$J/secrets/env/{var}" ]; then echo "corral: the value of secret '
             f'{shlex.quote(grant.name)} (env {var}) is missing" >&2; echo 90 >"$J/rank-{rank}.exit"; '
             f"exit 90; fi\n"
-            f'{var}=$(cat "$J/secrets/env/{var}"; printf x); {var}=${{{var}%x}}; export {var}\n'
+            f'{stash}=$(cat "$J/secrets/env/{var}"; printf x); {stash}=${{{stash}%x}}; export {stash}\n'
         )
     return "".join(lines)
 
 
+# Set by the rank script itself, after the job's own variables (which they override)
+RANK_SCRIPT_VARS = ("CUDA_VISIBLE_DEVICES", "CORRAL_SLURM_GPUS")
+# rank-R.env's list of the stashed names, for `corral exec` (enter.py): not exported
+ENV_NAMES_VAR = "CORRAL_ENV_NAMES"
+
+
 def _rank_exports(
     inst: InstanceLaunch, account: UnixAccount, home: str | None, env_bin: str, has_files: bool
-) -> str:
-    """The instance's environment as `export` lines: its own variables, then the defaults a login
-    would give (PATH, HOME, USER, LOGNAME) where it set none."""
+) -> tuple[list[str], str]:
+    """The names of the instance's environment and its `export` lines: its own variables, then
+    the defaults a login would give (PATH, HOME, USER, LOGNAME) where it set none. Each under
+    STASH_PREFIX + its name (isolation/root_env.py), as the secrets and RANK_SCRIPT_VARS are:
+    the rank script's own programs (cat, stat) and bwrap, which run as the job's account outside
+    the sandbox, never see them (an LD_PRELOAD, LD_AUDIT or LD_LIBRARY_PATH of the job's would
+    run its code there, where it could write the bwrap status file: review110 #2); the first
+    process inside the sandbox puts them back (root_env.restoring_argv). Values are never on a
+    command line (secrets are among them), only names."""
     env = dict(inst.env)
     if env_bin:
         env.setdefault("PATH", f"{env_bin}:{DEFAULT_PATH}")
@@ -355,7 +368,8 @@ def _rank_exports(
     env.setdefault("CORRAL_WORK_DIR", SANDBOX_WORK_DIR)
     env.setdefault("USER", account.name)
     env.setdefault("LOGNAME", account.name)
-    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
+    lines = "".join(f"export {STASH_PREFIX}{k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
+    return list(env), lines
 
 
 def rank_script(
@@ -379,7 +393,9 @@ def rank_script(
     `dir_checks`: (dir, line): the line goes to the rank's log when the dir is there but closed
     to the job's account on this node (a builtin test each, as the account)."""
     has_files = any(g.file is not None for g in secrets)
-    exports = _rank_exports(inst, account, home, env_bin, has_files)
+    names, exports = _rank_exports(inst, account, home, env_bin, has_files)
+    names += [g.env for g in secrets if g.env is not None] + list(RANK_SCRIPT_VARS)
+    names = sorted(set(names))
     spec = SandboxSpec(
         command=inst.command,
         work_dir=str(job_dir / "work" / str(inst.rank)),
@@ -392,6 +408,7 @@ def rank_script(
         env_paths=env_paths,
         cwd=cwd or SANDBOX_WORK_DIR,
         secrets_dir=str(job_dir / "secrets" / "files") if has_files else None,
+        env_names=names,
     )
     head, tail = bwrap_argv_parts(sandbox.bwrap, None, spec)
     d, j, r = shlex.quote(str(attempt_dir)), shlex.quote(str(job_dir)), inst.rank
@@ -403,8 +420,12 @@ def rank_script(
     sandboxed = " ".join(map(shlex.quote, head)) + ' "$@" ' + " ".join(map(shlex.quote, tail))
     bwrap = shlex.quote(sandbox.bwrap)
     secret_env = _secret_env(secrets, inst.rank)
+    cuda, gpus = (STASH_PREFIX + v for v in RANK_SCRIPT_VARS)
     return f"""#!/bin/sh
 # rank {r}: role {inst.role} index {inst.index} on {inst.node}
+# the script's own programs: the system's, not the job's (whose variables are all stashed)
+PATH={DEFAULT_PATH}
+export PATH
 D={d}
 J={j}
 cd "$J"
@@ -414,7 +435,7 @@ if [ ! -x {bwrap} ]; then
   echo 127 >"$J/rank-{r}.exit"; exit 127
 fi
 {_dir_checks(dir_checks)}{_gpu_binds(inst, gpu_offset, sandbox)}{exports}{secret_env}\
-export CUDA_VISIBLE_DEVICES="$cvd" CORRAL_SLURM_GPUS="$mine"
+export {cuda}="$cvd" {gpus}="$mine"
 descendants() {{
   local c
   # `command -p`: cat from the system's PATH, not the job's (which need not have it)
@@ -426,8 +447,9 @@ term=""
 forward() {{ for p in $(descendants "$child"); do kill -TERM "$p" 2>/dev/null; done; }}
 trap 'term=1; if [ -n "$child" ]; then forward; fi' TERM INT
 if [ -e "$D/{STOP_MARKER}" ]; then echo 143 >"$J/rank-{r}.exit"; exit 143; fi
-# For `corral exec` (slurm/enter.py): the rank's environment and its bwrap's pid, while it runs
-(umask 077; export -p >"$J/rank-{r}.env")
+# For `corral exec` (slurm/enter.py): the rank's environment (stashed, with the names to put
+# back) and its bwrap's pid, while it runs
+(umask 077; export -p; echo "{ENV_NAMES_VAR}='{" ".join(names)}'") >"$J/rank-{r}.env"
 (trap '' TERM INT; umask 007; {status_open}exec {sandboxed}) &
 child=$!
 echo "$child" >"$J/rank-{r}.pid"
