@@ -13,7 +13,7 @@ from pathlib import Path
 from corral.engine.base import AttemptPhase, FailureReason
 from corral.engine.slurm.cli import SlurmJob
 from corral.engine.slurm.mapping import SandboxRefusal, terminal_status
-from corral.engine.slurm.scripts import BWRAP_NOT_STARTED, BWRAP_STATUS_FILE
+from corral.engine.slurm.scripts import BWRAP_NO_STATUS, BWRAP_NOT_STARTED, BWRAP_STATUS_FILE
 from corral.engine.slurm.state import StateStore
 
 UID = os.getuid()
@@ -94,6 +94,15 @@ def test_signals_stops_before_bwrap_and_missing_files_are_never_refusals(tmp_pat
     assert store.sandbox_refusal("9.1", 2, {1: 1, 0: 1}, UID) == SandboxRefusal(1, 1, "bwrap: other", ())
     # a refusal after the first failure (a signal) is not its cause
     assert store.sandbox_refusal("9.1", 2, {0: 137, 1: 1}, UID) is None
+
+
+def test_a_rank_whose_nodes_bwrap_has_no_status_fd_is_never_a_refusal_and_may_have_run(
+    tmp_path: Path,
+) -> None:
+    # review110 #6: its rank script ran bwrap without --json-status-fd and said so in the file
+    store = store_with(tmp_path, {0: BWRAP_NO_STATUS, 1: STARTED}, {0: WORDS, 1: WORDS})
+    assert store.sandbox_refusal("9.1", 2, {0: 1}, UID) is None  # its exit 1 stays its own
+    assert store.sandbox_refusal("9.1", 2, {1: 1, 0: 1}, UID) == SandboxRefusal(1, 1, WORDS, (0,))
 
 
 def test_files_that_are_not_the_jobs_own_plain_files_are_not_read(tmp_path: Path) -> None:

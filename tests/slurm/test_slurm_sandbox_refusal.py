@@ -16,7 +16,7 @@ import pytest
 
 from corral.engine.base import AttemptPhase, FailureReason
 from corral.engine.slurm import SlurmEngine
-from corral.engine.slurm.scripts import BWRAP_STATUS_FILE
+from corral.engine.slurm.scripts import BWRAP_NO_STATUS, BWRAP_STATUS_FILE
 from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster
 from tests.slurm.helpers import FINISHED, attempt, instance, wait_for
 
@@ -94,3 +94,31 @@ def test_without_json_status_a_refusal_stays_the_ranks_exit_1_as_before(
     )
     assert not (engine.store.attempt_dir("533.1") / BWRAP_STATUS_FILE.format(rank=0)).exists()
     assert "--json-status-fd" not in (engine.store.job_dir("533.1") / "rank-0.sh").read_text()
+
+
+def test_a_node_whose_bubblewrap_lacks_the_status_fd_runs_the_job_without_it(
+    engine: SlurmEngine, slurm_cluster: SlurmCluster
+) -> None:
+    """review110 #6: the server's bubblewrap has --json-status-fd and a node's does not (a wrapper
+    that refuses the option as an old bwrap does): every rank there ended launch_failed with
+    "Unknown option"; now its rank script runs bwrap without it and the exit is the job's."""
+    old_bwrap = slurm_cluster.new_state_dir() / "bwrap"
+    old_bwrap.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do if [ "$a" = --json-status-fd ]; then\n'
+        '  echo "bwrap: Unknown option --json-status-fd" >&2; exit 1; fi; done\n'
+        f'exec {engine.sandbox.bwrap} "$@"\n'
+    )
+    old_bwrap.chmod(0o755)
+    old_bwrap.parent.chmod(0o755)
+    engine.sandbox = replace(engine.sandbox, bwrap=str(old_bwrap), json_status=True)
+    engine.launch(attempt("534.1", instance("node1", "echo the job ran; exit 1")))
+    status = wait_for(engine, "534.1", FINISHED, timeout_s=30)
+    assert (status.phase, status.reason, status.exit_code) == (
+        AttemptPhase.FAILED,
+        FailureReason.EXIT_CODE,
+        1,
+    ), status
+    assert b"the job ran" in engine.logs("534.1").data
+    path = engine.store.attempt_dir("534.1") / BWRAP_STATUS_FILE.format(rank=0)
+    assert path.read_bytes() == BWRAP_NO_STATUS

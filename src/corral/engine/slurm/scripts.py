@@ -67,6 +67,10 @@ GPU_SIDE_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"
 # and bwrap closes the fd in the sandbox's child.
 BWRAP_STATUS_FILE = "bwrap-{rank}.status"
 BWRAP_NOT_STARTED = b"corral: bwrap not started\n"
+# What the rank script writes there instead when its node's bubblewrap lacks --json-status-fd
+# (the server's has it): bwrap then runs without it, and the rank's exit stays its own, as where
+# no node's bubblewrap has it (review110 #6: not every rank refused as "Unknown option")
+BWRAP_NO_STATUS = b"corral: this node's bwrap has no --json-status-fd\n"
 BWRAP_STATUS_FD = 3
 
 
@@ -412,13 +416,20 @@ def rank_script(
     )
     head, tail = bwrap_argv_parts(sandbox.bwrap, None, spec)
     d, j, r = shlex.quote(str(attempt_dir)), shlex.quote(str(job_dir)), inst.rank
-    status_open = ""
-    if sandbox.json_status:
-        # opened by the subshell that execs bwrap, so no other process of the rank holds it
-        head = with_status_fd(head, str(BWRAP_STATUS_FD))
-        status_open = f'exec {BWRAP_STATUS_FD}>"$D/{BWRAP_STATUS_FILE.format(rank=r)}"; '
-    sandboxed = " ".join(map(shlex.quote, head)) + ' "$@" ' + " ".join(map(shlex.quote, tail))
     bwrap = shlex.quote(sandbox.bwrap)
+    sandboxed = "exec " + " ".join(map(shlex.quote, head)) + ' "$@" ' + " ".join(map(shlex.quote, tail))
+    if sandbox.json_status:
+        # opened by the subshell that execs bwrap, so no other process of the rank holds it; a
+        # node whose bubblewrap lacks the option (it parses its options in order: "Unknown
+        # option" before --version) runs bwrap without it and says so in the file
+        status = f'"$D/{BWRAP_STATUS_FILE.format(rank=r)}"'
+        with_fd = " ".join(map(shlex.quote, with_status_fd(head, str(BWRAP_STATUS_FD))))
+        with_fd += ' "$@" ' + " ".join(map(shlex.quote, tail))
+        no_status = shlex.quote(BWRAP_NO_STATUS.decode().rstrip("\n"))
+        sandboxed = (
+            f"if {bwrap} --json-status-fd 1 --version >/dev/null 2>&1; then "
+            f"exec {BWRAP_STATUS_FD}>{status}; exec {with_fd}; fi; echo {no_status} >{status}; {sandboxed}"
+        )
     secret_env = _secret_env(secrets, inst.rank)
     cuda, gpus = (STASH_PREFIX + v for v in RANK_SCRIPT_VARS)
     return f"""#!/bin/sh
@@ -450,7 +461,7 @@ if [ -e "$D/{STOP_MARKER}" ]; then echo 143 >"$J/rank-{r}.exit"; exit 143; fi
 # For `corral exec` (slurm/enter.py): the rank's environment (stashed, with the names to put
 # back) and its bwrap's pid, while it runs
 (umask 077; export -p; echo "{ENV_NAMES_VAR}='{" ".join(names)}'") >"$J/rank-{r}.env"
-(trap '' TERM INT; umask 007; {status_open}exec {sandboxed}) &
+(trap '' TERM INT; umask 007; {sandboxed}) &
 child=$!
 echo "$child" >"$J/rank-{r}.pid"
 if [ -n "$term" ]; then kill -KILL "$child" 2>/dev/null; fi

@@ -22,7 +22,7 @@ from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason
 from corral.engine.isolation.bwrap_status import EXEC_MARK, LOG_TAIL_BYTES, MAX_MESSAGE_CHARS
 from corral.engine.slurm.cli import SlurmNode
 from corral.engine.slurm.mapping import SandboxRefusal
-from corral.engine.slurm.scripts import BWRAP_NOT_STARTED, BWRAP_STATUS_FILE, SUBMISSION_FILE
+from corral.engine.slurm.scripts import BWRAP_NO_STATUS, BWRAP_NOT_STARTED, BWRAP_STATUS_FILE, SUBMISSION_FILE
 
 RECORD_CACHE_SIZE = 4096  # attempt records kept in memory (StateStore.load)
 
@@ -306,8 +306,8 @@ class StateStore:
         status = statuses[rank]
         if status is None or not 0 < code < 128 or EXEC_MARK in status:
             return None
-        if status.startswith(BWRAP_NOT_STARTED):
-            return None  # the rank script's own refusal (before bwrap): its exit stands
+        if status.startswith((BWRAP_NOT_STARTED, BWRAP_NO_STATUS)):
+            return None  # the rank script's own refusal (before bwrap), or a bwrap that says nothing
         why = self._bwrap_said(attempt_id, rank, owner)
         why = why or f"bwrap exited with code {code} before starting the job's command"
         ran = tuple(r for r in ranks if _may_have_run(statuses[r], exits.get(r)))
@@ -407,8 +407,9 @@ def _may_have_run(status: bytes | None, code: int | None) -> bool:
     started (BWRAP_NOT_STARTED) or whose bwrap refused by itself (code 1-127 with no exit-code
     line) did not: a bwrap killed by a signal (the gang's grace, Slurm's KillWait, the rank
     script's own kill) writes no exit-code line even after its command ran (the local engine's
-    Instance.may_have_run), and a rank without a readable status file cannot tell."""
-    if status is None or EXEC_MARK in status:
+    Instance.may_have_run), and a rank without a readable status file, or whose node's bwrap has
+    no --json-status-fd (BWRAP_NO_STATUS), cannot tell."""
+    if status is None or EXEC_MARK in status or status.startswith(BWRAP_NO_STATUS):
         return True
     if status.startswith(BWRAP_NOT_STARTED):
         return False
