@@ -122,3 +122,38 @@ def test_a_node_whose_bubblewrap_lacks_the_status_fd_runs_the_job_without_it(
     assert b"the job ran" in engine.logs("534.1").data
     path = engine.store.attempt_dir("534.1") / BWRAP_STATUS_FILE.format(rank=0)
     assert path.read_bytes() == BWRAP_NO_STATUS
+
+
+def test_a_refusal_after_another_rank_ran_and_was_killed_is_the_jobs_own_failure(
+    engine: SlurmEngine, slurm_cluster: SlurmCluster
+) -> None:
+    """review110 #1: rank 0 ran its command, ignores TERM and is KILLed with the gang (its bwrap
+    writes no exit-code line then); rank 1's bwrap refused (a wrapper refuses its work dir's
+    bind, as bwrap does a source gone). Not launch_failed, a free re-run of what rank 0 did:
+    the job's own failure, with bwrap's words and the rank that may have run."""
+    said = "bwrap: Can't find source path /gone: No such file or directory"
+    work_1 = str(engine.store.job_dir("535.1") / "work" / "1")
+    refusing = slurm_cluster.new_state_dir() / "bwrap"
+    refusing.write_text(
+        "#!/bin/sh\n"
+        f'for a in "$@"; do if [ "$a" = {work_1} ]; then echo "{said}" >&2; exit 1; fi; done\n'
+        f'exec {engine.sandbox.bwrap} "$@"\n'
+    )
+    refusing.chmod(0o755)
+    refusing.parent.chmod(0o755)
+    engine.sandbox = replace(engine.sandbox, bwrap=str(refusing))
+    ran = "trap '' TERM; echo rank 0 ran; while :; do sleep 1; done"
+    engine.launch(attempt("535.1", instance("node1", ran), instance("node2", "echo rank 1 ran", rank=1)))
+    status = wait_for(engine, "535.1", FINISHED, timeout_s=60)
+    assert (status.phase, status.reason, status.exit_code) == (
+        AttemptPhase.FAILED,
+        FailureReason.EXIT_CODE,
+        1,
+    ), status
+    assert status.message == (
+        f"rank 1: the sandbox did not start the job: {said}; "
+        "rank 0 may have run the job's command, so this is the job's own failure"
+    ), status.message
+    assert b"rank 0 ran" in engine.logs("535.1", 0).data and b"rank 1 ran" not in engine.logs("535.1", 1).data
+    status_0 = engine.store.attempt_dir("535.1") / BWRAP_STATUS_FILE.format(rank=0)
+    assert b'"child-pid"' in status_0.read_bytes() and b'"exit-code"' not in status_0.read_bytes()
