@@ -275,3 +275,37 @@ def test_the_last_run_path_is_taken_and_agrees() -> None:
     assert calls
     assert got == plain_backfill_starts(0.0, {"a": 0}, {"a": 4}, events, waiting, 50.0, False)
     assert [got[f"j{k}"] for k in range(8)] == [10.0] * 4 + [30.0] * 4
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    free_a=st.integers(0, 8),
+    returns=st.lists(
+        st.tuples(
+            st.sampled_from([0.0, 5.0, 10.0, 40.0]),  # 0.0: at `now` (a victim gone by now)
+            st.dictionaries(st.sampled_from(["a", "b", "c"]), st.integers(0, 4), max_size=3),
+        ),
+        max_size=10,
+    ),
+)
+def test_a_rolls_timelines_are_those_built_from_each_models_returns(
+    free_a: int, returns: list[tuple[float, dict[str, int]]]
+) -> None:
+    """BackfillRoll builds each model's breakpoints straight from the events (no (time, GPUs) pair
+    per event and model): the same times and free GPUs, to the bit, as a Timeline built from that
+    model's returns in time order (events in any order, several models each, GPUs 0 left out, ties
+    in time merged)."""
+    now = 0.0
+    free = {"a": free_a, "b": 2}  # "c": no free GPUs now
+    roll = eta.BackfillRoll(now, free, {"a": 99, "b": 99, "c": 99}, returns, 50.0)
+    roll._add_lines([("x", 1, ("a", "b", "c"), 5.0)])  # the timelines as built, nothing placed
+    ordered = sorted(returns, key=lambda e: e[0])
+    for m in ("a", "b", "c"):
+        want = Timeline(now, free.get(m, 0), [(t, pm[m]) for t, pm in ordered if pm.get(m)])
+        got = roll.lines[m]
+        assert got.size == want.size
+        assert [x.hex() for x in got.times[: got.size].tolist()] == [
+            x.hex() for x in want.times[: want.size].tolist()
+        ]
+        assert got.free[: got.size].tolist() == want.free[: want.size].tolist()
+        assert len(got.times) == len(want.times) and len(got.room) == len(want.room)

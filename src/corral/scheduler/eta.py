@@ -124,14 +124,25 @@ class Timeline:
 
     __slots__ = ("found_at", "free", "room", "size", "taken", "times")
 
-    def __init__(self, now: float, free_now: int, returns: Sequence[tuple[float, int]]) -> None:
-        times, free = [now], [free_now]
-        for t, n in returns:  # sorted by time
-            if t <= times[-1]:
-                free[-1] += n
-            else:
-                times.append(t)
-                free.append(free[-1] + n)
+    def __init__(
+        self,
+        now: float,
+        free_now: int,
+        returns: Sequence[tuple[float, int]],
+        steps: tuple[list[float], list[int]] | None = None,
+    ) -> None:
+        """`returns`: (time, GPUs) sorted by time; or `steps`, the breakpoints' times and free
+        GPUs from each on, as the loop below leaves them (`returns` then unread)."""
+        if steps is None:
+            times, free = [now], [free_now]
+            for t, n in returns:  # sorted by time
+                if t <= times[-1]:
+                    free[-1] += n
+                else:
+                    times.append(t)
+                    free.append(free[-1] + n)
+        else:
+            times, free = steps
         self.size = len(times)
         room = 2 * self.size + 64
         self.times = np.empty(room, dtype=np.float64)
@@ -363,14 +374,22 @@ class BackfillRoll:
         wanted = {m for w in waiting if w[1] > 0 for m in w[2] if m not in lines}
         if not wanted:
             return
-        returns: dict[str, list[tuple[float, int]]] = {m: [] for m in wanted}
+        # each model's breakpoints built as its returns come, in time order: no (time, GPUs) pair
+        # per running job and model (a fresh roll's timelines: every running job's end)
+        now, free_by_model = self.now, self.free_by_model
+        steps = {m: ([now], [free_by_model.get(m, 0)]) for m in wanted}
         for end, per_model in self.events:
             for m, n in per_model.items():
-                found = returns.get(m)
-                if found is not None and n:
-                    found.append((end, n))
+                found = steps.get(m)
+                if found is not None and n:  # (Timeline.__init__'s loop, inline)
+                    times, free = found
+                    if end <= times[-1]:
+                        free[-1] += n
+                    else:
+                        times.append(end)
+                        free.append(free[-1] + n)
         for m in wanted:
-            lines[m] = Timeline(self.now, self.free_by_model.get(m, 0), returns[m])
+            lines[m] = Timeline(now, free_by_model.get(m, 0), (), steps[m])
 
     def place(self, waiting: Sequence[Waiting]) -> dict[str, float | None]:
         """The estimated starts of `waiting`, placed in order after every job placed before."""
