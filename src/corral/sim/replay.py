@@ -45,6 +45,7 @@ from corral.scheduler.types import (
 from corral.sim.cluster import ClusterSpec
 from corral.sim.errors import SimulationError
 from corral.sim.estimates import RuntimeHistory
+from corral.sim.replay_gc import defer_full_collections, restore_full_collections
 from corral.sim.trace import Trace, TraceJob
 
 
@@ -650,6 +651,13 @@ class Simulator:
         self.frag.append((now, free, unusable))
 
     def run(self) -> SimResult:
+        defer_full_collections()
+        try:
+            return self._run()
+        finally:
+            restore_full_collections()
+
+    def _run(self) -> SimResult:
         started = time.perf_counter()
         events, handle = self.events, self._handle
         first = events[0][0] if events else 0.0
