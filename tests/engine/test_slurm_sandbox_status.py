@@ -128,3 +128,16 @@ def test_the_refusal_is_launch_failed_unless_corral_stopped_it_or_slurm_saw_oom(
     oom: SlurmJob = {**job, "job_state": "OUT_OF_MEMORY"}
     assert terminal_status("9.1", oom, {0: 1}, None, refused).reason is FailureReason.OOM
     assert terminal_status("9.1", job, {0: 1}, None).reason is FailureReason.EXIT_CODE  # no refusal
+
+
+def test_a_rank_killed_before_its_bwrap_started_is_not_the_cause_even_when_it_sorts_first(
+    tmp_path: Path,
+) -> None:
+    """review111 #1: exit files written in one tick of the file system's clock sort by rank, so
+    rank 0, killed by the gang's stop before its bwrap started (143), came before rank 1, whose
+    bwrap refused: the attempt then read as the job's own failure though no command ran."""
+    store = store_with(tmp_path, {0: BWRAP_NOT_STARTED, 1: STARTED}, {1: WORDS})
+    assert store.sandbox_refusal("9.1", 2, {0: 143, 1: 1}, UID) == SandboxRefusal(1, 1, WORDS, ())
+    # a rank that failed by itself before its bwrap (the rank script's own refusal) stays the cause
+    store = store_with(tmp_path / "b", {0: BWRAP_NOT_STARTED, 1: STARTED}, {1: WORDS})
+    assert store.sandbox_refusal("9.1", 2, {0: 90, 1: 1}, UID) is None

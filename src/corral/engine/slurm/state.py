@@ -300,9 +300,9 @@ class StateStore:
         failing = [(rank, code) for rank, code in exits.items() if code != 0]
         if not failing:
             return None
-        rank, code = failing[0]
         ranks = range(max(n_ranks, max(exits, default=-1) + 1))
         statuses = [self._bwrap_status(attempt_id, r, owner) for r in ranks]
+        rank, code = _first_cause(failing, statuses)
         status = statuses[rank]
         if status is None or not 0 < code < 128 or EXEC_MARK in status:
             return None
@@ -399,6 +399,19 @@ def _new_record_file(directory: Path, data: bytes) -> str:
             os.unlink(path)  # a full disk: no stray part-record left
             raise
         return path
+
+
+def _first_cause(failing: list[tuple[int, int]], statuses: list[bytes | None]) -> tuple[int, int]:
+    """The first failing (rank, code) that can be the cause: a rank killed (code 128 and up)
+    before its bwrap started is the gang's stop of another rank's failure, never a cause, and its
+    exit file may carry the same time stamp as the cause's (the file system's clock is coarse:
+    the order of two exits in one tick is the ranks', not the events'; review111 #1)."""
+    for rank, code in failing:
+        status = statuses[rank] if rank < len(statuses) else None
+        if code >= 128 and status is not None and status.startswith(BWRAP_NOT_STARTED):
+            continue
+        return rank, code
+    return failing[0]
 
 
 def _may_have_run(status: bytes | None, code: int | None) -> bool:
