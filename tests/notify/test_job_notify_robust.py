@@ -16,6 +16,7 @@ from corral.cli.main import app as cli
 from corral.db.models import Job, User
 from corral.db.notify_models import JobNotifyDelivery
 from corral.monitor import job_notifier
+from corral.monitor.claiming import due_messages
 from corral.monitor.job_notifier import deliver
 from corral.services import job_notify, lifecycle, webhook_guard
 from corral.services.lifecycle import JobState
@@ -158,8 +159,8 @@ def test_a_claimed_message_is_sent_by_one_pass_only(team: Team, smtp: Smtp) -> N
     with team.factory() as db:
         job_notify.group_pending(db, now, base_url="http://corral.test")
     with team.factory() as one, team.factory() as two:
-        (seen,) = job_notifier._due(one, now)
-        assert job_notifier._due(two, now) == [seen]
+        (seen,) = due_messages(one, JobNotifyDelivery, now, 200)
+        assert due_messages(two, JobNotifyDelivery, now, 200) == [seen]
         won = job_notifier._claim(one, seen, now)
         assert won is not None and won.state == "sending" and won.attempts == 1
         assert job_notifier._claim(two, seen, now) is None
@@ -175,7 +176,7 @@ def test_a_pass_whose_claim_expired_leaves_the_next_claimers_outcome(team: Team,
     fail(team, [job_id], now)
     with team.factory() as db:
         job_notify.group_pending(db, now, base_url="http://corral.test")
-        (seen,) = job_notifier._due(db, now)
+        (seen,) = due_messages(db, JobNotifyDelivery, now, 200)
         slow = job_notifier._claim(db, seen, now)  # then stalls past its claim's expiry
         assert slow is not None
         claim_until = slow.next_attempt_at

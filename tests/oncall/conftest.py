@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -82,11 +83,11 @@ class Smtp:
         )
 
 
-@pytest.fixture
-def smtp() -> Iterator[Smtp]:
+@contextlib.contextmanager
+def smtp_server(inbox: Inbox) -> Iterator[Smtp]:
+    """A real SMTP server (aiosmtpd) on a free port that puts what it gets in `inbox`."""
     from aiosmtpd.controller import Controller
 
-    inbox = Inbox()
     port = free_port()
     controller = Controller(inbox, hostname="127.0.0.1", port=port)
     controller.start()
@@ -94,6 +95,12 @@ def smtp() -> Iterator[Smtp]:
         yield Smtp(port, inbox)
     finally:
         controller.stop()
+
+
+@pytest.fixture
+def smtp() -> Iterator[Smtp]:
+    with smtp_server(Inbox()) as server:
+        yield server
 
 
 @pytest.fixture

@@ -17,11 +17,11 @@ import sqlalchemy as sa
 
 from corral.db.oncall_models import PageNotification
 from corral.monitor import pager
+from corral.monitor.claiming import due_messages
 from corral.monitor.pager import PagingSettings, deliver_pages
 from corral.services import paging
-from tests.oncall.conftest import Env, Inbox, Smtp
+from tests.oncall.conftest import Env, Inbox, Smtp, smtp_server
 from tests.oncall.test_paging import contact, set_up, start
-from tests.support import free_port
 
 ADDRESSES = ["alice@example.org", "alice+1@example.org", "alice+2@example.org"]
 
@@ -44,14 +44,16 @@ def test_two_servers_delivering_at_once_send_each_page_notification_once(
     now = time.time()
     queue_three(env, "test:two", now)
     both_read = threading.Barrier(2)
-    real_due = pager._due
+    real_due = pager.due_messages
 
-    def due_read_by_both(session: sa.orm.Session, at: float) -> list[tuple[int, str, float]]:
-        rows = real_due(session, at)
+    def due_read_by_both(
+        session: sa.orm.Session, model: type[PageNotification], at: float, limit: int
+    ) -> list[tuple[int, str, float]]:
+        rows = real_due(session, model, at, limit)
         both_read.wait(timeout=10)  # each server has read all three due before either claims one
         return rows
 
-    monkeypatch.setattr(pager, "_due", due_read_by_both)
+    monkeypatch.setattr(pager, "due_messages", due_read_by_both)
     handled: dict[str, int] = {}
     key = paging.link_key(env.settings)
 
@@ -77,7 +79,7 @@ def test_a_pass_whose_claim_expired_leaves_the_next_claimers_outcome(env: Env, s
     now = time.time()
     queue_three(env, "test:late", now)
     with env.factory() as db:
-        seen = pager._due(db, now)[0]
+        seen = due_messages(db, PageNotification, now, pager.DELIVERY_BATCH)[0]
         slow = pager._claim(db, seen, "server-a", now)  # then stalls past its claim's expiry
         assert slow is not None and slow.claimed_by == "server-a"
         claim_until = slow.next_attempt_at
@@ -108,16 +110,8 @@ SLOW_SEND_S = 2.0  # and a budget of 1.5 sends: half a send (1 s) of slack eithe
 
 @pytest.fixture
 def slow_smtp() -> Iterator[Smtp]:
-    from aiosmtpd.controller import Controller
-
-    inbox = SlowInbox()
-    port = free_port()
-    controller = Controller(inbox, hostname="127.0.0.1", port=port)
-    controller.start()
-    try:
-        yield Smtp(port, inbox)
-    finally:
-        controller.stop()
+    with smtp_server(SlowInbox()) as server:
+        yield server
 
 
 def test_a_slow_pass_claims_each_notification_when_it_sends_it_and_stops_at_its_budget(

@@ -21,6 +21,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
 from corral.db.notify_models import JobNotifyDelivery
 from corral.db.oncall_models import PageNotification
 
@@ -61,3 +64,19 @@ def give_up_reclaimed(row: JobNotifyDelivery | PageNotification, now: float) -> 
     committed)."""
     row.state, row.next_attempt_at = "given_up", now
     row.last_error = f"the server stopped while sending it, {row.attempts - 1} times"
+
+
+def due_messages(
+    session: Session, model: type[JobNotifyDelivery] | type[PageNotification], now: float, limit: int
+) -> list[tuple[int, str, float]]:
+    """(id, state, next_attempt_at) of the due messages, oldest due first: pending, failing past
+    their backoff, or `sending` under a claim that expired (its process died). Each is then
+    claimed by compare-and-set on the state and due time read; the read's transaction ends here."""
+    rows = session.execute(
+        select(model.id, model.state, model.next_attempt_at)
+        .where(model.state.in_(("pending", "failing", "sending")), model.next_attempt_at <= now)
+        .order_by(model.next_attempt_at, model.id)
+        .limit(limit)
+    ).all()
+    session.commit()
+    return [(int(i), str(state), float(at)) for i, state, at in rows]

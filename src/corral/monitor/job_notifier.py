@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from sqlalchemy import select, update
+from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -33,6 +33,7 @@ from corral.monitor.claiming import (
     SEND_BUDGET_S,
     SENDING_RETRY_S,
     ClaimingPass,
+    due_messages,
     give_up_reclaimed,
     reclaimed_too_often,
 )
@@ -81,22 +82,6 @@ def _send(mailer: Mailer, delivery: JobNotifyDelivery, allowed: Sequence[webhook
         post_json(delivery.address, {"username": "Corral", "text": text}, allowed)
     else:
         post_json(delivery.address, delivery.payload, allowed)
-
-
-def _due(session: Session, now: float) -> list[tuple[int, str, float]]:
-    """(id, state, next_attempt_at) of the due messages: pending, failing past their backoff, or
-    `sending` left by a pass that died (SENDING_RETRY_S after its claim)."""
-    rows = session.execute(
-        select(JobNotifyDelivery.id, JobNotifyDelivery.state, JobNotifyDelivery.next_attempt_at)
-        .where(
-            JobNotifyDelivery.state.in_(("pending", "failing", "sending")),
-            JobNotifyDelivery.next_attempt_at <= now,
-        )
-        .order_by(JobNotifyDelivery.next_attempt_at, JobNotifyDelivery.id)
-        .limit(DELIVERY_BATCH)
-    ).all()
-    session.commit()
-    return [(int(i), str(s), float(at)) for i, s, at in rows]
 
 
 def _claim(session: Session, seen: tuple[int, str, float], now: float) -> JobNotifyDelivery | None:
@@ -212,7 +197,7 @@ def deliver(
     handled = 0
     try:
         with session_factory() as session:
-            for seen in _due(session, now):
+            for seen in due_messages(session, JobNotifyDelivery, now, DELIVERY_BATCH):
                 at = claiming.claim_time()
                 if at is None:
                     break

@@ -40,7 +40,7 @@ from typing import Any
 
 import httpx
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from sqlalchemy import select, update
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from corral.db.models import User
@@ -50,6 +50,7 @@ from corral.monitor.claiming import (
     SEND_BUDGET_S,
     SENDING_RETRY_S,
     ClaimingPass,
+    due_messages,
     give_up_reclaimed,
     reclaimed_too_often,
 )
@@ -304,23 +305,6 @@ def _pinned_request(
     )
 
 
-def _due(session: Session, now: float) -> list[tuple[int, str, float]]:
-    """(id, state, next_attempt_at) of the due notifications: pending, failing past their
-    backoff, or `sending` under a claim that expired (its process died); the read's transaction
-    ends here."""
-    rows = session.execute(
-        select(PageNotification.id, PageNotification.state, PageNotification.next_attempt_at)
-        .where(
-            PageNotification.state.in_(("pending", "failing", "sending")),
-            PageNotification.next_attempt_at <= now,
-        )
-        .order_by(PageNotification.next_attempt_at, PageNotification.id)
-        .limit(DELIVERY_BATCH)
-    ).all()
-    session.commit()
-    return [(int(i), str(state), float(at)) for i, state, at in rows]
-
-
 def _claim(session: Session, seen: tuple[int, str, float], owner: str, now: float) -> PageNotification | None:
     """Claim one notification for `owner` (this server process) by compare-and-set on the state
     and due time read: the pass whose UPDATE matches sends it; another server's overlapping pass
@@ -440,7 +424,7 @@ def deliver_pages(
     handled = 0
     try:
         with session_factory() as session:
-            for seen in _due(session, now):
+            for seen in due_messages(session, PageNotification, now, DELIVERY_BATCH):
                 at = claiming.claim_time()
                 if at is None:
                     break
