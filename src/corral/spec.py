@@ -38,6 +38,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -79,6 +80,40 @@ LABEL_SELECTOR = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}(=[A-Za-z0-9._/:@+-]{1,128})
 RESERVED_ENV = frozenset(
     {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "CUDA_VISIBLE_DEVICES", "PATH", "HOME", "USER"}
 )
+# Variables bash keeps as its own. The job's variables are put back by a shell as its first
+# process (engine/isolation/root_env.py restoring_argv, /bin/sh: bash on RHEL-family nodes) and
+# most jobs' commands run in one: bash will not set the read-only ones (in posix mode the restore
+# exits 1 before the job's command) and drops or replaces the others with its own values (its
+# counters HISTCMD, OPTIND and SRANDOM stop the restore too at a value not a number; bash 5.2,
+# tests/engine/test_root_env.py; dash keeps them all). The job would never get the value it
+# asked for, so a new spec may not name them; a spec already stored is read as it was
+# (STORED_SPEC), its job run as before.
+SHELL_READONLY_ENV = frozenset({"UID", "EUID", "PPID", "SHELLOPTS", "BASHOPTS", "BASH_VERSINFO"})
+SHELL_OWNED_ENV = SHELL_READONLY_ENV | frozenset(
+    {"GROUPS", "FUNCNAME", "DIRSTACK", "RANDOM", "SRANDOM", "SECONDS", "LINENO", "BASHPID"}
+    | {"EPOCHSECONDS", "EPOCHREALTIME", "HISTCMD", "OPTIND", "SHLVL", "_", "BASH_SUBSHELL"}
+    | {"BASH_COMMAND", "BASH_ARGV", "BASH_ARGC", "BASH_LINENO", "BASH_SOURCE", "BASH_ALIASES"}
+    | {"BASH_CMDS"}
+)
+# Validation context of a spec read back from the database (db/jsontypes.py): a job or template
+# stored before a rule was added stays readable (dispatch, `corral show`, retries).
+STORED_SPEC = {"stored": True}
+
+
+def _is_stored(info: ValidationInfo) -> bool:
+    return isinstance(info.context, dict) and info.context.get("stored") is True
+
+
+def shell_owned_env_error(name: str) -> str | None:
+    """Why `name` may not be a job variable's name, or None when it may."""
+    if name not in SHELL_OWNED_ENV:
+        return None
+    if name in SHELL_READONLY_ENV:
+        why = "bash keeps it read-only and would stop before the job's command"
+    else:
+        why = "bash sets it itself, so the job would not get your value"
+    return f"{name!r} is a shell's own variable: {why}; use another name"
+
 
 _MEMORY_UNITS_MIB = {
     "": 1.0 / (1024 * 1024),  # bare number with no unit inside a string: bytes
@@ -197,8 +232,8 @@ class TaskV1(_Strict):
 
     @field_validator("env")
     @classmethod
-    def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        return check_env(value)
+    def _env(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        return check_env(value, stored=_is_stored(info))
 
 
 class MountV1(_Strict):
@@ -255,7 +290,10 @@ class SecretUseV1(_Strict):
             "pattern": ENV_NAME_RE.pattern,
             "not": {
                 "type": "string",
-                "anyOf": [{"pattern": "^CORRAL_"}, {"enum": list[JsonValue](sorted(RESERVED_ENV))}],
+                "anyOf": [
+                    {"pattern": "^CORRAL_"},
+                    {"enum": list[JsonValue](sorted(RESERVED_ENV | SHELL_OWNED_ENV))},
+                ],
             },
         },
     )
@@ -263,7 +301,7 @@ class SecretUseV1(_Strict):
     scope: Literal["user", "group"] | None = None
 
     @model_validator(mode="after")
-    def _check(self) -> SecretUseV1:
+    def _check(self, info: ValidationInfo) -> SecretUseV1:
         if self.env is None and self.file is None:
             raise ValueError(f"secret {self.name!r}: say how the job gets it: 'env', 'file' or both")
         if self.env is not None:
@@ -274,6 +312,9 @@ class SecretUseV1(_Strict):
                 )
             if self.env.startswith("CORRAL_") or self.env in RESERVED_ENV:
                 raise ValueError(f"secret {self.name!r}: env {self.env!r} is set by Corral itself")
+            shell_owned = None if _is_stored(info) else shell_owned_env_error(self.env)
+            if shell_owned:
+                raise ValueError(f"secret {self.name!r}: env {shell_owned}")
         if self.file is not None and not SECRET_FILE_RE.match(self.file):
             raise ValueError(
                 f"secret {self.name!r}: file {self.file!r} must be a plain file name (letters, digits, "
@@ -332,12 +373,16 @@ def parse_label_selector(text: str) -> tuple[str, str | None]:
     return key, value
 
 
-def check_env(value: dict[str, str]) -> dict[str, str]:
+def check_env(value: dict[str, str], *, stored: bool = False) -> dict[str, str]:
+    """A spec's `env`; a stored one (`stored`) may still name a shell's own variable."""
     if len(value) > MAX_ENV_VARS:
         raise ValueError(f"env has {len(value)} variables; at most {MAX_ENV_VARS} are allowed")
     for key in value:
         if not ENV_NAME_RE.fullmatch(key):
             raise ValueError(f"env name {key!r} must be letters, digits and '_' and not start with a digit")
+        shell_owned = None if stored else shell_owned_env_error(key)
+        if shell_owned:
+            raise ValueError(f"env name {shell_owned}")
     size = sum(len(k.encode()) + len(v.encode()) for k, v in value.items())
     if size > MAX_ENV_BYTES:
         raise ValueError(f"env is {size} bytes; at most {MAX_ENV_BYTES} bytes are allowed")
@@ -545,8 +590,8 @@ class JobSpecV1(_Strict):
 
     @field_validator("env")
     @classmethod
-    def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        return check_env(value)
+    def _env(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        return check_env(value, stored=_is_stored(info))
 
     @model_validator(mode="after")
     def _secret_targets(self) -> JobSpecV1:

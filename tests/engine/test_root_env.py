@@ -4,12 +4,13 @@ kernel's 128 KiB limit on one argument), and a name the shell could misread is r
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 
 import pytest
 
 from corral.engine.isolation.root_env import ROOT_ENV, STASH_PREFIX, restoring_argv, stash_env
-from corral.spec import MAX_ENV_BYTES, MAX_ENV_VARS, check_env
+from corral.spec import MAX_ENV_BYTES, MAX_ENV_VARS, SHELL_OWNED_ENV, SHELL_READONLY_ENV, check_env
 
 
 def _restored(env: dict[str, str]) -> dict[str, str]:
@@ -45,3 +46,26 @@ def test_a_name_the_shell_could_misread_is_refused_by_the_spec_and_here(name: st
         check_env({name: "x"})  # the spec's check of a job's (and a task's) env
     with pytest.raises(ValueError, match="not a shell name"):
         restoring_argv([name], ["true"])
+
+
+def _restored_by(shell: list[str], name: str) -> subprocess.CompletedProcess[bytes]:
+    argv = restoring_argv([name], ["/usr/bin/env", "-0"])
+    assert argv[0] == "/bin/sh"
+    return subprocess.run([*shell, *argv[1:]], env=stash_env({name: "job's value"}), capture_output=True)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash here")
+def test_the_names_the_spec_refuses_as_a_shells_own_are_those_bash_keeps() -> None:
+    """/bin/sh is bash in posix mode on RHEL-family nodes: why check_env refuses these names."""
+    for name in sorted(SHELL_OWNED_ENV):
+        done = _restored_by(["bash", "--posix"], name)
+        if name in SHELL_READONLY_ENV:  # the restore stops before the job's command
+            assert done.returncode == 1 and b"readonly" in done.stderr, name
+        else:  # the job runs without its value, or (a counter's, not a number) never runs
+            assert f"{name}=job's value".encode() not in done.stdout.split(b"\0"), name
+            assert done.returncode == 0 or b"arithmetic" in done.stderr, (name, done.stderr)
+        with pytest.raises(ValueError, match="a shell's own variable"):
+            check_env({name: "x"})
+    # A name bash leaves alone comes back, and a stored spec may still name one of bash's.
+    assert b"TRIAL=job's value" in _restored_by(["bash", "--posix"], "TRIAL").stdout.split(b"\0")
+    assert check_env({"UID": "7"}, stored=True) == {"UID": "7"}

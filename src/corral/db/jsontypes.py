@@ -28,7 +28,7 @@ from corral.domain import (
     diagnosis_to_json,
     placement_to_json,
 )
-from corral.spec import JobSpecV1
+from corral.spec import STORED_SPEC, JobSpecV1
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Dialect
@@ -49,7 +49,7 @@ def _spec_from_json(stored: StoredJSON) -> JobSpecV1:
     key = json.dumps(stored)  # key order kept: task order is rank order
     spec = _specs.get(key)
     if spec is None:
-        spec = JobSpecV1.model_validate_json(key)
+        spec = JobSpecV1.model_validate_json(key, context=STORED_SPEC)
         if len(_specs) >= _SPEC_CACHE_MAX:
             _specs.clear()
         _specs[key] = spec
@@ -64,7 +64,7 @@ class JobSpecColumn(TypeDecorator[JobSpecV1]):
         if value is None:
             return None
         if not isinstance(value, JobSpecV1):  # the stored shape, from a fixture or older code
-            value = JobSpecV1.model_validate(value)
+            value = JobSpecV1.model_validate(value, context=STORED_SPEC)
         return value.stored()
 
     def process_result_value(self, value: StoredJSON | None, dialect: Dialect) -> JobSpecV1 | None:

@@ -131,7 +131,10 @@ def spec_body_schema() -> dict[str, Any]:
     env = {
         "type": "object",
         "maxProperties": job_spec.MAX_ENV_VARS,
-        "propertyNames": {"pattern": job_spec.ENV_NAME_RE.pattern},
+        "propertyNames": {
+            "pattern": job_spec.ENV_NAME_RE.pattern,
+            "not": {"enum": sorted(job_spec.SHELL_OWNED_ENV)},  # a shell's own: refused by name
+        },
         "additionalProperties": {"type": "string"},  # no NUL: said below, as for every string
     }
     props["env"] = {**props["env"], **env}
