@@ -9,6 +9,7 @@ import jsonschema
 import pytest
 
 from corral.api.routers.jobs import spec_body_schema
+from corral.db.catalog_models import TemplateVersion
 from corral.db.models import Group, Job, User
 from corral.spec import RESERVED_ENV, SHELL_OWNED_ENV, STORED_SPEC, JobSpecV1, ValidationError, parse_spec
 from tests.api.conftest import SIMPLE_JOB, World
@@ -78,3 +79,25 @@ def test_a_job_stored_with_such_a_name_is_shown_and_its_resubmission_refused(wor
     assert again.status_code == 422, again.text
     (err,) = again.json()["detail"]
     assert err["loc"][:2] == ["body", "env"] and "'UID' is a shell's own variable" in err["msg"]
+
+
+def test_a_template_stored_with_such_a_name_is_shown_and_its_use_refused_naming_it(world: World) -> None:
+    alice = world.as_("alice")
+    spec = {**SIMPLE_JOB, "env": {"TRIAL": "1"}}
+    assert (
+        world.client.post(f"{API}/templates", json={"name": "old", "spec": spec}, headers=alice).status_code
+        == 201
+    )
+    with world.session_factory() as db:  # as stored before the rule
+        version = db.query(TemplateVersion).one()
+        version.body = {**version.body, "env": {"UID": "7"}}
+        db.commit()
+    shown = world.client.get(f"{API}/templates/old", headers=alice)
+    assert shown.status_code == 200, shown.text
+    used = world.client.post(f"{API}/templates/old/use", json={"values": {}}, headers=alice)
+    assert used.status_code == 422, used.text
+    assert "env name 'UID' is a shell's own variable" in used.text
+    new = world.client.post(
+        f"{API}/templates", json={"name": "new", "spec": {**SIMPLE_JOB, "env": {"UID": "7"}}}, headers=alice
+    )
+    assert new.status_code == 422 and "env name 'UID' is a shell's own variable" in new.text, new.text
