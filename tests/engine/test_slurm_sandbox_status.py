@@ -8,12 +8,18 @@ tests/slurm/test_slurm_sandbox_refusal.py."""
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 from corral.engine.base import AttemptPhase, FailureReason
 from corral.engine.slurm.cli import SlurmJob
 from corral.engine.slurm.mapping import SandboxRefusal, terminal_status
-from corral.engine.slurm.scripts import BWRAP_NO_STATUS, BWRAP_NOT_STARTED, BWRAP_STATUS_FILE
+from corral.engine.slurm.scripts import (
+    BWRAP_NO_STATUS,
+    BWRAP_NOT_STARTED,
+    BWRAP_STATUS_FILE,
+    status_fd_launch,
+)
 from corral.engine.slurm.state import StateStore
 
 UID = os.getuid()
@@ -141,3 +147,46 @@ def test_a_rank_killed_before_its_bwrap_started_is_not_the_cause_even_when_it_so
     # a rank that failed by itself before its bwrap (the rank script's own refusal) stays the cause
     store = store_with(tmp_path / "b", {0: BWRAP_NOT_STARTED, 1: STARTED}, {1: WORDS})
     assert store.sandbox_refusal("9.1", 2, {0: 90, 1: 1}, UID) is None
+
+
+def run_launch_line(tmp_path: Path, bwrap_body: str) -> tuple[bytes, list[str], str]:
+    """Runs the rank script's launch line (scripts.status_fd_launch) with a fake bwrap that logs
+    each call's arguments and then does `bwrap_body`: (the status file, the calls, stderr)."""
+    tmp_path.mkdir()
+    bwrap, calls, status = tmp_path / "bwrap", tmp_path / "calls", tmp_path / "bwrap-0.status"
+    bwrap.write_text(f'#!/bin/sh\necho "$*" >>{calls}\n{bwrap_body}\n')
+    bwrap.chmod(0o755)
+    status.write_bytes(BWRAP_NOT_STARTED)
+    with_fd = f"{bwrap} --json-status-fd 3 -- job"
+    line = status_fd_launch(str(bwrap), str(status), with_fd, f"{bwrap} -- job")
+    done = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=10, check=False)
+    return status.read_bytes(), calls.read_text().splitlines(), done.stderr
+
+
+def test_the_rank_runs_without_the_status_fd_only_when_its_bwrap_says_the_option_is_unknown(
+    tmp_path: Path,
+) -> None:
+    # review111 #2: a bwrap with the option pays one probe and writes its lines to the fd
+    has_it = 'case "$*" in *--version*) exit 0;; *job*) echo \'{ "exit-code": 0 }\' >&3;; esac'
+    status, calls, _ = run_launch_line(tmp_path / "a", has_it)
+    assert status == b'{ "exit-code": 0 }\n'
+    assert calls == ["--json-status-fd 1 --version", "--json-status-fd 3 -- job"]
+    # bubblewrap's own words for an option it lacks (0.8.0: "bwrap: Unknown option --no-such")
+    old = (
+        'case "$*" in *--json-status-fd*) echo "bwrap: Unknown option --json-status-fd" >&2; exit 1;; esac\n'
+        "echo ran without"
+    )
+    status, calls, stderr = run_launch_line(tmp_path / "b", old)
+    assert status == BWRAP_NO_STATUS
+    assert calls[-1] == "-- job"
+    assert "has no --json-status-fd (bwrap: Unknown option --json-status-fd)" in stderr
+    # any other failure of the probe (no fork under the job's pids limit): the fd as usual, so
+    # a refusal on that node still reads as one
+    flaky = (
+        'case "$*" in *--version*) echo "bwrap: Resource temporarily unavailable" >&2; exit 1;; '
+        "*job*) echo '{ \"child-pid\": 41 }' >&3; exit 1;; esac"
+    )
+    status, calls, stderr = run_launch_line(tmp_path / "c", flaky)
+    assert status == b'{ "child-pid": 41 }\n'
+    assert calls[-1] == "--json-status-fd 3 -- job"
+    assert "has no --json-status-fd" not in stderr

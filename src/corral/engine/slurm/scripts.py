@@ -376,6 +376,28 @@ def _rank_exports(
     return list(env), lines
 
 
+def status_fd_launch(bwrap: str, status: str, with_fd: str, without_fd: str) -> str:
+    """The rank's shell line that execs bwrap with BWRAP_STATUS_FD on `status` (`with_fd`), or,
+    on a node whose bubblewrap lacks --json-status-fd, without it (`without_fd`), saying so in
+    `status` and the rank's log. `bwrap` and `status` are shell words; the commands start after
+    `exec`. Only bwrap's own "Unknown option" means the option is missing (it parses its options
+    in order, so it says that before --version): a probe that failed for another reason (no fork
+    under the job's pids limit, no memory) runs with the fd as usual, so a refusal there is still
+    read as one (review111 #2). The probe's words are read by a second run only when it failed,
+    so a node whose bwrap has the option pays one exec. The fd is opened by the subshell that
+    execs bwrap, so no other process of the rank holds it."""
+    no_status = shlex.quote(BWRAP_NO_STATUS.decode().rstrip("\n"))
+    probe = f"{bwrap} --json-status-fd 1 --version"
+    return (
+        f"if ! {probe} >/dev/null 2>&1; then why=$({probe} 2>&1 >/dev/null); "
+        f'case "$why" in *"Unknown option"*) '
+        f"echo \"corral: $(hostname)'s bubblewrap has no --json-status-fd ($why): a sandbox it "
+        f"refuses reads as the job's own failure\" >&2; "
+        f"echo {no_status} >{status}; exec {without_fd};; esac; fi; "
+        f"exec {BWRAP_STATUS_FD}>{status}; exec {with_fd}"
+    )
+
+
 def rank_script(
     attempt_dir: Path,
     job_dir: Path,
@@ -417,19 +439,13 @@ def rank_script(
     head, tail = bwrap_argv_parts(sandbox.bwrap, None, spec)
     d, j, r = shlex.quote(str(attempt_dir)), shlex.quote(str(job_dir)), inst.rank
     bwrap = shlex.quote(sandbox.bwrap)
-    sandboxed = "exec " + " ".join(map(shlex.quote, head)) + ' "$@" ' + " ".join(map(shlex.quote, tail))
+    sandboxed = " ".join(map(shlex.quote, head)) + ' "$@" ' + " ".join(map(shlex.quote, tail))
+    launch = f"exec {sandboxed}"
     if sandbox.json_status:
-        # opened by the subshell that execs bwrap, so no other process of the rank holds it; a
-        # node whose bubblewrap lacks the option (it parses its options in order: "Unknown
-        # option" before --version) runs bwrap without it and says so in the file
-        status = f'"$D/{BWRAP_STATUS_FILE.format(rank=r)}"'
         with_fd = " ".join(map(shlex.quote, with_status_fd(head, str(BWRAP_STATUS_FD))))
         with_fd += ' "$@" ' + " ".join(map(shlex.quote, tail))
-        no_status = shlex.quote(BWRAP_NO_STATUS.decode().rstrip("\n"))
-        sandboxed = (
-            f"if {bwrap} --json-status-fd 1 --version >/dev/null 2>&1; then "
-            f"exec {BWRAP_STATUS_FD}>{status}; exec {with_fd}; fi; echo {no_status} >{status}; {sandboxed}"
-        )
+        status = f'"$D/{BWRAP_STATUS_FILE.format(rank=r)}"'
+        launch = status_fd_launch(bwrap, status, with_fd, sandboxed)
     secret_env = _secret_env(secrets, inst.rank)
     cuda, gpus = (STASH_PREFIX + v for v in RANK_SCRIPT_VARS)
     return f"""#!/bin/sh
@@ -461,7 +477,7 @@ if [ -e "$D/{STOP_MARKER}" ]; then echo 143 >"$J/rank-{r}.exit"; exit 143; fi
 # For `corral exec` (slurm/enter.py): the rank's environment (stashed, with the names to put
 # back) and its bwrap's pid, while it runs
 (umask 077; export -p; echo "{ENV_NAMES_VAR}='{" ".join(names)}'") >"$J/rank-{r}.env"
-(trap '' TERM INT; umask 007; {sandboxed}) &
+(trap '' TERM INT; umask 007; {launch}) &
 child=$!
 echo "$child" >"$J/rank-{r}.pid"
 if [ -n "$term" ]; then kill -KILL "$child" 2>/dev/null; fi
