@@ -15,7 +15,13 @@ from sqlalchemy import select
 
 from corral.monitor.alerts import record_alert
 from corral.monitor.channels import deliver_due
-from corral.monitor.config import MonitorConfigError, load_monitor_config
+from corral.monitor.claiming import SEND_BUDGET_S, SENDING_RETRY_S
+from corral.monitor.config import (
+    SMTP_SEND_OPERATIONS,
+    SMTP_TIMEOUT_MAX_S,
+    MonitorConfigError,
+    load_monitor_config,
+)
 from corral.monitor.models import AlertNotification
 from tests.monitor.conftest import WEBHOOK_TOKEN, Mon
 from tests.monitor.test_webhook import payload
@@ -279,3 +285,19 @@ def test_a_failing_webhook_does_not_show_its_url_path() -> None:
     error = str(failed.value)
     assert error.startswith(f"POST http://127.0.0.1:{port}/...: "), error
     assert "s3cret" not in error and ":pw@" not in error, error
+
+
+def test_an_smtp_timeout_that_could_outlast_a_claim_is_refused_with_its_line(tmp_path: Path) -> None:
+    # review110 #5: the timeout bounds each SMTP operation; a send claimed at the end of a pass's
+    # budget must end before its claim expires, or another server sends the message too
+    assert SMTP_SEND_OPERATIONS * SMTP_TIMEOUT_MAX_S <= SENDING_RETRY_S - SEND_BUDGET_S
+    path = tmp_path / "monitor.yml"
+    channel = (
+        "channels:\n  - name: mail\n    type: email\n    smtp_host: h\n    from: c@x.org\n    to: [a@x.org]\n"
+    )
+    path.write_text(channel + "    timeout: 2m\n")
+    said = r"monitor.yml:7: channels.0.email.timeout: 120 s is longer than 20 s"
+    with pytest.raises(MonitorConfigError, match=said):
+        load_monitor_config(path)
+    path.write_text(channel + "    timeout: 20s\n")
+    assert load_monitor_config(path).channels[0].timeout == 20.0

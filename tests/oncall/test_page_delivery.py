@@ -240,3 +240,20 @@ def test_a_notification_whose_sender_dies_each_time_is_given_up_at_the_retry_lim
         )
     assert deliver_pages(env.factory, smtp.config(), PagingSettings(), key, at + 1000) == 0
     assert smtp.inbox.to() == []
+
+
+def test_messages_never_tried_are_claimed_before_retries(env: Env) -> None:
+    """review110 #5: retries to dead endpoints (each up to its timeout) came first, oldest due
+    first, and could use up a pass's claim budget before a fresh page was sent."""
+    now = time.time()
+    queue_three(env, "test:fresh", now)
+    with env.factory() as db:
+        ids = sorted(db.scalars(sa.select(PageNotification.id)))
+        for offset, failing in zip((200.0, 100.0), ids[1:], strict=True):
+            row = db.get(PageNotification, failing)
+            assert row is not None
+            row.state, row.attempts, row.next_attempt_at = "failing", 1, now - offset
+        db.commit()
+        due = due_messages(db, PageNotification, now, pager.DELIVERY_BATCH)
+    fresh_first = [(ids[0], "pending"), (ids[1], "failing"), (ids[2], "failing")]
+    assert [(i, state) for i, state, _ in due] == fresh_first

@@ -9,8 +9,9 @@ having its claims taken while it still sends them:
   pass's start: a pass that has sent for minutes would otherwise make claims that expired
   before they were made, and another server would send those messages too.
 - **No new claim after SEND_BUDGET_S of the pass**: each send has its own deadline (a webhook's
-  30 s, SMTP's timeout per operation), so a claim made within the budget is settled long before
-  it expires. What is left waits for the next pass.
+  30 s, SMTP's timeout per operation, at most SMTP_TIMEOUT_MAX_S in monitor.yml), so a claim made
+  within the budget is settled long before it expires. What is left waits for the next pass;
+  messages never tried are claimed before retries (`due_messages`).
 
 A message reclaimed from `sending` (its sender died each time, maybe killed by the message
 itself) counts those tries against the retry limit and is then given up (`give_up_reclaimed`).
@@ -21,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from sqlalchemy import select
+from sqlalchemy import case, select
 from sqlalchemy.orm import Session
 
 from corral.db.notify_models import JobNotifyDelivery
@@ -69,13 +70,17 @@ def give_up_reclaimed(row: JobNotifyDelivery | PageNotification, now: float) -> 
 def due_messages(
     session: Session, model: type[JobNotifyDelivery] | type[PageNotification], now: float, limit: int
 ) -> list[tuple[int, str, float]]:
-    """(id, state, next_attempt_at) of the due messages, oldest due first: pending, failing past
-    their backoff, or `sending` under a claim that expired (its process died). Each is then
-    claimed by compare-and-set on the state and due time read; the read's transaction ends here."""
+    """(id, state, next_attempt_at) of the due messages: pending, failing past their backoff, or
+    `sending` under a claim that expired (its process died). Messages never tried come first, then
+    the retries, each oldest due first: a pass stops claiming after SEND_BUDGET_S, and retries to
+    dead endpoints (each send up to its timeout) would otherwise use it up before a fresh page is
+    sent (review110 #5). Each is then claimed by compare-and-set on the state and due time read;
+    the read's transaction ends here."""
+    retry = case((model.attempts == 0, 0), else_=1)
     rows = session.execute(
         select(model.id, model.state, model.next_attempt_at)
         .where(model.state.in_(("pending", "failing", "sending")), model.next_attempt_at <= now)
-        .order_by(model.next_attempt_at, model.id)
+        .order_by(retry, model.next_attempt_at, model.id)
         .limit(limit)
     ).all()
     session.commit()

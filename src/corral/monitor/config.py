@@ -107,6 +107,15 @@ class _Strict(BaseModel):
 Duration = Annotated[float, Field(ge=0)]
 
 
+# The longest SMTP `timeout:` of an email channel. It bounds each SMTP operation, and a send is up to
+# SMTP_SEND_OPERATIONS of them (connect, greeting, EHLO, STARTTLS, EHLO, AUTH, MAIL, RCPT, DATA, the
+# message, QUIT, one spare): a send claimed at the end of a delivery pass's claim budget must end
+# before its claim expires (corral.monitor.claiming: SENDING_RETRY_S - SEND_BUDGET_S = 240 s), or
+# another server sends it too (review110 #5)
+SMTP_TIMEOUT_MAX_S = 20.0
+SMTP_SEND_OPERATIONS = 12
+
+
 class EmailChannel(_Strict):
     name: str = Field(min_length=1, max_length=64)
     type: Literal["email"]
@@ -120,6 +129,17 @@ class EmailChannel(_Strict):
     timeout: Duration = 10.0
 
     _durations = field_validator("timeout", mode="before")(parse_duration)
+
+    @field_validator("timeout")
+    @classmethod
+    def _within_a_claim(cls, value: float) -> float:
+        if value > SMTP_TIMEOUT_MAX_S:
+            raise ValueError(
+                f"{value:g} s is longer than {SMTP_TIMEOUT_MAX_S:g} s: it bounds each SMTP operation, "
+                f"and a send of up to {SMTP_SEND_OPERATIONS} operations must end before its claim "
+                "expires (or another server sends the message too)"
+            )
+        return value
 
 
 class WebhookChannel(_Strict):
