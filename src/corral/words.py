@@ -10,3 +10,14 @@ def plural(count: float, noun: str, many: str | None = None) -> str:
     (plural(2, "is", "are")). A whole float shows without its ".0" (1.0 CPUs is "1 CPU")."""
     text = f"{count:g}" if isinstance(count, float) else str(count)
     return f"{text} {noun if count == 1 else (many or noun + 's')}"
+
+
+def gpu_noun(model: str) -> str:
+    """A GPU of `model` (a model name or names joined with "|"): "A100 GPU", but "GPU" for the
+    simulator's pools without a gpu_model, whose model is called "GPU" (not "GPU GPU")."""
+    return "GPU" if model.upper() in ("GPU", "") else f"{model} GPU"
+
+
+def gpus_of(count: float, model: str) -> str:
+    """`count` GPUs of `model`: "8 A100 GPUs", "8 GPUs" (gpu_noun)."""
+    return plural(count, gpu_noun(model))

@@ -305,7 +305,8 @@ def test_a_trace_none_of_whose_jobs_can_run_is_refused_with_the_reasons(tmp_path
         res = CliRunner().invoke(app, [*command, "--trace", str(csv), "--cluster", str(yaml)])
         assert res.exit_code == 2, res.output
         assert "none of the 2 jobs of trace wide.csv can run on cluster" in res.stderr
-        assert "e.g. a: task worker needs 8 " in res.stderr and "the largest node has 4" in res.stderr
+        assert "e.g. a: task worker needs 8 GPUs, 1 CPU" in res.stderr, res.stderr  # not "8 GPU GPUs"
+        assert "the largest node has 4" in res.stderr
         assert "identical results" not in res.output
     assert not out.exists()
     write_generic_csv(trace(("a", 0, 100, 8)).jobs, csv)  # one job: not "none of the 1 job"

@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from corral.scheduler.seqdiff import DiffMemo, appended_diff
 from corral.scheduler.types import Allocation, Job, Node, NodeState, Reason, RunningJob
-from corral.words import plural
+from corral.words import gpus_of, plural
 
 EPS = 1e-9
 MANY = 1 << 30
@@ -704,7 +704,7 @@ class ClusterShapes:
                     Reason(
                         "instance_too_large",
                         "filter:gpu_free",
-                        f"task {t.role} needs {plural(r.gpus, '|'.join(sorted(known)) + ' GPU')}, "
+                        f"task {t.role} needs {gpus_of(r.gpus, '|'.join(sorted(known)))}, "
                         f"{plural(r.cpus, 'CPU')} and {r.memory_mib} MiB on one node; {have}",
                     )
                 )

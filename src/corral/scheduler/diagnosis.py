@@ -31,7 +31,7 @@ from corral.scheduler.plugins import FILTERS
 from corral.scheduler.profiles import Profile, grace_of
 from corral.scheduler.queues import FairShareQueue, split_by_user
 from corral.scheduler.types import Allocation, Diagnosis, Job, Reason, TaskSpec
-from corral.words import plural
+from corral.words import gpus_of, plural
 
 if TYPE_CHECKING:
     from corral.scheduler.core import Cycle
@@ -200,7 +200,7 @@ class CapacityReasons:
             return Reason(
                 "gpu_fragmented",
                 "filter:gpu_free",
-                f"needs {plural(r.gpus, label + ' GPU')} on one node; largest free block is {block}{suffix}",
+                f"needs {gpus_of(r.gpus, label)} on one node; largest free block is {block}{suffix}",
             )
         if name == "cpu_memory":
             where = "for CPU-only work" if r.gpus <= 0 else f"with {plural(r.gpus, 'free GPU')}"
@@ -223,7 +223,7 @@ class CapacityReasons:
         return Reason(
             "insufficient_gpus",
             "filter:gpu_free",
-            f"needs {plural(need, label + ' GPU')}; {free} {'is' if free == 1 else 'are'} free now{suffix}",
+            f"needs {gpus_of(need, label)}; {free} {'is' if free == 1 else 'are'} free now{suffix}",
         )
 
 

@@ -47,6 +47,7 @@ from corral.sim.errors import SimulationError
 from corral.sim.estimates import RuntimeHistory
 from corral.sim.replay_gc import defer_full_collections, restore_full_collections
 from corral.sim.trace import Trace, TraceJob
+from corral.words import gpu_noun
 
 
 class PlanMaker(Protocol):
@@ -330,7 +331,7 @@ class Simulator:
                 near = spelled.get(model.lower(), model)  # `a100`: a quota's model is matched as spelt
                 hint = f"; a quota names GPU models as the pools spell them: {near}?" if near != model else ""
                 notes.append(
-                    f"guaranteed {model} GPUs of all groups add up to {promised}; the cluster has "
+                    f"guaranteed {gpu_noun(model)}s of all groups add up to {promised}; the cluster has "
                     f"{have.get(model, 0)} (accepted, as the live platform accepts it){hint}"
                 )
         promised = sum(self.guarantee.values())
