@@ -452,3 +452,15 @@ def test_from_cluster_shows_a_what_if_whose_changes_let_jobs_the_current_setting
     res = CliRunner().invoke(app, ["sim", "--from-cluster"])  # the current settings alone: refused
     assert res.exit_code == 2
     assert "none of the 3 jobs" in res.stderr and "its group's quota can never admit it" in res.stderr
+
+
+def test_synth_refuses_an_out_that_names_a_directory(tmp_path: Path) -> None:
+    """`corral sim synth --out traces/` wrote a file named `traces`."""
+    res = CliRunner().invoke(app, ["sim", "synth", "--out", f"{tmp_path / 'traces'}/", "--jobs", "5"])
+    assert res.exit_code == 2, res.output
+    assert f"--out {tmp_path / 'traces'}/: is a directory; give the file to write in it" in res.stderr
+    assert not (tmp_path / "traces").exists()
+    res = CliRunner().invoke(app, ["sim", "synth", "--out", str(tmp_path), "--jobs", "5"])
+    assert res.exit_code == 2 and f"--out {tmp_path}: is a directory" in res.stderr, res.output
+    res = CliRunner().invoke(app, ["sim", "synth", "--out", str(tmp_path / "t.csv"), "--jobs", "5"])
+    assert res.exit_code == 0 and (tmp_path / "t.csv").is_file(), res.output

@@ -576,7 +576,9 @@ def compare(
 
 @sim_app.command()
 def synth(
-    out: Path = typer.Option(..., "--out", help="the trace CSV to write (generic format)"),
+    out_text: str = typer.Option(
+        ..., "--out", help="the trace CSV to write (generic format; a file, not a directory)"
+    ),
     cluster: str = typer.Option("synth", "--cluster", "-c", help=CLUSTER_HELP + "; sizes the load"),
     jobs: int = typer.Option(9000, "--jobs", min=1, help="how many jobs"),
     load: float = typer.Option(1.3, "--load", help="offered GPU-time / cluster GPU-time over the arrivals"),
@@ -601,6 +603,7 @@ def synth(
     from corral.sim.synth import SynthError, SynthSpec, generate, parse_mix
     from corral.sim.trace import write_generic_csv
 
+    out = _a_file("--out", out_text)
     _not_an_input({"--out": out}, {"--cluster": cluster})
     try:
         low, sep, high = burst_size.partition("-")
@@ -637,6 +640,15 @@ def synth(
         write_generic_csv(made.jobs, out)
     for note in made.notes:
         typer.echo(f"wrote {out}: {note}")
+
+
+def _a_file(option: str, text: str) -> Path:
+    """A file to write, refused when it names a directory: `--out traces/` wrote a file named
+    `traces` (a Path drops the trailing slash), and an existing directory failed on opening it."""
+    if text.endswith("/") or Path(text).is_dir():
+        example = Path(text) / "trace.csv"
+        _fail(f"{option} {text}: is a directory; give the file to write in it, e.g. {example}")
+    return Path(text)
 
 
 def _as_synth_option(message: str) -> str:
