@@ -312,6 +312,19 @@ def test_a_trace_none_of_whose_jobs_can_run_is_refused_with_the_reasons(tmp_path
     write_generic_csv(trace(("a", 0, 100, 8)).jobs, csv)  # one job: not "none of the 1 job"
     res = CliRunner().invoke(app, ["sim", "--trace", str(csv), "--cluster", str(yaml)])
     assert res.exit_code == 2 and "the only job of trace wide.csv cannot run on cluster" in res.stderr
+    # --max-jobs cut the trace short: not "the only job" nor "none of the N jobs" of the trace
+    write_generic_csv(trace(("a", 0, 100, 8), ("b", 1, 50, 16), ("c", 2, 10, 12)).jobs, csv)
+    cuts = {
+        "1": "the first job of trace wide.csv cannot",
+        "2": "none of the first 2 jobs of trace wide.csv can",
+    }
+    for cut, said in cuts.items():
+        for command in (["sim"], ["sim", "compare", "--policies", "fifo,sjf"]):
+            args = [*command, "--trace", str(csv), "--cluster", str(yaml), "--max-jobs", cut]
+            res = CliRunner().invoke(app, args)
+            assert res.exit_code == 2 and f"{said} run on cluster" in res.stderr, res.output
+    res = CliRunner().invoke(app, ["sim", "--trace", str(csv), "--cluster", str(yaml), "--max-jobs", "5"])
+    assert res.exit_code == 2 and "none of the 3 jobs of trace wide.csv can" in res.stderr, res.output
 
 
 def test_compare_shows_rejected_jobs_and_warns_when_policies_replay_different_jobs(tmp_path: Path) -> None:

@@ -293,14 +293,15 @@ def sim(
         policy_name = policy or "default"
         spec = f"{policy_name}:{placement}" if placement else policy_name
         result, summary = _replay_trace(trace, cluster, spec, config, knob, max_jobs, speedup, private)
-        _refuse_if_nothing_ran([summary])
+        _refuse_if_nothing_ran([summary], max_jobs)
         _write_results(result, summary, jobs_out, out, output)
 
 
-def _refuse_if_nothing_ran(summaries: list[dict[str, Any]]) -> None:
+def _refuse_if_nothing_ran(summaries: list[dict[str, Any]], max_jobs: int | None) -> None:
     """A trace none of whose jobs the cluster can ever run (too wide for every node, GPU models it
     lacks, more than a group's quota) printed a table of zeros, exit 0, and `compare` added that
-    the policies were too alike to tell apart. Refused instead, with the rejections' reasons."""
+    the policies were too alike to tell apart. Refused instead, with the rejections' reasons; of
+    "the first N jobs" where --max-jobs cut the trace short."""
     if any(s["jobs"] for s in summaries):
         return
     first = summaries[0]
@@ -311,11 +312,11 @@ def _refuse_if_nothing_ran(summaries: list[dict[str, Any]]) -> None:
     whose = "" if len(summaries) == 1 else " under any policy"
     count = first["jobs_rejected"]
     trace = first["trace"]
-    which = (
-        f"the only job of trace {trace} cannot"
-        if count == 1
-        else f"none of the {count:,} jobs of trace {trace} can"
-    )
+    first_only = max_jobs is not None and count >= max_jobs  # the trace may have more
+    if count == 1:
+        which = f"the {'first' if first_only else 'only'} job of trace {trace} cannot"
+    else:
+        which = f"none of the {'first ' if first_only else ''}{count:,} jobs of trace {trace} can"
     _fail(
         f"{which} run on cluster {first['cluster']} "
         f"({plural(first['cluster_gpus'], 'GPU')}){whose}; e.g. {shown}"
@@ -503,9 +504,10 @@ def _compare_specs(policies: str, output: str, knob: list[str]) -> tuple[list[st
 
 
 def _replay_each(
-    trace: Any, cluster: Any, specs: list[str], config: Any, knobs: dict[str, Any]
+    trace: Any, cluster: Any, specs: list[str], config: Any, knobs: dict[str, Any], max_jobs: int | None
 ) -> tuple[list[Any], list[dict[str, Any]]]:
-    """One replay per policy, with its summary; nothing to compare when no policy ran a job."""
+    """One replay per policy, with its summary; nothing to compare when no policy ran a job
+    (`max_jobs`: the trace's cut, --max-jobs, for the refusal's words)."""
     from corral.sim.metrics import summarize
     from corral.sim.runner import PolicyError, simulate
 
@@ -517,7 +519,7 @@ def _replay_each(
             _fail(str(exc))
         results.append(result)
         summaries.append(summarize(result))
-    _refuse_if_nothing_ran(summaries)
+    _refuse_if_nothing_ran(summaries, max_jobs)
     return results, summaries
 
 
@@ -558,7 +560,7 @@ def compare(
     )
     with _results_where({}, {"--out": out}):
         loaded_trace, loaded_cluster = _load(trace, cluster, max_jobs, speedup)
-        results, summaries = _replay_each(loaded_trace, loaded_cluster, specs, config, knobs)
+        results, summaries = _replay_each(loaded_trace, loaded_cluster, specs, config, knobs, max_jobs)
         if out:
             (out / "summaries.json").write_text(json.dumps(summaries, indent=2))
             for path in write_plots(results, out):
