@@ -22,7 +22,8 @@ from corral.services import job_notify, lifecycle, webhook_guard
 from corral.services.lifecycle import JobState
 from tests.notify.conftest import LOOPBACK, Team
 from tests.notify.test_job_notify import body_of, notification_pass, outbox, run_and_end, submit
-from tests.oncall.conftest import Smtp
+from tests.oncall.conftest import Smtp, smtp_server
+from tests.oncall.test_page_delivery import SLOW_SEND_S, SlowInbox
 from tests.support import served
 from tests.webhook_server import WebhookServer
 
@@ -451,3 +452,17 @@ def test_a_settled_outcome_written_by_the_fallback_keeps_no_text(team: Team, smt
         assert (row.state, row.body, row.last_error) == ("sent", "", "")
         assert "notifications" not in row.payload and row.payload["count"] == 1
     assert deliver(team.factory, smtp.config(), now + 1000, NETWORKS) == 0 and len(smtp.inbox.messages) == 1
+
+
+def test_a_messages_sent_time_is_when_its_send_ended_not_its_claim(team: Team) -> None:
+    """review110 #11: sent_at (and a failure's backoff) were the claim's time, a slow send's
+    whole length early."""
+    with smtp_server(SlowInbox()) as slow:
+        now = time.time()
+        job_id = submit(team, {"on": ["failed"]})
+        fail(team, [job_id], now)
+        assert notification_pass(team, slow, now) == 1
+        assert slow.inbox.to() == ["alice@example.org"]
+    with team.factory() as db:
+        (sent_at,) = db.scalars(sa.select(JobNotifyDelivery.sent_at))
+    assert sent_at is not None and sent_at >= now + SLOW_SEND_S

@@ -49,6 +49,11 @@ class ClaimingPass:
         elapsed = max(0.0, self.clock() - self.started)
         return None if elapsed > self.budget_s else self.now + elapsed
 
+    def at(self) -> float:
+        """The time now on the caller's clock, whatever the budget: when a send ended, for its
+        outcome's time (sent_at, the failure's backoff), not the claim's (review110 #11)."""
+        return self.now + max(0.0, self.clock() - self.started)
+
 
 def reclaimed_too_often(
     seen_state: str, row: JobNotifyDelivery | PageNotification, max_attempts: int

@@ -108,13 +108,15 @@ def _claim(session: Session, seen: tuple[int, str, float], now: float) -> JobNot
 
 
 def _send_claimed(
-    session: Session, mailer: Mailer, delivery: JobNotifyDelivery, config: MonitorConfig, now: float,
-    allowed: Sequence[webhook_guard.Network],
-) -> None:  # fmt: skip
-    """Send one claimed message and set its outcome on the row (not committed). Any error is that
-    message's failure (retried, then given up), never the pass's. A message whose owner was
-    deactivated, or whose address they removed or changed since it was grouped, is given up
-    unsent, saying why (services.oncall.no_longer_reaches)."""
+    session: Session, mailer: Mailer, delivery: JobNotifyDelivery, config: MonitorConfig,
+    clock: Callable[[], float], allowed: Sequence[webhook_guard.Network],
+) -> float:  # fmt: skip
+    """Send one claimed message and set its outcome on the row (not committed); returns the
+    outcome's time, read from `clock` (ClaimingPass.at) when the send ended: a 30 s send's
+    sent_at and backoff are not 30 s early (review110 #11). Any error is that message's failure
+    (retried, then given up), never the pass's. A message whose owner was deactivated, or whose
+    address they removed or changed since it was grouped, is given up unsent, saying why
+    (services.oncall.no_longer_reaches)."""
     owner = session.get(User, delivery.user_id)
     if owner is None:
         why: str | None = "its owner's account is deactivated"
@@ -122,18 +124,23 @@ def _send_claimed(
         why = oncall.no_longer_reaches(session, owner, delivery.kind, delivery.address)
     if why is not None:
         delivery.state, delivery.last_error = "given_up", why
-        delivery.next_attempt_at = now  # when it was given up, as record_failure writes it
-        return
+        delivery.next_attempt_at = now = clock()  # when it was given up, as record_failure writes it
+        return now
+    failure: str | None = None
     try:
         _send(mailer, delivery, allowed)
     except ChannelError as exc:
-        record_failure(delivery, str(exc), config, now)
+        failure = str(exc)
         log.warning("job notification %s (%s) failed: %s", delivery.id, delivery.kind, exc)
     except Exception as exc:  # one message's unexpected error is its own failure
-        record_failure(delivery, f"{type(exc).__name__}: {exc}", config, now)
+        failure = f"{type(exc).__name__}: {exc}"
         log.exception("job notification %s (%s) failed unexpectedly", delivery.id, delivery.kind)
+    ended = clock()
+    if failure is None:
+        delivery.state, delivery.sent_at, delivery.last_error = "sent", ended, ""
     else:
-        delivery.state, delivery.sent_at, delivery.last_error = "sent", now, ""
+        record_failure(delivery, failure, config, ended)
+    return ended
 
 
 def _store_outcome(session: Session, delivery: JobNotifyDelivery, claim_until: float, now: float) -> None:
@@ -208,7 +215,7 @@ def deliver(
                 if reclaimed_too_often(seen[1], delivery, config.retry.max_attempts):
                     give_up_reclaimed(delivery, at)
                 else:
-                    _send_claimed(session, mailer, delivery, config, at, webhook_networks)
+                    at = _send_claimed(session, mailer, delivery, config, claiming.at, webhook_networks)
                 _store_outcome(session, delivery, claim_until, at)
                 handled += 1
             return handled
