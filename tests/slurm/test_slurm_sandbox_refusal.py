@@ -132,17 +132,21 @@ def test_a_refusal_after_another_rank_ran_and_was_killed_is_the_jobs_own_failure
     bind, as bwrap does a source gone). Not launch_failed, a free re-run of what rank 0 did:
     the job's own failure, with bwrap's words and the rank that may have run."""
     said = "bwrap: Can't find source path /gone: No such file or directory"
-    work_1 = str(engine.store.job_dir("535.1") / "work" / "1")
+    work_0, work_1 = (str(engine.store.job_dir("535.1") / "work" / str(r)) for r in (0, 1))
     refusing = slurm_cluster.new_state_dir() / "bwrap"
+    # rank 1 refuses only once rank 0's command has run (its marker in its work dir): refused
+    # first, the gang's stop could end rank 0 before its own bwrap started, and then nothing ran
     refusing.write_text(
         "#!/bin/sh\n"
-        f'for a in "$@"; do if [ "$a" = {work_1} ]; then echo "{said}" >&2; exit 1; fi; done\n'
+        f'for a in "$@"; do if [ "$a" = {work_1} ]; then i=0; '
+        f"while [ ! -e {work_0}/rank0-ran ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; "
+        f'echo "{said}" >&2; exit 1; fi; done\n'
         f'exec {engine.sandbox.bwrap} "$@"\n'
     )
     refusing.chmod(0o755)
     refusing.parent.chmod(0o755)
     engine.sandbox = replace(engine.sandbox, bwrap=str(refusing))
-    ran = "trap '' TERM; echo rank 0 ran; while :; do sleep 1; done"
+    ran = "trap '' TERM; echo rank 0 ran; touch rank0-ran; while :; do sleep 1; done"
     engine.launch(attempt("535.1", instance("node1", ran), instance("node2", "echo rank 1 ran", rank=1)))
     status = wait_for(engine, "535.1", FINISHED, timeout_s=60)
     assert (status.phase, status.reason, status.exit_code) == (
