@@ -16,7 +16,7 @@ from corral.cli.main import app as cli
 from corral.db.models import Job, User
 from corral.db.notify_models import JobNotifyDelivery
 from corral.monitor import job_notifier
-from corral.monitor.claiming import due_messages
+from corral.monitor.claiming import SENDING_RETRY_S, claim_message, due_messages
 from corral.monitor.job_notifier import deliver
 from corral.services import job_notify, lifecycle, webhook_guard
 from corral.services.lifecycle import JobState
@@ -162,9 +162,9 @@ def test_a_claimed_message_is_sent_by_one_pass_only(team: Team, smtp: Smtp) -> N
     with team.factory() as one, team.factory() as two:
         (seen,) = due_messages(one, JobNotifyDelivery, now, 200)
         assert due_messages(two, JobNotifyDelivery, now, 200) == [seen]
-        won = job_notifier._claim(one, seen, now)
+        won = claim_message(one, JobNotifyDelivery, seen, now)
         assert won is not None and won.state == "sending" and won.attempts == 1
-        assert job_notifier._claim(two, seen, now) is None
+        assert claim_message(two, JobNotifyDelivery, seen, now) is None
     assert deliver(team.factory, smtp.config(), now + 1, NETWORKS) == 0  # claimed: not due again yet
     assert smtp.inbox.messages == []
 
@@ -178,11 +178,11 @@ def test_a_pass_whose_claim_expired_leaves_the_next_claimers_outcome(team: Team,
     with team.factory() as db:
         job_notify.group_pending(db, now, base_url="http://corral.test")
         (seen,) = due_messages(db, JobNotifyDelivery, now, 200)
-        slow = job_notifier._claim(db, seen, now)  # then stalls past its claim's expiry
+        slow = claim_message(db, JobNotifyDelivery, seen, now)  # then stalls past its claim's expiry
         assert slow is not None
         claim_until = slow.next_attempt_at
         db.expunge(slow)
-    assert deliver(team.factory, smtp.config(), now + job_notifier.SENDING_RETRY_S + 1, NETWORKS) == 1
+    assert deliver(team.factory, smtp.config(), now + SENDING_RETRY_S + 1, NETWORKS) == 1
     assert smtp.inbox.wait_for(1, 5)
     sent_events = notify_events(team, job_id)
     assert len(sent_events) == 1
@@ -406,7 +406,7 @@ def test_a_message_whose_sender_dies_each_time_is_given_up_at_the_retry_limit(
     for _ in range(limit):
         with pytest.raises(SystemExit):
             deliver(team.factory, smtp.config(), at, NETWORKS)
-        at += job_notifier.SENDING_RETRY_S + 1
+        at += SENDING_RETRY_S + 1
     assert deliver(team.factory, smtp.config(), at, NETWORKS) == 1  # claimed, and given up unsent
     with team.factory() as db:
         (row,) = db.scalars(sa.select(JobNotifyDelivery))

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from corral.db.oncall_models import PageNotification
 from corral.monitor import pager
-from corral.monitor.claiming import due_messages
+from corral.monitor.claiming import SENDING_RETRY_S, claim_message, due_messages
 from corral.monitor.pager import PagingSettings, deliver_pages
 from corral.services import paging
 from tests.oncall.conftest import Env, Inbox, Smtp, smtp_server
@@ -80,11 +80,12 @@ def test_a_pass_whose_claim_expired_leaves_the_next_claimers_outcome(env: Env, s
     queue_three(env, "test:late", now)
     with env.factory() as db:
         seen = due_messages(db, PageNotification, now, pager.DELIVERY_BATCH)[0]
-        slow = pager._claim(db, seen, "server-a", now)  # then stalls past its claim's expiry
+        # claimed, then stalls past its claim's expiry
+        slow = claim_message(db, PageNotification, seen, now, claimed_by="server-a")
         assert slow is not None and slow.claimed_by == "server-a"
         claim_until = slow.next_attempt_at
         db.expunge(slow)
-    later = now + pager.SENDING_RETRY_S + 1
+    later = now + SENDING_RETRY_S + 1
     key = paging.link_key(env.settings)
     assert deliver_pages(env.factory, smtp.config(), PagingSettings(), key, later, owner="server-b") == 3
     assert smtp.inbox.wait_for(3, 5)
@@ -132,8 +133,8 @@ def test_a_slow_pass_claims_each_notification_when_it_sends_it_and_stops_at_its_
         ).all()
     assert [state for state, _ in rows] == ["sent", "sent", "pending"]
     first_claim_until, second_claim_until = rows[0][1], rows[1][1]
-    assert first_claim_until - now < pager.SENDING_RETRY_S + SLOW_SEND_S
-    assert second_claim_until - now >= pager.SENDING_RETRY_S + SLOW_SEND_S  # claimed after the first send
+    assert first_claim_until - now < SENDING_RETRY_S + SLOW_SEND_S
+    assert second_claim_until - now >= SENDING_RETRY_S + SLOW_SEND_S  # claimed after the first send
     assert rows[2][1] == now  # not claimed: still due, as it was
 
 
@@ -230,7 +231,7 @@ def test_a_notification_whose_sender_dies_each_time_is_given_up_at_the_retry_lim
     for _ in range(limit):
         with pytest.raises(SystemExit):
             deliver_pages(env.factory, smtp.config(), PagingSettings(), key, at)
-        at += pager.SENDING_RETRY_S + 1
+        at += SENDING_RETRY_S + 1
     assert deliver_pages(env.factory, smtp.config(), PagingSettings(), key, at) == 1  # given up unsent
     with env.factory() as db:
         (row,) = db.scalars(sa.select(PageNotification))

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
-from sqlalchemy import case, select
+from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
 from corral.db.notify_models import JobNotifyDelivery
@@ -90,3 +91,30 @@ def due_messages(
     ).all()
     session.commit()
     return [(int(i), str(state), float(at)) for i, state, at in rows]
+
+
+Message = TypeVar("Message", JobNotifyDelivery, PageNotification)
+
+
+def claim_message(
+    session: Session, model: type[Message], seen: tuple[int, str, float], now: float, **also: object
+) -> Message | None:
+    """Claim one message read by `due_messages` by compare-and-set on the state and due time read:
+    the pass whose UPDATE matches sends it; another server's overlapping pass matches no row and
+    skips it. The claim is a lease: `sending` until now + SENDING_RETRY_S, when another pass may
+    take it if this one died; `also`: more columns the claim sets (a page's `claimed_by`).
+    Committed; None: lost."""
+    # the two kinds named: the static check of state writes (test_lifecycle_owner) sees that
+    # this `state` is a message's, not a job's or a node's
+    table: type[JobNotifyDelivery] | type[PageNotification] = model
+    message_id, state, due_at = seen
+    claimed = session.execute(
+        update(table)
+        .where(table.id == message_id, table.state == state, table.next_attempt_at == due_at)
+        .values(state="sending", next_attempt_at=now + SENDING_RETRY_S, attempts=table.attempts + 1, **also)
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    if claimed.rowcount != 1:  # type: ignore[attr-defined]
+        return None
+    return session.get(model, message_id, populate_existing=True)  # as the UPDATE left it

@@ -31,8 +31,8 @@ from corral.engine.base import Engine, EngineUnavailable
 from corral.monitor.channels import ChannelError, record_failure
 from corral.monitor.claiming import (
     SEND_BUDGET_S,
-    SENDING_RETRY_S,
     ClaimingPass,
+    claim_message,
     due_messages,
     give_up_reclaimed,
     reclaimed_too_often,
@@ -82,29 +82,6 @@ def _send(mailer: Mailer, delivery: JobNotifyDelivery, allowed: Sequence[webhook
         post_json(delivery.address, {"username": "Corral", "text": text}, allowed)
     else:
         post_json(delivery.address, delivery.payload, allowed)
-
-
-def _claim(session: Session, seen: tuple[int, str, float], now: float) -> JobNotifyDelivery | None:
-    """Claim one message by compare-and-set on the state and due time read: the pass whose UPDATE
-    matches sends it, any other (another server's overlapping pass) matches no row and skips
-    it; committed. None: lost."""
-    delivery_id, state, due_at = seen
-    claimed = session.execute(
-        update(JobNotifyDelivery)
-        .where(
-            JobNotifyDelivery.id == delivery_id,
-            JobNotifyDelivery.state == state,
-            JobNotifyDelivery.next_attempt_at == due_at,
-        )
-        .values(
-            state="sending", next_attempt_at=now + SENDING_RETRY_S, attempts=JobNotifyDelivery.attempts + 1
-        )
-        .execution_options(synchronize_session=False)
-    )
-    session.commit()
-    if claimed.rowcount != 1:  # type: ignore[attr-defined]
-        return None
-    return session.get(JobNotifyDelivery, delivery_id, populate_existing=True)  # as the UPDATE left it
 
 
 def _send_claimed(
@@ -208,7 +185,7 @@ def deliver(
                 at = claiming.claim_time()
                 if at is None:
                     break
-                delivery = _claim(session, seen, at)
+                delivery = claim_message(session, JobNotifyDelivery, seen, at)
                 if delivery is None:
                     continue
                 claim_until = delivery.next_attempt_at

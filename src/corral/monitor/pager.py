@@ -48,8 +48,8 @@ from corral.db.oncall_models import Page, PageNotification
 from corral.monitor.channels import ChannelError, record_failure
 from corral.monitor.claiming import (
     SEND_BUDGET_S,
-    SENDING_RETRY_S,
     ClaimingPass,
+    claim_message,
     due_messages,
     give_up_reclaimed,
     reclaimed_too_often,
@@ -305,32 +305,6 @@ def _pinned_request(
     )
 
 
-def _claim(session: Session, seen: tuple[int, str, float], owner: str, now: float) -> PageNotification | None:
-    """Claim one notification for `owner` (this server process) by compare-and-set on the state
-    and due time read: the pass whose UPDATE matches sends it; another server's overlapping pass
-    matches no row and skips it. The claim is a lease: `sending`, `claimed_by` owner, until
-    next_attempt_at (SENDING_RETRY_S), when another pass may take it if this one died. Committed;
-    None: lost."""
-    note_id, state, due_at = seen
-    claimed = session.execute(
-        update(PageNotification)
-        .where(
-            PageNotification.id == note_id,
-            PageNotification.state == state,
-            PageNotification.next_attempt_at == due_at,
-        )
-        .values(
-            state="sending", claimed_by=owner, next_attempt_at=now + SENDING_RETRY_S,
-            attempts=PageNotification.attempts + 1,
-        )
-        .execution_options(synchronize_session=False)
-    )  # fmt: skip
-    session.commit()
-    if claimed.rowcount != 1:  # type: ignore[attr-defined]
-        return None
-    return session.get(PageNotification, note_id, populate_existing=True)  # as the UPDATE left it
-
-
 def _store_outcome(session: Session, note: PageNotification, owner: str, claim_until: float) -> None:
     """Commit one notification's outcome, set on `note` by _send_one, where this process's claim
     still stands (`sending`, claimed by `owner`, expiring at `claim_until`): a pass so slow that
@@ -428,7 +402,7 @@ def deliver_pages(
                 at = claiming.claim_time()
                 if at is None:
                     break
-                note = _claim(session, seen, owner, at)
+                note = claim_message(session, PageNotification, seen, at, claimed_by=owner)
                 if note is None:
                     continue
                 claim_until = note.next_attempt_at
