@@ -258,3 +258,18 @@ def test_messages_never_tried_are_claimed_before_retries(env: Env) -> None:
         due = due_messages(db, PageNotification, now, pager.DELIVERY_BATCH)
     fresh_first = [(ids[0], "pending"), (ids[1], "failing"), (ids[2], "failing")]
     assert [(i, state) for i, state, _ in due] == fresh_first
+
+
+def test_a_notifications_sent_time_is_when_its_send_ended_not_its_claim(env: Env, slow_smtp: Smtp) -> None:
+    """rough14 #1: a page notification's sent_at was its claim's time, a slow send's whole length
+    early (the job notifier's was mended in review110 #11)."""
+    now = time.time()
+    set_up(env)
+    start(env, "test:sent-at", now)
+    with env.factory() as db:
+        paging.escalate_due(db, now)
+    key = paging.link_key(env.settings)
+    assert deliver_pages(env.factory, slow_smtp.config(), PagingSettings(), key, now, owner="server-a") == 1
+    with env.factory() as db:
+        (sent_at,) = db.scalars(sa.select(PageNotification.sent_at))
+    assert sent_at is not None and sent_at >= now + SLOW_SEND_S

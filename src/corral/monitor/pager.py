@@ -334,11 +334,14 @@ def _store_outcome(session: Session, note: PageNotification, owner: str, claim_u
 
 
 def _send_one(mailer: Mailer, note: PageNotification, page: Page | None, user: User | None, key: bytes,
-              config: MonitorConfig, settings: PagingSettings, now: float,
+              config: MonitorConfig, settings: PagingSettings, now: float, clock: Callable[[], float],
               allowed: Sequence[webhook_guard.Network], gone: str | None) -> None:  # fmt: skip
     """Send one claimed notification and record the outcome on its row (not committed). Any error
     is that notification's failure (retried, then given up), never the pass's. `gone`: why its
-    address no longer reaches the person (services.oncall.no_longer_reaches), if so."""
+    address no longer reaches the person (services.oncall.no_longer_reaches), if so. `now`: the
+    claim's time, from which the acknowledge link's lifetime counts; the outcome's time (sent_at,
+    a failure's backoff) is read from `clock` (ClaimingPass.at) when the send ended, as the job
+    notifier's: a 30 s send is not recorded 30 s early."""
     if page is None or user is None or page.state not in OPEN_STATES:
         note.state, note.last_error = "skipped", "the page was acknowledged or cancelled first"
         return
@@ -348,26 +351,31 @@ def _send_one(mailer: Mailer, note: PageNotification, page: Page | None, user: U
     expires = now + settings.link_ttl_s
     url = f"{public_url()}/api/v1/ack/{ack_token(key, page.id, user.id, expires)}"
     out = Outgoing(note, page, user.name, url, expires)
+    failure: str | None = None
     try:
         mailer.send(out) if note.kind == "email" else post_webhook(out, allowed)
     except ChannelError as exc:
-        record_failure(note, str(exc), config, now)
+        failure = str(exc)
         log.warning("page %s to %s (%s) failed: %s", page.key, user.name, note.kind, exc)
     except Exception as exc:  # one notification's unexpected error is its own failure, not the pass's
-        record_failure(note, f"{type(exc).__name__}: {exc}", config, now)
+        failure = f"{type(exc).__name__}: {exc}"
         log.exception("page %s to %s (%s) failed unexpectedly", page.key, user.name, note.kind)
+    ended = clock()
+    if failure is None:
+        note.state, note.sent_at, note.last_error = "sent", ended, ""
     else:
-        note.state, note.sent_at, note.last_error = "sent", now, ""
+        record_failure(note, failure, config, ended)
 
 
 def _handle(
     session: Session, mailer: Mailer, note: PageNotification, key: bytes, config: MonitorConfig,
-    settings: PagingSettings, now: float, allowed: Sequence[webhook_guard.Network],
+    settings: PagingSettings, now: float, clock: Callable[[], float],
+    allowed: Sequence[webhook_guard.Network],
 ) -> None:  # fmt: skip
     """Send one claimed notification (or skip it), its page, person and their contacts read now."""
     page, user = session.get(Page, note.page_id), session.get(User, note.user_id)
     gone = None if user is None else no_longer_reaches(session, user, note.kind, note.address)
-    _send_one(mailer, note, page, user, key, config, settings, now, allowed, gone)
+    _send_one(mailer, note, page, user, key, config, settings, now, clock, allowed, gone)
 
 
 def deliver_pages(
@@ -409,7 +417,7 @@ def deliver_pages(
                 if reclaimed_too_often(seen[1], note, config.retry.max_attempts):
                     give_up_reclaimed(note, at)
                 else:
-                    _handle(session, mailer, note, key, config, settings, at, webhook_networks)
+                    _handle(session, mailer, note, key, config, settings, at, claiming.at, webhook_networks)
                 _store_outcome(session, note, owner, claim_until)
                 handled += 1
             return handled
