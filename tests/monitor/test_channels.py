@@ -13,18 +13,22 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from corral.monitor import config
 from corral.monitor.alerts import record_alert
-from corral.monitor.channels import deliver_due
+from corral.monitor.channels import ChannelError, deliver_due, send_email
 from corral.monitor.claiming import SEND_BUDGET_S, SENDING_RETRY_S
 from corral.monitor.config import (
     SMTP_SEND_OPERATIONS,
     SMTP_TIMEOUT_MAX_S,
+    EmailChannel,
     MonitorConfigError,
     load_monitor_config,
 )
-from corral.monitor.models import AlertNotification
+from corral.monitor.models import Alert, AlertNotification
 from tests.monitor.conftest import WEBHOOK_TOKEN, Mon
 from tests.monitor.test_webhook import payload
+from tests.oncall.conftest import Inbox as OncallInbox
+from tests.oncall.conftest import smtp_server
 from tests.support import free_port
 from tests.webhook_server import WebhookServer, serve_webhook
 
@@ -301,3 +305,25 @@ def test_an_smtp_timeout_that_could_outlast_a_claim_is_refused_with_its_line(tmp
         load_monitor_config(path)
     path.write_text(channel + "    timeout: 20s\n")
     assert load_monitor_config(path).channels[0].timeout == 20.0
+
+
+def test_an_alert_email_send_ends_at_its_deadline_however_slowly_the_server_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """rough14 #2, for alert channels: a server answering a line every 0.25 s (well within the
+    1 s timeout of each operation) held the send for its ten lines, 2.5 s; its deadline here is
+    one operation's timeout, 1 s."""
+    monkeypatch.setattr(config, "SMTP_SEND_OPERATIONS", 1)
+    now = time.time()
+    alert = Alert(
+        name="GpuHot", severity="critical", labels={}, annotations={}, fingerprint="f", source="corral"
+    )
+    with smtp_server(OncallInbox(), line_delay_s=0.25) as slow:
+        channel = EmailChannel.model_validate(
+            {"name": "mail", "type": "email", "smtp_host": "127.0.0.1", "smtp_port": slow.port,
+             "from": "corral@example.org", "to": ["ops@example.org"], "timeout": 1}
+        )  # fmt: skip
+        with pytest.raises(ChannelError, match=r"the send did not end within its 1 s deadline"):
+            send_email(channel, alert, "firing")
+        assert time.time() - now < 2.5
+    assert slow.inbox.messages == []

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -84,12 +85,24 @@ class Smtp:
 
 
 @contextlib.contextmanager
-def smtp_server(inbox: Inbox) -> Iterator[Smtp]:
-    """A real SMTP server (aiosmtpd) on a free port that puts what it gets in `inbox`."""
+def smtp_server(inbox: Inbox, line_delay_s: float = 0.0) -> Iterator[Smtp]:
+    """A real SMTP server (aiosmtpd) on a free port that puts what it gets in `inbox`;
+    `line_delay_s`: it waits that long before each line it answers (a reply of many lines, as
+    EHLO's, takes that many times as long), as a server that stretches a send out does."""
     from aiosmtpd.controller import Controller
+    from aiosmtpd.smtp import SMTP
+
+    class SlowLines(SMTP):
+        async def push(self, status: Any) -> None:
+            await asyncio.sleep(line_delay_s)
+            await super().push(status)
+
+    class SlowLinesController(Controller):
+        def factory(self) -> SMTP:
+            return SlowLines(self.handler, **self.SMTP_kwargs)
 
     port = free_port()
-    controller = Controller(inbox, hostname="127.0.0.1", port=port)
+    controller = SlowLinesController(inbox, hostname="127.0.0.1", port=port)
     controller.start()
     try:
         yield Smtp(port, inbox)

@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from corral.db.oncall_models import PageNotification
-from corral.monitor import pager
+from corral.monitor import config, pager
 from corral.monitor.claiming import SENDING_RETRY_S, claim_message, due_messages
 from corral.monitor.pager import PagingSettings, deliver_pages
 from corral.services import paging
@@ -273,3 +273,36 @@ def test_a_notifications_sent_time_is_when_its_send_ended_not_its_claim(env: Env
     with env.factory() as db:
         (sent_at,) = db.scalars(sa.select(PageNotification.sent_at))
     assert sent_at is not None and sent_at >= now + SLOW_SEND_S
+
+
+LINE_DELAY_S = 0.25  # each line the server answers; a send is ten lines (greeting, EHLO's five, ...)
+
+
+def test_one_email_send_ends_at_its_deadline_however_slowly_the_server_answers(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rough14 #2: the SMTP `timeout` bounds each socket operation only, so a server answering a
+    line every LINE_DELAY_S (each well within it) stretched one send past its deadline, and past
+    its claim. Here the deadline is one operation's timeout (1 s), the send 2.5 s of lines."""
+    monkeypatch.setattr(config, "SMTP_SEND_OPERATIONS", 1)
+    now = time.time()
+    set_up(env)
+    start(env, "test:deadline", now)
+    with env.factory() as db:
+        paging.escalate_due(db, now)
+    key = paging.link_key(env.settings)
+    with smtp_server(Inbox(), line_delay_s=LINE_DELAY_S) as slow:
+        monitor = slow.config()
+        monitor.channels[0].timeout = 1.0  # type: ignore[union-attr]
+        started = time.monotonic()
+        assert deliver_pages(env.factory, monitor, PagingSettings(), key, now, owner="server-a") == 1
+        took = time.monotonic() - started
+    assert took < 10 * LINE_DELAY_S  # stopped at the deadline, not at the end of the lines
+    with env.factory() as db:
+        (row,) = db.execute(sa.select(PageNotification.state, PageNotification.last_error)).all()
+    assert row.state == "failing"
+    assert row.last_error == (
+        f"SMTP 127.0.0.1:{slow.port}: the send did not end within its 1 s deadline "
+        "(the whole send's; the channel's timeout, 1 s, bounds each operation)"
+    )
+    assert slow.inbox.messages == []

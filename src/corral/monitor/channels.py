@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import smtplib
+import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from email.message import EmailMessage
@@ -53,6 +55,88 @@ def message_text(alert: Alert, status: str) -> str:
     return "\n".join(lines)
 
 
+class SmtpDeadline:
+    """The deadline of one SMTP send (EmailChannel.send_deadline_s), used as a context manager
+    around it. smtplib's timeout bounds each socket operation only, so a server answering a line
+    at a time, each just within it, held one send open for as long as it liked, past its
+    message's claim (corral.monitor.claiming), when another server sends it too. A timer shuts
+    the watched connection's socket down when the deadline passes, which ends at once whatever
+    the send waits for (a reply of many lines, the message's body); `failure` then names the
+    deadline. The timer does nothing once the send has ended."""
+
+    def __init__(self, channel: EmailChannel) -> None:
+        self.channel = channel
+        self.expired = False
+        self._smtp: smtplib.SMTP | None = None
+        self._ended = False
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(channel.send_deadline_s, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> SmtpDeadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._timer.cancel()
+        with self._lock:  # a timer already firing finishes first; one firing later does nothing
+            self._ended = True
+
+    def watch(self, smtp: smtplib.SMTP) -> None:
+        """Shut `smtp`'s socket down (the one it has then: STARTTLS replaces it) at the deadline."""
+        with self._lock:
+            self._smtp = smtp
+        self.check()
+
+    def check(self) -> None:
+        """Raise TimeoutError if the deadline has passed: the timer found no socket to shut down
+        when it fired (the connection was being made, or STARTTLS was replacing it)."""
+        if self.expired:
+            raise TimeoutError("send deadline passed")
+
+    def _expire(self) -> None:
+        with self._lock:
+            if self._ended:
+                return
+            self.expired = True
+            sock = self._smtp.sock if self._smtp is not None else None
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)  # a blocked recv returns, a blocked send fails
+                except OSError:
+                    pass  # already closed
+
+    def failure(self, exc: BaseException) -> ChannelError:
+        """The send's error: the deadline's, if it passed (whatever smtplib made of the socket
+        shut down under it), else `exc`'s."""
+        channel, where = self.channel, f"SMTP {self.channel.smtp_host}:{self.channel.smtp_port}"
+        if self.expired:
+            return ChannelError(
+                f"{where}: the send did not end within its {channel.send_deadline_s:g} s deadline "
+                f"(the whole send's; the channel's timeout, {channel.timeout:g} s, bounds each operation)"
+            )
+        return ChannelError(f"{where}: {exc}")
+
+
+def open_smtp(channel: EmailChannel, deadline: SmtpDeadline) -> smtplib.SMTP:
+    """A connection to `channel`'s SMTP server (STARTTLS and login as it says), watched by
+    `deadline` from before it connects."""
+    smtp = smtplib.SMTP(timeout=channel.timeout)
+    deadline.watch(smtp)
+    try:
+        smtp.connect(channel.smtp_host, channel.smtp_port)
+        deadline.check()
+        if channel.starttls:
+            smtp.starttls()
+            deadline.check()
+        if channel.username:
+            smtp.login(channel.username, channel.password or "")
+    except BaseException:
+        smtp.close()
+        raise
+    return smtp
+
+
 def send_email(channel: EmailChannel, alert: Alert, status: str) -> None:
     msg = EmailMessage()
     msg["Subject"] = summary_line(alert, status)
@@ -60,15 +144,12 @@ def send_email(channel: EmailChannel, alert: Alert, status: str) -> None:
     msg["To"] = ", ".join(channel.to)
     msg["X-Corral-Alert-Fingerprint"] = alert.fingerprint
     msg.set_content(message_text(alert, status))
+    deadline = SmtpDeadline(channel)
     try:
-        with smtplib.SMTP(channel.smtp_host, channel.smtp_port, timeout=channel.timeout) as smtp:
-            if channel.starttls:
-                smtp.starttls()
-            if channel.username:
-                smtp.login(channel.username, channel.password or "")
+        with deadline, open_smtp(channel, deadline) as smtp:
             smtp.send_message(msg)
     except (OSError, smtplib.SMTPException) as exc:
-        raise ChannelError(f"SMTP {channel.smtp_host}:{channel.smtp_port}: {exc}") from exc
+        raise deadline.failure(exc) from exc
 
 
 def send_webhook(channel: WebhookChannel, alert: Alert, status: str) -> None:

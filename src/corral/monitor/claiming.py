@@ -9,7 +9,8 @@ having its claims taken while it still sends them:
   pass's start: a pass that has sent for minutes would otherwise make claims that expired
   before they were made, and another server would send those messages too.
 - **No new claim after SEND_BUDGET_S of the pass**: each send has its own deadline (a webhook's
-  30 s, SMTP's timeout per operation, at most SMTP_TIMEOUT_MAX_S in monitor.yml), so a claim made
+  30 s, an email's SMTP_SEND_OPERATIONS times its SMTP timeout, at most SMTP_TIMEOUT_MAX_S in
+  monitor.yml: corral.monitor.channels.SmtpDeadline), so a claim made
   within the budget is settled long before it expires. What is left waits for the next pass;
   messages never tried are claimed before retries (`due_messages`).
 

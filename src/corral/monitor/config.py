@@ -107,11 +107,12 @@ class _Strict(BaseModel):
 Duration = Annotated[float, Field(ge=0)]
 
 
-# The longest SMTP `timeout:` of an email channel. It bounds each SMTP operation, and a send is up to
-# SMTP_SEND_OPERATIONS of them (connect, greeting, EHLO, STARTTLS, EHLO, AUTH, MAIL, RCPT, DATA, the
-# message, QUIT, one spare): a send claimed at the end of a delivery pass's claim budget must end
-# before its claim expires (corral.monitor.claiming: SENDING_RETRY_S - SEND_BUDGET_S = 240 s), or
-# another server sends it too (review110 #5)
+# The longest SMTP `timeout:` of an email channel. It bounds each SMTP operation, and a whole send
+# has SMTP_SEND_OPERATIONS of them as its deadline (connect, greeting, EHLO, STARTTLS, EHLO, AUTH,
+# MAIL, RCPT, DATA, the message, QUIT, one spare; EmailChannel.send_deadline_s): a send claimed at
+# the end of a delivery pass's claim budget must end before its claim expires
+# (corral.monitor.claiming: SENDING_RETRY_S - SEND_BUDGET_S = 240 s), or another server sends it
+# too (review110 #5)
 SMTP_TIMEOUT_MAX_S = 20.0
 SMTP_SEND_OPERATIONS = 12
 
@@ -140,6 +141,13 @@ class EmailChannel(_Strict):
                 "expires (or another server sends the message too)"
             )
         return value
+
+    @property
+    def send_deadline_s(self) -> float:
+        """The most one send may take, whatever the server does: `timeout` bounds each socket
+        operation only, and a server answering a line at a time, each within it, would otherwise
+        hold a send open past its message's claim (corral.monitor.channels.SmtpDeadline)."""
+        return self.timeout * SMTP_SEND_OPERATIONS
 
 
 class WebhookChannel(_Strict):

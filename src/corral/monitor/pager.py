@@ -45,7 +45,7 @@ from sqlalchemy.orm import Session
 
 from corral.db.models import User
 from corral.db.oncall_models import Page, PageNotification
-from corral.monitor.channels import ChannelError, record_failure
+from corral.monitor.channels import ChannelError, SmtpDeadline, open_smtp, record_failure
 from corral.monitor.claiming import (
     SEND_BUDGET_S,
     ClaimingPass,
@@ -137,17 +137,19 @@ class Mailer:
         for name, value in headers.items():
             msg[name] = one_line(value)
         msg.set_content(text)
+        deadline = SmtpDeadline(channel)  # the whole send's, connecting included (rough14 #2)
         try:
-            if self.smtp is None:
-                self.smtp = smtplib.SMTP(channel.smtp_host, channel.smtp_port, timeout=channel.timeout)
-                if channel.starttls:
-                    self.smtp.starttls()
-                if channel.username:
-                    self.smtp.login(channel.username, channel.password or "")
-            self.smtp.send_message(msg)
+            with deadline:
+                if self.smtp is None:
+                    self.smtp = open_smtp(channel, deadline)
+                else:
+                    deadline.watch(self.smtp)
+                self.smtp.send_message(msg)
         except (OSError, smtplib.SMTPException) as exc:
             self.close()
-            raise ChannelError(f"SMTP {channel.smtp_host}:{channel.smtp_port}: {exc}") from exc
+            raise deadline.failure(exc) from exc
+        if deadline.expired:  # as the send ended: the message went, its connection was shut down
+            self.close()
 
     def close(self) -> None:
         if self.smtp is not None:
