@@ -477,3 +477,21 @@ def test_synth_refuses_an_out_that_names_a_directory(tmp_path: Path) -> None:
     assert res.exit_code == 2 and f"--out {tmp_path}: is a directory" in res.stderr, res.output
     res = CliRunner().invoke(app, ["sim", "synth", "--out", str(tmp_path / "t.csv"), "--jobs", "5"])
     assert res.exit_code == 0 and (tmp_path / "t.csv").is_file(), res.output
+
+
+def test_jobs_out_is_written_when_a_replay_is_refused_as_having_nothing_to_run(tmp_path: Path) -> None:
+    """rough14 #3: the refusal wrote no `--jobs-out`, which is where every rejected job's reason
+    is (the refusal shows the first few), and removed the folder it had made for it."""
+    csv = tmp_path / "wide.csv"
+    write_generic_csv(trace(("a", 0, 100, 8), ("b", 1, 50, 16)).jobs, csv)
+    _, yaml = _files(tmp_path)
+    jobs = tmp_path / "new" / "jobs.csv"
+    out = tmp_path / "plots"
+    args = ["sim", "--trace", str(csv), "--cluster", str(yaml), "--jobs-out", str(jobs), "--out", str(out)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and "none of the 2 jobs of trace wide.csv can run on cluster" in res.stderr
+    rows = jobs.read_text().splitlines()
+    assert rows[0] == "time,job_id,event,nodes,gpus,reason"
+    assert [row.split(",")[1:3] for row in rows[1:]] == [["a", "reject"], ["b", "reject"]]
+    assert "needs 8 GPUs" in rows[1] and "needs 16 GPUs" in rows[2]
+    assert not out.exists()  # the summary and plots folder, made for this run, still removed

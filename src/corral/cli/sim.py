@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -281,7 +281,7 @@ def sim(
     _not_an_input({"--jobs-out": jobs_out}, {"--trace": trace, "--cluster": cluster})
     if not from_cluster and (not trace or not cluster):
         _fail("--trace and --cluster are required (see corral sim --help)")
-    with _results_where({"--jobs-out": jobs_out, "--save-trace": save_trace}, {"--out": out}):
+    with _results_where({"--jobs-out": jobs_out, "--save-trace": save_trace}, {"--out": out}) as keep:
         if from_cluster:
             from corral.cli.sim_live import LiveRequest
 
@@ -293,6 +293,9 @@ def sim(
         policy_name = policy or "default"
         spec = f"{policy_name}:{placement}" if placement else policy_name
         result, summary = _replay_trace(trace, cluster, spec, config, knob, max_jobs, speedup, private)
+        if jobs_out and not summary["jobs"]:  # refused next: the rejected jobs and why, kept
+            _write_jobs(result, jobs_out)
+            keep(jobs_out)
         _refuse_if_nothing_ran([summary], max_jobs)
         _write_results(result, summary, jobs_out, out, output)
 
@@ -355,14 +358,22 @@ def _not_an_input(files: dict[str, Path | None], inputs: dict[str, str | None]) 
 
 
 @contextmanager
-def _results_where(files: dict[str, Path | None], folders: dict[str, Path | None]) -> Iterator[None]:
+def _results_where(
+    files: dict[str, Path | None], folders: dict[str, Path | None]
+) -> Iterator[Callable[[Path], None]]:
     """Make where the results go (`_writable`) for the run inside the block. A run that fails
     (bad input, a refusal by the server, no jobs, Ctrl-C) leaves nothing half-done: the folders
-    this run made are removed with what it wrote into them; a folder that was there is kept."""
+    this run made are removed with what it wrote into them; a folder that was there is kept, and
+    so is one above a file the block gave to the function it is handed (written whole, kept
+    whatever follows: the rejections of a replay refused as having nothing to run)."""
     made: list[Path] = []
+
+    def keep(written: Path) -> None:
+        made[:] = [folder for folder in made if not written.absolute().is_relative_to(folder.absolute())]
+
     try:
         _writable(files, folders, made)
-        yield
+        yield keep
     except typer.Exit as exc:
         if exc.exit_code:
             _remove_made(made)
@@ -467,9 +478,7 @@ def _write_results(
     from corral.sim.report import write_plots
 
     if jobs_out:
-        from corral.sim.metrics import write_jobs_csv
-
-        write_jobs_csv(result, jobs_out)
+        _write_jobs(result, jobs_out)
     if out:
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -481,6 +490,12 @@ def _write_results(
 
         _print_summary(summary, _console())
         typer.echo(f"scheduler: {describe()}")
+
+
+def _write_jobs(result: Any, jobs_out: Path) -> None:
+    from corral.sim.metrics import write_jobs_csv
+
+    write_jobs_csv(result, jobs_out)
 
 
 def _compare_specs(policies: str, output: str, knob: list[str]) -> tuple[list[str], dict[str, Any]]:
