@@ -44,6 +44,7 @@ from pydantic import (
 )
 from pydantic.config import JsonValue
 
+from corral.engine.isolation.root_env import SHELL_OWNED_ENV, SHELL_READONLY_ENV
 from corral.scheduler.types import Priority, Resources, TaskSpec
 from corral.yaml_lines import safe_load
 
@@ -80,21 +81,10 @@ LABEL_SELECTOR = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}(=[A-Za-z0-9._/:@+-]{1,128})
 RESERVED_ENV = frozenset(
     {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "CUDA_VISIBLE_DEVICES", "PATH", "HOME", "USER"}
 )
-# Variables bash keeps as its own. The job's variables are put back by a shell as its first
-# process (engine/isolation/root_env.py restoring_argv, /bin/sh: bash on RHEL-family nodes) and
-# most jobs' commands run in one: bash will not set the read-only ones (in posix mode the restore
-# exits 1 before the job's command) and drops or replaces the others with its own values (its
-# counters HISTCMD, OPTIND and SRANDOM stop the restore too at a value not a number; bash 5.2,
-# tests/engine/test_root_env.py; dash keeps them all). The job would never get the value it
-# asked for, so a new spec may not name them; a spec already stored is read as it was
-# (STORED_SPEC), its job run as before.
-SHELL_READONLY_ENV = frozenset({"UID", "EUID", "PPID", "SHELLOPTS", "BASHOPTS", "BASH_VERSINFO"})
-SHELL_OWNED_ENV = SHELL_READONLY_ENV | frozenset(
-    {"GROUPS", "FUNCNAME", "DIRSTACK", "RANDOM", "SRANDOM", "SECONDS", "LINENO", "BASHPID"}
-    | {"EPOCHSECONDS", "EPOCHREALTIME", "HISTCMD", "OPTIND", "SHLVL", "_", "BASH_SUBSHELL"}
-    | {"BASH_COMMAND", "BASH_ARGV", "BASH_ARGC", "BASH_LINENO", "BASH_SOURCE", "BASH_ALIASES"}
-    | {"BASH_CMDS"}
-)
+# Variables bash keeps as its own (SHELL_READONLY_ENV, SHELL_OWNED_ENV: defined where the job's
+# variables are put back, engine/isolation/root_env.py, which says why): a new spec may not name
+# them; a spec already stored is read as it was (STORED_SPEC), and its job runs without them,
+# saying so in its log.
 # Validation context of a spec read back from the database (db/jsontypes.py): a job or template
 # stored before a rule was added stays readable (dispatch, `corral show`, retries).
 STORED_SPEC = {"stored": True}
@@ -695,6 +685,8 @@ def parse_spec(data: dict[str, Any] | str) -> JobSpecV1:
 
 
 __all__ = [
+    "SHELL_OWNED_ENV",  # root_env's, named here too: what a spec may not name
+    "SHELL_READONLY_ENV",
     "JobSpecV1",
     "MountV1",
     "ResourcesV1",

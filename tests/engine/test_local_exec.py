@@ -120,3 +120,35 @@ def test_the_jobs_environment_reaches_no_root_program_on_the_way_into_its_sandbo
         assert sorted(p.name for p in leak_dir.iterdir()) == [], "a root program read the job's env"
         engine.stop(aid, 0)
         wait_finished(engine, aid)
+
+
+def test_a_stored_jobs_shell_owned_variables_are_not_set_and_its_log_says_so(tmp_path: Path) -> None:
+    """rough14 #4: a job stored before specs were refused a shell's own names (UID, SECONDS, ...)
+    ran with them where /bin/sh is dash and stopped before its command where it is bash. It runs
+    without them on any node now (root_env.RESTORE_SCRIPT), its log naming each, at its start
+    and at `corral exec`; its other variables as they were."""
+    env = {"UID": "7", "SECONDS": "5", "TRIAL": "t"}
+    with local_engine_factory(tmp_path) as factory:
+        engine = factory()
+        require(engine.capabilities().sandbox, "sandbox")
+        aid = new_attempt_id()
+        job = 'echo "uid=${UID-unset} seconds=${SECONDS-unset} trial=$TRIAL"; echo ready; exec sleep 60'
+        inst = InstanceLaunch("w", 0, 0, engine.node_name, (), 1.0, 256, job, env)
+        engine.launch(AttemptLaunch(aid, aid.split(".")[0], 1, "bob", "team", (inst,)))
+        wait_log(engine, aid, b"ready")
+        log = engine.logs(aid).data.decode().splitlines()
+        entered = _run(engine, aid, ["/usr/bin/env"])
+        engine.stop(aid, 0)
+        wait_finished(engine, aid)
+    notes = [line for line in log if line.startswith("corral: ")]
+    assert [line.split(" is not set from the job's spec: ")[0] for line in notes] == [
+        "corral: UID",
+        "corral: SECONDS",
+    ]
+    assert all("it is a shell's own variable, which bash keeps" in line for line in notes), notes
+    (job_line,) = [line for line in log if "trial=" in line]
+    assert job_line == "uid=unset seconds=unset trial=t" or (  # dash sets neither; bash its own
+        Path("/bin/sh").resolve().name == "bash" and "uid=7 " not in job_line and job_line.endswith("trial=t")
+    )
+    assert entered.returncode == 0 and "TRIAL=t" in entered.stdout.splitlines(), entered.stderr
+    assert "UID=7" not in entered.stdout.splitlines() and "corral: UID is not set" in entered.stderr

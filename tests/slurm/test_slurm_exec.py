@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -129,3 +130,23 @@ def test_the_jobs_environment_reaches_only_its_sandbox_not_bwrap_nor_execs_helpe
     assert set(PRELOADED.findall(out.stderr)) == {"sh", "env", "grep"}, out.stderr  # not python3, cat
     engine.stop("933.1", 0)
     wait_for(engine, "933.1", FINISHED, timeout_s=30)
+
+
+def test_a_stored_jobs_shell_owned_variables_are_not_set_and_its_log_says_so(engine: SlurmEngine) -> None:
+    """rough14 #4, on Slurm: the rank script's restore (root_env.RESTORE_SCRIPT inside the
+    sandbox, and again at `corral exec`) leaves a shell's own names of a job stored before specs
+    were refused them unset, its log naming each, where a bash /bin/sh stopped before the command."""
+    job = 'echo "uid=${UID-unset} trial=$TRIAL"; echo ready; exec sleep 60'
+    engine.launch(attempt("933.1", instance("node1", job, env={"UID": "7", "TRIAL": "t"})))
+    log = _ready(engine, "933.1").splitlines()
+    cmd = engine.exec_command("933.1", 0, ["/usr/bin/env"])
+    out = subprocess.run(cmd.argv, env=dict(cmd.env), cwd=cmd.cwd, capture_output=True, text=True, timeout=60)
+    engine.stop("933.1", 0)
+    wait_for(engine, "933.1", FINISHED, timeout_s=30)
+    said = "corral: UID is not set from the job's spec: it is a shell's own variable, which bash keeps"
+    assert log[0].startswith(said), log
+    assert log[1] == "uid=unset trial=t" or (
+        Path("/bin/sh").resolve().name == "bash" and log[1] != "uid=7 trial=t"
+    )
+    assert out.returncode == 0 and "TRIAL=t" in out.stdout.splitlines(), out.stderr
+    assert "UID=7" not in out.stdout.splitlines() and said in out.stderr

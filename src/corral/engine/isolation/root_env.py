@@ -29,6 +29,24 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
 STASH_PREFIX = "CORRAL_JOB_ENV_"
+# Variables bash keeps as its own. The job's variables are put back by a shell as its first
+# process (`restoring_argv`, /bin/sh: bash on RHEL-family nodes) and most jobs' commands run in
+# one: bash will not set the read-only ones (in posix mode the restore exits 1 before the job's
+# command) and drops or replaces the others with its own values (its counters HISTCMD, OPTIND and
+# SRANDOM stop the restore too at a value not a number; bash 5.2, tests/engine/test_root_env.py;
+# dash keeps them all). The job would never get the value it asked for, so a new spec may not
+# name them (corral.spec); a job stored before that rule runs without them, on every node alike,
+# its log saying which were not set and why (RESTORE_SCRIPT), rather than ending at its start:
+# the user's command gets what bash would have left it, and a job they were told was accepted
+# (queued, requeued after a preemption, a template's next run) is not failed for a name they
+# cannot change in it.
+SHELL_READONLY_ENV = frozenset({"UID", "EUID", "PPID", "SHELLOPTS", "BASHOPTS", "BASH_VERSINFO"})
+SHELL_OWNED_ENV = SHELL_READONLY_ENV | frozenset(
+    {"GROUPS", "FUNCNAME", "DIRSTACK", "RANDOM", "SRANDOM", "SECONDS", "LINENO", "BASHPID"}
+    | {"EPOCHSECONDS", "EPOCHREALTIME", "HISTCMD", "OPTIND", "SHLVL", "_", "BASH_SUBSHELL"}
+    | {"BASH_COMMAND", "BASH_ARGV", "BASH_ARGC", "BASH_LINENO", "BASH_SOURCE", "BASH_ALIASES"}
+    | {"BASH_CMDS"}
+)
 ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ROOT_ENV = {"PATH": ROOT_PATH}
 RESTORE_ARGV0 = "corral-env"  # $0 of the restoring shell: what `ps` shows for it
@@ -54,13 +72,27 @@ def restoring_argv(names: Iterable[str], argv: Sequence[str]) -> list[str]:
     return ["/bin/sh", "-c", RESTORE_SCRIPT, RESTORE_ARGV0, *ordered, "--", *argv]
 
 
-# For each name N up to `--`: eval runs `export N="${CORRAL_JOB_ENV_N}"; unset CORRAL_JOB_ENV_N`
+# For each name N up to `--`: eval runs `export N="${CORRAL_JOB_ENV_N}"; unset CORRAL_JOB_ENV_N`;
+# but a shell's own N (SHELL_OWNED_ENV, named by a job stored before specs were refused them) is
+# only unstashed, with a line to stderr (the job's log, or `corral exec`'s) saying it is not set
+# and why. No variable of the script's own: any name may be one of the job's.
+NOT_SET_NOTE = (
+    "corral: $1 is not set from the job's spec: it is a shell's own variable, which bash keeps "
+    "read-only or sets itself (it would stop before the job's command, or not give it the value); "
+    "a job may no longer name it: rename it in the spec"
+)
 RESTORE_SCRIPT = (
-    'while [ "$1" != -- ]; do '
-    + r'eval "export $1=\"\${'
+    'while [ "$1" != -- ]; do case $1 in '
+    + "|".join(sorted(SHELL_OWNED_ENV))
+    + ") unset "
+    + STASH_PREFIX
+    + '$1; echo "'
+    + NOT_SET_NOTE
+    + '" >&2;; '
+    + r'*) eval "export $1=\"\${'
     + STASH_PREFIX
     + r"$1}\"; unset "
     + STASH_PREFIX
-    + r'$1"; shift; '
+    + r'$1";; esac; shift; '
     + 'done; shift; exec "$@"'
 )
