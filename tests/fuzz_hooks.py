@@ -55,6 +55,13 @@ BODY_TOO_LARGE = "the request body is larger than"  # corral.api.limits' 413
 ACCEPTED: tuple[Accepted, ...] = (
     Accepted(
         "ST202",
+        "PATCH /api/v1/jobs/{job_id}/labels",
+        "labels; at most 16 are allowed",
+        "a patch that would leave the job more than 16 labels: a relation with the labels it "
+        "already carries (the schema bounds the patch)",
+    ),
+    Accepted(
+        "ST202",
         "POST /api/v1/jobs",
         "is also set in 'env'",
         "a secret's variable may not also be set in `env` (a relation between two fields)",

@@ -369,6 +369,10 @@ CALLS: dict[tuple[str, str], tuple[Call, str]] = {
         "job.hold",
     ),
     ("POST", "/api/v1/jobs/{job_id}/release"): (_release_job, "job.release"),
+    ("PATCH", "/api/v1/jobs/{job_id}/labels"): (  # by the admin: not the owner's own edit
+        lambda w: ("PATCH", f"{API}/jobs/{_queued_job(w)}/labels", {"json": {"labels": {"trial": "8"}}}),
+        "job.labels",
+    ),
     ("POST", "/api/v1/jobs/cancel"): (_by_labels("cancel"), "job.cancel"),
     ("POST", "/api/v1/jobs/hold"): (_by_labels("hold"), "job.hold"),
     ("POST", "/api/v1/jobs/release"): (_by_labels("release", held=True), "job.release"),

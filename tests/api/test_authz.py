@@ -109,6 +109,13 @@ CASES = [
         JOB_OWNER_VIEW,
         path=lambda w: f"/api/v1/jobs/{_job(w)}/cancel",
     ),
+    Case(
+        "PATCH",
+        "/api/v1/jobs/{job_id}/labels",
+        JOB_OWNER_VIEW,
+        body=lambda w: {"labels": {"trial": "8"}},
+        path=lambda w: f"/api/v1/jobs/{_job(w)}/labels",
+    ),
     # A queued job needs no engine for its logs (they say why it waits); others get 404.
     Case("GET", "/api/v1/jobs/{job_id}/logs", JOB_OWNER_VIEW, path=lambda w: f"/api/v1/jobs/{_job(w)}/logs"),
     Case("GET", "/api/v1/nodes", everyone(200)),

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+)
 from pydantic.json_schema import JsonSchemaValue
 
 from corral.api.pattern_words import worded
-from corral.spec import LABEL_SELECTOR, MAX_LABELS, NotifyV1
+from corral.spec import LABEL_KEY_RE, LABEL_SELECTOR, LABEL_VALUE_RE, MAX_LABELS, NotifyV1
 
 
 def nul_at(value: Any) -> tuple[str | int, ...] | None:
@@ -340,6 +348,33 @@ LABEL_WORDS = (
 LabelSelectorText = Annotated[
     str, Field(min_length=1, max_length=200, pattern=worded(LABEL_SELECTOR, LABEL_WORDS))
 ]
+
+
+class LabelsPatchIn(RequestBody):
+    """PATCH /jobs/{id}/labels: a JSON merge patch of the job's labels (RFC 7386), as Kubernetes
+    edits labels: NAME: VALUE sets a label (a number is taken as its text, as at submit), NAME:
+    null removes it, labels not named stay. Checked as at submit (services/job_labels.py), and the
+    job may end with at most MAX_LABELS of them."""
+
+    labels: Annotated[
+        dict[str, Any],
+        Field(min_length=1, max_length=2 * MAX_LABELS),
+        WithJsonSchema(
+            {
+                "type": "object",
+                "minProperties": 1,
+                "maxProperties": 2 * MAX_LABELS,  # as many set as a job may have, and as many removed
+                "propertyNames": {"pattern": LABEL_KEY_RE.pattern},
+                "additionalProperties": {
+                    "anyOf": [
+                        {"type": "string", "pattern": LABEL_VALUE_RE.pattern},
+                        {"type": "number"},
+                        {"type": "null"},
+                    ]
+                },
+            }
+        ),
+    ]
 
 
 # Why a job was cancelled, in the caller's words: one line (it ends "cancelled by alice: ...")

@@ -1,4 +1,5 @@
-"""Job commands: submit, retry, ls, show, why, logs, events, cancel, metrics, hold, release, rm.
+"""Job commands: submit, retry, ls, show, why, logs, events, cancel, metrics, hold, release,
+label (cli/job_labels.py), rm.
 
 Read commands and `submit` take `-o json` and then print exactly the JSON the API returned.
 """
@@ -28,6 +29,7 @@ from corral.cli.common import (
     print_json,
     when,
 )
+from corral.cli.job_labels import label
 from corral.domain import span_text, start_text
 from corral.sdk import TERMINAL_STATES, Client, CorralError
 from corral.words import plural
@@ -749,4 +751,5 @@ def register(app: typer.Typer) -> None:
     app.command()(metrics)
     app.command()(hold)
     app.command()(release)
+    app.command()(label)
     app.command()(rm)

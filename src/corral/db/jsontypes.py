@@ -33,7 +33,8 @@ from corral.spec import STORED_SPEC, JobSpecV1
 if TYPE_CHECKING:
     from sqlalchemy.engine import Dialect
 
-# A stored spec never changes and the schedule loop reads every queued job's spec each cycle:
+# A stored spec changes only in its labels (services/job_labels.py: a new JSON text, a new entry
+# here) and the schedule loop reads every queued job's spec each cycle:
 # one parsed (frozen) instance per distinct JSON text, so a tick costs a dict lookup per job,
 # as the loops' spec reader did before the column was typed.
 _SPEC_CACHE_MAX = 8192

@@ -230,9 +230,9 @@ class Job(Base):
 
 class JobLabel(Base):
     """One of a job's labels (its spec's `labels`), for the filters: GET /jobs?label=k=v, cancel
-    and wait by label (services/jobs.py). Written once at submit, with the job; the spec keeps
-    them too. (key, value, job_id) is the filter's index; deleted with the job (ON DELETE CASCADE).
-    Migration 0036."""
+    and wait by label (services/jobs.py). Written at submit, with the job, and by label edits
+    (services/job_labels.py), with the spec, which keeps them too. (key, value, job_id) is the
+    filter's index; deleted with the job (ON DELETE CASCADE). Migration 0036."""
 
     __tablename__ = "job_labels"
     __table_args__ = (Index("ix_job_labels_key_value", "key", "value", "job_id"),)

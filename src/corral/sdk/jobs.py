@@ -190,6 +190,26 @@ class JobsApi(BaseClient):
         "truncated"}; while it runs and after it ended. Nothing reported yet: no points."""
         return self.request("GET", f"/jobs/{seg(job_id)}/metrics")
 
+    def set_labels(
+        self,
+        job_id: int,
+        labels: Mapping[str, object] | None = None,
+        *,
+        remove: Iterable[str] = (),
+    ) -> dict[str, Any]:
+        """Edit a job's labels after submit, in any state (`corral label`): set `labels` ({"trial":
+        8}: a number is taken as its text) and remove the names in `remove`; others stay. The job
+        as it is now. The rules of submit, at most 16 labels in the end: ApiError 422 naming the
+        label otherwise."""
+        patch: dict[str, object] = {**(labels or {})}
+        for name in remove:
+            if name in patch:
+                raise CorralError(f"label {name!r} is both set and removed: do one of them")
+            patch[name] = None
+        if not patch:
+            raise CorralError("name at least one label to set or remove")
+        return self.request("PATCH", f"/jobs/{seg(job_id)}/labels", json={"labels": patch})
+
     def hold_job(self, job_id: int) -> dict[str, Any]:
         """Hold a queued job back from the scheduler: {"changed", "message", "job"} (`changed`
         false: it already was held). A job that is not queued: ApiError 409."""

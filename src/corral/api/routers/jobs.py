@@ -1,6 +1,6 @@
-"""Jobs: submit (JSON or YAML), list, show, cancel, hold, release, events, notifications, logs.
-Logic is in corral.services.jobs (holds: corral.services.holds; notifications:
-corral.services.job_notify)."""
+"""Jobs: submit (JSON or YAML), list, show, cancel, hold, release, label, events, notifications,
+logs. Logic is in corral.services.jobs (holds: corral.services.holds; labels:
+corral.services.job_labels; notifications: corral.services.job_notify)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from corral.api.schemas import (
     JobMetricsOut,
     JobNotificationOut,
     JobOut,
+    LabelsPatchIn,
     LogsOut,
     ManyMetricsOut,
     NotifyDefaultIn,
@@ -40,7 +41,7 @@ from corral.diagnosis.record import platform_loss_cap
 from corral.diagnosis.settings import DiagnosisSettings
 from corral.engine.base import EngineUnavailable
 from corral.environments.service import NAME_RE, check_job_environment
-from corral.services import cleanup, holds, job_metrics, job_notify, job_sets, storage
+from corral.services import cleanup, holds, job_labels, job_metrics, job_notify, job_sets, storage
 from corral.services import jobs as svc
 from corral.services.job_logs import read_logs
 from corral.services.job_metrics import read_metrics
@@ -404,6 +405,15 @@ def cancel(
     """Queued jobs end at once; active jobs get cancel_requested and the control loops stop them.
     An optional body's `reason` follows who cancelled it in the job's reason and event."""
     job = svc.cancel_job(db, principal, job_id, reason=None if body is None else body.reason)
+    return job_view(job, svc.job_events(db, job.id), lost_budget=budget(request))
+
+
+@router.patch("/jobs/{job_id}/labels", response_model=JobOut)
+def edit_labels(job_id: RowId, body: LabelsPatchIn, db: DB, principal: CurrentUser, request: Request) -> Any:
+    """Edit a job's labels, in any state (owner, group admin, admin): a JSON merge patch,
+    `{"labels": {"trial": "8", "stale": null}}` sets trial and removes stale; labels not named
+    stay. The rules of submit; at most 16 labels in the end (422). The job as it is now."""
+    job = job_labels.edit_labels(db, principal, job_id, body.labels)
     return job_view(job, svc.job_events(db, job.id), lost_budget=budget(request))
 
 
