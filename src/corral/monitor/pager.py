@@ -113,7 +113,8 @@ def email_transport(config: MonitorConfig, wanted: str | None) -> EmailChannel |
 
 
 class Mailer:
-    """One SMTP connection for a delivery pass, opened on first use."""
+    """One SMTP connection for a delivery pass, opened on first use; each send (the connection's
+    opening included, for the first) ends by its deadline (channels.SmtpDeadline)."""
 
     def __init__(self, channel: EmailChannel | None) -> None:
         self.channel = channel
