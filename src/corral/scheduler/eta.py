@@ -149,7 +149,7 @@ class Timeline:
         self.free = np.empty(room, dtype=np.int64)
         self.times[: self.size] = times
         self.free[: self.size] = free
-        self.room = np.zeros(room, dtype=np.bool_)  # _first_run's scratch: free >= need
+        self.room = np.zeros(room, dtype=np.bool_)  # _all_runs' scratch: free >= need
         self.found_at = 0  # the index of the breakpoint _first_run's last answer begins at
         self.taken = (0, 0)  # the breakpoint indices [i, j) of the stretch the last take held
 
@@ -189,25 +189,22 @@ class Timeline:
         times = self.times
         if times[i] >= before:
             return None
-        room = self.room
-        if len(room) < k - i + 2:
-            room = self.room = np.zeros(2 * (k - i) + 64, dtype=np.bool_)
-        n = k - i
-        here = room[:n]
-        np.greater_equal(self.free[i:k], need, out=here)
+        # which breakpoints have room, as bytes (1: room): a run's begin and end are then each one
+        # bytes.find, without the vector calls an argmax or argmin on a slice costs per run
+        room = (self.free[i:k] >= need).tobytes()
         at = 0  # the first runs of room one by one, then all the others at once
         for _ in range(FIRST_RUNS):
-            begin = at + int(here[at:].argmax())  # the next run of room: [begin, begin + gap)
-            if not here[begin]:
+            begin = room.find(b"\x01", at)  # the next run of room: [begin, end)
+            if begin < 0:
                 return None
             start = float(times[i + begin])
             if start >= before:
                 return None
-            gap = int(here[begin:].argmin())  # 0: room from there on (here[begin] has room)
-            if gap == 0 or times[i + begin + gap] >= start + runtime:
+            end = room.find(b"\x00", begin)  # -1: room from there on
+            if end < 0 or times[i + end] >= start + runtime:
                 self.found_at = i + begin
                 return start
-            at = begin + gap  # no room there: the search goes on after it
+            at = end  # no room there: the search goes on after it
         found = self._all_runs(i + at, need, runtime)
         return found if found is not None and found < before else None
 
@@ -220,7 +217,7 @@ class Timeline:
         if len(room) < n + 2:
             room = self.room = np.zeros(2 * n + 64, dtype=np.bool_)
         np.greater_equal(self.free[i:k], need, out=room[1 : n + 1])
-        room[0] = room[n + 1] = False  # (_first_run uses the same scratch from index 0)
+        room[0] = room[n + 1] = False  # (the edges: no room before or after)
         edges = (room[1 : n + 2] != room[: n + 1]).nonzero()[0]  # runs of room: [edges[0], edges[1]), ...
         if not len(edges):
             return None
@@ -507,7 +504,8 @@ def _place_along_last_run(
         index = same
         if index >= count or not _alike(waiting[index], need, models, runtime):
             return index, at
-        i += int((stretch < need).nonzero()[0][-1]) + 1  # the stretch is full: past its last short
+        # the stretch is full: past its last short breakpoint (bytes.rfind: one call, no index array)
+        i += (stretch < need).tobytes().rfind(b"\x01") + 1
         at = float(line.times[i])  # (i <= j: a breakpoint, the stretch's end at the latest)
         j = line.split(at + hold)  # (may move the arrays: the view is taken after it)
         # room for the next job at least: the loop's next turn places it there together with the
