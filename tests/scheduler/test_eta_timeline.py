@@ -1,9 +1,9 @@
 """The backfill roll's timeline search (eta.Timeline) against a plain reading of its definition:
 the first time, not before a floor, from which enough GPUs stay free for the whole runtime; the
 candidates are the floor itself and every later breakpoint. The search checks the first runs of
-room one by one, then skips ahead by runs of room (one vector pass), stops once a bound (a start
-another model offers) is passed, and does not mark the floor; all must give exactly the plain
-answer."""
+room one by one (read from a list, or from bytes on a long timeline: both checked), then skips
+ahead by runs of room (one vector pass), stops once a bound (a start another model offers) is
+passed, and does not mark the floor; all must give exactly the plain answer."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ rolls = st.lists(
 )
 
 
+@pytest.mark.parametrize("list_scan_max", [eta.LIST_SCAN_MAX, 0])  # the first runs from a list; from bytes
 @settings(max_examples=150, deadline=None)
 @given(
     free_now=st.integers(0, 8),
@@ -56,6 +57,17 @@ rolls = st.lists(
     jobs=rolls,
 )
 def test_earliest_is_the_first_start_with_room_for_the_whole_runtime(
+    list_scan_max: int, free_now: int, returns: list[tuple[float, int]], jobs: list[tuple[int, float, float]]
+) -> None:
+    kept = eta.LIST_SCAN_MAX
+    eta.LIST_SCAN_MAX = list_scan_max
+    try:
+        _check_earliest(free_now, returns, jobs)
+    finally:
+        eta.LIST_SCAN_MAX = kept
+
+
+def _check_earliest(
     free_now: int, returns: list[tuple[float, int]], jobs: list[tuple[int, float, float]]
 ) -> None:
     line = Timeline(0.0, free_now, sorted(returns))

@@ -62,6 +62,9 @@ TAIL_FACTOR = 0.5
 # not 0, which would tell the jobs waiting for its GPUs "now" at every cycle until it is gone.
 LIMIT_STOP_S = 30.0
 FIRST_RUNS = 8  # runs of room a search checks one by one before checking all the rest at once
+# a search reads a timeline's room from a list up to this many breakpoints, past it from one vector
+# comparison (Timeline._runs_in_list, _runs_in_bytes: the same answer)
+LIST_SCAN_MAX = 256
 
 
 def _sigma(spread: tuple[float, float]) -> float:
@@ -184,29 +187,66 @@ class Timeline:
         s. Only where a run of room begins can the first such start be (one step earlier in a run
         would fit too), and a run that begins at time t fits iff it lasts until t + runtime.
         Usually the first run fits (in a deep queue, the room that opens as running work ends and
-        then stays): the first few are checked one by one, in a few vector steps each."""
+        then stays): the first few are checked one by one, from a list of the free GPUs or (a long
+        timeline) from one vector comparison, then all the others in one vector pass."""
         k = self.size
-        times = self.times
-        if times[i] >= before:
+        if self.times[i] >= before:
             return None
-        # which breakpoints have room, as bytes (1: room): a run's begin and end are then each one
-        # bytes.find, without the vector calls an argmax or argmin on a slice costs per run
-        room = (self.free[i:k] >= need).tobytes()
-        at = 0  # the first runs of room one by one, then all the others at once
+        if k - i <= LIST_SCAN_MAX:
+            found, at = self._runs_in_list(i, need, runtime, before)
+        else:
+            found, at = self._runs_in_bytes(i, need, runtime, before)
+        if at < 0:  # decided by the first runs
+            return found
+        found = self._all_runs(i + at, need, runtime)
+        return found if found is not None and found < before else None
+
+    def _runs_in_list(self, i: int, need: int, runtime: float, before: float) -> tuple[float | None, int]:
+        """`_first_run`'s first FIRST_RUNS runs of room from index `i`, read from a list of the
+        free GPUs (a short timeline, a deep roll's many searches: a compiled loop over a few dozen
+        items costs less than one vector call). Returns (the answer, -1) when they decide it, else
+        (None, the offset from `i` where the search goes on)."""
+        times = self.times
+        free: list[int] = self.free[i : self.size].tolist()
+        n = len(free)
+        at = 0
+        for _ in range(FIRST_RUNS):
+            begin = at  # the next run of room: [begin, end)
+            while begin < n and free[begin] < need:
+                begin += 1
+            if begin == n:
+                return None, -1
+            start = float(times[i + begin])
+            if start >= before:
+                return None, -1
+            end = begin + 1
+            while end < n and free[end] >= need:
+                end += 1
+            if end == n or times[i + end] >= start + runtime:  # (end == n: room from there on)
+                self.found_at = i + begin
+                return start, -1
+            at = end  # no room there: the search goes on after it
+        return None, at
+
+    def _runs_in_bytes(self, i: int, need: int, runtime: float, before: float) -> tuple[float | None, int]:
+        """`_runs_in_list` for a long timeline: which breakpoints have room as bytes (1: room), one
+        vector comparison, then each run's begin and end one bytes.find."""
+        times = self.times
+        room = (self.free[i : self.size] >= need).tobytes()
+        at = 0
         for _ in range(FIRST_RUNS):
             begin = room.find(b"\x01", at)  # the next run of room: [begin, end)
             if begin < 0:
-                return None
+                return None, -1
             start = float(times[i + begin])
             if start >= before:
-                return None
+                return None, -1
             end = room.find(b"\x00", begin)  # -1: room from there on
             if end < 0 or times[i + end] >= start + runtime:
                 self.found_at = i + begin
-                return start
+                return start, -1
             at = end  # no room there: the search goes on after it
-        found = self._all_runs(i + at, need, runtime)
-        return found if found is not None and found < before else None
+        return None, at
 
     def _all_runs(self, i: int, need: int, runtime: float) -> float | None:
         """`_first_run` over all runs of room from index `i` at once: one vector pass instead of
