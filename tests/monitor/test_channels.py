@@ -28,7 +28,7 @@ from corral.monitor.models import Alert, AlertNotification
 from tests.monitor.conftest import WEBHOOK_TOKEN, Mon
 from tests.monitor.test_webhook import payload
 from tests.oncall.conftest import Inbox as OncallInbox
-from tests.oncall.conftest import smtp_server
+from tests.oncall.conftest import self_signed_tls, smtp_server
 from tests.support import free_port
 from tests.webhook_server import WebhookServer, serve_webhook
 
@@ -327,3 +327,31 @@ def test_an_alert_email_send_ends_at_its_deadline_however_slowly_the_server_answ
             send_email(channel, alert, "firing")
         assert time.time() - now < 2.5
     assert slow.inbox.messages == []
+
+
+def test_a_page_and_an_alert_email_go_over_starttls(tmp_path: Path) -> None:
+    """review112 #1: open_smtp connected without the host that STARTTLS checks the certificate
+    against, and the ssl module refused to start TLS (an empty server_hostname): nothing was sent
+    over a `starttls: true` channel. The server here takes no mail before STARTTLS."""
+    from corral.monitor.pager import Mailer
+
+    alert = Alert(
+        name="GpuHot", severity="critical", labels={"node": "n1"}, annotations={}, fingerprint="f",
+        source="corral",
+    )  # fmt: skip
+    with smtp_server(OncallInbox(), starttls=self_signed_tls(tmp_path)) as server:
+        channel = EmailChannel.model_validate(
+            {"name": "mail", "type": "email", "smtp_host": "127.0.0.1", "smtp_port": server.port,
+             "from": "corral@example.org", "to": ["ops@example.org"], "starttls": True, "timeout": 5}
+        )  # fmt: skip
+        send_email(channel, alert, "firing")
+        mailer = Mailer(channel)
+        try:
+            mailer.send_text("alice@example.org", "[Corral page] disk full", "acknowledge: ...", {})
+        finally:
+            mailer.close()
+        assert [str(m["Subject"]) for m in server.inbox.messages] == [
+            "[FIRING] GpuHot (critical) node=n1",
+            "[Corral page] disk full",
+        ]
+        assert server.inbox.to() == ["ops@example.org", "alice@example.org"]

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
+import ipaddress
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -84,11 +87,44 @@ class Smtp:
         )
 
 
+def self_signed_tls(folder: Path) -> ssl.SSLContext:
+    """A server's TLS context with a certificate for 127.0.0.1 made here (files in `folder`)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    address = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).add_extension(address, critical=False)
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    cert_file, key_file = folder / "smtp-cert.pem", folder / "smtp-key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert_file, key_file)
+    return context
+
+
 @contextlib.contextmanager
-def smtp_server(inbox: Inbox, line_delay_s: float = 0.0) -> Iterator[Smtp]:
+def smtp_server(
+    inbox: Inbox, line_delay_s: float = 0.0, starttls: ssl.SSLContext | None = None
+) -> Iterator[Smtp]:
     """A real SMTP server (aiosmtpd) on a free port that puts what it gets in `inbox`;
     `line_delay_s`: it waits that long before each line it answers (a reply of many lines, as
-    EHLO's, takes that many times as long), as a server that stretches a send out does."""
+    EHLO's, takes that many times as long), as a server that stretches a send out does.
+    `starttls`: it offers STARTTLS with that context and takes no mail before it."""
     from aiosmtpd.controller import Controller
     from aiosmtpd.smtp import SMTP
 
@@ -102,7 +138,8 @@ def smtp_server(inbox: Inbox, line_delay_s: float = 0.0) -> Iterator[Smtp]:
             return SlowLines(self.handler, **self.SMTP_kwargs)
 
     port = free_port()
-    controller = SlowLinesController(inbox, hostname="127.0.0.1", port=port)
+    tls: dict[str, Any] = {"tls_context": starttls, "require_starttls": True} if starttls else {}
+    controller = SlowLinesController(inbox, hostname="127.0.0.1", port=port, **tls)
     controller.start()
     try:
         yield Smtp(port, inbox)

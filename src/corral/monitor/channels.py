@@ -118,10 +118,24 @@ class SmtpDeadline:
         return ChannelError(f"{where}: {exc}")
 
 
+class HostKeepingSMTP(smtplib.SMTP):
+    """smtplib.SMTP whose connect() keeps the host, as SMTP(host) does: starttls() checks the
+    server's certificate against it, and the ssl module refuses to start TLS with none
+    (review112 #1). Made without a host so that the deadline watches it before it connects."""
+
+    _host: str
+
+    def connect(
+        self, host: str = "localhost", port: int = 0, source_address: Any = None
+    ) -> tuple[int, bytes]:
+        self._host = host
+        return super().connect(host, port, source_address)
+
+
 def open_smtp(channel: EmailChannel, deadline: SmtpDeadline) -> smtplib.SMTP:
     """A connection to `channel`'s SMTP server (STARTTLS and login as it says), watched by
     `deadline` from before it connects."""
-    smtp = smtplib.SMTP(timeout=channel.timeout)
+    smtp = HostKeepingSMTP(timeout=channel.timeout)
     deadline.watch(smtp)
     try:
         smtp.connect(channel.smtp_host, channel.smtp_port)
