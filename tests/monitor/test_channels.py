@@ -21,6 +21,7 @@ from corral.monitor.config import (
     SMTP_SEND_OPERATIONS,
     SMTP_TIMEOUT_MAX_S,
     EmailChannel,
+    MonitorConfig,
     MonitorConfigError,
     load_monitor_config,
 )
@@ -211,6 +212,17 @@ def test_a_channel_whose_notifications_were_given_up_is_failing_until_one_is_sen
         ("idle_gpu:\n  below_percent: 10\n  action: delete\n", ":3:", "idle_gpu.action"),
         ("health:\n  node_lost_after: 1m\n  surprise: 1\n", ":3:", "health.surprise"),
         (
+            "channels:\n  - name: a\n    type: email\n    smtp_host: h\n    from: c@x.org\n"
+            "    to: [a@x.org]\n    timeout: 0s\n",
+            ":7:",  # review112 #2: smtplib refuses a timeout of 0 at every send
+            "channels.0.email.timeout: must be more than 0 s",
+        ),
+        (
+            "channels:\n  - name: a\n    type: webhook\n    url: http://x\n    timeout: 0\n",
+            ":5:",
+            "channels.0.webhook.timeout: must be more than 0 s",
+        ),
+        (
             "channels:\n  - {name: a, type: webhook, url: 'http://x'}\n  - {name: a, type: webhook, url: 'http://y'}\n",
             ":3:",  # the duplicate's line
             "channels.1.name: two channels are named 'a'",
@@ -355,3 +367,34 @@ def test_a_page_and_an_alert_email_go_over_starttls(tmp_path: Path) -> None:
             "[Corral page] disk full",
         ]
         assert server.inbox.to() == ["ops@example.org", "alice@example.org"]
+
+
+def test_one_alert_notifications_unexpected_error_is_its_own_failure_not_the_pass(
+    mon: Mon, smtp: tuple[int, Inbox]
+) -> None:
+    """review112 #2: deliver_due caught ChannelError only; any other error (here EmailMessage
+    refusing a line break in a header) ended the pass, rolled the attempt back and, the
+    notification staying first, blocked every one after it on every channel for good. A label
+    value's line break (an Alertmanager label) is made a space in the Subject."""
+    port, inbox = smtp
+    email = {"type": "email", "smtp_host": "127.0.0.1", "smtp_port": port, "from": "c@example.org"}
+    config = MonitorConfig.model_validate(
+        {"channels": [{**email, "name": "broken", "to": ["a@example.org\nBcc: b@example.org"]},
+                      {**email, "name": "mail", "to": ["ops@example.org"]}]}
+    )  # fmt: skip
+    now = time.time()
+    with mon.factory() as db:
+        labels = {"alertname": "GpuHot", "instance": "n1\nBcc: evil@example.org"}
+        record_alert(
+            db, labels=labels, status="firing", now=now, channels=["broken", "mail"], source="corral"
+        )
+        db.commit()
+    assert deliver_due(mon.factory, config, now) == 1
+    (broken,) = notes(mon, "broken")
+    assert (broken.state, broken.attempts) == ("failing", 1)
+    said = "ValueError: Header values may not contain linefeed"
+    assert broken.last_error.startswith(said), broken.last_error
+    assert [n.state for n in notes(mon, "mail")] == ["sent"]
+    (mail,) = inbox.messages
+    assert mail["Subject"] == "[FIRING] GpuHot (warning) instance=n1 Bcc: evil@example.org"
+    assert mail["Bcc"] is None and mail["To"] == "ops@example.org"

@@ -8,6 +8,7 @@ exponential backoff, until `retry.max_attempts` (then `given_up`). Intake never 
 from __future__ import annotations
 
 import logging
+import re
 import smtplib
 import socket
 import threading
@@ -35,6 +36,17 @@ KEEP_DONE_S = 7 * 86400.0  # sent / given-up notifications are kept a week (chan
 
 class ChannelError(Exception):
     pass
+
+
+# Every character str.splitlines() breaks at, which is what Python's email policy refuses in a
+# header value (`len(value.splitlines()) > 1`), not only CR and LF (review110 #3).
+_LINE_BREAKS = re.compile("[\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]+")
+
+
+def one_line(text: str) -> str:
+    """`text` with each run of line breaks made one space: an email header's value. The line
+    breaks are str.splitlines()'s (CR, LF, VT, FF, FS, GS, RS, NEL, U+2028, U+2029)."""
+    return _LINE_BREAKS.sub(" ", text)
 
 
 def summary_line(alert: Alert, status: str) -> str:
@@ -153,7 +165,7 @@ def open_smtp(channel: EmailChannel, deadline: SmtpDeadline) -> smtplib.SMTP:
 
 def send_email(channel: EmailChannel, alert: Alert, status: str) -> None:
     msg = EmailMessage()
-    msg["Subject"] = summary_line(alert, status)
+    msg["Subject"] = one_line(summary_line(alert, status))  # a label value may hold a line break
     msg["From"] = channel.sender
     msg["To"] = ", ".join(channel.to)
     msg["X-Corral-Alert-Fingerprint"] = alert.fingerprint
@@ -222,6 +234,10 @@ def deliver_due(session_factory: Callable[[], Session], config: MonitorConfig, n
             except ChannelError as exc:
                 record_failure(note, str(exc), config, now)
                 log.warning("channel %s failed (attempt %d): %s", note.channel, note.attempts, exc)
+            except Exception as exc:  # one notification's unexpected error is its own failure, not the
+                # pass's: the pass would roll its attempt back, and it would block those after it
+                record_failure(note, f"{type(exc).__name__}: {exc}", config, now)
+                log.exception("channel %s failed unexpectedly (attempt %d)", note.channel, note.attempts)
             else:
                 note.state = "sent"
                 note.sent_at = now

@@ -117,6 +117,14 @@ SMTP_TIMEOUT_MAX_S = 20.0
 SMTP_SEND_OPERATIONS = 12
 
 
+def _more_than_zero(timeout: float) -> float:
+    """A channel's timeout: 0 is no wait at all (smtplib refuses a non-blocking socket, a
+    webhook's request could never be answered), so every send of the channel would fail."""
+    if timeout <= 0:
+        raise ValueError("must be more than 0 s: it is how long the channel waits for its server")
+    return timeout
+
+
 class EmailChannel(_Strict):
     name: str = Field(min_length=1, max_length=64)
     type: Literal["email"]
@@ -134,6 +142,7 @@ class EmailChannel(_Strict):
     @field_validator("timeout")
     @classmethod
     def _within_a_claim(cls, value: float) -> float:
+        _more_than_zero(value)
         if value > SMTP_TIMEOUT_MAX_S:
             raise ValueError(
                 f"{value:g} s is longer than {SMTP_TIMEOUT_MAX_S:g} s: it bounds each SMTP operation, "
@@ -158,6 +167,7 @@ class WebhookChannel(_Strict):
     timeout: Duration = 10.0
 
     _durations = field_validator("timeout", mode="before")(parse_duration)
+    _positive = field_validator("timeout")(_more_than_zero)
 
 
 Channel = Annotated[EmailChannel | WebhookChannel, Field(discriminator="type")]

@@ -27,7 +27,6 @@ import asyncio
 import concurrent.futures
 import logging
 import os
-import re
 import secrets
 import smtplib
 import socket
@@ -45,7 +44,7 @@ from sqlalchemy.orm import Session
 
 from corral.db.models import User
 from corral.db.oncall_models import Page, PageNotification
-from corral.monitor.channels import ChannelError, SmtpDeadline, open_smtp, record_failure
+from corral.monitor.channels import ChannelError, SmtpDeadline, one_line, open_smtp, record_failure
 from corral.monitor.claiming import (
     SEND_BUDGET_S,
     ClaimingPass,
@@ -159,17 +158,6 @@ class Mailer:
             except (OSError, smtplib.SMTPException):
                 pass
             self.smtp = None
-
-
-# Every character str.splitlines() breaks at, which is what Python's email policy refuses in a
-# header value (`len(value.splitlines()) > 1`), not only CR and LF (review110 #3).
-_LINE_BREAKS = re.compile("[\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]+")
-
-
-def one_line(text: str) -> str:
-    """`text` with each run of line breaks made one space: an email header's value. The line
-    breaks are str.splitlines()'s (CR, LF, VT, FF, FS, GS, RS, NEL, U+2028, U+2029)."""
-    return _LINE_BREAKS.sub(" ", text)
 
 
 _SLACK_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
