@@ -326,7 +326,8 @@ class JobOut(BaseModel):
     diagnosis: DiagnosisOut | None
     runtime_estimate: RuntimeEstimateOut | None = None  # what the scheduler assumes it runs
     hold: HoldOut | None = None  # set while it is queued and held (POST /jobs/{id}/hold)
-    events: list[EventOut] | None = None
+    events: list[EventOut] | None = None  # its newest 500 at most, oldest first
+    earlier_events: int | None = None  # with `events`: how many of its events come before them
     watch: WatchOut | None = None  # GET /jobs/{id}
 
 

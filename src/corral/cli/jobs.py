@@ -652,10 +652,18 @@ def rm(job_ids: Annotated[list[int], typer.Argument(metavar="JOB...", help="fini
 
 
 @friendly_errors
-def events(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: OutputOpt = Output.table) -> None:
-    """A job's history: when it was submitted, held, released, placed, started, requeued, ended."""
+def events(
+    job_id: Annotated[int, typer.Argument(metavar="JOB")],
+    skip: Annotated[
+        int,
+        typer.Option("--skip", min=0, help="leave out the newest N events: page back through a long history"),
+    ] = 0,
+    output: OutputOpt = Output.table,
+) -> None:
+    """A job's history: when it was submitted, held, released, placed, started, relabelled,
+    requeued, ended. Its newest 500 events, oldest first, and how many earlier ones are not shown."""
     with client() as c:
-        rows = c.events(job_id)
+        rows, earlier = c.events_page(job_id, skip=skip)
     if output is Output.json:
         print_json(rows)
         return
@@ -666,6 +674,10 @@ def events(job_id: Annotated[int, typer.Argument(metavar="JOB")], output: Output
         table.add_row(when(event["at"]), event["kind"], state, plain(event["message"]))
     out.print(table, highlight=False)
     out.print(f"{plural(len(rows), 'event')}")
+    if earlier:
+        out.print(
+            f"{plural(earlier, 'earlier event')} not shown: corral events {job_id} --skip {skip + len(rows)}"
+        )
 
 
 def _each_job(job_ids: list[int], act: Callable[[int], str]) -> int:

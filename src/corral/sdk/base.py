@@ -83,6 +83,10 @@ class BaseClient:
         self.close()
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.request_with_headers(method, path, **kwargs)[0]
+
+    def request_with_headers(self, method: str, path: str, **kwargs: Any) -> tuple[Any, httpx.Headers]:
+        """As `request`, with the answer's headers (what a list answer says beside its items)."""
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.ConnectError:
@@ -105,7 +109,7 @@ class BaseClient:
                 f"cannot send {method} {path}: a number in it is nan or infinity, which JSON cannot carry"
             ) from None
         if response.status_code == 204:
-            return None
+            return None, response.headers
         try:
             body = response.json()
         except ValueError:
@@ -122,7 +126,7 @@ class BaseClient:
                 ) from None
             body = {"detail": response.text}
         if response.is_success:
-            return body
+            return body, response.headers
         detail = body.get("detail") if isinstance(body, dict) else body
         text = describe_detail(detail)
         if response.status_code == 401:

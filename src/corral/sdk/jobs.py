@@ -224,8 +224,17 @@ class JobsApi(BaseClient):
         """Delete a finished job and its logs (owner or admin)."""
         self.request("DELETE", f"/jobs/{seg(job_id)}")
 
-    def events(self, job_id: int) -> list[dict[str, Any]]:
-        return self.request("GET", f"/jobs/{seg(job_id)}/events")
+    def events(self, job_id: int, *, skip: int = 0, limit: int = 500) -> list[dict[str, Any]]:
+        """A job's newest events (`limit`, 500 at most) after its newest `skip`, oldest first."""
+        return self.events_page(job_id, skip=skip, limit=limit)[0]
+
+    def events_page(
+        self, job_id: int, *, skip: int = 0, limit: int = 500
+    ) -> tuple[list[dict[str, Any]], int]:
+        """As `events`, and how many of the job's events come before the first of them."""
+        params = {"skip": skip, "limit": limit}
+        rows, headers = self.request_with_headers("GET", f"/jobs/{seg(job_id)}/events", params=params)
+        return rows, int(headers.get("X-Corral-Earlier-Events", "0"))
 
     def notify_default(self, user: str) -> dict[str, Any]:
         """{"user", "notify": {"on", "to"} | None}: what `user`'s jobs without `notify` get."""

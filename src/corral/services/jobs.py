@@ -55,7 +55,7 @@ from corral.services.nodes import scheduler_node
 from corral.services.quota import check_quota
 from corral.services.secrets import check_job_secrets
 from corral.services.submit_guard import hold_access
-from corral.services.views import JobView, hold_event_text, job_view
+from corral.services.views import JobHistory, JobView, hold_event_text, job_view
 from corral.spec import JobSpecV1
 
 SortColumn = InstrumentedAttribute[float] | InstrumentedAttribute[int] | InstrumentedAttribute[str]
@@ -673,9 +673,19 @@ def get_job(session: Session, principal: Principal, job_id: int, *, for_update: 
     return job
 
 
-def job_events(session: Session, job_id: int, limit: int = 500) -> list[JobEvent]:
-    stmt = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id).limit(limit)
-    return list(session.scalars(stmt))
+EVENTS_SHOWN = 500  # a job's history views show its newest events, this many at most
+
+
+def job_events(session: Session, job_id: int, limit: int = EVENTS_SHOWN, skip: int = 0) -> JobHistory:
+    """The job's newest `limit` events after its newest `skip` (to page back), oldest first, and
+    how many come before them. A job's events have no bound (each label edit, each requeue adds
+    one), and the views read the oldest 500: a job's latest history, its end included, dropped out
+    of them without notice (review112 #3)."""
+    of_job = JobEvent.job_id == job_id
+    total = session.scalar(select(func.count()).select_from(JobEvent).where(of_job)) or 0
+    newest = select(JobEvent).where(of_job).order_by(JobEvent.id.desc()).offset(skip).limit(limit)
+    events = list(session.scalars(newest))[::-1]
+    return JobHistory(events, max(0, total - skip - len(events)))
 
 
 def cancel_job(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import NotRequired, TypedDict
 
 from sqlalchemy import select
@@ -105,6 +106,7 @@ class JobView(TypedDict):
     runtime_estimate: RuntimeEstimateView | None
     hold: HoldView | None
     events: NotRequired[list[EventView]]
+    earlier_events: NotRequired[int]  # the job's events before the first in `events`, not in it
     watch: NotRequired[WatchView | None]
 
 
@@ -270,6 +272,15 @@ def attempt_view(attempt: Attempt) -> AttemptView:
     }
 
 
+@dataclass(frozen=True)
+class JobHistory:
+    """Part of a job's events (services.jobs.job_events): `events` oldest first, and how many of
+    the job's events come before the first of them (`earlier`), which are not in it."""
+
+    events: list[JobEvent]
+    earlier: int
+
+
 def event_view(event: JobEvent) -> EventView:
     return {
         "at": event.at,
@@ -282,7 +293,7 @@ def event_view(event: JobEvent) -> EventView:
 
 def job_view(
     job: Job,
-    events: list[JobEvent] | None = None,
+    history: JobHistory | None = None,
     *,
     group_name: str | None = None,
     user_name: str | None = None,
@@ -321,8 +332,9 @@ def job_view(
         "runtime_estimate": runtime_estimate_view(job),
         "hold": hold_view(job, user_name),
     }
-    if events is not None:
-        out["events"] = [event_view(e) for e in events]
+    if history is not None:
+        out["events"] = [event_view(e) for e in history.events]
+        out["earlier_events"] = history.earlier
         _add_diagnosis(job, out)
     return out
 

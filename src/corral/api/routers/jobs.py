@@ -440,10 +440,24 @@ def delete(job_id: RowId, request: Request, db: DB, principal: CurrentUser) -> R
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
+EARLIER_EVENTS_HEADER = "X-Corral-Earlier-Events"
+
+
 @router.get("/jobs/{job_id}/events", response_model=list[EventOut])
-def events(job_id: RowId, db: DB, principal: CurrentUser) -> Any:
+def events(
+    job_id: RowId,
+    db: DB,
+    principal: CurrentUser,
+    response: Response,
+    skip: Offset = 0,
+    limit: Annotated[int, Query(ge=1, le=svc.EVENTS_SHOWN)] = svc.EVENTS_SHOWN,
+) -> Any:
+    """A job's newest `limit` events after its newest `skip` (to page back), oldest first. The
+    X-Corral-Earlier-Events header: how many of its events come before the first of them."""
     job = svc.get_job(db, principal, job_id)
-    return [event_view(e) for e in svc.job_events(db, job.id)]
+    history = svc.job_events(db, job.id, limit=limit, skip=skip)
+    response.headers[EARLIER_EVENTS_HEADER] = str(history.earlier)
+    return [event_view(e) for e in history.events]
 
 
 @router.get("/jobs/{job_id}/metrics", response_model=JobMetricsOut)

@@ -248,9 +248,14 @@ function runtimeText(e) {
 
 function drawTimeline(root, job) {
   const events = job.events || [];
+  // the job's newest events only: a long history (label edits, requeues) says what it leaves out
+  const earlier = job.earlier_events || 0;
   fill(root, 
     section(
       "Timeline",
+      earlier
+        ? h("p", { class: "muted earlier-events" }, `${earlier} earlier event${earlier === 1 ? "" : "s"} not shown: corral events ${job.id} --skip ${events.length}`)
+        : null,
       events.length
         ? h(
             "ol",

@@ -1,0 +1,81 @@
+"""A job's history views (GET /jobs/{id}, its events, `corral events`, the SDK) when the job has
+more events than they show (review112 #3): each label edit and each requeue adds one, without
+bound, and the views read the oldest 500, so the job's latest history, its end included, dropped
+out of them without notice. They show the newest, say how many earlier ones are left out, and
+page back through them."""
+
+from __future__ import annotations
+
+import time
+
+from corral.sdk import Client
+from corral.services.jobs import EVENTS_SHOWN
+from corral.services.lifecycle import record_event
+from tests.api.conftest import World
+from tests.api.test_cli import run, server_url
+from tests.api.test_job_labels import JOBS, submit
+
+__all__ = ["server_url"]  # the fixture
+
+EDITS = EVENTS_SHOWN + 10
+
+
+def a_long_history(world: World) -> tuple[int, int]:
+    """A job submitted, relabelled EDITS times (the events written as an edit writes them, at
+    once), then cancelled; returns its id and how many events it has."""
+    job = submit(world, trial=0)
+    now = time.time()
+    with world.session_factory() as db:
+        for step in range(1, EDITS + 1):
+            record_event(db, job, now, f"labels changed by alice: trial={step}", kind="labels")
+        db.commit()
+    r = world.client.post(f"{JOBS}/{job}/cancel", headers=world.as_("alice"))
+    assert r.status_code == 200, r.text
+    shown = r.json()
+    total = len(shown["events"]) + shown["earlier_events"]
+    assert total >= EDITS + 2  # submitted, the edits, cancelled
+    return job, total
+
+
+def test_a_jobs_views_show_its_newest_events_and_how_many_earlier_ones_are_left_out(world: World) -> None:
+    job, total = a_long_history(world)
+    shown = world.client.get(f"{JOBS}/{job}", headers=world.as_("alice")).json()
+    assert len(shown["events"]) == EVENTS_SHOWN and shown["earlier_events"] == total - EVENTS_SHOWN
+    assert shown["events"][-1]["to_state"] == "cancelled"  # its end, not its first 500
+    assert shown["events"][-2]["message"] == f"labels changed by alice: trial={EDITS}"
+    assert [e["at"] for e in shown["events"]] == sorted(e["at"] for e in shown["events"])  # oldest first
+
+    r = world.client.get(f"{JOBS}/{job}/events", headers=world.as_("alice"))
+    assert r.json() == shown["events"]
+    assert r.headers["X-Corral-Earlier-Events"] == str(total - EVENTS_SHOWN)
+    # paging back: the rest, down to its submission, and nothing before them
+    r = world.client.get(f"{JOBS}/{job}/events", params={"skip": EVENTS_SHOWN}, headers=world.as_("alice"))
+    rest = r.json()
+    assert len(rest) == total - EVENTS_SHOWN and r.headers["X-Corral-Earlier-Events"] == "0"
+    assert rest[0]["to_state"] == "queued" and "trial=" not in rest[0]["message"]
+    assert rest[-1]["message"] == f"labels changed by alice: trial={EDITS - EVENTS_SHOWN + 1}"
+    r = world.client.get(f"{JOBS}/{job}/events", params={"skip": 1, "limit": 2}, headers=world.as_("alice"))
+    assert [e["message"] for e in r.json()] == [
+        f"labels changed by alice: trial={EDITS - 1}",
+        f"labels changed by alice: trial={EDITS}",
+    ]
+    assert r.headers["X-Corral-Earlier-Events"] == str(total - 3)
+    r = world.client.get(f"{JOBS}/{job}/events", params={"limit": 0}, headers=world.as_("alice"))
+    assert r.status_code == 422 and "limit" in r.text
+
+
+def test_corral_events_and_the_sdk_say_what_they_leave_out(world: World, server_url: str) -> None:
+    job, total = a_long_history(world)
+    earlier = total - EVENTS_SHOWN
+    code, out = run(world, server_url, "alice", "events", str(job))
+    assert code == 0, out
+    assert f"{EVENTS_SHOWN} events" in out and "cancelled" in out
+    assert f"{earlier} earlier events not shown: corral events {job} --skip {EVENTS_SHOWN}" in out
+    code, out = run(world, server_url, "alice", "events", str(job), "--skip", str(EVENTS_SHOWN))
+    assert code == 0 and f"{earlier} events" in out and "earlier event" not in out, out
+    token = world.as_("alice")["Authorization"].split()[1]
+    with Client(server_url, token=token) as c:
+        rows, left_out = c.events_page(job)
+        assert len(rows) == EVENTS_SHOWN and left_out == earlier
+        assert rows[-1]["to_state"] == "cancelled"
+        assert len(c.events(job, skip=EVENTS_SHOWN)) == earlier
