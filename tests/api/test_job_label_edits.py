@@ -136,5 +136,9 @@ def test_corral_label_and_the_sdk(world: World, server_url: str, tmp_path: Path)
     with Client(server_url, token=token) as c:
         edited = c.set_labels(job, {"trial": 9}, remove=["best"])
         assert edited["labels"] == {"experiment": "e1", "trial": "9"}
+        # one name as a str is that name, not its letters (review112 #4)
+        c.set_labels(job, {"s": "1", "t": "2", "stale": "x"})
+        edited = c.set_labels(job, remove="stale")
+        assert edited["labels"] == {"experiment": "e1", "trial": "9", "s": "1", "t": "2"}
         with pytest.raises(CorralError, match="'trial' is both set and removed"):
             c.set_labels(job, {"trial": 1}, remove=["trial"])

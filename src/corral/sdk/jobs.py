@@ -195,14 +195,15 @@ class JobsApi(BaseClient):
         job_id: int,
         labels: Mapping[str, object] | None = None,
         *,
-        remove: Iterable[str] = (),
+        remove: Iterable[str] | str = (),
     ) -> dict[str, Any]:
         """Edit a job's labels after submit, in any state (`corral label`): set `labels` ({"trial":
-        8}: a number is taken as its text) and remove the names in `remove`; others stay. The job
-        as it is now. The rules of submit, at most 16 labels in the end: ApiError 422 naming the
-        label otherwise."""
+        8}: a number is taken as its text) and remove the names in `remove` (one name as a str, or
+        many); others stay. The job as it is now. The rules of submit, at most 16 labels in the end:
+        ApiError 422 naming the label otherwise."""
         patch: dict[str, object] = {**(labels or {})}
-        for name in remove:
+        # a str is one name: iterated, remove="stale" removed the labels s, t, a, l and e (review112 #4)
+        for name in (remove,) if isinstance(remove, str) else remove:
             if name in patch:
                 raise CorralError(f"label {name!r} is both set and removed: do one of them")
             patch[name] = None
