@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from corral.db.audit_models import AuditRecord
-from corral.db.models import JobLabel
+from corral.db.models import Job, JobLabel
 from corral.sdk import Client, CorralError
 from tests.api.conftest import World
 from tests.api.test_cli import run, server_url
@@ -142,3 +142,28 @@ def test_corral_label_and_the_sdk(world: World, server_url: str, tmp_path: Path)
         assert edited["labels"] == {"experiment": "e1", "trial": "9", "s": "1", "t": "2"}
         with pytest.raises(CorralError, match="'trial' is both set and removed"):
             c.set_labels(job, {"trial": 1}, remove=["trial"])
+
+
+def test_a_job_deleted_while_its_labels_are_edited_is_a_404_not_a_500(world: World) -> None:
+    """review112 #5: on SQLite get_job locks nothing, so a deletion committed between it and the
+    edit's first write (corral rm, the retention pass) made the spec's refresh raise: a 500. Here
+    the job is deleted from another connection just before that first write."""
+    engine = world.session_factory.kw["bind"]
+    if engine.dialect.name == "postgresql":
+        pytest.skip("PostgreSQL: get_job's row lock makes the deleting side wait")
+    job = submit(world, experiment="e1")
+    deleted: list[int] = []
+
+    def delete_the_job_first(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        if statement.startswith("DELETE FROM job_labels") and not deleted:
+            deleted.append(job)
+            with engine.begin() as other:
+                other.execute(sa.delete(Job).where(Job.id == job))
+
+    sa.event.listen(engine, "before_cursor_execute", delete_the_job_first)
+    try:
+        r = patch(world, job, {"trial": "1"})
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", delete_the_job_first)
+    assert deleted == [job]
+    assert r.status_code == 404 and r.json()["detail"] == f"no job with id {job}", r.text

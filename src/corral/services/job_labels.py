@@ -22,13 +22,14 @@ import time
 from collections.abc import Mapping
 
 from sqlalchemy import delete, insert
+from sqlalchemy.exc import InvalidRequestError
 from sqlalchemy.orm import Session
 
 from corral.db.base import table_of
 from corral.db.models import Job, JobLabel
 from corral.services import audit
 from corral.services.auth import Principal
-from corral.services.errors import Invalid
+from corral.services.errors import Invalid, NotFound
 from corral.services.jobs import get_job
 from corral.services.lifecycle import record_event
 from corral.spec import MAX_LABELS, STORED_SPEC, JobSpecV1, check_labels
@@ -50,7 +51,11 @@ def edit_labels(
     # database's write lock (PostgreSQL's row lock is taken above), so the spec read again next
     # is the last one committed, and no other edit commits between that read and this commit.
     session.execute(delete(JobLabel).where(JobLabel.job_id == job.id, JobLabel.key.in_(list(patch))))
-    session.refresh(job, ["spec"])
+    try:
+        session.refresh(job, ["spec"])
+    except InvalidRequestError:  # SQLite: deleted (corral rm, retention) since get_job read it
+        session.rollback()
+        raise NotFound(f"no job with id {job_id}") from None
     before = dict(job.spec.labels)
     after = {name: value for name, value in before.items() if name not in removed} | setting
     if after == before:
