@@ -4,6 +4,7 @@ blocking intake; bad config refused with file and line."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from email import message_from_bytes
@@ -398,3 +399,42 @@ def test_one_alert_notifications_unexpected_error_is_its_own_failure_not_the_pas
     (mail,) = inbox.messages
     assert mail["Subject"] == "[FIRING] GpuHot (warning) instance=n1 Bcc: evil@example.org"
     assert mail["Bcc"] is None and mail["To"] == "ops@example.org"
+
+
+def test_the_pagers_quit_at_the_end_of_a_pass_ends_by_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """review112 #7: Mailer.close()'s QUIT, after a pass's last send, had only the timeout of each
+    operation: a server answering QUIT a line every 0.25 s (within the 1 s timeout), 20 lines,
+    held the pager's and the job notifier's loop 5 s. Its deadline here is 1 s."""
+    from aiosmtpd.controller import Controller
+    from aiosmtpd.smtp import SMTP
+
+    from corral.monitor.pager import Mailer
+
+    class LongQuit(SMTP):
+        async def smtp_QUIT(self, arg: str) -> None:
+            for line in range(20):
+                await asyncio.sleep(0.25)
+                await self.push(f"221-closing, line {line}")
+            await super().smtp_QUIT(arg)
+
+    class LongQuitController(Controller):
+        def factory(self) -> SMTP:
+            return LongQuit(self.handler, **self.SMTP_kwargs)
+
+    monkeypatch.setattr(config, "SMTP_SEND_OPERATIONS", 1)
+    inbox = OncallInbox()
+    controller = LongQuitController(inbox, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    try:
+        channel = EmailChannel.model_validate(
+            {"name": "mail", "type": "email", "smtp_host": "127.0.0.1", "smtp_port": controller.port,
+             "from": "corral@example.org", "to": ["ops@example.org"], "timeout": 1}
+        )  # fmt: skip
+        mailer = Mailer(channel)
+        mailer.send_text("alice@example.org", "[Corral page] disk full", "acknowledge: ...", {})
+        started = time.monotonic()
+        mailer.close()
+        assert time.monotonic() - started < 2.5
+        assert mailer.smtp is None and len(inbox.messages) == 1
+    finally:
+        controller.stop()

@@ -152,12 +152,21 @@ class Mailer:
             self.close()
 
     def close(self) -> None:
-        if self.smtp is not None:
-            try:
-                self.smtp.quit()
-            except (OSError, smtplib.SMTPException):
-                pass
-            self.smtp = None
+        """QUIT and close the connection, by a deadline of its own: a server answering QUIT a line
+        at a time, each within the timeout, held the pass's end (review112 #7)."""
+        smtp, channel = self.smtp, self.channel
+        if smtp is None or channel is None:
+            return
+        self.smtp = None
+        deadline = SmtpDeadline(channel)
+        try:
+            with deadline:
+                deadline.watch(smtp)
+                smtp.quit()
+        except (OSError, smtplib.SMTPException):
+            pass  # the messages' outcomes are settled: only the connection is left to end
+        finally:
+            smtp.close()
 
 
 _SLACK_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
