@@ -5,6 +5,7 @@ blocking intake; bad config refused with file and line."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Iterator
 from email import message_from_bytes
@@ -438,3 +439,57 @@ def test_the_pagers_quit_at_the_end_of_a_pass_ends_by_its_deadline(monkeypatch: 
         assert mailer.smtp is None and len(inbox.messages) == 1
     finally:
         controller.stop()
+
+
+def test_a_send_whose_deadline_passed_while_connecting_does_not_wait_for_the_greeting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """review112 #8: the deadline's timer, firing while the address was still being resolved,
+    found no socket to shut down, and connect() then read the server's greeting line by line (20
+    lines 0.25 s apart, each within the 1 s timeout): 5 s more. A resolver answering in 1.5 s
+    here; the deadline is 1 s. The socket is shut down as soon as it is connected."""
+    from aiosmtpd.controller import Controller
+    from aiosmtpd.smtp import SMTP
+
+    class LongGreeting(SMTP):
+        greeted = False
+
+        async def push(self, status: str) -> None:
+            if status.startswith("220 ") and not self.greeted:
+                self.greeted = True
+                for line in range(20):
+                    await asyncio.sleep(0.25)
+                    await super().push(f"220-welcome, line {line}")
+            await super().push(status)
+
+    class LongGreetingController(Controller):
+        def factory(self) -> SMTP:
+            return LongGreeting(self.handler, **self.SMTP_kwargs)
+
+    inbox = OncallInbox()
+    controller = LongGreetingController(inbox, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    resolve = socket.getaddrinfo
+
+    def slow_resolver(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(1.5)
+        return resolve(*args, **kwargs)
+
+    monkeypatch.setattr(config, "SMTP_SEND_OPERATIONS", 1)
+    alert = Alert(
+        name="GpuHot", severity="critical", labels={}, annotations={}, fingerprint="f", source="corral"
+    )
+    try:
+        channel = EmailChannel.model_validate(
+            {"name": "mail", "type": "email", "smtp_host": "127.0.0.1", "smtp_port": controller.port,
+             "from": "corral@example.org", "to": ["ops@example.org"], "timeout": 1}
+        )  # fmt: skip
+        monkeypatch.setattr(socket, "getaddrinfo", slow_resolver)
+        started = time.monotonic()
+        with pytest.raises(ChannelError, match=r"the send did not end within its 1 s deadline"):
+            send_email(channel, alert, "firing")
+        assert time.monotonic() - started < 3.5
+    finally:
+        monkeypatch.undo()
+        controller.stop()
+    assert inbox.messages == []

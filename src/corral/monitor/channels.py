@@ -74,7 +74,9 @@ class SmtpDeadline:
     message's claim (corral.monitor.claiming), when another server sends it too. A timer shuts
     the watched connection's socket down when the deadline passes, which ends at once whatever
     the send waits for (a reply of many lines, the message's body); `failure` then names the
-    deadline. The timer does nothing once the send has ended."""
+    deadline. A socket connected after the deadline is shut down as soon as it is (`opened`);
+    only resolving the server's name, which no socket bounds, can outlast it. The timer does
+    nothing once the send has ended."""
 
     def __init__(self, channel: EmailChannel) -> None:
         self.channel = channel
@@ -106,6 +108,14 @@ class SmtpDeadline:
         if self.expired:
             raise TimeoutError("send deadline passed")
 
+    def opened(self, sock: socket.socket) -> None:
+        """The watched connection's socket, just connected: shut down at once if the deadline
+        passed while the address was resolved or tried (the timer found no socket then), so that
+        the server's greeting, however many lines, is not waited for (review112 #8)."""
+        with self._lock:
+            if self.expired and not self._ended:
+                _shut_down(sock)
+
     def _expire(self) -> None:
         with self._lock:
             if self._ended:
@@ -113,10 +123,7 @@ class SmtpDeadline:
             self.expired = True
             sock = self._smtp.sock if self._smtp is not None else None
             if sock is not None:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)  # a blocked recv returns, a blocked send fails
-                except OSError:
-                    pass  # already closed
+                _shut_down(sock)
 
     def failure(self, exc: BaseException) -> ChannelError:
         """The send's error: the deadline's, if it passed (whatever smtplib made of the socket
@@ -130,12 +137,31 @@ class SmtpDeadline:
         return ChannelError(f"{where}: {exc}")
 
 
-class HostKeepingSMTP(smtplib.SMTP):
-    """smtplib.SMTP whose connect() keeps the host, as SMTP(host) does: starttls() checks the
-    server's certificate against it, and the ssl module refuses to start TLS with none
-    (review112 #1). Made without a host so that the deadline watches it before it connects."""
+def _shut_down(sock: socket.socket) -> None:
+    """End `sock`'s connection both ways: a blocked recv returns, a blocked send fails."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed
+
+
+class WatchedSMTP(smtplib.SMTP):
+    """smtplib.SMTP made without a host, so that `deadline` watches it before it connects: its
+    connect() keeps the host, as SMTP(host) does (starttls() checks the server's certificate
+    against it, and the ssl module refuses to start TLS with none: review112 #1), and the socket
+    it opens is shown to the deadline at once (SmtpDeadline.opened)."""
 
     _host: str
+
+    def __init__(self, deadline: SmtpDeadline, timeout: float) -> None:
+        self._deadline = deadline
+        super().__init__(timeout=timeout)
+
+    def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
+        # the hook smtplib's own SMTP_SSL and LMTP override; typeshed does not declare it
+        sock = super()._get_socket(host, port, timeout)  # type: ignore[misc]
+        self._deadline.opened(sock)
+        return sock
 
     def connect(
         self, host: str = "localhost", port: int = 0, source_address: Any = None
@@ -147,7 +173,7 @@ class HostKeepingSMTP(smtplib.SMTP):
 def open_smtp(channel: EmailChannel, deadline: SmtpDeadline) -> smtplib.SMTP:
     """A connection to `channel`'s SMTP server (STARTTLS and login as it says), watched by
     `deadline` from before it connects."""
-    smtp = HostKeepingSMTP(timeout=channel.timeout)
+    smtp = WatchedSMTP(deadline, channel.timeout)
     deadline.watch(smtp)
     try:
         smtp.connect(channel.smtp_host, channel.smtp_port)
