@@ -138,9 +138,11 @@ class SmtpDeadline:
 
 
 def _shut_down(sock: socket.socket) -> None:
-    """End `sock`'s connection both ways: a blocked recv returns, a blocked send fails."""
+    """End `sock`'s connection both ways: a blocked recv returns, a blocked send fails. The base
+    class's shutdown, also on an SSLSocket: SSLSocket.shutdown first drops its SSL object, and a
+    send of the body's next chunk in between went out in plaintext (review112 #6)."""
     try:
-        sock.shutdown(socket.SHUT_RDWR)
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
     except OSError:
         pass  # already closed
 
