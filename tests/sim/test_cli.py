@@ -490,8 +490,33 @@ def test_jobs_out_is_written_when_a_replay_is_refused_as_having_nothing_to_run(t
     args = ["sim", "--trace", str(csv), "--cluster", str(yaml), "--jobs-out", str(jobs), "--out", str(out)]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2 and "none of the 2 jobs of trace wide.csv can run on cluster" in res.stderr
+    assert f"(every job's reason is in {jobs})" in res.stderr
+    assert [p.name for p in jobs.parent.iterdir()] == ["jobs.csv"]  # written beside it, renamed
     rows = jobs.read_text().splitlines()
     assert rows[0] == "time,job_id,event,nodes,gpus,reason"
     assert [row.split(",")[1:3] for row in rows[1:]] == [["a", "reject"], ["b", "reject"]]
     assert "needs 8 GPUs" in rows[1] and "needs 16 GPUs" in rows[2]
     assert not out.exists()  # the summary and plots folder, made for this run, still removed
+
+
+def test_a_jobs_out_that_cannot_be_written_is_one_line_and_a_refusal_still_says_why(tmp_path: Path) -> None:
+    """review112 #9: a --jobs-out whose folder is there but which cannot be opened (here in
+    /proc/self) ended the command with a traceback (exit 1) after the replay; on the refusal
+    path, the refusal and its reasons were lost."""
+    csv, yaml = _files(tmp_path)
+    jobs_out = "/proc/self/jobs.csv"
+    res = CliRunner().invoke(
+        app, ["sim", "--trace", str(csv), "--cluster", str(yaml), "--jobs-out", jobs_out]
+    )
+    assert isinstance(res.exception, SystemExit), res.exception  # not a traceback
+    assert res.exit_code == 2 and f"--jobs-out {jobs_out}: cannot write it (" in res.stderr, res.output
+    wide = tmp_path / "wide.csv"
+    write_generic_csv(trace(("a", 0, 100, 8), ("b", 1, 50, 16)).jobs, wide)
+    res = CliRunner().invoke(
+        app, ["sim", "--trace", str(wide), "--cluster", str(yaml), "--jobs-out", jobs_out]
+    )
+    assert res.exit_code == 2, res.output
+    cannot, refused = res.stderr.strip().splitlines()
+    assert cannot.startswith(f"error: --jobs-out {jobs_out}: cannot write it ("), res.stderr
+    assert refused.startswith("error: none of the 2 jobs of trace wide.csv can run"), res.stderr
+    assert "every job's reason is in" not in refused

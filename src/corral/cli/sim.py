@@ -3,8 +3,10 @@ policies on the same trace and cluster."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -293,18 +295,26 @@ def sim(
         policy_name = policy or "default"
         spec = f"{policy_name}:{placement}" if placement else policy_name
         result, summary = _replay_trace(trace, cluster, spec, config, knob, max_jobs, speedup, private)
+        written = None
         if jobs_out and not summary["jobs"]:  # refused next: the rejected jobs and why, kept
-            _write_jobs(result, jobs_out)
-            keep(jobs_out)
-        _refuse_if_nothing_ran([summary], max_jobs)
+            failed = _write_jobs(result, jobs_out)
+            if failed:  # said, and the refusal still follows
+                typer.echo(f"error: {failed}", err=True)
+            else:
+                keep(jobs_out)
+                written = jobs_out
+        _refuse_if_nothing_ran([summary], max_jobs, written)
         _write_results(result, summary, jobs_out, out, output)
 
 
-def _refuse_if_nothing_ran(summaries: list[dict[str, Any]], max_jobs: int | None) -> None:
+def _refuse_if_nothing_ran(
+    summaries: list[dict[str, Any]], max_jobs: int | None, jobs_out: Path | None = None
+) -> None:
     """A trace none of whose jobs the cluster can ever run (too wide for every node, GPU models it
     lacks, more than a group's quota) printed a table of zeros, exit 0, and `compare` added that
     the policies were too alike to tell apart. Refused instead, with the rejections' reasons; of
-    "the first N jobs" where --max-jobs cut the trace short."""
+    "the first N jobs" where --max-jobs cut the trace short; `jobs_out`: where every rejection
+    was written."""
     if any(s["jobs"] for s in summaries):
         return
     first = summaries[0]
@@ -320,9 +330,10 @@ def _refuse_if_nothing_ran(summaries: list[dict[str, Any]], max_jobs: int | None
         which = f"the {'first' if first_only else 'only'} job of trace {trace} cannot"
     else:
         which = f"none of the {'first ' if first_only else ''}{count:,} jobs of trace {trace} can"
+    all_in = f" (every job's reason is in {jobs_out})" if jobs_out else ""
     _fail(
         f"{which} run on cluster {first['cluster']} "
-        f"({plural(first['cluster_gpus'], 'GPU')}){whose}; e.g. {shown}"
+        f"({plural(first['cluster_gpus'], 'GPU')}){whose}; e.g. {shown}{all_in}"
     )
 
 
@@ -477,8 +488,8 @@ def _write_results(
     """The job events CSV, summary.json and plots where asked; the summary on stdout."""
     from corral.sim.report import write_plots
 
-    if jobs_out:
-        _write_jobs(result, jobs_out)
+    if jobs_out and (failed := _write_jobs(result, jobs_out)):
+        _fail(failed)
     if out:
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -492,10 +503,25 @@ def _write_results(
         typer.echo(f"scheduler: {describe()}")
 
 
-def _write_jobs(result: Any, jobs_out: Path) -> None:
+def _write_jobs(result: Any, jobs_out: Path) -> str | None:
+    """`--jobs-out`, written whole or not at all: into a file beside it, then renamed over it, so
+    a write that fails (no space, Ctrl-C) leaves a previous run's file as it was, and no part of
+    one. What went wrong, in one line, if it could not be written (else None)."""
     from corral.sim.metrics import write_jobs_csv
 
-    write_jobs_csv(result, jobs_out)
+    part = jobs_out.with_name(f".{jobs_out.name}.{os.getpid()}.part")  # made with umask's mode
+    renamed = False
+    try:
+        write_jobs_csv(result, part)
+        os.replace(part, jobs_out)
+        renamed = True
+    except OSError as exc:
+        return f"--jobs-out {jobs_out}: cannot write it ({exc.strerror or exc})"
+    finally:
+        if not renamed:
+            with contextlib.suppress(OSError):  # never made, where the folder refused it
+                part.unlink(missing_ok=True)
+    return None
 
 
 def _compare_specs(policies: str, output: str, knob: list[str]) -> tuple[list[str], dict[str, Any]]:
