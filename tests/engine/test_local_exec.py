@@ -152,3 +152,37 @@ def test_a_stored_jobs_shell_owned_variables_are_not_set_and_its_log_says_so(tmp
     )
     assert entered.returncode == 0 and "TRIAL=t" in entered.stdout.splitlines(), entered.stderr
     assert "UID=7" not in entered.stdout.splitlines() and "corral: UID is not set" in entered.stderr
+
+
+def test_without_a_sandbox_a_stored_jobs_shell_owned_variables_are_not_set_and_its_log_says_so(
+    tmp_path: Path,
+) -> None:
+    """review112 #10: the restore that leaves a shell's own names unset, with a line in the log,
+    ran only in a sandbox; with isolation off (or no bubblewrap) the job's /bin/sh got UID,
+    SHELLOPTS, ... as they were (bash runs a SHELLOPTS=xtrace job traced), at its start and at
+    `corral exec`, and no line said so."""
+    env = {"UID": "7", "SHELLOPTS": "xtrace", "TRIAL": "t"}
+    with local_engine_factory(tmp_path, isolation=False) as factory:
+        engine = factory()
+        aid = new_attempt_id()
+        job = 'echo "uid=${UID-unset} trial=$TRIAL"; echo ready; exec sleep 60'
+        inst = InstanceLaunch("w", 0, 0, engine.node_name, (), 1.0, 256, job, env)
+        engine.launch(AttemptLaunch(aid, aid.split(".")[0], 1, "bob", "team", (inst,)))
+        wait_log(engine, aid, b"ready")
+        log = engine.logs(aid).data.decode().splitlines()
+        entered = _run(engine, aid, ["/usr/bin/env"])
+        engine.stop(aid, 0)
+        wait_finished(engine, aid)
+    notes = [line for line in log if line.startswith("corral: ")]
+    assert [line.split(" is not set from the job's spec: ")[0] for line in notes] == [
+        "corral: UID",
+        "corral: SHELLOPTS",
+    ], log
+    assert all("it is a shell's own variable, which bash keeps" in line for line in notes), notes
+    (job_line,) = [line for line in log if "trial=" in line and not line.startswith("+")]
+    assert job_line.endswith("trial=t") and "uid=7 " not in job_line, log
+    assert entered.returncode == 0 and "TRIAL=t" in entered.stdout.splitlines(), entered.stderr
+    shown = entered.stdout.splitlines()
+    assert "UID=7" not in shown and "SHELLOPTS=xtrace" not in shown, shown
+    assert entered.stderr.startswith("corral: UID is not set from the job's spec: "), entered.stderr
+    assert "corral: SHELLOPTS is not set" in entered.stderr

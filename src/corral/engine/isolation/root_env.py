@@ -81,6 +81,17 @@ NOT_SET_NOTE = (
     "read-only or sets itself (it would stop before the job's command, or not give it the value); "
     "a job may no longer name it: rename it in the spec"
 )
+
+
+def without_shell_owned(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """`env` without the shell's own names (SHELL_OWNED_ENV), and for each the line RESTORE_SCRIPT
+    writes of it, in its order: a job started or entered without a sandbox has no restoring shell,
+    and its /bin/sh would get them as they are (bash honours a SHELLOPTS)."""
+    owned = sorted((name for name in env if name in SHELL_OWNED_ENV), key=lambda n: (len(n), n))
+    kept = {name: value for name, value in env.items() if name not in SHELL_OWNED_ENV}
+    return kept, [NOT_SET_NOTE.replace("$1", name) for name in owned]
+
+
 RESTORE_SCRIPT = (
     'while [ "$1" != -- ]; do case $1 in '
     + "|".join(sorted(SHELL_OWNED_ENV))

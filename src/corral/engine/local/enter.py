@@ -30,7 +30,7 @@ from pathlib import Path
 
 from corral.engine.base import ExecCommand, ExecRefused
 from corral.engine.isolation import secret_files
-from corral.engine.isolation.root_env import restoring_argv, stash_env
+from corral.engine.isolation.root_env import restoring_argv, stash_env, without_shell_owned
 from corral.engine.local.files import RUNNING_STATE, AttemptSpec, InstanceSpec, read_file
 from corral.engine.local.supervisor import children
 
@@ -51,7 +51,11 @@ def enter_argv(adir: Path, spec: AttemptSpec, rank: int, argv: Sequence[str]) ->
     if secret_env:
         env.update(secret_files.read_env_secrets(secret_env))
     inner = [ENV, f"--chdir={_job_cwd(inst)}", "--", *argv]
-    if inst["sandboxed"]:
+    said = ""
+    if not inst["sandboxed"]:  # no restoring shell: the shell's own names left out as it does
+        env, notes = without_shell_owned(env)
+        said = "".join(f"echo {shlex.quote(note)} >&2; " for note in notes)
+    else:
         init = _sandbox_init(adir, spec["attempt_id"], rank)
         nsenter = [NSENTER, f"--target={init}", "--mount", "--pid", "--ipc", "--net", "--root", "--wd"]
         # sh, nsenter, setpriv (and the gateway's setsid) run as root: the job's environment
@@ -61,7 +65,7 @@ def enter_argv(adir: Path, spec: AttemptSpec, rank: int, argv: Sequence[str]) ->
     cgroup = inst["cgroup"]
     dirs = cgroup["dirs"] if cgroup else []
     joins = "".join(f"echo $$ > {shlex.quote(os.path.join(d, 'cgroup.procs'))}; " for d in dirs)
-    argv_out = ["/bin/sh", "-c", f'set -e; {joins}exec "$@"', "corral-exec", *inner]
+    argv_out = ["/bin/sh", "-c", f'set -e; {said}{joins}exec "$@"', "corral-exec", *inner]
     return ExecCommand(argv=tuple(argv_out), env=env, cwd="/")
 
 

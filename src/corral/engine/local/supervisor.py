@@ -68,7 +68,7 @@ from corral.engine.isolation import (  # noqa: E402 - after the sys.path line
     netns,
     secret_files,
 )
-from corral.engine.isolation.root_env import stash_env  # noqa: E402
+from corral.engine.isolation.root_env import stash_env, without_shell_owned  # noqa: E402
 
 HANDLED = {_signal.SIGCHLD, _signal.SIGUSR1, _signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP}
 DEFAULT_STOP_GRACE_S = 10.0
@@ -258,6 +258,10 @@ class Instance:
                 env = {**env, **secret_files.read_env_secrets(secret_env)}
             if self.sandboxed:  # bwrap and setpriv run as root: see isolation/root_env.py
                 env = stash_env(env)
+            else:  # no restoring shell: the shell's own names left out as it does, said in the log
+                env, notes = without_shell_owned(env)
+                for note in notes:
+                    os.write(2, f"{note}\n".encode())
             os.execve(argv[0], argv, env)
         except BaseException as exc:
             try:
