@@ -1,14 +1,20 @@
 """A job's notifications, labels and metrics in a real browser (real server, Chromium): the job
 page's summary shows its spec's `notify`, and its timeline the `notify` event the notification loop
 recorded (here: its owner has no contact of the kind asked for, so nothing was sent, and the page
-says so). The jobs list shows labels as chips and filters by them (the text box, a chip); the job
+says so); a long history's timeline, its newest events and how many earlier ones it leaves out. The
+jobs list shows labels as chips and filters by them (the text box, a chip); the job
 page shows its labels and draws the metrics the job wrote to $CORRAL_OUTPUTS/metrics.jsonl."""
 
 from __future__ import annotations
 
+import re
+import time
+
 import pytest
 from playwright.sync_api import expect
 
+from corral.db.session import make_engine, make_session_factory
+from corral.services.lifecycle import record_event
 from tests.server_fixture import wait_for
 from tests.web.conftest import Portal
 
@@ -44,6 +50,37 @@ def test_the_job_page_shows_notify_and_what_it_sent(portal: Portal) -> None:
     expect(page.locator("dl.summary")).to_contain_text("failed to slack")
     expect(page.locator("ol.timeline")).to_contain_text(
         "no notification of 'failed' sent: admin has no contact of kind slack"
+    )
+    assert page.js_errors == []
+
+
+def test_the_timeline_of_a_long_history_shows_its_newest_events_and_says_what_it_leaves_out(
+    portal: Portal,
+) -> None:
+    """review112 #3: the timeline read the job's oldest 500 events, so after many label edits
+    its latest ones were not there, without a word. The edits' events are written in the
+    server's own database as an edit writes them, which is quicker than 510 edits."""
+    with portal.api() as api:
+        spec = {
+            "name": "relabelled",
+            "group": "team-a",
+            "tasks": {"main": {"command": "true", "resources": RESOURCES}},
+        }
+        r = api.post("/api/v1/jobs", json=spec)
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+    engine = make_engine(f"sqlite:///{portal.server.home / 'corral.db'}")
+    try:
+        with make_session_factory(engine)() as db:
+            for step in range(1, 511):
+                record_event(db, job_id, time.time(), f"labels changed by root: trial={step}", kind="labels")
+            db.commit()
+    finally:
+        engine.dispose()
+    page = portal.login("root", path=f"/jobs/{job_id}")
+    expect(page.locator("ol.timeline")).to_contain_text("labels changed by root: trial=510")
+    expect(page.locator("p.earlier-events")).to_have_text(
+        re.compile(rf"^\d+ earlier events? not shown: corral events {job_id} --skip 500$")
     )
     assert page.js_errors == []
 
