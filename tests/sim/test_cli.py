@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -499,10 +501,11 @@ def test_jobs_out_is_written_when_a_replay_is_refused_as_having_nothing_to_run(t
     assert not out.exists()  # the summary and plots folder, made for this run, still removed
 
 
-def test_a_jobs_out_that_cannot_be_written_is_one_line_and_a_refusal_still_says_why(tmp_path: Path) -> None:
+def test_a_jobs_out_that_cannot_be_written_is_one_line_before_the_replay(tmp_path: Path) -> None:
     """review112 #9: a --jobs-out whose folder is there but which cannot be opened (here in
-    /proc/self) ended the command with a traceback (exit 1) after the replay; on the refusal
-    path, the refusal and its reasons were lost."""
+    /proc/self) ended the command with a traceback (exit 1) after the replay; review113 #1: it
+    is refused before the replay (which can take minutes), so the refusal of a trace with
+    nothing to run does not follow."""
     csv, yaml = _files(tmp_path)
     jobs_out = "/proc/self/jobs.csv"
     res = CliRunner().invoke(
@@ -516,7 +519,58 @@ def test_a_jobs_out_that_cannot_be_written_is_one_line_and_a_refusal_still_says_
         app, ["sim", "--trace", str(wide), "--cluster", str(yaml), "--jobs-out", jobs_out]
     )
     assert res.exit_code == 2, res.output
-    cannot, refused = res.stderr.strip().splitlines()
-    assert cannot.startswith(f"error: --jobs-out {jobs_out}: cannot write it ("), res.stderr
-    assert refused.startswith("error: none of the 2 jobs of trace wide.csv can run"), res.stderr
-    assert "every job's reason is in" not in refused
+    assert res.stderr.strip().splitlines() == [
+        f"error: --jobs-out {jobs_out}: cannot write it (No such file or directory)"
+    ]
+    unwritable = tmp_path / "locked"
+    unwritable.mkdir(mode=0o500)
+    if not os.access(unwritable, os.W_OK):  # (root may write anywhere)
+        res = CliRunner().invoke(
+            app,
+            ["sim", "--trace", str(wide), "--cluster", str(yaml), "--jobs-out", str(unwritable / "j.csv")],
+        )
+        assert res.exit_code == 2 and "cannot write it (Permission denied)" in res.stderr, res.output
+        assert "none of the 2 jobs" not in res.stderr
+
+
+def test_jobs_out_writes_through_a_symlink_and_keeps_the_file_mode(tmp_path: Path) -> None:
+    """review113 #1: the CSV made beside the path and renamed over it replaced a symlink with a
+    plain file (its target kept the old run's rows) and gave a 0600 file umask's 0644."""
+    csv, yaml = _files(tmp_path)
+    target = tmp_path / "results" / "jobs.csv"
+    target.parent.mkdir()
+    target.write_text("old\n")
+    target.chmod(0o600)
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    res = CliRunner().invoke(
+        app, ["sim", "--trace", str(csv), "--cluster", str(yaml), "--jobs-out", str(link)]
+    )
+    assert res.exit_code == 0, res.output
+    assert link.is_symlink() and link.resolve() == target
+    assert target.read_text().startswith("time,job_id,event,nodes,gpus,reason\n")
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert sorted(p.name for p in target.parent.iterdir()) == ["jobs.csv"]  # no part left beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml", "link.csv", "results", "t.csv"]
+
+
+def test_jobs_out_writes_into_a_pipe_given_as_a_dev_fd_path(tmp_path: Path) -> None:
+    """review113 #1: `--jobs-out /dev/fd/N` (bash's `>(gzip > j.gz)`) was refused after the
+    replay: a file cannot be made in /dev/fd to rename over it. Written into, as opened."""
+    csv, yaml = _files(tmp_path)
+    read_end, write_end = os.pipe()
+    try:
+        res = CliRunner().invoke(
+            app, ["sim", "--trace", str(csv), "--cluster", str(yaml), "--jobs-out", f"/dev/fd/{write_end}"]
+        )
+        os.close(write_end)
+        write_end = -1
+        with os.fdopen(read_end, encoding="utf-8") as pipe:
+            read_end = -1
+            rows = pipe.read().splitlines()
+    finally:
+        for fd in (read_end, write_end):
+            if fd >= 0:
+                os.close(fd)
+    assert res.exit_code == 0, res.output
+    assert rows[0] == "time,job_id,event,nodes,gpus,reason" and len(rows) > 3

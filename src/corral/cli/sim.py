@@ -4,10 +4,13 @@ policies on the same trace and cluster."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
 import shutil
+import stat
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -284,6 +287,8 @@ def sim(
     if not from_cluster and (not trace or not cluster):
         _fail("--trace and --cluster are required (see corral sim --help)")
     with _results_where({"--jobs-out": jobs_out, "--save-trace": save_trace}, {"--out": out}) as keep:
+        if jobs_out and (refused := _jobs_out_refused(jobs_out)):
+            _fail(refused)
         if from_cluster:
             from corral.cli.sim_live import LiveRequest
 
@@ -503,25 +508,97 @@ def _write_results(
         typer.echo(f"scheduler: {describe()}")
 
 
+def _jobs_out_in_place(jobs_out: Path) -> bool:
+    """Whether `--jobs-out` is written into what the path opens (not a file renamed over it): a
+    device, FIFO or socket (`/dev/null`, a pipe), a path in /dev or /proc (`/dev/stdout`,
+    `/dev/fd/63` of `>(gzip > j.gz)`: renaming there would replace the system's own entry)."""
+    for path in (jobs_out.absolute(), Path(os.path.realpath(jobs_out))):
+        if any(path.is_relative_to(system) for system in ("/dev", "/proc")):
+            return True
+    try:
+        return not stat.S_ISREG(os.stat(jobs_out).st_mode)
+    except FileNotFoundError:  # (a dangling symlink too: the file is made where it points)
+        return False
+
+
+def _jobs_out_refused(jobs_out: Path) -> str | None:
+    """`--jobs-out` checked before the replay (which can take minutes): why it could not be
+    written, in one line, or None. A regular file (or none yet) needs its folder writable for the
+    file made beside it; anything else must be there and open for writing."""
+    cannot = f"--jobs-out {jobs_out}: cannot write it"
+    if _jobs_out_in_place(jobs_out):
+        if not os.path.exists(jobs_out):
+            return f"{cannot} ({os.strerror(errno.ENOENT)})"
+        return None if os.access(jobs_out, os.W_OK) else f"{cannot} ({os.strerror(errno.EACCES)})"
+    target = Path(os.path.realpath(jobs_out))
+    if target.exists() and not os.access(target, os.W_OK):
+        return f"{cannot} ({os.strerror(errno.EACCES)})"
+    try:
+        handle, probe = tempfile.mkstemp(dir=target.parent, prefix=_part_prefix(target))
+    except OSError as exc:
+        return f"{cannot} ({exc.strerror or exc})"
+    os.close(handle)
+    os.unlink(probe)
+    return None
+
+
+def _part_prefix(target: Path) -> str:
+    return f".{target.name[:50]}."  # short: a long NAME stays writable (the part's name is longer)
+
+
 def _write_jobs(result: Any, jobs_out: Path) -> str | None:
-    """`--jobs-out`, written whole or not at all: into a file beside it, then renamed over it, so
-    a write that fails (no space, Ctrl-C) leaves a previous run's file as it was, and no part of
-    one. What went wrong, in one line, if it could not be written (else None)."""
+    """`--jobs-out`, written whole or not at all where it is a regular file (or none yet): into a
+    file made beside it (where a symlink points), given its mode, then renamed over it, so a write
+    that fails (no space, Ctrl-C) leaves a previous run's file as it was, and no part of one. A
+    device, FIFO or /dev/fd path is written into, as opened. What went wrong, in one line, if it
+    could not be written (else None)."""
     from corral.sim.metrics import write_jobs_csv
 
-    part = jobs_out.with_name(f".{jobs_out.name}.{os.getpid()}.part")  # made with umask's mode
-    renamed = False
     try:
-        write_jobs_csv(result, part)
-        os.replace(part, jobs_out)
-        renamed = True
+        if _jobs_out_in_place(jobs_out):
+            write_jobs_csv(result, jobs_out)
+        else:
+            _write_beside_and_rename(result, Path(os.path.realpath(jobs_out)))
     except OSError as exc:
         return f"--jobs-out {jobs_out}: cannot write it ({exc.strerror or exc})"
-    finally:
-        if not renamed:
-            with contextlib.suppress(OSError):  # never made, where the folder refused it
-                part.unlink(missing_ok=True)
     return None
+
+
+def _write_beside_and_rename(result: Any, target: Path) -> None:
+    from corral.sim.metrics import write_jobs_csv
+
+    handle, name = tempfile.mkstemp(dir=target.parent, prefix=_part_prefix(target), suffix=".part")
+    os.close(handle)
+    part = Path(name)
+    try:
+        write_jobs_csv(result, part)
+        _same_mode_and_owner(target, part)
+        try:
+            os.replace(part, target)
+        except OSError as exc:
+            if exc.errno not in (errno.EBUSY, errno.EXDEV):
+                raise
+            write_jobs_csv(result, target)  # a file that is its own mount (a bind mount): into it
+    finally:
+        with contextlib.suppress(OSError):
+            part.unlink(missing_ok=True)
+
+
+def _same_mode_and_owner(target: Path, part: Path) -> None:
+    """The part takes the old file's mode (and, where allowed, owner); a new file umask's mode
+    (mkstemp makes it 0600)."""
+    try:
+        old = os.stat(target)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(part, 0o666 & ~umask)
+        return
+    os.chmod(part, stat.S_IMODE(old.st_mode))
+    made = os.stat(part)
+    if (made.st_uid, made.st_gid) != (old.st_uid, old.st_gid):
+        with contextlib.suppress(OSError):  # only root may give a file away
+            os.chown(part, old.st_uid, old.st_gid)
 
 
 def _compare_specs(policies: str, output: str, knob: list[str]) -> tuple[list[str], dict[str, Any]]:
