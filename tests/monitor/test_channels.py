@@ -493,3 +493,21 @@ def test_a_send_whose_deadline_passed_while_connecting_does_not_wait_for_the_gre
         monkeypatch.undo()
         controller.stop()
     assert inbox.messages == []
+
+
+def test_an_alert_whose_stored_fingerprint_holds_a_line_break_is_emailed(smtp: tuple[int, Inbox]) -> None:
+    """review113 #2: the fingerprint header was not made one line (the Subject was), so
+    EmailMessage refused it and every email of the alert failed (stored before intake refused
+    such a fingerprint)."""
+    port, inbox = smtp
+    channel = EmailChannel.model_validate(
+        {"name": "mail", "type": "email", "smtp_host": "127.0.0.1", "smtp_port": port,
+         "from": "corral@example.org", "to": ["ops@example.org"], "timeout": 5}
+    )  # fmt: skip
+    alert = Alert(
+        name="GpuHot", severity="critical", labels={}, annotations={}, fingerprint="abc\ndef\u2028x",
+        source="alertmanager",
+    )  # fmt: skip
+    send_email(channel, alert, "firing")
+    (mail,) = inbox.messages
+    assert mail["X-Corral-Alert-Fingerprint"] == "abc def x"

@@ -210,3 +210,17 @@ def test_one_change_delivered_twice_at_once_is_one_change(mon: Mon, first: str |
         runs = db.scalars(select(RemediationRun.signal)).all()
     assert sorted(notes) == sorted([*([first] if first else []), "firing"])
     assert runs.count("CorralGpuEccErrors") == runs_before + 1  # the ECC rule ran once for the firing
+
+
+@pytest.mark.parametrize("bad", ["abc\ndef", "abc\rdef", "tab\there", "nel\x85x", "ls\u2028x"])
+def test_a_fingerprint_with_a_control_character_is_refused_naming_it(mon: Mon, bad: str) -> None:
+    """review113 #2: a fingerprint is the dedup key and an email header's value; one holding a
+    line break was stored, and every email notification of its alert then failed."""
+    body = payload()
+    body["alerts"][0]["fingerprint"] = bad
+    with mon.app_client() as client:
+        response = client.post(URL, json=body, headers=AUTH)
+    assert response.status_code == 400, response.text
+    detail = response.json()["detail"]
+    assert "alerts.0.fingerprint" in detail and "holds a control character" in detail, detail
+    assert counts(mon) == (0, 0)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 from sqlalchemy import ColumnElement, String, and_, cast, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -26,6 +26,8 @@ from corral.services.auth import Principal
 from corral.services.jobs import visibility
 
 ZERO_TIME = "0001-01-01T00:00:00Z"  # Alertmanager's "not set"
+NO_CONTROL_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"  # C0, DEL, C1, the Unicode line breaks
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _RFC3339 = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
 
 
@@ -51,7 +53,16 @@ class WebhookAlert(RequestBody):
     startsAt: str
     endsAt: str = ZERO_TIME
     generatorURL: str = ""
-    fingerprint: str = Field(default="", max_length=64)
+    fingerprint: str = Field(default="", max_length=64, json_schema_extra={"pattern": NO_CONTROL_PATTERN})
+
+    @field_validator("fingerprint")
+    @classmethod
+    def _fingerprint_has_no_control_characters(cls, value: str) -> str:
+        # the dedup key, and an email header's value: a line break made every email of the alert
+        # fail (EmailMessage refuses it), review113 #2
+        if bad := _CONTROL.search(value):
+            raise ValueError(f"'fingerprint' holds a control character ({bad.group()!r}); give it without")
+        return value
 
 
 class WebhookPayload(RequestBody):

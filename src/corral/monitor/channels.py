@@ -196,7 +196,7 @@ def send_email(channel: EmailChannel, alert: Alert, status: str) -> None:
     msg["Subject"] = one_line(summary_line(alert, status))  # a label value may hold a line break
     msg["From"] = channel.sender
     msg["To"] = ", ".join(channel.to)
-    msg["X-Corral-Alert-Fingerprint"] = alert.fingerprint
+    msg["X-Corral-Alert-Fingerprint"] = one_line(alert.fingerprint)  # stored before intake refused one
     msg.set_content(message_text(alert, status))
     deadline = SmtpDeadline(channel)
     try:
