@@ -511,3 +511,61 @@ def test_an_alert_whose_stored_fingerprint_holds_a_line_break_is_emailed(smtp: t
     send_email(channel, alert, "firing")
     (mail,) = inbox.messages
     assert mail["X-Corral-Alert-Fingerprint"] == "abc def x"
+
+
+def test_a_failed_page_send_skips_quit_and_a_quit_waits_one_timeout() -> None:
+    """review113 #3: after a failed send Mailer QUIT the connection with a whole send's deadline
+    (12 timeouts) before the failure's outcome was stored, so send and QUIT together could
+    outlast the message's claim. A failed send closes without QUIT; the QUIT at a pass's end is
+    bounded by one timeout (1 s here), not the send's 12 s, against a server answering QUIT a
+    line every 0.25 s for 5 s."""
+    from aiosmtpd.controller import Controller
+    from aiosmtpd.smtp import SMTP
+
+    from corral.monitor.pager import Mailer
+
+    quits: list[float] = []
+
+    class LongQuit(SMTP):
+        async def smtp_QUIT(self, arg: str) -> None:
+            quits.append(time.monotonic())
+            for line in range(20):
+                await asyncio.sleep(0.25)
+                await self.push(f"221-closing, line {line}")
+            await super().smtp_QUIT(arg)
+
+    class LongQuitController(Controller):
+        def factory(self) -> SMTP:
+            return LongQuit(self.handler, **self.SMTP_kwargs)
+
+    class RefusesBob(OncallInbox):
+        async def handle_RCPT(
+            self, server: Any, session: Any, envelope: Any, address: str, options: Any
+        ) -> str:
+            if address.startswith("bob@"):
+                return "550 no such user"
+            envelope.rcpt_tos.append(address)
+            return "250 OK"
+
+    inbox = RefusesBob()
+    controller = LongQuitController(inbox, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    try:
+        channel = EmailChannel.model_validate(
+            {"name": "mail", "type": "email", "smtp_host": "127.0.0.1", "smtp_port": controller.port,
+             "from": "corral@example.org", "to": ["ops@example.org"], "timeout": 1}
+        )  # fmt: skip
+        mailer = Mailer(channel)
+        started = time.monotonic()
+        with pytest.raises(ChannelError, match="no such user"):
+            mailer.send_text("bob@example.org", "[Corral page] disk full", "acknowledge: ...", {})
+        assert mailer.smtp is None and time.monotonic() - started < 1.0
+        time.sleep(0.2)
+        assert quits == []  # the connection was closed, never QUIT
+        mailer.send_text("alice@example.org", "[Corral page] disk full", "acknowledge: ...", {})
+        started = time.monotonic()
+        mailer.close()
+        assert len(quits) == 1 and time.monotonic() - started < 2.0
+        assert mailer.smtp is None and inbox.to() == ["alice@example.org"]
+    finally:
+        controller.stop()

@@ -76,15 +76,17 @@ class SmtpDeadline:
     the send waits for (a reply of many lines, the message's body); `failure` then names the
     deadline. A socket connected after the deadline is shut down as soon as it is (`opened`);
     only resolving the server's name, which no socket bounds, can outlast it. The timer does
-    nothing once the send has ended."""
+    nothing once the send has ended. `seconds`: another deadline than a whole send's (a QUIT's,
+    one operation: channel.timeout)."""
 
-    def __init__(self, channel: EmailChannel) -> None:
+    def __init__(self, channel: EmailChannel, seconds: float | None = None) -> None:
         self.channel = channel
+        self.seconds = channel.send_deadline_s if seconds is None else seconds
         self.expired = False
         self._smtp: smtplib.SMTP | None = None
         self._ended = False
         self._lock = threading.Lock()
-        self._timer = threading.Timer(channel.send_deadline_s, self._expire)
+        self._timer = threading.Timer(self.seconds, self._expire)
         self._timer.daemon = True
 
     def __enter__(self) -> SmtpDeadline:
@@ -131,7 +133,7 @@ class SmtpDeadline:
         channel, where = self.channel, f"SMTP {self.channel.smtp_host}:{self.channel.smtp_port}"
         if self.expired:
             return ChannelError(
-                f"{where}: the send did not end within its {channel.send_deadline_s:g} s deadline "
+                f"{where}: the send did not end within its {self.seconds:g} s deadline "
                 f"(the whole send's; the channel's timeout, {channel.timeout:g} s, bounds each operation)"
             )
         return ChannelError(f"{where}: {exc}")

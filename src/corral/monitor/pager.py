@@ -146,19 +146,28 @@ class Mailer:
                     deadline.watch(self.smtp)
                 self.smtp.send_message(msg)
         except (OSError, smtplib.SMTPException) as exc:
-            self.close()
+            self.abandon()  # no QUIT: its wait came before the failure's outcome was stored
             raise deadline.failure(exc) from exc
         if deadline.expired:  # as the send ended: the message went, its connection was shut down
-            self.close()
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Close the connection without QUIT: after a failed send (or one its deadline cut), a QUIT
+        waited on a live server before the message's outcome was stored, and with the send's own
+        wait could outlast the message's claim, when another server sends it again (review113 #3)."""
+        smtp, self.smtp = self.smtp, None
+        if smtp is not None:
+            smtp.close()
 
     def close(self) -> None:
-        """QUIT and close the connection, by a deadline of its own: a server answering QUIT a line
-        at a time, each within the timeout, held the pass's end (review112 #7)."""
+        """QUIT and close the connection, by a deadline of its own, one operation's (the channel's
+        timeout): a server answering QUIT a line at a time, each within the timeout, held the
+        pass's end (review112 #7)."""
         smtp, channel = self.smtp, self.channel
         if smtp is None or channel is None:
             return
         self.smtp = None
-        deadline = SmtpDeadline(channel)
+        deadline = SmtpDeadline(channel, channel.timeout)
         try:
             with deadline:
                 deadline.watch(smtp)
