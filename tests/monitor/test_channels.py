@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from email import message_from_bytes
@@ -569,3 +570,50 @@ def test_a_failed_page_send_skips_quit_and_a_quit_waits_one_timeout() -> None:
         assert mailer.smtp is None and inbox.to() == ["alice@example.org"]
     finally:
         controller.stop()
+
+
+def test_a_send_deadline_passing_during_the_starttls_handshake_ends_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """review113 #4: STARTTLS detaches the socket the deadline watched and the TLS socket made of
+    it is set only once the handshake ends, so the timer firing mid-handshake shut nothing down
+    and the handshake ran to its own timeout. A server here greets slowly (1.5 s), offers
+    STARTTLS and then never answers the handshake; the deadline (one operation: 3 s) ends it,
+    where the handshake's own timeout (3 s more) would have ended it at 4.5 s."""
+    monkeypatch.setattr(config, "SMTP_SEND_OPERATIONS", 1)
+    listener = socket.create_server(("127.0.0.1", 0))
+    ended = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            for line in range(6):
+                time.sleep(0.25)
+                conn.sendall(f"220-welcome, line {line}\r\n".encode())
+            conn.sendall(b"220 ready\r\n")
+            reader = conn.makefile("rb")
+            reader.readline()  # EHLO
+            conn.sendall(b"250-localhost\r\n250 STARTTLS\r\n")
+            reader.readline()  # STARTTLS
+            conn.sendall(b"220 go ahead\r\n")
+            while conn.recv(4096):  # the ClientHello, never answered, until the client's end
+                pass
+        ended.set()
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    alert = Alert(
+        name="GpuHot", severity="critical", labels={}, annotations={}, fingerprint="f", source="corral"
+    )
+    channel = EmailChannel.model_validate(
+        {"name": "mail", "type": "email", "smtp_host": "127.0.0.1", "smtp_port": listener.getsockname()[1],
+         "from": "corral@example.org", "to": ["ops@example.org"], "starttls": True, "timeout": 3}
+    )  # fmt: skip
+    started = time.monotonic()
+    try:
+        with pytest.raises(ChannelError, match=r"the send did not end within its 3 s deadline"):
+            send_email(channel, alert, "firing")
+        assert time.monotonic() - started < 4.0
+        assert ended.wait(2.0)  # the connection was ended, not left open
+    finally:
+        listener.close()

@@ -84,6 +84,7 @@ class SmtpDeadline:
         self.seconds = channel.send_deadline_s if seconds is None else seconds
         self.expired = False
         self._smtp: smtplib.SMTP | None = None
+        self._connection: socket.socket | None = None  # a dup of the socket opened, see opened()
         self._ended = False
         self._lock = threading.Lock()
         self._timer = threading.Timer(self.seconds, self._expire)
@@ -97,6 +98,9 @@ class SmtpDeadline:
         self._timer.cancel()
         with self._lock:  # a timer already firing finishes first; one firing later does nothing
             self._ended = True
+            connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()  # the dup only: the connection itself lives on in its SMTP object
 
     def watch(self, smtp: smtplib.SMTP) -> None:
         """Shut `smtp`'s socket down (the one it has then: STARTTLS replaces it) at the deadline."""
@@ -113,18 +117,28 @@ class SmtpDeadline:
     def opened(self, sock: socket.socket) -> None:
         """The watched connection's socket, just connected: shut down at once if the deadline
         passed while the address was resolved or tried (the timer found no socket then), so that
-        the server's greeting, however many lines, is not waited for (review112 #8)."""
+        the server's greeting, however many lines, is not waited for (review112 #8). A dup of it
+        is kept for the timer: smtplib sets `smtp.sock` only after this returns, and STARTTLS
+        detaches it (the TLS socket made from it is set only once the handshake ends), so the
+        timer firing then found no socket, or a closed one, and the greeting or the handshake ran
+        on; shutting the dup down ends the connection under every socket made of it (review113 #4)."""
         with self._lock:
-            if self.expired and not self._ended:
+            if self._ended:
+                return
+            if self.expired:
                 _shut_down(sock)
+            elif self._connection is None:
+                self._connection = sock.dup()
 
     def _expire(self) -> None:
         with self._lock:
             if self._ended:
                 return
             self.expired = True
+            if self._connection is not None:
+                _shut_down(self._connection)
             sock = self._smtp.sock if self._smtp is not None else None
-            if sock is not None:
+            if sock is not None:  # a connection this deadline did not see opened (Mailer's next send)
                 _shut_down(sock)
 
     def failure(self, exc: BaseException) -> ChannelError:
