@@ -617,3 +617,36 @@ def test_a_send_deadline_passing_during_the_starttls_handshake_ends_it(
         assert ended.wait(2.0)  # the connection was ended, not left open
     finally:
         listener.close()
+
+
+def test_an_alert_email_accepted_is_sent_whatever_the_server_answers_to_quit() -> None:
+    """review113 #5: smtplib's `with` raised for a QUIT answered other than 221, after the server
+    had accepted the message (250 to its DATA): the notification counted as failed and the alert
+    was emailed again at each retry."""
+    from aiosmtpd.controller import Controller
+    from aiosmtpd.smtp import SMTP
+
+    class RefusedQuit(SMTP):
+        async def smtp_QUIT(self, arg: str) -> None:
+            await self.push("451 cannot say goodbye now")
+            self.transport.close()
+
+    class RefusedQuitController(Controller):
+        def factory(self) -> SMTP:
+            return RefusedQuit(self.handler, **self.SMTP_kwargs)
+
+    inbox = OncallInbox()
+    controller = RefusedQuitController(inbox, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    alert = Alert(
+        name="GpuHot", severity="critical", labels={}, annotations={}, fingerprint="f", source="corral"
+    )
+    try:
+        channel = EmailChannel.model_validate(
+            {"name": "mail", "type": "email", "smtp_host": "127.0.0.1", "smtp_port": controller.port,
+             "from": "corral@example.org", "to": ["ops@example.org"], "timeout": 5}
+        )  # fmt: skip
+        send_email(channel, alert, "firing")  # no ChannelError
+    finally:
+        controller.stop()
+    assert [str(m["Subject"]) for m in inbox.messages] == ["[FIRING] GpuHot (critical)"]

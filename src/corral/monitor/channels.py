@@ -7,6 +7,7 @@ exponential backoff, until `retry.max_attempts` (then `given_up`). Intake never 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import smtplib
@@ -216,8 +217,16 @@ def send_email(channel: EmailChannel, alert: Alert, status: str) -> None:
     msg.set_content(message_text(alert, status))
     deadline = SmtpDeadline(channel)
     try:
-        with deadline, open_smtp(channel, deadline) as smtp:
-            smtp.send_message(msg)
+        with deadline:
+            smtp = open_smtp(channel, deadline)
+            try:
+                smtp.send_message(msg)
+                # Not smtplib's `with`: its exit raised for a QUIT answered other than 221, after
+                # the server had accepted the message, which was then sent again (review113 #5)
+                with contextlib.suppress(OSError, smtplib.SMTPException):
+                    smtp.quit()
+            finally:
+                smtp.close()
     except (OSError, smtplib.SMTPException) as exc:
         raise deadline.failure(exc) from exc
 
