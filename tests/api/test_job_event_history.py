@@ -70,7 +70,10 @@ def test_corral_events_and_the_sdk_say_what_they_leave_out(world: World, server_
     code, out = run(world, server_url, "alice", "events", str(job))
     assert code == 0, out
     assert f"{EVENTS_SHOWN} events" in out and "cancelled" in out
-    assert f"{earlier} earlier events not shown: corral events {job} --skip {EVENTS_SHOWN}" in out
+    first_shown = world.client.get(f"{JOBS}/{job}/events", headers=world.as_("alice")).json()[0]["id"]
+    assert f"{earlier} earlier events not shown: corral events {job} --before {first_shown}" in out
+    code, out = run(world, server_url, "alice", "events", str(job), "--before", str(first_shown))
+    assert code == 0 and f"{earlier} events" in out and "earlier event" not in out, out
     code, out = run(world, server_url, "alice", "events", str(job), "--skip", str(EVENTS_SHOWN))
     assert code == 0 and f"{earlier} events" in out and "earlier event" not in out, out
     token = world.as_("alice")["Authorization"].split()[1]
@@ -79,3 +82,34 @@ def test_corral_events_and_the_sdk_say_what_they_leave_out(world: World, server_
         assert len(rows) == EVENTS_SHOWN and left_out == earlier
         assert rows[-1]["to_state"] == "cancelled"
         assert len(c.events(job, skip=EVENTS_SHOWN)) == earlier
+
+
+def test_paging_back_by_event_id_stays_put_while_the_job_adds_events(world: World) -> None:
+    """review113 #6: paging by `skip` counts from the newest, so each event added meanwhile (a
+    running job's transition, a label edit) showed again on the next page; `before` the first
+    event's id shows the same page however many are added, and its count of earlier events
+    (read with the rows) is the same too."""
+    job, total = a_long_history(world)
+    first = world.client.get(f"{JOBS}/{job}/events", headers=world.as_("alice")).json()
+    cursor = first[0]["id"]
+    back = world.client.get(
+        f"{JOBS}/{job}/events", params={"before": cursor, "limit": 5}, headers=world.as_("alice")
+    )
+    assert back.headers["X-Corral-Earlier-Events"] == str(total - EVENTS_SHOWN - 5)
+    assert all(e["id"] < cursor for e in back.json()) and len(back.json()) == 5
+    with world.session_factory() as db:
+        for step in range(3):
+            record_event(db, job, time.time(), f"labels changed by alice: late={step}", kind="labels")
+        db.commit()
+    again = world.client.get(
+        f"{JOBS}/{job}/events", params={"before": cursor, "limit": 5}, headers=world.as_("alice")
+    )
+    assert (
+        again.json() == back.json()
+        and again.headers["X-Corral-Earlier-Events"] == back.headers["X-Corral-Earlier-Events"]
+    )
+    newest = world.client.get(f"{JOBS}/{job}/events", headers=world.as_("alice"))
+    assert newest.headers["X-Corral-Earlier-Events"] == str(total + 3 - EVENTS_SHOWN)
+    assert newest.json()[-1]["message"] == "labels changed by alice: late=2"
+    r = world.client.get(f"{JOBS}/{job}/events", params={"before": 0}, headers=world.as_("alice"))
+    assert r.status_code == 422 and "before" in r.text

@@ -80,7 +80,7 @@ def test_the_timeline_of_a_long_history_shows_its_newest_events_and_says_what_it
     page = portal.login("root", path=f"/jobs/{job_id}")
     expect(page.locator("ol.timeline")).to_contain_text("labels changed by root: trial=510")
     expect(page.locator("p.earlier-events")).to_have_text(
-        re.compile(rf"^\d+ earlier events? not shown: corral events {job_id} --skip 500$")
+        re.compile(rf"^\d+ earlier events? not shown: corral events {job_id} --before \d+$")
     )
     assert page.js_errors == []
 

@@ -259,6 +259,7 @@ class HoldOut(BaseModel):
 
 
 class EventOut(BaseModel):
+    id: int  # the cursor of a page back: GET /jobs/{id}/events?before=ID
     at: float
     kind: str
     from_state: str | None

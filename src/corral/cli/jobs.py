@@ -656,14 +656,24 @@ def events(
     job_id: Annotated[int, typer.Argument(metavar="JOB")],
     skip: Annotated[
         int,
-        typer.Option("--skip", min=0, help="leave out the newest N events: page back through a long history"),
+        typer.Option("--skip", min=0, help="leave out the newest N events (counted from the newest)"),
     ] = 0,
+    before: Annotated[
+        int | None,
+        typer.Option(
+            "--before",
+            min=1,
+            metavar="EVENT",
+            help="only events older than event id EVENT: page back through a long history (the line "
+            "under the table names it; stays put while the job adds events)",
+        ),
+    ] = None,
     output: OutputOpt = Output.table,
 ) -> None:
     """A job's history: when it was submitted, held, released, placed, started, relabelled,
     requeued, ended. Its newest 500 events, oldest first, and how many earlier ones are not shown."""
     with client() as c:
-        rows, earlier = c.events_page(job_id, skip=skip)
+        rows, earlier = c.events_page(job_id, skip=skip, before=before)
     if output is Output.json:
         print_json(rows)
         return
@@ -676,7 +686,7 @@ def events(
     out.print(f"{plural(len(rows), 'event')}")
     if earlier:
         out.print(
-            f"{plural(earlier, 'earlier event')} not shown: corral events {job_id} --skip {skip + len(rows)}"
+            f"{plural(earlier, 'earlier event')} not shown: corral events {job_id} --before {rows[0]['id']}"
         )
 
 

@@ -225,15 +225,20 @@ class JobsApi(BaseClient):
         """Delete a finished job and its logs (owner or admin)."""
         self.request("DELETE", f"/jobs/{seg(job_id)}")
 
-    def events(self, job_id: int, *, skip: int = 0, limit: int = 500) -> list[dict[str, Any]]:
-        """A job's newest events (`limit`, 500 at most) after its newest `skip`, oldest first."""
-        return self.events_page(job_id, skip=skip, limit=limit)[0]
+    def events(
+        self, job_id: int, *, skip: int = 0, limit: int = 500, before: int | None = None
+    ) -> list[dict[str, Any]]:
+        """A job's newest events (`limit`, 500 at most) after its newest `skip`, oldest first; of
+        those older than the event with id `before` if given (page back with the first's "id")."""
+        return self.events_page(job_id, skip=skip, limit=limit, before=before)[0]
 
     def events_page(
-        self, job_id: int, *, skip: int = 0, limit: int = 500
+        self, job_id: int, *, skip: int = 0, limit: int = 500, before: int | None = None
     ) -> tuple[list[dict[str, Any]], int]:
         """As `events`, and how many of the job's events come before the first of them."""
-        params = {"skip": skip, "limit": limit}
+        params: dict[str, int] = {"skip": skip, "limit": limit}
+        if before is not None:
+            params["before"] = before
         rows, headers = self.request_with_headers("GET", f"/jobs/{seg(job_id)}/events", params=params)
         return rows, int(headers.get("X-Corral-Earlier-Events", "0"))
 

@@ -676,16 +676,23 @@ def get_job(session: Session, principal: Principal, job_id: int, *, for_update: 
 EVENTS_SHOWN = 500  # a job's history views show its newest events, this many at most
 
 
-def job_events(session: Session, job_id: int, limit: int = EVENTS_SHOWN, skip: int = 0) -> JobHistory:
-    """The job's newest `limit` events after its newest `skip` (to page back), oldest first, and
-    how many come before them. A job's events have no bound (each label edit, each requeue adds
-    one), and the views read the oldest 500: a job's latest history, its end included, dropped out
-    of them without notice (review112 #3)."""
-    of_job = JobEvent.job_id == job_id
-    total = session.scalar(select(func.count()).select_from(JobEvent).where(of_job)) or 0
-    newest = select(JobEvent).where(of_job).order_by(JobEvent.id.desc()).offset(skip).limit(limit)
-    events = list(session.scalars(newest))[::-1]
-    return JobHistory(events, max(0, total - skip - len(events)))
+def job_events(
+    session: Session, job_id: int, limit: int = EVENTS_SHOWN, skip: int = 0, before: int | None = None
+) -> JobHistory:
+    """The job's newest `limit` events after its newest `skip` (to page back), of those before the
+    event with id `before` if given (a page that stays put while events are added), oldest
+    first, and how many come before them. A job's events have no bound (each label edit, each
+    requeue adds one), and the views read the oldest 500: a job's latest history, its end
+    included, dropped out of them without notice (review112 #3). The count is read beside the
+    rows, in one statement: counted apart, an event added in between (PostgreSQL reads each
+    statement at its own snapshot) made it one short (review113 #6)."""
+    conds = [JobEvent.job_id == job_id] + ([JobEvent.id < before] if before is not None else [])
+    total = func.count().over().label("total")  # all that match, before the offset and limit
+    newest = select(JobEvent, total).where(*conds).order_by(JobEvent.id.desc()).offset(skip).limit(limit)
+    rows = session.execute(newest).all()
+    events = [event for event, _ in reversed(rows)]
+    matching = rows[0].total if rows else 0  # none: skipped past them all, none earlier either
+    return JobHistory(events, max(0, matching - skip - len(events)))
 
 
 def cancel_job(

@@ -72,6 +72,7 @@ class WatchView(TypedDict):
 
 
 class EventView(TypedDict):
+    id: int  # the cursor of a page back: GET /jobs/{id}/events?before=ID
     at: float
     kind: str
     from_state: str | None
@@ -283,6 +284,7 @@ class JobHistory:
 
 def event_view(event: JobEvent) -> EventView:
     return {
+        "id": event.id,
         "at": event.at,
         "kind": event.kind,
         "from_state": event.from_state,

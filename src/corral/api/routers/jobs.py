@@ -451,11 +451,14 @@ def events(
     response: Response,
     skip: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=svc.EVENTS_SHOWN)] = svc.EVENTS_SHOWN,
+    before: Annotated[int | None, Query(ge=1, le=MAX_ROW_ID)] = None,
 ) -> Any:
-    """A job's newest `limit` events after its newest `skip` (to page back), oldest first. The
+    """A job's newest `limit` events after its newest `skip`, of those older than the event with
+    id `before` if given, oldest first: page back with `before` the first event's id (a page that
+    stays put while the job adds events; `skip` counts from the newest, so it shifts). The
     X-Corral-Earlier-Events header: how many of its events come before the first of them."""
     job = svc.get_job(db, principal, job_id)
-    history = svc.job_events(db, job.id, limit=limit, skip=skip)
+    history = svc.job_events(db, job.id, limit=limit, skip=skip, before=before)
     response.headers[EARLIER_EVENTS_HEADER] = str(history.earlier)
     return [event_view(e) for e in history.events]
 

@@ -254,7 +254,7 @@ function drawTimeline(root, job) {
     section(
       "Timeline",
       earlier
-        ? h("p", { class: "muted earlier-events" }, `${earlier} earlier event${earlier === 1 ? "" : "s"} not shown: corral events ${job.id} --skip ${events.length}`)
+        ? h("p", { class: "muted earlier-events" }, `${earlier} earlier event${earlier === 1 ? "" : "s"} not shown: corral events ${job.id} --before ${events[0].id}`)
         : null,
       events.length
         ? h(
