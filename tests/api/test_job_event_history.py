@@ -6,6 +6,7 @@ page back through them."""
 
 from __future__ import annotations
 
+import json
 import time
 
 from corral.sdk import Client
@@ -76,6 +77,9 @@ def test_corral_events_and_the_sdk_say_what_they_leave_out(world: World, server_
     assert code == 0 and f"{earlier} events" in out and "earlier event" not in out, out
     code, out = run(world, server_url, "alice", "events", str(job), "--skip", str(EVENTS_SHOWN))
     assert code == 0 and f"{earlier} events" in out and "earlier event" not in out, out
+    code, out = run(world, server_url, "alice", "events", str(job), "-o", "json")  # review113 #7
+    shown = json.loads(out)
+    assert code == 0 and shown["earlier_events"] == earlier and len(shown["events"]) == EVENTS_SHOWN, out
     token = world.as_("alice")["Authorization"].split()[1]
     with Client(server_url, token=token) as c:
         rows, left_out = c.events_page(job)
@@ -113,3 +117,15 @@ def test_paging_back_by_event_id_stays_put_while_the_job_adds_events(world: Worl
     assert newest.json()[-1]["message"] == "labels changed by alice: late=2"
     r = world.client.get(f"{JOBS}/{job}/events", params={"before": 0}, headers=world.as_("alice"))
     assert r.status_code == 422 and "before" in r.text
+
+
+def test_the_earlier_events_header_is_in_the_openapi_schema(world: World) -> None:
+    """review113 #7: the route declared no header, so X-Corral-Earlier-Events was invisible in
+    /openapi.json (generated clients never read it)."""
+    schema = world.client.get("/openapi.json").json()
+    ok = schema["paths"]["/api/v1/jobs/{job_id}/events"]["get"]["responses"]["200"]
+    assert ok["content"]["application/json"]["schema"]["type"] == "array"  # the events, still
+    header = ok["headers"]["X-Corral-Earlier-Events"]
+    assert (
+        header["schema"] == {"type": "integer", "minimum": 0} and "before the first" in header["description"]
+    )

@@ -671,11 +671,12 @@ def events(
     output: OutputOpt = Output.table,
 ) -> None:
     """A job's history: when it was submitted, held, released, placed, started, relabelled,
-    requeued, ended. Its newest 500 events, oldest first, and how many earlier ones are not shown."""
+    requeued, ended. Its newest 500 events, oldest first, and how many earlier ones are not shown
+    (-o json: {"events": [...], "earlier_events": N}, as GET /jobs/{id} names them)."""
     with client() as c:
         rows, earlier = c.events_page(job_id, skip=skip, before=before)
-    if output is Output.json:
-        print_json(rows)
+    if output is Output.json:  # the count too: a script must tell a history cut short (review113 #7)
+        print_json({"events": rows, "earlier_events": earlier})
         return
     table = Table("TIME", "KIND", "STATE", "MESSAGE", box=None)
     for event in rows:

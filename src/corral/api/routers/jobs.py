@@ -443,7 +443,20 @@ def delete(job_id: RowId, request: Request, db: DB, principal: CurrentUser) -> R
 EARLIER_EVENTS_HEADER = "X-Corral-Earlier-Events"
 
 
-@router.get("/jobs/{job_id}/events", response_model=list[EventOut])
+@router.get(
+    "/jobs/{job_id}/events",
+    response_model=list[EventOut],
+    responses={
+        200: {
+            "headers": {
+                EARLIER_EVENTS_HEADER: {
+                    "description": "how many of the job's events come before the first of these",
+                    "schema": {"type": "integer", "minimum": 0},
+                }
+            }
+        }
+    },
+)
 def events(
     job_id: RowId,
     db: DB,
