@@ -13,6 +13,11 @@ writes on first start (it prints where, not the token). Job supervisors are deta
 server on purpose (they outlive it), so `stop()` also ends the job processes started under this
 home.
 
+A server on SQLite started on a home without a database gets a copy of one the harness migrated
+once per process (`tests.support.copy_migrated_sqlite`; the server's own `init_db` then finds it
+at head): the migrations cost seconds per start. `corral up` (via_cli) and `--demo` starts migrate
+a fresh home themselves, as a first start does.
+
 Jobs run sandboxed (bubblewrap, cgroups). Only outside CI (`tests.support.in_ci()`) may a server
 fall back to running them unsandboxed on a machine without isolation (CORRAL_ALLOW_UNISOLATED);
 in CI a machine without isolation fails at start-up, naming what is missing, instead of letting
@@ -36,7 +41,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from tests.support import free_port, in_ci
+from tests.support import copy_migrated_sqlite, free_port, in_ci
 
 TOKEN_LINE = re.compile(r"Admin token \(shown once\): (\S+)")
 TOKEN_FILE_LINE = re.compile(r"Admin token written to (\S+)")
@@ -267,6 +272,8 @@ def start_server(
     own = home is None
     path = Path(tempfile.mkdtemp(prefix="corral-test-")) if home is None else Path(home)
     path.mkdir(parents=True, exist_ok=True)
+    if database_url is None and not (via_cli or demo) and not (path / "corral.db").exists():
+        copy_migrated_sqlite(path / "corral.db")
     server = CorralServer(
         home=path,
         port=port or free_port(),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import shutil
 import socket
@@ -46,6 +48,35 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@functools.cache
+def _migrated_sqlite_template() -> Path:
+    """A SQLite database migrated to the newest schema by `init_db`, once per process (removed at
+    its exit): the template that `copy_migrated_sqlite` copies."""
+    from corral.db.session import init_db
+
+    folder = Path(tempfile.mkdtemp(prefix="corral-db-template-"))
+    atexit.register(shutil.rmtree, folder, True)
+    path = folder / "corral.db"
+    init_db(f"sqlite:///{path}")  # its engine is disposed: the WAL is checkpointed into the file
+    leftover = [p.name for p in folder.iterdir() if p != path]
+    assert not leftover, f"the migrated template left {leftover} beside it: not a whole copy"
+    return path
+
+
+def copy_migrated_sqlite(path: Path) -> str:
+    """Put a SQLite database with the newest schema at `path` (mode 0600, as the server makes
+    it); its URL. Alembic's 38+ migrations take 1-2 s on a fresh file (more on a loaded machine),
+    once per test that wanted a fresh database; the copy of one migrated file takes milliseconds
+    and is what `init_db` makes of an empty file (a later `init_db` finds it at head). The
+    migrations themselves are tested on fresh databases in tests/api/test_migrations.py."""
+    template = _migrated_sqlite_template()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out, template.open("rb") as source:
+        shutil.copyfileobj(source, out)
+    return f"sqlite:///{path}"
 
 
 @contextmanager

@@ -19,6 +19,7 @@ from corral.db.session import init_db, make_engine, make_session_factory
 from corral.monitor.middleware import install
 from corral.services import auth
 from tests.monitor.synthetic import ClusterShape, seed_cluster
+from tests.support import copy_migrated_sqlite
 
 WEBHOOK_TOKEN = "test-webhook-secret"
 
@@ -44,7 +45,7 @@ def mon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mon]:
     home.mkdir()
     monkeypatch.setenv("CORRAL_MONITOR_WEBHOOK_TOKEN", WEBHOOK_TOKEN)
     monkeypatch.delenv("CORRAL_MONITOR_CONFIG_FILE", raising=False)
-    url = f"sqlite:///{home / 'corral.db'}"
+    url = copy_migrated_sqlite(home / "corral.db")  # a copy: no migrations per test (tests/support.py)
     init_db(url)
     engine = make_engine(url)
     factory = make_session_factory(engine)

@@ -21,6 +21,7 @@ from corral.config import Settings
 from corral.db.session import init_db, make_engine, make_session_factory
 from corral.services import accounts, auth
 from tests.oncall.conftest import hook, postgres_server, smtp
+from tests.support import copy_migrated_sqlite
 
 __all__ = ["hook", "postgres_server", "smtp"]  # the fixtures, for this directory's tests
 LOOPBACK = "127.0.0.0/8"
@@ -52,9 +53,9 @@ def team(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mon
     home.mkdir()
     monkeypatch.setenv("CORRAL_PUBLIC_URL", "http://corral.test")
     if getattr(request, "param", "sqlite") == "postgres":
-        url = request.getfixturevalue("postgres_server").create_database()
+        url = request.getfixturevalue("postgres_server").create_migrated_database()
     else:
-        url = f"sqlite:///{home / 'corral.db'}"
+        url = copy_migrated_sqlite(home / "corral.db")  # a copy: no migrations per test (tests/support.py)
     init_db(url)
     engine = make_engine(url)
     factory = make_session_factory(engine)

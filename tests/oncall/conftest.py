@@ -30,7 +30,7 @@ from corral.db.session import init_db, make_engine, make_session_factory
 from corral.monitor.config import MonitorConfig
 from corral.services import auth
 from tests.pg import postgres_server
-from tests.support import free_port
+from tests.support import copy_migrated_sqlite, free_port
 from tests.webhook_server import WebhookServer, serve_webhook
 
 __all__ = ["postgres_server"]  # the fixture, for tests that run on PostgreSQL too
@@ -183,9 +183,9 @@ def env(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Monk
     home.mkdir()
     monkeypatch.setenv("CORRAL_PUBLIC_URL", "http://corral.test")
     if getattr(request, "param", "sqlite") == "postgres":
-        url = request.getfixturevalue("postgres_server").create_database()
+        url = request.getfixturevalue("postgres_server").create_migrated_database()
     else:
-        url = f"sqlite:///{home / 'corral.db'}"
+        url = copy_migrated_sqlite(home / "corral.db")  # a copy: no migrations per test (tests/support.py)
     init_db(url)
     engine = make_engine(url)
     factory = make_session_factory(engine)
