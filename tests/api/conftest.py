@@ -46,9 +46,19 @@ def wipe(engine: sa.Engine) -> None:
     tables = [t for t in sa.inspect(engine).get_table_names() if t != "alembic_version"]
     if engine.dialect.name == "postgresql":
         with engine.begin() as conn:
-            # TRUNCATE fires no row triggers, so the audit log's guard does not refuse it.
-            tables = [t for t in tables if t != "audit_purge_gate"]
-            conn.execute(sa.text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
+            # DELETE with triggers off (the replica role: no foreign-key checks, and the audit
+            # log's guard does not refuse): TRUNCATE made every table's files anew, 0.05-0.3 s a
+            # test, where deleting the few rows a test leaves costs next to nothing.
+            conn.execute(sa.text("SET LOCAL session_replication_role = replica"))
+            for table in tables:
+                if table != "audit_purge_gate":
+                    conn.execute(sa.text(f'DELETE FROM "{table}"'))
+            # Ids restart at 1, as TRUNCATE's RESTART IDENTITY had them: each sequence drawn from.
+            drawn = conn.execute(
+                sa.text("SELECT schemaname, sequencename FROM pg_sequences WHERE last_value IS NOT NULL")
+            ).all()
+            for schema, name in drawn:
+                conn.execute(sa.text("SELECT setval(:seq, 1, false)"), {"seq": f'"{schema}"."{name}"'})
         return
     with engine.connect() as conn:
         # SQLite changes foreign_keys outside a transaction only (inside one the PRAGMA does
