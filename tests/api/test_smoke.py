@@ -28,3 +28,31 @@ def test_literal_paths_are_built_at_start_up_not_by_the_first_request(world: Wor
     app = cast(FastAPI, world.client.app)  # the fixture started it and sent nothing yet
     paths = app.state.literal_paths
     assert paths["/api/v1/jobs"] >= {"GET", "POST"}
+
+
+def test_apps_with_the_same_routers_share_their_literal_paths_and_others_do_not(
+    world: World,
+) -> None:
+    """Walking every route's context costs ~0.1 s per app, and every create_app includes the
+    same routers: the table is built once per process for them. An app whose routes differ (one
+    more route here) gets a table of its own, with that route in it."""
+    from fastapi import APIRouter
+
+    from corral.api import conformance
+
+    first = cast(FastAPI, world.client.app)
+    shared = conformance.literal_paths(first)
+    router = APIRouter()
+    router.add_api_route("/api/v1/jobs/only-here", lambda: None, methods=["GET"])
+    other = FastAPI(openapi_url=None)  # no routes of its own: only those copied below
+    for route in first.router.routes:
+        other.router.routes.append(route)
+    other.include_router(router)
+    assert conformance._routes_key(other.router.routes) != conformance._routes_key(first.router.routes)
+    own = conformance.literal_paths(other)
+    assert own is not shared and own["/api/v1/jobs/only-here"] == {"GET"}
+    assert "/api/v1/jobs/only-here" not in shared
+    again = FastAPI(openapi_url=None)
+    for route in first.router.routes:
+        again.router.routes.append(route)
+    assert conformance.literal_paths(again) is shared

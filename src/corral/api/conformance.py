@@ -29,7 +29,7 @@ Installed once by the app factory; a new router gets all of this without doing a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
 
@@ -498,16 +498,53 @@ def allowed_methods(app: Any, path: str) -> set[str]:
 
 
 def literal_paths(app: Any) -> dict[str, frozenset[str]]:
-    """{path: methods} of the routes without parameters (computed once per app)."""
+    """{path: methods} of the routes without parameters (computed once per app, and once per
+    process for apps whose routes come from the same routers: see `_routes_key`)."""
     cached: dict[str, frozenset[str]] | None = getattr(app.state, "literal_paths", None)
     if cached is None:
-        found: dict[str, set[str]] = {}
-        for route in iter_route_contexts(app.router.routes):
-            if route.methods and route.path and "{" not in route.path:
-                found.setdefault(route.path, set()).update(route.methods)
-        cached = {path: frozenset(methods) for path, methods in found.items()}
+        key = _routes_key(app.router.routes)
+        shared = _LITERAL_PATHS_BY_ROUTES.get(key) if key is not None else None
+        if shared is None:
+            found: dict[str, set[str]] = {}
+            for route in iter_route_contexts(app.router.routes):
+                if route.methods and route.path and "{" not in route.path:
+                    found.setdefault(route.path, set()).update(route.methods)
+            cached = {path: frozenset(methods) for path, methods in found.items()}
+            if key is not None:
+                _LITERAL_PATHS_BY_ROUTES[key] = (cached, _routers_of(app.router.routes))
+        else:
+            cached = shared[0]
         app.state.literal_paths = cached
     return cached
+
+
+# Walking every route's effective context costs ~0.1-0.25 s of CPU per app, and every app built
+# by create_app includes the same module-level routers (a test run builds ~1,000 apps). Keyed by
+# what decides the literal paths; the routers are kept alive with the entry so that their ids
+# cannot be reused by other objects.
+_LITERAL_PATHS_BY_ROUTES: dict[tuple[Any, ...], tuple[dict[str, frozenset[str]], list[Any]]] = {}
+
+
+def _routes_key(routes: Sequence[Any]) -> tuple[Any, ...] | None:
+    """What a list of top-level routes' literal paths depend on: an included router's identity,
+    prefix and route count (FastAPI 0.163 includes routers lazily, as `_IncludedRouter`), a plain
+    route's class, path and methods. None (no sharing) for any route of another shape."""
+    parts: list[Any] = []
+    for route in routes:
+        original = getattr(route, "original_router", None)
+        context = getattr(route, "include_context", None)
+        if original is not None and context is not None:
+            parts.append(("router", id(original), context.prefix, len(original.routes)))
+        elif isinstance(getattr(route, "path", None), str):
+            methods = getattr(route, "methods", None)
+            parts.append((type(route).__qualname__, route.path, frozenset(methods or ())))
+        else:
+            return None
+    return tuple(parts)
+
+
+def _routers_of(routes: Sequence[Any]) -> list[Any]:
+    return [route.original_router for route in routes if hasattr(route, "original_router")]
 
 
 class LiteralPaths:
