@@ -574,3 +574,26 @@ def test_jobs_out_writes_into_a_pipe_given_as_a_dev_fd_path(tmp_path: Path) -> N
                 os.close(fd)
     assert res.exit_code == 0, res.output
     assert rows[0] == "time,job_id,event,nodes,gpus,reason" and len(rows) > 3
+
+
+def test_jobs_out_in_dev_shm_is_a_file_and_a_symlink_loop_is_one_line(tmp_path: Path) -> None:
+    """review114 #1, #2, #4: every path in /dev was written in place, so a new file in /dev/shm
+    was refused as missing; a process's own streams are still written into (renaming over what
+    /dev/stdout leads to would replace the file stdout writes to); a symlink loop was a
+    traceback before the replay."""
+    from corral.cli.sim import _jobs_out_in_place
+
+    assert not _jobs_out_in_place(Path("/dev/shm/corral-no-such-file.csv"))
+    for streams in ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"):
+        assert _jobs_out_in_place(Path(streams)), streams
+    csv, yaml = _files(tmp_path)
+    loop = tmp_path / "loop.csv"
+    loop.symlink_to(loop)
+    res = CliRunner().invoke(
+        app, ["sim", "--trace", str(csv), "--cluster", str(yaml), "--jobs-out", str(loop)]
+    )
+    assert isinstance(res.exception, SystemExit), res.exception  # not a traceback
+    assert res.exit_code == 2, res.output
+    assert res.stderr.strip().splitlines() == [
+        f"error: --jobs-out {loop}: cannot write it (Too many levels of symbolic links)"
+    ]

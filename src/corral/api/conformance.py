@@ -511,6 +511,8 @@ def literal_paths(app: Any) -> dict[str, frozenset[str]]:
                     found.setdefault(route.path, set()).update(route.methods)
             cached = {path: frozenset(methods) for path, methods in found.items()}
             if key is not None:
+                if len(_LITERAL_PATHS_BY_ROUTES) >= _LITERAL_PATHS_KEPT:  # the oldest goes
+                    del _LITERAL_PATHS_BY_ROUTES[next(iter(_LITERAL_PATHS_BY_ROUTES))]
                 _LITERAL_PATHS_BY_ROUTES[key] = (cached, _routers_of(app.router.routes))
         else:
             cached = shared[0]
@@ -522,19 +524,23 @@ def literal_paths(app: Any) -> dict[str, frozenset[str]]:
 # by create_app includes the same module-level routers (a test run builds ~1,000 apps). Keyed by
 # what decides the literal paths; the routers are kept alive with the entry so that their ids
 # cannot be reused by other objects.
+_LITERAL_PATHS_KEPT = 16  # route sets per process: one in a server, a few in a test run
 _LITERAL_PATHS_BY_ROUTES: dict[tuple[Any, ...], tuple[dict[str, frozenset[str]], list[Any]]] = {}
 
 
 def _routes_key(routes: Sequence[Any]) -> tuple[Any, ...] | None:
     """What a list of top-level routes' literal paths depend on: an included router's identity,
-    prefix and route count (FastAPI 0.163 includes routers lazily, as `_IncludedRouter`), a plain
+    prefix, route count and FastAPI's count of its changes (nested routers' included; FastAPI 0.163
+    includes routers lazily, as `_IncludedRouter`), a plain
     route's class, path and methods. None (no sharing) for any route of another shape."""
     parts: list[Any] = []
     for route in routes:
         original = getattr(route, "original_router", None)
         context = getattr(route, "include_context", None)
         if original is not None and context is not None:
-            parts.append(("router", id(original), context.prefix, len(original.routes)))
+            # FastAPI counts a router's changes, nested routers' included (private: 0 without it)
+            version = getattr(original, "_get_routes_version", lambda: 0)()
+            parts.append(("router", id(original), context.prefix, len(original.routes), version))
         elif isinstance(getattr(route, "path", None), str):
             methods = getattr(route, "methods", None)
             parts.append((type(route).__qualname__, route.path, frozenset(methods or ())))

@@ -368,7 +368,7 @@ def _not_an_input(files: dict[str, Path | None], inputs: dict[str, str | None]) 
                 path is not None
                 and given
                 and Path(given).is_file()
-                and path.resolve() == Path(given).resolve()
+                and os.path.realpath(path) == os.path.realpath(given)  # (no raise on a link loop)
             ):
                 _fail(f"{option} {path}: is the {name} file, which it would overwrite; give another name")
 
@@ -510,10 +510,13 @@ def _write_results(
 
 def _jobs_out_in_place(jobs_out: Path) -> bool:
     """Whether `--jobs-out` is written into what the path opens (not a file renamed over it): a
-    device, FIFO or socket (`/dev/null`, a pipe), a path in /dev or /proc (`/dev/stdout`,
-    `/dev/fd/63` of `>(gzip > j.gz)`: renaming there would replace the system's own entry)."""
-    for path in (jobs_out.absolute(), Path(os.path.realpath(jobs_out))):
-        if any(path.is_relative_to(system) for system in ("/dev", "/proc")):
+    device, FIFO or socket (`/dev/null`, a pipe), or a path naming a process's own streams
+    (`/dev/stdout`, `/dev/fd/63` of `>(gzip > j.gz)`, `/proc/self/fd/1`), whatever they lead to:
+    renaming there would replace the system's entry or the file stdout writes to. A new file
+    elsewhere in /dev (`/dev/shm/jobs.csv`) is an ordinary file. Raises OSError (a symlink loop)."""
+    given = jobs_out.absolute()
+    for streams in ("/dev/fd", "/dev/stdin", "/dev/stdout", "/dev/stderr", "/proc"):
+        if given.is_relative_to(streams) or Path(os.path.realpath(jobs_out)).is_relative_to(streams):
             return True
     try:
         return not stat.S_ISREG(os.stat(jobs_out).st_mode)
@@ -526,16 +529,16 @@ def _jobs_out_refused(jobs_out: Path) -> str | None:
     written, in one line, or None. A regular file (or none yet) needs its folder writable for the
     file made beside it; anything else must be there and open for writing."""
     cannot = f"--jobs-out {jobs_out}: cannot write it"
-    if _jobs_out_in_place(jobs_out):
-        if not os.path.exists(jobs_out):
-            return f"{cannot} ({os.strerror(errno.ENOENT)})"
-        return None if os.access(jobs_out, os.W_OK) else f"{cannot} ({os.strerror(errno.EACCES)})"
-    target = Path(os.path.realpath(jobs_out))
-    if target.exists() and not os.access(target, os.W_OK):
-        return f"{cannot} ({os.strerror(errno.EACCES)})"
     try:
+        if _jobs_out_in_place(jobs_out):
+            if not os.path.exists(jobs_out):
+                return f"{cannot} ({os.strerror(errno.ENOENT)})"
+            return None if os.access(jobs_out, os.W_OK) else f"{cannot} ({os.strerror(errno.EACCES)})"
+        target = Path(os.path.realpath(jobs_out))
+        if target.exists() and not os.access(target, os.W_OK):
+            return f"{cannot} ({os.strerror(errno.EACCES)})"
         handle, probe = tempfile.mkstemp(dir=target.parent, prefix=_part_prefix(target))
-    except OSError as exc:
+    except OSError as exc:  # a symlink loop, a folder that is not one, no room, no right
         return f"{cannot} ({exc.strerror or exc})"
     os.close(handle)
     os.unlink(probe)

@@ -687,7 +687,10 @@ def job_events(
     rows, in one statement: counted apart, an event added in between (PostgreSQL reads each
     statement at its own snapshot) made it one short (review113 #6)."""
     conds = [JobEvent.job_id == job_id] + ([JobEvent.id < before] if before is not None else [])
-    total = func.count().over().label("total")  # all that match, before the offset and limit
+    # All that match, before the offset and limit: an uncorrelated subquery, run once in the
+    # statement (an index count); a window count(*) over () read every event row of the job
+    # before the first came out (review114 #3).
+    total = select(func.count()).select_from(JobEvent).where(*conds).scalar_subquery().label("total")
     newest = select(JobEvent, total).where(*conds).order_by(JobEvent.id.desc()).offset(skip).limit(limit)
     rows = session.execute(newest).all()
     events = [event for event, _ in reversed(rows)]
