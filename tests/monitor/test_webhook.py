@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy import func, select
 
 from corral.db.incident_models import RemediationRun
-from corral.monitor.alerts import record_alert
+from corral.monitor.alerts import fingerprint_of, record_alert
 from corral.monitor.models import Alert, AlertNotification
 from tests.monitor.conftest import WEBHOOK_TOKEN, Mon
 
@@ -213,14 +213,22 @@ def test_one_change_delivered_twice_at_once_is_one_change(mon: Mon, first: str |
 
 
 @pytest.mark.parametrize("bad", ["abc\ndef", "abc\rdef", "tab\there", "nel\x85x", "ls\u2028x"])
-def test_a_fingerprint_with_a_control_character_is_refused_naming_it(mon: Mon, bad: str) -> None:
+def test_a_fingerprint_with_a_control_character_is_replaced_by_its_labels_own(mon: Mon, bad: str) -> None:
     """review113 #2: a fingerprint is the dedup key and an email header's value; one holding a
-    line break was stored, and every email notification of its alert then failed."""
+    line break was stored, and every email notification of its alert then failed. review114 #8:
+    refusing it (400) dropped the whole batch, the good alerts too, and Alertmanager does not
+    retry a 4xx: the alert is stored under its labels' fingerprint, the others as sent."""
     body = payload()
+    good = copy.deepcopy(body["alerts"][0])
+    good["labels"]["gpu"], good["fingerprint"] = "1", "f00dfeed1"
     body["alerts"][0]["fingerprint"] = bad
+    body["alerts"].append(good)
     with mon.app_client() as client:
         response = client.post(URL, json=body, headers=AUTH)
-    assert response.status_code == 400, response.text
-    detail = response.json()["detail"]
-    assert "alerts.0.fingerprint" in detail and "holds a control character" in detail, detail
-    assert counts(mon) == (0, 0)
+    assert response.status_code == 200, response.text
+    with mon.factory() as db:
+        stored = {a.fingerprint: a.labels for a in db.scalars(select(Alert))}
+    assert stored == {
+        fingerprint_of(body["alerts"][0]["labels"]): body["alerts"][0]["labels"],
+        "f00dfeed1": good["labels"],
+    }

@@ -597,3 +597,41 @@ def test_jobs_out_in_dev_shm_is_a_file_and_a_symlink_loop_is_one_line(tmp_path: 
     assert res.stderr.strip().splitlines() == [
         f"error: --jobs-out {loop}: cannot write it (Too many levels of symbolic links)"
     ]
+
+
+def test_jobs_out_refuses_a_socket_first_and_writes_into_a_file_it_may_not_replace(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """review114 #3: a UNIX socket passed the up-front check and failed after the replay (open()
+    of a socket: ENXIO); another account's file in a sticky folder (/tmp) passed it too, and its
+    rename failed (EPERM: only its owner may replace it; root may, so the refusal is injected
+    here): it is written into instead, as a file that is its own mount is."""
+    import errno
+    import socket
+
+    csv, yaml = _files(tmp_path)
+    listening = socket.socket(socket.AF_UNIX)
+    try:
+        listening.bind(str(tmp_path / "s.sock"))
+        res = CliRunner().invoke(
+            app, ["sim", "--trace", str(csv), "--cluster", str(yaml), "--jobs-out", str(tmp_path / "s.sock")]
+        )
+    finally:
+        listening.close()
+    assert res.exit_code == 2, res.output
+    assert res.stderr.strip().splitlines() == [
+        f"error: --jobs-out {tmp_path / 's.sock'}: cannot write it (it is a socket)"
+    ]
+    target = tmp_path / "theirs.csv"
+    target.write_text("old\n")
+
+    def owner_only(src: Any, dst: Any) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "replace", owner_only)
+    res = CliRunner().invoke(
+        app, ["sim", "--trace", str(csv), "--cluster", str(yaml), "--jobs-out", str(target)]
+    )
+    assert res.exit_code == 0, res.output
+    assert target.read_text().startswith("time,job_id,event,nodes,gpus,reason\n")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".part")) == []

@@ -533,6 +533,8 @@ def _jobs_out_refused(jobs_out: Path) -> str | None:
         if _jobs_out_in_place(jobs_out):
             if not os.path.exists(jobs_out):
                 return f"{cannot} ({os.strerror(errno.ENOENT)})"
+            if stat.S_ISSOCK(os.stat(jobs_out).st_mode):  # open() of a socket fails (ENXIO)
+                return f"{cannot} (it is a socket)"
             return None if os.access(jobs_out, os.W_OK) else f"{cannot} ({os.strerror(errno.EACCES)})"
         target = Path(os.path.realpath(jobs_out))
         if target.exists() and not os.access(target, os.W_OK):
@@ -579,9 +581,11 @@ def _write_beside_and_rename(result: Any, target: Path) -> None:
         try:
             os.replace(part, target)
         except OSError as exc:
-            if exc.errno not in (errno.EBUSY, errno.EXDEV):
+            if exc.errno not in (errno.EBUSY, errno.EXDEV, errno.EPERM):
                 raise
-            write_jobs_csv(result, target)  # a file that is its own mount (a bind mount): into it
+            # into it: a file that is its own mount (a bind mount), or another account's in a
+            # sticky folder such as /tmp (writable, but only its owner may replace it)
+            write_jobs_csv(result, target)
     finally:
         with contextlib.suppress(OSError):
             part.unlink(missing_ok=True)

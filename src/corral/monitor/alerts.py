@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,8 +26,8 @@ from corral.services import remediation
 from corral.services.auth import Principal
 from corral.services.jobs import visibility
 
+log = logging.getLogger(__name__)
 ZERO_TIME = "0001-01-01T00:00:00Z"  # Alertmanager's "not set"
-NO_CONTROL_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"  # C0, DEL, C1, the Unicode line breaks
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _RFC3339 = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
 
@@ -53,15 +54,18 @@ class WebhookAlert(RequestBody):
     startsAt: str
     endsAt: str = ZERO_TIME
     generatorURL: str = ""
-    fingerprint: str = Field(default="", max_length=64, json_schema_extra={"pattern": NO_CONTROL_PATTERN})
+    fingerprint: str = Field(default="", max_length=64)
 
     @field_validator("fingerprint")
     @classmethod
-    def _fingerprint_has_no_control_characters(cls, value: str) -> str:
-        # the dedup key, and an email header's value: a line break made every email of the alert
-        # fail (EmailMessage refuses it), review113 #2
+    def _fingerprint_without_control_characters(cls, value: str) -> str:
+        # The dedup key, and an email header's value: a line break made every email of the alert
+        # fail (EmailMessage refuses it), review113 #2. Such a fingerprint is replaced by the
+        # labels' own (record_alert's fallback for none), not refused: a 400 dropped the whole
+        # batch, the other alerts too, and Alertmanager does not retry a 4xx (review114 #8).
         if bad := _CONTROL.search(value):
-            raise ValueError(f"'fingerprint' holds a control character ({bad.group()!r}); give it without")
+            log.warning("an alert fingerprint holds a control character (%r): its labels' used", bad.group())
+            return ""
         return value
 
 
