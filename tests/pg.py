@@ -107,15 +107,20 @@ class PostgresServer:
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
 
-    def create_database(self, name: str | None = None) -> str:
-        """Create an empty database; returns its URL."""
+    def _admin(self, statement: str) -> None:
+        """Run one statement as the superuser on the `postgres` database (CREATE/DROP DATABASE
+        cannot run in a transaction)."""
         import psycopg
 
-        name = name or f"t_{uuid.uuid4().hex[:12]}"
         with psycopg.connect(
             f"host=127.0.0.1 port={self.port} user={SUPERUSER} dbname=postgres", autocommit=True
         ) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+            conn.execute(statement)
+
+    def create_database(self, name: str | None = None, template: str | None = None) -> str:
+        """Create an empty database (or a copy of `template`); returns its URL."""
+        name = name or f"t_{uuid.uuid4().hex[:12]}"
+        self._admin(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
         return self.url(name)
 
     def create_migrated_database(self, name: str | None = None) -> str:
@@ -123,28 +128,16 @@ class PostgresServer:
         template database with `init_db`; each database is then a copy of it (CREATE DATABASE ...
         TEMPLATE: a fraction of a second, where Alembic's migrations take seconds on a loaded
         machine). The migrations themselves run on empty databases in tests/api/test_migrations.py."""
-        import psycopg
-
         from corral.db.session import init_db
 
         if self._migrated_template is None:
             template = f"template_{uuid.uuid4().hex[:12]}"
             init_db(self.create_database(template))  # its engine is disposed: no connection left
             self._migrated_template = template
-        name = name or f"t_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(
-            f"host=127.0.0.1 port={self.port} user={SUPERUSER} dbname=postgres", autocommit=True
-        ) as conn:
-            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{self._migrated_template}"')
-        return self.url(name)
+        return self.create_database(name, template=self._migrated_template)
 
     def drop_database(self, name: str) -> None:
-        import psycopg
-
-        with psycopg.connect(
-            f"host=127.0.0.1 port={self.port} user={SUPERUSER} dbname=postgres", autocommit=True
-        ) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="session")

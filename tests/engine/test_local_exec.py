@@ -122,6 +122,22 @@ def test_the_jobs_environment_reaches_no_root_program_on_the_way_into_its_sandbo
         wait_finished(engine, aid)
 
 
+def _log_and_env_entered(
+    engine: LocalEngine, job: str, env: dict[str, str]
+) -> tuple[list[str], subprocess.CompletedProcess[str]]:
+    """Run `job` (which says "ready") with `env` until ready: its log's lines so far and what
+    `corral exec env` into it printed; then stop it."""
+    aid = new_attempt_id()
+    inst = InstanceLaunch("w", 0, 0, engine.node_name, (), 1.0, 256, job, env)
+    engine.launch(AttemptLaunch(aid, aid.split(".")[0], 1, "bob", "team", (inst,)))
+    wait_log(engine, aid, b"ready")
+    log = engine.logs(aid).data.decode().splitlines()
+    entered = _run(engine, aid, ["/usr/bin/env"])
+    engine.stop(aid, 0)
+    wait_finished(engine, aid)
+    return log, entered
+
+
 def test_a_stored_jobs_shell_owned_variables_are_not_set_and_its_log_says_so(tmp_path: Path) -> None:
     """rough14 #4: a job stored before specs were refused a shell's own names (UID, SECONDS, ...)
     ran with them where /bin/sh is dash and stopped before its command where it is bash. It runs
@@ -131,15 +147,8 @@ def test_a_stored_jobs_shell_owned_variables_are_not_set_and_its_log_says_so(tmp
     with local_engine_factory(tmp_path) as factory:
         engine = factory()
         require(engine.capabilities().sandbox, "sandbox")
-        aid = new_attempt_id()
         job = 'echo "uid=${UID-unset} seconds=${SECONDS-unset} trial=$TRIAL"; echo ready; exec sleep 60'
-        inst = InstanceLaunch("w", 0, 0, engine.node_name, (), 1.0, 256, job, env)
-        engine.launch(AttemptLaunch(aid, aid.split(".")[0], 1, "bob", "team", (inst,)))
-        wait_log(engine, aid, b"ready")
-        log = engine.logs(aid).data.decode().splitlines()
-        entered = _run(engine, aid, ["/usr/bin/env"])
-        engine.stop(aid, 0)
-        wait_finished(engine, aid)
+        log, entered = _log_and_env_entered(engine, job, env)
     notes = [line for line in log if line.startswith("corral: ")]
     assert [line.split(" is not set from the job's spec: ")[0] for line in notes] == [
         "corral: UID",
@@ -163,16 +172,8 @@ def test_without_a_sandbox_a_stored_jobs_shell_owned_variables_are_not_set_and_i
     `corral exec`, and no line said so."""
     env = {"UID": "7", "SHELLOPTS": "xtrace", "TRIAL": "t"}
     with local_engine_factory(tmp_path, isolation=False) as factory:
-        engine = factory()
-        aid = new_attempt_id()
         job = 'echo "uid=${UID-unset} trial=$TRIAL"; echo ready; exec sleep 60'
-        inst = InstanceLaunch("w", 0, 0, engine.node_name, (), 1.0, 256, job, env)
-        engine.launch(AttemptLaunch(aid, aid.split(".")[0], 1, "bob", "team", (inst,)))
-        wait_log(engine, aid, b"ready")
-        log = engine.logs(aid).data.decode().splitlines()
-        entered = _run(engine, aid, ["/usr/bin/env"])
-        engine.stop(aid, 0)
-        wait_finished(engine, aid)
+        log, entered = _log_and_env_entered(factory(), job, env)
     notes = [line for line in log if line.startswith("corral: ")]
     assert [line.split(" is not set from the job's spec: ")[0] for line in notes] == [
         "corral: UID",

@@ -37,6 +37,38 @@ from tests.support import free_port
 from tests.webhook_server import WebhookServer, serve_webhook
 
 
+def email_channel(port: int, timeout: float, **extra: Any) -> EmailChannel:
+    """An email channel to a test SMTP server on 127.0.0.1:`port`, mailing ops@example.org."""
+    return EmailChannel.model_validate(
+        {"name": "mail", "type": "email", "smtp_host": "127.0.0.1", "smtp_port": port,
+         "from": "corral@example.org", "to": ["ops@example.org"], "timeout": timeout, **extra}
+    )  # fmt: skip
+
+
+def gpu_hot(**fields: Any) -> Alert:
+    """An alert to email (not stored)."""
+    return Alert(
+        **{"name": "GpuHot", "severity": "critical", "labels": {}, "annotations": {}, "fingerprint": "f",
+           "source": "corral", **fields}
+    )  # fmt: skip
+
+
+def long_quit(quits: list[float] | None = None) -> type[Any]:
+    """An aiosmtpd SMTP that answers QUIT in 20 lines 0.25 s apart (5 s), noting when it was asked."""
+    from aiosmtpd.smtp import SMTP
+
+    class LongQuit(SMTP):
+        async def smtp_QUIT(self, arg: str) -> None:
+            if quits is not None:
+                quits.append(time.monotonic())
+            for line in range(20):
+                await asyncio.sleep(0.25)
+                await self.push(f"221-closing, line {line}")
+            await super().smtp_QUIT(arg)
+
+    return LongQuit
+
+
 class Inbox:
     def __init__(self) -> None:
         self.messages: list[Any] = []
@@ -330,16 +362,9 @@ def test_an_alert_email_send_ends_at_its_deadline_however_slowly_the_server_answ
     one operation's timeout, 1 s."""
     monkeypatch.setattr(config, "SMTP_SEND_OPERATIONS", 1)
     now = time.time()
-    alert = Alert(
-        name="GpuHot", severity="critical", labels={}, annotations={}, fingerprint="f", source="corral"
-    )
     with smtp_server(OncallInbox(), line_delay_s=0.25) as slow:
-        channel = EmailChannel.model_validate(
-            {"name": "mail", "type": "email", "smtp_host": "127.0.0.1", "smtp_port": slow.port,
-             "from": "corral@example.org", "to": ["ops@example.org"], "timeout": 1}
-        )  # fmt: skip
         with pytest.raises(ChannelError, match=r"the send did not end within its 1 s deadline"):
-            send_email(channel, alert, "firing")
+            send_email(email_channel(slow.port, 1), gpu_hot(), "firing")
         assert time.time() - now < 2.5
     assert slow.inbox.messages == []
 
@@ -350,16 +375,9 @@ def test_a_page_and_an_alert_email_go_over_starttls(tmp_path: Path) -> None:
     over a `starttls: true` channel. The server here takes no mail before STARTTLS."""
     from corral.monitor.pager import Mailer
 
-    alert = Alert(
-        name="GpuHot", severity="critical", labels={"node": "n1"}, annotations={}, fingerprint="f",
-        source="corral",
-    )  # fmt: skip
     with smtp_server(OncallInbox(), starttls=self_signed_tls(tmp_path)) as server:
-        channel = EmailChannel.model_validate(
-            {"name": "mail", "type": "email", "smtp_host": "127.0.0.1", "smtp_port": server.port,
-             "from": "corral@example.org", "to": ["ops@example.org"], "starttls": True, "timeout": 5}
-        )  # fmt: skip
-        send_email(channel, alert, "firing")
+        channel = email_channel(server.port, 5, starttls=True)
+        send_email(channel, gpu_hot(labels={"node": "n1"}), "firing")
         mailer = Mailer(channel)
         try:
             mailer.send_text("alice@example.org", "[Corral page] disk full", "acknowledge: ...", {})
@@ -407,39 +425,16 @@ def test_the_pagers_quit_at_the_end_of_a_pass_ends_by_its_deadline(monkeypatch: 
     """review112 #7: Mailer.close()'s QUIT, after a pass's last send, had only the timeout of each
     operation: a server answering QUIT a line every 0.25 s (within the 1 s timeout), 20 lines,
     held the pager's and the job notifier's loop 5 s. Its deadline here is 1 s."""
-    from aiosmtpd.controller import Controller
-    from aiosmtpd.smtp import SMTP
-
     from corral.monitor.pager import Mailer
 
-    class LongQuit(SMTP):
-        async def smtp_QUIT(self, arg: str) -> None:
-            for line in range(20):
-                await asyncio.sleep(0.25)
-                await self.push(f"221-closing, line {line}")
-            await super().smtp_QUIT(arg)
-
-    class LongQuitController(Controller):
-        def factory(self) -> SMTP:
-            return LongQuit(self.handler, **self.SMTP_kwargs)
-
     monkeypatch.setattr(config, "SMTP_SEND_OPERATIONS", 1)
-    inbox = OncallInbox()
-    controller = LongQuitController(inbox, hostname="127.0.0.1", port=free_port())
-    controller.start()
-    try:
-        channel = EmailChannel.model_validate(
-            {"name": "mail", "type": "email", "smtp_host": "127.0.0.1", "smtp_port": controller.port,
-             "from": "corral@example.org", "to": ["ops@example.org"], "timeout": 1}
-        )  # fmt: skip
-        mailer = Mailer(channel)
+    with smtp_server(OncallInbox(), protocol=long_quit()) as server:
+        mailer = Mailer(email_channel(server.port, 1))
         mailer.send_text("alice@example.org", "[Corral page] disk full", "acknowledge: ...", {})
         started = time.monotonic()
         mailer.close()
         assert time.monotonic() - started < 2.5
-        assert mailer.smtp is None and len(inbox.messages) == 1
-    finally:
-        controller.stop()
+        assert mailer.smtp is None and len(server.inbox.messages) == 1
 
 
 def test_a_send_whose_deadline_passed_while_connecting_does_not_wait_for_the_greeting(
@@ -449,7 +444,6 @@ def test_a_send_whose_deadline_passed_while_connecting_does_not_wait_for_the_gre
     found no socket to shut down, and connect() then read the server's greeting line by line (20
     lines 0.25 s apart, each within the 1 s timeout): 5 s more. A resolver answering in 1.5 s
     here; the deadline is 1 s. The socket is shut down as soon as it is connected."""
-    from aiosmtpd.controller import Controller
     from aiosmtpd.smtp import SMTP
 
     class LongGreeting(SMTP):
@@ -463,13 +457,6 @@ def test_a_send_whose_deadline_passed_while_connecting_does_not_wait_for_the_gre
                     await super().push(f"220-welcome, line {line}")
             await super().push(status)
 
-    class LongGreetingController(Controller):
-        def factory(self) -> SMTP:
-            return LongGreeting(self.handler, **self.SMTP_kwargs)
-
-    inbox = OncallInbox()
-    controller = LongGreetingController(inbox, hostname="127.0.0.1", port=free_port())
-    controller.start()
     resolve = socket.getaddrinfo
 
     def slow_resolver(*args: Any, **kwargs: Any) -> Any:
@@ -477,23 +464,16 @@ def test_a_send_whose_deadline_passed_while_connecting_does_not_wait_for_the_gre
         return resolve(*args, **kwargs)
 
     monkeypatch.setattr(config, "SMTP_SEND_OPERATIONS", 1)
-    alert = Alert(
-        name="GpuHot", severity="critical", labels={}, annotations={}, fingerprint="f", source="corral"
-    )
-    try:
-        channel = EmailChannel.model_validate(
-            {"name": "mail", "type": "email", "smtp_host": "127.0.0.1", "smtp_port": controller.port,
-             "from": "corral@example.org", "to": ["ops@example.org"], "timeout": 1}
-        )  # fmt: skip
-        monkeypatch.setattr(socket, "getaddrinfo", slow_resolver)
-        started = time.monotonic()
-        with pytest.raises(ChannelError, match=r"the send did not end within its 1 s deadline"):
-            send_email(channel, alert, "firing")
-        assert time.monotonic() - started < 3.5
-    finally:
-        monkeypatch.undo()
-        controller.stop()
-    assert inbox.messages == []
+    with smtp_server(OncallInbox(), protocol=LongGreeting) as server:
+        try:
+            monkeypatch.setattr(socket, "getaddrinfo", slow_resolver)
+            started = time.monotonic()
+            with pytest.raises(ChannelError, match=r"the send did not end within its 1 s deadline"):
+                send_email(email_channel(server.port, 1), gpu_hot(), "firing")
+            assert time.monotonic() - started < 3.5
+        finally:
+            monkeypatch.undo()
+    assert server.inbox.messages == []
 
 
 def test_an_alert_whose_stored_fingerprint_holds_a_line_break_is_emailed(smtp: tuple[int, Inbox]) -> None:
@@ -501,15 +481,9 @@ def test_an_alert_whose_stored_fingerprint_holds_a_line_break_is_emailed(smtp: t
     EmailMessage refused it and every email of the alert failed (stored before intake refused
     such a fingerprint)."""
     port, inbox = smtp
-    channel = EmailChannel.model_validate(
-        {"name": "mail", "type": "email", "smtp_host": "127.0.0.1", "smtp_port": port,
-         "from": "corral@example.org", "to": ["ops@example.org"], "timeout": 5}
-    )  # fmt: skip
-    alert = Alert(
-        name="GpuHot", severity="critical", labels={}, annotations={}, fingerprint="abc\ndef\u2028x",
-        source="alertmanager",
-    )  # fmt: skip
-    send_email(channel, alert, "firing")
+    send_email(
+        email_channel(port, 5), gpu_hot(fingerprint="abc\ndef\u2028x", source="alertmanager"), "firing"
+    )
     (mail,) = inbox.messages
     assert mail["X-Corral-Alert-Fingerprint"] == "abc def x"
 
@@ -520,24 +494,9 @@ def test_a_failed_page_send_skips_quit_and_a_quit_waits_one_timeout() -> None:
     outlast the message's claim. A failed send closes without QUIT; the QUIT at a pass's end is
     bounded by one timeout (1 s here), not the send's 12 s, against a server answering QUIT a
     line every 0.25 s for 5 s."""
-    from aiosmtpd.controller import Controller
-    from aiosmtpd.smtp import SMTP
-
     from corral.monitor.pager import Mailer
 
     quits: list[float] = []
-
-    class LongQuit(SMTP):
-        async def smtp_QUIT(self, arg: str) -> None:
-            quits.append(time.monotonic())
-            for line in range(20):
-                await asyncio.sleep(0.25)
-                await self.push(f"221-closing, line {line}")
-            await super().smtp_QUIT(arg)
-
-    class LongQuitController(Controller):
-        def factory(self) -> SMTP:
-            return LongQuit(self.handler, **self.SMTP_kwargs)
 
     class RefusesBob(OncallInbox):
         async def handle_RCPT(
@@ -548,15 +507,8 @@ def test_a_failed_page_send_skips_quit_and_a_quit_waits_one_timeout() -> None:
             envelope.rcpt_tos.append(address)
             return "250 OK"
 
-    inbox = RefusesBob()
-    controller = LongQuitController(inbox, hostname="127.0.0.1", port=free_port())
-    controller.start()
-    try:
-        channel = EmailChannel.model_validate(
-            {"name": "mail", "type": "email", "smtp_host": "127.0.0.1", "smtp_port": controller.port,
-             "from": "corral@example.org", "to": ["ops@example.org"], "timeout": 1}
-        )  # fmt: skip
-        mailer = Mailer(channel)
+    with smtp_server(RefusesBob(), protocol=long_quit(quits)) as server:
+        mailer = Mailer(email_channel(server.port, 1))
         started = time.monotonic()
         with pytest.raises(ChannelError, match="no such user"):
             mailer.send_text("bob@example.org", "[Corral page] disk full", "acknowledge: ...", {})
@@ -567,9 +519,7 @@ def test_a_failed_page_send_skips_quit_and_a_quit_waits_one_timeout() -> None:
         started = time.monotonic()
         mailer.close()
         assert len(quits) == 1 and time.monotonic() - started < 2.0
-        assert mailer.smtp is None and inbox.to() == ["alice@example.org"]
-    finally:
-        controller.stop()
+        assert mailer.smtp is None and server.inbox.to() == ["alice@example.org"]
 
 
 def test_a_send_deadline_passing_during_the_starttls_handshake_ends_it(
@@ -602,17 +552,11 @@ def test_a_send_deadline_passing_during_the_starttls_handshake_ends_it(
 
     server = threading.Thread(target=serve, daemon=True)
     server.start()
-    alert = Alert(
-        name="GpuHot", severity="critical", labels={}, annotations={}, fingerprint="f", source="corral"
-    )
-    channel = EmailChannel.model_validate(
-        {"name": "mail", "type": "email", "smtp_host": "127.0.0.1", "smtp_port": listener.getsockname()[1],
-         "from": "corral@example.org", "to": ["ops@example.org"], "starttls": True, "timeout": 3}
-    )  # fmt: skip
+    channel = email_channel(listener.getsockname()[1], 3, starttls=True)
     started = time.monotonic()
     try:
         with pytest.raises(ChannelError, match=r"the send did not end within its 3 s deadline"):
-            send_email(channel, alert, "firing")
+            send_email(channel, gpu_hot(), "firing")
         assert time.monotonic() - started < 4.0
         assert ended.wait(2.0)  # the connection was ended, not left open
     finally:
@@ -623,7 +567,6 @@ def test_an_alert_email_accepted_is_sent_whatever_the_server_answers_to_quit() -
     """review113 #5: smtplib's `with` raised for a QUIT answered other than 221, after the server
     had accepted the message (250 to its DATA): the notification counted as failed and the alert
     was emailed again at each retry."""
-    from aiosmtpd.controller import Controller
     from aiosmtpd.smtp import SMTP
 
     class RefusedQuit(SMTP):
@@ -631,22 +574,6 @@ def test_an_alert_email_accepted_is_sent_whatever_the_server_answers_to_quit() -
             await self.push("451 cannot say goodbye now")
             self.transport.close()
 
-    class RefusedQuitController(Controller):
-        def factory(self) -> SMTP:
-            return RefusedQuit(self.handler, **self.SMTP_kwargs)
-
-    inbox = OncallInbox()
-    controller = RefusedQuitController(inbox, hostname="127.0.0.1", port=free_port())
-    controller.start()
-    alert = Alert(
-        name="GpuHot", severity="critical", labels={}, annotations={}, fingerprint="f", source="corral"
-    )
-    try:
-        channel = EmailChannel.model_validate(
-            {"name": "mail", "type": "email", "smtp_host": "127.0.0.1", "smtp_port": controller.port,
-             "from": "corral@example.org", "to": ["ops@example.org"], "timeout": 5}
-        )  # fmt: skip
-        send_email(channel, alert, "firing")  # no ChannelError
-    finally:
-        controller.stop()
-    assert [str(m["Subject"]) for m in inbox.messages] == ["[FIRING] GpuHot (critical)"]
+    with smtp_server(OncallInbox(), protocol=RefusedQuit) as server:
+        send_email(email_channel(server.port, 5), gpu_hot(), "firing")  # no ChannelError
+    assert [str(m["Subject"]) for m in server.inbox.messages] == ["[FIRING] GpuHot (critical)"]

@@ -119,16 +119,20 @@ def self_signed_tls(folder: Path) -> ssl.SSLContext:
 
 @contextlib.contextmanager
 def smtp_server(
-    inbox: Inbox, line_delay_s: float = 0.0, starttls: ssl.SSLContext | None = None
+    inbox: Inbox,
+    line_delay_s: float = 0.0,
+    starttls: ssl.SSLContext | None = None,
+    protocol: type[Any] | None = None,
 ) -> Iterator[Smtp]:
     """A real SMTP server (aiosmtpd) on a free port that puts what it gets in `inbox`;
     `line_delay_s`: it waits that long before each line it answers (a reply of many lines, as
     EHLO's, takes that many times as long), as a server that stretches a send out does.
-    `starttls`: it offers STARTTLS with that context and takes no mail before it."""
+    `starttls`: it offers STARTTLS with that context and takes no mail before it. `protocol`: an
+    aiosmtpd SMTP subclass that answers some commands its own way (a long QUIT, a slow greeting)."""
     from aiosmtpd.controller import Controller
     from aiosmtpd.smtp import SMTP
 
-    class SlowLines(SMTP):
+    class SlowLines(protocol or SMTP):  # type: ignore[misc]
         async def push(self, status: Any) -> None:
             await asyncio.sleep(line_delay_s)
             await super().push(status)

@@ -37,6 +37,15 @@ def queue_three(env: Env, key: str, now: float) -> None:
         assert db.scalar(sa.select(sa.func.count()).select_from(PageNotification)) == 3
 
 
+def page_due(env: Env, page_key: str, now: float) -> bytes:
+    """A page whose first step reaches alice: one notification due. The links' key."""
+    set_up(env)
+    start(env, page_key, now)
+    with env.factory() as db:
+        paging.escalate_due(db, now)
+    return paging.link_key(env.settings)
+
+
 @pytest.mark.parametrize("env", ["postgres"], indirect=True)
 def test_two_servers_delivering_at_once_send_each_page_notification_once(
     env: Env, smtp: Smtp, monkeypatch: pytest.MonkeyPatch
@@ -216,16 +225,12 @@ def test_a_notification_whose_sender_dies_each_time_is_given_up_at_the_retry_lim
     after SENDING_RETRY_S for ever; those claims count against the retry limit, as job
     notifications' do."""
     now = time.time()
-    set_up(env)
-    start(env, "test:dies", now)
-    with env.factory() as db:
-        paging.escalate_due(db, now)
+    key = page_due(env, "test:dies", now)
 
     def dies(mailer: pager.Mailer, out: pager.Outgoing) -> None:
         raise SystemExit("the server process goes away")
 
     monkeypatch.setattr(pager.Mailer, "send", dies)
-    key = paging.link_key(env.settings)
     limit = smtp.config().retry.max_attempts
     at = now
     for _ in range(limit):
@@ -264,11 +269,7 @@ def test_a_notifications_sent_time_is_when_its_send_ended_not_its_claim(env: Env
     """rough14 #1: a page notification's sent_at was its claim's time, a slow send's whole length
     early (the job notifier's was mended in review110 #11)."""
     now = time.time()
-    set_up(env)
-    start(env, "test:sent-at", now)
-    with env.factory() as db:
-        paging.escalate_due(db, now)
-    key = paging.link_key(env.settings)
+    key = page_due(env, "test:sent-at", now)
     assert deliver_pages(env.factory, slow_smtp.config(), PagingSettings(), key, now, owner="server-a") == 1
     with env.factory() as db:
         (sent_at,) = db.scalars(sa.select(PageNotification.sent_at))
@@ -286,11 +287,7 @@ def test_one_email_send_ends_at_its_deadline_however_slowly_the_server_answers(
     its claim. Here the deadline is one operation's timeout (1 s), the send 2.5 s of lines."""
     monkeypatch.setattr(config, "SMTP_SEND_OPERATIONS", 1)
     now = time.time()
-    set_up(env)
-    start(env, "test:deadline", now)
-    with env.factory() as db:
-        paging.escalate_due(db, now)
-    key = paging.link_key(env.settings)
+    key = page_due(env, "test:deadline", now)
     with smtp_server(Inbox(), line_delay_s=LINE_DELAY_S) as slow:
         monitor = slow.config()
         monitor.channels[0].timeout = 1.0  # type: ignore[union-attr]

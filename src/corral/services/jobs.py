@@ -682,8 +682,8 @@ def job_events(
     """The job's newest `limit` events after its newest `skip` (to page back), of those before the
     event with id `before` if given (a page that stays put while events are added), oldest
     first, and how many come before them. A job's events have no bound (each label edit, each
-    requeue adds one), and the views read the oldest 500: a job's latest history, its end
-    included, dropped out of them without notice (review112 #3). The count is read beside the
+    requeue adds one); the views used to read the oldest 500, so a job's latest history, its
+    end included, dropped out of them without notice (review112 #3). The count is read beside the
     rows, in one statement: counted apart, an event added in between (PostgreSQL reads each
     statement at its own snapshot) made it one short (review113 #6)."""
     conds = [JobEvent.job_id == job_id] + ([JobEvent.id < before] if before is not None else [])
