@@ -7,14 +7,20 @@ page back through them."""
 from __future__ import annotations
 
 import json
+import re
 import time
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
 
-from corral.sdk import Client
+import pytest
+
+from corral.sdk import Client, CorralError
 from corral.services.jobs import EVENTS_SHOWN
 from corral.services.lifecycle import record_event
 from tests.api.conftest import World
 from tests.api.test_cli import run, server_url
 from tests.api.test_job_labels import JOBS, submit
+from tests.support import served
 
 __all__ = ["server_url"]  # the fixture
 
@@ -129,3 +135,76 @@ def test_the_earlier_events_header_is_in_the_openapi_schema(world: World) -> Non
     assert (
         header["schema"] == {"type": "integer", "minimum": 0} and "before the first" in header["description"]
     )
+
+
+class OlderServer:
+    """The real app answering GET /jobs/{id}/events as an older Corral did (review114 #9): its
+    events without "id" and `before` not read (as before review113 #6), and with `counting`
+    False without the X-Corral-Earlier-Events header and `skip` not read either (as before
+    review112 #3). Everything else is the app's own answer."""
+
+    def __init__(self, app: Any, *, counting: bool) -> None:
+        self.app, self.counting = app, counting
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not re.fullmatch(r"/api/v1/jobs/\d+/events", scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        unread = {"before"} if self.counting else {"before", "skip"}
+        query = [(k, v) for k, v in parse_qsl(scope["query_string"].decode()) if k not in unread]
+        scope = {**scope, "query_string": urlencode(query).encode()}
+        start: dict[str, Any] = {}
+        body = b""
+
+        async def older(message: dict[str, Any]) -> None:
+            nonlocal body
+            if message["type"] == "http.response.start":
+                start.update(message)
+                return
+            body += message.get("body", b"")
+            if message.get("more_body"):
+                return
+            events = [{k: v for k, v in e.items() if k != "id"} for e in json.loads(body)]
+            sent = json.dumps(events).encode()
+            dropped = {b"content-length"} | (set() if self.counting else {b"x-corral-earlier-events"})
+            headers = [(k, v) for k, v in start["headers"] if k.lower() not in dropped]
+            await send({**start, "headers": [*headers, (b"content-length", str(len(sent)).encode())]})
+            await send({"type": "http.response.body", "body": sent})
+
+        await self.app(scope, receive, older)
+
+
+@pytest.mark.parametrize("counting", [True, False], ids=["no-ids", "no-paging"])
+def test_corral_events_against_an_older_server(world: World, counting: bool) -> None:
+    """review114 #9: the new CLI failed on an older server's events without "id" (a KeyError in
+    the line naming the --before that pages back), and its --before, which that server does not
+    read, printed the newest page as if it were the one asked for. The events show, the line
+    names a --skip that server reads, and a page it cannot give is refused, saying why."""
+    job, total = a_long_history(world)
+    earlier = total - EVENTS_SHOWN
+    with served(OlderServer(world.client.app, counting=counting)) as url:
+        code, out = run(world, url, "alice", "events", str(job))
+        assert code == 0 and f"{EVENTS_SHOWN} events" in out and "cancelled" in out, out
+        if counting:
+            assert f"{earlier} earlier events not shown: corral events {job} --skip {EVENTS_SHOWN}" in out
+            code, out = run(world, url, "alice", "events", str(job), "--skip", str(EVENTS_SHOWN))
+            assert code == 0 and f"{earlier} events" in out and "earlier event" not in out, out
+        else:
+            assert "earlier event" not in out, out  # that server does not say
+        code, out = run(world, url, "alice", "events", str(job), "-o", "json")
+        shown = json.loads(out)
+        assert code == 0 and {e["id"] for e in shown["events"]} == {None}, out
+        code, out = run(world, url, "alice", "events", str(job), "--before", "2")
+        said = " ".join(out.split())
+        assert code == 1 and f"the Corral server at {url} is older than paging" in said, out
+        assert ("by event id" in said) == counting and "queued" not in out, out
+        token = world.as_("alice")["Authorization"].split()[1]
+        with Client(url, token=token) as c:
+            rows, left_out = c.events_page(job)
+            assert len(rows) == EVENTS_SHOWN and left_out == (earlier if counting else 0)
+            assert rows[-1]["to_state"] == "cancelled" and rows[0]["id"] is None
+            with pytest.raises(CorralError, match="ignores before"):
+                c.events(job, before=2)
+            if not counting:
+                code, out = run(world, url, "alice", "events", str(job), "--skip", "3")
+                assert code == 1 and "ignores skip" in " ".join(out.split()), out

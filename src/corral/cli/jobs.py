@@ -685,10 +685,9 @@ def events(
         table.add_row(when(event["at"]), event["kind"], state, plain(event["message"]))
     out.print(table, highlight=False)
     out.print(f"{plural(len(rows), 'event')}")
-    if earlier:
-        out.print(
-            f"{plural(earlier, 'earlier event')} not shown: corral events {job_id} --before {rows[0]['id']}"
-        )
+    if earlier:  # an older server's events have no id (None) and it pages by --skip only
+        back = f"--skip {skip + len(rows)}" if rows[0]["id"] is None else f"--before {rows[0]['id']}"
+        out.print(f"{plural(earlier, 'earlier event')} not shown: corral events {job_id} {back}")
 
 
 def _each_job(job_ids: list[int], act: Callable[[int], str]) -> int:

@@ -17,6 +17,9 @@ from corral.spec import SpecError, load_spec_text
 from corral.yaml_lines import safe_load
 
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+# GET /jobs/{id}/events: how many of the job's events come before the page (absent: a server
+# older than paging, which ignores skip and before)
+EARLIER_EVENTS_HEADER = "X-Corral-Earlier-Events"
 
 
 def _refuse_a_file_name(text: str) -> None:
@@ -235,12 +238,32 @@ class JobsApi(BaseClient):
     def events_page(
         self, job_id: int, *, skip: int = 0, limit: int = 500, before: int | None = None
     ) -> tuple[list[dict[str, Any]], int]:
-        """As `events`, and how many of the job's events come before the first of them."""
+        """As `events`, and how many of the job's events come before the first of them.
+
+        An older server (review114 #9) sends events without an "id" (each gets "id": None here)
+        and ignores `before`; one older still sends no X-Corral-Earlier-Events header (count 0
+        here) and ignores `skip` too. Its page would be the newest or the oldest events, not the
+        ones asked for, so asking it for either raises CorralError saying so."""
         params: dict[str, int] = {"skip": skip, "limit": limit}
         if before is not None:
             params["before"] = before
         rows, headers = self.request_with_headers("GET", f"/jobs/{seg(job_id)}/events", params=params)
-        return rows, int(headers.get("X-Corral-Earlier-Events", "0"))
+        counted = headers.get(EARLIER_EVENTS_HEADER)
+        if counted is None and (skip or before is not None):
+            raise CorralError(
+                f"the Corral server at {self.url} is older than paging a job's events: it ignores "
+                f"{'skip' if skip else 'before'} and would show its first ones instead; upgrade the "
+                f"server to page back"
+            )
+        if before is not None and not all(_event_id(e) < before for e in rows):
+            raise CorralError(
+                f"the Corral server at {self.url} is older than paging a job's events by event id: it "
+                f"ignores before and would show its newest ones instead; page back with skip "
+                f"(corral events --skip N) or upgrade the server"
+            )
+        for event in rows:
+            event.setdefault("id", None)
+        return rows, int(counted or "0")
 
     def notify_default(self, user: str) -> dict[str, Any]:
         """{"user", "notify": {"on", "to"} | None}: what `user`'s jobs without `notify` get."""
@@ -303,3 +326,9 @@ class JobsApi(BaseClient):
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} is still {job['state']} after {timeout_s} s")
             time.sleep(poll_s)
+
+
+def _event_id(event: dict[str, Any]) -> float:
+    """An event's id; infinity for one without (an older server's), which no `before` is above."""
+    ident = event.get("id")
+    return ident if isinstance(ident, int) else float("inf")
