@@ -18,6 +18,8 @@ from corral.engine.slurm.scripts import (
     BWRAP_NO_STATUS,
     BWRAP_NOT_STARTED,
     BWRAP_STATUS_FILE,
+    NO_STATUS_FD_VAR,
+    node_status_fd_probe,
     status_fd_launch,
 )
 from corral.engine.slurm.state import StateStore
@@ -150,15 +152,17 @@ def test_a_rank_killed_before_its_bwrap_started_is_not_the_cause_even_when_it_so
 
 
 def run_launch_line(tmp_path: Path, bwrap_body: str) -> tuple[bytes, list[str], str]:
-    """Runs the rank script's launch line (scripts.status_fd_launch) with a fake bwrap that logs
-    each call's arguments and then does `bwrap_body`: (the status file, the calls, stderr)."""
+    """Runs node.sh's probe (scripts.node_status_fd_probe) and then a rank script's launch line
+    (scripts.status_fd_launch) with a fake bwrap that logs each call's arguments and then does
+    `bwrap_body`: (the status file, the calls, stderr)."""
     tmp_path.mkdir()
     bwrap, calls, status = tmp_path / "bwrap", tmp_path / "calls", tmp_path / "bwrap-0.status"
     bwrap.write_text(f'#!/bin/sh\necho "$*" >>{calls}\n{bwrap_body}\n')
     bwrap.chmod(0o755)
     status.write_bytes(BWRAP_NOT_STARTED)
     with_fd = f"{bwrap} --json-status-fd 3 -- job"
-    line = status_fd_launch(str(bwrap), str(status), with_fd, f"{bwrap} -- job")
+    probe = f'{NO_STATUS_FD_VAR}=""\n{node_status_fd_probe(str(bwrap))}'
+    line = probe + status_fd_launch(str(status), with_fd, f"{bwrap} -- job")
     done = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=10, check=False)
     return status.read_bytes(), calls.read_text().splitlines(), done.stderr
 

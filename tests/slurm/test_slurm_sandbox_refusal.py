@@ -11,6 +11,7 @@ import os
 import pwd
 import stat
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -96,32 +97,69 @@ def test_without_json_status_a_refusal_stays_the_ranks_exit_1_as_before(
     assert "--json-status-fd" not in (engine.store.job_dir("533.1") / "rank-0.sh").read_text()
 
 
+def probe_counting_bwrap(slurm_cluster: SlurmCluster, real: str, *, has_status_fd: bool) -> tuple[Path, Path]:
+    """A bubblewrap wrapper that writes the node of each probe (a call with --version) to a log
+    and, without `has_status_fd`, refuses the option as an old bwrap does; else the real one.
+    (the wrapper, the log)."""
+    wrapper, probes = slurm_cluster.new_state_dir() / "bwrap", slurm_cluster.scratch_dir() / "probes"
+    refuse = (
+        ""
+        if has_status_fd
+        else 'for a in "$@"; do if [ "$a" = --json-status-fd ]; then\n'
+        '  echo "bwrap: Unknown option --json-status-fd" >&2; exit 1; fi; done\n'
+    )
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'case " $* " in *" --version "*) echo "$SLURMD_NODENAME" >>{probes};; esac\n'
+        f'{refuse}exec {real} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    wrapper.parent.chmod(0o755)
+    return wrapper, probes
+
+
 def test_a_node_whose_bubblewrap_lacks_the_status_fd_runs_the_job_without_it(
     engine: SlurmEngine, slurm_cluster: SlurmCluster
 ) -> None:
     """review110 #6: the server's bubblewrap has --json-status-fd and a node's does not (a wrapper
     that refuses the option as an old bwrap does): every rank there ended launch_failed with
-    "Unknown option"; now its rank script runs bwrap without it and the exit is the job's."""
-    old_bwrap = slurm_cluster.new_state_dir() / "bwrap"
-    old_bwrap.write_text(
-        "#!/bin/sh\n"
-        'for a in "$@"; do if [ "$a" = --json-status-fd ]; then\n'
-        '  echo "bwrap: Unknown option --json-status-fd" >&2; exit 1; fi; done\n'
-        f'exec {engine.sandbox.bwrap} "$@"\n'
-    )
-    old_bwrap.chmod(0o755)
-    old_bwrap.parent.chmod(0o755)
+    "Unknown option"; now its rank scripts run bwrap without it and the exit is the job's. Its
+    node.sh asks the bubblewrap once (and, having failed, once more for its words) for both its
+    ranks, not each rank twice (rough15 #3)."""
+    old_bwrap, probes = probe_counting_bwrap(slurm_cluster, engine.sandbox.bwrap, has_status_fd=False)
     engine.sandbox = replace(engine.sandbox, bwrap=str(old_bwrap), json_status=True)
-    engine.launch(attempt("534.1", instance("node1", "echo the job ran; exit 1")))
+    ranks = (instance("node1", "echo rank 0 ran"), instance("node1", "echo the job ran; exit 1", rank=1))
+    engine.launch(attempt("534.1", *ranks))
     status = wait_for(engine, "534.1", FINISHED, timeout_s=30)
     assert (status.phase, status.reason, status.exit_code) == (
         AttemptPhase.FAILED,
         FailureReason.EXIT_CODE,
         1,
     ), status
-    assert b"the job ran" in engine.logs("534.1").data
-    path = engine.store.attempt_dir("534.1") / BWRAP_STATUS_FILE.format(rank=0)
-    assert path.read_bytes() == BWRAP_NO_STATUS
+    assert b"the job ran" in engine.logs("534.1", 1).data and b"rank 0 ran" in engine.logs("534.1", 0).data
+    for rank in (0, 1):
+        path = engine.store.attempt_dir("534.1") / BWRAP_STATUS_FILE.format(rank=rank)
+        assert path.read_bytes() == BWRAP_NO_STATUS
+        said = engine.logs("534.1", rank).data
+        assert b"has no --json-status-fd (bwrap: Unknown option --json-status-fd)" in said, said
+    assert probes.read_text().split() == ["node1", "node1"]
+
+
+def test_each_node_asks_its_bubblewrap_once_for_all_its_ranks(
+    engine: SlurmEngine, slurm_cluster: SlurmCluster
+) -> None:
+    """rough15 #3: each rank script ran its own `bwrap --json-status-fd 1 --version`; node.sh
+    runs it once for the ranks it starts, and they run with the status fd as before."""
+    counted, probes = probe_counting_bwrap(slurm_cluster, engine.sandbox.bwrap, has_status_fd=True)
+    engine.sandbox = replace(engine.sandbox, bwrap=str(counted), json_status=True)
+    ranks = [instance("node1", "echo ran"), instance("node1", "echo ran", rank=1)]
+    engine.launch(attempt("536.1", *ranks, instance("node2", "echo ran", rank=2)))
+    status = wait_for(engine, "536.1", FINISHED, timeout_s=30)
+    assert status.phase is AttemptPhase.SUCCEEDED, status
+    for rank in (0, 1, 2):
+        path = engine.store.attempt_dir("536.1") / BWRAP_STATUS_FILE.format(rank=rank)
+        assert b'"exit-code": 0' in path.read_bytes(), path.read_bytes()
+    assert sorted(probes.read_text().split()) == ["node1", "node2"]
 
 
 def test_a_refusal_after_another_rank_ran_and_was_killed_is_the_jobs_own_failure(

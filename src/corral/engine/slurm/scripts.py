@@ -230,9 +230,11 @@ def batch_script(
     )
 
 
-def node_script(attempt_dir: Path, job_dir: Path, shares: list[NodeShare]) -> str:
+def node_script(attempt_dir: Path, job_dir: Path, shares: list[NodeShare], sandbox: NodeSandbox) -> str:
     """Starts the ranks placed on this node, forwards SIGTERM to them, exits with the first
-    non-zero rank exit code."""
+    non-zero rank exit code. With `sandbox.json_status` it first asks the node's bubblewrap
+    whether it has the option, for all its ranks (node_status_fd_probe)."""
+    probe = node_status_fd_probe(shlex.quote(sandbox.bwrap)) if sandbox.json_status else ""
     d = shlex.quote(str(attempt_dir))
     j = shlex.quote(str(job_dir))
     cases = "".join(f"  {shlex.quote(s.node)}) ranks='{' '.join(map(str, s.ranks))}' ;;\n" for s in shares)
@@ -247,9 +249,10 @@ esac
 if [ -e "$D/{STOP_MARKER}" ]; then exit 143; fi
 # superseded by a later submission of the attempt (batch.sh checked it too, a moment before)
 if ! current; then exit 0; fi
-pids=""
+{NO_STATUS_FD_VAR}=""
+{probe}pids=""
 for r in $ranks; do
-  /bin/sh "$J/rank-$r.sh" >"$J/rank-$r.log" 2>&1 </dev/null &
+  /bin/sh "$J/rank-$r.sh" "${NO_STATUS_FD_VAR}" >"$J/rank-$r.log" 2>&1 </dev/null &
   pids="$pids $!"
 done
 trap 'kill -TERM $pids 2>/dev/null' TERM INT
@@ -376,24 +379,40 @@ def _rank_exports(
     return list(env), lines
 
 
-def status_fd_launch(bwrap: str, status: str, with_fd: str, without_fd: str) -> str:
-    """The rank's shell line that execs bwrap with BWRAP_STATUS_FD on `status` (`with_fd`), or,
-    on a node whose bubblewrap lacks --json-status-fd, without it (`without_fd`), saying so in
-    `status` and the rank's log. `bwrap` and `status` are shell words; the commands start after
-    `exec`. Only bwrap's own "Unknown option" means the option is missing (it parses its options
-    in order, so it says that before --version): a probe that failed for another reason (no fork
-    under the job's pids limit, no memory) runs with the fd as usual, so a refusal there is still
-    read as one (review111 #2). The probe's words are read by a second run only when it failed,
-    so a node whose bwrap has the option pays one exec. The fd is opened by the subshell that
-    execs bwrap, so no other process of the rank holds it."""
-    no_status = shlex.quote(BWRAP_NO_STATUS.decode().rstrip("\n"))
+# node.sh's shell variable, passed to each rank script it starts as $1: bwrap's words when this
+# node's bubblewrap lacks --json-status-fd, else empty
+NO_STATUS_FD_VAR = "no_status_fd"
+
+
+def node_status_fd_probe(bwrap: str) -> str:
+    """node.sh's lines that ask the node's bubblewrap, once for all the ranks it starts there
+    (not once per rank), whether it has --json-status-fd: `bwrap --json-status-fd 1 --version`,
+    which an older bwrap refuses with "Unknown option" before it reads --version (it parses its
+    options in order). Only those words mean the option is missing (NO_STATUS_FD_VAR holds them):
+    a probe that failed for another reason (no fork under the job's pids limit, no memory) leaves
+    it empty, so the ranks run with the fd as usual and a refusal there is still read as one
+    (review111 #2). The words are read by a second run only when the probe failed, so a node
+    whose bwrap has the option pays one exec per job. No bubblewrap at all: no probe (each rank
+    script says so itself). `bwrap` is a shell word."""
     probe = f"{bwrap} --json-status-fd 1 --version"
     return (
-        f"if ! {probe} >/dev/null 2>&1; then why=$({probe} 2>&1 >/dev/null); "
-        f'case "$why" in *"Unknown option"*) '
-        f"echo \"corral: $(hostname)'s bubblewrap has no --json-status-fd ($why): a sandbox it "
-        f"refuses reads as the job's own failure\" >&2; "
-        f"echo {no_status} >{status}; exec {without_fd};; esac; fi; "
+        f"if [ -x {bwrap} ] && ! {probe} >/dev/null 2>&1; then why=$({probe} 2>&1 >/dev/null); "
+        f'case "$why" in *"Unknown option"*) {NO_STATUS_FD_VAR}="$why";; esac; fi\n'
+    )
+
+
+def status_fd_launch(status: str, with_fd: str, without_fd: str) -> str:
+    """The rank's shell line that execs bwrap with BWRAP_STATUS_FD on `status` (`with_fd`), or,
+    where node.sh's probe (node_status_fd_probe, its words in NO_STATUS_FD_VAR) found the node's
+    bubblewrap lacks --json-status-fd, without it (`without_fd`), saying so in `status` and the
+    rank's log. `status` is a shell word; the commands start after `exec`. The fd is opened by
+    the subshell that execs bwrap, so no other process of the rank holds it."""
+    no_status = shlex.quote(BWRAP_NO_STATUS.decode().rstrip("\n"))
+    return (
+        f'if [ -n "${NO_STATUS_FD_VAR}" ]; then '
+        f"echo \"corral: $(hostname)'s bubblewrap has no --json-status-fd (${NO_STATUS_FD_VAR}): a "
+        f"sandbox it refuses reads as the job's own failure\" >&2; "
+        f"echo {no_status} >{status}; exec {without_fd}; fi; "
         f"exec {BWRAP_STATUS_FD}>{status}; exec {with_fd}"
     )
 
@@ -445,7 +464,7 @@ def rank_script(
         with_fd = " ".join(map(shlex.quote, with_status_fd(head, str(BWRAP_STATUS_FD))))
         with_fd += ' "$@" ' + " ".join(map(shlex.quote, tail))
         status = f'"$D/{BWRAP_STATUS_FILE.format(rank=r)}"'
-        launch = status_fd_launch(bwrap, status, with_fd, sandboxed)
+        launch = status_fd_launch(status, with_fd, sandboxed)
     secret_env = _secret_env(secrets, inst.rank)
     cuda, gpus = (STASH_PREFIX + v for v in RANK_SCRIPT_VARS)
     return f"""#!/bin/sh
@@ -455,6 +474,8 @@ PATH={DEFAULT_PATH}
 export PATH
 D={d}
 J={j}
+# node.sh's probe of this node's bubblewrap (node_status_fd_probe): its words if it lacks the option
+{NO_STATUS_FD_VAR}="${{1:-}}"
 cd "$J"
 if [ ! -x {bwrap} ]; then
   echo "corral: bubblewrap is not installed at {sandbox.bwrap} on $(hostname):" \\
@@ -530,7 +551,7 @@ def write_scripts(
         "batch.sh": batch_script(
             attempt.attempt_id, attempt_dir, job_dir, len(shares), bool(attempt.secrets)
         ),
-        "node.sh": node_script(attempt_dir, job_dir, shares),
+        "node.sh": node_script(attempt_dir, job_dir, shares, sandbox),
         **{
             f"rank-{i.rank}.sh": rank_script(
                 attempt_dir,
