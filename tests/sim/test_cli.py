@@ -581,7 +581,7 @@ def test_jobs_out_in_dev_shm_is_a_file_and_a_symlink_loop_is_one_line(tmp_path: 
     was refused as missing; a process's own streams are still written into (renaming over what
     /dev/stdout leads to would replace the file stdout writes to); a symlink loop was a
     traceback before the replay."""
-    from corral.cli.sim import _jobs_out_in_place
+    from corral.cli.sim_jobs_out import in_place as _jobs_out_in_place
 
     assert not _jobs_out_in_place(Path("/dev/shm/corral-no-such-file.csv"))
     for streams in ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"):

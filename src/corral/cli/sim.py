@@ -18,7 +18,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from corral.cli import sim_jobs_out
-from corral.cli.sim_jobs_out import in_place as _jobs_out_in_place  # noqa: F401 (tests read it here)
 from corral.words import plural
 
 if TYPE_CHECKING:
