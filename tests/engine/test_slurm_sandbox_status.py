@@ -194,3 +194,27 @@ def test_the_rank_runs_without_the_status_fd_only_when_its_bwrap_says_the_option
     assert status == b'{ "child-pid": 41 }\n'
     assert calls[-1] == "--json-status-fd 3 -- job"
     assert "has no --json-status-fd" not in stderr
+
+
+def test_exit_files_of_ranks_the_job_does_not_have_or_past_a_shells_exit_status_are_skipped(
+    tmp_path: Path,
+) -> None:
+    """The job's account writes its job dir: a rank read from a name such as rank--5.exit crashed
+    sandbox_refusal (and so every reconcile tick), rank-3000000.exit made it read three million
+    status files, and an exit code past 255 reached the database, which refused it (review115 #1, #2)."""
+    store = store_with(tmp_path, {0: STARTED})
+    job = store.job_dir("9.1")
+    (job / "rank-0.exit").write_text("1\n")
+    (job / "rank--5.exit").write_text("1\n")
+    (job / "rank-3000000.exit").write_text("1\n")
+    (job / "rank-+1.exit").write_text("1\n")
+    assert store.rank_exits("9.1", 2, UID) == {0: 1}
+    assert store.sandbox_refusal("9.1", 2, store.rank_exits("9.1", 2, UID), UID) is not None
+    for text in ("9" * 40, "256", "-1", "1e3", " 1 2"):
+        (job / "rank-1.exit").write_text(text + "\n")
+        assert store.rank_exits("9.1", 2, UID) == {0: 1}, text
+    (job / "rank-1.exit").write_text("255\n")
+    assert store.rank_exits("9.1", 2, UID) == {0: 1, 1: 255}
+    failed_at = store.first_failure_time("9.1", 2, UID)
+    first = min(os.stat(job / f"rank-{rank}.exit").st_mtime for rank in (0, 1))
+    assert failed_at is not None and failed_at == first

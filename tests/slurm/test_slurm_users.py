@@ -239,8 +239,8 @@ def test_server_never_follows_what_the_user_puts_in_its_job_dir(
     swap = f"cd {job_dir} && rm rank-0.log rank-0.exit && ln -s {secret} rank-0.log && mkfifo rank-0.exit"
     subprocess.run([*as_alice, swap], check=True, timeout=10)
     assert engine.logs("510.1").data == b""
-    assert engine.store.rank_exits("510.1", alice) == {}  # the FIFO is skipped, not waited on
-    assert engine.store.first_failure_time("510.1", alice) is None
+    assert engine.store.rank_exits("510.1", 1, alice) == {}  # the FIFO is skipped, not waited on
+    assert engine.store.first_failure_time("510.1", 1, alice) is None
 
 
 def test_exec_never_follows_nor_waits_on_the_rank_script_the_user_swaps(

@@ -483,7 +483,7 @@ class SlurmEngine(Submission):
         if state in mapping.RUNNING_STATES:
             self._enforce_limits(record, job)
             return mapping.live_status(aid, job)
-        exits = self.store.rank_exits(aid, record.uid)
+        exits = self.store.rank_exits(aid, record.n_ranks, record.uid)
         refused = self._sandbox_refusal(record, exits)
         status = mapping.terminal_status(aid, job, exits, mapping.stop_kind(record.stop, job), refused)
         return self._finish(record, status)
@@ -507,7 +507,7 @@ class SlurmEngine(Submission):
         """Slurm purged the job (older than MinJobAge) before Corral saw it end: the exit codes the
         instances wrote tell how it ended; with none, the attempt is lost."""
         aid, ref = record.attempt_id, record.slurm_job_id
-        exits = self.store.rank_exits(aid, record.uid)
+        exits = self.store.rank_exits(aid, record.n_ranks, record.uid)
         if len(exits) < record.n_ranks:
             return AttemptStatus(
                 aid,
@@ -561,7 +561,7 @@ class SlurmEngine(Submission):
             return
         if record.n_ranks < 2:  # no gang: a lone instance that ended ends its job (and this
             return  # runs on every poll, so the job dir is not listed for nothing)
-        failed_at = self.store.first_failure_time(record.attempt_id, record.uid)
+        failed_at = self.store.first_failure_time(record.attempt_id, record.n_ranks, record.uid)
         if failed_at is not None and now - failed_at > GANG_GRACE_S:
             # an instance failed and the rest of the gang ignored SIGTERM: end the whole job
             self._kill(record)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import secrets
 import stat
 import tempfile
@@ -24,6 +25,7 @@ from corral.engine.slurm.cli import SlurmNode
 from corral.engine.slurm.mapping import SandboxRefusal
 from corral.engine.slurm.scripts import BWRAP_NO_STATUS, BWRAP_NOT_STARTED, BWRAP_STATUS_FILE, SUBMISSION_FILE
 
+_EXIT_STATUS = re.compile(rb"[0-9]{1,3}")  # what `echo "$rc"` writes, newline stripped
 RECORD_CACHE_SIZE = 4096  # attempt records kept in memory (StateStore.load)
 
 
@@ -265,25 +267,32 @@ class StateStore:
             self._cache.clear()  # forget attempts long finished; live ones are read again once
         self._cache[attempt_id] = (key, _copy(record))
 
-    def _exit_files(self, attempt_id: str, owner: int | None) -> list[tuple[float, int, int]]:
-        """(mtime, rank, exit code) of every rank-R.exit the job wrote (unsafe ones skipped)."""
+    def _exit_files(self, attempt_id: str, n_ranks: int, owner: int | None) -> list[tuple[float, int, int]]:
+        """(mtime, rank, exit code) of every rank-R.exit the job wrote for a rank it has (0 <= R <
+        n_ranks) holding a shell's exit status (0-255); any other file is skipped. The job's
+        account can write its job dir, so its names and contents are not trusted: a rank taken
+        from a name such as rank--5.exit or rank-3000000.exit once crashed or stalled every
+        reconcile tick, and an exit code past 255 was refused by the database."""
         found = []
-        for path in self.job_dir(attempt_id).glob("rank-*.exit"):
+        for rank in range(n_ranks):
+            path = self.job_dir(attempt_id) / f"rank-{rank}.exit"
             try:
                 data, _, mtime = read_job_file(path, owner, limit=64)
-                found.append((mtime, int(path.stem.split("-", 1)[1]), int(data)))
-            except (ValueError, OSError):
+            except OSError:
                 continue
+            text = data.strip()
+            if _EXIT_STATUS.fullmatch(text) and int(text) <= 255:
+                found.append((mtime, rank, int(text)))
         return found
 
-    def rank_exits(self, attempt_id: str, owner: int | None = None) -> dict[int, int]:
+    def rank_exits(self, attempt_id: str, n_ranks: int, owner: int | None = None) -> dict[int, int]:
         """Exit codes the instances wrote (rank-R.exit), in the order they ended (the first
         failure is the cause; the others were killed because of it). A killed rank writes none."""
-        return {rank: code for _, rank, code in sorted(self._exit_files(attempt_id, owner))}
+        return {rank: code for _, rank, code in sorted(self._exit_files(attempt_id, n_ranks, owner))}
 
-    def first_failure_time(self, attempt_id: str, owner: int | None = None) -> float | None:
+    def first_failure_time(self, attempt_id: str, n_ranks: int, owner: int | None = None) -> float | None:
         """When the first instance ended with a non-zero code (unix seconds), if one did."""
-        times = [mtime for mtime, _, code in self._exit_files(attempt_id, owner) if code != 0]
+        times = [mtime for mtime, _, code in self._exit_files(attempt_id, n_ranks, owner) if code != 0]
         return min(times) if times else None
 
     def sandbox_refusal(
@@ -300,7 +309,7 @@ class StateStore:
         failing = [(rank, code) for rank, code in exits.items() if code != 0]
         if not failing:
             return None
-        ranks = range(max(n_ranks, max(exits, default=-1) + 1))
+        ranks = range(n_ranks)  # exits has only ranks below n_ranks (_exit_files)
         statuses = [self._bwrap_status(attempt_id, r, owner) for r in ranks]
         rank, code = _first_cause(failing, statuses)
         status = statuses[rank]
