@@ -309,3 +309,30 @@ def test_relaunch_does_not_write_through_links_the_user_planted(
     assert engine.logs("511.1").data == b"relaunched\n"
     assert list(victim.iterdir()) == []
     assert not (job_dir / "etc").is_symlink() and (job_dir / "etc" / "passwd").is_file()
+
+
+def test_an_attempt_whose_status_cannot_be_read_does_not_stop_the_poll_of_the_others(
+    engine: SlurmEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What is read for a status comes from job dirs their accounts write: one attempt's error is
+    logged and that attempt left out (it keeps its state, polled again next tick), the others are
+    answered (before, the exception ended the whole poll, so no job's start or end was recorded)."""
+    engine.launch(attempt("511.1", instance("node1", "sleep 30")))
+    engine.launch(attempt("512.1", instance("node1", "sleep 30")))
+    for aid in ("511.1", "512.1"):
+        wait_for(engine, aid, {AttemptPhase.RUNNING})
+    read = engine._status
+
+    def failing(record: object, jobs: object) -> AttemptStatus:
+        if getattr(record, "attempt_id", None) == "511.1":
+            raise IndexError("list index out of range")
+        return read(record, jobs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine, "_status", failing)
+    statuses = engine.poll(["511.1", "512.1"])
+    assert "511.1" not in statuses
+    assert statuses["512.1"].phase is AttemptPhase.RUNNING
+    monkeypatch.undo()
+    for aid in ("511.1", "512.1"):
+        engine.stop(aid, 0)
+        assert wait_for(engine, aid, FINISHED).phase is not AttemptPhase.RUNNING

@@ -338,7 +338,15 @@ class SlurmEngine(Submission):
             jobs = self._live_jobs(live)
             for record in live:
                 with self._attempt_lock(record.attempt_id):
-                    out[record.attempt_id] = self._status(record, jobs)
+                    try:
+                        out[record.attempt_id] = self._status(record, jobs)
+                    except EngineUnavailable:
+                        raise
+                    except Exception:
+                        # Its job dir is the job's account's to write: whatever is found there
+                        # must not stop the loop from recording every other job. Left out, the
+                        # attempt keeps its state and is polled again next tick.
+                        log.exception("Slurm attempt %s: its status could not be read", record.attempt_id)
             self._note_pending(live, out, asked_at)
         return out
 
@@ -406,6 +414,11 @@ class SlurmEngine(Submission):
         if asked_at < self._noted_at:
             return
         self._noted_at = asked_at
+        if any(r.attempt_id not in statuses for r in live):  # one left out (poll): ask squeue next time
+            self._pending.clear()
+            self._all_pending_at = float("-inf")
+            self._quiet = (float("-inf"), {})
+            return
         pending = {r.attempt_id: statuses[r.attempt_id] for r in live}
         phases = {s.phase for s in pending.values()}
         if all(s.phase is AttemptPhase.PENDING for s in pending.values()):
