@@ -141,16 +141,17 @@ class OlderServer:
     """The real app answering GET /jobs/{id}/events as an older Corral did (review114 #9): its
     events without "id" and `before` not read (as before review113 #6), and with `counting`
     False without the X-Corral-Earlier-Events header and `skip` not read either (as before
-    review112 #3). Everything else is the app's own answer."""
+    review112 #3). Everything else is the app's own answer. With `numbered` it is a current
+    server behind a proxy that drops the header only: ids kept, `skip` and `before` read."""
 
-    def __init__(self, app: Any, *, counting: bool) -> None:
-        self.app, self.counting = app, counting
+    def __init__(self, app: Any, *, counting: bool, numbered: bool = False) -> None:
+        self.app, self.counting, self.numbered = app, counting, numbered
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or not re.fullmatch(r"/api/v1/jobs/\d+/events", scope["path"]):
             await self.app(scope, receive, send)
             return
-        unread = {"before"} if self.counting else {"before", "skip"}
+        unread = set() if self.numbered else {"before"} if self.counting else {"before", "skip"}
         query = [(k, v) for k, v in parse_qsl(scope["query_string"].decode()) if k not in unread]
         scope = {**scope, "query_string": urlencode(query).encode()}
         start: dict[str, Any] = {}
@@ -164,7 +165,7 @@ class OlderServer:
             body += message.get("body", b"")
             if message.get("more_body"):
                 return
-            events = [{k: v for k, v in e.items() if k != "id"} for e in json.loads(body)]
+            events = [{k: v for k, v in e.items() if k != "id" or self.numbered} for e in json.loads(body)]
             sent = json.dumps(events).encode()
             dropped = {b"content-length"} | (set() if self.counting else {b"x-corral-earlier-events"})
             headers = [(k, v) for k, v in start["headers"] if k.lower() not in dropped]
@@ -208,3 +209,21 @@ def test_corral_events_against_an_older_server(world: World, counting: bool) -> 
             if not counting:
                 code, out = run(world, url, "alice", "events", str(job), "--skip", "3")
                 assert code == 1 and "ignores skip" in " ".join(out.split()), out
+
+
+def test_corral_events_pages_back_through_a_proxy_that_drops_the_count_header(world: World) -> None:
+    """review115 #4: a current server whose X-Corral-Earlier-Events a proxy dropped was taken for
+    the oldest kind and its --skip and --before refused; its events carry ids, so they are read
+    as asked (the count is unknown: 0)."""
+    job, _ = a_long_history(world)
+    with served(OlderServer(world.client.app, counting=False, numbered=True)) as url:
+        token = world.as_("alice")["Authorization"].split()[1]
+        with Client(url, token=token) as c:
+            newest, _ = c.events_page(job)
+            before = newest[0]["id"]
+            rows, left_out = c.events_page(job, before=before, limit=5)
+            assert [r["id"] for r in rows] == sorted(r["id"] for r in rows) and rows[-1]["id"] < before
+            assert len(rows) == 5 and left_out == 0
+            assert c.events_page(job, skip=3, limit=2)[0] == newest[-5:-3]
+        code, out = run(world, url, "alice", "events", str(job), "--before", str(before))
+        assert code == 0 and "older than paging" not in out, out
