@@ -244,6 +244,8 @@ def server_env(
             "CORRAL_ALLOW_UNISOLATED": "true" if allow_unisolated else "false",
             "CORRAL_LOG_LEVEL": "INFO",
             "CORRAL_SSH_GATEWAY_PORT": "0",  # off: tests that use it pass a free port
+            # JupyterLab on the portal's origin: tests of the workspace origin pass a free port
+            "CORRAL_WORKSPACE_PORT": "0",
             "PYTHONUNBUFFERED": "1",
         }
     )

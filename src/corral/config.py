@@ -10,6 +10,7 @@ import os
 import socket
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
@@ -43,6 +44,25 @@ def parse_networks(
                 "10.20.0.0/16 or addresses such as 192.168.1.5, separated by commas"
             ) from None
     return tuple(networks)
+
+
+def parse_origin(text: str, setting: str) -> str:
+    """`scheme://host[:port]` as browsers write an `Origin` (lower case, no path, no default
+    port), from a `setting` such as `https://ws.example.org` or `http://ws.local:8081/`."""
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            f"{setting}: {text!r} is not an origin: give a scheme and host, e.g. https://ws.example.org"
+        )
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username or parts.password:
+        raise ValueError(f"{setting}: {text!r} has more than a scheme, host and port: drop the rest")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"{setting}: {text!r} has a port that is not a number from 0 to 65535") from None
+    default = {"http": 80, "https": 443}[parts.scheme]
+    where = url_host(parts.hostname) + (f":{port}" if port is not None and port != default else "")
+    return f"{parts.scheme}://{where}"
 
 
 class SecretFileError(ValueError):
@@ -227,6 +247,15 @@ class Settings(FileVariablesSettings):
     # jupyterlab, at the same path on every node, readable by the job accounts). None: the
     # server's own venv, which must then be readable by them (corral.environments.mounts).
     workspace_venv: Path | None = None
+    # Workspaces on their own origin (docs/security.md, "Workspaces on their own origin"): the
+    # port of a second listener of this server on `host` that serves only the workspace proxy;
+    # the portal's `/ws/<id>/` hands a browser over to it. None: `port` + 1 (the demo's 8081);
+    # 0: no second listener, JupyterLab on the portal's own origin (a known risk, documented).
+    workspace_port: int | None = Field(default=None, ge=0, le=65535)
+    # The workspace listener's address as browsers reach it, when a reverse proxy (or a wildcard
+    # host) stands in front of it, e.g. `https://ws.example.org`. None: the portal's scheme and
+    # host name with `workspace_port`.
+    workspace_origin: str | None = None
 
     @field_validator("audit_retention_days", mode="before")
     @classmethod
@@ -252,11 +281,41 @@ class Settings(FileVariablesSettings):
             parse_networks(value, "CORRAL_FORWARDED_ALLOW_IPS")
         return value
 
+    @field_validator("workspace_origin")
+    @classmethod
+    def _origin(cls, value: str | None) -> str | None:
+        """A scheme and a host (and port), nothing else: it is compared with browsers' `Origin`."""
+        if value is None or not value.strip():
+            return None
+        return parse_origin(value.strip(), "CORRAL_WORKSPACE_ORIGIN")
+
     @model_validator(mode="after")
     def _tls_pair(self) -> Settings:
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise ValueError("CORRAL_SSL_CERTFILE and CORRAL_SSL_KEYFILE go together: set both or neither")
         return self
+
+    @model_validator(mode="after")
+    def _workspace_listener(self) -> Settings:
+        if self.workspace_origin is not None and self.workspace_listen_port == 0:
+            raise ValueError(
+                "CORRAL_WORKSPACE_ORIGIN needs the workspace listener it stands in front of: "
+                "set CORRAL_WORKSPACE_PORT to a port (not 0), or unset CORRAL_WORKSPACE_ORIGIN"
+            )
+        if self.workspace_listen_port != 0 and self.workspace_listen_port == self.port:
+            raise ValueError(
+                f"CORRAL_WORKSPACE_PORT={self.workspace_listen_port} is the portal's own port "
+                "(CORRAL_PORT): workspaces need another port (or 0 to serve them on the portal's origin)"
+            )
+        return self
+
+    @property
+    def workspace_listen_port(self) -> int:
+        """The workspace listener's port; 0: none (JupyterLab on the portal's origin). Unset, it is
+        the portal's port + 1, and none when the portal's port is 0 (an ephemeral one: tests)."""
+        if self.workspace_port is not None:
+            return self.workspace_port
+        return self.port + 1 if 0 < self.port < 65535 else 0
 
     @property
     def scheme(self) -> str:

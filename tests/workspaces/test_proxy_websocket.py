@@ -81,7 +81,7 @@ def test_a_kernel_websocket_ends_when_its_holder_loses_access(kernel: str, monke
 
     from corral.services.open_sessions import Holder, OpenSessions
 
-    async def allowed(_app: Any, _headers: Any, _cookies: Any, ws_id: int) -> proxy.Decision:
+    async def allowed(_app: Any, _headers: Any, _cookies: Any, ws_id: int, *_: Any) -> proxy.Decision:
         holder = Holder("alice" if ws_id == 5 else "bob", f"token:{ws_id}")
         return proxy.Decision(200, upstream=Upstream(socket=kernel), token="t", holder=holder)
 

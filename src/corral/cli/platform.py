@@ -50,6 +50,13 @@ def up(
     ] = False,
     host: Annotated[str | None, typer.Option(help="listen address (default 127.0.0.1)")] = None,
     port: Annotated[int | None, typer.Option(help="listen port (default 8080)")] = None,
+    workspace_port: Annotated[
+        int | None,
+        typer.Option(
+            help="port of the workspaces' own origin, where JupyterLab is served "
+            "(default: --port + 1; 0: on the portal's origin, a known risk: docs/security.md)"
+        ),
+    ] = None,
     virtual_gpus: Annotated[int | None, typer.Option(help="declare N virtual GPUs instead of NVML")] = None,
     gpu_model: Annotated[str | None, typer.Option(help="model name of the virtual GPUs")] = None,
     database_url: Annotated[str | None, typer.Option(help="default: SQLite under $CORRAL_HOME")] = None,
@@ -64,6 +71,7 @@ def up(
         for k, v in {
             "host": host,
             "port": port,
+            "workspace_port": workspace_port,
             "virtual_gpus": virtual_gpus,
             "gpu_model": gpu_model,
             "database_url": database_url,

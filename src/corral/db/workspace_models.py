@@ -61,3 +61,26 @@ class WorkspaceGroupPolicy(Base):
     group_id: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"), primary_key=True)
     default_idle_timeout_s: Mapped[float | None] = mapped_column(Float)
     max_idle_timeout_s: Mapped[float | None] = mapped_column(Float)
+
+
+class WorkspacePass(Base):
+    """A browser's way onto the workspace origin (corral.services.workspace_passes, migration
+    0039_workspace_passes). A `ticket` is made by the portal's `/ws/<id>/` for its logged-in owner
+    and lives seconds; the workspace listener redeems it once (compare-and-set on kind and hash)
+    and the same row becomes the `cookie` of that workspace origin, valid while the portal session
+    it came from is. Only hashes of the secrets are stored. Deleted with its session (a logout or
+    revoke ends the workspace cookie too) and with its workspace."""
+
+    __tablename__ = "workspace_passes"
+
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the ticket or cookie
+    kind: Mapped[str] = mapped_column(String(8))  # "ticket" | "cookie"
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"), index=True)
+    session_hash: Mapped[str] = mapped_column(
+        ForeignKey("web_sessions.id_hash", ondelete="CASCADE"), index=True
+    )
+    # A ticket's destination: a path under its workspace's `/ws/<id>/` (with its query), so the
+    # handoff can send the browser nowhere else. Empty for a cookie.
+    path: Mapped[str] = mapped_column(String(2048))
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)

@@ -104,7 +104,7 @@ class PortInUse(RuntimeError):
     """The server's listen address cannot be bound; raised before anything is written."""
 
 
-def bind_listen_socket(host: str, port: int) -> socket.socket:
+def bind_listen_socket(host: str, port: int, setting: str = "--port / CORRAL_PORT") -> socket.socket:
     """Bind the API's socket first, before the database or the demo data are touched, so that a
     port already in use fails at once with a clear message and leaves nothing behind. uvicorn then
     serves on this very socket (no window in which another process could take the port)."""
@@ -118,7 +118,7 @@ def bind_listen_socket(host: str, port: int) -> socket.socket:
         why = "the address is already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
         raise PortInUse(
             f"cannot listen on {url_host(host)}:{port}: {why}. Is another Corral server (or another program) "
-            "using it? Stop it or pick another port with --port / CORRAL_PORT. Nothing was written."
+            f"using it? Stop it or pick another port with {setting}. Nothing was written."
         ) from exc
     sock.listen(2048)
     # Not inheritable (Python's default): job supervisors started by this server must not hold
@@ -200,6 +200,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
         settings = demo_settings(settings)
     _tls_or_exit(settings)
     listen_socket = _listen_or_exit(settings)
+    sockets = [listen_socket, *_workspace_listener_or_exit(settings, listen_socket)]
     db_engine, session_factory = _prepare_home_and_database(settings)
     url = local_url(settings)
     os.environ.setdefault("CORRAL_PUBLIC_URL", url)  # alerts' runbook links (corral.monitor.runbooks)
@@ -247,7 +248,8 @@ def serve(settings: Settings, demo: bool = False) -> None:
 
             seed_demo(ctx, url)
         print(f"Corral is up at {url}  (API docs: {url}/docs, portal: {url}/)", flush=True)
-        server.run(sockets=[listen_socket])
+        print(workspace_line(settings), flush=True)
+        server.run(sockets=sockets)
     finally:
         stop_waking()
         if gateway is not None:
@@ -277,6 +279,32 @@ def _listen_or_exit(settings: Settings) -> socket.socket:
     except PortInUse as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1)
+
+
+def _workspace_listener_or_exit(settings: Settings, portal: socket.socket) -> list[socket.socket]:
+    """The workspace listener's socket (corral.workspaces.origin), bound before anything is
+    written, as the portal's; none when CORRAL_WORKSPACE_PORT=0."""
+    port = settings.workspace_listen_port
+    if port == 0:
+        return []
+    try:
+        return [bind_listen_socket(settings.host, port, setting="CORRAL_WORKSPACE_PORT")]
+    except PortInUse as exc:
+        portal.close()
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
+
+
+def workspace_line(settings: Settings) -> str:
+    """The banner's line on where workspaces are served."""
+    port = settings.workspace_listen_port
+    if port == 0:
+        return (
+            "Workspaces: on the portal's own origin (CORRAL_WORKSPACE_PORT=0): a workspace's "
+            "JupyterLab can act as its owner on the API (docs/security.md)"
+        )
+    where = settings.workspace_origin or f"port {port}"
+    return f"Workspaces: JupyterLab on their own origin ({where}); the portal hands browsers over"
 
 
 def _prepare_home_and_database(settings: Settings) -> tuple[DatabaseEngine, sessionmaker[Session]]:

@@ -37,7 +37,7 @@ import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import websockets
 from fastapi import APIRouter, Request, WebSocket
@@ -57,10 +57,24 @@ from corral.services.auth import (
 )
 from corral.services.errors import ServiceError
 from corral.services.open_sessions import Holder, held_open
+from corral.services.workspace_passes import authenticate_pass
 from corral.services.workspaces import ProxyTarget, proxy_target
 from corral.workspaces.endpoint import EndpointUnusable, Upstream, jupyter_upstream, open_unix_socket
 from corral.workspaces.jupyter_auth import HEADER
 from corral.workspaces.labtls import pinned_context
+from corral.workspaces.origin import (
+    HANDOFF_PATH,
+    WORKSPACE_COOKIE,
+    Listener,
+    allowed_origin,
+    hand_over,
+    listener,
+    nothing_else,
+    portal_url,
+    settings_of,
+    take_over,
+    to_the_portal,
+)
 from corral.workspaces.upstream import (
     HttpPool,
     UpstreamError,
@@ -125,23 +139,34 @@ _pools: dict[Upstream, HttpPool] = {}  # kept-alive upstream connections
 on_credentials_changed(_decisions.clear)
 
 
-def _credential(headers: Any, cookies: Any) -> tuple[str, bool] | None:
+TOKEN, SESSION, PASS = "token", "session", "pass"  # the kinds of credential a request may carry
+
+
+def _credential(headers: Any, cookies: Any, where: Listener) -> tuple[str, str] | None:
+    """A bearer token, else the cookie of the listener it came in on: the portal's session
+    cookie, or on the workspace listener its own (the portal's is never accepted there: cookies
+    are not kept apart by port, so the browser sends it along)."""
     auth = headers.get("authorization", "")
     scheme, _, value = auth.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
-        return value.strip(), False
+        return value.strip(), TOKEN
+    if where is Listener.WORKSPACE:
+        cookie = cookies.get(WORKSPACE_COOKIE)
+        return (cookie, PASS) if cookie else None
     cookie = cookies.get(SESSION_COOKIE)
-    return (cookie, True) if cookie else None
+    return (cookie, SESSION) if cookie else None
 
 
-def _decide(
-    factory: sessionmaker[Session], engine: Any, secret: str, via_cookie: bool, ws_id: int
-) -> Decision:
+def _principal(session: Session, secret: str, kind: str, ws_id: int) -> Principal:
+    if kind == PASS:
+        return authenticate_pass(session, secret, ws_id)
+    return authenticate_session(session, secret) if kind == SESSION else authenticate_token(session, secret)
+
+
+def _decide(factory: sessionmaker[Session], engine: Any, secret: str, kind: str, ws_id: int) -> Decision:
     with factory() as session:
         try:
-            principal: Principal = (
-                authenticate_session(session, secret) if via_cookie else authenticate_token(session, secret)
-            )
+            principal = _principal(session, secret, kind, ws_id)
         except ServiceError:
             return Decision(302)
         target: ProxyTarget | None = proxy_target(session, ws_id)
@@ -166,7 +191,7 @@ def _decide(
     if upstream is None:
         return Decision(503, f"workspace {ws_id}: JupyterLab has not said where it listens yet; try again")
     holder = Holder(principal.name, principal.credential)
-    return Decision(200, upstream=upstream, token=target.token, via_cookie=via_cookie, holder=holder)
+    return Decision(200, upstream=upstream, token=target.token, via_cookie=kind != TOKEN, holder=holder)
 
 
 def _missing(ws_id: int | str) -> Decision:
@@ -181,17 +206,19 @@ def workspace_id(text: str) -> int | None:
     return int(text)
 
 
-async def authorize(app: Any, headers: Any, cookies: Any, ws_id: int) -> Decision:
-    found = _credential(headers, cookies)
+async def authorize(
+    app: Any, headers: Any, cookies: Any, ws_id: int, where: Listener = Listener.SHARED
+) -> Decision:
+    found = _credential(headers, cookies, where)
     if found is None:
         return Decision(302)
-    secret, via_cookie = found
+    secret, kind = found
     key, now = (sha256_hex(secret), ws_id), time.monotonic()
     cached = _decisions.get(key)
     if cached is not None and cached[0] > now:
         return cached[1]
     decision = await run_in_threadpool(
-        _decide, app.state.session_factory, app.state.engine, secret, via_cookie, ws_id
+        _decide, app.state.session_factory, app.state.engine, secret, kind, ws_id
     )
     if len(_decisions) > 10_000:
         _decisions.clear()
@@ -200,13 +227,6 @@ async def authorize(app: Any, headers: Any, cookies: Any, ws_id: int) -> Decisio
     ttl = NOT_RUNNING_CACHE_S if decision.status == 503 else AUTH_CACHE_S
     _decisions[key] = (now + ttl, decision)
     return decision
-
-
-def same_origin(headers: Any) -> bool:
-    origin = headers.get("origin")
-    if origin is None:
-        return False
-    return urlsplit(origin).netloc == headers.get("host", "")
 
 
 def _pool(upstream: Upstream) -> HttpPool:
@@ -233,10 +253,13 @@ def _upstream_headers(headers: Any, token: str) -> list[tuple[str, str]]:
 
 
 def _corral_cookie(item: str) -> bool:
-    return item.strip().startswith(SESSION_COOKIE + "=")
+    name = item.strip().partition("=")[0]
+    return name in (SESSION_COOKIE, WORKSPACE_COOKIE)
 
 
-def _refusal(request: Request, decision: Decision) -> Response:
+def _refusal(request: Request, decision: Decision, where: Listener, ws_id: str) -> Response:
+    if decision.status == 302 and where is Listener.WORKSPACE:
+        return to_the_portal(request, ws_id)
     if decision.status == 302:
         return RedirectResponse(f"/login?next={quote(request.url.path, safe='/')}", status_code=302)
     return refused(request, decision.status, decision.message)
@@ -245,10 +268,14 @@ def _refusal(request: Request, decision: Decision) -> Response:
 def refused(request: Request, status: int, message: str) -> Response:
     """`message` as JSON (`{"detail": ...}`, as the API answers), or to a browser (text/html in
     Accept: a page opened from the portal, or a bookmark) as a small page saying the same, with
-    a link to the portal's workspaces."""
+    a link to the portal's workspaces (on the workspace listener: at the portal's address)."""
     if "text/html" not in request.headers.get("accept", ""):
         return JSONResponse({"detail": message}, status_code=status)
-    page = ERROR_PAGE.format(status=status, message=html.escape(message), portal=PORTAL_WORKSPACES)
+    portal = PORTAL_WORKSPACES
+    settings = settings_of(request.app)
+    if settings is not None and listener(request.app, request.scope) is Listener.WORKSPACE:
+        portal = portal_url(request, settings) + PORTAL_WORKSPACES
+    page = ERROR_PAGE.format(status=status, message=html.escape(message), portal=html.escape(portal))
     return HTMLResponse(page, status_code=status, headers=ERROR_PAGE_HEADERS)
 
 
@@ -257,10 +284,19 @@ async def proxy_http(request: Request, ws_id: str, path: str) -> Response:
     number = workspace_id(ws_id)
     if number is None:
         return refused(request, 404, _missing(ws_id[:40]).message)
-    decision = await authorize(request.app, request.headers, request.cookies, number)
+    where = listener(request.app, request.scope)
+    decision = await authorize(request.app, request.headers, request.cookies, number, where)
     if decision.status != 200:
-        return _refusal(request, decision)
-    if decision.via_cookie and request.method not in SAFE_METHODS and not same_origin(request.headers):
+        return _refusal(request, decision, where, ws_id)
+    if where is Listener.PORTAL:  # the owner: handed over to the workspace origin
+        return await hand_over(
+            request, number, request.cookies.get(SESSION_COOKIE) if decision.via_cookie else None
+        )
+    if (
+        decision.via_cookie
+        and request.method not in SAFE_METHODS
+        and not allowed_origin(request.headers, settings_of(request.app), where)
+    ):
         return refused(request, 403, "cross-origin request to a workspace refused")
     assert decision.upstream is not None
     target = request.scope.get("raw_path") or quote(f"/ws/{ws_id}/{path}").encode()
@@ -330,8 +366,12 @@ async def proxy_websocket(websocket: WebSocket, ws_id: str, path: str) -> None:
     if number is None:
         await websocket.close(code=1008)  # as for a missing workspace: HTTP 403
         return
-    decision = await authorize(websocket.app, websocket.headers, websocket.cookies, number)
-    if decision.status != 200 or not same_origin(websocket.headers):
+    where = listener(websocket.app, websocket.scope)
+    if where is Listener.PORTAL:  # JupyterLab's WebSockets go to the workspace origin only
+        await websocket.close(code=1008)
+        return
+    decision = await authorize(websocket.app, websocket.headers, websocket.cookies, number, where)
+    if decision.status != 200 or not allowed_origin(websocket.headers, settings_of(websocket.app), where):
         await websocket.close(code=1008)  # before accept: the client gets HTTP 403
         return
     assert decision.upstream is not None
@@ -457,6 +497,9 @@ class ProxyDispatch:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         kind = scope["type"]
+        if kind in ("http", "websocket") and listener(self.app_of(scope), scope) is Listener.WORKSPACE:
+            await self._workspace_listener(scope, receive, send)
+            return
         found = WORKSPACE_PATH.match(scope["path"]) if kind in ("http", "websocket") else None
         if found is None or (kind == "http" and scope["method"] not in HTTP_METHODS):
             await self.app(scope, receive, send)
@@ -467,6 +510,29 @@ class ProxyDispatch:
             await proxy_websocket(WebSocket(scope, receive, send), ws_id, path)
             return
         response = await proxy_http(Request(scope, receive), ws_id, path)
+        await response(scope, receive, send)
+
+    def app_of(self, scope: Any) -> Any:
+        """The FastAPI app (its state holds the settings): set in the scope by Starlette."""
+        return scope["app"]
+
+    async def _workspace_listener(self, scope: Any, receive: Any, send: Any) -> None:
+        """The workspace listener serves the proxy and the handoff, and nothing of the API's."""
+        found = WORKSPACE_PATH.match(scope["path"])
+        scope["route"] = ROUTE_LABEL
+        if scope["type"] == "websocket":
+            if found is None:
+                await WebSocket(scope, receive, send).close(code=1008)
+            else:
+                await proxy_websocket(WebSocket(scope, receive, send), found[1], found[2])
+            return
+        request = Request(scope, receive)
+        if found is not None and scope["method"] in HTTP_METHODS:
+            response = await proxy_http(request, found[1], found[2])
+        elif scope["path"] == HANDOFF_PATH:
+            response = await take_over(request)
+        else:
+            response = nothing_else(request)
         await response(scope, receive, send)
 
 

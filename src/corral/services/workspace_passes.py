@@ -1,0 +1,142 @@
+"""How a browser gets from the portal onto the workspace origin (docs/security.md, "Workspaces on
+their own origin"; corral.workspaces.proxy serves both ends).
+
+The portal's `/ws/<id>/...`, asked by the workspace's owner with the portal's session cookie,
+issues a ticket: a random secret, single use, valid TICKET_TTL_S, bound to that workspace, to the
+path asked for and to the portal session it was issued under (so to its user). The browser is
+redirected with it to the workspace listener, which redeems it by compare-and-set (a second
+redeem, or one after the expiry, finds nothing) for a cookie of its own origin: another random
+secret, valid for that one workspace while the portal session is (a logout or a revoke of the
+session ends it; the row is deleted with the session). Only sha256 hashes are stored, so a
+database dump opens nothing. The portal's own cookie is never accepted on the workspace origin,
+nor the workspace cookie on the portal.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.orm import Session
+
+from corral.db.models import User, WebSession
+from corral.db.workspace_models import WorkspacePass
+from corral.services.auth import Principal, load_principal, session_id, sha256_hex
+from corral.services.errors import Unauthenticated
+
+TICKET_TTL_S = 30.0  # a redirect's round trip, with room for a slow machine
+TICKET = "ticket"
+COOKIE = "cookie"
+MAX_PATH_CHARS = 2048
+
+
+class TicketRefused(Unauthenticated):
+    """A ticket that is unknown, used already, expired, or whose portal session has ended."""
+
+
+@dataclass(frozen=True, slots=True)
+class Redeemed:
+    workspace_id: int
+    path: str  # where the ticket was for: under `/ws/<workspace_id>/`
+    cookie: str  # the workspace origin's cookie (the secret; only its hash is stored)
+    expires_at: float  # its portal session's expiry
+
+
+def issue_ticket(
+    session: Session, session_secret: str, workspace_id: int, path: str, *, now: float | None = None
+) -> str:
+    """A ticket for the owner of the portal session `session_secret` (already authorised for
+    `workspace_id` by the proxy) to open `path` (under `/ws/<workspace_id>/`) on the workspace
+    origin. Expired tickets are deleted here: no loop is needed to keep the table small."""
+    now = time.time() if now is None else now
+    prefix = f"/ws/{workspace_id}/"
+    if not path.startswith(prefix) or len(path) > MAX_PATH_CHARS:
+        raise ValueError(f"a ticket's path must be under {prefix} and at most {MAX_PATH_CHARS} characters")
+    session.execute(
+        delete(WorkspacePass).where(WorkspacePass.kind == TICKET, WorkspacePass.expires_at <= now)
+    )
+    ticket = secrets.token_urlsafe(32)
+    session.add(
+        WorkspacePass(
+            id_hash=sha256_hex(ticket),
+            kind=TICKET,
+            workspace_id=workspace_id,
+            session_hash=sha256_hex(session_secret),
+            path=path,
+            created_at=now,
+            expires_at=now + TICKET_TTL_S,
+        )
+    )
+    session.commit()
+    return ticket
+
+
+def redeem_ticket(session: Session, ticket: str, *, now: float | None = None) -> Redeemed:
+    """The ticket turned into the workspace origin's cookie, once: the row changes from ticket to
+    cookie by compare-and-set on its hash, kind and expiry, so of two redeems only one wins."""
+    now = time.time() if now is None else now
+    refused = TicketRefused(
+        "this link to a workspace has expired or was used already; open the workspace from the portal again"
+    )
+    if not ticket or len(ticket) > 100:
+        raise refused
+    found = session.execute(
+        select(WorkspacePass, WebSession.expires_at, User.active)
+        .join(WebSession, WebSession.id_hash == WorkspacePass.session_hash)
+        .join(User, User.id == WebSession.user_id)
+        .where(WorkspacePass.id_hash == sha256_hex(ticket), WorkspacePass.kind == TICKET)
+    ).first()
+    if found is None:
+        raise refused
+    row, session_expires_at, active = found
+    if row.expires_at <= now or session_expires_at <= now or not active:
+        raise refused
+    cookie = secrets.token_urlsafe(32)
+    won = session.execute(
+        update(WorkspacePass)
+        .where(
+            WorkspacePass.id_hash == row.id_hash,
+            WorkspacePass.kind == TICKET,
+            WorkspacePass.expires_at > now,
+        )
+        .values(id_hash=sha256_hex(cookie), kind=COOKIE, path="", expires_at=session_expires_at)
+        .execution_options(synchronize_session=False)
+    )
+    if won.rowcount != 1:  # type: ignore[attr-defined]  # redeemed by another request meanwhile
+        session.rollback()
+        raise refused
+    redeemed = Redeemed(row.workspace_id, row.path, cookie, session_expires_at)
+    session.commit()
+    return redeemed
+
+
+def authenticate_pass(
+    session: Session, cookie: str, workspace_id: int, *, now: float | None = None
+) -> Principal:
+    """Who the workspace origin's `cookie` acts for, on `workspace_id` only: the user of the
+    portal session it came from, while that session is valid and the user active."""
+    now = time.time() if now is None else now
+    found = session.execute(
+        select(WebSession, User)
+        .join(WorkspacePass, WorkspacePass.session_hash == WebSession.id_hash)
+        .join(User, User.id == WebSession.user_id)
+        .where(
+            WorkspacePass.id_hash == sha256_hex(cookie),
+            WorkspacePass.kind == COOKIE,
+            WorkspacePass.workspace_id == workspace_id,
+        )
+    ).first()
+    if found is None:
+        raise Unauthenticated("the workspace's cookie is not valid; open the workspace from the portal again")
+    web, user = found
+    if web.expires_at <= now or not user.active:
+        raise Unauthenticated("the portal session has ended; log in again")
+    return load_principal(
+        session,
+        user,
+        via="session",
+        expires_at=web.expires_at,
+        credential=f"session:{session_id(web)}",
+    )

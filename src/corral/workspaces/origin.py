@@ -1,0 +1,184 @@
+"""Workspaces on their own origin (docs/security.md, "Workspaces on their own origin").
+
+What JupyterLab answers is written by code running as the workspace's owner; served on the
+portal's origin, its script could call the whole API with the owner's session cookie. So the
+server listens a second time (CORRAL_WORKSPACE_PORT; a reverse proxy or a wildcard host may stand
+in front of it, CORRAL_WORKSPACE_ORIGIN) and that listener serves the workspace proxy and nothing
+else: no `/api/v1`, no portal, and not the portal's session cookie. The portal's `/ws/<id>/...`
+decides as the proxy always did (owner only; 404 for others) and, for the owner, hands the
+browser over with a one-time ticket (corral.services.workspace_passes), which the workspace
+listener's HANDOFF_PATH exchanges for a cookie of its own (WORKSPACE_COOKIE: HttpOnly, SameSite,
+Secure over https, path `/ws/<id>/`), then sends the browser on to the lab. A bearer token works
+on the workspace listener directly; on the portal it is redirected there (307).
+
+Which listener a request came in on is told by its server port (the ASGI scope's `server`):
+one uvicorn serves both sockets with one app. With CORRAL_WORKSPACE_PORT=0 nothing changes
+(SHARED: JupyterLab on the portal's origin, as before).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from enum import Enum
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from fastapi import Request
+from fastapi.responses import PlainTextResponse, RedirectResponse, Response
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from corral.config import Settings, url_host
+from corral.services import workspace_passes
+from corral.services.workspace_passes import TicketRefused
+
+WORKSPACE_COOKIE = "corral_workspace"  # the workspace origin's own; the portal never reads it
+HANDOFF_PATH = "/corral-handoff"  # on the workspace listener: ?ticket=... -> cookie -> the lab
+PUBLIC_URL_ENV = "CORRAL_PUBLIC_URL"  # the portal's address as people reach it
+
+
+class Listener(Enum):
+    SHARED = "shared"  # no workspace listener: the portal's origin serves JupyterLab (old way)
+    PORTAL = "portal"  # the portal and the API; `/ws/` only hands over to the workspace origin
+    WORKSPACE = "workspace"  # the workspace proxy only
+
+
+def settings_of(app: Any) -> Settings | None:
+    return getattr(app.state, "settings", None)
+
+
+def listener(app: Any, scope: Any) -> Listener:
+    """The listener `scope` came in on. An app without settings (a test's bare proxy router)
+    serves as SHARED, as before."""
+    settings = settings_of(app)
+    port = settings.workspace_listen_port if settings is not None else 0
+    if port == 0:
+        return Listener.SHARED
+    server = scope.get("server") or (None, None)
+    return Listener.WORKSPACE if server[1] == port else Listener.PORTAL
+
+
+def _host_and_scheme(request: Any) -> tuple[str, str]:
+    url = request.url
+    scheme = "https" if url.scheme in ("https", "wss") else "http"
+    return url_host(url.hostname or "localhost"), scheme
+
+
+def workspace_origin(request: Any, settings: Settings) -> str:
+    """Where browsers reach the workspace listener: CORRAL_WORKSPACE_ORIGIN, else the host name
+    this request was sent to, on the workspace port, in the same scheme."""
+    if settings.workspace_origin is not None:
+        return settings.workspace_origin
+    host, scheme = _host_and_scheme(request)
+    return f"{scheme}://{host}:{settings.workspace_listen_port}"
+
+
+def portal_url(request: Any, settings: Settings) -> str:
+    """Where browsers reach the portal, seen from the workspace listener: CORRAL_PUBLIC_URL when
+    the workspace origin is another host (CORRAL_WORKSPACE_ORIGIN), else this request's host name
+    on the portal's port."""
+    public = os.environ.get(PUBLIC_URL_ENV, "").rstrip("/")
+    if settings.workspace_origin is not None and public:
+        return public
+    host, scheme = _host_and_scheme(request)
+    return f"{scheme}://{host}:{settings.port}"
+
+
+def allowed_origin(headers: Any, settings: Settings | None, where: Listener) -> bool:
+    """A browser's `Origin` for a WebSocket or a cookie's state change: on the workspace listener
+    the workspace origin (as configured, else the request's own host); elsewhere the portal's
+    own host, as before."""
+    origin = headers.get("origin")
+    if origin is None:
+        return False
+    if where is Listener.WORKSPACE and settings is not None and settings.workspace_origin is not None:
+        return origin.rstrip("/").lower() == settings.workspace_origin
+    return urlsplit(origin).netloc == headers.get("host", "")
+
+
+def request_target(scope: Any) -> str:
+    """The path and query as the browser sent them (raw, still escaped)."""
+    raw = scope.get("raw_path") or quote(scope["path"]).encode()
+    query = scope.get("query_string", b"")
+    return (raw + b"?" + query if query else raw).decode("latin-1")
+
+
+async def hand_over(request: Request, ws_id: int, session_secret: str | None) -> Response:
+    """The portal's answer to `/ws/<id>/...` that the owner may open: to the workspace origin.
+    A browser (the portal's session cookie) goes there with a one-time ticket for this very path;
+    a bearer-token client is sent to the same path there (307: its method and body kept)."""
+    settings = settings_of(request.app)
+    assert settings is not None
+    target = request_target(request.scope)
+    origin = workspace_origin(request, settings)
+    if session_secret is None:
+        return RedirectResponse(origin + target, status_code=307)
+    if request.method not in ("GET", "HEAD"):
+        return PlainTextResponse(
+            f"workspace {ws_id} is served at {origin}/ws/{ws_id}/, not on the portal", status_code=403
+        )
+    factory: sessionmaker[Session] = request.app.state.session_factory
+
+    def issue() -> str:
+        with factory() as db:
+            return workspace_passes.issue_ticket(db, session_secret, ws_id, target)
+
+    ticket = await run_in_threadpool(issue)
+    answer = RedirectResponse(f"{origin}{HANDOFF_PATH}?ticket={ticket}", status_code=303)
+    answer.headers["Cache-Control"] = "no-store"
+    answer.headers["Referrer-Policy"] = "no-referrer"
+    return answer
+
+
+async def take_over(request: Request) -> Response:
+    """HANDOFF_PATH on the workspace listener: the ticket exchanged (once) for this origin's
+    cookie for its workspace, and the browser sent on to where the ticket was for."""
+    from corral.workspaces.proxy import refused
+
+    settings = settings_of(request.app)
+    assert settings is not None
+    if request.method not in ("GET", "HEAD"):
+        return refused(request, 405, f"{HANDOFF_PATH} takes GET with a ticket from the portal")
+    factory: sessionmaker[Session] = request.app.state.session_factory
+    ticket = request.query_params.get("ticket", "")
+
+    def redeem() -> workspace_passes.Redeemed:
+        with factory() as db:
+            return workspace_passes.redeem_ticket(db, ticket)
+
+    try:
+        redeemed = await run_in_threadpool(redeem)
+    except TicketRefused as exc:
+        return refused(request, 403, exc.message)
+    answer = RedirectResponse(redeemed.path, status_code=303)
+    answer.set_cookie(
+        WORKSPACE_COOKIE,
+        redeemed.cookie,
+        max_age=max(1, int(redeemed.expires_at - time.time())),
+        httponly=True,
+        samesite="lax",
+        secure=_host_and_scheme(request)[1] == "https",
+        path=f"/ws/{redeemed.workspace_id}/",
+    )
+    answer.headers["Cache-Control"] = "no-store"
+    answer.headers["Referrer-Policy"] = "no-referrer"
+    return answer
+
+
+def to_the_portal(request: Any, ws_id: str) -> Response:
+    """A browser on the workspace origin without its cookie (a bookmark, an expired one): back to
+    the portal's `/ws/<id>/...`, which logs it in if need be and hands it over again."""
+    settings = settings_of(request.app)
+    assert settings is not None
+    return RedirectResponse(portal_url(request, settings) + request_target(request.scope), status_code=302)
+
+
+def nothing_else(request: Any) -> Response:
+    """Any other path on the workspace listener: not the API, not the portal."""
+    del request
+    return PlainTextResponse(
+        "this address serves workspaces only (/ws/<id>/); the portal and its API are elsewhere",
+        status_code=404,
+        headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"},
+    )

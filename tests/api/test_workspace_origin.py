@@ -1,0 +1,334 @@
+"""Workspaces on their own origin (corral.workspaces.origin, corral.services.workspace_passes), on
+the real app and database (SQLite and PostgreSQL): the portal listener (the test client's port,
+80) hands its owner over with a one-time ticket; the workspace listener (CORRAL_WORKSPACE_PORT,
+8081 here: the portal's 8080 + 1) exchanges it for its own cookie, serves the proxy and nothing
+of the API's, and accepts neither the portal's cookie nor another workspace's. JupyterLab is a
+`websockets` server on a Unix socket (HTTP answered by process_request), in place of the
+attempt's endpoint (the rest of the proxy's decision is real: sessions, owner, running attempt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
+from websockets.asyncio.server import ServerConnection, unix_serve
+from websockets.http11 import Request as WsRequest
+from websockets.http11 import Response as WsResponse
+
+from corral.config import Settings
+from corral.db.models import Node, User
+from corral.db.workspace_models import WorkspacePass
+from corral.services import auth
+from corral.workspaces import proxy
+from corral.workspaces.endpoint import Upstream
+from corral.workspaces.jupyter_auth import HEADER
+from corral.workspaces.origin import HANDOFF_PATH, WORKSPACE_COOKIE
+from tests.api.conftest import ALICE_PASSWORD, World, alice_password_hash
+from tests.api.helpers import add_node, make_running
+
+API = "/api/v1"
+WS_LISTENER = "http://testserver:8081"  # the settings' port 8080 + 1
+PORTAL_ORIGIN = "http://testserver"  # the test client's own (port 80): the portal listener
+
+
+@pytest.fixture
+def jupyter(tmp_path: Path) -> Iterator[str]:
+    """JupyterLab's stand-in on a Unix socket: an HTTP request is answered with what arrived
+    (path, cookies, the proxy's credential) as JSON; a WebSocket with its path, then an echo."""
+    sock = str(tmp_path / "jupyter.sock")
+    loop = asyncio.new_event_loop()
+    ready, stop = threading.Event(), asyncio.Event()
+
+    def answer_http(connection: ServerConnection, request: WsRequest) -> WsResponse | None:
+        if request.headers.get("Upgrade", "").lower() == "websocket":
+            return None
+        seen = {
+            "path": request.path,
+            "cookie": request.headers.get("Cookie", ""),
+            "credential": request.headers.get(HEADER, ""),
+        }
+        return connection.respond(HTTPStatus.OK, json.dumps(seen))
+
+    async def answer_ws(connection: ServerConnection) -> None:
+        await connection.send(connection.request.path if connection.request else "")
+        async for message in connection:
+            await connection.send(message)
+
+    async def serve() -> None:
+        async with unix_serve(answer_ws, sock, process_request=answer_http):
+            ready.set()
+            await stop.wait()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    yield sock
+    loop.call_soon_threadsafe(stop.set)
+    thread.join(10)
+
+
+@pytest.fixture
+def lab(world: World, jupyter: str, monkeypatch: Any) -> Iterator[TestClient]:
+    """The workspace listener's client; the proxy's JupyterLab endpoint is `jupyter`."""
+    monkeypatch.setattr(proxy, "jupyter_upstream", lambda *_: Upstream(socket=jupyter))
+    proxy._decisions.clear()
+    settings: Settings = world.client.app.state.settings  # type: ignore[attr-defined]
+    assert settings.workspace_listen_port == 8081
+    client = TestClient(world.client.app, base_url=WS_LISTENER)
+    yield client
+    proxy._decisions.clear()
+
+
+def running_workspace(world: World, name: str, user: str = "alice", gpu: int = 0) -> int:
+    """A workspace of `user` whose job has a running attempt (on GPU `gpu` of node n1); its id."""
+    with world.session_factory() as db:
+        if db.get(Node, "n1") is None:
+            add_node(db)
+            db.commit()
+    created = world.client.post(f"{API}/workspaces", json={"name": name}, headers=world.as_(user))
+    assert created.status_code == 201, created.text
+    with world.session_factory() as db:
+        make_running(db, created.json()["job_id"], gpu_indices=(gpu,))
+    return int(created.json()["id"])
+
+
+def portal_session(world: World, user: str) -> str:
+    """A portal session's cookie secret for `user` (logged in with a password, as the portal does)."""
+    with world.session_factory() as db:
+        account = db.scalar(sa.select(User).where(User.name == user))
+        assert account is not None
+        account.password_hash = alice_password_hash()
+        secret, _user, _csrf = auth.login(db, user, ALICE_PASSWORD)
+        db.commit()
+    return secret
+
+
+def ticket_of(world: World, secret: str, path: str) -> str:
+    """What the portal's `path` hands the owner over with: a redirect to the workspace listener's
+    handoff carrying a ticket; the ticket."""
+    r = world.client.get(path, headers={"Cookie": f"corral_session={secret}"}, follow_redirects=False)
+    assert r.status_code == 303, r.text
+    prefix = f"{WS_LISTENER}{HANDOFF_PATH}?ticket="
+    assert r.headers["location"].startswith(prefix), r.headers
+    assert r.headers["cache-control"] == "no-store"
+    return r.headers["location"][len(prefix) :]
+
+
+def cookie_of(lab: TestClient, ticket: str, expected_path: str, ws_id: int) -> str:
+    """The workspace origin's cookie the ticket is exchanged for."""
+    r = lab.get(f"{HANDOFF_PATH}?ticket={ticket}", follow_redirects=False)
+    assert r.status_code == 303, r.text
+    assert r.headers["location"] == expected_path
+    set_cookie = r.headers["set-cookie"]
+    name_value, *attributes = [part.strip() for part in set_cookie.split(";")]
+    name, _, value = name_value.partition("=")
+    assert name == WORKSPACE_COOKIE and value, set_cookie
+    flags = {a.split("=")[0].lower(): a.partition("=")[2] for a in attributes}
+    assert flags["path"] == f"/ws/{ws_id}/" and "httponly" in flags, set_cookie
+    assert flags["samesite"].lower() == "lax" and "secure" not in flags, set_cookie  # http here
+    return value
+
+
+def test_the_owner_is_handed_over_with_a_ticket_that_opens_her_lab_once(
+    world: World, lab: TestClient
+) -> None:
+    ws_id = running_workspace(world, "nb")
+    secret = portal_session(world, "alice")
+    ticket = ticket_of(world, secret, f"/ws/{ws_id}/lab?reset")
+    with world.session_factory() as db:  # only its hash is stored
+        stored = db.scalars(sa.select(WorkspacePass.id_hash)).all()
+    assert stored == [auth.sha256_hex(ticket)]
+    cookie = cookie_of(lab, ticket, f"/ws/{ws_id}/lab?reset", ws_id)
+    # The lab through the workspace listener: JupyterLab gets its own cookies only.
+    jar = f"corral_session={secret}; {WORKSPACE_COOKIE}={cookie}; _xsrf=x1"
+    r = lab.get(f"/ws/{ws_id}/lab?reset", headers={"Cookie": jar})
+    assert r.status_code == 200, r.text
+    seen = r.json()
+    assert seen["path"] == f"/ws/{ws_id}/lab?reset"
+    assert seen["cookie"] == "_xsrf=x1" and seen["credential"], seen
+    again = lab.get(f"{HANDOFF_PATH}?ticket={ticket}", follow_redirects=False)
+    assert again.status_code == 403 and "set-cookie" not in again.headers, again.text
+    assert again.json()["detail"] == (
+        "this link to a workspace has expired or was used already; open the workspace from the portal again"
+    )
+
+
+def test_a_ticket_past_its_expiry_is_refused(world: World, lab: TestClient) -> None:
+    ws_id = running_workspace(world, "nb")
+    ticket = ticket_of(world, portal_session(world, "alice"), f"/ws/{ws_id}/lab")
+    with world.session_factory() as db:
+        db.execute(sa.update(WorkspacePass).values(expires_at=time.time() - 1))
+        db.commit()
+    r = lab.get(f"{HANDOFF_PATH}?ticket={ticket}", headers={"Accept": "text/html"}, follow_redirects=False)
+    assert r.status_code == 403 and "set-cookie" not in r.headers, r.text
+    # The page links to the portal's workspaces, at the portal's address (not this listener's).
+    assert '<a href="http://testserver:8080/workspaces">' in r.text, r.text
+    for wrong in ("", "x" * 200, "not-a-ticket"):
+        assert lab.get(f"{HANDOFF_PATH}?ticket={wrong}", follow_redirects=False).status_code == 403
+
+
+def test_a_workspace_cookie_opens_its_own_workspace_only(world: World, lab: TestClient) -> None:
+    first, second = running_workspace(world, "one"), running_workspace(world, "two", gpu=1)
+    secret = portal_session(world, "alice")
+    cookie = cookie_of(lab, ticket_of(world, secret, f"/ws/{first}/lab"), f"/ws/{first}/lab", first)
+    own = lab.get(f"/ws/{first}/api/status", headers={"Cookie": f"{WORKSPACE_COOKIE}={cookie}"})
+    assert own.status_code == 200, own.text
+    other = lab.get(
+        f"/ws/{second}/api/status", headers={"Cookie": f"{WORKSPACE_COOKIE}={cookie}"}, follow_redirects=False
+    )
+    # Not a credential there: back to the portal, which hands over to that workspace afresh.
+    assert other.status_code == 302, other.text
+    assert other.headers["location"] == f"http://testserver:8080/ws/{second}/api/status"
+
+
+def test_another_user_gets_no_ticket_and_a_logout_ends_the_workspace_cookie(
+    world: World, lab: TestClient
+) -> None:
+    ws_id = running_workspace(world, "nb")
+    bobs = portal_session(world, "bob")
+    r = world.client.get(
+        f"/ws/{ws_id}/lab", headers={"Cookie": f"corral_session={bobs}"}, follow_redirects=False
+    )
+    assert r.status_code == 404 and r.json()["detail"] == f"there is no workspace {ws_id}", r.text
+    with world.session_factory() as db:
+        assert db.scalar(sa.select(sa.func.count()).select_from(WorkspacePass)) == 0
+    secret = portal_session(world, "alice")
+    cookie = cookie_of(lab, ticket_of(world, secret, f"/ws/{ws_id}/lab"), f"/ws/{ws_id}/lab", ws_id)
+    logout = world.client.post(
+        f"{API}/auth/logout",
+        headers={"Cookie": f"corral_session={secret}", "X-CSRF-Token": csrf_of(world, secret)},
+    )
+    assert logout.status_code == 204, logout.text
+    after = lab.get(
+        f"/ws/{ws_id}/lab", headers={"Cookie": f"{WORKSPACE_COOKIE}={cookie}"}, follow_redirects=False
+    )
+    assert after.status_code == 302 and after.headers["location"].startswith("http://testserver:8080/"), (
+        after.text
+    )
+    with world.session_factory() as db:  # gone with the session
+        assert db.scalar(sa.select(sa.func.count()).select_from(WorkspacePass)) == 0
+
+
+def csrf_of(world: World, secret: str) -> str:
+    r = world.client.get(f"{API}/auth/csrf", headers={"Cookie": f"corral_session={secret}"})
+    assert r.status_code == 200, r.text
+    return str(r.json()["csrf_token"])
+
+
+def test_the_portals_cookie_is_not_accepted_on_the_workspace_listener(world: World, lab: TestClient) -> None:
+    ws_id = running_workspace(world, "nb")
+    secret = portal_session(world, "alice")
+    r = lab.get(
+        f"/ws/{ws_id}/lab?x=1", headers={"Cookie": f"corral_session={secret}"}, follow_redirects=False
+    )
+    assert r.status_code == 302 and r.headers["location"] == f"http://testserver:8080/ws/{ws_id}/lab?x=1", (
+        r.text
+    )
+    with world.session_factory() as db:
+        assert db.scalar(sa.select(sa.func.count()).select_from(WorkspacePass)) == 0
+
+
+def test_the_workspace_cookie_is_not_accepted_by_the_portal(world: World, lab: TestClient) -> None:
+    ws_id = running_workspace(world, "nb")
+    secret = portal_session(world, "alice")
+    cookie = cookie_of(lab, ticket_of(world, secret, f"/ws/{ws_id}/lab"), f"/ws/{ws_id}/lab", ws_id)
+    only_ws = {"Cookie": f"{WORKSPACE_COOKIE}={cookie}"}
+    assert world.client.get(f"{API}/me", headers=only_ws).status_code == 401
+    assert world.client.get(f"{API}/jobs", headers=only_ws).status_code == 401
+    r = world.client.get(f"/ws/{ws_id}/lab", headers=only_ws, follow_redirects=False)
+    assert r.status_code == 302 and r.headers["location"] == f"/login?next=/ws/{ws_id}/lab", r.text
+
+
+def test_the_workspace_listener_serves_nothing_of_the_api_or_the_portal(
+    world: World, lab: TestClient
+) -> None:
+    admin = world.as_("admin")
+    assert world.client.get(f"{API}/me", headers=admin).status_code == 200  # the portal's
+    for path in (f"{API}/me", f"{API}/jobs", "/", "/workspaces", "/login", "/docs", "/healthz", "/metrics"):
+        r = lab.get(path, headers=admin)
+        assert r.status_code == 404, (path, r.status_code, r.text)
+        assert r.text.startswith("this address serves workspaces only"), (path, r.text)
+    login = lab.post(f"{API}/auth/login", json={"username": "alice", "password": ALICE_PASSWORD})
+    assert login.status_code == 404 and "set-cookie" not in login.headers
+
+
+def test_a_bearer_token_works_on_the_workspace_listener_and_the_portal_sends_it_there(
+    world: World, lab: TestClient
+) -> None:
+    ws_id = running_workspace(world, "nb")
+    r = lab.get(f"/ws/{ws_id}/api/status?a=1", headers=world.as_("alice"))
+    assert r.status_code == 200 and r.json()["path"] == f"/ws/{ws_id}/api/status?a=1", r.text
+    sent = world.client.post(f"/ws/{ws_id}/api/kernels", headers=world.as_("alice"), follow_redirects=False)
+    assert sent.status_code == 307 and sent.headers["location"] == f"{WS_LISTENER}/ws/{ws_id}/api/kernels"
+    other = lab.get(f"/ws/{ws_id}/api/status", headers=world.as_("bob"))
+    assert other.status_code == 404 and other.json()["detail"] == f"there is no workspace {ws_id}"
+
+
+def test_cookie_state_changes_and_websockets_must_come_from_the_workspace_origin(
+    world: World, lab: TestClient
+) -> None:
+    ws_id = running_workspace(world, "nb")
+    secret = portal_session(world, "alice")
+    cookie = cookie_of(lab, ticket_of(world, secret, f"/ws/{ws_id}/lab"), f"/ws/{ws_id}/lab", ws_id)
+    jar = f"{WORKSPACE_COOKIE}={cookie}"
+    for origin, status in (("http://testserver:8080", 403), (PORTAL_ORIGIN, 403), (WS_LISTENER, 200)):
+        r = lab.post(f"/ws/{ws_id}/api/contents", headers={"Cookie": jar, "Origin": origin})
+        assert r.status_code == status, (origin, r.text)
+    channels = f"/ws/{ws_id}/api/kernels/k1/channels?session_id=s"
+    on_lab = "ws://testserver:8081" + channels  # (websocket_connect ignores the client's base URL)
+    with lab.websocket_connect(on_lab, headers={"Cookie": jar, "Origin": WS_LISTENER}) as kernel:
+        assert kernel.receive_text() == channels
+        kernel.send_text("execute_request")
+        assert kernel.receive_text() == "execute_request"
+    for origin in ("http://testserver:8080", PORTAL_ORIGIN, "http://evil.example"):
+        with (
+            pytest.raises(WebSocketDisconnect),
+            lab.websocket_connect(on_lab, headers={"Cookie": jar, "Origin": origin}),
+        ):
+            pass
+    # The portal's cookie is no credential there, even from the workspace origin.
+    with (
+        pytest.raises(WebSocketDisconnect),
+        lab.websocket_connect(on_lab, headers={"Cookie": f"corral_session={secret}", "Origin": WS_LISTENER}),
+    ):
+        pass
+    # And the portal serves no workspace WebSocket at all, to its own pages either.
+    with (
+        pytest.raises(WebSocketDisconnect),
+        world.client.websocket_connect(
+            channels, headers={"Cookie": f"corral_session={secret}", "Origin": PORTAL_ORIGIN}
+        ),
+    ):
+        pass
+
+
+def test_settings_name_what_is_wrong_with_the_workspace_origin() -> None:
+    assert Settings(port=9000).workspace_listen_port == 9001
+    assert Settings(port=9000, workspace_port=0).workspace_listen_port == 0
+    assert (
+        Settings(workspace_origin="HTTPS://WS.Example.org:443/").workspace_origin == "https://ws.example.org"
+    )
+    assert Settings(workspace_origin="http://ws.local:8081").workspace_origin == "http://ws.local:8081"
+    cases = {
+        "CORRAL_WORKSPACE_ORIGIN: 'ws.example.org' is not an origin": {"workspace_origin": "ws.example.org"},
+        "has more than a scheme, host and port": {"workspace_origin": "https://ws.example.org/lab"},
+        "CORRAL_WORKSPACE_ORIGIN needs the workspace listener": {
+            "workspace_origin": "https://ws.example.org",
+            "workspace_port": 0,
+        },
+        "CORRAL_WORKSPACE_PORT=8080 is the portal's own port": {"port": 8080, "workspace_port": 8080},
+    }
+    for words, values in cases.items():
+        with pytest.raises(ValueError, match=words):
+            Settings(**values)
