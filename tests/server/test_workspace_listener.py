@@ -1,0 +1,66 @@
+"""The server process's workspace listener (CORRAL_WORKSPACE_PORT; corral.workspaces.origin): one
+uvicorn serving two sockets, told apart by the port a request came in on. The portal's port serves
+the API and hands `/ws/` over; the workspace port serves nothing of the API or the portal. A
+workspace port already taken refuses start-up in one line, as the portal's does."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from tests.server_fixture import start_server
+from tests.server_harness import free_port, server_env
+
+
+def test_the_workspace_port_serves_no_api_and_the_portal_hands_ws_over() -> None:
+    ws_port = free_port()
+    srv = start_server(extra_env={"CORRAL_WORKSPACE_PORT": str(ws_port)})
+    try:
+        assert f"Workspaces: JupyterLab on their own origin (port {ws_port})" in srv.log_text()
+        with srv.client() as portal:
+            assert portal.get("/api/v1/me").status_code == 200
+            token = portal.headers["authorization"]
+            sent = portal.get("/ws/1/lab", follow_redirects=False)
+        lab = httpx.Client(
+            base_url=f"http://127.0.0.1:{ws_port}", headers={"authorization": token}, timeout=10
+        )
+        with lab:
+            for path in ("/api/v1/me", "/api/v1/jobs", "/", "/workspaces", "/healthz", "/docs"):
+                r = lab.get(path)
+                assert r.status_code == 404, (path, r.status_code, r.text)
+                assert r.text.startswith("this address serves workspaces only"), (path, r.text)
+            # The proxy is there: no workspace 1, answered as the portal answered it before.
+            missing = lab.get("/ws/1/lab")
+            assert missing.status_code == 404 and missing.json() == {"detail": "there is no workspace 1"}
+        assert sent.status_code == 404, sent.text  # the same decision on the portal: no workspace 1
+    finally:
+        srv.stop()
+
+
+def test_a_workspace_port_in_use_refuses_start_up_naming_the_setting(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    port, ws_port = free_port(), free_port()
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", ws_port))
+    taken.listen(1)
+    env = server_env(
+        home, database_url=None, virtual_gpus=1, extra_env={"CORRAL_WORKSPACE_PORT": str(ws_port)}
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "corral.server", "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        taken.close()
+    assert done.returncode == 1, done.stderr
+    assert f"cannot listen on 127.0.0.1:{ws_port}: the address is already in use" in done.stderr
+    assert "pick another port with CORRAL_WORKSPACE_PORT. Nothing was written." in done.stderr
+    assert not (home / "corral.db").exists()
