@@ -157,6 +157,11 @@ def test_the_owner_is_handed_over_with_a_ticket_that_opens_her_lab_once(
     seen = r.json()
     assert seen["path"] == f"/ws/{ws_id}/lab?reset"
     assert seen["cookie"] == "_xsrf=x1" and seen["credential"], seen
+    # A second handoff (another tab) replaces the cookie: one row per session and workspace.
+    newer = cookie_of(lab, ticket_of(world, secret, f"/ws/{ws_id}/tree"), f"/ws/{ws_id}/tree", ws_id)
+    with world.session_factory() as db:
+        rows = db.execute(sa.select(WorkspacePass.kind, WorkspacePass.id_hash)).all()
+    assert rows == [("cookie", auth.sha256_hex(newer))], rows
     again = lab.get(f"{HANDOFF_PATH}?ticket={ticket}", follow_redirects=False)
     assert again.status_code == 403 and "set-cookie" not in again.headers, again.text
     assert again.json()["detail"] == (

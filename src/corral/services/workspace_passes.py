@@ -107,6 +107,16 @@ def redeem_ticket(session: Session, ticket: str, *, now: float | None = None) ->
     if won.rowcount != 1:  # type: ignore[attr-defined]  # redeemed by another request meanwhile
         session.rollback()
         raise refused
+    # The browser's earlier cookie for this workspace (same name and path: this one replaces it
+    # in its jar) is of no more use: one row per session and workspace, not one per handoff.
+    session.execute(
+        delete(WorkspacePass).where(
+            WorkspacePass.session_hash == row.session_hash,
+            WorkspacePass.workspace_id == row.workspace_id,
+            WorkspacePass.kind == COOKIE,
+            WorkspacePass.id_hash != sha256_hex(cookie),
+        )
+    )
     redeemed = Redeemed(row.workspace_id, row.path, cookie, session_expires_at)
     session.commit()
     return redeemed

@@ -83,7 +83,7 @@ class WorkspaceView(TypedDict):
     memory_mib: int
     environment: str
     idle_timeout_s: float
-    url: str  # JupyterLab through Corral's proxy (relative to the server)
+    url: str  # JupyterLab, relative to the portal (which hands browsers over: workspaces.origin)
     ssh_user: str  # `<ssh_user>@host -p <ssh_port>` through the SSH gateway
     ssh_port: int
     waiting: WaitingStatus | None

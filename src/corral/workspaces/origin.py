@@ -134,10 +134,8 @@ async def hand_over(request: Request, ws_id: int, session_secret: str | None) ->
 async def take_over(request: Request) -> Response:
     """HANDOFF_PATH on the workspace listener: the ticket exchanged (once) for this origin's
     cookie for its workspace, and the browser sent on to where the ticket was for."""
-    from corral.workspaces.proxy import refused
+    from corral.workspaces.proxy import refused  # (the proxy imports this module)
 
-    settings = settings_of(request.app)
-    assert settings is not None
     if request.method not in ("GET", "HEAD"):
         return refused(request, 405, f"{HANDOFF_PATH} takes GET with a ticket from the portal")
     factory: sessionmaker[Session] = request.app.state.session_factory

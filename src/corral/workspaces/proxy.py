@@ -1,17 +1,22 @@
 """The reverse proxy in front of each workspace's JupyterLab: `/ws/<id>/...`, HTTP and WebSockets
 (kernels, terminals, events), on the Corral server itself.
 
-Every request is checked against Corral's own credentials (the portal's session cookie, or a
-bearer token): the workspace's owner gets in; anyone else is refused (a notebook runs code as its
-owner: entering someone's workspace would be acting as them; admins stop or remove it instead):
-another user gets the very 404 of a missing workspace (ids are not probeable), an administrator
-a 403 saying whose it is; no credential: a redirect to the portal's login (a WebSocket: 403).
+Served on the workspaces' own origin, a listener apart from the portal's (corral.workspaces.origin:
+there the credential is that origin's own cookie, or a bearer token; the portal's `/ws/<id>/` makes
+the same decision and hands its owner over); with CORRAL_WORKSPACE_PORT=0, on the portal's origin
+with its session cookie, as before. Every request is checked: the workspace's owner gets in;
+anyone else is refused (a notebook runs code as its owner: entering someone's workspace would be
+acting as them; admins stop or remove it instead): another user gets the very 404 of a missing
+workspace (ids are not probeable), an administrator a 403 saying whose it is; no credential: a
+redirect to the portal's login (from the workspace listener: to the portal's `/ws/<id>/...`,
+which hands over again; a WebSocket: 403).
 The id is a plain positive decimal integer (`/ws/7/`); anything else (`abc`, `+7`, `7.0`) is
 answered as a missing workspace. A browser (text/html in Accept) gets a refusal as a small page
 with a link to the portal's workspaces; an API client, as JSON (`{"detail": ...}`).
 Cookie-authenticated requests that change state, and every WebSocket, must come from the
-server's own origin (`Origin` equal to the request's host): the session cookie is SameSite=Lax,
-and this check keeps other sites from driving a kernel with it.
+workspace origin (`Origin` equal to CORRAL_WORKSPACE_ORIGIN, else to the request's host): the
+cookie is SameSite=Lax, and this check keeps other sites (the portal's pages too) from driving
+a kernel with it.
 
 Upstream, JupyterLab listens only on a Unix socket in the attempt's work dir (local engine), or
 on its Slurm node's address and a port the job reports, spoken to only over TLS pinned to the

@@ -127,7 +127,10 @@ class WorkspaceOut(BaseModel):
     memory_mib: int
     environment: str
     idle_timeout_s: float
-    url: str = Field(description="JupyterLab through Corral's proxy, relative to the server")
+    url: str = Field(
+        description="JupyterLab, relative to the portal: the portal hands a browser over to the "
+        "workspaces' own origin (CORRAL_WORKSPACE_PORT), where the proxy serves it"
+    )
     ssh_user: str = Field(description="`ssh -p <ssh_port> <ssh_user>@<server>` through the SSH gateway")
     ssh_port: int
     waiting: WaitingOut | None
