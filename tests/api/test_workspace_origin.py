@@ -209,6 +209,18 @@ def test_another_user_gets_no_ticket_and_a_logout_ends_the_workspace_cookie(
     with world.session_factory() as db:
         assert db.scalar(sa.select(sa.func.count()).select_from(WorkspacePass)) == 0
     secret = portal_session(world, "alice")
+    # The owner's cookie without a navigation (a script's fetch, a POST): no ticket, a refusal
+    # naming where the workspace is served.
+    for method, mode in (("GET", "cors"), ("POST", "navigate"), ("PUT", None)):
+        headers = {"Cookie": f"corral_session={secret}", **({"Sec-Fetch-Mode": mode} if mode else {})}
+        r = world.client.request(method, f"/ws/{ws_id}/api/contents", headers=headers, follow_redirects=False)
+        assert r.status_code == 403, (method, mode, r.text)
+        assert (
+            r.json()["detail"]
+            == f"workspace {ws_id} is served at {WS_LISTENER}/ws/{ws_id}/, not on the portal"
+        )
+    with world.session_factory() as db:
+        assert db.scalar(sa.select(sa.func.count()).select_from(WorkspacePass)) == 0
     cookie = cookie_of(lab, ticket_of(world, secret, f"/ws/{ws_id}/lab"), f"/ws/{ws_id}/lab", ws_id)
     logout = world.client.post(
         f"{API}/auth/logout",

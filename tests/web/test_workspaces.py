@@ -36,6 +36,8 @@ CELL = (
 )
 
 SSH_PORT = free_port()
+LAB_PORT = free_port()  # the workspaces' own origin (CORRAL_WORKSPACE_PORT): JupyterLab is served there
+LAB_URL = f"http://127.0.0.1:{LAB_PORT}"
 SSH_OPTS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes"]
 SSH_OPTS += ["-o", "LogLevel=ERROR", "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=5"]
 
@@ -48,6 +50,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CorralServer]:
         "CORRAL_MONITOR_SAMPLE_INTERVAL_S": "1",
         "CORRAL_WORKSPACE_IDLE_GRACE_S": "1",
         "CORRAL_SSH_GATEWAY_PORT": str(SSH_PORT),  # the snippet names the port this server uses
+        "CORRAL_WORKSPACE_PORT": str(LAB_PORT),
     }
     srv = start_server(home, extra_env=env)
     try:
@@ -70,23 +73,31 @@ def client_of(srv: CorralServer, user: str) -> httpx.Client:
     return srv.client(token, timeout=30)
 
 
+def lab_of(c: httpx.Client) -> httpx.Client:
+    """`c`'s token on the workspace origin, where JupyterLab is served (the portal only hands over)."""
+    return httpx.Client(base_url=LAB_URL, headers={"Authorization": c.headers["Authorization"]}, timeout=30)
+
+
 def wait_jupyter(c: httpx.Client, ws_id: int, timeout_s: float = 60) -> None:
-    wait_for(
-        lambda: c.get(f"/ws/{ws_id}/api/status").status_code == 200,
-        timeout_s,
-        interval_s=0.2,
-        what=f"workspace {ws_id}'s JupyterLab through the proxy",
-    )
+    with lab_of(c) as lab:
+        wait_for(
+            lambda: lab.get(f"/ws/{ws_id}/api/status").status_code == 200,
+            timeout_s,
+            interval_s=0.2,
+            what=f"workspace {ws_id}'s JupyterLab through the proxy",
+        )
 
 
 def start_kernel(c: httpx.Client, ws_id: int) -> str:
-    r = c.post(f"/ws/{ws_id}/api/kernels", json={"name": "python3"})
+    with lab_of(c) as lab:
+        r = lab.post(f"/ws/{ws_id}/api/kernels", json={"name": "python3"})
     assert r.status_code == 201, r.text
     return str(r.json()["id"])
 
 
 def run_in_kernel(srv: CorralServer, ws_id: int, kernel: str, code: str, token: str) -> str:
-    return kernel_client.run_in_kernel(srv.url, ws_id, kernel, code, token)
+    del srv  # the kernel's WebSocket is on the workspace origin
+    return kernel_client.run_in_kernel(LAB_URL, ws_id, kernel, code, token)
 
 
 def run_first_cell(page: Any) -> Any:
@@ -149,11 +160,13 @@ def test_jupyterlab_through_the_proxy(server: CorralServer, playwright_instance:
     anonymous = httpx.get(f"{server.url}/ws/{ws['id']}/lab", follow_redirects=False)
     assert anonymous.status_code == 302 and anonymous.headers["location"].startswith("/login?next=/ws/")
     assert ben.get(f"/ws/{ws['id']}/lab").status_code == 404
+    with lab_of(ben) as bens_lab:
+        assert bens_lab.get(f"/ws/{ws['id']}/lab").status_code == 404
     ben_token = ben.headers["Authorization"].split()[1]
     with pytest.raises(InvalidStatus) as refused:
         connect(
-            f"ws://127.0.0.1:{server.port}/ws/{ws['id']}/api/events/subscribe",
-            additional_headers={"Authorization": f"Bearer {ben_token}", "Origin": server.url},
+            f"ws://127.0.0.1:{LAB_PORT}/ws/{ws['id']}/api/events/subscribe",
+            additional_headers={"Authorization": f"Bearer {ben_token}", "Origin": LAB_URL},
         )
     assert refused.value.response.status_code == 403
 
@@ -178,7 +191,8 @@ def test_jupyterlab_through_the_proxy(server: CorralServer, playwright_instance:
             "nbformat_minor": 5,
         },
     }
-    assert ann.put(f"/ws/{ws['id']}/api/contents/probe.ipynb", json=notebook).status_code in (200, 201)
+    with lab_of(ann) as lab:
+        assert lab.put(f"/ws/{ws['id']}/api/contents/probe.ipynb", json=notebook).status_code in (200, 201)
     browser = launch_browser(playwright_instance)
     try:
         context = browser.new_context(viewport={"width": 1280, "height": 900})
@@ -189,7 +203,8 @@ def test_jupyterlab_through_the_proxy(server: CorralServer, playwright_instance:
         page.fill("#username", "ann")
         page.fill("#password", PASSWORD)
         page.click("form.login-form button[type=submit]")
-        page.wait_for_url(f"**/ws/{ws['id']}/lab/**")
+        # Handed over by the portal to the workspace origin (a one-time ticket, then its cookie).
+        page.wait_for_url(f"{LAB_URL}/ws/{ws['id']}/lab/**")
         output = run_first_cell(page)
         text = output.inner_text()
         assert f"CUDA={gpu_uuids[0]}" in text and "wrote /home" in text
@@ -223,7 +238,8 @@ def test_jupyterlab_through_the_proxy(server: CorralServer, playwright_instance:
     assert restarted["job_id"] != ws["job_id"]
     wait_jupyter(ann, ws["id"])
     mark("restarted")
-    kept = ann.get(f"/ws/{ws['id']}/api/contents/from-notebook.txt")
+    with lab_of(ann) as lab:
+        kept = lab.get(f"/ws/{ws['id']}/api/contents/from-notebook.txt")
     assert kept.status_code == 200 and kept.json()["content"] == "kept"
 
     # A server SIGKILL and restart: the workspace keeps running (the engine adopts it), a new

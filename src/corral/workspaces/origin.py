@@ -114,9 +114,16 @@ async def hand_over(request: Request, ws_id: int, session_secret: str | None) ->
     origin = workspace_origin(request, settings)
     if session_secret is None:
         return RedirectResponse(origin + target, status_code=307)
-    if request.method not in ("GET", "HEAD"):
-        return PlainTextResponse(
-            f"workspace {ws_id} is served at {origin}/ws/{ws_id}/, not on the portal", status_code=403
+    # A ticket for a page the browser navigates to only: a script's request (an old JupyterLab
+    # tab of the portal's origin polling its API) could not follow the redirect anyway.
+    if (
+        request.method not in ("GET", "HEAD")
+        or request.headers.get("sec-fetch-mode", "navigate") != "navigate"
+    ):
+        from corral.workspaces.proxy import refused  # (the proxy imports this module)
+
+        return refused(
+            request, 403, f"workspace {ws_id} is served at {origin}/ws/{ws_id}/, not on the portal"
         )
     factory: sessionmaker[Session] = request.app.state.session_factory
 
