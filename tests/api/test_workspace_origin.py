@@ -169,6 +169,28 @@ def test_the_owner_is_handed_over_with_a_ticket_that_opens_her_lab_once(
     )
 
 
+def test_the_handoff_goes_to_the_workspace_asked_for_only(world: World, lab: TestClient) -> None:
+    """The ticket's destination is the path under the workspace decided on (an id spelled
+    `%31` is that workspace's path again); one too long to keep is refused, not cut; the handoff
+    is spent by GET only (a HEAD, such as a link preview's, leaves it)."""
+    ws_id = running_workspace(world, "nb")
+    secret = portal_session(world, "alice")
+    escaped_id = "".join(f"%{ord(digit):02X}" for digit in str(ws_id))  # 1 -> %31
+    ticket = ticket_of(world, secret, f"/ws/{escaped_id}/lab?x=%2F")
+    assert lab.head(f"{HANDOFF_PATH}?ticket={ticket}").status_code == 405
+    cookie_of(lab, ticket, f"/ws/{ws_id}/lab?x=%2F", ws_id)
+    long = world.client.get(
+        f"/ws/{ws_id}/lab?" + "a" * 3000,
+        headers={"Cookie": f"corral_session={secret}", "Accept": "application/json"},
+        follow_redirects=False,
+    )
+    assert long.status_code == 414, long.text
+    assert long.json()["detail"] == (
+        "the address is longer than the 2048 characters a workspace link may have; "
+        f"open {WS_LISTENER}/ws/{ws_id}/lab"
+    )
+
+
 def test_a_ticket_past_its_expiry_is_refused(world: World, lab: TestClient) -> None:
     ws_id = running_workspace(world, "nb")
     ticket = ticket_of(world, portal_session(world, "alice"), f"/ws/{ws_id}/lab")

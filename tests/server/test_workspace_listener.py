@@ -20,7 +20,7 @@ def test_the_workspace_port_serves_no_api_and_the_portal_hands_ws_over() -> None
     ws_port = free_port()
     srv = start_server(extra_env={"CORRAL_WORKSPACE_PORT": str(ws_port)})
     try:
-        assert f"Workspaces: JupyterLab on their own origin (port {ws_port})" in srv.log_text()
+        assert f"Workspaces: JupyterLab on their own origin, http://127.0.0.1:{ws_port};" in srv.log_text()
         with srv.client() as portal:
             assert portal.get("/api/v1/me").status_code == 200
             token = portal.headers["authorization"]

@@ -303,8 +303,8 @@ def workspace_line(settings: Settings) -> str:
             "Workspaces: on the portal's own origin (CORRAL_WORKSPACE_PORT=0): a workspace's "
             "JupyterLab can act as its owner on the API (docs/security.md)"
         )
-    where = settings.workspace_origin or f"port {port}"
-    return f"Workspaces: JupyterLab on their own origin ({where}); the portal hands browsers over"
+    where = settings.workspace_origin or f"{local_url(settings).rsplit(':', 1)[0]}:{port}"
+    return f"Workspaces: JupyterLab on their own origin, {where}; the portal hands browsers over"
 
 
 def _prepare_home_and_database(settings: Settings) -> tuple[DatabaseEngine, sessionmaker[Session]]:

@@ -104,26 +104,40 @@ def request_target(scope: Any) -> str:
     return (raw + b"?" + query if query else raw).decode("latin-1")
 
 
+def _workspace_target(scope: Any, ws_id: int) -> str:
+    """The request's path and query, as sent, under `/ws/<ws_id>/`; the decoded path escaped
+    again where the raw one spelled the id otherwise (`/ws/%31/`)."""
+    target = request_target(scope)
+    if target.startswith(f"/ws/{ws_id}/"):
+        return target
+    query = scope.get("query_string", b"").decode("latin-1")
+    return quote(scope["path"]) + (f"?{query}" if query else "")
+
+
 async def hand_over(request: Request, ws_id: int, session_secret: str | None) -> Response:
     """The portal's answer to `/ws/<id>/...` that the owner may open: to the workspace origin.
     A browser (the portal's session cookie) goes there with a one-time ticket for this very path;
     a bearer-token client is sent to the same path there (307: its method and body kept)."""
+    from corral.workspaces.proxy import refused  # (the proxy imports this module)
+
     settings = settings_of(request.app)
     assert settings is not None
-    target = request_target(request.scope)
+    target = _workspace_target(request.scope, ws_id)
     origin = workspace_origin(request, settings)
     if session_secret is None:
         return RedirectResponse(origin + target, status_code=307)
     # A ticket for a page the browser navigates to only: a script's request (an old JupyterLab
     # tab of the portal's origin polling its API) could not follow the redirect anyway.
-    if (
-        request.method not in ("GET", "HEAD")
-        or request.headers.get("sec-fetch-mode", "navigate") != "navigate"
-    ):
-        from corral.workspaces.proxy import refused  # (the proxy imports this module)
-
+    if request.method != "GET" or request.headers.get("sec-fetch-mode", "navigate") != "navigate":
         return refused(
             request, 403, f"workspace {ws_id} is served at {origin}/ws/{ws_id}/, not on the portal"
+        )
+    if len(target) > workspace_passes.MAX_PATH_CHARS:
+        return refused(
+            request,
+            414,
+            f"the address is longer than the {workspace_passes.MAX_PATH_CHARS} characters a workspace "
+            f"link may have; open {origin}/ws/{ws_id}/lab",
         )
     factory: sessionmaker[Session] = request.app.state.session_factory
 
@@ -143,7 +157,7 @@ async def take_over(request: Request) -> Response:
     cookie for its workspace, and the browser sent on to where the ticket was for."""
     from corral.workspaces.proxy import refused  # (the proxy imports this module)
 
-    if request.method not in ("GET", "HEAD"):
+    if request.method != "GET":  # (a HEAD, a link preview, would spend the ticket)
         return refused(request, 405, f"{HANDOFF_PATH} takes GET with a ticket from the portal")
     factory: sessionmaker[Session] = request.app.state.session_factory
     ticket = request.query_params.get("ticket", "")
