@@ -1,9 +1,10 @@
 // The only way the portal talks to Corral: the public REST API under /api/v1, like the CLI.
 // Cookie session + CSRF header for requests that change state; a 401 anywhere sends the user to
 // the login page and, after login, back to where they were.
-// The CSRF token lives in this module's memory only, never in localStorage: a workspace's
-// JupyterLab is served on this origin (/ws/<id>/), and script there could read any storage of the
-// origin at any later time. After a reload it is read again from GET /auth/csrf (session cookie).
+// The CSRF token lives in this module's memory only, never in localStorage: where a deployment
+// serves workspaces' JupyterLab on this origin (CORRAL_WORKSPACE_PORT=0), script there could read
+// any storage of the origin at any later time. After a reload it is read again from GET
+// /auth/csrf (session cookie).
 
 const BASE = "/api/v1";
 const LEGACY_CSRF_KEY = "corral.csrf"; // where portals before this one kept it: wiped on load

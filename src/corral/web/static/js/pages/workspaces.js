@@ -1,5 +1,6 @@
 // Workspaces: your interactive workspaces (GET /workspaces), a create form, Open JupyterLab
-// (served by Corral's proxy at /ws/<id>/lab, behind this portal's session), start/stop/remove,
+// (this portal's /ws/<id>/lab, which hands the owner over to the workspaces' own origin, where
+// Corral's proxy serves it), start/stop/remove,
 // and how to connect with ssh or VS Code Remote-SSH through the SSH gateway.
 
 import { api, get } from "../api.js";
