@@ -47,6 +47,7 @@ def run_checks(settings: Settings, cgroup_root: Path = CGROUP_ROOT) -> list[Chec
         lambda: check_cgroups(settings, cgroup_root),
         lambda: check_gpus(settings),
         lambda: check_tls(settings),
+        lambda: check_workspace_origin(settings),
         lambda: check_monitor_config(settings),
         lambda: check_http("prometheus", settings.prometheus_url, "CORRAL_PROMETHEUS_URL"),
         # Debian's package (docs/deploy.md step 1) names its unit prometheus-alertmanager
@@ -347,6 +348,40 @@ def check_tls(
     if unreadable:
         return Check("tls", "fail", f"cannot read {', '.join(unreadable)}", "check the paths and modes")
     return Check("tls", "ok", f"uvicorn serves TLS with {settings.ssl_certfile}")
+
+
+def check_workspace_origin(settings: Settings, env: Mapping[str, str] | None = None) -> Check:
+    """Where workspaces' JupyterLab is served (corral.workspaces.origin): on an origin of its own,
+    as it should be, and reachable where browsers are sent."""
+    env = os.environ if env is None else env
+    port = settings.workspace_listen_port
+    if port == 0:
+        return Check(
+            "workspace-origin",
+            "warn",
+            "JupyterLab is served on the portal's origin (CORRAL_WORKSPACE_PORT=0): script in a "
+            "workspace can act as its owner on the API",
+            "set CORRAL_WORKSPACE_PORT to a free port (docs/workspaces.md, 'The workspace origin')",
+        )
+    if settings.workspace_origin is not None and not env.get("CORRAL_PUBLIC_URL"):
+        return Check(
+            "workspace-origin",
+            "warn",
+            f"workspaces at {settings.workspace_origin} (port {port}), but CORRAL_PUBLIC_URL is unset: "
+            "the workspace listener cannot send browsers back to the portal's address",
+            "set CORRAL_PUBLIC_URL to the portal's address as people reach it",
+        )
+    if settings.workspace_origin is None and settings.forwarded_allow_ips:
+        return Check(
+            "workspace-origin",
+            "warn",
+            f"behind a reverse proxy, workspaces are sent to the portal's host name on port {port}, "
+            "which browsers reach only if that port is open to them",
+            "set CORRAL_WORKSPACE_ORIGIN to the proxy's address for the workspace listener "
+            "(deploy/nginx/corral.conf)",
+        )
+    where = settings.workspace_origin or f"the portal's host name, port {port}"
+    return Check("workspace-origin", "ok", f"workspaces on their own origin: {where}")
 
 
 def server_address(

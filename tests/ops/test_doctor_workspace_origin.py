@@ -1,0 +1,31 @@
+"""`corral doctor`'s workspace-origin check (corral.ops.doctor.check_workspace_origin): JupyterLab
+on the portal's origin is a warning naming the risk and the setting; a workspace origin behind a
+proxy needs CORRAL_PUBLIC_URL; a proxy without CORRAL_WORKSPACE_ORIGIN sends browsers to a port
+they may not reach."""
+
+from __future__ import annotations
+
+from corral.config import Settings
+from corral.ops.doctor import check_workspace_origin
+
+
+def test_the_workspace_origin_check_says_what_is_missing() -> None:
+    shared = check_workspace_origin(Settings(workspace_port=0), env={})
+    assert shared.status == "warn" and "CORRAL_WORKSPACE_PORT=0" in shared.detail, shared
+    assert shared.fix is not None and "CORRAL_WORKSPACE_PORT" in shared.fix
+    behind = Settings(workspace_origin="https://ws.example.org", workspace_port=8081)
+    no_portal = check_workspace_origin(behind, env={})
+    assert no_portal.status == "warn" and "CORRAL_PUBLIC_URL is unset" in no_portal.detail, no_portal
+    configured = check_workspace_origin(behind, env={"CORRAL_PUBLIC_URL": "https://corral.example.org"})
+    assert (configured.status, configured.detail) == (
+        "ok",
+        "workspaces on their own origin: https://ws.example.org",
+    )
+    proxied = check_workspace_origin(Settings(forwarded_allow_ips="127.0.0.1"), env={})
+    assert proxied.status == "warn" and "port 8081" in proxied.detail, proxied
+    assert proxied.fix is not None and "CORRAL_WORKSPACE_ORIGIN" in proxied.fix
+    plain = check_workspace_origin(Settings(port=9000), env={})
+    assert (plain.status, plain.detail) == (
+        "ok",
+        "workspaces on their own origin: the portal's host name, port 9001",
+    )
