@@ -38,6 +38,7 @@ def self_signed_cert(where: Path) -> tuple[Path, Path]:
 def clean_env(home: Path, **settings: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
     env.update({"CORRAL_HOME": str(home), "CORRAL_VIRTUAL_GPUS": "1", "CORRAL_NODE_NAME": "local"})
+    env["CORRAL_WORKSPACE_PORT"] = "0"  # not the port after a free one, which may be taken: tests pass one
     env.update({f"CORRAL_{k.upper()}": v for k, v in settings.items()})
     return env
 
@@ -45,9 +46,9 @@ def clean_env(home: Path, **settings: str) -> dict[str, str]:
 def test_tls_server_and_private_home(tmp_path: Path) -> None:
     cert, key = self_signed_cert(tmp_path)
     home = tmp_path / "fresh" / "home"  # neither exists: the server creates them
-    port = free_port()
+    port, lab_port = free_port(), free_port()
     log = tmp_path / "server.log"
-    env = clean_env(home, ssl_certfile=str(cert), ssl_keyfile=str(key))
+    env = clean_env(home, ssl_certfile=str(cert), ssl_keyfile=str(key), workspace_port=str(lab_port))
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "corral.server", "--host", "127.0.0.1", "--port", str(port)],
@@ -76,6 +77,9 @@ def test_tls_server_and_private_home(tmp_path: Path) -> None:
             httpx.get(f"{url}/api/v1/nodes", timeout=5)
         with pytest.raises(httpx.HTTPError):  # and plain HTTP gets no API
             httpx.get(f"http://127.0.0.1:{port}/api/v1/nodes", timeout=5)
+        # The workspace listener is served with the same certificate, and serves no API.
+        lab = httpx.get(f"https://127.0.0.1:{lab_port}/api/v1/nodes", verify=trust, timeout=5)
+        assert lab.status_code == 404 and lab.text.startswith("this address serves workspaces only"), lab.text
         assert f"Corral is up at {url}" in log.read_text()
         config = (home / "config.yaml").read_text()
         assert f"url: {url}" in config
@@ -417,7 +421,9 @@ def test_shipped_unit_and_settings_match_the_code(tmp_path: Path) -> None:
         for ln in env_lines
         if "=" in ln and ln.lstrip("# ").startswith("CORRAL_")
     }
-    unknown = names - fields - {"CORRAL_LOG_LEVEL"}  # read by the server's logging set-up
+    # Read outside Settings: by the server's logging set-up, and (the portal's address) by the
+    # alerts' links and the workspace listener (corral.monitor.runbooks, corral.workspaces.origin).
+    unknown = names - fields - {"CORRAL_LOG_LEVEL", "CORRAL_PUBLIC_URL"}
     assert not unknown, f"corral.env sets unknown settings: {unknown}"
     analyze = require_binary("systemd-analyze")
     result = subprocess.run([analyze, "verify", str(REPO / "deploy/systemd/corral.service")],
