@@ -45,7 +45,8 @@ class Listener(Enum):
 
 
 def settings_of(app: Any) -> Settings | None:
-    return getattr(app.state, "settings", None)
+    """The app's settings; None for an app without them (a test's bare proxy router)."""
+    return getattr(getattr(app, "state", None), "settings", None)
 
 
 def listener(app: Any, scope: Any) -> Listener:

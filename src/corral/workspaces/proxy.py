@@ -486,6 +486,7 @@ class _RouteLabel:
 
 WORKSPACE_PATH = re.compile(r"^/ws/([^/]*)/(.*)$", re.DOTALL)
 ROUTE_LABEL = _RouteLabel("/ws/{ws_id}/{path:path}")
+HANDOFF_LABEL = _RouteLabel(HANDOFF_PATH)  # (any other path there is counted as unmatched)
 
 
 class ProxyDispatch:
@@ -502,7 +503,7 @@ class ProxyDispatch:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         kind = scope["type"]
-        if kind in ("http", "websocket") and listener(self.app_of(scope), scope) is Listener.WORKSPACE:
+        if kind in ("http", "websocket") and listener(scope.get("app"), scope) is Listener.WORKSPACE:
             await self._workspace_listener(scope, receive, send)
             return
         found = WORKSPACE_PATH.match(scope["path"]) if kind in ("http", "websocket") else None
@@ -517,14 +518,13 @@ class ProxyDispatch:
         response = await proxy_http(Request(scope, receive), ws_id, path)
         await response(scope, receive, send)
 
-    def app_of(self, scope: Any) -> Any:
-        """The FastAPI app (its state holds the settings): set in the scope by Starlette."""
-        return scope["app"]
-
     async def _workspace_listener(self, scope: Any, receive: Any, send: Any) -> None:
         """The workspace listener serves the proxy and the handoff, and nothing of the API's."""
         found = WORKSPACE_PATH.match(scope["path"])
-        scope["route"] = ROUTE_LABEL
+        if found is not None:
+            scope["route"] = ROUTE_LABEL
+        elif scope["path"] == HANDOFF_PATH:
+            scope["route"] = HANDOFF_LABEL
         if scope["type"] == "websocket":
             if found is None:
                 await WebSocket(scope, receive, send).close(code=1008)
