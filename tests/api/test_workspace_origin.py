@@ -26,6 +26,7 @@ from websockets.asyncio.server import ServerConnection, unix_serve
 from websockets.http11 import Request as WsRequest
 from websockets.http11 import Response as WsResponse
 
+from corral.api.app import create_app
 from corral.config import Settings
 from corral.db.models import Node, User
 from corral.db.workspace_models import WorkspacePass
@@ -371,3 +372,28 @@ def test_settings_name_what_is_wrong_with_the_workspace_origin() -> None:
     for words, values in cases.items():
         with pytest.raises(ValueError, match=words):
             Settings(**values)
+
+
+def test_with_the_workspace_port_off_the_portal_serves_the_lab_as_before(
+    world: World, jupyter: str, monkeypatch: Any, db_engine: sa.Engine, tmp_path: Path
+) -> None:
+    """CORRAL_WORKSPACE_PORT=0: no handoff; the portal's session cookie opens the lab on the
+    portal's origin (the documented risk), its Origin checked against the portal's host."""
+    monkeypatch.setattr(proxy, "jupyter_upstream", lambda *_: Upstream(socket=jupyter))
+    proxy._decisions.clear()
+    ws_id = running_workspace(world, "nb")
+    secret = portal_session(world, "alice")
+    shared = create_app(
+        Settings(home=tmp_path / "home", database_url="sqlite:///unused", workspace_port=0),
+        db_engine=db_engine,
+    )
+    with TestClient(shared) as portal:
+        jar = {"Cookie": f"corral_session={secret}; _xsrf=x1"}
+        r = portal.get(f"/ws/{ws_id}/lab", headers=jar)
+        assert r.status_code == 200 and r.json()["cookie"] == "_xsrf=x1", r.text
+        own = portal.post(f"/ws/{ws_id}/api/contents", headers={**jar, "Origin": "http://testserver"})
+        assert own.status_code == 200, own.text
+        other = portal.post(f"/ws/{ws_id}/api/contents", headers={**jar, "Origin": "http://testserver:8081"})
+        assert other.status_code == 403, other.text
+        assert portal.get(f"{HANDOFF_PATH}?ticket=x").status_code == 404  # no handoff either
+    proxy._decisions.clear()
