@@ -14,6 +14,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,13 @@ from corral.services import auth
 from corral.workspaces import proxy
 from corral.workspaces.endpoint import Upstream
 from corral.workspaces.jupyter_auth import HEADER
-from corral.workspaces.origin import HANDOFF_PATH, WORKSPACE_COOKIE
+from corral.workspaces.origin import (
+    HANDOFF_BEGIN_PATH,
+    HANDOFF_PATH,
+    STATE_COOKIE_PREFIX,
+    TICKET_PATH,
+    WORKSPACE_COOKIE,
+)
 from tests.api.conftest import ALICE_PASSWORD, World, alice_password_hash
 from tests.api.helpers import add_node, make_running
 
@@ -115,29 +122,73 @@ def portal_session(world: World, user: str) -> str:
     return secret
 
 
-def ticket_of(world: World, secret: str, path: str) -> str:
-    """What the portal's `path` hands the owner over with: a redirect to the workspace listener's
-    handoff carrying a ticket; the ticket."""
-    r = world.client.get(path, headers={"Cookie": f"corral_session={secret}"}, follow_redirects=False)
+PORTAL_URL = "http://testserver:8080"  # the portal as the workspace listener links to it
+
+
+@dataclass(frozen=True)
+class Handoff:
+    ticket: str
+    state: str  # `name=value` of the state cookie the workspace origin set in the browser
+
+
+def ticket_of(world: World, lab: TestClient, secret: str, path: str) -> Handoff:
+    """The handoff of the portal's `path` for the owner: the portal sends her browser to the
+    workspace origin's begin, which sets a state cookie there and sends her back to the portal
+    for a ticket bound to it, and on to the workspace listener's redeem with it."""
+    jar = {"Cookie": f"corral_session={secret}"}
+    tickets = sa.select(sa.func.count()).select_from(WorkspacePass).where(WorkspacePass.kind == "ticket")
+    with world.session_factory() as db:
+        before = db.scalar(tickets)
+    r = world.client.get(path, headers=jar, follow_redirects=False)
     assert r.status_code == 303, r.text
+    begin_prefix = f"{WS_LISTENER}{HANDOFF_BEGIN_PATH}?to="
+    assert r.headers["location"].startswith(begin_prefix), r.headers
+    assert r.headers["cache-control"] == "no-store" and r.headers["x-frame-options"] == "DENY"
+    with world.session_factory() as db:  # nothing is issued before the browser has its state
+        assert db.scalar(tickets) == before
+    begin = lab.get(r.headers["location"][len(WS_LISTENER) :], follow_redirects=False)
+    lab.cookies.clear()  # (every cookie is sent by hand: the test client's jar would mix them)
+    assert begin.status_code == 303, begin.text
+    assert begin.headers["location"].startswith(f"{PORTAL_URL}{TICKET_PATH}?to="), begin.headers
+    assert begin.headers["content-security-policy"] == "frame-ancestors 'none'"
+    name_value, *attributes = [part.strip() for part in begin.headers["set-cookie"].split(";")]
+    name, _, value = name_value.partition("=")
+    flags = {a.split("=")[0].lower(): a.partition("=")[2] for a in attributes}
+    assert name.startswith(STATE_COOKIE_PREFIX) and value, name_value
+    assert flags["path"] == HANDOFF_PATH and flags["max-age"] == "60" and "httponly" in flags, flags
+    back = world.client.get(begin.headers["location"][len(PORTAL_URL) :], headers=jar, follow_redirects=False)
+    assert back.status_code == 303, back.text
     prefix = f"{WS_LISTENER}{HANDOFF_PATH}?ticket="
-    assert r.headers["location"].startswith(prefix), r.headers
-    assert r.headers["cache-control"] == "no-store"
-    return r.headers["location"][len(prefix) :]
+    assert back.headers["location"].startswith(prefix), back.headers
+    assert back.headers["cache-control"] == "no-store" and back.headers["x-frame-options"] == "DENY"
+    return Handoff(back.headers["location"][len(prefix) :], f"{name}={value}")
 
 
-def cookie_of(lab: TestClient, ticket: str, expected_path: str, ws_id: int) -> str:
-    """The workspace origin's cookie the ticket is exchanged for."""
-    r = lab.get(f"{HANDOFF_PATH}?ticket={ticket}", follow_redirects=False)
+def redeem(lab: TestClient, ticket: str, cookies: str = "", **headers: str) -> Any:
+    """The workspace listener's redeem of `ticket` in a browser sending `cookies`."""
+    answer = lab.get(
+        f"{HANDOFF_PATH}?ticket={ticket}", headers={"Cookie": cookies, **headers}, follow_redirects=False
+    )
+    lab.cookies.clear()
+    return answer
+
+
+def cookie_of(lab: TestClient, handoff: Handoff, expected_path: str, ws_id: int) -> str:
+    """The workspace origin's cookie the ticket is exchanged for (in the browser that has its
+    state cookie; which is deleted)."""
+    r = redeem(lab, handoff.ticket, handoff.state)
     assert r.status_code == 303, r.text
     assert r.headers["location"] == expected_path
-    set_cookie = r.headers["set-cookie"]
-    name_value, *attributes = [part.strip() for part in set_cookie.split(";")]
+    assert r.headers["x-frame-options"] == "DENY"
+    set_cookies = r.headers.get_list("set-cookie")
+    name_value, *attributes = [part.strip() for part in set_cookies[0].split(";")]
     name, _, value = name_value.partition("=")
-    assert name == WORKSPACE_COOKIE and value, set_cookie
+    assert name == WORKSPACE_COOKIE and value, set_cookies
     flags = {a.split("=")[0].lower(): a.partition("=")[2] for a in attributes}
-    assert flags["path"] == f"/ws/{ws_id}/" and "httponly" in flags, set_cookie
-    assert flags["samesite"].lower() == "lax" and "secure" not in flags, set_cookie  # http here
+    assert flags["path"] == f"/ws/{ws_id}/" and "httponly" in flags, set_cookies
+    assert flags["samesite"].lower() == "lax" and "secure" not in flags, set_cookies  # http here
+    state_name = handoff.state.partition("=")[0]
+    assert any(c.startswith(f'{state_name}=""') and "Max-Age=0" in c for c in set_cookies[1:]), set_cookies
     return value
 
 
@@ -146,11 +197,11 @@ def test_the_owner_is_handed_over_with_a_ticket_that_opens_her_lab_once(
 ) -> None:
     ws_id = running_workspace(world, "nb")
     secret = portal_session(world, "alice")
-    ticket = ticket_of(world, secret, f"/ws/{ws_id}/lab?reset")
-    with world.session_factory() as db:  # only its hash is stored
-        stored = db.scalars(sa.select(WorkspacePass.id_hash)).all()
-    assert stored == [auth.sha256_hex(ticket)]
-    cookie = cookie_of(lab, ticket, f"/ws/{ws_id}/lab?reset", ws_id)
+    handoff = ticket_of(world, lab, secret, f"/ws/{ws_id}/lab?reset")
+    with world.session_factory() as db:  # only its hash is stored, and its state's
+        stored = db.execute(sa.select(WorkspacePass.id_hash, WorkspacePass.state_hash)).all()
+    assert stored == [(auth.sha256_hex(handoff.ticket), auth.sha256_hex(handoff.state.partition("=")[2]))]
+    cookie = cookie_of(lab, handoff, f"/ws/{ws_id}/lab?reset", ws_id)
     # The lab through the workspace listener: JupyterLab gets its own cookies only.
     jar = f"corral_session={secret}; {WORKSPACE_COOKIE}={cookie}; _xsrf=x1"
     r = lab.get(f"/ws/{ws_id}/lab?reset", headers={"Cookie": jar})
@@ -159,15 +210,97 @@ def test_the_owner_is_handed_over_with_a_ticket_that_opens_her_lab_once(
     assert seen["path"] == f"/ws/{ws_id}/lab?reset"
     assert seen["cookie"] == "_xsrf=x1" and seen["credential"], seen
     # A second handoff (another tab) replaces the cookie: one row per session and workspace.
-    newer = cookie_of(lab, ticket_of(world, secret, f"/ws/{ws_id}/tree"), f"/ws/{ws_id}/tree", ws_id)
+    newer = cookie_of(lab, ticket_of(world, lab, secret, f"/ws/{ws_id}/tree"), f"/ws/{ws_id}/tree", ws_id)
     with world.session_factory() as db:
         rows = db.execute(sa.select(WorkspacePass.kind, WorkspacePass.id_hash)).all()
     assert rows == [("cookie", auth.sha256_hex(newer))], rows
-    again = lab.get(f"{HANDOFF_PATH}?ticket={ticket}", follow_redirects=False)
-    assert again.status_code == 403 and "set-cookie" not in again.headers, again.text
+    again = redeem(lab, handoff.ticket, handoff.state)
+    assert again.status_code == 403 and WORKSPACE_COOKIE not in again.headers.get("set-cookie", ""), (
+        again.text
+    )
     assert again.json()["detail"] == (
         "this link to a workspace has expired or was used already; open the workspace from the portal again"
     )
+
+
+def test_a_ticket_minted_by_one_user_is_refused_in_another_users_browser(
+    world: World, lab: TestClient
+) -> None:
+    """Login CSRF: Mallory (bob) mints a ticket for her workspace and has Alice's browser open its
+    link. Alice's browser holds her portal cookie and perhaps a state cookie of her own, but not
+    Mallory's state: refused, no workspace cookie, and the ticket is spent."""
+    malloryws = running_workspace(world, "trap", user="bob")
+    alices_ws = running_workspace(world, "nb", gpu=1)
+    bob = portal_session(world, "bob")
+    alice = portal_session(world, "alice")
+    her_own = ticket_of(world, lab, alice, f"/ws/{alices_ws}/lab")  # a state cookie of hers
+    not_this_browser = (
+        "this link to a workspace was not issued to this browser; open the workspace from the portal"
+    )
+    for jar in (
+        f"corral_session={alice}",  # no state cookie
+        f"corral_session={alice}; {her_own.state}",  # a state of her own, not the ticket's
+        "{name}=guessed",  # the ticket's state cookie's name, another secret
+    ):
+        mallory = ticket_of(world, lab, bob, f"/ws/{malloryws}/lab")
+        jar = jar.format(name=mallory.state.partition("=")[0])
+        r = redeem(lab, mallory.ticket, jar, Accept="application/json")
+        assert r.status_code == 403 and r.json()["detail"] == not_this_browser, (jar, r.text)
+        assert WORKSPACE_COOKIE not in r.headers.get("set-cookie", ""), r.headers
+        # Spent by the refusal: Mallory cannot try it again either.
+        again = redeem(lab, mallory.ticket, mallory.state, Accept="application/json")
+        assert again.status_code == 403 and again.json()["detail"].endswith(
+            "was used already; open the workspace from the portal again"
+        )
+    with world.session_factory() as db:
+        kinds = db.execute(sa.select(WorkspacePass.workspace_id, WorkspacePass.kind)).all()
+    assert kinds == [(alices_ws, "ticket")], kinds
+    # Alice's own handoff still works in her browser.
+    cookie_of(lab, her_own, f"/ws/{alices_ws}/lab", alices_ws)
+
+
+def test_the_handoffs_steps_refuse_frames_scripts_strangers_and_bad_input(
+    world: World, lab: TestClient
+) -> None:
+    ws_id = running_workspace(world, "nb")
+    alice, bob = portal_session(world, "alice"), portal_session(world, "bob")
+    to = f"/ws/{ws_id}/lab"
+    state = "a" * 64
+    framed = {"Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "iframe", "Accept": "application/json"}
+    served_at = f"workspace {ws_id} is served at {WS_LISTENER}/ws/{ws_id}/, not on the portal"
+    for client, path, cookie in (
+        (world.client, to, alice),
+        (lab, f"{HANDOFF_BEGIN_PATH}?to={to}", ""),
+        (world.client, f"{TICKET_PATH}?to={to}&state={state}", alice),
+    ):
+        r = client.get(path, headers={**framed, "Cookie": f"corral_session={cookie}"}, follow_redirects=False)
+        assert r.status_code == 403 and r.json()["detail"] == served_at, (path, r.text)
+        assert "set-cookie" not in r.headers, path
+    for bad in ("/ws/0/lab", "/ws/1x/lab", "/api/v1/me", f"/ws/{ws_id}/a b", "https://evil.example/ws/1/"):
+        r = lab.get(HANDOFF_BEGIN_PATH, params={"to": bad}, follow_redirects=False)
+        assert r.status_code == 400 and "set-cookie" not in r.headers, (bad, r.text)
+        assert r.json()["detail"] == f"{HANDOFF_BEGIN_PATH} takes ?to=/ws/<id>/... from the portal"
+    ticket = world.client.get
+    for bad_state in ("", "A" * 64, "a" * 63):
+        r = ticket(
+            TICKET_PATH, params={"to": to, "state": bad_state}, headers={"Cookie": f"corral_session={alice}"}
+        )
+        assert r.status_code == 400, (bad_state, r.text)
+    stranger = ticket(
+        TICKET_PATH,
+        params={"to": to, "state": state},
+        headers={"Cookie": f"corral_session={bob}"},
+        follow_redirects=False,
+    )
+    assert stranger.status_code == 404 and stranger.json()["detail"] == f"there is no workspace {ws_id}"
+    nobody = ticket(TICKET_PATH, params={"to": to + "?x=1", "state": state}, follow_redirects=False)
+    assert nobody.status_code == 302 and nobody.headers["location"] == f"/login?next=/ws/{ws_id}/lab"
+    bearer = ticket(
+        TICKET_PATH, params={"to": to, "state": state}, headers=world.as_("alice"), follow_redirects=False
+    )
+    assert bearer.status_code == 302, bearer.text  # a token is no credential for a ticket
+    with world.session_factory() as db:
+        assert db.scalar(sa.select(sa.func.count()).select_from(WorkspacePass)) == 0
 
 
 def test_the_handoff_goes_to_the_workspace_asked_for_only(world: World, lab: TestClient) -> None:
@@ -177,9 +310,12 @@ def test_the_handoff_goes_to_the_workspace_asked_for_only(world: World, lab: Tes
     ws_id = running_workspace(world, "nb")
     secret = portal_session(world, "alice")
     escaped_id = "".join(f"%{ord(digit):02X}" for digit in str(ws_id))  # 1 -> %31
-    ticket = ticket_of(world, secret, f"/ws/{escaped_id}/lab?x=%2F")
-    assert lab.head(f"{HANDOFF_PATH}?ticket={ticket}").status_code == 405
-    cookie_of(lab, ticket, f"/ws/{ws_id}/lab?x=%2F", ws_id)
+    handoff = ticket_of(world, lab, secret, f"/ws/{escaped_id}/lab?x=%2F")
+    assert (
+        lab.head(f"{HANDOFF_PATH}?ticket={handoff.ticket}", headers={"Cookie": handoff.state}).status_code
+        == 405
+    )
+    cookie_of(lab, handoff, f"/ws/{ws_id}/lab?x=%2F", ws_id)
     long = world.client.get(
         f"/ws/{ws_id}/lab?" + "a" * 3000,
         headers={"Cookie": f"corral_session={secret}", "Accept": "application/json"},
@@ -194,12 +330,12 @@ def test_the_handoff_goes_to_the_workspace_asked_for_only(world: World, lab: Tes
 
 def test_a_ticket_past_its_expiry_is_refused(world: World, lab: TestClient) -> None:
     ws_id = running_workspace(world, "nb")
-    ticket = ticket_of(world, portal_session(world, "alice"), f"/ws/{ws_id}/lab")
+    handoff = ticket_of(world, lab, portal_session(world, "alice"), f"/ws/{ws_id}/lab")
     with world.session_factory() as db:
         db.execute(sa.update(WorkspacePass).values(expires_at=time.time() - 1))
         db.commit()
-    r = lab.get(f"{HANDOFF_PATH}?ticket={ticket}", headers={"Accept": "text/html"}, follow_redirects=False)
-    assert r.status_code == 403 and "set-cookie" not in r.headers, r.text
+    r = redeem(lab, handoff.ticket, handoff.state, Accept="text/html")
+    assert r.status_code == 403 and WORKSPACE_COOKIE not in r.headers.get("set-cookie", ""), r.text
     # The page links to the portal's workspaces, at the portal's address (not this listener's).
     assert '<a href="http://testserver:8080/workspaces">' in r.text, r.text
     for wrong in ("", "x" * 200, "not-a-ticket"):
@@ -209,7 +345,7 @@ def test_a_ticket_past_its_expiry_is_refused(world: World, lab: TestClient) -> N
 def test_a_workspace_cookie_opens_its_own_workspace_only(world: World, lab: TestClient) -> None:
     first, second = running_workspace(world, "one"), running_workspace(world, "two", gpu=1)
     secret = portal_session(world, "alice")
-    cookie = cookie_of(lab, ticket_of(world, secret, f"/ws/{first}/lab"), f"/ws/{first}/lab", first)
+    cookie = cookie_of(lab, ticket_of(world, lab, secret, f"/ws/{first}/lab"), f"/ws/{first}/lab", first)
     own = lab.get(f"/ws/{first}/api/status", headers={"Cookie": f"{WORKSPACE_COOKIE}={cookie}"})
     assert own.status_code == 200, own.text
     other = lab.get(
@@ -244,7 +380,7 @@ def test_another_user_gets_no_ticket_and_a_logout_ends_the_workspace_cookie(
         )
     with world.session_factory() as db:
         assert db.scalar(sa.select(sa.func.count()).select_from(WorkspacePass)) == 0
-    cookie = cookie_of(lab, ticket_of(world, secret, f"/ws/{ws_id}/lab"), f"/ws/{ws_id}/lab", ws_id)
+    cookie = cookie_of(lab, ticket_of(world, lab, secret, f"/ws/{ws_id}/lab"), f"/ws/{ws_id}/lab", ws_id)
     logout = world.client.post(
         f"{API}/auth/logout",
         headers={"Cookie": f"corral_session={secret}", "X-CSRF-Token": csrf_of(world, secret)},
@@ -282,7 +418,7 @@ def test_the_portals_cookie_is_not_accepted_on_the_workspace_listener(world: Wor
 def test_the_workspace_cookie_is_not_accepted_by_the_portal(world: World, lab: TestClient) -> None:
     ws_id = running_workspace(world, "nb")
     secret = portal_session(world, "alice")
-    cookie = cookie_of(lab, ticket_of(world, secret, f"/ws/{ws_id}/lab"), f"/ws/{ws_id}/lab", ws_id)
+    cookie = cookie_of(lab, ticket_of(world, lab, secret, f"/ws/{ws_id}/lab"), f"/ws/{ws_id}/lab", ws_id)
     only_ws = {"Cookie": f"{WORKSPACE_COOKIE}={cookie}"}
     assert world.client.get(f"{API}/me", headers=only_ws).status_code == 401
     assert world.client.get(f"{API}/jobs", headers=only_ws).status_code == 401
@@ -320,7 +456,7 @@ def test_cookie_state_changes_and_websockets_must_come_from_the_workspace_origin
 ) -> None:
     ws_id = running_workspace(world, "nb")
     secret = portal_session(world, "alice")
-    cookie = cookie_of(lab, ticket_of(world, secret, f"/ws/{ws_id}/lab"), f"/ws/{ws_id}/lab", ws_id)
+    cookie = cookie_of(lab, ticket_of(world, lab, secret, f"/ws/{ws_id}/lab"), f"/ws/{ws_id}/lab", ws_id)
     jar = f"{WORKSPACE_COOKIE}={cookie}"
     for origin, status in (("http://testserver:8080", 403), (PORTAL_ORIGIN, 403), (WS_LISTENER, 200)):
         r = lab.post(f"/ws/{ws_id}/api/contents", headers={"Cookie": jar, "Origin": origin})

@@ -3,7 +3,8 @@ two sockets as the server process serves it (the portal's port and CORRAL_WORKSP
 database and a real login; JupyterLab's stand-in (a Unix-socket server in place of the attempt's
 endpoint) answers `/ws/<id>/lab` with a page whose script tries what a hostile notebook output
 would: call the API on its own origin, call the portal's API with the browser's cookies, read the
-cookies. None of it gets anything; the lab's own API answers."""
+cookies. None of it gets anything; the lab's own API answers. The handoff goes portal -> the
+workspace origin's begin (a state cookie) -> the portal's ticket -> the workspace origin's redeem."""
 
 from __future__ import annotations
 
@@ -155,6 +156,8 @@ def test_the_portal_hands_the_browser_to_a_lab_whose_script_reaches_nothing_of_t
         names = {c["name"]: c for c in page.context.cookies()}
         assert names["corral_workspace"]["path"] == f"/ws/{ws_id}/"
         assert names["corral_workspace"]["httpOnly"] and names["corral_session"]["httpOnly"]
+        # The handoff's state cookie (it bound the ticket to this browser) was spent and deleted.
+        assert not [n for n in names if n.startswith("corral_handoff_")], names
         # Back on the portal the session is as it was: the handoff took nothing from it.
         page.goto(f"{portal}/workspaces")
         page.wait_for_selector("#topbar:not([hidden])")

@@ -82,5 +82,8 @@ class WorkspacePass(Base):
     # A ticket's destination: a path under its workspace's `/ws/<id>/` (with its query), so the
     # handoff can send the browser nowhere else. Empty for a cookie.
     path: Mapped[str] = mapped_column(String(2048))
+    # A ticket's browser: sha256 of the state secret in the cookie the workspace origin set in the
+    # browser that asked for it; the redeem must present it. None for a cookie.
+    state_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     expires_at: Mapped[float] = mapped_column(Float)

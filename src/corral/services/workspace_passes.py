@@ -1,21 +1,25 @@
 """How a browser gets from the portal onto the workspace origin (docs/security.md, "Workspaces on
 their own origin"; corral.workspaces.proxy serves both ends).
 
-The portal's `/ws/<id>/...`, asked by the workspace's owner with the portal's session cookie,
-issues a ticket: a random secret, single use, valid TICKET_TTL_S, bound to that workspace, to the
-path asked for and to the portal session it was issued under (so to its user). The browser is
-redirected with it to the workspace listener, which redeems it by compare-and-set (a second
-redeem, or one after the expiry, finds nothing) for a cookie of its own origin: another random
-secret, valid for that one workspace while the portal session is (a logout or a revoke of the
-session ends it; the row is deleted with the session). Only sha256 hashes are stored, so a
-database dump opens nothing. The portal's own cookie is never accepted on the workspace origin,
-nor the workspace cookie on the portal.
+The portal, asked by the workspace's owner with the portal's session cookie, issues a ticket: a
+random secret, single use, valid TICKET_TTL_S, bound to that workspace, to the path asked for, to
+the portal session it was issued under (so to its user) and to the browser that will redeem it:
+the hash of a state secret the workspace origin has put in that browser's cookie just before (as
+OAuth's `state`), so a ticket one user mints cannot be redeemed in another user's browser (a
+login CSRF into the minter's workspace). The browser is redirected with it to the workspace
+listener, which redeems it by compare-and-set (a second redeem, or one after the expiry, finds
+nothing) for a cookie of its own origin: another random secret, valid for that one workspace
+while the portal session is (a logout or a revoke of the session ends it; the row is deleted
+with the session). Only sha256 hashes are stored, so a database dump opens nothing. The portal's
+own cookie is never accepted on the workspace origin, nor the workspace cookie on the portal.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import delete, select, update
@@ -30,10 +34,12 @@ TICKET_TTL_S = 30.0  # a redirect's round trip, with room for a slow machine
 TICKET = "ticket"
 COOKIE = "cookie"
 MAX_PATH_CHARS = 2048
+STATE_HASH = re.compile(r"[0-9a-f]{64}")  # a state secret's sha256, as the portal is given it
 
 
 class TicketRefused(Unauthenticated):
-    """A ticket that is unknown, used already, expired, or whose portal session has ended."""
+    """A ticket that is unknown, used already, expired, redeemed by another browser than the one
+    it was issued for, or whose portal session has ended."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,15 +51,24 @@ class Redeemed:
 
 
 def issue_ticket(
-    session: Session, session_secret: str, workspace_id: int, path: str, *, now: float | None = None
+    session: Session,
+    session_secret: str,
+    workspace_id: int,
+    path: str,
+    state_hash: str,
+    *,
+    now: float | None = None,
 ) -> str:
     """A ticket for the owner of the portal session `session_secret` (already authorised for
     `workspace_id` by the proxy) to open `path` (under `/ws/<workspace_id>/`) on the workspace
-    origin. Expired tickets are deleted here: no loop is needed to keep the table small."""
+    origin, in the browser holding the state secret whose sha256 is `state_hash`. Expired tickets
+    are deleted here: no loop is needed to keep the table small."""
     now = time.time() if now is None else now
     prefix = f"/ws/{workspace_id}/"
     if not path.startswith(prefix) or len(path) > MAX_PATH_CHARS:
         raise ValueError(f"a ticket's path must be under {prefix} and at most {MAX_PATH_CHARS} characters")
+    if STATE_HASH.fullmatch(state_hash) is None:
+        raise ValueError("a ticket's state hash must be 64 lowercase hexadecimal digits (a sha256)")
     session.execute(
         delete(WorkspacePass).where(WorkspacePass.kind == TICKET, WorkspacePass.expires_at <= now)
     )
@@ -64,6 +79,7 @@ def issue_ticket(
             kind=TICKET,
             workspace_id=workspace_id,
             session_hash=sha256_hex(session_secret),
+            state_hash=state_hash,
             path=path,
             created_at=now,
             expires_at=now + TICKET_TTL_S,
@@ -73,9 +89,14 @@ def issue_ticket(
     return ticket
 
 
-def redeem_ticket(session: Session, ticket: str, *, now: float | None = None) -> Redeemed:
-    """The ticket turned into the workspace origin's cookie, once: the row changes from ticket to
-    cookie by compare-and-set on its hash, kind and expiry, so of two redeems only one wins."""
+def redeem_ticket(
+    session: Session, ticket: str, state_of: Callable[[str], str | None], *, now: float | None = None
+) -> Redeemed:
+    """The ticket turned into the workspace origin's cookie, once, in the browser it was issued
+    for: `state_of(state_hash)` is that browser's state secret for the ticket's state hash (None
+    if it holds none); one that does not match spends the ticket and is refused. The row changes
+    from ticket to cookie by compare-and-set on its hash, kind and expiry, so of two redeems only
+    one wins."""
     now = time.time() if now is None else now
     refused = TicketRefused(
         "this link to a workspace has expired or was used already; open the workspace from the portal again"
@@ -91,6 +112,15 @@ def redeem_ticket(session: Session, ticket: str, *, now: float | None = None) ->
     if found is None:
         raise refused
     row, session_expires_at, active = found
+    state = state_of(row.state_hash) if row.state_hash else None
+    if state is None or sha256_hex(state) != row.state_hash:
+        # Not the browser the ticket was issued to: someone else's ticket (a login CSRF), or one
+        # read off a log. Spent, so it cannot be tried again.
+        session.execute(delete(WorkspacePass).where(WorkspacePass.id_hash == row.id_hash))
+        session.commit()
+        raise TicketRefused(
+            "this link to a workspace was not issued to this browser; open the workspace from the portal"
+        )
     if row.expires_at <= now or session_expires_at <= now or not active:
         raise refused
     cookie = secrets.token_urlsafe(32)
@@ -101,7 +131,9 @@ def redeem_ticket(session: Session, ticket: str, *, now: float | None = None) ->
             WorkspacePass.kind == TICKET,
             WorkspacePass.expires_at > now,
         )
-        .values(id_hash=sha256_hex(cookie), kind=COOKIE, path="", expires_at=session_expires_at)
+        .values(
+            id_hash=sha256_hex(cookie), kind=COOKIE, path="", state_hash=None, expires_at=session_expires_at
+        )
         .execution_options(synchronize_session=False)
     )
     if won.rowcount != 1:  # type: ignore[attr-defined]  # redeemed by another request meanwhile

@@ -6,9 +6,14 @@ server listens a second time (CORRAL_WORKSPACE_PORT; a reverse proxy or a wildca
 in front of it, CORRAL_WORKSPACE_ORIGIN) and that listener serves the workspace proxy and nothing
 else: no `/api/v1`, no portal, and not the portal's session cookie. The portal's `/ws/<id>/...`
 decides as the proxy always did (owner only; 404 for others) and, for the owner, hands the
-browser over with a one-time ticket (corral.services.workspace_passes), which the workspace
-listener's HANDOFF_PATH exchanges for a cookie of its own (WORKSPACE_COOKIE: HttpOnly, SameSite,
-Secure over https, path `/ws/<id>/`), then sends the browser on to the lab. A bearer token works
+browser over: the workspace listener's HANDOFF_BEGIN_PATH puts a state secret in the browser's
+cookie there and sends it back to the portal's TICKET_PATH, which issues a one-time ticket
+(corral.services.workspace_passes) bound to that state's hash, which the workspace listener's
+HANDOFF_PATH exchanges, in the browser holding the state only, for a cookie of its own
+(WORKSPACE_COOKIE: HttpOnly, SameSite, Secure over https, path `/ws/<id>/`), then sends the
+browser on to the lab. (Bound to the browser, as OAuth's `state`: all users' workspaces share
+this origin, so a ticket of one user's opened in another's browser would run the first one's
+JupyterLab next to the other's workspace cookies.) A bearer token works
 on the workspace listener directly; on the portal it is redirected there (307).
 
 Which listener a request came in on is told by its server port (the ASGI scope's `server`):
@@ -19,6 +24,8 @@ one uvicorn serves both sockets with one app. With CORRAL_WORKSPACE_PORT=0 nothi
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import time
 from enum import Enum
 from typing import Any
@@ -29,12 +36,20 @@ from fastapi.responses import PlainTextResponse, RedirectResponse, Response
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from corral.api.deps import MAX_ROW_ID
 from corral.config import Settings, url_host
 from corral.services import workspace_passes
+from corral.services.auth import sha256_hex
 from corral.services.workspace_passes import TicketRefused
 
 WORKSPACE_COOKIE = "corral_workspace"  # the workspace origin's own; the portal never reads it
 HANDOFF_PATH = "/corral-handoff"  # on the workspace listener: ?ticket=... -> cookie -> the lab
+HANDOFF_BEGIN_PATH = "/corral-handoff/begin"  # on the workspace listener: ?to=... -> state cookie
+TICKET_PATH = "/corral-handoff/ticket"  # on the portal: ?to=...&state=<hash> -> a ticket
+STATE_COOKIE_PREFIX = "corral_handoff_"  # the workspace origin's state cookies, path HANDOFF_PATH
+STATE_TTL_S = 60.0  # the round trip to the portal and back, with room for a slow machine
+HANDOFF_TO = re.compile(r"/ws/([1-9][0-9]{0,18})/[\x21-\x7e]*")
+NO_FRAMES = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'"}
 PUBLIC_URL_ENV = "CORRAL_PUBLIC_URL"  # the portal's address as people reach it
 
 
@@ -115,10 +130,43 @@ def _workspace_target(scope: Any, ws_id: int) -> str:
     return quote(scope["path"]) + (f"?{query}" if query else "")
 
 
+def _no_frames_no_cache(answer: Response) -> Response:
+    """A handoff's answer: not cached, no referrer (a ticket is in a URL), never in a frame (a
+    framed handoff would end on the workspace origin inside another page)."""
+    answer.headers["Cache-Control"] = "no-store"
+    answer.headers["Referrer-Policy"] = "no-referrer"
+    answer.headers.update(NO_FRAMES)
+    return answer
+
+
+def _not_a_navigation(request: Request, ws_id: int, origin: str) -> Response | None:
+    """A refusal unless `request` is a browser's top-level navigation by GET: a script's request
+    (an old JupyterLab tab of the portal's origin polling its API) could not follow the handoff
+    anyway, and a frame or an embed is no place to land on the workspace origin."""
+    headers = request.headers
+    navigates = headers.get("sec-fetch-mode", "navigate") == "navigate"
+    if request.method == "GET" and navigates and headers.get("sec-fetch-dest", "document") == "document":
+        return None
+    from corral.workspaces.proxy import refused  # (the proxy imports this module)
+
+    return refused(request, 403, f"workspace {ws_id} is served at {origin}/ws/{ws_id}/, not on the portal")
+
+
+def handoff_target(to: str) -> tuple[int, str] | None:
+    """A handoff's destination, as HANDOFF_BEGIN_PATH and TICKET_PATH are given it: a path (with
+    its query, still escaped) under `/ws/<id>/`, printable ASCII, at most MAX_PATH_CHARS; the id
+    and the path, or None."""
+    found = HANDOFF_TO.fullmatch(to)
+    if found is None or len(to) > workspace_passes.MAX_PATH_CHARS or int(found[1]) > MAX_ROW_ID:
+        return None
+    return int(found[1]), to
+
+
 async def hand_over(request: Request, ws_id: int, session_secret: str | None) -> Response:
     """The portal's answer to `/ws/<id>/...` that the owner may open: to the workspace origin.
-    A browser (the portal's session cookie) goes there with a one-time ticket for this very path;
-    a bearer-token client is sent to the same path there (307: its method and body kept)."""
+    A browser (the portal's session cookie) goes there by the handoff (HANDOFF_BEGIN_PATH, which
+    sends it back to the portal's TICKET_PATH for a ticket bound to it); a bearer-token client is
+    sent to the same path there (307: its method and body kept)."""
     from corral.workspaces.proxy import refused  # (the proxy imports this module)
 
     settings = settings_of(request.app)
@@ -127,12 +175,9 @@ async def hand_over(request: Request, ws_id: int, session_secret: str | None) ->
     origin = workspace_origin(request, settings)
     if session_secret is None:
         return RedirectResponse(origin + target, status_code=307)
-    # A ticket for a page the browser navigates to only: a script's request (an old JupyterLab
-    # tab of the portal's origin polling its API) could not follow the redirect anyway.
-    if request.method != "GET" or request.headers.get("sec-fetch-mode", "navigate") != "navigate":
-        return refused(
-            request, 403, f"workspace {ws_id} is served at {origin}/ws/{ws_id}/, not on the portal"
-        )
+    not_navigation = _not_a_navigation(request, ws_id, origin)
+    if not_navigation is not None:
+        return not_navigation
     if len(target) > workspace_passes.MAX_PATH_CHARS:
         return refused(
             request,
@@ -140,49 +185,119 @@ async def hand_over(request: Request, ws_id: int, session_secret: str | None) ->
             f"the address is longer than the {workspace_passes.MAX_PATH_CHARS} characters a workspace "
             f"link may have; open {origin}/ws/{ws_id}/lab",
         )
+    begin = f"{origin}{HANDOFF_BEGIN_PATH}?to={quote(target, safe='')}"
+    return _no_frames_no_cache(RedirectResponse(begin, status_code=303))
+
+
+def state_cookie(state_hash: str) -> str:
+    """The name of the cookie holding the state secret whose sha256 is `state_hash`: one per
+    handoff, so that two tabs handed over at once do not overwrite each other's."""
+    return STATE_COOKIE_PREFIX + state_hash[:16]
+
+
+def _secure(request: Any) -> bool:
+    """Whether this origin's cookies are Secure: over https as the browser sees it."""
+    return _host_and_scheme(request)[1] == "https"
+
+
+async def begin_handoff(request: Request) -> Response:
+    """HANDOFF_BEGIN_PATH on the workspace listener: a fresh state secret in this browser's cookie
+    of this origin (HttpOnly, short-lived, sent to the handoff's paths only), and the browser
+    sent back to the portal's TICKET_PATH with its hash, for a ticket only this browser can redeem."""
+    from corral.workspaces.proxy import refused  # (the proxy imports this module)
+
+    settings = settings_of(request.app)
+    assert settings is not None
+    found = handoff_target(request.query_params.get("to", ""))
+    if found is None:
+        return refused(request, 400, f"{HANDOFF_BEGIN_PATH} takes ?to=/ws/<id>/... from the portal")
+    ws_id, target = found
+    not_navigation = _not_a_navigation(request, ws_id, workspace_origin(request, settings))
+    if not_navigation is not None:
+        return not_navigation
+    state = secrets.token_urlsafe(32)
+    state_hash = sha256_hex(state)
+    query = f"to={quote(target, safe='')}&state={state_hash}"
+    answer = RedirectResponse(f"{portal_url(request, settings)}{TICKET_PATH}?{query}", status_code=303)
+    answer.set_cookie(
+        state_cookie(state_hash),
+        state,
+        max_age=int(STATE_TTL_S),
+        httponly=True,
+        samesite="lax",
+        secure=_secure(request),
+        path=HANDOFF_PATH,
+    )
+    return _no_frames_no_cache(answer)
+
+
+async def send_ticket(request: Request, ws_id: int, target: str, session_secret: str) -> Response:
+    """The portal's TICKET_PATH, its owner decided on (corral.workspaces.proxy): a ticket for
+    `target` bound to the state hash the workspace origin sent, and the browser sent there with it."""
+    from corral.workspaces.proxy import refused  # (the proxy imports this module)
+
+    settings = settings_of(request.app)
+    assert settings is not None
+    origin = workspace_origin(request, settings)
+    not_navigation = _not_a_navigation(request, ws_id, origin)
+    if not_navigation is not None:
+        return not_navigation
+    state_hash = request.query_params.get("state", "")
+    if workspace_passes.STATE_HASH.fullmatch(state_hash) is None:
+        return refused(
+            request, 400, f"{TICKET_PATH} takes the state the workspace origin sent; open the workspace again"
+        )
     factory: sessionmaker[Session] = request.app.state.session_factory
 
     def issue() -> str:
         with factory() as db:
-            return workspace_passes.issue_ticket(db, session_secret, ws_id, target)
+            return workspace_passes.issue_ticket(db, session_secret, ws_id, target, state_hash)
 
     ticket = await run_in_threadpool(issue)
     answer = RedirectResponse(f"{origin}{HANDOFF_PATH}?ticket={ticket}", status_code=303)
-    answer.headers["Cache-Control"] = "no-store"
-    answer.headers["Referrer-Policy"] = "no-referrer"
-    return answer
+    return _no_frames_no_cache(answer)
 
 
 async def take_over(request: Request) -> Response:
-    """HANDOFF_PATH on the workspace listener: the ticket exchanged (once) for this origin's
-    cookie for its workspace, and the browser sent on to where the ticket was for."""
+    """HANDOFF_PATH on the workspace listener: the ticket exchanged (once, and only in the browser
+    holding the state cookie it was issued for, which is deleted) for this origin's cookie for
+    its workspace, and the browser sent on to where the ticket was for."""
     from corral.workspaces.proxy import refused  # (the proxy imports this module)
 
     if request.method != "GET":  # (a HEAD, a link preview, would spend the ticket)
         return refused(request, 405, f"{HANDOFF_PATH} takes GET with a ticket from the portal")
     factory: sessionmaker[Session] = request.app.state.session_factory
     ticket = request.query_params.get("ticket", "")
+    cookies = request.cookies
+    state_names: list[str] = []
+
+    def state_of(state_hash: str) -> str | None:
+        state_names.append(state_cookie(state_hash))
+        return cookies.get(state_names[-1])
 
     def redeem() -> workspace_passes.Redeemed:
         with factory() as db:
-            return workspace_passes.redeem_ticket(db, ticket)
+            return workspace_passes.redeem_ticket(db, ticket, state_of)
 
     try:
         redeemed = await run_in_threadpool(redeem)
     except TicketRefused as exc:
-        return refused(request, 403, exc.message)
-    answer = RedirectResponse(redeemed.path, status_code=303)
-    answer.set_cookie(
-        WORKSPACE_COOKIE,
-        redeemed.cookie,
-        max_age=max(1, int(redeemed.expires_at - time.time())),
-        httponly=True,
-        samesite="lax",
-        secure=_host_and_scheme(request)[1] == "https",
-        path=f"/ws/{redeemed.workspace_id}/",
-    )
-    answer.headers["Cache-Control"] = "no-store"
-    answer.headers["Referrer-Policy"] = "no-referrer"
+        answer = refused(request, 403, exc.message)
+        answer.headers["Cache-Control"] = "no-store"
+    else:
+        answer = RedirectResponse(redeemed.path, status_code=303)
+        answer.set_cookie(
+            WORKSPACE_COOKIE,
+            redeemed.cookie,
+            max_age=max(1, int(redeemed.expires_at - time.time())),
+            httponly=True,
+            samesite="lax",
+            secure=_secure(request),
+            path=f"/ws/{redeemed.workspace_id}/",
+        )
+        _no_frames_no_cache(answer)
+    for name in state_names:  # spent either way
+        answer.delete_cookie(name, path=HANDOFF_PATH, httponly=True, samesite="lax")
     return answer
 
 

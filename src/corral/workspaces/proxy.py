@@ -42,7 +42,7 @@ import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import websockets
 from fastapi import APIRouter, Request, WebSocket
@@ -68,14 +68,19 @@ from corral.workspaces.endpoint import EndpointUnusable, Upstream, jupyter_upstr
 from corral.workspaces.jupyter_auth import HEADER
 from corral.workspaces.labtls import pinned_context
 from corral.workspaces.origin import (
+    HANDOFF_BEGIN_PATH,
     HANDOFF_PATH,
+    TICKET_PATH,
     WORKSPACE_COOKIE,
     Listener,
     allowed_origin,
+    begin_handoff,
     hand_over,
+    handoff_target,
     listener,
     nothing_else,
     portal_url,
+    send_ticket,
     settings_of,
     take_over,
     to_the_portal,
@@ -262,12 +267,36 @@ def _corral_cookie(item: str) -> bool:
     return name in (SESSION_COOKIE, WORKSPACE_COOKIE)
 
 
-def _refusal(request: Request, decision: Decision, where: Listener, ws_id: str) -> Response:
+def _refusal(
+    request: Request, decision: Decision, where: Listener, ws_id: str, path: str | None = None
+) -> Response:
     if decision.status == 302 and where is Listener.WORKSPACE:
         return to_the_portal(request, ws_id)
     if decision.status == 302:
-        return RedirectResponse(f"/login?next={quote(request.url.path, safe='/')}", status_code=302)
+        return _to_login(path or request.url.path)
     return refused(request, decision.status, decision.message)
+
+
+def _to_login(path: str) -> Response:
+    return RedirectResponse(f"/login?next={quote(path, safe='/')}", status_code=302)
+
+
+async def handoff_ticket(request: Request) -> Response:
+    """The portal's TICKET_PATH (`?to=/ws/<id>/...&state=<hash>`, where the workspace origin's
+    HANDOFF_BEGIN_PATH sends a browser): the decision of the portal's `/ws/<id>/` on its session
+    cookie (a bearer token is no credential here); for the owner, a ticket bound to that state."""
+    found = handoff_target(request.query_params.get("to", ""))
+    if found is None:
+        return refused(request, 400, f"{TICKET_PATH} takes ?to=/ws/<id>/... from the workspace origin")
+    ws_id, target = found
+    path = urlsplit(target).path
+    secret = request.cookies.get(SESSION_COOKIE)
+    if not secret:
+        return _to_login(path)
+    decision = await authorize(request.app, {}, {SESSION_COOKIE: secret}, ws_id, Listener.PORTAL)
+    if decision.status != 200:
+        return _refusal(request, decision, Listener.PORTAL, str(ws_id), path)
+    return await send_ticket(request, ws_id, target, secret)
 
 
 def refused(request: Request, status: int, message: str) -> Response:
@@ -487,6 +516,8 @@ class _RouteLabel:
 WORKSPACE_PATH = re.compile(r"^/ws/([^/]*)/(.*)$", re.DOTALL)
 ROUTE_LABEL = _RouteLabel("/ws/{ws_id}/{path:path}")
 HANDOFF_LABEL = _RouteLabel(HANDOFF_PATH)  # (any other path there is counted as unmatched)
+HANDOFF_BEGIN_LABEL = _RouteLabel(HANDOFF_BEGIN_PATH)
+TICKET_LABEL = _RouteLabel(TICKET_PATH)
 
 
 class ProxyDispatch:
@@ -503,8 +534,13 @@ class ProxyDispatch:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         kind = scope["type"]
-        if kind in ("http", "websocket") and listener(scope.get("app"), scope) is Listener.WORKSPACE:
+        where = listener(scope.get("app"), scope) if kind in ("http", "websocket") else None
+        if where is Listener.WORKSPACE:
             await self._workspace_listener(scope, receive, send)
+            return
+        if where is Listener.PORTAL and kind == "http" and scope["path"] == TICKET_PATH:
+            scope["route"] = TICKET_LABEL
+            await (await handoff_ticket(Request(scope, receive)))(scope, receive, send)
             return
         found = WORKSPACE_PATH.match(scope["path"]) if kind in ("http", "websocket") else None
         if found is None or (kind == "http" and scope["method"] not in HTTP_METHODS):
@@ -525,6 +561,8 @@ class ProxyDispatch:
             scope["route"] = ROUTE_LABEL
         elif scope["path"] == HANDOFF_PATH:
             scope["route"] = HANDOFF_LABEL
+        elif scope["path"] == HANDOFF_BEGIN_PATH:
+            scope["route"] = HANDOFF_BEGIN_LABEL
         if scope["type"] == "websocket":
             if found is None:
                 await WebSocket(scope, receive, send).close(code=1008)
@@ -536,6 +574,8 @@ class ProxyDispatch:
             response = await proxy_http(request, found[1], found[2])
         elif scope["path"] == HANDOFF_PATH:
             response = await take_over(request)
+        elif scope["path"] == HANDOFF_BEGIN_PATH:
+            response = await begin_handoff(request)
         else:
             response = nothing_else(request)
         await response(scope, receive, send)

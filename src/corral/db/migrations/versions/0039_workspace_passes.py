@@ -1,6 +1,7 @@
 """workspace_passes: one-time tickets that hand a browser from the portal's `/ws/<id>/` to the
 workspace origin (its own listener, CORRAL_WORKSPACE_PORT), and the cookies of that origin they
-are exchanged for (corral.services.workspace_passes). Only sha256 hashes of the secrets are
+are exchanged for (corral.services.workspace_passes); a ticket is bound to the browser that asked for
+it by the hash of a state secret in that browser's cookie. Only sha256 hashes of the secrets are
 stored; a row goes with its portal session (logout, revoke) and with its workspace.
 
 Revision ID: 0039_workspace_passes
@@ -27,6 +28,7 @@ def upgrade() -> None:
         sa.Column("workspace_id", sa.Integer(), nullable=False),
         sa.Column("session_hash", sa.String(length=64), nullable=False),
         sa.Column("path", sa.String(length=2048), nullable=False),
+        sa.Column("state_hash", sa.String(length=64), nullable=True),
         sa.Column("created_at", sa.Float(), nullable=False),
         sa.Column("expires_at", sa.Float(), nullable=False),
         sa.ForeignKeyConstraint(
