@@ -65,6 +65,21 @@ def parse_origin(text: str, setting: str) -> str:
     return f"{parts.scheme}://{where}"
 
 
+def workspace_origin_problem(settings: Settings, public_url: str | None) -> str | None:
+    """Why the workspace origin as configured cannot be served (a start-up error; `corral doctor`
+    fails on it too), or None. `public_url`: CORRAL_PUBLIC_URL as the admin set it (the server
+    sets a default for the alerts later, its local address: a loopback one, often)."""
+    if settings.workspace_origin is None:
+        return None
+    if not (public_url or "").strip():
+        return (
+            f"CORRAL_WORKSPACE_ORIGIN={settings.workspace_origin} is set but CORRAL_PUBLIC_URL is not: "
+            "the workspace listener sends browsers back to the portal there; set CORRAL_PUBLIC_URL "
+            "to the portal's address as people reach it"
+        )
+    return None
+
+
 class SecretFileError(ValueError):
     """A CORRAL_*_FILE variable that cannot be used; the message names the variable and file."""
 

@@ -1,7 +1,7 @@
 """`corral doctor`'s workspace-origin check (corral.ops.doctor.check_workspace_origin): JupyterLab
 on the portal's origin is a warning naming the risk and the setting; a workspace origin behind a
-proxy needs CORRAL_PUBLIC_URL; a proxy without CORRAL_WORKSPACE_ORIGIN sends browsers to a port
-they may not reach."""
+proxy needs CORRAL_PUBLIC_URL (a failure: the server refuses to start without it); a proxy
+without CORRAL_WORKSPACE_ORIGIN sends browsers to a port they may not reach."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def test_the_workspace_origin_check_says_what_is_missing() -> None:
     assert shared.fix is not None and "CORRAL_WORKSPACE_PORT" in shared.fix
     behind = Settings(workspace_origin="https://ws.example.org", workspace_port=8081)
     no_portal = check_workspace_origin(behind, env={})
-    assert no_portal.status == "warn" and "CORRAL_PUBLIC_URL is unset" in no_portal.detail, no_portal
+    assert no_portal.status == "fail" and "CORRAL_PUBLIC_URL is not" in no_portal.detail, no_portal
     configured = check_workspace_origin(behind, env={"CORRAL_PUBLIC_URL": "https://corral.example.org"})
     assert (configured.status, configured.detail) == (
         "ok",

@@ -64,3 +64,36 @@ def test_a_workspace_port_in_use_refuses_start_up_naming_the_setting(tmp_path: P
     assert f"cannot listen on 127.0.0.1:{ws_port}: the address is already in use" in done.stderr
     assert "pick another port with CORRAL_WORKSPACE_PORT. Nothing was written." in done.stderr
     assert not (home / "corral.db").exists()
+
+
+def _start_up_refused(tmp_path: Path, extra_env: dict[str, str], port: int | None = None) -> str:
+    """The server started with `extra_env` (without CORRAL_PUBLIC_URL unless given): it exits 1
+    having written nothing; its stderr."""
+    home = tmp_path / "home"
+    env = server_env(home, database_url=None, virtual_gpus=1, extra_env=extra_env)
+    if "CORRAL_PUBLIC_URL" not in extra_env:
+        env.pop("CORRAL_PUBLIC_URL", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "corral.server", "--host", "127.0.0.1", "--port", str(port or free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert not (home / "corral.db").exists()
+    return done.stderr
+
+
+def test_a_workspace_origin_without_the_portals_public_url_refuses_start_up(tmp_path: Path) -> None:
+    """Else the server's own default for CORRAL_PUBLIC_URL (its local, often loopback, address)
+    is where the workspace listener would send every browser back to."""
+    stderr = _start_up_refused(
+        tmp_path,
+        {"CORRAL_WORKSPACE_PORT": str(free_port()), "CORRAL_WORKSPACE_ORIGIN": "https://ws.example.net"},
+    )
+    assert stderr.strip().splitlines()[-1] == (
+        "error: CORRAL_WORKSPACE_ORIGIN=https://ws.example.net is set but CORRAL_PUBLIC_URL is not: the "
+        "workspace listener sends browsers back to the portal there; set CORRAL_PUBLIC_URL to the portal's "
+        "address as people reach it. Nothing was written."
+    ), stderr

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from corral.config import Settings, url_host
+from corral.config import Settings, url_host, workspace_origin_problem
 from corral.words import plural
 
 if TYPE_CHECKING:
@@ -363,14 +363,9 @@ def check_workspace_origin(settings: Settings, env: Mapping[str, str] | None = N
             "workspace can act as its owner on the API",
             "set CORRAL_WORKSPACE_PORT to a free port (docs/workspaces.md, 'The workspace origin')",
         )
-    if settings.workspace_origin is not None and not env.get("CORRAL_PUBLIC_URL"):
-        return Check(
-            "workspace-origin",
-            "warn",
-            f"workspaces at {settings.workspace_origin} (port {port}), but CORRAL_PUBLIC_URL is unset: "
-            "the workspace listener cannot send browsers back to the portal's address",
-            "set CORRAL_PUBLIC_URL to the portal's address as people reach it",
-        )
+    problem = workspace_origin_problem(settings, env.get("CORRAL_PUBLIC_URL"))
+    if problem is not None:  # the server refuses to start with it
+        return Check("workspace-origin", "fail", problem, "see docs/workspaces.md, 'The workspace origin'")
     if settings.workspace_origin is None and settings.forwarded_allow_ips:
         return Check(
             "workspace-origin",

@@ -29,7 +29,7 @@ import uvicorn
 from sqlalchemy import Engine as DatabaseEngine
 from sqlalchemy.orm import Session, sessionmaker
 
-from corral.config import Settings, url_host
+from corral.config import Settings, url_host, workspace_origin_problem
 from corral.server import profiling
 from corral.server.context import ServerContext
 from corral.server.dispatch import shutdown_launches
@@ -162,6 +162,16 @@ def prepare_storage(settings: Settings) -> None:
     ensure_layout(settings.storage_path, settings.engine)
 
 
+def _workspace_origin_or_exit(settings: Settings) -> None:
+    """CORRAL_WORKSPACE_ORIGIN needs the portal's address as people reach it (CORRAL_PUBLIC_URL,
+    read before the server sets its local address there as a default): refused in one line,
+    before anything is written."""
+    problem = workspace_origin_problem(settings, os.environ.get("CORRAL_PUBLIC_URL"))
+    if problem is not None:
+        print(f"error: {problem}. Nothing was written.", file=sys.stderr, flush=True)
+        raise SystemExit(1)
+
+
 def _tls_or_exit(settings: Settings) -> None:
     """Load the certificate and key uvicorn will serve now: a missing or bad file refuses start-up in
     one line, before anything is written (uvicorn's own load came after the banner, the first
@@ -198,6 +208,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
         from corral.server.demo import demo_settings
 
         settings = demo_settings(settings)
+    _workspace_origin_or_exit(settings)
     _tls_or_exit(settings)
     listen_socket = _listen_or_exit(settings)
     sockets = [listen_socket, *_workspace_listener_or_exit(settings, listen_socket)]
