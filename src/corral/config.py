@@ -77,7 +77,36 @@ def workspace_origin_problem(settings: Settings, public_url: str | None) -> str 
             "the workspace listener sends browsers back to the portal there; set CORRAL_PUBLIC_URL "
             "to the portal's address as people reach it"
         )
+    if origin_of(public_url) == settings.workspace_origin:
+        return (
+            f"CORRAL_WORKSPACE_ORIGIN={settings.workspace_origin} is the portal's own origin "
+            "(CORRAL_PUBLIC_URL): JupyterLab would be back on it; give workspaces a host name of "
+            "their own, best on another registrable domain"
+        )
     return None
+
+
+def origin_of(url: str | None) -> str | None:
+    """The origin of a URL (`https://corral.example.org/x` -> `https://corral.example.org`), as
+    parse_origin writes it; None for text that has none."""
+    parts = urlsplit((url or "").strip())
+    try:
+        return parse_origin(f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}", "a URL")
+    except ValueError:
+        return None
+
+
+def same_site(first_origin: str, second_origin: str) -> bool:
+    """Whether two origins are one site to a browser, near enough: the same host name, or the same
+    last two labels of it (`ws.example.org`, `corral.example.org`; a public-suffix list would
+    tell `example.co.uk` apart too: this errs towards saying so). Ports and schemes do not count."""
+    first, second = urlsplit(first_origin).hostname or "", urlsplit(second_origin).hostname or ""
+    if first == second:
+        return True
+    labels = [host.split(".") for host in (first, second)]
+    if any(len(parts) < 2 or parts[-1].isdigit() for parts in labels):  # an IP address, a bare name
+        return False
+    return labels[0][-2:] == labels[1][-2:]
 
 
 class SecretFileError(ValueError):

@@ -97,3 +97,21 @@ def test_a_workspace_origin_without_the_portals_public_url_refuses_start_up(tmp_
         "workspace listener sends browsers back to the portal there; set CORRAL_PUBLIC_URL to the portal's "
         "address as people reach it. Nothing was written."
     ), stderr
+
+
+def test_a_workspace_origin_that_is_the_portals_own_refuses_start_up(tmp_path: Path) -> None:
+    """A path-based proxy layout (`location /ws/` on the portal's server name) would put
+    JupyterLab back on the portal's origin while every check said otherwise."""
+    stderr = _start_up_refused(
+        tmp_path,
+        {
+            "CORRAL_WORKSPACE_PORT": str(free_port()),
+            "CORRAL_WORKSPACE_ORIGIN": "https://corral.example.org",
+            "CORRAL_PUBLIC_URL": "https://Corral.example.org:443/",
+        },
+    )
+    assert stderr.strip().splitlines()[-1] == (
+        "error: CORRAL_WORKSPACE_ORIGIN=https://corral.example.org is the portal's own origin "
+        "(CORRAL_PUBLIC_URL): JupyterLab would be back on it; give workspaces a host name of their own, "
+        "best on another registrable domain. Nothing was written."
+    ), stderr

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from corral.config import Settings, url_host, workspace_origin_problem
+from corral.config import Settings, origin_of, same_site, url_host, workspace_origin_problem
 from corral.words import plural
 
 if TYPE_CHECKING:
@@ -376,6 +376,18 @@ def check_workspace_origin(settings: Settings, env: Mapping[str, str] | None = N
             "(deploy/nginx/corral.conf)",
         )
     where = settings.workspace_origin or f"the portal's host name, port {port}"
+    public = origin_of(env.get("CORRAL_PUBLIC_URL"))
+    if settings.workspace_origin is None or (
+        public is not None and same_site(public, settings.workspace_origin)
+    ):
+        return Check(
+            "workspace-origin",
+            "warn",
+            f"workspaces on their own origin ({where}), but the same site as the portal: a workspace "
+            "page's requests carry the portal's cookie, and its script can set cookies for the portal",
+            "set CORRAL_WORKSPACE_ORIGIN to a host name on another registrable domain "
+            "(docs/security.md, 'Workspaces on their own origin')",
+        )
     return Check("workspace-origin", "ok", f"workspaces on their own origin: {where}")
 
 
