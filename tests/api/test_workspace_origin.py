@@ -29,7 +29,7 @@ from websockets.http11 import Response as WsResponse
 
 from corral.api.app import create_app
 from corral.config import Settings
-from corral.db.models import Node, User
+from corral.db.models import Node, User, WebSession
 from corral.db.workspace_models import WorkspacePass
 from corral.services import auth
 from corral.workspaces import proxy
@@ -411,6 +411,37 @@ def test_the_portals_cookie_is_not_accepted_on_the_workspace_listener(world: Wor
     assert r.status_code == 302 and r.headers["location"] == f"http://testserver:8080/ws/{ws_id}/lab?x=1", (
         r.text
     )
+    with world.session_factory() as db:
+        assert db.scalar(sa.select(sa.func.count()).select_from(WorkspacePass)) == 0
+
+
+def test_a_cached_decision_is_for_its_kind_of_credential_only(world: World, lab: TestClient) -> None:
+    """The portal's decision on its session cookie is cached; the same secret sent within that
+    time as a bearer token or as the workspace cookie is still no credential there."""
+    ws_id = running_workspace(world, "nb")
+    secret = portal_session(world, "alice")
+    ticket_of(world, lab, secret, f"/ws/{ws_id}/lab")  # a 200 decision for the session, cached
+    for headers in ({"Authorization": f"Bearer {secret}"}, {"Cookie": f"{WORKSPACE_COOKIE}={secret}"}):
+        r = lab.get(f"/ws/{ws_id}/api/status", headers=headers, follow_redirects=False)
+        assert r.status_code == 302 and r.headers["location"].startswith(PORTAL_URL), (headers, r.text)
+
+
+def test_a_session_ended_since_the_decision_gets_a_login_not_a_500(world: World, lab: TestClient) -> None:
+    """A logout through another server leaves this one's cached decision for up to 2 s: the
+    ticket step then sends the browser to log in again."""
+    ws_id = running_workspace(world, "nb")
+    secret = portal_session(world, "alice")
+    ticket_of(world, lab, secret, f"/ws/{ws_id}/lab")  # the decision is cached now
+    with world.session_factory() as db:
+        db.execute(sa.delete(WebSession).where(WebSession.id_hash == auth.sha256_hex(secret)))
+        db.commit()
+    r = world.client.get(
+        TICKET_PATH,
+        params={"to": f"/ws/{ws_id}/lab?x=1", "state": "b" * 64},
+        headers={"Cookie": f"corral_session={secret}"},
+        follow_redirects=False,
+    )
+    assert r.status_code == 302 and r.headers["location"] == f"/login?next=/ws/{ws_id}/lab", r.text
     with world.session_factory() as db:
         assert db.scalar(sa.select(sa.func.count()).select_from(WorkspacePass)) == 0
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from corral.db.models import User, WebSession
@@ -69,6 +70,12 @@ def issue_ticket(
         raise ValueError(f"a ticket's path must be under {prefix} and at most {MAX_PATH_CHARS} characters")
     if STATE_HASH.fullmatch(state_hash) is None:
         raise ValueError("a ticket's state hash must be 64 lowercase hexadecimal digits (a sha256)")
+    # The session may have ended since the proxy's decision (cached briefly; a logout through
+    # another server): "log in again", not the foreign key's IntegrityError.
+    ended = Unauthenticated("the portal session has ended; log in again")
+    web = session.get(WebSession, sha256_hex(session_secret))
+    if web is None or web.expires_at <= now:
+        raise ended
     session.execute(
         delete(WorkspacePass).where(WorkspacePass.kind == TICKET, WorkspacePass.expires_at <= now)
     )
@@ -85,7 +92,11 @@ def issue_ticket(
             expires_at=now + TICKET_TTL_S,
         )
     )
-    session.commit()
+    try:
+        session.commit()
+    except IntegrityError:  # deleted between the look and the insert
+        session.rollback()
+        raise ended from None
     return ticket
 
 

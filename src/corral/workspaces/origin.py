@@ -40,6 +40,7 @@ from corral.api.deps import MAX_ROW_ID
 from corral.config import Settings, url_host
 from corral.services import workspace_passes
 from corral.services.auth import sha256_hex
+from corral.services.errors import Unauthenticated
 from corral.services.workspace_passes import TicketRefused
 
 WORKSPACE_COOKIE = "corral_workspace"  # the workspace origin's own; the portal never reads it
@@ -253,7 +254,10 @@ async def send_ticket(request: Request, ws_id: int, target: str, session_secret:
         with factory() as db:
             return workspace_passes.issue_ticket(db, session_secret, ws_id, target, state_hash)
 
-    ticket = await run_in_threadpool(issue)
+    try:
+        ticket = await run_in_threadpool(issue)
+    except Unauthenticated:  # the session ended since the decision: log in again, then back here
+        return RedirectResponse(f"/login?next={quote(urlsplit(target).path, safe='/')}", status_code=302)
     answer = RedirectResponse(f"{origin}{HANDOFF_PATH}?ticket={ticket}", status_code=303)
     return _no_frames_no_cache(answer)
 

@@ -142,7 +142,7 @@ class Decision:
     holder: Holder | None = None  # whose credential let it in (a WebSocket is held open by it)
 
 
-_decisions: dict[tuple[str, int], tuple[float, Decision]] = {}
+_decisions: dict[tuple[str, str, int], tuple[float, Decision]] = {}  # (kind, hash, workspace)
 _pools: dict[Upstream, HttpPool] = {}  # kept-alive upstream connections
 # A revoke, logout or deactivation committed in this process is refused at once, not after the
 # decision's AUTH_CACHE_S.
@@ -223,7 +223,9 @@ async def authorize(
     if found is None:
         return Decision(302)
     secret, kind = found
-    key, now = (sha256_hex(secret), ws_id), time.monotonic()
+    # By kind too: a portal session's decision is no answer for the same secret sent as a bearer
+    # token or as the workspace origin's cookie (nor the other way round).
+    key, now = (kind, sha256_hex(secret), ws_id), time.monotonic()
     cached = _decisions.get(key)
     if cached is not None and cached[0] > now:
         return cached[1]
