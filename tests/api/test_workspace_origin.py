@@ -31,7 +31,7 @@ from corral.api.app import create_app
 from corral.config import Settings
 from corral.db.models import Node, User, WebSession
 from corral.db.workspace_models import WorkspacePass
-from corral.services import auth
+from corral.services import auth, workspace_passes
 from corral.workspaces import proxy
 from corral.workspaces.endpoint import Upstream
 from corral.workspaces.jupyter_auth import HEADER
@@ -539,6 +539,38 @@ def test_settings_name_what_is_wrong_with_the_workspace_origin() -> None:
     for words, values in cases.items():
         with pytest.raises(ValueError, match=words):
             Settings(**values)
+
+
+def test_the_handoffs_cookies_are_secure_when_the_workspace_origin_is_https(
+    world: World, monkeypatch: Any, db_engine: sa.Engine, tmp_path: Path
+) -> None:
+    """Behind a TLS proxy that is not trusted for X-Forwarded-Proto the request looks plain http;
+    the cookies follow CORRAL_WORKSPACE_ORIGIN's https all the same."""
+    monkeypatch.setenv("CORRAL_PUBLIC_URL", "https://corral.example.org")
+    ws_id = running_workspace(world, "nb")
+    secret = portal_session(world, "alice")
+    settings = Settings(
+        home=tmp_path / "home",
+        database_url="sqlite:///unused",
+        workspace_port=8081,
+        workspace_origin="https://corral-ws.example.net",
+    )
+    with TestClient(create_app(settings, db_engine=db_engine), base_url=WS_LISTENER) as behind_tls:
+        begin = behind_tls.get(f"{HANDOFF_BEGIN_PATH}?to=/ws/{ws_id}/lab", follow_redirects=False)
+        assert begin.status_code == 303, begin.text
+        assert begin.headers["location"].startswith(f"https://corral.example.org{TICKET_PATH}?to=")
+        state = begin.headers["set-cookie"].split(";")[0]
+        assert "; secure" in begin.headers["set-cookie"].lower(), begin.headers
+        with world.session_factory() as db:
+            state_hash = auth.sha256_hex(state.partition("=")[2])
+            ticket = workspace_passes.issue_ticket(db, secret, ws_id, f"/ws/{ws_id}/lab", state_hash)
+        behind_tls.cookies.clear()
+        r = behind_tls.get(
+            f"{HANDOFF_PATH}?ticket={ticket}", headers={"Cookie": state}, follow_redirects=False
+        )
+        assert r.status_code == 303, r.text
+        workspace_cookie = r.headers.get_list("set-cookie")[0]
+        assert workspace_cookie.startswith(f"{WORKSPACE_COOKIE}=") and "; secure" in workspace_cookie.lower()
 
 
 def test_with_the_workspace_port_off_the_portal_serves_the_lab_as_before(

@@ -197,8 +197,12 @@ def state_cookie(state_hash: str) -> str:
 
 
 def _secure(request: Any) -> bool:
-    """Whether this origin's cookies are Secure: over https as the browser sees it."""
-    return _host_and_scheme(request)[1] == "https"
+    """Whether this origin's cookies are Secure: when browsers reach it over https, as configured
+    (CORRAL_WORKSPACE_ORIGIN; a TLS proxy not in CORRAL_FORWARDED_ALLOW_IPS makes the request look
+    plain) or as this request came."""
+    settings = settings_of(request.app)
+    configured = settings.workspace_origin if settings is not None else None
+    return (configured or _host_and_scheme(request)[1]).startswith("https")
 
 
 async def begin_handoff(request: Request) -> Response:
