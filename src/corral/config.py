@@ -346,6 +346,12 @@ class Settings(FileVariablesSettings):
                 "CORRAL_WORKSPACE_ORIGIN needs the workspace listener it stands in front of: "
                 "set CORRAL_WORKSPACE_PORT to a port (not 0), or unset CORRAL_WORKSPACE_ORIGIN"
             )
+        if self.workspace_port is None and self.port == 65535:
+            raise ValueError(
+                "CORRAL_PORT=65535 leaves no next port for the workspace listener (its default, the "
+                "portal's port + 1): set CORRAL_WORKSPACE_PORT to a free port (or 0 to serve "
+                "workspaces on the portal's origin)"
+            )
         if self.workspace_listen_port != 0 and self.workspace_listen_port == self.port:
             raise ValueError(
                 f"CORRAL_WORKSPACE_PORT={self.workspace_listen_port} is the portal's own port "
@@ -356,7 +362,8 @@ class Settings(FileVariablesSettings):
     @property
     def workspace_listen_port(self) -> int:
         """The workspace listener's port; 0: none (JupyterLab on the portal's origin). Unset, it is
-        the portal's port + 1, and none when the portal's port is 0 (an ephemeral one: tests)."""
+        the portal's port + 1, and none when the portal's port is 0 (an ephemeral one: tests); the
+        portal on 65535 needs CORRAL_WORKSPACE_PORT (refused, not JupyterLab on its origin)."""
         if self.workspace_port is not None:
             return self.workspace_port
         return self.port + 1 if 0 < self.port < 65535 else 0

@@ -523,6 +523,9 @@ def test_cookie_state_changes_and_websockets_must_come_from_the_workspace_origin
 def test_settings_name_what_is_wrong_with_the_workspace_origin() -> None:
     assert Settings(port=9000).workspace_listen_port == 9001
     assert Settings(port=9000, workspace_port=0).workspace_listen_port == 0
+    assert Settings(port=65535, workspace_port=0).workspace_listen_port == 0
+    assert Settings(port=65535, workspace_port=8081).workspace_listen_port == 8081
+    assert Settings(port=0).workspace_listen_port == 0  # an ephemeral portal port (tests)
     assert (
         Settings(workspace_origin="HTTPS://WS.Example.org:443/").workspace_origin == "https://ws.example.org"
     )
@@ -535,6 +538,7 @@ def test_settings_name_what_is_wrong_with_the_workspace_origin() -> None:
             "workspace_port": 0,
         },
         "CORRAL_WORKSPACE_PORT=8080 is the portal's own port": {"port": 8080, "workspace_port": 8080},
+        "CORRAL_PORT=65535 leaves no next port for the workspace listener": {"port": 65535},
     }
     for words, values in cases.items():
         with pytest.raises(ValueError, match=words):
