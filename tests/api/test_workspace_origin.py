@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
@@ -31,6 +32,8 @@ from corral.api.app import create_app
 from corral.config import Settings
 from corral.db.models import Node, User, WebSession
 from corral.db.workspace_models import WorkspacePass
+from corral.server.context import LoopMemory, ServerContext
+from corral.server.retention import purge_expired_sessions
 from corral.services import auth, workspace_passes
 from corral.workspaces import proxy
 from corral.workspaces.endpoint import Upstream
@@ -400,6 +403,35 @@ def csrf_of(world: World, secret: str) -> str:
     r = world.client.get(f"{API}/auth/csrf", headers={"Cookie": f"corral_session={secret}"})
     assert r.status_code == 200, r.text
     return str(r.json()["csrf_token"])
+
+
+def test_the_retention_loop_deletes_expired_sessions_with_their_workspace_cookies(
+    world: World, lab: TestClient, tmp_path: Path
+) -> None:
+    ws_id = running_workspace(world, "nb")
+    expired, live = portal_session(world, "alice"), portal_session(world, "alice")
+    for secret in (expired, live):
+        cookie_of(lab, ticket_of(world, lab, secret, f"/ws/{ws_id}/lab"), f"/ws/{ws_id}/lab", ws_id)
+    now = time.time()
+    with world.session_factory() as db:
+        db.execute(
+            sa.update(WebSession)
+            .where(WebSession.id_hash == auth.sha256_hex(expired))
+            .values(expires_at=now - 1)
+        )
+        db.commit()
+    ctx = cast(
+        ServerContext,
+        SimpleNamespace(
+            settings=Settings(home=tmp_path), session_factory=world.session_factory, memory=LoopMemory()
+        ),
+    )
+    purge_expired_sessions(ctx, now)
+    with world.session_factory() as db:
+        sessions = db.scalars(sa.select(WebSession.id_hash)).all()
+        passes = db.scalars(sa.select(WorkspacePass.session_hash)).all()
+    assert auth.sha256_hex(expired) not in sessions and auth.sha256_hex(live) in sessions
+    assert passes == [auth.sha256_hex(live)], passes
 
 
 def test_the_portals_cookie_is_not_accepted_on_the_workspace_listener(world: World, lab: TestClient) -> None:

@@ -82,6 +82,7 @@ class LoopMemory:
     exit_spec: ExitSpecCache | None = None  # diagnosis: the active exit-spec (reconcile)
     log_tail_bytes: int = 64 * 1024  # diagnosis: how much of a failed rank's log it reads
     audit_purged_at: float = 0.0  # when the retention loop last purged the audit log
+    sessions_purged_at: float = 0.0  # when the retention loop last deleted expired portal sessions
     # The sweep's stops (attempt id -> when): one not yet ended is not stopped and audited again
     # until SWEEP_AGAIN_S later (server/sweep.py).
     swept: dict[str, float] = field(default_factory=dict)

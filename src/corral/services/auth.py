@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
-from sqlalchemy import event, func, select
+from sqlalchemy import delete, event, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -388,6 +388,17 @@ def logout(session: Session, secret: str) -> None:
     if web is not None:
         session.delete(web)
         forget_principals(session)  # its open sessions end (corral.services.open_sessions)
+
+
+def delete_expired_sessions(session: Session, now: float) -> int:
+    """Delete the web sessions past their expiry (refused already; a logout deletes the others),
+    and with them what hangs off them: their workspace cookies (workspace_passes, ON DELETE
+    CASCADE). The retention loop's; how many sessions went."""
+    deleted = session.execute(
+        delete(WebSession).where(WebSession.expires_at <= now).execution_options(synchronize_session=False)
+    )
+    session.commit()
+    return int(deleted.rowcount)  # type: ignore[attr-defined]
 
 
 def session_id(web: WebSession) -> str:
