@@ -351,11 +351,15 @@ def test_a_workspace_cookie_opens_its_own_workspace_only(world: World, lab: Test
     cookie = cookie_of(lab, ticket_of(world, lab, secret, f"/ws/{first}/lab"), f"/ws/{first}/lab", first)
     own = lab.get(f"/ws/{first}/api/status", headers={"Cookie": f"{WORKSPACE_COOKIE}={cookie}"})
     assert own.status_code == 200, own.text
+    jar = {"Cookie": f"{WORKSPACE_COOKIE}={cookie}"}
     other = lab.get(
-        f"/ws/{second}/api/status", headers={"Cookie": f"{WORKSPACE_COOKIE}={cookie}"}, follow_redirects=False
+        f"/ws/{second}/api/status", headers={**jar, "Accept": "text/html"}, follow_redirects=False
     )
-    # Not a credential there: back to the portal, which hands over to that workspace afresh.
+    # Not a credential there: a browser back to the portal, which hands over to that workspace
+    # afresh; a script or an API client gets a 401 saying so.
     assert other.status_code == 302, other.text
+    scripted = lab.get(f"/ws/{second}/api/status", headers=jar, follow_redirects=False)
+    assert scripted.status_code == 401 and scripted.json()["detail"] == proxy.no_credential(str(second))
     assert other.headers["location"] == f"http://testserver:8080/ws/{second}/api/status"
 
 
@@ -390,7 +394,9 @@ def test_another_user_gets_no_ticket_and_a_logout_ends_the_workspace_cookie(
     )
     assert logout.status_code == 204, logout.text
     after = lab.get(
-        f"/ws/{ws_id}/lab", headers={"Cookie": f"{WORKSPACE_COOKIE}={cookie}"}, follow_redirects=False
+        f"/ws/{ws_id}/lab",
+        headers={"Cookie": f"{WORKSPACE_COOKIE}={cookie}", "Accept": "text/html"},
+        follow_redirects=False,
     )
     assert after.status_code == 302 and after.headers["location"].startswith("http://testserver:8080/"), (
         after.text
@@ -438,7 +444,9 @@ def test_the_portals_cookie_is_not_accepted_on_the_workspace_listener(world: Wor
     ws_id = running_workspace(world, "nb")
     secret = portal_session(world, "alice")
     r = lab.get(
-        f"/ws/{ws_id}/lab?x=1", headers={"Cookie": f"corral_session={secret}"}, follow_redirects=False
+        f"/ws/{ws_id}/lab?x=1",
+        headers={"Cookie": f"corral_session={secret}", "Accept": "text/html"},
+        follow_redirects=False,
     )
     assert r.status_code == 302 and r.headers["location"] == f"http://testserver:8080/ws/{ws_id}/lab?x=1", (
         r.text
@@ -455,7 +463,10 @@ def test_a_cached_decision_is_for_its_kind_of_credential_only(world: World, lab:
     ticket_of(world, lab, secret, f"/ws/{ws_id}/lab")  # a 200 decision for the session, cached
     for headers in ({"Authorization": f"Bearer {secret}"}, {"Cookie": f"{WORKSPACE_COOKIE}={secret}"}):
         r = lab.get(f"/ws/{ws_id}/api/status", headers=headers, follow_redirects=False)
-        assert r.status_code == 302 and r.headers["location"].startswith(PORTAL_URL), (headers, r.text)
+        assert r.status_code == 401 and r.json()["detail"] == proxy.no_credential(str(ws_id)), (
+            headers,
+            r.text,
+        )
 
 
 def test_a_session_ended_since_the_decision_gets_a_login_not_a_500(world: World, lab: TestClient) -> None:
@@ -510,6 +521,12 @@ def test_a_bearer_token_works_on_the_workspace_listener_and_the_portal_sends_it_
     assert r.status_code == 200 and r.json()["path"] == f"/ws/{ws_id}/api/status?a=1", r.text
     sent = world.client.post(f"/ws/{ws_id}/api/kernels", headers=world.as_("alice"), follow_redirects=False)
     assert sent.status_code == 307 and sent.headers["location"] == f"{WS_LISTENER}/ws/{ws_id}/api/kernels"
+    # The client follows without its token (httpx, requests and curl drop it for another port):
+    # a 401 saying why, not a redirect chain ending on the portal's login page.
+    followed = lab.post(
+        f"/ws/{ws_id}/api/kernels", headers={"Accept": "application/json"}, follow_redirects=False
+    )
+    assert followed.status_code == 401 and followed.json()["detail"] == proxy.no_credential(str(ws_id))
     other = lab.get(f"/ws/{ws_id}/api/status", headers=world.as_("bob"))
     assert other.status_code == 404 and other.json()["detail"] == f"there is no workspace {ws_id}"
 

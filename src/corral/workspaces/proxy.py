@@ -9,7 +9,7 @@ anyone else is refused (a notebook runs code as its owner: entering someone's wo
 acting as them; admins stop or remove it instead): another user gets the very 404 of a missing
 workspace (ids are not probeable), an administrator a 403 saying whose it is; no credential: a
 redirect to the portal's login (from the workspace listener: to the portal's `/ws/<id>/...`,
-which hands over again; a WebSocket: 403).
+which hands over again, or a 401 to a request not asking for HTML; a WebSocket: 403).
 The id is a plain positive decimal integer (`/ws/7/`); anything else (`abc`, `+7`, `7.0`) is
 answered as a missing workspace. A browser (text/html in Accept) gets a refusal as a small page
 with a link to the portal's workspaces; an API client, as JSON (`{"detail": ...}`).
@@ -273,10 +273,22 @@ def _refusal(
     request: Request, decision: Decision, where: Listener, ws_id: str, path: str | None = None
 ) -> Response:
     if decision.status == 302 and where is Listener.WORKSPACE:
+        if "text/html" not in request.headers.get("accept", ""):
+            # Not a browser's page: an API client whose token was dropped on the portal's 307
+            # (clients do, to another host or port) or a script; a redirect chain would end on
+            # the portal's login page, a 200 of HTML.
+            return JSONResponse({"detail": no_credential(ws_id)}, status_code=401)
         return to_the_portal(request, ws_id)
     if decision.status == 302:
         return _to_login(path or request.url.path)
     return refused(request, decision.status, decision.message)
+
+
+def no_credential(ws_id: str) -> str:
+    return (
+        f"no valid credential for workspace {ws_id}: send an API token (Authorization: Bearer) to "
+        "this address itself (clients drop it on a redirect), or open the workspace from the portal"
+    )
 
 
 def _to_login(path: str) -> Response:
