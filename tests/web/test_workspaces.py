@@ -203,7 +203,8 @@ def test_jupyterlab_through_the_proxy(server: CorralServer, playwright_instance:
         page.fill("#username", "ann")
         page.fill("#password", PASSWORD)
         page.click("form.login-form button[type=submit]")
-        # Handed over by the portal to the workspace origin (a one-time ticket, then its cookie).
+        # Handed over by the portal to the workspace origin (its state cookie, a one-time ticket bound
+        # to it, then its cookie).
         page.wait_for_url(f"{LAB_URL}/ws/{ws['id']}/lab/**")
         output = run_first_cell(page)
         text = output.inner_text()
