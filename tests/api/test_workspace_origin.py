@@ -359,7 +359,9 @@ def test_a_workspace_cookie_opens_its_own_workspace_only(world: World, lab: Test
     # afresh; a script or an API client gets a 401 saying so.
     assert other.status_code == 302, other.text
     scripted = lab.get(f"/ws/{second}/api/status", headers=jar, follow_redirects=False)
-    assert scripted.status_code == 401 and scripted.json()["detail"] == proxy.no_credential(str(second))
+    message = proxy.no_credential(str(second))
+    assert scripted.status_code == 401 and scripted.json() == {"detail": message, "message": message}
+    assert scripted.headers["www-authenticate"] == "Bearer"
     assert other.headers["location"] == f"http://testserver:8080/ws/{second}/api/status"
 
 

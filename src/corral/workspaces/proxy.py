@@ -276,8 +276,14 @@ def _refusal(
         if "text/html" not in request.headers.get("accept", ""):
             # Not a browser's page: an API client whose token was dropped on the portal's 307
             # (clients do, to another host or port) or a script; a redirect chain would end on
-            # the portal's login page, a 200 of HTML.
-            return JSONResponse({"detail": no_credential(ws_id)}, status_code=401)
+            # the portal's login page, a 200 of HTML. `message` is what JupyterLab's front end
+            # shows of an error's body (ResponseError); `detail` is what the API's errors carry.
+            message = no_credential(ws_id)
+            return JSONResponse(
+                {"detail": message, "message": message},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         return to_the_portal(request, ws_id)
     if decision.status == 302:
         return _to_login(path or request.url.path)
