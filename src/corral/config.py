@@ -383,3 +383,18 @@ class Settings(FileVariablesSettings):
     @property
     def db_url(self) -> str:
         return self.database_url or f"sqlite:///{self.home / 'corral.db'}"
+
+
+def settings_error(exc: ValueError) -> str:
+    """A refused `Settings()` in one line: pydantic's ValidationError text runs over several lines
+    and repeats every input given (a --database-url's password too); its errors, each naming the
+    variable (`CORRAL_PORT: ...`), say what is wrong."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc)  # SecretFileError and the like: one line already
+    parts = []
+    for err in errors():
+        message = str(err["msg"]).removeprefix("Value error, ")
+        field = "_".join(str(p) for p in err["loc"]).upper()
+        parts.append(f"CORRAL_{field}: {message}" if field else message)
+    return "; ".join(parts)

@@ -66,11 +66,15 @@ def test_a_workspace_port_in_use_refuses_start_up_naming_the_setting(tmp_path: P
     assert not (home / "corral.db").exists()
 
 
-def _start_up_refused(tmp_path: Path, extra_env: dict[str, str], port: int | None = None) -> str:
-    """The server started with `extra_env` (without CORRAL_PUBLIC_URL unless given): it exits 1
-    having written nothing; its stderr."""
+def _start_up_refused(
+    tmp_path: Path, extra_env: dict[str, str], port: int | None = None, unset: tuple[str, ...] = ()
+) -> str:
+    """The server started with `extra_env` (without CORRAL_PUBLIC_URL unless given, nor the
+    settings in `unset`): it exits 1 having written nothing; its stderr."""
     home = tmp_path / "home"
     env = server_env(home, database_url=None, virtual_gpus=1, extra_env=extra_env)
+    for name in unset:
+        env.pop(name, None)
     if "CORRAL_PUBLIC_URL" not in extra_env:
         env.pop("CORRAL_PUBLIC_URL", None)
     done = subprocess.run(
@@ -114,4 +118,21 @@ def test_a_workspace_origin_that_is_the_portals_own_refuses_start_up(tmp_path: P
         "error: CORRAL_WORKSPACE_ORIGIN=https://corral.example.org is the portal's own origin "
         "(CORRAL_PUBLIC_URL): JupyterLab would be back on it; give workspaces a host name of their own, "
         "best on another registrable domain. Nothing was written."
+    ), stderr
+
+
+def test_the_port_option_goes_through_the_settings_checks(tmp_path: Path) -> None:
+    """`--port` is validated with the environment, as CORRAL_PORT is: 65535 leaves no next port
+    for the workspace listener, and a workspace port equal to the portal's is refused."""
+    stderr = _start_up_refused(tmp_path, {}, port=65535, unset=("CORRAL_WORKSPACE_PORT",))
+    assert stderr.strip().splitlines()[-1] == (
+        "error: CORRAL_PORT=65535 leaves no next port for the workspace listener (its default, the "
+        "portal's port + 1): set CORRAL_WORKSPACE_PORT to a free port (or 0 to serve workspaces on the "
+        "portal's origin). Nothing was written."
+    ), stderr
+    port = free_port()
+    stderr = _start_up_refused(tmp_path, {"CORRAL_WORKSPACE_PORT": str(port)}, port=port)
+    assert stderr.strip().splitlines()[-1] == (
+        f"error: CORRAL_WORKSPACE_PORT={port} is the portal's own port (CORRAL_PORT): workspaces need "
+        "another port (or 0 to serve them on the portal's origin). Nothing was written."
     ), stderr

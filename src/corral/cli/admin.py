@@ -17,7 +17,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from corral.cli.common import Output, OutputOpt, error_line, settings_error
+from corral.cli.common import Output, OutputOpt, error_line
+from corral.config import settings_error
 from corral.words import plural
 
 if TYPE_CHECKING:

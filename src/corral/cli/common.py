@@ -34,21 +34,6 @@ def client() -> Client:
     return Client.from_config()
 
 
-def settings_error(exc: ValueError) -> str:
-    """A refused `Settings()` in one line: pydantic's ValidationError text runs over several lines
-    and repeats every input given (a --database-url's password too); its errors, each naming the
-    variable (`CORRAL_PORT: ...`), say what is wrong."""
-    errors = getattr(exc, "errors", None)
-    if not callable(errors):
-        return str(exc)  # SecretFileError and the like: one line already
-    parts = []
-    for err in errors():
-        message = str(err["msg"]).removeprefix("Value error, ")
-        field = "_".join(str(p) for p in err["loc"]).upper()
-        parts.append(f"CORRAL_{field}: {message}" if field else message)
-    return "; ".join(parts)
-
-
 def error_line(message: str) -> None:
     """`error: <message>` on stderr as one line: the message as written (the server's and the
     user's text: a `[/x]` in it is not Rich markup), never wrapped (a long path stays whole, to be

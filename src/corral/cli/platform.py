@@ -25,9 +25,9 @@ from corral.cli.common import (
     friendly_errors,
     out,
     print_json,
-    settings_error,
     when,
 )
+from corral.config import settings_error
 
 __all__ = [
     "Output",

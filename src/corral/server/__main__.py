@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from corral.config import Settings
+from corral.config import Settings, settings_error
 from corral.server.run import serve
 
 
@@ -15,9 +16,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default=None)
     parser.add_argument("--port", type=int, default=None)
     args = parser.parse_args(argv)
-    settings = Settings()
     update = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    serve(settings.model_copy(update=update) if update else settings, demo=args.demo)
+    try:
+        # Built with the options, not model_copy'd after: the validators (CORRAL_PORT=65535
+        # without a workspace port, a workspace port equal to the portal's) see --port too.
+        settings = Settings(**update)  # type: ignore[arg-type]
+    except ValueError as exc:  # pydantic's ValidationError: name the setting, no traceback
+        print(f"error: {settings_error(exc)}. Nothing was written.", file=sys.stderr)
+        raise SystemExit(1) from None
+    serve(settings, demo=args.demo)
 
 
 if __name__ == "__main__":
