@@ -39,6 +39,26 @@ def test_portal_login_cookie_and_csrf(world: World) -> None:
     assert c.get(f"{API}/me").status_code == 401
 
 
+def test_a_login_from_another_origin_is_refused_and_sets_no_cookie(world: World) -> None:
+    """Login CSRF: a page of another site, or of a sibling host of the same site (which
+    SameSite=Lax lets through), must not log the browser into its author's account."""
+    c = world.client
+    login = {"username": "alice", "password": ALICE_PASSWORD}
+    for origin in ("https://evil.example", "http://ws.testserver", "http://testserver:8081", "null"):
+        r = c.post(f"{API}/auth/login", json=login, headers={"Origin": origin})
+        assert r.status_code == 403, (origin, r.text)
+        assert r.json()["detail"] == (
+            f"login refused: sent from {origin!r}, not from the portal's own origin; log in on the portal's page"
+        )
+        assert "set-cookie" not in r.headers and not c.cookies, origin
+    # The portal's own page (Origin is the Host it was sent to), and a client sending no Origin.
+    own = c.post(f"{API}/auth/login", json=login, headers={"Origin": "http://testserver"})
+    assert own.status_code == 200 and "corral_session=" in own.headers["set-cookie"], own.text
+    c.cookies.clear()
+    bare = c.post(f"{API}/auth/login", json=login)
+    assert bare.status_code == 200 and "corral_session=" in bare.headers["set-cookie"], bare.text
+
+
 def test_expired_session_is_refused(world: World) -> None:
     with world.session_factory() as db:
         secret, _user, _csrf = auth.login(

@@ -6,6 +6,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from fastapi import Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
@@ -75,6 +76,14 @@ def client_address(request: Request) -> str:
     the client address it sends in X-Forwarded-For (uvicorn's proxy headers, off unless that is
     set; docs/security.md)."""
     return request.client.host if request.client else "unknown"
+
+
+def same_origin(headers: Any) -> bool:
+    """Whether a browser's `Origin` is the host this request was sent to (`Host`, port included;
+    a reverse proxy passes it on as sent): the portal's own pages, not another site's, nor a
+    sibling host of the same site (SameSite=Lax lets those send the cookie). False without one."""
+    origin = headers.get("origin")
+    return origin is not None and urlsplit(origin).netloc == headers.get("host", "")
 
 
 def _authenticate_released(request: Request, db: Session) -> Principal:

@@ -36,7 +36,7 @@ from fastapi.responses import PlainTextResponse, RedirectResponse, Response
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from corral.api.deps import MAX_ROW_ID
+from corral.api.deps import MAX_ROW_ID, same_origin
 from corral.config import Settings, url_host
 from corral.services import workspace_passes
 from corral.services.auth import sha256_hex
@@ -111,7 +111,7 @@ def allowed_origin(headers: Any, settings: Settings | None, where: Listener) -> 
         return False
     if where is Listener.WORKSPACE and settings is not None and settings.workspace_origin is not None:
         return origin.rstrip("/").lower() == settings.workspace_origin
-    return urlsplit(origin).netloc == headers.get("host", "")
+    return same_origin(headers)
 
 
 def request_target(scope: Any) -> str:

@@ -18,6 +18,7 @@ from corral.api.deps import (
     CurrentUser,
     RowId,
     client_address,
+    same_origin,
 )
 from corral.api.schemas import LoginIn, LoginOut, MeOut
 from corral.config import Settings
@@ -26,7 +27,7 @@ from corral.services import audit, login_guard
 from corral.services import auth as svc
 from corral.services.accounts import user_out
 from corral.services.audit_state import lockout_state
-from corral.services.errors import Conflict
+from corral.services.errors import Conflict, Forbidden
 from corral.services.views import UserView
 
 SessionId = Annotated[str, Path(min_length=1, max_length=128, pattern=SEGMENT_NAME)]
@@ -61,11 +62,21 @@ def me_view(db: Any, user_id: int) -> UserView:
     response_model=LoginOut,
     responses={
         401: {"description": "wrong user name or password"},
+        403: {"description": "sent by a browser from another origin than the portal's"},
         429: {"description": "too many failed logins: the account or address is locked"},
     },
 )
 def login(body: LoginIn, request: Request, response: Response, db: DB) -> Any:
     settings: Settings = request.app.state.settings
+    if "origin" in request.headers and not same_origin(request.headers):
+        # Login CSRF: another site's page (a sibling host of the same site gets past SameSite=Lax)
+        # would log this browser into its author's account, whose workspace the browser would then
+        # be handed over to, next to the victim's workspace cookies. Clients without `Origin` (the
+        # CLI, the SDK) are not browsers, and a browser always sends it on a POST.
+        raise Forbidden(
+            f"login refused: sent from {request.headers['origin']!r}, not from the portal's own "
+            "origin; log in on the portal's page"
+        )
     address, now = client_address(request), time.time()
     login_guard.check_allowed(db, body.username, address, now)
     try:
