@@ -42,6 +42,7 @@ from corral.workspaces.origin import (
     HANDOFF_BEGIN_PATH,
     HANDOFF_PATH,
     STATE_COOKIE_PREFIX,
+    STATE_COOKIES_KEPT,
     TICKET_PATH,
     WORKSPACE_COOKIE,
 )
@@ -329,6 +330,27 @@ def test_the_handoff_goes_to_the_workspace_asked_for_only(world: World, lab: Tes
         "the address is longer than the 2048 characters a workspace link may have; "
         f"open {WS_LISTENER}/ws/{ws_id}/lab"
     )
+
+
+def test_the_begin_expires_older_state_cookies_beyond_a_few(world: World, lab: TestClient) -> None:
+    """A page looping the begin in a popup must not pile state cookies up in the browser: the
+    begin keeps the newest STATE_COOKIES_KEPT - 1 it is sent (oldest first), plus its own."""
+    held = [f"{STATE_COOKIE_PREFIX}{n:016x}" for n in range(STATE_COOKIES_KEPT + 2)]
+    jar = "; ".join([f"{name}=s{n}" for n, name in enumerate(held)] + ["_xsrf=x1"])
+    begin = lab.get(f"{HANDOFF_BEGIN_PATH}?to=/ws/1/lab", headers={"Cookie": jar}, follow_redirects=False)
+    lab.cookies.clear()
+    assert begin.status_code == 303, begin.text
+    set_cookies = begin.headers.get_list("set-cookie")
+    expired = [c.partition("=")[0] for c in set_cookies if "Max-Age=0" in c]
+    assert expired == held[:3], set_cookies  # 6 sent: the 3 oldest go, 3 stay with the new one
+    assert all(f"Path={HANDOFF_PATH}" in c for c in set_cookies), set_cookies
+    (fresh,) = [c for c in set_cookies if "Max-Age=60" in c]
+    assert fresh.startswith(STATE_COOKIE_PREFIX) and fresh.partition("=")[0] not in held, fresh
+    few = lab.get(
+        f"{HANDOFF_BEGIN_PATH}?to=/ws/1/lab", headers={"Cookie": f"{held[0]}=s0"}, follow_redirects=False
+    )
+    lab.cookies.clear()
+    assert [c for c in few.headers.get_list("set-cookie") if "Max-Age=0" in c] == [], few.headers
 
 
 def test_a_ticket_past_its_expiry_is_refused(world: World, lab: TestClient) -> None:

@@ -48,6 +48,7 @@ HANDOFF_PATH = "/corral-handoff"  # on the workspace listener: ?ticket=... -> co
 HANDOFF_BEGIN_PATH = "/corral-handoff/begin"  # on the workspace listener: ?to=... -> state cookie
 TICKET_PATH = "/corral-handoff/ticket"  # on the portal: ?to=...&state=<hash> -> a ticket
 STATE_COOKIE_PREFIX = "corral_handoff_"  # the workspace origin's state cookies, path HANDOFF_PATH
+STATE_COOKIES_KEPT = 4  # a browser's handoffs in flight at once: older state cookies are expired
 STATE_TTL_S = 60.0  # the round trip to the portal and back, with room for a slow machine
 HANDOFF_TO = re.compile(r"/ws/([1-9][0-9]{0,18})/[\x21-\x7e]*")
 NO_FRAMES = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'"}
@@ -233,7 +234,18 @@ async def begin_handoff(request: Request) -> Response:
         secure=_secure(request),
         path=HANDOFF_PATH,
     )
+    for name in _older_states(request.cookies):
+        answer.delete_cookie(name, path=HANDOFF_PATH, httponly=True, samesite="lax", secure=_secure(request))
     return _no_frames_no_cache(answer)
+
+
+def _older_states(cookies: Any) -> list[str]:
+    """The state cookies the browser sent beyond the newest STATE_COOKIES_KEPT - 1 (with the one
+    being set, STATE_COOKIES_KEPT): else a page looping the begin in a popup piles them up, 60 s
+    each, until they push the workspace cookies out of the browser's jar or the Cookie header
+    past a proxy's limit. Browsers send cookies of one path oldest first (RFC 6265 5.4)."""
+    held = [name for name in cookies if name.startswith(STATE_COOKIE_PREFIX)]
+    return held[: max(0, len(held) - (STATE_COOKIES_KEPT - 1))]
 
 
 async def send_ticket(request: Request, ws_id: int, target: str, session_secret: str) -> Response:
