@@ -48,7 +48,8 @@ def test_a_login_from_another_origin_is_refused_and_sets_no_cookie(world: World)
         r = c.post(f"{API}/auth/login", json=login, headers={"Origin": origin})
         assert r.status_code == 403, (origin, r.text)
         assert r.json()["detail"] == (
-            f"login refused: sent from {origin!r}, not from the portal's own origin; log in on the portal's page"
+            f"login refused: sent from {origin!r}, not from the portal's own origin; "
+            "log in on the portal's page"
         )
         assert "set-cookie" not in r.headers and not c.cookies, origin
     # The portal's own page (Origin is the Host it was sent to), and a client sending no Origin.

@@ -618,12 +618,17 @@ def test_settings_name_what_is_wrong_with_the_workspace_origin() -> None:
             Settings(**values)
 
 
-def test_the_handoffs_cookies_are_secure_when_the_workspace_origin_is_https(
-    world: World, monkeypatch: Any, db_engine: sa.Engine, tmp_path: Path
+def test_the_handoffs_cookies_are_host_prefixed_when_the_workspace_origin_is_https(
+    world: World, jupyter: str, monkeypatch: Any, db_engine: sa.Engine, tmp_path: Path
 ) -> None:
-    """Behind a TLS proxy that is not trusted for X-Forwarded-Proto the request looks plain http;
+    """Over https the workspace origin's cookies are `__Host-` ones (Secure, Path=/, no Domain),
+    which a plain-http answer, a sibling host or another port cannot plant in a browser; the
+    workspace's is named per workspace, found by the proxy, and never passed on to JupyterLab.
+    Behind a TLS proxy that is not trusted for X-Forwarded-Proto the request looks plain http;
     the cookies follow CORRAL_WORKSPACE_ORIGIN's https all the same."""
     monkeypatch.setenv("CORRAL_PUBLIC_URL", "https://corral.example.org")
+    monkeypatch.setattr(proxy, "jupyter_upstream", lambda *_: Upstream(socket=jupyter))
+    proxy._decisions.clear()
     ws_id = running_workspace(world, "nb")
     secret = portal_session(world, "alice")
     settings = Settings(
@@ -632,22 +637,54 @@ def test_the_handoffs_cookies_are_secure_when_the_workspace_origin_is_https(
         workspace_port=8081,
         workspace_origin="https://corral-ws.example.net",
     )
+
+    def flags_of(set_cookie: str) -> tuple[str, str, dict[str, str]]:
+        name_value, *attributes = [part.strip() for part in set_cookie.split(";")]
+        name, _, value = name_value.partition("=")
+        return name, value, {a.split("=")[0].lower(): a.partition("=")[2] for a in attributes}
+
     with TestClient(create_app(settings, db_engine=db_engine), base_url=WS_LISTENER) as behind_tls:
         begin = behind_tls.get(f"{HANDOFF_BEGIN_PATH}?to=/ws/{ws_id}/lab", follow_redirects=False)
+        behind_tls.cookies.clear()
         assert begin.status_code == 303, begin.text
         assert begin.headers["location"].startswith(f"https://corral.example.org{TICKET_PATH}?to=")
-        state = begin.headers["set-cookie"].split(";")[0]
-        assert "; secure" in begin.headers["set-cookie"].lower(), begin.headers
-        with world.session_factory() as db:
-            state_hash = auth.sha256_hex(state.partition("=")[2])
-            ticket = workspace_passes.issue_ticket(db, secret, ws_id, f"/ws/{ws_id}/lab", state_hash)
+        name, value, flags = flags_of(begin.headers["set-cookie"])
+        assert name.startswith(f"__Host-{STATE_COOKIE_PREFIX}") and value, name
+        assert flags["path"] == "/" and "secure" in flags and "domain" not in flags, flags
+        state = f"{name}={value}"
+        # Older ones are expired on that path and Secure too (a __Host- cookie needs both).
+        older = "; ".join(f"__Host-{STATE_COOKIE_PREFIX}{n:016x}=s" for n in range(STATE_COOKIES_KEPT))
+        again = behind_tls.get(
+            f"{HANDOFF_BEGIN_PATH}?to=/ws/{ws_id}/lab", headers={"Cookie": older}, follow_redirects=False
+        )
         behind_tls.cookies.clear()
+        (expired,) = [flags_of(c) for c in again.headers.get_list("set-cookie") if "Max-Age=0" in c]
+        assert expired[0] == f"__Host-{STATE_COOKIE_PREFIX}{0:016x}", expired
+        assert expired[2]["path"] == "/" and "secure" in expired[2], expired
+        with world.session_factory() as db:
+            state_hash = auth.sha256_hex(value)
+            ticket = workspace_passes.issue_ticket(db, secret, ws_id, f"/ws/{ws_id}/lab", state_hash)
         r = behind_tls.get(
             f"{HANDOFF_PATH}?ticket={ticket}", headers={"Cookie": state}, follow_redirects=False
         )
+        behind_tls.cookies.clear()
         assert r.status_code == 303, r.text
-        workspace_cookie = r.headers.get_list("set-cookie")[0]
-        assert workspace_cookie.startswith(f"{WORKSPACE_COOKIE}=") and "; secure" in workspace_cookie.lower()
+        set_cookies = r.headers.get_list("set-cookie")
+        name, cookie, flags = flags_of(set_cookies[0])
+        assert name == f"__Host-corral_ws_{ws_id}" and cookie, set_cookies
+        assert flags["path"] == "/" and "secure" in flags and "domain" not in flags, flags
+        spent = flags_of(set_cookies[1])
+        assert spent[0] == state.partition("=")[0] and spent[2]["max-age"] == "0", set_cookies
+        assert spent[2]["path"] == "/" and "secure" in spent[2], set_cookies
+        jar = f"{name}={cookie}; {state}; __Host-corral_ws_999={cookie}; _xsrf=x1"
+        opened = behind_tls.get(f"/ws/{ws_id}/api/status", headers={"Cookie": jar})
+        assert opened.status_code == 200, opened.text
+        assert opened.json()["cookie"] == "_xsrf=x1", opened.json()  # none of Corral's passed on
+        # The plain name, which anyone able to set a cookie for the host could plant, is no
+        # credential over https.
+        plain = behind_tls.get(f"/ws/{ws_id}/api/status", headers={"Cookie": f"{WORKSPACE_COOKIE}={cookie}"})
+        assert plain.status_code == 401, plain.text
+    proxy._decisions.clear()
 
 
 def test_with_the_workspace_port_off_the_portal_serves_the_lab_as_before(

@@ -10,8 +10,9 @@ browser over: the workspace listener's HANDOFF_BEGIN_PATH puts a state secret in
 cookie there and sends it back to the portal's TICKET_PATH, which issues a one-time ticket
 (corral.services.workspace_passes) bound to that state's hash, which the workspace listener's
 HANDOFF_PATH exchanges, in the browser holding the state only, for a cookie of its own
-(WORKSPACE_COOKIE: HttpOnly, SameSite, Secure over https, path `/ws/<id>/`), then sends the
-browser on to the lab. (Bound to the browser, as OAuth's `state`: all users' workspaces share
+(HttpOnly, SameSite; over https `__Host-corral_ws_<id>`, Secure, path `/`, which only a secure
+answer of this very host can set; over plain http WORKSPACE_COOKIE, path `/ws/<id>/`), then
+sends the browser on to the lab. (Bound to the browser, as OAuth's `state`: all users' workspaces share
 this origin, so a ticket of one user's opened in another's browser would run the first one's
 JupyterLab next to the other's workspace cookies.) A bearer token works
 on the workspace listener directly; on the portal it is redirected there (307).
@@ -43,11 +44,16 @@ from corral.services.auth import sha256_hex
 from corral.services.errors import Unauthenticated
 from corral.services.workspace_passes import TicketRefused
 
-WORKSPACE_COOKIE = "corral_workspace"  # the workspace origin's own; the portal never reads it
+WORKSPACE_COOKIE = "corral_workspace"  # the workspace origin's own over http; the portal never reads it
+# Over https the workspace origin's cookies are `__Host-` ones (Secure, Path=/, no Domain): a
+# plain-http answer for the host (on the network path), a sibling host (Domain=) or another port
+# cannot set them, so nobody can plant a state or workspace cookie of theirs in a victim's browser.
+HOST_PREFIX = "__Host-"
+SECURE_WORKSPACE_COOKIE_PREFIX = HOST_PREFIX + "corral_ws_"  # + the workspace's id
 HANDOFF_PATH = "/corral-handoff"  # on the workspace listener: ?ticket=... -> cookie -> the lab
 HANDOFF_BEGIN_PATH = "/corral-handoff/begin"  # on the workspace listener: ?to=... -> state cookie
 TICKET_PATH = "/corral-handoff/ticket"  # on the portal: ?to=...&state=<hash> -> a ticket
-STATE_COOKIE_PREFIX = "corral_handoff_"  # the workspace origin's state cookies, path HANDOFF_PATH
+STATE_COOKIE_PREFIX = "corral_handoff_"  # the state cookies over http, path HANDOFF_PATH (https: __Host-)
 STATE_COOKIES_KEPT = 4  # a browser's handoffs in flight at once: older state cookies are expired
 STATE_TTL_S = 60.0  # the round trip to the portal and back, with room for a slow machine
 HANDOFF_TO = re.compile(r"/ws/([1-9][0-9]{0,18})/[\x21-\x7e]*")
@@ -191,16 +197,27 @@ async def hand_over(request: Request, ws_id: int, session_secret: str | None) ->
     return _no_frames_no_cache(RedirectResponse(begin, status_code=303))
 
 
-def state_cookie(state_hash: str) -> str:
-    """The name of the cookie holding the state secret whose sha256 is `state_hash`: one per
-    handoff, so that two tabs handed over at once do not overwrite each other's."""
-    return STATE_COOKIE_PREFIX + state_hash[:16]
+def state_cookie(state_hash: str, secure: bool) -> tuple[str, str]:
+    """The name and path of the cookie holding the state secret whose sha256 is `state_hash`: one
+    per handoff, so that two tabs handed over at once do not overwrite each other's; over https a
+    `__Host-` one (path `/`, as that prefix requires)."""
+    if secure:
+        return HOST_PREFIX + STATE_COOKIE_PREFIX + state_hash[:16], "/"
+    return STATE_COOKIE_PREFIX + state_hash[:16], HANDOFF_PATH
 
 
-def _secure(request: Any) -> bool:
-    """Whether this origin's cookies are Secure: when browsers reach it over https, as configured
-    (CORRAL_WORKSPACE_ORIGIN; a TLS proxy not in CORRAL_FORWARDED_ALLOW_IPS makes the request look
-    plain) or as this request came."""
+def workspace_cookie(ws_id: int | str, secure: bool) -> tuple[str, str]:
+    """The name and path of this origin's cookie for workspace `ws_id`: over https a `__Host-`
+    one per workspace (path `/`, as that prefix requires), else WORKSPACE_COOKIE on `/ws/<id>/`."""
+    if secure:
+        return f"{SECURE_WORKSPACE_COOKIE_PREFIX}{ws_id}", "/"
+    return WORKSPACE_COOKIE, f"/ws/{ws_id}/"
+
+
+def secure_cookies(request: Any) -> bool:
+    """Whether this origin's cookies are Secure (and `__Host-`): when browsers reach it over https,
+    as configured (CORRAL_WORKSPACE_ORIGIN; a TLS proxy not in CORRAL_FORWARDED_ALLOW_IPS makes the
+    request look plain) or as this request came."""
     settings = settings_of(request.app)
     configured = settings.workspace_origin if settings is not None else None
     return (configured or _host_and_scheme(request)[1]).startswith("https")
@@ -225,26 +242,23 @@ async def begin_handoff(request: Request) -> Response:
     state_hash = sha256_hex(state)
     query = f"to={quote(target, safe='')}&state={state_hash}"
     answer = RedirectResponse(f"{portal_url(request, settings)}{TICKET_PATH}?{query}", status_code=303)
+    secure = secure_cookies(request)
+    name, path = state_cookie(state_hash, secure)
     answer.set_cookie(
-        state_cookie(state_hash),
-        state,
-        max_age=int(STATE_TTL_S),
-        httponly=True,
-        samesite="lax",
-        secure=_secure(request),
-        path=HANDOFF_PATH,
+        name, state, max_age=int(STATE_TTL_S), httponly=True, samesite="lax", secure=secure, path=path
     )
-    for name in _older_states(request.cookies):
-        answer.delete_cookie(name, path=HANDOFF_PATH, httponly=True, samesite="lax", secure=_secure(request))
+    for older in _older_states(request.cookies, secure):
+        answer.delete_cookie(older, path=path, httponly=True, samesite="lax", secure=secure)
     return _no_frames_no_cache(answer)
 
 
-def _older_states(cookies: Any) -> list[str]:
+def _older_states(cookies: Any, secure: bool) -> list[str]:
     """The state cookies the browser sent beyond the newest STATE_COOKIES_KEPT - 1 (with the one
     being set, STATE_COOKIES_KEPT): else a page looping the begin in a popup piles them up, 60 s
     each, until they push the workspace cookies out of the browser's jar or the Cookie header
     past a proxy's limit. Browsers send cookies of one path oldest first (RFC 6265 5.4)."""
-    held = [name for name in cookies if name.startswith(STATE_COOKIE_PREFIX)]
+    prefix = HOST_PREFIX + STATE_COOKIE_PREFIX if secure else STATE_COOKIE_PREFIX
+    held = [name for name in cookies if name.startswith(prefix)]
     return held[: max(0, len(held) - (STATE_COOKIES_KEPT - 1))]
 
 
@@ -288,12 +302,13 @@ async def take_over(request: Request) -> Response:
         return refused(request, 405, f"{HANDOFF_PATH} takes GET with a ticket from the portal")
     factory: sessionmaker[Session] = request.app.state.session_factory
     ticket = request.query_params.get("ticket", "")
-    cookies = request.cookies
+    cookies, secure = request.cookies, secure_cookies(request)
     state_names: list[str] = []
 
     def state_of(state_hash: str) -> str | None:
-        state_names.append(state_cookie(state_hash))
-        return cookies.get(state_names[-1])
+        name = state_cookie(state_hash, secure)[0]
+        state_names.append(name)
+        return cookies.get(name)
 
     def redeem() -> workspace_passes.Redeemed:
         with factory() as db:
@@ -306,18 +321,20 @@ async def take_over(request: Request) -> Response:
         answer.headers["Cache-Control"] = "no-store"
     else:
         answer = RedirectResponse(redeemed.path, status_code=303)
+        name, path = workspace_cookie(redeemed.workspace_id, secure)
         answer.set_cookie(
-            WORKSPACE_COOKIE,
+            name,
             redeemed.cookie,
             max_age=max(1, int(redeemed.expires_at - time.time())),
             httponly=True,
             samesite="lax",
-            secure=_secure(request),
-            path=f"/ws/{redeemed.workspace_id}/",
+            secure=secure,
+            path=path,
         )
         _no_frames_no_cache(answer)
+    state_path = state_cookie("", secure)[1]
     for name in state_names:  # spent either way
-        answer.delete_cookie(name, path=HANDOFF_PATH, httponly=True, samesite="lax")
+        answer.delete_cookie(name, path=state_path, httponly=True, samesite="lax", secure=secure)
     return answer
 
 

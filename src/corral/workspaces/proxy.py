@@ -70,6 +70,8 @@ from corral.workspaces.labtls import pinned_context
 from corral.workspaces.origin import (
     HANDOFF_BEGIN_PATH,
     HANDOFF_PATH,
+    HOST_PREFIX,
+    STATE_COOKIE_PREFIX,
     TICKET_PATH,
     WORKSPACE_COOKIE,
     Listener,
@@ -80,10 +82,12 @@ from corral.workspaces.origin import (
     listener,
     nothing_else,
     portal_url,
+    secure_cookies,
     send_ticket,
     settings_of,
     take_over,
     to_the_portal,
+    workspace_cookie,
 )
 from corral.workspaces.upstream import (
     HttpPool,
@@ -152,16 +156,19 @@ on_credentials_changed(_decisions.clear)
 TOKEN, SESSION, PASS = "token", "session", "pass"  # the kinds of credential a request may carry
 
 
-def _credential(headers: Any, cookies: Any, where: Listener) -> tuple[str, str] | None:
+def _credential(
+    headers: Any, cookies: Any, where: Listener, ws_id: int, secure: bool
+) -> tuple[str, str] | None:
     """A bearer token, else the cookie of the listener it came in on: the portal's session
-    cookie, or on the workspace listener its own (the portal's is never accepted there: cookies
-    are not kept apart by port, so the browser sends it along)."""
+    cookie, or on the workspace listener its own for `ws_id` (over https only the `__Host-` one;
+    the portal's is never accepted there: cookies are not kept apart by port, so the browser
+    sends it along)."""
     auth = headers.get("authorization", "")
     scheme, _, value = auth.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip(), TOKEN
     if where is Listener.WORKSPACE:
-        cookie = cookies.get(WORKSPACE_COOKIE)
+        cookie = cookies.get(workspace_cookie(ws_id, secure)[0])
         return (cookie, PASS) if cookie else None
     cookie = cookies.get(SESSION_COOKIE)
     return (cookie, SESSION) if cookie else None
@@ -217,9 +224,16 @@ def workspace_id(text: str) -> int | None:
 
 
 async def authorize(
-    app: Any, headers: Any, cookies: Any, ws_id: int, where: Listener = Listener.SHARED
+    app: Any,
+    headers: Any,
+    cookies: Any,
+    ws_id: int,
+    where: Listener = Listener.SHARED,
+    secure: bool = False,
 ) -> Decision:
-    found = _credential(headers, cookies, where)
+    """The decision for `ws_id` on the request's credential; `secure`: the workspace listener's
+    cookies are the https (`__Host-`) ones (corral.workspaces.origin.secure_cookies)."""
+    found = _credential(headers, cookies, where, ws_id, secure)
     if found is None:
         return Decision(302)
     secret, kind = found
@@ -265,8 +279,12 @@ def _upstream_headers(headers: Any, token: str) -> list[tuple[str, str]]:
 
 
 def _corral_cookie(item: str) -> bool:
+    """Corral's own cookies, never passed on to JupyterLab: the portal's session, the workspace
+    origin's (every workspace's and the handoff's state, `__Host-` ones over https)."""
     name = item.strip().partition("=")[0]
-    return name in (SESSION_COOKIE, WORKSPACE_COOKIE)
+    return name in (SESSION_COOKIE, WORKSPACE_COOKIE) or name.startswith(
+        (STATE_COOKIE_PREFIX, HOST_PREFIX + "corral_")
+    )
 
 
 def _refusal(
@@ -339,7 +357,9 @@ async def proxy_http(request: Request, ws_id: str, path: str) -> Response:
     if number is None:
         return refused(request, 404, _missing(ws_id[:40]).message)
     where = listener(request.app, request.scope)
-    decision = await authorize(request.app, request.headers, request.cookies, number, where)
+    decision = await authorize(
+        request.app, request.headers, request.cookies, number, where, secure_cookies(request)
+    )
     if decision.status != 200:
         return _refusal(request, decision, where, ws_id)
     if where is Listener.PORTAL:  # the owner: handed over to the workspace origin
@@ -424,7 +444,9 @@ async def proxy_websocket(websocket: WebSocket, ws_id: str, path: str) -> None:
     if where is Listener.PORTAL:  # JupyterLab's WebSockets go to the workspace origin only
         await websocket.close(code=1008)
         return
-    decision = await authorize(websocket.app, websocket.headers, websocket.cookies, number, where)
+    decision = await authorize(
+        websocket.app, websocket.headers, websocket.cookies, number, where, secure_cookies(websocket)
+    )
     if decision.status != 200 or not allowed_origin(websocket.headers, settings_of(websocket.app), where):
         await websocket.close(code=1008)  # before accept: the client gets HTTP 403
         return
