@@ -687,6 +687,23 @@ def test_the_handoffs_cookies_are_host_prefixed_when_the_workspace_origin_is_htt
     proxy._decisions.clear()
 
 
+def test_https_answers_of_both_listeners_send_hsts_when_corral_serves_tls(
+    db_engine: sa.Engine, tmp_path: Path
+) -> None:
+    """With CORRAL_SSL_CERTFILE Corral is the TLS end: its https answers, the portal's and the
+    workspace listener's, say Strict-Transport-Security; plain http ones and an app behind a
+    proxy (which sends its own) do not."""
+    tls = {"ssl_certfile": tmp_path / "c.pem", "ssl_keyfile": tmp_path / "k.pem"}
+    base = {"home": tmp_path / "home", "database_url": "sqlite:///unused", "workspace_port": 8081}
+    with TestClient(create_app(Settings(**base, **tls), db_engine=db_engine)) as client:  # type: ignore[arg-type]
+        for url in ("https://testserver/healthz", "https://testserver:8081/nothing"):
+            r = client.get(url)
+            assert r.headers.get_list("strict-transport-security") == ["max-age=31536000"], (url, r.headers)
+        assert "strict-transport-security" not in client.get("http://testserver/healthz").headers
+    with TestClient(create_app(Settings(**base), db_engine=db_engine)) as client:  # type: ignore[arg-type]
+        assert "strict-transport-security" not in client.get("https://testserver/healthz").headers
+
+
 def test_with_the_workspace_port_off_the_portal_serves_the_lab_as_before(
     world: World, jupyter: str, monkeypatch: Any, db_engine: sa.Engine, tmp_path: Path
 ) -> None:

@@ -123,7 +123,33 @@ def create_app(
         app.add_middleware(front)
     # Monitoring's request metrics, outermost so that they include waiting for admission.
     install_request_metrics(app)
+    if settings.ssl_certfile is not None:  # Corral serves TLS itself (a proxy in front sends its own)
+        app.add_middleware(StrictTransportSecurity)
     return app
+
+
+HSTS = (b"strict-transport-security", b"max-age=31536000")  # a year; no includeSubDomains: not ours
+
+
+class StrictTransportSecurity:
+    """Every https answer, of both listeners, tells browsers to reach this host by https only:
+    else an attacker on the network path could answer a plain-http request for it and set
+    cookies there (the workspace origin's `__Host-` ones excepted; docs/security.md)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("scheme") != "https":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_hsts(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), HSTS]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_hsts)
 
 
 @asynccontextmanager
