@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         # Built with the options, not model_copy'd after: the validators (CORRAL_PORT=65535
         # without a workspace port, a workspace port equal to the portal's) see --port too.
-        settings = Settings(**update)  # type: ignore[arg-type]
+        settings = Settings(**update)
     except ValueError as exc:  # pydantic's ValidationError: name the setting, no traceback
         print(f"error: {settings_error(exc)}. Nothing was written.", file=sys.stderr)
         raise SystemExit(1) from None
