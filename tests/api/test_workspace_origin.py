@@ -9,9 +9,7 @@ attempt's endpoint (the rest of the proxy's decision is real: sessions, owner, r
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +22,7 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
-from websockets.asyncio.server import ServerConnection, unix_serve
+from websockets.asyncio.server import ServerConnection
 from websockets.http11 import Request as WsRequest
 from websockets.http11 import Response as WsResponse
 
@@ -48,6 +46,7 @@ from corral.workspaces.origin import (
 )
 from tests.api.conftest import ALICE_PASSWORD, World, alice_password_hash
 from tests.api.helpers import add_node, make_running
+from tests.workspaces.unix_ws import serve_on_unix
 
 API = "/api/v1"
 WS_LISTENER = "http://testserver:8081"  # the settings' port 8080 + 1
@@ -58,9 +57,6 @@ PORTAL_ORIGIN = "http://testserver"  # the test client's own (port 80): the port
 def jupyter(tmp_path: Path) -> Iterator[str]:
     """JupyterLab's stand-in on a Unix socket: an HTTP request is answered with what arrived
     (path, cookies, the proxy's credential) as JSON; a WebSocket with its path, then an echo."""
-    sock = str(tmp_path / "jupyter.sock")
-    loop = asyncio.new_event_loop()
-    ready, stop = threading.Event(), asyncio.Event()
 
     def answer_http(connection: ServerConnection, request: WsRequest) -> WsResponse | None:
         if request.headers.get("Upgrade", "").lower() == "websocket":
@@ -77,17 +73,7 @@ def jupyter(tmp_path: Path) -> Iterator[str]:
         async for message in connection:
             await connection.send(message)
 
-    async def serve() -> None:
-        async with unix_serve(answer_ws, sock, process_request=answer_http):
-            ready.set()
-            await stop.wait()
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
-    thread.start()
-    assert ready.wait(10)
-    yield sock
-    loop.call_soon_threadsafe(stop.set)
-    thread.join(10)
+    yield from serve_on_unix(str(tmp_path / "jupyter.sock"), answer_ws, process_request=answer_http)
 
 
 @pytest.fixture

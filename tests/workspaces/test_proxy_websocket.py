@@ -4,8 +4,6 @@ tests/web/test_workspaces.py cover it)."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,10 +11,11 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from websockets.asyncio.server import ServerConnection, unix_serve
+from websockets.asyncio.server import ServerConnection
 
 from corral.workspaces import proxy
 from corral.workspaces.endpoint import Upstream
+from tests.workspaces.unix_ws import serve_on_unix
 
 
 @pytest.fixture
@@ -33,27 +32,13 @@ def kernel(tmp_path: Path) -> Iterator[str]:
 
 
 def _jupyter(tmp_path: Path, keep_open: bool) -> Iterator[str]:
-    sock = str(tmp_path / "jupyter.sock")
-    loop = asyncio.new_event_loop()
-    ready, stop = threading.Event(), asyncio.Event()
-
     async def answer(connection: ServerConnection) -> None:
         await connection.send(connection.request.path if connection.request else "")
         if keep_open:
             async for message in connection:
                 await connection.send(message)
 
-    async def serve() -> None:
-        async with unix_serve(answer, sock):
-            ready.set()
-            await stop.wait()
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
-    thread.start()
-    assert ready.wait(10)
-    yield sock
-    loop.call_soon_threadsafe(stop.set)
-    thread.join(10)
+    yield from serve_on_unix(str(tmp_path / "jupyter.sock"), answer)
 
 
 def test_the_upstream_gets_the_path_as_the_browser_sent_it(jupyter: str, monkeypatch: Any) -> None:
