@@ -24,6 +24,7 @@ one uvicorn serves both sockets with one app. With CORRAL_WORKSPACE_PORT=0 nothi
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import secrets
@@ -33,7 +34,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from fastapi import Request
-from fastapi.responses import PlainTextResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
@@ -59,6 +60,21 @@ STATE_TTL_S = 60.0  # the round trip to the portal and back, with room for a slo
 HANDOFF_TO = re.compile(r"/ws/([1-9][0-9]{0,18})/[\x21-\x7e]*")
 NO_FRAMES = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'"}
 PUBLIC_URL_ENV = "CORRAL_PUBLIC_URL"  # the portal's address as people reach it
+PORTAL_WORKSPACES = "/workspaces"  # the portal's page of the user's workspaces
+ERROR_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Workspace: {status}</title></head>
+<body style="font-family: sans-serif; max-width: 40em; margin: 3em auto">
+<h1>Workspace unavailable ({status})</h1>
+<p>{message}</p>
+<p><a href="{portal}">Your workspaces</a></p>
+</body></html>
+"""
+ERROR_PAGE_HEADERS = {
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'",
+}
 
 
 class Listener(Enum):
@@ -155,9 +171,21 @@ def _not_a_navigation(request: Request, ws_id: int, origin: str) -> Response | N
     navigates = headers.get("sec-fetch-mode", "navigate") == "navigate"
     if request.method == "GET" and navigates and headers.get("sec-fetch-dest", "document") == "document":
         return None
-    from corral.workspaces.proxy import refused  # (the proxy imports this module)
-
     return refused(request, 403, f"workspace {ws_id} is served at {origin}/ws/{ws_id}/, not on the portal")
+
+
+def refused(request: Request, status: int, message: str) -> Response:
+    """`message` as JSON (`{"detail": ...}`, as the API answers), or to a browser (text/html in
+    Accept: a page opened from the portal, or a bookmark) as a small page saying the same, with
+    a link to the portal's workspaces (on the workspace listener: at the portal's address)."""
+    if "text/html" not in request.headers.get("accept", ""):
+        return JSONResponse({"detail": message}, status_code=status)
+    portal = PORTAL_WORKSPACES
+    settings = settings_of(request.app)
+    if settings is not None and listener(request.app, request.scope) is Listener.WORKSPACE:
+        portal = portal_url(request, settings) + PORTAL_WORKSPACES
+    page = ERROR_PAGE.format(status=status, message=html.escape(message), portal=html.escape(portal))
+    return HTMLResponse(page, status_code=status, headers=ERROR_PAGE_HEADERS)
 
 
 def handoff_target(to: str) -> tuple[int, str] | None:
@@ -175,8 +203,6 @@ async def hand_over(request: Request, ws_id: int, session_secret: str | None) ->
     A browser (the portal's session cookie) goes there by the handoff (HANDOFF_BEGIN_PATH, which
     sends it back to the portal's TICKET_PATH for a ticket bound to it); a bearer-token client is
     sent to the same path there (307: its method and body kept)."""
-    from corral.workspaces.proxy import refused  # (the proxy imports this module)
-
     settings = settings_of(request.app)
     assert settings is not None
     target = _workspace_target(request.scope, ws_id)
@@ -227,8 +253,6 @@ async def begin_handoff(request: Request) -> Response:
     """HANDOFF_BEGIN_PATH on the workspace listener: a fresh state secret in this browser's cookie
     of this origin (HttpOnly, short-lived, sent to the handoff's paths only), and the browser
     sent back to the portal's TICKET_PATH with its hash, for a ticket only this browser can redeem."""
-    from corral.workspaces.proxy import refused  # (the proxy imports this module)
-
     settings = settings_of(request.app)
     assert settings is not None
     found = handoff_target(request.query_params.get("to", ""))
@@ -265,8 +289,6 @@ def _older_states(cookies: Any, secure: bool) -> list[str]:
 async def send_ticket(request: Request, ws_id: int, target: str, session_secret: str) -> Response:
     """The portal's TICKET_PATH, its owner decided on (corral.workspaces.proxy): a ticket for
     `target` bound to the state hash the workspace origin sent, and the browser sent there with it."""
-    from corral.workspaces.proxy import refused  # (the proxy imports this module)
-
     settings = settings_of(request.app)
     assert settings is not None
     origin = workspace_origin(request, settings)
@@ -296,8 +318,6 @@ async def take_over(request: Request) -> Response:
     """HANDOFF_PATH on the workspace listener: the ticket exchanged (once, and only in the browser
     holding the state cookie it was issued for, which is deleted) for this origin's cookie for
     its workspace, and the browser sent on to where the ticket was for."""
-    from corral.workspaces.proxy import refused  # (the proxy imports this module)
-
     if request.method != "GET":  # (a HEAD, a link preview, would spend the ticket)
         return refused(request, 405, f"{HANDOFF_PATH} takes GET with a ticket from the portal")
     factory: sessionmaker[Session] = request.app.state.session_factory

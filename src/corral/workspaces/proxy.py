@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import html
 import logging
 import re
 import ssl
@@ -46,7 +45,7 @@ from urllib.parse import quote, urlsplit
 
 import websockets
 from fastapi import APIRouter, Request, WebSocket
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
@@ -81,7 +80,7 @@ from corral.workspaces.origin import (
     handoff_target,
     listener,
     nothing_else,
-    portal_url,
+    refused,
     secure_cookies,
     send_ticket,
     settings_of,
@@ -117,23 +116,6 @@ HOP_BY_HOP = frozenset(
 # still compressed if they were; a chunked body is framed again by the server). And JupyterLab's
 # `Server` (the serving uvicorn adds its own: two would arrive).
 RESPONSE_DROPPED = frozenset(h.encode("latin-1") for h in HOP_BY_HOP - {"content-length"} | {"server"})
-
-
-PORTAL_WORKSPACES = "/workspaces"  # the portal's page of the user's workspaces
-ERROR_PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Workspace: {status}</title></head>
-<body style="font-family: sans-serif; max-width: 40em; margin: 3em auto">
-<h1>Workspace unavailable ({status})</h1>
-<p>{message}</p>
-<p><a href="{portal}">Your workspaces</a></p>
-</body></html>
-"""
-ERROR_PAGE_HEADERS = {
-    "Cache-Control": "no-store",
-    "X-Content-Type-Options": "nosniff",
-    "X-Frame-Options": "DENY",
-    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,20 +317,6 @@ async def handoff_ticket(request: Request) -> Response:
     if decision.status != 200:
         return _refusal(request, decision, Listener.PORTAL, str(ws_id), path)
     return await send_ticket(request, ws_id, target, secret)
-
-
-def refused(request: Request, status: int, message: str) -> Response:
-    """`message` as JSON (`{"detail": ...}`, as the API answers), or to a browser (text/html in
-    Accept: a page opened from the portal, or a bookmark) as a small page saying the same, with
-    a link to the portal's workspaces (on the workspace listener: at the portal's address)."""
-    if "text/html" not in request.headers.get("accept", ""):
-        return JSONResponse({"detail": message}, status_code=status)
-    portal = PORTAL_WORKSPACES
-    settings = settings_of(request.app)
-    if settings is not None and listener(request.app, request.scope) is Listener.WORKSPACE:
-        portal = portal_url(request, settings) + PORTAL_WORKSPACES
-    page = ERROR_PAGE.format(status=status, message=html.escape(message), portal=html.escape(portal))
-    return HTMLResponse(page, status_code=status, headers=ERROR_PAGE_HEADERS)
 
 
 @router.api_route("/ws/{ws_id}/{path:path}", methods=HTTP_METHODS)
