@@ -53,6 +53,15 @@ WS_LISTENER = "http://testserver:8081"  # the settings' port 8080 + 1
 PORTAL_ORIGIN = "http://testserver"  # the test client's own (port 80): the portal listener
 
 
+LAB_SET_COOKIES = (
+    "_xsrf=lab-own; Path=/",  # JupyterLab's own: passed on
+    "__Host-corral_ws_99=planted; Path=/; Secure",  # Corral's: another workspace's cookie
+    "corral_workspace=planted; Path=/ws/99/",
+    "corral_handoff_0123456789abcdef=planted; Path=/corral-handoff",
+    "corral_session=planted; Path=/",
+)
+
+
 @pytest.fixture
 def jupyter(tmp_path: Path) -> Iterator[str]:
     """JupyterLab's stand-in on a Unix socket: an HTTP request is answered with what arrived
@@ -66,7 +75,11 @@ def jupyter(tmp_path: Path) -> Iterator[str]:
             "cookie": request.headers.get("Cookie", ""),
             "credential": request.headers.get(HEADER, ""),
         }
-        return connection.respond(HTTPStatus.OK, json.dumps(seen))
+        answer = connection.respond(HTTPStatus.OK, json.dumps(seen))
+        if request.path.endswith("/set-cookies"):  # what the owner's code in the lab may answer
+            for cookie in LAB_SET_COOKIES:
+                answer.headers["Set-Cookie"] = cookie
+        return answer
 
     async def answer_ws(connection: ServerConnection) -> None:
         await connection.send(connection.request.path if connection.request else "")
@@ -539,6 +552,17 @@ def test_a_bearer_token_works_on_the_workspace_listener_and_the_portal_sends_it_
     assert followed.status_code == 401 and followed.json()["detail"] == proxy.no_credential(str(ws_id))
     other = lab.get(f"/ws/{ws_id}/api/status", headers=world.as_("bob"))
     assert other.status_code == 404 and other.json()["detail"] == f"there is no workspace {ws_id}"
+
+
+def test_the_lab_cannot_set_corrals_own_cookies(world: World, lab: TestClient) -> None:
+    """What answers in a workspace is its owner's code: a Set-Cookie of one of Corral's cookies
+    (another workspace's, the handoff's state, the portal's session) would plant or clear it in
+    the browser on the workspace origin, past what the `__Host-` prefix closes (review118 #4).
+    Those are dropped; JupyterLab's own pass."""
+    ws_id = running_workspace(world, "nb")
+    r = lab.get(f"/ws/{ws_id}/set-cookies", headers=world.as_("alice"))
+    assert r.status_code == 200, r.text
+    assert r.headers.get_list("set-cookie") == ["_xsrf=lab-own; Path=/"], r.headers
 
 
 def test_cookie_state_changes_and_websockets_must_come_from_the_workspace_origin(

@@ -384,13 +384,18 @@ async def proxy_http(request: Request, ws_id: str, path: str) -> Response:
 
 
 def _answer_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """The upstream's headers passed on: not RESPONSE_DROPPED, and not an empty
+    """The upstream's headers passed on: not RESPONSE_DROPPED, not an empty
     Access-Control-Allow-Origin (JupyterLab echoes a token-authenticated request's Origin, the
-    empty string when it sent none: that allows no origin, it only confuses)."""
+    empty string when it sent none: that allows no origin, it only confuses), and no Set-Cookie of
+    one of Corral's own cookies: what answers there is the owner's code, which could otherwise set
+    or clear the workspace origin's cookies of other workspaces and the handoff's state (the one
+    way in that the `__Host-` prefix leaves open; review118 #4)."""
     out = []
     for key, value in headers:
         name = key.lower()
         if name in RESPONSE_DROPPED or (name == b"access-control-allow-origin" and not value.strip()):
+            continue
+        if name == b"set-cookie" and _corral_cookie(value.decode("latin-1")):
             continue
         out.append((name, value))
     return out
