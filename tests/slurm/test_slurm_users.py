@@ -312,11 +312,12 @@ def test_relaunch_does_not_write_through_links_the_user_planted(
 
 
 def test_an_attempt_whose_status_cannot_be_read_does_not_stop_the_poll_of_the_others(
-    engine: SlurmEngine, monkeypatch: pytest.MonkeyPatch
+    engine: SlurmEngine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """What is read for a status comes from job dirs their accounts write: one attempt's error is
     logged and that attempt left out (it keeps its state, polled again next tick), the others are
-    answered (before, the exception ended the whole poll, so no job's start or end was recorded)."""
+    answered (before, the exception ended the whole poll, so no job's start or end was recorded).
+    Its traceback is logged once, not at every tick, and `corral exec` into it is refused."""
     engine.launch(attempt("511.1", instance("node1", "sleep 30")))
     engine.launch(attempt("512.1", instance("node1", "sleep 30")))
     for aid in ("511.1", "512.1"):
@@ -332,6 +333,11 @@ def test_an_attempt_whose_status_cannot_be_read_does_not_stop_the_poll_of_the_ot
     statuses = engine.poll(["511.1", "512.1"])
     assert "511.1" not in statuses
     assert statuses["512.1"].phase is AttemptPhase.RUNNING
+    assert "511.1" not in engine.poll(["511.1", "512.1"])
+    logged = [r for r in caplog.records if "511.1: its status could not be read" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is not None, logged
+    with pytest.raises(ExecRefused, match="status cannot be read"):
+        engine.exec_command("511.1", 0, ["true"])
     monkeypatch.undo()
     for aid in ("511.1", "512.1"):
         engine.stop(aid, 0)

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 TIMEOUT_GRACE_S = 10.0  # grace given to an attempt that ran past max_runtime
 ATTEMPT_LOCK_STRIPES = 64
+UNREADABLE_LOG_S = 600.0  # an attempt whose status cannot be read: its traceback this often at most
 GANG_GRACE_S = 10.0  # after one instance failed, how long the others get to end on SIGTERM
 # How often the server's reconcile loop polls this engine (one squeue for all live attempts, about
 # 25 ms): Corral frees a job's resources only once squeue says it ended, so at 20 jobs/s on 12
@@ -207,6 +208,7 @@ class SlurmEngine(Submission):
         self.gpu_model = gpu_model
         self._lock = threading.RLock()  # guards _timers
         self._timers: dict[str, threading.Timer] = {}
+        self._unreadable_logged: dict[str, float] = {}  # attempt -> when its poll error was logged
         # One lock per attempt (striped): load-modify-save of an attempt's record is atomic, while
         # launches of different attempts run their sbatch calls in parallel.
         self._attempt_locks = [threading.RLock() for _ in range(ATTEMPT_LOCK_STRIPES)]
@@ -345,10 +347,25 @@ class SlurmEngine(Submission):
                     except Exception:
                         # Its job dir is the job's account's to write: whatever is found there
                         # must not stop the loop from recording every other job. Left out, the
-                        # attempt keeps its state and is polled again next tick.
-                        log.exception("Slurm attempt %s: its status could not be read", record.attempt_id)
+                        # attempt keeps its state and is polled again next tick (and the job can
+                        # be cancelled); its traceback is logged at most every UNREADABLE_LOG_S.
+                        self._log_unreadable(record.attempt_id)
             self._note_pending(live, out, asked_at)
         return out
+
+    def _log_unreadable(self, attempt_id: str) -> None:
+        now = time.monotonic()
+        if now - self._unreadable_logged.get(attempt_id, -UNREADABLE_LOG_S) < UNREADABLE_LOG_S:
+            return
+        if len(self._unreadable_logged) > 1024:
+            self._unreadable_logged.clear()
+        self._unreadable_logged[attempt_id] = now
+        log.exception(
+            "Slurm attempt %s: its status could not be read; it keeps its state until it can be "
+            "(or its job is cancelled); logged again in %.0f s if it persists",
+            attempt_id,
+            UNREADABLE_LOG_S,
+        )
 
     def _still_pending(self, live: list[AttemptRecord]) -> dict[str, AttemptStatus] | None:
         """The live attempts' statuses without asking squeue, when all of them were pending at
@@ -705,7 +722,10 @@ class SlurmEngine(Submission):
         record = self._load(attempt_id)
         if record is None:
             raise ExecRefused(f"attempt {attempt_id} is unknown to this engine")
-        phase = self.poll([attempt_id])[attempt_id].phase
+        status = self.poll([attempt_id]).get(attempt_id)
+        if status is None:  # left out of the poll: its status could not be read (logged there)
+            raise ExecRefused(f"attempt {attempt_id}'s status cannot be read now; see the server's log")
+        phase = status.phase
         if phase is not AttemptPhase.RUNNING:
             raise ExecRefused(f"attempt {attempt_id} is not running here ({phase.value})")
         srun = self.cli._argv("srun", ())[0]
