@@ -70,6 +70,18 @@ def workspace_origin_problem(settings: Settings, public_url: str | None) -> str 
     fails on it too), or None. `public_url`: CORRAL_PUBLIC_URL as the admin set it (the server
     sets a default for the alerts later, its local address: a loopback one, often)."""
     if settings.workspace_origin is None:
+        if settings.forwarded_allow_ips and settings.workspace_port is None:
+            # An upgrade behind a reverse proxy (review118 #1): the default listener, the portal's
+            # host name on port + 1, is one the proxy does not serve, so Open JupyterLab would
+            # send every browser to an address nothing answers.
+            return (
+                "CORRAL_FORWARDED_ALLOW_IPS says a reverse proxy stands in front of this server, but "
+                "CORRAL_WORKSPACE_ORIGIN is not set: workspaces would be sent to the portal's host name "
+                f"on port {settings.workspace_listen_port}, which the proxy does not serve; set "
+                "CORRAL_WORKSPACE_ORIGIN to the proxy's address for the workspace listener (and "
+                "CORRAL_PUBLIC_URL; the shipped deploy/nginx/corral.conf and corral.env do), or "
+                "CORRAL_WORKSPACE_PORT explicitly (0: JupyterLab on the portal's origin, a known risk)"
+            )
         return None
     if not (public_url or "").strip():
         return (

@@ -60,6 +60,28 @@ def test_a_login_from_another_origin_is_refused_and_sets_no_cookie(world: World)
     assert bare.status_code == 200 and "corral_session=" in bare.headers["set-cookie"], bare.text
 
 
+def test_a_login_through_a_proxy_that_rewrites_host_is_let_in_by_the_public_url(
+    world: World, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """review118 #2: behind a proxy that does not pass Host as the browser sent it (Apache's
+    default), the browser's Origin is the portal's public address, not the Host the server sees:
+    CORRAL_PUBLIC_URL's origin is the portal's too. A refusal says in the server's log what the
+    Origin and Host were, since the browser's answer cannot."""
+    c = world.client
+    login = {"username": "alice", "password": ALICE_PASSWORD}
+    public = {"Origin": "https://corral.example.org"}
+    refused = c.post(f"{API}/auth/login", json=login, headers=public)
+    assert refused.status_code == 403, refused.text
+    said = [r.getMessage() for r in caplog.records if "login refused" in r.getMessage()]
+    assert said and "'https://corral.example.org'" in said[-1] and "'testserver'" in said[-1], said
+    monkeypatch.setenv("CORRAL_PUBLIC_URL", "https://corral.example.org/")
+    let_in = c.post(f"{API}/auth/login", json=login, headers=public)
+    assert let_in.status_code == 200 and "corral_session=" in let_in.headers["set-cookie"], let_in.text
+    c.cookies.clear()
+    sibling = c.post(f"{API}/auth/login", json=login, headers={"Origin": "https://ws.example.org"})
+    assert sibling.status_code == 403, sibling.text
+
+
 def test_expired_session_is_refused(world: World) -> None:
     with world.session_factory() as db:
         secret, _user, _csrf = auth.login(

@@ -1,7 +1,8 @@
 """`corral doctor`'s workspace-origin check (corral.ops.doctor.check_workspace_origin): JupyterLab
 on the portal's origin is a warning naming the risk and the setting; a workspace origin behind a
 proxy needs CORRAL_PUBLIC_URL (a failure: the server refuses to start without it); a proxy
-without CORRAL_WORKSPACE_ORIGIN sends browsers to a port they may not reach."""
+without CORRAL_WORKSPACE_ORIGIN sends browsers to a port they may not reach (a failure when that
+port is the default one: an upgrade of a proxied server; a warning when set explicitly)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ def test_the_workspace_origin_check_says_what_is_missing() -> None:
         "ok",
         "workspaces on their own origin: https://corral-ws.example.net",
     )
-    proxied = check_workspace_origin(Settings(forwarded_allow_ips="127.0.0.1"), env={})
+    upgraded = check_workspace_origin(Settings(forwarded_allow_ips="127.0.0.1"), env={})
+    assert upgraded.status == "fail" and "the proxy does not serve" in upgraded.detail, upgraded
+    proxied = check_workspace_origin(Settings(forwarded_allow_ips="127.0.0.1", workspace_port=8081), env={})
     assert proxied.status == "warn" and "port 8081" in proxied.detail, proxied
     assert proxied.fix is not None and "CORRAL_WORKSPACE_ORIGIN" in proxied.fix
     plain = check_workspace_origin(Settings(port=9000), env={})  # one host name, two ports: one site

@@ -136,3 +136,20 @@ def test_the_port_option_goes_through_the_settings_checks(tmp_path: Path) -> Non
         f"error: CORRAL_WORKSPACE_PORT={port} is the portal's own port (CORRAL_PORT): workspaces need "
         "another port (or 0 to serve them on the portal's origin). Nothing was written."
     ), stderr
+
+
+def test_an_upgrade_behind_a_proxy_without_a_workspace_origin_refuses_start_up(tmp_path: Path) -> None:
+    """review118 #1: a server behind a reverse proxy (CORRAL_FORWARDED_ALLOW_IPS) upgraded without
+    CORRAL_WORKSPACE_ORIGIN would send browsers to the portal's host name on port + 1, which the
+    proxy does not serve; it refuses to start saying what to set."""
+    port = free_port()
+    stderr = _start_up_refused(
+        tmp_path, {"CORRAL_FORWARDED_ALLOW_IPS": "127.0.0.1"}, port=port, unset=("CORRAL_WORKSPACE_PORT",)
+    )
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "error: CORRAL_FORWARDED_ALLOW_IPS says a reverse proxy stands in front of this server, but "
+        "CORRAL_WORKSPACE_ORIGIN is not set: workspaces would be sent to the portal's host name on "
+        f"port {port + 1}"
+    ), stderr
+    assert last.endswith("Nothing was written."), stderr

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from typing import Annotated, Any
 
@@ -21,7 +23,7 @@ from corral.api.deps import (
     same_origin,
 )
 from corral.api.schemas import LoginIn, LoginOut, MeOut
-from corral.config import Settings
+from corral.config import Settings, origin_of
 from corral.db.models import LoginFailure, User, WebSession
 from corral.services import audit, login_guard
 from corral.services import auth as svc
@@ -31,6 +33,7 @@ from corral.services.errors import Conflict, Forbidden
 from corral.services.views import UserView
 
 SessionId = Annotated[str, Path(min_length=1, max_length=128, pattern=SEGMENT_NAME)]
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["auth"])
 
 
@@ -57,6 +60,14 @@ def me_view(db: Any, user_id: int) -> UserView:
     return user_out(db, db.get(User, user_id))
 
 
+def _from_the_portal(headers: Any) -> bool:
+    """Whether a browser's `Origin` is the portal's: the `Host` the request was sent to (a proxy
+    passing it as sent), or the portal's address as people reach it (CORRAL_PUBLIC_URL), for a
+    proxy that rewrites `Host` (review118 #2)."""
+    public = origin_of(os.environ.get("CORRAL_PUBLIC_URL"))
+    return same_origin(headers) or (public is not None and origin_of(headers.get("origin")) == public)
+
+
 @router.post(
     "/auth/login",
     response_model=LoginOut,
@@ -68,11 +79,17 @@ def me_view(db: Any, user_id: int) -> UserView:
 )
 def login(body: LoginIn, request: Request, response: Response, db: DB) -> Any:
     settings: Settings = request.app.state.settings
-    if "origin" in request.headers and not same_origin(request.headers):
+    if "origin" in request.headers and not _from_the_portal(request.headers):
         # Login CSRF: another site's page (a sibling host of the same site gets past SameSite=Lax)
         # would log this browser into its author's account, whose workspace the browser would then
         # be handed over to, next to the victim's workspace cookies. Clients without `Origin` (the
         # CLI, the SDK) are not browsers, and a browser always sends it on a POST.
+        log.warning(
+            "login refused: Origin %r is neither the Host the request was sent to (%r) nor "
+            "CORRAL_PUBLIC_URL's origin; a reverse proxy must pass Host as the browser sent it",
+            request.headers["origin"],
+            request.headers.get("host", ""),
+        )
         raise Forbidden(
             f"login refused: sent from {request.headers['origin']!r}, not from the portal's own "
             "origin; log in on the portal's page"
