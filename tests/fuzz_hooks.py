@@ -149,6 +149,13 @@ ACCEPTED: tuple[Accepted, ...] = (
     ),
     Accepted(
         "ST202",
+        "POST /api/v1/templates",
+        "cannot be a template (each job made from it would be refused)",
+        "`from_job` names a stored job; whether it can be a template depends on that job (a "
+        "workspace's job is started by `corral ws start`, not submitted): state, not shape",
+    ),
+    Accepted(
+        "ST202",
         "POST /api/v1/templates/{name}/use",
         "parameter '",
         "a value's type, range and choices are those of the stored template's parameters",
