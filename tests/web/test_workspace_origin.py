@@ -65,7 +65,7 @@ def _jupyter(sock: str, page: str) -> Iterator[None]:
         return WsResponse(200, "OK", headers, body)
 
     async def serve() -> None:
-        async with unix_serve(lambda _c: asyncio.sleep(0), sock, process_request=answer):
+        async with unix_serve(lambda _c: asyncio.sleep(0), sock, process_request=answer, close_timeout=1):
             ready.set()
             await stop.wait()
 
