@@ -363,13 +363,21 @@ def authenticate_session(session: Session, secret: str, *, now: float | None = N
     if found is None:
         raise Unauthenticated("the session is not valid; log in again")
     web, user = found
+    return web_session_principal(session, web, user, now, csrf_token=web.csrf_token)
+
+
+def web_session_principal(
+    session: Session, web: WebSession, user: User, now: float, *, csrf_token: str | None = None
+) -> Principal:
+    """Who a portal session acts for while it is valid and its user active; shared by the portal's
+    cookie and the workspace origin's (which acts without the portal's CSRF token)."""
     if web.expires_at <= now or not user.active:
         raise Unauthenticated("the session has expired; log in again")
     return load_principal(
         session,
         user,
         via="session",
-        csrf_token=web.csrf_token,
+        csrf_token=csrf_token,
         expires_at=web.expires_at,
         credential=f"session:{session_id(web)}",
     )

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from corral.db.models import User, WebSession
 from corral.db.workspace_models import WorkspacePass
-from corral.services.auth import Principal, load_principal, session_id, sha256_hex
+from corral.services.auth import Principal, sha256_hex, web_session_principal
 from corral.services.errors import Unauthenticated
 
 TICKET_TTL_S = 30.0  # a redirect's round trip, with room for a slow machine
@@ -184,12 +184,4 @@ def authenticate_pass(
     if found is None:
         raise Unauthenticated("the workspace's cookie is not valid; open the workspace from the portal again")
     web, user = found
-    if web.expires_at <= now or not user.active:
-        raise Unauthenticated("the portal session has ended; log in again")
-    return load_principal(
-        session,
-        user,
-        via="session",
-        expires_at=web.expires_at,
-        credential=f"session:{session_id(web)}",
-    )
+    return web_session_principal(session, web, user, now)
