@@ -264,6 +264,10 @@ def plain_errors(errors: Any) -> list[dict[str, Any]]:
             msg = "the field 'tasks' is required (or, for a job of one task, 'command' at the top level)"
         elif kind == "missing" and loc:
             msg = f"the field {loc[-1]!r} is required"
+        elif kind == "string_pattern_mismatch" and loc[:1] == ["body"] and _has_nul(err.get("input")):
+            # the NUL is what is wrong, said as RequestBody's own check says it (a field's pattern
+            # that leaves NUL out, as the email's, says so in the schema and is checked first)
+            msg = f"{loc[-1]!r} holds a NUL character (\\x00), which the database cannot store"
         elif kind == "string_pattern_mismatch" and loc:
             pattern = (err.get("ctx") or {}).get("pattern", "")
             words = pattern_words.WORDS.get(pattern, f"does not match pattern {pattern}")

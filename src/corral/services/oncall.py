@@ -52,7 +52,9 @@ GAP_HORIZON_S = 14 * 86400.0  # how far ahead a schedule is checked for gaps
 # Blanks spelled out rather than `\s`: the schema carries this pattern, and `\s` means other
 # characters to JSON Schema (ECMA-262: not U+0085) than to Python and pydantic (U+0085, U+001C-F).
 _BLANK = r"\t\n\v\f\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
-EMAIL_RE = re.compile(rf"^[^@{_BLANK}]+@[^@{_BLANK}]+\.[^@{_BLANK}]+$")
+# No control characters either (NUL above all: the database cannot store it), said in the schema.
+_NOT_IN_EMAIL = rf"@{_BLANK}\x00-\x1f\x7f"
+EMAIL_RE = re.compile(rf"^[^{_NOT_IN_EMAIL}]+@[^{_NOT_IN_EMAIL}]+\.[^{_NOT_IN_EMAIL}]+$")
 CONTACT_KINDS = ("email", "webhook", "slack")
 MAX_STEPS = 20
 MAX_REPEAT = 10
