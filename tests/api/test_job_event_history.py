@@ -190,8 +190,8 @@ def test_corral_events_against_an_older_server(world: World, counting: bool) -> 
             assert f"{earlier} earlier events not shown: corral events {job} --skip {EVENTS_SHOWN}" in out
             code, out = run(world, url, "alice", "events", str(job), "--skip", str(EVENTS_SHOWN))
             assert code == 0 and f"{earlier} events" in out and "earlier event" not in out, out
-        else:
-            assert "earlier event" not in out, out  # that server does not say
+        else:  # that server does not count them: its full page may not be all (review115 #3)
+            assert "earlier event" not in out and "more may exist" in " ".join(out.split()), out
         code, out = run(world, url, "alice", "events", str(job), "-o", "json")
         shown = json.loads(out)
         assert code == 0 and {e["id"] for e in shown["events"]} == {None}, out
@@ -202,7 +202,7 @@ def test_corral_events_against_an_older_server(world: World, counting: bool) -> 
         token = world.as_("alice")["Authorization"].split()[1]
         with Client(url, token=token) as c:
             rows, left_out = c.events_page(job)
-            assert len(rows) == EVENTS_SHOWN and left_out == (earlier if counting else 0)
+            assert len(rows) == EVENTS_SHOWN and left_out == (earlier if counting else None)
             assert rows[-1]["to_state"] == "cancelled" and rows[0]["id"] is None
             with pytest.raises(CorralError, match="ignores before"):
                 c.events(job, before=2)
@@ -214,8 +214,8 @@ def test_corral_events_against_an_older_server(world: World, counting: bool) -> 
 def test_corral_events_pages_back_through_a_proxy_that_drops_the_count_header(world: World) -> None:
     """review115 #4: a current server whose X-Corral-Earlier-Events a proxy dropped was taken for
     the oldest kind and its --skip and --before refused; its events carry ids, so they are read
-    as asked (the count is unknown: 0)."""
-    job, _ = a_long_history(world)
+    as asked (the count is unknown: None for a full page, review115 #3)."""
+    job, total = a_long_history(world)
     with served(OlderServer(world.client.app, counting=False, numbered=True)) as url:
         token = world.as_("alice")["Authorization"].split()[1]
         with Client(url, token=token) as c:
@@ -223,7 +223,44 @@ def test_corral_events_pages_back_through_a_proxy_that_drops_the_count_header(wo
             before = newest[0]["id"]
             rows, left_out = c.events_page(job, before=before, limit=5)
             assert [r["id"] for r in rows] == sorted(r["id"] for r in rows) and rows[-1]["id"] < before
-            assert len(rows) == 5 and left_out == 0
+            assert len(rows) == 5 and left_out is None  # a full page, not counted: more may exist
+            oldest, left_out = c.events_page(job, skip=EVENTS_SHOWN)  # less than full: all the rest
+            assert len(oldest) == total - EVENTS_SHOWN and left_out == 0
             assert c.events_page(job, skip=3, limit=2)[0] == newest[-5:-3]
         code, out = run(world, url, "alice", "events", str(job), "--before", str(before))
         assert code == 0 and "older than paging" not in out, out
+
+
+@pytest.mark.parametrize("numbered", [False, True], ids=["oldest", "count-dropped"])
+def test_a_full_page_without_a_count_is_not_shown_as_the_whole_history(world: World, numbered: bool) -> None:
+    """review115 #3: a server that sends no X-Corral-Earlier-Events (the oldest ones; or a current
+    one whose header a proxy dropped) showed a job of 500+ events as its first 500 and said nothing
+    of the rest: `corral events` (table and -o json) and the SDK took the missing count for 0.
+    A full page without a count says more may exist and how to see them; a page less than full
+    is the whole history and says nothing more."""
+    job, total = a_long_history(world)
+    short = submit(world, trial=1)  # a few events: a page less than full
+    token = world.as_("alice")["Authorization"].split()[1]
+    with served(OlderServer(world.client.app, counting=False, numbered=numbered)) as url:
+        code, out = run(world, url, "alice", "events", str(job))
+        said = " ".join(out.split())
+        assert code == 0 and f"{EVENTS_SHOWN} events" in said and "more may exist" in said, out
+        if numbered:
+            first = world.client.get(f"{JOBS}/{job}/events", headers=world.as_("alice")).json()[0]["id"]
+            assert f"come before these: more may exist: corral events {job} --before {first}" in said, out
+        else:
+            assert f"the Corral server at {url} did not say how many events job {job} has" in said, out
+            assert "cannot page to them: upgrade the server" in said, out
+        code, out = run(world, url, "alice", "events", str(job), "-o", "json")
+        shown = json.loads(out)
+        assert code == 0 and len(shown["events"]) == EVENTS_SHOWN and shown["earlier_events"] is None, out
+        assert "more may exist" in shown["more_events"], out
+        with Client(url, token=token) as c:
+            rows, left_out = c.events_page(job)
+            assert len(rows) == EVENTS_SHOWN < total and left_out is None
+            rows, left_out = c.events_page(short)
+            assert 0 < len(rows) < EVENTS_SHOWN and left_out == 0
+        code, out = run(world, url, "alice", "events", str(short))
+        assert code == 0 and "more may exist" not in out and "earlier event" not in out, out
+        code, out = run(world, url, "alice", "events", str(short), "-o", "json")
+        assert code == 0 and json.loads(out)["earlier_events"] == 0 and "more_events" not in json.loads(out)

@@ -672,11 +672,17 @@ def events(
 ) -> None:
     """A job's history: when it was submitted, held, released, placed, started, relabelled,
     requeued, ended. Its newest 500 events, oldest first, and how many earlier ones are not shown
-    (-o json: {"events": [...], "earlier_events": N}, as GET /jobs/{id} names them)."""
+    (-o json: {"events": [...], "earlier_events": N}, as GET /jobs/{id} names them). A server that
+    does not count them (an old one): with a full page, "earlier_events": null and "more_events"
+    saying that more may exist and how to see them, as the line under the table does."""
     with client() as c:
         rows, earlier = c.events_page(job_id, skip=skip, before=before)
+        uncounted = None if earlier is not None else _uncounted_events_line(c.url, job_id, rows)
     if output is Output.json:  # the count too: a script must tell a history cut short (review113 #7)
-        print_json({"events": rows, "earlier_events": earlier})
+        shown: dict[str, object] = {"events": rows, "earlier_events": earlier}
+        if uncounted is not None:  # review115 #3: a full page of an uncounting server is no whole history
+            shown["more_events"] = uncounted
+        print_json(shown)
         return
     table = Table("TIME", "KIND", "STATE", "MESSAGE", box=None)
     for event in rows:
@@ -685,9 +691,27 @@ def events(
         table.add_row(when(event["at"]), event["kind"], state, plain(event["message"]))
     out.print(table, highlight=False)
     out.print(f"{plural(len(rows), 'event')}")
-    if earlier:  # an older server's events have no id (None) and it pages by --skip only
+    if uncounted is not None:
+        out.print(uncounted, highlight=False, markup=False, soft_wrap=True)
+    elif earlier:  # an older server's events have no id (None) and it pages by --skip only
         back = f"--skip {skip + len(rows)}" if rows[0]["id"] is None else f"--before {rows[0]['id']}"
         out.print(f"{plural(earlier, 'earlier event')} not shown: corral events {job_id} {back}")
+
+
+def _uncounted_events_line(url: str, job_id: int, rows: list[dict[str, Any]]) -> str:
+    """What `corral events` says of a full page from a server that did not count the events
+    before it (review115 #3): more may exist, and how to see them there. Events with ids come
+    from a current server whose count a proxy dropped (it pages by --before); without ids it is
+    one of the oldest, which shows at most 500 events and pages by neither --before nor --skip."""
+    if rows and rows[0]["id"] is not None:
+        return (
+            f"the server did not say how many events come before these: more may exist: "
+            f"corral events {job_id} --before {rows[0]['id']}"
+        )
+    return (
+        f"the Corral server at {url} did not say how many events job {job_id} has and shows "
+        f"{len(rows)} at most: more may exist, and it cannot page to them: upgrade the server to see them"
+    )
 
 
 def _each_job(job_ids: list[int], act: Callable[[int], str]) -> int:

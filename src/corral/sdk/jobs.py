@@ -20,6 +20,9 @@ TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 # GET /jobs/{id}/events: how many of the job's events come before the page (absent: a server
 # older than paging, which ignores skip and before)
 EARLIER_EVENTS_HEADER = "X-Corral-Earlier-Events"
+# The most events one answer of GET /jobs/{id}/events holds, on every server version (the oldest
+# ones sent this many whatever the limit asked): a page this full without a count may not be all.
+EVENTS_PAGE_MAX = 500
 
 
 def _refuse_a_file_name(text: str) -> None:
@@ -237,14 +240,19 @@ class JobsApi(BaseClient):
 
     def events_page(
         self, job_id: int, *, skip: int = 0, limit: int = 500, before: int | None = None
-    ) -> tuple[list[dict[str, Any]], int]:
-        """As `events`, and how many of the job's events come before the first of them.
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """As `events`, and how many of the job's events come before the first of them: None when
+        the server did not count them (no X-Corral-Earlier-Events header) and its page is full, so
+        more events may exist (review115 #3). To see them: `before=rows[0]["id"]` where the events
+        have ids (a current server whose header a proxy dropped); without ids the server shows at
+        most 500 events and pages through none of the rest (upgrade it).
 
         An older server (review114 #9) sends events without an "id" (each gets "id": None here)
-        and ignores `before`; one older still sends no X-Corral-Earlier-Events header (count 0
-        here) and ignores `skip` too (a page of numbered events without the header is a current
-        server's whose header a proxy dropped: read as asked). Its page would be the newest or the
-        oldest events, not the ones asked for, so asking it for either raises CorralError saying so."""
+        and ignores `before`; one older still sends no X-Corral-Earlier-Events header and ignores
+        `skip` too (a page of numbered events without the header is a current server's whose
+        header a proxy dropped: read as asked). Its page would be the newest or the oldest events,
+        not the ones asked for, so asking it for either raises CorralError saying so. Without the
+        header, a page less than full is the whole rest of the history (count 0)."""
         params: dict[str, int] = {"skip": skip, "limit": limit}
         if before is not None:
             params["before"] = before
@@ -267,7 +275,11 @@ class JobsApi(BaseClient):
             )
         for event in rows:
             event.setdefault("id", None)
-        return rows, int(counted or "0")
+        if counted is not None:
+            return rows, int(counted)
+        # Not counted: a full page may have more before it (the oldest servers send their first
+        # 500 of any number and say nothing); one less than full is all there is.
+        return rows, None if len(rows) >= min(limit, EVENTS_PAGE_MAX) else 0
 
     def notify_default(self, user: str) -> dict[str, Any]:
         """{"user", "notify": {"on", "to"} | None}: what `user`'s jobs without `notify` get."""
