@@ -414,6 +414,15 @@ def test_factory_builds_the_slurm_engine(
         with pytest.raises(ValueError, match="CORRAL_SLURM_LAUNCH_WORKERS"):
             make_engine(Settings(engine="slurm", home=tmp_path / "home"))
     monkeypatch.delenv("CORRAL_SLURM_LAUNCH_WORKERS")
+    # how long an attempt whose status cannot be read keeps its state (engine/slurm/unreadable.py)
+    assert eng._unreadable.grace_s == 600
+    monkeypatch.setenv("CORRAL_SLURM_UNREADABLE_GRACE_S", "30")
+    assert make_engine(Settings(engine="slurm", home=tmp_path / "home"))._unreadable.grace_s == 30
+    for bad in ("0", "soon", "1e9"):
+        monkeypatch.setenv("CORRAL_SLURM_UNREADABLE_GRACE_S", bad)
+        with pytest.raises(ValueError, match="CORRAL_SLURM_UNREADABLE_GRACE_S"):
+            make_engine(Settings(engine="slurm", home=tmp_path / "home"))
+    monkeypatch.delenv("CORRAL_SLURM_UNREADABLE_GRACE_S")
     monkeypatch.setenv("CORRAL_SLURM_TIMEOUT_S", "soon")
     with pytest.raises(ValueError, match="CORRAL_SLURM_TIMEOUT_S"):
         make_engine(Settings(engine="slurm", home=tmp_path / "home"))

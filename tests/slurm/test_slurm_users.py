@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 
 from corral.engine.base import AttemptPhase, AttemptStatus, ExecRefused, FailureReason, MountSpec
-from corral.engine.slurm import SlurmEngine
+from corral.engine.slurm import SlurmEngine, mapping
 from corral.engine.slurm.engine import REJECTED_REF
 from corral.engine.slurm.users import UnmappedUser, UserMap
+from tests.slurm.conftest import cleanup_cluster
 from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster
-from tests.slurm.helpers import FINISHED, attempt, instance, slurm_engine, wait_for
+from tests.slurm.helpers import FINISHED, attempt, instance, server_env, slurm, slurm_engine, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -342,3 +343,92 @@ def test_an_attempt_whose_status_cannot_be_read_does_not_stop_the_poll_of_the_ot
     for aid in ("511.1", "512.1"):
         engine.stop(aid, 0)
         assert wait_for(engine, aid, FINISHED).phase is not AttemptPhase.RUNNING
+
+
+UNREADABLE_GRACE_S = 2.0
+
+
+def slurm_state_of(cluster: SlurmCluster, slurm_id: str) -> str:
+    """The Slurm job's state as squeue tells it ("" once Slurm no longer lists it)."""
+    return slurm(cluster, "squeue", "-h", "--states=all", f"--jobs={slurm_id}", "-o", "%T").strip()
+
+
+def test_an_attempt_whose_status_stays_unreadable_fails_and_its_slurm_job_is_cancelled(
+    slurm_cluster: SlurmCluster,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """review: an attempt whose status could not be read kept its state until it could be or its
+    job was cancelled, and the job's own account can make its status files unreadable: it held
+    its GPUs and its Slurm job for ever. With CORRAL_SLURM_UNREADABLE_GRACE_S (here 2 s) it fails
+    once unreadable that long while Slurm says its job ended (522: exited at once), or twice that
+    while Slurm still runs it (521: `sleep`, then cancelled in Slurm), as status_unreadable with
+    the error; a readable attempt beside them (523) runs on, untouched."""
+    from corral.config import Settings
+    from corral.engine.factory import make_engine
+
+    for name, value in server_env(slurm_cluster, slurm_cluster.new_state_dir()).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("CORRAL_SLURM_UNREADABLE_GRACE_S", str(UNREADABLE_GRACE_S))
+    engine = make_engine(Settings(engine="slurm", home=tmp_path / "home"))
+    assert isinstance(engine, SlurmEngine)
+    read = engine._status
+
+    def unreadable(record: object, jobs: object) -> AttemptStatus:
+        if getattr(record, "attempt_id", None) in ("521.1", "522.1"):
+            raise PermissionError(13, "Permission denied", "rank-0.exit")
+        return read(record, jobs)  # type: ignore[arg-type]
+
+    try:
+        monkeypatch.setattr(engine, "_status", unreadable)
+        for aid, command in (("521.1", "sleep 60"), ("522.1", "true"), ("523.1", "sleep 60")):
+            engine.launch(attempt(aid, instance("node1", command)))
+        assert wait_for(engine, "523.1", {AttemptPhase.RUNNING}).phase is AttemptPhase.RUNNING
+        slurm_ids = {aid: engine.store.load(aid).slurm_job_id for aid in ("521.1", "522.1")}  # type: ignore[union-attr]
+        deadline = time.monotonic() + 30
+        live = mapping.PENDING_STATES | mapping.RUNNING_STATES
+        while (
+            slurm_state_of(slurm_cluster, slurm_ids["521.1"]) != "RUNNING"
+            or slurm_state_of(slurm_cluster, slurm_ids["522.1"]) in live
+        ):
+            assert time.monotonic() < deadline, "521 never ran or 522 never ended in Slurm"
+            time.sleep(0.1)
+
+        first = time.monotonic()  # the engine's clock for both starts at or after this poll
+        ended: dict[str, AttemptStatus] = {}
+        while len(ended) < 2:
+            out = engine.poll(["521.1", "522.1", "523.1"])
+            polled = time.monotonic() - first  # at least how long the engine has seen them unreadable
+            assert out["523.1"].phase is AttemptPhase.RUNNING, out
+            if "522.1" in out:
+                assert polled >= UNREADABLE_GRACE_S, (polled, out)
+            if "521.1" in out:  # Slurm runs it: twice the grace
+                assert polled >= 2 * UNREADABLE_GRACE_S, (polled, out)
+            ended.update({aid: out[aid] for aid in ("521.1", "522.1") if aid in out})
+            assert polled < 30, f"not failed after 30 s: {out}"
+            time.sleep(0.2)
+
+        for aid, still in (("521.1", "still ran: cancelled"), ("522.1", "no longer runs")):
+            status = ended[aid]
+            assert status.phase is AttemptPhase.FAILED, status
+            assert status.reason is FailureReason.STATUS_UNREADABLE, status
+            assert status.message.startswith("its status files were unreadable for "), status.message
+            assert f"Slurm job {slurm_ids[aid]} {still}" in status.message, status.message
+            assert "PermissionError: [Errno 13] Permission denied: 'rank-0.exit'" in status.message
+            assert engine.poll([aid])[aid] == status  # its end is kept: not read again
+        deadline = time.monotonic() + 20
+        while slurm_state_of(slurm_cluster, slurm_ids["521.1"]) not in ("", "CANCELLED"):
+            assert time.monotonic() < deadline, slurm_state_of(slurm_cluster, slurm_ids["521.1"])
+            time.sleep(0.2)
+        logged = [r for r in caplog.records if "its status could not be read" in r.getMessage()]
+        assert sorted(r.getMessage().split(":")[0] for r in logged) == [
+            "Slurm attempt 521.1",
+            "Slurm attempt 522.1",
+        ], logged  # once each, not at every poll
+        assert engine.poll(["523.1"])["523.1"].phase is AttemptPhase.RUNNING
+        engine.stop("523.1", 0)
+        assert wait_for(engine, "523.1", FINISHED).phase is not AttemptPhase.RUNNING
+    finally:
+        engine.close()
+        cleanup_cluster(slurm_cluster)

@@ -32,7 +32,7 @@ MAX_PATTERN_CHARS = 1000
 EVENTS = frozenset(
     {
         "oom", "timeout", "signal", "exit_code", "launch_failed", "node_lost", "lost", "stopped",
-        "preempted", "gpu_error", "gpu_lost", "hang",
+        "preempted", "gpu_error", "gpu_lost", "hang", "status_unreadable",
     }
 )  # fmt: skip
 

@@ -141,6 +141,8 @@ class FailureReason(StrEnum):
     TIMEOUT = "timeout"  # exceeded max_runtime
     NODE_LOST = "node_lost"
     LAUNCH_FAILED = "launch_failed"  # the engine refused or could not start it (message says why)
+    # its status could not be read for too long: the job's own account made its files so (Slurm)
+    STATUS_UNREADABLE = "status_unreadable"
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,8 @@ from corral.engine.slurm import enter, mapping, scripts
 from corral.engine.slurm.cli import SlurmCli, SlurmJob, SlurmNode
 from corral.engine.slurm.state import AttemptRecord, StateStore, StopRequest, read_job_file
 from corral.engine.slurm.submission import REJECTED_REF, Submission
+from corral.engine.slurm.unreadable import DEFAULT_GRACE_S as DEFAULT_UNREADABLE_GRACE_S
+from corral.engine.slurm.unreadable import UnreadableAttempts
 from corral.engine.slurm.users import UserMap
 from corral.scheduler.types import NodeState
 
@@ -47,7 +49,6 @@ log = logging.getLogger(__name__)
 
 TIMEOUT_GRACE_S = 10.0  # grace given to an attempt that ran past max_runtime
 ATTEMPT_LOCK_STRIPES = 64
-UNREADABLE_LOG_S = 600.0  # an attempt whose status cannot be read: its traceback this often at most
 GANG_GRACE_S = 10.0  # after one instance failed, how long the others get to end on SIGTERM
 # How often the server's reconcile loop polls this engine (one squeue for all live attempts, about
 # 25 ms): Corral frees a job's resources only once squeue says it ended, so at 20 jobs/s on 12
@@ -174,6 +175,7 @@ class SlurmEngine(Submission):
         poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
         queue_ahead: int = DEFAULT_QUEUE_AHEAD,
         launch_workers: int = DEFAULT_LAUNCH_WORKERS,
+        unreadable_grace_s: float = DEFAULT_UNREADABLE_GRACE_S,
     ) -> None:
         """user_map: who runs each Corral user's jobs (None: nobody; every launch is refused).
         gpu_device: a GPU's device file on the nodes, `{index}` = Slurm's GPU index.
@@ -182,7 +184,9 @@ class SlurmEngine(Submission):
         (server/ahead.py; 0: none): they wait in Slurm's queue, pinned to their node, behind the
         CPU jobs running or pending there (never behind GPU jobs), and Slurm starts them the
         moment a slot frees.
-        launch_workers: how many launches (sbatch calls) the server runs at once."""
+        launch_workers: how many launches (sbatch calls) the server runs at once.
+        unreadable_grace_s: how long an attempt whose status cannot be read keeps its state
+        before it fails (once Slurm says its job ended; twice this while it runs; unreadable.py)."""
         if "{index}" not in gpu_device:
             raise ValueError(f"CORRAL_SLURM_GPU_DEVICE={gpu_device!r} must contain {{index}}")
         if not 0.01 <= poll_interval_s <= 10:
@@ -208,7 +212,7 @@ class SlurmEngine(Submission):
         self.gpu_model = gpu_model
         self._lock = threading.RLock()  # guards _timers
         self._timers: dict[str, threading.Timer] = {}
-        self._unreadable_logged: dict[str, float] = {}  # attempt -> when its poll error was logged
+        self._unreadable = UnreadableAttempts(unreadable_grace_s)
         # One lock per attempt (striped): load-modify-save of an attempt's record is atomic, while
         # launches of different attempts run their sbatch calls in parallel.
         self._attempt_locks = [threading.RLock() for _ in range(ATTEMPT_LOCK_STRIPES)]
@@ -236,7 +240,8 @@ class SlurmEngine(Submission):
         CORRAL_SLURM_QUEUE_AHEAD (node-fulls of jobs waiting in Slurm behind the CPU jobs running
         or pending on their node, default 4;
         0: no job is handed to Slurm before its slot is free), CORRAL_SLURM_LAUNCH_WORKERS (sbatch
-        calls at once, default 8)."""
+        calls at once, default 8), CORRAL_SLURM_UNREADABLE_GRACE_S (how long an attempt whose
+        status cannot be read keeps its state, default 600)."""
         env = os.environ
         return cls(
             state_dir=Path(env.get("CORRAL_SLURM_STATE_DIR") or settings.home / "slurm"),
@@ -250,6 +255,7 @@ class SlurmEngine(Submission):
             poll_interval_s=_env_float("CORRAL_SLURM_POLL_S", DEFAULT_POLL_INTERVAL_S),
             queue_ahead=_env_int("CORRAL_SLURM_QUEUE_AHEAD", DEFAULT_QUEUE_AHEAD),
             launch_workers=_env_int("CORRAL_SLURM_LAUNCH_WORKERS", DEFAULT_LAUNCH_WORKERS),
+            unreadable_grace_s=_env_float("CORRAL_SLURM_UNREADABLE_GRACE_S", DEFAULT_UNREADABLE_GRACE_S),
         )
 
     # ---- nodes --------------------------------------------------------------------------------
@@ -344,28 +350,60 @@ class SlurmEngine(Submission):
                         out[record.attempt_id] = self._status(record, jobs)
                     except EngineUnavailable:
                         raise
-                    except Exception:
+                    except Exception as exc:
                         # Its job dir is the job's account's to write: whatever is found there
                         # must not stop the loop from recording every other job. Left out, the
                         # attempt keeps its state and is polled again next tick (and the job can
-                        # be cancelled); its traceback is logged at most every UNREADABLE_LOG_S.
-                        self._log_unreadable(record.attempt_id)
+                        # be cancelled), until it has been so for too long (unreadable.py).
+                        failed = self._fail_unreadable(record, jobs, exc)
+                        if failed is not None:
+                            out[record.attempt_id] = failed
+                    else:
+                        self._unreadable.read(record.attempt_id)
             self._note_pending(live, out, asked_at)
         return out
 
-    def _log_unreadable(self, attempt_id: str) -> None:
-        now = time.monotonic()
-        if now - self._unreadable_logged.get(attempt_id, -UNREADABLE_LOG_S) < UNREADABLE_LOG_S:
-            return
-        if len(self._unreadable_logged) > 1024:
-            self._unreadable_logged.clear()
-        self._unreadable_logged[attempt_id] = now
-        log.exception(
-            "Slurm attempt %s: its status could not be read; it keeps its state until it can be "
-            "(or its job is cancelled); logged again in %.0f s if it persists",
-            attempt_id,
-            UNREADABLE_LOG_S,
+    def _fail_unreadable(
+        self, record: AttemptRecord, jobs: Mapping[str, SlurmJob], exc: Exception
+    ) -> AttemptStatus | None:
+        """The attempt's end as failed once its status has been unreadable past the grace (while
+        Slurm says its job no longer runs; twice the grace while it runs: then its job is
+        cancelled); None before (its traceback logged, at most every unreadable.LOG_EVERY_S).
+        The job's own account made its status files unreadable: the job's failure (the exit-spec's
+        status_unreadable, user category, retried within its `retries:`), no node's fault."""
+        aid = record.attempt_id
+        unreadable_s = self._unreadable.unreadable_for(aid)
+        job = jobs.get(record.slurm_job_id or scripts.job_name(aid))
+        state = mapping.slurm_state(job) if job is not None else ""
+        runs = state in mapping.PENDING_STATES or state in mapping.RUNNING_STATES
+        if not self._unreadable.due(unreadable_s, runs):
+            self._unreadable.log_error(aid)
+            return None
+        ref = record.slurm_job_id or (str(job["job_id"]) if job is not None else "")
+        slurm = f"Slurm job {ref}" if ref else "its Slurm job"
+        why = f"{slurm} still ran: cancelled" if runs else f"{slurm} no longer runs"
+        status = AttemptStatus(
+            aid,
+            AttemptPhase.FAILED,
+            reason=FailureReason.STATUS_UNREADABLE,
+            message=f"its status files were unreadable for {unreadable_s:.0f} s ({why}): "
+            f"{type(exc).__name__}: {exc}",
+            finished_at=time.time(),
+            engine_ref=ref,
         )
+        try:
+            if runs:
+                record.slurm_job_id = ref
+                self._kill(record)
+            status = self._finish(record, status)
+        except EngineUnavailable:
+            raise
+        except Exception:  # its job dir again (the secrets' removal): tried again next poll
+            self._unreadable.log_error(aid)
+            return None
+        self._unreadable.read(aid)
+        log.warning("Slurm attempt %s failed: %s", aid, status.message)
+        return status
 
     def _still_pending(self, live: list[AttemptRecord]) -> dict[str, AttemptStatus] | None:
         """The live attempts' statuses without asking squeue, when all of them were pending at
