@@ -18,6 +18,7 @@ import pytest
 
 from corral.engine.base import AttemptPhase, AttemptStatus, ExecRefused, FailureReason, MountSpec
 from corral.engine.slurm import SlurmEngine, mapping
+from corral.engine.slurm import engine as slurm_engine_module
 from corral.engine.slurm.engine import REJECTED_REF
 from corral.engine.slurm.users import UnmappedUser, UserMap
 from tests.slurm.conftest import cleanup_cluster
@@ -363,8 +364,9 @@ def test_an_attempt_whose_status_stays_unreadable_fails_and_its_slurm_job_is_can
     job was cancelled, and the job's own account can make its status files unreadable: it held
     its GPUs and its Slurm job for ever. With CORRAL_SLURM_UNREADABLE_GRACE_S (here 2 s) it fails
     once unreadable that long while Slurm says its job ended (522: exited at once), or twice that
-    while Slurm still runs it (521: `sleep`, then cancelled in Slurm), as status_unreadable with
-    the error; a readable attempt beside them (523) runs on, untouched."""
+    while Slurm still runs it (521: `sleep`, then cancelled in Slurm; its secrets dir not
+    removable either), as status_unreadable with the error; a readable attempt beside them (523)
+    runs on, untouched."""
     from corral.config import Settings
     from corral.engine.factory import make_engine
 
@@ -380,8 +382,16 @@ def test_an_attempt_whose_status_stays_unreadable_fails_and_its_slurm_job_is_can
             raise PermissionError(13, "Permission denied", "rank-0.exit")
         return read(record, jobs)  # type: ignore[arg-type]
 
+    remove_secrets = slurm_engine_module.remove_secrets
+
+    def unremovable(root: str) -> None:  # 521's job dir is no more readable to its secrets' removal
+        if "/521.1/" in root:
+            raise PermissionError(13, "Permission denied", root)
+        remove_secrets(root)
+
     try:
         monkeypatch.setattr(engine, "_status", unreadable)
+        monkeypatch.setattr(slurm_engine_module, "remove_secrets", unremovable)
         for aid, command in (("521.1", "sleep 60"), ("522.1", "true"), ("523.1", "sleep 60")):
             engine.launch(attempt(aid, instance("node1", command)))
         assert wait_for(engine, "523.1", {AttemptPhase.RUNNING}).phase is AttemptPhase.RUNNING

@@ -235,7 +235,8 @@ class JobsApi(BaseClient):
         self, job_id: int, *, skip: int = 0, limit: int = 500, before: int | None = None
     ) -> list[dict[str, Any]]:
         """A job's newest events (`limit`, 500 at most) after its newest `skip`, oldest first; of
-        those older than the event with id `before` if given (page back with the first's "id")."""
+        those older than the event with id `before` if given (page back with the first's "id").
+        Whether more come before them (and whether the server said): `events_page`."""
         return self.events_page(job_id, skip=skip, limit=limit, before=before)[0]
 
     def events_page(

@@ -41,7 +41,7 @@ from corral.engine.slurm.cli import SlurmCli, SlurmJob, SlurmNode
 from corral.engine.slurm.state import AttemptRecord, StateStore, StopRequest, read_job_file
 from corral.engine.slurm.submission import REJECTED_REF, Submission
 from corral.engine.slurm.unreadable import DEFAULT_GRACE_S as DEFAULT_UNREADABLE_GRACE_S
-from corral.engine.slurm.unreadable import UnreadableAttempts
+from corral.engine.slurm.unreadable import UnreadableAttempts, failed_status
 from corral.engine.slurm.users import UserMap
 from corral.scheduler.types import NodeState
 
@@ -380,25 +380,19 @@ class SlurmEngine(Submission):
             self._unreadable.log_error(aid)
             return None
         ref = record.slurm_job_id or (str(job["job_id"]) if job is not None else "")
-        slurm = f"Slurm job {ref}" if ref else "its Slurm job"
-        why = f"{slurm} still ran: cancelled" if runs else f"{slurm} no longer runs"
-        status = AttemptStatus(
-            aid,
-            AttemptPhase.FAILED,
-            reason=FailureReason.STATUS_UNREADABLE,
-            message=f"its status files were unreadable for {unreadable_s:.0f} s ({why}): "
-            f"{type(exc).__name__}: {exc}",
-            finished_at=time.time(),
-            engine_ref=ref,
-        )
+        status = failed_status(aid, ref, unreadable_s, runs, exc)
         try:
             if runs:
                 record.slurm_job_id = ref
                 self._kill(record)
-            status = self._finish(record, status)
+            try:  # in the job dir too, which may be as unreadable: the end is written all the same
+                remove_secrets(str(self.store.job_dir(aid) / "secrets"))
+            except OSError:
+                log.warning("Slurm attempt %s: its secrets dir could not be removed", aid, exc_info=True)
+            status = self._record_end(record, status)
         except EngineUnavailable:
             raise
-        except Exception:  # its job dir again (the secrets' removal): tried again next poll
+        except Exception:  # never out of the poll: the other attempts' statuses are answered
             self._unreadable.log_error(aid)
             return None
         self._unreadable.read(aid)
@@ -604,6 +598,10 @@ class SlurmEngine(Submission):
     def _finish(self, record: AttemptRecord, status: AttemptStatus) -> AttemptStatus:
         # The job's secrets live no longer than the job (batch.sh removes them too, unless killed).
         remove_secrets(str(self.store.job_dir(record.attempt_id) / "secrets"))
+        return self._record_end(record, status)
+
+    def _record_end(self, record: AttemptRecord, status: AttemptStatus) -> AttemptStatus:
+        """Write the attempt's end to its record: returned by every poll from now on."""
         if status.phase is AttemptPhase.LOST:
             # LOST is the one end Slurm did not see the processes through (NODE_FAIL: a hung or
             # cut-off slurmd leaves them running), and Corral retries it elsewhere at once

@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import time
 
+from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason
+
 log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_S = 600.0
@@ -22,6 +24,7 @@ LOG_EVERY_S = 600.0  # an unreadable attempt's traceback this often at most
 # Entries kept before old ones are dropped: an attempt still polled ends at twice its grace, so
 # one first seen unreadable longer ago than that is no longer polled (cancelled, adopted elsewhere).
 MAX_TRACKED = 1024
+MAX_ERROR_CHARS = 400  # of the error's text in the failure's message (the job may choose its words)
 
 
 class UnreadableAttempts:
@@ -72,3 +75,23 @@ class UnreadableAttempts:
             self.grace_s,
             LOG_EVERY_S,
         )
+
+
+def failed_status(
+    attempt_id: str, slurm_job_id: str, unreadable_s: float, slurm_runs_it: bool, error: Exception
+) -> AttemptStatus:
+    """The attempt's end: FAILED, status_unreadable, its message saying for how long, what Slurm
+    said of its job (cancelled: the engine kills a job still running) and the error."""
+    slurm = f"Slurm job {slurm_job_id}" if slurm_job_id else "its Slurm job"
+    why = f"{slurm} still ran: cancelled" if slurm_runs_it else f"{slurm} no longer runs"
+    text = f"{type(error).__name__}: {error}"
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[: MAX_ERROR_CHARS - 3] + "..."
+    return AttemptStatus(
+        attempt_id,
+        AttemptPhase.FAILED,
+        reason=FailureReason.STATUS_UNREADABLE,
+        message=f"its status files were unreadable for {unreadable_s:.0f} s ({why}): {text}",
+        finished_at=time.time(),
+        engine_ref=slurm_job_id,
+    )
