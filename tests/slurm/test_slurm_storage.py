@@ -36,6 +36,13 @@ from tests.slurm.helpers import FINISHED, attempt, instance, slurm_engine, wait_
 VISION = "corralt-vision"  # the site's Unix group for Corral group vision (docs/storage.md, "Slurm")
 
 
+def gids_as_id_lists(account: str) -> str:
+    """The account's gids as `id -G` in the job lists them: the primary first, then the others in
+    the kernel's order (sorted), not /etc/group's, which depends on the order the groups were made."""
+    primary = pwd.getpwnam(account).pw_gid
+    return " ".join(str(g) for g in [primary, *sorted(set(os.getgrouplist(account, primary)) - {primary})])
+
+
 def unix_group(members: list[str]) -> int:
     try:
         gid = grp.getgrnam(VISION).gr_gid
@@ -155,7 +162,7 @@ def test_a_group_dir_the_account_cannot_enter_is_said_in_the_server_log(
         log = engine.logs("705.1", 0).data.decode()
         assert "Permission denied" in log
         # the job's own log says why, first, and what an admin does (it said nothing before)
-        own_gids = " ".join(str(g) for g in os.getgrouplist(account, pwd.getpwnam(account).pw_gid))
+        own_gids = gids_as_id_lists(account)
         assert log.splitlines()[0] == (
             f"corral: /group/physics is closed to this job (Permission denied): its account {account} "
             f"is not in gid {gid}, which owns it; no Unix group has gid {gid}; an admin gives it on every "
@@ -195,7 +202,7 @@ def test_a_group_dir_closed_on_the_node_alone_says_what_the_node_saw(slurm_clust
         engine.launch(replace(base, mounts=mounts, storage_dirs=dirs))
         assert wait_for(engine, "706.1", FINISHED, timeout_s=30).phase is AttemptPhase.FAILED
         log = engine.logs("706.1", 0).data.decode()
-        own_gids = " ".join(str(g) for g in os.getgrouplist(account, pwd.getpwnam(account).pw_gid))
+        own_gids = gids_as_id_lists(account)
         assert log.splitlines()[0] == (
             "corral: /group/vision is closed to this job on this node (Permission denied), though on "
             f"the Corral server's host its account {account} is in gid {gid}, which owns it: this "
