@@ -273,6 +273,20 @@ ACCEPTED: tuple[Accepted, ...] = (
     ),
     Accepted(
         "ST202",
+        "GET /api/v1/jobs/metrics",
+        "no user named",
+        "whether a user name exists is stored state (as for GET /jobs's filter)",
+    ),
+    Accepted(
+        "ST202",
+        "PUT /api/v1/users/{name}/job-notify",
+        "a default notify needs at least one event in 'on'",
+        "the body's `notify` is the job spec's NotifyV1, whose empty `on` is a job's way to opt out "
+        "of its owner's default; a default that hears nothing is said by clearing it (null): one "
+        "model, two rules by where it is used",
+    ),
+    Accepted(
+        "ST202",
         "GET /api/v1/jobs",
         "no group named",
         "whether a group name exists is stored state (refused for an admin, as for a user name)",
