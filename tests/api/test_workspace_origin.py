@@ -279,10 +279,21 @@ def test_the_handoffs_steps_refuse_frames_scripts_strangers_and_bad_input(
         r = client.get(path, headers={**framed, "Cookie": f"corral_session={cookie}"}, follow_redirects=False)
         assert r.status_code == 403 and r.json()["detail"] == served_at, (path, r.text)
         assert "set-cookie" not in r.headers, path
-    for bad in ("/ws/0/lab", "/ws/1x/lab", "/api/v1/me", f"/ws/{ws_id}/a b", "https://evil.example/ws/1/"):
+    not_under = "is not a path under /ws/<id>/ (a workspace's id: 1, 2, ...)"
+    a_host = "names a scheme or a host: the destination is a path on the workspace origin"
+    for bad, why in {
+        "/ws/0/lab": not_under,
+        "/ws/1x/lab": not_under,
+        "/api/v1/me": not_under,
+        f"/ws/{ws_id}/a b": "holds a space, a control character or a non-ASCII one: a link comes escaped",
+        "https://evil.example/ws/1/": a_host,
+    }.items():
         r = lab.get(HANDOFF_BEGIN_PATH, params={"to": bad}, follow_redirects=False)
         assert r.status_code == 400 and "set-cookie" not in r.headers, (bad, r.text)
-        assert r.json()["detail"] == f"{HANDOFF_BEGIN_PATH} takes ?to=/ws/<id>/... from the portal"
+        assert (
+            r.json()["detail"]
+            == f"{HANDOFF_BEGIN_PATH} takes ?to=/ws/<id>/... from the portal: {bad!r} {why}"
+        )
     ticket = world.client.get
     for bad_state in ("", "A" * 64, "a" * 63):
         r = ticket(

@@ -21,6 +21,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
@@ -36,11 +37,71 @@ TICKET = "ticket"
 COOKIE = "cookie"
 MAX_PATH_CHARS = 2048
 STATE_HASH = re.compile(r"[0-9a-f]{64}")  # a state secret's sha256, as the portal is given it
+MAX_WORKSPACE_ID = 2**31 - 1  # as corral.api.deps.MAX_ROW_ID: ids are 32-bit in PostgreSQL
+MAX_ESCAPES = 4  # a destination's path escaped more times over than this is refused, not decoded
+_UNDER_A_WORKSPACE = re.compile(r"/ws/([1-9][0-9]{0,18})/")
+_NOT_PRINTABLE_ASCII = re.compile(r"[^\x21-\x7e]")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class TicketRefused(Unauthenticated):
     """A ticket that is unknown, used already, expired, redeemed by another browser than the one
     it was issued for, or whose portal session has ended."""
+
+
+class BadTarget(ValueError):
+    """A handoff's destination that is not a plain path under `/ws/<id>/` (handoff_target); the
+    message names what is wrong with it."""
+
+
+def handoff_target(to: str) -> tuple[int, str]:
+    """A handoff's destination, as its every step reads it (the portal's `/ws/<id>/`, the begin's
+    and the ticket's `to`, a ticket's path at the redeem): the workspace's id and `to` itself,
+    unchanged, when it is a path (and query) under `/ws/<id>/` that stays there however it is
+    read; else BadTarget naming what is wrong.
+
+    The redeem redirects the browser to it, and a browser resolves dot segments (`..`, and
+    `%2e%2e` too), takes `\\` for `/` and keeps the origin (`//host` would leave it); a server
+    on the way may decode `%2f` or a second level of escapes (`%252e`). So the path is decoded as
+    far as any of them would (escapes again and again, up to MAX_ESCAPES levels; `\\` as `/`),
+    and a dot segment or a control character in that reading is refused: a browser resolves its
+    own dots before it asks the portal, so an honest link has none, and it is kept byte for byte
+    (`/ws/3/lab/tree/a%20b.ipynb`). Its query is the lab's and is not looked into."""
+    shown = repr(to if len(to) <= 80 else to[:80] + "...")
+    if len(to) > MAX_PATH_CHARS:
+        raise BadTarget(f"{shown} is longer than the {MAX_PATH_CHARS} characters a workspace link may have")
+    if to.startswith(("//", "/\\")) or _SCHEME.match(to):
+        raise BadTarget(
+            f"{shown} names a scheme or a host: the destination is a path on the workspace origin"
+        )
+    if _NOT_PRINTABLE_ASCII.search(to):
+        raise BadTarget(
+            f"{shown} holds a space, a control character or a non-ASCII one: a link comes escaped"
+        )
+    found = _UNDER_A_WORKSPACE.match(to)
+    if found is None or int(found[1]) > MAX_WORKSPACE_ID:
+        raise BadTarget(f"{shown} is not a path under /ws/<id>/ (a workspace's id: 1, 2, ...)")
+    if "#" in to:
+        raise BadTarget(f"{shown} holds a fragment ('#'), which a browser never sends")
+    path = to.partition("?")[0]
+    for _ in range(MAX_ESCAPES):
+        decoded = unquote(path, encoding="latin-1")
+        if decoded == path:
+            break
+        path = decoded
+    if _ESCAPE.search(path):
+        raise BadTarget(f"{shown} is escaped more than {MAX_ESCAPES} times over")
+    path = path.replace("\\", "/")
+    if _CONTROL.search(path):
+        raise BadTarget(f"{shown} holds a control character (escaped: %00 to %1F or %7F)")
+    if any(segment in (".", "..") for segment in path.split("/")):
+        raise BadTarget(
+            f"{shown} has a dot segment ('.' or '..', escaped or not, or after an escaped '/' or a "
+            f"backslash), which a browser resolves, out of /ws/{found[1]}/ perhaps"
+        )
+    return int(found[1]), to
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +126,8 @@ def issue_ticket(
     origin, in the browser holding the state secret whose sha256 is `state_hash`. Expired tickets
     are deleted here: no loop is needed to keep the table small."""
     now = time.time() if now is None else now
-    prefix = f"/ws/{workspace_id}/"
-    if not path.startswith(prefix) or len(path) > MAX_PATH_CHARS:
-        raise ValueError(f"a ticket's path must be under {prefix} and at most {MAX_PATH_CHARS} characters")
+    if handoff_target(path)[0] != workspace_id:
+        raise BadTarget(f"a ticket's path must be under /ws/{workspace_id}/, the workspace it is for")
     if STATE_HASH.fullmatch(state_hash) is None:
         raise ValueError("a ticket's state hash must be 64 lowercase hexadecimal digits (a sha256)")
     # The session may have ended since the proxy's decision (cached briefly; a logout through
@@ -123,6 +183,13 @@ def redeem_ticket(
     if found is None:
         raise refused
     row, session_expires_at, active = found
+    try:  # (issued before its destination was checked as closely: by an older version)
+        if handoff_target(row.path)[0] != row.workspace_id:
+            raise BadTarget(f"{row.path!r} is not under /ws/{row.workspace_id}/, the workspace it is for")
+    except BadTarget:
+        session.execute(delete(WorkspacePass).where(WorkspacePass.id_hash == row.id_hash))
+        session.commit()
+        raise
     state = state_of(row.state_hash) if row.state_hash else None
     if state is None or sha256_hex(state) != row.state_hash:
         # Not the browser the ticket was issued to: someone else's ticket (a login CSRF), or one

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import html
 import os
-import re
 import secrets
 import time
 from enum import Enum
@@ -38,12 +37,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Red
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from corral.api.deps import MAX_ROW_ID, same_origin
+from corral.api.deps import same_origin
 from corral.config import Settings, url_host
 from corral.services import workspace_passes
 from corral.services.auth import sha256_hex
 from corral.services.errors import Unauthenticated
-from corral.services.workspace_passes import TicketRefused
+from corral.services.workspace_passes import BadTarget, TicketRefused, handoff_target
 
 WORKSPACE_COOKIE = "corral_workspace"  # the workspace origin's own over http; the portal never reads it
 # Over https the workspace origin's cookies are `__Host-` ones (Secure, Path=/, no Domain): a
@@ -57,7 +56,6 @@ TICKET_PATH = "/corral-handoff/ticket"  # on the portal: ?to=...&state=<hash> ->
 STATE_COOKIE_PREFIX = "corral_handoff_"  # the state cookies over http, path HANDOFF_PATH (https: __Host-)
 STATE_COOKIES_KEPT = 4  # a browser's handoffs in flight at once: older state cookies are expired
 STATE_TTL_S = 60.0  # the round trip to the portal and back, with room for a slow machine
-HANDOFF_TO = re.compile(r"/ws/([1-9][0-9]{0,18})/[\x21-\x7e]*")
 NO_FRAMES = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'"}
 PUBLIC_URL_ENV = "CORRAL_PUBLIC_URL"  # the portal's address as people reach it
 PORTAL_WORKSPACES = "/workspaces"  # the portal's page of the user's workspaces
@@ -188,14 +186,10 @@ def refused(request: Request, status: int, message: str) -> Response:
     return HTMLResponse(page, status_code=status, headers=ERROR_PAGE_HEADERS)
 
 
-def handoff_target(to: str) -> tuple[int, str] | None:
-    """A handoff's destination, as HANDOFF_BEGIN_PATH and TICKET_PATH are given it: a path (with
-    its query, still escaped) under `/ws/<id>/`, printable ASCII, at most MAX_PATH_CHARS; the id
-    and the path, or None."""
-    found = HANDOFF_TO.fullmatch(to)
-    if found is None or len(to) > workspace_passes.MAX_PATH_CHARS or int(found[1]) > MAX_ROW_ID:
-        return None
-    return int(found[1]), to
+def bad_target(request: Request, step: str, problem: BadTarget) -> Response:
+    """The 400 of a handoff's step (`step`: what it takes) whose destination handoff_target
+    refused: every step reads it with that one function, so none sends the browser elsewhere."""
+    return refused(request, 400, f"{step}: {problem}")
 
 
 async def hand_over(request: Request, ws_id: int, session_secret: str | None) -> Response:
@@ -219,6 +213,10 @@ async def hand_over(request: Request, ws_id: int, session_secret: str | None) ->
             f"the address is longer than the {workspace_passes.MAX_PATH_CHARS} characters a workspace "
             f"link may have; open {origin}/ws/{ws_id}/lab",
         )
+    try:
+        handoff_target(target)
+    except BadTarget as problem:
+        return bad_target(request, f"the portal hands over addresses under /ws/{ws_id}/ only", problem)
     begin = f"{origin}{HANDOFF_BEGIN_PATH}?to={quote(target, safe='')}"
     return _no_frames_no_cache(RedirectResponse(begin, status_code=303))
 
@@ -255,10 +253,10 @@ async def begin_handoff(request: Request) -> Response:
     sent back to the portal's TICKET_PATH with its hash, for a ticket only this browser can redeem."""
     settings = settings_of(request.app)
     assert settings is not None
-    found = handoff_target(request.query_params.get("to", ""))
-    if found is None:
-        return refused(request, 400, f"{HANDOFF_BEGIN_PATH} takes ?to=/ws/<id>/... from the portal")
-    ws_id, target = found
+    try:
+        ws_id, target = handoff_target(request.query_params.get("to", ""))
+    except BadTarget as problem:
+        return bad_target(request, f"{HANDOFF_BEGIN_PATH} takes ?to=/ws/<id>/... from the portal", problem)
     not_navigation = _not_a_navigation(request, ws_id, workspace_origin(request, settings))
     if not_navigation is not None:
         return not_navigation
@@ -338,6 +336,9 @@ async def take_over(request: Request) -> Response:
         redeemed = await run_in_threadpool(redeem)
     except TicketRefused as exc:
         answer = refused(request, 403, exc.message)
+        answer.headers["Cache-Control"] = "no-store"
+    except BadTarget as problem:  # (spent: open the workspace from the portal again)
+        answer = bad_target(request, f"{HANDOFF_PATH} sends the browser under /ws/<id>/ only", problem)
         answer.headers["Cache-Control"] = "no-store"
     else:
         answer = RedirectResponse(redeemed.path, status_code=303)

@@ -73,8 +73,10 @@ from corral.workspaces.origin import (
     STATE_COOKIE_PREFIX,
     TICKET_PATH,
     WORKSPACE_COOKIE,
+    BadTarget,
     Listener,
     allowed_origin,
+    bad_target,
     begin_handoff,
     hand_over,
     handoff_target,
@@ -305,10 +307,10 @@ async def handoff_ticket(request: Request) -> Response:
     """The portal's TICKET_PATH (`?to=/ws/<id>/...&state=<hash>`, where the workspace origin's
     HANDOFF_BEGIN_PATH sends a browser): the decision of the portal's `/ws/<id>/` on its session
     cookie (a bearer token is no credential here); for the owner, a ticket bound to that state."""
-    found = handoff_target(request.query_params.get("to", ""))
-    if found is None:
-        return refused(request, 400, f"{TICKET_PATH} takes ?to=/ws/<id>/... from the workspace origin")
-    ws_id, target = found
+    try:
+        ws_id, target = handoff_target(request.query_params.get("to", ""))
+    except BadTarget as problem:
+        return bad_target(request, f"{TICKET_PATH} takes ?to=/ws/<id>/... from the workspace origin", problem)
     path = urlsplit(target).path
     secret = request.cookies.get(SESSION_COOKIE)
     if not secret:
