@@ -59,6 +59,7 @@ LAB_SET_COOKIES = (
     "corral_workspace=planted; Path=/ws/99/",
     "corral_handoff_0123456789abcdef=planted; Path=/corral-handoff",
     "corral_session=planted; Path=/",
+    "__Host-corral_session=planted; Path=/; Secure",  # the portal's, over https
 )
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -12,6 +13,7 @@ from fastapi import Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import HTTPConnection
 
 from corral.api.pattern_words import worded
 from corral.services.auth import (
@@ -26,7 +28,11 @@ from corral.services.auth import (
 )
 from corral.services.errors import Forbidden, Unauthenticated
 
-SESSION_COOKIE = "corral_session"
+SESSION_COOKIE = "corral_session"  # the portal's session cookie over plain http (the demo)
+# Over https a `__Host-` one (Secure, Path=/, no Domain): a sibling host (`Domain=`) or a
+# plain-http answer for the host (anyone on the network path) cannot plant or overwrite it.
+SECURE_SESSION_COOKIE = "__Host-corral_session"
+PUBLIC_URL_ENV = "CORRAL_PUBLIC_URL"  # the portal's address as people reach it
 CSRF_HEADER = "X-CSRF-Token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -41,6 +47,28 @@ async def get_db(request: Request) -> AsyncIterator[Session]:
 
 
 DB = Annotated[Session, Depends(get_db)]
+
+
+def portal_https(scope: Mapping[str, Any]) -> bool:
+    """Whether browsers reach the portal over https: this request came so (Corral's own TLS, or a
+    proxy trusted for X-Forwarded-Proto, CORRAL_FORWARDED_ALLOW_IPS), or CORRAL_PUBLIC_URL says so
+    (a TLS proxy not trusted for that header makes the request look plain)."""
+    if scope.get("scheme") in ("https", "wss"):
+        return True
+    return os.environ.get(PUBLIC_URL_ENV, "").strip().lower().startswith("https://")
+
+
+def session_cookie_name(scope: Mapping[str, Any]) -> str:
+    """The portal's session cookie for this request: SECURE_SESSION_COOKIE over https, where a
+    plain-named one is never accepted (anyone able to set a cookie for the host could have
+    planted it), else SESSION_COOKIE."""
+    return SECURE_SESSION_COOKIE if portal_https(scope) else SESSION_COOKIE
+
+
+def session_secret(connection: HTTPConnection) -> str | None:
+    """The portal session's secret this request (or WebSocket) carries under the cookie name that
+    fits it (session_cookie_name), or None."""
+    return connection.cookies.get(session_cookie_name(connection.scope)) or None
 
 
 def _bearer(request: Request) -> str | None:
@@ -99,7 +127,7 @@ def _authenticate(request: Request, db: Session) -> Principal:
     token = _bearer(request)
     if token is not None:
         return authenticate_token(db, token)
-    cookie = request.cookies.get(SESSION_COOKIE)
+    cookie = session_secret(request)
     if cookie:
         principal = authenticate_session(db, cookie)
         if request.method not in SAFE_METHODS and not csrf_matches(

@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+from starlette.requests import cookie_parser
+
+from corral.api.deps import session_cookie_name
 from corral.config import Settings
 
 Scope = dict[str, Any]
@@ -303,9 +306,10 @@ def caller_key(scope: Scope, *, per_address: bool) -> str:
     if not per_address:
         credential = header(scope, b"authorization")
         if credential is None:
-            cookie = header(scope, b"cookie") or ""
-            found = re.search(r"corral_session=([^;\s]+)", cookie)
-            credential = found.group(1) if found else None
+            # The cookie name that fits the request, parsed as the session lookup parses it (a
+            # search for the name would also find it inside another's, `__Host-corral_session`).
+            cookies = cookie_parser(header(scope, b"cookie") or "")
+            credential = cookies.get(session_cookie_name(scope))
         if credential:
             return "cred:" + hashlib.sha256(credential.encode()).hexdigest()
     client = scope.get("client")

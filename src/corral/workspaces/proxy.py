@@ -51,7 +51,7 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocketDisconnect
 
-from corral.api.deps import MAX_ROW_ID, SESSION_COOKIE
+from corral.api.deps import MAX_ROW_ID, SECURE_SESSION_COOKIE, SESSION_COOKIE, portal_https, session_secret
 from corral.services.auth import (
     Principal,
     authenticate_session,
@@ -144,9 +144,9 @@ def _credential(
     headers: Any, cookies: Any, where: Listener, ws_id: int, secure: bool
 ) -> tuple[str, str] | None:
     """A bearer token, else the cookie of the listener it came in on: the portal's session
-    cookie, or on the workspace listener its own for `ws_id` (over https only the `__Host-` one;
-    the portal's is never accepted there: cookies are not kept apart by port, so the browser
-    sends it along)."""
+    cookie, or on the workspace listener its own for `ws_id` (over https, `secure`, only the
+    `__Host-` one of either; the portal's is never accepted there: cookies are not kept apart by
+    port, so the browser sends it along)."""
     auth = headers.get("authorization", "")
     scheme, _, value = auth.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
@@ -154,7 +154,7 @@ def _credential(
     if where is Listener.WORKSPACE:
         cookie = cookies.get(workspace_cookie(ws_id, secure)[0])
         return (cookie, PASS) if cookie else None
-    cookie = cookies.get(SESSION_COOKIE)
+    cookie = cookies.get(SECURE_SESSION_COOKIE if secure else SESSION_COOKIE)
     return (cookie, SESSION) if cookie else None
 
 
@@ -215,8 +215,8 @@ async def authorize(
     where: Listener = Listener.SHARED,
     secure: bool = False,
 ) -> Decision:
-    """The decision for `ws_id` on the request's credential; `secure`: the workspace listener's
-    cookies are the https (`__Host-`) ones (corral.workspaces.origin.secure_cookies)."""
+    """The decision for `ws_id` on the request's credential; `secure`: the listener's cookies are
+    the https (`__Host-`) ones (_https_cookies)."""
     found = _credential(headers, cookies, where, ws_id, secure)
     if found is None:
         return Decision(302)
@@ -237,6 +237,13 @@ async def authorize(
     ttl = NOT_RUNNING_CACHE_S if decision.status == 503 else AUTH_CACHE_S
     _decisions[key] = (now + ttl, decision)
     return decision
+
+
+def _https_cookies(connection: Any, where: Listener) -> bool:
+    """Whether the cookies of the listener `connection` came in on are the https (`__Host-`) ones:
+    the workspace origin's as corral.workspaces.origin.secure_cookies decides, the portal's as
+    corral.api.deps.portal_https does (with the listener off, the lab is on the portal's origin)."""
+    return secure_cookies(connection) if where is Listener.WORKSPACE else portal_https(connection.scope)
 
 
 def _pool(upstream: Upstream) -> HttpPool:
@@ -263,10 +270,10 @@ def _upstream_headers(headers: Any, token: str) -> list[tuple[str, str]]:
 
 
 def _corral_cookie(item: str) -> bool:
-    """Corral's own cookies, never passed on to JupyterLab: the portal's session, the workspace
-    origin's (every workspace's and the handoff's state, `__Host-` ones over https)."""
+    """Corral's own cookies, never passed on to JupyterLab: the portal's session (either name),
+    the workspace origin's (every workspace's and the handoff's state, `__Host-` ones over https)."""
     name = item.strip().partition("=")[0]
-    return name in (SESSION_COOKIE, WORKSPACE_COOKIE) or name.startswith(
+    return name in (SESSION_COOKIE, SECURE_SESSION_COOKIE, WORKSPACE_COOKIE) or name.startswith(
         (STATE_COOKIE_PREFIX, HOST_PREFIX + "corral_")
     )
 
@@ -312,10 +319,11 @@ async def handoff_ticket(request: Request) -> Response:
     except BadTarget as problem:
         return bad_target(request, f"{TICKET_PATH} takes ?to=/ws/<id>/... from the workspace origin", problem)
     path = urlsplit(target).path
-    secret = request.cookies.get(SESSION_COOKIE)
+    secret = session_secret(request)
     if not secret:
         return _to_login(path)
-    decision = await authorize(request.app, {}, {SESSION_COOKIE: secret}, ws_id, Listener.PORTAL)
+    # (the secret found under the name that fits this request, given as _credential reads it)
+    decision = await authorize(request.app, {}, {SESSION_COOKIE: secret}, ws_id, Listener.PORTAL, False)
     if decision.status != 200:
         return _refusal(request, decision, Listener.PORTAL, str(ws_id), path)
     return await send_ticket(request, ws_id, target, secret)
@@ -328,14 +336,12 @@ async def proxy_http(request: Request, ws_id: str, path: str) -> Response:
         return refused(request, 404, _missing(ws_id[:40]).message)
     where = listener(request.app, request.scope)
     decision = await authorize(
-        request.app, request.headers, request.cookies, number, where, secure_cookies(request)
+        request.app, request.headers, request.cookies, number, where, _https_cookies(request, where)
     )
     if decision.status != 200:
         return _refusal(request, decision, where, ws_id)
     if where is Listener.PORTAL:  # the owner: handed over to the workspace origin
-        return await hand_over(
-            request, number, request.cookies.get(SESSION_COOKIE) if decision.via_cookie else None
-        )
+        return await hand_over(request, number, session_secret(request) if decision.via_cookie else None)
     if (
         decision.via_cookie
         and request.method not in SAFE_METHODS
@@ -420,7 +426,7 @@ async def proxy_websocket(websocket: WebSocket, ws_id: str, path: str) -> None:
         await websocket.close(code=1008)
         return
     decision = await authorize(
-        websocket.app, websocket.headers, websocket.cookies, number, where, secure_cookies(websocket)
+        websocket.app, websocket.headers, websocket.cookies, number, where, _https_cookies(websocket, where)
     )
     if decision.status != 200 or not allowed_origin(websocket.headers, settings_of(websocket.app), where):
         await websocket.close(code=1008)  # before accept: the client gets HTTP 403

@@ -15,12 +15,14 @@ from corral.api.deps import (
     DB,
     NAME_MAX,
     SEGMENT_NAME,
-    SESSION_COOKIE,
     Admin,
     CurrentUser,
     RowId,
     client_address,
+    portal_https,
     same_origin,
+    session_cookie_name,
+    session_secret,
 )
 from corral.api.schemas import LoginIn, LoginOut, MeOut
 from corral.config import Settings, origin_of
@@ -117,13 +119,14 @@ def login(body: LoginIn, request: Request, response: Response, db: DB) -> Any:
         after={"user": user.name, "expires_at": now + settings.session_lifetime_s},
     )
     db.commit()
+    # Over https `__Host-corral_session`: Secure, Path=/ and no Domain, as that prefix requires.
     response.set_cookie(
-        SESSION_COOKIE,
+        session_cookie_name(request.scope),
         secret,
         max_age=int(settings.session_lifetime_s),
         httponly=True,
         samesite="lax",
-        secure=request.url.scheme == "https",
+        secure=portal_https(request.scope),
         path="/",
     )
     return {"user": me_view(db, user.id), "csrf_token": csrf}
@@ -131,7 +134,7 @@ def login(body: LoginIn, request: Request, response: Response, db: DB) -> Any:
 
 @router.post("/auth/logout", status_code=204)
 def logout(request: Request, response: Response, db: DB, principal: CurrentUser) -> Response:
-    cookie = request.cookies.get(SESSION_COOKIE)
+    cookie = session_secret(request)
     if cookie and principal.via == "session":
         svc.logout(db, cookie)
         web_id = svc.sha256_hex(cookie)[: svc.SESSION_ID_CHARS]
@@ -145,7 +148,11 @@ def logout(request: Request, response: Response, db: DB, principal: CurrentUser)
         )
         db.commit()
     out = Response(status_code=204)
-    out.delete_cookie(SESSION_COOKIE, path="/")
+    # Secure over https: a browser ignores a `__Host-` cookie's deletion without it.
+    secure = portal_https(request.scope)
+    out.delete_cookie(
+        session_cookie_name(request.scope), path="/", secure=secure, httponly=True, samesite="lax"
+    )
     return out
 
 
@@ -194,7 +201,7 @@ def list_sessions(
 ) -> Any:
     """Unexpired portal sessions: the caller's own, or (admins) a user's or everyone's."""
     user_id = svc.owner_filter(db, principal, user, all_users=all_users)
-    cookie = request.cookies.get(SESSION_COOKIE)
+    cookie = session_secret(request)
     current = svc.sha256_hex(cookie) if cookie else None
     return [
         _session_view(web, name, current) for web, name in svc.list_sessions(db, principal, user_id=user_id)

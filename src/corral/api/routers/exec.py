@@ -30,7 +30,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from corral.api.deps import SESSION_COOKIE
+from corral.api.deps import session_secret
 from corral.engine.base import Engine, ExecRefused
 from corral.gateway.spawn import SandboxProcess
 from corral.services.auth import Principal, authenticate_session, authenticate_token
@@ -153,7 +153,7 @@ def _authenticate(websocket: WebSocket, factory: sessionmaker[Session]) -> Princ
             if scheme.lower() != "bearer" or not token.strip():
                 raise Unauthenticated("the Authorization header must be 'Bearer <token>'")
             principal = authenticate_token(db, token.strip())
-        elif cookie := websocket.cookies.get(SESSION_COOKIE):
+        elif cookie := session_secret(websocket):
             # A cookie goes with any page's WebSocket: only the portal's own pages may use it.
             origin, host = websocket.headers.get("origin", ""), websocket.headers.get("host", "")
             if origin.split("://", 1)[-1] != host:

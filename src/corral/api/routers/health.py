@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from corral.api.deps import SESSION_COOKIE, principal_or_none
+from corral.api.deps import principal_or_none, session_secret
 from corral.api.metrics_auth import metrics_token
 from corral.services.auth import cached_principal, sha256_hex
 from corral.services.errors import ServiceError
@@ -63,7 +63,7 @@ def may_see_errors(request: Request) -> bool:
     database does not) or an admin's API token or portal session (only while it answers)."""
     scheme, _, value = request.headers.get("authorization", "").partition(" ")
     bearer = scheme.lower() == "bearer"
-    if not bearer and SESSION_COOKIE not in request.cookies:
+    if not bearer and session_secret(request) is None:
         return False  # an anonymous probe (most of them): no file read, no database
     if bearer:
         try:
