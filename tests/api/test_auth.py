@@ -76,7 +76,10 @@ def test_a_login_through_a_proxy_that_rewrites_host_is_let_in_by_the_public_url(
     assert said and "'https://corral.example.org'" in said[-1] and "'testserver'" in said[-1], said
     monkeypatch.setenv("CORRAL_PUBLIC_URL", "https://corral.example.org/")
     let_in = c.post(f"{API}/auth/login", json=login, headers=public)
-    assert let_in.status_code == 200 and "corral_session=" in let_in.headers["set-cookie"], let_in.text
+    # (CORRAL_PUBLIC_URL https: the portal's sessions are https-only, the cookie `__Host-` named)
+    assert let_in.status_code == 200 and let_in.headers["set-cookie"].startswith("__Host-corral_session="), (
+        let_in.text
+    )
     c.cookies.clear()
     sibling = c.post(f"{API}/auth/login", json=login, headers={"Origin": "https://ws.example.org"})
     assert sibling.status_code == 403, sibling.text

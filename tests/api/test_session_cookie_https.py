@@ -71,6 +71,24 @@ def test_a_login_over_https_sets_the_host_prefixed_cookie(
     world.client.cookies.clear()
     name, value, flags = set_cookie(proxied)
     assert name == PREFIXED and value and "secure" in flags and flags["path"] == "/", proxied.headers
+    # review120 #3: a browser on plain http would drop that Secure cookie and be sent back to the
+    # login page after each "successful" login: refused, saying where to log in; nothing made
+    sessions_before = _session_count(world)
+    on_http = world.client.post(f"{API}/auth/login", json=LOGIN, headers={"Origin": "http://testserver"})
+    assert on_http.status_code == 403 and "set-cookie" not in on_http.headers, on_http.text
+    assert "for https only (CORRAL_PUBLIC_URL is https://corral.example.org)" in on_http.json()["detail"]
+    assert _session_count(world) == sessions_before
+    # behind the TLS proxy the browser's Origin is https: logged in as above
+    via_proxy = world.client.post(
+        f"{API}/auth/login", json=LOGIN, headers={"Origin": "https://corral.example.org"}
+    )
+    world.client.cookies.clear()
+    assert via_proxy.status_code == 200 and set_cookie(via_proxy)[0] == PREFIXED, via_proxy.text
+
+
+def _session_count(world: World) -> int:
+    with world.session_factory() as db:
+        return int(db.scalar(sa.select(sa.func.count()).select_from(WebSession)) or 0)
 
 
 @pytest.mark.usefixtures("lab")  # (JupyterLab's stand-in: the workspace is running)
@@ -134,6 +152,16 @@ def test_the_rate_limits_count_the_cookie_that_fits_the_request() -> None:
     assert key("https", both) == "cred:" + auth.sha256_hex("over-https")
     assert key("http", both) == "cred:" + auth.sha256_hex("over-http")  # not the one inside the other's name
     assert key("https", [(b"cookie", b"corral_session=planted")]) == "addr:192.0.2.1"
+    # review120 #1: every Cookie header, as the session lookup reads them (the last one wins
+    # there): a random cookie in a first header does not buy a fresh bucket per request
+    two = [(b"cookie", b"__Host-corral_session=random-1"), (b"cookie", b"__Host-corral_session=real")]
+    assert key("https", two) == "cred:" + auth.sha256_hex("real")
+    # a token as authentication reads it: any case of the scheme, blanks around it dropped
+    token_keys = {
+        key("https", [(b"authorization", spelling)])
+        for spelling in (b"Bearer X", b"bearer X", b"Bearer  X", b"Bearer X ")
+    }
+    assert token_keys == {"cred:" + auth.sha256_hex("X")}
 
 
 def test_the_proxy_passes_neither_session_cookie_to_the_lab(world: World, lab: TestClient) -> None:

@@ -164,7 +164,12 @@ def test_a_ticket_for_a_destination_leaving_its_workspace_is_refused_at_the_rede
         assert r.json()["detail"] == (
             f"{HANDOFF_PATH} sends the browser under /ws/<id>/ only: {shown(to)} {why}"
         )
-        assert all("Max-Age=0" in c for c in r.headers.get_list("set-cookie")), r.headers  # state only
+        # the state cookie, spent, deleted (review120 #2: none was) and nothing else set
+        (deleted,) = r.headers.get_list("set-cookie")
+        assert (
+            deleted.startswith(state_cookie(auth.sha256_hex(state), False)[0] + "=")
+            and "Max-Age=0" in deleted
+        )
         with world.session_factory() as db:
             assert db.scalar(sa.select(sa.func.count()).select_from(WorkspacePass)) == 0, to
 

@@ -71,14 +71,22 @@ def session_secret(connection: HTTPConnection) -> str | None:
     return connection.cookies.get(session_cookie_name(connection.scope)) or None
 
 
+def bearer_token(header: str) -> str | None:
+    """The token of an `Authorization: Bearer <token>` value as authentication reads it (the
+    scheme in any case, blanks around the token dropped), or None when it is not one. The rate
+    limits key on the same reading (corral.api.limits.caller_key): `bearer X ` is `Bearer X`."""
+    scheme, _, value = header.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
 def _bearer(request: Request) -> str | None:
     header = request.headers.get("authorization")
     if not header:
         return None
-    scheme, _, value = header.partition(" ")
-    if scheme.lower() != "bearer" or not value.strip():
+    token = bearer_token(header)
+    if token is None:
         raise Unauthenticated("the Authorization header must be 'Bearer <token>'")
-    return value.strip()
+    return token
 
 
 async def get_principal(request: Request, db: DB) -> Principal:

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-from starlette.requests import cookie_parser
+from starlette.requests import HTTPConnection
 
-from corral.api.deps import session_cookie_name
+from corral.api.deps import bearer_token, session_secret
 from corral.config import Settings
 
 Scope = dict[str, Any]
@@ -304,12 +304,16 @@ def caller_key(scope: Scope, *, per_address: bool) -> str:
     """Who a request counts against: a hash of its bearer token or session cookie, else (or for
     per-address rules) its source address. Hashed: no credential is held in memory as text."""
     if not per_address:
-        credential = header(scope, b"authorization")
-        if credential is None:
-            # The cookie name that fits the request, parsed as the session lookup parses it (a
-            # search for the name would also find it inside another's, `__Host-corral_session`).
-            cookies = cookie_parser(header(scope, b"cookie") or "")
-            credential = cookies.get(session_cookie_name(scope))
+        # Read as authentication reads them, so that a caller cannot get a fresh bucket per
+        # request with a spelling of the same credential: the token as `_bearer` takes it (any
+        # case of `Bearer`, blanks dropped), else the session cookie of the name that fits the
+        # request from every Cookie header, as the session lookup takes it (a second header with
+        # a random cookie first would otherwise key the limit while the real one authenticates).
+        authorization = header(scope, b"authorization")
+        if authorization is not None:
+            credential = bearer_token(authorization) or authorization
+        else:
+            credential = session_secret(HTTPConnection(scope)) or ""
         if credential:
             return "cred:" + hashlib.sha256(credential.encode()).hexdigest()
     client = scope.get("client")

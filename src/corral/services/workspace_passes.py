@@ -183,6 +183,8 @@ def redeem_ticket(
     if found is None:
         raise refused
     row, session_expires_at, active = found
+    # read first: whatever is refused below, the caller drops the state cookie it names (spent)
+    state = state_of(row.state_hash) if row.state_hash else None
     try:  # (issued before its destination was checked as closely: by an older version)
         if handoff_target(row.path)[0] != row.workspace_id:
             raise BadTarget(f"{row.path!r} is not under /ws/{row.workspace_id}/, the workspace it is for")
@@ -190,7 +192,6 @@ def redeem_ticket(
         session.execute(delete(WorkspacePass).where(WorkspacePass.id_hash == row.id_hash))
         session.commit()
         raise
-    state = state_of(row.state_hash) if row.state_hash else None
     if state is None or sha256_hex(state) != row.state_hash:
         # Not the browser the ticket was issued to: someone else's ticket (a login CSRF), or one
         # read off a log. Spent, so it cannot be tried again.

@@ -322,8 +322,10 @@ async def handoff_ticket(request: Request) -> Response:
     secret = session_secret(request)
     if not secret:
         return _to_login(path)
-    # (the secret found under the name that fits this request, given as _credential reads it)
-    decision = await authorize(request.app, {}, {SESSION_COOKIE: secret}, ws_id, Listener.PORTAL, False)
+    # the secret found under the name that fits this request, passed on under that name
+    secure = portal_https(request.scope)
+    name = SECURE_SESSION_COOKIE if secure else SESSION_COOKIE
+    decision = await authorize(request.app, {}, {name: secret}, ws_id, Listener.PORTAL, secure)
     if decision.status != 200:
         return _refusal(request, decision, Listener.PORTAL, str(ws_id), path)
     return await send_ticket(request, ws_id, target, secret)

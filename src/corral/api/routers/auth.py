@@ -75,7 +75,10 @@ def _from_the_portal(headers: Any) -> bool:
     response_model=LoginOut,
     responses={
         401: {"description": "wrong user name or password"},
-        403: {"description": "sent by a browser from another origin than the portal's"},
+        403: {
+            "description": "sent by a browser from another origin than the portal's, or over "
+            "plain http to a portal whose CORRAL_PUBLIC_URL is https"
+        },
         429: {"description": "too many failed logins: the account or address is locked"},
     },
 )
@@ -95,6 +98,14 @@ def login(body: LoginIn, request: Request, response: Response, db: DB) -> Any:
         raise Forbidden(
             f"login refused: sent from {request.headers['origin']!r}, not from the portal's own "
             "origin; log in on the portal's page"
+        )
+    if portal_https(request.scope) and request.headers.get("origin", "").lower().startswith("http://"):
+        # CORRAL_PUBLIC_URL says https but this browser is on plain http: it would drop the
+        # Secure `__Host-` cookie set below, so the login would "work" and the next request be a
+        # 401, over and over, with no word of why (review120 #3).
+        raise Forbidden(
+            "login refused: this portal's sessions are for https only (CORRAL_PUBLIC_URL is "
+            f"{os.environ.get('CORRAL_PUBLIC_URL', '').strip()}); log in there, not over plain http"
         )
     address, now = client_address(request), time.time()
     login_guard.check_allowed(db, body.username, address, now)
