@@ -1,8 +1,9 @@
-"""An attempt the Slurm engine failed because its status stayed unreadable (engine/slurm/unreadable.py;
+"""An attempt the Slurm engine failed because how it ended stayed unreadable (engine/slurm/unreadable.py;
 its real-Slurm test: tests/slurm/test_slurm_users.py) is recorded as any engine failure is: through
-the lifecycle's compare-and-set, classified by the exit-spec as status_unreadable, the job's own
-failure (its account made its status files unreadable), retried within the job's `retries:` and
-never charged to the platform-loss budget, and its node is left as it was (no node's fault)."""
+the lifecycle's compare-and-set, classified by the exit-spec as status_unreadable, the platform's
+failure (the job dir's reads skip what the job's account can spoil, so what is left is Corral's
+own), requeued on the platform-loss budget as a lost node's attempt is and never charged to the
+job's `retries:`, and its node is left as it was (no node's fault: not drained, not avoided)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ from corral.server.scheduling import apply_assignment
 from tests.server.fakes import FakeEngine, add_job, gpu_node, make_context, run_dispatch, seed_tenant
 
 UNREADABLE = (
-    "its status files were unreadable for 600 s (Slurm job 41 no longer runs): "
-    "PermissionError: [Errno 13] Permission denied: 'rank-0.exit'"
+    "Corral could not read how its instances ended for 600 s (Slurm job 41 no longer runs): "
+    "OSError: [Errno 28] No space left on device: 'attempt.json' (the traceback is in the server's log)"
 )
 
 
@@ -61,21 +62,32 @@ def unreadable_end(ctx: ServerContext, fake: FakeEngine, retries: int) -> int:
     return job_id
 
 
-@pytest.mark.parametrize(("retries", "state"), [(1, "queued"), (0, "failed")])
-def test_an_unreadable_status_fails_the_attempt_as_the_jobs_own_failure(
-    env: tuple[ServerContext, FakeEngine], retries: int, state: str
+@pytest.mark.parametrize(
+    ("retries", "budget", "state", "reason"),
+    [
+        (0, 1, "queued", "requeued (platform loss 1 of 1)"),
+        (5, 0, "failed", "failed 1 time, over the limit of 0"),
+    ],
+)
+def test_an_unreadable_status_fails_the_attempt_as_the_platforms_failure(
+    env: tuple[ServerContext, FakeEngine], retries: int, budget: int, state: str, reason: str
 ) -> None:
     ctx, fake = env
+    ctx.settings.lost_requeue_budget = budget
     job_id = unreadable_end(ctx, fake, retries)
     with ctx.session_factory() as session:
         attempt = session.scalars(select(Attempt).where(Attempt.job_id == job_id)).one()
         assert (attempt.state, attempt.reason, attempt.message) == ("failed", "status_unreadable", UNREADABLE)
         diagnosis = session.scalars(select(AttemptDiagnosis).where(AttemptDiagnosis.job_id == job_id)).one()
-        assert (diagnosis.reason, diagnosis.category) == ("status_unreadable", "user")
+        assert (diagnosis.reason, diagnosis.category) == ("status_unreadable", "platform")
+        assert "Corral could not read how the job's instances ended" in diagnosis.message
+        assert "server's log" in diagnosis.fix
         job = session.get(Job, job_id)
         assert job is not None and job.state == state, job.reason
-        assert (job.own_failures, job.platform_losses) == (1, 0)  # the job's failure, its retries
-        assert "status_unreadable" in (job.reason or "") and "unreadable for 600 s" in (job.reason or "")
+        # the platform's loss: on its budget (retries: 0 still requeued; 5 left do not save it)
+        assert (job.own_failures, job.platform_losses) == (0, 1)
+        assert reason in (job.reason or "") and "status_unreadable" in (job.reason or ""), job.reason
+        assert "Corral could not read how its instances ended for 600 s" in (job.reason or ""), job.reason
         node = session.get(Node, "n1")
         assert node is not None and node.state == "ready"  # no node's fault: not drained
         assert session.scalars(select(JobAvoid)).all() == []  # nor avoided by the retry

@@ -141,7 +141,7 @@ class FailureReason(StrEnum):
     TIMEOUT = "timeout"  # exceeded max_runtime
     NODE_LOST = "node_lost"
     LAUNCH_FAILED = "launch_failed"  # the engine refused or could not start it (message says why)
-    # its status could not be read for too long: the job's own account made its files so (Slurm)
+    # Corral could not read how it ended for too long (its own fault, not the job's; Slurm)
     STATUS_UNREADABLE = "status_unreadable"
 
 
