@@ -12,6 +12,7 @@ import re
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,9 @@ import pytest
 from corral.engine.base import AttemptPhase, AttemptStatus, ExecRefused, FailureReason, MountSpec
 from corral.engine.slurm import SlurmEngine, mapping
 from corral.engine.slurm import engine as slurm_engine_module
+from corral.engine.slurm.cli import CliResult
 from corral.engine.slurm.engine import REJECTED_REF
+from corral.engine.slurm.state import AttemptRecord
 from corral.engine.slurm.users import UnmappedUser, UserMap
 from tests.slurm.conftest import cleanup_cluster
 from tests.slurm.harness import TEST_ACCOUNTS, SlurmCluster
@@ -360,13 +363,16 @@ def test_an_attempt_whose_status_stays_unreadable_fails_and_its_slurm_job_is_can
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """review: an attempt whose status could not be read kept its state until it could be or its
-    job was cancelled, and the job's own account can make its status files unreadable: it held
-    its GPUs and its Slurm job for ever. With CORRAL_SLURM_UNREADABLE_GRACE_S (here 2 s) it fails
-    once unreadable that long while Slurm says its job ended (522: exited at once), or twice that
-    while Slurm still runs it (521: `sleep`, then cancelled in Slurm; its secrets dir not
-    removable either), as status_unreadable with the error; a readable attempt beside them (523)
-    runs on, untouched."""
+    """review: an attempt whose status could not be read (Corral's own fault: the job dir's reads
+    skip what the job's account can spoil; here the state dir out of space) kept its state until
+    it could be or its job was cancelled: it held its GPUs and its Slurm job for ever. With
+    CORRAL_SLURM_UNREADABLE_GRACE_S (here 2 s) it fails once unreadable that long while Slurm says
+    its job ended (522: exited at once), or twice that while Slurm still runs it (521: `sleep`,
+    then cancelled in Slurm; its secrets dir not removable either), as status_unreadable with the
+    error; a readable attempt beside them (523) runs on, untouched. 521's end is first not
+    recorded (the state dir again) after its kill: the record says Corral stopped it, as
+    status_unreadable, the next poll sends no scancel again, and that failure is logged on its
+    own, not held back by the read error's log."""
     from corral.config import Settings
     from corral.engine.factory import make_engine
 
@@ -379,8 +385,29 @@ def test_an_attempt_whose_status_stays_unreadable_fails_and_its_slurm_job_is_can
 
     def unreadable(record: object, jobs: object) -> AttemptStatus:
         if getattr(record, "attempt_id", None) in ("521.1", "522.1"):
-            raise PermissionError(13, "Permission denied", "rank-0.exit")
+            raise OSError(28, "No space left on device", "attempt.json")
         return read(record, jobs)  # type: ignore[arg-type]
+
+    record_end = engine._record_end
+    not_recorded: list[str] = []
+
+    def unrecorded_once(record: AttemptRecord, status: AttemptStatus) -> AttemptStatus:
+        if record.attempt_id == "521.1" and not not_recorded:  # after its kill
+            not_recorded.append(record.attempt_id)
+            assert record.stop is not None and (record.stop.kind, record.stop.killed) == (
+                "status_unreadable",
+                True,
+            ), record.stop
+            raise OSError(28, "No space left on device", "attempt.json")
+        return record_end(record, status)
+
+    run = engine.cli.run
+    scancels: list[tuple[str, ...]] = []
+
+    def counted(tool: str, *args: str, env: Mapping[str, str] | None = None) -> CliResult:
+        if tool == "scancel":
+            scancels.append(args)
+        return run(tool, *args, env=env)
 
     remove_secrets = slurm_engine_module.remove_secrets
 
@@ -391,6 +418,8 @@ def test_an_attempt_whose_status_stays_unreadable_fails_and_its_slurm_job_is_can
 
     try:
         monkeypatch.setattr(engine, "_status", unreadable)
+        monkeypatch.setattr(engine, "_record_end", unrecorded_once)
+        monkeypatch.setattr(engine.cli, "run", counted)
         monkeypatch.setattr(slurm_engine_module, "remove_secrets", unremovable)
         for aid, command in (("521.1", "sleep 60"), ("522.1", "true"), ("523.1", "sleep 60")):
             engine.launch(attempt(aid, instance("node1", command)))
@@ -423,9 +452,12 @@ def test_an_attempt_whose_status_stays_unreadable_fails_and_its_slurm_job_is_can
             status = ended[aid]
             assert status.phase is AttemptPhase.FAILED, status
             assert status.reason is FailureReason.STATUS_UNREADABLE, status
-            assert status.message.startswith("its status files were unreadable for "), status.message
+            assert status.message.startswith("Corral could not read how its instances ended for "), (
+                status.message
+            )
             assert f"Slurm job {slurm_ids[aid]} {still}" in status.message, status.message
-            assert "PermissionError: [Errno 13] Permission denied: 'rank-0.exit'" in status.message
+            assert "OSError: [Errno 28] No space left on device: 'attempt.json'" in status.message
+            assert status.message.endswith("(the traceback is in the server's log)"), status.message
             assert engine.poll([aid])[aid] == status  # its end is kept: not read again
         deadline = time.monotonic() + 20
         while slurm_state_of(slurm_cluster, slurm_ids["521.1"]) not in ("", "CANCELLED"):
@@ -436,6 +468,12 @@ def test_an_attempt_whose_status_stays_unreadable_fails_and_its_slurm_job_is_can
             "Slurm attempt 521.1",
             "Slurm attempt 522.1",
         ], logged  # once each, not at every poll
+        assert not_recorded == ["521.1"]
+        unrecorded = [r for r in caplog.records if "could not be recorded" in r.getMessage()]
+        assert [r.getMessage().split(":")[0] for r in unrecorded] == ["Slurm attempt 521.1"], unrecorded
+        assert engine.store.load("521.1").stop.kind == "status_unreadable"  # type: ignore[union-attr]
+        job_521 = slurm_ids["521.1"]
+        assert [a for a in scancels if job_521 in a] == [("--signal=KILL", "--full", job_521), (job_521,)]
         assert engine.poll(["523.1"])["523.1"].phase is AttemptPhase.RUNNING
         engine.stop("523.1", 0)
         assert wait_for(engine, "523.1", FINISHED).phase is not AttemptPhase.RUNNING

@@ -351,10 +351,11 @@ class SlurmEngine(Submission):
                     except EngineUnavailable:
                         raise
                     except Exception as exc:
-                        # Its job dir is the job's account's to write: whatever is found there
-                        # must not stop the loop from recording every other job. Left out, the
-                        # attempt keeps its state and is polled again next tick (and the job can
-                        # be cancelled), until it has been so for too long (unreadable.py).
+                        # The job dir's reads skip what the job's account can spoil: this is
+                        # Corral's own fault (a bug, the state dir), which must not stop the loop
+                        # from recording every other job. Left out, the attempt keeps its state
+                        # and is polled again next tick (and the job can be cancelled), until it
+                        # has been so for too long (unreadable.py).
                         failed = self._fail_unreadable(record, jobs, exc)
                         if failed is not None:
                             out[record.attempt_id] = failed
@@ -369,8 +370,9 @@ class SlurmEngine(Submission):
         """The attempt's end as failed once its status has been unreadable past the grace (while
         Slurm says its job no longer runs; twice the grace while it runs: then its job is
         cancelled); None before (its traceback logged, at most every unreadable.LOG_EVERY_S).
-        The job's own account made its status files unreadable: the job's failure (the exit-spec's
-        status_unreadable, user category, retried within its `retries:`), no node's fault."""
+        The job dir's reads skip what the job's account can spoil, so the error is Corral's (a bug,
+        the state dir): the platform's failure (the exit-spec's status_unreadable, retried on the
+        platform-loss budget, not the job's `retries:`), no node's fault."""
         aid = record.attempt_id
         unreadable_s = self._unreadable.unreadable_for(aid)
         job = jobs.get(record.slurm_job_id or scripts.job_name(aid))
@@ -380,12 +382,16 @@ class SlurmEngine(Submission):
             self._unreadable.log_error(aid)
             return None
         ref = record.slurm_job_id or (str(job["job_id"]) if job is not None else "")
-        status = failed_status(aid, ref, unreadable_s, runs, exc)
+        stop = record.stop
+        killed = stop is not None and stop.killed and stop.kind == FailureReason.STATUS_UNREADABLE.value
+        status = failed_status(aid, ref, unreadable_s, runs or killed, exc)  # killed: at a poll before
         try:
-            if runs:
+            if runs and not (record.stop is not None and record.stop.killed):
                 record.slurm_job_id = ref
+                if record.stop is None:  # should its end be read after all: stopped, and why
+                    record.stop = StopRequest(time.time(), 0.0, kind=FailureReason.STATUS_UNREADABLE.value)
                 self._kill(record)
-            try:  # in the job dir too, which may be as unreadable: the end is written all the same
+            try:  # it skips what it cannot remove; should it raise, the end is written all the same
                 remove_secrets(str(self.store.job_dir(aid) / "secrets"))
             except OSError:
                 log.warning("Slurm attempt %s: its secrets dir could not be removed", aid, exc_info=True)
@@ -393,7 +399,7 @@ class SlurmEngine(Submission):
         except EngineUnavailable:
             raise
         except Exception:  # never out of the poll: the other attempts' statuses are answered
-            self._unreadable.log_error(aid)
+            self._unreadable.log_end_error(aid)
             return None
         self._unreadable.read(aid)
         log.warning("Slurm attempt %s failed: %s", aid, status.message)

@@ -26,6 +26,12 @@ CORDON_PREFIX = "corral cordon"
 DRAIN_PREFIX = "corral drain"
 DOWN_PREFIX = "corral down"
 CORRAL_REASONS = (CORDON_PREFIX, DRAIN_PREFIX, DOWN_PREFIX)
+# The end of a job Corral killed because it could not read its status for too long, read once it
+# could be (its own end, unreadable.failed_status, was not recorded then)
+UNREADABLE_KILLED = (
+    "cancelled by Corral: how its instances ended could not be read for too long "
+    "(CORRAL_SLURM_UNREADABLE_GRACE_S); the traceback is in the server's log"
+)
 
 
 def slurm_state(job: SlurmJob) -> str:
@@ -103,7 +109,8 @@ def terminal_status(
 ) -> AttemptStatus:
     """Status of a job Slurm reports as finished. `rank_exits` are the exit codes the instances
     wrote themselves, in the order they ended (more precise than Slurm's single code: the first
-    failure is the cause); `stop_kind` is "stopped" or "timeout" when Corral asked the job to stop
+    failure is the cause); `stop_kind` is "stopped", "timeout" or "status_unreadable" (killed by
+    engine.SlurmEngine._fail_unreadable, whose end was not recorded) when Corral asked the job to stop
     before it ended (then it counts as stopped even if it exited 0 on SIGTERM: a preempted job
     must not look done). `refused`: when the first rank to fail was bwrap refusing to set up its
     sandbox (state.StateStore.sandbox_refusal): launch_failed, the platform's, not the rank's exit
@@ -131,6 +138,8 @@ def terminal_status(
     if stop_kind is not None:
         if stop_kind == "timeout":
             return status(AttemptPhase.FAILED, FailureReason.TIMEOUT, "exceeded max_runtime")
+        if stop_kind == FailureReason.STATUS_UNREADABLE.value:  # its end was not recorded then
+            return status(AttemptPhase.FAILED, FailureReason.STATUS_UNREADABLE, UNREADABLE_KILLED)
         return status(AttemptPhase.FAILED, FailureReason.STOPPED, "stopped by Corral")
     if state in ("TIMEOUT", "DEADLINE"):
         return status(AttemptPhase.FAILED, FailureReason.TIMEOUT, f"Slurm time limit ({state})")

@@ -33,7 +33,9 @@ RECORD_CACHE_SIZE = 4096  # attempt records kept in memory (StateStore.load)
 class StopRequest:
     requested_at: float
     grace_s: float
-    kind: str = "stopped"  # "stopped" (cancel, preemption) or "timeout" (max_runtime)
+    # "stopped" (cancel, preemption), "timeout" (max_runtime) or "status_unreadable" (its status
+    # could not be read for too long: engine.SlurmEngine._fail_unreadable)
+    kind: str = "stopped"
     killed: bool = False  # the final kill after the grace period was sent
 
     @property

@@ -1,18 +1,22 @@
-"""Live Slurm attempts whose status cannot be read: how long each has been so, when its traceback
-is logged, and when it must end.
+"""Live Slurm attempts whose status the poll could not read: how long each has been so, when its
+traceback is logged, and when it must end.
 
-A status is read from the attempt's job dir, which the job's own account writes: whatever it
-leaves there must not stop the poll of every other job (engine.SlurmEngine.poll leaves such an
-attempt out, and it keeps its state). Nor may it keep the attempt, its GPUs and its Slurm job
-forever: once unreadable for `grace_s` (CORRAL_SLURM_UNREADABLE_GRACE_S) while Slurm says its job
-no longer runs, or twice that while it still runs, the attempt ends failed (docs/slurm.md).
-The clock is this server's: a restart starts it again.
+Every read of the job dir that the job's own account can spoil (its `rank-R.exit` files, the bwrap
+status files, the secrets' removal) already catches OSError and skips the file, so what is left to
+fail a poll of one attempt is Corral's own: a bug, the server's state dir failing to save or mark
+it, no thread to be had. That must not stop the poll of every other job (engine.SlurmEngine.poll
+leaves such an attempt out of its answer, and it keeps its state), nor keep the attempt, its GPUs
+and its Slurm job forever: once unreadable for `grace_s` (CORRAL_SLURM_UNREADABLE_GRACE_S) while
+Slurm says its job no longer runs, or twice that while it still runs (then it is killed), the
+attempt ends FAILED, status_unreadable: the platform's failure, retried as a lost node's attempt is
+(docs/slurm.md). The clock is this server's: a restart starts it again.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason
 
@@ -20,34 +24,42 @@ log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_S = 600.0
 MIN_GRACE_S, MAX_GRACE_S = 1.0, 7 * 86400.0
-LOG_EVERY_S = 600.0  # an unreadable attempt's traceback this often at most
-# Entries kept before old ones are dropped: an attempt still polled ends at twice its grace, so
-# one first seen unreadable longer ago than that is no longer polled (cancelled, adopted elsewhere).
-MAX_TRACKED = 1024
-MAX_ERROR_CHARS = 400  # of the error's text in the failure's message (the job may choose its words)
+LOG_EVERY_S = 600.0  # an unreadable attempt's traceback (and an end not recorded) this often at most
+# The bookkeeping is pruned by age at most this often, so a poll of thousands of unreadable
+# attempts costs one dict look-up each, not a walk of all of them per attempt.
+PRUNE_EVERY_S = 5.0
+# An attempt not found unreadable for this long is forgotten (its job ended some other way, was
+# cancelled or adopted elsewhere, or the poll could not reach Slurm): its clock starts again.
+FORGET_AFTER_S = 600.0
+MAX_ERROR_CHARS = 400  # of the error's text in the failure's message
 
 
 class UnreadableAttempts:
-    """Per attempt, since when (monotonic) its status could not be read; and the log's pace."""
+    """Per attempt, since when (monotonic) its status could not be read and when that was last
+    seen; and the log's pace. `clock`: time.monotonic (a test's own clock)."""
 
-    def __init__(self, grace_s: float = DEFAULT_GRACE_S) -> None:
+    def __init__(self, grace_s: float = DEFAULT_GRACE_S, clock: Callable[[], float] = time.monotonic) -> None:
         if not MIN_GRACE_S <= grace_s <= MAX_GRACE_S:
             raise ValueError(
                 f"CORRAL_SLURM_UNREADABLE_GRACE_S={grace_s:g} must be from {MIN_GRACE_S:g} to "
                 f"{MAX_GRACE_S:g} seconds"
             )
         self.grace_s = grace_s
-        self._since: dict[str, float] = {}
-        self._logged: dict[str, float] = {}
+        self._clock = clock
+        self._since: dict[str, tuple[float, float]] = {}  # attempt -> (first, last) seen unreadable
+        self._logged: dict[str, float] = {}  # attempt -> when its read error was last logged
+        self._end_logged: dict[str, float] = {}  # attempt -> when its end's failure was last logged
+        self._pruned_at = clock()
+        self.prunes = 0  # how many times the entries were walked (tests count the work)
 
     def unreadable_for(self, attempt_id: str) -> float:
         """Note that the attempt's status could not be read now; seconds since it first could not
-        (0 the first time, or again after it was read)."""
-        now = time.monotonic()
-        if len(self._since) > MAX_TRACKED:
-            stale = now - 3 * self.grace_s
-            self._since = {aid: since for aid, since in self._since.items() if since > stale}
-        return now - self._since.setdefault(attempt_id, now)
+        (0 the first time, or again after it was read or forgotten)."""
+        now = self._clock()
+        self._prune(now)
+        first = self._since.get(attempt_id, (now, now))[0]
+        self._since[attempt_id] = (first, now)
+        return now - first
 
     def read(self, attempt_id: str) -> None:
         """Its status was read (or it ended): a later failure to read starts the clock again."""
@@ -60,13 +72,10 @@ class UnreadableAttempts:
         return unreadable_s >= (2 * self.grace_s if slurm_runs_it else self.grace_s)
 
     def log_error(self, attempt_id: str) -> None:
-        """The current exception's traceback, at most every LOG_EVERY_S per attempt."""
-        now = time.monotonic()
-        if now - self._logged.get(attempt_id, -LOG_EVERY_S) < LOG_EVERY_S:
+        """The current exception's traceback (the status not read), at most every LOG_EVERY_S per
+        attempt."""
+        if not self._log_due(self._logged, attempt_id):
             return
-        if len(self._logged) > MAX_TRACKED:
-            self._logged.clear()
-        self._logged[attempt_id] = now
         log.exception(
             "Slurm attempt %s: its status could not be read; it keeps its state until it can be, its "
             "job is cancelled, or it fails after %.0f s of this (CORRAL_SLURM_UNREADABLE_GRACE_S) once "
@@ -76,12 +85,49 @@ class UnreadableAttempts:
             LOG_EVERY_S,
         )
 
+    def log_end_error(self, attempt_id: str) -> None:
+        """The current exception's traceback (the attempt's end as status_unreadable not
+        recorded): on a pace of its own, so the read errors logged before never hide it."""
+        if not self._log_due(self._end_logged, attempt_id):
+            return
+        log.exception(
+            "Slurm attempt %s: its end (status_unreadable) could not be recorded; tried again at the "
+            "next poll, logged again in %.0f s if it persists",
+            attempt_id,
+            LOG_EVERY_S,
+        )
+
+    def _log_due(self, logged: dict[str, float], attempt_id: str) -> bool:
+        """Whether the attempt's log in `logged` is due now (then it is noted as logged)."""
+        now = self._clock()
+        self._prune(now)
+        last = logged.get(attempt_id)
+        if last is not None and now - last < LOG_EVERY_S:
+            return False
+        logged[attempt_id] = now
+        return True
+
+    def _prune(self, now: float) -> None:
+        """Forget, at most every PRUNE_EVERY_S, the attempts not seen unreadable for FORGET_AFTER_S
+        and the logs older than LOG_EVERY_S (no longer holding a log back)."""
+        if now - self._pruned_at < PRUNE_EVERY_S:
+            return
+        self._pruned_at = now
+        self.prunes += 1
+        seen = now - FORGET_AFTER_S
+        for aid in [aid for aid, times in self._since.items() if times[1] <= seen]:
+            del self._since[aid]
+        for logged in (self._logged, self._end_logged):  # in place: _log_due holds one of them
+            for aid in [aid for aid, at in logged.items() if now - at >= LOG_EVERY_S]:
+                del logged[aid]
+
 
 def failed_status(
     attempt_id: str, slurm_job_id: str, unreadable_s: float, slurm_runs_it: bool, error: Exception
 ) -> AttemptStatus:
-    """The attempt's end: FAILED, status_unreadable, its message saying for how long, what Slurm
-    said of its job (cancelled: the engine kills a job still running) and the error."""
+    """The attempt's end: FAILED, status_unreadable, its message saying that Corral could not read
+    how it ended, for how long, what Slurm said of its job (cancelled: the engine kills a job
+    still running) and the error (the traceback is in the server's log)."""
     slurm = f"Slurm job {slurm_job_id}" if slurm_job_id else "its Slurm job"
     why = f"{slurm} still ran: cancelled" if slurm_runs_it else f"{slurm} no longer runs"
     text = f"{type(error).__name__}: {error}"
@@ -91,7 +137,8 @@ def failed_status(
         attempt_id,
         AttemptPhase.FAILED,
         reason=FailureReason.STATUS_UNREADABLE,
-        message=f"its status files were unreadable for {unreadable_s:.0f} s ({why}): {text}",
+        message=f"Corral could not read how its instances ended for {unreadable_s:.0f} s ({why}): "
+        f"{text} (the traceback is in the server's log)",
         finished_at=time.time(),
         engine_ref=slurm_job_id,
     )

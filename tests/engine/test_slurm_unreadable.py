@@ -1,0 +1,113 @@
+"""engine/slurm/unreadable.py's bookkeeping at scale, without Slurm (review: above 1,024 tracked
+attempts every call walked all of them, 3.8 s a poll at 5,000, and the log's pace was cleared so
+that every attempt logged at every poll). A clock of the test's own stands for time.monotonic."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from corral.engine.base import AttemptPhase, FailureReason
+from corral.engine.slurm import unreadable
+from corral.engine.slurm.cli import SlurmJob
+from corral.engine.slurm.mapping import UNREADABLE_KILLED, stop_kind, terminal_status
+from corral.engine.slurm.state import StopRequest
+from corral.engine.slurm.unreadable import FORGET_AFTER_S, LOG_EVERY_S, PRUNE_EVERY_S, UnreadableAttempts
+
+MANY = 5000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def raised_and_logged(attempts: UnreadableAttempts, aid: str) -> None:
+    try:
+        raise OSError(28, "No space left on device")
+    except OSError:
+        attempts.log_error(aid)
+
+
+def test_thousands_of_unreadable_attempts_are_walked_at_most_once_per_prune_interval() -> None:
+    clock = Clock()
+    attempts = UnreadableAttempts(600, clock=clock)
+    for _poll in range(3):  # three polls of MANY unreadable attempts, a second apart
+        for n in range(MANY):
+            attempts.unreadable_for(f"{n}.1")
+        clock.now += 1
+    assert attempts.prunes == 0  # 15,000 calls within PRUNE_EVERY_S: not one walk of them all
+    clock.now += PRUNE_EVERY_S
+    for n in range(MANY):
+        assert attempts.unreadable_for(f"{n}.1") == 3 + PRUNE_EVERY_S  # its clock kept
+    assert attempts.prunes == 1  # once for the whole poll, not once per attempt
+
+
+def test_an_attempt_no_longer_seen_unreadable_is_forgotten_and_one_still_seen_is_not() -> None:
+    clock = Clock()
+    attempts = UnreadableAttempts(600, clock=clock)
+    for n in range(MANY):
+        attempts.unreadable_for(f"{n}.1")
+    for _ in range(int(FORGET_AFTER_S // PRUNE_EVERY_S) + 1):  # only 0.1 is still polled
+        clock.now += PRUNE_EVERY_S
+        attempts.unreadable_for("0.1")
+    assert len(attempts._since) == 1
+    assert attempts.unreadable_for("0.1") > FORGET_AFTER_S  # its clock was never restarted
+    assert attempts.unreadable_for("1.1") == 0  # forgotten: starts again
+
+
+def test_an_attempts_log_is_not_repeated_within_log_every_s_however_many_are_tracked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    attempts = UnreadableAttempts(600, clock=clock)
+    caplog.set_level(logging.ERROR, logger=unreadable.__name__)
+    for n in range(MANY):
+        attempts.unreadable_for(f"{n}.1")
+        raised_and_logged(attempts, f"{n}.1")
+    assert len(caplog.records) == MANY  # each once
+    caplog.clear()
+    for _ in range(int(LOG_EVERY_S // PRUNE_EVERY_S) - 1):  # polls until just before LOG_EVERY_S
+        clock.now += PRUNE_EVERY_S
+        for n in range(0, MANY, 50):
+            raised_and_logged(attempts, f"{n}.1")
+    assert attempts.prunes >= 100  # pruned all along, and still
+    assert caplog.records == []  # not one repeated
+    clock.now += PRUNE_EVERY_S  # LOG_EVERY_S since they were logged
+    raised_and_logged(attempts, "0.1")
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["Slurm attempt 0.1"]
+    assert list(attempts._logged) == ["0.1"]  # the old logs were dropped (none held one back)
+
+
+def test_an_end_not_recorded_is_logged_on_its_own_pace(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    attempts = UnreadableAttempts(600, clock=clock)
+    caplog.set_level(logging.ERROR, logger=unreadable.__name__)
+    raised_and_logged(attempts, "7.1")  # its read error, logged a moment before
+    try:
+        raise OSError(28, "No space left on device")
+    except OSError:
+        attempts.log_end_error("7.1")
+        attempts.log_end_error("7.1")
+    assert [r.getMessage() for r in caplog.records][1:] == [
+        "Slurm attempt 7.1: its end (status_unreadable) could not be recorded; tried again at the "
+        "next poll, logged again in 600 s if it persists"
+    ]
+
+
+def test_a_job_killed_for_its_unreadable_status_whose_end_is_read_later_is_not_its_own_exit() -> None:
+    """engine.SlurmEngine._fail_unreadable marks the stop before its kill: should the end not be
+    recorded then and be read at a later poll, the kill's 137 is Corral's, not the job's."""
+    job: SlurmJob = {"job_id": 7, "job_state": "CANCELLED", "exit_code": 9, "end_time": 2000}
+    stop = StopRequest(1990.0, 0.0, kind="status_unreadable", killed=True)
+    status = terminal_status("9.1", job, {0: 137}, stop_kind(stop, job))
+    assert (status.phase, status.reason, status.message) == (
+        AttemptPhase.FAILED,
+        FailureReason.STATUS_UNREADABLE,
+        UNREADABLE_KILLED,
+    )
+    assert terminal_status("9.1", job, {0: 137}, None).reason is FailureReason.SIGNAL  # unmarked
