@@ -125,6 +125,19 @@ U, T, H, P, PR = Category.USER, Category.TRANSIENT, Category.HARDWARE, Category.
         ({"timeout"}, "", None, None, "timeout", U),  # killed by max_runtime
         ({"preempted"}, "", None, None, "preempted", PR),
         ({"node_lost"}, "", None, None, "node_lost", P),
+        ({"status_unreadable"}, "", None, None, "status_unreadable", P),  # Corral's own fault (Slurm)
+        # a GPU fault or a hang recorded under it is classed by its own rule, not the unreadable end
+        ({"status_unreadable", "gpu_error"}, "", None, None, "gpu_error", H),
+        (
+            {"status_unreadable"},
+            "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus",
+            None,
+            None,
+            "gpu_error",
+            H,
+        ),
+        ({"status_unreadable", "hang"}, "", None, None, "hang_killed", T),
+        ({"status_unreadable", "timeout"}, "", None, None, "timeout", U),
         (
             {"launch_failed"},
             "unknown environment 'torch-9'; this node has: default",
