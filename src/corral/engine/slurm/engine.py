@@ -386,9 +386,9 @@ class SlurmEngine(Submission):
         killed = stop is not None and stop.killed and stop.kind == FailureReason.STATUS_UNREADABLE.value
         status = failed_status(aid, ref, unreadable_s, runs or killed, exc)  # killed: at a poll before
         try:
-            if runs and not (record.stop is not None and record.stop.killed):
+            if runs and not (stop is not None and stop.killed):  # no second scancel
                 record.slurm_job_id = ref
-                if record.stop is None:  # should its end be read after all: stopped, and why
+                if stop is None:  # should its end be read after all: stopped by Corral, and why
                     record.stop = StopRequest(time.time(), 0.0, kind=FailureReason.STATUS_UNREADABLE.value)
                 self._kill(record)
             try:  # it skips what it cannot remove; should it raise, the end is written all the same
