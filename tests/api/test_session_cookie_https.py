@@ -162,6 +162,10 @@ def test_the_rate_limits_count_the_cookie_that_fits_the_request() -> None:
         for spelling in (b"Bearer X", b"bearer X", b"Bearer  X", b"Bearer X ")
     }
     assert token_keys == {"cred:" + auth.sha256_hex("X")}
+    # an empty Authorization header is none to authentication (the cookie decides): so here too
+    # (review121 #3: it keyed by address, a fresh bucket per source address for one session)
+    empty = [(b"authorization", b""), (b"cookie", b"corral_session=S")]
+    assert key("http", empty) == "cred:" + auth.sha256_hex("S")
 
 
 def test_the_proxy_passes_neither_session_cookie_to_the_lab(world: World, lab: TestClient) -> None:

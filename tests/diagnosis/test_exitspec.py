@@ -126,7 +126,7 @@ U, T, H, P, PR = Category.USER, Category.TRANSIENT, Category.HARDWARE, Category.
         ({"preempted"}, "", None, None, "preempted", PR),
         ({"node_lost"}, "", None, None, "node_lost", P),
         ({"status_unreadable"}, "", None, None, "status_unreadable", P),  # Corral's own fault (Slurm)
-        # a GPU fault or a hang recorded under it is classed by its own rule, not the unreadable end
+        # a GPU fault recorded under it is classed by its own rule, not the unreadable end
         ({"status_unreadable", "gpu_error"}, "", None, None, "gpu_error", H),
         (
             {"status_unreadable"},
@@ -136,7 +136,19 @@ U, T, H, P, PR = Category.USER, Category.TRANSIENT, Category.HARDWARE, Category.
             "gpu_error",
             H,
         ),
-        ({"status_unreadable", "hang"}, "", None, None, "hang_killed", T),
+        # and no rule after it: none of the user's by a line of the log (review121 #2: a wandb
+        # warning made Corral's own fault the job's, never retried), nor a hang stop (the end
+        # was not read: Corral's, retried on the platform budget either way)
+        ({"status_unreadable", "hang"}, "", None, None, "status_unreadable", P),
+        (
+            {"status_unreadable"},
+            "wandb: WARNING environment variable WANDB_API_KEY not found",
+            None,
+            None,
+            "status_unreadable",
+            P,
+        ),
+        ({"status_unreadable"}, "sh: 1: conda: command not found", 1, None, "status_unreadable", P),
         ({"status_unreadable", "timeout"}, "", None, None, "timeout", U),
         (
             {"launch_failed"},

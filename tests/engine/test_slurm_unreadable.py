@@ -5,14 +5,18 @@ that every attempt logged at every poll). A clock of the test's own stands for t
 from __future__ import annotations
 
 import logging
+import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from corral.engine.base import AttemptPhase, FailureReason
-from corral.engine.slurm import unreadable
-from corral.engine.slurm.cli import SlurmJob
+from corral.engine.slurm import SlurmEngine, unreadable
+from corral.engine.slurm.cli import CliResult, SlurmJob
 from corral.engine.slurm.mapping import UNREADABLE_KILLED, stop_kind, terminal_status
-from corral.engine.slurm.state import StopRequest
+from corral.engine.slurm.scripts import job_name
+from corral.engine.slurm.state import AttemptRecord, StopRequest
 from corral.engine.slurm.unreadable import FORGET_AFTER_S, LOG_EVERY_S, PRUNE_EVERY_S, UnreadableAttempts
 
 MANY = 5000
@@ -111,3 +115,66 @@ def test_a_job_killed_for_its_unreadable_status_whose_end_is_read_later_is_not_i
         UNREADABLE_KILLED,
     )
     assert terminal_status("9.1", job, {0: 137}, None).reason is FailureReason.SIGNAL  # unmarked
+
+
+def _engine_with_an_unreadable_running_attempt(
+    tmp_path: Path, stop: StopRequest | None
+) -> tuple[Any, Clock, list]:
+    """A SlurmEngine (no Slurm: its CLI answers here) with one attempt whose status cannot be read
+    while squeue says its job runs; the scancels it sends are listed."""
+    engine = SlurmEngine(tmp_path, unreadable_grace_s=1.0)
+    clock = Clock()
+    engine._unreadable = UnreadableAttempts(1.0, clock=clock)
+    engine.store.save(AttemptRecord(AID, slurm_job_id="41", submitted_at=time.time(), n_ranks=1, stop=stop))
+    scancels: list[tuple[str, ...]] = []
+
+    def run(tool: str, *args: str, env: Any = None) -> CliResult:
+        if tool == "scancel":
+            scancels.append(args)
+        return CliResult(0, "", "")
+
+    def status(record: Any, jobs: Any) -> Any:
+        raise OSError(28, "No space left on device", "attempt.json")
+
+    engine.cli.run = run  # type: ignore[method-assign]
+    engine._live_jobs = lambda live: {"41": {"job_id": "41", "job_state": "RUNNING", "name": job_name(AID)}}  # type: ignore[method-assign]
+    engine._status = status  # type: ignore[method-assign]
+    return engine, clock, scancels
+
+
+AID = "7.1"
+
+
+def test_a_kill_whose_marker_the_state_dir_refuses_still_cancels_the_slurm_job(tmp_path: Path) -> None:
+    """review121 #1: the kill marker was written first, and its OSError kept both scancels back:
+    the job kept its GPUs for as long as the state dir refused writes."""
+    engine, clock, scancels = _engine_with_an_unreadable_running_attempt(tmp_path, None)
+
+    def refuse(attempt_id: str, marker: str) -> None:
+        raise OSError(28, "No space left on device", marker)
+
+    engine._mark = refuse  # type: ignore[method-assign]
+    answers = []
+    for _ in range(3):  # at 0, 1.5 and 3 s: past twice the grace (the job runs) at the last
+        answers.append(engine.poll([AID]).get(AID))
+        clock.now += 1.5
+    assert answers[:2] == [None, None] and scancels == [("--signal=KILL", "--full", "41"), ("41",)], scancels
+    ended = answers[2]
+    assert ended is not None and (ended.phase, ended.reason) == (
+        AttemptPhase.FAILED,
+        FailureReason.STATUS_UNREADABLE,
+    )
+
+
+def test_an_attempt_stopped_for_its_max_runtime_whose_status_cannot_be_read_ends_as_a_timeout(
+    tmp_path: Path,
+) -> None:
+    """review121 #5: it ended as status_unreadable, and the job was retried on the platform's
+    budget instead of ending as a timeout, which is never retried."""
+    stop = StopRequest(time.time(), 30.0, kind="timeout")
+    engine, clock, _ = _engine_with_an_unreadable_running_attempt(tmp_path, stop)
+    assert engine.poll([AID]).get(AID) is None
+    clock.now += 2.5  # past twice the grace
+    ended = engine.poll([AID])[AID]
+    assert (ended.phase, ended.reason) == (AttemptPhase.FAILED, FailureReason.TIMEOUT), ended
+    assert ended.message.startswith("exceeded max_runtime; Corral could not read how its instances ended")

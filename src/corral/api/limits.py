@@ -310,7 +310,7 @@ def caller_key(scope: Scope, *, per_address: bool) -> str:
         # request from every Cookie header, as the session lookup takes it (a second header with
         # a random cookie first would otherwise key the limit while the real one authenticates).
         authorization = header(scope, b"authorization")
-        if authorization is not None:
+        if authorization:  # an empty one is none to authentication too (the cookie decides)
             credential = bearer_token(authorization) or authorization
         else:
             credential = session_secret(HTTPConnection(scope)) or ""

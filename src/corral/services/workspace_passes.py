@@ -67,7 +67,7 @@ def handoff_target(to: str) -> tuple[int, str]:
     on the way may decode `%2f` or a second level of escapes (`%252e`). So the path is decoded as
     far as any of them would (escapes again and again, up to MAX_ESCAPES levels; `\\` as `/`),
     and a dot segment or a control character in that reading is refused: a browser resolves its
-    own dots before it asks the portal, so an honest link has none, and it is kept byte for byte
+    own dots before it asks the portal, so an honest link has none, and it is returned unchanged
     (`/ws/3/lab/tree/a%20b.ipynb`). Its query is the lab's and is not looked into."""
     shown = repr(to if len(to) <= 80 else to[:80] + "...")
     if len(to) > MAX_PATH_CHARS:

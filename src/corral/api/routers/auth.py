@@ -103,9 +103,12 @@ def login(body: LoginIn, request: Request, response: Response, db: DB) -> Any:
         # CORRAL_PUBLIC_URL says https but this browser is on plain http: it would drop the
         # Secure `__Host-` cookie set below, so the login would "work" and the next request be a
         # 401, over and over, with no word of why (review120 #3).
+        public = os.environ.get("CORRAL_PUBLIC_URL", "").strip()
+        where = (
+            f" (CORRAL_PUBLIC_URL is {public}); log in there" if public else "; log in at its https address"
+        )
         raise Forbidden(
-            "login refused: this portal's sessions are for https only (CORRAL_PUBLIC_URL is "
-            f"{os.environ.get('CORRAL_PUBLIC_URL', '').strip()}); log in there, not over plain http"
+            f"login refused: this portal's sessions are for https only{where}, not over plain http"
         )
     address, now = client_address(request), time.time()
     login_guard.check_allowed(db, body.username, address, now)

@@ -385,6 +385,10 @@ class SlurmEngine(Submission):
         stop = record.stop
         killed = stop is not None and stop.killed and stop.kind == FailureReason.STATUS_UNREADABLE.value
         status = failed_status(aid, ref, unreadable_s, runs or killed, exc)  # killed: at a poll before
+        if stop is not None and stop.kind == "timeout":  # stopping for max_runtime: that is its end
+            status = replace(
+                status, reason=FailureReason.TIMEOUT, message=f"exceeded max_runtime; {status.message}"
+            )
         try:
             if runs and not (stop is not None and stop.killed):  # no second scancel
                 record.slurm_job_id = ref
@@ -697,7 +701,10 @@ class SlurmEngine(Submission):
         (self.store.attempt_dir(attempt_id) / marker).touch()
 
     def _kill(self, record: AttemptRecord) -> None:
-        self._mark(record.attempt_id, scripts.KILL_MARKER)  # also where Slurm cannot deliver the KILL
+        try:  # also where Slurm cannot deliver the KILL; a state dir that refuses it keeps no scancel back
+            self._mark(record.attempt_id, scripts.KILL_MARKER)
+        except OSError:
+            log.warning("kill of %s: its kill marker could not be written", record.attempt_id, exc_info=True)
         job = record.slurm_job_id
         self.cli.run("scancel", "--signal=KILL", "--full", job)
         self.cli.run("scancel", job)

@@ -15,6 +15,7 @@ attempt ends FAILED, status_unreadable: the platform's failure, retried as a los
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -51,20 +52,24 @@ class UnreadableAttempts:
         self._end_logged: dict[str, float] = {}  # attempt -> when its end's failure was last logged
         self._pruned_at = clock()
         self.prunes = 0  # how many times the entries were walked (tests count the work)
+        # `corral exec` polls from an API thread beside the reconcile loop: one at a time here
+        self._lock = threading.Lock()
 
     def unreadable_for(self, attempt_id: str) -> float:
         """Note that the attempt's status could not be read now; seconds since it first could not
         (0 the first time, or again after it was read or forgotten)."""
-        now = self._clock()
-        self._prune(now)
-        first = self._since.get(attempt_id, (now, now))[0]
-        self._since[attempt_id] = (first, now)
-        return now - first
+        with self._lock:
+            now = self._clock()
+            self._prune(now)
+            first = self._since.get(attempt_id, (now, now))[0]
+            self._since[attempt_id] = (first, now)
+            return now - first
 
     def read(self, attempt_id: str) -> None:
         """Its status was read (or it ended): a later failure to read starts the clock again."""
         if self._since:  # a poll of every live attempt calls this: nothing to do most of the time
-            self._since.pop(attempt_id, None)
+            with self._lock:
+                self._since.pop(attempt_id, None)
 
     def due(self, unreadable_s: float, slurm_runs_it: bool) -> bool:
         """Whether an attempt unreadable for `unreadable_s` must now end: past the grace once
@@ -99,13 +104,14 @@ class UnreadableAttempts:
 
     def _log_due(self, logged: dict[str, float], attempt_id: str) -> bool:
         """Whether the attempt's log in `logged` is due now (then it is noted as logged)."""
-        now = self._clock()
-        self._prune(now)
-        last = logged.get(attempt_id)
-        if last is not None and now - last < LOG_EVERY_S:
-            return False
-        logged[attempt_id] = now
-        return True
+        with self._lock:
+            now = self._clock()
+            self._prune(now)
+            last = logged.get(attempt_id)
+            if last is not None and now - last < LOG_EVERY_S:
+                return False
+            logged[attempt_id] = now
+            return True
 
     def _prune(self, now: float) -> None:
         """Forget, at most every PRUNE_EVERY_S, the attempts not seen unreadable for FORGET_AFTER_S
