@@ -193,3 +193,17 @@ def test_with_the_workspace_port_off_the_lab_takes_the_prefixed_cookie_over_http
         )
         assert planted.status_code == 302 and planted.headers["location"] == f"/login?next=/ws/{ws_id}/lab"
     proxy._decisions.clear()
+
+
+def test_the_https_only_login_refusal_names_an_address_only_when_it_is_an_https_one(
+    https: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review122 #4: with https from Corral's own TLS and CORRAL_PUBLIC_URL http://..., the refusal
+    sent the browser to that plain-http address, the very one it refuses."""
+    monkeypatch.setenv("CORRAL_PUBLIC_URL", "http://corral.example.org")
+    r = https.post(f"{API}/auth/login", json=LOGIN, headers={"Origin": "http://corral.example.org"})
+    assert r.status_code == 403 and "set-cookie" not in r.headers, r.text
+    assert r.json()["detail"] == (
+        "login refused: this portal's sessions are for https only; log in at its https address, "
+        "not over plain http"
+    )

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from corral.db.diag_models import AttemptFault
 from corral.diagnosis.exitspec import (
     Category,
     ExitSpecCache,
@@ -16,7 +17,8 @@ from corral.diagnosis.exitspec import (
     markdown_table,
 )
 from corral.diagnosis.logtail import log_size, read_tail
-from corral.engine.base import LogChunk
+from corral.diagnosis.record import facts_of
+from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason, LogChunk
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = load_exit_spec()
@@ -137,8 +139,8 @@ U, T, H, P, PR = Category.USER, Category.TRANSIENT, Category.HARDWARE, Category.
             H,
         ),
         # and no rule after it: none of the user's by a line of the log (review121 #2: a wandb
-        # warning made Corral's own fault the job's, never retried), nor a hang stop (the end
-        # was not read: Corral's, retried on the platform budget either way)
+        # warning made Corral's own fault the job's, never retried); a hang (or OOM) stop's
+        # unread end is the fault's all the same: facts_of leaves the unread end out then (below)
         ({"status_unreadable", "hang"}, "", None, None, "status_unreadable", P),
         (
             {"status_unreadable"},
@@ -293,3 +295,22 @@ def test_a_pathological_pattern_on_a_pathological_log_runs_in_linear_time(tmp_pa
     verdict = spec.classify(Facts(frozenset({"exit_code"}), 1, None, log))
     assert verdict.reason == "exit_code"  # neither evil pattern matches; the fallback explains it
     assert time.monotonic() - start < 2.0
+
+
+@pytest.mark.parametrize(
+    ("fault_event", "reason"),
+    [(None, "status_unreadable"), ("hang", "hang_killed"), ("oom", "oom"), ("gpu_error", "gpu_error")],
+)
+def test_an_unread_end_of_an_attempt_stopped_for_a_recorded_fault_is_that_faults(
+    fault_event: str | None, reason: str
+) -> None:
+    """review122 #1: with the status_unreadable rule before the log-only ones, a hang stop (or a
+    chaos OOM) whose end Corral could not read became status_unreadable: retried on the whole
+    platform budget, "nothing to do". The fault is why Corral stopped it; its rule decides."""
+    status = AttemptStatus(
+        "9.1", AttemptPhase.FAILED, None, FailureReason.STATUS_UNREADABLE, "could not read"
+    )
+    fault = None
+    if fault_event is not None:
+        fault = AttemptFault(attempt_pk=1, event=fault_event, node="n", detail="requeue: rank 0 on n", at=0.0)
+    assert SPEC.classify(facts_of(status, fault, "")).reason == reason

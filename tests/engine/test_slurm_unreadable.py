@@ -118,7 +118,7 @@ def test_a_job_killed_for_its_unreadable_status_whose_end_is_read_later_is_not_i
 
 
 def _engine_with_an_unreadable_running_attempt(
-    tmp_path: Path, stop: StopRequest | None
+    tmp_path: Path, stop: StopRequest | None, job: dict[str, Any] | None = None
 ) -> tuple[Any, Clock, list]:
     """A SlurmEngine (no Slurm: its CLI answers here) with one attempt whose status cannot be read
     while squeue says its job runs; the scancels it sends are listed."""
@@ -137,7 +137,8 @@ def _engine_with_an_unreadable_running_attempt(
         raise OSError(28, "No space left on device", "attempt.json")
 
     engine.cli.run = run  # type: ignore[method-assign]
-    engine._live_jobs = lambda live: {"41": {"job_id": "41", "job_state": "RUNNING", "name": job_name(AID)}}  # type: ignore[method-assign]
+    squeue = job or {"job_id": "41", "job_state": "RUNNING", "name": job_name(AID)}
+    engine._live_jobs = lambda live: {"41": squeue}  # type: ignore[method-assign]
     engine._status = status  # type: ignore[method-assign]
     return engine, clock, scancels
 
@@ -172,9 +173,29 @@ def test_an_attempt_stopped_for_its_max_runtime_whose_status_cannot_be_read_ends
     """review121 #5: it ended as status_unreadable, and the job was retried on the platform's
     budget instead of ending as a timeout, which is never retried."""
     stop = StopRequest(time.time(), 30.0, kind="timeout")
-    engine, clock, _ = _engine_with_an_unreadable_running_attempt(tmp_path, stop)
+    engine, clock, scancels = _engine_with_an_unreadable_running_attempt(tmp_path, stop)
     assert engine.poll([AID]).get(AID) is None
     clock.now += 2.5  # past twice the grace
     ended = engine.poll([AID])[AID]
     assert (ended.phase, ended.reason) == (AttemptPhase.FAILED, FailureReason.TIMEOUT), ended
+    assert scancels == [("--signal=KILL", "--full", "41"), ("41",)], scancels  # it ran: cancelled
     assert ended.message.startswith("exceeded max_runtime; Corral could not read how its instances ended")
+
+
+def test_a_max_runtime_stop_asked_after_the_job_had_ended_does_not_make_it_a_timeout(tmp_path: Path) -> None:
+    """review122 #2: the stop's kind alone was read; as terminal_status does (mapping.stop_kind),
+    a stop asked for after the job's own end (Slurm's end_time) is not what ended it."""
+    asked = time.time()
+    stop = StopRequest(asked, 30.0, kind="timeout")
+    ended_before = {
+        "job_id": "41",
+        "job_state": "COMPLETED",
+        "name": job_name(AID),
+        "end_time": int(asked) - 5,
+    }
+    engine, clock, scancels = _engine_with_an_unreadable_running_attempt(tmp_path, stop, ended_before)
+    assert engine.poll([AID]).get(AID) is None
+    clock.now += 1.5  # past the grace (Slurm says it no longer runs)
+    ended = engine.poll([AID])[AID]
+    assert (ended.phase, ended.reason) == (AttemptPhase.FAILED, FailureReason.STATUS_UNREADABLE), ended
+    assert scancels == []

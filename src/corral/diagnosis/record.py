@@ -48,7 +48,10 @@ class Diagnoser:
 
 def facts_of(status: AttemptStatus, fault: AttemptFault | None, tail: str) -> Facts:
     events: set[str] = set()
-    if status.reason is not None:
+    # An end Corral could not read (status_unreadable) of an attempt Corral stopped for a recorded
+    # fault (a hang, an OOM, a GPU fault) is that fault's end: the fault is why it was stopped.
+    unread_fault = fault is not None and status.reason is FailureReason.STATUS_UNREADABLE
+    if status.reason is not None and not unread_fault:
         events.add(status.reason.value)
     elif status.phase is AttemptPhase.LOST:
         events.add("lost")

@@ -104,8 +104,11 @@ def login(body: LoginIn, request: Request, response: Response, db: DB) -> Any:
         # Secure `__Host-` cookie set below, so the login would "work" and the next request be a
         # 401, over and over, with no word of why (review120 #3).
         public = os.environ.get("CORRAL_PUBLIC_URL", "").strip()
+        https_url = public.lower().startswith("https://")  # (else https is this request's own TLS)
         where = (
-            f" (CORRAL_PUBLIC_URL is {public}); log in there" if public else "; log in at its https address"
+            f" (CORRAL_PUBLIC_URL is {public}); log in there"
+            if https_url
+            else "; log in at its https address"
         )
         raise Forbidden(
             f"login refused: this portal's sessions are for https only{where}, not over plain http"

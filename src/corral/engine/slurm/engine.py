@@ -385,7 +385,8 @@ class SlurmEngine(Submission):
         stop = record.stop
         killed = stop is not None and stop.killed and stop.kind == FailureReason.STATUS_UNREADABLE.value
         status = failed_status(aid, ref, unreadable_s, runs or killed, exc)  # killed: at a poll before
-        if stop is not None and stop.kind == "timeout":  # stopping for max_runtime: that is its end
+        # stopping for max_runtime (and not after the job had ended by itself): that is its end
+        if (mapping.stop_kind(stop, job) if job is not None else stop and stop.kind) == "timeout":
             status = replace(
                 status, reason=FailureReason.TIMEOUT, message=f"exceeded max_runtime; {status.message}"
             )
@@ -703,12 +704,14 @@ class SlurmEngine(Submission):
     def _kill(self, record: AttemptRecord) -> None:
         try:  # also where Slurm cannot deliver the KILL; a state dir that refuses it keeps no scancel back
             self._mark(record.attempt_id, scripts.KILL_MARKER)
+            marked = True
         except OSError:
-            log.warning("kill of %s: its kill marker could not be written", record.attempt_id, exc_info=True)
+            marked = False  # not `killed` then: the next poll tries the marker (and scancels) again
+            self._unreadable.log_marker_error(record.attempt_id)
         job = record.slurm_job_id
         self.cli.run("scancel", "--signal=KILL", "--full", job)
         self.cli.run("scancel", job)
-        if record.stop is not None:
+        if record.stop is not None and marked:
             record.stop.killed = True
         self.store.save(record)
 

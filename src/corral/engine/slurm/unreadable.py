@@ -50,6 +50,7 @@ class UnreadableAttempts:
         self._since: dict[str, tuple[float, float]] = {}  # attempt -> (first, last) seen unreadable
         self._logged: dict[str, float] = {}  # attempt -> when its read error was last logged
         self._end_logged: dict[str, float] = {}  # attempt -> when its end's failure was last logged
+        self._marker_logged: dict[str, float] = {}  # attempt -> when its kill marker's failure was
         self._pruned_at = clock()
         self.prunes = 0  # how many times the entries were walked (tests count the work)
         # `corral exec` polls from an API thread beside the reconcile loop: one at a time here
@@ -102,6 +103,18 @@ class UnreadableAttempts:
             LOG_EVERY_S,
         )
 
+    def log_marker_error(self, attempt_id: str) -> None:
+        """The current exception (a kill marker the state dir refused: the scancels went all the
+        same, and the next poll tries again), at most every LOG_EVERY_S per attempt."""
+        if self._log_due(self._marker_logged, attempt_id):
+            log.warning(
+                "kill of %s: its kill marker could not be written; scancel sent, tried again at the "
+                "next poll; logged again in %.0f s if it persists",
+                attempt_id,
+                LOG_EVERY_S,
+                exc_info=True,
+            )
+
     def _log_due(self, logged: dict[str, float], attempt_id: str) -> bool:
         """Whether the attempt's log in `logged` is due now (then it is noted as logged)."""
         with self._lock:
@@ -123,7 +136,7 @@ class UnreadableAttempts:
         seen = now - FORGET_AFTER_S
         for aid in [aid for aid, times in self._since.items() if times[1] <= seen]:
             del self._since[aid]
-        for logged in (self._logged, self._end_logged):  # in place: _log_due holds one of them
+        for logged in (self._logged, self._end_logged, self._marker_logged):  # in place: _log_due holds one
             for aid in [aid for aid, at in logged.items() if now - at >= LOG_EVERY_S]:
                 del logged[aid]
 
