@@ -314,3 +314,7 @@ def test_an_unread_end_of_an_attempt_stopped_for_a_recorded_fault_is_that_faults
     if fault_event is not None:
         fault = AttemptFault(attempt_pk=1, event=fault_event, node="n", detail="requeue: rank 0 on n", at=0.0)
     assert SPEC.classify(facts_of(status, fault, "")).reason == reason
+    # and no line of its log decides it instead (review123 #2: a wandb warning made a hang stop's
+    # unread end environment_missing, the job's, never retried)
+    wandb = "wandb: WARNING environment variable WANDB_API_KEY not found"
+    assert SPEC.classify(facts_of(status, fault, wandb)).reason == reason

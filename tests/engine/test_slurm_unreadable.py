@@ -199,3 +199,48 @@ def test_a_max_runtime_stop_asked_after_the_job_had_ended_does_not_make_it_a_tim
     ended = engine.poll([AID])[AID]
     assert (ended.phase, ended.reason) == (AttemptPhase.FAILED, FailureReason.STATUS_UNREADABLE), ended
     assert scancels == []
+
+
+@pytest.mark.parametrize("slurm_state", ["RUNNING", "TIMEOUT"])
+def test_a_job_past_its_limit_whose_status_cannot_be_read_ends_as_a_timeout(
+    tmp_path: Path, slurm_state: str
+) -> None:
+    """review123 #1: squeue's end time of a running job is the limit's projection (start + --time),
+    before the stop Corral asks once max_runtime has passed, and a job Slurm's own limit ended says
+    TIMEOUT: both read as "asked after the job's end" and became status_unreadable, retried."""
+    asked = time.time()
+    stop = StopRequest(asked, 30.0, kind="timeout")
+    row = {"job_id": "41", "job_state": slurm_state, "name": job_name(AID), "end_time": int(asked) - 3}
+    engine, clock, _ = _engine_with_an_unreadable_running_attempt(tmp_path, stop, row)
+    assert engine.poll([AID]).get(AID) is None
+    clock.now += 2.5  # past twice the grace
+    ended = engine.poll([AID])[AID]
+    assert (ended.phase, ended.reason) == (AttemptPhase.FAILED, FailureReason.TIMEOUT), ended
+
+
+def test_a_kill_whose_marker_is_refused_is_not_recorded_as_killed_and_its_log_is_paced(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """review122 #3: the stop was saved as killed without its marker (node.sh's backstop never
+    came), and each poll logged a traceback. Now each kill sends the scancels, leaves `killed`
+    unset for a later one to try again, and logs once per LOG_EVERY_S."""
+    engine, clock, scancels = _engine_with_an_unreadable_running_attempt(
+        tmp_path, StopRequest(time.time(), 0.0)
+    )
+
+    def refuse(attempt_id: str, marker: str) -> None:
+        raise OSError(28, "No space left on device", marker)
+
+    engine._mark = refuse  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger=unreadable.__name__):
+        for _ in range(3):
+            engine._kill(engine.store.load(AID))
+            clock.now += 1.0
+        said = [r for r in caplog.records if "kill marker could not be written" in r.getMessage()]
+        assert len(said) == 1 and "No space left on device" in said[0].getMessage(), said
+        clock.now += LOG_EVERY_S
+        engine._kill(engine.store.load(AID))
+        assert len([r for r in caplog.records if "kill marker could not be written" in r.getMessage()]) == 2
+    assert len(scancels) == 8  # both scancels at every kill
+    stop = engine.store.load(AID).stop
+    assert stop is not None and not stop.killed

@@ -36,7 +36,7 @@ from corral.engine.base import (
 )
 from corral.engine.isolation.sandbox import bwrap_reports_exec
 from corral.engine.isolation.secret_files import remove_secrets
-from corral.engine.slurm import enter, mapping, scripts
+from corral.engine.slurm import enter, mapping, scripts, unreadable
 from corral.engine.slurm.cli import SlurmCli, SlurmJob, SlurmNode
 from corral.engine.slurm.state import AttemptRecord, StateStore, StopRequest, read_job_file
 from corral.engine.slurm.submission import REJECTED_REF, Submission
@@ -385,8 +385,7 @@ class SlurmEngine(Submission):
         stop = record.stop
         killed = stop is not None and stop.killed and stop.kind == FailureReason.STATUS_UNREADABLE.value
         status = failed_status(aid, ref, unreadable_s, runs or killed, exc)  # killed: at a poll before
-        # stopping for max_runtime (and not after the job had ended by itself): that is its end
-        if (mapping.stop_kind(stop, job) if job is not None else stop and stop.kind) == "timeout":
+        if unreadable.timed_out(stop, job, runs):  # its time limit ended it: that is its end
             status = replace(
                 status, reason=FailureReason.TIMEOUT, message=f"exceeded max_runtime; {status.message}"
             )
@@ -704,14 +703,15 @@ class SlurmEngine(Submission):
     def _kill(self, record: AttemptRecord) -> None:
         try:  # also where Slurm cannot deliver the KILL; a state dir that refuses it keeps no scancel back
             self._mark(record.attempt_id, scripts.KILL_MARKER)
-            marked = True
-        except OSError:
-            marked = False  # not `killed` then: the next poll tries the marker (and scancels) again
-            self._unreadable.log_marker_error(record.attempt_id)
+            refused: OSError | None = None
+        except OSError as exc:  # not `killed` then: the next poll tries the marker (and scancels) again
+            refused = exc
         job = record.slurm_job_id
         self.cli.run("scancel", "--signal=KILL", "--full", job)
         self.cli.run("scancel", job)
-        if record.stop is not None and marked:
+        if refused is not None:
+            self._unreadable.log_marker_error(record.attempt_id, refused)
+        if record.stop is not None and refused is None:
             record.stop.killed = True
         self.store.save(record)
 

@@ -20,6 +20,9 @@ import time
 from collections.abc import Callable
 
 from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason
+from corral.engine.slurm import mapping
+from corral.engine.slurm.cli import SlurmJob
+from corral.engine.slurm.state import StopRequest
 
 log = logging.getLogger(__name__)
 
@@ -103,16 +106,16 @@ class UnreadableAttempts:
             LOG_EVERY_S,
         )
 
-    def log_marker_error(self, attempt_id: str) -> None:
-        """The current exception (a kill marker the state dir refused: the scancels went all the
-        same, and the next poll tries again), at most every LOG_EVERY_S per attempt."""
+    def log_marker_error(self, attempt_id: str, error: OSError) -> None:
+        """A kill marker the state dir refused (the scancels went all the same; a later poll tries
+        both again while the attempt lives), at most every LOG_EVERY_S per attempt."""
         if self._log_due(self._marker_logged, attempt_id):
             log.warning(
-                "kill of %s: its kill marker could not be written; scancel sent, tried again at the "
-                "next poll; logged again in %.0f s if it persists",
+                "kill of %s: its kill marker could not be written (%s); scancel sent, both tried "
+                "again at a later poll while it lives; logged again in %.0f s if it persists",
                 attempt_id,
+                error,
                 LOG_EVERY_S,
-                exc_info=True,
             )
 
     def _log_due(self, logged: dict[str, float], attempt_id: str) -> bool:
@@ -161,3 +164,15 @@ def failed_status(
         finished_at=time.time(),
         engine_ref=slurm_job_id,
     )
+
+
+def timed_out(stop: StopRequest | None, job: SlurmJob | None, slurm_runs_it: bool) -> bool:
+    """Whether an attempt whose end could not be read ended by its time limit, as terminal_status
+    would have read it: Slurm ended it for its `--time` (TIMEOUT, DEADLINE), or Corral was stopping
+    it for its max_runtime, while Slurm still runs it (squeue's end time of a running job is only
+    the limit's projection) or with the stop asked before the job's own end."""
+    if job is not None and mapping.slurm_state(job) in ("TIMEOUT", "DEADLINE"):
+        return True
+    if stop is None or stop.kind != "timeout":
+        return False
+    return slurm_runs_it or job is None or mapping.stop_kind(stop, job) == "timeout"
