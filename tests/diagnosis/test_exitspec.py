@@ -318,3 +318,14 @@ def test_an_unread_end_of_an_attempt_stopped_for_a_recorded_fault_is_that_faults
     # unread end environment_missing, the job's, never retried)
     wandb = "wandb: WARNING environment variable WANDB_API_KEY not found"
     assert SPEC.classify(facts_of(status, fault, wandb)).reason == reason
+
+
+def test_a_read_end_of_an_attempt_stopped_for_a_hang_is_not_decided_by_its_log() -> None:
+    """review124 #3: a hang (or OOM) stop's read end (stopped) with a log line a user rule matches
+    was that rule's (environment_missing: the job's, never retried)."""
+    stopped = AttemptStatus("9.1", AttemptPhase.FAILED, None, FailureReason.STOPPED, "stopped by Corral")
+    hang = AttemptFault(attempt_pk=1, event="hang", node="n", detail="requeue: rank 0 on n", at=0.0)
+    wandb = "wandb: WARNING environment variable WANDB_API_KEY not found"
+    assert SPEC.classify(facts_of(stopped, hang, wandb)).reason == "hang_killed"
+    # without a fault, the log still decides an end (the rules are unchanged for it)
+    assert SPEC.classify(facts_of(stopped, None, wandb)).reason == "environment_missing"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from corral.engine.base import AttemptPhase, FailureReason
+from corral.engine.base import AttemptPhase, EngineUnavailable, FailureReason
 from corral.engine.slurm import SlurmEngine, unreadable
 from corral.engine.slurm.cli import CliResult, SlurmJob
 from corral.engine.slurm.mapping import UNREADABLE_KILLED, stop_kind, terminal_status
@@ -244,3 +244,51 @@ def test_a_kill_whose_marker_is_refused_is_not_recorded_as_killed_and_its_log_is
     assert len(scancels) == 8  # both scancels at every kill
     stop = engine.store.load(AID).stop
     assert stop is not None and not stop.killed
+
+
+ASKED = 2_000_000_000.0  # when the stop was asked (unix s)
+
+
+@pytest.mark.parametrize(
+    ("state", "stop_kind", "end", "runs", "said"),
+    [
+        (None, "timeout", None, False, "exceeded max_runtime"),  # Slurm no longer knows the job
+        (None, None, None, False, None),
+        ("RUNNING", "timeout", ASKED - 3, True, "exceeded max_runtime"),  # end: the limit's projection
+        ("TIMEOUT", None, ASKED, False, "Slurm time limit (TIMEOUT)"),  # no stop asked: Slurm's limit
+        ("DEADLINE", None, ASKED, False, "Slurm time limit (DEADLINE)"),
+        ("TIMEOUT", "stopped", ASKED + 5, False, None),  # stopped for a fault first: not the limit
+        ("NODE_FAIL", "timeout", ASKED + 5, False, None),  # a lost node comes first
+        ("COMPLETING", "timeout", ASKED - 3, True, None),  # its own end, before the stop: a real end
+        ("COMPLETED", "timeout", ASKED - 3, False, None),
+        ("COMPLETED", "timeout", ASKED + 5, False, "exceeded max_runtime"),
+        ("CANCELLED", "timeout", ASKED + 5, False, "exceeded max_runtime"),
+    ],
+)
+def test_an_unread_end_is_a_timeout_exactly_where_terminal_status_reads_one(
+    state: str | None, stop_kind: str | None, end: float | None, runs: bool, said: str | None
+) -> None:
+    """review123 #1, review124 #1-#2: in terminal_status's order (a lost node, the stop Corral
+    asked, Slurm's own state), with squeue's end time of a running job only a projection."""
+    stop = None if stop_kind is None else StopRequest(ASKED, 30.0, kind=stop_kind)
+    job = None if state is None else {"job_id": "41", "job_state": state, "end_time": int(end or 0)}
+    assert unreadable.time_limit_end(stop, job, runs) == said
+
+
+def test_a_refused_kill_marker_is_logged_even_when_a_scancel_finds_slurm_away(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """review124 #4: the marker's error was logged after the scancels, so never when one raised."""
+    engine, _, _ = _engine_with_an_unreadable_running_attempt(tmp_path, StopRequest(time.time(), 0.0))
+
+    def refuse(attempt_id: str, marker: str) -> None:
+        raise OSError(28, "No space left on device", marker)
+
+    def away(tool: str, *args: str, env: Any = None) -> CliResult:
+        raise EngineUnavailable("slurmctld: connection refused")
+
+    engine._mark = refuse  # type: ignore[method-assign]
+    engine.cli.run = away  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger=unreadable.__name__), pytest.raises(EngineUnavailable):
+        engine._kill(engine.store.load(AID))
+    assert any("kill marker could not be written" in r.getMessage() for r in caplog.records), caplog.text

@@ -48,12 +48,16 @@ class Diagnoser:
 
 def facts_of(status: AttemptStatus, fault: AttemptFault | None, tail: str) -> Facts:
     events: set[str] = set()
-    # An end Corral could not read (status_unreadable) of an attempt Corral stopped for a recorded
-    # fault (a hang, an OOM, a GPU fault) is that fault's end: the fault is why it was stopped, and
-    # it alone decides (no line of the log: a rule it matches could make Corral's fault the job's).
-    unread_fault = fault is not None and status.reason is FailureReason.STATUS_UNREADABLE
-    if unread_fault:
+    # The end of an attempt Corral stopped for a recorded fault (a hang, an OOM, a GPU fault), read
+    # (stopped) or not (status_unreadable), is that fault's end: the fault is why it was stopped,
+    # and it alone decides (no line of the log: a rule it matches could make the fault the job's).
+    fault_stop = fault is not None and status.reason in (
+        FailureReason.STOPPED,
+        FailureReason.STATUS_UNREADABLE,
+    )
+    if fault_stop:
         tail = ""
+    unread_fault = fault_stop and status.reason is FailureReason.STATUS_UNREADABLE
     if status.reason is not None and not unread_fault:
         events.add(status.reason.value)
     elif status.phase is AttemptPhase.LOST:

@@ -385,10 +385,9 @@ class SlurmEngine(Submission):
         stop = record.stop
         killed = stop is not None and stop.killed and stop.kind == FailureReason.STATUS_UNREADABLE.value
         status = failed_status(aid, ref, unreadable_s, runs or killed, exc)  # killed: at a poll before
-        if unreadable.timed_out(stop, job, runs):  # its time limit ended it: that is its end
-            status = replace(
-                status, reason=FailureReason.TIMEOUT, message=f"exceeded max_runtime; {status.message}"
-            )
+        limit = unreadable.time_limit_end(stop, job, runs)
+        if limit is not None:  # its time limit ended it: that is its end
+            status = replace(status, reason=FailureReason.TIMEOUT, message=f"{limit}; {status.message}")
         try:
             if runs and not (stop is not None and stop.killed):  # no second scancel
                 record.slurm_job_id = ref
@@ -706,11 +705,12 @@ class SlurmEngine(Submission):
             refused: OSError | None = None
         except OSError as exc:  # not `killed` then: the next poll tries the marker (and scancels) again
             refused = exc
-        job = record.slurm_job_id
-        self.cli.run("scancel", "--signal=KILL", "--full", job)
-        self.cli.run("scancel", job)
-        if refused is not None:
-            self._unreadable.log_marker_error(record.attempt_id, refused)
+        try:
+            self.cli.run("scancel", "--signal=KILL", "--full", record.slurm_job_id)
+            self.cli.run("scancel", record.slurm_job_id)
+        finally:  # (said even when a scancel found Slurm away)
+            if refused is not None:
+                self._unreadable.log_marker_error(record.attempt_id, refused)
         if record.stop is not None and refused is None:
             record.stop.killed = True
         self.store.save(record)

@@ -166,13 +166,20 @@ def failed_status(
     )
 
 
-def timed_out(stop: StopRequest | None, job: SlurmJob | None, slurm_runs_it: bool) -> bool:
-    """Whether an attempt whose end could not be read ended by its time limit, as terminal_status
-    would have read it: Slurm ended it for its `--time` (TIMEOUT, DEADLINE), or Corral was stopping
-    it for its max_runtime, while Slurm still runs it (squeue's end time of a running job is only
-    the limit's projection) or with the stop asked before the job's own end."""
-    if job is not None and mapping.slurm_state(job) in ("TIMEOUT", "DEADLINE"):
-        return True
-    if stop is None or stop.kind != "timeout":
-        return False
-    return slurm_runs_it or job is None or mapping.stop_kind(stop, job) == "timeout"
+def time_limit_end(stop: StopRequest | None, job: SlurmJob | None, slurm_runs_it: bool) -> str | None:
+    """Why an attempt whose end could not be read ended by its time limit ("exceeded max_runtime",
+    or Slurm's TIMEOUT/DEADLINE), or None: in terminal_status's order, so the unread end is a
+    timeout exactly where the read one would have been. A lost node comes first; then the stop
+    Corral asked (its own kind decides: a stop for a fault is no timeout however Slurm ended the
+    job), counted while Slurm still runs the job (squeue's end time is then only the limit's
+    projection) or when asked before the job's own end; then Slurm's own state."""
+    if job is None:  # Slurm no longer knows it: the stop asked, as _status_without_slurm reads it
+        return "exceeded max_runtime" if stop is not None and stop.kind == "timeout" else None
+    state = mapping.slurm_state(job)
+    if state in ("NODE_FAIL", "BOOT_FAIL"):
+        return None
+    running = slurm_runs_it and state != "COMPLETING"  # (COMPLETING's end time is a real end)
+    kind = (stop.kind if stop is not None else None) if running else mapping.stop_kind(stop, job)
+    if kind is not None:
+        return "exceeded max_runtime" if kind == "timeout" else None
+    return f"Slurm time limit ({state})" if state in ("TIMEOUT", "DEADLINE") else None
