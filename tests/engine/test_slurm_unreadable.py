@@ -260,6 +260,8 @@ ASKED = 2_000_000_000.0  # when the stop was asked (unix s)
         ("TIMEOUT", "stopped", ASKED + 5, False, None),  # stopped for a fault first: not the limit
         ("NODE_FAIL", "timeout", ASKED + 5, False, None),  # a lost node comes first
         ("COMPLETING", "timeout", ASKED - 3, True, None),  # its own end, before the stop: a real end
+        ("STAGE_OUT", "timeout", ASKED - 3, True, None),  # (review125 #1)
+        ("SUSPENDED", "timeout", ASKED - 3, True, "exceeded max_runtime"),  # a projection there
         ("COMPLETED", "timeout", ASKED - 3, False, None),
         ("COMPLETED", "timeout", ASKED + 5, False, "exceeded max_runtime"),
         ("CANCELLED", "timeout", ASKED + 5, False, "exceeded max_runtime"),

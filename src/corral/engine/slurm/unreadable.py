@@ -166,6 +166,11 @@ def failed_status(
     )
 
 
+# Slurm states of RUNNING_STATES whose job has ended (its epilog, burst buffer stage-out, an exit
+# being handled): squeue's end time is the job's real end there, not the limit's projection.
+ENDED_BUT_LISTED = frozenset({"COMPLETING", "STAGE_OUT", "SPECIAL_EXIT"})
+
+
 def time_limit_end(stop: StopRequest | None, job: SlurmJob | None, slurm_runs_it: bool) -> str | None:
     """Why an attempt whose end could not be read ended by its time limit ("exceeded max_runtime",
     or Slurm's TIMEOUT/DEADLINE), or None: in terminal_status's order, so the unread end is a
@@ -173,12 +178,14 @@ def time_limit_end(stop: StopRequest | None, job: SlurmJob | None, slurm_runs_it
     Corral asked (its own kind decides: a stop for a fault is no timeout however Slurm ended the
     job), counted while Slurm still runs the job (squeue's end time is then only the limit's
     projection) or when asked before the job's own end; then Slurm's own state."""
-    if job is None:  # Slurm no longer knows it: the stop asked, as _status_without_slurm reads it
+    # Slurm no longer knows it: the stop asked decides (_status_without_slurm would say node_lost
+    # where some rank left no exit code, which cannot be told while they cannot be read)
+    if job is None:
         return "exceeded max_runtime" if stop is not None and stop.kind == "timeout" else None
     state = mapping.slurm_state(job)
     if state in ("NODE_FAIL", "BOOT_FAIL"):
         return None
-    running = slurm_runs_it and state != "COMPLETING"  # (COMPLETING's end time is a real end)
+    running = slurm_runs_it and state not in ENDED_BUT_LISTED  # (their end time is a real end)
     kind = (stop.kind if stop is not None else None) if running else mapping.stop_kind(stop, job)
     if kind is not None:
         return "exceeded max_runtime" if kind == "timeout" else None
