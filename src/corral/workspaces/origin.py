@@ -37,7 +37,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Red
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from corral.api.deps import same_origin
+from corral.api.deps import PUBLIC_URL_ENV, same_origin
 from corral.config import Settings, url_host
 from corral.services import workspace_passes
 from corral.services.auth import sha256_hex
@@ -57,7 +57,6 @@ STATE_COOKIE_PREFIX = "corral_handoff_"  # the state cookies over http, path HAN
 STATE_COOKIES_KEPT = 4  # a browser's handoffs in flight at once: older state cookies are expired
 STATE_TTL_S = 60.0  # the round trip to the portal and back, with room for a slow machine
 NO_FRAMES = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'"}
-PUBLIC_URL_ENV = "CORRAL_PUBLIC_URL"  # the portal's address as people reach it
 PORTAL_WORKSPACES = "/workspaces"  # the portal's page of the user's workspaces
 ERROR_PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Workspace: {status}</title></head>

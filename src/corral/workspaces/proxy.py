@@ -51,7 +51,15 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocketDisconnect
 
-from corral.api.deps import MAX_ROW_ID, SECURE_SESSION_COOKIE, SESSION_COOKIE, portal_https, session_secret
+from corral.api.deps import (
+    MAX_ROW_ID,
+    SECURE_SESSION_COOKIE,
+    SESSION_COOKIE,
+    bearer_token,
+    portal_https,
+    session_cookie_name,
+    session_secret,
+)
 from corral.services.auth import (
     Principal,
     authenticate_session,
@@ -147,10 +155,9 @@ def _credential(
     cookie, or on the workspace listener its own for `ws_id` (over https, `secure`, only the
     `__Host-` one of either; the portal's is never accepted there: cookies are not kept apart by
     port, so the browser sends it along)."""
-    auth = headers.get("authorization", "")
-    scheme, _, value = auth.partition(" ")
-    if scheme.lower() == "bearer" and value.strip():
-        return value.strip(), TOKEN
+    token = bearer_token(headers.get("authorization", ""))
+    if token is not None:
+        return token, TOKEN
     if where is Listener.WORKSPACE:
         cookie = cookies.get(workspace_cookie(ws_id, secure)[0])
         return (cookie, PASS) if cookie else None
@@ -323,8 +330,7 @@ async def handoff_ticket(request: Request) -> Response:
     if not secret:
         return _to_login(path)
     # the secret found under the name that fits this request, passed on under that name
-    secure = portal_https(request.scope)
-    name = SECURE_SESSION_COOKIE if secure else SESSION_COOKIE
+    name, secure = session_cookie_name(request.scope), portal_https(request.scope)
     decision = await authorize(request.app, {}, {name: secret}, ws_id, Listener.PORTAL, secure)
     if decision.status != 200:
         return _refusal(request, decision, Listener.PORTAL, str(ws_id), path)

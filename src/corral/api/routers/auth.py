@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from corral.api.deps import (
     DB,
     NAME_MAX,
+    PUBLIC_URL_ENV,
     SEGMENT_NAME,
     Admin,
     CurrentUser,
@@ -66,7 +67,7 @@ def _from_the_portal(headers: Any) -> bool:
     """Whether a browser's `Origin` is the portal's: the `Host` the request was sent to (a proxy
     passing it as sent), or the portal's address as people reach it (CORRAL_PUBLIC_URL), for a
     proxy that rewrites `Host` (review118 #2)."""
-    public = origin_of(os.environ.get("CORRAL_PUBLIC_URL"))
+    public = origin_of(os.environ.get(PUBLIC_URL_ENV))
     return same_origin(headers) or (public is not None and origin_of(headers.get("origin")) == public)
 
 
@@ -103,7 +104,7 @@ def login(body: LoginIn, request: Request, response: Response, db: DB) -> Any:
         # CORRAL_PUBLIC_URL says https but this browser is on plain http: it would drop the
         # Secure `__Host-` cookie set below, so the login would "work" and the next request be a
         # 401, over and over, with no word of why (review120 #3).
-        public = os.environ.get("CORRAL_PUBLIC_URL", "").strip()
+        public = os.environ.get(PUBLIC_URL_ENV, "").strip()
         https_url = public.lower().startswith("https://")  # (else https is this request's own TLS)
         where = (
             f" (CORRAL_PUBLIC_URL is {public}); log in there"

@@ -30,7 +30,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from corral.api.deps import session_secret
+from corral.api.deps import bearer_token, session_secret
 from corral.engine.base import Engine, ExecRefused
 from corral.gateway.spawn import SandboxProcess
 from corral.services.auth import Principal, authenticate_session, authenticate_token
@@ -149,10 +149,10 @@ def _authenticate(websocket: WebSocket, factory: sessionmaker[Session]) -> Princ
     header = websocket.headers.get("authorization")
     with factory() as db:
         if header:
-            scheme, _, token = header.partition(" ")
-            if scheme.lower() != "bearer" or not token.strip():
+            token = bearer_token(header)  # as the API reads it
+            if token is None:
                 raise Unauthenticated("the Authorization header must be 'Bearer <token>'")
-            principal = authenticate_token(db, token.strip())
+            principal = authenticate_token(db, token)
         elif cookie := session_secret(websocket):
             # A cookie goes with any page's WebSocket: only the portal's own pages may use it.
             origin, host = websocket.headers.get("origin", ""), websocket.headers.get("host", "")
