@@ -49,3 +49,23 @@ def test_every_option_of_the_data_and_catalogue_commands_says_what_it_is() -> No
         if param.name not in ("help", "name") and not getattr(param, "help", None)
     ]
     assert silent == []
+
+
+def test_an_option_shared_by_commands_says_what_it_does_in_each() -> None:
+    # `corral metrics --all-users` said "every user's jobs you may act on" (cancel's words) while
+    # metrics only reads what the caller can see; `corral secret ls --group` said "set/rm: group
+    # admins and admins", which is about writing a group's secret, not listing them.
+    root = typer.main.get_command(app)
+
+    def option_help(*path: str, option: str) -> str:
+        command = root
+        for name in path:
+            command = command.commands[name]  # type: ignore[attr-defined]
+        return next(str(getattr(p, "help", "")) for p in command.params if option in getattr(p, "opts", ()))
+
+    assert "act on" in option_help("cancel", option="--all-users")
+    assert option_help("metrics", option="--all-users") == "with -l: every job you can see"
+    assert option_help("metrics", option="--user") == "with -l: that user's jobs you can see"
+    assert "set/rm" in option_help("secret", "rm", option="--group")
+    listing = option_help("secret", "ls", option="--group")
+    assert listing.startswith("list only this group's secrets") and "set/rm" not in listing

@@ -329,3 +329,30 @@ def test_sets_by_label_are_the_callers_own_unless_asked(
     assert code == 0 and f"job {carols} cancelled" in out and "1 live job of carol" in out, out
     code, out = run(world, server_url, "admin", "metrics", "-l", "experiment=e1", "--all-users")
     assert code == 0 and "3 jobs" in out, out
+
+
+def test_a_members_reads_by_label_widen_only_to_the_jobs_they_can_see(
+    world: World, server_url: str, alice: Client
+) -> None:
+    """README "AutoML tools": for `metrics_of`, `wait_all` and `corral metrics -l`, `user=` and
+    `all_users=` only widen the filter to what the caller can see, as a listing does; nobody is
+    refused (cancel, hold and release by label are: 403). A member (alice) sees her own jobs
+    only, so her `all_users` is them and her `user="bob"` is no job."""
+    mine = trials(alice, 1)
+    others = {}
+    for name in ("bob", "carol"):  # vision's admin; an nlp member
+        with Client(server_url, world.as_(name)["Authorization"].split()[1]) as client:
+            others[name] = trials(client, 1)[0]
+    every = alice.metrics_of(labels={"experiment": "e1"}, all_users=True)
+    assert [i["job_id"] for i in every] == mine
+    assert alice.metrics_of(labels={"experiment": "e1"}, user="bob") == []
+    end(world, mine)  # bob's and carol's stay queued: a wait for them would time out
+    waited = alice.wait_all(labels={"experiment": "e1"}, all_users=True, timeout_s=1)
+    assert [j["id"] for j in waited] == mine
+    with pytest.raises(CorralError, match="no job of bob you can see carries the labels"):
+        alice.wait_all(labels={"experiment": "e1"}, user="bob", timeout_s=0)
+    code, out = run(world, server_url, "alice", "metrics", "-l", "experiment=e1", "--all-users")
+    assert code == 0 and "1 job" in out and str(mine[0]) in out, out
+    assert not {str(i) for i in others.values()} & set(out.split()), out
+    code, out = run(world, server_url, "alice", "metrics", "-l", "experiment=e1", "--user", "carol")
+    assert code == 0 and "0 jobs" in out, out

@@ -509,6 +509,9 @@ AllUsersOpt = Annotated[
     bool,
     typer.Option("--all-users", help="with -l: every user's jobs you may act on, not only yours"),
 ]
+# `metrics -l` only reads: what you can see decides, as for `corral ls` (nothing refused).
+SeenUserOpt = Annotated[str | None, typer.Option("--user", help="with -l: that user's jobs you can see")]
+AllSeenOpt = Annotated[bool, typer.Option("--all-users", help="with -l: every job you can see")]
 
 
 def _whose_only_with_labels(label: list[str] | None, user: str | None, all_users: bool) -> None:
@@ -569,14 +572,14 @@ def metrics(
     job_id: Annotated[int | None, typer.Argument(metavar="[JOB]")] = None,
     label: LabelOpt = None,
     points: Annotated[bool, typer.Option("--points", help="every point, not only the latest values")] = False,
-    user: WhoseUserOpt = None,
-    all_users: AllUsersOpt = False,
+    user: SeenUserOpt = None,
+    all_users: AllSeenOpt = False,
     output: OutputOpt = Output.table,
 ) -> None:
     """The metrics a job reported (lines it appended to $CORRAL_OUTPUTS/metrics.jsonl, e.g. with
     corral.sdk.report_metrics): each metric's latest value, or with --points every point. With
     `-l NAME=VALUE` instead of a job: the latest values of every job of yours carrying the labels
-    (--user NAME: that user's; --all-users: every one you can see)."""
+    (--user NAME: that user's; --all-users: every one you can see; never refused, unlike `cancel -l`)."""
     if (job_id is None) == (not label):
         raise CorralError("give a job id or labels (-l NAME=VALUE), one of them")
     _whose_only_with_labels(label, user, all_users)

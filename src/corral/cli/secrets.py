@@ -22,6 +22,10 @@ secret_app = typer.Typer(
 GroupOpt = Annotated[
     str | None, typer.Option("--group", "-g", help="the group's secret (set/rm: group admins and admins)")
 ]
+ListGroupOpt = Annotated[
+    str | None,
+    typer.Option("--group", "-g", help="list only this group's secrets (one of yours; admins: any group)"),
+]
 
 
 def _value(from_file: Path | None) -> bytes:
@@ -60,8 +64,9 @@ def set_secret(
 
 @secret_app.command("ls")
 @friendly_errors
-def list_secrets(group: GroupOpt = None, output: OutputOpt = Output.table) -> None:
-    """Your secrets and your groups': names, scope, last change. Values are never shown."""
+def list_secrets(group: ListGroupOpt = None, output: OutputOpt = Output.table) -> None:
+    """Your secrets and your groups' (or only one group's): names, scope, last change. Values are
+    never shown."""
     with client() as c:
         rows: list[dict[str, Any]] = c.secrets(group=group)
     if output is Output.json:
