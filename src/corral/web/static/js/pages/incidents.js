@@ -1,7 +1,7 @@
 // Incidents (admins): the list with filters (state, severity, open only) and SLA countdowns, and one
 // incident's detail with its links, timeline, postmortem, the ack/mitigate/resolve/close buttons
 // its state allows and a note or comment; there admins correct the severity, set the owner and
-// write or edit the postmortem, as `corral incident edit|postmortem` do.
+// write or edit the postmortem, as the SDK's `edit_incident` and `corral incident postmortem` do.
 
 import { ApiError, api, get, itemsOf, post } from "../api.js";
 import { navigate } from "../app.js";
@@ -284,7 +284,7 @@ function submitButton(label) {
   return h("button", { type: "submit", class: "button primary" }, label);
 }
 
-// PATCH /incidents/{id} (corral incident edit --severity --owner): an empty owner clears it. Only
+// PATCH /incidents/{id} (the SDK's edit_incident; no CLI command): an empty owner clears it. Only
 // what was changed is sent: the API records each field it is given as a change (an empty owner
 // sent for an incident without one would read "owner (none) set" in the timeline).
 function editForm(incident, refresh) {
