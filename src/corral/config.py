@@ -16,6 +16,12 @@ from pydantic import Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+# The portal's address as people reach it (`https://corral.example.org`): where alerts' runbook
+# links, pages and the workspace listener send people, and whether the session cookie is https-only.
+# Not a Settings field: the server sets its own local address there when it is not given, for the
+# monitoring parts, which read it from the environment. Every reader takes the name from here.
+PUBLIC_URL_ENV = "CORRAL_PUBLIC_URL"
+
 
 def default_home() -> Path:
     return Path(os.environ.get("CORRAL_HOME", str(Path.home() / ".corral"))).expanduser()
@@ -79,23 +85,90 @@ def workspace_origin_problem(settings: Settings, public_url: str | None) -> str 
                 "CORRAL_WORKSPACE_ORIGIN is not set: workspaces would be sent to the portal's host name "
                 f"on port {settings.workspace_listen_port}, which the proxy does not serve; set "
                 "CORRAL_WORKSPACE_ORIGIN to the proxy's address for the workspace listener (and "
-                "CORRAL_PUBLIC_URL; the shipped deploy/nginx/corral.conf and corral.env do), or "
+                f"{PUBLIC_URL_ENV}; the shipped deploy/nginx/corral.conf and corral.env do), or "
                 "CORRAL_WORKSPACE_PORT explicitly (0: JupyterLab on the portal's origin, a known risk)"
             )
-        return None
+        return _same_host_over_https(settings, public_url)
     if not (public_url or "").strip():
         return (
-            f"CORRAL_WORKSPACE_ORIGIN={settings.workspace_origin} is set but CORRAL_PUBLIC_URL is not: "
-            "the workspace listener sends browsers back to the portal there; set CORRAL_PUBLIC_URL "
+            f"CORRAL_WORKSPACE_ORIGIN={settings.workspace_origin} is set but {PUBLIC_URL_ENV} is not: "
+            f"the workspace listener sends browsers back to the portal there; set {PUBLIC_URL_ENV} "
             "to the portal's address as people reach it"
         )
     if origin_of(public_url) == settings.workspace_origin:
         return (
             f"CORRAL_WORKSPACE_ORIGIN={settings.workspace_origin} is the portal's own origin "
-            "(CORRAL_PUBLIC_URL): JupyterLab would be back on it; give workspaces a host name of "
+            f"({PUBLIC_URL_ENV}): JupyterLab would be back on it; give workspaces a host name of "
             "their own, best on another registrable domain"
         )
-    return None
+    return _same_host_over_https(settings, public_url)
+
+
+def _origins(settings: Settings, public_url: str | None) -> tuple[str, str]:
+    """The portal's origin (CORRAL_PUBLIC_URL's, else the listen address's) and the workspace
+    origin (CORRAL_WORKSPACE_ORIGIN, else what the listener derives: the portal's host name on the
+    workspace port, in the portal's scheme), for the start-up checks."""
+    portal = origin_of(public_url) or f"{settings.scheme}://{url_host(settings.host)}:{settings.port}"
+    if settings.workspace_origin is not None:
+        return portal, settings.workspace_origin
+    parts = urlsplit(portal)
+    return portal, f"{parts.scheme}://{url_host(parts.hostname or '')}:{settings.workspace_listen_port}"
+
+
+def _host(origin: str) -> str:
+    return (urlsplit(origin).hostname or "").rstrip(".")
+
+
+def _same_host_over_https(settings: Settings, public_url: str | None) -> str | None:
+    """The refusal of a workspace origin on the portal's host name (another port) over https:
+    browsers keep cookies apart by host, not by port, so script served there (a workspace's
+    JupyterLab) could set the portal's cookies, `__Host-corral_session` included (a secure page of
+    that host may set it), and log the owner's browser into an account of its choosing."""
+    if settings.workspace_listen_port == 0:
+        return None
+    portal, workspace = _origins(settings, public_url)
+    schemes = {urlsplit(portal).scheme, urlsplit(workspace).scheme}
+    if _host(portal) != _host(workspace) or "https" not in schemes:
+        return None
+    configured = settings.workspace_origin is not None
+    named = "CORRAL_WORKSPACE_ORIGIN=" if configured else "without CORRAL_WORKSPACE_ORIGIN: "
+    return (
+        f"the workspace origin ({named}{workspace}) is on the portal's host name ({portal}) over https: "
+        "browsers do not keep cookies apart by port, so script in a workspace could set the portal's "
+        "session cookie (__Host-corral_session included); give workspaces a host name of their own "
+        "behind the reverse proxy, e.g. CORRAL_WORKSPACE_ORIGIN=https://ws.example.org, best on "
+        "another registrable domain (docs/security.md, 'Workspaces on their own origin')"
+    )
+
+
+def workspace_origin_warning(settings: Settings, public_url: str | None) -> str | None:
+    """What the server logs at start-up of a workspace origin it serves but should not be relied
+    on: one on the portal's host name over plain http on a host that is not loopback (there script
+    in a workspace can set the portal's `corral_session` cookie, as anyone on the network path can
+    over plain http anyway: refusing it would break plain-http test clusters without closing
+    that), or None. Loopback (the demo, tests) is one machine's browser: no warning."""
+    if settings.workspace_listen_port == 0 or workspace_origin_problem(settings, public_url) is not None:
+        return None
+    portal, workspace = _origins(settings, public_url)
+    if _host(portal) != _host(workspace) or loopback_host(_host(portal)):
+        return None
+    return (
+        f"workspaces are served at {workspace}, the portal's host name ({portal}) over plain http: "
+        "script in a workspace can set cookies the portal reads (log the owner's browser into "
+        "another account); serve the portal over https and give workspaces a host name of their "
+        "own (CORRAL_WORKSPACE_ORIGIN, docs/security.md, 'Workspaces on their own origin')"
+    )
+
+
+def loopback_host(host: str) -> bool:
+    """Whether a host name or address is this machine's loopback (`localhost`, `127.0.0.1`, `::1`)."""
+    host = host.strip("[]").rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def origin_of(url: str | None) -> str | None:

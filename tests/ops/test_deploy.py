@@ -28,7 +28,7 @@ def self_signed_cert(where: Path) -> tuple[Path, Path]:
     cert, key = where / "cert.pem", where / "key.pem"
     subprocess.run(
         [require_binary("openssl"), "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=corral-test", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-subj", "/CN=corral-test", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
          "-keyout", str(key), "-out", str(cert)],
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
@@ -48,7 +48,16 @@ def test_tls_server_and_private_home(tmp_path: Path) -> None:
     home = tmp_path / "fresh" / "home"  # neither exists: the server creates them
     port, lab_port = free_port(), free_port()
     log = tmp_path / "server.log"
-    env = clean_env(home, ssl_certfile=str(cert), ssl_keyfile=str(key), workspace_port=str(lab_port))
+    # Over https the workspace origin needs a host name other than the portal's (cookies are not
+    # kept apart by port): `localhost` for the workspace listener, 127.0.0.1 for the portal.
+    env = clean_env(
+        home,
+        ssl_certfile=str(cert),
+        ssl_keyfile=str(key),
+        workspace_port=str(lab_port),
+        workspace_origin=f"https://localhost:{lab_port}",
+        public_url=f"https://127.0.0.1:{port}",
+    )
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "corral.server", "--host", "127.0.0.1", "--port", str(port)],
@@ -81,6 +90,7 @@ def test_tls_server_and_private_home(tmp_path: Path) -> None:
         lab = httpx.get(f"https://127.0.0.1:{lab_port}/api/v1/nodes", verify=trust, timeout=5)
         assert lab.status_code == 404 and lab.text.startswith("this address serves workspaces only"), lab.text
         assert f"Corral is up at {url}" in log.read_text()
+        assert f"Workspaces: JupyterLab on their own origin, https://localhost:{lab_port};" in log.read_text()
         config = (home / "config.yaml").read_text()
         assert f"url: {url}" in config
 

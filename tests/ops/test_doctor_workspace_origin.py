@@ -19,7 +19,7 @@ def test_the_workspace_origin_check_says_what_is_missing() -> None:
     assert no_portal.status == "fail" and "CORRAL_PUBLIC_URL is not" in no_portal.detail, no_portal
     same_origin = check_workspace_origin(behind, env={"CORRAL_PUBLIC_URL": "https://WS.example.org/"})
     assert same_origin.status == "fail" and "is the portal's own origin" in same_origin.detail, same_origin
-    for portal in ("https://corral.example.org", "http://ws.example.org:8443/corral"):
+    for portal in ("https://corral.example.org", "http://corral.example.org:8443/corral"):
         same_site = check_workspace_origin(behind, env={"CORRAL_PUBLIC_URL": portal})
         assert same_site.status == "warn" and "the same site as the portal" in same_site.detail, portal
         assert same_site.fix is not None and "another registrable domain" in same_site.fix
@@ -38,3 +38,22 @@ def test_the_workspace_origin_check_says_what_is_missing() -> None:
     assert plain.status == "warn" and plain.detail.startswith(
         "workspaces on their own origin (the portal's host name, port 9001), but the same site as the portal"
     ), plain
+
+
+def test_a_workspace_origin_on_the_portals_host_name_over_https_fails() -> None:
+    """The server refuses to start with it (corral.config.workspace_origin_problem): script in a
+    workspace could set the portal's `__Host-` session cookie (cookies are not kept apart by port)."""
+    behind = Settings(workspace_origin="https://ws.example.org", workspace_port=8081)
+    for portal in ("http://ws.example.org:8443/corral", "https://WS.example.org.:8443"):
+        same_host = check_workspace_origin(behind, env={"CORRAL_PUBLIC_URL": portal})
+        assert same_host.status == "fail" and "is on the portal's host name" in same_host.detail, portal
+    derived = check_workspace_origin(
+        Settings(port=9000), env={"CORRAL_PUBLIC_URL": "https://corral.example.org"}
+    )
+    assert derived.status == "fail" and derived.detail.startswith(
+        "the workspace origin (without CORRAL_WORKSPACE_ORIGIN: https://corral.example.org:9001) is on "
+        "the portal's host name (https://corral.example.org) over https"
+    ), derived
+    plain = Settings(port=9000, workspace_origin="http://127.0.0.1:9001")
+    demo_like = check_workspace_origin(plain, env={"CORRAL_PUBLIC_URL": "http://127.0.0.1:9000"})
+    assert demo_like.status == "warn" and "the same site as the portal" in demo_like.detail, demo_like

@@ -153,3 +153,78 @@ def test_an_upgrade_behind_a_proxy_without_a_workspace_origin_refuses_start_up(t
         f"port {port + 1}"
     ), stderr
     assert last.endswith("Nothing was written."), stderr
+
+
+def test_a_workspace_origin_on_the_portals_host_name_over_https_refuses_start_up(tmp_path: Path) -> None:
+    """Browsers keep cookies apart by host, not by port: script served by a JupyterLab on the
+    portal's host name (another port) over https could set `__Host-corral_session` for the portal.
+    Refused whether the workspace origin is configured, or derived (the portal's host name on the
+    workspace port) with the portal's CORRAL_PUBLIC_URL https or Corral serving TLS itself."""
+    configured = _start_up_refused(
+        tmp_path,
+        {
+            "CORRAL_WORKSPACE_PORT": str(free_port()),
+            "CORRAL_WORKSPACE_ORIGIN": "https://corral.example.org:8443",
+            "CORRAL_PUBLIC_URL": "https://Corral.example.org/",
+        },
+    )
+    assert configured.strip().splitlines()[-1] == (
+        "error: the workspace origin (CORRAL_WORKSPACE_ORIGIN=https://corral.example.org:8443) is on the "
+        "portal's host name (https://corral.example.org) over https: browsers do not keep cookies apart "
+        "by port, so script in a workspace could set the portal's session cookie (__Host-corral_session "
+        "included); give workspaces a host name of their own behind the reverse proxy, e.g. "
+        "CORRAL_WORKSPACE_ORIGIN=https://ws.example.org, best on another registrable domain "
+        "(docs/security.md, 'Workspaces on their own origin'). Nothing was written."
+    ), configured
+    ws_port = free_port()
+    derived = _start_up_refused(
+        tmp_path,
+        {"CORRAL_WORKSPACE_PORT": str(ws_port), "CORRAL_PUBLIC_URL": "https://corral.example.org"},
+    )
+    derived_line = derived.strip().splitlines()[-1]
+    assert derived_line.startswith(
+        "error: the workspace origin (without CORRAL_WORKSPACE_ORIGIN: "
+        f"https://corral.example.org:{ws_port}) is on the portal's host name "
+        "(https://corral.example.org) over https: "
+    ), derived
+    # Corral's own TLS, no CORRAL_PUBLIC_URL: the portal's listen address, refused before the
+    # certificate is even read (none is there)
+    port = free_port()
+    tls = {"CORRAL_SSL_CERTFILE": str(tmp_path / "cert.pem"), "CORRAL_SSL_KEYFILE": str(tmp_path / "key.pem")}
+    own_tls = _start_up_refused(tmp_path, {"CORRAL_WORKSPACE_PORT": str(ws_port), **tls}, port=port)
+    own_tls_line = own_tls.strip().splitlines()[-1]
+    assert own_tls_line.startswith(
+        f"error: the workspace origin (without CORRAL_WORKSPACE_ORIGIN: https://127.0.0.1:{ws_port}) "
+        f"is on the portal's host name (https://127.0.0.1:{port}) over https: "
+    ), own_tls
+    # the workspace origin https, the portal plain http: the same host name all the same
+    mixed = _start_up_refused(
+        tmp_path,
+        {
+            "CORRAL_WORKSPACE_PORT": str(ws_port),
+            "CORRAL_WORKSPACE_ORIGIN": "https://corral.example.org.:8443",
+            "CORRAL_PUBLIC_URL": "http://corral.example.org:8080",
+        },
+    )
+    assert "is on the portal's host name (http://corral.example.org:8080) over https" in mixed, mixed
+
+
+def test_a_workspace_origin_on_the_portals_host_name_over_plain_http_off_loopback_is_a_warning() -> None:
+    """Plain http off loopback: served (a test cluster on a LAN; anyone on the network path can
+    set a plain-http cookie anyway), with a warning in the log saying what to do; on loopback
+    (the demo, the other tests here) nothing is said."""
+    ws_port = free_port()
+    public = f"http://gpu-box.example.org:{free_port()}"
+    srv = start_server(extra_env={"CORRAL_WORKSPACE_PORT": str(ws_port), "CORRAL_PUBLIC_URL": public})
+    try:
+        assert (
+            f"workspaces are served at http://gpu-box.example.org:{ws_port}, the portal's host name "
+            f"({public}) over plain http: script in a workspace can set cookies the portal reads"
+        ) in srv.log_text(), srv.log_text()
+    finally:
+        srv.stop()
+    srv = start_server(extra_env={"CORRAL_WORKSPACE_PORT": str(free_port())})
+    try:
+        assert "over plain http: script in a workspace" not in srv.log_text()
+    finally:
+        srv.stop()

@@ -29,7 +29,13 @@ import uvicorn
 from sqlalchemy import Engine as DatabaseEngine
 from sqlalchemy.orm import Session, sessionmaker
 
-from corral.config import Settings, url_host, workspace_origin_problem
+from corral.config import (
+    PUBLIC_URL_ENV,
+    Settings,
+    url_host,
+    workspace_origin_problem,
+    workspace_origin_warning,
+)
 from corral.server import profiling
 from corral.server.context import ServerContext
 from corral.server.dispatch import shutdown_launches
@@ -164,12 +170,17 @@ def prepare_storage(settings: Settings) -> None:
 
 def _workspace_origin_or_exit(settings: Settings) -> None:
     """CORRAL_WORKSPACE_ORIGIN needs the portal's address as people reach it (CORRAL_PUBLIC_URL,
-    read before the server sets its local address there as a default): refused in one line,
-    before anything is written."""
-    problem = workspace_origin_problem(settings, os.environ.get("CORRAL_PUBLIC_URL"))
+    read before the server sets its local address there as a default), and over https a host name
+    other than the portal's: refused in one line, before anything is written. The same host name
+    over plain http off loopback is served, with a warning in the log (corral.config)."""
+    public_url = os.environ.get(PUBLIC_URL_ENV)
+    problem = workspace_origin_problem(settings, public_url)
     if problem is not None:
         print(f"error: {problem}. Nothing was written.", file=sys.stderr, flush=True)
         raise SystemExit(1)
+    warning = workspace_origin_warning(settings, public_url)
+    if warning is not None:
+        log.warning("%s", warning)
 
 
 def _tls_or_exit(settings: Settings) -> None:
@@ -214,7 +225,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
     sockets = [listen_socket, *_workspace_listener_or_exit(settings, listen_socket)]
     db_engine, session_factory = _prepare_home_and_database(settings)
     url = local_url(settings)
-    os.environ.setdefault("CORRAL_PUBLIC_URL", url)  # alerts' runbook links (corral.monitor.runbooks)
+    os.environ.setdefault(PUBLIC_URL_ENV, url)  # alerts' runbook links (corral.monitor.runbooks)
     bootstrap(settings, session_factory, url)
     from corral.engine.factory import make_engine as make_execution_engine
     from corral.services import incident_paging
