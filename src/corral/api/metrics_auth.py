@@ -18,6 +18,7 @@ import hmac
 import ipaddress
 from typing import Any
 
+from corral.api.deps import bearer_token
 from corral.api.limits import Receive, Scope, Send, header, send_error
 from corral.config import Settings
 
@@ -81,8 +82,9 @@ class MetricsGuard:
                 {"www-authenticate": "Bearer"},
             )
             return
-        scheme, _, value = (header(scope, b"authorization") or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), self.token.encode()):
+        # read as authentication reads it: an empty `Bearer` is no token (nor a blank one's match)
+        sent = bearer_token(header(scope, b"authorization") or "")
+        if sent is None or not hmac.compare_digest(sent.encode(), self.token.encode()):
             await send_error(
                 send,
                 401,

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from corral.api.deps import principal_or_none, session_secret
+from corral.api.deps import bearer_token, principal_or_none, session_secret
 from corral.api.metrics_auth import metrics_token
 from corral.services.auth import cached_principal, sha256_hex
 from corral.services.errors import ServiceError
@@ -60,26 +60,35 @@ def database_error(db_engine: sa.Engine) -> str | None:
 
 def may_see_errors(request: Request) -> bool:
     """Whether the caller is shown what failed: the metrics scrape token (which works while the
-    database does not) or an admin's API token or portal session (only while it answers)."""
-    scheme, _, value = request.headers.get("authorization", "").partition(" ")
-    bearer = scheme.lower() == "bearer"
-    if not bearer and session_secret(request) is None:
-        return False  # an anonymous probe (most of them): no file read, no database
-    if bearer:
+    database does not) or an admin's API token or portal session (only while it answers). The
+    Authorization header is read as authentication reads it (deps.bearer_token: the scheme in any
+    case, blanks around the token dropped); one that is no `Bearer <token>` (an empty `Bearer`,
+    another scheme) is no credential, and no attempt at one either: the API answers such a
+    request 401 whatever cookie comes with it, so it is shown the names only, without a look at
+    the scrape token's file or the database (a probe with a stray header costs what an anonymous
+    one does)."""
+    header = request.headers.get("authorization")
+    if not header:
+        if session_secret(request) is None:
+            return False  # an anonymous probe (most of them): no file read, no database
+    else:
+        token = bearer_token(header)
+        if token is None:
+            return False
         try:
             scrape = metrics_token(request.app.state.settings)
         except ValueError:  # its file went away since start-up (which checked it): no scrape token
             scrape = None
-        if scrape is not None and hmac.compare_digest(value.strip().encode(), scrape.encode()):
+        if scrape is not None and hmac.compare_digest(token.encode(), scrape.encode()):
             return True
         # a token seen in the last seconds: no database query
-        cached = cached_principal(sha256_hex(value.strip()), time.time())
+        cached = cached_principal(sha256_hex(token), time.time())
         if cached is not None:
             return cached.is_admin
     try:
         with request.app.state.session_factory() as db:
             principal = principal_or_none(request, db)
-    except (ServiceError, sa.exc.SQLAlchemyError):  # a bad header, or no database to ask
+    except (ServiceError, sa.exc.SQLAlchemyError):  # no database to ask
         return False
     return principal is not None and principal.is_admin
 
