@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
 from corral.api.pattern_words import worded
+from corral.config import PUBLIC_URL_ENV
 from corral.services.auth import (
     Principal,
     authenticate_session,
@@ -32,7 +33,6 @@ SESSION_COOKIE = "corral_session"  # the portal's session cookie over plain http
 # Over https a `__Host-` one (Secure, Path=/, no Domain): a sibling host (`Domain=`) or a
 # plain-http answer for the host (anyone on the network path) cannot plant or overwrite it.
 SECURE_SESSION_COOKIE = "__Host-corral_session"
-PUBLIC_URL_ENV = "CORRAL_PUBLIC_URL"  # the portal's address as people reach it
 CSRF_HEADER = "X-CSRF-Token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 

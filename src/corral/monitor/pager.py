@@ -42,6 +42,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from corral.config import PUBLIC_URL_ENV
 from corral.db.models import User
 from corral.db.oncall_models import Page, PageNotification
 from corral.monitor.channels import ChannelError, SmtpDeadline, one_line, open_smtp, record_failure
@@ -101,7 +102,7 @@ class Outgoing:
 
 
 def public_url() -> str:
-    return os.environ.get("CORRAL_PUBLIC_URL", "http://127.0.0.1:8080").rstrip("/")
+    return os.environ.get(PUBLIC_URL_ENV, "http://127.0.0.1:8080").rstrip("/")
 
 
 def email_transport(config: MonitorConfig, wanted: str | None) -> EmailChannel | None:

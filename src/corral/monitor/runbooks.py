@@ -14,9 +14,10 @@ from importlib import resources
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
+from corral.config import PUBLIC_URL_ENV
+
 router = APIRouter(include_in_schema=False)
 SECTION = re.compile(r"^## (\w+)\s*$", re.MULTILINE)
-PUBLIC_URL_ENV = "CORRAL_PUBLIC_URL"
 
 
 @functools.cache

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from corral.config import Settings, origin_of, same_site, url_host, workspace_origin_problem
+from corral.config import PUBLIC_URL_ENV, Settings, origin_of, same_site, url_host, workspace_origin_problem
 from corral.words import plural
 
 if TYPE_CHECKING:
@@ -363,7 +363,7 @@ def check_workspace_origin(settings: Settings, env: Mapping[str, str] | None = N
             "workspace can act as its owner on the API",
             "set CORRAL_WORKSPACE_PORT to a free port (docs/workspaces.md, 'The workspace origin')",
         )
-    problem = workspace_origin_problem(settings, env.get("CORRAL_PUBLIC_URL"))
+    problem = workspace_origin_problem(settings, env.get(PUBLIC_URL_ENV))
     if problem is not None:  # the server refuses to start with it
         return Check("workspace-origin", "fail", problem, "see docs/workspaces.md, 'The workspace origin'")
     if settings.workspace_origin is None and settings.forwarded_allow_ips:
@@ -376,7 +376,7 @@ def check_workspace_origin(settings: Settings, env: Mapping[str, str] | None = N
             "(deploy/nginx/corral.conf)",
         )
     where = settings.workspace_origin or f"the portal's host name, port {port}"
-    public = origin_of(env.get("CORRAL_PUBLIC_URL"))
+    public = origin_of(env.get(PUBLIC_URL_ENV))
     if settings.workspace_origin is None or (
         public is not None and same_site(public, settings.workspace_origin)
     ):

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
+from corral.config import PUBLIC_URL_ENV
 from corral.db.incident_models import Incident
 from corral.db.models import User
 from corral.db.oncall_models import EscalationPolicy, Page
@@ -70,7 +71,7 @@ def policy_names(severity: str) -> list[str]:
 
 
 def _portal_url() -> str:
-    return os.environ.get("CORRAL_PUBLIC_URL", "http://127.0.0.1:8080").rstrip("/")
+    return os.environ.get(PUBLIC_URL_ENV, "http://127.0.0.1:8080").rstrip("/")
 
 
 def page_body(incident: Incident, preface: Sequence[str] = ()) -> str:

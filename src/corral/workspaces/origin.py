@@ -37,8 +37,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Red
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from corral.api.deps import PUBLIC_URL_ENV, same_origin
-from corral.config import Settings, url_host
+from corral.api.deps import same_origin
+from corral.config import PUBLIC_URL_ENV, Settings, url_host
 from corral.services import workspace_passes
 from corral.services.auth import sha256_hex
 from corral.services.errors import Unauthenticated

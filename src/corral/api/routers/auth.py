@@ -14,7 +14,6 @@ from pydantic import BaseModel
 from corral.api.deps import (
     DB,
     NAME_MAX,
-    PUBLIC_URL_ENV,
     SEGMENT_NAME,
     Admin,
     CurrentUser,
@@ -26,7 +25,7 @@ from corral.api.deps import (
     session_secret,
 )
 from corral.api.schemas import LoginIn, LoginOut, MeOut
-from corral.config import Settings, origin_of
+from corral.config import PUBLIC_URL_ENV, Settings, origin_of
 from corral.db.models import LoginFailure, User, WebSession
 from corral.services import audit, login_guard
 from corral.services import auth as svc
