@@ -294,3 +294,86 @@ def test_a_refused_kill_marker_is_logged_even_when_a_scancel_finds_slurm_away(
     with caplog.at_level(logging.WARNING, logger=unreadable.__name__), pytest.raises(EngineUnavailable):
         engine._kill(engine.store.load(AID))
     assert any("kill marker could not be written" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def _engine_that_cannot_read(state_dir: Path, squeue: dict[str, SlurmJob]) -> SlurmEngine:
+    """A SlurmEngine (no Slurm: its CLI answers here) on `state_dir`, its own bookkeeping of
+    unreadable attempts (kept under the state dir), whose every attempt's status cannot be read."""
+    engine = SlurmEngine(state_dir, unreadable_grace_s=1.0)
+
+    def status(record: Any, jobs: Any) -> Any:
+        raise OSError(28, "No space left on device", "attempt.json")
+
+    engine.cli.run = lambda tool, *args, env=None: CliResult(0, "", "")  # type: ignore[method-assign]
+    engine._live_jobs = lambda live: squeue  # type: ignore[method-assign]
+    engine._status = status  # type: ignore[method-assign]
+    return engine
+
+
+def test_the_first_unreadable_time_outlives_a_restart_of_the_engine(tmp_path: Path) -> None:
+    """A server restarting more often than the grace started every attempt's count again, and so
+    never ended one: the first time is kept in a file of the engine's state dir (not the attempt's
+    record, whose writes may be what fails), and a restarted engine counts from it."""
+    first = SlurmEngine(tmp_path, unreadable_grace_s=1.0)
+    first.store.save(AttemptRecord(AID, slurm_job_id="41", submitted_at=time.time(), n_ranks=1))
+    before = time.time()
+    assert _engine_that_cannot_read(tmp_path, {}).poll([AID]) == {}  # Slurm knows it no more
+    kept = tmp_path / unreadable.SINCE_DIR / AID
+    assert before <= float(kept.read_text()) <= time.time()
+    assert kept.stat().st_mode & 0o077 == 0
+    time.sleep(1.05)  # the grace, across the "restart": each poll below is a fresh engine's first
+    restarted = _engine_that_cannot_read(tmp_path, {})
+    ended = restarted.poll([AID])[AID]
+    assert (ended.phase, ended.reason) == (AttemptPhase.FAILED, FailureReason.STATUS_UNREADABLE), ended
+    assert ended.message.startswith("Corral could not read how its instances ended for 1 s"), ended.message
+    assert not kept.exists()  # ended: its file goes with it
+
+
+def test_a_kept_first_time_goes_with_a_read_and_with_forgetting(tmp_path: Path) -> None:
+    clock, wall = Clock(), Clock()
+    wall.now = 1_700_000_000.0
+    since = tmp_path / unreadable.SINCE_DIR
+
+    def started() -> UnreadableAttempts:  # a server (re)started: a new monotonic origin
+        clock.now += 10_000.0
+        return UnreadableAttempts(600, clock=clock, since_dir=since, wall=wall)
+
+    attempts = started()
+    assert attempts.unreadable_for("1.1") == 0 and attempts.unreadable_for("2.1") == 0
+    wall.now += 400
+    attempts = started()
+    assert attempts.unreadable_for("1.1") == 400  # counted from the first time, not from the start
+    attempts.read("1.1")  # read well: its count ends, its file too
+    assert sorted(p.name for p in since.iterdir()) == ["2.1"]
+    attempts = started()
+    assert attempts.unreadable_for("1.1") == 0
+    # 2.1 is no longer polled (it ended some other way): forgotten, with its file
+    for _ in range(int(FORGET_AFTER_S // PRUNE_EVERY_S) + 2):
+        clock.now += PRUNE_EVERY_S
+        wall.now += PRUNE_EVERY_S
+        attempts.read("3.1")
+    assert sorted(p.name for p in since.iterdir()) == []  # 1.1's too: not seen unreadable since
+    # a wall clock stepped back: counted from the start, never a negative age
+    attempts.unreadable_for("4.1")
+    wall.now -= 3600
+    assert started().unreadable_for("4.1") == 0
+
+
+def test_a_state_dir_that_refuses_the_file_leaves_the_count_in_memory(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    since = tmp_path / unreadable.SINCE_DIR
+    since.mkdir()
+    (since / ".tmp-cut-short").write_text("17")  # a write cut short: removed at start
+    (since / "5.1").write_text("")  # no time in it: removed at start
+    clock = Clock()
+    attempts = UnreadableAttempts(600, clock=clock, since_dir=since)
+    assert list(since.iterdir()) == []
+    since.rmdir()
+    since.write_text("not a directory")  # the state dir refuses the file (as a full disk would)
+    with caplog.at_level(logging.WARNING, logger=unreadable.__name__):
+        assert attempts.unreadable_for("6.1") == 0
+    clock.now += 30
+    assert attempts.unreadable_for("6.1") == 30  # counted all the same, in this process
+    assert "when its status was first unreadable could not be kept in" in caplog.text, caplog.text
+    attempts.read("6.1")  # nothing kept, nothing to remove

@@ -212,7 +212,7 @@ class SlurmEngine(Submission):
         self.gpu_model = gpu_model
         self._lock = threading.RLock()  # guards _timers
         self._timers: dict[str, threading.Timer] = {}
-        self._unreadable = UnreadableAttempts(unreadable_grace_s)
+        self._unreadable = UnreadableAttempts.kept_under(self.store.root, unreadable_grace_s)
         # One lock per attempt (striped): load-modify-save of an attempt's record is atomic, while
         # launches of different attempts run their sbatch calls in parallel.
         self._attempt_locks = [threading.RLock() for _ in range(ATTEMPT_LOCK_STRIPES)]

@@ -9,15 +9,22 @@ leaves such an attempt out of its answer, and it keeps its state), nor keep the 
 and its Slurm job forever: once unreadable for `grace_s` (CORRAL_SLURM_UNREADABLE_GRACE_S) while
 Slurm says its job no longer runs, or twice that while it still runs (then it is killed), the
 attempt ends FAILED, status_unreadable: the platform's failure, retried as a lost node's attempt is
-(docs/slurm.md). The clock is this server's: a restart starts it again.
+(docs/slurm.md). When each attempt was first found so is kept in a small file of its own under the
+engine's state dir (SINCE_DIR/<attempt id>, written once, read at start), not in the attempt's
+record, whose writes may be what fails: a server restarting more often than the grace would else
+start every attempt's count again and never end one. Should that file not be written either, the
+count is this process's alone, as it was.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from corral.engine.base import AttemptPhase, AttemptStatus, FailureReason
 from corral.engine.slurm import mapping
@@ -36,13 +43,24 @@ PRUNE_EVERY_S = 5.0
 # cancelled or adopted elsewhere, or the poll could not reach Slurm): its clock starts again.
 FORGET_AFTER_S = 600.0
 MAX_ERROR_CHARS = 400  # of the error's text in the failure's message
+# Under the engine's state dir, beside `attempts/`: a file per attempt whose status could not be
+# read, named by its id, holding when (the wall clock's seconds) that was first so.
+SINCE_DIR = "unreadable"
 
 
 class UnreadableAttempts:
     """Per attempt, since when (monotonic) its status could not be read and when that was last
-    seen; and the log's pace. `clock`: time.monotonic (a test's own clock)."""
+    seen; and the log's pace. `clock`: time.monotonic (a test's own clock). `since_dir`: where the
+    first time of each is kept across restarts (the engine's `<state dir>/SINCE_DIR`; None: in
+    memory only), by `wall` (time.time: the monotonic clock does not outlive a reboot)."""
 
-    def __init__(self, grace_s: float = DEFAULT_GRACE_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        grace_s: float = DEFAULT_GRACE_S,
+        clock: Callable[[], float] = time.monotonic,
+        since_dir: Path | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         if not MIN_GRACE_S <= grace_s <= MAX_GRACE_S:
             raise ValueError(
                 f"CORRAL_SLURM_UNREADABLE_GRACE_S={grace_s:g} must be from {MIN_GRACE_S:g} to "
@@ -58,6 +76,65 @@ class UnreadableAttempts:
         self.prunes = 0  # how many times the entries were walked (tests count the work)
         # `corral exec` polls from an API thread beside the reconcile loop: one at a time here
         self._lock = threading.Lock()
+        self._since_dir = since_dir
+        self._wall = wall
+        self._kept: set[str] = set()  # the attempts whose first time is in a file of since_dir
+        if since_dir is not None:
+            self._load_kept(since_dir)
+
+    def _load_kept(self, since_dir: Path) -> None:
+        """At start: each attempt a file says was unreadable, its count going on from the first
+        time (the time the server was down included: it was unreadable when last looked at, and
+        is so again at the first poll that finds it so; one read well starts the count again)."""
+        try:
+            since_dir.mkdir(mode=0o700, exist_ok=True)
+            names = os.listdir(since_dir)
+        except OSError as exc:
+            log.warning("%s cannot be read (%s): unreadable attempts are counted from now", since_dir, exc)
+            return
+        now, wall_now = self._clock(), self._wall()
+        for name in names:
+            path = since_dir / name
+            first = _first_time(path)
+            if first is None:
+                _remove(path)
+                continue
+            # (a wall clock stepped back since: counted from now, never a negative age)
+            self._since[name] = (now - max(0.0, wall_now - first), now)
+            self._kept.add(name)
+
+    @classmethod
+    def kept_under(cls, state_dir: Path, grace_s: float) -> UnreadableAttempts:
+        """The engine's: each first time kept in `state_dir`/SINCE_DIR."""
+        return cls(grace_s, since_dir=state_dir / SINCE_DIR)
+
+    def _keep(self, attempt_id: str) -> None:
+        """Its first time in a file of its own (written once per time it becomes unreadable);
+        should the state dir refuse it, the count is this process's alone, said in the log."""
+        if self._since_dir is None:
+            return
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self._since_dir, prefix=".tmp-")  # 0600
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{self._wall():.3f}\n")
+            os.replace(tmp, self._since_dir / attempt_id)
+        except OSError as exc:
+            log.warning(
+                "Slurm attempt %s: when its status was first unreadable could not be kept in %s (%s): "
+                "a restart of the server counts it from then",
+                attempt_id,
+                self._since_dir,
+                exc,
+            )
+            return
+        self._kept.add(attempt_id)
+
+    def _unkeep(self, attempt_id: str) -> None:
+        """Its file gone with its entry (read well, ended, or forgotten)."""
+        if attempt_id not in self._kept or self._since_dir is None:
+            return
+        self._kept.discard(attempt_id)
+        _remove(self._since_dir / attempt_id)  # (left: read at the next start, removed by its first read)
 
     def unreadable_for(self, attempt_id: str) -> float:
         """Note that the attempt's status could not be read now; seconds since it first could not
@@ -65,15 +142,21 @@ class UnreadableAttempts:
         with self._lock:
             now = self._clock()
             self._prune(now)
-            first = self._since.get(attempt_id, (now, now))[0]
-            self._since[attempt_id] = (first, now)
-            return now - first
+            seen = self._since.get(attempt_id)
+            if seen is None:
+                self._since[attempt_id] = (now, now)
+                self._keep(attempt_id)
+                return 0.0
+            self._since[attempt_id] = (seen[0], now)
+            return now - seen[0]
 
     def read(self, attempt_id: str) -> None:
         """Its status was read (or it ended): a later failure to read starts the clock again."""
         if self._since:  # a poll of every live attempt calls this: nothing to do most of the time
             with self._lock:
-                self._since.pop(attempt_id, None)
+                self._prune(self._clock())  # (entries read from files at start of attempts no longer polled)
+                if self._since.pop(attempt_id, None) is not None:
+                    self._unkeep(attempt_id)
 
     def due(self, unreadable_s: float, slurm_runs_it: bool) -> bool:
         """Whether an attempt unreadable for `unreadable_s` must now end: past the grace once
@@ -139,9 +222,28 @@ class UnreadableAttempts:
         seen = now - FORGET_AFTER_S
         for aid in [aid for aid, times in self._since.items() if times[1] <= seen]:
             del self._since[aid]
+            self._unkeep(aid)
         for logged in (self._logged, self._end_logged, self._marker_logged):  # in place: _log_due holds one
             for aid in [aid for aid, at in logged.items() if now - at >= LOG_EVERY_S]:
                 del logged[aid]
+
+
+def _first_time(path: Path) -> float | None:
+    """The wall-clock time a file of SINCE_DIR holds; None for one that holds none: _keep's
+    temporary file (a name with a dot first) or a write cut short, a directory, an unreadable one."""
+    if path.name.startswith("."):
+        return None
+    try:
+        return float(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("%s could not be removed: %s", path, exc)
 
 
 def failed_status(
