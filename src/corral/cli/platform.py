@@ -60,7 +60,13 @@ def up(
     virtual_gpus: Annotated[int | None, typer.Option(help="declare N virtual GPUs instead of NVML")] = None,
     gpu_model: Annotated[str | None, typer.Option(help="model name of the virtual GPUs")] = None,
     database_url: Annotated[str | None, typer.Option(help="default: SQLite under $CORRAL_HOME")] = None,
-    ssl_certfile: Annotated[Path | None, typer.Option(help="serve HTTPS with this PEM certificate")] = None,
+    ssl_certfile: Annotated[
+        Path | None,
+        typer.Option(
+            help="serve HTTPS with this PEM certificate (the workspace listener then needs a host name "
+            "other than the portal's, CORRAL_WORKSPACE_ORIGIN with CORRAL_PUBLIC_URL: docs/deploy.md)"
+        ),
+    ] = None,
     ssl_keyfile: Annotated[Path | None, typer.Option(help="the certificate's private key (PEM)")] = None,
 ) -> None:
     """Start the Corral server (API, control loops and the engine: local by default, CORRAL_ENGINE=slurm)."""
