@@ -23,6 +23,12 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 PUBLIC_URL_ENV = "CORRAL_PUBLIC_URL"
 
 
+def portal_url() -> str:
+    """The portal's address for links sent out of the server (pages, job mails): CORRAL_PUBLIC_URL,
+    else the default local address."""
+    return os.environ.get(PUBLIC_URL_ENV, "http://127.0.0.1:8080").rstrip("/")
+
+
 def default_home() -> Path:
     return Path(os.environ.get("CORRAL_HOME", str(Path.home() / ".corral"))).expanduser()
 

@@ -24,6 +24,7 @@ from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from corral.config import portal_url
 from corral.db.models import Job, User
 from corral.db.notify_models import JobNotifyDelivery
 from corral.diagnosis.logtail import failing_rank, read_tail
@@ -40,7 +41,7 @@ from corral.monitor.claiming import (
 from corral.monitor.config import MonitorConfig
 from corral.monitor.loops import monitor_config
 from corral.monitor.pager import SETTINGS as PAGING
-from corral.monitor.pager import Mailer, email_transport, post_json, public_url, slack_text
+from corral.monitor.pager import Mailer, email_transport, post_json, slack_text
 from corral.server.context import BackgroundLoop, ServerContext
 from corral.services import job_notify, oncall, webhook_guard
 
@@ -206,7 +207,7 @@ _purged_at: dict[str, float] = {}  # per server process (owner id): when it last
 
 def job_notify_tick(ctx: ServerContext, now: float) -> float | None:
     with ctx.session_factory() as session:
-        job_notify.group_pending(session, now, base_url=public_url(), log_tail=log_tail_of(ctx.engine))
+        job_notify.group_pending(session, now, base_url=portal_url(), log_tail=log_tail_of(ctx.engine))
         if now - _purged_at.get(ctx.owner_id, 0.0) >= PURGE_EVERY_S:
             job_notify.purge_settled(session, now - SETTINGS.keep_days * 86400.0)
             _purged_at[ctx.owner_id] = now

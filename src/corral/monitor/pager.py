@@ -42,7 +42,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from corral.config import PUBLIC_URL_ENV
+from corral.config import portal_url
 from corral.db.models import User
 from corral.db.oncall_models import Page, PageNotification
 from corral.monitor.channels import ChannelError, SmtpDeadline, one_line, open_smtp, record_failure
@@ -99,10 +99,6 @@ class Outgoing:
                 self.ack_url,
             ]
         )
-
-
-def public_url() -> str:
-    return os.environ.get(PUBLIC_URL_ENV, "http://127.0.0.1:8080").rstrip("/")
 
 
 def email_transport(config: MonitorConfig, wanted: str | None) -> EmailChannel | None:
@@ -359,7 +355,7 @@ def _send_one(mailer: Mailer, note: PageNotification, page: Page | None, user: U
         note.state, note.last_error = "skipped", gone
         return
     expires = now + settings.link_ttl_s
-    url = f"{public_url()}/api/v1/ack/{ack_token(key, page.id, user.id, expires)}"
+    url = f"{portal_url()}/api/v1/ack/{ack_token(key, page.id, user.id, expires)}"
     out = Outgoing(note, page, user.name, url, expires)
     failure: str | None = None
     try:

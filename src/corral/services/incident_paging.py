@@ -30,7 +30,6 @@ listeners once; the server calls it at start-up (corral.server.run).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -38,7 +37,7 @@ from collections.abc import Sequence
 from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
-from corral.config import PUBLIC_URL_ENV
+from corral.config import portal_url
 from corral.db.incident_models import Incident
 from corral.db.models import User
 from corral.db.oncall_models import EscalationPolicy, Page
@@ -70,10 +69,6 @@ def policy_names(severity: str) -> list[str]:
     return [f"incident-{severity.lower()}", FALLBACK_POLICY]
 
 
-def _portal_url() -> str:
-    return os.environ.get(PUBLIC_URL_ENV, "http://127.0.0.1:8080").rstrip("/")
-
-
 def page_body(incident: Incident, preface: Sequence[str] = ()) -> str:
     links = incident.links or {}
     lines = [
@@ -84,7 +79,7 @@ def page_body(incident: Incident, preface: Sequence[str] = ()) -> str:
     for kind in incidents.LINK_KINDS:
         if links.get(kind):
             lines.append(f"{kind.capitalize()}: {', '.join(links[kind])}")
-    lines += ["", f"Portal: {_portal_url()}/incidents/{incident.id}",
+    lines += ["", f"Portal: {portal_url()}/incidents/{incident.id}",
               f"CLI: corral incident show {incident.id}"]  # fmt: skip
     return "\n".join(lines)
 
