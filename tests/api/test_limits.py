@@ -225,6 +225,14 @@ def test_unreadable_metrics_token_file_refuses_start(tmp_path: Path) -> None:
         create_app(settings, db_engine=sa.create_engine("sqlite://"))
 
 
+def test_blank_metrics_token_refuses_start(tmp_path: Path) -> None:
+    """CORRAL_METRICS_TOKEN of blanks only was the token "" (stripped): every scrape 401 with no
+    word of why; refused at start as an empty token file is."""
+    settings = Settings(home=tmp_path, database_url="sqlite:///unused", metrics_token="  \t ")
+    with pytest.raises(ValueError, match=r"CORRAL_METRICS_TOKEN: .*is empty"):
+        create_app(settings, db_engine=sa.create_engine("sqlite://"))
+
+
 @pytest.mark.parametrize(
     ("host", "private"),
     [("127.0.0.1", True), ("::1", True), ("10.1.2.3", True), ("192.168.0.9", True), ("localhost", True),

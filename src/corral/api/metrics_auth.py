@@ -27,9 +27,13 @@ METRICS_PATH = "/metrics"
 
 def metrics_token(settings: Settings) -> str | None:
     """The configured scrape token, or None. A token file that cannot be read refuses start-up
-    (a server that silently scraped without the token an admin meant to set would leak)."""
+    (a server that silently scraped without the token an admin meant to set would leak), and so
+    does a CORRAL_METRICS_TOKEN of blanks only."""
     if settings.metrics_token:
-        return settings.metrics_token.strip()
+        token = settings.metrics_token.strip()
+        if not token:  # (blanks only: else "", which no scrape can send, and 401 with no word why)
+            raise ValueError("CORRAL_METRICS_TOKEN: it is empty (blanks only): set a token or unset it")
+        return token
     if settings.metrics_token_file is not None:
         try:
             text = settings.metrics_token_file.read_text()
