@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
@@ -81,6 +82,12 @@ def workspace_origin_problem(settings: Settings, public_url: str | None) -> str 
     """Why the workspace origin as configured cannot be served (a start-up error; `corral doctor`
     fails on it too), or None. `public_url`: CORRAL_PUBLIC_URL as the admin set it (the server
     sets a default for the alerts later, its local address: a loopback one, often)."""
+    if (public_url or "").strip() and origin_of(public_url) is None:
+        # (else it counted as set, but every check fell back to the bind address: review126 #3)
+        return (
+            f"{PUBLIC_URL_ENV}={(public_url or '').strip()} is not a URL: give the portal's address as "
+            "people reach it, https://host[:port] (or http:// for a plain-http test cluster)"
+        )
     if settings.workspace_origin is None:
         if settings.forwarded_allow_ips and settings.workspace_port is None:
             # An upgrade behind a reverse proxy (review118 #1): the default listener, the portal's
@@ -113,8 +120,12 @@ def workspace_origin_problem(settings: Settings, public_url: str | None) -> str 
 def _origins(settings: Settings, public_url: str | None) -> tuple[str, str]:
     """The portal's origin (CORRAL_PUBLIC_URL's, else the listen address's) and the workspace
     origin (CORRAL_WORKSPACE_ORIGIN, else what the listener derives: the portal's host name on the
-    workspace port, in the portal's scheme), for the start-up checks."""
+    workspace port, in the portal's scheme), for the start-up checks. With Corral's own TLS
+    (CORRAL_SSL_CERTFILE) the portal is https whatever CORRAL_PUBLIC_URL's scheme says: browsers
+    reach it so, its session cookie is `__Host-` and the listener derives https (review126 #1)."""
     portal = origin_of(public_url) or f"{settings.scheme}://{url_host(settings.host)}:{settings.port}"
+    if settings.ssl_certfile is not None:
+        portal = "https" + portal[portal.index("://") :]
     if settings.workspace_origin is not None:
         return portal, settings.workspace_origin
     parts = urlsplit(portal)
@@ -122,7 +133,32 @@ def _origins(settings: Settings, public_url: str | None) -> tuple[str, str]:
 
 
 def _host(origin: str) -> str:
-    return (urlsplit(origin).hostname or "").rstrip(".")
+    return canonical_host(urlsplit(origin).hostname or "")
+
+
+# A host a browser reads as an IPv4 address (WHATWG URL: its last label a number): 127.1,
+# 2130706433, 0x7f.0.0.1, 0177.0.0.1 (socket.inet_aton reads these forms as browsers do).
+_IPV4_NUMBERS = re.compile(r"(?:(?:0x[0-9a-f]*|[0-9]+)\.){0,3}(?:0x[0-9a-f]+|[0-9]+)")
+
+
+def canonical_host(host: str) -> str:
+    """`host` as one spelling of the host a browser goes to, for comparing two (review126 #4): an
+    IPv4 or IPv6 address in its shortest form (`[0:0:0:0:0:0:0:1]` is `::1`, `127.1` is
+    `127.0.0.1`), a name lower case in its IDNA (punycode) form, `%2E` a dot, no final dot."""
+    host = unquote(host).strip("[]").rstrip(".").lower()
+    try:
+        return ipaddress.ip_address(host).compressed
+    except ValueError:
+        pass
+    if _IPV4_NUMBERS.fullmatch(host):
+        try:
+            return socket.inet_ntoa(socket.inet_aton(host))
+        except OSError:
+            pass
+    try:
+        return host.encode("idna").decode("ascii")
+    except UnicodeError:  # (a label over 63 characters, or one IDNA 2003 refuses: compared as written)
+        return host
 
 
 def _same_host_over_https(settings: Settings, public_url: str | None) -> str | None:

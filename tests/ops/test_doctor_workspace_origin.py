@@ -57,3 +57,46 @@ def test_a_workspace_origin_on_the_portals_host_name_over_https_fails() -> None:
     plain = Settings(port=9000, workspace_origin="http://127.0.0.1:9001")
     demo_like = check_workspace_origin(plain, env={"CORRAL_PUBLIC_URL": "http://127.0.0.1:9000"})
     assert demo_like.status == "warn" and "the same site as the portal" in demo_like.detail, demo_like
+
+
+def test_corrals_own_tls_makes_the_portal_https_whatever_the_public_urls_scheme() -> None:
+    """review126 #1: with --ssl-certfile the portal and the derived workspace origin are https (the
+    listener derives https://<Host>:<workspace port>, the portal sets `__Host-corral_session`),
+    even when CORRAL_PUBLIC_URL says http: the same host name over https, refused."""
+    tls = Settings(ssl_certfile="cert.pem", ssl_keyfile="key.pem", host="0.0.0.0")
+    own_tls = check_workspace_origin(tls, env={"CORRAL_PUBLIC_URL": "http://corral.example.org:8080"})
+    assert own_tls.status == "fail" and own_tls.detail.startswith(
+        "the workspace origin (without CORRAL_WORKSPACE_ORIGIN: https://corral.example.org:8081) is on "
+        "the portal's host name (https://corral.example.org:8080) over https"
+    ), own_tls
+
+
+def test_a_public_url_that_is_no_url_fails() -> None:
+    """review126 #3: `corral.example.org` (no scheme) counted as set but has no origin, so the
+    same-host check fell back to the bind address and passed; refused, naming the form expected."""
+    for text in ("corral.example.org", "corral.example.org:8080", "ftp://corral.example.org"):
+        for settings in (Settings(port=9000), Settings(port=9000, workspace_port=0)):
+            check = check_workspace_origin(settings, env={"CORRAL_PUBLIC_URL": text})
+            assert check.status == "fail" and check.detail.startswith(
+                f"CORRAL_PUBLIC_URL={text} is not a URL: give the portal's address as people reach it, "
+                "https://host[:port]"
+            ), (text, check)
+
+
+def test_host_names_are_compared_as_browsers_read_them() -> None:
+    """review126 #4: one host written two ways ([0:0:0:0:0:0:0:1] and [::1], 127.1 and 2130706433
+    and 127.0.0.1, an IDN and its punycode, %2E for a dot) was two hosts to a textual comparison."""
+    for workspace, portal in (
+        ("https://[0:0:0:0:0:0:0:1]:8081", "https://[::1]:8443"),
+        ("https://127.1:8081", "https://127.0.0.1:8443"),
+        ("https://2130706433:8081", "https://127.0.0.1:8443"),
+        ("https://0x7f.0.0.1:8081", "https://127.0.0.1:8443"),
+        ("https://xn--bcher-kva.example:8081", "https://BÜCHER.example:8443"),
+        ("https://corral%2Eexample.org:8081", "https://corral.example.org:8443"),
+    ):
+        behind = Settings(workspace_origin=workspace, workspace_port=8081)
+        check = check_workspace_origin(behind, env={"CORRAL_PUBLIC_URL": portal})
+        assert check.status == "fail" and "is on the portal's host name" in check.detail, (workspace, check)
+    apart = Settings(workspace_origin="https://127.0.0.2:8081", workspace_port=8081)
+    check = check_workspace_origin(apart, env={"CORRAL_PUBLIC_URL": "https://127.1:8443"})
+    assert "is on the portal's host name" not in check.detail, check

@@ -209,6 +209,31 @@ def test_a_workspace_origin_on_the_portals_host_name_over_https_refuses_start_up
     assert "is on the portal's host name (http://corral.example.org:8080) over https" in mixed, mixed
 
 
+def test_own_tls_with_a_plain_http_public_url_or_a_public_url_that_is_no_url_refuses_start_up(
+    tmp_path: Path,
+) -> None:
+    """review126 #1: Corral's own TLS makes the portal https whatever CORRAL_PUBLIC_URL's scheme;
+    #3: a CORRAL_PUBLIC_URL without a scheme is no URL, refused rather than read as unset."""
+    ws_port = free_port()
+    tls = {"CORRAL_SSL_CERTFILE": str(tmp_path / "cert.pem"), "CORRAL_SSL_KEYFILE": str(tmp_path / "key.pem")}
+    public = {"CORRAL_PUBLIC_URL": "http://corral.example.org:8080"}
+    own_tls = _start_up_refused(tmp_path, {"CORRAL_WORKSPACE_PORT": str(ws_port), **tls, **public})
+    assert (
+        own_tls.strip()
+        .splitlines()[-1]
+        .startswith(
+            "error: the workspace origin (without CORRAL_WORKSPACE_ORIGIN: "
+            f"https://corral.example.org:{ws_port}) is on the portal's host name "
+            "(https://corral.example.org:8080) over https: "
+        )
+    ), own_tls
+    no_url = _start_up_refused(tmp_path, {"CORRAL_PUBLIC_URL": "corral.example.org"})
+    assert no_url.strip().splitlines()[-1] == (
+        "error: CORRAL_PUBLIC_URL=corral.example.org is not a URL: give the portal's address as people "
+        "reach it, https://host[:port] (or http:// for a plain-http test cluster). Nothing was written."
+    ), no_url
+
+
 def test_a_workspace_origin_on_the_portals_host_name_over_plain_http_off_loopback_is_a_warning() -> None:
     """Plain http off loopback: served (a test cluster on a LAN; anyone on the network path can
     set a plain-http cookie anyway), with a warning in the log saying what to do; on loopback

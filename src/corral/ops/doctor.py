@@ -355,6 +355,9 @@ def check_workspace_origin(settings: Settings, env: Mapping[str, str] | None = N
     as it should be, and reachable where browsers are sent."""
     env = os.environ if env is None else env
     port = settings.workspace_listen_port
+    problem = workspace_origin_problem(settings, env.get(PUBLIC_URL_ENV))
+    if problem is not None:  # the server refuses to start with it
+        return Check("workspace-origin", "fail", problem, "see docs/workspaces.md, 'The workspace origin'")
     if port == 0:
         return Check(
             "workspace-origin",
@@ -363,9 +366,6 @@ def check_workspace_origin(settings: Settings, env: Mapping[str, str] | None = N
             "workspace can act as its owner on the API",
             "set CORRAL_WORKSPACE_PORT to a free port (docs/workspaces.md, 'The workspace origin')",
         )
-    problem = workspace_origin_problem(settings, env.get(PUBLIC_URL_ENV))
-    if problem is not None:  # the server refuses to start with it
-        return Check("workspace-origin", "fail", problem, "see docs/workspaces.md, 'The workspace origin'")
     if settings.workspace_origin is None and settings.forwarded_allow_ips:
         return Check(
             "workspace-origin",
