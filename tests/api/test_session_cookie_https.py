@@ -110,6 +110,9 @@ def test_a_plain_named_session_cookie_is_refused_over_https(
     assert world.client.get(f"{API}/me", headers=planted).json()["name"] == "alice"
     assert world.client.get(f"{API}/me", headers=own).status_code == 401
     lab_path, state = f"/ws/{ws_id}/lab", "d" * 64
+    # (over https the handoff needs a workspace origin of its own: review126 #1)
+    settings: Settings = world.client.app.state.settings  # type: ignore[attr-defined]
+    monkeypatch.setattr(settings, "workspace_origin", "https://corral-ws.example.net")
     to_login = https.get(lab_path, headers=planted, follow_redirects=False)
     assert to_login.status_code == 302 and to_login.headers["location"] == f"/login?next={lab_path}"
     handed = https.get(lab_path, headers=own, follow_redirects=False)

@@ -709,6 +709,52 @@ def test_the_handoffs_cookies_are_host_prefixed_when_the_workspace_origin_is_htt
     proxy._decisions.clear()
 
 
+def test_no_handoff_over_https_to_a_workspace_origin_on_the_portals_host_name(
+    world: World, jupyter: str, monkeypatch: Any
+) -> None:
+    """review126 #1: without CORRAL_WORKSPACE_ORIGIN the workspace origin is derived from the
+    request (the portal's host name, the workspace port); over https (Corral's TLS, a trusted TLS
+    proxy the start-up check cannot see, CORRAL_PUBLIC_URL https) a workspace's script there could
+    set the portal's `__Host-corral_session`. Every step of the handoff refuses, saying what to set;
+    plain http (the demo, the other tests here) is handed over as before."""
+    monkeypatch.setattr(proxy, "jupyter_upstream", lambda *_: Upstream(socket=jupyter))
+    proxy._decisions.clear()
+    ws_id = running_workspace(world, "nb")
+    secret = portal_session(world, "alice")
+    html = {"Accept": "text/html"}
+    with (
+        TestClient(world.client.app, base_url="https://testserver") as portal,
+        TestClient(world.client.app, base_url="https://testserver:8081") as listener,
+    ):
+        own = {"Cookie": f"__Host-corral_session={secret}"}
+        steps = {
+            "session": portal.get(f"/ws/{ws_id}/lab", headers=own, follow_redirects=False),
+            "token": portal.get(f"/ws/{ws_id}/lab", headers=world.as_("alice"), follow_redirects=False),
+            "ticket": portal.get(
+                TICKET_PATH, params={"to": f"/ws/{ws_id}/lab", "state": "d" * 64}, headers=own,
+                follow_redirects=False,
+            ),
+            "begin": listener.get(f"{HANDOFF_BEGIN_PATH}?to=/ws/{ws_id}/lab", follow_redirects=False),
+        }  # fmt: skip
+        for step, answer in steps.items():
+            assert answer.status_code == 503, (step, answer.status_code, answer.text)
+            assert "set CORRAL_WORKSPACE_ORIGIN to a host name of its own" in answer.json()["detail"], step
+        page = portal.get(f"/ws/{ws_id}/lab", headers={**own, **html}, follow_redirects=False)
+        assert page.status_code == 503 and "set CORRAL_WORKSPACE_ORIGIN to a host name" in page.text
+    # A TLS proxy not trusted for X-Forwarded-Proto: the request looks plain, CORRAL_PUBLIC_URL says https.
+    monkeypatch.setenv("CORRAL_PUBLIC_URL", "https://testserver")
+    proxied = world.client.get(
+        f"/ws/{ws_id}/lab", headers={"Cookie": f"__Host-corral_session={secret}"}, follow_redirects=False
+    )
+    assert proxied.status_code == 503, proxied.text
+    monkeypatch.delenv("CORRAL_PUBLIC_URL")
+    plain = world.client.get(
+        f"/ws/{ws_id}/lab", headers={"Cookie": f"corral_session={secret}"}, follow_redirects=False
+    )
+    assert plain.status_code == 303 and HANDOFF_BEGIN_PATH in plain.headers["location"], plain.text
+    proxy._decisions.clear()
+
+
 def test_https_answers_of_both_listeners_send_hsts_when_corral_serves_tls(
     db_engine: sa.Engine, tmp_path: Path
 ) -> None:

@@ -37,7 +37,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Red
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from corral.api.deps import same_origin
+from corral.api.deps import portal_https, same_origin
 from corral.config import PUBLIC_URL_ENV, Settings, url_host
 from corral.services import workspace_passes
 from corral.services.auth import sha256_hex
@@ -109,6 +109,29 @@ def workspace_origin(request: Any, settings: Settings) -> str:
         return settings.workspace_origin
     host, scheme = _host_and_scheme(request)
     return f"{scheme}://{host}:{settings.workspace_listen_port}"
+
+
+# review126 #1: without CORRAL_WORKSPACE_ORIGIN the listener is the portal's own host name on another
+# port; over https (Corral's own TLS, a TLS proxy trusted for X-Forwarded-Proto, which the start-up
+# check cannot see, or CORRAL_PUBLIC_URL https) a workspace's script there could set the portal's
+# `__Host-corral_session` (browsers keep cookies apart by host, not port): no handoff, whatever the
+# start-up check let through.
+NO_OWN_HOST_NAME = (
+    "workspaces cannot be opened here: the portal is served over https and the workspace listener "
+    "has no host name of its own, so a workspace's script could set the portal's session cookie; "
+    "the administrator must set CORRAL_WORKSPACE_ORIGIN to a host name of its own, e.g. "
+    "https://ws.example.org (docs/security.md, 'Workspaces on their own origin')"
+)
+
+
+def derived_over_https(request: Any, settings: Settings) -> Response | None:
+    """A 503 saying NO_OWN_HOST_NAME when the workspace origin would be derived from this https
+    request (the portal's host name), else None: checked by every step of a handoff."""
+    if settings.workspace_origin is not None:
+        return None
+    if settings.ssl_certfile is None and not portal_https(request.scope):
+        return None  # plain http: the demo and tests on loopback, or a warned-of test cluster
+    return refused(request, 503, NO_OWN_HOST_NAME)
 
 
 def portal_url(request: Any, settings: Settings) -> str:
@@ -198,6 +221,9 @@ async def hand_over(request: Request, ws_id: int, session_secret: str | None) ->
     sent to the same path there (307: its method and body kept)."""
     settings = settings_of(request.app)
     assert settings is not None
+    over_https = derived_over_https(request, settings)
+    if over_https is not None:
+        return over_https
     target = _workspace_target(request.scope, ws_id)
     origin = workspace_origin(request, settings)
     if session_secret is None:
@@ -252,6 +278,9 @@ async def begin_handoff(request: Request) -> Response:
     sent back to the portal's TICKET_PATH with its hash, for a ticket only this browser can redeem."""
     settings = settings_of(request.app)
     assert settings is not None
+    over_https = derived_over_https(request, settings)
+    if over_https is not None:
+        return over_https
     try:
         ws_id, target = handoff_target(request.query_params.get("to", ""))
     except BadTarget as problem:
@@ -288,6 +317,9 @@ async def send_ticket(request: Request, ws_id: int, target: str, session_secret:
     `target` bound to the state hash the workspace origin sent, and the browser sent there with it."""
     settings = settings_of(request.app)
     assert settings is not None
+    over_https = derived_over_https(request, settings)
+    if over_https is not None:
+        return over_https
     origin = workspace_origin(request, settings)
     not_navigation = _not_a_navigation(request, ws_id, origin)
     if not_navigation is not None:
