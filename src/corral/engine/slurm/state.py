@@ -174,8 +174,8 @@ class StateStore:
                                  markers, `submission` (the current submission's token, 0644),
                                  bwrap-R.status (the job's account's, 0600: scripts.BWRAP_STATUS_FILE)
       attempts/<id>/job/         the job's account, 0700: scripts, logs, exit codes, work dirs
-      unreadable/<id>            server, 0600: when the attempt's status was first unreadable
-                                 (unreadable.SINCE_DIR; only while it is so)
+      unreadable/<id>            server, 0600: when the attempt's status was first unreadable,
+                                 its mtime when last seen so (unreadable.SINCE_DIR; while it is so)
     """
 
     def __init__(self, root: Path) -> None:

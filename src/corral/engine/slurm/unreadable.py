@@ -10,10 +10,13 @@ and its Slurm job forever: once unreadable for `grace_s` (CORRAL_SLURM_UNREADABL
 Slurm says its job no longer runs, or twice that while it still runs (then it is killed), the
 attempt ends FAILED, status_unreadable: the platform's failure, retried as a lost node's attempt is
 (docs/slurm.md). When each attempt was first found so is kept in a small file of its own under the
-engine's state dir (SINCE_DIR/<attempt id>, written once, read at start), not in the attempt's
-record, whose writes may be what fails: a server restarting more often than the grace would else
-start every attempt's count again and never end one. Should that file not be written either, the
-count is this process's alone, as it was.
+engine's state dir (SINCE_DIR/<attempt id>: its text the first time, its mtime when it was last
+seen so, refreshed at most every PRUNE_EVERY_S; read at start), not in the attempt's record, whose
+writes may be what fails: a server restarting more often than the grace would else start every
+attempt's count again and never end one. At start a file last seen FORGET_AFTER_S ago or more is
+forgotten, as a running server forgets (the downtime counts only as far as a gap between two
+failed reads does in one process). Should that file not be written either, the count is this
+process's alone, as it was.
 """
 
 from __future__ import annotations
@@ -44,14 +47,15 @@ PRUNE_EVERY_S = 5.0
 FORGET_AFTER_S = 600.0
 MAX_ERROR_CHARS = 400  # of the error's text in the failure's message
 # Under the engine's state dir, beside `attempts/`: a file per attempt whose status could not be
-# read, named by its id, holding when (the wall clock's seconds) that was first so.
+# read, named by its id, holding when (the wall clock's seconds) that was first so; its mtime is
+# when that was last seen (refreshed at most every PRUNE_EVERY_S, so late by that at most).
 SINCE_DIR = "unreadable"
 
 
 class UnreadableAttempts:
     """Per attempt, since when (monotonic) its status could not be read and when that was last
     seen; and the log's pace. `clock`: time.monotonic (a test's own clock). `since_dir`: where the
-    first time of each is kept across restarts (the engine's `<state dir>/SINCE_DIR`; None: in
+    first and last times of each are kept across restarts (the engine's `<state dir>/SINCE_DIR`; None: in
     memory only), by `wall` (time.time: the monotonic clock does not outlive a reboot)."""
 
     def __init__(
@@ -78,14 +82,17 @@ class UnreadableAttempts:
         self._lock = threading.Lock()
         self._since_dir = since_dir
         self._wall = wall
-        self._kept: set[str] = set()  # the attempts whose first time is in a file of since_dir
+        # the attempts with a file in since_dir (one whose removal failed too, until a prune removes it)
+        self._kept: set[str] = set()
+        self._touched: dict[str, float] = {}  # attempt -> when (clock) its file's mtime was last set
         if since_dir is not None:
             self._load_kept(since_dir)
 
     def _load_kept(self, since_dir: Path) -> None:
         """At start: each attempt a file says was unreadable, its count going on from the first
-        time (the time the server was down included: it was unreadable when last looked at, and
-        is so again at the first poll that finds it so; one read well starts the count again)."""
+        time and last seen at the file's mtime, as though this process had seen both (the time
+        the server was down included, as a gap between two failed reads is in one process); one
+        last seen FORGET_AFTER_S ago or more is forgotten, its file removed, as a prune would."""
         try:
             since_dir.mkdir(mode=0o700, exist_ok=True)
             names = os.listdir(since_dir)
@@ -95,12 +102,15 @@ class UnreadableAttempts:
         now, wall_now = self._clock(), self._wall()
         for name in names:
             path = since_dir / name
-            first = _first_time(path)
-            if first is None:
-                _remove(path)
+            times = _kept_times(path)
+            if times is None or wall_now - times[1] >= FORGET_AFTER_S:
+                if not _remove(path) and not name.startswith("."):
+                    self._kept.add(name)  # (tried again at each prune)
                 continue
             # (a wall clock stepped back since: counted from now, never a negative age)
-            self._since[name] = (now - max(0.0, wall_now - first), now)
+            first, last = (now - max(0.0, wall_now - at) for at in times)
+            self._since[name] = (first, last)
+            self._touched[name] = last
             self._kept.add(name)
 
     @classmethod
@@ -115,8 +125,10 @@ class UnreadableAttempts:
             return
         try:
             fd, tmp = tempfile.mkstemp(dir=self._since_dir, prefix=".tmp-")  # 0600
+            wall = self._wall()
             with os.fdopen(fd, "w") as f:
-                f.write(f"{self._wall():.3f}\n")
+                f.write(f"{wall:.3f}\n")
+            os.utime(tmp, (wall, wall))  # (last seen: now, on the same clock as the first time)
             os.replace(tmp, self._since_dir / attempt_id)
         except OSError as exc:
             log.warning(
@@ -128,13 +140,30 @@ class UnreadableAttempts:
             )
             return
         self._kept.add(attempt_id)
+        self._touched[attempt_id] = self._clock()
 
-    def _unkeep(self, attempt_id: str) -> None:
-        """Its file gone with its entry (read well, ended, or forgotten)."""
+    def _seen_again(self, attempt_id: str, now: float) -> None:
+        """Its file's mtime set to now (when it was last seen unreadable), at most every
+        PRUNE_EVERY_S: a restart forgets it only if it was not seen so for FORGET_AFTER_S."""
+        touched = self._touched.get(attempt_id)
+        if self._since_dir is None or touched is None or now - touched < PRUNE_EVERY_S:
+            return
+        self._touched[attempt_id] = now
+        wall = self._wall()
+        try:
+            os.utime(self._since_dir / attempt_id, (wall, wall))
+        except OSError:
+            pass  # (the dir refuses it: a restart may forget the attempt early, never count it longer)
+
+    def _unkeep(self, attempt_id: str, log_failure: bool = True) -> None:
+        """Its file gone with its entry (read well, ended, or forgotten); one the state dir would
+        not remove stays kept, and each prune tries it again (else it would be read at the next
+        start as an attempt still unreadable)."""
+        self._touched.pop(attempt_id, None)
         if attempt_id not in self._kept or self._since_dir is None:
             return
-        self._kept.discard(attempt_id)
-        _remove(self._since_dir / attempt_id)  # (left: read at the next start, removed by its first read)
+        if _remove(self._since_dir / attempt_id, log_failure):
+            self._kept.discard(attempt_id)
 
     def unreadable_for(self, attempt_id: str) -> float:
         """Note that the attempt's status could not be read now; seconds since it first could not
@@ -148,11 +177,13 @@ class UnreadableAttempts:
                 self._keep(attempt_id)
                 return 0.0
             self._since[attempt_id] = (seen[0], now)
+            self._seen_again(attempt_id, now)
             return now - seen[0]
 
     def read(self, attempt_id: str) -> None:
         """Its status was read (or it ended): a later failure to read starts the clock again."""
-        if self._since:  # a poll of every live attempt calls this: nothing to do most of the time
+        # (a poll of every live attempt calls this: nothing to do most of the time)
+        if self._since or self._kept:
             with self._lock:
                 self._prune(self._clock())  # (entries read from files at start of attempts no longer polled)
                 if self._since.pop(attempt_id, None) is not None:
@@ -223,27 +254,34 @@ class UnreadableAttempts:
         for aid in [aid for aid, times in self._since.items() if times[1] <= seen]:
             del self._since[aid]
             self._unkeep(aid)
+        for aid in [aid for aid in self._kept if aid not in self._since]:  # removals that failed
+            self._unkeep(aid, log_failure=False)
         for logged in (self._logged, self._end_logged, self._marker_logged):  # in place: _log_due holds one
             for aid in [aid for aid, at in logged.items() if now - at >= LOG_EVERY_S]:
                 del logged[aid]
 
 
-def _first_time(path: Path) -> float | None:
-    """The wall-clock time a file of SINCE_DIR holds; None for one that holds none: _keep's
-    temporary file (a name with a dot first) or a write cut short, a directory, an unreadable one."""
+def _kept_times(path: Path) -> tuple[float, float] | None:
+    """The wall-clock times a file of SINCE_DIR holds: first (its text) and last (its mtime) seen
+    unreadable; None for one that holds none: _keep's temporary file (a name with a dot first)
+    or a write cut short, a directory, an unreadable one."""
     if path.name.startswith("."):
         return None
     try:
-        return float(path.read_text())
+        return float(path.read_text()), path.stat().st_mtime
     except (OSError, ValueError):
         return None
 
 
-def _remove(path: Path) -> None:
+def _remove(path: Path, log_failure: bool = True) -> bool:
+    """Whether `path` is gone (removed now, or already)."""
     try:
         path.unlink(missing_ok=True)
     except OSError as exc:
-        log.warning("%s could not be removed: %s", path, exc)
+        if log_failure:
+            log.warning("%s could not be removed (%s): tried again every %.0f s", path, exc, PRUNE_EVERY_S)
+        return False
+    return True
 
 
 def failed_status(
