@@ -335,6 +335,25 @@ def test_the_first_unreadable_time_outlives_a_restart_of_the_engine(tmp_path: Pa
     assert not kept.exists()  # ended: its file goes with it
 
 
+def test_an_attempt_ended_or_gone_some_other_way_takes_its_unreadable_file_with_it(tmp_path: Path) -> None:
+    """review126 #7: only the status_unreadable end removed the file; an attempt whose end was
+    recorded otherwise (a stop, a later good read by another path), or that the engine no longer
+    knows, kept it until forgotten, and a restart before then counted it as still unreadable."""
+    engine = _engine_that_cannot_read(tmp_path, {})
+    for aid in (AID, "8.1"):
+        engine.store.save(AttemptRecord(aid, slurm_job_id="41", submitted_at=time.time(), n_ranks=1))
+    assert engine.poll([AID, "8.1"]) == {}  # unreadable, within the grace: both kept
+    since = tmp_path / unreadable.SINCE_DIR
+    assert sorted(p.name for p in since.iterdir()) == [AID, "8.1"]
+    ended = AttemptRecord(AID, slurm_job_id="41", submitted_at=time.time(), n_ranks=1)
+    ended.final = {"phase": AttemptPhase.SUCCEEDED.value, "exit_code": 0}
+    engine.store.save(ended)
+    shutil.rmtree(engine.store.root / "attempts" / "8.1")  # gone from the engine
+    out = engine.poll([AID, "8.1"])
+    assert out[AID].phase is AttemptPhase.SUCCEEDED and out["8.1"].phase is AttemptPhase.LOST, out
+    assert list(since.iterdir()) == []
+
+
 def test_a_kept_first_time_goes_with_a_read_and_with_forgetting(tmp_path: Path) -> None:
     clock, wall = Clock(), Clock()
     wall.now = 1_700_000_000.0

@@ -335,6 +335,8 @@ class SlurmEngine(Submission):
                 out[aid] = final
             else:
                 live.append(record)
+                continue
+            self._unreadable.read(aid)  # ended or gone: its unreadable count (and file) ends too
         if live:
             still = self._still_pending(live)
             if still is None:
