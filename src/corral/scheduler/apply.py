@@ -34,6 +34,10 @@ class Applied:
     assigned: int
     preempted: int
 
+    def __init__(self, assigned: int, preempted: int) -> None:  # written out, as in types.py
+        object.__setattr__(self, "assigned", assigned)
+        object.__setattr__(self, "preempted", preempted)
+
 
 def apply_plan(plan: Plan, sink: PlanSink) -> Applied:
     """Assignments first (they use only capacity that is free now), then preemptions (their

@@ -30,6 +30,15 @@ class Reservation:
     extra: int
     reason: Reason | None = None  # the backfill_would_delay reason it gives, made once
 
+    def __init__(  # written out, as in types.py (one per reservation)
+        self, job_id: str, models: frozenset[str], start: float, extra: int, reason: Reason | None = None
+    ) -> None:
+        self.job_id = job_id
+        self.models = models
+        self.start = start
+        self.extra = extra
+        self.reason = reason
+
 
 class Backfill:
     """The cycle's reservations and its timeline of GPUs coming back."""

@@ -34,6 +34,14 @@ class Request:
     cpus: float
     memory_mib: int
 
+    def __init__(  # written out, as in types.py (one per placement)
+        self, gpus: int, models: frozenset[str] | None, cpus: float, memory_mib: int
+    ) -> None:
+        object.__setattr__(self, "gpus", gpus)
+        object.__setattr__(self, "models", models)
+        object.__setattr__(self, "cpus", cpus)
+        object.__setattr__(self, "memory_mib", memory_mib)
+
 
 ShapeKey = tuple[object, ...]
 K = TypeVar("K")

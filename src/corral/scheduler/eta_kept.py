@@ -63,6 +63,20 @@ class KeptRoll:
     running: tuple[RunningJob, ...]
     placed: list[Job]  # the jobs it placed, in the order placed
 
+    def __init__(  # written out, as in types.py (one per targeted roll)
+        self,
+        roll: BackfillRoll,
+        profile: Profile,
+        nodes: tuple[Node, ...],
+        running: tuple[RunningJob, ...],
+        placed: list[Job],
+    ) -> None:
+        self.roll = roll
+        self.profile = profile
+        self.nodes = nodes
+        self.running = running
+        self.placed = placed
+
 
 class KeptRolls:
     """The Scheduler's kept roll (at most one): continued by later cycles while it holds."""
@@ -158,6 +172,28 @@ class KeptOrder:
     margin: float  # at most the least (least other group's share - the popped group's) at a pop
     top: float  # at least the greatest popped group's share at its pop
     uncharged: bool  # a popped job was not charged (unschedulable)
+
+    def __init__(  # written out, as in types.py (one per targeted read)
+        self,
+        jobs: list[Job],
+        by_group: dict[str, list[Job]],
+        base: dict[str, float],
+        weights: Mapping[str, float],
+        horizon: float,
+        counts: dict[str, int],
+        margin: float,
+        top: float,
+        uncharged: bool,
+    ) -> None:
+        self.jobs = jobs
+        self.by_group = by_group
+        self.base = base
+        self.weights = weights
+        self.horizon = horizon
+        self.counts = counts
+        self.margin = margin
+        self.top = top
+        self.uncharged = uncharged
 
 
 class OrderRecorder:

@@ -44,6 +44,32 @@ class JobInfo:
     search_id: int  # (sig, group, priority, preemptible): what a preemption search reads
     eta: Waiting  # what the estimated start reads (its models equal job_models(st, job))
 
+    def __init__(  # written out, as in types.py (one per job)
+        self,
+        total: int,
+        models: tuple[str, ...],
+        sig: tuple[object, ...],
+        widest: int,
+        never: tuple[Reason, ...],
+        model_set: frozenset[str],
+        fit_id: int,
+        rank_id: int,
+        admit_id: int,
+        search_id: int,
+        eta: Waiting,
+    ) -> None:
+        object.__setattr__(self, "total", total)
+        object.__setattr__(self, "models", models)
+        object.__setattr__(self, "sig", sig)
+        object.__setattr__(self, "widest", widest)
+        object.__setattr__(self, "never", never)
+        object.__setattr__(self, "model_set", model_set)
+        object.__setattr__(self, "fit_id", fit_id)
+        object.__setattr__(self, "rank_id", rank_id)
+        object.__setattr__(self, "admit_id", admit_id)
+        object.__setattr__(self, "search_id", search_id)
+        object.__setattr__(self, "eta", eta)
+
 
 InfoMemo = dict[int, tuple[Job, JobInfo]]  # id(job) -> (the job, held so the id stays unique, info)
 

@@ -28,6 +28,16 @@ class Placed:
     undo: list[tuple[int, str | None, tuple[int, ...], float, int]]
     gpus_by_model: dict[str, int]
 
+    def __init__(  # written out, as in types.py (one per placement)
+        self,
+        instances: list[InstancePlacement],
+        undo: list[tuple[int, str | None, tuple[int, ...], float, int]],
+        gpus_by_model: dict[str, int],
+    ) -> None:
+        self.instances = instances
+        self.undo = undo
+        self.gpus_by_model = gpus_by_model
+
 
 class Placer:
     def __init__(self, st: ClusterState, profile: Profile, rng: random.Random) -> None:

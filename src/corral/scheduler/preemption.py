@@ -31,6 +31,12 @@ class Candidate:
     gpus_by_model: dict[str, int]
     las: int
 
+    def __init__(self, rj: RunningJob, gpus_by_model: dict[str, int], las: int) -> None:
+        # written out, as in types.py (one per running job a search sorts)
+        self.rj = rj
+        self.gpus_by_model = gpus_by_model
+        self.las = las
+
 
 @dataclass(slots=True)
 class Room:
@@ -159,7 +165,10 @@ class Preemptor:
             mine = las_queue(job.attained_gpu_seconds, self.profile.las_thresholds)
             return takewhile(lambda c: c.las > mine, self.candidates)
         lower = [self._rank(job.group, p) for p in range(int(job.priority))]
-        own: Iterator[Candidate] = heapq.merge(*lower, key=self.order_key)
+        # heapq.merge is interpreted Python (a generator): one list alone is already in order
+        own: Iterator[Candidate] = (
+            iter(lower[0]) if len(lower) == 1 else heapq.merge(*lower, key=self.order_key)
+        )
         ledger = self.ledger
         if ledger is None or not self.borrowed or not ledger.below_guarantee(job, models):
             return own

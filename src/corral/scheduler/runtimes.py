@@ -39,6 +39,15 @@ class RuntimeEstimate:
     basis: str  # which level it came from: one of LEVELS, or "limit" (the user's max_runtime)
     runs: int  # how many runs it rests on (0 for "limit")
 
+    def __init__(  # written out, as in types.py (one per queued job)
+        self, seconds: float, low_s: float, high_s: float, basis: str, runs: int
+    ) -> None:
+        object.__setattr__(self, "seconds", seconds)
+        object.__setattr__(self, "low_s", low_s)
+        object.__setattr__(self, "high_s", high_s)
+        object.__setattr__(self, "basis", basis)
+        object.__setattr__(self, "runs", runs)
+
     def describe(self) -> str:
         """ "median of 12 runs of the group's jobs" and the like, for the user."""
         if self.basis == "limit":

@@ -5,6 +5,13 @@ dataclasses so that the live control loop, the trace simulator and the tests can
 cheaply and compare them exactly. Nothing here does I/O or reads a clock.
 
 Other packages build on these names; add fields with defaults, never rename or remove.
+
+The classes built per job or per cycle spell out their `__init__` (a field added to one needs it
+there too; tests/scheduler/test_dataclass_inits.py checks every such `__init__` against the
+fields): mypyc compiles the methods written in a class body, while those `@dataclass` generates
+stay interpreted Python, and a replay builds millions of these objects. Each field is set with
+`object.__setattr__(self, "name", value)`, which mypyc compiles to a direct store and which in
+pure Python is what the generated `__init__` of a frozen dataclass does.
 """
 
 from __future__ import annotations
@@ -87,6 +94,14 @@ class Resources:
     cpus: float = 1.0
     memory_mib: int = 1024
 
+    def __init__(
+        self, gpus: int = 0, gpu_model: str | None = None, cpus: float = 1.0, memory_mib: int = 1024
+    ) -> None:
+        object.__setattr__(self, "gpus", gpus)
+        object.__setattr__(self, "gpu_model", gpu_model)
+        object.__setattr__(self, "cpus", cpus)
+        object.__setattr__(self, "memory_mib", memory_mib)
+
     @property
     def gpu_models(self) -> frozenset[str] | None:
         return parse_gpu_models(self.gpu_model)
@@ -97,6 +112,11 @@ class TaskSpec:
     role: str
     instances: int
     resources: Resources
+
+    def __init__(self, role: str, instances: int, resources: Resources) -> None:
+        object.__setattr__(self, "role", role)
+        object.__setattr__(self, "instances", instances)
+        object.__setattr__(self, "resources", resources)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +144,38 @@ class Job:
     avoid: tuple[tuple[str, int | None], ...] = ()
     # Times it was preempted so far: a job at the profile's max_preemptions is no longer a victim
     preemptions: int = 0
+
+    def __init__(
+        self,
+        id: str,
+        group: str,
+        user: str,
+        tasks: tuple[TaskSpec, ...],
+        priority: Priority = Priority.NORMAL,
+        preemptible: bool = True,
+        submit_time: float = 0.0,
+        runtime_estimate: float | None = None,
+        runtime_spread: tuple[float, float] | None = None,
+        runtime_is_limit: bool = False,
+        attained_gpu_seconds: float = 0.0,
+        stop_grace_s: float | None = None,
+        avoid: tuple[tuple[str, int | None], ...] = (),
+        preemptions: int = 0,
+    ) -> None:
+        object.__setattr__(self, "id", id)
+        object.__setattr__(self, "group", group)
+        object.__setattr__(self, "user", user)
+        object.__setattr__(self, "tasks", tasks)
+        object.__setattr__(self, "priority", priority)
+        object.__setattr__(self, "preemptible", preemptible)
+        object.__setattr__(self, "submit_time", submit_time)
+        object.__setattr__(self, "runtime_estimate", runtime_estimate)
+        object.__setattr__(self, "runtime_spread", runtime_spread)
+        object.__setattr__(self, "runtime_is_limit", runtime_is_limit)
+        object.__setattr__(self, "attained_gpu_seconds", attained_gpu_seconds)
+        object.__setattr__(self, "stop_grace_s", stop_grace_s)
+        object.__setattr__(self, "avoid", avoid)
+        object.__setattr__(self, "preemptions", preemptions)
 
     @property
     def total_gpus(self) -> int:
@@ -157,11 +209,25 @@ class InstancePlacement:
     cpus: float
     memory_mib: int
 
+    def __init__(
+        self, role: str, index: int, node: str, gpu_indices: tuple[int, ...], cpus: float, memory_mib: int
+    ) -> None:
+        object.__setattr__(self, "role", role)
+        object.__setattr__(self, "index", index)
+        object.__setattr__(self, "node", node)
+        object.__setattr__(self, "gpu_indices", gpu_indices)
+        object.__setattr__(self, "cpus", cpus)
+        object.__setattr__(self, "memory_mib", memory_mib)
+
 
 @dataclass(frozen=True, slots=True)
 class Allocation:
     job_id: str
     instances: tuple[InstancePlacement, ...]
+
+    def __init__(self, job_id: str, instances: tuple[InstancePlacement, ...]) -> None:
+        object.__setattr__(self, "job_id", job_id)
+        object.__setattr__(self, "instances", instances)
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -178,6 +244,22 @@ class RunningJob:
     # resources count as free from `stops_by` (same time base as `now`; None: now + the job's grace).
     stopping: bool = False
     stops_by: float | None = None
+
+    def __init__(
+        self,
+        job: Job,
+        allocation: Allocation,
+        start_time: float,
+        borrowed: bool = False,
+        stopping: bool = False,
+        stops_by: float | None = None,
+    ) -> None:
+        object.__setattr__(self, "job", job)
+        object.__setattr__(self, "allocation", allocation)
+        object.__setattr__(self, "start_time", start_time)
+        object.__setattr__(self, "borrowed", borrowed)
+        object.__setattr__(self, "stopping", stopping)
+        object.__setattr__(self, "stops_by", stops_by)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +288,15 @@ class Usage:
     by_group: Mapping[str, float] = field(default_factory=dict)
     by_user: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (group, user) -> gpu-s
 
+    # None: a new empty dict each, as the fields' default factories give
+    def __init__(
+        self,
+        by_group: Mapping[str, float] | None = None,
+        by_user: Mapping[tuple[str, str], float] | None = None,
+    ) -> None:
+        object.__setattr__(self, "by_group", {} if by_group is None else by_group)
+        object.__setattr__(self, "by_user", {} if by_user is None else by_user)
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
@@ -215,12 +306,31 @@ class Snapshot:
     running: tuple[RunningJob, ...] = ()
     usage: Usage = field(default_factory=Usage)
 
+    def __init__(
+        self,
+        nodes: tuple[Node, ...],
+        groups: tuple[Group, ...],
+        queued: tuple[Job, ...],
+        running: tuple[RunningJob, ...] = (),
+        usage: Usage | None = None,  # None: an empty Usage, as the field's default factory gives
+    ) -> None:
+        object.__setattr__(self, "nodes", nodes)
+        object.__setattr__(self, "groups", groups)
+        object.__setattr__(self, "queued", queued)
+        object.__setattr__(self, "running", running)
+        object.__setattr__(self, "usage", Usage() if usage is None else usage)
+
 
 @dataclass(frozen=True, slots=True)
 class Assignment:
     job_id: str
     allocation: Allocation
     borrowed: bool = False
+
+    def __init__(self, job_id: str, allocation: Allocation, borrowed: bool = False) -> None:
+        object.__setattr__(self, "job_id", job_id)
+        object.__setattr__(self, "allocation", allocation)
+        object.__setattr__(self, "borrowed", borrowed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,12 +340,23 @@ class Preemption:
     reason: str  # human sentence: "reclaimed by group vision for job j-42"
     for_job: str | None = None
 
+    def __init__(self, job_id: str, grace_s: float, reason: str, for_job: str | None = None) -> None:
+        object.__setattr__(self, "job_id", job_id)
+        object.__setattr__(self, "grace_s", grace_s)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "for_job", for_job)
+
 
 @dataclass(frozen=True, slots=True)
 class Reason:
     code: str  # stable machine code, e.g. "gpu_fragmented", "quota_exhausted"
     source: str  # plugin or admission stage that gave it, e.g. "filter:gpu_model", "quota"
     message: str  # plain sentence for the user
+
+    def __init__(self, code: str, source: str, message: str) -> None:
+        object.__setattr__(self, "code", code)
+        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "message", message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,9 +370,35 @@ class Diagnosis:
     # None: no estimate, or no spread known
     start_range: tuple[float, float] | None = None
 
+    def __init__(  # one per waiting job at every tick of the live loop
+        self,
+        job_id: str,
+        reasons: tuple[Reason, ...],
+        queue_position: int,
+        estimated_start: float | None,
+        unschedulable: bool = False,
+        start_range: tuple[float, float] | None = None,
+    ) -> None:
+        object.__setattr__(self, "job_id", job_id)
+        object.__setattr__(self, "reasons", reasons)
+        object.__setattr__(self, "queue_position", queue_position)
+        object.__setattr__(self, "estimated_start", estimated_start)
+        object.__setattr__(self, "unschedulable", unschedulable)
+        object.__setattr__(self, "start_range", start_range)
+
 
 @dataclass(frozen=True, slots=True)
 class Plan:
     assignments: tuple[Assignment, ...]
     preemptions: tuple[Preemption, ...]
     diagnoses: Mapping[str, Diagnosis]
+
+    def __init__(
+        self,
+        assignments: tuple[Assignment, ...],
+        preemptions: tuple[Preemption, ...],
+        diagnoses: Mapping[str, Diagnosis],
+    ) -> None:
+        object.__setattr__(self, "assignments", assignments)
+        object.__setattr__(self, "preemptions", preemptions)
+        object.__setattr__(self, "diagnoses", diagnoses)

@@ -1,0 +1,119 @@
+"""The dataclasses whose `__init__` is written out (types.py's docstring says why: mypyc compiles
+methods written in a class body, while the ones `@dataclass` generates stay interpreted) take the
+same arguments as the generated one would and set every field to what it was given."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import pytest
+
+from corral.scheduler import types
+from corral.scheduler.apply import Applied
+from corral.scheduler.backfill import Reservation
+from corral.scheduler.cluster import Request
+from corral.scheduler.compiled_build import is_compiled
+from corral.scheduler.eta_kept import KeptOrder, KeptRoll
+from corral.scheduler.jobinfo import JobInfo
+from corral.scheduler.outcomes import Verdicts
+from corral.scheduler.placement import Placed
+from corral.scheduler.preemption import Candidate
+from corral.scheduler.runtimes import RuntimeEstimate
+
+# Built per job or per cycle of a replay or a live tick: each must keep a written-out __init__
+WRITTEN_OUT: tuple[type[Any], ...] = (
+    types.Resources,
+    types.TaskSpec,
+    types.Job,
+    types.InstancePlacement,
+    types.Allocation,
+    types.RunningJob,
+    types.Usage,
+    types.Snapshot,
+    types.Assignment,
+    types.Preemption,
+    types.Reason,
+    types.Diagnosis,
+    types.Plan,
+    Applied,
+    Reservation,
+    Request,
+    KeptOrder,
+    KeptRoll,
+    JobInfo,
+    Verdicts,
+    Placed,
+    Candidate,
+    RuntimeEstimate,
+)
+
+
+def _generated_by_dataclasses(cls: type[Any]) -> bool:
+    # the generated __init__ is compiled from a string (co_filename "<string>") by `dataclasses`
+    code = getattr(cls.__dict__["__init__"], "__code__", None)
+    return code is not None and code.co_filename == "<string>"
+
+
+@pytest.mark.parametrize("cls", WRITTEN_OUT, ids=lambda c: c.__name__)
+def test_the_init_is_written_out(cls: type[Any]) -> None:
+    assert dataclasses.is_dataclass(cls)
+    assert "__init__" in cls.__dict__
+    assert not _generated_by_dataclasses(cls), f"{cls.__name__}.__init__ is dataclasses' own again"
+    if is_compiled():  # compiled: a native method, not a Python function run by the interpreter
+        assert not inspect.isfunction(cls.__init__), cls.__name__
+
+
+# Compiled, an __init__ shows no signature (`(*args, **kwargs)`) and checks its arguments' types;
+# scripts/test.sh runs tests/scheduler pure as well, where these two run
+PURE_ONLY = pytest.mark.skipif(is_compiled(), reason="reads the pure-Python __init__")
+
+
+@PURE_ONLY
+@pytest.mark.parametrize("cls", WRITTEN_OUT, ids=lambda c: c.__name__)
+def test_the_init_takes_the_fields_in_order_with_their_defaults(cls: type[Any]) -> None:
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]  # less self
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    assert [p.name for p in params] == [f.name for f in fields]
+    for p, f in zip(params, fields, strict=True):
+        assert p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, f.name
+        if f.default is not dataclasses.MISSING:
+            assert p.default == f.default and type(p.default) is type(f.default), f.name
+        elif f.default_factory is not dataclasses.MISSING:
+            assert p.default is None, f.name  # None: the factory's value, made afresh
+        else:
+            assert p.default is inspect.Parameter.empty, f.name
+
+
+@PURE_ONLY
+@pytest.mark.parametrize("cls", WRITTEN_OUT, ids=lambda c: c.__name__)
+def test_every_field_is_set_to_its_argument(cls: type[Any]) -> None:
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    given = {f.name: object() for f in fields}
+    made = cls(**given)
+    for f in fields:
+        assert getattr(made, f.name) is given[f.name], f.name
+    positional = cls(*given.values())
+    for f in fields:
+        assert getattr(positional, f.name) is given[f.name], f.name
+
+
+def test_the_defaults_made_by_factories_are_fresh_and_equal_the_factorys() -> None:
+    a, b = types.Usage(), types.Usage()
+    assert a.by_group == {} and a.by_user == {}
+    assert a.by_group is not b.by_group and a.by_user is not b.by_user
+    snap = types.Snapshot((), (), ())
+    assert snap.usage == types.Usage() and snap.running == ()
+    v, w = Verdicts(), Verdicts()
+    assert v.why == {} and v.unschedulable == {} and v.why is not w.why
+    given: dict[str, types.Reason] = {}
+    assert Verdicts(why=given).why is given
+
+
+def test_frozen_classes_stay_frozen() -> None:
+    job = types.Job("j", "g", "u", (types.TaskSpec("worker", 1, types.Resources(gpus=1)),))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.id = "k"  # type: ignore[misc]
+    assert job == types.Job("j", "g", "u", (types.TaskSpec("worker", 1, types.Resources(gpus=1)),))
+    assert hash(job) == hash(types.Job("j", "g", "u", job.tasks))
