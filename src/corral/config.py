@@ -62,11 +62,13 @@ def parse_networks(
 def parse_origin(text: str, setting: str) -> str:
     """`scheme://host[:port]` as browsers write an `Origin` (lower case, no path, no default
     port), from a `setting` such as `https://ws.example.org` or `http://ws.local:8081/`."""
-    parts = urlsplit(text)
+    not_an_origin = f"{setting}: {text!r} is not an origin: give a scheme and host, e.g. https://ws.example.org"
+    try:  # urlsplit's own ValueError (a malformed `[...]` host) would not name the setting
+        parts = urlsplit(text)
+    except ValueError:
+        raise ValueError(not_an_origin) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(
-            f"{setting}: {text!r} is not an origin: give a scheme and host, e.g. https://ws.example.org"
-        )
+        raise ValueError(not_an_origin)
     if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username or parts.password:
         raise ValueError(f"{setting}: {text!r} has more than a scheme, host and port: drop the rest")
     try:
@@ -215,9 +217,10 @@ def loopback_host(host: str) -> bool:
 
 def origin_of(url: str | None) -> str | None:
     """The origin of a URL (`https://corral.example.org/x` -> `https://corral.example.org`), as
-    parse_origin writes it; None for text that has none."""
-    parts = urlsplit((url or "").strip())
+    parse_origin writes it; None for text that has none (`https://[::1` included: urlsplit refuses
+    a malformed bracketed host with ValueError, which must not become a 500 or a traceback)."""
     try:
+        parts = urlsplit((url or "").strip())
         return parse_origin(f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}", "a URL")
     except ValueError:
         return None

@@ -85,6 +85,22 @@ def test_a_login_through_a_proxy_that_rewrites_host_is_let_in_by_the_public_url(
     assert sibling.status_code == 403, sibling.text
 
 
+def test_a_login_with_a_malformed_bracketed_origin_is_refused_not_a_500(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review127 #1: urlsplit raises ValueError on a malformed `[...]` host (`https://[::1`,
+    `http://[x]`); read as an Origin (with or without CORRAL_PUBLIC_URL) that was a 500, not the
+    403 naming the origin that any other foreign Origin gets."""
+    c = world.client
+    login = {"username": "alice", "password": ALICE_PASSWORD}
+    for public_url in (None, "https://corral.example.org/"):
+        if public_url is not None:
+            monkeypatch.setenv("CORRAL_PUBLIC_URL", public_url)
+        for origin in ("https://[::1", "http://[x]"):
+            refused = c.post(f"{API}/auth/login", json=login, headers={"Origin": origin})
+            assert refused.status_code == 403 and origin in refused.text, (public_url, origin, refused.text)
+
+
 def test_expired_session_is_refused(world: World) -> None:
     with world.session_factory() as db:
         secret, _user, _csrf = auth.login(

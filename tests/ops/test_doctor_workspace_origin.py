@@ -74,7 +74,14 @@ def test_corrals_own_tls_makes_the_portal_https_whatever_the_public_urls_scheme(
 def test_a_public_url_that_is_no_url_fails() -> None:
     """review126 #3: `corral.example.org` (no scheme) counted as set but has no origin, so the
     same-host check fell back to the bind address and passed; refused, naming the form expected."""
-    for text in ("corral.example.org", "corral.example.org:8080", "ftp://corral.example.org"):
+    # (`https://[::1`, `http://[x]`: urlsplit's own ValueError, once "a check crashed", review127 #1)
+    for text in (
+        "corral.example.org",
+        "corral.example.org:8080",
+        "ftp://corral.example.org",
+        "https://[::1",
+        "http://[x]",
+    ):
         for settings in (Settings(port=9000), Settings(port=9000, workspace_port=0)):
             check = check_workspace_origin(settings, env={"CORRAL_PUBLIC_URL": text})
             assert check.status == "fail" and check.detail.startswith(

@@ -232,6 +232,11 @@ def test_own_tls_with_a_plain_http_public_url_or_a_public_url_that_is_no_url_ref
         "error: CORRAL_PUBLIC_URL=corral.example.org is not a URL: give the portal's address as people "
         "reach it, https://host[:port] (or http:// for a plain-http test cluster). Nothing was written."
     ), no_url
+    bracket = _start_up_refused(tmp_path, {"CORRAL_PUBLIC_URL": "https://[::1"})  # review127 #1
+    assert bracket.strip().splitlines()[-1] == (
+        "error: CORRAL_PUBLIC_URL=https://[::1 is not a URL: give the portal's address as people "
+        "reach it, https://host[:port] (or http:// for a plain-http test cluster). Nothing was written."
+    ), bracket
 
 
 def test_a_workspace_origin_on_the_portals_host_name_over_plain_http_off_loopback_is_a_warning() -> None:

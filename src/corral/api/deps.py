@@ -119,7 +119,13 @@ def same_origin(headers: Any) -> bool:
     a reverse proxy passes it on as sent): the portal's own pages, not another site's, nor a
     sibling host of the same site (SameSite=Lax lets those send the cookie). False without one."""
     origin = headers.get("origin")
-    return origin is not None and urlsplit(origin).netloc == headers.get("host", "")
+    if origin is None:
+        return False
+    try:
+        netloc = urlsplit(origin).netloc
+    except ValueError:  # a malformed `[...]` host (`https://[::1`): no origin, not a 500
+        return False
+    return netloc == headers.get("host", "")
 
 
 def _authenticate_released(request: Request, db: Session) -> Principal:
