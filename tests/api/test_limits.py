@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ from corral.config import Settings
 from corral.db.session import init_db, make_engine, make_session_factory
 from corral.services import auth
 from tests.api.conftest import SIMPLE_JOB, World
+from tests.server_harness import free_port, server_env
 
 API = "/api/v1"
 JSON = {"content-type": "application/json"}
@@ -225,12 +228,41 @@ def test_unreadable_metrics_token_file_refuses_start(tmp_path: Path) -> None:
         create_app(settings, db_engine=sa.create_engine("sqlite://"))
 
 
-def test_blank_metrics_token_refuses_start(tmp_path: Path) -> None:
+def test_a_blank_or_unreadable_metrics_token_refuses_start_up_in_one_line_writing_nothing(
+    tmp_path: Path,
+) -> None:
     """CORRAL_METRICS_TOKEN of blanks only was the token "" (stripped): every scrape 401 with no
-    word of why; refused at start as an empty token file is."""
-    settings = Settings(home=tmp_path, database_url="sqlite:///unused", metrics_token="  \t ")
-    with pytest.raises(ValueError, match=r"CORRAL_METRICS_TOKEN: .*is empty"):
-        create_app(settings, db_engine=sa.create_engine("sqlite://"))
+    word of why, and an empty `Bearer` compared with it by hand matched it (review126 #5); it
+    refuses start-up, as a token file that cannot be read or is empty does. Found only by the
+    app's MetricsGuard, that was a traceback after the home was written (review127 #2): now one
+    line, before anything is."""
+    empty = tmp_path / "empty-token"
+    empty.write_text("")
+    for extra_env, said in (
+        (
+            {"CORRAL_METRICS_TOKEN": "  \t "},
+            "CORRAL_METRICS_TOKEN: it is empty (blanks only): set a token or unset it",
+        ),
+        (
+            {"CORRAL_METRICS_TOKEN_FILE": str(tmp_path / "absent")},
+            f"CORRAL_METRICS_TOKEN_FILE={tmp_path / 'absent'}: cannot read it",
+        ),
+        ({"CORRAL_METRICS_TOKEN_FILE": str(empty)}, f"CORRAL_METRICS_TOKEN_FILE: {empty} is empty"),
+    ):
+        home = tmp_path / "home"
+        env = server_env(home, database_url=None, virtual_gpus=1, extra_env=extra_env)
+        done = subprocess.run(
+            [sys.executable, "-m", "corral.server", "--host", "127.0.0.1", "--port", str(free_port())],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 1, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {said}"), done.stderr
+        assert lines[0].endswith(". Nothing was written."), done.stderr
+        assert not home.exists() or not any(home.iterdir()), sorted(home.iterdir())
 
 
 @pytest.mark.parametrize(

@@ -95,14 +95,3 @@ def test_an_empty_bearer_or_another_scheme_is_no_credential_and_costs_no_lookup(
         # as the API answers the same request: refused, the cookie notwithstanding
         me = probe.client.get("/api/v1/me", headers={"Authorization": header, **cookie})
         assert me.status_code == 401, (header, me.text)
-
-
-def test_a_blank_scrape_token_is_never_matched_by_an_empty_bearer(
-    world: World, db_engine: sa.Engine, tmp_path: Path
-) -> None:
-    """CORRAL_METRICS_TOKEN of blanks read as an empty token: an empty `Bearer`, compared with it
-    by hand, matched it, showing the errors to anyone (and opening /metrics). Such a token now
-    refuses start-up (review126 #5), so no server has one for any header to match."""
-    del world
-    with pytest.raises(ValueError, match=r"CORRAL_METRICS_TOKEN: .*is empty"):
-        next(_probe(db_engine, tmp_path, metrics_token="   "))

@@ -183,6 +183,20 @@ def _workspace_origin_or_exit(settings: Settings) -> None:
         log.warning("%s", warning)
 
 
+def _metrics_token_or_exit(settings: Settings) -> None:
+    """A CORRAL_METRICS_TOKEN of blanks only, or a CORRAL_METRICS_TOKEN_FILE that cannot be read
+    or is empty, refuses start-up in one line before anything is written (the app's MetricsGuard
+    reads it again; found only there, it was a traceback after the home, database and secrets key
+    were written, review127 #2)."""
+    from corral.api.metrics_auth import metrics_token
+
+    try:
+        metrics_token(settings)
+    except ValueError as exc:
+        print(f"error: {exc}. Nothing was written.", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
 def _tls_or_exit(settings: Settings) -> None:
     """Load the certificate and key uvicorn will serve now: a missing or bad file refuses start-up in
     one line, before anything is written (uvicorn's own load came after the banner, the first
@@ -220,6 +234,7 @@ def serve(settings: Settings, demo: bool = False) -> None:
 
         settings = demo_settings(settings)
     _workspace_origin_or_exit(settings)
+    _metrics_token_or_exit(settings)
     _tls_or_exit(settings)
     listen_socket = _listen_or_exit(settings)
     sockets = [listen_socket, *_workspace_listener_or_exit(settings, listen_socket)]
