@@ -62,7 +62,9 @@ def parse_networks(
 def parse_origin(text: str, setting: str) -> str:
     """`scheme://host[:port]` as browsers write an `Origin` (lower case, no path, no default
     port), from a `setting` such as `https://ws.example.org` or `http://ws.local:8081/`."""
-    not_an_origin = f"{setting}: {text!r} is not an origin: give a scheme and host, e.g. https://ws.example.org"
+    not_an_origin = (
+        f"{setting}: {text!r} is not an origin: give a scheme and host, e.g. https://ws.example.org"
+    )
     try:  # urlsplit's own ValueError (a malformed `[...]` host) would not name the setting
         parts = urlsplit(text)
     except ValueError:
