@@ -736,6 +736,10 @@ def test_no_handoff_over_https_to_a_workspace_origin_on_the_portals_host_name(
             ),
             "begin": listener.get(f"{HANDOFF_BEGIN_PATH}?to=/ws/{ws_id}/lab", follow_redirects=False),
         }  # fmt: skip
+        # review127 #4: a bearer-token client sends no cookie a workspace's script could set: 307
+        token = steps.pop("token")
+        assert token.status_code == 307, token.text
+        assert token.headers["location"] == f"https://testserver:8081/ws/{ws_id}/lab", token.headers
         for step, answer in steps.items():
             assert answer.status_code == 503, (step, answer.status_code, answer.text)
             assert "set CORRAL_WORKSPACE_ORIGIN to a host name of its own" in answer.json()["detail"], step
@@ -748,6 +752,15 @@ def test_no_handoff_over_https_to_a_workspace_origin_on_the_portals_host_name(
     )
     assert proxied.status_code == 503, proxied.text
     monkeypatch.delenv("CORRAL_PUBLIC_URL")
+    # review127 #5: nor CORRAL_PUBLIC_URL: only the proxy's header, untrusted, says https; refused
+    # rather than handing the browser to plain http on the portal's host name.
+    for says_https in ({"X-Forwarded-Proto": "https"}, {"Forwarded": 'for=192.0.2.1;proto="HTTPS"'}):
+        untrusted = world.client.get(
+            f"/ws/{ws_id}/lab",
+            headers={"Cookie": f"corral_session={secret}", **says_https},
+            follow_redirects=False,
+        )
+        assert untrusted.status_code == 503, (says_https, untrusted.text)
     plain = world.client.get(
         f"/ws/{ws_id}/lab", headers={"Cookie": f"corral_session={secret}"}, follow_redirects=False
     )

@@ -115,7 +115,8 @@ def workspace_origin(request: Any, settings: Settings) -> str:
 # port; over https (Corral's own TLS, a TLS proxy trusted for X-Forwarded-Proto, which the start-up
 # check cannot see, or CORRAL_PUBLIC_URL https) a workspace's script there could set the portal's
 # `__Host-corral_session` (browsers keep cookies apart by host, not port): no handoff, whatever the
-# start-up check let through.
+# start-up check let through. A TLS proxy not trusted for X-Forwarded-Proto is caught by the header
+# alone (_says_https). A bearer-token client carries no cookie: it is sent on (review127 #4).
 NO_OWN_HOST_NAME = (
     "workspaces cannot be opened here: the portal is served over https and the workspace listener "
     "has no host name of its own, so a workspace's script could set the portal's session cookie; "
@@ -129,9 +130,26 @@ def derived_over_https(request: Any, settings: Settings) -> Response | None:
     request (the portal's host name), else None: checked by every step of a handoff."""
     if settings.workspace_origin is not None:
         return None
-    if settings.ssl_certfile is None and not portal_https(request.scope):
+    if settings.ssl_certfile is None and not portal_https(request.scope) and not _says_https(request.headers):
         return None  # plain http: the demo and tests on loopback, or a warned-of test cluster
     return refused(request, 503, NO_OWN_HOST_NAME)
+
+
+def _says_https(headers: Any) -> bool:
+    """Whether a proxy's `X-Forwarded-Proto` or `Forwarded` says the browser came over https, even
+    one not trusted for it (CORRAL_FORWARDED_ALLOW_IPS unset: the request looks plain, review127
+    #5): only ever stricter (a client sending it itself gets the 503, no handoff it could misuse),
+    while a TLS proxy so left untrusted would otherwise send the browser to plain http on the
+    portal's host name, where a workspace's script could set the plain `corral_session`."""
+    forwarded_proto = headers.get("x-forwarded-proto", "")
+    if any(proto.strip().lower() == "https" for proto in forwarded_proto.split(",")):
+        return True
+    for element in headers.get("forwarded", "").split(","):
+        for pair in element.split(";"):
+            name, _, value = pair.partition("=")
+            if name.strip().lower() == "proto" and value.strip().strip('"').lower() == "https":
+                return True
+    return False
 
 
 def portal_url(request: Any, settings: Settings) -> str:
@@ -221,13 +239,13 @@ async def hand_over(request: Request, ws_id: int, session_secret: str | None) ->
     sent to the same path there (307: its method and body kept)."""
     settings = settings_of(request.app)
     assert settings is not None
+    target = _workspace_target(request.scope, ws_id)
+    origin = workspace_origin(request, settings)
+    if session_secret is None:  # a bearer token: no cookie a workspace's script could set or read
+        return RedirectResponse(origin + target, status_code=307)
     over_https = derived_over_https(request, settings)
     if over_https is not None:
         return over_https
-    target = _workspace_target(request.scope, ws_id)
-    origin = workspace_origin(request, settings)
-    if session_secret is None:
-        return RedirectResponse(origin + target, status_code=307)
     not_navigation = _not_a_navigation(request, ws_id, origin)
     if not_navigation is not None:
         return not_navigation
