@@ -445,6 +445,29 @@ def test_a_file_the_state_dir_would_not_remove_is_tried_again(
     assert not kept.exists()
 
 
+def test_a_file_not_removed_is_tried_again_though_the_attempt_is_unreadable_again(tmp_path: Path) -> None:
+    """review127 #6: the prune retried a failed removal only for an attempt not unreadable again;
+    found so again while the state dir refuses its new file too, the old file (the old first time)
+    survived and a restart counted the attempt from then."""
+    clock = Clock()
+    since = tmp_path / unreadable.SINCE_DIR
+    attempts = UnreadableAttempts(600, clock=clock, since_dir=since)
+    attempts.unreadable_for("1.1")
+    kept = since / "1.1"
+    kept.unlink()
+    (kept / "in-the-way").mkdir(parents=True)  # unlink() refuses a directory, as os.replace onto it
+    attempts.read("1.1")  # the removal fails
+    clock.now += 1
+    assert attempts.unreadable_for("1.1") == 0  # unreadable again: its new file refused too
+    shutil.rmtree(kept)
+    kept.write_text("1700000000.0\n")  # the old first time, removable now
+    clock.now += PRUNE_EVERY_S
+    attempts.read("2.1")  # a poll: the prune tries the removal again
+    assert not kept.exists()
+    restarted = UnreadableAttempts(600, clock=clock, since_dir=since)
+    assert restarted.unreadable_for("1.1") == 0  # counted from now, not from the old first time
+
+
 def test_a_state_dir_that_refuses_the_file_leaves_the_count_in_memory(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

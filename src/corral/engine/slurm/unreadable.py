@@ -85,6 +85,10 @@ class UnreadableAttempts:
         # the attempts with a file in since_dir (one whose removal failed too, until a prune removes it)
         self._kept: set[str] = set()
         self._touched: dict[str, float] = {}  # attempt -> when (clock) its file's mtime was last set
+        # the attempts whose file's removal failed: tried again at every prune, whether or not the
+        # attempt was found unreadable again since (its new file not written either, the old one
+        # would be read at the next start as counting from the old first time, review127 #6)
+        self._unremoved: set[str] = set()
         if since_dir is not None:
             self._load_kept(since_dir)
 
@@ -106,6 +110,7 @@ class UnreadableAttempts:
             if times is None or wall_now - times[1] >= FORGET_AFTER_S:
                 if not _remove(path) and not name.startswith("."):
                     self._kept.add(name)  # (tried again at each prune)
+                    self._unremoved.add(name)
                 continue
             # (a wall clock stepped back since: counted from now, never a negative age)
             first, last = (now - max(0.0, wall_now - at) for at in times)
@@ -140,6 +145,7 @@ class UnreadableAttempts:
             )
             return
         self._kept.add(attempt_id)
+        self._unremoved.discard(attempt_id)  # (the file is this time's now)
         self._touched[attempt_id] = self._clock()
 
     def _seen_again(self, attempt_id: str, now: float) -> None:
@@ -164,6 +170,9 @@ class UnreadableAttempts:
             return
         if _remove(self._since_dir / attempt_id, log_failure):
             self._kept.discard(attempt_id)
+            self._unremoved.discard(attempt_id)
+        else:
+            self._unremoved.add(attempt_id)
 
     def unreadable_for(self, attempt_id: str) -> float:
         """Note that the attempt's status could not be read now; seconds since it first could not
@@ -254,8 +263,10 @@ class UnreadableAttempts:
         for aid in [aid for aid, times in self._since.items() if times[1] <= seen]:
             del self._since[aid]
             self._unkeep(aid)
-        for aid in [aid for aid in self._kept if aid not in self._since]:  # removals that failed
-            self._unkeep(aid, log_failure=False)
+        if self._since_dir is not None:
+            for aid in [aid for aid in self._unremoved if _remove(self._since_dir / aid, log_failure=False)]:
+                self._unremoved.discard(aid)  # (its file gone: the attempt, if unreadable again,
+                self._kept.discard(aid)  # is counted in memory only, as when its _keep failed)
         for logged in (self._logged, self._end_logged, self._marker_logged):  # in place: _log_due holds one
             for aid in [aid for aid, at in logged.items() if now - at >= LOG_EVERY_S]:
                 del logged[aid]
