@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
+import idna
 from pydantic import Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -148,7 +149,8 @@ _IPV4_NUMBERS = re.compile(r"(?:(?:0x[0-9a-f]*|[0-9]+)\.){0,3}(?:0x[0-9a-f]+|[0-
 def canonical_host(host: str) -> str:
     """`host` as one spelling of the host a browser goes to, for comparing two (review126 #4): an
     IPv4 or IPv6 address in its shortest form (`[0:0:0:0:0:0:0:1]` is `::1`, `127.1` is
-    `127.0.0.1`), a name lower case in its IDNA (punycode) form, `%2E` a dot, no final dot."""
+    `127.0.0.1`), a name lower case in its IDNA (punycode) form as UTS #46 maps it for browsers
+    (non-transitional: `faß.de` is `xn--fa-hia.de`, not `fass.de`), `%2E` a dot, no final dot."""
     host = unquote(host).strip("[]").rstrip(".").lower()
     try:
         return ipaddress.ip_address(host).compressed
@@ -159,9 +161,10 @@ def canonical_host(host: str) -> str:
             return socket.inet_ntoa(socket.inet_aton(host))
         except OSError:
             pass
-    try:
-        return host.encode("idna").decode("ascii")
-    except UnicodeError:  # (a label over 63 characters, or one IDNA 2003 refuses: compared as written)
+    try:  # UTS #46, non-transitional, as browsers map names (Python's codec is IDNA 2003: faß.de
+        # would be fass.de, another host to a browser, and not xn--fa-hia.de, the same one)
+        return idna.encode(host, uts46=True, transitional=False).decode("ascii")
+    except UnicodeError:  # (idna.IDNAError: a label over 63 characters, an `_`: compared as written)
         return host
 
 

@@ -100,10 +100,15 @@ def test_host_names_are_compared_as_browsers_read_them() -> None:
         ("https://0x7f.0.0.1:8081", "https://127.0.0.1:8443"),
         ("https://xn--bcher-kva.example:8081", "https://BÜCHER.example:8443"),
         ("https://corral%2Eexample.org:8081", "https://corral.example.org:8443"),
+        ("https://xn--fa-hia.de:8081", "https://faß.de:8443"),  # review127 #3: UTS #46, as browsers
     ):
         behind = Settings(workspace_origin=workspace, workspace_port=8081)
         check = check_workspace_origin(behind, env={"CORRAL_PUBLIC_URL": portal})
         assert check.status == "fail" and "is on the portal's host name" in check.detail, (workspace, check)
     apart = Settings(workspace_origin="https://127.0.0.2:8081", workspace_port=8081)
     check = check_workspace_origin(apart, env={"CORRAL_PUBLIC_URL": "https://127.1:8443"})
+    assert "is on the portal's host name" not in check.detail, check
+    # (IDNA 2003 mapped faß.de to fass.de: another host to a browser, review127 #3)
+    apart = Settings(workspace_origin="https://fass.de:8081", workspace_port=8081)
+    check = check_workspace_origin(apart, env={"CORRAL_PUBLIC_URL": "https://faß.de:8443"})
     assert "is on the portal's host name" not in check.detail, check
