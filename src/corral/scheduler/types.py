@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
+from types import MappingProxyType
+from typing import Final
 
 ANY_MODEL = "*"
 """Quota key meaning "GPUs of any model"; also used for CPU-only capacity accounting."""
@@ -281,6 +283,13 @@ class Group:
     storage_over: str | None = None
 
 
+# The written-out __init__s' "left out" defaults (review127 #8): private objects, compared by
+# identity, standing for the default factory's fresh value as None did; unlike None each is of the
+# field's own type, so no caller can pass one and the parameters' annotations are the fields'.
+_FRESH_BY_GROUP: Final[Mapping[str, float]] = MappingProxyType({})
+_FRESH_BY_USER: Final[Mapping[tuple[str, str], float]] = MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class Usage:
     """Decayed historical usage in GPU-seconds (the caller applies the half-life)."""
@@ -288,14 +297,19 @@ class Usage:
     by_group: Mapping[str, float] = field(default_factory=dict)
     by_user: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (group, user) -> gpu-s
 
-    # None: a new empty dict each, as the fields' default factories give
+    # left out: a new empty dict each, as the fields' default factories give (a private sentinel,
+    # not None, so the parameters keep the fields' types: None is no usage, review127 #8)
     def __init__(
         self,
-        by_group: Mapping[str, float] | None = None,
-        by_user: Mapping[tuple[str, str], float] | None = None,
+        by_group: Mapping[str, float] = _FRESH_BY_GROUP,
+        by_user: Mapping[tuple[str, str], float] = _FRESH_BY_USER,
     ) -> None:
-        object.__setattr__(self, "by_group", {} if by_group is None else by_group)
-        object.__setattr__(self, "by_user", {} if by_user is None else by_user)
+        object.__setattr__(self, "by_group", {} if by_group is _FRESH_BY_GROUP else by_group)
+        object.__setattr__(self, "by_user", {} if by_user is _FRESH_BY_USER else by_user)
+
+
+# Snapshot's default usage, told apart by identity: a new empty Usage is made for each snapshot
+_FRESH_USAGE: Final[Usage] = Usage()
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,13 +326,13 @@ class Snapshot:
         groups: tuple[Group, ...],
         queued: tuple[Job, ...],
         running: tuple[RunningJob, ...] = (),
-        usage: Usage | None = None,  # None: an empty Usage, as the field's default factory gives
+        usage: Usage = _FRESH_USAGE,  # left out: a new empty Usage, as the field's default factory gives
     ) -> None:
         object.__setattr__(self, "nodes", nodes)
         object.__setattr__(self, "groups", groups)
         object.__setattr__(self, "queued", queued)
         object.__setattr__(self, "running", running)
-        object.__setattr__(self, "usage", Usage() if usage is None else usage)
+        object.__setattr__(self, "usage", Usage() if usage is _FRESH_USAGE else usage)
 
 
 @dataclass(frozen=True, slots=True)
