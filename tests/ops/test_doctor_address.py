@@ -86,3 +86,12 @@ def test_doctor_says_which_setting_gave_the_address(tmp_path: Path, monkeypatch:
         Settings(), env={"CORRAL_PORT": "9501", "CORRAL_URL": "http://127.0.0.1:9500"}, proc_net=none
     )
     assert check.detail.startswith("plain HTTP on 127.0.0.1:9501 (CORRAL_HOST/CORRAL_PORT)"), check.detail
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://127.0.0.1:99999", "http://127.0.0.1:port"])
+def test_a_cli_url_that_is_no_url_gives_the_settings_address_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    settings = settings_for(tmp_path / "home", monkeypatch)
+    check = check_tls(settings, env={"CORRAL_URL": url}, proc_net=[tmp_path / "no-proc-net-tcp"])
+    assert check.detail.startswith("plain HTTP on 127.0.0.1:8080 (the default address)"), check.detail

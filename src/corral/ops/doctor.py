@@ -411,11 +411,12 @@ def server_address(
     elif env.get("CORRAL_URL") or config.exists():
         try:
             parts = urlsplit(load_cli_config(settings.home, env).url)
-        except CorralError:  # a config.yaml that is not YAML: what the settings say
-            parts = urlsplit("")
+            url_port = parts.port
+        except (CorralError, ValueError):  # a config.yaml that is not YAML, or a URL that is none
+            parts, url_port = urlsplit(""), None  # (`http://[::1`, a port 99999): the settings'
         if parts.scheme == "http" and parts.hostname:  # (https: a proxy's address, not the server's)
             named = "CORRAL_URL" if env.get("CORRAL_URL") else str(config)
-            host, port, source = parts.hostname, parts.port or 80, f"the CLI's server, {named}"
+            host, port, source = parts.hostname, url_port or 80, f"the CLI's server, {named}"
     listening = listening_hosts(port, proc_net)
     if listening:
         wide = [h for h in listening if h not in LOOPBACK_HOSTS]
