@@ -79,7 +79,13 @@ def parse_origin(text: str, setting: str) -> str:
     except ValueError:
         raise ValueError(f"{setting}: {text!r} has a port that is not a number from 0 to 65535") from None
     default = {"http": 80, "https": 443}[parts.scheme]
-    where = url_host(parts.hostname) + (f":{port}" if port is not None and port != default else "")
+    host = parts.hostname
+    if not host.isascii():  # browsers send an Origin's name in its IDNA form (review128 #5)
+        try:
+            host = idna.encode(host, uts46=True, transitional=False).decode("ascii")
+        except UnicodeError:
+            raise ValueError(f"{setting}: {text!r} has a host name that is no valid IDNA name") from None
+    where = url_host(host) + (f":{port}" if port is not None and port != default else "")
     return f"{parts.scheme}://{where}"
 
 

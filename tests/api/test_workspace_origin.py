@@ -761,6 +761,23 @@ def test_no_handoff_over_https_to_a_workspace_origin_on_the_portals_host_name(
             follow_redirects=False,
         )
         assert untrusted.status_code == 503, (says_https, untrusted.text)
+        # review128 #1: nor a bearer-token client sent from https down to plain http (its path,
+        # query and body would cross in clear)
+        token = world.client.get(
+            f"/ws/{ws_id}/lab?x=1", headers={**world.as_("alice"), **says_https}, follow_redirects=False
+        )
+        assert token.status_code == 503, (says_https, token.status_code, token.headers)
+        assert "the workspace listener's address is plain http" in token.json()["detail"], token.text
+    # review128 #7: a proxy chain's second header line is read too
+    two_lines = [
+        ("x-forwarded-proto", "http"),
+        ("x-forwarded-proto", "https"),
+        ("cookie", f"corral_session={secret}"),
+    ]
+    chained = world.client.get(f"/ws/{ws_id}/lab", headers=two_lines, follow_redirects=False)
+    assert chained.status_code == 503, chained.text
+    plain_token = world.client.get(f"/ws/{ws_id}/lab", headers=world.as_("alice"), follow_redirects=False)
+    assert plain_token.status_code == 307, plain_token.text  # plain http to plain http: sent on
     plain = world.client.get(
         f"/ws/{ws_id}/lab", headers={"Cookie": f"corral_session={secret}"}, follow_redirects=False
     )

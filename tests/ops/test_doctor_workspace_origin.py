@@ -6,7 +6,9 @@ port is the default one: an upgrade of a proxied server; a warning when set expl
 
 from __future__ import annotations
 
-from corral.config import Settings
+import pytest
+
+from corral.config import Settings, parse_origin
 from corral.ops.doctor import check_workspace_origin
 
 
@@ -112,3 +114,13 @@ def test_host_names_are_compared_as_browsers_read_them() -> None:
     apart = Settings(workspace_origin="https://fass.de:8081", workspace_port=8081)
     check = check_workspace_origin(apart, env={"CORRAL_PUBLIC_URL": "https://faß.de:8443"})
     assert "is on the portal's host name" not in check.detail, check
+
+
+def test_a_workspace_origin_with_a_unicode_host_name_is_kept_as_browsers_send_it() -> None:
+    """review128 #5: browsers send an Origin's name in its IDNA form; kept as written, every
+    cookie-authenticated write on the workspace listener was refused as cross-origin."""
+    assert parse_origin("https://Bücher.example:8081", "CORRAL_WORKSPACE_ORIGIN") == (
+        "https://xn--bcher-kva.example:8081"
+    )
+    with pytest.raises(ValueError, match=r"CORRAL_WORKSPACE_ORIGIN: .* no valid IDNA name"):
+        parse_origin("https://a\u200db.example", "CORRAL_WORKSPACE_ORIGIN")

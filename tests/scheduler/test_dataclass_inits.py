@@ -150,6 +150,14 @@ def test_the_defaults_made_by_factories_are_fresh_and_equal_the_factorys() -> No
     assert v.why == {} and v.unschedulable == {} and v.why is not w.why
     given: dict[str, types.Reason] = {}
     assert Verdicts(why=given).why is given
+    # review128 #2: a sentinel must never end up in an instance, where a caller would write into it
+    from corral.scheduler import outcomes
+
+    assert v.unschedulable is not w.unschedulable
+    assert v.why is not outcomes._FRESH_WHY and v.unschedulable is not outcomes._FRESH_UNSCHEDULABLE
+    assert a.by_group is not types._FRESH_BY_GROUP and a.by_user is not types._FRESH_BY_USER
+    other = types.Snapshot((), (), ())
+    assert snap.usage is not other.usage and snap.usage is not types._FRESH_USAGE
 
 
 def test_frozen_classes_stay_frozen() -> None:

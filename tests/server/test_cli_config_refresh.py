@@ -34,3 +34,10 @@ def test_a_hand_set_url_of_another_host_is_left_alone(tmp_path: Path) -> None:
 def test_no_config_no_file(tmp_path: Path) -> None:
     refresh_cli_config_url(settings_at(tmp_path), "http://127.0.0.1:8770")
     assert not (tmp_path / "config.yaml").exists()
+
+
+def test_a_url_that_is_none_is_left_alone_not_a_crash_at_start_up(tmp_path: Path) -> None:
+    """review128 #6: `urlsplit` raises on `http://[::1`; the restart left a traceback."""
+    write_cli_config("http://[::1", "tok-3", home=tmp_path)
+    refresh_cli_config_url(settings_at(tmp_path), "http://127.0.0.1:8770")
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["url"] == "http://[::1"

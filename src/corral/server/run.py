@@ -100,7 +100,11 @@ def refresh_cli_config_url(settings: Settings, url: str) -> None:
     current = load_cli_config(settings.home, env={})
     if current.token is None or current.url == url:
         return
-    if urlsplit(current.url).hostname not in ("127.0.0.1", "localhost", "::1"):
+    try:
+        host = urlsplit(current.url).hostname
+    except ValueError:  # a url that is none (`http://[::1`): left alone, not a crash at start-up
+        return
+    if host not in ("127.0.0.1", "localhost", "::1"):
         return
     write_cli_config(url, current.token, home=settings.home)
     log.info("CLI config %s now points at %s (was %s)", config_path(settings.home), url, current.url)

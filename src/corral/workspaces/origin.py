@@ -123,6 +123,11 @@ NO_OWN_HOST_NAME = (
     "the administrator must set CORRAL_WORKSPACE_ORIGIN to a host name of its own, e.g. "
     "https://ws.example.org (docs/security.md, 'Workspaces on their own origin')"
 )
+NO_HTTPS_FOR_TOKENS = (
+    "this request came over https but the workspace listener's address is plain http ({origin}): "
+    "a token client is not sent there; the administrator must set CORRAL_WORKSPACE_ORIGIN to an "
+    "https host name of its own (and trust the TLS proxy with CORRAL_FORWARDED_ALLOW_IPS)"
+)
 
 
 def derived_over_https(request: Any, settings: Settings) -> Response | None:
@@ -130,9 +135,13 @@ def derived_over_https(request: Any, settings: Settings) -> Response | None:
     request (the portal's host name), else None: checked by every step of a handoff."""
     if settings.workspace_origin is not None:
         return None
-    if settings.ssl_certfile is None and not portal_https(request.scope) and not _says_https(request.headers):
+    if not _came_over_https(request, settings):
         return None  # plain http: the demo and tests on loopback, or a warned-of test cluster
     return refused(request, 503, NO_OWN_HOST_NAME)
+
+
+def _came_over_https(request: Request, settings: Settings) -> bool:
+    return settings.ssl_certfile is not None or portal_https(request.scope) or _says_https(request.headers)
 
 
 def _says_https(headers: Any) -> bool:
@@ -141,10 +150,11 @@ def _says_https(headers: Any) -> bool:
     #5): only ever stricter (a client sending it itself gets the 503, no handoff it could misuse),
     while a TLS proxy so left untrusted would otherwise send the browser to plain http on the
     portal's host name, where a workspace's script could set the plain `corral_session`."""
-    forwarded_proto = headers.get("x-forwarded-proto", "")
+    # every line of each header (a proxy chain may add a line instead of joining with commas)
+    forwarded_proto = ",".join(headers.getlist("x-forwarded-proto"))
     if any(proto.strip().lower() == "https" for proto in forwarded_proto.split(",")):
         return True
-    for element in headers.get("forwarded", "").split(","):
+    for element in ",".join(headers.getlist("forwarded")).split(","):
         for pair in element.split(";"):
             name, _, value = pair.partition("=")
             if name.strip().lower() == "proto" and value.strip().strip('"').lower() == "https":
@@ -242,6 +252,10 @@ async def hand_over(request: Request, ws_id: int, session_secret: str | None) ->
     target = _workspace_target(request.scope, ws_id)
     origin = workspace_origin(request, settings)
     if session_secret is None:  # a bearer token: no cookie a workspace's script could set or read
+        if origin.startswith("http://") and _came_over_https(request, settings):
+            # not from https down to plain http: the path, query and body would cross in clear
+            # (review128 #1: a TLS proxy left untrusted makes the derived origin http)
+            return refused(request, 503, NO_HTTPS_FOR_TOKENS.format(origin=origin))
         return RedirectResponse(origin + target, status_code=307)
     over_https = derived_over_https(request, settings)
     if over_https is not None:
