@@ -354,14 +354,23 @@ def test_an_attempt_ended_or_gone_some_other_way_takes_its_unreadable_file_with_
     assert list(since.iterdir()) == []
 
 
-def test_a_kept_first_time_goes_with_a_read_and_with_forgetting(tmp_path: Path) -> None:
-    clock, wall = Clock(), Clock()
-    wall.now = 1_700_000_000.0
-    since = tmp_path / unreadable.SINCE_DIR
+class Restarts:
+    """A server's unreadable-attempt bookkeeping started again and again on one state dir: each
+    start a new monotonic origin, the wall clock going on."""
 
-    def started() -> UnreadableAttempts:  # a server (re)started: a new monotonic origin
-        clock.now += 10_000.0
-        return UnreadableAttempts(600, clock=clock, since_dir=since, wall=wall)
+    def __init__(self, tmp_path: Path) -> None:
+        self.clock, self.wall = Clock(), Clock()
+        self.wall.now = 1_700_000_000.0
+        self.since = tmp_path / unreadable.SINCE_DIR
+
+    def started(self) -> UnreadableAttempts:
+        self.clock.now += 10_000.0
+        return UnreadableAttempts(600, clock=self.clock, since_dir=self.since, wall=self.wall)
+
+
+def test_a_kept_first_time_goes_with_a_read_and_with_forgetting(tmp_path: Path) -> None:
+    server = Restarts(tmp_path)
+    clock, wall, since, started = server.clock, server.wall, server.since, server.started
 
     attempts = started()
     assert attempts.unreadable_for("1.1") == 0 and attempts.unreadable_for("2.1") == 0
@@ -390,13 +399,8 @@ def test_a_restart_forgets_what_a_running_server_would_have_and_counts_no_more(t
     one process forgets an attempt not seen unreadable for FORGET_AFTER_S. The file's mtime is
     when it was last seen so (refreshed while it stays so); a restart forgets one last seen
     FORGET_AFTER_S ago or more, and counts one seen since from its first time."""
-    clock, wall = Clock(), Clock()
-    wall.now = 1_700_000_000.0
-    since = tmp_path / unreadable.SINCE_DIR
-
-    def started() -> UnreadableAttempts:  # a server (re)started: a new monotonic origin
-        clock.now += 10_000.0
-        return UnreadableAttempts(600, clock=clock, since_dir=since, wall=wall)
+    server = Restarts(tmp_path)
+    clock, wall, since, started = server.clock, server.wall, server.since, server.started
 
     def one_process_apart(gap_s: float) -> float:
         own_clock = Clock()

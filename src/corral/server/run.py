@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from corral.config import (
     PUBLIC_URL_ENV,
     Settings,
+    loopback_host,
     url_host,
     workspace_origin_problem,
     workspace_origin_warning,
@@ -104,7 +105,7 @@ def refresh_cli_config_url(settings: Settings, url: str) -> None:
         host = urlsplit(current.url).hostname
     except ValueError:  # a url that is none (`http://[::1`): left alone, not a crash at start-up
         return
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    if host is None or not loopback_host(host):
         return
     write_cli_config(url, current.token, home=settings.home)
     log.info("CLI config %s now points at %s (was %s)", config_path(settings.home), url, current.url)
